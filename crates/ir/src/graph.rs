@@ -1,0 +1,132 @@
+//! The SSA graph: values typed by dtype and symbolic shape, nodes in topological
+//! order, and the `ShapeEnv` that gives the shapes meaning.
+
+use std::collections::HashSet;
+use std::fmt;
+
+use sym::ShapeEnv;
+
+use crate::{Op, TensorType};
+
+/// Index of a value in its graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(pub u32);
+
+impl ValueId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+/// A value: its name (unique in the graph) and type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Value {
+    pub name: String,
+    pub ty: TensorType,
+}
+
+/// One operation producing one value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub op: Op,
+    pub inputs: Vec<ValueId>,
+    pub output: ValueId,
+}
+
+/// A model: inputs, nodes in topological order, outputs, and the shape facts.
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    pub env: ShapeEnv,
+    values: Vec<Value>,
+    names: HashSet<String>,
+    pub nodes: Vec<Node>,
+    pub inputs: Vec<ValueId>,
+    pub outputs: Vec<ValueId>,
+}
+
+impl Graph {
+    pub fn new(env: ShapeEnv) -> Graph {
+        Graph { env, ..Graph::default() }
+    }
+
+    /// A new value named `hint`, or `hint_1`, `hint_2`… when taken.
+    pub fn add_value(&mut self, hint: &str, ty: TensorType) -> ValueId {
+        let hint = if hint.is_empty() { "t" } else { hint };
+        let mut name = hint.to_string();
+        let mut k = 1;
+        while self.names.contains(&name) {
+            name = format!("{hint}_{k}");
+            k += 1;
+        }
+        self.names.insert(name.clone());
+        self.values.push(Value { name, ty });
+        ValueId(self.values.len() as u32 - 1)
+    }
+
+    /// Declare a graph input.
+    pub fn add_input(&mut self, name: &str, ty: TensorType) -> ValueId {
+        let v = self.add_value(name, ty);
+        self.inputs.push(v);
+        v
+    }
+
+    /// Append a node computing a new value of type `ty` named after `hint`.
+    pub fn add_node(&mut self, op: Op, inputs: Vec<ValueId>, hint: &str, ty: TensorType) -> ValueId {
+        let output = self.add_value(hint, ty);
+        self.nodes.push(Node { op, inputs, output });
+        output
+    }
+
+    pub fn value(&self, v: ValueId) -> &Value {
+        &self.values[v.index()]
+    }
+    pub fn value_mut_ty(&mut self, v: ValueId) -> &mut TensorType {
+        &mut self.values[v.index()].ty
+    }
+    pub fn ty(&self, v: ValueId) -> &TensorType {
+        &self.values[v.index()].ty
+    }
+    pub fn name(&self, v: ValueId) -> &str {
+        &self.values[v.index()].name
+    }
+    pub fn values(&self) -> &[Value] {
+        &self.values
+    }
+    pub fn num_values(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Rename a value (names stay unique; the old name is freed).
+    pub fn rename(&mut self, v: ValueId, hint: &str) {
+        let old = std::mem::take(&mut self.values[v.index()].name);
+        self.names.remove(&old);
+        let mut name = hint.to_string();
+        let mut k = 1;
+        while self.names.contains(&name) {
+            name = format!("{hint}_{k}");
+            k += 1;
+        }
+        self.names.insert(name.clone());
+        self.values[v.index()].name = name;
+    }
+
+    /// The value with this name.
+    pub fn find(&self, name: &str) -> Option<ValueId> {
+        self.values.iter().position(|v| v.name == name).map(|i| ValueId(i as u32))
+    }
+
+    /// For each value, the index of the node producing it (`None` for inputs).
+    pub fn producers(&self) -> Vec<Option<usize>> {
+        let mut p = vec![None; self.values.len()];
+        for (i, n) in self.nodes.iter().enumerate() {
+            p[n.output.index()] = Some(i);
+        }
+        p
+    }
+}

@@ -1,0 +1,332 @@
+//! Element types, tensor types, and tensor data (host tensors and weights).
+
+use std::fmt;
+
+use bytes::Bytes;
+use sym::SymExpr;
+
+use crate::IrError;
+
+/// Element type of a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    F32,
+    F64,
+    F16,
+    I8,
+    U8,
+    I32,
+    I64,
+    Bool,
+}
+
+impl DType {
+    /// Size of one element in bytes.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F64 | DType::I64 => 8,
+            DType::F32 | DType::I32 => 4,
+            DType::F16 => 2,
+            DType::I8 | DType::U8 | DType::Bool => 1,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::F16 => "f16",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::Bool => "bool",
+        }
+    }
+    pub fn from_name(s: &str) -> Option<DType> {
+        Some(match s {
+            "f32" => DType::F32,
+            "f64" => DType::F64,
+            "f16" => DType::F16,
+            "i8" => DType::I8,
+            "u8" => DType::U8,
+            "i32" => DType::I32,
+            "i64" => DType::I64,
+            "bool" => DType::Bool,
+            _ => return None,
+        })
+    }
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F64 | DType::F16)
+    }
+    pub fn is_int(self) -> bool {
+        matches!(self, DType::I8 | DType::U8 | DType::I32 | DType::I64)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The type of an IR value: element type and symbolic shape.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorType {
+    pub dtype: DType,
+    pub shape: Vec<SymExpr>,
+}
+
+impl TensorType {
+    pub fn new(dtype: DType, shape: Vec<SymExpr>) -> TensorType {
+        TensorType { dtype, shape }
+    }
+    /// A type with a fully known shape.
+    pub fn fixed(dtype: DType, dims: &[i64]) -> TensorType {
+        TensorType { dtype, shape: dims.iter().map(|d| SymExpr::constant(*d)).collect() }
+    }
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+    /// The number of elements, symbolically.
+    pub fn numel(&self) -> Result<SymExpr, sym::SymError> {
+        self.shape.iter().try_fold(SymExpr::constant(1), |acc, d| acc.try_mul(d))
+    }
+    /// The shape when every dim is a constant.
+    pub fn const_shape(&self) -> Option<Vec<i64>> {
+        self.shape.iter().map(|d| d.as_const()).collect()
+    }
+}
+
+impl fmt::Display for TensorType {
+    /// `f32[batch, seq, 768]`; a scalar is `f32[]`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[", self.dtype)?;
+        for (i, d) in self.shape.iter().enumerate() {
+            if i > 0 {
+                write!(f, ", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        write!(f, "]")
+    }
+}
+
+/// Typed element storage of a host tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Elems {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    /// Half floats are kept as raw IEEE binary16 bits.
+    F16(Vec<u16>),
+    I8(Vec<i8>),
+    U8(Vec<u8>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    Bool(Vec<bool>),
+}
+
+impl Elems {
+    pub fn dtype(&self) -> DType {
+        match self {
+            Elems::F32(_) => DType::F32,
+            Elems::F64(_) => DType::F64,
+            Elems::F16(_) => DType::F16,
+            Elems::I8(_) => DType::I8,
+            Elems::U8(_) => DType::U8,
+            Elems::I32(_) => DType::I32,
+            Elems::I64(_) => DType::I64,
+            Elems::Bool(_) => DType::Bool,
+        }
+    }
+    pub fn len(&self) -> usize {
+        match self {
+            Elems::F32(v) => v.len(),
+            Elems::F64(v) => v.len(),
+            Elems::F16(v) => v.len(),
+            Elems::I8(v) => v.len(),
+            Elems::U8(v) => v.len(),
+            Elems::I32(v) => v.len(),
+            Elems::I64(v) => v.len(),
+            Elems::Bool(v) => v.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A host tensor with a concrete shape: model inputs, outputs and the values the
+/// reference interpreter computes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    shape: Vec<usize>,
+    elems: Elems,
+}
+
+impl Tensor {
+    /// A tensor from its shape and elements; the element count must match.
+    pub fn new(shape: Vec<usize>, elems: Elems) -> Result<Tensor, IrError> {
+        let n = checked_numel(&shape)?;
+        if n != elems.len() {
+            return Err(IrError::Data(format!(
+                "shape {shape:?} has {n} elements but {} were given",
+                elems.len()
+            )));
+        }
+        Ok(Tensor { shape, elems })
+    }
+    pub fn scalar_f32(v: f32) -> Tensor {
+        Tensor { shape: vec![], elems: Elems::F32(vec![v]) }
+    }
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    pub fn elems(&self) -> &Elems {
+        &self.elems
+    }
+    pub fn into_elems(self) -> Elems {
+        self.elems
+    }
+    pub fn dtype(&self) -> DType {
+        self.elems.dtype()
+    }
+    pub fn numel(&self) -> usize {
+        self.elems.len()
+    }
+    /// The elements as f64, for comparisons (bool as 0/1; f16 decoded).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        match &self.elems {
+            Elems::F32(v) => v.iter().map(|x| *x as f64).collect(),
+            Elems::F64(v) => v.clone(),
+            Elems::F16(v) => v.iter().map(|x| f16_to_f32(*x) as f64).collect(),
+            Elems::I8(v) => v.iter().map(|x| *x as f64).collect(),
+            Elems::U8(v) => v.iter().map(|x| *x as f64).collect(),
+            Elems::I32(v) => v.iter().map(|x| *x as f64).collect(),
+            Elems::I64(v) => v.iter().map(|x| *x as f64).collect(),
+            Elems::Bool(v) => v.iter().map(|x| *x as u8 as f64).collect(),
+        }
+    }
+    /// The elements as i64, for integer tensors and bools; `None` for floats.
+    pub fn to_i64_vec(&self) -> Option<Vec<i64>> {
+        Some(match &self.elems {
+            Elems::I8(v) => v.iter().map(|x| *x as i64).collect(),
+            Elems::U8(v) => v.iter().map(|x| *x as i64).collect(),
+            Elems::I32(v) => v.iter().map(|x| *x as i64).collect(),
+            Elems::I64(v) => v.clone(),
+            Elems::Bool(v) => v.iter().map(|x| *x as i64).collect(),
+            _ => return None,
+        })
+    }
+}
+
+/// Product of dims with an overflow check (absurd shapes are errors, not crashes).
+pub fn checked_numel(shape: &[usize]) -> Result<usize, IrError> {
+    shape
+        .iter()
+        .try_fold(1usize, |a, d| a.checked_mul(*d))
+        .ok_or_else(|| IrError::Data(format!("shape {shape:?} has too many elements")))
+}
+
+/// Decode IEEE binary16 bits.
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h >> 15) as u32) << 31;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    let bits = if exp == 0 {
+        if man == 0 {
+            sign
+        } else {
+            // Subnormal: normalize.
+            let mut e = 127 - 15 + 1;
+            let mut m = man;
+            while m & 0x400 == 0 {
+                m <<= 1;
+                e -= 1;
+            }
+            sign | ((e as u32) << 23) | ((m & 0x3ff) << 13)
+        }
+    } else if exp == 0x1f {
+        sign | 0x7f80_0000 | (man << 13)
+    } else {
+        sign | ((exp + 127 - 15) << 23) | (man << 13)
+    };
+    f32::from_bits(bits)
+}
+
+/// Constant data in the IR: little-endian bytes that may be a window into a
+/// memory-mapped model or external-data file (weights are never copied on load).
+#[derive(Clone, PartialEq)]
+pub struct ConstData {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// Exactly `numel * dtype.size()` bytes, little-endian; bools are one byte each.
+    bytes: Bytes,
+}
+
+impl ConstData {
+    /// Wrap raw bytes; the length must match the shape.
+    pub fn from_bytes(dtype: DType, shape: Vec<usize>, bytes: Bytes) -> Result<ConstData, IrError> {
+        let n = checked_numel(&shape)?;
+        let want = n.checked_mul(dtype.size()).ok_or_else(|| IrError::Data("constant too large".into()))?;
+        if bytes.len() != want {
+            return Err(IrError::Data(format!(
+                "constant {dtype}{shape:?} needs {want} bytes, got {}",
+                bytes.len()
+            )));
+        }
+        Ok(ConstData { dtype, shape, bytes })
+    }
+
+    /// Encode a host tensor.
+    pub fn from_tensor(t: &Tensor) -> ConstData {
+        let mut out = Vec::with_capacity(t.numel() * t.dtype().size());
+        match t.elems() {
+            Elems::F32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Elems::F64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Elems::F16(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Elems::I8(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Elems::U8(v) => out.extend_from_slice(v),
+            Elems::I32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Elems::I64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Elems::Bool(v) => v.iter().for_each(|x| out.push(*x as u8)),
+        }
+        ConstData { dtype: t.dtype(), shape: t.shape().to_vec(), bytes: Bytes::from(out) }
+    }
+
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Decode into a host tensor (a copy; the interpreter's working form).
+    pub fn to_tensor(&self) -> Tensor {
+        fn chunks<const N: usize, T>(b: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
+            b.chunks_exact(N).map(|c| f(c.try_into().unwrap_or([0; N]))).collect()
+        }
+        let b = &self.bytes[..];
+        let elems = match self.dtype {
+            DType::F32 => Elems::F32(chunks(b, f32::from_le_bytes)),
+            DType::F64 => Elems::F64(chunks(b, f64::from_le_bytes)),
+            DType::F16 => Elems::F16(chunks(b, u16::from_le_bytes)),
+            DType::I8 => Elems::I8(b.iter().map(|x| *x as i8).collect()),
+            DType::U8 => Elems::U8(b.to_vec()),
+            DType::I32 => Elems::I32(chunks(b, i32::from_le_bytes)),
+            DType::I64 => Elems::I64(chunks(b, i64::from_le_bytes)),
+            DType::Bool => Elems::Bool(b.iter().map(|x| *x != 0).collect()),
+        };
+        Tensor { shape: self.shape.clone(), elems }
+    }
+
+    /// The type of this constant.
+    pub fn ty(&self) -> TensorType {
+        TensorType::fixed(self.dtype, &self.shape.iter().map(|d| *d as i64).collect::<Vec<_>>())
+    }
+}
+
+impl fmt::Debug for ConstData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ConstData({}{:?}, {} bytes)", self.dtype, self.shape, self.bytes.len())
+    }
+}
