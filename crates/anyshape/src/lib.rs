@@ -1,1 +1,125 @@
-//! placeholder
+//! anyshape: compile a model with symbolic dims once, run any shape.
+//!
+//! ```no_run
+//! use anyshape::{Model, LoadOptions, Tensor, Elems};
+//! let model = Model::load("bert.onnx", &LoadOptions::new().dim("seq", 1, 512))?;
+//! let ids = Tensor::new(vec![1, 3], Elems::I64(vec![101, 2023, 102]))?;
+//! let outputs = model.run(&[("input_ids", ids)])?;
+//! # Ok::<(), anyshape::Error>(())
+//! ```
+//!
+//! Today `run` executes on the reference interpreter; the compiled pipeline of
+//! DESIGN.md (fusion, generated kernels, dispatch) replaces it stage by stage.
+
+pub mod npy;
+
+use std::path::Path;
+
+pub use ir::{DType, Elems, Graph, Tensor, TensorType};
+pub use sym::{Range, SymExpr};
+
+/// Everything that can go wrong, each with a message that says what and where.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Import(#[from] onnx::OnnxError),
+    #[error(transparent)]
+    Run(#[from] reference::RefError),
+    #[error(transparent)]
+    Tensor(#[from] ir::IrError),
+    #[error("{0}")]
+    Npy(String),
+}
+
+impl Error {
+    /// Whether the error is the user's input (bad model, shapes, files) rather
+    /// than a defect in anyshape.
+    pub fn is_user_error(&self) -> bool {
+        !matches!(self, Error::Run(e) if e.is_internal())
+    }
+}
+
+/// How to load a model.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    import: onnx::ImportOptions,
+}
+
+impl LoadOptions {
+    pub fn new() -> LoadOptions {
+        LoadOptions::default()
+    }
+    /// Declare the symbol `name` (an ONNX `dim_param`) to take values in `lo..=hi`.
+    pub fn dim(mut self, name: &str, lo: i64, hi: i64) -> LoadOptions {
+        self.import = self.import.dim(name, lo, hi);
+        self
+    }
+    /// Make the input `name` a constant with this value: shapes, axes or pads
+    /// computed from it become known at compile time, and `run` no longer takes it.
+    pub fn freeze(mut self, name: &str, value: &Tensor) -> LoadOptions {
+        self.import = self.import.freeze(name, ir::ConstData::from_tensor(value));
+        self
+    }
+
+    /// Declare a symbol with a `Range`.
+    pub fn dim_range(mut self, name: &str, range: Range) -> LoadOptions {
+        self.import.dims.push((name.to_string(), range));
+        self
+    }
+}
+
+/// A loaded model: the IR with symbolic shapes, ready to run any shape its
+/// symbols allow.
+#[derive(Debug)]
+pub struct Model {
+    graph: Graph,
+}
+
+/// A model input or output as the user sees it.
+#[derive(Clone, Debug)]
+pub struct IoInfo {
+    pub name: String,
+    pub ty: TensorType,
+}
+
+impl Model {
+    /// Load an ONNX model file.
+    pub fn load(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Model, Error> {
+        let graph = onnx::import_file(path.as_ref(), &opts.import)?;
+        Ok(Model { graph })
+    }
+
+    /// Load an ONNX model from bytes (no external data).
+    pub fn from_bytes(bytes: &[u8], opts: &LoadOptions) -> Result<Model, Error> {
+        Ok(Model { graph: onnx::import_bytes(bytes, &opts.import)? })
+    }
+
+    /// The IR, with symbolic shapes and the `ShapeEnv`.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// The IR in its text form (what `anyshape inspect --stage shapes` prints).
+    pub fn ir_text(&self) -> String {
+        ir::print_graph(&self.graph)
+    }
+
+    pub fn inputs(&self) -> Vec<IoInfo> {
+        self.io(&self.graph.inputs)
+    }
+
+    pub fn outputs(&self) -> Vec<IoInfo> {
+        self.io(&self.graph.outputs)
+    }
+
+    fn io(&self, vs: &[ir::ValueId]) -> Vec<IoInfo> {
+        vs.iter()
+            .map(|v| IoInfo { name: self.graph.name(*v).to_string(), ty: self.graph.ty(*v).clone() })
+            .collect()
+    }
+
+    /// Run on named inputs of any shape the symbols allow; outputs in model order.
+    pub fn run(&self, inputs: &[(&str, Tensor)]) -> Result<Vec<(String, Tensor)>, Error> {
+        Ok(reference::run(&self.graph, inputs)?)
+    }
+}

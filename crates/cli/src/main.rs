@@ -1,1 +1,251 @@
-fn main() {}
+//! The `anyshape` command: run and inspect models with symbolic dims.
+//!
+//! Exit codes: 0 on success, 2 when the input is at fault (bad model, shapes,
+//! files or flags: a one-line reason on stderr), 1 on an internal error.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{anyhow, bail, Context, Result};
+use anyshape::{npy, DType, Elems, LoadOptions, Model, Range, Tensor};
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(name = "anyshape", version, about = "Compile a model with symbolic dims once, run any shape.")]
+#[command(long_about = "anyshape loads an ONNX model whose inputs have symbolic dims (batch, sequence \
+length, image size) and runs it at any shape the dims allow.\n\nExamples:\n  \
+anyshape run tests/fixtures/bert/model.onnx --input input_ids=101,7592,102 --shape input_ids=1x3 \\\n      \
+--input attention_mask=1,1,1 --shape attention_mask=1x3 --input token_type_ids=0,0,0 --shape token_type_ids=1x3\n  \
+anyshape run model.onnx --input pixel_values=img.npy --output-dir out/\n  \
+anyshape inspect model.onnx --stage shapes --dim seq=1..512")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a model on inputs from .npy files or inline values.
+    Run {
+        /// The ONNX model file.
+        model: PathBuf,
+        /// An input: NAME=FILE.npy, or NAME=v1,v2,... inline (with --shape NAME=AxB for rank > 1).
+        #[arg(long = "input", value_name = "NAME=FILE|VALUES")]
+        inputs: Vec<String>,
+        /// The shape of an inline input: NAME=2x3 (default: 1-D).
+        #[arg(long = "shape", value_name = "NAME=DIMS")]
+        shapes: Vec<String>,
+        /// Write each output as DIR/<output name>.npy.
+        #[arg(long, value_name = "DIR")]
+        output_dir: Option<PathBuf>,
+        /// Declare the range of a symbolic dim: NAME=LO..HI (HI may be omitted).
+        #[arg(long = "dim", value_name = "NAME=LO..HI")]
+        dims: Vec<String>,
+    },
+    /// Show what the compiler knows about a model at a stage.
+    Inspect {
+        /// The ONNX model file.
+        model: PathBuf,
+        /// Which stage to show.
+        #[arg(long, value_enum, default_value_t = Stage::Shapes)]
+        stage: Stage,
+        /// Declare the range of a symbolic dim: NAME=LO..HI.
+        #[arg(long = "dim", value_name = "NAME=LO..HI")]
+        dims: Vec<String>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Stage {
+    /// The IR after import: every value with its symbolic shape, and the ShapeEnv facts.
+    Shapes,
+}
+
+/// An error in what the user gave us (exit code 2).
+#[derive(Debug)]
+struct UserError(String);
+impl std::fmt::Display for UserError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for UserError {}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match dispatch(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let user = e.downcast_ref::<UserError>().is_some()
+                || e.downcast_ref::<anyshape::Error>().is_some_and(|e| e.is_user_error());
+            // One line: the chain of contexts joined.
+            let msg: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            eprintln!("error: {}", msg.join(": ").replace('\n', " "));
+            ExitCode::from(if user { 2 } else { 1 })
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Run { model, inputs, shapes, output_dir, dims } => {
+            run(model, inputs, shapes, output_dir, dims)
+        }
+        Command::Inspect { model, stage, dims } => inspect(model, stage, dims),
+    }
+}
+
+fn load(model: &PathBuf, dims: &[String]) -> Result<Model> {
+    let mut opts = LoadOptions::new();
+    for d in dims {
+        let (name, range) = parse_dim(d)?;
+        opts = opts.dim_range(&name, range);
+    }
+    Ok(Model::load(model, &opts)?)
+}
+
+/// `NAME=LO..HI`, `NAME=LO..`, `NAME=N`.
+fn parse_dim(s: &str) -> Result<(String, Range)> {
+    let bad = || UserError(format!("--dim `{s}`: expected NAME=LO..HI, NAME=LO.. or NAME=N"));
+    let (name, r) = s.split_once('=').ok_or_else(bad)?;
+    let range = if r.contains("..") {
+        sym_range(r).ok_or_else(bad)?
+    } else {
+        let v: i64 = r.trim().parse().map_err(|_| bad())?;
+        Range::point(v)
+    };
+    if range.lo < 0 || range.is_empty() {
+        return Err(UserError(format!("--dim `{s}`: the range must be non-empty and non-negative")).into());
+    }
+    Ok((name.trim().to_string(), range))
+}
+
+fn sym_range(r: &str) -> Option<Range> {
+    let (lo, hi) = r.split_once("..")?;
+    let lo = if lo.trim().is_empty() { 0 } else { lo.trim().parse().ok()? };
+    let hi =
+        if hi.trim().is_empty() { onnx_dim_max() } else { hi.trim().trim_start_matches('=').parse().ok()? };
+    Some(Range::new(lo, hi))
+}
+
+fn onnx_dim_max() -> i64 {
+    i32::MAX as i64
+}
+
+fn run(
+    model_path: PathBuf,
+    inputs: Vec<String>,
+    shapes: Vec<String>,
+    output_dir: Option<PathBuf>,
+    dims: Vec<String>,
+) -> Result<()> {
+    let model = load(&model_path, &dims)?;
+    let mut shape_of = std::collections::HashMap::new();
+    for s in &shapes {
+        let (name, dims) =
+            s.split_once('=').ok_or_else(|| UserError(format!("--shape `{s}`: expected NAME=AxB")))?;
+        let dims: Vec<usize> = if dims.trim().is_empty() {
+            vec![]
+        } else {
+            dims.split('x')
+                .map(|d| d.trim().parse())
+                .collect::<Result<_, _>>()
+                .map_err(|_| UserError(format!("--shape `{s}`: dims must be integers separated by `x`")))?
+        };
+        shape_of.insert(name.trim().to_string(), dims);
+    }
+    let infos = model.inputs();
+    let mut tensors = Vec::new();
+    for spec in &inputs {
+        let (name, value) = spec.split_once('=').ok_or_else(|| {
+            UserError(format!("--input `{spec}`: expected NAME=FILE.npy or NAME=v1,v2,..."))
+        })?;
+        let name = name.trim();
+        let t = if value.ends_with(".npy") || std::path::Path::new(value).is_file() {
+            npy::read(std::path::Path::new(value)).with_context(|| format!("input '{name}'"))?
+        } else {
+            let dtype = infos.iter().find(|i| i.name == name).map(|i| i.ty.dtype).ok_or_else(|| {
+                UserError(format!(
+                    "the model has no input '{name}' (inputs: {})",
+                    infos.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ")
+                ))
+            })?;
+            inline_tensor(name, value, shape_of.remove(name), dtype)?
+        };
+        tensors.push((name.to_string(), t));
+    }
+    if let Some(name) = shape_of.keys().next() {
+        bail!(UserError(format!("--shape {name}=… is given but there is no inline --input {name}=…")));
+    }
+    let named: Vec<(&str, Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let outputs = model.run(&named)?;
+    if let Some(dir) = &output_dir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create {}", dir.display()))
+            .map_err(|e| UserError(format!("{e:#}")))?;
+    }
+    for (name, t) in &outputs {
+        println!("{name}: {} {:?} {}", t.dtype(), t.shape(), preview(t));
+        if let Some(dir) = &output_dir {
+            let file = dir.join(format!("{}.npy", sanitize(name)));
+            npy::write(&file, t)?;
+        }
+    }
+    Ok(())
+}
+
+/// A file name for an output name (ONNX names may hold `/` or `:`).
+fn sanitize(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
+}
+
+fn inline_tensor(name: &str, values: &str, shape: Option<Vec<usize>>, dtype: DType) -> Result<Tensor> {
+    let vals: Vec<f64> =
+        values.split(',').map(|v| v.trim().parse::<f64>()).collect::<Result<_, _>>().map_err(|_| {
+            UserError(format!(
+                "--input {name}: `{values}` is neither a .npy file nor comma-separated numbers"
+            ))
+        })?;
+    let shape = shape.unwrap_or_else(|| vec![vals.len()]);
+    let elems = match dtype {
+        DType::F32 => Elems::F32(vals.iter().map(|v| *v as f32).collect()),
+        DType::F64 => Elems::F64(vals),
+        DType::I64 => Elems::I64(vals.iter().map(|v| *v as i64).collect()),
+        DType::I32 => Elems::I32(vals.iter().map(|v| *v as i32).collect()),
+        DType::I8 => Elems::I8(vals.iter().map(|v| *v as i8).collect()),
+        DType::U8 => Elems::U8(vals.iter().map(|v| *v as u8).collect()),
+        DType::Bool => Elems::Bool(vals.iter().map(|v| *v != 0.0).collect()),
+        DType::F16 => bail!(UserError(format!("input '{name}' is f16: give it as a .npy file"))),
+    };
+    Tensor::new(shape, elems).map_err(|e| UserError(format!("input '{name}': {e}")).into())
+}
+
+fn preview(t: &Tensor) -> String {
+    let v = t.to_f64_vec();
+    let head: Vec<String> = v.iter().take(6).map(|x| format!("{x:.6}")).collect();
+    format!("[{}{}]", head.join(", "), if v.len() > 6 { ", …" } else { "" })
+}
+
+fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>) -> Result<()> {
+    let model = load(&model_path, &dims).map_err(|e| anyhow!(e))?;
+    match stage {
+        Stage::Shapes => {
+            let g = model.graph();
+            print!("{}", model.ir_text());
+            let symbols: Vec<String> = g.env.symbols().iter().map(|s| s.name.to_string()).collect();
+            println!("# {} nodes, {} values; symbols: {}", g.nodes.len(), g.num_values(), symbols.join(", "));
+        }
+    }
+    Ok(())
+}

@@ -102,18 +102,28 @@ impl Graph {
         self.values.len()
     }
 
-    /// Rename a value (names stay unique; the old name is freed).
-    pub fn rename(&mut self, v: ValueId, hint: &str) {
-        let old = std::mem::take(&mut self.values[v.index()].name);
-        self.names.remove(&old);
-        let mut name = hint.to_string();
-        let mut k = 1;
-        while self.names.contains(&name) {
-            name = format!("{hint}_{k}");
-            k += 1;
+    /// Give `v` exactly the name `name`; a value already holding it is renamed
+    /// to `name_1`, `name_2`… (names stay unique).
+    pub fn rename(&mut self, v: ValueId, name: &str) {
+        if self.values[v.index()].name == name {
+            return;
         }
-        self.names.insert(name.clone());
-        self.values[v.index()].name = name;
+        if let Some(holder) = self.find(name) {
+            let mut k = 1;
+            let fresh = loop {
+                let cand = format!("{name}_{k}");
+                if !self.names.contains(&cand) {
+                    break cand;
+                }
+                k += 1;
+            };
+            self.names.insert(fresh.clone());
+            self.values[holder.index()].name = fresh;
+        } else {
+            self.names.insert(name.to_string());
+        }
+        let old = std::mem::replace(&mut self.values[v.index()].name, name.to_string());
+        self.names.remove(&old);
     }
 
     /// The value with this name.

@@ -191,9 +191,14 @@ pub fn infer(op: &Op, ins: &[&TensorType], env: &ShapeEnv) -> Result<Option<Tens
             for i in 0..s {
                 let k =
                     w.shape[2 + i].as_const().ok_or_else(|| err(op, "kernel extents must be constants"))?;
-                let eff = c.dilations[i] * (k - 1) + 1;
-                let num =
-                    x.shape[2 + i].try_add(&SymExpr::constant(c.pads_begin[i] + c.pads_end[i] - eff))?;
+                // Checked: the attributes may come from untrusted text or models.
+                let pad = k
+                    .checked_sub(1)
+                    .and_then(|k1| c.dilations[i].checked_mul(k1))
+                    .and_then(|e| e.checked_add(1))
+                    .and_then(|eff| c.pads_begin[i].checked_add(c.pads_end[i])?.checked_sub(eff))
+                    .ok_or_else(|| err(op, "convolution geometry overflows"))?;
+                let num = x.shape[2 + i].try_add(&SymExpr::constant(pad))?;
                 shape.push(num.try_floor_div(c.strides[i])?.try_add(&SymExpr::constant(1))?);
             }
             TensorType::new(x.dtype, shape)

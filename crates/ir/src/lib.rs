@@ -6,11 +6,15 @@ mod graph;
 mod infer;
 mod op;
 mod tensor;
+mod text;
+mod verify;
 
 pub use graph::{Graph, Node, Value, ValueId};
 pub use infer::infer;
 pub use op::{BinaryOp, ConvAttrs, Op, PadMode, PoolAttrs, PoolKind, ReduceOp, SliceAxis, UnaryOp};
 pub use tensor::{checked_numel, f16_to_f32, ConstData, DType, Elems, Tensor, TensorType};
+pub use text::{parse_graph, print_graph, weight_table, INLINE_MAX};
+pub use verify::verify;
 
 /// Errors about IR structure, types and data.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,1 +1,213 @@
-//! placeholder
+//! The reference interpreter: a plain, obviously correct executor of the graph IR.
+//!
+//! It is the oracle every pass and kernel is tested against (DESIGN.md "How we know
+//! it works"), so it favours clarity over speed: every op is written from its
+//! definition, with index arithmetic in `usize`/`i64`, float math in f64 (rounded
+//! once to the output dtype) and integer math in wrapping i64 (narrowed with
+//! two's-complement wrap-around). Nothing here panics on bad data: out-of-range
+//! indices, integer division by zero, unsupported dtypes and absurd sizes are
+//! [`RefError`]s.
+//!
+//! After each node the computed shape and dtype are compared with the node's
+//! symbolic type evaluated under the bindings, which catches shape-inference bugs
+//! in the importer and in passes where they happen.
+
+use ir::{DType, Graph, Node, Tensor, TensorType};
+use sym::{Bindings, DimFact, ShapeEnv, SymError, SymExpr};
+
+/// A failure inside one op, before the node it happened in is known.
+#[derive(Debug)]
+enum Fail {
+    Msg(String),
+    Unsupported(DType),
+    TooLarge(Vec<usize>),
+}
+
+type R<T> = Result<T, Fail>;
+
+macro_rules! bail {
+    ($($arg:tt)*) => { return Err(crate::Fail::Msg(format!($($arg)*))) };
+}
+
+mod compute;
+mod data;
+mod ops;
+
+pub use data::f64_to_f16;
+
+/// The largest tensor the interpreter will build (2^34 elements): larger shapes
+/// are an error rather than an allocation attempt.
+pub const MAX_ELEMS: usize = 1 << 34;
+
+/// Errors from binding inputs and executing a graph.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RefError {
+    #[error("missing input '{name}' (the graph's inputs are: {expected})")]
+    MissingInput { name: String, expected: String },
+    #[error("unknown input '{name}' (the graph's inputs are: {expected})")]
+    UnknownInput { name: String, expected: String },
+    #[error("input '{0}' is given more than once")]
+    DuplicateInput(String),
+    #[error("input '{name}' must be {expected} ({ty}), got {got}")]
+    InputDType { name: String, expected: DType, ty: String, got: DType },
+    #[error("input '{name}' must have rank {rank} ({ty}), got shape {got:?}")]
+    InputRank { name: String, rank: usize, ty: String, got: Vec<usize> },
+    /// An input shape breaks a fact of the `ShapeEnv` (message from `ShapeEnv::bind`:
+    /// it names the input, the dim and the rule).
+    #[error("input shapes do not fit the model: {0}")]
+    Binding(SymError),
+    #[error("{op} computing '{value}': {msg}")]
+    Op { op: &'static str, value: String, msg: String },
+    #[error("{op} computing '{value}' does not support {dtype}")]
+    Unsupported { op: &'static str, value: String, dtype: DType },
+    #[error("{op} computing '{value}': shape {shape:?} has more than {MAX_ELEMS} elements")]
+    TooLarge { op: &'static str, value: String, shape: Vec<usize> },
+    /// The computed tensor disagrees with the node's type: a shape-inference bug.
+    #[error("internal error: {op} computed '{value}' as {got}, but its type {ty} evaluates to {expected}")]
+    TypeMismatch { op: &'static str, value: String, ty: String, expected: String, got: String },
+}
+
+impl RefError {
+    /// A defect in anyshape (a shape-inference bug), not a problem with the inputs.
+    pub fn is_internal(&self) -> bool {
+        matches!(self, RefError::TypeMismatch { .. })
+    }
+}
+
+/// Check the inputs against the graph's inputs and bind the symbols.
+///
+/// Every graph input must be given exactly once, with its dtype and rank; the
+/// dims then go to [`ShapeEnv::bind`], which checks every recorded shape fact.
+pub fn bind_inputs(g: &Graph, inputs: &[(&str, Tensor)]) -> Result<Bindings, RefError> {
+    let expected = || g.inputs.iter().map(|v| g.name(*v)).collect::<Vec<_>>().join(", ");
+    for (i, (name, _)) in inputs.iter().enumerate() {
+        if !g.inputs.iter().any(|v| g.name(*v) == *name) {
+            return Err(RefError::UnknownInput { name: name.to_string(), expected: expected() });
+        }
+        if inputs[..i].iter().any(|(n, _)| n == name) {
+            return Err(RefError::DuplicateInput(name.to_string()));
+        }
+    }
+    let mut facts = Vec::new();
+    for &v in &g.inputs {
+        let (name, ty) = (g.name(v), g.ty(v));
+        let Some((_, t)) = inputs.iter().find(|(n, _)| *n == name) else {
+            return Err(RefError::MissingInput { name: name.to_string(), expected: expected() });
+        };
+        if t.dtype() != ty.dtype {
+            let (expected, got) = (ty.dtype, t.dtype());
+            return Err(RefError::InputDType { name: name.into(), expected, ty: ty.to_string(), got });
+        }
+        if t.shape().len() != ty.rank() {
+            let got = t.shape().to_vec();
+            return Err(RefError::InputRank { name: name.into(), rank: ty.rank(), ty: ty.to_string(), got });
+        }
+        for (i, (expr, &d)) in ty.shape.iter().zip(t.shape()).enumerate() {
+            let value = i64::try_from(d).unwrap_or(i64::MAX);
+            facts.push(DimFact { expr: expr.clone(), value, what: format!("input '{name}' dim {i}") });
+        }
+    }
+    g.env.bind(&facts).map_err(RefError::Binding)
+}
+
+/// Run the graph on named inputs; returns the graph's outputs in order, each
+/// named by its value's name.
+pub fn run(g: &Graph, inputs: &[(&str, Tensor)]) -> Result<Vec<(String, Tensor)>, RefError> {
+    let bindings = bind_inputs(g, inputs)?;
+    let cx = Cx { env: &g.env, bindings: &bindings };
+    let mut values: Vec<Option<Tensor>> = vec![None; g.num_values()];
+    for &v in &g.inputs {
+        values[v.index()] = inputs.iter().find(|(n, _)| *n == g.name(v)).map(|(_, t)| t.clone());
+    }
+    // Drop each intermediate after its last use, so that whole models fit in memory.
+    let mut last_use = vec![usize::MAX; g.num_values()];
+    for (i, node) in g.nodes.iter().enumerate() {
+        node.inputs.iter().for_each(|v| last_use[v.index()] = i);
+    }
+    g.outputs.iter().chain(&g.inputs).for_each(|v| last_use[v.index()] = usize::MAX);
+    for (i, node) in g.nodes.iter().enumerate() {
+        let out = eval_node(g, &cx, node, &values)?;
+        values[node.output.index()] = Some(out);
+        for v in &node.inputs {
+            if last_use[v.index()] == i {
+                values[v.index()] = None;
+            }
+        }
+    }
+    g.outputs
+        .iter()
+        .map(|&v| match &values[v.index()] {
+            Some(t) => Ok((g.name(v).to_string(), t.clone())),
+            None => Err(RefError::Op {
+                op: "output",
+                value: g.name(v).to_string(),
+                msg: "no node computes this graph output".into(),
+            }),
+        })
+        .collect()
+}
+
+/// Evaluate one node and check the result against the node's type.
+fn eval_node(g: &Graph, cx: &Cx, node: &Node, values: &[Option<Tensor>]) -> Result<Tensor, RefError> {
+    let (op, value, ty) = (node.op.name(), g.name(node.output), g.ty(node.output));
+    let shape_and_result = || -> R<(Vec<usize>, Tensor)> {
+        let mut ins = Vec::with_capacity(node.inputs.len());
+        for &v in &node.inputs {
+            match &values[v.index()] {
+                Some(t) => ins.push(t),
+                None => bail!("its input '{}' is used before it is computed", g.name(v)),
+            }
+        }
+        if let Some(n) = node.op.arity().filter(|n| *n != ins.len()) {
+            bail!("takes {n} inputs, got {}", ins.len());
+        }
+        let shape = cx.shape(ty)?;
+        let out = ops::eval(&node.op, &ins, ty.dtype, &shape, cx)?;
+        Ok((shape, out))
+    };
+    let value = value.to_string();
+    let (shape, out) = shape_and_result().map_err(|f| match f {
+        Fail::Msg(msg) => RefError::Op { op, value: value.clone(), msg },
+        Fail::Unsupported(dtype) => RefError::Unsupported { op, value: value.clone(), dtype },
+        Fail::TooLarge(shape) => RefError::TooLarge { op, value: value.clone(), shape },
+    })?;
+    if out.shape() != shape.as_slice() || out.dtype() != ty.dtype {
+        let show = |dt: DType, d: &[usize]| {
+            format!("{dt}[{}]", d.iter().map(usize::to_string).collect::<Vec<_>>().join(", "))
+        };
+        return Err(RefError::TypeMismatch {
+            op,
+            value,
+            ty: ty.to_string(),
+            expected: show(ty.dtype, &shape),
+            got: show(out.dtype(), out.shape()),
+        });
+    }
+    Ok(out)
+}
+
+/// What ops need besides their inputs: the symbols' values.
+struct Cx<'a> {
+    env: &'a ShapeEnv,
+    bindings: &'a Bindings,
+}
+
+impl Cx<'_> {
+    fn eval(&self, e: &SymExpr) -> R<i64> {
+        self.env.eval(e, self.bindings).map_err(|err| Fail::Msg(format!("cannot evaluate {e}: {err}")))
+    }
+
+    /// A type's concrete shape; negative or absurd sizes are errors.
+    fn shape(&self, ty: &TensorType) -> R<Vec<usize>> {
+        let dims = ty
+            .shape
+            .iter()
+            .map(|d| {
+                let v = self.eval(d)?;
+                usize::try_from(v).map_err(|_| Fail::Msg(format!("its type {ty} has dim {d} = {v} < 0")))
+            })
+            .collect::<R<Vec<usize>>>()?;
+        data::guard(&dims)?;
+        Ok(dims)
+    }
+}

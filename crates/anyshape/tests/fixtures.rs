@@ -1,0 +1,91 @@
+//! The bundled models (tests/fixtures, made by tools/fixtures/make_fixtures.py)
+//! run on the reference interpreter at every recorded shape and match ONNX
+//! Runtime's outputs: relative L2 error below 1e-4.
+
+use std::path::{Path, PathBuf};
+
+use anyshape::{npy, LoadOptions, Model, Tensor};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+fn npy_files(dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut v: Vec<(String, PathBuf)> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "npy"))
+        .map(|p| (p.file_stem().unwrap_or_default().to_string_lossy().into_owned(), p))
+        .collect();
+    v.sort();
+    v
+}
+
+fn rel_l2(got: &Tensor, want: &Tensor) -> f64 {
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    let num: f64 = g.iter().zip(&w).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f64 = w.iter().map(|b| b * b).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn check_model(name: &str) {
+    let dir = fixtures().join(name);
+    let model =
+        Model::load(dir.join("model.onnx"), &LoadOptions::new()).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("fixture dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    cases.sort();
+    assert!(cases.len() >= 3, "{name}: expected at least 3 cases");
+    for case in cases {
+        let inputs: Vec<(String, Tensor)> =
+            npy_files(&case).into_iter().map(|(n, p)| (n, npy::read(&p).expect("input npy"))).collect();
+        let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let outputs = model.run(&named).unwrap_or_else(|e| panic!("{name}/{}: {e}", case.display()));
+        let expected = npy_files(&case.join("expected"));
+        assert!(!expected.is_empty());
+        for (out, path) in expected {
+            let want = npy::read(&path).expect("expected npy");
+            let got = &outputs
+                .iter()
+                .find(|(n, _)| *n == out)
+                .unwrap_or_else(|| panic!("{name}: no output {out}"))
+                .1;
+            assert_eq!(got.shape(), want.shape(), "{name}/{}: {out} shape", case.display());
+            let err = rel_l2(got, &want);
+            assert!(err < 1e-4, "{name}/{}: {out} relative L2 error {err:e}", case.display());
+        }
+    }
+}
+
+#[test]
+fn bert_matches_onnxruntime() {
+    check_model("bert");
+}
+
+#[test]
+fn bert_dynamo_matches_onnxruntime() {
+    check_model("bert_dynamo");
+}
+
+#[test]
+fn albert_matches_onnxruntime() {
+    check_model("albert");
+}
+
+#[test]
+fn gpt2_matches_onnxruntime() {
+    check_model("gpt2");
+}
+
+#[test]
+fn vit_matches_onnxruntime() {
+    check_model("vit");
+}
+
+#[test]
+fn resnet_matches_onnxruntime() {
+    check_model("resnet");
+}

@@ -1,0 +1,215 @@
+//! Reading a model file: memory-map it, decode the protobuf, and turn tensors
+//! (inline, raw, or in external-data files) into `ConstData` without copying raw
+//! bytes.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ir::{ConstData, DType};
+use prost::Message;
+
+use crate::proto::{data_type as dt, ModelProto, TensorProto};
+use crate::OnnxError;
+
+/// Memory-map `path` into a `Bytes` that keeps the mapping alive.
+fn map_file(path: &Path) -> Result<Bytes, OnnxError> {
+    let io = |e: std::io::Error| OnnxError::Io { path: path.to_path_buf(), source: Arc::new(e) };
+    let file = File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    if len == 0 {
+        return Ok(Bytes::new());
+    }
+    // SAFETY: the map is read-only and owned by the returned `Bytes`, so it lives as
+    // long as any window into it. Another process truncating the file while it is
+    // mapped would fault; that is the documented contract of memory-mapped model
+    // loading (ONNX Runtime and others map the same way), not something Rust code
+    // here can cause.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    Ok(Bytes::from_owner(map))
+}
+
+/// Decode a model file. Weights stay in the mapped file.
+pub fn read_model(path: &Path) -> Result<ModelProto, OnnxError> {
+    let bytes = map_file(path)?;
+    decode_model(bytes)
+}
+
+/// Decode model bytes (from a file map or memory).
+pub fn decode_model(bytes: Bytes) -> Result<ModelProto, OnnxError> {
+    if bytes.is_empty() {
+        return Err(OnnxError::Malformed("the file is empty".into()));
+    }
+    let model = ModelProto::decode(bytes)
+        .map_err(|e| OnnxError::Malformed(format!("protobuf decoding failed: {e}")))?;
+    if model.graph.is_none() {
+        return Err(OnnxError::Malformed("the model has no graph (is this an ONNX model file?)".into()));
+    }
+    Ok(model)
+}
+
+/// Resolves external-data references relative to the model's folder; each
+/// external file is mapped once.
+#[derive(Default)]
+pub struct ExternalData {
+    dir: Option<PathBuf>,
+    maps: HashMap<PathBuf, Bytes>,
+}
+
+impl ExternalData {
+    pub fn new(model_dir: Option<PathBuf>) -> ExternalData {
+        ExternalData { dir: model_dir, maps: HashMap::new() }
+    }
+
+    fn window(&mut self, t: &TensorProto, name: &str) -> Result<Bytes, OnnxError> {
+        let bad = |msg: String| OnnxError::Malformed(format!("tensor '{name}': {msg}"));
+        let mut location = None;
+        let (mut offset, mut length) = (0u64, None);
+        for e in &t.external_data {
+            let v = e.value.clone().unwrap_or_default();
+            match e.key.as_deref() {
+                Some("location") => location = Some(v),
+                Some("offset") => {
+                    offset = v.parse().map_err(|_| bad(format!("bad external offset `{v}`")))?
+                }
+                Some("length") => {
+                    length = Some(v.parse::<u64>().map_err(|_| bad(format!("bad external length `{v}`")))?)
+                }
+                _ => {}
+            }
+        }
+        let location = location.ok_or_else(|| bad("external data without a location".into()))?;
+        let rel = Path::new(&location);
+        if rel.is_absolute() || rel.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+            return Err(bad(format!(
+                "external data location `{location}` must be a relative path inside the model's folder"
+            )));
+        }
+        let dir = self
+            .dir
+            .clone()
+            .ok_or_else(|| bad("external data needs the model to be loaded from a file".into()))?;
+        let path = dir.join(rel);
+        if !self.maps.contains_key(&path) {
+            let m = map_file(&path)?;
+            self.maps.insert(path.clone(), m);
+        }
+        let file = &self.maps[&path];
+        let end = match length {
+            Some(l) => offset.checked_add(l),
+            None => Some(file.len() as u64),
+        };
+        match end {
+            Some(end) if offset <= end && end <= file.len() as u64 => {
+                Ok(file.slice(offset as usize..end as usize))
+            }
+            _ => Err(bad(format!(
+                "external range {offset}..{} is outside `{location}` ({} bytes)",
+                end.map_or("overflow".to_string(), |e| e.to_string()),
+                file.len()
+            ))),
+        }
+    }
+}
+
+/// The IR dtype of an ONNX element type.
+pub fn dtype_of(code: i32) -> Option<DType> {
+    Some(match code {
+        dt::FLOAT => DType::F32,
+        dt::DOUBLE => DType::F64,
+        dt::FLOAT16 => DType::F16,
+        dt::INT8 => DType::I8,
+        dt::UINT8 => DType::U8,
+        dt::INT32 => DType::I32,
+        dt::INT64 => DType::I64,
+        dt::BOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// Name of an ONNX element type, for messages.
+pub fn dtype_name(code: i32) -> String {
+    match code {
+        0 => "UNDEFINED",
+        1 => "FLOAT",
+        2 => "UINT8",
+        3 => "INT8",
+        4 => "UINT16",
+        5 => "INT16",
+        6 => "INT32",
+        7 => "INT64",
+        8 => "STRING",
+        9 => "BOOL",
+        10 => "FLOAT16",
+        11 => "DOUBLE",
+        12 => "UINT32",
+        13 => "UINT64",
+        14 => "COMPLEX64",
+        15 => "COMPLEX128",
+        16 => "BFLOAT16",
+        _ => return format!("element type {code}"),
+    }
+    .to_string()
+}
+
+/// Decode a tensor proto into constant data; raw and external bytes are windows.
+pub fn tensor_data(t: &TensorProto, ext: &mut ExternalData) -> Result<ConstData, OnnxError> {
+    let name = t.name.clone().unwrap_or_default();
+    let code = t.data_type.unwrap_or(0);
+    let dtype = dtype_of(code).ok_or_else(|| OnnxError::UnsupportedDType {
+        what: format!("tensor '{name}'"),
+        dtype: dtype_name(code),
+    })?;
+    let mut shape = Vec::with_capacity(t.dims.len());
+    for d in &t.dims {
+        let d = usize::try_from(*d)
+            .map_err(|_| OnnxError::Malformed(format!("tensor '{name}' has a negative dim {d}")))?;
+        shape.push(d);
+    }
+    let n = ir::checked_numel(&shape).map_err(|e| OnnxError::Malformed(format!("tensor '{name}': {e}")))?;
+    let data_err = |e: ir::IrError| OnnxError::Malformed(format!("tensor '{name}': {e}"));
+    if t.data_location == Some(1) {
+        let bytes = ext.window(t, &name)?;
+        return ConstData::from_bytes(dtype, shape, bytes).map_err(data_err);
+    }
+    if let Some(raw) = &t.raw_data {
+        return ConstData::from_bytes(dtype, shape, raw.clone()).map_err(data_err);
+    }
+    // Typed repeated fields (small tensors, constants written by hand).
+    let mut out: Vec<u8> = Vec::new();
+    let count = match dtype {
+        DType::F32 => {
+            t.float_data.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+            t.float_data.len()
+        }
+        DType::F64 => {
+            t.double_data.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+            t.double_data.len()
+        }
+        DType::I64 => {
+            t.int64_data.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+            t.int64_data.len()
+        }
+        // int32_data carries every element type of 32 bits or less.
+        DType::I32 => {
+            t.int32_data.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+            t.int32_data.len()
+        }
+        DType::F16 => {
+            t.int32_data.iter().for_each(|v| out.extend_from_slice(&(*v as u16).to_le_bytes()));
+            t.int32_data.len()
+        }
+        DType::I8 | DType::U8 | DType::Bool => {
+            out.extend(t.int32_data.iter().map(|v| *v as u8));
+            t.int32_data.len()
+        }
+    };
+    if count != n {
+        return Err(OnnxError::Malformed(format!(
+            "tensor '{name}' has shape {shape:?} ({n} elements) but {count} values"
+        )));
+    }
+    ConstData::from_bytes(dtype, shape, Bytes::from(out)).map_err(data_err)
+}

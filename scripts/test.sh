@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test command (README): unit, property and fixture tests of every crate,
+# then the ONNX backend node tests (conformance) from a pinned `onnx` package.
+# Works on a fresh machine: the first run makes a venv in .venv for `onnx`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=.venv
+if ! "$venv/bin/python" -c "import onnx" 2>/dev/null; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r tools/conformance/requirements.txt
+fi
+node_dir=$("$venv/bin/python" -c "import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), 'backend', 'test', 'data', 'node'))")
+
+cargo test --workspace --locked
+cargo run --locked --quiet -p anyshape-conformance -- "$node_dir" --expected tests/conformance/expected_failures.txt
