@@ -9,11 +9,31 @@
 //! - sums and products are expanded, like terms merged, zero terms dropped;
 //! - `(c*q + r)/c = q + r/c` for integer `q`: coefficients are split by Euclidean
 //!   division, so the argument of a remaining floor-div has coefficients in `[0, c)`;
-//! - `(g*s)/(g*t) = s/t` and `(g*s)%(g*t) = g*(s%t)`: common factors are cancelled;
-//! - `(x/a)/b = x/(a*b)` for positive `a`, `b`;
-//! - `min`/`max` are flattened, de-duplicated, sorted, constant-folded, and an
-//!   argument that differs from another by a constant is dropped when dominated.
+//! - common factors are cancelled: for `g` the gcd of `c` and the non-constant
+//!   coefficients, `(g*m + k)/(g*c') = (m + k/g)/c'` and
+//!   `(g*m + k)%(g*c') = g*((m + k/g)%c') + k%g`;
+//! - `(m + x/a)/c = (a*m + x)/(a*c)` (so `(x/a)/b = x/(a*b)`; kept nested when
+//!   `a*c` overflows), and `(m + k*(x%a))%c = (m + k*x)%c` when `c` divides `a`;
+//! - `r%c = r` and `r/c = 0` when `0 <= r < c` follows from the ranges of the `x%a`
+//!   atoms of `r` alone (`(x%a)%c = x%a` when `a <= c`);
+//! - `min`/`max` are flattened (also through a constant offset), de-duplicated,
+//!   constant-folded; an argument that differs from another by a constant is
+//!   dropped when dominated; the smallest constant term is pulled out
+//!   (`max(a+2, b+1) = max(a+1, b)+1`) and the arguments are sorted.
+//!
+//! The rules are sound, not complete: `x - 2*(x/2)` and `x%2` stay different, as do
+//! some divisions of expressions that already hold divisions or remainders
+//! (`2*(a%3)/3` and `5*(a%3)/7` are both 0).
+//!
+//! Arithmetic is checked: the `try_` methods and [`SymExpr::eval`] return
+//! [`SymError::Overflow`] instead of wrapping or panicking; only the `+`, `-`, `*`
+//! operators panic on overflow.
+//!
+//! `SymExpr` deliberately has no `Ord` impl: `Ord::min`/`Ord::max` would shadow the
+//! symbolic [`SymExpr::min`]/[`SymExpr::max`] on owned values and silently compare
+//! structure. [`SymExpr::canonical_cmp`] is the (structural) total order.
 
+use std::cmp::Ordering;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
@@ -21,7 +41,7 @@ use std::sync::Arc;
 use crate::SymError;
 
 /// A symbolic dimension in canonical form. Cheap to clone for the common cases.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
 pub struct SymExpr {
     /// Terms sorted by monomial; no zero coefficients; the constant term has the
     /// empty monomial (which sorts first).
@@ -32,7 +52,7 @@ pub struct SymExpr {
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 struct Monomial(Vec<(Atom, u32)>);
 
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 enum Atom {
     Sym(Arc<str>),
     Div(Box<SymExpr>, i64),
@@ -43,6 +63,37 @@ enum Atom {
 
 fn overflow() -> SymError {
     SymError::Overflow
+}
+
+impl Ord for Atom {
+    fn cmp(&self, o: &Atom) -> Ordering {
+        fn rank(a: &Atom) -> u8 {
+            match a {
+                Atom::Sym(_) => 0,
+                Atom::Div(..) => 1,
+                Atom::Mod(..) => 2,
+                Atom::Min(_) => 3,
+                Atom::Max(_) => 4,
+            }
+        }
+        fn list(a: &[SymExpr], b: &[SymExpr]) -> Ordering {
+            a.iter().map(|e| &e.terms).cmp(b.iter().map(|e| &e.terms))
+        }
+        match (self, o) {
+            (Atom::Sym(a), Atom::Sym(b)) => a.cmp(b),
+            (Atom::Div(a, c), Atom::Div(b, d)) | (Atom::Mod(a, c), Atom::Mod(b, d)) => {
+                a.canonical_cmp(b).then(c.cmp(d))
+            }
+            (Atom::Min(a), Atom::Min(b)) | (Atom::Max(a), Atom::Max(b)) => list(a, b),
+            _ => rank(self).cmp(&rank(o)),
+        }
+    }
+}
+
+impl PartialOrd for Atom {
+    fn partial_cmp(&self, o: &Atom) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
 }
 
 impl SymExpr {
@@ -61,6 +112,12 @@ impl SymExpr {
 
     fn from_atom(a: Atom) -> SymExpr {
         SymExpr { terms: vec![(Monomial(vec![(a, 1)]), 1)] }
+    }
+
+    /// A total order on canonical forms: structural, not numeric (`a` sorts before
+    /// `2*a`, constants before symbols). Used to sort `min`/`max` arguments.
+    pub fn canonical_cmp(&self, other: &SymExpr) -> Ordering {
+        self.terms.cmp(&other.terms)
     }
 
     /// `Some(v)` when the expression is the constant `v`.
@@ -174,7 +231,7 @@ impl SymExpr {
         for (ma, ca) in &self.terms {
             for (mb, cb) in &other.terms {
                 let c = ca.checked_mul(*cb).ok_or_else(overflow)?;
-                let term = SymExpr { terms: vec![(ma.mul(mb), c)] };
+                let term = SymExpr { terms: vec![(ma.mul(mb)?, c)] };
                 acc = acc.try_add(&term)?;
             }
         }
@@ -193,13 +250,14 @@ impl SymExpr {
         let rest = if let Some(rv) = r.as_const() {
             SymExpr::constant(rv.div_euclid(c))
         } else {
-            let g = gcd(r.content(), c);
-            let (r, c) = (r.exact_div(g), c / g);
+            let (r, c, _) = r.cancel_common(c);
             if c == 1 {
                 r
-            } else if let Some((Atom::Div(inner, a), 1)) = r.single_atom() {
-                // (x/a)/c = x/(a*c)
-                inner.try_floor_div(a.checked_mul(c).ok_or_else(overflow)?)?
+            } else if let Some(e) = r.merge_nested_div(c) {
+                e?
+            } else if r.mod_bound().is_some_and(|b| b < c) {
+                // 0 <= r < c
+                SymExpr::default()
             } else {
                 SymExpr::from_atom(Atom::Div(Box::new(r), c))
             }
@@ -207,9 +265,26 @@ impl SymExpr {
         q.try_add(&rest)
     }
 
-    /// Ceiling division by the positive constant `c`: `(a + c - 1) / c`.
+    /// `(m + x/a)/c = (a*m + x)/(a*c)` for the first term `x/a` (coefficient 1) of
+    /// `self`; `None` when there is none, or when the rewrite would overflow (the
+    /// nested form is exact, just not representable merged).
+    fn merge_nested_div(&self, c: i64) -> Option<Result<SymExpr, SymError>> {
+        let at =
+            self.terms.iter().position(|(m, k)| *k == 1 && matches!(m.0.as_slice(), [(Atom::Div(..), 1)]))?;
+        let [(Atom::Div(x, a), 1)] = self.terms[at].0 .0.as_slice() else { return None };
+        let mut m = self.clone();
+        m.terms.remove(at);
+        let ac = a.checked_mul(c)?;
+        let num = m.try_scale(*a).and_then(|am| am.try_add(x)).ok()?;
+        Some(num.try_floor_div(ac))
+    }
+
+    /// Ceiling division by the positive constant `c`: `(a - 1)/c + 1`.
     pub fn try_ceil_div(&self, c: i64) -> Result<SymExpr, SymError> {
-        self.try_add(&SymExpr::constant(c - 1))?.try_floor_div(c)
+        if c <= 0 {
+            return Err(SymError::NonPositiveDivisor(c));
+        }
+        self.try_sub(&SymExpr::constant(1))?.try_floor_div(c)?.try_add(&SymExpr::constant(1))
     }
 
     /// Euclidean remainder by the positive constant `c` (result in `[0, c)`).
@@ -221,17 +296,31 @@ impl SymExpr {
         if let Some(rv) = r.as_const() {
             return Ok(SymExpr::constant(rv.rem_euclid(c)));
         }
-        let g = gcd(r.content(), c);
-        let (r, cc) = (r.exact_div(g), c / g);
+        let (r, cc, low) = r.cancel_common(c);
+        let g = c / cc;
+        // self % c = g*(r % cc) + low
+        let low = SymExpr::constant(low);
         if cc == 1 {
-            return Ok(SymExpr::default());
+            return Ok(low);
         }
-        let inner = match r.single_atom() {
-            // (x % a) % cc = x % cc when cc divides a
-            Some((Atom::Mod(x, a), 1)) if a % cc == 0 => x.try_rem(cc)?,
-            _ => SymExpr::from_atom(Atom::Mod(Box::new(r), cc)),
+        // (m + k*(x%a)) % cc = (m + k*x) % cc when cc divides a.
+        let nested = r.terms.iter().enumerate().find_map(|(i, (m, k))| match m.0.as_slice() {
+            [(Atom::Mod(x, a), 1)] if a % cc == 0 => Some((i, x, *k)),
+            _ => None,
+        });
+        if let Some((i, x, k)) = nested {
+            let mut m = r.clone();
+            m.terms.remove(i);
+            if let Ok(e) = x.try_scale(k).and_then(|kx| kx.try_add(&m)) {
+                return e.try_rem(cc)?.try_scale(g)?.try_add(&low);
+            }
+        }
+        let inner = if r.mod_bound().is_some_and(|b| b < cc) {
+            r // 0 <= r < cc
+        } else {
+            SymExpr::from_atom(Atom::Mod(Box::new(r), cc))
         };
-        inner.try_scale(g)
+        inner.try_scale(g)?.try_add(&low)
     }
 
     /// `min(a, b)`.
@@ -245,12 +334,27 @@ impl SymExpr {
     }
 
     /// `min(args...)` (`is_max == false`) or `max(args...)`, canonical.
+    /// `args` should not be empty; an empty list gives `0`.
+    ///
+    /// Nested calls of the same kind are flattened, also through a constant offset
+    /// (`max(max(a, b) - 1, c) = max(a - 1, b - 1, c)`); an argument dominated by
+    /// another that differs from it by a constant is dropped; and the smallest
+    /// constant term is pulled out (`max(a + 2, b + 1) = max(a + 1, b) + 1`), so
+    /// that a shifted `min`/`max` has one form.
     pub fn minmax(args: Vec<SymExpr>, is_max: bool) -> SymExpr {
         let mut flat: Vec<SymExpr> = Vec::new();
         for a in args {
-            match a.single_atom() {
-                Some((Atom::Max(v), 1)) if is_max => flat.extend(v.iter().cloned()),
-                Some((Atom::Min(v), 1)) if !is_max => flat.extend(v.iter().cloned()),
+            let d = a.constant_term();
+            let body = SymExpr { terms: a.terms.iter().filter(|(m, _)| !m.0.is_empty()).cloned().collect() };
+            let inner = match body.single_atom() {
+                Some((Atom::Max(v), 1)) if is_max => Some(v),
+                Some((Atom::Min(v), 1)) if !is_max => Some(v),
+                _ => None,
+            };
+            let shifted = inner
+                .map(|v| v.iter().map(|e| e.try_add(&SymExpr::constant(d))).collect::<Result<Vec<_>, _>>());
+            match shifted {
+                Some(Ok(v)) => flat.extend(v),
                 _ => flat.push(a),
             }
         }
@@ -269,11 +373,52 @@ impl SymExpr {
             }
             keep.push(a);
         }
-        keep.sort();
-        if keep.len() == 1 {
+        if keep.len() <= 1 {
             return keep.pop().unwrap_or_default();
         }
-        SymExpr::from_atom(if is_max { Atom::Max(keep) } else { Atom::Min(keep) })
+        // Pull out the smallest constant term (unless that would overflow).
+        let d = keep.iter().map(SymExpr::constant_term).min().unwrap_or(0);
+        let pulled = keep.iter().map(|e| e.try_sub(&SymExpr::constant(d))).collect::<Result<Vec<_>, _>>();
+        let (mut keep, d) = match pulled {
+            Ok(v) => (v, d),
+            Err(_) => (keep, 0),
+        };
+        keep.sort_by(SymExpr::canonical_cmp);
+        let atom = SymExpr::from_atom(if is_max { Atom::Max(keep) } else { Atom::Min(keep) });
+        atom.try_add(&SymExpr::constant(d)).unwrap_or(atom)
+    }
+
+    /// For `self = g*m + k` (`k` the constant term, `0 <= k < c`, as `split_by`
+    /// leaves it) and `g = gcd(coefficients of m, c)`: `(m + k/g, c/g, k%g)`, as
+    /// `self/c = (m + k/g)/(c/g)` and `self%c = g*((m + k/g)%(c/g)) + k%g`.
+    fn cancel_common(&self, c: i64) -> (SymExpr, i64, i64) {
+        let k = self.constant_term();
+        let m = SymExpr { terms: self.terms.iter().filter(|(m, _)| !m.0.is_empty()).cloned().collect() };
+        let g = gcd(m.content(), c);
+        if g <= 1 {
+            return (self.clone(), c, 0);
+        }
+        let mut r = m.exact_div(g);
+        if k.div_euclid(g) != 0 {
+            r.terms.insert(0, (Monomial::default(), k.div_euclid(g)));
+        }
+        (r, c / g, k.rem_euclid(g))
+    }
+
+    /// The largest value of an expression whose coefficients are non-negative and
+    /// whose atoms are all `x%a` (each in `[0, a)`), so its value is in
+    /// `[0, bound]`; `None` for any other expression (or on overflow).
+    fn mod_bound(&self) -> Option<i64> {
+        let mut acc: i64 = 0;
+        for (m, k) in &self.terms {
+            let mut t = (*k >= 0).then_some(*k)?;
+            for (a, p) in &m.0 {
+                let Atom::Mod(_, a) = a else { return None };
+                t = t.checked_mul((a - 1).checked_pow(*p)?)?;
+            }
+            acc = acc.checked_add(t)?;
+        }
+        Some(acc)
     }
 
     /// Split into `(q, r)` with `self = c*q + r` and every coefficient of `r` in `[0, c)`.
@@ -292,12 +437,14 @@ impl SymExpr {
         (SymExpr { terms: q }, SymExpr { terms: r })
     }
 
-    /// gcd of all coefficients (0 for the zero expression).
-    fn content(&self) -> i64 {
+    /// gcd of all coefficients (0 for the zero expression; see [`gcd`] for the one
+    /// exception).
+    pub(crate) fn content(&self) -> i64 {
         self.terms.iter().fold(0, |g, (_, c)| gcd(g, *c))
     }
 
-    fn exact_div(&self, g: i64) -> SymExpr {
+    /// Divide every coefficient by `g`, which must divide them all.
+    pub(crate) fn exact_div(&self, g: i64) -> SymExpr {
         SymExpr { terms: self.terms.iter().map(|(m, c)| (m.clone(), c / g)).collect() }
     }
 
@@ -317,10 +464,8 @@ impl SymExpr {
         for (m, c) in &self.terms {
             let mut t = *c;
             for (a, p) in &m.0 {
-                let v = a.eval(bind)?;
-                for _ in 0..*p {
-                    t = t.checked_mul(v).ok_or_else(overflow)?;
-                }
+                let v = a.eval(bind)?.checked_pow(*p).ok_or_else(overflow)?;
+                t = t.checked_mul(v).ok_or_else(overflow)?;
             }
             acc = acc.checked_add(t).ok_or_else(overflow)?;
         }
@@ -333,14 +478,26 @@ impl SymExpr {
         for (m, c) in &self.terms {
             let mut t = SymExpr::constant(*c);
             for (a, p) in &m.0 {
-                let v = a.substitute(f)?;
-                for _ in 0..*p {
-                    t = t.try_mul(&v)?;
-                }
+                t = t.try_mul(&a.substitute(f)?.try_pow(*p)?)?;
             }
             acc = acc.try_add(&t)?;
         }
         Ok(acc)
+    }
+
+    /// `self^p` by repeated squaring.
+    fn try_pow(&self, mut p: u32) -> Result<SymExpr, SymError> {
+        let (mut acc, mut base) = (SymExpr::constant(1), self.clone());
+        loop {
+            if p & 1 == 1 {
+                acc = acc.try_mul(&base)?;
+            }
+            p >>= 1;
+            if p == 0 {
+                return Ok(acc);
+            }
+            base = base.try_mul(&base)?;
+        }
     }
 
     /// When `name` occurs only as a bare linear term `k*name`, returns `(k, rest)`
@@ -359,6 +516,24 @@ impl SymExpr {
             return None;
         }
         coef.map(|k| (k, rest))
+    }
+
+    /// Every term `k*(x/c)` (`is_mod == false`) or `k*(x%c)` of `self` whose
+    /// monomial is that one atom, as `(k, x, c, is_mod, rest)` with
+    /// `self = k*atom + rest`; used by the prover.
+    pub(crate) fn div_mod_terms(&self) -> Vec<(i64, &SymExpr, i64, bool, SymExpr)> {
+        let mut out = Vec::new();
+        for (i, (m, k)) in self.terms.iter().enumerate() {
+            let (x, c, is_mod) = match m.0.as_slice() {
+                [(Atom::Div(x, c), 1)] => (x, *c, false),
+                [(Atom::Mod(x, c), 1)] => (x, *c, true),
+                _ => continue,
+            };
+            let mut rest = self.clone();
+            rest.terms.remove(i);
+            out.push((*k, &**x, c, is_mod, rest));
+        }
+        out
     }
 
     /// Visit every term as `(coefficient, [(atom view, power)])`; used by the prover.
@@ -424,7 +599,7 @@ fn fold_eval(
 }
 
 impl Monomial {
-    fn mul(&self, other: &Monomial) -> Monomial {
+    fn mul(&self, other: &Monomial) -> Result<Monomial, SymError> {
         let mut v: Vec<(Atom, u32)> = Vec::with_capacity(self.0.len() + other.0.len());
         let (mut i, mut j) = (0, 0);
         while i < self.0.len() || j < other.0.len() {
@@ -443,22 +618,26 @@ impl Monomial {
                     j += 1;
                 }
                 std::cmp::Ordering::Equal => {
-                    v.push((self.0[i].0.clone(), self.0[i].1 + other.0[j].1));
+                    let p = self.0[i].1.checked_add(other.0[j].1).ok_or_else(overflow)?;
+                    v.push((self.0[i].0.clone(), p));
                     i += 1;
                     j += 1;
                 }
             }
         }
-        Monomial(v)
+        Ok(Monomial(v))
     }
 }
 
+/// The greatest common divisor of `a` and `b` (0 when both are 0), except that
+/// 2^63 (`gcd(i64::MIN, i64::MIN)`), which `i64` cannot hold, gives the common
+/// divisor 2^62.
 pub(crate) fn gcd(a: i64, b: i64) -> i64 {
     let (mut a, mut b) = (a.unsigned_abs(), b.unsigned_abs());
     while b != 0 {
         (a, b) = (b, a % b);
     }
-    a.min(i64::MAX as u64) as i64
+    i64::try_from(a).unwrap_or(1 << 62)
 }
 
 impl From<i64> for SymExpr {
@@ -497,39 +676,45 @@ std_op!(Mul, mul, try_mul);
 // ---------------------------------------------------------------- printing
 
 impl fmt::Display for SymExpr {
+    /// Non-constant terms first, the constant last: `h+1`, `2*n-1`, `-h/2+3`. A
+    /// leading `-` negates the whole first term, as the parser reads it. `i64::MIN`
+    /// has no literal, so it is written as a difference: `-9223372036854775807-1`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.terms.is_empty() {
             return write!(f, "0");
         }
-        // Non-constant terms first, the constant last: `h+1`, `2*n-1`.
-        let constant = self.constant_term();
         let mut first = true;
         for (m, c) in self.terms.iter().filter(|(m, _)| !m.0.is_empty()) {
-            let c = *c;
-            if first {
-                if c < 0 {
-                    write!(f, "-")?;
-                }
+            if *c == i64::MIN {
+                write_term(f, &mut first, m, -i64::MAX)?;
+                write_term(f, &mut first, m, -1)?;
             } else {
-                write!(f, "{}", if c < 0 { "-" } else { "+" })?;
-            }
-            first = false;
-            let k = c.unsigned_abs();
-            let lone = m.0.len() == 1 && m.0[0].1 == 1;
-            if k != 1 {
-                write!(f, "{k}*")?;
-            }
-            m.fmt_with(f, k != 1 || !lone)?;
-        }
-        if constant != 0 {
-            if first {
-                write!(f, "{constant}")?;
-            } else {
-                write!(f, "{}{}", if constant < 0 { "-" } else { "+" }, constant.unsigned_abs())?;
+                write_term(f, &mut first, m, *c)?;
             }
         }
-        Ok(())
+        match self.constant_term() {
+            0 => Ok(()),
+            i64::MIN => write!(f, "-{}-1", i64::MAX),
+            c if first || c < 0 => write!(f, "{c}"),
+            c => write!(f, "+{c}"),
+        }
     }
+}
+
+/// One non-constant term `c*m` (`c != i64::MIN`), with its sign.
+fn write_term(f: &mut fmt::Formatter<'_>, first: &mut bool, m: &Monomial, c: i64) -> fmt::Result {
+    if c < 0 {
+        write!(f, "-")?;
+    } else if !*first {
+        write!(f, "+")?;
+    }
+    *first = false;
+    let k = c.unsigned_abs();
+    let lone = m.0.len() == 1 && m.0[0].1 == 1;
+    if k != 1 {
+        write!(f, "{k}*")?;
+    }
+    m.fmt_with(f, k != 1 || !lone)
 }
 
 impl Monomial {

@@ -6,6 +6,7 @@
 //! (BladeDISC §3.1; TSCompiler §4.1). At run time [`ShapeEnv::bind`] turns observed
 //! dims into [`Bindings`] and checks every recorded fact.
 
+mod divide;
 mod env;
 mod expr;
 mod parse;

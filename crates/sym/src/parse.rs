@@ -7,12 +7,17 @@
 //! factor := INT | IDENT | ('min' | 'max') '(' expr (',' expr)* ')' | '(' expr ')'
 //! ```
 //! A leading `-` negates the whole first term, which is how the printer writes it.
+//! `min` and `max` are reserved: they must be followed by `(`. Parentheses nest at
+//! most [`MAX_DEPTH`] deep, so hostile input is an error, not a stack overflow.
 
 use crate::{SymError, SymExpr};
 
+/// How deep parentheses and `min`/`max` calls may nest.
+pub const MAX_DEPTH: usize = 200;
+
 /// Parse a symbolic expression.
 pub fn parse_expr(text: &str) -> Result<SymExpr, SymError> {
-    let mut p = Parser { s: text.as_bytes(), i: 0, text };
+    let mut p = Parser { s: text.as_bytes(), i: 0, text, depth: 0 };
     let e = p.expr()?;
     p.ws();
     if p.i != p.s.len() {
@@ -39,6 +44,7 @@ struct Parser<'a> {
     s: &'a [u8],
     i: usize,
     text: &'a str,
+    depth: usize,
 }
 
 impl Parser<'_> {
@@ -107,6 +113,16 @@ impl Parser<'_> {
     }
 
     fn factor(&mut self) -> Result<SymExpr, SymError> {
+        if self.depth >= MAX_DEPTH {
+            return Err(self.err("expression nested too deeply"));
+        }
+        self.depth += 1;
+        let r = self.factor_inner();
+        self.depth -= 1;
+        r
+    }
+
+    fn factor_inner(&mut self) -> Result<SymExpr, SymError> {
         match self.peek() {
             Some(b'(') => {
                 self.i += 1;
@@ -132,8 +148,10 @@ impl Parser<'_> {
                     self.i += 1;
                 }
                 let name = &self.text[start..self.i];
-                if (name == "min" || name == "max") && self.peek() == Some(b'(') {
-                    self.i += 1;
+                if name == "min" || name == "max" {
+                    if !self.eat(b'(') {
+                        return Err(self.err("expected `(` after min/max"));
+                    }
                     let mut args = vec![self.expr()?];
                     while self.eat(b',') {
                         args.push(self.expr()?);

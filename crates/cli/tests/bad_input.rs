@@ -1,0 +1,233 @@
+//! Bad input gets a one-line error and exit code 2, never a panic: truncated or
+//! garbage models, unsupported ops, wrong inputs, bad .npy files, contradictory
+//! dim declarations.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn bert() -> PathBuf {
+    root().join("tests/fixtures/bert/model.onnx")
+}
+
+fn anyshape(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_anyshape")).args(args).output().expect("run anyshape")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("anyshape-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    dir.join(name)
+}
+
+/// Exit code 2 and a single stderr line containing every fragment.
+fn assert_user_error(out: &Output, fragments: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one line, got: {err}");
+    for f in fragments {
+        assert!(lines[0].contains(f), "`{f}` not in: {}", lines[0]);
+    }
+}
+
+fn bert_inputs(seq: usize) -> Vec<String> {
+    let ids: Vec<String> = (0..seq).map(|i| (i % 90 + 1).to_string()).collect();
+    let ones = vec!["1"; seq].join(",");
+    let zeros = vec!["0"; seq].join(",");
+    vec![
+        format!("--input=input_ids={}", ids.join(",")),
+        format!("--shape=input_ids=1x{seq}"),
+        format!("--input=attention_mask={ones}"),
+        format!("--shape=attention_mask=1x{seq}"),
+        format!("--input=token_type_ids={zeros}"),
+        format!("--shape=token_type_ids=1x{seq}"),
+    ]
+}
+
+fn run_bert(extra: &[&str], inputs: &[String]) -> Output {
+    let b = bert();
+    let mut args = vec!["run", b.to_str().unwrap_or_default()];
+    args.extend(extra);
+    args.extend(inputs.iter().map(String::as_str));
+    anyshape(&args)
+}
+
+#[test]
+fn good_run_succeeds_and_writes_outputs() {
+    let dir = tmp("outs");
+    let out = run_bert(&["--output-dir", dir.to_str().unwrap_or_default()], &bert_inputs(5));
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("last_hidden_state: f32 [1, 5, 32]"), "{stdout}");
+    assert!(dir.join("last_hidden_state.npy").is_file());
+    assert!(dir.join("pooler_output.npy").is_file());
+}
+
+#[test]
+fn garbage_model() {
+    let p = tmp("garbage.onnx");
+    std::fs::write(&p, b"this is not a protobuf at all \xff\xff\xff\xff").expect("write");
+    let out = anyshape(&["inspect", p.to_str().unwrap_or_default()]);
+    assert_user_error(&out, &["not a valid ONNX model"]);
+}
+
+#[test]
+fn truncated_model() {
+    let bytes = std::fs::read(bert()).expect("bert");
+    for cut in [1, 10, 100, bytes.len() / 3, bytes.len() - 7] {
+        let p = tmp(&format!("trunc{cut}.onnx"));
+        std::fs::write(&p, &bytes[..cut]).expect("write");
+        let out = anyshape(&["inspect", p.to_str().unwrap_or_default()]);
+        assert_user_error(&out, &["not a valid ONNX model"]);
+    }
+}
+
+#[test]
+fn empty_and_missing_model_files() {
+    let p = tmp("empty.onnx");
+    std::fs::write(&p, b"").expect("write");
+    assert_user_error(&anyshape(&["inspect", p.to_str().unwrap_or_default()]), &["empty"]);
+    assert_user_error(
+        &anyshape(&["inspect", "/no/such/model.onnx"]),
+        &["cannot read", "/no/such/model.onnx"],
+    );
+}
+
+/// A model with one node of an op anyshape does not import.
+fn model_with_op(op: &str) -> Vec<u8> {
+    use anyshape_onnx_proto::*;
+    let tensor_type = |name: &str| ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(1),
+                shape: Some(TensorShapeProto {
+                    dim: vec![tensor_shape_proto::Dimension {
+                        value: Some(tensor_shape_proto::dimension::Value::DimParam("n".into())),
+                    }],
+                }),
+            })),
+        }),
+    };
+    let model = ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        graph: Some(GraphProto {
+            node: vec![NodeProto {
+                input: vec!["x".into()],
+                output: vec!["y".into()],
+                name: Some("my_node".into()),
+                op_type: Some(op.into()),
+                ..Default::default()
+            }],
+            input: vec![tensor_type("x")],
+            output: vec![tensor_type("y")],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    prost::Message::encode_to_vec(&model)
+}
+
+mod anyshape_onnx_proto {
+    pub use anyshape_onnx::proto::*;
+}
+
+#[test]
+fn unsupported_operator_names_op_node_and_opset() {
+    let p = tmp("unsupported.onnx");
+    std::fs::write(&p, model_with_op("NonMaxSuppression")).expect("write");
+    let out = anyshape(&["inspect", p.to_str().unwrap_or_default()]);
+    assert_user_error(&out, &["unsupported operator", "NonMaxSuppression", "my_node", "opset 17"]);
+}
+
+#[test]
+fn missing_and_extra_inputs() {
+    let inputs = bert_inputs(3);
+    let out = run_bert(&[], &inputs[..4]);
+    assert_user_error(&out, &["missing input 'token_type_ids'"]);
+    let mut more = inputs.clone();
+    more.push("--input=bogus=1,2".into());
+    // An inline input for a name the model lacks is refused before running.
+    assert_user_error(&run_bert(&[], &more), &["no input 'bogus'"]);
+}
+
+#[test]
+fn wrong_rank_dtype_and_shape() {
+    let mut inputs = bert_inputs(3);
+    inputs[1] = "--shape=input_ids=3".into();
+    assert_user_error(&run_bert(&[], &inputs), &["input 'input_ids'", "rank 2"]);
+
+    // attention_mask with a different seq than input_ids: names the input, dim and rule.
+    let mut inputs = bert_inputs(3);
+    inputs[2] = "--input=attention_mask=1,1,1,1".into();
+    inputs[3] = "--shape=attention_mask=1x4".into();
+    assert_user_error(&run_bert(&[], &inputs), &["input 'attention_mask' dim 1", "seq"]);
+
+    // A float .npy where the model wants int64.
+    let f = tmp("float_ids.npy");
+    let t = anyshape::Tensor::new(vec![1, 3], anyshape::Elems::F32(vec![1.0, 2.0, 3.0])).expect("tensor");
+    anyshape::npy::write(&f, &t).expect("npy");
+    let mut inputs = bert_inputs(3);
+    inputs[0] = format!("--input=input_ids={}", f.display());
+    inputs.remove(1);
+    assert_user_error(&run_bert(&[], &inputs), &["input 'input_ids' must be i64", "got f32"]);
+}
+
+#[test]
+fn bad_npy_files() {
+    let bad_header = tmp("bad_header.npy");
+    std::fs::write(&bad_header, b"\x93NUMPY\x01\x00\x10\x00{'descr': <broken").expect("write");
+    let trunc = tmp("truncated.npy");
+    let good = tmp("good.npy");
+    let t = anyshape::Tensor::new(vec![1, 64], anyshape::Elems::I64((0..64).collect())).expect("tensor");
+    anyshape::npy::write(&good, &t).expect("npy");
+    let bytes = std::fs::read(&good).expect("read");
+    std::fs::write(&trunc, &bytes[..bytes.len() - 100]).expect("write");
+    for (file, what) in [(bad_header, "not a valid .npy"), (trunc, "truncated.npy")] {
+        let mut inputs = bert_inputs(3);
+        inputs[0] = format!("--input=input_ids={}", file.display());
+        inputs.remove(1);
+        assert_user_error(&run_bert(&[], &inputs), &[what]);
+    }
+}
+
+#[test]
+fn dim_declarations() {
+    let b = bert();
+    let b = b.to_str().unwrap_or_default();
+    // A range the fixture's position table cannot serve contradicts the model.
+    assert_user_error(&anyshape(&["inspect", b, "--dim", "seq=100..200"]), &["seq"]);
+    assert_user_error(&anyshape(&["inspect", b, "--dim", "nosuchdim=1..4"]), &["nosuchdim", "no dim named"]);
+    assert_user_error(&anyshape(&["inspect", b, "--dim", "seq=9..3"]), &["seq=9..3"]);
+    assert_user_error(&anyshape(&["inspect", b, "--dim", "seq"]), &["NAME=LO..HI"]);
+    // A run outside a declared range names the symbol and the range.
+    let out = run_bert(&["--dim", "seq=1..4"], &bert_inputs(5));
+    assert_user_error(&out, &["seq", "1..4"]);
+    // A good declaration shows in the facts.
+    let out = anyshape(&["inspect", b, "--dim", "seq=1..32"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("sym seq user 1..32"));
+}
+
+#[test]
+fn bad_flags() {
+    assert_user_error(&anyshape(&["run", "x.onnx", "--input", "noequals"]), &["cannot read"]);
+    let out = anyshape(&["frobnicate"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn inspect_shows_symbolic_shapes() {
+    let b = bert();
+    let out = anyshape(&["inspect", b.to_str().unwrap_or_default(), "--stage", "shapes"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("input %input_ids: i64[batch, seq]"), "{text}");
+    assert!(text.contains("f32[batch, seq, 32]"));
+    assert!(text.contains("sym batch param"));
+}
