@@ -36,6 +36,7 @@ impl Error {
     /// than a defect in anyshape.
     pub fn is_user_error(&self) -> bool {
         !matches!(self, Error::Run(e) if e.is_internal())
+            && !matches!(self, Error::Import(onnx::OnnxError::Internal(_)))
     }
 }
 

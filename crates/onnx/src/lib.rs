@@ -30,6 +30,9 @@ pub enum OnnxError {
     Node { node: String, op: String, msg: String },
     #[error("dim `{name}`: {msg}")]
     BadDim { name: String, msg: String },
+    /// A defect in anyshape, not in the model.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 /// Load and import a model file (external-data files are resolved next to it).

@@ -25,6 +25,15 @@ fn check(name: &str, expected: &[&str]) -> ir::Graph {
     let syms = symbols_in_shapes(&g);
     let want: BTreeSet<String> = expected.iter().map(|s| s.to_string()).collect();
     assert_eq!(syms, want, "{name}: symbols left in shapes\n{}", g.env);
+    // Clamps (slices of position tables) were resolved by the learned ranges.
+    for v in g.values() {
+        assert!(
+            !v.ty.to_string().contains("min(") && !v.ty.to_string().contains("max("),
+            "{name}: {} is {}",
+            v.name,
+            v.ty
+        );
+    }
     // No shape arithmetic is left: nothing computes on shape values at run time.
     let shape_ops = g.nodes.iter().filter(|n| matches!(n.op, Op::SymConst(_))).count();
     eprintln!(

@@ -58,3 +58,258 @@ fn shape_chain_becomes_a_symbolic_reshape() {
     let out = reference::run(&g, &[("x", f32s(&[3, 5, 8]))]).expect("run");
     assert_eq!(out[0].1.shape(), &[3, 5, 2, 4]);
 }
+
+fn text(g: &ir::Graph) -> String {
+    g.to_string()
+}
+
+/// MatMul's contraction dims are a sibling constraint: `k2` is eliminated for `k1`.
+#[test]
+fn matmul_records_equal_contraction_dims() {
+    let m = model(
+        vec![node("MatMul", &["x", "w"], &["y"], vec![])],
+        vec![
+            value_info("x", FLOAT, &[Dim::P("b"), Dim::P("k1")]),
+            value_info("w", FLOAT, &[Dim::P("k2"), Dim::V(4)]),
+        ],
+        &["y"],
+        vec![],
+        17,
+    );
+    let g = import(&m);
+    assert_eq!(
+        text(&g),
+        "graph {
+  sym b param 1..2147483647
+  sym k1 param 1..2147483647
+  let k2 = k1
+  input %x: f32[b, k1]
+  input %w: f32[k1, 4]
+  %y: f32[b, 4] = matmul %x, %w
+  output %y
+}
+"
+    );
+    assert!(g.env.equal(&sym::sym("k1"), &sym::sym("k2")));
+}
+
+/// `Reshape(x, [-1, 8])` collapses `batch*seq`; reshaping back through the shape
+/// of `x` restores `[batch, seq, 8]`.
+#[test]
+fn reshape_collapse_and_restore() {
+    let m = model(
+        vec![
+            node("Reshape", &["x", "flat"], &["f"], vec![]),
+            node("Relu", &["f"], &["r"], vec![]),
+            node("Shape", &["x"], &["s"], vec![]),
+            node("Slice", &["s", "z", "two", "z"], &["s2"], vec![]),
+            node("Concat", &["s2", "eight"], &["back"], vec![attr_int("axis", 0)]),
+            node("Reshape", &["r", "back"], &["y"], vec![]),
+        ],
+        vec![value_info("x", FLOAT, &[Dim::P("batch"), Dim::P("seq"), Dim::V(8)])],
+        &["y"],
+        vec![
+            i64_tensor("flat", &[2], &[-1, 8]),
+            i64_tensor("z", &[1], &[0]),
+            i64_tensor("two", &[1], &[2]),
+            i64_tensor("eight", &[1], &[8]),
+        ],
+        17,
+    );
+    let g = import(&m);
+    assert_eq!(
+        text(&g),
+        "graph {
+  sym batch param 1..2147483647
+  sym seq param 1..2147483647
+  input %x: f32[batch, seq, 8]
+  %f: f32[batch*seq, 8] = reshape %x
+  %r: f32[batch*seq, 8] = relu %f
+  %y: f32[batch, seq, 8] = reshape %r
+  output %y
+}
+"
+    );
+    let out = reference::run(&g, &[("x", f32s(&[2, 3, 8]))]).expect("run");
+    assert_eq!(out[0].1.shape(), &[2, 3, 8]);
+}
+
+/// `Range(0, seq, 1)` with `seq` from `Shape`: an iota of symbolic length; position
+/// ids that are real data stay a run-time tensor.
+#[test]
+fn range_of_a_symbolic_length() {
+    let m = model(
+        vec![
+            node("Shape", &["x"], &["s"], vec![]),
+            node("Gather", &["s", "one"], &["n"], vec![attr_int("axis", 0)]),
+            node("Range", &["zero", "n", "one"], &["y"], vec![]),
+        ],
+        vec![value_info("x", FLOAT, &[Dim::P("batch"), Dim::P("seq")])],
+        &["y"],
+        vec![i64_tensor("zero", &[], &[0]), i64_tensor("one", &[], &[1])],
+        17,
+    );
+    let g = import(&m);
+    assert_eq!(
+        text(&g),
+        "graph {
+  sym batch param 1..2147483647
+  sym seq param 1..2147483647
+  input %x: f32[batch, seq]
+  %y: i64[seq] = iota[axis=0]
+  output %y
+}
+"
+    );
+    let out = reference::run(&g, &[("x", f32s(&[2, 5]))]).expect("run");
+    assert_eq!(out[0].1.to_i64_vec(), Some(vec![0, 1, 2, 3, 4]));
+}
+
+/// ViT's expand of the class token: `Where(Equal(shape, -1), 1, shape)` on shape
+/// values, then `Expand`, then `ConstantOfShape` of a computed shape.
+#[test]
+fn where_on_shape_values_and_constant_of_shape() {
+    let m = model(
+        vec![
+            node("Shape", &["x"], &["s"], vec![]),
+            node("Gather", &["s", "zero1"], &["b"], vec![attr_int("axis", 0)]),
+            node("Concat", &["b", "m1", "m1"], &["target"], vec![attr_int("axis", 0)]),
+            node("Equal", &["target", "m1"], &["isneg"], vec![]),
+            node("Where", &["isneg", "ones", "target"], &["fixed"], vec![]),
+            node("Expand", &["tok", "fixed"], &["y"], vec![]),
+            node("ConstantOfShape", &["s"], &["z"], vec![]),
+        ],
+        vec![value_info("x", FLOAT, &[Dim::P("batch"), Dim::V(4)])],
+        &["y", "z"],
+        vec![
+            i64_tensor("zero1", &[1], &[0]),
+            i64_tensor("m1", &[1], &[-1]),
+            i64_tensor("ones", &[3], &[1, 1, 1]),
+            f32_tensor("tok", &[1, 1, 6], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+        ],
+        17,
+    );
+    let g = import(&m);
+    assert_eq!(
+        text(&g),
+        "graph {
+  sym batch param 1..2147483647
+  input %x: f32[batch, 4]
+  %tok: f32[1, 1, 6] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+  %y: f32[batch, 1, 6] = broadcast %tok
+  %z_3: f32[] = constant 0.0
+  %z_1: f32[1, 1] = reshape %z_3
+  %z: f32[batch, 4] = broadcast %z_1
+  output %y, %z
+}
+"
+    );
+    assert!(!g.nodes.iter().any(|n| matches!(n.op, Op::SymConst(_))), "shape arithmetic left:\n{g}");
+    let out = reference::run(&g, &[("x", f32s(&[3, 4]))]).expect("run");
+    assert_eq!(out[0].1.shape(), &[3, 1, 6]);
+    assert_eq!(out[1].1.shape(), &[3, 4]);
+}
+
+/// A slice of a position table bounded by the sequence length, added to the
+/// embeddings: the env learns `seq <= 64` and the clamp `min(64, seq)` disappears.
+#[test]
+fn slice_with_computed_bound_learns_a_range() {
+    let table: Vec<f32> = (0..64 * 2).map(|i| i as f32).collect();
+    let m = model(
+        vec![
+            node("Shape", &["x"], &["s"], vec![]),
+            node("Gather", &["s", "one"], &["n"], vec![attr_int("axis", 0)]),
+            node("Unsqueeze", &["n", "zero1"], &["n1"], vec![]),
+            node("Slice", &["pos", "zero1", "n1", "zero1"], &["p"], vec![]),
+            node("Add", &["x", "p"], &["y"], vec![]),
+        ],
+        vec![value_info("x", FLOAT, &[Dim::P("batch"), Dim::P("seq"), Dim::V(2)])],
+        &["y"],
+        vec![
+            i64_tensor("one", &[], &[1]),
+            i64_tensor("zero1", &[1], &[0]),
+            f32_tensor("pos", &[64, 2], &table),
+        ],
+        17,
+    );
+    let g = import(&m);
+    assert_eq!(
+        text(&g),
+        "graph {
+  sym batch param 1..2147483647
+  sym seq param 1..64
+  input %x: f32[batch, seq, 2]
+  %pos: f32[64, 2] = constant @pos
+  %p: f32[seq, 2] = slice[0: 0 step 1] %pos
+  %y_3: f32[1, seq, 2] = reshape %p
+  %y_1: f32[batch, seq, 2] = broadcast %y_3
+  %y: f32[batch, seq, 2] = add %x, %y_1
+  output %y
+}
+"
+    );
+    assert_eq!(g.env.symbol("seq").expect("seq").range, sym::Range::new(1, 64));
+    let err = reference::run(&g, &[("x", f32s(&[1, 65, 2]))]).expect_err("seq 65 is too long");
+    assert!(err.to_string().contains("seq = 65") && err.to_string().contains("1..64"), "{err}");
+}
+
+/// Numpy broadcasting: `[n, 1] + [m]` is `[n, m]`; `[n] + [m]` records `m == n`.
+#[test]
+fn broadcasting_records_sibling_constraints() {
+    let m = model(
+        vec![node("Add", &["a", "b"], &["y"], vec![]), node("Mul", &["c", "b"], &["z"], vec![])],
+        vec![
+            value_info("a", FLOAT, &[Dim::P("n"), Dim::V(1)]),
+            value_info("b", FLOAT, &[Dim::P("m")]),
+            value_info("c", FLOAT, &[Dim::P("k")]),
+        ],
+        &["y", "z"],
+        vec![],
+        17,
+    );
+    let g = import(&m);
+    assert_eq!(
+        text(&g),
+        "graph {
+  sym n param 1..2147483647
+  sym m param 1..2147483647
+  let k = m
+  input %a: f32[n, 1]
+  input %b: f32[m]
+  input %c: f32[m]
+  %y_4: f32[n, m] = broadcast %a
+  %y_1: f32[1, m] = reshape %b
+  %y_2: f32[n, m] = broadcast %y_1
+  %y: f32[n, m] = add %y_4, %y_2
+  %z: f32[m] = mul %c, %b
+  output %y, %z
+}
+"
+    );
+    assert!(g.env.equal(&sym::sym("k"), &sym::sym("m")));
+    assert!(!g.env.equal(&sym::sym("n"), &sym::sym("m")));
+}
+
+/// Unnamed dynamic dims get fresh symbols; a shape that depends on tensor data is
+/// a clear error naming the node.
+#[test]
+fn unnamed_dims_and_data_dependent_shapes() {
+    let m = model(
+        vec![node("Reshape", &["x", "shape"], &["y"], vec![])],
+        vec![value_info("x", FLOAT, &[Dim::V(-1), Dim::V(4)]), value_info("shape", INT64, &[Dim::V(2)])],
+        &["y"],
+        vec![],
+        17,
+    );
+    let e = import_bytes(&encode(&m), &ImportOptions::new()).expect_err("data-dependent").to_string();
+    assert!(e.contains("Reshape_y") && e.contains("depends on tensor data"), "{e}");
+    let m = model(
+        vec![node("Relu", &["x"], &["y"], vec![])],
+        vec![value_info("x", FLOAT, &[Dim::V(-1), Dim::V(4)])],
+        &["y"],
+        vec![],
+        17,
+    );
+    let g = import(&m);
+    assert!(g.to_string().contains("input %x: f32[unk0, 4]"));
+}

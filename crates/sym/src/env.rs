@@ -323,6 +323,61 @@ impl ShapeEnv {
         }
     }
 
+    /// `normalize`, then `min`/`max` arguments that the ranges prove dominated
+    /// are dropped: `min(64, seq)` is `seq` once `seq <= 64` is known. For the
+    /// types a stage writes; `equal` uses it when plain normalization is not enough.
+    pub fn simplify(&self, e: &SymExpr) -> SymExpr {
+        let n = self.normalize(e);
+        if n.has_minmax() {
+            self.prune_minmax(&n).unwrap_or(n)
+        } else {
+            n
+        }
+    }
+
+    /// Drop `min`/`max` arguments the ranges prove dominated: `min(64, seq)` is
+    /// `seq` once `seq <= 64` is known.
+    fn prune_minmax(&self, e: &SymExpr) -> Result<SymExpr, SymError> {
+        let mut acc = SymExpr::constant(0);
+        for (c, atoms) in e.terms() {
+            let mut t = SymExpr::constant(c);
+            for (a, p) in atoms {
+                let v = match a {
+                    AtomView::Sym(s) => SymExpr::symbol(s),
+                    AtomView::Div(x, k) => self.prune_minmax(x)?.try_floor_div(k)?,
+                    AtomView::Mod(x, k) => self.prune_minmax(x)?.try_rem(k)?,
+                    AtomView::Min(args) | AtomView::Max(args) => {
+                        let is_max = matches!(a, AtomView::Max(_));
+                        let args =
+                            args.iter().map(|x| self.prune_minmax(x)).collect::<Result<Vec<_>, _>>()?;
+                        // Keep an argument unless another one is provably on its side of it.
+                        let dominated = |i: usize| {
+                            args.iter().enumerate().any(|(j, b)| {
+                                j != i && {
+                                    let (lo, hi) = if is_max { (&args[i], b) } else { (b, &args[i]) };
+                                    // Ties keep the first of the equal arguments.
+                                    if self.known_le(lo, hi) && self.known_le(hi, lo) {
+                                        j < i
+                                    } else {
+                                        self.known_le(lo, hi)
+                                    }
+                                }
+                            })
+                        };
+                        let kept: Vec<SymExpr> =
+                            (0..args.len()).filter(|i| !dominated(*i)).map(|i| args[i].clone()).collect();
+                        SymExpr::minmax(kept, is_max)
+                    }
+                };
+                for _ in 0..p {
+                    t = t.try_mul(&v)?;
+                }
+            }
+            acc = acc.try_add(&t)?;
+        }
+        Ok(acc)
+    }
+
     /// `e` with the eliminated symbols replaced by what they equal.
     fn eliminated_out(&self, e: &SymExpr) -> Result<SymExpr, SymError> {
         if self.subst.is_empty() {
@@ -343,6 +398,24 @@ impl ShapeEnv {
 
     fn equate_inner(&mut self, a: &SymExpr, b: &SymExpr, why: String) -> Result<(), SymError> {
         let (na, nb) = (self.try_normalize(a)?, self.try_normalize(b)?);
+        // `x == min(x, c…)` says `x <= c` for each constant `c` (and `max`, `>=`):
+        // a range fact, e.g. a sequence no longer than a position table.
+        for (x, m) in [(&na, &nb), (&nb, &na)] {
+            let (Some(s), Some((is_max, args))) = (x.as_symbol(), m.as_minmax()) else { continue };
+            if !args.contains(x) || !args.iter().all(|e| e == x || e.as_const().is_some()) {
+                continue;
+            }
+            let bounds = args.iter().filter_map(SymExpr::as_const);
+            let r = if is_max {
+                Range::new(bounds.max().unwrap_or(i64::MIN), i64::MAX)
+            } else {
+                Range::new(i64::MIN, bounds.min().unwrap_or(i64::MAX))
+            };
+            let s = s.to_string();
+            self.declare(&s, r, SymOrigin::Fresh)
+                .map_err(|e| SymError::Contradiction(format!("{why}: {e}")))?;
+            return Ok(());
+        }
         let d = na.try_sub(&nb)?;
         let impossible = |d: &SymExpr, r: String| {
             SymError::Contradiction(format!("{why} is impossible: {na} - {nb} = {d}{r}"))
@@ -515,10 +588,17 @@ impl ShapeEnv {
         if self.range(&d) == Range::point(0) {
             return true;
         }
-        self.constraints.iter().any(|c| match c {
+        if self.constraints.iter().any(|c| match c {
             Constraint::Equal(x, y, _) => reduced_diff(x, y).as_ref() == Some(&d),
             Constraint::InRange(..) => false,
-        })
+        }) {
+            return true;
+        }
+        // Last, with dominated min/max arguments dropped by the ranges.
+        (na.has_minmax() || nb.has_minmax()) && {
+            let (sa, sb) = (self.simplify(&na), self.simplify(&nb));
+            sa == sb || reduced_diff(&sa, &sb).is_some_and(|d| self.range(&d) == Range::point(0))
+        }
     }
 
     /// Provably `k` divides `e` for every binding.

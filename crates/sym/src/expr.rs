@@ -140,6 +140,26 @@ impl SymExpr {
         }
     }
 
+    /// Whether a `min` or `max` occurs anywhere in the expression.
+    pub fn has_minmax(&self) -> bool {
+        self.terms.iter().any(|(m, _)| {
+            m.0.iter().any(|(a, _)| match a {
+                Atom::Min(_) | Atom::Max(_) => true,
+                Atom::Div(e, _) | Atom::Mod(e, _) => e.has_minmax(),
+                Atom::Sym(_) => false,
+            })
+        })
+    }
+
+    /// `Some((is_max, args))` when the expression is exactly one `min`/`max`.
+    pub fn as_minmax(&self) -> Option<(bool, &[SymExpr])> {
+        match self.single_atom() {
+            Some((Atom::Min(v), 1)) => Some((false, v)),
+            Some((Atom::Max(v), 1)) => Some((true, v)),
+            _ => None,
+        }
+    }
+
     /// The constant term.
     pub fn constant_term(&self) -> i64 {
         match self.terms.first() {

@@ -660,3 +660,22 @@ proptest! {
         accepted(built.env.check(&full).is_ok(), "check")?;
     }
 }
+
+#[test]
+fn equating_a_symbol_with_its_min_bounds_its_range() {
+    let mut env = ShapeEnv::new();
+    let seq = env.declare("seq", Range::new(1, 1 << 31), SymOrigin::Param).expect("declare");
+    let m = parse_expr("min(64, seq)").expect("parse");
+    assert!(!env.equal(&m, &seq));
+    env.equate(&seq, &m).expect("equate");
+    assert_eq!(env.symbol("seq").expect("seq").range, Range::new(1, 64));
+    assert!(env.equal(&m, &seq));
+    assert_eq!(
+        env.simplify(&parse_expr("2*min(64, seq)+max(0, seq-1)").expect("parse")),
+        parse_expr("2*seq+seq-1").expect("p")
+    );
+    // max gives a lower bound; a bound outside the range is a contradiction.
+    env.equate(&seq, &parse_expr("max(8, seq)").expect("parse")).expect("equate max");
+    assert_eq!(env.symbol("seq").expect("seq").range, Range::new(8, 64));
+    assert!(env.equate(&seq, &parse_expr("min(4, seq)").expect("parse")).is_err());
+}

@@ -136,6 +136,8 @@ pub fn import_model(
         hint: String::new(),
     };
     imp.import_graph(graph, &opts.frozen)?;
+    ir::verify(&imp.g)
+        .map_err(|e| OnnxError::Internal(format!("the imported graph does not verify: {e}")))?;
     // A user declaration must name a symbol of the model.
     let used: HashSet<String> = imp
         .g
@@ -254,7 +256,29 @@ impl Importer {
             self.g.outputs.push(v);
         }
         self.remove_dead();
+        self.resimplify();
         Ok(())
+    }
+
+    /// Rewrite every dim with all the facts learned, including those learned after
+    /// the value was typed (a `seq <= 64` found late turns `min(64, seq)` into `seq`).
+    fn resimplify(&mut self) {
+        let env = self.g.env.clone();
+        let simp = |e: &mut SymExpr| *e = env.simplify(e);
+        for i in 0..self.g.num_values() {
+            self.g.value_mut_ty(ValueId(i as u32)).shape.iter_mut().for_each(simp);
+        }
+        for n in &mut self.g.nodes {
+            match &mut n.op {
+                Op::SymConst(v) => v.iter_mut().for_each(simp),
+                Op::Slice { axes } => axes.iter_mut().for_each(|a| simp(&mut a.start)),
+                Op::Pad { pads, .. } => pads.iter_mut().for_each(|(b, e)| {
+                    simp(b);
+                    simp(e)
+                }),
+                _ => {}
+            }
+        }
     }
 
     fn input_type(&mut self, vi: &proto::ValueInfoProto) -> Result<TensorType, OnnxError> {
@@ -399,7 +423,7 @@ impl Importer {
             (None, Some(t)) => t,
             (None, None) => return Err(format!("internal: no output type for {}", op.name())),
         };
-        let ty = TensorType::new(ty.dtype, ty.shape.iter().map(|d| self.g.env.normalize(d)).collect());
+        let ty = TensorType::new(ty.dtype, ty.shape.iter().map(|d| self.g.env.simplify(d)).collect());
         if let Some(vals) = fold::fold(self, &op, &inputs, &ty)? {
             return self.materialize(vals, ty);
         }
@@ -538,7 +562,7 @@ impl Importer {
                     })?;
                 }
             }
-            out.push(self.g.env.normalize(&first));
+            out.push(self.g.env.simplify(&first));
         }
         Ok(out)
     }

@@ -1201,8 +1201,13 @@ fn range(imp: &mut Importer, n: &Node) -> R<ValueId> {
     let len = span.try_ceil_div(c.abs()).map_err(|e| e.to_string())?;
     let len = simplify_max0(imp, len);
     let ty = TensorType::new(dtype, vec![len]);
-    let i = imp.emit(Op::Iota { axis: 0 }, vec![], Some(ty))?;
-    let i = imp.binary_scalar(B::Mul, i, c as f64)?;
+    let mut i = imp.emit(Op::Iota { axis: 0 }, vec![], Some(ty))?;
+    if c != 1 {
+        i = imp.binary_scalar(B::Mul, i, c as f64)?;
+    }
+    if a.as_const() == Some(0) {
+        return Ok(i);
+    }
     let start = imp.emit(Op::SymConst(vec![a]), vec![], Some(TensorType::new(DType::I64, vec![])))?;
     let start = imp.cast(start, dtype)?;
     imp.binary(B::Add, i, start)
