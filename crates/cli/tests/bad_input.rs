@@ -2,7 +2,7 @@
 //! garbage models, unsupported ops, wrong inputs, bad .npy files, contradictory
 //! dim declarations.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn root() -> PathBuf {
