@@ -238,13 +238,28 @@ fn preview(t: &Tensor) -> String {
 }
 
 fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>) -> Result<()> {
+    let start = std::time::Instant::now();
     let model = load(&model_path, &dims).map_err(|e| anyhow!(e))?;
+    let import_ms = start.elapsed().as_secs_f64() * 1e3;
     match stage {
         Stage::Shapes => {
             let g = model.graph();
             print!("{}", model.ir_text());
-            let symbols: Vec<String> = g.env.symbols().iter().map(|s| s.name.to_string()).collect();
-            println!("# {} nodes, {} values; symbols: {}", g.nodes.len(), g.num_values(), symbols.join(", "));
+            // The symbols the values' shapes are written in (after every equality).
+            let mut used = std::collections::BTreeSet::new();
+            for v in g.values() {
+                for d in &v.ty.shape {
+                    used.extend(g.env.normalize(d).symbols().into_iter().map(|s| s.to_string()));
+                }
+            }
+            let used: Vec<String> = used.into_iter().collect();
+            println!(
+                "# {} nodes, {} values; {} symbols in shapes: {}; import + shape propagation {import_ms:.1} ms",
+                g.nodes.len(),
+                g.num_values(),
+                used.len(),
+                used.join(", ")
+            );
         }
     }
     Ok(())

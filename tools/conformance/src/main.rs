@@ -32,6 +32,13 @@ struct Args {
     /// Print every failing case's message (they are always printed for surprises).
     #[arg(short, long)]
     verbose: bool,
+    /// Also run the `light_*.onnx` CNN models of this folder (…/onnx/backend/test/data/light).
+    #[arg(long)]
+    light: Option<PathBuf>,
+    /// With --light: run only these models (comma-separated, e.g. `squeezenet,shufflenet`);
+    /// the others are imported and their output shapes checked. Default: run all.
+    #[arg(long, value_delimiter = ',')]
+    light_run: Option<Vec<String>>,
 }
 
 enum Outcome {
@@ -65,6 +72,10 @@ fn main() -> Result<()> {
         })
         .collect();
     cases.sort();
+    let mut light_failed = 0;
+    if let Some(dir) = &args.light {
+        light_failed = run_light(dir, args.light_run.as_deref())?;
+    }
     let mut per_op: BTreeMap<String, Tally> = BTreeMap::new();
     let mut surprises = Vec::new();
     let mut skip_reasons: BTreeMap<String, usize> = BTreeMap::new();
@@ -126,7 +137,7 @@ fn main() -> Result<()> {
     for s in &surprises {
         println!("UNEXPECTED {s}");
     }
-    let failed = total.failed + surprises.iter().filter(|s| s.contains("passes but")).count();
+    let failed = total.failed + surprises.iter().filter(|s| s.contains("passes but")).count() + light_failed;
     println!(
         "\nconformance: {} passed, {} failed, {} skipped ({} expected failures)",
         total.passed, failed, total.skipped, total.expected_fail
@@ -135,6 +146,62 @@ fn main() -> Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// The CNN models of onnx's `light` folder: weights are `ConstantOfShape` nodes,
+/// the input is `arange(n) / n` (as onnx's own runner feeds it), the expected
+/// output is `<model>_output_0.pb`. Returns the number of failures.
+fn run_light(dir: &Path, run_only: Option<&[String]>) -> Result<usize> {
+    let mut models: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot list {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "onnx"))
+        .collect();
+    models.sort();
+    let mut failed = 0;
+    for path in models {
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let import_only = run_only.is_some_and(|names| !names.iter().any(|n| name.ends_with(n.as_str())));
+        let start = std::time::Instant::now();
+        let result = (|| -> Result<String, String> {
+            let model = Model::load(&path, &LoadOptions::new()).map_err(|e| format!("import: {e}"))?;
+            let want = read_tensor(&dir.join(format!("{name}_output_0.pb")))?;
+            let out = model.outputs();
+            let out_ty = &out.first().ok_or("no output")?.ty;
+            let shape: Vec<i64> = want.shape().iter().map(|d| *d as i64).collect();
+            if out_ty.const_shape().as_deref() != Some(&shape[..]) {
+                return Err(format!("output type {out_ty}, expected shape {shape:?}"));
+            }
+            if import_only {
+                return Ok(format!("imported, output {out_ty}"));
+            }
+            let mut inputs = Vec::new();
+            for i in model.inputs() {
+                let dims: Vec<usize> =
+                    i.ty.shape.iter().map(|d| d.as_const().unwrap_or(1).max(0) as usize).collect();
+                let n: usize = dims.iter().product();
+                let t = Tensor::new(
+                    dims,
+                    anyshape::Elems::F32((0..n).map(|k| (k as f64 / n as f64) as f32).collect()),
+                )
+                .map_err(|e| e.to_string())?;
+                inputs.push((i.name, t));
+            }
+            let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+            let got = model.run(&named).map_err(|e| format!("run: {e}"))?;
+            compare(&got[0].1, &want)?;
+            Ok("matches".into())
+        })();
+        let secs = start.elapsed().as_secs_f64();
+        match result {
+            Ok(msg) => println!("light {name:<24} ok   {msg} ({secs:.1} s)"),
+            Err(msg) => {
+                failed += 1;
+                println!("light {name:<24} FAIL {msg}");
+            }
+        }
+    }
+    Ok(failed)
 }
 
 fn read_expected(path: &Path) -> Result<HashMap<String, String>> {

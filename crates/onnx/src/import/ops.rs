@@ -160,6 +160,7 @@ pub(crate) fn convert(imp: &mut Importer, op: &str, n: &Node) -> R<Option<Vec<Va
         "Softmax" | "LogSoftmax" => one(softmax(imp, n, op == "LogSoftmax")),
         "LayerNormalization" => layer_norm(imp, n).map(Some),
         "BatchNormalization" => one(batch_norm(imp, n)),
+        "LRN" => one(lrn(imp, n)),
         "Gemm" => one(gemm(imp, n)),
         "MatMul" => one(matmul(imp, n.input(0)?, n.input(1)?)),
         "Einsum" => {
@@ -482,6 +483,43 @@ fn batch_norm(imp: &mut Importer, n: &Node) -> R<ValueId> {
     let d = imp.binary(B::Sub, x, p[2])?;
     let y = imp.binary(B::Mul, d, a)?;
     imp.binary(B::Add, y, p[1])
+}
+
+/// Local response normalization across channels:
+/// `y = x / (bias + alpha/size · Σ_{window} x²)^beta`, the window sum taken by an
+/// average pool (all taps counted) over the channel axis, scaled by `size`.
+fn lrn(imp: &mut Importer, n: &Node) -> R<ValueId> {
+    let x = n.input(0)?;
+    let s = imp.shape(x);
+    if s.len() < 3 {
+        return Err("LRN needs rank >= 3".into());
+    }
+    let size = n.int("size", 0);
+    if size < 1 {
+        return Err("LRN needs size >= 1".into());
+    }
+    let (alpha, beta, bias) =
+        (n.float("alpha", 1e-4) as f64, n.float("beta", 0.75) as f64, n.float("bias", 1.0) as f64);
+    let sq = imp.binary(B::Mul, x, x)?;
+    let rest = product(&s[2..])?;
+    let as_image = imp.reshape(sq, vec![s[0].clone(), SymExpr::constant(1), s[1].clone(), rest.clone()])?;
+    let (before, after) = ((size - 1) / 2, size - 1 - (size - 1) / 2);
+    let attrs = PoolAttrs {
+        kind: PoolKind::Avg { count_include_pad: true },
+        kernel: vec![size, 1],
+        strides: vec![1, 1],
+        dilations: vec![1, 1],
+        pads_begin: vec![before, 0],
+        pads_end: vec![after, 0],
+    };
+    let ty = TensorType::new(imp.ty(x).dtype, imp.shape(as_image));
+    let mean = imp.emit(Op::Pool(attrs), vec![as_image], Some(ty))?;
+    let mean = imp.reshape(mean, s)?;
+    // alpha/size · Σ = alpha · mean
+    let scale = imp.binary_scalar(B::Mul, mean, alpha)?;
+    let scale = imp.binary_scalar(B::Add, scale, bias)?;
+    let scale = imp.binary_scalar(B::Pow, scale, -beta)?;
+    imp.binary(B::Mul, x, scale)
 }
 
 /// `alpha·op(A)·op(B) + beta·C`.
