@@ -24,6 +24,8 @@ pub enum OnnxError {
     UnsupportedOp { op: String, domain: String, node: String, opset: i64 },
     #[error("unsupported opset {version} of the default ONNX domain (supported: {}..={})", OPSETS.start(), OPSETS.end())]
     UnsupportedOpset { version: i64 },
+    #[error("{what} is {kind}; only tensors are supported")]
+    UnsupportedType { what: String, kind: String },
     #[error("{what} has unsupported element type {dtype}")]
     UnsupportedDType { what: String, dtype: String },
     #[error("node '{node}' ({op}): {msg}")]

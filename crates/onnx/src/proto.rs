@@ -31,13 +31,27 @@ pub struct OperatorSetIdProto {
     pub version: Option<i64>,
 }
 
-/// Only its name is read: local functions are reported as unsupported ops.
+/// A model-local function (the dynamo exporter writes some): inlined on import.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct FunctionProto {
     #[prost(string, optional, tag = "1")]
     pub name: Option<String>,
+    #[prost(string, repeated, tag = "4")]
+    pub input: Vec<String>,
+    #[prost(string, repeated, tag = "5")]
+    pub output: Vec<String>,
+    /// Names of attributes without defaults.
+    #[prost(string, repeated, tag = "6")]
+    pub attribute: Vec<String>,
+    #[prost(message, repeated, tag = "7")]
+    pub node: Vec<NodeProto>,
+    #[prost(message, repeated, tag = "9")]
+    pub opset_import: Vec<OperatorSetIdProto>,
     #[prost(string, optional, tag = "10")]
     pub domain: Option<String>,
+    /// Attributes with defaults.
+    #[prost(message, repeated, tag = "11")]
+    pub attribute_proto: Vec<AttributeProto>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -313,3 +313,43 @@ fn unnamed_dims_and_data_dependent_shapes() {
     let g = import(&m);
     assert!(g.to_string().contains("input %x: f32[unk0, 4]"));
 }
+
+/// The dynamo exporter's `SplitToSequence` + local function `aten_getitem`
+/// (`SequenceAt`): the function is inlined and the sequence resolved at compile
+/// time into slices.
+#[test]
+fn local_functions_and_sequences_resolve_at_compile_time() {
+    use anyshape_onnx::proto::{FunctionProto, OperatorSetIdProto};
+    let mut getitem = node("aten_getitem", &["parts", "one"], &["y"], vec![]);
+    getitem.domain = Some("pkg.test".into());
+    let mut m = model(
+        vec![node("SplitToSequence", &["x", "sizes"], &["parts"], vec![attr_int("axis", 1)]), getitem],
+        vec![value_info("x", FLOAT, &[Dim::P("batch"), Dim::V(6)])],
+        &["y"],
+        vec![i64_tensor("sizes", &[2], &[2, 4]), i64_tensor("one", &[], &[1])],
+        18,
+    );
+    m.opset_import.push(OperatorSetIdProto { domain: Some("pkg.test".into()), version: Some(1) });
+    m.functions.push(FunctionProto {
+        name: Some("aten_getitem".into()),
+        domain: Some("pkg.test".into()),
+        input: vec!["self".into(), "i".into()],
+        output: vec!["return_val".into()],
+        node: vec![node("SequenceAt", &["self", "i"], &["return_val"], vec![])],
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(18) }],
+        ..Default::default()
+    });
+    let g = import(&m);
+    assert_eq!(
+        text(&g),
+        "graph {
+  sym batch param 1..2147483647
+  input %x: f32[batch, 6]
+  %y: f32[batch, 4] = slice[1: 2 step 1] %x
+  output %y
+}
+"
+    );
+    let out = reference::run(&g, &[("x", f32s(&[2, 6]))]).expect("run");
+    assert_eq!(out[0].1.to_f64_vec(), vec![-1.0, 0.0, 1.0, 2.0, -2.0, -1.0, 0.0, 1.0]);
+}

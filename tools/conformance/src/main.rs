@@ -252,9 +252,7 @@ fn load_case(dir: &Path, data: &Path) -> Result<(Model, Vec<(String, Tensor)>), 
             }
             onnx::OnnxError::UnsupportedDType { dtype, .. } => Outcome::Skip(format!("element type {dtype}")),
             onnx::OnnxError::UnsupportedOpset { version } => Outcome::Skip(format!("opset {version}")),
-            onnx::OnnxError::Malformed(m) if m.contains("not a tensor") => {
-                Outcome::Skip("sequence/optional values".into())
-            }
+            onnx::OnnxError::UnsupportedType { kind, .. } => Outcome::Skip(format!("{kind} value")),
             _ => Outcome::Fail(format!("import: {e}")),
         },
         e => Outcome::Fail(format!("load: {e}")),

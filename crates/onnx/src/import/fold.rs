@@ -15,11 +15,22 @@ fn is_intlike(d: DType) -> bool {
 }
 
 /// The values of an integer constant small enough to track.
+/// Small float constants holding integers count too: exporters write shape
+/// arithmetic as `CastLike(1.0, size)`.
 pub(crate) fn const_values(c: &ConstData) -> Option<Vec<SymExpr>> {
-    if !is_intlike(c.dtype) || c.numel() > KNOWN_MAX {
+    if c.numel() > KNOWN_MAX {
         return None;
     }
-    let v = c.to_tensor().to_i64_vec()?;
+    let t = c.to_tensor();
+    let v = if is_intlike(c.dtype) {
+        t.to_i64_vec()?
+    } else {
+        let f = t.to_f64_vec();
+        if !f.iter().all(|x| x.fract() == 0.0 && x.abs() < 9.0e15) {
+            return None;
+        }
+        f.iter().map(|x| *x as i64).collect()
+    };
     Some(v.into_iter().map(SymExpr::constant).collect())
 }
 

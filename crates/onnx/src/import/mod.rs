@@ -16,6 +16,7 @@
 
 mod einsum;
 mod fold;
+mod functions;
 mod ops;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -89,6 +90,12 @@ pub(crate) struct Importer {
     ext: ExternalData,
     /// Name hint for the values the current node emits.
     hint: String,
+    /// Model-local functions by (domain, name), inlined at their calls.
+    functions: HashMap<(String, String), crate::proto::FunctionProto>,
+    /// Sequence values: lists of IR values known at compile time.
+    seqs: HashMap<String, Vec<ValueId>>,
+    inline_depth: usize,
+    inline_calls: usize,
 }
 
 /// Integer tensors up to this many elements carry symbolic values.
@@ -134,6 +141,14 @@ pub fn import_model(
         opset,
         ext: ExternalData::new(model_dir),
         hint: String::new(),
+        functions: model
+            .functions
+            .iter()
+            .map(|f| ((f.domain.clone().unwrap_or_default(), f.name.clone().unwrap_or_default()), f.clone()))
+            .collect(),
+        seqs: HashMap::new(),
+        inline_depth: 0,
+        inline_calls: 0,
     };
     imp.import_graph(graph, &opts.frozen)?;
     ir::verify(&imp.g)
@@ -215,7 +230,7 @@ impl Importer {
         let mut pending: VecDeque<&NodeProto> = graph.node.iter().collect();
         let mut stalled = 0;
         while let Some(node) = pending.pop_front() {
-            let ready = node.input.iter().all(|i| i.is_empty() || self.vals.contains_key(i));
+            let ready = node.input.iter().all(|i| self.is_defined(i));
             if !ready {
                 pending.push_back(node);
                 stalled += 1;
@@ -239,6 +254,12 @@ impl Importer {
         }
         for vi in &graph.output {
             let name = vi.name.clone().unwrap_or_default();
+            if self.seqs.contains_key(&name) {
+                return Err(OnnxError::UnsupportedType {
+                    what: format!("graph output '{name}'"),
+                    kind: "a sequence".into(),
+                });
+            }
             let v = *self
                 .vals
                 .get(&name)
@@ -283,10 +304,21 @@ impl Importer {
 
     fn input_type(&mut self, vi: &proto::ValueInfoProto) -> Result<TensorType, OnnxError> {
         let name = vi.name.clone().unwrap_or_default();
-        let Some(type_proto::Value::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
-            return Err(OnnxError::Malformed(format!(
-                "input '{name}' is not a tensor (sequences, maps and optionals are not supported)"
-            )));
+        let t = match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            Some(type_proto::Value::TensorType(t)) => t,
+            other => {
+                let kind = match other {
+                    Some(type_proto::Value::SequenceType(_)) => "a sequence",
+                    Some(type_proto::Value::MapType(_)) => "a map",
+                    Some(type_proto::Value::OptionalType(_)) => "an optional",
+                    Some(type_proto::Value::SparseTensorType(_)) => "a sparse tensor",
+                    _ => "untyped",
+                };
+                return Err(OnnxError::UnsupportedType {
+                    what: format!("input '{name}'"),
+                    kind: kind.into(),
+                });
+            }
         };
         let code = t.elem_type.unwrap_or(0);
         let dtype = dtype_of(code).ok_or_else(|| OnnxError::UnsupportedDType {
@@ -329,6 +361,9 @@ impl Importer {
         let op_type = node.op_type.clone().unwrap_or_default();
         let name = node_name(node);
         let domain = node.domain.clone().unwrap_or_default();
+        if let Some(f) = self.functions.get(&(domain.clone(), op_type.clone())).cloned() {
+            return self.inline_call(node, &f);
+        }
         if !(domain.is_empty() || domain == "ai.onnx") {
             return Err(OnnxError::UnsupportedOp { op: op_type, domain, node: name, opset: self.opset });
         }
@@ -350,6 +385,19 @@ impl Importer {
         let inputs: Vec<Option<ValueId>> =
             node.input.iter().map(|i| if i.is_empty() { None } else { self.vals.get(i).copied() }).collect();
         let node_ctx = Node { proto: node, inputs };
+        if let Some(r) = self.sequence_op(&op_type, &node_ctx) {
+            let out = node.output.first().cloned().unwrap_or_default();
+            match r {
+                Ok(functions::SeqResult::Seq(s)) => {
+                    self.seqs.insert(out, s);
+                }
+                Ok(functions::SeqResult::Value(v)) => {
+                    self.vals.insert(out, v);
+                }
+                Err(msg) => return Err(OnnxError::Node { node: name, op: op_type, msg }),
+            }
+            return Ok(());
+        }
         let outs = match ops::convert(self, &op_type, &node_ctx) {
             Ok(Some(outs)) => outs,
             Ok(None) => {
@@ -380,6 +428,10 @@ impl Importer {
             }
         }
         Ok(())
+    }
+
+    fn is_defined(&self, name: &str) -> bool {
+        name.is_empty() || self.vals.contains_key(name) || self.seqs.contains_key(name)
     }
 
     /// Drop nodes no output depends on.

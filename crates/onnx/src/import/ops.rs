@@ -1138,12 +1138,17 @@ fn clamp_bound(imp: &mut Importer, b: &SymExpr, dim: &SymExpr, lo_shift: i64) ->
         Some(c) if c <= -DIM_MAX => return Ok(lo),
         Some(c) if c < 0 => e(dim.try_add(b))?,
         _ => {
-            if imp.env().range(b).lo < 0 {
+            let r = imp.env().range(b);
+            if r.hi < 0 {
+                // Provably negative (`-seq`): counts from the end.
+                e(dim.try_add(b))?
+            } else if r.lo >= 0 {
+                b.clone()
+            } else {
                 return Err(format!(
-                    "slice bound {b} may be negative; only constant negative bounds are supported"
+                    "slice bound {b} may be negative or not; anyshape needs its sign known at compile time"
                 ));
             }
-            b.clone()
         }
     };
     let env = imp.env();
