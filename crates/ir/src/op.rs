@@ -99,6 +99,8 @@ pub enum PadMode {
     Constant(f64),
     Reflect,
     Edge,
+    /// Periodic: the padding repeats the tensor (ONNX `wrap`, opset 19).
+    Wrap,
 }
 
 /// Convolution geometry over the spatial dims (N-D; 2-D in practice).

@@ -307,9 +307,10 @@ impl Builder {
                             .clone()
                     })
                     .collect();
-                let mode = match c % 3 {
+                let mode = match c % 4 {
                     0 => PadMode::Constant(s.fs.first().map_or(0.25, |f| *f as f64 / 7.0)),
                     1 => PadMode::Reflect,
+                    2 => PadMode::Wrap,
                     _ => PadMode::Edge,
                 };
                 self.infer(Op::Pad { pads, mode }, &[v], c);

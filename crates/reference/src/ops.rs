@@ -327,6 +327,8 @@ fn pad(x: &Tensor, pads: &[(SymExpr, SymExpr)], mode: PadMode, cx: &Cx) -> R<Ten
         match mode {
             PadMode::Constant(_) => None,
             PadMode::Edge => Some(i.clamp(0, n - 1) as usize),
+            // Periodic continuation (ONNX "wrap").
+            PadMode::Wrap => Some(i.rem_euclid(n) as usize),
             // Mirror without repeating the edge, periodically (as numpy's "reflect").
             PadMode::Reflect if n == 1 => Some(0),
             PadMode::Reflect => {

@@ -150,6 +150,8 @@ fn pad_modes() {
     assert_eq!(p(&[(2, 1)], PadMode::Constant(9.0)), [9.0, 9.0, 1.0, 2.0, 3.0, 9.0]);
     assert_eq!(p(&[(2, 2)], PadMode::Reflect), [3.0, 2.0, 1.0, 2.0, 3.0, 2.0, 1.0]);
     assert_eq!(p(&[(2, 1)], PadMode::Edge), [1.0, 1.0, 1.0, 2.0, 3.0, 3.0]);
+    // Wrap continues periodically, also past one period.
+    assert_eq!(p(&[(2, 4)], PadMode::Wrap), [2.0, 3.0, 1.0, 2.0, 3.0, 1.0, 2.0, 3.0, 1.0]);
     // Reflecting further than the extent keeps mirroring (as numpy).
     assert_eq!(p(&[(0, 5)], PadMode::Reflect), [1.0, 2.0, 3.0, 2.0, 1.0, 2.0, 3.0, 2.0]);
     // Negative pads crop.
@@ -157,6 +159,12 @@ fn pad_modes() {
     assert_eq!(p(&[(-2, -1)], PadMode::Edge), Vec::<f32>::new());
     let err = try_eval(pad_op(&[(-2, -2)], PadMode::Edge), &[x], Some(TensorType::fixed(DType::F32, &[0])));
     assert!(err.unwrap_err().to_string().contains("crop more than the extent 3"));
+    // An empty axis has nothing to repeat: an error in every non-constant mode.
+    for mode in [PadMode::Edge, PadMode::Reflect, PadMode::Wrap] {
+        let empty = f32t(&[0], &[]);
+        let err = try_eval(pad_op(&[(1, 1)], mode), &[empty], Some(TensorType::fixed(DType::F32, &[2])));
+        assert!(err.unwrap_err().to_string().contains("empty axis"));
+    }
 }
 
 #[test]

@@ -289,6 +289,7 @@ fn pad_mode(s: &str) -> Result<PadMode, String> {
     match s {
         "reflect" => Ok(PadMode::Reflect),
         "edge" => Ok(PadMode::Edge),
+        "wrap" => Ok(PadMode::Wrap),
         _ => match s.strip_prefix("constant(").and_then(|v| v.strip_suffix(')')) {
             Some(v) => Ok(PadMode::Constant(num(v.trim())?)),
             None => Err(format!("expected `constant(VALUE)`, `reflect` or `edge`, found `{}`", snippet(s))),

@@ -117,6 +117,7 @@ fn write_op(f: &mut fmt::Formatter<'_>, g: &Graph, n: &Node) -> fmt::Result {
                 PadMode::Constant(v) => write!(f, ", mode=constant({v:?})]")?,
                 PadMode::Reflect => f.write_str(", mode=reflect]")?,
                 PadMode::Edge => f.write_str(", mode=edge]")?,
+                PadMode::Wrap => f.write_str(", mode=wrap]")?,
             }
         }
         Op::Reduce { axes, keep_dims, .. } => {

@@ -42,12 +42,7 @@ pub(crate) fn einsum(imp: &mut Importer, equation: &str, inputs: &[ValueId]) -> 
         if labels.len() != imp.rank(*v) {
             return Err(format!("operand '{t}' has {} labels for rank {}", labels.len(), imp.rank(*v)));
         }
-        let mut seen = labels.clone();
-        seen.sort_unstable();
-        if seen.windows(2).any(|w| w[0] == w[1]) {
-            return Err(format!("repeated label in '{t}' (diagonals) is not supported"));
-        }
-        ops.push(Labeled { v: *v, labels });
+        ops.push(diagonals(imp, Labeled { v: *v, labels })?);
     }
     let out: Vec<char> = match rhs {
         Some(r) => expand(&r, &ell, usize::MAX)?,
@@ -81,6 +76,41 @@ pub(crate) fn einsum(imp: &mut Importer, equation: &str, inputs: &[ValueId]) -> 
         })
         .collect::<R<_>>()?;
     imp.transpose(acc.v, perm)
+}
+
+/// A label repeated in one operand takes the diagonal: the two dims moved last,
+/// flattened, and sliced with step `n + 1` (`x[..., i, i]`). Needs a constant `n`.
+fn diagonals(imp: &mut Importer, mut x: Labeled) -> R<Labeled> {
+    while let Some((p, q)) = (0..x.labels.len())
+        .find_map(|p| (p + 1..x.labels.len()).find(|q| x.labels[*q] == x.labels[p]).map(|q| (p, q)))
+    {
+        let c = x.labels[p];
+        let s = imp.shape(x.v);
+        if !imp.env().equal(&s[p], &s[q]) {
+            imp.env()
+                .equate(&s[p], &s[q])
+                .map_err(|e| format!("label '{c}' has extents {} and {}: {e}", s[p], s[q]))?;
+        }
+        let n =
+            imp.env().simplify(&s[p]).as_const().ok_or_else(|| {
+                format!("the diagonal of label '{c}' needs a constant extent, got {}", s[p])
+            })?;
+        let mut perm: Vec<usize> = (0..s.len()).filter(|i| *i != p && *i != q).collect();
+        perm.extend([p, q]);
+        let t = imp.transpose(x.v, perm.clone())?;
+        let mut flat: Vec<SymExpr> = perm[..perm.len() - 2].iter().map(|i| s[*i].clone()).collect();
+        flat.push(SymExpr::constant(n * n));
+        let axis = flat.len() - 1;
+        let t = imp.reshape(t, flat.clone())?;
+        flat[axis] = SymExpr::constant(n);
+        let ty = ir::TensorType::new(imp.ty(t).dtype, flat);
+        let axes = vec![ir::SliceAxis { axis, start: SymExpr::constant(0), step: n + 1 }];
+        let v = imp.emit(ir::Op::Slice { axes }, vec![t], Some(ty))?;
+        let mut labels: Vec<char> = perm[..perm.len() - 2].iter().map(|i| x.labels[*i]).collect();
+        labels.push(c);
+        x = Labeled { v, labels };
+    }
+    Ok(x)
 }
 
 fn expand(term: &str, ell: &[char], rank: usize) -> R<Vec<char>> {

@@ -1207,6 +1207,7 @@ fn pad(imp: &mut Importer, n: &Node) -> R<ValueId> {
         }
         "reflect" => PadMode::Reflect,
         "edge" => PadMode::Edge,
+        "wrap" => PadMode::Wrap,
         other => return Err(format!("Pad mode '{other}' is not supported")),
     };
     imp.emit(Op::Pad { pads, mode }, vec![x], None)
