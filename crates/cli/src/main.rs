@@ -14,7 +14,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 #[command(name = "anyshape", version, about = "Compile a model with symbolic dims once, run any shape.")]
 #[command(long_about = "anyshape loads an ONNX model whose inputs have symbolic dims (batch, sequence \
 length, image size) and runs it at any shape the dims allow.\n\nExamples:\n  \
-anyshape run tests/fixtures/bert/model.onnx --input input_ids=101,7592,102 --shape input_ids=1x3 \\\n      \
+anyshape run tests/fixtures/bert/model.onnx --input input_ids=7,42,11 --shape input_ids=1x3 \\\n      \
 --input attention_mask=1,1,1 --shape attention_mask=1x3 --input token_type_ids=0,0,0 --shape token_type_ids=1x3\n  \
 anyshape run model.onnx --input pixel_values=img.npy --output-dir out/\n  \
 anyshape inspect model.onnx --stage shapes --dim seq=1..512")]
