@@ -16,6 +16,7 @@ pub mod npy;
 use std::path::Path;
 
 pub use ir::{DType, Elems, Graph, Tensor, TensorType};
+pub use passes::Report as RewriteReport;
 pub use sym::{Range, SymExpr};
 
 /// Everything that can go wrong, each with a message that says what and where.
@@ -27,6 +28,8 @@ pub enum Error {
     Run(#[from] reference::RefError),
     #[error(transparent)]
     Tensor(#[from] ir::IrError),
+    #[error(transparent)]
+    Rewrite(#[from] passes::PassError),
     #[error("{0}")]
     Npy(String),
 }
@@ -41,9 +44,16 @@ impl Error {
 }
 
 /// How to load a model.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct LoadOptions {
     import: onnx::ImportOptions,
+    rewrite: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { import: onnx::ImportOptions::default(), rewrite: true }
+    }
 }
 
 impl LoadOptions {
@@ -62,6 +72,13 @@ impl LoadOptions {
         self
     }
 
+    /// Run the graph rewrites after import (on by default); off runs the graph
+    /// exactly as imported.
+    pub fn rewrite(mut self, on: bool) -> LoadOptions {
+        self.rewrite = on;
+        self
+    }
+
     /// Declare a symbol with a `Range`.
     pub fn dim_range(mut self, name: &str, range: Range) -> LoadOptions {
         self.import.dims.push((name.to_string(), range));
@@ -73,7 +90,11 @@ impl LoadOptions {
 /// symbols allow.
 #[derive(Debug)]
 pub struct Model {
+    /// The graph as imported.
+    imported: Graph,
+    /// The graph after the rewrites (what runs).
     graph: Graph,
+    report: passes::Report,
 }
 
 /// A model input or output as the user sees it.
@@ -86,27 +107,51 @@ pub struct IoInfo {
 impl Model {
     /// Load an ONNX model file.
     pub fn load(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Model, Error> {
-        let graph = onnx::import_file(path.as_ref(), &opts.import)?;
-        Ok(Model { graph })
+        Model::compile(onnx::import_file(path.as_ref(), &opts.import)?, opts)
     }
 
     /// Load an ONNX model from bytes (no external data).
     pub fn from_bytes(bytes: &[u8], opts: &LoadOptions) -> Result<Model, Error> {
-        Ok(Model { graph: onnx::import_bytes(bytes, &opts.import)? })
+        Model::compile(onnx::import_bytes(bytes, &opts.import)?, opts)
     }
 
-    /// The IR, with symbolic shapes and the `ShapeEnv`.
+    fn compile(imported: Graph, opts: &LoadOptions) -> Result<Model, Error> {
+        let mut graph = imported.clone();
+        let report = if opts.rewrite {
+            passes::Pipeline::standard().run(&mut graph)?
+        } else {
+            passes::Report::default()
+        };
+        Ok(Model { imported, graph, report })
+    }
+
+    /// The IR that runs, with symbolic shapes and the `ShapeEnv`.
     pub fn graph(&self) -> &Graph {
         &self.graph
     }
 
-    /// The IR in its text form (what `anyshape inspect --stage shapes` prints).
+    /// The IR as imported, before any rewrite.
+    pub fn imported(&self) -> &Graph {
+        &self.imported
+    }
+
+    /// What the rewrites did.
+    pub fn rewrite_report(&self) -> &passes::Report {
+        &self.report
+    }
+
+    /// The imported IR in its text form (what `anyshape inspect --stage shapes` prints).
     pub fn ir_text(&self) -> String {
-        ir::print_graph(&self.graph)
+        ir::print_graph(&self.imported)
     }
 
     pub fn inputs(&self) -> Vec<IoInfo> {
         self.io(&self.graph.inputs)
+    }
+
+    /// The rewritten IR in its text form (`anyshape inspect --stage rewrites`).
+    pub fn ir_text_rewritten(&self) -> String {
+        ir::print_graph(&self.graph)
     }
 
     pub fn outputs(&self) -> Vec<IoInfo> {

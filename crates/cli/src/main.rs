@@ -55,10 +55,15 @@ enum Command {
     },
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, ValueEnum)]
 enum Stage {
     /// The IR after import: every value with its symbolic shape, and the ShapeEnv facts.
     Shapes,
+    /// The IR after the rewrites (constant folding, CSE, algebra, broadcast
+    /// elimination), with what each pass did.
+    Rewrites,
+    /// Every stage in order.
+    All,
 }
 
 /// An error in what the user gave us (exit code 2).
@@ -241,25 +246,53 @@ fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>) -> Result<()> {
     let start = std::time::Instant::now();
     let model = load(&model_path, &dims).map_err(|e| anyhow!(e))?;
     let import_ms = start.elapsed().as_secs_f64() * 1e3;
-    match stage {
-        Stage::Shapes => {
-            let g = model.graph();
-            print!("{}", model.ir_text());
-            // The symbols the values' shapes are written in (after every equality).
-            let mut used = std::collections::BTreeSet::new();
-            for v in g.values() {
-                for d in &v.ty.shape {
-                    used.extend(g.env.normalize(d).symbols().into_iter().map(|s| s.to_string()));
-                }
+    if matches!(stage, Stage::Shapes | Stage::All) {
+        let g = model.imported();
+        println!("# stage: shapes");
+        print!("{}", model.ir_text());
+        // The symbols the values' shapes are written in (after every equality).
+        let mut used = std::collections::BTreeSet::new();
+        for v in g.values() {
+            for d in &v.ty.shape {
+                used.extend(g.env.normalize(d).symbols().into_iter().map(|s| s.to_string()));
             }
-            let used: Vec<String> = used.into_iter().collect();
-            println!(
-                "# {} nodes, {} values; {} symbols in shapes: {}; import + shape propagation {import_ms:.1} ms",
-                g.nodes.len(),
-                g.num_values(),
-                used.len(),
-                used.join(", ")
-            );
+        }
+        let used: Vec<String> = used.into_iter().collect();
+        println!(
+            "# {} nodes, {} values; {} symbols in shapes: {}; import + shape propagation {import_ms:.1} ms",
+            g.nodes.len(),
+            g.num_values(),
+            used.len(),
+            used.join(", ")
+        );
+    }
+    if matches!(stage, Stage::Rewrites | Stage::All) {
+        let r = model.rewrite_report();
+        println!("# stage: rewrites");
+        print!("{}", model.ir_text_rewritten());
+        let mut per_pass: Vec<(&str, usize)> = Vec::new();
+        for (name, n, _) in &r.runs {
+            match per_pass.iter_mut().find(|(p, _)| p == name) {
+                Some(e) => e.1 += n,
+                None => per_pass.push((name, *n)),
+            }
+        }
+        let passes: Vec<String> = per_pass.iter().map(|(p, n)| format!("{p} {n}")).collect();
+        println!(
+            "# {} nodes before, {} after; rewrites: {}; {:.1} ms",
+            r.nodes_before,
+            r.nodes_after,
+            passes.join(", "),
+            r.total_time().as_secs_f64() * 1e3
+        );
+        println!(
+            "# broadcasts eliminated: {}; kept with a no-op guard: {}",
+            r.rewrites("eliminate-broadcasts"),
+            r.guarded_broadcasts.len()
+        );
+        for b in &r.guarded_broadcasts {
+            let dims: Vec<String> = b.dims.iter().map(|d| format!("{d} == 1")).collect();
+            println!("#   %{} is a no-op when {}", b.value, dims.join(" and "));
         }
     }
     Ok(())

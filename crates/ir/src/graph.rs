@@ -131,6 +131,76 @@ impl Graph {
         self.values.iter().position(|v| v.name == name).map(|i| ValueId(i as u32))
     }
 
+    /// Rewrite every dim and symbolic attribute with all the facts the `ShapeEnv`
+    /// holds now (a fact learned late turns `min(64, seq)` into `seq` everywhere).
+    pub fn simplify_shapes(&mut self) {
+        let env = self.env.clone();
+        let simp = |e: &mut sym::SymExpr| *e = env.simplify(e);
+        for v in &mut self.values {
+            v.ty.shape.iter_mut().for_each(simp);
+        }
+        for n in &mut self.nodes {
+            match &mut n.op {
+                Op::SymConst(v) => v.iter_mut().for_each(simp),
+                Op::Slice { axes } => axes.iter_mut().for_each(|a| simp(&mut a.start)),
+                Op::Pad { pads, .. } => pads.iter_mut().for_each(|(b, e)| {
+                    simp(b);
+                    simp(e)
+                }),
+                _ => {}
+            }
+        }
+    }
+
+    /// Make every use of `old` (node inputs and graph outputs) read `new` instead.
+    /// A graph output keeps its name: `new` takes it over, unless `new` is itself
+    /// an input or output, in which case a copy node carries the name.
+    pub fn replace_uses(&mut self, old: ValueId, new: ValueId) {
+        if old == new {
+            return;
+        }
+        for n in &mut self.nodes {
+            n.inputs.iter_mut().filter(|v| **v == old).for_each(|v| *v = new);
+        }
+        if !self.outputs.contains(&old) {
+            return;
+        }
+        let name = self.name(old).to_string();
+        let target = if self.inputs.contains(&new) || self.outputs.contains(&new) {
+            let ty = self.ty(new).clone();
+            self.add_node(Op::Reshape, vec![new], &name, ty)
+        } else {
+            new
+        };
+        self.rename(old, &format!("{name}.replaced"));
+        self.rename(target, &name);
+        self.outputs.iter_mut().filter(|v| **v == old).for_each(|v| *v = target);
+    }
+
+    /// How many node inputs and graph outputs read each value.
+    pub fn use_counts(&self) -> Vec<usize> {
+        let mut c = vec![0; self.values.len()];
+        for n in &self.nodes {
+            n.inputs.iter().for_each(|v| c[v.index()] += 1);
+        }
+        self.outputs.iter().for_each(|v| c[v.index()] += 1);
+        c
+    }
+
+    /// Drop nodes no output depends on; returns how many were dropped.
+    pub fn remove_dead_nodes(&mut self) -> usize {
+        let mut live = vec![false; self.values.len()];
+        self.outputs.iter().for_each(|o| live[o.index()] = true);
+        for n in self.nodes.iter().rev() {
+            if live[n.output.index()] {
+                n.inputs.iter().for_each(|i| live[i.index()] = true);
+            }
+        }
+        let before = self.nodes.len();
+        self.nodes.retain(|n| live[n.output.index()]);
+        before - self.nodes.len()
+    }
+
     /// For each value, the index of the node producing it (`None` for inputs).
     pub fn producers(&self) -> Vec<Option<usize>> {
         let mut p = vec![None; self.values.len()];

@@ -147,6 +147,34 @@ pub fn run(g: &Graph, inputs: &[(&str, Tensor)]) -> Result<Vec<(String, Tensor)>
         .collect()
 }
 
+/// Evaluate one op on concrete inputs, its output type's dims evaluated under
+/// `bindings`. Passes use it to fold constants (empty bindings, constant types),
+/// so that folding computes exactly what the oracle computes.
+pub fn eval_op(
+    op: &ir::Op,
+    ins: &[&Tensor],
+    out: &ir::TensorType,
+    env: &ShapeEnv,
+    bindings: &Bindings,
+) -> Result<Tensor, RefError> {
+    let cx = Cx { env, bindings };
+    let name = op.name();
+    let fail = |f: Fail| match f {
+        Fail::Msg(msg) => RefError::Op { op: name, value: "(folded)".into(), msg },
+        Fail::Unsupported(dtype) => RefError::Unsupported { op: name, value: "(folded)".into(), dtype },
+        Fail::TooLarge(shape) => RefError::TooLarge { op: name, value: "(folded)".into(), shape },
+    };
+    if let Some(n) = op.arity().filter(|n| *n != ins.len()) {
+        return Err(fail(Fail::Msg(format!("takes {n} inputs, got {}", ins.len()))));
+    }
+    let shape = cx.shape(out).map_err(fail)?;
+    let t = ops::eval(op, ins, out.dtype, &shape, &cx).map_err(fail)?;
+    if t.shape() != shape.as_slice() || t.dtype() != out.dtype {
+        return Err(fail(Fail::Msg(format!("computed {}{:?}, expected {out}", t.dtype(), t.shape()))));
+    }
+    Ok(t)
+}
+
 /// Evaluate one node and check the result against the node's type.
 fn eval_node(g: &Graph, cx: &Cx, node: &Node, values: &[Option<Tensor>]) -> Result<Tensor, RefError> {
     let (op, value, ty) = (node.op.name(), g.name(node.output), g.ty(node.output));

@@ -276,30 +276,9 @@ impl Importer {
             };
             self.g.outputs.push(v);
         }
-        self.remove_dead();
-        self.resimplify();
+        self.g.remove_dead_nodes();
+        self.g.simplify_shapes();
         Ok(())
-    }
-
-    /// Rewrite every dim with all the facts learned, including those learned after
-    /// the value was typed (a `seq <= 64` found late turns `min(64, seq)` into `seq`).
-    fn resimplify(&mut self) {
-        let env = self.g.env.clone();
-        let simp = |e: &mut SymExpr| *e = env.simplify(e);
-        for i in 0..self.g.num_values() {
-            self.g.value_mut_ty(ValueId(i as u32)).shape.iter_mut().for_each(simp);
-        }
-        for n in &mut self.g.nodes {
-            match &mut n.op {
-                Op::SymConst(v) => v.iter_mut().for_each(simp),
-                Op::Slice { axes } => axes.iter_mut().for_each(|a| simp(&mut a.start)),
-                Op::Pad { pads, .. } => pads.iter_mut().for_each(|(b, e)| {
-                    simp(b);
-                    simp(e)
-                }),
-                _ => {}
-            }
-        }
     }
 
     fn input_type(&mut self, vi: &proto::ValueInfoProto) -> Result<TensorType, OnnxError> {
@@ -432,22 +411,6 @@ impl Importer {
 
     fn is_defined(&self, name: &str) -> bool {
         name.is_empty() || self.vals.contains_key(name) || self.seqs.contains_key(name)
-    }
-
-    /// Drop nodes no output depends on.
-    fn remove_dead(&mut self) {
-        let mut live = vec![false; self.g.num_values()];
-        for o in &self.g.outputs {
-            live[o.index()] = true;
-        }
-        for n in self.g.nodes.iter().rev() {
-            if live[n.output.index()] {
-                for i in &n.inputs {
-                    live[i.index()] = true;
-                }
-            }
-        }
-        self.g.nodes.retain(|n| live[n.output.index()]);
     }
 
     // ------------------------------------------------------------ emission

@@ -568,6 +568,20 @@ pub(crate) fn matmul(imp: &mut Importer, a: ValueId, b: ValueId) -> R<ValueId> {
     if !imp.env().equal(&ka, &kb) {
         imp.env().equate(&ka, &kb).map_err(|e| format!("contraction dims differ ({ka} vs {kb}): {e}"))?;
     }
+    // A batched activation times a weight matrix is one 2-D matmul over the
+    // flattened rows: `[b.., m, k]·[k, n] = ([b..·m, k]·[k, n])` reshaped, not a
+    // copy of the weight per batch entry.
+    if sb.len() == 2 && sa.len() > 2 {
+        let rows = product(&sa[..sa.len() - 1])?;
+        let a2 = imp.reshape(a, vec![rows, ka])?;
+        let b2 = imp.reshape(b, sb.clone())?;
+        let y = imp.emit(Op::MatMul, vec![a2, b2], None)?;
+        let mut out = sa[..sa.len() - 1].to_vec();
+        if rb != 1 {
+            out.push(sb[1].clone());
+        }
+        return imp.reshape(y, out);
+    }
     let batch = imp.broadcast_shapes(&[sa[..sa.len() - 2].to_vec(), sb[..sb.len() - 2].to_vec()])?;
     let mut ta = batch.clone();
     ta.extend_from_slice(&sa[sa.len() - 2..]);

@@ -1,0 +1,236 @@
+//! Canonicalization: dead code, shapes rewritten with the `ShapeEnv`, constant
+//! folding, algebraic identities, common subexpressions. Run together to a
+//! fixpoint (`Pipeline::standard`), each pass exposing work for the others.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ir::{BinaryOp, ConstData, Graph, Op, TensorType, ValueId};
+use sym::Bindings;
+
+use crate::pattern::{can_replace, constant, uniform, Producers};
+use crate::{Pass, PassError};
+
+/// Dead-code elimination: nodes no output depends on.
+pub struct Dce;
+
+impl Pass for Dce {
+    fn name(&self) -> &'static str {
+        "dce"
+    }
+    fn run(&self, g: &mut Graph) -> Result<usize, PassError> {
+        Ok(g.remove_dead_nodes())
+    }
+}
+
+/// Every dim and symbolic attribute rewritten with the current `ShapeEnv` facts.
+pub struct SimplifyShapes;
+
+impl Pass for SimplifyShapes {
+    fn name(&self) -> &'static str {
+        "simplify-shapes"
+    }
+    fn run(&self, g: &mut Graph) -> Result<usize, PassError> {
+        let before: Vec<TensorType> = g.values().iter().map(|v| v.ty.clone()).collect();
+        g.simplify_shapes();
+        Ok(g.values().iter().zip(&before).filter(|(v, b)| v.ty != **b).count())
+    }
+}
+
+/// Constant folding: a node whose inputs are all constants, and whose output has a
+/// constant shape, is evaluated once by the reference interpreter (so folding
+/// computes exactly what the oracle computes) and becomes a constant.
+pub struct FoldConstants {
+    /// Results larger than this many elements are left to run time.
+    pub max_elements: usize,
+}
+
+impl Default for FoldConstants {
+    fn default() -> Self {
+        // Large enough for pre-transposed or pre-scaled weights (BERT's FFN: 2.4M).
+        FoldConstants { max_elements: 1 << 24 }
+    }
+}
+
+impl Pass for FoldConstants {
+    fn name(&self) -> &'static str {
+        "fold-constants"
+    }
+    fn run(&self, g: &mut Graph) -> Result<usize, PassError> {
+        let mut folded = 0;
+        let bindings = Bindings::default();
+        for i in 0..g.nodes.len() {
+            let node = &g.nodes[i];
+            if matches!(node.op, Op::Constant(_)) {
+                continue;
+            }
+            let ty = g.ty(node.output).clone();
+            let Some(shape) = ty.const_shape() else { continue };
+            if shape.iter().map(|d| *d as usize).product::<usize>() > self.max_elements {
+                continue;
+            }
+            let p = Producers::of(g);
+            let Some(datas) = node.inputs.iter().map(|v| constant(g, &p, *v)).collect::<Option<Vec<_>>>()
+            else {
+                continue;
+            };
+            let ins: Vec<ir::Tensor> = datas.iter().map(|c| c.to_tensor()).collect();
+            let refs: Vec<&ir::Tensor> = ins.iter().collect();
+            // An op the interpreter cannot evaluate (or that fails on this data,
+            // like an out-of-range gather) stays as it is: the error belongs to run time.
+            let Ok(t) = reference::eval_op(&node.op, &refs, &ty, &g.env, &bindings) else { continue };
+            let node = &mut g.nodes[i];
+            node.op = Op::Constant(Arc::new(ConstData::from_tensor(&t)));
+            node.inputs.clear();
+            folded += 1;
+        }
+        Ok(folded)
+    }
+}
+
+/// Algebraic identities, each one line with the algebra it applies:
+/// - `x + 0 = x - 0 = x * 1 = x / 1 = x` (the constant seen through broadcasts);
+/// - `transpose(transpose(x, p), q) = transpose(x, p∘q)`, identity perm = `x`;
+/// - `reshape(reshape(x)) = reshape(x)`; a reshape to the same shape is `x`;
+/// - `broadcast(broadcast(x)) = broadcast(x)`; a broadcast to the same shape is `x`;
+/// - `cast(x)` to `x`'s own dtype is `x`;
+/// - a slice taking every element is `x`.
+pub struct SimplifyAlgebra;
+
+impl Pass for SimplifyAlgebra {
+    fn name(&self) -> &'static str {
+        "simplify-algebra"
+    }
+    fn run(&self, g: &mut Graph) -> Result<usize, PassError> {
+        let mut n = 0;
+        // Rewrites change ops and inputs in place, never which node makes a value,
+        // so the producers hold for the whole sweep; use counts are kept current.
+        let p = Producers::of(g);
+        let mut uses = g.use_counts();
+        for i in 0..g.nodes.len() {
+            let node = g.nodes[i].clone();
+            // A node nothing reads is Dce's: rewriting it would change nothing.
+            if uses[node.output.index()] == 0 {
+                continue;
+            }
+            let out_ty = g.ty(node.output).clone();
+            let same_as = |g: &Graph, v: ValueId| {
+                let t = g.ty(v);
+                t.dtype == out_ty.dtype
+                    && t.rank() == out_ty.rank()
+                    && t.shape.iter().zip(&out_ty.shape).all(|(a, b)| g.env.equal(a, b))
+            };
+            // `Some(v)`: the node computes `v` itself.
+            let identity: Option<ValueId> = match &node.op {
+                Op::Binary(b) => {
+                    let (x, y) = (node.inputs[0], node.inputs[1]);
+                    let (ux, uy) = (uniform(g, &p, x), uniform(g, &p, y));
+                    match b {
+                        BinaryOp::Add if uy == Some(0.0) => Some(x),
+                        BinaryOp::Add if ux == Some(0.0) => Some(y),
+                        BinaryOp::Sub if uy == Some(0.0) => Some(x),
+                        BinaryOp::Mul if uy == Some(1.0) => Some(x),
+                        BinaryOp::Mul if ux == Some(1.0) => Some(y),
+                        BinaryOp::Div if uy == Some(1.0) => Some(x),
+                        _ => None,
+                    }
+                }
+                Op::Transpose { perm } if perm.iter().enumerate().all(|(i, p)| i == *p) => {
+                    Some(node.inputs[0])
+                }
+                // (A broadcast to its own shape is EliminateBroadcasts' job.)
+                Op::Reshape | Op::Cast if same_as(g, node.inputs[0]) => Some(node.inputs[0]),
+                Op::Slice { axes }
+                    if axes
+                        .iter()
+                        .all(|a| a.step == 1 && g.env.equal(&a.start, &sym::SymExpr::constant(0)))
+                        && same_as(g, node.inputs[0]) =>
+                {
+                    Some(node.inputs[0])
+                }
+                _ => None,
+            };
+            if let Some(v) = identity.filter(|v| same_as(g, *v) && can_replace(g, node.output, *v)) {
+                g.replace_uses(node.output, v);
+                uses[v.index()] += std::mem::take(&mut uses[node.output.index()]);
+                n += 1;
+                continue;
+            }
+            // Chains of the same data movement collapse into one node.
+            let Some(inner) = node.inputs.first().and_then(|v| p.node(g, *v)).cloned() else { continue };
+            let merged: Option<Op> = match (&node.op, &inner.op) {
+                (Op::Transpose { perm: q }, Op::Transpose { perm: p1 }) => {
+                    Some(Op::Transpose { perm: q.iter().map(|i| p1[*i]).collect() })
+                }
+                (Op::Reshape, Op::Reshape) => Some(Op::Reshape),
+                (Op::Broadcast, Op::Broadcast) => Some(Op::Broadcast),
+                _ => None,
+            };
+            if let Some(op) = merged {
+                uses[inner.output.index()] -= 1;
+                uses[inner.inputs[0].index()] += 1;
+                let node = &mut g.nodes[i];
+                node.op = op;
+                node.inputs = vec![inner.inputs[0]];
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// A CSE bucket: op name, inputs, and the data of a small constant.
+type CseKey = (&'static str, Vec<ValueId>, Vec<u8>);
+
+/// Common-subexpression elimination: nodes with equal ops on equal inputs compute
+/// the same value; small constants with equal data are one constant.
+pub struct Cse;
+
+impl Pass for Cse {
+    fn name(&self) -> &'static str {
+        "cse"
+    }
+    fn run(&self, g: &mut Graph) -> Result<usize, PassError> {
+        // Bucket by op name, inputs and (for small constants) data; compare ops in a bucket.
+        let mut seen: HashMap<CseKey, Vec<usize>> = HashMap::new();
+        let mut replace: Vec<(ValueId, ValueId)> = Vec::new();
+        let uses = g.use_counts();
+        for (i, node) in g.nodes.iter().enumerate() {
+            if uses[node.output.index()] == 0 {
+                continue;
+            }
+            let data = match &node.op {
+                Op::Constant(c) if c.numel() <= 64 => c.bytes().to_vec(),
+                Op::Constant(c) => format!("{:p}", c.bytes().as_ptr()).into_bytes(),
+                _ => Vec::new(),
+            };
+            let key = (node.op.name(), node.inputs.clone(), data);
+            let bucket = seen.entry(key).or_default();
+            let same = bucket.iter().find(|j| {
+                let other = &g.nodes[**j];
+                let (a, b) = (g.ty(other.output), g.ty(node.output));
+                let same_op = match (&other.op, &node.op) {
+                    (Op::Constant(x), Op::Constant(y)) => {
+                        x.dtype == y.dtype && x.shape == y.shape && x.bytes() == y.bytes()
+                    }
+                    (x, y) => x == y,
+                };
+                same_op
+                    && a.dtype == b.dtype
+                    && a.rank() == b.rank()
+                    && a.shape.iter().zip(&b.shape).all(|(x, y)| g.env.equal(x, y))
+            });
+            match same {
+                Some(j) if can_replace(g, node.output, g.nodes[*j].output) => {
+                    replace.push((node.output, g.nodes[*j].output))
+                }
+                Some(_) => {}
+                None => bucket.push(i),
+            }
+        }
+        for (old, new) in &replace {
+            g.replace_uses(*old, *new);
+        }
+        Ok(replace.len())
+    }
+}
