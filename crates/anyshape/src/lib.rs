@@ -16,7 +16,7 @@ pub mod npy;
 use std::path::Path;
 
 pub use ir::{DType, Elems, Graph, Tensor, TensorType};
-pub use passes::Report as RewriteReport;
+pub use passes::{FusionPlan, GroupKind, Report as RewriteReport};
 pub use sym::{Range, SymExpr};
 
 /// Everything that can go wrong, each with a message that says what and where.
@@ -138,6 +138,16 @@ impl Model {
     /// What the rewrites did.
     pub fn rewrite_report(&self) -> &passes::Report {
         &self.report
+    }
+
+    /// The rewritten graph cut into fusion groups (one future kernel each).
+    pub fn fusion_plan(&self) -> FusionPlan {
+        passes::fuse(&self.graph)
+    }
+
+    /// A fusion plan as text (`anyshape inspect --stage fusion`).
+    pub fn fusion_text(&self, plan: &FusionPlan) -> String {
+        passes::print_plan(&self.graph, plan)
     }
 
     /// The imported IR in its text form (what `anyshape inspect --stage shapes` prints).

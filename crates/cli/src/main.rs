@@ -62,6 +62,8 @@ enum Stage {
     /// The IR after the rewrites (constant folding, CSE, algebra, broadcast
     /// elimination), with what each pass did.
     Rewrites,
+    /// The fusion groups (one future kernel each) of the rewritten IR.
+    Fusion,
     /// Every stage in order.
     All,
 }
@@ -294,6 +296,35 @@ fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>) -> Result<()> {
             let dims: Vec<String> = b.dims.iter().map(|d| format!("{d} == 1")).collect();
             println!("#   %{} is a no-op when {}", b.value, dims.join(" and "));
         }
+    }
+    if matches!(stage, Stage::Fusion | Stage::All) {
+        let start = std::time::Instant::now();
+        let plan = model.fusion_plan();
+        let fuse_ms = start.elapsed().as_secs_f64() * 1e3;
+        println!("# stage: fusion");
+        print!("{}", model.fusion_text(&plan));
+        let r = model.rewrite_report();
+        let kinds: Vec<String> = [
+            anyshape::GroupKind::Contraction,
+            anyshape::GroupKind::Attention,
+            anyshape::GroupKind::Stitch,
+            anyshape::GroupKind::Elementwise,
+            anyshape::GroupKind::Window,
+            anyshape::GroupKind::Opaque,
+        ]
+        .iter()
+        .map(|k| format!("{k} {}", plan.count(*k)))
+        .collect();
+        println!(
+            "# {} ops after import, {} after rewrites ({} constants), {} groups: {}; broadcasts eliminated {}; contractions merged {}; fusion {fuse_ms:.1} ms",
+            r.nodes_before,
+            r.nodes_after,
+            plan.constants.len(),
+            plan.groups.len(),
+            kinds.join(", "),
+            r.rewrites("eliminate-broadcasts"),
+            r.rewrites("merge-gemms")
+        );
     }
     Ok(())
 }

@@ -83,6 +83,21 @@ impl Graph {
         output
     }
 
+    /// Insert a node at position `at` of the node list (rewrites that must keep
+    /// the topological order put new nodes before their first consumer).
+    pub fn insert_node(
+        &mut self,
+        at: usize,
+        op: Op,
+        inputs: Vec<ValueId>,
+        hint: &str,
+        ty: TensorType,
+    ) -> ValueId {
+        let output = self.add_value(hint, ty);
+        self.nodes.insert(at.min(self.nodes.len()), Node { op, inputs, output });
+        output
+    }
+
     pub fn value(&self, v: ValueId) -> &Value {
         &self.values[v.index()]
     }

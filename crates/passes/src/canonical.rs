@@ -183,7 +183,9 @@ impl Pass for SimplifyAlgebra {
 type CseKey = (&'static str, Vec<ValueId>, Vec<u8>);
 
 /// Common-subexpression elimination: nodes with equal ops on equal inputs compute
-/// the same value; small constants with equal data are one constant.
+/// the same value; small constants with equal data are one constant. Broadcasts
+/// are left alone: each consumer fuses its own (an index map, free in its loop),
+/// while a shared one would be written out in full for all of them.
 pub struct Cse;
 
 impl Pass for Cse {
@@ -196,7 +198,7 @@ impl Pass for Cse {
         let mut replace: Vec<(ValueId, ValueId)> = Vec::new();
         let uses = g.use_counts();
         for (i, node) in g.nodes.iter().enumerate() {
-            if uses[node.output.index()] == 0 {
+            if uses[node.output.index()] == 0 || node.op == Op::Broadcast {
                 continue;
             }
             let data = match &node.op {

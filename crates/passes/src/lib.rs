@@ -9,6 +9,8 @@
 
 mod broadcast;
 mod canonical;
+mod fusion;
+mod gemm;
 mod pattern;
 
 use std::time::{Duration, Instant};
@@ -17,6 +19,8 @@ use ir::Graph;
 
 pub use broadcast::{BroadcastGuard, EliminateBroadcasts};
 pub use canonical::{Cse, Dce, FoldConstants, SimplifyAlgebra, SimplifyShapes};
+pub use fusion::{fuse, print_plan, FusionGroup, FusionPlan, GroupKind};
+pub use gemm::MergeSharedOperand;
 
 /// Errors from running passes.
 #[derive(Debug, thiserror::Error)]
@@ -80,10 +84,11 @@ impl Pipeline {
         Pipeline { stages: Vec::new(), verify: cfg!(debug_assertions) }
     }
 
-    /// The canonicalization passes and broadcast elimination, to a fixpoint.
+    /// Canonicalization, broadcast elimination and GEMM merging, to a fixpoint.
     pub fn standard() -> Pipeline {
         let mut passes = canonicalization();
         passes.insert(passes.len() - 1, Box::new(EliminateBroadcasts));
+        passes.insert(passes.len() - 1, Box::new(MergeSharedOperand));
         Pipeline::new().fixpoint(passes)
     }
 

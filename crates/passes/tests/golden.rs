@@ -234,3 +234,78 @@ fn broadcasts_proven_no_ops_go_and_others_keep_a_guard() {
     assert_eq!(report.guarded_broadcasts[0].value, "wide");
     assert_eq!(report.guarded_broadcasts[0].dims, vec![sym::sym("batch")]);
 }
+
+#[test]
+fn gemms_sharing_an_operand_merge() {
+    check(
+        &anyshape_passes::MergeSharedOperand,
+        "graph {
+  sym n param 1..
+  input %x: f32[n, 2]
+  %w1: f32[2, 1] = constant [1.0, 2.0]
+  %w2: f32[2, 2] = constant [3.0, 4.0, 5.0, 6.0]
+  %a: f32[n, 1] = matmul %x, %w1
+  %b: f32[n, 2] = matmul %x, %w2
+  %y: f32[n, 1] = exp %a
+  output %y, %b
+}
+",
+        "graph {
+  sym n param 1..
+  input %x: f32[n, 2]
+  %w1: f32[2, 1] = constant [1.0, 2.0]
+  %w2: f32[2, 2] = constant [3.0, 4.0, 5.0, 6.0]
+  %a.merged.weight: f32[2, 3] = constant [1.0, 3.0, 4.0, 2.0, 5.0, 6.0]
+  %a.merged: f32[n, 3] = matmul %x, %a.merged.weight
+  %a.part: f32[n, 1] = slice[1: 0 step 1] %a.merged
+  %b: f32[n, 2] = slice[1: 1 step 1] %a.merged
+  %a: f32[n, 1] = matmul %x, %w1
+  %b.replaced: f32[n, 2] = matmul %x, %w2
+  %y: f32[n, 1] = exp %a.part
+  output %y, %b
+}
+",
+    );
+}
+
+/// A dense layer with bias and GELU epilogue, then LayerNorm: one contraction
+/// group (prologue transpose folded in), one stitch group.
+#[test]
+fn fusion_groups_of_a_dense_layer_and_layernorm() {
+    let g = parse(
+        "graph {
+  sym rows param 1..
+  input %x: f32[rows, 4]
+  input %w: f32[8, 4]
+  %wt: f32[4, 8] = transpose[perm=[1, 0]] %w
+  %h: f32[rows, 8] = matmul %x, %wt
+  %b: f32[1, 8] = iota[axis=1]
+  %bb: f32[rows, 8] = broadcast %b
+  %hb: f32[rows, 8] = add %h, %bb
+  %act: f32[rows, 8] = tanh %hb
+  %m: f32[rows, 1] = reduce_mean[axes=[1], keep_dims=true] %act
+  %mb: f32[rows, 8] = broadcast %m
+  %d: f32[rows, 8] = sub %act, %mb
+  %sq: f32[rows, 8] = mul %d, %d
+  %v: f32[rows, 1] = reduce_mean[axes=[1], keep_dims=true] %sq
+  %s: f32[rows, 1] = sqrt %v
+  %sb: f32[rows, 8] = broadcast %s
+  %y: f32[rows, 8] = div %d, %sb
+  output %y
+}
+",
+    );
+    let plan = anyshape_passes::fuse(&g);
+    assert_eq!(
+        anyshape_passes::print_plan(&g, &plan),
+        "group 0: contraction over [rows, 8]
+  ops: transpose matmul iota broadcast add tanh
+  inputs: %w, %x
+  outputs: %act
+group 1: stitch over [rows, 8]
+  ops: reduce_mean broadcast sub mul reduce_mean sqrt broadcast div
+  inputs: %act
+  outputs: %y
+"
+    );
+}

@@ -55,24 +55,38 @@ fn run(g: &Graph, ins: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
     reference::run(g, &named).unwrap_or_else(|e| panic!("{e}"))
 }
 
+fn run_grouped(
+    g: &Graph,
+    plan: &anyshape_passes::FusionPlan,
+    ins: &[(String, Tensor)],
+) -> Vec<(String, Tensor)> {
+    let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    reference::run_units(g, &plan.units(g), &named).unwrap_or_else(|e| panic!("group by group: {e}"))
+}
+
+/// The pipeline keeps the meaning, and so does running the fusion plan group by
+/// group (each group's intermediates invisible outside it).
 fn check(name: &str, dims: impl Strategy<Value = Vec<(&'static str, i64)>>) {
     let before = fixture(name);
     let mut after = before.clone();
     let report = Pipeline::standard().verify(true).run(&mut after).expect("pipeline");
     assert!(report.nodes_after <= report.nodes_before, "{name}: {report:?}");
+    let plan = anyshape_passes::fuse(&after);
     let mut runner = TestRunner::new(Config { cases: 6, ..Config::default() });
     runner
         .run(&(dims, any::<u64>()), |(dims, seed)| {
             let lookup = |s: &str| dims.iter().find(|(n, _)| *n == s).map(|(_, v)| *v).unwrap_or(1);
             let ins = inputs(&before, &lookup, seed);
-            let (want, got) = (run(&before, &ins), run(&after, &ins));
-            prop_assert_eq!(want.len(), got.len());
-            for ((wn, w), (gn, gt)) in want.iter().zip(&got) {
-                prop_assert_eq!(wn, gn);
-                prop_assert_eq!(w.shape(), gt.shape());
-                let (a, b) = (w.to_f64_vec(), gt.to_f64_vec());
-                let max = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
-                prop_assert!(max <= 1e-6, "{} {}: differs by {} at {:?}", name, wn, max, dims);
+            let want = run(&before, &ins);
+            for got in [run(&after, &ins), run_grouped(&after, &plan, &ins)] {
+                prop_assert_eq!(want.len(), got.len());
+                for ((wn, w), (gn, gt)) in want.iter().zip(&got) {
+                    prop_assert_eq!(wn, gn);
+                    prop_assert_eq!(w.shape(), gt.shape());
+                    let (a, b) = (w.to_f64_vec(), gt.to_f64_vec());
+                    let max = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+                    prop_assert!(max <= 1e-6, "{} {}: differs by {} at {:?}", name, wn, max, dims);
+                }
             }
             Ok(())
         })

@@ -147,6 +147,81 @@ pub fn run(g: &Graph, inputs: &[(&str, Tensor)]) -> Result<Vec<(String, Tensor)>
         .collect()
 }
 
+/// A unit of execution for [`run_units`]: nodes (indices into `g.nodes`) run
+/// together, and the only values the rest of the graph may read from it.
+#[derive(Clone, Debug, Default)]
+pub struct Unit {
+    pub nodes: Vec<usize>,
+    pub outputs: Vec<ir::ValueId>,
+}
+
+/// Run the graph unit by unit (a fusion plan's groups, in order): a unit reads
+/// graph inputs and earlier units' outputs, its other values are dropped when it
+/// ends. A unit that reads what no earlier unit exported, a node in no unit or in
+/// two, or a graph output nobody exports is an error: the partition is checked by
+/// running it.
+pub fn run_units(
+    g: &Graph,
+    units: &[Unit],
+    inputs: &[(&str, Tensor)],
+) -> Result<Vec<(String, Tensor)>, RefError> {
+    let bad = |msg: String| RefError::Op { op: "unit", value: String::new(), msg };
+    let mut owner = vec![usize::MAX; g.nodes.len()];
+    for (u, unit) in units.iter().enumerate() {
+        for &i in &unit.nodes {
+            match owner.get(i) {
+                Some(&usize::MAX) => owner[i] = u,
+                Some(&other) => return Err(bad(format!("node {i} is in units {other} and {u}"))),
+                None => return Err(bad(format!("unit {u} names node {i}, which does not exist"))),
+            }
+        }
+    }
+    if let Some(i) = owner.iter().position(|o| *o == usize::MAX) {
+        return Err(bad(format!("node {i} ('{}') is in no unit", g.name(g.nodes[i].output))));
+    }
+    let bindings = bind_inputs(g, inputs)?;
+    let cx = Cx { env: &g.env, bindings: &bindings };
+    // One table: when a unit ends its other values are cleared, so a later unit
+    // reading one finds nothing, exactly as if the unit had kept it to itself.
+    let mut values: Vec<Option<Tensor>> = vec![None; g.num_values()];
+    for &v in &g.inputs {
+        values[v.index()] = inputs.iter().find(|(n, _)| *n == g.name(v)).map(|(_, t)| t.clone());
+    }
+    for (u, unit) in units.iter().enumerate() {
+        let mut order = unit.nodes.clone();
+        order.sort_unstable();
+        for &i in &order {
+            let node = &g.nodes[i];
+            if let Some(v) = node.inputs.iter().find(|v| values[v.index()].is_none()) {
+                return Err(bad(format!(
+                    "unit {u} reads '{}', which neither it computes before nor an earlier unit exports",
+                    g.name(*v)
+                )));
+            }
+            let out = eval_node(g, &cx, node, &values)?;
+            values[node.output.index()] = Some(out);
+        }
+        if let Some(v) = unit.outputs.iter().find(|v| !order.iter().any(|i| g.nodes[*i].output == **v)) {
+            return Err(bad(format!("unit {u} exports '{}', which it does not compute", g.name(*v))));
+        }
+        for &i in &order {
+            let v = g.nodes[i].output;
+            if !unit.outputs.contains(&v) {
+                values[v.index()] = None;
+            }
+        }
+    }
+    g.outputs
+        .iter()
+        .map(|&v| {
+            values[v.index()]
+                .clone()
+                .map(|t| (g.name(v).to_string(), t))
+                .ok_or_else(|| bad(format!("graph output '{}' is exported by no unit", g.name(v))))
+        })
+        .collect()
+}
+
 /// Evaluate one op on concrete inputs, its output type's dims evaluated under
 /// `bindings`. Passes use it to fold constants (empty bindings, constant types),
 /// so that folding computes exactly what the oracle computes.
