@@ -117,3 +117,159 @@ mod bytes_concat {
         ConstData::from_bytes(first.dtype, vec![rows, cols], out.into()).map_err(|e| e.to_string())
     }
 }
+
+/// GEMM batching (BladeDISC §4.3): independent 2-D contractions `xᵢ·Wᵢ` whose
+/// shapes the `ShapeEnv` proves equal, with constant weights, become one batched
+/// contraction `stack(xᵢ)·stack(Wᵢ)` and slices. Not in the standard pipeline:
+/// stacking the activations is a copy, worth it where launches cost more than
+/// that (GPUs), not on a CPU.
+pub struct BatchEqualShapes;
+
+impl Pass for BatchEqualShapes {
+    fn name(&self) -> &'static str {
+        "batch-gemms"
+    }
+    fn run(&self, g: &mut Graph) -> Result<usize, PassError> {
+        let mut merged = 0;
+        while let Some((a, b)) = next_pair(g) {
+            batch_pair(g, a, b).map_err(|msg| PassError::Failed { pass: "batch-gemms", msg })?;
+            merged += 1;
+        }
+        Ok(merged)
+    }
+}
+
+/// Two live matmuls (a < b) with rank-2 operands of equal shapes, constant
+/// weights, and no path from `a` to `b` (independent).
+fn next_pair(g: &Graph) -> Option<(usize, usize)> {
+    let p = Producers::of(g);
+    let uses = g.use_counts();
+    let cands: Vec<usize> = (0..g.nodes.len())
+        .filter(|i| {
+            let n = &g.nodes[*i];
+            n.op == Op::MatMul
+                && uses[n.output.index()] > 0
+                && g.ty(n.inputs[0]).rank() == 2
+                && g.ty(n.inputs[1]).const_shape().is_some_and(|s| s.len() == 2)
+                && constant(g, &p, n.inputs[1]).is_some()
+        })
+        .collect();
+    let same = |x: ValueId, y: ValueId| {
+        let (a, b) = (g.ty(x), g.ty(y));
+        a.dtype == b.dtype
+            && a.rank() == b.rank()
+            && a.shape.iter().zip(&b.shape).all(|(p, q)| g.env.equal(p, q))
+    };
+    for (k, &a) in cands.iter().enumerate() {
+        for &b in &cands[k + 1..] {
+            let (na, nb) = (&g.nodes[a], &g.nodes[b]);
+            if na.inputs[0] != nb.inputs[0]
+                && same(na.inputs[0], nb.inputs[0])
+                && same(na.inputs[1], nb.inputs[1])
+                && !depends_on(g, b, na.output)
+                && insertion_point(g, a, b).is_some()
+            {
+                return Some((a, b));
+            }
+        }
+    }
+    None
+}
+
+/// Where the batched contraction can go: after both activations are computed
+/// and before any consumer of either output (`None` when no such place exists).
+fn insertion_point(g: &Graph, a: usize, b: usize) -> Option<usize> {
+    let p = g.producers();
+    let after = [a, b].iter().filter_map(|i| p[g.nodes[*i].inputs[0].index()]).max().map_or(0, |i| i + 1);
+    let outs = [g.nodes[a].output, g.nodes[b].output];
+    let first_use =
+        g.nodes.iter().position(|n| n.inputs.iter().any(|v| outs.contains(v))).unwrap_or(g.nodes.len());
+    (after <= first_use).then_some(after)
+}
+
+/// Whether node `n` reads `v`, directly or through other nodes.
+fn depends_on(g: &Graph, n: usize, v: ValueId) -> bool {
+    let p = g.producers();
+    let mut stack = vec![n];
+    let mut seen = vec![false; g.nodes.len()];
+    while let Some(i) = stack.pop() {
+        for x in &g.nodes[i].inputs {
+            if *x == v {
+                return true;
+            }
+            if let Some(j) = p[x.index()] {
+                if !std::mem::replace(&mut seen[j], true) {
+                    stack.push(j);
+                }
+            }
+        }
+    }
+    false
+}
+
+fn batch_pair(g: &mut Graph, a: usize, b: usize) -> Result<(), String> {
+    let p = Producers::of(g);
+    let (na, nb) = (g.nodes[a].clone(), g.nodes[b].clone());
+    let (wa, wb) =
+        (constant(g, &p, na.inputs[1]).ok_or("weight")?, constant(g, &p, nb.inputs[1]).ok_or("weight")?);
+    let mut bytes = wa.bytes().to_vec();
+    bytes.extend_from_slice(wb.bytes());
+    let mut wshape = vec![2];
+    wshape.extend_from_slice(&wa.shape);
+    let w = Arc::new(ConstData::from_bytes(wa.dtype, wshape, bytes.into()).map_err(|e| e.to_string())?);
+    let (xs, dtype) = (g.ty(na.inputs[0]).shape.clone(), g.ty(na.inputs[0]).dtype);
+    let n = SymExpr::constant(wa.shape[1] as i64);
+    let hint = format!("{}.batched", g.name(na.output));
+    let at = insertion_point(g, a, b).ok_or("no place for the batched contraction")?;
+    let mut one = vec![SymExpr::constant(1)];
+    one.extend(xs.iter().cloned());
+    let xa = g.insert_node(
+        at,
+        Op::Reshape,
+        vec![na.inputs[0]],
+        &format!("{hint}.a"),
+        TensorType::new(dtype, one.clone()),
+    );
+    let xb = g.insert_node(
+        at + 1,
+        Op::Reshape,
+        vec![nb.inputs[0]],
+        &format!("{hint}.b"),
+        TensorType::new(dtype, one),
+    );
+    let mut stacked = vec![SymExpr::constant(2)];
+    stacked.extend(xs.iter().cloned());
+    let x = g.insert_node(
+        at + 2,
+        Op::Concat { axis: 0 },
+        vec![xa, xb],
+        &format!("{hint}.x"),
+        TensorType::new(dtype, stacked),
+    );
+    let wv = g.insert_node(at + 3, Op::Constant(w.clone()), vec![], &format!("{hint}.weight"), w.ty());
+    let y_ty = TensorType::new(dtype, vec![SymExpr::constant(2), xs[0].clone(), n.clone()]);
+    let y = g.insert_node(at + 4, Op::MatMul, vec![x, wv], &hint, y_ty);
+    for (k, out) in [na.output, nb.output].into_iter().enumerate() {
+        let axes = vec![SliceAxis { axis: 0, start: SymExpr::constant(k as i64), step: 1 }];
+        let part_ty = TensorType::new(dtype, vec![SymExpr::constant(1), xs[0].clone(), n.clone()]);
+        let part = g.insert_node(
+            at + 5 + 2 * k,
+            Op::Slice { axes },
+            vec![y],
+            &format!("{}.part", g.name(out)),
+            part_ty,
+        );
+        let flat = g.insert_node(
+            at + 6 + 2 * k,
+            Op::Reshape,
+            vec![part],
+            &format!("{}.flat", g.name(out)),
+            g.ty(out).clone(),
+        );
+        if !can_replace(g, out, flat) {
+            return Err(format!("cannot redirect the uses of '{}'", g.name(out)));
+        }
+        g.replace_uses(out, flat);
+    }
+    Ok(())
+}

@@ -20,7 +20,7 @@ use ir::Graph;
 pub use broadcast::{BroadcastGuard, EliminateBroadcasts};
 pub use canonical::{Cse, Dce, FoldConstants, SimplifyAlgebra, SimplifyShapes};
 pub use fusion::{fuse, print_plan, FusionGroup, FusionPlan, GroupKind};
-pub use gemm::MergeSharedOperand;
+pub use gemm::{BatchEqualShapes, MergeSharedOperand};
 
 /// Errors from running passes.
 #[derive(Debug, thiserror::Error)]

@@ -309,3 +309,40 @@ group 1: stitch over [rows, 8]
 "
     );
 }
+
+/// Independent contractions of provably equal shapes batch into one (opt-in).
+#[test]
+fn independent_equal_gemms_batch() {
+    let text = "graph {
+  sym n param 1..
+  let m = n
+  input %x: f32[n, 2]
+  input %z: f32[m, 2]
+  %w1: f32[2, 1] = constant [1.0, 2.0]
+  %w2: f32[2, 1] = constant [3.0, 4.0]
+  %a: f32[n, 1] = matmul %x, %w1
+  %b: f32[m, 1] = matmul %z, %w2
+  %y: f32[n, 1] = add %a, %b
+  output %y
+}
+";
+    let mut g = parse(text);
+    let n = anyshape_passes::BatchEqualShapes.run(&mut g).expect("batch");
+    assert_eq!(n, 1);
+    ir::verify(&g).expect("valid");
+    anyshape_passes::Dce.run(&mut g).expect("dce");
+    let t = g.to_string();
+    assert!(t.contains("%a.batched: f32[2, n, 1] = matmul %a.batched.x, %a.batched.weight"), "{t}");
+    assert!(t.contains("%a.batched.weight: f32[2, 2, 1] = constant [1.0, 2.0, 3.0, 4.0]"), "{t}");
+    // Same outputs as before at a few shapes.
+    let before = parse(text);
+    for rows in [1usize, 2, 7] {
+        let x = ir::Tensor::new(vec![rows, 2], ir::Elems::F32((0..2 * rows).map(|i| i as f32).collect()))
+            .expect("x");
+        let z =
+            ir::Tensor::new(vec![rows, 2], ir::Elems::F32((0..2 * rows).map(|i| 1.0 - i as f32).collect()))
+                .expect("z");
+        let ins = [("x", x), ("z", z)];
+        assert_eq!(reference::run(&before, &ins).expect("before"), reference::run(&g, &ins).expect("after"));
+    }
+}
