@@ -141,8 +141,17 @@ pub fn infer(op: &Op, ins: &[&TensorType], env: &ShapeEnv) -> Result<Option<Tens
             }
             TensorType::new(x.dtype, shape)
         }
-        Op::MatMul => {
-            let (a, b) = (ins[0], ins[1]);
+        Op::MatMul { transpose_a, transpose_b } => {
+            // The operands as the contraction sees them (last two axes swapped when transposed).
+            let view = |t: &TensorType, swap: bool| {
+                let mut t = t.clone();
+                let r = t.rank();
+                if swap && r >= 2 {
+                    t.shape.swap(r - 2, r - 1);
+                }
+                t
+            };
+            let (a, b) = (&view(ins[0], *transpose_a), &view(ins[1], *transpose_b));
             let r = a.rank();
             if r < 2 || b.rank() != r {
                 return Err(err(op, format!("needs equal ranks >= 2, got {a} and {b}")));

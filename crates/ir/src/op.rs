@@ -169,8 +169,10 @@ pub enum Op {
     Pad { pads: Vec<(SymExpr, SymExpr)>, mode: PadMode },
     /// `(x)` reduced over `axes`.
     Reduce { op: ReduceOp, axes: Vec<usize>, keep_dims: bool },
-    /// `(a[..., m, k], b[..., k, n])` → `[..., m, n]`; equal ranks ≥ 2, equal batch dims.
-    MatMul,
+    /// `(a[..., m, k], b[..., k, n])` → `[..., m, n]`; equal ranks ≥ 2, equal batch
+    /// dims. `transpose_a`/`transpose_b`: the operand is stored with its last two
+    /// axes swapped (`a[..., k, m]`), a layout the contraction reads directly.
+    MatMul { transpose_a: bool, transpose_b: bool },
     /// `(x[n, c, *s], w[m, c/group, *k])` → `[n, m, *o]`; no bias (added after).
     Conv(ConvAttrs),
     /// `(x[n, c, *s], w[c, m/group, *k])` → `[n, m, *o]`; `output_padding` is
@@ -184,6 +186,9 @@ pub enum Op {
 }
 
 impl Op {
+    /// A matmul of operands in their plain layout.
+    pub const MATMUL: Op = Op::MatMul { transpose_a: false, transpose_b: false };
+
     /// The op's name in the text form.
     pub fn name(&self) -> &'static str {
         match self {
@@ -245,7 +250,7 @@ impl Op {
                 ReduceOp::Min => "reduce_min",
                 ReduceOp::Prod => "reduce_prod",
             },
-            Op::MatMul => "matmul",
+            Op::MatMul { .. } => "matmul",
             Op::Conv(_) => "conv",
             Op::ConvTranspose(_) => "conv_transpose",
             Op::Pool(p) => match p.kind {
@@ -303,7 +308,7 @@ impl Op {
     pub fn arity(&self) -> Option<usize> {
         Some(match self {
             Op::Constant(_) | Op::SymConst(_) | Op::Iota { .. } => 0,
-            Op::Binary(_) | Op::Gather { .. } | Op::MatMul | Op::Conv(_) | Op::ConvTranspose(_) => 2,
+            Op::Binary(_) | Op::Gather { .. } | Op::MatMul { .. } | Op::Conv(_) | Op::ConvTranspose(_) => 2,
             Op::Select => 3,
             Op::Concat { .. } => return None,
             _ => 1,

@@ -330,7 +330,7 @@ impl Builder {
                 shape[t.rank() - 2] = t.shape[t.rank() - 1].clone();
                 shape.push(self.dim(b));
                 let w = self.input(TensorType::new(t.dtype, shape), c);
-                self.infer(Op::MatMul, &[v, w], c >> 3);
+                self.infer(Op::MATMUL, &[v, w], c >> 3);
             }
             15 | 16 => {
                 let group = 1 + (b % 2) as i64;

@@ -147,7 +147,7 @@ fn matmul_contraction_mismatch() {
     let mut g = Graph::new(env(&["m", "k", "j", "n"]));
     let a = g.add_input("a", f32t(&[m.clone(), k]));
     let b = g.add_input("b", f32t(&[j, n.clone()]));
-    g.add_node(Op::MatMul, vec![a, b], "y", f32t(&[m, n]));
+    g.add_node(Op::MATMUL, vec![a, b], "y", f32t(&[m, n]));
     assert_eq!(type_err(&g, "matmul"), "%y: contraction dims differ: f32[m, k] and f32[j, n]");
 }
 
@@ -158,7 +158,7 @@ fn matmul_contraction_equal_through_the_env() {
     let mut g = Graph::new(e);
     let a = g.add_input("a", f32t(&[sym("m"), sym("k")]));
     let b = g.add_input("b", f32t(&[sym("j"), sym("n")]));
-    let y = g.add_node(Op::MatMul, vec![a, b], "y", f32t(&[sym("m"), sym("n")]));
+    let y = g.add_node(Op::MATMUL, vec![a, b], "y", f32t(&[sym("m"), sym("n")]));
     g.outputs = vec![y];
     verify(&g).unwrap();
 }
@@ -168,7 +168,7 @@ fn stored_type_disagrees_with_inference() {
     let mut g = Graph::new(env(&["m", "k", "n"]));
     let a = g.add_input("a", f32t(&[sym("m"), sym("k")]));
     let b = g.add_input("b", f32t(&[sym("k"), sym("n")]));
-    g.add_node(Op::MatMul, vec![a, b], "y", f32t(&[sym("m"), sym("m")]));
+    g.add_node(Op::MATMUL, vec![a, b], "y", f32t(&[sym("m"), sym("m")]));
     assert_eq!(type_err(&g, "matmul"), "%y: stored type f32[m, m], but the inputs give f32[m, n]");
 
     let mut g = Graph::new(env(&["n"]));

@@ -94,7 +94,9 @@ impl Pass for FoldConstants {
 /// - `reshape(reshape(x)) = reshape(x)`; a reshape to the same shape is `x`;
 /// - `broadcast(broadcast(x)) = broadcast(x)`; a broadcast to the same shape is `x`;
 /// - `cast(x)` to `x`'s own dtype is `x`;
-/// - a slice taking every element is `x`.
+/// - a slice taking every element is `x`;
+/// - `matmul(transpose(a, swap last two), b) = matmul[transpose_a](a, b)` (and for
+///   `b`): a transposed operand is a layout the contraction reads directly.
 pub struct SimplifyAlgebra;
 
 impl Pass for SimplifyAlgebra {
@@ -155,6 +157,38 @@ impl Pass for SimplifyAlgebra {
                 uses[v.index()] += std::mem::take(&mut uses[node.output.index()]);
                 n += 1;
                 continue;
+            }
+            // A last-two-axes transpose feeding a matmul becomes its layout flag.
+            if let Op::MatMul { transpose_a, transpose_b } = node.op {
+                let swapped = |v: ValueId| match p.op(g, v) {
+                    Some(Op::Transpose { perm }) => {
+                        let r = perm.len();
+                        let swap = r >= 2
+                            && perm[r - 2] == r - 1
+                            && perm[r - 1] == r - 2
+                            && perm[..r - 2].iter().enumerate().all(|(i, q)| i == *q);
+                        swap.then(|| p.node(g, v).map(|n| n.inputs[0])).flatten()
+                    }
+                    _ => None,
+                };
+                let (a, b) = (node.inputs[0], node.inputs[1]);
+                let (sa, sb) = (swapped(a), swapped(b));
+                if sa.is_some() || sb.is_some() {
+                    for (old, new) in [(a, sa), (b, sb)] {
+                        if let Some(new) = new {
+                            uses[old.index()] -= 1;
+                            uses[new.index()] += 1;
+                        }
+                    }
+                    let node = &mut g.nodes[i];
+                    node.op = Op::MatMul {
+                        transpose_a: transpose_a ^ sa.is_some(),
+                        transpose_b: transpose_b ^ sb.is_some(),
+                    };
+                    node.inputs = vec![sa.unwrap_or(a), sb.unwrap_or(b)];
+                    n += 1;
+                    continue;
+                }
             }
             // Chains of the same data movement collapse into one node.
             let Some(inner) = node.inputs.first().and_then(|v| p.node(g, *v)).cloned() else { continue };

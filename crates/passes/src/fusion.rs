@@ -127,7 +127,7 @@ fn class(op: &Op) -> Class {
         | Op::Concat { .. }
         | Op::Gather { .. } => Class::Injective,
         Op::Reduce { .. } => Class::Reduce,
-        Op::MatMul | Op::Conv(_) | Op::ConvTranspose(_) => Class::Contraction,
+        Op::MatMul { .. } | Op::Conv(_) | Op::ConvTranspose(_) => Class::Contraction,
         Op::Pool(_) => Class::Window,
         Op::CumSum { .. } => Class::Opaque,
     }
@@ -446,7 +446,7 @@ fn fuse_stitch(p: &mut Partition) {
 fn fuse_attention(p: &mut Partition) {
     let g = p.g;
     for (k2, node) in g.nodes.iter().enumerate() {
-        if node.op != Op::MatMul {
+        if !matches!(node.op, Op::MatMul { .. }) {
             continue;
         }
         let Some(q) = p.producer_node(node.inputs[0]) else { continue };

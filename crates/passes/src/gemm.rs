@@ -37,7 +37,7 @@ fn next_family(g: &Graph) -> Option<Vec<usize>> {
     let uses = g.use_counts();
     let mut by_x: BTreeMap<ValueId, Vec<usize>> = BTreeMap::new();
     for (i, n) in g.nodes.iter().enumerate() {
-        if n.op != Op::MatMul || uses[n.output.index()] == 0 {
+        if n.op != Op::MATMUL || uses[n.output.index()] == 0 {
             continue;
         }
         let (x, w) = (n.inputs[0], n.inputs[1]);
@@ -76,7 +76,7 @@ fn merge(g: &mut Graph, family: &[usize]) -> Result<(), String> {
     let dtype = g.ty(x).dtype;
     let y = g.insert_node(
         at + 1,
-        Op::MatMul,
+        Op::MATMUL,
         vec![x, wv],
         &hint,
         TensorType::new(dtype, vec![rows.clone(), n_total]),
@@ -147,7 +147,7 @@ fn next_pair(g: &Graph) -> Option<(usize, usize)> {
     let cands: Vec<usize> = (0..g.nodes.len())
         .filter(|i| {
             let n = &g.nodes[*i];
-            n.op == Op::MatMul
+            n.op == Op::MATMUL
                 && uses[n.output.index()] > 0
                 && g.ty(n.inputs[0]).rank() == 2
                 && g.ty(n.inputs[1]).const_shape().is_some_and(|s| s.len() == 2)
@@ -248,7 +248,7 @@ fn batch_pair(g: &mut Graph, a: usize, b: usize) -> Result<(), String> {
     );
     let wv = g.insert_node(at + 3, Op::Constant(w.clone()), vec![], &format!("{hint}.weight"), w.ty());
     let y_ty = TensorType::new(dtype, vec![SymExpr::constant(2), xs[0].clone(), n.clone()]);
-    let y = g.insert_node(at + 4, Op::MatMul, vec![x, wv], &hint, y_ty);
+    let y = g.insert_node(at + 4, Op::MATMUL, vec![x, wv], &hint, y_ty);
     for (k, out) in [na.output, nb.output].into_iter().enumerate() {
         let axes = vec![SliceAxis { axis: 0, start: SymExpr::constant(k as i64), step: 1 }];
         let part_ty = TensorType::new(dtype, vec![SymExpr::constant(1), xs[0].clone(), n.clone()]);

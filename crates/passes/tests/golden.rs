@@ -346,3 +346,30 @@ fn independent_equal_gemms_batch() {
         assert_eq!(reference::run(&before, &ins).expect("before"), reference::run(&g, &ins).expect("after"));
     }
 }
+
+#[test]
+fn transposes_fold_into_matmul_layouts() {
+    check(
+        &SimplifyAlgebra,
+        "graph {
+  sym b param 1..
+  sym s param 1..
+  input %q: f32[b, s, 8]
+  input %k: f32[b, s, 8]
+  %kt: f32[b, 8, s] = transpose[perm=[0, 2, 1]] %k
+  %y: f32[b, s, s] = matmul %q, %kt
+  output %y
+}
+",
+        "graph {
+  sym b param 1..
+  sym s param 1..
+  input %q: f32[b, s, 8]
+  input %k: f32[b, s, 8]
+  %kt: f32[b, 8, s] = transpose[perm=[0, 2, 1]] %k
+  %y: f32[b, s, s] = matmul[transpose_b] %q, %k
+  output %y
+}
+",
+    );
+}

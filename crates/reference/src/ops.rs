@@ -46,7 +46,20 @@ pub(crate) fn eval(op: &Op, ins: &[&Tensor], dtype: DType, out: &[usize], cx: &C
         Op::Gather { axis } => gather(ins[0], ins[1], *axis),
         Op::Pad { pads, mode } => pad(ins[0], pads, *mode, cx),
         Op::Reduce { op, axes, keep_dims } => compute::reduce(ins[0], *op, axes, *keep_dims),
-        Op::MatMul => compute::matmul(ins[0], ins[1]),
+        Op::MatMul { transpose_a, transpose_b } => {
+            // A transposed operand is read through an explicit transposed copy: clear, not fast.
+            let view = |x: &Tensor, swap: bool| -> R<Option<Tensor>> {
+                let r = x.shape().len();
+                if !swap || r < 2 {
+                    return Ok(None);
+                }
+                let mut perm: Vec<usize> = (0..r).collect();
+                perm.swap(r - 2, r - 1);
+                transpose(x, &perm).map(Some)
+            };
+            let (a, b) = (view(ins[0], *transpose_a)?, view(ins[1], *transpose_b)?);
+            compute::matmul(a.as_ref().unwrap_or(ins[0]), b.as_ref().unwrap_or(ins[1]))
+        }
         Op::Conv(a) => compute::conv(ins[0], ins[1], a),
         Op::ConvTranspose(a) => compute::conv_transpose(ins[0], ins[1], a, out),
         Op::Pool(p) => compute::pool(ins[0], p, out),

@@ -68,18 +68,31 @@ fn matmul_small_cases() {
     // [[1, 2, 3], [4, 5, 6]] x [[1, 0], [0, 1], [1, 1]]
     let a = f32t(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
     let b = f32t(&[3, 2], &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
-    assert_eq!(f32s(&eval(Op::MatMul, &[a, b])), [4.0, 5.0, 10.0, 11.0]);
+    assert_eq!(f32s(&eval(Op::MATMUL, &[a, b])), [4.0, 5.0, 10.0, 11.0]);
     // Batched: [2, 1, 2] x [2, 2, 1].
     let a = i64t(&[2, 1, 2], &[1, 2, 3, 4]);
     let b = i64t(&[2, 2, 1], &[5, 6, 7, 8]);
-    let got = eval(Op::MatMul, &[a, b]);
+    let got = eval(Op::MATMUL, &[a, b]);
     assert_eq!((got.shape(), i64s(&got)), (&[2, 1, 1][..], vec![17, 53]));
     // k = 0: zeros.
-    let got = eval(Op::MatMul, &[f32t(&[2, 0], &[]), f32t(&[0, 3], &[])]);
+    let got = eval(Op::MATMUL, &[f32t(&[2, 0], &[]), f32t(&[0, 3], &[])]);
     assert_eq!(f32s(&got), [0.0; 6]);
     let ty = Some(TensorType::fixed(DType::F32, &[2, 2]));
-    let err = try_eval(Op::MatMul, &[f32t(&[2, 3], &[0.0; 6]), f32t(&[2, 2], &[0.0; 4])], ty).unwrap_err();
+    let err = try_eval(Op::MATMUL, &[f32t(&[2, 3], &[0.0; 6]), f32t(&[2, 2], &[0.0; 4])], ty).unwrap_err();
     assert!(err.to_string().contains("cannot multiply [2, 3] by [2, 2]"), "{err}");
+}
+
+#[test]
+fn matmul_reads_transposed_layouts() {
+    // a = [[1, 2, 3], [4, 5, 6]] stored transposed; b = [[1, 0], [0, 1], [1, 1]] stored transposed.
+    let at = f32t(&[3, 2], &[1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    let bt = f32t(&[2, 3], &[1.0, 0.0, 1.0, 0.0, 1.0, 1.0]);
+    let a = f32t(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let b = f32t(&[3, 2], &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+    let mm = |ta, tb| Op::MatMul { transpose_a: ta, transpose_b: tb };
+    assert_eq!(f32s(&eval(mm(true, false), &[&at, &b])), [4.0, 5.0, 10.0, 11.0]);
+    assert_eq!(f32s(&eval(mm(false, true), &[&a, &bt])), [4.0, 5.0, 10.0, 11.0]);
+    assert_eq!(f32s(&eval(mm(true, true), &[&at, &bt])), [4.0, 5.0, 10.0, 11.0]);
 }
 
 fn conv_attrs(strides: &[i64], dilations: &[i64], pb: &[i64], pe: &[i64], group: i64) -> ConvAttrs {

@@ -48,15 +48,15 @@ proptest! {
                 }
             }
         }
-        let got = eval(Op::MatMul, &[f64t(&sa, &a), f64t(&sb, &b)]);
+        let got = eval(Op::MATMUL, &[f64t(&sa, &a), f64t(&sb, &b)]);
         prop_assert_eq!(got.shape(), &[&batch[..], &[m, n]].concat()[..]);
         prop_assert_eq!(got.to_f64_vec(), want.clone());
         // The same in i64 and f32.
         let ints = |v: &[f64]| v.iter().map(|x| *x as i64).collect::<Vec<_>>();
-        let got = eval(Op::MatMul, &[i64t(&sa, &ints(&a)), i64t(&sb, &ints(&b))]);
+        let got = eval(Op::MATMUL, &[i64t(&sa, &ints(&a)), i64t(&sb, &ints(&b))]);
         prop_assert_eq!(got.to_f64_vec(), want.clone());
         let f32s = |v: &[f64]| v.iter().map(|x| *x as f32).collect::<Vec<_>>();
-        let got = eval(Op::MatMul, &[f32t(&sa, &f32s(&a)), f32t(&sb, &f32s(&b))]);
+        let got = eval(Op::MATMUL, &[f32t(&sa, &f32s(&a)), f32t(&sb, &f32s(&b))]);
         prop_assert_eq!(got.to_f64_vec(), want);
     }
 

@@ -181,8 +181,18 @@ fn make_op(name: &str, attrs: Option<&str>) -> Result<Op, String> {
         .iter()
         .map(|u| Op::Unary(*u))
         .chain(Op::BINARY.iter().map(|b| Op::Binary(*b)))
-        .chain([Op::Select, Op::Cast, Op::Broadcast, Op::Reshape, Op::MatMul])
+        .chain([Op::Select, Op::Cast, Op::Broadcast, Op::Reshape])
         .find(|op| op.name() == name);
+    if name == "matmul" {
+        let flags: Vec<&str> = attrs.map(|a| a.split(',').map(str::trim).collect()).unwrap_or_default();
+        if let Some(bad) = flags.iter().find(|f| !matches!(**f, "transpose_a" | "transpose_b")) {
+            return Err(format!("`matmul` takes `transpose_a` and `transpose_b`, not `{bad}`"));
+        }
+        return Ok(Op::MatMul {
+            transpose_a: flags.contains(&"transpose_a"),
+            transpose_b: flags.contains(&"transpose_b"),
+        });
+    }
     if let Some(op) = simple {
         return match attrs {
             None => Ok(op),

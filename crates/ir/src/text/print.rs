@@ -146,7 +146,13 @@ fn write_op(f: &mut fmt::Formatter<'_>, g: &Graph, n: &Node) -> fmt::Result {
         Op::CumSum { axis, exclusive, reverse } => {
             write!(f, "[axis={axis}, exclusive={exclusive}, reverse={reverse}]")?
         }
-        Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::Broadcast | Op::Reshape | Op::MatMul => {}
+        Op::MatMul { transpose_a, transpose_b } => match (transpose_a, transpose_b) {
+            (false, false) => {}
+            (true, false) => f.write_str("[transpose_a]")?,
+            (false, true) => f.write_str("[transpose_b]")?,
+            (true, true) => f.write_str("[transpose_a, transpose_b]")?,
+        },
+        Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::Broadcast | Op::Reshape => {}
     }
     for (i, &v) in n.inputs.iter().enumerate() {
         write!(f, "{} {}", if i > 0 { "," } else { "" }, ValueRef(g, v))?;

@@ -87,7 +87,7 @@ pub fn kitchen_sink() -> Graph {
     );
     let pos = g.add_node(Op::Iota { axis: 0 }, vec![], "pos", TensorType::new(DType::I64, vec![seq.clone()]));
 
-    let mm = node(&mut g, Op::MatMul, &[x, wq], "mm");
+    let mm = node(&mut g, Op::MATMUL, &[x, wq], "mm");
     let t = node(&mut g, Op::Transpose { perm: vec![0, 2, 1] }, &[mm], "t");
     let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[t], "e");
     let sum = node(&mut g, Op::Binary(BinaryOp::Add), &[e, t], "sum");

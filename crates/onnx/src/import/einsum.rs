@@ -178,7 +178,7 @@ fn contract(imp: &mut Importer, a: Labeled, b: Labeled, needed: &[char]) -> R<La
     let at = imp.reshape(at, vec![prod(&bd)?, prod(&md)?, prod(&kd)?])?;
     let bt = imp.transpose(b.v, order(&b, &[&batch, &contracted, &b_free]))?;
     let bt = imp.reshape(bt, vec![prod(&bd)?, prod(&kd)?, prod(&nd)?])?;
-    let y = imp.emit(ir::Op::MatMul, vec![at, bt], None)?;
+    let y = imp.emit(ir::Op::MATMUL, vec![at, bt], None)?;
     let shape: Vec<SymExpr> = bd.into_iter().chain(md).chain(nd).collect();
     let y = imp.reshape(y, shape)?;
     Ok(Labeled { v: y, labels: batch.into_iter().chain(a_free).chain(b_free).collect() })

@@ -575,7 +575,7 @@ pub(crate) fn matmul(imp: &mut Importer, a: ValueId, b: ValueId) -> R<ValueId> {
         let rows = product(&sa[..sa.len() - 1])?;
         let a2 = imp.reshape(a, vec![rows, ka])?;
         let b2 = imp.reshape(b, sb.clone())?;
-        let y = imp.emit(Op::MatMul, vec![a2, b2], None)?;
+        let y = imp.emit(Op::MATMUL, vec![a2, b2], None)?;
         let mut out = sa[..sa.len() - 1].to_vec();
         if rb != 1 {
             out.push(sb[1].clone());
@@ -591,7 +591,7 @@ pub(crate) fn matmul(imp: &mut Importer, a: ValueId, b: ValueId) -> R<ValueId> {
     let b = imp.expand_to(b, &tb)?;
     let a = imp.reshape(a, ta)?;
     let b = imp.reshape(b, tb)?;
-    let y = imp.emit(Op::MatMul, vec![a, b], None)?;
+    let y = imp.emit(Op::MATMUL, vec![a, b], None)?;
     let mut out = batch;
     if ra != 1 {
         out.push(sa[sa.len() - 2].clone());
