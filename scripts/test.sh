@@ -5,6 +5,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# LLVM 19 for the code generator (Debian's llvm-19-dev, linked dynamically).
+if [ ! -x /usr/lib/llvm-19/bin/llvm-config ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq llvm-19-dev libpolly-19-dev zlib1g-dev libzstd-dev >/dev/null
+    else
+        echo "error: LLVM 19 is missing: install Debian's llvm-19-dev (apt-get install llvm-19-dev)" >&2
+        exit 2
+    fi
+fi
+
 venv=.venv
 if ! "$venv/bin/python" -c "import onnx" 2>/dev/null; then
     python3 -m venv "$venv"

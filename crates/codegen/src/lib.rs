@@ -1,0 +1,283 @@
+//! Code generation with LLVM 19 (through `inkwell`): the only crate that links
+//! LLVM. Today: the L0 micro-kernels of the contraction engine, JIT-compiled in
+//! memory for the host (or restricted to AVX2), with their IR and assembly kept
+//! for inspection.
+//!
+//! A micro-kernel computes an `MR × NR` tile of C from packed panels (the ABI in
+//! `kernels::gemm`): `NR / W` vector accumulators per row (`W` f32 lanes), a K
+//! loop of one broadcast of A per row and fused multiply-adds, and a store that
+//! either overwrites C or adds to it. `MR` and `NR` are chosen so that the
+//! accumulators, the B vectors and the broadcast fit the register file.
+
+use inkwell::attributes::AttributeLoc;
+use inkwell::context::Context;
+use inkwell::execution_engine::ExecutionEngine;
+use inkwell::intrinsics::Intrinsic;
+use inkwell::module::Module;
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::{
+    CodeModel, FileType, InitializationConfig, RelocMode, Target as LlvmTarget, TargetMachine,
+};
+use inkwell::values::{BasicValue, BasicValueEnum, FloatValue, IntValue, VectorValue};
+use inkwell::{AddressSpace, IntPredicate, OptimizationLevel};
+use kernels::{MicroKernel, MicroKernelFn, Target};
+
+/// Errors from code generation.
+#[derive(Debug, thiserror::Error)]
+pub enum CodegenError {
+    #[error("LLVM: {0}")]
+    Llvm(String),
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+}
+
+fn llvm<E: std::fmt::Display>(e: E) -> CodegenError {
+    CodegenError::Llvm(e.to_string())
+}
+
+/// A JIT-compiled micro-kernel. The machine code lives as long as this value.
+pub struct JitMicroKernel {
+    kernel: MicroKernel,
+    ir: String,
+    asm: String,
+    // Owns the machine code. Never used after construction, only dropped.
+    _engine: ExecutionEngine<'static>,
+}
+
+// SAFETY: the engine is only kept to own the generated code; after construction it
+// is never called again (only dropped, by the single owner), and the code it owns
+// is immutable, position-fixed machine code, so sharing the function pointer and
+// moving the owner between threads cannot race.
+unsafe impl Send for JitMicroKernel {}
+// SAFETY: see `Send`: `&JitMicroKernel` only exposes copies of plain data.
+unsafe impl Sync for JitMicroKernel {}
+
+impl JitMicroKernel {
+    pub fn kernel(&self) -> MicroKernel {
+        self.kernel
+    }
+    /// The optimized LLVM IR.
+    pub fn ir(&self) -> &str {
+        &self.ir
+    }
+    /// The generated assembly.
+    pub fn asm(&self) -> &str {
+        &self.asm
+    }
+}
+
+/// The register tiles that fit `t`'s register file: accumulators `MR·NR/W`, plus
+/// the `NR/W` B vectors and one broadcast (Vortex's L0 filter: ISA and register
+/// budget).
+pub fn register_tiles(t: &Target) -> Vec<(usize, usize)> {
+    let w = t.f32_lanes;
+    let mut out = Vec::new();
+    for nv in 1..=4 {
+        for mr in 1..=16 {
+            // accumulators + B vectors + one broadcast
+            if mr * nv + nv < t.vector_registers {
+                out.push((mr, nv * w));
+            }
+        }
+    }
+    out
+}
+
+/// Compile an `mr × nr` f32 micro-kernel for `t` (`nr` a multiple of its lanes).
+pub fn compile_microkernel(t: &Target, mr: usize, nr: usize) -> Result<JitMicroKernel, CodegenError> {
+    let w = t.f32_lanes;
+    if !t.supported() {
+        return Err(CodegenError::Unsupported("kernels need x86-64 with AVX2 and FMA".into()));
+    }
+    if mr == 0 || nr == 0 || !nr.is_multiple_of(w) {
+        return Err(CodegenError::Unsupported(format!(
+            "a {mr}x{nr} tile: NR must be a positive multiple of {w}"
+        )));
+    }
+    LlvmTarget::initialize_native(&InitializationConfig::default()).map_err(CodegenError::Llvm)?;
+    // One context per compiled module, kept for the life of the process: inkwell
+    // ties the engine's lifetime to its context.
+    let ctx: &'static Context = Box::leak(Box::new(Context::create()));
+    let module = ctx.create_module("microkernel");
+    let name = format!("ukernel_f32_{mr}x{nr}");
+    let (cpu, features) = cpu_and_features(t);
+    build_microkernel(ctx, &module, &name, mr, nr, w, &cpu, &features)?;
+    module.verify().map_err(|e| CodegenError::Llvm(format!("invalid IR: {e}")))?;
+    let triple = TargetMachine::get_default_triple();
+    let target = LlvmTarget::from_triple(&triple).map_err(llvm)?;
+    let tm = target
+        .create_target_machine(
+            &triple,
+            &cpu,
+            &features,
+            OptimizationLevel::Aggressive,
+            RelocMode::Default,
+            CodeModel::JITDefault,
+        )
+        .ok_or_else(|| CodegenError::Llvm("no target machine for the host".into()))?;
+    module.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(llvm)?;
+    let ir = module.print_to_string().to_string();
+    let asm = tm.write_to_memory_buffer(&module, FileType::Assembly).map_err(llvm)?;
+    let asm = String::from_utf8_lossy(asm.as_slice()).into_owned();
+    let engine = module.create_jit_execution_engine(OptimizationLevel::Aggressive).map_err(llvm)?;
+    let addr = engine.get_function_address(&name).map_err(llvm)?;
+    // SAFETY: `addr` is the entry of the function just generated with exactly the
+    // `MicroKernelFn` signature (i64, ptr, ptr, ptr, i64, i64) -> void and the C
+    // calling convention; the engine that owns it lives in the returned value.
+    let func: MicroKernelFn = unsafe { std::mem::transmute::<usize, MicroKernelFn>(addr) };
+    Ok(JitMicroKernel { kernel: MicroKernel { mr, nr, func }, ir, asm, _engine: engine })
+}
+
+/// CPU name and features for LLVM: the host's, or AVX2 only.
+fn cpu_and_features(t: &Target) -> (String, String) {
+    if t.isa.avx512f {
+        (TargetMachine::get_host_cpu_name().to_string(), TargetMachine::get_host_cpu_features().to_string())
+    } else {
+        // x86-64-v3: AVX2, FMA, BMI; no AVX-512, whatever the host has.
+        ("x86-64-v3".to_string(), String::new())
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_microkernel(
+    ctx: &'static Context,
+    module: &Module<'static>,
+    name: &str,
+    mr: usize,
+    nr: usize,
+    w: usize,
+    cpu: &str,
+    features: &str,
+) -> Result<(), CodegenError> {
+    let (f32t, i64t) = (ctx.f32_type(), ctx.i64_type());
+    let ptr = ctx.ptr_type(AddressSpace::default());
+    let vt = f32t.vec_type(w as u32);
+    let nv = nr / w;
+    let fn_type = ctx
+        .void_type()
+        .fn_type(&[i64t.into(), ptr.into(), ptr.into(), ptr.into(), i64t.into(), i64t.into()], false);
+    let f = module.add_function(name, fn_type, None);
+    for (k, v) in [("target-cpu", cpu), ("target-features", features)] {
+        f.add_attribute(AttributeLoc::Function, ctx.create_string_attribute(k, v));
+    }
+    let width = (w * 32).to_string();
+    for k in ["prefer-vector-width", "min-legal-vector-width"] {
+        f.add_attribute(AttributeLoc::Function, ctx.create_string_attribute(k, &width));
+    }
+    let noalias =
+        ctx.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("noalias"), 0);
+    for i in 1..=3 {
+        f.add_attribute(AttributeLoc::Param(i), noalias);
+    }
+    let kc = f.get_nth_param(0).ok_or_else(|| llvm("param"))?.into_int_value();
+    let a = f.get_nth_param(1).ok_or_else(|| llvm("param"))?.into_pointer_value();
+    let b = f.get_nth_param(2).ok_or_else(|| llvm("param"))?.into_pointer_value();
+    let c = f.get_nth_param(3).ok_or_else(|| llvm("param"))?.into_pointer_value();
+    let ldc = f.get_nth_param(4).ok_or_else(|| llvm("param"))?.into_int_value();
+    let accumulate = f.get_nth_param(5).ok_or_else(|| llvm("param"))?.into_int_value();
+
+    let bld = ctx.create_builder();
+    let entry = ctx.append_basic_block(f, "entry");
+    let header = ctx.append_basic_block(f, "k.header");
+    let body = ctx.append_basic_block(f, "k.body");
+    let done = ctx.append_basic_block(f, "k.done");
+    let add_c = ctx.append_basic_block(f, "store.add");
+    let set_c = ctx.append_basic_block(f, "store.set");
+    let exit = ctx.append_basic_block(f, "exit");
+
+    bld.position_at_end(entry);
+    bld.build_unconditional_branch(header).map_err(llvm)?;
+
+    // k.header: the accumulators and k as phis.
+    bld.position_at_end(header);
+    let k_phi = bld.build_phi(i64t, "k").map_err(llvm)?;
+    let mut acc_phis = Vec::with_capacity(mr * nv);
+    for i in 0..mr * nv {
+        acc_phis.push(bld.build_phi(vt, &format!("acc{i}")).map_err(llvm)?);
+    }
+    let k = k_phi.as_basic_value().into_int_value();
+    let more = bld.build_int_compare(IntPredicate::SLT, k, kc, "more").map_err(llvm)?;
+    bld.build_conditional_branch(more, body, done).map_err(llvm)?;
+
+    // k.body: B vectors, one broadcast of A per row, FMAs.
+    bld.position_at_end(body);
+    let fma = Intrinsic::find("llvm.fma").ok_or_else(|| llvm("no llvm.fma"))?;
+    let fma =
+        fma.get_declaration(module, &[vt.into()]).ok_or_else(|| llvm("no llvm.fma for the vector type"))?;
+    let gep = |base, idx: IntValue<'static>, n: &str| {
+        // SAFETY (of the IR, not of Rust): indices stay inside the packed panels
+        // and the C tile the ABI promises; the builder only records the address.
+        unsafe { bld.build_in_bounds_gep(f32t, base, &[idx], n) }.map_err(llvm)
+    };
+    let c_i64 = |v: usize| i64t.const_int(v as u64, false);
+    let kb = bld.build_int_mul(k, c_i64(nr), "kb").map_err(llvm)?;
+    let mut bvecs: Vec<VectorValue> = Vec::with_capacity(nv);
+    for v in 0..nv {
+        let idx = bld.build_int_add(kb, c_i64(v * w), "bi").map_err(llvm)?;
+        let p = gep(b, idx, "bp")?;
+        let load = bld.build_load(vt, p, "b").map_err(llvm)?;
+        set_align(&load, 4);
+        bvecs.push(load.into_vector_value());
+    }
+    let ka = bld.build_int_mul(k, c_i64(mr), "ka").map_err(llvm)?;
+    let zero_mask = ctx.i32_type().vec_type(w as u32).const_zero();
+    let mut next = Vec::with_capacity(mr * nv);
+    for i in 0..mr {
+        let idx = bld.build_int_add(ka, c_i64(i), "ai").map_err(llvm)?;
+        let p = gep(a, idx, "ap")?;
+        let s: FloatValue = bld.build_load(f32t, p, "a").map_err(llvm)?.into_float_value();
+        let one =
+            bld.build_insert_element(vt.get_poison(), s, ctx.i32_type().const_zero(), "a1").map_err(llvm)?;
+        let splat = bld.build_shuffle_vector(one, vt.get_poison(), zero_mask, "abc").map_err(llvm)?;
+        for (v, bv) in bvecs.iter().enumerate() {
+            let acc = acc_phis[i * nv + v].as_basic_value();
+            let r = bld.build_call(fma, &[splat.into(), (*bv).into(), acc.into()], "fma").map_err(llvm)?;
+            let r = match r.try_as_basic_value() {
+                inkwell::values::ValueKind::Basic(v) => v,
+                inkwell::values::ValueKind::Instruction(_) => return Err(llvm("fma returned nothing")),
+            };
+            next.push(r);
+        }
+    }
+    let k_next = bld.build_int_add(k, c_i64(1), "k.next").map_err(llvm)?;
+    bld.build_unconditional_branch(header).map_err(llvm)?;
+
+    k_phi.add_incoming(&[(&c_i64(0), entry), (&k_next, body)]);
+    let zero = vt.const_zero();
+    for (phi, nx) in acc_phis.iter().zip(&next) {
+        phi.add_incoming(&[(&zero, entry), (nx, body)]);
+    }
+
+    // k.done: overwrite C, or add to it.
+    bld.position_at_end(done);
+    let add = bld.build_int_compare(IntPredicate::NE, accumulate, c_i64(0), "add").map_err(llvm)?;
+    bld.build_conditional_branch(add, add_c, set_c).map_err(llvm)?;
+    for (block, adding) in [(add_c, true), (set_c, false)] {
+        bld.position_at_end(block);
+        for i in 0..mr {
+            let row = bld.build_int_mul(c_i64(i), ldc, "row").map_err(llvm)?;
+            for v in 0..nv {
+                let idx = bld.build_int_add(row, c_i64(v * w), "ci").map_err(llvm)?;
+                let p = gep(c, idx, "cp")?;
+                let mut val = acc_phis[i * nv + v].as_basic_value().into_vector_value();
+                if adding {
+                    let old = bld.build_load(vt, p, "c").map_err(llvm)?;
+                    set_align(&old, 4);
+                    val = bld.build_float_add(old.into_vector_value(), val, "sum").map_err(llvm)?;
+                }
+                let st = bld.build_store(p, val).map_err(llvm)?;
+                st.set_alignment(4).map_err(llvm)?;
+            }
+        }
+        bld.build_unconditional_branch(exit).map_err(llvm)?;
+    }
+    bld.position_at_end(exit);
+    bld.build_return(None).map_err(llvm)?;
+    Ok(())
+}
+
+fn set_align(v: &BasicValueEnum, align: u32) {
+    if let Some(i) = v.as_instruction_value() {
+        let _ = i.set_alignment(align);
+    }
+}

@@ -1,0 +1,156 @@
+//! Generated micro-kernels, through the blocked driver, against a plain
+//! reference at random shapes: 1, primes, MR±1, NR±1, KC±1, transposed A,
+//! canaries around C; on the host's ISA and restricted to AVX2.
+
+use anyshape_codegen::{compile_microkernel, register_tiles, JitMicroKernel};
+use kernels::{gemm, Blocking, MatMut, MatRef, Target};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+fn targets() -> Vec<(&'static str, Target)> {
+    let host = Target::detect();
+    let mut v = Vec::new();
+    if host.supported() {
+        if host.isa.avx512f {
+            v.push(("avx512", host.clone()));
+        }
+        if let Some(t) = host.avx2_only() {
+            v.push(("avx2", t));
+        }
+    }
+    v
+}
+
+fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize, ta: bool) -> Vec<f64> {
+    let at = |i: usize, p: usize| if ta { a[p * m + i] } else { a[i * k + p] };
+    (0..m * n).map(|x| (0..k).map(|p| at(x / n, p) as f64 * b[p * n + x % n] as f64).sum()).collect()
+}
+
+fn check(jit: &JitMicroKernel, what: &str, cases: u32) {
+    let uk = jit.kernel();
+    let (mr, nr) = (uk.mr, uk.nr);
+    let dim = |t: usize| {
+        prop_oneof![
+            Just(1usize),
+            Just(2),
+            Just(7),
+            Just(13),
+            Just((t - 1).max(1)),
+            Just(t),
+            Just(t + 1),
+            Just(2 * t + 1),
+            1usize..3 * t
+        ]
+    };
+    let mut runner = TestRunner::new(Config { cases, ..Config::default() });
+    runner
+        .run(&(dim(mr), 1usize..70, dim(nr), 2usize..33, any::<bool>()), |(m, k, n, kc, ta)| {
+            let blk = Blocking { kc, mc: mr * 2, nc: nr * 2 };
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
+            let ldc = n + 3;
+            let mut c = vec![f32::NAN; m * ldc + 16];
+            let av = if ta {
+                MatRef::row_major(&a, k, m).expect("a").t()
+            } else {
+                MatRef::row_major(&a, m, k).expect("a")
+            };
+            let bv = MatRef::row_major(&b, k, n).expect("b");
+            gemm(&uk, &blk, av, bv, &mut MatMut::new(&mut c[..], m, n, ldc).expect("c")).expect("gemm");
+            let want = naive(&a, &b, m, k, n, ta);
+            for i in 0..m {
+                for j in 0..n {
+                    let (got, w) = (c[i * ldc + j] as f64, want[i * n + j]);
+                    prop_assert!(
+                        (got - w).abs() <= 1e-4 * (1.0 + w.abs() * k as f64),
+                        "{what} {mr}x{nr} m{m} k{k} n{n} kc{kc}: ({i},{j}) {got} vs {w}"
+                    );
+                }
+                for j in n..ldc {
+                    if i * ldc + j < c.len() {
+                        prop_assert!(c[i * ldc + j].is_nan(), "{what}: wrote outside C at ({i},{j})");
+                    }
+                }
+            }
+            prop_assert!(c[m * ldc..].iter().all(|x| x.is_nan()), "{what}: wrote past C");
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn every_register_tile_kind_computes_correctly() {
+    for (name, t) in targets() {
+        let tiles = register_tiles(&t);
+        assert!(!tiles.is_empty());
+        // The largest tile of each vector count, and a few small ones.
+        let mut pick: Vec<(usize, usize)> = Vec::new();
+        for nv in 1..=4 {
+            if let Some(best) =
+                tiles.iter().filter(|(_, nr)| *nr == nv * t.f32_lanes).max_by_key(|(mr, _)| *mr)
+            {
+                pick.push(*best);
+            }
+        }
+        pick.extend([(1, t.f32_lanes), (3, 2 * t.f32_lanes)]);
+        for (mr, nr) in pick {
+            let jit = compile_microkernel(&t, mr, nr).unwrap_or_else(|e| panic!("{name} {mr}x{nr}: {e}"));
+            check(&jit, name, 24);
+        }
+    }
+}
+
+#[test]
+fn isa_paths_use_their_registers() {
+    for (name, t) in targets() {
+        let (mr, nr) = (4, 2 * t.f32_lanes);
+        let jit = compile_microkernel(&t, mr, nr).expect("compile");
+        let asm = jit.asm();
+        assert!(asm.contains("vfmadd"), "{name}: no FMA in\n{asm}");
+        if name == "avx512" {
+            assert!(asm.contains("zmm"), "{name}: no zmm registers");
+        } else {
+            assert!(!asm.contains("zmm") && asm.contains("ymm"), "{name}: expected ymm only");
+        }
+        assert!(jit.ir().contains("llvm.fma.v"));
+    }
+}
+
+#[test]
+fn bad_tiles_are_errors() {
+    let t = Target::detect();
+    if !t.supported() {
+        return;
+    }
+    assert!(compile_microkernel(&t, 4, t.f32_lanes + 1).is_err());
+    assert!(compile_microkernel(&t, 0, t.f32_lanes).is_err());
+}
+
+#[test]
+fn kernels_can_be_shared_across_threads() {
+    let Some((_, t)) = targets().into_iter().next() else { return };
+    let jit = std::sync::Arc::new(compile_microkernel(&t, 4, t.f32_lanes).expect("compile"));
+    let handles: Vec<_> = (0..4)
+        .map(|s| {
+            let jit = jit.clone();
+            std::thread::spawn(move || {
+                let uk = jit.kernel();
+                let (m, k, n) = (5 + s, 9, 11);
+                let a = vec![1.0f32; m * k];
+                let b = vec![2.0f32; k * n];
+                let mut c = vec![0.0f32; m * n];
+                let blk = Blocking { kc: 4, mc: uk.mr, nc: uk.nr };
+                gemm(
+                    &uk,
+                    &blk,
+                    MatRef::row_major(&a, m, k).unwrap(),
+                    MatRef::row_major(&b, k, n).unwrap(),
+                    &mut MatMut::new(&mut c, m, n, n).unwrap(),
+                )
+                .unwrap();
+                c.iter().all(|x| *x == 18.0)
+            })
+        })
+        .collect();
+    assert!(handles.into_iter().all(|h| h.join().expect("thread")));
+}

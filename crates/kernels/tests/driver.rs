@@ -1,0 +1,94 @@
+//! The blocked driver with a plain-Rust micro-kernel of the same ABI: blocking,
+//! packing with local padding and edge write-back are right at every shape,
+//! including 1, primes, MR±1, NR±1 and KC±1, with strided (transposed) operands.
+
+use anyshape_kernels::{gemm, Blocking, MatMut, MatRef, MicroKernel};
+use proptest::prelude::*;
+
+/// `C (+)= A·B` for packed panels, MR = 3, NR = 5: odd sizes on purpose.
+unsafe extern "C" fn rust_kernel_3x5(kc: i64, a: *const f32, b: *const f32, c: *mut f32, ldc: i64, acc: i64) {
+    const MR: usize = 3;
+    const NR: usize = 5;
+    let (a, b) =
+        (std::slice::from_raw_parts(a, kc as usize * MR), std::slice::from_raw_parts(b, kc as usize * NR));
+    for i in 0..MR {
+        for j in 0..NR {
+            let s: f32 = (0..kc as usize).map(|k| a[k * MR + i] * b[k * NR + j]).sum();
+            let p = c.add(i * ldc as usize + j);
+            *p = if acc != 0 { *p + s } else { s };
+        }
+    }
+}
+
+fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize, ta: bool) -> Vec<f32> {
+    let at = |i: usize, p: usize| if ta { a[p * m + i] } else { a[i * k + p] };
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k).map(|p| at(i, p) as f64 * b[p * n + j] as f64).sum::<f64>() as f32;
+        }
+    }
+    c
+}
+
+fn dims() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        Just(1usize),
+        Just(2),
+        Just(3),
+        Just(4),
+        Just(5),
+        Just(6),
+        Just(7),
+        Just(13),
+        Just(17),
+        Just(31),
+        1usize..40
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #[test]
+    fn blocked_gemm_matches_naive(m in dims(), k in dims(), n in dims(), kc in 1usize..9, mcb in 1usize..4, ncb in 1usize..4, ta in any::<bool>()) {
+        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5 };
+        let blk = Blocking { kc, mc: 3 * mcb, nc: 5 * ncb };
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
+        // Canaries around C catch writes outside it.
+        let ldc = n + 2;
+        let mut c = vec![f32::NAN; m * ldc + 8];
+        let av = if ta { MatRef::row_major(&a, k, m).expect("a").t() } else { MatRef::row_major(&a, m, k).expect("a") };
+        let bv = MatRef::row_major(&b, k, n).expect("b");
+        let mut cv = MatMut::new(&mut c[..], m, n, ldc).expect("c");
+        gemm(&uk, &blk, av, bv, &mut cv).expect("gemm");
+        let want = naive(&a, &b, m, k, n, ta);
+        for i in 0..m {
+            for j in 0..n {
+                let got = c[i * ldc + j];
+                prop_assert!((got - want[i * n + j]).abs() <= 1e-3 * (1.0 + want[i * n + j].abs()), "({i},{j}) {got} vs {}", want[i * n + j]);
+            }
+            for j in n..ldc.min(c.len() - i * ldc) {
+                prop_assert!(c[i * ldc + j].is_nan(), "wrote outside C at ({i},{j})");
+            }
+        }
+        prop_assert!(c[m * ldc..].iter().all(|x| x.is_nan()));
+    }
+}
+
+#[test]
+fn bad_shapes_are_errors() {
+    let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5 };
+    let blk = Blocking { kc: 4, mc: 3, nc: 5 };
+    let a = vec![0.0; 6];
+    assert!(MatRef::row_major(&a, 3, 3).is_err(), "a view larger than its buffer");
+    let (av, bv) = (MatRef::row_major(&a, 2, 3).expect("a"), MatRef::row_major(&a, 2, 3).expect("b"));
+    let mut c = vec![0.0; 9];
+    let mut cv = MatMut::new(&mut c, 2, 3, 3).expect("c");
+    assert!(gemm(&uk, &blk, av, bv, &mut cv).unwrap_err().to_string().contains("cannot multiply"));
+    let bad = Blocking { kc: 4, mc: 4, nc: 5 };
+    let bv = MatRef::row_major(&a, 3, 2).expect("b");
+    let mut c = vec![0.0; 4];
+    let mut cv = MatMut::new(&mut c, 2, 2, 2).expect("c");
+    assert!(gemm(&uk, &bad, av, bv, &mut cv).unwrap_err().to_string().contains("do not fit"));
+}
