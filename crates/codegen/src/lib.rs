@@ -83,6 +83,8 @@ pub fn register_tiles(t: &Target) -> Vec<(usize, usize)> {
     out
 }
 
+pub mod peak;
+
 /// Compile an `mr × nr` f32 micro-kernel for `t` (`nr` a multiple of its lanes).
 pub fn compile_microkernel(t: &Target, mr: usize, nr: usize) -> Result<JitMicroKernel, CodegenError> {
     let w = t.f32_lanes;
@@ -94,14 +96,38 @@ pub fn compile_microkernel(t: &Target, mr: usize, nr: usize) -> Result<JitMicroK
             "a {mr}x{nr} tile: NR must be a positive multiple of {w}"
         )));
     }
+    let name = format!("ukernel_f32_{mr}x{nr}");
+    let jit = jit_function(t, &name, |ctx, module, cpu, features| {
+        build_microkernel(ctx, module, &name, mr, nr, w, cpu, features)
+    })?;
+    // SAFETY: `jit.addr` is the entry of the function just generated with exactly
+    // the `MicroKernelFn` signature (i64, ptr, ptr, ptr, i64, i64) -> void and the
+    // C calling convention; the engine that owns it lives in the returned value.
+    let func: MicroKernelFn = unsafe { std::mem::transmute::<usize, MicroKernelFn>(jit.addr) };
+    Ok(JitMicroKernel { kernel: MicroKernel { mr, nr, func }, ir: jit.ir, asm: jit.asm, _engine: jit.engine })
+}
+
+/// A function compiled into executable memory.
+pub(crate) struct Jitted {
+    pub addr: usize,
+    pub ir: String,
+    pub asm: String,
+    pub engine: ExecutionEngine<'static>,
+}
+
+/// Build one function with `build`, optimize it (O3) for `t`, JIT it.
+pub(crate) fn jit_function(
+    t: &Target,
+    name: &str,
+    build: impl FnOnce(&'static Context, &Module<'static>, &str, &str) -> Result<(), CodegenError>,
+) -> Result<Jitted, CodegenError> {
     LlvmTarget::initialize_native(&InitializationConfig::default()).map_err(CodegenError::Llvm)?;
     // One context per compiled module, kept for the life of the process: inkwell
     // ties the engine's lifetime to its context.
     let ctx: &'static Context = Box::leak(Box::new(Context::create()));
-    let module = ctx.create_module("microkernel");
-    let name = format!("ukernel_f32_{mr}x{nr}");
+    let module = ctx.create_module(name);
     let (cpu, features) = cpu_and_features(t);
-    build_microkernel(ctx, &module, &name, mr, nr, w, &cpu, &features)?;
+    build(ctx, &module, &cpu, &features)?;
     module.verify().map_err(|e| CodegenError::Llvm(format!("invalid IR: {e}")))?;
     let triple = TargetMachine::get_default_triple();
     let target = LlvmTarget::from_triple(&triple).map_err(llvm)?;
@@ -120,12 +146,8 @@ pub fn compile_microkernel(t: &Target, mr: usize, nr: usize) -> Result<JitMicroK
     let asm = tm.write_to_memory_buffer(&module, FileType::Assembly).map_err(llvm)?;
     let asm = String::from_utf8_lossy(asm.as_slice()).into_owned();
     let engine = module.create_jit_execution_engine(OptimizationLevel::Aggressive).map_err(llvm)?;
-    let addr = engine.get_function_address(&name).map_err(llvm)?;
-    // SAFETY: `addr` is the entry of the function just generated with exactly the
-    // `MicroKernelFn` signature (i64, ptr, ptr, ptr, i64, i64) -> void and the C
-    // calling convention; the engine that owns it lives in the returned value.
-    let func: MicroKernelFn = unsafe { std::mem::transmute::<usize, MicroKernelFn>(addr) };
-    Ok(JitMicroKernel { kernel: MicroKernel { mr, nr, func }, ir, asm, _engine: engine })
+    let addr = engine.get_function_address(name).map_err(llvm)?;
+    Ok(Jitted { addr, ir, asm, engine })
 }
 
 /// CPU name and features for LLVM: the host's, or AVX2 only.
@@ -139,6 +161,23 @@ fn cpu_and_features(t: &Target) -> (String, String) {
 }
 
 #[allow(clippy::too_many_arguments)]
+/// Set the target CPU and features, and the vector width LLVM must use, on `f`.
+pub(crate) fn target_attributes(
+    ctx: &'static Context,
+    f: inkwell::values::FunctionValue<'static>,
+    cpu: &str,
+    features: &str,
+    lanes: usize,
+) {
+    for (k, v) in [("target-cpu", cpu), ("target-features", features)] {
+        f.add_attribute(AttributeLoc::Function, ctx.create_string_attribute(k, v));
+    }
+    let width = (lanes * 32).to_string();
+    for k in ["prefer-vector-width", "min-legal-vector-width"] {
+        f.add_attribute(AttributeLoc::Function, ctx.create_string_attribute(k, &width));
+    }
+}
+
 fn build_microkernel(
     ctx: &'static Context,
     module: &Module<'static>,
@@ -157,13 +196,7 @@ fn build_microkernel(
         .void_type()
         .fn_type(&[i64t.into(), ptr.into(), ptr.into(), ptr.into(), i64t.into(), i64t.into()], false);
     let f = module.add_function(name, fn_type, None);
-    for (k, v) in [("target-cpu", cpu), ("target-features", features)] {
-        f.add_attribute(AttributeLoc::Function, ctx.create_string_attribute(k, v));
-    }
-    let width = (w * 32).to_string();
-    for k in ["prefer-vector-width", "min-legal-vector-width"] {
-        f.add_attribute(AttributeLoc::Function, ctx.create_string_attribute(k, &width));
-    }
+    target_attributes(ctx, f, cpu, features, w);
     let noalias =
         ctx.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("noalias"), 0);
     for i in 1..=3 {
@@ -280,4 +313,57 @@ fn set_align(v: &BasicValueEnum, align: u32) {
     if let Some(i) = v.as_instruction_value() {
         let _ = i.set_alignment(align);
     }
+}
+
+/// One register tile's measured L0 throughput.
+#[derive(Clone, Copy, Debug)]
+pub struct TileMeasurement {
+    pub mr: usize,
+    pub nr: usize,
+    /// Single-thread GFLOP/s of the micro-kernel on L1-resident panels.
+    pub gflops: f64,
+}
+
+/// Vortex's measured lowest level: compile every register tile that fits the
+/// register file (rows ≥ `min_mr`), time each on packed panels that stay in L1,
+/// and return the fastest with all the measurements.
+pub fn select_microkernel(
+    t: &Target,
+    min_mr: usize,
+) -> Result<(JitMicroKernel, Vec<TileMeasurement>), CodegenError> {
+    let mut best: Option<(JitMicroKernel, f64)> = None;
+    let mut all = Vec::new();
+    for (mr, nr) in register_tiles(t).into_iter().filter(|(mr, _)| *mr >= min_mr) {
+        let jit = compile_microkernel(t, mr, nr)?;
+        let gflops = time_microkernel(&jit.kernel(), t);
+        all.push(TileMeasurement { mr, nr, gflops });
+        if best.as_ref().is_none_or(|(_, g)| gflops > *g) {
+            best = Some((jit, gflops));
+        }
+    }
+    let (jit, _) =
+        best.ok_or_else(|| CodegenError::Unsupported("no register tile fits this target".into()))?;
+    Ok((jit, all))
+}
+
+/// GFLOP/s of one micro-kernel called repeatedly on the same packed panels,
+/// sized to a quarter of L1 so that only the register level is measured.
+fn time_microkernel(uk: &MicroKernel, t: &Target) -> f64 {
+    let kc = (t.l1d / 4 / ((uk.mr + uk.nr) * 4)).clamp(16, 512);
+    let a = vec![0.5f32; kc * uk.mr];
+    let b = vec![0.25f32; kc * uk.nr];
+    let mut c = vec![0.0f32; uk.mr * uk.nr];
+    let mut call = |n: usize| {
+        for _ in 0..n {
+            // SAFETY: the panels hold `kc·MR` and `kc·NR` floats and `c` a full MR × NR tile
+            // with row stride NR: exactly what the ABI lets the kernel touch.
+            unsafe { (uk.func)(kc as i64, a.as_ptr(), b.as_ptr(), c.as_mut_ptr(), uk.nr as i64, 1) };
+        }
+    };
+    call(64);
+    let reps = 2000;
+    let start = std::time::Instant::now();
+    call(reps);
+    let secs = start.elapsed().as_secs_f64();
+    (2 * uk.mr * uk.nr * kc * reps) as f64 / secs.max(1e-12) / 1e9
 }

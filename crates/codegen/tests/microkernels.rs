@@ -154,3 +154,12 @@ fn kernels_can_be_shared_across_threads() {
         .collect();
     assert!(handles.into_iter().all(|h| h.join().expect("thread")));
 }
+
+#[test]
+fn peak_is_measured_and_plausible() {
+    let Some((_, t)) = targets().into_iter().next() else { return };
+    let pool = kernels::ThreadPool::new(1);
+    let peak = anyshape_codegen::peak::measure_peak_gflops(&t, &pool, 20).expect("peak");
+    // Between 1 GFLOP/s and 2 flops × 2 FMA ports × 16 lanes × 6 GHz per core.
+    assert!(peak > 1.0 && peak < 2.0 * 2.0 * 16.0 * 6.0, "{peak}");
+}

@@ -5,9 +5,11 @@
 //! model can run where LLVM is absent.
 
 pub mod gemm;
+mod pool;
 mod target;
 
-pub use gemm::{gemm, Blocking, MatMut, MatRef, MicroKernel, MicroKernelFn};
+pub use gemm::{gemm, gemm_parallel, Blocking, MatMut, MatRef, MicroKernel, MicroKernelFn};
+pub use pool::ThreadPool;
 pub use target::{Isa, Target};
 
 /// Errors from kernels: shapes that do not fit, and so on.

@@ -92,3 +92,22 @@ fn bad_shapes_are_errors() {
     let mut cv = MatMut::new(&mut c, 2, 2, 2).expect("c");
     assert!(gemm(&uk, &bad, av, bv, &mut cv).unwrap_err().to_string().contains("do not fit"));
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 60, ..ProptestConfig::default() })]
+    #[test]
+    fn parallel_gemm_matches_naive(m in dims(), k in dims(), n in dims(), threads in 1usize..4) {
+        let pool = anyshape_kernels::ThreadPool::new(threads);
+        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5 };
+        let blk = Blocking { kc: 4, mc: 6, nc: 10 };
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
+        let mut c = vec![f32::NAN; m * n];
+        let cv = MatMut::new(&mut c, m, n, n).expect("c");
+        anyshape_kernels::gemm_parallel(&pool, &uk, &blk, MatRef::row_major(&a, m, k).unwrap(), MatRef::row_major(&b, k, n).unwrap(), cv).expect("gemm");
+        let want = naive(&a, &b, m, k, n, false);
+        for (g, w) in c.iter().zip(&want) {
+            prop_assert!((g - w).abs() <= 1e-3 * (1.0 + w.abs()));
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! A persistent thread pool for fork-join parallel kernels.
+//!
+//! `run(f)` calls `f(0..threads)` once per thread, the calling thread taking
+//! index 0, and returns when all are done. Workers spin briefly on a generation
+//! counter before parking, so back-to-back kernels (a model's layers) pay
+//! microseconds, not a thread spawn. Concurrent `run` calls from several threads
+//! take turns: the pool is `Send + Sync`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+/// Iterations a worker spins on the generation counter before it parks.
+const SPIN: usize = 1 << 14;
+
+type Job = dyn Fn(usize) + Sync;
+
+struct Shared {
+    generation: AtomicU64,
+    /// The current job. Written by `run` while no worker reads it (they are all
+    /// done with the previous generation), read by workers of the new generation.
+    job: Mutex<Option<JobPtr>>,
+    pending: AtomicUsize,
+    shutdown: AtomicBool,
+    wake: Condvar,
+    wake_lock: Mutex<()>,
+    done: Condvar,
+    done_lock: Mutex<()>,
+}
+
+/// A borrowed job, its lifetime erased.
+#[derive(Clone, Copy)]
+struct JobPtr(*const Job);
+// SAFETY: the pointer is only dereferenced by workers between the moment `run`
+// publishes it and the moment `run` sees every worker finish, while `run` holds
+// the borrow it was made from; the job itself is `Sync`.
+unsafe impl Send for JobPtr {}
+
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    turn: Mutex<()>,
+}
+
+impl ThreadPool {
+    /// A pool of `threads` (the caller counts as one).
+    pub fn new(threads: usize) -> ThreadPool {
+        let threads = threads.max(1);
+        let shared = Arc::new(Shared {
+            generation: AtomicU64::new(0),
+            job: Mutex::new(None),
+            pending: AtomicUsize::new(0),
+            shutdown: AtomicBool::new(false),
+            wake: Condvar::new(),
+            wake_lock: Mutex::new(()),
+            done: Condvar::new(),
+            done_lock: Mutex::new(()),
+        });
+        let workers = (1..threads)
+            .map(|index| {
+                let s = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("anyshape-{index}"))
+                    .spawn(move || worker(&s, index))
+                    .expect("spawning a pool thread")
+            })
+            .collect();
+        ThreadPool { shared, workers, turn: Mutex::new(()) }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Call `f(i)` for every thread index `i`, in parallel; return when all are done.
+    pub fn run(&self, f: &(dyn Fn(usize) + Sync)) {
+        if self.workers.is_empty() {
+            f(0);
+            return;
+        }
+        let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &self.shared;
+        // SAFETY: erasing the lifetime is sound because this function does not
+        // return before every worker has finished calling the job (the `pending`
+        // wait below), so the borrow outlives every use.
+        let ptr = JobPtr(unsafe { std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const Job>(f) });
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(ptr);
+        s.pending.store(self.workers.len(), Ordering::SeqCst);
+        {
+            let _g = s.wake_lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.generation.fetch_add(1, Ordering::SeqCst);
+            s.wake.notify_all();
+        }
+        f(0);
+        let mut spins = 0;
+        while s.pending.load(Ordering::Acquire) != 0 {
+            if spins < SPIN {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                let g = s.done_lock.lock().unwrap_or_else(|e| e.into_inner());
+                if s.pending.load(Ordering::Acquire) != 0 {
+                    drop(s.done.wait_timeout(g, std::time::Duration::from_millis(1)));
+                }
+            }
+        }
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+fn worker(s: &Shared, index: usize) {
+    let mut seen = 0u64;
+    loop {
+        // Wait for a new generation: spin, then park.
+        let mut spins = 0;
+        loop {
+            if s.shutdown.load(Ordering::Acquire) {
+                return;
+            }
+            let g = s.generation.load(Ordering::Acquire);
+            if g != seen {
+                seen = g;
+                break;
+            }
+            if spins < SPIN {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                let guard = s.wake_lock.lock().unwrap_or_else(|e| e.into_inner());
+                if s.generation.load(Ordering::Acquire) == seen && !s.shutdown.load(Ordering::Acquire) {
+                    drop(s.wake.wait(guard));
+                }
+            }
+        }
+        let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(JobPtr(f)) = job {
+            // SAFETY: see `JobPtr`: `run` keeps the job alive until `pending` is 0.
+            unsafe { (*f)(index) };
+        }
+        if s.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _g = s.done_lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.done.notify_all();
+        }
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        {
+            let _g = self.shared.wake_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_index_runs_once_per_call() {
+        let pool = ThreadPool::new(3);
+        for _ in 0..1000 {
+            let hits: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(&|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+    }
+
+    #[test]
+    fn concurrent_callers_take_turns() {
+        let pool = Arc::new(ThreadPool::new(2));
+        let total = Arc::new(AtomicUsize::new(0));
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let (pool, total) = (pool.clone(), total.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..200 {
+                        pool.run(&|_| {
+                            total.fetch_add(1, Ordering::Relaxed);
+                        });
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().for_each(|h| h.join().expect("caller"));
+        assert_eq!(total.load(Ordering::Relaxed), 4 * 200 * 2);
+    }
+}
