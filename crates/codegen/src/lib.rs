@@ -160,7 +160,6 @@ fn cpu_and_features(t: &Target) -> (String, String) {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 /// Set the target CPU and features, and the vector width LLVM must use, on `f`.
 pub(crate) fn target_attributes(
     ctx: &'static Context,
@@ -178,6 +177,7 @@ pub(crate) fn target_attributes(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn build_microkernel(
     ctx: &'static Context,
     module: &Module<'static>,
