@@ -318,3 +318,142 @@ pub fn gemm_parallel(
         None => Ok(()),
     }
 }
+
+/// B packed once in the layout the driver reads: for each `kc` block of its rows,
+/// every `NR`-column panel (`kc × NR`, zero-padded past `n`). Weights are packed
+/// when they are known, so a contraction with a constant B never packs it again.
+#[derive(Clone, Debug)]
+pub struct PackedB {
+    pub k: usize,
+    pub n: usize,
+    pub nr: usize,
+    pub kc: usize,
+    data: Vec<f32>,
+}
+
+impl PackedB {
+    pub fn new(b: MatRef, nr: usize, kc: usize) -> PackedB {
+        let (k, n) = (b.rows, b.cols);
+        let mut data = Vec::with_capacity(k * n.div_ceil(nr) * nr);
+        let mut panel = Vec::new();
+        for pc in (0..k).step_by(kc.max(1)) {
+            pack_b(&b, pc, kc.min(k - pc), 0, n, nr, &mut panel);
+            data.extend_from_slice(&panel);
+        }
+        PackedB { k, n, nr, kc, data }
+    }
+
+    /// The panels of the block starting at row `pc` (`kcur` rows deep).
+    fn block(&self, pc: usize, kcur: usize) -> &[f32] {
+        let per_row = self.n.div_ceil(self.nr) * self.nr;
+        &self.data[pc * per_row..(pc + kcur) * per_row]
+    }
+}
+
+/// A raw pointer to C shared by the threads of one contraction.
+#[derive(Clone, Copy)]
+struct CPtr(*mut f32);
+// SAFETY: threads write disjoint tiles of C (disjoint row bands or disjoint column
+// panels), so no element is written by two threads; `CPtr` is only used inside
+// `gemm_packed`, which holds the exclusive borrow of C until every thread is done.
+unsafe impl Send for CPtr {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for CPtr {}
+
+/// `C = A · B` with B pre-packed, on every thread of `pool`. Threads split the row
+/// bands when there are enough of them, the column panels otherwise (small M,
+/// where each thread packs the few rows of A itself).
+pub fn gemm_packed(
+    pool: &crate::ThreadPool,
+    uk: &MicroKernel,
+    blk: &Blocking,
+    a: MatRef,
+    b: &PackedB,
+    c: MatMut,
+) -> Result<(), KernelError> {
+    let (m, k, n) = (a.rows, a.cols, b.n);
+    if b.k != k || c.rows != m || c.cols != n || b.nr != uk.nr || b.kc != blk.kc {
+        return Err(KernelError::Shape(format!(
+            "cannot multiply {m}x{k} by packed {}x{n} (NR {}, KC {}) into {}x{} with a {}x{} kernel and KC {}",
+            b.k, b.nr, b.kc, c.rows, c.cols, uk.mr, uk.nr, blk.kc
+        )));
+    }
+    if k == 0 || m == 0 || n == 0 {
+        for i in 0..m {
+            c.data[i * c.ldc..i * c.ldc + n].fill(0.0);
+        }
+        return Ok(());
+    }
+    let t = pool.threads();
+    let (row_bands, panels) = (m.div_ceil(uk.mr), n.div_ceil(uk.nr));
+    let split_rows = row_bands >= 2 * t || panels < t;
+    let ldc = c.ldc;
+    let cptr = CPtr(c.data.as_mut_ptr());
+    pool.run(&|i| {
+        let (rows, cols) = if split_rows {
+            let per = row_bands.div_ceil(t);
+            ((i * per * uk.mr).min(m)..((i + 1) * per * uk.mr).min(m), 0..panels)
+        } else {
+            let per = panels.div_ceil(t);
+            (0..m, (i * per).min(panels)..((i + 1) * per).min(panels))
+        };
+        if rows.is_empty() || cols.is_empty() {
+            return;
+        }
+        let cptr = cptr;
+        let mut ap = Vec::new();
+        let mut scratch = vec![0.0f32; uk.mr * uk.nr];
+        for pc in (0..k).step_by(blk.kc) {
+            let kc = blk.kc.min(k - pc);
+            let bblock = b.block(pc, kc);
+            let acc = (pc > 0) as i64;
+            for ic in (rows.start..rows.end).step_by(blk.mc) {
+                let mc = blk.mc.min(rows.end - ic);
+                pack_a(&a, ic, mc, pc, kc, uk.mr, &mut ap);
+                for jr in cols.clone() {
+                    let nv = uk.nr.min(n - jr * uk.nr);
+                    let bpanel = &bblock[jr * kc * uk.nr..(jr + 1) * kc * uk.nr];
+                    for ir in 0..mc.div_ceil(uk.mr) {
+                        let mv = uk.mr.min(mc - ir * uk.mr);
+                        let apanel = &ap[ir * kc * uk.mr..(ir + 1) * kc * uk.mr];
+                        let (row, col) = (ic + ir * uk.mr, jr * uk.nr);
+                        // SAFETY: the tile (rows row..row+mv, columns col..col+nv) is inside C
+                        // (checked shapes), belongs to this thread alone (disjoint rows or
+                        // panels), and the kernel touches MR rows of stride `ldc` × NR columns
+                        // only when the tile is full; edge tiles go through `scratch`.
+                        unsafe {
+                            let tile = cptr.0.add(row * ldc + col);
+                            if mv == uk.mr && nv == uk.nr {
+                                (uk.func)(kc as i64, apanel.as_ptr(), bpanel.as_ptr(), tile, ldc as i64, acc);
+                            } else {
+                                for r in 0..mv {
+                                    std::ptr::copy_nonoverlapping(
+                                        tile.add(r * ldc),
+                                        scratch.as_mut_ptr().add(r * uk.nr),
+                                        nv,
+                                    );
+                                }
+                                (uk.func)(
+                                    kc as i64,
+                                    apanel.as_ptr(),
+                                    bpanel.as_ptr(),
+                                    scratch.as_mut_ptr(),
+                                    uk.nr as i64,
+                                    acc,
+                                );
+                                for r in 0..mv {
+                                    std::ptr::copy_nonoverlapping(
+                                        scratch.as_ptr().add(r * uk.nr),
+                                        tile.add(r * ldc),
+                                        nv,
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    });
+    Ok(())
+}

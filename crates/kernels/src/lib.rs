@@ -8,7 +8,9 @@ pub mod gemm;
 mod pool;
 mod target;
 
-pub use gemm::{gemm, gemm_parallel, Blocking, MatMut, MatRef, MicroKernel, MicroKernelFn};
+pub use gemm::{
+    gemm, gemm_packed, gemm_parallel, Blocking, MatMut, MatRef, MicroKernel, MicroKernelFn, PackedB,
+};
 pub use pool::ThreadPool;
 pub use target::{Isa, Target};
 

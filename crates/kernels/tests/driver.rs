@@ -111,3 +111,31 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 120, ..ProptestConfig::default() })]
+    #[test]
+    fn prepacked_gemm_matches_naive(m in dims(), k in dims(), n in dims(), kc in 1usize..9, threads in 1usize..4, ta in any::<bool>()) {
+        let pool = anyshape_kernels::ThreadPool::new(threads);
+        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5 };
+        let blk = Blocking { kc, mc: 6, nc: 10 };
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
+        let packed = anyshape_kernels::PackedB::new(MatRef::row_major(&b, k, n).unwrap(), 5, kc);
+        let ldc = n + 1;
+        let mut c = vec![f32::NAN; m * ldc];
+        let cv = MatMut::new(&mut c, m, n, ldc).expect("c");
+        let av = if ta { MatRef::row_major(&a, k, m).unwrap().t() } else { MatRef::row_major(&a, m, k).unwrap() };
+        anyshape_kernels::gemm_packed(&pool, &uk, &blk, av, &packed, cv).expect("gemm");
+        let want = naive(&a, &b, m, k, n, ta);
+        for i in 0..m {
+            for j in 0..n {
+                let (g, w) = (c[i * ldc + j], want[i * n + j]);
+                prop_assert!((g - w).abs() <= 1e-3 * (1.0 + w.abs()), "({i},{j}) {g} vs {w}");
+            }
+            if i + 1 < m {
+                prop_assert!(c[i * ldc + n].is_nan(), "wrote into the row gap");
+            }
+        }
+    }
+}
