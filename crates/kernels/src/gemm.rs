@@ -360,6 +360,14 @@ unsafe impl Send for CPtr {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for CPtr {}
 
+impl CPtr {
+    /// Through a method, so closures capture the whole `CPtr` (which is `Sync`),
+    /// not its raw-pointer field.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// `C = A · B` with B pre-packed, on every thread of `pool`. Threads split the row
 /// bands when there are enough of them, the column panels otherwise (small M,
 /// where each thread packs the few rows of A itself).
@@ -400,7 +408,6 @@ pub fn gemm_packed(
         if rows.is_empty() || cols.is_empty() {
             return;
         }
-        let cptr = cptr;
         let mut ap = Vec::new();
         let mut scratch = vec![0.0f32; uk.mr * uk.nr];
         for pc in (0..k).step_by(blk.kc) {
@@ -422,7 +429,7 @@ pub fn gemm_packed(
                         // panels), and the kernel touches MR rows of stride `ldc` × NR columns
                         // only when the tile is full; edge tiles go through `scratch`.
                         unsafe {
-                            let tile = cptr.0.add(row * ldc + col);
+                            let tile = cptr.get().add(row * ldc + col);
                             if mv == uk.mr && nv == uk.nr {
                                 (uk.func)(kc as i64, apanel.as_ptr(), bpanel.as_ptr(), tile, ldc as i64, acc);
                             } else {
