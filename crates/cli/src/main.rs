@@ -66,6 +66,15 @@ enum Command {
         /// One JSON object per shape instead of a table.
         #[arg(long)]
         json: bool,
+        /// Force the register tile, e.g. `8x32` (default: the fastest, measured).
+        #[arg(long)]
+        tile: Option<String>,
+        /// Force the depth of the cache blocks (default: sized to the caches).
+        #[arg(long)]
+        kc: Option<usize>,
+        /// Force the rows of A per cache block (rounded up to the tile).
+        #[arg(long)]
+        mc: Option<usize>,
     },
     /// Show what the compiler knows about a model at a stage.
     Inspect {
@@ -91,6 +100,31 @@ enum Stage {
     Fusion,
     /// Every stage in order.
     All,
+}
+
+/// `println!` that ends the program quietly when stdout is closed (`anyshape … | head`)
+/// instead of panicking.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+
+/// `print!` with the same handling.
+macro_rules! say_raw {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = write!(std::io::stdout(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
 }
 
 /// An error in what the user gave us (exit code 2).
@@ -135,8 +169,16 @@ fn dispatch(cli: Cli) -> Result<()> {
             run(model, inputs, shapes, output_dir, dims)
         }
         Command::Inspect { model, stage, dims } => inspect(model, stage, dims),
-        Command::BenchMatmul { m, n, k, batch, threads, avx2, json } => {
-            bench_matmul(&m, &n, &k, batch, threads, avx2, json)
+        Command::BenchMatmul { m, n, k, batch, threads, avx2, json, tile, kc, mc } => {
+            let tile = match tile {
+                Some(t) => {
+                    let bad = || UserError(format!("--tile `{t}`: expected MRxNR, e.g. 8x32"));
+                    let (a, b) = t.split_once('x').ok_or_else(bad)?;
+                    Some((a.parse::<usize>().map_err(|_| bad())?, b.parse::<usize>().map_err(|_| bad())?))
+                }
+                None => None,
+            };
+            bench_matmul(&m, &n, &k, batch, threads, avx2, json, tile, kc, mc)
         }
     }
 }
@@ -231,7 +273,7 @@ fn run(
             .map_err(|e| UserError(format!("{e:#}")))?;
     }
     for (name, t) in &outputs {
-        println!("{name}: {} {:?} {}", t.dtype(), t.shape(), preview(t));
+        say!("{name}: {} {:?} {}", t.dtype(), t.shape(), preview(t));
         if let Some(dir) = &output_dir {
             let file = dir.join(format!("{}.npy", sanitize(name)));
             npy::write(&file, t)?;
@@ -278,8 +320,8 @@ fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>) -> Result<()> {
     let import_ms = start.elapsed().as_secs_f64() * 1e3;
     if matches!(stage, Stage::Shapes | Stage::All) {
         let g = model.imported();
-        println!("# stage: shapes");
-        print!("{}", model.ir_text());
+        say!("# stage: shapes");
+        say_raw!("{}", model.ir_text());
         // The symbols the values' shapes are written in (after every equality).
         let mut used = std::collections::BTreeSet::new();
         for v in g.values() {
@@ -288,7 +330,7 @@ fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>) -> Result<()> {
             }
         }
         let used: Vec<String> = used.into_iter().collect();
-        println!(
+        say!(
             "# {} nodes, {} values; {} symbols in shapes: {}; import + shape propagation {import_ms:.1} ms",
             g.nodes.len(),
             g.num_values(),
@@ -298,8 +340,8 @@ fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>) -> Result<()> {
     }
     if matches!(stage, Stage::Rewrites | Stage::All) {
         let r = model.rewrite_report();
-        println!("# stage: rewrites");
-        print!("{}", model.ir_text_rewritten());
+        say!("# stage: rewrites");
+        say_raw!("{}", model.ir_text_rewritten());
         let mut per_pass: Vec<(&str, usize)> = Vec::new();
         for (name, n, _) in &r.runs {
             match per_pass.iter_mut().find(|(p, _)| p == name) {
@@ -308,29 +350,29 @@ fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>) -> Result<()> {
             }
         }
         let passes: Vec<String> = per_pass.iter().map(|(p, n)| format!("{p} {n}")).collect();
-        println!(
+        say!(
             "# {} nodes before, {} after; rewrites: {}; {:.1} ms",
             r.nodes_before,
             r.nodes_after,
             passes.join(", "),
             r.total_time().as_secs_f64() * 1e3
         );
-        println!(
+        say!(
             "# broadcasts eliminated: {}; kept with a no-op guard: {}",
             r.rewrites("eliminate-broadcasts"),
             r.guarded_broadcasts.len()
         );
         for b in &r.guarded_broadcasts {
             let dims: Vec<String> = b.dims.iter().map(|d| format!("{d} == 1")).collect();
-            println!("#   %{} is a no-op when {}", b.value, dims.join(" and "));
+            say!("#   %{} is a no-op when {}", b.value, dims.join(" and "));
         }
     }
     if matches!(stage, Stage::Fusion | Stage::All) {
         let start = std::time::Instant::now();
         let plan = model.fusion_plan();
         let fuse_ms = start.elapsed().as_secs_f64() * 1e3;
-        println!("# stage: fusion");
-        print!("{}", model.fusion_text(&plan));
+        say!("# stage: fusion");
+        say_raw!("{}", model.fusion_text(&plan));
         let r = model.rewrite_report();
         let kinds: Vec<String> = [
             anyshape::GroupKind::Contraction,
@@ -343,7 +385,7 @@ fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>) -> Result<()> {
         .iter()
         .map(|k| format!("{k} {}", plan.count(*k)))
         .collect();
-        println!(
+        say!(
             "# {} ops after import, {} after rewrites ({} constants), {} groups: {}; broadcasts eliminated {}; contractions merged {}; fusion {fuse_ms:.1} ms",
             r.nodes_before,
             r.nodes_after,
@@ -357,6 +399,7 @@ fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>) -> Result<()> {
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn bench_matmul(
     ms: &[usize],
     ns: &[usize],
@@ -365,6 +408,9 @@ fn bench_matmul(
     threads: Option<usize>,
     avx2: bool,
     json: bool,
+    tile: Option<(usize, usize)>,
+    kc: Option<usize>,
+    mc: Option<usize>,
 ) -> Result<()> {
     let host = kernels::Target::detect();
     let target = if avx2 {
@@ -378,12 +424,22 @@ fn bench_matmul(
     let pool = kernels::ThreadPool::new(threads.unwrap_or(target.cores));
     let peak = codegen::peak::measure_peak_gflops(&target, &pool, 200)?;
     let start = std::time::Instant::now();
-    let (jit, _) = codegen::select_microkernel(&target, 4)?;
+    let jit = match tile {
+        Some((mr, nr)) => codegen::compile_microkernel(&target, mr, nr)
+            .map_err(|e| UserError(format!("--tile {mr}x{nr}: {e}")))?,
+        None => codegen::select_microkernel(&target, 4)?.0,
+    };
     let select_ms = start.elapsed().as_secs_f64() * 1e3;
     let uk = jit.kernel();
-    let blk = kernels::Blocking::for_target(&target, uk.mr, uk.nr);
+    let mut blk = kernels::Blocking::for_target(&target, uk.mr, uk.nr);
+    if let Some(kc) = kc {
+        blk.kc = kc.max(1);
+    }
+    if let Some(mc) = mc {
+        blk.mc = mc.div_ceil(uk.mr).max(1) * uk.mr;
+    }
     if !json {
-        println!(
+        say!(
             "# {} f32 lanes, {} threads, measured peak {peak:.1} GFLOP/s; micro-kernel {}x{} (L0 measured over all register tiles in {select_ms:.0} ms); blocks mc {} nc {} kc {}",
             target.f32_lanes,
             pool.threads(),
@@ -393,9 +449,15 @@ fn bench_matmul(
             blk.nc,
             blk.kc
         );
-        println!(
+        say!(
             "{:>6} {:>6} {:>6} {:>6} {:>10} {:>8} {:>10}",
-            "batch", "m", "n", "k", "GFLOP/s", "of peak", "time"
+            "batch",
+            "m",
+            "n",
+            "k",
+            "GFLOP/s",
+            "of peak",
+            "time"
         );
     }
     for &m in ms {
@@ -432,7 +494,7 @@ fn bench_matmul(
                 }
                 let gflops = 2.0 * (batch * m * n * k) as f64 / best / 1e9;
                 if json {
-                    println!(
+                    say!(
                         "{{\"batch\": {batch}, \"m\": {m}, \"n\": {n}, \"k\": {k}, \"gflops\": {gflops:.2}, \"peak_fraction\": {:.4}, \"seconds\": {best:.3e}, \"threads\": {}, \"mr\": {}, \"nr\": {}}}",
                         gflops / peak,
                         pool.threads(),
@@ -440,7 +502,7 @@ fn bench_matmul(
                         uk.nr
                     );
                 } else {
-                    println!(
+                    say!(
                         "{batch:>6} {m:>6} {n:>6} {k:>6} {gflops:>10.1} {:>7.1}% {:>8.1}us",
                         100.0 * gflops / peak,
                         best * 1e6

@@ -39,11 +39,12 @@ pub struct Blocking {
 impl Blocking {
     /// Blocks sized to the caches (Vortex Alg. 2's bottom-up rule: each level a
     /// multiple of the one below): an A and a B micro-panel of depth `kc` fill
-    /// about half of L1, an `mc × kc` block of A half of L2, a `kc × nc` block of
-    /// B half of this core's share of L3.
+    /// about 80% of L1 (the B panel is reused across the A panels of a block), an
+    /// `mc × kc` block of A half of L2, a `kc × nc` block of B half of this core's
+    /// share of L3.
     pub fn for_target(t: &Target, mr: usize, nr: usize) -> Blocking {
         let f = std::mem::size_of::<f32>();
-        let kc = (t.l1d / 2 / ((mr + nr) * f)).clamp(16, 1024) / 8 * 8;
+        let kc = (t.l1d * 4 / 5 / ((mr + nr) * f)).clamp(16, 1024) / 8 * 8;
         let mc = ((t.l2 / 2 / (kc * f)) / mr).max(1) * mr;
         let l3_share = (t.l3 / t.cores.max(1)).max(t.l2);
         let nc = ((l3_share / 2 / (kc * f)) / nr).max(1) * nr;

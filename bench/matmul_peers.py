@@ -1,0 +1,122 @@
+"""Single-matmul benchmark: anyshape against its peers, in the same run, on the same machine.
+
+    python bench/matmul_peers.py [--threads 2] [--shapes dense|ffn|all] [--json out.json]
+
+Peers (pinned in bench/requirements.txt; `bash bench/run.sh` makes the venv):
+- numpy (OpenBLAS), `a @ b`;
+- ONNX Runtime (CPU), a one-MatMul model whose weight is an initializer;
+- OpenVINO (CPU), the same model;
+- anyshape: `target/release/anyshape bench-matmul --json` (weights pre-packed, as
+  every peer does with an initializer).
+Each system gets the same thread count; each figure is the best of five rounds of at
+least 40 ms. Prints GFLOP/s per system and anyshape's ratio to the best peer.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.dont_write_bytecode = True
+
+SHAPES = {
+    # X[16*T, 768] . W[768, 2304] (BERT-base QKV), from the issue
+    "dense": [(16 * t, 2304, 768) for t in (1, 5, 8, 13, 16, 24, 32, 43, 50, 64, 81, 100, 119, 128)],
+    # X[T, 1024] . W[1024, 4096] and X[T, 4096] . W[4096, 1024]
+    "ffn": [(t, 4096, 1024) for t in (1, 7, 32, 100, 128, 333, 512)] + [(t, 1024, 4096) for t in (1, 7, 32, 100, 128, 333, 512)],
+}
+
+
+def best_time(fn):
+    fn()
+    best = float("inf")
+    for _ in range(5):
+        reps, t0 = 0, time.perf_counter()
+        while reps == 0 or time.perf_counter() - t0 < 0.04:
+            fn()
+            reps += 1
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best
+
+
+def matmul_model(k, n, w):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm", [x], [y], [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def peers(m, n, k, threads):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    w = rng.standard_normal((k, n), dtype=np.float32)
+    out = {}
+    out["numpy"] = best_time(lambda: a @ w)
+    model = matmul_model(k, n, w)
+    try:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        out["onnxruntime"] = best_time(lambda: s.run(None, {"x": a}))
+    except ImportError:
+        pass
+    try:
+        import openvino as ov
+
+        core = ov.Core()
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "mm.onnx")
+            import onnx
+
+            onnx.save(model, p)
+            cm = core.compile_model(core.read_model(p), "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"})
+            req = cm.create_infer_request()
+            out["openvino"] = best_time(lambda: req.infer({0: a}))
+    except ImportError:
+        pass
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--shapes", default="all", choices=["dense", "ffn", "all"])
+    ap.add_argument("--anyshape", default="target/release/anyshape")
+    ap.add_argument("--json", help="write all figures here")
+    ap.add_argument("--anyshape-args", default="", help="extra flags for `anyshape bench-matmul`, e.g. '--tile 8x32 --kc 256'")
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", str(args.threads))
+    shapes = SHAPES["dense"] + SHAPES["ffn"] if args.shapes == "all" else SHAPES[args.shapes]
+    rows = []
+    print(f"{'m':>6} {'n':>6} {'k':>6} {'anyshape':>9} {'numpy':>8} {'ort':>8} {'openvino':>9} {'vs best':>8}  (GFLOP/s, {args.threads} threads)")
+    for m, n, k in shapes:
+        r = subprocess.run([args.anyshape, "bench-matmul", "--m", str(m), "--n", str(n), "--k", str(k), "--threads", str(args.threads), "--json"] + args.anyshape_args.split(),
+                           capture_output=True, text=True, check=True)
+        ours = json.loads(r.stdout.strip().splitlines()[-1])
+        times = peers(m, n, k, args.threads)
+        flops = 2.0 * m * n * k
+        g = {name: flops / t / 1e9 for name, t in times.items()}
+        best_peer = max(g.values())
+        row = {"m": m, "n": n, "k": k, "anyshape": ours["gflops"], "peak_fraction": ours["peak_fraction"], **g}
+        rows.append(row)
+        print(f"{m:>6} {n:>6} {k:>6} {ours['gflops']:>9.1f} {g.get('numpy', 0):>8.1f} {g.get('onnxruntime', 0):>8.1f} {g.get('openvino', 0):>9.1f} {ours['gflops'] / best_peer:>7.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
