@@ -22,6 +22,8 @@ import time
 sys.dont_write_bytecode = True
 
 SHAPES = {
+    # attention: [12, T, 64]·[12, 64, T] (Q·Kᵀ) and [12, T, T]·[12, T, 64] (P·V), batch 12
+    "attention": [(12, t, t, 64) for t in (16, 64, 128, 384)] + [(12, t, 64, t) for t in (16, 64, 128, 384)],
     # X[16*T, 768] . W[768, 2304] (BERT-base QKV), from the issue
     "dense": [(16 * t, 2304, 768) for t in (1, 5, 8, 13, 16, 24, 32, 43, 50, 64, 81, 100, 119, 128)],
     # X[T, 1024] . W[1024, 4096] and X[T, 4096] . W[4096, 1024]
@@ -53,15 +55,29 @@ def matmul_model(k, n, w):
     return m
 
 
-def peers(m, n, k, threads):
+def batched_model(batch, m, n, k):
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, m, k])
+    w = helper.make_tensor_value_info("w", TensorProto.FLOAT, [batch, k, n])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, m, n])
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "bmm", [x, w], [y])
+    m_ = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m_.ir_version = 8
+    return m_
+
+
+def peers(m, n, k, threads, batch=1):
     import numpy as np
 
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((m, k), dtype=np.float32)
-    w = rng.standard_normal((k, n), dtype=np.float32)
+    shape_a, shape_w = ((m, k), (k, n)) if batch == 1 else ((batch, m, k), (batch, k, n))
+    a = rng.standard_normal(shape_a, dtype=np.float32)
+    w = rng.standard_normal(shape_w, dtype=np.float32)
     out = {}
     out["numpy"] = best_time(lambda: a @ w)
-    model = matmul_model(k, n, w)
+    model = matmul_model(k, n, w) if batch == 1 else batched_model(batch, m, n, k)
+    feeds = {"x": a} if batch == 1 else {"x": a, "w": w}
     try:
         import onnxruntime as ort
 
@@ -69,7 +85,7 @@ def peers(m, n, k, threads):
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        out["onnxruntime"] = best_time(lambda: s.run(None, {"x": a}))
+        out["onnxruntime"] = best_time(lambda: s.run(None, feeds))
     except ImportError:
         pass
     try:
@@ -83,7 +99,8 @@ def peers(m, n, k, threads):
             onnx.save(model, p)
             cm = core.compile_model(core.read_model(p), "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"})
             req = cm.create_infer_request()
-            out["openvino"] = best_time(lambda: req.infer({0: a}))
+            inputs = {0: a} if batch == 1 else {0: a, 1: w}
+            out["openvino"] = best_time(lambda: req.infer(inputs))
     except ImportError:
         pass
     return out
@@ -92,27 +109,32 @@ def peers(m, n, k, threads):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--shapes", default="all", choices=["dense", "ffn", "all"])
+    ap.add_argument("--shapes", default="all", choices=["dense", "ffn", "attention", "all"])
     ap.add_argument("--anyshape", default="target/release/anyshape")
     ap.add_argument("--json", help="write all figures here")
     ap.add_argument("--anyshape-args", default="", help="extra flags for `anyshape bench-matmul`, e.g. '--tile 8x32 --kc 256'")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     os.environ.setdefault("OPENBLAS_NUM_THREADS", str(args.threads))
-    shapes = SHAPES["dense"] + SHAPES["ffn"] if args.shapes == "all" else SHAPES[args.shapes]
+    if args.shapes == "all":
+        shapes = SHAPES["dense"] + SHAPES["ffn"] + SHAPES["attention"]
+    else:
+        shapes = SHAPES[args.shapes]
+    shapes = [s if len(s) == 4 else (1, *s) for s in shapes]
     rows = []
-    print(f"{'m':>6} {'n':>6} {'k':>6} {'anyshape':>9} {'numpy':>8} {'ort':>8} {'openvino':>9} {'vs best':>8}  (GFLOP/s, {args.threads} threads)")
-    for m, n, k in shapes:
-        r = subprocess.run([args.anyshape, "bench-matmul", "--m", str(m), "--n", str(n), "--k", str(k), "--threads", str(args.threads), "--json"] + args.anyshape_args.split(),
+    print(f"{'batch':>5} {'m':>6} {'n':>6} {'k':>6} {'anyshape':>9} {'numpy':>8} {'ort':>8} {'openvino':>9} {'vs best':>8}  (GFLOP/s, {args.threads} threads)")
+    for batch, m, n, k in shapes:
+        r = subprocess.run([args.anyshape, "bench-matmul", "--m", str(m), "--n", str(n), "--k", str(k), "--batch", str(batch),
+                            "--threads", str(args.threads), "--json"] + args.anyshape_args.split(),
                            capture_output=True, text=True, check=True)
         ours = json.loads(r.stdout.strip().splitlines()[-1])
-        times = peers(m, n, k, args.threads)
-        flops = 2.0 * m * n * k
+        times = peers(m, n, k, args.threads, batch)
+        flops = 2.0 * batch * m * n * k
         g = {name: flops / t / 1e9 for name, t in times.items()}
         best_peer = max(g.values())
-        row = {"m": m, "n": n, "k": k, "anyshape": ours["gflops"], "peak_fraction": ours["peak_fraction"], **g}
+        row = {"batch": batch, "m": m, "n": n, "k": k, "anyshape": ours["gflops"], "peak_fraction": ours["peak_fraction"], **g}
         rows.append(row)
-        print(f"{m:>6} {n:>6} {k:>6} {ours['gflops']:>9.1f} {g.get('numpy', 0):>8.1f} {g.get('onnxruntime', 0):>8.1f} {g.get('openvino', 0):>9.1f} {ours['gflops'] / best_peer:>7.2f}x")
+        print(f"{batch:>5} {m:>6} {n:>6} {k:>6} {ours['gflops']:>9.1f} {g.get('numpy', 0):>8.1f} {g.get('onnxruntime', 0):>8.1f} {g.get('openvino', 0):>9.1f} {ours['gflops'] / best_peer:>7.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

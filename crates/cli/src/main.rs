@@ -466,19 +466,39 @@ fn bench_matmul(
                 let a: Vec<f32> = (0..batch * m * k).map(|i| (i % 17) as f32 * 0.01).collect();
                 let b: Vec<f32> = (0..batch * k * n).map(|i| (i % 13) as f32 * 0.01).collect();
                 let mut c = vec![0.0f32; batch * m * n];
-                // B is a weight: packed once, when it is known, outside the timed runs.
-                let packed: Vec<kernels::PackedB> = (0..batch)
-                    .map(|i| {
-                        kernels::MatRef::row_major(&b[i * k * n..(i + 1) * k * n], k, n)
-                            .map(|bv| kernels::PackedB::new(bv, uk.nr, blk.kc))
-                    })
-                    .collect::<Result<_, _>>()?;
+                // One matmul: B is a weight, packed once when it is known, outside the
+                // timed runs. A batch: both operands are activations (attention), packed
+                // inside every run, the batch entries spread over the threads.
+                let packed: Vec<kernels::PackedB> = if batch == 1 {
+                    vec![kernels::PackedB::new(kernels::MatRef::row_major(&b, k, n)?, uk.nr, blk.kc)]
+                } else {
+                    Vec::new()
+                };
                 let once = |c: &mut Vec<f32>| -> Result<()> {
-                    for (i, pb) in packed.iter().enumerate() {
-                        let av = kernels::MatRef::row_major(&a[i * m * k..(i + 1) * m * k], m, k)?;
-                        let cv = kernels::MatMut::new(&mut c[i * m * n..(i + 1) * m * n], m, n, n)?;
-                        kernels::gemm_packed(&pool, &uk, &blk, av, pb, cv)?;
+                    if let [pb] = packed.as_slice() {
+                        let cv = kernels::MatMut::new(&mut c[..], m, n, n)?;
+                        kernels::gemm_packed(
+                            &pool,
+                            &uk,
+                            &blk,
+                            kernels::MatRef::row_major(&a, m, k)?,
+                            pb,
+                            cv,
+                        )?;
+                        return Ok(());
                     }
+                    let av = (0..batch)
+                        .map(|i| kernels::MatRef::row_major(&a[i * m * k..(i + 1) * m * k], m, k))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let bv = (0..batch)
+                        .map(|i| kernels::MatRef::row_major(&b[i * k * n..(i + 1) * k * n], k, n))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let cv = c
+                        .chunks_mut(m * n)
+                        .take(batch)
+                        .map(|ch| kernels::MatMut::new(ch, m, n, n))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    kernels::gemm_batched(&pool, &uk, &blk, &av, &bv, cv)?;
                     Ok(())
                 };
                 once(&mut c)?;

@@ -134,9 +134,26 @@ fn pack_a(a: &MatRef, i0: usize, m: usize, p0: usize, kc: usize, mr: usize, out:
     for pi in 0..panels {
         let panel = &mut out[pi * kc * mr..(pi + 1) * kc * mr];
         let rows = mr.min(m - pi * mr);
-        for k in 0..kc {
+        let r0 = i0 + pi * mr;
+        if a.cs == 1 {
+            // Row-major A: each row is contiguous along k.
             for i in 0..rows {
-                panel[k * mr + i] = a.at(i0 + pi * mr + i, p0 + k);
+                let start = (r0 + i) * a.rs + p0;
+                for (k, v) in a.data[start..start + kc].iter().enumerate() {
+                    panel[k * mr + i] = *v;
+                }
+            }
+        } else if a.rs == 1 {
+            // Column-major (transposed) A: each k is a contiguous run of rows.
+            for k in 0..kc {
+                let start = (p0 + k) * a.cs + r0;
+                panel[k * mr..k * mr + rows].copy_from_slice(&a.data[start..start + rows]);
+            }
+        } else {
+            for k in 0..kc {
+                for i in 0..rows {
+                    panel[k * mr + i] = a.at(r0 + i, p0 + k);
+                }
             }
         }
     }
@@ -151,9 +168,26 @@ fn pack_b(b: &MatRef, p0: usize, kc: usize, j0: usize, n: usize, nr: usize, out:
     for pj in 0..panels {
         let panel = &mut out[pj * kc * nr..(pj + 1) * kc * nr];
         let cols = nr.min(n - pj * nr);
-        for k in 0..kc {
+        let c0 = j0 + pj * nr;
+        if b.cs == 1 {
+            // Row-major B: each k row of the panel is a contiguous run.
+            for k in 0..kc {
+                let start = (p0 + k) * b.rs + c0;
+                panel[k * nr..k * nr + cols].copy_from_slice(&b.data[start..start + cols]);
+            }
+        } else if b.rs == 1 {
+            // Transposed B (attention's Kᵀ): each column is contiguous along k.
             for j in 0..cols {
-                panel[k * nr + j] = b.at(p0 + k, j0 + pj * nr + j);
+                let start = (c0 + j) * b.cs + p0;
+                for (k, v) in b.data[start..start + kc].iter().enumerate() {
+                    panel[k * nr + j] = *v;
+                }
+            }
+        } else {
+            for k in 0..kc {
+                for j in 0..cols {
+                    panel[k * nr + j] = b.at(p0 + k, c0 + j);
+                }
             }
         }
     }
@@ -191,16 +225,43 @@ pub fn gemm(
         }
         return Ok(());
     }
-    let (mut ap, mut bp) = (Vec::new(), Vec::new());
-    let mut scratch = vec![0.0f32; uk.mr * uk.nr];
+    WORKSPACE.with(|ws| {
+        let mut ws = ws.borrow_mut();
+        let (ap, bp, scratch) = &mut *ws;
+        scratch.resize(uk.mr * uk.nr, 0.0);
+        blocked(uk, blk, &a, &b, c, ap, bp, scratch)
+    });
+    Ok(())
+}
+
+thread_local! {
+    /// Per-thread packing buffers and edge tile, reused across calls: small
+    /// contractions (attention's per-head matmuls) would otherwise spend their
+    /// time allocating.
+    static WORKSPACE: std::cell::RefCell<(Vec<f32>, Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+}
+
+/// The loops of [`gemm`] over cache blocks and register tiles.
+#[allow(clippy::too_many_arguments)]
+fn blocked(
+    uk: &MicroKernel,
+    blk: &Blocking,
+    a: &MatRef,
+    b: &MatRef,
+    c: &mut MatMut,
+    ap: &mut Vec<f32>,
+    bp: &mut Vec<f32>,
+    scratch: &mut [f32],
+) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
     for jc in (0..n).step_by(blk.nc) {
         let nc = blk.nc.min(n - jc);
         for pc in (0..k).step_by(blk.kc) {
             let kc = blk.kc.min(k - pc);
-            pack_b(&b, pc, kc, jc, nc, uk.nr, &mut bp);
+            pack_b(b, pc, kc, jc, nc, uk.nr, bp);
             for ic in (0..m).step_by(blk.mc) {
                 let mc = blk.mc.min(m - ic);
-                pack_a(&a, ic, mc, pc, kc, uk.mr, &mut ap);
+                pack_a(a, ic, mc, pc, kc, uk.mr, ap);
                 for jr in 0..nc.div_ceil(uk.nr) {
                     let nv = uk.nr.min(nc - jr * uk.nr);
                     let bpanel = &bp[jr * kc * uk.nr..(jr + 1) * kc * uk.nr];
@@ -252,7 +313,6 @@ pub fn gemm(
             }
         }
     }
-    Ok(())
 }
 
 impl<'a> MatRef<'a> {
@@ -464,4 +524,42 @@ pub fn gemm_packed(
         }
     });
     Ok(())
+}
+
+/// A batch of independent contractions `Cᵢ = Aᵢ · Bᵢ` whose operands are all
+/// activations (attention's `Q·Kᵀ` and `P·V`): the batch entries are spread over
+/// the threads, each entry packed and computed by one thread; with fewer entries
+/// than threads, each entry uses every thread.
+pub fn gemm_batched(
+    pool: &crate::ThreadPool,
+    uk: &MicroKernel,
+    blk: &Blocking,
+    a: &[MatRef],
+    b: &[MatRef],
+    c: Vec<MatMut>,
+) -> Result<(), KernelError> {
+    if a.len() != b.len() || a.len() != c.len() {
+        return Err(KernelError::Shape(format!("batch of {} A, {} B and {} C", a.len(), b.len(), c.len())));
+    }
+    let t = pool.threads();
+    if a.len() < t {
+        for ((a, b), c) in a.iter().zip(b).zip(c) {
+            gemm_parallel(pool, uk, blk, *a, *b, c)?;
+        }
+        return Ok(());
+    }
+    let slots: Vec<std::sync::Mutex<MatMut>> = c.into_iter().map(std::sync::Mutex::new).collect();
+    let error = std::sync::Mutex::new(None);
+    pool.run(&|i| {
+        for e in (i..slots.len()).step_by(t) {
+            let mut cm = slots[e].lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(err) = gemm(uk, blk, a[e], b[e], &mut cm) {
+                *error.lock().unwrap_or_else(|p| p.into_inner()) = Some(err);
+            }
+        }
+    });
+    match error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }

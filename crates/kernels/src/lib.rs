@@ -9,7 +9,8 @@ mod pool;
 mod target;
 
 pub use gemm::{
-    gemm, gemm_packed, gemm_parallel, Blocking, MatMut, MatRef, MicroKernel, MicroKernelFn, PackedB,
+    gemm, gemm_batched, gemm_packed, gemm_parallel, Blocking, MatMut, MatRef, MicroKernel, MicroKernelFn,
+    PackedB,
 };
 pub use pool::ThreadPool;
 pub use target::{Isa, Target};

@@ -139,3 +139,28 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+    #[test]
+    fn batched_gemm_matches_naive(batch in 1usize..6, m in dims(), k in dims(), n in dims(), threads in 1usize..4) {
+        let pool = anyshape_kernels::ThreadPool::new(threads);
+        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5 };
+        let blk = Blocking { kc: 4, mc: 6, nc: 10 };
+        let a: Vec<f32> = (0..batch * m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
+        let b: Vec<f32> = (0..batch * k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
+        let mut c = vec![f32::NAN; batch * m * n];
+        let av: Vec<MatRef> = (0..batch).map(|e| MatRef::row_major(&a[e * m * k..(e + 1) * m * k], m, k).unwrap()).collect();
+        // B transposed in memory, as attention's Kᵀ is.
+        let bt: Vec<f32> = (0..batch).flat_map(|e| (0..n * k).map(move |x| (e, x))).map(|(e, x)| b[e * k * n + (x % k) * n + x / k]).collect();
+        let bv: Vec<MatRef> = (0..batch).map(|e| MatRef::row_major(&bt[e * k * n..(e + 1) * k * n], n, k).unwrap().t()).collect();
+        let cv: Vec<MatMut> = c.chunks_mut((m * n).max(1)).take(batch).map(|ch| MatMut::new(ch, m, n, n).unwrap()).collect();
+        anyshape_kernels::gemm_batched(&pool, &uk, &blk, &av, &bv, cv).expect("gemm");
+        for e in 0..batch {
+            let want = naive(&a[e * m * k..(e + 1) * m * k], &b[e * k * n..(e + 1) * k * n], m, k, n, false);
+            for (g, w) in c[e * m * n..(e + 1) * m * n].iter().zip(&want) {
+                prop_assert!((g - w).abs() <= 1e-3 * (1.0 + w.abs()));
+            }
+        }
+    }
+}
