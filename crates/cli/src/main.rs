@@ -484,6 +484,7 @@ fn bench_matmul(
                             kernels::MatRef::row_major(&a, m, k)?,
                             pb,
                             cv,
+                            &kernels::EpilogueArgs::default(),
                         )?;
                         return Ok(());
                     }

@@ -20,7 +20,7 @@ use inkwell::targets::{
 };
 use inkwell::values::{BasicValue, BasicValueEnum, FloatValue, IntValue, VectorValue};
 use inkwell::{AddressSpace, IntPredicate, OptimizationLevel};
-use kernels::{MicroKernel, MicroKernelFn, Target};
+use kernels::{Epilogue, MicroKernel, MicroKernelFn, Target};
 
 /// Errors from code generation.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +87,17 @@ pub mod peak;
 
 /// Compile an `mr × nr` f32 micro-kernel for `t` (`nr` a multiple of its lanes).
 pub fn compile_microkernel(t: &Target, mr: usize, nr: usize) -> Result<JitMicroKernel, CodegenError> {
+    compile_microkernel_with(t, mr, nr, Epilogue::default())
+}
+
+/// Compile an `mr × nr` f32 micro-kernel with `epilogue` applied to each tile in
+/// registers when the driver asks for it (the last K block).
+pub fn compile_microkernel_with(
+    t: &Target,
+    mr: usize,
+    nr: usize,
+    epilogue: Epilogue,
+) -> Result<JitMicroKernel, CodegenError> {
     let w = t.f32_lanes;
     if !t.supported() {
         return Err(CodegenError::Unsupported("kernels need x86-64 with AVX2 and FMA".into()));
@@ -96,15 +107,20 @@ pub fn compile_microkernel(t: &Target, mr: usize, nr: usize) -> Result<JitMicroK
             "a {mr}x{nr} tile: NR must be a positive multiple of {w}"
         )));
     }
-    let name = format!("ukernel_f32_{mr}x{nr}");
+    let name = format!("ukernel_f32_{mr}x{nr}{}", if epilogue.is_identity() { "" } else { "_epilogue" });
     let jit = jit_function(t, &name, |ctx, module, cpu, features| {
-        build_microkernel(ctx, module, &name, mr, nr, w, cpu, features)
+        build_microkernel(ctx, module, &name, (mr, nr, w), &epilogue, cpu, features)
     })?;
     // SAFETY: `jit.addr` is the entry of the function just generated with exactly
-    // the `MicroKernelFn` signature (i64, ptr, ptr, ptr, i64, i64) -> void and the
+    // the `MicroKernelFn` signature (i64, ptr, ptr, ptr, i64, i64, ptr, ptr, i64) -> void and the
     // C calling convention; the engine that owns it lives in the returned value.
     let func: MicroKernelFn = unsafe { std::mem::transmute::<usize, MicroKernelFn>(jit.addr) };
-    Ok(JitMicroKernel { kernel: MicroKernel { mr, nr, func }, ir: jit.ir, asm: jit.asm, _engine: jit.engine })
+    Ok(JitMicroKernel {
+        kernel: MicroKernel { mr, nr, func, epilogue },
+        ir: jit.ir,
+        asm: jit.asm,
+        _engine: jit.engine,
+    })
 }
 
 /// A function compiled into executable memory.
@@ -182,9 +198,8 @@ fn build_microkernel(
     ctx: &'static Context,
     module: &Module<'static>,
     name: &str,
-    mr: usize,
-    nr: usize,
-    w: usize,
+    (mr, nr, w): (usize, usize, usize),
+    epilogue: &Epilogue,
     cpu: &str,
     features: &str,
 ) -> Result<(), CodegenError> {
@@ -192,9 +207,20 @@ fn build_microkernel(
     let ptr = ctx.ptr_type(AddressSpace::default());
     let vt = f32t.vec_type(w as u32);
     let nv = nr / w;
-    let fn_type = ctx
-        .void_type()
-        .fn_type(&[i64t.into(), ptr.into(), ptr.into(), ptr.into(), i64t.into(), i64t.into()], false);
+    let fn_type = ctx.void_type().fn_type(
+        &[
+            i64t.into(),
+            ptr.into(),
+            ptr.into(),
+            ptr.into(),
+            i64t.into(),
+            i64t.into(),
+            ptr.into(),
+            ptr.into(),
+            i64t.into(),
+        ],
+        false,
+    );
     let f = module.add_function(name, fn_type, None);
     target_attributes(ctx, f, cpu, features, w);
     let noalias =
@@ -207,7 +233,10 @@ fn build_microkernel(
     let b = f.get_nth_param(2).ok_or_else(|| llvm("param"))?.into_pointer_value();
     let c = f.get_nth_param(3).ok_or_else(|| llvm("param"))?.into_pointer_value();
     let ldc = f.get_nth_param(4).ok_or_else(|| llvm("param"))?.into_int_value();
-    let accumulate = f.get_nth_param(5).ok_or_else(|| llvm("param"))?.into_int_value();
+    let flags = f.get_nth_param(5).ok_or_else(|| llvm("param"))?.into_int_value();
+    let bias = f.get_nth_param(6).ok_or_else(|| llvm("param"))?.into_pointer_value();
+    let res = f.get_nth_param(7).ok_or_else(|| llvm("param"))?.into_pointer_value();
+    let ldr = f.get_nth_param(8).ok_or_else(|| llvm("param"))?.into_int_value();
 
     let bld = ctx.create_builder();
     let entry = ctx.append_basic_block(f, "entry");
@@ -216,6 +245,9 @@ fn build_microkernel(
     let done = ctx.append_basic_block(f, "k.done");
     let add_c = ctx.append_basic_block(f, "store.add");
     let set_c = ctx.append_basic_block(f, "store.set");
+    let merge = ctx.append_basic_block(f, "store.merge");
+    let epi = ctx.append_basic_block(f, "store.epilogue");
+    let plain = ctx.append_basic_block(f, "store.plain");
     let exit = ctx.append_basic_block(f, "exit");
 
     bld.position_at_end(entry);
@@ -281,29 +313,94 @@ fn build_microkernel(
         phi.add_incoming(&[(&zero, entry), (nx, body)]);
     }
 
-    // k.done: overwrite C, or add to it.
+    // k.done: the tile's values (C added when accumulating), then the epilogue
+    // (when compiled in and asked for), then the store.
     bld.position_at_end(done);
-    let add = bld.build_int_compare(IntPredicate::NE, accumulate, c_i64(0), "add").map_err(llvm)?;
+    let bit = |b: u64, n: &str| -> Result<_, CodegenError> {
+        let masked = bld.build_and(flags, c_i64(b as usize), n).map_err(llvm)?;
+        bld.build_int_compare(IntPredicate::NE, masked, c_i64(0), n).map_err(llvm)
+    };
+    let add = bit(kernels::ACCUMULATE as u64, "add")?;
     bld.build_conditional_branch(add, add_c, set_c).map_err(llvm)?;
-    for (block, adding) in [(add_c, true), (set_c, false)] {
-        bld.position_at_end(block);
+    let c_ptr = |i: usize, v: usize| -> Result<_, CodegenError> {
+        let row = bld.build_int_mul(c_i64(i), ldc, "row").map_err(llvm)?;
+        let idx = bld.build_int_add(row, c_i64(v * w), "ci").map_err(llvm)?;
+        gep(c, idx, "cp")
+    };
+    bld.position_at_end(add_c);
+    let mut summed = Vec::with_capacity(mr * nv);
+    for i in 0..mr {
+        for v in 0..nv {
+            let old = bld.build_load(vt, c_ptr(i, v)?, "c").map_err(llvm)?;
+            set_align(&old, 4);
+            let acc = acc_phis[i * nv + v].as_basic_value().into_vector_value();
+            summed.push(bld.build_float_add(old.into_vector_value(), acc, "sum").map_err(llvm)?);
+        }
+    }
+    bld.build_unconditional_branch(merge).map_err(llvm)?;
+    bld.position_at_end(set_c);
+    bld.build_unconditional_branch(merge).map_err(llvm)?;
+    bld.position_at_end(merge);
+    let mut vals = Vec::with_capacity(mr * nv);
+    for (x, s) in summed.iter().enumerate() {
+        let phi = bld.build_phi(vt, "val").map_err(llvm)?;
+        phi.add_incoming(&[(s, add_c), (&acc_phis[x].as_basic_value(), set_c)]);
+        vals.push(phi.as_basic_value().into_vector_value());
+    }
+    let store = |vals: &[VectorValue<'static>]| -> Result<(), CodegenError> {
         for i in 0..mr {
-            let row = bld.build_int_mul(c_i64(i), ldc, "row").map_err(llvm)?;
             for v in 0..nv {
-                let idx = bld.build_int_add(row, c_i64(v * w), "ci").map_err(llvm)?;
-                let p = gep(c, idx, "cp")?;
-                let mut val = acc_phis[i * nv + v].as_basic_value().into_vector_value();
-                if adding {
-                    let old = bld.build_load(vt, p, "c").map_err(llvm)?;
-                    set_align(&old, 4);
-                    val = bld.build_float_add(old.into_vector_value(), val, "sum").map_err(llvm)?;
-                }
-                let st = bld.build_store(p, val).map_err(llvm)?;
+                let st = bld.build_store(c_ptr(i, v)?, vals[i * nv + v]).map_err(llvm)?;
                 st.set_alignment(4).map_err(llvm)?;
             }
         }
-        bld.build_unconditional_branch(exit).map_err(llvm)?;
+        Ok(())
+    };
+    if epilogue.is_identity() {
+        bld.build_unconditional_branch(plain).map_err(llvm)?;
+    } else {
+        let apply = bit(kernels::APPLY_EPILOGUE as u64, "apply")?;
+        bld.build_conditional_branch(apply, epi, plain).map_err(llvm)?;
     }
+    bld.position_at_end(plain);
+    store(&vals)?;
+    bld.build_unconditional_branch(exit).map_err(llvm)?;
+    // y = act(scale · acc + bias[col] + residual[row, col])
+    bld.position_at_end(epi);
+    let splat = |x: f32| -> VectorValue<'static> {
+        inkwell::types::VectorType::const_vector(&vec![f32t.const_float(x as f64); w])
+    };
+    let mut out = vals.clone();
+    for i in 0..mr {
+        for v in 0..nv {
+            let mut y = out[i * nv + v];
+            if let Some(sc) = epilogue.scale {
+                y = bld.build_float_mul(y, splat(sc), "scaled").map_err(llvm)?;
+            }
+            if epilogue.bias {
+                let bv = bld.build_load(vt, gep(bias, c_i64(v * w), "bp")?, "bias").map_err(llvm)?;
+                set_align(&bv, 4);
+                y = bld.build_float_add(y, bv.into_vector_value(), "biased").map_err(llvm)?;
+            }
+            if epilogue.residual {
+                let row = bld.build_int_mul(c_i64(i), ldr, "rrow").map_err(llvm)?;
+                let idx = bld.build_int_add(row, c_i64(v * w), "ri").map_err(llvm)?;
+                let rv = bld.build_load(vt, gep(res, idx, "rp")?, "res").map_err(llvm)?;
+                set_align(&rv, 4);
+                y = bld.build_float_add(y, rv.into_vector_value(), "residual").map_err(llvm)?;
+            }
+            if epilogue.relu {
+                // y < 0 ? 0 : y (a NaN stays NaN, as in the reference).
+                let neg = bld
+                    .build_float_compare(inkwell::FloatPredicate::OLT, y, vt.const_zero(), "neg")
+                    .map_err(llvm)?;
+                y = bld.build_select(neg, vt.const_zero(), y, "relu").map_err(llvm)?.into_vector_value();
+            }
+            out[i * nv + v] = y;
+        }
+    }
+    store(&out)?;
+    bld.build_unconditional_branch(exit).map_err(llvm)?;
     bld.position_at_end(exit);
     bld.build_return(None).map_err(llvm)?;
     Ok(())
@@ -360,7 +457,19 @@ fn time_microkernel(uk: &MicroKernel, t: &Target) -> f64 {
         for _ in 0..n {
             // SAFETY: the panels hold `kc·MR` and `kc·NR` floats and `c` a full MR × NR tile
             // with row stride NR: exactly what the ABI lets the kernel touch.
-            unsafe { (uk.func)(kc as i64, a.as_ptr(), b.as_ptr(), c.as_mut_ptr(), uk.nr as i64, 1) };
+            unsafe {
+                (uk.func)(
+                    kc as i64,
+                    a.as_ptr(),
+                    b.as_ptr(),
+                    c.as_mut_ptr(),
+                    uk.nr as i64,
+                    1,
+                    std::ptr::null(),
+                    std::ptr::null(),
+                    0,
+                )
+            };
         }
     };
     call(64);

@@ -163,3 +163,93 @@ fn peak_is_measured_and_plausible() {
     // Between 1 GFLOP/s and 2 flops × 2 FMA ports × 16 lanes × 6 GHz per core.
     assert!(peak > 1.0 && peak < 2.0 * 2.0 * 16.0 * 6.0, "{peak}");
 }
+
+/// The epilogue compiled into the kernel (`y = relu(scale·acc + bias + residual)`
+/// and its parts), applied once on the last K block, at edge-heavy shapes.
+#[test]
+fn epilogues_compute_correctly() {
+    use kernels::{gemm_packed, Epilogue, EpilogueArgs, PackedB, ThreadPool};
+    let pool = ThreadPool::new(2);
+    for (name, t) in targets() {
+        let variants = [
+            Epilogue { scale: None, bias: true, residual: false, relu: false },
+            Epilogue { scale: Some(0.5), bias: true, residual: true, relu: true },
+            Epilogue { scale: Some(-2.0), bias: false, residual: true, relu: false },
+            Epilogue { scale: None, bias: false, residual: false, relu: true },
+        ];
+        for ep in variants {
+            let jit =
+                anyshape_codegen::compile_microkernel_with(&t, 4, 2 * t.f32_lanes, ep).expect("compile");
+            let uk = jit.kernel();
+            for (m, k, n, kc) in [
+                (1, 1, 1, 4),
+                (5, 13, 37, 4),
+                (9, 40, 2 * t.f32_lanes + 3, 16),
+                (7, 0, 5, 4),
+                (12, 33, 16, 8),
+            ] {
+                let blk = Blocking { kc, mc: 8, nc: uk.nr * 2 };
+                let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
+                let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
+                let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.25 - 1.0).collect();
+                let res: Vec<f32> = (0..m * n).map(|i| (i % 5) as f32 - 2.0).collect();
+                let packed = PackedB::new(MatRef::row_major(&b, k, n).unwrap(), uk.nr, kc);
+                let mut c = vec![f32::NAN; m * n];
+                let args = EpilogueArgs {
+                    bias: ep.bias.then_some(&bias[..]),
+                    residual: ep.residual.then(|| MatRef::row_major(&res, m, n).unwrap()),
+                };
+                gemm_packed(
+                    &pool,
+                    &uk,
+                    &blk,
+                    MatRef::row_major(&a, m, k).unwrap(),
+                    &packed,
+                    MatMut::new(&mut c, m, n, n).unwrap(),
+                    &args,
+                )
+                .expect("gemm");
+                let want = naive(&a, &b, m, k, n, false);
+                for i in 0..m {
+                    for j in 0..n {
+                        let mut y = want[i * n + j] * ep.scale.unwrap_or(1.0) as f64;
+                        if ep.bias {
+                            y += bias[j] as f64;
+                        }
+                        if ep.residual {
+                            y += res[i * n + j] as f64;
+                        }
+                        if ep.relu && y < 0.0 {
+                            y = 0.0;
+                        }
+                        let got = c[i * n + j] as f64;
+                        assert!(
+                            (got - y).abs() <= 1e-4 * (1.0 + y.abs() * (k + 1) as f64),
+                            "{name} {ep:?} m{m} k{k} n{n}: ({i},{j}) {got} vs {y}"
+                        );
+                    }
+                }
+            }
+        }
+        // A kernel with an epilogue refuses arguments that do not match it.
+        let jit = anyshape_codegen::compile_microkernel_with(
+            &t,
+            4,
+            t.f32_lanes,
+            Epilogue { bias: true, ..Default::default() },
+        )
+        .expect("compile");
+        let packed = PackedB::new(MatRef::row_major(&[1.0; 4], 2, 2).unwrap(), t.f32_lanes, 4);
+        let mut c = vec![0.0; 4];
+        let err = gemm_packed(
+            &pool,
+            &jit.kernel(),
+            &Blocking { kc: 4, mc: 4, nc: t.f32_lanes },
+            MatRef::row_major(&[1.0; 4], 2, 2).unwrap(),
+            &packed,
+            MatMut::new(&mut c, 2, 2, 2).unwrap(),
+            &EpilogueArgs::default(),
+        );
+        assert!(err.is_err());
+    }
+}

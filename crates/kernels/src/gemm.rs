@@ -16,16 +16,58 @@ use crate::{KernelError, Target};
 
 /// The micro-kernel ABI: `C[0..MR, 0..NR] (+)= Ã · B̃` where `a` is a packed panel
 /// (`a[k·MR + i]`), `b` a packed panel (`b[k·NR + j]`), `c` a row-major tile with
-/// row stride `ldc`, and `accumulate != 0` adds to C instead of overwriting it.
-pub type MicroKernelFn =
-    unsafe extern "C" fn(kc: i64, a: *const f32, b: *const f32, c: *mut f32, ldc: i64, accumulate: i64);
+/// row stride `ldc`. `flags`: bit 0 adds to C instead of overwriting it, bit 1
+/// applies the kernel's [`Epilogue`] to the tile before storing it (the last K
+/// block), reading `bias[0..NR]` and the residual tile `res` (row stride `ldr`)
+/// when the epilogue has them; otherwise those pointers are not read.
+pub type MicroKernelFn = unsafe extern "C" fn(
+    kc: i64,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: i64,
+    flags: i64,
+    bias: *const f32,
+    res: *const f32,
+    ldr: i64,
+);
 
-/// A micro-kernel and the tile it computes.
+/// `flags` bit: add to C.
+pub const ACCUMULATE: i64 = 1;
+/// `flags` bit: apply the epilogue.
+pub const APPLY_EPILOGUE: i64 = 2;
+
+/// An element-wise expression applied to each output tile while it is in
+/// registers: `y = act(scale · acc + bias[col] + residual[row, col])` (a dense
+/// layer's bias and activation, a residual add, ResNet's `relu(conv + identity)`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Epilogue {
+    pub scale: Option<f32>,
+    pub bias: bool,
+    pub residual: bool,
+    pub relu: bool,
+}
+
+impl Epilogue {
+    pub fn is_identity(&self) -> bool {
+        *self == Epilogue::default()
+    }
+}
+
+/// A micro-kernel, the tile it computes and the epilogue compiled into it.
 #[derive(Clone, Copy, Debug)]
 pub struct MicroKernel {
     pub mr: usize,
     pub nr: usize,
     pub func: MicroKernelFn,
+    pub epilogue: Epilogue,
+}
+
+/// The data an epilogue reads: a bias of `n` values, a row-major residual `m × n`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EpilogueArgs<'a> {
+    pub bias: Option<&'a [f32]>,
+    pub residual: Option<MatRef<'a>>,
 }
 
 /// Cache blocks: `kc` deep, `mc` rows of A, `nc` columns of B.
@@ -208,6 +250,9 @@ pub fn gemm(
             b.rows, c.rows, c.cols
         )));
     }
+    if !uk.epilogue.is_identity() {
+        return Err(KernelError::Shape("this driver applies no epilogue: use gemm_packed".into()));
+    }
     if uk.mr == 0
         || uk.nr == 0
         || blk.kc == 0
@@ -284,6 +329,9 @@ fn blocked(
                                     tile.as_mut_ptr(),
                                     c.ldc as i64,
                                     acc,
+                                    std::ptr::null(),
+                                    std::ptr::null(),
+                                    0,
                                 )
                             };
                         } else {
@@ -301,6 +349,9 @@ fn blocked(
                                     scratch.as_mut_ptr(),
                                     uk.nr as i64,
                                     acc,
+                                    std::ptr::null(),
+                                    std::ptr::null(),
+                                    0,
                                 )
                             };
                             for i in 0..mv {
@@ -439,8 +490,10 @@ pub fn gemm_packed(
     a: MatRef,
     b: &PackedB,
     c: MatMut,
+    ep: &EpilogueArgs,
 ) -> Result<(), KernelError> {
     let (m, k, n) = (a.rows, a.cols, b.n);
+    check_epilogue(uk, ep, m, n)?;
     if b.k != k || c.rows != m || c.cols != n || b.nr != uk.nr || b.kc != blk.kc {
         return Err(KernelError::Shape(format!(
             "cannot multiply {m}x{k} by packed {}x{n} (NR {}, KC {}) into {}x{} with a {}x{} kernel and KC {}",
@@ -449,7 +502,9 @@ pub fn gemm_packed(
     }
     if k == 0 || m == 0 || n == 0 {
         for i in 0..m {
-            c.data[i * c.ldc..i * c.ldc + n].fill(0.0);
+            for j in 0..n {
+                c.data[i * c.ldc + j] = apply_scalar(&uk.epilogue, ep, i, j, 0.0);
+            }
         }
         return Ok(());
     }
@@ -471,10 +526,21 @@ pub fn gemm_packed(
         }
         let mut ap = Vec::new();
         let mut scratch = vec![0.0f32; uk.mr * uk.nr];
+        // Edge tiles read the epilogue's data from padded copies, never past the operands.
+        let (mut ebias, mut eres) = (vec![0.0f32; uk.nr], vec![0.0f32; uk.mr * uk.nr]);
+        // A full tile reads bias and residual in place.
+        let ep_full = |row: usize, col: usize| -> (*const f32, *const f32, i64) {
+            let bias = ep.bias.map_or(std::ptr::null(), |b| b[col..].as_ptr());
+            match ep.residual {
+                Some(r) => (bias, r.data[row * r.rs + col..].as_ptr(), r.rs as i64),
+                None => (bias, std::ptr::null(), 0),
+            }
+        };
         for pc in (0..k).step_by(blk.kc) {
             let kc = blk.kc.min(k - pc);
             let bblock = b.block(pc, kc);
-            let acc = (pc > 0) as i64;
+            let last = pc + kc == k && !uk.epilogue.is_identity();
+            let flags = if pc > 0 { ACCUMULATE } else { 0 } | if last { APPLY_EPILOGUE } else { 0 };
             for ic in (rows.start..rows.end).step_by(blk.mc) {
                 let mc = blk.mc.min(rows.end - ic);
                 pack_a(&a, ic, mc, pc, kc, uk.mr, &mut ap);
@@ -492,7 +558,18 @@ pub fn gemm_packed(
                         unsafe {
                             let tile = cptr.get().add(row * ldc + col);
                             if mv == uk.mr && nv == uk.nr {
-                                (uk.func)(kc as i64, apanel.as_ptr(), bpanel.as_ptr(), tile, ldc as i64, acc);
+                                let (bias, res, ldr) = ep_full(row, col);
+                                (uk.func)(
+                                    kc as i64,
+                                    apanel.as_ptr(),
+                                    bpanel.as_ptr(),
+                                    tile,
+                                    ldc as i64,
+                                    flags,
+                                    bias,
+                                    res,
+                                    ldr,
+                                );
                             } else {
                                 for r in 0..mv {
                                     std::ptr::copy_nonoverlapping(
@@ -501,13 +578,19 @@ pub fn gemm_packed(
                                         nv,
                                     );
                                 }
+                                if flags & APPLY_EPILOGUE != 0 {
+                                    fill_edge_epilogue(ep, uk, row, col, mv, nv, &mut ebias, &mut eres);
+                                }
                                 (uk.func)(
                                     kc as i64,
                                     apanel.as_ptr(),
                                     bpanel.as_ptr(),
                                     scratch.as_mut_ptr(),
                                     uk.nr as i64,
-                                    acc,
+                                    flags,
+                                    ebias.as_ptr(),
+                                    eres.as_ptr(),
+                                    uk.nr as i64,
                                 );
                                 for r in 0..mv {
                                     std::ptr::copy_nonoverlapping(
@@ -561,5 +644,70 @@ pub fn gemm_batched(
     match error.into_inner().unwrap_or_else(|p| p.into_inner()) {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// The epilogue data must match what the kernel was compiled to read.
+fn check_epilogue(uk: &MicroKernel, ep: &EpilogueArgs, m: usize, n: usize) -> Result<(), KernelError> {
+    let e = &uk.epilogue;
+    if e.bias != ep.bias.is_some() || e.residual != ep.residual.is_some() {
+        return Err(KernelError::Shape(format!(
+            "the kernel's epilogue {e:?} does not match the arguments given"
+        )));
+    }
+    if let Some(b) = ep.bias {
+        if b.len() < n {
+            return Err(KernelError::Shape(format!("bias of {} values for {n} columns", b.len())));
+        }
+    }
+    if let Some(r) = ep.residual {
+        if r.rows != m || r.cols != n || r.cs != 1 {
+            return Err(KernelError::Shape(format!(
+                "residual {}x{} (column stride {}) for a {m}x{n} row-major output",
+                r.rows, r.cols, r.cs
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The epilogue of one element, in Rust (for K = 0, where no kernel runs).
+fn apply_scalar(e: &Epilogue, ep: &EpilogueArgs, i: usize, j: usize, acc: f32) -> f32 {
+    let mut y = acc * e.scale.unwrap_or(1.0);
+    if let Some(b) = ep.bias {
+        y += b[j];
+    }
+    if let Some(r) = ep.residual {
+        y += r.at(i, j);
+    }
+    if e.relu && y < 0.0 {
+        y = 0.0;
+    }
+    y
+}
+
+/// Padded copies of the bias and residual of an edge tile (`mv × nv` valid).
+#[allow(clippy::too_many_arguments)]
+fn fill_edge_epilogue(
+    ep: &EpilogueArgs,
+    uk: &MicroKernel,
+    row: usize,
+    col: usize,
+    mv: usize,
+    nv: usize,
+    bias: &mut [f32],
+    res: &mut [f32],
+) {
+    if let Some(b) = ep.bias {
+        bias.fill(0.0);
+        bias[..nv].copy_from_slice(&b[col..col + nv]);
+    }
+    if let Some(r) = ep.residual {
+        res.fill(0.0);
+        for i in 0..mv {
+            for j in 0..nv {
+                res[i * uk.nr + j] = r.at(row + i, col + j);
+            }
+        }
     }
 }

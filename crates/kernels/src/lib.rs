@@ -9,8 +9,8 @@ mod pool;
 mod target;
 
 pub use gemm::{
-    gemm, gemm_batched, gemm_packed, gemm_parallel, Blocking, MatMut, MatRef, MicroKernel, MicroKernelFn,
-    PackedB,
+    gemm, gemm_batched, gemm_packed, gemm_parallel, Blocking, Epilogue, EpilogueArgs, MatMut, MatRef,
+    MicroKernel, MicroKernelFn, PackedB, ACCUMULATE, APPLY_EPILOGUE,
 };
 pub use pool::ThreadPool;
 pub use target::{Isa, Target};

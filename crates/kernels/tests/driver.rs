@@ -6,7 +6,18 @@ use anyshape_kernels::{gemm, Blocking, MatMut, MatRef, MicroKernel};
 use proptest::prelude::*;
 
 /// `C (+)= A·B` for packed panels, MR = 3, NR = 5: odd sizes on purpose.
-unsafe extern "C" fn rust_kernel_3x5(kc: i64, a: *const f32, b: *const f32, c: *mut f32, ldc: i64, acc: i64) {
+unsafe extern "C" fn rust_kernel_3x5(
+    kc: i64,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: i64,
+    flags: i64,
+    _bias: *const f32,
+    _res: *const f32,
+    _ldr: i64,
+) {
+    let acc = flags & anyshape_kernels::ACCUMULATE;
     const MR: usize = 3;
     const NR: usize = 5;
     let (a, b) =
@@ -51,7 +62,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
     #[test]
     fn blocked_gemm_matches_naive(m in dims(), k in dims(), n in dims(), kc in 1usize..9, mcb in 1usize..4, ncb in 1usize..4, ta in any::<bool>()) {
-        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5 };
+        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default() };
         let blk = Blocking { kc, mc: 3 * mcb, nc: 5 * ncb };
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
@@ -78,7 +89,7 @@ proptest! {
 
 #[test]
 fn bad_shapes_are_errors() {
-    let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5 };
+    let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default() };
     let blk = Blocking { kc: 4, mc: 3, nc: 5 };
     let a = vec![0.0; 6];
     assert!(MatRef::row_major(&a, 3, 3).is_err(), "a view larger than its buffer");
@@ -98,7 +109,7 @@ proptest! {
     #[test]
     fn parallel_gemm_matches_naive(m in dims(), k in dims(), n in dims(), threads in 1usize..4) {
         let pool = anyshape_kernels::ThreadPool::new(threads);
-        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5 };
+        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default() };
         let blk = Blocking { kc: 4, mc: 6, nc: 10 };
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
@@ -117,7 +128,7 @@ proptest! {
     #[test]
     fn prepacked_gemm_matches_naive(m in dims(), k in dims(), n in dims(), kc in 1usize..9, threads in 1usize..4, ta in any::<bool>()) {
         let pool = anyshape_kernels::ThreadPool::new(threads);
-        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5 };
+        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default() };
         let blk = Blocking { kc, mc: 6, nc: 10 };
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
@@ -126,7 +137,7 @@ proptest! {
         let mut c = vec![f32::NAN; m * ldc];
         let cv = MatMut::new(&mut c, m, n, ldc).expect("c");
         let av = if ta { MatRef::row_major(&a, k, m).unwrap().t() } else { MatRef::row_major(&a, m, k).unwrap() };
-        anyshape_kernels::gemm_packed(&pool, &uk, &blk, av, &packed, cv).expect("gemm");
+        anyshape_kernels::gemm_packed(&pool, &uk, &blk, av, &packed, cv, &Default::default()).expect("gemm");
         let want = naive(&a, &b, m, k, n, ta);
         for i in 0..m {
             for j in 0..n {
@@ -145,7 +156,7 @@ proptest! {
     #[test]
     fn batched_gemm_matches_naive(batch in 1usize..6, m in dims(), k in dims(), n in dims(), threads in 1usize..4) {
         let pool = anyshape_kernels::ThreadPool::new(threads);
-        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5 };
+        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default() };
         let blk = Blocking { kc: 4, mc: 6, nc: 10 };
         let a: Vec<f32> = (0..batch * m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
         let b: Vec<f32> = (0..batch * k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
