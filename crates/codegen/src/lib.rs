@@ -84,6 +84,7 @@ pub fn register_tiles(t: &Target) -> Vec<(usize, usize)> {
 }
 
 pub mod peak;
+mod vmath;
 
 /// Compile an `mr × nr` f32 micro-kernel for `t` (`nr` a multiple of its lanes).
 pub fn compile_microkernel(t: &Target, mr: usize, nr: usize) -> Result<JitMicroKernel, CodegenError> {
@@ -389,13 +390,7 @@ fn build_microkernel(
                 set_align(&rv, 4);
                 y = bld.build_float_add(y, rv.into_vector_value(), "residual").map_err(llvm)?;
             }
-            if epilogue.relu {
-                // y < 0 ? 0 : y (a NaN stays NaN, as in the reference).
-                let neg = bld
-                    .build_float_compare(inkwell::FloatPredicate::OLT, y, vt.const_zero(), "neg")
-                    .map_err(llvm)?;
-                y = bld.build_select(neg, vt.const_zero(), y, "relu").map_err(llvm)?.into_vector_value();
-            }
+            y = vmath::VMath { ctx, bld: &bld, vt, lanes: w }.activation(epilogue.activation, y)?;
             out[i * nv + v] = y;
         }
     }

@@ -168,14 +168,17 @@ fn peak_is_measured_and_plausible() {
 /// and its parts), applied once on the last K block, at edge-heavy shapes.
 #[test]
 fn epilogues_compute_correctly() {
-    use kernels::{gemm_packed, Epilogue, EpilogueArgs, PackedB, ThreadPool};
+    use kernels::{gemm_packed, Activation, Epilogue, EpilogueArgs, PackedB, ThreadPool};
     let pool = ThreadPool::new(2);
     for (name, t) in targets() {
         let variants = [
-            Epilogue { scale: None, bias: true, residual: false, relu: false },
-            Epilogue { scale: Some(0.5), bias: true, residual: true, relu: true },
-            Epilogue { scale: Some(-2.0), bias: false, residual: true, relu: false },
-            Epilogue { scale: None, bias: false, residual: false, relu: true },
+            Epilogue { scale: None, bias: true, residual: false, activation: Activation::None },
+            Epilogue { scale: Some(0.5), bias: true, residual: true, activation: Activation::Relu },
+            Epilogue { scale: Some(-2.0), bias: false, residual: true, activation: Activation::None },
+            Epilogue { scale: None, bias: false, residual: false, activation: Activation::Relu },
+            Epilogue { scale: None, bias: true, residual: false, activation: Activation::Gelu },
+            Epilogue { scale: Some(0.25), bias: true, residual: false, activation: Activation::GeluTanh },
+            Epilogue { scale: None, bias: false, residual: true, activation: Activation::Tanh },
         ];
         for ep in variants {
             let jit =
@@ -219,9 +222,19 @@ fn epilogues_compute_correctly() {
                         if ep.residual {
                             y += res[i * n + j] as f64;
                         }
-                        if ep.relu && y < 0.0 {
-                            y = 0.0;
-                        }
+                        // The exact activation (f64), not the kernels' own formula.
+                        y = match ep.activation {
+                            Activation::None => y,
+                            Activation::Relu => y.max(0.0),
+                            Activation::Gelu => 0.5 * y * (1.0 + erf64(y / std::f64::consts::SQRT_2)),
+                            Activation::GeluTanh => {
+                                0.5 * y
+                                    * (1.0
+                                        + ((2.0 / std::f64::consts::PI).sqrt() * (y + 0.044715 * y * y * y))
+                                            .tanh())
+                            }
+                            Activation::Tanh => y.tanh(),
+                        };
                         let got = c[i * n + j] as f64;
                         assert!(
                             (got - y).abs() <= 1e-4 * (1.0 + y.abs() * (k + 1) as f64),
@@ -251,5 +264,64 @@ fn epilogues_compute_correctly() {
             &EpilogueArgs::default(),
         );
         assert!(err.is_err());
+    }
+}
+
+/// erf in f64 by its Taylor series (|x| < 3) or its asymptote beyond.
+fn erf64(x: f64) -> f64 {
+    if x.abs() > 3.0 {
+        // erfc by its continued fraction, evaluated backwards (accurate for x > 2).
+        let a = x.abs();
+        let mut k = 0.0;
+        for n in (1..=80).rev() {
+            k = (n as f64 / 2.0) / (a + k);
+        }
+        let erfc = (-a * a).exp() / std::f64::consts::PI.sqrt() / (a + k);
+        return x.signum() * (1.0 - erfc);
+    }
+    let (mut term, mut sum) = (x, x);
+    for n in 1..200 {
+        term *= -x * x / n as f64;
+        sum += term / (2 * n + 1) as f64;
+    }
+    sum * 2.0 / std::f64::consts::PI.sqrt()
+}
+
+/// The vector math over a wide input range matches f64 within f32 accuracy.
+#[test]
+fn vector_activations_match_f64() {
+    use kernels::{gemm_packed, Activation, Epilogue, EpilogueArgs, PackedB, ThreadPool};
+    let Some((_, t)) = targets().into_iter().next() else { return };
+    let pool = ThreadPool::new(1);
+    for act in [Activation::Gelu, Activation::GeluTanh, Activation::Tanh] {
+        let ep = Epilogue { activation: act, ..Default::default() };
+        let jit = anyshape_codegen::compile_microkernel_with(&t, 1, t.f32_lanes, ep).expect("compile");
+        // C = A·1 with k = 1: the epilogue sees A's values, -12..12 and the extremes.
+        let xs: Vec<f32> =
+            (-1200..=1200).map(|i| i as f32 / 100.0).chain([-88.0, 88.0, -1e-30, 1e-30, 0.0]).collect();
+        let packed = PackedB::new(MatRef::row_major(&[1.0], 1, 1).unwrap(), t.f32_lanes, 4);
+        let mut c = vec![0.0; xs.len()];
+        gemm_packed(
+            &pool,
+            &jit.kernel(),
+            &Blocking { kc: 4, mc: 8, nc: t.f32_lanes },
+            MatRef::row_major(&xs, xs.len(), 1).unwrap(),
+            &packed,
+            MatMut::new(&mut c, xs.len(), 1, 1).unwrap(),
+            &EpilogueArgs::default(),
+        )
+        .expect("gemm");
+        for (x, y) in xs.iter().zip(&c) {
+            let x = *x as f64;
+            let want = match act {
+                Activation::Gelu => 0.5 * x * (1.0 + erf64(x / std::f64::consts::SQRT_2)),
+                Activation::GeluTanh => {
+                    0.5 * x
+                        * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+                }
+                _ => x.tanh(),
+            };
+            assert!((*y as f64 - want).abs() <= 2e-6 * (1.0 + want.abs()), "{act:?}({x}) = {y}, want {want}");
+        }
     }
 }

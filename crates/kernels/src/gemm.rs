@@ -39,13 +39,13 @@ pub const APPLY_EPILOGUE: i64 = 2;
 
 /// An element-wise expression applied to each output tile while it is in
 /// registers: `y = act(scale · acc + bias[col] + residual[row, col])` (a dense
-/// layer's bias and activation, a residual add, ResNet's `relu(conv + identity)`).
+/// layer's bias and GELU, a residual add, ResNet's `relu(conv + identity)`).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Epilogue {
     pub scale: Option<f32>,
     pub bias: bool,
     pub residual: bool,
-    pub relu: bool,
+    pub activation: crate::Activation,
 }
 
 impl Epilogue {
@@ -680,10 +680,7 @@ fn apply_scalar(e: &Epilogue, ep: &EpilogueArgs, i: usize, j: usize, acc: f32) -
     if let Some(r) = ep.residual {
         y += r.at(i, j);
     }
-    if e.relu && y < 0.0 {
-        y = 0.0;
-    }
-    y
+    e.activation.apply(y)
 }
 
 /// Padded copies of the bias and residual of an edge tile (`mv × nv` valid).

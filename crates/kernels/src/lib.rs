@@ -4,10 +4,12 @@
 //! produces the micro-kernels for the ABI defined in [`gemm`], so a compiled
 //! model can run where LLVM is absent.
 
+mod activation;
 pub mod gemm;
 mod pool;
 mod target;
 
+pub use activation::{Activation, ERF_A, ERF_P, GELU_C};
 pub use gemm::{
     gemm, gemm_batched, gemm_packed, gemm_parallel, Blocking, Epilogue, EpilogueArgs, MatMut, MatRef,
     MicroKernel, MicroKernelFn, PackedB, ACCUMULATE, APPLY_EPILOGUE,

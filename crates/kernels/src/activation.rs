@@ -1,0 +1,104 @@
+//! Element-wise activations of contraction epilogues, and their scalar
+//! definitions (the generated vector code follows the same formulas).
+
+/// The activation of an epilogue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activation {
+    #[default]
+    None,
+    Relu,
+    /// `0.5·x·(1 + erf(x/√2))`.
+    Gelu,
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+    GeluTanh,
+    Tanh,
+}
+
+impl Activation {
+    /// The activation of one value, with the formulas the generated code uses.
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Activation::None => x,
+            Activation::Relu => {
+                if x < 0.0 {
+                    0.0
+                } else {
+                    x
+                }
+            }
+            Activation::Gelu => 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2)),
+            Activation::GeluTanh => 0.5 * x * (1.0 + tanh(GELU_C * (x + 0.044715 * x * x * x))),
+            Activation::Tanh => tanh(x),
+        }
+    }
+}
+
+/// `√(2/π)`.
+pub const GELU_C: f32 = 0.797_884_6;
+
+/// Abramowitz & Stegun 7.1.26: |error| < 1.5e-7.
+pub const ERF_P: f32 = 0.327_591_1;
+pub const ERF_A: [f32; 5] = [0.254_829_6, -0.284_496_74, 1.421_413_7, -1.453_152_1, 1.061_405_4];
+
+/// `erf(x)` by A&S 7.1.26 (the generated code's formula).
+pub fn erf(x: f32) -> f32 {
+    let ax = x.abs();
+    let t = 1.0 / (1.0 + ERF_P * ax);
+    let poly = ERF_A.iter().rev().fold(0.0f32, |acc, a| acc * t + a) * t;
+    let y = 1.0 - poly * (-ax * ax).exp();
+    if x < 0.0 {
+        -y
+    } else {
+        y
+    }
+}
+
+/// `tanh(x) = 1 - 2/(e^{2x} + 1)` with the input clamped to ±9 (beyond, f32
+/// rounds tanh to ±1), the generated code's formula.
+pub fn tanh(x: f32) -> f32 {
+    let x = x.clamp(-9.0, 9.0);
+    1.0 - 2.0 / ((2.0 * x).exp() + 1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formulas_are_accurate() {
+        for i in -800..=800 {
+            let x = i as f32 / 100.0;
+            let (e, t) = (erf(x) as f64, tanh(x) as f64);
+            // erf from its series-free reference: f64 tanh and a numeric erf.
+            assert!((t - (x as f64).tanh()).abs() < 2e-7, "tanh({x})");
+            let want = libm_erf(x as f64);
+            // A&S bounds the formula by 1.5e-7; f32 evaluation adds a few ulps.
+            assert!((e - want).abs() < 5e-7, "erf({x}) = {e}, want {want}");
+        }
+        assert_eq!(Activation::Relu.apply(-1.0), 0.0);
+        assert!(Activation::Relu.apply(f32::NAN).is_nan());
+        assert!((Activation::Gelu.apply(1.0) - 0.841_344_7).abs() < 1e-6);
+        assert!((Activation::GeluTanh.apply(1.0) - 0.841_192).abs() < 1e-5);
+    }
+
+    /// erf by its Taylor series (|x| < 3) or its asymptotic complement, in f64.
+    fn libm_erf(x: f64) -> f64 {
+        if x.abs() > 3.0 {
+            // erfc by its continued fraction, evaluated backwards (accurate for x > 2).
+            let a = x.abs();
+            let mut k = 0.0;
+            for n in (1..=80).rev() {
+                k = (n as f64 / 2.0) / (a + k);
+            }
+            let erfc = (-a * a).exp() / std::f64::consts::PI.sqrt() / (a + k);
+            return x.signum() * (1.0 - erfc);
+        }
+        let mut term = x;
+        let mut sum = x;
+        for n in 1..200 {
+            term *= -x * x / n as f64;
+            sum += term / (2 * n + 1) as f64;
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    }
+}
