@@ -431,6 +431,8 @@ fn bench_matmul(
     };
     let select_ms = start.elapsed().as_secs_f64() * 1e3;
     let uk = jit.kernel();
+    // A 1-row kernel of the same width covers the rows past the last full band.
+    let small = codegen::compile_microkernel(&target, 1, uk.nr)?;
     let mut blk = kernels::Blocking::for_target(&target, uk.mr, uk.nr);
     if let Some(kc) = kc {
         blk.kc = kc.max(1);
@@ -480,6 +482,7 @@ fn bench_matmul(
                         kernels::gemm_packed(
                             &pool,
                             &uk,
+                            Some(&small.kernel()),
                             &blk,
                             kernels::MatRef::row_major(&a, m, k)?,
                             pb,

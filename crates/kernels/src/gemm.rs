@@ -483,9 +483,11 @@ impl CPtr {
 /// `C = A · B` with B pre-packed, on every thread of `pool`. Threads split the row
 /// bands when there are enough of them, the column panels otherwise (small M,
 /// where each thread packs the few rows of A itself).
+#[allow(clippy::too_many_arguments)]
 pub fn gemm_packed(
     pool: &crate::ThreadPool,
     uk: &MicroKernel,
+    small: Option<&MicroKernel>,
     blk: &Blocking,
     a: MatRef,
     b: &PackedB,
@@ -494,6 +496,14 @@ pub fn gemm_packed(
 ) -> Result<(), KernelError> {
     let (m, k, n) = (a.rows, a.cols, b.n);
     check_epilogue(uk, ep, m, n)?;
+    if let Some(s) = small {
+        if s.nr != uk.nr || s.epilogue != uk.epilogue || s.mr == 0 || s.mr >= uk.mr {
+            return Err(KernelError::Shape(format!(
+                "a {}x{} kernel cannot cover the rows of a {}x{} one",
+                s.mr, s.nr, uk.mr, uk.nr
+            )));
+        }
+    }
     if b.k != k || c.rows != m || c.cols != n || b.nr != uk.nr || b.kc != blk.kc {
         return Err(KernelError::Shape(format!(
             "cannot multiply {m}x{k} by packed {}x{n} (NR {}, KC {}) into {}x{} with a {}x{} kernel and KC {}",
@@ -536,68 +546,71 @@ pub fn gemm_packed(
                 None => (bias, std::ptr::null(), 0),
             }
         };
+        let segments = cover_rows(uk, small, rows.clone());
         for pc in (0..k).step_by(blk.kc) {
             let kc = blk.kc.min(k - pc);
             let bblock = b.block(pc, kc);
             let last = pc + kc == k && !uk.epilogue.is_identity();
             let flags = if pc > 0 { ACCUMULATE } else { 0 } | if last { APPLY_EPILOGUE } else { 0 };
-            for ic in (rows.start..rows.end).step_by(blk.mc) {
-                let mc = blk.mc.min(rows.end - ic);
-                pack_a(&a, ic, mc, pc, kc, uk.mr, &mut ap);
-                for jr in cols.clone() {
-                    let nv = uk.nr.min(n - jr * uk.nr);
-                    let bpanel = &bblock[jr * kc * uk.nr..(jr + 1) * kc * uk.nr];
-                    for ir in 0..mc.div_ceil(uk.mr) {
-                        let mv = uk.mr.min(mc - ir * uk.mr);
-                        let apanel = &ap[ir * kc * uk.mr..(ir + 1) * kc * uk.mr];
-                        let (row, col) = (ic + ir * uk.mr, jr * uk.nr);
-                        // SAFETY: the tile (rows row..row+mv, columns col..col+nv) is inside C
-                        // (checked shapes), belongs to this thread alone (disjoint rows or
-                        // panels), and the kernel touches MR rows of stride `ldc` × NR columns
-                        // only when the tile is full; edge tiles go through `scratch`.
-                        unsafe {
-                            let tile = cptr.get().add(row * ldc + col);
-                            if mv == uk.mr && nv == uk.nr {
-                                let (bias, res, ldr) = ep_full(row, col);
-                                (uk.func)(
-                                    kc as i64,
-                                    apanel.as_ptr(),
-                                    bpanel.as_ptr(),
-                                    tile,
-                                    ldc as i64,
-                                    flags,
-                                    bias,
-                                    res,
-                                    ldr,
-                                );
-                            } else {
-                                for r in 0..mv {
-                                    std::ptr::copy_nonoverlapping(
-                                        tile.add(r * ldc),
-                                        scratch.as_mut_ptr().add(r * uk.nr),
-                                        nv,
+            for (seg, kern) in &segments {
+                for ic in seg.clone().step_by(blk.mc) {
+                    let mc = blk.mc.min(seg.end - ic);
+                    pack_a(&a, ic, mc, pc, kc, kern.mr, &mut ap);
+                    for jr in cols.clone() {
+                        let nv = uk.nr.min(n - jr * uk.nr);
+                        let bpanel = &bblock[jr * kc * uk.nr..(jr + 1) * kc * uk.nr];
+                        for ir in 0..mc.div_ceil(kern.mr) {
+                            let mv = kern.mr.min(mc - ir * kern.mr);
+                            let apanel = &ap[ir * kc * kern.mr..(ir + 1) * kc * kern.mr];
+                            let (row, col) = (ic + ir * kern.mr, jr * uk.nr);
+                            // SAFETY: the tile (rows row..row+mv, columns col..col+nv) is inside C
+                            // (checked shapes), belongs to this thread alone (disjoint rows or
+                            // panels), and the kernel touches MR rows of stride `ldc` × NR columns
+                            // only when the tile is full; edge tiles go through `scratch`.
+                            unsafe {
+                                let tile = cptr.get().add(row * ldc + col);
+                                if mv == kern.mr && nv == uk.nr {
+                                    let (bias, res, ldr) = ep_full(row, col);
+                                    (kern.func)(
+                                        kc as i64,
+                                        apanel.as_ptr(),
+                                        bpanel.as_ptr(),
+                                        tile,
+                                        ldc as i64,
+                                        flags,
+                                        bias,
+                                        res,
+                                        ldr,
                                     );
-                                }
-                                if flags & APPLY_EPILOGUE != 0 {
-                                    fill_edge_epilogue(ep, uk, row, col, mv, nv, &mut ebias, &mut eres);
-                                }
-                                (uk.func)(
-                                    kc as i64,
-                                    apanel.as_ptr(),
-                                    bpanel.as_ptr(),
-                                    scratch.as_mut_ptr(),
-                                    uk.nr as i64,
-                                    flags,
-                                    ebias.as_ptr(),
-                                    eres.as_ptr(),
-                                    uk.nr as i64,
-                                );
-                                for r in 0..mv {
-                                    std::ptr::copy_nonoverlapping(
-                                        scratch.as_ptr().add(r * uk.nr),
-                                        tile.add(r * ldc),
-                                        nv,
+                                } else {
+                                    for r in 0..mv {
+                                        std::ptr::copy_nonoverlapping(
+                                            tile.add(r * ldc),
+                                            scratch.as_mut_ptr().add(r * uk.nr),
+                                            nv,
+                                        );
+                                    }
+                                    if flags & APPLY_EPILOGUE != 0 {
+                                        fill_edge_epilogue(ep, uk, row, col, mv, nv, &mut ebias, &mut eres);
+                                    }
+                                    (kern.func)(
+                                        kc as i64,
+                                        apanel.as_ptr(),
+                                        bpanel.as_ptr(),
+                                        scratch.as_mut_ptr(),
+                                        uk.nr as i64,
+                                        flags,
+                                        ebias.as_ptr(),
+                                        eres.as_ptr(),
+                                        uk.nr as i64,
                                     );
+                                    for r in 0..mv {
+                                        std::ptr::copy_nonoverlapping(
+                                            scratch.as_ptr().add(r * uk.nr),
+                                            tile.add(r * ldc),
+                                            nv,
+                                        );
+                                    }
                                 }
                             }
                         }
@@ -706,5 +719,29 @@ fn fill_edge_epilogue(
                 res[i * uk.nr + j] = r.at(row + i, col + j);
             }
         }
+    }
+}
+
+/// FTuner's cover of a row range by two tile heights (Alg. 2): full `MR` bands,
+/// then the remainder with the short kernel when it is at most half a tile
+/// (the short kernel runs at about half the efficiency per row: beyond that, one
+/// zero-padded full tile costs less).
+fn cover_rows<'k>(
+    uk: &'k MicroKernel,
+    small: Option<&'k MicroKernel>,
+    rows: std::ops::Range<usize>,
+) -> Vec<(std::ops::Range<usize>, &'k MicroKernel)> {
+    let rem = rows.len() % uk.mr;
+    match small {
+        Some(s) if rem > 0 && 2 * rem <= uk.mr => {
+            let split = rows.end - rem;
+            let mut v = Vec::with_capacity(2);
+            if split > rows.start {
+                v.push((rows.start..split, uk));
+            }
+            v.push((split..rows.end, s));
+            v
+        }
+        _ => vec![(rows, uk)],
     }
 }

@@ -5,31 +5,40 @@
 use anyshape_kernels::{gemm, Blocking, MatMut, MatRef, MicroKernel};
 use proptest::prelude::*;
 
-/// `C (+)= A·B` for packed panels, MR = 3, NR = 5: odd sizes on purpose.
-unsafe extern "C" fn rust_kernel_3x5(
-    kc: i64,
-    a: *const f32,
-    b: *const f32,
-    c: *mut f32,
-    ldc: i64,
-    flags: i64,
-    _bias: *const f32,
-    _res: *const f32,
-    _ldr: i64,
-) {
-    let acc = flags & anyshape_kernels::ACCUMULATE;
-    const MR: usize = 3;
-    const NR: usize = 5;
-    let (a, b) =
-        (std::slice::from_raw_parts(a, kc as usize * MR), std::slice::from_raw_parts(b, kc as usize * NR));
-    for i in 0..MR {
-        for j in 0..NR {
-            let s: f32 = (0..kc as usize).map(|k| a[k * MR + i] * b[k * NR + j]).sum();
-            let p = c.add(i * ldc as usize + j);
-            *p = if acc != 0 { *p + s } else { s };
+/// `C (+)= A·B` for packed panels (the micro-kernel ABI) in plain Rust, for an
+/// MR × 5 tile: odd sizes on purpose.
+macro_rules! rust_kernel {
+    ($name:ident, $mr:expr) => {
+        unsafe extern "C" fn $name(
+            kc: i64,
+            a: *const f32,
+            b: *const f32,
+            c: *mut f32,
+            ldc: i64,
+            flags: i64,
+            _bias: *const f32,
+            _res: *const f32,
+            _ldr: i64,
+        ) {
+            const MR: usize = $mr;
+            const NR: usize = 5;
+            let acc = flags & anyshape_kernels::ACCUMULATE;
+            let (a, b) = (
+                std::slice::from_raw_parts(a, kc as usize * MR),
+                std::slice::from_raw_parts(b, kc as usize * NR),
+            );
+            for i in 0..MR {
+                for j in 0..NR {
+                    let s: f32 = (0..kc as usize).map(|k| a[k * MR + i] * b[k * NR + j]).sum();
+                    let p = c.add(i * ldc as usize + j);
+                    *p = if acc != 0 { *p + s } else { s };
+                }
+            }
         }
-    }
+    };
 }
+rust_kernel!(rust_kernel_3x5, 3);
+rust_kernel!(rust_kernel_1x5, 1);
 
 fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize, ta: bool) -> Vec<f32> {
     let at = |i: usize, p: usize| if ta { a[p * m + i] } else { a[i * k + p] };
@@ -126,7 +135,7 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 120, ..ProptestConfig::default() })]
     #[test]
-    fn prepacked_gemm_matches_naive(m in dims(), k in dims(), n in dims(), kc in 1usize..9, threads in 1usize..4, ta in any::<bool>()) {
+    fn prepacked_gemm_matches_naive(m in dims(), k in dims(), n in dims(), kc in 1usize..9, threads in 1usize..4, ta in any::<bool>(), cover in any::<bool>()) {
         let pool = anyshape_kernels::ThreadPool::new(threads);
         let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default() };
         let blk = Blocking { kc, mc: 6, nc: 10 };
@@ -137,7 +146,8 @@ proptest! {
         let mut c = vec![f32::NAN; m * ldc];
         let cv = MatMut::new(&mut c, m, n, ldc).expect("c");
         let av = if ta { MatRef::row_major(&a, k, m).unwrap().t() } else { MatRef::row_major(&a, m, k).unwrap() };
-        anyshape_kernels::gemm_packed(&pool, &uk, &blk, av, &packed, cv, &Default::default()).expect("gemm");
+        let small = MicroKernel { mr: 1, nr: 5, func: rust_kernel_1x5, epilogue: Default::default() };
+        anyshape_kernels::gemm_packed(&pool, &uk, cover.then_some(&small), &blk, av, &packed, cv, &Default::default()).expect("gemm");
         let want = naive(&a, &b, m, k, n, ta);
         for i in 0..m {
             for j in 0..n {
