@@ -270,100 +270,21 @@ pub fn gemm(
         }
         return Ok(());
     }
-    WORKSPACE.with(|ws| {
-        let mut ws = ws.borrow_mut();
-        let (ap, bp, scratch) = &mut *ws;
-        scratch.resize(uk.mr * uk.nr, 0.0);
-        blocked(uk, blk, &a, &b, c, ap, bp, scratch)
-    });
+    let packed = PackedB::new(b, uk.nr, blk.kc);
+    let panels = n.div_ceil(uk.nr);
+    packed_band(
+        uk,
+        None,
+        blk,
+        &a,
+        &packed,
+        CPtr(c.data.as_mut_ptr()),
+        c.ldc,
+        0..m,
+        0..panels,
+        &EpilogueArgs::default(),
+    );
     Ok(())
-}
-
-thread_local! {
-    /// Per-thread packing buffers and edge tile, reused across calls: small
-    /// contractions (attention's per-head matmuls) would otherwise spend their
-    /// time allocating.
-    static WORKSPACE: std::cell::RefCell<(Vec<f32>, Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
-}
-
-/// The loops of [`gemm`] over cache blocks and register tiles.
-#[allow(clippy::too_many_arguments)]
-fn blocked(
-    uk: &MicroKernel,
-    blk: &Blocking,
-    a: &MatRef,
-    b: &MatRef,
-    c: &mut MatMut,
-    ap: &mut Vec<f32>,
-    bp: &mut Vec<f32>,
-    scratch: &mut [f32],
-) {
-    let (m, k, n) = (a.rows, a.cols, b.cols);
-    for jc in (0..n).step_by(blk.nc) {
-        let nc = blk.nc.min(n - jc);
-        for pc in (0..k).step_by(blk.kc) {
-            let kc = blk.kc.min(k - pc);
-            pack_b(b, pc, kc, jc, nc, uk.nr, bp);
-            for ic in (0..m).step_by(blk.mc) {
-                let mc = blk.mc.min(m - ic);
-                pack_a(a, ic, mc, pc, kc, uk.mr, ap);
-                for jr in 0..nc.div_ceil(uk.nr) {
-                    let nv = uk.nr.min(nc - jr * uk.nr);
-                    let bpanel = &bp[jr * kc * uk.nr..(jr + 1) * kc * uk.nr];
-                    for ir in 0..mc.div_ceil(uk.mr) {
-                        let mv = uk.mr.min(mc - ir * uk.mr);
-                        let apanel = &ap[ir * kc * uk.mr..(ir + 1) * kc * uk.mr];
-                        let (row, col) = (ic + ir * uk.mr, jc + jr * uk.nr);
-                        let acc = (pc > 0) as i64;
-                        if mv == uk.mr && nv == uk.nr {
-                            let start = row * c.ldc + col;
-                            let tile = &mut c.data[start..start + (uk.mr - 1) * c.ldc + uk.nr];
-                            // SAFETY: the packed panels hold `kc·MR` and `kc·NR` floats, and
-                            // `tile` spans MR rows of stride `ldc` with NR columns each (checked
-                            // by the slice above), which is all the micro-kernel touches.
-                            unsafe {
-                                (uk.func)(
-                                    kc as i64,
-                                    apanel.as_ptr(),
-                                    bpanel.as_ptr(),
-                                    tile.as_mut_ptr(),
-                                    c.ldc as i64,
-                                    acc,
-                                    std::ptr::null(),
-                                    std::ptr::null(),
-                                    0,
-                                )
-                            };
-                        } else {
-                            // Edge tile: compute the whole tile in scratch, write back the valid part.
-                            for i in 0..mv {
-                                let src = &c.data[(row + i) * c.ldc + col..(row + i) * c.ldc + col + nv];
-                                scratch[i * uk.nr..i * uk.nr + nv].copy_from_slice(src);
-                            }
-                            // SAFETY: as above; `scratch` is a full MR × NR tile with row stride NR.
-                            unsafe {
-                                (uk.func)(
-                                    kc as i64,
-                                    apanel.as_ptr(),
-                                    bpanel.as_ptr(),
-                                    scratch.as_mut_ptr(),
-                                    uk.nr as i64,
-                                    acc,
-                                    std::ptr::null(),
-                                    std::ptr::null(),
-                                    0,
-                                )
-                            };
-                            for i in 0..mv {
-                                let dst = &mut c.data[(row + i) * c.ldc + col..(row + i) * c.ldc + col + nv];
-                                dst.copy_from_slice(&scratch[i * uk.nr..i * uk.nr + nv]);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
 }
 
 impl<'a> MatRef<'a> {
@@ -466,8 +387,9 @@ impl PackedB {
 #[derive(Clone, Copy)]
 struct CPtr(*mut f32);
 // SAFETY: threads write disjoint tiles of C (disjoint row bands or disjoint column
-// panels), so no element is written by two threads; `CPtr` is only used inside
-// `gemm_packed`, which holds the exclusive borrow of C until every thread is done.
+// panels), so no element is written by two threads; a `CPtr` is only made by
+// `gemm_packed` and `gemm` from the exclusive borrow of C they hold until every
+// thread is done with it.
 unsafe impl Send for CPtr {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for CPtr {}
@@ -531,93 +453,7 @@ pub fn gemm_packed(
             let per = panels.div_ceil(t);
             (0..m, (i * per).min(panels)..((i + 1) * per).min(panels))
         };
-        if rows.is_empty() || cols.is_empty() {
-            return;
-        }
-        let mut ap = Vec::new();
-        let mut scratch = vec![0.0f32; uk.mr * uk.nr];
-        // Edge tiles read the epilogue's data from padded copies, never past the operands.
-        let (mut ebias, mut eres) = (vec![0.0f32; uk.nr], vec![0.0f32; uk.mr * uk.nr]);
-        // A full tile reads bias and residual in place.
-        let ep_full = |row: usize, col: usize| -> (*const f32, *const f32, i64) {
-            let bias = ep.bias.map_or(std::ptr::null(), |b| b[col..].as_ptr());
-            match ep.residual {
-                Some(r) => (bias, r.data[row * r.rs + col..].as_ptr(), r.rs as i64),
-                None => (bias, std::ptr::null(), 0),
-            }
-        };
-        let segments = cover_rows(uk, small, rows.clone());
-        for pc in (0..k).step_by(blk.kc) {
-            let kc = blk.kc.min(k - pc);
-            let bblock = b.block(pc, kc);
-            let last = pc + kc == k && !uk.epilogue.is_identity();
-            let flags = if pc > 0 { ACCUMULATE } else { 0 } | if last { APPLY_EPILOGUE } else { 0 };
-            for (seg, kern) in &segments {
-                for ic in seg.clone().step_by(blk.mc) {
-                    let mc = blk.mc.min(seg.end - ic);
-                    pack_a(&a, ic, mc, pc, kc, kern.mr, &mut ap);
-                    for jr in cols.clone() {
-                        let nv = uk.nr.min(n - jr * uk.nr);
-                        let bpanel = &bblock[jr * kc * uk.nr..(jr + 1) * kc * uk.nr];
-                        for ir in 0..mc.div_ceil(kern.mr) {
-                            let mv = kern.mr.min(mc - ir * kern.mr);
-                            let apanel = &ap[ir * kc * kern.mr..(ir + 1) * kc * kern.mr];
-                            let (row, col) = (ic + ir * kern.mr, jr * uk.nr);
-                            // SAFETY: the tile (rows row..row+mv, columns col..col+nv) is inside C
-                            // (checked shapes), belongs to this thread alone (disjoint rows or
-                            // panels), and the kernel touches MR rows of stride `ldc` × NR columns
-                            // only when the tile is full; edge tiles go through `scratch`.
-                            unsafe {
-                                let tile = cptr.get().add(row * ldc + col);
-                                if mv == kern.mr && nv == uk.nr {
-                                    let (bias, res, ldr) = ep_full(row, col);
-                                    (kern.func)(
-                                        kc as i64,
-                                        apanel.as_ptr(),
-                                        bpanel.as_ptr(),
-                                        tile,
-                                        ldc as i64,
-                                        flags,
-                                        bias,
-                                        res,
-                                        ldr,
-                                    );
-                                } else {
-                                    for r in 0..mv {
-                                        std::ptr::copy_nonoverlapping(
-                                            tile.add(r * ldc),
-                                            scratch.as_mut_ptr().add(r * uk.nr),
-                                            nv,
-                                        );
-                                    }
-                                    if flags & APPLY_EPILOGUE != 0 {
-                                        fill_edge_epilogue(ep, uk, row, col, mv, nv, &mut ebias, &mut eres);
-                                    }
-                                    (kern.func)(
-                                        kc as i64,
-                                        apanel.as_ptr(),
-                                        bpanel.as_ptr(),
-                                        scratch.as_mut_ptr(),
-                                        uk.nr as i64,
-                                        flags,
-                                        ebias.as_ptr(),
-                                        eres.as_ptr(),
-                                        uk.nr as i64,
-                                    );
-                                    for r in 0..mv {
-                                        std::ptr::copy_nonoverlapping(
-                                            scratch.as_ptr().add(r * uk.nr),
-                                            tile.add(r * ldc),
-                                            nv,
-                                        );
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        packed_band(uk, small, blk, &a, b, cptr, ldc, rows, cols, ep);
     });
     Ok(())
 }
@@ -743,5 +579,110 @@ fn cover_rows<'k>(
             v
         }
         _ => vec![(rows, uk)],
+    }
+}
+
+/// Rows `rows` × column panels `cols` of `C = A · B` (B pre-packed), on the
+/// calling thread: the work of one thread of [`gemm_packed`], and all of [`gemm`].
+#[allow(clippy::too_many_arguments)]
+fn packed_band(
+    uk: &MicroKernel,
+    small: Option<&MicroKernel>,
+    blk: &Blocking,
+    a: &MatRef,
+    b: &PackedB,
+    cptr: CPtr,
+    ldc: usize,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    ep: &EpilogueArgs,
+) {
+    let (k, n) = (b.k, b.n);
+    if rows.is_empty() || cols.is_empty() {
+        return;
+    }
+    let mut ap = Vec::new();
+    let mut scratch = vec![0.0f32; uk.mr * uk.nr];
+    // Edge tiles read the epilogue's data from padded copies, never past the operands.
+    let (mut ebias, mut eres) = (vec![0.0f32; uk.nr], vec![0.0f32; uk.mr * uk.nr]);
+    // A full tile reads bias and residual in place.
+    let ep_full = |row: usize, col: usize| -> (*const f32, *const f32, i64) {
+        let bias = ep.bias.map_or(std::ptr::null(), |b| b[col..].as_ptr());
+        match ep.residual {
+            Some(r) => (bias, r.data[row * r.rs + col..].as_ptr(), r.rs as i64),
+            None => (bias, std::ptr::null(), 0),
+        }
+    };
+    let segments = cover_rows(uk, small, rows.clone());
+    for pc in (0..k).step_by(blk.kc) {
+        let kc = blk.kc.min(k - pc);
+        let bblock = b.block(pc, kc);
+        let last = pc + kc == k && !uk.epilogue.is_identity();
+        let flags = if pc > 0 { ACCUMULATE } else { 0 } | if last { APPLY_EPILOGUE } else { 0 };
+        for (seg, kern) in &segments {
+            for ic in seg.clone().step_by(blk.mc) {
+                let mc = blk.mc.min(seg.end - ic);
+                pack_a(a, ic, mc, pc, kc, kern.mr, &mut ap);
+                for jr in cols.clone() {
+                    let nv = uk.nr.min(n - jr * uk.nr);
+                    let bpanel = &bblock[jr * kc * uk.nr..(jr + 1) * kc * uk.nr];
+                    for ir in 0..mc.div_ceil(kern.mr) {
+                        let mv = kern.mr.min(mc - ir * kern.mr);
+                        let apanel = &ap[ir * kc * kern.mr..(ir + 1) * kc * kern.mr];
+                        let (row, col) = (ic + ir * kern.mr, jr * uk.nr);
+                        // SAFETY: the tile (rows row..row+mv, columns col..col+nv) is inside C
+                        // (checked shapes), belongs to this thread alone (disjoint rows or
+                        // panels), and the kernel touches MR rows of stride `ldc` × NR columns
+                        // only when the tile is full; edge tiles go through `scratch`.
+                        unsafe {
+                            let tile = cptr.get().add(row * ldc + col);
+                            if mv == kern.mr && nv == uk.nr {
+                                let (bias, res, ldr) = ep_full(row, col);
+                                (kern.func)(
+                                    kc as i64,
+                                    apanel.as_ptr(),
+                                    bpanel.as_ptr(),
+                                    tile,
+                                    ldc as i64,
+                                    flags,
+                                    bias,
+                                    res,
+                                    ldr,
+                                );
+                            } else {
+                                for r in 0..mv {
+                                    std::ptr::copy_nonoverlapping(
+                                        tile.add(r * ldc),
+                                        scratch.as_mut_ptr().add(r * uk.nr),
+                                        nv,
+                                    );
+                                }
+                                if flags & APPLY_EPILOGUE != 0 {
+                                    fill_edge_epilogue(ep, uk, row, col, mv, nv, &mut ebias, &mut eres);
+                                }
+                                (kern.func)(
+                                    kc as i64,
+                                    apanel.as_ptr(),
+                                    bpanel.as_ptr(),
+                                    scratch.as_mut_ptr(),
+                                    uk.nr as i64,
+                                    flags,
+                                    ebias.as_ptr(),
+                                    eres.as_ptr(),
+                                    uk.nr as i64,
+                                );
+                                for r in 0..mv {
+                                    std::ptr::copy_nonoverlapping(
+                                        scratch.as_ptr().add(r * uk.nr),
+                                        tile.add(r * ldc),
+                                        nv,
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
