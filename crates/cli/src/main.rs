@@ -76,6 +76,16 @@ enum Command {
         #[arg(long)]
         mc: Option<usize>,
     },
+    /// Measure this machine's micro-kernels once and store them in the tuning cache
+    /// (`$ANYSHAPE_CACHE_DIR`, `$XDG_CACHE_HOME/anyshape` or `~/.cache/anyshape`).
+    Tune {
+        /// Tune the AVX2-only code path too (on an AVX-512 machine).
+        #[arg(long)]
+        avx2: bool,
+        /// The cache folder (default: as above).
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+    },
     /// Show what the compiler knows about a model at a stage.
     Inspect {
         /// The ONNX model file.
@@ -169,6 +179,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             run(model, inputs, shapes, output_dir, dims)
         }
         Command::Inspect { model, stage, dims } => inspect(model, stage, dims),
+        Command::Tune { avx2, cache_dir } => tune(avx2, cache_dir),
         Command::BenchMatmul { m, n, k, batch, threads, avx2, json, tile, kc, mc } => {
             let tile = match tile {
                 Some(t) => {
@@ -427,7 +438,21 @@ fn bench_matmul(
     let jit = match tile {
         Some((mr, nr)) => codegen::compile_microkernel(&target, mr, nr)
             .map_err(|e| UserError(format!("--tile {mr}x{nr}: {e}")))?,
-        None => codegen::select_microkernel(&target, 4)?.0,
+        None => {
+            let (jit, cached) =
+                codegen::tuning::select_cached(codegen::tuning::default_cache_dir().as_deref(), &target, 4)?;
+            if !json {
+                say!(
+                    "# L0 measurements {}",
+                    if cached {
+                        "from the tuning cache"
+                    } else {
+                        "taken now (and cached; see `anyshape tune`)"
+                    }
+                );
+            }
+            jit
+        }
     };
     let select_ms = start.elapsed().as_secs_f64() * 1e3;
     let uk = jit.kernel();
@@ -534,6 +559,40 @@ fn bench_matmul(
                 }
             }
         }
+    }
+    Ok(())
+}
+
+fn tune(avx2: bool, cache_dir: Option<PathBuf>) -> Result<()> {
+    let dir = cache_dir
+        .or_else(codegen::tuning::default_cache_dir)
+        .ok_or_else(|| UserError("no cache folder: set ANYSHAPE_CACHE_DIR or give --cache-dir".into()))?;
+    let host = kernels::Target::detect();
+    if !host.supported() {
+        bail!(UserError("the contraction engine needs x86-64 with AVX2 and FMA".into()));
+    }
+    let mut targets = vec![("host", host.clone())];
+    if avx2 && host.isa.avx512f {
+        targets.extend(host.avx2_only().map(|t| ("avx2", t)));
+    }
+    for (name, t) in targets {
+        let bar = indicatif::ProgressBar::new(codegen::register_tiles(&t).len() as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tiles ({elapsed})")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar.set_message(format!("measuring {name} micro-kernels"));
+        let start = std::time::Instant::now();
+        let record = codegen::tuning::measure(Some(&dir), &t, &|i, _| bar.set_position(i as u64))?;
+        bar.finish_and_clear();
+        let (mr, nr) = codegen::pick_tile(&record.tiles, 4)?;
+        let best = record.tiles.iter().map(|m| m.gflops).fold(0.0, f64::max);
+        say!(
+            "{name}: {} register tiles measured in {:.1} s; fastest {best:.1} GFLOP/s (1 thread), chosen {mr}x{nr}; stored in {}",
+            record.tiles.len(),
+            start.elapsed().as_secs_f64(),
+            dir.display()
+        );
     }
     Ok(())
 }

@@ -84,6 +84,7 @@ pub fn register_tiles(t: &Target) -> Vec<(usize, usize)> {
 }
 
 pub mod peak;
+pub mod tuning;
 mod vmath;
 
 /// Compile an `mr × nr` f32 micro-kernel for `t` (`nr` a multiple of its lanes).
@@ -408,7 +409,7 @@ fn set_align(v: &BasicValueEnum, align: u32) {
 }
 
 /// One register tile's measured L0 throughput.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TileMeasurement {
     pub mr: usize,
     pub nr: usize,
@@ -432,18 +433,24 @@ pub fn select_microkernel(
         let gflops = time_microkernel(&jit.kernel(), t);
         all.push(TileMeasurement { mr, nr, gflops });
     }
-    let top = all.iter().map(|m| m.gflops).fold(0.0, f64::max);
-    let pick = all
-        .iter()
-        .filter(|m| m.gflops >= 0.97 * top)
+    let (mr, nr) = pick_tile(&all, min_mr)?;
+    Ok((compile_microkernel(t, mr, nr)?, all))
+}
+
+/// The tile to use from measurements: the fastest, ties within 3% going to the
+/// smallest tile (see [`select_microkernel`]).
+pub fn pick_tile(all: &[TileMeasurement], min_mr: usize) -> Result<(usize, usize), CodegenError> {
+    let ok = || all.iter().filter(|m| m.mr >= min_mr);
+    let top = ok().map(|m| m.gflops).fold(0.0, f64::max);
+    ok().filter(|m| m.gflops >= 0.97 * top)
         .min_by_key(|m| (m.mr * m.nr, m.mr))
-        .ok_or_else(|| CodegenError::Unsupported("no register tile fits this target".into()))?;
-    Ok((compile_microkernel(t, pick.mr, pick.nr)?, all))
+        .map(|m| (m.mr, m.nr))
+        .ok_or_else(|| CodegenError::Unsupported("no register tile fits this target".into()))
 }
 
 /// GFLOP/s of one micro-kernel called repeatedly on the same packed panels,
 /// sized to a quarter of L1 so that only the register level is measured.
-fn time_microkernel(uk: &MicroKernel, t: &Target) -> f64 {
+pub(crate) fn time_microkernel(uk: &MicroKernel, t: &Target) -> f64 {
     let kc = (t.l1d / 4 / ((uk.mr + uk.nr) * 4)).clamp(16, 512);
     let a = vec![0.5f32; kc * uk.mr];
     let b = vec![0.25f32; kc * uk.nr];

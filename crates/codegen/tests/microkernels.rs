@@ -331,3 +331,30 @@ fn vector_activations_match_f64() {
         }
     }
 }
+
+/// The tuning cache: measured once, then read back; a corrupt record or one of
+/// another machine is measured again.
+#[test]
+fn tuning_cache_round_trip() {
+    use anyshape_codegen::tuning;
+    let Some((_, t)) = targets().into_iter().next() else { return };
+    let dir = std::env::temp_dir().join(format!("anyshape-tuning-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (first, cached) = tuning::select_cached(Some(&dir), &t, 4).expect("measure");
+    assert!(!cached);
+    let record = tuning::load(&dir, &t).expect("stored");
+    assert_eq!(record.machine, tuning::machine_key(&t));
+    assert_eq!(record.tiles.len(), anyshape_codegen::register_tiles(&t).len());
+    let (second, cached) = tuning::select_cached(Some(&dir), &t, 4).expect("cached");
+    assert!(cached);
+    assert_eq!((first.kernel().mr, first.kernel().nr), (second.kernel().mr, second.kernel().nr));
+    // A corrupt file, or another machine's record: measured again.
+    let file = std::fs::read_dir(&dir).expect("dir").next().expect("file").expect("entry").path();
+    std::fs::write(&file, "{ not json").expect("corrupt");
+    assert!(!tuning::select_cached(Some(&dir), &t, 4).expect("re-measure").1);
+    let mut other = tuning::load(&dir, &t).expect("stored again");
+    other.machine = "another machine".into();
+    std::fs::write(&file, serde_json::to_string(&other).expect("json")).expect("write");
+    assert!(tuning::load(&dir, &t).is_none());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,111 @@
+//! The per-machine tuning cache: the measured lowest level (every register
+//! tile's throughput) and the measured peak, stored once per machine so that a
+//! second run needs no measurement (Vortex's hybrid analyzer measures L0 once).
+//!
+//! The record is JSON, keyed by the CPU name and features LLVM sees and the
+//! vector width in use; a record of another machine, or one that does not parse,
+//! is measured again and replaced.
+
+use std::path::{Path, PathBuf};
+
+use kernels::Target;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    compile_microkernel, pick_tile, register_tiles, time_microkernel, CodegenError, JitMicroKernel,
+    TileMeasurement,
+};
+
+/// What is stored for one machine and vector width.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TuningRecord {
+    pub machine: String,
+    pub tiles: Vec<TileMeasurement>,
+}
+
+/// The machine key: CPU name, features and lanes.
+pub fn machine_key(t: &Target) -> String {
+    use inkwell::targets::TargetMachine;
+    format!(
+        "{} {} lanes={}",
+        TargetMachine::get_host_cpu_name().to_string(),
+        TargetMachine::get_host_cpu_features().to_string(),
+        t.f32_lanes
+    )
+}
+
+/// Where the cache lives: `$ANYSHAPE_CACHE_DIR`, else `$XDG_CACHE_HOME/anyshape`,
+/// else `~/.cache/anyshape`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("ANYSHAPE_CACHE_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("anyshape"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("anyshape"))
+}
+
+fn record_path(dir: &Path, t: &Target) -> PathBuf {
+    dir.join(format!("tiles-f32-{}lanes.json", t.f32_lanes))
+}
+
+/// The stored record for this machine, if there is a valid one.
+pub fn load(dir: &Path, t: &Target) -> Option<TuningRecord> {
+    let path = record_path(dir, t);
+    let text = std::fs::read_to_string(&path).ok()?;
+    match serde_json::from_str::<TuningRecord>(&text) {
+        Ok(r) if r.machine == machine_key(t) && !r.tiles.is_empty() => Some(r),
+        Ok(_) => {
+            tracing::warn!("{}: recorded for another machine; measuring again", path.display());
+            None
+        }
+        Err(e) => {
+            tracing::warn!("{}: unreadable ({e}); measuring again", path.display());
+            None
+        }
+    }
+}
+
+/// Measure every register tile of `t` (reporting progress), and store the record.
+pub fn measure(
+    dir: Option<&Path>,
+    t: &Target,
+    progress: &dyn Fn(usize, usize),
+) -> Result<TuningRecord, CodegenError> {
+    let tiles = register_tiles(t);
+    let mut out = Vec::with_capacity(tiles.len());
+    for (i, (mr, nr)) in tiles.iter().enumerate() {
+        let jit = compile_microkernel(t, *mr, *nr)?;
+        out.push(TileMeasurement { mr: *mr, nr: *nr, gflops: time_microkernel(&jit.kernel(), t) });
+        progress(i + 1, tiles.len());
+    }
+    let record = TuningRecord { machine: machine_key(t), tiles: out };
+    if let Some(dir) = dir {
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(dir)?;
+            let tmp = record_path(dir, t).with_extension("json.tmp");
+            std::fs::write(&tmp, serde_json::to_string_pretty(&record).unwrap_or_default())?;
+            std::fs::rename(tmp, record_path(dir, t))
+        };
+        if let Err(e) = write() {
+            tracing::warn!("cannot store the tuning record in {}: {e}", dir.display());
+        }
+    }
+    Ok(record)
+}
+
+/// The micro-kernel for `t` (rows ≥ `min_mr`), from the cache when it has this
+/// machine, measuring (and storing) otherwise. Returns whether it was cached.
+pub fn select_cached(
+    dir: Option<&Path>,
+    t: &Target,
+    min_mr: usize,
+) -> Result<(JitMicroKernel, bool), CodegenError> {
+    let (record, cached) = match dir.and_then(|d| load(d, t)) {
+        Some(r) => (r, true),
+        None => (measure(dir, t, &|_, _| {})?, false),
+    };
+    let (mr, nr) = pick_tile(&record.tiles, min_mr)?;
+    Ok((compile_microkernel(t, mr, nr)?, cached))
+}
