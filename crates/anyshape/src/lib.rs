@@ -16,6 +16,7 @@ pub mod npy;
 use std::path::Path;
 
 pub use ir::{DType, Elems, Graph, Tensor, TensorType};
+pub use onnx::DIM_MAX;
 pub use passes::{FusionPlan, GroupKind, Report as RewriteReport};
 pub use sym::{Range, SymExpr};
 

@@ -222,13 +222,12 @@ fn parse_dim(s: &str) -> Result<(String, Range)> {
 fn sym_range(r: &str) -> Option<Range> {
     let (lo, hi) = r.split_once("..")?;
     let lo = if lo.trim().is_empty() { 0 } else { lo.trim().parse().ok()? };
-    let hi =
-        if hi.trim().is_empty() { onnx_dim_max() } else { hi.trim().trim_start_matches('=').parse().ok()? };
+    let hi = if hi.trim().is_empty() {
+        anyshape::DIM_MAX
+    } else {
+        hi.trim().trim_start_matches('=').parse().ok()?
+    };
     Some(Range::new(lo, hi))
-}
-
-fn onnx_dim_max() -> i64 {
-    i32::MAX as i64
 }
 
 fn run(

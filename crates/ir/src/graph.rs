@@ -101,9 +101,6 @@ impl Graph {
     pub fn value(&self, v: ValueId) -> &Value {
         &self.values[v.index()]
     }
-    pub fn value_mut_ty(&mut self, v: ValueId) -> &mut TensorType {
-        &mut self.values[v.index()].ty
-    }
     pub fn ty(&self, v: ValueId) -> &TensorType {
         &self.values[v.index()].ty
     }

@@ -287,32 +287,8 @@ pub fn gemm(
     Ok(())
 }
 
-impl<'a> MatRef<'a> {
-    /// Rows `r0..r0 + n` of the view.
-    pub fn rows(self, r0: usize, n: usize) -> Result<MatRef<'a>, KernelError> {
-        if r0 + n > self.rows {
-            return Err(KernelError::Shape(format!("rows {r0}..{} of a {}-row view", r0 + n, self.rows)));
-        }
-        let start = if n == 0 { 0 } else { r0 * self.rs };
-        MatRef::new(&self.data[start.min(self.data.len())..], n, self.cols, self.rs, self.cs)
-    }
-}
-
-impl<'a> MatMut<'a> {
-    /// Split into rows `..at` and `at..` (disjoint memory).
-    pub fn split_rows(self, at: usize) -> (MatMut<'a>, MatMut<'a>) {
-        let at = at.min(self.rows);
-        let (top, bottom) = self.data.split_at_mut((at * self.ldc).min(self.data.len()));
-        (
-            MatMut { data: top, rows: at, cols: self.cols, ldc: self.ldc },
-            MatMut { data: bottom, rows: self.rows - at, cols: self.cols, ldc: self.ldc },
-        )
-    }
-}
-
-/// `C = A · B` on every thread of `pool`: each thread takes a band of C's rows (a
-/// multiple of MR, the L2 level of the schedule: the split across threads) and
-/// packs its own panels. Shapes too small to split run on one thread.
+/// `C = A · B` on every thread of `pool`, B an activation: packed once here,
+/// then the threads share it as in [`gemm_packed`].
 pub fn gemm_parallel(
     pool: &crate::ThreadPool,
     uk: &MicroKernel,
@@ -321,35 +297,14 @@ pub fn gemm_parallel(
     b: MatRef,
     c: MatMut,
 ) -> Result<(), KernelError> {
-    let (m, t) = (a.rows, pool.threads());
-    let band = m.div_ceil(t).div_ceil(uk.mr) * uk.mr;
-    if t == 1 || band >= m {
-        let mut c = c;
-        return gemm(uk, blk, a, b, &mut c);
+    if b.rows != a.cols {
+        return Err(KernelError::Shape(format!(
+            "cannot multiply {}x{} by {}x{}",
+            a.rows, a.cols, b.rows, b.cols
+        )));
     }
-    let mut bands = Vec::new();
-    let (mut rest, mut r0) = (c, 0);
-    while r0 < m {
-        let n = band.min(m - r0);
-        let (top, bottom) = rest.split_rows(n);
-        bands.push(std::sync::Mutex::new((r0, top)));
-        rest = bottom;
-        r0 += n;
-    }
-    let error = std::sync::Mutex::new(None);
-    pool.run(&|i| {
-        let Some(slot) = bands.get(i) else { return };
-        let mut guard = slot.lock().unwrap_or_else(|e| e.into_inner());
-        let (r0, ref mut cm) = *guard;
-        let result = a.rows(r0, cm.rows).and_then(|sub| gemm(uk, blk, sub, b, cm));
-        if let Err(e) = result {
-            *error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
-        }
-    });
-    match error.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    let packed = PackedB::new(b, uk.nr, blk.kc);
+    gemm_packed(pool, uk, None, blk, a, &packed, c, &EpilogueArgs::default())
 }
 
 /// B packed once in the layout the driver reads: for each `kc` block of its rows,

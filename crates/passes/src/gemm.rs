@@ -160,13 +160,14 @@ fn next_pair(g: &Graph) -> Option<(usize, usize)> {
             && a.rank() == b.rank()
             && a.shape.iter().zip(&b.shape).all(|(p, q)| g.env.equal(p, q))
     };
+    let producers = g.producers();
     for (k, &a) in cands.iter().enumerate() {
         for &b in &cands[k + 1..] {
             let (na, nb) = (&g.nodes[a], &g.nodes[b]);
             if na.inputs[0] != nb.inputs[0]
                 && same(na.inputs[0], nb.inputs[0])
                 && same(na.inputs[1], nb.inputs[1])
-                && !depends_on(g, b, na.output)
+                && !depends_on(g, &producers, b, na.output)
                 && insertion_point(g, a, b).is_some()
             {
                 return Some((a, b));
@@ -188,8 +189,7 @@ fn insertion_point(g: &Graph, a: usize, b: usize) -> Option<usize> {
 }
 
 /// Whether node `n` reads `v`, directly or through other nodes.
-fn depends_on(g: &Graph, n: usize, v: ValueId) -> bool {
-    let p = g.producers();
+fn depends_on(g: &Graph, p: &[Option<usize>], n: usize, v: ValueId) -> bool {
     let mut stack = vec![n];
     let mut seen = vec![false; g.nodes.len()];
     while let Some(i) = stack.pop() {

@@ -21,7 +21,7 @@
 //! arithmetic in which `i64::MIN`/`i64::MAX` stand for infinities, tightened for
 //! `x/c` and `x%c` terms by `x - (c-1) <= c*(x/c) <= x`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -1051,17 +1051,6 @@ impl fmt::Display for ShapeEnv {
         }
         Ok(())
     }
-}
-
-/// Counts how many times each surviving symbol is used, for reports.
-pub fn symbol_histogram<'a>(exprs: impl Iterator<Item = &'a SymExpr>) -> HashMap<Arc<str>, usize> {
-    let mut h = HashMap::new();
-    for e in exprs {
-        for s in e.symbols() {
-            *h.entry(s).or_insert(0) += 1;
-        }
-    }
-    h
 }
 
 impl ShapeEnv {

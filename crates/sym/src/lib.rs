@@ -11,11 +11,9 @@ mod env;
 mod expr;
 mod parse;
 
-pub use env::{
-    parse_range, symbol_histogram, Bindings, Constraint, DimFact, Range, ShapeEnv, SymInfo, SymOrigin,
-};
+pub use env::{parse_range, Bindings, Constraint, DimFact, Range, ShapeEnv, SymInfo, SymOrigin};
 pub use expr::SymExpr;
-pub use parse::{is_valid_symbol_name, parse_expr};
+pub use parse::{is_ident_char, is_valid_symbol_name, parse_expr};
 
 /// Errors from symbolic arithmetic, facts and binding.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -66,10 +66,7 @@ impl ImportOptions {
 
 /// Turn an ONNX `dim_param` into a valid symbol name (`batch size` → `batch_size`).
 pub fn symbol_name(param: &str) -> String {
-    let mut s: String = param
-        .chars()
-        .map(|c| if sym::is_valid_symbol_name(&c.to_string()) || c.is_ascii_digit() { c } else { '_' })
-        .collect();
+    let mut s: String = param.chars().map(|c| if sym::is_ident_char(c) { c } else { '_' }).collect();
     if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) || s == "min" || s == "max" {
         s.insert(0, '_');
     }
