@@ -6,6 +6,8 @@ Peers (pinned in bench/requirements.txt; `bash bench/run.sh` makes the venv):
 - numpy (OpenBLAS), `a @ b`;
 - ONNX Runtime (CPU), a one-MatMul model whose weight is an initializer;
 - OpenVINO (CPU), the same model;
+- the Rust `gemm` crate: `bench/rs/target/release/gemm_peer` (`--gemm-crate`; built by
+  `bash bench/run.sh`, skipped when the binary is missing), B not pre-packed;
 - anyshape: `target/release/anyshape bench-matmul --json` (weights pre-packed, as
   every peer does with an initializer).
 Each system gets the same thread count; each figure is the best of five rounds of at
@@ -113,6 +115,8 @@ def main():
     ap.add_argument("--anyshape", default="target/release/anyshape")
     ap.add_argument("--json", help="write all figures here")
     ap.add_argument("--anyshape-args", default="", help="extra flags for `anyshape bench-matmul`, e.g. '--tile 8x32 --kc 256'")
+    ap.add_argument("--gemm-crate", default="bench/rs/target/release/gemm_peer",
+                    help="the Rust gemm crate's peer binary (`cargo build --release --manifest-path bench/rs/Cargo.toml`); skipped if missing")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     os.environ.setdefault("OPENBLAS_NUM_THREADS", str(args.threads))
@@ -121,8 +125,11 @@ def main():
     else:
         shapes = SHAPES[args.shapes]
     shapes = [s if len(s) == 4 else (1, *s) for s in shapes]
+    gemm_crate = args.gemm_crate if os.path.isfile(args.gemm_crate) and os.access(args.gemm_crate, os.X_OK) else None
+    if gemm_crate is None:
+        print(f"# {args.gemm_crate} not found: no gemm crate figures", file=sys.stderr)
     rows = []
-    print(f"{'batch':>5} {'m':>6} {'n':>6} {'k':>6} {'anyshape':>9} {'numpy':>8} {'ort':>8} {'openvino':>9} {'vs best':>8}  (GFLOP/s, {args.threads} threads)")
+    print(f"{'batch':>5} {'m':>6} {'n':>6} {'k':>6} {'anyshape':>9} {'numpy':>8} {'ort':>8} {'openvino':>9} {'gemm':>8} {'vs best':>8}  (GFLOP/s, {args.threads} threads)")
     for batch, m, n, k in shapes:
         r = subprocess.run([args.anyshape, "bench-matmul", "--m", str(m), "--n", str(n), "--k", str(k), "--batch", str(batch),
                             "--threads", str(args.threads), "--json"] + args.anyshape_args.split(),
@@ -131,10 +138,16 @@ def main():
         times = peers(m, n, k, args.threads, batch)
         flops = 2.0 * batch * m * n * k
         g = {name: flops / t / 1e9 for name, t in times.items()}
+        if gemm_crate:
+            rg = subprocess.run([gemm_crate, "--shape", f"{batch},{m},{n},{k}", "--threads", str(args.threads)],
+                                capture_output=True, text=True)
+            if rg.returncode != 0:
+                sys.exit(f"{gemm_crate} failed on {batch},{m},{n},{k}: {rg.stderr.strip()}")
+            g["gemm_crate"] = json.loads(rg.stdout.strip().splitlines()[-1])["gflops"]
         best_peer = max(g.values())
         row = {"batch": batch, "m": m, "n": n, "k": k, "anyshape": ours["gflops"], "peak_fraction": ours["peak_fraction"], **g}
         rows.append(row)
-        print(f"{batch:>5} {m:>6} {n:>6} {k:>6} {ours['gflops']:>9.1f} {g.get('numpy', 0):>8.1f} {g.get('onnxruntime', 0):>8.1f} {g.get('openvino', 0):>9.1f} {ours['gflops'] / best_peer:>7.2f}x")
+        print(f"{batch:>5} {m:>6} {n:>6} {k:>6} {ours['gflops']:>9.1f} {g.get('numpy', 0):>8.1f} {g.get('onnxruntime', 0):>8.1f} {g.get('openvino', 0):>9.1f} {g.get('gemm_crate', 0):>8.1f} {ours['gflops'] / best_peer:>7.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -42,40 +42,10 @@ enum Command {
         #[arg(long = "dim", value_name = "NAME=LO..HI")]
         dims: Vec<String>,
     },
-    /// Benchmark the contraction engine on single matmuls: GFLOP/s and the
-    /// fraction of the measured peak, with the chosen schedule.
-    BenchMatmul {
-        /// Rows of A (comma-separated: one benchmark each).
-        #[arg(long, value_delimiter = ',', required = true)]
-        m: Vec<usize>,
-        /// Columns of B.
-        #[arg(long, value_delimiter = ',', required = true)]
-        n: Vec<usize>,
-        /// The contraction extent.
-        #[arg(long, value_delimiter = ',', required = true)]
-        k: Vec<usize>,
-        /// Independent matmuls per run (a batched contraction).
-        #[arg(long, default_value_t = 1)]
-        batch: usize,
-        /// Threads (default: every core).
-        #[arg(long)]
-        threads: Option<usize>,
-        /// Generate AVX2 code only (on an AVX-512 machine, to compare the paths).
-        #[arg(long)]
-        avx2: bool,
-        /// One JSON object per shape instead of a table.
-        #[arg(long)]
-        json: bool,
-        /// Force the register tile, e.g. `8x32` (default: the fastest, measured).
-        #[arg(long)]
-        tile: Option<String>,
-        /// Force the depth of the cache blocks (default: sized to the caches).
-        #[arg(long)]
-        kc: Option<usize>,
-        /// Force the rows of A per cache block (rounded up to the tile).
-        #[arg(long)]
-        mc: Option<usize>,
-    },
+    /// Benchmark the contraction engine on single and batched matmuls: GFLOP/s and
+    /// the fraction of the measured peak, with the schedule the dispatcher chose
+    /// (and, with --exhaustive, every candidate measured and each model's regret).
+    BenchMatmul(bench::BenchMatmulArgs),
     /// Measure this machine's micro-kernels once and store them in the tuning cache
     /// (`$ANYSHAPE_CACHE_DIR`, `$XDG_CACHE_HOME/anyshape` or `~/.cache/anyshape`).
     Tune {
@@ -137,6 +107,8 @@ macro_rules! say_raw {
     }};
 }
 
+mod bench;
+
 /// An error in what the user gave us (exit code 2).
 #[derive(Debug)]
 struct UserError(String);
@@ -180,17 +152,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         }
         Command::Inspect { model, stage, dims } => inspect(model, stage, dims),
         Command::Tune { avx2, cache_dir } => tune(avx2, cache_dir),
-        Command::BenchMatmul { m, n, k, batch, threads, avx2, json, tile, kc, mc } => {
-            let tile = match tile {
-                Some(t) => {
-                    let bad = || UserError(format!("--tile `{t}`: expected MRxNR, e.g. 8x32"));
-                    let (a, b) = t.split_once('x').ok_or_else(bad)?;
-                    Some((a.parse::<usize>().map_err(|_| bad())?, b.parse::<usize>().map_err(|_| bad())?))
-                }
-                None => None,
-            };
-            bench_matmul(&m, &n, &k, batch, threads, avx2, json, tile, kc, mc)
-        }
+        Command::BenchMatmul(args) => bench::bench_matmul(args),
     }
 }
 
@@ -405,159 +367,6 @@ fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>) -> Result<()> {
             r.rewrites("eliminate-broadcasts"),
             r.rewrites("merge-gemms")
         );
-    }
-    Ok(())
-}
-
-#[allow(clippy::too_many_arguments)]
-fn bench_matmul(
-    ms: &[usize],
-    ns: &[usize],
-    ks: &[usize],
-    batch: usize,
-    threads: Option<usize>,
-    avx2: bool,
-    json: bool,
-    tile: Option<(usize, usize)>,
-    kc: Option<usize>,
-    mc: Option<usize>,
-) -> Result<()> {
-    let host = kernels::Target::detect();
-    let target = if avx2 {
-        host.avx2_only().ok_or_else(|| UserError("this machine has no AVX2 + FMA".into()))?
-    } else {
-        host
-    };
-    if !target.supported() {
-        bail!(UserError("the contraction engine needs x86-64 with AVX2 and FMA".into()));
-    }
-    let pool = kernels::ThreadPool::new(threads.unwrap_or(target.cores));
-    let peak = codegen::peak::measure_peak_gflops(&target, &pool, 200)?;
-    let start = std::time::Instant::now();
-    let jit = match tile {
-        Some((mr, nr)) => codegen::compile_microkernel(&target, mr, nr)
-            .map_err(|e| UserError(format!("--tile {mr}x{nr}: {e}")))?,
-        None => {
-            let (jit, cached) =
-                codegen::tuning::select_cached(codegen::tuning::default_cache_dir().as_deref(), &target, 4)?;
-            if !json {
-                say!(
-                    "# L0 measurements {}",
-                    if cached {
-                        "from the tuning cache"
-                    } else {
-                        "taken now (and cached; see `anyshape tune`)"
-                    }
-                );
-            }
-            jit
-        }
-    };
-    let select_ms = start.elapsed().as_secs_f64() * 1e3;
-    let uk = jit.kernel();
-    // A 1-row kernel of the same width covers the rows past the last full band.
-    let small = codegen::compile_microkernel(&target, 1, uk.nr)?;
-    let mut blk = kernels::Blocking::for_target(&target, uk.mr, uk.nr);
-    if let Some(kc) = kc {
-        blk.kc = kc.max(1);
-    }
-    if let Some(mc) = mc {
-        blk.mc = mc.div_ceil(uk.mr).max(1) * uk.mr;
-    }
-    if !json {
-        say!(
-            "# {} f32 lanes, {} threads, measured peak {peak:.1} GFLOP/s; micro-kernel {}x{} (L0 measured over all register tiles in {select_ms:.0} ms); blocks mc {} nc {} kc {}",
-            target.f32_lanes,
-            pool.threads(),
-            uk.mr,
-            uk.nr,
-            blk.mc,
-            blk.nc,
-            blk.kc
-        );
-        say!(
-            "{:>6} {:>6} {:>6} {:>6} {:>10} {:>8} {:>10}",
-            "batch",
-            "m",
-            "n",
-            "k",
-            "GFLOP/s",
-            "of peak",
-            "time"
-        );
-    }
-    for &m in ms {
-        for &n in ns {
-            for &k in ks {
-                let a: Vec<f32> = (0..batch * m * k).map(|i| (i % 17) as f32 * 0.01).collect();
-                let b: Vec<f32> = (0..batch * k * n).map(|i| (i % 13) as f32 * 0.01).collect();
-                let mut c = vec![0.0f32; batch * m * n];
-                // One matmul: B is a weight, packed once when it is known, outside the
-                // timed runs. A batch: both operands are activations (attention), packed
-                // inside every run, the batch entries spread over the threads.
-                let packed: Vec<kernels::PackedB> = if batch == 1 {
-                    vec![kernels::PackedB::new(kernels::MatRef::row_major(&b, k, n)?, uk.nr, blk.kc)]
-                } else {
-                    Vec::new()
-                };
-                let once = |c: &mut Vec<f32>| -> Result<()> {
-                    if let [pb] = packed.as_slice() {
-                        let cv = kernels::MatMut::new(&mut c[..], m, n, n)?;
-                        kernels::gemm_packed(
-                            &pool,
-                            &uk,
-                            Some(&small.kernel()),
-                            &blk,
-                            kernels::MatRef::row_major(&a, m, k)?,
-                            pb,
-                            cv,
-                            &kernels::EpilogueArgs::default(),
-                        )?;
-                        return Ok(());
-                    }
-                    let av = (0..batch)
-                        .map(|i| kernels::MatRef::row_major(&a[i * m * k..(i + 1) * m * k], m, k))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    let bv = (0..batch)
-                        .map(|i| kernels::MatRef::row_major(&b[i * k * n..(i + 1) * k * n], k, n))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    let cv = c
-                        .chunks_mut(m * n)
-                        .take(batch)
-                        .map(|ch| kernels::MatMut::new(ch, m, n, n))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    kernels::gemm_batched(&pool, &uk, &blk, &av, &bv, cv)?;
-                    Ok(())
-                };
-                once(&mut c)?;
-                // Repeat for at least 0.2 s; report the best of five rounds.
-                let mut best = f64::INFINITY;
-                for _ in 0..5 {
-                    let (mut reps, t0) = (0usize, std::time::Instant::now());
-                    while t0.elapsed().as_secs_f64() < 0.04 || reps == 0 {
-                        once(&mut c)?;
-                        reps += 1;
-                    }
-                    best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
-                }
-                let gflops = 2.0 * (batch * m * n * k) as f64 / best / 1e9;
-                if json {
-                    say!(
-                        "{{\"batch\": {batch}, \"m\": {m}, \"n\": {n}, \"k\": {k}, \"gflops\": {gflops:.2}, \"peak_fraction\": {:.4}, \"seconds\": {best:.3e}, \"threads\": {}, \"mr\": {}, \"nr\": {}}}",
-                        gflops / peak,
-                        pool.threads(),
-                        uk.mr,
-                        uk.nr
-                    );
-                } else {
-                    say!(
-                        "{batch:>6} {m:>6} {n:>6} {k:>6} {gflops:>10.1} {:>7.1}% {:>8.1}us",
-                        100.0 * gflops / peak,
-                        best * 1e6
-                    );
-                }
-            }
-        }
     }
     Ok(())
 }

@@ -22,6 +22,8 @@ use inkwell::values::{BasicValue, BasicValueEnum, FloatValue, IntValue, VectorVa
 use inkwell::{AddressSpace, IntPredicate, OptimizationLevel};
 use kernels::{Epilogue, MicroKernel, MicroKernelFn, Target};
 
+pub use family::{family_tiles, Contraction};
+
 /// Errors from code generation.
 #[derive(Debug, thiserror::Error)]
 pub enum CodegenError {
@@ -83,6 +85,7 @@ pub fn register_tiles(t: &Target) -> Vec<(usize, usize)> {
     out
 }
 
+mod family;
 pub mod peak;
 pub mod tuning;
 mod vmath;

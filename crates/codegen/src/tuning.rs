@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use kernels::Target;
+use kernels::{MachineModel, Target, ThreadPool};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -21,6 +21,9 @@ use crate::{
 pub struct TuningRecord {
     pub machine: String,
     pub tiles: Vec<TileMeasurement>,
+    /// The calibrated analytical levels, one per thread count seen.
+    #[serde(default)]
+    pub models: Vec<MachineModel>,
 }
 
 /// The machine key: CPU name, features and lanes.
@@ -80,19 +83,53 @@ pub fn measure(
         out.push(TileMeasurement { mr: *mr, nr: *nr, gflops: time_microkernel(&jit.kernel(), t) });
         progress(i + 1, tiles.len());
     }
-    let record = TuningRecord { machine: machine_key(t), tiles: out };
+    let record = TuningRecord { machine: machine_key(t), tiles: out, models: Vec::new() };
     if let Some(dir) = dir {
-        let write = || -> std::io::Result<()> {
-            std::fs::create_dir_all(dir)?;
-            let tmp = record_path(dir, t).with_extension("json.tmp");
-            std::fs::write(&tmp, serde_json::to_string_pretty(&record).unwrap_or_default())?;
-            std::fs::rename(tmp, record_path(dir, t))
-        };
-        if let Err(e) = write() {
-            tracing::warn!("cannot store the tuning record in {}: {e}", dir.display());
-        }
+        store(dir, t, &record);
     }
     Ok(record)
+}
+
+/// Write `record` (atomically: a temporary file renamed over the old one).
+fn store(dir: &Path, t: &Target, record: &TuningRecord) {
+    let write = || -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let tmp = record_path(dir, t).with_extension(format!("json.{}.tmp", std::process::id()));
+        std::fs::write(&tmp, serde_json::to_string_pretty(record).unwrap_or_default())?;
+        std::fs::rename(tmp, record_path(dir, t))
+    };
+    if let Err(e) = write() {
+        tracing::warn!("cannot store the tuning record in {}: {e}", dir.display());
+    }
+}
+
+/// This machine's tile measurements, from the cache when it has them (measured
+/// and stored otherwise). Returns whether they were cached.
+pub fn record(dir: Option<&Path>, t: &Target) -> Result<(TuningRecord, bool), CodegenError> {
+    match dir.and_then(|d| load(d, t)) {
+        Some(r) => Ok((r, true)),
+        None => Ok((measure(dir, t, &|_, _| {})?, false)),
+    }
+}
+
+/// The analytical levels' machine model for `pool`'s thread count: from the
+/// record when it has one, calibrated (and stored) otherwise.
+pub fn machine_model(
+    dir: Option<&Path>,
+    t: &Target,
+    pool: &ThreadPool,
+    record: &mut TuningRecord,
+) -> MachineModel {
+    if let Some(m) = record.models.iter().find(|m| m.threads == pool.threads()) {
+        return *m;
+    }
+    let mut m = kernels::calibrate::measure(t, pool);
+    m.peak_gflops = crate::peak::measure_peak_gflops(t, pool, 200).unwrap_or(0.0);
+    record.models.push(m);
+    if let Some(dir) = dir {
+        store(dir, t, record);
+    }
+    m
 }
 
 /// The micro-kernel for `t` (rows ≥ `min_mr`), from the cache when it has this
@@ -102,10 +139,7 @@ pub fn select_cached(
     t: &Target,
     min_mr: usize,
 ) -> Result<(JitMicroKernel, bool), CodegenError> {
-    let (record, cached) = match dir.and_then(|d| load(d, t)) {
-        Some(r) => (r, true),
-        None => (measure(dir, t, &|_, _| {})?, false),
-    };
+    let (record, cached) = record(dir, t)?;
     let (mr, nr) = pick_tile(&record.tiles, min_mr)?;
     Ok((compile_microkernel(t, mr, nr)?, cached))
 }

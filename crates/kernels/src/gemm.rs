@@ -71,7 +71,7 @@ pub struct EpilogueArgs<'a> {
 }
 
 /// Cache blocks: `kc` deep, `mc` rows of A, `nc` columns of B.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Blocking {
     pub mc: usize,
     pub nc: usize,
@@ -97,11 +97,11 @@ impl Blocking {
 /// A strided view of a row-major-or-not f32 matrix.
 #[derive(Clone, Copy, Debug)]
 pub struct MatRef<'a> {
-    data: &'a [f32],
+    pub(crate) data: &'a [f32],
     pub rows: usize,
     pub cols: usize,
-    rs: usize,
-    cs: usize,
+    pub(crate) rs: usize,
+    pub(crate) cs: usize,
 }
 
 impl<'a> MatRef<'a> {
@@ -169,7 +169,7 @@ fn check_extent(len: usize, rows: usize, cols: usize, rs: usize, cs: usize) -> R
 
 /// Pack rows `i0..i0+m` and depth `p0..p0+kc` of A into `MR`-row micro-panels,
 /// `out[panel][k·MR + i]`; rows past `m` are zero (local padding).
-fn pack_a(a: &MatRef, i0: usize, m: usize, p0: usize, kc: usize, mr: usize, out: &mut Vec<f32>) {
+pub(crate) fn pack_a(a: &MatRef, i0: usize, m: usize, p0: usize, kc: usize, mr: usize, out: &mut Vec<f32>) {
     let panels = m.div_ceil(mr);
     out.clear();
     out.resize(panels * kc * mr, 0.0);
@@ -203,7 +203,7 @@ fn pack_a(a: &MatRef, i0: usize, m: usize, p0: usize, kc: usize, mr: usize, out:
 
 /// Pack depth `p0..p0+kc` and columns `j0..j0+n` of B into `NR`-column
 /// micro-panels, `out[panel][k·NR + j]`; columns past `n` are zero.
-fn pack_b(b: &MatRef, p0: usize, kc: usize, j0: usize, n: usize, nr: usize, out: &mut Vec<f32>) {
+pub(crate) fn pack_b(b: &MatRef, p0: usize, kc: usize, j0: usize, n: usize, nr: usize, out: &mut Vec<f32>) {
     let panels = n.div_ceil(nr);
     out.clear();
     out.resize(panels * kc * nr, 0.0);
@@ -233,78 +233,6 @@ fn pack_b(b: &MatRef, p0: usize, kc: usize, j0: usize, n: usize, nr: usize, out:
             }
         }
     }
-}
-
-/// `C = A · B` with the micro-kernel `uk` and cache blocks `blk` (one thread).
-pub fn gemm(
-    uk: &MicroKernel,
-    blk: &Blocking,
-    a: MatRef,
-    b: MatRef,
-    c: &mut MatMut,
-) -> Result<(), KernelError> {
-    let (m, k, n) = (a.rows, a.cols, b.cols);
-    if b.rows != k || c.rows != m || c.cols != n {
-        return Err(KernelError::Shape(format!(
-            "cannot multiply {m}x{k} by {}x{n} into {}x{}",
-            b.rows, c.rows, c.cols
-        )));
-    }
-    if !uk.epilogue.is_identity() {
-        return Err(KernelError::Shape("this driver applies no epilogue: use gemm_packed".into()));
-    }
-    if uk.mr == 0
-        || uk.nr == 0
-        || blk.kc == 0
-        || !blk.mc.is_multiple_of(uk.mr)
-        || !blk.nc.is_multiple_of(uk.nr)
-    {
-        return Err(KernelError::Shape(format!(
-            "blocks {blk:?} do not fit a {}x{} micro-kernel",
-            uk.mr, uk.nr
-        )));
-    }
-    if k == 0 {
-        for i in 0..m {
-            c.data[i * c.ldc..i * c.ldc + n].fill(0.0);
-        }
-        return Ok(());
-    }
-    let packed = PackedB::new(b, uk.nr, blk.kc);
-    let panels = n.div_ceil(uk.nr);
-    packed_band(
-        uk,
-        None,
-        blk,
-        &a,
-        &packed,
-        CPtr(c.data.as_mut_ptr()),
-        c.ldc,
-        0..m,
-        0..panels,
-        &EpilogueArgs::default(),
-    );
-    Ok(())
-}
-
-/// `C = A · B` on every thread of `pool`, B an activation: packed once here,
-/// then the threads share it as in [`gemm_packed`].
-pub fn gemm_parallel(
-    pool: &crate::ThreadPool,
-    uk: &MicroKernel,
-    blk: &Blocking,
-    a: MatRef,
-    b: MatRef,
-    c: MatMut,
-) -> Result<(), KernelError> {
-    if b.rows != a.cols {
-        return Err(KernelError::Shape(format!(
-            "cannot multiply {}x{} by {}x{}",
-            a.rows, a.cols, b.rows, b.cols
-        )));
-    }
-    let packed = PackedB::new(b, uk.nr, blk.kc);
-    gemm_packed(pool, uk, None, blk, a, &packed, c, &EpilogueArgs::default())
 }
 
 /// B packed once in the layout the driver reads: for each `kc` block of its rows,
@@ -338,13 +266,281 @@ impl PackedB {
     }
 }
 
+/// The B operand of one contraction: a weight packed ahead of time, or an
+/// activation that each thread packs, panel by panel, for the columns it computes.
+#[derive(Clone, Copy, Debug)]
+pub enum BOperand<'a> {
+    Packed(&'a PackedB),
+    Plain(MatRef<'a>),
+}
+
+impl BOperand<'_> {
+    fn dims(&self) -> (usize, usize) {
+        match self {
+            BOperand::Packed(p) => (p.k, p.n),
+            BOperand::Plain(b) => (b.rows, b.cols),
+        }
+    }
+}
+
+/// How the threads share a contraction (the L2 level of the schedule): `batch`
+/// groups take turns over the batch entries; inside a group, `rows × cols` threads
+/// split an entry's row bands and column panels. `batch · rows · cols` threads
+/// work; a grid of one runs on the calling thread with no fork-join at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ThreadGrid {
+    pub batch: usize,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl ThreadGrid {
+    pub const SINGLE: ThreadGrid = ThreadGrid { batch: 1, rows: 1, cols: 1 };
+
+    pub fn threads(&self) -> usize {
+        self.batch * self.rows * self.cols
+    }
+
+    /// The fixed rule used when no cost model chooses: whole entries per thread when
+    /// the batch has enough of them, else row bands when each thread gets two, else
+    /// column panels when each thread gets one, else row bands when each gets one;
+    /// a problem too small for any of these runs on one thread.
+    pub fn rule_of_thumb(threads: usize, batch: usize, bands: usize, panels: usize) -> ThreadGrid {
+        let t = threads.max(1);
+        if t == 1 {
+            ThreadGrid::SINGLE
+        } else if batch >= t {
+            ThreadGrid { batch: t, rows: 1, cols: 1 }
+        } else if bands >= 2 * t || (bands >= t && panels < t) {
+            ThreadGrid { batch: 1, rows: t, cols: 1 }
+        } else if panels >= t {
+            ThreadGrid { batch: 1, rows: 1, cols: t }
+        } else {
+            ThreadGrid::SINGLE
+        }
+    }
+}
+
+/// Everything the driver needs to run one contraction: the micro-kernel, the
+/// optional second tile height for the rows past the last full band (FTuner's
+/// two-kernel cover), the cache blocks and the thread grid.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan<'k> {
+    pub kernel: &'k MicroKernel,
+    pub cover: Option<&'k MicroKernel>,
+    pub blocking: Blocking,
+    pub order: LoopOrder,
+    pub grid: ThreadGrid,
+}
+
+/// The order of a thread's cache-block loops. `KOuter` (GotoBLAS): every row block
+/// of A for one `kc` slice, so a slice of B is packed or read once per thread.
+/// `MOuter`: every `kc` slice for one row block, so that block's C stays in L2
+/// across the K loop (B, pre-packed, is re-read per row block): better when K is
+/// deep and C too large for L2.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum LoopOrder {
+    #[default]
+    KOuter,
+    MOuter,
+}
+
+/// `Cᵢ = epilogue(Aᵢ · Bᵢ)` for every entry `i` of a batch (one entry: a plain
+/// contraction), on the threads of `pool` as `plan` says. With a batch, the
+/// epilogue may have a bias (shared by the entries) but no residual.
+pub fn execute(
+    pool: &crate::ThreadPool,
+    plan: &Plan,
+    a: &[MatRef],
+    b: &[BOperand],
+    c: Vec<MatMut>,
+    ep: &EpilogueArgs,
+) -> Result<(), KernelError> {
+    run_plan(Some(pool), plan, a, b, c, ep)
+}
+
+/// [`execute`], with no pool for a single-thread grid.
+fn run_plan(
+    pool: Option<&crate::ThreadPool>,
+    plan: &Plan,
+    a: &[MatRef],
+    b: &[BOperand],
+    c: Vec<MatMut>,
+    ep: &EpilogueArgs,
+) -> Result<(), KernelError> {
+    let (uk, blk, grid) = (plan.kernel, &plan.blocking, plan.grid);
+    if a.len() != b.len() || a.len() != c.len() {
+        return Err(KernelError::Shape(format!("batch of {} A, {} B and {} C", a.len(), b.len(), c.len())));
+    }
+    if uk.mr == 0 || uk.nr == 0 || blk.kc == 0 || blk.mc == 0 || !blk.mc.is_multiple_of(uk.mr) {
+        return Err(KernelError::Shape(format!(
+            "blocks {blk:?} do not fit a {}x{} micro-kernel",
+            uk.mr, uk.nr
+        )));
+    }
+    if let Some(s) = plan.cover {
+        if s.nr != uk.nr || s.epilogue != uk.epilogue || s.mr == 0 || s.mr >= uk.mr {
+            return Err(KernelError::Shape(format!(
+                "a {}x{} kernel cannot cover the rows of a {}x{} one",
+                s.mr, s.nr, uk.mr, uk.nr
+            )));
+        }
+    }
+    let threads = pool.map_or(1, |p| p.threads());
+    if grid.threads() == 0 || grid.threads() > threads {
+        return Err(KernelError::Shape(format!("{grid:?} needs more threads than the {threads} at hand")));
+    }
+    if a.len() > 1 && ep.residual.is_some() {
+        return Err(KernelError::Shape("a batched contraction takes no residual".into()));
+    }
+    for ((a, b), c) in a.iter().zip(b).zip(&c) {
+        let (k, n) = b.dims();
+        if a.cols != k || c.rows != a.rows || c.cols != n {
+            return Err(KernelError::Shape(format!(
+                "cannot multiply {}x{} by {k}x{n} into {}x{}",
+                a.rows, a.cols, c.rows, c.cols
+            )));
+        }
+        if let BOperand::Packed(p) = b {
+            if p.nr != uk.nr || p.kc != blk.kc {
+                return Err(KernelError::Shape(format!(
+                    "B is packed for NR {} and KC {}, the plan has a {}x{} kernel and KC {}",
+                    p.nr, p.kc, uk.mr, uk.nr, blk.kc
+                )));
+            }
+        }
+        check_epilogue(uk, ep, a.rows, n)?;
+    }
+    // K = 0 (or an empty C): the product is zero and only the epilogue is left.
+    let mut work = Vec::with_capacity(c.len());
+    for (e, c) in c.into_iter().enumerate() {
+        if a[e].cols == 0 || c.rows == 0 || c.cols == 0 {
+            for i in 0..c.rows {
+                for j in 0..c.cols {
+                    c.data[i * c.ldc + j] = apply_scalar(&uk.epilogue, ep, i, j, 0.0);
+                }
+            }
+        } else {
+            work.push((e, CPtr(c.data.as_mut_ptr()), c.ldc));
+        }
+    }
+    let per_group = grid.rows * grid.cols;
+    let thread = |i: usize| {
+        if i >= grid.threads() {
+            return;
+        }
+        let (group, local) = (i / per_group, i % per_group);
+        let (lr, lc) = (local / grid.cols, local % grid.cols);
+        WORKSPACE.with(|ws| {
+            let ws = &mut *ws.borrow_mut();
+            for &(e, cptr, ldc) in work.iter().skip(group).step_by(grid.batch) {
+                let (m, n) = (a[e].rows, b[e].dims().1);
+                let per = m.div_ceil(uk.mr).div_ceil(grid.rows) * uk.mr;
+                let rows = (lr * per).min(m)..((lr + 1) * per).min(m);
+                let panels = n.div_ceil(uk.nr);
+                let per = panels.div_ceil(grid.cols);
+                let cols = (lc * per).min(panels)..((lc + 1) * per).min(panels);
+                band(plan, &a[e], &b[e], cptr, ldc, rows, cols, ep, ws);
+            }
+        });
+    };
+    match pool {
+        Some(pool) if grid.threads() > 1 => pool.run(&thread),
+        _ => thread(0),
+    }
+    Ok(())
+}
+
+/// `C = A · B` with the micro-kernel `uk` and cache blocks `blk`, on the calling thread.
+pub fn gemm(
+    uk: &MicroKernel,
+    blk: &Blocking,
+    a: MatRef,
+    b: MatRef,
+    c: &mut MatMut,
+) -> Result<(), KernelError> {
+    if !uk.epilogue.is_identity() {
+        return Err(KernelError::Shape("this driver applies no epilogue: use gemm_packed".into()));
+    }
+    let plan =
+        Plan { kernel: uk, cover: None, blocking: *blk, order: LoopOrder::KOuter, grid: ThreadGrid::SINGLE };
+    let c = MatMut { data: &mut *c.data, ..*c };
+    run_plan(None, &plan, &[a], &[BOperand::Plain(b)], vec![c], &EpilogueArgs::default())
+}
+
+/// `C = A · B` on every thread of `pool`, B an activation (each thread packs the
+/// panels it reads), the threads split as [`ThreadGrid::rule_of_thumb`] says.
+pub fn gemm_parallel(
+    pool: &crate::ThreadPool,
+    uk: &MicroKernel,
+    blk: &Blocking,
+    a: MatRef,
+    b: MatRef,
+    c: MatMut,
+) -> Result<(), KernelError> {
+    let grid = ThreadGrid::rule_of_thumb(pool.threads(), 1, a.rows.div_ceil(uk.mr), b.cols.div_ceil(uk.nr));
+    let plan = Plan { kernel: uk, cover: None, blocking: *blk, order: LoopOrder::KOuter, grid };
+    execute(pool, &plan, &[a], &[BOperand::Plain(b)], vec![c], &EpilogueArgs::default())
+}
+
+/// `C = epilogue(A · B)` with B pre-packed, on every thread of `pool` split by the
+/// rule of thumb; `small` covers the rows past the last full band when they are
+/// at most half a tile (a fixed rule: the [`crate::Dispatcher`] decides by its cost model).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed(
+    pool: &crate::ThreadPool,
+    uk: &MicroKernel,
+    small: Option<&MicroKernel>,
+    blk: &Blocking,
+    a: MatRef,
+    b: &PackedB,
+    c: MatMut,
+    ep: &EpilogueArgs,
+) -> Result<(), KernelError> {
+    let rem = a.rows % uk.mr.max(1);
+    let cover = small.filter(|_| rem > 0 && 2 * rem <= uk.mr);
+    if let Some(s) = small {
+        if s.nr != uk.nr || s.epilogue != uk.epilogue || s.mr == 0 || s.mr >= uk.mr {
+            return Err(KernelError::Shape(format!(
+                "a {}x{} kernel cannot cover the rows of a {}x{} one",
+                s.mr, s.nr, uk.mr, uk.nr
+            )));
+        }
+    }
+    let grid = ThreadGrid::rule_of_thumb(
+        pool.threads(),
+        1,
+        a.rows.div_ceil(uk.mr.max(1)),
+        b.n.div_ceil(uk.nr.max(1)),
+    );
+    let plan = Plan { kernel: uk, cover, blocking: *blk, order: LoopOrder::KOuter, grid };
+    execute(pool, &plan, &[a], &[BOperand::Packed(b)], vec![c], ep)
+}
+
+/// A batch of independent contractions `Cᵢ = Aᵢ · Bᵢ` whose operands are all
+/// activations (attention's `Q·Kᵀ` and `P·V`), split by the rule of thumb.
+pub fn gemm_batched(
+    pool: &crate::ThreadPool,
+    uk: &MicroKernel,
+    blk: &Blocking,
+    a: &[MatRef],
+    b: &[MatRef],
+    c: Vec<MatMut>,
+) -> Result<(), KernelError> {
+    let (m, n) = (a.first().map_or(0, |a| a.rows), b.first().map_or(0, |b| b.cols));
+    let grid = ThreadGrid::rule_of_thumb(pool.threads(), a.len(), m.div_ceil(uk.mr), n.div_ceil(uk.nr));
+    let plan = Plan { kernel: uk, cover: None, blocking: *blk, order: LoopOrder::KOuter, grid };
+    let b: Vec<BOperand> = b.iter().map(|b| BOperand::Plain(*b)).collect();
+    execute(pool, &plan, a, &b, c, &EpilogueArgs::default())
+}
+
 /// A raw pointer to C shared by the threads of one contraction.
 #[derive(Clone, Copy)]
 struct CPtr(*mut f32);
-// SAFETY: threads write disjoint tiles of C (disjoint row bands or disjoint column
-// panels), so no element is written by two threads; a `CPtr` is only made by
-// `gemm_packed` and `gemm` from the exclusive borrow of C they hold until every
-// thread is done with it.
+// SAFETY: threads write disjoint tiles of C (disjoint entries, row bands or column
+// panels: see `execute`), so no element is written by two threads; a `CPtr` is only
+// made by `execute` from the exclusive borrow of C it holds until every thread is
+// done with it.
 unsafe impl Send for CPtr {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for CPtr {}
@@ -357,98 +553,19 @@ impl CPtr {
     }
 }
 
-/// `C = A · B` with B pre-packed, on every thread of `pool`. Threads split the row
-/// bands when there are enough of them, the column panels otherwise (small M,
-/// where each thread packs the few rows of A itself).
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_packed(
-    pool: &crate::ThreadPool,
-    uk: &MicroKernel,
-    small: Option<&MicroKernel>,
-    blk: &Blocking,
-    a: MatRef,
-    b: &PackedB,
-    c: MatMut,
-    ep: &EpilogueArgs,
-) -> Result<(), KernelError> {
-    let (m, k, n) = (a.rows, a.cols, b.n);
-    check_epilogue(uk, ep, m, n)?;
-    if let Some(s) = small {
-        if s.nr != uk.nr || s.epilogue != uk.epilogue || s.mr == 0 || s.mr >= uk.mr {
-            return Err(KernelError::Shape(format!(
-                "a {}x{} kernel cannot cover the rows of a {}x{} one",
-                s.mr, s.nr, uk.mr, uk.nr
-            )));
-        }
-    }
-    if b.k != k || c.rows != m || c.cols != n || b.nr != uk.nr || b.kc != blk.kc {
-        return Err(KernelError::Shape(format!(
-            "cannot multiply {m}x{k} by packed {}x{n} (NR {}, KC {}) into {}x{} with a {}x{} kernel and KC {}",
-            b.k, b.nr, b.kc, c.rows, c.cols, uk.mr, uk.nr, blk.kc
-        )));
-    }
-    if k == 0 || m == 0 || n == 0 {
-        for i in 0..m {
-            for j in 0..n {
-                c.data[i * c.ldc + j] = apply_scalar(&uk.epilogue, ep, i, j, 0.0);
-            }
-        }
-        return Ok(());
-    }
-    let t = pool.threads();
-    let (row_bands, panels) = (m.div_ceil(uk.mr), n.div_ceil(uk.nr));
-    let split_rows = row_bands >= 2 * t || panels < t;
-    let ldc = c.ldc;
-    let cptr = CPtr(c.data.as_mut_ptr());
-    pool.run(&|i| {
-        let (rows, cols) = if split_rows {
-            let per = row_bands.div_ceil(t);
-            ((i * per * uk.mr).min(m)..((i + 1) * per * uk.mr).min(m), 0..panels)
-        } else {
-            let per = panels.div_ceil(t);
-            (0..m, (i * per).min(panels)..((i + 1) * per).min(panels))
-        };
-        packed_band(uk, small, blk, &a, b, cptr, ldc, rows, cols, ep);
-    });
-    Ok(())
+/// A thread's packing buffers and edge tiles, kept between calls so that small
+/// contractions (attention's per-head products) allocate nothing.
+#[derive(Default)]
+struct Workspace {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    scratch: Vec<f32>,
+    bias: Vec<f32>,
+    res: Vec<f32>,
 }
 
-/// A batch of independent contractions `Cᵢ = Aᵢ · Bᵢ` whose operands are all
-/// activations (attention's `Q·Kᵀ` and `P·V`): the batch entries are spread over
-/// the threads, each entry packed and computed by one thread; with fewer entries
-/// than threads, each entry uses every thread.
-pub fn gemm_batched(
-    pool: &crate::ThreadPool,
-    uk: &MicroKernel,
-    blk: &Blocking,
-    a: &[MatRef],
-    b: &[MatRef],
-    c: Vec<MatMut>,
-) -> Result<(), KernelError> {
-    if a.len() != b.len() || a.len() != c.len() {
-        return Err(KernelError::Shape(format!("batch of {} A, {} B and {} C", a.len(), b.len(), c.len())));
-    }
-    let t = pool.threads();
-    if a.len() < t {
-        for ((a, b), c) in a.iter().zip(b).zip(c) {
-            gemm_parallel(pool, uk, blk, *a, *b, c)?;
-        }
-        return Ok(());
-    }
-    let slots: Vec<std::sync::Mutex<MatMut>> = c.into_iter().map(std::sync::Mutex::new).collect();
-    let error = std::sync::Mutex::new(None);
-    pool.run(&|i| {
-        for e in (i..slots.len()).step_by(t) {
-            let mut cm = slots[e].lock().unwrap_or_else(|p| p.into_inner());
-            if let Err(err) = gemm(uk, blk, a[e], b[e], &mut cm) {
-                *error.lock().unwrap_or_else(|p| p.into_inner()) = Some(err);
-            }
-        }
-    });
-    match error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+thread_local! {
+    static WORKSPACE: std::cell::RefCell<Workspace> = std::cell::RefCell::new(Workspace::default());
 }
 
 /// The epilogue data must match what the kernel was compiled to read.
@@ -513,53 +630,52 @@ fn fill_edge_epilogue(
     }
 }
 
-/// FTuner's cover of a row range by two tile heights (Alg. 2): full `MR` bands,
-/// then the remainder with the short kernel when it is at most half a tile
-/// (the short kernel runs at about half the efficiency per row: beyond that, one
-/// zero-padded full tile costs less).
+/// The rows past the last full band of `rows` and the kernel that covers them:
+/// FTuner's two tile heights (Alg. 2), when the plan has a second one.
 fn cover_rows<'k>(
-    uk: &'k MicroKernel,
-    small: Option<&'k MicroKernel>,
+    plan: &Plan<'k>,
     rows: std::ops::Range<usize>,
 ) -> Vec<(std::ops::Range<usize>, &'k MicroKernel)> {
-    let rem = rows.len() % uk.mr;
-    match small {
-        Some(s) if rem > 0 && 2 * rem <= uk.mr => {
+    let rem = rows.len() % plan.kernel.mr;
+    match plan.cover {
+        Some(s) if rem > 0 => {
             let split = rows.end - rem;
             let mut v = Vec::with_capacity(2);
             if split > rows.start {
-                v.push((rows.start..split, uk));
+                v.push((rows.start..split, plan.kernel));
             }
             v.push((split..rows.end, s));
             v
         }
-        _ => vec![(rows, uk)],
+        _ => vec![(rows, plan.kernel)],
     }
 }
 
-/// Rows `rows` × column panels `cols` of `C = A · B` (B pre-packed), on the
-/// calling thread: the work of one thread of [`gemm_packed`], and all of [`gemm`].
+/// Rows `rows` × column panels `cols` of `C = A · B`, on the calling thread: the
+/// work of one thread of [`execute`]. B's panels come pre-packed, or are packed
+/// here for `cols` only, one `kc` block at a time.
 #[allow(clippy::too_many_arguments)]
-fn packed_band(
-    uk: &MicroKernel,
-    small: Option<&MicroKernel>,
-    blk: &Blocking,
+fn band(
+    plan: &Plan,
     a: &MatRef,
-    b: &PackedB,
+    b: &BOperand,
     cptr: CPtr,
     ldc: usize,
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
     ep: &EpilogueArgs,
+    ws: &mut Workspace,
 ) {
-    let (k, n) = (b.k, b.n);
+    let (uk, blk) = (plan.kernel, &plan.blocking);
+    let (k, n) = b.dims();
     if rows.is_empty() || cols.is_empty() {
         return;
     }
-    let mut ap = Vec::new();
-    let mut scratch = vec![0.0f32; uk.mr * uk.nr];
+    let Workspace { a: ap, b: bp, scratch, bias: ebias, res: eres } = ws;
+    scratch.resize(uk.mr * uk.nr, 0.0);
     // Edge tiles read the epilogue's data from padded copies, never past the operands.
-    let (mut ebias, mut eres) = (vec![0.0f32; uk.nr], vec![0.0f32; uk.mr * uk.nr]);
+    ebias.resize(uk.nr, 0.0);
+    eres.resize(uk.mr * uk.nr, 0.0);
     // A full tile reads bias and residual in place.
     let ep_full = |row: usize, col: usize| -> (*const f32, *const f32, i64) {
         let bias = ep.bias.map_or(std::ptr::null(), |b| b[col..].as_ptr());
@@ -568,26 +684,54 @@ fn packed_band(
             None => (bias, std::ptr::null(), 0),
         }
     };
-    let segments = cover_rows(uk, small, rows.clone());
-    for pc in (0..k).step_by(blk.kc) {
-        let kc = blk.kc.min(k - pc);
-        let bblock = b.block(pc, kc);
+    // The cache blocks: `kc`-deep slices of K and `mc`-row blocks of each segment.
+    let kblocks: Vec<(usize, usize)> = (0..k).step_by(blk.kc).map(|pc| (pc, blk.kc.min(k - pc))).collect();
+    let mut mblocks = Vec::new();
+    for (seg, kern) in cover_rows(plan, rows.clone()) {
+        for ic in seg.clone().step_by(blk.mc) {
+            mblocks.push((*kern, ic, blk.mc.min(seg.end - ic)));
+        }
+    }
+    let steps: Vec<(usize, usize)> = match plan.order {
+        LoopOrder::KOuter => {
+            (0..kblocks.len()).flat_map(|ki| (0..mblocks.len()).map(move |mi| (mi, ki))).collect()
+        }
+        LoopOrder::MOuter => {
+            (0..mblocks.len()).flat_map(|mi| (0..kblocks.len()).map(move |ki| (mi, ki))).collect()
+        }
+    };
+    let mut b_packed_for = None;
+    for (mi, ki) in steps {
+        let ((pc, kc), (kern, ic, mc)) = (kblocks[ki], mblocks[mi]);
+        let kern = &kern;
+        let (bblock, first_panel): (&[f32], usize) = match b {
+            BOperand::Packed(p) => (p.block(pc, kc), 0),
+            BOperand::Plain(bm) => {
+                if b_packed_for != Some(ki) {
+                    let j0 = cols.start * uk.nr;
+                    let width = (cols.end * uk.nr).min(n) - j0;
+                    pack_b(bm, pc, kc, j0, width, uk.nr, bp);
+                    b_packed_for = Some(ki);
+                }
+                (bp, cols.start)
+            }
+        };
         let last = pc + kc == k && !uk.epilogue.is_identity();
         let flags = if pc > 0 { ACCUMULATE } else { 0 } | if last { APPLY_EPILOGUE } else { 0 };
-        for (seg, kern) in &segments {
-            for ic in seg.clone().step_by(blk.mc) {
-                let mc = blk.mc.min(seg.end - ic);
-                pack_a(a, ic, mc, pc, kc, kern.mr, &mut ap);
+        {
+            {
+                pack_a(a, ic, mc, pc, kc, kern.mr, ap);
                 for jr in cols.clone() {
                     let nv = uk.nr.min(n - jr * uk.nr);
-                    let bpanel = &bblock[jr * kc * uk.nr..(jr + 1) * kc * uk.nr];
+                    let jp = jr - first_panel;
+                    let bpanel = &bblock[jp * kc * uk.nr..(jp + 1) * kc * uk.nr];
                     for ir in 0..mc.div_ceil(kern.mr) {
                         let mv = kern.mr.min(mc - ir * kern.mr);
                         let apanel = &ap[ir * kc * kern.mr..(ir + 1) * kc * kern.mr];
                         let (row, col) = (ic + ir * kern.mr, jr * uk.nr);
                         // SAFETY: the tile (rows row..row+mv, columns col..col+nv) is inside C
-                        // (checked shapes), belongs to this thread alone (disjoint rows or
-                        // panels), and the kernel touches MR rows of stride `ldc` × NR columns
+                        // (checked shapes), belongs to this thread alone (disjoint entries, rows
+                        // or panels), and the kernel touches MR rows of stride `ldc` × NR columns
                         // only when the tile is full; edge tiles go through `scratch`.
                         unsafe {
                             let tile = cptr.get().add(row * ldc + col);
@@ -613,7 +757,7 @@ fn packed_band(
                                     );
                                 }
                                 if flags & APPLY_EPILOGUE != 0 {
-                                    fill_edge_epilogue(ep, uk, row, col, mv, nv, &mut ebias, &mut eres);
+                                    fill_edge_epilogue(ep, uk, row, col, mv, nv, ebias, eres);
                                 }
                                 (kern.func)(
                                     kc as i64,

@@ -1,20 +1,29 @@
-//! Kernels: the hardware `Target`, the contraction schedule (register tile,
-//! cache blocks) and the driver that runs generated micro-kernels over any
-//! shape (Vortex §4-5, DietCode §4, FTuner §III). No LLVM here: `codegen`
-//! produces the micro-kernels for the ABI defined in [`gemm`], so a compiled
-//! model can run where LLVM is absent.
+//! Kernels: the hardware `Target`, the contraction's schedule space (register
+//! tile, cache blocks, thread grid), its analytical cost models, run-time
+//! dispatch, and the driver that runs generated micro-kernels over any shape
+//! (Vortex §4-5, DietCode §4-5, FTuner §III-V, BladeDISC §5.2.2). No LLVM here:
+//! `codegen` produces the micro-kernels for the ABI defined in [`gemm`], so a
+//! compiled model can run where LLVM is absent.
 
 mod activation;
+pub mod calibrate;
+pub mod cost;
+pub mod dispatch;
 pub mod gemm;
 mod pool;
+pub mod schedule;
 mod target;
 
 pub use activation::{Activation, ERF_A, ERF_P, GELU_C};
+pub use cost::{CostModel, MachineModel};
+pub use dispatch::Dispatcher;
 pub use gemm::{
-    gemm, gemm_batched, gemm_packed, gemm_parallel, Blocking, Epilogue, EpilogueArgs, MatMut, MatRef,
-    MicroKernel, MicroKernelFn, PackedB, ACCUMULATE, APPLY_EPILOGUE,
+    execute, gemm, gemm_batched, gemm_packed, gemm_parallel, BOperand, Blocking, Epilogue, EpilogueArgs,
+    LoopOrder, MatMut, MatRef, MicroKernel, MicroKernelFn, PackedB, Plan, ThreadGrid, ACCUMULATE,
+    APPLY_EPILOGUE,
 };
 pub use pool::ThreadPool;
+pub use schedule::{BLayout, KernelFamily, KernelVariant, Problem, Schedule};
 pub use target::{Isa, Target};
 
 /// Errors from kernels: shapes that do not fit, and so on.

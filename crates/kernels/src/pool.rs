@@ -13,6 +13,22 @@ use std::thread::JoinHandle;
 /// Iterations a worker spins on the generation counter before it parks.
 const SPIN: usize = 1 << 14;
 
+/// Past this many spins, a waiting thread yields its CPU every `YIELD_EVERY`
+/// spins: when the OS has put a woken worker on the waiter's own CPU (a cold
+/// wake-up after an idle gap), spinning would keep it from running for the whole
+/// spin budget (hundreds of µs); a yield with nothing else to run returns at once.
+const YIELD_AFTER: usize = 1 << 10;
+const YIELD_EVERY: usize = 64;
+
+/// One step of a spin-wait: a pause, or a yield now and then once it has gone on long.
+fn spin_step(spins: usize) {
+    if spins > YIELD_AFTER && spins.is_multiple_of(YIELD_EVERY) {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
 type Job = dyn Fn(usize) + Sync;
 
 struct Shared {
@@ -96,7 +112,7 @@ impl ThreadPool {
         while s.pending.load(Ordering::Acquire) != 0 {
             if spins < SPIN {
                 spins += 1;
-                std::hint::spin_loop();
+                spin_step(spins);
             } else {
                 let g = s.done_lock.lock().unwrap_or_else(|e| e.into_inner());
                 if s.pending.load(Ordering::Acquire) != 0 {
@@ -124,7 +140,7 @@ fn worker(s: &Shared, index: usize) {
             }
             if spins < SPIN {
                 spins += 1;
-                std::hint::spin_loop();
+                spin_step(spins);
             } else {
                 let guard = s.wake_lock.lock().unwrap_or_else(|e| e.into_inner());
                 if s.generation.load(Ordering::Acquire) == seen && !s.shutdown.load(Ordering::Acquire) {

@@ -1,0 +1,340 @@
+//! `anyshape bench-matmul`: the contraction engine on single (or batched)
+//! matmuls, as a compiled model runs them: one compiled contraction (a kernel
+//! family and its dispatcher) serves every shape; a weight is packed once for the
+//! row counts it will meet, not for the shape being measured.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use kernels::{
+    execute, BLayout, BOperand, CostModel, Dispatcher, Epilogue, EpilogueArgs, MatMut, MatRef, PackedB,
+    Problem, Schedule, ThreadPool,
+};
+
+use crate::UserError;
+
+#[derive(clap::Args)]
+pub struct BenchMatmulArgs {
+    /// Rows of A (comma-separated: one benchmark each).
+    #[arg(long, value_delimiter = ',', required = true)]
+    m: Vec<usize>,
+    /// Columns of B.
+    #[arg(long, value_delimiter = ',', required = true)]
+    n: Vec<usize>,
+    /// The contraction extent.
+    #[arg(long, value_delimiter = ',', required = true)]
+    k: Vec<usize>,
+    /// Independent matmuls per run (a batched contraction: both operands are
+    /// activations, as attention's Q·Kᵀ and P·V).
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// B is stored transposed (`n × k` row-major, as attention's K in Q·Kᵀ).
+    #[arg(long)]
+    bt: bool,
+    /// Threads (default: every core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Generate AVX2 code only (on an AVX-512 machine, to compare the paths).
+    #[arg(long)]
+    avx2: bool,
+    /// One JSON object per shape instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// What picks the schedule: hierarchical (Vortex Eq. 2-4), dietcode, sia, or
+    /// rule (the fixed rule of thumb, the baseline).
+    #[arg(long, default_value = "hierarchical")]
+    model: String,
+    /// Only schedules with this register tile, e.g. `8x32`.
+    #[arg(long)]
+    tile: Option<String>,
+    /// Only schedules with this block depth (activations only: a packed weight has its own).
+    #[arg(long)]
+    kc: Option<usize>,
+    /// The row counts a weight is packed for (its tile width and depth are chosen
+    /// over them, as at compile time when M is a symbol).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 16, 128, 1024])]
+    pack_for: Vec<usize>,
+    /// Also measure every candidate schedule and report each model's regret
+    /// against the best one measured.
+    #[arg(long)]
+    exhaustive: bool,
+    /// Write the LLVM IR and assembly of every kernel of the family here.
+    #[arg(long, value_name = "DIR")]
+    dump_llvm: Option<PathBuf>,
+    /// The tuning cache folder (default: `$ANYSHAPE_CACHE_DIR`, `$XDG_CACHE_HOME/anyshape`
+    /// or `~/.cache/anyshape`).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+}
+
+/// Best seconds per call of `f` over `rounds` rounds of at least `min_s` each.
+fn time_per_call(rounds: usize, min_s: f64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..rounds {
+        let (mut reps, t0) = (0usize, Instant::now());
+        while reps == 0 || t0.elapsed().as_secs_f64() < min_s {
+            f()?;
+            reps += 1;
+        }
+        best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
+    }
+    Ok(best)
+}
+
+fn parse_tile(t: &str) -> Result<(usize, usize)> {
+    let bad = || UserError(format!("--tile `{t}`: expected MRxNR, e.g. 8x32"));
+    let (a, b) = t.split_once('x').ok_or_else(bad)?;
+    Ok((a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?))
+}
+
+/// Which model picks, `None` for the rule of thumb.
+fn parse_model(s: &str) -> Result<Option<CostModel>> {
+    if s == "rule" {
+        return Ok(None);
+    }
+    Ok(Some(s.parse::<CostModel>().map_err(|e| UserError(format!("--model: {e}, or rule")))?))
+}
+
+/// The operands of one shape, allocated once.
+struct Operands {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+    packed: Option<PackedB>,
+}
+
+pub fn bench_matmul(args: BenchMatmulArgs) -> Result<()> {
+    let host = kernels::Target::detect();
+    let target = if args.avx2 {
+        host.avx2_only().ok_or_else(|| UserError("this machine has no AVX2 + FMA".into()))?
+    } else {
+        host
+    };
+    if !target.supported() {
+        bail!(UserError("the contraction engine needs x86-64 with AVX2 and FMA".into()));
+    }
+    if args.batch == 0 {
+        bail!(UserError("--batch must be at least 1".into()));
+    }
+    let model = parse_model(&args.model)?;
+    let tile = args.tile.as_deref().map(parse_tile).transpose()?;
+    let pool = ThreadPool::new(args.threads.unwrap_or(target.cores));
+    let cache = args.cache_dir.clone().or_else(codegen::tuning::default_cache_dir);
+    let start = Instant::now();
+    let contraction = codegen::Contraction::compile(
+        &target,
+        &pool,
+        Epilogue::default(),
+        model.unwrap_or_default(),
+        cache.as_deref(),
+    )?;
+    let compile_ms = start.elapsed().as_secs_f64() * 1e3;
+    if let Some(dir) = &args.dump_llvm {
+        dump_llvm(dir, &contraction)?;
+    }
+    let d: &Dispatcher = &contraction;
+    let peak = d.machine().peak_gflops;
+    if !args.json {
+        let tiles: Vec<String> =
+            d.family().variants().iter().map(|v| format!("{}x{}", v.kernel.mr, v.kernel.nr)).collect();
+        say!(
+            "# {} f32 lanes, {} threads, measured peak {peak:.1} GFLOP/s; family of {} kernels ({}) compiled in {compile_ms:.0} ms; schedules by {}",
+            target.f32_lanes,
+            pool.threads(),
+            tiles.len(),
+            tiles.join(" "),
+            args.model
+        );
+        say!(
+            "{:>5} {:>6} {:>6} {:>6} {:>9} {:>8} {:>10} {:>9} {:>9}  schedule",
+            "batch",
+            "m",
+            "n",
+            "k",
+            "GFLOP/s",
+            "of peak",
+            "time",
+            "pick(us)",
+            "memo(ns)"
+        );
+    }
+    for &m in &args.m {
+        for &n in &args.n {
+            for &k in &args.k {
+                bench_shape(&args, d, &pool, model, tile, peak, m, n, k)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench_shape(
+    args: &BenchMatmulArgs,
+    d: &Dispatcher,
+    pool: &ThreadPool,
+    model: Option<CostModel>,
+    tile: Option<(usize, usize)>,
+    peak: f64,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<()> {
+    let batch = args.batch;
+    let fill = |len: usize, p: usize| -> Vec<f32> { (0..len).map(|i| (i % p) as f32 * 0.01).collect() };
+    let mut ops = Operands {
+        a: fill(batch * m * k, 17),
+        b: fill(batch * k * n, 13),
+        c: vec![0.0; batch * m * n],
+        packed: None,
+    };
+    fn b_view(b: &[f32], i: usize, k: usize, n: usize, bt: bool) -> Result<MatRef<'_>> {
+        let s = &b[i * k * n..(i + 1) * k * n];
+        Ok(if bt { MatRef::row_major(s, n, k)?.t() } else { MatRef::row_major(s, k, n)? })
+    }
+    // One matmul: B is a weight, packed once (outside the timed runs) for the row
+    // counts it will meet. A batch: both operands are activations.
+    if batch == 1 {
+        let bv = b_view(&ops.b, 0, k, n, args.bt)?;
+        ops.packed = Some(match tile {
+            Some((mr, nr)) => PackedB::new(bv, nr, kernels::schedule::kc_for(d.target(), mr, nr)),
+            None => d.pack_weight(bv, &args.pack_for)?,
+        });
+    }
+    let layout = ops.packed.as_ref().map_or(BLayout::Plain, |p| BLayout::Packed { nr: p.nr, kc: p.kc });
+    let problem = Problem { batch, m, n, k, b: layout };
+    let allowed = |s: &Schedule| {
+        tile.is_none_or(|(mr, nr)| s.mr == mr && s.nr == nr)
+            && args.kc.is_none_or(|kc| layout != BLayout::Plain || s.blocking.kc == kc)
+    };
+    let pick = |model: Option<CostModel>| -> Result<Schedule> {
+        let s = match model {
+            None => d.rule_of_thumb(&problem)?,
+            Some(cm) if tile.is_none() && args.kc.is_none() => d.choose_with(cm, &problem)?,
+            Some(cm) => d.choose_where(cm, &problem, allowed)?,
+        };
+        Ok(s)
+    };
+    // Dispatch: the first call for a shape ranks the candidates; later calls find it
+    // in the memo.
+    let t0 = Instant::now();
+    let chosen = pick(model)?;
+    let pick_us = t0.elapsed().as_secs_f64() * 1e6;
+    let memo_ns = if model.is_some() && tile.is_none() && args.kc.is_none() {
+        d.schedule(&problem)?;
+        let reps = 100_000;
+        let t0 = Instant::now();
+        for _ in 0..reps {
+            std::hint::black_box(d.schedule(std::hint::black_box(&problem))?);
+        }
+        t0.elapsed().as_secs_f64() * 1e9 / reps as f64
+    } else {
+        f64::NAN
+    };
+    let run = |s: &Schedule, ops: &mut Operands| -> Result<()> {
+        let plan = d.plan(s)?;
+        let av = (0..batch)
+            .map(|i| MatRef::row_major(&ops.a[i * m * k..(i + 1) * m * k], m, k))
+            .collect::<Result<Vec<_>, _>>()?;
+        let bv: Vec<BOperand> = match &ops.packed {
+            Some(p) => vec![BOperand::Packed(p)],
+            None => (0..batch)
+                .map(|i| b_view(&ops.b, i, k, n, args.bt).map(BOperand::Plain))
+                .collect::<Result<_>>()?,
+        };
+        let cv = ops
+            .c
+            .chunks_mut((m * n).max(1))
+            .take(batch)
+            .map(|ch| MatMut::new(ch, m, n, n))
+            .collect::<Result<Vec<_>, _>>()?;
+        let cv = if m * n == 0 {
+            (0..batch).map(|_| MatMut::new(&mut [], m, n, n)).collect::<Result<Vec<_>, _>>()?
+        } else {
+            cv
+        };
+        execute(pool, &plan, &av, &bv, cv, &EpilogueArgs::default())?;
+        Ok(())
+    };
+    let best = time_per_call(5, 0.04, || run(&chosen, &mut ops))?;
+    let gflops = problem.flops() / best / 1e9;
+    let mut regret = String::new();
+    if args.exhaustive {
+        regret = exhaustive(d, &problem, &mut |s| time_per_call(3, 0.01, || run(s, &mut ops)), args.json)?;
+    }
+    if args.json {
+        say!(
+            "{{\"batch\": {batch}, \"m\": {m}, \"n\": {n}, \"k\": {k}, \"gflops\": {gflops:.2}, \"peak_fraction\": {:.4}, \"seconds\": {best:.3e}, \"threads\": {}, \"mr\": {}, \"nr\": {}, \"schedule\": \"{chosen}\", \"dispatch_first_us\": {pick_us:.2}, \"dispatch_memo_ns\": {}{regret}}}",
+            gflops / peak.max(1e-9),
+            pool.threads(),
+            chosen.mr,
+            chosen.nr,
+            if memo_ns.is_nan() { "null".to_string() } else { format!("{memo_ns:.1}") },
+        );
+    } else {
+        say!(
+            "{batch:>5} {m:>6} {n:>6} {k:>6} {gflops:>9.1} {:>7.1}% {:>8.1}us {pick_us:>9.1} {memo_ns:>9.0}  {chosen}{regret}",
+            100.0 * gflops / peak.max(1e-9),
+            best * 1e6,
+        );
+    }
+    Ok(())
+}
+
+/// Measure every candidate of `p`, and say how far each model's pick is from the
+/// best measured (regret = its time / the best time − 1).
+fn exhaustive(
+    d: &Dispatcher,
+    p: &Problem,
+    time: &mut dyn FnMut(&Schedule) -> Result<f64>,
+    json: bool,
+) -> Result<String> {
+    let cands = d.candidates(p);
+    let mut measured = Vec::with_capacity(cands.len());
+    for s in &cands {
+        measured.push((*s, time(s)?));
+    }
+    let (best_s, best_t) =
+        measured.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1)).unwrap_or((cands[0], f64::NAN));
+    let time_of = |s: &Schedule, time: &mut dyn FnMut(&Schedule) -> Result<f64>| -> Result<f64> {
+        match measured.iter().find(|(c, _)| c == s) {
+            Some((_, t)) => Ok(*t),
+            None => time(s),
+        }
+    };
+    let mut picks = Vec::new();
+    for (name, s) in CostModel::ALL
+        .iter()
+        .map(|cm| (cm.name(), d.choose_with(*cm, p)))
+        .chain(std::iter::once(("rule", d.rule_of_thumb(p))))
+    {
+        let s = s?;
+        picks.push((name, time_of(&s, time)? / best_t - 1.0));
+    }
+    Ok(if json {
+        let r: Vec<String> = picks.iter().map(|(n, r)| format!("\"{n}\": {r:.4}")).collect();
+        format!(", \"candidates\": {}, \"best\": \"{best_s}\", \"best_seconds\": {best_t:.3e}, \"regret\": {{{}}}", cands.len(), r.join(", "))
+    } else {
+        let r: Vec<String> = picks.iter().map(|(n, r)| format!("{n} {:.1}%", 100.0 * r)).collect();
+        format!(
+            "  | {} candidates, best {best_s} {:.1}us; regret: {}",
+            cands.len(),
+            best_t * 1e6,
+            r.join(", ")
+        )
+    })
+}
+
+/// Write each kernel's IR and assembly as `DIR/<mr>x<nr>.ll` and `.s`.
+fn dump_llvm(dir: &std::path::Path, c: &codegen::Contraction) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| UserError(format!("--dump-llvm {}: {e}", dir.display())))?;
+    for k in c.kernels() {
+        let uk = k.kernel();
+        let base = dir.join(format!("{}x{}", uk.mr, uk.nr));
+        std::fs::write(base.with_extension("ll"), k.ir())?;
+        std::fs::write(base.with_extension("s"), k.asm())?;
+    }
+    Ok(())
+}

@@ -1,0 +1,87 @@
+//! `anyshape bench-matmul`: the JSON it prints holds a measured rate, the chosen
+//! schedule, the dispatch times and (with --exhaustive) every model's regret; it
+//! dumps the kernels' IR and assembly; bad flags are user errors (exit 2).
+
+use std::process::{Command, Output};
+
+fn anyshape(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_anyshape")).args(args).output().expect("run anyshape")
+}
+
+fn supported() -> bool {
+    let ok = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+    if !ok {
+        eprintln!("skipped: no AVX2 + FMA");
+    }
+    ok
+}
+
+#[test]
+fn prints_rates_schedules_regret_and_dumps_kernels() {
+    if !supported() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("anyshape-bench-{}", std::process::id()));
+    let (cache, dump) = (dir.join("cache"), dir.join("llvm"));
+    let out = anyshape(&[
+        "bench-matmul",
+        "--m",
+        "1,13",
+        "--n",
+        "40",
+        "--k",
+        "17",
+        "--threads",
+        "2",
+        "--json",
+        "--exhaustive",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--dump-llvm",
+        dump.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for l in lines {
+        for key in [
+            "\"gflops\"",
+            "\"schedule\"",
+            "\"dispatch_first_us\"",
+            "\"regret\"",
+            "\"hierarchical\"",
+            "\"rule\"",
+        ] {
+            assert!(l.contains(key), "{key} missing in {l}");
+        }
+        let g: f64 = l.split("\"gflops\": ").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
+        assert!(g > 0.0, "{l}");
+    }
+    let names: Vec<String> = std::fs::read_dir(&dump)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().any(|n| n.ends_with(".ll")) && names.iter().any(|n| n.ends_with(".s")), "{names:?}");
+    // The record now holds the tiles and the calibrated model for two threads.
+    let record = std::fs::read_dir(&cache).unwrap().next().unwrap().unwrap().path();
+    let json = std::fs::read_to_string(record).unwrap();
+    assert!(json.contains("\"dram_bw\"") && json.contains("\"threads\": 2"), "{json}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_flags_are_user_errors() {
+    for (args, fragment) in [
+        (&["--model", "magic"][..], "unknown cost model"),
+        (&["--tile", "8y32"][..], "expected MRxNR"),
+        (&["--batch", "0"][..], "--batch"),
+    ] {
+        let mut all = vec!["bench-matmul", "--m", "4", "--n", "4", "--k", "4"];
+        all.extend_from_slice(args);
+        let out = anyshape(&all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(fragment), "{args:?}: {err}");
+    }
+}

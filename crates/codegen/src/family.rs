@@ -1,0 +1,85 @@
+//! A contraction compiled once for every shape: its kernel family (the L0 level of
+//! the schedule space: for each tile width the fastest height and the lower
+//! heights that cover remainders), generated with the group's epilogue, and the
+//! [`Dispatcher`] that picks the schedule per bound shape at run time.
+
+use std::path::Path;
+
+use kernels::{CostModel, Dispatcher, Epilogue, KernelFamily, KernelVariant, Target, ThreadPool};
+
+use crate::tuning::{machine_model, record};
+use crate::{compile_microkernel_with, CodegenError, JitMicroKernel, TileMeasurement};
+
+/// The tiles of a family, from the measured register tiles: per width, the main
+/// height (fastest, ties within 3% to the lower) and the heights 1, 2, 4 and half
+/// the main one below it, the cover kernels of FTuner's two-height combination.
+pub fn family_tiles(measured: &[TileMeasurement]) -> Vec<TileMeasurement> {
+    let mut widths: Vec<usize> = measured.iter().map(|m| m.nr).collect();
+    widths.sort_unstable();
+    widths.dedup();
+    let mut out = Vec::new();
+    for nr in widths {
+        let of_width: Vec<&TileMeasurement> = measured.iter().filter(|m| m.nr == nr).collect();
+        let top = of_width.iter().map(|m| m.gflops).fold(0.0, f64::max);
+        let Some(main) = of_width.iter().filter(|m| m.gflops >= 0.97 * top).map(|m| m.mr).min() else {
+            continue;
+        };
+        let mut heights = vec![1, 2, 4, main / 2, main];
+        heights.retain(|&h| h >= 1 && h <= main);
+        heights.sort_unstable();
+        heights.dedup();
+        out.extend(of_width.iter().filter(|m| heights.contains(&m.mr)).map(|m| **m));
+    }
+    out
+}
+
+/// One contraction, compiled: its machine code and its dispatcher. `Send + Sync`:
+/// any number of threads may run it at once.
+pub struct Contraction {
+    dispatcher: Dispatcher,
+    // Owns the machine code the dispatcher's kernels point into: declared after the
+    // dispatcher, so it is dropped after it.
+    jit: Vec<JitMicroKernel>,
+}
+
+impl Contraction {
+    /// Compile the family for `epilogue` from this machine's measured tiles (cached in
+    /// `cache`, measured now otherwise) and calibrate the analytical levels for
+    /// `pool`'s threads (cached too).
+    pub fn compile(
+        target: &Target,
+        pool: &ThreadPool,
+        epilogue: Epilogue,
+        model: CostModel,
+        cache: Option<&Path>,
+    ) -> Result<Contraction, CodegenError> {
+        let (mut rec, _) = record(cache, target)?;
+        let machine = machine_model(cache, target, pool, &mut rec);
+        let tiles = family_tiles(&rec.tiles);
+        let mut jit = Vec::with_capacity(tiles.len());
+        let mut variants = Vec::with_capacity(tiles.len());
+        for t in &tiles {
+            let k = compile_microkernel_with(target, t.mr, t.nr, epilogue)?;
+            variants.push(KernelVariant { kernel: k.kernel(), gflops: t.gflops });
+            jit.push(k);
+        }
+        let family = KernelFamily::new(variants).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
+        Ok(Contraction { dispatcher: Dispatcher::new(target.clone(), family, machine, model), jit })
+    }
+
+    pub fn dispatcher(&self) -> &Dispatcher {
+        &self.dispatcher
+    }
+
+    /// The compiled kernels (their IR and assembly, for `--dump-llvm`).
+    pub fn kernels(&self) -> &[JitMicroKernel] {
+        &self.jit
+    }
+}
+
+impl std::ops::Deref for Contraction {
+    type Target = Dispatcher;
+    fn deref(&self) -> &Dispatcher {
+        &self.dispatcher
+    }
+}

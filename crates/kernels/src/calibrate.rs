@@ -1,0 +1,124 @@
+//! A short calibration of what the analytical cost model needs: memory and cache
+//! bandwidths, packing throughput and the pool's fork-join time, measured on this
+//! machine (about a third of a second) and cached with the tuning record.
+
+use std::time::Instant;
+
+use crate::cost::MachineModel;
+use crate::gemm::{pack_a, pack_b};
+use crate::{MatRef, Target, ThreadPool};
+
+/// Sum `data` with 16 independent lanes (vectorizable), so reads, not the adds'
+/// latency, bound the loop.
+fn stream_sum(data: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    for ch in data.chunks_exact(16) {
+        for (a, x) in acc.iter_mut().zip(ch) {
+            *a += *x;
+        }
+    }
+    acc.iter().sum()
+}
+
+/// Best seconds of `f` over `rounds`.
+fn best_of(rounds: usize, mut f: impl FnMut()) -> f64 {
+    (0..rounds)
+        .map(|_| {
+            let t0 = Instant::now();
+            f();
+            t0.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Bytes per second that each of the pool's threads reads from its own `per_thread`
+/// bytes, `passes` times over (all threads at once), and the total.
+fn read_bw(pool: &ThreadPool, per_thread: usize, passes: usize) -> (f64, f64) {
+    let t = pool.threads();
+    let floats = (per_thread / 4).max(16) / 16 * 16;
+    let data = vec![1.0f32; floats * t];
+    let sink = std::sync::atomic::AtomicU32::new(0);
+    let run = || {
+        pool.run(&|i| {
+            let mine = &data[i * floats..(i + 1) * floats];
+            let mut s = 0.0;
+            for _ in 0..passes {
+                s += stream_sum(std::hint::black_box(mine));
+            }
+            sink.fetch_add(s as u32 & 1, std::sync::atomic::Ordering::Relaxed);
+        })
+    };
+    run();
+    let secs = best_of(3, run);
+    let bytes = (floats * 4 * passes) as f64;
+    (bytes / secs, bytes * t as f64 / secs)
+}
+
+/// Measure the machine model for `target` with `pool`'s threads.
+pub fn measure(target: &Target, pool: &ThreadPool) -> MachineModel {
+    let threads = pool.threads();
+    let (_, dram_bw) = read_bw(pool, (64 << 20) / threads.max(1), 1);
+    let (l3_bw, _) = read_bw(pool, (target.l3 / 2 / threads.max(1)).max(target.l2 * 2), 4);
+    let (l2_bw, _) = read_bw(pool, target.l2 / 2, 16);
+    // Packing, from an L2-resident row-major source into micro-panels.
+    let (m, k, mr, nr) = (96, 256, 8, 32);
+    let a: Vec<f32> = (0..m * k).map(|i| i as f32).collect();
+    let av = MatRef { data: &a, rows: m, cols: k, rs: k, cs: 1 };
+    let mut out = Vec::new();
+    pack_a(&av, 0, m, 0, k, mr, &mut out);
+    let pack_a_bw = (m * k * 4 * 8) as f64
+        / best_of(5, || {
+            for _ in 0..8 {
+                pack_a(&av, 0, m, 0, k, mr, &mut out);
+            }
+        });
+    let bv = MatRef { data: &a, rows: m, cols: k, rs: k, cs: 1 };
+    pack_b(&bv, 0, m, 0, k, nr, &mut out);
+    let pack_b_bw = (m * k * 4 * 8) as f64
+        / best_of(5, || {
+            for _ in 0..8 {
+                pack_b(&bv, 0, m, 0, k, nr, &mut out);
+            }
+        });
+    std::hint::black_box(&out);
+    let calls = 2000;
+    pool.run(&|_| {});
+    let fork_join = best_of(3, || {
+        for _ in 0..calls {
+            pool.run(&|i| {
+                std::hint::black_box(i);
+            });
+        }
+    }) / calls as f64;
+    MachineModel {
+        threads,
+        l1d: target.l1d,
+        l2: target.l2,
+        l3: target.l3,
+        dram_bw,
+        l3_bw,
+        l2_bw,
+        pack_a_bw,
+        pack_b_bw,
+        fork_join,
+        peak_gflops: 0.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calibration_is_plausible() {
+        let t = Target::detect();
+        let pool = ThreadPool::new(2);
+        let m = measure(&t, &pool);
+        // Orders of magnitude only: any machine reads its L2 faster than 1 GB/s and
+        // packs faster than 100 MB/s; a fork-join takes less than 10 ms.
+        assert!(m.l2_bw > 1e9 && m.dram_bw > 1e8, "{m:?}");
+        assert!(m.pack_a_bw > 1e8 && m.pack_b_bw > 1e8, "{m:?}");
+        assert!(m.fork_join > 0.0 && m.fork_join < 1e-2, "{m:?}");
+        assert_eq!(m.threads, 2);
+    }
+}

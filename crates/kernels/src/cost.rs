@@ -1,0 +1,232 @@
+//! The analytical levels of the hybrid analyzer (Vortex §5.2): L0 is measured
+//! (each kernel's single-thread throughput, [`crate::KernelVariant::gflops`]);
+//! everything above is predicted from the machine's measured bandwidths.
+//!
+//! Three models rank the candidates of [`crate::schedule::candidates`]:
+//! - [`CostModel::Hierarchical`], Vortex Eq. 2-4 on a CPU. For each thread, the
+//!   temporal cost of its serial loops (Eq. 2) overlaps the micro-kernels'
+//!   compute with the B stream from wherever B lives, and adds what cannot
+//!   overlap: packing A (and B when it is an activation), C's write-backs and
+//!   edge tiles; the parallel factor (Eq. 3) is the slowest thread of the grid
+//!   times the batch entries each group runs in turn; Eq. 4 multiplies them and
+//!   adds the fork-join.
+//! - [`CostModel::DietCode`], `f_local · f_spatial · f_pad` (DietCode Eq. 3): the
+//!   padded work at the tile's measured throughput, over the balance of tiles
+//!   across threads (`f_spatial`, a thread standing in for an SM). It ranks tiles
+//!   only; the thread grid follows the rule of thumb.
+//! - [`CostModel::Sia`], FTuner's synthesis index `CMR + (1 − Pad) + Occ`
+//!   (weights 1), averaged over the two tiles of a cover; tiles only, too.
+
+use crate::gemm::LoopOrder;
+use crate::schedule::{BLayout, KernelFamily, Problem, Schedule};
+use crate::ThreadGrid;
+
+/// What the analytical levels know about the machine, measured by
+/// [`crate::calibrate`] and cached with the tuning record.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MachineModel {
+    pub threads: usize,
+    pub l1d: usize,
+    pub l2: usize,
+    pub l3: usize,
+    /// Bytes per second from memory, all threads together.
+    pub dram_bw: f64,
+    /// Bytes per second one thread reads from L3 (its share when all read).
+    pub l3_bw: f64,
+    /// Bytes per second one thread reads from its L2.
+    pub l2_bw: f64,
+    /// Bytes per second of A one thread packs into micro-panels (L2-resident source).
+    pub pack_a_bw: f64,
+    /// Bytes per second of B one thread packs into micro-panels.
+    pub pack_b_bw: f64,
+    /// Seconds of one fork-join of the pool, all threads.
+    pub fork_join: f64,
+    /// The measured FMA peak of all threads, GFLOP/s (0 when not measured).
+    #[serde(default)]
+    pub peak_gflops: f64,
+}
+
+/// Which analytical model ranks the candidates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum CostModel {
+    #[default]
+    Hierarchical,
+    DietCode,
+    Sia,
+}
+
+impl std::str::FromStr for CostModel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "hierarchical" | "vortex" => Ok(CostModel::Hierarchical),
+            "dietcode" => Ok(CostModel::DietCode),
+            "sia" | "ftuner" => Ok(CostModel::Sia),
+            _ => Err(format!("unknown cost model `{s}` (hierarchical, dietcode, sia)")),
+        }
+    }
+}
+
+impl CostModel {
+    pub const ALL: [CostModel; 3] = [CostModel::Hierarchical, CostModel::DietCode, CostModel::Sia];
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            CostModel::Hierarchical => "hierarchical",
+            CostModel::DietCode => "dietcode",
+            CostModel::Sia => "sia",
+        }
+    }
+
+    /// Whether this model ranks thread grids (the others take the rule of thumb's).
+    pub fn ranks_grids(&self) -> bool {
+        matches!(self, CostModel::Hierarchical)
+    }
+
+    /// The model's cost of `s` for `p`: lower is better (SIA's score is negated).
+    pub fn cost(&self, m: &MachineModel, fam: &KernelFamily, p: &Problem, s: &Schedule) -> f64 {
+        match self {
+            CostModel::Hierarchical => m.predict(fam, p, s),
+            CostModel::DietCode => dietcode(m, fam, p, s),
+            CostModel::Sia => -sia(m, fam, p, s),
+        }
+    }
+}
+
+/// The part of the shorter of compute and B's stream that does not hide behind the
+/// longer (Eq. 2 takes their max, which assumes perfect overlap; the first touch of
+/// each B panel stalls the micro-kernel). Fitted on the regret sweep in BENCHMARKS.md.
+const OVERLAP_LOSS: f64 = 0.5;
+
+/// The rows and panels the threads of one group get, as `execute` splits them.
+fn split(len: usize, unit: usize, parts: usize, index: usize) -> usize {
+    let per = len.div_ceil(unit).div_ceil(parts) * unit;
+    ((index + 1) * per).min(len) - (index * per).min(len)
+}
+
+impl MachineModel {
+    /// Predicted seconds of `s` on `p` (Vortex Eq. 2-4; see the module docs).
+    pub fn predict(&self, fam: &KernelFamily, p: &Problem, s: &Schedule) -> f64 {
+        let (mr, nr, kc) = (s.mr, s.nr, s.blocking.kc.max(1));
+        let f = std::mem::size_of::<f32>() as f64;
+        let rate = |h: usize| fam.get(h, nr).map_or(1e9, |v| v.gflops * 1e9);
+        let tile = |h: usize| 2.0 * (h * nr * p.k) as f64 / rate(h);
+        let g = s.grid;
+        let active = g.threads().max(1) as f64;
+        let panels = p.n.div_ceil(nr);
+        let kblocks = p.k.div_ceil(kc) as f64;
+        // Where B is read from: its whole packed size against the caches.
+        let b_total = (p.k * panels * nr) as f64 * f;
+        // An activation B is packed by each thread into its L2: the reads are packing's.
+        let b_src = if p.b == BLayout::Plain || b_total <= self.l2 as f64 / 2.0 {
+            self.l2_bw
+        } else if b_total <= self.l3 as f64 / 2.0 {
+            self.l3_bw
+        } else {
+            self.dram_bw / active
+        };
+        let mut slowest: f64 = 0.0;
+        for lr in 0..g.rows {
+            let rows = split(p.m, mr, g.rows, lr);
+            for lc in 0..g.cols {
+                let cols = split(panels, 1, g.cols, lc);
+                if rows == 0 || cols == 0 {
+                    continue;
+                }
+                let (full, rem) = (rows / mr, rows % mr);
+                let edge_rows = match (rem, s.cover_mr) {
+                    (0, _) => 0.0,
+                    (_, Some(h)) => rem.div_ceil(h) as f64 * tile(h) / tile(mr),
+                    (_, None) => 1.0,
+                };
+                let compute = cols as f64 * (full as f64 + edge_rows) * tile(mr);
+                let b_bytes = (cols * nr * p.k) as f64 * f;
+                let mblocks = rows.div_ceil(s.blocking.mc.max(mr)) as f64;
+                let l2_half = self.l2 as f64 / 2.0;
+                let c_block = |r: usize| (r * cols * nr) as f64 * f;
+                let (load_b, pack_b, c_bw) = match s.order {
+                    LoopOrder::KOuter => {
+                        // A slice of B is read (or packed) once per thread, then re-read
+                        // per row block from L2 if it fits; C comes back every slice.
+                        let b_block_fits = (kc * cols * nr) as f64 * f <= l2_half;
+                        let reread = if b_block_fits { self.l2_bw } else { b_src };
+                        let load = b_bytes / b_src + (mblocks - 1.0) * b_bytes / reread;
+                        let c_bw = if c_block(rows) <= l2_half { self.l2_bw } else { self.l3_bw };
+                        (load, b_bytes, c_bw)
+                    }
+                    LoopOrder::MOuter => {
+                        // All of the thread's B per row block; C stays in L2.
+                        let b_fits = b_bytes <= l2_half;
+                        let reread = if b_fits { self.l2_bw } else { b_src };
+                        let load = b_bytes / b_src + (mblocks - 1.0) * b_bytes / reread;
+                        let c_bw = if c_block(s.blocking.mc) <= l2_half { self.l2_bw } else { self.l3_bw };
+                        (load, mblocks * b_bytes, c_bw)
+                    }
+                };
+                let pack_a = (rows.div_ceil(mr) * mr * p.k) as f64 * f / self.pack_a_bw;
+                let pack_b = if p.b == BLayout::Plain { pack_b / self.pack_b_bw } else { 0.0 };
+                let c_bytes = (rows * cols * nr) as f64 * f * (2.0 * kblocks - 1.0);
+                let last_partial = lc + 1 == g.cols && !p.n.is_multiple_of(nr);
+                let edge_tiles = (if rem > 0 && s.cover_mr.is_none() { cols } else { 0 }
+                    + if last_partial { full } else { 0 }) as f64;
+                let edges = edge_tiles * kblocks * (mr * nr) as f64 * f * 4.0 / self.l2_bw;
+                let t = compute.max(load_b)
+                    + OVERLAP_LOSS * compute.min(load_b)
+                    + pack_a
+                    + pack_b
+                    + c_bytes / c_bw
+                    + edges;
+                slowest = slowest.max(t);
+            }
+        }
+        let entries = p.batch.div_ceil(g.batch) as f64;
+        entries * slowest + if g.threads() > 1 { self.fork_join } else { 0.0 }
+    }
+}
+
+/// The padded work of `s` on `p`, and its tiles (row bands × panels × entries).
+fn padded_work(p: &Problem, s: &Schedule) -> (f64, usize) {
+    let rem = p.m % s.mr;
+    let rows = match s.cover_mr {
+        Some(h) if rem > 0 => p.m - rem + rem.div_ceil(h) * h,
+        _ => p.m.div_ceil(s.mr) * s.mr,
+    };
+    let panels = p.n.div_ceil(s.nr);
+    let work = 2.0 * (p.batch * rows * panels * s.nr * p.k) as f64;
+    (work, p.batch * p.m.div_ceil(s.mr) * panels)
+}
+
+/// DietCode's `f_local · f_spatial · f_pad`, as seconds: the padded work at the
+/// tile's measured rate spread over the threads, stretched by the imbalance of
+/// tiles over threads (`pad(W/M, threads) / (W/M)`, with DietCode's k = 1 for
+/// CPU threads that cannot overlap waves).
+fn dietcode(m: &MachineModel, fam: &KernelFamily, p: &Problem, s: &Schedule) -> f64 {
+    let rate = fam.get(s.mr, s.nr).map_or(1e9, |v| v.gflops * 1e9);
+    let (work, tiles) = padded_work(p, s);
+    let t = m.threads.max(1);
+    let spatial = (tiles.div_ceil(t) * t) as f64 / tiles.max(1) as f64;
+    work / rate / t as f64 * spatial
+}
+
+/// FTuner's SIA score (higher is better): compute-to-memory ratio of the tile
+/// (normalized by the family's best), one minus the padding fraction, and the
+/// occupancy of the threads; a two-height cover averages its two tiles.
+fn sia(m: &MachineModel, fam: &KernelFamily, p: &Problem, s: &Schedule) -> f64 {
+    let cmr = |mr: usize, nr: usize| (mr * nr) as f64 / (mr + nr) as f64;
+    let best = fam.variants().iter().map(|v| cmr(v.kernel.mr, v.kernel.nr)).fold(0.0, f64::max);
+    let useful = 2.0 * (p.batch * p.m * p.n * p.k) as f64;
+    let (work, tiles) = padded_work(p, s);
+    let pad = 1.0 - useful / work.max(1.0);
+    let t = m.threads.max(1);
+    let occ = tiles as f64 / (tiles.div_ceil(t) * t) as f64;
+    let score = |mr: usize| cmr(mr, s.nr) / best + (1.0 - pad) + occ;
+    match s.cover_mr {
+        Some(h) if !p.m.is_multiple_of(s.mr) => (score(s.mr) + score(h)) / 2.0,
+        _ => score(s.mr),
+    }
+}
+
+/// The grid the tile-only models take: the rule of thumb for this tile.
+pub fn rule_grid(threads: usize, p: &Problem, mr: usize, nr: usize) -> ThreadGrid {
+    ThreadGrid::rule_of_thumb(threads, p.batch, p.m.div_ceil(mr), p.n.div_ceil(nr))
+}

@@ -1,0 +1,224 @@
+//! Run-time dispatch (Vortex §5.3, BladeDISC §5.2.2, DietCode's dispatcher): for
+//! the bound shape, generate the schedule candidates, rank them with the
+//! analytical model and run the best, remembering the choice per shape so that
+//! the next call with that shape pays one hash lookup.
+//!
+//! A [`Dispatcher`] owns one contraction's kernel family and is `Send + Sync`:
+//! several threads may run through it at once (the memo is behind a `RwLock`,
+//! and every call's packing buffers are its threads' own).
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+
+use crate::cost::{rule_grid, CostModel, MachineModel};
+use crate::gemm::{execute, BOperand, EpilogueArgs, LoopOrder, MatMut, MatRef, PackedB, Plan};
+use crate::schedule::{candidates, BLayout, KernelFamily, Problem, Schedule};
+use crate::{KernelError, Target, ThreadPool};
+
+/// Chooses and runs the schedule of one contraction, for any shape.
+pub struct Dispatcher {
+    target: Target,
+    family: KernelFamily,
+    machine: MachineModel,
+    model: CostModel,
+    memo: RwLock<HashMap<Problem, Schedule>>,
+}
+
+impl Dispatcher {
+    pub fn new(target: Target, family: KernelFamily, machine: MachineModel, model: CostModel) -> Dispatcher {
+        Dispatcher { target, family, machine, model, memo: RwLock::new(HashMap::new()) }
+    }
+
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+    pub fn family(&self) -> &KernelFamily {
+        &self.family
+    }
+    pub fn machine(&self) -> &MachineModel {
+        &self.machine
+    }
+    pub fn model(&self) -> CostModel {
+        self.model
+    }
+
+    /// Every candidate for `p` (what an exhaustive search would measure).
+    pub fn candidates(&self, p: &Problem) -> Vec<Schedule> {
+        candidates(&self.target, self.machine.threads, &self.family, p)
+    }
+
+    /// The model's choice for `p`, computed now (no memo).
+    pub fn choose(&self, p: &Problem) -> Result<Schedule, KernelError> {
+        self.choose_with(self.model, p)
+    }
+
+    /// `model`'s choice for `p`, computed now. Models that rank tiles only get the
+    /// rule of thumb's thread grid for each tile.
+    pub fn choose_with(&self, model: CostModel, p: &Problem) -> Result<Schedule, KernelError> {
+        self.choose_where(model, p, |_| true)
+    }
+
+    /// `model`'s choice for `p` among the candidates `allowed` keeps.
+    pub fn choose_where(
+        &self,
+        model: CostModel,
+        p: &Problem,
+        allowed: impl Fn(&Schedule) -> bool,
+    ) -> Result<Schedule, KernelError> {
+        let threads = self.machine.threads;
+        self.candidates(p)
+            .into_iter()
+            .filter(|s| allowed(s) && (model.ranks_grids() || s.grid == rule_grid(threads, p, s.mr, s.nr)))
+            .map(|s| (model.cost(&self.machine, &self.family, p, &s), s))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, s)| s)
+            .ok_or_else(|| KernelError::Shape(format!("no schedule fits {p:?} with this kernel family")))
+    }
+
+    /// The fixed rule used before any cost model (the baseline of the regret
+    /// report): the fastest measured tile of at least 4 rows (ties within 3% to the
+    /// smaller), blocks sized to the caches, the rule-of-thumb grid, and the 1-row
+    /// cover when the remainder is at most half a tile.
+    pub fn rule_of_thumb(&self, p: &Problem) -> Result<Schedule, KernelError> {
+        let fits = |v: &&crate::KernelVariant| match p.b {
+            BLayout::Packed { nr, .. } => v.kernel.nr == nr,
+            BLayout::Plain => true,
+        };
+        let vs: Vec<_> = self.family.variants().iter().filter(fits).collect();
+        let min_mr = if vs.iter().any(|v| v.kernel.mr >= 4) { 4 } else { 1 };
+        let top = vs.iter().filter(|v| v.kernel.mr >= min_mr).map(|v| v.gflops).fold(0.0, f64::max);
+        let v = vs
+            .iter()
+            .filter(|v| v.kernel.mr >= min_mr && v.gflops >= 0.97 * top)
+            .min_by_key(|v| (v.kernel.mr * v.kernel.nr, v.kernel.mr))
+            .ok_or_else(|| KernelError::Shape(format!("no kernel of the family fits {p:?}")))?;
+        let (mr, nr) = (v.kernel.mr, v.kernel.nr);
+        let mut blocking = crate::Blocking::for_target(&self.target, mr, nr);
+        if let BLayout::Packed { kc, .. } = p.b {
+            blocking.kc = kc;
+        }
+        let rem = p.m % mr;
+        let cover_mr = (rem > 0 && 2 * rem <= mr && self.family.get(1, nr).is_some()).then_some(1);
+        Ok(Schedule {
+            mr,
+            nr,
+            cover_mr,
+            blocking,
+            order: LoopOrder::KOuter,
+            grid: rule_grid(self.machine.threads, p, mr, nr),
+        })
+    }
+
+    /// The schedule for `p`: memoized per shape.
+    pub fn schedule(&self, p: &Problem) -> Result<Schedule, KernelError> {
+        if let Some(s) = self.memo.read().unwrap_or_else(|e| e.into_inner()).get(p) {
+            return Ok(*s);
+        }
+        let s = self.choose(p)?;
+        self.memo.write().unwrap_or_else(|e| e.into_inner()).insert(*p, s);
+        Ok(s)
+    }
+
+    /// The kernels and blocks of `s`, ready for the driver.
+    pub fn plan(&self, s: &Schedule) -> Result<Plan<'_>, KernelError> {
+        let get = |mr: usize| {
+            self.family
+                .get(mr, s.nr)
+                .map(|v| &v.kernel)
+                .ok_or_else(|| KernelError::Shape(format!("the family has no {mr}x{} kernel", s.nr)))
+        };
+        Ok(Plan {
+            kernel: get(s.mr)?,
+            cover: s.cover_mr.map(get).transpose()?,
+            blocking: s.blocking,
+            order: s.order,
+            grid: s.grid,
+        })
+    }
+
+    /// Pack a weight once, for the tile width and depth that the model predicts
+    /// best over `rows` (the row counts the weight will meet, e.g. a geometric
+    /// sweep of the symbol's range).
+    pub fn pack_weight(&self, b: MatRef, rows: &[usize]) -> Result<PackedB, KernelError> {
+        let (k, n) = (b.rows, b.cols);
+        let mut best: Option<(f64, usize, usize)> = None;
+        for nr in self.family.widths() {
+            let Some(mr) = self.family.best_height(nr) else { continue };
+            let kc = crate::schedule::kc_for(&self.target, mr, nr);
+            let layout = BLayout::Packed { nr, kc };
+            let mut total = 0.0;
+            for &m in rows {
+                let p = Problem { batch: 1, m: m.max(1), n, k, b: layout };
+                let s = self.choose(&p)?;
+                // Relative cost: each row count weighs the same whatever its size.
+                total += self.model.cost(&self.machine, &self.family, &p, &s) / p.flops().max(1.0);
+            }
+            if best.is_none_or(|(t, _, _)| total < t) {
+                best = Some((total, nr, kc));
+            }
+        }
+        let (_, nr, kc) = best.ok_or_else(|| KernelError::Shape("an empty kernel family".into()))?;
+        Ok(PackedB::new(b, nr, kc))
+    }
+
+    /// `C = epilogue(A · B)`, on `pool`, with the memoized schedule for this shape.
+    pub fn matmul(
+        &self,
+        pool: &ThreadPool,
+        a: MatRef,
+        b: BOperand,
+        c: MatMut,
+        ep: &EpilogueArgs,
+    ) -> Result<Schedule, KernelError> {
+        self.batched(pool, &[a], &[b], vec![c], ep)
+    }
+
+    /// A batch of contractions of one shape (attention's per-head products).
+    pub fn batched(
+        &self,
+        pool: &ThreadPool,
+        a: &[MatRef],
+        b: &[BOperand],
+        c: Vec<MatMut>,
+        ep: &EpilogueArgs,
+    ) -> Result<Schedule, KernelError> {
+        let p = self.problem(a, b)?;
+        if pool.threads() < self.machine.threads {
+            return Err(KernelError::Shape(format!(
+                "the schedules are for {} threads, the pool has {}",
+                self.machine.threads,
+                pool.threads()
+            )));
+        }
+        let s = self.schedule(&p)?;
+        execute(pool, &self.plan(&s)?, a, b, c, ep)?;
+        Ok(s)
+    }
+
+    /// The problem of a batch, which must be of one shape and one B layout.
+    pub fn problem(&self, a: &[MatRef], b: &[BOperand]) -> Result<Problem, KernelError> {
+        let (Some(a0), Some(b0)) = (a.first(), b.first()) else {
+            return Err(KernelError::Shape("an empty batch".into()));
+        };
+        let layout = |b: &BOperand| match b {
+            BOperand::Packed(p) => BLayout::Packed { nr: p.nr, kc: p.kc },
+            BOperand::Plain(_) => BLayout::Plain,
+        };
+        let dims = |b: &BOperand| match b {
+            BOperand::Packed(p) => (p.k, p.n),
+            BOperand::Plain(m) => (m.rows, m.cols),
+        };
+        let (k, n) = dims(b0);
+        for (ai, bi) in a.iter().zip(b) {
+            if (ai.rows, ai.cols) != (a0.rows, a0.cols) || dims(bi) != (k, n) || layout(bi) != layout(b0) {
+                return Err(KernelError::Shape("the entries of a batch differ in shape or layout".into()));
+            }
+        }
+        Ok(Problem { batch: a.len(), m: a0.rows, n, k, b: layout(b0) })
+    }
+
+    /// Shapes remembered so far.
+    pub fn memoized(&self) -> usize {
+        self.memo.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}

@@ -1,0 +1,232 @@
+//! The schedule space of a contraction and its sample-free, bottom-up candidate
+//! generator (Vortex Alg. 2 with FTuner's filters).
+//!
+//! A [`Schedule`] is one point of the hierarchy: L0 the register tile (`MR × NR`,
+//! plus an optional second height covering the rows past the last full band:
+//! FTuner's `M = a·MR₁ + b·MR₂`), L1 the cache blocks (`KC`, `MC`, each a multiple
+//! of the level below), L2 the thread grid. Candidates are built level by level
+//! from the kernels that exist, each level a multiple of the one below, and
+//! filtered by hardware alignment, the register budget (both already true of
+//! every generated kernel), padding and occupancy. No sample shape is needed: the
+//! generator runs for the bound shape at dispatch time, and the cost model in
+//! [`crate::cost`] ranks what it yields.
+
+use crate::gemm::LoopOrder;
+use crate::{Blocking, KernelError, MicroKernel, Target, ThreadGrid};
+
+/// One contraction instance: `batch` independent `C[m×n] = A[m×k] · B[k×n]`, and
+/// what is fixed about B's layout (a weight is packed once, for one `NR` and `KC`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Problem {
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub b: BLayout,
+}
+
+/// B's layout as the schedule must take it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BLayout {
+    /// An activation, packed by the threads that read it: any `NR` and `KC`.
+    Plain,
+    /// Pre-packed for this `NR` and `KC`.
+    Packed { nr: usize, kc: usize },
+}
+
+impl Problem {
+    pub fn flops(&self) -> f64 {
+        2.0 * self.batch as f64 * self.m as f64 * self.n as f64 * self.k as f64
+    }
+}
+
+/// A point of the schedule space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Schedule {
+    pub mr: usize,
+    pub nr: usize,
+    /// The height of the kernel for the rows past the last full `MR` band.
+    pub cover_mr: Option<usize>,
+    pub blocking: Blocking,
+    pub order: LoopOrder,
+    pub grid: ThreadGrid,
+}
+
+impl std::fmt::Display for Schedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}", self.mr, self.nr)?;
+        if let Some(h) = self.cover_mr {
+            write!(f, "+{h}x{}", self.nr)?;
+        }
+        let g = self.grid;
+        let order = if self.order == LoopOrder::MOuter { " m-outer" } else { "" };
+        write!(
+            f,
+            " kc {} mc {}{order} threads {}x{}x{}",
+            self.blocking.kc, self.blocking.mc, g.batch, g.rows, g.cols
+        )
+    }
+}
+
+/// A compiled micro-kernel and its measured L0 throughput (DietCode's `f_local`).
+#[derive(Clone, Copy, Debug)]
+pub struct KernelVariant {
+    pub kernel: MicroKernel,
+    /// Single-thread GFLOP/s on L1-resident panels.
+    pub gflops: f64,
+}
+
+/// The micro-kernels a contraction may use at run time, all with the same
+/// epilogue: the L0 level of its schedule space.
+#[derive(Clone, Debug)]
+pub struct KernelFamily {
+    variants: Vec<KernelVariant>,
+}
+
+impl KernelFamily {
+    pub fn new(variants: Vec<KernelVariant>) -> Result<KernelFamily, KernelError> {
+        let Some(first) = variants.first() else {
+            return Err(KernelError::Shape("a kernel family needs at least one micro-kernel".into()));
+        };
+        for v in &variants {
+            if v.kernel.epilogue != first.kernel.epilogue {
+                return Err(KernelError::Shape("the kernels of a family share one epilogue".into()));
+            }
+            if v.kernel.mr == 0 || v.kernel.nr == 0 || v.gflops.is_nan() || v.gflops <= 0.0 {
+                return Err(KernelError::Shape(format!(
+                    "a {}x{} kernel at {} GFLOP/s cannot join a family",
+                    v.kernel.mr, v.kernel.nr, v.gflops
+                )));
+            }
+        }
+        Ok(KernelFamily { variants })
+    }
+    pub fn variants(&self) -> &[KernelVariant] {
+        &self.variants
+    }
+    pub fn get(&self, mr: usize, nr: usize) -> Option<&KernelVariant> {
+        self.variants.iter().find(|v| v.kernel.mr == mr && v.kernel.nr == nr)
+    }
+    /// The tile widths present, narrowest first.
+    pub fn widths(&self) -> Vec<usize> {
+        let mut w: Vec<usize> = self.variants.iter().map(|v| v.kernel.nr).collect();
+        w.sort_unstable();
+        w.dedup();
+        w
+    }
+    /// The tile heights present for width `nr`, lowest first.
+    pub fn heights(&self, nr: usize) -> Vec<usize> {
+        let mut h: Vec<usize> =
+            self.variants.iter().filter(|v| v.kernel.nr == nr).map(|v| v.kernel.mr).collect();
+        h.sort_unstable();
+        h.dedup();
+        h
+    }
+    /// The main height for width `nr`: the fastest kernel of that width, ties within
+    /// 3% (the measurement's noise) going to the lower tile, which pads less.
+    pub fn best_height(&self, nr: usize) -> Option<usize> {
+        let of_width = || self.variants.iter().filter(move |v| v.kernel.nr == nr);
+        let top = of_width().map(|v| v.gflops).fold(0.0, f64::max);
+        of_width().filter(|v| v.gflops >= 0.97 * top).map(|v| v.kernel.mr).min()
+    }
+}
+
+/// The depth of a cache block for an `mr × nr` tile: an A and a B micro-panel fill
+/// about 80% of L1 (Vortex's utilization band), a multiple of 8.
+pub fn kc_for(t: &Target, mr: usize, nr: usize) -> usize {
+    Blocking::for_target(t, mr, nr).kc
+}
+
+/// FTuner's padding threshold: a tile whose padded work exceeds the least padded
+/// tile's by more than this fraction of the useful work is not a candidate.
+const PAD_SLACK: f64 = 0.5;
+
+/// Vortex Alg. 2 for one bound problem: L0 tiles from the family (filtered by
+/// padding and by B's fixed layout), L1 blocks as multiples of the tile sized to
+/// L1/L2, L2 thread grids over the pool's `threads` that leave no thread idle
+/// (or one thread alone), and the FTuner cover heights.
+pub fn candidates(t: &Target, threads: usize, fam: &KernelFamily, p: &Problem) -> Vec<Schedule> {
+    let mut out = Vec::new();
+    // L0: the main tiles. Each width's fastest height and every lower one.
+    let mut tiles = Vec::new();
+    for nr in fam.widths() {
+        if let BLayout::Packed { nr: fixed, .. } = p.b {
+            if nr != fixed {
+                continue;
+            }
+        }
+        let Some(best) = fam.best_height(nr) else { continue };
+        for mr in fam.heights(nr).into_iter().filter(|&h| h <= best) {
+            tiles.push((mr, nr));
+        }
+    }
+    let padded = |mr: usize, nr: usize| {
+        (p.m.div_ceil(mr) * mr * p.n.div_ceil(nr) * nr) as f64 / (p.m * p.n).max(1) as f64 - 1.0
+    };
+    let least = tiles.iter().map(|&(mr, nr)| padded(mr, nr)).fold(f64::INFINITY, f64::min);
+    for (mr, nr) in tiles {
+        // With a cover kernel, M's padding can be removed: judge M by the tile only when
+        // there is no lower height to cover with.
+        let can_cover = fam.heights(nr).iter().any(|&h| h < mr);
+        let pad = if can_cover { padded(1, nr) } else { padded(mr, nr) };
+        if pad > least + PAD_SLACK {
+            continue;
+        }
+        // L1: KC from L1 (or fixed by the packed weight), one block when K is barely
+        // deeper; MC a multiple of MR from L2.
+        let base = Blocking::for_target(t, mr, nr);
+        let kcs: Vec<usize> = match p.b {
+            BLayout::Packed { kc, .. } => vec![kc],
+            BLayout::Plain if p.k <= base.kc * 3 / 2 => vec![p.k.max(1)],
+            BLayout::Plain => vec![base.kc],
+        };
+        for kc in kcs {
+            let mc = ((base.mc * base.kc / kc.max(1)) / mr).max(1) * mr;
+            let blocking = Blocking { kc, mc, nc: base.nc };
+            // FTuner's two heights: every lower height of the same width that covers
+            // the remainder in fewer padded rows than one more full tile.
+            let rem = p.m % mr;
+            let mut covers = vec![None];
+            if rem > 0 {
+                covers.extend(fam.heights(nr).into_iter().filter(|&h| h < mr).map(Some));
+            }
+            for cover_mr in covers.iter().copied() {
+                for grid in grids(threads, p, mr, nr) {
+                    out.push(Schedule { mr, nr, cover_mr, blocking, order: LoopOrder::KOuter, grid });
+                    // Deep K: the row block whose C fits half of L2 keeps it there across
+                    // the K loop.
+                    let cols = p.n.div_ceil(nr).div_ceil(grid.cols) * nr;
+                    let rows = p.m.div_ceil(mr).div_ceil(grid.rows) * mr;
+                    let mc_c = (t.l2 / 2 / (cols * 4).max(1) / mr).max(1) * mr;
+                    if p.k > kc && mc_c < rows {
+                        let blocking = Blocking { mc: mc_c, ..blocking };
+                        out.push(Schedule { mr, nr, cover_mr, blocking, order: LoopOrder::MOuter, grid });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// L2: the thread grids that give every thread work (occupancy), plus one thread.
+fn grids(threads: usize, p: &Problem, mr: usize, nr: usize) -> Vec<ThreadGrid> {
+    let (bands, panels) = (p.m.div_ceil(mr), p.n.div_ceil(nr));
+    let mut out = vec![ThreadGrid::SINGLE];
+    if threads <= 1 {
+        return out;
+    }
+    for b in divisors(threads) {
+        for r in divisors(threads / b) {
+            let c = threads / b / r;
+            if b <= p.batch && r <= bands && c <= panels {
+                out.push(ThreadGrid { batch: b, rows: r, cols: c });
+            }
+        }
+    }
+    out
+}
+
+fn divisors(n: usize) -> Vec<usize> {
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
+}

@@ -1,0 +1,264 @@
+//! Every schedule the candidate generator yields computes the right product, at
+//! random shapes (1, primes, one past a tile) with plain and pre-packed B, batches
+//! and thread grids; the dispatcher's choice is one of the candidates, is
+//! memoized, and is safe to use from several threads at once. The micro-kernels
+//! are plain Rust of the generated kernels' ABI, so this runs without LLVM.
+
+use std::sync::Arc;
+
+use anyshape_kernels::{
+    calibrate, execute, BLayout, BOperand, CostModel, Dispatcher, EpilogueArgs, KernelFamily, KernelVariant,
+    LoopOrder, MatMut, MatRef, MicroKernel, PackedB, Problem, Target, ThreadPool,
+};
+use proptest::prelude::*;
+
+macro_rules! rust_kernel {
+    ($name:ident, $mr:expr, $nr:expr) => {
+        unsafe extern "C" fn $name(
+            kc: i64,
+            a: *const f32,
+            b: *const f32,
+            c: *mut f32,
+            ldc: i64,
+            flags: i64,
+            _bias: *const f32,
+            _res: *const f32,
+            _ldr: i64,
+        ) {
+            const MR: usize = $mr;
+            const NR: usize = $nr;
+            let acc = flags & anyshape_kernels::ACCUMULATE;
+            let (a, b) = (
+                std::slice::from_raw_parts(a, kc as usize * MR),
+                std::slice::from_raw_parts(b, kc as usize * NR),
+            );
+            for i in 0..MR {
+                for j in 0..NR {
+                    let s: f32 = (0..kc as usize).map(|k| a[k * MR + i] * b[k * NR + j]).sum();
+                    let p = c.add(i * ldc as usize + j);
+                    *p = if acc != 0 { *p + s } else { s };
+                }
+            }
+        }
+    };
+}
+rust_kernel!(k1x4, 1, 4);
+rust_kernel!(k2x4, 2, 4);
+rust_kernel!(k5x4, 5, 4);
+rust_kernel!(k1x8, 1, 8);
+rust_kernel!(k3x8, 3, 8);
+
+/// A family of two widths; the rates are made up (only the ranking uses them).
+fn family() -> KernelFamily {
+    let v = |mr, nr, func, gflops| KernelVariant {
+        kernel: MicroKernel { mr, nr, func, epilogue: Default::default() },
+        gflops,
+    };
+    KernelFamily::new(vec![
+        v(1, 4, k1x4 as anyshape_kernels::MicroKernelFn, 10.0),
+        v(2, 4, k2x4, 20.0),
+        v(5, 4, k5x4, 40.0),
+        v(1, 8, k1x8, 15.0),
+        v(3, 8, k3x8, 45.0),
+    ])
+    .expect("family")
+}
+
+/// A small target, so that the blocks split even tiny shapes.
+fn target() -> Target {
+    Target { l1d: 2 << 10, l2: 8 << 10, l3: 64 << 10, ..Target::detect() }
+}
+
+fn dispatcher(threads: usize) -> Dispatcher {
+    let t = target();
+    let machine = calibrate::measure(&t, &ThreadPool::new(threads));
+    Dispatcher::new(t, family(), machine, CostModel::Hierarchical)
+}
+
+fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k).map(|p| a[i * k + p] as f64 * b[p * n + j] as f64).sum::<f64>() as f32;
+        }
+    }
+    c
+}
+
+fn dims() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        Just(1usize),
+        Just(2),
+        Just(3),
+        Just(5),
+        Just(6),
+        Just(7),
+        Just(9),
+        Just(11),
+        Just(13),
+        1usize..40
+    ]
+}
+
+/// Run schedule `s` (as the driver would) and check every entry, with canaries
+/// around each C.
+fn check(
+    d: &Dispatcher,
+    pool: &ThreadPool,
+    p: &Problem,
+    s: &anyshape_kernels::Schedule,
+) -> Result<(), String> {
+    let (m, n, k, batch) = (p.m, p.n, p.k, p.batch);
+    let a: Vec<f32> = (0..batch * m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
+    let b: Vec<f32> = (0..batch * k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
+    let ldc = n + 3;
+    let stride = m * ldc + 5;
+    let mut c = vec![f32::NAN; batch * stride + 5];
+    let packed: Vec<PackedB> = match p.b {
+        BLayout::Packed { nr, kc } => (0..batch)
+            .map(|e| PackedB::new(MatRef::row_major(&b[e * k * n..(e + 1) * k * n], k, n).unwrap(), nr, kc))
+            .collect(),
+        BLayout::Plain => Vec::new(),
+    };
+    let av: Vec<MatRef> =
+        (0..batch).map(|e| MatRef::row_major(&a[e * m * k..(e + 1) * m * k], m, k).unwrap()).collect();
+    let bv: Vec<BOperand> = (0..batch)
+        .map(|e| match p.b {
+            BLayout::Packed { .. } => BOperand::Packed(&packed[e]),
+            BLayout::Plain => {
+                BOperand::Plain(MatRef::row_major(&b[e * k * n..(e + 1) * k * n], k, n).unwrap())
+            }
+        })
+        .collect();
+    let cv: Vec<MatMut> = c
+        .chunks_mut(stride)
+        .take(batch)
+        .map(|ch| MatMut::new(&mut ch[2..2 + (m - 1) * ldc + n], m, n, ldc).unwrap())
+        .collect();
+    execute(pool, &d.plan(s).map_err(|e| e.to_string())?, &av, &bv, cv, &EpilogueArgs::default())
+        .map_err(|e| format!("{s}: {e}"))?;
+    for e in 0..batch {
+        let want = naive(&a[e * m * k..(e + 1) * m * k], &b[e * k * n..(e + 1) * k * n], m, k, n);
+        let ce = &c[e * stride..(e + 1) * stride];
+        for i in 0..m {
+            for j in 0..n {
+                let (got, w) = (ce[2 + i * ldc + j], want[i * n + j]);
+                if (got - w).abs() > 1e-3 * (1.0 + w.abs()) {
+                    return Err(format!("{s} on {p:?}: entry {e} C[{i},{j}] = {got}, want {w}"));
+                }
+            }
+        }
+        // Canaries: before C, the row gaps, and after it.
+        let outside =
+            (0..2).chain((0..m).flat_map(|i| (n..ldc).map(move |j| 2 + i * ldc + j)).filter(|&x| x < stride));
+        if let Some(x) = outside.into_iter().find(|&x| !ce[x].is_nan()) {
+            return Err(format!("{s} on {p:?}: wrote outside C at {x} of entry {e}"));
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 60, ..ProptestConfig::default() })]
+    #[test]
+    fn every_candidate_schedule_is_correct(
+        m in dims(), n in dims(), k in dims(), batch in 1usize..4, packed in any::<bool>(), threads in 1usize..4,
+        width in prop_oneof![Just(4usize), Just(8)], kc in 1usize..12,
+    ) {
+        let d = dispatcher(threads);
+        let pool = ThreadPool::new(threads);
+        let layout = if packed { BLayout::Packed { nr: width, kc } } else { BLayout::Plain };
+        let p = Problem { batch, m, n, k, b: layout };
+        let cands = d.candidates(&p);
+        prop_assert!(!cands.is_empty(), "no candidate for {:?}", p);
+        for s in &cands {
+            prop_assert!(s.grid.threads() <= threads);
+            if let BLayout::Packed { nr, kc } = p.b {
+                prop_assert!(s.nr == nr && s.blocking.kc == kc);
+            }
+            check(&d, &pool, &p, s).map_err(TestCaseError::fail)?;
+        }
+        // Each model picks a candidate.
+        for model in CostModel::ALL {
+            let s = d.choose_with(model, &p).expect("a choice");
+            prop_assert!(cands.contains(&s), "{:?} picked {} outside the candidates", model, s);
+        }
+        let rule = d.rule_of_thumb(&p).expect("the rule");
+        check(&d, &pool, &p, &rule).map_err(TestCaseError::fail)?;
+    }
+}
+
+#[test]
+fn deep_k_yields_row_block_outer_candidates() {
+    let d = dispatcher(2);
+    // C of 64 × 64 floats (16 KiB) is more than half the 8 KiB L2: a row block is kept there.
+    let p = Problem { batch: 1, m: 64, n: 64, k: 300, b: BLayout::Packed { nr: 8, kc: 16 } };
+    let outer: Vec<_> = d.candidates(&p).into_iter().filter(|s| s.order == LoopOrder::MOuter).collect();
+    assert!(!outer.is_empty());
+    let pool = ThreadPool::new(2);
+    for s in &outer {
+        assert!(s.blocking.mc < 64);
+        check(&d, &pool, &p, s).unwrap();
+    }
+}
+
+#[test]
+fn dispatch_is_memoized_per_shape() {
+    let d = dispatcher(2);
+    let p = Problem { batch: 1, m: 37, n: 20, k: 9, b: BLayout::Plain };
+    assert_eq!(d.memoized(), 0);
+    let s = d.schedule(&p).unwrap();
+    assert_eq!(d.schedule(&p).unwrap(), s);
+    assert_eq!(d.memoized(), 1);
+    assert_eq!(s, d.choose(&p).unwrap());
+    d.schedule(&Problem { m: 38, ..p }).unwrap();
+    assert_eq!(d.memoized(), 2);
+}
+
+#[test]
+fn one_dispatcher_serves_several_threads_at_once() {
+    let d = Arc::new(dispatcher(2));
+    let pool = Arc::new(ThreadPool::new(2));
+    let handles: Vec<_> = (0..4)
+        .map(|t| {
+            let (d, pool) = (d.clone(), pool.clone());
+            std::thread::spawn(move || {
+                for r in 0..20 {
+                    let (m, n, k) = (1 + (t * 7 + r) % 23, 1 + (t + r * 3) % 17, 1 + r % 13);
+                    let a: Vec<f32> = (0..m * k).map(|i| (i % 5) as f32).collect();
+                    let b: Vec<f32> = (0..k * n).map(|i| (i % 3) as f32).collect();
+                    let mut c = vec![0.0; m * n];
+                    let bm = MatRef::row_major(&b, k, n).unwrap();
+                    let packed = d.pack_weight(bm, &[1, 8, 32]).unwrap();
+                    let cv = MatMut::new(&mut c, m, n, n).unwrap();
+                    let am = MatRef::row_major(&a, m, k).unwrap();
+                    d.matmul(&pool, am, BOperand::Packed(&packed), cv, &EpilogueArgs::default()).unwrap();
+                    assert_eq!(c, naive(&a, &b, m, k, n), "thread {t} round {r}");
+                }
+            })
+        })
+        .collect();
+    handles.into_iter().for_each(|h| h.join().expect("caller"));
+    assert!(d.memoized() > 0);
+}
+
+#[test]
+fn mismatched_batches_and_pools_are_errors() {
+    let d = dispatcher(2);
+    let (a, b) = (vec![1.0f32; 12], vec![1.0f32; 12]);
+    let mut c1 = vec![0.0f32; 9];
+    let mut c2 = vec![0.0f32; 16];
+    let a1 = MatRef::row_major(&a, 3, 4).unwrap();
+    let a2 = MatRef::row_major(&a, 4, 3).unwrap();
+    let b1 = MatRef::row_major(&b, 4, 3).unwrap();
+    let b2 = MatRef::row_major(&b, 3, 4).unwrap();
+    let pool = ThreadPool::new(2);
+    let cv = vec![MatMut::new(&mut c1, 3, 3, 3).unwrap(), MatMut::new(&mut c2, 4, 4, 4).unwrap()];
+    let err =
+        d.batched(&pool, &[a1, a2], &[BOperand::Plain(b1), BOperand::Plain(b2)], cv, &Default::default());
+    assert!(err.unwrap_err().to_string().contains("differ"));
+    // Schedules for two threads cannot run on a pool of one.
+    let cv = MatMut::new(&mut c1, 3, 3, 3).unwrap();
+    let err = d.matmul(&ThreadPool::new(1), a1, BOperand::Plain(b1), cv, &Default::default());
+    assert!(err.unwrap_err().to_string().contains("threads"));
+}
