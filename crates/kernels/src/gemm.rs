@@ -630,27 +630,6 @@ fn fill_edge_epilogue(
     }
 }
 
-/// The rows past the last full band of `rows` and the kernel that covers them:
-/// FTuner's two tile heights (Alg. 2), when the plan has a second one.
-fn cover_rows<'k>(
-    plan: &Plan<'k>,
-    rows: std::ops::Range<usize>,
-) -> Vec<(std::ops::Range<usize>, &'k MicroKernel)> {
-    let rem = rows.len() % plan.kernel.mr;
-    match plan.cover {
-        Some(s) if rem > 0 => {
-            let split = rows.end - rem;
-            let mut v = Vec::with_capacity(2);
-            if split > rows.start {
-                v.push((rows.start..split, plan.kernel));
-            }
-            v.push((split..rows.end, s));
-            v
-        }
-        _ => vec![(rows, plan.kernel)],
-    }
-}
-
 /// Rows `rows` × column panels `cols` of `C = A · B`, on the calling thread: the
 /// work of one thread of [`execute`]. B's panels come pre-packed, or are packed
 /// here for `cols` only, one `kc` block at a time.
@@ -685,25 +664,33 @@ fn band(
         }
     };
     // The cache blocks: `kc`-deep slices of K and `mc`-row blocks of each segment.
-    let kblocks: Vec<(usize, usize)> = (0..k).step_by(blk.kc).map(|pc| (pc, blk.kc.min(k - pc))).collect();
-    let mut mblocks = Vec::new();
-    for (seg, kern) in cover_rows(plan, rows.clone()) {
-        for ic in seg.clone().step_by(blk.mc) {
-            mblocks.push((*kern, ic, blk.mc.min(seg.end - ic)));
-        }
-    }
-    let steps: Vec<(usize, usize)> = match plan.order {
-        LoopOrder::KOuter => {
-            (0..kblocks.len()).flat_map(|ki| (0..mblocks.len()).map(move |mi| (mi, ki))).collect()
-        }
-        LoopOrder::MOuter => {
-            (0..mblocks.len()).flat_map(|mi| (0..kblocks.len()).map(move |ki| (mi, ki))).collect()
+    // The cache blocks, computed per step (no allocation on this path): `kc`-deep
+    // slices of K, and `mc`-row blocks of the full bands, then of the rows past them
+    // when the plan covers those with its second tile height (FTuner Alg. 2).
+    let nk = k.div_ceil(blk.kc);
+    let split = match plan.cover {
+        Some(_) => rows.end - rows.len() % uk.mr,
+        None => rows.end,
+    };
+    let n_main = (split - rows.start).div_ceil(blk.mc);
+    let nm = n_main + (rows.end - split).div_ceil(blk.mc);
+    let mblock = |mi: usize| -> (&MicroKernel, usize, usize) {
+        if mi < n_main {
+            let ic = rows.start + mi * blk.mc;
+            (uk, ic, blk.mc.min(split - ic))
+        } else {
+            let ic = split + (mi - n_main) * blk.mc;
+            (plan.cover.unwrap_or(uk), ic, blk.mc.min(rows.end - ic))
         }
     };
     let mut b_packed_for = None;
-    for (mi, ki) in steps {
-        let ((pc, kc), (kern, ic, mc)) = (kblocks[ki], mblocks[mi]);
-        let kern = &kern;
+    for step in 0..nk * nm {
+        let (mi, ki) = match plan.order {
+            LoopOrder::KOuter => (step % nm, step / nm),
+            LoopOrder::MOuter => (step / nk, step % nk),
+        };
+        let (pc, (kern, ic, mc)) = (ki * blk.kc, mblock(mi));
+        let kc = blk.kc.min(k - pc);
         let (bblock, first_panel): (&[f32], usize) = match b {
             BOperand::Packed(p) => (p.block(pc, kc), 0),
             BOperand::Plain(bm) => {

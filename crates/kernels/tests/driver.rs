@@ -5,40 +5,11 @@
 use anyshape_kernels::{gemm, Blocking, MatMut, MatRef, MicroKernel};
 use proptest::prelude::*;
 
-/// `C (+)= A·B` for packed panels (the micro-kernel ABI) in plain Rust, for an
-/// MR × 5 tile: odd sizes on purpose.
-macro_rules! rust_kernel {
-    ($name:ident, $mr:expr) => {
-        unsafe extern "C" fn $name(
-            kc: i64,
-            a: *const f32,
-            b: *const f32,
-            c: *mut f32,
-            ldc: i64,
-            flags: i64,
-            _bias: *const f32,
-            _res: *const f32,
-            _ldr: i64,
-        ) {
-            const MR: usize = $mr;
-            const NR: usize = 5;
-            let acc = flags & anyshape_kernels::ACCUMULATE;
-            let (a, b) = (
-                std::slice::from_raw_parts(a, kc as usize * MR),
-                std::slice::from_raw_parts(b, kc as usize * NR),
-            );
-            for i in 0..MR {
-                for j in 0..NR {
-                    let s: f32 = (0..kc as usize).map(|k| a[k * MR + i] * b[k * NR + j]).sum();
-                    let p = c.add(i * ldc as usize + j);
-                    *p = if acc != 0 { *p + s } else { s };
-                }
-            }
-        }
-    };
-}
-rust_kernel!(rust_kernel_3x5, 3);
-rust_kernel!(rust_kernel_1x5, 1);
+#[macro_use]
+mod common;
+
+rust_kernel!(rust_kernel_3x5, 3, 5);
+rust_kernel!(rust_kernel_1x5, 1, 5);
 
 fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize, ta: bool) -> Vec<f32> {
     let at = |i: usize, p: usize| if ta { a[p * m + i] } else { a[i * k + p] };

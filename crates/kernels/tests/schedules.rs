@@ -12,36 +12,9 @@ use anyshape_kernels::{
 };
 use proptest::prelude::*;
 
-macro_rules! rust_kernel {
-    ($name:ident, $mr:expr, $nr:expr) => {
-        unsafe extern "C" fn $name(
-            kc: i64,
-            a: *const f32,
-            b: *const f32,
-            c: *mut f32,
-            ldc: i64,
-            flags: i64,
-            _bias: *const f32,
-            _res: *const f32,
-            _ldr: i64,
-        ) {
-            const MR: usize = $mr;
-            const NR: usize = $nr;
-            let acc = flags & anyshape_kernels::ACCUMULATE;
-            let (a, b) = (
-                std::slice::from_raw_parts(a, kc as usize * MR),
-                std::slice::from_raw_parts(b, kc as usize * NR),
-            );
-            for i in 0..MR {
-                for j in 0..NR {
-                    let s: f32 = (0..kc as usize).map(|k| a[k * MR + i] * b[k * NR + j]).sum();
-                    let p = c.add(i * ldc as usize + j);
-                    *p = if acc != 0 { *p + s } else { s };
-                }
-            }
-        }
-    };
-}
+#[macro_use]
+mod common;
+
 rust_kernel!(k1x4, 1, 4);
 rust_kernel!(k2x4, 2, 4);
 rust_kernel!(k5x4, 5, 4);
