@@ -244,17 +244,13 @@ fn bench_shape(
                 .map(|i| b_view(&ops.b, i, k, n, args.bt).map(BOperand::Plain))
                 .collect::<Result<_>>()?,
         };
-        let cv = ops
-            .c
-            .chunks_mut((m * n).max(1))
-            .take(batch)
-            .map(|ch| MatMut::new(ch, m, n, n))
-            .collect::<Result<Vec<_>, _>>()?;
-        let cv = if m * n == 0 {
-            (0..batch).map(|_| MatMut::new(&mut [], m, n, n)).collect::<Result<Vec<_>, _>>()?
-        } else {
-            cv
-        };
+        // One m × n output per entry (empty ones included).
+        let (mut cv, mut rest) = (Vec::with_capacity(batch), &mut ops.c[..]);
+        for _ in 0..batch {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(m * n);
+            cv.push(MatMut::new(head, m, n, n)?);
+            rest = tail;
+        }
         execute(pool, &plan, &av, &bv, cv, &EpilogueArgs::default())?;
         Ok(())
     };
