@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use kernels::{
-    execute, BLayout, BOperand, CostModel, Dispatcher, Epilogue, EpilogueArgs, MatMut, MatRef, PackedB,
-    Problem, Schedule, ThreadPool,
+    execute, ALayout, BLayout, BOperand, CostModel, Dispatcher, Epilogue, EpilogueArgs, MatMut, MatRef,
+    Operands as OperandAccess, PackedB, Problem, Schedule, ThreadPool,
 };
 
 use crate::UserError;
@@ -51,6 +51,10 @@ pub struct BenchMatmulArgs {
     /// Only schedules with this block depth (activations only: a packed weight has its own).
     #[arg(long)]
     kc: Option<usize>,
+    /// Only schedules whose kernels read the operands this way: packed (panels packed
+    /// per cache block) or direct (in place); default: either.
+    #[arg(long, value_parser = ["packed", "direct"])]
+    operands: Option<String>,
     /// The row counts a weight is packed for (its tile width and depth are chosen
     /// over them, as at compile time when M is a symbol).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 16, 128, 1024])]
@@ -139,12 +143,16 @@ pub fn bench_matmul(args: BenchMatmulArgs) -> Result<()> {
     if !args.json {
         let tiles: Vec<String> =
             d.family().variants().iter().map(|v| format!("{}x{}", v.kernel.mr, v.kernel.nr)).collect();
+        let direct: Vec<String> =
+            d.family().direct_variants().iter().map(|v| format!("{}x{}", v.kernel.mr, v.kernel.nr)).collect();
         say!(
-            "# {} f32 lanes, {} threads, measured peak {peak:.1} GFLOP/s; family of {} kernels ({}) compiled in {compile_ms:.0} ms; schedules by {}",
+            "# {} f32 lanes, {} threads, measured peak {peak:.1} GFLOP/s; family of {} packed kernels ({}) and {} direct ({}) compiled in {compile_ms:.0} ms; schedules by {}",
             target.f32_lanes,
             pool.threads(),
             tiles.len(),
             tiles.join(" "),
+            direct.len(),
+            direct.join(" "),
             args.model
         );
         say!(
@@ -203,16 +211,23 @@ fn bench_shape(
             None => d.pack_weight(bv, &args.pack_for)?,
         });
     }
-    let layout = ops.packed.as_ref().map_or(BLayout::Plain, |p| BLayout::Packed { nr: p.nr, kc: p.kc });
-    let problem = Problem { batch, m, n, k, b: layout };
+    let activation = if args.bt { BLayout::Strided } else { BLayout::RowMajor };
+    let layout = ops.packed.as_ref().map_or(activation, |p| BLayout::Packed { nr: p.nr, kc: p.kc });
+    let problem = Problem { batch, m, n, k, a: ALayout::RowMajor, b: layout };
+    let operands = args.operands.as_deref().map(|o| match o {
+        "direct" => OperandAccess::Direct,
+        _ => OperandAccess::Packed,
+    });
+    let restricted = tile.is_some() || args.kc.is_some() || operands.is_some();
     let allowed = |s: &Schedule| {
         tile.is_none_or(|(mr, nr)| s.mr == mr && s.nr == nr)
-            && args.kc.is_none_or(|kc| layout != BLayout::Plain || s.blocking.kc == kc)
+            && args.kc.is_none_or(|kc| !layout.is_activation() || s.blocking.kc == kc)
+            && operands.is_none_or(|o| s.operands == o)
     };
     let pick = |model: Option<CostModel>| -> Result<Schedule> {
         let s = match model {
             None => d.rule_of_thumb(&problem)?,
-            Some(cm) if tile.is_none() && args.kc.is_none() => d.choose_with(cm, &problem)?,
+            Some(cm) if !restricted => d.choose_with(cm, &problem)?,
             Some(cm) => d.choose_where(cm, &problem, allowed)?,
         };
         Ok(s)
@@ -222,7 +237,7 @@ fn bench_shape(
     let t0 = Instant::now();
     let chosen = pick(model)?;
     let pick_us = t0.elapsed().as_secs_f64() * 1e6;
-    let memo_ns = if model.is_some() && tile.is_none() && args.kc.is_none() {
+    let memo_ns = if model.is_some() && !restricted {
         d.schedule(&problem)?;
         let reps = 100_000;
         let t0 = Instant::now();
@@ -291,6 +306,7 @@ fn exhaustive(
     let mut measured = Vec::with_capacity(cands.len());
     for s in &cands {
         measured.push((*s, time(s)?));
+        tracing::debug!("{:>9.1} us  {s}", measured.last().map_or(f64::NAN, |m| m.1 * 1e6));
     }
     let (best_s, best_t) =
         measured.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1)).unwrap_or((cands[0], f64::NAN));
@@ -323,14 +339,20 @@ fn exhaustive(
     })
 }
 
-/// Write each kernel's IR and assembly as `DIR/<mr>x<nr>.ll` and `.s`.
+/// Write each kernel's IR and assembly as `DIR/<mr>x<nr>.ll` and `.s` (the direct
+/// kernels as `DIR/direct-<mr>x<nr>.*`).
 fn dump_llvm(dir: &std::path::Path, c: &codegen::Contraction) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| UserError(format!("--dump-llvm {}: {e}", dir.display())))?;
-    for k in c.kernels() {
-        let uk = k.kernel();
-        let base = dir.join(format!("{}x{}", uk.mr, uk.nr));
-        std::fs::write(base.with_extension("ll"), k.ir())?;
-        std::fs::write(base.with_extension("s"), k.asm())?;
+    let packed =
+        c.kernels().iter().map(|k| (format!("{}x{}", k.kernel().mr, k.kernel().nr), k.ir(), k.asm()));
+    let direct = c
+        .direct_kernels()
+        .iter()
+        .map(|k| (format!("direct-{}x{}", k.kernel().mr, k.kernel().nr), k.ir(), k.asm()));
+    for (name, ir, asm) in packed.chain(direct) {
+        let base = dir.join(name);
+        std::fs::write(base.with_extension("ll"), ir)?;
+        std::fs::write(base.with_extension("s"), asm)?;
     }
     Ok(())
 }

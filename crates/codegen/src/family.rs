@@ -5,10 +5,15 @@
 
 use std::path::Path;
 
-use kernels::{CostModel, Dispatcher, Epilogue, KernelFamily, KernelVariant, Target, ThreadPool};
+use kernels::{
+    CostModel, DirectVariant, Dispatcher, Epilogue, KernelFamily, KernelVariant, Target, ThreadPool,
+};
 
 use crate::tuning::{machine_model, record};
-use crate::{compile_microkernel_with, CodegenError, JitMicroKernel, TileMeasurement};
+use crate::{
+    compile_direct_kernel, compile_microkernel_with, CodegenError, JitDirectKernel, JitMicroKernel,
+    TileMeasurement,
+};
 
 /// The tiles of a family, from the measured register tiles: per width, the main
 /// height (fastest, ties within 3% to the lower) and the heights 1, 2, 4 and half
@@ -37,9 +42,10 @@ pub fn family_tiles(measured: &[TileMeasurement]) -> Vec<TileMeasurement> {
 /// any number of threads may run it at once.
 pub struct Contraction {
     dispatcher: Dispatcher,
-    // Owns the machine code the dispatcher's kernels point into: declared after the
-    // dispatcher, so it is dropped after it.
+    // Own the machine code the dispatcher's kernels point into: declared after the
+    // dispatcher, so they are dropped after it.
     jit: Vec<JitMicroKernel>,
+    direct: Vec<JitDirectKernel>,
 }
 
 impl Contraction {
@@ -63,17 +69,33 @@ impl Contraction {
             variants.push(KernelVariant { kernel: k.kernel(), gflops: t.gflops });
             jit.push(k);
         }
-        let family = KernelFamily::new(variants).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
-        Ok(Contraction { dispatcher: Dispatcher::new(target.clone(), family, machine, model), jit })
+        // The direct kernels: the same choice of heights per width, from their own rates.
+        let tiles = family_tiles(&rec.direct);
+        let mut direct = Vec::with_capacity(tiles.len());
+        let mut direct_variants = Vec::with_capacity(tiles.len());
+        for t in &tiles {
+            let k = compile_direct_kernel(target, t.mr, t.nr, epilogue)?;
+            direct_variants.push(DirectVariant { kernel: k.kernel(), gflops: t.gflops });
+            direct.push(k);
+        }
+        let unsupported = |e: kernels::KernelError| CodegenError::Unsupported(e.to_string());
+        let family =
+            KernelFamily::new(variants).and_then(|f| f.with_direct(direct_variants)).map_err(unsupported)?;
+        Ok(Contraction { dispatcher: Dispatcher::new(target.clone(), family, machine, model), jit, direct })
     }
 
     pub fn dispatcher(&self) -> &Dispatcher {
         &self.dispatcher
     }
 
-    /// The compiled kernels (their IR and assembly, for `--dump-llvm`).
+    /// The compiled packed-panel kernels (their IR and assembly, for `--dump-llvm`).
     pub fn kernels(&self) -> &[JitMicroKernel] {
         &self.jit
+    }
+
+    /// The compiled direct kernels.
+    pub fn direct_kernels(&self) -> &[JitDirectKernel] {
+        &self.direct
     }
 }
 

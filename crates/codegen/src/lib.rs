@@ -20,8 +20,9 @@ use inkwell::targets::{
 };
 use inkwell::values::{BasicValue, BasicValueEnum, FloatValue, IntValue, VectorValue};
 use inkwell::{AddressSpace, IntPredicate, OptimizationLevel};
-use kernels::{Epilogue, MicroKernel, MicroKernelFn, Target};
+use kernels::{DirectKernel, Epilogue, MicroKernel, MicroKernelFn, Target};
 
+pub use direct::{compile_direct_kernel, time_direct_kernel};
 pub use family::{family_tiles, Contraction};
 
 /// Errors from code generation.
@@ -37,25 +38,31 @@ fn llvm<E: std::fmt::Display>(e: E) -> CodegenError {
     CodegenError::Llvm(e.to_string())
 }
 
-/// A JIT-compiled micro-kernel. The machine code lives as long as this value.
-pub struct JitMicroKernel {
-    kernel: MicroKernel,
+/// A JIT-compiled kernel (`K`: its descriptor, with the function pointer). The
+/// machine code lives as long as this value.
+pub struct JitKernel<K> {
+    kernel: K,
     ir: String,
     asm: String,
     // Owns the machine code. Never used after construction, only dropped.
     _engine: ExecutionEngine<'static>,
 }
 
+/// A packed-panel micro-kernel, compiled.
+pub type JitMicroKernel = JitKernel<MicroKernel>;
+/// A direct (in-place operands) micro-kernel, compiled.
+pub type JitDirectKernel = JitKernel<DirectKernel>;
+
 // SAFETY: the engine is only kept to own the generated code; after construction it
 // is never called again (only dropped, by the single owner), and the code it owns
 // is immutable, position-fixed machine code, so sharing the function pointer and
 // moving the owner between threads cannot race.
-unsafe impl Send for JitMicroKernel {}
-// SAFETY: see `Send`: `&JitMicroKernel` only exposes copies of plain data.
-unsafe impl Sync for JitMicroKernel {}
+unsafe impl<K: Send> Send for JitKernel<K> {}
+// SAFETY: see `Send`: `&JitKernel` only exposes copies of plain data.
+unsafe impl<K: Sync> Sync for JitKernel<K> {}
 
-impl JitMicroKernel {
-    pub fn kernel(&self) -> MicroKernel {
+impl<K: Copy> JitKernel<K> {
+    pub fn kernel(&self) -> K {
         self.kernel
     }
     /// The optimized LLVM IR.
@@ -85,6 +92,7 @@ pub fn register_tiles(t: &Target) -> Vec<(usize, usize)> {
     out
 }
 
+mod direct;
 mod family;
 pub mod peak;
 pub mod tuning;
@@ -453,7 +461,7 @@ pub fn pick_tile(all: &[TileMeasurement], min_mr: usize) -> Result<(usize, usize
 
 /// GFLOP/s of one micro-kernel called repeatedly on the same packed panels,
 /// sized to a quarter of L1 so that only the register level is measured.
-pub(crate) fn time_microkernel(uk: &MicroKernel, t: &Target) -> f64 {
+pub fn time_microkernel(uk: &MicroKernel, t: &Target) -> f64 {
     let kc = (t.l1d / 4 / ((uk.mr + uk.nr) * 4)).clamp(16, 512);
     let a = vec![0.5f32; kc * uk.mr];
     let b = vec![0.25f32; kc * uk.nr];

@@ -11,9 +11,11 @@ use std::path::{Path, PathBuf};
 use kernels::{MachineModel, Target, ThreadPool};
 use serde::{Deserialize, Serialize};
 
+use kernels::Epilogue;
+
 use crate::{
-    compile_microkernel, pick_tile, register_tiles, time_microkernel, CodegenError, JitMicroKernel,
-    TileMeasurement,
+    compile_direct_kernel, compile_microkernel, pick_tile, register_tiles, time_direct_kernel,
+    time_microkernel, CodegenError, JitMicroKernel, TileMeasurement,
 };
 
 /// What is stored for one machine and vector width.
@@ -21,6 +23,9 @@ use crate::{
 pub struct TuningRecord {
     pub machine: String,
     pub tiles: Vec<TileMeasurement>,
+    /// The same tiles as direct kernels (operands read in place).
+    #[serde(default)]
+    pub direct: Vec<TileMeasurement>,
     /// The calibrated analytical levels, one per thread count seen.
     #[serde(default)]
     pub models: Vec<MachineModel>,
@@ -70,7 +75,8 @@ pub fn load(dir: &Path, t: &Target) -> Option<TuningRecord> {
     }
 }
 
-/// Measure every register tile of `t` (reporting progress), and store the record.
+/// Measure every register tile of `t`, as a packed-panel kernel and as a direct
+/// one (reporting progress: done, total), and store the record.
 pub fn measure(
     dir: Option<&Path>,
     t: &Target,
@@ -81,13 +87,26 @@ pub fn measure(
     for (i, (mr, nr)) in tiles.iter().enumerate() {
         let jit = compile_microkernel(t, *mr, *nr)?;
         out.push(TileMeasurement { mr: *mr, nr: *nr, gflops: time_microkernel(&jit.kernel(), t) });
-        progress(i + 1, tiles.len());
+        progress(i + 1, 2 * tiles.len());
     }
-    let record = TuningRecord { machine: machine_key(t), tiles: out, models: Vec::new() };
+    let direct = measure_direct(t, &|i, n| progress(n + i, 2 * n))?;
+    let record = TuningRecord { machine: machine_key(t), tiles: out, direct, models: Vec::new() };
     if let Some(dir) = dir {
         store(dir, t, &record);
     }
     Ok(record)
+}
+
+/// Every register tile of `t` as a direct kernel, measured.
+fn measure_direct(t: &Target, progress: &dyn Fn(usize, usize)) -> Result<Vec<TileMeasurement>, CodegenError> {
+    let tiles = register_tiles(t);
+    let mut out = Vec::with_capacity(tiles.len());
+    for (i, (mr, nr)) in tiles.iter().enumerate() {
+        let jit = compile_direct_kernel(t, *mr, *nr, Epilogue::default())?;
+        out.push(TileMeasurement { mr: *mr, nr: *nr, gflops: time_direct_kernel(&jit.kernel(), t) });
+        progress(i + 1, tiles.len());
+    }
+    Ok(out)
 }
 
 /// Write `record` (atomically: a temporary file renamed over the old one).
@@ -107,7 +126,15 @@ fn store(dir: &Path, t: &Target, record: &TuningRecord) {
 /// and stored otherwise). Returns whether they were cached.
 pub fn record(dir: Option<&Path>, t: &Target) -> Result<(TuningRecord, bool), CodegenError> {
     match dir.and_then(|d| load(d, t)) {
-        Some(r) => Ok((r, true)),
+        Some(r) if !r.direct.is_empty() => Ok((r, true)),
+        // A record from before direct kernels: measure those only.
+        Some(mut r) => {
+            r.direct = measure_direct(t, &|_, _| {})?;
+            if let Some(dir) = dir {
+                store(dir, t, &r);
+            }
+            Ok((r, false))
+        }
         None => Ok((measure(dir, t, &|_, _| {})?, false)),
     }
 }

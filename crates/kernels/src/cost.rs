@@ -18,7 +18,7 @@
 //!   (weights 1), averaged over the two tiles of a cover; tiles only, too.
 
 use crate::gemm::LoopOrder;
-use crate::schedule::{BLayout, KernelFamily, Problem, Schedule};
+use crate::schedule::{BLayout, KernelFamily, Operands, Problem, Schedule};
 use crate::ThreadGrid;
 
 /// What the analytical levels know about the machine, measured by
@@ -107,6 +107,9 @@ fn split(len: usize, unit: usize, parts: usize, index: usize) -> usize {
 impl MachineModel {
     /// Predicted seconds of `s` on `p` (Vortex Eq. 2-4; see the module docs).
     pub fn predict(&self, fam: &KernelFamily, p: &Problem, s: &Schedule) -> f64 {
+        if s.operands == Operands::Direct {
+            return self.predict_direct(fam, p, s);
+        }
         let (mr, nr, kc) = (s.mr, s.nr, s.blocking.kc.max(1));
         let f = std::mem::size_of::<f32>() as f64;
         let rate = |h: usize| fam.get(h, nr).map_or(1e9, |v| v.gflops * 1e9);
@@ -118,7 +121,7 @@ impl MachineModel {
         // Where B is read from: its whole packed size against the caches.
         let b_total = (p.k * panels * nr) as f64 * f;
         // An activation B is packed by each thread into its L2: the reads are packing's.
-        let b_src = if p.b == BLayout::Plain || b_total <= self.l2 as f64 / 2.0 {
+        let b_src = if p.b.is_activation() || b_total <= self.l2 as f64 / 2.0 {
             self.l2_bw
         } else if b_total <= self.l3 as f64 / 2.0 {
             self.l3_bw
@@ -164,7 +167,7 @@ impl MachineModel {
                     }
                 };
                 let pack_a = (rows.div_ceil(mr) * mr * p.k) as f64 * f / self.pack_a_bw;
-                let pack_b = if p.b == BLayout::Plain { pack_b / self.pack_b_bw } else { 0.0 };
+                let pack_b = if p.b.is_activation() { pack_b / self.pack_b_bw } else { 0.0 };
                 let c_bytes = (rows * cols * nr) as f64 * f * (2.0 * kblocks - 1.0);
                 let last_partial = lc + 1 == g.cols && !p.n.is_multiple_of(nr);
                 let edge_tiles = (if rem > 0 && s.cover_mr.is_none() { cols } else { 0 }
@@ -184,10 +187,78 @@ impl MachineModel {
     }
 }
 
+impl MachineModel {
+    /// Predicted seconds of a direct schedule: the same Eq. 2-4 with nothing packed
+    /// (but a strided B), A re-read from L2 (or L3) for every column panel, B read
+    /// once per thread from where it lies and then from L1, the rows past the main
+    /// height covered greedily by the lower heights.
+    fn predict_direct(&self, fam: &KernelFamily, p: &Problem, s: &Schedule) -> f64 {
+        let (mr, nr, kc) = (s.mr, s.nr, s.blocking.kc.max(1));
+        let f = std::mem::size_of::<f32>() as f64;
+        let kernels = fam.direct_from(mr, nr);
+        let tile = |h: usize| {
+            let rate = fam.direct_gflops(h, nr).unwrap_or(1.0) * 1e9;
+            2.0 * (h * nr * p.k) as f64 / rate
+        };
+        let g = s.grid;
+        let panels = p.n.div_ceil(nr);
+        let kblocks = p.k.div_ceil(kc) as f64;
+        // Where the operands come from on first touch: the whole batch's A, B and C
+        // against the caches (a batch larger than L2 streams each entry from L3).
+        let total = (p.batch * (p.m * p.k + p.k * p.n + p.m * p.n)) as f64 * f;
+        let src = if total <= self.l2 as f64 / 2.0 {
+            self.l2_bw
+        } else if total <= self.l3 as f64 / 2.0 {
+            self.l3_bw
+        } else {
+            self.dram_bw / g.threads().max(1) as f64
+        };
+        let mut slowest: f64 = 0.0;
+        for lr in 0..g.rows {
+            let rows = split(p.m, mr, g.rows, lr);
+            for lc in 0..g.cols {
+                let cols = split(panels, 1, g.cols, lc);
+                if rows == 0 || cols == 0 {
+                    continue;
+                }
+                // The row cover: full bands, then the highest kernels that fit.
+                let (mut left, mut band) = (rows, 0.0);
+                while left > 0 {
+                    let h = kernels.iter().map(|v| v.kernel.mr).find(|&h| h <= left).unwrap_or(left);
+                    band += tile(h);
+                    left -= h.min(left);
+                }
+                let compute = cols as f64 * band;
+                // A: fetched once, then re-read from L2 (or L3) for every further panel.
+                let a_bytes = (rows * p.k) as f64 * f;
+                let a_bw = if a_bytes <= self.l2 as f64 / 2.0 { self.l2_bw } else { self.l3_bw };
+                let b_bytes = (cols * nr * p.k) as f64 * f;
+                let load = (a_bytes + b_bytes) / src + (cols as f64 - 1.0) * a_bytes / a_bw;
+                let pack_b = if p.b == BLayout::Strided { b_bytes / self.pack_b_bw } else { 0.0 };
+                let c_bytes = (rows * cols * nr) as f64 * f;
+                let c_time = c_bytes / src + c_bytes * 2.0 * (kblocks - 1.0) / self.l2_bw;
+                let t = compute.max(load) + OVERLAP_LOSS * compute.min(load) + pack_b + c_time;
+                slowest = slowest.max(t);
+            }
+        }
+        let entries = p.batch.div_ceil(g.batch) as f64;
+        entries * slowest + if g.threads() > 1 { self.fork_join } else { 0.0 }
+    }
+}
+
+/// The measured rate of `s`'s main kernel, GFLOP/s.
+fn rate(fam: &KernelFamily, s: &Schedule) -> Option<f64> {
+    match s.operands {
+        Operands::Packed => fam.get(s.mr, s.nr).map(|v| v.gflops),
+        Operands::Direct => fam.direct_gflops(s.mr, s.nr),
+    }
+}
+
 /// The padded work of `s` on `p`, and its tiles (row bands × panels × entries).
 fn padded_work(p: &Problem, s: &Schedule) -> (f64, usize) {
     let rem = p.m % s.mr;
     let rows = match s.cover_mr {
+        _ if s.operands == Operands::Direct => p.m,
         Some(h) if rem > 0 => p.m - rem + rem.div_ceil(h) * h,
         _ => p.m.div_ceil(s.mr) * s.mr,
     };
@@ -201,7 +272,7 @@ fn padded_work(p: &Problem, s: &Schedule) -> (f64, usize) {
 /// tiles over threads (`pad(W/M, threads) / (W/M)`, with DietCode's k = 1 for
 /// CPU threads that cannot overlap waves).
 fn dietcode(m: &MachineModel, fam: &KernelFamily, p: &Problem, s: &Schedule) -> f64 {
-    let rate = fam.get(s.mr, s.nr).map_or(1e9, |v| v.gflops * 1e9);
+    let rate = rate(fam, s).map_or(1e9, |r| r * 1e9);
     let (work, tiles) = padded_work(p, s);
     let t = m.threads.max(1);
     let spatial = (tiles.div_ceil(t) * t) as f64 / tiles.max(1) as f64;

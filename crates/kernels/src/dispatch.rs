@@ -11,8 +11,9 @@ use std::collections::HashMap;
 use std::sync::RwLock;
 
 use crate::cost::{rule_grid, CostModel, MachineModel};
-use crate::gemm::{execute, BOperand, EpilogueArgs, LoopOrder, MatMut, MatRef, PackedB, Plan};
-use crate::schedule::{candidates, BLayout, KernelFamily, Problem, Schedule};
+use crate::direct::{a_in_place, b_in_place, DirectPlan};
+use crate::gemm::{execute, BOperand, EpilogueArgs, LoopOrder, MatMut, MatRef, PackedB, PackedPlan, Plan};
+use crate::schedule::{candidates, ALayout, BLayout, KernelFamily, Operands, Problem, Schedule};
 use crate::{KernelError, Target, ThreadPool};
 
 /// Chooses and runs the schedule of one contraction, for any shape.
@@ -82,7 +83,7 @@ impl Dispatcher {
     pub fn rule_of_thumb(&self, p: &Problem) -> Result<Schedule, KernelError> {
         let fits = |v: &&crate::KernelVariant| match p.b {
             BLayout::Packed { nr, .. } => v.kernel.nr == nr,
-            BLayout::Plain => true,
+            _ => true,
         };
         let vs: Vec<_> = self.family.variants().iter().filter(fits).collect();
         let min_mr = if vs.iter().any(|v| v.kernel.mr >= 4) { 4 } else { 1 };
@@ -106,6 +107,7 @@ impl Dispatcher {
             blocking,
             order: LoopOrder::KOuter,
             grid: rule_grid(self.machine.threads, p, mr, nr),
+            operands: Operands::Packed,
         })
     }
 
@@ -121,19 +123,26 @@ impl Dispatcher {
 
     /// The kernels and blocks of `s`, ready for the driver.
     pub fn plan(&self, s: &Schedule) -> Result<Plan<'_>, KernelError> {
+        if s.operands == Operands::Direct {
+            let kernels = self.family.direct_from(s.mr, s.nr);
+            if kernels.is_empty() {
+                return Err(KernelError::Shape(format!("the family has no direct {}x{} kernel", s.mr, s.nr)));
+            }
+            return Ok(Plan::Direct(DirectPlan { kernels, kc: s.blocking.kc, grid: s.grid }));
+        }
         let get = |mr: usize| {
             self.family
                 .get(mr, s.nr)
                 .map(|v| &v.kernel)
                 .ok_or_else(|| KernelError::Shape(format!("the family has no {mr}x{} kernel", s.nr)))
         };
-        Ok(Plan {
+        Ok(Plan::Packed(PackedPlan {
             kernel: get(s.mr)?,
             cover: s.cover_mr.map(get).transpose()?,
             blocking: s.blocking,
             order: s.order,
             grid: s.grid,
-        })
+        }))
     }
 
     /// Pack a weight once, for the tile width and depth that the model predicts
@@ -148,7 +157,7 @@ impl Dispatcher {
             let layout = BLayout::Packed { nr, kc };
             let mut total = 0.0;
             for &m in rows {
-                let p = Problem { batch: 1, m: m.max(1), n, k, b: layout };
+                let p = Problem { batch: 1, m: m.max(1), n, k, a: ALayout::RowMajor, b: layout };
                 let s = self.choose(&p)?;
                 // Relative cost: each row count weighs the same whatever its size.
                 total += self.model.cost(&self.machine, &self.family, &p, &s) / p.flops().max(1.0);
@@ -195,14 +204,16 @@ impl Dispatcher {
         Ok(s)
     }
 
-    /// The problem of a batch, which must be of one shape and one B layout.
+    /// The problem of a batch, which must be of one shape, with every B packed
+    /// alike or none packed. The batch's layouts are the least any entry allows
+    /// (one strided entry makes the batch strided).
     pub fn problem(&self, a: &[MatRef], b: &[BOperand]) -> Result<Problem, KernelError> {
         let (Some(a0), Some(b0)) = (a.first(), b.first()) else {
             return Err(KernelError::Shape("an empty batch".into()));
         };
         let layout = |b: &BOperand| match b {
             BOperand::Packed(p) => BLayout::Packed { nr: p.nr, kc: p.kc },
-            BOperand::Plain(_) => BLayout::Plain,
+            BOperand::Plain(_) => BLayout::RowMajor,
         };
         let dims = |b: &BOperand| match b {
             BOperand::Packed(p) => (p.k, p.n),
@@ -214,7 +225,12 @@ impl Dispatcher {
                 return Err(KernelError::Shape("the entries of a batch differ in shape or layout".into()));
             }
         }
-        Ok(Problem { batch: a.len(), m: a0.rows, n, k, b: layout(b0) })
+        let a_layout = if a.iter().all(a_in_place) { ALayout::RowMajor } else { ALayout::Strided };
+        let b_layout = match layout(b0) {
+            BLayout::RowMajor if !b.iter().all(b_in_place) => BLayout::Strided,
+            l => l,
+        };
+        Ok(Problem { batch: a.len(), m: a0.rows, n, k, a: a_layout, b: b_layout })
     }
 
     /// Shapes remembered so far.

@@ -260,7 +260,7 @@ impl PackedB {
     }
 
     /// The panels of the block starting at row `pc` (`kcur` rows deep).
-    fn block(&self, pc: usize, kcur: usize) -> &[f32] {
+    pub(crate) fn block(&self, pc: usize, kcur: usize) -> &[f32] {
         let per_row = self.n.div_ceil(self.nr) * self.nr;
         &self.data[pc * per_row..(pc + kcur) * per_row]
     }
@@ -275,7 +275,7 @@ pub enum BOperand<'a> {
 }
 
 impl BOperand<'_> {
-    fn dims(&self) -> (usize, usize) {
+    pub(crate) fn dims(&self) -> (usize, usize) {
         match self {
             BOperand::Packed(p) => (p.k, p.n),
             BOperand::Plain(b) => (b.rows, b.cols),
@@ -321,16 +321,33 @@ impl ThreadGrid {
     }
 }
 
-/// Everything the driver needs to run one contraction: the micro-kernel, the
-/// optional second tile height for the rows past the last full band (FTuner's
+/// Everything the packing driver needs to run one contraction: the micro-kernel,
+/// the optional second tile height for the rows past the last full band (FTuner's
 /// two-kernel cover), the cache blocks and the thread grid.
 #[derive(Clone, Copy, Debug)]
-pub struct Plan<'k> {
+pub struct PackedPlan<'k> {
     pub kernel: &'k MicroKernel,
     pub cover: Option<&'k MicroKernel>,
     pub blocking: Blocking,
     pub order: LoopOrder,
     pub grid: ThreadGrid,
+}
+
+/// How one contraction runs: through packed panels (the general path), or with
+/// direct kernels that read the operands where they lie (small and thin products).
+#[derive(Clone, Copy, Debug)]
+pub enum Plan<'k> {
+    Packed(PackedPlan<'k>),
+    Direct(crate::direct::DirectPlan<'k>),
+}
+
+impl Plan<'_> {
+    pub fn grid(&self) -> ThreadGrid {
+        match self {
+            Plan::Packed(p) => p.grid,
+            Plan::Direct(p) => p.grid,
+        }
+    }
 }
 
 /// The order of a thread's cache-block loops. `KOuter` (GotoBLAS): every row block
@@ -368,24 +385,17 @@ fn run_plan(
     c: Vec<MatMut>,
     ep: &EpilogueArgs,
 ) -> Result<(), KernelError> {
-    let (uk, blk, grid) = (plan.kernel, &plan.blocking, plan.grid);
+    let grid = plan.grid();
     if a.len() != b.len() || a.len() != c.len() {
         return Err(KernelError::Shape(format!("batch of {} A, {} B and {} C", a.len(), b.len(), c.len())));
     }
-    if uk.mr == 0 || uk.nr == 0 || blk.kc == 0 || blk.mc == 0 || !blk.mc.is_multiple_of(uk.mr) {
-        return Err(KernelError::Shape(format!(
-            "blocks {blk:?} do not fit a {}x{} micro-kernel",
-            uk.mr, uk.nr
-        )));
-    }
-    if let Some(s) = plan.cover {
-        if s.nr != uk.nr || s.epilogue != uk.epilogue || s.mr == 0 || s.mr >= uk.mr {
-            return Err(KernelError::Shape(format!(
-                "a {}x{} kernel cannot cover the rows of a {}x{} one",
-                s.mr, s.nr, uk.mr, uk.nr
-            )));
+    let (mr, nr, epilogue) = match plan {
+        Plan::Packed(p) => check_packed(p)?,
+        Plan::Direct(p) => {
+            let (mr, nr) = p.check()?;
+            (mr, nr, p.kernels[0].kernel.epilogue)
         }
-    }
+    };
     let threads = pool.map_or(1, |p| p.threads());
     if grid.threads() == 0 || grid.threads() > threads {
         return Err(KernelError::Shape(format!("{grid:?} needs more threads than the {threads} at hand")));
@@ -401,15 +411,27 @@ fn run_plan(
                 a.rows, a.cols, c.rows, c.cols
             )));
         }
-        if let BOperand::Packed(p) = b {
-            if p.nr != uk.nr || p.kc != blk.kc {
+        match (plan, b) {
+            (Plan::Packed(p), BOperand::Packed(pb)) if pb.nr != nr || pb.kc != p.blocking.kc => {
                 return Err(KernelError::Shape(format!(
-                    "B is packed for NR {} and KC {}, the plan has a {}x{} kernel and KC {}",
-                    p.nr, p.kc, uk.mr, uk.nr, blk.kc
+                    "B is packed for NR {} and KC {}, the plan has a {mr}x{nr} kernel and KC {}",
+                    pb.nr, pb.kc, p.blocking.kc
                 )));
             }
+            (Plan::Direct(p), BOperand::Packed(pb)) if pb.nr != nr || pb.kc != p.kc => {
+                return Err(KernelError::Shape(format!(
+                    "B is packed for NR {} and KC {}, the plan has direct kernels of width {nr} and KC {}",
+                    pb.nr, pb.kc, p.kc
+                )));
+            }
+            (Plan::Direct(_), _) if !crate::direct::a_in_place(a) => {
+                return Err(KernelError::Shape(
+                    "direct kernels read A in place: its rows must be contiguous along K".into(),
+                ));
+            }
+            _ => {}
         }
-        check_epilogue(uk, ep, a.rows, n)?;
+        check_epilogue(&epilogue, ep, a.rows, n)?;
     }
     // K = 0 (or an empty C): the product is zero and only the epilogue is left.
     let mut work = Vec::with_capacity(c.len());
@@ -417,7 +439,7 @@ fn run_plan(
         if a[e].cols == 0 || c.rows == 0 || c.cols == 0 {
             for i in 0..c.rows {
                 for j in 0..c.cols {
-                    c.data[i * c.ldc + j] = apply_scalar(&uk.epilogue, ep, i, j, 0.0);
+                    c.data[i * c.ldc + j] = apply_scalar(&epilogue, ep, i, j, 0.0);
                 }
             }
         } else {
@@ -435,18 +457,49 @@ fn run_plan(
             let ws = &mut *ws.borrow_mut();
             for &(e, cptr, ldc) in work.iter().skip(group).step_by(grid.batch) {
                 let (m, n) = (a[e].rows, b[e].dims().1);
-                let per = m.div_ceil(uk.mr).div_ceil(grid.rows) * uk.mr;
+                let per = m.div_ceil(mr).div_ceil(grid.rows) * mr;
                 let rows = (lr * per).min(m)..((lr + 1) * per).min(m);
-                let panels = n.div_ceil(uk.nr);
+                let panels = n.div_ceil(nr);
                 let per = panels.div_ceil(grid.cols);
                 let cols = (lc * per).min(panels)..((lc + 1) * per).min(panels);
-                band(plan, &a[e], &b[e], cptr, ldc, rows, cols, ep, ws);
+                match plan {
+                    Plan::Packed(p) => band(p, &a[e], &b[e], cptr, ldc, rows, cols, ep, ws),
+                    Plan::Direct(p) => {
+                        crate::direct::direct_band(p, &a[e], &b[e], cptr, ldc, rows, cols, ep, ws)
+                    }
+                }
             }
         });
     };
     match pool {
         Some(pool) if grid.threads() > 1 => pool.run(&thread),
         _ => thread(0),
+    }
+    Ok(())
+}
+
+/// A packed plan's kernels and blocks must fit each other.
+fn check_packed(p: &PackedPlan) -> Result<(usize, usize, Epilogue), KernelError> {
+    let (uk, blk) = (p.kernel, &p.blocking);
+    if uk.mr == 0 || uk.nr == 0 || blk.kc == 0 || blk.mc == 0 || !blk.mc.is_multiple_of(uk.mr) {
+        return Err(KernelError::Shape(format!(
+            "blocks {blk:?} do not fit a {}x{} micro-kernel",
+            uk.mr, uk.nr
+        )));
+    }
+    if let Some(s) = p.cover {
+        check_cover(uk, s)?;
+    }
+    Ok((uk.mr, uk.nr, uk.epilogue))
+}
+
+/// `small` may cover the rows past `uk`'s last full band.
+fn check_cover(uk: &MicroKernel, small: &MicroKernel) -> Result<(), KernelError> {
+    if small.nr != uk.nr || small.epilogue != uk.epilogue || small.mr == 0 || small.mr >= uk.mr {
+        return Err(KernelError::Shape(format!(
+            "a {}x{} kernel cannot cover the rows of a {}x{} one",
+            small.mr, small.nr, uk.mr, uk.nr
+        )));
     }
     Ok(())
 }
@@ -462,8 +515,13 @@ pub fn gemm(
     if !uk.epilogue.is_identity() {
         return Err(KernelError::Shape("this driver applies no epilogue: use gemm_packed".into()));
     }
-    let plan =
-        Plan { kernel: uk, cover: None, blocking: *blk, order: LoopOrder::KOuter, grid: ThreadGrid::SINGLE };
+    let plan = Plan::Packed(PackedPlan {
+        kernel: uk,
+        cover: None,
+        blocking: *blk,
+        order: LoopOrder::KOuter,
+        grid: ThreadGrid::SINGLE,
+    });
     let c = MatMut { data: &mut *c.data, ..*c };
     run_plan(None, &plan, &[a], &[BOperand::Plain(b)], vec![c], &EpilogueArgs::default())
 }
@@ -479,7 +537,8 @@ pub fn gemm_parallel(
     c: MatMut,
 ) -> Result<(), KernelError> {
     let grid = ThreadGrid::rule_of_thumb(pool.threads(), 1, a.rows.div_ceil(uk.mr), b.cols.div_ceil(uk.nr));
-    let plan = Plan { kernel: uk, cover: None, blocking: *blk, order: LoopOrder::KOuter, grid };
+    let plan =
+        Plan::Packed(PackedPlan { kernel: uk, cover: None, blocking: *blk, order: LoopOrder::KOuter, grid });
     execute(pool, &plan, &[a], &[BOperand::Plain(b)], vec![c], &EpilogueArgs::default())
 }
 
@@ -500,12 +559,7 @@ pub fn gemm_packed(
     let rem = a.rows % uk.mr.max(1);
     let cover = small.filter(|_| rem > 0 && 2 * rem <= uk.mr);
     if let Some(s) = small {
-        if s.nr != uk.nr || s.epilogue != uk.epilogue || s.mr == 0 || s.mr >= uk.mr {
-            return Err(KernelError::Shape(format!(
-                "a {}x{} kernel cannot cover the rows of a {}x{} one",
-                s.mr, s.nr, uk.mr, uk.nr
-            )));
-        }
+        check_cover(uk, s)?;
     }
     let grid = ThreadGrid::rule_of_thumb(
         pool.threads(),
@@ -513,7 +567,7 @@ pub fn gemm_packed(
         a.rows.div_ceil(uk.mr.max(1)),
         b.n.div_ceil(uk.nr.max(1)),
     );
-    let plan = Plan { kernel: uk, cover, blocking: *blk, order: LoopOrder::KOuter, grid };
+    let plan = Plan::Packed(PackedPlan { kernel: uk, cover, blocking: *blk, order: LoopOrder::KOuter, grid });
     execute(pool, &plan, &[a], &[BOperand::Packed(b)], vec![c], ep)
 }
 
@@ -529,14 +583,15 @@ pub fn gemm_batched(
 ) -> Result<(), KernelError> {
     let (m, n) = (a.first().map_or(0, |a| a.rows), b.first().map_or(0, |b| b.cols));
     let grid = ThreadGrid::rule_of_thumb(pool.threads(), a.len(), m.div_ceil(uk.mr), n.div_ceil(uk.nr));
-    let plan = Plan { kernel: uk, cover: None, blocking: *blk, order: LoopOrder::KOuter, grid };
+    let plan =
+        Plan::Packed(PackedPlan { kernel: uk, cover: None, blocking: *blk, order: LoopOrder::KOuter, grid });
     let b: Vec<BOperand> = b.iter().map(|b| BOperand::Plain(*b)).collect();
     execute(pool, &plan, a, &b, c, &EpilogueArgs::default())
 }
 
 /// A raw pointer to C shared by the threads of one contraction.
 #[derive(Clone, Copy)]
-struct CPtr(*mut f32);
+pub(crate) struct CPtr(*mut f32);
 // SAFETY: threads write disjoint tiles of C (disjoint entries, row bands or column
 // panels: see `execute`), so no element is written by two threads; a `CPtr` is only
 // made by `execute` from the exclusive borrow of C it holds until every thread is
@@ -548,7 +603,7 @@ unsafe impl Sync for CPtr {}
 impl CPtr {
     /// Through a method, so closures capture the whole `CPtr` (which is `Sync`),
     /// not its raw-pointer field.
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
 }
@@ -556,9 +611,9 @@ impl CPtr {
 /// A thread's packing buffers and edge tiles, kept between calls so that small
 /// contractions (attention's per-head products) allocate nothing.
 #[derive(Default)]
-struct Workspace {
+pub(crate) struct Workspace {
     a: Vec<f32>,
-    b: Vec<f32>,
+    pub(crate) b: Vec<f32>,
     scratch: Vec<f32>,
     bias: Vec<f32>,
     res: Vec<f32>,
@@ -569,8 +624,7 @@ thread_local! {
 }
 
 /// The epilogue data must match what the kernel was compiled to read.
-fn check_epilogue(uk: &MicroKernel, ep: &EpilogueArgs, m: usize, n: usize) -> Result<(), KernelError> {
-    let e = &uk.epilogue;
+fn check_epilogue(e: &Epilogue, ep: &EpilogueArgs, m: usize, n: usize) -> Result<(), KernelError> {
     if e.bias != ep.bias.is_some() || e.residual != ep.residual.is_some() {
         return Err(KernelError::Shape(format!(
             "the kernel's epilogue {e:?} does not match the arguments given"
@@ -635,7 +689,7 @@ fn fill_edge_epilogue(
 /// here for `cols` only, one `kc` block at a time.
 #[allow(clippy::too_many_arguments)]
 fn band(
-    plan: &Plan,
+    plan: &PackedPlan,
     a: &MatRef,
     b: &BOperand,
     cptr: CPtr,

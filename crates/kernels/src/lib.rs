@@ -8,6 +8,7 @@
 mod activation;
 pub mod calibrate;
 pub mod cost;
+pub mod direct;
 pub mod dispatch;
 pub mod gemm;
 mod pool;
@@ -16,14 +17,17 @@ mod target;
 
 pub use activation::{Activation, ERF_A, ERF_P, GELU_C};
 pub use cost::{CostModel, MachineModel};
+pub use direct::{DirectKernel, DirectKernelFn, DirectPlan};
 pub use dispatch::Dispatcher;
 pub use gemm::{
     execute, gemm, gemm_batched, gemm_packed, gemm_parallel, BOperand, Blocking, Epilogue, EpilogueArgs,
-    LoopOrder, MatMut, MatRef, MicroKernel, MicroKernelFn, PackedB, Plan, ThreadGrid, ACCUMULATE,
+    LoopOrder, MatMut, MatRef, MicroKernel, MicroKernelFn, PackedB, PackedPlan, Plan, ThreadGrid, ACCUMULATE,
     APPLY_EPILOGUE,
 };
 pub use pool::ThreadPool;
-pub use schedule::{BLayout, KernelFamily, KernelVariant, Problem, Schedule};
+pub use schedule::{
+    ALayout, BLayout, DirectVariant, KernelFamily, KernelVariant, Operands, Problem, Schedule,
+};
 pub use target::{Isa, Target};
 
 /// Errors from kernels: shapes that do not fit, and so on.

@@ -11,27 +11,49 @@
 //! generator runs for the bound shape at dispatch time, and the cost model in
 //! [`crate::cost`] ranks what it yields.
 
+use crate::direct::DirectKernel;
 use crate::gemm::LoopOrder;
 use crate::{Blocking, KernelError, MicroKernel, Target, ThreadGrid};
 
 /// One contraction instance: `batch` independent `C[m×n] = A[m×k] · B[k×n]`, and
-/// what is fixed about B's layout (a weight is packed once, for one `NR` and `KC`).
+/// what is fixed about its operands' layouts (a weight is packed once, for one
+/// `NR` and `KC`; direct kernels read A in place only when its rows are contiguous).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Problem {
     pub batch: usize,
     pub m: usize,
     pub n: usize,
     pub k: usize,
+    pub a: ALayout,
     pub b: BLayout,
+}
+
+/// A's layout as the schedule must take it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ALayout {
+    /// Rows contiguous along K: packed, or read in place by direct kernels.
+    RowMajor,
+    /// Any other strides (a transposed A): packed.
+    Strided,
 }
 
 /// B's layout as the schedule must take it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BLayout {
-    /// An activation, packed by the threads that read it: any `NR` and `KC`.
-    Plain,
+    /// An activation with rows contiguous along N: packed by the threads that read
+    /// it (any `NR` and `KC`), or read in place by direct kernels.
+    RowMajor,
+    /// An activation of other strides (attention's Kᵀ): packed by its readers.
+    Strided,
     /// Pre-packed for this `NR` and `KC`.
     Packed { nr: usize, kc: usize },
+}
+
+impl BLayout {
+    /// An activation, packed (or read) by the threads of every call.
+    pub fn is_activation(&self) -> bool {
+        !matches!(self, BLayout::Packed { .. })
+    }
 }
 
 impl Problem {
@@ -50,10 +72,26 @@ pub struct Schedule {
     pub blocking: Blocking,
     pub order: LoopOrder,
     pub grid: ThreadGrid,
+    pub operands: Operands,
+}
+
+/// How the micro-kernels read the operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Operands {
+    /// From panels packed per cache block (A always; B unless pre-packed).
+    #[default]
+    Packed,
+    /// Where they lie ([`crate::direct`]): A in place, B in place when row-major
+    /// (else from its packed panels); the rows past the main height covered by
+    /// every lower direct height, greedily.
+    Direct,
 }
 
 impl std::fmt::Display for Schedule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.operands == Operands::Direct {
+            write!(f, "direct ")?;
+        }
         write!(f, "{}x{}", self.mr, self.nr)?;
         if let Some(h) = self.cover_mr {
             write!(f, "+{h}x{}", self.nr)?;
@@ -76,11 +114,22 @@ pub struct KernelVariant {
     pub gflops: f64,
 }
 
+/// A compiled direct micro-kernel and its measured L0 throughput.
+#[derive(Clone, Copy, Debug)]
+pub struct DirectVariant {
+    pub kernel: DirectKernel,
+    /// Single-thread GFLOP/s on L1-resident operands, read in place.
+    pub gflops: f64,
+}
+
 /// The micro-kernels a contraction may use at run time, all with the same
-/// epilogue: the L0 level of its schedule space.
+/// epilogue: the L0 level of its schedule space. The direct kernels (optional)
+/// are kept by width, highest first, so that a width's kernels from any height
+/// down are one slice (what a [`crate::direct::DirectPlan`] takes).
 #[derive(Clone, Debug)]
 pub struct KernelFamily {
     variants: Vec<KernelVariant>,
+    direct: Vec<DirectVariant>,
 }
 
 impl KernelFamily {
@@ -99,7 +148,47 @@ impl KernelFamily {
                 )));
             }
         }
-        Ok(KernelFamily { variants })
+        Ok(KernelFamily { variants, direct: Vec::new() })
+    }
+
+    /// This family with direct kernels too (same epilogue as the packed ones).
+    pub fn with_direct(mut self, mut direct: Vec<DirectVariant>) -> Result<KernelFamily, KernelError> {
+        let ep = self.variants[0].kernel.epilogue;
+        for v in &direct {
+            if v.kernel.epilogue != ep {
+                return Err(KernelError::Shape("the kernels of a family share one epilogue".into()));
+            }
+            if v.kernel.mr == 0 || v.kernel.nr == 0 || v.gflops.is_nan() || v.gflops <= 0.0 {
+                return Err(KernelError::Shape(format!(
+                    "a direct {}x{} kernel at {} GFLOP/s cannot join a family",
+                    v.kernel.mr, v.kernel.nr, v.gflops
+                )));
+            }
+        }
+        direct.sort_by_key(|v| (v.kernel.nr, std::cmp::Reverse(v.kernel.mr)));
+        direct.dedup_by_key(|v| (v.kernel.nr, v.kernel.mr));
+        self.direct = direct;
+        Ok(self)
+    }
+    pub fn direct_variants(&self) -> &[DirectVariant] {
+        &self.direct
+    }
+    /// The direct kernels of width `nr`, highest first.
+    pub fn direct_of_width(&self, nr: usize) -> &[DirectVariant] {
+        let start = self.direct.iter().position(|v| v.kernel.nr == nr).unwrap_or(0);
+        let len = self.direct.iter().filter(|v| v.kernel.nr == nr).count();
+        &self.direct[start..start + len]
+    }
+    /// The direct kernels of width `nr` from height `mr` down (empty when there is
+    /// no such kernel).
+    pub fn direct_from(&self, mr: usize, nr: usize) -> &[DirectVariant] {
+        let of_width = self.direct_of_width(nr);
+        let start = of_width.iter().position(|v| v.kernel.mr == mr);
+        start.map_or(&[], |s| &of_width[s..])
+    }
+    /// The direct rate of an `mr × nr` kernel.
+    pub fn direct_gflops(&self, mr: usize, nr: usize) -> Option<f64> {
+        self.direct.iter().find(|v| v.kernel.mr == mr && v.kernel.nr == nr).map(|v| v.gflops)
     }
     pub fn variants(&self) -> &[KernelVariant] {
         &self.variants
@@ -177,8 +266,8 @@ pub fn candidates(t: &Target, threads: usize, fam: &KernelFamily, p: &Problem) -
         let base = Blocking::for_target(t, mr, nr);
         let kcs: Vec<usize> = match p.b {
             BLayout::Packed { kc, .. } => vec![kc],
-            BLayout::Plain if p.k <= base.kc * 3 / 2 => vec![p.k.max(1)],
-            BLayout::Plain => vec![base.kc],
+            _ if p.k <= base.kc * 3 / 2 => vec![p.k.max(1)],
+            _ => vec![base.kc],
         };
         for kc in kcs {
             let mc = ((base.mc * base.kc / kc.max(1)) / mr).max(1) * mr;
@@ -192,7 +281,16 @@ pub fn candidates(t: &Target, threads: usize, fam: &KernelFamily, p: &Problem) -
             }
             for cover_mr in covers.iter().copied() {
                 for grid in grids(threads, p, mr, nr) {
-                    out.push(Schedule { mr, nr, cover_mr, blocking, order: LoopOrder::KOuter, grid });
+                    let order = LoopOrder::KOuter;
+                    out.push(Schedule {
+                        mr,
+                        nr,
+                        cover_mr,
+                        blocking,
+                        order,
+                        grid,
+                        operands: Operands::Packed,
+                    });
                     // Deep K: the row block whose C fits half of L2 keeps it there across
                     // the K loop.
                     let cols = p.n.div_ceil(nr).div_ceil(grid.cols) * nr;
@@ -200,13 +298,80 @@ pub fn candidates(t: &Target, threads: usize, fam: &KernelFamily, p: &Problem) -
                     let mc_c = (t.l2 / 2 / (cols * 4).max(1) / mr).max(1) * mr;
                     if p.k > kc && mc_c < rows {
                         let blocking = Blocking { mc: mc_c, ..blocking };
-                        out.push(Schedule { mr, nr, cover_mr, blocking, order: LoopOrder::MOuter, grid });
+                        let order = LoopOrder::MOuter;
+                        out.push(Schedule {
+                            mr,
+                            nr,
+                            cover_mr,
+                            blocking,
+                            order,
+                            grid,
+                            operands: Operands::Packed,
+                        });
                     }
                 }
             }
         }
     }
+    direct_candidates(t, threads, fam, p, least, &mut out);
     out
+}
+
+/// The direct schedules (A read in place): per width whose direct heights go down
+/// to 1, every main height up to the fastest; KC the whole of K when it is barely
+/// deeper than a block (or the packed weight's); no MC (nothing is packed).
+fn direct_candidates(
+    t: &Target,
+    threads: usize,
+    fam: &KernelFamily,
+    p: &Problem,
+    least_pad: f64,
+    out: &mut Vec<Schedule>,
+) {
+    if p.a != ALayout::RowMajor {
+        return;
+    }
+    let mut widths: Vec<usize> = fam.direct_variants().iter().map(|v| v.kernel.nr).collect();
+    widths.dedup();
+    for nr in widths {
+        if let BLayout::Packed { nr: fixed, .. } = p.b {
+            if nr != fixed {
+                continue;
+            }
+        }
+        let of_width = fam.direct_of_width(nr);
+        if of_width.last().is_none_or(|v| v.kernel.mr != 1) {
+            continue;
+        }
+        // Masked lanes are the only padding: N's, to a multiple of NR.
+        let pad = (p.n.div_ceil(nr) * nr) as f64 / p.n.max(1) as f64 - 1.0;
+        if pad > least_pad + PAD_SLACK {
+            continue;
+        }
+        let top = of_width.iter().map(|v| v.gflops).fold(0.0, f64::max);
+        let best = of_width.iter().filter(|v| v.gflops >= 0.97 * top).map(|v| v.kernel.mr).min().unwrap_or(1);
+        for mr in of_width.iter().map(|v| v.kernel.mr).filter(|&h| h <= best) {
+            let base = Blocking::for_target(t, mr, nr);
+            let kc = match p.b {
+                BLayout::Packed { kc, .. } => kc,
+                _ if p.k <= base.kc * 3 / 2 => p.k.max(1),
+                _ => base.kc,
+            };
+            let blocking = Blocking { kc, mc: mr, nc: base.nc };
+            for grid in grids(threads, p, mr, nr) {
+                let order = LoopOrder::KOuter;
+                out.push(Schedule {
+                    mr,
+                    nr,
+                    cover_mr: None,
+                    blocking,
+                    order,
+                    grid,
+                    operands: Operands::Direct,
+                });
+            }
+        }
+    }
 }
 
 /// L2: the thread grids that give every thread work (occupancy), plus one thread.

@@ -7,8 +7,9 @@
 use std::sync::Arc;
 
 use anyshape_kernels::{
-    calibrate, execute, BLayout, BOperand, CostModel, Dispatcher, EpilogueArgs, KernelFamily, KernelVariant,
-    LoopOrder, MatMut, MatRef, MicroKernel, PackedB, Problem, Target, ThreadPool,
+    calibrate, execute, ALayout, BLayout, BOperand, CostModel, DirectKernel, DirectVariant, Dispatcher,
+    EpilogueArgs, KernelFamily, KernelVariant, LoopOrder, MatMut, MatRef, MicroKernel, Operands, PackedB,
+    Problem, Target, ThreadPool,
 };
 use proptest::prelude::*;
 
@@ -20,9 +21,30 @@ rust_kernel!(k2x4, 2, 4);
 rust_kernel!(k5x4, 5, 4);
 rust_kernel!(k1x8, 1, 8);
 rust_kernel!(k3x8, 3, 8);
+rust_direct_kernel!(d1x4, 1, 4);
+rust_direct_kernel!(d3x4, 3, 4);
+rust_direct_kernel!(d1x8, 1, 8);
+rust_direct_kernel!(d2x8, 2, 8);
+rust_direct_kernel!(d4x8, 4, 8);
 
-/// A family of two widths; the rates are made up (only the ranking uses them).
+/// A family of two widths, packed and direct; the rates are made up (only the
+/// ranking uses them).
 fn family() -> KernelFamily {
+    let d = |mr, nr, func, gflops| DirectVariant {
+        kernel: DirectKernel { mr, nr, func, epilogue: Default::default() },
+        gflops,
+    };
+    let direct = vec![
+        d(1, 4, d1x4 as anyshape_kernels::DirectKernelFn, 9.0),
+        d(3, 4, d3x4, 30.0),
+        d(1, 8, d1x8, 14.0),
+        d(2, 8, d2x8, 25.0),
+        d(4, 8, d4x8, 44.0),
+    ];
+    packed_family().with_direct(direct).expect("direct kernels")
+}
+
+fn packed_family() -> KernelFamily {
     let v = |mr, nr, func, gflops| KernelVariant {
         kernel: MicroKernel { mr, nr, func, epilogue: Default::default() },
         gflops,
@@ -87,19 +109,38 @@ fn check(
     let ldc = n + 3;
     let stride = m * ldc + 5;
     let mut c = vec![f32::NAN; batch * stride + 5];
+    // B is `k × n` row-major, or stored transposed (`n × k`) when the layout is
+    // strided; A likewise (`k × m` when strided).
+    let a_at = |e: usize, i: usize, q: usize| match p.a {
+        ALayout::RowMajor => a[e * m * k + i * k + q],
+        ALayout::Strided => a[e * m * k + q * m + i],
+    };
+    let b_at = |e: usize, q: usize, j: usize| match p.b {
+        BLayout::Strided => b[e * k * n + j * k + q],
+        _ => b[e * k * n + q * n + j],
+    };
     let packed: Vec<PackedB> = match p.b {
         BLayout::Packed { nr, kc } => (0..batch)
             .map(|e| PackedB::new(MatRef::row_major(&b[e * k * n..(e + 1) * k * n], k, n).unwrap(), nr, kc))
             .collect(),
-        BLayout::Plain => Vec::new(),
+        _ => Vec::new(),
     };
-    let av: Vec<MatRef> =
-        (0..batch).map(|e| MatRef::row_major(&a[e * m * k..(e + 1) * m * k], m, k).unwrap()).collect();
+    let av: Vec<MatRef> = (0..batch)
+        .map(|e| {
+            let s = &a[e * m * k..(e + 1) * m * k];
+            match p.a {
+                ALayout::RowMajor => MatRef::row_major(s, m, k).unwrap(),
+                ALayout::Strided => MatRef::row_major(s, k, m).unwrap().t(),
+            }
+        })
+        .collect();
     let bv: Vec<BOperand> = (0..batch)
-        .map(|e| match p.b {
-            BLayout::Packed { .. } => BOperand::Packed(&packed[e]),
-            BLayout::Plain => {
-                BOperand::Plain(MatRef::row_major(&b[e * k * n..(e + 1) * k * n], k, n).unwrap())
+        .map(|e| {
+            let s = &b[e * k * n..(e + 1) * k * n];
+            match p.b {
+                BLayout::Packed { .. } => BOperand::Packed(&packed[e]),
+                BLayout::RowMajor => BOperand::Plain(MatRef::row_major(s, k, n).unwrap()),
+                BLayout::Strided => BOperand::Plain(MatRef::row_major(s, n, k).unwrap().t()),
             }
         })
         .collect();
@@ -111,11 +152,11 @@ fn check(
     execute(pool, &d.plan(s).map_err(|e| e.to_string())?, &av, &bv, cv, &EpilogueArgs::default())
         .map_err(|e| format!("{s}: {e}"))?;
     for e in 0..batch {
-        let want = naive(&a[e * m * k..(e + 1) * m * k], &b[e * k * n..(e + 1) * k * n], m, k, n);
         let ce = &c[e * stride..(e + 1) * stride];
         for i in 0..m {
             for j in 0..n {
-                let (got, w) = (ce[2 + i * ldc + j], want[i * n + j]);
+                let w = (0..k).map(|q| a_at(e, i, q) as f64 * b_at(e, q, j) as f64).sum::<f64>() as f32;
+                let got = ce[2 + i * ldc + j];
                 if (got - w).abs() > 1e-3 * (1.0 + w.abs()) {
                     return Err(format!("{s} on {p:?}: entry {e} C[{i},{j}] = {got}, want {w}"));
                 }
@@ -135,17 +176,25 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 60, ..ProptestConfig::default() })]
     #[test]
     fn every_candidate_schedule_is_correct(
-        m in dims(), n in dims(), k in dims(), batch in 1usize..4, packed in any::<bool>(), threads in 1usize..4,
-        width in prop_oneof![Just(4usize), Just(8)], kc in 1usize..12,
+        m in dims(), n in dims(), k in dims(), batch in 1usize..4, b_form in 0usize..3, threads in 1usize..4,
+        width in prop_oneof![Just(4usize), Just(8)], kc in 1usize..12, a_strided in any::<bool>(),
     ) {
         let d = dispatcher(threads);
         let pool = ThreadPool::new(threads);
-        let layout = if packed { BLayout::Packed { nr: width, kc } } else { BLayout::Plain };
-        let p = Problem { batch, m, n, k, b: layout };
+        let layout = match b_form {
+            0 => BLayout::Packed { nr: width, kc },
+            1 => BLayout::RowMajor,
+            _ => BLayout::Strided,
+        };
+        let a = if a_strided { ALayout::Strided } else { ALayout::RowMajor };
+        let p = Problem { batch, m, n, k, a, b: layout };
         let cands = d.candidates(&p);
         prop_assert!(!cands.is_empty(), "no candidate for {:?}", p);
+        let direct = cands.iter().any(|s| s.operands == Operands::Direct);
+        prop_assert_eq!(direct, p.a == ALayout::RowMajor, "direct candidates for {:?}", p);
         for s in &cands {
             prop_assert!(s.grid.threads() <= threads);
+            prop_assert!(s.operands == Operands::Packed || p.a == ALayout::RowMajor, "direct with a strided A");
             if let BLayout::Packed { nr, kc } = p.b {
                 prop_assert!(s.nr == nr && s.blocking.kc == kc);
             }
@@ -165,7 +214,14 @@ proptest! {
 fn deep_k_yields_row_block_outer_candidates() {
     let d = dispatcher(2);
     // C of 64 × 64 floats (16 KiB) is more than half the 8 KiB L2: a row block is kept there.
-    let p = Problem { batch: 1, m: 64, n: 64, k: 300, b: BLayout::Packed { nr: 8, kc: 16 } };
+    let p = Problem {
+        batch: 1,
+        m: 64,
+        n: 64,
+        k: 300,
+        a: ALayout::RowMajor,
+        b: BLayout::Packed { nr: 8, kc: 16 },
+    };
     let outer: Vec<_> = d.candidates(&p).into_iter().filter(|s| s.order == LoopOrder::MOuter).collect();
     assert!(!outer.is_empty());
     let pool = ThreadPool::new(2);
@@ -178,7 +234,7 @@ fn deep_k_yields_row_block_outer_candidates() {
 #[test]
 fn dispatch_is_memoized_per_shape() {
     let d = dispatcher(2);
-    let p = Problem { batch: 1, m: 37, n: 20, k: 9, b: BLayout::Plain };
+    let p = Problem { batch: 1, m: 37, n: 20, k: 9, a: ALayout::RowMajor, b: BLayout::RowMajor };
     assert_eq!(d.memoized(), 0);
     let s = d.schedule(&p).unwrap();
     assert_eq!(d.schedule(&p).unwrap(), s);

@@ -1,0 +1,371 @@
+//! Direct micro-kernels (the ABI of `kernels::direct`): an `MR × NR` tile of C
+//! from A and B where they lie. Per K step: `NR / W` vector loads of one row of B
+//! (masked past `ncols`), one broadcast per row of A (row stride `lda`), and
+//! `MR · NR / W` fused multiply-adds; C's loads and stores, the bias and the
+//! residual are masked the same way, so no edge needs padding or a scratch tile.
+
+use inkwell::attributes::AttributeLoc;
+use inkwell::context::Context;
+use inkwell::intrinsics::Intrinsic;
+use inkwell::module::Module;
+use inkwell::types::VectorType;
+use inkwell::values::{
+    BasicMetadataValueEnum, BasicValueEnum, FunctionValue, IntValue, PointerValue, VectorValue,
+};
+use inkwell::{AddressSpace, IntPredicate};
+use kernels::{DirectKernel, DirectKernelFn, Epilogue, Target};
+
+use crate::{jit_function, llvm, target_attributes, vmath, CodegenError, JitDirectKernel, JitKernel};
+
+/// Compile an `mr × nr` direct f32 micro-kernel for `t` (`nr` a multiple of its
+/// lanes) with `epilogue` applied when the driver asks for it.
+pub fn compile_direct_kernel(
+    t: &Target,
+    mr: usize,
+    nr: usize,
+    epilogue: Epilogue,
+) -> Result<JitDirectKernel, CodegenError> {
+    let w = t.f32_lanes;
+    if !t.supported() {
+        return Err(CodegenError::Unsupported("kernels need x86-64 with AVX2 and FMA".into()));
+    }
+    if mr == 0 || nr == 0 || !nr.is_multiple_of(w) {
+        return Err(CodegenError::Unsupported(format!(
+            "a {mr}x{nr} tile: NR must be a positive multiple of {w}"
+        )));
+    }
+    let name = format!("direct_f32_{mr}x{nr}{}", if epilogue.is_identity() { "" } else { "_epilogue" });
+    let jit = jit_function(t, &name, |ctx, module, cpu, features| {
+        build_direct(ctx, module, &name, (mr, nr, w), &epilogue, cpu, features)
+    })?;
+    // SAFETY: `jit.addr` is the entry of the function just generated with exactly the
+    // `DirectKernelFn` signature (i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, ptr, ptr,
+    // i64) -> void and the C calling convention; its engine lives in the returned value.
+    let func: DirectKernelFn = unsafe { std::mem::transmute::<usize, DirectKernelFn>(jit.addr) };
+    Ok(JitKernel {
+        kernel: DirectKernel { mr, nr, func, epilogue },
+        ir: jit.ir,
+        asm: jit.asm,
+        _engine: jit.engine,
+    })
+}
+
+/// The intrinsics the kernel calls.
+struct Intrinsics {
+    fma: FunctionValue<'static>,
+    load: FunctionValue<'static>,
+    store: FunctionValue<'static>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_direct(
+    ctx: &'static Context,
+    module: &Module<'static>,
+    name: &str,
+    (mr, nr, w): (usize, usize, usize),
+    epilogue: &Epilogue,
+    cpu: &str,
+    features: &str,
+) -> Result<(), CodegenError> {
+    let (f32t, i64t, i32t) = (ctx.f32_type(), ctx.i64_type(), ctx.i32_type());
+    let ptr = ctx.ptr_type(AddressSpace::default());
+    let vt = f32t.vec_type(w as u32);
+    let nv = nr / w;
+    let params = [
+        i64t.into(), // kc
+        ptr.into(),  // a
+        i64t.into(), // lda
+        ptr.into(),  // b
+        i64t.into(), // ldb
+        ptr.into(),  // c
+        i64t.into(), // ldc
+        i64t.into(), // ncols
+        i64t.into(), // flags
+        ptr.into(),  // bias
+        ptr.into(),  // res
+        i64t.into(), // ldr
+    ];
+    let f = module.add_function(name, ctx.void_type().fn_type(&params, false), None);
+    target_attributes(ctx, f, cpu, features, w);
+    let noalias =
+        ctx.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("noalias"), 0);
+    for i in [1, 3, 5] {
+        f.add_attribute(AttributeLoc::Param(i), noalias);
+    }
+    let p = |i: u32| f.get_nth_param(i).ok_or_else(|| llvm("param"));
+    let (kc, a, lda) = (p(0)?.into_int_value(), p(1)?.into_pointer_value(), p(2)?.into_int_value());
+    let (b, ldb, c) = (p(3)?.into_pointer_value(), p(4)?.into_int_value(), p(5)?.into_pointer_value());
+    let (ldc, ncols, flags) = (p(6)?.into_int_value(), p(7)?.into_int_value(), p(8)?.into_int_value());
+    let (bias, res, ldr) = (p(9)?.into_pointer_value(), p(10)?.into_pointer_value(), p(11)?.into_int_value());
+
+    let intr = |n: &str, tys: &[inkwell::types::BasicTypeEnum<'static>]| {
+        Intrinsic::find(n)
+            .and_then(|i| i.get_declaration(module, tys))
+            .ok_or_else(|| llvm(format!("no {n} for the vector type")))
+    };
+    let ii = Intrinsics {
+        fma: intr("llvm.fma", &[vt.into()])?,
+        load: intr("llvm.masked.load", &[vt.into(), ptr.into()])?,
+        store: intr("llvm.masked.store", &[vt.into(), ptr.into()])?,
+    };
+
+    let bld = ctx.create_builder();
+    let entry = ctx.append_basic_block(f, "entry");
+    let header = ctx.append_basic_block(f, "k.header");
+    let body = ctx.append_basic_block(f, "k.body");
+    let tail_header = ctx.append_basic_block(f, "k.tail.header");
+    let tail_body = ctx.append_basic_block(f, "k.tail.body");
+    let done = ctx.append_basic_block(f, "k.done");
+    let epi = ctx.append_basic_block(f, "store.epilogue");
+    let plain = ctx.append_basic_block(f, "store.plain");
+    let exit = ctx.append_basic_block(f, "exit");
+    let c_i64 = |v: usize| i64t.const_int(v as u64, false);
+    let gep = |base, idx: IntValue<'static>, n: &str| {
+        // SAFETY (of the IR, not of Rust): every address is inside the rows and the
+        // unmasked columns the ABI promises; the builder only records it.
+        unsafe { bld.build_in_bounds_gep(f32t, base, &[idx], n) }.map_err(llvm)
+    };
+    let call = |fv: FunctionValue<'static>, args: &[BasicMetadataValueEnum<'static>]| {
+        bld.build_call(fv, args, "").map_err(llvm).map(|r| match r.try_as_basic_value() {
+            inkwell::values::ValueKind::Basic(v) => Some(v),
+            inkwell::values::ValueKind::Instruction(_) => None,
+        })
+    };
+    let align = i32t.const_int(4, false);
+    let masked_load = |p: PointerValue<'static>,
+                       mask: VectorValue<'static>|
+     -> Result<VectorValue<'static>, CodegenError> {
+        call(ii.load, &[p.into(), align.into(), mask.into(), vt.const_zero().into()])?
+            .map(BasicValueEnum::into_vector_value)
+            .ok_or_else(|| llvm("masked.load returned nothing"))
+    };
+    let masked_store = |v: VectorValue<'static>, p: PointerValue<'static>, mask: VectorValue<'static>| {
+        call(ii.store, &[v.into(), p.into(), align.into(), mask.into()]).map(|_| ())
+    };
+
+    // entry: the column masks (lane j of vector v is live when v·W + j < ncols) and
+    // the rows' offsets into A.
+    bld.position_at_end(entry);
+    let lanes_t = i32t.vec_type(w as u32);
+    let n32 = bld.build_int_truncate(ncols, i32t, "n32").map_err(llvm)?;
+    let one = bld.build_insert_element(lanes_t.get_poison(), n32, i32t.const_zero(), "n1").map_err(llvm)?;
+    let nsplat =
+        bld.build_shuffle_vector(one, lanes_t.get_poison(), lanes_t.const_zero(), "ns").map_err(llvm)?;
+    let mut masks = Vec::with_capacity(nv);
+    for v in 0..nv {
+        let iota: Vec<_> = (0..w).map(|j| i32t.const_int((v * w + j) as u64, false)).collect();
+        let iota = VectorType::const_vector(&iota);
+        masks.push(bld.build_int_compare(IntPredicate::SLT, iota, nsplat, "mask").map_err(llvm)?);
+    }
+    let regs = regs_of(w);
+    let mut rows = Vec::with_capacity(mr);
+    for i in 0..mr {
+        rows.push(bld.build_int_mul(c_i64(i), lda, "arow").map_err(llvm)?);
+    }
+    bld.build_unconditional_branch(header).map_err(llvm)?;
+
+    // The K loop, in two parts: a main loop of `sets` steps per iteration, step `s`
+    // into accumulator set `s` (independent FMA chains, so that a low tile still
+    // fills both FMA pipes through their latency), and a tail of single steps into
+    // set 0; the sets are summed at the end.
+    let step = |k: IntValue<'static>,
+                accs: &[BasicValueEnum<'static>]|
+     -> Result<Vec<BasicValueEnum<'static>>, CodegenError> {
+        let kb = bld.build_int_mul(k, ldb, "kb").map_err(llvm)?;
+        let mut bvecs = Vec::with_capacity(nv);
+        for (v, mask) in masks.iter().enumerate() {
+            let idx = bld.build_int_add(kb, c_i64(v * w), "bi").map_err(llvm)?;
+            bvecs.push(masked_load(gep(b, idx, "bp")?, *mask)?);
+        }
+        let mut next = Vec::with_capacity(mr * nv);
+        for (i, row) in rows.iter().enumerate() {
+            let idx = bld.build_int_add(*row, k, "ai").map_err(llvm)?;
+            let s = bld.build_load(f32t, gep(a, idx, "ap")?, "a").map_err(llvm)?.into_float_value();
+            let one = bld.build_insert_element(vt.get_poison(), s, i32t.const_zero(), "a1").map_err(llvm)?;
+            let splat =
+                bld.build_shuffle_vector(one, vt.get_poison(), lanes_t.const_zero(), "abc").map_err(llvm)?;
+            for (v, bv) in bvecs.iter().enumerate() {
+                let r = call(ii.fma, &[splat.into(), (*bv).into(), accs[i * nv + v].into()])?;
+                next.push(r.ok_or_else(|| llvm("fma returned nothing"))?);
+            }
+        }
+        Ok(next)
+    };
+    let sets = accumulator_sets(mr * nv, nv, regs);
+    // k.header: k and every set's accumulators.
+    bld.position_at_end(header);
+    let k_phi = bld.build_phi(i64t, "k").map_err(llvm)?;
+    let mut acc_phis = Vec::with_capacity(sets * mr * nv);
+    for i in 0..sets * mr * nv {
+        acc_phis.push(bld.build_phi(vt, &format!("acc{i}")).map_err(llvm)?);
+    }
+    let k = k_phi.as_basic_value().into_int_value();
+    let k_end = bld.build_int_add(k, c_i64(sets), "k.end").map_err(llvm)?;
+    let more = bld.build_int_compare(IntPredicate::SLE, k_end, kc, "more").map_err(llvm)?;
+    bld.build_conditional_branch(more, body, tail_header).map_err(llvm)?;
+    // k.body: `sets` steps.
+    bld.position_at_end(body);
+    let mut next = Vec::with_capacity(sets * mr * nv);
+    for set in 0..sets {
+        let ks = bld.build_int_add(k, c_i64(set), "ks").map_err(llvm)?;
+        let accs: Vec<_> =
+            acc_phis[set * mr * nv..(set + 1) * mr * nv].iter().map(|p| p.as_basic_value()).collect();
+        next.extend(step(ks, &accs)?);
+    }
+    bld.build_unconditional_branch(header).map_err(llvm)?;
+    k_phi.add_incoming(&[(&c_i64(0), entry), (&k_end, body)]);
+    for (phi, nx) in acc_phis.iter().zip(&next) {
+        phi.add_incoming(&[(&vt.const_zero(), entry), (nx, body)]);
+    }
+    // k.tail: the last steps, one at a time, into set 0.
+    bld.position_at_end(tail_header);
+    let kt_phi = bld.build_phi(i64t, "kt").map_err(llvm)?;
+    let mut tail_phis = Vec::with_capacity(mr * nv);
+    for i in 0..mr * nv {
+        tail_phis.push(bld.build_phi(vt, &format!("tacc{i}")).map_err(llvm)?);
+    }
+    let kt = kt_phi.as_basic_value().into_int_value();
+    let more = bld.build_int_compare(IntPredicate::SLT, kt, kc, "tmore").map_err(llvm)?;
+    bld.build_conditional_branch(more, tail_body, done).map_err(llvm)?;
+    bld.position_at_end(tail_body);
+    let accs: Vec<_> = tail_phis.iter().map(|p| p.as_basic_value()).collect();
+    let tail_next = step(kt, &accs)?;
+    let kt_next = bld.build_int_add(kt, c_i64(1), "kt.next").map_err(llvm)?;
+    bld.build_unconditional_branch(tail_header).map_err(llvm)?;
+    kt_phi.add_incoming(&[(&k, header), (&kt_next, tail_body)]);
+    for (x, phi) in tail_phis.iter().enumerate() {
+        phi.add_incoming(&[(&acc_phis[x].as_basic_value(), header), (&tail_next[x], tail_body)]);
+    }
+
+    // k.done: add C (a masked load whose mask is empty when not accumulating reads
+    // nothing and gives 0), then the epilogue when compiled in and asked for, then
+    // the masked store.
+    bld.position_at_end(done);
+    let bit = |b: i64, n: &str| -> Result<_, CodegenError> {
+        let masked = bld.build_and(flags, c_i64(b as usize), n).map_err(llvm)?;
+        bld.build_int_compare(IntPredicate::NE, masked, c_i64(0), n).map_err(llvm)
+    };
+    let add = bit(kernels::ACCUMULATE, "add")?;
+    let c_ptr = |i: usize, v: usize| -> Result<_, CodegenError> {
+        let row = bld.build_int_mul(c_i64(i), ldc, "row").map_err(llvm)?;
+        let idx = bld.build_int_add(row, c_i64(v * w), "ci").map_err(llvm)?;
+        gep(c, idx, "cp")
+    };
+    let mut vals = Vec::with_capacity(mr * nv);
+    for i in 0..mr {
+        for (v, mask) in masks.iter().enumerate() {
+            let x = i * nv + v;
+            let mut acc = tail_phis[x].as_basic_value().into_vector_value();
+            for set in 1..sets {
+                let other = acc_phis[set * mr * nv + x].as_basic_value().into_vector_value();
+                acc = bld.build_float_add(acc, other, "sets").map_err(llvm)?;
+            }
+            let live = bld.build_select(add, *mask, mask.get_type().const_zero(), "amask").map_err(llvm)?;
+            let old = masked_load(c_ptr(i, v)?, live.into_vector_value())?;
+            vals.push(bld.build_float_add(acc, old, "sum").map_err(llvm)?);
+        }
+    }
+    if epilogue.is_identity() {
+        bld.build_unconditional_branch(plain).map_err(llvm)?;
+    } else {
+        let apply = bit(kernels::APPLY_EPILOGUE, "apply")?;
+        bld.build_conditional_branch(apply, epi, plain).map_err(llvm)?;
+    }
+    let store = |vals: &[VectorValue<'static>]| -> Result<(), CodegenError> {
+        for i in 0..mr {
+            for (v, mask) in masks.iter().enumerate() {
+                masked_store(vals[i * nv + v], c_ptr(i, v)?, *mask)?;
+            }
+        }
+        Ok(())
+    };
+    bld.position_at_end(plain);
+    store(&vals)?;
+    bld.build_unconditional_branch(exit).map_err(llvm)?;
+    // y = act(scale · acc + bias[col] + residual[row, col])
+    bld.position_at_end(epi);
+    let splat = |x: f32| VectorType::const_vector(&vec![f32t.const_float(x as f64); w]);
+    let mut out = vals.clone();
+    for i in 0..mr {
+        for (v, mask) in masks.iter().enumerate() {
+            let mut y = out[i * nv + v];
+            if let Some(sc) = epilogue.scale {
+                y = bld.build_float_mul(y, splat(sc), "scaled").map_err(llvm)?;
+            }
+            if epilogue.bias {
+                let bv = masked_load(gep(bias, c_i64(v * w), "bp")?, *mask)?;
+                y = bld.build_float_add(y, bv, "biased").map_err(llvm)?;
+            }
+            if epilogue.residual {
+                let row = bld.build_int_mul(c_i64(i), ldr, "rrow").map_err(llvm)?;
+                let idx = bld.build_int_add(row, c_i64(v * w), "ri").map_err(llvm)?;
+                let rv = masked_load(gep(res, idx, "rp")?, *mask)?;
+                y = bld.build_float_add(y, rv, "residual").map_err(llvm)?;
+            }
+            y = vmath::VMath { ctx, bld: &bld, vt, lanes: w }.activation(epilogue.activation, y)?;
+            out[i * nv + v] = y;
+        }
+    }
+    store(&out)?;
+    bld.build_unconditional_branch(exit).map_err(llvm)?;
+    bld.position_at_end(exit);
+    bld.build_return(None).map_err(llvm)?;
+    Ok(())
+}
+
+/// Vector registers of the ISA with `w` f32 lanes (AVX-512: 32, AVX2: 16).
+fn regs_of(w: usize) -> usize {
+    if w >= 16 {
+        32
+    } else {
+        16
+    }
+}
+
+/// How many accumulator sets a tile of `accs` vector accumulators needs so that at
+/// least 8 FMA chains are in flight (two FMA pipes × a latency of 4), within the
+/// register file (`nv` B vectors and a broadcast stay live too).
+pub(crate) fn accumulator_sets(accs: usize, nv: usize, regs: usize) -> usize {
+    let mut sets = 8usize.div_ceil(accs.max(1));
+    while sets > 1 && sets * accs + nv + 1 > regs {
+        sets -= 1;
+    }
+    sets
+}
+
+/// GFLOP/s of one direct kernel called repeatedly on operands that stay in L1: A
+/// with rows `kc` apart, B row-major `NR` wide (full tiles, so no lane is masked).
+pub fn time_direct_kernel(uk: &DirectKernel, t: &Target) -> f64 {
+    let kc = (t.l1d / 4 / ((uk.mr + uk.nr) * 4)).clamp(16, 512);
+    let a = vec![0.5f32; kc * uk.mr];
+    let b = vec![0.25f32; kc * uk.nr];
+    let mut c = vec![0.0f32; uk.mr * uk.nr];
+    let mut call = |n: usize| {
+        for _ in 0..n {
+            // SAFETY: A holds MR rows of `kc` (lda = kc), B `kc` rows of NR (ldb = NR), C a
+            // full MR × NR tile (ldc = NR), and ncols = NR: what the ABI lets the kernel touch.
+            unsafe {
+                (uk.func)(
+                    kc as i64,
+                    a.as_ptr(),
+                    kc as i64,
+                    b.as_ptr(),
+                    uk.nr as i64,
+                    c.as_mut_ptr(),
+                    uk.nr as i64,
+                    uk.nr as i64,
+                    kernels::ACCUMULATE,
+                    std::ptr::null(),
+                    std::ptr::null(),
+                    0,
+                )
+            };
+        }
+    };
+    call(64);
+    let reps = 2000;
+    let start = std::time::Instant::now();
+    call(reps);
+    let secs = start.elapsed().as_secs_f64();
+    (2 * uk.mr * uk.nr * kc * reps) as f64 / secs.max(1e-12) / 1e9
+}

@@ -1,0 +1,183 @@
+//! The packing-free path for small and thin products (attention's per-head `Q·Kᵀ`
+//! and `P·V`): micro-kernels that read A where it lies (rows of stride `lda`,
+//! unit stride along K) and B where it lies (rows of stride `ldb`, unit stride
+//! along N), or from B's packed panels (`ldb = NR`). A product of 16×64 by 64×16
+//! costs less than packing its operands, and when N is small (P·V's 64 columns)
+//! packing A costs as much as the product at any M; here neither is packed.
+//!
+//! Edges need no padding at all (DietCode §4.2 taken one step further): the
+//! kernel masks B's loads and C's loads and stores past `ncols`, and the rows
+//! are covered exactly by kernels of several heights (FTuner's combination,
+//! greedily: the main height, then the largest height that fits what is left).
+
+use crate::gemm::{pack_b, BOperand, CPtr, EpilogueArgs, MatRef, ThreadGrid, Workspace};
+use crate::{Epilogue, KernelError, ACCUMULATE, APPLY_EPILOGUE};
+
+/// The direct micro-kernel ABI: `C[0..MR, 0..ncols] (+)= A · B` where A's element
+/// `(i, k)` is `a[i·lda + k]` and B's `(k, j)` is `b[k·ldb + j]`; C is row-major
+/// with row stride `ldc`. Lanes at or past `ncols` (`1 ≤ ncols`) are neither read
+/// nor written: B's loads, C's loads and stores, the bias and the residual are
+/// masked. `flags`, `bias`, `res` and `ldr` are as in [`crate::MicroKernelFn`].
+pub type DirectKernelFn = unsafe extern "C" fn(
+    kc: i64,
+    a: *const f32,
+    lda: i64,
+    b: *const f32,
+    ldb: i64,
+    c: *mut f32,
+    ldc: i64,
+    ncols: i64,
+    flags: i64,
+    bias: *const f32,
+    res: *const f32,
+    ldr: i64,
+);
+
+/// A direct micro-kernel, the tile it computes and the epilogue compiled into it.
+#[derive(Clone, Copy, Debug)]
+pub struct DirectKernel {
+    pub mr: usize,
+    pub nr: usize,
+    pub func: DirectKernelFn,
+    pub epilogue: Epilogue,
+}
+
+/// What a direct schedule runs: the kernels of one width, highest first (the
+/// first is the main height; the others cover the rows past the last full band,
+/// and the lowest must be 1 so that every remainder is covered), the depth of a
+/// K block and the thread grid.
+#[derive(Clone, Copy, Debug)]
+pub struct DirectPlan<'k> {
+    pub kernels: &'k [crate::schedule::DirectVariant],
+    pub kc: usize,
+    pub grid: ThreadGrid,
+}
+
+impl DirectPlan<'_> {
+    pub(crate) fn check(&self) -> Result<(usize, usize), KernelError> {
+        let ks = self.kernels;
+        let (Some(main), Some(low)) = (ks.first(), ks.last()) else {
+            return Err(KernelError::Shape("a direct plan needs kernels".into()));
+        };
+        let sorted = ks.windows(2).all(|w| w[0].kernel.mr > w[1].kernel.mr);
+        let same =
+            ks.iter().all(|v| v.kernel.nr == main.kernel.nr && v.kernel.epilogue == main.kernel.epilogue);
+        if !sorted || !same || low.kernel.mr != 1 || self.kc == 0 {
+            return Err(KernelError::Shape(
+                "a direct plan takes kernels of one width and epilogue, highest first down to height 1"
+                    .into(),
+            ));
+        }
+        Ok((main.kernel.mr, main.kernel.nr))
+    }
+
+    /// The kernel for the rows from `row` on, `left` of them: the main height while
+    /// it fits, then the highest that fits.
+    fn kernel_for(&self, left: usize) -> &DirectKernel {
+        self.kernels.iter().map(|v| &v.kernel).find(|k| k.mr <= left).unwrap_or(&self.kernels[0].kernel)
+    }
+}
+
+/// Where a thread's B panels for one K block come from.
+enum BSource<'a> {
+    /// In place: `b[k·ldb + j]`.
+    InPlace(&'a [f32], usize),
+    /// Packed panels (a weight, or this thread's copy of a strided activation),
+    /// the first panel being `first`.
+    Panels(&'a [f32], usize),
+}
+
+/// Rows `rows` × column panels `cols` of `C = A · B` with direct kernels, on the
+/// calling thread: one thread's share of a direct schedule. A's rows must be
+/// contiguous along K (checked by the caller).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn direct_band(
+    plan: &DirectPlan,
+    a: &MatRef,
+    b: &BOperand,
+    cptr: CPtr,
+    ldc: usize,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    ep: &EpilogueArgs,
+    ws: &mut Workspace,
+) {
+    let main = &plan.kernels[0].kernel;
+    let (nr, epilogue) = (main.nr, main.epilogue);
+    let (k, n) = b.dims();
+    if rows.is_empty() || cols.is_empty() {
+        return;
+    }
+    for pc in (0..k).step_by(plan.kc) {
+        let kc = plan.kc.min(k - pc);
+        let src = match b {
+            BOperand::Packed(p) => BSource::Panels(p.block(pc, kc), 0),
+            BOperand::Plain(bm) if bm.cs == 1 || bm.cols == 1 => {
+                BSource::InPlace(&bm.data[pc * bm.rs..], bm.rs)
+            }
+            BOperand::Plain(bm) => {
+                let j0 = cols.start * nr;
+                pack_b(bm, pc, kc, j0, (cols.end * nr).min(n) - j0, nr, &mut ws.b);
+                BSource::Panels(&ws.b, cols.start)
+            }
+        };
+        let last = pc + kc == k && !epilogue.is_identity();
+        let flags = if pc > 0 { ACCUMULATE } else { 0 } | if last { APPLY_EPILOGUE } else { 0 };
+        for jr in cols.clone() {
+            let col = jr * nr;
+            let ncols = nr.min(n - col);
+            let (bp, ldb) = match src {
+                BSource::InPlace(d, ld) => (d[col..].as_ptr(), ld),
+                BSource::Panels(d, first) => (d[(jr - first) * kc * nr..].as_ptr(), nr),
+            };
+            let bias = ep.bias.map_or(std::ptr::null(), |b| b[col..].as_ptr());
+            let mut row = rows.start;
+            while row < rows.end {
+                let kern = plan.kernel_for(rows.end - row);
+                let ap = a.data[row * a.rs + pc..].as_ptr();
+                let (res, ldr) = match ep.residual {
+                    Some(r) => (r.data[row * r.rs + col..].as_ptr(), r.rs),
+                    None => (std::ptr::null(), 0),
+                };
+                // SAFETY: the kernel reads A's rows row..row+MR (all < m: `kernel_for`
+                // picks a height that fits) at depths pc..pc+kc (< k, unit stride,
+                // checked), B's rows pc..pc+kc at columns col..col+ncols (in place,
+                // inside the checked view, or inside the packed panels), the bias and the
+                // residual at columns < ncols only (masked), and writes C's tile
+                // (rows row..row+MR, columns col..col+ncols), which is inside C (checked
+                // shapes) and this thread's alone (disjoint entries, rows or panels).
+                unsafe {
+                    (kern.func)(
+                        kc as i64,
+                        ap,
+                        a.rs as i64,
+                        bp,
+                        ldb as i64,
+                        cptr.get().add(row * ldc + col),
+                        ldc as i64,
+                        ncols as i64,
+                        flags,
+                        bias,
+                        res,
+                        ldr as i64,
+                    );
+                }
+                row += kern.mr;
+            }
+        }
+    }
+}
+
+/// Whether a direct kernel can read this A where it lies.
+pub fn a_in_place(a: &MatRef) -> bool {
+    a.cs == 1 || a.cols == 1
+}
+
+/// Whether a direct kernel can read this B where it lies (a pre-packed B is read
+/// from its panels; a strided one is packed by each thread for its panels).
+pub fn b_in_place(b: &BOperand) -> bool {
+    match b {
+        BOperand::Packed(_) => false,
+        BOperand::Plain(m) => m.cs == 1 || m.cols == 1,
+    }
+}
