@@ -115,6 +115,9 @@ def main():
     ap.add_argument("--anyshape", default="target/release/anyshape")
     ap.add_argument("--json", help="write all figures here")
     ap.add_argument("--anyshape-args", default="", help="extra flags for `anyshape bench-matmul`, e.g. '--tile 8x32 --kc 256'")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="measure every system this many times per shape, interleaved, and keep each one's best "
+                         "(this machine has phases in which a core is taken away for a second or more)")
     ap.add_argument("--gemm-crate", default="bench/rs/target/release/gemm_peer",
                     help="the Rust gemm crate's peer binary (`cargo build --release --manifest-path bench/rs/Cargo.toml`); skipped if missing")
     args = ap.parse_args()
@@ -131,19 +134,24 @@ def main():
     rows = []
     print(f"{'batch':>5} {'m':>6} {'n':>6} {'k':>6} {'anyshape':>9} {'numpy':>8} {'ort':>8} {'openvino':>9} {'gemm':>8} {'vs best':>8}  (GFLOP/s, {args.threads} threads)")
     for batch, m, n, k in shapes:
-        r = subprocess.run([args.anyshape, "bench-matmul", "--m", str(m), "--n", str(n), "--k", str(k), "--batch", str(batch),
-                            "--threads", str(args.threads), "--json"] + args.anyshape_args.split(),
-                           capture_output=True, text=True, check=True)
-        ours = json.loads(r.stdout.strip().splitlines()[-1])
-        times = peers(m, n, k, args.threads, batch)
         flops = 2.0 * batch * m * n * k
-        g = {name: flops / t / 1e9 for name, t in times.items()}
-        if gemm_crate:
-            rg = subprocess.run([gemm_crate, "--shape", f"{batch},{m},{n},{k}", "--threads", str(args.threads)],
-                                capture_output=True, text=True)
-            if rg.returncode != 0:
-                sys.exit(f"{gemm_crate} failed on {batch},{m},{n},{k}: {rg.stderr.strip()}")
-            g["gemm_crate"] = json.loads(rg.stdout.strip().splitlines()[-1])["gflops"]
+        ours, g = None, {}
+        for _ in range(max(1, args.rounds)):
+            r = subprocess.run([args.anyshape, "bench-matmul", "--m", str(m), "--n", str(n), "--k", str(k), "--batch", str(batch),
+                                "--threads", str(args.threads), "--json"] + args.anyshape_args.split(),
+                               capture_output=True, text=True, check=True)
+            run = json.loads(r.stdout.strip().splitlines()[-1])
+            if ours is None or run["gflops"] > ours["gflops"]:
+                ours = run
+            times = peers(m, n, k, args.threads, batch)
+            for name, t in times.items():
+                g[name] = max(g.get(name, 0.0), flops / t / 1e9)
+            if gemm_crate:
+                rg = subprocess.run([gemm_crate, "--shape", f"{batch},{m},{n},{k}", "--threads", str(args.threads)],
+                                    capture_output=True, text=True)
+                if rg.returncode != 0:
+                    sys.exit(f"{gemm_crate} failed on {batch},{m},{n},{k}: {rg.stderr.strip()}")
+                g["gemm_crate"] = max(g.get("gemm_crate", 0.0), json.loads(rg.stdout.strip().splitlines()[-1])["gflops"])
         best_peer = max(g.values())
         row = {"batch": batch, "m": m, "n": n, "k": k, "anyshape": ours["gflops"], "peak_fraction": ours["peak_fraction"], **g}
         rows.append(row)

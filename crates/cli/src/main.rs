@@ -384,9 +384,9 @@ fn tune(avx2: bool, cache_dir: Option<PathBuf>) -> Result<()> {
         targets.extend(host.avx2_only().map(|t| ("avx2", t)));
     }
     for (name, t) in targets {
-        let bar = indicatif::ProgressBar::new(2 * codegen::register_tiles(&t).len() as u64);
+        let bar = indicatif::ProgressBar::new(codegen::register_tiles(&t).len() as u64);
         bar.set_style(
-            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} kernels ({elapsed})")
+            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tiles ({elapsed})")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         bar.set_message(format!("measuring {name} micro-kernels"));

@@ -19,6 +19,18 @@ use crate::{
 /// height (fastest, ties within 3% to the lower) and the heights 1, 2, 4 and half
 /// the main one below it, the cover kernels of FTuner's two-height combination.
 pub fn family_tiles(measured: &[TileMeasurement]) -> Vec<TileMeasurement> {
+    pick_heights(measured, false)
+}
+
+/// The direct kernels of a family: per width, the main height is the highest
+/// within 3% of the fastest (a direct kernel pads nothing, and a higher tile
+/// covers small products in fewer calls), with the heights 1, 2, 4, 8 and half
+/// the main one below it: any remainder is covered in a few calls.
+pub fn direct_family_tiles(measured: &[TileMeasurement]) -> Vec<TileMeasurement> {
+    pick_heights(measured, true)
+}
+
+fn pick_heights(measured: &[TileMeasurement], direct: bool) -> Vec<TileMeasurement> {
     let mut widths: Vec<usize> = measured.iter().map(|m| m.nr).collect();
     widths.sort_unstable();
     widths.dedup();
@@ -26,10 +38,14 @@ pub fn family_tiles(measured: &[TileMeasurement]) -> Vec<TileMeasurement> {
     for nr in widths {
         let of_width: Vec<&TileMeasurement> = measured.iter().filter(|m| m.nr == nr).collect();
         let top = of_width.iter().map(|m| m.gflops).fold(0.0, f64::max);
-        let Some(main) = of_width.iter().filter(|m| m.gflops >= 0.97 * top).map(|m| m.mr).min() else {
+        let tied = of_width.iter().filter(|m| m.gflops >= 0.97 * top).map(|m| m.mr);
+        let Some(main) = (if direct { tied.max() } else { tied.min() }) else {
             continue;
         };
         let mut heights = vec![1, 2, 4, main / 2, main];
+        if direct {
+            heights.push(8);
+        }
         heights.retain(|&h| h >= 1 && h <= main);
         heights.sort_unstable();
         heights.dedup();
@@ -70,7 +86,7 @@ impl Contraction {
             jit.push(k);
         }
         // The direct kernels: the same choice of heights per width, from their own rates.
-        let tiles = family_tiles(&rec.direct);
+        let tiles = direct_family_tiles(&rec.direct);
         let mut direct = Vec::with_capacity(tiles.len());
         let mut direct_variants = Vec::with_capacity(tiles.len());
         for t in &tiles {

@@ -23,7 +23,7 @@ use inkwell::{AddressSpace, IntPredicate, OptimizationLevel};
 use kernels::{DirectKernel, Epilogue, MicroKernel, MicroKernelFn, Target};
 
 pub use direct::{compile_direct_kernel, time_direct_kernel};
-pub use family::{family_tiles, Contraction};
+pub use family::{direct_family_tiles, family_tiles, Contraction};
 
 /// Errors from code generation.
 #[derive(Debug, thiserror::Error)]

@@ -22,6 +22,9 @@ use crate::{
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TuningRecord {
     pub machine: String,
+    /// The kernel generator's version the rates were measured with ([`GENERATOR`]).
+    #[serde(default)]
+    pub generator: u32,
     pub tiles: Vec<TileMeasurement>,
     /// The same tiles as direct kernels (operands read in place).
     #[serde(default)]
@@ -30,6 +33,10 @@ pub struct TuningRecord {
     #[serde(default)]
     pub models: Vec<MachineModel>,
 }
+
+/// The version of the kernel generator: a record measured with another version is
+/// measured again (changed kernels have changed rates).
+pub const GENERATOR: u32 = 2;
 
 /// The machine key: CPU name, features and lanes.
 pub fn machine_key(t: &Target) -> String {
@@ -63,7 +70,11 @@ pub fn load(dir: &Path, t: &Target) -> Option<TuningRecord> {
     let path = record_path(dir, t);
     let text = std::fs::read_to_string(&path).ok()?;
     match serde_json::from_str::<TuningRecord>(&text) {
-        Ok(r) if r.machine == machine_key(t) && !r.tiles.is_empty() => Some(r),
+        Ok(r) if r.machine == machine_key(t) && r.generator == GENERATOR && !r.tiles.is_empty() => Some(r),
+        Ok(r) if r.machine == machine_key(t) && !r.tiles.is_empty() => {
+            tracing::info!("{}: measured with older kernels; measuring again", path.display());
+            None
+        }
         Ok(_) => {
             tracing::warn!("{}: recorded for another machine; measuring again", path.display());
             None
@@ -76,37 +87,40 @@ pub fn load(dir: &Path, t: &Target) -> Option<TuningRecord> {
 }
 
 /// Measure every register tile of `t`, as a packed-panel kernel and as a direct
-/// one (reporting progress: done, total), and store the record.
+/// one (reporting progress: tiles done, total), and store the record. The two
+/// forms of a tile are timed in alternation, best of three each: this machine has
+/// phases in which a core runs slower, and rates measured in different phases would
+/// rank the two forms wrongly.
 pub fn measure(
     dir: Option<&Path>,
     t: &Target,
     progress: &dyn Fn(usize, usize),
 ) -> Result<TuningRecord, CodegenError> {
     let tiles = register_tiles(t);
-    let mut out = Vec::with_capacity(tiles.len());
-    for (i, (mr, nr)) in tiles.iter().enumerate() {
-        let jit = compile_microkernel(t, *mr, *nr)?;
-        out.push(TileMeasurement { mr: *mr, nr: *nr, gflops: time_microkernel(&jit.kernel(), t) });
-        progress(i + 1, 2 * tiles.len());
+    let (mut packed, mut direct) = (Vec::with_capacity(tiles.len()), Vec::with_capacity(tiles.len()));
+    for (i, &(mr, nr)) in tiles.iter().enumerate() {
+        let p = compile_microkernel(t, mr, nr)?;
+        let d = compile_direct_kernel(t, mr, nr, Epilogue::default())?;
+        let (mut gp, mut gd) = (0.0f64, 0.0f64);
+        for _ in 0..3 {
+            gp = gp.max(time_microkernel(&p.kernel(), t));
+            gd = gd.max(time_direct_kernel(&d.kernel(), t));
+        }
+        packed.push(TileMeasurement { mr, nr, gflops: gp });
+        direct.push(TileMeasurement { mr, nr, gflops: gd });
+        progress(i + 1, tiles.len());
     }
-    let direct = measure_direct(t, &|i, n| progress(n + i, 2 * n))?;
-    let record = TuningRecord { machine: machine_key(t), tiles: out, direct, models: Vec::new() };
+    let record = TuningRecord {
+        machine: machine_key(t),
+        generator: GENERATOR,
+        tiles: packed,
+        direct,
+        models: Vec::new(),
+    };
     if let Some(dir) = dir {
         store(dir, t, &record);
     }
     Ok(record)
-}
-
-/// Every register tile of `t` as a direct kernel, measured.
-fn measure_direct(t: &Target, progress: &dyn Fn(usize, usize)) -> Result<Vec<TileMeasurement>, CodegenError> {
-    let tiles = register_tiles(t);
-    let mut out = Vec::with_capacity(tiles.len());
-    for (i, (mr, nr)) in tiles.iter().enumerate() {
-        let jit = compile_direct_kernel(t, *mr, *nr, Epilogue::default())?;
-        out.push(TileMeasurement { mr: *mr, nr: *nr, gflops: time_direct_kernel(&jit.kernel(), t) });
-        progress(i + 1, tiles.len());
-    }
-    Ok(out)
 }
 
 /// Write `record` (atomically: a temporary file renamed over the old one).
@@ -127,15 +141,7 @@ fn store(dir: &Path, t: &Target, record: &TuningRecord) {
 pub fn record(dir: Option<&Path>, t: &Target) -> Result<(TuningRecord, bool), CodegenError> {
     match dir.and_then(|d| load(d, t)) {
         Some(r) if !r.direct.is_empty() => Ok((r, true)),
-        // A record from before direct kernels: measure those only.
-        Some(mut r) => {
-            r.direct = measure_direct(t, &|_, _| {})?;
-            if let Some(dir) = dir {
-                store(dir, t, &r);
-            }
-            Ok((r, false))
-        }
-        None => Ok((measure(dir, t, &|_, _| {})?, false)),
+        _ => Ok((measure(dir, t, &|_, _| {})?, false)),
     }
 }
 
@@ -150,8 +156,25 @@ pub fn machine_model(
     if let Some(m) = record.models.iter().find(|m| m.threads == pool.threads()) {
         return *m;
     }
+    // A shared machine may take a core away for seconds: a peak of all threads under
+    // 3/4 of the threads times one thread's peak was measured in such a phase, and so
+    // were the bandwidths beside it. Measure again, a few times, after a pause.
+    let single = crate::peak::measure_peak_gflops(t, &ThreadPool::new(1), 100).unwrap_or(0.0);
     let mut m = kernels::calibrate::measure(t, pool);
     m.peak_gflops = crate::peak::measure_peak_gflops(t, pool, 200).unwrap_or(0.0);
+    for _ in 0..4 {
+        if m.peak_gflops >= 0.75 * single * pool.threads() as f64 {
+            break;
+        }
+        tracing::info!(
+            "peak {:.0} GFLOP/s of {} threads is low; measuring again",
+            m.peak_gflops,
+            pool.threads()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        m = kernels::calibrate::measure(t, pool);
+        m.peak_gflops = crate::peak::measure_peak_gflops(t, pool, 200).unwrap_or(0.0);
+    }
     record.models.push(m);
     if let Some(dir) = dir {
         store(dir, t, record);

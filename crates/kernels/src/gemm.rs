@@ -455,7 +455,12 @@ fn run_plan(
         let (lr, lc) = (local / grid.cols, local % grid.cols);
         WORKSPACE.with(|ws| {
             let ws = &mut *ws.borrow_mut();
-            for &(e, cptr, ldc) in work.iter().skip(group).step_by(grid.batch) {
+            // A group's entries are contiguous (one stream per operand for the
+            // prefetchers), the first groups taking one more when they do not divide.
+            let (per, extra) = (work.len() / grid.batch, work.len() % grid.batch);
+            let first = group * per + group.min(extra);
+            let mine = &work[first..first + per + usize::from(group < extra)];
+            for &(e, cptr, ldc) in mine {
                 let (m, n) = (a[e].rows, b[e].dims().1);
                 let per = m.div_ceil(mr).div_ceil(grid.rows) * mr;
                 let rows = (lr * per).min(m)..((lr + 1) * per).min(m);

@@ -37,6 +37,11 @@ struct Shared {
     /// done with the previous generation), read by workers of the new generation.
     job: Mutex<Option<JobPtr>>,
     pending: AtomicUsize,
+    /// Workers parked on `wake` (or about to be): only then does `run` pay for a
+    /// notification (a system call), not when every worker is still spinning.
+    parked: AtomicUsize,
+    /// The caller of `run` is parked on `done` (or about to be).
+    caller_parked: AtomicBool,
     shutdown: AtomicBool,
     wake: Condvar,
     wake_lock: Mutex<()>,
@@ -66,6 +71,8 @@ impl ThreadPool {
             generation: AtomicU64::new(0),
             job: Mutex::new(None),
             pending: AtomicUsize::new(0),
+            parked: AtomicUsize::new(0),
+            caller_parked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             wake: Condvar::new(),
             wake_lock: Mutex::new(()),
@@ -102,9 +109,12 @@ impl ThreadPool {
         let ptr = JobPtr(unsafe { std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const Job>(f) });
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(ptr);
         s.pending.store(self.workers.len(), Ordering::SeqCst);
-        {
+        s.generation.fetch_add(1, Ordering::SeqCst);
+        // A worker counts itself parked (SeqCst) before it checks the generation under
+        // `wake_lock`; so either it sees the new generation, or this sees it parked and
+        // notifies under the lock (which it cannot miss: it waits holding the lock).
+        if s.parked.load(Ordering::SeqCst) > 0 {
             let _g = s.wake_lock.lock().unwrap_or_else(|e| e.into_inner());
-            s.generation.fetch_add(1, Ordering::SeqCst);
             s.wake.notify_all();
         }
         f(0);
@@ -115,9 +125,11 @@ impl ThreadPool {
                 spin_step(spins);
             } else {
                 let g = s.done_lock.lock().unwrap_or_else(|e| e.into_inner());
-                if s.pending.load(Ordering::Acquire) != 0 {
+                s.caller_parked.store(true, Ordering::SeqCst);
+                if s.pending.load(Ordering::SeqCst) != 0 {
                     drop(s.done.wait_timeout(g, std::time::Duration::from_millis(1)));
                 }
+                s.caller_parked.store(false, Ordering::SeqCst);
             }
         }
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -143,9 +155,13 @@ fn worker(s: &Shared, index: usize) {
                 spin_step(spins);
             } else {
                 let guard = s.wake_lock.lock().unwrap_or_else(|e| e.into_inner());
-                if s.generation.load(Ordering::Acquire) == seen && !s.shutdown.load(Ordering::Acquire) {
+                s.parked.fetch_add(1, Ordering::SeqCst);
+                if s.generation.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::Acquire) {
                     drop(s.wake.wait(guard));
+                } else {
+                    drop(guard);
                 }
+                s.parked.fetch_sub(1, Ordering::SeqCst);
             }
         }
         let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
@@ -153,7 +169,10 @@ fn worker(s: &Shared, index: usize) {
             // SAFETY: see `JobPtr`: `run` keeps the job alive until `pending` is 0.
             unsafe { (*f)(index) };
         }
-        if s.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+        // The caller parks (rarely: a job longer than its spin) with `caller_parked`
+        // set before it re-checks `pending` under `done_lock`, and wakes every
+        // millisecond anyway.
+        if s.pending.fetch_sub(1, Ordering::SeqCst) == 1 && s.caller_parked.load(Ordering::SeqCst) {
             let _g = s.done_lock.lock().unwrap_or_else(|e| e.into_inner());
             s.done.notify_all();
         }
@@ -186,6 +205,24 @@ mod tests {
                 hits[i].fetch_add(1, Ordering::Relaxed);
             });
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+    }
+
+    #[test]
+    fn parked_workers_and_a_parked_caller_wake_up() {
+        let pool = ThreadPool::new(3);
+        for round in 0..20 {
+            // Idle long enough for the workers to park.
+            std::thread::sleep(std::time::Duration::from_millis(3));
+            let hits = AtomicUsize::new(0);
+            pool.run(&|i| {
+                // A worker slower than the caller's spin: the caller parks.
+                if i == 2 && round % 2 == 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                hits.fetch_add(1, Ordering::Relaxed);
+            });
+            assert_eq!(hits.load(Ordering::Relaxed), 3, "round {round}");
         }
     }
 
