@@ -70,6 +70,9 @@ pub struct BenchMatmulArgs {
     /// or `~/.cache/anyshape`).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// Compile only the kernels listed here (written by `anyshape tune --samples --out`).
+    #[arg(long, value_name = "FILE")]
+    kernels: Option<PathBuf>,
 }
 
 /// Best seconds per call of `f` over `rounds` rounds of at least `min_s` each.
@@ -126,13 +129,15 @@ pub fn bench_matmul(args: BenchMatmulArgs) -> Result<()> {
     let tile = args.tile.as_deref().map(parse_tile).transpose()?;
     let pool = ThreadPool::new(args.threads.unwrap_or(target.cores));
     let cache = args.cache_dir.clone().or_else(codegen::tuning::default_cache_dir);
+    let keep = args.kernels.as_deref().map(crate::samples::load_kernel_list).transpose()?;
     let start = Instant::now();
-    let contraction = codegen::Contraction::compile(
+    let contraction = codegen::Contraction::compile_kernels(
         &target,
         &pool,
         Epilogue::default(),
         model.unwrap_or_default(),
         cache.as_deref(),
+        keep.as_deref(),
     )?;
     let compile_ms = start.elapsed().as_secs_f64() * 1e3;
     if let Some(dir) = &args.dump_llvm {

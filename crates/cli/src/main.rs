@@ -48,6 +48,11 @@ enum Command {
     BenchMatmul(bench::BenchMatmulArgs),
     /// Measure this machine's micro-kernels once and store them in the tuning cache
     /// (`$ANYSHAPE_CACHE_DIR`, `$XDG_CACHE_HOME/anyshape` or `~/.cache/anyshape`).
+    ///
+    /// With --samples FILE (lines `m,n,k[,batch[,weight]]`), categorize a known
+    /// shape distribution instead (DietCode): print the trade-off between the
+    /// micro-kernels kept and the predicted slowdown, choose the smallest family
+    /// within --tolerance, and measure it against the whole family.
     Tune {
         /// Tune the AVX2-only code path too (on an AVX-512 machine).
         #[arg(long)]
@@ -55,6 +60,18 @@ enum Command {
         /// The cache folder (default: as above).
         #[arg(long)]
         cache_dir: Option<PathBuf>,
+        /// The shape distribution to categorize.
+        #[arg(long, value_name = "FILE")]
+        samples: Option<PathBuf>,
+        /// With --samples: the predicted mean slowdown allowed (0.02: 2%).
+        #[arg(long, default_value_t = 0.02, requires = "samples")]
+        tolerance: f64,
+        /// With --samples: write the chosen kernels here (for bench-matmul --kernels).
+        #[arg(long, value_name = "FILE", requires = "samples")]
+        out: Option<PathBuf>,
+        /// With --samples: threads (default: every core).
+        #[arg(long, requires = "samples")]
+        threads: Option<usize>,
     },
     /// Show what the compiler knows about a model at a stage.
     Inspect {
@@ -108,6 +125,7 @@ macro_rules! say_raw {
 }
 
 mod bench;
+mod samples;
 
 /// An error in what the user gave us (exit code 2).
 #[derive(Debug)]
@@ -151,7 +169,13 @@ fn dispatch(cli: Cli) -> Result<()> {
             run(model, inputs, shapes, output_dir, dims)
         }
         Command::Inspect { model, stage, dims } => inspect(model, stage, dims),
-        Command::Tune { avx2, cache_dir } => tune(avx2, cache_dir),
+        Command::Tune { avx2, cache_dir, samples: Some(samples), tolerance, out, threads } => {
+            if avx2 {
+                bail!(UserError("--samples categorizes the host's family: drop --avx2".into()));
+            }
+            samples::tune_samples(samples::TuneSamples { samples, tolerance, out, threads, cache_dir })
+        }
+        Command::Tune { avx2, cache_dir, .. } => tune(avx2, cache_dir),
         Command::BenchMatmul(args) => bench::bench_matmul(args),
     }
 }

@@ -85,3 +85,64 @@ fn bad_flags_are_user_errors() {
         assert!(err.contains(fragment), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn samples_are_categorized_and_the_kept_family_serves_them() {
+    if !supported() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("anyshape-samples-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cache, samples, kept) = (dir.join("cache"), dir.join("samples.txt"), dir.join("kernels.json"));
+    std::fs::write(&samples, "# a tiny workload\n13,40,17\n1,40,17,1,3\n9,9,16,4\n").unwrap();
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let out = anyshape(&[
+        "tune",
+        "--samples",
+        &path(&samples),
+        "--tolerance",
+        "0.05",
+        "--out",
+        &path(&kept),
+        "--threads",
+        "2",
+        "--cache-dir",
+        &path(&cache),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for fragment in ["mean slowdown", "# chosen within 5.0%", "# compile: whole family", "kept / whole"] {
+        assert!(text.contains(fragment), "{fragment} missing in {text}");
+    }
+    let list = std::fs::read_to_string(&kept).unwrap();
+    assert!(list.contains("\"kernels\"") && list.contains("\"mr\""), "{list}");
+    // The kept family runs the samples' shapes.
+    let out = anyshape(&[
+        "bench-matmul",
+        "--m",
+        "13,1",
+        "--n",
+        "40",
+        "--k",
+        "17",
+        "--threads",
+        "2",
+        "--json",
+        "--kernels",
+        &path(&kept),
+        "--cache-dir",
+        &path(&cache),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
+    // A bad samples file names its line; a missing kernel list is a user error.
+    std::fs::write(&samples, "13,40,17\n13,forty,17\n").unwrap();
+    let out = anyshape(&["tune", "--samples", &path(&samples), "--cache-dir", &path(&cache)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("line 2"), "{err}");
+    let out =
+        anyshape(&["bench-matmul", "--m", "4", "--n", "4", "--k", "4", "--kernels", "/nonexistent.json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}

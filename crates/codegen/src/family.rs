@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use kernels::categorize::KernelId;
 use kernels::{
     CostModel, DirectVariant, Dispatcher, Epilogue, KernelFamily, KernelVariant, Target, ThreadPool,
 };
@@ -75,9 +76,27 @@ impl Contraction {
         model: CostModel,
         cache: Option<&Path>,
     ) -> Result<Contraction, CodegenError> {
+        Contraction::compile_kernels(target, pool, epilogue, model, cache, None)
+    }
+
+    /// [`Contraction::compile`] with only the kernels in `keep` (when given): the
+    /// family a shape distribution needs ([`kernels::categorize`]), smaller and
+    /// quicker to compile.
+    pub fn compile_kernels(
+        target: &Target,
+        pool: &ThreadPool,
+        epilogue: Epilogue,
+        model: CostModel,
+        cache: Option<&Path>,
+        keep: Option<&[KernelId]>,
+    ) -> Result<Contraction, CodegenError> {
         let (mut rec, _) = record(cache, target)?;
         let machine = machine_model(cache, target, pool, &mut rec);
-        let tiles = family_tiles(&rec.tiles);
+        let kept = |direct: bool, t: &TileMeasurement| {
+            keep.is_none_or(|k| k.contains(&KernelId { direct, mr: t.mr, nr: t.nr }))
+        };
+        let mut tiles = family_tiles(&rec.tiles);
+        tiles.retain(|t| kept(false, t));
         let mut jit = Vec::with_capacity(tiles.len());
         let mut variants = Vec::with_capacity(tiles.len());
         for t in &tiles {
@@ -86,7 +105,8 @@ impl Contraction {
             jit.push(k);
         }
         // The direct kernels: the same choice of heights per width, from their own rates.
-        let tiles = direct_family_tiles(&rec.direct);
+        let mut tiles = direct_family_tiles(&rec.direct);
+        tiles.retain(|t| kept(true, t));
         let mut direct = Vec::with_capacity(tiles.len());
         let mut direct_variants = Vec::with_capacity(tiles.len());
         for t in &tiles {

@@ -47,7 +47,7 @@ pub struct MachineModel {
 }
 
 /// Which analytical model ranks the candidates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 pub enum CostModel {
     #[default]
     Hierarchical,

@@ -3,6 +3,10 @@
 //! analytical model and run the best, remembering the choice per shape so that
 //! the next call with that shape pays one hash lookup.
 //!
+//! With a [`DecisionTree`] distilled from the model for an operand layout, the
+//! first call for a new shape of that layout walks the tree (nanoseconds) instead
+//! of generating and ranking candidates (microseconds).
+//!
 //! A [`Dispatcher`] owns one contraction's kernel family and is `Send + Sync`:
 //! several threads may run through it at once (the memo is behind a `RwLock`,
 //! and every call's packing buffers are its threads' own).
@@ -14,6 +18,7 @@ use crate::cost::{rule_grid, CostModel, MachineModel};
 use crate::direct::{a_in_place, b_in_place, DirectPlan};
 use crate::gemm::{execute, BOperand, EpilogueArgs, LoopOrder, MatMut, MatRef, PackedB, PackedPlan, Plan};
 use crate::schedule::{candidates, ALayout, BLayout, KernelFamily, Operands, Problem, Schedule};
+use crate::tree::{DecisionTree, Node, TreeOptions};
 use crate::{KernelError, Target, ThreadPool};
 
 /// Chooses and runs the schedule of one contraction, for any shape.
@@ -23,11 +28,13 @@ pub struct Dispatcher {
     machine: MachineModel,
     model: CostModel,
     memo: RwLock<HashMap<Problem, Schedule>>,
+    /// At most one tree per operand layout (a handful: a linear scan).
+    trees: Vec<DecisionTree>,
 }
 
 impl Dispatcher {
     pub fn new(target: Target, family: KernelFamily, machine: MachineModel, model: CostModel) -> Dispatcher {
-        Dispatcher { target, family, machine, model, memo: RwLock::new(HashMap::new()) }
+        Dispatcher { target, family, machine, model, memo: RwLock::new(HashMap::new()), trees: Vec::new() }
     }
 
     pub fn target(&self) -> &Target {
@@ -111,14 +118,80 @@ impl Dispatcher {
         })
     }
 
-    /// The schedule for `p`: memoized per shape.
+    /// The schedule for `p`: memoized per shape; from the tree for `p`'s layouts when
+    /// there is one, else the model's choice.
     pub fn schedule(&self, p: &Problem) -> Result<Schedule, KernelError> {
         if let Some(s) = self.memo.read().unwrap_or_else(|e| e.into_inner()).get(p) {
             return Ok(*s);
         }
-        let s = self.choose(p)?;
+        let s = match self.tree(p.a, p.b) {
+            Some(t) => t.choose(p),
+            None => self.choose(p)?,
+        };
         self.memo.write().unwrap_or_else(|e| e.into_inner()).insert(*p, s);
         Ok(s)
+    }
+
+    /// Distil this dispatcher's model over `samples` into a decision tree (see
+    /// [`DecisionTree::distill`]).
+    pub fn distill(&self, samples: &[Problem], options: TreeOptions) -> Result<DecisionTree, KernelError> {
+        DecisionTree::distill(self, samples, options)
+    }
+
+    /// This dispatcher with `tree` choosing for its operand layouts (see
+    /// [`Dispatcher::set_tree`]).
+    pub fn with_tree(mut self, tree: DecisionTree) -> Result<Dispatcher, KernelError> {
+        self.set_tree(tree)?;
+        Ok(self)
+    }
+
+    /// Let `tree` choose for its operand layouts, replacing any tree for them and
+    /// forgetting the shapes of those layouts memoized so far. A tree may come from
+    /// a file: every leaf must be a schedule this family runs on this machine's
+    /// threads for those layouts.
+    pub fn set_tree(&mut self, tree: DecisionTree) -> Result<(), KernelError> {
+        let (a, b) = tree.layout();
+        if tree.threads() != self.machine.threads {
+            return Err(KernelError::Shape(format!(
+                "the tree is for {} threads, this dispatcher for {}",
+                tree.threads(),
+                self.machine.threads
+            )));
+        }
+        for node in tree.nodes() {
+            let Node::Leaf(s) = node else { continue };
+            self.runnable(s, a, b)?;
+        }
+        self.trees.retain(|t| t.layout() != (a, b));
+        self.trees.push(tree);
+        self.memo.get_mut().unwrap_or_else(|e| e.into_inner()).retain(|p, _| (p.a, p.b) != (a, b));
+        Ok(())
+    }
+
+    /// The tree that chooses for these operand layouts, if any.
+    pub fn tree(&self, a: ALayout, b: BLayout) -> Option<&DecisionTree> {
+        self.trees.iter().find(|t| t.layout() == (a, b))
+    }
+
+    /// Whether `s` runs with this family, on this machine's threads, for operands
+    /// of layouts `a` and `b`.
+    fn runnable(&self, s: &Schedule, a: ALayout, b: BLayout) -> Result<(), KernelError> {
+        let bad = |why: &str| Err(KernelError::Shape(format!("schedule {s} {why}")));
+        if s.grid.threads() == 0 || s.grid.threads() > self.machine.threads {
+            return bad(&format!("does not fit {} threads", self.machine.threads));
+        }
+        if s.operands == Operands::Direct && a != ALayout::RowMajor {
+            return bad("reads A in place, which is not row-major");
+        }
+        if let BLayout::Packed { nr, kc } = b {
+            if s.nr != nr || s.blocking.kc != kc {
+                return bad(&format!("does not fit B packed for NR {nr} and KC {kc}"));
+            }
+        }
+        match self.plan(s)? {
+            Plan::Direct(d) => d.check().map(|_| ()),
+            Plan::Packed(p) => crate::gemm::check_packed(&p).map(|_| ()),
+        }
     }
 
     /// The kernels and blocks of `s`, ready for the driver.
@@ -149,7 +222,15 @@ impl Dispatcher {
     /// best over `rows` (the row counts the weight will meet, e.g. a geometric
     /// sweep of the symbol's range).
     pub fn pack_weight(&self, b: MatRef, rows: &[usize]) -> Result<PackedB, KernelError> {
-        let (k, n) = (b.rows, b.cols);
+        match self.weight_layout(b.rows, b.cols, rows)? {
+            BLayout::Packed { nr, kc } => Ok(PackedB::new(b, nr, kc)),
+            _ => Err(KernelError::Shape("an empty kernel family".into())),
+        }
+    }
+
+    /// The packed layout ([`BLayout::Packed`]) a `k × n` weight gets for `rows`: the
+    /// tile width and depth the model predicts best over them.
+    pub fn weight_layout(&self, k: usize, n: usize, rows: &[usize]) -> Result<BLayout, KernelError> {
         let mut best: Option<(f64, usize, usize)> = None;
         for nr in self.family.widths() {
             let Some(mr) = self.family.best_height(nr) else { continue };
@@ -167,7 +248,7 @@ impl Dispatcher {
             }
         }
         let (_, nr, kc) = best.ok_or_else(|| KernelError::Shape("an empty kernel family".into()))?;
-        Ok(PackedB::new(b, nr, kc))
+        Ok(BLayout::Packed { nr, kc })
     }
 
     /// `C = epilogue(A · B)`, on `pool`, with the memoized schedule for this shape.

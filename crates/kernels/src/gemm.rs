@@ -71,7 +71,7 @@ pub struct EpilogueArgs<'a> {
 }
 
 /// Cache blocks: `kc` deep, `mc` rows of A, `nc` columns of B.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Blocking {
     pub mc: usize,
     pub nc: usize,
@@ -287,7 +287,7 @@ impl BOperand<'_> {
 /// groups take turns over the batch entries; inside a group, `rows × cols` threads
 /// split an entry's row bands and column panels. `batch · rows · cols` threads
 /// work; a grid of one runs on the calling thread with no fork-join at all.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ThreadGrid {
     pub batch: usize,
     pub rows: usize,
@@ -355,7 +355,7 @@ impl Plan<'_> {
 /// `MOuter`: every `kc` slice for one row block, so that block's C stays in L2
 /// across the K loop (B, pre-packed, is re-read per row block): better when K is
 /// deep and C too large for L2.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 pub enum LoopOrder {
     #[default]
     KOuter,
@@ -484,7 +484,7 @@ fn run_plan(
 }
 
 /// A packed plan's kernels and blocks must fit each other.
-fn check_packed(p: &PackedPlan) -> Result<(usize, usize, Epilogue), KernelError> {
+pub(crate) fn check_packed(p: &PackedPlan) -> Result<(usize, usize, Epilogue), KernelError> {
     let (uk, blk) = (p.kernel, &p.blocking);
     if uk.mr == 0 || uk.nr == 0 || blk.kc == 0 || blk.mc == 0 || !blk.mc.is_multiple_of(uk.mr) {
         return Err(KernelError::Shape(format!(

@@ -7,6 +7,7 @@
 
 mod activation;
 pub mod calibrate;
+pub mod categorize;
 pub mod cost;
 pub mod direct;
 pub mod dispatch;
@@ -14,6 +15,7 @@ pub mod gemm;
 mod pool;
 pub mod schedule;
 mod target;
+pub mod tree;
 
 pub use activation::{Activation, ERF_A, ERF_P, GELU_C};
 pub use cost::{CostModel, MachineModel};
@@ -29,6 +31,7 @@ pub use schedule::{
     ALayout, BLayout, DirectVariant, KernelFamily, KernelVariant, Operands, Problem, Schedule,
 };
 pub use target::{Isa, Target};
+pub use tree::{DecisionTree, RegretStats, TreeOptions};
 
 /// Errors from kernels: shapes that do not fit, and so on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

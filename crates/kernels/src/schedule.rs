@@ -18,7 +18,7 @@ use crate::{Blocking, KernelError, MicroKernel, Target, ThreadGrid};
 /// One contraction instance: `batch` independent `C[m×n] = A[m×k] · B[k×n]`, and
 /// what is fixed about its operands' layouts (a weight is packed once, for one
 /// `NR` and `KC`; direct kernels read A in place only when its rows are contiguous).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Problem {
     pub batch: usize,
     pub m: usize,
@@ -29,7 +29,7 @@ pub struct Problem {
 }
 
 /// A's layout as the schedule must take it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ALayout {
     /// Rows contiguous along K: packed, or read in place by direct kernels.
     RowMajor,
@@ -38,7 +38,7 @@ pub enum ALayout {
 }
 
 /// B's layout as the schedule must take it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum BLayout {
     /// An activation with rows contiguous along N: packed by the threads that read
     /// it (any `NR` and `KC`), or read in place by direct kernels.
@@ -63,7 +63,7 @@ impl Problem {
 }
 
 /// A point of the schedule space.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Schedule {
     pub mr: usize,
     pub nr: usize,
@@ -76,7 +76,7 @@ pub struct Schedule {
 }
 
 /// How the micro-kernels read the operands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 pub enum Operands {
     /// From panels packed per cache block (A always; B unless pre-packed).
     #[default]
