@@ -73,6 +73,10 @@ pub struct BenchMatmulArgs {
     /// Compile only the kernels listed here (written by `anyshape tune --samples --out`).
     #[arg(long, value_name = "FILE")]
     kernels: Option<PathBuf>,
+    /// Also distil a decision tree from the model over a sweep of M (1 to twice the
+    /// largest --m, this N, K and batch), and measure its pick against the model's.
+    #[arg(long)]
+    tree: bool,
 }
 
 /// Best seconds per call of `f` over `rounds` rounds of at least `min_s` each.
@@ -279,6 +283,36 @@ fn bench_shape(
     let mut regret = String::new();
     if args.exhaustive {
         regret = exhaustive(d, &problem, &mut |s| time_per_call(3, 0.01, || run(s, &mut ops)), args.json)?;
+    }
+    if args.tree && model.is_some() {
+        let top = args.m.iter().copied().max().unwrap_or(1) * 2;
+        let samples = kernels::tree::sweep(1..=top, n..=n, k..=k, &[batch], problem.a, problem.b);
+        let t0 = Instant::now();
+        let tree = d.distill(&samples, kernels::TreeOptions::default())?;
+        let distill_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let reps = 100_000;
+        let t0 = Instant::now();
+        for _ in 0..reps {
+            std::hint::black_box(tree.choose(std::hint::black_box(&problem)));
+        }
+        let choose_ns = t0.elapsed().as_secs_f64() * 1e9 / reps as f64;
+        let pick = tree.choose(&problem);
+        let tree_time = if pick == chosen { best } else { time_per_call(5, 0.04, || run(&pick, &mut ops))? };
+        let vs = tree_time / best - 1.0;
+        regret += &if args.json {
+            format!(
+                ", \"tree\": {{\"schedule\": \"{pick}\", \"seconds\": {tree_time:.3e}, \"regret_vs_model\": {vs:.4}, \"leaves\": {}, \"samples\": {}, \"distill_ms\": {distill_ms:.1}, \"choose_ns\": {choose_ns:.1}}}",
+                tree.leaves(),
+                samples.len()
+            )
+        } else {
+            format!(
+                "  | tree ({} leaves from {} shapes in {distill_ms:.0} ms, {choose_ns:.0} ns): {pick}, {:+.1}% vs the model's pick",
+                tree.leaves(),
+                samples.len(),
+                100.0 * vs
+            )
+        };
     }
     if args.json {
         say!(

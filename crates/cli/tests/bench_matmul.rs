@@ -87,7 +87,7 @@ fn bad_flags_are_user_errors() {
 }
 
 #[test]
-fn samples_are_categorized_and_the_kept_family_serves_them() {
+fn samples_are_categorized_the_kept_family_serves_them_and_trees_choose() {
     if !supported() {
         return;
     }
@@ -135,6 +135,29 @@ fn samples_are_categorized_and_the_kept_family_serves_them() {
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
+    // A decision tree distilled from the model picks a schedule that runs.
+    let out = anyshape(&[
+        "bench-matmul",
+        "--m",
+        "5,33",
+        "--n",
+        "40",
+        "--k",
+        "17",
+        "--threads",
+        "2",
+        "--json",
+        "--tree",
+        "--cache-dir",
+        &path(&cache),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for line in text.lines() {
+        for key in ["\"tree\"", "\"regret_vs_model\"", "\"leaves\"", "\"choose_ns\""] {
+            assert!(line.contains(key), "{key} missing in {line}");
+        }
+    }
     // A bad samples file names its line; a missing kernel list is a user error.
     std::fs::write(&samples, "13,40,17\n13,forty,17\n").unwrap();
     let out = anyshape(&["tune", "--samples", &path(&samples), "--cache-dir", &path(&cache)]);

@@ -621,10 +621,10 @@ impl std::fmt::Display for DecisionTree {
 
 /// Training extents in `range`: 1, 2, 3 and the small primes (odd edges), the
 /// powers of two and one past each (a full tile and one row more), and three
-/// halves of each power (the log2 midpoints), sorted.
+/// halves of each power (the log2 midpoints), and the range's own ends, sorted.
 pub fn extents(range: std::ops::RangeInclusive<usize>) -> Vec<usize> {
     let (lo, hi) = (*range.start(), *range.end());
-    let mut v = vec![1, 2, 3, 5, 7, 11, 13];
+    let mut v = vec![1, 2, 3, 5, 7, 11, 13, lo, hi];
     let mut p = 4usize;
     while p <= hi {
         v.extend([p, p + 1, p + p / 2]);
