@@ -2,10 +2,10 @@
 //! tile, operand access, cache blocks, thread grid), its analytical cost models,
 //! run-time dispatch (by the model, or by a decision tree distilled from it), the
 //! categorization of a known shape distribution, and the drivers that run
-//! generated micro-kernels over any shape: through packed panels ([`gemm`]) or
+//! generated micro-kernels over any shape: through packed panels ([`mod@gemm`]) or
 //! on the operands where they lie ([`direct`]) (Vortex §4-5, DietCode §4-5,
 //! FTuner §III-V, BladeDISC §5.2.2). No LLVM here: `codegen` produces the
-//! micro-kernels for the ABIs defined in [`gemm`] and [`direct`], so a compiled
+//! micro-kernels for the ABIs defined in [`mod@gemm`] and [`direct`], so a compiled
 //! model can run where LLVM is absent.
 
 mod activation;
