@@ -25,15 +25,7 @@ pub fn compile_direct_kernel(
     nr: usize,
     epilogue: Epilogue,
 ) -> Result<JitDirectKernel, CodegenError> {
-    let w = t.f32_lanes;
-    if !t.supported() {
-        return Err(CodegenError::Unsupported("kernels need x86-64 with AVX2 and FMA".into()));
-    }
-    if mr == 0 || nr == 0 || !nr.is_multiple_of(w) {
-        return Err(CodegenError::Unsupported(format!(
-            "a {mr}x{nr} tile: NR must be a positive multiple of {w}"
-        )));
-    }
+    let w = crate::check_tile(t, mr, nr)?;
     let name = format!("direct_f32_{mr}x{nr}{}", if epilogue.is_identity() { "" } else { "_epilogue" });
     let jit = jit_function(t, &name, |ctx, module, cpu, features| {
         build_direct(ctx, module, &name, (mr, nr, w), &epilogue, cpu, features)
@@ -340,7 +332,7 @@ pub fn time_direct_kernel(uk: &DirectKernel, t: &Target) -> f64 {
     let a = vec![0.5f32; kc * uk.mr];
     let b = vec![0.25f32; kc * uk.nr];
     let mut c = vec![0.0f32; uk.mr * uk.nr];
-    let mut call = |n: usize| {
+    let call = |n: usize| {
         for _ in 0..n {
             // SAFETY: A holds MR rows of `kc` (lda = kc), B `kc` rows of NR (ldb = NR), C a
             // full MR × NR tile (ldc = NR), and ncols = NR: what the ABI lets the kernel touch.
@@ -362,10 +354,5 @@ pub fn time_direct_kernel(uk: &DirectKernel, t: &Target) -> f64 {
             };
         }
     };
-    call(64);
-    let reps = 2000;
-    let start = std::time::Instant::now();
-    call(reps);
-    let secs = start.elapsed().as_secs_f64();
-    (2 * uk.mr * uk.nr * kc * reps) as f64 / secs.max(1e-12) / 1e9
+    crate::gflops_of_calls(2 * uk.mr * uk.nr * kc, call)
 }

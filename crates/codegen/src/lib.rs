@@ -111,15 +111,7 @@ pub fn compile_microkernel_with(
     nr: usize,
     epilogue: Epilogue,
 ) -> Result<JitMicroKernel, CodegenError> {
-    let w = t.f32_lanes;
-    if !t.supported() {
-        return Err(CodegenError::Unsupported("kernels need x86-64 with AVX2 and FMA".into()));
-    }
-    if mr == 0 || nr == 0 || !nr.is_multiple_of(w) {
-        return Err(CodegenError::Unsupported(format!(
-            "a {mr}x{nr} tile: NR must be a positive multiple of {w}"
-        )));
-    }
+    let w = check_tile(t, mr, nr)?;
     let name = format!("ukernel_f32_{mr}x{nr}{}", if epilogue.is_identity() { "" } else { "_epilogue" });
     let jit = jit_function(t, &name, |ctx, module, cpu, features| {
         build_microkernel(ctx, module, &name, (mr, nr, w), &epilogue, cpu, features)
@@ -134,6 +126,21 @@ pub fn compile_microkernel_with(
         asm: jit.asm,
         _engine: jit.engine,
     })
+}
+
+/// The target must have the kernels' ISA, and the tile be `mr` rows by a multiple
+/// of the vector width; returns that width (f32 lanes).
+pub(crate) fn check_tile(t: &Target, mr: usize, nr: usize) -> Result<usize, CodegenError> {
+    let w = t.f32_lanes;
+    if !t.supported() {
+        return Err(CodegenError::Unsupported("kernels need x86-64 with AVX2 and FMA".into()));
+    }
+    if mr == 0 || nr == 0 || !nr.is_multiple_of(w) {
+        return Err(CodegenError::Unsupported(format!(
+            "a {mr}x{nr} tile: NR must be a positive multiple of {w}"
+        )));
+    }
+    Ok(w)
 }
 
 /// A function compiled into executable memory.
@@ -459,6 +466,17 @@ pub fn pick_tile(all: &[TileMeasurement], min_mr: usize) -> Result<(usize, usize
         .ok_or_else(|| CodegenError::Unsupported("no register tile fits this target".into()))
 }
 
+/// GFLOP/s of `call(n)`, which runs a kernel `n` times at `flops` per run: 64 runs
+/// to warm up, then 2000 timed.
+pub(crate) fn gflops_of_calls(flops: usize, mut call: impl FnMut(usize)) -> f64 {
+    call(64);
+    let reps = 2000;
+    let start = std::time::Instant::now();
+    call(reps);
+    let secs = start.elapsed().as_secs_f64();
+    (flops * reps) as f64 / secs.max(1e-12) / 1e9
+}
+
 /// GFLOP/s of one micro-kernel called repeatedly on the same packed panels,
 /// sized to a quarter of L1 so that only the register level is measured.
 pub fn time_microkernel(uk: &MicroKernel, t: &Target) -> f64 {
@@ -466,7 +484,7 @@ pub fn time_microkernel(uk: &MicroKernel, t: &Target) -> f64 {
     let a = vec![0.5f32; kc * uk.mr];
     let b = vec![0.25f32; kc * uk.nr];
     let mut c = vec![0.0f32; uk.mr * uk.nr];
-    let mut call = |n: usize| {
+    let call = |n: usize| {
         for _ in 0..n {
             // SAFETY: the panels hold `kc·MR` and `kc·NR` floats and `c` a full MR × NR tile
             // with row stride NR: exactly what the ABI lets the kernel touch.
@@ -485,10 +503,5 @@ pub fn time_microkernel(uk: &MicroKernel, t: &Target) -> f64 {
             };
         }
     };
-    call(64);
-    let reps = 2000;
-    let start = std::time::Instant::now();
-    call(reps);
-    let secs = start.elapsed().as_secs_f64();
-    (2 * uk.mr * uk.nr * kc * reps) as f64 / secs.max(1e-12) / 1e9
+    gflops_of_calls(2 * uk.mr * uk.nr * kc, call)
 }

@@ -4,52 +4,15 @@
 
 use anyshape_kernels::categorize::{categorize, kernel_ids, pick, restrict, Sample};
 use anyshape_kernels::{
-    calibrate, ALayout, BLayout, BOperand, CostModel, DirectKernel, DirectVariant, Dispatcher, EpilogueArgs,
-    KernelFamily, KernelVariant, MatMut, MatRef, MicroKernel, Problem, Target, ThreadPool,
+    calibrate, ALayout, BLayout, BOperand, CostModel, Dispatcher, EpilogueArgs, MatMut, MatRef, Problem,
+    Target, ThreadPool,
 };
 
 #[macro_use]
 mod common;
 
-rust_kernel!(k1x4, 1, 4);
-rust_kernel!(k2x4, 2, 4);
-rust_kernel!(k5x4, 5, 4);
-rust_kernel!(k1x8, 1, 8);
-rust_kernel!(k3x8, 3, 8);
-rust_direct_kernel!(d1x4, 1, 4);
-rust_direct_kernel!(d3x4, 3, 4);
-rust_direct_kernel!(d1x8, 1, 8);
-rust_direct_kernel!(d4x8, 4, 8);
-
-fn family() -> KernelFamily {
-    let v = |mr, nr, func, gflops| KernelVariant {
-        kernel: MicroKernel { mr, nr, func, epilogue: Default::default() },
-        gflops,
-    };
-    let d = |mr, nr, func, gflops| DirectVariant {
-        kernel: DirectKernel { mr, nr, func, epilogue: Default::default() },
-        gflops,
-    };
-    KernelFamily::new(vec![
-        v(1, 4, k1x4 as anyshape_kernels::MicroKernelFn, 10.0),
-        v(2, 4, k2x4, 20.0),
-        v(5, 4, k5x4, 40.0),
-        v(1, 8, k1x8, 15.0),
-        v(3, 8, k3x8, 45.0),
-    ])
-    .and_then(|f| {
-        f.with_direct(vec![
-            d(1, 4, d1x4 as anyshape_kernels::DirectKernelFn, 9.0),
-            d(3, 4, d3x4, 30.0),
-            d(1, 8, d1x8, 14.0),
-            d(4, 8, d4x8, 44.0),
-        ])
-    })
-    .expect("family")
-}
-
 fn setup() -> (Target, anyshape_kernels::MachineModel, ThreadPool) {
-    let t = Target { l1d: 2 << 10, l2: 8 << 10, l3: 64 << 10, ..Target::detect() };
+    let t = common::small_target();
     let pool = ThreadPool::new(2);
     let machine = calibrate::measure(&t, &pool);
     (t, machine, pool)
@@ -68,7 +31,7 @@ fn samples() -> Vec<Sample> {
 #[test]
 fn the_curve_runs_from_the_whole_family_down_and_serves_every_sample() {
     let (t, machine, pool) = setup();
-    let fam = family();
+    let fam = common::test_family();
     let samples = samples();
     let curve = categorize(&t, &machine, CostModel::Hierarchical, &fam, &samples).expect("curve");
     assert_eq!(curve[0].kernels, kernel_ids(&fam));
@@ -142,7 +105,7 @@ fn the_curve_runs_from_the_whole_family_down_and_serves_every_sample() {
 #[test]
 fn bad_samples_are_errors() {
     let (t, machine, _) = setup();
-    let fam = family();
+    let fam = common::test_family();
     assert!(categorize(&t, &machine, CostModel::Hierarchical, &fam, &[]).is_err());
     let mut s = samples();
     s[0].weight = 0.0;

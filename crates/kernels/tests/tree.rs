@@ -10,58 +10,17 @@ use std::sync::OnceLock;
 
 use anyshape_kernels::tree::{extents, sweep, Node};
 use anyshape_kernels::{
-    execute, ALayout, BLayout, BOperand, CostModel, DecisionTree, DirectKernel, DirectVariant, Dispatcher,
-    EpilogueArgs, KernelFamily, KernelVariant, MachineModel, MatMut, MatRef, MicroKernel, PackedB, Problem,
-    Schedule, Target, ThreadPool, TreeOptions,
+    execute, ALayout, BLayout, BOperand, CostModel, DecisionTree, Dispatcher, EpilogueArgs, MachineModel,
+    MatMut, MatRef, PackedB, Problem, Schedule, ThreadPool, TreeOptions,
 };
 use proptest::prelude::*;
 
 #[macro_use]
 mod common;
 
-rust_kernel!(k1x4, 1, 4);
-rust_kernel!(k2x4, 2, 4);
-rust_kernel!(k5x4, 5, 4);
-rust_kernel!(k1x8, 1, 8);
-rust_kernel!(k3x8, 3, 8);
-rust_direct_kernel!(d1x4, 1, 4);
-rust_direct_kernel!(d3x4, 3, 4);
-rust_direct_kernel!(d1x8, 1, 8);
-rust_direct_kernel!(d2x8, 2, 8);
-rust_direct_kernel!(d4x8, 4, 8);
-
-/// Two widths, packed and direct, odd heights; made-up rates.
-fn family() -> KernelFamily {
-    let v = |mr, nr, func, gflops| KernelVariant {
-        kernel: MicroKernel { mr, nr, func, epilogue: Default::default() },
-        gflops,
-    };
-    let d = |mr, nr, func, gflops| DirectVariant {
-        kernel: DirectKernel { mr, nr, func, epilogue: Default::default() },
-        gflops,
-    };
-    KernelFamily::new(vec![
-        v(1, 4, k1x4 as anyshape_kernels::MicroKernelFn, 10.0),
-        v(2, 4, k2x4, 20.0),
-        v(5, 4, k5x4, 40.0),
-        v(1, 8, k1x8, 15.0),
-        v(3, 8, k3x8, 45.0),
-    ])
-    .and_then(|f| {
-        f.with_direct(vec![
-            d(1, 4, d1x4 as anyshape_kernels::DirectKernelFn, 9.0),
-            d(3, 4, d3x4, 30.0),
-            d(1, 8, d1x8, 14.0),
-            d(2, 8, d2x8, 25.0),
-            d(4, 8, d4x8, 44.0),
-        ])
-    })
-    .expect("family")
-}
-
 /// A small target, so that the blocks split even tiny shapes, and a fixed machine.
 fn dispatcher(threads: usize) -> Dispatcher {
-    let target = Target { l1d: 2 << 10, l2: 8 << 10, l3: 64 << 10, ..Target::detect() };
+    let target = common::small_target();
     let machine = MachineModel {
         threads,
         l1d: target.l1d,
@@ -75,7 +34,7 @@ fn dispatcher(threads: usize) -> Dispatcher {
         fork_join: 1.5e-6,
         peak_gflops: 0.0,
     };
-    Dispatcher::new(target, family(), machine, CostModel::Hierarchical)
+    Dispatcher::new(target, common::test_family(), machine, CostModel::Hierarchical)
 }
 
 const PACKED: BLayout = BLayout::Packed { nr: 8, kc: 16 };
