@@ -276,25 +276,12 @@ fn build_direct(
     bld.build_unconditional_branch(exit).map_err(llvm)?;
     // y = act(scale · acc + bias[col] + residual[row, col])
     bld.position_at_end(epi);
-    let splat = |x: f32| VectorType::const_vector(&vec![f32t.const_float(x as f64); w]);
+    let vm = vmath::VMath { ctx, bld: &bld, vt, lanes: w };
     let mut out = vals.clone();
     for i in 0..mr {
         for (v, mask) in masks.iter().enumerate() {
-            let mut y = out[i * nv + v];
-            if let Some(sc) = epilogue.scale {
-                y = bld.build_float_mul(y, splat(sc), "scaled").map_err(llvm)?;
-            }
-            if epilogue.bias {
-                let bv = masked_load(gep(bias, c_i64(v * w), "bp")?, *mask)?;
-                y = bld.build_float_add(y, bv, "biased").map_err(llvm)?;
-            }
-            if epilogue.residual {
-                let row = bld.build_int_mul(c_i64(i), ldr, "rrow").map_err(llvm)?;
-                let idx = bld.build_int_add(row, c_i64(v * w), "ri").map_err(llvm)?;
-                let rv = masked_load(gep(res, idx, "rp")?, *mask)?;
-                y = bld.build_float_add(y, rv, "residual").map_err(llvm)?;
-            }
-            y = vmath::VMath { ctx, bld: &bld, vt, lanes: w }.activation(epilogue.activation, y)?;
+            let load = |base, idx| masked_load(gep(base, idx, "ep")?, *mask);
+            let y = vm.epilogue(epilogue, out[i * nv + v], (bias, res, ldr), (i, v * w), &load)?;
             out[i * nv + v] = y;
         }
     }

@@ -387,29 +387,16 @@ fn build_microkernel(
     bld.build_unconditional_branch(exit).map_err(llvm)?;
     // y = act(scale · acc + bias[col] + residual[row, col])
     bld.position_at_end(epi);
-    let splat = |x: f32| -> VectorValue<'static> {
-        inkwell::types::VectorType::const_vector(&vec![f32t.const_float(x as f64); w])
-    };
+    let vm = vmath::VMath { ctx, bld: &bld, vt, lanes: w };
     let mut out = vals.clone();
     for i in 0..mr {
         for v in 0..nv {
-            let mut y = out[i * nv + v];
-            if let Some(sc) = epilogue.scale {
-                y = bld.build_float_mul(y, splat(sc), "scaled").map_err(llvm)?;
-            }
-            if epilogue.bias {
-                let bv = bld.build_load(vt, gep(bias, c_i64(v * w), "bp")?, "bias").map_err(llvm)?;
-                set_align(&bv, 4);
-                y = bld.build_float_add(y, bv.into_vector_value(), "biased").map_err(llvm)?;
-            }
-            if epilogue.residual {
-                let row = bld.build_int_mul(c_i64(i), ldr, "rrow").map_err(llvm)?;
-                let idx = bld.build_int_add(row, c_i64(v * w), "ri").map_err(llvm)?;
-                let rv = bld.build_load(vt, gep(res, idx, "rp")?, "res").map_err(llvm)?;
-                set_align(&rv, 4);
-                y = bld.build_float_add(y, rv.into_vector_value(), "residual").map_err(llvm)?;
-            }
-            y = vmath::VMath { ctx, bld: &bld, vt, lanes: w }.activation(epilogue.activation, y)?;
+            let load = |base, idx| -> Result<VectorValue<'static>, CodegenError> {
+                let x = bld.build_load(vt, gep(base, idx, "ep")?, "ep").map_err(llvm)?;
+                set_align(&x, 4);
+                Ok(x.into_vector_value())
+            };
+            let y = vm.epilogue(epilogue, out[i * nv + v], (bias, res, ldr), (i, v * w), &load)?;
             out[i * nv + v] = y;
         }
     }

@@ -5,7 +5,7 @@
 use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::types::VectorType;
-use inkwell::values::VectorValue;
+use inkwell::values::{IntValue, PointerValue, VectorValue};
 use inkwell::FloatPredicate;
 use kernels::{Activation, ERF_A, ERF_P, GELU_C};
 
@@ -108,6 +108,35 @@ impl VMath<'_> {
     }
 
     /// The activation of `x`.
+    /// A kernel's epilogue on the vector `y` of row `i`, columns `col..col + W`:
+    /// `act(scale · y + bias[col] + residual[i, col])`, reading the bias from `bias`
+    /// and the residual from `res` (row stride `ldr`) with `load(base, index)`,
+    /// which each kernel form does its own way (plain, or masked at N's edge).
+    #[allow(clippy::too_many_arguments)]
+    pub fn epilogue(
+        &self,
+        e: &kernels::Epilogue,
+        mut y: V,
+        (bias, res, ldr): (PointerValue<'static>, PointerValue<'static>, IntValue<'static>),
+        (i, col): (usize, usize),
+        load: &dyn Fn(PointerValue<'static>, IntValue<'static>) -> R,
+    ) -> R {
+        let i64t = self.ctx.i64_type();
+        let c = |x: usize| i64t.const_int(x as u64, false);
+        if let Some(sc) = e.scale {
+            y = self.mul(y, self.splat(sc as f64))?;
+        }
+        if e.bias {
+            y = self.add(y, load(bias, c(col))?)?;
+        }
+        if e.residual {
+            let row = self.bld.build_int_mul(c(i), ldr, "rrow").map_err(llvm)?;
+            let idx = self.bld.build_int_add(row, c(col), "ri").map_err(llvm)?;
+            y = self.add(y, load(res, idx)?)?;
+        }
+        self.activation(e.activation, y)
+    }
+
     pub fn activation(&self, act: Activation, x: V) -> R {
         let half_x = |m: &Self| m.mul(x, m.splat(0.5));
         match act {

@@ -105,6 +105,18 @@ fn split(len: usize, unit: usize, parts: usize, index: usize) -> usize {
 }
 
 impl MachineModel {
+    /// The bandwidth one of `active` threads reads `bytes` with: from L2 when they
+    /// fit half of it, else from L3 when they fit half of that, else its share of DRAM.
+    fn level_bw(&self, bytes: f64, active: f64) -> f64 {
+        if bytes <= self.l2 as f64 / 2.0 {
+            self.l2_bw
+        } else if bytes <= self.l3 as f64 / 2.0 {
+            self.l3_bw
+        } else {
+            self.dram_bw / active
+        }
+    }
+
     /// Predicted seconds of `s` on `p` (Vortex Eq. 2-4; see the module docs).
     pub fn predict(&self, fam: &KernelFamily, p: &Problem, s: &Schedule) -> f64 {
         if s.operands == Operands::Direct {
@@ -121,13 +133,7 @@ impl MachineModel {
         // Where B is read from: its whole packed size against the caches.
         let b_total = (p.k * panels * nr) as f64 * f;
         // An activation B is packed by each thread into its L2: the reads are packing's.
-        let b_src = if p.b.is_activation() || b_total <= self.l2 as f64 / 2.0 {
-            self.l2_bw
-        } else if b_total <= self.l3 as f64 / 2.0 {
-            self.l3_bw
-        } else {
-            self.dram_bw / active
-        };
+        let b_src = if p.b.is_activation() { self.l2_bw } else { self.level_bw(b_total, active) };
         let mut slowest: f64 = 0.0;
         for lr in 0..g.rows {
             let rows = split(p.m, mr, g.rows, lr);
@@ -206,13 +212,7 @@ impl MachineModel {
         // Where the operands come from on first touch: the whole batch's A, B and C
         // against the caches (a batch larger than L2 streams each entry from L3).
         let total = (p.batch * (p.m * p.k + p.k * p.n + p.m * p.n)) as f64 * f;
-        let src = if total <= self.l2 as f64 / 2.0 {
-            self.l2_bw
-        } else if total <= self.l3 as f64 / 2.0 {
-            self.l3_bw
-        } else {
-            self.dram_bw / g.threads().max(1) as f64
-        };
+        let src = self.level_bw(total, g.threads().max(1) as f64);
         let mut slowest: f64 = 0.0;
         for lr in 0..g.rows {
             let rows = split(p.m, mr, g.rows, lr);

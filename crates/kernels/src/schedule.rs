@@ -281,8 +281,7 @@ pub fn candidates(t: &Target, threads: usize, fam: &KernelFamily, p: &Problem) -
             }
             for cover_mr in covers.iter().copied() {
                 for grid in grids(threads, p, mr, nr) {
-                    let order = LoopOrder::KOuter;
-                    out.push(Schedule {
+                    let packed = |blocking, order| Schedule {
                         mr,
                         nr,
                         cover_mr,
@@ -290,24 +289,15 @@ pub fn candidates(t: &Target, threads: usize, fam: &KernelFamily, p: &Problem) -
                         order,
                         grid,
                         operands: Operands::Packed,
-                    });
+                    };
+                    out.push(packed(blocking, LoopOrder::KOuter));
                     // Deep K: the row block whose C fits half of L2 keeps it there across
                     // the K loop.
                     let cols = p.n.div_ceil(nr).div_ceil(grid.cols) * nr;
                     let rows = p.m.div_ceil(mr).div_ceil(grid.rows) * mr;
                     let mc_c = (t.l2 / 2 / (cols * 4).max(1) / mr).max(1) * mr;
                     if p.k > kc && mc_c < rows {
-                        let blocking = Blocking { mc: mc_c, ..blocking };
-                        let order = LoopOrder::MOuter;
-                        out.push(Schedule {
-                            mr,
-                            nr,
-                            cover_mr,
-                            blocking,
-                            order,
-                            grid,
-                            operands: Operands::Packed,
-                        });
+                        out.push(packed(Blocking { mc: mc_c, ..blocking }, LoopOrder::MOuter));
                     }
                 }
             }
