@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use kernels::{
-    execute, ALayout, BLayout, BOperand, CostModel, Dispatcher, Epilogue, EpilogueArgs, MatMut, MatRef,
+    execute, ALayout, BLayout, BOperand, CostModel, Dispatcher, EpilogueArgs, MatMut, MatRef,
     Operands as OperandAccess, PackedB, Problem, Schedule, ThreadPool,
 };
 
@@ -77,6 +77,16 @@ pub struct BenchMatmulArgs {
     /// largest --m, this N, K and batch), and measure its pick against the model's.
     #[arg(long)]
     tree: bool,
+    /// How operands are packed: with the generated routines, or with the portable
+    /// loops (to measure what the generated ones gain).
+    #[arg(long, value_enum, default_value_t = Packing::Generated)]
+    packing: Packing,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Packing {
+    Generated,
+    Portable,
 }
 
 /// Best seconds per call of `f` over `rounds` rounds of at least `min_s` each.
@@ -135,14 +145,12 @@ pub fn bench_matmul(args: BenchMatmulArgs) -> Result<()> {
     let cache = args.cache_dir.clone().or_else(codegen::tuning::default_cache_dir);
     let keep = args.kernels.as_deref().map(crate::samples::load_kernel_list).transpose()?;
     let start = Instant::now();
-    let contraction = codegen::Contraction::compile_kernels(
-        &target,
-        &pool,
-        Epilogue::default(),
-        model.unwrap_or_default(),
-        cache.as_deref(),
-        keep.as_deref(),
-    )?;
+    let contraction = codegen::Contraction::builder(&target, &pool)
+        .model(model.unwrap_or_default())
+        .cache(cache.as_deref())
+        .keep(keep.as_deref())
+        .generated_packing(args.packing == Packing::Generated)
+        .build()?;
     let compile_ms = start.elapsed().as_secs_f64() * 1e3;
     if let Some(dir) = &args.dump_llvm {
         dump_llvm(dir, &contraction)?;
@@ -388,7 +396,8 @@ fn dump_llvm(dir: &std::path::Path, c: &codegen::Contraction) -> Result<()> {
         .direct_kernels()
         .iter()
         .map(|k| (format!("direct-{}x{}", k.kernel().mr, k.kernel().nr), k.ir(), k.asm()));
-    for (name, ir, asm) in packed.chain(direct) {
+    let packers = std::iter::once(("packers".to_string(), c.packers().ir(), c.packers().asm()));
+    for (name, ir, asm) in packed.chain(direct).chain(packers) {
         let base = dir.join(name);
         std::fs::write(base.with_extension("ll"), ir)?;
         std::fs::write(base.with_extension("s"), asm)?;

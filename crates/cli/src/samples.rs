@@ -164,14 +164,11 @@ pub fn tune_samples(args: TuneSamples) -> Result<()> {
     }
     // What the choice gains and costs, measured.
     let t0 = Instant::now();
-    let kept = codegen::Contraction::compile_kernels(
-        &target,
-        &pool,
-        Epilogue::default(),
-        model,
-        cache.as_deref(),
-        Some(&chosen.kernels),
-    )?;
+    let kept = codegen::Contraction::builder(&target, &pool)
+        .model(model)
+        .cache(cache.as_deref())
+        .keep(Some(&chosen.kernels))
+        .build()?;
     let kept_ms = t0.elapsed().as_secs_f64() * 1e3;
     say!(
         "# compile: whole family {} kernels {whole_ms:.0} ms; kept {} kernels {kept_ms:.0} ms",

@@ -35,7 +35,7 @@ pub fn compile_direct_kernel(
     // i64) -> void and the C calling convention; its engine lives in the returned value.
     let func: DirectKernelFn = unsafe { std::mem::transmute::<usize, DirectKernelFn>(jit.addr) };
     Ok(JitKernel {
-        kernel: DirectKernel { mr, nr, func, epilogue },
+        kernel: DirectKernel { mr, nr, func, epilogue, packers: Default::default() },
         ir: jit.ir,
         asm: jit.asm,
         _engine: jit.engine,

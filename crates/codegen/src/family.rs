@@ -7,13 +7,13 @@ use std::path::Path;
 
 use kernels::categorize::KernelId;
 use kernels::{
-    CostModel, DirectVariant, Dispatcher, Epilogue, KernelFamily, KernelVariant, Target, ThreadPool,
+    CostModel, DirectVariant, Dispatcher, Epilogue, KernelFamily, KernelVariant, Packers, Target, ThreadPool,
 };
 
 use crate::tuning::{machine_model, record};
 use crate::{
-    compile_direct_kernel, compile_microkernel_with, CodegenError, JitDirectKernel, JitMicroKernel,
-    TileMeasurement,
+    compile_direct_kernel, compile_microkernel_with, compile_packers, CodegenError, JitDirectKernel,
+    JitMicroKernel, JitPackers, TileMeasurement,
 };
 
 /// The tiles of a family, from the measured register tiles: per width, the main
@@ -63,12 +63,113 @@ pub struct Contraction {
     // dispatcher, so they are dropped after it.
     jit: Vec<JitMicroKernel>,
     direct: Vec<JitDirectKernel>,
+    packers: JitPackers,
+}
+
+/// How to compile a [`Contraction`]: the epilogue fused into its kernels, the
+/// model that picks schedules, the tuning cache, and optionally a subset of the
+/// family or the portable packing loops (to measure what generated packing gains).
+#[derive(Clone, Copy)]
+pub struct ContractionBuilder<'a> {
+    target: &'a Target,
+    pool: &'a ThreadPool,
+    epilogue: Epilogue,
+    model: CostModel,
+    cache: Option<&'a Path>,
+    keep: Option<&'a [KernelId]>,
+    generated_packing: bool,
+}
+
+impl<'a> ContractionBuilder<'a> {
+    pub fn epilogue(self, epilogue: Epilogue) -> Self {
+        ContractionBuilder { epilogue, ..self }
+    }
+    pub fn model(self, model: CostModel) -> Self {
+        ContractionBuilder { model, ..self }
+    }
+    /// The tuning cache folder (none: measure everything now, store nothing).
+    pub fn cache(self, cache: Option<&'a Path>) -> Self {
+        ContractionBuilder { cache, ..self }
+    }
+    /// Only the kernels in `keep`: the family a shape distribution needs
+    /// ([`kernels::categorize`]), smaller and quicker to compile.
+    pub fn keep(self, keep: Option<&'a [KernelId]>) -> Self {
+        ContractionBuilder { keep, ..self }
+    }
+    /// Pack with the generated routines (the default) or the portable loops.
+    pub fn generated_packing(self, generated_packing: bool) -> Self {
+        ContractionBuilder { generated_packing, ..self }
+    }
+
+    /// Compile the family from this machine's measured tiles (cached, measured now
+    /// otherwise) and calibrate the analytical levels for the pool's threads.
+    pub fn build(self) -> Result<Contraction, CodegenError> {
+        let (target, epilogue, keep) = (self.target, self.epilogue, self.keep);
+        let (mut rec, _) = record(self.cache, target)?;
+        let machine = machine_model(self.cache, target, self.pool, &mut rec);
+        let kept = |direct: bool, t: &TileMeasurement| {
+            keep.is_none_or(|k| k.contains(&KernelId { direct, mr: t.mr, nr: t.nr }))
+        };
+        let mut tiles = family_tiles(&rec.tiles);
+        tiles.retain(|t| kept(false, t));
+        // The direct kernels: the same choice of heights per width, from their own rates.
+        let mut direct_tiles = direct_family_tiles(&rec.direct);
+        direct_tiles.retain(|t| kept(true, t));
+        // One packing routine per panel width: A's heights, and B's widths.
+        let widths: Vec<usize> = if self.generated_packing {
+            tiles.iter().map(|t| t.mr).chain(tiles.iter().chain(&direct_tiles).map(|t| t.nr)).collect()
+        } else {
+            Vec::new()
+        };
+        let packers = compile_packers(target, &widths)?;
+        let packers_of = |mr: Option<usize>, nr: usize| Packers {
+            a: mr.and_then(|w| packers.get(w)),
+            bt: packers.get(nr),
+        };
+        let mut jit = Vec::with_capacity(tiles.len());
+        let mut variants = Vec::with_capacity(tiles.len());
+        for t in &tiles {
+            let k = compile_microkernel_with(target, t.mr, t.nr, epilogue)?;
+            let kernel = kernels::MicroKernel { packers: packers_of(Some(t.mr), t.nr), ..k.kernel() };
+            variants.push(KernelVariant { kernel, gflops: t.gflops });
+            jit.push(k);
+        }
+        let mut direct = Vec::with_capacity(direct_tiles.len());
+        let mut direct_variants = Vec::with_capacity(direct_tiles.len());
+        for t in &direct_tiles {
+            let k = compile_direct_kernel(target, t.mr, t.nr, epilogue)?;
+            let kernel = kernels::DirectKernel { packers: packers_of(None, t.nr), ..k.kernel() };
+            direct_variants.push(DirectVariant { kernel, gflops: t.gflops });
+            direct.push(k);
+        }
+        let unsupported = |e: kernels::KernelError| CodegenError::Unsupported(e.to_string());
+        let family =
+            KernelFamily::new(variants).and_then(|f| f.with_direct(direct_variants)).map_err(unsupported)?;
+        Ok(Contraction {
+            dispatcher: Dispatcher::new(target.clone(), family, machine, self.model),
+            jit,
+            direct,
+            packers,
+        })
+    }
 }
 
 impl Contraction {
-    /// Compile the family for `epilogue` from this machine's measured tiles (cached in
-    /// `cache`, measured now otherwise) and calibrate the analytical levels for
-    /// `pool`'s threads (cached too).
+    /// A builder with the defaults: no epilogue, the hierarchical model, no cache,
+    /// the whole family, generated packing.
+    pub fn builder<'a>(target: &'a Target, pool: &'a ThreadPool) -> ContractionBuilder<'a> {
+        ContractionBuilder {
+            target,
+            pool,
+            epilogue: Epilogue::default(),
+            model: CostModel::default(),
+            cache: None,
+            keep: None,
+            generated_packing: true,
+        }
+    }
+
+    /// Compile the whole family for `epilogue` with `model` (the builder's short form).
     pub fn compile(
         target: &Target,
         pool: &ThreadPool,
@@ -76,48 +177,7 @@ impl Contraction {
         model: CostModel,
         cache: Option<&Path>,
     ) -> Result<Contraction, CodegenError> {
-        Contraction::compile_kernels(target, pool, epilogue, model, cache, None)
-    }
-
-    /// [`Contraction::compile`] with only the kernels in `keep` (when given): the
-    /// family a shape distribution needs ([`kernels::categorize`]), smaller and
-    /// quicker to compile.
-    pub fn compile_kernels(
-        target: &Target,
-        pool: &ThreadPool,
-        epilogue: Epilogue,
-        model: CostModel,
-        cache: Option<&Path>,
-        keep: Option<&[KernelId]>,
-    ) -> Result<Contraction, CodegenError> {
-        let (mut rec, _) = record(cache, target)?;
-        let machine = machine_model(cache, target, pool, &mut rec);
-        let kept = |direct: bool, t: &TileMeasurement| {
-            keep.is_none_or(|k| k.contains(&KernelId { direct, mr: t.mr, nr: t.nr }))
-        };
-        let mut tiles = family_tiles(&rec.tiles);
-        tiles.retain(|t| kept(false, t));
-        let mut jit = Vec::with_capacity(tiles.len());
-        let mut variants = Vec::with_capacity(tiles.len());
-        for t in &tiles {
-            let k = compile_microkernel_with(target, t.mr, t.nr, epilogue)?;
-            variants.push(KernelVariant { kernel: k.kernel(), gflops: t.gflops });
-            jit.push(k);
-        }
-        // The direct kernels: the same choice of heights per width, from their own rates.
-        let mut tiles = direct_family_tiles(&rec.direct);
-        tiles.retain(|t| kept(true, t));
-        let mut direct = Vec::with_capacity(tiles.len());
-        let mut direct_variants = Vec::with_capacity(tiles.len());
-        for t in &tiles {
-            let k = compile_direct_kernel(target, t.mr, t.nr, epilogue)?;
-            direct_variants.push(DirectVariant { kernel: k.kernel(), gflops: t.gflops });
-            direct.push(k);
-        }
-        let unsupported = |e: kernels::KernelError| CodegenError::Unsupported(e.to_string());
-        let family =
-            KernelFamily::new(variants).and_then(|f| f.with_direct(direct_variants)).map_err(unsupported)?;
-        Ok(Contraction { dispatcher: Dispatcher::new(target.clone(), family, machine, model), jit, direct })
+        Contraction::builder(target, pool).epilogue(epilogue).model(model).cache(cache).build()
     }
 
     pub fn dispatcher(&self) -> &Dispatcher {
@@ -132,6 +192,11 @@ impl Contraction {
     /// The compiled direct kernels.
     pub fn direct_kernels(&self) -> &[JitDirectKernel] {
         &self.direct
+    }
+
+    /// The compiled packing routines.
+    pub fn packers(&self) -> &JitPackers {
+        &self.packers
     }
 }
 

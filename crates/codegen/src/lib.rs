@@ -23,7 +23,8 @@ use inkwell::{AddressSpace, IntPredicate, OptimizationLevel};
 use kernels::{DirectKernel, Epilogue, MicroKernel, MicroKernelFn, Target};
 
 pub use direct::{compile_direct_kernel, time_direct_kernel};
-pub use family::{direct_family_tiles, family_tiles, Contraction};
+pub use family::{direct_family_tiles, family_tiles, Contraction, ContractionBuilder};
+pub use pack::{compile_packers, JitPackers};
 
 /// Errors from code generation.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +95,7 @@ pub fn register_tiles(t: &Target) -> Vec<(usize, usize)> {
 
 mod direct;
 mod family;
+mod pack;
 pub mod peak;
 pub mod tuning;
 mod vmath;
@@ -121,7 +123,7 @@ pub fn compile_microkernel_with(
     // C calling convention; the engine that owns it lives in the returned value.
     let func: MicroKernelFn = unsafe { std::mem::transmute::<usize, MicroKernelFn>(jit.addr) };
     Ok(JitMicroKernel {
-        kernel: MicroKernel { mr, nr, func, epilogue },
+        kernel: MicroKernel { mr, nr, func, epilogue, packers: Default::default() },
         ir: jit.ir,
         asm: jit.asm,
         _engine: jit.engine,
@@ -157,6 +159,18 @@ pub(crate) fn jit_function(
     name: &str,
     build: impl FnOnce(&'static Context, &Module<'static>, &str, &str) -> Result<(), CodegenError>,
 ) -> Result<Jitted, CodegenError> {
+    let (engine, ir, asm) = jit_module(t, name, build)?;
+    let addr = engine.get_function_address(name).map_err(llvm)?;
+    Ok(Jitted { addr, ir, asm, engine })
+}
+
+/// Build a module of functions with `build`, optimize it (O3) for `t`, JIT it:
+/// the engine (the functions' addresses), the optimized IR and the assembly.
+pub(crate) fn jit_module(
+    t: &Target,
+    name: &str,
+    build: impl FnOnce(&'static Context, &Module<'static>, &str, &str) -> Result<(), CodegenError>,
+) -> Result<(ExecutionEngine<'static>, String, String), CodegenError> {
     LlvmTarget::initialize_native(&InitializationConfig::default()).map_err(CodegenError::Llvm)?;
     // One context per compiled module, kept for the life of the process: inkwell
     // ties the engine's lifetime to its context.
@@ -182,8 +196,7 @@ pub(crate) fn jit_function(
     let asm = tm.write_to_memory_buffer(&module, FileType::Assembly).map_err(llvm)?;
     let asm = String::from_utf8_lossy(asm.as_slice()).into_owned();
     let engine = module.create_jit_execution_engine(OptimizationLevel::Aggressive).map_err(llvm)?;
-    let addr = engine.get_function_address(name).map_err(llvm)?;
-    Ok(Jitted { addr, ir, asm, engine })
+    Ok((engine, ir, asm))
 }
 
 /// CPU name and features for LLVM: the host's, or AVX2 only.
@@ -407,7 +420,7 @@ fn build_microkernel(
     Ok(())
 }
 
-fn set_align(v: &BasicValueEnum, align: u32) {
+pub(crate) fn set_align(v: &BasicValueEnum, align: u32) {
     if let Some(i) = v.as_instruction_value() {
         let _ = i.set_alignment(align);
     }

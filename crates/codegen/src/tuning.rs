@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use kernels::{MachineModel, Target, ThreadPool};
+use kernels::{MachineModel, Packers, Target, ThreadPool};
 use serde::{Deserialize, Serialize};
 
 use kernels::Epilogue;
@@ -36,7 +36,7 @@ pub struct TuningRecord {
 
 /// The version of the kernel generator: a record measured with another version is
 /// measured again (changed kernels have changed rates).
-pub const GENERATOR: u32 = 2;
+pub const GENERATOR: u32 = 3;
 
 /// The machine key: CPU name, features and lanes.
 pub fn machine_key(t: &Target) -> String {
@@ -160,7 +160,14 @@ pub fn machine_model(
     // 3/4 of the threads times one thread's peak was measured in such a phase, and so
     // were the bandwidths beside it. Measure again, a few times, after a pause.
     let single = crate::peak::measure_peak_gflops(t, &ThreadPool::new(1), 100).unwrap_or(0.0);
-    let mut m = kernels::calibrate::measure(t, pool);
+    // Packing is timed with the generated routines (the portable loops if those fail
+    // to compile, as they would run then too).
+    let jit = crate::compile_packers(t, &[8, 2 * t.f32_lanes]).ok();
+    let packers = Packers {
+        a: jit.as_ref().and_then(|j| j.get(8)),
+        bt: jit.as_ref().and_then(|j| j.get(2 * t.f32_lanes)),
+    };
+    let mut m = kernels::calibrate::measure(t, pool, packers);
     m.peak_gflops = crate::peak::measure_peak_gflops(t, pool, 200).unwrap_or(0.0);
     for _ in 0..4 {
         if m.peak_gflops >= 0.75 * single * pool.threads() as f64 {
@@ -172,7 +179,7 @@ pub fn machine_model(
             pool.threads()
         );
         std::thread::sleep(std::time::Duration::from_millis(500));
-        m = kernels::calibrate::measure(t, pool);
+        m = kernels::calibrate::measure(t, pool, packers);
         m.peak_gflops = crate::peak::measure_peak_gflops(t, pool, 200).unwrap_or(0.0);
     }
     record.models.push(m);

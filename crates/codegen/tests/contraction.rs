@@ -77,6 +77,28 @@ fn compiled_contractions_match_the_reference() {
                         }
                     }
                 }
+                // B stored transposed (attention's Kᵀ): packed by the generated routine.
+                let bt: Vec<f32> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
+                let btm = MatRef::row_major(&bt, n, k).unwrap().t();
+                let mut c = vec![0.0f32; m * n];
+                let s = plain
+                    .matmul(
+                        &pool,
+                        am,
+                        BOperand::Plain(btm),
+                        MatMut::new(&mut c, m, n, n).unwrap(),
+                        &EpilogueArgs::default(),
+                    )
+                    .expect("run");
+                for i in 0..m {
+                    for j in 0..n {
+                        let got = c[i * n + j] as f64;
+                        assert!(
+                            (got - want(i, j)).abs() < 1e-3 * (1.0 + want(i, j).abs()),
+                            "{model:?} Bt {s} {m}x{n}x{k} [{i},{j}]"
+                        );
+                    }
+                }
                 // A pre-packed weight with bias and GELU applied in the kernels.
                 let packed = fused.pack_weight(bm, &[1, 16, 128]).expect("pack");
                 let mut c = vec![0.0f32; m * n];
@@ -100,7 +122,7 @@ fn compiled_contractions_match_the_reference() {
                     }
                 }
             }
-            assert!(plain.memoized() == shapes.len() && fused.memoized() == shapes.len());
+            assert!(plain.memoized() == 2 * shapes.len() && fused.memoized() == shapes.len());
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

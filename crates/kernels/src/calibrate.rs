@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use crate::cost::MachineModel;
-use crate::gemm::{pack_a, pack_b};
+use crate::pack::{pack_a, pack_b, Packers};
 use crate::{MatRef, Target, ThreadPool};
 
 /// Sum `data` with 16 independent lanes (vectorizable), so reads, not the adds'
@@ -54,32 +54,38 @@ fn read_bw(pool: &ThreadPool, per_thread: usize, passes: usize) -> (f64, f64) {
     (bytes / secs, bytes * t as f64 / secs)
 }
 
-/// Measure the machine model for `target` with `pool`'s threads.
-pub fn measure(target: &Target, pool: &ThreadPool) -> MachineModel {
+/// Bytes per second of `pack`, which packs `floats` elements: best of 5 rounds of 8.
+fn pack_rate(mut pack: impl FnMut(), floats: usize) -> f64 {
+    pack();
+    (floats * 4 * 8) as f64
+        / best_of(5, || {
+            for _ in 0..8 {
+                pack();
+            }
+        })
+}
+
+/// Measure the machine model for `target` with `pool`'s threads; packing is timed
+/// with the generated routines in `packers` where given (their widths are the
+/// panels packed), with the portable loops otherwise.
+pub fn measure(target: &Target, pool: &ThreadPool, packers: Packers) -> MachineModel {
     let threads = pool.threads();
     let (_, dram_bw) = read_bw(pool, (64 << 20) / threads.max(1), 1);
     let (l3_bw, _) = read_bw(pool, (target.l3 / 2 / threads.max(1)).max(target.l2 * 2), 4);
     let (l2_bw, _) = read_bw(pool, target.l2 / 2, 16);
-    // Packing, from an L2-resident row-major source into micro-panels.
-    let (m, k, mr, nr) = (96, 256, 8, 32);
-    let a: Vec<f32> = (0..m * k).map(|i| i as f32).collect();
-    let av = MatRef { data: &a, rows: m, cols: k, rs: k, cs: 1 };
+    // Packing, from an L2-resident source into micro-panels: A row-major, B row-major
+    // and B stored transposed (the source read as its transpose).
+    let (m, k) = (96, 256);
+    let mr = packers.a.map_or(8, |p| p.width);
+    let nr = packers.bt.map_or(32, |p| p.width);
+    let src: Vec<f32> = (0..m * k).map(|i| i as f32).collect();
     let mut out = Vec::new();
-    pack_a(&av, 0, m, 0, k, mr, &mut out);
-    let pack_a_bw = (m * k * 4 * 8) as f64
-        / best_of(5, || {
-            for _ in 0..8 {
-                pack_a(&av, 0, m, 0, k, mr, &mut out);
-            }
-        });
-    let bv = MatRef { data: &a, rows: m, cols: k, rs: k, cs: 1 };
-    pack_b(&bv, 0, m, 0, k, nr, &mut out);
-    let pack_b_bw = (m * k * 4 * 8) as f64
-        / best_of(5, || {
-            for _ in 0..8 {
-                pack_b(&bv, 0, m, 0, k, nr, &mut out);
-            }
-        });
+    let av = MatRef { data: &src, rows: m, cols: k, rs: k, cs: 1 };
+    let pack_a_bw = pack_rate(|| pack_a(&av, 0, m, 0, k, mr, &mut out, packers.a), m * k);
+    let bv = MatRef { data: &src, rows: m, cols: k, rs: k, cs: 1 };
+    let pack_b_bw = pack_rate(|| pack_b(&bv, 0, m, 0, k, nr, &mut out, None), m * k);
+    let bt = MatRef { data: &src, rows: k, cols: m, rs: 1, cs: k };
+    let pack_bt_bw = pack_rate(|| pack_b(&bt, 0, k, 0, m, nr, &mut out, packers.bt), m * k);
     std::hint::black_box(&out);
     // The fork-join as a contraction pays it: a small job (a sum over an L1-resident
     // buffer, about a microsecond) on every thread, against the same job on one: the
@@ -112,6 +118,7 @@ pub fn measure(target: &Target, pool: &ThreadPool) -> MachineModel {
         l2_bw,
         pack_a_bw,
         pack_b_bw,
+        pack_bt_bw,
         fork_join,
         peak_gflops: 0.0,
     }
@@ -125,11 +132,11 @@ mod tests {
     fn calibration_is_plausible() {
         let t = Target::detect();
         let pool = ThreadPool::new(2);
-        let m = measure(&t, &pool);
+        let m = measure(&t, &pool, Packers::default());
         // Orders of magnitude only: any machine reads its L2 faster than 1 GB/s and
         // packs faster than 100 MB/s; a fork-join takes less than 10 ms.
         assert!(m.l2_bw > 1e9 && m.dram_bw > 1e8, "{m:?}");
-        assert!(m.pack_a_bw > 1e8 && m.pack_b_bw > 1e8, "{m:?}");
+        assert!(m.pack_a_bw > 1e8 && m.pack_b_bw > 1e8 && m.pack_bt_bw > 1e8, "{m:?}");
         assert!(m.fork_join > 0.0 && m.fork_join < 1e-2, "{m:?}");
         assert_eq!(m.threads, 2);
     }

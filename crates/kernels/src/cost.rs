@@ -37,8 +37,10 @@ pub struct MachineModel {
     pub l2_bw: f64,
     /// Bytes per second of A one thread packs into micro-panels (L2-resident source).
     pub pack_a_bw: f64,
-    /// Bytes per second of B one thread packs into micro-panels.
+    /// Bytes per second of a row-major B one thread packs into micro-panels.
     pub pack_b_bw: f64,
+    /// The same for a B stored transposed (its pack interleaves rows, as A's does).
+    pub pack_bt_bw: f64,
     /// Seconds of one fork-join of the pool, all threads.
     pub fork_join: f64,
     /// The measured FMA peak of all threads, GFLOP/s (0 when not measured).
@@ -173,7 +175,11 @@ impl MachineModel {
                     }
                 };
                 let pack_a = (rows.div_ceil(mr) * mr * p.k) as f64 * f / self.pack_a_bw;
-                let pack_b = if p.b.is_activation() { pack_b / self.pack_b_bw } else { 0.0 };
+                let pack_b = match p.b {
+                    BLayout::RowMajor => pack_b / self.pack_b_bw,
+                    BLayout::Strided => pack_b / self.pack_bt_bw,
+                    BLayout::Packed { .. } => 0.0,
+                };
                 let c_bytes = (rows * cols * nr) as f64 * f * (2.0 * kblocks - 1.0);
                 let last_partial = lc + 1 == g.cols && !p.n.is_multiple_of(nr);
                 let edge_tiles = (if rem > 0 && s.cover_mr.is_none() { cols } else { 0 }
@@ -234,7 +240,7 @@ impl MachineModel {
                 let a_bw = if a_bytes <= self.l2 as f64 / 2.0 { self.l2_bw } else { self.l3_bw };
                 let b_bytes = (cols * nr * p.k) as f64 * f;
                 let load = (a_bytes + b_bytes) / src + (cols as f64 - 1.0) * a_bytes / a_bw;
-                let pack_b = if p.b == BLayout::Strided { b_bytes / self.pack_b_bw } else { 0.0 };
+                let pack_b = if p.b == BLayout::Strided { b_bytes / self.pack_bt_bw } else { 0.0 };
                 let c_bytes = (rows * cols * nr) as f64 * f;
                 let c_time = c_bytes / src + c_bytes * 2.0 * (kblocks - 1.0) / self.l2_bw;
                 let t = compute.max(load) + OVERLAP_LOSS * compute.min(load) + pack_b + c_time;

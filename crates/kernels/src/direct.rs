@@ -10,7 +10,8 @@
 //! are covered exactly by kernels of several heights (FTuner's combination,
 //! greedily: the main height, then the largest height that fits what is left).
 
-use crate::gemm::{pack_b, BOperand, CPtr, EpilogueArgs, MatRef, ThreadGrid, Workspace};
+use crate::gemm::{BOperand, CPtr, EpilogueArgs, MatRef, ThreadGrid, Workspace};
+use crate::pack::{pack_b, Packers};
 use crate::{Epilogue, KernelError, ACCUMULATE, APPLY_EPILOGUE};
 
 /// The direct micro-kernel ABI: `C[0..MR, 0..ncols] (+)= A · B` where A's element
@@ -40,6 +41,8 @@ pub struct DirectKernel {
     pub nr: usize,
     pub func: DirectKernelFn,
     pub epilogue: Epilogue,
+    /// Generated packs: `bt`, for a B stored transposed (A is read in place).
+    pub packers: Packers,
 }
 
 /// What a direct schedule runs: the kernels of one width, highest first (the
@@ -68,6 +71,7 @@ impl DirectPlan<'_> {
                     .into(),
             ));
         }
+        main.kernel.packers.check(None, main.kernel.nr)?;
         Ok((main.kernel.mr, main.kernel.nr))
     }
 
@@ -117,7 +121,7 @@ pub(crate) fn direct_band(
             }
             BOperand::Plain(bm) => {
                 let j0 = cols.start * nr;
-                pack_b(bm, pc, kc, j0, (cols.end * nr).min(n) - j0, nr, &mut ws.b);
+                pack_b(bm, pc, kc, j0, (cols.end * nr).min(n) - j0, nr, &mut ws.b, main.packers.bt);
                 BSource::Panels(&ws.b, cols.start)
             }
         };

@@ -12,6 +12,7 @@
 //! Operands are strided views, so a transposed operand costs nothing: its
 //! transpose is folded into packing (the contraction's prologue).
 
+use crate::pack::{pack_a, pack_b, Packers};
 use crate::{KernelError, Target};
 
 /// The micro-kernel ABI: `C[0..MR, 0..NR] (+)= Ã · B̃` where `a` is a packed panel
@@ -61,6 +62,8 @@ pub struct MicroKernel {
     pub nr: usize,
     pub func: MicroKernelFn,
     pub epilogue: Epilogue,
+    /// Generated packs for its panels (none: the portable loops).
+    pub packers: Packers,
 }
 
 /// The data an epilogue reads: a bias of `n` values, a row-major residual `m × n`.
@@ -124,7 +127,7 @@ impl<'a> MatRef<'a> {
     pub fn t(self) -> MatRef<'a> {
         MatRef { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs, ..self }
     }
-    fn at(&self, i: usize, j: usize) -> f32 {
+    pub(crate) fn at(&self, i: usize, j: usize) -> f32 {
         self.data[i * self.rs + j * self.cs]
     }
 }
@@ -167,74 +170,6 @@ fn check_extent(len: usize, rows: usize, cols: usize, rs: usize, cs: usize) -> R
     Ok(())
 }
 
-/// Pack rows `i0..i0+m` and depth `p0..p0+kc` of A into `MR`-row micro-panels,
-/// `out[panel][k·MR + i]`; rows past `m` are zero (local padding).
-pub(crate) fn pack_a(a: &MatRef, i0: usize, m: usize, p0: usize, kc: usize, mr: usize, out: &mut Vec<f32>) {
-    let panels = m.div_ceil(mr);
-    out.clear();
-    out.resize(panels * kc * mr, 0.0);
-    for pi in 0..panels {
-        let panel = &mut out[pi * kc * mr..(pi + 1) * kc * mr];
-        let rows = mr.min(m - pi * mr);
-        let r0 = i0 + pi * mr;
-        if a.cs == 1 {
-            // Row-major A: each row is contiguous along k.
-            for i in 0..rows {
-                let start = (r0 + i) * a.rs + p0;
-                for (k, v) in a.data[start..start + kc].iter().enumerate() {
-                    panel[k * mr + i] = *v;
-                }
-            }
-        } else if a.rs == 1 {
-            // Column-major (transposed) A: each k is a contiguous run of rows.
-            for k in 0..kc {
-                let start = (p0 + k) * a.cs + r0;
-                panel[k * mr..k * mr + rows].copy_from_slice(&a.data[start..start + rows]);
-            }
-        } else {
-            for k in 0..kc {
-                for i in 0..rows {
-                    panel[k * mr + i] = a.at(r0 + i, p0 + k);
-                }
-            }
-        }
-    }
-}
-
-/// Pack depth `p0..p0+kc` and columns `j0..j0+n` of B into `NR`-column
-/// micro-panels, `out[panel][k·NR + j]`; columns past `n` are zero.
-pub(crate) fn pack_b(b: &MatRef, p0: usize, kc: usize, j0: usize, n: usize, nr: usize, out: &mut Vec<f32>) {
-    let panels = n.div_ceil(nr);
-    out.clear();
-    out.resize(panels * kc * nr, 0.0);
-    for pj in 0..panels {
-        let panel = &mut out[pj * kc * nr..(pj + 1) * kc * nr];
-        let cols = nr.min(n - pj * nr);
-        let c0 = j0 + pj * nr;
-        if b.cs == 1 {
-            // Row-major B: each k row of the panel is a contiguous run.
-            for k in 0..kc {
-                let start = (p0 + k) * b.rs + c0;
-                panel[k * nr..k * nr + cols].copy_from_slice(&b.data[start..start + cols]);
-            }
-        } else if b.rs == 1 {
-            // Transposed B (attention's Kᵀ): each column is contiguous along k.
-            for j in 0..cols {
-                let start = (c0 + j) * b.cs + p0;
-                for (k, v) in b.data[start..start + kc].iter().enumerate() {
-                    panel[k * nr + j] = *v;
-                }
-            }
-        } else {
-            for k in 0..kc {
-                for j in 0..cols {
-                    panel[k * nr + j] = b.at(p0 + k, c0 + j);
-                }
-            }
-        }
-    }
-}
-
 /// B packed once in the layout the driver reads: for each `kc` block of its rows,
 /// every `NR`-column panel (`kc × NR`, zero-padded past `n`). Weights are packed
 /// when they are known, so a contraction with a constant B never packs it again.
@@ -253,7 +188,7 @@ impl PackedB {
         let mut data = Vec::with_capacity(k * n.div_ceil(nr) * nr);
         let mut panel = Vec::new();
         for pc in (0..k).step_by(kc.max(1)) {
-            pack_b(&b, pc, kc.min(k - pc), 0, n, nr, &mut panel);
+            pack_b(&b, pc, kc.min(k - pc), 0, n, nr, &mut panel, None);
             data.extend_from_slice(&panel);
         }
         PackedB { k, n, nr, kc, data }
@@ -492,8 +427,10 @@ pub(crate) fn check_packed(p: &PackedPlan) -> Result<(usize, usize, Epilogue), K
             uk.mr, uk.nr
         )));
     }
+    uk.packers.check(Some(uk.mr), uk.nr)?;
     if let Some(s) = p.cover {
         check_cover(uk, s)?;
+        s.packers.check(Some(s.mr), s.nr)?;
     }
     Ok((uk.mr, uk.nr, uk.epilogue))
 }
@@ -756,7 +693,7 @@ fn band(
                 if b_packed_for != Some(ki) {
                     let j0 = cols.start * uk.nr;
                     let width = (cols.end * uk.nr).min(n) - j0;
-                    pack_b(bm, pc, kc, j0, width, uk.nr, bp);
+                    pack_b(bm, pc, kc, j0, width, uk.nr, bp, uk.packers.bt);
                     b_packed_for = Some(ki);
                 }
                 (bp, cols.start)
@@ -766,7 +703,7 @@ fn band(
         let flags = if pc > 0 { ACCUMULATE } else { 0 } | if last { APPLY_EPILOGUE } else { 0 };
         {
             {
-                pack_a(a, ic, mc, pc, kc, kern.mr, ap);
+                pack_a(a, ic, mc, pc, kc, kern.mr, ap, kern.packers.a);
                 for jr in cols.clone() {
                     let nv = uk.nr.min(n - jr * uk.nr);
                     let jp = jr - first_panel;

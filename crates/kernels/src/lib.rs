@@ -15,6 +15,7 @@ pub mod cost;
 pub mod direct;
 pub mod dispatch;
 pub mod gemm;
+pub mod pack;
 mod pool;
 pub mod schedule;
 mod target;
@@ -29,6 +30,7 @@ pub use gemm::{
     LoopOrder, MatMut, MatRef, MicroKernel, MicroKernelFn, PackedB, PackedPlan, Plan, ThreadGrid, ACCUMULATE,
     APPLY_EPILOGUE,
 };
+pub use pack::{PackFn, Packer, Packers};
 pub use pool::ThreadPool;
 pub use schedule::{
     ALayout, BLayout, DirectVariant, KernelFamily, KernelVariant, Operands, Problem, Schedule,

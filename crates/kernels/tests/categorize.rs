@@ -14,7 +14,7 @@ mod common;
 fn setup() -> (Target, anyshape_kernels::MachineModel, ThreadPool) {
     let t = common::small_target();
     let pool = ThreadPool::new(2);
-    let machine = calibrate::measure(&t, &pool);
+    let machine = calibrate::measure(&t, &pool, Default::default());
     (t, machine, pool)
 }
 

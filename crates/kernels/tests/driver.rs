@@ -42,7 +42,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
     #[test]
     fn blocked_gemm_matches_naive(m in dims(), k in dims(), n in dims(), kc in 1usize..9, mcb in 1usize..4, ncb in 1usize..4, ta in any::<bool>()) {
-        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default() };
+        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
         let blk = Blocking { kc, mc: 3 * mcb, nc: 5 * ncb };
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
@@ -69,7 +69,7 @@ proptest! {
 
 #[test]
 fn bad_shapes_are_errors() {
-    let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default() };
+    let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
     let blk = Blocking { kc: 4, mc: 3, nc: 5 };
     let a = vec![0.0; 6];
     assert!(MatRef::row_major(&a, 3, 3).is_err(), "a view larger than its buffer");
@@ -89,7 +89,7 @@ proptest! {
     #[test]
     fn parallel_gemm_matches_naive(m in dims(), k in dims(), n in dims(), threads in 1usize..4) {
         let pool = anyshape_kernels::ThreadPool::new(threads);
-        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default() };
+        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
         let blk = Blocking { kc: 4, mc: 6, nc: 10 };
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
@@ -108,7 +108,7 @@ proptest! {
     #[test]
     fn prepacked_gemm_matches_naive(m in dims(), k in dims(), n in dims(), kc in 1usize..9, threads in 1usize..4, ta in any::<bool>(), cover in any::<bool>()) {
         let pool = anyshape_kernels::ThreadPool::new(threads);
-        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default() };
+        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
         let blk = Blocking { kc, mc: 6, nc: 10 };
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
@@ -117,7 +117,7 @@ proptest! {
         let mut c = vec![f32::NAN; m * ldc];
         let cv = MatMut::new(&mut c, m, n, ldc).expect("c");
         let av = if ta { MatRef::row_major(&a, k, m).unwrap().t() } else { MatRef::row_major(&a, m, k).unwrap() };
-        let small = MicroKernel { mr: 1, nr: 5, func: rust_kernel_1x5, epilogue: Default::default() };
+        let small = MicroKernel { mr: 1, nr: 5, func: rust_kernel_1x5, epilogue: Default::default(), packers: Default::default() };
         anyshape_kernels::gemm_packed(&pool, &uk, cover.then_some(&small), &blk, av, &packed, cv, &Default::default()).expect("gemm");
         let want = naive(&a, &b, m, k, n, ta);
         for i in 0..m {
@@ -137,7 +137,7 @@ proptest! {
     #[test]
     fn batched_gemm_matches_naive(batch in 1usize..6, m in dims(), k in dims(), n in dims(), threads in 1usize..4) {
         let pool = anyshape_kernels::ThreadPool::new(threads);
-        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default() };
+        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
         let blk = Blocking { kc: 4, mc: 6, nc: 10 };
         let a: Vec<f32> = (0..batch * m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
         let b: Vec<f32> = (0..batch * k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();

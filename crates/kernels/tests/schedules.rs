@@ -17,7 +17,7 @@ mod common;
 
 fn dispatcher(threads: usize) -> Dispatcher {
     let t = common::small_target();
-    let machine = calibrate::measure(&t, &ThreadPool::new(threads));
+    let machine = calibrate::measure(&t, &ThreadPool::new(threads), Default::default());
     Dispatcher::new(t, common::test_family(), machine, CostModel::Hierarchical)
 }
 

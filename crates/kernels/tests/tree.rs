@@ -31,6 +31,7 @@ fn dispatcher(threads: usize) -> Dispatcher {
         l2_bw: 60e9,
         pack_a_bw: 12e9,
         pack_b_bw: 10e9,
+        pack_bt_bw: 8e9,
         fork_join: 1.5e-6,
         peak_gflops: 0.0,
     };

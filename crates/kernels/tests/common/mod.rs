@@ -85,11 +85,11 @@ rust_direct_kernel!(d4x8, 4, 8);
 pub fn test_family() -> anyshape_kernels::KernelFamily {
     use anyshape_kernels::{DirectKernel, DirectVariant, KernelFamily, KernelVariant, MicroKernel};
     let v = |mr, nr, func, gflops| KernelVariant {
-        kernel: MicroKernel { mr, nr, func, epilogue: Default::default() },
+        kernel: MicroKernel { mr, nr, func, epilogue: Default::default(), packers: Default::default() },
         gflops,
     };
     let d = |mr, nr, func, gflops| DirectVariant {
-        kernel: DirectKernel { mr, nr, func, epilogue: Default::default() },
+        kernel: DirectKernel { mr, nr, func, epilogue: Default::default(), packers: Default::default() },
         gflops,
     };
     KernelFamily::new(vec![

@@ -1,0 +1,316 @@
+//! Generated packing routines (the ABI of `kernels::pack`): `rows ≤ width` source
+//! rows, contiguous along K, interleaved into a `width`-wide panel. Per block of
+//! `W` depths (`W` f32 lanes): one vector load per row, an in-register transpose,
+//! `width` vector stores; the last partial block uses masked loads and stores, so
+//! nothing past a row's `kc` elements is read and nothing past the panel written.
+//! Rows at or past `rows` read a constant zero vector instead (local padding
+//! with no branch per row).
+//!
+//! The transpose: when `width` is a multiple of `W`, each `W × W` block by a
+//! butterfly (`log₂ W` stages of two-source shuffles swapping sub-blocks, a
+//! quarter of a shuffle per element on AVX-512); otherwise each output vector is
+//! gathered from the rows it holds by a chain of two-source shuffles
+//! (`width − 1` per vector for `width < W`).
+
+use inkwell::context::Context;
+use inkwell::execution_engine::ExecutionEngine;
+use inkwell::intrinsics::Intrinsic;
+use inkwell::module::Module;
+use inkwell::types::VectorType;
+use inkwell::values::{BasicMetadataValueEnum, BasicValueEnum, IntValue, PointerValue, VectorValue};
+use inkwell::{AddressSpace, IntPredicate};
+use kernels::{PackFn, Packer, Target};
+
+use crate::{jit_module, llvm, set_align, target_attributes, CodegenError};
+
+/// The packing routines of a family, one per panel width, compiled together.
+pub struct JitPackers {
+    packers: Vec<Packer>,
+    ir: String,
+    asm: String,
+    // Owns the machine code; never used after construction, only dropped.
+    _engine: ExecutionEngine<'static>,
+}
+
+// SAFETY: as for `JitKernel`: the engine only owns immutable, position-fixed
+// machine code and is never called after construction; the function pointers
+// handed out stay valid while this value lives, whichever thread holds it.
+unsafe impl Send for JitPackers {}
+// SAFETY: see `Send`: `&JitPackers` only exposes copies of plain data.
+unsafe impl Sync for JitPackers {}
+
+impl JitPackers {
+    /// The routine writing panels `width` wide, if compiled.
+    pub fn get(&self, width: usize) -> Option<Packer> {
+        self.packers.iter().copied().find(|p| p.width == width)
+    }
+    pub fn packers(&self) -> &[Packer] {
+        &self.packers
+    }
+    /// The optimized LLVM IR.
+    pub fn ir(&self) -> &str {
+        &self.ir
+    }
+    /// The generated assembly.
+    pub fn asm(&self) -> &str {
+        &self.asm
+    }
+}
+
+/// The widest panel a routine is generated for (a register tile's width is at
+/// most 4 vectors, its height at most 16).
+const MAX_WIDTH: usize = 128;
+
+/// Compile one packing routine per distinct width in `widths` for `t`.
+pub fn compile_packers(t: &Target, widths: &[usize]) -> Result<JitPackers, CodegenError> {
+    let l = t.f32_lanes;
+    if !t.supported() {
+        return Err(CodegenError::Unsupported("packing routines need x86-64 with AVX2 and FMA".into()));
+    }
+    let mut widths = widths.to_vec();
+    widths.sort_unstable();
+    widths.dedup();
+    if let Some(&w) = widths.iter().find(|&&w| w == 0 || w > MAX_WIDTH) {
+        return Err(CodegenError::Unsupported(format!("a packing routine {w} wide (1 to {MAX_WIDTH})")));
+    }
+    let name = |w: usize| format!("pack_f32_w{w}");
+    let (engine, ir, asm) = jit_module(t, "packers", |ctx, module, cpu, features| {
+        for &w in &widths {
+            build_packer(ctx, module, &name(w), w, l, cpu, features)?;
+        }
+        Ok(())
+    })?;
+    let mut packers = Vec::with_capacity(widths.len());
+    for &w in &widths {
+        let addr = engine.get_function_address(&name(w)).map_err(llvm)?;
+        // SAFETY: `addr` is the entry of the function just generated with exactly the
+        // `PackFn` signature (ptr, i64, i64, i64, ptr) -> void and the C calling
+        // convention; the engine that owns it lives in the returned value.
+        let func: PackFn = unsafe { std::mem::transmute::<usize, PackFn>(addr) };
+        packers.push(Packer { width: w, func });
+    }
+    Ok(JitPackers { packers, ir, asm, _engine: engine })
+}
+
+fn build_packer(
+    ctx: &'static Context,
+    module: &Module<'static>,
+    name: &str,
+    width: usize,
+    l: usize,
+    cpu: &str,
+    features: &str,
+) -> Result<(), CodegenError> {
+    let (f32t, i64t, i32t) = (ctx.f32_type(), ctx.i64_type(), ctx.i32_type());
+    let ptr = ctx.ptr_type(AddressSpace::default());
+    let vt = f32t.vec_type(l as u32);
+    let params = [ptr.into(), i64t.into(), i64t.into(), i64t.into(), ptr.into()];
+    let f = module.add_function(name, ctx.void_type().fn_type(&params, false), None);
+    target_attributes(ctx, f, cpu, features, l);
+    let noalias =
+        ctx.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("noalias"), 0);
+    for i in [0, 4] {
+        f.add_attribute(inkwell::attributes::AttributeLoc::Param(i), noalias);
+    }
+    let p = |i: u32| f.get_nth_param(i).ok_or_else(|| llvm("param"));
+    let (src, ld, rows) = (p(0)?.into_pointer_value(), p(1)?.into_int_value(), p(2)?.into_int_value());
+    let (kc, dst) = (p(3)?.into_int_value(), p(4)?.into_pointer_value());
+
+    // The rows past `rows` read this (one vector of zeros, never advanced).
+    let zeros = module.add_global(f32t.array_type(l as u32), None, &format!("{name}_zeros"));
+    zeros.set_initializer(&f32t.array_type(l as u32).const_zero());
+    zeros.set_constant(true);
+    zeros.set_alignment(64);
+
+    let intr = |n: &str| {
+        Intrinsic::find(n)
+            .and_then(|i| i.get_declaration(module, &[vt.into(), ptr.into()]))
+            .ok_or_else(|| llvm(format!("no {n} for the vector type")))
+    };
+    let (mload, mstore) = (intr("llvm.masked.load")?, intr("llvm.masked.store")?);
+
+    let bld = ctx.create_builder();
+    let entry = ctx.append_basic_block(f, "entry");
+    let header = ctx.append_basic_block(f, "k.header");
+    let body = ctx.append_basic_block(f, "k.body");
+    let tail = ctx.append_basic_block(f, "k.tail");
+    let tail_body = ctx.append_basic_block(f, "k.tail.body");
+    let exit = ctx.append_basic_block(f, "exit");
+    let c_i64 = |v: usize| i64t.const_int(v as u64, false);
+    let gep = |base: PointerValue<'static>, idx: IntValue<'static>, n: &str| {
+        // SAFETY (of the IR, not of Rust): every address is inside a live source row's
+        // `kc` elements, the zero vector, or the `kc · width` panel, as the ABI promises.
+        unsafe { bld.build_in_bounds_gep(f32t, base, &[idx], n) }.map_err(llvm)
+    };
+    let splat = |x: IntValue<'static>| -> Result<VectorValue<'static>, CodegenError> {
+        let lanes_t = i32t.vec_type(l as u32);
+        let x32 = bld.build_int_truncate(x, i32t, "x32").map_err(llvm)?;
+        let one =
+            bld.build_insert_element(lanes_t.get_poison(), x32, i32t.const_zero(), "x1").map_err(llvm)?;
+        bld.build_shuffle_vector(one, lanes_t.get_poison(), lanes_t.const_zero(), "xs").map_err(llvm)
+    };
+    let iota = |from: usize| {
+        let v: Vec<_> = (0..l).map(|j| i32t.const_int((from + j) as u64, false)).collect();
+        VectorType::const_vector(&v)
+    };
+    let align = i32t.const_int(4, false);
+    let call = |fv, args: &[BasicMetadataValueEnum<'static>]| {
+        bld.build_call(fv, args, "").map_err(llvm).map(|r| match r.try_as_basic_value() {
+            inkwell::values::ValueKind::Basic(v) => Some(v),
+            inkwell::values::ValueKind::Instruction(_) => None,
+        })
+    };
+
+    // entry: each row's base and step (a row past `rows` reads the zeros, step 0).
+    bld.position_at_end(entry);
+    let mut bases = Vec::with_capacity(width);
+    for i in 0..width {
+        let live = bld.build_int_compare(IntPredicate::ULT, c_i64(i), rows, "live").map_err(llvm)?;
+        let off = bld.build_int_mul(c_i64(i), ld, "off").map_err(llvm)?;
+        let row = gep(src, off, "row")?;
+        let base = bld.build_select(live, row, zeros.as_pointer_value(), "base").map_err(llvm)?;
+        let step = bld.build_select(live, c_i64(1), c_i64(0), "step").map_err(llvm)?;
+        bases.push((base.into_pointer_value(), step.into_int_value()));
+    }
+    let shift = c_i64(l.trailing_zeros() as usize);
+    let nfull = bld.build_right_shift(kc, shift, false, "nfull").map_err(llvm)?;
+    bld.build_unconditional_branch(header).map_err(llvm)?;
+
+    // The full blocks of `W` depths.
+    bld.position_at_end(header);
+    let kb = bld.build_phi(i64t, "kb").map_err(llvm)?;
+    let kbv = kb.as_basic_value().into_int_value();
+    let more = bld.build_int_compare(IntPredicate::ULT, kbv, nfull, "more").map_err(llvm)?;
+    bld.build_conditional_branch(more, body, tail).map_err(llvm)?;
+
+    bld.position_at_end(body);
+    let k0 = bld.build_left_shift(kbv, shift, "k0").map_err(llvm)?;
+    let mut v = Vec::with_capacity(width);
+    for (i, &(base, step)) in bases.iter().enumerate() {
+        let off = bld.build_int_mul(k0, step, "koff").map_err(llvm)?;
+        let load = bld.build_load(vt, gep(base, off, "ap")?, &format!("r{i}")).map_err(llvm)?;
+        set_align(&load, 4);
+        v.push(load.into_vector_value());
+    }
+    let outs = transpose(ctx, &bld, &v, width, l)?;
+    let out0 = bld.build_int_mul(k0, c_i64(width), "out0").map_err(llvm)?;
+    for (o, vec) in outs.iter().enumerate() {
+        let at = bld.build_int_add(out0, c_i64(o * l), "at").map_err(llvm)?;
+        let st = bld.build_store(gep(dst, at, "dp")?, *vec).map_err(llvm)?;
+        st.set_alignment(4).map_err(llvm)?;
+    }
+    let next = bld.build_int_add(kbv, c_i64(1), "kb.next").map_err(llvm)?;
+    bld.build_unconditional_branch(header).map_err(llvm)?;
+    kb.add_incoming(&[(&c_i64(0), entry), (&next, body)]);
+
+    // The last, partial block: `kr < W` depths, loads and stores masked.
+    bld.position_at_end(tail);
+    let k0 = bld.build_left_shift(nfull, shift, "k0").map_err(llvm)?;
+    let kr = bld.build_int_sub(kc, k0, "kr").map_err(llvm)?;
+    let none = bld.build_int_compare(IntPredicate::EQ, kr, c_i64(0), "none").map_err(llvm)?;
+    bld.build_conditional_branch(none, exit, tail_body).map_err(llvm)?;
+
+    bld.position_at_end(tail_body);
+    let in_mask = bld.build_int_compare(IntPredicate::SLT, iota(0), splat(kr)?, "inmask").map_err(llvm)?;
+    let mut v = Vec::with_capacity(width);
+    for &(base, step) in &bases {
+        let off = bld.build_int_mul(k0, step, "koff").map_err(llvm)?;
+        let args = [gep(base, off, "ap")?.into(), align.into(), in_mask.into(), vt.const_zero().into()];
+        let r = call(mload, &args)?.map(BasicValueEnum::into_vector_value);
+        v.push(r.ok_or_else(|| llvm("masked.load returned nothing"))?);
+    }
+    let outs = transpose(ctx, &bld, &v, width, l)?;
+    let out0 = bld.build_int_mul(k0, c_i64(width), "out0").map_err(llvm)?;
+    let live = splat(bld.build_int_mul(kr, c_i64(width), "live").map_err(llvm)?)?;
+    for (o, vec) in outs.iter().enumerate() {
+        let at = bld.build_int_add(out0, c_i64(o * l), "at").map_err(llvm)?;
+        let mask = bld.build_int_compare(IntPredicate::SLT, iota(o * l), live, "outmask").map_err(llvm)?;
+        call(mstore, &[(*vec).into(), gep(dst, at, "dp")?.into(), align.into(), mask.into()])?;
+    }
+    bld.build_unconditional_branch(exit).map_err(llvm)?;
+
+    bld.position_at_end(exit);
+    bld.build_return(None).map_err(llvm)?;
+    Ok(())
+}
+
+/// `v[i]` holds depths `0..W` of row `i`; the result's vector `o` holds panel
+/// elements `o·W..(o+1)·W` of the `W × width` block (element `k·width + i`).
+fn transpose(
+    ctx: &'static Context,
+    bld: &inkwell::builder::Builder<'static>,
+    v: &[VectorValue<'static>],
+    width: usize,
+    l: usize,
+) -> Result<Vec<VectorValue<'static>>, CodegenError> {
+    let i32t = ctx.i32_type();
+    let mask = |m: &[Option<usize>]| {
+        let m: Vec<_> = m
+            .iter()
+            .map(|x| match x {
+                Some(x) => i32t.const_int(*x as u64, false),
+                None => i32t.get_poison(),
+            })
+            .collect();
+        VectorType::const_vector(&m)
+    };
+    let shuffle = |a, b, m: &[Option<usize>]| bld.build_shuffle_vector(a, b, mask(m), "t").map_err(llvm);
+    if width.is_multiple_of(l) {
+        // W × W blocks by a butterfly: stage `d` swaps the off-diagonal `d × d`
+        // sub-blocks of each pair of rows `r`, `r + d` (bit `d` of the row index
+        // trades places with bit `d` of the column index).
+        let groups = width / l;
+        let mut outs = vec![v[0]; width];
+        for g in 0..groups {
+            let mut blk = v[g * l..(g + 1) * l].to_vec();
+            let mut d = 1;
+            while d < l {
+                let lo: Vec<_> = (0..l).map(|c| Some(if c & d == 0 { c } else { l + c - d })).collect();
+                let hi: Vec<_> = (0..l).map(|c| Some(if c & d == 0 { c + d } else { l + c })).collect();
+                for r in (0..l).filter(|r| r & d == 0) {
+                    let (a, b) = (blk[r], blk[r + d]);
+                    blk[r] = shuffle(a, b, &lo)?;
+                    blk[r + d] = shuffle(a, b, &hi)?;
+                }
+                d *= 2;
+            }
+            for (k, row) in blk.into_iter().enumerate() {
+                outs[k * groups + g] = row;
+            }
+        }
+        return Ok(outs);
+    }
+    // Otherwise gather each output vector from its rows, two sources at a time.
+    let mut outs = Vec::with_capacity(width);
+    for o in 0..width {
+        let src: Vec<(usize, usize)> = (0..l).map(|j| ((o * l + j) % width, (o * l + j) / width)).collect();
+        let mut rows: Vec<usize> = src.iter().map(|&(i, _)| i).collect();
+        rows.dedup();
+        rows.sort_unstable();
+        rows.dedup();
+        let pick = |row: usize, base: usize, keep: &dyn Fn(usize) -> bool| -> Vec<Option<usize>> {
+            src.iter()
+                .enumerate()
+                .map(|(j, &(i, k))| {
+                    if i == row {
+                        Some(base + k)
+                    } else if keep(j) {
+                        Some(j)
+                    } else {
+                        None
+                    }
+                })
+                .collect()
+        };
+        let first = rows[0];
+        let mut acc = shuffle(v[first], v[first], &pick(first, 0, &|_| false))?;
+        let mut done = vec![first];
+        for &r in &rows[1..] {
+            let m = pick(r, l, &|j| done.contains(&src[j].0));
+            acc = shuffle(acc, v[r], &m)?;
+            done.push(r);
+        }
+        outs.push(acc);
+    }
+    Ok(outs)
+}

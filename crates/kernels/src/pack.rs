@@ -1,0 +1,182 @@
+//! Packing operands into micro-panels, with DietCode's local padding: only the
+//! rows or columns missing from a panel are zero-filled, never a padded copy of
+//! the tensor.
+//!
+//! Two packs transpose: a row-major A into `MR`-row panels (`panel[k·MR + i]`),
+//! and a B stored transposed (attention's Kᵀ, a `Gemm` with `transB`) into
+//! `NR`-column panels. Both read rows that are contiguous along K and interleave
+//! them, so one routine of a given width does either; `codegen` generates it
+//! with vector loads and in-register transposes ([`Packer`]), and the scalar
+//! loops here are the portable path (kernels written in Rust, odd strides).
+
+use crate::MatRef;
+
+/// The generated packing ABI: interleave `rows ≤ width` rows of a source whose
+/// row `i` starts at `src + i·ld` and runs `kc` elements along K into
+/// `dst[k·width + i]`, `kc · width` elements in all, zero for the rows at or
+/// past `rows`. Nothing past a source row's `kc` elements is read.
+pub type PackFn = unsafe extern "C" fn(src: *const f32, ld: i64, rows: i64, kc: i64, dst: *mut f32);
+
+/// A generated packing routine and the width of the panels it writes.
+#[derive(Clone, Copy, Debug)]
+pub struct Packer {
+    pub width: usize,
+    pub func: PackFn,
+}
+
+/// The generated packs a kernel's driver uses, when it has them: `a` (width
+/// `MR`) for a row-major A, `bt` (width `NR`) for a B stored transposed. Direct
+/// kernels read A in place and use `bt` only.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Packers {
+    pub a: Option<Packer>,
+    pub bt: Option<Packer>,
+}
+
+impl Packers {
+    /// Each routine the driver will call must write panels of the width the
+    /// kernel reads (`mr`: none for a kernel that packs no A).
+    pub(crate) fn check(&self, mr: Option<usize>, nr: usize) -> Result<(), crate::KernelError> {
+        for (what, p, w) in [("A", self.a, mr), ("transposed B", self.bt, Some(nr))] {
+            if let (Some(p), Some(w)) = (p, w) {
+                if p.width != w {
+                    return Err(crate::KernelError::Shape(format!(
+                        "the {what} packer writes panels {} wide, the kernel reads {w}",
+                        p.width
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Interleave `rows` source rows (`kc` deep from `first`, stride `ld`) into one
+/// `width`-wide panel, with `gen` when given (it writes the whole panel);
+/// otherwise the rows past `rows` are left as they are.
+#[allow(clippy::too_many_arguments)]
+fn interleave(
+    data: &[f32],
+    first: usize,
+    ld: usize,
+    rows: usize,
+    kc: usize,
+    width: usize,
+    panel: &mut [f32],
+    gen: Option<Packer>,
+) {
+    debug_assert!(rows <= width && panel.len() == kc * width);
+    debug_assert!(rows == 0 || first + (rows - 1) * ld + kc <= data.len());
+    match gen {
+        Some(p) if p.width == width && rows > 0 => {
+            // SAFETY: the routine reads `kc` elements from each of `rows` rows starting
+            // at `first + i·ld`, all inside `data` (the caller's view was checked against
+            // its buffer: the asserts above restate it), and writes exactly
+            // `kc · width` elements, the whole of `panel`.
+            unsafe {
+                (p.func)(data[first..].as_ptr(), ld as i64, rows as i64, kc as i64, panel.as_mut_ptr());
+            }
+        }
+        _ => {
+            for i in 0..rows {
+                let start = first + i * ld;
+                for (k, v) in data[start..start + kc].iter().enumerate() {
+                    panel[k * width + i] = *v;
+                }
+            }
+        }
+    }
+}
+
+/// Make `out` `len` long without clearing it: every panel is written whole
+/// (its padding too), so the old contents need no zeroing pass.
+fn resize(out: &mut Vec<f32>, len: usize) {
+    out.truncate(len);
+    out.resize(len, 0.0);
+}
+
+/// Pack rows `i0..i0+m` and depth `p0..p0+kc` of A into `MR`-row micro-panels,
+/// `out[panel][k·MR + i]`; rows past `m` are zero (local padding). A row-major A
+/// goes through `gen` when given.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pack_a(
+    a: &MatRef,
+    i0: usize,
+    m: usize,
+    p0: usize,
+    kc: usize,
+    mr: usize,
+    out: &mut Vec<f32>,
+    gen: Option<Packer>,
+) {
+    let panels = m.div_ceil(mr);
+    resize(out, panels * kc * mr);
+    let generated = a.cs == 1 && gen.is_some_and(|p| p.width == mr);
+    for pi in 0..panels {
+        let panel = &mut out[pi * kc * mr..(pi + 1) * kc * mr];
+        let rows = mr.min(m - pi * mr);
+        let r0 = i0 + pi * mr;
+        if rows < mr && !generated {
+            panel.fill(0.0);
+        }
+        if a.cs == 1 {
+            // Row-major A: each row is contiguous along k.
+            interleave(a.data, r0 * a.rs + p0, a.rs, rows, kc, mr, panel, gen);
+        } else if a.rs == 1 {
+            // Column-major (transposed) A: each k is a contiguous run of rows.
+            for k in 0..kc {
+                let start = (p0 + k) * a.cs + r0;
+                panel[k * mr..k * mr + rows].copy_from_slice(&a.data[start..start + rows]);
+            }
+        } else {
+            for k in 0..kc {
+                for i in 0..rows {
+                    panel[k * mr + i] = a.at(r0 + i, p0 + k);
+                }
+            }
+        }
+    }
+}
+
+/// Pack depth `p0..p0+kc` and columns `j0..j0+n` of B into `NR`-column
+/// micro-panels, `out[panel][k·NR + j]`; columns past `n` are zero. A B stored
+/// transposed goes through `gen` when given.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pack_b(
+    b: &MatRef,
+    p0: usize,
+    kc: usize,
+    j0: usize,
+    n: usize,
+    nr: usize,
+    out: &mut Vec<f32>,
+    gen: Option<Packer>,
+) {
+    let panels = n.div_ceil(nr);
+    resize(out, panels * kc * nr);
+    let generated = b.cs != 1 && b.rs == 1 && gen.is_some_and(|p| p.width == nr);
+    for pj in 0..panels {
+        let panel = &mut out[pj * kc * nr..(pj + 1) * kc * nr];
+        let cols = nr.min(n - pj * nr);
+        let c0 = j0 + pj * nr;
+        if cols < nr && !generated {
+            panel.fill(0.0);
+        }
+        if b.cs == 1 {
+            // Row-major B: each k row of the panel is a contiguous run.
+            for k in 0..kc {
+                let start = (p0 + k) * b.rs + c0;
+                panel[k * nr..k * nr + cols].copy_from_slice(&b.data[start..start + cols]);
+            }
+        } else if b.rs == 1 {
+            // Transposed B (attention's Kᵀ): each column is contiguous along k.
+            interleave(b.data, c0 * b.cs + p0, b.cs, cols, kc, nr, panel, gen);
+        } else {
+            for k in 0..kc {
+                for j in 0..cols {
+                    panel[k * nr + j] = b.at(p0 + k, c0 + j);
+                }
+            }
+        }
+    }
+}
