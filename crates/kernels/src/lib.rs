@@ -9,6 +9,7 @@
 //! model can run where LLVM is absent.
 
 mod activation;
+pub mod bayes;
 pub mod calibrate;
 pub mod categorize;
 pub mod cost;
