@@ -81,6 +81,10 @@ pub struct BenchMatmulArgs {
     /// loops (to measure what the generated ones gain).
     #[arg(long, value_enum, default_value_t = Packing::Generated)]
     packing: Packing,
+    /// Dispatch with the macro-kernels tuned by `anyshape tune --samples F --search
+    /// bayes --out FILE` (for the classes they cover).
+    #[arg(long, value_name = "FILE")]
+    tuned: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -151,6 +155,12 @@ pub fn bench_matmul(args: BenchMatmulArgs) -> Result<()> {
         .keep(keep.as_deref())
         .generated_packing(args.packing == Packing::Generated)
         .build()?;
+    let contraction = match args.tuned.as_deref() {
+        Some(f) => contraction
+            .with_tuned(crate::search::load_tuned(f)?)
+            .map_err(|e| UserError(format!("--tuned {}: {e}", f.display())))?,
+        None => contraction,
+    };
     let compile_ms = start.elapsed().as_secs_f64() * 1e3;
     if let Some(dir) = &args.dump_llvm {
         dump_llvm(dir, &contraction)?;
@@ -244,6 +254,8 @@ fn bench_shape(
     let pick = |model: Option<CostModel>| -> Result<Schedule> {
         let s = match model {
             None => d.rule_of_thumb(&problem)?,
+            // The tuned table answers first for its classes, as at run time.
+            Some(_) if !restricted && d.tuned().is_some() => d.schedule(&problem)?,
             Some(cm) if !restricted => d.choose_with(cm, &problem)?,
             Some(cm) => d.choose_where(cm, &problem, allowed)?,
         };

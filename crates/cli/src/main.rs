@@ -52,7 +52,10 @@ enum Command {
     /// With --samples FILE (lines `m,n,k[,batch[,weight]]`), categorize a known
     /// shape distribution instead (DietCode): print the trade-off between the
     /// micro-kernels kept and the predicted slowdown, choose the smallest family
-    /// within --tolerance, and measure it against the whole family.
+    /// within --tolerance, and measure it against the whole family. With --search
+    /// bayes as well, run a trust-region Bayesian search (TSCompiler) over each
+    /// class's macro-kernels instead, measuring real runs, and write the table of
+    /// winners (for bench-matmul --tuned).
     Tune {
         /// Tune the AVX2-only code path too (on an AVX-512 machine).
         #[arg(long)]
@@ -72,6 +75,15 @@ enum Command {
         /// With --samples: threads (default: every core).
         #[arg(long, requires = "samples")]
         threads: Option<usize>,
+        /// With --samples: search the macro-kernels by measuring (`bayes`).
+        #[arg(long, value_parser = ["bayes"], requires = "samples")]
+        search: Option<String>,
+        /// With --search: measurements per class of samples.
+        #[arg(long, default_value_t = 40, requires = "search")]
+        budget: usize,
+        /// With --search: the seed of the search's random draws.
+        #[arg(long, default_value_t = 0, requires = "search")]
+        seed: u64,
     },
     /// Show what the compiler knows about a model at a stage.
     Inspect {
@@ -126,6 +138,7 @@ macro_rules! say_raw {
 
 mod bench;
 mod samples;
+mod search;
 
 /// An error in what the user gave us (exit code 2).
 #[derive(Debug)]
@@ -169,11 +182,32 @@ fn dispatch(cli: Cli) -> Result<()> {
             run(model, inputs, shapes, output_dir, dims)
         }
         Command::Inspect { model, stage, dims } => inspect(model, stage, dims),
-        Command::Tune { avx2, cache_dir, samples: Some(samples), tolerance, out, threads } => {
+        Command::Tune {
+            avx2,
+            cache_dir,
+            samples: Some(samples),
+            tolerance,
+            out,
+            threads,
+            search,
+            budget,
+            seed,
+        } => {
             if avx2 {
-                bail!(UserError("--samples categorizes the host's family: drop --avx2".into()));
+                bail!(UserError("--samples tunes the host's family: drop --avx2".into()));
             }
-            samples::tune_samples(samples::TuneSamples { samples, tolerance, out, threads, cache_dir })
+            match search {
+                Some(_) => {
+                    search::tune_search(search::TuneSearch { samples, budget, seed, out, threads, cache_dir })
+                }
+                None => samples::tune_samples(samples::TuneSamples {
+                    samples,
+                    tolerance,
+                    out,
+                    threads,
+                    cache_dir,
+                }),
+            }
         }
         Command::Tune { avx2, cache_dir, .. } => tune(avx2, cache_dir),
         Command::BenchMatmul(args) => bench::bench_matmul(args),

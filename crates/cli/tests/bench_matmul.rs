@@ -158,6 +158,69 @@ fn samples_are_categorized_the_kept_family_serves_them_and_trees_choose() {
             assert!(line.contains(key), "{key} missing in {line}");
         }
     }
+    // The Bayesian search over macro-kernels, its table used by bench-matmul.
+    let tuned = dir.join("tuned.json");
+    let out = anyshape(&[
+        "tune",
+        "--samples",
+        &path(&samples),
+        "--search",
+        "bayes",
+        "--budget",
+        "6",
+        "--out",
+        &path(&tuned),
+        "--threads",
+        "2",
+        "--cache-dir",
+        &path(&cache),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for fragment in ["1x40x17: ", "4x9x16: ", "untuned", "classes tuned in", "written to"] {
+        assert!(text.contains(fragment), "{fragment} missing in {text}");
+    }
+    let table: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&tuned).unwrap()).unwrap();
+    assert_eq!(table["threads"], 2, "{table}");
+    let out = anyshape(&[
+        "bench-matmul",
+        "--m",
+        "13,1,200",
+        "--n",
+        "40",
+        "--k",
+        "17",
+        "--threads",
+        "2",
+        "--json",
+        "--tuned",
+        &path(&tuned),
+        "--cache-dir",
+        &path(&cache),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 3);
+    // A table for other threads, a missing one and a budget too small are user errors.
+    let out = anyshape(&[
+        "bench-matmul",
+        "--m",
+        "4",
+        "--n",
+        "40",
+        "--k",
+        "17",
+        "--threads",
+        "1",
+        "--tuned",
+        &path(&tuned),
+        "--cache-dir",
+        &path(&cache),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = anyshape(&["bench-matmul", "--m", "4", "--n", "4", "--k", "4", "--tuned", "/nonexistent.json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = anyshape(&["tune", "--samples", &path(&samples), "--search", "bayes", "--budget", "2"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
     // A bad samples file names its line; a missing kernel list is a user error.
     std::fs::write(&samples, "13,40,17\n13,forty,17\n").unwrap();
     let out = anyshape(&["tune", "--samples", &path(&samples), "--cache-dir", &path(&cache)]);

@@ -180,6 +180,15 @@ impl Contraction {
         Contraction::builder(target, pool).epilogue(epilogue).model(model).cache(cache).build()
     }
 
+    /// This contraction with the macro-kernels a search tuned
+    /// ([`Dispatcher::with_tuned`]).
+    pub fn with_tuned(self, tuned: kernels::TunedSchedules) -> Result<Contraction, CodegenError> {
+        let Contraction { dispatcher, jit, direct, packers } = self;
+        let dispatcher =
+            dispatcher.with_tuned(tuned).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
+        Ok(Contraction { dispatcher, jit, direct, packers })
+    }
+
     pub fn dispatcher(&self) -> &Dispatcher {
         &self.dispatcher
     }

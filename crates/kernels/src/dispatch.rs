@@ -19,6 +19,7 @@ use crate::direct::{a_in_place, b_in_place, DirectPlan};
 use crate::gemm::{execute, BOperand, EpilogueArgs, LoopOrder, MatMut, MatRef, PackedB, PackedPlan, Plan};
 use crate::schedule::{candidates, ALayout, BLayout, KernelFamily, Operands, Problem, Schedule};
 use crate::tree::{DecisionTree, Node, TreeOptions};
+use crate::tuned::TunedSchedules;
 use crate::{KernelError, Target, ThreadPool};
 
 /// Chooses and runs the schedule of one contraction, for any shape.
@@ -30,11 +31,21 @@ pub struct Dispatcher {
     memo: RwLock<HashMap<Problem, Schedule>>,
     /// At most one tree per operand layout (a handful: a linear scan).
     trees: Vec<DecisionTree>,
+    /// Macro-kernels measured by the Bayesian search, per class of problems.
+    tuned: Option<TunedSchedules>,
 }
 
 impl Dispatcher {
     pub fn new(target: Target, family: KernelFamily, machine: MachineModel, model: CostModel) -> Dispatcher {
-        Dispatcher { target, family, machine, model, memo: RwLock::new(HashMap::new()), trees: Vec::new() }
+        Dispatcher {
+            target,
+            family,
+            machine,
+            model,
+            memo: RwLock::new(HashMap::new()),
+            trees: Vec::new(),
+            tuned: None,
+        }
     }
 
     pub fn target(&self) -> &Target {
@@ -118,15 +129,18 @@ impl Dispatcher {
         })
     }
 
-    /// The schedule for `p`: memoized per shape; from the tree for `p`'s layouts when
-    /// there is one, else the model's choice.
+    /// The schedule for `p`: memoized per shape; the tuned macro-kernel of `p`'s
+    /// class when the search measured one fastest near this M, else from the tree
+    /// for `p`'s layouts when there is one, else the model's choice.
     pub fn schedule(&self, p: &Problem) -> Result<Schedule, KernelError> {
         if let Some(s) = self.memo.read().unwrap_or_else(|e| e.into_inner()).get(p) {
             return Ok(*s);
         }
-        let s = match self.tree(p.a, p.b) {
-            Some(t) => t.choose(p),
-            None => self.choose(p)?,
+        let tuned = self.tuned.as_ref().and_then(|t| t.class(p)).and_then(|c| c.pick(p.m));
+        let s = match (tuned.and_then(|mk| mk.instantiate(self, p)), self.tree(p.a, p.b)) {
+            (Some(s), _) => s,
+            (None, Some(t)) => t.choose(p),
+            (None, None) => self.choose(p)?,
         };
         self.memo.write().unwrap_or_else(|e| e.into_inner()).insert(*p, s);
         Ok(s)
@@ -166,6 +180,20 @@ impl Dispatcher {
         self.trees.push(tree);
         self.memo.get_mut().unwrap_or_else(|e| e.into_inner()).retain(|p, _| (p.a, p.b) != (a, b));
         Ok(())
+    }
+
+    /// This dispatcher with the macro-kernels a search tuned (see
+    /// [`crate::tuned`]): they choose for the problems of their classes, and a
+    /// weight of a tuned class is packed in its tuned layout.
+    pub fn with_tuned(mut self, tuned: TunedSchedules) -> Result<Dispatcher, KernelError> {
+        tuned.check(&self)?;
+        self.tuned = Some(tuned);
+        self.memo.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        Ok(self)
+    }
+
+    pub fn tuned(&self) -> Option<&TunedSchedules> {
+        self.tuned.as_ref()
     }
 
     /// The tree that chooses for these operand layouts, if any.
@@ -229,8 +257,12 @@ impl Dispatcher {
     }
 
     /// The packed layout ([`BLayout::Packed`]) a `k × n` weight gets for `rows`: the
-    /// tile width and depth the model predicts best over them.
+    /// tuned one when a search tuned this weight, else the tile width and depth the
+    /// model predicts best over them.
     pub fn weight_layout(&self, k: usize, n: usize, rows: &[usize]) -> Result<BLayout, KernelError> {
+        if let Some(l) = self.tuned.as_ref().and_then(|t| t.weight_layout(k, n)) {
+            return Ok(l);
+        }
         let mut best: Option<(f64, usize, usize)> = None;
         for nr in self.family.widths() {
             let Some(mr) = self.family.best_height(nr) else { continue };

@@ -1,12 +1,14 @@
 //! Kernels: the hardware `Target`, the contraction's schedule space (register
 //! tile, operand access, cache blocks, thread grid), its analytical cost models,
 //! run-time dispatch (by the model, or by a decision tree distilled from it), the
-//! categorization of a known shape distribution, and the drivers that run
-//! generated micro-kernels over any shape: through packed panels ([`mod@gemm`]) or
-//! on the operands where they lie ([`direct`]) (Vortex §4-5, DietCode §4-5,
-//! FTuner §III-V, BladeDISC §5.2.2). No LLVM here: `codegen` produces the
-//! micro-kernels for the ABIs defined in [`mod@gemm`] and [`direct`], so a compiled
-//! model can run where LLVM is absent.
+//! categorization of a known shape distribution ([`categorize`]), the
+//! trust-region Bayesian search over macro-kernels ([`bayes`], its results in
+//! [`tuned`]), and the drivers that run generated micro-kernels over any shape:
+//! through packed panels ([`mod@gemm`], packing in [`pack`]) or on the operands
+//! where they lie ([`direct`]) (Vortex §4-5, DietCode §4-5, FTuner §III-V,
+//! TSCompiler §5.1, BladeDISC §5.2.2). No LLVM here: `codegen` produces the
+//! micro-kernels and packing routines for the ABIs defined in [`mod@gemm`],
+//! [`direct`] and [`pack`], so a compiled model can run where LLVM is absent.
 
 mod activation;
 pub mod bayes;
@@ -21,6 +23,7 @@ mod pool;
 pub mod schedule;
 mod target;
 pub mod tree;
+pub mod tuned;
 
 pub use activation::{Activation, ERF_A, ERF_P, GELU_C};
 pub use cost::{CostModel, MachineModel};
@@ -38,6 +41,7 @@ pub use schedule::{
 };
 pub use target::{Isa, Target};
 pub use tree::{DecisionTree, RegretStats, TreeOptions};
+pub use tuned::{MacroKernel, TunedClass, TunedRow, TunedSchedules};
 
 /// Errors from kernels: shapes that do not fit, and so on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -69,7 +69,13 @@ proptest! {
 
 #[test]
 fn bad_shapes_are_errors() {
-    let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
+    let uk = MicroKernel {
+        mr: 3,
+        nr: 5,
+        func: rust_kernel_3x5,
+        epilogue: Default::default(),
+        packers: Default::default(),
+    };
     let blk = Blocking { kc: 4, mc: 3, nc: 5 };
     let a = vec![0.0; 6];
     assert!(MatRef::row_major(&a, 3, 3).is_err(), "a view larger than its buffer");
