@@ -10,8 +10,8 @@ use std::sync::OnceLock;
 
 use anyshape_kernels::tree::{extents, sweep, Node};
 use anyshape_kernels::{
-    execute, ALayout, BLayout, BOperand, CostModel, DecisionTree, Dispatcher, EpilogueArgs, MachineModel,
-    MatMut, MatRef, PackedB, Problem, Schedule, ThreadPool, TreeOptions,
+    execute, ALayout, BLayout, BOperand, DecisionTree, Dispatcher, EpilogueArgs, MatMut, MatRef, PackedB,
+    Problem, Schedule, ThreadPool, TreeOptions,
 };
 use proptest::prelude::*;
 
@@ -20,22 +20,7 @@ mod common;
 
 /// A small target, so that the blocks split even tiny shapes, and a fixed machine.
 fn dispatcher(threads: usize) -> Dispatcher {
-    let target = common::small_target();
-    let machine = MachineModel {
-        threads,
-        l1d: target.l1d,
-        l2: target.l2,
-        l3: target.l3,
-        dram_bw: 20e9,
-        l3_bw: 30e9,
-        l2_bw: 60e9,
-        pack_a_bw: 12e9,
-        pack_b_bw: 10e9,
-        pack_bt_bw: 8e9,
-        fork_join: 1.5e-6,
-        peak_gflops: 0.0,
-    };
-    Dispatcher::new(target, common::test_family(), machine, CostModel::Hierarchical)
+    common::fixed_dispatcher(threads)
 }
 
 const PACKED: BLayout = BLayout::Packed { nr: 8, kc: 16 };

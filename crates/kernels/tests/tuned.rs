@@ -5,30 +5,15 @@
 //! its tuned layout, and tables that do not fit the family are errors.
 
 use anyshape_kernels::{
-    execute, ALayout, BLayout, BOperand, CostModel, Dispatcher, EpilogueArgs, LoopOrder, MachineModel,
-    MacroKernel, MatMut, MatRef, Operands, Problem, ThreadPool, TunedClass, TunedRow, TunedSchedules,
+    execute, ALayout, BLayout, BOperand, Dispatcher, EpilogueArgs, LoopOrder, MacroKernel, MatMut, MatRef,
+    Operands, Problem, ThreadPool, TunedClass, TunedRow, TunedSchedules,
 };
 
 #[macro_use]
 mod common;
 
 fn dispatcher(threads: usize) -> Dispatcher {
-    let target = common::small_target();
-    let machine = MachineModel {
-        threads,
-        l1d: target.l1d,
-        l2: target.l2,
-        l3: target.l3,
-        dram_bw: 20e9,
-        l3_bw: 30e9,
-        l2_bw: 60e9,
-        pack_a_bw: 12e9,
-        pack_b_bw: 10e9,
-        pack_bt_bw: 8e9,
-        fork_join: 1.5e-6,
-        peak_gflops: 0.0,
-    };
-    Dispatcher::new(target, common::test_family(), machine, CostModel::Hierarchical)
+    common::fixed_dispatcher(threads)
 }
 
 const PACKED: MacroKernel =

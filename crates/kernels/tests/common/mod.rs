@@ -116,3 +116,30 @@ pub fn test_family() -> anyshape_kernels::KernelFamily {
 pub fn small_target() -> anyshape_kernels::Target {
     anyshape_kernels::Target { l1d: 2 << 10, l2: 8 << 10, l3: 64 << 10, ..anyshape_kernels::Target::detect() }
 }
+
+/// A dispatcher over [`test_family`] on [`small_target`] with a fixed machine model
+/// (not measured), so that its choices are the same on every machine.
+#[allow(dead_code)]
+pub fn fixed_dispatcher(threads: usize) -> anyshape_kernels::Dispatcher {
+    let target = small_target();
+    let machine = anyshape_kernels::MachineModel {
+        threads,
+        l1d: target.l1d,
+        l2: target.l2,
+        l3: target.l3,
+        dram_bw: 20e9,
+        l3_bw: 30e9,
+        l2_bw: 60e9,
+        pack_a_bw: 12e9,
+        pack_b_bw: 10e9,
+        pack_bt_bw: 8e9,
+        fork_join: 1.5e-6,
+        peak_gflops: 0.0,
+    };
+    anyshape_kernels::Dispatcher::new(
+        target,
+        test_family(),
+        machine,
+        anyshape_kernels::CostModel::Hierarchical,
+    )
+}
