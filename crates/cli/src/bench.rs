@@ -94,7 +94,7 @@ pub enum Packing {
 }
 
 /// Best seconds per call of `f` over `rounds` rounds of at least `min_s` each.
-fn time_per_call(rounds: usize, min_s: f64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+pub(crate) fn time_per_call(rounds: usize, min_s: f64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     f()?;
     let mut best = f64::INFINITY;
     for _ in 0..rounds {

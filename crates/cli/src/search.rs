@@ -69,7 +69,7 @@ impl Bench<'_> {
         Problem { batch: self.class.batch, m, n: self.class.n, k: self.class.k, a: ALayout::RowMajor, b }
     }
 
-    /// Seconds per call of `s` at `m` (best of 3 rounds of at least 5 ms).
+    /// Seconds per call of `s` at `m` (best of 3 rounds of at least 5 ms each).
     fn time(&mut self, s: &Schedule, m: usize, layout: BLayout) -> Result<f64> {
         let (batch, n, k) = (self.class.batch, self.class.n, self.class.k);
         if let BLayout::Packed { nr, kc } = layout {
@@ -86,7 +86,7 @@ impl Bench<'_> {
             _ => None,
         };
         let (a, b, c) = (&self.a, &self.b, &mut self.c);
-        let mut run = || -> Result<()> {
+        let run = || -> Result<()> {
             let av = (0..batch)
                 .map(|e| MatRef::row_major(&a[e * m * k..(e + 1) * m * k], m, k))
                 .collect::<Result<Vec<_>, _>>()?;
@@ -103,17 +103,7 @@ impl Bench<'_> {
             execute(self.pool, &plan, &av, &bv, cv, &EpilogueArgs::default())?;
             Ok(())
         };
-        run()?;
-        let mut best = f64::INFINITY;
-        for _ in 0..3 {
-            let (mut reps, t0) = (0usize, Instant::now());
-            while reps < 2 || t0.elapsed().as_secs_f64() < 0.005 {
-                run()?;
-                reps += 1;
-            }
-            best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
-        }
-        Ok(best)
+        crate::bench::time_per_call(3, 0.005, run)
     }
 
     /// The layout B has under `mk` (a weight is packed for its tile width and depth).
