@@ -38,6 +38,11 @@ pub struct BenchMatmulArgs {
     /// Generate AVX2 code only (on an AVX-512 machine, to compare the paths).
     #[arg(long)]
     avx2: bool,
+    /// The element type the kernels multiply: f32, or bf16 (operands rounded to
+    /// bfloat16 when packed, f32 accumulation; needs AVX-512 BF16). Operands and
+    /// results are f32 in memory either way; the peak is the type's own.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
     /// One JSON object per shape instead of a table.
     #[arg(long)]
     json: bool,
@@ -143,6 +148,8 @@ pub fn bench_matmul(args: BenchMatmulArgs) -> Result<()> {
     if args.batch == 0 {
         bail!(UserError("--batch must be at least 1".into()));
     }
+    let elem: kernels::ElemType = args.dtype.parse().map_err(|e| UserError(format!("--dtype: {e}")))?;
+    elem.check(&target).map_err(|e| UserError(format!("--dtype {elem}: {e}")))?;
     let model = parse_model(&args.model)?;
     let tile = args.tile.as_deref().map(parse_tile).transpose()?;
     let pool = ThreadPool::new(args.threads.unwrap_or(target.cores));
@@ -154,6 +161,7 @@ pub fn bench_matmul(args: BenchMatmulArgs) -> Result<()> {
         .cache(cache.as_deref())
         .keep(keep.as_deref())
         .generated_packing(args.packing == Packing::Generated)
+        .elem(elem)
         .build()?;
     let contraction = match args.tuned.as_deref() {
         Some(f) => contraction
@@ -173,7 +181,7 @@ pub fn bench_matmul(args: BenchMatmulArgs) -> Result<()> {
         let direct: Vec<String> =
             d.family().direct_variants().iter().map(|v| format!("{}x{}", v.kernel.mr, v.kernel.nr)).collect();
         say!(
-            "# {} f32 lanes, {} threads, measured peak {peak:.1} GFLOP/s; family of {} packed kernels ({}) and {} direct ({}) compiled in {compile_ms:.0} ms; schedules by {}",
+            "# {elem} kernels, {} f32 lanes, {} threads, measured {elem} peak {peak:.1} GFLOP/s; family of {} packed kernels ({}) and {} direct ({}) compiled in {compile_ms:.0} ms; schedules by {}",
             target.f32_lanes,
             pool.threads(),
             tiles.len(),
@@ -234,7 +242,10 @@ fn bench_shape(
     if batch == 1 {
         let bv = b_view(&ops.b, 0, k, n, args.bt)?;
         ops.packed = Some(match tile {
-            Some((mr, nr)) => PackedB::new(bv, nr, kernels::schedule::kc_for(d.target(), mr, nr)),
+            Some((mr, nr)) => {
+                let elem = d.family().elem();
+                PackedB::of_elem(bv, nr, kernels::schedule::kc_for(d.target(), elem, mr, nr), elem)
+            }
             None => d.pack_weight(bv, &args.pack_for)?,
         });
     }
@@ -336,7 +347,8 @@ fn bench_shape(
     }
     if args.json {
         say!(
-            "{{\"batch\": {batch}, \"m\": {m}, \"n\": {n}, \"k\": {k}, \"gflops\": {gflops:.2}, \"peak_fraction\": {:.4}, \"seconds\": {best:.3e}, \"threads\": {}, \"mr\": {}, \"nr\": {}, \"schedule\": \"{chosen}\", \"dispatch_first_us\": {pick_us:.2}, \"dispatch_memo_ns\": {}{regret}}}",
+            "{{\"dtype\": \"{}\", \"batch\": {batch}, \"m\": {m}, \"n\": {n}, \"k\": {k}, \"gflops\": {gflops:.2}, \"peak_fraction\": {:.4}, \"seconds\": {best:.3e}, \"threads\": {}, \"mr\": {}, \"nr\": {}, \"schedule\": \"{chosen}\", \"dispatch_first_us\": {pick_us:.2}, \"dispatch_memo_ns\": {}{regret}}}",
+            d.family().elem(),
             gflops / peak.max(1e-9),
             pool.threads(),
             chosen.mr,

@@ -441,21 +441,34 @@ fn tune(avx2: bool, cache_dir: Option<PathBuf>) -> Result<()> {
     if avx2 && host.isa.avx512f {
         targets.extend(host.avx2_only().map(|t| ("avx2", t)));
     }
-    for (name, t) in targets {
+    // Every element type the target multiplies in: one record each.
+    let runs: Vec<_> = targets
+        .iter()
+        .flat_map(|(name, t)| {
+            kernels::ElemType::ALL
+                .into_iter()
+                .filter(|e| e.check(t).is_ok())
+                .map(move |e| (*name, t.clone(), e))
+        })
+        .collect();
+    for (name, t, elem) in runs {
         let bar = indicatif::ProgressBar::new(codegen::register_tiles(&t).len() as u64);
         bar.set_style(
             indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tiles ({elapsed})")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
-        bar.set_message(format!("measuring {name} micro-kernels"));
+        bar.set_message(format!("measuring {name} {elem} micro-kernels"));
         let start = std::time::Instant::now();
-        let record = codegen::tuning::measure(Some(&dir), &t, &|i, _| bar.set_position(i as u64))?;
+        let record = codegen::tuning::measure(Some(&dir), &t, elem, &|i, _| bar.set_position(i as u64))?;
         bar.finish_and_clear();
         let (mr, nr) = codegen::pick_tile(&record.tiles, 4)?;
         let best = record.tiles.iter().map(|m| m.gflops).fold(0.0, f64::max);
-        let direct = record.direct.iter().map(|m| m.gflops).fold(0.0, f64::max);
+        let direct = match record.direct.iter().map(|m| m.gflops).reduce(f64::max) {
+            Some(g) => format!(", {g:.1} direct"),
+            None => String::new(),
+        };
         say!(
-            "{name}: {} register tiles measured (packed and direct) in {:.1} s; fastest {best:.1} GFLOP/s packed, {direct:.1} direct (1 thread), chosen {mr}x{nr}; stored in {}",
+            "{name} {elem}: {} register tiles measured in {:.1} s; fastest {best:.1} GFLOP/s packed{direct} (1 thread), chosen {mr}x{nr}; stored in {}",
             record.tiles.len(),
             start.elapsed().as_secs_f64(),
             dir.display()

@@ -70,12 +70,55 @@ fn prints_rates_schedules_regret_and_dumps_kernels() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The bf16 family (where the host has AVX-512 BF16): the JSON says so, and the
+/// rates are against the bf16 peak; its tuning record is a file of its own.
+#[test]
+fn bf16_family_runs_and_reports_its_type() {
+    if !std::arch::is_x86_feature_detected!("avx512bf16") {
+        eprintln!("skipped: no AVX-512 BF16");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("anyshape-bench-bf16-{}", std::process::id()));
+    let cache = dir.join("cache");
+    let out = anyshape(&[
+        "bench-matmul",
+        "--m",
+        "1,13",
+        "--n",
+        "40",
+        "--k",
+        "17",
+        "--dtype",
+        "bf16",
+        "--threads",
+        "2",
+        "--json",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text.lines().count(), 2, "{text}");
+    for l in text.lines() {
+        assert!(l.contains("\"dtype\": \"bf16\""), "{l}");
+        assert!(!l.contains("direct"), "bf16 schedules are packed: {l}");
+    }
+    let names: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().any(|n| n.starts_with("tiles-bf16-")), "{names:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bad_flags_are_user_errors() {
     for (args, fragment) in [
         (&["--model", "magic"][..], "unknown cost model"),
         (&["--tile", "8y32"][..], "expected MRxNR"),
         (&["--batch", "0"][..], "--batch"),
+        (&["--dtype", "int4"][..], "unknown element type"),
+        (&["--dtype", "bf16", "--avx2"][..], "AVX-512 BF16"),
     ] {
         let mut all = vec!["bench-matmul", "--m", "4", "--n", "4", "--k", "4"];
         all.extend_from_slice(args);

@@ -24,7 +24,7 @@ fn main() {
             }
             let jit = compile_microkernel(&t, mr, nr).expect("compile");
             let uk = jit.kernel();
-            let blk = Blocking::for_target(&t, mr, nr);
+            let blk = Blocking::for_target(&t, kernels::ElemType::F32, mr, nr);
             let run = |c: &mut Vec<f32>| {
                 gemm(
                     &uk,

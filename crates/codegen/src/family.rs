@@ -7,7 +7,8 @@ use std::path::Path;
 
 use kernels::categorize::KernelId;
 use kernels::{
-    CostModel, DirectVariant, Dispatcher, Epilogue, KernelFamily, KernelVariant, Packers, Target, ThreadPool,
+    CostModel, DirectVariant, Dispatcher, ElemType, Epilogue, KernelFamily, KernelVariant, Packers, Target,
+    ThreadPool,
 };
 
 use crate::tuning::{machine_model, record};
@@ -78,6 +79,7 @@ pub struct ContractionBuilder<'a> {
     cache: Option<&'a Path>,
     keep: Option<&'a [KernelId]>,
     generated_packing: bool,
+    elem: ElemType,
 }
 
 impl<'a> ContractionBuilder<'a> {
@@ -96,6 +98,11 @@ impl<'a> ContractionBuilder<'a> {
     pub fn keep(self, keep: Option<&'a [KernelId]>) -> Self {
         ContractionBuilder { keep, ..self }
     }
+    /// The element type the kernels multiply (f32 by default; bf16 packs both
+    /// operands to bf16 and accumulates in f32). Direct kernels are f32 only.
+    pub fn elem(self, elem: ElemType) -> Self {
+        ContractionBuilder { elem, ..self }
+    }
     /// Pack with the generated routines (the default) or the portable loops.
     pub fn generated_packing(self, generated_packing: bool) -> Self {
         ContractionBuilder { generated_packing, ..self }
@@ -104,8 +111,9 @@ impl<'a> ContractionBuilder<'a> {
     /// Compile the family from this machine's measured tiles (cached, measured now
     /// otherwise) and calibrate the analytical levels for the pool's threads.
     pub fn build(self) -> Result<Contraction, CodegenError> {
-        let (target, epilogue, keep) = (self.target, self.epilogue, self.keep);
-        let (mut rec, _) = record(self.cache, target)?;
+        let (target, epilogue, keep, elem) = (self.target, self.epilogue, self.keep, self.elem);
+        elem.check(target).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
+        let (mut rec, _) = record(self.cache, target, elem)?;
         let machine = machine_model(self.cache, target, self.pool, &mut rec);
         let kept = |direct: bool, t: &TileMeasurement| {
             keep.is_none_or(|k| k.contains(&KernelId { direct, mr: t.mr, nr: t.nr }))
@@ -121,7 +129,7 @@ impl<'a> ContractionBuilder<'a> {
         } else {
             Vec::new()
         };
-        let packers = compile_packers(target, &widths)?;
+        let packers = compile_packers(target, elem, &widths)?;
         let packers_of = |mr: Option<usize>, nr: usize| Packers {
             a: mr.and_then(|w| packers.get(w)),
             bt: packers.get(nr),
@@ -129,7 +137,7 @@ impl<'a> ContractionBuilder<'a> {
         let mut jit = Vec::with_capacity(tiles.len());
         let mut variants = Vec::with_capacity(tiles.len());
         for t in &tiles {
-            let k = compile_microkernel_with(target, t.mr, t.nr, epilogue)?;
+            let k = compile_microkernel_with(target, elem, t.mr, t.nr, epilogue)?;
             let kernel = kernels::MicroKernel { packers: packers_of(Some(t.mr), t.nr), ..k.kernel() };
             variants.push(KernelVariant { kernel, gflops: t.gflops });
             jit.push(k);
@@ -166,6 +174,7 @@ impl Contraction {
             cache: None,
             keep: None,
             generated_packing: true,
+            elem: ElemType::F32,
         }
     }
 

@@ -6,7 +6,10 @@
 //! A micro-kernel computes an `MR × NR` tile of C from packed panels (the ABI in
 //! `kernels::gemm`): `NR / W` vector accumulators per row (`W` f32 lanes), a K
 //! loop of one broadcast of A per row and fused multiply-adds, and a store that
-//! either overwrites C or adds to it. `MR` and `NR` are chosen so that the
+//! either overwrites C or adds to it. The element type is a parameter: a bf16
+//! kernel's K loop steps over words of two depths, broadcasts one word of A per
+//! row and multiplies with `vdpbf16ps` (two products per f32 lane), and
+//! everything around the loop (accumulators, store, epilogue) is the f32 kernel's. `MR` and `NR` are chosen so that the
 //! accumulators, the B vectors and the broadcast fit the register file.
 
 use inkwell::attributes::AttributeLoc;
@@ -20,7 +23,7 @@ use inkwell::targets::{
 };
 use inkwell::values::{BasicValue, BasicValueEnum, FloatValue, IntValue, VectorValue};
 use inkwell::{AddressSpace, IntPredicate, OptimizationLevel};
-use kernels::{DirectKernel, Epilogue, MicroKernel, MicroKernelFn, Target};
+use kernels::{DirectKernel, ElemType, Epilogue, MicroKernel, MicroKernelFn, Target};
 
 pub use direct::{compile_direct_kernel, time_direct_kernel};
 pub use family::{direct_family_tiles, family_tiles, Contraction, ContractionBuilder};
@@ -102,28 +105,30 @@ mod vmath;
 
 /// Compile an `mr × nr` f32 micro-kernel for `t` (`nr` a multiple of its lanes).
 pub fn compile_microkernel(t: &Target, mr: usize, nr: usize) -> Result<JitMicroKernel, CodegenError> {
-    compile_microkernel_with(t, mr, nr, Epilogue::default())
+    compile_microkernel_with(t, ElemType::F32, mr, nr, Epilogue::default())
 }
 
-/// Compile an `mr × nr` f32 micro-kernel with `epilogue` applied to each tile in
-/// registers when the driver asks for it (the last K block).
+/// Compile an `mr × nr` micro-kernel multiplying `elem` with `epilogue` applied
+/// to each tile in registers when the driver asks for it (the last K block).
 pub fn compile_microkernel_with(
     t: &Target,
+    elem: ElemType,
     mr: usize,
     nr: usize,
     epilogue: Epilogue,
 ) -> Result<JitMicroKernel, CodegenError> {
     let w = check_tile(t, mr, nr)?;
-    let name = format!("ukernel_f32_{mr}x{nr}{}", if epilogue.is_identity() { "" } else { "_epilogue" });
+    elem.check(t).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
+    let name = format!("ukernel_{elem}_{mr}x{nr}{}", if epilogue.is_identity() { "" } else { "_epilogue" });
     let jit = jit_function(t, &name, |ctx, module, cpu, features| {
-        build_microkernel(ctx, module, &name, (mr, nr, w), &epilogue, cpu, features)
+        build_microkernel(ctx, module, &name, (mr, nr, w, elem), &epilogue, cpu, features)
     })?;
     // SAFETY: `jit.addr` is the entry of the function just generated with exactly
     // the `MicroKernelFn` signature (i64, ptr, ptr, ptr, i64, i64, ptr, ptr, i64) -> void and the
     // C calling convention; the engine that owns it lives in the returned value.
     let func: MicroKernelFn = unsafe { std::mem::transmute::<usize, MicroKernelFn>(jit.addr) };
     Ok(JitMicroKernel {
-        kernel: MicroKernel { mr, nr, func, epilogue, packers: Default::default() },
+        kernel: MicroKernel { mr, nr, elem, func, epilogue, packers: Default::default() },
         ir: jit.ir,
         asm: jit.asm,
         _engine: jit.engine,
@@ -231,7 +236,7 @@ fn build_microkernel(
     ctx: &'static Context,
     module: &Module<'static>,
     name: &str,
-    (mr, nr, w): (usize, usize, usize),
+    (mr, nr, w, elem): (usize, usize, usize, ElemType),
     epilogue: &Epilogue,
     cpu: &str,
     features: &str,
@@ -284,6 +289,15 @@ fn build_microkernel(
     let exit = ctx.append_basic_block(f, "exit");
 
     bld.position_at_end(entry);
+    let c_i64 = |v: usize| i64t.const_int(v as u64, false);
+    // The loop runs over panel words: `kc` of them for f32, `⌈kc / 2⌉` for bf16.
+    let g = elem.k_group();
+    let kc = if g == 1 {
+        kc
+    } else {
+        let up = bld.build_int_add(kc, c_i64(g - 1), "kc.up").map_err(llvm)?;
+        bld.build_int_unsigned_div(up, c_i64(g), "kw").map_err(llvm)?
+    };
     bld.build_unconditional_branch(header).map_err(llvm)?;
 
     // k.header: the accumulators and k as phis.
@@ -297,23 +311,39 @@ fn build_microkernel(
     let more = bld.build_int_compare(IntPredicate::SLT, k, kc, "more").map_err(llvm)?;
     bld.build_conditional_branch(more, body, done).map_err(llvm)?;
 
-    // k.body: B vectors, one broadcast of A per row, FMAs.
+    // k.body: B vectors, one broadcast of A per row, FMAs (f32) or pair dot
+    // products (bf16). A panel word is 4 bytes whatever it holds, so panel
+    // addresses step in f32 units.
     bld.position_at_end(body);
-    let fma = Intrinsic::find("llvm.fma").ok_or_else(|| llvm("no llvm.fma"))?;
-    let fma =
-        fma.get_declaration(module, &[vt.into()]).ok_or_else(|| llvm("no llvm.fma for the vector type"))?;
+    // The word vectors the multiply takes: W f32, or 2W bf16 (W pairs).
+    let (wt, mul) = match elem {
+        ElemType::F32 => {
+            let fma = Intrinsic::find("llvm.fma").ok_or_else(|| llvm("no llvm.fma"))?;
+            let fma = fma
+                .get_declaration(module, &[vt.into()])
+                .ok_or_else(|| llvm("no llvm.fma for the vector type"))?;
+            (vt, fma)
+        }
+        ElemType::Bf16 => {
+            let bt = ctx.bf16_type().vec_type(2 * w as u32);
+            let name = format!("llvm.x86.avx512bf16.dpbf16ps.{}", w * 32);
+            let dp = module.get_function(&name).unwrap_or_else(|| {
+                module.add_function(&name, vt.fn_type(&[vt.into(), bt.into(), bt.into()], false), None)
+            });
+            (bt, dp)
+        }
+    };
     let gep = |base, idx: IntValue<'static>, n: &str| {
         // SAFETY (of the IR, not of Rust): indices stay inside the packed panels
         // and the C tile the ABI promises; the builder only records the address.
         unsafe { bld.build_in_bounds_gep(f32t, base, &[idx], n) }.map_err(llvm)
     };
-    let c_i64 = |v: usize| i64t.const_int(v as u64, false);
     let kb = bld.build_int_mul(k, c_i64(nr), "kb").map_err(llvm)?;
     let mut bvecs: Vec<VectorValue> = Vec::with_capacity(nv);
     for v in 0..nv {
         let idx = bld.build_int_add(kb, c_i64(v * w), "bi").map_err(llvm)?;
         let p = gep(b, idx, "bp")?;
-        let load = bld.build_load(vt, p, "b").map_err(llvm)?;
+        let load = bld.build_load(wt, p, "b").map_err(llvm)?;
         set_align(&load, 4);
         bvecs.push(load.into_vector_value());
     }
@@ -327,9 +357,15 @@ fn build_microkernel(
         let one =
             bld.build_insert_element(vt.get_poison(), s, ctx.i32_type().const_zero(), "a1").map_err(llvm)?;
         let splat = bld.build_shuffle_vector(one, vt.get_poison(), zero_mask, "abc").map_err(llvm)?;
+        // The broadcast word as the multiply's operand type (a bit cast, no work).
+        let splat = bld.build_bit_cast(splat, wt, "aw").map_err(llvm)?.into_vector_value();
         for (v, bv) in bvecs.iter().enumerate() {
             let acc = acc_phis[i * nv + v].as_basic_value();
-            let r = bld.build_call(fma, &[splat.into(), (*bv).into(), acc.into()], "fma").map_err(llvm)?;
+            let args = match elem {
+                ElemType::F32 => [splat.into(), (*bv).into(), acc.into()],
+                ElemType::Bf16 => [acc.into(), splat.into(), (*bv).into()],
+            };
+            let r = bld.build_call(mul, &args, "mul").map_err(llvm)?;
             let r = match r.try_as_basic_value() {
                 inkwell::values::ValueKind::Basic(v) => v,
                 inkwell::values::ValueKind::Instruction(_) => return Err(llvm("fma returned nothing")),
@@ -480,9 +516,12 @@ pub(crate) fn gflops_of_calls(flops: usize, mut call: impl FnMut(usize)) -> f64 
 /// GFLOP/s of one micro-kernel called repeatedly on the same packed panels,
 /// sized to a quarter of L1 so that only the register level is measured.
 pub fn time_microkernel(uk: &MicroKernel, t: &Target) -> f64 {
-    let kc = (t.l1d / 4 / ((uk.mr + uk.nr) * 4)).clamp(16, 512);
-    let a = vec![0.5f32; kc * uk.mr];
-    let b = vec![0.25f32; kc * uk.nr];
+    let kw = (t.l1d / 4 / ((uk.mr + uk.nr) * 4)).clamp(16, 512);
+    let kc = kw * uk.elem.k_group();
+    // Words of ordinary values in any element type (0.5 and 0.25 in f32; in bf16,
+    // the same values and a zero): no overflow, no special values.
+    let a = vec![0.5f32.to_bits(); kw * uk.mr];
+    let b = vec![0.25f32.to_bits(); kw * uk.nr];
     let mut c = vec![0.0f32; uk.mr * uk.nr];
     let call = |n: usize| {
         for _ in 0..n {

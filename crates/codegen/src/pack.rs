@@ -1,10 +1,12 @@
 //! Generated packing routines (the ABI of `kernels::pack`): `rows ≤ width` source
-//! rows, contiguous along K, interleaved into a `width`-wide panel. Per block of
-//! `W` depths (`W` f32 lanes): one vector load per row, an in-register transpose,
-//! `width` vector stores; the last partial block uses masked loads and stores, so
-//! nothing past a row's `kc` elements is read and nothing past the panel written.
-//! Rows at or past `rows` read a constant zero vector instead (local padding
-//! with no branch per row).
+//! rows, contiguous along K, interleaved into a `width`-wide panel of words. Per
+//! block of `W` words (`W` f32 lanes; `W · k_group` depths): one vector load per
+//! row (two for bf16, converted to `2W` bf16 with `vcvtneps2bf16` and seen as `W`
+//! pair words), an in-register transpose of the words, `width` vector stores; the
+//! last partial block uses masked loads and stores, so nothing past a row's `kc`
+//! elements is read and nothing past the panel written (a depth missing from the
+//! last bf16 pair loads as zero). Rows at or past `rows` read a constant zero
+//! vector instead (local padding with no branch per row).
 //!
 //! The transpose: when `width` is a multiple of `W`, each `W × W` block by a
 //! butterfly (`log₂ W` stages of two-source shuffles swapping sub-blocks, a
@@ -19,11 +21,12 @@ use inkwell::module::Module;
 use inkwell::types::VectorType;
 use inkwell::values::{BasicMetadataValueEnum, BasicValueEnum, IntValue, PointerValue, VectorValue};
 use inkwell::{AddressSpace, IntPredicate};
-use kernels::{PackFn, Packer, Target};
+use kernels::{ElemType, PackFn, Packer, Target};
 
 use crate::{jit_module, llvm, set_align, target_attributes, CodegenError};
 
-/// The packing routines of a family, one per panel width, compiled together.
+/// The packing routines of a family, one per panel width, compiled together,
+/// all converting to the family's element type.
 pub struct JitPackers {
     packers: Vec<Packer>,
     ir: String,
@@ -61,22 +64,24 @@ impl JitPackers {
 /// most 4 vectors, its height at most 16).
 const MAX_WIDTH: usize = 128;
 
-/// Compile one packing routine per distinct width in `widths` for `t`.
-pub fn compile_packers(t: &Target, widths: &[usize]) -> Result<JitPackers, CodegenError> {
+/// Compile one packing routine per distinct width in `widths` for `t`, writing
+/// `elem` panels.
+pub fn compile_packers(t: &Target, elem: ElemType, widths: &[usize]) -> Result<JitPackers, CodegenError> {
     let l = t.f32_lanes;
     if !t.supported() {
         return Err(CodegenError::Unsupported("packing routines need x86-64 with AVX2 and FMA".into()));
     }
+    elem.check(t).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
     let mut widths = widths.to_vec();
     widths.sort_unstable();
     widths.dedup();
     if let Some(&w) = widths.iter().find(|&&w| w == 0 || w > MAX_WIDTH) {
         return Err(CodegenError::Unsupported(format!("a packing routine {w} wide (1 to {MAX_WIDTH})")));
     }
-    let name = |w: usize| format!("pack_f32_w{w}");
+    let name = |w: usize| format!("pack_{elem}_w{w}");
     let (engine, ir, asm) = jit_module(t, "packers", |ctx, module, cpu, features| {
         for &w in &widths {
-            build_packer(ctx, module, &name(w), w, l, cpu, features)?;
+            build_packer(ctx, module, &name(w), (w, elem), l, cpu, features)?;
         }
         Ok(())
     })?;
@@ -87,7 +92,7 @@ pub fn compile_packers(t: &Target, widths: &[usize]) -> Result<JitPackers, Codeg
         // `PackFn` signature (ptr, i64, i64, i64, ptr) -> void and the C calling
         // convention; the engine that owns it lives in the returned value.
         let func: PackFn = unsafe { std::mem::transmute::<usize, PackFn>(addr) };
-        packers.push(Packer { width: w, func });
+        packers.push(Packer { width: w, elem, func });
     }
     Ok(JitPackers { packers, ir, asm, _engine: engine })
 }
@@ -96,12 +101,15 @@ fn build_packer(
     ctx: &'static Context,
     module: &Module<'static>,
     name: &str,
-    width: usize,
+    (width, elem): (usize, ElemType),
     l: usize,
     cpu: &str,
     features: &str,
 ) -> Result<(), CodegenError> {
     let (f32t, i64t, i32t) = (ctx.f32_type(), ctx.i64_type(), ctx.i32_type());
+    // Depths per word, and per block of `l` words.
+    let g = elem.k_group();
+    let depths = l * g;
     let ptr = ctx.ptr_type(AddressSpace::default());
     let vt = f32t.vec_type(l as u32);
     let params = [ptr.into(), i64t.into(), i64t.into(), i64t.into(), ptr.into()];
@@ -117,8 +125,8 @@ fn build_packer(
     let (kc, dst) = (p(3)?.into_int_value(), p(4)?.into_pointer_value());
 
     // The rows past `rows` read this (one vector of zeros, never advanced).
-    let zeros = module.add_global(f32t.array_type(l as u32), None, &format!("{name}_zeros"));
-    zeros.set_initializer(&f32t.array_type(l as u32).const_zero());
+    let zeros = module.add_global(f32t.array_type(depths as u32), None, &format!("{name}_zeros"));
+    zeros.set_initializer(&f32t.array_type(depths as u32).const_zero());
     zeros.set_constant(true);
     zeros.set_alignment(64);
 
@@ -172,8 +180,23 @@ fn build_packer(
         let step = bld.build_select(live, c_i64(1), c_i64(0), "step").map_err(llvm)?;
         bases.push((base.into_pointer_value(), step.into_int_value()));
     }
-    let shift = c_i64(l.trailing_zeros() as usize);
+    let shift = c_i64(depths.trailing_zeros() as usize);
     let nfull = bld.build_right_shift(kc, shift, false, "nfull").map_err(llvm)?;
+    // One block of a row's depths as `l` words: the f32 values themselves, or
+    // `2l` values rounded to bf16 and paired up (a bit cast: the pairs are adjacent).
+    let bt = ctx.bf16_type().vec_type(depths as u32);
+    let wide_mask: Vec<_> = (0..depths).map(|j| i32t.const_int(j as u64, false)).collect();
+    let wide_mask = VectorType::const_vector(&wide_mask);
+    let to_words = |parts: &[VectorValue<'static>]| -> Result<VectorValue<'static>, CodegenError> {
+        match elem {
+            ElemType::F32 => Ok(parts[0]),
+            ElemType::Bf16 => {
+                let wide = bld.build_shuffle_vector(parts[0], parts[1], wide_mask, "wide").map_err(llvm)?;
+                let half = bld.build_float_trunc(wide, bt, "bf16").map_err(llvm)?;
+                Ok(bld.build_bit_cast(half, vt, "words").map_err(llvm)?.into_vector_value())
+            }
+        }
+    };
     bld.build_unconditional_branch(header).map_err(llvm)?;
 
     // The full blocks of `W` depths.
@@ -188,12 +211,21 @@ fn build_packer(
     let mut v = Vec::with_capacity(width);
     for (i, &(base, step)) in bases.iter().enumerate() {
         let off = bld.build_int_mul(k0, step, "koff").map_err(llvm)?;
-        let load = bld.build_load(vt, gep(base, off, "ap")?, &format!("r{i}")).map_err(llvm)?;
-        set_align(&load, 4);
-        v.push(load.into_vector_value());
+        let mut parts = Vec::with_capacity(g);
+        for part in 0..g {
+            let off = bld
+                .build_int_add(off, bld.build_int_mul(c_i64(part * l), step, "po").map_err(llvm)?, "o")
+                .map_err(llvm)?;
+            let load = bld.build_load(vt, gep(base, off, "ap")?, &format!("r{i}")).map_err(llvm)?;
+            set_align(&load, 4);
+            parts.push(load.into_vector_value());
+        }
+        v.push(to_words(&parts)?);
     }
     let outs = transpose(ctx, &bld, &v, width, l)?;
-    let out0 = bld.build_int_mul(k0, c_i64(width), "out0").map_err(llvm)?;
+    // The block's first word: `k0 / g` words into every line.
+    let w0 = bld.build_right_shift(k0, c_i64(g.trailing_zeros() as usize), false, "w0").map_err(llvm)?;
+    let out0 = bld.build_int_mul(w0, c_i64(width), "out0").map_err(llvm)?;
     for (o, vec) in outs.iter().enumerate() {
         let at = bld.build_int_add(out0, c_i64(o * l), "at").map_err(llvm)?;
         let st = bld.build_store(gep(dst, at, "dp")?, *vec).map_err(llvm)?;
@@ -211,17 +243,33 @@ fn build_packer(
     bld.build_conditional_branch(none, exit, tail_body).map_err(llvm)?;
 
     bld.position_at_end(tail_body);
-    let in_mask = bld.build_int_compare(IntPredicate::SLT, iota(0), splat(kr)?, "inmask").map_err(llvm)?;
+    let mut in_masks = Vec::with_capacity(g);
+    for part in 0..g {
+        let m =
+            bld.build_int_compare(IntPredicate::SLT, iota(part * l), splat(kr)?, "inmask").map_err(llvm)?;
+        in_masks.push(m);
+    }
     let mut v = Vec::with_capacity(width);
     for &(base, step) in &bases {
         let off = bld.build_int_mul(k0, step, "koff").map_err(llvm)?;
-        let args = [gep(base, off, "ap")?.into(), align.into(), in_mask.into(), vt.const_zero().into()];
-        let r = call(mload, &args)?.map(BasicValueEnum::into_vector_value);
-        v.push(r.ok_or_else(|| llvm("masked.load returned nothing"))?);
+        let mut parts = Vec::with_capacity(g);
+        for (part, mask) in in_masks.iter().enumerate() {
+            let off = bld
+                .build_int_add(off, bld.build_int_mul(c_i64(part * l), step, "po").map_err(llvm)?, "o")
+                .map_err(llvm)?;
+            let args = [gep(base, off, "ap")?.into(), align.into(), (*mask).into(), vt.const_zero().into()];
+            let r = call(mload, &args)?.map(BasicValueEnum::into_vector_value);
+            parts.push(r.ok_or_else(|| llvm("masked.load returned nothing"))?);
+        }
+        v.push(to_words(&parts)?);
     }
     let outs = transpose(ctx, &bld, &v, width, l)?;
-    let out0 = bld.build_int_mul(k0, c_i64(width), "out0").map_err(llvm)?;
-    let live = splat(bld.build_int_mul(kr, c_i64(width), "live").map_err(llvm)?)?;
+    let w0 = bld.build_right_shift(k0, c_i64(g.trailing_zeros() as usize), false, "w0").map_err(llvm)?;
+    let out0 = bld.build_int_mul(w0, c_i64(width), "out0").map_err(llvm)?;
+    // The words written: `⌈kr / g⌉` per line.
+    let kw = bld.build_int_add(kr, c_i64(g - 1), "kr.up").map_err(llvm)?;
+    let kw = bld.build_right_shift(kw, c_i64(g.trailing_zeros() as usize), false, "kw").map_err(llvm)?;
+    let live = splat(bld.build_int_mul(kw, c_i64(width), "live").map_err(llvm)?)?;
     for (o, vec) in outs.iter().enumerate() {
         let at = bld.build_int_add(out0, c_i64(o * l), "at").map_err(llvm)?;
         let mask = bld.build_int_compare(IntPredicate::SLT, iota(o * l), live, "outmask").map_err(llvm)?;

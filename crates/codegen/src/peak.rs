@@ -1,23 +1,45 @@
 //! Measured peak FMA throughput: a generated loop of independent vector FMAs
 //! (enough accumulators to cover FMA latency on every port, no memory traffic),
-//! timed on every thread of a pool. The denominator of "fraction of peak".
+//! timed on every thread of a pool. The denominator of "fraction of peak". The
+//! bf16 peak is the same loop of `vdpbf16ps` (two products per f32 lane).
 
 use std::time::Instant;
 
 use inkwell::{AddressSpace, IntPredicate};
-use kernels::{Target, ThreadPool};
+use kernels::{ElemType, Target, ThreadPool};
 
 use crate::{jit_function, llvm, target_attributes, CodegenError};
 
-/// Independent accumulators: covers 2 FMA ports × 4-cycle latency with margin.
-const CHAINS: usize = 12;
+/// Independent accumulators: covers 2 FMA ports × 4-cycle latency with margin
+/// (and `vdpbf16ps`'s longer latency: measured best with 24 on Zen 5 with
+/// AVX-512, where 12 chains leave a tenth of its rate unused). AVX2's 16 registers
+/// hold 12 at most.
+fn chains(t: &Target, elem: ElemType) -> usize {
+    match elem {
+        ElemType::Bf16 if t.vector_registers >= 32 => 24,
+        _ => 12,
+    }
+}
 
 type FmaLoopFn = unsafe extern "C" fn(iters: i64, sink: *mut f32);
 
 /// Peak f32 GFLOP/s of `t` measured with `pool`'s threads (each thread running
 /// the FMA loop for about `millis` ms).
 pub fn measure_peak_gflops(t: &Target, pool: &ThreadPool, millis: u64) -> Result<f64, CodegenError> {
+    measure_peak_gflops_of(t, ElemType::F32, pool, millis)
+}
+
+/// Peak GFLOP/s of `t`'s multiply-adds in `elem` (a bf16 pair product and its
+/// add count as 4 flops per lane), with `pool`'s threads.
+pub fn measure_peak_gflops_of(
+    t: &Target,
+    elem: ElemType,
+    pool: &ThreadPool,
+    millis: u64,
+) -> Result<f64, CodegenError> {
+    elem.check(t).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
     let w = t.f32_lanes;
+    let chains = chains(t, elem);
     let name = "fma_peak";
     let jit = jit_function(t, name, |ctx, module, cpu, features| {
         let (f32t, i64t) = (ctx.f32_type(), ctx.i64_type());
@@ -39,7 +61,7 @@ pub fn measure_peak_gflops(t: &Target, pool: &ThreadPool, millis: u64) -> Result
         bld.build_unconditional_branch(head).map_err(llvm)?;
         bld.position_at_end(head);
         let i = bld.build_phi(i64t, "i").map_err(llvm)?;
-        let accs: Vec<_> = (0..CHAINS)
+        let accs: Vec<_> = (0..chains)
             .map(|c| bld.build_phi(vt, &format!("a{c}")))
             .collect::<Result<_, _>>()
             .map_err(llvm)?;
@@ -48,11 +70,29 @@ pub fn measure_peak_gflops(t: &Target, pool: &ThreadPool, millis: u64) -> Result
             .map_err(llvm)?;
         bld.build_conditional_branch(more, body, done).map_err(llvm)?;
         bld.position_at_end(body);
-        let fma = inkwell::intrinsics::Intrinsic::find("llvm.fma").ok_or_else(|| llvm("no llvm.fma"))?;
-        let fma = fma.get_declaration(module, &[vt.into()]).ok_or_else(|| llvm("no llvm.fma"))?;
-        // acc = acc * x + y with x, y constants close to 1 and 0: stays finite.
-        let splat = |v: f64| inkwell::types::VectorType::const_vector(&vec![f32t.const_float(v); w]);
-        let (x, y) = (splat(0.999_999), splat(1e-7));
+        let (fma, x, y) = match elem {
+            ElemType::F32 => {
+                let fma =
+                    inkwell::intrinsics::Intrinsic::find("llvm.fma").ok_or_else(|| llvm("no llvm.fma"))?;
+                let fma = fma.get_declaration(module, &[vt.into()]).ok_or_else(|| llvm("no llvm.fma"))?;
+                // acc = acc * x + y with x, y constants close to 1 and 0: stays finite.
+                let splat = |v: f64| inkwell::types::VectorType::const_vector(&vec![f32t.const_float(v); w]);
+                (fma, splat(0.999_999), splat(1e-7))
+            }
+            ElemType::Bf16 => {
+                let bt = ctx.bf16_type();
+                let name = format!("llvm.x86.avx512bf16.dpbf16ps.{}", w * 32);
+                let fn_type = vt.fn_type(
+                    &[vt.into(), bt.vec_type(2 * w as u32).into(), bt.vec_type(2 * w as u32).into()],
+                    false,
+                );
+                let dp = module.add_function(&name, fn_type, None);
+                // acc += 2 · 2⁻¹⁰ · 2⁻¹⁰ per call: finite for any run.
+                let splat =
+                    |v: f64| inkwell::types::VectorType::const_vector(&vec![bt.const_float(v); 2 * w]);
+                (dp, splat(1.0 / 1024.0), splat(1.0 / 1024.0))
+            }
+        };
         let mut next = Vec::new();
         for a in &accs {
             let r =
@@ -105,7 +145,7 @@ pub fn measure_peak_gflops(t: &Target, pool: &ThreadPool, millis: u64) -> Result
     // Best of three runs of a third of the time each: a slow phase of this machine
     // (a core taken away for a while) would otherwise set the peak.
     let iters = (iters / 3).max(1);
-    let flops = iters as f64 * (CHAINS * w * 2) as f64 * pool.threads() as f64;
+    let flops = iters as f64 * (chains * w * 2 * elem.k_group()) as f64 * pool.threads() as f64;
     let mut best: f64 = 0.0;
     for _ in 0..3 {
         let start = Instant::now();

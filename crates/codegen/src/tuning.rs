@@ -2,31 +2,34 @@
 //! tile's throughput) and the measured peak, stored once per machine so that a
 //! second run needs no measurement (Vortex's hybrid analyzer measures L0 once).
 //!
-//! The record is JSON, keyed by the CPU name and features LLVM sees and the
-//! vector width in use; a record of another machine, or one that does not parse,
-//! is measured again and replaced.
+//! The record is JSON, one file per element type, keyed by the CPU name and
+//! features LLVM sees and the vector width in use; a record of another machine,
+//! or one that does not parse, is measured again and replaced.
 
 use std::path::{Path, PathBuf};
 
-use kernels::{MachineModel, Packers, Target, ThreadPool};
+use kernels::{ElemType, MachineModel, Packers, Target, ThreadPool};
 use serde::{Deserialize, Serialize};
 
 use kernels::Epilogue;
 
 use crate::{
-    compile_direct_kernel, compile_microkernel, pick_tile, register_tiles, time_direct_kernel,
-    time_microkernel, CodegenError, JitMicroKernel, TileMeasurement,
+    compile_direct_kernel, compile_microkernel, compile_microkernel_with, pick_tile, register_tiles,
+    time_direct_kernel, time_microkernel, CodegenError, JitMicroKernel, TileMeasurement,
 };
 
 /// What is stored for one machine and vector width.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TuningRecord {
     pub machine: String,
+    /// The element type the kernels multiply.
+    #[serde(default)]
+    pub elem: ElemType,
     /// The kernel generator's version the rates were measured with ([`GENERATOR`]).
     #[serde(default)]
     pub generator: u32,
     pub tiles: Vec<TileMeasurement>,
-    /// The same tiles as direct kernels (operands read in place).
+    /// The same tiles as direct kernels (operands read in place; f32 only).
     #[serde(default)]
     pub direct: Vec<TileMeasurement>,
     /// The calibrated analytical levels, one per thread count seen.
@@ -36,7 +39,7 @@ pub struct TuningRecord {
 
 /// The version of the kernel generator: a record measured with another version is
 /// measured again (changed kernels have changed rates).
-pub const GENERATOR: u32 = 3;
+pub const GENERATOR: u32 = 4;
 
 /// The machine key: CPU name, features and lanes.
 pub fn machine_key(t: &Target) -> String {
@@ -61,15 +64,19 @@ pub fn default_cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("anyshape"))
 }
 
-fn record_path(dir: &Path, t: &Target) -> PathBuf {
-    dir.join(format!("tiles-f32-{}lanes.json", t.f32_lanes))
+fn record_path(dir: &Path, t: &Target, elem: ElemType) -> PathBuf {
+    dir.join(format!("tiles-{elem}-{}lanes.json", t.f32_lanes))
 }
 
-/// The stored record for this machine, if there is a valid one.
-pub fn load(dir: &Path, t: &Target) -> Option<TuningRecord> {
-    let path = record_path(dir, t);
+/// The stored record of `elem` kernels for this machine, if there is a valid one.
+pub fn load(dir: &Path, t: &Target, elem: ElemType) -> Option<TuningRecord> {
+    let path = record_path(dir, t, elem);
     let text = std::fs::read_to_string(&path).ok()?;
     match serde_json::from_str::<TuningRecord>(&text) {
+        Ok(r) if r.elem != elem => {
+            tracing::warn!("{}: a record of {} kernels; measuring again", path.display(), r.elem);
+            None
+        }
         Ok(r) if r.machine == machine_key(t) && r.generator == GENERATOR && !r.tiles.is_empty() => Some(r),
         Ok(r) if r.machine == machine_key(t) && !r.tiles.is_empty() => {
             tracing::info!("{}: measured with older kernels; measuring again", path.display());
@@ -86,32 +93,41 @@ pub fn load(dir: &Path, t: &Target) -> Option<TuningRecord> {
     }
 }
 
-/// Measure every register tile of `t`, as a packed-panel kernel and as a direct
-/// one (reporting progress: tiles done, total), and store the record. The two
-/// forms of a tile are timed in alternation, best of three each: this machine has
-/// phases in which a core runs slower, and rates measured in different phases would
-/// rank the two forms wrongly.
+/// Measure every register tile of `t` multiplying `elem`, as a packed-panel
+/// kernel and (f32) as a direct one (reporting progress: tiles done, total), and
+/// store the record. The two forms of a tile are timed in alternation, best of
+/// three each: this machine has phases in which a core runs slower, and rates
+/// measured in different phases would rank the two forms wrongly.
 pub fn measure(
     dir: Option<&Path>,
     t: &Target,
+    elem: ElemType,
     progress: &dyn Fn(usize, usize),
 ) -> Result<TuningRecord, CodegenError> {
     let tiles = register_tiles(t);
     let (mut packed, mut direct) = (Vec::with_capacity(tiles.len()), Vec::with_capacity(tiles.len()));
     for (i, &(mr, nr)) in tiles.iter().enumerate() {
-        let p = compile_microkernel(t, mr, nr)?;
-        let d = compile_direct_kernel(t, mr, nr, Epilogue::default())?;
+        let p = compile_microkernel_with(t, elem, mr, nr, Epilogue::default())?;
+        let d = match elem {
+            ElemType::F32 => Some(compile_direct_kernel(t, mr, nr, Epilogue::default())?),
+            _ => None,
+        };
         let (mut gp, mut gd) = (0.0f64, 0.0f64);
         for _ in 0..3 {
             gp = gp.max(time_microkernel(&p.kernel(), t));
-            gd = gd.max(time_direct_kernel(&d.kernel(), t));
+            if let Some(d) = &d {
+                gd = gd.max(time_direct_kernel(&d.kernel(), t));
+            }
         }
         packed.push(TileMeasurement { mr, nr, gflops: gp });
-        direct.push(TileMeasurement { mr, nr, gflops: gd });
+        if d.is_some() {
+            direct.push(TileMeasurement { mr, nr, gflops: gd });
+        }
         progress(i + 1, tiles.len());
     }
     let record = TuningRecord {
         machine: machine_key(t),
+        elem,
         generator: GENERATOR,
         tiles: packed,
         direct,
@@ -125,28 +141,30 @@ pub fn measure(
 
 /// Write `record` (atomically: a temporary file renamed over the old one).
 fn store(dir: &Path, t: &Target, record: &TuningRecord) {
+    let path = record_path(dir, t, record.elem);
     let write = || -> std::io::Result<()> {
         std::fs::create_dir_all(dir)?;
-        let tmp = record_path(dir, t).with_extension(format!("json.{}.tmp", std::process::id()));
+        let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
         std::fs::write(&tmp, serde_json::to_string_pretty(record).unwrap_or_default())?;
-        std::fs::rename(tmp, record_path(dir, t))
+        std::fs::rename(tmp, &path)
     };
     if let Err(e) = write() {
         tracing::warn!("cannot store the tuning record in {}: {e}", dir.display());
     }
 }
 
-/// This machine's tile measurements, from the cache when it has them (measured
-/// and stored otherwise). Returns whether they were cached.
-pub fn record(dir: Option<&Path>, t: &Target) -> Result<(TuningRecord, bool), CodegenError> {
-    match dir.and_then(|d| load(d, t)) {
-        Some(r) if !r.direct.is_empty() => Ok((r, true)),
-        _ => Ok((measure(dir, t, &|_, _| {})?, false)),
+/// This machine's tile measurements for `elem`, from the cache when it has them
+/// (measured and stored otherwise). Returns whether they were cached.
+pub fn record(dir: Option<&Path>, t: &Target, elem: ElemType) -> Result<(TuningRecord, bool), CodegenError> {
+    match dir.and_then(|d| load(d, t, elem)) {
+        Some(r) if elem != ElemType::F32 || !r.direct.is_empty() => Ok((r, true)),
+        _ => Ok((measure(dir, t, elem, &|_, _| {})?, false)),
     }
 }
 
 /// The analytical levels' machine model for `pool`'s thread count: from the
-/// record when it has one, calibrated (and stored) otherwise.
+/// record when it has one, calibrated (and stored) otherwise, with the packing
+/// and the peak of the record's element type.
 pub fn machine_model(
     dir: Option<&Path>,
     t: &Target,
@@ -159,16 +177,18 @@ pub fn machine_model(
     // A shared machine may take a core away for seconds: a peak of all threads under
     // 3/4 of the threads times one thread's peak was measured in such a phase, and so
     // were the bandwidths beside it. Measure again, a few times, after a pause.
-    let single = crate::peak::measure_peak_gflops(t, &ThreadPool::new(1), 100).unwrap_or(0.0);
+    let elem = record.elem;
+    let peak = |pool: &ThreadPool, ms| crate::peak::measure_peak_gflops_of(t, elem, pool, ms).unwrap_or(0.0);
+    let single = peak(&ThreadPool::new(1), 100);
     // Packing is timed with the generated routines (the portable loops if those fail
     // to compile, as they would run then too).
-    let jit = crate::compile_packers(t, &[8, 2 * t.f32_lanes]).ok();
+    let jit = crate::compile_packers(t, elem, &[8, 2 * t.f32_lanes]).ok();
     let packers = Packers {
         a: jit.as_ref().and_then(|j| j.get(8)),
         bt: jit.as_ref().and_then(|j| j.get(2 * t.f32_lanes)),
     };
-    let mut m = kernels::calibrate::measure(t, pool, packers);
-    m.peak_gflops = crate::peak::measure_peak_gflops(t, pool, 200).unwrap_or(0.0);
+    let mut m = kernels::calibrate::measure(t, pool, packers, elem);
+    m.peak_gflops = peak(pool, 200);
     for _ in 0..4 {
         if m.peak_gflops >= 0.75 * single * pool.threads() as f64 {
             break;
@@ -179,8 +199,8 @@ pub fn machine_model(
             pool.threads()
         );
         std::thread::sleep(std::time::Duration::from_millis(500));
-        m = kernels::calibrate::measure(t, pool, packers);
-        m.peak_gflops = crate::peak::measure_peak_gflops(t, pool, 200).unwrap_or(0.0);
+        m = kernels::calibrate::measure(t, pool, packers, elem);
+        m.peak_gflops = peak(pool, 200);
     }
     record.models.push(m);
     if let Some(dir) = dir {
@@ -196,7 +216,7 @@ pub fn select_cached(
     t: &Target,
     min_mr: usize,
 ) -> Result<(JitMicroKernel, bool), CodegenError> {
-    let (record, cached) = record(dir, t)?;
+    let (record, cached) = record(dir, t, ElemType::F32)?;
     let (mr, nr) = pick_tile(&record.tiles, min_mr)?;
     Ok((compile_microkernel(t, mr, nr)?, cached))
 }

@@ -127,3 +127,147 @@ fn compiled_contractions_match_the_reference() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The bf16 family (AVX-512 BF16) against the product of the operands rounded to
+/// bf16, accumulated in f64: random shapes with 1, primes, odd depths (a zero
+/// padded into the last pair), depths past a block, activation and transposed B,
+/// transposed A, a batch, and a pre-packed weight with bias, residual and GELU in
+/// the kernels. The results must also differ from the f32 product where bf16
+/// rounding shows: a family that multiplied in f32 would fail.
+#[test]
+fn bf16_contractions_match_the_rounded_reference() {
+    use kernels::ElemType;
+    use proptest::prelude::*;
+    let t = Target::detect();
+    if ElemType::Bf16.check(&t).is_err() {
+        eprintln!("skipped: this machine has no AVX-512 BF16");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("anyshape-bf16-{}", std::process::id()));
+    let pool = ThreadPool::new(2);
+    let build = |ep: Epilogue| {
+        Contraction::builder(&t, &pool).elem(ElemType::Bf16).epilogue(ep).cache(Some(&dir)).build()
+    };
+    let plain = build(Epilogue::default()).expect("compile");
+    let ep = Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Default::default() };
+    let fused = build(ep).expect("compile");
+    assert_eq!(plain.family().elem(), ElemType::Bf16);
+    assert!(plain.family().direct_variants().is_empty(), "direct kernels are f32 only");
+    let kc = plain.dispatcher().schedule(&kernels::Problem {
+        batch: 1,
+        m: 64,
+        n: 64,
+        k: 4096,
+        a: kernels::ALayout::RowMajor,
+        b: kernels::BLayout::RowMajor,
+    });
+    let kc = kc.expect("schedule").blocking.kc;
+    let r = |x: f32| ElemType::Bf16.round(x) as f64;
+    let differs = std::cell::Cell::new(false);
+    let case = |m: usize, n: usize, k: usize, seed: usize| -> Result<(), TestCaseError> {
+        // Sums of order 1 whatever K (the reference GELU's series holds for |x| < 5).
+        let norm = 1.0 / (977.0 * (k as f32).sqrt());
+        let val = |i: usize, s: usize| (((i * 7919 + s * 104_729) % 2003) as f32 - 1001.0) * norm;
+        let a: Vec<f32> = (0..m * k).map(|i| val(i, seed)).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| val(i, seed + 1)).collect();
+        let bias: Vec<f32> = (0..n).map(|j| (j % 7) as f32 * 0.1 - 0.3).collect();
+        let res: Vec<f32> = (0..m * n).map(|i| (i % 5) as f32 * 0.2 - 0.4).collect();
+        let want = |i: usize, j: usize| (0..k).map(|p| r(a[i * k + p]) * r(b[p * n + j])).sum::<f64>();
+        let exact =
+            |i: usize, j: usize| (0..k).map(|p| a[i * k + p] as f64 * b[p * n + j] as f64).sum::<f64>();
+        let scale =
+            |i: usize, j: usize| (0..k).map(|p| (a[i * k + p] * b[p * n + j]).abs() as f64).sum::<f64>();
+        let tol = |i: usize, j: usize| 1e-5 * (1.0 + scale(i, j));
+        let am = MatRef::row_major(&a, m, k).unwrap();
+        let at: Vec<f32> = (0..m * k).map(|x| a[(x % m) * k + x / m]).collect();
+        let atm = MatRef::row_major(&at, k, m).unwrap().t();
+        let bm = MatRef::row_major(&b, k, n).unwrap();
+        let bt: Vec<f32> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
+        let btm = MatRef::row_major(&bt, n, k).unwrap().t();
+        // Activation B (row-major, then transposed), A row-major then transposed.
+        for (what, av, bv) in [("A·B", am, bm), ("A·Bt", am, btm), ("At·B", atm, bm)] {
+            let mut c = vec![f32::NAN; m * n];
+            let cv = MatMut::new(&mut c, m, n, n).unwrap();
+            let s = plain.matmul(&pool, av, BOperand::Plain(bv), cv, &EpilogueArgs::default()).expect("run");
+            for i in 0..m {
+                for j in 0..n {
+                    let got = c[i * n + j] as f64;
+                    prop_assert!(
+                        (got - want(i, j)).abs() <= tol(i, j),
+                        "{} {} {}x{}x{} [{},{}]: {} vs {}",
+                        what,
+                        s,
+                        m,
+                        n,
+                        k,
+                        i,
+                        j,
+                        got,
+                        want(i, j)
+                    );
+                    differs.set(differs.get() || (got - exact(i, j)).abs() > tol(i, j));
+                }
+            }
+        }
+        // A batch of two.
+        let mut c = vec![f32::NAN; 2 * m * n];
+        let (c0, c1) = c.split_at_mut(m * n);
+        let cv = vec![MatMut::new(c0, m, n, n).unwrap(), MatMut::new(c1, m, n, n).unwrap()];
+        let args = EpilogueArgs::default();
+        plain
+            .batched(&pool, &[am, am], &[BOperand::Plain(btm), BOperand::Plain(btm)], cv, &args)
+            .expect("run");
+        for e in 0..2 {
+            for i in 0..m {
+                for j in 0..n {
+                    prop_assert!((c[e * m * n + i * n + j] as f64 - want(i, j)).abs() <= tol(i, j));
+                }
+            }
+        }
+        // A weight pre-packed as bf16, with the epilogue fused.
+        let packed = fused.pack_weight(bm, &[1, 16, 128]).expect("pack");
+        prop_assert_eq!(packed.elem, ElemType::Bf16);
+        let mut c = vec![f32::NAN; m * n];
+        let args = EpilogueArgs { bias: Some(&bias), residual: Some(MatRef::row_major(&res, m, n).unwrap()) };
+        let cv = MatMut::new(&mut c, m, n, n).unwrap();
+        let s = fused.matmul(&pool, am, BOperand::Packed(&packed), cv, &args).expect("run");
+        for i in 0..m {
+            for j in 0..n {
+                let w = gelu(want(i, j) + bias[j] as f64 + res[i * n + j] as f64);
+                prop_assert!(
+                    (c[i * n + j] as f64 - w).abs() <= 2.0 * tol(i, j),
+                    "fused {} {}x{}x{} [{},{}]: {} vs {}",
+                    s,
+                    m,
+                    n,
+                    k,
+                    i,
+                    j,
+                    c[i * n + j],
+                    w
+                );
+            }
+        }
+        Ok(())
+    };
+    // Awkward extents by hand: 1, primes, odd depths, one past a block.
+    for (m, n, k) in [
+        (1, 1, 1),
+        (1, 97, 33),
+        (7, 50, 3),
+        (13, 129, 17),
+        (17, 31, 301),
+        (3, 17, kc + 1),
+        (33, 65, 2 * kc - 1),
+    ] {
+        case(m, n, k, 0).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(24));
+    runner
+        .run(&(1usize..70, 1usize..140, 1usize..(2 * kc + 3), 0usize..1000), |(m, n, k, seed)| {
+            case(m, n, k, seed)
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(differs.get(), "every result equals the f32 product: the kernels did not multiply in bf16");
+    let _ = std::fs::remove_dir_all(&dir);
+}

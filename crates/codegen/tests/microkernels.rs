@@ -3,7 +3,7 @@
 //! canaries around C; on the host's ISA and restricted to AVX2.
 
 use anyshape_codegen::{compile_microkernel, register_tiles, JitMicroKernel};
-use kernels::{gemm, Blocking, MatMut, MatRef, Target};
+use kernels::{gemm, Blocking, ElemType, MatMut, MatRef, Target};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -181,12 +181,12 @@ fn epilogues_compute_correctly() {
             Epilogue { scale: None, bias: false, residual: true, activation: Activation::Tanh },
         ];
         for ep in variants {
-            let jit =
-                anyshape_codegen::compile_microkernel_with(&t, 4, 2 * t.f32_lanes, ep).expect("compile");
+            let jit = anyshape_codegen::compile_microkernel_with(&t, ElemType::F32, 4, 2 * t.f32_lanes, ep)
+                .expect("compile");
             let uk = jit.kernel();
             // Rows past the last full band are covered by a 1-row kernel (FTuner's two heights).
-            let small =
-                anyshape_codegen::compile_microkernel_with(&t, 1, 2 * t.f32_lanes, ep).expect("compile");
+            let small = anyshape_codegen::compile_microkernel_with(&t, ElemType::F32, 1, 2 * t.f32_lanes, ep)
+                .expect("compile");
             for (m, k, n, kc) in [
                 (1, 1, 1, 4),
                 (5, 13, 37, 4),
@@ -251,6 +251,7 @@ fn epilogues_compute_correctly() {
         // A kernel with an epilogue refuses arguments that do not match it.
         let jit = anyshape_codegen::compile_microkernel_with(
             &t,
+            ElemType::F32,
             4,
             t.f32_lanes,
             Epilogue { bias: true, ..Default::default() },
@@ -300,7 +301,8 @@ fn vector_activations_match_f64() {
     let pool = ThreadPool::new(1);
     for act in [Activation::Gelu, Activation::GeluTanh, Activation::Tanh] {
         let ep = Epilogue { activation: act, ..Default::default() };
-        let jit = anyshape_codegen::compile_microkernel_with(&t, 1, t.f32_lanes, ep).expect("compile");
+        let jit = anyshape_codegen::compile_microkernel_with(&t, ElemType::F32, 1, t.f32_lanes, ep)
+            .expect("compile");
         // C = A·1 with k = 1: the epilogue sees A's values, -12..12 and the extremes.
         let xs: Vec<f32> =
             (-1200..=1200).map(|i| i as f32 / 100.0).chain([-88.0, 88.0, -1e-30, 1e-30, 0.0]).collect();
@@ -342,7 +344,7 @@ fn tuning_cache_round_trip() {
     let _ = std::fs::remove_dir_all(&dir);
     let (first, cached) = tuning::select_cached(Some(&dir), &t, 4).expect("measure");
     assert!(!cached);
-    let record = tuning::load(&dir, &t).expect("stored");
+    let record = tuning::load(&dir, &t, ElemType::F32).expect("stored");
     assert_eq!(record.machine, tuning::machine_key(&t));
     assert_eq!(record.tiles.len(), anyshape_codegen::register_tiles(&t).len());
     let (second, cached) = tuning::select_cached(Some(&dir), &t, 4).expect("cached");
@@ -352,9 +354,9 @@ fn tuning_cache_round_trip() {
     let file = std::fs::read_dir(&dir).expect("dir").next().expect("file").expect("entry").path();
     std::fs::write(&file, "{ not json").expect("corrupt");
     assert!(!tuning::select_cached(Some(&dir), &t, 4).expect("re-measure").1);
-    let mut other = tuning::load(&dir, &t).expect("stored again");
+    let mut other = tuning::load(&dir, &t, ElemType::F32).expect("stored again");
     other.machine = "another machine".into();
     std::fs::write(&file, serde_json::to_string(&other).expect("json")).expect("write");
-    assert!(tuning::load(&dir, &t).is_none());
+    assert!(tuning::load(&dir, &t, ElemType::F32).is_none());
     let _ = std::fs::remove_dir_all(&dir);
 }

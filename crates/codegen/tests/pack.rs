@@ -1,10 +1,12 @@
 //! Generated packing routines against the plain definition of a panel, on both
 //! ISA paths: every width a family uses (and a few more), rows from 1 to the
 //! width, depths around the vector width, strided sources, and canaries on both
-//! sides of the panel and around the source rows' ends.
+//! sides of the panel and around the source rows' ends; for every element type
+//! the target has (bf16 words checked bit for bit against round-to-nearest-even,
+//! with depths missing from the last pair zero).
 
 use anyshape_codegen::compile_packers;
-use kernels::Target;
+use kernels::{bf16_bits, ElemType, Target};
 use proptest::prelude::*;
 
 fn targets() -> Vec<(&'static str, Target)> {
@@ -21,41 +23,82 @@ fn targets() -> Vec<(&'static str, Target)> {
 }
 
 const CANARY: f32 = -7777.0;
+const CANARY_WORD: u32 = 0xdead_beef;
 const WIDTHS: [usize; 14] = [1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 16, 32, 48, 64];
 
-/// Pack with `w`'s routine and compare with `dst[k·w + i] = src[i·ld + k]` (zero
-/// past `rows`), with canaries around the panel.
+/// The panel word of row `i`'s depths `k..k + g` (zero past `kc`), by definition.
+fn word(elem: ElemType, src: &[f32], at: usize, left: usize) -> u32 {
+    match elem {
+        ElemType::F32 => src[at].to_bits(),
+        ElemType::Bf16 => {
+            let hi = if left > 1 { u32::from(bf16_bits(src[at + 1])) } else { 0 };
+            u32::from(bf16_bits(src[at])) | hi << 16
+        }
+    }
+}
+
+/// A source value: varied magnitudes and signs, most not representable in bf16
+/// (so rounding is exercised, ties included), and now and then a denormal.
+fn value(x: usize) -> f32 {
+    if x % 97 == 13 {
+        return f32::from_bits(1 + x as u32);
+    }
+    let v = ((x * 7919) % 2001) as f32 - 1000.0;
+    if x.is_multiple_of(3) {
+        v + 0.5
+    } else {
+        v * 0.001_234_5
+    }
+}
+
+/// Pack with `w`'s routine and compare with the word of `src[i·ld + g·k ..]` at
+/// `dst[k·w + i]` (zero past `rows`), with canaries around the panel.
 fn check(
     packers: &anyshape_codegen::JitPackers,
+    elem: ElemType,
     w: usize,
     rows: usize,
     kc: usize,
     ld: usize,
 ) -> Result<(), TestCaseError> {
     let p = packers.get(w).expect("compiled width");
+    let (g, kw) = (elem.k_group(), elem.words(kc));
     // The source: `rows` rows of `ld`, the last one ending exactly `kc` elements in
     // (a routine reading past it would read the trailing canaries into the panel).
     let len = (rows - 1) * ld + kc;
-    let mut src: Vec<f32> =
-        (0..len + 32).map(|x| if x < len { (x % 251) as f32 + 0.5 } else { CANARY }).collect();
+    let mut src: Vec<f32> = (0..len + 32).map(|x| if x < len { value(x) } else { CANARY }).collect();
     for i in 0..rows {
         for x in &mut src[i * ld + kc..((i + 1) * ld).min(len)] {
             *x = CANARY;
         }
     }
     let margin = 40;
-    let mut dst = vec![CANARY; kc * w + 2 * margin];
+    let mut dst = vec![CANARY_WORD; kw * w + 2 * margin];
     // SAFETY: `src` holds `rows` rows of stride `ld` with `kc` elements each, and the
-    // panel between the margins holds `kc · w` elements, as the routine's ABI needs.
+    // panel between the margins holds `words(kc) · w` words, as the routine's ABI needs.
     unsafe {
         (p.func)(src.as_ptr(), ld as i64, rows as i64, kc as i64, dst[margin..].as_mut_ptr());
     }
-    prop_assert!(dst[..margin].iter().chain(&dst[margin + kc * w..]).all(|&x| x == CANARY), "canary hit");
-    for k in 0..kc {
+    let canaries = dst[..margin].iter().chain(&dst[margin + kw * w..]);
+    prop_assert!(canaries.into_iter().all(|&x| x == CANARY_WORD), "canary hit");
+    for k in 0..kw {
         for i in 0..w {
-            let want = if i < rows { src[i * ld + k] } else { 0.0 };
+            let want = if i < rows { word(elem, &src, i * ld + k * g, kc - k * g) } else { 0 };
             let got = dst[margin + k * w + i];
-            prop_assert_eq!(got, want, "w {} rows {} kc {} ld {}: [{}, {}]", w, rows, kc, ld, k, i);
+            prop_assert_eq!(
+                got,
+                want,
+                "{} w {} rows {} kc {} ld {}: [{}, {}] {:#x} vs {:#x}",
+                elem,
+                w,
+                rows,
+                kc,
+                ld,
+                k,
+                i,
+                got,
+                want
+            );
         }
     }
     Ok(())
@@ -64,32 +107,47 @@ fn check(
 #[test]
 fn generated_packs_match_the_definition() {
     for (isa, t) in targets() {
-        let packers = compile_packers(&t, &WIDTHS).expect("compile");
-        let l = t.f32_lanes;
-        // Every width, full and partial rows, at depths around the vector width.
-        for &w in &WIDTHS {
-            for rows in [1, w.div_ceil(2), w] {
-                for kc in [1, l - 1, l, l + 1, 2 * l + 3] {
-                    check(&packers, w, rows, kc, kc + 3).unwrap_or_else(|e| panic!("{isa}: {e}"));
+        for elem in ElemType::ALL.into_iter().filter(|e| e.check(&t).is_ok()) {
+            let packers = compile_packers(&t, elem, &WIDTHS).expect("compile");
+            let l = t.f32_lanes;
+            // Every width, full and partial rows, at depths around a block (W words).
+            let d = l * elem.k_group();
+            for &w in &WIDTHS {
+                for rows in [1, w.div_ceil(2), w] {
+                    for kc in [1, 2, 3, l - 1, l, l + 1, d - 1, d, d + 1, 2 * d + 3] {
+                        check(&packers, elem, w, rows, kc, kc + 3).unwrap_or_else(|e| panic!("{isa}: {e}"));
+                    }
                 }
             }
+            let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(64));
+            let cases = (0..WIDTHS.len(), 1usize..=64, 1usize..300, 0usize..40);
+            runner
+                .run(&cases, |(wi, rows, kc, gap)| {
+                    let w = WIDTHS[wi];
+                    check(&packers, elem, w, rows.min(w), kc, kc + gap)
+                })
+                .unwrap_or_else(|e| panic!("{isa} {elem}: {e}"));
         }
-        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(64));
-        let cases = (0..WIDTHS.len(), 1usize..=64, 1usize..300, 0usize..40);
-        runner
-            .run(&cases, |(wi, rows, kc, gap)| {
-                let w = WIDTHS[wi];
-                check(&packers, w, rows.min(w), kc, kc + gap)
-            })
-            .unwrap_or_else(|e| panic!("{isa}: {e}"));
     }
+}
+
+/// bf16 is AVX-512 BF16's: a target without it is refused with a reason.
+#[test]
+fn bf16_needs_avx512_bf16() {
+    let Some(t) = Target::detect().avx2_only() else { return };
+    let e = compile_packers(&t, ElemType::Bf16, &[8]).err().expect("an error");
+    assert!(e.to_string().contains("AVX-512 BF16"), "{e}");
+    let e = anyshape_codegen::compile_microkernel_with(&t, ElemType::Bf16, 4, 16, Default::default())
+        .err()
+        .expect("an error");
+    assert!(e.to_string().contains("AVX-512 BF16"), "{e}");
 }
 
 #[test]
 fn bad_widths_are_errors() {
     let Some((_, t)) = targets().into_iter().next() else { return };
     for w in [0, 129] {
-        let e = compile_packers(&t, &[4, w]).err().expect("an error");
+        let e = compile_packers(&t, ElemType::F32, &[4, w]).err().expect("an error");
         assert!(e.to_string().contains(&format!("{w} wide")), "{e}");
     }
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crate::cost::MachineModel;
 use crate::pack::{pack_a, pack_b, Packers};
-use crate::{MatRef, Target, ThreadPool};
+use crate::{ElemType, MatRef, Target, ThreadPool};
 
 /// Sum `data` with 16 independent lanes (vectorizable), so reads, not the adds'
 /// latency, bound the loop.
@@ -65,10 +65,10 @@ fn pack_rate(mut pack: impl FnMut(), floats: usize) -> f64 {
         })
 }
 
-/// Measure the machine model for `target` with `pool`'s threads; packing is timed
-/// with the generated routines in `packers` where given (their widths are the
-/// panels packed), with the portable loops otherwise.
-pub fn measure(target: &Target, pool: &ThreadPool, packers: Packers) -> MachineModel {
+/// Measure the machine model for `target` with `pool`'s threads; packing into
+/// `elem` panels is timed with the generated routines in `packers` where given
+/// (their widths are the panels packed), with the portable loops otherwise.
+pub fn measure(target: &Target, pool: &ThreadPool, packers: Packers, elem: ElemType) -> MachineModel {
     let threads = pool.threads();
     let (_, dram_bw) = read_bw(pool, (64 << 20) / threads.max(1), 1);
     let (l3_bw, _) = read_bw(pool, (target.l3 / 2 / threads.max(1)).max(target.l2 * 2), 4);
@@ -81,11 +81,11 @@ pub fn measure(target: &Target, pool: &ThreadPool, packers: Packers) -> MachineM
     let src: Vec<f32> = (0..m * k).map(|i| i as f32).collect();
     let mut out = Vec::new();
     let av = MatRef { data: &src, rows: m, cols: k, rs: k, cs: 1 };
-    let pack_a_bw = pack_rate(|| pack_a(&av, 0, m, 0, k, mr, &mut out, packers.a), m * k);
+    let pack_a_bw = pack_rate(|| pack_a(&av, 0, m, 0, k, mr, elem, &mut out, packers.a), m * k);
     let bv = MatRef { data: &src, rows: m, cols: k, rs: k, cs: 1 };
-    let pack_b_bw = pack_rate(|| pack_b(&bv, 0, m, 0, k, nr, &mut out, None), m * k);
+    let pack_b_bw = pack_rate(|| pack_b(&bv, 0, m, 0, k, nr, elem, &mut out, None), m * k);
     let bt = MatRef { data: &src, rows: k, cols: m, rs: 1, cs: k };
-    let pack_bt_bw = pack_rate(|| pack_b(&bt, 0, k, 0, m, nr, &mut out, packers.bt), m * k);
+    let pack_bt_bw = pack_rate(|| pack_b(&bt, 0, k, 0, m, nr, elem, &mut out, packers.bt), m * k);
     std::hint::black_box(&out);
     // The fork-join as a contraction pays it: a small job (a sum over an L1-resident
     // buffer, about a microsecond) on every thread, against the same job on one: the
@@ -132,7 +132,7 @@ mod tests {
     fn calibration_is_plausible() {
         let t = Target::detect();
         let pool = ThreadPool::new(2);
-        let m = measure(&t, &pool, Packers::default());
+        let m = measure(&t, &pool, Packers::default(), ElemType::F32);
         // Orders of magnitude only: any machine reads its L2 faster than 1 GB/s and
         // packs faster than 100 MB/s; a fork-join takes less than 10 ms.
         assert!(m.l2_bw > 1e9 && m.dram_bw > 1e8, "{m:?}");

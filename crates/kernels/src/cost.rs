@@ -125,7 +125,9 @@ impl MachineModel {
             return self.predict_direct(fam, p, s);
         }
         let (mr, nr, kc) = (s.mr, s.nr, s.blocking.kc.max(1));
+        // f32 in memory (operands, C); B's panels in the family's element type.
         let f = std::mem::size_of::<f32>() as f64;
+        let fb = fam.elem().bytes() as f64;
         let rate = |h: usize| fam.get(h, nr).map_or(1e9, |v| v.gflops * 1e9);
         let tile = |h: usize| 2.0 * (h * nr * p.k) as f64 / rate(h);
         let g = s.grid;
@@ -133,7 +135,7 @@ impl MachineModel {
         let panels = p.n.div_ceil(nr);
         let kblocks = p.k.div_ceil(kc) as f64;
         // Where B is read from: its whole packed size against the caches.
-        let b_total = (p.k * panels * nr) as f64 * f;
+        let b_total = (p.k * panels * nr) as f64 * fb;
         // An activation B is packed by each thread into its L2: the reads are packing's.
         let b_src = if p.b.is_activation() { self.l2_bw } else { self.level_bw(b_total, active) };
         let mut slowest: f64 = 0.0;
@@ -151,7 +153,9 @@ impl MachineModel {
                     (_, None) => 1.0,
                 };
                 let compute = cols as f64 * (full as f64 + edge_rows) * tile(mr);
-                let b_bytes = (cols * nr * p.k) as f64 * f;
+                let b_bytes = (cols * nr * p.k) as f64 * fb;
+                // An activation B's packing reads its f32 source.
+                let b_src_bytes = (cols * nr * p.k) as f64 * f;
                 let mblocks = rows.div_ceil(s.blocking.mc.max(mr)) as f64;
                 let l2_half = self.l2 as f64 / 2.0;
                 let c_block = |r: usize| (r * cols * nr) as f64 * f;
@@ -159,11 +163,11 @@ impl MachineModel {
                     LoopOrder::KOuter => {
                         // A slice of B is read (or packed) once per thread, then re-read
                         // per row block from L2 if it fits; C comes back every slice.
-                        let b_block_fits = (kc * cols * nr) as f64 * f <= l2_half;
+                        let b_block_fits = (kc * cols * nr) as f64 * fb <= l2_half;
                         let reread = if b_block_fits { self.l2_bw } else { b_src };
                         let load = b_bytes / b_src + (mblocks - 1.0) * b_bytes / reread;
                         let c_bw = if c_block(rows) <= l2_half { self.l2_bw } else { self.l3_bw };
-                        (load, b_bytes, c_bw)
+                        (load, b_src_bytes, c_bw)
                     }
                     LoopOrder::MOuter => {
                         // All of the thread's B per row block; C stays in L2.
@@ -171,7 +175,7 @@ impl MachineModel {
                         let reread = if b_fits { self.l2_bw } else { b_src };
                         let load = b_bytes / b_src + (mblocks - 1.0) * b_bytes / reread;
                         let c_bw = if c_block(s.blocking.mc) <= l2_half { self.l2_bw } else { self.l3_bw };
-                        (load, mblocks * b_bytes, c_bw)
+                        (load, mblocks * b_src_bytes, c_bw)
                     }
                 };
                 let pack_a = (rows.div_ceil(mr) * mr * p.k) as f64 * f / self.pack_a_bw;

@@ -12,7 +12,7 @@
 
 use crate::gemm::{BOperand, CPtr, EpilogueArgs, MatRef, ThreadGrid, Workspace};
 use crate::pack::{pack_b, Packers};
-use crate::{Epilogue, KernelError, ACCUMULATE, APPLY_EPILOGUE};
+use crate::{ElemType, Epilogue, KernelError, ACCUMULATE, APPLY_EPILOGUE};
 
 /// The direct micro-kernel ABI: `C[0..MR, 0..ncols] (+)= A · B` where A's element
 /// `(i, k)` is `a[i·lda + k]` and B's `(k, j)` is `b[k·ldb + j]`; C is row-major
@@ -35,6 +35,7 @@ pub type DirectKernelFn = unsafe extern "C" fn(
 );
 
 /// A direct micro-kernel, the tile it computes and the epilogue compiled into it.
+/// Direct kernels multiply f32 only: an operand read in place is not converted.
 #[derive(Clone, Copy, Debug)]
 pub struct DirectKernel {
     pub mr: usize,
@@ -71,7 +72,7 @@ impl DirectPlan<'_> {
                     .into(),
             ));
         }
-        main.kernel.packers.check(None, main.kernel.nr)?;
+        main.kernel.packers.check(ElemType::F32, None, main.kernel.nr)?;
         Ok((main.kernel.mr, main.kernel.nr))
     }
 
@@ -86,9 +87,9 @@ impl DirectPlan<'_> {
 enum BSource<'a> {
     /// In place: `b[k·ldb + j]`.
     InPlace(&'a [f32], usize),
-    /// Packed panels (a weight, or this thread's copy of a strided activation),
-    /// the first panel being `first`.
-    Panels(&'a [f32], usize),
+    /// Packed f32 panels (a weight, or this thread's copy of a strided
+    /// activation), the first panel being `first`.
+    Panels(&'a [u32], usize),
 }
 
 /// Rows `rows` × column panels `cols` of `C = A · B` with direct kernels, on the
@@ -121,7 +122,8 @@ pub(crate) fn direct_band(
             }
             BOperand::Plain(bm) => {
                 let j0 = cols.start * nr;
-                pack_b(bm, pc, kc, j0, (cols.end * nr).min(n) - j0, nr, &mut ws.b, main.packers.bt);
+                let width = (cols.end * nr).min(n) - j0;
+                pack_b(bm, pc, kc, j0, width, nr, ElemType::F32, &mut ws.b, main.packers.bt);
                 BSource::Panels(&ws.b, cols.start)
             }
         };
@@ -132,7 +134,8 @@ pub(crate) fn direct_band(
             let ncols = nr.min(n - col);
             let (bp, ldb) = match src {
                 BSource::InPlace(d, ld) => (d[col..].as_ptr(), ld),
-                BSource::Panels(d, first) => (d[(jr - first) * kc * nr..].as_ptr(), nr),
+                // f32 words: the panel's bits are its values.
+                BSource::Panels(d, first) => (d[(jr - first) * kc * nr..].as_ptr().cast::<f32>(), nr),
             };
             let bias = ep.bias.map_or(std::ptr::null(), |b| b[col..].as_ptr());
             let mut row = rows.start;

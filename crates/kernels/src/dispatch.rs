@@ -112,7 +112,7 @@ impl Dispatcher {
             .min_by_key(|v| (v.kernel.mr * v.kernel.nr, v.kernel.mr))
             .ok_or_else(|| KernelError::Shape(format!("no kernel of the family fits {p:?}")))?;
         let (mr, nr) = (v.kernel.mr, v.kernel.nr);
-        let mut blocking = crate::Blocking::for_target(&self.target, mr, nr);
+        let mut blocking = crate::Blocking::for_target(&self.target, self.family.elem(), mr, nr);
         if let BLayout::Packed { kc, .. } = p.b {
             blocking.kc = kc;
         }
@@ -251,7 +251,7 @@ impl Dispatcher {
     /// sweep of the symbol's range).
     pub fn pack_weight(&self, b: MatRef, rows: &[usize]) -> Result<PackedB, KernelError> {
         match self.weight_layout(b.rows, b.cols, rows)? {
-            BLayout::Packed { nr, kc } => Ok(PackedB::new(b, nr, kc)),
+            BLayout::Packed { nr, kc } => Ok(PackedB::of_elem(b, nr, kc, self.family.elem())),
             _ => Err(KernelError::Shape("an empty kernel family".into())),
         }
     }
@@ -266,7 +266,7 @@ impl Dispatcher {
         let mut best: Option<(f64, usize, usize)> = None;
         for nr in self.family.widths() {
             let Some(mr) = self.family.best_height(nr) else { continue };
-            let kc = crate::schedule::kc_for(&self.target, mr, nr);
+            let kc = crate::schedule::kc_for(&self.target, self.family.elem(), mr, nr);
             let layout = BLayout::Packed { nr, kc };
             let mut total = 0.0;
             for &m in rows {

@@ -13,18 +13,19 @@
 //! transpose is folded into packing (the contraction's prologue).
 
 use crate::pack::{pack_a, pack_b, Packers};
-use crate::{KernelError, Target};
+use crate::{ElemType, KernelError, Target};
 
-/// The micro-kernel ABI: `C[0..MR, 0..NR] (+)= Ã · B̃` where `a` is a packed panel
-/// (`a[k·MR + i]`), `b` a packed panel (`b[k·NR + j]`), `c` a row-major tile with
+/// The micro-kernel ABI: `C[0..MR, 0..NR] (+)= Ã · B̃` over `kc` depths, where `a`
+/// is a packed panel of words (`a[w·MR + i]`, each word `k_group` depths of row `i`
+/// in the kernel's [`ElemType`]), `b` a packed panel (`b[w·NR + j]`), `c` a row-major f32 tile with
 /// row stride `ldc`. `flags`: bit 0 adds to C instead of overwriting it, bit 1
 /// applies the kernel's [`Epilogue`] to the tile before storing it (the last K
 /// block), reading `bias[0..NR]` and the residual tile `res` (row stride `ldr`)
 /// when the epilogue has them; otherwise those pointers are not read.
 pub type MicroKernelFn = unsafe extern "C" fn(
     kc: i64,
-    a: *const f32,
-    b: *const f32,
+    a: *const u32,
+    b: *const u32,
     c: *mut f32,
     ldc: i64,
     flags: i64,
@@ -55,11 +56,13 @@ impl Epilogue {
     }
 }
 
-/// A micro-kernel, the tile it computes and the epilogue compiled into it.
+/// A micro-kernel, the tile it computes, the element type it multiplies and the
+/// epilogue compiled into it.
 #[derive(Clone, Copy, Debug)]
 pub struct MicroKernel {
     pub mr: usize,
     pub nr: usize,
+    pub elem: ElemType,
     pub func: MicroKernelFn,
     pub epilogue: Epilogue,
     /// Generated packs for its panels (none: the portable loops).
@@ -86,9 +89,9 @@ impl Blocking {
     /// multiple of the one below): an A and a B micro-panel of depth `kc` fill
     /// about 80% of L1 (the B panel is reused across the A panels of a block), an
     /// `mc × kc` block of A half of L2, a `kc × nc` block of B half of this core's
-    /// share of L3.
-    pub fn for_target(t: &Target, mr: usize, nr: usize) -> Blocking {
-        let f = std::mem::size_of::<f32>();
+    /// share of L3, at `elem`'s size (a bf16 block is twice as deep).
+    pub fn for_target(t: &Target, elem: ElemType, mr: usize, nr: usize) -> Blocking {
+        let f = elem.bytes();
         let kc = (t.l1d * 4 / 5 / ((mr + nr) * f)).clamp(16, 1024) / 8 * 8;
         let mc = ((t.l2 / 2 / (kc * f)) / mr).max(1) * mr;
         let l3_share = (t.l3 / t.cores.max(1)).max(t.l2);
@@ -171,33 +174,43 @@ fn check_extent(len: usize, rows: usize, cols: usize, rs: usize, cs: usize) -> R
 }
 
 /// B packed once in the layout the driver reads: for each `kc` block of its rows,
-/// every `NR`-column panel (`kc × NR`, zero-padded past `n`). Weights are packed
-/// when they are known, so a contraction with a constant B never packs it again.
+/// every `NR`-column panel (`words(kc) × NR` words of `elem`, zero-padded past
+/// `n` and past the block's depth). Weights are packed when they are known, so a
+/// contraction with a constant B never packs (or converts) it again.
 #[derive(Clone, Debug)]
 pub struct PackedB {
     pub k: usize,
     pub n: usize,
     pub nr: usize,
     pub kc: usize,
-    data: Vec<f32>,
+    pub elem: ElemType,
+    data: Vec<u32>,
 }
 
 impl PackedB {
+    /// `b` packed as f32.
     pub fn new(b: MatRef, nr: usize, kc: usize) -> PackedB {
-        let (k, n) = (b.rows, b.cols);
-        let mut data = Vec::with_capacity(k * n.div_ceil(nr) * nr);
-        let mut panel = Vec::new();
-        for pc in (0..k).step_by(kc.max(1)) {
-            pack_b(&b, pc, kc.min(k - pc), 0, n, nr, &mut panel, None);
-            data.extend_from_slice(&panel);
-        }
-        PackedB { k, n, nr, kc, data }
+        PackedB::of_elem(b, nr, kc, ElemType::F32)
     }
 
-    /// The panels of the block starting at row `pc` (`kcur` rows deep).
-    pub(crate) fn block(&self, pc: usize, kcur: usize) -> &[f32] {
+    /// `b` converted to `elem` and packed.
+    pub fn of_elem(b: MatRef, nr: usize, kc: usize, elem: ElemType) -> PackedB {
+        let (k, n) = (b.rows, b.cols);
+        let mut data = Vec::with_capacity(elem.words(k) * n.div_ceil(nr) * nr);
+        let mut panel = Vec::new();
+        for pc in (0..k).step_by(kc.max(1)) {
+            pack_b(&b, pc, kc.min(k - pc), 0, n, nr, elem, &mut panel, None);
+            data.extend_from_slice(&panel);
+        }
+        PackedB { k, n, nr, kc, elem, data }
+    }
+
+    /// The panels of the block starting at row `pc` (a multiple of `kc`, `kcur`
+    /// rows deep).
+    pub(crate) fn block(&self, pc: usize, kcur: usize) -> &[u32] {
         let per_row = self.n.div_ceil(self.nr) * self.nr;
-        &self.data[pc * per_row..(pc + kcur) * per_row]
+        let start = pc / self.kc.max(1) * self.elem.words(self.kc) * per_row;
+        &self.data[start..start + self.elem.words(kcur) * per_row]
     }
 }
 
@@ -324,11 +337,11 @@ fn run_plan(
     if a.len() != b.len() || a.len() != c.len() {
         return Err(KernelError::Shape(format!("batch of {} A, {} B and {} C", a.len(), b.len(), c.len())));
     }
-    let (mr, nr, epilogue) = match plan {
+    let (mr, nr, epilogue, elem) = match plan {
         Plan::Packed(p) => check_packed(p)?,
         Plan::Direct(p) => {
             let (mr, nr) = p.check()?;
-            (mr, nr, p.kernels[0].kernel.epilogue)
+            (mr, nr, p.kernels[0].kernel.epilogue, ElemType::F32)
         }
     };
     let threads = pool.map_or(1, |p| p.threads());
@@ -347,6 +360,12 @@ fn run_plan(
             )));
         }
         match (plan, b) {
+            (_, BOperand::Packed(pb)) if pb.elem != elem => {
+                return Err(KernelError::Shape(format!(
+                    "B is packed as {}, the plan's kernels multiply {elem}",
+                    pb.elem
+                )));
+            }
             (Plan::Packed(p), BOperand::Packed(pb)) if pb.nr != nr || pb.kc != p.blocking.kc => {
                 return Err(KernelError::Shape(format!(
                     "B is packed for NR {} and KC {}, the plan has a {mr}x{nr} kernel and KC {}",
@@ -419,7 +438,7 @@ fn run_plan(
 }
 
 /// A packed plan's kernels and blocks must fit each other.
-pub(crate) fn check_packed(p: &PackedPlan) -> Result<(usize, usize, Epilogue), KernelError> {
+pub(crate) fn check_packed(p: &PackedPlan) -> Result<(usize, usize, Epilogue, ElemType), KernelError> {
     let (uk, blk) = (p.kernel, &p.blocking);
     if uk.mr == 0 || uk.nr == 0 || blk.kc == 0 || blk.mc == 0 || !blk.mc.is_multiple_of(uk.mr) {
         return Err(KernelError::Shape(format!(
@@ -427,17 +446,22 @@ pub(crate) fn check_packed(p: &PackedPlan) -> Result<(usize, usize, Epilogue), K
             uk.mr, uk.nr
         )));
     }
-    uk.packers.check(Some(uk.mr), uk.nr)?;
+    uk.packers.check(uk.elem, Some(uk.mr), uk.nr)?;
     if let Some(s) = p.cover {
         check_cover(uk, s)?;
-        s.packers.check(Some(s.mr), s.nr)?;
+        s.packers.check(s.elem, Some(s.mr), s.nr)?;
     }
-    Ok((uk.mr, uk.nr, uk.epilogue))
+    Ok((uk.mr, uk.nr, uk.epilogue, uk.elem))
 }
 
 /// `small` may cover the rows past `uk`'s last full band.
 fn check_cover(uk: &MicroKernel, small: &MicroKernel) -> Result<(), KernelError> {
-    if small.nr != uk.nr || small.epilogue != uk.epilogue || small.mr == 0 || small.mr >= uk.mr {
+    if small.nr != uk.nr
+        || small.epilogue != uk.epilogue
+        || small.elem != uk.elem
+        || small.mr == 0
+        || small.mr >= uk.mr
+    {
         return Err(KernelError::Shape(format!(
             "a {}x{} kernel cannot cover the rows of a {}x{} one",
             small.mr, small.nr, uk.mr, uk.nr
@@ -554,8 +578,8 @@ impl CPtr {
 /// contractions (attention's per-head products) allocate nothing.
 #[derive(Default)]
 pub(crate) struct Workspace {
-    a: Vec<f32>,
-    pub(crate) b: Vec<f32>,
+    a: Vec<u32>,
+    pub(crate) b: Vec<u32>,
     scratch: Vec<f32>,
     bias: Vec<f32>,
     res: Vec<f32>,
@@ -687,13 +711,14 @@ fn band(
         };
         let (pc, (kern, ic, mc)) = (ki * blk.kc, mblock(mi));
         let kc = blk.kc.min(k - pc);
-        let (bblock, first_panel): (&[f32], usize) = match b {
+        let kw = uk.elem.words(kc);
+        let (bblock, first_panel): (&[u32], usize) = match b {
             BOperand::Packed(p) => (p.block(pc, kc), 0),
             BOperand::Plain(bm) => {
                 if b_packed_for != Some(ki) {
                     let j0 = cols.start * uk.nr;
                     let width = (cols.end * uk.nr).min(n) - j0;
-                    pack_b(bm, pc, kc, j0, width, uk.nr, bp, uk.packers.bt);
+                    pack_b(bm, pc, kc, j0, width, uk.nr, uk.elem, bp, uk.packers.bt);
                     b_packed_for = Some(ki);
                 }
                 (bp, cols.start)
@@ -703,14 +728,14 @@ fn band(
         let flags = if pc > 0 { ACCUMULATE } else { 0 } | if last { APPLY_EPILOGUE } else { 0 };
         {
             {
-                pack_a(a, ic, mc, pc, kc, kern.mr, ap, kern.packers.a);
+                pack_a(a, ic, mc, pc, kc, kern.mr, uk.elem, ap, kern.packers.a);
                 for jr in cols.clone() {
                     let nv = uk.nr.min(n - jr * uk.nr);
                     let jp = jr - first_panel;
-                    let bpanel = &bblock[jp * kc * uk.nr..(jp + 1) * kc * uk.nr];
+                    let bpanel = &bblock[jp * kw * uk.nr..(jp + 1) * kw * uk.nr];
                     for ir in 0..mc.div_ceil(kern.mr) {
                         let mv = kern.mr.min(mc - ir * kern.mr);
-                        let apanel = &ap[ir * kc * kern.mr..(ir + 1) * kc * kern.mr];
+                        let apanel = &ap[ir * kw * kern.mr..(ir + 1) * kw * kern.mr];
                         let (row, col) = (ic + ir * kern.mr, jr * uk.nr);
                         // SAFETY: the tile (rows row..row+mv, columns col..col+nv) is inside C
                         // (checked shapes), belongs to this thread alone (disjoint entries, rows

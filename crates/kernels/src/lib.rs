@@ -17,6 +17,7 @@ pub mod categorize;
 pub mod cost;
 pub mod direct;
 pub mod dispatch;
+mod elem;
 pub mod gemm;
 pub mod pack;
 mod pool;
@@ -29,6 +30,7 @@ pub use activation::{Activation, ERF_A, ERF_P, GELU_C};
 pub use cost::{CostModel, MachineModel};
 pub use direct::{DirectKernel, DirectKernelFn, DirectPlan};
 pub use dispatch::Dispatcher;
+pub use elem::{bf16_bits, ElemType};
 pub use gemm::{
     execute, gemm, gemm_batched, gemm_packed, gemm_parallel, BOperand, Blocking, Epilogue, EpilogueArgs,
     LoopOrder, MatMut, MatRef, MicroKernel, MicroKernelFn, PackedB, PackedPlan, Plan, ThreadGrid, ACCUMULATE,

@@ -8,19 +8,26 @@
 //! them, so one routine of a given width does either; `codegen` generates it
 //! with vector loads and in-register transposes ([`Packer`]), and the scalar
 //! loops here are the portable path (kernels written in Rust, odd strides).
+//!
+//! Panels are 32-bit words ([`ElemType`]): packing converts the f32 operands to
+//! the family's element type, `k_group` depths to a word, and zero-fills the
+//! depths past `kc` in a panel's last word.
 
-use crate::MatRef;
+use crate::{ElemType, MatRef};
 
-/// The generated packing ABI: interleave `rows ≤ width` rows of a source whose
-/// row `i` starts at `src + i·ld` and runs `kc` elements along K into
-/// `dst[k·width + i]`, `kc · width` elements in all, zero for the rows at or
-/// past `rows`. Nothing past a source row's `kc` elements is read.
-pub type PackFn = unsafe extern "C" fn(src: *const f32, ld: i64, rows: i64, kc: i64, dst: *mut f32);
+/// The generated packing ABI: interleave `rows ≤ width` rows of an f32 source
+/// whose row `i` starts at `src + i·ld` and runs `kc` elements along K into
+/// `dst[g·width + i]`, the word of depths `g·k_group ..` of row `i`
+/// (`words(kc) · width` words in all), zero for the rows at or past `rows`.
+/// Nothing past a source row's `kc` elements is read.
+pub type PackFn = unsafe extern "C" fn(src: *const f32, ld: i64, rows: i64, kc: i64, dst: *mut u32);
 
-/// A generated packing routine and the width of the panels it writes.
+/// A generated packing routine, the width of the panels it writes and the
+/// element type it converts to.
 #[derive(Clone, Copy, Debug)]
 pub struct Packer {
     pub width: usize,
+    pub elem: ElemType,
     pub func: PackFn,
 }
 
@@ -36,9 +43,20 @@ pub struct Packers {
 impl Packers {
     /// Each routine the driver will call must write panels of the width the
     /// kernel reads (`mr`: none for a kernel that packs no A).
-    pub(crate) fn check(&self, mr: Option<usize>, nr: usize) -> Result<(), crate::KernelError> {
+    pub(crate) fn check(
+        &self,
+        elem: ElemType,
+        mr: Option<usize>,
+        nr: usize,
+    ) -> Result<(), crate::KernelError> {
         for (what, p, w) in [("A", self.a, mr), ("transposed B", self.bt, Some(nr))] {
             if let (Some(p), Some(w)) = (p, w) {
+                if p.elem != elem {
+                    return Err(crate::KernelError::Shape(format!(
+                        "the {what} packer writes {} panels, the kernel reads {elem}",
+                        p.elem
+                    )));
+                }
                 if p.width != w {
                     return Err(crate::KernelError::Shape(format!(
                         "the {what} packer writes panels {} wide, the kernel reads {w}",
@@ -52,8 +70,8 @@ impl Packers {
 }
 
 /// Interleave `rows` source rows (`kc` deep from `first`, stride `ld`) into one
-/// `width`-wide panel, with `gen` when given (it writes the whole panel);
-/// otherwise the rows past `rows` are left as they are.
+/// `width`-wide panel of `elem` words, with `gen` when given (it writes the whole
+/// panel); otherwise the rows past `rows` are left as they are.
 #[allow(clippy::too_many_arguments)]
 fn interleave(
     data: &[f32],
@@ -62,26 +80,28 @@ fn interleave(
     rows: usize,
     kc: usize,
     width: usize,
-    panel: &mut [f32],
+    elem: ElemType,
+    panel: &mut [u32],
     gen: Option<Packer>,
 ) {
-    debug_assert!(rows <= width && panel.len() == kc * width);
+    debug_assert!(rows <= width && panel.len() == elem.words(kc) * width);
     debug_assert!(rows == 0 || first + (rows - 1) * ld + kc <= data.len());
     match gen {
-        Some(p) if p.width == width && rows > 0 => {
+        Some(p) if p.width == width && p.elem == elem && rows > 0 => {
             // SAFETY: the routine reads `kc` elements from each of `rows` rows starting
             // at `first + i·ld`, all inside `data` (the caller's view was checked against
             // its buffer: the asserts above restate it), and writes exactly
-            // `kc · width` elements, the whole of `panel`.
+            // `words(kc) · width` words, the whole of `panel`.
             unsafe {
                 (p.func)(data[first..].as_ptr(), ld as i64, rows as i64, kc as i64, panel.as_mut_ptr());
             }
         }
         _ => {
+            let g = elem.k_group();
             for i in 0..rows {
                 let start = first + i * ld;
-                for (k, v) in data[start..start + kc].iter().enumerate() {
-                    panel[k * width + i] = *v;
+                for (w, vals) in data[start..start + kc].chunks(g).enumerate() {
+                    panel[w * width + i] = elem.word(vals);
                 }
             }
         }
@@ -90,14 +110,38 @@ fn interleave(
 
 /// Make `out` `len` long without clearing it: every panel is written whole
 /// (its padding too), so the old contents need no zeroing pass.
-fn resize(out: &mut Vec<f32>, len: usize) {
+fn resize(out: &mut Vec<u32>, len: usize) {
     out.truncate(len);
-    out.resize(len, 0.0);
+    out.resize(len, 0);
 }
 
-/// Pack rows `i0..i0+m` and depth `p0..p0+kc` of A into `MR`-row micro-panels,
-/// `out[panel][k·MR + i]`; rows past `m` are zero (local padding). A row-major A
-/// goes through `gen` when given.
+/// The word of depths `w·g ..` of line `i` (a row of A, a column of B) for the
+/// lines `0..count` of a panel, from `at(i, k)`: the portable loop for operands
+/// of any strides.
+fn gather(
+    panel: &mut [u32],
+    width: usize,
+    count: usize,
+    kc: usize,
+    elem: ElemType,
+    at: impl Fn(usize, usize) -> f32,
+) {
+    let g = elem.k_group();
+    let mut vals = [0.0f32; 4];
+    for w in 0..elem.words(kc) {
+        let depth = g.min(kc - w * g);
+        for i in 0..count {
+            for (r, v) in vals[..depth].iter_mut().enumerate() {
+                *v = at(i, w * g + r);
+            }
+            panel[w * width + i] = elem.word(&vals[..depth]);
+        }
+    }
+}
+
+/// Pack rows `i0..i0+m` and depth `p0..p0+kc` of A into `MR`-row micro-panels of
+/// `elem` words, `out[panel][w·MR + i]`; rows past `m` are zero (local padding). A
+/// row-major A goes through `gen` when given.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pack_a(
     a: &MatRef,
@@ -106,41 +150,41 @@ pub(crate) fn pack_a(
     p0: usize,
     kc: usize,
     mr: usize,
-    out: &mut Vec<f32>,
+    elem: ElemType,
+    out: &mut Vec<u32>,
     gen: Option<Packer>,
 ) {
     let panels = m.div_ceil(mr);
-    resize(out, panels * kc * mr);
-    let generated = a.cs == 1 && gen.is_some_and(|p| p.width == mr);
+    let size = elem.words(kc) * mr;
+    resize(out, panels * size);
+    let generated = a.cs == 1 && gen.is_some_and(|p| p.width == mr && p.elem == elem);
     for pi in 0..panels {
-        let panel = &mut out[pi * kc * mr..(pi + 1) * kc * mr];
+        let panel = &mut out[pi * size..(pi + 1) * size];
         let rows = mr.min(m - pi * mr);
         let r0 = i0 + pi * mr;
         if rows < mr && !generated {
-            panel.fill(0.0);
+            panel.fill(0);
         }
         if a.cs == 1 {
             // Row-major A: each row is contiguous along k.
-            interleave(a.data, r0 * a.rs + p0, a.rs, rows, kc, mr, panel, gen);
-        } else if a.rs == 1 {
+            interleave(a.data, r0 * a.rs + p0, a.rs, rows, kc, mr, elem, panel, gen);
+        } else if a.rs == 1 && elem == ElemType::F32 {
             // Column-major (transposed) A: each k is a contiguous run of rows.
             for k in 0..kc {
                 let start = (p0 + k) * a.cs + r0;
-                panel[k * mr..k * mr + rows].copy_from_slice(&a.data[start..start + rows]);
-            }
-        } else {
-            for k in 0..kc {
-                for i in 0..rows {
-                    panel[k * mr + i] = a.at(r0 + i, p0 + k);
+                for (d, v) in panel[k * mr..k * mr + rows].iter_mut().zip(&a.data[start..start + rows]) {
+                    *d = v.to_bits();
                 }
             }
+        } else {
+            gather(panel, mr, rows, kc, elem, |i, k| a.at(r0 + i, p0 + k));
         }
     }
 }
 
 /// Pack depth `p0..p0+kc` and columns `j0..j0+n` of B into `NR`-column
-/// micro-panels, `out[panel][k·NR + j]`; columns past `n` are zero. A B stored
-/// transposed goes through `gen` when given.
+/// micro-panels of `elem` words, `out[panel][w·NR + j]`; columns past `n` are zero.
+/// A B stored transposed goes through `gen` when given.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pack_b(
     b: &MatRef,
@@ -149,34 +193,48 @@ pub(crate) fn pack_b(
     j0: usize,
     n: usize,
     nr: usize,
-    out: &mut Vec<f32>,
+    elem: ElemType,
+    out: &mut Vec<u32>,
     gen: Option<Packer>,
 ) {
     let panels = n.div_ceil(nr);
-    resize(out, panels * kc * nr);
-    let generated = b.cs != 1 && b.rs == 1 && gen.is_some_and(|p| p.width == nr);
+    let size = elem.words(kc) * nr;
+    resize(out, panels * size);
+    let generated = b.cs != 1 && b.rs == 1 && gen.is_some_and(|p| p.width == nr && p.elem == elem);
     for pj in 0..panels {
-        let panel = &mut out[pj * kc * nr..(pj + 1) * kc * nr];
+        let panel = &mut out[pj * size..(pj + 1) * size];
         let cols = nr.min(n - pj * nr);
         let c0 = j0 + pj * nr;
         if cols < nr && !generated {
-            panel.fill(0.0);
+            panel.fill(0);
         }
-        if b.cs == 1 {
+        if b.cs == 1 && elem == ElemType::F32 {
             // Row-major B: each k row of the panel is a contiguous run.
             for k in 0..kc {
                 let start = (p0 + k) * b.rs + c0;
-                panel[k * nr..k * nr + cols].copy_from_slice(&b.data[start..start + cols]);
+                for (d, v) in panel[k * nr..k * nr + cols].iter_mut().zip(&b.data[start..start + cols]) {
+                    *d = v.to_bits();
+                }
+            }
+        } else if b.cs == 1 {
+            // Row-major B in words of several depths: pair up consecutive rows.
+            let g = elem.k_group();
+            let mut vals = [0.0f32; 4];
+            for w in 0..elem.words(kc) {
+                let depth = g.min(kc - w * g);
+                let rows: [usize; 4] = std::array::from_fn(|r| (p0 + w * g + r.min(depth - 1)) * b.rs + c0);
+                for j in 0..cols {
+                    for (r, v) in vals[..depth].iter_mut().enumerate() {
+                        *v = b.data[rows[r] + j];
+                    }
+                    panel[w * nr + j] = elem.word(&vals[..depth]);
+                }
             }
         } else if b.rs == 1 {
             // Transposed B (attention's Kᵀ): each column is contiguous along k.
-            interleave(b.data, c0 * b.cs + p0, b.cs, cols, kc, nr, panel, gen);
+            interleave(b.data, c0 * b.cs + p0, b.cs, cols, kc, nr, elem, panel, gen);
         } else {
-            for k in 0..kc {
-                for j in 0..cols {
-                    panel[k * nr + j] = b.at(p0 + k, c0 + j);
-                }
-            }
+            gather(panel, nr, cols, kc, elem, |j, k| b.at(p0 + k, c0 + j));
         }
     }
 }

@@ -13,7 +13,7 @@
 
 use crate::direct::DirectKernel;
 use crate::gemm::LoopOrder;
-use crate::{Blocking, KernelError, MicroKernel, Target, ThreadGrid};
+use crate::{Blocking, ElemType, KernelError, MicroKernel, Target, ThreadGrid};
 
 /// One contraction instance: `batch` independent `C[m×n] = A[m×k] · B[k×n]`, and
 /// what is fixed about its operands' layouts (a weight is packed once, for one
@@ -123,7 +123,7 @@ pub struct DirectVariant {
 }
 
 /// The micro-kernels a contraction may use at run time, all with the same
-/// epilogue: the L0 level of its schedule space. The direct kernels (optional)
+/// element type and epilogue: the L0 level of its schedule space. The direct kernels (optional)
 /// are kept by width, highest first, so that a width's kernels from any height
 /// down are one slice (what a [`crate::direct::DirectPlan`] takes).
 #[derive(Clone, Debug)]
@@ -138,8 +138,10 @@ impl KernelFamily {
             return Err(KernelError::Shape("a kernel family needs at least one micro-kernel".into()));
         };
         for v in &variants {
-            if v.kernel.epilogue != first.kernel.epilogue {
-                return Err(KernelError::Shape("the kernels of a family share one epilogue".into()));
+            if v.kernel.epilogue != first.kernel.epilogue || v.kernel.elem != first.kernel.elem {
+                return Err(KernelError::Shape(
+                    "the kernels of a family share one element type and epilogue".into(),
+                ));
             }
             if v.kernel.mr == 0 || v.kernel.nr == 0 || v.gflops.is_nan() || v.gflops <= 0.0 {
                 return Err(KernelError::Shape(format!(
@@ -151,9 +153,13 @@ impl KernelFamily {
         Ok(KernelFamily { variants, direct: Vec::new() })
     }
 
-    /// This family with direct kernels too (same epilogue as the packed ones).
+    /// This family with direct kernels too (same epilogue as the packed ones;
+    /// direct kernels multiply f32 only).
     pub fn with_direct(mut self, mut direct: Vec<DirectVariant>) -> Result<KernelFamily, KernelError> {
         let ep = self.variants[0].kernel.epilogue;
+        if !direct.is_empty() && self.elem() != ElemType::F32 {
+            return Err(KernelError::Shape(format!("a {} family takes no direct kernels", self.elem())));
+        }
         for v in &direct {
             if v.kernel.epilogue != ep {
                 return Err(KernelError::Shape("the kernels of a family share one epilogue".into()));
@@ -169,6 +175,10 @@ impl KernelFamily {
         direct.dedup_by_key(|v| (v.kernel.nr, v.kernel.mr));
         self.direct = direct;
         Ok(self)
+    }
+    /// The element type every kernel of the family multiplies.
+    pub fn elem(&self) -> ElemType {
+        self.variants[0].kernel.elem
     }
     pub fn direct_variants(&self) -> &[DirectVariant] {
         &self.direct
@@ -220,10 +230,10 @@ impl KernelFamily {
     }
 }
 
-/// The depth of a cache block for an `mr × nr` tile: an A and a B micro-panel fill
-/// about 80% of L1 (Vortex's utilization band), a multiple of 8.
-pub fn kc_for(t: &Target, mr: usize, nr: usize) -> usize {
-    Blocking::for_target(t, mr, nr).kc
+/// The depth of a cache block for an `mr × nr` tile of `elem`: an A and a B
+/// micro-panel fill about 80% of L1 (Vortex's utilization band), a multiple of 8.
+pub fn kc_for(t: &Target, elem: ElemType, mr: usize, nr: usize) -> usize {
+    Blocking::for_target(t, elem, mr, nr).kc
 }
 
 /// FTuner's padding threshold: a tile whose padded work exceeds the least padded
@@ -263,7 +273,7 @@ pub fn candidates(t: &Target, threads: usize, fam: &KernelFamily, p: &Problem) -
         }
         // L1: KC from L1 (or fixed by the packed weight), one block when K is barely
         // deeper; MC a multiple of MR from L2.
-        let base = Blocking::for_target(t, mr, nr);
+        let base = Blocking::for_target(t, fam.elem(), mr, nr);
         let kcs: Vec<usize> = match p.b {
             BLayout::Packed { kc, .. } => vec![kc],
             _ if p.k <= base.kc * 3 / 2 => vec![p.k.max(1)],
@@ -341,7 +351,7 @@ fn direct_candidates(
         let top = of_width.iter().map(|v| v.gflops).fold(0.0, f64::max);
         let best = of_width.iter().filter(|v| v.gflops >= 0.97 * top).map(|v| v.kernel.mr).min().unwrap_or(1);
         for mr in of_width.iter().map(|v| v.kernel.mr).filter(|&h| h <= best) {
-            let base = Blocking::for_target(t, mr, nr);
+            let base = Blocking::for_target(t, ElemType::F32, mr, nr);
             let kc = match p.b {
                 BLayout::Packed { kc, .. } => kc,
                 _ if p.k <= base.kc * 3 / 2 => p.k.max(1),

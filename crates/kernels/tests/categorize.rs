@@ -14,7 +14,7 @@ mod common;
 fn setup() -> (Target, anyshape_kernels::MachineModel, ThreadPool) {
     let t = common::small_target();
     let pool = ThreadPool::new(2);
-    let machine = calibrate::measure(&t, &pool, Default::default());
+    let machine = calibrate::measure(&t, &pool, Default::default(), anyshape_kernels::ElemType::F32);
     (t, machine, pool)
 }
 

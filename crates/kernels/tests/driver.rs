@@ -2,7 +2,7 @@
 //! packing with local padding and edge write-back are right at every shape,
 //! including 1, primes, MR±1, NR±1 and KC±1, with strided (transposed) operands.
 
-use anyshape_kernels::{gemm, Blocking, MatMut, MatRef, MicroKernel};
+use anyshape_kernels::{gemm, BOperand, Blocking, ElemType, MatMut, MatRef, MicroKernel};
 use proptest::prelude::*;
 
 #[macro_use]
@@ -10,6 +10,8 @@ mod common;
 
 rust_kernel!(rust_kernel_3x5, 3, 5);
 rust_kernel!(rust_kernel_1x5, 1, 5);
+rust_kernel!(bf16_kernel_3x5, 3, 5, bf16);
+rust_kernel!(bf16_kernel_1x5, 1, 5, bf16);
 
 fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize, ta: bool) -> Vec<f32> {
     let at = |i: usize, p: usize| if ta { a[p * m + i] } else { a[i * k + p] };
@@ -42,7 +44,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
     #[test]
     fn blocked_gemm_matches_naive(m in dims(), k in dims(), n in dims(), kc in 1usize..9, mcb in 1usize..4, ncb in 1usize..4, ta in any::<bool>()) {
-        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
+        let uk = MicroKernel { mr: 3, nr: 5, elem: ElemType::F32, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
         let blk = Blocking { kc, mc: 3 * mcb, nc: 5 * ncb };
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
@@ -72,6 +74,7 @@ fn bad_shapes_are_errors() {
     let uk = MicroKernel {
         mr: 3,
         nr: 5,
+        elem: ElemType::F32,
         func: rust_kernel_3x5,
         epilogue: Default::default(),
         packers: Default::default(),
@@ -95,7 +98,7 @@ proptest! {
     #[test]
     fn parallel_gemm_matches_naive(m in dims(), k in dims(), n in dims(), threads in 1usize..4) {
         let pool = anyshape_kernels::ThreadPool::new(threads);
-        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
+        let uk = MicroKernel { mr: 3, nr: 5, elem: ElemType::F32, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
         let blk = Blocking { kc: 4, mc: 6, nc: 10 };
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
@@ -114,7 +117,7 @@ proptest! {
     #[test]
     fn prepacked_gemm_matches_naive(m in dims(), k in dims(), n in dims(), kc in 1usize..9, threads in 1usize..4, ta in any::<bool>(), cover in any::<bool>()) {
         let pool = anyshape_kernels::ThreadPool::new(threads);
-        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
+        let uk = MicroKernel { mr: 3, nr: 5, elem: ElemType::F32, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
         let blk = Blocking { kc, mc: 6, nc: 10 };
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
@@ -123,7 +126,7 @@ proptest! {
         let mut c = vec![f32::NAN; m * ldc];
         let cv = MatMut::new(&mut c, m, n, ldc).expect("c");
         let av = if ta { MatRef::row_major(&a, k, m).unwrap().t() } else { MatRef::row_major(&a, m, k).unwrap() };
-        let small = MicroKernel { mr: 1, nr: 5, func: rust_kernel_1x5, epilogue: Default::default(), packers: Default::default() };
+        let small = MicroKernel { mr: 1, nr: 5, elem: ElemType::F32, func: rust_kernel_1x5, epilogue: Default::default(), packers: Default::default() };
         anyshape_kernels::gemm_packed(&pool, &uk, cover.then_some(&small), &blk, av, &packed, cv, &Default::default()).expect("gemm");
         let want = naive(&a, &b, m, k, n, ta);
         for i in 0..m {
@@ -143,7 +146,7 @@ proptest! {
     #[test]
     fn batched_gemm_matches_naive(batch in 1usize..6, m in dims(), k in dims(), n in dims(), threads in 1usize..4) {
         let pool = anyshape_kernels::ThreadPool::new(threads);
-        let uk = MicroKernel { mr: 3, nr: 5, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
+        let uk = MicroKernel { mr: 3, nr: 5, elem: ElemType::F32, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
         let blk = Blocking { kc: 4, mc: 6, nc: 10 };
         let a: Vec<f32> = (0..batch * m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
         let b: Vec<f32> = (0..batch * k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
@@ -161,4 +164,90 @@ proptest! {
             }
         }
     }
+}
+
+/// The product of the operands as bf16 represents them (what a bf16 kernel
+/// multiplies), accumulated in f64.
+fn naive_bf16(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let r = |x: f32| ElemType::Bf16.round(x);
+    let a: Vec<f32> = a.iter().map(|&x| r(x)).collect();
+    let b: Vec<f32> = b.iter().map(|&x| r(x)).collect();
+    naive(&a, &b, m, k, n, false)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 150, ..ProptestConfig::default() })]
+    /// bf16 words through the driver with the portable packing: odd depths (the
+    /// last pair of each block padded with zero), blocks of odd depth, row-major,
+    /// transposed and pre-packed B, transposed A, a cover kernel, threads.
+    #[test]
+    fn bf16_words_through_the_driver(m in dims(), k in dims(), n in dims(), kc in 1usize..9, threads in 1usize..4, ta in any::<bool>(), b_form in 0usize..3, cover in any::<bool>()) {
+        let pool = anyshape_kernels::ThreadPool::new(threads);
+        let kern = |mr, func| MicroKernel { mr, nr: 5, elem: ElemType::Bf16, func, epilogue: Default::default(), packers: Default::default() };
+        let (uk, small) = (kern(3, bf16_kernel_3x5), kern(1, bf16_kernel_1x5));
+        let blk = Blocking { kc, mc: 6, nc: 10 };
+        // Values bf16 cannot hold exactly: the rounding is part of what is checked.
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 3.7).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 2.9).collect();
+        let at: Vec<f32> = (0..m * k).map(|x| a[(x % m) * k + x / m]).collect();
+        let bt: Vec<f32> = (0..k * n).map(|x| b[(x % k) * n + x / k]).collect();
+        let av = if ta { MatRef::row_major(&at, k, m).unwrap().t() } else { MatRef::row_major(&a, m, k).unwrap() };
+        let packed = anyshape_kernels::PackedB::of_elem(MatRef::row_major(&b, k, n).unwrap(), 5, kc, ElemType::Bf16);
+        let bop = match b_form {
+            0 => BOperand::Plain(MatRef::row_major(&b, k, n).unwrap()),
+            1 => BOperand::Plain(MatRef::row_major(&bt, n, k).unwrap().t()),
+            _ => BOperand::Packed(&packed),
+        };
+        let grid = anyshape_kernels::ThreadGrid::rule_of_thumb(threads, 1, m.div_ceil(3), n.div_ceil(5));
+        let plan = anyshape_kernels::Plan::Packed(anyshape_kernels::PackedPlan {
+            kernel: &uk,
+            cover: (cover && m % 3 != 0).then_some(&small),
+            blocking: blk,
+            order: Default::default(),
+            grid,
+        });
+        let mut c = vec![f32::NAN; m * n];
+        let cv = MatMut::new(&mut c, m, n, n).unwrap();
+        anyshape_kernels::execute(&pool, &plan, &[av], &[bop], vec![cv], &Default::default()).expect("gemm");
+        let want = naive_bf16(&a, &b, m, k, n);
+        for (i, (g, w)) in c.iter().zip(&want).enumerate() {
+            prop_assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "[{i}] {g} vs {w}");
+        }
+    }
+}
+
+/// A B packed as one element type cannot feed kernels of another.
+#[test]
+fn packed_b_of_another_type_is_an_error() {
+    let pool = anyshape_kernels::ThreadPool::new(1);
+    let uk = MicroKernel {
+        mr: 3,
+        nr: 5,
+        elem: ElemType::Bf16,
+        func: bf16_kernel_3x5,
+        epilogue: Default::default(),
+        packers: Default::default(),
+    };
+    let b = vec![1.0f32; 8 * 5];
+    let packed = anyshape_kernels::PackedB::new(MatRef::row_major(&b, 8, 5).unwrap(), 5, 4);
+    let a = vec![1.0f32; 3 * 8];
+    let mut c = vec![0.0f32; 3 * 5];
+    let plan = anyshape_kernels::Plan::Packed(anyshape_kernels::PackedPlan {
+        kernel: &uk,
+        cover: None,
+        blocking: Blocking { kc: 4, mc: 3, nc: 5 },
+        order: Default::default(),
+        grid: anyshape_kernels::ThreadGrid::SINGLE,
+    });
+    let cv = MatMut::new(&mut c, 3, 5, 5).unwrap();
+    let av = MatRef::row_major(&a, 3, 8).unwrap();
+    let e = anyshape_kernels::execute(
+        &pool,
+        &plan,
+        &[av],
+        &[BOperand::Packed(&packed)],
+        vec![cv],
+        &Default::default(),
+    );
+    assert!(e.unwrap_err().to_string().contains("packed as f32"));
 }

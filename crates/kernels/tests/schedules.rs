@@ -17,7 +17,12 @@ mod common;
 
 fn dispatcher(threads: usize) -> Dispatcher {
     let t = common::small_target();
-    let machine = calibrate::measure(&t, &ThreadPool::new(threads), Default::default());
+    let machine = calibrate::measure(
+        &t,
+        &ThreadPool::new(threads),
+        Default::default(),
+        anyshape_kernels::ElemType::F32,
+    );
     Dispatcher::new(t, common::test_family(), machine, CostModel::Hierarchical)
 }
 

@@ -1,14 +1,24 @@
 //! Plain-Rust micro-kernels of the generated kernels' ABI, for driver tests
 //! that run without LLVM.
 
-/// `C (+)= A·B` for packed `MR × NR` panels; odd tile sizes are on purpose.
+/// `C (+)= A·B` for packed `MR × NR` panels of f32 words, or (with `bf16`) of
+/// bf16 pair words; odd tile sizes are on purpose.
 #[macro_export]
 macro_rules! rust_kernel {
     ($name:ident, $mr:expr, $nr:expr) => {
+        $crate::rust_kernel!($name, $mr, $nr, 1, |w: u32| [f32::from_bits(w), 0.0]);
+    };
+    ($name:ident, $mr:expr, $nr:expr, bf16) => {
+        $crate::rust_kernel!($name, $mr, $nr, 2, |w: u32| [
+            f32::from_bits(w << 16),
+            f32::from_bits(w & 0xffff_0000)
+        ]);
+    };
+    ($name:ident, $mr:expr, $nr:expr, $g:expr, $unpack:expr) => {
         unsafe extern "C" fn $name(
             kc: i64,
-            a: *const f32,
-            b: *const f32,
+            a: *const u32,
+            b: *const u32,
             c: *mut f32,
             ldc: i64,
             flags: i64,
@@ -18,14 +28,16 @@ macro_rules! rust_kernel {
         ) {
             const MR: usize = $mr;
             const NR: usize = $nr;
+            let kw = (kc as usize).div_ceil($g);
             let acc = flags & anyshape_kernels::ACCUMULATE;
-            let (a, b) = (
-                std::slice::from_raw_parts(a, kc as usize * MR),
-                std::slice::from_raw_parts(b, kc as usize * NR),
-            );
+            let (a, b) = (std::slice::from_raw_parts(a, kw * MR), std::slice::from_raw_parts(b, kw * NR));
             for i in 0..MR {
                 for j in 0..NR {
-                    let s: f32 = (0..kc as usize).map(|k| a[k * MR + i] * b[k * NR + j]).sum();
+                    let mut s = 0.0f32;
+                    for k in 0..kw {
+                        let (x, y) = ($unpack(a[k * MR + i]), $unpack(b[k * NR + j]));
+                        s += x[0] * y[0] + x[1] * y[1];
+                    }
                     let p = c.add(i * ldc as usize + j);
                     *p = if acc != 0 { *p + s } else { s };
                 }
@@ -85,7 +97,14 @@ rust_direct_kernel!(d4x8, 4, 8);
 pub fn test_family() -> anyshape_kernels::KernelFamily {
     use anyshape_kernels::{DirectKernel, DirectVariant, KernelFamily, KernelVariant, MicroKernel};
     let v = |mr, nr, func, gflops| KernelVariant {
-        kernel: MicroKernel { mr, nr, func, epilogue: Default::default(), packers: Default::default() },
+        kernel: MicroKernel {
+            mr,
+            nr,
+            elem: Default::default(),
+            func,
+            epilogue: Default::default(),
+            packers: Default::default(),
+        },
         gflops,
     };
     let d = |mr, nr, func, gflops| DirectVariant {
