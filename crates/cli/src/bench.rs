@@ -154,7 +154,7 @@ pub fn bench_matmul(args: BenchMatmulArgs) -> Result<()> {
     let tile = args.tile.as_deref().map(parse_tile).transpose()?;
     let pool = ThreadPool::new(args.threads.unwrap_or(target.cores));
     let cache = args.cache_dir.clone().or_else(codegen::tuning::default_cache_dir);
-    let keep = args.kernels.as_deref().map(crate::samples::load_kernel_list).transpose()?;
+    let keep = args.kernels.as_deref().map(|f| crate::samples::load_kernel_list(f, elem)).transpose()?;
     let start = Instant::now();
     let contraction = codegen::Contraction::builder(&target, &pool)
         .model(model.unwrap_or_default())
@@ -420,7 +420,10 @@ fn dump_llvm(dir: &std::path::Path, c: &codegen::Contraction) -> Result<()> {
         .direct_kernels()
         .iter()
         .map(|k| (format!("direct-{}x{}", k.kernel().mr, k.kernel().nr), k.ir(), k.asm()));
-    let packers = std::iter::once(("packers".to_string(), c.packers().ir(), c.packers().asm()));
+    let packers = c.packers().iter().enumerate().map(|(i, p)| {
+        let elem = p.packers().first().map_or("none".to_string(), |q| q.elem.to_string());
+        (if i == 0 { "packers".to_string() } else { format!("packers-{elem}") }, p.ir(), p.asm())
+    });
     for (name, ir, asm) in packed.chain(direct).chain(packers) {
         let base = dir.join(name);
         std::fs::write(base.with_extension("ll"), ir)?;

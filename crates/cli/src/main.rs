@@ -84,6 +84,9 @@ enum Command {
         /// With --search: the seed of the search's random draws.
         #[arg(long, default_value_t = 0, requires = "search")]
         seed: u64,
+        /// With --samples: the element type of the family tuned (f32, bf16).
+        #[arg(long, default_value = "f32", requires = "samples")]
+        dtype: String,
     },
     /// Show what the compiler knows about a model at a stage.
     Inspect {
@@ -192,20 +195,29 @@ fn dispatch(cli: Cli) -> Result<()> {
             search,
             budget,
             seed,
+            dtype,
         } => {
             if avx2 {
                 bail!(UserError("--samples tunes the host's family: drop --avx2".into()));
             }
+            let elem = dtype.parse().map_err(|e| UserError(format!("--dtype: {e}")))?;
             match search {
-                Some(_) => {
-                    search::tune_search(search::TuneSearch { samples, budget, seed, out, threads, cache_dir })
-                }
+                Some(_) => search::tune_search(search::TuneSearch {
+                    samples,
+                    budget,
+                    seed,
+                    out,
+                    threads,
+                    cache_dir,
+                    elem,
+                }),
                 None => samples::tune_samples(samples::TuneSamples {
                     samples,
                     tolerance,
                     out,
                     threads,
                     cache_dir,
+                    elem,
                 }),
             }
         }

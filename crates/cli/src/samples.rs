@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::Result;
 use kernels::categorize::{categorize, parse_samples, pick, restrict, KernelId, Sample, SampleShape};
 use kernels::{
-    ALayout, BLayout, BOperand, CostModel, Dispatcher, Epilogue, EpilogueArgs, MatMut, MatRef, Problem,
+    ALayout, BLayout, BOperand, CostModel, Dispatcher, ElemType, EpilogueArgs, MatMut, MatRef, Problem,
     Target, ThreadPool,
 };
 
@@ -19,20 +19,31 @@ use crate::UserError;
 /// What `--out` holds: the kept kernels and where they came from.
 #[derive(serde::Serialize, serde::Deserialize)]
 pub struct KernelList {
+    /// The element type of the family the kernels were chosen from.
+    #[serde(default)]
+    pub elem: ElemType,
     pub kernels: Vec<KernelId>,
     pub samples: String,
     pub tolerance: f64,
     pub predicted_mean_slowdown: f64,
 }
 
-/// Read a kernel list written by `tune --samples --out`.
-pub fn load_kernel_list(path: &Path) -> Result<Vec<KernelId>> {
+/// Read a kernel list written by `tune --samples --out` for a family of `elem`.
+pub fn load_kernel_list(path: &Path, elem: ElemType) -> Result<Vec<KernelId>> {
     let text =
         std::fs::read_to_string(path).map_err(|e| UserError(format!("--kernels {}: {e}", path.display())))?;
     let list: KernelList = serde_json::from_str(&text)
         .map_err(|e| UserError(format!("--kernels {}: not a kernel list ({e})", path.display())))?;
     if list.kernels.is_empty() {
         return Err(UserError(format!("--kernels {}: the list is empty", path.display())).into());
+    }
+    if list.elem != elem {
+        return Err(UserError(format!(
+            "--kernels {}: a list of {} kernels, for a {elem} family",
+            path.display(),
+            list.elem
+        ))
+        .into());
     }
     Ok(list.kernels)
 }
@@ -94,6 +105,7 @@ pub struct TuneSamples {
     pub out: Option<PathBuf>,
     pub threads: Option<usize>,
     pub cache_dir: Option<PathBuf>,
+    pub elem: ElemType,
 }
 
 pub fn tune_samples(args: TuneSamples) -> Result<()> {
@@ -112,7 +124,12 @@ pub fn tune_samples(args: TuneSamples) -> Result<()> {
     let cache = args.cache_dir.clone().or_else(codegen::tuning::default_cache_dir);
     let model = CostModel::Hierarchical;
     let t0 = Instant::now();
-    let whole = codegen::Contraction::compile(&target, &pool, Epilogue::default(), model, cache.as_deref())?;
+    args.elem.check(&target).map_err(|e| UserError(format!("--dtype {}: {e}", args.elem)))?;
+    let whole = codegen::Contraction::builder(&target, &pool)
+        .model(model)
+        .cache(cache.as_deref())
+        .elem(args.elem)
+        .build()?;
     let whole_ms = t0.elapsed().as_secs_f64() * 1e3;
     let d: &Dispatcher = &whole;
     let samples = shapes
@@ -153,6 +170,7 @@ pub fn tune_samples(args: TuneSamples) -> Result<()> {
     );
     if let Some(out) = &args.out {
         let list = KernelList {
+            elem: args.elem,
             kernels: chosen.kernels.clone(),
             samples: args.samples.display().to_string(),
             tolerance: args.tolerance,
@@ -168,6 +186,7 @@ pub fn tune_samples(args: TuneSamples) -> Result<()> {
         .model(model)
         .cache(cache.as_deref())
         .keep(Some(&chosen.kernels))
+        .elem(args.elem)
         .build()?;
     let kept_ms = t0.elapsed().as_secs_f64() * 1e3;
     say!(

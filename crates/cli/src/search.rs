@@ -20,8 +20,8 @@ use anyhow::Result;
 use kernels::bayes::{minimize, Axis, SearchSpace, TrustRegionOptions};
 use kernels::categorize::parse_samples;
 use kernels::{
-    execute, ALayout, BLayout, BOperand, Dispatcher, EpilogueArgs, LoopOrder, MacroKernel, MatMut, MatRef,
-    Operands, PackedB, Problem, Schedule, Target, ThreadPool, TunedClass, TunedRow, TunedSchedules,
+    execute, ALayout, BLayout, BOperand, Dispatcher, ElemType, EpilogueArgs, LoopOrder, MacroKernel, MatMut,
+    MatRef, Operands, PackedB, Problem, Schedule, Target, ThreadPool, TunedClass, TunedRow, TunedSchedules,
 };
 
 use crate::UserError;
@@ -33,6 +33,7 @@ pub struct TuneSearch {
     pub out: Option<PathBuf>,
     pub threads: Option<usize>,
     pub cache_dir: Option<PathBuf>,
+    pub elem: ElemType,
 }
 
 /// Rows of A per block, in micro-panels: a geometric grid.
@@ -77,7 +78,8 @@ impl Bench<'_> {
                 if self.packed.len() >= 6 {
                     self.packed.remove(0);
                 }
-                self.packed.push(PackedB::new(MatRef::row_major(&self.b[..k * n], k, n)?, nr, kc));
+                let elem = self.d.family().elem();
+                self.packed.push(PackedB::of_elem(MatRef::row_major(&self.b[..k * n], k, n)?, nr, kc, elem));
             }
         }
         let plan = self.d.plan(s)?;
@@ -201,7 +203,9 @@ pub fn tune_search(args: TuneSearch) -> Result<()> {
     }
     let pool = ThreadPool::new(args.threads.unwrap_or(target.cores));
     let cache = args.cache_dir.clone().or_else(codegen::tuning::default_cache_dir);
-    let contraction = codegen::Contraction::builder(&target, &pool).cache(cache.as_deref()).build()?;
+    args.elem.check(&target).map_err(|e| UserError(format!("--dtype {}: {e}", args.elem)))?;
+    let contraction =
+        codegen::Contraction::builder(&target, &pool).cache(cache.as_deref()).elem(args.elem).build()?;
     let d: &Dispatcher = &contraction;
     // The classes: samples equal but for M.
     let mut classes: Vec<Class> = Vec::new();
@@ -222,7 +226,7 @@ pub fn tune_search(args: TuneSearch) -> Result<()> {
         pool.threads()
     );
     let start = Instant::now();
-    let mut tuned = TunedSchedules { threads: pool.threads(), classes: Vec::new() };
+    let mut tuned = TunedSchedules { threads: pool.threads(), elem: args.elem, classes: Vec::new() };
     let mut total = (0.0, 0.0);
     for class in &classes {
         let t0 = Instant::now();

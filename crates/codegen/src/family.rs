@@ -64,7 +64,7 @@ pub struct Contraction {
     // dispatcher, so they are dropped after it.
     jit: Vec<JitMicroKernel>,
     direct: Vec<JitDirectKernel>,
-    packers: JitPackers,
+    packers: Vec<JitPackers>,
 }
 
 /// How to compile a [`Contraction`]: the epilogue fused into its kernels, the
@@ -123,22 +123,31 @@ impl<'a> ContractionBuilder<'a> {
         // The direct kernels: the same choice of heights per width, from their own rates.
         let mut direct_tiles = direct_family_tiles(&rec.direct);
         direct_tiles.retain(|t| kept(true, t));
-        // One packing routine per panel width: A's heights, and B's widths.
-        let widths: Vec<usize> = if self.generated_packing {
-            tiles.iter().map(|t| t.mr).chain(tiles.iter().chain(&direct_tiles).map(|t| t.nr)).collect()
-        } else {
-            Vec::new()
-        };
-        let packers = compile_packers(target, elem, &widths)?;
-        let packers_of = |mr: Option<usize>, nr: usize| Packers {
-            a: mr.and_then(|w| packers.get(w)),
-            bt: packers.get(nr),
+        // One packing routine per panel width: A's heights, and B's widths, in the
+        // family's type; the direct kernels' B panels are f32 in every family.
+        let (mut widths, mut f32_widths) = (Vec::new(), Vec::new());
+        if self.generated_packing {
+            widths.extend(tiles.iter().flat_map(|t| [t.mr, t.nr]));
+            let direct_widths = direct_tiles.iter().map(|t| t.nr);
+            match elem {
+                ElemType::F32 => widths.extend(direct_widths),
+                _ => f32_widths.extend(direct_widths),
+            }
+        }
+        let mut packers = vec![compile_packers(target, elem, &widths)?];
+        if !f32_widths.is_empty() {
+            packers.push(compile_packers(target, ElemType::F32, &f32_widths)?);
+        }
+        let find = |e: ElemType, w: usize| packers.iter().find_map(|p| p.get(w).filter(|q| q.elem == e));
+        let packers_of = |e: ElemType, mr: Option<usize>, nr: usize| Packers {
+            a: mr.and_then(|w| find(e, w)),
+            bt: find(e, nr),
         };
         let mut jit = Vec::with_capacity(tiles.len());
         let mut variants = Vec::with_capacity(tiles.len());
         for t in &tiles {
             let k = compile_microkernel_with(target, elem, t.mr, t.nr, epilogue)?;
-            let kernel = kernels::MicroKernel { packers: packers_of(Some(t.mr), t.nr), ..k.kernel() };
+            let kernel = kernels::MicroKernel { packers: packers_of(elem, Some(t.mr), t.nr), ..k.kernel() };
             variants.push(KernelVariant { kernel, gflops: t.gflops });
             jit.push(k);
         }
@@ -146,7 +155,8 @@ impl<'a> ContractionBuilder<'a> {
         let mut direct_variants = Vec::with_capacity(direct_tiles.len());
         for t in &direct_tiles {
             let k = compile_direct_kernel(target, t.mr, t.nr, epilogue)?;
-            let kernel = kernels::DirectKernel { packers: packers_of(None, t.nr), ..k.kernel() };
+            let kernel =
+                kernels::DirectKernel { packers: packers_of(ElemType::F32, None, t.nr), ..k.kernel() };
             direct_variants.push(DirectVariant { kernel, gflops: t.gflops });
             direct.push(k);
         }
@@ -212,8 +222,9 @@ impl Contraction {
         &self.direct
     }
 
-    /// The compiled packing routines.
-    pub fn packers(&self) -> &JitPackers {
+    /// The compiled packing routines: the family's type's, and for a family of
+    /// another type than f32, the f32 ones of its direct kernels.
+    pub fn packers(&self) -> &[JitPackers] {
         &self.packers
     }
 }

@@ -29,7 +29,8 @@ pub struct TuningRecord {
     #[serde(default)]
     pub generator: u32,
     pub tiles: Vec<TileMeasurement>,
-    /// The same tiles as direct kernels (operands read in place; f32 only).
+    /// The same tiles as direct kernels (operands read in place; f32 in every
+    /// family).
     #[serde(default)]
     pub direct: Vec<TileMeasurement>,
     /// The calibrated analytical levels, one per thread count seen.
@@ -94,7 +95,7 @@ pub fn load(dir: &Path, t: &Target, elem: ElemType) -> Option<TuningRecord> {
 }
 
 /// Measure every register tile of `t` multiplying `elem`, as a packed-panel
-/// kernel and (f32) as a direct one (reporting progress: tiles done, total), and
+/// kernel and as a (f32) direct one (reporting progress: tiles done, total), and
 /// store the record. The two forms of a tile are timed in alternation, best of
 /// three each: this machine has phases in which a core runs slower, and rates
 /// measured in different phases would rank the two forms wrongly.
@@ -108,21 +109,14 @@ pub fn measure(
     let (mut packed, mut direct) = (Vec::with_capacity(tiles.len()), Vec::with_capacity(tiles.len()));
     for (i, &(mr, nr)) in tiles.iter().enumerate() {
         let p = compile_microkernel_with(t, elem, mr, nr, Epilogue::default())?;
-        let d = match elem {
-            ElemType::F32 => Some(compile_direct_kernel(t, mr, nr, Epilogue::default())?),
-            _ => None,
-        };
+        let d = compile_direct_kernel(t, mr, nr, Epilogue::default())?;
         let (mut gp, mut gd) = (0.0f64, 0.0f64);
         for _ in 0..3 {
             gp = gp.max(time_microkernel(&p.kernel(), t));
-            if let Some(d) = &d {
-                gd = gd.max(time_direct_kernel(&d.kernel(), t));
-            }
+            gd = gd.max(time_direct_kernel(&d.kernel(), t));
         }
         packed.push(TileMeasurement { mr, nr, gflops: gp });
-        if d.is_some() {
-            direct.push(TileMeasurement { mr, nr, gflops: gd });
-        }
+        direct.push(TileMeasurement { mr, nr, gflops: gd });
         progress(i + 1, tiles.len());
     }
     let record = TuningRecord {
@@ -157,7 +151,7 @@ fn store(dir: &Path, t: &Target, record: &TuningRecord) {
 /// (measured and stored otherwise). Returns whether they were cached.
 pub fn record(dir: Option<&Path>, t: &Target, elem: ElemType) -> Result<(TuningRecord, bool), CodegenError> {
     match dir.and_then(|d| load(d, t, elem)) {
-        Some(r) if elem != ElemType::F32 || !r.direct.is_empty() => Ok((r, true)),
+        Some(r) if !r.direct.is_empty() => Ok((r, true)),
         _ => Ok((measure(dir, t, elem, &|_, _| {})?, false)),
     }
 }

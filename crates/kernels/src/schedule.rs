@@ -153,13 +153,13 @@ impl KernelFamily {
         Ok(KernelFamily { variants, direct: Vec::new() })
     }
 
-    /// This family with direct kernels too (same epilogue as the packed ones;
-    /// direct kernels multiply f32 only).
+    /// This family with direct kernels too (same epilogue as the packed ones).
+    /// Direct kernels multiply f32 whatever the family's type (an operand read in
+    /// place is not converted): in a bf16 family they serve the small activation
+    /// products (attention's) where converting both operands costs more than the
+    /// product, at f32's accuracy; a weight packed as bf16 they do not read.
     pub fn with_direct(mut self, mut direct: Vec<DirectVariant>) -> Result<KernelFamily, KernelError> {
         let ep = self.variants[0].kernel.epilogue;
-        if !direct.is_empty() && self.elem() != ElemType::F32 {
-            return Err(KernelError::Shape(format!("a {} family takes no direct kernels", self.elem())));
-        }
         for v in &direct {
             if v.kernel.epilogue != ep {
                 return Err(KernelError::Shape("the kernels of a family share one epilogue".into()));
@@ -335,7 +335,8 @@ fn direct_candidates(
     widths.dedup();
     for nr in widths {
         if let BLayout::Packed { nr: fixed, .. } = p.b {
-            if nr != fixed {
+            // A weight packed in another element type is not theirs to read.
+            if nr != fixed || fam.elem() != ElemType::F32 {
                 continue;
             }
         }

@@ -116,10 +116,13 @@ impl TunedClass {
     }
 }
 
-/// Everything a search tuned, for one thread count.
+/// Everything a search tuned, for one thread count and element type.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TunedSchedules {
     pub threads: usize,
+    /// The element type of the family the search measured.
+    #[serde(default)]
+    pub elem: crate::ElemType,
     pub classes: Vec<TunedClass>,
 }
 
@@ -147,6 +150,13 @@ impl TunedSchedules {
                 "tuned for {} threads, this dispatcher has {}",
                 self.threads,
                 d.machine().threads
+            ));
+        }
+        if self.elem != d.family().elem() {
+            return bad(format!(
+                "tuned for {} kernels, this family multiplies {}",
+                self.elem,
+                d.family().elem()
             ));
         }
         for c in &self.classes {

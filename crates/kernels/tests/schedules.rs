@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use anyshape_kernels::{
-    calibrate, execute, ALayout, BLayout, BOperand, CostModel, Dispatcher, EpilogueArgs, LoopOrder, MatMut,
-    MatRef, Operands, PackedB, Problem, ThreadPool,
+    execute, ALayout, BLayout, BOperand, CostModel, Dispatcher, EpilogueArgs, LoopOrder, MatMut, MatRef,
+    Operands, PackedB, Problem, ThreadPool,
 };
 use proptest::prelude::*;
 
@@ -16,14 +16,7 @@ use proptest::prelude::*;
 mod common;
 
 fn dispatcher(threads: usize) -> Dispatcher {
-    let t = common::small_target();
-    let machine = calibrate::measure(
-        &t,
-        &ThreadPool::new(threads),
-        Default::default(),
-        anyshape_kernels::ElemType::F32,
-    );
-    Dispatcher::new(t, common::test_family(), machine, CostModel::Hierarchical)
+    common::fixed_dispatcher(threads)
 }
 
 fn naive(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {

@@ -5,8 +5,8 @@
 //! its tuned layout, and tables that do not fit the family are errors.
 
 use anyshape_kernels::{
-    execute, ALayout, BLayout, BOperand, Dispatcher, EpilogueArgs, LoopOrder, MacroKernel, MatMut, MatRef,
-    Operands, Problem, ThreadPool, TunedClass, TunedRow, TunedSchedules,
+    execute, ALayout, BLayout, BOperand, Dispatcher, ElemType, EpilogueArgs, LoopOrder, MacroKernel, MatMut,
+    MatRef, Operands, Problem, ThreadPool, TunedClass, TunedRow, TunedSchedules,
 };
 
 #[macro_use]
@@ -84,8 +84,11 @@ fn tuned_macro_kernels_choose_and_compute_correctly() {
             let layout = if weight { BLayout::Packed { nr: 8, kc: 24 } } else { BLayout::RowMajor };
             let kernels =
                 if weight { vec![PACKED, MacroKernel { kc: 24, ..DIRECT }] } else { vec![PACKED, DIRECT] };
-            let tuned =
-                TunedSchedules { threads, classes: vec![class(layout, kernels.clone(), table.clone())] };
+            let tuned = TunedSchedules {
+                threads,
+                elem: ElemType::F32,
+                classes: vec![class(layout, kernels.clone(), table.clone())],
+            };
             let d = dispatcher(threads).with_tuned(tuned).expect("tuned");
             let packed;
             let bop = if weight {
@@ -121,10 +124,12 @@ fn tuned_macro_kernels_choose_and_compute_correctly() {
 fn tables_that_do_not_fit_are_errors() {
     let ok = vec![TunedRow { m: 4, pick: Some(0) }];
     let cases = [
-        (2, class(BLayout::RowMajor, vec![PACKED], ok.clone()), "threads"),
-        (1, class(BLayout::RowMajor, vec![PACKED], vec![]), "empty"),
+        (2, ElemType::F32, class(BLayout::RowMajor, vec![PACKED], ok.clone()), "threads"),
+        (1, ElemType::Bf16, class(BLayout::RowMajor, vec![PACKED], ok.clone()), "tuned for bf16"),
+        (1, ElemType::F32, class(BLayout::RowMajor, vec![PACKED], vec![]), "empty"),
         (
             1,
+            ElemType::F32,
             class(
                 BLayout::RowMajor,
                 vec![PACKED],
@@ -134,16 +139,29 @@ fn tables_that_do_not_fit_are_errors() {
         ),
         (
             1,
+            ElemType::F32,
             class(BLayout::RowMajor, vec![PACKED], vec![TunedRow { m: 4, pick: Some(1) }]),
             "past its kernels",
         ),
-        (1, class(BLayout::RowMajor, vec![MacroKernel { mr: 4, ..PACKED }], ok.clone()), "not a kernel"),
-        (1, class(BLayout::RowMajor, vec![MacroKernel { mr: 3, ..DIRECT }], ok.clone()), "not a kernel"),
-        (1, class(BLayout::Packed { nr: 8, kc: 32 }, vec![PACKED], ok.clone()), "layout"),
+        (
+            1,
+            ElemType::F32,
+            class(BLayout::RowMajor, vec![MacroKernel { mr: 4, ..PACKED }], ok.clone()),
+            "not a kernel",
+        ),
+        (
+            1,
+            ElemType::F32,
+            class(BLayout::RowMajor, vec![MacroKernel { mr: 3, ..DIRECT }], ok.clone()),
+            "not a kernel",
+        ),
+        (1, ElemType::F32, class(BLayout::Packed { nr: 8, kc: 32 }, vec![PACKED], ok.clone()), "layout"),
     ];
-    for (threads, c, what) in cases {
-        let e =
-            dispatcher(1).with_tuned(TunedSchedules { threads, classes: vec![c] }).err().expect("an error");
+    for (threads, elem, c, what) in cases {
+        let e = dispatcher(1)
+            .with_tuned(TunedSchedules { threads, elem, classes: vec![c] })
+            .err()
+            .expect("an error");
         assert!(e.to_string().contains(what), "{what}: {e}");
     }
     // A macro-kernel whose blocks do not fit its tile, or a weight packed for another

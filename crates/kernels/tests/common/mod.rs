@@ -136,12 +136,13 @@ pub fn small_target() -> anyshape_kernels::Target {
     anyshape_kernels::Target { l1d: 2 << 10, l2: 8 << 10, l3: 64 << 10, ..anyshape_kernels::Target::detect() }
 }
 
-/// A dispatcher over [`test_family`] on [`small_target`] with a fixed machine model
-/// (not measured), so that its choices are the same on every machine.
+/// A machine model of [`small_target`] with fixed figures (not measured), so that
+/// choices made with it are the same on every machine and in every phase of a
+/// shared one.
 #[allow(dead_code)]
-pub fn fixed_dispatcher(threads: usize) -> anyshape_kernels::Dispatcher {
+pub fn fixed_machine(threads: usize) -> anyshape_kernels::MachineModel {
     let target = small_target();
-    let machine = anyshape_kernels::MachineModel {
+    anyshape_kernels::MachineModel {
         threads,
         l1d: target.l1d,
         l2: target.l2,
@@ -154,11 +155,16 @@ pub fn fixed_dispatcher(threads: usize) -> anyshape_kernels::Dispatcher {
         pack_bt_bw: 8e9,
         fork_join: 1.5e-6,
         peak_gflops: 0.0,
-    };
+    }
+}
+
+/// A dispatcher over [`test_family`] on [`small_target`] with [`fixed_machine`].
+#[allow(dead_code)]
+pub fn fixed_dispatcher(threads: usize) -> anyshape_kernels::Dispatcher {
     anyshape_kernels::Dispatcher::new(
-        target,
+        small_target(),
         test_family(),
-        machine,
+        fixed_machine(threads),
         anyshape_kernels::CostModel::Hierarchical,
     )
 }
