@@ -420,9 +420,9 @@ fn dump_llvm(dir: &std::path::Path, c: &codegen::Contraction) -> Result<()> {
         .direct_kernels()
         .iter()
         .map(|k| (format!("direct-{}x{}", k.kernel().mr, k.kernel().nr), k.ir(), k.asm()));
+    // The family's packers, then (a bf16 family) its direct kernels' f32 ones.
     let packers = c.packers().iter().enumerate().map(|(i, p)| {
-        let elem = p.packers().first().map_or("none".to_string(), |q| q.elem.to_string());
-        (if i == 0 { "packers".to_string() } else { format!("packers-{elem}") }, p.ir(), p.asm())
+        (if i == 0 { "packers".to_string() } else { "packers-f32".to_string() }, p.ir(), p.asm())
     });
     for (name, ir, asm) in packed.chain(direct).chain(packers) {
         let base = dir.join(name);

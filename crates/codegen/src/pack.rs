@@ -197,6 +197,17 @@ fn build_packer(
             }
         }
     };
+    // Part `part` of a block's depths (`l` values) of a row: `part · l` further on,
+    // unless the row is the zero vector (step 0).
+    let part_ptr = |base, off: IntValue<'static>, part: usize, step: IntValue<'static>| {
+        let po = bld.build_int_mul(c_i64(part * l), step, "po").map_err(llvm)?;
+        gep(base, bld.build_int_add(off, po, "o").map_err(llvm)?, "ap")
+    };
+    // Where a block's words start in the panel: `k0 / g` words into every line.
+    let panel_start = |k0: IntValue<'static>| -> Result<IntValue<'static>, CodegenError> {
+        let w0 = bld.build_right_shift(k0, c_i64(g.trailing_zeros() as usize), false, "w0").map_err(llvm)?;
+        bld.build_int_mul(w0, c_i64(width), "out0").map_err(llvm)
+    };
     bld.build_unconditional_branch(header).map_err(llvm)?;
 
     // The full blocks of `W` depths.
@@ -213,19 +224,15 @@ fn build_packer(
         let off = bld.build_int_mul(k0, step, "koff").map_err(llvm)?;
         let mut parts = Vec::with_capacity(g);
         for part in 0..g {
-            let off = bld
-                .build_int_add(off, bld.build_int_mul(c_i64(part * l), step, "po").map_err(llvm)?, "o")
-                .map_err(llvm)?;
-            let load = bld.build_load(vt, gep(base, off, "ap")?, &format!("r{i}")).map_err(llvm)?;
+            let load =
+                bld.build_load(vt, part_ptr(base, off, part, step)?, &format!("r{i}")).map_err(llvm)?;
             set_align(&load, 4);
             parts.push(load.into_vector_value());
         }
         v.push(to_words(&parts)?);
     }
     let outs = transpose(ctx, &bld, &v, width, l)?;
-    // The block's first word: `k0 / g` words into every line.
-    let w0 = bld.build_right_shift(k0, c_i64(g.trailing_zeros() as usize), false, "w0").map_err(llvm)?;
-    let out0 = bld.build_int_mul(w0, c_i64(width), "out0").map_err(llvm)?;
+    let out0 = panel_start(k0)?;
     for (o, vec) in outs.iter().enumerate() {
         let at = bld.build_int_add(out0, c_i64(o * l), "at").map_err(llvm)?;
         let st = bld.build_store(gep(dst, at, "dp")?, *vec).map_err(llvm)?;
@@ -254,18 +261,15 @@ fn build_packer(
         let off = bld.build_int_mul(k0, step, "koff").map_err(llvm)?;
         let mut parts = Vec::with_capacity(g);
         for (part, mask) in in_masks.iter().enumerate() {
-            let off = bld
-                .build_int_add(off, bld.build_int_mul(c_i64(part * l), step, "po").map_err(llvm)?, "o")
-                .map_err(llvm)?;
-            let args = [gep(base, off, "ap")?.into(), align.into(), (*mask).into(), vt.const_zero().into()];
+            let p = part_ptr(base, off, part, step)?;
+            let args = [p.into(), align.into(), (*mask).into(), vt.const_zero().into()];
             let r = call(mload, &args)?.map(BasicValueEnum::into_vector_value);
             parts.push(r.ok_or_else(|| llvm("masked.load returned nothing"))?);
         }
         v.push(to_words(&parts)?);
     }
     let outs = transpose(ctx, &bld, &v, width, l)?;
-    let w0 = bld.build_right_shift(k0, c_i64(g.trailing_zeros() as usize), false, "w0").map_err(llvm)?;
-    let out0 = bld.build_int_mul(w0, c_i64(width), "out0").map_err(llvm)?;
+    let out0 = panel_start(k0)?;
     // The words written: `⌈kr / g⌉` per line.
     let kw = bld.build_int_add(kr, c_i64(g - 1), "kr.up").map_err(llvm)?;
     let kw = bld.build_right_shift(kw, c_i64(g.trailing_zeros() as usize), false, "kw").map_err(llvm)?;
