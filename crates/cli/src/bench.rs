@@ -90,6 +90,11 @@ pub struct BenchMatmulArgs {
     /// bayes --out FILE` (for the classes they cover).
     #[arg(long, value_name = "FILE")]
     tuned: Option<PathBuf>,
+    /// After measuring, keep running the chosen schedule for this many seconds:
+    /// a steady stretch for an outside profiler (`bench/profile.sh` runs `perf` on
+    /// it, with `ANYSHAPE_PERF_MAP=1` naming the generated code).
+    #[arg(long, value_name = "SECONDS")]
+    hold: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -147,6 +152,9 @@ pub fn bench_matmul(args: BenchMatmulArgs) -> Result<()> {
     }
     if args.batch == 0 {
         bail!(UserError("--batch must be at least 1".into()));
+    }
+    if args.hold.is_some_and(|h| !(h.is_finite() && h >= 0.0)) {
+        bail!(UserError("--hold takes a number of seconds, 0 or more".into()));
     }
     let elem: kernels::ElemType = args.dtype.parse().map_err(|e| UserError(format!("--dtype: {e}")))?;
     elem.check(&target).map_err(|e| UserError(format!("--dtype {elem}: {e}")))?;
@@ -311,6 +319,12 @@ fn bench_shape(
     };
     let best = time_per_call(5, 0.04, || run(&chosen, &mut ops))?;
     let gflops = problem.flops() / best / 1e9;
+    if let Some(secs) = args.hold {
+        let t0 = Instant::now();
+        while t0.elapsed().as_secs_f64() < secs {
+            run(&chosen, &mut ops)?;
+        }
+    }
     let mut regret = String::new();
     if args.exhaustive {
         regret = exhaustive(d, &problem, &mut |s| time_per_call(3, 0.01, || run(s, &mut ops)), args.json)?;

@@ -39,6 +39,8 @@ fn prints_rates_schedules_regret_and_dumps_kernels() {
         cache.to_str().unwrap(),
         "--dump-llvm",
         dump.to_str().unwrap(),
+        "--hold",
+        "0.05",
     ]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -117,6 +119,8 @@ fn bad_flags_are_user_errors() {
         (&["--model", "magic"][..], "unknown cost model"),
         (&["--tile", "8y32"][..], "expected MRxNR"),
         (&["--batch", "0"][..], "--batch"),
+        (&["--hold=-1"][..], "--hold"),
+        (&["--hold", "NaN"][..], "--hold"),
         (&["--dtype", "int4"][..], "unknown element type"),
         (&["--dtype", "bf16", "--avx2"][..], "AVX-512 BF16"),
     ] {

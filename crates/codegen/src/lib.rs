@@ -100,6 +100,7 @@ mod direct;
 mod family;
 mod pack;
 pub mod peak;
+mod perfmap;
 pub mod tuning;
 mod vmath;
 
@@ -200,7 +201,11 @@ pub(crate) fn jit_module(
     let ir = module.print_to_string().to_string();
     let asm = tm.write_to_memory_buffer(&module, FileType::Assembly).map_err(llvm)?;
     let asm = String::from_utf8_lossy(asm.as_slice()).into_owned();
+    let sizes = if perfmap::wanted() { Some(perfmap::function_sizes(&tm, &module)?) } else { None };
     let engine = module.create_jit_execution_engine(OptimizationLevel::Aggressive).map_err(llvm)?;
+    if let Some(sizes) = sizes {
+        perfmap::append(&engine, &sizes)?;
+    }
     Ok((engine, ir, asm))
 }
 

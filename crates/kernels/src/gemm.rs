@@ -726,67 +726,75 @@ fn band(
         };
         let last = pc + kc == k && !uk.epilogue.is_identity();
         let flags = if pc > 0 { ACCUMULATE } else { 0 } | if last { APPLY_EPILOGUE } else { 0 };
-        {
-            {
-                pack_a(a, ic, mc, pc, kc, kern.mr, uk.elem, ap, kern.packers.a);
-                for jr in cols.clone() {
-                    let nv = uk.nr.min(n - jr * uk.nr);
-                    let jp = jr - first_panel;
-                    let bpanel = &bblock[jp * kw * uk.nr..(jp + 1) * kw * uk.nr];
-                    for ir in 0..mc.div_ceil(kern.mr) {
-                        let mv = kern.mr.min(mc - ir * kern.mr);
-                        let apanel = &ap[ir * kw * kern.mr..(ir + 1) * kw * kern.mr];
-                        let (row, col) = (ic + ir * kern.mr, jr * uk.nr);
-                        // SAFETY: the tile (rows row..row+mv, columns col..col+nv) is inside C
-                        // (checked shapes), belongs to this thread alone (disjoint entries, rows
-                        // or panels), and the kernel touches MR rows of stride `ldc` × NR columns
-                        // only when the tile is full; edge tiles go through `scratch`.
-                        unsafe {
-                            let tile = cptr.get().add(row * ldc + col);
-                            if mv == kern.mr && nv == uk.nr {
-                                let (bias, res, ldr) = ep_full(row, col);
-                                (kern.func)(
-                                    kc as i64,
-                                    apanel.as_ptr(),
-                                    bpanel.as_ptr(),
-                                    tile,
-                                    ldc as i64,
-                                    flags,
-                                    bias,
-                                    res,
-                                    ldr,
-                                );
-                            } else {
-                                for r in 0..mv {
-                                    std::ptr::copy_nonoverlapping(
-                                        tile.add(r * ldc),
-                                        scratch.as_mut_ptr().add(r * uk.nr),
-                                        nv,
-                                    );
-                                }
-                                if flags & APPLY_EPILOGUE != 0 {
-                                    fill_edge_epilogue(ep, uk, row, col, mv, nv, ebias, eres);
-                                }
-                                (kern.func)(
-                                    kc as i64,
-                                    apanel.as_ptr(),
-                                    bpanel.as_ptr(),
-                                    scratch.as_mut_ptr(),
-                                    uk.nr as i64,
-                                    flags,
-                                    ebias.as_ptr(),
-                                    eres.as_ptr(),
-                                    uk.nr as i64,
-                                );
-                                for r in 0..mv {
-                                    std::ptr::copy_nonoverlapping(
-                                        scratch.as_ptr().add(r * uk.nr),
-                                        tile.add(r * ldc),
-                                        nv,
-                                    );
-                                }
-                            }
-                        }
+        pack_a(a, ic, mc, pc, kc, kern.mr, uk.elem, ap, kern.packers.a);
+        let (mr, nr) = (kern.mr, uk.nr);
+        let (tile_words, full) = (kw * mr, mc / mr);
+        for jr in cols.clone() {
+            let nv = nr.min(n - jr * nr);
+            let jp = jr - first_panel;
+            let bpanel = bblock[jp * kw * nr..(jp + 1) * kw * nr].as_ptr();
+            let col = jr * nr;
+            // Full-width panels: the full tiles in a tight loop of pointer steps (this
+            // loop runs once per micro-kernel call; its cost is the driver's share).
+            let first_edge = if nv == nr {
+                let (bias, res, ldr) = ep_full(ic, col);
+                for ir in 0..full {
+                    // SAFETY: the tile (rows ic+ir·MR.., MR of them, columns col..col+NR)
+                    // is inside C (checked shapes: full row tile, full panel) and this
+                    // thread's alone (disjoint entries, rows or panels); the A panel is the
+                    // ir-th of the packed block (`full` ≤ ⌈mc/MR⌉ of them); the residual's
+                    // rows are C's (checked), null when absent (never read then).
+                    unsafe {
+                        (kern.func)(
+                            kc as i64,
+                            ap.as_ptr().add(ir * tile_words),
+                            bpanel,
+                            cptr.get().add((ic + ir * mr) * ldc + col),
+                            ldc as i64,
+                            flags,
+                            bias,
+                            res.wrapping_add(ir * mr * ldr as usize),
+                            ldr,
+                        );
+                    }
+                }
+                full
+            } else {
+                0
+            };
+            // Edge tiles (a short row tile, or a narrow last panel) go through `scratch`.
+            for ir in first_edge..mc.div_ceil(mr) {
+                let mv = mr.min(mc - ir * mr);
+                let apanel = &ap[ir * tile_words..(ir + 1) * tile_words];
+                let row = ic + ir * mr;
+                // SAFETY: rows row..row+mv and columns col..col+nv are inside C (checked
+                // shapes) and this thread's alone; the kernel writes only `scratch`
+                // (MR × NR), and exactly the tile's part of it is copied in and out.
+                unsafe {
+                    let tile = cptr.get().add(row * ldc + col);
+                    for r in 0..mv {
+                        std::ptr::copy_nonoverlapping(
+                            tile.add(r * ldc),
+                            scratch.as_mut_ptr().add(r * nr),
+                            nv,
+                        );
+                    }
+                    if flags & APPLY_EPILOGUE != 0 {
+                        fill_edge_epilogue(ep, uk, row, col, mv, nv, ebias, eres);
+                    }
+                    (kern.func)(
+                        kc as i64,
+                        apanel.as_ptr(),
+                        bpanel,
+                        scratch.as_mut_ptr(),
+                        nr as i64,
+                        flags,
+                        ebias.as_ptr(),
+                        eres.as_ptr(),
+                        nr as i64,
+                    );
+                    for r in 0..mv {
+                        std::ptr::copy_nonoverlapping(scratch.as_ptr().add(r * nr), tile.add(r * ldc), nv);
                     }
                 }
             }
