@@ -738,7 +738,18 @@ fn band(
             // loop runs once per micro-kernel call; its cost is the driver's share).
             let first_edge = if nv == nr {
                 let (bias, res, ldr) = ep_full(ic, col);
+                // The next panel of B (this one's neighbour in memory) is asked into L2 a
+                // share per tile, so that its first tile does not wait on L3 or DRAM.
+                // Only when many tiles share a panel: then the first tile's wait is what
+                // the hardware prefetcher leaves (FFN-out, 128 rows, one thread: +6%).
+                let next = bblock.as_ptr().wrapping_add((jp + 1) * kw * nr);
+                let next_lines =
+                    if jr + 1 < cols.end && full >= PREFETCH_MIN_TILES { kw * nr / 16 } else { 0 };
+                let per_tile = next_lines.div_ceil(full.max(1));
                 for ir in 0..full {
+                    for l in ir * per_tile..((ir + 1) * per_tile).min(next_lines) {
+                        prefetch_l2(next.wrapping_add(l * 16));
+                    }
                     // SAFETY: the tile (rows ic+ir·MR.., MR of them, columns col..col+NR)
                     // is inside C (checked shapes: full row tile, full panel) and this
                     // thread's alone (disjoint entries, rows or panels); the A panel is the
@@ -800,4 +811,19 @@ fn band(
             }
         }
     }
+}
+
+/// The fewest full tiles per B panel for which the driver prefetches the next panel.
+const PREFETCH_MIN_TILES: usize = 16;
+
+/// Ask for the cache line at `p` in L2. A hint: it never faults, whatever `p` is.
+#[inline(always)]
+fn prefetch_l2<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `prefetcht1` has no architectural effect and never faults, for any address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
