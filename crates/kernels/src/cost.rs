@@ -156,7 +156,8 @@ impl MachineModel {
                 let b_bytes = (cols * nr * p.k) as f64 * fb;
                 // An activation B's packing reads its f32 source.
                 let b_src_bytes = (cols * nr * p.k) as f64 * f;
-                let mblocks = rows.div_ceil(s.blocking.mc.max(mr)) as f64;
+                let mc = crate::schedule::balanced_block(rows, s.blocking.mc.max(mr), mr);
+                let mblocks = rows.div_ceil(mc) as f64;
                 let l2_half = self.l2 as f64 / 2.0;
                 let c_block = |r: usize| (r * cols * nr) as f64 * f;
                 let (load_b, pack_b, c_bw) = match s.order {
@@ -174,7 +175,7 @@ impl MachineModel {
                         let b_fits = b_bytes <= l2_half;
                         let reread = if b_fits { self.l2_bw } else { b_src };
                         let load = b_bytes / b_src + (mblocks - 1.0) * b_bytes / reread;
-                        let c_bw = if c_block(s.blocking.mc) <= l2_half { self.l2_bw } else { self.l3_bw };
+                        let c_bw = if c_block(mc) <= l2_half { self.l2_bw } else { self.l3_bw };
                         (load, mblocks * b_src_bytes, c_bw)
                     }
                 };

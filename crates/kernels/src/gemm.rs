@@ -692,12 +692,14 @@ fn band(
         Some(_) => rows.end - rows.len() % uk.mr,
         None => rows.end,
     };
-    let n_main = (split - rows.start).div_ceil(blk.mc);
+    // Row blocks balanced over this thread's rows (each one more pass over B).
+    let mc = crate::schedule::balanced_block(split - rows.start, blk.mc, uk.mr);
+    let n_main = (split - rows.start).div_ceil(mc);
     let nm = n_main + (rows.end - split).div_ceil(blk.mc);
     let mblock = |mi: usize| -> (&MicroKernel, usize, usize) {
         if mi < n_main {
-            let ic = rows.start + mi * blk.mc;
-            (uk, ic, blk.mc.min(split - ic))
+            let ic = rows.start + mi * mc;
+            (uk, ic, mc.min(split - ic))
         } else {
             let ic = split + (mi - n_main) * blk.mc;
             (plan.cover.unwrap_or(uk), ic, blk.mc.min(rows.end - ic))

@@ -240,3 +240,31 @@ fn mismatched_batches_and_pools_are_errors() {
     let err = d.matmul(&ThreadPool::new(1), a1, BOperand::Plain(b1), cv, &Default::default());
     assert!(err.unwrap_err().to_string().contains("threads"));
 }
+
+/// Balanced row blocks: never more blocks than blocks of `block`, never more than
+/// a sixteenth (and a unit) larger, and larger only to save a block; whole units
+/// (register tiles); no sliver left for the last block when one fewer would do.
+#[test]
+fn row_blocks_are_balanced() {
+    use anyshape_kernels::schedule::balanced_block;
+    for unit in [1, 3, 4, 7, 16] {
+        for block in (unit..=600).step_by(unit * 5) {
+            for extent in 1..=4 * block + 7 {
+                let r = balanced_block(extent, block, unit);
+                let (blocks, before) = (extent.div_ceil(r), extent.div_ceil(block));
+                let at = format!("extent {extent} block {block} unit {unit}: {r}");
+                assert!(blocks <= before, "{at} makes {blocks} blocks, not {before}");
+                assert!(r <= block || blocks < before, "{at} is larger for nothing");
+                assert!(r <= block + block / 16, "{at} is too large");
+                if extent > block {
+                    assert_eq!(r % unit, 0, "{at}");
+                    let (last, last_before) = (extent - (blocks - 1) * r, extent - (before - 1) * block);
+                    assert!(last >= last_before.min(r / 2), "{at}: last block {last}");
+                }
+            }
+        }
+    }
+    // Two row blocks of A for 1024 rows of 7-row tiles in L2 blocks of 504.
+    assert_eq!(balanced_block(1024, 504, 7), 518);
+    assert_eq!(balanced_block(100, 504, 7), 504);
+}
