@@ -42,8 +42,9 @@ def categorize(sym):
 
 
 def k_loop_ranges(dump_dir, work):
-    """{function: (start, end)} of each dumped kernel's K loop: the span of its
-    first backward conditional jump (the loop the generator emits)."""
+    """{function: (start, end)} of each dumped kernel's K loop: of the spans of its
+    backward conditional jumps (its loops), the one holding the most multiplies
+    (FMAs, or bf16 pair dot products)."""
     ranges = {}
     for s in glob.glob(os.path.join(dump_dir, "*.s")):
         if os.path.basename(s).startswith("packers"):
@@ -52,17 +53,24 @@ def k_loop_ranges(dump_dir, work):
         subprocess.run(["llvm-mc-19", "-filetype=obj", "-triple=x86_64", s, "-o", obj], check=True)
         dis = subprocess.run(["objdump", "-d", "--no-show-raw-insn", obj], capture_output=True, text=True,
                              check=True).stdout
-        func = None
+        func, muls, loops = None, {}, {}
         for line in dis.splitlines():
             m = re.match(r"^[0-9a-f]+ <([^>]+)>:", line)
             if m:
                 func = m.group(1)
+                muls[func], loops[func] = [], []
                 continue
-            m = re.match(r"\s*([0-9a-f]+):\s+j(ne|nz|b|l|le|a|g)\s+([0-9a-f]+)", line)
-            if m and func and func not in ranges:
-                at, to = int(m.group(1), 16), int(m.group(3), 16)
-                if to < at:
-                    ranges[func] = (to, at)
+            m = re.match(r"\s*([0-9a-f]+):\s+(\S+)(?:\s+([0-9a-f]+))?", line)
+            if not m or not func:
+                continue
+            at, op = int(m.group(1), 16), m.group(2)
+            if op.startswith("vfmadd") or op.startswith("vdpbf16ps"):
+                muls[func].append(at)
+            if op.startswith("j") and op != "jmp" and m.group(3) and int(m.group(3), 16) < at:
+                loops[func].append((int(m.group(3), 16), at))
+        for func, spans in loops.items():
+            if spans:
+                ranges[func] = max(spans, key=lambda sp: sum(sp[0] <= x <= sp[1] for x in muls[func]))
     return ranges
 
 

@@ -125,7 +125,7 @@ pub fn compile_microkernel_with(
         build_microkernel(ctx, module, &name, (mr, nr, w, elem), &epilogue, cpu, features)
     })?;
     // SAFETY: `jit.addr` is the entry of the function just generated with exactly
-    // the `MicroKernelFn` signature (i64, ptr, ptr, ptr, i64, i64, ptr, ptr, i64) -> void and the
+    // the `MicroKernelFn` signature (i64, ptr, ptr, ptr, i64, i64, ptr, ptr, i64, i64, ptr) -> void and the
     // C calling convention; the engine that owns it lives in the returned value.
     let func: MicroKernelFn = unsafe { std::mem::transmute::<usize, MicroKernelFn>(jit.addr) };
     Ok(JitMicroKernel {
@@ -261,6 +261,8 @@ fn build_microkernel(
             ptr.into(),
             ptr.into(),
             i64t.into(),
+            i64t.into(),
+            ptr.into(),
         ],
         false,
     );
@@ -280,9 +282,15 @@ fn build_microkernel(
     let bias = f.get_nth_param(6).ok_or_else(|| llvm("param"))?.into_pointer_value();
     let res = f.get_nth_param(7).ok_or_else(|| llvm("param"))?.into_pointer_value();
     let ldr = f.get_nth_param(8).ok_or_else(|| llvm("param"))?.into_int_value();
+    let tiles = f.get_nth_param(9).ok_or_else(|| llvm("param"))?.into_int_value();
+    let next_b = f.get_nth_param(10).ok_or_else(|| llvm("param"))?.into_pointer_value();
 
     let bld = ctx.create_builder();
     let entry = ctx.append_basic_block(f, "entry");
+    let tile_head = ctx.append_basic_block(f, "tile.head");
+    let pf_cond = ctx.append_basic_block(f, "prefetch.cond");
+    let pf_body = ctx.append_basic_block(f, "prefetch.body");
+    let kpre = ctx.append_basic_block(f, "k.pre");
     let header = ctx.append_basic_block(f, "k.header");
     let body = ctx.append_basic_block(f, "k.body");
     let done = ctx.append_basic_block(f, "k.done");
@@ -292,6 +300,8 @@ fn build_microkernel(
     let epi = ctx.append_basic_block(f, "store.epilogue");
     let plain = ctx.append_basic_block(f, "store.plain");
     let exit = ctx.append_basic_block(f, "exit");
+    let tile_latch = ctx.append_basic_block(f, "tile.latch");
+    let ret = ctx.append_basic_block(f, "ret");
 
     bld.position_at_end(entry);
     let c_i64 = |v: usize| i64t.const_int(v as u64, false);
@@ -303,6 +313,60 @@ fn build_microkernel(
         let up = bld.build_int_add(kc, c_i64(g - 1), "kc.up").map_err(llvm)?;
         bld.build_int_unsigned_div(up, c_i64(g), "kw").map_err(llvm)?
     };
+    // The next B panel's cache lines (`kw·NR` words, 16 to a line), a share per tile;
+    // none when `next_b` is null.
+    let lines = bld
+        .build_int_unsigned_div(bld.build_int_mul(kc, c_i64(nr), "bw").map_err(llvm)?, c_i64(16), "lines")
+        .map_err(llvm)?;
+    let has_next = bld.build_is_not_null(next_b, "has.next").map_err(llvm)?;
+    let lines = bld.build_select(has_next, lines, c_i64(0), "lines").map_err(llvm)?.into_int_value();
+    let tiles1 = bld.build_int_compare(IntPredicate::SGT, tiles, c_i64(1), "tiles.gt1").map_err(llvm)?;
+    let tiles = bld.build_select(tiles1, tiles, c_i64(1), "tiles").map_err(llvm)?.into_int_value();
+    let share = bld
+        .build_int_add(lines, bld.build_int_sub(tiles, c_i64(1), "t1").map_err(llvm)?, "share.up")
+        .map_err(llvm)?;
+    let share = bld.build_int_unsigned_div(share, tiles, "share").map_err(llvm)?;
+    bld.build_unconditional_branch(tile_head).map_err(llvm)?;
+
+    // tile.head: the tile's A panel, C tile and residual tile as phis (MR rows each).
+    bld.position_at_end(tile_head);
+    let t_phi = bld.build_phi(i64t, "t").map_err(llvm)?;
+    let a_phi = bld.build_phi(ptr, "a.t").map_err(llvm)?;
+    let c_phi = bld.build_phi(ptr, "c.t").map_err(llvm)?;
+    let r_phi = bld.build_phi(ptr, "res.t").map_err(llvm)?;
+    let t = t_phi.as_basic_value().into_int_value();
+    let pf_lo = bld.build_int_mul(t, share, "pf.lo").map_err(llvm)?;
+    let pf_hi = bld.build_int_add(pf_lo, share, "pf.hi").map_err(llvm)?;
+    let over = bld.build_int_compare(IntPredicate::UGT, pf_hi, lines, "pf.over").map_err(llvm)?;
+    let pf_hi = bld.build_select(over, lines, pf_hi, "pf.end").map_err(llvm)?.into_int_value();
+    bld.build_unconditional_branch(pf_cond).map_err(llvm)?;
+    bld.position_at_end(pf_cond);
+    let l_phi = bld.build_phi(i64t, "l").map_err(llvm)?;
+    let l = l_phi.as_basic_value().into_int_value();
+    let more_pf = bld.build_int_compare(IntPredicate::ULT, l, pf_hi, "pf.more").map_err(llvm)?;
+    bld.build_conditional_branch(more_pf, pf_body, kpre).map_err(llvm)?;
+    bld.position_at_end(pf_body);
+    let off = bld.build_int_mul(l, c_i64(16), "pf.off").map_err(llvm)?;
+    // SAFETY (of the IR): a prefetch never faults; the address is only a hint.
+    let at = unsafe { bld.build_gep(f32t, next_b, &[off], "pf.at") }.map_err(llvm)?;
+    let pf = prefetch_intrinsic(ctx, module);
+    let i32t = ctx.i32_type();
+    // Read access, locality 2 (L2), data cache.
+    let args = [
+        at.into(),
+        i32t.const_zero().into(),
+        i32t.const_int(2, false).into(),
+        i32t.const_int(1, false).into(),
+    ];
+    bld.build_call(pf, &args, "").map_err(llvm)?;
+    let l_next = bld.build_int_add(l, c_i64(1), "l.next").map_err(llvm)?;
+    bld.build_unconditional_branch(pf_cond).map_err(llvm)?;
+    l_phi.add_incoming(&[(&pf_lo, tile_head), (&l_next, pf_body)]);
+    bld.position_at_end(kpre);
+    let (a0, c0, r0) = (a, c, res);
+    let a = a_phi.as_basic_value().into_pointer_value();
+    let c = c_phi.as_basic_value().into_pointer_value();
+    let res = r_phi.as_basic_value().into_pointer_value();
     bld.build_unconditional_branch(header).map_err(llvm)?;
 
     // k.header: the accumulators and k as phis.
@@ -381,10 +445,10 @@ fn build_microkernel(
     let k_next = bld.build_int_add(k, c_i64(1), "k.next").map_err(llvm)?;
     bld.build_unconditional_branch(header).map_err(llvm)?;
 
-    k_phi.add_incoming(&[(&c_i64(0), entry), (&k_next, body)]);
+    k_phi.add_incoming(&[(&c_i64(0), kpre), (&k_next, body)]);
     let zero = vt.const_zero();
     for (phi, nx) in acc_phis.iter().zip(&next) {
-        phi.add_incoming(&[(&zero, entry), (nx, body)]);
+        phi.add_incoming(&[(&zero, kpre), (nx, body)]);
     }
 
     // k.done: the tile's values (C added when accumulating), then the epilogue
@@ -457,8 +521,39 @@ fn build_microkernel(
     store(&out)?;
     bld.build_unconditional_branch(exit).map_err(llvm)?;
     bld.position_at_end(exit);
+    bld.build_unconditional_branch(tile_latch).map_err(llvm)?;
+    // tile.latch: the next MR rows (A's next panel, C's and the residual's next rows).
+    bld.position_at_end(tile_latch);
+    let t_next = bld.build_int_add(t, c_i64(1), "t.next").map_err(llvm)?;
+    let step = |base, by: IntValue<'static>, n: &str| {
+        // A plain (not in-bounds) step: past the last tile the pointer is not used,
+        // and the residual's may be null.
+        unsafe { bld.build_gep(f32t, base, &[by], n) }.map_err(llvm)
+    };
+    let a_next = step(a, bld.build_int_mul(kc, c_i64(mr), "a.step").map_err(llvm)?, "a.next")?;
+    let c_next = step(c, bld.build_int_mul(ldc, c_i64(mr), "c.step").map_err(llvm)?, "c.next")?;
+    let r_next = step(res, bld.build_int_mul(ldr, c_i64(mr), "r.step").map_err(llvm)?, "res.next")?;
+    let again = bld.build_int_compare(IntPredicate::SLT, t_next, tiles, "again").map_err(llvm)?;
+    bld.build_conditional_branch(again, tile_head, ret).map_err(llvm)?;
+    t_phi.add_incoming(&[(&c_i64(0), entry), (&t_next, tile_latch)]);
+    a_phi.add_incoming(&[(&a0, entry), (&a_next, tile_latch)]);
+    c_phi.add_incoming(&[(&c0, entry), (&c_next, tile_latch)]);
+    r_phi.add_incoming(&[(&r0, entry), (&r_next, tile_latch)]);
+    bld.position_at_end(ret);
     bld.build_return(None).map_err(llvm)?;
     Ok(())
+}
+
+/// `llvm.prefetch.p0(ptr, rw, locality, cache type)`.
+fn prefetch_intrinsic(
+    ctx: &'static Context,
+    module: &Module<'static>,
+) -> inkwell::values::FunctionValue<'static> {
+    module.get_function("llvm.prefetch.p0").unwrap_or_else(|| {
+        let (ptr, i32t) = (ctx.ptr_type(AddressSpace::default()), ctx.i32_type());
+        let ft = ctx.void_type().fn_type(&[ptr.into(), i32t.into(), i32t.into(), i32t.into()], false);
+        module.add_function("llvm.prefetch.p0", ft, None)
+    })
 }
 
 pub(crate) fn set_align(v: &BasicValueEnum, align: u32) {
@@ -543,6 +638,8 @@ pub fn time_microkernel(uk: &MicroKernel, t: &Target) -> f64 {
                     std::ptr::null(),
                     std::ptr::null(),
                     0,
+                    1,
+                    std::ptr::null(),
                 )
             };
         }

@@ -40,7 +40,7 @@ pub struct TuningRecord {
 
 /// The version of the kernel generator: a record measured with another version is
 /// measured again (changed kernels have changed rates).
-pub const GENERATOR: u32 = 4;
+pub const GENERATOR: u32 = 5;
 
 /// The machine key: CPU name, features and lanes.
 pub fn machine_key(t: &Target) -> String {

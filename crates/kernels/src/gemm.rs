@@ -22,6 +22,13 @@ use crate::{ElemType, KernelError, Target};
 /// applies the kernel's [`Epilogue`] to the tile before storing it (the last K
 /// block), reading `bias[0..NR]` and the residual tile `res` (row stride `ldr`)
 /// when the epilogue has them; otherwise those pointers are not read.
+///
+/// One call covers `tiles` (at least 1) tiles stacked down C: tile `t` reads the
+/// A panel `words(kc)·MR·t` words on, and writes C (and reads the residual) `MR·t`
+/// rows down; the row loop runs in the kernel, not in the driver. `next_b`, when
+/// not null, is the B panel the next call will read (`words(kc)·NR` words): the
+/// kernel asks for its cache lines in L2, a share per tile, so that the next
+/// call's first tile does not wait on L3 or DRAM (a hint: it is never read).
 pub type MicroKernelFn = unsafe extern "C" fn(
     kc: i64,
     a: *const u32,
@@ -32,6 +39,8 @@ pub type MicroKernelFn = unsafe extern "C" fn(
     bias: *const f32,
     res: *const f32,
     ldr: i64,
+    tiles: i64,
+    next_b: *const u32,
 );
 
 /// `flags` bit: add to C.
@@ -736,38 +745,38 @@ fn band(
             let jp = jr - first_panel;
             let bpanel = bblock[jp * kw * nr..(jp + 1) * kw * nr].as_ptr();
             let col = jr * nr;
-            // Full-width panels: the full tiles in a tight loop of pointer steps (this
-            // loop runs once per micro-kernel call; its cost is the driver's share).
+            // Full-width panels: one call for all the full tiles of the block (the row
+            // loop runs in the kernel).
             let first_edge = if nv == nr {
                 let (bias, res, ldr) = ep_full(ic, col);
-                // The next panel of B (this one's neighbour in memory) is asked into L2 a
-                // share per tile, so that its first tile does not wait on L3 or DRAM.
-                // Only when many tiles share a panel: then the first tile's wait is what
-                // the hardware prefetcher leaves (FFN-out, 128 rows, one thread: +6%).
-                let next = bblock.as_ptr().wrapping_add((jp + 1) * kw * nr);
-                let next_lines =
-                    if jr + 1 < cols.end && full >= PREFETCH_MIN_TILES { kw * nr / 16 } else { 0 };
-                let per_tile = next_lines.div_ceil(full.max(1));
-                for ir in 0..full {
-                    for l in ir * per_tile..((ir + 1) * per_tile).min(next_lines) {
-                        prefetch_l2(next.wrapping_add(l * 16));
-                    }
-                    // SAFETY: the tile (rows ic+ir·MR.., MR of them, columns col..col+NR)
-                    // is inside C (checked shapes: full row tile, full panel) and this
-                    // thread's alone (disjoint entries, rows or panels); the A panel is the
-                    // ir-th of the packed block (`full` ≤ ⌈mc/MR⌉ of them); the residual's
-                    // rows are C's (checked), null when absent (never read then).
+                // The next panel of B (this one's neighbour in memory) is asked into L2 by
+                // the kernel, a share per tile. Only when many tiles share a panel: then
+                // the first tile's wait is what the hardware prefetcher leaves (FFN-out,
+                // 128 rows, one thread: +6%).
+                let next = if jr + 1 < cols.end && full >= PREFETCH_MIN_TILES {
+                    bblock[(jp + 1) * kw * nr..].as_ptr()
+                } else {
+                    std::ptr::null()
+                };
+                if full > 0 {
+                    // SAFETY: the tiles (rows ic..ic+full·MR, columns col..col+NR) are inside
+                    // C (checked shapes: full row tiles, a full panel) and this thread's
+                    // alone (disjoint entries, rows or panels); the A panels are the first
+                    // `full` of the packed block; the residual's rows are C's (checked), null
+                    // when absent (never read then); `next` is B's next panel, or null.
                     unsafe {
                         (kern.func)(
                             kc as i64,
-                            ap.as_ptr().add(ir * tile_words),
+                            ap.as_ptr(),
                             bpanel,
-                            cptr.get().add((ic + ir * mr) * ldc + col),
+                            cptr.get().add(ic * ldc + col),
                             ldc as i64,
                             flags,
                             bias,
-                            res.wrapping_add(ir * mr * ldr as usize),
+                            res,
                             ldr,
+                            full as i64,
+                            next,
                         );
                     }
                 }
@@ -805,6 +814,8 @@ fn band(
                         ebias.as_ptr(),
                         eres.as_ptr(),
                         nr as i64,
+                        1,
+                        std::ptr::null(),
                     );
                     for r in 0..mv {
                         std::ptr::copy_nonoverlapping(scratch.as_ptr().add(r * nr), tile.add(r * ldc), nv);
@@ -815,17 +826,5 @@ fn band(
     }
 }
 
-/// The fewest full tiles per B panel for which the driver prefetches the next panel.
+/// The fewest full tiles per B panel for which the kernel prefetches the next panel.
 const PREFETCH_MIN_TILES: usize = 16;
-
-/// Ask for the cache line at `p` in L2. A hint: it never faults, whatever `p` is.
-#[inline(always)]
-fn prefetch_l2<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `prefetcht1` has no architectural effect and never faults, for any address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}

@@ -25,21 +25,28 @@ macro_rules! rust_kernel {
             _bias: *const f32,
             _res: *const f32,
             _ldr: i64,
+            tiles: i64,
+            _next_b: *const u32,
         ) {
             const MR: usize = $mr;
             const NR: usize = $nr;
             let kw = (kc as usize).div_ceil($g);
             let acc = flags & anyshape_kernels::ACCUMULATE;
-            let (a, b) = (std::slice::from_raw_parts(a, kw * MR), std::slice::from_raw_parts(b, kw * NR));
-            for i in 0..MR {
-                for j in 0..NR {
-                    let mut s = 0.0f32;
-                    for k in 0..kw {
-                        let (x, y) = ($unpack(a[k * MR + i]), $unpack(b[k * NR + j]));
-                        s += x[0] * y[0] + x[1] * y[1];
+            let tiles = (tiles as usize).max(1);
+            let (a, b) =
+                (std::slice::from_raw_parts(a, kw * MR * tiles), std::slice::from_raw_parts(b, kw * NR));
+            for t in 0..tiles {
+                let a = &a[t * kw * MR..];
+                for i in 0..MR {
+                    for j in 0..NR {
+                        let mut s = 0.0f32;
+                        for k in 0..kw {
+                            let (x, y) = ($unpack(a[k * MR + i]), $unpack(b[k * NR + j]));
+                            s += x[0] * y[0] + x[1] * y[1];
+                        }
+                        let p = c.add((t * MR + i) * ldc as usize + j);
+                        *p = if acc != 0 { *p + s } else { s };
                     }
-                    let p = c.add(i * ldc as usize + j);
-                    *p = if acc != 0 { *p + s } else { s };
                 }
             }
         }
