@@ -464,14 +464,17 @@ fn tune(avx2: bool, cache_dir: Option<PathBuf>) -> Result<()> {
         })
         .collect();
     for (name, t, elem) in runs {
-        let bar = indicatif::ProgressBar::new(codegen::register_tiles(&t).len() as u64);
+        let bar = indicatif::ProgressBar::new(0);
         bar.set_style(
-            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tiles ({elapsed})")
+            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} steps ({elapsed})")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         bar.set_message(format!("measuring {name} {elem} micro-kernels"));
         let start = std::time::Instant::now();
-        let record = codegen::tuning::measure(Some(&dir), &t, elem, &|i, _| bar.set_position(i as u64))?;
+        let record = codegen::tuning::measure(Some(&dir), &t, elem, &|i, n| {
+            bar.set_length(n as u64);
+            bar.set_position(i as u64)
+        })?;
         bar.finish_and_clear();
         let (mr, nr) = codegen::pick_tile(&record.tiles, 4)?;
         let best = record.tiles.iter().map(|m| m.gflops).fold(0.0, f64::max);

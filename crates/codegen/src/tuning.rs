@@ -42,6 +42,9 @@ pub struct TuningRecord {
 /// measured again (changed kernels have changed rates).
 pub const GENERATOR: u32 = 5;
 
+/// Timing passes over the whole family in [`measure`].
+pub const PASSES: usize = 3;
+
 /// The machine key: CPU name, features and lanes.
 pub fn machine_key(t: &Target) -> String {
     use inkwell::targets::TargetMachine;
@@ -95,10 +98,12 @@ pub fn load(dir: &Path, t: &Target, elem: ElemType) -> Option<TuningRecord> {
 }
 
 /// Measure every register tile of `t` multiplying `elem`, as a packed-panel
-/// kernel and as a (f32) direct one (reporting progress: tiles done, total), and
-/// store the record. The two forms of a tile are timed in alternation, best of
-/// three each: this machine has phases in which a core runs slower, and rates
-/// measured in different phases would rank the two forms wrongly.
+/// kernel and as a (f32) direct one (reporting progress: steps done, total), and
+/// store the record. Every kernel is compiled first, then timed once per pass over
+/// all of them, [`PASSES`] passes, each keeping its best: this machine has phases
+/// of a second or more in which a core runs slower, and a tile timed only inside
+/// one (three rounds back to back) was ranked below its peers and dropped from the
+/// family. Passes a second apart see different phases.
 pub fn measure(
     dir: Option<&Path>,
     t: &Target,
@@ -106,19 +111,27 @@ pub fn measure(
     progress: &dyn Fn(usize, usize),
 ) -> Result<TuningRecord, CodegenError> {
     let tiles = register_tiles(t);
-    let (mut packed, mut direct) = (Vec::with_capacity(tiles.len()), Vec::with_capacity(tiles.len()));
+    let total = tiles.len() * (1 + PASSES);
+    let mut kernels = Vec::with_capacity(tiles.len());
     for (i, &(mr, nr)) in tiles.iter().enumerate() {
         let p = compile_microkernel_with(t, elem, mr, nr, Epilogue::default())?;
         let d = compile_direct_kernel(t, mr, nr, Epilogue::default())?;
-        let (mut gp, mut gd) = (0.0f64, 0.0f64);
-        for _ in 0..3 {
-            gp = gp.max(time_microkernel(&p.kernel(), t));
-            gd = gd.max(time_direct_kernel(&d.kernel(), t));
-        }
-        packed.push(TileMeasurement { mr, nr, gflops: gp });
-        direct.push(TileMeasurement { mr, nr, gflops: gd });
-        progress(i + 1, tiles.len());
+        kernels.push((p, d));
+        progress(i + 1, total);
     }
+    let (mut gp, mut gd) = (vec![0.0f64; tiles.len()], vec![0.0f64; tiles.len()]);
+    for pass in 0..PASSES {
+        for (i, (p, d)) in kernels.iter().enumerate() {
+            // The two forms of a tile in alternation, so that they share a phase.
+            gp[i] = gp[i].max(time_microkernel(&p.kernel(), t));
+            gd[i] = gd[i].max(time_direct_kernel(&d.kernel(), t));
+            progress(tiles.len() * (1 + pass) + i + 1, total);
+        }
+    }
+    let at = |g: &[f64]| -> Vec<TileMeasurement> {
+        tiles.iter().zip(g).map(|(&(mr, nr), &gflops)| TileMeasurement { mr, nr, gflops }).collect()
+    };
+    let (packed, direct) = (at(&gp), at(&gd));
     let record = TuningRecord {
         machine: machine_key(t),
         elem,
