@@ -42,9 +42,11 @@ def categorize(sym):
 
 
 def k_loop_ranges(dump_dir, work):
-    """{function: (start, end)} of each dumped kernel's K loop: of the spans of its
-    backward conditional jumps (its loops), the one holding the most multiplies
-    (FMAs, or bf16 pair dot products)."""
+    """{function: [(start, end)]} of each dumped kernel's K loops: of the spans of
+    its backward conditional jumps (its loops), the innermost ones that hold
+    multiplies (FMAs, or bf16 pair dot products). A kernel may have several (a
+    direct kernel's masked and unmasked columns); the loop over row tiles around
+    them is not one."""
     ranges = {}
     for s in glob.glob(os.path.join(dump_dir, "*.s")):
         if os.path.basename(s).startswith("packers"):
@@ -69,8 +71,10 @@ def k_loop_ranges(dump_dir, work):
             if op.startswith("j") and op != "jmp" and m.group(3) and int(m.group(3), 16) < at:
                 loops[func].append((int(m.group(3), 16), at))
         for func, spans in loops.items():
-            if spans:
-                ranges[func] = max(spans, key=lambda sp: sum(sp[0] <= x <= sp[1] for x in muls[func]))
+            with_muls = [sp for sp in spans if any(sp[0] <= x <= sp[1] for x in muls[func])]
+            inner = [a for a in with_muls if not any(b != a and a[0] <= b[0] and b[1] <= a[1] for b in with_muls)]
+            if inner:
+                ranges[func] = inner
     return ranges
 
 
@@ -123,10 +127,10 @@ def main():
             name = s.removeprefix("anyshape::")
             if categorize(s) != "micro-kernels" or c < 0.02 * total or name not in loops:
                 continue
-            lo, hi = loops[name]
             # The jump itself is inside the loop; a sample's address may be the
             # instruction after a stalled one, so the span ends past the jump.
-            inside = sum(1 for t, off in samples if t == s and off is not None and lo <= off <= hi + 6)
+            inside = sum(1 for t, off in samples
+                         if t == s and off is not None and any(lo <= off <= hi + 6 for lo, hi in loops[name]))
             print(f"  {name}: {100 * inside / c:5.1f}% in the K loop, {100 - 100 * inside / c:5.1f}% outside "
                   f"({100 * (c - inside) / total:.1f}% of all samples)")
 
