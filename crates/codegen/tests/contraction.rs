@@ -56,13 +56,13 @@ fn compiled_contractions_match_the_reference() {
                 // An activation B, and a batch of two equal entries of it.
                 let mut c = vec![0.0f32; 2 * m * n];
                 let (c0, c1) = c.split_at_mut(m * n);
-                let cv = vec![MatMut::new(c0, m, n, n).unwrap(), MatMut::new(c1, m, n, n).unwrap()];
+                let mut cv = [MatMut::new(c0, m, n, n).unwrap(), MatMut::new(c1, m, n, n).unwrap()];
                 let s = plain
                     .batched(
                         &pool,
                         &[am, am],
                         &[BOperand::Plain(bm), BOperand::Plain(bm)],
-                        cv,
+                        &mut cv,
                         &EpilogueArgs::default(),
                     )
                     .expect("run");
@@ -219,10 +219,10 @@ fn bf16_contractions_match_the_rounded_reference() {
         // A batch of two.
         let mut c = vec![f32::NAN; 2 * m * n];
         let (c0, c1) = c.split_at_mut(m * n);
-        let cv = vec![MatMut::new(c0, m, n, n).unwrap(), MatMut::new(c1, m, n, n).unwrap()];
+        let mut cv = [MatMut::new(c0, m, n, n).unwrap(), MatMut::new(c1, m, n, n).unwrap()];
         let args = EpilogueArgs::default();
         let s = plain
-            .batched(&pool, &[am, am], &[BOperand::Plain(btm), BOperand::Plain(btm)], cv, &args)
+            .batched(&pool, &[am, am], &[BOperand::Plain(btm), BOperand::Plain(btm)], &mut cv, &args)
             .expect("run");
         for e in 0..2 {
             for i in 0..m {

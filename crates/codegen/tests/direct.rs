@@ -147,7 +147,7 @@ fn direct_kernels_match_the_reference() {
                                 residual: ep.residual.then(|| MatRef::row_major(&res, m, n).expect("res")),
                             };
                             let plan = Plan::Direct(DirectPlan { kernels: &variants, kc, grid });
-                            execute(&pool, &plan, &av, &bv, cv, &args).expect("run");
+                            execute(&pool, &plan, &av, &bv, &mut cv, &args).expect("run");
                             for e in 0..batch {
                                 let ce = &c[e * stride..(e + 1) * stride];
                                 for i in 0..m {
@@ -221,7 +221,7 @@ fn direct_plans_are_checked() {
             plan,
             &[a],
             &[BOperand::Plain(bm)],
-            vec![MatMut::new(c, 4, 5, 5).unwrap()],
+            &mut [MatMut::new(c, 4, 5, 5).unwrap()],
             &Default::default(),
         )
     };

@@ -292,7 +292,7 @@ impl Dispatcher {
         c: MatMut,
         ep: &EpilogueArgs,
     ) -> Result<Schedule, KernelError> {
-        self.batched(pool, &[a], &[b], vec![c], ep)
+        self.batched(pool, &[a], &[b], &mut [c], ep)
     }
 
     /// A batch of contractions of one shape (attention's per-head products).
@@ -301,7 +301,7 @@ impl Dispatcher {
         pool: &ThreadPool,
         a: &[MatRef],
         b: &[BOperand],
-        c: Vec<MatMut>,
+        c: &mut [MatMut],
         ep: &EpilogueArgs,
     ) -> Result<Schedule, KernelError> {
         let p = self.problem(a, b)?;

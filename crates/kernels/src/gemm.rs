@@ -327,7 +327,7 @@ pub fn execute(
     plan: &Plan,
     a: &[MatRef],
     b: &[BOperand],
-    c: Vec<MatMut>,
+    c: &mut [MatMut],
     ep: &EpilogueArgs,
 ) -> Result<(), KernelError> {
     run_plan(Some(pool), plan, a, b, c, ep)
@@ -339,7 +339,7 @@ fn run_plan(
     plan: &Plan,
     a: &[MatRef],
     b: &[BOperand],
-    c: Vec<MatMut>,
+    c: &mut [MatMut],
     ep: &EpilogueArgs,
 ) -> Result<(), KernelError> {
     let grid = plan.grid();
@@ -360,7 +360,7 @@ fn run_plan(
     if a.len() > 1 && ep.residual.is_some() {
         return Err(KernelError::Shape("a batched contraction takes no residual".into()));
     }
-    for ((a, b), c) in a.iter().zip(b).zip(&c) {
+    for ((a, b), c) in a.iter().zip(b).zip(c.iter()) {
         let (k, n) = b.dims();
         if a.cols != k || c.rows != a.rows || c.cols != n {
             return Err(KernelError::Shape(format!(
@@ -398,7 +398,7 @@ fn run_plan(
     }
     // K = 0 (or an empty C): the product is zero and only the epilogue is left.
     let mut work = Vec::with_capacity(c.len());
-    for (e, c) in c.into_iter().enumerate() {
+    for (e, c) in c.iter_mut().enumerate() {
         if a[e].cols == 0 || c.rows == 0 || c.cols == 0 {
             for i in 0..c.rows {
                 for j in 0..c.cols {
@@ -498,7 +498,7 @@ pub fn gemm(
         grid: ThreadGrid::SINGLE,
     });
     let c = MatMut { data: &mut *c.data, ..*c };
-    run_plan(None, &plan, &[a], &[BOperand::Plain(b)], vec![c], &EpilogueArgs::default())
+    run_plan(None, &plan, &[a], &[BOperand::Plain(b)], &mut [c], &EpilogueArgs::default())
 }
 
 /// `C = A · B` on every thread of `pool`, B an activation (each thread packs the
@@ -514,7 +514,7 @@ pub fn gemm_parallel(
     let grid = ThreadGrid::rule_of_thumb(pool.threads(), 1, a.rows.div_ceil(uk.mr), b.cols.div_ceil(uk.nr));
     let plan =
         Plan::Packed(PackedPlan { kernel: uk, cover: None, blocking: *blk, order: LoopOrder::KOuter, grid });
-    execute(pool, &plan, &[a], &[BOperand::Plain(b)], vec![c], &EpilogueArgs::default())
+    execute(pool, &plan, &[a], &[BOperand::Plain(b)], &mut [c], &EpilogueArgs::default())
 }
 
 /// `C = epilogue(A · B)` with B pre-packed, on every thread of `pool` split by the
@@ -543,7 +543,7 @@ pub fn gemm_packed(
         b.n.div_ceil(uk.nr.max(1)),
     );
     let plan = Plan::Packed(PackedPlan { kernel: uk, cover, blocking: *blk, order: LoopOrder::KOuter, grid });
-    execute(pool, &plan, &[a], &[BOperand::Packed(b)], vec![c], ep)
+    execute(pool, &plan, &[a], &[BOperand::Packed(b)], &mut [c], ep)
 }
 
 /// A batch of independent contractions `Cᵢ = Aᵢ · Bᵢ` whose operands are all
@@ -554,7 +554,7 @@ pub fn gemm_batched(
     blk: &Blocking,
     a: &[MatRef],
     b: &[MatRef],
-    c: Vec<MatMut>,
+    c: &mut [MatMut],
 ) -> Result<(), KernelError> {
     let (m, n) = (a.first().map_or(0, |a| a.rows), b.first().map_or(0, |b| b.cols));
     let grid = ThreadGrid::rule_of_thumb(pool.threads(), a.len(), m.div_ceil(uk.mr), n.div_ceil(uk.nr));

@@ -85,8 +85,8 @@ fn the_curve_runs_from_the_whole_family_down_and_serves_every_sample() {
             })
             .collect();
         let av: Vec<MatRef> = (0..batch).map(|e| MatRef::row_major(&a[e * m * k..], m, k).unwrap()).collect();
-        let cv: Vec<MatMut> = c.chunks_mut(m * n).map(|ch| MatMut::new(ch, m, n, n).unwrap()).collect();
-        d.batched(&pool, &av, &bv, cv, &EpilogueArgs::default()).expect("run");
+        let mut cv: Vec<MatMut> = c.chunks_mut(m * n).map(|ch| MatMut::new(ch, m, n, n).unwrap()).collect();
+        d.batched(&pool, &av, &bv, &mut cv, &EpilogueArgs::default()).expect("run");
         for e in 0..batch {
             for i in 0..m {
                 for j in 0..n {

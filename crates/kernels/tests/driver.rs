@@ -155,8 +155,8 @@ proptest! {
         // B transposed in memory, as attention's Kᵀ is.
         let bt: Vec<f32> = (0..batch).flat_map(|e| (0..n * k).map(move |x| (e, x))).map(|(e, x)| b[e * k * n + (x % k) * n + x / k]).collect();
         let bv: Vec<MatRef> = (0..batch).map(|e| MatRef::row_major(&bt[e * k * n..(e + 1) * k * n], n, k).unwrap().t()).collect();
-        let cv: Vec<MatMut> = c.chunks_mut((m * n).max(1)).take(batch).map(|ch| MatMut::new(ch, m, n, n).unwrap()).collect();
-        anyshape_kernels::gemm_batched(&pool, &uk, &blk, &av, &bv, cv).expect("gemm");
+        let mut cv: Vec<MatMut> = c.chunks_mut((m * n).max(1)).take(batch).map(|ch| MatMut::new(ch, m, n, n).unwrap()).collect();
+        anyshape_kernels::gemm_batched(&pool, &uk, &blk, &av, &bv, &mut cv).expect("gemm");
         for e in 0..batch {
             let want = naive(&a[e * m * k..(e + 1) * m * k], &b[e * k * n..(e + 1) * k * n], m, k, n, false);
             for (g, w) in c[e * m * n..(e + 1) * m * n].iter().zip(&want) {
@@ -208,7 +208,7 @@ proptest! {
         });
         let mut c = vec![f32::NAN; m * n];
         let cv = MatMut::new(&mut c, m, n, n).unwrap();
-        anyshape_kernels::execute(&pool, &plan, &[av], &[bop], vec![cv], &Default::default()).expect("gemm");
+        anyshape_kernels::execute(&pool, &plan, &[av], &[bop], &mut [cv], &Default::default()).expect("gemm");
         let want = naive_bf16(&a, &b, m, k, n);
         for (i, (g, w)) in c.iter().zip(&want).enumerate() {
             prop_assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "[{i}] {g} vs {w}");
@@ -246,7 +246,7 @@ fn packed_b_of_another_type_is_an_error() {
         &plan,
         &[av],
         &[BOperand::Packed(&packed)],
-        vec![cv],
+        &mut [cv],
         &Default::default(),
     );
     assert!(e.unwrap_err().to_string().contains("packed as f32"));

@@ -93,12 +93,12 @@ fn check(
             }
         })
         .collect();
-    let cv: Vec<MatMut> = c
+    let mut cv: Vec<MatMut> = c
         .chunks_mut(stride)
         .take(batch)
         .map(|ch| MatMut::new(&mut ch[2..2 + (m - 1) * ldc + n], m, n, ldc).unwrap())
         .collect();
-    execute(pool, &d.plan(s).map_err(|e| e.to_string())?, &av, &bv, cv, &EpilogueArgs::default())
+    execute(pool, &d.plan(s).map_err(|e| e.to_string())?, &av, &bv, &mut cv, &EpilogueArgs::default())
         .map_err(|e| format!("{s}: {e}"))?;
     for e in 0..batch {
         let ce = &c[e * stride..(e + 1) * stride];
@@ -231,9 +231,14 @@ fn mismatched_batches_and_pools_are_errors() {
     let b1 = MatRef::row_major(&b, 4, 3).unwrap();
     let b2 = MatRef::row_major(&b, 3, 4).unwrap();
     let pool = ThreadPool::new(2);
-    let cv = vec![MatMut::new(&mut c1, 3, 3, 3).unwrap(), MatMut::new(&mut c2, 4, 4, 4).unwrap()];
-    let err =
-        d.batched(&pool, &[a1, a2], &[BOperand::Plain(b1), BOperand::Plain(b2)], cv, &Default::default());
+    let mut cv = [MatMut::new(&mut c1, 3, 3, 3).unwrap(), MatMut::new(&mut c2, 4, 4, 4).unwrap()];
+    let err = d.batched(
+        &pool,
+        &[a1, a2],
+        &[BOperand::Plain(b1), BOperand::Plain(b2)],
+        &mut cv,
+        &Default::default(),
+    );
     assert!(err.unwrap_err().to_string().contains("differ"));
     // Schedules for two threads cannot run on a pool of one.
     let cv = MatMut::new(&mut c1, 3, 3, 3).unwrap();

@@ -117,13 +117,13 @@ fn check(d: &Dispatcher, pool: &ThreadPool, p: &Problem, s: &Schedule) -> Result
         })
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
-    let cv: Vec<MatMut> = c
+    let mut cv: Vec<MatMut> = c
         .chunks_mut(stride)
         .map(|ch| MatMut::new(&mut ch[lead..lead + (m - 1) * ldc + n], m, n, ldc))
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
     let plan = d.plan(s).map_err(|e| e.to_string())?;
-    execute(pool, &plan, &av, &bv, cv, &EpilogueArgs::default()).map_err(|e| format!("{s}: {e}"))?;
+    execute(pool, &plan, &av, &bv, &mut cv, &EpilogueArgs::default()).map_err(|e| format!("{s}: {e}"))?;
     for e in 0..batch {
         let ce = &c[e * stride..(e + 1) * stride];
         for i in 0..m {

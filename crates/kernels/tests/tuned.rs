@@ -35,7 +35,7 @@ fn run(d: &Dispatcher, pool: &ThreadPool, m: usize, b: &BOperand, a: &[f32], n: 
         &plan,
         &[MatRef::row_major(&a[..m * k], m, k).unwrap()],
         &[*b],
-        vec![MatMut::new(&mut c, m, n, n).unwrap()],
+        &mut [MatMut::new(&mut c, m, n, n).unwrap()],
         &EpilogueArgs::default(),
     )
     .unwrap();
