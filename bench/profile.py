@@ -36,7 +36,10 @@ def categorize(sym):
         return "packing"
     if sym.startswith("anyshape_kernels::gemm::") or sym.startswith("anyshape_kernels::direct::"):
         return "driver loops"
-    if sym.startswith("anyshape_kernels::pool::") or "sched" in sym or "futex" in sym:
+    # A pool worker's loop may be inlined into its thread's entry (the only threads
+    # anyshape spawns are the pool's).
+    if (sym.startswith("anyshape_kernels::pool::") or "sched" in sym or "futex" in sym
+            or sym.startswith("std::sys::backtrace::__rust_begin_short_backtrace")):
         return "thread pool (waiting)"
     return "other"
 
