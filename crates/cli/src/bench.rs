@@ -118,6 +118,40 @@ pub(crate) fn time_per_call(rounds: usize, min_s: f64, mut f: impl FnMut() -> Re
     Ok(best)
 }
 
+/// Entry `i` of a batch of `k × n` B operands (`bt`: stored transposed, `n × k`).
+fn b_view(b: &[f32], i: usize, k: usize, n: usize, bt: bool) -> Result<MatRef<'_>> {
+    let s = &b[i * k * n..(i + 1) * k * n];
+    Ok(if bt { MatRef::row_major(s, n, k)?.t() } else { MatRef::row_major(s, k, n)? })
+}
+
+/// The views of a batch of `m × k · k × n` contractions over flat buffers: A's
+/// entries row-major; B a weight packed once for the batch, or its entries
+/// row-major (`bt`: stored transposed, `n × k`); C's entries row-major (empty ones
+/// included). Built once per shape, as a compiled model builds its launch
+/// arguments, so that timed calls are the contraction alone.
+#[allow(clippy::type_complexity)]
+pub(crate) fn operand_views<'a>(
+    (a, b, c): (&'a [f32], &'a [f32], &'a mut [f32]),
+    packed: Option<&'a PackedB>,
+    (batch, m, n, k): (usize, usize, usize, usize),
+    bt: bool,
+) -> Result<(Vec<MatRef<'a>>, Vec<BOperand<'a>>, Vec<MatMut<'a>>)> {
+    let av = (0..batch)
+        .map(|i| MatRef::row_major(&a[i * m * k..(i + 1) * m * k], m, k))
+        .collect::<Result<Vec<_>, _>>()?;
+    let bv = match packed {
+        Some(p) => vec![BOperand::Packed(p)],
+        None => (0..batch).map(|i| b_view(b, i, k, n, bt).map(BOperand::Plain)).collect::<Result<_>>()?,
+    };
+    let (mut cv, mut rest) = (Vec::with_capacity(batch), c);
+    for _ in 0..batch {
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(m * n);
+        cv.push(MatMut::new(head, m, n, n)?);
+        rest = tail;
+    }
+    Ok((av, bv, cv))
+}
+
 fn parse_tile(t: &str) -> Result<(usize, usize)> {
     let bad = || UserError(format!("--tile `{t}`: expected MRxNR, e.g. 8x32"));
     let (a, b) = t.split_once('x').ok_or_else(bad)?;
@@ -241,10 +275,6 @@ fn bench_shape(
         c: vec![0.0; batch * m * n],
         packed: None,
     };
-    fn b_view(b: &[f32], i: usize, k: usize, n: usize, bt: bool) -> Result<MatRef<'_>> {
-        let s = &b[i * k * n..(i + 1) * k * n];
-        Ok(if bt { MatRef::row_major(s, n, k)?.t() } else { MatRef::row_major(s, k, n)? })
-    }
     // One matmul: B is a weight, packed once (outside the timed runs) for the row
     // counts it will meet. A batch: both operands are activations.
     if batch == 1 {
@@ -296,27 +326,11 @@ fn bench_shape(
     } else {
         f64::NAN
     };
-    // The operand views are built once, as a compiled model builds its launch
-    // arguments once per shape; each timed call is the plan's contraction alone
+    // Launch arguments once per shape; each timed call is the plan's contraction alone
     // (its plan, too, made before the timing).
     let Operands { a: a_data, b: b_data, c: c_data, packed } = &mut ops;
-    let av = (0..batch)
-        .map(|i| MatRef::row_major(&a_data[i * m * k..(i + 1) * m * k], m, k))
-        .collect::<Result<Vec<_>, _>>()?;
-    let bv: Vec<BOperand> = match packed {
-        Some(p) => vec![BOperand::Packed(p)],
-        None => (0..batch)
-            .map(|i| b_view(b_data, i, k, n, args.bt).map(BOperand::Plain))
-            .collect::<Result<_>>()?,
-    };
-    // One m × n output per entry (empty ones included).
-    let mut cv = Vec::with_capacity(batch);
-    let mut rest = &mut c_data[..];
-    for _ in 0..batch {
-        let (head, tail) = std::mem::take(&mut rest).split_at_mut(m * n);
-        cv.push(MatMut::new(head, m, n, n)?);
-        rest = tail;
-    }
+    let (av, bv, mut cv) =
+        operand_views((a_data, b_data, c_data), packed.as_ref(), (batch, m, n, k), args.bt)?;
     let mut run = |plan: &kernels::Plan| -> Result<()> {
         execute(pool, plan, &av, &bv, &mut cv, &EpilogueArgs::default())?;
         Ok(())

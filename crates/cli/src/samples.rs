@@ -10,8 +10,7 @@ use std::time::Instant;
 use anyhow::Result;
 use kernels::categorize::{categorize, parse_samples, pick, restrict, KernelId, Sample, SampleShape};
 use kernels::{
-    ALayout, BLayout, BOperand, CostModel, Dispatcher, ElemType, EpilogueArgs, MatMut, MatRef, Problem,
-    Target, ThreadPool,
+    ALayout, BLayout, CostModel, Dispatcher, ElemType, EpilogueArgs, MatRef, Problem, Target, ThreadPool,
 };
 
 use crate::UserError;
@@ -72,18 +71,9 @@ fn measure(d: &Dispatcher, pool: &ThreadPool, p: &Problem, rows: &[usize]) -> Re
         BLayout::Packed { .. } => Some(d.pack_weight(MatRef::row_major(&b[..k * n], k, n)?, rows)?),
         _ => None,
     };
-    // The operand views are built once, as a compiled model builds its launch
-    // arguments once per shape: the timed calls are dispatch and contraction.
-    let av = (0..batch)
-        .map(|e| MatRef::row_major(&a[e * m * k..(e + 1) * m * k], m, k))
-        .collect::<Result<Vec<_>, _>>()?;
-    let bv: Vec<BOperand> = match &packed {
-        Some(pb) => vec![BOperand::Packed(pb)],
-        None => (0..batch)
-            .map(|e| MatRef::row_major(&b[e * k * n..(e + 1) * k * n], k, n).map(BOperand::Plain))
-            .collect::<Result<_, _>>()?,
-    };
-    let mut cv = c.chunks_mut(m * n).map(|ch| MatMut::new(ch, m, n, n)).collect::<Result<Vec<_>, _>>()?;
+    // Launch arguments once per shape: the timed calls are dispatch and contraction.
+    let (av, bv, mut cv) =
+        crate::bench::operand_views((&a, &b, &mut c), packed.as_ref(), (batch, m, n, k), false)?;
     let mut run = || -> Result<()> {
         d.batched(pool, &av, &bv, &mut cv, &EpilogueArgs::default())?;
         Ok(())

@@ -20,8 +20,8 @@ use anyhow::Result;
 use kernels::bayes::{minimize, Axis, SearchSpace, TrustRegionOptions};
 use kernels::categorize::parse_samples;
 use kernels::{
-    execute, ALayout, BLayout, BOperand, Dispatcher, ElemType, EpilogueArgs, LoopOrder, MacroKernel, MatMut,
-    MatRef, Operands, PackedB, Problem, Schedule, Target, ThreadPool, TunedClass, TunedRow, TunedSchedules,
+    execute, ALayout, BLayout, Dispatcher, ElemType, EpilogueArgs, LoopOrder, MacroKernel, MatRef, Operands,
+    PackedB, Problem, Schedule, Target, ThreadPool, TunedClass, TunedRow, TunedSchedules,
 };
 
 use crate::UserError;
@@ -87,22 +87,8 @@ impl Bench<'_> {
             BLayout::Packed { nr, kc } => self.packed.iter().find(|p| (p.nr, p.kc) == (nr, kc)),
             _ => None,
         };
-        let (a, b, c) = (&self.a, &self.b, &mut self.c);
-        // The operand views are built once, as a compiled model builds its launch
-        // arguments once per shape: the timed calls are the contraction alone.
-        let av = (0..batch)
-            .map(|e| MatRef::row_major(&a[e * m * k..(e + 1) * m * k], m, k))
-            .collect::<Result<Vec<_>, _>>()?;
-        let bv: Vec<BOperand> = match packed {
-            Some(p) => vec![BOperand::Packed(p)],
-            None => (0..batch)
-                .map(|e| MatRef::row_major(&b[e * k * n..(e + 1) * k * n], k, n).map(BOperand::Plain))
-                .collect::<Result<_, _>>()?,
-        };
-        let mut cv = c[..batch * m * n]
-            .chunks_mut(m * n)
-            .map(|ch| MatMut::new(ch, m, n, n))
-            .collect::<Result<Vec<_>, _>>()?;
+        let (a, b, c) = (&self.a, &self.b, &mut self.c[..batch * m * n]);
+        let (av, bv, mut cv) = crate::bench::operand_views((a, b, c), packed, (batch, m, n, k), false)?;
         let pool = self.pool;
         let run = || -> Result<()> {
             execute(pool, &plan, &av, &bv, &mut cv, &EpilogueArgs::default())?;
