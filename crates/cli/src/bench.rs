@@ -91,7 +91,7 @@ pub struct BenchMatmulArgs {
     #[arg(long, value_name = "FILE")]
     tuned: Option<PathBuf>,
     /// After measuring, keep running the chosen schedule for this many seconds:
-    /// a steady stretch for an outside profiler (`bench/profile.sh` runs `perf` on
+    /// a steady stretch for an outside profiler (`bench/profile.py` runs `perf` on
     /// it, with `ANYSHAPE_PERF_MAP=1` naming the generated code).
     #[arg(long, value_name = "SECONDS")]
     hold: Option<f64>,
