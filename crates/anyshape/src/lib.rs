@@ -8,16 +8,21 @@
 //! # Ok::<(), anyshape::Error>(())
 //! ```
 //!
-//! Today `run` executes on the reference interpreter; the compiled pipeline of
-//! DESIGN.md (fusion, generated kernels, dispatch) replaces it stage by stage.
+//! [`Model::compile`] turns a model into a [`CompiledModel`]: every fusion
+//! group lowered to a tensor program and generated as machine code (or run on
+//! the contraction engine), with its execution and buffer plans; its `run`
+//! serves any shape the symbols allow. [`Model::run`] runs the reference
+//! interpreter (the oracle).
 
 pub mod npy;
 
 use std::path::Path;
 
 pub use ir::{DType, Elems, Graph, Tensor, TensorType};
+pub use lower::{print_plan, ModelPlan, StepKind};
 pub use onnx::DIM_MAX;
 pub use passes::{FusionPlan, GroupKind, Report as RewriteReport};
+pub use runtime::{CompiledModel, RunError};
 pub use sym::{Range, SymExpr};
 
 /// Everything that can go wrong, each with a message that says what and where.
@@ -31,6 +36,12 @@ pub enum Error {
     Tensor(#[from] ir::IrError),
     #[error(transparent)]
     Rewrite(#[from] passes::PassError),
+    #[error(transparent)]
+    Lower(#[from] lower::LowerError),
+    #[error("code generation: {0}")]
+    Codegen(#[from] codegen::CodegenError),
+    #[error(transparent)]
+    Compiled(#[from] runtime::RunError),
     #[error("{0}")]
     Npy(String),
 }
@@ -41,6 +52,8 @@ impl Error {
     pub fn is_user_error(&self) -> bool {
         !matches!(self, Error::Run(e) if e.is_internal())
             && !matches!(self, Error::Import(onnx::OnnxError::Internal(_)))
+            && !matches!(self, Error::Lower(lower::LowerError::Internal(_)) | Error::Codegen(_))
+            && !matches!(self, Error::Compiled(e) if !e.is_user_error())
     }
 }
 
@@ -108,15 +121,15 @@ pub struct IoInfo {
 impl Model {
     /// Load an ONNX model file.
     pub fn load(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Model, Error> {
-        Model::compile(onnx::import_file(path.as_ref(), &opts.import)?, opts)
+        Model::from_graph(onnx::import_file(path.as_ref(), &opts.import)?, opts)
     }
 
     /// Load an ONNX model from bytes (no external data).
     pub fn from_bytes(bytes: &[u8], opts: &LoadOptions) -> Result<Model, Error> {
-        Model::compile(onnx::import_bytes(bytes, &opts.import)?, opts)
+        Model::from_graph(onnx::import_bytes(bytes, &opts.import)?, opts)
     }
 
-    fn compile(imported: Graph, opts: &LoadOptions) -> Result<Model, Error> {
+    fn from_graph(imported: Graph, opts: &LoadOptions) -> Result<Model, Error> {
         let mut graph = imported.clone();
         let report = if opts.rewrite {
             passes::Pipeline::standard().run(&mut graph)?
@@ -175,8 +188,77 @@ impl Model {
             .collect()
     }
 
-    /// Run on named inputs of any shape the symbols allow; outputs in model order.
+    /// Run on the reference interpreter (the oracle), on named inputs of any
+    /// shape the symbols allow; outputs in model order.
     pub fn run(&self, inputs: &[(&str, Tensor)]) -> Result<Vec<(String, Tensor)>, Error> {
         Ok(reference::run(&self.graph, inputs)?)
+    }
+
+    /// The model lowered: tensor programs, execution and buffer plans
+    /// (`anyshape inspect --stage programs`).
+    pub fn lower(&self) -> Result<lower::ModelPlan, Error> {
+        Ok(lower::lower(&self.graph, &self.fusion_plan())?)
+    }
+
+    /// Compile every fusion group to machine code: loop programs generated with
+    /// LLVM, matmuls on the contraction engine (its tile measurements from the
+    /// tuning cache, measured when absent). The result runs any shape.
+    pub fn compile(&self, opts: &CompileOptions) -> Result<CompiledModel, Error> {
+        let plan = self.lower()?;
+        let target = kernels::Target::detect();
+        let pool = kernels::ThreadPool::new(opts.threads.unwrap_or_else(default_threads));
+        let programs = codegen::compile_programs(&target, &plan.programs, "model")?;
+        let loops = (0..programs.len()).filter_map(|i| programs.get(i)).collect();
+        let mut code: Vec<Box<dyn std::any::Any + Send + Sync>> = vec![Box::new(programs)];
+        let has_matmul = plan.steps.iter().any(|s| matches!(s.kind, lower::StepKind::MatMul(_)));
+        let dispatcher = if has_matmul {
+            let cache = opts.cache_dir.clone().or_else(codegen::tuning::default_cache_dir);
+            let c = codegen::Contraction::builder(&target, &pool).cache(cache.as_deref()).build()?;
+            let (d, owner) = c.into_parts();
+            code.push(owner);
+            Some(d)
+        } else {
+            None
+        };
+        let io = |v: &[IoInfo]| v.iter().map(|i| (i.name.clone(), i.ty.clone())).collect();
+        let parts = runtime::ModelParts {
+            plan,
+            env: self.graph.env.clone(),
+            inputs: io(&self.inputs()),
+            outputs: io(&self.outputs()),
+            loops,
+            dispatcher,
+            pool,
+            code,
+        };
+        Ok(CompiledModel::new(parts)?)
+    }
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// How to compile a model.
+#[derive(Clone, Debug, Default)]
+pub struct CompileOptions {
+    threads: Option<usize>,
+    cache_dir: Option<std::path::PathBuf>,
+}
+
+impl CompileOptions {
+    pub fn new() -> CompileOptions {
+        CompileOptions::default()
+    }
+    /// Threads of the model's pool (default: the machine's).
+    pub fn threads(mut self, n: usize) -> CompileOptions {
+        self.threads = Some(n.max(1));
+        self
+    }
+    /// The tuning cache folder (default: `$ANYSHAPE_CACHE_DIR`, `$XDG_CACHE_HOME/anyshape`
+    /// or `~/.cache/anyshape`).
+    pub fn cache_dir(mut self, dir: impl Into<std::path::PathBuf>) -> CompileOptions {
+        self.cache_dir = Some(dir.into());
+        self
     }
 }

@@ -41,7 +41,16 @@ enum Command {
         /// Declare the range of a symbolic dim: NAME=LO..HI (HI may be omitted).
         #[arg(long = "dim", value_name = "NAME=LO..HI")]
         dims: Vec<String>,
+        /// Run on the reference interpreter (the oracle) instead of compiling.
+        #[arg(long)]
+        interpret: bool,
+        /// Threads of the compiled model (default: every core).
+        #[arg(long)]
+        threads: Option<usize>,
     },
+    /// Compile a model once, then time it at each shape: the first call (which
+    /// plans the shape) and the median of warm calls.
+    Bench(model_bench::BenchArgs),
     /// Benchmark the contraction engine on single and batched matmuls: GFLOP/s and
     /// the fraction of the measured peak, with the schedule the dispatcher chose
     /// (and, with --exhaustive, every candidate measured and each model's regret).
@@ -110,6 +119,9 @@ enum Stage {
     Rewrites,
     /// The fusion groups (one future kernel each) of the rewritten IR.
     Fusion,
+    /// The lowered model: the dim table, the buffers (sizes and lifetimes), the
+    /// loop programs, and each group's steps (loops and matmuls).
+    Programs,
     /// Every stage in order.
     All,
 }
@@ -140,12 +152,13 @@ macro_rules! say_raw {
 }
 
 mod bench;
+mod model_bench;
 mod samples;
 mod search;
 
 /// An error in what the user gave us (exit code 2).
 #[derive(Debug)]
-struct UserError(String);
+pub(crate) struct UserError(String);
 impl std::fmt::Display for UserError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
@@ -181,9 +194,10 @@ fn main() -> ExitCode {
 
 fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run { model, inputs, shapes, output_dir, dims } => {
-            run(model, inputs, shapes, output_dir, dims)
+        Command::Run { model, inputs, shapes, output_dir, dims, interpret, threads } => {
+            run(model, inputs, shapes, output_dir, dims, interpret, threads)
         }
+        Command::Bench(args) => model_bench::bench(args),
         Command::Inspect { model, stage, dims } => inspect(model, stage, dims),
         Command::Tune {
             avx2,
@@ -226,7 +240,7 @@ fn dispatch(cli: Cli) -> Result<()> {
     }
 }
 
-fn load(model: &PathBuf, dims: &[String]) -> Result<Model> {
+pub(crate) fn load(model: &PathBuf, dims: &[String]) -> Result<Model> {
     let mut opts = LoadOptions::new();
     for d in dims {
         let (name, range) = parse_dim(d)?;
@@ -268,6 +282,8 @@ fn run(
     shapes: Vec<String>,
     output_dir: Option<PathBuf>,
     dims: Vec<String>,
+    interpret: bool,
+    threads: Option<usize>,
 ) -> Result<()> {
     let model = load(&model_path, &dims)?;
     let mut shape_of = std::collections::HashMap::new();
@@ -308,7 +324,15 @@ fn run(
         bail!(UserError(format!("--shape {name}=… is given but there is no inline --input {name}=…")));
     }
     let named: Vec<(&str, Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-    let outputs = model.run(&named)?;
+    let outputs = if interpret {
+        model.run(&named)?
+    } else {
+        let mut opts = anyshape::CompileOptions::new();
+        if let Some(t) = threads {
+            opts = opts.threads(t);
+        }
+        model.compile(&opts)?.run(&named).map_err(anyshape::Error::from)?
+    };
     if let Some(dir) = &output_dir {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create {}", dir.display()))
@@ -436,6 +460,23 @@ fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>) -> Result<()> {
             kinds.join(", "),
             r.rewrites("eliminate-broadcasts"),
             r.rewrites("merge-gemms")
+        );
+    }
+    if matches!(stage, Stage::Programs | Stage::All) {
+        let start = std::time::Instant::now();
+        let plan = model.lower()?;
+        let lower_ms = start.elapsed().as_secs_f64() * 1e3;
+        say!("# stage: programs");
+        say_raw!("{}", anyshape::print_plan(&plan));
+        let matmuls = plan.steps.iter().filter(|s| matches!(s.kind, anyshape::StepKind::MatMul(_))).count();
+        say!(
+            "# {} groups, {} steps ({} loops, {matmuls} matmuls), {} distinct loop programs, {} buffers, {} dims; lowering {lower_ms:.1} ms",
+            plan.groups.len(),
+            plan.steps.len(),
+            plan.steps.len() - matmuls,
+            plan.programs.len(),
+            plan.buffers.len(),
+            plan.dims.len()
         );
     }
     Ok(())

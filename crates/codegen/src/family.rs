@@ -212,6 +212,14 @@ impl Contraction {
         &self.dispatcher
     }
 
+    /// The dispatcher, and the owner of the machine code its kernels point into
+    /// (to be kept alive as long as the dispatcher runs: a runtime holds both
+    /// without knowing about LLVM).
+    pub fn into_parts(self) -> (Dispatcher, Box<dyn std::any::Any + Send + Sync>) {
+        let Contraction { dispatcher, jit, direct, packers } = self;
+        (dispatcher, Box::new((jit, direct, packers)))
+    }
+
     /// The compiled packed-panel kernels (their IR and assembly, for `--dump-llvm`).
     pub fn kernels(&self) -> &[JitMicroKernel] {
         &self.jit

@@ -27,6 +27,7 @@ use kernels::{DirectKernel, ElemType, Epilogue, MicroKernel, MicroKernelFn, Targ
 
 pub use direct::{compile_direct_kernel, time_direct_kernel};
 pub use family::{direct_family_tiles, family_tiles, Contraction, ContractionBuilder};
+pub use loops::{compile_programs, CompiledPrograms};
 pub use pack::{compile_packers, JitPackers};
 
 /// Errors from code generation.
@@ -98,6 +99,7 @@ pub fn register_tiles(t: &Target) -> Vec<(usize, usize)> {
 
 mod direct;
 mod family;
+mod loops;
 mod pack;
 pub mod peak;
 mod perfmap;

@@ -107,6 +107,12 @@ impl VMath<'_> {
         self.select_lt(x, self.splat(0.0), ny, y)
     }
 
+    /// `1 / (1 + e^{-x})`.
+    pub fn sigmoid(&self, x: V) -> R {
+        let e = self.exp(self.mul(x, self.splat(-1.0))?)?;
+        self.div(self.splat(1.0), self.add(self.splat(1.0), e)?)
+    }
+
     /// The activation of `x`.
     /// A kernel's epilogue on the vector `y` of row `i`, columns `col..col + W`:
     /// `act(scale · y + bias[col] + residual[i, col])`, reading the bias from `bias`

@@ -1,0 +1,156 @@
+//! Every bundled model, compiled (generated loop programs and the contraction
+//! engine, no interpreter), matches the reference interpreter at random shapes
+//! drawn from the symbols' ranges (1, primes, one past a tile, the range's end)
+//! and ONNX Runtime at the recorded cases. Inputs are random; attention masks
+//! have padded positions.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use anyshape::{CompileOptions, CompiledModel, Elems, LoadOptions, Model, Tensor};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+}
+
+/// A small deterministic generator (xorshift).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn normal(&mut self) -> f32 {
+        let u = (self.below(1 << 24) as f32 + 0.5) / (1u64 << 24) as f32;
+        let v = (self.below(1 << 24) as f32 + 0.5) / (1u64 << 24) as f32;
+        (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
+    }
+}
+
+fn inputs_for(model: &Model, dims: &[(&str, usize)], rng: &mut Rng) -> Vec<(String, Tensor)> {
+    model
+        .inputs()
+        .into_iter()
+        .map(|info| {
+            let shape: Vec<usize> = info
+                .ty
+                .shape
+                .iter()
+                .map(|d| match d.as_const() {
+                    Some(c) => c as usize,
+                    None => dims.iter().find(|(n, _)| Some(*n) == d.as_symbol()).map_or(1, |x| x.1),
+                })
+                .collect();
+            let n: usize = shape.iter().product();
+            let last = *shape.last().unwrap_or(&1);
+            let elems = match info.ty.dtype {
+                anyshape::DType::I64 => Elems::I64(
+                    (0..n)
+                        .map(|i| match info.name.as_str() {
+                            // The first position is always attended to; others at random.
+                            "attention_mask" => i64::from(i % last == 0 || rng.below(4) != 0),
+                            "token_type_ids" => rng.below(2) as i64,
+                            _ => rng.below(99) as i64,
+                        })
+                        .collect(),
+                ),
+                _ => Elems::F32((0..n).map(|_| rng.normal()).collect()),
+            };
+            (info.name.clone(), Tensor::new(shape, elems).expect("tensor"))
+        })
+        .collect()
+}
+
+fn max_rel_err(got: &Tensor, want: &Tensor) -> f64 {
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    let scale = w.iter().map(|x| x.abs()).fold(1e-6, f64::max);
+    g.iter().zip(&w).map(|(a, b)| (a - b).abs() / scale).fold(0.0, f64::max)
+}
+
+/// Each fixture compiled once for the whole test binary.
+type Compiled = &'static (Model, CompiledModel);
+
+fn compiled(name: &str) -> Compiled {
+    static CACHE: OnceLock<std::sync::Mutex<Vec<(&'static str, Compiled)>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, m)) = c.iter().find(|(n, _)| *n == name) {
+        return m;
+    }
+    let model = Model::load(fixture(name).join("model.onnx"), &LoadOptions::new()).expect("loads");
+    let cm = model.compile(&CompileOptions::new().threads(2)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let leaked: Compiled = Box::leak(Box::new((model, cm)));
+    let key: &'static str = Box::leak(name.to_string().into_boxed_str());
+    c.push((key, leaked));
+    leaked
+}
+
+fn check(name: &str, dims: &[(&str, usize)], seed: u64) {
+    let (model, cm) = compiled(name);
+    let mut rng = Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1);
+    let inputs = inputs_for(model, dims, &mut rng);
+    let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let want = model.run(&named).unwrap_or_else(|e| panic!("{name} {dims:?}: interpreter: {e}"));
+    let got = cm.run(&named).unwrap_or_else(|e| panic!("{name} {dims:?}: compiled: {e}"));
+    assert_eq!(got.len(), want.len());
+    for ((gn, g), (wn, w)) in got.iter().zip(&want) {
+        assert_eq!(gn, wn);
+        assert_eq!(g.shape(), w.shape(), "{name} {dims:?}: {gn}");
+        let err = max_rel_err(g, w);
+        assert!(
+            err < 1e-4,
+            "{name} {dims:?}: {gn} differs from the interpreter by {err:e} (relative to its largest value)"
+        );
+    }
+}
+
+/// Sizes of a symbol: 1, primes, one past a tile (8, 16), the range's end.
+const SEQS: [usize; 8] = [1, 2, 7, 13, 17, 33, 63, 64];
+
+#[test]
+fn bert_compiled_matches_interpreter() {
+    for (i, s) in SEQS.iter().enumerate() {
+        check("bert", &[("batch", 1 + i % 3), ("seq", *s)], i as u64);
+    }
+}
+
+#[test]
+fn bert_dynamo_compiled_matches_interpreter() {
+    for (i, s) in SEQS.iter().enumerate() {
+        check("bert_dynamo", &[("s0", 1 + i % 2), ("s1", *s)], 10 + i as u64);
+    }
+}
+
+#[test]
+fn albert_compiled_matches_interpreter() {
+    for (i, s) in SEQS.iter().enumerate() {
+        check("albert", &[("batch", 1 + (i + 1) % 3), ("seq", *s)], 20 + i as u64);
+    }
+}
+
+#[test]
+fn gpt2_compiled_matches_interpreter() {
+    for (i, s) in SEQS.iter().enumerate() {
+        check("gpt2", &[("batch", 1 + i % 2), ("seq", *s)], 30 + i as u64);
+    }
+}
+
+#[test]
+fn vit_compiled_matches_interpreter() {
+    for b in [1, 2, 3, 5] {
+        check("vit", &[("batch", b)], 40 + b as u64);
+    }
+}
+
+#[test]
+fn resnet_compiled_matches_interpreter() {
+    // Image sizes: the stride chain's edges (odd, prime, one past a power of two).
+    for (i, (h, w)) in [(32, 32), (17, 23), (9, 33), (1, 1), (40, 7)].iter().enumerate() {
+        check("resnet", &[("batch", 1 + i % 2), ("height", *h), ("width", *w)], 50 + i as u64);
+    }
+}

@@ -1,0 +1,131 @@
+//! `anyshape bench MODEL.onnx --shape batch=1,seq=17 ...`: compile once, then per
+//! shape the first call (binding, planning the shape, running) and the median of
+//! warm calls. Inputs are synthetic: token ids below 90, masks of ones, zeros
+//! for other integer inputs, a fixed pseudo-random pattern for floats.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use anyshape::{CompileOptions, Elems, Tensor};
+
+use crate::UserError;
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// The ONNX model file.
+    model: PathBuf,
+    /// A shape to time: values of the model's symbols, e.g. batch=1,seq=17 (repeatable).
+    #[arg(long = "shape", value_name = "SYM=N,...", required = true)]
+    shapes: Vec<String>,
+    /// Declare the range of a symbolic dim: NAME=LO..HI.
+    #[arg(long = "dim", value_name = "NAME=LO..HI")]
+    dims: Vec<String>,
+    /// Threads of the compiled model (default: every core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Warm calls timed per shape (the median is reported).
+    #[arg(long, default_value_t = 20)]
+    runs: usize,
+    /// Print one JSON object per shape.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_shape(s: &str) -> Result<Vec<(String, usize)>> {
+    s.split(',')
+        .map(|kv| {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| UserError(format!("--shape `{s}`: expected SYM=N,SYM=N")))?;
+            let v: usize =
+                v.trim().parse().map_err(|_| UserError(format!("--shape `{s}`: `{v}` is not a size")))?;
+            Ok((k.trim().to_string(), v))
+        })
+        .collect()
+}
+
+fn inputs(model: &anyshape::Model, shape: &[(String, usize)]) -> Result<Vec<(String, Tensor)>> {
+    let mut out = Vec::new();
+    for info in model.inputs() {
+        let mut dims = Vec::new();
+        for d in &info.ty.shape {
+            match (d.as_const(), d.as_symbol()) {
+                (Some(c), _) => dims.push(c as usize),
+                (None, Some(name)) => match shape.iter().find(|(n, _)| n == name) {
+                    Some((_, v)) => dims.push(*v),
+                    None => bail!(UserError(format!(
+                        "--shape gives no value for `{name}` (input '{}')",
+                        info.name
+                    ))),
+                },
+                _ => bail!(UserError(format!("input '{}' has dim {d}: give its symbols a value", info.name))),
+            }
+        }
+        let n: usize = dims.iter().product();
+        let elems = match info.ty.dtype {
+            anyshape::DType::I64 => Elems::I64(match info.name.as_str() {
+                n2 if n2.contains("mask") => vec![1; n],
+                n2 if n2.contains("ids") && !n2.contains("type") && !n2.contains("position") => {
+                    (0..n).map(|i| (i * 7 % 90) as i64).collect()
+                }
+                _ => vec![0; n],
+            }),
+            anyshape::DType::F32 => {
+                Elems::F32((0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect())
+            }
+            dt => bail!(UserError(format!("input '{}': bench makes no {dt} inputs", info.name))),
+        };
+        out.push((info.name.clone(), Tensor::new(dims, elems)?));
+    }
+    Ok(out)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+pub fn bench(a: BenchArgs) -> Result<()> {
+    let shapes: Vec<Vec<(String, usize)>> = a.shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
+    let model = crate::load(&a.model, &a.dims)?;
+    let mut opts = CompileOptions::new();
+    if let Some(t) = a.threads {
+        opts = opts.threads(t);
+    }
+    let start = Instant::now();
+    let cm = model.compile(&opts)?;
+    let compile_ms = ms(start.elapsed());
+    if !a.json {
+        println!("compiled in {compile_ms:.0} ms ({} threads)", cm.threads());
+    }
+    for shape in &shapes {
+        let data = inputs(&model, shape)?;
+        let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let t0 = Instant::now();
+        cm.run(&named).map_err(anyshape::Error::from)?;
+        let first = ms(t0.elapsed());
+        let mut times = Vec::with_capacity(a.runs.max(1));
+        for _ in 0..a.runs.max(1) {
+            let t = Instant::now();
+            cm.run(&named).map_err(anyshape::Error::from)?;
+            times.push(ms(t.elapsed()));
+        }
+        times.sort_by(f64::total_cmp);
+        let median = times[times.len() / 2];
+        if a.json {
+            let fields: Vec<String> = shape.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
+            println!(
+                "{{\"shape\": {{{}}}, \"first_call_ms\": {first:.4}, \"median_ms\": {median:.4}, \"compile_ms\": {compile_ms:.1}}}",
+                fields.join(", ")
+            );
+        } else {
+            let s: Vec<String> = shape.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            println!(
+                "{}: first call {first:.3} ms, median {median:.3} ms over {} runs",
+                s.join(","),
+                times.len()
+            );
+        }
+    }
+    Ok(())
+}

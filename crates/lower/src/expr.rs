@@ -1,0 +1,383 @@
+//! The expressions of a tensor program: a hash-consed DAG over loop variables,
+//! run-time dims, constants, loads and the primitive ops, with reductions as
+//! nodes. Equal expressions are one node, so common subexpressions are computed
+//! once and "does this depend on the innermost loop?" is a bit test.
+//!
+//! Index arithmetic is `i64` and is simplified as it is built, with the facts a
+//! loop nest gives (a variable is below its extent): `(a·d + i) / d → a` and
+//! `(a·d + i) % d → i` when `i < d`, which turns the div/mod of reshapes back
+//! into the plain indices the code generator vectorizes.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use ir::{BinaryOp, DType, ReduceOp, UnaryOp};
+
+/// An expression: an index into its program's [`Exprs`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct E(pub u32);
+
+impl E {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// How a reduction combines its terms. `Mean` is lowered to a sum and a division.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Combine {
+    Sum,
+    Prod,
+    Max,
+    Min,
+}
+
+impl Combine {
+    pub fn name(self) -> &'static str {
+        match self {
+            Combine::Sum => "sum",
+            Combine::Prod => "prod",
+            Combine::Max => "max",
+            Combine::Min => "min",
+        }
+    }
+    pub(crate) fn of(op: ReduceOp) -> Combine {
+        match op {
+            ReduceOp::Sum | ReduceOp::Mean => Combine::Sum,
+            ReduceOp::Prod => Combine::Prod,
+            ReduceOp::Max => Combine::Max,
+            ReduceOp::Min => Combine::Min,
+        }
+    }
+}
+
+/// One node of the DAG.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Node {
+    /// A loop or reduction variable (`i64`), below its extent.
+    Var(u32),
+    /// Slot of the model's dim table: a symbolic dim evaluated once per shape (`i64`).
+    Dim(u32),
+    /// A constant of the node's dtype: an `f64`'s bits for floats, the `i64`
+    /// value for integers and bools.
+    Const(u64),
+    /// `buf[index]` (a dense row-major buffer of the program). With a `guard`,
+    /// lanes where it is false read nothing and give zero.
+    Load {
+        buf: u32,
+        index: Vec<E>,
+        guard: Option<E>,
+    },
+    Unary(UnaryOp, E),
+    Binary(BinaryOp, E, E),
+    Select(E, E, E),
+    /// Conversion to the node's dtype (float → int saturates toward zero).
+    Cast(E),
+    /// `value`, after recording error `code` of the program when `ok` is false
+    /// (a gather index out of range, an integer division by zero).
+    Check {
+        ok: E,
+        code: u32,
+        value: E,
+    },
+    /// `combine` of `body` over `vars` (each below its extent, the last varying fastest).
+    Reduce {
+        combine: Combine,
+        vars: Vec<u32>,
+        body: E,
+    },
+}
+
+/// The DAG of one program: nodes, their dtypes, the free variables of each (a
+/// bit set) and every variable's extent.
+#[derive(Clone, Debug, Default)]
+pub struct Exprs {
+    nodes: Vec<Node>,
+    dtypes: Vec<DType>,
+    free: Vec<u64>,
+    interned: HashMap<(Node, DType), E>,
+    /// The extent of each variable (an `i64` expression of dims and constants).
+    pub extents: Vec<E>,
+}
+
+/// The most variables one program may use (the free-variable sets are 64-bit).
+pub const MAX_VARS: usize = 64;
+
+impl Exprs {
+    pub fn node(&self, e: E) -> &Node {
+        &self.nodes[e.index()]
+    }
+    pub fn dtype(&self, e: E) -> DType {
+        self.dtypes[e.index()]
+    }
+    /// The variables `e` depends on, as a bit set.
+    pub fn free(&self, e: E) -> u64 {
+        self.free[e.index()]
+    }
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    fn intern(&mut self, node: Node, dtype: DType) -> E {
+        if let Some(e) = self.interned.get(&(node.clone(), dtype)) {
+            return *e;
+        }
+        let free = match &node {
+            Node::Var(v) => 1u64 << v,
+            Node::Dim(_) | Node::Const(_) => 0,
+            Node::Load { index, guard, .. } => index.iter().chain(guard).fold(0, |a, e| a | self.free(*e)),
+            Node::Unary(_, a) | Node::Cast(a) => self.free(*a),
+            Node::Binary(_, a, b) => self.free(*a) | self.free(*b),
+            Node::Select(a, b, c) => self.free(*a) | self.free(*b) | self.free(*c),
+            Node::Check { ok, value, .. } => self.free(*ok) | self.free(*value),
+            Node::Reduce { vars, body, .. } => {
+                let own = vars.iter().fold(0u64, |m, v| m | 1 << v);
+                let ext = vars.iter().fold(0u64, |m, v| m | self.free(self.extents[*v as usize]));
+                (self.free(*body) & !own) | ext
+            }
+        };
+        let e = E(self.nodes.len() as u32);
+        self.nodes.push(node.clone());
+        self.dtypes.push(dtype);
+        self.free.push(free);
+        self.interned.insert((node, dtype), e);
+        e
+    }
+
+    /// A new variable below `extent`; `None` when the program has used all 64.
+    /// A variable of extent 1 is the constant 0.
+    pub fn var(&mut self, extent: E) -> Option<E> {
+        if self.as_int(extent) == Some(1) {
+            return Some(self.int(0));
+        }
+        if self.extents.len() >= MAX_VARS {
+            return None;
+        }
+        self.extents.push(extent);
+        Some(self.intern(Node::Var(self.extents.len() as u32 - 1), DType::I64))
+    }
+
+    pub fn dim(&mut self, slot: u32) -> E {
+        self.intern(Node::Dim(slot), DType::I64)
+    }
+    pub fn int(&mut self, v: i64) -> E {
+        self.constant(DType::I64, v as f64, v)
+    }
+    /// A constant of `dtype`: `f` for floats, `i` for integers and bools.
+    pub fn constant(&mut self, dtype: DType, f: f64, i: i64) -> E {
+        let bits = if dtype.is_float() { f.to_bits() } else { i as u64 };
+        self.intern(Node::Const(bits), dtype)
+    }
+    pub fn float(&mut self, dtype: DType, f: f64) -> E {
+        self.constant(dtype, f, f as i64)
+    }
+    /// The value of an integer constant.
+    pub fn as_int(&self, e: E) -> Option<i64> {
+        match self.node(e) {
+            Node::Const(b) if !self.dtype(e).is_float() => Some(*b as i64),
+            _ => None,
+        }
+    }
+    /// The value of a float constant.
+    pub fn as_float(&self, e: E) -> Option<f64> {
+        match self.node(e) {
+            Node::Const(b) if self.dtype(e).is_float() => Some(f64::from_bits(*b)),
+            _ => None,
+        }
+    }
+
+    pub fn load(&mut self, buf: u32, dtype: DType, index: Vec<E>, guard: Option<E>) -> E {
+        let guard = guard.filter(|g| self.as_int(*g) != Some(1));
+        self.intern(Node::Load { buf, index, guard }, dtype)
+    }
+    pub fn unary(&mut self, op: UnaryOp, a: E, dtype: DType) -> E {
+        self.intern(Node::Unary(op, a), dtype)
+    }
+    pub fn binary(&mut self, op: BinaryOp, a: E, b: E, dtype: DType) -> E {
+        if dtype == DType::I64 && self.dtype(a) == DType::I64 && self.dtype(b) == DType::I64 {
+            if let Some(e) = self.simplify_int(op, a, b) {
+                return e;
+            }
+        }
+        self.intern(Node::Binary(op, a, b), dtype)
+    }
+    pub fn select(&mut self, c: E, a: E, b: E) -> E {
+        match self.as_int(c) {
+            Some(0) => b,
+            Some(_) => a,
+            None if a == b => a,
+            None => {
+                let dt = self.dtype(a);
+                self.intern(Node::Select(c, a, b), dt)
+            }
+        }
+    }
+    pub fn cast(&mut self, a: E, dtype: DType) -> E {
+        if self.dtype(a) == dtype {
+            return a;
+        }
+        self.intern(Node::Cast(a), dtype)
+    }
+    pub fn check(&mut self, ok: E, code: u32, value: E) -> E {
+        if self.as_int(ok) == Some(1) {
+            return value;
+        }
+        let dt = self.dtype(value);
+        self.intern(Node::Check { ok, code, value }, dt)
+    }
+    pub fn reduce(&mut self, combine: Combine, vars: Vec<E>, body: E) -> E {
+        // Variables of extent 1 are constants already: only real ones loop.
+        let vars: Vec<u32> = vars
+            .iter()
+            .filter_map(|v| match self.node(*v) {
+                Node::Var(i) => Some(*i),
+                _ => None,
+            })
+            .collect();
+        if vars.is_empty() {
+            return body;
+        }
+        let dt = self.dtype(body);
+        self.intern(Node::Reduce { combine, vars, body }, dt)
+    }
+
+    // Index arithmetic (all `i64`).
+    pub fn add(&mut self, a: E, b: E) -> E {
+        self.binary(BinaryOp::Add, a, b, DType::I64)
+    }
+    pub fn sub(&mut self, a: E, b: E) -> E {
+        self.binary(BinaryOp::Sub, a, b, DType::I64)
+    }
+    pub fn mul(&mut self, a: E, b: E) -> E {
+        self.binary(BinaryOp::Mul, a, b, DType::I64)
+    }
+    /// Floor division of a non-negative index by a positive extent.
+    pub fn div(&mut self, a: E, b: E) -> E {
+        self.binary(BinaryOp::Div, a, b, DType::I64)
+    }
+    pub fn rem(&mut self, a: E, b: E) -> E {
+        self.binary(BinaryOp::Mod, a, b, DType::I64)
+    }
+    pub fn min(&mut self, a: E, b: E) -> E {
+        self.binary(BinaryOp::Min, a, b, DType::I64)
+    }
+    pub fn max(&mut self, a: E, b: E) -> E {
+        self.binary(BinaryOp::Max, a, b, DType::I64)
+    }
+    pub fn lt(&mut self, a: E, b: E) -> E {
+        if self.known_lt(a, b) {
+            return self.constant(DType::Bool, 1.0, 1);
+        }
+        self.binary(BinaryOp::Less, a, b, DType::Bool)
+    }
+    pub fn le(&mut self, a: E, b: E) -> E {
+        if self.known_nonneg(a) && self.as_int(b) == Some(0) {
+            // a ≤ 0 with a ≥ 0 is a == 0: leave it to the comparison.
+        } else if self.as_int(a) == Some(0) && self.known_nonneg(b) {
+            return self.constant(DType::Bool, 1.0, 1);
+        }
+        self.binary(BinaryOp::LessEq, a, b, DType::Bool)
+    }
+    pub fn and(&mut self, a: E, b: E) -> E {
+        match (self.as_int(a), self.as_int(b)) {
+            (Some(0), _) | (_, Some(0)) => self.constant(DType::Bool, 0.0, 0),
+            (Some(_), _) => b,
+            (_, Some(_)) => a,
+            _ if a == b => a,
+            _ => self.binary(BinaryOp::And, a, b, DType::Bool),
+        }
+    }
+
+    fn simplify_int(&mut self, op: BinaryOp, a: E, b: E) -> Option<E> {
+        let (ca, cb) = (self.as_int(a), self.as_int(b));
+        if let (Some(x), Some(y)) = (ca, cb) {
+            let v = match op {
+                BinaryOp::Add => x.checked_add(y),
+                BinaryOp::Sub => x.checked_sub(y),
+                BinaryOp::Mul => x.checked_mul(y),
+                BinaryOp::Div if y > 0 && x >= 0 => Some(x / y),
+                BinaryOp::Mod if y > 0 && x >= 0 => Some(x % y),
+                BinaryOp::Min => Some(x.min(y)),
+                BinaryOp::Max => Some(x.max(y)),
+                _ => None,
+            };
+            return v.map(|v| self.int(v));
+        }
+        match op {
+            BinaryOp::Add if ca == Some(0) => Some(b),
+            BinaryOp::Add | BinaryOp::Sub if cb == Some(0) => Some(a),
+            BinaryOp::Sub if a == b => Some(self.int(0)),
+            BinaryOp::Mul if ca == Some(0) || cb == Some(0) => Some(self.int(0)),
+            BinaryOp::Mul if ca == Some(1) => Some(b),
+            BinaryOp::Mul if cb == Some(1) => Some(a),
+            BinaryOp::Div if cb == Some(1) => Some(a),
+            BinaryOp::Mod if cb == Some(1) => Some(self.int(0)),
+            BinaryOp::Div | BinaryOp::Mod if self.known_nonneg(a) && self.known_lt(a, b) => {
+                Some(if op == BinaryOp::Div { self.int(0) } else { a })
+            }
+            BinaryOp::Div | BinaryOp::Mod => {
+                // (x·b + y) / b = x + y / b and (x·b + y) % b = y % b, for x, y ≥ 0.
+                let Node::Binary(BinaryOp::Add, p, y) = *self.node(a) else { return None };
+                let (p, y) = if self.factor(p, b).is_some() { (p, y) } else { (y, p) };
+                let x = self.factor(p, b)?;
+                if !(self.known_nonneg(x) && self.known_nonneg(y)) {
+                    return None;
+                }
+                Some(if op == BinaryOp::Div {
+                    let q = self.div(y, b);
+                    self.add(x, q)
+                } else {
+                    self.rem(y, b)
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// `x` when `p = x·b` (or `b·x`).
+    fn factor(&self, p: E, b: E) -> Option<E> {
+        match *self.node(p) {
+            Node::Binary(BinaryOp::Mul, x, y) if y == b => Some(x),
+            Node::Binary(BinaryOp::Mul, x, y) if x == b => Some(y),
+            _ => None,
+        }
+    }
+
+    /// Whether an index expression is provably ≥ 0.
+    pub fn known_nonneg(&self, e: E) -> bool {
+        match self.node(e) {
+            Node::Var(_) | Node::Dim(_) => true,
+            Node::Const(_) => self.as_int(e).is_some_and(|v| v >= 0),
+            Node::Binary(BinaryOp::Add | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Mod, a, b) => {
+                self.known_nonneg(*a) && self.known_nonneg(*b)
+            }
+            Node::Binary(BinaryOp::Min, a, b) => self.known_nonneg(*a) && self.known_nonneg(*b),
+            Node::Binary(BinaryOp::Max, a, b) => self.known_nonneg(*a) || self.known_nonneg(*b),
+            _ => false,
+        }
+    }
+
+    /// Whether `a < b` is provable from the variables' extents (`a` an index).
+    pub fn known_lt(&self, a: E, b: E) -> bool {
+        match (self.node(a), self.as_int(a), self.as_int(b)) {
+            (_, Some(x), Some(y)) => x < y,
+            // A dim that bounds a running loop is at least 1.
+            (_, Some(0), None) => matches!(self.node(b), Node::Dim(_)),
+            (Node::Var(v), _, _) => {
+                let ext = self.extents[*v as usize];
+                ext == b || matches!((self.as_int(ext), self.as_int(b)), (Some(x), Some(y)) if x <= y)
+            }
+            (Node::Binary(BinaryOp::Mod, _, m), _, _) => *m == b,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Combine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -1,0 +1,384 @@
+//! Lowering a model: every fusion group becomes a sequence of steps. An f32
+//! matmul is the group's backbone and runs on the contraction engine, reading
+//! its operands as strided views when their layout prologue (reshape,
+//! transpose, broadcast, slice) is a view; everything else in the group (the
+//! prologue that is not a view, the epilogue after the backbone, the softmax
+//! between attention's two products, a whole element-wise or stitch group) is
+//! a loop program over the values it must store, each computed by inlining
+//! its producers back to buffers.
+
+use std::collections::HashMap;
+
+use ir::{DType, Graph, Op, ValueId};
+use passes::{FusionGroup, FusionPlan, GroupKind};
+use sym::SymExpr;
+
+use crate::build::{match_groups, Builder};
+use crate::plan::{BufId, Buffer, BufferKind, GroupSteps, MatMulStep, ModelPlan, Step, StepKind, View};
+use crate::LowerError;
+
+type R<T> = Result<T, LowerError>;
+
+/// A strided layout: per dim `(extent, stride)`, and an element offset.
+#[derive(Clone, Debug)]
+struct Layout {
+    buf: BufId,
+    offset: SymExpr,
+    dims: Vec<(SymExpr, SymExpr)>,
+}
+
+pub(crate) struct Lowering<'g> {
+    g: &'g Graph,
+    pub plan: ModelPlan,
+    /// The model buffer of every value held in one.
+    buffer_of: HashMap<ValueId, BufId>,
+    /// Loop programs by their text without names: groups of one signature share code.
+    programs: HashMap<String, usize>,
+    producers: Vec<Option<usize>>,
+}
+
+impl<'g> Lowering<'g> {
+    pub fn new(g: &'g Graph) -> Lowering<'g> {
+        Lowering {
+            g,
+            plan: ModelPlan::default(),
+            buffer_of: HashMap::new(),
+            programs: HashMap::new(),
+            producers: g.producers(),
+        }
+    }
+
+    fn add_buffer(&mut self, v: ValueId, kind: BufferKind) -> R<BufId> {
+        let ty = self.g.ty(v);
+        let numel = ty.numel().map_err(|e| LowerError::Internal(format!("'{}': {e}", self.g.name(v))))?;
+        let numel = self.g.env.normalize(&numel);
+        let numel = self.plan.dims.slot(&numel);
+        self.plan.buffers.push(Buffer {
+            name: self.g.name(v).to_string(),
+            dtype: ty.dtype,
+            shape: ty.shape.clone(),
+            numel,
+            kind,
+            first: 0,
+            last: 0,
+        });
+        Ok(self.plan.buffers.len() - 1)
+    }
+
+    fn temp(&mut self, v: ValueId) -> R<BufId> {
+        self.add_buffer(v, BufferKind::Temp)
+    }
+
+    /// Lower every group of `fusion`.
+    pub fn run(mut self, fusion: &FusionPlan) -> R<ModelPlan> {
+        let g = self.g;
+        for (i, &v) in g.inputs.iter().enumerate() {
+            let b = self.add_buffer(v, BufferKind::Input(i))?;
+            self.buffer_of.insert(v, b);
+            self.plan.inputs.push(b);
+        }
+        for &n in &fusion.constants {
+            let node = &g.nodes[n];
+            if let Op::Constant(c) = &node.op {
+                let b = self.add_buffer(node.output, BufferKind::Constant(c.clone()))?;
+                self.buffer_of.insert(node.output, b);
+            }
+        }
+        // Model outputs computed by a group are written in place; the rest (an
+        // input, a constant, a value listed twice) are copied at the end.
+        let mut copies = Vec::new();
+        let mut out_bufs = vec![None; g.outputs.len()];
+        for (i, &v) in g.outputs.iter().enumerate() {
+            let computed =
+                self.producers[v.index()].is_some_and(|p| !matches!(g.nodes[p].op, Op::Constant(_)));
+            if computed && !self.buffer_of.contains_key(&v) {
+                let b = self.add_buffer(v, BufferKind::Output(i))?;
+                self.buffer_of.insert(v, b);
+                out_bufs[i] = Some(b);
+            } else {
+                copies.push(i);
+            }
+        }
+        for group in &fusion.groups {
+            for &v in &group.outputs {
+                if !self.buffer_of.contains_key(&v) {
+                    let b = self.temp(v)?;
+                    self.buffer_of.insert(v, b);
+                }
+            }
+        }
+        for (gi, group) in fusion.groups.iter().enumerate() {
+            let first = self.plan.steps.len();
+            self.group(gi, group)?;
+            self.plan.groups.push(GroupSteps { kind: group.kind, steps: first..self.plan.steps.len() });
+        }
+        if !copies.is_empty() {
+            let first = self.plan.steps.len();
+            let gi = self.plan.groups.len();
+            for i in copies {
+                let v = g.outputs[i];
+                let b = self.add_buffer(v, BufferKind::Output(i))?;
+                out_bufs[i] = Some(b);
+                let avail = self.buffer_of.clone();
+                let name = format!("copy_{}", i);
+                self.loop_step(gi, &avail, name, &[(v, b)])?;
+            }
+            let steps = first..self.plan.steps.len();
+            self.plan.groups.push(GroupSteps { kind: GroupKind::Elementwise, steps });
+        }
+        self.plan.outputs = out_bufs
+            .into_iter()
+            .map(|b| b.ok_or_else(|| LowerError::Internal("an output without a buffer".into())))
+            .collect::<R<_>>()?;
+        self.plan.compute_lifetimes();
+        Ok(self.plan)
+    }
+
+    fn group(&mut self, gi: usize, group: &FusionGroup) -> R<()> {
+        let g = self.g;
+        let mut avail: HashMap<ValueId, BufId> = HashMap::new();
+        for v in &group.inputs {
+            let b = *self
+                .buffer_of
+                .get(v)
+                .ok_or_else(|| LowerError::Internal(format!("group input '{}' has no buffer", g.name(*v))))?;
+            avail.insert(*v, b);
+        }
+        let mut part = 0;
+        for &n in &group.nodes {
+            let node = &g.nodes[n];
+            if !is_backbone(g, node) {
+                continue;
+            }
+            // Operands that are not views of a buffer are computed first.
+            let mut pending = Vec::new();
+            for &v in &node.inputs {
+                if self.layout(v, &avail).is_none() && !pending.iter().any(|(p, _)| *p == v) {
+                    let b = match self.buffer_of.get(&v) {
+                        Some(b) if group.outputs.contains(&v) => *b,
+                        _ => self.temp(v)?,
+                    };
+                    pending.push((v, b));
+                }
+            }
+            self.flush(gi, group, &mut part, &mut avail, pending)?;
+            let out = node.output;
+            let c = match self.buffer_of.get(&out) {
+                Some(b) if group.outputs.contains(&out) => *b,
+                _ => self.temp(out)?,
+            };
+            let step = self.matmul(node, c, &avail)?;
+            self.plan.steps.push(Step { group: gi, kind: StepKind::MatMul(step) });
+            avail.insert(out, c);
+        }
+        let pending: Vec<(ValueId, BufId)> = group
+            .outputs
+            .iter()
+            .filter(|v| !avail.contains_key(v))
+            .map(|v| (*v, self.buffer_of[v]))
+            .collect();
+        self.flush(gi, group, &mut part, &mut avail, pending)
+    }
+
+    /// Loop programs storing `pending`: one per class of equal element counts.
+    fn flush(
+        &mut self,
+        gi: usize,
+        group: &FusionGroup,
+        part: &mut usize,
+        avail: &mut HashMap<ValueId, BufId>,
+        pending: Vec<(ValueId, BufId)>,
+    ) -> R<()> {
+        let env = &self.g.env;
+        let mut classes: Vec<Vec<(ValueId, BufId)>> = Vec::new();
+        for (v, b) in pending {
+            let n = self.g.ty(v).numel().ok();
+            let same = |c: &Vec<(ValueId, BufId)>| {
+                let m = self.g.ty(c[0].0).numel().ok();
+                matches!((&n, &m), (Some(x), Some(y)) if env.equal(x, y))
+            };
+            match classes.iter_mut().find(|c| same(c)) {
+                Some(c) => c.push((v, b)),
+                None => classes.push(vec![(v, b)]),
+            }
+        }
+        for class in classes {
+            let name =
+                format!("g{gi}_{}{}", group.kind, if *part > 0 { format!("_{part}") } else { String::new() });
+            *part += 1;
+            self.loop_step(gi, avail, name, &class)?;
+            for (v, b) in class {
+                avail.insert(v, b);
+            }
+        }
+        Ok(())
+    }
+
+    /// One loop program over the finest shape among the stored values and the
+    /// reshapes they come from (a head merge loops over `[b, s, h, d]`, not
+    /// `[b·s, h·d]`), added as a step (its code shared with an identical one).
+    fn loop_step(
+        &mut self,
+        gi: usize,
+        avail: &HashMap<ValueId, BufId>,
+        name: String,
+        outs: &[(ValueId, BufId)],
+    ) -> R<()> {
+        let g = self.g;
+        let mut space: Vec<SymExpr> = g.ty(outs[0].0).shape.clone();
+        for (v, _) in outs {
+            let mut cur = *v;
+            loop {
+                let shape = &g.ty(cur).shape;
+                if shape.len() > space.len() {
+                    space = shape.clone();
+                }
+                match self.producers[cur.index()] {
+                    Some(p) if matches!(g.nodes[p].op, Op::Reshape) && !avail.contains_key(&cur) => {
+                        cur = g.nodes[p].inputs[0];
+                    }
+                    _ => break,
+                }
+            }
+        }
+        let b = Builder::new(g, &mut self.plan.dims, avail);
+        let (program, args) = b.program(name, &space, outs)?;
+        let key = crate::text::print_program(&program, false);
+        let index = match self.programs.get(&key) {
+            Some(i) => *i,
+            None => {
+                self.plan.programs.push(program);
+                self.programs.insert(key, self.plan.programs.len() - 1);
+                self.plan.programs.len() - 1
+            }
+        };
+        self.plan.steps.push(Step { group: gi, kind: StepKind::Loop { program: index, args } });
+        Ok(())
+    }
+
+    /// The strided layout of `v` when it is a view of a buffer in `avail`.
+    fn layout(&self, v: ValueId, avail: &HashMap<ValueId, BufId>) -> Option<Layout> {
+        let g = self.g;
+        let ty = g.ty(v);
+        if let Some(&buf) = avail.get(&v).or_else(|| self.constant_buffer(v)) {
+            let mut dims = vec![(SymExpr::constant(1), SymExpr::constant(1)); ty.rank()];
+            let mut stride = SymExpr::constant(1);
+            for d in (0..ty.rank()).rev() {
+                dims[d] = (ty.shape[d].clone(), stride.clone());
+                stride = stride.try_mul(&ty.shape[d]).ok()?;
+            }
+            return Some(Layout { buf, offset: SymExpr::constant(0), dims });
+        }
+        let node = &g.nodes[self.producers[v.index()]?];
+        let mut l = match &node.op {
+            Op::Reshape | Op::Transpose { .. } | Op::Broadcast | Op::Slice { .. } => {
+                self.layout(node.inputs[0], avail)?
+            }
+            _ => return None,
+        };
+        let out = &ty.shape;
+        match &node.op {
+            Op::Transpose { perm } => {
+                l.dims = perm.iter().map(|p| l.dims[*p].clone()).collect();
+            }
+            Op::Broadcast => {
+                for (d, o) in l.dims.iter_mut().zip(out) {
+                    if !g.env.equal(&d.0, o) {
+                        if d.0.as_const() != Some(1) {
+                            return None;
+                        }
+                        *d = (o.clone(), SymExpr::constant(0));
+                    }
+                }
+            }
+            Op::Slice { axes } => {
+                for a in axes {
+                    if a.step <= 0 {
+                        return None;
+                    }
+                    let (_, s) = l.dims[a.axis].clone();
+                    l.offset = l.offset.try_add(&a.start.try_mul(&s).ok()?).ok()?;
+                    l.dims[a.axis] = (out[a.axis].clone(), s.try_scale(a.step).ok()?);
+                }
+            }
+            Op::Reshape => {
+                let from: Vec<SymExpr> = l.dims.iter().map(|d| d.0.clone()).collect();
+                let mut dims = vec![(SymExpr::constant(1), SymExpr::constant(0)); out.len()];
+                for (fr, tr) in match_groups(&g.env, &from, out)? {
+                    // The group's dims (ignoring extents of 1) must be contiguous.
+                    let real: Vec<&(SymExpr, SymExpr)> =
+                        l.dims[fr].iter().filter(|d| d.0.as_const() != Some(1)).collect();
+                    for w in real.windows(2) {
+                        if !g.env.equal(&w[0].1, &w[1].1.try_mul(&w[1].0).ok()?) {
+                            return None;
+                        }
+                    }
+                    let mut stride = real.last().map_or(SymExpr::constant(1), |d| d.1.clone());
+                    for d in tr.rev() {
+                        dims[d] = (out[d].clone(), stride.clone());
+                        stride = stride.try_mul(&out[d]).ok()?;
+                    }
+                }
+                l.dims = dims;
+            }
+            _ => return None,
+        }
+        Some(l)
+    }
+
+    fn constant_buffer(&self, v: ValueId) -> Option<&BufId> {
+        self.buffer_of.get(&v).filter(|b| matches!(self.plan.buffers[**b].kind, BufferKind::Constant(_)))
+    }
+
+    fn matmul(&mut self, node: &ir::Node, c: BufId, avail: &HashMap<ValueId, BufId>) -> R<MatMulStep> {
+        let g = self.g;
+        let Op::MatMul { transpose_a, transpose_b } = node.op else {
+            return Err(LowerError::Internal("not a matmul".into()));
+        };
+        let missing =
+            || LowerError::Internal(format!("an operand of '{}' is not a view", g.name(node.output)));
+        let la = self.layout(node.inputs[0], avail).ok_or_else(missing)?;
+        let lb = self.layout(node.inputs[1], avail).ok_or_else(missing)?;
+        let lc = self.layout(node.output, &HashMap::from([(node.output, c)])).ok_or_else(missing)?;
+        let out = &g.ty(node.output).shape;
+        let r = out.len();
+        let slot = |l: &mut Self, e: &SymExpr| {
+            let e = g.env.normalize(e);
+            l.plan.dims.slot(&e)
+        };
+        let view = |l: &mut Self, lay: &Layout, swap: bool| {
+            let (rs, cs) = (&lay.dims[r - 2].1, &lay.dims[r - 1].1);
+            let (rs, cs) = if swap { (cs, rs) } else { (rs, cs) };
+            View {
+                buf: lay.buf,
+                offset: slot(l, &lay.offset),
+                batch: lay.dims[..r - 2].iter().map(|d| slot(l, &d.1)).collect(),
+                rs: slot(l, rs),
+                cs: slot(l, cs),
+            }
+        };
+        let a = view(self, &la, transpose_a);
+        let b = view(self, &lb, transpose_b);
+        let cv = view(self, &lc, false);
+        let a_shape = &g.ty(node.inputs[0]).shape;
+        let k = if transpose_a { &a_shape[r - 2] } else { &a_shape[r - 1] };
+        let weight = matches!(self.plan.buffers[lb.buf].kind, BufferKind::Constant(_))
+            && lb.dims[..r - 2].iter().all(|d| d.1.as_const() == Some(0) || d.0.as_const() == Some(1));
+        Ok(MatMulStep {
+            batch: out[..r - 2].iter().map(|e| slot(self, e)).collect(),
+            m: slot(self, &out[r - 2]),
+            n: slot(self, &out[r - 1]),
+            k: slot(self, k),
+            a,
+            b,
+            c: cv,
+            weight,
+        })
+    }
+}
+
+/// An f32 matmul: the contraction engine's work.
+fn is_backbone(g: &Graph, node: &ir::Node) -> bool {
+    matches!(node.op, Op::MatMul { .. })
+        && node.inputs.iter().chain([&node.output]).all(|v| g.ty(*v).dtype == DType::F32)
+}

@@ -1,0 +1,52 @@
+//! Tensor programs (DESIGN.md §4, §7): every fusion group becomes code-generator
+//! input, and the model an execution plan and a buffer plan, all symbolic.
+//!
+//! - [`LoopProgram`]: a loop nest over a symbolic space storing one or more
+//!   tensors, each an expression DAG ([`Exprs`]) over loop variables, run-time
+//!   dims, loads from buffers (with the index maps of broadcasts, reshapes,
+//!   transposes, slices, concats, pads and gathers), the element-wise ops, and
+//!   reductions as nodes. A reduction that does not depend on the innermost
+//!   loop variable is computed once per row by the code generator: that is the
+//!   stitch schedule (BladeDISC §4.2), a row staying in cache across passes.
+//! - [`MatMulStep`]: an f32 matmul on the contraction engine, its operands read
+//!   as strided views where the group's layout prologue is a view.
+//! - [`ModelPlan`]: buffers with symbolic sizes and lifetimes, the steps of
+//!   every group in order, the distinct programs (groups of one signature share
+//!   one), and the table of symbolic dims the runtime evaluates once per shape.
+//!
+//! No LLVM here: `codegen` turns programs into machine code, `runtime` runs plans.
+
+mod build;
+pub mod expr;
+mod group;
+pub mod plan;
+pub mod program;
+mod text;
+
+pub use expr::{Combine, Exprs, Node, E};
+pub use plan::{
+    BufId, Buffer, BufferKind, DimTable, GroupSteps, MatMulStep, ModelPlan, Step, StepKind, View,
+};
+pub use program::{LoopProgram, Param, Store};
+pub use text::{print_plan, print_program};
+
+/// The calling convention of a generated loop program: `bufs[i]` is parameter
+/// `i`'s data, `dims` the model's dim table evaluated for the call, and the
+/// program runs rows `begin..end` of its nest (a row: one value of all loop
+/// variables but the innermost). Returns 0, or the first error code a `Check`
+/// recorded (its message is the program's `checks[code - 1]`).
+pub type LoopFn = unsafe extern "C" fn(bufs: *const *mut u8, dims: *const i64, begin: i64, end: i64) -> i64;
+
+/// Why a model cannot be lowered.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LowerError {
+    #[error("no lowering for {op} computing '{node}': {why}")]
+    Unsupported { op: String, node: String, why: String },
+    #[error("internal error in lowering: {0}")]
+    Internal(String),
+}
+
+/// Lower a rewritten graph cut into fusion groups.
+pub fn lower(g: &ir::Graph, fusion: &passes::FusionPlan) -> Result<ModelPlan, LowerError> {
+    group::Lowering::new(g).run(fusion)
+}

@@ -1,0 +1,158 @@
+//! The model's execution plan and buffer plan: launches whose arguments are slots
+//! of a table of symbolic dims, and buffers with symbolic sizes and lifetimes.
+//! The runtime evaluates the dim table once per input-shape signature and
+//! builds everything else (arena offsets, thread splits) from it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ir::{ConstData, DType};
+use passes::GroupKind;
+use sym::SymExpr;
+
+use crate::program::LoopProgram;
+
+/// Index of a buffer in [`ModelPlan::buffers`].
+pub type BufId = usize;
+
+/// Every symbolic dim the plan needs, each once; kernels read them by slot.
+#[derive(Clone, Debug, Default)]
+pub struct DimTable {
+    exprs: Vec<SymExpr>,
+    index: HashMap<SymExpr, u32>,
+}
+
+impl DimTable {
+    /// The slot of `e` (added when new).
+    pub fn slot(&mut self, e: &SymExpr) -> u32 {
+        if let Some(s) = self.index.get(e) {
+            return *s;
+        }
+        self.exprs.push(e.clone());
+        self.index.insert(e.clone(), self.exprs.len() as u32 - 1);
+        self.exprs.len() as u32 - 1
+    }
+    pub fn exprs(&self) -> &[SymExpr] {
+        &self.exprs
+    }
+    pub fn len(&self) -> usize {
+        self.exprs.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.exprs.is_empty()
+    }
+}
+
+/// Where a buffer's memory comes from.
+#[derive(Clone, Debug)]
+pub enum BufferKind {
+    /// The user's input tensor `i`, read in place.
+    Input(usize),
+    /// Model output `i`, allocated per call and handed to the caller.
+    Output(usize),
+    /// Constant data (weights), kept by the compiled model.
+    Constant(Arc<ConstData>),
+    /// An intermediate in the call's arena, live from step `first` to `last`.
+    Temp,
+}
+
+/// A dense row-major tensor the plan reads or writes.
+#[derive(Clone, Debug)]
+pub struct Buffer {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<SymExpr>,
+    /// Slot of the element count.
+    pub numel: u32,
+    pub kind: BufferKind,
+    /// The first step that writes it and the last that reads it (temps).
+    pub first: usize,
+    pub last: usize,
+}
+
+/// A strided view of a buffer as a batch of matrices: element `(b…, i, j)` is at
+/// `offset + Σ b_d·batch_d + i·rs + j·cs` (every term a dim-table slot).
+#[derive(Clone, Debug, PartialEq)]
+pub struct View {
+    pub buf: BufId,
+    pub offset: u32,
+    pub batch: Vec<u32>,
+    pub rs: u32,
+    pub cs: u32,
+}
+
+/// A batch of f32 contractions `C[b] = A[b] · B[b]` for the contraction engine.
+#[derive(Clone, Debug)]
+pub struct MatMulStep {
+    /// Batch extents (slots); empty for one product.
+    pub batch: Vec<u32>,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub a: View,
+    pub b: View,
+    /// Row-major output (column stride 1).
+    pub c: View,
+    /// `B` is a constant read the same by every batch entry: packed once at compile time.
+    pub weight: bool,
+}
+
+/// One launch.
+#[derive(Clone, Debug)]
+pub enum StepKind {
+    /// A generated loop program over its arguments.
+    Loop {
+        program: usize,
+        args: Vec<BufId>,
+    },
+    MatMul(MatMulStep),
+}
+
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// The fusion group the step belongs to.
+    pub group: usize,
+    pub kind: StepKind,
+}
+
+/// A fusion group as the plan runs it: its kind and its steps.
+#[derive(Clone, Debug)]
+pub struct GroupSteps {
+    pub kind: GroupKind,
+    pub steps: std::ops::Range<usize>,
+}
+
+/// The lowered model.
+#[derive(Clone, Debug, Default)]
+pub struct ModelPlan {
+    pub dims: DimTable,
+    pub buffers: Vec<Buffer>,
+    /// Distinct loop programs (groups of the same signature share one).
+    pub programs: Vec<LoopProgram>,
+    pub steps: Vec<Step>,
+    pub groups: Vec<GroupSteps>,
+    pub inputs: Vec<BufId>,
+    pub outputs: Vec<BufId>,
+}
+
+impl ModelPlan {
+    /// Buffers and the steps that touch them: set `first` and `last`.
+    pub(crate) fn compute_lifetimes(&mut self) {
+        let n = self.steps.len();
+        for b in &mut self.buffers {
+            b.first = n;
+            b.last = 0;
+        }
+        for (i, s) in self.steps.iter().enumerate() {
+            let touched: Vec<BufId> = match &s.kind {
+                StepKind::Loop { args, .. } => args.clone(),
+                StepKind::MatMul(m) => vec![m.a.buf, m.b.buf, m.c.buf],
+            };
+            for b in touched {
+                let buf = &mut self.buffers[b];
+                buf.first = buf.first.min(i);
+                buf.last = buf.last.max(i);
+            }
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! The readable text form of programs and plans (`anyshape inspect --stage
+//! programs`): one `let` per shared or reducing subexpression, the rest inline.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use ir::DType;
+
+use crate::expr::{Exprs, Node, E};
+use crate::plan::{BufferKind, ModelPlan, StepKind, View};
+use crate::program::LoopProgram;
+
+/// A program as text; without `names`, parameters and the program are unnamed
+/// (the form that decides whether two groups share one kernel).
+pub fn print_program(p: &LoopProgram, names: bool) -> String {
+    let mut s = String::new();
+    let space: Vec<String> = p
+        .vars
+        .iter()
+        .zip(&p.space)
+        .map(|(v, e)| {
+            format!("{} < {}", expr(&p.exprs, *v, &HashMap::new()), expr(&p.exprs, *e, &HashMap::new()))
+        })
+        .collect();
+    let _ = writeln!(s, "program {}", if names { p.name.as_str() } else { "_" });
+    for (i, q) in p.params.iter().enumerate() {
+        let shape: Vec<String> = q.shape.iter().map(|e| expr(&p.exprs, *e, &HashMap::new())).collect();
+        let kind = if q.written { "out" } else { "in" };
+        let name = if names { format!(" \"{}\"", q.name) } else { String::new() };
+        let _ = writeln!(s, "  %{i}: {kind} {}[{}]{name}", q.dtype, shape.join(", "));
+    }
+    let _ = writeln!(s, "  for {}:", space.join(", "));
+    // Shared and reducing subexpressions get a name, in dependence order.
+    let mut uses = vec![0usize; p.exprs.len()];
+    let mut order = Vec::new();
+    let mut seen = vec![false; p.exprs.len()];
+    for st in &p.stores {
+        count(&p.exprs, st.value, &mut uses, &mut seen, &mut order);
+    }
+    let mut named: HashMap<E, String> = HashMap::new();
+    for e in order {
+        let shared =
+            uses[e.index()] > 1 && !matches!(p.exprs.node(e), Node::Var(_) | Node::Dim(_) | Node::Const(_));
+        if shared || matches!(p.exprs.node(e), Node::Reduce { .. }) {
+            let text = expr(&p.exprs, e, &named);
+            let name = format!("t{}", named.len());
+            let _ = writeln!(s, "    {name}: {} = {text}", p.exprs.dtype(e));
+            named.insert(e, name);
+        }
+    }
+    for st in &p.stores {
+        let _ = writeln!(s, "    %{}[·] = {}", st.param, expr(&p.exprs, st.value, &named));
+    }
+    for (i, c) in p.checks.iter().enumerate() {
+        let _ = writeln!(s, "  error #{}: {c}", i + 1);
+    }
+    s
+}
+
+fn children(n: &Node) -> Vec<E> {
+    match n {
+        Node::Var(_) | Node::Dim(_) | Node::Const(_) => vec![],
+        Node::Load { index, guard, .. } => index.iter().chain(guard).copied().collect(),
+        Node::Unary(_, a) | Node::Cast(a) => vec![*a],
+        Node::Binary(_, a, b) => vec![*a, *b],
+        Node::Select(a, b, c) => vec![*a, *b, *c],
+        Node::Check { ok, value, .. } => vec![*ok, *value],
+        Node::Reduce { body, .. } => vec![*body],
+    }
+}
+
+fn count(x: &Exprs, e: E, uses: &mut [usize], seen: &mut [bool], order: &mut Vec<E>) {
+    uses[e.index()] += 1;
+    if seen[e.index()] {
+        return;
+    }
+    seen[e.index()] = true;
+    if let Node::Reduce { vars, .. } = x.node(e) {
+        for v in vars {
+            let ext = x.extents[*v as usize];
+            count(x, ext, uses, seen, order);
+        }
+    }
+    for c in children(x.node(e)) {
+        count(x, c, uses, seen, order);
+    }
+    order.push(e);
+}
+
+fn constant(x: &Exprs, e: E, bits: u64) -> String {
+    let dt = x.dtype(e);
+    if dt.is_float() {
+        let v = f64::from_bits(bits);
+        if dt == DType::F32 {
+            format!("{v:?}")
+        } else {
+            format!("{v:?}:{dt}")
+        }
+    } else if dt == DType::I64 {
+        format!("{}", bits as i64)
+    } else {
+        format!("{}:{dt}", bits as i64)
+    }
+}
+
+/// One expression, with the names given so far.
+fn expr(x: &Exprs, e: E, named: &HashMap<E, String>) -> String {
+    if let Some(n) = named.get(&e) {
+        return n.clone();
+    }
+    let sub = |c: E| expr(x, c, named);
+    match x.node(e) {
+        Node::Var(v) => format!("i{v}"),
+        Node::Dim(d) => format!("d{d}"),
+        Node::Const(b) => constant(x, e, *b),
+        Node::Load { buf, index, guard } => {
+            let idx: Vec<String> = index.iter().map(|i| sub(*i)).collect();
+            match guard {
+                Some(gd) => format!("%{buf}[{}] if {}", idx.join(", "), sub(*gd)),
+                None => format!("%{buf}[{}]", idx.join(", ")),
+            }
+        }
+        Node::Unary(op, a) => format!("{}({})", ir::Op::Unary(*op).name(), sub(*a)),
+        Node::Binary(op, a, b) => format!("{}({}, {})", ir::Op::Binary(*op).name(), sub(*a), sub(*b)),
+        Node::Select(c, a, b) => format!("select({}, {}, {})", sub(*c), sub(*a), sub(*b)),
+        Node::Cast(a) => format!("cast<{}>({})", x.dtype(e), sub(*a)),
+        Node::Check { ok, code, value } => format!("check({}, #{code}, {})", sub(*ok), sub(*value)),
+        Node::Reduce { combine, vars, body } => {
+            let vs: Vec<String> =
+                vars.iter().map(|v| format!("i{v} < {}", sub(x.extents[*v as usize]))).collect();
+            format!("{combine}({}: {})", vs.join(", "), sub(*body))
+        }
+    }
+}
+
+fn view(v: &View) -> String {
+    let batch: Vec<String> = v.batch.iter().map(|d| format!("d{d}")).collect();
+    format!("b{}+d{} strides [{}] d{} d{}", v.buf, v.offset, batch.join(", "), v.rs, v.cs)
+}
+
+/// The whole plan: dims, buffers, programs and steps by group.
+pub fn print_plan(p: &ModelPlan) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "dims:");
+    for (i, e) in p.dims.exprs().iter().enumerate() {
+        let _ = writeln!(s, "  d{i} = {e}");
+    }
+    let _ = writeln!(s, "buffers:");
+    for (i, b) in p.buffers.iter().enumerate() {
+        let shape: Vec<String> = b.shape.iter().map(|d| d.to_string()).collect();
+        let kind = match &b.kind {
+            BufferKind::Input(k) => format!("input {k}"),
+            BufferKind::Output(k) => format!("output {k}"),
+            BufferKind::Constant(_) => "constant".to_string(),
+            BufferKind::Temp => format!("temp, steps {}..={}", b.first, b.last),
+        };
+        let _ = writeln!(s, "  b{i}: {}[{}] \"{}\" ({kind})", b.dtype, shape.join(", "), b.name);
+    }
+    for (i, prog) in p.programs.iter().enumerate() {
+        let _ = write!(s, "p{i}: {}", print_program(prog, true));
+    }
+    for (gi, g) in p.groups.iter().enumerate() {
+        let _ = writeln!(s, "group {gi}: {}", g.kind);
+        for st in &p.steps[g.steps.clone()] {
+            match &st.kind {
+                StepKind::Loop { program, args } => {
+                    let a: Vec<String> = args.iter().map(|b| format!("b{b}")).collect();
+                    let _ = writeln!(s, "  loop p{program}({})", a.join(", "));
+                }
+                StepKind::MatMul(m) => {
+                    let batch: Vec<String> = m.batch.iter().map(|d| format!("d{d}")).collect();
+                    let _ = writeln!(
+                        s,
+                        "  matmul [{}] m d{} n d{} k d{}{}: A {} · B {} → C {}",
+                        batch.join(", "),
+                        m.m,
+                        m.n,
+                        m.k,
+                        if m.weight { " (weight)" } else { "" },
+                        view(&m.a),
+                        view(&m.b),
+                        view(&m.c)
+                    );
+                }
+            }
+        }
+    }
+    s
+}

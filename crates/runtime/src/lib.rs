@@ -1,0 +1,502 @@
+//! The runtime (DESIGN.md §7, BladeDISC §6): a [`CompiledModel`] holds the
+//! generated kernels, the execution plan, the buffer plan and the contraction
+//! engine's dispatcher, and runs any input shape the model's symbols allow.
+//!
+//! `run` binds the symbols from the inputs and checks every shape fact, then
+//! looks up (or builds, once per input-shape signature) the [`shape`] plan: the
+//! dim table evaluated, buffer sizes, arena offsets by lifetime, rows per loop
+//! and batch entries per matmul. A call then does pointer arithmetic and
+//! launches: no compilation, tuning or search. Concurrent calls each take an
+//! arena of their own from a pool. No LLVM here.
+
+mod shape;
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use ir::{DType, Elems, Tensor, TensorType};
+use kernels::{BOperand, Dispatcher, EpilogueArgs, MatMut, MatRef, PackedB, ThreadPool};
+use lower::{BufferKind, LoopFn, ModelPlan, StepKind};
+use sym::{DimFact, ShapeEnv, SymError};
+
+pub use shape::MAX_ELEMS;
+use shape::{ShapePlan, StepShape};
+
+/// What can go wrong in a call, each naming what and where.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RunError {
+    #[error("missing input '{name}' (the model's inputs are: {expected})")]
+    MissingInput { name: String, expected: String },
+    #[error("unknown input '{name}' (the model's inputs are: {expected})")]
+    UnknownInput { name: String, expected: String },
+    #[error("input '{0}' is given more than once")]
+    DuplicateInput(String),
+    #[error("input '{name}' must be {expected} ({ty}), got {got}")]
+    InputDType { name: String, expected: DType, ty: String, got: DType },
+    #[error("input '{name}' must have rank {rank} ({ty}), got shape {got:?}")]
+    InputRank { name: String, rank: usize, ty: String, got: Vec<usize> },
+    /// An input shape breaks a fact of the model (the message names the input, the dim and the rule).
+    #[error("input shapes do not fit the model: {0}")]
+    Binding(SymError),
+    #[error("{0}")]
+    Shape(String),
+    /// A kernel found bad data (a gather index out of range, an integer division by zero).
+    #[error("{0}")]
+    Kernel(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl RunError {
+    /// Whether the inputs are at fault rather than anyshape.
+    pub fn is_user_error(&self) -> bool {
+        !matches!(self, RunError::Internal(_))
+    }
+}
+
+/// What the compiler hands the runtime.
+pub struct ModelParts {
+    pub plan: ModelPlan,
+    pub env: ShapeEnv,
+    pub inputs: Vec<(String, TensorType)>,
+    pub outputs: Vec<(String, TensorType)>,
+    /// The entry of each of the plan's loop programs.
+    pub loops: Vec<LoopFn>,
+    /// The contraction engine for the plan's matmuls (none when it has none).
+    pub dispatcher: Option<Dispatcher>,
+    pub pool: ThreadPool,
+    /// Owners of the machine code the function pointers point into.
+    pub code: Vec<Box<dyn Any + Send + Sync>>,
+}
+
+/// A compiled model: `Send + Sync`, any number of threads may call [`CompiledModel::run`].
+pub struct CompiledModel {
+    plan: ModelPlan,
+    env: ShapeEnv,
+    inputs: Vec<(String, TensorType)>,
+    outputs: Vec<(String, TensorType)>,
+    loops: Vec<LoopFn>,
+    dispatcher: Option<Dispatcher>,
+    /// The packed weight of each matmul step that has one.
+    packed: Vec<Option<PackedB>>,
+    /// Aligned copies of constants whose bytes are not aligned to their type.
+    aligned: Vec<Option<Vec<u64>>>,
+    pool: ThreadPool,
+    shapes: RwLock<HashMap<Vec<i64>, Arc<ShapePlan>>>,
+    arenas: Mutex<Vec<Vec<Line>>>,
+    // Declared last: dropped after everything that points into it.
+    _code: Vec<Box<dyn Any + Send + Sync>>,
+}
+
+/// One cache line of arena memory (the arena's alignment).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// Elements per row-range below which a loop runs on the calling thread: a
+/// fork-join costs a few microseconds, more than a small row range takes.
+const PARALLEL_MIN: usize = 1 << 15;
+
+/// Row counts a weight is packed for (a geometric sweep of M).
+const PACK_ROWS: [usize; 5] = [1, 8, 64, 512, 4096];
+
+impl CompiledModel {
+    /// Assemble a compiled model; packs every weight for the contraction engine.
+    pub fn new(parts: ModelParts) -> Result<CompiledModel, RunError> {
+        let ModelParts { plan, env, inputs, outputs, loops, dispatcher, pool, code } = parts;
+        if loops.len() != plan.programs.len() {
+            return Err(RunError::Internal(format!(
+                "{} loop programs, {} compiled",
+                plan.programs.len(),
+                loops.len()
+            )));
+        }
+        let aligned = plan
+            .buffers
+            .iter()
+            .map(|b| match &b.kind {
+                BufferKind::Constant(c)
+                    if !(c.bytes().as_ptr() as usize).is_multiple_of(b.dtype.size().max(1)) =>
+                {
+                    let mut v = vec![0u64; c.bytes().len().div_ceil(8)];
+                    // SAFETY: `v` holds at least as many bytes as the constant, and
+                    // the two allocations are distinct.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            c.bytes().as_ptr(),
+                            v.as_mut_ptr() as *mut u8,
+                            c.bytes().len(),
+                        )
+                    };
+                    Some(v)
+                }
+                _ => None,
+            })
+            .collect();
+        let mut m = CompiledModel {
+            plan,
+            env,
+            inputs,
+            outputs,
+            loops,
+            dispatcher,
+            packed: Vec::new(),
+            aligned,
+            pool,
+            shapes: RwLock::new(HashMap::new()),
+            arenas: Mutex::new(Vec::new()),
+            _code: code,
+        };
+        m.packed = m.pack_weights()?;
+        Ok(m)
+    }
+
+    fn constant_ptr(&self, b: usize) -> Option<*const u8> {
+        match (&self.plan.buffers[b].kind, &self.aligned[b]) {
+            (_, Some(v)) => Some(v.as_ptr() as *const u8),
+            (BufferKind::Constant(c), None) => Some(c.bytes().as_ptr()),
+            _ => None,
+        }
+    }
+
+    fn pack_weights(&self) -> Result<Vec<Option<PackedB>>, RunError> {
+        let mut out = Vec::with_capacity(self.plan.steps.len());
+        let fixed = |s: u32| -> Result<usize, RunError> {
+            self.plan.dims.exprs()[s as usize]
+                .as_const()
+                .and_then(|v| usize::try_from(v).ok())
+                .ok_or_else(|| RunError::Internal("a weight of symbolic shape".into()))
+        };
+        for st in &self.plan.steps {
+            let StepKind::MatMul(mm) = &st.kind else {
+                out.push(None);
+                continue;
+            };
+            if !mm.weight {
+                out.push(None);
+                continue;
+            }
+            let d =
+                self.dispatcher.as_ref().ok_or_else(|| RunError::Internal("no contraction engine".into()))?;
+            let buf = &self.plan.buffers[mm.b.buf];
+            let ptr = self
+                .constant_ptr(mm.b.buf)
+                .ok_or_else(|| RunError::Internal("weight is not constant".into()))?;
+            let len = buf.shape.iter().map(|e| e.as_const().unwrap_or(0) as usize).product::<usize>();
+            // SAFETY: the constant holds `len` f32 values (its type), aligned (checked
+            // above, else copied), and lives as long as the model.
+            let data = unsafe { std::slice::from_raw_parts(ptr as *const f32, len) };
+            let (k, n) = (fixed(mm.k)?, fixed(mm.n)?);
+            let off = fixed(mm.b.offset)?;
+            let view = MatRef::new(&data[off.min(len)..], k, n, fixed(mm.b.rs)?, fixed(mm.b.cs)?)
+                .map_err(|e| RunError::Internal(e.to_string()))?;
+            out.push(Some(d.pack_weight(view, &PACK_ROWS).map_err(|e| RunError::Internal(e.to_string()))?));
+        }
+        Ok(out)
+    }
+
+    pub fn inputs(&self) -> &[(String, TensorType)] {
+        &self.inputs
+    }
+    pub fn outputs(&self) -> &[(String, TensorType)] {
+        &self.outputs
+    }
+    pub fn plan(&self) -> &ModelPlan {
+        &self.plan
+    }
+    /// Input-shape signatures planned so far.
+    pub fn shapes_planned(&self) -> usize {
+        self.shapes.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    /// Check the inputs and bind the symbols; returns the shape signature.
+    fn bind(&self, inputs: &[(&str, Tensor)]) -> Result<(Vec<i64>, sym::Bindings), RunError> {
+        let expected = || self.inputs.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ");
+        for (i, (name, _)) in inputs.iter().enumerate() {
+            if !self.inputs.iter().any(|(n, _)| n == name) {
+                return Err(RunError::UnknownInput { name: name.to_string(), expected: expected() });
+            }
+            if inputs[..i].iter().any(|(n, _)| n == name) {
+                return Err(RunError::DuplicateInput(name.to_string()));
+            }
+        }
+        let mut facts = Vec::new();
+        let mut key = Vec::new();
+        for (name, ty) in &self.inputs {
+            let Some((_, t)) = inputs.iter().find(|(n, _)| n == name) else {
+                return Err(RunError::MissingInput { name: name.clone(), expected: expected() });
+            };
+            if t.dtype() != ty.dtype {
+                let (expected, got) = (ty.dtype, t.dtype());
+                return Err(RunError::InputDType { name: name.clone(), expected, ty: ty.to_string(), got });
+            }
+            if t.shape().len() != ty.rank() {
+                let got = t.shape().to_vec();
+                return Err(RunError::InputRank {
+                    name: name.clone(),
+                    rank: ty.rank(),
+                    ty: ty.to_string(),
+                    got,
+                });
+            }
+            for (i, (expr, &d)) in ty.shape.iter().zip(t.shape()).enumerate() {
+                let value = i64::try_from(d).unwrap_or(i64::MAX);
+                key.push(value);
+                facts.push(DimFact { expr: expr.clone(), value, what: format!("input '{name}' dim {i}") });
+            }
+        }
+        let b = self.env.bind(&facts).map_err(RunError::Binding)?;
+        Ok((key, b))
+    }
+
+    fn shape_plan(&self, inputs: &[(&str, Tensor)]) -> Result<Arc<ShapePlan>, RunError> {
+        let (key, b) = self.bind(inputs)?;
+        if let Some(p) = self.shapes.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(ShapePlan::build(&self.plan, &self.env, &b)?);
+        self.shapes.write().unwrap_or_else(|e| e.into_inner()).insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// Run on named inputs of any shape the symbols allow; outputs in model order.
+    pub fn run(&self, inputs: &[(&str, Tensor)]) -> Result<Vec<(String, Tensor)>, RunError> {
+        let sp = self.shape_plan(inputs)?;
+        let lines = sp.arena_bytes.div_ceil(64);
+        let mut arena = self.arenas.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
+        if arena.len() < lines {
+            arena = vec![Line([0; 64]); lines];
+        }
+        let mut outs: Vec<Elems> =
+            self.plan.outputs.iter().map(|b| zeros(self.plan.buffers[*b].dtype, sp.numel[*b])).collect();
+        let mut ptrs: Vec<*mut u8> = vec![std::ptr::null_mut(); self.plan.buffers.len()];
+        for (i, buf) in self.plan.buffers.iter().enumerate() {
+            ptrs[i] = match &buf.kind {
+                BufferKind::Input(k) => {
+                    let name = &self.inputs[*k].0;
+                    let t = inputs.iter().find(|(n, _)| n == name).map(|(_, t)| t);
+                    t.map_or(std::ptr::null_mut(), |t| elems_ptr(t.elems()) as *mut u8)
+                }
+                BufferKind::Output(k) => elems_mut_ptr(&mut outs[*k]),
+                BufferKind::Constant(_) => self.constant_ptr(i).unwrap_or(std::ptr::null()) as *mut u8,
+                // SAFETY: the offset plus the buffer's bytes is within the arena (the
+                // shape plan sized it so).
+                BufferKind::Temp => unsafe { (arena.as_mut_ptr() as *mut u8).add(sp.offset[i]) },
+            };
+        }
+        let result = self.execute(&sp, &ptrs);
+        self.arenas.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
+        result?;
+        self.plan
+            .outputs
+            .iter()
+            .zip(outs)
+            .enumerate()
+            .map(|(k, (b, e))| {
+                let shape: Vec<usize> = self.plan.buffers[*b]
+                    .shape
+                    .iter()
+                    .map(|d| self.eval_dim(&sp, d))
+                    .collect::<Result<_, _>>()?;
+                let t = Tensor::new(shape, e).map_err(|e| RunError::Internal(e.to_string()))?;
+                Ok((self.outputs[k].0.clone(), t))
+            })
+            .collect()
+    }
+
+    fn eval_dim(&self, sp: &ShapePlan, d: &sym::SymExpr) -> Result<usize, RunError> {
+        let v = match d.as_const() {
+            Some(c) => c,
+            None => {
+                let e = self.env.normalize(d);
+                let slot = self.plan.dims.exprs().iter().position(|x| *x == e);
+                match slot {
+                    Some(s) => sp.dims[s],
+                    None => {
+                        return Err(RunError::Internal(format!("output dim {d} is not in the dim table")))
+                    }
+                }
+            }
+        };
+        usize::try_from(v).map_err(|_| RunError::Internal(format!("output dim {d} is {v}")))
+    }
+
+    fn execute(&self, sp: &ShapePlan, ptrs: &[*mut u8]) -> Result<(), RunError> {
+        let mut args: Vec<*mut u8> = Vec::new();
+        for (i, st) in self.plan.steps.iter().enumerate() {
+            match (&st.kind, &sp.steps[i]) {
+                (StepKind::Loop { program, args: bufs }, StepShape::Loop { rows, inner }) => {
+                    args.clear();
+                    args.extend(bufs.iter().map(|b| ptrs[*b]));
+                    self.run_loop(*program, &args, &sp.dims, *rows, *inner)?;
+                }
+                (StepKind::MatMul(mm), StepShape::MatMul(ms)) => self.run_matmul(i, mm, ms, sp, ptrs)?,
+                _ => return Err(RunError::Internal("a step and its shape disagree".into())),
+            }
+        }
+        Ok(())
+    }
+
+    fn run_loop(
+        &self,
+        program: usize,
+        args: &[*mut u8],
+        dims: &[i64],
+        rows: usize,
+        inner: usize,
+    ) -> Result<(), RunError> {
+        if rows == 0 || inner == 0 {
+            return Ok(());
+        }
+        let f = self.loops[program];
+        let threads = self.pool.threads();
+        let status = if threads > 1 && rows >= 2 && rows.saturating_mul(inner) >= PARALLEL_MIN {
+            let shared = Shared { args: args.as_ptr(), dims: dims.as_ptr() };
+            let first = AtomicI64::new(0);
+            let chunk = rows.div_ceil(threads);
+            self.pool.run(&|t| {
+                let (b, e) = (t * chunk, ((t + 1) * chunk).min(rows));
+                if b < e {
+                    // SAFETY: see `call`; threads run disjoint row ranges, so no element is
+                    // written by two of them.
+                    let s = unsafe { call(f, shared, b, e) };
+                    if s != 0 {
+                        let _ = first.compare_exchange(0, s, Ordering::SeqCst, Ordering::SeqCst);
+                    }
+                }
+            });
+            first.load(Ordering::SeqCst)
+        } else {
+            // SAFETY: see `call`.
+            unsafe { call(f, Shared { args: args.as_ptr(), dims: dims.as_ptr() }, 0, rows) }
+        };
+        if status != 0 {
+            let checks = &self.plan.programs[program].checks;
+            let msg =
+                checks.get(status as usize - 1).cloned().unwrap_or_else(|| format!("kernel error {status}"));
+            return Err(RunError::Kernel(msg));
+        }
+        Ok(())
+    }
+
+    fn run_matmul(
+        &self,
+        step: usize,
+        mm: &lower::MatMulStep,
+        ms: &shape::MatMulShape,
+        sp: &ShapePlan,
+        ptrs: &[*mut u8],
+    ) -> Result<(), RunError> {
+        if ms.m == 0 || ms.n == 0 || ms.entries.is_empty() {
+            return Ok(());
+        }
+        let d = self.dispatcher.as_ref().ok_or_else(|| RunError::Internal("no contraction engine".into()))?;
+        let shape_err = |e: kernels::KernelError| RunError::Internal(e.to_string());
+        let whole = |b: usize| -> &[f32] {
+            // SAFETY: buffer `b` holds `numel` f32 values at `ptrs[b]` (an input, output,
+            // constant or arena block of this call, aligned), alive for the call; it
+            // is only read here, and no buffer read by a matmul is its output.
+            unsafe { std::slice::from_raw_parts(ptrs[b] as *const f32, sp.numel[b]) }
+        };
+        let (a_all, b_all) = (whole(mm.a.buf), whole(mm.b.buf));
+        let mut a = Vec::with_capacity(ms.entries.len());
+        let mut b = Vec::with_capacity(ms.entries.len());
+        let mut c = Vec::with_capacity(ms.entries.len());
+        let c_len = (ms.m - 1) * ms.rs[2] + ms.n;
+        fn view<'a>(
+            all: &'a [f32],
+            off: usize,
+            rows: usize,
+            cols: usize,
+            rs: usize,
+            cs: usize,
+        ) -> Result<MatRef<'a>, RunError> {
+            MatRef::new(all.get(off..).unwrap_or(&[]), rows, cols, rs, cs)
+                .map_err(|e| RunError::Internal(e.to_string()))
+        }
+        for e in &ms.entries {
+            a.push(view(a_all, e[0], ms.m, ms.k, ms.rs[0], ms.cs[0])?);
+            b.push(match &self.packed[step] {
+                Some(p) => BOperand::Packed(p),
+                None => BOperand::Plain(view(b_all, e[1], ms.k, ms.n, ms.rs[1], ms.cs[1])?),
+            });
+            if e[2] + c_len > sp.numel[mm.c.buf] || ms.cs[2] != 1 {
+                return Err(RunError::Internal("a matmul output outside its buffer".into()));
+            }
+            // SAFETY: the entries of C are disjoint row-major blocks of its buffer
+            // (checked in bounds above), which no operand of this matmul reads.
+            let cs = unsafe { std::slice::from_raw_parts_mut((ptrs[mm.c.buf] as *mut f32).add(e[2]), c_len) };
+            c.push(MatMut::new(cs, ms.m, ms.n, ms.rs[2]).map_err(shape_err)?);
+        }
+        d.batched(&self.pool, &a, &b, &mut c, &EpilogueArgs::default()).map_err(shape_err)?;
+        Ok(())
+    }
+}
+
+/// A loop's arguments, shared by the threads of one launch.
+#[derive(Clone, Copy)]
+struct Shared {
+    args: *const *mut u8,
+    dims: *const i64,
+}
+// SAFETY: the pointers are read-only tables valid for the launch, which returns
+// only after every thread is done; the buffers they point to are written at
+// disjoint rows by the threads.
+unsafe impl Send for Shared {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Shared {}
+
+/// Run rows `b..e` of a generated loop program.
+///
+/// # Safety
+/// `s.args` holds one pointer per parameter of the program `f` was generated
+/// from, each to a live buffer of the size the shape plan gives it, and
+/// `s.dims` the model's whole dim table evaluated for the call: what the code
+/// generator assumed.
+unsafe fn call(f: LoopFn, s: Shared, b: usize, e: usize) -> i64 {
+    f(s.args, s.dims, b as i64, e as i64)
+}
+
+fn zeros(dt: DType, n: usize) -> Elems {
+    match dt {
+        DType::F32 => Elems::F32(vec![0.0; n]),
+        DType::F64 => Elems::F64(vec![0.0; n]),
+        DType::F16 => Elems::F16(vec![0; n]),
+        DType::I8 => Elems::I8(vec![0; n]),
+        DType::U8 => Elems::U8(vec![0; n]),
+        DType::I32 => Elems::I32(vec![0; n]),
+        DType::I64 => Elems::I64(vec![0; n]),
+        DType::Bool => Elems::Bool(vec![false; n]),
+    }
+}
+
+fn elems_ptr(e: &Elems) -> *const u8 {
+    match e {
+        Elems::F32(v) => v.as_ptr() as *const u8,
+        Elems::F64(v) => v.as_ptr() as *const u8,
+        Elems::F16(v) => v.as_ptr() as *const u8,
+        Elems::I8(v) => v.as_ptr() as *const u8,
+        Elems::U8(v) => v.as_ptr(),
+        Elems::I32(v) => v.as_ptr() as *const u8,
+        Elems::I64(v) => v.as_ptr() as *const u8,
+        Elems::Bool(v) => v.as_ptr() as *const u8,
+    }
+}
+
+fn elems_mut_ptr(e: &mut Elems) -> *mut u8 {
+    match e {
+        Elems::F32(v) => v.as_mut_ptr() as *mut u8,
+        Elems::F64(v) => v.as_mut_ptr() as *mut u8,
+        Elems::F16(v) => v.as_mut_ptr() as *mut u8,
+        Elems::I8(v) => v.as_mut_ptr() as *mut u8,
+        Elems::U8(v) => v.as_mut_ptr(),
+        Elems::I32(v) => v.as_mut_ptr() as *mut u8,
+        Elems::I64(v) => v.as_mut_ptr() as *mut u8,
+        Elems::Bool(v) => v.as_mut_ptr() as *mut u8,
+    }
+}

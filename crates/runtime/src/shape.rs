@@ -1,0 +1,163 @@
+//! The per-shape plan (built once per input-shape signature, then memoized):
+//! every dim of the table evaluated, every buffer's size, the arena offsets of
+//! the temporaries (first fit by lifetime), each loop step's rows and each
+//! matmul's batch entries.
+
+use lower::{BufferKind, ModelPlan, StepKind};
+use sym::{Bindings, ShapeEnv};
+
+use crate::RunError;
+
+/// The most elements one buffer may have (larger shapes are an error, not an
+/// allocation attempt).
+pub const MAX_ELEMS: usize = 1 << 34;
+
+/// Where arena buffers start: a cache line apart.
+const ALIGN: usize = 64;
+
+/// One matmul's problem at this shape, and the element offsets of each batch entry.
+#[derive(Clone, Debug)]
+pub(crate) struct MatMulShape {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub rs: [usize; 3],
+    pub cs: [usize; 3],
+    /// `(a, b, c)` element offsets per batch entry.
+    pub entries: Vec<[usize; 3]>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum StepShape {
+    /// Rows of the nest and elements per row.
+    Loop {
+        rows: usize,
+        inner: usize,
+    },
+    MatMul(MatMulShape),
+}
+
+/// Everything a call at one shape needs besides the data.
+#[derive(Debug)]
+pub(crate) struct ShapePlan {
+    pub dims: Vec<i64>,
+    pub numel: Vec<usize>,
+    /// Byte offset of each temporary in the arena (unused for other buffers).
+    pub offset: Vec<usize>,
+    pub arena_bytes: usize,
+    pub steps: Vec<StepShape>,
+}
+
+fn usize_of(v: i64, what: &str) -> Result<usize, RunError> {
+    usize::try_from(v).map_err(|_| RunError::Shape(format!("{what} is {v}, not a size")))
+}
+
+impl ShapePlan {
+    pub fn build(plan: &ModelPlan, env: &ShapeEnv, b: &Bindings) -> Result<ShapePlan, RunError> {
+        let dims = plan
+            .dims
+            .exprs()
+            .iter()
+            .map(|e| env.eval(e, b).map_err(|err| RunError::Shape(format!("evaluating {e}: {err}"))))
+            .collect::<Result<Vec<i64>, _>>()?;
+        let mut numel = Vec::with_capacity(plan.buffers.len());
+        for buf in &plan.buffers {
+            let n = usize_of(dims[buf.numel as usize], &format!("the size of '{}'", buf.name))?;
+            if n > MAX_ELEMS || n.checked_mul(buf.dtype.size()).is_none() {
+                return Err(RunError::Shape(format!(
+                    "'{}' would have {n} elements, more than the {MAX_ELEMS} allowed",
+                    buf.name
+                )));
+            }
+            numel.push(n);
+        }
+        // Temporaries: first fit among the blocks live at the same time.
+        let mut order: Vec<usize> =
+            (0..plan.buffers.len()).filter(|i| matches!(plan.buffers[*i].kind, BufferKind::Temp)).collect();
+        order.sort_by_key(|i| (plan.buffers[*i].first, std::cmp::Reverse(numel[*i])));
+        let mut offset = vec![0usize; plan.buffers.len()];
+        let mut placed: Vec<(usize, usize, usize, usize)> = Vec::new(); // (offset, bytes, first, last)
+        let mut arena_bytes = 0usize;
+        for i in order {
+            let buf = &plan.buffers[i];
+            let bytes = (numel[i] * buf.dtype.size()).div_ceil(ALIGN) * ALIGN;
+            let mut live: Vec<(usize, usize)> = placed
+                .iter()
+                .filter(|p| p.2 <= buf.last && buf.first <= p.3)
+                .map(|p| (p.0, p.0 + p.1))
+                .collect();
+            live.sort_unstable();
+            let mut at = 0usize;
+            for (s, e) in live {
+                if at + bytes <= s {
+                    break;
+                }
+                at = at.max(e);
+            }
+            offset[i] = at;
+            placed.push((at, bytes, buf.first, buf.last));
+            arena_bytes = arena_bytes.max(at + bytes);
+        }
+        let d = |s: u32| dims[s as usize];
+        let mut steps = Vec::with_capacity(plan.steps.len());
+        for st in &plan.steps {
+            steps.push(match &st.kind {
+                StepKind::Loop { program, .. } => {
+                    let p = &plan.programs[*program];
+                    let ext = |e: lower::E| -> Result<usize, RunError> {
+                        let v = match p.exprs.node(e) {
+                            lower::Node::Dim(s) => d(*s),
+                            lower::Node::Const(c) => *c as i64,
+                            _ => return Err(RunError::Internal("a loop extent is not a dim".into())),
+                        };
+                        usize_of(v, "a loop extent")
+                    };
+                    let total = p
+                        .space
+                        .iter()
+                        .try_fold(1usize, |a, e| Ok::<_, RunError>(a.saturating_mul(ext(*e)?)))?;
+                    let inner = match p.inner() {
+                        Some(i) => ext(p.space[i])?,
+                        None => 1,
+                    };
+                    StepShape::Loop { rows: total.checked_div(inner).unwrap_or(0), inner }
+                }
+                StepKind::MatMul(mm) => {
+                    let ext: Vec<usize> = mm
+                        .batch
+                        .iter()
+                        .map(|s| usize_of(d(*s), "a batch extent"))
+                        .collect::<Result<_, _>>()?;
+                    let count = ext.iter().product::<usize>();
+                    let views = [&mm.a, &mm.b, &mm.c];
+                    let mut entries = Vec::with_capacity(count);
+                    for e in 0..count {
+                        let mut rest = e;
+                        let mut off = [0usize; 3];
+                        for (j, v) in views.iter().enumerate() {
+                            off[j] = usize_of(d(v.offset), "a view offset")?;
+                        }
+                        for bd in (0..ext.len()).rev() {
+                            let i = rest % ext[bd];
+                            rest /= ext[bd];
+                            for (j, v) in views.iter().enumerate() {
+                                off[j] += i * usize_of(d(v.batch[bd]), "a batch stride")?;
+                            }
+                        }
+                        entries.push(off);
+                    }
+                    let s = |x: u32| usize_of(d(x), "a stride");
+                    StepShape::MatMul(MatMulShape {
+                        m: usize_of(d(mm.m), "M")?,
+                        n: usize_of(d(mm.n), "N")?,
+                        k: usize_of(d(mm.k), "K")?,
+                        rs: [s(mm.a.rs)?, s(mm.b.rs)?, s(mm.c.rs)?],
+                        cs: [s(mm.a.cs)?, s(mm.b.cs)?, s(mm.c.cs)?],
+                        entries,
+                    })
+                }
+            });
+        }
+        Ok(ShapePlan { dims, numel, offset, arena_bytes, steps })
+    }
+}
