@@ -129,6 +129,13 @@ impl Model {
         Model::from_graph(onnx::import_bytes(bytes, &opts.import)?, opts)
     }
 
+    /// A model from IR (its text form: `ir::parse_graph`); the IR is verified and,
+    /// unless `opts` says otherwise, rewritten.
+    pub fn from_ir(graph: Graph, opts: &LoadOptions) -> Result<Model, Error> {
+        ir::verify(&graph)?;
+        Model::from_graph(graph, opts)
+    }
+
     fn from_graph(imported: Graph, opts: &LoadOptions) -> Result<Model, Error> {
         let mut graph = imported.clone();
         let report = if opts.rewrite {

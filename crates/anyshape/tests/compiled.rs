@@ -154,3 +154,81 @@ fn resnet_compiled_matches_interpreter() {
         check("resnet", &[("batch", 1 + i % 2), ("height", *h), ("width", *w)], 50 + i as u64);
     }
 }
+
+/// `CompiledModel` is shared between threads: concurrent calls at mixed shapes
+/// (each with an arena of its own) all give the interpreter's answers, and
+/// every shape is planned once.
+#[test]
+fn concurrent_calls_at_mixed_shapes() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<CompiledModel>();
+    let (model, cm) = compiled("gpt2");
+    let shapes = [(1usize, 1usize), (2, 7), (1, 17), (3, 64), (2, 33)];
+    let cases: Vec<(Vec<(String, Tensor)>, Vec<(String, Tensor)>)> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, (b, s))| {
+            let mut rng = Rng(1000 + i as u64);
+            let ins = inputs_for(model, &[("batch", *b), ("seq", *s)], &mut rng);
+            let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+            let want = model.run(&named).expect("interpreter");
+            (ins, want)
+        })
+        .collect();
+    let planned_before = cm.shapes_planned();
+    std::thread::scope(|scope| {
+        for t in 0..8 {
+            let cases = &cases;
+            scope.spawn(move || {
+                for call in 0..40 {
+                    let (ins, want) = &cases[(t + call) % cases.len()];
+                    let named: Vec<(&str, Tensor)> =
+                        ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+                    let got = cm.run(&named).expect("compiled");
+                    for ((_, g), (_, w)) in got.iter().zip(want) {
+                        assert!(max_rel_err(g, w) < 1e-4, "thread {t} call {call}");
+                    }
+                }
+            });
+        }
+    });
+    assert!(cm.shapes_planned() <= planned_before + shapes.len());
+}
+
+/// Bad inputs to a compiled model are errors naming what is wrong, never a
+/// crash: a shape outside the model's facts, a wrong dtype or rank, a token id
+/// out of the embedding table's range (caught by the generated gather).
+#[test]
+fn bad_inputs_are_errors() {
+    let (model, cm) = compiled("bert");
+    let mut rng = Rng(7);
+    let ok = inputs_for(model, &[("batch", 1), ("seq", 5)], &mut rng);
+    let run = |ins: &[(String, Tensor)]| {
+        let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        cm.run(&named).map(|_| ()).map_err(|e| e.to_string())
+    };
+    assert!(run(&ok).is_ok());
+    // seq is at most 64 (the position table).
+    let long = inputs_for(model, &[("batch", 1), ("seq", 65)], &mut rng);
+    let e = run(&long).expect_err("seq 65");
+    assert!(e.contains("input_ids") && e.contains("dim 1"), "{e}");
+    // Mismatched dims between inputs.
+    let mut mixed = ok.clone();
+    mixed[1] = (mixed[1].0.clone(), Tensor::new(vec![1, 6], Elems::I64(vec![1; 6])).expect("t"));
+    let e = run(&mixed).expect_err("mixed seq");
+    assert!(e.contains("attention_mask"), "{e}");
+    // Wrong dtype and rank.
+    let mut f = ok.clone();
+    f[0] = (f[0].0.clone(), Tensor::new(vec![1, 5], Elems::F32(vec![0.0; 5])).expect("t"));
+    assert!(run(&f).expect_err("dtype").contains("input_ids"));
+    let mut r = ok.clone();
+    r[0] = (r[0].0.clone(), Tensor::new(vec![5], Elems::I64(vec![0; 5])).expect("t"));
+    assert!(run(&r).expect_err("rank").contains("rank"));
+    // A token id past the vocabulary: the gather reports it, nothing is read out of bounds.
+    let mut bad = ok.clone();
+    bad[0] = (bad[0].0.clone(), Tensor::new(vec![1, 5], Elems::I64(vec![1, 2, 1000, 3, 4])).expect("t"));
+    let e = run(&bad).expect_err("id out of range");
+    assert!(e.contains("gather") && e.contains("out of range"), "{e}");
+    // The model still answers after errors.
+    assert!(run(&ok).is_ok());
+}

@@ -1,0 +1,258 @@
+//! Every kind of program, compiled, against the reference interpreter at random
+//! shapes drawn from the symbols' ranges (1, primes, one past a vector of 16 or
+//! 8 lanes): element-wise math, data movement (reshape, transpose, strided
+//! slice, concat, every pad mode, gather, iota, scan), reductions over leading,
+//! middle and trailing axes, softmax and layer norm (stitch), windows
+//! (convolutions with stride, dilation, padding and groups, pooling, transposed
+//! convolution) and matmuls. Each graph runs with and without the rewrites.
+
+use anyshape::{CompileOptions, DType, Elems, LoadOptions, Model, Tensor};
+use proptest::prelude::*;
+
+const ELEMENTWISE: &str = r#"graph {
+  sym n param 1..40
+  sym m param 1..40
+  input %x: f32[n, m]
+  input %y: f32[m]
+  %y2: f32[1, m] = reshape %y
+  %yb: f32[n, m] = broadcast %y2
+  %a: f32[n, m] = add %x, %yb
+  %e: f32[n, m] = exp %a
+  %t: f32[n, m] = tanh %x
+  %er: f32[n, m] = erf %x
+  %sg: f32[n, m] = sigmoid %a
+  %s: f32[n, m] = sqrt %e
+  %l: f32[n, m] = log %e
+  %mx: f32[n, m] = max %er, %t
+  %mn: f32[n, m] = min %sg, %mx
+  %d: f32[n, m] = div %mn, %s
+  %c: bool[n, m] = less %x, %yb
+  %sel: f32[n, m] = select %c, %d, %l
+  %fl: f32[n, m] = floor %a
+  %ab: f32[n, m] = abs %fl
+  %ng: f32[n, m] = neg %ab
+  %sq: f32[n, m] = mul %ng, %ng
+  %r: f32[n, m] = relu %x
+  %three: i64[] = constant 3
+  %three2: i64[1, 1] = reshape %three
+  %threeb: i64[n, m] = broadcast %three2
+  %i: i64[n, m] = cast %fl
+  %im: i64[n, m] = mod %i, %threeb
+  %idv: i64[n, m] = div %i, %threeb
+  %nt: bool[n, m] = not %c
+  output %sel, %sq, %r, %im, %idv, %nt
+}
+"#;
+
+const MOVEMENT: &str = r#"graph {
+  sym n param 3..40
+  sym m param 1..24
+  input %x: f32[n, m, 4]
+  input %ids: i64[m]
+  %t: f32[4, n, m] = transpose[perm=[2, 0, 1]] %x
+  %r: f32[4, n*m] = reshape %t
+  %sl: f32[4, n*m] = slice[1: 0 step 1] %r
+  %st: f32[2, n*m] = slice[0: 1 step 2] %sl
+  %cat: f32[6, n*m] = concat[axis=0] %st, %r
+  %p: f32[n+3, m, 4] = pad[pads=[(1, 2), (0, 0), (0, 0)], mode=constant(0.5)] %x
+  %pr: f32[n+4, m, 4] = pad[pads=[(2, 2), (0, 0), (0, 0)], mode=reflect] %x
+  %pe: f32[n, m+3, 4] = pad[pads=[(0, 0), (1, 2), (0, 0)], mode=edge] %x
+  %w: f32[5, 3] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0]
+  %g: f32[m, 3] = gather[axis=0] %w, %ids
+  %pos: f32[m, 3] = iota[axis=0]
+  %gp: f32[m, 3] = add %g, %pos
+  %cs: f32[m, 3] = cumsum[axis=0, exclusive=false, reverse=false] %gp
+  %cse: f32[m, 3] = cumsum[axis=0, exclusive=true, reverse=true] %gp
+  output %cat, %p, %pr, %pe, %cs, %cse
+}
+"#;
+
+const REDUCTIONS: &str = r#"graph {
+  sym n param 1..40
+  sym m param 1..70
+  input %x: f32[3, n, m]
+  %s0: f32[n, m] = reduce_sum[axes=[0], keep_dims=false] %x
+  %s1: f32[3, 1, m] = reduce_max[axes=[1], keep_dims=true] %x
+  %s2: f32[3, n] = reduce_mean[axes=[2], keep_dims=false] %x
+  %s12: f32[3] = reduce_min[axes=[1, 2], keep_dims=false] %x
+  %h: f32[3, n, m] = mul %x, %x
+  %pr: f32[3, n, 1] = reduce_prod[axes=[2], keep_dims=true] %x
+  %mx: f32[3, n, 1] = reduce_max[axes=[2], keep_dims=true] %x
+  %mxb: f32[3, n, m] = broadcast %mx
+  %sh: f32[3, n, m] = sub %x, %mxb
+  %ex: f32[3, n, m] = exp %sh
+  %sm: f32[3, n, 1] = reduce_sum[axes=[2], keep_dims=true] %ex
+  %smb: f32[3, n, m] = broadcast %sm
+  %softmax: f32[3, n, m] = div %ex, %smb
+  %mean: f32[3, n, 1] = reduce_mean[axes=[2], keep_dims=true] %x
+  %meanb: f32[3, n, m] = broadcast %mean
+  %dev: f32[3, n, m] = sub %x, %meanb
+  %sq: f32[3, n, m] = mul %dev, %dev
+  %var: f32[3, n, 1] = reduce_mean[axes=[2], keep_dims=true] %sq
+  %eps: f32[] = constant 0.00001
+  %eps3: f32[1, 1, 1] = reshape %eps
+  %epsb: f32[3, n, 1] = broadcast %eps3
+  %ve: f32[3, n, 1] = add %var, %epsb
+  %rs: f32[3, n, 1] = sqrt %ve
+  %inv: f32[3, n, 1] = reciprocal %rs
+  %invb: f32[3, n, m] = broadcast %inv
+  %ln: f32[3, n, m] = mul %dev, %invb
+  output %s0, %s1, %s2, %s12, %pr, %softmax, %ln, %h
+}
+"#;
+
+const WINDOWS: &str = r#"graph {
+  sym h param 3..19
+  sym w param 3..21
+  input %img: f32[2, 4, h, w]
+  %k: f32[6, 2, 3, 3] = constant @k
+  %conv: f32[2, 6, (h-1)/2+1, (w-1)/2+1] = conv[strides=[2, 2], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], group=2] %img, %k
+  %kd: f32[3, 4, 2, 2] = constant @kd
+  %dil: f32[2, 3, h-2, w-2] = conv[strides=[1, 1], dilations=[2, 2], pads_begin=[0, 0], pads_end=[0, 0], group=1] %img, %kd
+  %mp: f32[2, 4, h/2, w/2] = max_pool[kernel=[2, 2], strides=[2, 2], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0]] %img
+  %ap: f32[2, 4, h, w] = avg_pool[kernel=[3, 3], strides=[1, 1], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], count_include_pad=false] %img
+  %api: f32[2, 4, h, w] = avg_pool[kernel=[3, 3], strides=[1, 1], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], count_include_pad=true] %img
+  %kt: f32[4, 3, 2, 2] = constant @kt
+  %up: f32[2, 3, 2*h, 2*w] = conv_transpose[strides=[2, 2], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], group=1] %img, %kt
+  output %conv, %dil, %mp, %ap, %api, %up
+}
+"#;
+
+const MATMULS: &str = r#"graph {
+  sym b param 1..4
+  sym m param 1..70
+  sym k param 1..40
+  input %x: f32[b, m, k]
+  input %y: f32[b, k, m]
+  input %ix: i64[m, 3]
+  %w: f32[k, 5] = constant @w5
+  %x2: f32[b*m, k] = reshape %x
+  %dense: f32[b*m, 5] = matmul %x2, %w
+  %bmm: f32[b, m, m] = matmul %x, %y
+  %bt: f32[b, m, m] = matmul[transpose_b] %x, %x
+  %at: f32[b, k, k] = matmul[transpose_a] %x, %x
+  %i3: i64[3, 2] = constant [1, 2, 3, 4, 5, 6]
+  %imm: i64[m, 2] = matmul %ix, %i3
+  output %dense, %bmm, %bt, %at, %imm
+}
+"#;
+
+fn weights(name: &str) -> Option<std::sync::Arc<ir::ConstData>> {
+    let shape: Vec<usize> = match name {
+        "k" => vec![6, 2, 3, 3],
+        "kd" => vec![3, 4, 2, 2],
+        "kt" => vec![4, 3, 2, 2],
+        "w5" => return None,
+        _ => return None,
+    };
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n).map(|i| ((i * 7919 % 23) as f32 - 11.0) / 11.0).collect();
+    let t = Tensor::new(shape, Elems::F32(v)).ok()?;
+    Some(std::sync::Arc::new(ir::ConstData::from_tensor(&t)))
+}
+
+/// Parse `text`, binding `@w5` to a `k × 5` weight of the fixed `k` given.
+fn model(text: &str, rewrite: bool, k: Option<usize>) -> Model {
+    let w = |name: &str| match (name, k) {
+        ("w5", Some(k)) => {
+            let v: Vec<f32> = (0..k * 5).map(|i| ((i * 31 % 17) as f32 - 8.0) / 8.0).collect();
+            Some(std::sync::Arc::new(ir::ConstData::from_tensor(
+                &Tensor::new(vec![k, 5], Elems::F32(v)).ok()?,
+            )))
+        }
+        _ => weights(name),
+    };
+    let text = match k {
+        Some(k) => text
+            .replace("sym k param 1..40", &format!("sym k param {k}..{k}"))
+            .replace("f32[k, 5] = constant", &format!("f32[{k}, 5] = constant")),
+        None => text.to_string(),
+    };
+    let g = ir::parse_graph(&text, &w).unwrap_or_else(|e| panic!("{e}"));
+    Model::from_ir(g, &LoadOptions::new().rewrite(rewrite)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn inputs(m: &Model, dims: &[(&str, usize)], seed: u64) -> Vec<(String, Tensor)> {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut next = move || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) as u32
+    };
+    m.inputs()
+        .into_iter()
+        .map(|info| {
+            let shape: Vec<usize> = info
+                .ty
+                .shape
+                .iter()
+                .map(|d| {
+                    d.eval(&|s| dims.iter().find(|(n, _)| *n == s).map(|x| x.1 as i64)).expect("dim") as usize
+                })
+                .collect();
+            let n: usize = shape.iter().product();
+            let elems = match info.ty.dtype {
+                DType::I64 if info.name == "ids" => {
+                    Elems::I64((0..n).map(|_| (next() % 10) as i64 - 5).collect())
+                }
+                DType::I64 => Elems::I64((0..n).map(|_| (next() % 21) as i64 - 10).collect()),
+                _ => Elems::F32((0..n).map(|_| next() as f32 / u32::MAX as f32 * 4.0 - 2.0).collect()),
+            };
+            (info.name, Tensor::new(shape, elems).expect("tensor"))
+        })
+        .collect()
+}
+
+fn compare(m: &Model, dims: &[(&str, usize)], seed: u64) -> Result<(), TestCaseError> {
+    let cm = m.compile(&CompileOptions::new().threads(2)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let ins = inputs(m, dims, seed);
+    let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let want = m.run(&named).map_err(|e| TestCaseError::fail(format!("{dims:?}: interpreter: {e}")))?;
+    let got = cm.run(&named).map_err(|e| TestCaseError::fail(format!("{dims:?}: compiled: {e}")))?;
+    for ((name, g), (_, w)) in got.iter().zip(&want) {
+        prop_assert_eq!(g.shape(), w.shape(), "{:?}: {}", dims, name);
+        let (g, w) = (g.to_f64_vec(), w.to_f64_vec());
+        for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+            let ok = (a - b).abs() <= 1e-4 * (1.0 + b.abs()) || (a.is_nan() && b.is_nan());
+            prop_assert!(ok, "{:?}: {}[{}] = {}, the interpreter says {}", dims, name, i, a, b);
+        }
+    }
+    Ok(())
+}
+
+/// 1, primes, one past 8 and 16 lanes, and values up to `hi`.
+fn size(lo: usize, hi: usize) -> impl Strategy<Value = usize> {
+    prop_oneof![
+        prop::sample::select(vec![1usize, 2, 3, 5, 7, 9, 13, 16, 17, 31, 33, 40, 64, 65])
+            .prop_map(move |v| v.clamp(lo, hi)),
+        lo..=hi
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 10, ..ProptestConfig::default() })]
+
+    #[test]
+    fn elementwise_programs(n in size(1, 40), m in size(1, 40), seed in 0u64..1000, rw in any::<bool>()) {
+        compare(&model(ELEMENTWISE, rw, None), &[("n", n), ("m", m)], seed)?;
+    }
+
+    #[test]
+    fn movement_programs(n in size(3, 40), m in size(1, 24), seed in 0u64..1000, rw in any::<bool>()) {
+        compare(&model(MOVEMENT, rw, None), &[("n", n), ("m", m)], seed)?;
+    }
+
+    #[test]
+    fn reduction_and_stitch_programs(n in size(1, 40), m in size(1, 70), seed in 0u64..1000, rw in any::<bool>()) {
+        compare(&model(REDUCTIONS, rw, None), &[("n", n), ("m", m)], seed)?;
+    }
+
+    #[test]
+    fn window_programs(h in size(3, 19), w in size(3, 21), seed in 0u64..1000, rw in any::<bool>()) {
+        compare(&model(WINDOWS, rw, None), &[("h", h), ("w", w)], seed)?;
+    }
+
+    #[test]
+    fn matmul_steps(b in 1usize..=4, m in size(1, 70), k in size(1, 40), seed in 0u64..1000, rw in any::<bool>()) {
+        compare(&model(MATMULS, rw, Some(k)), &[("b", b), ("m", m), ("k", k)], seed)?;
+    }
+}

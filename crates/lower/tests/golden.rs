@@ -1,0 +1,90 @@
+//! Golden text of lowered programs: a stitch (layer norm over the last axis,
+//! its two row reductions computed per row), a contraction whose epilogue
+//! splits heads, and an element-wise group with a gather.
+
+fn lowered(text: &str) -> String {
+    let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    let fusion = passes::fuse(&g);
+    let plan = lower::lower(&g, &fusion).unwrap_or_else(|e| panic!("{e}"));
+    lower::print_plan(&plan)
+}
+
+#[test]
+fn layer_norm_is_one_stitch_program() {
+    let got = lowered(
+        r#"graph {
+  sym n param 1..
+  input %x: f32[n, 8]
+  %m: f32[n, 1] = reduce_mean[axes=[1], keep_dims=true] %x
+  %mb: f32[n, 8] = broadcast %m
+  %d: f32[n, 8] = sub %x, %mb
+  %sq: f32[n, 8] = mul %d, %d
+  %v: f32[n, 1] = reduce_mean[axes=[1], keep_dims=true] %sq
+  %r: f32[n, 1] = sqrt %v
+  %rb: f32[n, 8] = broadcast %r
+  %y: f32[n, 8] = div %d, %rb
+  output %y
+}
+"#,
+    );
+    let want = r#"dims:
+  d0 = 8*n
+  d1 = n
+buffers:
+  b0: f32[n, 8] "x" (input 0)
+  b1: f32[n, 8] "y" (output 0)
+p0: program g0_stitch
+  %0: in f32[d1, 8] "x"
+  %1: out f32[d1, 8] "y"
+  for i0 < d1, i1 < 8:
+    t0: f32 = sum(i2 < 8: %0[i0, i2])
+    t1: f32 = cast<f32>(8)
+    t2: f32 = div(t0, t1)
+    t3: f32 = sub(%0[i0, i3], t2)
+    t4: f32 = sum(i3 < 8: mul(t3, t3))
+    %1[·] = div(sub(%0[i0, i1], t2), sqrt(div(t4, t1)))
+group 0: stitch
+  loop p0(b0, b1)
+"#;
+    assert_eq!(got, want, "got:\n{got}");
+}
+
+#[test]
+fn merged_projection_splits_heads_in_its_epilogue() {
+    let got = lowered(
+        r#"graph {
+  sym s param 1..
+  input %x: f32[s, 4]
+  %w: f32[4, 8] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+  %y: f32[s, 8] = matmul %x, %w
+  %h: f32[s, 2, 4] = reshape %y
+  %t: f32[2, s, 4] = transpose[perm=[1, 0, 2]] %h
+  output %t
+}
+"#,
+    );
+    let want = r#"dims:
+  d0 = 4*s
+  d1 = 32
+  d2 = 8*s
+  d3 = 0
+  d4 = 4
+  d5 = 1
+  d6 = 8
+  d7 = s
+buffers:
+  b0: f32[s, 4] "x" (input 0)
+  b1: f32[4, 8] "w" (constant)
+  b2: f32[2, s, 4] "t" (output 0)
+  b3: f32[s, 8] "y" (temp, steps 0..=1)
+p0: program g0_contraction
+  %0: in f32[d7, 8] "y"
+  %1: out f32[2, d7, 4] "t"
+  for i0 < 2, i1 < d7, i2 < 4:
+    %1[·] = %0[i1, add(mul(i0, 4), i2)]
+group 0: contraction
+  matmul [] m d7 n d6 k d4 (weight): A b0+d3 strides [] d4 d5 · B b1+d3 strides [] d6 d5 → C b3+d3 strides [] d6 d5
+  loop p0(b3, b2)
+"#;
+    assert_eq!(got, want, "got:\n{got}");
+}
