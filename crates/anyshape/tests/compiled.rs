@@ -164,7 +164,8 @@ fn concurrent_calls_at_mixed_shapes() {
     send_sync::<CompiledModel>();
     let (model, cm) = compiled("gpt2");
     let shapes = [(1usize, 1usize), (2, 7), (1, 17), (3, 64), (2, 33)];
-    let cases: Vec<(Vec<(String, Tensor)>, Vec<(String, Tensor)>)> = shapes
+    type Named = Vec<(String, Tensor)>;
+    let cases: Vec<(Named, Named)> = shapes
         .iter()
         .enumerate()
         .map(|(i, (b, s))| {
