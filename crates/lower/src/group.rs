@@ -192,11 +192,12 @@ impl<'g> Lowering<'g> {
         let env = &self.g.env;
         let mut classes: Vec<Vec<(ValueId, BufId)>> = Vec::new();
         for (v, b) in pending {
-            let n = self.g.ty(v).numel().ok();
-            let same = |c: &Vec<(ValueId, BufId)>| {
-                let m = self.g.ty(c[0].0).numel().ok();
-                matches!((&n, &m), (Some(x), Some(y)) if env.equal(x, y))
-            };
+            // One nest stores values whose shapes are splits and merges of each
+            // other (the row-major order kept): a layer norm and its reshape. A
+            // reordered layout (a head split's Kᵀ) gets a nest of its own, so that
+            // no store needs a division by a symbolic dim per element.
+            let shape = &self.g.ty(v).shape;
+            let same = |c: &Vec<(ValueId, BufId)>| same_order(env, shape, &self.g.ty(c[0].0).shape);
             match classes.iter_mut().find(|c| same(c)) {
                 Some(c) => c.push((v, b)),
                 None => classes.push(vec![(v, b)]),
@@ -374,6 +375,21 @@ impl<'g> Lowering<'g> {
             c: cv,
             weight,
         })
+    }
+}
+
+/// Whether `a` and `b` hold as many elements in the same row-major order with
+/// dims only split or merged: every group of dims with equal products has a
+/// single dim on one side.
+fn same_order(env: &sym::ShapeEnv, a: &[SymExpr], b: &[SymExpr]) -> bool {
+    match match_groups(env, a, b) {
+        Some(groups) => groups.iter().all(|(x, y)| {
+            let real = |r: &std::ops::Range<usize>, s: &[SymExpr]| {
+                s[r.clone()].iter().filter(|d| d.as_const() != Some(1)).count()
+            };
+            real(x, a) <= 1 || real(y, b) <= 1
+        }),
+        None => false,
     }
 }
 
