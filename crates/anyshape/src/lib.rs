@@ -213,19 +213,30 @@ impl Model {
     pub fn compile(&self, opts: &CompileOptions) -> Result<CompiledModel, Error> {
         let plan = self.lower()?;
         let target = kernels::Target::detect();
-        let pool = kernels::ThreadPool::new(opts.threads.unwrap_or_else(default_threads));
-        let programs = codegen::compile_programs(&target, &plan.programs, "model")?;
+        let threads = opts.threads.unwrap_or_else(default_threads);
+        let pool = kernels::ThreadPool::new(threads);
+        let has_matmul = plan.steps.iter().any(|s| matches!(s.kind, lower::StepKind::MatMul(_)));
+        let cache = opts.cache_dir.clone().or_else(codegen::tuning::default_cache_dir);
+        // The loop programs and the contraction family compile at the same time.
+        let (programs, contraction) = std::thread::scope(|s| {
+            let family = has_matmul.then(|| {
+                s.spawn(|| codegen::Contraction::builder(&target, &pool).cache(cache.as_deref()).build())
+            });
+            let programs = codegen::compile_programs(&target, &plan.programs, "model", threads);
+            let family = family
+                .map(|h| h.join().unwrap_or_else(|_| Err(codegen::CodegenError::Llvm("panicked".into()))));
+            (programs, family)
+        });
+        let programs = programs?;
         let loops = (0..programs.len()).filter_map(|i| programs.get(i)).collect();
         let mut code: Vec<Box<dyn std::any::Any + Send + Sync>> = vec![Box::new(programs)];
-        let has_matmul = plan.steps.iter().any(|s| matches!(s.kind, lower::StepKind::MatMul(_)));
-        let dispatcher = if has_matmul {
-            let cache = opts.cache_dir.clone().or_else(codegen::tuning::default_cache_dir);
-            let c = codegen::Contraction::builder(&target, &pool).cache(cache.as_deref()).build()?;
-            let (d, owner) = c.into_parts();
-            code.push(owner);
-            Some(d)
-        } else {
-            None
+        let dispatcher = match contraction {
+            Some(c) => {
+                let (d, owner) = c?.into_parts();
+                code.push(owner);
+                Some(d)
+            }
+            None => None,
         };
         let io = |v: &[IoInfo]| v.iter().map(|i| (i.name.clone(), i.ty.clone())).collect();
         let parts = runtime::ModelParts {
