@@ -100,7 +100,7 @@ pub fn compile_programs(
     let per = programs.len().div_ceil(parts).max(1);
     let chunks: Vec<(usize, &[LoopProgram])> =
         programs.chunks(per).enumerate().map(|(i, c)| (i * per, c)).collect();
-    let results: Vec<R<(Vec<LoopFn>, String, String, SendEngine)>> = std::thread::scope(|s| {
+    let results: Vec<R<Chunk>> = std::thread::scope(|s| {
         let handles: Vec<_> = chunks
             .iter()
             .map(|(first, chunk)| s.spawn(move || compile_chunk(t, chunk, module_name, *first)))
@@ -122,14 +122,16 @@ pub fn compile_programs(
     Ok(out)
 }
 
+/// A compiled module: its programs' entries, IR, assembly and engine.
+type Chunk = (Vec<LoopFn>, String, String, SendEngine);
+
 /// One module of programs `first..first + programs.len()`.
-#[allow(clippy::type_complexity)]
 fn compile_chunk(
     t: &Target,
     programs: &[LoopProgram],
     module_name: &str,
     first: usize,
-) -> R<(Vec<LoopFn>, String, String, SendEngine)> {
+) -> R<Chunk> {
     let names: Vec<String> = (0..programs.len()).map(|i| format!("{module_name}_p{}", first + i)).collect();
     let lanes = t.f32_lanes;
     let (engine, ir, asm) =
