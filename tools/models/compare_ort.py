@@ -1,4 +1,4 @@
-"""Compare anyshape (reference interpreter, through the CLI) with ONNX Runtime on
+"""Compare anyshape (compiled, through the CLI) with ONNX Runtime on
 a model at several sequence lengths, and report the symbols left in its shapes
 and its import time.
 
@@ -89,7 +89,7 @@ def main():
                 g = np.load(os.path.join(d, f"{fname}.npy"))
                 rel = np.linalg.norm((g - w).ravel()) / max(np.linalg.norm(w.ravel()), 1e-30)
                 print(f"  batch {args.batch} seq {seq:4d} {name}: shape {list(g.shape)} rel L2 {rel:.2e} max abs {np.abs(g - w).max():.2e}"
-                      f"  (interpreter run {t_any:.1f} s incl. load, ORT {t_ort * 1e3:.0f} ms)")
+                      f"  (anyshape run, compiled, {t_any:.1f} s incl. load, ORT {t_ort * 1e3:.0f} ms)")
 
 
 if __name__ == "__main__":

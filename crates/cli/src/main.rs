@@ -107,6 +107,10 @@ enum Command {
         /// Declare the range of a symbolic dim: NAME=LO..HI.
         #[arg(long = "dim", value_name = "NAME=LO..HI")]
         dims: Vec<String>,
+        /// Also generate the loop programs and write their optimized LLVM IR and
+        /// assembly to DIR/programs.ll and DIR/programs.s.
+        #[arg(long, value_name = "DIR")]
+        dump_llvm: Option<PathBuf>,
     },
 }
 
@@ -198,7 +202,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             run(model, inputs, shapes, output_dir, dims, interpret, threads)
         }
         Command::Bench(args) => model_bench::bench(args),
-        Command::Inspect { model, stage, dims } => inspect(model, stage, dims),
+        Command::Inspect { model, stage, dims, dump_llvm } => inspect(model, stage, dims, dump_llvm),
         Command::Tune {
             avx2,
             cache_dir,
@@ -380,7 +384,7 @@ fn preview(t: &Tensor) -> String {
     format!("[{}{}]", head.join(", "), if v.len() > 6 { ", …" } else { "" })
 }
 
-fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>) -> Result<()> {
+fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>, dump_llvm: Option<PathBuf>) -> Result<()> {
     let start = std::time::Instant::now();
     let model = load(&model_path, &dims).map_err(|e| anyhow!(e))?;
     let import_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -478,6 +482,16 @@ fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>) -> Result<()> {
             plan.buffers.len(),
             plan.dims.len()
         );
+    }
+    if let Some(dir) = dump_llvm {
+        let plan = model.lower()?;
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let code = codegen::compile_programs(&kernels::Target::detect(), &plan.programs, "model", threads)?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| UserError(format!("cannot create {}: {e}", dir.display())))?;
+        std::fs::write(dir.join("programs.ll"), code.ir())?;
+        std::fs::write(dir.join("programs.s"), code.asm())?;
+        say!("# wrote {}/programs.ll and programs.s ({} programs)", dir.display(), code.len());
     }
     Ok(())
 }

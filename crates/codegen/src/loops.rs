@@ -126,12 +126,7 @@ pub fn compile_programs(
 type Chunk = (Vec<LoopFn>, String, String, SendEngine);
 
 /// One module of programs `first..first + programs.len()`.
-fn compile_chunk(
-    t: &Target,
-    programs: &[LoopProgram],
-    module_name: &str,
-    first: usize,
-) -> R<Chunk> {
+fn compile_chunk(t: &Target, programs: &[LoopProgram], module_name: &str, first: usize) -> R<Chunk> {
     let names: Vec<String> = (0..programs.len()).map(|i| format!("{module_name}_p{}", first + i)).collect();
     let lanes = t.f32_lanes;
     let (engine, ir, asm) =
