@@ -22,7 +22,7 @@ pub use ir::{DType, Elems, Graph, Tensor, TensorType};
 pub use lower::{print_plan, ModelPlan, StepKind};
 pub use onnx::DIM_MAX;
 pub use passes::{FusionPlan, GroupKind, Report as RewriteReport};
-pub use runtime::{CompiledModel, RunError};
+pub use runtime::{CompiledModel, Profile, RunError};
 pub use sym::{Range, SymExpr};
 
 /// Everything that can go wrong, each with a message that says what and where.
@@ -215,29 +215,47 @@ impl Model {
         let target = kernels::Target::detect();
         let threads = opts.threads.unwrap_or_else(default_threads);
         let pool = kernels::ThreadPool::new(threads);
-        let has_matmul = plan.steps.iter().any(|s| matches!(s.kind, lower::StepKind::MatMul(_)));
+        // One kernel family per epilogue the matmuls fuse.
+        let mut epilogues: Vec<kernels::Epilogue> = Vec::new();
+        for s in &plan.steps {
+            if let lower::StepKind::MatMul(m) = &s.kind {
+                let e = runtime::engine_epilogue(&m.epilogue);
+                if !epilogues.contains(&e) {
+                    epilogues.push(e);
+                }
+            }
+        }
         let cache = opts.cache_dir.clone().or_else(codegen::tuning::default_cache_dir);
-        // The loop programs and the contraction family compile at the same time.
-        let (programs, contraction) = std::thread::scope(|s| {
-            let family = has_matmul.then(|| {
-                s.spawn(|| codegen::Contraction::builder(&target, &pool).cache(cache.as_deref()).build())
-            });
+        // The loop programs and the contraction families compile at the same time.
+        let (programs, families) = std::thread::scope(|s| {
+            let families: Vec<_> = epilogues
+                .iter()
+                .map(|e| {
+                    let (target, pool, cache) = (&target, &pool, &cache);
+                    s.spawn(move || {
+                        codegen::Contraction::builder(target, pool)
+                            .epilogue(*e)
+                            .cache(cache.as_deref())
+                            .build()
+                    })
+                })
+                .collect();
             let programs = codegen::compile_programs(&target, &plan.programs, "model", threads);
-            let family = family
-                .map(|h| h.join().unwrap_or_else(|_| Err(codegen::CodegenError::Llvm("panicked".into()))));
-            (programs, family)
+            let families: Vec<_> = families
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(codegen::CodegenError::Llvm("panicked".into()))))
+                .collect();
+            (programs, families)
         });
         let programs = programs?;
         let loops = (0..programs.len()).filter_map(|i| programs.get(i)).collect();
         let mut code: Vec<Box<dyn std::any::Any + Send + Sync>> = vec![Box::new(programs)];
-        let dispatcher = match contraction {
-            Some(c) => {
-                let (d, owner) = c?.into_parts();
-                code.push(owner);
-                Some(d)
-            }
-            None => None,
-        };
+        let mut dispatchers = Vec::with_capacity(families.len());
+        for (e, c) in epilogues.into_iter().zip(families) {
+            let (d, owner) = c?.into_parts();
+            code.push(owner);
+            dispatchers.push((e, d));
+        }
         let io = |v: &[IoInfo]| v.iter().map(|i| (i.name.clone(), i.ty.clone())).collect();
         let parts = runtime::ModelParts {
             plan,
@@ -245,7 +263,7 @@ impl Model {
             inputs: io(&self.inputs()),
             outputs: io(&self.outputs()),
             loops,
-            dispatcher,
+            dispatchers,
             pool,
             code,
         };

@@ -137,6 +137,25 @@ const MATMULS: &str = r#"graph {
 }
 "#;
 
+const EPILOGUE: &str = r#"graph {
+  sym m param 1..70
+  input %x: f32[m, 8]
+  input %r: f32[m, 5]
+  %w: f32[8, 5] = constant [0.1, -0.2, 0.3, -0.4, 0.5, 0.6, -0.7, 0.8, -0.9, 1.0, -0.1, 0.2, -0.3, 0.4, -0.5, -0.6, 0.7, -0.8, 0.9, -1.0, 0.15, -0.25, 0.35, -0.45, 0.55, 0.65, -0.75, 0.85, -0.95, 1.05, -0.15, 0.25, -0.35, 0.45, -0.55, -0.65, 0.75, -0.85, 0.95, -1.05]
+  %bias: f32[5] = constant [0.1, -0.2, 0.3, -0.4, 0.5]
+  %y: f32[m, 5] = matmul %x, %w
+  %b2: f32[1, 5] = reshape %bias
+  %bb: f32[m, 5] = broadcast %b2
+  %h: f32[1, 1] = constant [0.5]
+  %hb: f32[m, 5] = broadcast %h
+  %s: f32[m, 5] = mul %y, %hb
+  %a: f32[m, 5] = add %s, %bb
+  %z: f32[m, 5] = add %a, %r
+  %o: f32[m, 5] = relu %z
+  output %o
+}
+"#;
+
 fn weights(name: &str) -> Option<std::sync::Arc<ir::ConstData>> {
     let shape: Vec<usize> = match name {
         "k" => vec![6, 2, 3, 3],
@@ -249,6 +268,15 @@ proptest! {
     #[test]
     fn window_programs(h in size(3, 19), w in size(3, 21), seed in 0u64..1000, rw in any::<bool>()) {
         compare(&model(WINDOWS, rw, None), &[("h", h), ("w", w)], seed)?;
+    }
+
+    #[test]
+    fn matmul_with_fused_epilogue(m in size(1, 70), seed in 0u64..1000) {
+        let model = model(EPILOGUE, true, None);
+        let plan = anyshape::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
+        prop_assert!(plan.contains("epilogue scale 0.5 + bias b"), "not fused:\n{}", plan);
+        prop_assert!(plan.contains(" + residual b") && plan.contains(" + relu"), "not fused:\n{}", plan);
+        compare(&model, &[("m", m)], seed)?;
     }
 
     #[test]

@@ -30,6 +30,11 @@ pub struct BenchArgs {
     /// Print one JSON object per shape.
     #[arg(long)]
     json: bool,
+    /// Also time every step over the warm calls and print the time per kind of
+    /// group (contraction, attention, stitch, element-wise, ...), split into
+    /// matmuls and loops, and the time outside kernels.
+    #[arg(long)]
+    profile: bool,
 }
 
 fn parse_shape(s: &str) -> Result<Vec<(String, usize)>> {
@@ -85,6 +90,59 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// Per kind of group, the median over `runs` calls of its matmul and loop time.
+fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize) -> Result<()> {
+    let plan = cm.plan();
+    let mut kind_of = vec![String::new(); plan.steps.len()];
+    for g in &plan.groups {
+        for s in g.steps.clone() {
+            kind_of[s] = g.kind.to_string();
+        }
+    }
+    let mut rows: Vec<(String, &str)> = Vec::new();
+    for (i, st) in plan.steps.iter().enumerate() {
+        let what = if matches!(st.kind, anyshape::StepKind::MatMul(_)) { "matmul" } else { "loop" };
+        if !rows.iter().any(|(k, w)| *k == kind_of[i] && *w == what) {
+            rows.push((kind_of[i].clone(), what));
+        }
+    }
+    let mut per: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
+    let mut outside = Vec::new();
+    let mut totals = Vec::new();
+    for _ in 0..runs {
+        let (_, p) = cm.run_profiled(named).map_err(anyshape::Error::from)?;
+        let mut sums = vec![0.0; rows.len()];
+        for (i, d) in p.steps.iter().enumerate() {
+            let what =
+                if matches!(plan.steps[i].kind, anyshape::StepKind::MatMul(_)) { "matmul" } else { "loop" };
+            let r = rows.iter().position(|(k, w)| *k == kind_of[i] && *w == what).unwrap_or(0);
+            sums[r] += ms(*d);
+        }
+        let total = ms(p.total);
+        outside.push(total - sums.iter().sum::<f64>());
+        totals.push(total);
+        for (r, v) in sums.into_iter().enumerate() {
+            per[r].push(v);
+        }
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let total = med(&mut totals);
+    for ((kind, what), v) in rows.iter().zip(per.iter_mut()) {
+        let m = med(v);
+        println!("  {kind:<12} {what:<7} {m:9.3} ms  {:5.1}%", 100.0 * m / total);
+    }
+    let o = med(&mut outside);
+    println!(
+        "  {:<20} {o:9.3} ms  {:5.1}%  (binding, planning lookup, outputs, between steps)",
+        "outside kernels",
+        100.0 * o / total
+    );
+    Ok(())
+}
+
 pub fn bench(a: BenchArgs) -> Result<()> {
     let shapes: Vec<Vec<(String, usize)>> = a.shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
     let model = crate::load(&a.model, &a.dims)?;
@@ -112,6 +170,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
         times.sort_by(f64::total_cmp);
         let median = times[times.len() / 2];
+        if a.profile {
+            profile(&cm, &named, a.runs.max(1))?;
+        }
         if a.json {
             let fields: Vec<String> = shape.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
             println!(

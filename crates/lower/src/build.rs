@@ -24,6 +24,8 @@ pub(crate) struct Builder<'a> {
     params: Vec<Param>,
     /// The model buffer of each parameter.
     args: Vec<BufId>,
+    /// The value each parameter holds.
+    values: Vec<ValueId>,
     param_of: HashMap<BufId, u32>,
     memo: HashMap<(ValueId, Vec<E>, Option<E>), E>,
     checks: Vec<String>,
@@ -40,6 +42,7 @@ impl<'a> Builder<'a> {
             x: Exprs::default(),
             params: Vec::new(),
             args: Vec::new(),
+            values: Vec::new(),
             param_of: HashMap::new(),
             memo: HashMap::new(),
             checks: Vec::new(),
@@ -79,6 +82,7 @@ impl<'a> Builder<'a> {
         let shape = self.syms(&self.g.ty(v).shape.clone());
         self.params.push(Param { name: self.g.name(v).to_string(), dtype: self.dtype(v), shape, written });
         self.args.push(buf);
+        self.values.push(v);
         self.param_of.insert(buf, self.params.len() as u32 - 1);
         self.params.len() as u32 - 1
     }
@@ -114,6 +118,21 @@ impl<'a> Builder<'a> {
             checks: self.checks,
         };
         Ok((program, self.args))
+    }
+
+    /// The model buffer and the value of parameter `p`.
+    pub fn arg(&self, p: u32) -> (BufId, ValueId) {
+        (self.args[p as usize], self.values[p as usize])
+    }
+
+    /// The program's variables over `space`.
+    pub fn vars(&mut self, space: &[SymExpr], v: ValueId) -> R<Vec<E>> {
+        let ext = self.syms(space);
+        ext.iter().map(|e| self.x.var(*e).ok_or_else(|| too_many(self.g, v))).collect()
+    }
+
+    pub fn shape_of(&self, v: ValueId) -> &'a [SymExpr] {
+        self.shape(v)
     }
 
     /// The index into `to` of the element at row-major position `idx` of `from`
@@ -693,7 +712,10 @@ pub(crate) fn match_groups(
             one.clone()
         };
         while !env.equal(&pa, &pb) {
-            let grow_a = i < a.len() && (j >= b.len() || env.known_lt(&pa, &pb) || !env.known_lt(&pb, &pa));
+            // Grow the smaller side, compared with every symbol at one large value
+            // (`b` against `b·s`): a guess the equality test above then checks.
+            let generic = |e: &SymExpr| e.eval(&|_| Some(1009)).unwrap_or(i64::MAX);
+            let grow_a = i < a.len() && (j >= b.len() || generic(&pa) <= generic(&pb));
             if grow_a {
                 pa = mul(&pa, &a[i])?;
                 i += 1;

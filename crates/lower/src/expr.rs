@@ -308,6 +308,15 @@ impl Exprs {
         }
         match op {
             BinaryOp::Add if ca == Some(0) => Some(b),
+            // (x / d)·d + x % d = x: a reshape undone by the inverse reshape.
+            BinaryOp::Add if self.undoes_split(a, b) || self.undoes_split(b, a) => {
+                let Node::Binary(BinaryOp::Mod, x, _) =
+                    *self.node(if self.undoes_split(a, b) { b } else { a })
+                else {
+                    return None;
+                };
+                Some(x)
+            }
             BinaryOp::Add | BinaryOp::Sub if cb == Some(0) => Some(a),
             BinaryOp::Sub if a == b => Some(self.int(0)),
             BinaryOp::Mul if ca == Some(0) || cb == Some(0) => Some(self.int(0)),
@@ -335,6 +344,12 @@ impl Exprs {
             }
             _ => None,
         }
+    }
+
+    /// Whether `q = (x / d)·d` and `r = x % d` for the same `x` and `d`.
+    fn undoes_split(&self, q: E, r: E) -> bool {
+        let Node::Binary(BinaryOp::Mod, x, d) = *self.node(r) else { return false };
+        self.factor(q, d).is_some_and(|f| *self.node(f) == Node::Binary(BinaryOp::Div, x, d))
     }
 
     /// `x` when `p = x·b` (or `b·x`).

@@ -9,12 +9,16 @@
 
 use std::collections::HashMap;
 
-use ir::{DType, Graph, Op, ValueId};
+use ir::{BinaryOp, DType, Graph, Op, UnaryOp, ValueId};
 use passes::{FusionGroup, FusionPlan, GroupKind};
 use sym::SymExpr;
 
 use crate::build::{match_groups, Builder};
-use crate::plan::{BufId, Buffer, BufferKind, GroupSteps, MatMulStep, ModelPlan, Step, StepKind, View};
+use crate::expr::{Node, E};
+use crate::plan::{
+    Activation, BufId, Buffer, BufferKind, GroupSteps, MatEpilogue, MatMulStep, ModelPlan, Step, StepKind,
+    View,
+};
 use crate::LowerError;
 
 type R<T> = Result<T, LowerError>;
@@ -167,9 +171,22 @@ impl<'g> Lowering<'g> {
                 Some(b) if group.outputs.contains(&out) => *b,
                 _ => self.temp(out)?,
             };
-            let step = self.matmul(node, c, &avail)?;
-            self.plan.steps.push(Step { group: gi, kind: StepKind::MatMul(step) });
+            let mut step = self.matmul(node, c, &avail)?;
             avail.insert(out, c);
+            // The group's one remaining output, when it is the engine's epilogue of
+            // this (last) backbone, is written by the matmul itself.
+            let rest: Vec<ValueId> =
+                group.outputs.iter().filter(|v| !avail.contains_key(v)).copied().collect();
+            let last = !group.nodes.iter().any(|m| *m > n && is_backbone(g, &g.nodes[*m]));
+            if last && rest.len() == 1 && step.batch.is_empty() && !group.outputs.contains(&out) {
+                let v = rest[0];
+                if let Some(e) = self.fold_epilogue(out, v, &avail)? {
+                    step.c.buf = self.buffer_of[&v];
+                    step.epilogue = e;
+                    avail.insert(v, self.buffer_of[&v]);
+                }
+            }
+            self.plan.steps.push(Step { group: gi, kind: StepKind::MatMul(step) });
         }
         let pending: Vec<(ValueId, BufId)> = group
             .outputs
@@ -374,7 +391,80 @@ impl<'g> Lowering<'g> {
             b,
             c: cv,
             weight,
+            epilogue: MatEpilogue::default(),
         })
+    }
+
+    /// The epilogue computing `v` from the matmul output `c`, when it is
+    /// `act(scale·c + bias[col] + residual)` over `c`'s row-major positions.
+    fn fold_epilogue(
+        &mut self,
+        c: ValueId,
+        v: ValueId,
+        avail: &HashMap<ValueId, BufId>,
+    ) -> R<Option<MatEpilogue>> {
+        let g = self.g;
+        let (cs, vs) = (&g.ty(c).shape, &g.ty(v).shape);
+        if g.ty(v).dtype != DType::F32 || !same_order(&g.env, cs, vs) {
+            return Ok(None);
+        }
+        let mut b = Builder::new(g, &mut self.plan.dims, avail);
+        let vars = b.vars(vs, v)?;
+        let value = b.value_at(v, &vars, None)?;
+        let c_idx = b.reshape_index(vs, cs, &vars);
+        let Some(c_buf) = avail.get(&c) else { return Ok(None) };
+        let (act, inner) = match b.x.node(value) {
+            Node::Unary(UnaryOp::Tanh, a) => (Activation::Tanh, *a),
+            Node::Unary(UnaryOp::Relu, a) => (Activation::Relu, *a),
+            _ => match as_gelu(&b.x, value) {
+                Some(a) => (Activation::Gelu, a),
+                None => (Activation::None, value),
+            },
+        };
+        let mut terms = Vec::new();
+        sum_terms(&b.x, inner, &mut terms);
+        let mut e = MatEpilogue { activation: act, ..MatEpilogue::default() };
+        let mut have_c = false;
+        for t in terms {
+            let (load, scale) = match b.x.node(t).clone() {
+                Node::Binary(BinaryOp::Mul, p, q) => match (b.x.as_float(p), b.x.as_float(q)) {
+                    (Some(k), None) => (q, Some(k)),
+                    (None, Some(k)) => (p, Some(k)),
+                    _ => return Ok(None),
+                },
+                Node::Binary(BinaryOp::Div, p, q) => match b.x.as_float(q) {
+                    Some(k) if k != 0.0 => (p, Some(1.0 / k)),
+                    _ => return Ok(None),
+                },
+                _ => (t, None),
+            };
+            let Node::Load { buf, index, guard: None } = b.x.node(load).clone() else { return Ok(None) };
+            let (arg, holds) = b.arg(buf);
+            if arg == *c_buf && index == c_idx && !have_c {
+                have_c = true;
+                e.scale = scale.map(|k| k as f32);
+            } else if scale.is_some() {
+                return Ok(None);
+            } else if e.bias.is_none() && {
+                // A vector along the columns: `[n]`, or `[1, …, 1, n]` read at `[0, …, 0, col]`.
+                let shape = b.shape_of(holds);
+                let lead = shape.len().saturating_sub(1);
+                !index.is_empty()
+                    && index.last() == c_idx.last()
+                    && index[..lead].iter().all(|i| b.x.as_int(*i) == Some(0))
+                    && shape[..lead].iter().all(|d| d.as_const() == Some(1))
+            } {
+                e.bias = Some(arg);
+            } else if e.residual.is_none() && same_order(&g.env, b.shape_of(holds), vs) && {
+                let want = b.reshape_index(vs, b.shape_of(holds), &vars);
+                index == want
+            } {
+                e.residual = Some(arg);
+            } else {
+                return Ok(None);
+            }
+        }
+        Ok(have_c.then_some(e))
     }
 }
 
@@ -391,6 +481,58 @@ fn same_order(env: &sym::ShapeEnv, a: &[SymExpr], b: &[SymExpr]) -> bool {
         }),
         None => false,
     }
+}
+
+/// The terms of a sum of f32 values.
+fn sum_terms(x: &crate::Exprs, e: E, out: &mut Vec<E>) {
+    match x.node(e) {
+        Node::Binary(BinaryOp::Add, a, b) if x.dtype(e) == DType::F32 => {
+            sum_terms(x, *a, out);
+            sum_terms(x, *b, out);
+        }
+        _ => out.push(e),
+    }
+}
+
+/// The non-constant factors of a product, and the product of its constants.
+fn factors(x: &crate::Exprs, e: E, out: &mut Vec<E>, k: &mut f64) {
+    match x.node(e) {
+        Node::Binary(BinaryOp::Mul, a, b) if x.dtype(e) == DType::F32 => {
+            factors(x, *a, out, k);
+            factors(x, *b, out, k);
+        }
+        Node::Binary(BinaryOp::Div, a, b) if x.as_float(*b).is_some_and(|c| c != 0.0) => {
+            factors(x, *a, out, k);
+            *k /= x.as_float(*b).unwrap_or(1.0);
+        }
+        _ => match x.as_float(e) {
+            Some(c) => *k *= c,
+            None => out.push(e),
+        },
+    }
+}
+
+/// `x` when `e` is `0.5·x·(1 + erf(x/√2))`, the factors in any order.
+fn as_gelu(x: &crate::Exprs, e: E) -> Option<E> {
+    let (mut fs, mut k) = (Vec::new(), 1.0);
+    factors(x, e, &mut fs, &mut k);
+    if fs.len() != 2 || (k - 0.5).abs() > 1e-6 {
+        return None;
+    }
+    for (a, s) in [(fs[0], fs[1]), (fs[1], fs[0])] {
+        let Node::Binary(BinaryOp::Add, p, q) = x.node(s) else { continue };
+        let (one, erf) = if x.as_float(*p) == Some(1.0) { (*p, *q) } else { (*q, *p) };
+        if x.as_float(one) != Some(1.0) {
+            continue;
+        }
+        let Node::Unary(UnaryOp::Erf, u) = x.node(erf) else { continue };
+        let (mut us, mut ku) = (Vec::new(), 1.0);
+        factors(x, *u, &mut us, &mut ku);
+        if us == [a] && (ku - std::f64::consts::FRAC_1_SQRT_2).abs() < 1e-6 {
+            return Some(a);
+        }
+    }
+    None
 }
 
 /// An f32 matmul: the contraction engine's work.

@@ -25,7 +25,8 @@ mod text;
 
 pub use expr::{Combine, Exprs, Node, E};
 pub use plan::{
-    BufId, Buffer, BufferKind, DimTable, GroupSteps, MatMulStep, ModelPlan, Step, StepKind, View,
+    Activation, BufId, Buffer, BufferKind, DimTable, GroupSteps, MatEpilogue, MatMulStep, ModelPlan, Step,
+    StepKind, View,
 };
 pub use program::{LoopProgram, Param, Store};
 pub use text::{print_plan, print_program};

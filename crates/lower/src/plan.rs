@@ -81,6 +81,35 @@ pub struct View {
     pub cs: u32,
 }
 
+/// The activation of a matmul's fused epilogue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Activation {
+    #[default]
+    None,
+    Relu,
+    /// `0.5·x·(1 + erf(x/√2))`.
+    Gelu,
+    Tanh,
+}
+
+/// An element-wise epilogue the contraction engine applies to each output tile
+/// while it is in registers: `act(scale·acc + bias[col] + residual[row, col])`.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct MatEpilogue {
+    pub scale: Option<f32>,
+    /// A vector of `n` values.
+    pub bias: Option<BufId>,
+    /// A dense tensor in the output's row-major order.
+    pub residual: Option<BufId>,
+    pub activation: Activation,
+}
+
+impl MatEpilogue {
+    pub fn is_identity(&self) -> bool {
+        *self == MatEpilogue::default()
+    }
+}
+
 /// A batch of f32 contractions `C[b] = A[b] · B[b]` for the contraction engine.
 #[derive(Clone, Debug)]
 pub struct MatMulStep {
@@ -95,6 +124,8 @@ pub struct MatMulStep {
     pub c: View,
     /// `B` is a constant read the same by every batch entry: packed once at compile time.
     pub weight: bool,
+    /// The group's epilogue, when the engine's tile epilogue computes it.
+    pub epilogue: MatEpilogue,
 }
 
 /// One launch.
@@ -146,7 +177,11 @@ impl ModelPlan {
         for (i, s) in self.steps.iter().enumerate() {
             let touched: Vec<BufId> = match &s.kind {
                 StepKind::Loop { args, .. } => args.clone(),
-                StepKind::MatMul(m) => vec![m.a.buf, m.b.buf, m.c.buf],
+                StepKind::MatMul(m) => {
+                    let mut v = vec![m.a.buf, m.b.buf, m.c.buf];
+                    v.extend(m.epilogue.bias.iter().chain(&m.epilogue.residual));
+                    v
+                }
             };
             for b in touched {
                 let buf = &mut self.buffers[b];

@@ -138,6 +138,26 @@ fn view(v: &View) -> String {
     format!("b{}+d{} strides [{}] d{} d{}", v.buf, v.offset, batch.join(", "), v.rs, v.cs)
 }
 
+fn epilogue(e: &crate::plan::MatEpilogue) -> String {
+    if e.is_identity() {
+        return String::new();
+    }
+    let mut parts = Vec::new();
+    if let Some(k) = e.scale {
+        parts.push(format!("scale {k:?}"));
+    }
+    if let Some(b) = e.bias {
+        parts.push(format!("bias b{b}"));
+    }
+    if let Some(r) = e.residual {
+        parts.push(format!("residual b{r}"));
+    }
+    if e.activation != crate::plan::Activation::None {
+        parts.push(format!("{:?}", e.activation).to_lowercase());
+    }
+    format!(", epilogue {}", parts.join(" + "))
+}
+
 /// The whole plan: dims, buffers, programs and steps by group.
 pub fn print_plan(p: &ModelPlan) -> String {
     let mut s = String::new();
@@ -171,7 +191,7 @@ pub fn print_plan(p: &ModelPlan) -> String {
                     let batch: Vec<String> = m.batch.iter().map(|d| format!("d{d}")).collect();
                     let _ = writeln!(
                         s,
-                        "  matmul [{}] m d{} n d{} k d{}{}: A {} · B {} → C {}",
+                        "  matmul [{}] m d{} n d{} k d{}{}: A {} · B {} → C {}{}",
                         batch.join(", "),
                         m.m,
                         m.n,
@@ -179,7 +199,8 @@ pub fn print_plan(p: &ModelPlan) -> String {
                         if m.weight { " (weight)" } else { "" },
                         view(&m.a),
                         view(&m.b),
-                        view(&m.c)
+                        view(&m.c),
+                        epilogue(&m.epilogue)
                     );
                 }
             }

@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use ir::{DType, Elems, Tensor, TensorType};
-use kernels::{BOperand, Dispatcher, EpilogueArgs, MatMut, MatRef, PackedB, ThreadPool};
+use kernels::{
+    Activation, BOperand, Dispatcher, Epilogue, EpilogueArgs, MatMut, MatRef, PackedB, ThreadPool,
+};
 use lower::{BufferKind, LoopFn, ModelPlan, StepKind};
 use sym::{DimFact, ShapeEnv, SymError};
 
@@ -56,6 +58,14 @@ impl RunError {
     }
 }
 
+/// The time of one call: every step of the plan, in order, and the whole call
+/// (binding, planning, allocation and the steps).
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    pub steps: Vec<std::time::Duration>,
+    pub total: std::time::Duration,
+}
+
 /// What the compiler hands the runtime.
 pub struct ModelParts {
     pub plan: ModelPlan,
@@ -64,8 +74,9 @@ pub struct ModelParts {
     pub outputs: Vec<(String, TensorType)>,
     /// The entry of each of the plan's loop programs.
     pub loops: Vec<LoopFn>,
-    /// The contraction engine for the plan's matmuls (none when it has none).
-    pub dispatcher: Option<Dispatcher>,
+    /// The contraction engine for each epilogue the plan's matmuls fuse (see
+    /// [`engine_epilogue`]): a kernel family compiled with it.
+    pub dispatchers: Vec<(Epilogue, Dispatcher)>,
     pub pool: ThreadPool,
     /// Owners of the machine code the function pointers point into.
     pub code: Vec<Box<dyn Any + Send + Sync>>,
@@ -78,7 +89,7 @@ pub struct CompiledModel {
     inputs: Vec<(String, TensorType)>,
     outputs: Vec<(String, TensorType)>,
     loops: Vec<LoopFn>,
-    dispatcher: Option<Dispatcher>,
+    dispatchers: Vec<(Epilogue, Dispatcher)>,
     /// The packed weight of each matmul step that has one.
     packed: Vec<Option<PackedB>>,
     /// Aligned copies of constants whose bytes are not aligned to their type.
@@ -105,7 +116,7 @@ const PACK_ROWS: [usize; 5] = [1, 8, 64, 512, 4096];
 impl CompiledModel {
     /// Assemble a compiled model; packs every weight for the contraction engine.
     pub fn new(parts: ModelParts) -> Result<CompiledModel, RunError> {
-        let ModelParts { plan, env, inputs, outputs, loops, dispatcher, pool, code } = parts;
+        let ModelParts { plan, env, inputs, outputs, loops, dispatchers, pool, code } = parts;
         if loops.len() != plan.programs.len() {
             return Err(RunError::Internal(format!(
                 "{} loop programs, {} compiled",
@@ -141,7 +152,7 @@ impl CompiledModel {
             inputs,
             outputs,
             loops,
-            dispatcher,
+            dispatchers,
             packed: Vec::new(),
             aligned,
             pool,
@@ -178,8 +189,7 @@ impl CompiledModel {
                 out.push(None);
                 continue;
             }
-            let d =
-                self.dispatcher.as_ref().ok_or_else(|| RunError::Internal("no contraction engine".into()))?;
+            let d = self.dispatcher(mm)?;
             let buf = &self.plan.buffers[mm.b.buf];
             let ptr = self
                 .constant_ptr(mm.b.buf)
@@ -195,6 +205,15 @@ impl CompiledModel {
             out.push(Some(d.pack_weight(view, &PACK_ROWS).map_err(|e| RunError::Internal(e.to_string()))?));
         }
         Ok(out)
+    }
+
+    fn dispatcher(&self, mm: &lower::MatMulStep) -> Result<&Dispatcher, RunError> {
+        let e = engine_epilogue(&mm.epilogue);
+        self.dispatchers
+            .iter()
+            .find(|(k, _)| *k == e)
+            .map(|(_, d)| d)
+            .ok_or_else(|| RunError::Internal(format!("no contraction engine for the epilogue {e:?}")))
     }
 
     pub fn inputs(&self) -> &[(String, TensorType)] {
@@ -266,6 +285,26 @@ impl CompiledModel {
 
     /// Run on named inputs of any shape the symbols allow; outputs in model order.
     pub fn run(&self, inputs: &[(&str, Tensor)]) -> Result<Vec<(String, Tensor)>, RunError> {
+        self.run_timed(inputs, None)
+    }
+
+    /// [`CompiledModel::run`], timing every step (each step of the plan, in
+    /// order) and the whole call.
+    pub fn run_profiled(
+        &self,
+        inputs: &[(&str, Tensor)],
+    ) -> Result<(Vec<(String, Tensor)>, Profile), RunError> {
+        let start = std::time::Instant::now();
+        let mut steps = Vec::with_capacity(self.plan.steps.len());
+        let out = self.run_timed(inputs, Some(&mut steps))?;
+        Ok((out, Profile { steps, total: start.elapsed() }))
+    }
+
+    fn run_timed(
+        &self,
+        inputs: &[(&str, Tensor)],
+        times: Option<&mut Vec<std::time::Duration>>,
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
         let sp = self.shape_plan(inputs)?;
         let lines = sp.arena_bytes.div_ceil(64);
         let mut arena = self.arenas.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
@@ -289,7 +328,7 @@ impl CompiledModel {
                 BufferKind::Temp => unsafe { (arena.as_mut_ptr() as *mut u8).add(sp.offset[i]) },
             };
         }
-        let result = self.execute(&sp, &ptrs);
+        let result = self.execute(&sp, &ptrs, times);
         self.arenas.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
         result?;
         self.plan
@@ -326,9 +365,15 @@ impl CompiledModel {
         usize::try_from(v).map_err(|_| RunError::Internal(format!("output dim {d} is {v}")))
     }
 
-    fn execute(&self, sp: &ShapePlan, ptrs: &[*mut u8]) -> Result<(), RunError> {
+    fn execute(
+        &self,
+        sp: &ShapePlan,
+        ptrs: &[*mut u8],
+        mut times: Option<&mut Vec<std::time::Duration>>,
+    ) -> Result<(), RunError> {
         let mut args: Vec<*mut u8> = Vec::new();
         for (i, st) in self.plan.steps.iter().enumerate() {
+            let start = times.is_some().then(std::time::Instant::now);
             match (&st.kind, &sp.steps[i]) {
                 (StepKind::Loop { program, args: bufs }, StepShape::Loop { rows, inner }) => {
                     args.clear();
@@ -337,6 +382,9 @@ impl CompiledModel {
                 }
                 (StepKind::MatMul(mm), StepShape::MatMul(ms)) => self.run_matmul(i, mm, ms, sp, ptrs)?,
                 _ => return Err(RunError::Internal("a step and its shape disagree".into())),
+            }
+            if let (Some(t), Some(s)) = (times.as_deref_mut(), start) {
+                t.push(s.elapsed());
             }
         }
         Ok(())
@@ -395,7 +443,7 @@ impl CompiledModel {
         if ms.m == 0 || ms.n == 0 || ms.entries.is_empty() {
             return Ok(());
         }
-        let d = self.dispatcher.as_ref().ok_or_else(|| RunError::Internal("no contraction engine".into()))?;
+        let d = self.dispatcher(mm)?;
         let shape_err = |e: kernels::KernelError| RunError::Internal(e.to_string());
         let whole = |b: usize| -> &[f32] {
             // SAFETY: buffer `b` holds `numel` f32 values at `ptrs[b]` (an input, output,
@@ -433,8 +481,34 @@ impl CompiledModel {
             let cs = unsafe { std::slice::from_raw_parts_mut((ptrs[mm.c.buf] as *mut f32).add(e[2]), c_len) };
             c.push(MatMut::new(cs, ms.m, ms.n, ms.rs[2]).map_err(shape_err)?);
         }
-        d.batched(&self.pool, &a, &b, &mut c, &EpilogueArgs::default()).map_err(shape_err)?;
+        let bias = match mm.epilogue.bias {
+            Some(bb) => Some(whole(bb).get(..ms.n).ok_or_else(|| RunError::Internal("a short bias".into()))?),
+            None => None,
+        };
+        let residual = match mm.epilogue.residual {
+            Some(rb) if ms.entries.len() == 1 => {
+                Some(view(whole(rb), ms.entries[0][2], ms.m, ms.n, ms.rs[2], 1)?)
+            }
+            Some(_) => return Err(RunError::Internal("a batched matmul with a residual".into())),
+            None => None,
+        };
+        d.batched(&self.pool, &a, &b, &mut c, &EpilogueArgs { bias, residual }).map_err(shape_err)?;
         Ok(())
+    }
+}
+
+/// The contraction engine's epilogue for a matmul step's.
+pub fn engine_epilogue(e: &lower::MatEpilogue) -> Epilogue {
+    Epilogue {
+        scale: e.scale,
+        bias: e.bias.is_some(),
+        residual: e.residual.is_some(),
+        activation: match e.activation {
+            lower::Activation::None => Activation::None,
+            lower::Activation::Relu => Activation::Relu,
+            lower::Activation::Gelu => Activation::Gelu,
+            lower::Activation::Tanh => Activation::Tanh,
+        },
     }
 }
 

@@ -72,8 +72,10 @@ impl ShapePlan {
             numel.push(n);
         }
         // Temporaries: first fit among the blocks live at the same time.
-        let mut order: Vec<usize> =
-            (0..plan.buffers.len()).filter(|i| matches!(plan.buffers[*i].kind, BufferKind::Temp)).collect();
+        let mut order: Vec<usize> = (0..plan.buffers.len())
+            .filter(|i| matches!(plan.buffers[*i].kind, BufferKind::Temp))
+            .filter(|i| plan.buffers[*i].first <= plan.buffers[*i].last)
+            .collect();
         order.sort_by_key(|i| (plan.buffers[*i].first, std::cmp::Reverse(numel[*i])));
         let mut offset = vec![0usize; plan.buffers.len()];
         let mut placed: Vec<(usize, usize, usize, usize)> = Vec::new(); // (offset, bytes, first, last)
