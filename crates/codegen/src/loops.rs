@@ -380,7 +380,7 @@ impl Gen<'_> {
             match self.x.node(e) {
                 // A reduction's body is hoisted when the reduction is emitted.
                 Node::Reduce { .. } => {}
-                n => stack.extend(children(n)),
+                n => stack.extend(n.children()),
             }
         }
         // Children before parents: lower node ids first (the DAG is built bottom-up).
@@ -1165,18 +1165,6 @@ impl Gen<'_> {
         }
         b.position_at_end(exit);
         Ok((ivv, phis.iter().map(|p| p.as_basic_value()).collect()))
-    }
-}
-
-fn children(n: &Node) -> Vec<E> {
-    match n {
-        Node::Var(_) | Node::Dim(_) | Node::Const(_) => vec![],
-        Node::Load { index, guard, .. } => index.iter().chain(guard).copied().collect(),
-        Node::Unary(_, a) | Node::Cast(a) => vec![*a],
-        Node::Binary(_, a, b) => vec![*a, *b],
-        Node::Select(a, b, c) => vec![*a, *b, *c],
-        Node::Check { ok, value, .. } => vec![*ok, *value],
-        Node::Reduce { body, .. } => vec![*body],
     }
 }
 

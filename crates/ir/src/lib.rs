@@ -2,6 +2,7 @@
 //! symbolic shape, with a verifier and a readable text form (printer + parser that
 //! round-trip exactly), which is how passes are tested and what `inspect` shows.
 
+mod bind;
 mod graph;
 mod infer;
 mod op;
@@ -9,6 +10,7 @@ mod tensor;
 mod text;
 mod verify;
 
+pub use bind::{bind_inputs, InputError};
 pub use graph::{Graph, Node, Value, ValueId};
 pub use infer::infer;
 pub use op::{BinaryOp, ConvAttrs, Op, PadMode, PoolAttrs, PoolKind, ReduceOp, SliceAxis, UnaryOp};

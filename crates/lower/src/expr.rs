@@ -88,6 +88,21 @@ pub enum Node {
     },
 }
 
+impl Node {
+    /// The expressions this node reads (a reduction's variables' extents aside).
+    pub fn children(&self) -> Vec<E> {
+        match self {
+            Node::Var(_) | Node::Dim(_) | Node::Const(_) => vec![],
+            Node::Load { index, guard, .. } => index.iter().chain(guard).copied().collect(),
+            Node::Unary(_, a) | Node::Cast(a) => vec![*a],
+            Node::Binary(_, a, b) => vec![*a, *b],
+            Node::Select(a, b, c) => vec![*a, *b, *c],
+            Node::Check { ok, value, .. } => vec![*ok, *value],
+            Node::Reduce { body, .. } => vec![*body],
+        }
+    }
+}
+
 /// The DAG of one program: nodes, their dtypes, the free variables of each (a
 /// bit set) and every variable's extent.
 #[derive(Clone, Debug, Default)]

@@ -57,18 +57,6 @@ pub fn print_program(p: &LoopProgram, names: bool) -> String {
     s
 }
 
-fn children(n: &Node) -> Vec<E> {
-    match n {
-        Node::Var(_) | Node::Dim(_) | Node::Const(_) => vec![],
-        Node::Load { index, guard, .. } => index.iter().chain(guard).copied().collect(),
-        Node::Unary(_, a) | Node::Cast(a) => vec![*a],
-        Node::Binary(_, a, b) => vec![*a, *b],
-        Node::Select(a, b, c) => vec![*a, *b, *c],
-        Node::Check { ok, value, .. } => vec![*ok, *value],
-        Node::Reduce { body, .. } => vec![*body],
-    }
-}
-
 fn count(x: &Exprs, e: E, uses: &mut [usize], seen: &mut [bool], order: &mut Vec<E>) {
     uses[e.index()] += 1;
     if seen[e.index()] {
@@ -81,7 +69,7 @@ fn count(x: &Exprs, e: E, uses: &mut [usize], seen: &mut [bool], order: &mut Vec
             count(x, ext, uses, seen, order);
         }
     }
-    for c in children(x.node(e)) {
+    for c in x.node(e).children() {
         count(x, c, uses, seen, order);
     }
     order.push(e);

@@ -12,8 +12,8 @@
 //! symbolic type evaluated under the bindings, which catches shape-inference bugs
 //! in the importer and in passes where they happen.
 
-use ir::{DType, Graph, Node, Tensor, TensorType};
-use sym::{Bindings, DimFact, ShapeEnv, SymError, SymExpr};
+use ir::{DType, Graph, InputError, Node, Tensor, TensorType};
+use sym::{Bindings, ShapeEnv, SymError, SymExpr};
 
 /// A failure inside one op, before the node it happened in is known.
 #[derive(Debug)]
@@ -79,35 +79,15 @@ impl RefError {
 /// Every graph input must be given exactly once, with its dtype and rank; the
 /// dims then go to [`ShapeEnv::bind`], which checks every recorded shape fact.
 pub fn bind_inputs(g: &Graph, inputs: &[(&str, Tensor)]) -> Result<Bindings, RefError> {
-    let expected = || g.inputs.iter().map(|v| g.name(*v)).collect::<Vec<_>>().join(", ");
-    for (i, (name, _)) in inputs.iter().enumerate() {
-        if !g.inputs.iter().any(|v| g.name(*v) == *name) {
-            return Err(RefError::UnknownInput { name: name.to_string(), expected: expected() });
-        }
-        if inputs[..i].iter().any(|(n, _)| n == name) {
-            return Err(RefError::DuplicateInput(name.to_string()));
-        }
-    }
-    let mut facts = Vec::new();
-    for &v in &g.inputs {
-        let (name, ty) = (g.name(v), g.ty(v));
-        let Some((_, t)) = inputs.iter().find(|(n, _)| *n == name) else {
-            return Err(RefError::MissingInput { name: name.to_string(), expected: expected() });
-        };
-        if t.dtype() != ty.dtype {
-            let (expected, got) = (ty.dtype, t.dtype());
-            return Err(RefError::InputDType { name: name.into(), expected, ty: ty.to_string(), got });
-        }
-        if t.shape().len() != ty.rank() {
-            let got = t.shape().to_vec();
-            return Err(RefError::InputRank { name: name.into(), rank: ty.rank(), ty: ty.to_string(), got });
-        }
-        for (i, (expr, &d)) in ty.shape.iter().zip(t.shape()).enumerate() {
-            let value = i64::try_from(d).unwrap_or(i64::MAX);
-            facts.push(DimFact { expr: expr.clone(), value, what: format!("input '{name}' dim {i}") });
-        }
-    }
-    g.env.bind(&facts).map_err(RefError::Binding)
+    let expected: Vec<(&str, &TensorType)> = g.inputs.iter().map(|v| (g.name(*v), g.ty(*v))).collect();
+    ir::bind_inputs(&g.env, &expected, inputs).map(|(b, _)| b).map_err(|e| match e {
+        InputError::Missing { name, expected } => RefError::MissingInput { name, expected },
+        InputError::Unknown { name, expected } => RefError::UnknownInput { name, expected },
+        InputError::Duplicate(name) => RefError::DuplicateInput(name),
+        InputError::DType { name, expected, ty, got } => RefError::InputDType { name, expected, ty, got },
+        InputError::Rank { name, rank, ty, got } => RefError::InputRank { name, rank, ty, got },
+        InputError::Binding(e) => RefError::Binding(e),
+    })
 }
 
 /// Run the graph on named inputs; returns the graph's outputs in order, each

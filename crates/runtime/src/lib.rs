@@ -21,7 +21,7 @@ use kernels::{
     Activation, BOperand, Dispatcher, Epilogue, EpilogueArgs, MatMut, MatRef, PackedB, ThreadPool,
 };
 use lower::{BufferKind, LoopFn, ModelPlan, StepKind};
-use sym::{DimFact, ShapeEnv, SymError};
+use sym::ShapeEnv;
 
 pub use shape::MAX_ELEMS;
 use shape::{ShapePlan, StepShape};
@@ -29,19 +29,8 @@ use shape::{ShapePlan, StepShape};
 /// What can go wrong in a call, each naming what and where.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RunError {
-    #[error("missing input '{name}' (the model's inputs are: {expected})")]
-    MissingInput { name: String, expected: String },
-    #[error("unknown input '{name}' (the model's inputs are: {expected})")]
-    UnknownInput { name: String, expected: String },
-    #[error("input '{0}' is given more than once")]
-    DuplicateInput(String),
-    #[error("input '{name}' must be {expected} ({ty}), got {got}")]
-    InputDType { name: String, expected: DType, ty: String, got: DType },
-    #[error("input '{name}' must have rank {rank} ({ty}), got shape {got:?}")]
-    InputRank { name: String, rank: usize, ty: String, got: Vec<usize> },
-    /// An input shape breaks a fact of the model (the message names the input, the dim and the rule).
-    #[error("input shapes do not fit the model: {0}")]
-    Binding(SymError),
+    #[error(transparent)]
+    Input(#[from] ir::InputError),
     #[error("{0}")]
     Shape(String),
     /// A kernel found bad data (a gather index out of range, an integer division by zero).
@@ -233,48 +222,9 @@ impl CompiledModel {
         self.pool.threads()
     }
 
-    /// Check the inputs and bind the symbols; returns the shape signature.
-    fn bind(&self, inputs: &[(&str, Tensor)]) -> Result<(Vec<i64>, sym::Bindings), RunError> {
-        let expected = || self.inputs.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ");
-        for (i, (name, _)) in inputs.iter().enumerate() {
-            if !self.inputs.iter().any(|(n, _)| n == name) {
-                return Err(RunError::UnknownInput { name: name.to_string(), expected: expected() });
-            }
-            if inputs[..i].iter().any(|(n, _)| n == name) {
-                return Err(RunError::DuplicateInput(name.to_string()));
-            }
-        }
-        let mut facts = Vec::new();
-        let mut key = Vec::new();
-        for (name, ty) in &self.inputs {
-            let Some((_, t)) = inputs.iter().find(|(n, _)| n == name) else {
-                return Err(RunError::MissingInput { name: name.clone(), expected: expected() });
-            };
-            if t.dtype() != ty.dtype {
-                let (expected, got) = (ty.dtype, t.dtype());
-                return Err(RunError::InputDType { name: name.clone(), expected, ty: ty.to_string(), got });
-            }
-            if t.shape().len() != ty.rank() {
-                let got = t.shape().to_vec();
-                return Err(RunError::InputRank {
-                    name: name.clone(),
-                    rank: ty.rank(),
-                    ty: ty.to_string(),
-                    got,
-                });
-            }
-            for (i, (expr, &d)) in ty.shape.iter().zip(t.shape()).enumerate() {
-                let value = i64::try_from(d).unwrap_or(i64::MAX);
-                key.push(value);
-                facts.push(DimFact { expr: expr.clone(), value, what: format!("input '{name}' dim {i}") });
-            }
-        }
-        let b = self.env.bind(&facts).map_err(RunError::Binding)?;
-        Ok((key, b))
-    }
-
     fn shape_plan(&self, inputs: &[(&str, Tensor)]) -> Result<Arc<ShapePlan>, RunError> {
-        let (key, b) = self.bind(inputs)?;
+        let expected: Vec<(&str, &TensorType)> = self.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let (b, key) = ir::bind_inputs(&self.env, &expected, inputs)?;
         if let Some(p) = self.shapes.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(p.clone());
         }
