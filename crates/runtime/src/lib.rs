@@ -83,6 +83,8 @@ pub struct CompiledModel {
     packed: Vec<Option<PackedB>>,
     /// Aligned copies of constants whose bytes are not aligned to their type.
     aligned: Vec<Option<Vec<u64>>>,
+    /// Each output's dims: a constant, or a slot of the dim table.
+    out_dims: Vec<Vec<Result<usize, u32>>>,
     pool: ThreadPool,
     shapes: RwLock<HashMap<Vec<i64>, Arc<ShapePlan>>>,
     arenas: Mutex<Vec<Vec<Line>>>,
@@ -144,12 +146,14 @@ impl CompiledModel {
             dispatchers,
             packed: Vec::new(),
             aligned,
+            out_dims: Vec::new(),
             pool,
             shapes: RwLock::new(HashMap::new()),
             arenas: Mutex::new(Vec::new()),
             _code: code,
         };
         m.packed = m.pack_weights()?;
+        m.out_dims = m.output_dims()?;
         Ok(m)
     }
 
@@ -281,16 +285,17 @@ impl CompiledModel {
         let result = self.execute(&sp, &ptrs, times);
         self.arenas.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
         result?;
-        self.plan
-            .outputs
-            .iter()
-            .zip(outs)
+        outs.into_iter()
             .enumerate()
-            .map(|(k, (b, e))| {
-                let shape: Vec<usize> = self.plan.buffers[*b]
-                    .shape
+            .map(|(k, e)| {
+                let shape: Vec<usize> = self.out_dims[k]
                     .iter()
-                    .map(|d| self.eval_dim(&sp, d))
+                    .map(|d| match d {
+                        Ok(c) => Ok(*c),
+                        Err(s) => usize::try_from(sp.dims[*s as usize]).map_err(|_| {
+                            RunError::Internal(format!("output dim {} is negative", sp.dims[*s as usize]))
+                        }),
+                    })
                     .collect::<Result<_, _>>()?;
                 let t = Tensor::new(shape, e).map_err(|e| RunError::Internal(e.to_string()))?;
                 Ok((self.outputs[k].0.clone(), t))
@@ -298,21 +303,19 @@ impl CompiledModel {
             .collect()
     }
 
-    fn eval_dim(&self, sp: &ShapePlan, d: &sym::SymExpr) -> Result<usize, RunError> {
-        let v = match d.as_const() {
-            Some(c) => c,
+    /// Where each output dim comes from, found once.
+    fn output_dims(&self) -> Result<Vec<Vec<Result<usize, u32>>>, RunError> {
+        let table = self.plan.dims.exprs();
+        let dim = |d: &sym::SymExpr| match d.as_const().and_then(|c| usize::try_from(c).ok()) {
+            Some(c) => Ok(Ok(c)),
             None => {
                 let e = self.env.normalize(d);
-                let slot = self.plan.dims.exprs().iter().position(|x| *x == e);
-                match slot {
-                    Some(s) => sp.dims[s],
-                    None => {
-                        return Err(RunError::Internal(format!("output dim {d} is not in the dim table")))
-                    }
-                }
+                let slot = table.iter().position(|x| *x == e);
+                slot.map(|s| Err(s as u32))
+                    .ok_or_else(|| RunError::Internal(format!("output dim {d} is not in the dim table")))
             }
         };
-        usize::try_from(v).map_err(|_| RunError::Internal(format!("output dim {d} is {v}")))
+        self.plan.outputs.iter().map(|b| self.plan.buffers[*b].shape.iter().map(dim).collect()).collect()
     }
 
     fn execute(
