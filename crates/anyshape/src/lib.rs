@@ -204,25 +204,34 @@ impl Model {
     /// The model lowered: tensor programs, execution and buffer plans
     /// (`anyshape inspect --stage programs`).
     pub fn lower(&self) -> Result<lower::ModelPlan, Error> {
-        Ok(lower::lower(&self.graph, &self.fusion_plan())?)
+        self.lower_with(&CompileOptions::default())
+    }
+
+    /// [`Model::lower`] as [`Model::compile`] lowers with `opts`.
+    pub fn lower_with(&self, opts: &CompileOptions) -> Result<lower::ModelPlan, Error> {
+        let lo = lower::LowerOptions { fuse_attention: opts.fuse_attention };
+        Ok(lower::lower_with(&self.graph, &self.fusion_plan(), &lo)?)
     }
 
     /// Compile every fusion group to machine code: loop programs generated with
     /// LLVM, matmuls on the contraction engine (its tile measurements from the
     /// tuning cache, measured when absent). The result runs any shape.
     pub fn compile(&self, opts: &CompileOptions) -> Result<CompiledModel, Error> {
-        let plan = self.lower()?;
+        let plan = self.lower_with(opts)?;
         let target = kernels::Target::detect();
         let threads = opts.threads.unwrap_or_else(default_threads);
         let pool = kernels::ThreadPool::new(threads);
         // One kernel family per epilogue the matmuls fuse.
         let mut epilogues: Vec<kernels::Epilogue> = Vec::new();
         for s in &plan.steps {
-            if let lower::StepKind::MatMul(m) = &s.kind {
-                let e = runtime::engine_epilogue(&m.epilogue);
-                if !epilogues.contains(&e) {
-                    epilogues.push(e);
-                }
+            let e = match &s.kind {
+                lower::StepKind::MatMul(m) => runtime::engine_epilogue(&m.epilogue),
+                // Fused attention's products run on the plain family's direct kernels.
+                lower::StepKind::Attention(_) => kernels::Epilogue::default(),
+                lower::StepKind::Loop { .. } => continue,
+            };
+            if !epilogues.contains(&e) {
+                epilogues.push(e);
             }
         }
         let cache = opts.cache_dir.clone().or_else(codegen::tuning::default_cache_dir);
@@ -276,10 +285,17 @@ fn default_threads() -> usize {
 }
 
 /// How to compile a model.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct CompileOptions {
     threads: Option<usize>,
     cache_dir: Option<std::path::PathBuf>,
+    fuse_attention: bool,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions { threads: None, cache_dir: None, fuse_attention: true }
+    }
 }
 
 impl CompileOptions {
@@ -289,6 +305,12 @@ impl CompileOptions {
     /// Threads of the model's pool (default: the machine's).
     pub fn threads(mut self, n: usize) -> CompileOptions {
         self.threads = Some(n.max(1));
+        self
+    }
+    /// Run attention as one fused kernel per block of query rows (on by
+    /// default); off runs it as its three steps (the unfused path, to compare).
+    pub fn fuse_attention(mut self, on: bool) -> CompileOptions {
+        self.fuse_attention = on;
         self
     }
     /// The tuning cache folder (default: `$ANYSHAPE_CACHE_DIR`, `$XDG_CACHE_HOME/anyshape`

@@ -29,6 +29,8 @@ pub struct Dispatcher {
     machine: MachineModel,
     model: CostModel,
     memo: RwLock<HashMap<Problem, Schedule>>,
+    /// Single-thread direct schedules of fused attention's tasks, per problem.
+    task_memo: RwLock<HashMap<Problem, Schedule>>,
     /// At most one tree per operand layout (a handful: a linear scan).
     trees: Vec<DecisionTree>,
     /// Macro-kernels measured by the Bayesian search, per class of problems.
@@ -43,6 +45,7 @@ impl Dispatcher {
             machine,
             model,
             memo: RwLock::new(HashMap::new()),
+            task_memo: RwLock::new(HashMap::new()),
             trees: Vec::new(),
             tuned: None,
         }
@@ -144,6 +147,33 @@ impl Dispatcher {
         };
         self.memo.write().unwrap_or_else(|e| e.into_inner()).insert(*p, s);
         Ok(s)
+    }
+
+    /// The schedule of one task of a fused kernel (a block of fused attention's
+    /// rows): the model's best among the direct schedules on one thread (the
+    /// fused kernel's threads split the tasks), memoized per problem.
+    pub fn task_schedule(&self, p: &Problem) -> Result<Schedule, KernelError> {
+        if let Some(s) = self.task_memo.read().unwrap_or_else(|e| e.into_inner()).get(p) {
+            return Ok(*s);
+        }
+        let s = self
+            .candidates(p)
+            .into_iter()
+            .filter(|s| s.operands == Operands::Direct && s.grid == crate::ThreadGrid::SINGLE)
+            .map(|s| (self.model.cost(&self.machine, &self.family, p, &s), s))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, s)| s)
+            .ok_or_else(|| KernelError::Shape(format!("no single-thread direct schedule fits {p:?}")))?;
+        self.task_memo.write().unwrap_or_else(|e| e.into_inner()).insert(*p, s);
+        Ok(s)
+    }
+
+    /// The direct kernels of a schedule from [`Dispatcher::task_schedule`].
+    pub fn direct_plan(&self, s: &Schedule) -> Result<DirectPlan<'_>, KernelError> {
+        match self.plan(s)? {
+            Plan::Direct(d) => Ok(d),
+            Plan::Packed(_) => Err(KernelError::Shape(format!("schedule {s} is not direct"))),
+        }
     }
 
     /// Distil this dispatcher's model over `samples` into a decision tree (see

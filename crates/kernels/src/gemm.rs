@@ -135,6 +135,14 @@ impl<'a> MatRef<'a> {
     pub fn row_major(data: &'a [f32], rows: usize, cols: usize) -> Result<MatRef<'a>, KernelError> {
         MatRef::new(data, rows, cols, cols, 1)
     }
+    /// The row stride.
+    pub fn rs(&self) -> usize {
+        self.rs
+    }
+    /// The column stride.
+    pub fn cs(&self) -> usize {
+        self.cs
+    }
     /// The transposed view (no copy).
     pub fn t(self) -> MatRef<'a> {
         MatRef { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs, ..self }
@@ -146,10 +154,10 @@ impl<'a> MatRef<'a> {
 
 /// A row-major output matrix (row stride `ldc`, contiguous columns).
 pub struct MatMut<'a> {
-    data: &'a mut [f32],
+    pub(crate) data: &'a mut [f32],
     pub rows: usize,
     pub cols: usize,
-    ldc: usize,
+    pub(crate) ldc: usize,
 }
 
 impl<'a> MatMut<'a> {
@@ -566,7 +574,7 @@ pub fn gemm_batched(
 
 /// A raw pointer to C shared by the threads of one contraction.
 #[derive(Clone, Copy)]
-pub(crate) struct CPtr(*mut f32);
+pub(crate) struct CPtr(pub(crate) *mut f32);
 // SAFETY: threads write disjoint tiles of C (disjoint entries, row bands or column
 // panels: see `execute`), so no element is written by two threads; a `CPtr` is only
 // made by `execute` from the exclusive borrow of C it holds until every thread is
@@ -592,10 +600,13 @@ pub(crate) struct Workspace {
     scratch: Vec<f32>,
     bias: Vec<f32>,
     res: Vec<f32>,
+    /// Fused attention's score and probability tiles.
+    pub(crate) scores: Vec<f32>,
+    pub(crate) probs: Vec<f32>,
 }
 
 thread_local! {
-    static WORKSPACE: std::cell::RefCell<Workspace> = std::cell::RefCell::new(Workspace::default());
+    pub(crate) static WORKSPACE: std::cell::RefCell<Workspace> = std::cell::RefCell::new(Workspace::default());
 }
 
 /// The epilogue data must match what the kernel was compiled to read.
@@ -679,7 +690,7 @@ fn band(
     if rows.is_empty() || cols.is_empty() {
         return;
     }
-    let Workspace { a: ap, b: bp, scratch, bias: ebias, res: eres } = ws;
+    let Workspace { a: ap, b: bp, scratch, bias: ebias, res: eres, .. } = ws;
     scratch.resize(uk.mr * uk.nr, 0.0);
     // Edge tiles read the epilogue's data from padded copies, never past the operands.
     ebias.resize(uk.nr, 0.0);

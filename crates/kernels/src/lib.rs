@@ -11,6 +11,7 @@
 //! [`direct`] and [`pack`], so a compiled model can run where LLVM is absent.
 
 mod activation;
+pub mod attention;
 pub mod bayes;
 pub mod calibrate;
 pub mod categorize;
@@ -27,6 +28,7 @@ pub mod tree;
 pub mod tuned;
 
 pub use activation::{Activation, ERF_A, ERF_P, GELU_C};
+pub use attention::{attention, attention_block, AttentionPlan, SoftmaxStep};
 pub use cost::{CostModel, MachineModel};
 pub use direct::{DirectKernel, DirectKernelFn, DirectPlan};
 pub use dispatch::Dispatcher;
@@ -50,4 +52,7 @@ pub use tuned::{MacroKernel, TunedClass, TunedRow, TunedSchedules};
 pub enum KernelError {
     #[error("{0}")]
     Shape(String),
+    /// A step the caller supplied (fused attention's softmax) found bad data.
+    #[error("{0}")]
+    Step(String),
 }

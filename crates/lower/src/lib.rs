@@ -16,6 +16,7 @@
 //!
 //! No LLVM here: `codegen` turns programs into machine code, `runtime` runs plans.
 
+pub mod attention;
 mod build;
 pub mod expr;
 mod group;
@@ -23,10 +24,11 @@ pub mod plan;
 pub mod program;
 mod text;
 
+pub use attention::fuse_attention;
 pub use expr::{Combine, Exprs, Node, E};
 pub use plan::{
-    Activation, BufId, Buffer, BufferKind, DimTable, GroupSteps, MatEpilogue, MatMulStep, ModelPlan, Step,
-    StepKind, View,
+    Activation, AttentionStep, BufId, Buffer, BufferKind, DimTable, GroupSteps, MatEpilogue, MatMulStep,
+    ModelPlan, Step, StepKind, View,
 };
 pub use program::{LoopProgram, Param, Store};
 pub use text::{print_plan, print_program};
@@ -34,7 +36,10 @@ pub use text::{print_plan, print_program};
 /// The calling convention of a generated loop program: `bufs[i]` is parameter
 /// `i`'s data, `dims` the model's dim table evaluated for the call, and the
 /// program runs rows `begin..end` of its nest (a row: one value of all loop
-/// variables but the innermost). Returns 0, or the first error code a `Check`
+/// variables but the innermost). Buffers are addressed with wrapping
+/// arithmetic from their pointers (no in-bounds assumption), so a caller that
+/// runs a few rows may pass a tile holding only those rows, its pointer shifted
+/// back by the rows before them (fused attention does). Returns 0, or the first error code a `Check`
 /// recorded (its message is the program's `checks[code - 1]`).
 pub type LoopFn = unsafe extern "C" fn(bufs: *const *mut u8, dims: *const i64, begin: i64, end: i64) -> i64;
 
@@ -47,7 +52,33 @@ pub enum LowerError {
     Internal(String),
 }
 
+/// How to lower a model.
+#[derive(Clone, Copy, Debug)]
+pub struct LowerOptions {
+    /// Fuse attention's `matmul, softmax, matmul` into one step ([`fuse_attention`]).
+    pub fuse_attention: bool,
+}
+
+impl Default for LowerOptions {
+    fn default() -> Self {
+        LowerOptions { fuse_attention: true }
+    }
+}
+
 /// Lower a rewritten graph cut into fusion groups.
 pub fn lower(g: &ir::Graph, fusion: &passes::FusionPlan) -> Result<ModelPlan, LowerError> {
-    group::Lowering::new(g).run(fusion)
+    lower_with(g, fusion, &LowerOptions::default())
+}
+
+/// [`lower`] with options.
+pub fn lower_with(
+    g: &ir::Graph,
+    fusion: &passes::FusionPlan,
+    opts: &LowerOptions,
+) -> Result<ModelPlan, LowerError> {
+    let mut plan = group::Lowering::new(g).run(fusion)?;
+    if opts.fuse_attention {
+        fuse_attention(&mut plan);
+    }
+    Ok(plan)
 }

@@ -128,6 +128,38 @@ pub struct MatMulStep {
     pub epilogue: MatEpilogue,
 }
 
+/// Attention as one fused launch (RUNTIME.md §2): for every batch entry and
+/// block of query rows, `scores` (`S = Q·Kᵀ`) into a tile, the `softmax`
+/// program over the tile's rows (its scale and mask included), and `output`
+/// (`O = P·V`) from the probability tile. The scores and probabilities buffers
+/// of the unfused steps are never allocated: the program's parameters
+/// `scores_param` and `probs_param` are the tiles, passed shifted back by the
+/// block's first row (the program addresses its buffers with wrapping
+/// arithmetic, so only the block's rows are touched).
+#[derive(Clone, Debug)]
+pub struct AttentionStep {
+    pub scores: MatMulStep,
+    pub softmax: usize,
+    pub args: Vec<BufId>,
+    pub scores_param: usize,
+    pub probs_param: usize,
+    pub output: MatMulStep,
+}
+
+impl AttentionStep {
+    /// The buffers the fused step really reads and writes (not the tiles).
+    pub fn touched(&self) -> Vec<BufId> {
+        let (s, o) = (&self.scores, &self.output);
+        let mut v = vec![s.a.buf, s.b.buf, o.b.buf, o.c.buf];
+        for (i, b) in self.args.iter().enumerate() {
+            if i != self.scores_param && i != self.probs_param {
+                v.push(*b);
+            }
+        }
+        v
+    }
+}
+
 /// One launch.
 #[derive(Clone, Debug)]
 pub enum StepKind {
@@ -137,6 +169,18 @@ pub enum StepKind {
         args: Vec<BufId>,
     },
     MatMul(MatMulStep),
+    Attention(Box<AttentionStep>),
+}
+
+impl StepKind {
+    /// A short name of the kind (profiles group time by it).
+    pub fn name(&self) -> &'static str {
+        match self {
+            StepKind::Loop { .. } => "loop",
+            StepKind::MatMul(_) => "matmul",
+            StepKind::Attention(_) => "attention",
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -182,6 +226,7 @@ impl ModelPlan {
                     v.extend(m.epilogue.bias.iter().chain(&m.epilogue.residual));
                     v
                 }
+                StepKind::Attention(a) => a.touched(),
             };
             for b in touched {
                 let buf = &mut self.buffers[b];

@@ -146,6 +146,22 @@ fn epilogue(e: &crate::plan::MatEpilogue) -> String {
     format!(", epilogue {}", parts.join(" + "))
 }
 
+fn matmul(m: &crate::plan::MatMulStep) -> String {
+    let batch: Vec<String> = m.batch.iter().map(|d| format!("d{d}")).collect();
+    format!(
+        "[{}] m d{} n d{} k d{}{}: A {} · B {} → C {}{}",
+        batch.join(", "),
+        m.m,
+        m.n,
+        m.k,
+        if m.weight { " (weight)" } else { "" },
+        view(&m.a),
+        view(&m.b),
+        view(&m.c),
+        epilogue(&m.epilogue)
+    )
+}
+
 /// The whole plan: dims, buffers, programs and steps by group.
 pub fn print_plan(p: &ModelPlan) -> String {
     let mut s = String::new();
@@ -160,6 +176,7 @@ pub fn print_plan(p: &ModelPlan) -> String {
             BufferKind::Input(k) => format!("input {k}"),
             BufferKind::Output(k) => format!("output {k}"),
             BufferKind::Constant(_) => "constant".to_string(),
+            BufferKind::Temp if b.first > b.last => "temp, unused".to_string(),
             BufferKind::Temp => format!("temp, steps {}..={}", b.first, b.last),
         };
         let _ = writeln!(s, "  b{i}: {}[{}] \"{}\" ({kind})", b.dtype, shape.join(", "), b.name);
@@ -176,20 +193,23 @@ pub fn print_plan(p: &ModelPlan) -> String {
                     let _ = writeln!(s, "  loop p{program}({})", a.join(", "));
                 }
                 StepKind::MatMul(m) => {
-                    let batch: Vec<String> = m.batch.iter().map(|d| format!("d{d}")).collect();
-                    let _ = writeln!(
-                        s,
-                        "  matmul [{}] m d{} n d{} k d{}{}: A {} · B {} → C {}{}",
-                        batch.join(", "),
-                        m.m,
-                        m.n,
-                        m.k,
-                        if m.weight { " (weight)" } else { "" },
-                        view(&m.a),
-                        view(&m.b),
-                        view(&m.c),
-                        epilogue(&m.epilogue)
-                    );
+                    let _ = writeln!(s, "  matmul {}", matmul(m));
+                }
+                StepKind::Attention(a) => {
+                    let args: Vec<String> = a
+                        .args
+                        .iter()
+                        .enumerate()
+                        .map(|(i, b)| match i {
+                            _ if i == a.scores_param => "scores".to_string(),
+                            _ if i == a.probs_param => "probs".to_string(),
+                            _ => format!("b{b}"),
+                        })
+                        .collect();
+                    let _ = writeln!(s, "  attention, fused per block of query rows:");
+                    let _ = writeln!(s, "    scores = matmul {}", matmul(&a.scores));
+                    let _ = writeln!(s, "    probs = p{}({})", a.softmax, args.join(", "));
+                    let _ = writeln!(s, "    matmul {}", matmul(&a.output));
                 }
             }
         }

@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use ir::{DType, Elems, Tensor, TensorType};
 use kernels::{
-    Activation, BOperand, Dispatcher, Epilogue, EpilogueArgs, MatMut, MatRef, PackedB, ThreadPool,
+    ALayout, Activation, BLayout, BOperand, Dispatcher, Epilogue, EpilogueArgs, MatMut, MatRef, PackedB,
+    Problem, ThreadPool,
 };
 use lower::{BufferKind, LoopFn, ModelPlan, StepKind};
 use sym::ShapeEnv;
@@ -201,7 +202,10 @@ impl CompiledModel {
     }
 
     fn dispatcher(&self, mm: &lower::MatMulStep) -> Result<&Dispatcher, RunError> {
-        let e = engine_epilogue(&mm.epilogue);
+        self.dispatcher_for(engine_epilogue(&mm.epilogue))
+    }
+
+    fn dispatcher_for(&self, e: Epilogue) -> Result<&Dispatcher, RunError> {
         self.dispatchers
             .iter()
             .find(|(k, _)| *k == e)
@@ -334,6 +338,9 @@ impl CompiledModel {
                     self.run_loop(*program, &args, &sp.dims, *rows, *inner)?;
                 }
                 (StepKind::MatMul(mm), StepShape::MatMul(ms)) => self.run_matmul(i, mm, ms, sp, ptrs)?,
+                (StepKind::Attention(a), StepShape::Attention { scores, output }) => {
+                    self.run_attention(a, scores, output, sp, ptrs)?
+                }
                 _ => return Err(RunError::Internal("a step and its shape disagree".into())),
             }
             if let (Some(t), Some(s)) = (times.as_deref_mut(), start) {
@@ -409,17 +416,6 @@ impl CompiledModel {
         let mut b = Vec::with_capacity(ms.entries.len());
         let mut c = Vec::with_capacity(ms.entries.len());
         let c_len = (ms.m - 1) * ms.rs[2] + ms.n;
-        fn view<'a>(
-            all: &'a [f32],
-            off: usize,
-            rows: usize,
-            cols: usize,
-            rs: usize,
-            cs: usize,
-        ) -> Result<MatRef<'a>, RunError> {
-            MatRef::new(all.get(off..).unwrap_or(&[]), rows, cols, rs, cs)
-                .map_err(|e| RunError::Internal(e.to_string()))
-        }
         for e in &ms.entries {
             a.push(view(a_all, e[0], ms.m, ms.k, ms.rs[0], ms.cs[0])?);
             b.push(match &self.packed[step] {
@@ -448,6 +444,122 @@ impl CompiledModel {
         d.batched(&self.pool, &a, &b, &mut c, &EpilogueArgs { bias, residual }).map_err(shape_err)?;
         Ok(())
     }
+
+    /// Fused attention: per batch entry and block of query rows, scores into a
+    /// tile, the softmax program over the tile's rows, and the product with V.
+    fn run_attention(
+        &self,
+        a: &lower::AttentionStep,
+        ss: &shape::MatMulShape,
+        os: &shape::MatMulShape,
+        sp: &ShapePlan,
+        ptrs: &[*mut u8],
+    ) -> Result<(), RunError> {
+        if ss.m == 0 || os.n == 0 || ss.entries.is_empty() {
+            return Ok(());
+        }
+        let d = self.dispatcher_for(Epilogue::default())?;
+        let internal = |e: kernels::KernelError| RunError::Internal(e.to_string());
+        let whole = |b: usize| -> &[f32] {
+            // SAFETY: as in `run_matmul`: buffer `b` holds `numel` f32 values at
+            // `ptrs[b]`, alive for the call, only read here (the output is not an operand).
+            unsafe { std::slice::from_raw_parts(ptrs[b] as *const f32, sp.numel[b]) }
+        };
+        let (q_all, k_all, v_all) = (whole(a.scores.a.buf), whole(a.scores.b.buf), whole(a.output.b.buf));
+        let entries = ss.entries.len();
+        let (mut q, mut kt, mut v, mut o) = (
+            Vec::with_capacity(entries),
+            Vec::with_capacity(entries),
+            Vec::with_capacity(entries),
+            Vec::with_capacity(entries),
+        );
+        let o_len = (os.m - 1) * os.rs[2] + os.n;
+        for (se, oe) in ss.entries.iter().zip(&os.entries) {
+            q.push(view(q_all, se[0], ss.m, ss.k, ss.rs[0], ss.cs[0])?);
+            kt.push(BOperand::Plain(view(k_all, se[1], ss.k, ss.n, ss.rs[1], ss.cs[1])?));
+            v.push(BOperand::Plain(view(v_all, oe[1], os.k, os.n, os.rs[1], os.cs[1])?));
+            if oe[2] + o_len > sp.numel[a.output.c.buf] || os.cs[2] != 1 {
+                return Err(RunError::Internal("an attention output outside its buffer".into()));
+            }
+            // SAFETY: the entries of O are disjoint row-major blocks of its buffer
+            // (checked in bounds above), which no operand of the step reads.
+            let os_ = unsafe {
+                std::slice::from_raw_parts_mut((ptrs[a.output.c.buf] as *mut f32).add(oe[2]), o_len)
+            };
+            o.push(MatMut::new(os_, os.m, os.n, os.rs[2]).map_err(internal)?);
+        }
+        let layout = |b: &BOperand| match b {
+            BOperand::Plain(m) if m.cs() == 1 || m.cols == 1 => BLayout::RowMajor,
+            _ => BLayout::Strided,
+        };
+        let problem = |m: usize, n: usize, k: usize, b: BLayout| Problem {
+            batch: 1,
+            m: m.max(1),
+            n: n.max(1),
+            k: k.max(1),
+            a: ALayout::RowMajor,
+            b,
+        };
+        let (kl, vl) = (layout(&kt[0]), layout(&v[0]));
+        // The block is a multiple of the kernels' main height.
+        let probe = d.task_schedule(&problem(ss.m.min(64), ss.n, ss.k, kl)).map_err(internal)?;
+        let target = d.target();
+        let block = kernels::attention_block(target.l2, self.pool.threads(), entries, ss.m, ss.n, probe.mr);
+        let s_sched = d.task_schedule(&problem(block, ss.n, ss.k, kl)).map_err(internal)?;
+        let o_sched = d.task_schedule(&problem(block, os.n, os.k, vl)).map_err(internal)?;
+        let plan = kernels::AttentionPlan {
+            block,
+            scores: d.direct_plan(&s_sched).map_err(internal)?,
+            output: d.direct_plan(&o_sched).map_err(internal)?,
+        };
+        let f = self.loops[a.softmax];
+        let base: Vec<*mut u8> = a.args.iter().map(|b| ptrs[*b]).collect();
+        let shared = Shared { args: base.as_ptr(), dims: sp.dims.as_ptr() };
+        let (sp_, pp_, keys, rows) = (a.scores_param, a.probs_param, ss.n, ss.m);
+        let nargs = base.len();
+        let checks = &self.plan.programs[a.softmax].checks;
+        let softmax = move |e: usize,
+                            first: usize,
+                            n: usize,
+                            s: &[f32],
+                            p: &mut [f32]|
+              -> Result<(), String> {
+            let shared = shared;
+            let row = e * rows + first;
+            // SAFETY: `shared.args` holds the step's `nargs` buffer pointers (see above).
+            let mut args: Vec<*mut u8> = unsafe { std::slice::from_raw_parts(shared.args, nargs) }.to_vec();
+            // The tiles stand for rows row..row+n of S and P: shifted back by the rows
+            // before them, the program's addresses for those rows land in the tiles.
+            args[sp_] = s.as_ptr().wrapping_sub(row * keys) as *mut u8;
+            args[pp_] = p.as_mut_ptr().wrapping_sub(row * keys) as *mut u8;
+            // SAFETY: the program reads S and writes P only in rows row..row+n (checked
+            // when the step was fused: it reads each row of S in that row alone and
+            // stores only P, at the nest's positions), which the tiles hold (`n·keys`
+            // elements each); its other buffers are the plan's, as for any loop.
+            let status = unsafe { f(args.as_ptr(), shared.dims, row as i64, (row + n) as i64) };
+            match status {
+                0 => Ok(()),
+                c => Err(checks.get(c as usize - 1).cloned().unwrap_or_else(|| format!("kernel error {c}"))),
+            }
+        };
+        kernels::attention(&self.pool, &plan, &q, &kt, &v, &mut o, &softmax).map_err(|e| match e {
+            kernels::KernelError::Step(msg) => RunError::Kernel(msg),
+            e => RunError::Internal(e.to_string()),
+        })
+    }
+}
+
+/// The `rows × cols` view at `off` of a buffer, with strides `rs` and `cs`.
+fn view(
+    all: &[f32],
+    off: usize,
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+) -> Result<MatRef<'_>, RunError> {
+    MatRef::new(all.get(off..).unwrap_or(&[]), rows, cols, rs, cs)
+        .map_err(|e| RunError::Internal(e.to_string()))
 }
 
 /// The contraction engine's epilogue for a matmul step's.

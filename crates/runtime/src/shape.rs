@@ -35,6 +35,11 @@ pub(crate) enum StepShape {
         inner: usize,
     },
     MatMul(MatMulShape),
+    /// Fused attention: its two products (the softmax's rows are their query rows).
+    Attention {
+        scores: MatMulShape,
+        output: MatMulShape,
+    },
 }
 
 /// Everything a call at one shape needs besides the data.
@@ -100,66 +105,83 @@ impl ShapePlan {
             placed.push((at, bytes, buf.first, buf.last));
             arena_bytes = arena_bytes.max(at + bytes);
         }
-        let d = |s: u32| dims[s as usize];
         let mut steps = Vec::with_capacity(plan.steps.len());
         for st in &plan.steps {
             steps.push(match &st.kind {
                 StepKind::Loop { program, .. } => {
-                    let p = &plan.programs[*program];
-                    let ext = |e: lower::E| -> Result<usize, RunError> {
-                        let v = match p.exprs.node(e) {
-                            lower::Node::Dim(s) => d(*s),
-                            lower::Node::Const(c) => *c as i64,
-                            _ => return Err(RunError::Internal("a loop extent is not a dim".into())),
-                        };
-                        usize_of(v, "a loop extent")
-                    };
-                    let total = p
-                        .space
-                        .iter()
-                        .try_fold(1usize, |a, e| Ok::<_, RunError>(a.saturating_mul(ext(*e)?)))?;
-                    let inner = match p.inner() {
-                        Some(i) => ext(p.space[i])?,
-                        None => 1,
-                    };
-                    StepShape::Loop { rows: total.checked_div(inner).unwrap_or(0), inner }
+                    let (rows, inner) = nest(&plan.programs[*program], &dims)?;
+                    StepShape::Loop { rows, inner }
                 }
-                StepKind::MatMul(mm) => {
-                    let ext: Vec<usize> = mm
-                        .batch
-                        .iter()
-                        .map(|s| usize_of(d(*s), "a batch extent"))
-                        .collect::<Result<_, _>>()?;
-                    let count = ext.iter().product::<usize>();
-                    let views = [&mm.a, &mm.b, &mm.c];
-                    let mut entries = Vec::with_capacity(count);
-                    for e in 0..count {
-                        let mut rest = e;
-                        let mut off = [0usize; 3];
-                        for (j, v) in views.iter().enumerate() {
-                            off[j] = usize_of(d(v.offset), "a view offset")?;
-                        }
-                        for bd in (0..ext.len()).rev() {
-                            let i = rest % ext[bd];
-                            rest /= ext[bd];
-                            for (j, v) in views.iter().enumerate() {
-                                off[j] += i * usize_of(d(v.batch[bd]), "a batch stride")?;
-                            }
-                        }
-                        entries.push(off);
+                StepKind::MatMul(mm) => StepShape::MatMul(matmul_shape(mm, &dims)?),
+                StepKind::Attention(a) => {
+                    let (rows, inner) = nest(&plan.programs[a.softmax], &dims)?;
+                    let scores = matmul_shape(&a.scores, &dims)?;
+                    let output = matmul_shape(&a.output, &dims)?;
+                    // The tiles stand for S and P: one softmax row per query row.
+                    if rows != scores.entries.len() * scores.m || inner != scores.n {
+                        return Err(RunError::Internal(format!(
+                            "fused attention: a softmax of {rows} rows of {inner} over {} entries of {}x{} scores",
+                            scores.entries.len(),
+                            scores.m,
+                            scores.n
+                        )));
                     }
-                    let s = |x: u32| usize_of(d(x), "a stride");
-                    StepShape::MatMul(MatMulShape {
-                        m: usize_of(d(mm.m), "M")?,
-                        n: usize_of(d(mm.n), "N")?,
-                        k: usize_of(d(mm.k), "K")?,
-                        rs: [s(mm.a.rs)?, s(mm.b.rs)?, s(mm.c.rs)?],
-                        cs: [s(mm.a.cs)?, s(mm.b.cs)?, s(mm.c.cs)?],
-                        entries,
-                    })
+                    StepShape::Attention { scores, output }
                 }
             });
         }
         Ok(ShapePlan { dims, numel, offset, arena_bytes, steps })
     }
+}
+
+/// Rows of a loop program's nest at this shape, and elements per row.
+fn nest(p: &lower::LoopProgram, dims: &[i64]) -> Result<(usize, usize), RunError> {
+    let ext = |e: lower::E| -> Result<usize, RunError> {
+        let v = match p.exprs.node(e) {
+            lower::Node::Dim(s) => dims[*s as usize],
+            lower::Node::Const(c) => *c as i64,
+            _ => return Err(RunError::Internal("a loop extent is not a dim".into())),
+        };
+        usize_of(v, "a loop extent")
+    };
+    let total = p.space.iter().try_fold(1usize, |a, e| Ok::<_, RunError>(a.saturating_mul(ext(*e)?)))?;
+    let inner = match p.inner() {
+        Some(i) => ext(p.space[i])?,
+        None => 1,
+    };
+    Ok((total.checked_div(inner).unwrap_or(0), inner))
+}
+
+/// A matmul's problem at this shape and its batch entries' offsets.
+fn matmul_shape(mm: &lower::MatMulStep, dims: &[i64]) -> Result<MatMulShape, RunError> {
+    let d = |s: u32| dims[s as usize];
+    let ext: Vec<usize> =
+        mm.batch.iter().map(|s| usize_of(d(*s), "a batch extent")).collect::<Result<_, _>>()?;
+    let count = ext.iter().product::<usize>();
+    let views = [&mm.a, &mm.b, &mm.c];
+    let mut entries = Vec::with_capacity(count);
+    for e in 0..count {
+        let mut rest = e;
+        let mut off = [0usize; 3];
+        for (j, v) in views.iter().enumerate() {
+            off[j] = usize_of(d(v.offset), "a view offset")?;
+        }
+        for bd in (0..ext.len()).rev() {
+            let i = rest % ext[bd];
+            rest /= ext[bd];
+            for (j, v) in views.iter().enumerate() {
+                off[j] += i * usize_of(d(v.batch[bd]), "a batch stride")?;
+            }
+        }
+        entries.push(off);
+    }
+    let s = |x: u32| usize_of(d(x), "a stride");
+    Ok(MatMulShape {
+        m: usize_of(d(mm.m), "M")?,
+        n: usize_of(d(mm.n), "N")?,
+        k: usize_of(d(mm.k), "K")?,
+        rs: [s(mm.a.rs)?, s(mm.b.rs)?, s(mm.c.rs)?],
+        cs: [s(mm.a.cs)?, s(mm.b.cs)?, s(mm.c.cs)?],
+        entries,
+    })
 }
