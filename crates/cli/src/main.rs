@@ -472,12 +472,14 @@ fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>, dump_llvm: Opti
         let lower_ms = start.elapsed().as_secs_f64() * 1e3;
         say!("# stage: programs");
         say_raw!("{}", anyshape::print_plan(&plan));
-        let matmuls = plan.steps.iter().filter(|s| matches!(s.kind, anyshape::StepKind::MatMul(_))).count();
+        let count = |k: &str| plan.steps.iter().filter(|s| s.kind.name() == k).count();
         say!(
-            "# {} groups, {} steps ({} loops, {matmuls} matmuls), {} distinct loop programs, {} buffers, {} dims; lowering {lower_ms:.1} ms",
+            "# {} groups, {} steps ({} loops, {} matmuls, {} fused attention), {} distinct loop programs, {} buffers, {} dims; lowering {lower_ms:.1} ms",
             plan.groups.len(),
             plan.steps.len(),
-            plan.steps.len() - matmuls,
+            count("loop"),
+            count("matmul"),
+            count("attention"),
             plan.programs.len(),
             plan.buffers.len(),
             plan.dims.len()

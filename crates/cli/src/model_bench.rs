@@ -32,9 +32,13 @@ pub struct BenchArgs {
     json: bool,
     /// Also time every step over the warm calls and print the time per kind of
     /// group (contraction, attention, stitch, element-wise, ...), split into
-    /// matmuls and loops, and the time outside kernels.
+    /// matmuls, loops and fused attention kernels, and the time outside kernels.
     #[arg(long)]
     profile: bool,
+    /// Run attention as its three steps (matmul, softmax, matmul) instead of the
+    /// fused kernel: the unfused path, to compare.
+    #[arg(long)]
+    unfused_attention: bool,
 }
 
 fn parse_shape(s: &str) -> Result<Vec<(String, usize)>> {
@@ -101,7 +105,7 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize) 
     }
     let mut rows: Vec<(String, &str)> = Vec::new();
     for (i, st) in plan.steps.iter().enumerate() {
-        let what = if matches!(st.kind, anyshape::StepKind::MatMul(_)) { "matmul" } else { "loop" };
+        let what = st.kind.name();
         if !rows.iter().any(|(k, w)| *k == kind_of[i] && *w == what) {
             rows.push((kind_of[i].clone(), what));
         }
@@ -113,8 +117,7 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize) 
         let (_, p) = cm.run_profiled(named).map_err(anyshape::Error::from)?;
         let mut sums = vec![0.0; rows.len()];
         for (i, d) in p.steps.iter().enumerate() {
-            let what =
-                if matches!(plan.steps[i].kind, anyshape::StepKind::MatMul(_)) { "matmul" } else { "loop" };
+            let what = plan.steps[i].kind.name();
             let r = rows.iter().position(|(k, w)| *k == kind_of[i] && *w == what).unwrap_or(0);
             sums[r] += ms(*d);
         }
@@ -146,7 +149,7 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize) 
 pub fn bench(a: BenchArgs) -> Result<()> {
     let shapes: Vec<Vec<(String, usize)>> = a.shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
     let model = crate::load(&a.model, &a.dims)?;
-    let mut opts = CompileOptions::new();
+    let mut opts = CompileOptions::new().fuse_attention(!a.unfused_attention);
     if let Some(t) = a.threads {
         opts = opts.threads(t);
     }

@@ -1,0 +1,159 @@
+//! Fused attention (one step per block of query rows: scores and probabilities
+//! in tiles, never in memory) against the reference interpreter, at query and
+//! key lengths of 1, primes, one past a vector and past a query block (64
+//! rows), with an additive padding mask (cross attention, lengths differing)
+//! and with a causal mask; on one thread and two; and the unfused path beside
+//! it. The plan is checked to hold the fused step, so a silent fallback to the
+//! three unfused steps fails here.
+
+use anyshape::{CompileOptions, CompiledModel, Elems, LoadOptions, Model, Tensor};
+
+/// `softmax(Q·Kᵀ/4 + mask)·V` over `b × 3` heads of depth 20, queries `q`, keys `k`.
+const PADDING_MASK: &str = r#"graph {
+  sym b param 1..3
+  sym q param 1..200
+  sym k param 1..200
+  input %qs: f32[b, 3, q, 20]
+  input %kt: f32[b, 3, 20, k]
+  input %v: f32[b, 3, k, 20]
+  input %mask: f32[b, 1, 1, k]
+  %s: f32[b, 3, q, k] = matmul %qs, %kt
+  %quarter: f32[1, 1, 1, 1] = constant [4.0]
+  %qb: f32[b, 3, q, k] = broadcast %quarter
+  %ss: f32[b, 3, q, k] = div %s, %qb
+  %mb: f32[b, 3, q, k] = broadcast %mask
+  %sm: f32[b, 3, q, k] = add %ss, %mb
+  %mx: f32[b, 3, q, 1] = reduce_max[axes=[3], keep_dims=true] %sm
+  %mxb: f32[b, 3, q, k] = broadcast %mx
+  %sh: f32[b, 3, q, k] = sub %sm, %mxb
+  %ex: f32[b, 3, q, k] = exp %sh
+  %sum: f32[b, 3, q, 1] = reduce_sum[axes=[3], keep_dims=true] %ex
+  %sumb: f32[b, 3, q, k] = broadcast %sum
+  %p: f32[b, 3, q, k] = div %ex, %sumb
+  %o: f32[b, 3, q, 20] = matmul %p, %v
+  output %o
+}
+"#;
+
+/// Self-attention of length `t` with a causal mask (key `j` seen by query `i ≥ j`).
+const CAUSAL: &str = r#"graph {
+  sym b param 1..3
+  sym t param 1..200
+  input %qs: f32[b, 2, t, 16]
+  input %kt: f32[b, 2, 16, t]
+  input %v: f32[b, 2, t, 16]
+  %s: f32[b, 2, t, t] = matmul %qs, %kt
+  %ri: i64[t, t] = iota[axis=0]
+  %ci: i64[t, t] = iota[axis=1]
+  %keep: bool[t, t] = less_eq %ci, %ri
+  %keep4: bool[1, 1, t, t] = reshape %keep
+  %keepb: bool[b, 2, t, t] = broadcast %keep4
+  %low: f32[1, 1, 1, 1] = constant [-10000.0]
+  %lowb: f32[b, 2, t, t] = broadcast %low
+  %sm: f32[b, 2, t, t] = select %keepb, %s, %lowb
+  %mx: f32[b, 2, t, 1] = reduce_max[axes=[3], keep_dims=true] %sm
+  %mxb: f32[b, 2, t, t] = broadcast %mx
+  %sh: f32[b, 2, t, t] = sub %sm, %mxb
+  %ex: f32[b, 2, t, t] = exp %sh
+  %sum: f32[b, 2, t, 1] = reduce_sum[axes=[3], keep_dims=true] %ex
+  %sumb: f32[b, 2, t, t] = broadcast %sum
+  %p: f32[b, 2, t, t] = div %ex, %sumb
+  %o: f32[b, 2, t, 16] = matmul %p, %v
+  output %o
+}
+"#;
+
+fn model(text: &str) -> Model {
+    let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Random inputs at the dims given; a padding mask of 0 and -10000 (the last
+/// keys padded, as a tokenizer pads), everything else in [-2, 2).
+fn inputs(m: &Model, dims: &[(&str, usize)], seed: u64) -> Vec<(String, Tensor)> {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut next = move || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) as u32
+    };
+    m.inputs()
+        .into_iter()
+        .map(|info| {
+            let shape: Vec<usize> = info
+                .ty
+                .shape
+                .iter()
+                .map(|d| {
+                    d.eval(&|s| dims.iter().find(|(n, _)| *n == s).map(|x| x.1 as i64)).expect("dim") as usize
+                })
+                .collect();
+            let n: usize = shape.iter().product();
+            let elems = if info.name == "mask" {
+                let keys = *shape.last().expect("rank");
+                let keep = keys - (next() as usize % keys.div_ceil(2));
+                Elems::F32((0..n).map(|i| if i % keys < keep { 0.0 } else { -10000.0 }).collect())
+            } else {
+                Elems::F32((0..n).map(|_| next() as f32 / u32::MAX as f32 * 4.0 - 2.0).collect())
+            };
+            (info.name, Tensor::new(shape, elems).expect("tensor"))
+        })
+        .collect()
+}
+
+fn check(m: &Model, compiled: &[(&str, &CompiledModel)], dims: &[(&str, usize)], seed: u64) {
+    let ins = inputs(m, dims, seed);
+    let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let want = m.run(&named).unwrap_or_else(|e| panic!("{dims:?}: interpreter: {e}"));
+    for (what, cm) in compiled {
+        let got = cm.run(&named).unwrap_or_else(|e| panic!("{dims:?}: {what}: {e}"));
+        let (g, w) = (got[0].1.to_f64_vec(), want[0].1.to_f64_vec());
+        assert_eq!(got[0].1.shape(), want[0].1.shape(), "{dims:?}: {what}");
+        for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                "{dims:?}: {what}: o[{i}] = {a}, the interpreter says {b}"
+            );
+        }
+    }
+}
+
+fn compile_all(m: &Model) -> Vec<(&'static str, CompiledModel)> {
+    let fused = anyshape::print_plan(&m.lower().expect("lower"));
+    assert!(fused.contains("attention, fused per block of query rows"), "attention not fused:\n{fused}");
+    assert!(fused.contains("temp, unused"), "the score buffers are still allocated:\n{fused}");
+    let unfused = m.lower_with(&CompileOptions::new().fuse_attention(false)).expect("lower");
+    assert!(!anyshape::print_plan(&unfused).contains("fused per block"));
+    let c = |o: CompileOptions| m.compile(&o).unwrap_or_else(|e| panic!("{e}"));
+    vec![
+        ("fused, 2 threads", c(CompileOptions::new().threads(2))),
+        ("fused, 1 thread", c(CompileOptions::new().threads(1))),
+        ("unfused", c(CompileOptions::new().threads(2).fuse_attention(false))),
+    ]
+}
+
+/// Lengths: 1, primes, one past 8 and 16 lanes, one past a 64-row block, the range's end.
+const LENGTHS: [usize; 10] = [1, 2, 7, 13, 17, 33, 64, 65, 131, 200];
+
+#[test]
+fn fused_attention_with_padding_mask() {
+    let m = model(PADDING_MASK);
+    let compiled = compile_all(&m);
+    let refs: Vec<(&str, &CompiledModel)> = compiled.iter().map(|(w, c)| (*w, c)).collect();
+    for (i, &q) in LENGTHS.iter().enumerate() {
+        // Keys both equal to the queries and not (cross attention).
+        let k = LENGTHS[(i * 7 + 3) % LENGTHS.len()];
+        let b = 1 + i % 3;
+        check(&m, &refs, &[("b", b), ("q", q), ("k", q)], i as u64);
+        check(&m, &refs, &[("b", b), ("q", q), ("k", k)], 100 + i as u64);
+    }
+}
+
+#[test]
+fn fused_attention_with_causal_mask() {
+    let m = model(CAUSAL);
+    let compiled = compile_all(&m);
+    let refs: Vec<(&str, &CompiledModel)> = compiled.iter().map(|(w, c)| (*w, c)).collect();
+    for (i, &t) in LENGTHS.iter().enumerate() {
+        check(&m, &refs, &[("b", 1 + i % 3), ("t", t)], i as u64);
+    }
+}
