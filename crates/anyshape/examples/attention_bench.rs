@@ -7,7 +7,8 @@
 //! ```
 //! Both compiled models run in turns (one round: every length on each), and each
 //! reports the best of its rounds' medians; the ratio is unfused time over fused.
-//! GFLOP/s counts the two products (4·b·h·T²·d).
+//! GFLOP/s counts the two products (4·b·h·T²·d). `--only fused` (or `unfused`)
+//! times one path alone (for `perf record`).
 
 use std::time::Instant;
 
@@ -84,12 +85,17 @@ fn main() {
     let opts = CompileOptions::new().threads(threads);
     let fused = model.compile(&opts).expect("compile");
     let unfused = model.compile(&opts.clone().fuse_attention(false)).expect("compile");
-    let mut best = vec![(f64::INFINITY, f64::INFINITY); seqs.len()];
+    let only = arg(&args, "--only", "both");
+    let mut best = vec![(f64::NAN, f64::NAN); seqs.len()];
     for _ in 0..rounds {
         for (i, &t) in seqs.iter().enumerate() {
             let ins = inputs(batch, t);
-            best[i].0 = best[i].0.min(median_ms(&fused, &ins, runs));
-            best[i].1 = best[i].1.min(median_ms(&unfused, &ins, runs));
+            if only != "unfused" {
+                best[i].0 = best[i].0.min(median_ms(&fused, &ins, runs));
+            }
+            if only != "fused" {
+                best[i].1 = best[i].1.min(median_ms(&unfused, &ins, runs));
+            }
         }
     }
     println!("attention, batch {batch}, 12 heads x 64, {threads} threads (best of {rounds} rounds' medians)");

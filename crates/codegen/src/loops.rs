@@ -417,8 +417,22 @@ impl Gen<'_> {
             Node::Binary(op, a, c) => {
                 let in_dt = x.dtype(a);
                 let nonneg = x.known_nonneg(a) && x.known_nonneg(c);
-                let (a, c) = (self.emit_as(a, vec)?, self.emit_as(c, vec)?);
-                self.binary(op, a, c, in_dt, nonneg)?
+                if op == BinaryOp::Div
+                    && matches!(in_dt, DType::F32 | DType::F64)
+                    && self.is_vec(a, vec)
+                    && !self.is_vec(c, vec)
+                {
+                    // A divisor the same for the whole row (Softmax's sum): one
+                    // division per row (LLVM hoists the scalar one), a multiply per vector.
+                    let (a, c) = (self.emit_as(a, vec)?, self.emit(c, false)?);
+                    let one = self.constant(in_dt, 1f64.to_bits())?;
+                    let r = self.binary(BinaryOp::Div, one, c, in_dt, false)?;
+                    let r = self.splat(r)?;
+                    self.binary(BinaryOp::Mul, a, r, in_dt, false)?
+                } else {
+                    let (a, c) = (self.emit_as(a, vec)?, self.emit_as(c, vec)?);
+                    self.binary(op, a, c, in_dt, nonneg)?
+                }
             }
             Node::Select(c, a, d) => {
                 let cv = self.emit(c, vec)?;
@@ -782,7 +796,7 @@ impl Gen<'_> {
             a.into_vector_value()
         };
         let lanes = v.get_type().get_size() as usize;
-        let m = VMath { ctx: self.ctx, bld: self.bld, vt: v.get_type(), lanes };
+        let m = VMath { ctx: self.ctx, module: self.module, bld: self.bld, vt: v.get_type(), lanes };
         let r = match op {
             UnaryOp::Exp => m.exp(v)?,
             UnaryOp::Tanh => m.tanh(v)?,

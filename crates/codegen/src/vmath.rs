@@ -4,8 +4,10 @@
 
 use inkwell::builder::Builder;
 use inkwell::context::Context;
+use inkwell::intrinsics::Intrinsic;
+use inkwell::module::Module;
 use inkwell::types::VectorType;
-use inkwell::values::{IntValue, PointerValue, VectorValue};
+use inkwell::values::{FastMathFlags, IntValue, PointerValue, VectorValue};
 use inkwell::FloatPredicate;
 use kernels::{Activation, ERF_A, ERF_P, GELU_C};
 
@@ -17,6 +19,7 @@ type R = Result<V, CodegenError>;
 /// Emits vector math for one vector type.
 pub(crate) struct VMath<'b> {
     pub ctx: &'static Context,
+    pub module: &'b Module<'static>,
     pub bld: &'b Builder<'static>,
     pub vt: VectorType<'static>,
     pub lanes: usize,
@@ -38,6 +41,28 @@ impl VMath<'_> {
     fn div(&self, a: V, b: V) -> R {
         self.bld.build_float_div(a, b, "").map_err(llvm)
     }
+    /// `a·b + c`, marked contractible so that LLVM emits one FMA (one rounding).
+    fn fma(&self, a: V, b: V, c: V) -> R {
+        let m = self.mul(a, b)?;
+        let s = self.add(m, c)?;
+        for v in [m, s] {
+            if let Some(i) = v.as_instruction() {
+                i.set_fast_math_flags(FastMathFlags::AllowContract)
+                    .map_err(|e| llvm(format!("contract flag: {e:?}")))?;
+            }
+        }
+        Ok(s)
+    }
+    /// `⌊x⌋` per lane (one rounding instruction).
+    fn floor(&self, x: V) -> R {
+        let f = Intrinsic::find("llvm.floor")
+            .and_then(|i| i.get_declaration(self.module, &[self.vt.into()]))
+            .ok_or_else(|| llvm("no llvm.floor for the vector type"))?;
+        match self.bld.build_call(f, &[x.into()], "").map_err(llvm)?.try_as_basic_value() {
+            inkwell::values::ValueKind::Basic(v) => Ok(v.into_vector_value()),
+            inkwell::values::ValueKind::Instruction(_) => Err(llvm("llvm.floor returned nothing")),
+        }
+    }
     fn select_lt(&self, x: V, y: V, then: V, otherwise: V) -> R {
         let c = self.bld.build_float_compare(FloatPredicate::OLT, x, y, "").map_err(llvm)?;
         Ok(self.bld.build_select(c, then, otherwise, "").map_err(llvm)?.into_vector_value())
@@ -47,31 +72,20 @@ impl VMath<'_> {
         self.select_lt(self.splat(hi), x, self.splat(hi), x)
     }
 
-    /// `e^x`: `x = n·ln2 + r`, `|r| ≤ ln2/2`, `e^r` by its degree-6 Taylor
-    /// polynomial (relative error ≈ 1e-7 there), `2^n` from exponent bits.
+    /// `e^x`: `x = n·ln2 + r` with `n = ⌊x·log2(e) + ½⌋` (so `|r| ≤ ln2/2`, `r`
+    /// by two FMAs with ln2 split in a high and a low part), `e^r` by its
+    /// degree-6 Taylor polynomial in Horner form on FMAs (relative error ≈ 1e-7
+    /// there), `2^n` from exponent bits.
     pub fn exp(&self, x: V) -> R {
         let x = self.clamp(x, -87.0, 88.0)?;
-        let t = self.add(self.mul(x, self.splat(std::f64::consts::LOG2_E))?, self.splat(0.5))?;
+        let n = self.floor(self.fma(x, self.splat(std::f64::consts::LOG2_E), self.splat(0.5))?)?;
         let i32v = self.ctx.i32_type().vec_type(self.lanes as u32);
-        // floor(t) by truncation corrected for negatives.
-        let ti = self.bld.build_float_to_signed_int(t, i32v, "").map_err(llvm)?;
-        let tf = self.bld.build_signed_int_to_float(ti, self.vt, "").map_err(llvm)?;
-        let one_i = VectorType::const_vector(&vec![self.ctx.i32_type().const_int(1, false); self.lanes]);
-        let gt = self.bld.build_float_compare(FloatPredicate::OGT, tf, t, "").map_err(llvm)?;
-        let ni = self
-            .bld
-            .build_int_sub(
-                ti,
-                self.bld.build_select(gt, one_i, i32v.const_zero(), "").map_err(llvm)?.into_vector_value(),
-                "",
-            )
-            .map_err(llvm)?;
-        let n = self.bld.build_signed_int_to_float(ni, self.vt, "").map_err(llvm)?;
-        let r = self.sub(x, self.mul(n, self.splat(0.693_145_751_953_125))?)?;
-        let r = self.sub(r, self.mul(n, self.splat(1.428_606_765_330_187e-6))?)?;
+        let ni = self.bld.build_float_to_signed_int(n, i32v, "").map_err(llvm)?;
+        let r = self.fma(n, self.splat(-0.693_145_751_953_125), x)?;
+        let r = self.fma(n, self.splat(-1.428_606_765_330_187e-6), r)?;
         let mut p = self.splat(1.0 / 720.0);
         for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
-            p = self.add(self.mul(p, r)?, self.splat(c))?;
+            p = self.fma(p, r, self.splat(c))?;
         }
         let bias = VectorType::const_vector(&vec![self.ctx.i32_type().const_int(127, false); self.lanes]);
         let sh = VectorType::const_vector(&vec![self.ctx.i32_type().const_int(23, false); self.lanes]);
@@ -98,7 +112,7 @@ impl VMath<'_> {
             self.div(self.splat(1.0), self.add(self.splat(1.0), self.mul(ax, self.splat(ERF_P as f64))?)?)?;
         let mut poly = self.splat(0.0);
         for a in ERF_A.iter().rev() {
-            poly = self.add(self.mul(poly, t)?, self.splat(*a as f64))?;
+            poly = self.fma(poly, t, self.splat(*a as f64))?;
         }
         poly = self.mul(poly, t)?;
         let e = self.exp(self.mul(self.mul(ax, ax)?, self.splat(-1.0))?)?;
