@@ -17,6 +17,10 @@ use crate::direct::{direct_band, DirectPlan};
 use crate::gemm::{BOperand, CPtr, EpilogueArgs, MatMut, MatRef, WORKSPACE};
 use crate::{KernelError, ThreadPool};
 
+/// The work (flops of both products) below which attention runs on the
+/// calling thread: about 30 µs of it, more than a fork-join costs.
+const PARALLEL_FLOPS: f64 = 2e6;
+
 /// The block of query rows, and the schedules of the two products for it.
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionPlan<'k> {
@@ -176,7 +180,9 @@ pub fn attention(
             }
         });
     };
-    if pool.threads() > 1 && tasks > 1 {
+    // A fork-join (waking the pool) costs more than a few microseconds of work.
+    let flops = 4.0 * (entries * rows * keys) as f64 * (depth + dv) as f64 / 2.0;
+    if pool.threads() > 1 && tasks > 1 && flops >= PARALLEL_FLOPS {
         pool.run(&work);
     } else {
         work(0);
