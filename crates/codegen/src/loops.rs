@@ -182,6 +182,8 @@ fn build_program(
         vars: HashMap::new(),
         scopes: vec![HashMap::new()],
         lane: None,
+        scratch: None,
+        param_dtypes: p.params.iter().map(|q| q.dtype).collect(),
     };
     // The buffers, the dims the program reads, and each buffer's strides.
     for i in 0..p.params.len() {
@@ -228,6 +230,7 @@ fn build_program(
         _ => u32::MAX,
     });
     let values: Vec<E> = p.stores.iter().map(|s| s.value).collect();
+    let scratch = if lanes > 1 { row_scratch(p) } else { None };
     g.for_loop(begin, end, 1, vec![], &mut |g, r, _| {
         // The row's outer variables, from its index.
         let mut rest = r;
@@ -242,8 +245,11 @@ fn build_program(
             }
         }
         let mask = inner_var.map_or(0, |v| 1u64 << v);
-        g.hoist(&values, mask, false)?;
         let base = g.bld.build_int_mul(r, inner_ext, "row").map_err(llvm)?;
+        g.scratch = scratch.map(|s| (s.body, s.param, base));
+        let hoisted = g.hoist(&values, mask, false);
+        g.scratch = None;
+        hoisted?;
         match inner_var {
             Some(v) => {
                 let zero = g.ctx.i64_type().const_zero();
@@ -251,6 +257,10 @@ fn build_program(
                     g.vars.insert(v, iv);
                     g.lane = Some(v);
                     let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
+                    if let Some(s) = scratch {
+                        let term = g.load_at(s.param, at, true)?;
+                        g.bind(s.twin, Some(v), term);
+                    }
                     let r = g.stores(p, at, true);
                     g.lane = None;
                     r.map(|_| vec![])
@@ -258,6 +268,10 @@ fn build_program(
                 g.for_loop(done, inner_ext, 1, vec![], &mut |g, iv, _| {
                     g.vars.insert(v, iv);
                     let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
+                    if let Some(s) = scratch {
+                        let term = g.load_at(s.param, at, false)?;
+                        g.bind(s.twin, None, term);
+                    }
                     g.stores(p, at, false).map(|_| vec![])
                 })?;
             }
@@ -288,6 +302,108 @@ struct Gen<'a> {
     scopes: Vec<HashMap<(E, Option<u32>), V>>,
     /// The variable that runs along the vector lanes, in vector mode.
     lane: Option<u32>,
+    /// The row's output as scratch ([`RowScratch`]): the reduction body whose
+    /// values the row's sum stores there, and the row's first position.
+    scratch: Option<(E, u32, IntValue<'static>)>,
+    /// Each parameter's element type.
+    param_dtypes: Vec<DType>,
+}
+
+/// A row sum whose terms the stored value uses again (Softmax's
+/// `exp(x - max)`, summed, then divided by the sum): the sum's loop stores each
+/// term at its place in the output row, and the store loop reads it back
+/// instead of computing it a second time. The row stays in L1 between the two.
+#[derive(Clone, Copy, Debug)]
+struct RowScratch {
+    /// The sum's body, over the reduction variable.
+    body: E,
+    /// The same expression over the nest's innermost variable.
+    twin: E,
+    /// The output parameter (the program's only store).
+    param: u32,
+}
+
+/// The row scratch of `p`, when it has one: one store of floats, and a
+/// one-variable sum along the whole inner extent whose body, with its variable
+/// renamed to the inner one, is a computed subexpression of the stored value.
+fn row_scratch(p: &LoopProgram) -> Option<RowScratch> {
+    let x = &p.exprs;
+    let [st] = p.stores.as_slice() else { return None };
+    let inner = p.inner()?;
+    let Node::Var(iv) = x.node(p.vars[inner]) else { return None };
+    let dt = p.params[st.param as usize].dtype;
+    if !matches!(dt, DType::F32 | DType::F64) {
+        return None;
+    }
+    // Every node the stored value reads, reductions' bodies included.
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![st.value];
+    while let Some(e) = stack.pop() {
+        if seen.insert(e) {
+            stack.extend(x.node(e).children());
+        }
+    }
+    let mut nodes: Vec<E> = seen.into_iter().collect();
+    nodes.sort();
+    for &r in &nodes {
+        let Node::Reduce { combine: Combine::Sum, vars, body } = x.node(r) else { continue };
+        let [rv] = vars.as_slice() else { continue };
+        if x.extents[*rv as usize] != p.space[inner] || x.dtype(*body) != dt {
+            continue;
+        }
+        let mut memo = HashMap::new();
+        let twin = nodes.iter().copied().find(|&t| {
+            t != *body
+                && x.free(t) & (1u64 << iv) != 0
+                && !matches!(x.node(t), Node::Load { .. } | Node::Var(_))
+                && renamed(x, *body, t, *rv, *iv, &mut memo)
+        });
+        if let Some(twin) = twin {
+            return Some(RowScratch { body: *body, twin, param: st.param });
+        }
+    }
+    None
+}
+
+/// Whether `b` is `a` with the variable `from` renamed `to`.
+fn renamed(x: &Exprs, a: E, b: E, from: u32, to: u32, memo: &mut HashMap<(E, E), bool>) -> bool {
+    let mask = (1u64 << from) | (1u64 << to);
+    if a == b {
+        return x.free(a) & mask == 0;
+    }
+    if let Some(r) = memo.get(&(a, b)) {
+        return *r;
+    }
+    let same = x.dtype(a) == x.dtype(b)
+        && match (x.node(a), x.node(b)) {
+            (Node::Var(va), Node::Var(vb)) => *va == from && *vb == to,
+            (Node::Load { buf: ba, index: ia, guard: ga }, Node::Load { buf: bb, index: ib, guard: gb }) => {
+                ba == bb
+                    && ia.len() == ib.len()
+                    && ia.iter().zip(ib).all(|(p, q)| renamed(x, *p, *q, from, to, memo))
+                    && match (ga, gb) {
+                        (None, None) => true,
+                        (Some(p), Some(q)) => renamed(x, *p, *q, from, to, memo),
+                        _ => false,
+                    }
+            }
+            (Node::Unary(oa, p), Node::Unary(ob, q)) => oa == ob && renamed(x, *p, *q, from, to, memo),
+            (Node::Cast(p), Node::Cast(q)) => renamed(x, *p, *q, from, to, memo),
+            (Node::Binary(oa, p1, p2), Node::Binary(ob, q1, q2)) => {
+                oa == ob && renamed(x, *p1, *q1, from, to, memo) && renamed(x, *p2, *q2, from, to, memo)
+            }
+            (Node::Select(p1, p2, p3), Node::Select(q1, q2, q3)) => {
+                renamed(x, *p1, *q1, from, to, memo)
+                    && renamed(x, *p2, *q2, from, to, memo)
+                    && renamed(x, *p3, *q3, from, to, memo)
+            }
+            (Node::Check { ok: p1, code: ca, value: p2 }, Node::Check { ok: q1, code: cb, value: q2 }) => {
+                ca == cb && renamed(x, *p1, *q1, from, to, memo) && renamed(x, *p2, *q2, from, to, memo)
+            }
+            _ => false,
+        };
+    memo.insert((a, b), same);
+    same
 }
 
 impl Gen<'_> {
@@ -685,6 +801,40 @@ impl Gen<'_> {
             s.set_alignment(dt.size() as u32).map_err(llvm)?;
         }
         Ok(())
+    }
+
+    /// The output `param` at nest position `at` (a vector of the width from
+    /// there when `vec`), as [`Gen::stores`] wrote it.
+    fn load_at(&self, param: u32, at: IntValue<'static>, vec: bool) -> R<V> {
+        let dt = self.x_param_dtype(param);
+        let mt = self.mty(dt, false);
+        // SAFETY (of the IR): `at` is a position of the nest, inside the buffer.
+        let ptr = unsafe { self.bld.build_gep(mt, self.bufs[param as usize], &[at], "sc") }.map_err(llvm)?;
+        let ty = if vec { vec_of(mt, self.w) } else { mt };
+        let v = self.bld.build_load(ty, ptr, "scr").map_err(llvm)?;
+        crate::set_align(&v, dt.size() as u32);
+        Ok(v)
+    }
+
+    /// Store `v` (a vector when `vec`) at nest position `at` of the output `param`.
+    fn store_at(&self, param: u32, at: IntValue<'static>, v: V) -> R<()> {
+        let mt = self.mty(self.x_param_dtype(param), false);
+        // SAFETY (of the IR): `at` is a position of the nest, inside the buffer.
+        let ptr = unsafe { self.bld.build_gep(mt, self.bufs[param as usize], &[at], "sc") }.map_err(llvm)?;
+        let s = self.bld.build_store(ptr, v).map_err(llvm)?;
+        s.set_alignment(self.x_param_dtype(param).size() as u32).map_err(llvm)?;
+        Ok(())
+    }
+
+    fn x_param_dtype(&self, param: u32) -> DType {
+        self.param_dtypes[param as usize]
+    }
+
+    /// Make `e` (a vector along `lane`, or a scalar) be `v` in the current scope.
+    fn bind(&mut self, e: E, lane: Option<u32>, v: V) {
+        if let Some(s) = self.scopes.last_mut() {
+            s.insert((e, lane), v);
+        }
     }
 
     fn zext(&self, v: V, to: BasicTypeEnum<'static>) -> R<V> {
@@ -1108,6 +1258,10 @@ impl Gen<'_> {
             return Ok(out.1[0]);
         }
         let vectorize = !vec && self.x.free(body) & (1u64 << v) != 0 && self.w > 1;
+        if !vectorize && self.scratch.is_some_and(|s| s.0 == body) {
+            // The scratch needs every term stored: not on this path.
+            return Err(llvm("a row scratch on a reduction that is not vectorized"));
+        }
         if !vectorize {
             let out = self.for_loop(zero, hi, 1, vec![acc], &mut |g, iv, accs| {
                 g.vars.insert(v, iv);
@@ -1117,11 +1271,23 @@ impl Gen<'_> {
             return Ok(out.1[0]);
         }
         // Along the last variable: vectors, their lanes combined, then the tail.
+        // The row scratch: this sum's terms are stored where the row's output goes.
+        let scratch = self.scratch.filter(|s| s.0 == body && c == Combine::Sum);
+        let keep = |g: &Self, iv: IntValue<'static>, x: V| -> R<()> {
+            match scratch {
+                Some((_, param, base)) => {
+                    let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
+                    g.store_at(param, at, x)
+                }
+                None => Ok(()),
+            }
+        };
         let saved = self.lane.replace(v);
         let vinit = self.splat(self.identity(c, dt)?)?;
         let res = self.for_loop(zero, hi, self.w as u64, vec![vinit], &mut |g, iv, accs| {
             g.vars.insert(v, iv);
             let x = g.emit_as(body, true)?;
+            keep(g, iv, x)?;
             Ok(vec![g.combine(c, accs[0], x, dt)?])
         });
         self.lane = saved;
@@ -1131,6 +1297,7 @@ impl Gen<'_> {
         let out = self.for_loop(done, hi, 1, vec![acc], &mut |g, iv, accs| {
             g.vars.insert(v, iv);
             let x = g.emit_as(body, false)?;
+            keep(g, iv, x)?;
             Ok(vec![g.combine(c, accs[0], x, dt)?])
         })?;
         Ok(out.1[0])
