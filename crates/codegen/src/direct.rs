@@ -37,7 +37,6 @@ pub fn compile_direct_kernel(
     Ok(JitKernel {
         kernel: DirectKernel { mr, nr, func, epilogue, packers: Default::default() },
         ir: jit.ir,
-        asm: jit.asm,
         _engine: jit.engine,
     })
 }

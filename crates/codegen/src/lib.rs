@@ -47,8 +47,7 @@ fn llvm<E: std::fmt::Display>(e: E) -> CodegenError {
 /// machine code lives as long as this value.
 pub struct JitKernel<K> {
     kernel: K,
-    ir: String,
-    asm: String,
+    ir: OptimizedIr,
     // Owns the machine code. Never used after construction, only dropped.
     _engine: ExecutionEngine<'static>,
 }
@@ -72,11 +71,11 @@ impl<K: Copy> JitKernel<K> {
     }
     /// The optimized LLVM IR.
     pub fn ir(&self) -> &str {
-        &self.ir
+        self.ir.text()
     }
-    /// The generated assembly.
-    pub fn asm(&self) -> &str {
-        &self.asm
+    /// The generated assembly (emitted again from the IR, on demand).
+    pub fn asm(&self) -> String {
+        self.ir.asm()
     }
 }
 
@@ -133,7 +132,6 @@ pub fn compile_microkernel_with(
     Ok(JitMicroKernel {
         kernel: MicroKernel { mr, nr, elem, func, epilogue, packers: Default::default() },
         ir: jit.ir,
-        asm: jit.asm,
         _engine: jit.engine,
     })
 }
@@ -156,9 +154,60 @@ pub(crate) fn check_tile(t: &Target, mr: usize, nr: usize) -> Result<usize, Code
 /// A function compiled into executable memory.
 pub(crate) struct Jitted {
     pub addr: usize,
-    pub ir: String,
-    pub asm: String,
+    pub ir: OptimizedIr,
     pub engine: ExecutionEngine<'static>,
+}
+
+/// A module's optimized IR, from which its assembly is emitted again on
+/// demand (`--dump-llvm`): emitting assembly for every kernel as it is
+/// compiled costs a third of the compile time.
+#[derive(Clone, Debug, Default)]
+pub struct OptimizedIr {
+    text: String,
+    cpu: String,
+    features: String,
+}
+
+impl OptimizedIr {
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The assembly LLVM makes of this IR for its CPU (a comment line naming the
+    /// failure when it cannot).
+    pub fn asm(&self) -> String {
+        self.try_asm().unwrap_or_else(|e| format!("; no assembly: {e}\n"))
+    }
+
+    fn try_asm(&self) -> Result<String, CodegenError> {
+        if self.text.is_empty() {
+            return Ok(String::new());
+        }
+        let ctx = Context::create();
+        let buf =
+            inkwell::memory_buffer::MemoryBuffer::create_from_memory_range_copy(self.text.as_bytes(), "ir");
+        let module = ctx.create_module_from_ir(buf).map_err(llvm)?;
+        let tm = target_machine(&self.cpu, &self.features)?;
+        let asm = tm.write_to_memory_buffer(&module, FileType::Assembly).map_err(llvm)?;
+        Ok(String::from_utf8_lossy(asm.as_slice()).into_owned())
+    }
+}
+
+/// The host's target machine for `cpu` with `features`, optimizing fully.
+fn target_machine(cpu: &str, features: &str) -> Result<TargetMachine, CodegenError> {
+    LlvmTarget::initialize_native(&InitializationConfig::default()).map_err(CodegenError::Llvm)?;
+    let triple = TargetMachine::get_default_triple();
+    let target = LlvmTarget::from_triple(&triple).map_err(llvm)?;
+    target
+        .create_target_machine(
+            &triple,
+            cpu,
+            features,
+            OptimizationLevel::Aggressive,
+            RelocMode::Default,
+            CodeModel::JITDefault,
+        )
+        .ok_or_else(|| CodegenError::Llvm("no target machine for the host".into()))
 }
 
 /// Build one function with `build`, optimize it (O3) for `t`, JIT it.
@@ -167,18 +216,18 @@ pub(crate) fn jit_function(
     name: &str,
     build: impl FnOnce(&'static Context, &Module<'static>, &str, &str) -> Result<(), CodegenError>,
 ) -> Result<Jitted, CodegenError> {
-    let (engine, ir, asm) = jit_module(t, name, build)?;
+    let (engine, ir) = jit_module(t, name, build)?;
     let addr = engine.get_function_address(name).map_err(llvm)?;
-    Ok(Jitted { addr, ir, asm, engine })
+    Ok(Jitted { addr, ir, engine })
 }
 
 /// Build a module of functions with `build`, optimize it (O3) for `t`, JIT it:
-/// the engine (the functions' addresses), the optimized IR and the assembly.
+/// the engine (the functions' addresses) and the optimized IR.
 pub(crate) fn jit_module(
     t: &Target,
     name: &str,
     build: impl FnOnce(&'static Context, &Module<'static>, &str, &str) -> Result<(), CodegenError>,
-) -> Result<(ExecutionEngine<'static>, String, String), CodegenError> {
+) -> Result<(ExecutionEngine<'static>, OptimizedIr), CodegenError> {
     LlvmTarget::initialize_native(&InitializationConfig::default()).map_err(CodegenError::Llvm)?;
     // One context per compiled module, kept for the life of the process: inkwell
     // ties the engine's lifetime to its context.
@@ -187,28 +236,15 @@ pub(crate) fn jit_module(
     let (cpu, features) = cpu_and_features(t);
     build(ctx, &module, &cpu, &features)?;
     module.verify().map_err(|e| CodegenError::Llvm(format!("invalid IR: {e}")))?;
-    let triple = TargetMachine::get_default_triple();
-    let target = LlvmTarget::from_triple(&triple).map_err(llvm)?;
-    let tm = target
-        .create_target_machine(
-            &triple,
-            &cpu,
-            &features,
-            OptimizationLevel::Aggressive,
-            RelocMode::Default,
-            CodeModel::JITDefault,
-        )
-        .ok_or_else(|| CodegenError::Llvm("no target machine for the host".into()))?;
+    let tm = target_machine(&cpu, &features)?;
     module.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(llvm)?;
-    let ir = module.print_to_string().to_string();
-    let asm = tm.write_to_memory_buffer(&module, FileType::Assembly).map_err(llvm)?;
-    let asm = String::from_utf8_lossy(asm.as_slice()).into_owned();
+    let ir = OptimizedIr { text: module.print_to_string().to_string(), cpu, features };
     let sizes = if perfmap::wanted() { Some(perfmap::function_sizes(&tm, &module)?) } else { None };
     let engine = module.create_jit_execution_engine(OptimizationLevel::Aggressive).map_err(llvm)?;
     if let Some(sizes) = sizes {
         perfmap::append(&engine, &sizes)?;
     }
-    Ok((engine, ir, asm))
+    Ok((engine, ir))
 }
 
 /// CPU name and features for LLVM: the host's, or AVX2 only.

@@ -42,8 +42,8 @@ type R<T> = Result<T, CodegenError>;
 /// their optimized IR and assembly (`--dump-llvm`).
 pub struct CompiledPrograms {
     fns: Vec<LoopFn>,
-    ir: String,
-    asm: String,
+    /// Each module's optimized IR.
+    ir: Vec<crate::OptimizedIr>,
     // Own the machine code; only dropped.
     _engines: Vec<SendEngine>,
 }
@@ -74,11 +74,13 @@ impl CompiledPrograms {
     pub fn is_empty(&self) -> bool {
         self.fns.is_empty()
     }
-    pub fn ir(&self) -> &str {
-        &self.ir
+    /// The optimized IR of every module, one after the other.
+    pub fn ir(&self) -> String {
+        self.ir.iter().map(|m| m.text()).collect()
     }
-    pub fn asm(&self) -> &str {
-        &self.asm
+    /// The assembly of every module (emitted again from the IR, on demand).
+    pub fn asm(&self) -> String {
+        self.ir.iter().map(|m| m.asm()).collect()
     }
 }
 
@@ -110,32 +112,29 @@ pub fn compile_programs(
             .map(|h| h.join().unwrap_or_else(|_| Err(llvm("a compiling thread panicked"))))
             .collect()
     });
-    let mut out =
-        CompiledPrograms { fns: Vec::new(), ir: String::new(), asm: String::new(), _engines: Vec::new() };
+    let mut out = CompiledPrograms { fns: Vec::new(), ir: Vec::new(), _engines: Vec::new() };
     for r in results {
-        let (fns, ir, asm, engine) = r?;
+        let (fns, ir, engine) = r?;
         out.fns.extend(fns);
-        out.ir.push_str(&ir);
-        out.asm.push_str(&asm);
+        out.ir.push(ir);
         out._engines.push(engine);
     }
     Ok(out)
 }
 
-/// A compiled module: its programs' entries, IR, assembly and engine.
-type Chunk = (Vec<LoopFn>, String, String, SendEngine);
+/// A compiled module: its programs' entries, IR and engine.
+type Chunk = (Vec<LoopFn>, crate::OptimizedIr, SendEngine);
 
 /// One module of programs `first..first + programs.len()`.
 fn compile_chunk(t: &Target, programs: &[LoopProgram], module_name: &str, first: usize) -> R<Chunk> {
     let names: Vec<String> = (0..programs.len()).map(|i| format!("{module_name}_p{}", first + i)).collect();
     let lanes = t.f32_lanes;
-    let (engine, ir, asm) =
-        jit_module(t, &format!("{module_name}_{first}"), |ctx, module, cpu, features| {
-            for (p, name) in programs.iter().zip(&names) {
-                build_program(ctx, module, name, p, lanes, cpu, features)?;
-            }
-            Ok(())
-        })?;
+    let (engine, ir) = jit_module(t, &format!("{module_name}_{first}"), |ctx, module, cpu, features| {
+        for (p, name) in programs.iter().zip(&names) {
+            build_program(ctx, module, name, p, lanes, cpu, features)?;
+        }
+        Ok(())
+    })?;
     let mut fns = Vec::with_capacity(programs.len());
     for name in &names {
         let addr = engine.get_function_address(name).map_err(llvm)?;
@@ -144,7 +143,7 @@ fn compile_chunk(t: &Target, programs: &[LoopProgram], module_name: &str, first:
         // convention; the engine that owns it is returned with it.
         fns.push(unsafe { std::mem::transmute::<usize, LoopFn>(addr) });
     }
-    Ok((fns, ir, asm, SendEngine(engine)))
+    Ok((fns, ir, SendEngine(engine)))
 }
 
 fn build_program(

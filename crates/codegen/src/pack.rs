@@ -29,8 +29,7 @@ use crate::{jit_module, llvm, set_align, target_attributes, CodegenError};
 /// all converting to the family's element type.
 pub struct JitPackers {
     packers: Vec<Packer>,
-    ir: String,
-    asm: String,
+    ir: crate::OptimizedIr,
     // Owns the machine code; never used after construction, only dropped.
     _engine: ExecutionEngine<'static>,
 }
@@ -52,11 +51,11 @@ impl JitPackers {
     }
     /// The optimized LLVM IR.
     pub fn ir(&self) -> &str {
-        &self.ir
+        self.ir.text()
     }
-    /// The generated assembly.
-    pub fn asm(&self) -> &str {
-        &self.asm
+    /// The generated assembly (emitted again from the IR, on demand).
+    pub fn asm(&self) -> String {
+        self.ir.asm()
     }
 }
 
@@ -79,7 +78,7 @@ pub fn compile_packers(t: &Target, elem: ElemType, widths: &[usize]) -> Result<J
         return Err(CodegenError::Unsupported(format!("a packing routine {w} wide (1 to {MAX_WIDTH})")));
     }
     let name = |w: usize| format!("pack_{elem}_w{w}");
-    let (engine, ir, asm) = jit_module(t, "packers", |ctx, module, cpu, features| {
+    let (engine, ir) = jit_module(t, "packers", |ctx, module, cpu, features| {
         for &w in &widths {
             build_packer(ctx, module, &name(w), (w, elem), l, cpu, features)?;
         }
@@ -94,7 +93,7 @@ pub fn compile_packers(t: &Target, elem: ElemType, widths: &[usize]) -> Result<J
         let func: PackFn = unsafe { std::mem::transmute::<usize, PackFn>(addr) };
         packers.push(Packer { width: w, elem, func });
     }
-    Ok(JitPackers { packers, ir, asm, _engine: engine })
+    Ok(JitPackers { packers, ir, _engine: engine })
 }
 
 fn build_packer(
