@@ -2,16 +2,47 @@
 """End-to-end latency of one ONNX model in anyshape and its peers, in the same run.
 
     python bench/model_peers.py /work/models/bert-base/model.onnx \
-        --shape batch=1,seq=1 --shape batch=1,seq=128 --threads 2 --rounds 3 [--json out.json]
+        --shape batch=1,seq=1 --shape batch=1,seq=128 --threads 2 --rounds 3 [--json out.json] \
+        [--systems anyshape,onnxruntime,openvino,torch,torch.compile] [--torch-model bert-base]
 
 Per system and shape: the first call and the median of --runs warm calls; the
 systems take turns (round 1: every system, round 2: every system, ...) and each
 keeps its best median, so that one slow phase of the machine does not decide a
-ratio. Systems: anyshape (`anyshape bench --json`, compiled once per round),
-ONNX Runtime (CPU provider, all graph optimizations, intra-op threads = --threads)
-and OpenVINO (CPU, f32, INFERENCE_NUM_THREADS = --threads), when installed.
+ratio. Systems (--systems, default every one that is available):
+
+  anyshape       `anyshape bench --json`, compiled once per round
+  onnxruntime    CPU provider, all graph optimizations, intra-op threads = --threads
+                 (alias: ort)
+  openvino       CPU, f32, INFERENCE_NUM_THREADS = --threads, when installed
+  torch          PyTorch eager under torch.inference_mode(), torch.set_num_threads(--threads)
+  torch.compile  torch.compile(model, dynamic=True) (inductor), same threads and mode
+
+PyTorch cannot run the ONNX file, so the two torch systems run the architecture
+the file was exported from, built by tools/models/export_full.py's build_model
+(same config, seed --torch-seed, eval mode, eager attention). --torch-model names
+it (bert-base, gpt2, vit-base, resnet-50, albert-base, t5-encoder, mobilenetv2);
+without it the name is the model file's folder (/work/models/bert-base/model.onnx
+-> bert-base; a "-dynamo" suffix is dropped), and the torch systems are skipped
+with a note when that is not a known model or torch/transformers do not import.
+Its weights are a fresh random init: they may differ from the file's (they match
+only if the file was exported with the same seed and torch version), which does
+not matter for timing. torch.compile is reset (torch._dynamo.reset()) at the start
+of every round, so its first call at a shape includes tracing and compilation
+(inductor's on-disk caches, /tmp/torchinductor_$USER, make a later
+round's or a later run's compile faster); with dynamic=True a later shape
+usually reuses the graph (dims of size 1 are specialized, so batch=1 and seq=1
+get graphs of their own). The warm median is
+the figure to compare. A system that fails (a missing C compiler for inductor,
+say) is reported and dropped; the others go on.
+
 Inputs are those `anyshape bench` makes: token ids i*7 % 90, attention masks of
-ones, zeros for other integer inputs, a fixed pattern for floats.
+ones, zeros for other integer inputs, a fixed pattern for floats; the torch
+systems get the same arrays as torch tensors. Between systems the script sleeps
+0.1 s, so that one system's spinning worker threads do not eat into the next.
+
+Prints a table of medians, their ratios to the first system (anyshape when it
+runs) and first calls; --json writes every result (per system per shape:
+first_call_ms, median_ms; bench/plot_models.py plots such files).
 """
 
 import argparse
@@ -25,35 +56,60 @@ import time
 import numpy as np
 
 sys.dont_write_bytecode = True
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# bench/profile.py would shadow the standard library's profile module (cProfile imports
+# it; torch._dynamo imports cProfile): nothing is imported from bench/, so drop it.
+sys.path = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
+ALL_SYSTEMS = ["anyshape", "onnxruntime", "openvino", "torch", "torch.compile"]
+ALIASES = {"ort": "onnxruntime", "ov": "openvino", "eager": "torch", "compile": "torch.compile"}
+TORCH_SYSTEMS = ("torch", "torch.compile")
+SETTLE_S = 0.1
 
 
 def parse_shape(s):
     return {k: int(v) for k, v in (kv.split("=") for kv in s.split(","))}
 
 
+def shape_str(s):
+    return ",".join(f"{k}={v}" for k, v in s.items())
+
+
+_GRAPH_INPUTS = {}
+
+
+def graph_inputs(model_path):
+    """(name, elem_type, dims) of the model's non-initializer inputs; parsed once per file."""
+    if model_path not in _GRAPH_INPUTS:
+        import onnx
+
+        m = onnx.load(model_path, load_external_data=False)
+        inits = {t.name for t in m.graph.initializer}
+        _GRAPH_INPUTS[model_path] = [
+            (i.name, i.type.tensor_type.elem_type,
+             [d.dim_value if d.HasField("dim_value") else d.dim_param for d in i.type.tensor_type.shape.dim])
+            for i in m.graph.input if i.name not in inits
+        ]
+    return _GRAPH_INPUTS[model_path]
+
+
 def make_inputs(model_path, shape):
     import onnx
 
-    m = onnx.load(model_path, load_external_data=False)
-    inits = {t.name for t in m.graph.initializer}
     feeds = {}
-    for i in m.graph.input:
-        if i.name in inits:
-            continue
-        t = i.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else shape[d.dim_param] for d in t.shape.dim]
+    for name, elem_type, dims in graph_inputs(model_path):
+        dims = [shape[d] if isinstance(d, str) else d for d in dims]
         n = int(np.prod(dims)) if dims else 1
-        if t.elem_type == onnx.TensorProto.INT64:
-            if "mask" in i.name:
+        if elem_type == onnx.TensorProto.INT64:
+            if "mask" in name:
                 v = np.ones(n, np.int64)
-            elif "ids" in i.name and "type" not in i.name and "position" not in i.name:
+            elif "ids" in name and "type" not in name and "position" not in name:
                 v = (np.arange(n, dtype=np.int64) * 7) % 90
             else:
                 v = np.zeros(n, np.int64)
         else:
             v = (((np.arange(n) * 37) % 101).astype(np.float32) - 50.0) / 50.0
-        feeds[i.name] = v.reshape(dims)
+        feeds[name] = v.reshape(dims)
     return feeds
 
 
@@ -83,7 +139,7 @@ def bench_ort(path, shapes, threads, runs):
     for s in shapes:
         feeds = make_inputs(path, s)
         first, med = time_calls(lambda: sess.run(None, feeds), runs)
-        out.append({"first_call_ms": first, "median_ms": med, "compile_ms": compile_ms})
+        out.append({"shape": s, "first_call_ms": first, "median_ms": med, "compile_ms": compile_ms})
     return out
 
 
@@ -101,16 +157,70 @@ def bench_openvino(path, shapes, threads, runs):
     for s in shapes:
         feeds = make_inputs(path, s)
         first, med = time_calls(lambda: req.infer(feeds), runs)
-        out.append({"first_call_ms": first, "median_ms": med, "compile_ms": compile_ms})
+        out.append({"shape": s, "first_call_ms": first, "median_ms": med, "compile_ms": compile_ms})
     return out
 
 
 def bench_anyshape(path, shapes, threads, runs, binary):
+    if not os.access(binary, os.X_OK):
+        raise FileNotFoundError(f"no anyshape binary at {binary} (cargo build --release, or --anyshape PATH)")
     cmd = [binary, "bench", path, "--threads", str(threads), "--runs", str(runs), "--json"]
     for s in shapes:
-        cmd += ["--shape", ",".join(f"{k}={v}" for k, v in s.items())]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        cmd += ["--shape", shape_str(s)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {res.returncode}: {res.stderr.strip()[-2000:]}")
     return [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+
+
+class TorchModel:
+    """The torch architecture of the ONNX file, built once and shared by both torch systems."""
+
+    def __init__(self, name, seed, threads):
+        import torch
+
+        sys.path.insert(0, os.path.join(ROOT, "tools", "models"))
+        from export_full import build_model
+
+        torch.set_num_threads(threads)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:
+            pass  # already set (only allowed before the first inter-op work)
+        t = time.perf_counter()
+        self.spec, self.to_torch = build_model(name, seed)
+        self.build_ms = (time.perf_counter() - t) * 1e3
+        self.module = self.spec.module
+        self.name = name
+
+
+def bench_torch(tm, path, shapes, runs, compile):
+    import torch
+
+    fn = tm.module
+    if compile:
+        import torch._dynamo
+
+        torch._dynamo.reset()  # compile again this round: the first call per shape includes it
+        fn = torch.compile(tm.module, dynamic=True)  # lazy: tracing and compiling happen at the first call
+    out = []
+    with torch.inference_mode():
+        for s in shapes:
+            kwargs = tm.to_torch(make_inputs(path, s), s)
+            first, med = time_calls(lambda: fn(**kwargs), runs)
+            out.append({"shape": s, "first_call_ms": first, "median_ms": med})
+    return out
+
+
+def infer_torch_model(model_path):
+    name = os.path.basename(os.path.dirname(os.path.abspath(model_path)))
+    return name[: -len("-dynamo")] if name.endswith("-dynamo") else name
+
+
+def short_error(e):
+    msg = f"{type(e).__name__}: {e}".strip()
+    lines = [ln for ln in msg.splitlines() if ln.strip()]
+    return "\n    ".join(lines[:12]) + ("\n    ..." if len(lines) > 12 else "")
 
 
 def main():
@@ -121,40 +231,113 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--anyshape", default=os.path.join(ROOT, "target", "release", "anyshape"))
+    ap.add_argument("--systems", default=",".join(ALL_SYSTEMS),
+                    help="comma-separated, in table order (default: %(default)s; aliases ort, ov, eager, compile)")
+    ap.add_argument("--torch-model", help="architecture for the torch systems (default: the model file's folder name)")
+    ap.add_argument("--torch-seed", type=int, default=0, help="seed of the torch model's random init (default 0)")
     ap.add_argument("--json")
     a = ap.parse_args()
     shapes = [parse_shape(s) for s in a.shape]
-    systems = {"anyshape": lambda: bench_anyshape(a.model, shapes, a.threads, a.runs, a.anyshape),
-               "onnxruntime": lambda: bench_ort(a.model, shapes, a.threads, a.runs)}
-    try:
-        import openvino  # noqa: F401
 
-        systems["openvino"] = lambda: bench_openvino(a.model, shapes, a.threads, a.runs)
-    except ImportError:
-        print("(openvino not installed: skipped)", file=sys.stderr)
-    best = {name: [None] * len(shapes) for name in systems}
+    wanted = []
+    for n in a.systems.split(","):
+        n = ALIASES.get(n.strip(), n.strip())
+        if n not in ALL_SYSTEMS:
+            ap.error(f"unknown system {n!r} (known: {', '.join(ALL_SYSTEMS)})")
+        if n not in wanted:
+            wanted.append(n)
+
+    skipped = {}
+    runners = {}
+    for name in wanted:
+        if name == "anyshape":
+            runners[name] = lambda: bench_anyshape(a.model, shapes, a.threads, a.runs, a.anyshape)
+        elif name == "onnxruntime":
+            runners[name] = lambda: bench_ort(a.model, shapes, a.threads, a.runs)
+        elif name == "openvino":
+            try:
+                import openvino  # noqa: F401
+
+                runners[name] = lambda: bench_openvino(a.model, shapes, a.threads, a.runs)
+            except ImportError:
+                skipped[name] = "openvino not installed"
+
+    if any(n in wanted for n in TORCH_SYSTEMS):
+        tm, why = None, None
+        try:
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
+        except ImportError as e:
+            why = f"torch/transformers do not import ({e})"
+        if why is None:
+            sys.path.insert(0, os.path.join(ROOT, "tools", "models"))
+            from export_full import MODELS
+
+            tname = a.torch_model or infer_torch_model(a.model)
+            if tname not in MODELS:
+                how = "--torch-model" if a.torch_model else f"folder name of {a.model}"
+                why = f"no torch model for {tname!r} ({how}); pass --torch-model one of {', '.join(MODELS)}"
+            else:
+                try:
+                    tm = TorchModel(tname, a.torch_seed, a.threads)
+                    print(f"(torch: built {tname} with seed {a.torch_seed} in {tm.build_ms:.0f} ms; "
+                          f"{a.threads} threads; random weights, not the ONNX file's)", file=sys.stderr)
+                except Exception as e:  # noqa: BLE001
+                    why = f"building {tname} failed: {short_error(e)}"
+        for name in TORCH_SYSTEMS:
+            if name not in wanted:
+                continue
+            if tm is None:
+                skipped[name] = why
+            else:
+                runners[name] = (lambda c: lambda: bench_torch(tm, a.model, shapes, a.runs, c))(
+                    name == "torch.compile")
+    runners = {n: runners[n] for n in wanted if n in runners}  # table order = --systems order
+    for name, why in skipped.items():
+        print(f"({name} skipped: {why})", file=sys.stderr)
+
+    best = {name: [None] * len(shapes) for name in runners}
     for r in range(a.rounds):
-        for name, fn in systems.items():
-            for i, res in enumerate(fn()):
+        for name in list(runners):
+            time.sleep(SETTLE_S)
+            try:
+                results = runners[name]()
+            except Exception as e:  # noqa: BLE001
+                skipped[name] = f"failed in round {r + 1}: {short_error(e)}"
+                print(f"({name} failed in round {r + 1}, dropped: {short_error(e)})", file=sys.stderr)
+                del runners[name]
+                del best[name]
+                continue
+            if len(results) != len(shapes):
+                raise RuntimeError(f"{name}: {len(results)} results for {len(shapes)} shapes")
+            for i, res in enumerate(results):
                 cur = best[name][i]
                 if cur is None or res["median_ms"] < cur["median_ms"]:
                     best[name][i] = res
-    names = list(systems)
-    header = "| shape | " + " | ".join(f"{n} ms" for n in names) + " | " + " | ".join(
-        f"{n} / anyshape" for n in names[1:]) + " | anyshape first call ms |"
+
+    names = list(best)
+    if not names:
+        print("no system ran", file=sys.stderr)
+        sys.exit(1)
+    base = names[0]
+    first_cols = [base] + (["torch.compile"] if "torch.compile" in names and base != "torch.compile" else [])
+    header = ("| shape | " + " | ".join(f"{n} ms" for n in names) + " | "
+              + "".join(f"{n} / {base} | " for n in names[1:])
+              + " | ".join(f"{n} first call ms" for n in first_cols) + " |")
     print(header)
-    print("|" + "---|" * (1 + 2 * len(names)))
+    print("|" + "---|" * (1 + 2 * len(names) - 1 + len(first_cols)))
     for i, s in enumerate(shapes):
         meds = [best[n][i]["median_ms"] for n in names]
-        ratios = [f"{m / meds[0]:.2f}x" for m in meds[1:]]
-        cells = [f"{m:.3f}" for m in meds]
-        shape = ",".join(f"{k}={v}" for k, v in s.items())
-        print(f"| {shape} | " + " | ".join(cells) + " | " + " | ".join(ratios)
-              + f" | {best['anyshape'][i]['first_call_ms']:.3f} |")
+        cells = [f"{m:.3f}" for m in meds] + [f"{m / meds[0]:.2f}x" for m in meds[1:]]
+        cells += [f"{best[n][i]['first_call_ms']:.3f}" for n in first_cols]
+        print(f"| {shape_str(s)} | " + " | ".join(cells) + " |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"model": a.model, "threads": a.threads, "rounds": a.rounds, "runs": a.runs,
-                       "shapes": shapes, "results": best}, f, indent=1)
+                       "shapes": shapes, "systems": names,
+                       "torch_model": (a.torch_model or infer_torch_model(a.model))
+                       if any(n in names for n in TORCH_SYSTEMS) else None,
+                       "torch_seed": a.torch_seed, "skipped": skipped, "results": best}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,42 @@ MODELS = ["bert-base", "gpt2", "vit-base", "resnet-50", "albert-base", "mobilene
 EXAMPLE = {"batch": 2, "seq": 16, "height": 224, "width": 224}
 
 
+def build_model(name: str, seed: int = 0):
+    """The torch module that export_one exports for `name`, and a feed mapper.
+
+    Same code path as the export: torch.manual_seed(seed), hf_export.build(name,
+    "full") (seeded config, random weights, eager attention), eval mode. Returns
+    (spec, to_torch): spec is the hf_export.ModelSpec (spec.module is the wrapper
+    whose forward takes the ONNX inputs by name), and to_torch(feeds, shape) maps
+    a dict of numpy arrays keyed by ONNX input name to the wrapper's keyword
+    arguments (torch tensors). An input the wrapper takes but the feed lacks
+    (dropped from the ONNX graph because it was unused, say) is made from its
+    spec: ones for a mask, zeros otherwise, sized by the shape binding `shape`.
+    Feeds the wrapper does not take are ignored.
+    """
+    import numpy as np
+    import torch
+
+    import hf_export as hx
+
+    torch.manual_seed(seed)
+    spec = hx.build(name, "full")
+    spec.module.eval()
+
+    def to_torch(feeds: dict, shape: dict | None = None) -> dict:
+        kwargs = {}
+        for inp in spec.inputs:
+            if inp.name in feeds:
+                v = np.ascontiguousarray(feeds[inp.name])
+            else:
+                dims = [(shape or {})[d] if isinstance(d, str) else d for d in inp.dims]
+                v = (np.ones if inp.kind == "mask" else np.zeros)(dims, dtype=inp.dtype)
+            kwargs[inp.name] = torch.from_numpy(v)
+        return kwargs
+
+    return spec, to_torch
+
+
 def export_one(name: str, out: str, dynamo: bool, external: bool, check: bool, opset: int, seed: int) -> str:
     import numpy as np
     import onnx
@@ -60,10 +96,8 @@ def export_one(name: str, out: str, dynamo: bool, external: bool, check: bool, o
 
     import hf_export as hx
 
-    torch.manual_seed(seed)
     t0 = time.time()
-    spec = hx.build(name, "full")
-    spec.module.eval()
+    spec, _ = build_model(name, seed)
     n_params = sum(p.numel() for p in spec.module.parameters())
     print(f"[{name}] built {type(spec.module.model).__name__} ({n_params / 1e6:.1f}M params) in {time.time() - t0:.1f}s")
 
