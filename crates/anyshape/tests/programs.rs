@@ -156,6 +156,39 @@ const EPILOGUE: &str = r#"graph {
 }
 "#;
 
+/// GPT-2's GELU, `0.5·y·(1 + tanh(√(2/π)·(y + 0.044715·y³)))` with the cube as
+/// `pow(y, 3)`, after a matmul and its bias: the epilogue fuses into the kernel.
+const GELU_TANH_EPILOGUE: &str = r#"graph {
+  sym m param 1..70
+  input %x: f32[m, 8]
+  %w: f32[8, 5] = constant [0.1, -0.2, 0.3, -0.4, 0.5, 0.6, -0.7, 0.8, -0.9, 1.0, -0.1, 0.2, -0.3, 0.4, -0.5, -0.6, 0.7, -0.8, 0.9, -1.0, 0.15, -0.25, 0.35, -0.45, 0.55, 0.65, -0.75, 0.85, -0.95, 1.05, -0.15, 0.25, -0.35, 0.45, -0.55, -0.65, 0.75, -0.85, 0.95, -1.05]
+  %bias: f32[5] = constant [0.1, -0.2, 0.3, -0.4, 0.5]
+  %mm: f32[m, 5] = matmul %x, %w
+  %b2: f32[1, 5] = reshape %bias
+  %bb: f32[m, 5] = broadcast %b2
+  %y: f32[m, 5] = add %mm, %bb
+  %three: f32[1, 1] = constant [3.0]
+  %threeb: f32[m, 5] = broadcast %three
+  %cube: f32[m, 5] = pow %y, %threeb
+  %k: f32[1, 1] = constant [0.044715]
+  %kb: f32[m, 5] = broadcast %k
+  %kc: f32[m, 5] = mul %kb, %cube
+  %inner: f32[m, 5] = add %y, %kc
+  %c: f32[1, 1] = constant [0.7978845608028654]
+  %cb: f32[m, 5] = broadcast %c
+  %u: f32[m, 5] = mul %inner, %cb
+  %t: f32[m, 5] = tanh %u
+  %one: f32[1, 1] = constant [1.0]
+  %oneb: f32[m, 5] = broadcast %one
+  %s: f32[m, 5] = add %oneb, %t
+  %half: f32[1, 1] = constant [0.5]
+  %halfb: f32[m, 5] = broadcast %half
+  %hy: f32[m, 5] = mul %halfb, %y
+  %o: f32[m, 5] = mul %hy, %s
+  output %o
+}
+"#;
+
 fn weights(name: &str) -> Option<std::sync::Arc<ir::ConstData>> {
     let shape: Vec<usize> = match name {
         "k" => vec![6, 2, 3, 3],
@@ -276,6 +309,14 @@ proptest! {
         let plan = anyshape::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
         prop_assert!(plan.contains("epilogue scale 0.5 + bias b"), "not fused:\n{}", plan);
         prop_assert!(plan.contains(" + residual b") && plan.contains(" + relu"), "not fused:\n{}", plan);
+        compare(&model, &[("m", m)], seed)?;
+    }
+
+    #[test]
+    fn matmul_with_fused_gelu_tanh(m in size(1, 70), seed in 0u64..1000) {
+        let model = model(GELU_TANH_EPILOGUE, true, None);
+        let plan = anyshape::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
+        prop_assert!(plan.contains("epilogue bias b") && plan.contains(" + gelutanh"), "not fused:\n{}", plan);
         compare(&model, &[("m", m)], seed)?;
     }
 

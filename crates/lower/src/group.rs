@@ -416,9 +416,10 @@ impl<'g> Lowering<'g> {
         let (act, inner) = match b.x.node(value) {
             Node::Unary(UnaryOp::Tanh, a) => (Activation::Tanh, *a),
             Node::Unary(UnaryOp::Relu, a) => (Activation::Relu, *a),
-            _ => match as_gelu(&b.x, value) {
-                Some(a) => (Activation::Gelu, a),
-                None => (Activation::None, value),
+            _ => match (as_gelu(&b.x, value), as_gelu_tanh(&b.x, value)) {
+                (Some(a), _) => (Activation::Gelu, a),
+                (None, Some(a)) => (Activation::GeluTanh, a),
+                (None, None) => (Activation::None, value),
             },
         };
         let mut terms = Vec::new();
@@ -530,6 +531,49 @@ fn as_gelu(x: &crate::Exprs, e: E) -> Option<E> {
         factors(x, *u, &mut us, &mut ku);
         if us == [a] && (ku - std::f64::consts::FRAC_1_SQRT_2).abs() < 1e-6 {
             return Some(a);
+        }
+    }
+    None
+}
+
+/// `x` when `e` is `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, the factors
+/// in any order, the cube as a product or a `pow(x, 3)`.
+fn as_gelu_tanh(x: &crate::Exprs, e: E) -> Option<E> {
+    let (mut fs, mut k) = (Vec::new(), 1.0);
+    factors(x, e, &mut fs, &mut k);
+    if fs.len() != 2 || (k - 0.5).abs() > 1e-6 {
+        return None;
+    }
+    let near = |v: f64, want: f64| (v - want).abs() <= 1e-6 * want.abs().max(1.0);
+    for (a, s) in [(fs[0], fs[1]), (fs[1], fs[0])] {
+        let Node::Binary(BinaryOp::Add, p, q) = x.node(s) else { continue };
+        let th = if x.as_float(*p) == Some(1.0) { *q } else { *p };
+        if x.as_float(if th == *p { *q } else { *p }) != Some(1.0) {
+            continue;
+        }
+        let Node::Unary(UnaryOp::Tanh, u) = x.node(th) else { continue };
+        let (mut us, mut ku) = (Vec::new(), 1.0);
+        factors(x, *u, &mut us, &mut ku);
+        if us.len() != 1 || !near(ku, (2.0 / std::f64::consts::PI).sqrt()) {
+            continue;
+        }
+        let Node::Binary(BinaryOp::Add, l, r) = x.node(us[0]) else { continue };
+        for (lin, cub) in [(*l, *r), (*r, *l)] {
+            if lin != a {
+                continue;
+            }
+            let (mut cs, mut kc) = (Vec::new(), 1.0);
+            factors(x, cub, &mut cs, &mut kc);
+            let cube = match cs.as_slice() {
+                [p, q, r] => *p == a && *q == a && *r == a,
+                [p] => {
+                    matches!(x.node(*p), Node::Binary(BinaryOp::Pow, b, n) if *b == a && x.as_float(*n) == Some(3.0))
+                }
+                _ => false,
+            };
+            if cube && near(kc, 0.044715) {
+                return Some(a);
+            }
         }
     }
     None

@@ -89,6 +89,8 @@ pub enum Activation {
     Relu,
     /// `0.5·x·(1 + erf(x/√2))`.
     Gelu,
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` (GPT-2's).
+    GeluTanh,
     Tanh,
 }
 

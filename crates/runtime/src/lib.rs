@@ -580,6 +580,7 @@ pub fn engine_epilogue(e: &lower::MatEpilogue) -> Epilogue {
             lower::Activation::None => Activation::None,
             lower::Activation::Relu => Activation::Relu,
             lower::Activation::Gelu => Activation::Gelu,
+            lower::Activation::GeluTanh => Activation::GeluTanh,
             lower::Activation::Tanh => Activation::Tanh,
         },
     }
