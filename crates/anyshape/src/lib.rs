@@ -275,6 +275,7 @@ impl Model {
             dispatchers,
             pool,
             code,
+            canaries: opts.canaries,
         };
         Ok(CompiledModel::new(parts)?)
     }
@@ -290,11 +291,12 @@ pub struct CompileOptions {
     threads: Option<usize>,
     cache_dir: Option<std::path::PathBuf>,
     fuse_attention: bool,
+    canaries: bool,
 }
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        CompileOptions { threads: None, cache_dir: None, fuse_attention: true }
+        CompileOptions { threads: None, cache_dir: None, fuse_attention: true, canaries: false }
     }
 }
 
@@ -311,6 +313,14 @@ impl CompileOptions {
     /// default); off runs it as its three steps (the unfused path, to compare).
     pub fn fuse_attention(mut self, on: bool) -> CompileOptions {
         self.fuse_attention = on;
+        self
+    }
+    /// Test mode (off by default): every temporary and output buffer gets a
+    /// canary margin on each side, checked after every step, so that a kernel
+    /// writing outside its buffers fails the call with an error naming the step
+    /// and the buffer instead of corrupting another.
+    pub fn canaries(mut self, on: bool) -> CompileOptions {
+        self.canaries = on;
         self
     }
     /// The tuning cache folder (default: `$ANYSHAPE_CACHE_DIR`, `$XDG_CACHE_HOME/anyshape`

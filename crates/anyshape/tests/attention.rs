@@ -125,9 +125,9 @@ fn compile_all(m: &Model) -> Vec<(&'static str, CompiledModel)> {
     assert!(!anyshape::print_plan(&unfused).contains("fused per block"));
     let c = |o: CompileOptions| m.compile(&o).unwrap_or_else(|e| panic!("{e}"));
     vec![
-        ("fused, 2 threads", c(CompileOptions::new().threads(2))),
+        ("fused, 2 threads", c(CompileOptions::new().threads(2).canaries(true))),
         ("fused, 1 thread", c(CompileOptions::new().threads(1))),
-        ("unfused", c(CompileOptions::new().threads(2).fuse_attention(false))),
+        ("unfused", c(CompileOptions::new().threads(2).fuse_attention(false).canaries(true))),
     ]
 }
 

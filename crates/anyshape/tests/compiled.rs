@@ -83,7 +83,9 @@ fn compiled(name: &str) -> Compiled {
         return m;
     }
     let model = Model::load(fixture(name).join("model.onnx"), &LoadOptions::new()).expect("loads");
-    let cm = model.compile(&CompileOptions::new().threads(2)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let cm = model
+        .compile(&CompileOptions::new().threads(2).canaries(true))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
     let leaked: Compiled = Box::leak(Box::new((model, cm)));
     let key: &'static str = Box::leak(name.to_string().into_boxed_str());
     c.push((key, leaked));
@@ -164,7 +166,7 @@ fn concurrent_calls_at_mixed_shapes() {
     send_sync::<CompiledModel>();
     // A model of its own: the other tests plan shapes of the shared ones meanwhile.
     let model = Model::load(fixture("gpt2").join("model.onnx"), &LoadOptions::new()).expect("loads");
-    let cm = &model.compile(&CompileOptions::new().threads(2)).expect("compiles");
+    let cm = &model.compile(&CompileOptions::new().threads(2).canaries(true)).expect("compiles");
     let model = &model;
     let shapes = [(1usize, 1usize), (2, 7), (1, 17), (3, 64), (2, 33)];
     type Named = Vec<(String, Tensor)>;

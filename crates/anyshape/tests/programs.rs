@@ -255,7 +255,9 @@ fn inputs(m: &Model, dims: &[(&str, usize)], seed: u64) -> Vec<(String, Tensor)>
 }
 
 fn compare(m: &Model, dims: &[(&str, usize)], seed: u64) -> Result<(), TestCaseError> {
-    let cm = m.compile(&CompileOptions::new().threads(2)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let cm = m
+        .compile(&CompileOptions::new().threads(2).canaries(true))
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
     let ins = inputs(m, dims, seed);
     let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     let want = m.run(&named).map_err(|e| TestCaseError::fail(format!("{dims:?}: interpreter: {e}")))?;

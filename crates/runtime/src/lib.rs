@@ -70,6 +70,10 @@ pub struct ModelParts {
     pub pool: ThreadPool,
     /// Owners of the machine code the function pointers point into.
     pub code: Vec<Box<dyn Any + Send + Sync>>,
+    /// Test mode: every temporary and output is placed with a canary margin on
+    /// each side, filled before the call and checked after every step (a step
+    /// that writes outside its buffers is an error naming the step and buffer).
+    pub canaries: bool,
 }
 
 /// A compiled model: `Send + Sync`, any number of threads may call [`CompiledModel::run`].
@@ -87,11 +91,15 @@ pub struct CompiledModel {
     /// Each output's dims: a constant, or a slot of the dim table.
     out_dims: Vec<Vec<Result<usize, u32>>>,
     pool: ThreadPool,
+    canaries: bool,
     shapes: RwLock<HashMap<Vec<i64>, Arc<ShapePlan>>>,
     arenas: Mutex<Vec<Vec<Line>>>,
     // Declared last: dropped after everything that points into it.
     _code: Vec<Box<dyn Any + Send + Sync>>,
 }
+
+/// The byte canary margins are filled with.
+const CANARY: u8 = 0xA5;
 
 /// One cache line of arena memory (the arena's alignment).
 #[derive(Clone, Copy)]
@@ -108,7 +116,7 @@ const PACK_ROWS: [usize; 5] = [1, 8, 64, 512, 4096];
 impl CompiledModel {
     /// Assemble a compiled model; packs every weight for the contraction engine.
     pub fn new(parts: ModelParts) -> Result<CompiledModel, RunError> {
-        let ModelParts { plan, env, inputs, outputs, loops, dispatchers, pool, code } = parts;
+        let ModelParts { plan, env, inputs, outputs, loops, dispatchers, pool, code, canaries } = parts;
         if loops.len() != plan.programs.len() {
             return Err(RunError::Internal(format!(
                 "{} loop programs, {} compiled",
@@ -149,6 +157,7 @@ impl CompiledModel {
             aligned,
             out_dims: Vec::new(),
             pool,
+            canaries,
             shapes: RwLock::new(HashMap::new()),
             arenas: Mutex::new(Vec::new()),
             _code: code,
@@ -236,7 +245,7 @@ impl CompiledModel {
         if let Some(p) = self.shapes.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(p.clone());
         }
-        let p = Arc::new(ShapePlan::build(&self.plan, &self.env, &b)?);
+        let p = Arc::new(ShapePlan::build(&self.plan, &self.env, &b, self.canaries)?);
         self.shapes.write().unwrap_or_else(|e| e.into_inner()).insert(key, p.clone());
         Ok(p)
     }
@@ -279,6 +288,11 @@ impl CompiledModel {
                     let t = inputs.iter().find(|(n, _)| n == name).map(|(_, t)| t);
                     t.map_or(std::ptr::null_mut(), |t| elems_ptr(t.elems()) as *mut u8)
                 }
+                // SAFETY: as for a temporary: with canaries the shape plan placed the
+                // outputs in the arena.
+                BufferKind::Output(_) if self.canaries => unsafe {
+                    (arena.as_mut_ptr() as *mut u8).add(sp.offset[i])
+                },
                 BufferKind::Output(k) => elems_mut_ptr(&mut outs[*k]),
                 BufferKind::Constant(_) => self.constant_ptr(i).unwrap_or(std::ptr::null()) as *mut u8,
                 // SAFETY: the offset plus the buffer's bytes is within the arena (the
@@ -287,6 +301,16 @@ impl CompiledModel {
             };
         }
         let result = self.execute(&sp, &ptrs, times);
+        if self.canaries && result.is_ok() {
+            for (k, b) in self.plan.outputs.iter().enumerate() {
+                let n = sp.numel[*b] * self.plan.buffers[*b].dtype.size();
+                // SAFETY: the output's `n` bytes at its arena offset (the shape plan
+                // placed it there), copied into its own, distinct, allocation.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(ptrs[*b] as *const u8, elems_mut_ptr(&mut outs[k]), n)
+                };
+            }
+        }
         self.arenas.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
         result?;
         outs.into_iter()
@@ -305,6 +329,52 @@ impl CompiledModel {
                 Ok((self.outputs[k].0.clone(), t))
             })
             .collect()
+    }
+
+    /// Canaries around step `step`: before it (`check` false), fill the margins
+    /// of the buffers it is the first to write (their blocks may have held
+    /// another buffer before); after it, check the margins of every buffer live
+    /// then, and name the step, the buffer and the byte at fault.
+    fn canaries_at(
+        &self,
+        step: usize,
+        sp: &ShapePlan,
+        ptrs: &[*mut u8],
+        check: bool,
+    ) -> Result<(), RunError> {
+        for m in &sp.margins {
+            let live = if check { m.first <= step && step <= m.last } else { m.first == step };
+            if !live {
+                continue;
+            }
+            let at = sp.offset[m.buf] - shape::MARGIN;
+            // SAFETY: the margin lies in this call's arena: the shape plan placed it
+            // around buffer `m.buf`, whose data starts at `ptrs[m.buf]`, `MARGIN` bytes
+            // past its block's start `at`; no kernel runs between the steps, and no
+            // buffer live now overlaps it.
+            let bytes = unsafe {
+                std::slice::from_raw_parts_mut(
+                    ptrs[m.buf].sub(shape::MARGIN).add(m.range.start - at),
+                    m.range.len(),
+                )
+            };
+            if !check {
+                bytes.fill(CANARY);
+            } else if let Some(k) = bytes.iter().position(|x| *x != CANARY) {
+                let where_ = if m.range.start == at {
+                    format!("{} bytes before it", shape::MARGIN - k)
+                } else {
+                    format!("{k} bytes past its end")
+                };
+                return Err(RunError::Internal(format!(
+                    "step {step} (group {}, {}) wrote outside '{}': {where_}",
+                    self.plan.steps[step].group,
+                    self.plan.steps[step].kind.name(),
+                    self.plan.buffers[m.buf].name
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Where each output dim comes from, found once.
@@ -330,6 +400,9 @@ impl CompiledModel {
     ) -> Result<(), RunError> {
         let mut args: Vec<*mut u8> = Vec::new();
         for (i, st) in self.plan.steps.iter().enumerate() {
+            if self.canaries {
+                self.canaries_at(i, sp, ptrs, false)?;
+            }
             let start = times.is_some().then(std::time::Instant::now);
             match (&st.kind, &sp.steps[i]) {
                 (StepKind::Loop { program, args: bufs }, StepShape::Loop { rows, inner }) => {
@@ -342,6 +415,9 @@ impl CompiledModel {
                     self.run_attention(a, scores, output, sp, ptrs)?
                 }
                 _ => return Err(RunError::Internal("a step and its shape disagree".into())),
+            }
+            if self.canaries {
+                self.canaries_at(i, sp, ptrs, true)?;
             }
             if let (Some(t), Some(s)) = (times.as_deref_mut(), start) {
                 t.push(s.elapsed());

@@ -47,18 +47,42 @@ pub(crate) enum StepShape {
 pub(crate) struct ShapePlan {
     pub dims: Vec<i64>,
     pub numel: Vec<usize>,
-    /// Byte offset of each temporary in the arena (unused for other buffers).
+    /// Byte offset of each temporary in the arena (unused for other buffers;
+    /// with canaries, of the outputs too).
     pub offset: Vec<usize>,
     pub arena_bytes: usize,
     pub steps: Vec<StepShape>,
+    /// With canaries: the arena's byte ranges around every buffer placed there
+    /// (a margin before it, and from its end to a margin past the next line).
+    pub margins: Vec<Margin>,
 }
+
+/// A canary margin: arena bytes `range` next to buffer `buf`, which is live
+/// (its block reserved) from step `first` to step `last`.
+#[derive(Clone, Debug)]
+pub(crate) struct Margin {
+    pub range: std::ops::Range<usize>,
+    pub buf: usize,
+    pub first: usize,
+    pub last: usize,
+}
+
+/// Bytes of canary before and after each buffer (tests: see `CompiledModel::new`).
+pub(crate) const MARGIN: usize = 64;
 
 fn usize_of(v: i64, what: &str) -> Result<usize, RunError> {
     usize::try_from(v).map_err(|_| RunError::Shape(format!("{what} is {v}, not a size")))
 }
 
 impl ShapePlan {
-    pub fn build(plan: &ModelPlan, env: &ShapeEnv, b: &Bindings) -> Result<ShapePlan, RunError> {
+    /// With `canaries`, every temporary and output is placed in the arena with
+    /// [`MARGIN`] bytes on each side, recorded in `margins`.
+    pub fn build(
+        plan: &ModelPlan,
+        env: &ShapeEnv,
+        b: &Bindings,
+        canaries: bool,
+    ) -> Result<ShapePlan, RunError> {
         let dims = plan
             .dims
             .exprs()
@@ -76,23 +100,31 @@ impl ShapePlan {
             }
             numel.push(n);
         }
-        // Temporaries: first fit among the blocks live at the same time.
-        let mut order: Vec<usize> = (0..plan.buffers.len())
-            .filter(|i| matches!(plan.buffers[*i].kind, BufferKind::Temp))
-            .filter(|i| plan.buffers[*i].first <= plan.buffers[*i].last)
-            .collect();
-        order.sort_by_key(|i| (plan.buffers[*i].first, std::cmp::Reverse(numel[*i])));
+        // Temporaries (with canaries, outputs too, live to the end): first fit among
+        // the blocks live at the same time.
+        let in_arena = |i: usize| match plan.buffers[i].kind {
+            BufferKind::Temp => plan.buffers[i].first <= plan.buffers[i].last,
+            BufferKind::Output(_) => canaries,
+            _ => false,
+        };
+        let life = |i: usize| match plan.buffers[i].kind {
+            BufferKind::Output(_) => (plan.buffers[i].first.min(plan.steps.len()), usize::MAX),
+            _ => (plan.buffers[i].first, plan.buffers[i].last),
+        };
+        let margin = if canaries { MARGIN } else { 0 };
+        let mut margins = Vec::new();
+        let mut order: Vec<usize> = (0..plan.buffers.len()).filter(|i| in_arena(*i)).collect();
+        order.sort_by_key(|i| (life(*i).0, std::cmp::Reverse(numel[*i])));
         let mut offset = vec![0usize; plan.buffers.len()];
         let mut placed: Vec<(usize, usize, usize, usize)> = Vec::new(); // (offset, bytes, first, last)
         let mut arena_bytes = 0usize;
         for i in order {
             let buf = &plan.buffers[i];
-            let bytes = (numel[i] * buf.dtype.size()).div_ceil(ALIGN) * ALIGN;
-            let mut live: Vec<(usize, usize)> = placed
-                .iter()
-                .filter(|p| p.2 <= buf.last && buf.first <= p.3)
-                .map(|p| (p.0, p.0 + p.1))
-                .collect();
+            let data = numel[i] * buf.dtype.size();
+            let bytes = data.div_ceil(ALIGN) * ALIGN + 2 * margin;
+            let (first, last) = life(i);
+            let mut live: Vec<(usize, usize)> =
+                placed.iter().filter(|p| p.2 <= last && first <= p.3).map(|p| (p.0, p.0 + p.1)).collect();
             live.sort_unstable();
             let mut at = 0usize;
             for (s, e) in live {
@@ -101,8 +133,13 @@ impl ShapePlan {
                 }
                 at = at.max(e);
             }
-            offset[i] = at;
-            placed.push((at, bytes, buf.first, buf.last));
+            offset[i] = at + margin;
+            if canaries {
+                for range in [at..at + margin, at + margin + data..at + bytes] {
+                    margins.push(Margin { range, buf: i, first, last });
+                }
+            }
+            placed.push((at, bytes, first, last));
             arena_bytes = arena_bytes.max(at + bytes);
         }
         let mut steps = Vec::with_capacity(plan.steps.len());
@@ -130,7 +167,7 @@ impl ShapePlan {
                 }
             });
         }
-        Ok(ShapePlan { dims, numel, offset, arena_bytes, steps })
+        Ok(ShapePlan { dims, numel, offset, arena_bytes, steps, margins })
     }
 }
 
