@@ -111,6 +111,13 @@ enum Command {
         /// assembly to DIR/programs.ll and DIR/programs.s.
         #[arg(long, value_name = "DIR")]
         dump_llvm: Option<PathBuf>,
+        /// With `--stage dispatch`: the shape to show, values of the model's
+        /// symbols (e.g. batch=1,seq=17; repeatable).
+        #[arg(long = "shape", value_name = "SYM=N,...")]
+        shapes: Vec<String>,
+        /// Threads of the compiled model (`kernels`, `dispatch`; default: every core).
+        #[arg(long)]
+        threads: Option<usize>,
     },
 }
 
@@ -126,7 +133,13 @@ enum Stage {
     /// The lowered model: the dim table, the buffers (sizes and lifetimes), the
     /// loop programs, and each group's steps (loops and matmuls).
     Programs,
-    /// Every stage in order.
+    /// The compiled kernels: every contraction family (micro-kernels and direct
+    /// kernels with their measured rates, the machine model) and the loop programs.
+    Kernels,
+    /// What a call at each `--shape` runs: per step, the kernel variant, schedule,
+    /// thread split (and fused attention's query blocks) chosen for that shape.
+    Dispatch,
+    /// Every stage in order (up to `programs`).
     All,
 }
 
@@ -202,7 +215,12 @@ fn dispatch(cli: Cli) -> Result<()> {
             run(model, inputs, shapes, output_dir, dims, interpret, threads)
         }
         Command::Bench(args) => model_bench::bench(args),
-        Command::Inspect { model, stage, dims, dump_llvm } => inspect(model, stage, dims, dump_llvm),
+        Command::Inspect { model, stage, dims, dump_llvm, shapes, threads } => match stage {
+            Stage::Kernels | Stage::Dispatch => {
+                model_bench::inspect_compiled(&model, stage == Stage::Dispatch, &dims, &shapes, threads)
+            }
+            _ => inspect(model, stage, dims, dump_llvm),
+        },
         Command::Tune {
             avx2,
             cache_dir,

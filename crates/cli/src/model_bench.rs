@@ -193,3 +193,37 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// `inspect --stage kernels` (`dispatch` false) or `--stage dispatch --shape ...`:
+/// compile, then print the kernels, or for each shape what a call runs.
+pub fn inspect_compiled(
+    model: &PathBuf,
+    dispatch: bool,
+    dims: &[String],
+    shapes: &[String],
+    threads: Option<usize>,
+) -> Result<()> {
+    let shapes: Vec<Vec<(String, usize)>> = shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
+    if dispatch && shapes.is_empty() {
+        bail!(UserError("--stage dispatch needs --shape SYM=N,... (the shape to show)".into()));
+    }
+    let m = crate::load(model, dims)?;
+    let mut opts = CompileOptions::new();
+    if let Some(t) = threads {
+        opts = opts.threads(t);
+    }
+    let cm = m.compile(&opts)?;
+    if !dispatch {
+        println!("# stage: kernels");
+        print!("{}", cm.kernels_text());
+        return Ok(());
+    }
+    for shape in &shapes {
+        let data = inputs(&m, shape)?;
+        let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let s: Vec<String> = shape.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!("# stage: dispatch at {}", s.join(","));
+        print!("{}", cm.dispatch_text(&named).map_err(anyshape::Error::from)?);
+    }
+    Ok(())
+}

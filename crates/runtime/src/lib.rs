@@ -9,6 +9,7 @@
 //! launches: no compilation, tuning or search. Concurrent calls each take an
 //! arena of their own from a pool. No LLVM here.
 
+mod explain;
 mod shape;
 
 use std::any::Any;
@@ -521,6 +522,42 @@ impl CompiledModel {
         Ok(())
     }
 
+    /// Fused attention's query block and the single-thread direct schedules of
+    /// its two products at this shape (`kl`, `vl`: the layouts of Kᵀ and V).
+    fn attention_schedules(
+        &self,
+        d: &Dispatcher,
+        ss: &shape::MatMulShape,
+        os: &shape::MatMulShape,
+        kl: BLayout,
+        vl: BLayout,
+    ) -> Result<(usize, kernels::Schedule, kernels::Schedule), RunError> {
+        let internal = |e: kernels::KernelError| RunError::Internal(e.to_string());
+        let problem = |m: usize, n: usize, k: usize, b: BLayout| Problem {
+            batch: 1,
+            m: m.max(1),
+            n: n.max(1),
+            k: k.max(1),
+            a: ALayout::RowMajor,
+            b,
+        };
+        // The block is a multiple of the kernels' main height.
+        let probe = d.task_schedule(&problem(ss.m.min(64), ss.n, ss.k, kl)).map_err(internal)?;
+        let height = d.family().direct_of_width(probe.nr).first().map_or(probe.mr, |v| v.kernel.mr);
+        let entries = ss.entries.len();
+        let block = kernels::attention_block(d.target().l2, self.pool.threads(), entries, ss.m, ss.n, height);
+        // Each task's products read B from L2, not L1: the width's main (tallest)
+        // direct height loads B least per FMA (measured: 8-16 rows run the products
+        // 10-20% faster than the 4 the model picks from L1-resident rates).
+        let main = |s: kernels::Schedule| kernels::Schedule {
+            mr: d.family().direct_of_width(s.nr).first().map_or(s.mr, |v| v.kernel.mr),
+            ..s
+        };
+        let s_sched = main(d.task_schedule(&problem(block, ss.n, ss.k, kl)).map_err(internal)?);
+        let o_sched = main(d.task_schedule(&problem(block, os.n, os.k, vl)).map_err(internal)?);
+        Ok((block, s_sched, o_sched))
+    }
+
     /// Fused attention: per batch entry and block of query rows, scores into a
     /// tile, the softmax program over the tile's rows, and the product with V.
     fn run_attention(
@@ -568,29 +605,7 @@ impl CompiledModel {
             BOperand::Plain(m) if m.cs() == 1 || m.cols == 1 => BLayout::RowMajor,
             _ => BLayout::Strided,
         };
-        let problem = |m: usize, n: usize, k: usize, b: BLayout| Problem {
-            batch: 1,
-            m: m.max(1),
-            n: n.max(1),
-            k: k.max(1),
-            a: ALayout::RowMajor,
-            b,
-        };
-        let (kl, vl) = (layout(&kt[0]), layout(&v[0]));
-        // The block is a multiple of the kernels' main height.
-        let probe = d.task_schedule(&problem(ss.m.min(64), ss.n, ss.k, kl)).map_err(internal)?;
-        let height = d.family().direct_of_width(probe.nr).first().map_or(probe.mr, |v| v.kernel.mr);
-        let target = d.target();
-        let block = kernels::attention_block(target.l2, self.pool.threads(), entries, ss.m, ss.n, height);
-        // Each task's products read B from L2, not L1: the width's main (tallest)
-        // direct height loads B least per FMA (measured: 8-16 rows run the products
-        // 10-20% faster than the 4 the model picks from L1-resident rates).
-        let main = |s: kernels::Schedule| kernels::Schedule {
-            mr: d.family().direct_of_width(s.nr).first().map_or(s.mr, |v| v.kernel.mr),
-            ..s
-        };
-        let s_sched = main(d.task_schedule(&problem(block, ss.n, ss.k, kl)).map_err(internal)?);
-        let o_sched = main(d.task_schedule(&problem(block, os.n, os.k, vl)).map_err(internal)?);
+        let (block, s_sched, o_sched) = self.attention_schedules(d, ss, os, layout(&kt[0]), layout(&v[0]))?;
         let plan = kernels::AttentionPlan {
             block,
             scores: d.direct_plan(&s_sched).map_err(internal)?,

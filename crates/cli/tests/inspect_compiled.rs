@@ -1,0 +1,60 @@
+//! `inspect --stage kernels` and `--stage dispatch --shape ...` on the bundled
+//! BERT: the kernel families with their rates, and per step at each shape the
+//! schedule chosen, fused attention's query blocks included.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn bert() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/bert/model.onnx")
+        .display()
+        .to_string()
+}
+
+fn anyshape(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_anyshape")).args(args).output().expect("run anyshape");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn kernels_and_dispatch_stages() {
+    let m = bert();
+    let (code, out, err) = anyshape(&["inspect", &m, "--stage", "kernels", "--threads", "2"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("contraction family, epilogue") && out.contains("direct kernels: "), "{out}");
+    assert!(out.contains("loop programs: ") && out.contains("threads: 2"), "{out}");
+
+    let (code, out, err) = anyshape(&[
+        "inspect",
+        &m,
+        "--stage",
+        "dispatch",
+        "--shape",
+        "batch=1,seq=17",
+        "--shape",
+        "batch=2,seq=64",
+        "--threads",
+        "2",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("# stage: dispatch at batch=1,seq=17")
+            && out.contains("# stage: dispatch at batch=2,seq=64")
+    );
+    // BERT's 2 heads: entries = batch × 2; the first shape's 17 queries, the second's 64.
+    assert!(out.contains("fused attention over 2 entries, 17 queries x 17 keys, depth 16"), "{out}");
+    assert!(out.contains("fused attention over 4 entries, 64 queries x 64 keys, depth 16"), "{out}");
+    assert!(out.contains("matmul 1 x [17x96x32]") && out.contains("matmul 1 x [128x96x32]"), "{out}");
+    assert!(out.contains("loop p") && out.contains("arena: "), "{out}");
+
+    let (code, _, err) = anyshape(&["inspect", &m, "--stage", "dispatch"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--stage dispatch needs --shape"), "{err}");
+    let (code, _, err) = anyshape(&["inspect", &m, "--stage", "dispatch", "--shape", "batch=1,seq=99"]);
+    assert_eq!(code, Some(2), "{err}");
+}

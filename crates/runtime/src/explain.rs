@@ -1,0 +1,127 @@
+//! What a compiled model holds and what a call at a shape runs, as text
+//! (`anyshape inspect --stage kernels` and `--stage dispatch --shape ...`).
+
+use std::fmt::Write;
+
+use ir::Tensor;
+use kernels::{ALayout, BLayout, Problem};
+use lower::StepKind;
+
+use crate::shape::StepShape;
+use crate::{engine_epilogue, CompiledModel, RunError, PARALLEL_MIN};
+
+impl CompiledModel {
+    /// The kernels: every contraction family (its epilogue, its packed-panel
+    /// micro-kernels and direct kernels with their measured rates) and the loop
+    /// programs.
+    pub fn kernels_text(&self) -> String {
+        let mut s = String::new();
+        for (e, d) in &self.dispatchers {
+            let f = d.family();
+            let _ = writeln!(s, "contraction family, epilogue {e:?}:");
+            let tiles: Vec<String> = f
+                .variants()
+                .iter()
+                .map(|v| format!("{}x{} ({:.1})", v.kernel.mr, v.kernel.nr, v.gflops))
+                .collect();
+            let _ = writeln!(s, "  micro-kernels (GFLOP/s, 1 thread): {}", tiles.join(", "));
+            let direct: Vec<String> = f
+                .direct_variants()
+                .iter()
+                .map(|v| format!("{}x{} ({:.1})", v.kernel.mr, v.kernel.nr, v.gflops))
+                .collect();
+            let _ = writeln!(s, "  direct kernels: {}", direct.join(", "));
+            let m = d.machine();
+            let _ = writeln!(
+                s,
+                "  machine model: {} threads, peak {:.1} GFLOP/s, L2 {} KiB, DRAM {:.1} GB/s",
+                m.threads,
+                m.peak_gflops,
+                m.l2 / 1024,
+                m.dram_bw / 1e9
+            );
+        }
+        let _ = writeln!(s, "loop programs: {}", self.plan.programs.len());
+        for (i, p) in self.plan.programs.iter().enumerate() {
+            let _ =
+                writeln!(s, "  p{i}: {} ({} stores, {} parameters)", p.name, p.stores.len(), p.params.len());
+        }
+        let _ = writeln!(s, "threads: {}", self.pool.threads());
+        s
+    }
+
+    /// What a call with these inputs runs: the shape's arena, and per step the
+    /// kernel variant, schedule and thread split chosen for it.
+    pub fn dispatch_text(&self, inputs: &[(&str, Tensor)]) -> Result<String, RunError> {
+        let sp = self.shape_plan(inputs)?;
+        let internal = |e: kernels::KernelError| RunError::Internal(e.to_string());
+        let mut s = String::new();
+        let _ = writeln!(s, "arena: {} bytes", sp.arena_bytes);
+        let threads = self.pool.threads();
+        for (i, st) in self.plan.steps.iter().enumerate() {
+            let g = st.group;
+            let _ = write!(s, "step {i} (group {g}, {}): ", self.plan.groups[g].kind);
+            match (&st.kind, &sp.steps[i]) {
+                (StepKind::Loop { program, .. }, StepShape::Loop { rows, inner }) => {
+                    let parallel = threads > 1 && *rows >= 2 && rows.saturating_mul(*inner) >= PARALLEL_MIN;
+                    let on = if parallel {
+                        format!("rows split over {threads} threads")
+                    } else {
+                        "one thread".into()
+                    };
+                    let _ = writeln!(s, "loop p{program}: {rows} rows of {inner}, {on}");
+                }
+                (StepKind::MatMul(mm), StepShape::MatMul(ms)) => {
+                    let d = self.dispatcher(mm)?;
+                    let b = match &self.packed[i] {
+                        Some(p) => BLayout::Packed { nr: p.nr, kc: p.kc },
+                        None if ms.cs[1] == 1 || ms.n == 1 => BLayout::RowMajor,
+                        None => BLayout::Strided,
+                    };
+                    let a = if ms.cs[0] == 1 || ms.k == 1 { ALayout::RowMajor } else { ALayout::Strided };
+                    let p = Problem { batch: ms.entries.len(), m: ms.m, n: ms.n, k: ms.k, a, b };
+                    if ms.entries.is_empty() || ms.m == 0 || ms.n == 0 {
+                        let _ = writeln!(s, "matmul {}x{}x{}: empty", ms.m, ms.n, ms.k);
+                        continue;
+                    }
+                    let sched = d.schedule(&p).map_err(internal)?;
+                    let e = engine_epilogue(&mm.epilogue);
+                    let ep = if e.is_identity() { String::new() } else { format!(", epilogue {e:?}") };
+                    let _ = writeln!(
+                        s,
+                        "matmul {} x [{}x{}x{}] (A {a:?}, B {b:?}): {sched}{ep}",
+                        p.batch, p.m, p.n, p.k
+                    );
+                }
+                (StepKind::Attention(at), StepShape::Attention { scores, output }) => {
+                    let d = self.dispatcher_for(kernels::Epilogue::default())?;
+                    let lay = |cs: usize, n: usize| {
+                        if cs == 1 || n == 1 {
+                            BLayout::RowMajor
+                        } else {
+                            BLayout::Strided
+                        }
+                    };
+                    let (kl, vl) = (lay(scores.cs[1], scores.n), lay(output.cs[1], output.n));
+                    if scores.entries.is_empty() || scores.m == 0 {
+                        let _ = writeln!(s, "attention: empty");
+                        continue;
+                    }
+                    let (block, ss, os) = self.attention_schedules(d, scores, output, kl, vl)?;
+                    let tasks = scores.entries.len() * scores.m.div_ceil(block);
+                    let _ = writeln!(
+                        s,
+                        "fused attention over {} entries, {} queries x {} keys, depth {}: blocks of {block} query rows ({tasks} tasks), scores {ss}, output {os}, softmax p{}",
+                        scores.entries.len(),
+                        scores.m,
+                        scores.n,
+                        scores.k,
+                        at.softmax
+                    );
+                }
+                _ => return Err(RunError::Internal("a step and its shape disagree".into())),
+            }
+        }
+        Ok(s)
+    }
+}
