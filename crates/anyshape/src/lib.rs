@@ -235,6 +235,8 @@ impl Model {
             }
         }
         let cache = opts.cache_dir.clone().or_else(codegen::tuning::default_cache_dir);
+        let progress: Option<codegen::ProgressFn> =
+            opts.progress.as_deref().map(|p| p as codegen::ProgressFn);
         // The loop programs and the contraction families compile at the same time.
         let (programs, families) = std::thread::scope(|s| {
             let families: Vec<_> = epilogues
@@ -242,14 +244,22 @@ impl Model {
                 .map(|e| {
                     let (target, pool, cache) = (&target, &pool, &cache);
                     s.spawn(move || {
-                        codegen::Contraction::builder(target, pool)
-                            .epilogue(*e)
-                            .cache(cache.as_deref())
-                            .build()
+                        let mut b =
+                            codegen::Contraction::builder(target, pool).epilogue(*e).cache(cache.as_deref());
+                        if let Some(p) = progress {
+                            b = b.progress(p);
+                        }
+                        b.build()
                     })
                 })
                 .collect();
-            let programs = codegen::compile_programs(&target, &plan.programs, "model", threads);
+            let programs = codegen::compile_programs_with(
+                &target,
+                &plan.programs,
+                "model",
+                threads,
+                progress.unwrap_or(&|_| {}),
+            );
             let families: Vec<_> = families
                 .into_iter()
                 .map(|h| h.join().unwrap_or_else(|_| Err(codegen::CodegenError::Llvm("panicked".into()))))
@@ -285,18 +295,39 @@ fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+pub use codegen::Progress;
+
 /// How to compile a model.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct CompileOptions {
     threads: Option<usize>,
     cache_dir: Option<std::path::PathBuf>,
     fuse_attention: bool,
     canaries: bool,
+    progress: Option<std::sync::Arc<dyn Fn(Progress) + Send + Sync>>,
+}
+
+impl std::fmt::Debug for CompileOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompileOptions")
+            .field("threads", &self.threads)
+            .field("cache_dir", &self.cache_dir)
+            .field("fuse_attention", &self.fuse_attention)
+            .field("canaries", &self.canaries)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
 }
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        CompileOptions { threads: None, cache_dir: None, fuse_attention: true, canaries: false }
+        CompileOptions {
+            threads: None,
+            cache_dir: None,
+            fuse_attention: true,
+            canaries: false,
+            progress: None,
+        }
     }
 }
 
@@ -313,6 +344,13 @@ impl CompileOptions {
     /// default); off runs it as its three steps (the unfused path, to compare).
     pub fn fuse_attention(mut self, on: bool) -> CompileOptions {
         self.fuse_attention = on;
+        self
+    }
+    /// Report compile progress to `f` (a progress bar): `Progress::Add(n)` as
+    /// work is announced (kernels of each family, modules of loop programs),
+    /// `Progress::Done` as each unit compiles, from the compiling threads.
+    pub fn progress(mut self, f: impl Fn(Progress) + Send + Sync + 'static) -> CompileOptions {
+        self.progress = Some(std::sync::Arc::new(f));
         self
     }
     /// Test mode (off by default): every temporary and output buffer gets a

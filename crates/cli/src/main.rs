@@ -353,7 +353,7 @@ fn run(
         if let Some(t) = threads {
             opts = opts.threads(t);
         }
-        model.compile(&opts)?.run(&named).map_err(anyshape::Error::from)?
+        model_bench::compile(&model, opts)?.run(&named).map_err(anyshape::Error::from)?
     };
     if let Some(dir) = &output_dir {
         std::fs::create_dir_all(dir)

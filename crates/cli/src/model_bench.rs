@@ -154,7 +154,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         opts = opts.threads(t);
     }
     let start = Instant::now();
-    let cm = model.compile(&opts)?;
+    let cm = compile(&model, opts)?;
     let compile_ms = ms(start.elapsed());
     if !a.json {
         println!("compiled in {compile_ms:.0} ms ({} threads)", cm.threads());
@@ -212,7 +212,7 @@ pub fn inspect_compiled(
     if let Some(t) = threads {
         opts = opts.threads(t);
     }
-    let cm = m.compile(&opts)?;
+    let cm = compile(&m, opts)?;
     if !dispatch {
         println!("# stage: kernels");
         print!("{}", cm.kernels_text());
@@ -226,4 +226,23 @@ pub fn inspect_compiled(
         print!("{}", cm.dispatch_text(&named).map_err(anyshape::Error::from)?);
     }
     Ok(())
+}
+
+/// Compile with a progress bar on stderr (drawn only when stderr is a terminal).
+pub fn compile(model: &anyshape::Model, opts: CompileOptions) -> Result<anyshape::CompiledModel> {
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "compiling [{bar:30}] {pos}/{len} kernels and modules ({elapsed})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let b = bar.clone();
+    let opts = opts.progress(move |p| match p {
+        anyshape::Progress::Add(n) => b.inc_length(n as u64),
+        anyshape::Progress::Done => b.inc(1),
+    });
+    let cm = model.compile(&opts);
+    bar.finish_and_clear();
+    Ok(cm?)
 }

@@ -80,9 +80,14 @@ pub struct ContractionBuilder<'a> {
     keep: Option<&'a [KernelId]>,
     generated_packing: bool,
     elem: ElemType,
+    progress: Option<crate::ProgressFn<'a>>,
 }
 
 impl<'a> ContractionBuilder<'a> {
+    /// Report each kernel compiled to `p` (after announcing how many there are).
+    pub fn progress(self, p: crate::ProgressFn<'a>) -> Self {
+        ContractionBuilder { progress: Some(p), ..self }
+    }
     pub fn epilogue(self, epilogue: Epilogue) -> Self {
         ContractionBuilder { epilogue, ..self }
     }
@@ -134,9 +139,19 @@ impl<'a> ContractionBuilder<'a> {
                 _ => f32_widths.extend(direct_widths),
             }
         }
+        let report = |p: crate::Progress| {
+            if let Some(f) = self.progress {
+                f(p)
+            }
+        };
+        report(crate::Progress::Add(
+            1 + usize::from(!f32_widths.is_empty()) + tiles.len() + direct_tiles.len(),
+        ));
         let mut packers = vec![compile_packers(target, elem, &widths)?];
+        report(crate::Progress::Done);
         if !f32_widths.is_empty() {
             packers.push(compile_packers(target, ElemType::F32, &f32_widths)?);
+            report(crate::Progress::Done);
         }
         let find = |e: ElemType, w: usize| packers.iter().find_map(|p| p.get(w).filter(|q| q.elem == e));
         let packers_of = |e: ElemType, mr: Option<usize>, nr: usize| Packers {
@@ -150,6 +165,7 @@ impl<'a> ContractionBuilder<'a> {
             let kernel = kernels::MicroKernel { packers: packers_of(elem, Some(t.mr), t.nr), ..k.kernel() };
             variants.push(KernelVariant { kernel, gflops: t.gflops });
             jit.push(k);
+            report(crate::Progress::Done);
         }
         let mut direct = Vec::with_capacity(direct_tiles.len());
         let mut direct_variants = Vec::with_capacity(direct_tiles.len());
@@ -159,6 +175,7 @@ impl<'a> ContractionBuilder<'a> {
                 kernels::DirectKernel { packers: packers_of(ElemType::F32, None, t.nr), ..k.kernel() };
             direct_variants.push(DirectVariant { kernel, gflops: t.gflops });
             direct.push(k);
+            report(crate::Progress::Done);
         }
         let unsupported = |e: kernels::KernelError| CodegenError::Unsupported(e.to_string());
         let family =
@@ -185,6 +202,7 @@ impl Contraction {
             keep: None,
             generated_packing: true,
             elem: ElemType::F32,
+            progress: None,
         }
     }
 

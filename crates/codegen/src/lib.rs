@@ -27,7 +27,7 @@ use kernels::{DirectKernel, ElemType, Epilogue, MicroKernel, MicroKernelFn, Targ
 
 pub use direct::{compile_direct_kernel, time_direct_kernel};
 pub use family::{direct_family_tiles, family_tiles, Contraction, ContractionBuilder};
-pub use loops::{compile_programs, CompiledPrograms};
+pub use loops::{compile_programs, compile_programs_with, CompiledPrograms};
 pub use pack::{compile_packers, JitPackers};
 
 /// Errors from code generation.
@@ -42,6 +42,17 @@ pub enum CodegenError {
 fn llvm<E: std::fmt::Display>(e: E) -> CodegenError {
     CodegenError::Llvm(e.to_string())
 }
+
+/// Progress of a compilation, for a progress bar: `Add(n)` announces `n` more
+/// units (kernels, modules) to compile, `Done` says one is compiled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    Add(usize),
+    Done,
+}
+
+/// Where a compilation reports its [`Progress`].
+pub type ProgressFn<'a> = &'a (dyn Fn(Progress) + Sync);
 
 /// A JIT-compiled kernel (`K`: its descriptor, with the function pointer). The
 /// machine code lives as long as this value.

@@ -93,6 +93,17 @@ pub fn compile_programs(
     module_name: &str,
     threads: usize,
 ) -> R<CompiledPrograms> {
+    compile_programs_with(t, programs, module_name, threads, &|_| {})
+}
+
+/// [`compile_programs`], reporting each module compiled to `progress`.
+pub fn compile_programs_with(
+    t: &Target,
+    programs: &[LoopProgram],
+    module_name: &str,
+    threads: usize,
+    progress: crate::ProgressFn,
+) -> R<CompiledPrograms> {
     if !t.supported() {
         return Err(CodegenError::Unsupported("kernels need x86-64 with AVX2 and FMA".into()));
     }
@@ -102,10 +113,17 @@ pub fn compile_programs(
     let per = programs.len().div_ceil(parts).max(1);
     let chunks: Vec<(usize, &[LoopProgram])> =
         programs.chunks(per).enumerate().map(|(i, c)| (i * per, c)).collect();
+    progress(crate::Progress::Add(chunks.len()));
     let results: Vec<R<Chunk>> = std::thread::scope(|s| {
         let handles: Vec<_> = chunks
             .iter()
-            .map(|(first, chunk)| s.spawn(move || compile_chunk(t, chunk, module_name, *first)))
+            .map(|(first, chunk)| {
+                s.spawn(move || {
+                    let r = compile_chunk(t, chunk, module_name, *first);
+                    progress(crate::Progress::Done);
+                    r
+                })
+            })
             .collect();
         handles
             .into_iter()
