@@ -9,6 +9,7 @@
 
 mod broadcast;
 mod canonical;
+mod conv;
 mod fusion;
 mod gemm;
 mod pattern;
@@ -19,6 +20,7 @@ use ir::Graph;
 
 pub use broadcast::{BroadcastGuard, EliminateBroadcasts};
 pub use canonical::{Cse, Dce, FoldConstants, SimplifyAlgebra, SimplifyShapes};
+pub use conv::ConvAsMatMul;
 pub use fusion::{fuse, print_plan, FusionGroup, FusionPlan, GroupKind};
 pub use gemm::{BatchEqualShapes, MergeSharedOperand};
 
@@ -89,6 +91,7 @@ impl Pipeline {
         let mut passes = canonicalization();
         passes.insert(passes.len() - 1, Box::new(EliminateBroadcasts));
         passes.insert(passes.len() - 1, Box::new(MergeSharedOperand));
+        passes.insert(passes.len() - 1, Box::new(ConvAsMatMul));
         Pipeline::new().fixpoint(passes)
     }
 

@@ -70,7 +70,9 @@ fn check(name: &str, dims: impl Strategy<Value = Vec<(&'static str, i64)>>) {
     let before = fixture(name);
     let mut after = before.clone();
     let report = Pipeline::standard().verify(true).run(&mut after).expect("pipeline");
-    assert!(report.nodes_after <= report.nodes_before, "{name}: {report:?}");
+    // Only convolutions grow the graph (each into its im2col taps and a matmul).
+    let grows = report.rewrites("conv-as-matmul") > 0;
+    assert!(report.nodes_after <= report.nodes_before || grows, "{name}: {report:?}");
     let plan = anyshape_passes::fuse(&after);
     let mut runner = TestRunner::new(Config { cases: 6, ..Config::default() });
     runner
