@@ -1,7 +1,8 @@
 //! Golden before → after tests, one or more per pass, through the IR text form.
 
 use anyshape_passes::{
-    Cse, Dce, EliminateBroadcasts, FoldConstants, Pass, Pipeline, SimplifyAlgebra, SimplifyShapes,
+    ConvAsMatMul, Cse, Dce, EliminateBroadcasts, FoldConstants, Pass, Pipeline, SimplifyAlgebra,
+    SimplifyShapes,
 };
 
 fn parse(text: &str) -> ir::Graph {
@@ -369,6 +370,52 @@ fn transposes_fold_into_matmul_layouts() {
   %kt: f32[b, 8, s] = transpose[perm=[0, 2, 1]] %k
   %y: f32[b, s, s] = matmul[transpose_b] %q, %k
   output %y
+}
+",
+    );
+}
+
+#[test]
+fn convolutions_become_im2col_taps_and_a_matmul() {
+    check(
+        &ConvAsMatMul,
+        "graph {
+  sym n param 1..8
+  sym h param 2..64
+  input %x: f32[n, 2, h, h]
+  %k: f32[3, 2, 2, 1] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0]
+  %y: f32[n, 3, h/2+1, (h+1)/2] = conv[strides=[2, 2], dilations=[1, 1], pads_begin=[1, 0], pads_end=[1, 0], group=1] %x, %k
+  %p: f32[4, 2, 1, 1] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+  %z: f32[n, 4, h, h] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], group=1] %x, %p
+  output %y, %z
+}
+",
+        // The convolutions stay, unused (DCE drops them in the pipeline).
+        "graph {
+  sym n param 1..8
+  sym h param 2..64
+  input %x: f32[n, 2, h, h]
+  %k: f32[3, 2, 2, 1] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0]
+  %y.padded: f32[n, 2, h+2, h] = pad[pads=[(0, 0), (0, 0), (1, 1), (0, 0)], mode=constant(0.0)] %x
+  %y.tap0_0: f32[n, 2, h/2+1, (h+1)/2] = slice[2: 0 step 2, 3: 0 step 2] %y.padded
+  %y.tap0_0.flat: f32[n, 2, 1, (h+1)/2+((h+1)/2)*(h/2)] = reshape %y.tap0_0
+  %y.tap1_0: f32[n, 2, h/2+1, (h+1)/2] = slice[2: 1 step 2, 3: 0 step 2] %y.padded
+  %y.tap1_0.flat: f32[n, 2, 1, (h+1)/2+((h+1)/2)*(h/2)] = reshape %y.tap1_0
+  %y.taps: f32[n, 2, 2, (h+1)/2+((h+1)/2)*(h/2)] = concat[axis=2] %y.tap0_0.flat, %y.tap1_0.flat
+  %y.col: f32[n, 4, (h+1)/2+((h+1)/2)*(h/2)] = reshape %y.taps
+  %y.weight: f32[1, 3, 4] = reshape %k
+  %y.weight.batch: f32[n, 3, 4] = broadcast %y.weight
+  %y.matmul: f32[n, 3, (h+1)/2+((h+1)/2)*(h/2)] = matmul %y.weight.batch, %y.col
+  %y: f32[n, 3, h/2+1, (h+1)/2] = reshape %y.matmul
+  %y.replaced: f32[n, 3, h/2+1, (h+1)/2] = conv[strides=[2, 2], dilations=[1, 1], pads_begin=[1, 0], pads_end=[1, 0], group=1] %x, %k
+  %p: f32[4, 2, 1, 1] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+  %z.col: f32[n, 2, h*h] = reshape %x
+  %z.weight: f32[1, 4, 2] = reshape %p
+  %z.weight.batch: f32[n, 4, 2] = broadcast %z.weight
+  %z.matmul: f32[n, 4, h*h] = matmul %z.weight.batch, %z.col
+  %z: f32[n, 4, h, h] = reshape %z.matmul
+  %z.replaced: f32[n, 4, h, h] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], group=1] %x, %p
+  output %y, %z
 }
 ",
     );
