@@ -567,6 +567,12 @@ impl Gen<'_> {
                     self.binary(op, a, c, in_dt, nonneg)?
                 }
             }
+            Node::Select(c, a, d) if vec && !self.is_vec(c, vec) && (self.is_vec(a, vec) || self.is_vec(d, vec)) => {
+                // A condition the same for the whole row (a concat along an outer
+                // axis): branch once per vector instead of computing both sides.
+                let cv = self.emit(c, false)?.into_int_value();
+                self.branch(cv, a, d)?
+            }
             Node::Select(c, a, d) => {
                 let cv = self.emit(c, vec)?;
                 let (a, d) = (self.emit_as(a, vec)?, self.emit_as(d, vec)?);
@@ -818,6 +824,35 @@ impl Gen<'_> {
             s.set_alignment(dt.size() as u32).map_err(llvm)?;
         }
         Ok(())
+    }
+
+    /// `cond ? a : d` as vectors, computing only the side taken: each side in a
+    /// block (and a scope) of its own, joined by a phi.
+    fn branch(&mut self, cond: IntValue<'static>, a: E, d: E) -> R<V> {
+        let b = self.bld;
+        let f = b.get_insert_block().and_then(|bb| bb.get_parent()).ok_or_else(|| llvm("no function"))?;
+        let (then_bb, else_bb, join) = (
+            self.ctx.append_basic_block(f, "then"),
+            self.ctx.append_basic_block(f, "else"),
+            self.ctx.append_basic_block(f, "join"),
+        );
+        b.build_conditional_branch(cond, then_bb, else_bb).map_err(llvm)?;
+        let side = |g: &mut Self, bb, e| -> R<(V, inkwell::basic_block::BasicBlock<'static>)> {
+            g.bld.position_at_end(bb);
+            g.scopes.push(HashMap::new());
+            let v = g.emit_as(e, true);
+            g.scopes.pop();
+            let v = v?;
+            let end = g.bld.get_insert_block().ok_or_else(|| llvm("no block"))?;
+            g.bld.build_unconditional_branch(join).map_err(llvm)?;
+            Ok((v, end))
+        };
+        let (va, ea) = side(self, then_bb, a)?;
+        let (vd, ed) = side(self, else_bb, d)?;
+        b.position_at_end(join);
+        let phi = b.build_phi(va.get_type(), "sel").map_err(llvm)?;
+        phi.add_incoming(&[(&va as &dyn BasicValue, ea), (&vd as &dyn BasicValue, ed)]);
+        Ok(phi.as_basic_value())
     }
 
     /// The output `param` at nest position `at` (a vector of the width from

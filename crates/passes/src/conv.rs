@@ -7,7 +7,8 @@
 //! y[n] = W[K, C·kh·kw] · col[n]            (a batched matmul, W broadcast over n)
 //! ```
 //!
-//! `col` is `kh·kw` strided slices of the padded input, concatenated: the
+//! `col` is `kh·kw` strided slices of the padded input, concatenated along a
+//! new axis (`[n, c, kh·kw, oh, ow]`, viewed as `[n, c·kh·kw, oh·ow]`): the
 //! contraction group's prologue, one loop program that the engine's packing then
 //! reads. A 1×1 convolution with stride 1 and no padding needs none of it: its
 //! `col` is the input itself, reshaped (a view), and the convolution is a plain
@@ -109,11 +110,13 @@ fn rewrite(g: &mut Graph, at: usize) -> Result<(), String> {
                 ];
                 let t = ty(vec![n.clone(), konst(ch), oh.clone(), ow.clone()]);
                 let s = insert(g, Op::Slice { axes }, vec![xp], &format!("tap{i}_{j}"), t);
-                let t = ty(vec![n.clone(), konst(ch), konst(1), ohw.clone()]);
+                // [n, c, 1, oh, ow]: the taps concatenate along a new axis, so that
+                // the loop writing them runs over (oh, ow) with no division per element.
+                let t = ty(vec![n.clone(), konst(ch), konst(1), oh.clone(), ow.clone()]);
                 taps.push(insert(g, Op::Reshape, vec![s], &format!("tap{i}_{j}.flat"), t));
             }
         }
-        let t = ty(vec![n.clone(), konst(ch), konst(kh * kw), ohw.clone()]);
+        let t = ty(vec![n.clone(), konst(ch), konst(kh * kw), oh.clone(), ow.clone()]);
         let cat = if taps.len() == 1 { taps[0] } else { insert(g, Op::Concat { axis: 2 }, taps, "taps", t) };
         insert(g, Op::Reshape, vec![cat], "col", ty(vec![n.clone(), konst(ckk), ohw.clone()]))
     };

@@ -398,10 +398,10 @@ fn convolutions_become_im2col_taps_and_a_matmul() {
   %k: f32[3, 2, 2, 1] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0]
   %y.padded: f32[n, 2, h+2, h] = pad[pads=[(0, 0), (0, 0), (1, 1), (0, 0)], mode=constant(0.0)] %x
   %y.tap0_0: f32[n, 2, h/2+1, (h+1)/2] = slice[2: 0 step 2, 3: 0 step 2] %y.padded
-  %y.tap0_0.flat: f32[n, 2, 1, (h+1)/2+((h+1)/2)*(h/2)] = reshape %y.tap0_0
+  %y.tap0_0.flat: f32[n, 2, 1, h/2+1, (h+1)/2] = reshape %y.tap0_0
   %y.tap1_0: f32[n, 2, h/2+1, (h+1)/2] = slice[2: 1 step 2, 3: 0 step 2] %y.padded
-  %y.tap1_0.flat: f32[n, 2, 1, (h+1)/2+((h+1)/2)*(h/2)] = reshape %y.tap1_0
-  %y.taps: f32[n, 2, 2, (h+1)/2+((h+1)/2)*(h/2)] = concat[axis=2] %y.tap0_0.flat, %y.tap1_0.flat
+  %y.tap1_0.flat: f32[n, 2, 1, h/2+1, (h+1)/2] = reshape %y.tap1_0
+  %y.taps: f32[n, 2, 2, h/2+1, (h+1)/2] = concat[axis=2] %y.tap0_0.flat, %y.tap1_0.flat
   %y.col: f32[n, 4, (h+1)/2+((h+1)/2)*(h/2)] = reshape %y.taps
   %y.weight: f32[1, 3, 4] = reshape %k
   %y.weight.batch: f32[n, 3, 4] = broadcast %y.weight
