@@ -567,7 +567,9 @@ impl Gen<'_> {
                     self.binary(op, a, c, in_dt, nonneg)?
                 }
             }
-            Node::Select(c, a, d) if vec && !self.is_vec(c, vec) && (self.is_vec(a, vec) || self.is_vec(d, vec)) => {
+            Node::Select(c, a, d)
+                if vec && !self.is_vec(c, vec) && (self.is_vec(a, vec) || self.is_vec(d, vec)) =>
+            {
                 // A condition the same for the whole row (a concat along an outer
                 // axis): branch once per vector instead of computing both sides.
                 let cv = self.emit(c, false)?.into_int_value();

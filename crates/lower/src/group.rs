@@ -178,9 +178,13 @@ impl<'g> Lowering<'g> {
             let rest: Vec<ValueId> =
                 group.outputs.iter().filter(|v| !avail.contains_key(v)).copied().collect();
             let last = !group.nodes.iter().any(|m| *m > n && is_backbone(g, &g.nodes[*m]));
-            if last && rest.len() == 1 && step.batch.is_empty() && !group.outputs.contains(&out) {
+            if last && rest.len() == 1 && !group.outputs.contains(&out) {
                 let v = rest[0];
-                if let Some(e) = self.fold_epilogue(out, v, &avail)? {
+                // A batch of products (a convolution over images) shares a bias and an
+                // activation; a residual is read per entry, which the engine's
+                // batched epilogue does not do.
+                let fold = self.fold_epilogue(out, v, &avail)?;
+                if let Some(e) = fold.filter(|e| step.batch.is_empty() || e.residual.is_none()) {
                     step.c.buf = self.buffer_of[&v];
                     step.epilogue = e;
                     avail.insert(v, self.buffer_of[&v]);
