@@ -62,7 +62,7 @@ fn rewrite(g: &mut Graph, at: usize) -> Result<(), String> {
     let Op::Conv(c) = &node.op else { return Err("not a convolution".into()) };
     let (x, w, y) = (node.inputs[0], node.inputs[1], node.output);
     let ws = g.ty(w).const_shape().ok_or("a weight of unknown shape")?;
-    let (k, ch, kh, kw) = (ws[0] as i64, ws[1] as i64, ws[2] as i64, ws[3] as i64);
+    let (k, ch, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
     let xs = g.ty(x).shape.clone();
     let ys = g.ty(y).shape.clone();
     let (n, oh, ow) = (xs[0].clone(), ys[2].clone(), ys[3].clone());
