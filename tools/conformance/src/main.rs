@@ -39,6 +39,10 @@ struct Args {
     /// the others are imported and their output shapes checked. Default: run all.
     #[arg(long, value_delimiter = ',')]
     light_run: Option<Vec<String>>,
+    /// With --light: also compile every model (the ones only imported too) and
+    /// compare the compiled output with the expected one, canary margins on.
+    #[arg(long)]
+    light_compiled: bool,
 }
 
 enum Outcome {
@@ -74,7 +78,7 @@ fn main() -> Result<()> {
     cases.sort();
     let mut light_failed = 0;
     if let Some(dir) = &args.light {
-        light_failed = run_light(dir, args.light_run.as_deref())?;
+        light_failed = run_light(dir, args.light_run.as_deref(), args.light_compiled)?;
     }
     let mut per_op: BTreeMap<String, Tally> = BTreeMap::new();
     let mut surprises = Vec::new();
@@ -151,7 +155,7 @@ fn main() -> Result<()> {
 /// The CNN models of onnx's `light` folder: weights are `ConstantOfShape` nodes,
 /// the input is `arange(n) / n` (as onnx's own runner feeds it), the expected
 /// output is `<model>_output_0.pb`. Returns the number of failures.
-fn run_light(dir: &Path, run_only: Option<&[String]>) -> Result<usize> {
+fn run_light(dir: &Path, run_only: Option<&[String]>, compiled: bool) -> Result<usize> {
     let mut models: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("cannot list {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -172,7 +176,7 @@ fn run_light(dir: &Path, run_only: Option<&[String]>) -> Result<usize> {
             if out_ty.const_shape().as_deref() != Some(&shape[..]) {
                 return Err(format!("output type {out_ty}, expected shape {shape:?}"));
             }
-            if import_only {
+            if import_only && !compiled {
                 return Ok(format!("imported, output {out_ty}"));
             }
             let mut inputs = Vec::new();
@@ -188,9 +192,20 @@ fn run_light(dir: &Path, run_only: Option<&[String]>) -> Result<usize> {
                 inputs.push((i.name, t));
             }
             let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-            let got = model.run(&named).map_err(|e| format!("run: {e}"))?;
-            compare(&got[0].1, &want)?;
-            Ok("matches".into())
+            let mut how = Vec::new();
+            if !import_only {
+                let got = model.run(&named).map_err(|e| format!("run: {e}"))?;
+                compare(&got[0].1, &want)?;
+                how.push("interpreted");
+            }
+            if compiled {
+                let opts = anyshape::CompileOptions::new().threads(2).canaries(true);
+                let cm = model.compile(&opts).map_err(|e| format!("compile: {e}"))?;
+                let got = cm.run(&named).map_err(|e| format!("compiled run: {e}"))?;
+                compare(&got[0].1, &want).map_err(|e| format!("compiled: {e}"))?;
+                how.push("compiled");
+            }
+            Ok(format!("matches ({})", how.join(", ")))
         })();
         let secs = start.elapsed().as_secs_f64();
         match result {
