@@ -189,6 +189,23 @@ const GELU_TANH_EPILOGUE: &str = r#"graph {
 }
 "#;
 
+/// A convolution's shape of product, `W[5, 8] · x[b]` for every image `b`, with
+/// a shortcut added and a ReLU: the batched matmul's epilogue reads the residual
+/// per entry.
+const BATCHED_RESIDUAL_EPILOGUE: &str = r#"graph {
+  sym b param 1..4
+  sym m param 1..70
+  input %x: f32[b, 8, m]
+  input %r: f32[b, 5, m]
+  %w: f32[1, 5, 8] = constant [0.1, -0.2, 0.3, -0.4, 0.5, 0.6, -0.7, 0.8, -0.9, 1.0, -0.1, 0.2, -0.3, 0.4, -0.5, -0.6, 0.7, -0.8, 0.9, -1.0, 0.15, -0.25, 0.35, -0.45, 0.55, 0.65, -0.75, 0.85, -0.95, 1.05, -0.15, 0.25, -0.35, 0.45, -0.55, -0.65, 0.75, -0.85, 0.95, -1.05]
+  %wb: f32[b, 5, 8] = broadcast %w
+  %y: f32[b, 5, m] = matmul %wb, %x
+  %z: f32[b, 5, m] = add %y, %r
+  %o: f32[b, 5, m] = relu %z
+  output %o
+}
+"#;
+
 fn weights(name: &str) -> Option<std::sync::Arc<ir::ConstData>> {
     let shape: Vec<usize> = match name {
         "k" => vec![6, 2, 3, 3],
@@ -320,6 +337,14 @@ proptest! {
         let plan = anyshape::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
         prop_assert!(plan.contains("epilogue bias b") && plan.contains(" + gelutanh"), "not fused:\n{}", plan);
         compare(&model, &[("m", m)], seed)?;
+    }
+
+    #[test]
+    fn batched_matmul_with_fused_residual(b in 1usize..=4, m in size(1, 70), seed in 0u64..1000) {
+        let model = model(BATCHED_RESIDUAL_EPILOGUE, true, None);
+        let plan = anyshape::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
+        prop_assert!(plan.contains("matmul [d") && plan.contains("epilogue residual b") && plan.contains(" + relu"), "not fused:\n{}", plan);
+        compare(&model, &[("b", b), ("m", m)], seed)?;
     }
 
     #[test]

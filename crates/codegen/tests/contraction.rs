@@ -102,7 +102,7 @@ fn compiled_contractions_match_the_reference() {
                 // A pre-packed weight with bias and GELU applied in the kernels.
                 let packed = fused.pack_weight(bm, &[1, 16, 128]).expect("pack");
                 let mut c = vec![0.0f32; m * n];
-                let args = EpilogueArgs { bias: Some(&bias), residual: None };
+                let args = EpilogueArgs { bias: Some(&bias), ..EpilogueArgs::default() };
                 let s = fused
                     .matmul(
                         &pool,
@@ -245,7 +245,11 @@ fn bf16_contractions_match_the_rounded_reference() {
         });
         prop_assert!(direct_weight.iter().all(|s| s.operands == kernels::Operands::Packed));
         let mut c = vec![f32::NAN; m * n];
-        let args = EpilogueArgs { bias: Some(&bias), residual: Some(MatRef::row_major(&res, m, n).unwrap()) };
+        let args = EpilogueArgs {
+            bias: Some(&bias),
+            residual: Some(MatRef::row_major(&res, m, n).unwrap()),
+            ..EpilogueArgs::default()
+        };
         let cv = MatMut::new(&mut c, m, n, n).unwrap();
         let s = fused.matmul(&pool, am, BOperand::Packed(&packed), cv, &args).expect("run");
         for i in 0..m {

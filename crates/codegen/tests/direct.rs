@@ -145,6 +145,7 @@ fn direct_kernels_match_the_reference() {
                             let args = EpilogueArgs {
                                 bias: ep.bias.then_some(&bias[..]),
                                 residual: ep.residual.then(|| MatRef::row_major(&res, m, n).expect("res")),
+                                ..EpilogueArgs::default()
                             };
                             let plan = Plan::Direct(DirectPlan { kernels: &variants, kc, grid });
                             execute(&pool, &plan, &av, &bv, &mut cv, &args).expect("run");

@@ -204,6 +204,7 @@ fn epilogues_compute_correctly() {
                 let args = EpilogueArgs {
                     bias: ep.bias.then_some(&bias[..]),
                     residual: ep.residual.then(|| MatRef::row_major(&res, m, n).unwrap()),
+                    ..EpilogueArgs::default()
                 };
                 gemm_packed(
                     &pool,

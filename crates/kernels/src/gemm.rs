@@ -78,11 +78,24 @@ pub struct MicroKernel {
     pub packers: Packers,
 }
 
-/// The data an epilogue reads: a bias of `n` values, a row-major residual `m × n`.
+/// The data an epilogue reads: a bias of `n` values, a row-major residual `m × n`;
+/// for a batch, `residuals` gives each entry its own residual instead (a
+/// convolution's shortcut over a batch of images).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EpilogueArgs<'a> {
     pub bias: Option<&'a [f32]>,
     pub residual: Option<MatRef<'a>>,
+    pub residuals: &'a [MatRef<'a>],
+}
+
+impl<'a> EpilogueArgs<'a> {
+    /// The arguments entry `e` of a batch reads.
+    fn entry(&self, e: usize) -> EpilogueArgs<'a> {
+        match self.residuals.get(e) {
+            Some(r) => EpilogueArgs { bias: self.bias, residual: Some(*r), residuals: &[] },
+            None => *self,
+        }
+    }
 }
 
 /// Cache blocks: `kc` deep, `mc` rows of A, `nc` columns of B.
@@ -329,7 +342,7 @@ pub enum LoopOrder {
 
 /// `Cᵢ = epilogue(Aᵢ · Bᵢ)` for every entry `i` of a batch (one entry: a plain
 /// contraction), on the threads of `pool` as `plan` says. With a batch, the
-/// epilogue may have a bias (shared by the entries) but no residual.
+/// bias is shared by the entries and a residual is given per entry (`residuals`).
 pub fn execute(
     pool: &crate::ThreadPool,
     plan: &Plan,
@@ -366,7 +379,14 @@ fn run_plan(
         return Err(KernelError::Shape(format!("{grid:?} needs more threads than the {threads} at hand")));
     }
     if a.len() > 1 && ep.residual.is_some() {
-        return Err(KernelError::Shape("a batched contraction takes no residual".into()));
+        return Err(KernelError::Shape("a batched contraction takes a residual per entry".into()));
+    }
+    if !ep.residuals.is_empty() && (ep.residuals.len() != a.len() || ep.residual.is_some()) {
+        return Err(KernelError::Shape(format!(
+            "{} residuals for a batch of {}",
+            ep.residuals.len(),
+            a.len()
+        )));
     }
     for ((a, b), c) in a.iter().zip(b).zip(c.iter()) {
         let (k, n) = b.dims();
@@ -402,7 +422,10 @@ fn run_plan(
             }
             _ => {}
         }
-        check_epilogue(&epilogue, ep, a.rows, n)?;
+        check_epilogue(&epilogue, &ep.entry(0), a.rows, n)?;
+    }
+    for e in 1..ep.residuals.len() {
+        check_epilogue(&epilogue, &ep.entry(e), a[e].rows, b[e].dims().1)?;
     }
     // K = 0 (or an empty C): the product is zero and only the epilogue is left.
     let mut work = Vec::with_capacity(c.len());
@@ -410,7 +433,7 @@ fn run_plan(
         if a[e].cols == 0 || c.rows == 0 || c.cols == 0 {
             for i in 0..c.rows {
                 for j in 0..c.cols {
-                    c.data[i * c.ldc + j] = apply_scalar(&epilogue, ep, i, j, 0.0);
+                    c.data[i * c.ldc + j] = apply_scalar(&epilogue, &ep.entry(e), i, j, 0.0);
                 }
             }
         } else {
@@ -438,6 +461,7 @@ fn run_plan(
                 let panels = n.div_ceil(nr);
                 let per = panels.div_ceil(grid.cols);
                 let cols = (lc * per).min(panels)..((lc + 1) * per).min(panels);
+                let ep = &ep.entry(e);
                 match plan {
                     Plan::Packed(p) => band(p, &a[e], &b[e], cptr, ldc, rows, cols, ep, ws),
                     Plan::Direct(p) => {

@@ -180,11 +180,9 @@ impl<'g> Lowering<'g> {
             let last = !group.nodes.iter().any(|m| *m > n && is_backbone(g, &g.nodes[*m]));
             if last && rest.len() == 1 && !group.outputs.contains(&out) {
                 let v = rest[0];
-                // A batch of products (a convolution over images) shares a bias and an
-                // activation; a residual is read per entry, which the engine's
-                // batched epilogue does not do.
-                let fold = self.fold_epilogue(out, v, &avail)?;
-                if let Some(e) = fold.filter(|e| step.batch.is_empty() || e.residual.is_none()) {
+                // A batch of products (a convolution over images) shares its bias and
+                // activation; its residual is read per entry, at the output's offsets.
+                if let Some(e) = self.fold_epilogue(out, v, &avail)? {
                     step.c.buf = self.buffer_of[&v];
                     step.epilogue = e;
                     avail.insert(v, self.buffer_of[&v]);

@@ -511,14 +511,18 @@ impl CompiledModel {
             Some(bb) => Some(whole(bb).get(..ms.n).ok_or_else(|| RunError::Internal("a short bias".into()))?),
             None => None,
         };
-        let residual = match mm.epilogue.residual {
-            Some(rb) if ms.entries.len() == 1 => {
-                Some(view(whole(rb), ms.entries[0][2], ms.m, ms.n, ms.rs[2], 1)?)
+        // The residual has the output's layout: one view per entry, at C's offsets.
+        let mut residuals = Vec::new();
+        if let Some(rb) = mm.epilogue.residual {
+            for e in &ms.entries {
+                residuals.push(view(whole(rb), e[2], ms.m, ms.n, ms.rs[2], 1)?);
             }
-            Some(_) => return Err(RunError::Internal("a batched matmul with a residual".into())),
-            None => None,
+        }
+        let ep = match residuals.as_slice() {
+            [one] => EpilogueArgs { bias, residual: Some(*one), residuals: &[] },
+            many => EpilogueArgs { bias, residual: None, residuals: many },
         };
-        d.batched(&self.pool, &a, &b, &mut c, &EpilogueArgs { bias, residual }).map_err(shape_err)?;
+        d.batched(&self.pool, &a, &b, &mut c, &ep).map_err(shape_err)?;
         Ok(())
     }
 
