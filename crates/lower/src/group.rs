@@ -39,6 +39,9 @@ pub(crate) struct Lowering<'g> {
     /// Loop programs by their text without names: groups of one signature share code.
     programs: HashMap<String, usize>,
     producers: Vec<Option<usize>>,
+    /// Group outputs that are a reshape of another stored value: never
+    /// materialized; their readers read the value they reshape (a view).
+    views: HashMap<ValueId, ValueId>,
 }
 
 impl<'g> Lowering<'g> {
@@ -49,6 +52,7 @@ impl<'g> Lowering<'g> {
             buffer_of: HashMap::new(),
             programs: HashMap::new(),
             producers: g.producers(),
+            views: HashMap::new(),
         }
     }
 
@@ -103,9 +107,26 @@ impl<'g> Lowering<'g> {
                 copies.push(i);
             }
         }
+        // A group output that only reshapes another value stored by the same group
+        // (a LayerNorm written for the next matmul as [b·s, n], a convolution's
+        // input as [n, c, h·w]) is not stored again: its readers take the view.
         for group in &fusion.groups {
             for &v in &group.outputs {
-                if !self.buffer_of.contains_key(&v) {
+                if self.buffer_of.contains_key(&v) {
+                    continue;
+                }
+                let src = self.producers[v.index()]
+                    .filter(|p| matches!(g.nodes[*p].op, Op::Reshape))
+                    .map(|p| g.nodes[p].inputs[0]);
+                match src {
+                    Some(u) if group.outputs.contains(&u) && !self.views.contains_key(&u) => {
+                        self.views.insert(v, u);
+                    }
+                    _ => {}
+                }
+            }
+            for &v in &group.outputs {
+                if !self.buffer_of.contains_key(&v) && !self.views.contains_key(&v) {
                     let b = self.temp(v)?;
                     self.buffer_of.insert(v, b);
                 }
@@ -142,11 +163,13 @@ impl<'g> Lowering<'g> {
         let g = self.g;
         let mut avail: HashMap<ValueId, BufId> = HashMap::new();
         for v in &group.inputs {
+            // A view is read through the value it reshapes.
+            let held = self.views.get(v).copied().unwrap_or(*v);
             let b = *self
                 .buffer_of
-                .get(v)
+                .get(&held)
                 .ok_or_else(|| LowerError::Internal(format!("group input '{}' has no buffer", g.name(*v))))?;
-            avail.insert(*v, b);
+            avail.insert(held, b);
         }
         let mut part = 0;
         for &n in &group.nodes {
@@ -175,8 +198,12 @@ impl<'g> Lowering<'g> {
             avail.insert(out, c);
             // The group's one remaining output, when it is the engine's epilogue of
             // this (last) backbone, is written by the matmul itself.
-            let rest: Vec<ValueId> =
-                group.outputs.iter().filter(|v| !avail.contains_key(v)).copied().collect();
+            let rest: Vec<ValueId> = group
+                .outputs
+                .iter()
+                .filter(|v| !avail.contains_key(v) && !self.views.contains_key(v))
+                .copied()
+                .collect();
             let last = !group.nodes.iter().any(|m| *m > n && is_backbone(g, &g.nodes[*m]));
             if last && rest.len() == 1 && !group.outputs.contains(&out) {
                 let v = rest[0];
@@ -193,7 +220,7 @@ impl<'g> Lowering<'g> {
         let pending: Vec<(ValueId, BufId)> = group
             .outputs
             .iter()
-            .filter(|v| !avail.contains_key(v))
+            .filter(|v| !avail.contains_key(v) && !self.views.contains_key(v))
             .map(|v| (*v, self.buffer_of[v]))
             .collect();
         self.flush(gi, group, &mut part, &mut avail, pending)
