@@ -6,7 +6,10 @@
 //! it. The plan is checked to hold the fused step, so a silent fallback to the
 //! three unfused steps fails here.
 
+mod common;
+
 use anyshape::{CompileOptions, CompiledModel, Elems, LoadOptions, Model, Tensor};
+use common::{shape_at, Lcg};
 
 /// `softmax(Q·Kᵀ/4 + mask)·V` over `b × 3` heads of depth 20, queries `q`, keys `k`.
 const PADDING_MASK: &str = r#"graph {
@@ -71,29 +74,18 @@ fn model(text: &str) -> Model {
 /// Random inputs at the dims given; a padding mask of 0 and -10000 (the last
 /// keys padded, as a tokenizer pads), everything else in [-2, 2).
 fn inputs(m: &Model, dims: &[(&str, usize)], seed: u64) -> Vec<(String, Tensor)> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    let mut next = move || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (state >> 33) as u32
-    };
+    let mut rng = Lcg::new(seed);
     m.inputs()
         .into_iter()
         .map(|info| {
-            let shape: Vec<usize> = info
-                .ty
-                .shape
-                .iter()
-                .map(|d| {
-                    d.eval(&|s| dims.iter().find(|(n, _)| *n == s).map(|x| x.1 as i64)).expect("dim") as usize
-                })
-                .collect();
+            let shape = shape_at(&info.ty, dims);
             let n: usize = shape.iter().product();
             let elems = if info.name == "mask" {
                 let keys = *shape.last().expect("rank");
-                let keep = keys - (next() as usize % keys.div_ceil(2));
+                let keep = keys - (rng.next() as usize % keys.div_ceil(2));
                 Elems::F32((0..n).map(|i| if i % keys < keep { 0.0 } else { -10000.0 }).collect())
             } else {
-                Elems::F32((0..n).map(|_| next() as f32 / u32::MAX as f32 * 4.0 - 2.0).collect())
+                Elems::F32((0..n).map(|_| rng.unit()).collect())
             };
             (info.name, Tensor::new(shape, elems).expect("tensor"))
         })

@@ -6,7 +6,10 @@
 //! (convolutions with stride, dilation, padding and groups, pooling, transposed
 //! convolution) and matmuls. Each graph runs with and without the rewrites.
 
+mod common;
+
 use anyshape::{CompileOptions, DType, Elems, LoadOptions, Model, Tensor};
+use common::{shape_at, Lcg};
 use proptest::prelude::*;
 
 const ELEMENTWISE: &str = r#"graph {
@@ -242,29 +245,18 @@ fn model(text: &str, rewrite: bool, k: Option<usize>) -> Model {
 }
 
 fn inputs(m: &Model, dims: &[(&str, usize)], seed: u64) -> Vec<(String, Tensor)> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    let mut next = move || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (state >> 33) as u32
-    };
+    let mut rng = Lcg::new(seed);
     m.inputs()
         .into_iter()
         .map(|info| {
-            let shape: Vec<usize> = info
-                .ty
-                .shape
-                .iter()
-                .map(|d| {
-                    d.eval(&|s| dims.iter().find(|(n, _)| *n == s).map(|x| x.1 as i64)).expect("dim") as usize
-                })
-                .collect();
+            let shape = shape_at(&info.ty, dims);
             let n: usize = shape.iter().product();
             let elems = match info.ty.dtype {
                 DType::I64 if info.name == "ids" => {
-                    Elems::I64((0..n).map(|_| (next() % 10) as i64 - 5).collect())
+                    Elems::I64((0..n).map(|_| (rng.next() % 10) as i64 - 5).collect())
                 }
-                DType::I64 => Elems::I64((0..n).map(|_| (next() % 21) as i64 - 10).collect()),
-                _ => Elems::F32((0..n).map(|_| next() as f32 / u32::MAX as f32 * 4.0 - 2.0).collect()),
+                DType::I64 => Elems::I64((0..n).map(|_| (rng.next() % 21) as i64 - 10).collect()),
+                _ => Elems::F32((0..n).map(|_| rng.unit()).collect()),
             };
             (info.name, Tensor::new(shape, elems).expect("tensor"))
         })

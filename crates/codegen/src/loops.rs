@@ -857,31 +857,31 @@ impl Gen<'_> {
         Ok(phi.as_basic_value())
     }
 
+    /// Where nest position `at` of parameter `param` lies, and its element type.
+    fn param_ptr(&self, param: u32, at: IntValue<'static>) -> R<(PointerValue<'static>, DType)> {
+        let dt = self.param_dtypes[param as usize];
+        // SAFETY (of the IR): `at` is a position of the nest, inside the buffer.
+        let ptr = unsafe { self.bld.build_gep(self.mty(dt, false), self.bufs[param as usize], &[at], "at") }
+            .map_err(llvm)?;
+        Ok((ptr, dt))
+    }
+
     /// The output `param` at nest position `at` (a vector of the width from
     /// there when `vec`), as [`Gen::stores`] wrote it.
     fn load_at(&self, param: u32, at: IntValue<'static>, vec: bool) -> R<V> {
-        let dt = self.x_param_dtype(param);
-        let mt = self.mty(dt, false);
-        // SAFETY (of the IR): `at` is a position of the nest, inside the buffer.
-        let ptr = unsafe { self.bld.build_gep(mt, self.bufs[param as usize], &[at], "sc") }.map_err(llvm)?;
-        let ty = if vec { vec_of(mt, self.w) } else { mt };
+        let (ptr, dt) = self.param_ptr(param, at)?;
+        let ty = self.mty(dt, vec);
         let v = self.bld.build_load(ty, ptr, "scr").map_err(llvm)?;
         crate::set_align(&v, dt.size() as u32);
         Ok(v)
     }
 
-    /// Store `v` (a vector when `vec`) at nest position `at` of the output `param`.
+    /// Store `v` (a vector or a scalar) at nest position `at` of the output `param`.
     fn store_at(&self, param: u32, at: IntValue<'static>, v: V) -> R<()> {
-        let mt = self.mty(self.x_param_dtype(param), false);
-        // SAFETY (of the IR): `at` is a position of the nest, inside the buffer.
-        let ptr = unsafe { self.bld.build_gep(mt, self.bufs[param as usize], &[at], "sc") }.map_err(llvm)?;
+        let (ptr, dt) = self.param_ptr(param, at)?;
         let s = self.bld.build_store(ptr, v).map_err(llvm)?;
-        s.set_alignment(self.x_param_dtype(param).size() as u32).map_err(llvm)?;
+        s.set_alignment(dt.size() as u32).map_err(llvm)?;
         Ok(())
-    }
-
-    fn x_param_dtype(&self, param: u32) -> DType {
-        self.param_dtypes[param as usize]
     }
 
     /// Make `e` (a vector along `lane`, or a scalar) be `v` in the current scope.

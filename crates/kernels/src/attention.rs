@@ -116,9 +116,13 @@ pub fn attention(
         WORKSPACE.with(|ws| {
             let ws = &mut *ws.borrow_mut();
             let tile = plan.block * keys;
-            if ws.scores.len() < tile {
-                ws.scores.resize(tile, 0.0);
-                ws.probs.resize(tile, 0.0);
+            // The tiles leave the workspace for the thread's tasks (the products
+            // borrow the rest of it) and go back after them.
+            let mut scores = std::mem::take(&mut ws.scores);
+            let mut probs = std::mem::take(&mut ws.probs);
+            if scores.len() < tile {
+                scores.resize(tile, 0.0);
+                probs.resize(tile, 0.0);
             }
             loop {
                 let t = next.fetch_add(1, Ordering::Relaxed);
@@ -130,8 +134,6 @@ pub fn attention(
                 let n = plan.block.min(rows - first);
                 let qe = &q[e];
                 let qb = MatRef { data: &qe.data[first * qe.rs..], rows: n, ..*qe };
-                let mut scores = std::mem::take(&mut ws.scores);
-                let mut probs = std::mem::take(&mut ws.probs);
                 if keys > 0 {
                     let sp = CPtr(scores.as_mut_ptr());
                     direct_band(
@@ -175,9 +177,9 @@ pub fn attention(
                         unsafe { std::ptr::write_bytes(optr.get().add(i * ldo), 0, dv) };
                     }
                 }
-                ws.scores = scores;
-                ws.probs = probs;
             }
+            ws.scores = scores;
+            ws.probs = probs;
         });
     };
     // A fork-join (waking the pool) costs more than a few microseconds of work.

@@ -148,14 +148,6 @@ impl<'a> MatRef<'a> {
     pub fn row_major(data: &'a [f32], rows: usize, cols: usize) -> Result<MatRef<'a>, KernelError> {
         MatRef::new(data, rows, cols, cols, 1)
     }
-    /// The row stride.
-    pub fn rs(&self) -> usize {
-        self.rs
-    }
-    /// The column stride.
-    pub fn cs(&self) -> usize {
-        self.cs
-    }
     /// The transposed view (no copy).
     pub fn t(self) -> MatRef<'a> {
         MatRef { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs, ..self }

@@ -49,7 +49,27 @@ pub enum BLayout {
     Packed { nr: usize, kc: usize },
 }
 
+impl ALayout {
+    /// The layout of an A whose elements along K are `cs` apart, `k` of them.
+    pub fn of(cs: usize, k: usize) -> ALayout {
+        if cs == 1 || k == 1 {
+            ALayout::RowMajor
+        } else {
+            ALayout::Strided
+        }
+    }
+}
+
 impl BLayout {
+    /// The layout of an activation B whose elements along N are `cs` apart, `n` of them.
+    pub fn of(cs: usize, n: usize) -> BLayout {
+        if cs == 1 || n == 1 {
+            BLayout::RowMajor
+        } else {
+            BLayout::Strided
+        }
+    }
+
     /// An activation, packed (or read) by the threads of every call.
     pub fn is_activation(&self) -> bool {
         !matches!(self, BLayout::Packed { .. })

@@ -9,6 +9,10 @@ use crate::expr::{Node, E};
 use crate::plan::{AttentionStep, BufferKind, ModelPlan, Step, StepKind};
 use crate::program::LoopProgram;
 
+/// The most buffers a fused softmax program may take (the runtime gives each
+/// task a table of them on its stack).
+pub const MAX_ARGS: usize = 16;
+
 /// Replace every fusible `matmul, softmax, matmul` triple of an attention group
 /// by one fused step; returns how many were fused.
 pub fn fuse_attention(plan: &mut ModelPlan) -> usize {
@@ -79,7 +83,7 @@ fn fusible(plan: &ModelPlan, i: usize) -> Option<AttentionStep> {
     let prog = &plan.programs[*program];
     let sp = args.iter().position(|b| *b == s)?;
     let pp = args.iter().position(|b| *b == p)?;
-    if args.iter().filter(|b| **b == s || **b == p).count() != 2 {
+    if args.len() > MAX_ARGS || args.iter().filter(|b| **b == s || **b == p).count() != 2 {
         return None;
     }
     // P is the only store (at the nest's positions: S's row-major order, see

@@ -75,10 +75,9 @@ impl CompiledModel {
                     let d = self.dispatcher(mm)?;
                     let b = match &self.packed[i] {
                         Some(p) => BLayout::Packed { nr: p.nr, kc: p.kc },
-                        None if ms.cs[1] == 1 || ms.n == 1 => BLayout::RowMajor,
-                        None => BLayout::Strided,
+                        None => BLayout::of(ms.cs[1], ms.n),
                     };
-                    let a = if ms.cs[0] == 1 || ms.k == 1 { ALayout::RowMajor } else { ALayout::Strided };
+                    let a = ALayout::of(ms.cs[0], ms.k);
                     let p = Problem { batch: ms.entries.len(), m: ms.m, n: ms.n, k: ms.k, a, b };
                     if ms.entries.is_empty() || ms.m == 0 || ms.n == 0 {
                         let _ = writeln!(s, "matmul {}x{}x{}: empty", ms.m, ms.n, ms.k);
@@ -93,29 +92,19 @@ impl CompiledModel {
                         p.batch, p.m, p.n, p.k
                     );
                 }
-                (StepKind::Attention(at), StepShape::Attention { scores, output }) => {
-                    let d = self.dispatcher_for(kernels::Epilogue::default())?;
-                    let lay = |cs: usize, n: usize| {
-                        if cs == 1 || n == 1 {
-                            BLayout::RowMajor
-                        } else {
-                            BLayout::Strided
-                        }
-                    };
-                    let (kl, vl) = (lay(scores.cs[1], scores.n), lay(output.cs[1], output.n));
-                    if scores.entries.is_empty() || scores.m == 0 {
-                        let _ = writeln!(s, "attention: empty");
-                        continue;
-                    }
-                    let (block, ss, os) = self.attention_schedules(d, scores, output, kl, vl)?;
-                    let tasks = scores.entries.len() * scores.m.div_ceil(block);
+                (StepKind::Attention(at), StepShape::Attention(shape)) => {
+                    let (scores, tasks) = (&shape.scores, &shape.tasks);
+                    let n = scores.entries.len() * scores.m.div_ceil(tasks.block.max(1));
                     let _ = writeln!(
                         s,
-                        "fused attention over {} entries, {} queries x {} keys, depth {}: blocks of {block} query rows ({tasks} tasks), scores {ss}, output {os}, softmax p{}",
+                        "fused attention over {} entries, {} queries x {} keys, depth {}: blocks of {} query rows ({n} tasks), scores {}, output {}, softmax p{}",
                         scores.entries.len(),
                         scores.m,
                         scores.n,
                         scores.k,
+                        tasks.block,
+                        tasks.scores,
+                        tasks.output,
                         at.softmax
                     );
                 }

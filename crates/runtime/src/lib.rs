@@ -246,7 +246,8 @@ impl CompiledModel {
         if let Some(p) = self.shapes.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(p.clone());
         }
-        let p = Arc::new(ShapePlan::build(&self.plan, &self.env, &b, self.canaries)?);
+        let choose = |ss: &shape::MatMulShape, os: &shape::MatMulShape| self.attention_tasks(ss, os);
+        let p = Arc::new(ShapePlan::build(&self.plan, &self.env, &b, self.canaries, &choose)?);
         self.shapes.write().unwrap_or_else(|e| e.into_inner()).insert(key, p.clone());
         Ok(p)
     }
@@ -412,9 +413,7 @@ impl CompiledModel {
                     self.run_loop(*program, &args, &sp.dims, *rows, *inner)?;
                 }
                 (StepKind::MatMul(mm), StepShape::MatMul(ms)) => self.run_matmul(i, mm, ms, sp, ptrs)?,
-                (StepKind::Attention(a), StepShape::Attention { scores, output }) => {
-                    self.run_attention(a, scores, output, sp, ptrs)?
-                }
+                (StepKind::Attention(a), StepShape::Attention(at)) => self.run_attention(a, at, sp, ptrs)?,
                 _ => return Err(RunError::Internal("a step and its shape disagree".into())),
             }
             if self.canaries {
@@ -482,31 +481,18 @@ impl CompiledModel {
         }
         let d = self.dispatcher(mm)?;
         let shape_err = |e: kernels::KernelError| RunError::Internal(e.to_string());
-        let whole = |b: usize| -> &[f32] {
-            // SAFETY: buffer `b` holds `numel` f32 values at `ptrs[b]` (an input, output,
-            // constant or arena block of this call, aligned), alive for the call; it
-            // is only read here, and no buffer read by a matmul is its output.
-            unsafe { std::slice::from_raw_parts(ptrs[b] as *const f32, sp.numel[b]) }
-        };
+        let whole = |b: usize| f32s(ptrs, sp, b);
         let (a_all, b_all) = (whole(mm.a.buf), whole(mm.b.buf));
         let mut a = Vec::with_capacity(ms.entries.len());
         let mut b = Vec::with_capacity(ms.entries.len());
-        let mut c = Vec::with_capacity(ms.entries.len());
-        let c_len = (ms.m - 1) * ms.rs[2] + ms.n;
         for e in &ms.entries {
             a.push(view(a_all, e[0], ms.m, ms.k, ms.rs[0], ms.cs[0])?);
             b.push(match &self.packed[step] {
                 Some(p) => BOperand::Packed(p),
                 None => BOperand::Plain(view(b_all, e[1], ms.k, ms.n, ms.rs[1], ms.cs[1])?),
             });
-            if e[2] + c_len > sp.numel[mm.c.buf] || ms.cs[2] != 1 {
-                return Err(RunError::Internal("a matmul output outside its buffer".into()));
-            }
-            // SAFETY: the entries of C are disjoint row-major blocks of its buffer
-            // (checked in bounds above), which no operand of this matmul reads.
-            let cs = unsafe { std::slice::from_raw_parts_mut((ptrs[mm.c.buf] as *mut f32).add(e[2]), c_len) };
-            c.push(MatMut::new(cs, ms.m, ms.n, ms.rs[2]).map_err(shape_err)?);
         }
+        let mut c = output_views(ptrs, sp, mm.c.buf, ms)?;
         let bias = match mm.epilogue.bias {
             Some(bb) => Some(whole(bb).get(..ms.n).ok_or_else(|| RunError::Internal("a short bias".into()))?),
             None => None,
@@ -527,15 +513,13 @@ impl CompiledModel {
     }
 
     /// Fused attention's query block and the single-thread direct schedules of
-    /// its two products at this shape (`kl`, `vl`: the layouts of Kᵀ and V).
-    fn attention_schedules(
+    /// its two products at a shape (chosen once per shape, in its plan).
+    fn attention_tasks(
         &self,
-        d: &Dispatcher,
         ss: &shape::MatMulShape,
         os: &shape::MatMulShape,
-        kl: BLayout,
-        vl: BLayout,
-    ) -> Result<(usize, kernels::Schedule, kernels::Schedule), RunError> {
+    ) -> Result<shape::AttentionTasks, RunError> {
+        let d = self.dispatcher_for(Epilogue::default())?;
         let internal = |e: kernels::KernelError| RunError::Internal(e.to_string());
         let problem = |m: usize, n: usize, k: usize, b: BLayout| Problem {
             batch: 1,
@@ -545,6 +529,7 @@ impl CompiledModel {
             a: ALayout::RowMajor,
             b,
         };
+        let (kl, vl) = (BLayout::of(ss.cs[1], ss.n), BLayout::of(os.cs[1], os.n));
         // The block is a multiple of the kernels' main height.
         let probe = d.task_schedule(&problem(ss.m.min(64), ss.n, ss.k, kl)).map_err(internal)?;
         let height = d.family().direct_of_width(probe.nr).first().map_or(probe.mr, |v| v.kernel.mr);
@@ -557,9 +542,9 @@ impl CompiledModel {
             mr: d.family().direct_of_width(s.nr).first().map_or(s.mr, |v| v.kernel.mr),
             ..s
         };
-        let s_sched = main(d.task_schedule(&problem(block, ss.n, ss.k, kl)).map_err(internal)?);
-        let o_sched = main(d.task_schedule(&problem(block, os.n, os.k, vl)).map_err(internal)?);
-        Ok((block, s_sched, o_sched))
+        let scores = main(d.task_schedule(&problem(block, ss.n, ss.k, kl)).map_err(internal)?);
+        let output = main(d.task_schedule(&problem(block, os.n, os.k, vl)).map_err(internal)?);
+        Ok(shape::AttentionTasks { block, scores, output })
     }
 
     /// Fused attention: per batch entry and block of query rows, scores into a
@@ -567,89 +552,108 @@ impl CompiledModel {
     fn run_attention(
         &self,
         a: &lower::AttentionStep,
-        ss: &shape::MatMulShape,
-        os: &shape::MatMulShape,
+        at: &shape::AttentionShape,
         sp: &ShapePlan,
         ptrs: &[*mut u8],
     ) -> Result<(), RunError> {
+        let (ss, os, tasks) = (&at.scores, &at.output, &at.tasks);
         if ss.m == 0 || os.n == 0 || ss.entries.is_empty() {
             return Ok(());
         }
         let d = self.dispatcher_for(Epilogue::default())?;
         let internal = |e: kernels::KernelError| RunError::Internal(e.to_string());
-        let whole = |b: usize| -> &[f32] {
-            // SAFETY: as in `run_matmul`: buffer `b` holds `numel` f32 values at
-            // `ptrs[b]`, alive for the call, only read here (the output is not an operand).
-            unsafe { std::slice::from_raw_parts(ptrs[b] as *const f32, sp.numel[b]) }
-        };
+        let whole = |b: usize| f32s(ptrs, sp, b);
         let (q_all, k_all, v_all) = (whole(a.scores.a.buf), whole(a.scores.b.buf), whole(a.output.b.buf));
         let entries = ss.entries.len();
-        let (mut q, mut kt, mut v, mut o) = (
-            Vec::with_capacity(entries),
-            Vec::with_capacity(entries),
-            Vec::with_capacity(entries),
-            Vec::with_capacity(entries),
-        );
-        let o_len = (os.m - 1) * os.rs[2] + os.n;
+        let (mut q, mut kt, mut v) =
+            (Vec::with_capacity(entries), Vec::with_capacity(entries), Vec::with_capacity(entries));
         for (se, oe) in ss.entries.iter().zip(&os.entries) {
             q.push(view(q_all, se[0], ss.m, ss.k, ss.rs[0], ss.cs[0])?);
             kt.push(BOperand::Plain(view(k_all, se[1], ss.k, ss.n, ss.rs[1], ss.cs[1])?));
             v.push(BOperand::Plain(view(v_all, oe[1], os.k, os.n, os.rs[1], os.cs[1])?));
-            if oe[2] + o_len > sp.numel[a.output.c.buf] || os.cs[2] != 1 {
-                return Err(RunError::Internal("an attention output outside its buffer".into()));
-            }
-            // SAFETY: the entries of O are disjoint row-major blocks of its buffer
-            // (checked in bounds above), which no operand of the step reads.
-            let os_ = unsafe {
-                std::slice::from_raw_parts_mut((ptrs[a.output.c.buf] as *mut f32).add(oe[2]), o_len)
-            };
-            o.push(MatMut::new(os_, os.m, os.n, os.rs[2]).map_err(internal)?);
         }
-        let layout = |b: &BOperand| match b {
-            BOperand::Plain(m) if m.cs() == 1 || m.cols == 1 => BLayout::RowMajor,
-            _ => BLayout::Strided,
-        };
-        let (block, s_sched, o_sched) = self.attention_schedules(d, ss, os, layout(&kt[0]), layout(&v[0]))?;
+        let mut o = output_views(ptrs, sp, a.output.c.buf, os)?;
         let plan = kernels::AttentionPlan {
-            block,
-            scores: d.direct_plan(&s_sched).map_err(internal)?,
-            output: d.direct_plan(&o_sched).map_err(internal)?,
+            block: tasks.block,
+            scores: d.direct_plan(&tasks.scores).map_err(internal)?,
+            output: d.direct_plan(&tasks.output).map_err(internal)?,
         };
         let f = self.loops[a.softmax];
-        let base: Vec<*mut u8> = a.args.iter().map(|b| ptrs[*b]).collect();
+        // The step's buffers, copied into each task's own table (on its stack).
+        let nargs = a.args.len();
+        if nargs > lower::attention::MAX_ARGS {
+            return Err(RunError::Internal(format!("a fused softmax of {nargs} buffers")));
+        }
+        let mut base = [std::ptr::null_mut::<u8>(); lower::attention::MAX_ARGS];
+        for (slot, b) in base.iter_mut().zip(&a.args) {
+            *slot = ptrs[*b];
+        }
         let shared = Shared { args: base.as_ptr(), dims: sp.dims.as_ptr() };
         let (sp_, pp_, keys, rows) = (a.scores_param, a.probs_param, ss.n, ss.m);
-        let nargs = base.len();
         let checks = &self.plan.programs[a.softmax].checks;
-        let softmax = move |e: usize,
-                            first: usize,
-                            n: usize,
-                            s: &[f32],
-                            p: &mut [f32]|
-              -> Result<(), String> {
-            let shared = shared;
-            let row = e * rows + first;
-            // SAFETY: `shared.args` holds the step's `nargs` buffer pointers (see above).
-            let mut args: Vec<*mut u8> = unsafe { std::slice::from_raw_parts(shared.args, nargs) }.to_vec();
-            // The tiles stand for rows row..row+n of S and P: shifted back by the rows
-            // before them, the program's addresses for those rows land in the tiles.
-            args[sp_] = s.as_ptr().wrapping_sub(row * keys) as *mut u8;
-            args[pp_] = p.as_mut_ptr().wrapping_sub(row * keys) as *mut u8;
-            // SAFETY: the program reads S and writes P only in rows row..row+n (checked
-            // when the step was fused: it reads each row of S in that row alone and
-            // stores only P, at the nest's positions), which the tiles hold (`n·keys`
-            // elements each); its other buffers are the plan's, as for any loop.
-            let status = unsafe { f(args.as_ptr(), shared.dims, row as i64, (row + n) as i64) };
-            match status {
-                0 => Ok(()),
-                c => Err(checks.get(c as usize - 1).cloned().unwrap_or_else(|| format!("kernel error {c}"))),
-            }
-        };
+        let softmax =
+            move |e: usize, first: usize, n: usize, s: &[f32], p: &mut [f32]| -> Result<(), String> {
+                let shared = shared;
+                let row = e * rows + first;
+                let mut args = [std::ptr::null_mut::<u8>(); lower::attention::MAX_ARGS];
+                // SAFETY: `shared.args` is the table `base` above, `MAX_ARGS` pointers,
+                // alive until `kernels::attention` returns.
+                args.copy_from_slice(unsafe {
+                    std::slice::from_raw_parts(shared.args, lower::attention::MAX_ARGS)
+                });
+                // The tiles stand for rows row..row+n of S and P: shifted back by the rows
+                // before them, the program's addresses for those rows land in the tiles.
+                args[sp_] = s.as_ptr().wrapping_sub(row * keys) as *mut u8;
+                args[pp_] = p.as_mut_ptr().wrapping_sub(row * keys) as *mut u8;
+                // SAFETY: the program reads S and writes P only in rows row..row+n (checked
+                // when the step was fused: it reads each row of S in that row alone and
+                // stores only P, at the nest's positions), which the tiles hold (`n·keys`
+                // elements each); its other buffers are the plan's, as for any loop.
+                let status = unsafe { f(args.as_ptr(), shared.dims, row as i64, (row + n) as i64) };
+                match status {
+                    0 => Ok(()),
+                    c => Err(checks
+                        .get(c as usize - 1)
+                        .cloned()
+                        .unwrap_or_else(|| format!("kernel error {c}"))),
+                }
+            };
         kernels::attention(&self.pool, &plan, &q, &kt, &v, &mut o, &softmax).map_err(|e| match e {
             kernels::KernelError::Step(msg) => RunError::Kernel(msg),
             e => RunError::Internal(e.to_string()),
         })
     }
+}
+
+/// Buffer `b` of a call as f32 values, to be read.
+fn f32s<'a>(ptrs: &[*mut u8], sp: &'a ShapePlan, b: usize) -> &'a [f32] {
+    // SAFETY: buffer `b` holds `numel` f32 values at `ptrs[b]` (an input, output,
+    // constant or arena block of this call, aligned), alive for the call; a step
+    // only reads its operands this way, and no operand of a step is its output.
+    unsafe { std::slice::from_raw_parts(ptrs[b] as *const f32, sp.numel[b]) }
+}
+
+/// Each batch entry's output block of buffer `c` (row-major, at the entries'
+/// C offsets), checked to lie inside the buffer.
+fn output_views<'a>(
+    ptrs: &[*mut u8],
+    sp: &'a ShapePlan,
+    c: usize,
+    ms: &shape::MatMulShape,
+) -> Result<Vec<MatMut<'a>>, RunError> {
+    let len = (ms.m - 1) * ms.rs[2] + ms.n;
+    let mut out = Vec::with_capacity(ms.entries.len());
+    for e in &ms.entries {
+        if e[2] + len > sp.numel[c] || ms.cs[2] != 1 {
+            return Err(RunError::Internal("a matmul output outside its buffer".into()));
+        }
+        // SAFETY: the entries' blocks are disjoint row-major blocks of buffer `c`
+        // (checked in bounds above), alive for the call, which no operand of the
+        // step reads.
+        let block = unsafe { std::slice::from_raw_parts_mut((ptrs[c] as *mut f32).add(e[2]), len) };
+        out.push(MatMut::new(block, ms.m, ms.n, ms.rs[2]).map_err(|e| RunError::Internal(e.to_string()))?);
+    }
+    Ok(out)
 }
 
 /// The `rows × cols` view at `off` of a buffer, with strides `rs` and `cs`.

@@ -35,11 +35,8 @@ pub(crate) enum StepShape {
         inner: usize,
     },
     MatMul(MatMulShape),
-    /// Fused attention: its two products (the softmax's rows are their query rows).
-    Attention {
-        scores: MatMulShape,
-        output: MatMulShape,
-    },
+    /// Fused attention (boxed: the largest shape, and the rarest).
+    Attention(Box<AttentionShape>),
 }
 
 /// Everything a call at one shape needs besides the data.
@@ -67,6 +64,28 @@ pub(crate) struct Margin {
     pub last: usize,
 }
 
+/// Fused attention at one shape: its two products (the softmax's rows are their
+/// query rows), and what runs them, chosen once.
+#[derive(Clone, Debug)]
+pub(crate) struct AttentionShape {
+    pub scores: MatMulShape,
+    pub output: MatMulShape,
+    pub tasks: AttentionTasks,
+}
+
+/// Fused attention's query block and the single-thread direct schedules of its
+/// two products at one shape.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttentionTasks {
+    pub block: usize,
+    pub scores: kernels::Schedule,
+    pub output: kernels::Schedule,
+}
+
+/// Chooses [`AttentionTasks`] for the shapes of an attention's two products.
+pub(crate) type AttentionChoice<'a> =
+    dyn Fn(&MatMulShape, &MatMulShape) -> Result<AttentionTasks, RunError> + 'a;
+
 /// Bytes of canary before and after each buffer (tests: see `CompiledModel::new`).
 pub(crate) const MARGIN: usize = 64;
 
@@ -82,6 +101,7 @@ impl ShapePlan {
         env: &ShapeEnv,
         b: &Bindings,
         canaries: bool,
+        attention: &AttentionChoice,
     ) -> Result<ShapePlan, RunError> {
         let dims = plan
             .dims
@@ -163,7 +183,8 @@ impl ShapePlan {
                             scores.n
                         )));
                     }
-                    StepShape::Attention { scores, output }
+                    let tasks = attention(&scores, &output)?;
+                    StepShape::Attention(Box::new(AttentionShape { scores, output, tasks }))
                 }
             });
         }
