@@ -22,7 +22,7 @@ pub use ir::{DType, Elems, Graph, Tensor, TensorType};
 pub use lower::{print_plan, ModelPlan, StepKind};
 pub use onnx::DIM_MAX;
 pub use passes::{FusionPlan, GroupKind, Report as RewriteReport};
-pub use runtime::{CompiledModel, Profile, RunError};
+pub use runtime::{CodeStats, CompiledModel, Profile, RunError};
 pub use sym::{Range, SymExpr};
 
 /// Everything that can go wrong, each with a message that says what and where.
@@ -217,7 +217,9 @@ impl Model {
     /// LLVM, matmuls on the contraction engine (its tile measurements from the
     /// tuning cache, measured when absent). The result runs any shape.
     pub fn compile(&self, opts: &CompileOptions) -> Result<CompiledModel, Error> {
+        let start = std::time::Instant::now();
         let plan = self.lower_with(opts)?;
+        tracing::info!("lowered in {:.0} ms", start.elapsed().as_secs_f64() * 1e3);
         let target = kernels::Target::detect();
         let threads = opts.threads.unwrap_or_else(default_threads);
         let pool = kernels::ThreadPool::new(threads);
@@ -235,6 +237,10 @@ impl Model {
             }
         }
         let cache = opts.cache_dir.clone().or_else(codegen::tuning::default_cache_dir);
+        let objects = match (&cache, opts.object_cache) {
+            (Some(dir), true) => codegen::ObjectCache::in_dir(dir),
+            _ => codegen::ObjectCache::none(),
+        };
         let progress: Option<codegen::ProgressFn> =
             opts.progress.as_deref().map(|p| p as codegen::ProgressFn);
         // The loop programs and the contraction families compile at the same time.
@@ -242,10 +248,12 @@ impl Model {
             let families: Vec<_> = epilogues
                 .iter()
                 .map(|e| {
-                    let (target, pool, cache) = (&target, &pool, &cache);
+                    let (target, pool, cache, objects) = (&target, &pool, &cache, &objects);
                     s.spawn(move || {
-                        let mut b =
-                            codegen::Contraction::builder(target, pool).epilogue(*e).cache(cache.as_deref());
+                        let mut b = codegen::Contraction::builder(target, pool)
+                            .epilogue(*e)
+                            .cache(cache.as_deref())
+                            .objects(objects);
                         if let Some(p) = progress {
                             b = b.progress(p);
                         }
@@ -258,6 +266,7 @@ impl Model {
                 &plan.programs,
                 "model",
                 threads,
+                &objects,
                 progress.unwrap_or(&|_| {}),
             );
             let families: Vec<_> = families
@@ -266,6 +275,12 @@ impl Model {
                 .collect();
             (programs, families)
         });
+        tracing::info!(
+            "generated code in {:.0} ms: {} modules from the object cache, {} compiled",
+            start.elapsed().as_secs_f64() * 1e3,
+            objects.hits(),
+            objects.misses()
+        );
         let programs = programs?;
         let loops = (0..programs.len()).filter_map(|i| programs.get(i)).collect();
         let mut code: Vec<Box<dyn std::any::Any + Send + Sync>> = vec![Box::new(programs)];
@@ -286,8 +301,14 @@ impl Model {
             pool,
             code,
             canaries: opts.canaries,
+            code_stats: runtime::CodeStats {
+                modules_from_cache: objects.hits(),
+                modules_compiled: objects.misses(),
+            },
         };
-        Ok(CompiledModel::new(parts)?)
+        let compiled = CompiledModel::new(parts)?;
+        tracing::info!("compiled in {:.0} ms", start.elapsed().as_secs_f64() * 1e3);
+        Ok(compiled)
     }
 }
 
@@ -304,6 +325,7 @@ pub struct CompileOptions {
     cache_dir: Option<std::path::PathBuf>,
     fuse_attention: bool,
     canaries: bool,
+    object_cache: bool,
     progress: Option<std::sync::Arc<dyn Fn(Progress) + Send + Sync>>,
 }
 
@@ -314,6 +336,7 @@ impl std::fmt::Debug for CompileOptions {
             .field("cache_dir", &self.cache_dir)
             .field("fuse_attention", &self.fuse_attention)
             .field("canaries", &self.canaries)
+            .field("object_cache", &self.object_cache)
             .field("progress", &self.progress.is_some())
             .finish()
     }
@@ -326,6 +349,7 @@ impl Default for CompileOptions {
             cache_dir: None,
             fuse_attention: true,
             canaries: false,
+            object_cache: true,
             progress: None,
         }
     }
@@ -359,6 +383,14 @@ impl CompileOptions {
     /// and the buffer instead of corrupting another.
     pub fn canaries(mut self, on: bool) -> CompileOptions {
         self.canaries = on;
+        self
+    }
+    /// Keep every compiled module's object in the cache folder's `objects/`
+    /// and take it from there when the same module is compiled again (on by
+    /// default): a second compile of a model skips LLVM. Off compiles every
+    /// module.
+    pub fn object_cache(mut self, on: bool) -> CompileOptions {
+        self.object_cache = on;
         self
     }
     /// The tuning cache folder (default: `$ANYSHAPE_CACHE_DIR`, `$XDG_CACHE_HOME/anyshape`

@@ -237,3 +237,29 @@ fn bad_inputs_are_errors() {
     // The model still answers after errors.
     assert!(run(&ok).is_ok());
 }
+
+/// A second compile of a model takes every module's object from the on-disk
+/// object cache (no LLVM), and the model it makes gives the same answers.
+#[test]
+fn second_compile_takes_every_object_from_the_cache() {
+    let model = Model::load(fixture("bert").join("model.onnx"), &LoadOptions::new()).expect("loads");
+    let opts = CompileOptions::new().threads(2).canaries(true);
+    let first = model.compile(&opts).expect("compiles");
+    let second = model.compile(&opts).expect("compiles again");
+    let (a, b) = (first.code_stats(), second.code_stats());
+    let modules = a.modules_from_cache + a.modules_compiled;
+    assert!(modules > 10, "{a:?}");
+    assert_eq!(b, anyshape::CodeStats { modules_from_cache: modules, modules_compiled: 0 });
+    // Without the cache, every module is compiled.
+    let cold = model.compile(&opts.clone().object_cache(false)).expect("compiles cold");
+    assert_eq!(cold.code_stats(), anyshape::CodeStats { modules_from_cache: 0, modules_compiled: modules });
+    let mut rng = Rng(77);
+    let inputs = inputs_for(&model, &[("batch", 2), ("seq", 13)], &mut rng);
+    let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let want = model.run(&named).expect("interpreter");
+    for cm in [&first, &second, &cold] {
+        for ((_, g), (_, w)) in cm.run(&named).expect("runs").iter().zip(&want) {
+            assert!(max_rel_err(g, w) < 1e-4);
+        }
+    }
+}

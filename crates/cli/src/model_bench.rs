@@ -39,6 +39,10 @@ pub struct BenchArgs {
     /// fused kernel: the unfused path, to compare.
     #[arg(long)]
     unfused_attention: bool,
+    /// Compile every module with LLVM instead of taking its object from the
+    /// object cache (a cold compile; the objects are not stored either)
+    #[arg(long)]
+    no_object_cache: bool,
 }
 
 fn parse_shape(s: &str) -> Result<Vec<(String, usize)>> {
@@ -149,7 +153,8 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize) 
 pub fn bench(a: BenchArgs) -> Result<()> {
     let shapes: Vec<Vec<(String, usize)>> = a.shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
     let model = crate::load(&a.model, &a.dims)?;
-    let mut opts = CompileOptions::new().fuse_attention(!a.unfused_attention);
+    let mut opts =
+        CompileOptions::new().fuse_attention(!a.unfused_attention).object_cache(!a.no_object_cache);
     if let Some(t) = a.threads {
         opts = opts.threads(t);
     }
@@ -157,7 +162,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let cm = compile(&model, opts)?;
     let compile_ms = ms(start.elapsed());
     if !a.json {
-        println!("compiled in {compile_ms:.0} ms ({} threads)", cm.threads());
+        let c = cm.code_stats();
+        println!(
+            "compiled in {compile_ms:.0} ms ({} threads; {} of {} modules from the object cache)",
+            cm.threads(),
+            c.modules_from_cache,
+            c.modules_from_cache + c.modules_compiled
+        );
     }
     for shape in &shapes {
         let data = inputs(&model, shape)?;

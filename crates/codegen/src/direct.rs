@@ -15,7 +15,9 @@ use inkwell::values::{
 use inkwell::{AddressSpace, IntPredicate};
 use kernels::{DirectKernel, DirectKernelFn, Epilogue, Target};
 
-use crate::{jit_function, llvm, target_attributes, vmath, CodegenError, JitDirectKernel, JitKernel};
+use crate::{
+    jit_function, llvm, target_attributes, vmath, CodegenError, JitDirectKernel, JitKernel, ObjectCache,
+};
 
 /// Compile an `mr × nr` direct f32 micro-kernel for `t` (`nr` a multiple of its
 /// lanes) with `epilogue` applied when the driver asks for it.
@@ -25,19 +27,30 @@ pub fn compile_direct_kernel(
     nr: usize,
     epilogue: Epilogue,
 ) -> Result<JitDirectKernel, CodegenError> {
+    compile_direct_kernel_cached(t, mr, nr, epilogue, &ObjectCache::none())
+}
+
+/// [`compile_direct_kernel`] through `cache`.
+pub fn compile_direct_kernel_cached(
+    t: &Target,
+    mr: usize,
+    nr: usize,
+    epilogue: Epilogue,
+    cache: &ObjectCache,
+) -> Result<JitDirectKernel, CodegenError> {
     let w = crate::check_tile(t, mr, nr)?;
     let name = format!("direct_f32_{mr}x{nr}{}", if epilogue.is_identity() { "" } else { "_epilogue" });
-    let jit = jit_function(t, &name, |ctx, module, cpu, features| {
+    let jit = jit_function(t, &name, cache, |ctx, module, cpu, features| {
         build_direct(ctx, module, &name, (mr, nr, w), &epilogue, cpu, features)
     })?;
     // SAFETY: `jit.addr` is the entry of the function just generated with exactly the
     // `DirectKernelFn` signature (i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, ptr, ptr,
-    // i64) -> void and the C calling convention; its engine lives in the returned value.
+    // i64) -> void and the C calling convention; its image lives in the returned value.
     let func: DirectKernelFn = unsafe { std::mem::transmute::<usize, DirectKernelFn>(jit.addr) };
     Ok(JitKernel {
         kernel: DirectKernel { mr, nr, func, epilogue, packers: Default::default() },
         ir: jit.ir,
-        _engine: jit.engine,
+        _image: jit.image,
     })
 }
 

@@ -13,8 +13,8 @@ use kernels::{
 
 use crate::tuning::{machine_model, record};
 use crate::{
-    compile_direct_kernel, compile_microkernel_with, compile_packers, CodegenError, JitDirectKernel,
-    JitMicroKernel, JitPackers, TileMeasurement,
+    compile_direct_kernel_cached, compile_microkernel_cached, compile_packers_cached, CodegenError,
+    JitDirectKernel, JitMicroKernel, JitPackers, ObjectCache, TileMeasurement,
 };
 
 /// The tiles of a family, from the measured register tiles: per width, the main
@@ -81,9 +81,14 @@ pub struct ContractionBuilder<'a> {
     generated_packing: bool,
     elem: ElemType,
     progress: Option<crate::ProgressFn<'a>>,
+    objects: Option<&'a ObjectCache>,
 }
 
 impl<'a> ContractionBuilder<'a> {
+    /// Take and keep the kernels' objects in `objects` (default: compile all).
+    pub fn objects(self, objects: &'a ObjectCache) -> Self {
+        ContractionBuilder { objects: Some(objects), ..self }
+    }
     /// Report each kernel compiled to `p` (after announcing how many there are).
     pub fn progress(self, p: crate::ProgressFn<'a>) -> Self {
         ContractionBuilder { progress: Some(p), ..self }
@@ -117,6 +122,8 @@ impl<'a> ContractionBuilder<'a> {
     /// otherwise) and calibrate the analytical levels for the pool's threads.
     pub fn build(self) -> Result<Contraction, CodegenError> {
         let (target, epilogue, keep, elem) = (self.target, self.epilogue, self.keep, self.elem);
+        let none = ObjectCache::none();
+        let objects = self.objects.unwrap_or(&none);
         elem.check(target).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
         let (mut rec, _) = record(self.cache, target, elem)?;
         let machine = machine_model(self.cache, target, self.pool, &mut rec);
@@ -147,10 +154,10 @@ impl<'a> ContractionBuilder<'a> {
         report(crate::Progress::Add(
             1 + usize::from(!f32_widths.is_empty()) + tiles.len() + direct_tiles.len(),
         ));
-        let mut packers = vec![compile_packers(target, elem, &widths)?];
+        let mut packers = vec![compile_packers_cached(target, elem, &widths, objects)?];
         report(crate::Progress::Done);
         if !f32_widths.is_empty() {
-            packers.push(compile_packers(target, ElemType::F32, &f32_widths)?);
+            packers.push(compile_packers_cached(target, ElemType::F32, &f32_widths, objects)?);
             report(crate::Progress::Done);
         }
         let find = |e: ElemType, w: usize| packers.iter().find_map(|p| p.get(w).filter(|q| q.elem == e));
@@ -161,7 +168,7 @@ impl<'a> ContractionBuilder<'a> {
         let mut jit = Vec::with_capacity(tiles.len());
         let mut variants = Vec::with_capacity(tiles.len());
         for t in &tiles {
-            let k = compile_microkernel_with(target, elem, t.mr, t.nr, epilogue)?;
+            let k = compile_microkernel_cached(target, elem, t.mr, t.nr, epilogue, objects)?;
             let kernel = kernels::MicroKernel { packers: packers_of(elem, Some(t.mr), t.nr), ..k.kernel() };
             variants.push(KernelVariant { kernel, gflops: t.gflops });
             jit.push(k);
@@ -170,7 +177,7 @@ impl<'a> ContractionBuilder<'a> {
         let mut direct = Vec::with_capacity(direct_tiles.len());
         let mut direct_variants = Vec::with_capacity(direct_tiles.len());
         for t in &direct_tiles {
-            let k = compile_direct_kernel(target, t.mr, t.nr, epilogue)?;
+            let k = compile_direct_kernel_cached(target, t.mr, t.nr, epilogue, objects)?;
             let kernel =
                 kernels::DirectKernel { packers: packers_of(ElemType::F32, None, t.nr), ..k.kernel() };
             direct_variants.push(DirectVariant { kernel, gflops: t.gflops });
@@ -203,6 +210,7 @@ impl Contraction {
             generated_packing: true,
             elem: ElemType::F32,
             progress: None,
+            objects: None,
         }
     }
 

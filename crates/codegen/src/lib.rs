@@ -14,7 +14,6 @@
 
 use inkwell::attributes::AttributeLoc;
 use inkwell::context::Context;
-use inkwell::execution_engine::ExecutionEngine;
 use inkwell::intrinsics::Intrinsic;
 use inkwell::module::Module;
 use inkwell::passes::PassBuilderOptions;
@@ -23,12 +22,13 @@ use inkwell::targets::{
 };
 use inkwell::values::{BasicValue, BasicValueEnum, FloatValue, IntValue, VectorValue};
 use inkwell::{AddressSpace, IntPredicate, OptimizationLevel};
-use kernels::{DirectKernel, ElemType, Epilogue, MicroKernel, MicroKernelFn, Target};
+use kernels::{CodeImage, DirectKernel, ElemType, Epilogue, MicroKernel, MicroKernelFn, Target};
 
-pub use direct::{compile_direct_kernel, time_direct_kernel};
+pub use direct::{compile_direct_kernel, compile_direct_kernel_cached, time_direct_kernel};
 pub use family::{direct_family_tiles, family_tiles, Contraction, ContractionBuilder};
 pub use loops::{compile_programs, compile_programs_with, CompiledPrograms};
-pub use pack::{compile_packers, JitPackers};
+pub use objects::ObjectCache;
+pub use pack::{compile_packers, compile_packers_cached, JitPackers};
 
 /// Errors from code generation.
 #[derive(Debug, thiserror::Error)]
@@ -54,27 +54,19 @@ pub enum Progress {
 /// Where a compilation reports its [`Progress`].
 pub type ProgressFn<'a> = &'a (dyn Fn(Progress) + Sync);
 
-/// A JIT-compiled kernel (`K`: its descriptor, with the function pointer). The
+/// A compiled kernel (`K`: its descriptor, with the function pointer). The
 /// machine code lives as long as this value.
 pub struct JitKernel<K> {
     kernel: K,
     ir: OptimizedIr,
-    // Owns the machine code. Never used after construction, only dropped.
-    _engine: ExecutionEngine<'static>,
+    // Owns the machine code the function pointer points into; only dropped.
+    _image: CodeImage,
 }
 
 /// A packed-panel micro-kernel, compiled.
 pub type JitMicroKernel = JitKernel<MicroKernel>;
 /// A direct (in-place operands) micro-kernel, compiled.
 pub type JitDirectKernel = JitKernel<DirectKernel>;
-
-// SAFETY: the engine is only kept to own the generated code; after construction it
-// is never called again (only dropped, by the single owner), and the code it owns
-// is immutable, position-fixed machine code, so sharing the function pointer and
-// moving the owner between threads cannot race.
-unsafe impl<K: Send> Send for JitKernel<K> {}
-// SAFETY: see `Send`: `&JitKernel` only exposes copies of plain data.
-unsafe impl<K: Sync> Sync for JitKernel<K> {}
 
 impl<K: Copy> JitKernel<K> {
     pub fn kernel(&self) -> K {
@@ -110,6 +102,7 @@ pub fn register_tiles(t: &Target) -> Vec<(usize, usize)> {
 mod direct;
 mod family;
 mod loops;
+mod objects;
 mod pack;
 pub mod peak;
 mod perfmap;
@@ -121,6 +114,32 @@ pub fn compile_microkernel(t: &Target, mr: usize, nr: usize) -> Result<JitMicroK
     compile_microkernel_with(t, ElemType::F32, mr, nr, Epilogue::default())
 }
 
+/// [`compile_microkernel_with`] through `cache`.
+pub fn compile_microkernel_cached(
+    t: &Target,
+    elem: ElemType,
+    mr: usize,
+    nr: usize,
+    epilogue: Epilogue,
+    cache: &ObjectCache,
+) -> Result<JitMicroKernel, CodegenError> {
+    let w = check_tile(t, mr, nr)?;
+    elem.check(t).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
+    let name = format!("ukernel_{elem}_{mr}x{nr}{}", if epilogue.is_identity() { "" } else { "_epilogue" });
+    let jit = jit_function(t, &name, cache, |ctx, module, cpu, features| {
+        build_microkernel(ctx, module, &name, (mr, nr, w, elem), &epilogue, cpu, features)
+    })?;
+    // SAFETY: `jit.addr` is the entry of the function just generated with exactly
+    // the `MicroKernelFn` signature (i64, ptr, ptr, ptr, i64, i64, ptr, ptr, i64, i64, ptr) -> void and the
+    // C calling convention; the image that holds it lives in the returned value.
+    let func: MicroKernelFn = unsafe { std::mem::transmute::<usize, MicroKernelFn>(jit.addr) };
+    Ok(JitMicroKernel {
+        kernel: MicroKernel { mr, nr, elem, func, epilogue, packers: Default::default() },
+        ir: jit.ir,
+        _image: jit.image,
+    })
+}
+
 /// Compile an `mr × nr` micro-kernel multiplying `elem` with `epilogue` applied
 /// to each tile in registers when the driver asks for it (the last K block).
 pub fn compile_microkernel_with(
@@ -130,21 +149,7 @@ pub fn compile_microkernel_with(
     nr: usize,
     epilogue: Epilogue,
 ) -> Result<JitMicroKernel, CodegenError> {
-    let w = check_tile(t, mr, nr)?;
-    elem.check(t).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
-    let name = format!("ukernel_{elem}_{mr}x{nr}{}", if epilogue.is_identity() { "" } else { "_epilogue" });
-    let jit = jit_function(t, &name, |ctx, module, cpu, features| {
-        build_microkernel(ctx, module, &name, (mr, nr, w, elem), &epilogue, cpu, features)
-    })?;
-    // SAFETY: `jit.addr` is the entry of the function just generated with exactly
-    // the `MicroKernelFn` signature (i64, ptr, ptr, ptr, i64, i64, ptr, ptr, i64, i64, ptr) -> void and the
-    // C calling convention; the engine that owns it lives in the returned value.
-    let func: MicroKernelFn = unsafe { std::mem::transmute::<usize, MicroKernelFn>(jit.addr) };
-    Ok(JitMicroKernel {
-        kernel: MicroKernel { mr, nr, elem, func, epilogue, packers: Default::default() },
-        ir: jit.ir,
-        _engine: jit.engine,
-    })
+    compile_microkernel_cached(t, elem, mr, nr, epilogue, &ObjectCache::none())
 }
 
 /// The target must have the kernels' ISA, and the tile be `mr` rows by a multiple
@@ -166,45 +171,75 @@ pub(crate) fn check_tile(t: &Target, mr: usize, nr: usize) -> Result<usize, Code
 pub(crate) struct Jitted {
     pub addr: usize,
     pub ir: OptimizedIr,
-    pub engine: ExecutionEngine<'static>,
+    pub image: CodeImage,
 }
 
-/// A module's optimized IR, from which its assembly is emitted again on
-/// demand (`--dump-llvm`): emitting assembly for every kernel as it is
-/// compiled costs a third of the compile time.
-#[derive(Clone, Debug, Default)]
+/// A module's IR, kept as built (before optimization): its optimized form and
+/// its assembly are made again from it on demand (`--dump-llvm`, tests), which
+/// a compile whose objects come from the cache never needs.
+#[derive(Debug, Default)]
 pub struct OptimizedIr {
-    text: String,
+    source: String,
     cpu: String,
     features: String,
+    optimized: std::sync::OnceLock<String>,
+}
+
+impl Clone for OptimizedIr {
+    fn clone(&self) -> Self {
+        OptimizedIr {
+            source: self.source.clone(),
+            cpu: self.cpu.clone(),
+            features: self.features.clone(),
+            optimized: self.optimized.clone(),
+        }
+    }
 }
 
 impl OptimizedIr {
+    /// The optimized IR (a comment line naming the failure when LLVM cannot
+    /// make it again).
     pub fn text(&self) -> &str {
-        &self.text
+        self.optimized.get_or_init(|| {
+            self.with_optimized(|m, _| Ok(m.print_to_string().to_string()))
+                .unwrap_or_else(|e| format!("; no optimized IR: {e}\n"))
+        })
     }
 
     /// The assembly LLVM makes of this IR for its CPU (a comment line naming the
     /// failure when it cannot).
     pub fn asm(&self) -> String {
-        self.try_asm().unwrap_or_else(|e| format!("; no assembly: {e}\n"))
+        self.with_optimized(|m, tm| {
+            let asm = tm.write_to_memory_buffer(m, FileType::Assembly).map_err(llvm)?;
+            Ok(String::from_utf8_lossy(asm.as_slice()).into_owned())
+        })
+        .unwrap_or_else(|e| format!("; no assembly: {e}\n"))
     }
 
-    fn try_asm(&self) -> Result<String, CodegenError> {
-        if self.text.is_empty() {
-            return Ok(String::new());
+    /// Parse the IR again, optimize it as the compile did, and pass it on.
+    fn with_optimized<T>(
+        &self,
+        f: impl FnOnce(&Module<'_>, &TargetMachine) -> Result<T, CodegenError>,
+    ) -> Result<T, CodegenError>
+    where
+        T: Default,
+    {
+        if self.source.is_empty() {
+            return Ok(T::default());
         }
         let ctx = Context::create();
         let buf =
-            inkwell::memory_buffer::MemoryBuffer::create_from_memory_range_copy(self.text.as_bytes(), "ir");
+            inkwell::memory_buffer::MemoryBuffer::create_from_memory_range_copy(self.source.as_bytes(), "ir");
         let module = ctx.create_module_from_ir(buf).map_err(llvm)?;
         let tm = target_machine(&self.cpu, &self.features)?;
-        let asm = tm.write_to_memory_buffer(&module, FileType::Assembly).map_err(llvm)?;
-        Ok(String::from_utf8_lossy(asm.as_slice()).into_owned())
+        module.run_passes(objects::PIPELINE, &tm, PassBuilderOptions::create()).map_err(llvm)?;
+        f(&module, &tm)
     }
 }
 
-/// The host's target machine for `cpu` with `features`, optimizing fully.
+/// The host's target machine for `cpu` with `features`, optimizing fully, for
+/// position-independent code in the small code model (what
+/// [`CodeImage::load`] relocates).
 fn target_machine(cpu: &str, features: &str) -> Result<TargetMachine, CodegenError> {
     LlvmTarget::initialize_native(&InitializationConfig::default()).map_err(CodegenError::Llvm)?;
     let triple = TargetMachine::get_default_triple();
@@ -215,47 +250,61 @@ fn target_machine(cpu: &str, features: &str) -> Result<TargetMachine, CodegenErr
             cpu,
             features,
             OptimizationLevel::Aggressive,
-            RelocMode::Default,
-            CodeModel::JITDefault,
+            RelocMode::PIC,
+            CodeModel::Small,
         )
         .ok_or_else(|| CodegenError::Llvm("no target machine for the host".into()))
 }
 
-/// Build one function with `build`, optimize it (O3) for `t`, JIT it.
+/// Build one function with `build`, compile it (O3) for `t` through `cache`,
+/// load it.
 pub(crate) fn jit_function(
     t: &Target,
     name: &str,
+    cache: &ObjectCache,
     build: impl FnOnce(&'static Context, &Module<'static>, &str, &str) -> Result<(), CodegenError>,
 ) -> Result<Jitted, CodegenError> {
-    let (engine, ir) = jit_module(t, name, build)?;
-    let addr = engine.get_function_address(name).map_err(llvm)?;
-    Ok(Jitted { addr, ir, engine })
+    let (image, ir) = jit_module(t, name, cache, build)?;
+    let addr = image.function(name).ok_or_else(|| llvm(format!("no function {name} in its object")))?;
+    Ok(Jitted { addr, ir, image })
 }
 
-/// Build a module of functions with `build`, optimize it (O3) for `t`, JIT it:
-/// the engine (the functions' addresses) and the optimized IR.
+/// Build a module of functions with `build`; take its object from `cache`, or
+/// optimize it (O3) for `t`, emit the object and store it there; load the
+/// object into executable memory. Returns the loaded code and the module's IR.
 pub(crate) fn jit_module(
     t: &Target,
     name: &str,
+    cache: &ObjectCache,
     build: impl FnOnce(&'static Context, &Module<'static>, &str, &str) -> Result<(), CodegenError>,
-) -> Result<(ExecutionEngine<'static>, OptimizedIr), CodegenError> {
+) -> Result<(CodeImage, OptimizedIr), CodegenError> {
     LlvmTarget::initialize_native(&InitializationConfig::default()).map_err(CodegenError::Llvm)?;
-    // One context per compiled module, kept for the life of the process: inkwell
-    // ties the engine's lifetime to its context.
+    // One context per compiled module, kept for the life of the process: the
+    // builders' values are typed with the context's lifetime as `'static`.
     let ctx: &'static Context = Box::leak(Box::new(Context::create()));
     let module = ctx.create_module(name);
     let (cpu, features) = cpu_and_features(t);
     build(ctx, &module, &cpu, &features)?;
     module.verify().map_err(|e| CodegenError::Llvm(format!("invalid IR: {e}")))?;
-    let tm = target_machine(&cpu, &features)?;
-    module.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(llvm)?;
-    let ir = OptimizedIr { text: module.print_to_string().to_string(), cpu, features };
-    let sizes = if perfmap::wanted() { Some(perfmap::function_sizes(&tm, &module)?) } else { None };
-    let engine = module.create_jit_execution_engine(OptimizationLevel::Aggressive).map_err(llvm)?;
-    if let Some(sizes) = sizes {
-        perfmap::append(&engine, &sizes)?;
+    let source = module.print_to_string().to_string();
+    let key = ObjectCache::key(&source, &cpu, &features);
+    let object = match cache.get(&key) {
+        Some(object) => object,
+        None => {
+            let tm = target_machine(&cpu, &features)?;
+            module.run_passes(objects::PIPELINE, &tm, PassBuilderOptions::create()).map_err(llvm)?;
+            let object =
+                tm.write_to_memory_buffer(&module, FileType::Object).map_err(llvm)?.as_slice().to_vec();
+            cache.put(&key, &object);
+            object
+        }
+    };
+    drop(module);
+    let image = CodeImage::load(&object).map_err(|e| CodegenError::Llvm(format!("loading {name}: {e}")))?;
+    if perfmap::wanted() {
+        perfmap::append(&image)?;
     }
-    Ok((engine, ir))
+    Ok((image, OptimizedIr { source, cpu, features, optimized: Default::default() }))
 }
 
 /// CPU name and features for LLVM: the host's, or AVX2 only.

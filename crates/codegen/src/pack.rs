@@ -15,7 +15,6 @@
 //! (`width − 1` per vector for `width < W`).
 
 use inkwell::context::Context;
-use inkwell::execution_engine::ExecutionEngine;
 use inkwell::intrinsics::Intrinsic;
 use inkwell::module::Module;
 use inkwell::types::VectorType;
@@ -30,16 +29,9 @@ use crate::{jit_module, llvm, set_align, target_attributes, CodegenError};
 pub struct JitPackers {
     packers: Vec<Packer>,
     ir: crate::OptimizedIr,
-    // Owns the machine code; never used after construction, only dropped.
-    _engine: ExecutionEngine<'static>,
+    // Owns the machine code the packers point into; only dropped.
+    _image: kernels::CodeImage,
 }
-
-// SAFETY: as for `JitKernel`: the engine only owns immutable, position-fixed
-// machine code and is never called after construction; the function pointers
-// handed out stay valid while this value lives, whichever thread holds it.
-unsafe impl Send for JitPackers {}
-// SAFETY: see `Send`: `&JitPackers` only exposes copies of plain data.
-unsafe impl Sync for JitPackers {}
 
 impl JitPackers {
     /// The routine writing panels `width` wide, if compiled.
@@ -66,6 +58,16 @@ const MAX_WIDTH: usize = 128;
 /// Compile one packing routine per distinct width in `widths` for `t`, writing
 /// `elem` panels.
 pub fn compile_packers(t: &Target, elem: ElemType, widths: &[usize]) -> Result<JitPackers, CodegenError> {
+    compile_packers_cached(t, elem, widths, &crate::ObjectCache::none())
+}
+
+/// [`compile_packers`] through `cache`.
+pub fn compile_packers_cached(
+    t: &Target,
+    elem: ElemType,
+    widths: &[usize],
+    cache: &crate::ObjectCache,
+) -> Result<JitPackers, CodegenError> {
     let l = t.f32_lanes;
     if !t.supported() {
         return Err(CodegenError::Unsupported("packing routines need x86-64 with AVX2 and FMA".into()));
@@ -78,7 +80,7 @@ pub fn compile_packers(t: &Target, elem: ElemType, widths: &[usize]) -> Result<J
         return Err(CodegenError::Unsupported(format!("a packing routine {w} wide (1 to {MAX_WIDTH})")));
     }
     let name = |w: usize| format!("pack_{elem}_w{w}");
-    let (engine, ir) = jit_module(t, "packers", |ctx, module, cpu, features| {
+    let (image, ir) = jit_module(t, "packers", cache, |ctx, module, cpu, features| {
         for &w in &widths {
             build_packer(ctx, module, &name(w), (w, elem), l, cpu, features)?;
         }
@@ -86,14 +88,14 @@ pub fn compile_packers(t: &Target, elem: ElemType, widths: &[usize]) -> Result<J
     })?;
     let mut packers = Vec::with_capacity(widths.len());
     for &w in &widths {
-        let addr = engine.get_function_address(&name(w)).map_err(llvm)?;
+        let addr = image.function(&name(w)).ok_or_else(|| llvm(format!("no packer {}", name(w))))?;
         // SAFETY: `addr` is the entry of the function just generated with exactly the
         // `PackFn` signature (ptr, i64, i64, i64, ptr) -> void and the C calling
-        // convention; the engine that owns it lives in the returned value.
+        // convention; the image that holds it lives in the returned value.
         let func: PackFn = unsafe { std::mem::transmute::<usize, PackFn>(addr) };
         packers.push(Packer { width: w, elem, func });
     }
-    Ok(JitPackers { packers, ir, _engine: engine })
+    Ok(JitPackers { packers, ir, _image: image })
 }
 
 fn build_packer(

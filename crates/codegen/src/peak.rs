@@ -41,7 +41,7 @@ pub fn measure_peak_gflops_of(
     let w = t.f32_lanes;
     let chains = chains(t, elem);
     let name = "fma_peak";
-    let jit = jit_function(t, name, |ctx, module, cpu, features| {
+    let jit = jit_function(t, name, &crate::ObjectCache::none(), |ctx, module, cpu, features| {
         let (f32t, i64t) = (ctx.f32_type(), ctx.i64_type());
         let vt = f32t.vec_type(w as u32);
         let fn_type =

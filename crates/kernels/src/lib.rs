@@ -20,6 +20,7 @@ pub mod direct;
 pub mod dispatch;
 mod elem;
 pub mod gemm;
+pub mod image;
 pub mod pack;
 mod pool;
 pub mod schedule;
@@ -38,6 +39,7 @@ pub use gemm::{
     LoopOrder, MatMut, MatRef, MicroKernel, MicroKernelFn, PackedB, PackedPlan, Plan, ThreadGrid, ACCUMULATE,
     APPLY_EPILOGUE,
 };
+pub use image::{CodeImage, ImageError};
 pub use pack::{PackFn, Packer, Packers};
 pub use pool::ThreadPool;
 pub use schedule::{

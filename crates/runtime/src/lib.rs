@@ -75,6 +75,16 @@ pub struct ModelParts {
     /// each side, filled before the call and checked after every step (a step
     /// that writes outside its buffers is an error naming the step and buffer).
     pub canaries: bool,
+    /// Where the machine code came from.
+    pub code_stats: CodeStats,
+}
+
+/// How the machine code of a compiled model was obtained: modules whose
+/// object came from the on-disk cache, and modules compiled by LLVM.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CodeStats {
+    pub modules_from_cache: usize,
+    pub modules_compiled: usize,
 }
 
 /// A compiled model: `Send + Sync`, any number of threads may call [`CompiledModel::run`].
@@ -93,6 +103,7 @@ pub struct CompiledModel {
     out_dims: Vec<Vec<Result<usize, u32>>>,
     pool: ThreadPool,
     canaries: bool,
+    code_stats: CodeStats,
     shapes: RwLock<HashMap<Vec<i64>, Arc<ShapePlan>>>,
     arenas: Mutex<Vec<Vec<Line>>>,
     // Declared last: dropped after everything that points into it.
@@ -117,7 +128,8 @@ const PACK_ROWS: [usize; 5] = [1, 8, 64, 512, 4096];
 impl CompiledModel {
     /// Assemble a compiled model; packs every weight for the contraction engine.
     pub fn new(parts: ModelParts) -> Result<CompiledModel, RunError> {
-        let ModelParts { plan, env, inputs, outputs, loops, dispatchers, pool, code, canaries } = parts;
+        let ModelParts { plan, env, inputs, outputs, loops, dispatchers, pool, code, canaries, code_stats } =
+            parts;
         if loops.len() != plan.programs.len() {
             return Err(RunError::Internal(format!(
                 "{} loop programs, {} compiled",
@@ -159,6 +171,7 @@ impl CompiledModel {
             out_dims: Vec::new(),
             pool,
             canaries,
+            code_stats,
             shapes: RwLock::new(HashMap::new()),
             arenas: Mutex::new(Vec::new()),
             _code: code,
@@ -238,6 +251,11 @@ impl CompiledModel {
     }
     pub fn threads(&self) -> usize {
         self.pool.threads()
+    }
+
+    /// Where the machine code came from (the object cache, or LLVM).
+    pub fn code_stats(&self) -> CodeStats {
+        self.code_stats
     }
 
     fn shape_plan(&self, inputs: &[(&str, Tensor)]) -> Result<Arc<ShapePlan>, RunError> {

@@ -78,6 +78,7 @@ fn model(f: lower::LoopFn) -> CompiledModel {
         pool: kernels::ThreadPool::new(1),
         code: Vec::new(),
         canaries: true,
+        code_stats: Default::default(),
     })
     .expect("model")
 }
