@@ -43,6 +43,10 @@ pub struct BenchArgs {
     /// object cache (a cold compile; the objects are not stored either)
     #[arg(long)]
     no_object_cache: bool,
+    /// With --profile, also list the N steps that take longest (median ms,
+    /// the step's kind, its program or matmul, its group)
+    #[arg(long, default_value_t = 0)]
+    top: usize,
 }
 
 fn parse_shape(s: &str) -> Result<Vec<(String, usize)>> {
@@ -99,7 +103,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// Per kind of group, the median over `runs` calls of its matmul and loop time.
-fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize) -> Result<()> {
+fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize, top: usize) -> Result<()> {
     let plan = cm.plan();
     let mut kind_of = vec![String::new(); plan.steps.len()];
     for g in &plan.groups {
@@ -115,12 +119,14 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize) 
         }
     }
     let mut per: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
+    let mut per_step: Vec<Vec<f64>> = vec![Vec::new(); plan.steps.len()];
     let mut outside = Vec::new();
     let mut totals = Vec::new();
     for _ in 0..runs {
         let (_, p) = cm.run_profiled(named).map_err(anyshape::Error::from)?;
         let mut sums = vec![0.0; rows.len()];
         for (i, d) in p.steps.iter().enumerate() {
+            per_step[i].push(ms(*d));
             let what = plan.steps[i].kind.name();
             let r = rows.iter().position(|(k, w)| *k == kind_of[i] && *w == what).unwrap_or(0);
             sums[r] += ms(*d);
@@ -147,6 +153,32 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize) 
         "outside kernels",
         100.0 * o / total
     );
+    if top > 0 {
+        let bytes = cm.step_bytes(named).map_err(anyshape::Error::from)?;
+        let mut steps: Vec<(f64, usize)> = per_step.iter_mut().map(med).zip(0..).collect();
+        steps.sort_by(|a, b| b.0.total_cmp(&a.0));
+        println!("  slowest steps (GB/s: the bytes of the step's buffers over its time):");
+        for (m, i) in steps.into_iter().take(top) {
+            let st = &plan.steps[i];
+            let what = match &st.kind {
+                anyshape::StepKind::Loop { program, .. } => plan.programs[*program].name.clone(),
+                anyshape::StepKind::MatMul(m) => {
+                    let d = |slot: u32| {
+                        plan.dims.exprs().get(slot as usize).map_or("?".into(), |e| e.to_string())
+                    };
+                    format!("matmul m={} n={} k={} (batch {})", d(m.m), d(m.n), d(m.k), m.batch.len())
+                }
+                anyshape::StepKind::Attention(_) => "attention".to_string(),
+            };
+            // Bytes per ns = GB/s.
+            let gbs = bytes[i] as f64 / (m * 1e6);
+            println!(
+                "  {m:9.3} ms {:5.1}% {gbs:6.1} GB/s  step {i:<4} {:<12} {what}",
+                100.0 * m / total,
+                kind_of[i]
+            );
+        }
+    }
     Ok(())
 }
 
@@ -185,7 +217,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         times.sort_by(f64::total_cmp);
         let median = times[times.len() / 2];
         if a.profile {
-            profile(&cm, &named, a.runs.max(1))?;
+            profile(&cm, &named, a.runs.max(1), a.top)?;
         }
         if a.json {
             let fields: Vec<String> = shape.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();

@@ -123,9 +123,10 @@ mod tests {
     use crate::{jit_module, llvm, CodegenError};
 
     /// A module whose object needs the loader's harder cases: `copy(d, s, n)`
-    /// calls `memcpy` (a far symbol, through a stub), `pick()` returns the
-    /// address of `add1` (a GOT load under PIC) and `scaled(x)` multiplies by a
-    /// constant vector (a constant pool, PC-relative).
+    /// calls `memcpy` and `power(x, y)` calls libm's `powf` (far symbols,
+    /// through stubs), `pick()` returns the address of `add1` (a GOT load under
+    /// PIC) and `scaled(x)` multiplies by a constant vector (a constant pool,
+    /// PC-relative).
     fn build(
         ctx: &'static inkwell::context::Context,
         module: &inkwell::module::Module<'static>,
@@ -166,6 +167,18 @@ mod tests {
         let prod = b.build_float_mul(loaded.into_vector_value(), k, "p").map_err(llvm)?;
         b.build_store(v, prod).map_err(llvm)?.set_alignment(4).map_err(llvm)?;
         b.build_return(None).map_err(llvm)?;
+        // power(x, y) = x^y: a libm call (`powf`).
+        let power = module.add_function("power", f32t.fn_type(&[f32t.into(), f32t.into()], false), None);
+        b.position_at_end(ctx.append_basic_block(power, "entry"));
+        let pow = inkwell::intrinsics::Intrinsic::find("llvm.pow").ok_or_else(|| llvm("llvm.pow"))?;
+        let pow = pow.get_declaration(module, &[f32t.into()]).ok_or_else(|| llvm("llvm.pow.f32"))?;
+        let args: Vec<_> = power.get_param_iter().map(Into::into).collect();
+        let inkwell::values::ValueKind::Basic(r) =
+            b.build_call(pow, &args, "r").map_err(llvm)?.try_as_basic_value()
+        else {
+            return Err(llvm("pow returns nothing"));
+        };
+        b.build_return(Some(&r)).map_err(llvm)?;
         Ok(())
     }
 
@@ -187,6 +200,9 @@ mod tests {
             let mut v = [2f32; 8];
             scaled(v.as_mut_ptr());
             assert_eq!(v, [2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0]);
+            let power: extern "C" fn(f32, f32) -> f32 = std::mem::transmute(f("power"));
+            assert_eq!(power(2.0, 10.0), 1024.0);
+            assert!((power(2.0, 0.5) - std::f32::consts::SQRT_2).abs() < 1e-6);
         }
     }
 

@@ -4,8 +4,8 @@
 //! code compiled once runs where only the runtime is.
 //!
 //! Loading lays the object's allocated sections out in one anonymous mapping,
-//! resolves its symbols (its own definitions, and a few C library functions
-//! that LLVM may call: `memcpy`, `memmove`, `memset`), applies the x86-64
+//! resolves its symbols (its own definitions, and the C library functions
+//! that LLVM may call: `memcpy`, `memset`, libm's `powf`, `sinf`, ...), applies the x86-64
 //! relocations a small-code-model object uses (absolute 64-bit, PC-relative
 //! 32/64-bit, PLT calls, GOT loads: the GOT slots and call stubs for far
 //! symbols live in the same mapping), and only then makes the mapping
@@ -53,20 +53,35 @@ impl std::fmt::Debug for CodeImage {
     }
 }
 
-/// The C library functions generated code may call (LLVM turns copy and fill
-/// loops into them).
-fn c_function(name: &str) -> Option<usize> {
-    extern "C" {
-        fn memcpy(d: *mut u8, s: *const u8, n: usize) -> *mut u8;
-        fn memmove(d: *mut u8, s: *const u8, n: usize) -> *mut u8;
-        fn memset(d: *mut u8, c: i32, n: usize) -> *mut u8;
-    }
-    Some(match name {
-        "memcpy" => memcpy as *const () as usize,
-        "memmove" => memmove as *const () as usize,
-        "memset" => memset as *const () as usize,
-        _ => return None,
-    })
+/// Declares the C library functions generated code may call, and maps their
+/// names to their addresses. The declarations only take addresses (never called
+/// from Rust), so they carry no signature.
+macro_rules! c_functions {
+    ($($name:ident)*) => {
+        /// The address of the C library function `name`, if it is one generated
+        /// code may call: LLVM turns copy and fill loops into `memcpy` and
+        /// `memset`, and scalar `pow`, `exp`, `sin`, `frem`, ... (and the vector
+        /// forms it scalarizes) into libm calls.
+        fn c_function(name: &str) -> Option<usize> {
+            extern "C" {
+                $(fn $name();)*
+            }
+            match name {
+                $(stringify!($name) => Some($name as *const () as usize),)*
+                _ => None,
+            }
+        }
+    };
+}
+
+c_functions! {
+    memcpy memmove memset
+    powf expf exp2f exp10f expm1f logf log2f log10f log1pf sinf cosf tanf sincosf
+    asinf acosf atanf atan2f sinhf coshf tanhf erff erfcf cbrtf fmodf remainderf ldexpf
+    floorf ceilf truncf roundf rintf nearbyintf sqrtf fmaf fminf fmaxf
+    pow exp exp2 exp10 expm1 log log2 log10 log1p sin cos tan sincos
+    asin acos atan atan2 sinh cosh tanh erf erfc cbrt fmod remainder ldexp
+    floor ceil trunc round rint nearbyint sqrt fma fmin fmax
 }
 
 fn format<E: std::fmt::Display>(e: E) -> ImageError {

@@ -1,18 +1,27 @@
-//! Convolutions as matmuls (DESIGN.md §2: "convolution as implicit GEMM"; this
-//! is its explicit first form): an f32 2-D convolution with a constant weight
-//! `W[K, C, kh, kw]` and one group becomes
+//! Convolutions as matmuls, channels-last (DESIGN.md §2: "convolution as
+//! implicit GEMM"; this is its explicit form): an f32 2-D convolution with a
+//! constant weight `W[K, C, kh, kw]` and one group becomes
 //!
 //! ```text
-//! col[n, c·kh·kw + i·kw + j, oh·OW + ow] = pad(x)[n, c, i·dh + oh·sh, j·dw + ow·sw]
-//! y[n] = W[K, C·kh·kw] · col[n]            (a batched matmul, W broadcast over n)
+//! xt  = transpose(x) to [n, h, w, c]                      (NHWC)
+//! col[n·oh·ow, (i·kw + j)·C + c] = pad(xt)[n, i·dh + oh·sh, j·dw + ow·sw, c]
+//! y'  = col · W'[(i·kw + j)·C + c, K]                     (one GEMM, M = n·oh·ow)
+//! y   = transpose(y' as [n, oh, ow, K]) to [n, K, oh, ow]
 //! ```
 //!
-//! `col` is `kh·kw` strided slices of the padded input, concatenated along a
-//! new axis (`[n, c, kh·kw, oh, ow]`, viewed as `[n, c·kh·kw, oh·ow]`): the
-//! contraction group's prologue, one loop program that the engine's packing then
-//! reads. A 1×1 convolution with stride 1 and no padding needs none of it: its
-//! `col` is the input itself, reshaped (a view), and the convolution is a plain
-//! GEMM on the contraction engine. The weight is reshaped, never copied.
+//! `col` is `kh·kw` strided slices of the padded image, concatenated along a
+//! new axis before the channels (`[n, oh, ow, kh·kw, c]`): each row of it is
+//! `kh·kw` contiguous runs of `C` channels, the contraction group's prologue.
+//! A 1×1 convolution without padding needs no taps: its `col` is the image
+//! itself (strided when the stride is not 1). The weight is the matmul's
+//! constant B, so the engine packs it once at compile time (a weight as A
+//! would be packed on every call), and M spans the batch and the image.
+//!
+//! The transposes at both ends are data movement between layouts: the
+//! [`SinkTransposes`] rewrite moves the output's transpose down through the
+//! element-wise ops that follow (bias, activation, residual adds), where it
+//! meets the next convolution's input transpose and cancels, so a chain of
+//! convolutions runs channels-last from end to end.
 //! Grouped and depthwise convolutions, other dtypes and ranks stay as they are
 //! (a generated loop nest).
 
@@ -22,7 +31,17 @@ use sym::SymExpr;
 use crate::pattern::{constant, Producers};
 use crate::{Pass, PassError};
 
-pub struct ConvAsMatMul;
+pub struct ConvAsMatMul {
+    /// Convolutions with fewer input channels write their taps channels-first
+    /// ([`MIN_CHANNELS_LAST`] by default).
+    pub min_channels_last: i64,
+}
+
+impl Default for ConvAsMatMul {
+    fn default() -> Self {
+        ConvAsMatMul { min_channels_last: MIN_CHANNELS_LAST }
+    }
+}
 
 impl Pass for ConvAsMatMul {
     fn name(&self) -> &'static str {
@@ -32,7 +51,8 @@ impl Pass for ConvAsMatMul {
         let mut done = 0;
         // One convolution at a time: a rewrite shifts node indices.
         while let Some(i) = next_conv(g) {
-            rewrite(g, i).map_err(|msg| PassError::Failed { pass: "conv-as-matmul", msg })?;
+            rewrite(g, i, self.min_channels_last)
+                .map_err(|msg| PassError::Failed { pass: "conv-as-matmul", msg })?;
             done += 1;
         }
         Ok(done)
@@ -57,7 +77,73 @@ fn next_conv(g: &Graph) -> Option<usize> {
     })
 }
 
-fn rewrite(g: &mut Graph, at: usize) -> Result<(), String> {
+/// Below this many input channels (an RGB image), a channels-last tap row is
+/// too short to vectorize: the taps are written channels-first (each a strided
+/// slice of the image, vectorized along its width) and the matmul reads them
+/// transposed.
+pub const MIN_CHANNELS_LAST: i64 = 16;
+
+type Insert<'a> = dyn FnMut(&mut Graph, Op, Vec<ValueId>, &str, TensorType) -> ValueId + 'a;
+
+/// The product `[n, oh·ow, K]` of a convolution whose taps are written
+/// channels-first, `col[n, c·kh·kw + i·kw + j, oh·ow]`, read transposed by the
+/// matmul against the weight as `[K, C·kh·kw]` (also read transposed).
+fn channels_first_taps(
+    g: &mut Graph,
+    insert: &mut Insert,
+    node: &ir::Node,
+    c: &ir::ConvAttrs,
+    (k, ch, kh, kw): (i64, i64, i64, i64),
+) -> Result<ValueId, String> {
+    let (x, w, y) = (node.inputs[0], node.inputs[1], node.output);
+    let xs = g.ty(x).shape.clone();
+    let ys = g.ty(y).shape.clone();
+    let (n, oh, ow) = (xs[0].clone(), ys[2].clone(), ys[3].clone());
+    let dt = g.ty(x).dtype;
+    let ty = |shape: Vec<SymExpr>| TensorType::new(dt, shape);
+    let konst = SymExpr::constant;
+    let ohw = oh.try_mul(&ow).map_err(|e| e.to_string())?;
+    let ckk = ch * kh * kw;
+    let padded = c.pads_begin.iter().chain(&c.pads_end).any(|p| *p != 0);
+    let xp = if padded {
+        let pads = vec![
+            (konst(0), konst(0)),
+            (konst(0), konst(0)),
+            (konst(c.pads_begin[0]), konst(c.pads_end[0])),
+            (konst(c.pads_begin[1]), konst(c.pads_end[1])),
+        ];
+        let h = xs[2].try_add(&konst(c.pads_begin[0] + c.pads_end[0])).map_err(|e| e.to_string())?;
+        let wd = xs[3].try_add(&konst(c.pads_begin[1] + c.pads_end[1])).map_err(|e| e.to_string())?;
+        let t = ty(vec![n.clone(), konst(ch), h, wd]);
+        insert(g, Op::Pad { pads, mode: ir::PadMode::Constant(0.0) }, vec![x], "padded", t)
+    } else {
+        x
+    };
+    let mut taps = Vec::with_capacity((kh * kw) as usize);
+    for i in 0..kh {
+        for j in 0..kw {
+            let axes = vec![
+                SliceAxis { axis: 2, start: konst(i * c.dilations[0]), step: c.strides[0] },
+                SliceAxis { axis: 3, start: konst(j * c.dilations[1]), step: c.strides[1] },
+            ];
+            let t = ty(vec![n.clone(), konst(ch), oh.clone(), ow.clone()]);
+            let s = insert(g, Op::Slice { axes }, vec![xp], &format!("tap{i}_{j}"), t);
+            // [n, c, 1, oh, ow]: the taps concatenate along a new axis, so that
+            // the loop writing them runs over (oh, ow) with no division per element.
+            let t = ty(vec![n.clone(), konst(ch), konst(1), oh.clone(), ow.clone()]);
+            taps.push(insert(g, Op::Reshape, vec![s], &format!("tap{i}_{j}.flat"), t));
+        }
+    }
+    let t = ty(vec![n.clone(), konst(ch), konst(kh * kw), oh.clone(), ow.clone()]);
+    let cat = insert(g, Op::Concat { axis: 2 }, taps, "taps", t);
+    let col = insert(g, Op::Reshape, vec![cat], "col", ty(vec![n.clone(), konst(ckk), ohw.clone()]));
+    let w3 = insert(g, Op::Reshape, vec![w], "weight", ty(vec![konst(1), konst(k), konst(ckk)]));
+    let wb = insert(g, Op::Broadcast, vec![w3], "weight.batch", ty(vec![n.clone(), konst(k), konst(ckk)]));
+    let mm = Op::MatMul { transpose_a: true, transpose_b: true };
+    Ok(insert(g, mm, vec![col, wb], "matmul", ty(vec![n, ohw, konst(k)])))
+}
+
+fn rewrite(g: &mut Graph, at: usize, min_channels_last: i64) -> Result<(), String> {
     let node = g.nodes[at].clone();
     let Op::Conv(c) = &node.op else { return Err("not a convolution".into()) };
     let (x, w, y) = (node.inputs[0], node.inputs[1], node.output);
@@ -65,65 +151,92 @@ fn rewrite(g: &mut Graph, at: usize) -> Result<(), String> {
     let (k, ch, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
     let xs = g.ty(x).shape.clone();
     let ys = g.ty(y).shape.clone();
-    let (n, oh, ow) = (xs[0].clone(), ys[2].clone(), ys[3].clone());
+    let (n, h, wd, oh, ow) = (xs[0].clone(), xs[2].clone(), xs[3].clone(), ys[2].clone(), ys[3].clone());
     let dt = g.ty(x).dtype;
     let ty = |shape: Vec<SymExpr>| TensorType::new(dt, shape);
     let konst = SymExpr::constant;
     let name = g.name(y).to_string();
     let mul = |a: &SymExpr, b: &SymExpr| a.try_mul(b).map_err(|e| e.to_string());
-    let ohw = mul(&oh, &ow)?;
-    let ckk = ch * kh * kw;
+    let rows = mul(&mul(&n, &oh)?, &ow)?;
+    let kk = kh * kw;
     let mut pos = at;
     let mut insert = |g: &mut Graph, op: Op, inputs: Vec<ValueId>, hint: &str, t: TensorType| {
         let v = g.insert_node(pos, op, inputs, &format!("{name}.{hint}"), t);
         pos += 1;
         v
     };
-    let pointwise = kh == 1
-        && kw == 1
-        && c.strides.iter().all(|s| *s == 1)
-        && c.pads_begin.iter().chain(&c.pads_end).all(|p| *p == 0);
-    let col = if pointwise {
-        insert(g, Op::Reshape, vec![x], "col", ty(vec![n.clone(), konst(ch), ohw.clone()]))
+    if ch < min_channels_last && kk > 1 {
+        let prod = channels_first_taps(g, &mut insert, &node, c, (k, ch, kh, kw))?;
+        let nhwc = insert(g, Op::Reshape, vec![prod], "out.nhwc", ty(vec![n, oh, ow, konst(k)]));
+        let out = insert(g, Op::Transpose { perm: vec![0, 3, 1, 2] }, vec![nhwc], "out", ty(ys));
+        g.replace_uses(y, out);
+        return Ok(());
+    }
+    let xt = insert(
+        g,
+        Op::Transpose { perm: vec![0, 2, 3, 1] },
+        vec![x],
+        "nhwc",
+        ty(vec![n.clone(), h.clone(), wd.clone(), konst(ch)]),
+    );
+    let padded = c.pads_begin.iter().chain(&c.pads_end).any(|p| *p != 0);
+    let xp = if padded {
+        let pads = vec![
+            (konst(0), konst(0)),
+            (konst(c.pads_begin[0]), konst(c.pads_end[0])),
+            (konst(c.pads_begin[1]), konst(c.pads_end[1])),
+            (konst(0), konst(0)),
+        ];
+        let hp = h.try_add(&konst(c.pads_begin[0] + c.pads_end[0])).map_err(|e| e.to_string())?;
+        let wp = wd.try_add(&konst(c.pads_begin[1] + c.pads_end[1])).map_err(|e| e.to_string())?;
+        let t = ty(vec![n.clone(), hp, wp, konst(ch)]);
+        insert(g, Op::Pad { pads, mode: ir::PadMode::Constant(0.0) }, vec![xt], "padded", t)
     } else {
-        let padded = c.pads_begin.iter().chain(&c.pads_end).any(|p| *p != 0);
-        let xp = if padded {
-            let pads = vec![
-                (konst(0), konst(0)),
-                (konst(0), konst(0)),
-                (konst(c.pads_begin[0]), konst(c.pads_end[0])),
-                (konst(c.pads_begin[1]), konst(c.pads_end[1])),
-            ];
-            let h = xs[2].try_add(&konst(c.pads_begin[0] + c.pads_end[0])).map_err(|e| e.to_string())?;
-            let wd = xs[3].try_add(&konst(c.pads_begin[1] + c.pads_end[1])).map_err(|e| e.to_string())?;
-            let t = ty(vec![n.clone(), konst(ch), h, wd]);
-            insert(g, Op::Pad { pads, mode: ir::PadMode::Constant(0.0) }, vec![x], "padded", t)
-        } else {
-            x
-        };
-        let mut taps = Vec::with_capacity((kh * kw) as usize);
-        for i in 0..kh {
-            for j in 0..kw {
-                let axes = vec![
-                    SliceAxis { axis: 2, start: konst(i * c.dilations[0]), step: c.strides[0] },
-                    SliceAxis { axis: 3, start: konst(j * c.dilations[1]), step: c.strides[1] },
-                ];
-                let t = ty(vec![n.clone(), konst(ch), oh.clone(), ow.clone()]);
-                let s = insert(g, Op::Slice { axes }, vec![xp], &format!("tap{i}_{j}"), t);
-                // [n, c, 1, oh, ow]: the taps concatenate along a new axis, so that
-                // the loop writing them runs over (oh, ow) with no division per element.
-                let t = ty(vec![n.clone(), konst(ch), konst(1), oh.clone(), ow.clone()]);
-                taps.push(insert(g, Op::Reshape, vec![s], &format!("tap{i}_{j}.flat"), t));
-            }
-        }
-        let t = ty(vec![n.clone(), konst(ch), konst(kh * kw), oh.clone(), ow.clone()]);
-        let cat = if taps.len() == 1 { taps[0] } else { insert(g, Op::Concat { axis: 2 }, taps, "taps", t) };
-        insert(g, Op::Reshape, vec![cat], "col", ty(vec![n.clone(), konst(ckk), ohw.clone()]))
+        xt
     };
-    let w3 = insert(g, Op::Reshape, vec![w], "weight", ty(vec![konst(1), konst(k), konst(ckk)]));
-    let wb = insert(g, Op::Broadcast, vec![w3], "weight.batch", ty(vec![n.clone(), konst(k), konst(ckk)]));
-    let prod = insert(g, Op::MATMUL, vec![wb, col], "matmul", ty(vec![n.clone(), konst(k), ohw]));
-    let out = insert(g, Op::Reshape, vec![prod], "out", ty(ys));
+    let tap_ty = || ty(vec![n.clone(), oh.clone(), ow.clone(), konst(ch)]);
+    let mut taps = Vec::with_capacity(kk as usize);
+    for i in 0..kh {
+        for j in 0..kw {
+            let axes = vec![
+                SliceAxis { axis: 1, start: konst(i * c.dilations[0]), step: c.strides[0] },
+                SliceAxis { axis: 2, start: konst(j * c.dilations[1]), step: c.strides[1] },
+            ];
+            // A tap that is the whole image (1x1, stride 1, no padding) is `xp` itself.
+            let whole = kk == 1 && !padded && c.strides.iter().all(|s| *s == 1);
+            taps.push(if whole {
+                xp
+            } else {
+                insert(g, Op::Slice { axes }, vec![xp], &format!("tap{i}_{j}"), tap_ty())
+            });
+        }
+    }
+    let col = if taps.len() == 1 {
+        insert(g, Op::Reshape, vec![taps[0]], "col", ty(vec![konst(1), rows.clone(), konst(ch)]))
+    } else {
+        // [n, oh, ow, 1, c] each, concatenated along the new axis: the loop writing
+        // them runs over (oh, ow) with no division per element.
+        let flat_ty = ty(vec![n.clone(), oh.clone(), ow.clone(), konst(1), konst(ch)]);
+        let mut flats = Vec::with_capacity(taps.len());
+        for (i, t) in taps.iter().enumerate() {
+            flats.push(insert(g, Op::Reshape, vec![*t], &format!("tap{i}.flat"), flat_ty.clone()));
+        }
+        let t = ty(vec![n.clone(), oh.clone(), ow.clone(), konst(kk), konst(ch)]);
+        let cat = insert(g, Op::Concat { axis: 3 }, flats, "taps", t);
+        insert(g, Op::Reshape, vec![cat], "col", ty(vec![konst(1), rows.clone(), konst(kk * ch)]))
+    };
+    // W'[(i·kw + j)·C + c, K] = W[K, C, i, j]: a transpose of the constant, folded.
+    let wt = insert(
+        g,
+        Op::Transpose { perm: vec![2, 3, 1, 0] },
+        vec![w],
+        "weight.hwck",
+        ty(vec![konst(kh), konst(kw), konst(ch), konst(k)]),
+    );
+    let w3 = insert(g, Op::Reshape, vec![wt], "weight", ty(vec![konst(1), konst(kk * ch), konst(k)]));
+    let prod = insert(g, Op::MATMUL, vec![col, w3], "matmul", ty(vec![konst(1), rows, konst(k)]));
+    let nhwc = insert(g, Op::Reshape, vec![prod], "out.nhwc", ty(vec![n, oh, ow, konst(k)]));
+    let out = insert(g, Op::Transpose { perm: vec![0, 3, 1, 2] }, vec![nhwc], "out", ty(ys));
     g.replace_uses(y, out);
     Ok(())
 }

@@ -12,6 +12,7 @@ mod canonical;
 mod conv;
 mod fusion;
 mod gemm;
+mod layout;
 mod pattern;
 
 use std::time::{Duration, Instant};
@@ -23,6 +24,7 @@ pub use canonical::{Cse, Dce, FoldConstants, SimplifyAlgebra, SimplifyShapes};
 pub use conv::ConvAsMatMul;
 pub use fusion::{fuse, print_plan, FusionGroup, FusionPlan, GroupKind};
 pub use gemm::{BatchEqualShapes, MergeSharedOperand};
+pub use layout::SinkTransposes;
 
 /// Errors from running passes.
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +93,8 @@ impl Pipeline {
         let mut passes = canonicalization();
         passes.insert(passes.len() - 1, Box::new(EliminateBroadcasts));
         passes.insert(passes.len() - 1, Box::new(MergeSharedOperand));
-        passes.insert(passes.len() - 1, Box::new(ConvAsMatMul));
+        passes.insert(passes.len() - 1, Box::new(ConvAsMatMul::default()));
+        passes.insert(passes.len() - 1, Box::new(SinkTransposes));
         Pipeline::new().fixpoint(passes)
     }
 

@@ -2,7 +2,7 @@
 
 use anyshape_passes::{
     ConvAsMatMul, Cse, Dce, EliminateBroadcasts, FoldConstants, Pass, Pipeline, SimplifyAlgebra,
-    SimplifyShapes,
+    SimplifyShapes, SinkTransposes,
 };
 
 fn parse(text: &str) -> ir::Graph {
@@ -377,8 +377,11 @@ fn transposes_fold_into_matmul_layouts() {
 
 #[test]
 fn convolutions_become_im2col_taps_and_a_matmul() {
+    // Two input channels: the 2x1 convolution writes its taps channels-first and
+    // the matmul reads them transposed; the 1x1 one is a GEMM on the image,
+    // channels-last. Both give channels-last products, seen channels-first.
     check(
-        &ConvAsMatMul,
+        &ConvAsMatMul::default(),
         "graph {
   sym n param 1..8
   sym h param 2..64
@@ -405,17 +408,107 @@ fn convolutions_become_im2col_taps_and_a_matmul() {
   %y.col: f32[n, 4, (h+1)/2+((h+1)/2)*(h/2)] = reshape %y.taps
   %y.weight: f32[1, 3, 4] = reshape %k
   %y.weight.batch: f32[n, 3, 4] = broadcast %y.weight
-  %y.matmul: f32[n, 3, (h+1)/2+((h+1)/2)*(h/2)] = matmul %y.weight.batch, %y.col
-  %y: f32[n, 3, h/2+1, (h+1)/2] = reshape %y.matmul
+  %y.matmul: f32[n, (h+1)/2+((h+1)/2)*(h/2), 3] = matmul[transpose_a, transpose_b] %y.col, %y.weight.batch
+  %y.out.nhwc: f32[n, h/2+1, (h+1)/2, 3] = reshape %y.matmul
+  %y: f32[n, 3, h/2+1, (h+1)/2] = transpose[perm=[0, 3, 1, 2]] %y.out.nhwc
   %y.replaced: f32[n, 3, h/2+1, (h+1)/2] = conv[strides=[2, 2], dilations=[1, 1], pads_begin=[1, 0], pads_end=[1, 0], group=1] %x, %k
   %p: f32[4, 2, 1, 1] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
-  %z.col: f32[n, 2, h*h] = reshape %x
-  %z.weight: f32[1, 4, 2] = reshape %p
-  %z.weight.batch: f32[n, 4, 2] = broadcast %z.weight
-  %z.matmul: f32[n, 4, h*h] = matmul %z.weight.batch, %z.col
-  %z: f32[n, 4, h, h] = reshape %z.matmul
+  %z.nhwc: f32[n, h, h, 2] = transpose[perm=[0, 2, 3, 1]] %x
+  %z.col: f32[1, h*h*n, 2] = reshape %z.nhwc
+  %z.weight.hwck: f32[1, 1, 2, 4] = transpose[perm=[2, 3, 1, 0]] %p
+  %z.weight: f32[1, 2, 4] = reshape %z.weight.hwck
+  %z.matmul: f32[1, h*h*n, 4] = matmul %z.col, %z.weight
+  %z.out.nhwc: f32[n, h, h, 4] = reshape %z.matmul
+  %z: f32[n, 4, h, h] = transpose[perm=[0, 3, 1, 2]] %z.out.nhwc
   %z.replaced: f32[n, 4, h, h] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], group=1] %x, %p
   output %y, %z
+}
+",
+    );
+}
+
+#[test]
+fn channels_last_convolutions_take_contiguous_taps() {
+    // With channels-last taps for every channel count: each tap row is a run of
+    // channels of the padded NHWC image, and the weight is transposed to match.
+    check(
+        &ConvAsMatMul { min_channels_last: 1 },
+        "graph {
+  sym n param 1..8
+  sym h param 2..64
+  input %x: f32[n, 2, h, h]
+  %k: f32[3, 2, 2, 1] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0]
+  %y: f32[n, 3, h/2+1, (h+1)/2] = conv[strides=[2, 2], dilations=[1, 1], pads_begin=[1, 0], pads_end=[1, 0], group=1] %x, %k
+  output %y
+}
+",
+        "graph {
+  sym n param 1..8
+  sym h param 2..64
+  input %x: f32[n, 2, h, h]
+  %k: f32[3, 2, 2, 1] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0]
+  %y.nhwc: f32[n, h, h, 2] = transpose[perm=[0, 2, 3, 1]] %x
+  %y.padded: f32[n, h+2, h, 2] = pad[pads=[(0, 0), (1, 1), (0, 0), (0, 0)], mode=constant(0.0)] %y.nhwc
+  %y.tap0_0: f32[n, h/2+1, (h+1)/2, 2] = slice[1: 0 step 2, 2: 0 step 2] %y.padded
+  %y.tap1_0: f32[n, h/2+1, (h+1)/2, 2] = slice[1: 1 step 2, 2: 0 step 2] %y.padded
+  %y.tap0.flat: f32[n, h/2+1, (h+1)/2, 1, 2] = reshape %y.tap0_0
+  %y.tap1.flat: f32[n, h/2+1, (h+1)/2, 1, 2] = reshape %y.tap1_0
+  %y.taps: f32[n, h/2+1, (h+1)/2, 2, 2] = concat[axis=3] %y.tap0.flat, %y.tap1.flat
+  %y.col: f32[1, n*((h+1)/2)+n*((h+1)/2)*(h/2), 4] = reshape %y.taps
+  %y.weight.hwck: f32[2, 1, 2, 3] = transpose[perm=[2, 3, 1, 0]] %k
+  %y.weight: f32[1, 4, 3] = reshape %y.weight.hwck
+  %y.matmul: f32[1, n*((h+1)/2)+n*((h+1)/2)*(h/2), 3] = matmul %y.col, %y.weight
+  %y.out.nhwc: f32[n, h/2+1, (h+1)/2, 3] = reshape %y.matmul
+  %y: f32[n, 3, h/2+1, (h+1)/2] = transpose[perm=[0, 3, 1, 2]] %y.out.nhwc
+  %y.replaced: f32[n, 3, h/2+1, (h+1)/2] = conv[strides=[2, 2], dilations=[1, 1], pads_begin=[1, 0], pads_end=[1, 0], group=1] %x, %k
+  output %y
+}
+",
+    );
+}
+
+#[test]
+fn transposes_sink_through_bias_activation_and_residual() {
+    // Two channels-last products seen channels-first, a bias, a ReLU and a
+    // residual add: all of it runs channels-last, one transpose at the end.
+    check(
+        &SinkTransposes,
+        "graph {
+  sym n param 1..8
+  sym h param 1..64
+  input %a: f32[n, h, h, 2]
+  input %b: f32[n, h, h, 2]
+  %at: f32[n, 2, h, h] = transpose[perm=[0, 3, 1, 2]] %a
+  %bt: f32[n, 2, h, h] = transpose[perm=[0, 3, 1, 2]] %b
+  %bias: f32[1, 2, 1, 1] = constant [0.5, -0.5]
+  %bias.b: f32[n, 2, h, h] = broadcast %bias
+  %y: f32[n, 2, h, h] = add %at, %bias.b
+  %r: f32[n, 2, h, h] = relu %y
+  %s: f32[n, 2, h, h] = add %r, %bt
+  output %s
+}
+",
+        "graph {
+  sym n param 1..8
+  sym h param 1..64
+  input %a: f32[n, h, h, 2]
+  input %b: f32[n, h, h, 2]
+  %at: f32[n, 2, h, h] = transpose[perm=[0, 3, 1, 2]] %a
+  %bt: f32[n, 2, h, h] = transpose[perm=[0, 3, 1, 2]] %b
+  %bias: f32[1, 2, 1, 1] = constant [0.5, -0.5]
+  %bias.b: f32[n, 2, h, h] = broadcast %bias
+  %y.in1.nhwc: f32[1, 1, 1, 2] = transpose[perm=[0, 2, 3, 1]] %bias
+  %y.in1.nhwc.broadcast: f32[n, h, h, 2] = broadcast %y.in1.nhwc
+  %y.nhwc: f32[n, h, h, 2] = add %a, %y.in1.nhwc.broadcast
+  %y.nchw: f32[n, 2, h, h] = transpose[perm=[0, 3, 1, 2]] %y.nhwc
+  %y: f32[n, 2, h, h] = add %at, %bias.b
+  %r.nhwc: f32[n, h, h, 2] = relu %y.nhwc
+  %r.nchw: f32[n, 2, h, h] = transpose[perm=[0, 3, 1, 2]] %r.nhwc
+  %r: f32[n, 2, h, h] = relu %y.nchw
+  %s.nhwc: f32[n, h, h, 2] = add %r.nhwc, %b
+  %s: f32[n, 2, h, h] = transpose[perm=[0, 3, 1, 2]] %s.nhwc
+  %s.replaced: f32[n, 2, h, h] = add %r.nchw, %bt
+  output %s
 }
 ",
     );

@@ -113,4 +113,30 @@ impl CompiledModel {
         }
         Ok(s)
     }
+
+    /// Bytes each step's buffers hold at the shape of `inputs`: the distinct
+    /// buffers a loop program reads and writes, a matmul's A, B and C, fused
+    /// attention's Q, K, V and output. A lower bound on the memory traffic a
+    /// memory-bound step needs (its GB/s in `bench --profile --top`).
+    pub fn step_bytes(&self, inputs: &[(&str, Tensor)]) -> Result<Vec<usize>, RunError> {
+        let sp = self.shape_plan(inputs)?;
+        let size = |b: usize| sp.numel[b] * self.plan.buffers[b].dtype.size();
+        let sum = |mut bufs: Vec<usize>| {
+            bufs.sort_unstable();
+            bufs.dedup();
+            bufs.into_iter().map(size).sum::<usize>()
+        };
+        Ok(self
+            .plan
+            .steps
+            .iter()
+            .map(|st| match &st.kind {
+                StepKind::Loop { args, .. } => sum(args.clone()),
+                StepKind::MatMul(m) => sum(vec![m.a.buf, m.b.buf, m.c.buf]),
+                StepKind::Attention(a) => {
+                    sum(vec![a.scores.a.buf, a.scores.b.buf, a.output.b.buf, a.output.c.buf])
+                }
+            })
+            .collect())
+    }
 }

@@ -265,7 +265,9 @@ impl CompiledModel {
             return Ok(p.clone());
         }
         let choose = |ss: &shape::MatMulShape, os: &shape::MatMulShape| self.attention_tasks(ss, os);
+        let start = std::time::Instant::now();
         let p = Arc::new(ShapePlan::build(&self.plan, &self.env, &b, self.canaries, &choose)?);
+        tracing::debug!("planned a shape in {:.3} ms", start.elapsed().as_secs_f64() * 1e3);
         self.shapes.write().unwrap_or_else(|e| e.into_inner()).insert(key, p.clone());
         Ok(p)
     }
