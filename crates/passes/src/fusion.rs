@@ -6,6 +6,9 @@
 //! 1. element-wise / injective: a producer joins its consumer's group, stopping
 //!    at reductions and contractions; a value a reduction reads ends the fusion
 //!    of its producer (it is where a dense epilogue ends and a stitch begins);
+//!    a pad takes no computation before it, and joins its readers' group when
+//!    they all ended in one (a convolution's taps: the padded image is never
+//!    written);
 //! 2. compute-intensive: a contraction (or pooling window) takes its layout-only
 //!    prologue (transpose, reshape, cast, broadcast, pad: folded into operand
 //!    packing) and its element-wise epilogue, when the epilogue works on the
@@ -287,6 +290,7 @@ impl<'g> Partition<'g> {
 pub fn fuse(g: &Graph) -> FusionPlan {
     let mut p = Partition::new(g);
     fuse_elementwise(&mut p);
+    fuse_pads(&mut p);
     fuse_contractions(&mut p);
     fuse_stitch(&mut p);
     fuse_attention(&mut p);
@@ -315,6 +319,11 @@ fn fuse_elementwise(p: &mut Partition) {
             if p.read_by_reduce(v) {
                 continue;
             }
+            // A pad grows the space: computation before it stays where it is (a
+            // contraction's epilogue) and the pad joins its readers (below).
+            if matches!(node.op, Op::Pad { .. }) && !is_prologue(&g.nodes[q].op) {
+                continue;
+            }
             // Only into the single consumer group, or over the same space (then the
             // other consumers read the written value; nothing is recomputed).
             let rn = p.find(n);
@@ -322,6 +331,27 @@ fn fuse_elementwise(p: &mut Partition) {
                 && p.consumers[v.index()].clone().into_iter().all(|c| p.find(c) == rn);
             if exclusive || p.same_numel(&p.numel(v), &p.numel(node.output)) {
                 p.merge(n, q, GroupKind::Elementwise);
+            }
+        }
+    }
+}
+
+/// 1b. A pad whose readers all ended in one element-wise group joins it (a
+/// convolution's taps read the image with the padding as an index map: the
+/// padded image is never written).
+fn fuse_pads(p: &mut Partition) {
+    let g = p.g;
+    for (q, node) in g.nodes.iter().enumerate() {
+        if !matches!(node.op, Op::Pad { .. }) || g.outputs.contains(&node.output) {
+            continue;
+        }
+        let readers: BTreeSet<usize> =
+            p.consumers[node.output.index()].clone().into_iter().map(|c| p.find(c)).collect();
+        let rq = p.find(q);
+        if let [r] = readers.into_iter().collect::<Vec<_>>()[..] {
+            if r != rq && p.kind[r] == GroupKind::Elementwise && p.kind[rq] == GroupKind::Elementwise {
+                let reader = p.members[r][0];
+                p.merge(reader, q, GroupKind::Elementwise);
             }
         }
     }
@@ -363,8 +393,15 @@ fn fuse_contractions(p: &mut Partition) {
         }
         let mut written = SymExpr::constant(0);
         for e in &groups {
-            for o in p.outputs(*e) {
-                written = written.try_add(&p.numel(o)).unwrap_or_else(|_| SymExpr::constant(-1));
+            let outs = p.outputs(*e);
+            for &o in &outs {
+                // A reshape of another output is a view of it (lowering writes it once).
+                let view = p.producer_node(o).is_some_and(|n| {
+                    g.nodes[n].op == Op::Reshape && outs.contains(&g.nodes[n].inputs[0])
+                });
+                if !view {
+                    written = written.try_add(&p.numel(o)).unwrap_or_else(|_| SymExpr::constant(-1));
+                }
             }
         }
         if p.same_numel(&written, &p.numel(out)) {
