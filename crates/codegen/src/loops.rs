@@ -35,6 +35,9 @@ use lower::{Combine, Exprs, LoopFn, LoopProgram, Node, E};
 use crate::{jit_module, llvm, target_attributes, vmath::VMath, CodegenError};
 
 type V = BasicValueEnum<'static>;
+
+/// Vectors a vectorized reduction takes per step, each into its own accumulator.
+const UNROLL: u64 = 4;
 type R<T> = Result<T, CodegenError>;
 
 /// Loop programs compiled together into one module: their entry points, and
@@ -1329,13 +1332,40 @@ impl Gen<'_> {
                 None => Ok(()),
             }
         };
+        // `UNROLL` vectors per step, each into an accumulator of its own (one
+        // chain would wait on the add's latency at every vector; BladeDISC §5.1),
+        // then single vectors, then the lanes.
         let saved = self.lane.replace(v);
         let vinit = self.splat(self.identity(c, dt)?)?;
-        let res = self.for_loop(zero, hi, self.w as u64, vec![vinit], &mut |g, iv, accs| {
-            g.vars.insert(v, iv);
-            let x = g.emit_as(body, true)?;
-            keep(g, iv, x)?;
-            Ok(vec![g.combine(c, accs[0], x, dt)?])
+        let w = self.w as u64;
+        let i64t = self.ctx.i64_type();
+        let res = self.for_loop(zero, hi, UNROLL * w, vec![vinit; UNROLL as usize], &mut |g, iv, accs| {
+            let mut out = Vec::with_capacity(accs.len());
+            for (u, acc) in accs.into_iter().enumerate() {
+                let at =
+                    g.bld.build_int_add(iv, i64t.const_int(u as u64 * w, false), "iv.u").map_err(llvm)?;
+                // A scope per copy: the values it computes depend on its own index.
+                g.scopes.push(HashMap::new());
+                g.vars.insert(v, at);
+                let x = g.emit_as(body, true);
+                g.scopes.pop();
+                let x = x?;
+                keep(g, at, x)?;
+                out.push(g.combine(c, acc, x, dt)?);
+            }
+            Ok(out)
+        });
+        let res = res.and_then(|(done, accs)| {
+            let mut acc = accs[0];
+            for a in &accs[1..] {
+                acc = self.combine(c, acc, *a, dt)?;
+            }
+            self.for_loop(done, hi, w, vec![acc], &mut |g, iv, accs| {
+                g.vars.insert(v, iv);
+                let x = g.emit_as(body, true)?;
+                keep(g, iv, x)?;
+                Ok(vec![g.combine(c, accs[0], x, dt)?])
+            })
         });
         self.lane = saved;
         let (done, vacc) = res?;

@@ -396,9 +396,9 @@ fn fuse_contractions(p: &mut Partition) {
             let outs = p.outputs(*e);
             for &o in &outs {
                 // A reshape of another output is a view of it (lowering writes it once).
-                let view = p.producer_node(o).is_some_and(|n| {
-                    g.nodes[n].op == Op::Reshape && outs.contains(&g.nodes[n].inputs[0])
-                });
+                let view = p
+                    .producer_node(o)
+                    .is_some_and(|n| g.nodes[n].op == Op::Reshape && outs.contains(&g.nodes[n].inputs[0]));
                 if !view {
                     written = written.try_add(&p.numel(o)).unwrap_or_else(|_| SymExpr::constant(-1));
                 }
