@@ -37,7 +37,12 @@ for i in model.graph.input:
     t = i.type.tensor_type
     shape = [d.dim_value if d.dim_value > 0 else int(dims[d.dim_param]) for d in t.shape.dim]
     if t.elem_type == onnx.TensorProto.INT64:
-        a = np.ones(shape, dtype=np.int64) if "mask" in i.name else (np.arange(np.prod(shape)).reshape(shape) * 7 % 90).astype(np.int64)
+        if "mask" in i.name:
+            a = np.ones(shape, dtype=np.int64)
+        elif "type" in i.name:
+            a = np.zeros(shape, dtype=np.int64)
+        else:
+            a = (np.arange(np.prod(shape)).reshape(shape) * 7 % 90).astype(np.int64)
     else:
         a = np.linspace(-1, 1, int(np.prod(shape)), dtype=np.float32).reshape(shape)
     feeds[i.name] = a

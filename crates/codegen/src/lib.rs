@@ -279,27 +279,39 @@ pub(crate) fn jit_module(
     build: impl FnOnce(&'static Context, &Module<'static>, &str, &str) -> Result<(), CodegenError>,
 ) -> Result<(CodeImage, OptimizedIr), CodegenError> {
     LlvmTarget::initialize_native(&InitializationConfig::default()).map_err(CodegenError::Llvm)?;
-    // One context per compiled module, kept for the life of the process: the
-    // builders' values are typed with the context's lifetime as `'static`.
-    let ctx: &'static Context = Box::leak(Box::new(Context::create()));
-    let module = ctx.create_module(name);
+    // One context per compiled module. The builders type their values with the
+    // context's lifetime as `'static`; the context is freed once the module
+    // and every value made from it are gone (the end of `compiled` below).
+    let owner = Box::new(Context::create());
+    // SAFETY: `owner` outlives every use of `ctx`: `ctx` goes only to `build` and
+    // to the module made in `compiled`, which drops that module before returning;
+    // `build` returns nothing that borrows the context (its result holds
+    // `CodegenError`s: owned strings), and the crate's builders keep none of its
+    // values past their return. `owner` is dropped after `compiled` returns.
+    let ctx: &'static Context = unsafe { &*(owner.as_ref() as *const Context) };
     let (cpu, features) = cpu_and_features(t);
-    build(ctx, &module, &cpu, &features)?;
-    module.verify().map_err(|e| CodegenError::Llvm(format!("invalid IR: {e}")))?;
-    let source = module.print_to_string().to_string();
-    let key = ObjectCache::key(&source, &cpu, &features);
-    let object = match cache.get(&key) {
-        Some(object) => object,
-        None => {
-            let tm = target_machine(&cpu, &features)?;
-            module.run_passes(objects::PIPELINE, &tm, PassBuilderOptions::create()).map_err(llvm)?;
-            let object =
-                tm.write_to_memory_buffer(&module, FileType::Object).map_err(llvm)?.as_slice().to_vec();
-            cache.put(&key, &object);
-            object
-        }
+    let compiled = || -> Result<(Vec<u8>, String), CodegenError> {
+        let module = ctx.create_module(name);
+        build(ctx, &module, &cpu, &features)?;
+        module.verify().map_err(|e| CodegenError::Llvm(format!("invalid IR: {e}")))?;
+        let source = module.print_to_string().to_string();
+        let key = ObjectCache::key(&source, &cpu, &features);
+        let object = match cache.get(&key) {
+            Some(object) => object,
+            None => {
+                let tm = target_machine(&cpu, &features)?;
+                module.run_passes(objects::PIPELINE, &tm, PassBuilderOptions::create()).map_err(llvm)?;
+                let object =
+                    tm.write_to_memory_buffer(&module, FileType::Object).map_err(llvm)?.as_slice().to_vec();
+                cache.put(&key, &object);
+                object
+            }
+        };
+        Ok((object, source))
     };
-    drop(module);
+    let compiled = compiled();
+    drop(owner);
+    let (object, source) = compiled?;
     let image = CodeImage::load(&object).map_err(|e| CodegenError::Llvm(format!("loading {name}: {e}")))?;
     if perfmap::wanted() {
         perfmap::append(&image)?;
