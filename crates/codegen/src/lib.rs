@@ -398,8 +398,6 @@ fn build_microkernel(
     let bld = ctx.create_builder();
     let entry = ctx.append_basic_block(f, "entry");
     let tile_head = ctx.append_basic_block(f, "tile.head");
-    let pf_cond = ctx.append_basic_block(f, "prefetch.cond");
-    let pf_body = ctx.append_basic_block(f, "prefetch.body");
     let kpre = ctx.append_basic_block(f, "k.pre");
     let header = ctx.append_basic_block(f, "k.header");
     let body = ctx.append_basic_block(f, "k.body");
@@ -449,29 +447,7 @@ fn build_microkernel(
     let pf_hi = bld.build_int_add(pf_lo, share, "pf.hi").map_err(llvm)?;
     let over = bld.build_int_compare(IntPredicate::UGT, pf_hi, lines, "pf.over").map_err(llvm)?;
     let pf_hi = bld.build_select(over, lines, pf_hi, "pf.end").map_err(llvm)?.into_int_value();
-    bld.build_unconditional_branch(pf_cond).map_err(llvm)?;
-    bld.position_at_end(pf_cond);
-    let l_phi = bld.build_phi(i64t, "l").map_err(llvm)?;
-    let l = l_phi.as_basic_value().into_int_value();
-    let more_pf = bld.build_int_compare(IntPredicate::ULT, l, pf_hi, "pf.more").map_err(llvm)?;
-    bld.build_conditional_branch(more_pf, pf_body, kpre).map_err(llvm)?;
-    bld.position_at_end(pf_body);
-    let off = bld.build_int_mul(l, c_i64(16), "pf.off").map_err(llvm)?;
-    // SAFETY (of the IR): a prefetch never faults; the address is only a hint.
-    let at = unsafe { bld.build_gep(f32t, next_b, &[off], "pf.at") }.map_err(llvm)?;
-    let pf = prefetch_intrinsic(ctx, module);
-    let i32t = ctx.i32_type();
-    // Read access, locality 2 (L2), data cache.
-    let args = [
-        at.into(),
-        i32t.const_zero().into(),
-        i32t.const_int(2, false).into(),
-        i32t.const_int(1, false).into(),
-    ];
-    bld.build_call(pf, &args, "").map_err(llvm)?;
-    let l_next = bld.build_int_add(l, c_i64(1), "l.next").map_err(llvm)?;
-    bld.build_unconditional_branch(pf_cond).map_err(llvm)?;
-    l_phi.add_incoming(&[(&pf_lo, tile_head), (&l_next, pf_body)]);
+    bld.build_unconditional_branch(kpre).map_err(llvm)?;
     bld.position_at_end(kpre);
     let (a0, c0, r0) = (a, c, res);
     let a = a_phi.as_basic_value().into_pointer_value();
@@ -525,6 +501,33 @@ fn build_microkernel(
         let load = bld.build_load(wt, p, "b").map_err(llvm)?;
         set_align(&load, 4);
         bvecs.push(load.into_vector_value());
+    }
+    // This tile's share of the next panel's lines, spread over its K loop at the
+    // rate the loop reads B (`NR` words a step: NR/16 lines): a burst of them at
+    // the tile's start would stall on the cache's miss buffers. A step past the
+    // share prefetches its own B row again (in L1: no traffic).
+    let per_k = (nr / 16).max(1);
+    let pf = prefetch_intrinsic(ctx, module);
+    let i32t = ctx.i32_type();
+    let first_line = bld
+        .build_int_add(pf_lo, bld.build_int_mul(k, c_i64(per_k), "pf.k").map_err(llvm)?, "pf.l")
+        .map_err(llvm)?;
+    let here = gep(b, kb, "pf.here")?;
+    for u in 0..per_k {
+        let l = bld.build_int_add(first_line, c_i64(u), "pf.lu").map_err(llvm)?;
+        let inside = bld.build_int_compare(IntPredicate::ULT, l, pf_hi, "pf.in").map_err(llvm)?;
+        let off = bld.build_int_mul(l, c_i64(16), "pf.off").map_err(llvm)?;
+        // SAFETY (of the IR): a prefetch never faults; the address is only a hint.
+        let at = unsafe { bld.build_gep(f32t, next_b, &[off], "pf.at") }.map_err(llvm)?;
+        let at = bld.build_select(inside, at, here, "pf.addr").map_err(llvm)?;
+        // Read access, locality 2 (L2), data cache.
+        let args = [
+            at.into(),
+            i32t.const_zero().into(),
+            i32t.const_int(2, false).into(),
+            i32t.const_int(1, false).into(),
+        ];
+        bld.build_call(pf, &args, "").map_err(llvm)?;
     }
     let ka = bld.build_int_mul(k, c_i64(mr), "ka").map_err(llvm)?;
     let zero_mask = ctx.i32_type().vec_type(w as u32).const_zero();
