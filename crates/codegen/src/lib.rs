@@ -82,6 +82,10 @@ impl<K: Copy> JitKernel<K> {
     }
 }
 
+/// The most lines of the next B panel a tile asks for in one burst at its start
+/// (more are spread over its K loop).
+const BURST_LINES: usize = 32;
+
 /// The register tiles that fit `t`'s register file: accumulators `MR·NR/W`, plus
 /// the `NR/W` B vectors and one broadcast (Vortex's L0 filter: ISA and register
 /// budget).
@@ -398,9 +402,13 @@ fn build_microkernel(
     let bld = ctx.create_builder();
     let entry = ctx.append_basic_block(f, "entry");
     let tile_head = ctx.append_basic_block(f, "tile.head");
+    let pf_cond = ctx.append_basic_block(f, "prefetch.cond");
+    let pf_body = ctx.append_basic_block(f, "prefetch.body");
     let kpre = ctx.append_basic_block(f, "k.pre");
     let header = ctx.append_basic_block(f, "k.header");
     let body = ctx.append_basic_block(f, "k.body");
+    let body_pf = ctx.append_basic_block(f, "k.prefetch");
+    let body_main = ctx.append_basic_block(f, "k.main");
     let done = ctx.append_basic_block(f, "k.done");
     let add_c = ctx.append_basic_block(f, "store.add");
     let set_c = ctx.append_basic_block(f, "store.set");
@@ -434,6 +442,12 @@ fn build_microkernel(
         .build_int_add(lines, bld.build_int_sub(tiles, c_i64(1), "t1").map_err(llvm)?, "share.up")
         .map_err(llvm)?;
     let share = bld.build_int_unsigned_div(share, tiles, "share").map_err(llvm)?;
+    // A small share (many tiles to a panel) is asked for in a burst at the tile's
+    // start; a large one (few tiles: a short M streaming a weight) is spread over
+    // the K loop at the rate the loop reads B, since a burst of hundreds of lines
+    // stalls on the cache's miss buffers.
+    let spread =
+        bld.build_int_compare(IntPredicate::UGT, share, c_i64(BURST_LINES), "pf.spread").map_err(llvm)?;
     bld.build_unconditional_branch(tile_head).map_err(llvm)?;
 
     // tile.head: the tile's A panel, C tile and residual tile as phis (MR rows each).
@@ -447,7 +461,32 @@ fn build_microkernel(
     let pf_hi = bld.build_int_add(pf_lo, share, "pf.hi").map_err(llvm)?;
     let over = bld.build_int_compare(IntPredicate::UGT, pf_hi, lines, "pf.over").map_err(llvm)?;
     let pf_hi = bld.build_select(over, lines, pf_hi, "pf.end").map_err(llvm)?.into_int_value();
-    bld.build_unconditional_branch(kpre).map_err(llvm)?;
+    let burst_hi = bld.build_select(spread, pf_lo, pf_hi, "pf.burst").map_err(llvm)?.into_int_value();
+    bld.build_unconditional_branch(pf_cond).map_err(llvm)?;
+    bld.position_at_end(pf_cond);
+    let l_phi = bld.build_phi(i64t, "l").map_err(llvm)?;
+    let l = l_phi.as_basic_value().into_int_value();
+    let more_pf = bld.build_int_compare(IntPredicate::ULT, l, burst_hi, "pf.more").map_err(llvm)?;
+    bld.build_conditional_branch(more_pf, pf_body, kpre).map_err(llvm)?;
+    bld.position_at_end(pf_body);
+    let off = bld.build_int_mul(l, c_i64(16), "pf.off").map_err(llvm)?;
+    // SAFETY (of the IR): a prefetch never faults; the address is only a hint.
+    let at = unsafe { bld.build_gep(f32t, next_b, &[off], "pf.at") }.map_err(llvm)?;
+    let pf = prefetch_intrinsic(ctx, module);
+    let i32t = ctx.i32_type();
+    // Read access, locality 2 (L2), data cache.
+    let pf_args = |at: BasicValueEnum<'static>| {
+        [
+            at.into(),
+            i32t.const_zero().into(),
+            i32t.const_int(2, false).into(),
+            i32t.const_int(1, false).into(),
+        ]
+    };
+    bld.build_call(pf, &pf_args(at.into()), "").map_err(llvm)?;
+    let l_next = bld.build_int_add(l, c_i64(1), "l.next").map_err(llvm)?;
+    bld.build_unconditional_branch(pf_cond).map_err(llvm)?;
+    l_phi.add_incoming(&[(&pf_lo, tile_head), (&l_next, pf_body)]);
     bld.position_at_end(kpre);
     let (a0, c0, r0) = (a, c, res);
     let a = a_phi.as_basic_value().into_pointer_value();
@@ -502,13 +541,11 @@ fn build_microkernel(
         set_align(&load, 4);
         bvecs.push(load.into_vector_value());
     }
-    // This tile's share of the next panel's lines, spread over its K loop at the
-    // rate the loop reads B (`NR` words a step: NR/16 lines): a burst of them at
-    // the tile's start would stall on the cache's miss buffers. A step past the
-    // share prefetches its own B row again (in L1: no traffic).
+    // A spread share: the lines of step `k` (NR/16 a step, as many as the step
+    // reads of B); a step past the share prefetches its own B row again (in L1).
+    bld.build_conditional_branch(spread, body_pf, body_main).map_err(llvm)?;
+    bld.position_at_end(body_pf);
     let per_k = (nr / 16).max(1);
-    let pf = prefetch_intrinsic(ctx, module);
-    let i32t = ctx.i32_type();
     let first_line = bld
         .build_int_add(pf_lo, bld.build_int_mul(k, c_i64(per_k), "pf.k").map_err(llvm)?, "pf.l")
         .map_err(llvm)?;
@@ -520,15 +557,10 @@ fn build_microkernel(
         // SAFETY (of the IR): a prefetch never faults; the address is only a hint.
         let at = unsafe { bld.build_gep(f32t, next_b, &[off], "pf.at") }.map_err(llvm)?;
         let at = bld.build_select(inside, at, here, "pf.addr").map_err(llvm)?;
-        // Read access, locality 2 (L2), data cache.
-        let args = [
-            at.into(),
-            i32t.const_zero().into(),
-            i32t.const_int(2, false).into(),
-            i32t.const_int(1, false).into(),
-        ];
-        bld.build_call(pf, &args, "").map_err(llvm)?;
+        bld.build_call(pf, &pf_args(at), "").map_err(llvm)?;
     }
+    bld.build_unconditional_branch(body_main).map_err(llvm)?;
+    bld.position_at_end(body_main);
     let ka = bld.build_int_mul(k, c_i64(mr), "ka").map_err(llvm)?;
     let zero_mask = ctx.i32_type().vec_type(w as u32).const_zero();
     let mut next = Vec::with_capacity(mr * nv);
@@ -558,10 +590,10 @@ fn build_microkernel(
     let k_next = bld.build_int_add(k, c_i64(1), "k.next").map_err(llvm)?;
     bld.build_unconditional_branch(header).map_err(llvm)?;
 
-    k_phi.add_incoming(&[(&c_i64(0), kpre), (&k_next, body)]);
+    k_phi.add_incoming(&[(&c_i64(0), kpre), (&k_next, body_main)]);
     let zero = vt.const_zero();
     for (phi, nx) in acc_phis.iter().zip(&next) {
-        phi.add_incoming(&[(&zero, kpre), (nx, body)]);
+        phi.add_incoming(&[(&zero, kpre), (nx, body_main)]);
     }
 
     // k.done: the tile's values (C added when accumulating), then the epilogue
