@@ -241,6 +241,14 @@ impl Model {
             (Some(dir), true) => codegen::ObjectCache::in_dir(dir),
             _ => codegen::ObjectCache::none(),
         };
+        // The tile measurements and the machine model, once and before the families
+        // compile side by side: on a first compile each would otherwise measure
+        // them at the same time, disturbing one another, and pick from its own
+        // noisy figures.
+        if !epilogues.is_empty() {
+            let (mut rec, _) = codegen::tuning::record(cache.as_deref(), &target, kernels::ElemType::F32)?;
+            codegen::tuning::machine_model(cache.as_deref(), &target, &pool, &mut rec);
+        }
         let progress: Option<codegen::ProgressFn> =
             opts.progress.as_deref().map(|p| p as codegen::ProgressFn);
         // The loop programs and the contraction families compile at the same time.
