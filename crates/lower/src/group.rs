@@ -42,6 +42,10 @@ pub(crate) struct Lowering<'g> {
     /// Group outputs that are a reshape of another stored value: never
     /// materialized; their readers read the value they reshape (a view).
     views: HashMap<ValueId, ValueId>,
+    /// Values stored only because other values are strided views of them (a
+    /// merged QKV product whose head splits are read as views): written by
+    /// their group like its outputs.
+    view_sources: std::collections::HashSet<ValueId>,
 }
 
 impl<'g> Lowering<'g> {
@@ -53,6 +57,7 @@ impl<'g> Lowering<'g> {
             programs: HashMap::new(),
             producers: g.producers(),
             views: HashMap::new(),
+            view_sources: Default::default(),
         }
     }
 
@@ -122,7 +127,24 @@ impl<'g> Lowering<'g> {
                     Some(u) if group.outputs.contains(&u) && !self.views.contains_key(&u) => {
                         self.views.insert(v, u);
                     }
-                    _ => {}
+                    _ => {
+                        if let Some(u) = self.strided_source(group, v) {
+                            self.views.insert(v, u);
+                            self.view_sources.insert(u);
+                        }
+                    }
+                }
+            }
+            let sources: Vec<ValueId> = group
+                .nodes
+                .iter()
+                .map(|n| g.nodes[*n].output)
+                .filter(|u| self.view_sources.contains(u))
+                .collect();
+            for u in sources {
+                if !self.buffer_of.contains_key(&u) {
+                    let b = self.temp(u)?;
+                    self.buffer_of.insert(u, b);
                 }
             }
             for &v in &group.outputs {
@@ -191,21 +213,20 @@ impl<'g> Lowering<'g> {
             self.flush(gi, group, &mut part, &mut avail, pending)?;
             let out = node.output;
             let c = match self.buffer_of.get(&out) {
-                Some(b) if group.outputs.contains(&out) => *b,
+                Some(b) if group.outputs.contains(&out) || self.view_sources.contains(&out) => *b,
                 _ => self.temp(out)?,
             };
             let mut step = self.matmul(node, c, &avail)?;
             avail.insert(out, c);
             // The group's one remaining output, when it is the engine's epilogue of
             // this (last) backbone, is written by the matmul itself.
-            let rest: Vec<ValueId> = group
-                .outputs
-                .iter()
+            let rest: Vec<ValueId> = self
+                .stored(group)
+                .into_iter()
                 .filter(|v| !avail.contains_key(v) && !self.views.contains_key(v))
-                .copied()
                 .collect();
             let last = !group.nodes.iter().any(|m| *m > n && is_backbone(g, &g.nodes[*m]));
-            if last && rest.len() == 1 && !group.outputs.contains(&out) {
+            if last && rest.len() == 1 && !group.outputs.contains(&out) && !self.view_sources.contains(&out) {
                 let v = rest[0];
                 // A batch of products (a convolution over images) shares its bias and
                 // activation; its residual is read per entry, at the output's offsets.
@@ -217,13 +238,65 @@ impl<'g> Lowering<'g> {
             }
             self.plan.steps.push(Step { group: gi, kind: StepKind::MatMul(step) });
         }
-        let pending: Vec<(ValueId, BufId)> = group
-            .outputs
-            .iter()
+        let pending: Vec<(ValueId, BufId)> = self
+            .stored(group)
+            .into_iter()
             .filter(|v| !avail.contains_key(v) && !self.views.contains_key(v))
-            .map(|v| (*v, self.buffer_of[v]))
+            .map(|v| (v, self.buffer_of[&v]))
             .collect();
         self.flush(gi, group, &mut part, &mut avail, pending)
+    }
+
+    /// What `group` writes: its outputs and the values its outputs are views of.
+    fn stored(&self, group: &FusionGroup) -> Vec<ValueId> {
+        let g = self.g;
+        let mut out = group.outputs.clone();
+        for n in &group.nodes {
+            let u = g.nodes[*n].output;
+            if self.view_sources.contains(&u) && !out.contains(&u) {
+                out.push(u);
+            }
+        }
+        out
+    }
+
+    /// The value of `group` that `v` (a group output) is a strided view of, when
+    /// every reader of `v` is a matmul (which takes any strided operand) and `v`
+    /// is slices, reshapes and transposes of it inside the group: a head split
+    /// of a merged QKV product is then never copied.
+    fn strided_source(&self, group: &FusionGroup, v: ValueId) -> Option<ValueId> {
+        let g = self.g;
+        if g.outputs.contains(&v) {
+            return None;
+        }
+        let readers = g.nodes.iter().filter(|n| n.inputs.contains(&v));
+        let mut any = false;
+        for r in readers {
+            any = true;
+            if !matches!(r.op, Op::MatMul { .. }) {
+                return None;
+            }
+        }
+        if !any {
+            return None;
+        }
+        let mut cur = v;
+        loop {
+            let p = self.producers[cur.index()]?;
+            if !group.nodes.contains(&p) {
+                return None;
+            }
+            match g.nodes[p].op {
+                Op::Reshape | Op::Transpose { .. } | Op::Slice { .. } => cur = g.nodes[p].inputs[0],
+                _ => break,
+            }
+        }
+        let p = self.producers[cur.index()]?;
+        if cur == v || !group.nodes.contains(&p) || matches!(g.nodes[p].op, Op::Constant(_)) {
+            return None;
+        }
+        // The chain must be one strided layout of `cur` (any buffer id will do here).
+        self.layout(v, &HashMap::from([(cur, 0)])).map(|_| cur)
     }
 
     /// Loop programs storing `pending`: one per class of equal element counts.
