@@ -123,6 +123,11 @@ impl CodeImage {
                 continue;
             }
             let name = s.name().unwrap_or("?");
+            // Unwind tables: nothing unwinds through generated code (it calls no
+            // Rust and never panics), so they are not loaded.
+            if name == ".eh_frame" {
+                continue;
+            }
             if sh_flags & u64::from(elf::SHF_WRITE) != 0 || sh_flags & u64::from(elf::SHF_TLS) != 0 {
                 return Err(ImageError::Format(format!("section {name} is writable or thread-local")));
             }
