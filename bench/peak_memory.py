@@ -24,43 +24,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 ANYSHAPE = os.path.join(ROOT, "target", "release", "anyshape")
 
+# A peer's process: model_peers.py's own session set-up and inputs (those
+# `anyshape bench` makes), one shape, --runs calls after the first. The file's
+# input list is read first, so that the parsed ONNX message is gone before the
+# session is built.
 PEER = r"""
-import sys, numpy as np, onnx
-path, system, threads, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-dims = dict(kv.split("=") for kv in sys.argv[5].split(","))
-model = onnx.load(path, load_external_data=False)
-init = {t.name for t in model.graph.initializer}
-feeds = {}
-for i in model.graph.input:
-    if i.name in init:
-        continue
-    t = i.type.tensor_type
-    shape = [d.dim_value if d.dim_value > 0 else int(dims[d.dim_param]) for d in t.shape.dim]
-    if t.elem_type == onnx.TensorProto.INT64:
-        if "mask" in i.name:
-            a = np.ones(shape, dtype=np.int64)
-        elif "type" in i.name:
-            a = np.zeros(shape, dtype=np.int64)
-        else:
-            a = (np.arange(np.prod(shape)).reshape(shape) * 7 % 90).astype(np.int64)
-    else:
-        a = np.linspace(-1, 1, int(np.prod(shape)), dtype=np.float32).reshape(shape)
-    feeds[i.name] = a
-del model
-if system == "onnxruntime":
-    import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    for _ in range(runs):
-        s.run(None, feeds)
-else:
-    import openvino as ov
-    core = ov.Core()
-    c = core.compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"})
-    r = c.create_infer_request()
-    for _ in range(runs):
-        r.infer(feeds)
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("model_peers", sys.argv[1])
+peers = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(peers)
+path, system, threads, runs, shape = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+run = {"onnxruntime": peers.bench_ort, "openvino": peers.bench_openvino}[system]
+peers.graph_inputs(path)  # the ONNX file parsed (and freed) before the session is built
+run(path, [peers.parse_shape(shape)], threads, runs)
 """
 
 
@@ -90,7 +66,8 @@ def main():
             cmd = [ANYSHAPE, "bench", a.model, "--shape", a.shape, "--threads", str(a.threads),
                    "--runs", str(a.runs)]
         else:
-            cmd = [sys.executable, "-c", PEER, a.model, system, str(a.threads), str(a.runs), a.shape]
+            peers = os.path.join(HERE, "model_peers.py")
+            cmd = [sys.executable, "-c", PEER, peers, a.model, system, str(a.threads), str(a.runs), a.shape]
         mb = peak_rss_mb(cmd)
         out["peak_rss_mb"][system] = mb
         print(f"{system:12} peak RSS {mb:8.1f} MB" if mb is not None else f"{system:12} failed")

@@ -85,6 +85,58 @@ pub const MIN_CHANNELS_LAST: i64 = 16;
 
 type Insert<'a> = dyn FnMut(&mut Graph, Op, Vec<ValueId>, &str, TensorType) -> ValueId + 'a;
 
+/// The `kh·kw` taps of `x`, whose spatial axes are `sp` and `sp + 1`: strided
+/// slices of `x` padded by the convolution's pads, with the output's extents
+/// `(oh, ow)` on those axes, each passed through `each` as it is made. A single
+/// tap with stride 1 and no padding is `x` itself.
+#[allow(clippy::too_many_arguments)]
+fn taps(
+    g: &mut Graph,
+    insert: &mut Insert,
+    x: ValueId,
+    c: &ir::ConvAttrs,
+    (kh, kw): (i64, i64),
+    sp: usize,
+    (oh, ow): (&SymExpr, &SymExpr),
+    each: &mut dyn FnMut(&mut Graph, &mut Insert, ValueId, i64, i64) -> ValueId,
+) -> Result<Vec<ValueId>, String> {
+    let konst = SymExpr::constant;
+    let xt = g.ty(x).clone();
+    let padded = c.pads_begin.iter().chain(&c.pads_end).any(|p| *p != 0);
+    let xp = if padded {
+        let mut pads = vec![(konst(0), konst(0)); xt.rank()];
+        let mut shape = xt.shape.clone();
+        for d in 0..2 {
+            pads[sp + d] = (konst(c.pads_begin[d]), konst(c.pads_end[d]));
+            shape[sp + d] = xt.shape[sp + d]
+                .try_add(&konst(c.pads_begin[d] + c.pads_end[d]))
+                .map_err(|e| e.to_string())?;
+        }
+        let t = TensorType::new(xt.dtype, shape);
+        insert(g, Op::Pad { pads, mode: ir::PadMode::Constant(0.0) }, vec![x], "padded", t)
+    } else {
+        x
+    };
+    let whole = kh * kw == 1 && !padded && c.strides.iter().all(|s| *s == 1);
+    let mut shape = xt.shape.clone();
+    shape[sp] = oh.clone();
+    shape[sp + 1] = ow.clone();
+    let mut out = Vec::with_capacity((kh * kw) as usize);
+    for i in 0..kh {
+        for j in 0..kw {
+            let axes = vec![
+                SliceAxis { axis: sp, start: konst(i * c.dilations[0]), step: c.strides[0] },
+                SliceAxis { axis: sp + 1, start: konst(j * c.dilations[1]), step: c.strides[1] },
+            ];
+            let t = TensorType::new(xt.dtype, shape.clone());
+            let tap =
+                if whole { xp } else { insert(g, Op::Slice { axes }, vec![xp], &format!("tap{i}_{j}"), t) };
+            out.push(each(g, insert, tap, i, j));
+        }
+    }
+    Ok(out)
+}
+
 /// The product `[n, oh·ow, K]` of a convolution whose taps are written
 /// channels-first, `col[n, c·kh·kw + i·kw + j, oh·ow]`, read transposed by the
 /// matmul against the weight as `[K, C·kh·kw]` (also read transposed).
@@ -104,36 +156,13 @@ fn channels_first_taps(
     let konst = SymExpr::constant;
     let ohw = oh.try_mul(&ow).map_err(|e| e.to_string())?;
     let ckk = ch * kh * kw;
-    let padded = c.pads_begin.iter().chain(&c.pads_end).any(|p| *p != 0);
-    let xp = if padded {
-        let pads = vec![
-            (konst(0), konst(0)),
-            (konst(0), konst(0)),
-            (konst(c.pads_begin[0]), konst(c.pads_end[0])),
-            (konst(c.pads_begin[1]), konst(c.pads_end[1])),
-        ];
-        let h = xs[2].try_add(&konst(c.pads_begin[0] + c.pads_end[0])).map_err(|e| e.to_string())?;
-        let wd = xs[3].try_add(&konst(c.pads_begin[1] + c.pads_end[1])).map_err(|e| e.to_string())?;
-        let t = ty(vec![n.clone(), konst(ch), h, wd]);
-        insert(g, Op::Pad { pads, mode: ir::PadMode::Constant(0.0) }, vec![x], "padded", t)
-    } else {
-        x
+    // [n, c, 1, oh, ow] each: the taps concatenate along a new axis, so that the
+    // loop writing them runs over (oh, ow) with no division per element.
+    let flat = ty(vec![n.clone(), konst(ch), konst(1), oh.clone(), ow.clone()]);
+    let mut reshape = |g: &mut Graph, insert: &mut Insert, tap: ValueId, i: i64, j: i64| {
+        insert(g, Op::Reshape, vec![tap], &format!("tap{i}_{j}.flat"), flat.clone())
     };
-    let mut taps = Vec::with_capacity((kh * kw) as usize);
-    for i in 0..kh {
-        for j in 0..kw {
-            let axes = vec![
-                SliceAxis { axis: 2, start: konst(i * c.dilations[0]), step: c.strides[0] },
-                SliceAxis { axis: 3, start: konst(j * c.dilations[1]), step: c.strides[1] },
-            ];
-            let t = ty(vec![n.clone(), konst(ch), oh.clone(), ow.clone()]);
-            let s = insert(g, Op::Slice { axes }, vec![xp], &format!("tap{i}_{j}"), t);
-            // [n, c, 1, oh, ow]: the taps concatenate along a new axis, so that
-            // the loop writing them runs over (oh, ow) with no division per element.
-            let t = ty(vec![n.clone(), konst(ch), konst(1), oh.clone(), ow.clone()]);
-            taps.push(insert(g, Op::Reshape, vec![s], &format!("tap{i}_{j}.flat"), t));
-        }
-    }
+    let taps = taps(g, insert, x, c, (kh, kw), 2, (&oh, &ow), &mut reshape)?;
     let t = ty(vec![n.clone(), konst(ch), konst(kh * kw), oh.clone(), ow.clone()]);
     let cat = insert(g, Op::Concat { axis: 2 }, taps, "taps", t);
     let col = insert(g, Op::Reshape, vec![cat], "col", ty(vec![n.clone(), konst(ckk), ohw.clone()]));
@@ -179,38 +208,7 @@ fn rewrite(g: &mut Graph, at: usize, min_channels_last: i64) -> Result<(), Strin
         "nhwc",
         ty(vec![n.clone(), h.clone(), wd.clone(), konst(ch)]),
     );
-    let padded = c.pads_begin.iter().chain(&c.pads_end).any(|p| *p != 0);
-    let xp = if padded {
-        let pads = vec![
-            (konst(0), konst(0)),
-            (konst(c.pads_begin[0]), konst(c.pads_end[0])),
-            (konst(c.pads_begin[1]), konst(c.pads_end[1])),
-            (konst(0), konst(0)),
-        ];
-        let hp = h.try_add(&konst(c.pads_begin[0] + c.pads_end[0])).map_err(|e| e.to_string())?;
-        let wp = wd.try_add(&konst(c.pads_begin[1] + c.pads_end[1])).map_err(|e| e.to_string())?;
-        let t = ty(vec![n.clone(), hp, wp, konst(ch)]);
-        insert(g, Op::Pad { pads, mode: ir::PadMode::Constant(0.0) }, vec![xt], "padded", t)
-    } else {
-        xt
-    };
-    let tap_ty = || ty(vec![n.clone(), oh.clone(), ow.clone(), konst(ch)]);
-    let mut taps = Vec::with_capacity(kk as usize);
-    for i in 0..kh {
-        for j in 0..kw {
-            let axes = vec![
-                SliceAxis { axis: 1, start: konst(i * c.dilations[0]), step: c.strides[0] },
-                SliceAxis { axis: 2, start: konst(j * c.dilations[1]), step: c.strides[1] },
-            ];
-            // A tap that is the whole image (1x1, stride 1, no padding) is `xp` itself.
-            let whole = kk == 1 && !padded && c.strides.iter().all(|s| *s == 1);
-            taps.push(if whole {
-                xp
-            } else {
-                insert(g, Op::Slice { axes }, vec![xp], &format!("tap{i}_{j}"), tap_ty())
-            });
-        }
-    }
+    let taps = taps(g, &mut insert, xt, c, (kh, kw), 1, (&oh, &ow), &mut |_, _, tap, _, _| tap)?;
     let col = if taps.len() == 1 {
         insert(g, Op::Reshape, vec![taps[0]], "col", ty(vec![konst(1), rows.clone(), konst(ch)]))
     } else {
