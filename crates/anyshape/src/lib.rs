@@ -17,6 +17,7 @@
 pub mod npy;
 
 use std::path::Path;
+use std::sync::Arc;
 
 pub use ir::{DType, Elems, Graph, Tensor, TensorType};
 pub use lower::{print_plan, ModelPlan, StepKind};
@@ -143,6 +144,7 @@ impl Model {
         } else {
             passes::Report::default()
         };
+        release_folded(&imported, &graph);
         Ok(Model { imported, graph, report })
     }
 
@@ -317,6 +319,29 @@ impl Model {
         let compiled = CompiledModel::new(parts)?;
         tracing::info!("compiled in {:.0} ms", start.elapsed().as_secs_f64() * 1e3);
         Ok(compiled)
+    }
+}
+
+/// Give back the file-mapped pages of the imported constants that the rewrites
+/// replaced (weights that GEMM merging concatenated, values constant folding
+/// read): what runs is the rewritten graph, and the pages read back from the
+/// file if the imported graph is ever run (see [`ir::MappedFile`]).
+fn release_folded(imported: &Graph, rewritten: &Graph) {
+    let constants = |g: &Graph| -> Vec<Arc<ir::ConstData>> {
+        g.nodes
+            .iter()
+            .filter_map(|n| match &n.op {
+                ir::Op::Constant(c) if c.is_mapped() => Some(c.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let kept: std::collections::HashSet<(usize, usize)> =
+        constants(rewritten).iter().map(|c| (c.bytes().as_ptr() as usize, c.bytes().len())).collect();
+    for c in constants(imported) {
+        if !kept.contains(&(c.bytes().as_ptr() as usize, c.bytes().len())) {
+            c.release_pages();
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! Element types, tensor types, and tensor data (host tensors and weights).
 
 use std::fmt;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use sym::SymExpr;
@@ -253,14 +254,34 @@ pub fn f16_to_f32(h: u16) -> f32 {
     f32::from_bits(bits)
 }
 
+/// A read-only file mapping that constants are windows into (the model file,
+/// an external-data file). Once a compiler has copied a constant into a form
+/// of its own (a packed weight), it can give the pages back: the mapping is
+/// read-only, so the OS reads them from the file again if they are touched,
+/// and releasing never changes a value. Without it, a model's weights would
+/// stay resident twice (the file's pages and the packed copy).
+pub trait MappedFile: Send + Sync {
+    /// Let the OS drop the resident pages that hold `bytes`, a window into this
+    /// mapping (a window outside it is ignored).
+    fn release(&self, bytes: &[u8]);
+}
+
 /// Constant data in the IR: little-endian bytes that may be a window into a
 /// memory-mapped model or external-data file (weights are never copied on load).
-#[derive(Clone, PartialEq)]
+#[derive(Clone)]
 pub struct ConstData {
     pub dtype: DType,
     pub shape: Vec<usize>,
     /// Exactly `numel * dtype.size()` bytes, little-endian; bools are one byte each.
     bytes: Bytes,
+    /// The file mapping `bytes` is a window into, if any.
+    file: Option<Arc<dyn MappedFile>>,
+}
+
+impl PartialEq for ConstData {
+    fn eq(&self, o: &ConstData) -> bool {
+        self.dtype == o.dtype && self.shape == o.shape && self.bytes == o.bytes
+    }
 }
 
 impl ConstData {
@@ -274,7 +295,34 @@ impl ConstData {
                 bytes.len()
             )));
         }
-        Ok(ConstData { dtype, shape, bytes })
+        Ok(ConstData { dtype, shape, bytes, file: None })
+    }
+
+    /// [`ConstData::from_bytes`] for a window into a read-only file mapping,
+    /// whose pages [`ConstData::release_pages`] can give back.
+    pub fn from_mapped(
+        dtype: DType,
+        shape: Vec<usize>,
+        bytes: Bytes,
+        file: Arc<dyn MappedFile>,
+    ) -> Result<ConstData, IrError> {
+        let mut c = ConstData::from_bytes(dtype, shape, bytes)?;
+        c.file = Some(file);
+        Ok(c)
+    }
+
+    /// Whether the bytes are a window into a file mapping.
+    pub fn is_mapped(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Give the resident pages of a file-mapped constant back to the OS (see
+    /// [`MappedFile`]); the value is unchanged and reads back from the file if
+    /// used again. Nothing happens for a constant in memory of its own.
+    pub fn release_pages(&self) {
+        if let Some(f) = &self.file {
+            f.release(&self.bytes);
+        }
     }
 
     /// Encode a host tensor.
@@ -290,7 +338,7 @@ impl ConstData {
             Elems::I64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
             Elems::Bool(v) => v.iter().for_each(|x| out.push(*x as u8)),
         }
-        ConstData { dtype: t.dtype(), shape: t.shape().to_vec(), bytes: Bytes::from(out) }
+        ConstData { dtype: t.dtype(), shape: t.shape().to_vec(), bytes: Bytes::from(out), file: None }
     }
 
     pub fn bytes(&self) -> &Bytes {

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use import::{import_model, symbol_name, ImportOptions, DIM_MAX, OPSETS};
-pub use load::{decode_model, dtype_of, read_model, tensor_data, ExternalData};
+pub use load::{decode_model, dtype_of, read_model, read_model_mapped, tensor_data, ExternalData, FileMap};
 
 /// Errors from loading and importing a model. Each names what is wrong and where.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -39,10 +39,10 @@ pub enum OnnxError {
 
 /// Load and import a model file (external-data files are resolved next to it).
 pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<ir::Graph, OnnxError> {
-    let model = read_model(path)?;
+    let (model, map) = read_model_mapped(path)?;
     let dir =
         path.parent().map(|p| if p.as_os_str().is_empty() { PathBuf::from(".") } else { p.to_path_buf() });
-    import_model(&model, dir, opts)
+    import::import_model_with(&model, ExternalData::new(dir).with_model_file(map), opts)
 }
 
 /// Import a model held in memory (no external data).

@@ -14,27 +14,71 @@ use prost::Message;
 use crate::proto::{data_type as dt, ModelProto, TensorProto};
 use crate::OnnxError;
 
-/// Memory-map `path` into a `Bytes` that keeps the mapping alive.
-fn map_file(path: &Path) -> Result<Bytes, OnnxError> {
+/// A model or external-data file mapped read-only.
+pub struct FileMap(memmap2::Mmap);
+
+/// The owner of a `Bytes` over a whole [`FileMap`] (keeps the mapping alive).
+struct WholeFile(Arc<FileMap>);
+
+impl AsRef<[u8]> for WholeFile {
+    fn as_ref(&self) -> &[u8] {
+        &self.0 .0
+    }
+}
+
+impl FileMap {
+    /// Whether `bytes` lies inside this mapping.
+    fn holds(&self, bytes: &[u8]) -> bool {
+        let (base, p) = (self.0.as_ptr() as usize, bytes.as_ptr() as usize);
+        !bytes.is_empty() && p >= base && p + bytes.len() <= base + self.0.len()
+    }
+}
+
+impl ir::MappedFile for FileMap {
+    fn release(&self, bytes: &[u8]) {
+        if !self.holds(bytes) {
+            return;
+        }
+        let offset = bytes.as_ptr() as usize - self.0.as_ptr() as usize;
+        // SAFETY: the mapping is read-only (`Mmap`, never `MmapMut`) and private, so
+        // no page holds a write that dropping it would lose: after MADV_DONTNEED a
+        // touched page is read from the file again, with the same bytes (a file
+        // changed under a live mapping is outside the contract, see `map_file`).
+        // memmap2 rounds the start down to a page; the neighbours that share the
+        // first and last page read back the same way. A failure only means the
+        // pages stay resident.
+        let _ =
+            unsafe { self.0.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, bytes.len()) };
+    }
+}
+
+/// Memory-map `path`: the whole file as `Bytes` (which keep the mapping alive)
+/// and the mapping, whose pages constants may give back once copied.
+fn map_file(path: &Path) -> Result<(Bytes, Option<Arc<FileMap>>), OnnxError> {
     let io = |e: std::io::Error| OnnxError::Io { path: path.to_path_buf(), source: Arc::new(e) };
     let file = File::open(path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
     if len == 0 {
-        return Ok(Bytes::new());
+        return Ok((Bytes::new(), None));
     }
     // SAFETY: the map is read-only and owned by the returned `Bytes`, so it lives as
     // long as any window into it. Another process truncating the file while it is
     // mapped would fault; that is the documented contract of memory-mapped model
     // loading (ONNX Runtime and others map the same way), not something Rust code
     // here can cause.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-    Ok(Bytes::from_owner(map))
+    let map = Arc::new(FileMap(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?));
+    Ok((Bytes::from_owner(WholeFile(map.clone())), Some(map)))
 }
 
 /// Decode a model file. Weights stay in the mapped file.
 pub fn read_model(path: &Path) -> Result<ModelProto, OnnxError> {
-    let bytes = map_file(path)?;
-    decode_model(bytes)
+    Ok(read_model_mapped(path)?.0)
+}
+
+/// [`read_model`], with the file's mapping (for [`ExternalData::with_model_file`]).
+pub fn read_model_mapped(path: &Path) -> Result<(ModelProto, Option<Arc<FileMap>>), OnnxError> {
+    let (bytes, map) = map_file(path)?;
+    Ok((decode_model(bytes)?, map))
 }
 
 /// Decode model bytes (from a file map or memory).
@@ -55,12 +99,27 @@ pub fn decode_model(bytes: Bytes) -> Result<ModelProto, OnnxError> {
 #[derive(Default)]
 pub struct ExternalData {
     dir: Option<PathBuf>,
-    maps: HashMap<PathBuf, Bytes>,
+    maps: HashMap<PathBuf, (Bytes, Option<Arc<FileMap>>)>,
+    /// The mapping of the model file itself (raw tensor data is a window into it).
+    model_file: Option<Arc<FileMap>>,
 }
 
 impl ExternalData {
     pub fn new(model_dir: Option<PathBuf>) -> ExternalData {
-        ExternalData { dir: model_dir, maps: HashMap::new() }
+        ExternalData { dir: model_dir, maps: HashMap::new(), model_file: None }
+    }
+
+    /// Tensors whose raw data lies in `map` (the model file's) are marked as
+    /// file-mapped, so that their pages can be given back once copied.
+    pub fn with_model_file(mut self, map: Option<Arc<FileMap>>) -> ExternalData {
+        self.model_file = map;
+        self
+    }
+
+    /// The mapping that holds `bytes`, if one does.
+    fn mapping_of(&self, bytes: &[u8]) -> Option<Arc<dyn ir::MappedFile>> {
+        let m = self.model_file.iter().chain(self.maps.values().filter_map(|(_, m)| m.as_ref()));
+        m.into_iter().find(|m| m.holds(bytes)).map(|m| m.clone() as Arc<dyn ir::MappedFile>)
     }
 
     fn window(&mut self, t: &TensorProto, name: &str) -> Result<Bytes, OnnxError> {
@@ -96,7 +155,7 @@ impl ExternalData {
             let m = map_file(&path)?;
             self.maps.insert(path.clone(), m);
         }
-        let file = &self.maps[&path];
+        let file = &self.maps[&path].0;
         let end = match length {
             Some(l) => offset.checked_add(l),
             None => Some(file.len() as u64),
@@ -170,12 +229,17 @@ pub fn tensor_data(t: &TensorProto, ext: &mut ExternalData) -> Result<ConstData,
     }
     let n = ir::checked_numel(&shape).map_err(|e| OnnxError::Malformed(format!("tensor '{name}': {e}")))?;
     let data_err = |e: ir::IrError| OnnxError::Malformed(format!("tensor '{name}': {e}"));
-    if t.data_location == Some(1) {
-        let bytes = ext.window(t, &name)?;
-        return ConstData::from_bytes(dtype, shape, bytes).map_err(data_err);
-    }
-    if let Some(raw) = &t.raw_data {
-        return ConstData::from_bytes(dtype, shape, raw.clone()).map_err(data_err);
+    let window = match (t.data_location, &t.raw_data) {
+        (Some(1), _) => Some(ext.window(t, &name)?),
+        (_, Some(raw)) => Some(raw.clone()),
+        _ => None,
+    };
+    if let Some(bytes) = window {
+        return match ext.mapping_of(&bytes) {
+            Some(file) => ConstData::from_mapped(dtype, shape, bytes, file),
+            None => ConstData::from_bytes(dtype, shape, bytes),
+        }
+        .map_err(data_err);
     }
     // Typed repeated fields (small tensors, constants written by hand).
     let mut out: Vec<u8> = Vec::new();

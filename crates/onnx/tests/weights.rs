@@ -128,3 +128,67 @@ fn raw_data_of_wrong_length_is_an_error() {
     let e = import_file(&path, &ImportOptions::new()).expect_err("must fail").to_string();
     assert!(e.contains("tensor 'w'") && e.contains("1024 bytes"), "{e}");
 }
+
+/// Resident KiB of this process's mappings of `path` (Linux's smaps).
+fn resident_kib(path: &Path) -> usize {
+    let canon = std::fs::canonicalize(path).expect("canonical path");
+    let smaps = std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps");
+    let mut ours = false;
+    let mut kib = 0;
+    for l in smaps.lines() {
+        if l.split_whitespace().next().is_some_and(|f| f.contains('-') && !f.ends_with(':')) {
+            ours = l.ends_with(canon.to_str().unwrap_or("?"));
+        } else if let (true, Some(v)) = (ours, l.strip_prefix("Rss:")) {
+            kib += v.trim().trim_end_matches("kB").trim().parse::<usize>().unwrap_or(0);
+        }
+    }
+    kib
+}
+
+fn constant<'g>(g: &'g ir::Graph, name: &str) -> &'g ir::ConstData {
+    let v = g.find(name).unwrap_or_else(|| panic!("no value {name}"));
+    match &g.nodes.iter().find(|n| n.output == v).expect("producer").op {
+        Op::Constant(c) => c,
+        other => panic!("{name} is {other:?}"),
+    }
+}
+
+/// A file-mapped weight gives its pages back (the packed copy is what runs),
+/// and still reads the same afterwards: the pages come back from the file.
+#[test]
+fn mapped_weights_give_their_pages_back_and_read_the_same() {
+    let dir = tmp_dir("release");
+    let path = dir.join("model.onnx");
+    let vals: Vec<f32> = (0..(1 << 20)).map(|i| (i % 1000) as f32 * 0.25).collect();
+    let m = model(
+        vec![node("Add", &["x", "w"], &["y"], vec![])],
+        vec![value_info("x", data_type::FLOAT, &[Dim::P("n"), Dim::V(1 << 20)])],
+        &["y"],
+        vec![f32_tensor("w", &[1 << 20], &vals)],
+        17,
+    );
+    std::fs::write(&path, encode(&m)).expect("write");
+    let g = import_file(&path, &ImportOptions::new()).expect("import");
+    let w = constant(&g, "w");
+    assert!(w.is_mapped(), "raw data in the model file is a window into its mapping");
+    let sum = |c: &ir::ConstData| c.bytes().iter().map(|b| *b as u64).sum::<u64>();
+    let before = sum(w);
+    let touched = resident_kib(&path);
+    assert!(touched >= 4000, "reading the 4 MiB weight made only {touched} KiB resident");
+    w.release_pages();
+    let released = resident_kib(&path);
+    assert!(released <= 64, "{released} KiB of the model file still resident after release (was {touched})");
+    assert_eq!(sum(w), before, "the weight reads differently after its pages were given back");
+    let y = reference::run(
+        &g,
+        &[("x", Tensor::new(vec![1, 1 << 20], Elems::F32(vec![1.0; 1 << 20])).expect("x"))],
+    )
+    .expect("run");
+    let Elems::F32(y) = y[0].1.elems() else { panic!("dtype") };
+    assert!(y.iter().zip(&vals).all(|(a, b)| *a == b + 1.0), "wrong values after release");
+    // A constant with memory of its own is not mapped; releasing it does nothing.
+    let own = ir::ConstData::from_tensor(&Tensor::new(vec![2], Elems::F32(vec![1.0, 2.0])).expect("t"));
+    assert!(!own.is_mapped());
+    own.release_pages();
+    assert_eq!(own.to_tensor().to_f64_vec(), vec![1.0, 2.0]);
+}

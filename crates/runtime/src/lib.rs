@@ -125,6 +125,64 @@ const PARALLEL_MIN: usize = 1 << 15;
 /// Row counts a weight is packed for (a geometric sweep of M).
 const PACK_ROWS: [usize; 5] = [1, 8, 64, 512, 4096];
 
+/// A copy of `bytes` aligned to `align` bytes, when they are not.
+fn aligned_copy(bytes: &[u8], align: usize) -> Option<Vec<u64>> {
+    if (bytes.as_ptr() as usize).is_multiple_of(align.max(1)) {
+        return None;
+    }
+    let mut v = vec![0u64; bytes.len().div_ceil(8)];
+    // SAFETY: `v` holds at least `bytes.len()` bytes, and the two allocations are distinct.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr() as *mut u8, bytes.len()) };
+    Some(v)
+}
+
+/// How the plan reads a buffer.
+#[derive(Clone, Copy, Default)]
+struct Reads {
+    /// As the pre-packed B operand of a matmul.
+    packed: bool,
+    /// Through the contraction engine otherwise (operands, bias, residual):
+    /// these reads need the element type's alignment.
+    engine: bool,
+    /// By loop programs (unaligned loads) or as a model output.
+    other: bool,
+}
+
+impl Reads {
+    /// A constant read only as a packed weight: once packed, nothing reads its bytes.
+    fn packed_only(&self) -> bool {
+        self.packed && !self.engine && !self.other
+    }
+}
+
+fn reads(plan: &ModelPlan) -> Vec<Reads> {
+    let mut r = vec![Reads::default(); plan.buffers.len()];
+    let matmul = |mm: &lower::MatMulStep, r: &mut Vec<Reads>| {
+        if mm.weight {
+            r[mm.b.buf].packed = true;
+        } else {
+            r[mm.b.buf].engine = true;
+        }
+        let e = &mm.epilogue;
+        for b in [Some(mm.a.buf), Some(mm.c.buf), e.bias, e.residual].into_iter().flatten() {
+            r[b].engine = true;
+        }
+    };
+    for st in &plan.steps {
+        match &st.kind {
+            StepKind::Loop { args, .. } => args.iter().for_each(|b| r[*b].other = true),
+            StepKind::MatMul(mm) => matmul(mm, &mut r),
+            StepKind::Attention(at) => {
+                matmul(&at.scores, &mut r);
+                matmul(&at.output, &mut r);
+                at.args.iter().for_each(|b| r[*b].other = true);
+            }
+        }
+    }
+    plan.outputs.iter().for_each(|b| r[*b].other = true);
+    r
+}
+
 impl CompiledModel {
     /// Assemble a compiled model; packs every weight for the contraction engine.
     pub fn new(parts: ModelParts) -> Result<CompiledModel, RunError> {
@@ -137,25 +195,16 @@ impl CompiledModel {
                 loops.len()
             )));
         }
+        // Only what the contraction engine reads needs aligned copies (loop programs
+        // load unaligned); weights are packed below straight from their bytes,
+        // through a temporary aligned copy if need be.
+        let reads = reads(&plan);
         let aligned = plan
             .buffers
             .iter()
-            .map(|b| match &b.kind {
-                BufferKind::Constant(c)
-                    if !(c.bytes().as_ptr() as usize).is_multiple_of(b.dtype.size().max(1)) =>
-                {
-                    let mut v = vec![0u64; c.bytes().len().div_ceil(8)];
-                    // SAFETY: `v` holds at least as many bytes as the constant, and
-                    // the two allocations are distinct.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            c.bytes().as_ptr(),
-                            v.as_mut_ptr() as *mut u8,
-                            c.bytes().len(),
-                        )
-                    };
-                    Some(v)
-                }
+            .zip(&reads)
+            .map(|(b, r)| match &b.kind {
+                BufferKind::Constant(c) if r.engine => aligned_copy(c.bytes(), b.dtype.size()),
                 _ => None,
             })
             .collect();
@@ -176,7 +225,7 @@ impl CompiledModel {
             arenas: Mutex::new(Vec::new()),
             _code: code,
         };
-        m.packed = m.pack_weights()?;
+        m.packed = m.pack_weights(&reads)?;
         m.out_dims = m.output_dims()?;
         Ok(m)
     }
@@ -189,7 +238,10 @@ impl CompiledModel {
         }
     }
 
-    fn pack_weights(&self) -> Result<Vec<Option<PackedB>>, RunError> {
+    /// Pack every weight for the contraction engine. A weight nothing else reads
+    /// then gives its file-mapped pages back (see [`ir::MappedFile`]): the packed
+    /// copy is what runs, and the model's weights are not resident twice.
+    fn pack_weights(&self, reads: &[Reads]) -> Result<Vec<Option<PackedB>>, RunError> {
         let mut out = Vec::with_capacity(self.plan.steps.len());
         let fixed = |s: u32| -> Result<usize, RunError> {
             self.plan.dims.exprs()[s as usize]
@@ -208,18 +260,33 @@ impl CompiledModel {
             }
             let d = self.dispatcher(mm)?;
             let buf = &self.plan.buffers[mm.b.buf];
-            let ptr = self
-                .constant_ptr(mm.b.buf)
-                .ok_or_else(|| RunError::Internal("weight is not constant".into()))?;
+            let BufferKind::Constant(c) = &buf.kind else {
+                return Err(RunError::Internal("weight is not constant".into()));
+            };
+            let copy = match &self.aligned[mm.b.buf] {
+                Some(_) => None,
+                None => aligned_copy(c.bytes(), 4),
+            };
+            let ptr = match (&copy, self.constant_ptr(mm.b.buf)) {
+                (Some(v), _) => v.as_ptr() as *const u8,
+                (None, Some(p)) => p,
+                (None, None) => return Err(RunError::Internal("weight is not constant".into())),
+            };
             let len = buf.shape.iter().map(|e| e.as_const().unwrap_or(0) as usize).product::<usize>();
-            // SAFETY: the constant holds `len` f32 values (its type), aligned (checked
-            // above, else copied), and lives as long as the model.
+            if len * 4 > c.bytes().len() {
+                return Err(RunError::Internal(format!("weight {} is shorter than its shape", buf.name)));
+            }
+            // SAFETY: the constant (or its aligned copy) holds `len` f32 values (its
+            // type, checked above), aligned, and outlives the packing below.
             let data = unsafe { std::slice::from_raw_parts(ptr as *const f32, len) };
             let (k, n) = (fixed(mm.k)?, fixed(mm.n)?);
             let off = fixed(mm.b.offset)?;
             let view = MatRef::new(&data[off.min(len)..], k, n, fixed(mm.b.rs)?, fixed(mm.b.cs)?)
                 .map_err(|e| RunError::Internal(e.to_string()))?;
             out.push(Some(d.pack_weight(view, &PACK_ROWS).map_err(|e| RunError::Internal(e.to_string()))?));
+            if reads[mm.b.buf].packed_only() {
+                c.release_pages();
+            }
         }
         Ok(out)
     }

@@ -98,10 +98,19 @@ pub(crate) struct Importer {
 /// Integer tensors up to this many elements carry symbolic values.
 const KNOWN_MAX: usize = 64;
 
-/// Import a decoded model.
+/// Import a decoded model (external data is resolved in `model_dir`).
 pub fn import_model(
     model: &ModelProto,
     model_dir: Option<PathBuf>,
+    opts: &ImportOptions,
+) -> Result<Graph, OnnxError> {
+    import_model_with(model, ExternalData::new(model_dir), opts)
+}
+
+/// Import a decoded model whose tensor data `ext` resolves.
+pub fn import_model_with(
+    model: &ModelProto,
+    ext: ExternalData,
     opts: &ImportOptions,
 ) -> Result<Graph, OnnxError> {
     let graph = model.graph.as_ref().ok_or_else(|| OnnxError::Malformed("the model has no graph".into()))?;
@@ -136,7 +145,7 @@ pub fn import_model(
         known: HashMap::new(),
         consts: HashMap::new(),
         opset,
-        ext: ExternalData::new(model_dir),
+        ext,
         hint: String::new(),
         functions: model
             .functions
