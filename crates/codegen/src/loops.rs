@@ -244,18 +244,27 @@ fn build_program(
     });
     let values: Vec<E> = p.stores.iter().map(|s| s.value).collect();
     let scratch = if lanes > 1 { row_scratch(p) } else { None };
-    g.for_loop(begin, end, 1, vec![], &mut |g, r, _| {
-        // The row's outer variables, from its index.
-        let mut rest = r;
-        for (k, (v, ext)) in outer.iter().enumerate().rev() {
-            if k == 0 {
-                g.vars.insert(*v, rest);
-            } else {
-                let e = g.emit(*ext, false)?.into_int_value();
-                let e = g.safe_divisor(e)?;
-                g.vars.insert(*v, g.bld.build_int_signed_rem(rest, e, "o").map_err(llvm)?);
-                rest = g.bld.build_int_signed_div(rest, e, "r").map_err(llvm)?;
-            }
+    // The outer variables of the first row, from its index (divisions once per
+    // call); each row then steps them like an odometer (an add and a compare per
+    // variable), so a short row does not pay a division per outer variable.
+    let mut first = vec![i64t.const_zero(); outer.len()];
+    let mut rest = begin;
+    for (k, (_, ext)) in outer.iter().enumerate().rev() {
+        if k == 0 {
+            first[k] = rest;
+        } else {
+            let e = g.emit(*ext, false)?.into_int_value();
+            let e = g.safe_divisor(e)?;
+            first[k] = bld.build_int_signed_rem(rest, e, "o").map_err(llvm)?;
+            rest = bld.build_int_signed_div(rest, e, "r").map_err(llvm)?;
+        }
+    }
+    let exts: Vec<IntValue<'static>> =
+        outer.iter().map(|(_, ext)| Ok(g.emit(*ext, false)?.into_int_value())).collect::<R<_>>()?;
+    let first: Vec<V> = first.into_iter().map(V::from).collect();
+    g.for_loop(begin, end, 1, first, &mut |g, r, at_row| {
+        for ((v, _), val) in outer.iter().zip(&at_row) {
+            g.vars.insert(*v, val.into_int_value());
         }
         let mask = inner_var.map_or(0, |v| 1u64 << v);
         let base = g.bld.build_int_mul(r, inner_ext, "row").map_err(llvm)?;
@@ -290,7 +299,22 @@ fn build_program(
             }
             None => g.stores(p, base, false)?,
         }
-        Ok(vec![])
+        // The next row's variables: the innermost steps, a wrap carries outward.
+        let (one, zero) = (i64t.const_int(1, false), i64t.const_zero());
+        let mut next: Vec<V> = at_row.clone();
+        let mut carry = one;
+        for k in (0..outer.len()).rev() {
+            let b = g.bld;
+            let v = b.build_int_add(at_row[k].into_int_value(), carry, "step").map_err(llvm)?;
+            if k == 0 {
+                next[k] = v.into();
+            } else {
+                let wrap = b.build_int_compare(IntPredicate::SGE, v, exts[k], "wrap").map_err(llvm)?;
+                next[k] = b.build_select(wrap, zero, v, "odo").map_err(llvm)?;
+                carry = b.build_int_z_extend(wrap, i64t, "carry").map_err(llvm)?;
+            }
+        }
+        Ok(next)
     })?;
     let st = bld.build_load(i64t, status, "st").map_err(llvm)?;
     bld.build_return(Some(&st)).map_err(llvm)?;
