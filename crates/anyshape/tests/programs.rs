@@ -209,6 +209,26 @@ const BATCHED_RESIDUAL_EPILOGUE: &str = r#"graph {
 }
 "#;
 
+/// Broadcasts whose dims may or may not be 1 at run time (`k` is 1 or `n`, `j`
+/// is 1 or `m`): the program is versioned on `j == 1`, the dim along the lanes.
+const MAYBE_BROADCAST: &str = r#"graph {
+  sym n param 1..40
+  sym m param 1..40
+  sym k param 1..40
+  sym j param 1..40
+  assert k broadcasts to n
+  assert j broadcasts to m
+  input %x: f32[n, m]
+  input %y: f32[k, m]
+  input %z: f32[n, j]
+  %yb: f32[n, m] = broadcast %y
+  %zb: f32[n, m] = broadcast %z
+  %a: f32[n, m] = add %x, %yb
+  %b: f32[n, m] = mul %a, %zb
+  output %b
+}
+"#;
+
 fn weights(name: &str) -> Option<std::sync::Arc<ir::ConstData>> {
     let shape: Vec<usize> = match name {
         "k" => vec![6, 2, 3, 3],
@@ -310,6 +330,15 @@ proptest! {
     }
 
     #[test]
+    fn versions_for_dims_that_may_be_one(n in size(1, 40), m in size(1, 40), k1 in any::<bool>(), j1 in any::<bool>(), seed in 0u64..1000, rw in any::<bool>()) {
+        let model = model(MAYBE_BROADCAST, rw, None);
+        let programs = anyshape::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
+        prop_assert!(programs.contains("versions on: equal("), "not versioned:\n{}", programs);
+        let (k, j) = (if k1 { 1 } else { n }, if j1 { 1 } else { m });
+        compare(&model, &[("n", n), ("m", m), ("k", k), ("j", j)], seed)?;
+    }
+
+    #[test]
     fn window_programs(h in size(3, 19), w in size(3, 21), seed in 0u64..1000, rw in any::<bool>()) {
         compare(&model(WINDOWS, rw, None), &[("h", h), ("w", w)], seed)?;
     }
@@ -343,4 +372,16 @@ proptest! {
     fn matmul_steps(b in 1usize..=4, m in size(1, 70), k in size(1, 40), seed in 0u64..1000, rw in any::<bool>()) {
         compare(&model(MATMULS, rw, Some(k)), &[("b", b), ("m", m), ("k", k)], seed)?;
     }
+}
+
+/// A dim declared to broadcast must be 1 or the dim it stretches to: any other
+/// value is rejected before a kernel runs, naming the rule.
+#[test]
+fn a_broadcast_dim_that_is_neither_one_nor_equal_is_an_error() {
+    let model = model(MAYBE_BROADCAST, false, None);
+    let cm = model.compile(&CompileOptions::new().threads(2)).expect("compiles");
+    let ins = inputs(&model, &[("n", 5), ("m", 7), ("k", 2), ("j", 7)], 1);
+    let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let e = cm.run(&named).expect_err("k = 2 is neither 1 nor n = 5").to_string();
+    assert!(e.contains("k broadcasts to n") && e.contains("k = 2"), "{e}");
 }

@@ -197,6 +197,7 @@ fn build_program(
         lane: None,
         scratch: None,
         param_dtypes: p.params.iter().map(|q| q.dtype).collect(),
+        fixed: HashMap::new(),
     };
     // The buffers, the dims the program reads, and each buffer's strides.
     for i in 0..p.params.len() {
@@ -244,78 +245,118 @@ fn build_program(
     });
     let values: Vec<E> = p.stores.iter().map(|s| s.value).collect();
     let scratch = if lanes > 1 { row_scratch(p) } else { None };
-    // The outer variables of the first row, from its index (divisions once per
-    // call); each row then steps them like an odometer (an add and a compare per
-    // variable), so a short row does not pay a division per outer variable.
-    let mut first = vec![i64t.const_zero(); outer.len()];
-    let mut rest = begin;
-    for (k, (_, ext)) in outer.iter().enumerate().rev() {
-        if k == 0 {
-            first[k] = rest;
-        } else {
-            let e = g.emit(*ext, false)?.into_int_value();
-            let e = g.safe_divisor(e)?;
-            first[k] = bld.build_int_signed_rem(rest, e, "o").map_err(llvm)?;
-            rest = bld.build_int_signed_div(rest, e, "r").map_err(llvm)?;
-        }
-    }
-    let exts: Vec<IntValue<'static>> =
-        outer.iter().map(|(_, ext)| Ok(g.emit(*ext, false)?.into_int_value())).collect::<R<_>>()?;
-    let first: Vec<V> = first.into_iter().map(V::from).collect();
-    g.for_loop(begin, end, 1, first, &mut |g, r, at_row| {
-        for ((v, _), val) in outer.iter().zip(&at_row) {
-            g.vars.insert(*v, val.into_int_value());
-        }
-        let mask = inner_var.map_or(0, |v| 1u64 << v);
-        let base = g.bld.build_int_mul(r, inner_ext, "row").map_err(llvm)?;
-        g.scratch = scratch.map(|s| (s.body, s.param, base));
-        let hoisted = g.hoist(&values, mask, false);
-        g.scratch = None;
-        hoisted?;
-        match inner_var {
-            Some(v) => {
-                let zero = g.ctx.i64_type().const_zero();
-                let (done, _) = g.for_loop(zero, inner_ext, g.w as u64, vec![], &mut |g, iv, _| {
-                    g.vars.insert(v, iv);
-                    g.lane = Some(v);
-                    let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
-                    if let Some(s) = scratch {
-                        let term = g.load_at(s.param, at, true)?;
-                        g.bind(s.twin, Some(v), term);
-                    }
-                    let r = g.stores(p, at, true);
-                    g.lane = None;
-                    r.map(|_| vec![])
-                })?;
-                g.for_loop(done, inner_ext, 1, vec![], &mut |g, iv, _| {
-                    g.vars.insert(v, iv);
-                    let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
-                    if let Some(s) = scratch {
-                        let term = g.load_at(s.param, at, false)?;
-                        g.bind(s.twin, None, term);
-                    }
-                    g.stores(p, at, false).map(|_| vec![])
-                })?;
-            }
-            None => g.stores(p, base, false)?,
-        }
-        // The next row's variables: the innermost steps, a wrap carries outward.
-        let (one, zero) = (i64t.const_int(1, false), i64t.const_zero());
-        let mut next: Vec<V> = at_row.clone();
-        let mut carry = one;
-        for k in (0..outer.len()).rev() {
-            let b = g.bld;
-            let v = b.build_int_add(at_row[k].into_int_value(), carry, "step").map_err(llvm)?;
+    // The nest, once per version (see `lower::versions`): each version's guards
+    // are constants there, so its loads' addresses fold to plain indices.
+    let nest = |g: &mut Gen| -> R<()> {
+        // The outer variables of the first row, from its index (divisions once per
+        // call); each row then steps them like an odometer (an add and a compare per
+        // variable), so a short row does not pay a division per outer variable.
+        let mut first = vec![i64t.const_zero(); outer.len()];
+        let mut rest = begin;
+        for (k, (_, ext)) in outer.iter().enumerate().rev() {
             if k == 0 {
-                next[k] = v.into();
+                first[k] = rest;
             } else {
-                let wrap = b.build_int_compare(IntPredicate::SGE, v, exts[k], "wrap").map_err(llvm)?;
-                next[k] = b.build_select(wrap, zero, v, "odo").map_err(llvm)?;
-                carry = b.build_int_z_extend(wrap, i64t, "carry").map_err(llvm)?;
+                let e = g.emit(*ext, false)?.into_int_value();
+                let e = g.safe_divisor(e)?;
+                first[k] = g.bld.build_int_signed_rem(rest, e, "o").map_err(llvm)?;
+                rest = g.bld.build_int_signed_div(rest, e, "r").map_err(llvm)?;
             }
         }
-        Ok(next)
-    })?;
+        let exts: Vec<IntValue<'static>> =
+            outer.iter().map(|(_, ext)| Ok(g.emit(*ext, false)?.into_int_value())).collect::<R<_>>()?;
+        let first: Vec<V> = first.into_iter().map(V::from).collect();
+        g.for_loop(begin, end, 1, first, &mut |g, r, at_row| {
+            for ((v, _), val) in outer.iter().zip(&at_row) {
+                g.vars.insert(*v, val.into_int_value());
+            }
+            let mask = inner_var.map_or(0, |v| 1u64 << v);
+            let base = g.bld.build_int_mul(r, inner_ext, "row").map_err(llvm)?;
+            g.scratch = scratch.map(|s| (s.body, s.param, base));
+            let hoisted = g.hoist(&values, mask, false);
+            g.scratch = None;
+            hoisted?;
+            match inner_var {
+                Some(v) => {
+                    let zero = g.ctx.i64_type().const_zero();
+                    let (done, _) = g.for_loop(zero, inner_ext, g.w as u64, vec![], &mut |g, iv, _| {
+                        g.vars.insert(v, iv);
+                        g.lane = Some(v);
+                        let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
+                        if let Some(s) = scratch {
+                            let term = g.load_at(s.param, at, true)?;
+                            g.bind(s.twin, Some(v), term);
+                        }
+                        let r = g.stores(p, at, true);
+                        g.lane = None;
+                        r.map(|_| vec![])
+                    })?;
+                    g.for_loop(done, inner_ext, 1, vec![], &mut |g, iv, _| {
+                        g.vars.insert(v, iv);
+                        let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
+                        if let Some(s) = scratch {
+                            let term = g.load_at(s.param, at, false)?;
+                            g.bind(s.twin, None, term);
+                        }
+                        g.stores(p, at, false).map(|_| vec![])
+                    })?;
+                }
+                None => g.stores(p, base, false)?,
+            }
+            // The next row's variables: the innermost steps, a wrap carries outward.
+            let (one, zero) = (i64t.const_int(1, false), i64t.const_zero());
+            let mut next: Vec<V> = at_row.clone();
+            let mut carry = one;
+            for k in (0..outer.len()).rev() {
+                let b = g.bld;
+                let v = b.build_int_add(at_row[k].into_int_value(), carry, "step").map_err(llvm)?;
+                if k == 0 {
+                    next[k] = v.into();
+                } else {
+                    let wrap = b.build_int_compare(IntPredicate::SGE, v, exts[k], "wrap").map_err(llvm)?;
+                    next[k] = b.build_select(wrap, zero, v, "odo").map_err(llvm)?;
+                    carry = b.build_int_z_extend(wrap, i64t, "carry").map_err(llvm)?;
+                }
+            }
+            Ok(next)
+        })?;
+        Ok(())
+    };
+    if p.guards.is_empty() {
+        nest(&mut g)?;
+    } else {
+        let mut which = i64t.const_zero();
+        for (i, e) in p.guards.iter().enumerate() {
+            let c = g.emit(*e, false)?.into_int_value();
+            let c = bld.build_int_z_extend(c, i64t, "guard").map_err(llvm)?;
+            let c = bld.build_left_shift(c, i64t.const_int(i as u64, false), "bit").map_err(llvm)?;
+            which = bld.build_or(which, c, "which").map_err(llvm)?;
+        }
+        let blocks: Vec<_> =
+            (0..1u64 << p.guards.len()).map(|v| ctx.append_basic_block(f, &format!("version{v}"))).collect();
+        let done = ctx.append_basic_block(f, "versions_done");
+        let cases: Vec<_> =
+            blocks.iter().enumerate().skip(1).map(|(v, bb)| (i64t.const_int(v as u64, false), *bb)).collect();
+        bld.build_switch(which, blocks[0], &cases).map_err(llvm)?;
+        for (v, bb) in blocks.iter().enumerate() {
+            bld.position_at_end(*bb);
+            let mut fixed = HashMap::new();
+            let mut scope = HashMap::new();
+            for (i, e) in p.guards.iter().enumerate() {
+                let on = (v >> i) & 1 == 1;
+                fixed.insert(*e, on);
+                scope.insert((*e, None), ctx.bool_type().const_int(on as u64, false).into());
+            }
+            g.scopes.push(scope);
+            g.fixed = fixed;
+            let r = nest(&mut g);
+            g.scopes.pop();
+            g.fixed.clear();
+            r?;
+            bld.build_unconditional_branch(done).map_err(llvm)?;
+        }
+        bld.position_at_end(done);
+    }
     let st = bld.build_load(i64t, status, "st").map_err(llvm)?;
     bld.build_return(Some(&st)).map_err(llvm)?;
     Ok(())
@@ -344,6 +385,8 @@ struct Gen<'a> {
     scratch: Option<(E, u32, IntValue<'static>)>,
     /// Each parameter's element type.
     param_dtypes: Vec<DType>,
+    /// The guards' values in the version being generated.
+    fixed: HashMap<E, bool>,
 }
 
 /// A row sum whose terms the stored value uses again (Softmax's
@@ -671,6 +714,10 @@ impl Gen<'_> {
         }
         match self.x.node(e) {
             Node::Var(v) if *v == lane => Some(1),
+            // A guard of the version being generated: its side is the index.
+            Node::Select(c, a, b) if self.fixed.contains_key(c) => {
+                self.coef(if self.fixed[c] { *a } else { *b }, lane)
+            }
             Node::Binary(BinaryOp::Add, a, b) => Some(self.coef(*a, lane)? + self.coef(*b, lane)?),
             Node::Binary(BinaryOp::Sub, a, b) => Some(self.coef(*a, lane)? - self.coef(*b, lane)?),
             Node::Binary(BinaryOp::Mul, a, b) => match (self.x.as_int(*a), self.x.as_int(*b)) {
@@ -728,6 +775,15 @@ impl Gen<'_> {
     }
 
     fn load(&mut self, buf: u32, index: &[E], guard: Option<E>, dt: DType, vec: bool) -> R<V> {
+        if vec
+            && guard.is_none_or(|g| !self.is_vec(g, vec))
+            && self.lane.is_some_and(|l| index.iter().all(|i| self.coef(*i, l) == Some(0)))
+        {
+            // The same element for every lane (a broadcast, in the version where
+            // its dim is 1): one scalar load, splat.
+            let v = self.load(buf, index, guard, dt, false)?;
+            return self.splat(v);
+        }
         let b = self.bld;
         let mt = self.mty(dt, false);
         let base = self.bufs[buf as usize];

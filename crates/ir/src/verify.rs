@@ -188,15 +188,14 @@ fn same_dtype(x: &TensorType, out: &TensorType) -> Result<(), String> {
 
 /// Rules for the ops whose output type is part of the node (`infer` gives `None`).
 fn check_open(op: &Op, ins: &[&TensorType], out: &TensorType, env: &ShapeEnv) -> Result<(), String> {
-    let one = SymExpr::constant(1);
     match op {
         Op::Broadcast => {
             let x = ins[0];
             same_dtype(x, out)?;
             let ok = x.rank() == out.rank()
-                && x.shape.iter().zip(&out.shape).all(|(d, o)| env.equal(d, o) || env.equal(d, &one));
+                && x.shape.iter().zip(&out.shape).all(|(d, o)| env.broadcastable(d, o));
             if !ok {
-                return Err(format!("cannot broadcast {x} to {out}: each dim must be equal or 1"));
+                return Err(format!("cannot broadcast {x} to {out}: each dim must be equal, 1, or declared to broadcast (`assert D broadcasts to E`)"));
             }
         }
         Op::Reshape => {

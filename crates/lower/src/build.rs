@@ -108,7 +108,7 @@ impl<'a> Builder<'a> {
             let param = self.param(v, buf, true);
             stores.push(Store { param, value });
         }
-        let program = LoopProgram {
+        let mut program = LoopProgram {
             name,
             exprs: self.x,
             params: self.params,
@@ -116,7 +116,9 @@ impl<'a> Builder<'a> {
             vars,
             stores,
             checks: self.checks,
+            guards: Vec::new(),
         };
+        program.guards = program.find_guards();
         Ok((program, self.args))
     }
 

@@ -23,6 +23,7 @@ mod group;
 pub mod plan;
 pub mod program;
 mod text;
+pub mod versions;
 
 pub use attention::fuse_attention;
 pub use expr::{Combine, Exprs, Node, E};

@@ -38,9 +38,22 @@ pub struct LoopProgram {
     pub stores: Vec<Store>,
     /// The message of each error code a `Check` may record (code `c` is `checks[c - 1]`).
     pub checks: Vec<String>,
+    /// Conditions of run-time dims the program is compiled in versions for
+    /// (one nest per combination of their values, see [`crate::versions`]).
+    pub guards: Vec<E>,
 }
 
 impl LoopProgram {
+    /// The guards of the program's loads along its innermost variable
+    /// ([`crate::versions::guards`]).
+    pub fn find_guards(&self) -> Vec<E> {
+        let inner = self.inner().and_then(|i| match self.exprs.node(self.vars[i]) {
+            crate::expr::Node::Var(v) => Some(*v),
+            _ => None,
+        });
+        crate::versions::guards(&self.exprs, &self.stores, inner)
+    }
+
     /// The innermost variable that really loops (extent not 1), if any: the
     /// axis the code generator vectorizes.
     pub fn inner(&self) -> Option<usize> {

@@ -29,6 +29,10 @@ pub fn print_program(p: &LoopProgram, names: bool) -> String {
         let name = if names { format!(" \"{}\"", q.name) } else { String::new() };
         let _ = writeln!(s, "  %{i}: {kind} {}[{}]{name}", q.dtype, shape.join(", "));
     }
+    if !p.guards.is_empty() {
+        let g: Vec<String> = p.guards.iter().map(|e| expr(&p.exprs, *e, &HashMap::new())).collect();
+        let _ = writeln!(s, "  versions on: {}", g.join(", "));
+    }
     let _ = writeln!(s, "  for {}:", space.join(", "));
     // Shared and reducing subexpressions get a name, in dependence order.
     let mut uses = vec![0usize; p.exprs.len()];

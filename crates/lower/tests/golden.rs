@@ -88,3 +88,40 @@ group 0: contraction
 "#;
     assert_eq!(got, want, "got:\n{got}");
 }
+
+#[test]
+fn a_broadcast_that_may_be_one_versions_its_program() {
+    let got = lowered(
+        r#"graph {
+  sym n param 1..
+  sym j param 1..
+  assert j broadcasts to 8
+  input %x: f32[n, 8]
+  input %z: f32[n, j]
+  %zb: f32[n, 8] = broadcast %z
+  %y: f32[n, 8] = mul %x, %zb
+  output %y
+}
+"#,
+    );
+    let want = r#"dims:
+  d0 = 8*n
+  d1 = j*n
+  d2 = n
+  d3 = j
+buffers:
+  b0: f32[n, 8] "x" (input 0)
+  b1: f32[n, j] "z" (input 1)
+  b2: f32[n, 8] "y" (output 0)
+p0: program g0_elementwise
+  %0: in f32[d2, 8] "x"
+  %1: in f32[d2, d3] "z"
+  %2: out f32[d2, 8] "y"
+  versions on: equal(d3, 1)
+  for i0 < d2, i1 < 8:
+    %2[·] = mul(%0[i0, i1], %1[i0, select(equal(d3, 1), 0, i1)])
+group 0: elementwise
+  loop p0(b0, b1, b2)
+"#;
+    assert_eq!(got, want, "got:\n{got}");
+}

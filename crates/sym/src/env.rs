@@ -133,6 +133,10 @@ pub enum Constraint {
     Equal(SymExpr, SymExpr, String),
     /// `expr` lies in `range` (the range of an eliminated symbol).
     InRange(SymExpr, Range, String),
+    /// `dim == to` or `dim == 1`: a broadcast whose dim may or may not be
+    /// stretched, decided by the run-time shapes (numpy's rule, unproven at
+    /// compile time; code is versioned on `dim == 1`).
+    Broadcast(SymExpr, SymExpr, String),
 }
 
 /// A dimension observed at run time: `expr` (from the model) has value `value`.
@@ -460,7 +464,7 @@ impl ShapeEnv {
             let known = reduced_diff(&na, &nb);
             let dup = self.constraints.iter().any(|c| match c {
                 Constraint::Equal(x, y, _) => reduced_diff(x, y) == known,
-                Constraint::InRange(..) => false,
+                Constraint::InRange(..) | Constraint::Broadcast(..) => false,
             });
             if !dup {
                 self.constraints.push(Constraint::Equal(na.clone(), nb.clone(), why));
@@ -494,6 +498,7 @@ impl ShapeEnv {
             match c {
                 Constraint::Equal(a, b, why) => self.equate_inner(&a, &b, why)?,
                 Constraint::InRange(e, r, why) => self.restrict(&e, r, 1, &why)?,
+                Constraint::Broadcast(d, to, why) => self.allow_broadcast(&d, &to, &why),
             }
         }
         Ok(())
@@ -508,7 +513,9 @@ impl ShapeEnv {
         }
         for c in self.constraints.iter_mut() {
             match c {
-                Constraint::Equal(a, b, _) => (*a, *b) = (rewrite(a)?, rewrite(b)?),
+                Constraint::Equal(a, b, _) | Constraint::Broadcast(a, b, _) => {
+                    (*a, *b) = (rewrite(a)?, rewrite(b)?)
+                }
                 Constraint::InRange(e, _, _) => *e = rewrite(e)?,
             }
         }
@@ -590,7 +597,7 @@ impl ShapeEnv {
         }
         if self.constraints.iter().any(|c| match c {
             Constraint::Equal(x, y, _) => reduced_diff(x, y).as_ref() == Some(&d),
-            Constraint::InRange(..) => false,
+            Constraint::InRange(..) | Constraint::Broadcast(..) => false,
         }) {
             return true;
         }
@@ -599,6 +606,29 @@ impl ShapeEnv {
             let (sa, sb) = (self.simplify(&na), self.simplify(&nb));
             sa == sb || reduced_diff(&sa, &sb).is_some_and(|d| self.range(&d) == Range::point(0))
         }
+    }
+
+    /// Record that `dim` broadcasts to `to`: at run time it equals `to` or 1
+    /// (checked when shapes are bound). Nothing is recorded when that is
+    /// already known.
+    pub fn allow_broadcast(&mut self, dim: &SymExpr, to: &SymExpr, why: &str) {
+        let (d, t) = (self.normalize(dim), self.normalize(to));
+        if self.broadcastable(&d, &t) {
+            return;
+        }
+        self.constraints.push(Constraint::Broadcast(d, t, why.to_string()));
+    }
+
+    /// `dim` stretches to `to` for every binding: provably equal, provably 1,
+    /// or recorded as a broadcast ([`ShapeEnv::allow_broadcast`]).
+    pub fn broadcastable(&self, dim: &SymExpr, to: &SymExpr) -> bool {
+        if self.equal(dim, to) || self.equal(dim, &SymExpr::constant(1)) {
+            return true;
+        }
+        let (d, t) = (self.normalize(dim), self.normalize(to));
+        self.constraints
+            .iter()
+            .any(|c| matches!(c, Constraint::Broadcast(x, y, _) if self.equal(x, &d) && self.equal(y, &t)))
     }
 
     /// Provably `k` divides `e` for every binding.
@@ -894,6 +924,16 @@ impl ShapeEnv {
                         }
                     }
                 }
+                Constraint::Broadcast(d, to, why) => {
+                    if let (Some(dv), Some(tv)) = (ev(d)?, ev(to)?) {
+                        if dv != tv && dv != 1 {
+                            return Err(SymError::Violation(format!(
+                                "{why} does not hold: {d} = {dv} must be {to} = {tv} or 1{}",
+                                whence(&[d, to])
+                            )));
+                        }
+                    }
+                }
                 Constraint::InRange(e, r, why) => {
                     if let Some(v) = ev(e)? {
                         if !r.contains(v) {
@@ -1047,6 +1087,7 @@ impl fmt::Display for ShapeEnv {
             match c {
                 Constraint::Equal(a, b, _) => writeln!(f, "assert {a} == {b}")?,
                 Constraint::InRange(e, r, _) => writeln!(f, "assert {e} in {r}")?,
+                Constraint::Broadcast(d, to, _) => writeln!(f, "assert {d} broadcasts to {to}")?,
             }
         }
         Ok(())
@@ -1093,14 +1134,19 @@ impl ShapeEnv {
             }
             self.add_subst(&Arc::from(name), &value)
         } else if let Some(rest) = line.strip_prefix("assert ") {
-            if let Some((a, b)) = rest.split_once("==") {
+            if let Some((d, to)) = rest.split_once(" broadcasts to ") {
+                let (d, to) = (crate::parse_expr(d)?, crate::parse_expr(to)?);
+                self.allow_broadcast(&d, &to, rest);
+            } else if let Some((a, b)) = rest.split_once("==") {
                 let (a, b) = (crate::parse_expr(a)?, crate::parse_expr(b)?);
                 self.constraints.push(Constraint::Equal(a, b, rest.to_string()));
             } else if let Some((e, r)) = rest.rsplit_once(" in ") {
                 let r = parse_range(r.trim()).ok_or_else(|| bad("bad range"))?;
                 self.constraints.push(Constraint::InRange(crate::parse_expr(e)?, r, rest.to_string()));
             } else {
-                return Err(bad("expected `assert A == B` or `assert E in LO..HI`"));
+                return Err(bad(
+                    "expected `assert A == B`, `assert E in LO..HI` or `assert D broadcasts to E`",
+                ));
             }
             Ok(())
         } else {

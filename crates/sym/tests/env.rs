@@ -679,3 +679,27 @@ fn equating_a_symbol_with_its_min_bounds_its_range() {
     assert_eq!(env.symbol("seq").expect("seq").range, Range::new(8, 64));
     assert!(env.equate(&seq, &parse_expr("min(4, seq)").expect("parse")).is_err());
 }
+
+// ------------------------------------------------------------ broadcasts
+
+/// A dim declared to broadcast is `to` or 1 at run time: both bind, anything
+/// else is a violation naming the rule; the declaration survives printing, and
+/// a later equality of the two makes it a plain equality.
+#[test]
+fn a_broadcast_dim_is_equal_or_one() {
+    let mut env = env_with(&[("n", 1, 100, Param), ("k", 1, 100, Param)]);
+    assert!(!env.broadcastable(&sym("k"), &sym("n")));
+    env.allow_broadcast(&sym("k"), &sym("n"), "k broadcasts to n");
+    assert!(env.broadcastable(&sym("k"), &sym("n")));
+    assert!(!env.broadcastable(&sym("n"), &sym("k")), "the declaration has a direction");
+    assert!(!env.equal(&sym("k"), &sym("n")), "a broadcast is not an equality");
+    let back = roundtrip(&env);
+    assert!(back.broadcastable(&sym("k"), &sym("n")));
+    for (n, k) in [(5, 5), (5, 1), (1, 1)] {
+        env.bind(&[fact("input x dim 0", "n", n), fact("input y dim 0", "k", k)]).expect("binds");
+    }
+    let m = violation(env.bind(&[fact("input x dim 0", "n", 5), fact("input y dim 0", "k", 2)]));
+    assert!(m.contains("k broadcasts to n") && m.contains("k = 2") && m.contains("n = 5"), "{m}");
+    env.equate(&sym("k"), &sym("n")).unwrap();
+    assert!(env.broadcastable(&sym("k"), &sym("n")));
+}
