@@ -385,3 +385,46 @@ fn a_broadcast_dim_that_is_neither_one_nor_equal_is_an_error() {
     let e = cm.run(&named).expect_err("k = 2 is neither 1 nor n = 5").to_string();
     assert!(e.contains("k broadcasts to n") && e.contains("k = 2"), "{e}");
 }
+
+/// Reductions along long and short rows (the two row schedules: one point at a
+/// time with the reduction along the lanes, or points across the lanes), along
+/// the leading axis, and one-loop nests big enough for both threads (which then
+/// split the loop's range, not rows), at extents around the vector width and
+/// the threads' split.
+const LONG_ROWS: &str = r#"graph {
+  sym n param 1..
+  sym m param 1..
+  input %x: f32[n, m]
+  input %v: f32[m]
+  %s: f32[n] = reduce_sum[axes=[1], keep_dims=false] %x
+  %mx: f32[n, 1] = reduce_max[axes=[1], keep_dims=true] %x
+  %mean: f32[n] = reduce_mean[axes=[1], keep_dims=false] %x
+  %c: f32[m] = reduce_sum[axes=[0], keep_dims=false] %x
+  %e: f32[m] = exp %v
+  %ec: f32[m] = mul %e, %c
+  output %s, %mx, %mean, %ec
+}
+"#;
+
+#[test]
+fn long_rows_short_rows_and_one_loop_nests_on_two_threads() {
+    let m = model(LONG_ROWS, false, None);
+    let plan = anyshape::print_plan(&m.lower().expect("lowers"));
+    assert!(plan.contains("row reduction along"), "no row schedule:\n{plan}");
+    for (i, (n, len)) in [
+        (1, 100_003),
+        (3, 40_000),
+        (2, 15),
+        (2, 16),
+        (37, 1000),
+        (70_001, 3),
+        (40_000, 1),
+        (1, 1),
+        (17, 65_537),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        compare(&m, &[("n", n), ("m", len)], i as u64).unwrap_or_else(|e| panic!("n={n} m={len}: {e}"));
+    }
+}

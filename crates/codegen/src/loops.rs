@@ -247,12 +247,17 @@ fn build_program(
     let scratch = if lanes > 1 { row_scratch(p) } else { None };
     // The nest, once per version (see `lower::versions`): each version's guards
     // are constants there, so its loads' addresses fold to plain indices.
+    // Threads split rows, or, for a one-loop nest, the loop's range.
+    let (zero, one) = (i64t.const_zero(), i64t.const_int(1, false));
+    let ((row_lo, row_hi), (in_lo, in_hi)) =
+        if p.splits_inner() { ((zero, one), (begin, end)) } else { ((begin, end), (zero, inner_ext)) };
+    let row_reduction = if lanes > 1 { p.row_reduction() } else { None };
     let nest = |g: &mut Gen| -> R<()> {
         // The outer variables of the first row, from its index (divisions once per
         // call); each row then steps them like an odometer (an add and a compare per
         // variable), so a short row does not pay a division per outer variable.
         let mut first = vec![i64t.const_zero(); outer.len()];
-        let mut rest = begin;
+        let mut rest = row_lo;
         for (k, (_, ext)) in outer.iter().enumerate().rev() {
             if k == 0 {
                 first[k] = rest;
@@ -266,7 +271,7 @@ fn build_program(
         let exts: Vec<IntValue<'static>> =
             outer.iter().map(|(_, ext)| Ok(g.emit(*ext, false)?.into_int_value())).collect::<R<_>>()?;
         let first: Vec<V> = first.into_iter().map(V::from).collect();
-        g.for_loop(begin, end, 1, first, &mut |g, r, at_row| {
+        g.for_loop(row_lo, row_hi, 1, first, &mut |g, r, at_row| {
             for ((v, _), val) in outer.iter().zip(&at_row) {
                 g.vars.insert(*v, val.into_int_value());
             }
@@ -278,28 +283,47 @@ fn build_program(
             hoisted?;
             match inner_var {
                 Some(v) => {
-                    let zero = g.ctx.i64_type().const_zero();
-                    let (done, _) = g.for_loop(zero, inner_ext, g.w as u64, vec![], &mut |g, iv, _| {
-                        g.vars.insert(v, iv);
-                        g.lane = Some(v);
-                        let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
-                        if let Some(s) = scratch {
-                            let term = g.load_at(s.param, at, true)?;
-                            g.bind(s.twin, Some(v), term);
+                    // One point at a time (a point's reductions along the lanes).
+                    let points = |g: &mut Gen, from: IntValue<'static>| -> R<()> {
+                        g.for_loop(from, in_hi, 1, vec![], &mut |g, iv, _| {
+                            g.vars.insert(v, iv);
+                            let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
+                            if let Some(s) = scratch {
+                                let term = g.load_at(s.param, at, false)?;
+                                g.bind(s.twin, None, term);
+                            }
+                            g.stores(p, at, false).map(|_| vec![])
+                        })
+                        .map(|_| ())
+                    };
+                    // Points across the lanes, then a scalar tail.
+                    let lanes = |g: &mut Gen| -> R<()> {
+                        let (done, _) = g.for_loop(in_lo, in_hi, g.w as u64, vec![], &mut |g, iv, _| {
+                            g.vars.insert(v, iv);
+                            g.lane = Some(v);
+                            let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
+                            if let Some(s) = scratch {
+                                let term = g.load_at(s.param, at, true)?;
+                                g.bind(s.twin, Some(v), term);
+                            }
+                            let r = g.stores(p, at, true);
+                            g.lane = None;
+                            r.map(|_| vec![])
+                        })?;
+                        points(g, done)
+                    };
+                    match row_reduction {
+                        // The schedule by the reduction's length: long rows one
+                        // point at a time, short ones across the lanes.
+                        Some(ext) => {
+                            let len = g.emit(ext, false)?.into_int_value();
+                            let w = i64t.const_int(g.w as u64, false);
+                            let long =
+                                g.bld.build_int_compare(IntPredicate::SGE, len, w, "long").map_err(llvm)?;
+                            g.if_else(long, &mut |g| points(g, in_lo), &mut |g| lanes(g))?;
                         }
-                        let r = g.stores(p, at, true);
-                        g.lane = None;
-                        r.map(|_| vec![])
-                    })?;
-                    g.for_loop(done, inner_ext, 1, vec![], &mut |g, iv, _| {
-                        g.vars.insert(v, iv);
-                        let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
-                        if let Some(s) = scratch {
-                            let term = g.load_at(s.param, at, false)?;
-                            g.bind(s.twin, None, term);
-                        }
-                        g.stores(p, at, false).map(|_| vec![])
-                    })?;
+                        None => lanes(g)?,
+                    }
                 }
                 None => g.stores(p, base, false)?,
             }
@@ -1458,6 +1482,33 @@ impl Gen<'_> {
             Ok(vec![g.combine(c, accs[0], x, dt)?])
         })?;
         Ok(out.1[0])
+    }
+
+    /// `if cond { then } else { other }`, each side in a scope of its own.
+    fn if_else(
+        &mut self,
+        cond: IntValue<'static>,
+        then: &mut dyn FnMut(&mut Self) -> R<()>,
+        other: &mut dyn FnMut(&mut Self) -> R<()>,
+    ) -> R<()> {
+        let b = self.bld;
+        let f = b.get_insert_block().and_then(|bb| bb.get_parent()).ok_or_else(|| llvm("no function"))?;
+        let (t, e, join) = (
+            self.ctx.append_basic_block(f, "then"),
+            self.ctx.append_basic_block(f, "else"),
+            self.ctx.append_basic_block(f, "endif"),
+        );
+        b.build_conditional_branch(cond, t, e).map_err(llvm)?;
+        for (bb, first) in [(t, true), (e, false)] {
+            b.position_at_end(bb);
+            self.scopes.push(HashMap::new());
+            let r = if first { then(self) } else { other(self) };
+            self.scopes.pop();
+            r?;
+            b.build_unconditional_branch(join).map_err(llvm)?;
+        }
+        b.position_at_end(join);
+        Ok(())
     }
 
     /// `for iv = lo; iv + step <= hi; iv += step` with loop-carried values; the

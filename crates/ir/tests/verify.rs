@@ -194,12 +194,12 @@ fn bad_broadcast() {
     let g = unary_graph(ShapeEnv::new(), &[lit(3)], Op::Broadcast, f32t(&[lit(4)]));
     assert_eq!(
         type_err(&g, "broadcast"),
-        "%y: cannot broadcast f32[3] to f32[4]: each dim must be equal or 1"
+        "%y: cannot broadcast f32[3] to f32[4]: each dim must be equal, 1, or declared to broadcast (`assert D broadcasts to E`)"
     );
     let g = unary_graph(env(&["m", "n"]), &[sym("m")], Op::Broadcast, f32t(&[sym("n")]));
     assert_eq!(
         type_err(&g, "broadcast"),
-        "%y: cannot broadcast f32[m] to f32[n]: each dim must be equal or 1"
+        "%y: cannot broadcast f32[m] to f32[n]: each dim must be equal, 1, or declared to broadcast (`assert D broadcasts to E`)"
     );
     let g = unary_graph(env(&["n"]), &[lit(1)], Op::Broadcast, f32t(&[lit(2), sym("n")]));
     assert!(type_err(&g, "broadcast").contains("cannot broadcast f32[1] to f32[2, n]"));

@@ -44,6 +44,81 @@ pub struct LoopProgram {
 }
 
 impl LoopProgram {
+    /// The variable id of the innermost looping variable.
+    fn inner_var(&self) -> Option<u32> {
+        self.inner().and_then(|i| match self.exprs.node(self.vars[i]) {
+            crate::expr::Node::Var(v) => Some(*v),
+            _ => None,
+        })
+    }
+
+    /// The reductions the stored values compute per point of the nest (those
+    /// that depend on the innermost variable; the others are computed once per
+    /// row, the stitch schedule).
+    fn point_reductions(&self) -> Vec<E> {
+        let Some(v) = self.inner_var() else { return Vec::new() };
+        let x = &self.exprs;
+        let mut seen = vec![false; x.len()];
+        let mut stack: Vec<E> = self.stores.iter().map(|s| s.value).collect();
+        let mut out = Vec::new();
+        while let Some(e) = stack.pop() {
+            if std::mem::replace(&mut seen[e.index()], true) || x.free(e) & (1u64 << v) == 0 {
+                continue;
+            }
+            match x.node(e) {
+                crate::expr::Node::Reduce { .. } => out.push(e),
+                n => stack.extend(n.children()),
+            }
+        }
+        out
+    }
+
+    /// The extent of the reduction that a row-at-a-time schedule vectorizes: a
+    /// reduction computed per point of the nest whose last variable runs along
+    /// contiguous memory (a sum over a row's last axis). Such a program has two
+    /// schedules, picked per call by the extent (BladeDISC §5.2.1): the nest's
+    /// points across the vector lanes (short reductions), or one point at a time
+    /// with the reduction along the lanes (long ones, no per-lane gathers).
+    pub fn row_reduction(&self) -> Option<E> {
+        let x = &self.exprs;
+        self.point_reductions().into_iter().find_map(|r| {
+            let crate::expr::Node::Reduce { vars, body, .. } = x.node(r) else { return None };
+            let last = *vars.last()?;
+            crate::versions::loads_along(x, *body, last).then(|| x.extents[last as usize])
+        })
+    }
+
+    /// Threads split the range of the innermost variable (not rows): the nest
+    /// is that one loop, and nothing in it is computed once per row for the
+    /// whole row. A one-dimensional program then runs on every thread.
+    pub fn splits_inner(&self) -> bool {
+        let Some(i) = self.inner() else { return false };
+        let one_loop = self
+            .vars
+            .iter()
+            .enumerate()
+            .all(|(k, v)| k == i || !matches!(self.exprs.node(*v), crate::expr::Node::Var(_)));
+        one_loop && self.point_reductions().len() == self.all_reductions()
+    }
+
+    /// How many reductions the stored values use.
+    fn all_reductions(&self) -> usize {
+        let x = &self.exprs;
+        let mut seen = vec![false; x.len()];
+        let mut stack: Vec<E> = self.stores.iter().map(|s| s.value).collect();
+        let mut n = 0;
+        while let Some(e) = stack.pop() {
+            if std::mem::replace(&mut seen[e.index()], true) {
+                continue;
+            }
+            match x.node(e) {
+                crate::expr::Node::Reduce { .. } => n += 1,
+                node => stack.extend(node.children()),
+            }
+        }
+        n
+    }
+
     /// The guards of the program's loads along its innermost variable
     /// ([`crate::versions::guards`]).
     pub fn find_guards(&self) -> Vec<E> {

@@ -33,6 +33,13 @@ pub fn print_program(p: &LoopProgram, names: bool) -> String {
         let g: Vec<String> = p.guards.iter().map(|e| expr(&p.exprs, *e, &HashMap::new())).collect();
         let _ = writeln!(s, "  versions on: {}", g.join(", "));
     }
+    if let Some(r) = p.row_reduction() {
+        let _ = writeln!(
+            s,
+            "  row reduction along {}: lanes over points, or one point at a time",
+            expr(&p.exprs, r, &HashMap::new())
+        );
+    }
     let _ = writeln!(s, "  for {}:", space.join(", "));
     // Shared and reducing subexpressions get a name, in dependence order.
     let mut uses = vec![0usize; p.exprs.len()];

@@ -48,3 +48,41 @@ pub fn guards(x: &Exprs, stores: &[Store], inner: Option<u32>) -> Vec<E> {
     found.truncate(MAX_GUARDS);
     found
 }
+
+/// Whether `body` reads memory contiguously along variable `var`: a load whose
+/// last index steps by one with it.
+pub fn loads_along(x: &Exprs, body: E, var: u32) -> bool {
+    let mut seen = vec![false; x.len()];
+    let mut stack = vec![body];
+    while let Some(e) = stack.pop() {
+        if std::mem::replace(&mut seen[e.index()], true) || x.free(e) & (1u64 << var) == 0 {
+            continue;
+        }
+        if let Node::Load { index, .. } = x.node(e) {
+            if index.last().is_some_and(|i| coef(x, *i, var) == Some(1)) {
+                return true;
+            }
+        }
+        stack.extend(x.node(e).children());
+    }
+    false
+}
+
+/// The coefficient of `var` in an index expression, when affine in it.
+pub fn coef(x: &Exprs, e: E, var: u32) -> Option<i64> {
+    use ir::BinaryOp;
+    if x.free(e) & (1u64 << var) == 0 {
+        return Some(0);
+    }
+    match x.node(e) {
+        Node::Var(v) if *v == var => Some(1),
+        Node::Binary(BinaryOp::Add, a, b) => Some(coef(x, *a, var)? + coef(x, *b, var)?),
+        Node::Binary(BinaryOp::Sub, a, b) => Some(coef(x, *a, var)? - coef(x, *b, var)?),
+        Node::Binary(BinaryOp::Mul, a, b) => match (x.as_int(*a), x.as_int(*b)) {
+            (Some(c), _) => Some(c * coef(x, *b, var)?),
+            (_, Some(c)) => Some(c * coef(x, *a, var)?),
+            _ => None,
+        },
+        _ => None,
+    }
+}

@@ -8,7 +8,7 @@ use kernels::{ALayout, BLayout, Problem};
 use lower::StepKind;
 
 use crate::shape::StepShape;
-use crate::{engine_epilogue, CompiledModel, RunError, PARALLEL_MIN};
+use crate::{engine_epilogue, CompiledModel, RunError};
 
 impl CompiledModel {
     /// The kernels: every contraction family (its epilogue, its packed-panel
@@ -62,14 +62,20 @@ impl CompiledModel {
             let g = st.group;
             let _ = write!(s, "step {i} (group {g}, {}): ", self.plan.groups[g].kind);
             match (&st.kind, &sp.steps[i]) {
-                (StepKind::Loop { program, .. }, StepShape::Loop { rows, inner }) => {
-                    let parallel = threads > 1 && *rows >= 2 && rows.saturating_mul(*inner) >= PARALLEL_MIN;
-                    let on = if parallel {
-                        format!("rows split over {threads} threads")
-                    } else {
-                        "one thread".into()
+                (StepKind::Loop { program, .. }, StepShape::Loop { rows, inner, work, split_inner }) => {
+                    let units = if *split_inner { *inner } else { *rows };
+                    let on = match (self.parallel_loop(units, *work), split_inner) {
+                        (true, false) => format!("rows split over {threads} threads"),
+                        (true, true) => format!("points split over {threads} threads"),
+                        (false, _) => "one thread".into(),
                     };
-                    let _ = writeln!(s, "loop p{program}: {rows} rows of {inner}, {on}");
+                    let per_point = match work / rows.saturating_mul(*inner).max(1) {
+                        1 => String::new(),
+                        r => format!(
+                            ", a reduction of {r} per point (one point at a time when {r} fills a vector)"
+                        ),
+                    };
+                    let _ = writeln!(s, "loop p{program}: {rows} rows of {inner}{per_point}, {on}");
                 }
                 (StepKind::MatMul(mm), StepShape::MatMul(ms)) => {
                     let d = self.dispatcher(mm)?;

@@ -494,10 +494,15 @@ impl CompiledModel {
             }
             let start = times.is_some().then(std::time::Instant::now);
             match (&st.kind, &sp.steps[i]) {
-                (StepKind::Loop { program, args: bufs }, StepShape::Loop { rows, inner }) => {
+                (
+                    StepKind::Loop { program, args: bufs },
+                    StepShape::Loop { rows, inner, work, split_inner },
+                ) => {
                     args.clear();
                     args.extend(bufs.iter().map(|b| ptrs[*b]));
-                    self.run_loop(*program, &args, &sp.dims, *rows, *inner)?;
+                    // Threads take rows, or ranges of a one-loop nest's points.
+                    let units = if *split_inner { *inner } else { *rows };
+                    self.run_loop(*program, &args, &sp.dims, units, *work, *split_inner)?;
                 }
                 (StepKind::MatMul(mm), StepShape::MatMul(ms)) => self.run_matmul(i, mm, ms, sp, ptrs)?,
                 (StepKind::Attention(a), StepShape::Attention(at)) => self.run_attention(a, at, sp, ptrs)?,
@@ -513,28 +518,41 @@ impl CompiledModel {
         Ok(())
     }
 
+    /// Whether a loop of `units` (rows or points) and `work` runs on every
+    /// thread: a fork-join costs microseconds, more than a small loop takes.
+    fn parallel_loop(&self, units: usize, work: usize) -> bool {
+        self.pool.threads() > 1 && units >= 2 && work >= PARALLEL_MIN
+    }
+
+    /// Run loop program `program` over `units` (rows, or the points of a
+    /// one-loop nest), split between the threads when the work pays for it.
     fn run_loop(
         &self,
         program: usize,
         args: &[*mut u8],
         dims: &[i64],
-        rows: usize,
-        inner: usize,
+        units: usize,
+        work: usize,
+        points: bool,
     ) -> Result<(), RunError> {
-        if rows == 0 || inner == 0 {
+        if units == 0 || work == 0 {
             return Ok(());
         }
         let f = self.loops[program];
         let threads = self.pool.threads();
-        let status = if threads > 1 && rows >= 2 && rows.saturating_mul(inner) >= PARALLEL_MIN {
+        let status = if self.parallel_loop(units, work) {
             let shared = Shared { args: args.as_ptr(), dims: dims.as_ptr() };
             let first = AtomicI64::new(0);
-            let chunk = rows.div_ceil(threads);
+            // Points go to threads in whole vectors (16 lanes cover every ISA's f32 width).
+            let chunk = match units.div_ceil(threads) {
+                c if points => c.next_multiple_of(16),
+                c => c,
+            };
             self.pool.run(&|t| {
-                let (b, e) = (t * chunk, ((t + 1) * chunk).min(rows));
+                let (b, e) = (t * chunk, ((t + 1) * chunk).min(units));
                 if b < e {
-                    // SAFETY: see `call`; threads run disjoint row ranges, so no element is
-                    // written by two of them.
+                    // SAFETY: see `call`; threads run disjoint row (or point) ranges,
+                    // so no element is written by two of them.
                     let s = unsafe { call(f, shared, b, e) };
                     if s != 0 {
                         let _ = first.compare_exchange(0, s, Ordering::SeqCst, Ordering::SeqCst);
@@ -544,7 +562,7 @@ impl CompiledModel {
             first.load(Ordering::SeqCst)
         } else {
             // SAFETY: see `call`.
-            unsafe { call(f, Shared { args: args.as_ptr(), dims: dims.as_ptr() }, 0, rows) }
+            unsafe { call(f, Shared { args: args.as_ptr(), dims: dims.as_ptr() }, 0, units) }
         };
         if status != 0 {
             let checks = &self.plan.programs[program].checks;

@@ -29,10 +29,14 @@ pub(crate) struct MatMulShape {
 
 #[derive(Clone, Debug)]
 pub(crate) enum StepShape {
-    /// Rows of the nest and elements per row.
+    /// Rows of the nest and elements per row; the work (points times the
+    /// length of a per-point reduction), which decides whether threads pay;
+    /// whether threads split the inner range instead of rows (a one-loop nest).
     Loop {
         rows: usize,
         inner: usize,
+        work: usize,
+        split_inner: bool,
     },
     MatMul(MatMulShape),
     /// Fused attention (boxed: the largest shape, and the rarest).
@@ -166,12 +170,21 @@ impl ShapePlan {
         for st in &plan.steps {
             steps.push(match &st.kind {
                 StepKind::Loop { program, .. } => {
-                    let (rows, inner) = nest(&plan.programs[*program], &dims)?;
-                    StepShape::Loop { rows, inner }
+                    let p = &plan.programs[*program];
+                    let (rows, inner) = nest(p, &dims)?;
+                    let per_point = match p.row_reduction() {
+                        Some(e) => extent(p, e, &dims)?.max(1),
+                        None => 1,
+                    };
+                    let work = rows.saturating_mul(inner).saturating_mul(per_point);
+                    StepShape::Loop { rows, inner, work, split_inner: p.splits_inner() }
                 }
                 StepKind::MatMul(mm) => StepShape::MatMul(matmul_shape(mm, &dims)?),
                 StepKind::Attention(a) => {
                     let (rows, inner) = nest(&plan.programs[a.softmax], &dims)?;
+                    if plan.programs[a.softmax].splits_inner() {
+                        return Err(RunError::Internal("fused attention: a softmax that splits its row".into()));
+                    }
                     let scores = matmul_shape(&a.scores, &dims)?;
                     let output = matmul_shape(&a.output, &dims)?;
                     // The tiles stand for S and P: one softmax row per query row.
@@ -193,15 +206,18 @@ impl ShapePlan {
 }
 
 /// Rows of a loop program's nest at this shape, and elements per row.
-fn nest(p: &lower::LoopProgram, dims: &[i64]) -> Result<(usize, usize), RunError> {
-    let ext = |e: lower::E| -> Result<usize, RunError> {
-        let v = match p.exprs.node(e) {
-            lower::Node::Dim(s) => dims[*s as usize],
-            lower::Node::Const(c) => *c as i64,
-            _ => return Err(RunError::Internal("a loop extent is not a dim".into())),
-        };
-        usize_of(v, "a loop extent")
+/// A loop extent's value (a dim or a constant).
+fn extent(p: &lower::LoopProgram, e: lower::E, dims: &[i64]) -> Result<usize, RunError> {
+    let v = match p.exprs.node(e) {
+        lower::Node::Dim(s) => dims[*s as usize],
+        lower::Node::Const(c) => *c as i64,
+        _ => return Err(RunError::Internal("a loop extent is not a dim".into())),
     };
+    usize_of(v, "a loop extent")
+}
+
+fn nest(p: &lower::LoopProgram, dims: &[i64]) -> Result<(usize, usize), RunError> {
+    let ext = |e: lower::E| extent(p, e, dims);
     let total = p.space.iter().try_fold(1usize, |a, e| Ok::<_, RunError>(a.saturating_mul(ext(*e)?)))?;
     let inner = match p.inner() {
         Some(i) => ext(p.space[i])?,
