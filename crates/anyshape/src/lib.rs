@@ -293,6 +293,7 @@ impl Model {
         );
         let programs = programs?;
         let loops = (0..programs.len()).filter_map(|i| programs.get(i)).collect();
+        let splits = (0..programs.len()).map(|i| programs.split(i)).collect();
         let mut code: Vec<Box<dyn std::any::Any + Send + Sync>> = vec![Box::new(programs)];
         let mut dispatchers = Vec::with_capacity(families.len());
         for (e, c) in epilogues.into_iter().zip(families) {
@@ -307,6 +308,7 @@ impl Model {
             inputs: io(&self.inputs()),
             outputs: io(&self.outputs()),
             loops,
+            splits,
             dispatchers,
             pool,
             code,

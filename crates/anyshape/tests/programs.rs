@@ -402,7 +402,10 @@ const LONG_ROWS: &str = r#"graph {
   %c: f32[m] = reduce_sum[axes=[0], keep_dims=false] %x
   %e: f32[m] = exp %v
   %ec: f32[m] = mul %e, %c
-  output %s, %mx, %mean, %ec
+  %all: f32[] = reduce_max[axes=[0, 1], keep_dims=false] %x
+  %vs: f32[] = reduce_sum[axes=[0], keep_dims=false] %v
+  %vm: f32[] = div %vs, %all
+  output %s, %mx, %mean, %ec, %vm
 }
 "#;
 
@@ -411,6 +414,7 @@ fn long_rows_short_rows_and_one_loop_nests_on_two_threads() {
     let m = model(LONG_ROWS, false, None);
     let plan = anyshape::print_plan(&m.lower().expect("lowers"));
     assert!(plan.contains("row reduction along"), "no row schedule:\n{plan}");
+    assert!(plan.contains("reduction splits over threads"), "no split reduction:\n{plan}");
     for (i, (n, len)) in [
         (1, 100_003),
         (3, 40_000),

@@ -44,6 +44,8 @@ type R<T> = Result<T, CodegenError>;
 /// their optimized IR and assembly (`--dump-llvm`).
 pub struct CompiledPrograms {
     fns: Vec<LoopFn>,
+    /// The split-reduction entries of the programs that have them.
+    splits: Vec<Option<(lower::PartFn, lower::FinishFn)>>,
     /// Each module's optimized IR.
     ir: Vec<crate::OptimizedIr>,
     // Own the machine code the entries point into; only dropped.
@@ -54,6 +56,11 @@ impl CompiledPrograms {
     /// The entry of program `i` (in the order given to [`compile_programs`]).
     pub fn get(&self, i: usize) -> Option<LoopFn> {
         self.fns.get(i).copied()
+    }
+    /// The split-reduction entries of program `i`, when it has a
+    /// `lower::SplitReduction`.
+    pub fn split(&self, i: usize) -> Option<(lower::PartFn, lower::FinishFn)> {
+        self.splits.get(i).copied().flatten()
     }
     pub fn len(&self) -> usize {
         self.fns.len()
@@ -119,10 +126,12 @@ pub fn compile_programs_with(
             .map(|h| h.join().unwrap_or_else(|_| Err(llvm("a compiling thread panicked"))))
             .collect()
     });
-    let mut out = CompiledPrograms { fns: Vec::new(), ir: Vec::new(), _images: Vec::new() };
+    let mut out =
+        CompiledPrograms { fns: Vec::new(), splits: Vec::new(), ir: Vec::new(), _images: Vec::new() };
     for r in results {
-        let (fns, ir, image) = r?;
+        let (fns, splits, ir, image) = r?;
         out.fns.extend(fns);
+        out.splits.extend(splits);
         out.ir.push(ir);
         out._images.push(image);
     }
@@ -130,7 +139,8 @@ pub fn compile_programs_with(
 }
 
 /// A compiled module: its programs' entries, IR and code.
-type Chunk = (Vec<LoopFn>, crate::OptimizedIr, kernels::CodeImage);
+type Chunk =
+    (Vec<LoopFn>, Vec<Option<(lower::PartFn, lower::FinishFn)>>, crate::OptimizedIr, kernels::CodeImage);
 
 /// One module of programs `first..first + programs.len()`.
 fn compile_chunk(
@@ -157,35 +167,64 @@ fn compile_chunk(
         // convention; the image that holds it is returned with it.
         fns.push(unsafe { std::mem::transmute::<usize, LoopFn>(addr) });
     }
-    Ok((fns, ir, image))
+    let mut splits = Vec::with_capacity(programs.len());
+    for (p, name) in programs.iter().zip(&names) {
+        splits.push(match p.split_reduction() {
+            Some(_) => {
+                let entry = |suffix: &str| {
+                    image
+                        .function(&format!("{name}_{suffix}"))
+                        .ok_or_else(|| llvm(format!("no {name}_{suffix}")))
+                };
+                let (part, finish) = (entry("part")?, entry("finish")?);
+                // SAFETY: `build_split` generated these two with exactly the `PartFn`
+                // (ptr, ptr, i64, i64, i64, ptr) -> i64 and `FinishFn` (ptr, ptr, i64,
+                // ptr, i64) -> i64 signatures and the C calling convention; the image
+                // that holds them is returned with them.
+                Some(unsafe {
+                    (
+                        std::mem::transmute::<usize, lower::PartFn>(part),
+                        std::mem::transmute::<usize, lower::FinishFn>(finish),
+                    )
+                })
+            }
+            None => None,
+        });
+    }
+    Ok((fns, splits, ir, image))
 }
 
-fn build_program(
+/// Begin function `name` of program `p`: `(bufs, dims, extra...) -> i64`,
+/// positioned in its entry block with the buffers, the dims the program reads
+/// and every buffer's strides loaded, and the error status cleared.
+#[allow(clippy::too_many_arguments)]
+fn start<'a>(
     ctx: &'static Context,
-    module: &Module<'static>,
+    module: &'a Module<'static>,
+    bld: &'a Builder<'static>,
     name: &str,
-    p: &LoopProgram,
+    p: &'a LoopProgram,
+    extra: &[inkwell::types::BasicMetadataTypeEnum<'static>],
     lanes: usize,
     cpu: &str,
     features: &str,
-) -> R<()> {
+) -> R<(FunctionValue<'static>, Gen<'a>)> {
     let (i64t, ptr) = (ctx.i64_type(), ctx.ptr_type(AddressSpace::default()));
-    let fn_type = i64t.fn_type(&[ptr.into(), ptr.into(), i64t.into(), i64t.into()], false);
-    let f = module.add_function(name, fn_type, None);
+    let mut params: Vec<inkwell::types::BasicMetadataTypeEnum> = vec![ptr.into(), ptr.into()];
+    params.extend_from_slice(extra);
+    let f = module.add_function(name, i64t.fn_type(&params, false), None);
     target_attributes(ctx, f, cpu, features, lanes);
-    let bld = ctx.create_builder();
     let entry = ctx.append_basic_block(f, "entry");
     bld.position_at_end(entry);
     let param = |i: u32| f.get_nth_param(i).ok_or_else(|| llvm("param"));
     let bufs_ptr = param(0)?.into_pointer_value();
     let dims_ptr = param(1)?.into_pointer_value();
-    let (begin, end) = (param(2)?.into_int_value(), param(3)?.into_int_value());
     let status = bld.build_alloca(i64t, "status").map_err(llvm)?;
     bld.build_store(status, i64t.const_zero()).map_err(llvm)?;
     let mut g = Gen {
         ctx,
         module,
-        bld: &bld,
+        bld,
         x: &p.exprs,
         w: lanes as u32,
         bufs: Vec::new(),
@@ -198,6 +237,7 @@ fn build_program(
         scratch: None,
         param_dtypes: p.params.iter().map(|q| q.dtype).collect(),
         fixed: HashMap::new(),
+        reduce_range: None,
     };
     // The buffers, the dims the program reads, and each buffer's strides.
     for i in 0..p.params.len() {
@@ -226,6 +266,94 @@ fn build_program(
         }
         g.strides.push(strides);
     }
+    Ok((f, g))
+}
+
+/// The entries of a program with a split reduction (`lower::PartFn`,
+/// `lower::FinishFn`): one point's partial over a range of the split variable,
+/// and the point's stores from the combined partials.
+#[allow(clippy::too_many_arguments)]
+fn build_split(
+    ctx: &'static Context,
+    module: &Module<'static>,
+    name: &str,
+    p: &LoopProgram,
+    sr: lower::SplitReduction,
+    lanes: usize,
+    cpu: &str,
+    features: &str,
+) -> R<()> {
+    let (i64t, ptr) = (ctx.i64_type(), ctx.ptr_type(AddressSpace::default()));
+    let inner_var = p.inner().and_then(|i| match p.exprs.node(p.vars[i]) {
+        Node::Var(v) => Some(*v),
+        _ => None,
+    });
+    let dt = p.exprs.dtype(sr.reduce);
+    // The partial: the reduction with its last variable over `lo..hi`.
+    {
+        let bld = ctx.create_builder();
+        let extra = [i64t.into(), i64t.into(), i64t.into(), ptr.into()];
+        let (f, mut g) = start(ctx, module, &bld, &format!("{name}_part"), p, &extra, lanes, cpu, features)?;
+        let param = |i: u32| f.get_nth_param(i).ok_or_else(|| llvm("param"));
+        let (point, lo, hi) =
+            (param(2)?.into_int_value(), param(3)?.into_int_value(), param(4)?.into_int_value());
+        let out = param(5)?.into_pointer_value();
+        if let Some(v) = inner_var {
+            g.vars.insert(v, point);
+        }
+        g.reduce_range = Some((sr.var, lo, hi));
+        let v = g.emit(sr.reduce, false)?;
+        bld.build_store(out, v).map_err(llvm)?;
+        let st = bld.build_load(i64t, g.status, "st").map_err(llvm)?;
+        bld.build_return(Some(&st)).map_err(llvm)?;
+    }
+    // The finish: the partials combined, then the point's stores.
+    let bld = ctx.create_builder();
+    let extra = [i64t.into(), ptr.into(), i64t.into()];
+    let (f, mut g) = start(ctx, module, &bld, &format!("{name}_finish"), p, &extra, lanes, cpu, features)?;
+    let param = |i: u32| f.get_nth_param(i).ok_or_else(|| llvm("param"));
+    let (point, parts, n) =
+        (param(2)?.into_int_value(), param(3)?.into_pointer_value(), param(4)?.into_int_value());
+    let Node::Reduce { combine, .. } = p.exprs.node(sr.reduce).clone() else {
+        return Err(llvm("a split reduction that is not a reduction"));
+    };
+    let init = g.identity(combine, dt)?;
+    let ty = g.lty(dt, false);
+    let (_, acc) = g.for_loop(i64t.const_zero(), n, 1, vec![init], &mut |g, i, acc| {
+        // SAFETY (of the IR): `parts` holds `n` 8-byte slots (the ABI).
+        let at = unsafe { g.bld.build_in_bounds_gep(i64t, parts, &[i], "part") }.map_err(llvm)?;
+        let x = g.bld.build_load(ty, at, "partial").map_err(llvm)?;
+        Ok(vec![g.combine(combine, acc[0], x, dt)?])
+    })?;
+    if let Some(v) = inner_var {
+        g.vars.insert(v, point);
+    }
+    g.bind(sr.reduce, None, acc[0]);
+    g.stores(p, point, false)?;
+    let st = bld.build_load(i64t, g.status, "st").map_err(llvm)?;
+    bld.build_return(Some(&st)).map_err(llvm)?;
+    Ok(())
+}
+
+fn build_program(
+    ctx: &'static Context,
+    module: &Module<'static>,
+    name: &str,
+    p: &LoopProgram,
+    lanes: usize,
+    cpu: &str,
+    features: &str,
+) -> R<()> {
+    if let Some(sr) = p.split_reduction() {
+        build_split(ctx, module, name, p, sr, lanes, cpu, features)?;
+    }
+    let i64t = ctx.i64_type();
+    let bld = ctx.create_builder();
+    let extra = [i64t.into(), i64t.into()];
+    let (f, mut g) = start(ctx, module, &bld, name, p, &extra, lanes, cpu, features)?;
+    let param = |i: u32| f.get_nth_param(i).ok_or_else(|| llvm("param"));
+    let (begin, end) = (param(2)?.into_int_value(), param(3)?.into_int_value());
+    let status = g.status;
     let inner = p.inner();
     let inner_ext = match inner {
         Some(i) => g.emit(p.space[i], false)?.into_int_value(),
@@ -411,6 +539,8 @@ struct Gen<'a> {
     param_dtypes: Vec<DType>,
     /// The guards' values in the version being generated.
     fixed: HashMap<E, bool>,
+    /// A reduction variable's range in a split reduction's partial: `(var, lo, hi)`.
+    reduce_range: Option<(u32, IntValue<'static>, IntValue<'static>)>,
 }
 
 /// A row sum whose terms the stored value uses again (Softmax's
@@ -1399,9 +1529,14 @@ impl Gen<'_> {
 
     fn reduce_level(&mut self, c: Combine, vars: &[u32], body: E, dt: DType, vec: bool, acc: V) -> R<V> {
         let (v, rest) = (vars[0], &vars[1..]);
-        let ext = self.x.extents[v as usize];
-        let hi = self.emit(ext, false)?.into_int_value();
-        let zero = self.ctx.i64_type().const_zero();
+        let (zero, hi) = match self.reduce_range {
+            // A split reduction's partial: this variable's share only.
+            Some((rv, lo, hi)) if rv == v => (lo, hi),
+            _ => {
+                let ext = self.x.extents[v as usize];
+                (self.ctx.i64_type().const_zero(), self.emit(ext, false)?.into_int_value())
+            }
+        };
         let inner_mask = rest.iter().fold(0u64, |m, r| m | 1 << r);
         if !rest.is_empty() {
             let out = self.for_loop(zero, hi, 1, vec![acc], &mut |g, iv, accs| {

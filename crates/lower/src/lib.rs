@@ -31,7 +31,7 @@ pub use plan::{
     Activation, AttentionStep, BufId, Buffer, BufferKind, DimTable, GroupSteps, MatEpilogue, MatMulStep,
     ModelPlan, Step, StepKind, View,
 };
-pub use program::{LoopProgram, Param, Store};
+pub use program::{LoopProgram, Param, SplitReduction, Store};
 pub use text::{print_plan, print_program};
 
 /// The calling convention of a generated loop program: `bufs[i]` is parameter
@@ -43,6 +43,29 @@ pub use text::{print_plan, print_program};
 /// back by the rows before them (fused attention does). Returns 0, or the first error code a `Check`
 /// recorded (its message is the program's `checks[code - 1]`).
 pub type LoopFn = unsafe extern "C" fn(bufs: *const *mut u8, dims: *const i64, begin: i64, end: i64) -> i64;
+
+/// The partial entry of a program with a [`SplitReduction`]: for point `point`
+/// of its nest, its reduction over `lo..hi` of the split variable only, stored
+/// at `out` (its dtype, in an 8-byte slot). Returns 0 or an error code.
+pub type PartFn = unsafe extern "C" fn(
+    bufs: *const *mut u8,
+    dims: *const i64,
+    point: i64,
+    lo: i64,
+    hi: i64,
+    out: *mut u64,
+) -> i64;
+
+/// The finishing entry of a program with a [`SplitReduction`]: the stores of
+/// point `point`, the reduction being the combination of the `n` partials at
+/// `parts` ([`PartFn`]'s slots). Returns 0 or an error code.
+pub type FinishFn = unsafe extern "C" fn(
+    bufs: *const *mut u8,
+    dims: *const i64,
+    point: i64,
+    parts: *const u64,
+    n: i64,
+) -> i64;
 
 /// Why a model cannot be lowered.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -25,6 +25,21 @@ pub struct Store {
     pub value: E,
 }
 
+/// A program whose stores need one reduction per point, long enough that
+/// threads share one point's reduction (a row's sum when there is one row, the
+/// sum of a whole tensor): each thread reduces a range of `var`, the last
+/// reduced variable, into a partial, and the partials are combined before the
+/// point's stores (BladeDISC §5.2.1, one long row split across threads).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SplitReduction {
+    /// The reduction node.
+    pub reduce: E,
+    /// The variable whose range the threads split.
+    pub var: u32,
+    /// Its extent.
+    pub extent: E,
+}
+
 /// One generated function: `for vars in space: stores`.
 #[derive(Clone, Debug)]
 pub struct LoopProgram {
@@ -99,6 +114,34 @@ impl LoopProgram {
             .enumerate()
             .all(|(k, v)| k == i || !matches!(self.exprs.node(*v), crate::expr::Node::Var(_)));
         one_loop && self.point_reductions().len() == self.all_reductions()
+    }
+
+    /// The program's [`SplitReduction`], when it has one: its nest is one loop
+    /// (or none) and its stores use exactly one reduction, per point.
+    pub fn split_reduction(&self) -> Option<SplitReduction> {
+        let x = &self.exprs;
+        let one_point_nest = match self.inner() {
+            Some(_) => self.splits_inner(),
+            None => true,
+        };
+        if !one_point_nest || self.all_reductions() != 1 {
+            return None;
+        }
+        let mut seen = vec![false; x.len()];
+        let mut stack: Vec<E> = self.stores.iter().map(|s| s.value).collect();
+        while let Some(e) = stack.pop() {
+            if std::mem::replace(&mut seen[e.index()], true) {
+                continue;
+            }
+            match x.node(e) {
+                crate::expr::Node::Reduce { vars, .. } => {
+                    let var = *vars.last()?;
+                    return Some(SplitReduction { reduce: e, var, extent: x.extents[var as usize] });
+                }
+                n => stack.extend(n.children()),
+            }
+        }
+        None
     }
 
     /// How many reductions the stored values use.

@@ -40,6 +40,14 @@ pub fn print_program(p: &LoopProgram, names: bool) -> String {
             expr(&p.exprs, r, &HashMap::new())
         );
     }
+    if let Some(sr) = p.split_reduction() {
+        let _ = writeln!(
+            s,
+            "  one point's reduction splits over threads along i{} < {}",
+            sr.var,
+            expr(&p.exprs, sr.extent, &HashMap::new())
+        );
+    }
     let _ = writeln!(s, "  for {}:", space.join(", "));
     // Shared and reducing subexpressions get a name, in dependence order.
     let mut uses = vec![0usize; p.exprs.len()];

@@ -62,12 +62,20 @@ impl CompiledModel {
             let g = st.group;
             let _ = write!(s, "step {i} (group {g}, {}): ", self.plan.groups[g].kind);
             match (&st.kind, &sp.steps[i]) {
-                (StepKind::Loop { program, .. }, StepShape::Loop { rows, inner, work, split_inner }) => {
+                (
+                    StepKind::Loop { program, .. },
+                    StepShape::Loop { rows, inner, work, split_inner, split_len },
+                ) => {
                     let units = if *split_inner { *inner } else { *rows };
-                    let on = match (self.parallel_loop(units, *work), split_inner) {
-                        (true, false) => format!("rows split over {threads} threads"),
-                        (true, true) => format!("points split over {threads} threads"),
-                        (false, _) => "one thread".into(),
+                    let on = match (
+                        self.split_threads(*program, units, *work, *split_len),
+                        self.parallel_loop(units, *work),
+                        split_inner,
+                    ) {
+                        (Some(ways), ..) => format!("each point's reduction split over {ways} threads"),
+                        (None, true, false) => format!("rows split over {threads} threads"),
+                        (None, true, true) => format!("points split over {threads} threads"),
+                        (None, false, _) => "one thread".into(),
                     };
                     let per_point = match work / rows.saturating_mul(*inner).max(1) {
                         1 => String::new(),

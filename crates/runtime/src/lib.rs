@@ -22,7 +22,7 @@ use kernels::{
     ALayout, Activation, BLayout, BOperand, Dispatcher, Epilogue, EpilogueArgs, MatMut, MatRef, PackedB,
     Problem, ThreadPool,
 };
-use lower::{BufferKind, LoopFn, ModelPlan, StepKind};
+use lower::{BufferKind, FinishFn, LoopFn, ModelPlan, PartFn, StepKind};
 use sym::ShapeEnv;
 
 pub use shape::MAX_ELEMS;
@@ -65,6 +65,9 @@ pub struct ModelParts {
     pub outputs: Vec<(String, TensorType)>,
     /// The entry of each of the plan's loop programs.
     pub loops: Vec<LoopFn>,
+    /// The split-reduction entries of each loop program that has a
+    /// `lower::SplitReduction` (one long row shared by the threads).
+    pub splits: Vec<Option<(PartFn, FinishFn)>>,
     /// The contraction engine for each epilogue the plan's matmuls fuse (see
     /// [`engine_epilogue`]): a kernel family compiled with it.
     pub dispatchers: Vec<(Epilogue, Dispatcher)>,
@@ -94,6 +97,7 @@ pub struct CompiledModel {
     inputs: Vec<(String, TensorType)>,
     outputs: Vec<(String, TensorType)>,
     loops: Vec<LoopFn>,
+    splits: Vec<Option<(PartFn, FinishFn)>>,
     dispatchers: Vec<(Epilogue, Dispatcher)>,
     /// The packed weight of each matmul step that has one.
     packed: Vec<Option<PackedB>>,
@@ -121,6 +125,12 @@ struct Line([u8; 64]);
 /// Elements per row-range below which a loop runs on the calling thread: a
 /// fork-join costs a few microseconds, more than a small row range takes.
 const PARALLEL_MIN: usize = 1 << 15;
+
+/// The most threads that share one reduction (the partials live on the stack).
+const MAX_SPLIT: usize = 64;
+
+/// The fewest elements of a split reduction per thread.
+const SPLIT_MIN: usize = 1 << 12;
 
 /// Row counts a weight is packed for (a geometric sweep of M).
 const PACK_ROWS: [usize; 5] = [1, 8, 64, 512, 4096];
@@ -186,8 +196,31 @@ fn reads(plan: &ModelPlan) -> Vec<Reads> {
 impl CompiledModel {
     /// Assemble a compiled model; packs every weight for the contraction engine.
     pub fn new(parts: ModelParts) -> Result<CompiledModel, RunError> {
-        let ModelParts { plan, env, inputs, outputs, loops, dispatchers, pool, code, canaries, code_stats } =
-            parts;
+        let ModelParts {
+            plan,
+            env,
+            inputs,
+            outputs,
+            loops,
+            splits,
+            dispatchers,
+            pool,
+            code,
+            canaries,
+            code_stats,
+        } = parts;
+        let without_split = plan
+            .programs
+            .iter()
+            .zip(splits.iter().chain(std::iter::repeat(&None)))
+            .position(|(p, s)| p.split_reduction().is_some() && s.is_none());
+        if splits.len() != plan.programs.len() || without_split.is_some() {
+            return Err(RunError::Internal(format!(
+                "{} loop programs, {} with split-reduction entries (program {without_split:?} lacks them)",
+                plan.programs.len(),
+                splits.len()
+            )));
+        }
         if loops.len() != plan.programs.len() {
             return Err(RunError::Internal(format!(
                 "{} loop programs, {} compiled",
@@ -214,6 +247,7 @@ impl CompiledModel {
             inputs,
             outputs,
             loops,
+            splits,
             dispatchers,
             packed: Vec::new(),
             aligned,
@@ -496,13 +530,19 @@ impl CompiledModel {
             match (&st.kind, &sp.steps[i]) {
                 (
                     StepKind::Loop { program, args: bufs },
-                    StepShape::Loop { rows, inner, work, split_inner },
+                    StepShape::Loop { rows, inner, work, split_inner, split_len },
                 ) => {
                     args.clear();
                     args.extend(bufs.iter().map(|b| ptrs[*b]));
-                    // Threads take rows, or ranges of a one-loop nest's points.
+                    // Threads take rows, or ranges of a one-loop nest's points, or
+                    // share each point's reduction.
                     let units = if *split_inner { *inner } else { *rows };
-                    self.run_loop(*program, &args, &sp.dims, units, *work, *split_inner)?;
+                    match (self.split_threads(*program, units, *work, *split_len), split_len) {
+                        (Some(ways), Some(len)) => {
+                            self.run_split(*program, &args, &sp.dims, units, *len, ways)?
+                        }
+                        _ => self.run_loop(*program, &args, &sp.dims, units, *work, *split_inner)?,
+                    }
                 }
                 (StepKind::MatMul(mm), StepShape::MatMul(ms)) => self.run_matmul(i, mm, ms, sp, ptrs)?,
                 (StepKind::Attention(a), StepShape::Attention(at)) => self.run_attention(a, at, sp, ptrs)?,
@@ -522,6 +562,60 @@ impl CompiledModel {
     /// thread: a fork-join costs microseconds, more than a small loop takes.
     fn parallel_loop(&self, units: usize, work: usize) -> bool {
         self.pool.threads() > 1 && units >= 2 && work >= PARALLEL_MIN
+    }
+
+    /// The threads that share each point's reduction (one long row split
+    /// across threads), when that pays: too few points to give every thread
+    /// one, a reduction long enough, and work enough for a fork-join.
+    fn split_threads(&self, program: usize, units: usize, work: usize, len: Option<usize>) -> Option<usize> {
+        let threads = self.pool.threads().min(MAX_SPLIT);
+        let len = len?;
+        self.splits.get(program).copied().flatten()?;
+        (threads > 1 && units < threads && len >= 2 * SPLIT_MIN && work >= PARALLEL_MIN)
+            .then(|| threads.min(len / SPLIT_MIN))
+    }
+
+    /// Run a program with a split reduction: per point, each of `ways` threads
+    /// reduces a range of the split variable into a partial, then the point's
+    /// stores combine them.
+    fn run_split(
+        &self,
+        program: usize,
+        args: &[*mut u8],
+        dims: &[i64],
+        points: usize,
+        len: usize,
+        ways: usize,
+    ) -> Result<(), RunError> {
+        let Some((part, finish)) = self.splits.get(program).copied().flatten() else {
+            return Err(RunError::Internal("a split run of a program without split entries".into()));
+        };
+        let shared = Shared { args: args.as_ptr(), dims: dims.as_ptr() };
+        let first = AtomicI64::new(0);
+        let chunk = len.div_ceil(ways).next_multiple_of(64);
+        let mut parts = [0u64; MAX_SPLIT];
+        for point in 0..points {
+            let slots = Slots(parts.as_mut_ptr());
+            self.pool.run(&|t| {
+                if t >= ways {
+                    return;
+                }
+                let (lo, hi) = ((t * chunk).min(len), ((t + 1) * chunk).min(len));
+                // SAFETY: `shared` is as for `call`; `t < ways <= MAX_SPLIT`, the
+                // slots of `parts`. An empty range gives the reduction's identity.
+                let s = unsafe { call_part(part, shared, point, lo, hi, slots, t) };
+                if s != 0 {
+                    let _ = first.compare_exchange(0, s, Ordering::SeqCst, Ordering::SeqCst);
+                }
+            });
+            // SAFETY: as for `call`; `parts` holds the `ways` partials just written,
+            // the pool having joined.
+            let s = unsafe { finish(shared.args, shared.dims, point as i64, parts.as_ptr(), ways as i64) };
+            if s != 0 {
+                let _ = first.compare_exchange(0, s, Ordering::SeqCst, Ordering::SeqCst);
+            }
+        }
+        self.check_status(program, first.load(Ordering::SeqCst))
     }
 
     /// Run loop program `program` over `units` (rows, or the points of a
@@ -564,6 +658,11 @@ impl CompiledModel {
             // SAFETY: see `call`.
             unsafe { call(f, Shared { args: args.as_ptr(), dims: dims.as_ptr() }, 0, units) }
         };
+        self.check_status(program, status)
+    }
+
+    /// A program's status as a result: an error code names its check.
+    fn check_status(&self, program: usize, status: i64) -> Result<(), RunError> {
         if status != 0 {
             let checks = &self.plan.programs[program].checks;
             let msg =
@@ -802,6 +901,32 @@ struct Shared {
 unsafe impl Send for Shared {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for Shared {}
+
+/// The partials' slots of a split reduction, written by the pool's threads.
+#[derive(Clone, Copy)]
+struct Slots(*mut u64);
+// SAFETY: each thread writes only its own slot, and the slots are read after the
+// pool has joined (see `run_split`).
+unsafe impl Send for Slots {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Slots {}
+
+/// The partial of thread `t` for `point` over `lo..hi`, into slot `t`.
+///
+/// # Safety
+/// As for [`call`], for the program `part` was generated from; `slots` has a
+/// slot `t` that no other thread writes until the pool joins.
+unsafe fn call_part(
+    part: PartFn,
+    s: Shared,
+    point: usize,
+    lo: usize,
+    hi: usize,
+    slots: Slots,
+    t: usize,
+) -> i64 {
+    part(s.args, s.dims, point as i64, lo as i64, hi as i64, slots.0.add(t))
+}
 
 /// Run rows `b..e` of a generated loop program.
 ///

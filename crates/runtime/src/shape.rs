@@ -37,6 +37,8 @@ pub(crate) enum StepShape {
         inner: usize,
         work: usize,
         split_inner: bool,
+        /// The length of the split variable of a split reduction (`lower::SplitReduction`).
+        split_len: Option<usize>,
     },
     MatMul(MatMulShape),
     /// Fused attention (boxed: the largest shape, and the rarest).
@@ -176,8 +178,17 @@ impl ShapePlan {
                         Some(e) => extent(p, e, &dims)?.max(1),
                         None => 1,
                     };
+                    let split_len = match p.split_reduction() {
+                        Some(sr) => Some(extent(p, sr.extent, &dims)?),
+                        None => None,
+                    };
+                    // A reduction computed once for a nest without loops counts too.
+                    let per_point = match (p.row_reduction(), split_len) {
+                        (None, Some(l)) => l.max(1),
+                        _ => per_point,
+                    };
                     let work = rows.saturating_mul(inner).saturating_mul(per_point);
-                    StepShape::Loop { rows, inner, work, split_inner: p.splits_inner() }
+                    StepShape::Loop { rows, inner, work, split_inner: p.splits_inner(), split_len }
                 }
                 StepKind::MatMul(mm) => StepShape::MatMul(matmul_shape(mm, &dims)?),
                 StepKind::Attention(a) => {

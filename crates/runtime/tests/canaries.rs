@@ -74,6 +74,7 @@ fn model(f: lower::LoopFn) -> CompiledModel {
         outputs: io(&g.outputs),
         plan,
         loops: vec![f],
+        splits: vec![None],
         dispatchers: Vec::new(),
         pool: kernels::ThreadPool::new(1),
         code: Vec::new(),
