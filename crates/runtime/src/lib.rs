@@ -686,7 +686,12 @@ impl CompiledModel {
         let d = self.dispatcher(mm)?;
         let shape_err = |e: kernels::KernelError| RunError::Internal(e.to_string());
         let whole = |b: usize| f32s(ptrs, sp, b);
-        let (a_all, b_all) = (whole(mm.a.buf), whole(mm.b.buf));
+        let a_all = whole(mm.a.buf);
+        // A packed weight's own bytes are not read (nor aligned: see `reads`).
+        let b_all = match &self.packed[step] {
+            Some(_) => &[][..],
+            None => whole(mm.b.buf),
+        };
         let mut a = Vec::with_capacity(ms.entries.len());
         let mut b = Vec::with_capacity(ms.entries.len());
         for e in &ms.entries {
