@@ -229,11 +229,28 @@ const MAYBE_BROADCAST: &str = r#"graph {
 }
 "#;
 
+/// Windows over rows wide enough that most vectors lie inside the padding (a
+/// plain load there, a masked one only at the borders): depthwise convolutions
+/// at strides 1 and 2, a padded average pool and a constant pad.
+const WIDE_WINDOWS: &str = r#"graph {
+  sym h param 1..9
+  sym w param 1..80
+  input %img: f32[1, 3, h, w]
+  %kdw: f32[3, 1, 3, 3] = constant @kdw
+  %dw: f32[1, 3, h, w] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], group=3] %img, %kdw
+  %dw2: f32[1, 3, (h-1)/2+1, (w-1)/2+1] = conv[strides=[2, 2], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], group=3] %img, %kdw
+  %ap: f32[1, 3, h, w] = avg_pool[kernel=[3, 3], strides=[1, 1], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], count_include_pad=false] %img
+  %p: f32[1, 3, h, w+5] = pad[pads=[(0, 0), (0, 0), (0, 0), (2, 3)], mode=constant(0.5)] %img
+  output %dw, %dw2, %ap, %p
+}
+"#;
+
 fn weights(name: &str) -> Option<std::sync::Arc<ir::ConstData>> {
     let shape: Vec<usize> = match name {
         "k" => vec![6, 2, 3, 3],
         "kd" => vec![3, 4, 2, 2],
         "kt" => vec![4, 3, 2, 2],
+        "kdw" => vec![3, 1, 3, 3],
         "w5" => return None,
         _ => return None,
     };
@@ -336,6 +353,11 @@ proptest! {
         prop_assert!(programs.contains("versions on: equal("), "not versioned:\n{}", programs);
         let (k, j) = (if k1 { 1 } else { n }, if j1 { 1 } else { m });
         compare(&model, &[("n", n), ("m", m), ("k", k), ("j", j)], seed)?;
+    }
+
+    #[test]
+    fn wide_window_programs(h in size(1, 9), w in size(1, 80), seed in 0u64..1000, rw in any::<bool>()) {
+        compare(&model(WIDE_WINDOWS, rw, None), &[("h", h), ("w", w)], seed)?;
     }
 
     #[test]

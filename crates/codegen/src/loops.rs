@@ -929,6 +929,130 @@ impl Gen<'_> {
     }
 
     fn load(&mut self, buf: u32, index: &[E], guard: Option<E>, dt: DType, vec: bool) -> R<V> {
+        if let Some(g) = guard.filter(|g| vec && self.is_vec(*g, vec)) {
+            let mut terms = Vec::new();
+            if self.affine_terms(g, &mut terms) {
+                // A guard of range checks affine in the lane (a pad's or a window's
+                // border): true at the vector's first and last lanes means true on
+                // every lane between, so the interior takes a plain load and only
+                // the border vectors a masked one.
+                let all = self.holds_on_every_lane(&terms)?;
+                return self.choose(all, &mut |g| g.load_unswitched(buf, index, None, dt, vec), &mut |g| {
+                    g.load_unswitched(buf, index, guard, dt, vec)
+                });
+            }
+        }
+        self.load_unswitched(buf, index, guard, dt, vec)
+    }
+
+    /// Split a guard into its conjuncts when each is a comparison of expressions
+    /// affine in the lane variable (or does not depend on the lane).
+    fn affine_terms(&self, g: E, out: &mut Vec<E>) -> bool {
+        let Some(lane) = self.lane else { return false };
+        match self.x.node(g) {
+            Node::Binary(BinaryOp::And, a, b) => self.affine_terms(*a, out) && self.affine_terms(*b, out),
+            _ if self.x.free(g) & (1u64 << lane) == 0 => {
+                out.push(g);
+                true
+            }
+            Node::Binary(
+                BinaryOp::Less | BinaryOp::LessEq | BinaryOp::Greater | BinaryOp::GreaterEq,
+                a,
+                b,
+            ) if !self.x.dtype(*a).is_float() => {
+                let ok = self.coef(*a, lane).is_some() && self.coef(*b, lane).is_some();
+                if ok {
+                    out.push(g);
+                }
+                ok
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether every conjunct holds at the vector's first and at its last lane
+    /// (for affine comparisons: on every lane), as a scalar `i1`. The sides of a
+    /// comparison are computed at the first lane (the lane variable's value in
+    /// this vector's scope) and moved to the last by their coefficients.
+    fn holds_on_every_lane(&mut self, terms: &[E]) -> R<IntValue<'static>> {
+        let lane = self.lane.ok_or_else(|| llvm("no lane"))?;
+        let i64t = self.ctx.i64_type();
+        let mut all = self.ctx.bool_type().const_int(1, false);
+        let saved = self.lane.take();
+        let r = (|| -> R<()> {
+            for t in terms {
+                let v = match self.x.node(*t).clone() {
+                    Node::Binary(op, a, b) if self.x.free(*t) & (1u64 << lane) != 0 => {
+                        let pred = match op {
+                            BinaryOp::Less => IntPredicate::SLT,
+                            BinaryOp::LessEq => IntPredicate::SLE,
+                            BinaryOp::Greater => IntPredicate::SGT,
+                            _ => IntPredicate::SGE,
+                        };
+                        let span = self.w as i64 - 1;
+                        let mut ends = Vec::with_capacity(2);
+                        for e in [a, b] {
+                            let first = self.emit(e, false)?.into_int_value();
+                            let step =
+                                self.coef(e, lane).ok_or_else(|| llvm("a guard side is not affine"))?;
+                            let last = self
+                                .bld
+                                .build_int_add(first, i64t.const_int((step * span) as u64, true), "last")
+                                .map_err(llvm)?;
+                            ends.push((first, last));
+                        }
+                        let b = self.bld;
+                        let at_first = b.build_int_compare(pred, ends[0].0, ends[1].0, "g0").map_err(llvm)?;
+                        let at_last = b.build_int_compare(pred, ends[0].1, ends[1].1, "g1").map_err(llvm)?;
+                        b.build_and(at_first, at_last, "both").map_err(llvm)?
+                    }
+                    _ => self.emit(*t, false)?.into_int_value(),
+                };
+                all = self.bld.build_and(all, v, "all").map_err(llvm)?;
+            }
+            Ok(())
+        })();
+        self.lane = saved;
+        r?;
+        Ok(all)
+    }
+
+    /// `cond ? then() : other()`, each side in a block and a scope of its own,
+    /// joined by a phi.
+    fn choose(
+        &mut self,
+        cond: IntValue<'static>,
+        then: &mut dyn FnMut(&mut Self) -> R<V>,
+        other: &mut dyn FnMut(&mut Self) -> R<V>,
+    ) -> R<V> {
+        let b = self.bld;
+        let f = b.get_insert_block().and_then(|bb| bb.get_parent()).ok_or_else(|| llvm("no function"))?;
+        let (t, e, join) = (
+            self.ctx.append_basic_block(f, "all_lanes"),
+            self.ctx.append_basic_block(f, "some_lanes"),
+            self.ctx.append_basic_block(f, "loaded"),
+        );
+        b.build_conditional_branch(cond, t, e).map_err(llvm)?;
+        let mut incoming = Vec::with_capacity(2);
+        for (bb, first) in [(t, true), (e, false)] {
+            b.position_at_end(bb);
+            self.scopes.push(HashMap::new());
+            let v = if first { then(self) } else { other(self) };
+            self.scopes.pop();
+            let v = v?;
+            let end = b.get_insert_block().ok_or_else(|| llvm("no block"))?;
+            b.build_unconditional_branch(join).map_err(llvm)?;
+            incoming.push((v, end));
+        }
+        b.position_at_end(join);
+        let phi = b.build_phi(incoming[0].0.get_type(), "ld").map_err(llvm)?;
+        for (v, bb) in &incoming {
+            phi.add_incoming(&[(v as &dyn BasicValue, *bb)]);
+        }
+        Ok(phi.as_basic_value())
+    }
+
+    fn load_unswitched(&mut self, buf: u32, index: &[E], guard: Option<E>, dt: DType, vec: bool) -> R<V> {
         if vec
             && guard.is_none_or(|g| !self.is_vec(g, vec))
             && self.lane.is_some_and(|l| index.iter().all(|i| self.coef(*i, l) == Some(0)))
