@@ -231,7 +231,8 @@ const MAYBE_BROADCAST: &str = r#"graph {
 
 /// Windows over rows wide enough that most vectors lie inside the padding (a
 /// plain load there, a masked one only at the borders): depthwise convolutions
-/// at strides 1 and 2, a padded average pool and a constant pad.
+/// at strides 1 and 2, a padded average pool and a constant pad; stride-2 reads
+/// along the row (two loads and a shuffle, not a gather).
 const WIDE_WINDOWS: &str = r#"graph {
   sym h param 1..9
   sym w param 1..80
@@ -241,7 +242,10 @@ const WIDE_WINDOWS: &str = r#"graph {
   %dw2: f32[1, 3, (h-1)/2+1, (w-1)/2+1] = conv[strides=[2, 2], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], group=3] %img, %kdw
   %ap: f32[1, 3, h, w] = avg_pool[kernel=[3, 3], strides=[1, 1], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], count_include_pad=false] %img
   %p: f32[1, 3, h, w+5] = pad[pads=[(0, 0), (0, 0), (0, 0), (2, 3)], mode=constant(0.5)] %img
-  output %dw, %dw2, %ap, %p
+  %ev: f32[1, 3, h, w/2] = slice[3: 0 step 2] %img
+  %od: f32[1, 3, h, w/2] = slice[3: 1 step 2] %img
+  %eo: f32[1, 3, h, w/2] = sub %ev, %od
+  output %dw, %dw2, %ap, %p, %eo
 }
 "#;
 

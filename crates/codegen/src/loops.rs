@@ -238,6 +238,7 @@ fn start<'a>(
         param_dtypes: p.params.iter().map(|q| q.dtype).collect(),
         fixed: HashMap::new(),
         reduce_range: None,
+        overrides: Vec::new(),
     };
     // The buffers, the dims the program reads, and each buffer's strides.
     for i in 0..p.params.len() {
@@ -409,51 +410,64 @@ fn build_program(
             let hoisted = g.hoist(&values, mask, false);
             g.scratch = None;
             hoisted?;
-            match inner_var {
-                Some(v) => {
-                    // One point at a time (a point's reductions along the lanes).
-                    let points = |g: &mut Gen, from: IntValue<'static>| -> R<()> {
-                        g.for_loop(from, in_hi, 1, vec![], &mut |g, iv, _| {
-                            g.vars.insert(v, iv);
-                            let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
-                            if let Some(s) = scratch {
-                                let term = g.load_at(s.param, at, false)?;
-                                g.bind(s.twin, None, term);
+            let row = |g: &mut Gen| -> R<()> {
+                match inner_var {
+                    Some(v) => {
+                        // One point at a time (a point's reductions along the lanes).
+                        let points = |g: &mut Gen, from: IntValue<'static>| -> R<()> {
+                            g.for_loop(from, in_hi, 1, vec![], &mut |g, iv, _| {
+                                g.vars.insert(v, iv);
+                                let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
+                                if let Some(s) = scratch {
+                                    let term = g.load_at(s.param, at, false)?;
+                                    g.bind(s.twin, None, term);
+                                }
+                                g.stores(p, at, false).map(|_| vec![])
+                            })
+                            .map(|_| ())
+                        };
+                        // Points across the lanes, then a scalar tail.
+                        let lanes = |g: &mut Gen| -> R<()> {
+                            let (done, _) =
+                                g.for_loop(in_lo, in_hi, g.w as u64, vec![], &mut |g, iv, _| {
+                                    g.vars.insert(v, iv);
+                                    g.lane = Some(v);
+                                    let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
+                                    if let Some(s) = scratch {
+                                        let term = g.load_at(s.param, at, true)?;
+                                        g.bind(s.twin, Some(v), term);
+                                    }
+                                    let r = g.stores(p, at, true);
+                                    g.lane = None;
+                                    r.map(|_| vec![])
+                                })?;
+                            points(g, done)
+                        };
+                        match row_reduction {
+                            // The schedule by the reduction's length: long rows one
+                            // point at a time, short ones across the lanes.
+                            Some(ext) => {
+                                let len = g.emit(ext, false)?.into_int_value();
+                                let w = i64t.const_int(g.w as u64, false);
+                                let long = g
+                                    .bld
+                                    .build_int_compare(IntPredicate::SGE, len, w, "long")
+                                    .map_err(llvm)?;
+                                g.if_else(long, &mut |g| points(g, in_lo), &mut |g| lanes(g))?;
                             }
-                            g.stores(p, at, false).map(|_| vec![])
-                        })
-                        .map(|_| ())
-                    };
-                    // Points across the lanes, then a scalar tail.
-                    let lanes = |g: &mut Gen| -> R<()> {
-                        let (done, _) = g.for_loop(in_lo, in_hi, g.w as u64, vec![], &mut |g, iv, _| {
-                            g.vars.insert(v, iv);
-                            g.lane = Some(v);
-                            let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
-                            if let Some(s) = scratch {
-                                let term = g.load_at(s.param, at, true)?;
-                                g.bind(s.twin, Some(v), term);
-                            }
-                            let r = g.stores(p, at, true);
-                            g.lane = None;
-                            r.map(|_| vec![])
-                        })?;
-                        points(g, done)
-                    };
-                    match row_reduction {
-                        // The schedule by the reduction's length: long rows one
-                        // point at a time, short ones across the lanes.
-                        Some(ext) => {
-                            let len = g.emit(ext, false)?.into_int_value();
-                            let w = i64t.const_int(g.w as u64, false);
-                            let long =
-                                g.bld.build_int_compare(IntPredicate::SGE, len, w, "long").map_err(llvm)?;
-                            g.if_else(long, &mut |g| points(g, in_lo), &mut |g| lanes(g))?;
+                            None => lanes(g)?,
                         }
-                        None => lanes(g)?,
                     }
+                    None => g.stores(p, base, false)?,
                 }
-                None => g.stores(p, base, false)?,
+                Ok(())
+            };
+            // A stored value chosen by conditions the same for the whole row (a
+            // concat along an outer axis: a conv's taps) is chosen once per row.
+            if scratch.is_none() {
+                unswitch(g, p, mask, 0, &row)?;
+            } else {
+                row(g)?;
             }
             // The next row's variables: the innermost steps, a wrap carries outward.
             let (one, zero) = (i64t.const_int(1, false), i64t.const_zero());
@@ -514,6 +528,40 @@ fn build_program(
     Ok(())
 }
 
+/// The deepest chain of row-uniform selects resolved per row.
+const UNSWITCH_DEPTH: usize = 64;
+
+/// Run `row` for the value a one-store program stores in this row: while that
+/// value is `select(c, a, d)` with `c` the same for the whole row (`mask`: the
+/// innermost variable), branch on `c` once and go on with the side taken, so the
+/// inner loops see only the chosen expression (a concat of 49 taps is one
+/// branch tree per row, not 49 compares per vector).
+fn unswitch(g: &mut Gen, p: &LoopProgram, mask: u64, depth: usize, row: &dyn Fn(&mut Gen) -> R<()>) -> R<()> {
+    if let [st] = p.stores.as_slice() {
+        let value = g.overrides.first().copied().unwrap_or(st.value);
+        if let Node::Select(c, a, d) = g.x.node(value).clone() {
+            if depth < UNSWITCH_DEPTH && g.x.free(c) & mask == 0 {
+                let cv = g.emit(c, false)?.into_int_value();
+                let saved = std::mem::take(&mut g.overrides);
+                let r = g.if_else(
+                    cv,
+                    &mut |g| {
+                        g.overrides = vec![a];
+                        unswitch(g, p, mask, depth + 1, row)
+                    },
+                    &mut |g| {
+                        g.overrides = vec![d];
+                        unswitch(g, p, mask, depth + 1, row)
+                    },
+                );
+                g.overrides = saved;
+                return r;
+            }
+        }
+    }
+    row(g)
+}
+
 /// The state of one function being generated.
 struct Gen<'a> {
     ctx: &'static Context,
@@ -541,6 +589,8 @@ struct Gen<'a> {
     fixed: HashMap<E, bool>,
     /// A reduction variable's range in a split reduction's partial: `(var, lo, hi)`.
     reduce_range: Option<(u32, IntValue<'static>, IntValue<'static>)>,
+    /// The stored values where a row-level branch chose them (see `unswitch`).
+    overrides: Vec<E>,
 }
 
 /// A row sum whose terms the stored value uses again (Softmax's
@@ -1072,6 +1122,11 @@ impl Gen<'_> {
                 let last = index.len().wrapping_sub(1);
                 index.iter().enumerate().all(|(d, i)| self.coef(*i, l) == Some(if d == last { 1 } else { 0 }))
             });
+        let stride2 = vec
+            && self.lane.is_some_and(|l| {
+                let last = index.len().wrapping_sub(1);
+                index.iter().enumerate().all(|(d, i)| self.coef(*i, l) == Some(if d == last { 2 } else { 0 }))
+            });
         let off = self.offset(buf, index, vec)?;
         let mask = match guard {
             Some(gd) => Some(self.emit_as(gd, vec)?),
@@ -1104,6 +1159,33 @@ impl Gen<'_> {
                     b.build_extract_element(v.into_vector_value(), i32t.const_zero(), "ld").map_err(llvm)?
                 }
             }
+        } else if stride2 && mask.is_none() {
+            // Every other element (a stride-2 window or slice along the lanes): two
+            // contiguous loads and one shuffle instead of a gather. The second load
+            // starts a lane early so that it ends at the last lane's element.
+            let w = self.w as u64;
+            let first = b
+                .build_extract_element(off.into_vector_value(), i32t.const_zero(), "first")
+                .map_err(llvm)?
+                .into_int_value();
+            let i64t = self.ctx.i64_type();
+            let second = b.build_int_add(first, i64t.const_int(w - 1, false), "second").map_err(llvm)?;
+            let vt = vec_of(mt, self.w);
+            let mut halves = Vec::with_capacity(2);
+            for start in [first, second] {
+                // SAFETY (of the IR): lane 0's element and the last lane's (2·(W−1)
+                // past it) are in bounds, so is everything between.
+                let at = unsafe { b.build_gep(mt, base, &[start], "at") }.map_err(llvm)?;
+                let v = b.build_load(vt, at, "vld").map_err(llvm)?;
+                crate::set_align(&v, 1);
+                halves.push(v.into_vector_value());
+            }
+            let pick: Vec<IntValue> = (0..w)
+                .map(|j| i32t.const_int(if j < w / 2 { 2 * j } else { w + 2 * j + 1 - w }, false))
+                .collect();
+            b.build_shuffle_vector(halves[0], halves[1], VectorType::const_vector(&pick), "even")
+                .map_err(llvm)?
+                .into()
         } else if contiguous {
             let first =
                 b.build_extract_element(off.into_vector_value(), i32t.const_zero(), "first").map_err(llvm)?;
@@ -1168,9 +1250,10 @@ impl Gen<'_> {
     }
 
     fn stores(&mut self, p: &LoopProgram, at: IntValue<'static>, vec: bool) -> R<()> {
-        for st in &p.stores {
+        for (i, st) in p.stores.iter().enumerate() {
             let dt = p.params[st.param as usize].dtype;
-            let v = self.emit_as(st.value, vec)?;
+            let value = self.overrides.get(i).copied().unwrap_or(st.value);
+            let v = self.emit_as(value, vec)?;
             let v = if dt == DType::Bool { self.zext(v, self.mty(dt, vec))? } else { v };
             let mt = self.mty(dt, false);
             // SAFETY (of the IR): `at` is a position of the nest, inside the buffer.
