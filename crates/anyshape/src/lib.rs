@@ -299,6 +299,10 @@ impl Model {
         for (e, c) in epilogues.into_iter().zip(families) {
             let (d, owner) = c?.into_parts();
             code.push(owner);
+            let d = match opts.measured_dispatch {
+                true => self.measured(d, &pool, e, &plan, cache.as_deref())?,
+                false => d,
+            };
             dispatchers.push((e, d));
         }
         let io = |v: &[IoInfo]| v.iter().map(|i| (i.name.clone(), i.ty.clone())).collect();
@@ -347,11 +351,64 @@ fn release_folded(imported: &Graph, rewritten: &Graph) {
     }
 }
 
+/// The weights measured for dispatch: those whose matmul's rows may be few
+/// (below `codegen::refine::MODEL_FROM`) and whose size lets a few copies be
+/// measured (at most 64 MB).
+const MEASURED_MAX_BYTES: usize = 64 << 20;
+
+impl Model {
+    /// `d` with a tuned table measured for the weights of `plan` its epilogue
+    /// `e` multiplies (see `codegen::refine`).
+    fn measured(
+        &self,
+        d: kernels::Dispatcher,
+        pool: &kernels::ThreadPool,
+        e: kernels::Epilogue,
+        plan: &lower::ModelPlan,
+        cache: Option<&Path>,
+    ) -> Result<kernels::Dispatcher, Error> {
+        let dims = plan.dims.exprs();
+        let fixed = |s: u32| dims[s as usize].as_const().and_then(|v| usize::try_from(v).ok());
+        let mut weights = Vec::new();
+        for st in &plan.steps {
+            let lower::StepKind::MatMul(mm) = &st.kind else { continue };
+            if !mm.weight || runtime::engine_epilogue(&mm.epilogue) != e {
+                continue;
+            }
+            let (Some(k), Some(n)) = (fixed(mm.k), fixed(mm.n)) else { continue };
+            let few_rows = self.graph.env.range(&dims[mm.m as usize]).lo < codegen::refine::MODEL_FROM as i64;
+            if !few_rows || k.saturating_mul(n).saturating_mul(4) > MEASURED_MAX_BYTES {
+                continue;
+            }
+            let layout = d.weight_layout(k, n, &runtime::PACK_ROWS).map_err(kernel)?;
+            let w = codegen::refine::WeightClass { k, n, layout };
+            if !weights.contains(&w) {
+                weights.push(w);
+            }
+        }
+        if weights.is_empty() {
+            return Ok(d);
+        }
+        let tuned = codegen::refine::refine(&d, pool, e, &weights, cache)?;
+        Ok(d.with_tuned(tuned).map_err(kernel)?)
+    }
+}
+
+fn kernel(e: kernels::KernelError) -> codegen::CodegenError {
+    codegen::CodegenError::Kernel(e.to_string())
+}
+
 fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 pub use codegen::Progress;
+
+/// The tuning cache folder a compile uses when `CompileOptions::cache_dir` is not
+/// set: `$ANYSHAPE_CACHE_DIR`, else `$XDG_CACHE_HOME/anyshape`, else `~/.cache/anyshape`.
+pub fn default_cache_dir() -> Option<std::path::PathBuf> {
+    codegen::tuning::default_cache_dir()
+}
 
 /// How to compile a model.
 #[derive(Clone)]
@@ -361,6 +418,7 @@ pub struct CompileOptions {
     fuse_attention: bool,
     canaries: bool,
     object_cache: bool,
+    measured_dispatch: bool,
     progress: Option<std::sync::Arc<dyn Fn(Progress) + Send + Sync>>,
 }
 
@@ -372,6 +430,7 @@ impl std::fmt::Debug for CompileOptions {
             .field("fuse_attention", &self.fuse_attention)
             .field("canaries", &self.canaries)
             .field("object_cache", &self.object_cache)
+            .field("measured_dispatch", &self.measured_dispatch)
             .field("progress", &self.progress.is_some())
             .finish()
     }
@@ -385,6 +444,7 @@ impl Default for CompileOptions {
             fuse_attention: true,
             canaries: false,
             object_cache: true,
+            measured_dispatch: false,
             progress: None,
         }
     }
@@ -426,6 +486,15 @@ impl CompileOptions {
     /// module.
     pub fn object_cache(mut self, on: bool) -> CompileOptions {
         self.object_cache = on;
+        self
+    }
+    /// Measure the best few schedules of each weight matmul at small row counts
+    /// (1, 2 and 4, where the analytical model is least reliable) and dispatch
+    /// by the measurements there (off by default: on this session's machine it
+    /// gained 0-9% at 1-4 rows, within the noise; cached per machine, so only a
+    /// model's first compile on a machine measures). Off: the model alone decides.
+    pub fn measured_dispatch(mut self, on: bool) -> CompileOptions {
+        self.measured_dispatch = on;
         self
     }
     /// The tuning cache folder (default: `$ANYSHAPE_CACHE_DIR`, `$XDG_CACHE_HOME/anyshape`

@@ -263,3 +263,26 @@ fn second_compile_takes_every_object_from_the_cache() {
         }
     }
 }
+
+/// With measured dispatch, each weight's best schedules at 1, 2 and 4 rows are
+/// measured once per machine (kept in the cache folder's `refined-*.json`), and
+/// the model runs on them with the same answers.
+#[test]
+fn measured_dispatch_is_cached_and_matches_the_interpreter() {
+    let model = Model::load(fixture("bert").join("model.onnx"), &LoadOptions::new()).expect("loads");
+    let opts = CompileOptions::new().threads(2).canaries(true).measured_dispatch(true);
+    let cm = model.compile(&opts).expect("compiles");
+    let dir = anyshape::default_cache_dir().expect("a cache folder");
+    let text = std::fs::read_to_string(dir.join("refined-f32-2t.json")).expect("the measurements are cached");
+    assert!(text.contains("\"table\""), "{text}");
+    let mut rng = Rng(5);
+    for (batch, seq) in [(1, 1), (1, 2), (2, 2), (1, 5), (3, 7)] {
+        let inputs = inputs_for(&model, &[("batch", batch), ("seq", seq)], &mut rng);
+        let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let want = model.run(&named).expect("interpreter");
+        for ((_, g), (_, w)) in cm.run(&named).expect("runs").iter().zip(&want) {
+            let e = max_rel_err(g, w);
+            assert!(e < 1e-4, "batch {batch} seq {seq}: {e}");
+        }
+    }
+}

@@ -43,6 +43,10 @@ pub struct BenchArgs {
     /// object cache (a cold compile; the objects are not stored either)
     #[arg(long)]
     no_object_cache: bool,
+    /// Measure each weight matmul's best schedules at 1, 2 and 4 rows at compile
+    /// time and dispatch by the measurements there (cached per machine)
+    #[arg(long)]
+    measured_dispatch: bool,
     /// With --profile, also list the N steps that take longest (median ms,
     /// the step's kind, its program or matmul, its group)
     #[arg(long, default_value_t = 0)]
@@ -185,8 +189,10 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize, 
 pub fn bench(a: BenchArgs) -> Result<()> {
     let shapes: Vec<Vec<(String, usize)>> = a.shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
     let model = crate::load(&a.model, &a.dims)?;
-    let mut opts =
-        CompileOptions::new().fuse_attention(!a.unfused_attention).object_cache(!a.no_object_cache);
+    let mut opts = CompileOptions::new()
+        .fuse_attention(!a.unfused_attention)
+        .object_cache(!a.no_object_cache)
+        .measured_dispatch(a.measured_dispatch);
     if let Some(t) = a.threads {
         opts = opts.threads(t);
     }

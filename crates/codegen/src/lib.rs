@@ -37,6 +37,9 @@ pub enum CodegenError {
     Llvm(String),
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// The contraction engine refused a schedule or operand while measuring.
+    #[error("kernel: {0}")]
+    Kernel(String),
 }
 
 fn llvm<E: std::fmt::Display>(e: E) -> CodegenError {
@@ -110,6 +113,7 @@ mod objects;
 mod pack;
 pub mod peak;
 mod perfmap;
+pub mod refine;
 pub mod tuning;
 mod vmath;
 

@@ -133,7 +133,7 @@ const MAX_SPLIT: usize = 64;
 const SPLIT_MIN: usize = 1 << 12;
 
 /// Row counts a weight is packed for (a geometric sweep of M).
-const PACK_ROWS: [usize; 5] = [1, 8, 64, 512, 4096];
+pub const PACK_ROWS: [usize; 5] = [1, 8, 64, 512, 4096];
 
 /// A copy of `bytes` aligned to `align` bytes, when they are not.
 fn aligned_copy(bytes: &[u8], align: usize) -> Option<Vec<u64>> {

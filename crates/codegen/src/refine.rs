@@ -1,0 +1,209 @@
+//! Measured dispatch of a model's weights at small row counts: the sample-driven
+//! side of the hybrid analyzer (FTuner §IV, DietCode §5) at compile time.
+//!
+//! At a handful of rows a weight matmul streams its weight once and does little
+//! else, and the analytical model's ranking of register tiles, operand access
+//! and threads there is the least reliable: against exhaustive measurement it
+//! misses by 24-80% on BERT's projections at M = 1. So for each weight class (its `k × n`,
+//! packed layout and epilogue) the model's best few macro-kernels are measured at
+//! [`ROWS`] with the weight streamed as it is in the model (copies enough to
+//! overflow L3, taken in turn), and the winners become the dispatcher's tuned
+//! table (`kernels::TunedSchedules`); from [`MODEL_FROM`] rows on the model
+//! decides alone. Results are cached per machine beside the tile measurements,
+//! so only a model's first compile on a machine measures.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use kernels::{
+    execute, ALayout, BLayout, BOperand, Dispatcher, Epilogue, EpilogueArgs, KernelError, MacroKernel,
+    MatMut, MatRef, PackedB, Problem, Schedule, TunedClass, TunedRow, TunedSchedules,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::CodegenError;
+
+/// The row counts measured.
+pub const ROWS: [usize; 3] = [1, 2, 4];
+/// From here on the model's own choice (a table row that picks nothing). At 8
+/// rows and more, measurements of a weight streamed alone picked tiles that were
+/// slower inside BERT (seq 32: 37.7-55.6 ms against the model's 29.5-35.7), so
+/// the model decides there.
+pub const MODEL_FROM: usize = 8;
+/// Macro-kernels measured per row count: the model's best ones.
+const CANDIDATES: usize = 6;
+
+/// A weight the model multiplies: `k × n`, packed in `layout`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightClass {
+    pub k: usize,
+    pub n: usize,
+    pub layout: BLayout,
+}
+
+/// The cache file: every class measured on this machine, per epilogue.
+#[derive(Default, Serialize, Deserialize)]
+struct Refined {
+    machine: String,
+    threads: usize,
+    entries: Vec<(String, TunedClass)>,
+}
+
+fn path(dir: &Path, threads: usize) -> PathBuf {
+    dir.join(format!("refined-f32-{threads}t.json"))
+}
+
+fn key(e: &Epilogue) -> String {
+    format!("{e:?}")
+}
+
+/// The tuned table of `d` (its family's epilogue `epilogue`) for `weights`: from
+/// the cache in `dir` where it has them, measured on `pool` (and stored) otherwise.
+pub fn refine(
+    d: &Dispatcher,
+    pool: &kernels::ThreadPool,
+    epilogue: Epilogue,
+    weights: &[WeightClass],
+    dir: Option<&Path>,
+) -> Result<TunedSchedules, CodegenError> {
+    let threads = pool.threads();
+    let machine = crate::tuning::machine_key(d.target());
+    let mut cached: Refined = dir
+        .and_then(|dir| std::fs::read(path(dir, threads)).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .filter(|r: &Refined| r.machine == machine && r.threads == threads)
+        .unwrap_or_else(|| Refined { machine, threads, entries: Vec::new() });
+    let k = key(&epilogue);
+    let mut classes = Vec::new();
+    let mut measured = false;
+    for w in weights {
+        let BLayout::Packed { .. } = w.layout else { continue };
+        let hit = cached.entries.iter().find(|(e, c)| *e == k && (c.k, c.n, c.b) == (w.k, w.n, w.layout));
+        let class = match hit {
+            Some((_, c)) => c.clone(),
+            None => {
+                let c = measure(d, pool, &epilogue, w)?;
+                cached.entries.push((k.clone(), c.clone()));
+                measured = true;
+                c
+            }
+        };
+        if !classes.iter().any(|c: &TunedClass| (c.k, c.n, c.b) == (class.k, class.n, class.b)) {
+            classes.push(class);
+        }
+    }
+    if let (true, Some(dir)) = (measured, dir) {
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(dir)?;
+            let p = path(dir, threads);
+            let tmp = p.with_extension(format!("json.{}.tmp", std::process::id()));
+            std::fs::write(&tmp, serde_json::to_vec_pretty(&cached).unwrap_or_default())?;
+            std::fs::rename(tmp, p)
+        };
+        if let Err(e) = write() {
+            tracing::warn!("cannot store the measured dispatch in {}: {e}", dir.display());
+        }
+    }
+    Ok(TunedSchedules { threads, elem: d.family().elem(), classes })
+}
+
+/// Measure one weight class at [`ROWS`].
+fn measure(
+    d: &Dispatcher,
+    pool: &kernels::ThreadPool,
+    epilogue: &Epilogue,
+    w: &WeightClass,
+) -> Result<TunedClass, CodegenError> {
+    let kerr = |e: KernelError| CodegenError::Kernel(e.to_string());
+    let BLayout::Packed { nr, kc } = w.layout else {
+        return Err(CodegenError::Kernel("measured dispatch is for packed weights".into()));
+    };
+    let (k, n) = (w.k, w.n);
+    let b: Vec<f32> = (0..k * n).map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5).collect();
+    let bv = MatRef::row_major(&b, k, n).map_err(kerr)?;
+    // As many copies as overflow L3 one and a half times: each call finds its
+    // weight in memory, as a model's layer does.
+    let bytes = (k * n * 4).max(1);
+    let copies = (d.machine().l3 * 3 / 2 / bytes + 1).clamp(1, 16);
+    let packed: Vec<PackedB> = (0..copies).map(|_| PackedB::of_elem(bv, nr, kc, d.family().elem())).collect();
+    let rows = *ROWS.last().unwrap_or(&1);
+    let a: Vec<f32> = (0..rows * k).map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5).collect();
+    let mut c = vec![0f32; rows * n];
+    let bias = vec![0.25f32; n];
+    let residual = vec![0.5f32; rows * n];
+    let mut kernels: Vec<MacroKernel> = Vec::new();
+    let mut table = Vec::new();
+    for &m in &ROWS {
+        let p = Problem { batch: 1, m, n, k, a: ALayout::RowMajor, b: w.layout };
+        let model = d.choose(&p).map_err(kerr)?;
+        // The model's ranking, one schedule per macro-kernel, as the table would
+        // instantiate it at run time.
+        let mut ranked: Vec<(f64, Schedule)> = d
+            .candidates(&p)
+            .into_iter()
+            .map(|s| (d.model().cost(d.machine(), d.family(), &p, &s), s))
+            .collect();
+        ranked.sort_by(|x, y| x.0.total_cmp(&y.0));
+        let mut tried: Vec<(MacroKernel, Schedule)> = vec![(MacroKernel::of(&model), model)];
+        for (_, s) in ranked {
+            if tried.len() >= CANDIDATES {
+                break;
+            }
+            let mk = MacroKernel::of(&s);
+            if tried.iter().any(|(t, _)| *t == mk) {
+                continue;
+            }
+            if let Some(inst) = mk.instantiate(d, &p) {
+                tried.push((mk, inst));
+            }
+        }
+        let av = MatRef::row_major(&a[..m * k], m, k).map_err(kerr)?;
+        let rv = MatRef::row_major(&residual[..m * n], m, n).map_err(kerr)?;
+        let ep = EpilogueArgs {
+            bias: epilogue.bias.then_some(&bias[..]),
+            residual: epilogue.residual.then_some(rv),
+            residuals: &[],
+        };
+        let mut best: Option<(f64, MacroKernel)> = None;
+        for (mk, s) in &tried {
+            let plan = d.plan(s).map_err(kerr)?;
+            let mut turn = 0;
+            let mut call = || -> Result<(), KernelError> {
+                turn += 1;
+                let cv = MatMut::new(&mut c[..m * n], m, n, n)?;
+                execute(pool, &plan, &[av], &[BOperand::Packed(&packed[turn % copies])], &mut [cv], &ep)
+            };
+            let secs = time_per_call(&mut call).map_err(kerr)?;
+            if best.is_none_or(|(t, _)| secs < t) {
+                best = Some((secs, *mk));
+            }
+        }
+        let pick = match best {
+            Some((_, mk)) if mk != MacroKernel::of(&model) => {
+                Some(kernels.iter().position(|k| *k == mk).unwrap_or_else(|| {
+                    kernels.push(mk);
+                    kernels.len() - 1
+                }))
+            }
+            _ => None,
+        };
+        table.push(TunedRow { m, pick });
+    }
+    table.push(TunedRow { m: MODEL_FROM, pick: None });
+    Ok(TunedClass { batch: 1, n, k, a: ALayout::RowMajor, b: w.layout, kernels, table })
+}
+
+/// Seconds per call of `f`: the best of 3 rounds of at least 2 ms each.
+fn time_per_call(f: &mut dyn FnMut() -> Result<(), KernelError>) -> Result<f64, KernelError> {
+    f()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let (mut reps, t0) = (0usize, Instant::now());
+        while reps == 0 || t0.elapsed().as_secs_f64() < 0.002 {
+            f()?;
+            reps += 1;
+        }
+        best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
+    }
+    Ok(best)
+}
