@@ -103,20 +103,7 @@ pub enum Packing {
     Portable,
 }
 
-/// Best seconds per call of `f` over `rounds` rounds of at least `min_s` each.
-pub(crate) fn time_per_call(rounds: usize, min_s: f64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    f()?;
-    let mut best = f64::INFINITY;
-    for _ in 0..rounds {
-        let (mut reps, t0) = (0usize, Instant::now());
-        while reps == 0 || t0.elapsed().as_secs_f64() < min_s {
-            f()?;
-            reps += 1;
-        }
-        best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
-    }
-    Ok(best)
-}
+pub(crate) use kernels::calibrate::time_per_call;
 
 /// Entry `i` of a batch of `k × n` B operands (`bt`: stored transposed, `n × k`).
 fn b_view(b: &[f32], i: usize, k: usize, n: usize, bt: bool) -> Result<MatRef<'_>> {

@@ -78,16 +78,7 @@ fn measure(d: &Dispatcher, pool: &ThreadPool, p: &Problem, rows: &[usize]) -> Re
         d.batched(pool, &av, &bv, &mut cv, &EpilogueArgs::default())?;
         Ok(())
     };
-    run()?;
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let (mut reps, t0) = (0usize, Instant::now());
-        while reps == 0 || t0.elapsed().as_secs_f64() < 0.02 {
-            run()?;
-            reps += 1;
-        }
-        best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
-    }
+    let best = crate::bench::time_per_call(3, 0.02, &mut run)?;
     Ok(p.flops() / best / 1e9)
 }
 

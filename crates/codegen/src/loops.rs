@@ -1078,9 +1078,9 @@ impl Gen<'_> {
         let b = self.bld;
         let f = b.get_insert_block().and_then(|bb| bb.get_parent()).ok_or_else(|| llvm("no function"))?;
         let (t, e, join) = (
-            self.ctx.append_basic_block(f, "all_lanes"),
-            self.ctx.append_basic_block(f, "some_lanes"),
-            self.ctx.append_basic_block(f, "loaded"),
+            self.ctx.append_basic_block(f, "then"),
+            self.ctx.append_basic_block(f, "else"),
+            self.ctx.append_basic_block(f, "join"),
         );
         b.build_conditional_branch(cond, t, e).map_err(llvm)?;
         let mut incoming = Vec::with_capacity(2);
@@ -1095,7 +1095,7 @@ impl Gen<'_> {
             incoming.push((v, end));
         }
         b.position_at_end(join);
-        let phi = b.build_phi(incoming[0].0.get_type(), "ld").map_err(llvm)?;
+        let phi = b.build_phi(incoming[0].0.get_type(), "sel").map_err(llvm)?;
         for (v, bb) in &incoming {
             phi.add_incoming(&[(v as &dyn BasicValue, *bb)]);
         }
@@ -1265,33 +1265,9 @@ impl Gen<'_> {
         Ok(())
     }
 
-    /// `cond ? a : d` as vectors, computing only the side taken: each side in a
-    /// block (and a scope) of its own, joined by a phi.
+    /// `cond ? a : d` as vectors, computing only the side taken.
     fn branch(&mut self, cond: IntValue<'static>, a: E, d: E) -> R<V> {
-        let b = self.bld;
-        let f = b.get_insert_block().and_then(|bb| bb.get_parent()).ok_or_else(|| llvm("no function"))?;
-        let (then_bb, else_bb, join) = (
-            self.ctx.append_basic_block(f, "then"),
-            self.ctx.append_basic_block(f, "else"),
-            self.ctx.append_basic_block(f, "join"),
-        );
-        b.build_conditional_branch(cond, then_bb, else_bb).map_err(llvm)?;
-        let side = |g: &mut Self, bb, e| -> R<(V, inkwell::basic_block::BasicBlock<'static>)> {
-            g.bld.position_at_end(bb);
-            g.scopes.push(HashMap::new());
-            let v = g.emit_as(e, true);
-            g.scopes.pop();
-            let v = v?;
-            let end = g.bld.get_insert_block().ok_or_else(|| llvm("no block"))?;
-            g.bld.build_unconditional_branch(join).map_err(llvm)?;
-            Ok((v, end))
-        };
-        let (va, ea) = side(self, then_bb, a)?;
-        let (vd, ed) = side(self, else_bb, d)?;
-        b.position_at_end(join);
-        let phi = b.build_phi(va.get_type(), "sel").map_err(llvm)?;
-        phi.add_incoming(&[(&va as &dyn BasicValue, ea), (&vd as &dyn BasicValue, ed)]);
-        Ok(phi.as_basic_value())
+        self.choose(cond, &mut |g| g.emit_as(a, true), &mut |g| g.emit_as(d, true))
     }
 
     /// Where nest position `at` of parameter `param` lies, and its element type.

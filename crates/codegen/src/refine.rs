@@ -13,7 +13,6 @@
 //! so only a model's first compile on a machine measures.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use kernels::{
     execute, ALayout, BLayout, BOperand, Dispatcher, Epilogue, EpilogueArgs, KernelError, MacroKernel,
@@ -173,7 +172,7 @@ fn measure(
                 let cv = MatMut::new(&mut c[..m * n], m, n, n)?;
                 execute(pool, &plan, &[av], &[BOperand::Packed(&packed[turn % copies])], &mut [cv], &ep)
             };
-            let secs = time_per_call(&mut call).map_err(kerr)?;
+            let secs = kernels::calibrate::time_per_call(3, 0.002, &mut call).map_err(kerr)?;
             if best.is_none_or(|(t, _)| secs < t) {
                 best = Some((secs, *mk));
             }
@@ -191,19 +190,4 @@ fn measure(
     }
     table.push(TunedRow { m: MODEL_FROM, pick: None });
     Ok(TunedClass { batch: 1, n, k, a: ALayout::RowMajor, b: w.layout, kernels, table })
-}
-
-/// Seconds per call of `f`: the best of 3 rounds of at least 2 ms each.
-fn time_per_call(f: &mut dyn FnMut() -> Result<(), KernelError>) -> Result<f64, KernelError> {
-    f()?;
-    let mut best = f64::INFINITY;
-    for _ in 0..3 {
-        let (mut reps, t0) = (0usize, Instant::now());
-        while reps == 0 || t0.elapsed().as_secs_f64() < 0.002 {
-            f()?;
-            reps += 1;
-        }
-        best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
-    }
-    Ok(best)
 }

@@ -20,6 +20,23 @@ fn stream_sum(data: &[f32]) -> f32 {
     acc.iter().sum()
 }
 
+/// Seconds per call of `f`: after one warm-up call, the best over `rounds`
+/// rounds of at least `min_s` seconds each (the measurement every sampled
+/// choice of a schedule uses).
+pub fn time_per_call<E>(rounds: usize, min_s: f64, mut f: impl FnMut() -> Result<(), E>) -> Result<f64, E> {
+    f()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..rounds {
+        let (mut reps, t0) = (0usize, Instant::now());
+        while reps == 0 || t0.elapsed().as_secs_f64() < min_s {
+            f()?;
+            reps += 1;
+        }
+        best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
+    }
+    Ok(best)
+}
+
 /// Best seconds of `f` over `rounds`.
 fn best_of(rounds: usize, mut f: impl FnMut()) -> f64 {
     (0..rounds)
