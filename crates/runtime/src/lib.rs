@@ -307,8 +307,8 @@ impl CompiledModel {
                 (None, None) => return Err(RunError::Internal("weight is not constant".into())),
             };
             let len = buf.shape.iter().map(|e| e.as_const().unwrap_or(0) as usize).product::<usize>();
-            if len * 4 > c.bytes().len() {
-                return Err(RunError::Internal(format!("weight {} is shorter than its shape", buf.name)));
+            if buf.dtype != DType::F32 || len.checked_mul(4).is_none_or(|b| b > c.bytes().len()) {
+                return Err(RunError::Internal(format!("weight {} is not f32 of its shape", buf.name)));
             }
             // SAFETY: the constant (or its aligned copy) holds `len` f32 values (its
             // type, checked above), aligned, and outlives the packing below.
