@@ -169,7 +169,7 @@ fn compile_chunk(
     }
     let mut splits = Vec::with_capacity(programs.len());
     for (p, name) in programs.iter().zip(&names) {
-        splits.push(match p.split_reduction() {
+        splits.push(match p.schedules.split {
             Some(_) => {
                 let entry = |suffix: &str| {
                     image
@@ -285,10 +285,7 @@ fn build_split(
     features: &str,
 ) -> R<()> {
     let (i64t, ptr) = (ctx.i64_type(), ctx.ptr_type(AddressSpace::default()));
-    let inner_var = p.inner().and_then(|i| match p.exprs.node(p.vars[i]) {
-        Node::Var(v) => Some(*v),
-        _ => None,
-    });
+    let inner_var = p.inner_var();
     let dt = p.exprs.dtype(sr.reduce);
     // The partial: the reduction with its last variable over `lo..hi`.
     {
@@ -345,7 +342,7 @@ fn build_program(
     cpu: &str,
     features: &str,
 ) -> R<()> {
-    if let Some(sr) = p.split_reduction() {
+    if let Some(sr) = p.schedules.split {
         build_split(ctx, module, name, p, sr, lanes, cpu, features)?;
     }
     let i64t = ctx.i64_type();
@@ -368,19 +365,19 @@ fn build_program(
             _ => None,
         })
         .collect();
-    let inner_var = inner.map(|i| match p.exprs.node(p.vars[i]) {
-        Node::Var(v) => *v,
-        _ => u32::MAX,
-    });
+    let inner_var = p.inner_var();
     let values: Vec<E> = p.stores.iter().map(|s| s.value).collect();
     let scratch = if lanes > 1 { row_scratch(p) } else { None };
     // The nest, once per version (see `lower::versions`): each version's guards
     // are constants there, so its loads' addresses fold to plain indices.
     // Threads split rows, or, for a one-loop nest, the loop's range.
     let (zero, one) = (i64t.const_zero(), i64t.const_int(1, false));
-    let ((row_lo, row_hi), (in_lo, in_hi)) =
-        if p.splits_inner() { ((zero, one), (begin, end)) } else { ((begin, end), (zero, inner_ext)) };
-    let row_reduction = if lanes > 1 { p.row_reduction() } else { None };
+    let ((row_lo, row_hi), (in_lo, in_hi)) = if p.schedules.splits_inner {
+        ((zero, one), (begin, end))
+    } else {
+        ((begin, end), (zero, inner_ext))
+    };
+    let row_reduction = if lanes > 1 { p.schedules.row_reduction } else { None };
     let nest = |g: &mut Gen| -> R<()> {
         // The outer variables of the first row, from its index (divisions once per
         // call); each row then steps them like an odometer (an add and a compare per
@@ -488,18 +485,19 @@ fn build_program(
         })?;
         Ok(())
     };
-    if p.guards.is_empty() {
+    if p.schedules.guards.is_empty() {
         nest(&mut g)?;
     } else {
         let mut which = i64t.const_zero();
-        for (i, e) in p.guards.iter().enumerate() {
+        for (i, e) in p.schedules.guards.iter().enumerate() {
             let c = g.emit(*e, false)?.into_int_value();
             let c = bld.build_int_z_extend(c, i64t, "guard").map_err(llvm)?;
             let c = bld.build_left_shift(c, i64t.const_int(i as u64, false), "bit").map_err(llvm)?;
             which = bld.build_or(which, c, "which").map_err(llvm)?;
         }
-        let blocks: Vec<_> =
-            (0..1u64 << p.guards.len()).map(|v| ctx.append_basic_block(f, &format!("version{v}"))).collect();
+        let blocks: Vec<_> = (0..1u64 << p.schedules.guards.len())
+            .map(|v| ctx.append_basic_block(f, &format!("version{v}")))
+            .collect();
         let done = ctx.append_basic_block(f, "versions_done");
         let cases: Vec<_> =
             blocks.iter().enumerate().skip(1).map(|(v, bb)| (i64t.const_int(v as u64, false), *bb)).collect();
@@ -508,7 +506,7 @@ fn build_program(
             bld.position_at_end(*bb);
             let mut fixed = HashMap::new();
             let mut scope = HashMap::new();
-            for (i, e) in p.guards.iter().enumerate() {
+            for (i, e) in p.schedules.guards.iter().enumerate() {
                 let on = (v >> i) & 1 == 1;
                 fixed.insert(*e, on);
                 scope.insert((*e, None), ctx.bool_type().const_int(on as u64, false).into());
@@ -911,26 +909,19 @@ impl Gen<'_> {
         Ok(())
     }
 
-    /// The coefficient of the lane variable in an index expression, when affine.
+    /// The coefficient of the lane variable in an index expression, when affine
+    /// (in the version being generated: its guards' selects take their side).
     fn coef(&self, e: E, lane: u32) -> Option<i64> {
-        if self.x.free(e) & (1u64 << lane) == 0 {
-            return Some(0);
-        }
-        match self.x.node(e) {
-            Node::Var(v) if *v == lane => Some(1),
-            // A guard of the version being generated: its side is the index.
-            Node::Select(c, a, b) if self.fixed.contains_key(c) => {
-                self.coef(if self.fixed[c] { *a } else { *b }, lane)
-            }
-            Node::Binary(BinaryOp::Add, a, b) => Some(self.coef(*a, lane)? + self.coef(*b, lane)?),
-            Node::Binary(BinaryOp::Sub, a, b) => Some(self.coef(*a, lane)? - self.coef(*b, lane)?),
-            Node::Binary(BinaryOp::Mul, a, b) => match (self.x.as_int(*a), self.x.as_int(*b)) {
-                (Some(c), _) => Some(c * self.coef(*b, lane)?),
-                (_, Some(c)) => Some(c * self.coef(*a, lane)?),
-                _ => None,
-            },
-            _ => None,
-        }
+        lower::versions::coef_with(self.x, e, lane, &|c| self.fixed.get(&c).copied())
+    }
+
+    /// How an index moves along the lanes: `Some(s)` when only its last
+    /// position does, by `s` per lane (0: the same element for every lane, 1:
+    /// contiguous, 2: every other element).
+    fn lane_step(&self, index: &[E]) -> Option<i64> {
+        let l = self.lane?;
+        let (last, rest) = index.split_last()?;
+        rest.iter().all(|i| self.coef(*i, l) == Some(0)).then(|| self.coef(*last, l)).flatten()
     }
 
     fn offset(&mut self, buf: u32, index: &[E], vec: bool) -> R<V> {
@@ -1067,7 +1058,7 @@ impl Gen<'_> {
         Ok(all)
     }
 
-    /// `cond ? then() : other()`, each side in a block and a scope of its own,
+    /// `cond ? then() : other()`: [`Gen::if_else`] with the two sides' values
     /// joined by a phi.
     fn choose(
         &mut self,
@@ -1075,38 +1066,25 @@ impl Gen<'_> {
         then: &mut dyn FnMut(&mut Self) -> R<V>,
         other: &mut dyn FnMut(&mut Self) -> R<V>,
     ) -> R<V> {
-        let b = self.bld;
-        let f = b.get_insert_block().and_then(|bb| bb.get_parent()).ok_or_else(|| llvm("no function"))?;
-        let (t, e, join) = (
-            self.ctx.append_basic_block(f, "then"),
-            self.ctx.append_basic_block(f, "else"),
-            self.ctx.append_basic_block(f, "join"),
-        );
-        b.build_conditional_branch(cond, t, e).map_err(llvm)?;
-        let mut incoming = Vec::with_capacity(2);
-        for (bb, first) in [(t, true), (e, false)] {
-            b.position_at_end(bb);
-            self.scopes.push(HashMap::new());
-            let v = if first { then(self) } else { other(self) };
-            self.scopes.pop();
-            let v = v?;
-            let end = b.get_insert_block().ok_or_else(|| llvm("no block"))?;
-            b.build_unconditional_branch(join).map_err(llvm)?;
-            incoming.push((v, end));
-        }
-        b.position_at_end(join);
-        let phi = b.build_phi(incoming[0].0.get_type(), "sel").map_err(llvm)?;
-        for (v, bb) in &incoming {
-            phi.add_incoming(&[(v as &dyn BasicValue, *bb)]);
-        }
+        // Each side's value and the block it ends in.
+        let side = |g: &mut Self, f: &mut dyn FnMut(&mut Self) -> R<V>, out: &mut Option<(V, _)>| -> R<()> {
+            let v = f(g)?;
+            *out = Some((v, g.bld.get_insert_block().ok_or_else(|| llvm("no block"))?));
+            Ok(())
+        };
+        let (mut a, mut d) = (None, None);
+        self.if_else(cond, &mut |g| side(g, then, &mut a), &mut |g| side(g, other, &mut d))?;
+        let (Some((va, ba)), Some((vd, bd))) = (a, d) else {
+            return Err(llvm("a side of a choice is missing"));
+        };
+        let phi = self.bld.build_phi(va.get_type(), "sel").map_err(llvm)?;
+        phi.add_incoming(&[(&va as &dyn BasicValue, ba), (&vd as &dyn BasicValue, bd)]);
         Ok(phi.as_basic_value())
     }
 
     fn load_unswitched(&mut self, buf: u32, index: &[E], guard: Option<E>, dt: DType, vec: bool) -> R<V> {
-        if vec
-            && guard.is_none_or(|g| !self.is_vec(g, vec))
-            && self.lane.is_some_and(|l| index.iter().all(|i| self.coef(*i, l) == Some(0)))
-        {
+        let step = if vec { self.lane_step(index) } else { None };
+        if step == Some(0) && guard.is_none_or(|g| !self.is_vec(g, vec)) {
             // The same element for every lane (a broadcast, in the version where
             // its dim is 1): one scalar load, splat.
             let v = self.load(buf, index, guard, dt, false)?;
@@ -1117,16 +1095,7 @@ impl Gen<'_> {
         let base = self.bufs[buf as usize];
         let i32t = self.ctx.i32_type();
         let align = i32t.const_int(1, false);
-        let contiguous = vec
-            && self.lane.is_some_and(|l| {
-                let last = index.len().wrapping_sub(1);
-                index.iter().enumerate().all(|(d, i)| self.coef(*i, l) == Some(if d == last { 1 } else { 0 }))
-            });
-        let stride2 = vec
-            && self.lane.is_some_and(|l| {
-                let last = index.len().wrapping_sub(1);
-                index.iter().enumerate().all(|(d, i)| self.coef(*i, l) == Some(if d == last { 2 } else { 0 }))
-            });
+        let (contiguous, stride2) = (step == Some(1), step == Some(2));
         let off = self.offset(buf, index, vec)?;
         let mask = match guard {
             Some(gd) => Some(self.emit_as(gd, vec)?),
@@ -1802,7 +1771,7 @@ impl Gen<'_> {
         Ok(out.1[0])
     }
 
-    /// `if cond { then } else { other }`, each side in a scope of its own.
+    /// `if cond { then } else { other }`, each side in a block and a scope of its own.
     fn if_else(
         &mut self,
         cond: IntValue<'static>,
@@ -1814,7 +1783,7 @@ impl Gen<'_> {
         let (t, e, join) = (
             self.ctx.append_basic_block(f, "then"),
             self.ctx.append_basic_block(f, "else"),
-            self.ctx.append_basic_block(f, "endif"),
+            self.ctx.append_basic_block(f, "join"),
         );
         b.build_conditional_branch(cond, t, e).map_err(llvm)?;
         for (bb, first) in [(t, true), (e, false)] {

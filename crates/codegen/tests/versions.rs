@@ -30,12 +30,12 @@ fn compiled(text: &str) -> (String, Vec<lower::LoopProgram>) {
 fn a_broadcast_that_may_be_one_is_versioned_not_gathered() {
     let (asm, programs) = compiled(MAYBE_BROADCAST);
     assert_eq!(programs.len(), 1);
-    assert_eq!(programs[0].guards.len(), 1, "one guard: j == 1");
+    assert_eq!(programs[0].schedules.guards.len(), 1, "one guard: j == 1");
     assert!(!asm.contains("gather"), "a version gathers:\n{asm}");
     // Without the declaration's freedom (j is m), the same program has no guard.
     let fixed = MAYBE_BROADCAST
         .replace("input %z: f32[n, j]", "input %z: f32[n, m]")
         .replace("  assert j broadcasts to m\n", "");
     let (_, programs) = compiled(&fixed);
-    assert!(programs[0].guards.is_empty());
+    assert!(programs[0].schedules.guards.is_empty());
 }

@@ -116,9 +116,9 @@ impl<'a> Builder<'a> {
             vars,
             stores,
             checks: self.checks,
-            guards: Vec::new(),
+            schedules: Default::default(),
         };
-        program.guards = program.find_guards();
+        program.analyze();
         Ok((program, self.args))
     }
 

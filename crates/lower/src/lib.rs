@@ -31,7 +31,7 @@ pub use plan::{
     Activation, AttentionStep, BufId, Buffer, BufferKind, DimTable, GroupSteps, MatEpilogue, MatMulStep,
     ModelPlan, Step, StepKind, View,
 };
-pub use program::{LoopProgram, Param, SplitReduction, Store};
+pub use program::{LoopProgram, Param, Schedules, SplitReduction, Store};
 pub use text::{print_plan, print_program};
 
 /// The calling convention of a generated loop program: `bufs[i]` is parameter

@@ -4,7 +4,7 @@
 
 use ir::DType;
 
-use crate::expr::{Exprs, E};
+use crate::expr::{Exprs, Node, E};
 
 /// A buffer the program reads or writes: dense, row-major, of a symbolic shape.
 #[derive(Clone, Debug)]
@@ -40,6 +40,29 @@ pub struct SplitReduction {
     pub extent: E,
 }
 
+/// What a program's schedules depend on, found once when it is built (the code
+/// generator and the runtime's per-shape plan read it).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Schedules {
+    /// Conditions of run-time dims the program is compiled in versions for
+    /// (one nest per combination of their values, see [`crate::versions`]).
+    pub guards: Vec<E>,
+    /// The extent of the reduction that a row-at-a-time schedule vectorizes: a
+    /// reduction computed per point of the nest whose last variable runs along
+    /// contiguous memory (a sum over a row's last axis). Such a program has two
+    /// schedules, picked per call by the extent (BladeDISC §5.2.1): the nest's
+    /// points across the vector lanes (short reductions), or one point at a time
+    /// with the reduction along the lanes (long ones, no per-lane gathers).
+    pub row_reduction: Option<E>,
+    /// Threads split the range of the innermost variable (not rows): the nest
+    /// is that one loop, and nothing in it is computed once per row for the
+    /// whole row. A one-dimensional program then runs on every thread.
+    pub splits_inner: bool,
+    /// The nest is one loop (or none) and its stores use exactly one
+    /// reduction, per point: see [`SplitReduction`].
+    pub split: Option<SplitReduction>,
+}
+
 /// One generated function: `for vars in space: stores`.
 #[derive(Clone, Debug)]
 pub struct LoopProgram {
@@ -53,123 +76,68 @@ pub struct LoopProgram {
     pub stores: Vec<Store>,
     /// The message of each error code a `Check` may record (code `c` is `checks[c - 1]`).
     pub checks: Vec<String>,
-    /// Conditions of run-time dims the program is compiled in versions for
-    /// (one nest per combination of their values, see [`crate::versions`]).
-    pub guards: Vec<E>,
+    /// Set by [`LoopProgram::analyze`].
+    pub schedules: Schedules,
 }
 
 impl LoopProgram {
-    /// The variable id of the innermost looping variable.
-    fn inner_var(&self) -> Option<u32> {
+    /// The variable id of the innermost looping variable ([`LoopProgram::inner`]).
+    pub fn inner_var(&self) -> Option<u32> {
         self.inner().and_then(|i| match self.exprs.node(self.vars[i]) {
-            crate::expr::Node::Var(v) => Some(*v),
+            Node::Var(v) => Some(*v),
             _ => None,
         })
     }
 
-    /// The reductions the stored values compute per point of the nest (those
-    /// that depend on the innermost variable; the others are computed once per
-    /// row, the stitch schedule).
-    fn point_reductions(&self) -> Vec<E> {
-        let Some(v) = self.inner_var() else { return Vec::new() };
+    /// Every reduction the stored values use (not those inside other reductions).
+    fn reductions(&self) -> Vec<E> {
         let x = &self.exprs;
         let mut seen = vec![false; x.len()];
         let mut stack: Vec<E> = self.stores.iter().map(|s| s.value).collect();
         let mut out = Vec::new();
         while let Some(e) = stack.pop() {
-            if std::mem::replace(&mut seen[e.index()], true) || x.free(e) & (1u64 << v) == 0 {
+            if std::mem::replace(&mut seen[e.index()], true) {
                 continue;
             }
             match x.node(e) {
-                crate::expr::Node::Reduce { .. } => out.push(e),
+                Node::Reduce { .. } => out.push(e),
                 n => stack.extend(n.children()),
             }
         }
         out
     }
 
-    /// The extent of the reduction that a row-at-a-time schedule vectorizes: a
-    /// reduction computed per point of the nest whose last variable runs along
-    /// contiguous memory (a sum over a row's last axis). Such a program has two
-    /// schedules, picked per call by the extent (BladeDISC §5.2.1): the nest's
-    /// points across the vector lanes (short reductions), or one point at a time
-    /// with the reduction along the lanes (long ones, no per-lane gathers).
-    pub fn row_reduction(&self) -> Option<E> {
+    /// Find the program's [`Schedules`] (once, when it is built).
+    pub fn analyze(&mut self) {
         let x = &self.exprs;
-        self.point_reductions().into_iter().find_map(|r| {
-            let crate::expr::Node::Reduce { vars, body, .. } = x.node(r) else { return None };
+        let inner = self.inner_var();
+        let reductions = self.reductions();
+        // Those that depend on the innermost variable are computed per point of
+        // the nest; the others once per row (the stitch schedule).
+        let per_point: Vec<E> = match inner {
+            Some(v) => reductions.iter().copied().filter(|r| x.free(*r) & (1u64 << v) != 0).collect(),
+            None => Vec::new(),
+        };
+        let row_reduction = per_point.iter().find_map(|r| {
+            let Node::Reduce { vars, body, .. } = x.node(*r) else { return None };
             let last = *vars.last()?;
             crate::versions::loads_along(x, *body, last).then(|| x.extents[last as usize])
-        })
-    }
-
-    /// Threads split the range of the innermost variable (not rows): the nest
-    /// is that one loop, and nothing in it is computed once per row for the
-    /// whole row. A one-dimensional program then runs on every thread.
-    pub fn splits_inner(&self) -> bool {
-        let Some(i) = self.inner() else { return false };
-        let one_loop = self
-            .vars
-            .iter()
-            .enumerate()
-            .all(|(k, v)| k == i || !matches!(self.exprs.node(*v), crate::expr::Node::Var(_)));
-        one_loop && self.point_reductions().len() == self.all_reductions()
-    }
-
-    /// The program's [`SplitReduction`], when it has one: its nest is one loop
-    /// (or none) and its stores use exactly one reduction, per point.
-    pub fn split_reduction(&self) -> Option<SplitReduction> {
-        let x = &self.exprs;
-        let one_point_nest = match self.inner() {
-            Some(_) => self.splits_inner(),
-            None => true,
-        };
-        if !one_point_nest || self.all_reductions() != 1 {
-            return None;
-        }
-        let mut seen = vec![false; x.len()];
-        let mut stack: Vec<E> = self.stores.iter().map(|s| s.value).collect();
-        while let Some(e) = stack.pop() {
-            if std::mem::replace(&mut seen[e.index()], true) {
-                continue;
-            }
-            match x.node(e) {
-                crate::expr::Node::Reduce { vars, .. } => {
-                    let var = *vars.last()?;
-                    return Some(SplitReduction { reduce: e, var, extent: x.extents[var as usize] });
-                }
-                n => stack.extend(n.children()),
-            }
-        }
-        None
-    }
-
-    /// How many reductions the stored values use.
-    fn all_reductions(&self) -> usize {
-        let x = &self.exprs;
-        let mut seen = vec![false; x.len()];
-        let mut stack: Vec<E> = self.stores.iter().map(|s| s.value).collect();
-        let mut n = 0;
-        while let Some(e) = stack.pop() {
-            if std::mem::replace(&mut seen[e.index()], true) {
-                continue;
-            }
-            match x.node(e) {
-                crate::expr::Node::Reduce { .. } => n += 1,
-                node => stack.extend(node.children()),
-            }
-        }
-        n
-    }
-
-    /// The guards of the program's loads along its innermost variable
-    /// ([`crate::versions::guards`]).
-    pub fn find_guards(&self) -> Vec<E> {
-        let inner = self.inner().and_then(|i| match self.exprs.node(self.vars[i]) {
-            crate::expr::Node::Var(v) => Some(*v),
-            _ => None,
         });
-        crate::versions::guards(&self.exprs, &self.stores, inner)
+        let one_loop = self.vars.iter().filter(|v| matches!(x.node(**v), Node::Var(_))).count() <= 1;
+        let splits_inner = inner.is_some() && one_loop && per_point.len() == reductions.len();
+        let split = match (&reductions[..], inner.is_none() || splits_inner) {
+            ([r], true) => match x.node(*r) {
+                Node::Reduce { vars, .. } => vars.last().map(|&var| SplitReduction {
+                    reduce: *r,
+                    var,
+                    extent: x.extents[var as usize],
+                }),
+                _ => None,
+            },
+            _ => None,
+        };
+        let guards = crate::versions::guards(x, &self.stores, inner);
+        self.schedules = Schedules { guards, row_reduction, splits_inner, split };
     }
 
     /// The innermost variable that really loops (extent not 1), if any: the

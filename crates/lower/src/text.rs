@@ -29,18 +29,18 @@ pub fn print_program(p: &LoopProgram, names: bool) -> String {
         let name = if names { format!(" \"{}\"", q.name) } else { String::new() };
         let _ = writeln!(s, "  %{i}: {kind} {}[{}]{name}", q.dtype, shape.join(", "));
     }
-    if !p.guards.is_empty() {
-        let g: Vec<String> = p.guards.iter().map(|e| expr(&p.exprs, *e, &HashMap::new())).collect();
+    if !p.schedules.guards.is_empty() {
+        let g: Vec<String> = p.schedules.guards.iter().map(|e| expr(&p.exprs, *e, &HashMap::new())).collect();
         let _ = writeln!(s, "  versions on: {}", g.join(", "));
     }
-    if let Some(r) = p.row_reduction() {
+    if let Some(r) = p.schedules.row_reduction {
         let _ = writeln!(
             s,
             "  row reduction along {}: lanes over points, or one point at a time",
             expr(&p.exprs, r, &HashMap::new())
         );
     }
-    if let Some(sr) = p.split_reduction() {
+    if let Some(sr) = p.schedules.split {
         let _ = writeln!(
             s,
             "  one point's reduction splits over threads along i{} < {}",

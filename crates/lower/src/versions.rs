@@ -70,17 +70,25 @@ pub fn loads_along(x: &Exprs, body: E, var: u32) -> bool {
 
 /// The coefficient of `var` in an index expression, when affine in it.
 pub fn coef(x: &Exprs, e: E, var: u32) -> Option<i64> {
+    coef_with(x, e, var, &|_| None)
+}
+
+/// [`coef`] in one version of a program: `fixed(c)` is the value of guard `c`
+/// there (a `select` on it is its side), `None` for a condition left open.
+pub fn coef_with(x: &Exprs, e: E, var: u32, fixed: &dyn Fn(E) -> Option<bool>) -> Option<i64> {
     use ir::BinaryOp;
     if x.free(e) & (1u64 << var) == 0 {
         return Some(0);
     }
+    let c = |e: E| coef_with(x, e, var, fixed);
     match x.node(e) {
         Node::Var(v) if *v == var => Some(1),
-        Node::Binary(BinaryOp::Add, a, b) => Some(coef(x, *a, var)? + coef(x, *b, var)?),
-        Node::Binary(BinaryOp::Sub, a, b) => Some(coef(x, *a, var)? - coef(x, *b, var)?),
+        Node::Select(g, a, b) => c(if fixed(*g)? { *a } else { *b }),
+        Node::Binary(BinaryOp::Add, a, b) => Some(c(*a)? + c(*b)?),
+        Node::Binary(BinaryOp::Sub, a, b) => Some(c(*a)? - c(*b)?),
         Node::Binary(BinaryOp::Mul, a, b) => match (x.as_int(*a), x.as_int(*b)) {
-            (Some(c), _) => Some(c * coef(x, *b, var)?),
-            (_, Some(c)) => Some(c * coef(x, *a, var)?),
+            (Some(k), _) => Some(k * c(*b)?),
+            (_, Some(k)) => Some(k * c(*a)?),
             _ => None,
         },
         _ => None,

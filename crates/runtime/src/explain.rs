@@ -7,7 +7,7 @@ use ir::Tensor;
 use kernels::{ALayout, BLayout, Problem};
 use lower::StepKind;
 
-use crate::shape::StepShape;
+use crate::shape::{LoopLaunch, StepShape};
 use crate::{engine_epilogue, CompiledModel, RunError};
 
 impl CompiledModel {
@@ -62,22 +62,20 @@ impl CompiledModel {
             let g = st.group;
             let _ = write!(s, "step {i} (group {g}, {}): ", self.plan.groups[g].kind);
             match (&st.kind, &sp.steps[i]) {
-                (
-                    StepKind::Loop { program, .. },
-                    StepShape::Loop { rows, inner, work, split_inner, split_len },
-                ) => {
-                    let units = if *split_inner { *inner } else { *rows };
-                    let on = match (
-                        self.split_threads(*program, units, *work, *split_len),
-                        self.parallel_loop(units, *work),
-                        split_inner,
-                    ) {
-                        (Some(ways), ..) => format!("each point's reduction split over {ways} threads"),
-                        (None, true, false) => format!("rows split over {threads} threads"),
-                        (None, true, true) => format!("points split over {threads} threads"),
-                        (None, false, _) => "one thread".into(),
+                (StepKind::Loop { program, .. }, StepShape::Loop { rows, inner, per_point, launch }) => {
+                    let on = match launch {
+                        LoopLaunch::Split { ways, .. } => {
+                            format!("each point's reduction split over {ways} threads")
+                        }
+                        LoopLaunch::Loop { parallel: true, points: false, .. } => {
+                            format!("rows split over {threads} threads")
+                        }
+                        LoopLaunch::Loop { parallel: true, points: true, .. } => {
+                            format!("points split over {threads} threads")
+                        }
+                        LoopLaunch::Loop { parallel: false, .. } => "one thread".into(),
                     };
-                    let per_point = match work / rows.saturating_mul(*inner).max(1) {
+                    let per_point = match per_point {
                         1 => String::new(),
                         r => format!(
                             ", a reduction of {r} per point (one point at a time when {r} fills a vector)"

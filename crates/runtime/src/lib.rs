@@ -26,7 +26,7 @@ use lower::{BufferKind, FinishFn, LoopFn, ModelPlan, PartFn, StepKind};
 use sym::ShapeEnv;
 
 pub use shape::MAX_ELEMS;
-use shape::{ShapePlan, StepShape};
+use shape::{LoopLaunch, ShapePlan, StepShape};
 
 /// What can go wrong in a call, each naming what and where.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -122,16 +122,6 @@ const CANARY: u8 = 0xA5;
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
-/// Elements per row-range below which a loop runs on the calling thread: a
-/// fork-join costs a few microseconds, more than a small row range takes.
-const PARALLEL_MIN: usize = 1 << 15;
-
-/// The most threads that share one reduction (the partials live on the stack).
-const MAX_SPLIT: usize = 64;
-
-/// The fewest elements of a split reduction per thread.
-const SPLIT_MIN: usize = 1 << 12;
-
 /// Row counts a weight is packed for (a geometric sweep of M).
 pub const PACK_ROWS: [usize; 5] = [1, 8, 64, 512, 4096];
 
@@ -213,7 +203,7 @@ impl CompiledModel {
             .programs
             .iter()
             .zip(splits.iter().chain(std::iter::repeat(&None)))
-            .position(|(p, s)| p.split_reduction().is_some() && s.is_none());
+            .position(|(p, s)| p.schedules.split.is_some() && s.is_none());
         if splits.len() != plan.programs.len() || without_split.is_some() {
             return Err(RunError::Internal(format!(
                 "{} loop programs, {} with split-reduction entries (program {without_split:?} lacks them)",
@@ -367,7 +357,14 @@ impl CompiledModel {
         }
         let choose = |ss: &shape::MatMulShape, os: &shape::MatMulShape| self.attention_tasks(ss, os);
         let start = std::time::Instant::now();
-        let p = Arc::new(ShapePlan::build(&self.plan, &self.env, &b, self.canaries, &choose)?);
+        let p = Arc::new(ShapePlan::build(
+            &self.plan,
+            &self.env,
+            &b,
+            self.canaries,
+            &choose,
+            self.pool.threads(),
+        )?);
         tracing::debug!("planned a shape in {:.3} ms", start.elapsed().as_secs_f64() * 1e3);
         self.shapes.write().unwrap_or_else(|e| e.into_inner()).insert(key, p.clone());
         Ok(p)
@@ -528,20 +525,16 @@ impl CompiledModel {
             }
             let start = times.is_some().then(std::time::Instant::now);
             match (&st.kind, &sp.steps[i]) {
-                (
-                    StepKind::Loop { program, args: bufs },
-                    StepShape::Loop { rows, inner, work, split_inner, split_len },
-                ) => {
+                (StepKind::Loop { program, args: bufs }, StepShape::Loop { launch, .. }) => {
                     args.clear();
                     args.extend(bufs.iter().map(|b| ptrs[*b]));
-                    // Threads take rows, or ranges of a one-loop nest's points, or
-                    // share each point's reduction.
-                    let units = if *split_inner { *inner } else { *rows };
-                    match (self.split_threads(*program, units, *work, *split_len), split_len) {
-                        (Some(ways), Some(len)) => {
-                            self.run_split(*program, &args, &sp.dims, units, *len, ways)?
+                    match *launch {
+                        LoopLaunch::Loop { units, points, parallel } => {
+                            self.run_loop(*program, &args, &sp.dims, units, points, parallel)?
                         }
-                        _ => self.run_loop(*program, &args, &sp.dims, units, *work, *split_inner)?,
+                        LoopLaunch::Split { points, len, ways } => {
+                            self.run_split(*program, &args, &sp.dims, points, len, ways)?
+                        }
                     }
                 }
                 (StepKind::MatMul(mm), StepShape::MatMul(ms)) => self.run_matmul(i, mm, ms, sp, ptrs)?,
@@ -556,23 +549,6 @@ impl CompiledModel {
             }
         }
         Ok(())
-    }
-
-    /// Whether a loop of `units` (rows or points) and `work` runs on every
-    /// thread: a fork-join costs microseconds, more than a small loop takes.
-    fn parallel_loop(&self, units: usize, work: usize) -> bool {
-        self.pool.threads() > 1 && units >= 2 && work >= PARALLEL_MIN
-    }
-
-    /// The threads that share each point's reduction (one long row split
-    /// across threads), when that pays: too few points to give every thread
-    /// one, a reduction long enough, and work enough for a fork-join.
-    fn split_threads(&self, program: usize, units: usize, work: usize, len: Option<usize>) -> Option<usize> {
-        let threads = self.pool.threads().min(MAX_SPLIT);
-        let len = len?;
-        self.splits.get(program).copied().flatten()?;
-        (threads > 1 && units < threads && len >= 2 * SPLIT_MIN && work >= PARALLEL_MIN)
-            .then(|| threads.min(len / SPLIT_MIN))
     }
 
     /// Run a program with a split reduction: per point, each of `ways` threads
@@ -593,7 +569,7 @@ impl CompiledModel {
         let shared = Shared { args: args.as_ptr(), dims: dims.as_ptr() };
         let first = AtomicI64::new(0);
         let chunk = len.div_ceil(ways).next_multiple_of(64);
-        let mut parts = [0u64; MAX_SPLIT];
+        let mut parts = [0u64; shape::MAX_SPLIT];
         for point in 0..points {
             let slots = Slots(parts.as_mut_ptr());
             self.pool.run(&|t| {
@@ -619,22 +595,22 @@ impl CompiledModel {
     }
 
     /// Run loop program `program` over `units` (rows, or the points of a
-    /// one-loop nest), split between the threads when the work pays for it.
+    /// one-loop nest), split between the threads when `parallel`.
     fn run_loop(
         &self,
         program: usize,
         args: &[*mut u8],
         dims: &[i64],
         units: usize,
-        work: usize,
         points: bool,
+        parallel: bool,
     ) -> Result<(), RunError> {
-        if units == 0 || work == 0 {
+        if units == 0 {
             return Ok(());
         }
         let f = self.loops[program];
         let threads = self.pool.threads();
-        let status = if self.parallel_loop(units, work) {
+        let status = if parallel {
             let shared = Shared { args: args.as_ptr(), dims: dims.as_ptr() };
             let first = AtomicI64::new(0);
             // Points go to threads in whole vectors (16 lanes cover every ISA's f32 width).

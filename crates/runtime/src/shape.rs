@@ -27,18 +27,60 @@ pub(crate) struct MatMulShape {
     pub entries: Vec<[usize; 3]>,
 }
 
+/// How a loop step runs at one shape, decided when the shape is planned.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum LoopLaunch {
+    /// Rows `0..units` of the program (for a one-loop nest, `points`: its
+    /// points), split between the threads when `parallel`.
+    Loop { units: usize, points: bool, parallel: bool },
+    /// For each of `points` points, its reduction of length `len` shared by
+    /// `ways` threads (`lower::SplitReduction`).
+    Split { points: usize, len: usize, ways: usize },
+}
+
+/// Elements of work below which a loop runs on the calling thread: a
+/// fork-join costs a few microseconds, more than a small loop takes.
+const PARALLEL_MIN: usize = 1 << 15;
+
+/// The most threads that share one reduction (the partials live on the stack).
+pub(crate) const MAX_SPLIT: usize = 64;
+
+/// The fewest elements of a split reduction per thread.
+const SPLIT_MIN: usize = 1 << 12;
+
+/// How `threads` share a loop of `rows × inner` points whose per-point
+/// reduction is `per_point` long (`split_len`: a split reduction's length).
+fn launch(
+    p: &lower::LoopProgram,
+    (rows, inner, per_point): (usize, usize, usize),
+    split_len: Option<usize>,
+    threads: usize,
+) -> LoopLaunch {
+    let points = p.schedules.splits_inner;
+    let units = if points { inner } else { rows };
+    let work = rows.saturating_mul(inner).saturating_mul(per_point);
+    if work == 0 {
+        return LoopLaunch::Loop { units: 0, points, parallel: false };
+    }
+    let ways = threads.min(MAX_SPLIT);
+    match split_len {
+        // Too few points to give every thread one, and a reduction long enough.
+        Some(len) if ways > 1 && units < ways && len >= 2 * SPLIT_MIN && work >= PARALLEL_MIN => {
+            LoopLaunch::Split { points: units, len, ways: ways.min(len / SPLIT_MIN) }
+        }
+        _ => LoopLaunch::Loop { units, points, parallel: threads > 1 && units >= 2 && work >= PARALLEL_MIN },
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(crate) enum StepShape {
-    /// Rows of the nest and elements per row; the work (points times the
-    /// length of a per-point reduction), which decides whether threads pay;
-    /// whether threads split the inner range instead of rows (a one-loop nest).
+    /// Rows of the nest, elements per row, the length of a reduction computed
+    /// per point (1 when none), and how the threads share the loop.
     Loop {
         rows: usize,
         inner: usize,
-        work: usize,
-        split_inner: bool,
-        /// The length of the split variable of a split reduction (`lower::SplitReduction`).
-        split_len: Option<usize>,
+        per_point: usize,
+        launch: LoopLaunch,
     },
     MatMul(MatMulShape),
     /// Fused attention (boxed: the largest shape, and the rarest).
@@ -108,6 +150,7 @@ impl ShapePlan {
         b: &Bindings,
         canaries: bool,
         attention: &AttentionChoice,
+        threads: usize,
     ) -> Result<ShapePlan, RunError> {
         let dims = plan
             .dims
@@ -174,26 +217,23 @@ impl ShapePlan {
                 StepKind::Loop { program, .. } => {
                     let p = &plan.programs[*program];
                     let (rows, inner) = nest(p, &dims)?;
-                    let per_point = match p.row_reduction() {
-                        Some(e) => extent(p, e, &dims)?.max(1),
-                        None => 1,
-                    };
-                    let split_len = match p.split_reduction() {
+                    let split_len = match p.schedules.split {
                         Some(sr) => Some(extent(p, sr.extent, &dims)?),
                         None => None,
                     };
-                    // A reduction computed once for a nest without loops counts too.
-                    let per_point = match (p.row_reduction(), split_len) {
+                    // A row reduction, or the one reduction of a split program.
+                    let per_point = match (p.schedules.row_reduction, split_len) {
+                        (Some(e), _) => extent(p, e, &dims)?.max(1),
                         (None, Some(l)) => l.max(1),
-                        _ => per_point,
+                        (None, None) => 1,
                     };
-                    let work = rows.saturating_mul(inner).saturating_mul(per_point);
-                    StepShape::Loop { rows, inner, work, split_inner: p.splits_inner(), split_len }
+                    let launch = launch(p, (rows, inner, per_point), split_len, threads);
+                    StepShape::Loop { rows, inner, per_point, launch }
                 }
                 StepKind::MatMul(mm) => StepShape::MatMul(matmul_shape(mm, &dims)?),
                 StepKind::Attention(a) => {
                     let (rows, inner) = nest(&plan.programs[a.softmax], &dims)?;
-                    if plan.programs[a.softmax].splits_inner() {
+                    if plan.programs[a.softmax].schedules.splits_inner {
                         return Err(RunError::Internal("fused attention: a softmax that splits its row".into()));
                     }
                     let scores = matmul_shape(&a.scores, &dims)?;
