@@ -92,16 +92,7 @@ pub fn refine(
         }
     }
     if let (true, Some(dir)) = (measured, dir) {
-        let write = || -> std::io::Result<()> {
-            std::fs::create_dir_all(dir)?;
-            let p = path(dir, threads);
-            let tmp = p.with_extension(format!("json.{}.tmp", std::process::id()));
-            std::fs::write(&tmp, serde_json::to_vec_pretty(&cached).unwrap_or_default())?;
-            std::fs::rename(tmp, p)
-        };
-        if let Err(e) = write() {
-            tracing::warn!("cannot store the measured dispatch in {}: {e}", dir.display());
-        }
+        crate::tuning::store_json(&path(dir, threads), &cached, "the measured dispatch");
     }
     Ok(TunedSchedules { threads, elem: d.family().elem(), classes })
 }

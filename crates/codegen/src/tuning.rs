@@ -146,17 +146,24 @@ pub fn measure(
     Ok(record)
 }
 
-/// Write `record` (atomically: a temporary file renamed over the old one).
+/// Write `record` into the cache folder.
 fn store(dir: &Path, t: &Target, record: &TuningRecord) {
-    let path = record_path(dir, t, record.elem);
+    store_json(&record_path(dir, t, record.elem), record, "the tuning record");
+}
+
+/// Write `value` as JSON at `path` in the cache folder, atomically (a temporary
+/// file renamed over the old one); a failure is a warning naming `what`.
+pub(crate) fn store_json(path: &Path, value: &impl Serialize, what: &str) {
     let write = || -> std::io::Result<()> {
-        std::fs::create_dir_all(dir)?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
         let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
-        std::fs::write(&tmp, serde_json::to_string_pretty(record).unwrap_or_default())?;
-        std::fs::rename(tmp, &path)
+        std::fs::write(&tmp, serde_json::to_string_pretty(value).unwrap_or_default())?;
+        std::fs::rename(tmp, path)
     };
     if let Err(e) = write() {
-        tracing::warn!("cannot store the tuning record in {}: {e}", dir.display());
+        tracing::warn!("cannot store {what} in {}: {e}", path.display());
     }
 }
 
