@@ -249,8 +249,33 @@ const WIDE_WINDOWS: &str = r#"graph {
 }
 "#;
 
+/// Convolutions whose taps the contraction engine reads from a channels-last
+/// image (implicit GEMM): 3×3 with padding at strides 1 and 2, a dilated one,
+/// and a 1×1 at stride 2, after one another (the image between them stays
+/// channels-last); 17 and 24 channels: a vector and a bit, and not a power of two.
+const CONV_TAPS: &str = r#"graph {
+  sym h param 1..19
+  sym w param 1..21
+  input %img: f32[2, 17, h, w]
+  %k1: f32[24, 17, 3, 3] = constant @k1
+  %c1: f32[2, 24, h, w] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], group=1] %img, %k1
+  %r1: f32[2, 24, h, w] = relu %c1
+  %k2: f32[9, 24, 3, 3] = constant @k2
+  %c2: f32[2, 9, (h-1)/2+1, (w-1)/2+1] = conv[strides=[2, 2], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], group=1] %r1, %k2
+  %k3: f32[5, 24, 1, 1] = constant @k3
+  %c3: f32[2, 5, (h-1)/2+1, (w-1)/2+1] = conv[strides=[2, 2], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], group=1] %r1, %k3
+  %k4: f32[7, 24, 3, 2] = constant @k4
+  %c4: f32[2, 7, h, w+1] = conv[strides=[1, 1], dilations=[2, 2], pads_begin=[2, 1], pads_end=[2, 2], group=1] %r1, %k4
+  output %c2, %c3, %c4
+}
+"#;
+
 fn weights(name: &str) -> Option<std::sync::Arc<ir::ConstData>> {
     let shape: Vec<usize> = match name {
+        "k1" => vec![24, 17, 3, 3],
+        "k2" => vec![9, 24, 3, 3],
+        "k3" => vec![5, 24, 1, 1],
+        "k4" => vec![7, 24, 3, 2],
         "k" => vec![6, 2, 3, 3],
         "kd" => vec![3, 4, 2, 2],
         "kt" => vec![4, 3, 2, 2],
@@ -367,6 +392,16 @@ proptest! {
     #[test]
     fn window_programs(h in size(3, 19), w in size(3, 21), seed in 0u64..1000, rw in any::<bool>()) {
         compare(&model(WINDOWS, rw, None), &[("h", h), ("w", w)], seed)?;
+    }
+
+    #[test]
+    fn convolutions_as_implicit_gemm(h in size(1, 19), w in size(1, 21), seed in 0u64..1000) {
+        let model = model(CONV_TAPS, true, None);
+        let plan = anyshape::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
+        let taps = plan.lines().filter(|l| l.contains("matmul") && l.contains("A taps")).count();
+        prop_assert_eq!(taps, 4, "the taps are not read in place:\n{}", plan);
+        prop_assert!(!plan.contains(".col\""), "a column matrix is stored:\n{}", plan);
+        compare(&model, &[("h", h), ("w", w)], seed)?;
     }
 
     #[test]

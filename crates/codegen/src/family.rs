@@ -137,8 +137,10 @@ impl<'a> ContractionBuilder<'a> {
         direct_tiles.retain(|t| kept(true, t));
         // One packing routine per panel width: A's heights, and B's widths, in the
         // family's type; the direct kernels' B panels are f32 in every family.
-        let (mut widths, mut f32_widths) = (Vec::new(), Vec::new());
+        let (mut widths, mut f32_widths, mut rows_widths) = (Vec::new(), Vec::new(), Vec::new());
         if self.generated_packing {
+            // A's heights also read a convolution's taps (rows by address).
+            rows_widths.extend(tiles.iter().map(|t| t.mr));
             widths.extend(tiles.iter().flat_map(|t| [t.mr, t.nr]));
             let direct_widths = direct_tiles.iter().map(|t| t.nr);
             match elem {
@@ -154,16 +156,19 @@ impl<'a> ContractionBuilder<'a> {
         report(crate::Progress::Add(
             1 + usize::from(!f32_widths.is_empty()) + tiles.len() + direct_tiles.len(),
         ));
-        let mut packers = vec![compile_packers_cached(target, elem, &widths, objects)?];
+        let mut packers = vec![compile_packers_cached(target, elem, &widths, &rows_widths, objects)?];
         report(crate::Progress::Done);
         if !f32_widths.is_empty() {
-            packers.push(compile_packers_cached(target, ElemType::F32, &f32_widths, objects)?);
+            packers.push(compile_packers_cached(target, ElemType::F32, &f32_widths, &[], objects)?);
             report(crate::Progress::Done);
         }
         let find = |e: ElemType, w: usize| packers.iter().find_map(|p| p.get(w).filter(|q| q.elem == e));
+        let find_rows =
+            |e: ElemType, w: usize| packers.iter().find_map(|p| p.get_rows(w).filter(|q| q.elem == e));
         let packers_of = |e: ElemType, mr: Option<usize>, nr: usize| Packers {
             a: mr.and_then(|w| find(e, w)),
             bt: find(e, nr),
+            a_rows: mr.and_then(|w| find_rows(e, w)),
         };
         let mut jit = Vec::with_capacity(tiles.len());
         let mut variants = Vec::with_capacity(tiles.len());

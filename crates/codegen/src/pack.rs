@@ -20,7 +20,7 @@ use inkwell::module::Module;
 use inkwell::types::VectorType;
 use inkwell::values::{BasicMetadataValueEnum, BasicValueEnum, IntValue, PointerValue, VectorValue};
 use inkwell::{AddressSpace, IntPredicate};
-use kernels::{ElemType, PackFn, Packer, Target};
+use kernels::{ElemType, PackFn, Packer, RowsPackFn, RowsPacker, Target};
 
 use crate::{jit_module, llvm, set_align, target_attributes, CodegenError};
 
@@ -28,6 +28,7 @@ use crate::{jit_module, llvm, set_align, target_attributes, CodegenError};
 /// all converting to the family's element type.
 pub struct JitPackers {
     packers: Vec<Packer>,
+    rows: Vec<RowsPacker>,
     ir: crate::OptimizedIr,
     // Owns the machine code the packers point into; only dropped.
     _image: kernels::CodeImage,
@@ -40,6 +41,10 @@ impl JitPackers {
     }
     pub fn packers(&self) -> &[Packer] {
         &self.packers
+    }
+    /// The routine over rows given by address writing panels `width` wide, if compiled.
+    pub fn get_rows(&self, width: usize) -> Option<RowsPacker> {
+        self.rows.iter().copied().find(|p| p.width == width)
     }
     /// The optimized LLVM IR.
     pub fn ir(&self) -> &str {
@@ -56,9 +61,15 @@ impl JitPackers {
 const MAX_WIDTH: usize = 128;
 
 /// Compile one packing routine per distinct width in `widths` for `t`, writing
-/// `elem` panels.
-pub fn compile_packers(t: &Target, elem: ElemType, widths: &[usize]) -> Result<JitPackers, CodegenError> {
-    compile_packers_cached(t, elem, widths, &crate::ObjectCache::none())
+/// `elem` panels, and one over rows given by address ([`RowsPackFn`]: a
+/// convolution's taps) per width in `rows_widths`.
+pub fn compile_packers(
+    t: &Target,
+    elem: ElemType,
+    widths: &[usize],
+    rows_widths: &[usize],
+) -> Result<JitPackers, CodegenError> {
+    compile_packers_cached(t, elem, widths, rows_widths, &crate::ObjectCache::none())
 }
 
 /// [`compile_packers`] through `cache`.
@@ -66,6 +77,7 @@ pub fn compile_packers_cached(
     t: &Target,
     elem: ElemType,
     widths: &[usize],
+    rows_widths: &[usize],
     cache: &crate::ObjectCache,
 ) -> Result<JitPackers, CodegenError> {
     let l = t.f32_lanes;
@@ -73,16 +85,24 @@ pub fn compile_packers_cached(
         return Err(CodegenError::Unsupported("packing routines need x86-64 with AVX2 and FMA".into()));
     }
     elem.check(t).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
-    let mut widths = widths.to_vec();
-    widths.sort_unstable();
-    widths.dedup();
-    if let Some(&w) = widths.iter().find(|&&w| w == 0 || w > MAX_WIDTH) {
+    let sorted = |w: &[usize]| {
+        let mut w = w.to_vec();
+        w.sort_unstable();
+        w.dedup();
+        w
+    };
+    let (widths, rows_widths) = (sorted(widths), sorted(rows_widths));
+    if let Some(&w) = widths.iter().chain(&rows_widths).find(|&&w| w == 0 || w > MAX_WIDTH) {
         return Err(CodegenError::Unsupported(format!("a packing routine {w} wide (1 to {MAX_WIDTH})")));
     }
     let name = |w: usize| format!("pack_{elem}_w{w}");
+    let rows_name = |w: usize| format!("pack_{elem}_w{w}_rows");
     let (image, ir) = jit_module(t, "packers", cache, |ctx, module, cpu, features| {
         for &w in &widths {
-            build_packer(ctx, module, &name(w), (w, elem), l, cpu, features)?;
+            build_packer(ctx, module, &name(w), (w, elem), l, Rows::Strided, cpu, features)?;
+        }
+        for &w in &rows_widths {
+            build_packer(ctx, module, &rows_name(w), (w, elem), l, Rows::ByAddress, cpu, features)?;
         }
         Ok(())
     })?;
@@ -95,15 +115,36 @@ pub fn compile_packers_cached(
         let func: PackFn = unsafe { std::mem::transmute::<usize, PackFn>(addr) };
         packers.push(Packer { width: w, elem, func });
     }
-    Ok(JitPackers { packers, ir, _image: image })
+    let mut rows = Vec::with_capacity(rows_widths.len());
+    for &w in &rows_widths {
+        let addr =
+            image.function(&rows_name(w)).ok_or_else(|| llvm(format!("no packer {}", rows_name(w))))?;
+        // SAFETY: `addr` is the entry of the function just generated with exactly the
+        // `RowsPackFn` signature (ptr, i64, ptr) -> void and the C calling convention;
+        // the image that holds it lives in the returned value.
+        let func: RowsPackFn = unsafe { std::mem::transmute::<usize, RowsPackFn>(addr) };
+        rows.push(RowsPacker { width: w, elem, func });
+    }
+    Ok(JitPackers { packers, rows, ir, _image: image })
 }
 
+/// How a packing routine finds its source rows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    /// `rows ≤ width` rows `ld` apart from `src` ([`PackFn`]).
+    Strided,
+    /// `width` addresses, null for a row of zeros ([`RowsPackFn`]).
+    ByAddress,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn build_packer(
     ctx: &'static Context,
     module: &Module<'static>,
     name: &str,
     (width, elem): (usize, ElemType),
     l: usize,
+    how: Rows,
     cpu: &str,
     features: &str,
 ) -> Result<(), CodegenError> {
@@ -113,17 +154,21 @@ fn build_packer(
     let depths = l * g;
     let ptr = ctx.ptr_type(AddressSpace::default());
     let vt = f32t.vec_type(l as u32);
-    let params = [ptr.into(), i64t.into(), i64t.into(), i64t.into(), ptr.into()];
+    let params: Vec<inkwell::types::BasicMetadataTypeEnum> = match how {
+        Rows::Strided => vec![ptr.into(), i64t.into(), i64t.into(), i64t.into(), ptr.into()],
+        Rows::ByAddress => vec![ptr.into(), i64t.into(), ptr.into()],
+    };
     let f = module.add_function(name, ctx.void_type().fn_type(&params, false), None);
     target_attributes(ctx, f, cpu, features, l);
     let noalias =
         ctx.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("noalias"), 0);
-    for i in [0, 4] {
+    let last = params.len() as u32 - 1;
+    for i in [0, last] {
         f.add_attribute(inkwell::attributes::AttributeLoc::Param(i), noalias);
     }
     let p = |i: u32| f.get_nth_param(i).ok_or_else(|| llvm("param"));
-    let (src, ld, rows) = (p(0)?.into_pointer_value(), p(1)?.into_int_value(), p(2)?.into_int_value());
-    let (kc, dst) = (p(3)?.into_int_value(), p(4)?.into_pointer_value());
+    let src = p(0)?.into_pointer_value();
+    let (kc, dst) = (p(last - 1)?.into_int_value(), p(last)?.into_pointer_value());
 
     // The rows past `rows` read this (one vector of zeros, never advanced).
     let zeros = module.add_global(f32t.array_type(depths as u32), None, &format!("{name}_zeros"));
@@ -170,13 +215,26 @@ fn build_packer(
         })
     };
 
-    // entry: each row's base and step (a row past `rows` reads the zeros, step 0).
+    // entry: each row's base and step (a row past `rows`, or a null address,
+    // reads the zeros, step 0).
     bld.position_at_end(entry);
     let mut bases = Vec::with_capacity(width);
     for i in 0..width {
-        let live = bld.build_int_compare(IntPredicate::ULT, c_i64(i), rows, "live").map_err(llvm)?;
-        let off = bld.build_int_mul(c_i64(i), ld, "off").map_err(llvm)?;
-        let row = gep(src, off, "row")?;
+        let (live, row) = match how {
+            Rows::Strided => {
+                let (ld, rows) = (p(1)?.into_int_value(), p(2)?.into_int_value());
+                let live = bld.build_int_compare(IntPredicate::ULT, c_i64(i), rows, "live").map_err(llvm)?;
+                let off = bld.build_int_mul(c_i64(i), ld, "off").map_err(llvm)?;
+                (live, gep(src, off, "row")?)
+            }
+            Rows::ByAddress => {
+                // SAFETY (of the IR): the ABI passes `width` addresses.
+                let at = unsafe { bld.build_in_bounds_gep(ptr, src, &[c_i64(i)], "at") }.map_err(llvm)?;
+                let row = bld.build_load(ptr, at, "row").map_err(llvm)?.into_pointer_value();
+                let live = bld.build_is_not_null(row, "live").map_err(llvm)?;
+                (live, row)
+            }
+        };
         let base = bld.build_select(live, row, zeros.as_pointer_value(), "base").map_err(llvm)?;
         let step = bld.build_select(live, c_i64(1), c_i64(0), "step").map_err(llvm)?;
         bases.push((base.into_pointer_value(), step.into_int_value()));

@@ -196,10 +196,11 @@ pub fn machine_model(
     let single = peak(&ThreadPool::new(1), 100);
     // Packing is timed with the generated routines (the portable loops if those fail
     // to compile, as they would run then too).
-    let jit = crate::compile_packers(t, elem, &[8, 2 * t.f32_lanes]).ok();
+    let jit = crate::compile_packers(t, elem, &[8, 2 * t.f32_lanes], &[]).ok();
     let packers = Packers {
         a: jit.as_ref().and_then(|j| j.get(8)),
         bt: jit.as_ref().and_then(|j| j.get(2 * t.f32_lanes)),
+        a_rows: None,
     };
     let mut m = kernels::calibrate::measure(t, pool, packers, elem);
     m.peak_gflops = peak(pool, 200);

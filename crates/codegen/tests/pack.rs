@@ -3,7 +3,8 @@
 //! width, depths around the vector width, strided sources, and canaries on both
 //! sides of the panel and around the source rows' ends; for every element type
 //! the target has (bf16 words checked bit for bit against round-to-nearest-even,
-//! with depths missing from the last pair zero).
+//! with depths missing from the last pair zero); the same over rows given by
+//! address (a convolution's taps), null rows read as zeros.
 
 use anyshape_codegen::compile_packers;
 use kernels::{bf16_bits, ElemType, Target};
@@ -104,11 +105,51 @@ fn check(
     Ok(())
 }
 
+/// Pack with `w`'s routine over rows given by address: row `i` of the panel is
+/// source row `(i·5 + 3) mod rows` (out of order, some twice), or zeros where
+/// `i` is a multiple of `nulls` (a tap in the padding); canaries as in `check`.
+fn check_rows(
+    packers: &anyshape_codegen::JitPackers,
+    elem: ElemType,
+    w: usize,
+    rows: usize,
+    kc: usize,
+    nulls: usize,
+) -> Result<(), TestCaseError> {
+    let p = packers.get_rows(w).expect("compiled width");
+    let (g, kw, ld) = (elem.k_group(), elem.words(kc), kc + 5);
+    let len = (rows - 1) * ld + kc;
+    let mut src: Vec<f32> = (0..len + 32).map(|x| if x < len { value(x) } else { CANARY }).collect();
+    for i in 0..rows {
+        for x in &mut src[i * ld + kc..((i + 1) * ld).min(len)] {
+            *x = CANARY;
+        }
+    }
+    let row_of = |i: usize| (!i.is_multiple_of(nulls)).then_some((i * 5 + 3) % rows);
+    let ptrs: Vec<*const f32> =
+        (0..w).map(|i| row_of(i).map_or(std::ptr::null(), |r| src[r * ld..].as_ptr())).collect();
+    let margin = 40;
+    let mut dst = vec![CANARY_WORD; kw * w + 2 * margin];
+    // SAFETY: `ptrs` holds `w` addresses, each null or the start of a source row of
+    // `kc` elements inside `src`; the panel between the margins holds `words(kc) · w` words.
+    unsafe { (p.func)(ptrs.as_ptr(), kc as i64, dst[margin..].as_mut_ptr()) };
+    let canaries = dst[..margin].iter().chain(&dst[margin + kw * w..]);
+    prop_assert!(canaries.into_iter().all(|&x| x == CANARY_WORD), "canary hit");
+    for k in 0..kw {
+        for i in 0..w {
+            let want = row_of(i).map_or(0, |r| word(elem, &src, r * ld + k * g, kc - k * g));
+            let got = dst[margin + k * w + i];
+            prop_assert_eq!(got, want, "{} w {} kc {} by address: [{}, {}]", elem, w, kc, k, i);
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn generated_packs_match_the_definition() {
     for (isa, t) in targets() {
         for elem in ElemType::ALL.into_iter().filter(|e| e.check(&t).is_ok()) {
-            let packers = compile_packers(&t, elem, &WIDTHS).expect("compile");
+            let packers = compile_packers(&t, elem, &WIDTHS, &WIDTHS).expect("compile");
             let l = t.f32_lanes;
             // Every width, full and partial rows, at depths around a block (W words).
             let d = l * elem.k_group();
@@ -124,9 +165,15 @@ fn generated_packs_match_the_definition() {
             runner
                 .run(&cases, |(wi, rows, kc, gap)| {
                     let w = WIDTHS[wi];
-                    check(&packers, elem, w, rows.min(w), kc, kc + gap)
+                    check(&packers, elem, w, rows.min(w), kc, kc + gap)?;
+                    check_rows(&packers, elem, w, rows, kc, 2 + gap % 5)
                 })
                 .unwrap_or_else(|e| panic!("{isa} {elem}: {e}"));
+            for &w in &WIDTHS {
+                for kc in [1, l - 1, l, d + 1, 2 * d + 3] {
+                    check_rows(&packers, elem, w, 3, kc, 4).unwrap_or_else(|e| panic!("{isa}: {e}"));
+                }
+            }
         }
     }
 }
@@ -135,7 +182,7 @@ fn generated_packs_match_the_definition() {
 #[test]
 fn bf16_needs_avx512_bf16() {
     let Some(t) = Target::detect().avx2_only() else { return };
-    let e = compile_packers(&t, ElemType::Bf16, &[8]).err().expect("an error");
+    let e = compile_packers(&t, ElemType::Bf16, &[8], &[]).err().expect("an error");
     assert!(e.to_string().contains("AVX-512 BF16"), "{e}");
     let e = anyshape_codegen::compile_microkernel_with(&t, ElemType::Bf16, 4, 16, Default::default())
         .err()
@@ -147,7 +194,7 @@ fn bf16_needs_avx512_bf16() {
 fn bad_widths_are_errors() {
     let Some((_, t)) = targets().into_iter().next() else { return };
     for w in [0, 129] {
-        let e = compile_packers(&t, ElemType::F32, &[4, w]).err().expect("an error");
+        let e = compile_packers(&t, ElemType::F32, &[4, w], &[]).err().expect("an error");
         assert!(e.to_string().contains(&format!("{w} wide")), "{e}");
     }
 }

@@ -27,7 +27,7 @@ fn compiled_functions_are_named_in_the_perf_map() {
     let _ = std::fs::remove_file(&path);
     let nr = 2 * t.f32_lanes;
     let uk = compile_microkernel(&t, 4, nr).unwrap();
-    let packers = compile_packers(&t, ElemType::F32, &[4, nr]).unwrap();
+    let packers = compile_packers(&t, ElemType::F32, &[4, nr], &[]).unwrap();
     let map = std::fs::read_to_string(&path).unwrap();
     let _ = std::fs::remove_file(&path);
 

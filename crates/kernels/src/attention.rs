@@ -152,7 +152,8 @@ pub fn attention(
                 if let Err(msg) = r {
                     failed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(msg);
                 } else if keys > 0 {
-                    let pb = MatRef { data: &probs[..n * keys], rows: n, cols: keys, rs: keys, cs: 1 };
+                    let pb =
+                        MatRef { data: &probs[..n * keys], rows: n, cols: keys, rs: keys, cs: 1, taps: None };
                     let (optr, ldo) = outs[e];
                     // SAFETY: rows first..first+n of entry e's output are this task's
                     // alone (tasks are disjoint (entry, block) pairs), and inside

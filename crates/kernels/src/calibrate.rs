@@ -97,11 +97,11 @@ pub fn measure(target: &Target, pool: &ThreadPool, packers: Packers, elem: ElemT
     let nr = packers.bt.map_or(32, |p| p.width);
     let src: Vec<f32> = (0..m * k).map(|i| i as f32).collect();
     let mut out = Vec::new();
-    let av = MatRef { data: &src, rows: m, cols: k, rs: k, cs: 1 };
-    let pack_a_bw = pack_rate(|| pack_a(&av, 0, m, 0, k, mr, elem, &mut out, packers.a), m * k);
-    let bv = MatRef { data: &src, rows: m, cols: k, rs: k, cs: 1 };
+    let av = MatRef { data: &src, rows: m, cols: k, rs: k, cs: 1, taps: None };
+    let pack_a_bw = pack_rate(|| pack_a(&av, 0, m, 0, k, mr, elem, &mut out, packers.a, None), m * k);
+    let bv = MatRef { data: &src, rows: m, cols: k, rs: k, cs: 1, taps: None };
     let pack_b_bw = pack_rate(|| pack_b(&bv, 0, m, 0, k, nr, elem, &mut out, None), m * k);
-    let bt = MatRef { data: &src, rows: k, cols: m, rs: 1, cs: k };
+    let bt = MatRef { data: &src, rows: k, cols: m, rs: 1, cs: k, taps: None };
     let pack_bt_bw = pack_rate(|| pack_b(&bt, 0, k, 0, m, nr, elem, &mut out, packers.bt), m * k);
     std::hint::black_box(&out);
     // The fork-join as a contraction pays it: a small job (a sum over an L1-resident

@@ -177,7 +177,7 @@ pub(crate) fn direct_band(
 
 /// Whether a direct kernel can read this A where it lies.
 pub fn a_in_place(a: &MatRef) -> bool {
-    crate::ALayout::of(a.cs, a.cols) == crate::ALayout::RowMajor
+    !a.is_taps() && crate::ALayout::of(a.cs, a.cols) == crate::ALayout::RowMajor
 }
 
 /// Whether a direct kernel can read this B where it lies (a pre-packed B is read
@@ -185,6 +185,6 @@ pub fn a_in_place(a: &MatRef) -> bool {
 pub fn b_in_place(b: &BOperand) -> bool {
     match b {
         BOperand::Packed(_) => false,
-        BOperand::Plain(m) => crate::BLayout::of(m.cs, m.cols) == crate::BLayout::RowMajor,
+        BOperand::Plain(m) => !m.is_taps() && crate::BLayout::of(m.cs, m.cols) == crate::BLayout::RowMajor,
     }
 }

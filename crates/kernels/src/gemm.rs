@@ -13,6 +13,7 @@
 //! transpose is folded into packing (the contraction's prologue).
 
 use crate::pack::{pack_a, pack_b, Packers};
+use crate::taps::ConvTaps;
 use crate::{ElemType, KernelError, Target};
 
 /// The micro-kernel ABI: `C[0..MR, 0..NR] (+)= Ã · B̃` over `kc` depths, where `a`
@@ -124,7 +125,8 @@ impl Blocking {
     }
 }
 
-/// A strided view of a row-major-or-not f32 matrix.
+/// A strided view of a row-major-or-not f32 matrix, or a convolution's taps
+/// over an image ([`ConvTaps`]: an A operand only).
 #[derive(Clone, Copy, Debug)]
 pub struct MatRef<'a> {
     pub(crate) data: &'a [f32],
@@ -132,6 +134,9 @@ pub struct MatRef<'a> {
     pub cols: usize,
     pub(crate) rs: usize,
     pub(crate) cs: usize,
+    /// The taps this view reads (its strides unused), and whether it was
+    /// transposed (which no driver takes).
+    pub(crate) taps: Option<(ConvTaps, bool)>,
 }
 
 impl<'a> MatRef<'a> {
@@ -144,7 +149,18 @@ impl<'a> MatRef<'a> {
         cs: usize,
     ) -> Result<MatRef<'a>, KernelError> {
         check_extent(data.len(), rows, cols, rs, cs)?;
-        Ok(MatRef { data, rows, cols, rs, cs })
+        Ok(MatRef { data, rows, cols, rs, cs, taps: None })
+    }
+    /// The taps of a convolution over the channels-last image in `data`, as the
+    /// A operand of its GEMM (implicit GEMM): packing reads the image.
+    pub fn taps(data: &'a [f32], taps: ConvTaps) -> Result<MatRef<'a>, KernelError> {
+        taps.check(data.len())?;
+        let (rows, cols) = taps.dims()?;
+        Ok(MatRef { data, rows, cols, rs: 0, cs: 0, taps: Some((taps, false)) })
+    }
+    /// Whether this view reads a convolution's taps.
+    pub fn is_taps(&self) -> bool {
+        self.taps.is_some()
     }
     /// A row-major `rows × cols` matrix.
     pub fn row_major(data: &'a [f32], rows: usize, cols: usize) -> Result<MatRef<'a>, KernelError> {
@@ -152,10 +168,15 @@ impl<'a> MatRef<'a> {
     }
     /// The transposed view (no copy).
     pub fn t(self) -> MatRef<'a> {
-        MatRef { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs, ..self }
+        let taps = self.taps.map(|(t, transposed)| (t, !transposed));
+        MatRef { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs, taps, ..self }
     }
     pub(crate) fn at(&self, i: usize, j: usize) -> f32 {
-        self.data[i * self.rs + j * self.cs]
+        match self.taps {
+            Some((t, false)) => t.at(self.data, i, j),
+            Some((t, true)) => t.at(self.data, j, i),
+            None => self.data[i * self.rs + j * self.cs],
+        }
     }
 }
 
@@ -384,6 +405,11 @@ fn run_plan(
     }
     for ((a, b), c) in a.iter().zip(b).zip(c.iter()) {
         let (k, n) = b.dims();
+        if a.taps.is_some_and(|(_, transposed)| transposed)
+            || matches!(b, BOperand::Plain(bm) if bm.taps.is_some())
+        {
+            return Err(KernelError::Shape("a convolution's taps are read as an untransposed A only".into()));
+        }
         if a.cols != k || c.rows != a.rows || c.cols != n {
             return Err(KernelError::Shape(format!(
                 "cannot multiply {}x{} by {k}x{n} into {}x{}",
@@ -766,7 +792,7 @@ fn band(
         };
         let last = pc + kc == k && !uk.epilogue.is_identity();
         let flags = if pc > 0 { ACCUMULATE } else { 0 } | if last { APPLY_EPILOGUE } else { 0 };
-        pack_a(a, ic, mc, pc, kc, kern.mr, uk.elem, ap, kern.packers.a);
+        pack_a(a, ic, mc, pc, kc, kern.mr, uk.elem, ap, kern.packers.a, kern.packers.a_rows);
         let (mr, nr) = (kern.mr, uk.nr);
         let (tile_words, full) = (kw * mr, mc / mr);
         for jr in cols.clone() {

@@ -24,6 +24,7 @@ pub mod image;
 pub mod pack;
 mod pool;
 pub mod schedule;
+pub mod taps;
 mod target;
 pub mod tree;
 pub mod tuned;
@@ -45,6 +46,7 @@ pub use pool::ThreadPool;
 pub use schedule::{
     ALayout, BLayout, DirectVariant, KernelFamily, KernelVariant, Operands, Problem, Schedule,
 };
+pub use taps::{ConvTaps, RowsPackFn, RowsPacker};
 pub use target::{Isa, Target};
 pub use tree::{DecisionTree, RegretStats, TreeOptions};
 pub use tuned::{MacroKernel, TunedClass, TunedRow, TunedSchedules};

@@ -38,6 +38,8 @@ pub struct Packer {
 pub struct Packers {
     pub a: Option<Packer>,
     pub bt: Option<Packer>,
+    /// A's routine over rows given by address (a convolution's taps).
+    pub a_rows: Option<crate::taps::RowsPacker>,
 }
 
 impl Packers {
@@ -49,18 +51,20 @@ impl Packers {
         mr: Option<usize>,
         nr: usize,
     ) -> Result<(), crate::KernelError> {
-        for (what, p, w) in [("A", self.a, mr), ("transposed B", self.bt, Some(nr))] {
-            if let (Some(p), Some(w)) = (p, w) {
-                if p.elem != elem {
+        let of = |p: Option<Packer>| p.map(|p| (p.width, p.elem));
+        let rows = self.a_rows.map(|p| (p.width, p.elem));
+        for (what, p, w) in
+            [("A", of(self.a), mr), ("transposed B", of(self.bt), Some(nr)), ("taps", rows, mr)]
+        {
+            if let (Some((width, pelem)), Some(w)) = (p, w) {
+                if pelem != elem {
                     return Err(crate::KernelError::Shape(format!(
-                        "the {what} packer writes {} panels, the kernel reads {elem}",
-                        p.elem
+                        "the {what} packer writes {pelem} panels, the kernel reads {elem}"
                     )));
                 }
-                if p.width != w {
+                if width != w {
                     return Err(crate::KernelError::Shape(format!(
-                        "the {what} packer writes panels {} wide, the kernel reads {w}",
-                        p.width
+                        "the {what} packer writes panels {width} wide, the kernel reads {w}"
                     )));
                 }
             }
@@ -153,7 +157,11 @@ pub(crate) fn pack_a(
     elem: ElemType,
     out: &mut Vec<u32>,
     gen: Option<Packer>,
+    gen_rows: Option<crate::taps::RowsPacker>,
 ) {
+    if let Some((t, false)) = a.taps {
+        return crate::taps::pack_taps(a.data, &t, i0, m, p0, kc, mr, elem, out, gen_rows);
+    }
     let panels = m.div_ceil(mr);
     let size = elem.words(kc) * mr;
     resize(out, panels * size);

@@ -99,12 +99,12 @@ fn fusible(plan: &ModelPlan, i: usize) -> Option<AttentionStep> {
         return None;
     }
     Some(AttentionStep {
-        scores: s1.clone(),
+        scores: (**s1).clone(),
         softmax: *program,
         args: args.clone(),
         scores_param: sp,
         probs_param: pp,
-        output: s2.clone(),
+        output: (**s2).clone(),
     })
 }
 

@@ -17,7 +17,7 @@ use crate::build::{match_groups, Builder};
 use crate::expr::{Node, E};
 use crate::plan::{
     Activation, BufId, Buffer, BufferKind, GroupSteps, MatEpilogue, MatMulStep, ModelPlan, Step, StepKind,
-    View,
+    Taps, View,
 };
 use crate::LowerError;
 
@@ -201,7 +201,17 @@ impl<'g> Lowering<'g> {
             }
             // Operands that are not views of a buffer are computed first.
             let mut pending = Vec::new();
-            for &v in &node.inputs {
+            for (i, &v) in node.inputs.iter().enumerate() {
+                // A convolution's taps are read from the image: it is stored (channels
+                // last) when no buffer holds it so.
+                let taps =
+                    (i == 0 && self.layout(v, &avail).is_none()).then(|| self.taps(node, &avail)).flatten();
+                if let Some(t) = taps {
+                    if self.taps_image(&t, &avail).is_none() && !pending.iter().any(|(p, _)| *p == t.image) {
+                        pending.push((t.image, self.temp(t.image)?));
+                    }
+                    continue;
+                }
                 if self.layout(v, &avail).is_none() && !pending.iter().any(|(p, _)| *p == v) {
                     let b = match self.buffer_of.get(&v) {
                         Some(b) if group.outputs.contains(&v) => *b,
@@ -236,7 +246,7 @@ impl<'g> Lowering<'g> {
                     avail.insert(v, self.buffer_of[&v]);
                 }
             }
-            self.plan.steps.push(Step { group: gi, kind: StepKind::MatMul(step) });
+            self.plan.steps.push(Step { group: gi, kind: StepKind::MatMul(Box::new(step)) });
         }
         let pending: Vec<(ValueId, BufId)> = self
             .stored(group)
@@ -446,6 +456,124 @@ impl<'g> Lowering<'g> {
         Some(l)
     }
 
+    /// The A operand of `mm` as a convolution's taps over a channels-last image
+    /// (the column matrix `passes::conv` builds: `kh·kw` strided slices of the
+    /// image, zero-padded or not, each `[n, oh, ow, C]`, joined along a new axis
+    /// and read as `[…, n·oh·ow, kh·kw·C]`): the image and the convolution's
+    /// geometry. None when A is anything else.
+    fn taps(&self, mm: &ir::Node, avail: &HashMap<ValueId, BufId>) -> Option<TapGeometry> {
+        let g = self.g;
+        if !matches!(mm.op, Op::MatMul { transpose_a: false, .. }) || g.ty(mm.inputs[0]).dtype != DType::F32 {
+            return None;
+        }
+        // A value computed here, not read from a buffer, and its producer.
+        let made =
+            |v: ValueId| self.producers[v.index()].filter(|_| !avail.contains_key(&v)).map(|p| &g.nodes[p]);
+        let env = &g.env;
+        let col = mm.inputs[0];
+        let matrix = made(col).filter(|n| n.op == Op::Reshape)?;
+        let joined = matrix.inputs[0];
+        // The taps, each `[n, oh, ow, C]`: the concatenation's parts (each a reshape
+        // to `[n, oh, ow, 1, C]`), or one tap.
+        let taps: Vec<ValueId> = match made(joined) {
+            Some(n) if n.op == (Op::Concat { axis: 3 }) && g.ty(joined).rank() == 5 => n
+                .inputs
+                .iter()
+                .map(|&t| made(t).filter(|r| r.op == Op::Reshape).map(|r| r.inputs[0]))
+                .collect::<Option<_>>()?,
+            _ => vec![joined],
+        };
+        let tap_ty = g.ty(taps[0]);
+        if tap_ty.rank() != 4 {
+            return None;
+        }
+        let (n, oh, ow) = (&tap_ty.shape[0], &tap_ty.shape[1], &tap_ty.shape[2]);
+        let c = tap_ty.shape[3].as_const()?;
+        // Each tap: one image sliced along its rows and columns, with one step.
+        let mut image = None;
+        let mut steps = None;
+        let mut starts = Vec::with_capacity(taps.len());
+        for &t in &taps {
+            let slice = made(t)?;
+            let Op::Slice { axes } = &slice.op else { return None };
+            let same = g.ty(t).shape.iter().zip(&tap_ty.shape).all(|(a, b)| env.equal(a, b));
+            if g.ty(t).rank() != 4 || !same || *image.get_or_insert(slice.inputs[0]) != slice.inputs[0] {
+                return None;
+            }
+            let (mut start, mut step) = ([0i64; 2], [1i64; 2]);
+            for a in axes {
+                let d = a.axis.checked_sub(1).filter(|d| *d < 2)?;
+                start[d] = a.start.as_const()?;
+                step[d] = a.step;
+            }
+            if step.iter().any(|s| *s <= 0) || start.iter().any(|s| *s < 0) {
+                return None;
+            }
+            if *steps.get_or_insert(step) != step {
+                return None;
+            }
+            starts.push(start);
+        }
+        // The taps in row-major order over a `kh × kw` grid from (0, 0).
+        let kk = taps.len();
+        let kw = starts.iter().take_while(|s| s[0] == starts[0][0]).count();
+        let kh = kk / kw;
+        let dh = if kh > 1 { starts[kw][0] } else { 1 };
+        let dw = if kw > 1 { starts[1][1] } else { 1 };
+        let grid = (0..kk).all(|t| starts[t] == [(t / kw) as i64 * dh, (t % kw) as i64 * dw]);
+        if kh * kw != kk || dh <= 0 || dw <= 0 || !grid {
+            return None;
+        }
+        // The matrix is `[1, …, n·oh·ow, kh·kw·C]`.
+        let ms = &g.ty(col).shape;
+        let rows = n.try_mul(oh).and_then(|r| r.try_mul(ow)).ok()?;
+        let r = ms.len();
+        if r < 2
+            || ms[..r - 2].iter().any(|d| d.as_const() != Some(1))
+            || ms[r - 1].as_const() != Some(kk as i64 * c)
+            || !env.equal(&ms[r - 2], &rows)
+        {
+            return None;
+        }
+        // Zero padding before the image's rows and columns (after them, the output's
+        // extent decides what is read, all of it zero).
+        let mut img = image?;
+        let mut pad = [0i64; 2];
+        if let Some(p) = made(img) {
+            if let Op::Pad { pads, mode: ir::PadMode::Constant(z) } = &p.op {
+                let konst = |e: &SymExpr| e.as_const().filter(|v| *v >= 0);
+                let ok = *z == 0.0
+                    && pads.len() == 4
+                    && [0, 3].iter().all(|&d| konst(&pads[d].0) == Some(0) && konst(&pads[d].1) == Some(0))
+                    && [1, 2].iter().all(|&d| konst(&pads[d].0).is_some() && konst(&pads[d].1).is_some());
+                if !ok {
+                    return None;
+                }
+                pad = [konst(&pads[1].0)?, konst(&pads[2].0)?];
+                img = p.inputs[0];
+            }
+        }
+        let us = |v: i64| usize::try_from(v).ok();
+        Some(TapGeometry {
+            image: img,
+            channels: c,
+            out: [oh.clone(), ow.clone()],
+            kernel: [kh, kw],
+            stride: [us(steps?[0])?, us(steps?[1])?],
+            dilation: [us(dh)?, us(dw)?],
+            pad: [us(pad[0])?, us(pad[1])?],
+        })
+    }
+
+    /// The layout of the taps' image when a buffer holds it with its channels
+    /// contiguous (as the engine reads it).
+    fn taps_image(&self, t: &TapGeometry, avail: &HashMap<ValueId, BufId>) -> Option<Layout> {
+        let lay = self.layout(t.image, avail)?;
+        let channels = &lay.dims.get(3)?;
+        (lay.dims.len() == 4 && channels.1.as_const() == Some(1) && channels.0.as_const() == Some(t.channels))
+            .then_some(lay)
+    }
+
     fn constant_buffer(&self, v: ValueId) -> Option<&BufId> {
         self.buffer_of.get(&v).filter(|b| matches!(self.plan.buffers[**b].kind, BufferKind::Constant(_)))
     }
@@ -457,7 +585,21 @@ impl<'g> Lowering<'g> {
         };
         let missing =
             || LowerError::Internal(format!("an operand of '{}' is not a view", g.name(node.output)));
-        let la = self.layout(node.inputs[0], avail).ok_or_else(missing)?;
+        let (la, taps) = match self.layout(node.inputs[0], avail) {
+            Some(l) => (l, None),
+            None => {
+                let t = self.taps(node, avail).ok_or_else(missing)?;
+                let image = self.taps_image(&t, avail).ok_or_else(missing)?;
+                // A's view is where the image starts; the taps say how it is read.
+                let zero = (SymExpr::constant(1), SymExpr::constant(0));
+                let a = Layout {
+                    buf: image.buf,
+                    offset: image.offset.clone(),
+                    dims: vec![zero; g.ty(node.output).rank()],
+                };
+                (a, Some((t, image)))
+            }
+        };
         let lb = self.layout(node.inputs[1], avail).ok_or_else(missing)?;
         let lc = self.layout(node.output, &HashMap::from([(node.output, c)])).ok_or_else(missing)?;
         let out = &g.ty(node.output).shape;
@@ -484,12 +626,23 @@ impl<'g> Lowering<'g> {
         let k = if transpose_a { &a_shape[r - 2] } else { &a_shape[r - 1] };
         let weight = matches!(self.plan.buffers[lb.buf].kind, BufferKind::Constant(_))
             && lb.dims[..r - 2].iter().all(|d| d.1.as_const() == Some(0) || d.0.as_const() == Some(1));
+        let taps = taps.map(|(t, lay)| Taps {
+            image: [&lay.dims[0].0, &lay.dims[1].0, &lay.dims[2].0, &SymExpr::constant(t.channels)]
+                .map(|e| slot(self, e)),
+            strides: [&lay.dims[0].1, &lay.dims[1].1, &lay.dims[2].1].map(|e| slot(self, e)),
+            out: t.out.each_ref().map(|e| slot(self, e)),
+            kernel: t.kernel,
+            stride: t.stride,
+            dilation: t.dilation,
+            pad: t.pad,
+        });
         Ok(MatMulStep {
             batch: out[..r - 2].iter().map(|e| slot(self, e)).collect(),
             m: slot(self, &out[r - 2]),
             n: slot(self, &out[r - 1]),
             k: slot(self, k),
             a,
+            taps,
             b,
             c: cv,
             weight,
@@ -569,6 +722,18 @@ impl<'g> Lowering<'g> {
         }
         Ok(have_c.then_some(e))
     }
+}
+
+/// A convolution's taps: the image they read (`[n, h, w, C]`), and the rest of
+/// what [`Taps`] says, before the dims become slots.
+struct TapGeometry {
+    image: ValueId,
+    channels: i64,
+    out: [SymExpr; 2],
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    dilation: [usize; 2],
+    pad: [usize; 2],
 }
 
 /// Whether `a` and `b` hold as many elements in the same row-major order with

@@ -112,6 +112,26 @@ impl MatEpilogue {
     }
 }
 
+/// A convolution's taps over a channels-last image, read as a matmul's A
+/// (implicit GEMM, `kernels::ConvTaps`): row `(b, y, x)` of A is an output
+/// pixel, depth `(i, j, c)` channel `c` of tap `(i, j)`, read from the image at
+/// `(b, y·sh + i·dh − ph, x·sw + j·dw − pw, c)`, zero outside it. The column
+/// matrix the graph describes is never written: packing reads the image.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Taps {
+    /// Slots: the image's batch, height, width and channels.
+    pub image: [u32; 4],
+    /// Slots: elements between images, image rows and pixels (channels contiguous).
+    pub strides: [u32; 3],
+    /// Slots: the output's height and width.
+    pub out: [u32; 2],
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub dilation: [usize; 2],
+    /// Zeros before the image's first row and column.
+    pub pad: [usize; 2],
+}
+
 /// A batch of f32 contractions `C[b] = A[b] · B[b]` for the contraction engine.
 #[derive(Clone, Debug)]
 pub struct MatMulStep {
@@ -120,7 +140,10 @@ pub struct MatMulStep {
     pub m: u32,
     pub n: u32,
     pub k: u32,
+    /// With `taps`, A is those taps over the image starting at `a`'s buffer and
+    /// offset (its strides unused).
     pub a: View,
+    pub taps: Option<Taps>,
     pub b: View,
     /// Row-major output (column stride 1).
     pub c: View,
@@ -170,7 +193,7 @@ pub enum StepKind {
         program: usize,
         args: Vec<BufId>,
     },
-    MatMul(MatMulStep),
+    MatMul(Box<MatMulStep>),
     Attention(Box<AttentionStep>),
 }
 

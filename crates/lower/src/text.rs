@@ -165,6 +165,26 @@ fn epilogue(e: &crate::plan::MatEpilogue) -> String {
     format!(", epilogue {}", parts.join(" + "))
 }
 
+/// A's view, or the taps it reads: `taps b3+d0 image [d1, d2, d3, d4] strides
+/// [d5, d6, d7] out [d8, d9] kernel 3x3 stride 1x1 dilation 1x1 pad 1x1`.
+fn a_view(m: &crate::plan::MatMulStep) -> String {
+    let Some(t) = &m.taps else { return view(&m.a) };
+    let slots = |s: &[u32]| s.iter().map(|d| format!("d{d}")).collect::<Vec<_>>().join(", ");
+    let pair = |p: [usize; 2]| format!("{}x{}", p[0], p[1]);
+    format!(
+        "taps b{}+d{} image [{}] strides [{}] out [{}] kernel {} stride {} dilation {} pad {}",
+        m.a.buf,
+        m.a.offset,
+        slots(&t.image),
+        slots(&t.strides),
+        slots(&t.out),
+        pair(t.kernel),
+        pair(t.stride),
+        pair(t.dilation),
+        pair(t.pad)
+    )
+}
+
 fn matmul(m: &crate::plan::MatMulStep) -> String {
     let batch: Vec<String> = m.batch.iter().map(|d| format!("d{d}")).collect();
     format!(
@@ -174,7 +194,7 @@ fn matmul(m: &crate::plan::MatMulStep) -> String {
         m.n,
         m.k,
         if m.weight { " (weight)" } else { "" },
-        view(&m.a),
+        a_view(m),
         view(&m.b),
         view(&m.c),
         epilogue(&m.epilogue)

@@ -1,6 +1,7 @@
 //! Golden text of lowered programs: a stitch (layer norm over the last axis,
 //! its two row reductions computed per row), a contraction whose epilogue
-//! splits heads, and an element-wise group with a gather.
+//! splits heads, an element-wise group with a gather, and a convolution's taps
+//! read in place.
 
 fn lowered(text: &str) -> String {
     let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
@@ -122,6 +123,56 @@ p0: program g0_elementwise
     %2[·] = mul(%0[i0, i1], %1[i0, select(equal(d3, 1), 0, i1)])
 group 0: elementwise
   loop p0(b0, b1, b2)
+"#;
+    assert_eq!(got, want, "got:\n{got}");
+}
+
+/// A convolution's column matrix (two-by-two taps of a zero-padded
+/// channels-last image, as `passes::conv` writes them) is read by the matmul in
+/// place: no program stores the padded image or the taps.
+#[test]
+fn convolution_taps_are_read_from_the_image() {
+    let got = lowered(
+        r#"graph {
+  sym h param 1..
+  sym w param 1..
+  input %x: f32[1, h, w, 16]
+  input %k: f32[1, 64, 8]
+  %p: f32[1, h+1, w+1, 16] = pad[pads=[(0, 0), (1, 0), (1, 0), (0, 0)], mode=constant(0)] %x
+  %t0: f32[1, h, w, 16] = slice[1: 0 step 1, 2: 0 step 1] %p
+  %t1: f32[1, h, w, 16] = slice[1: 0 step 1, 2: 1 step 1] %p
+  %t2: f32[1, h, w, 16] = slice[1: 1 step 1, 2: 0 step 1] %p
+  %t3: f32[1, h, w, 16] = slice[1: 1 step 1, 2: 1 step 1] %p
+  %f0: f32[1, h, w, 1, 16] = reshape %t0
+  %f1: f32[1, h, w, 1, 16] = reshape %t1
+  %f2: f32[1, h, w, 1, 16] = reshape %t2
+  %f3: f32[1, h, w, 1, 16] = reshape %t3
+  %cat: f32[1, h, w, 4, 16] = concat[axis=3] %f0, %f1, %f2, %f3
+  %col: f32[1, h*w, 64] = reshape %cat
+  %y: f32[1, h*w, 8] = matmul %col, %k
+  output %y
+}
+"#,
+    );
+    let want = r#"dims:
+  d0 = 16*h*w
+  d1 = 512
+  d2 = 8*h*w
+  d3 = 0
+  d4 = 8
+  d5 = 1
+  d6 = h
+  d7 = w
+  d8 = 16
+  d9 = 16*w
+  d10 = h*w
+  d11 = 64
+buffers:
+  b0: f32[1, h, w, 16] "x" (input 0)
+  b1: f32[1, 64, 8] "k" (input 1)
+  b2: f32[1, h*w, 8] "y" (output 0)
+group 0: contraction
+  matmul [d5] m d10 n d4 k d11: A taps b0+d3 image [d5, d6, d7, d8] strides [d0, d9, d8] out [d6, d7] kernel 2x2 stride 1x1 dilation 1x1 pad 1x1 · B b1+d3 strides [d1] d4 d5 → C b2+d3 strides [d2] d4 d5
 "#;
     assert_eq!(got, want, "got:\n{got}");
 }

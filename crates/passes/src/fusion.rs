@@ -10,7 +10,8 @@
 //!    they all ended in one (a convolution's taps: the padded image is never
 //!    written);
 //! 2. compute-intensive: a contraction (or pooling window) takes its layout-only
-//!    prologue (transpose, reshape, cast, broadcast, pad: folded into operand
+//!    prologue (transpose, reshape, cast, broadcast, pad, and a convolution's
+//!    taps, slices joined by a concat: folded into operand
 //!    packing) and its element-wise epilogue, when the epilogue works on the
 //!    contraction's output space (no extra memory traffic);
 //! 3. stitch: reductions over trailing axes join the element-wise groups around
@@ -139,6 +140,13 @@ fn class(op: &Op) -> Class {
 /// Layout-only ops a contraction folds into reading its operands.
 fn is_prologue(op: &Op) -> bool {
     matches!(op, Op::Transpose { .. } | Op::Reshape | Op::Cast | Op::Broadcast | Op::Pad { .. })
+}
+
+/// What a contraction's operand may be made of to join its group: layout-only
+/// ops, and the slices and concatenations of a convolution's taps (which the
+/// engine reads from the image: implicit GEMM).
+fn is_operand_layout(op: &Op) -> bool {
+    is_prologue(op) || matches!(op, Op::Slice { .. } | Op::Concat { .. })
 }
 
 /// Union-find over nodes, with each group's kind and members.
@@ -371,7 +379,7 @@ fn fuse_contractions(p: &mut Partition) {
             let Some(q) = p.producer_node(v) else { continue };
             let rq = p.find(q);
             let layout_only = p.kind[rq] == GroupKind::Elementwise
-                && p.members[rq].iter().all(|m| is_prologue(&g.nodes[*m].op));
+                && p.members[rq].iter().all(|m| is_operand_layout(&g.nodes[*m].op));
             let outs = p.outputs(rq);
             let only_here = outs.iter().all(|o| p.consumers[o.index()].iter().all(|c| *c == k))
                 && !outs.iter().any(|o| g.outputs.contains(o));

@@ -671,7 +671,10 @@ impl CompiledModel {
         let mut a = Vec::with_capacity(ms.entries.len());
         let mut b = Vec::with_capacity(ms.entries.len());
         for e in &ms.entries {
-            a.push(view(a_all, e[0], ms.m, ms.k, ms.rs[0], ms.cs[0])?);
+            a.push(match ms.taps {
+                Some(t) => MatRef::taps(a_all.get(e[0]..).unwrap_or(&[]), t).map_err(shape_err)?,
+                None => view(a_all, e[0], ms.m, ms.k, ms.rs[0], ms.cs[0])?,
+            });
             b.push(match &self.packed[step] {
                 Some(p) => BOperand::Packed(p),
                 None => BOperand::Plain(view(b_all, e[1], ms.k, ms.n, ms.rs[1], ms.cs[1])?),

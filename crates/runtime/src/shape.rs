@@ -25,6 +25,8 @@ pub(crate) struct MatMulShape {
     pub cs: [usize; 3],
     /// `(a, b, c)` element offsets per batch entry.
     pub entries: Vec<[usize; 3]>,
+    /// A read as a convolution's taps over an image from A's offset (implicit GEMM).
+    pub taps: Option<kernels::ConvTaps>,
 }
 
 /// How a loop step runs at one shape, decided when the shape is planned.
@@ -301,7 +303,27 @@ fn matmul_shape(mm: &lower::MatMulStep, dims: &[i64]) -> Result<MatMulShape, Run
         entries.push(off);
     }
     let s = |x: u32| usize_of(d(x), "a stride");
+    let taps = match &mm.taps {
+        Some(t) => {
+            let e = |x: u32| usize_of(d(x), "a convolution's extent");
+            let [b, h, w, c] = t.image;
+            Some(kernels::ConvTaps {
+                batch: e(b)?,
+                height: e(h)?,
+                width: e(w)?,
+                channels: e(c)?,
+                strides: [s(t.strides[0])?, s(t.strides[1])?, s(t.strides[2])?],
+                out: [e(t.out[0])?, e(t.out[1])?],
+                kernel: t.kernel,
+                stride: t.stride,
+                dilation: t.dilation,
+                pad: t.pad,
+            })
+        }
+        None => None,
+    };
     Ok(MatMulShape {
+        taps,
         m: usize_of(d(mm.m), "M")?,
         n: usize_of(d(mm.n), "N")?,
         k: usize_of(d(mm.k), "K")?,

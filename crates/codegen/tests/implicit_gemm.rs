@@ -1,0 +1,165 @@
+//! Implicit GEMM: a compiled contraction whose A is a convolution's taps read
+//! from a channels-last image (`MatRef::taps`), against a plain convolution, at
+//! random geometries (1 and primes, padding, strides, dilations, channel counts
+//! that do and do not fill a vector), on both ISA paths, with the generated
+//! packing and the portable loops, and canaries around the image and the output.
+
+use anyshape_codegen::Contraction;
+use kernels::{BOperand, ConvTaps, EpilogueArgs, MatMut, MatRef, Target, ThreadPool};
+use proptest::prelude::*;
+
+fn targets() -> Vec<Target> {
+    let host = Target::detect();
+    if !host.supported() {
+        eprintln!("skipped: this machine has no AVX2 + FMA");
+        return Vec::new();
+    }
+    let mut v = vec![host.clone()];
+    if host.isa.avx512f {
+        v.extend(host.avx2_only());
+    }
+    v
+}
+
+const CANARY: f32 = -7777.0;
+const MARGIN: usize = 37;
+
+/// One convolution: `t`'s geometry with `k` output channels.
+fn check(c: &Contraction, pool: &ThreadPool, t: ConvTaps, k: usize) -> Result<(), TestCaseError> {
+    let [sn, sy, sx] = t.strides;
+    let len = (t.batch - 1) * sn + (t.height - 1) * sy + (t.width - 1) * sx + t.channels;
+    // The image inside canaries; the gaps between pixels (a pixel stride above C)
+    // hold canaries too, which a wrong read would carry into the result.
+    let mut img = vec![CANARY; len + 2 * MARGIN];
+    let at = |b: usize, y: usize, x: usize, ch: usize| MARGIN + b * sn + y * sy + x * sx + ch;
+    for b in 0..t.batch {
+        for y in 0..t.height {
+            for x in 0..t.width {
+                for ch in 0..t.channels {
+                    img[at(b, y, x, ch)] = ((b * 31 + y * 7 + x * 3 + ch * 5) % 17) as f32 / 8.0 - 1.0;
+                }
+            }
+        }
+    }
+    let (rows, depth) = t.dims().unwrap();
+    let w: Vec<f32> = (0..depth * k).map(|i| ((i * 13 % 19) as f32 - 9.0) / 16.0).collect();
+    let a = MatRef::taps(&img[MARGIN..MARGIN + len], t).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let bm = MatRef::row_major(&w, depth, k).unwrap();
+    let packed = c.pack_weight(bm, &[rows]).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let mut out = vec![CANARY; rows * k + 2 * MARGIN];
+    {
+        let cm = MatMut::new(&mut out[MARGIN..MARGIN + rows * k], rows, k, k).unwrap();
+        c.batched(pool, &[a], &[BOperand::Packed(&packed)], &mut [cm], &EpilogueArgs::default())
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    }
+    prop_assert!(out[..MARGIN].iter().chain(&out[MARGIN + rows * k..]).all(|&x| x == CANARY), "canary hit");
+    for r in 0..rows {
+        let (b, y, x) = (r / (t.out[0] * t.out[1]), r / t.out[1] % t.out[0], r % t.out[1]);
+        for o in 0..k {
+            let mut want = 0.0f64;
+            for i in 0..t.kernel[0] {
+                for j in 0..t.kernel[1] {
+                    let iy = (y * t.stride[0] + i * t.dilation[0]) as i64 - t.pad[0] as i64;
+                    let ix = (x * t.stride[1] + j * t.dilation[1]) as i64 - t.pad[1] as i64;
+                    if iy < 0 || ix < 0 || iy >= t.height as i64 || ix >= t.width as i64 {
+                        continue;
+                    }
+                    for ch in 0..t.channels {
+                        let v = img[at(b, iy as usize, ix as usize, ch)] as f64;
+                        want += v * w[((i * t.kernel[1] + j) * t.channels + ch) * k + o] as f64;
+                    }
+                }
+            }
+            let got = out[MARGIN + r * k + o] as f64;
+            prop_assert!(
+                (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                "{t:?} k {k}: [{r}, {o}] {got} vs {want}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A geometry from the drawn values: the output extent is what the padding
+/// (begin and end) allows, at least 1.
+fn geometry(
+    (batch, height, width, channels): (usize, usize, usize, usize),
+    (kh, kw, stride, dilation, pad, end): (usize, usize, usize, usize, usize, usize),
+    gap: usize,
+) -> ConvTaps {
+    let out = |n: usize, kk: usize| {
+        let span = (kk - 1) * dilation + 1;
+        ((n + pad + end).saturating_sub(span) / stride + 1).max(1)
+    };
+    let sx = channels + gap;
+    ConvTaps {
+        batch,
+        height,
+        width,
+        channels,
+        strides: [height * width * sx + gap, width * sx, sx],
+        out: [out(height, kh), out(width, kw)],
+        kernel: [kh, kw],
+        stride: [stride; 2],
+        dilation: [dilation; 2],
+        pad: [pad.min(kh - 1), pad.min(kw - 1)],
+    }
+}
+
+#[test]
+fn implicit_gemm_matches_the_convolution() {
+    let dir = std::env::temp_dir().join(format!("anyshape-implicit-{}", std::process::id()));
+    let pool = ThreadPool::new(2);
+    for t in targets() {
+        for generated in [true, false] {
+            let c = Contraction::builder(&t, &pool)
+                .cache(Some(&dir))
+                .generated_packing(generated)
+                .build()
+                .expect("compile");
+            // The shapes of ResNet's layers, scaled down, and the edges.
+            let fixed = [
+                ((1, 7, 7, 16), (3, 3, 1, 1, 1, 1), 0, 8),
+                ((2, 5, 6, 17), (3, 3, 2, 1, 1, 0), 3, 5),
+                ((1, 9, 9, 32), (1, 1, 2, 1, 0, 0), 0, 33),
+                ((1, 1, 1, 3), (3, 3, 1, 1, 1, 1), 1, 1),
+                ((1, 11, 4, 1), (2, 3, 1, 2, 2, 1), 0, 7),
+            ];
+            for (img, conv, gap, k) in fixed {
+                check(&c, &pool, geometry(img, conv, gap), k).unwrap_or_else(|e| panic!("{generated}: {e}"));
+            }
+            let cases = (
+                (1usize..=2, 1usize..=13, 1usize..=13, 1usize..=40),
+                (1usize..=3, 1usize..=3, 1usize..=2, 1usize..=2, 0usize..=2, 0usize..=2),
+                0usize..=3,
+                1usize..=70,
+            );
+            let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(48));
+            runner
+                .run(&cases, |(img, conv, gap, k)| check(&c, &pool, geometry(img, conv, gap), k))
+                .unwrap_or_else(|e| panic!("generated packing {generated}: {e}"));
+        }
+    }
+}
+
+/// A view whose image does not fit its buffer, and a transposed one, are refused.
+#[test]
+fn bad_taps_are_errors() {
+    let t = geometry((1, 4, 4, 8), (3, 3, 1, 1, 1, 1), 0);
+    let img = vec![0.0f32; 4 * 4 * 8 - 1];
+    let e = MatRef::taps(&img, t).expect_err("an error");
+    assert!(e.to_string().contains("needs 128 elements"), "{e}");
+    let zero = ConvTaps { stride: [0, 1], ..t };
+    assert!(MatRef::taps(&[0.0; 128], zero).is_err());
+    let Some(target) = targets().into_iter().next() else { return };
+    let pool = ThreadPool::new(1);
+    let c = Contraction::builder(&target, &pool).build().expect("compile");
+    let img = vec![1.0f32; 128];
+    let a = MatRef::taps(&img, t).unwrap();
+    let w = vec![1.0f32; 72 * 16];
+    let mut out = vec![0.0f32; 72 * 72];
+    let b = MatRef::row_major(&w, 16, 72).unwrap();
+    let cm = MatMut::new(&mut out, 72, 72, 72).unwrap();
+    let e = c.batched(&pool, &[a.t()], &[BOperand::Plain(b)], &mut [cm], &EpilogueArgs::default());
+    assert!(e.is_err_and(|e| e.to_string().contains("untransposed A")));
+}
