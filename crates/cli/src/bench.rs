@@ -17,14 +17,20 @@ use crate::UserError;
 #[derive(clap::Args)]
 pub struct BenchMatmulArgs {
     /// Rows of A (comma-separated: one benchmark each).
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',', required_unless_present = "conv")]
     m: Vec<usize>,
     /// Columns of B.
     #[arg(long, value_delimiter = ',', required = true)]
     n: Vec<usize>,
     /// The contraction extent.
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',', required_unless_present = "conv")]
     k: Vec<usize>,
+    /// A convolution as implicit GEMM instead of a plain A: its taps over a
+    /// channels-last image, `HxWxC:KHxKW[:sS][:pP][:dD]` (stride, zero padding and
+    /// dilation on both axes; default 1, 0, 1), e.g. `56x56x64:3x3:s1:p1`; M and
+    /// K follow from it, --n is the output channels.
+    #[arg(long, value_name = "SPEC", conflicts_with_all = ["m", "k", "bt", "batch"])]
+    conv: Option<String>,
     /// Independent matmuls per run (a batched contraction: both operands are
     /// activations, as attention's Q·Kᵀ and P·V).
     #[arg(long, default_value_t = 1)]
@@ -126,6 +132,18 @@ pub(crate) fn operand_views<'a>(
     let av = (0..batch)
         .map(|i| MatRef::row_major(&a[i * m * k..(i + 1) * m * k], m, k))
         .collect::<Result<Vec<_>, _>>()?;
+    let (bv, cv) = b_and_c_views((b, c), packed, (batch, m, n, k), bt)?;
+    Ok((av, bv, cv))
+}
+
+/// [`operand_views`]' B and C.
+#[allow(clippy::type_complexity)]
+fn b_and_c_views<'a>(
+    (b, c): (&'a [f32], &'a mut [f32]),
+    packed: Option<&'a PackedB>,
+    (batch, m, n, k): (usize, usize, usize, usize),
+    bt: bool,
+) -> Result<(Vec<BOperand<'a>>, Vec<MatMut<'a>>)> {
     let bv = match packed {
         Some(p) => vec![BOperand::Packed(p)],
         None => (0..batch).map(|i| b_view(b, i, k, n, bt).map(BOperand::Plain)).collect::<Result<_>>()?,
@@ -136,7 +154,7 @@ pub(crate) fn operand_views<'a>(
         cv.push(MatMut::new(head, m, n, n)?);
         rest = tail;
     }
-    Ok((av, bv, cv))
+    Ok((bv, cv))
 }
 
 fn parse_tile(t: &str) -> Result<(usize, usize)> {
@@ -232,14 +250,66 @@ pub fn bench_matmul(args: BenchMatmulArgs) -> Result<()> {
             "memo(ns)"
         );
     }
+    let conv = args.conv.as_deref().map(parse_conv).transpose()?;
+    if let Some(t) = &conv {
+        let (m, k) = t.dims()?;
+        for &n in &args.n {
+            bench_shape(&args, d, &pool, model, tile, peak, m, n, k, Some(t))?;
+        }
+        return Ok(());
+    }
     for &m in &args.m {
         for &n in &args.n {
             for &k in &args.k {
-                bench_shape(&args, d, &pool, model, tile, peak, m, n, k)?;
+                bench_shape(&args, d, &pool, model, tile, peak, m, n, k, None)?;
             }
         }
     }
     Ok(())
+}
+
+/// `HxWxC:KHxKW[:sS][:pP][:dD]`: a batch of one channels-last image, dense.
+fn parse_conv(spec: &str) -> Result<kernels::ConvTaps> {
+    let bad = || {
+        UserError(format!("--conv `{spec}`: expected HxWxC:KHxKW[:sS][:pP][:dD], e.g. 56x56x64:3x3:s1:p1"))
+    };
+    let nums = |s: &str| -> Result<Vec<usize>> {
+        s.split('x').map(|v| v.parse::<usize>().map_err(|_| bad().into())).collect()
+    };
+    let mut parts = spec.split(':');
+    let image = nums(parts.next().ok_or_else(bad)?)?;
+    let kernel = nums(parts.next().ok_or_else(bad)?)?;
+    let (&[h, w, c], &[kh, kw]) = (&image[..], &kernel[..]) else { bail!(bad()) };
+    let (mut stride, mut pad, mut dilation) = (1, 0, 1);
+    for p in parts {
+        let (key, v) = p.split_at(p.len().min(1));
+        let v: usize = v.parse().map_err(|_| bad())?;
+        match key {
+            "s" => stride = v,
+            "p" => pad = v,
+            "d" => dilation = v,
+            _ => bail!(bad()),
+        }
+    }
+    let out = |n: usize, kk: usize| -> Result<usize> {
+        let span = (kk.max(1) - 1) * dilation + 1;
+        let room = (n + 2 * pad).checked_sub(span).ok_or_else(bad)?;
+        Ok(room / stride.max(1) + 1)
+    };
+    let t = kernels::ConvTaps {
+        batch: 1,
+        height: h,
+        width: w,
+        channels: c,
+        strides: [h * w * c, w * c, c],
+        out: [out(h, kh)?, out(w, kw)?],
+        kernel: [kh, kw],
+        stride: [stride; 2],
+        dilation: [dilation; 2],
+        pad: [pad; 2],
+    };
+    t.check(h * w * c).map_err(|e| UserError(format!("--conv `{spec}`: {e}")))?;
+    Ok(t)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -253,11 +323,13 @@ fn bench_shape(
     m: usize,
     n: usize,
     k: usize,
+    conv: Option<&kernels::ConvTaps>,
 ) -> Result<()> {
     let batch = args.batch;
     let fill = |len: usize, p: usize| -> Vec<f32> { (0..len).map(|i| (i % p) as f32 * 0.01).collect() };
+    let a_len = conv.map_or(batch * m * k, |t| t.height * t.width * t.channels);
     let mut ops = Operands {
-        a: fill(batch * m * k, 17),
+        a: fill(a_len, 17),
         b: fill(batch * k * n, 13),
         c: vec![0.0; batch * m * n],
         packed: None,
@@ -276,7 +348,9 @@ fn bench_shape(
     }
     let activation = if args.bt { BLayout::Strided } else { BLayout::RowMajor };
     let layout = ops.packed.as_ref().map_or(activation, |p| BLayout::Packed { nr: p.nr, kc: p.kc });
-    let problem = Problem { batch, m, n, k, a: ALayout::RowMajor, b: layout };
+    // A convolution's taps are packed from the image (never read in place).
+    let a_layout = if conv.is_some() { ALayout::Strided } else { ALayout::RowMajor };
+    let problem = Problem { batch, m, n, k, a: a_layout, b: layout };
     let operands = args.operands.as_deref().map(|o| match o {
         "direct" => OperandAccess::Direct,
         _ => OperandAccess::Packed,
@@ -316,8 +390,14 @@ fn bench_shape(
     // Launch arguments once per shape; each timed call is the plan's contraction alone
     // (its plan, too, made before the timing).
     let Operands { a: a_data, b: b_data, c: c_data, packed } = &mut ops;
-    let (av, bv, mut cv) =
-        operand_views((a_data, b_data, c_data), packed.as_ref(), (batch, m, n, k), args.bt)?;
+    // A convolution's A is its taps over the image; otherwise A is row-major.
+    let (av, bv, mut cv) = match conv {
+        Some(t) => {
+            let (bv, cv) = b_and_c_views((b_data, c_data), packed.as_ref(), (batch, m, n, k), args.bt)?;
+            (vec![MatRef::taps(a_data, *t)?], bv, cv)
+        }
+        None => operand_views((a_data, b_data, c_data), packed.as_ref(), (batch, m, n, k), args.bt)?,
+    };
     let mut run = |plan: &kernels::Plan| -> Result<()> {
         execute(pool, plan, &av, &bv, &mut cv, &EpilogueArgs::default())?;
         Ok(())

@@ -54,7 +54,7 @@ enum Command {
     /// Benchmark the contraction engine on single and batched matmuls: GFLOP/s and
     /// the fraction of the measured peak, with the schedule the dispatcher chose
     /// (and, with --exhaustive, every candidate measured and each model's regret).
-    BenchMatmul(bench::BenchMatmulArgs),
+    BenchMatmul(Box<bench::BenchMatmulArgs>),
     /// Measure this machine's micro-kernels once and store them in the tuning cache
     /// (`$ANYSHAPE_CACHE_DIR`, `$XDG_CACHE_HOME/anyshape` or `~/.cache/anyshape`).
     ///
@@ -258,7 +258,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             }
         }
         Command::Tune { avx2, cache_dir, .. } => tune(avx2, cache_dir),
-        Command::BenchMatmul(args) => bench::bench_matmul(args),
+        Command::BenchMatmul(args) => bench::bench_matmul(*args),
     }
 }
 

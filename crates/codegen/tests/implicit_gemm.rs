@@ -24,8 +24,11 @@ fn targets() -> Vec<Target> {
 const CANARY: f32 = -7777.0;
 const MARGIN: usize = 37;
 
-/// One convolution: `t`'s geometry with `k` output channels.
-fn check(c: &Contraction, pool: &ThreadPool, t: ConvTaps, k: usize) -> Result<(), TestCaseError> {
+/// One convolution: `t`'s geometry with `k` output channels, with the
+/// dispatcher's schedule, or with every candidate schedule when `all` (every
+/// tile, cache block and thread grid; packed panels: the taps are not read in
+/// place).
+fn check(c: &Contraction, pool: &ThreadPool, t: ConvTaps, k: usize, all: bool) -> Result<(), TestCaseError> {
     let [sn, sy, sx] = t.strides;
     let len = (t.batch - 1) * sn + (t.height - 1) * sy + (t.width - 1) * sx + t.channels;
     // The image inside canaries; the gaps between pixels (a pixel stride above C)
@@ -46,12 +49,40 @@ fn check(c: &Contraction, pool: &ThreadPool, t: ConvTaps, k: usize) -> Result<()
     let a = MatRef::taps(&img[MARGIN..MARGIN + len], t).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let bm = MatRef::row_major(&w, depth, k).unwrap();
     let packed = c.pack_weight(bm, &[rows]).map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let mut out = vec![CANARY; rows * k + 2 * MARGIN];
-    {
-        let cm = MatMut::new(&mut out[MARGIN..MARGIN + rows * k], rows, k, k).unwrap();
-        c.batched(pool, &[a], &[BOperand::Packed(&packed)], &mut [cm], &EpilogueArgs::default())
-            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let b = [BOperand::Packed(&packed)];
+    let fail = |e: kernels::KernelError| TestCaseError::fail(e.to_string());
+    let schedules = match all {
+        true => c.candidates(&c.problem(&[a], &b).map_err(fail)?),
+        false => vec![c.schedule(&c.problem(&[a], &b).map_err(fail)?).map_err(fail)?],
+    };
+    prop_assert!(
+        schedules.iter().all(|s| s.operands == kernels::Operands::Packed),
+        "a direct schedule for taps"
+    );
+    for s in schedules {
+        let mut out = vec![CANARY; rows * k + 2 * MARGIN];
+        {
+            let cm = MatMut::new(&mut out[MARGIN..MARGIN + rows * k], rows, k, k).unwrap();
+            let plan = c.plan(&s).map_err(fail)?;
+            kernels::execute(pool, &plan, &[a], &b, &mut [cm], &EpilogueArgs::default()).map_err(fail)?;
+        }
+        compare(&t, k, &img, &w, &out, &format!("{s}"))?;
     }
+    Ok(())
+}
+
+/// `out` (between canaries) against the convolution of `img` by `w`.
+fn compare(
+    t: &ConvTaps,
+    k: usize,
+    img: &[f32],
+    w: &[f32],
+    out: &[f32],
+    what: &str,
+) -> Result<(), TestCaseError> {
+    let (rows, _) = t.dims().unwrap();
+    let [sn, sy, sx] = t.strides;
+    let at = |b: usize, y: usize, x: usize, ch: usize| MARGIN + b * sn + y * sy + x * sx + ch;
     prop_assert!(out[..MARGIN].iter().chain(&out[MARGIN + rows * k..]).all(|&x| x == CANARY), "canary hit");
     for r in 0..rows {
         let (b, y, x) = (r / (t.out[0] * t.out[1]), r / t.out[1] % t.out[0], r % t.out[1]);
@@ -73,7 +104,7 @@ fn check(c: &Contraction, pool: &ThreadPool, t: ConvTaps, k: usize) -> Result<()
             let got = out[MARGIN + r * k + o] as f64;
             prop_assert!(
                 (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                "{t:?} k {k}: [{r}, {o}] {got} vs {want}"
+                "{what}: {t:?} k {k}: [{r}, {o}] {got} vs {want}"
             );
         }
     }
@@ -126,7 +157,8 @@ fn implicit_gemm_matches_the_convolution() {
                 ((1, 11, 4, 1), (2, 3, 1, 2, 2, 1), 0, 7),
             ];
             for (img, conv, gap, k) in fixed {
-                check(&c, &pool, geometry(img, conv, gap), k).unwrap_or_else(|e| panic!("{generated}: {e}"));
+                check(&c, &pool, geometry(img, conv, gap), k, true)
+                    .unwrap_or_else(|e| panic!("{generated}: {e}"));
             }
             let cases = (
                 (1usize..=2, 1usize..=13, 1usize..=13, 1usize..=40),
@@ -136,7 +168,7 @@ fn implicit_gemm_matches_the_convolution() {
             );
             let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(48));
             runner
-                .run(&cases, |(img, conv, gap, k)| check(&c, &pool, geometry(img, conv, gap), k))
+                .run(&cases, |(img, conv, gap, k)| check(&c, &pool, geometry(img, conv, gap), k, false))
                 .unwrap_or_else(|e| panic!("generated packing {generated}: {e}"));
         }
     }

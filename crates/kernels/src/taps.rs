@@ -160,41 +160,15 @@ pub(crate) fn pack_taps(
             && t.channels.is_multiple_of(g)
             && p0.is_multiple_of(g)
     });
-    for pi in 0..panels {
-        let panel = &mut out[pi * size..(pi + 1) * size];
-        let rows = mr.min(m - pi * mr);
-        let r0 = i0 + pi * mr;
-        match gen {
-            Some(gen) => {
-                let mut pixels = [t.pixel(r0); MAX_ROWS];
-                for i in 1..rows {
-                    pixels[i] = pixels[i - 1].next(t);
-                }
-                let mut ptrs = [std::ptr::null::<f32>(); MAX_ROWS];
-                let mut k = p0;
-                while k < p0 + kc {
-                    let (tap, c0) = (k / t.channels, k % t.channels);
-                    let (i, j) = (tap / t.kernel[1], tap % t.kernel[1]);
-                    let len = (t.channels - c0).min(p0 + kc - k);
-                    for (ptr, px) in ptrs.iter_mut().zip(&pixels).take(rows) {
-                        // In bounds: `check` bounded every pixel's channels by `data`.
-                        *ptr = t.source(*px, i, j).map_or(std::ptr::null(), |s| data[s + c0..].as_ptr());
-                    }
-                    let at = (k - p0) / g * mr;
-                    // SAFETY: each non-null pointer starts a run of `len ≤ C − c0`
-                    // channels of one pixel inside `data` (`ConvTaps::check`, which every
-                    // taps view passed); rows past `rows` are null (read as zeros). The
-                    // routine writes `words(len) · mr` words from `at`: the segment's
-                    // words (`at` is a word boundary: `k − p0` is a multiple of `g`),
-                    // which end inside the panel since `k + len ≤ p0 + kc`.
-                    unsafe { (gen.func)(ptrs.as_ptr(), len as i64, panel[at..].as_mut_ptr()) };
-                    k += len;
-                }
-            }
-            None => {
-                let mut vals = [0.0f32; 4];
+    match gen {
+        Some(gen) => pack_generated(data, t, i0, m, p0, kc, mr, g, out, gen),
+        None => {
+            let mut vals = [0.0f32; 4];
+            for pi in 0..panels {
+                let panel = &mut out[pi * size..(pi + 1) * size];
+                let rows = mr.min(m - pi * mr);
                 for i in 0..mr {
-                    let px = (i < rows).then(|| t.pixel(r0 + i));
+                    let px = (i < rows).then(|| t.pixel(i0 + pi * mr + i));
                     for w in 0..elem.words(kc) {
                         let depth = g.min(kc - w * g);
                         for (d, v) in vals[..depth].iter_mut().enumerate() {
@@ -204,6 +178,97 @@ pub(crate) fn pack_taps(
                     }
                 }
             }
+        }
+    }
+}
+
+/// Where a row's taps start: the image element of its pixel's tap `(0, 0)`
+/// (channel 0) and that tap's coordinates, which may lie in the padding.
+#[derive(Clone, Copy, Default)]
+struct Origin {
+    offset: isize,
+    y: isize,
+    x: isize,
+}
+
+/// [`pack_taps`] with the generated routine: per panel and run of taps, one
+/// call over the rows' addresses.
+#[allow(clippy::too_many_arguments)]
+fn pack_generated(
+    data: &[f32],
+    t: &ConvTaps,
+    i0: usize,
+    m: usize,
+    p0: usize,
+    kc: usize,
+    mr: usize,
+    g: usize,
+    out: &mut [u32],
+    gen: RowsPacker,
+) {
+    let size = out.len() / m.div_ceil(mr).max(1);
+    let (h, w) = (t.height as isize, t.width as isize);
+    let [sn, sy, sx] = t.strides.map(|v| v as isize);
+    let (dh, dw) = (t.dilation[0] as isize, t.dilation[1] as isize);
+    // Taps of one kernel row are adjacent pixels when the dilation is 1 and pixels
+    // are dense: one run of `kw · C` values (an RGB image's 3 channels alone would
+    // be too short a run to vectorize).
+    let adjacent = t.dilation[1] == 1 && t.strides[2] == t.channels;
+    let origin = |p: Pixel| {
+        let y = (p.y * t.stride[0]) as isize - t.pad[0] as isize;
+        let x = (p.x * t.stride[1]) as isize - t.pad[1] as isize;
+        Origin { offset: p.b as isize * sn + y * sy + x * sx, y, x }
+    };
+    let mut origins = [Origin::default(); MAX_ROWS];
+    let mut ptrs = [std::ptr::null::<f32>(); MAX_ROWS];
+    let mut px = t.pixel(i0);
+    for (pi, panel) in out.chunks_exact_mut(size).enumerate() {
+        let rows = mr.min(m - pi * mr);
+        for o in &mut origins[..rows] {
+            *o = origin(px);
+            px = px.next(t);
+        }
+        ptrs[rows..mr].fill(std::ptr::null());
+        let mut k = p0;
+        while k < p0 + kc {
+            let (tap, c0) = (k / t.channels, k % t.channels);
+            let (i, j) = (tap / t.kernel[1], tap % t.kernel[1]);
+            let (dy, dx) = (i as isize * dh, j as isize * dw);
+            // The taps `j..j + run` that every row reads alike: inside the image, or
+            // in the padding.
+            let mut run = if adjacent { t.kernel[1] - j } else { 1 };
+            if run > 1 {
+                for o in &origins[..rows] {
+                    let (y, x) = (o.y + dy, o.x + dx);
+                    let same = if y < 0 || y >= h || x >= w {
+                        run as isize
+                    } else if x < 0 {
+                        -x
+                    } else {
+                        w - x
+                    };
+                    run = run.min(same.max(1) as usize);
+                }
+            }
+            let len = (run * t.channels - c0).min(p0 + kc - k);
+            let shift = dy * sy + dx * sx + c0 as isize;
+            for (ptr, o) in ptrs.iter_mut().zip(&origins[..rows]) {
+                let (y, x) = (o.y + dy, o.x + dx);
+                let inside = y >= 0 && y < h && x >= 0 && x < w;
+                *ptr =
+                    if inside { data.as_ptr().wrapping_offset(o.offset + shift) } else { std::ptr::null() };
+            }
+            let at = (k - p0) / g * mr;
+            // SAFETY: each non-null pointer starts a run of `len ≤ run·C − c0` values
+            // inside `data`: channels `c0..` of an image pixel (`inside`) and the
+            // channels of the `run − 1` pixels after it in its image row, inside the
+            // image too (`run`), which `ConvTaps::check` bounded by `data` (every taps
+            // view passed it); rows past `rows` are null (zeros). The routine writes
+            // `words(len) · mr` words from `at`: the segment's words (`at` is a word
+            // boundary: `k − p0` is a multiple of `g`), which end inside the panel
+            // since `k + len ≤ p0 + kc`.
+            unsafe { (gen.func)(ptrs.as_ptr(), len as i64, panel[at..].as_mut_ptr()) };
+            k += len;
         }
     }
 }

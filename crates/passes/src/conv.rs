@@ -11,7 +11,10 @@
 //!
 //! `col` is `kh·kw` strided slices of the padded image, concatenated along a
 //! new axis before the channels (`[n, oh, ow, kh·kw, c]`): each row of it is
-//! `kh·kw` contiguous runs of `C` channels, the contraction group's prologue.
+//! `kh·kw` contiguous runs of `C` channels, the contraction group's prologue,
+//! which is never written: the engine's packing reads the runs from the image
+//! (`lower` recognizes this form; implicit GEMM). The same holds for an RGB
+//! image's 3 channels: a row of taps then reads `kw · 3` contiguous values.
 //! A 1×1 convolution without padding needs no taps: its `col` is the image
 //! itself (strided when the stride is not 1). The weight is the matmul's
 //! constant B, so the engine packs it once at compile time (a weight as A
@@ -31,17 +34,9 @@ use sym::SymExpr;
 use crate::pattern::{constant, Producers};
 use crate::{Pass, PassError};
 
-pub struct ConvAsMatMul {
-    /// Convolutions with fewer input channels write their taps channels-first
-    /// ([`MIN_CHANNELS_LAST`] by default).
-    pub min_channels_last: i64,
-}
-
-impl Default for ConvAsMatMul {
-    fn default() -> Self {
-        ConvAsMatMul { min_channels_last: MIN_CHANNELS_LAST }
-    }
-}
+#[derive(Default)]
+/// The rewrite (a pass with no options).
+pub struct ConvAsMatMul;
 
 impl Pass for ConvAsMatMul {
     fn name(&self) -> &'static str {
@@ -51,8 +46,7 @@ impl Pass for ConvAsMatMul {
         let mut done = 0;
         // One convolution at a time: a rewrite shifts node indices.
         while let Some(i) = next_conv(g) {
-            rewrite(g, i, self.min_channels_last)
-                .map_err(|msg| PassError::Failed { pass: "conv-as-matmul", msg })?;
+            rewrite(g, i).map_err(|msg| PassError::Failed { pass: "conv-as-matmul", msg })?;
             done += 1;
         }
         Ok(done)
@@ -76,12 +70,6 @@ fn next_conv(g: &Graph) -> Option<usize> {
             && constant(g, &p, w).is_some()
     })
 }
-
-/// Below this many input channels (an RGB image), a channels-last tap row is
-/// too short to vectorize: the taps are written channels-first (each a strided
-/// slice of the image, vectorized along its width) and the matmul reads them
-/// transposed.
-pub const MIN_CHANNELS_LAST: i64 = 16;
 
 type Insert<'a> = dyn FnMut(&mut Graph, Op, Vec<ValueId>, &str, TensorType) -> ValueId + 'a;
 
@@ -137,42 +125,7 @@ fn taps(
     Ok(out)
 }
 
-/// The product `[n, oh·ow, K]` of a convolution whose taps are written
-/// channels-first, `col[n, c·kh·kw + i·kw + j, oh·ow]`, read transposed by the
-/// matmul against the weight as `[K, C·kh·kw]` (also read transposed).
-fn channels_first_taps(
-    g: &mut Graph,
-    insert: &mut Insert,
-    node: &ir::Node,
-    c: &ir::ConvAttrs,
-    (k, ch, kh, kw): (i64, i64, i64, i64),
-) -> Result<ValueId, String> {
-    let (x, w, y) = (node.inputs[0], node.inputs[1], node.output);
-    let xs = g.ty(x).shape.clone();
-    let ys = g.ty(y).shape.clone();
-    let (n, oh, ow) = (xs[0].clone(), ys[2].clone(), ys[3].clone());
-    let dt = g.ty(x).dtype;
-    let ty = |shape: Vec<SymExpr>| TensorType::new(dt, shape);
-    let konst = SymExpr::constant;
-    let ohw = oh.try_mul(&ow).map_err(|e| e.to_string())?;
-    let ckk = ch * kh * kw;
-    // [n, c, 1, oh, ow] each: the taps concatenate along a new axis, so that the
-    // loop writing them runs over (oh, ow) with no division per element.
-    let flat = ty(vec![n.clone(), konst(ch), konst(1), oh.clone(), ow.clone()]);
-    let mut reshape = |g: &mut Graph, insert: &mut Insert, tap: ValueId, i: i64, j: i64| {
-        insert(g, Op::Reshape, vec![tap], &format!("tap{i}_{j}.flat"), flat.clone())
-    };
-    let taps = taps(g, insert, x, c, (kh, kw), 2, (&oh, &ow), &mut reshape)?;
-    let t = ty(vec![n.clone(), konst(ch), konst(kh * kw), oh.clone(), ow.clone()]);
-    let cat = insert(g, Op::Concat { axis: 2 }, taps, "taps", t);
-    let col = insert(g, Op::Reshape, vec![cat], "col", ty(vec![n.clone(), konst(ckk), ohw.clone()]));
-    let w3 = insert(g, Op::Reshape, vec![w], "weight", ty(vec![konst(1), konst(k), konst(ckk)]));
-    let wb = insert(g, Op::Broadcast, vec![w3], "weight.batch", ty(vec![n.clone(), konst(k), konst(ckk)]));
-    let mm = Op::MatMul { transpose_a: true, transpose_b: true };
-    Ok(insert(g, mm, vec![col, wb], "matmul", ty(vec![n, ohw, konst(k)])))
-}
-
-fn rewrite(g: &mut Graph, at: usize, min_channels_last: i64) -> Result<(), String> {
+fn rewrite(g: &mut Graph, at: usize) -> Result<(), String> {
     let node = g.nodes[at].clone();
     let Op::Conv(c) = &node.op else { return Err("not a convolution".into()) };
     let (x, w, y) = (node.inputs[0], node.inputs[1], node.output);
@@ -194,13 +147,6 @@ fn rewrite(g: &mut Graph, at: usize, min_channels_last: i64) -> Result<(), Strin
         pos += 1;
         v
     };
-    if ch < min_channels_last && kk > 1 {
-        let prod = channels_first_taps(g, &mut insert, &node, c, (k, ch, kh, kw))?;
-        let nhwc = insert(g, Op::Reshape, vec![prod], "out.nhwc", ty(vec![n, oh, ow, konst(k)]));
-        let out = insert(g, Op::Transpose { perm: vec![0, 3, 1, 2] }, vec![nhwc], "out", ty(ys));
-        g.replace_uses(y, out);
-        return Ok(());
-    }
     let xt = insert(
         g,
         Op::Transpose { perm: vec![0, 2, 3, 1] },

@@ -289,6 +289,17 @@ impl<'g> Partition<'g> {
         out
     }
 
+    /// Whether every reader of `v` is a window or a contraction (and `v` is not
+    /// a model output).
+    fn read_only_by_windows(&self, v: ValueId) -> bool {
+        let readers = &self.consumers[v.index()];
+        !self.g.outputs.contains(&v)
+            && !readers.is_empty()
+            && readers
+                .iter()
+                .all(|c| matches!(class(&self.g.nodes[*c].op), Class::Window | Class::Contraction))
+    }
+
     fn read_by_reduce(&self, v: ValueId) -> bool {
         self.consumers[v.index()].iter().any(|c| class(&self.g.nodes[*c].op) == Class::Reduce)
     }
@@ -330,6 +341,16 @@ fn fuse_elementwise(p: &mut Partition) {
             // A pad grows the space: computation before it stays where it is (a
             // contraction's epilogue) and the pad joins its readers (below).
             if matches!(node.op, Op::Pad { .. }) && !is_prologue(&g.nodes[q].op) {
+                continue;
+            }
+            // A transpose read only by windows and contractions joins them as their
+            // prologue (read through an index map), not its producer's group: the
+            // producer writes its own layout, and stays a contraction's epilogue
+            // (a convolution's ReLU in front of a max pool, channels-last).
+            if matches!(node.op, Op::Transpose { .. })
+                && !is_prologue(&g.nodes[q].op)
+                && p.read_only_by_windows(node.output)
+            {
                 continue;
             }
             // Only into the single consumer group, or over the same space (then the

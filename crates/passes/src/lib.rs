@@ -93,7 +93,7 @@ impl Pipeline {
         let mut passes = canonicalization();
         passes.insert(passes.len() - 1, Box::new(EliminateBroadcasts));
         passes.insert(passes.len() - 1, Box::new(MergeSharedOperand));
-        passes.insert(passes.len() - 1, Box::new(ConvAsMatMul::default()));
+        passes.insert(passes.len() - 1, Box::new(ConvAsMatMul));
         passes.insert(passes.len() - 1, Box::new(SinkTransposes));
         Pipeline::new().fixpoint(passes)
     }

@@ -376,42 +376,25 @@ fn transposes_fold_into_matmul_layouts() {
 }
 
 #[test]
-fn convolutions_become_im2col_taps_and_a_matmul() {
-    // Two input channels: the 2x1 convolution writes its taps channels-first and
-    // the matmul reads them transposed; the 1x1 one is a GEMM on the image,
-    // channels-last. Both give channels-last products, seen channels-first.
+fn pointwise_convolutions_are_a_gemm_on_the_image() {
+    // A 1×1 convolution needs no taps: a GEMM on the channels-last image, its
+    // product channels-last, seen channels-first.
     check(
-        &ConvAsMatMul::default(),
+        &ConvAsMatMul,
         "graph {
   sym n param 1..8
   sym h param 2..64
   input %x: f32[n, 2, h, h]
-  %k: f32[3, 2, 2, 1] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0]
-  %y: f32[n, 3, h/2+1, (h+1)/2] = conv[strides=[2, 2], dilations=[1, 1], pads_begin=[1, 0], pads_end=[1, 0], group=1] %x, %k
   %p: f32[4, 2, 1, 1] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
   %z: f32[n, 4, h, h] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], group=1] %x, %p
-  output %y, %z
+  output %z
 }
 ",
-        // The convolutions stay, unused (DCE drops them in the pipeline).
+        // The convolution stays, unused (DCE drops it in the pipeline).
         "graph {
   sym n param 1..8
   sym h param 2..64
   input %x: f32[n, 2, h, h]
-  %k: f32[3, 2, 2, 1] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0]
-  %y.padded: f32[n, 2, h+2, h] = pad[pads=[(0, 0), (0, 0), (1, 1), (0, 0)], mode=constant(0.0)] %x
-  %y.tap0_0: f32[n, 2, h/2+1, (h+1)/2] = slice[2: 0 step 2, 3: 0 step 2] %y.padded
-  %y.tap0_0.flat: f32[n, 2, 1, h/2+1, (h+1)/2] = reshape %y.tap0_0
-  %y.tap1_0: f32[n, 2, h/2+1, (h+1)/2] = slice[2: 1 step 2, 3: 0 step 2] %y.padded
-  %y.tap1_0.flat: f32[n, 2, 1, h/2+1, (h+1)/2] = reshape %y.tap1_0
-  %y.taps: f32[n, 2, 2, h/2+1, (h+1)/2] = concat[axis=2] %y.tap0_0.flat, %y.tap1_0.flat
-  %y.col: f32[n, 4, (h+1)/2+((h+1)/2)*(h/2)] = reshape %y.taps
-  %y.weight: f32[1, 3, 4] = reshape %k
-  %y.weight.batch: f32[n, 3, 4] = broadcast %y.weight
-  %y.matmul: f32[n, (h+1)/2+((h+1)/2)*(h/2), 3] = matmul[transpose_a, transpose_b] %y.col, %y.weight.batch
-  %y.out.nhwc: f32[n, h/2+1, (h+1)/2, 3] = reshape %y.matmul
-  %y: f32[n, 3, h/2+1, (h+1)/2] = transpose[perm=[0, 3, 1, 2]] %y.out.nhwc
-  %y.replaced: f32[n, 3, h/2+1, (h+1)/2] = conv[strides=[2, 2], dilations=[1, 1], pads_begin=[1, 0], pads_end=[1, 0], group=1] %x, %k
   %p: f32[4, 2, 1, 1] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
   %z.nhwc: f32[n, h, h, 2] = transpose[perm=[0, 2, 3, 1]] %x
   %z.col: f32[1, h*h*n, 2] = reshape %z.nhwc
@@ -421,7 +404,7 @@ fn convolutions_become_im2col_taps_and_a_matmul() {
   %z.out.nhwc: f32[n, h, h, 4] = reshape %z.matmul
   %z: f32[n, 4, h, h] = transpose[perm=[0, 3, 1, 2]] %z.out.nhwc
   %z.replaced: f32[n, 4, h, h] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], group=1] %x, %p
-  output %y, %z
+  output %z
 }
 ",
     );
@@ -429,10 +412,11 @@ fn convolutions_become_im2col_taps_and_a_matmul() {
 
 #[test]
 fn channels_last_convolutions_take_contiguous_taps() {
-    // With channels-last taps for every channel count: each tap row is a run of
-    // channels of the padded NHWC image, and the weight is transposed to match.
+    // Taps channels-last for every channel count (two here): each tap row is a
+    // run of channels of the padded NHWC image, and the weight is transposed to
+    // match.
     check(
-        &ConvAsMatMul { min_channels_last: 1 },
+        &ConvAsMatMul,
         "graph {
   sym n param 1..8
   sym h param 2..64
