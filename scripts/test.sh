@@ -24,8 +24,9 @@ fi
 data_dir=$("$venv/bin/python" -c "import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), 'backend', 'test', 'data'))")
 
 cargo test --workspace --locked
-# The node tests, and the CNN models of onnx's `light` folder: all nine compiled
-# (canary margins on) against their expected outputs, the fastest three also run
-# on the interpreter (all nine: drop --light-run; ~6 min in release).
+# The node tests, on the interpreter and compiled (canary margins on), and the CNN
+# models of onnx's `light` folder: all nine compiled against their expected
+# outputs, the fastest three also run on the interpreter (all nine: drop
+# --light-run; ~6 min in release).
 cargo run --locked --quiet -p anyshape-conformance -- "$data_dir/node" --expected tests/conformance/expected_failures.txt \
-    --light "$data_dir/light" --light-run squeezenet,shufflenet,bvlc_alexnet --light-compiled
+    --node-compiled --light "$data_dir/light" --light-run squeezenet,shufflenet,bvlc_alexnet --light-compiled

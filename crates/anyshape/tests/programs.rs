@@ -66,7 +66,10 @@ const MOVEMENT: &str = r#"graph {
   %gp: f32[m, 3] = add %g, %pos
   %cs: f32[m, 3] = cumsum[axis=0, exclusive=false, reverse=false] %gp
   %cse: f32[m, 3] = cumsum[axis=0, exclusive=true, reverse=true] %gp
-  output %cat, %p, %pr, %pe, %cs, %cse
+  %gt: f32[3, m] = transpose[perm=[1, 0]] %gp
+  %csl: f32[3, m] = cumsum[axis=1, exclusive=false, reverse=true] %gt
+  %csx: f32[3, m] = cumsum[axis=1, exclusive=true, reverse=false] %gt
+  output %cat, %p, %pr, %pe, %cs, %cse, %csl, %csx
 }
 "#;
 
@@ -491,5 +494,57 @@ fn long_rows_short_rows_and_one_loop_nests_on_two_threads() {
     .enumerate()
     {
         compare(&m, &[("n", n), ("m", len)], i as u64).unwrap_or_else(|e| panic!("n={n} m={len}: {e}"));
+    }
+}
+
+/// f64 → f16 rounds once (through f32 rounded to odd): values just past an f16
+/// tie, exact ties, subnormals, overflow and NaN convert as the interpreter's
+/// correctly rounded encoder does, on the vector path and the scalar tail.
+#[test]
+fn f64_to_f16_rounds_once() {
+    let text = r#"graph {
+  sym n param 1..64
+  input %x: f64[n]
+  %h: f16[n] = cast %x
+  output %h
+}
+"#;
+    let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    let m = Model::from_ir(g, &LoadOptions::new()).expect("model");
+    let cm = m.compile(&CompileOptions::new().threads(1).canaries(true)).expect("compile");
+    let p = |e: i32| 2f64.powi(e);
+    let mut xs = vec![
+        1.0 + p(-11),          // a tie: to even (1.0)
+        1.0 + p(-11) + p(-40), // just past it: up (a double rounding through f32 gives 1.0)
+        1.0 + 3.0 * p(-11),    // a tie: to even (up)
+        -(1.0 + p(-11) + p(-40)),
+        p(-25),          // half the smallest subnormal: to 0
+        p(-25) + p(-60), // just past: the smallest subnormal
+        65519.99,
+        65520.0, // overflow: inf
+        f64::NAN,
+        -0.0,
+        1e-300,
+        0.1,
+        std::f64::consts::PI,
+    ];
+    // Many near-ties of varied exponents.
+    for e in -20..16 {
+        for k in [1.0, 3.0, 5.0] {
+            let tie = (1.0 + k * p(-11)) * p(e);
+            xs.extend([tie, tie + tie * p(-45), tie - tie * p(-45)]);
+        }
+    }
+    for chunk in xs.chunks(37) {
+        let x = Tensor::new(vec![chunk.len()], Elems::F64(chunk.to_vec())).expect("x");
+        let want = m.run(&[("x", x.clone())]).expect("interpreter");
+        let got = cm.run(&[("x", x)]).expect("compiled");
+        let (Elems::F16(w), Elems::F16(g)) = (want[0].1.elems(), got[0].1.elems()) else {
+            panic!("f16 outputs")
+        };
+        for ((a, b), x) in g.iter().zip(w).zip(chunk) {
+            let both_nan = ir::f16_to_f32(*a).is_nan() && ir::f16_to_f32(*b).is_nan();
+            assert!(a == b || both_nan, "{x:e}: compiled {a:#06x}, interpreter {b:#06x}");
+        }
     }
 }

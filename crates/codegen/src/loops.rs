@@ -441,6 +441,7 @@ fn build_program(
                             points(g, done)
                         };
                         match row_reduction {
+                            _ if p.schedules.points_one_at_a_time => points(g, in_lo)?,
                             // The schedule by the reduction's length: long rows one
                             // point at a time, short ones across the lanes.
                             Some(ext) => {
@@ -1522,6 +1523,85 @@ impl Gen<'_> {
         })
     }
 
+    /// f64 → f16 rounded once, through f32: the f32 step rounds to odd (toward
+    /// zero, its last bit set when inexact), after which rounding to f16's 11
+    /// bits gives the f64 value's own rounding (x86 converts f32 to f16 in one
+    /// instruction, f64 to f16 only through compiler-rt's `__truncdfhf2`, which
+    /// generated code cannot call).
+    fn f64_to_f16(&self, a: V) -> R<V> {
+        let b = self.bld;
+        let vec = a.is_vector_value();
+        let (f32t, i32t) = (self.lty(DType::F32, vec), self.lty(DType::I32, vec));
+        let (f64t, f16t) = (self.lty(DType::F64, vec), self.lty(DType::F16, vec));
+        let t = self.cast_float(a, f32t, false)?;
+        let back = self.cast_float(t, f64t, true)?;
+        let fabs = self.intrinsic("llvm.fabs", &[f64t])?;
+        let (abs_a, abs_back) = (self.call(fabs, &[a.into()])?, self.call(fabs, &[back.into()])?);
+        let bits = b.build_bit_cast(t, i32t, "bits").map_err(llvm)?;
+        let one = match i32t {
+            BasicTypeEnum::VectorType(vt) => {
+                let one = self.ctx.i32_type().const_int(1, false);
+                VectorType::const_vector(&vec![one; vt.get_size() as usize]).into()
+            }
+            _ => V::from(self.ctx.i32_type().const_int(1, false)),
+        };
+        // Toward zero: one step down in magnitude where round-to-nearest went up.
+        let up = fcmp(b, FloatPredicate::OGT, abs_back, abs_a)?;
+        let down = self.int_op(bits, one, false)?;
+        let toward_zero = select(b, up, down, bits)?;
+        // Odd when inexact (NaN compares unordered: left as it is).
+        let inexact = fcmp(b, FloatPredicate::ONE, back, a)?;
+        let odd = self.int_or(toward_zero, one)?;
+        let r = select(b, inexact, odd, toward_zero)?;
+        let r = b.build_bit_cast(r, f32t, "odd").map_err(llvm)?;
+        self.cast_float(r, f16t, false)
+    }
+
+    /// A float conversion, scalar or vector (`ext`: widening).
+    fn cast_float(&self, a: V, t: BasicTypeEnum<'static>, ext: bool) -> R<V> {
+        let b = self.bld;
+        Ok(if a.is_vector_value() {
+            let (v, t) = (a.into_vector_value(), t.into_vector_type());
+            if ext { b.build_float_ext(v, t, "fx") } else { b.build_float_trunc(v, t, "ft") }
+                .map_err(llvm)?
+                .into()
+        } else {
+            let (v, t) = (a.into_float_value(), t.into_float_type());
+            if ext { b.build_float_ext(v, t, "fx") } else { b.build_float_trunc(v, t, "ft") }
+                .map_err(llvm)?
+                .into()
+        })
+    }
+
+    /// `x − y` (`add`: `x + y`) of integers, scalar or vector.
+    fn int_op(&self, x: V, y: V, add: bool) -> R<V> {
+        let b = self.bld;
+        Ok(match (x, y) {
+            (BasicValueEnum::VectorValue(x), BasicValueEnum::VectorValue(y)) => {
+                if add { b.build_int_add(x, y, "a") } else { b.build_int_sub(x, y, "s") }
+                    .map_err(llvm)?
+                    .into()
+            }
+            (x, y) => {
+                let (x, y) = (x.into_int_value(), y.into_int_value());
+                if add { b.build_int_add(x, y, "a") } else { b.build_int_sub(x, y, "s") }
+                    .map_err(llvm)?
+                    .into()
+            }
+        })
+    }
+
+    /// `x | y` of integers, scalar or vector.
+    fn int_or(&self, x: V, y: V) -> R<V> {
+        let b = self.bld;
+        Ok(match (x, y) {
+            (BasicValueEnum::VectorValue(x), BasicValueEnum::VectorValue(y)) => {
+                b.build_or(x, y, "o").map_err(llvm)?.into()
+            }
+            (x, y) => b.build_or(x.into_int_value(), y.into_int_value(), "o").map_err(llvm)?.into(),
+        })
+    }
+
     fn cast(&self, a: V, from: DType, to: DType) -> R<V> {
         let b = self.bld;
         let vec = a.is_vector_value();
@@ -1532,6 +1612,9 @@ impl Gen<'_> {
         let ff = from.is_float();
         let tf = to.is_float();
         let from_unsigned = matches!(from, DType::U8 | DType::Bool);
+        if (from, to) == (DType::F64, DType::F16) {
+            return self.f64_to_f16(a);
+        }
         Ok(match (ff, tf) {
             (true, true) => {
                 let ext = from.size() < to.size();

@@ -61,6 +61,10 @@ pub struct Schedules {
     /// The nest is one loop (or none) and its stores use exactly one
     /// reduction, per point: see [`SplitReduction`].
     pub split: Option<SplitReduction>,
+    /// A reduction's extent varies along the innermost variable (a cumulative
+    /// sum along the last axis): the points are computed one at a time, never
+    /// across the lanes (each lane would need its own trip count).
+    pub points_one_at_a_time: bool,
 }
 
 /// One generated function: `for vars in space: stores`.
@@ -118,7 +122,14 @@ impl LoopProgram {
             Some(v) => reductions.iter().copied().filter(|r| x.free(*r) & (1u64 << v) != 0).collect(),
             None => Vec::new(),
         };
-        let row_reduction = per_point.iter().find_map(|r| {
+        // A reduction whose extent depends on the point (a cumulative sum's
+        // prefix) is reduced point by point, never by the schedules that take its
+        // extent once per row or split it across threads.
+        let fixed = |r: &E| match x.node(*r) {
+            Node::Reduce { vars, .. } => vars.iter().all(|v| x.free(x.extents[*v as usize]) == 0),
+            _ => true,
+        };
+        let row_reduction = per_point.iter().filter(|r| fixed(r)).find_map(|r| {
             let Node::Reduce { vars, body, .. } = x.node(*r) else { return None };
             let last = *vars.last()?;
             crate::versions::loads_along(x, *body, last).then(|| x.extents[last as usize])
@@ -126,7 +137,7 @@ impl LoopProgram {
         let one_loop = self.vars.iter().filter(|v| matches!(x.node(**v), Node::Var(_))).count() <= 1;
         let splits_inner = inner.is_some() && one_loop && per_point.len() == reductions.len();
         let split = match (&reductions[..], inner.is_none() || splits_inner) {
-            ([r], true) => match x.node(*r) {
+            ([r], true) if fixed(r) => match x.node(*r) {
                 Node::Reduce { vars, .. } => vars.last().map(|&var| SplitReduction {
                     reduce: *r,
                     var,
@@ -136,8 +147,15 @@ impl LoopProgram {
             },
             _ => None,
         };
+        let varies = |r: &E| match (x.node(*r), inner) {
+            (Node::Reduce { vars, .. }, Some(v)) => {
+                vars.iter().any(|w| x.free(x.extents[*w as usize]) & (1u64 << v) != 0)
+            }
+            _ => false,
+        };
+        let points_one_at_a_time = per_point.iter().any(varies);
         let guards = crate::versions::guards(x, &self.stores, inner);
-        self.schedules = Schedules { guards, row_reduction, splits_inner, split };
+        self.schedules = Schedules { guards, row_reduction, splits_inner, split, points_one_at_a_time };
     }
 
     /// The innermost variable that really loops (extent not 1), if any: the

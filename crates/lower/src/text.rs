@@ -48,6 +48,9 @@ pub fn print_program(p: &LoopProgram, names: bool) -> String {
             expr(&p.exprs, sr.extent, &HashMap::new())
         );
     }
+    if p.schedules.points_one_at_a_time {
+        let _ = writeln!(s, "  points one at a time: a reduction's extent varies along the inner axis");
+    }
     let _ = writeln!(s, "  for {}:", space.join(", "));
     // Shared and reducing subexpressions get a name, in dependence order.
     let mut uses = vec![0usize; p.exprs.len()];

@@ -8,8 +8,10 @@
 //! tolerance (rtol 1e-3, atol 1e-7; exact for integers and bools) — unless it is
 //! listed with a reason in the expected-failures file. A listed case that passes
 //! is reported too, so the list cannot go stale. Exit code 1 on any surprise.
+//! With `--node-compiled` each case also runs compiled (canary margins on), and
+//! its compiled outputs must pass the same comparison.
 //!
-//! Usage: `anyshape-conformance NODE_DIR [--expected FILE] [--filter SUBSTR] [-v]`
+//! Usage: `anyshape-conformance NODE_DIR [--expected FILE] [--filter SUBSTR] [--node-compiled] [-v]`
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -43,6 +45,10 @@ struct Args {
     /// compare the compiled output with the expected one, canary margins on.
     #[arg(long)]
     light_compiled: bool,
+    /// Also compile every node test that the interpreter passes and compare the
+    /// compiled outputs (canary margins on) with the expected ones.
+    #[arg(long)]
+    node_compiled: bool,
 }
 
 enum Outcome {
@@ -86,7 +92,7 @@ fn main() -> Result<()> {
     for dir in &cases {
         let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let op = operator_of(&args.node_dir, &name);
-        let outcome = std::panic::catch_unwind(|| run_case(dir)).unwrap_or_else(|p| {
+        let outcome = std::panic::catch_unwind(|| run_case(dir, args.node_compiled)).unwrap_or_else(|p| {
             let msg = p
                 .downcast_ref::<String>()
                 .cloned()
@@ -311,7 +317,7 @@ fn load_case(dir: &Path, data: &Path) -> Result<(Model, Vec<(String, Tensor)>), 
     }
 }
 
-fn run_case(dir: &Path) -> Outcome {
+fn run_case(dir: &Path, compiled: bool) -> Outcome {
     let data = dir.join("test_data_set_0");
     let (model, values) = match load_case(dir, &data) {
         Ok(x) => x,
@@ -329,6 +335,26 @@ fn run_case(dir: &Path) -> Outcome {
         };
         if let Err(msg) = compare(got, &want) {
             return Outcome::Fail(format!("output '{name}': {msg}"));
+        }
+    }
+    if compiled {
+        let opts = anyshape::CompileOptions::new().threads(2).canaries(true);
+        let cm = match model.compile(&opts) {
+            Ok(cm) => cm,
+            Err(e) => return Outcome::Fail(format!("compile: {e}")),
+        };
+        let outputs = match cm.run(&inputs) {
+            Ok(o) => o,
+            Err(e) => return Outcome::Fail(format!("compiled run: {e}")),
+        };
+        for (i, (name, got)) in outputs.iter().enumerate() {
+            let want = match read_tensor(&data.join(format!("output_{i}.pb"))) {
+                Ok(t) => t,
+                Err(e) => return Outcome::Fail(format!("reading output {i}: {e}")),
+            };
+            if let Err(msg) = compare(got, &want) {
+                return Outcome::Fail(format!("compiled output '{name}': {msg}"));
+            }
         }
     }
     Outcome::Pass

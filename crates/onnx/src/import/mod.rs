@@ -17,7 +17,9 @@
 mod einsum;
 mod fold;
 mod functions;
+mod indexing;
 mod ops;
+mod shaping;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;

@@ -7,7 +7,7 @@ use ir::{
 };
 use sym::SymExpr;
 
-use super::{attr_tensor, einsum, norm_axis, scalar_data, Importer, Node, DIM_MAX, R};
+use super::{attr_tensor, einsum, indexing, norm_axis, scalar_data, shaping, Importer, Node, DIM_MAX, R};
 
 /// Convert one node; `Ok(None)` when the operator is not supported.
 pub(crate) fn convert(imp: &mut Importer, op: &str, n: &Node) -> R<Option<Vec<ValueId>>> {
@@ -269,6 +269,20 @@ pub(crate) fn convert(imp: &mut Importer, op: &str, n: &Node) -> R<Option<Vec<Va
         }
         "Split" => split(imp, n).map(Some),
         "Slice" => one(slice(imp, n)),
+        "InstanceNormalization" => one(shaping::instance_norm(imp, n)),
+        "GroupNormalization" => one(shaping::group_norm(imp, n)),
+        "MeanVarianceNormalization" => one(shaping::mean_variance_norm(imp, n)),
+        "DepthToSpace" | "SpaceToDepth" => one(shaping::depth_space(imp, n, op == "DepthToSpace")),
+        "Tan" | "Sinh" | "Cosh" | "Asinh" | "Acosh" | "Atanh" | "Asin" | "Acos" | "Atan" => {
+            one(shaping::trig(imp, n, op))
+        }
+        "LpPool" => one(lp_pool(imp, n)),
+        "GatherElements" => one(indexing::gather_elements(imp, n)),
+        "GatherND" => one(indexing::gather_nd(imp, n)),
+        "ArgMax" | "ArgMin" => one(indexing::arg_extreme(imp, n, op == "ArgMax")),
+        "Hardmax" => one(indexing::hardmax(imp, n)),
+        "OneHot" => one(indexing::one_hot(imp, n)),
+        "EyeLike" => one(indexing::eye_like(imp, n)),
         "Gather" => {
             let (x, i) = (n.input(0)?, n.input(1)?);
             let axis = norm_axis(n.int("axis", 0), imp.rank(x))?;
@@ -766,7 +780,35 @@ fn conv_transpose(imp: &mut Importer, n: &Node) -> R<ValueId> {
 }
 
 fn pool(imp: &mut Importer, n: &Node, is_max: bool) -> R<ValueId> {
+    let kind = if is_max {
+        PoolKind::Max
+    } else {
+        PoolKind::Avg { count_include_pad: n.int("count_include_pad", 0) != 0 }
+    };
+    pool_of(imp, n, n.input(0)?, kind)
+}
+
+/// `LpPool`: `(Σ |x|^p)^(1/p)` over each window (zeros in the padding), the sum
+/// an average that counts the padding times the window's size.
+fn lp_pool(imp: &mut Importer, n: &Node) -> R<ValueId> {
     let x = n.input(0)?;
+    let p = n.int("p", 2);
+    if p < 1 {
+        return Err(format!("LpPool's p must be a positive integer, got {p}"));
+    }
+    let a = imp.unary(U::Abs, x)?;
+    let ap = if p == 1 { a } else { imp.binary_scalar(B::Pow, a, p as f64)? };
+    let avg = pool_of(imp, n, ap, PoolKind::Avg { count_include_pad: true })?;
+    let size: i64 = n.ints("kernel_shape").unwrap_or_default().iter().product();
+    let sum = imp.binary_scalar(B::Mul, avg, size as f64)?;
+    match p {
+        1 => Ok(sum),
+        2 => imp.unary(U::Sqrt, sum),
+        _ => imp.binary_scalar(B::Pow, sum, 1.0 / p as f64),
+    }
+}
+
+fn pool_of(imp: &mut Importer, n: &Node, x: ValueId, kind: PoolKind) -> R<ValueId> {
     let r = imp.rank(x);
     if r < 3 {
         return Err("pooling needs rank >= 3".into());
@@ -796,11 +838,6 @@ fn pool(imp: &mut Importer, n: &Node, is_max: bool) -> R<ValueId> {
         }
         shape.push(o);
     }
-    let kind = if is_max {
-        PoolKind::Max
-    } else {
-        PoolKind::Avg { count_include_pad: n.int("count_include_pad", 0) != 0 }
-    };
     let attrs = PoolAttrs { kind, kernel, strides, dilations, pads_begin, pads_end };
     let ty = TensorType::new(imp.ty(x).dtype, shape);
     imp.emit(Op::Pool(attrs), vec![x], Some(ty))

@@ -1,0 +1,222 @@
+//! Indexing operators written with the primitives: element-wise and N-d
+//! gathers become one `Gather` from the flattened data at computed linear
+//! indices, each index first checked and wrapped by a `Gather` from an `Iota`
+//! of its axis (so an out-of-range index is an error naming that axis, never a
+//! read elsewhere); arg-reductions, one-hot encodings and identity-like
+//! matrices compare an `Iota` with values.
+
+use ir::{BinaryOp as B, DType, Op, ReduceOp, SliceAxis, TensorType, UnaryOp as U, ValueId};
+use sym::SymExpr;
+
+use super::{norm_axis, Importer, Node, R};
+
+/// `Iota` along `axis` of an i64 tensor of `shape`.
+fn iota(imp: &mut Importer, shape: &[SymExpr], axis: usize) -> R<ValueId> {
+    imp.emit(Op::Iota { axis }, vec![], Some(TensorType::new(DType::I64, shape.to_vec())))
+}
+
+/// A rank-0 i64 value of the symbolic `e`.
+fn dim_scalar(imp: &mut Importer, e: &SymExpr) -> R<ValueId> {
+    imp.emit(Op::SymConst(vec![e.clone()]), vec![], Some(TensorType::new(DType::I64, vec![])))
+}
+
+fn product(dims: &[SymExpr]) -> R<SymExpr> {
+    dims.iter().try_fold(SymExpr::constant(1), |a, d| a.try_mul(d)).map_err(|e| e.to_string())
+}
+
+/// `idx` (any integer dtype) checked against an axis of extent `n` and wrapped
+/// (negative counts from the end), as i64: a `Gather` from `0..n`.
+fn checked_index(imp: &mut Importer, idx: ValueId, n: &SymExpr) -> R<ValueId> {
+    let idx = match imp.ty(idx).dtype {
+        DType::I64 | DType::I32 => idx,
+        other => return Err(format!("indices must be int32 or int64, got {other}")),
+    };
+    let positions = iota(imp, std::slice::from_ref(n), 0)?;
+    imp.emit(Op::Gather { axis: 0 }, vec![positions, idx], None)
+}
+
+/// `acc + v · stride` (i64, `v` of `acc`'s shape, `stride` a dim).
+fn add_scaled(imp: &mut Importer, acc: Option<ValueId>, v: ValueId, stride: &SymExpr) -> R<ValueId> {
+    let term = if stride.as_const() == Some(1) {
+        v
+    } else {
+        let s = dim_scalar(imp, stride)?;
+        imp.binary(B::Mul, v, s)?
+    };
+    match acc {
+        Some(a) => imp.binary(B::Add, a, term),
+        None => Ok(term),
+    }
+}
+
+/// ONNX `GatherElements`: `out[i] = data[i with i[axis] = indices[i]]`.
+pub(crate) fn gather_elements(imp: &mut Importer, n: &Node) -> R<ValueId> {
+    let (data, indices) = (n.input(0)?, n.input(1)?);
+    let r = imp.rank(data);
+    if imp.rank(indices) != r {
+        return Err(format!("indices of rank {} for data of rank {r}", imp.rank(indices)));
+    }
+    let axis = norm_axis(n.int("axis", 0), r)?;
+    let (ds, is) = (imp.shape(data), imp.shape(indices));
+    // Row-major strides of the data; the indices' position on every other axis.
+    let mut linear = None;
+    for d in 0..r {
+        let stride = product(&ds[d + 1..])?;
+        let along = if d == axis { checked_index(imp, indices, &ds[d])? } else { iota(imp, &is, d)? };
+        linear = Some(add_scaled(imp, linear, along, &stride)?);
+    }
+    let linear = match linear {
+        Some(l) => l,
+        None => return Err("GatherElements of a scalar".into()),
+    };
+    let flat = imp.reshape(data, vec![product(&ds)?])?;
+    imp.emit(Op::Gather { axis: 0 }, vec![flat, linear], None)
+}
+
+/// ONNX `GatherND`: the last axis of `indices` (of constant extent `q`) picks
+/// an element or a slice of `data` after its `batch_dims` leading axes.
+pub(crate) fn gather_nd(imp: &mut Importer, n: &Node) -> R<ValueId> {
+    let (data, indices) = (n.input(0)?, n.input(1)?);
+    let b = usize::try_from(n.int("batch_dims", 0)).map_err(|_| "batch_dims must be >= 0")?;
+    let (ds, is) = (imp.shape(data), imp.shape(indices));
+    let ir = is.len();
+    let q = ir
+        .checked_sub(1)
+        .and_then(|l| is[l].as_const())
+        .ok_or("GatherND needs indices of rank >= 1 whose last dim is a constant")? as usize;
+    if q == 0 || b >= ir || b + q > ds.len() {
+        return Err(format!(
+            "batch_dims {b} and {q} indexed axes for data of rank {}, indices of rank {ir}",
+            ds.len()
+        ));
+    }
+    for t in 0..b {
+        if !imp.same_shape(&ds[t..=t], &is[t..=t]) {
+            imp.broadcast_shapes(&[vec![ds[t].clone()], vec![is[t].clone()]])?;
+        }
+    }
+    // Each index tuple picks a row of data seen as [Π batch · Π indexed, Π rest].
+    let picks = is[..ir - 1].to_vec();
+    let mut linear = None;
+    for t in 0..b {
+        let stride = product(&ds[t + 1..b + q])?;
+        let pos = iota(imp, &picks, t)?;
+        linear = Some(add_scaled(imp, linear, pos, &stride)?);
+    }
+    for j in 0..q {
+        let mut shape = is.clone();
+        shape[ir - 1] = SymExpr::constant(1);
+        let axes = vec![SliceAxis { axis: ir - 1, start: SymExpr::constant(j as i64), step: 1 }];
+        let ty = TensorType::new(imp.ty(indices).dtype, shape);
+        let col = imp.emit(Op::Slice { axes }, vec![indices], Some(ty))?;
+        let col = imp.reshape(col, picks.clone())?;
+        let at = checked_index(imp, col, &ds[b + j])?;
+        let stride = product(&ds[b + j + 1..b + q])?;
+        linear = Some(add_scaled(imp, linear, at, &stride)?);
+    }
+    let linear = linear.ok_or("GatherND needs indices whose last dim is at least 1")?;
+    let rest = ds[b + q..].to_vec();
+    let rows = imp.reshape(data, vec![product(&ds[..b + q])?, product(&rest)?])?;
+    let picked = imp.emit(Op::Gather { axis: 0 }, vec![rows, linear], None)?;
+    let mut out = picks;
+    out.extend(rest);
+    imp.reshape(picked, out)
+}
+
+/// ONNX `ArgMax`/`ArgMin`: the first (or last, `select_last_index`) position of
+/// the extreme along `axis`, as i64.
+pub(crate) fn arg_extreme(imp: &mut Importer, n: &Node, max: bool) -> R<ValueId> {
+    let x = n.input(0)?;
+    let r = imp.rank(x);
+    let axis = norm_axis(n.int("axis", 0), r.max(1))?;
+    let keep = n.int("keepdims", 1) != 0;
+    let at = arg_positions(imp, x, axis, max, n.int("select_last_index", 0) != 0)?;
+    if keep {
+        Ok(at)
+    } else {
+        let mut shape = imp.shape(at);
+        shape.remove(axis);
+        imp.reshape(at, shape)
+    }
+}
+
+/// The position (i64, the axis kept as 1) of `x`'s first or last extreme along `axis`.
+fn arg_positions(imp: &mut Importer, x: ValueId, axis: usize, max: bool, last: bool) -> R<ValueId> {
+    let shape = imp.shape(x);
+    let extreme = imp.reduce(if max { ReduceOp::Max } else { ReduceOp::Min }, x, vec![axis], true)?;
+    let hit = imp.binary(B::Equal, x, extreme)?;
+    let pos = iota(imp, &shape, axis)?;
+    // Positions that are not the extreme lose the min (or max) over the axis.
+    let other = imp.fill_like(pos, if last { -1.0 } else { i64::MAX as f64 })?;
+    let cand = imp.emit(Op::Select, vec![hit, pos, other], None)?;
+    imp.reduce(if last { ReduceOp::Max } else { ReduceOp::Min }, cand, vec![axis], true)
+}
+
+/// ONNX `Hardmax` (opset 13): 1 at the first maximum along `axis`, 0 elsewhere.
+pub(crate) fn hardmax(imp: &mut Importer, n: &Node) -> R<ValueId> {
+    let x = n.input(0)?;
+    let axis = norm_axis(n.int("axis", -1), imp.rank(x))?;
+    let at = arg_positions(imp, x, axis, true, false)?;
+    let shape = imp.shape(x);
+    let pos = iota(imp, &shape, axis)?;
+    let hit = imp.binary(B::Equal, pos, at)?;
+    imp.cast(hit, imp.ty(x).dtype)
+}
+
+/// ONNX `OneHot` with a constant depth: `values[1]` where the position along
+/// the new axis equals the index (negative: from the end), `values[0]` elsewhere.
+pub(crate) fn one_hot(imp: &mut Importer, n: &Node) -> R<ValueId> {
+    let (indices, depth, values) = (n.input(0)?, n.input(1)?, n.input(2)?);
+    let depth = match imp.const_f64(depth).as_deref() {
+        Some([d]) if d.fract() == 0.0 && *d >= 1.0 => *d as i64,
+        _ => return Err("OneHot's depth must be a constant of one positive integer value".into()),
+    };
+    let mut shape = imp.shape(indices);
+    let axis = norm_axis(n.int("axis", -1), shape.len() + 1)?;
+    shape.insert(axis, SymExpr::constant(depth));
+    let idx = match imp.ty(indices).dtype {
+        DType::F32 | DType::F64 => {
+            let f = imp.unary(U::Floor, indices)?;
+            imp.cast(f, DType::I64)?
+        }
+        _ => imp.cast(indices, DType::I64)?,
+    };
+    let neg = imp.binary_scalar(B::Less, idx, 0.0)?;
+    let wrapped = imp.binary_scalar(B::Add, idx, depth as f64)?;
+    let idx = imp.emit(Op::Select, vec![neg, wrapped, idx], None)?;
+    let mut expanded = imp.shape(idx);
+    expanded.insert(axis, SymExpr::constant(1));
+    let idx = imp.reshape(idx, expanded)?;
+    let pos = iota(imp, &shape, axis)?;
+    let hit = imp.binary(B::Equal, pos, idx)?;
+    let pick = |imp: &mut Importer, i: i64| -> R<ValueId> {
+        let ty = TensorType::new(imp.ty(values).dtype, vec![SymExpr::constant(1)]);
+        let axes = vec![SliceAxis { axis: 0, start: SymExpr::constant(i), step: 1 }];
+        let v = imp.emit(Op::Slice { axes }, vec![values], Some(ty))?;
+        imp.expand_to(v, &shape)
+    };
+    if imp.shape(values).first().and_then(|d| d.as_const()) != Some(2) || imp.rank(values) != 1 {
+        return Err("OneHot's values must be [off_value, on_value]".into());
+    }
+    let (off, on) = (pick(imp, 0)?, pick(imp, 1)?);
+    imp.emit(Op::Select, vec![hit, on, off], None)
+}
+
+/// ONNX `EyeLike`: ones on the `k`-th diagonal of a 2-D tensor shaped like the input.
+pub(crate) fn eye_like(imp: &mut Importer, n: &Node) -> R<ValueId> {
+    let x = n.input(0)?;
+    let dtype = match n.int("dtype", 0) as i32 {
+        0 => imp.ty(x).dtype,
+        code => crate::load::dtype_of(code)
+            .ok_or_else(|| format!("EyeLike to {} is not supported", crate::load::dtype_name(code)))?,
+    };
+    let shape = imp.shape(x);
+    if shape.len() != 2 {
+        return Err("EyeLike takes a 2-D input".into());
+    }
+    let rows = iota(imp, &shape, 0)?;
+    let cols = iota(imp, &shape, 1)?;
+    let diff = imp.binary(B::Sub, cols, rows)?;
+    let on = imp.binary_scalar(B::Equal, diff, n.int("k", 0) as f64)?;
+    imp.cast(on, dtype)
+}

@@ -1,0 +1,124 @@
+//! Operators written with primitives on import: the inverse trigonometric and
+//! hyperbolic functions against `f64` over their whole domains, and the gathers
+//! with symbolic dims, negative indices and out-of-range indices.
+
+mod common;
+
+use anyshape_onnx::proto::data_type::{FLOAT, INT64};
+use anyshape_onnx::{import_bytes, ImportOptions};
+use common::*;
+use ir::{Elems, Tensor};
+
+fn import(m: &anyshape_onnx::proto::ModelProto) -> ir::Graph {
+    let g = import_bytes(&encode(m), &ImportOptions::new()).unwrap_or_else(|e| panic!("{e}"));
+    ir::verify(&g).unwrap_or_else(|e| panic!("{e}\n{g}"));
+    g
+}
+
+fn f32s(v: &Tensor) -> Vec<f32> {
+    match v.elems() {
+        Elems::F32(x) => x.clone(),
+        other => panic!("f32 expected, got {other:?}"),
+    }
+}
+
+/// Each function over points spread across its domain (magnitudes from 1e-6
+/// to 1e6 where the domain allows), within 2e-6 of `f64`'s, relative to
+/// `1 + |y|`.
+#[test]
+fn inverse_trigonometric_and_hyperbolic_functions_are_accurate() {
+    type F = fn(f64) -> f64;
+    let cases: [(&str, F, f64, f64); 9] = [
+        ("Atan", f64::atan, -1e6, 1e6),
+        ("Asin", f64::asin, -1.0, 1.0),
+        ("Acos", f64::acos, -1.0, 1.0),
+        ("Asinh", f64::asinh, -1e6, 1e6),
+        ("Acosh", f64::acosh, 1.0, 1e6),
+        ("Atanh", f64::atanh, -0.999, 0.999),
+        ("Sinh", f64::sinh, -20.0, 20.0),
+        ("Cosh", f64::cosh, -20.0, 20.0),
+        ("Tan", f64::tan, -1.5, 1.5),
+    ];
+    for (op, f, lo, hi) in cases {
+        // Uniform points, and geometric ones near 0 and the ends.
+        let mut xs: Vec<f64> = (0..=4000).map(|i| lo + (hi - lo) * i as f64 / 4000.0).collect();
+        for e in -60..=60 {
+            let m = 10f64.powf(e as f64 / 10.0);
+            xs.extend([m, -m, lo + m * (hi - lo) * 1e-6, hi - m * (hi - lo) * 1e-6]);
+        }
+        xs.retain(|x| (lo..=hi).contains(x));
+        let xs: Vec<f32> = xs.into_iter().map(|x| x as f32).collect();
+        let n = xs.len();
+        let m = model(
+            vec![node(op, &["x"], &["y"], vec![])],
+            vec![value_info("x", FLOAT, &[Dim::P("n")])],
+            &["y"],
+            vec![],
+            17,
+        );
+        let g = import(&m);
+        let x = Tensor::new(vec![n], Elems::F32(xs.clone())).expect("x");
+        let out = reference::run(&g, &[("x", x)]).unwrap_or_else(|e| panic!("{op}: {e}"));
+        let ys = f32s(&out[0].1);
+        let mut worst = (0.0, 0.0f32);
+        for (x, y) in xs.iter().zip(&ys) {
+            let want = f(*x as f64);
+            // Sinh, Cosh and Tan grow fast: judge them relative to |y| alone.
+            let scale =
+                if matches!(op, "Sinh" | "Cosh" | "Tan") { want.abs().max(1e-30) } else { 1.0 + want.abs() };
+            let err = (*y as f64 - want).abs() / scale;
+            if err > worst.0 {
+                worst = (err, *x);
+            }
+        }
+        assert!(worst.0 < 2e-6, "{op}: error {:e} at x = {}", worst.0, worst.1);
+    }
+}
+
+/// `GatherElements` along a symbolic axis with negative indices; an index
+/// outside the axis is an error, not a read elsewhere.
+#[test]
+fn gather_elements_wraps_negative_indices_and_rejects_others() {
+    let m = model(
+        vec![node("GatherElements", &["x", "i"], &["y"], vec![attr_int("axis", 1)])],
+        vec![
+            value_info("x", FLOAT, &[Dim::V(2), Dim::P("n")]),
+            value_info("i", INT64, &[Dim::V(2), Dim::V(3)]),
+        ],
+        &["y"],
+        vec![],
+        17,
+    );
+    let g = import(&m);
+    let x = Tensor::new(vec![2, 4], Elems::F32((0..8).map(|v| v as f32).collect())).expect("x");
+    let i = Tensor::new(vec![2, 3], Elems::I64(vec![0, -1, 2, 3, 1, -4])).expect("i");
+    let out = reference::run(&g, &[("x", x.clone()), ("i", i)]).expect("run");
+    assert_eq!(f32s(&out[0].1), vec![0.0, 3.0, 2.0, 7.0, 5.0, 4.0]);
+    // 4 is past the axis (extent 4): in a flat read it would land on row 1.
+    let bad = Tensor::new(vec![2, 3], Elems::I64(vec![0, 4, 0, 0, 0, 0])).expect("i");
+    let e = reference::run(&g, &[("x", x), ("i", bad)]).expect_err("out of range");
+    assert!(e.to_string().contains("out of range"), "{e}");
+}
+
+/// `GatherND` with a batch axis of symbolic extent: each batch entry's index
+/// pairs pick rows of its own matrix.
+#[test]
+fn gather_nd_with_a_batch_axis() {
+    let m = model(
+        vec![node("GatherND", &["x", "i"], &["y"], vec![attr_int("batch_dims", 1)])],
+        vec![
+            value_info("x", FLOAT, &[Dim::P("b"), Dim::V(3), Dim::V(2), Dim::V(2)]),
+            value_info("i", INT64, &[Dim::P("b"), Dim::V(1), Dim::V(2)]),
+        ],
+        &["y"],
+        vec![],
+        17,
+    );
+    let g = import(&m);
+    let x = Tensor::new(vec![2, 3, 2, 2], Elems::F32((0..24).map(|v| v as f32).collect())).expect("x");
+    let i = Tensor::new(vec![2, 1, 2], Elems::I64(vec![2, 1, -3, 0])).expect("i");
+    let out = reference::run(&g, &[("x", x), ("i", i)]).expect("run");
+    assert_eq!(out[0].1.shape(), &[2, 1, 2]);
+    // Entry 0: x[0, 2, 1, :] = [10, 11]; entry 1: x[1, 0, 0, :] = [12, 13].
+    assert_eq!(f32s(&out[0].1), vec![10.0, 11.0, 12.0, 13.0]);
+}
