@@ -122,3 +122,49 @@ fn gather_nd_with_a_batch_axis() {
     // Entry 0: x[0, 2, 1, :] = [10, 11]; entry 1: x[1, 0, 0, :] = [12, 13].
     assert_eq!(f32s(&out[0].1), vec![10.0, 11.0, 12.0, 13.0]);
 }
+
+/// `Resize` of an image whose height and width are symbols: the output extents
+/// are symbolic (twice and half the input's), and the values equal those of the
+/// same resize imported with the extents known.
+#[test]
+fn resize_with_symbolic_extents_matches_the_static_import() {
+    let cases = [
+        ("nearest", "asymmetric", 2.0f32),
+        ("linear", "half_pixel", 2.0),
+        ("cubic", "align_corners", 2.0),
+        ("linear", "pytorch_half_pixel", 0.5),
+    ];
+    for (mode, ctm, scale) in cases {
+        let build = |dims: &[Dim]| {
+            let attrs = vec![attr_string("mode", mode), attr_string("coordinate_transformation_mode", ctm)];
+            model(
+                vec![node("Resize", &["x", "", "scales"], &["y"], attrs)],
+                vec![value_info("x", FLOAT, dims)],
+                &["y"],
+                vec![f32_tensor("scales", &[4], &[1.0, 1.0, scale, scale])],
+                19,
+            )
+        };
+        let sym = import(&build(&[Dim::V(1), Dim::V(2), Dim::P("h"), Dim::P("w")]));
+        let out = sym.ty(sym.outputs[0]).shape.iter().map(|d| d.to_string()).collect::<Vec<_>>();
+        let want = if scale > 1.0 { ["1", "2", "2*h", "2*w"] } else { ["1", "2", "h/2", "w/2"] };
+        assert_eq!(out, want, "{mode} {ctm}");
+        for (h, w) in [(4usize, 6usize), (7, 3), (2, 2)] {
+            let stat = import(&build(&[Dim::V(1), Dim::V(2), Dim::V(h as i64), Dim::V(w as i64)]));
+            let n = 2 * h * w;
+            let x = Tensor::new(
+                vec![1, 2, h, w],
+                Elems::F32((0..n).map(|i| ((i * 7) % 11) as f32 - 5.0).collect()),
+            )
+            .expect("x");
+            let a = reference::run(&sym, &[("x", x.clone())]).unwrap_or_else(|e| panic!("{mode} {ctm}: {e}"));
+            let b = reference::run(&stat, &[("x", x)]).unwrap_or_else(|e| panic!("{mode} {ctm}: {e}"));
+            assert_eq!(a[0].1.shape(), b[0].1.shape(), "{mode} {ctm} {h}x{w}");
+            let (a, b) = (f32s(&a[0].1), f32s(&b[0].1));
+            assert!(
+                a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1e-5),
+                "{mode} {ctm} {h}x{w}: {a:?} vs {b:?}"
+            );
+        }
+    }
+}

@@ -19,6 +19,7 @@ mod fold;
 mod functions;
 mod indexing;
 mod ops;
+mod resize;
 mod shaping;
 
 use std::collections::{HashMap, HashSet, VecDeque};

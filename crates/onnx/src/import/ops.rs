@@ -7,7 +7,9 @@ use ir::{
 };
 use sym::SymExpr;
 
-use super::{attr_tensor, einsum, indexing, norm_axis, scalar_data, shaping, Importer, Node, DIM_MAX, R};
+use super::{
+    attr_tensor, einsum, indexing, norm_axis, resize, scalar_data, shaping, Importer, Node, DIM_MAX, R,
+};
 
 /// Convert one node; `Ok(None)` when the operator is not supported.
 pub(crate) fn convert(imp: &mut Importer, op: &str, n: &Node) -> R<Option<Vec<ValueId>>> {
@@ -277,6 +279,7 @@ pub(crate) fn convert(imp: &mut Importer, op: &str, n: &Node) -> R<Option<Vec<Va
             one(shaping::trig(imp, n, op))
         }
         "LpPool" => one(lp_pool(imp, n)),
+        "Resize" => one(resize::resize(imp, n)),
         "GatherElements" => one(indexing::gather_elements(imp, n)),
         "GatherND" => one(indexing::gather_nd(imp, n)),
         "ArgMax" | "ArgMin" => one(indexing::arg_extreme(imp, n, op == "ArgMax")),

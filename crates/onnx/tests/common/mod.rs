@@ -102,3 +102,12 @@ pub fn tmp_dir(tag: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&d).expect("tmp dir");
     d
 }
+
+pub fn attr_string(name: &str, v: &str) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(3),
+        s: Some(v.as_bytes().to_vec()),
+        ..Default::default()
+    }
+}
