@@ -1616,20 +1616,7 @@ impl Gen<'_> {
             return self.f64_to_f16(a);
         }
         Ok(match (ff, tf) {
-            (true, true) => {
-                let ext = from.size() < to.size();
-                if vec {
-                    let (v, t) = (a.into_vector_value(), tt.into_vector_type());
-                    if ext { b.build_float_ext(v, t, "fx") } else { b.build_float_trunc(v, t, "ft") }
-                        .map_err(llvm)?
-                        .into()
-                } else {
-                    let (v, t) = (a.into_float_value(), tt.into_float_type());
-                    if ext { b.build_float_ext(v, t, "fx") } else { b.build_float_trunc(v, t, "ft") }
-                        .map_err(llvm)?
-                        .into()
-                }
-            }
+            (true, true) => self.cast_float(a, tt, from.size() < to.size())?,
             (true, false) if to == DType::Bool => {
                 let z = self.zero_like(a)?;
                 fcmp(b, FloatPredicate::UNE, a, z)?

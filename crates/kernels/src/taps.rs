@@ -53,6 +53,19 @@ impl ConvTaps {
                 "taps {self:?} with a zero kernel extent, stride or dilation"
             )));
         }
+        // The farthest coordinate a tap computes (in the padding or not) fits an isize.
+        for d in 0..2 {
+            let far = self.out[d]
+                .saturating_sub(1)
+                .checked_mul(self.stride[d])
+                .and_then(|a| {
+                    (self.kernel[d] - 1).checked_mul(self.dilation[d]).and_then(|b| a.checked_add(b))
+                })
+                .filter(|v| isize::try_from(*v).is_ok());
+            if far.is_none() {
+                return Err(KernelError::Shape(format!("the taps of {self:?} overflow")));
+            }
+        }
         if self.batch == 0 || self.height == 0 || self.width == 0 || self.channels == 0 {
             return Ok(());
         }
