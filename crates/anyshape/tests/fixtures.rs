@@ -1,6 +1,8 @@
 //! The bundled models (tests/fixtures, made by tools/fixtures/make_fixtures.py)
 //! run on the reference interpreter at every recorded shape and match ONNX
-//! Runtime's outputs: relative L2 error below 1e-4.
+//! Runtime's outputs: relative L2 error below 1e-4. The same models exported by
+//! the current toolchain (tests/fixtures-current: torch 2.15, transformers 5.23,
+//! onnx 1.23) do too, on the interpreter and compiled.
 
 use std::path::{Path, PathBuf};
 
@@ -8,6 +10,10 @@ use anyshape::{npy, LoadOptions, Model, Tensor};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+fn fixtures_current() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures-current")
 }
 
 fn npy_files(dir: &Path) -> Vec<(String, PathBuf)> {
@@ -29,9 +35,20 @@ fn rel_l2(got: &Tensor, want: &Tensor) -> f64 {
 }
 
 fn check_model(name: &str) {
-    let dir = fixtures().join(name);
+    check_in(&fixtures(), name, false);
+}
+
+/// Every case of fixture `name` under `root` against ONNX Runtime's outputs, on
+/// the interpreter, and compiled (canary margins on) when `compiled`.
+fn check_in(root: &Path, name: &str, compiled: bool) {
+    let dir = root.join(name);
     let model =
         Model::load(dir.join("model.onnx"), &LoadOptions::new()).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let cm = compiled.then(|| {
+        model
+            .compile(&anyshape::CompileOptions::new().threads(2).canaries(true))
+            .unwrap_or_else(|e| panic!("{name}: compile: {e}"))
+    });
     let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("fixture dir")
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -43,20 +60,47 @@ fn check_model(name: &str) {
         let inputs: Vec<(String, Tensor)> =
             npy_files(&case).into_iter().map(|(n, p)| (n, npy::read(&p).expect("input npy"))).collect();
         let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-        let outputs = model.run(&named).unwrap_or_else(|e| panic!("{name}/{}: {e}", case.display()));
+        let mut runs = vec![(
+            "interpreted",
+            model.run(&named).unwrap_or_else(|e| panic!("{name}/{}: {e}", case.display())),
+        )];
+        if let Some(cm) = &cm {
+            let got = cm.run(&named).unwrap_or_else(|e| panic!("{name}/{}: compiled: {e}", case.display()));
+            runs.push(("compiled", got));
+        }
         let expected = npy_files(&case.join("expected"));
         assert!(!expected.is_empty());
-        for (out, path) in expected {
-            let want = npy::read(&path).expect("expected npy");
-            let got = &outputs
-                .iter()
-                .find(|(n, _)| *n == out)
-                .unwrap_or_else(|| panic!("{name}: no output {out}"))
-                .1;
-            assert_eq!(got.shape(), want.shape(), "{name}/{}: {out} shape", case.display());
-            let err = rel_l2(got, &want);
-            assert!(err < 1e-4, "{name}/{}: {out} relative L2 error {err:e}", case.display());
+        for (how, outputs) in runs {
+            for (out, path) in &expected {
+                let want = npy::read(path).expect("expected npy");
+                let got = &outputs
+                    .iter()
+                    .find(|(n, _)| n == out)
+                    .unwrap_or_else(|| panic!("{name}: no output {out}"))
+                    .1;
+                assert_eq!(got.shape(), want.shape(), "{name}/{} ({how}): {out} shape", case.display());
+                let err = rel_l2(got, &want);
+                assert!(err < 1e-4, "{name}/{} ({how}): {out} relative L2 error {err:e}", case.display());
+            }
         }
+    }
+}
+
+/// Every model of tests/fixtures-current (both exporters of the current
+/// toolchain), interpreted and compiled.
+#[test]
+fn current_exports_match_onnxruntime() {
+    let root = fixtures_current();
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .expect("tests/fixtures-current")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("model.onnx").is_file())
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 6, "fixtures: {names:?}");
+    for name in names {
+        check_in(&root, &name, true);
     }
 }
 
