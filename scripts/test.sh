@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README): unit, property and fixture tests of every crate,
-# then the ONNX backend node tests (conformance) from a pinned `onnx` package.
-# Works on a fresh machine: the first run makes a venv in .venv for `onnx`.
+# then the ONNX backend node tests (conformance) of two pinned `onnx` packages
+# (1.17, which ships them, and 1.23, whose cases are generated). Works on a
+# fresh machine: the first run makes the venvs .venv and .venv-onnx123.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +23,16 @@ if ! "$venv/bin/python" -c "import onnx" 2>/dev/null; then
     "$venv/bin/pip" install --quiet --disable-pip-version-check -r tools/conformance/requirements.txt
 fi
 data_dir=$("$venv/bin/python" -c "import onnx, os; print(os.path.join(os.path.dirname(onnx.__file__), 'backend', 'test', 'data'))")
+# The current onnx (1.23): its node tests are generated from its case definitions
+# (its wheels no longer ship them), once, into the venv.
+venv123=.venv-onnx123
+if ! "$venv123/bin/python" -c "import onnx" 2>/dev/null; then
+    python3 -m venv "$venv123"
+    "$venv123/bin/pip" install --quiet --disable-pip-version-check -r tools/conformance/requirements-onnx123.txt
+fi
+if [ ! -d "$venv123/node-data/node" ]; then
+    "$venv123/bin/python" tools/conformance/generate_node_data.py --out "$venv123/node-data"
+fi
 
 cargo test --workspace --locked
 # The node tests, on the interpreter and compiled (canary margins on), and the CNN
@@ -30,3 +41,5 @@ cargo test --workspace --locked
 # --light-run; ~6 min in release).
 cargo run --locked --quiet -p anyshape-conformance -- "$data_dir/node" --expected tests/conformance/expected_failures.txt \
     --node-compiled --light "$data_dir/light" --light-run squeezenet,shufflenet,bvlc_alexnet --light-compiled
+cargo run --locked --quiet -p anyshape-conformance -- "$venv123/node-data/node" \
+    --expected tests/conformance/expected_failures_onnx123.txt --node-compiled

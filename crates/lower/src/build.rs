@@ -354,13 +354,22 @@ impl<'a> Builder<'a> {
                     }
                 }
                 let body = at(self, 0, &j)?;
+                // f16 sums accumulate in f32 (rounded once at the end, as the
+                // interpreter's wide arithmetic does).
+                let acc = if dt == DType::F16 && *op != ir::ReduceOp::Max && *op != ir::ReduceOp::Min {
+                    DType::F32
+                } else {
+                    dt
+                };
+                let body = self.x.cast(body, acc);
                 let r = self.x.reduce(Combine::of(*op), vars, body);
-                if *op == ir::ReduceOp::Mean {
-                    let c = self.x.cast(count, dt);
-                    self.x.binary(BinaryOp::Div, r, c, dt)
+                let r = if *op == ir::ReduceOp::Mean {
+                    let c = self.x.cast(count, acc);
+                    self.x.binary(BinaryOp::Div, r, c, acc)
                 } else {
                     r
-                }
+                };
+                self.x.cast(r, dt)
             }
             Op::MatMul { transpose_a, transpose_b } => {
                 let r = idx.len();
@@ -373,8 +382,7 @@ impl<'a> Builder<'a> {
                 ia.extend(if *transpose_a { [k, idx[r - 2]] } else { [idx[r - 2], k] });
                 ib.extend(if *transpose_b { [idx[r - 1], k] } else { [k, idx[r - 1]] });
                 let (a, b) = (at(self, 0, &ia)?, at(self, 1, &ib)?);
-                let p = self.x.binary(BinaryOp::Mul, a, b, dt);
-                self.x.reduce(Combine::Sum, vec![k], p)
+                self.sum_of_products(a, b, vec![k], dt)
             }
             Op::Conv(c) => self.conv(v, ins[0], ins[1], c, idx, guard, dt)?,
             Op::ConvTranspose(c) => self.conv_transpose(v, ins[0], ins[1], c, idx, guard, dt)?,
@@ -517,6 +525,17 @@ impl<'a> Builder<'a> {
         (q, self.x.and(c1, c2))
     }
 
+    /// `Σ_vars a·b` in `dt`; f16 products are summed in f32 and rounded once (as
+    /// the interpreter's wide arithmetic does: an f16 accumulator would round at
+    /// every term).
+    fn sum_of_products(&mut self, a: E, b: E, vars: Vec<E>, dt: DType) -> E {
+        let acc = if dt == DType::F16 { DType::F32 } else { dt };
+        let (a, b) = (self.x.cast(a, acc), self.x.cast(b, acc));
+        let p = self.x.binary(BinaryOp::Mul, a, b, acc);
+        let sum = self.x.reduce(Combine::Sum, vars, p);
+        self.x.cast(sum, dt)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn conv(
         &mut self,
@@ -559,8 +578,7 @@ impl<'a> Builder<'a> {
         let gd = self.and_guard(guard, inside);
         let xval = self.value_at(xv, &xi, Some(gd))?;
         let wval = self.value_at(wv, &wi, guard)?;
-        let p = self.x.binary(BinaryOp::Mul, xval, wval, dt);
-        Ok(self.x.reduce(Combine::Sum, vars, p))
+        Ok(self.sum_of_products(xval, wval, vars, dt))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -616,8 +634,7 @@ impl<'a> Builder<'a> {
         let gd = self.and_guard(guard, inside);
         let xval = self.value_at(xv, &xi, Some(gd))?;
         let wval = self.value_at(wv, &wi, guard)?;
-        let p = self.x.binary(BinaryOp::Mul, xval, wval, dt);
-        Ok(self.x.reduce(Combine::Sum, vars, p))
+        Ok(self.sum_of_products(xval, wval, vars, dt))
     }
 
     fn pool(
@@ -634,14 +651,20 @@ impl<'a> Builder<'a> {
         let mut xi = vec![idx[0], idx[1]];
         let mut vars = Vec::new();
         let mut inside = self.bool_const(true);
-        let mut taps = 1i64;
+        // Inside the input or its explicit padding (not past it, where ceil mode
+        // may put a window): what `count_include_pad` counts.
+        let mut padded = self.bool_const(true);
         for d in 0..sp {
             let ke = self.x.int(p.kernel[d]);
-            taps *= p.kernel[d];
             let k = self.x.var(ke).ok_or_else(|| too_many(self.g, v))?;
             let n = self.sym(&xs[2 + d]);
             let (q, ok) = self.tap(idx[2 + d], k, p.strides[d], p.dilations[d], p.pads_begin[d], n);
             inside = self.x.and(inside, ok);
+            let (lo, hi) = (self.x.int(-p.pads_begin[d]), self.x.int(p.pads_end[d]));
+            let end = self.x.add(n, hi);
+            let (c1, c2) = (self.x.le(lo, q), self.x.lt(q, end));
+            let within = self.x.and(c1, c2);
+            padded = self.x.and(padded, within);
             xi.push(q);
             vars.push(k);
         }
@@ -659,12 +682,9 @@ impl<'a> Builder<'a> {
             }
             PoolKind::Avg { count_include_pad } => {
                 let sum = self.x.reduce(Combine::Sum, vars.clone(), val);
-                let count = if count_include_pad {
-                    self.x.float(dt, taps as f64)
-                } else {
-                    let one = self.x.cast(inside, dt);
-                    self.x.reduce(Combine::Sum, vars, one)
-                };
+                let counted = if count_include_pad { padded } else { inside };
+                let one = self.x.cast(counted, dt);
+                let count = self.x.reduce(Combine::Sum, vars, one);
                 self.x.binary(BinaryOp::Div, sum, count, dt)
             }
         })

@@ -220,10 +220,11 @@ pub(crate) fn conv_transpose(x: &Tensor, w: &Tensor, a: &ConvAttrs, out: &[usize
 /// Max or average pooling; the output extent comes from the node's type.
 ///
 /// Padding never contributes a value. An average divides by the number of window
-/// positions inside the input, or with `count_include_pad` every tap of the
-/// window, padding included, also the positions past the end that ceil mode adds
-/// (ONNX's reference and ONNX Runtime both divide by the whole kernel then). A
-/// window that reads no input element is an error.
+/// positions inside the input, or with `count_include_pad` by those inside the
+/// input and its explicit padding: not the positions past the end that ceil mode
+/// adds (ONNX's reference since onnx 1.18, and ONNX Runtime 1.31; onnx 1.17's
+/// test data divided by the whole kernel). A window that reads no input element
+/// is an error.
 pub(crate) fn pool(x: &Tensor, p: &PoolAttrs, out: &[usize]) -> R<Tensor> {
     let (xs, dt) = (x.shape(), numeric(x)?);
     let lens = [&p.kernel[..], &p.strides, &p.dilations, &p.pads_begin, &p.pads_end];
@@ -243,14 +244,15 @@ pub(crate) fn pool(x: &Tensor, p: &PoolAttrs, out: &[usize]) -> R<Tensor> {
             let mut acc = if p.kind == PoolKind::Max { S::lowest(dt) } else { S::ZERO };
             let (mut real, mut taps) = (0usize, 0usize);
             for_each_index(&kernel, |k| {
-                let (mut off, mut in_input) = (o[0] * xst[0] + o[1] * xst[1], true);
+                let (mut off, mut in_input, mut in_padded) = (o[0] * xst[0] + o[1] * xst[1], true, true);
                 for d in 0..sp {
                     let q = tap(o[2 + d], k[d], p.strides[d], p.dilations[d], p.pads_begin[d]);
                     let n = xs[2 + d] as i128;
                     in_input &= 0 <= q && q < n;
+                    in_padded &= -(p.pads_begin[d] as i128) <= q && q < n + p.pads_end[d] as i128;
                     off += if in_input { q as usize * xst[2 + d] } else { 0 };
                 }
-                taps += 1;
+                taps += usize::from(in_padded);
                 if in_input {
                     real += 1;
                     acc = if p.kind == PoolKind::Max { acc.max_nan(x[off]) } else { acc.add(x[off]) };

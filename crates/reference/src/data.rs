@@ -2,7 +2,7 @@
 //! narrowing, the f16 encoder, gathering elements by index, and row-major
 //! index iteration.
 
-use ir::{BinaryOp, DType, Elems, Tensor, UnaryOp};
+use ir::{f64_to_f16, BinaryOp, DType, Elems, Tensor, UnaryOp};
 
 use crate::{Fail, MAX_ELEMS, R};
 
@@ -68,29 +68,6 @@ pub(crate) fn narrow(w: Wide, dtype: DType) -> Elems {
 
 pub(crate) fn tensor(shape: Vec<usize>, elems: Elems) -> R<Tensor> {
     Tensor::new(shape, elems).map_err(|e| Fail::Msg(format!("internal error: {e}")))
-}
-
-/// Encode `x` as IEEE binary16 bits, rounding to nearest even (overflow → ±inf).
-pub fn f64_to_f16(x: f64) -> u16 {
-    let sign = if x.is_sign_negative() { 0x8000 } else { 0 };
-    let a = x.abs();
-    if a.is_nan() {
-        return sign | 0x7e00;
-    }
-    // 65520 is halfway between the largest half (65504) and 2^16; the tie goes to
-    // the even neighbour, which is infinity.
-    if a >= 65520.0 {
-        return sign | 0x7c00;
-    }
-    if a < f64::powi(2.0, -14) {
-        // Subnormal (or zero): a multiple of 2^-24. Rounding up to 1024 yields the
-        // smallest normal's bits, which is right.
-        return sign | (a * f64::powi(2.0, 24)).round_ties_even() as u16;
-    }
-    let e = ((a.to_bits() >> 52) & 0x7ff) as i32 - 1023;
-    // 10 fraction bits; a carry out of the fraction correctly bumps the exponent.
-    let frac = ((a / f64::powi(2.0, e) - 1.0) * 1024.0).round_ties_even() as u16;
-    sign | ((((e + 15) as u16) << 10) + frac)
 }
 
 // ---------------------------------------------------------------- scalars

@@ -33,7 +33,7 @@ mod compute;
 mod data;
 mod ops;
 
-pub use data::f64_to_f16;
+pub use ir::f64_to_f16;
 
 /// The largest tensor the interpreter will build (2^34 elements): larger shapes
 /// are an error rather than an allocation attempt.

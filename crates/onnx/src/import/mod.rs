@@ -35,7 +35,12 @@ use crate::OnnxError;
 
 /// The opsets of the default domain that import accepts. Below 11, the few ops
 /// whose inputs were attributes then (Slice, Pad, Clip) are rejected by name.
-pub const OPSETS: std::ops::RangeInclusive<i64> = 7..=22;
+/// Opsets 23-28 (onnx 1.23) changed the ops imported here only by element types
+/// imported as unsupported anyway, `round_mode` of Cast (float8 targets only),
+/// `stash_type` of Range (half-precision accumulation) and SpaceToDepth's
+/// `mode` (read); their new ops (Attention, RMSNormalization, ...) are
+/// unsupported operators by name.
+pub const OPSETS: std::ops::RangeInclusive<i64> = 7..=28;
 
 /// Largest value a symbolic dim may take: larger dims are absurd for a tensor, and
 /// the bound lets the prover simplify `min(seq, 2147483647)` to `seq`.
@@ -673,7 +678,7 @@ pub(crate) fn int_const(dtype: DType, shape: &[i64], vals: &[i64]) -> R<ConstDat
         DType::Bool => ir::Elems::Bool(vals.iter().map(|v| *v != 0).collect()),
         DType::F32 => ir::Elems::F32(vals.iter().map(|v| *v as f32).collect()),
         DType::F64 => ir::Elems::F64(vals.iter().map(|v| *v as f64).collect()),
-        DType::F16 => return Err("internal: f16 integer constant".into()),
+        DType::F16 => ir::Elems::F16(vals.iter().map(|v| ir::f64_to_f16(*v as f64)).collect()),
     };
     let shape: Vec<usize> = shape.iter().map(|d| *d as usize).collect();
     Ok(ConstData::from_tensor(&ir::Tensor::new(shape, t).map_err(|e| e.to_string())?))
@@ -689,7 +694,7 @@ pub(crate) fn scalar_data(dtype: DType, x: f64) -> R<ConstData> {
         DType::I8 => ir::Elems::I8(vec![x as i8]),
         DType::U8 => ir::Elems::U8(vec![x as u8]),
         DType::Bool => ir::Elems::Bool(vec![x != 0.0]),
-        DType::F16 => return Err("f16 arithmetic is not supported on import".into()),
+        DType::F16 => ir::Elems::F16(vec![ir::f64_to_f16(x)]),
     };
     Ok(ConstData::from_tensor(&ir::Tensor::new(vec![], e).map_err(|e| e.to_string())?))
 }

@@ -114,7 +114,20 @@ pub(crate) fn convert(imp: &mut Importer, op: &str, n: &Node) -> R<Option<Vec<Va
         "Mod" => {
             let (a, b) = (n.input(0)?, n.input(1)?);
             if imp.ty(a).dtype.is_float() && n.int("fmod", 0) == 0 {
-                return Err("Mod on floats needs fmod=1".into());
+                // The sign of the divisor (opset 28 allows it on floats): the truncated
+                // remainder, plus the divisor where it is non-zero of the other sign.
+                let r = imp.binary(B::Mod, a, b)?;
+                let nonzero = imp.binary_scalar(B::Equal, r, 0.0)?;
+                let nonzero = imp.unary(U::Not, nonzero)?;
+                let rneg = imp.binary_scalar(B::Less, r, 0.0)?;
+                let bneg = imp.binary_scalar(B::Less, b, 0.0)?;
+                let differ = imp.binary(B::Xor, rneg, bneg)?;
+                let fix = imp.binary(B::And, nonzero, differ)?;
+                let shifted = imp.binary(B::Add, r, b)?;
+                let shape = imp.shape(shifted);
+                let fix = imp.expand_to(fix, &shape)?;
+                let r = imp.expand_to(r, &shape)?;
+                return one(imp.emit(Op::Select, vec![fix, shifted, r], None));
             }
             if imp.ty(a).dtype.is_int() && n.int("fmod", 0) == 1 {
                 // Truncated remainder (sign of the dividend): a - trunc(a / b) * b.
@@ -604,10 +617,11 @@ pub(crate) fn matmul(imp: &mut Importer, a: ValueId, b: ValueId) -> R<ValueId> {
     ta.extend_from_slice(&sa[sa.len() - 2..]);
     let mut tb = batch.clone();
     tb.extend_from_slice(&sb[sb.len() - 2..]);
+    // A vector operand becomes a matrix first ([k] → [1, k] as A, [k, 1] as B).
+    let a = imp.reshape(a, sa.clone())?;
+    let b = imp.reshape(b, sb.clone())?;
     let a = imp.expand_to(a, &ta)?;
     let b = imp.expand_to(b, &tb)?;
-    let a = imp.reshape(a, ta)?;
-    let b = imp.reshape(b, tb)?;
     let y = imp.emit(Op::MATMUL, vec![a, b], None)?;
     let mut out = batch;
     if ra != 1 {

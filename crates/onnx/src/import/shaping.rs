@@ -120,7 +120,9 @@ pub(crate) fn depth_space(imp: &mut Importer, n: &Node, to_space: bool) -> R<Val
     } else {
         let (hb, wb) = (div(&h)?, div(&w)?);
         let y = imp.reshape(x, vec![nn.clone(), c.clone(), hb.clone(), k.clone(), wb.clone(), k.clone()])?;
-        let y = imp.transpose(y, vec![0, 3, 5, 1, 2, 4])?;
+        // DCR (the default) puts the block offsets before the channels; CRD (opset 28) after.
+        let crd = n.string("mode").as_deref() == Some("CRD");
+        let y = imp.transpose(y, if crd { vec![0, 1, 3, 5, 2, 4] } else { vec![0, 3, 5, 1, 2, 4] })?;
         imp.reshape(y, vec![nn, mul(&mul(&c, &k)?, &k)?, hb, wb])
     }
 }
