@@ -154,7 +154,9 @@ mod tests {
         // packs faster than 100 MB/s; a fork-join takes less than 10 ms.
         assert!(m.l2_bw > 1e9 && m.dram_bw > 1e8, "{m:?}");
         assert!(m.pack_a_bw > 1e8 && m.pack_b_bw > 1e8 && m.pack_bt_bw > 1e8, "{m:?}");
-        assert!(m.fork_join > 0.0 && m.fork_join < 1e-2, "{m:?}");
+        // The fork-join is a difference of two timings (clamped at 0): on a loaded
+        // machine the single-thread one can come out slower.
+        assert!(m.fork_join >= 0.0 && m.fork_join < 1e-2, "{m:?}");
         assert_eq!(m.threads, 2);
     }
 }
