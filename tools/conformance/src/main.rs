@@ -328,14 +328,8 @@ fn run_case(dir: &Path, compiled: bool) -> Outcome {
         Ok(o) => o,
         Err(e) => return Outcome::Fail(format!("run: {e}")),
     };
-    for (i, (name, got)) in outputs.iter().enumerate() {
-        let want = match read_tensor(&data.join(format!("output_{i}.pb"))) {
-            Ok(t) => t,
-            Err(e) => return Outcome::Fail(format!("reading output {i}: {e}")),
-        };
-        if let Err(msg) = compare(got, &want) {
-            return Outcome::Fail(format!("output '{name}': {msg}"));
-        }
+    if let Some(fail) = check_outputs(&data, &outputs, "") {
+        return fail;
     }
     if compiled {
         let opts = anyshape::CompileOptions::new().threads(2).canaries(true);
@@ -347,17 +341,25 @@ fn run_case(dir: &Path, compiled: bool) -> Outcome {
             Ok(o) => o,
             Err(e) => return Outcome::Fail(format!("compiled run: {e}")),
         };
-        for (i, (name, got)) in outputs.iter().enumerate() {
-            let want = match read_tensor(&data.join(format!("output_{i}.pb"))) {
-                Ok(t) => t,
-                Err(e) => return Outcome::Fail(format!("reading output {i}: {e}")),
-            };
-            if let Err(msg) = compare(got, &want) {
-                return Outcome::Fail(format!("compiled output '{name}': {msg}"));
-            }
+        if let Some(fail) = check_outputs(&data, &outputs, "compiled ") {
+            return fail;
         }
     }
     Outcome::Pass
+}
+
+/// The first output that differs from the case's `output_<i>.pb`, as a failure.
+fn check_outputs(data: &Path, outputs: &[(String, Tensor)], how: &str) -> Option<Outcome> {
+    for (i, (name, got)) in outputs.iter().enumerate() {
+        let want = match read_tensor(&data.join(format!("output_{i}.pb"))) {
+            Ok(t) => t,
+            Err(e) => return Some(Outcome::Fail(format!("reading output {i}: {e}"))),
+        };
+        if let Err(msg) = compare(got, &want) {
+            return Some(Outcome::Fail(format!("{how}output '{name}': {msg}")));
+        }
+    }
+    None
 }
 
 fn compare(got: &Tensor, want: &Tensor) -> Result<(), String> {

@@ -38,8 +38,13 @@ pub(crate) fn instance_norm(imp: &mut Importer, n: &Node) -> R<ValueId> {
         return Err("InstanceNormalization needs an input of rank >= 3".into());
     }
     let y = standardize(imp, x, (2..r).collect(), n.float("epsilon", 1e-5) as f64)?;
-    let scale = per_channel(imp, n.input(1)?, r)?;
-    let bias = per_channel(imp, n.input(2)?, r)?;
+    scale_and_shift(imp, n, y, r)
+}
+
+/// `y · scale[c] + bias[c]` with the node's inputs 1 and 2, per channel.
+fn scale_and_shift(imp: &mut Importer, n: &Node, y: ValueId, rank: usize) -> R<ValueId> {
+    let scale = per_channel(imp, n.input(1)?, rank)?;
+    let bias = per_channel(imp, n.input(2)?, rank)?;
     let y = imp.binary(B::Mul, y, scale)?;
     imp.binary(B::Add, y, bias)
 }
@@ -68,10 +73,7 @@ pub(crate) fn group_norm(imp: &mut Importer, n: &Node) -> R<ValueId> {
     let xg = imp.reshape(x, grouped)?;
     let y = standardize(imp, xg, (2..r + 1).collect(), n.float("epsilon", 1e-5) as f64)?;
     let y = imp.reshape(y, s)?;
-    let scale = per_channel(imp, scale, r)?;
-    let bias = per_channel(imp, n.input(2)?, r)?;
-    let y = imp.binary(B::Mul, y, scale)?;
-    imp.binary(B::Add, y, bias)
+    scale_and_shift(imp, n, y, r)
 }
 
 /// ONNX `MeanVarianceNormalization`: over `axes` (default batch and spatial).
