@@ -168,3 +168,48 @@ fn resize_with_symbolic_extents_matches_the_static_import() {
         }
     }
 }
+
+/// `TopK` takes each position once, ties in index order, even among values
+/// equal to what a taken position is hidden behind (-inf for the largest).
+#[test]
+fn top_k_takes_each_position_once() {
+    for (largest, k, want_v, want_i) in [
+        (1, 4, vec![3.0, 3.0, 1.0, f32::NEG_INFINITY], vec![1i64, 2, 4, 0]),
+        (0, 3, vec![f32::NEG_INFINITY, f32::NEG_INFINITY, 1.0], vec![0, 3, 4]),
+    ] {
+        let m = model(
+            vec![node("TopK", &["x", "k"], &["v", "i"], vec![attr_int("largest", largest)])],
+            vec![value_info("x", FLOAT, &[Dim::V(1), Dim::P("n")])],
+            &["v", "i"],
+            vec![i64_tensor("k", &[1], &[k])],
+            17,
+        );
+        let g = import(&m);
+        let x =
+            Tensor::new(vec![1, 5], Elems::F32(vec![f32::NEG_INFINITY, 3.0, 3.0, f32::NEG_INFINITY, 1.0]))
+                .expect("x");
+        let out = reference::run(&g, &[("x", x)]).expect("run");
+        assert_eq!(f32s(&out[0].1), want_v, "largest {largest}");
+        let Elems::I64(i) = out[1].1.elems() else { panic!("i64 indices") };
+        assert_eq!(i, &want_i, "largest {largest}");
+    }
+}
+
+/// A constant `Pad` whose value is an input (computed at run time), on a
+/// symbolic extent, with a crop on the other side.
+#[test]
+fn pad_with_a_value_from_data() {
+    let m = model(
+        vec![node("Pad", &["x", "pads", "v"], &["y"], vec![])],
+        vec![value_info("x", FLOAT, &[Dim::V(1), Dim::P("n")]), value_info("v", FLOAT, &[])],
+        &["y"],
+        vec![i64_tensor("pads", &[4], &[0, 2, 0, -1])],
+        17,
+    );
+    let g = import(&m);
+    let x = Tensor::new(vec![1, 3], Elems::F32(vec![1.0, 2.0, 3.0])).expect("x");
+    let v = Tensor::new(vec![], Elems::F32(vec![-7.5])).expect("v");
+    let out = reference::run(&g, &[("x", x), ("v", v)]).expect("run");
+    assert_eq!(out[0].1.shape(), &[1, 4]);
+    assert_eq!(f32s(&out[0].1), vec![-7.5, -7.5, 1.0, 2.0]);
+}

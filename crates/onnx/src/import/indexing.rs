@@ -220,3 +220,65 @@ pub(crate) fn eye_like(imp: &mut Importer, n: &Node) -> R<ValueId> {
     let on = imp.binary_scalar(B::Equal, diff, n.int("k", 0) as f64)?;
     imp.cast(on, dtype)
 }
+
+/// The most TopK elements unrolled (one arg-extreme per element).
+const TOPK_MAX: i64 = 64;
+
+/// ONNX `TopK` with a constant `k` (at most [`TOPK_MAX`]): the `k` largest (or
+/// smallest) values along `axis` and their positions, extreme first, ties in
+/// index order (also for `sorted=0`, which allows any order). One arg-extreme
+/// per element, over the positions not yet taken.
+pub(crate) fn top_k(imp: &mut Importer, n: &Node) -> R<Vec<ValueId>> {
+    let x = n.input(0)?;
+    let k = match imp.const_ints(n.input(1)?, "TopK's k")?.as_slice() {
+        [k] => *k,
+        other => return Err(format!("TopK's k must be one value, got {} values", other.len())),
+    };
+    if !(1..=TOPK_MAX).contains(&k) {
+        return Err(format!("TopK with k = {k}: 1 to {TOPK_MAX} are supported"));
+    }
+    let shape = imp.shape(x);
+    let axis = norm_axis(n.int("axis", -1), shape.len())?;
+    if shape[axis].as_const().is_some_and(|d| d < k) {
+        return Err(format!("TopK's k = {k} exceeds the axis's extent {}", shape[axis]));
+    }
+    let largest = n.int("largest", 1) != 0;
+    let dt = imp.ty(x).dtype;
+    // What a taken position reads as: never the extreme of what is left.
+    let sentinel = match (dt.is_float(), largest) {
+        (true, true) => f64::NEG_INFINITY,
+        (true, false) => f64::INFINITY,
+        (false, true) => -(2f64.powi(62)),
+        (false, false) => 2f64.powi(62),
+    };
+    let pos = iota(imp, &shape, axis)?;
+    let mut taken = imp.fill_like(pos, 0.0)?;
+    taken = imp.cast(taken, DType::Bool)?;
+    let (mut values, mut indices) = (Vec::new(), Vec::new());
+    for _ in 0..k {
+        let hidden = imp.fill_like(x, sentinel)?;
+        let left = imp.emit(Op::Select, vec![taken, hidden, x], None)?;
+        let op = if largest { ReduceOp::Max } else { ReduceOp::Min };
+        let extreme = imp.reduce(op, left, vec![axis], true)?;
+        let hit = imp.binary(B::Equal, x, extreme)?;
+        let free = imp.unary(U::Not, taken)?;
+        let hit = imp.binary(B::And, hit, free)?;
+        let none = imp.fill_like(pos, i64::MAX as f64)?;
+        let cand = imp.emit(Op::Select, vec![hit, pos, none], None)?;
+        let at = imp.reduce(ReduceOp::Min, cand, vec![axis], true)?;
+        let now = imp.binary(B::Equal, pos, at)?;
+        taken = imp.binary(B::Or, taken, now)?;
+        values.push(extreme);
+        indices.push(at);
+    }
+    let join = |imp: &mut Importer, parts: Vec<ValueId>| -> R<ValueId> {
+        if parts.len() == 1 {
+            return Ok(parts[0]);
+        }
+        let mut out = imp.shape(parts[0]);
+        out[axis] = SymExpr::constant(parts.len() as i64);
+        let ty = TensorType::new(imp.ty(parts[0]).dtype, out);
+        imp.emit(Op::Concat { axis }, parts, Some(ty))
+    };
+    Ok(vec![join(imp, values)?, join(imp, indices)?])
+}

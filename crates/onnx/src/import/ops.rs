@@ -298,6 +298,7 @@ pub(crate) fn convert(imp: &mut Importer, op: &str, n: &Node) -> R<Option<Vec<Va
         "ArgMax" | "ArgMin" => one(indexing::arg_extreme(imp, n, op == "ArgMax")),
         "Hardmax" => one(indexing::hardmax(imp, n)),
         "OneHot" => one(indexing::one_hot(imp, n)),
+        "TopK" => indexing::top_k(imp, n).map(Some),
         "EyeLike" => one(indexing::eye_like(imp, n)),
         "Gather" => {
             let (x, i) = (n.input(0)?, n.input(1)?);
@@ -1264,11 +1265,12 @@ fn pad(imp: &mut Importer, n: &Node) -> R<ValueId> {
     let mode = match n.string("mode").as_deref().unwrap_or("constant") {
         "constant" => {
             let v = match n.opt_input(2) {
-                Some(c) => *imp
-                    .const_f64(c)
-                    .ok_or("Pad's constant_value must be a constant")?
-                    .first()
-                    .ok_or("constant_value is empty")?,
+                Some(c) => match imp.const_f64(c) {
+                    Some(v) => *v.first().ok_or("constant_value is empty")?,
+                    // A value computed from data: the padding is selected where a
+                    // padded mask of the input is false.
+                    None => return pad_with_value(imp, x, pads, c),
+                },
                 None => 0.0,
             };
             PadMode::Constant(v)
@@ -1279,6 +1281,21 @@ fn pad(imp: &mut Importer, n: &Node) -> R<ValueId> {
         other => return Err(format!("Pad mode '{other}' is not supported")),
     };
     imp.emit(Op::Pad { pads, mode }, vec![x], None)
+}
+
+/// A constant pad whose value `c` (one element) is computed at run time:
+/// `select(pad(true), pad(x, 0), c)`.
+fn pad_with_value(imp: &mut Importer, x: ValueId, pads: Vec<(SymExpr, SymExpr)>, c: ValueId) -> R<ValueId> {
+    let zero = PadMode::Constant(0.0);
+    let padded = imp.emit(Op::Pad { pads: pads.clone(), mode: zero }, vec![x], None)?;
+    let ones = imp.fill_like(x, 1.0)?;
+    let inside = imp.cast(ones, DType::Bool)?;
+    let inside = imp.emit(Op::Pad { pads, mode: zero }, vec![inside], None)?;
+    let c = imp.reshape(c, vec![])?;
+    let c = imp.cast(c, imp.ty(x).dtype)?;
+    let shape = imp.shape(padded);
+    let c = imp.expand_to(c, &shape)?;
+    imp.emit(Op::Select, vec![inside, padded, c], None)
 }
 
 /// `Range(start, limit, delta)`: constants fold; a symbolic length becomes
