@@ -1538,20 +1538,15 @@ impl Gen<'_> {
         let fabs = self.intrinsic("llvm.fabs", &[f64t])?;
         let (abs_a, abs_back) = (self.call(fabs, &[a.into()])?, self.call(fabs, &[back.into()])?);
         let bits = b.build_bit_cast(t, i32t, "bits").map_err(llvm)?;
-        let one = match i32t {
-            BasicTypeEnum::VectorType(vt) => {
-                let one = self.ctx.i32_type().const_int(1, false);
-                VectorType::const_vector(&vec![one; vt.get_size() as usize]).into()
-            }
-            _ => V::from(self.ctx.i32_type().const_int(1, false)),
-        };
+        let one = V::from(self.ctx.i32_type().const_int(1, false));
+        let one = if vec { self.splat(one)? } else { one };
         // Toward zero: one step down in magnitude where round-to-nearest went up.
         let up = fcmp(b, FloatPredicate::OGT, abs_back, abs_a)?;
-        let down = self.int_op(bits, one, false)?;
+        let down = int_op(b, BinaryOp::Sub, bits, one, false)?;
         let toward_zero = select(b, up, down, bits)?;
         // Odd when inexact (NaN compares unordered: left as it is).
         let inexact = fcmp(b, FloatPredicate::ONE, back, a)?;
-        let odd = self.int_or(toward_zero, one)?;
+        let odd = int_op(b, BinaryOp::Or, toward_zero, one, false)?;
         let r = select(b, inexact, odd, toward_zero)?;
         let r = b.build_bit_cast(r, f32t, "odd").map_err(llvm)?;
         self.cast_float(r, f16t, false)
@@ -1570,35 +1565,6 @@ impl Gen<'_> {
             if ext { b.build_float_ext(v, t, "fx") } else { b.build_float_trunc(v, t, "ft") }
                 .map_err(llvm)?
                 .into()
-        })
-    }
-
-    /// `x − y` (`add`: `x + y`) of integers, scalar or vector.
-    fn int_op(&self, x: V, y: V, add: bool) -> R<V> {
-        let b = self.bld;
-        Ok(match (x, y) {
-            (BasicValueEnum::VectorValue(x), BasicValueEnum::VectorValue(y)) => {
-                if add { b.build_int_add(x, y, "a") } else { b.build_int_sub(x, y, "s") }
-                    .map_err(llvm)?
-                    .into()
-            }
-            (x, y) => {
-                let (x, y) = (x.into_int_value(), y.into_int_value());
-                if add { b.build_int_add(x, y, "a") } else { b.build_int_sub(x, y, "s") }
-                    .map_err(llvm)?
-                    .into()
-            }
-        })
-    }
-
-    /// `x | y` of integers, scalar or vector.
-    fn int_or(&self, x: V, y: V) -> R<V> {
-        let b = self.bld;
-        Ok(match (x, y) {
-            (BasicValueEnum::VectorValue(x), BasicValueEnum::VectorValue(y)) => {
-                b.build_or(x, y, "o").map_err(llvm)?.into()
-            }
-            (x, y) => b.build_or(x.into_int_value(), y.into_int_value(), "o").map_err(llvm)?.into(),
         })
     }
 

@@ -174,7 +174,7 @@ pub(crate) fn pack_taps(
             && p0.is_multiple_of(g)
     });
     match gen {
-        Some(gen) => pack_generated(data, t, i0, m, p0, kc, mr, g, out, gen),
+        Some(gen) => pack_generated(data, t, i0, m, (p0, kc), (mr, size), g, out, gen),
         None => {
             let mut vals = [0.0f32; 4];
             for pi in 0..panels {
@@ -212,14 +212,12 @@ fn pack_generated(
     t: &ConvTaps,
     i0: usize,
     m: usize,
-    p0: usize,
-    kc: usize,
-    mr: usize,
+    (p0, kc): (usize, usize),
+    (mr, size): (usize, usize),
     g: usize,
     out: &mut [u32],
     gen: RowsPacker,
 ) {
-    let size = out.len() / m.div_ceil(mr).max(1);
     let (h, w) = (t.height as isize, t.width as isize);
     let [sn, sy, sx] = t.strides.map(|v| v as isize);
     let (dh, dw) = (t.dilation[0] as isize, t.dilation[1] as isize);

@@ -354,8 +354,8 @@ impl<'a> Builder<'a> {
                     }
                 }
                 let body = at(self, 0, &j)?;
-                // f16 sums accumulate in f32 (rounded once at the end, as the
-                // interpreter's wide arithmetic does).
+                // f16 sums accumulate in f32 (as every f16 sum does), and a mean
+                // divides there too, rounded once at the end.
                 let acc = if dt == DType::F16 && *op != ir::ReduceOp::Max && *op != ir::ReduceOp::Min {
                     DType::F32
                 } else {
@@ -525,9 +525,8 @@ impl<'a> Builder<'a> {
         (q, self.x.and(c1, c2))
     }
 
-    /// `Σ_vars a·b` in `dt`; f16 products are summed in f32 and rounded once (as
-    /// the interpreter's wide arithmetic does: an f16 accumulator would round at
-    /// every term).
+    /// `Σ_vars a·b` in `dt`; f16 products are taken in f32 (and summed there, as
+    /// every f16 sum is: [`crate::Exprs::reduce`]), rounded once.
     fn sum_of_products(&mut self, a: E, b: E, vars: Vec<E>, dt: DType) -> E {
         let acc = if dt == DType::F16 { DType::F32 } else { dt };
         let (a, b) = (self.x.cast(a, acc), self.x.cast(b, acc));

@@ -256,6 +256,14 @@ impl Exprs {
             return body;
         }
         let dt = self.dtype(body);
+        // An f16 sum or product accumulates in f32 and rounds once at the end (an
+        // f16 accumulator would round at every term; the interpreter's arithmetic
+        // is wide).
+        if dt == DType::F16 && matches!(combine, Combine::Sum | Combine::Prod) {
+            let body = self.cast(body, DType::F32);
+            let r = self.intern(Node::Reduce { combine, vars, body }, DType::F32);
+            return self.cast(r, DType::F16);
+        }
         self.intern(Node::Reduce { combine, vars, body }, dt)
     }
 

@@ -202,17 +202,18 @@ impl<'g> Lowering<'g> {
             // Operands that are not views of a buffer are computed first.
             let mut pending = Vec::new();
             for (i, &v) in node.inputs.iter().enumerate() {
+                if self.layout(v, &avail).is_some() {
+                    continue;
+                }
                 // A convolution's taps are read from the image: it is stored (channels
                 // last) when no buffer holds it so.
-                let taps =
-                    (i == 0 && self.layout(v, &avail).is_none()).then(|| self.taps(node, &avail)).flatten();
-                if let Some(t) = taps {
+                if let Some(t) = (i == 0).then(|| self.taps(node, &avail)).flatten() {
                     if self.taps_image(&t, &avail).is_none() && !pending.iter().any(|(p, _)| *p == t.image) {
                         pending.push((t.image, self.temp(t.image)?));
                     }
                     continue;
                 }
-                if self.layout(v, &avail).is_none() && !pending.iter().any(|(p, _)| *p == v) {
+                if !pending.iter().any(|(p, _)| *p == v) {
                     let b = match self.buffer_of.get(&v) {
                         Some(b) if group.outputs.contains(&v) => *b,
                         _ => self.temp(v)?,
@@ -569,7 +570,7 @@ impl<'g> Lowering<'g> {
     /// contiguous (as the engine reads it).
     fn taps_image(&self, t: &TapGeometry, avail: &HashMap<ValueId, BufId>) -> Option<Layout> {
         let lay = self.layout(t.image, avail)?;
-        let channels = &lay.dims.get(3)?;
+        let channels = lay.dims.get(3)?;
         (lay.dims.len() == 4 && channels.1.as_const() == Some(1) && channels.0.as_const() == Some(t.channels))
             .then_some(lay)
     }

@@ -291,7 +291,7 @@ impl<'g> Partition<'g> {
 
     /// Whether every reader of `v` is a window or a contraction (and `v` is not
     /// a model output).
-    fn read_only_by_windows(&self, v: ValueId) -> bool {
+    fn read_only_by_contractions_and_windows(&self, v: ValueId) -> bool {
         let readers = &self.consumers[v.index()];
         !self.g.outputs.contains(&v)
             && !readers.is_empty()
@@ -349,7 +349,7 @@ fn fuse_elementwise(p: &mut Partition) {
             // (a convolution's ReLU in front of a max pool, channels-last).
             if matches!(node.op, Op::Transpose { .. })
                 && !is_prologue(&g.nodes[q].op)
-                && p.read_only_by_windows(node.output)
+                && p.read_only_by_contractions_and_windows(node.output)
             {
                 continue;
             }

@@ -11,12 +11,12 @@ use sym::SymExpr;
 use super::{norm_axis, Importer, Node, R};
 
 /// `Iota` along `axis` of an i64 tensor of `shape`.
-fn iota(imp: &mut Importer, shape: &[SymExpr], axis: usize) -> R<ValueId> {
+pub(crate) fn iota(imp: &mut Importer, shape: &[SymExpr], axis: usize) -> R<ValueId> {
     imp.emit(Op::Iota { axis }, vec![], Some(TensorType::new(DType::I64, shape.to_vec())))
 }
 
 /// A rank-0 i64 value of the symbolic `e`.
-fn dim_scalar(imp: &mut Importer, e: &SymExpr) -> R<ValueId> {
+pub(crate) fn dim_scalar(imp: &mut Importer, e: &SymExpr) -> R<ValueId> {
     imp.emit(Op::SymConst(vec![e.clone()]), vec![], Some(TensorType::new(DType::I64, vec![])))
 }
 

@@ -620,6 +620,15 @@ impl Importer {
         self.emit(Op::Binary(op), vec![a, b], None)
     }
 
+    /// `cond ? a : b` element-wise, with numpy broadcasting (ONNX `Where`).
+    pub(crate) fn select(&mut self, cond: ValueId, a: ValueId, b: ValueId) -> R<ValueId> {
+        let shape = self.broadcast_shapes(&[self.shape(cond), self.shape(a), self.shape(b)])?;
+        let cond = self.expand_to(cond, &shape)?;
+        let a = self.expand_to(a, &shape)?;
+        let b = self.expand_to(b, &shape)?;
+        self.emit(Op::Select, vec![cond, a, b], None)
+    }
+
     /// `op(x, scalar)` with the scalar in `x`'s dtype.
     pub(crate) fn binary_scalar(&mut self, op: ir::BinaryOp, x: ValueId, c: f64) -> R<ValueId> {
         let s = self.scalar(self.ty(x).dtype, c)?;

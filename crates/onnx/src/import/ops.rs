@@ -124,10 +124,7 @@ pub(crate) fn convert(imp: &mut Importer, op: &str, n: &Node) -> R<Option<Vec<Va
                 let differ = imp.binary(B::Xor, rneg, bneg)?;
                 let fix = imp.binary(B::And, nonzero, differ)?;
                 let shifted = imp.binary(B::Add, r, b)?;
-                let shape = imp.shape(shifted);
-                let fix = imp.expand_to(fix, &shape)?;
-                let r = imp.expand_to(r, &shape)?;
-                return one(imp.emit(Op::Select, vec![fix, shifted, r], None));
+                return one(imp.select(fix, shifted, r));
             }
             if imp.ty(a).dtype.is_int() && n.int("fmod", 0) == 1 {
                 // Truncated remainder (sign of the dividend): a - trunc(a / b) * b.
@@ -153,14 +150,7 @@ pub(crate) fn convert(imp: &mut Importer, op: &str, n: &Node) -> R<Option<Vec<Va
             let k = n.inputs.iter().flatten().count() as f64;
             one(imp.binary_scalar(B::Div, s, k))
         }
-        "Where" => {
-            let (c, a, b) = (n.input(0)?, n.input(1)?, n.input(2)?);
-            let shape = imp.broadcast_shapes(&[imp.shape(c), imp.shape(a), imp.shape(b)])?;
-            let c = imp.expand_to(c, &shape)?;
-            let a = imp.expand_to(a, &shape)?;
-            let b = imp.expand_to(b, &shape)?;
-            one(imp.emit(Op::Select, vec![c, a, b], None))
-        }
+        "Where" => one(imp.select(n.input(0)?, n.input(1)?, n.input(2)?)),
         "Cast" => {
             let to = n.int("to", 0) as i32;
             let dt = crate::load::dtype_of(to)
@@ -1293,9 +1283,7 @@ fn pad_with_value(imp: &mut Importer, x: ValueId, pads: Vec<(SymExpr, SymExpr)>,
     let inside = imp.emit(Op::Pad { pads, mode: zero }, vec![inside], None)?;
     let c = imp.reshape(c, vec![])?;
     let c = imp.cast(c, imp.ty(x).dtype)?;
-    let shape = imp.shape(padded);
-    let c = imp.expand_to(c, &shape)?;
-    imp.emit(Op::Select, vec![inside, padded, c], None)
+    imp.select(inside, padded, c)
 }
 
 /// `Range(start, limit, delta)`: constants fold; a symbolic length becomes

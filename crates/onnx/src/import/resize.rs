@@ -5,23 +5,16 @@
 //! summed. Nearest takes one tap, linear two, cubic four. Works for symbolic
 //! extents as well as static ones.
 
-use ir::{BinaryOp as B, DType, Op, TensorType, UnaryOp as U, ValueId};
+use ir::{BinaryOp as B, DType, Op, UnaryOp as U, ValueId};
 use sym::SymExpr;
 
+use super::indexing::{dim_scalar, iota};
 use super::{Importer, Node, R};
 
 /// A rank-0 f64 value of the symbolic dim `e`.
 fn dim_f64(imp: &mut Importer, e: &SymExpr) -> R<ValueId> {
-    let i = imp.emit(Op::SymConst(vec![e.clone()]), vec![], Some(TensorType::new(DType::I64, vec![])))?;
+    let i = dim_scalar(imp, e)?;
     imp.cast(i, DType::F64)
-}
-
-fn select(imp: &mut Importer, c: ValueId, a: ValueId, b: ValueId) -> R<ValueId> {
-    let shape = imp.broadcast_shapes(&[imp.shape(c), imp.shape(a), imp.shape(b)])?;
-    let c = imp.expand_to(c, &shape)?;
-    let a = imp.expand_to(a, &shape)?;
-    let b = imp.expand_to(b, &shape)?;
-    imp.emit(Op::Select, vec![c, a, b], None)
 }
 
 /// How an axis is resized.
@@ -109,11 +102,8 @@ pub(crate) fn resize(imp: &mut Importer, n: &Node) -> R<ValueId> {
                         _ => Err(format!("keep_aspect_ratio_policy '{policy}' needs static extents")),
                     })
                     .collect::<R<_>>()?;
-                let fold = if policy == "not_larger" { f64::min } else { f64::max };
-                let s = ratios
-                    .iter()
-                    .copied()
-                    .fold(if policy == "not_larger" { f64::INFINITY } else { 0.0 }, fold);
+                let pick = if policy == "not_larger" { f64::min } else { f64::max };
+                let s = ratios.iter().copied().reduce(pick).unwrap_or(1.0);
                 axes.iter()
                     .map(|&a| SymExpr::constant((s * shape[a].as_const().unwrap_or(0) as f64 + 0.5) as i64))
                     .collect()
@@ -180,8 +170,7 @@ fn resize_axis(
     let shape = imp.shape(x);
     let a = ax.axis;
     let len = shape[a].clone();
-    let pos =
-        imp.emit(Op::Iota { axis: 0 }, vec![], Some(TensorType::new(DType::I64, vec![ax.out.clone()])))?;
+    let pos = iota(imp, std::slice::from_ref(&ax.out), 0)?;
     let xo = imp.cast(pos, DType::F64)?;
     let l_in = dim_f64(imp, &len)?;
     let s = ax.scale;
@@ -201,13 +190,13 @@ fn resize_axis(
         "pytorch_half_pixel" => {
             let h = half(imp)?;
             let m = imp.scalar(DType::F64, -0.5)?;
-            select(imp, one_out, m, h)?
+            imp.select(one_out, m, h)?
         }
         "align_corners" => {
             let t = imp.binary(B::Mul, xo, l1)?;
             let t = imp.binary(B::Div, t, ow1)?;
             let z = imp.scalar(DType::F64, 0.0)?;
-            select(imp, one_out, z, t)?
+            imp.select(one_out, z, t)?
         }
         "half_pixel_symmetric" => {
             let out_int = dim_f64(imp, &ax.out)?;
@@ -226,7 +215,7 @@ fn resize_axis(
             let mid = imp.binary_scalar(B::Mul, span, 0.5)?;
             let t = imp.binary(B::Mul, xo, span)?;
             let t = imp.binary(B::Div, t, ow1)?;
-            let t = select(imp, one_out, mid, t)?;
+            let t = imp.select(one_out, mid, t)?;
             let start = imp.binary_scalar(B::Mul, l1, r0)?;
             imp.binary(B::Add, t, start)?
         }
@@ -235,8 +224,7 @@ fn resize_axis(
     let ratio = imp.binary(B::Sub, src, floor)?;
     let base = imp.cast(floor, DType::I64)?;
     let last = {
-        let l =
-            imp.emit(Op::SymConst(vec![len.clone()]), vec![], Some(TensorType::new(DType::I64, vec![])))?;
+        let l = dim_scalar(imp, &len)?;
         imp.binary_scalar(B::Sub, l, 1.0)?
     };
     let clamp = |imp: &mut Importer, i: ValueId| clamp(imp, i, last);
@@ -293,9 +281,9 @@ fn resize_axis(
                     let outer = imp.binary_scalar(B::Sub, outer, 4.0 * a)?;
                     let zero = imp.scalar(DType::F64, 0.0)?;
                     let far = imp.binary_scalar(B::Less, d, 2.0)?;
-                    let outer = select(imp, far, outer, zero)?;
+                    let outer = imp.select(far, outer, zero)?;
                     let close = imp.binary_scalar(B::LessEq, d, 1.0)?;
-                    select(imp, close, inner, outer)?
+                    imp.select(close, inner, outer)?
                 };
                 raw.push((i, w));
             }
@@ -370,7 +358,7 @@ fn resize_axis(
         let out = imp.binary(B::Or, lo, hi)?;
         let out = imp.reshape(out, wshape)?;
         let value = imp.scalar(dt, n.float("extrapolation_value", 0.0) as f64)?;
-        return select(imp, out, value, y);
+        return imp.select(out, value, y);
     }
     Ok(y)
 }
@@ -399,7 +387,7 @@ fn normalized(
             let hi = imp.binary(B::LessEq, i, last)?;
             let inside = imp.binary(B::And, lo, hi)?;
             let z = imp.scalar(DType::F64, 0.0)?;
-            select(imp, inside, w, z)?
+            imp.select(inside, w, z)?
         } else {
             w
         };

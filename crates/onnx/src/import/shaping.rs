@@ -159,7 +159,7 @@ pub(crate) fn trig(imp: &mut Importer, n: &Node, op: &str) -> R<ValueId> {
             let series = imp.binary(B::Mul, p, x)?;
             let a = imp.unary(U::Abs, x)?;
             let small = imp.binary_scalar(B::Less, a, 0.25)?;
-            imp.emit(ir::Op::Select, vec![small, series, y], None)
+            imp.select(small, series, y)
         }
         // asinh(x) = sign(x)·log(|x| + sqrt(x² + 1)) (exact for negative x too);
         // acosh(x) = log(x + sqrt(x² − 1)); atanh(x) = ½·log((1 + x)/(1 − x)).
@@ -212,18 +212,15 @@ pub(crate) fn trig(imp: &mut Importer, n: &Node, op: &str) -> R<ValueId> {
 /// [0, tan(π/8)] (`atan(b) = π/4 + atan((b − 1)/(b + 1))`), where the odd Taylor
 /// series to degree 11 is within 1e-7; the sign restored last.
 fn atan(imp: &mut Importer, x: ValueId) -> R<ValueId> {
-    let select = |imp: &mut Importer, c: ValueId, a: ValueId, b: ValueId| {
-        imp.emit(ir::Op::Select, vec![c, a, b], None)
-    };
     let a = imp.unary(U::Abs, x)?;
     let inv = imp.binary_scalar(B::Greater, a, 1.0)?;
     let ra = imp.unary(U::Reciprocal, a)?;
-    let b = select(imp, inv, ra, a)?;
+    let b = imp.select(inv, ra, a)?;
     let big = imp.binary_scalar(B::Greater, b, std::f64::consts::SQRT_2 - 1.0)?;
     let num = imp.binary_scalar(B::Sub, b, 1.0)?;
     let den = imp.binary_scalar(B::Add, b, 1.0)?;
     let shifted = imp.binary(B::Div, num, den)?;
-    let t = select(imp, big, shifted, b)?;
+    let t = imp.select(big, shifted, b)?;
     let t2 = imp.binary(B::Mul, t, t)?;
     // Horner in t²: 1 − t²/3 + t⁴/5 − t⁶/7 + t⁸/9 − t¹⁰/11.
     let mut p = imp.fill_like(t, -1.0 / 11.0)?;
@@ -233,10 +230,10 @@ fn atan(imp: &mut Importer, x: ValueId) -> R<ValueId> {
     }
     let p = imp.binary(B::Mul, p, t)?;
     let quarter = imp.binary_scalar(B::Add, p, std::f64::consts::FRAC_PI_4)?;
-    let r = select(imp, big, quarter, p)?;
+    let r = imp.select(big, quarter, p)?;
     let half_pi = imp.fill_like(r, std::f64::consts::FRAC_PI_2)?;
     let flipped = imp.binary(B::Sub, half_pi, r)?;
-    let r = select(imp, inv, flipped, r)?;
+    let r = imp.select(inv, flipped, r)?;
     let sign = imp.unary(U::Sign, x)?;
     imp.binary(B::Mul, sign, r)
 }
