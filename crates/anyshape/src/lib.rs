@@ -229,7 +229,7 @@ impl Model {
         let mut epilogues: Vec<kernels::Epilogue> = Vec::new();
         for s in &plan.steps {
             let e = match &s.kind {
-                lower::StepKind::MatMul(m) => runtime::engine_epilogue(&m.epilogue),
+                lower::StepKind::MatMul(m) => runtime::engine_epilogue(&m.epilogue)?,
                 // Fused attention's products run on the plain family's direct kernels.
                 lower::StepKind::Attention(_) => kernels::Epilogue::default(),
                 lower::StepKind::Loop { .. } => continue,
@@ -372,7 +372,7 @@ impl Model {
         let mut weights = Vec::new();
         for st in &plan.steps {
             let lower::StepKind::MatMul(mm) = &st.kind else { continue };
-            if !mm.weight || runtime::engine_epilogue(&mm.epilogue) != e {
+            if !mm.weight || runtime::engine_epilogue(&mm.epilogue)? != e {
                 continue;
             }
             let (Some(k), Some(n)) = (fixed(mm.k), fixed(mm.n)) else { continue };

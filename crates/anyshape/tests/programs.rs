@@ -273,6 +273,83 @@ const CONV_TAPS: &str = r#"graph {
 }
 "#;
 
+/// Grouped convolutions: depthwise (multiplier 1 and 2), 2 channels per group
+/// with dilation and uneven pads, a depthwise one between 1×1 convolutions
+/// (channels-last from end to end), and one with too many products per output
+/// for the element-wise form (75: it stays a loop nest).
+const GROUPED_CONVS: &str = r#"graph {
+  sym h param 1..19
+  sym w param 1..21
+  input %img: f32[2, 6, h, w]
+  %kdw6: f32[6, 1, 3, 3] = constant @kdw6
+  %dw: f32[2, 6, h, w] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], group=6] %img, %kdw6
+  %kdm: f32[12, 1, 3, 3] = constant @kdm
+  %dm: f32[2, 12, (h-1)/2+1, w/2+1] = conv[strides=[2, 2], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 2], group=6] %img, %kdm
+  %kg: f32[9, 2, 3, 3] = constant @kg
+  %gd: f32[2, 9, h, w] = conv[strides=[1, 1], dilations=[2, 2], pads_begin=[2, 1], pads_end=[2, 3], group=3] %img, %kg
+  %kbig: f32[4, 3, 5, 5] = constant @kbig
+  %big: f32[2, 4, h, w] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[2, 2], pads_end=[2, 2], group=2] %img, %kbig
+  %ke: f32[12, 6, 1, 1] = constant @ke
+  %e: f32[2, 12, h, w] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], group=1] %img, %ke
+  %er: f32[2, 12, h, w] = relu %e
+  %kdw12: f32[12, 1, 3, 3] = constant @kdm
+  %d: f32[2, 12, h, w] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], group=12] %er, %kdw12
+  %dr: f32[2, 12, h, w] = relu %d
+  %kp: f32[6, 12, 1, 1] = constant @kp
+  %p: f32[2, 6, h, w] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], group=1] %dr, %kp
+  %block: f32[2, 6, h, w] = add %p, %img
+  output %dw, %dm, %gd, %big, %block
+}
+"#;
+
+/// Element-wise epilogues beyond the named activations, each after a matmul
+/// and its bias: ReLU6's clip, SiLU, hard-swish and a leaky ReLU's select.
+const POINTWISE_EPILOGUES: &str = r#"graph {
+  sym m param 1..70
+  input %x1: f32[m, 8]
+  input %x2: f32[m, 8]
+  input %x3: f32[m, 8]
+  input %x4: f32[m, 8]
+  %w: f32[8, 5] = constant [0.1, -0.2, 0.3, -0.4, 0.5, 0.6, -0.7, 0.8, -0.9, 1.0, -0.1, 0.2, -0.3, 0.4, -0.5, -0.6, 0.7, -0.8, 0.9, -1.0, 0.15, -0.25, 0.35, -0.45, 0.55, 0.65, -0.75, 0.85, -0.95, 1.05, -0.15, 0.25, -0.35, 0.45, -0.55, -0.65, 0.75, -0.85, 0.95, -1.05]
+  %bias: f32[1, 5] = constant [0.1, -0.2, 0.3, -0.4, 0.5]
+  %zero: f32[1, 1] = constant [0.0]
+  %six: f32[1, 1] = constant [6.0]
+  %three: f32[1, 1] = constant [3.0]
+  %slope: f32[1, 1] = constant [0.1]
+  %m1: f32[m, 5] = matmul %x1, %w
+  %b1: f32[m, 5] = broadcast %bias
+  %y1: f32[m, 5] = add %m1, %b1
+  %z1: f32[m, 5] = broadcast %zero
+  %lo: f32[m, 5] = max %y1, %z1
+  %s1: f32[m, 5] = broadcast %six
+  %relu6: f32[m, 5] = min %lo, %s1
+  %m2: f32[m, 5] = matmul %x2, %w
+  %b2: f32[m, 5] = broadcast %bias
+  %y2: f32[m, 5] = add %m2, %b2
+  %sg: f32[m, 5] = sigmoid %y2
+  %silu: f32[m, 5] = mul %y2, %sg
+  %m3: f32[m, 5] = matmul %x3, %w
+  %b3: f32[m, 5] = broadcast %bias
+  %y3: f32[m, 5] = add %b3, %m3
+  %t3: f32[m, 5] = broadcast %three
+  %y3p: f32[m, 5] = add %y3, %t3
+  %z3: f32[m, 5] = broadcast %zero
+  %y3l: f32[m, 5] = max %y3p, %z3
+  %s3: f32[m, 5] = broadcast %six
+  %y3c: f32[m, 5] = min %y3l, %s3
+  %y3m: f32[m, 5] = mul %y3, %y3c
+  %s3d: f32[m, 5] = broadcast %six
+  %hswish: f32[m, 5] = div %y3m, %s3d
+  %m4: f32[m, 5] = matmul %x4, %w
+  %z4: f32[m, 5] = broadcast %zero
+  %neg: bool[m, 5] = less %m4, %z4
+  %sl4: f32[m, 5] = broadcast %slope
+  %small: f32[m, 5] = mul %m4, %sl4
+  %leaky: f32[m, 5] = select %neg, %small, %m4
+  output %relu6, %silu, %hswish, %leaky
+}
+"#;
+
 fn weights(name: &str) -> Option<std::sync::Arc<ir::ConstData>> {
     let shape: Vec<usize> = match name {
         "k1" => vec![24, 17, 3, 3],
@@ -283,6 +360,12 @@ fn weights(name: &str) -> Option<std::sync::Arc<ir::ConstData>> {
         "kd" => vec![3, 4, 2, 2],
         "kt" => vec![4, 3, 2, 2],
         "kdw" => vec![3, 1, 3, 3],
+        "kdw6" => vec![6, 1, 3, 3],
+        "kdm" => vec![12, 1, 3, 3],
+        "kg" => vec![9, 2, 3, 3],
+        "kbig" => vec![4, 3, 5, 5],
+        "ke" => vec![12, 6, 1, 1],
+        "kp" => vec![6, 12, 1, 1],
         "w5" => return None,
         _ => return None,
     };
@@ -405,6 +488,39 @@ proptest! {
         prop_assert_eq!(taps, 4, "the taps are not read in place:\n{}", plan);
         prop_assert!(!plan.contains(".col\""), "a column matrix is stored:\n{}", plan);
         compare(&model, &[("h", h), ("w", w)], seed)?;
+    }
+
+    #[test]
+    fn grouped_convolutions_as_sums(h in size(1, 19), w in size(1, 21), seed in 0u64..1000) {
+        let model = model(GROUPED_CONVS, true, None);
+        let convs = model.graph().nodes.iter().filter(|n| matches!(n.op, ir::Op::Conv(_))).count();
+        prop_assert_eq!(convs, 1, "only the convolution of 75 products per output stays");
+        let plan = anyshape::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
+        // The depthwise convolution between the 1×1 ones is one loop that reads
+        // the first one's output and writes the second one's A, channels-last:
+        // no transposes between them.
+        let steps: Vec<&str> =
+            plan.lines().filter(|l| l.starts_with("  matmul") || l.starts_with("  loop")).collect();
+        let mm: Vec<usize> = (0..steps.len()).filter(|i| steps[*i].starts_with("  matmul")).collect();
+        prop_assert_eq!(mm.len(), 2, "{}", plan);
+        prop_assert_eq!(mm[1] - mm[0], 2, "{}", plan);
+        compare(&model, &[("h", h), ("w", w)], seed)?;
+    }
+
+    #[test]
+    fn matmul_with_pointwise_epilogues(m in size(1, 70), seed in 0u64..1000) {
+        let model = model(POINTWISE_EPILOGUES, true, None);
+        let plan = anyshape::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
+        for want in [
+            "+ min(max(x, 0.0), 6.0)",
+            "+ mul(x, sigmoid(x))",
+            "+ div(mul(x, min(max(add(x, 3.0), 0.0), 6.0)), 6.0)",
+            "epilogue select(less(x, 0.0), mul(x, 0.1), x)",
+        ] {
+            prop_assert!(plan.contains(want), "{} not fused:\n{}", want, plan);
+        }
+        prop_assert!(!plan.contains("loop p"), "a step after a matmul:\n{}", plan);
+        compare(&model, &[("m", m)], seed)?;
     }
 
     #[test]

@@ -9,7 +9,7 @@ use inkwell::module::Module;
 use inkwell::types::VectorType;
 use inkwell::values::{FastMathFlags, IntValue, PointerValue, VectorValue};
 use inkwell::FloatPredicate;
-use kernels::{Activation, ERF_A, ERF_P, GELU_C};
+use kernels::{Activation, Pointwise, PwBinary, PwCmp, PwOp, PwUnary, ERF_A, ERF_P, GELU_C};
 
 use crate::{llvm, CodegenError};
 
@@ -55,12 +55,17 @@ impl VMath<'_> {
     }
     /// `⌊x⌋` per lane (one rounding instruction).
     fn floor(&self, x: V) -> R {
-        let f = Intrinsic::find("llvm.floor")
+        self.intrinsic("llvm.floor", &[x])
+    }
+    /// The LLVM intrinsic `name` over this vector type, applied to `args`.
+    fn intrinsic(&self, name: &str, args: &[V]) -> R {
+        let f = Intrinsic::find(name)
             .and_then(|i| i.get_declaration(self.module, &[self.vt.into()]))
-            .ok_or_else(|| llvm("no llvm.floor for the vector type"))?;
-        match self.bld.build_call(f, &[x.into()], "").map_err(llvm)?.try_as_basic_value() {
+            .ok_or_else(|| llvm(format!("no {name} for the vector type")))?;
+        let args: Vec<_> = args.iter().map(|a| (*a).into()).collect();
+        match self.bld.build_call(f, &args, "").map_err(llvm)?.try_as_basic_value() {
             inkwell::values::ValueKind::Basic(v) => Ok(v.into_vector_value()),
-            inkwell::values::ValueKind::Instruction(_) => Err(llvm("llvm.floor returned nothing")),
+            inkwell::values::ValueKind::Instruction(_) => Err(llvm(format!("{name} returned nothing"))),
         }
     }
     fn select_lt(&self, x: V, y: V, then: V, otherwise: V) -> R {
@@ -212,6 +217,61 @@ impl VMath<'_> {
                 self.mul(half_x(self)?, self.add(self.splat(1.0), t)?)
             }
             Activation::Tanh => self.tanh(x),
+            Activation::Pointwise(p) => self.pointwise(&p, x),
         }
+    }
+
+    /// A [`Pointwise`] program on `x`, one instruction (or inline polynomial)
+    /// per operation, with the semantics of [`Pointwise::eval`].
+    pub fn pointwise(&self, p: &Pointwise, x: V) -> R {
+        let mut v: Vec<V> = Vec::with_capacity(p.ops().len());
+        for op in p.ops() {
+            let g = |i: u8| v[i as usize];
+            let r = match *op {
+                PwOp::Input => x,
+                PwOp::Const(bits) => self.splat(f32::from_bits(bits) as f64),
+                PwOp::Unary(u, a) => {
+                    let a = g(a);
+                    match u {
+                        PwUnary::Neg => self.bld.build_float_neg(a, "").map_err(llvm)?,
+                        PwUnary::Abs => self.intrinsic("llvm.fabs", &[a])?,
+                        PwUnary::Exp => self.exp(a)?,
+                        PwUnary::Log => self.intrinsic("llvm.log", &[a])?,
+                        PwUnary::Sqrt => self.intrinsic("llvm.sqrt", &[a])?,
+                        PwUnary::Reciprocal => self.div(self.splat(1.0), a)?,
+                        PwUnary::Tanh => self.tanh(a)?,
+                        PwUnary::Erf => self.erf(a)?,
+                        PwUnary::Sigmoid => self.sigmoid(a)?,
+                        PwUnary::Relu => self.activation(Activation::Relu, a)?,
+                        PwUnary::Floor => self.floor(a)?,
+                        PwUnary::Ceil => self.intrinsic("llvm.ceil", &[a])?,
+                    }
+                }
+                PwOp::Binary(b, p, q) => {
+                    let (a, c) = (g(p), g(q));
+                    match b {
+                        PwBinary::Add => self.add(a, c)?,
+                        PwBinary::Sub => self.sub(a, c)?,
+                        PwBinary::Mul => self.mul(a, c)?,
+                        PwBinary::Div => self.div(a, c)?,
+                        PwBinary::Max => self.intrinsic("llvm.maximum", &[a, c])?,
+                        PwBinary::Min => self.intrinsic("llvm.minimum", &[a, c])?,
+                    }
+                }
+                PwOp::Select(cmp, a, b, t, f) => {
+                    let pred = match cmp {
+                        PwCmp::Less => FloatPredicate::OLT,
+                        PwCmp::LessEq => FloatPredicate::OLE,
+                        PwCmp::Greater => FloatPredicate::OGT,
+                        PwCmp::GreaterEq => FloatPredicate::OGE,
+                        PwCmp::Equal => FloatPredicate::OEQ,
+                    };
+                    let c = self.bld.build_float_compare(pred, g(a), g(b), "").map_err(llvm)?;
+                    self.bld.build_select(c, g(t), g(f), "").map_err(llvm)?.into_vector_value()
+                }
+            };
+            v.push(r);
+        }
+        Ok(v.last().copied().unwrap_or(x))
     }
 }

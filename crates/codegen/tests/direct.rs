@@ -33,7 +33,18 @@ fn epilogues() -> Vec<Epilogue> {
         Epilogue { bias: true, activation: Activation::Gelu, ..Default::default() },
         Epilogue { residual: true, activation: Activation::Relu, ..Default::default() },
         Epilogue { scale: Some(0.125), activation: Activation::Tanh, ..Default::default() },
+        Epilogue { bias: true, activation: Activation::Pointwise(silu()), ..Default::default() },
     ]
+}
+
+/// `x·σ(x)`: an epilogue program rather than a named activation.
+fn silu() -> kernels::Pointwise {
+    use kernels::{PwBinary, PwOp, PwUnary};
+    let mut p = kernels::Pointwise::empty();
+    let x = p.push(PwOp::Input).expect("room");
+    let s = p.push(PwOp::Unary(PwUnary::Sigmoid, x)).expect("room");
+    p.push(PwOp::Binary(PwBinary::Mul, x, s)).expect("room");
+    p
 }
 
 /// Heights 5, 2, 1 of one width (5 needs one accumulator set on AVX-512 at

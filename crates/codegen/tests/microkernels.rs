@@ -180,7 +180,13 @@ fn epilogues_compute_correctly() {
             Epilogue { scale: Some(0.25), bias: true, residual: false, activation: Activation::GeluTanh },
             Epilogue { scale: None, bias: false, residual: true, activation: Activation::Tanh },
         ];
-        for ep in variants {
+        let programs = pointwise_programs().map(|p| Epilogue {
+            bias: true,
+            residual: true,
+            activation: Activation::Pointwise(p),
+            ..Default::default()
+        });
+        for ep in variants.into_iter().chain(programs) {
             let jit = anyshape_codegen::compile_microkernel_with(&t, ElemType::F32, 4, 2 * t.f32_lanes, ep)
                 .expect("compile");
             let uk = jit.kernel();
@@ -194,6 +200,10 @@ fn epilogues_compute_correctly() {
                 (7, 0, 5, 4),
                 (12, 33, 16, 8),
             ] {
+                if rounds(&ep) && k > 0 {
+                    // With K = 0 the value is bias + residual, exact in f32 and f64.
+                    continue;
+                }
                 let blk = Blocking { kc, mc: 8, nc: uk.nr * 2 };
                 let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
                 let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
@@ -239,6 +249,9 @@ fn epilogues_compute_correctly() {
                                             .tanh())
                             }
                             Activation::Tanh => y.tanh(),
+                            // The program's scalar meaning (its own formulas for
+                            // erf, tanh and sigmoid, checked in `kernels`).
+                            Activation::Pointwise(p) => p.eval(y as f32) as f64,
                         };
                         let got = c[i * n + j] as f64;
                         assert!(
@@ -272,6 +285,80 @@ fn epilogues_compute_correctly() {
         );
         assert!(err.is_err());
     }
+}
+
+/// Epilogue programs that use every operation: ReLU6, SiLU, hard-swish, a
+/// leaky ReLU's select, and one of each remaining unary operation.
+fn pointwise_programs() -> [kernels::Pointwise; 6] {
+    use kernels::{Pointwise, PwBinary as B, PwCmp, PwOp as O, PwUnary as U};
+    type Push<'a> = dyn FnMut(O) -> u8 + 'a;
+    let build = |f: &dyn Fn(&mut Push)| {
+        let mut p = Pointwise::empty();
+        f(&mut |op| p.push(op).expect("a valid program"));
+        p
+    };
+    let k = |v: f32| O::Const(v.to_bits());
+    [
+        build(&|push| {
+            let x = push(O::Input);
+            let (z, six) = (push(k(0.0)), push(k(6.0)));
+            let m = push(O::Binary(B::Max, x, z));
+            push(O::Binary(B::Min, m, six));
+        }),
+        build(&|push| {
+            let x = push(O::Input);
+            let s = push(O::Unary(U::Sigmoid, x));
+            push(O::Binary(B::Mul, x, s));
+        }),
+        build(&|push| {
+            let x = push(O::Input);
+            let (three, z, six) = (push(k(3.0)), push(k(0.0)), push(k(6.0)));
+            let a = push(O::Binary(B::Add, x, three));
+            let r = push(O::Binary(B::Max, a, z));
+            let c = push(O::Binary(B::Min, r, six));
+            let m = push(O::Binary(B::Mul, x, c));
+            push(O::Binary(B::Div, m, six));
+        }),
+        build(&|push| {
+            let x = push(O::Input);
+            let (z, a) = (push(k(0.0)), push(k(0.01)));
+            let ax = push(O::Binary(B::Mul, x, a));
+            push(O::Select(PwCmp::Less, x, z, ax, x));
+        }),
+        build(&|push| {
+            let x = push(O::Input);
+            let one = push(k(1.0));
+            let ab = push(O::Unary(U::Abs, x));
+            let ab1 = push(O::Binary(B::Add, ab, one));
+            let l = push(O::Unary(U::Log, ab1));
+            let s = push(O::Unary(U::Sqrt, ab));
+            let na = push(O::Unary(U::Neg, ab));
+            let e = push(O::Unary(U::Exp, na));
+            let r = push(O::Unary(U::Reciprocal, ab1));
+            let t = push(O::Unary(U::Tanh, x));
+            let q = push(O::Unary(U::Erf, x));
+            let u = push(O::Unary(U::Relu, x));
+            let mut acc = push(O::Binary(B::Add, l, s));
+            for v in [e, r, t, q, u] {
+                acc = push(O::Binary(B::Add, acc, v));
+            }
+            push(O::Select(PwCmp::GreaterEq, x, one, acc, x));
+        }),
+        // Discontinuous: checked only where the value before it is exact.
+        build(&|push| {
+            let x = push(O::Input);
+            let h = push(k(0.5));
+            let xh = push(O::Binary(B::Mul, x, h));
+            let f = push(O::Unary(U::Floor, xh));
+            let c = push(O::Unary(U::Ceil, xh));
+            push(O::Binary(B::Sub, c, f));
+        }),
+    ]
+}
+
+/// Whether an epilogue's program rounds (the last of [`pointwise_programs`]).
+fn rounds(ep: &kernels::Epilogue) -> bool {
+    matches!(ep.activation, kernels::Activation::Pointwise(p) if p.to_string().contains("floor"))
 }
 
 /// erf in f64 by its Taylor series (|x| < 3) or its asymptote beyond.

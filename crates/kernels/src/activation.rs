@@ -1,6 +1,8 @@
 //! Element-wise activations of contraction epilogues, and their scalar
 //! definitions (the generated vector code follows the same formulas).
 
+use crate::Pointwise;
+
 /// The activation of an epilogue.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Activation {
@@ -12,6 +14,8 @@ pub enum Activation {
     /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
     GeluTanh,
     Tanh,
+    /// Any other element-wise function (see [`Pointwise`]).
+    Pointwise(Pointwise),
 }
 
 impl Activation {
@@ -29,6 +33,7 @@ impl Activation {
             Activation::Gelu => 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2)),
             Activation::GeluTanh => 0.5 * x * (1.0 + tanh(GELU_C * (x + 0.044715 * x * x * x))),
             Activation::Tanh => tanh(x),
+            Activation::Pointwise(p) => p.eval(x),
         }
     }
 }

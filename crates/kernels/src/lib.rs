@@ -22,6 +22,7 @@ mod elem;
 pub mod gemm;
 pub mod image;
 pub mod pack;
+mod pointwise;
 mod pool;
 pub mod schedule;
 pub mod taps;
@@ -42,6 +43,7 @@ pub use gemm::{
 };
 pub use image::{CodeImage, ImageError};
 pub use pack::{PackFn, Packer, Packers};
+pub use pointwise::{Pointwise, PwBinary, PwCmp, PwOp, PwUnary, MAX_POINTWISE_OPS};
 pub use pool::ThreadPool;
 pub use schedule::{
     ALayout, BLayout, DirectVariant, KernelFamily, KernelVariant, Operands, Problem, Schedule,

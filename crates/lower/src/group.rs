@@ -16,8 +16,8 @@ use sym::SymExpr;
 use crate::build::{match_groups, Builder};
 use crate::expr::{Node, E};
 use crate::plan::{
-    Activation, BufId, Buffer, BufferKind, GroupSteps, MatEpilogue, MatMulStep, ModelPlan, Step, StepKind,
-    Taps, View,
+    Activation, BufId, Buffer, BufferKind, GroupSteps, MatEpilogue, MatMulStep, ModelPlan, PointwiseOp, Step,
+    StepKind, Taps, View, MAX_EPILOGUE_OPS,
 };
 use crate::LowerError;
 
@@ -678,51 +678,156 @@ impl<'g> Lowering<'g> {
                 (None, None) => (Activation::None, value),
             },
         };
-        let mut terms = Vec::new();
-        sum_terms(&b.x, inner, &mut terms);
-        let mut e = MatEpilogue { activation: act, ..MatEpilogue::default() };
-        let mut have_c = false;
-        for t in terms {
-            let (load, scale) = match b.x.node(t).clone() {
-                Node::Binary(BinaryOp::Mul, p, q) => match (b.x.as_float(p), b.x.as_float(q)) {
-                    (Some(k), None) => (q, Some(k)),
-                    (None, Some(k)) => (p, Some(k)),
-                    _ => return Ok(None),
-                },
-                Node::Binary(BinaryOp::Div, p, q) => match b.x.as_float(q) {
-                    Some(k) if k != 0.0 => (p, Some(1.0 / k)),
-                    _ => return Ok(None),
-                },
-                _ => (t, None),
-            };
-            let Node::Load { buf, index, guard: None } = b.x.node(load).clone() else { return Ok(None) };
-            let (arg, holds) = b.arg(buf);
-            if arg == *c_buf && index == c_idx && !have_c {
-                have_c = true;
-                e.scale = scale.map(|k| k as f32);
-            } else if scale.is_some() {
-                return Ok(None);
-            } else if e.bias.is_none() && {
-                // A vector along the columns: `[n]`, or `[1, …, 1, n]` read at `[0, …, 0, col]`.
-                let shape = b.shape_of(holds);
-                let lead = shape.len().saturating_sub(1);
-                !index.is_empty()
-                    && index.last() == c_idx.last()
-                    && index[..lead].iter().all(|i| b.x.as_int(*i) == Some(0))
-                    && shape[..lead].iter().all(|d| d.as_const() == Some(1))
-            } {
-                e.bias = Some(arg);
-            } else if e.residual.is_none() && same_order(&g.env, b.shape_of(holds), vs) && {
-                let want = b.reshape_index(vs, b.shape_of(holds), &vars);
-                index == want
-            } {
-                e.residual = Some(arg);
-            } else {
-                return Ok(None);
-            }
+        let sum = |b: &mut Builder, e: E| sum_of_loads(b, g, e, *c_buf, &c_idx, &vars, vs);
+        if let Some(e) = sum(&mut b, inner) {
+            return Ok(Some(MatEpilogue { activation: act, ..e }));
         }
-        Ok(have_c.then_some(e))
+        // Any other element-wise function of such a sum: the topmost sum
+        // becomes the program's input.
+        let Some(core) = find_sum(&mut b, value, &mut |b, e| sum(b, e).is_some()) else { return Ok(None) };
+        let Some(e) = sum(&mut b, core) else { return Ok(None) };
+        let mut ops = Vec::new();
+        let mut seen = HashMap::new();
+        if pointwise(&b.x, value, core, &mut ops, &mut seen).is_none() || ops.len() > MAX_EPILOGUE_OPS {
+            return Ok(None);
+        }
+        Ok(Some(MatEpilogue { activation: Activation::Pointwise(ops), ..e }))
     }
+}
+
+/// `e` as `scale·c + bias[col] + residual` (each but `c` optional) over the
+/// matmul output `c` read at `c_idx`: the epilogue the engine applies before
+/// its activation, or `None`.
+fn sum_of_loads(
+    b: &mut Builder,
+    g: &ir::Graph,
+    e: E,
+    c_buf: BufId,
+    c_idx: &[E],
+    vars: &[E],
+    vs: &[SymExpr],
+) -> Option<MatEpilogue> {
+    if b.x.dtype(e) != DType::F32 {
+        return None;
+    }
+    let mut terms = Vec::new();
+    sum_terms(&b.x, e, &mut terms);
+    let mut ep = MatEpilogue::default();
+    let mut have_c = false;
+    for t in terms {
+        let (load, scale) = match b.x.node(t).clone() {
+            Node::Binary(BinaryOp::Mul, p, q) => match (b.x.as_float(p), b.x.as_float(q)) {
+                (Some(k), None) => (q, Some(k)),
+                (None, Some(k)) => (p, Some(k)),
+                _ => return None,
+            },
+            Node::Binary(BinaryOp::Div, p, q) => match b.x.as_float(q) {
+                Some(k) if k != 0.0 => (p, Some(1.0 / k)),
+                _ => return None,
+            },
+            _ => (t, None),
+        };
+        let Node::Load { buf, index, guard: None } = b.x.node(load).clone() else { return None };
+        let (arg, holds) = b.arg(buf);
+        if arg == c_buf && index == c_idx && !have_c {
+            have_c = true;
+            ep.scale = scale.map(|k| k as f32);
+        } else if scale.is_some() {
+            return None;
+        } else if ep.bias.is_none() && {
+            // A vector along the columns: `[n]`, or `[1, …, 1, n]` read at `[0, …, 0, col]`.
+            let shape = b.shape_of(holds);
+            let lead = shape.len().saturating_sub(1);
+            !index.is_empty()
+                && index.last() == c_idx.last()
+                && index[..lead].iter().all(|i| b.x.as_int(*i) == Some(0))
+                && shape[..lead].iter().all(|d| d.as_const() == Some(1))
+        } {
+            ep.bias = Some(arg);
+        } else if ep.residual.is_none() && same_order(&g.env, b.shape_of(holds), vs) && {
+            let want = b.reshape_index(vs, b.shape_of(holds), vars);
+            index == want
+        } {
+            ep.residual = Some(arg);
+        } else {
+            return None;
+        }
+    }
+    have_c.then_some(ep)
+}
+
+/// The first node of `e`, root first, through the element-wise operations a
+/// [`PointwiseOp`] program has, for which `is_sum` holds.
+fn find_sum(b: &mut Builder, e: E, is_sum: &mut dyn FnMut(&mut Builder, E) -> bool) -> Option<E> {
+    if b.x.dtype(e) == DType::F32 && is_sum(b, e) {
+        return Some(e);
+    }
+    let children = match b.x.node(e) {
+        Node::Unary(_, a) => vec![*a],
+        Node::Binary(_, a, b) => vec![*a, *b],
+        Node::Select(c, a, b) => vec![*c, *a, *b],
+        _ => vec![],
+    };
+    children.into_iter().find_map(|c| find_sum(b, c, is_sum))
+}
+
+/// Append the program computing `e` from `input` to `ops` (each node once:
+/// `seen` maps nodes to their operations); `None` when `e` reads anything but
+/// `input` and constants, or uses an operation the programs do not have.
+fn pointwise(
+    x: &crate::Exprs,
+    e: E,
+    input: E,
+    ops: &mut Vec<PointwiseOp>,
+    seen: &mut HashMap<E, usize>,
+) -> Option<usize> {
+    if let Some(i) = seen.get(&e) {
+        return Some(*i);
+    }
+    let op = if e == input {
+        PointwiseOp::Input
+    } else if x.dtype(e) != DType::F32 {
+        return None;
+    } else if let Some(k) = x.as_float(e) {
+        PointwiseOp::Const((k as f32).to_bits())
+    } else {
+        match x.node(e).clone() {
+            Node::Unary(u, a) => {
+                use UnaryOp::*;
+                if !matches!(
+                    u,
+                    Neg | Abs | Exp | Log | Sqrt | Reciprocal | Tanh | Erf | Sigmoid | Relu | Floor | Ceil
+                ) {
+                    return None;
+                }
+                PointwiseOp::Unary(u, pointwise(x, a, input, ops, seen)?)
+            }
+            Node::Binary(op, a, b) => {
+                use BinaryOp::*;
+                if !matches!(op, Add | Sub | Mul | Div | Max | Min) {
+                    return None;
+                }
+                let a = pointwise(x, a, input, ops, seen)?;
+                PointwiseOp::Binary(op, a, pointwise(x, b, input, ops, seen)?)
+            }
+            Node::Select(c, t, f) => {
+                use BinaryOp::*;
+                let Node::Binary(cmp @ (Less | LessEq | Greater | GreaterEq | Equal), p, q) =
+                    x.node(c).clone()
+                else {
+                    return None;
+                };
+                let p = pointwise(x, p, input, ops, seen)?;
+                let q = pointwise(x, q, input, ops, seen)?;
+                let t = pointwise(x, t, input, ops, seen)?;
+                PointwiseOp::Select(cmp, p, q, t, pointwise(x, f, input, ops, seen)?)
+            }
+            _ => return None,
+        }
+    };
+    ops.push(op);
+    seen.insert(e, ops.len() - 1);
+    Some(ops.len() - 1)
 }
 
 /// A convolution's taps: the image they read (`[n, h, w, C]`), and the rest of

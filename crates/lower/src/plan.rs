@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ir::{ConstData, DType};
+use ir::{BinaryOp, ConstData, DType, UnaryOp};
 use passes::GroupKind;
 use sym::SymExpr;
 
@@ -82,7 +82,7 @@ pub struct View {
 }
 
 /// The activation of a matmul's fused epilogue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Activation {
     #[default]
     None,
@@ -92,6 +92,28 @@ pub enum Activation {
     /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` (GPT-2's).
     GeluTanh,
     Tanh,
+    /// Any other element-wise function of the value (a clip, SiLU, hard-swish):
+    /// a straight-line program of at most [`MAX_EPILOGUE_OPS`] operations,
+    /// whose value is the last.
+    Pointwise(Vec<PointwiseOp>),
+}
+
+/// The most operations in an epilogue's [`Activation::Pointwise`] program
+/// (the contraction engine's `MAX_POINTWISE_OPS`).
+pub const MAX_EPILOGUE_OPS: usize = 24;
+
+/// One operation of an [`Activation::Pointwise`] program; operands are the
+/// indices of earlier operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PointwiseOp {
+    /// The value the epilogue computed so far (`scale·acc + bias + residual`).
+    Input,
+    /// An f32 constant, by its bits.
+    Const(u32),
+    Unary(UnaryOp, usize),
+    Binary(BinaryOp, usize, usize),
+    /// `cmp(a, b) ? then : else`, `cmp` a comparison.
+    Select(BinaryOp, usize, usize, usize, usize),
 }
 
 /// An element-wise epilogue the contraction engine applies to each output tile

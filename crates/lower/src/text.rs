@@ -162,8 +162,10 @@ fn epilogue(e: &crate::plan::MatEpilogue) -> String {
     if let Some(r) = e.residual {
         parts.push(format!("residual b{r}"));
     }
-    if e.activation != crate::plan::Activation::None {
-        parts.push(format!("{:?}", e.activation).to_lowercase());
+    match &e.activation {
+        crate::plan::Activation::None => {}
+        crate::plan::Activation::Pointwise(ops) => parts.push(pointwise(ops)),
+        a => parts.push(format!("{a:?}").to_lowercase()),
     }
     format!(", epilogue {}", parts.join(" + "))
 }
@@ -257,4 +259,28 @@ pub fn print_plan(p: &ModelPlan) -> String {
         }
     }
     s
+}
+
+/// An epilogue's program as one expression of `x`: `min(max(x, 0.0), 6.0)`.
+fn pointwise(ops: &[crate::plan::PointwiseOp]) -> String {
+    use crate::plan::PointwiseOp as P;
+    fn expr(ops: &[P], i: usize) -> String {
+        let name = |d: &dyn std::fmt::Debug| format!("{d:?}").to_lowercase();
+        match ops.get(i) {
+            None => "?".into(),
+            Some(P::Input) => "x".into(),
+            Some(P::Const(bits)) => format!("{:?}", f32::from_bits(*bits)),
+            Some(P::Unary(u, a)) => format!("{}({})", name(u), expr(ops, *a)),
+            Some(P::Binary(b, x, y)) => format!("{}({}, {})", name(b), expr(ops, *x), expr(ops, *y)),
+            Some(P::Select(c, a, b, t, f)) => format!(
+                "select({}({}, {}), {}, {})",
+                name(c),
+                expr(ops, *a),
+                expr(ops, *b),
+                expr(ops, *t),
+                expr(ops, *f)
+            ),
+        }
+    }
+    expr(ops, ops.len().wrapping_sub(1))
 }

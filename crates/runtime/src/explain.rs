@@ -97,7 +97,7 @@ impl CompiledModel {
                         continue;
                     }
                     let sched = d.schedule(&p).map_err(internal)?;
-                    let e = engine_epilogue(&mm.epilogue);
+                    let e = engine_epilogue(&mm.epilogue)?;
                     let ep = if e.is_identity() { String::new() } else { format!(", epilogue {e:?}") };
                     let _ = writeln!(
                         s,

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use ir::{DType, Elems, Tensor, TensorType};
 use kernels::{
     ALayout, Activation, BLayout, BOperand, Dispatcher, Epilogue, EpilogueArgs, MatMut, MatRef, PackedB,
-    Problem, ThreadPool,
+    Pointwise, Problem, PwBinary, PwCmp, PwOp, PwUnary, ThreadPool,
 };
 use lower::{BufferKind, FinishFn, LoopFn, ModelPlan, PartFn, StepKind};
 use sym::ShapeEnv;
@@ -316,7 +316,7 @@ impl CompiledModel {
     }
 
     fn dispatcher(&self, mm: &lower::MatMulStep) -> Result<&Dispatcher, RunError> {
-        self.dispatcher_for(engine_epilogue(&mm.epilogue))
+        self.dispatcher_for(engine_epilogue(&mm.epilogue)?)
     }
 
     fn dispatcher_for(&self, e: Epilogue) -> Result<&Dispatcher, RunError> {
@@ -858,19 +858,78 @@ fn view(
 }
 
 /// The contraction engine's epilogue for a matmul step's.
-pub fn engine_epilogue(e: &lower::MatEpilogue) -> Epilogue {
-    Epilogue {
+pub fn engine_epilogue(e: &lower::MatEpilogue) -> Result<Epilogue, RunError> {
+    Ok(Epilogue {
         scale: e.scale,
         bias: e.bias.is_some(),
         residual: e.residual.is_some(),
-        activation: match e.activation {
+        activation: match &e.activation {
             lower::Activation::None => Activation::None,
             lower::Activation::Relu => Activation::Relu,
             lower::Activation::Gelu => Activation::Gelu,
             lower::Activation::GeluTanh => Activation::GeluTanh,
             lower::Activation::Tanh => Activation::Tanh,
+            lower::Activation::Pointwise(ops) => Activation::Pointwise(engine_pointwise(ops)?),
         },
+    })
+}
+
+/// The engine's form of an epilogue's element-wise program.
+fn engine_pointwise(ops: &[lower::PointwiseOp]) -> Result<Pointwise, RunError> {
+    use ir::{BinaryOp as B, UnaryOp as U};
+    use lower::PointwiseOp as L;
+    let bad = |what: String| RunError::Internal(format!("an epilogue program with {what}"));
+    let idx = |i: usize| u8::try_from(i).map_err(|_| bad(format!("operand {i}")));
+    let mut p = Pointwise::empty();
+    for op in ops {
+        let op = match *op {
+            L::Input => PwOp::Input,
+            L::Const(bits) => PwOp::Const(bits),
+            L::Unary(u, a) => {
+                let u = match u {
+                    U::Neg => PwUnary::Neg,
+                    U::Abs => PwUnary::Abs,
+                    U::Exp => PwUnary::Exp,
+                    U::Log => PwUnary::Log,
+                    U::Sqrt => PwUnary::Sqrt,
+                    U::Reciprocal => PwUnary::Reciprocal,
+                    U::Tanh => PwUnary::Tanh,
+                    U::Erf => PwUnary::Erf,
+                    U::Sigmoid => PwUnary::Sigmoid,
+                    U::Relu => PwUnary::Relu,
+                    U::Floor => PwUnary::Floor,
+                    U::Ceil => PwUnary::Ceil,
+                    other => return Err(bad(format!("{other:?}"))),
+                };
+                PwOp::Unary(u, idx(a)?)
+            }
+            L::Binary(b, x, y) => {
+                let b = match b {
+                    B::Add => PwBinary::Add,
+                    B::Sub => PwBinary::Sub,
+                    B::Mul => PwBinary::Mul,
+                    B::Div => PwBinary::Div,
+                    B::Max => PwBinary::Max,
+                    B::Min => PwBinary::Min,
+                    other => return Err(bad(format!("{other:?}"))),
+                };
+                PwOp::Binary(b, idx(x)?, idx(y)?)
+            }
+            L::Select(c, a, b, t, f) => {
+                let c = match c {
+                    B::Less => PwCmp::Less,
+                    B::LessEq => PwCmp::LessEq,
+                    B::Greater => PwCmp::Greater,
+                    B::GreaterEq => PwCmp::GreaterEq,
+                    B::Equal => PwCmp::Equal,
+                    other => return Err(bad(format!("the comparison {other:?}"))),
+                };
+                PwOp::Select(c, idx(a)?, idx(b)?, idx(t)?, idx(f)?)
+            }
+        };
+        p.push(op).ok_or_else(|| bad(format!("{} operations", ops.len())))?;
     }
+    Ok(p)
 }
 
 /// A loop's arguments, shared by the threads of one launch.

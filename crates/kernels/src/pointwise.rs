@@ -1,0 +1,262 @@
+//! Any element-wise function of one value, as a contraction's epilogue: what a
+//! fusion group applies to `scale·acc + bias + residual` beyond the named
+//! activations (ReLU6's clip, SiLU's `x·σ(x)`, hard-swish, a leaky ReLU's
+//! select). It is a short straight-line program, small and `Copy` so that it
+//! is part of an [`Epilogue`](crate::Epilogue)'s value (kernels are compiled,
+//! cached and shared per epilogue); `codegen` emits it on the tile's vectors
+//! in the micro-kernel's store, and [`Pointwise::eval`] is its scalar meaning,
+//! with the formulas the generated code uses.
+
+use std::fmt;
+
+use crate::activation::{erf, tanh};
+
+/// The most operations in one program.
+pub const MAX_POINTWISE_OPS: usize = 24;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PwUnary {
+    Neg,
+    Abs,
+    Exp,
+    Log,
+    Sqrt,
+    Reciprocal,
+    Tanh,
+    Erf,
+    Sigmoid,
+    Relu,
+    Floor,
+    Ceil,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PwBinary {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    /// NaN if either is NaN (ONNX's Max), `+0` over `-0`.
+    Max,
+    /// NaN if either is NaN, `-0` under `+0`.
+    Min,
+}
+
+/// An ordered comparison (false when either side is NaN).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PwCmp {
+    Less,
+    LessEq,
+    Greater,
+    GreaterEq,
+    Equal,
+}
+
+/// One operation; operands are indices of earlier operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PwOp {
+    /// The program's input.
+    Input,
+    /// An f32 constant, by its bits.
+    Const(u32),
+    Unary(PwUnary, u8),
+    Binary(PwBinary, u8, u8),
+    /// `cmp(a, b) ? then : else`.
+    Select(PwCmp, u8, u8, u8, u8),
+}
+
+/// A program of up to [`MAX_POINTWISE_OPS`] operations; its value is the last.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Pointwise {
+    ops: [PwOp; MAX_POINTWISE_OPS],
+    len: u8,
+}
+
+impl Default for Pointwise {
+    /// The identity: the input alone.
+    fn default() -> Self {
+        Pointwise { ops: [PwOp::Input; MAX_POINTWISE_OPS], len: 1 }
+    }
+}
+
+impl Pointwise {
+    /// An empty program, to [`push`](Self::push) onto.
+    pub fn empty() -> Self {
+        Pointwise { ops: [PwOp::Input; MAX_POINTWISE_OPS], len: 0 }
+    }
+
+    /// Append `op`, returning its index; `None` when the program is full or an
+    /// operand is not an earlier operation.
+    pub fn push(&mut self, op: PwOp) -> Option<u8> {
+        let n = self.len;
+        let earlier = |i: u8| i < n;
+        let ok = match op {
+            PwOp::Input | PwOp::Const(_) => true,
+            PwOp::Unary(_, a) => earlier(a),
+            PwOp::Binary(_, a, b) => earlier(a) && earlier(b),
+            PwOp::Select(_, a, b, t, f) => [a, b, t, f].into_iter().all(earlier),
+        };
+        if !ok || n as usize >= MAX_POINTWISE_OPS {
+            return None;
+        }
+        self.ops[n as usize] = op;
+        self.len += 1;
+        Some(n)
+    }
+
+    /// The operations, in order (a valid program's operands are earlier ones).
+    pub fn ops(&self) -> &[PwOp] {
+        &self.ops[..self.len as usize]
+    }
+
+    /// The program applied to one value.
+    pub fn eval(&self, x: f32) -> f32 {
+        let mut v = [0.0f32; MAX_POINTWISE_OPS];
+        for (i, op) in self.ops().iter().enumerate() {
+            let g = |j: u8| v[j as usize];
+            v[i] = match *op {
+                PwOp::Input => x,
+                PwOp::Const(bits) => f32::from_bits(bits),
+                PwOp::Unary(u, a) => unary(u, g(a)),
+                PwOp::Binary(b, p, q) => binary(b, g(p), g(q)),
+                PwOp::Select(c, p, q, t, f) => {
+                    let (a, b) = (g(p), g(q));
+                    let holds = match c {
+                        PwCmp::Less => a < b,
+                        PwCmp::LessEq => a <= b,
+                        PwCmp::Greater => a > b,
+                        PwCmp::GreaterEq => a >= b,
+                        PwCmp::Equal => a == b,
+                    };
+                    if holds {
+                        g(t)
+                    } else {
+                        g(f)
+                    }
+                }
+            };
+        }
+        self.len.checked_sub(1).map_or(x, |last| v[last as usize])
+    }
+}
+
+fn unary(u: PwUnary, a: f32) -> f32 {
+    match u {
+        PwUnary::Neg => -a,
+        PwUnary::Abs => a.abs(),
+        PwUnary::Exp => a.exp(),
+        PwUnary::Log => a.ln(),
+        PwUnary::Sqrt => a.sqrt(),
+        PwUnary::Reciprocal => 1.0 / a,
+        PwUnary::Tanh => tanh(a),
+        PwUnary::Erf => erf(a),
+        PwUnary::Sigmoid => 1.0 / (1.0 + (-a).exp()),
+        PwUnary::Relu => {
+            if a < 0.0 {
+                0.0
+            } else {
+                a
+            }
+        }
+        PwUnary::Floor => a.floor(),
+        PwUnary::Ceil => a.ceil(),
+    }
+}
+
+fn binary(b: PwBinary, x: f32, y: f32) -> f32 {
+    match b {
+        PwBinary::Add => x + y,
+        PwBinary::Sub => x - y,
+        PwBinary::Mul => x * y,
+        PwBinary::Div => x / y,
+        PwBinary::Max | PwBinary::Min if x.is_nan() || y.is_nan() => f32::NAN,
+        // Equal values differ only in the sign of a zero.
+        PwBinary::Max if x == y => f32::from_bits(x.to_bits() & y.to_bits()),
+        PwBinary::Min if x == y => f32::from_bits(x.to_bits() | y.to_bits()),
+        PwBinary::Max => x.max(y),
+        PwBinary::Min => x.min(y),
+    }
+}
+
+impl fmt::Debug for Pointwise {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+impl fmt::Display for Pointwise {
+    /// The program as one expression of `x`: `min(max(x, 0), 6)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fn expr(p: &Pointwise, i: u8) -> String {
+            let name = |d: &dyn fmt::Debug| format!("{d:?}").to_lowercase();
+            match p.ops[i as usize] {
+                PwOp::Input => "x".into(),
+                PwOp::Const(bits) => format!("{}", f32::from_bits(bits)),
+                PwOp::Unary(u, a) => format!("{}({})", name(&u), expr(p, a)),
+                PwOp::Binary(b, x, y) => format!("{}({}, {})", name(&b), expr(p, x), expr(p, y)),
+                PwOp::Select(c, a, b, t, e) => {
+                    format!(
+                        "select({}({}, {}), {}, {})",
+                        name(&c),
+                        expr(p, a),
+                        expr(p, b),
+                        expr(p, t),
+                        expr(p, e)
+                    )
+                }
+            }
+        }
+        match self.len.checked_sub(1) {
+            Some(last) => f.write_str(&expr(self, last)),
+            None => f.write_str("x"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn relu6() -> Pointwise {
+        let mut p = Pointwise::empty();
+        let x = p.push(PwOp::Input).unwrap();
+        let z = p.push(PwOp::Const(0f32.to_bits())).unwrap();
+        let six = p.push(PwOp::Const(6f32.to_bits())).unwrap();
+        let m = p.push(PwOp::Binary(PwBinary::Max, x, z)).unwrap();
+        p.push(PwOp::Binary(PwBinary::Min, m, six)).unwrap();
+        p
+    }
+
+    #[test]
+    fn programs_evaluate_and_print() {
+        let p = relu6();
+        assert_eq!(p.to_string(), "min(max(x, 0), 6)");
+        assert_eq!([-1.0, 3.5, 7.0].map(|x| p.eval(x)), [0.0, 3.5, 6.0]);
+        assert!(p.eval(f32::NAN).is_nan());
+        let mut s = Pointwise::empty();
+        let x = s.push(PwOp::Input).unwrap();
+        let sg = s.push(PwOp::Unary(PwUnary::Sigmoid, x)).unwrap();
+        s.push(PwOp::Binary(PwBinary::Mul, x, sg)).unwrap();
+        assert_eq!(s.to_string(), "mul(x, sigmoid(x))");
+        assert!((s.eval(1.0) - 0.731_058_6).abs() < 1e-6);
+        assert_eq!(Pointwise::default().eval(2.5), 2.5);
+    }
+
+    #[test]
+    fn malformed_programs_are_refused() {
+        let mut p = Pointwise::empty();
+        assert_eq!(p.push(PwOp::Unary(PwUnary::Neg, 0)), None, "an operand that does not exist yet");
+        for _ in 0..MAX_POINTWISE_OPS {
+            assert!(p.push(PwOp::Input).is_some());
+        }
+        assert_eq!(p.push(PwOp::Input), None, "a full program");
+    }
+
+    #[test]
+    fn max_and_min_follow_onnx_on_nan_and_zeros() {
+        assert!(binary(PwBinary::Max, f32::NAN, 1.0).is_nan());
+        assert!(binary(PwBinary::Min, 1.0, f32::NAN).is_nan());
+        assert!(binary(PwBinary::Max, -0.0, 0.0).is_sign_positive());
+        assert!(binary(PwBinary::Min, 0.0, -0.0).is_sign_negative());
+    }
+}
