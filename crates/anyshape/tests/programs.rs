@@ -273,10 +273,11 @@ const CONV_TAPS: &str = r#"graph {
 }
 "#;
 
-/// Grouped convolutions: depthwise (multiplier 1 and 2), 2 channels per group
-/// with dilation and uneven pads, a depthwise one between 1×1 convolutions
-/// (channels-last from end to end), and one with too many products per output
-/// for the element-wise form (75: it stays a loop nest).
+/// Grouped convolutions: depthwise (multiplier 1 and 2: sums of products); 3
+/// groups of 3 outputs (joined into one product, block-diagonal) with
+/// dilation and uneven pads; 2 groups of 16 outputs (a product per group,
+/// each reading its channels' taps in place); and a depthwise one between 1×1
+/// convolutions (channels-last from end to end).
 const GROUPED_CONVS: &str = r#"graph {
   sym h param 1..19
   sym w param 1..21
@@ -287,8 +288,8 @@ const GROUPED_CONVS: &str = r#"graph {
   %dm: f32[2, 12, (h-1)/2+1, w/2+1] = conv[strides=[2, 2], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 2], group=6] %img, %kdm
   %kg: f32[9, 2, 3, 3] = constant @kg
   %gd: f32[2, 9, h, w] = conv[strides=[1, 1], dilations=[2, 2], pads_begin=[2, 1], pads_end=[2, 3], group=3] %img, %kg
-  %kbig: f32[4, 3, 5, 5] = constant @kbig
-  %big: f32[2, 4, h, w] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[2, 2], pads_end=[2, 2], group=2] %img, %kbig
+  %kbig: f32[32, 3, 3, 3] = constant @kbig
+  %big: f32[2, 32, h, w] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], group=2] %img, %kbig
   %ke: f32[12, 6, 1, 1] = constant @ke
   %e: f32[2, 12, h, w] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], group=1] %img, %ke
   %er: f32[2, 12, h, w] = relu %e
@@ -363,7 +364,7 @@ fn weights(name: &str) -> Option<std::sync::Arc<ir::ConstData>> {
         "kdw6" => vec![6, 1, 3, 3],
         "kdm" => vec![12, 1, 3, 3],
         "kg" => vec![9, 2, 3, 3],
-        "kbig" => vec![4, 3, 5, 5],
+        "kbig" => vec![32, 3, 3, 3],
         "ke" => vec![12, 6, 1, 1],
         "kp" => vec![6, 12, 1, 1],
         "w5" => return None,
@@ -491,17 +492,24 @@ proptest! {
     }
 
     #[test]
-    fn grouped_convolutions_as_sums(h in size(1, 19), w in size(1, 21), seed in 0u64..1000) {
+    fn grouped_and_depthwise_convolutions(h in size(1, 19), w in size(1, 21), seed in 0u64..1000) {
         let model = model(GROUPED_CONVS, true, None);
         let convs = model.graph().nodes.iter().filter(|n| matches!(n.op, ir::Op::Conv(_))).count();
-        prop_assert_eq!(convs, 1, "only the convolution of 75 products per output stays");
+        prop_assert_eq!(convs, 0, "a convolution is left as a loop nest");
         let plan = anyshape::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
+        let steps: Vec<&str> =
+            plan.lines().filter(|l| l.starts_with("  matmul") || l.starts_with("  loop")).collect();
+        // The grouped ones read their taps in place: the joined groups' weight is
+        // one constant B, packed once; the two groups' are a batch of two.
+        let taps: Vec<&&str> = steps.iter().filter(|l| l.contains("A taps")).collect();
+        prop_assert_eq!(taps.len(), 2, "{}", plan);
+        prop_assert_eq!(taps.iter().filter(|l| l.contains("(weight)")).count(), 1, "{}", plan);
         // The depthwise convolution between the 1×1 ones is one loop that reads
         // the first one's output and writes the second one's A, channels-last:
         // no transposes between them.
-        let steps: Vec<&str> =
-            plan.lines().filter(|l| l.starts_with("  matmul") || l.starts_with("  loop")).collect();
-        let mm: Vec<usize> = (0..steps.len()).filter(|i| steps[*i].starts_with("  matmul")).collect();
+        let mm: Vec<usize> = (0..steps.len())
+            .filter(|i| steps[*i].starts_with("  matmul") && !steps[*i].contains("A taps"))
+            .collect();
         prop_assert_eq!(mm.len(), 2, "{}", plan);
         prop_assert_eq!(mm[1] - mm[0], 2, "{}", plan);
         compare(&model, &[("h", h), ("w", w)], seed)?;

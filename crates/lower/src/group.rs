@@ -460,8 +460,10 @@ impl<'g> Lowering<'g> {
     /// The A operand of `mm` as a convolution's taps over a channels-last image
     /// (the column matrix `passes::conv` builds: `kh·kw` strided slices of the
     /// image, zero-padded or not, each `[n, oh, ow, C]`, joined along a new axis
-    /// and read as `[…, n·oh·ow, kh·kw·C]`): the image and the convolution's
-    /// geometry. None when A is anything else.
+    /// and read as `[…, n·oh·ow, kh·kw·C]`; for a grouped convolution, images,
+    /// taps and matrix have the group in front: `[G, n, h, w, C/G]` taps and a
+    /// `[G, n·oh·ow, kh·kw·C/G]` matrix, one product per group): the image and
+    /// the convolution's geometry. None when A is anything else.
     fn taps(&self, mm: &ir::Node, avail: &HashMap<ValueId, BufId>) -> Option<TapGeometry> {
         let g = self.g;
         if !matches!(mm.op, Op::MatMul { transpose_a: false, .. }) || g.ty(mm.inputs[0]).dtype != DType::F32 {
@@ -476,8 +478,11 @@ impl<'g> Lowering<'g> {
         let joined = matrix.inputs[0];
         // The taps, each `[n, oh, ow, C]`: the concatenation's parts (each a reshape
         // to `[n, oh, ow, 1, C]`), or one tap.
+        // Dims before the image's own: the group's, or none.
+        let lead = g.ty(col).rank().checked_sub(2)?;
+        let lead = if lead == 1 && g.ty(col).shape[0].as_const() == Some(1) { 0 } else { lead };
         let taps: Vec<ValueId> = match made(joined) {
-            Some(n) if n.op == (Op::Concat { axis: 3 }) && g.ty(joined).rank() == 5 => n
+            Some(n) if n.op == (Op::Concat { axis: 3 + lead }) && g.ty(joined).rank() == 5 + lead => n
                 .inputs
                 .iter()
                 .map(|&t| made(t).filter(|r| r.op == Op::Reshape).map(|r| r.inputs[0]))
@@ -485,11 +490,11 @@ impl<'g> Lowering<'g> {
             _ => vec![joined],
         };
         let tap_ty = g.ty(taps[0]);
-        if tap_ty.rank() != 4 {
+        if tap_ty.rank() != 4 + lead {
             return None;
         }
-        let (n, oh, ow) = (&tap_ty.shape[0], &tap_ty.shape[1], &tap_ty.shape[2]);
-        let c = tap_ty.shape[3].as_const()?;
+        let (n, oh, ow) = (&tap_ty.shape[lead], &tap_ty.shape[lead + 1], &tap_ty.shape[lead + 2]);
+        let c = tap_ty.shape[lead + 3].as_const()?;
         // Each tap: one image sliced along its rows and columns, with one step.
         let mut image = None;
         let mut steps = None;
@@ -498,12 +503,13 @@ impl<'g> Lowering<'g> {
             let slice = made(t)?;
             let Op::Slice { axes } = &slice.op else { return None };
             let same = g.ty(t).shape.iter().zip(&tap_ty.shape).all(|(a, b)| env.equal(a, b));
-            if g.ty(t).rank() != 4 || !same || *image.get_or_insert(slice.inputs[0]) != slice.inputs[0] {
+            if g.ty(t).rank() != 4 + lead || !same || *image.get_or_insert(slice.inputs[0]) != slice.inputs[0]
+            {
                 return None;
             }
             let (mut start, mut step) = ([0i64; 2], [1i64; 2]);
             for a in axes {
-                let d = a.axis.checked_sub(1).filter(|d| *d < 2)?;
+                let d = a.axis.checked_sub(1 + lead).filter(|d| *d < 2)?;
                 start[d] = a.start.as_const()?;
                 step[d] = a.step;
             }
@@ -525,15 +531,16 @@ impl<'g> Lowering<'g> {
         if kh * kw != kk || dh <= 0 || dw <= 0 || !grid {
             return None;
         }
-        // The matrix is `[1, …, n·oh·ow, kh·kw·C]`.
+        // The matrix is `[1, …, n·oh·ow, kh·kw·C]`, or `[G, n·oh·ow, kh·kw·C]`.
         let ms = &g.ty(col).shape;
         let rows = n.try_mul(oh).and_then(|r| r.try_mul(ow)).ok()?;
         let r = ms.len();
-        if r < 2
-            || ms[..r - 2].iter().any(|d| d.as_const() != Some(1))
-            || ms[r - 1].as_const() != Some(kk as i64 * c)
-            || !env.equal(&ms[r - 2], &rows)
-        {
+        let batch_ok = if lead == 0 {
+            ms[..r - 2].iter().all(|d| d.as_const() == Some(1))
+        } else {
+            ms[..r - 2].iter().zip(&tap_ty.shape[..lead]).all(|(a, b)| env.equal(a, b))
+        };
+        if !batch_ok || ms[r - 1].as_const() != Some(kk as i64 * c) || !env.equal(&ms[r - 2], &rows) {
             return None;
         }
         // Zero padding before the image's rows and columns (after them, the output's
@@ -543,20 +550,24 @@ impl<'g> Lowering<'g> {
         if let Some(p) = made(img) {
             if let Op::Pad { pads, mode: ir::PadMode::Constant(z) } = &p.op {
                 let konst = |e: &SymExpr| e.as_const().filter(|v| *v >= 0);
+                let spatial = |d: usize| d == lead + 1 || d == lead + 2;
                 let ok = *z == 0.0
-                    && pads.len() == 4
-                    && [0, 3].iter().all(|&d| konst(&pads[d].0) == Some(0) && konst(&pads[d].1) == Some(0))
-                    && [1, 2].iter().all(|&d| konst(&pads[d].0).is_some() && konst(&pads[d].1).is_some());
+                    && pads.len() == 4 + lead
+                    && (0..pads.len()).all(|d| match spatial(d) {
+                        true => konst(&pads[d].0).is_some() && konst(&pads[d].1).is_some(),
+                        false => konst(&pads[d].0) == Some(0) && konst(&pads[d].1) == Some(0),
+                    });
                 if !ok {
                     return None;
                 }
-                pad = [konst(&pads[1].0)?, konst(&pads[2].0)?];
+                pad = [konst(&pads[lead + 1].0)?, konst(&pads[lead + 2].0)?];
                 img = p.inputs[0];
             }
         }
         let us = |v: i64| usize::try_from(v).ok();
         Some(TapGeometry {
             image: img,
+            lead,
             channels: c,
             out: [oh.clone(), ow.clone()],
             kernel: [kh, kw],
@@ -570,9 +581,11 @@ impl<'g> Lowering<'g> {
     /// contiguous (as the engine reads it).
     fn taps_image(&self, t: &TapGeometry, avail: &HashMap<ValueId, BufId>) -> Option<Layout> {
         let lay = self.layout(t.image, avail)?;
-        let channels = lay.dims.get(3)?;
-        (lay.dims.len() == 4 && channels.1.as_const() == Some(1) && channels.0.as_const() == Some(t.channels))
-            .then_some(lay)
+        let channels = lay.dims.get(t.lead + 3)?;
+        (lay.dims.len() == 4 + t.lead
+            && channels.1.as_const() == Some(1)
+            && channels.0.as_const() == Some(t.channels))
+        .then_some(lay)
     }
 
     fn constant_buffer(&self, v: ValueId) -> Option<&BufId> {
@@ -591,13 +604,14 @@ impl<'g> Lowering<'g> {
             None => {
                 let t = self.taps(node, avail).ok_or_else(missing)?;
                 let image = self.taps_image(&t, avail).ok_or_else(missing)?;
-                // A's view is where the image starts; the taps say how it is read.
+                // A's view is where the image starts (each group's, from the image's
+                // leading dims); the taps say how it is read.
                 let zero = (SymExpr::constant(1), SymExpr::constant(0));
-                let a = Layout {
-                    buf: image.buf,
-                    offset: image.offset.clone(),
-                    dims: vec![zero; g.ty(node.output).rank()],
-                };
+                let mut dims = vec![zero; g.ty(node.output).rank()];
+                if t.lead > 0 {
+                    dims[..t.lead].clone_from_slice(&image.dims[..t.lead]);
+                }
+                let a = Layout { buf: image.buf, offset: image.offset.clone(), dims };
                 (a, Some((t, image)))
             }
         };
@@ -627,10 +641,19 @@ impl<'g> Lowering<'g> {
         let k = if transpose_a { &a_shape[r - 2] } else { &a_shape[r - 1] };
         let weight = matches!(self.plan.buffers[lb.buf].kind, BufferKind::Constant(_))
             && lb.dims[..r - 2].iter().all(|d| d.1.as_const() == Some(0) || d.0.as_const() == Some(1));
-        let taps = taps.map(|(t, lay)| Taps {
-            image: [&lay.dims[0].0, &lay.dims[1].0, &lay.dims[2].0, &SymExpr::constant(t.channels)]
-                .map(|e| slot(self, e)),
-            strides: [&lay.dims[0].1, &lay.dims[1].1, &lay.dims[2].1].map(|e| slot(self, e)),
+        let taps = taps.map(|(t, lay)| {
+            let d = &lay.dims[t.lead..];
+            (
+                d[0].0.clone(),
+                d[1].0.clone(),
+                d[2].0.clone(),
+                [d[0].1.clone(), d[1].1.clone(), d[2].1.clone()],
+                t,
+            )
+        });
+        let taps = taps.map(|(n, h, w, strides, t)| Taps {
+            image: [&n, &h, &w, &SymExpr::constant(t.channels)].map(|e| slot(self, e)),
+            strides: strides.each_ref().map(|e| slot(self, e)),
             out: t.out.each_ref().map(|e| slot(self, e)),
             kernel: t.kernel,
             stride: t.stride,
@@ -834,6 +857,8 @@ fn pointwise(
 /// what [`Taps`] says, before the dims become slots.
 struct TapGeometry {
     image: ValueId,
+    /// Dims in front of the image's `[n, h, w, C]`: a grouped convolution's group.
+    lead: usize,
     channels: i64,
     out: [SymExpr; 2],
     kernel: [usize; 2],

@@ -26,21 +26,27 @@
 //! meets the next convolution's input transpose and cancels, so a chain of
 //! convolutions runs channels-last from end to end.
 //!
-//! A grouped convolution (depthwise ones included) with few products per output
-//! (`kh·kw·C/group`, at most [`MAX_GROUPED_TERMS`]) becomes, channels-last, the
-//! sum of those products written out:
+//! A grouped convolution is one such product per group, batched: the image
+//! is read as `[G, n, h, w, C/G]` (a view of the channels-last image), its taps
+//! and `col` have the group in front, and the weight is `[G, kh·kw·C/G, K/G]`;
+//! the products sit side by side along the output channels. Groups narrower
+//! than [`MIN_GROUP_OUTPUTS`] outputs are joined first (a block-diagonal
+//! weight), so that each product fills the micro-kernel's vectors.
+//!
+//! A depthwise convolution (one input channel per group) of at most
+//! [`MAX_GROUPED_TERMS`] taps becomes instead, channels-last, the sum of its
+//! products written out:
 //!
 //! ```text
-//! y'[n, oh, ow, k] = Σ_{i, j, c} tap_ij[n, oh, ow, (k / (K/group))·(C/group) + c] · W[k, c, i, j]
+//! y'[n, oh, ow, k] = Σ_{i, j} tap_ij[n, oh, ow, k / (K/group)] · W[k, 0, i, j]
 //! ```
 //!
 //! one element-wise group whose vectors run along the output channels: every
 //! tap is a contiguous load of the channels-last image and every weight a
-//! contiguous vector of a constant, with no reduction loop (a depthwise 3×3 is
-//! nine loads and nine FMAs per vector of channels). A GEMM would waste most of
-//! its micro-kernel here: each group's `N = K/group` is 1 in a depthwise
-//! convolution. Larger grouped convolutions, other dtypes and ranks stay as
-//! they are (a generated loop nest).
+//! contiguous vector of a constant, with no reduction loop (a 3×3 is nine
+//! loads and nine FMAs per vector of channels), where a product per group
+//! would have `N = 1`. Other dtypes and ranks stay as they are (a generated
+//! loop nest).
 
 use ir::{Graph, Op, SliceAxis, TensorType, ValueId};
 use sym::SymExpr;
@@ -48,9 +54,8 @@ use sym::SymExpr;
 use crate::pattern::{constant, Producers};
 use crate::{Pass, PassError};
 
-/// The most products per output for which a grouped convolution is written
-/// out as an element-wise sum (a 7×7 depthwise convolution has 49; a 3×3 one
-/// with 4 channels per group, 36).
+/// The most taps for which a depthwise convolution is written out as an
+/// element-wise sum (a 7×7 one has 49).
 pub const MAX_GROUPED_TERMS: i64 = 64;
 
 #[derive(Default)]
@@ -64,8 +69,8 @@ impl Pass for ConvAsMatMul {
     fn run(&self, g: &mut Graph) -> Result<usize, PassError> {
         let mut done = 0;
         // One convolution at a time: a rewrite shifts node indices.
-        while let Some((i, grouped)) = next_conv(g) {
-            let r = if grouped { rewrite_grouped(g, i) } else { rewrite(g, i) };
+        while let Some((i, depthwise)) = next_conv(g) {
+            let r = if depthwise { rewrite_depthwise(g, i) } else { rewrite(g, i) };
             r.map_err(|msg| PassError::Failed { pass: "conv-as-matmul", msg })?;
             done += 1;
         }
@@ -73,9 +78,10 @@ impl Pass for ConvAsMatMul {
     }
 }
 
-/// The first live f32 2-D convolution with a constant weight of known shape
-/// that is rewritten: one of a single group (`false`), or a grouped one with
-/// at most [`MAX_GROUPED_TERMS`] products per output (`true`).
+/// The first live f32 2-D convolution with a constant weight of known shape,
+/// and whether it becomes a sum of products (a depthwise one, one input
+/// channel per group, of at most [`MAX_GROUPED_TERMS`] taps) rather than
+/// matmuls.
 fn next_conv(g: &Graph) -> Option<(usize, bool)> {
     let p = Producers::of(g);
     let uses = g.use_counts();
@@ -88,8 +94,8 @@ fn next_conv(g: &Graph) -> Option<(usize, bool)> {
             && g.ty(x).dtype == ir::DType::F32
             && g.ty(x).rank() == 4
             && constant(g, &p, w).is_some();
-        let grouped = c.group > 1 && ws.len() == 4 && ws[1] * ws[2] * ws[3] <= MAX_GROUPED_TERMS;
-        (ok && (c.group == 1 || grouped)).then_some((i, grouped))
+        let sums = c.group > 1 && ws.len() == 4 && ws[1] == 1 && ws[2] * ws[3] <= MAX_GROUPED_TERMS;
+        ok.then_some((i, sums))
     })
 }
 
@@ -162,9 +168,17 @@ fn taps(
 fn rewrite(g: &mut Graph, at: usize) -> Result<(), String> {
     let node = g.nodes[at].clone();
     let Op::Conv(c) = &node.op else { return Err("not a convolution".into()) };
-    let (x, w, y) = (node.inputs[0], node.inputs[1], node.output);
-    let ws = g.ty(w).const_shape().ok_or("a weight of unknown shape")?;
-    let (k, ch, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
+    let (x, y) = (node.inputs[0], node.output);
+    let ws = g.ty(node.inputs[1]).const_shape().ok_or("a weight of unknown shape")?;
+    let (k, kh, kw) = (ws[0], ws[2], ws[3]);
+    if c.group <= 0 || k % c.group != 0 {
+        return Err(format!("{k} output channels in {} groups", c.group));
+    }
+    // Per group: `ch` channels in, `mg` out (groups joined when they are narrow).
+    let (w, groups, ch) = widen_groups(g, at)?;
+    let mg = k / groups;
+    // After the joined weight, when one was made.
+    let at = if w == node.inputs[1] { at } else { at + 1 };
     let xs = g.ty(x).shape.clone();
     let ys = g.ty(y).shape.clone();
     let (n, h, wd, oh, ow) = (xs[0].clone(), xs[2].clone(), xs[3].clone(), ys[2].clone(), ys[3].clone());
@@ -181,56 +195,138 @@ fn rewrite(g: &mut Graph, at: usize) -> Result<(), String> {
         pos += 1;
         v
     };
+    // Dims before a value's own: the group, when there are several.
+    let lead = |rest: Vec<SymExpr>| {
+        let mut d = if groups > 1 { vec![konst(groups)] } else { vec![] };
+        d.extend(rest);
+        ty(d)
+    };
+    let b = usize::from(groups > 1);
     let xt = insert(
         g,
         Op::Transpose { perm: vec![0, 2, 3, 1] },
         vec![x],
         "nhwc",
-        ty(vec![n.clone(), h.clone(), wd.clone(), konst(ch)]),
+        ty(vec![n.clone(), h.clone(), wd.clone(), konst(groups * ch)]),
     );
-    let taps = taps(g, &mut insert, xt, c, (kh, kw), 1, (&oh, &ow), &mut |_, _, tap, _, _| tap)?;
+    // Several groups: the image as `[G, n, h, w, C/G]`, one matmul per group.
+    let image = if groups > 1 {
+        let split = vec![n.clone(), h.clone(), wd.clone(), konst(groups), konst(ch)];
+        let x5 = insert(g, Op::Reshape, vec![xt], "groups", ty(split));
+        let perm = vec![3, 0, 1, 2, 4];
+        insert(g, Op::Transpose { perm }, vec![x5], "group_major", lead(vec![n.clone(), h, wd, konst(ch)]))
+    } else {
+        xt
+    };
+    let taps = taps(g, &mut insert, image, c, (kh, kw), 1 + b, (&oh, &ow), &mut |_, _, tap, _, _| tap)?;
     let col = if taps.len() == 1 {
-        insert(g, Op::Reshape, vec![taps[0]], "col", ty(vec![konst(1), rows.clone(), konst(ch)]))
+        insert(g, Op::Reshape, vec![taps[0]], "col", ty(vec![konst(groups), rows.clone(), konst(ch)]))
     } else {
         // [n, oh, ow, 1, c] each, concatenated along the new axis: the loop writing
         // them runs over (oh, ow) with no division per element.
-        let flat_ty = ty(vec![n.clone(), oh.clone(), ow.clone(), konst(1), konst(ch)]);
+        let flat_ty = lead(vec![n.clone(), oh.clone(), ow.clone(), konst(1), konst(ch)]);
         let mut flats = Vec::with_capacity(taps.len());
         for (i, t) in taps.iter().enumerate() {
             flats.push(insert(g, Op::Reshape, vec![*t], &format!("tap{i}.flat"), flat_ty.clone()));
         }
-        let t = ty(vec![n.clone(), oh.clone(), ow.clone(), konst(kk), konst(ch)]);
-        let cat = insert(g, Op::Concat { axis: 3 }, flats, "taps", t);
-        insert(g, Op::Reshape, vec![cat], "col", ty(vec![konst(1), rows.clone(), konst(kk * ch)]))
+        let t = lead(vec![n.clone(), oh.clone(), ow.clone(), konst(kk), konst(ch)]);
+        let cat = insert(g, Op::Concat { axis: 3 + b }, flats, "taps", t);
+        insert(g, Op::Reshape, vec![cat], "col", ty(vec![konst(groups), rows.clone(), konst(kk * ch)]))
     };
-    // W'[(i·kw + j)·C + c, K] = W[K, C, i, j]: a transpose of the constant, folded.
-    let wt = insert(
-        g,
-        Op::Transpose { perm: vec![2, 3, 1, 0] },
-        vec![w],
-        "weight.hwck",
-        ty(vec![konst(kh), konst(kw), konst(ch), konst(k)]),
-    );
-    let w3 = insert(g, Op::Reshape, vec![wt], "weight", ty(vec![konst(1), konst(kk * ch), konst(k)]));
-    let prod = insert(g, Op::MATMUL, vec![col, w3], "matmul", ty(vec![konst(1), rows, konst(k)]));
+    // W'[g, (i·kw + j)·C + c, k] = W[g·mg + k, C, i, j]: a transpose of the
+    // constant, folded.
+    let wt = if groups > 1 {
+        let w5 = insert(
+            g,
+            Op::Reshape,
+            vec![w],
+            "weight.groups",
+            ty(vec![konst(groups), konst(mg), konst(ch), konst(kh), konst(kw)]),
+        );
+        let t = lead(vec![konst(kh), konst(kw), konst(ch), konst(mg)]);
+        insert(g, Op::Transpose { perm: vec![0, 3, 4, 2, 1] }, vec![w5], "weight.hwck", t)
+    } else {
+        let t = ty(vec![konst(kh), konst(kw), konst(ch), konst(k)]);
+        insert(g, Op::Transpose { perm: vec![2, 3, 1, 0] }, vec![w], "weight.hwck", t)
+    };
+    let w3 = insert(g, Op::Reshape, vec![wt], "weight", ty(vec![konst(groups), konst(kk * ch), konst(mg)]));
+    let prod =
+        insert(g, Op::MATMUL, vec![col, w3], "matmul", ty(vec![konst(groups), rows.clone(), konst(mg)]));
+    // The groups' products side by side along the channels.
+    let prod = if groups > 1 {
+        let t = ty(vec![rows, konst(groups), konst(mg)]);
+        insert(g, Op::Transpose { perm: vec![1, 0, 2] }, vec![prod], "channels", t)
+    } else {
+        prod
+    };
     let nhwc = insert(g, Op::Reshape, vec![prod], "out.nhwc", ty(vec![n, oh, ow, konst(k)]));
     let out = insert(g, Op::Transpose { perm: vec![0, 3, 1, 2] }, vec![nhwc], "out", ty(ys));
     g.replace_uses(y, out);
     Ok(())
 }
 
-/// A grouped convolution as the element-wise sum of its products, channels-last
-/// (see the module's doc).
-fn rewrite_grouped(g: &mut Graph, at: usize) -> Result<(), String> {
+/// Output channels per group below which groups are joined (AVX-512's f32
+/// lanes): a product per group narrower than the micro-kernel's vectors
+/// would leave most lanes idle.
+const MIN_GROUP_OUTPUTS: i64 = 16;
+
+/// The convolution at `at` with its groups joined `q` at a time until each
+/// has [`MIN_GROUP_OUTPUTS`] outputs: its weight (block-diagonal within a
+/// joined group: zero between an input and an output of different original
+/// groups, so the result is the same), group count and input channels per
+/// group. ResNeXt's 32 groups of 4 become 8 of 16, at 4x the multiplies but
+/// on full vectors, with each group's taps 16 contiguous channels.
+fn widen_groups(g: &mut Graph, at: usize) -> Result<(ValueId, i64, i64), String> {
+    let node = g.nodes[at].clone();
+    let Op::Conv(c) = &node.op else { return Err("not a convolution".into()) };
+    let w = node.inputs[1];
+    let ws = g.ty(w).const_shape().ok_or("a weight of unknown shape")?;
+    let (k, cg) = (ws[0], ws[1]);
+    let (groups, mg) = (c.group, k / c.group);
+    let q = (1..=groups).find(|q| groups % q == 0 && q * mg >= MIN_GROUP_OUTPUTS).unwrap_or(groups);
+    if q == 1 {
+        return Ok((w, groups, cg));
+    }
+    let data = constant(g, &Producers::of(g), w).ok_or("a weight that is not a constant")?;
+    let ir::Elems::F32(old) = data.to_tensor().elems().clone() else {
+        return Err("a weight not of f32".into());
+    };
+    let taps = (ws[2] * ws[3]) as usize;
+    let (k, cg, mg, q) = (k as usize, cg as usize, mg as usize, q as usize);
+    let wide = q * cg;
+    let mut new = vec![0.0f32; k * wide * taps];
+    for o in 0..k {
+        // Output o's original group sits at position (o / mg) % q of its joined group.
+        let at_in = (o / mg) % q * cg;
+        for c in 0..cg {
+            let from = (o * cg + c) * taps;
+            let to = (o * wide + at_in + c) * taps;
+            new[to..to + taps].copy_from_slice(&old[from..from + taps]);
+        }
+    }
+    let shape = vec![k, wide, ws[2] as usize, ws[3] as usize];
+    let t = ir::Tensor::new(shape, ir::Elems::F32(new)).map_err(|e| e.to_string())?;
+    let ty =
+        TensorType::new(ir::DType::F32, t.shape().iter().map(|d| SymExpr::constant(*d as i64)).collect());
+    let name = format!("{}.weight.joined", g.name(node.output));
+    let data = std::sync::Arc::new(ir::ConstData::from_tensor(&t));
+    let v = g.insert_node(at, Op::Constant(data), vec![], &name, ty);
+    Ok((v, groups / q as i64, wide as i64))
+}
+
+/// A depthwise convolution as the element-wise sum of its products,
+/// channels-last (see the module's doc).
+fn rewrite_depthwise(g: &mut Graph, at: usize) -> Result<(), String> {
     let node = g.nodes[at].clone();
     let Op::Conv(c) = &node.op else { return Err("not a convolution".into()) };
     let (x, w, y) = (node.inputs[0], node.inputs[1], node.output);
     let ws = g.ty(w).const_shape().ok_or("a weight of unknown shape")?;
-    let (k, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
+    let (k, kh, kw) = (ws[0], ws[2], ws[3]);
     let groups = c.group;
-    if groups <= 0 || k % groups != 0 {
-        return Err(format!("{k} output channels in {groups} groups"));
+    if ws[1] != 1 || groups <= 0 || k % groups != 0 {
+        return Err(format!("{k} outputs of {} channels each in {groups} groups", ws[1]));
     }
+    // Outputs per input channel (the depth multiplier).
     let mg = k / groups;
     let xs = g.ty(x).shape.clone();
     let ys = g.ty(y).shape.clone();
@@ -250,62 +346,54 @@ fn rewrite_grouped(g: &mut Graph, at: usize) -> Result<(), String> {
         Op::Transpose { perm: vec![0, 2, 3, 1] },
         vec![x],
         "nhwc",
-        ty(vec![n.clone(), h, wd, konst(groups * cg)]),
+        ty(vec![n.clone(), h, wd, konst(groups)]),
     );
-    // W'[i, j, c, k] = W[k, c, i, j]: a transpose of the constant, folded; each
+    // W'[i, j, 0, k] = W[k, 0, i, j]: a transpose of the constant, folded; each
     // product's weight is one of its rows, a vector along the output channels.
     let wt = insert(
         g,
         Op::Transpose { perm: vec![2, 3, 1, 0] },
         vec![w],
         "weight.hwck",
-        ty(vec![konst(kh), konst(kw), konst(cg), konst(k)]),
+        ty(vec![konst(kh), konst(kw), konst(1), konst(k)]),
     );
     let out_shape = vec![n.clone(), oh.clone(), ow.clone(), konst(k)];
     let (xp, _) = pad(g, &mut insert, xt, c, 1)?;
     let mut sum: Option<ValueId> = None;
     for i in 0..kh {
         for j in 0..kw {
-            for cc in 0..cg {
-                // The image's channel (k / mg)·cg + cc for output channel k: a
-                // slice of its own per product (strided along the channels),
-                // so that no intermediate has two readers.
-                let mut axes = vec![
-                    SliceAxis { axis: 1, start: konst(i * c.dilations[0]), step: c.strides[0] },
-                    SliceAxis { axis: 2, start: konst(j * c.dilations[1]), step: c.strides[1] },
-                ];
-                if cg > 1 {
-                    axes.push(SliceAxis { axis: 3, start: konst(cc), step: cg });
-                }
-                let per_group = ty(vec![n.clone(), oh.clone(), ow.clone(), konst(groups)]);
-                let mut xk = insert(g, Op::Slice { axes }, vec![xp], &format!("tap{i}_{j}_{cc}"), per_group);
-                if mg > 1 {
-                    let one = vec![n.clone(), oh.clone(), ow.clone(), konst(groups), konst(1)];
-                    let wide = vec![n.clone(), oh.clone(), ow.clone(), konst(groups), konst(mg)];
-                    xk = insert(g, Op::Reshape, vec![xk], "groups", ty(one));
-                    xk = insert(g, Op::Broadcast, vec![xk], "per_output", ty(wide));
-                    xk = insert(g, Op::Reshape, vec![xk], "channels", ty(out_shape.clone()));
-                }
-                let axes = vec![
-                    SliceAxis { axis: 0, start: konst(i), step: 1 },
-                    SliceAxis { axis: 1, start: konst(j), step: 1 },
-                    SliceAxis { axis: 2, start: konst(cc), step: 1 },
-                ];
-                let w1 = ty(vec![konst(1), konst(1), konst(1), konst(k)]);
-                let wv = insert(g, Op::Slice { axes }, vec![wt], &format!("w{i}_{j}_{cc}"), w1);
-                let wb = insert(g, Op::Broadcast, vec![wv], "w.wide", ty(out_shape.clone()));
-                let term =
-                    insert(g, Op::Binary(ir::BinaryOp::Mul), vec![xk, wb], "term", ty(out_shape.clone()));
-                sum = Some(match sum {
-                    None => term,
-                    Some(s) => {
-                        insert(g, Op::Binary(ir::BinaryOp::Add), vec![s, term], "sum", ty(out_shape.clone()))
-                    }
-                });
+            // The image's channel k / mg for output channel k: a slice of its own
+            // per product, so that no intermediate has two readers.
+            let axes = vec![
+                SliceAxis { axis: 1, start: konst(i * c.dilations[0]), step: c.strides[0] },
+                SliceAxis { axis: 2, start: konst(j * c.dilations[1]), step: c.strides[1] },
+            ];
+            let tap_ty = ty(vec![n.clone(), oh.clone(), ow.clone(), konst(groups)]);
+            let mut xk = insert(g, Op::Slice { axes }, vec![xp], &format!("tap{i}_{j}"), tap_ty);
+            if mg > 1 {
+                let one = vec![n.clone(), oh.clone(), ow.clone(), konst(groups), konst(1)];
+                let wide = vec![n.clone(), oh.clone(), ow.clone(), konst(groups), konst(mg)];
+                xk = insert(g, Op::Reshape, vec![xk], "groups", ty(one));
+                xk = insert(g, Op::Broadcast, vec![xk], "per_output", ty(wide));
+                xk = insert(g, Op::Reshape, vec![xk], "channels", ty(out_shape.clone()));
             }
+            let axes = vec![
+                SliceAxis { axis: 0, start: konst(i), step: 1 },
+                SliceAxis { axis: 1, start: konst(j), step: 1 },
+            ];
+            let w1 = ty(vec![konst(1), konst(1), konst(1), konst(k)]);
+            let wv = insert(g, Op::Slice { axes }, vec![wt], &format!("w{i}_{j}"), w1);
+            let wb = insert(g, Op::Broadcast, vec![wv], "w.wide", ty(out_shape.clone()));
+            let term = insert(g, Op::Binary(ir::BinaryOp::Mul), vec![xk, wb], "term", ty(out_shape.clone()));
+            sum = Some(match sum {
+                None => term,
+                Some(s) => {
+                    insert(g, Op::Binary(ir::BinaryOp::Add), vec![s, term], "sum", ty(out_shape.clone()))
+                }
+            });
         }
     }
-    let sum = sum.ok_or("a convolution with no products")?;
+    let sum = sum.ok_or("a convolution with no taps")?;
     let out = insert(g, Op::Transpose { perm: vec![0, 3, 1, 2] }, vec![sum], "out", ty(ys));
     g.replace_uses(y, out);
     Ok(())

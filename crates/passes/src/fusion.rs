@@ -300,6 +300,33 @@ impl<'g> Partition<'g> {
                 .all(|c| matches!(class(&self.g.nodes[*c].op), Class::Window | Class::Contraction))
     }
 
+    /// Whether `v` reaches only contractions and windows, through layout ops
+    /// (reshapes, transposes, pads, slices, concatenations: a grouped
+    /// convolution's image as `[G, n, h, w, C/G]` and its taps), and no model
+    /// output.
+    fn feeds_only_contractions(&self, v: ValueId) -> bool {
+        let mut todo = vec![v];
+        let mut seen = BTreeSet::new();
+        while let Some(u) = todo.pop() {
+            if !seen.insert(u) {
+                continue;
+            }
+            let readers = &self.consumers[u.index()];
+            if self.g.outputs.contains(&u) || readers.is_empty() {
+                return false;
+            }
+            for c in readers {
+                let op = &self.g.nodes[*c].op;
+                match class(op) {
+                    Class::Window | Class::Contraction => {}
+                    _ if is_operand_layout(op) => todo.push(self.g.nodes[*c].output),
+                    _ => return false,
+                }
+            }
+        }
+        true
+    }
+
     fn read_by_reduce(&self, v: ValueId) -> bool {
         self.consumers[v.index()].iter().any(|c| class(&self.g.nodes[*c].op) == Class::Reduce)
     }
@@ -340,7 +367,21 @@ fn fuse_elementwise(p: &mut Partition) {
             }
             // A pad grows the space: computation before it stays where it is (a
             // contraction's epilogue) and the pad joins its readers (below).
-            if matches!(node.op, Op::Pad { .. }) && !is_prologue(&g.nodes[q].op) {
+            let computes = p.members[rq].iter().any(|m| !is_operand_layout(&g.nodes[*m].op));
+            if matches!(node.op, Op::Pad { .. }) && computes {
+                continue;
+            }
+            // Layout ops on the way to contractions only (a grouped convolution's
+            // image split by group) are read as views by them: they leave the
+            // computation before them a contraction's epilogue, and a value read
+            // elsewhere too stays a buffer they view.
+            let rn = p.find(n);
+            let exclusive = !g.outputs.contains(&v)
+                && p.consumers[v.index()].clone().into_iter().all(|c| p.find(c) == rn);
+            if matches!(node.op, Op::Transpose { .. } | Op::Reshape)
+                && (computes || !exclusive)
+                && p.feeds_only_contractions(node.output)
+            {
                 continue;
             }
             // A transpose read only by windows and contractions joins them as their
@@ -355,9 +396,6 @@ fn fuse_elementwise(p: &mut Partition) {
             }
             // Only into the single consumer group, or over the same space (then the
             // other consumers read the written value; nothing is recomputed).
-            let rn = p.find(n);
-            let exclusive = !g.outputs.contains(&v)
-                && p.consumers[v.index()].clone().into_iter().all(|c| p.find(c) == rn);
             if exclusive || p.same_numel(&p.numel(v), &p.numel(node.output)) {
                 p.merge(n, q, GroupKind::Elementwise);
             }

@@ -452,7 +452,7 @@ fn channels_last_convolutions_take_contiguous_taps() {
 }
 
 #[test]
-fn grouped_convolutions_are_sums_of_products_channels_last() {
+fn depthwise_convolutions_are_sums_of_products_channels_last() {
     // Two channels, each giving two outputs (a depthwise convolution with
     // multiplier 2), a 2×1 kernel: per tap, the image's channel k/2 of each
     // output channel k (a strided slice, widened over the pair), times a row of
@@ -476,19 +476,19 @@ fn grouped_convolutions_are_sums_of_products_channels_last() {
   %y.nhwc: f32[n, h, h, 2] = transpose[perm=[0, 2, 3, 1]] %x
   %y.weight.hwck: f32[2, 1, 1, 4] = transpose[perm=[2, 3, 1, 0]] %k
   %y.padded: f32[n, h+2, h, 2] = pad[pads=[(0, 0), (1, 1), (0, 0), (0, 0)], mode=constant(0.0)] %y.nhwc
-  %y.tap0_0_0: f32[n, h+1, h, 2] = slice[1: 0 step 1, 2: 0 step 1] %y.padded
-  %y.groups: f32[n, h+1, h, 2, 1] = reshape %y.tap0_0_0
+  %y.tap0_0: f32[n, h+1, h, 2] = slice[1: 0 step 1, 2: 0 step 1] %y.padded
+  %y.groups: f32[n, h+1, h, 2, 1] = reshape %y.tap0_0
   %y.per_output: f32[n, h+1, h, 2, 2] = broadcast %y.groups
   %y.channels: f32[n, h+1, h, 4] = reshape %y.per_output
-  %y.w0_0_0: f32[1, 1, 1, 4] = slice[0: 0 step 1, 1: 0 step 1, 2: 0 step 1] %y.weight.hwck
-  %y.w.wide: f32[n, h+1, h, 4] = broadcast %y.w0_0_0
+  %y.w0_0: f32[1, 1, 1, 4] = slice[0: 0 step 1, 1: 0 step 1] %y.weight.hwck
+  %y.w.wide: f32[n, h+1, h, 4] = broadcast %y.w0_0
   %y.term: f32[n, h+1, h, 4] = mul %y.channels, %y.w.wide
-  %y.tap1_0_0: f32[n, h+1, h, 2] = slice[1: 1 step 1, 2: 0 step 1] %y.padded
-  %y.groups_1: f32[n, h+1, h, 2, 1] = reshape %y.tap1_0_0
+  %y.tap1_0: f32[n, h+1, h, 2] = slice[1: 1 step 1, 2: 0 step 1] %y.padded
+  %y.groups_1: f32[n, h+1, h, 2, 1] = reshape %y.tap1_0
   %y.per_output_1: f32[n, h+1, h, 2, 2] = broadcast %y.groups_1
   %y.channels_1: f32[n, h+1, h, 4] = reshape %y.per_output_1
-  %y.w1_0_0: f32[1, 1, 1, 4] = slice[0: 1 step 1, 1: 0 step 1, 2: 0 step 1] %y.weight.hwck
-  %y.w.wide_1: f32[n, h+1, h, 4] = broadcast %y.w1_0_0
+  %y.w1_0: f32[1, 1, 1, 4] = slice[0: 1 step 1, 1: 0 step 1] %y.weight.hwck
+  %y.w.wide_1: f32[n, h+1, h, 4] = broadcast %y.w1_0
   %y.term_1: f32[n, h+1, h, 4] = mul %y.channels_1, %y.w.wide_1
   %y.sum: f32[n, h+1, h, 4] = add %y.term, %y.term_1
   %y: f32[n, 4, h+1, h] = transpose[perm=[0, 3, 1, 2]] %y.sum
