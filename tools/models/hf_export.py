@@ -60,6 +60,59 @@ class TextWrap2(nn.Module):
         return tuple(getattr(out, n) for n in self.outputs)
 
 
+class MeanPoolWrap(nn.Module):
+    """input_ids, attention_mask -> sentence_embedding: a sentence-transformers model
+    (the encoder's last hidden state averaged over the mask, L2-normalized)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        h = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True).last_hidden_state
+        m = attention_mask.unsqueeze(-1).to(h.dtype)
+        pooled = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        return (torch.nn.functional.normalize(pooled, p=2.0, dim=1),)
+
+
+class AudioWrap(nn.Module):
+    """input_features -> outputs (the Whisper encoder)."""
+
+    def __init__(self, model: nn.Module, outputs: list[str]):
+        super().__init__()
+        self.model = model
+        self.outputs = list(outputs)
+
+    def forward(self, input_features):
+        out = self.model(input_features=input_features, return_dict=True)
+        return tuple(getattr(out, n) for n in self.outputs)
+
+
+class DecoderStepWrap(nn.Module):
+    """One decoding step with a KV cache: input_ids [batch, seq], attention_mask
+    [batch, past + seq], then past_key_<l>, past_value_<l> [batch, kv_heads, past,
+    head_dim] per layer -> logits and present_key_<l>, present_value_<l> (the cache
+    grown by seq)."""
+
+    def __init__(self, model: nn.Module, layers: int):
+        super().__init__()
+        self.model = model
+        self.layers = layers
+
+    def forward(self, input_ids, attention_mask, *past):
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        for l in range(self.layers):
+            cache.update(past[2 * l], past[2 * l + 1], l)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True)
+        present = []
+        for l in range(self.layers):
+            layer = out.past_key_values.layers[l]
+            present += [layer.keys, layer.values]
+        return (out.logits, *present)
+
+
 class ImageWrap(nn.Module):
     """pixel_values -> outputs (ViT, ResNet, MobileNetV2)."""
 
@@ -83,8 +136,9 @@ class InputSpec:
     name: str
     dtype: str  # numpy dtype name: "int64" / "float32"
     dims: list  # str = symbolic dim name, int = fixed size
-    # for int inputs: values drawn in [low, high); "mask" = 1s with right padding
-    kind: str = "ids"  # "ids" | "mask" | "types" | "pixels"
+    # for int inputs: values drawn in [low, high); "mask" = 1s with right padding;
+    # "float": standard normal values (a KV cache, audio features)
+    kind: str = "ids"  # "ids" | "mask" | "types" | "pixels" | "float"
     high: int = 0
 
 
@@ -269,6 +323,154 @@ def build(name: str, size: str = "tiny") -> ModelSpec:
             outs,
             {"last_hidden_state": ["batch", None, None, None], "pooler_output": ["batch", None]},
         )
+    if name in ("distilbert", "distilbert-base"):
+        cfg = (
+            T.DistilBertConfig(vocab_size=99, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64)
+            if tiny
+            else T.DistilBertConfig()
+        )
+        _eager(cfg)
+        m = T.DistilBertModel(cfg)
+        outs = ["last_hidden_state"]
+        return ModelSpec(
+            name,
+            TextWrap2(m, outs),
+            _text_inputs(cfg.vocab_size, False),
+            outs,
+            {"last_hidden_state": ["batch", "seq", cfg.dim]},
+            extra={"max_seq": cfg.max_position_embeddings},
+        )
+    if name in ("roberta", "roberta-base"):
+        cfg = (
+            T.RobertaConfig(
+                vocab_size=99,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=66,
+                type_vocab_size=1,
+            )
+            if tiny
+            else T.RobertaConfig(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1)
+        )
+        _eager(cfg)
+        m = T.RobertaModel(cfg, add_pooling_layer=True)
+        outs = ["last_hidden_state", "pooler_output"]
+        return ModelSpec(
+            name,
+            TextWrap2(m, outs),
+            _text_inputs(cfg.vocab_size, False),
+            outs,
+            {"last_hidden_state": ["batch", "seq", cfg.hidden_size], "pooler_output": ["batch", cfg.hidden_size]},
+            # position ids start after the padding id: two positions fewer
+            extra={"max_seq": cfg.max_position_embeddings - 2},
+        )
+    if name in ("minilm", "minilm-l6"):
+        # sentence-transformers/all-MiniLM-L6-v2's architecture: BERT, mean pooling,
+        # L2 normalization
+        cfg = (
+            T.BertConfig(
+                vocab_size=99,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=64,
+            )
+            if tiny
+            else T.BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+        )
+        _eager(cfg)
+        m = T.BertModel(cfg, add_pooling_layer=False)
+        return ModelSpec(
+            name,
+            MeanPoolWrap(m),
+            _text_inputs(cfg.vocab_size, False),
+            ["sentence_embedding"],
+            {"sentence_embedding": ["batch", cfg.hidden_size]},
+            extra={"max_seq": cfg.max_position_embeddings},
+        )
+    if name in ("whisper-encoder", "whisper-encoder-base"):
+        cfg = (
+            T.WhisperConfig(
+                num_mel_bins=16,
+                d_model=32,
+                encoder_layers=2,
+                encoder_attention_heads=2,
+                encoder_ffn_dim=64,
+                decoder_layers=2,
+                decoder_attention_heads=2,
+                decoder_ffn_dim=64,
+                max_source_positions=16,
+            )
+            if tiny
+            else T.WhisperConfig()  # whisper-base-like defaults, 80 mel bins, 1500 positions
+        )
+        _eager(cfg)
+        m = T.WhisperModel(cfg).get_encoder()
+        outs = ["last_hidden_state"]
+        # the encoder takes exactly 2 * max_source_positions frames
+        frames = 2 * cfg.max_source_positions
+        return ModelSpec(
+            name,
+            AudioWrap(m, outs),
+            [InputSpec("input_features", "float32", ["batch", cfg.num_mel_bins, frames], "float")],
+            outs,
+            {"last_hidden_state": ["batch", cfg.max_source_positions, cfg.d_model]},
+        )
+    if name in ("llama", "llama-100m", "llama_step", "llama-100m_step"):
+        # Llama's architecture (RMSNorm, rotary embeddings, SwiGLU, grouped-query
+        # attention: 4 query heads share 2 key/value heads)
+        cfg = (
+            T.LlamaConfig(
+                vocab_size=99,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=128,
+            )
+            if tiny
+            # about 100M parameters
+            else T.LlamaConfig(
+                vocab_size=32000,
+                hidden_size=768,
+                intermediate_size=2048,
+                num_hidden_layers=8,
+                num_attention_heads=12,
+                num_key_value_heads=4,
+                max_position_embeddings=2048,
+            )
+        )
+        _eager(cfg)
+        m = T.LlamaForCausalLM(cfg)
+        vocab = cfg.vocab_size
+        if not name.endswith("_step"):
+            cfg.use_cache = False
+            return ModelSpec(
+                name,
+                TextWrap2(m, ["logits"]),
+                _text_inputs(vocab, False),
+                ["logits"],
+                {"logits": ["batch", "seq", vocab]},
+                extra={"max_seq": cfg.max_position_embeddings},
+            )
+        hd = cfg.hidden_size // cfg.num_attention_heads
+        kv = cfg.num_key_value_heads
+        layers = cfg.num_hidden_layers
+        ins = [
+            InputSpec("input_ids", "int64", ["batch", "seq"], "ids", vocab),
+            InputSpec("attention_mask", "int64", ["batch", "total"], "mask", 2),
+        ]
+        outs, dims = ["logits"], {"logits": ["batch", "seq", vocab]}
+        for l in range(layers):
+            for kind in ("key", "value"):
+                ins.append(InputSpec(f"past_{kind}_{l}", "float32", ["batch", kv, "past", hd], "float"))
+                outs.append(f"present_{kind}_{l}")
+                dims[f"present_{kind}_{l}"] = ["batch", kv, "total", hd]
+        return ModelSpec(name, DecoderStepWrap(m, layers), ins, outs, dims)
     raise ValueError(f"unknown model {name!r}")
 
 
@@ -286,9 +488,13 @@ def make_inputs(spec: ModelSpec, shape: dict, rng) -> dict:
     import numpy as np
 
     out = {}
+    shape = dict(shape)
+    if "past" in shape:
+        # a decoder step's mask covers the cache and the new tokens
+        shape.setdefault("total", shape["past"] + shape["seq"])
     for inp in spec.inputs:
         dims = [shape[d] if isinstance(d, str) else d for d in inp.dims]
-        if inp.kind == "pixels":
+        if inp.kind in ("pixels", "float"):
             out[inp.name] = rng.standard_normal(dims).astype(np.float32)
         elif inp.kind == "mask":
             mask = np.ones(dims, dtype=np.int64)
@@ -358,9 +564,17 @@ def export_dynamo(spec: ModelSpec, example: dict, path: str, max_seq: int | None
                 dims[n] = Dim(n, min=1, max=4096)
         return dims[n]
 
-    dynamic_shapes = {}
-    for inp in spec.inputs:
-        dynamic_shapes[inp.name] = {i: dim(n) for i, n in enumerate(inp.dims) if isinstance(n, str)}
+    # By position, in the structure of forward's arguments: a decoder step's
+    # cache comes as one tuple (*past).
+    import inspect
+
+    shapes = [{i: dim(n) for i, n in enumerate(inp.dims) if isinstance(n, str)} for inp in spec.inputs]
+    params = inspect.signature(spec.module.forward).parameters.values()
+    named = sum(p.kind == p.POSITIONAL_OR_KEYWORD for p in params)
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        dynamic_shapes = (*shapes[:named], tuple(shapes[named:]))
+    else:
+        dynamic_shapes = tuple(shapes)
     args = tuple(torch.from_numpy(example[i.name]) for i in spec.inputs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

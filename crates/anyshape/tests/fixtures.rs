@@ -98,7 +98,7 @@ fn current_exports_match_onnxruntime() {
         .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .collect();
     names.sort();
-    assert!(names.len() >= 6, "fixtures: {names:?}");
+    assert!(names.len() >= 24, "fixtures: {names:?}");
     for name in names {
         check_in(&root, &name, true);
     }

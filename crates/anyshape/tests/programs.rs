@@ -562,6 +562,34 @@ proptest! {
     }
 }
 
+/// A value read at an outer position (the same for every lane) under a guard
+/// that differs along the lanes: each half of a concatenation along the vector
+/// axis (rotary embeddings' `cat(pos·freq, pos·freq)`, as Llama's exports have
+/// it) is a masked read of one address.
+const OUTER_READ_UNDER_LANE_GUARD: &str = r#"graph {
+  sym n param 1..
+  sym m param 1..
+  input %pos: f32[n]
+  input %freq: f32[m]
+  %p2: f32[n, 1] = reshape %pos
+  %pb: f32[n, m] = broadcast %p2
+  %f2: f32[1, m] = reshape %freq
+  %fb: f32[n, m] = broadcast %f2
+  %x: f32[n, m] = mul %pb, %fb
+  %c: f32[n, 2*m] = concat[axis=1] %x, %x
+  %o: f32[n, 2*m] = cos %c
+  output %o
+}
+"#;
+
+#[test]
+fn an_outer_read_under_a_guard_along_the_lanes() {
+    let model = model(OUTER_READ_UNDER_LANE_GUARD, false, None);
+    for (n, m) in [(1, 1), (3, 4), (2, 13), (5, 17)] {
+        compare(&model, &[("n", n), ("m", m)], (n * 100 + m) as u64).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
 /// A dim declared to broadcast must be 1 or the dim it stretches to: any other
 /// value is rejected before a kernel runs, naming the rule.
 #[test]

@@ -1174,7 +1174,9 @@ impl Gen<'_> {
                 }
             }
         } else {
-            // Every lane's address (in bounds, or masked): base + offset · size.
+            // Every lane's address (in bounds, or masked): base + offset · size. An
+            // offset the same for every lane (with a guard that is not) is splat.
+            let off = if off.is_vector_value() { off } else { self.splat(off)? };
             let i64t = self.ctx.i64_type();
             let basei = b.build_ptr_to_int(base, i64t, "base").map_err(llvm)?;
             let size = self.splat(i64t.const_int(dt_bytes(dt), false).into())?;
