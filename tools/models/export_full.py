@@ -12,6 +12,8 @@ Models (--model):
     albert-base   AlbertModel, albert-base-v2 sizes         like bert-base
     mobilenetv2   MobileNetV2Model, MobileNetV2Config() defaults  pixel_values [batch, 3, height, width]
     t5-encoder    T5EncoderModel, T5Config() defaults (= t5-small)  input_ids/attention_mask [batch, seq]
+    llama-100m    LlamaForCausalLM, 8 layers, hidden 768, 12 heads sharing 4 key/value
+                  heads, vocab 32000 (about 100M parameters)  input_ids/attention_mask [batch, seq]
     all           every model above
 
 Usage:
@@ -34,7 +36,10 @@ Known limits with the pinned versions (torch 2.5.1 + onnxscript 0.7.2):
   * random-init mobilenetv2 (HF init, std 0.02 convs) produces ~1e-27 outputs:
     fine for timing, useless for numeric comparisons.
 
-Requirements: tools/fixtures/requirements.txt.
+Requirements: tools/fixtures/requirements.txt (the pinned 2024 toolchain), or
+tools/fixtures/requirements-current.txt (torch 2.15, transformers 5.23, onnx 1.23:
+what users export with today). With the current toolchain --dynamo works for
+every model, the CNNs included.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.dont_write_bytecode = True  # no __pycache__ in tools/models
 sys.path.insert(0, HERE)
 
-MODELS = ["bert-base", "gpt2", "vit-base", "resnet-50", "albert-base", "mobilenetv2", "t5-encoder"]
+MODELS = ["bert-base", "gpt2", "vit-base", "resnet-50", "albert-base", "mobilenetv2", "t5-encoder", "llama-100m"]
 # example input shapes used while exporting (not 1s: the tracer would specialize them)
 EXAMPLE = {"batch": 2, "seq": 16, "height": 224, "width": 224}
 

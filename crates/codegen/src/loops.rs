@@ -1362,8 +1362,9 @@ impl Gen<'_> {
                 let s = if float { s } else { select(b, lt, mone, z)? };
                 select(b, gt, one, s)?
             }
+            // Logical on bools (i1), bitwise on integers: both flip every bit.
             UnaryOp::Not => {
-                let t = self.int_like(a, 1)?;
+                let t = self.int_like(a, -1)?;
                 int_op(b, BinaryOp::Xor, a, t, false)?
             }
             UnaryOp::IsNaN => fcmp(b, FloatPredicate::UNO, a, a)?,

@@ -34,11 +34,12 @@ pub fn infer(op: &Op, ins: &[&TensorType], env: &ShapeEnv) -> Result<Option<Tens
         Op::Unary(u) => {
             let x = ins[0];
             let dtype = match u {
+                // Logical on bools, bitwise on integers.
                 UnaryOp::Not => {
-                    if x.dtype != DType::Bool {
-                        return Err(err(op, format!("needs bool, got {}", x.dtype)));
+                    if x.dtype != DType::Bool && !x.dtype.is_int() {
+                        return Err(err(op, format!("needs bool or integers, got {}", x.dtype)));
                     }
-                    DType::Bool
+                    x.dtype
                 }
                 UnaryOp::IsNaN | UnaryOp::IsInf => DType::Bool,
                 _ => x.dtype,
@@ -51,10 +52,11 @@ pub fn infer(op: &Op, ins: &[&TensorType], env: &ShapeEnv) -> Result<Option<Tens
             if x.dtype != y.dtype && *b != BinaryOp::Pow {
                 return Err(err(op, format!("operand dtypes differ: {} and {}", x.dtype, y.dtype)));
             }
-            if b.is_logical() && x.dtype != DType::Bool {
-                return Err(err(op, format!("needs bool operands, got {}", x.dtype)));
+            // Logical on bools, bitwise on integers.
+            if b.is_logical() && x.dtype != DType::Bool && !x.dtype.is_int() {
+                return Err(err(op, format!("needs bool or integer operands, got {}", x.dtype)));
             }
-            let dtype = if b.is_comparison() || b.is_logical() { DType::Bool } else { x.dtype };
+            let dtype = if b.is_comparison() { DType::Bool } else { x.dtype };
             TensorType::new(dtype, x.shape.clone())
         }
         Op::Select => {

@@ -319,8 +319,8 @@ impl Op {
     pub fn fixed_dtype(&self) -> Option<DType> {
         match self {
             Op::SymConst(_) => Some(DType::I64),
-            Op::Binary(b) if b.is_comparison() || b.is_logical() => Some(DType::Bool),
-            Op::Unary(UnaryOp::Not | UnaryOp::IsNaN | UnaryOp::IsInf) => Some(DType::Bool),
+            Op::Binary(b) if b.is_comparison() => Some(DType::Bool),
+            Op::Unary(UnaryOp::IsNaN | UnaryOp::IsInf) => Some(DType::Bool),
             _ => None,
         }
     }

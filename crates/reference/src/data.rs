@@ -209,6 +209,10 @@ impl Scalar for i64 {
             BinaryOp::Pow => int_pow(a, b)?,
             BinaryOp::Max => a.max(b),
             BinaryOp::Min => a.min(b),
+            // Bitwise: in two's complement, narrowing keeps the low bits.
+            BinaryOp::And => a & b,
+            BinaryOp::Or => a | b,
+            BinaryOp::Xor => a ^ b,
             // The sign of the divisor, like Python's `%`.
             BinaryOp::Mod => {
                 let r = a.wrapping_rem(nonzero()?);
@@ -227,6 +231,7 @@ impl Scalar for i64 {
             UnaryOp::Abs => x.wrapping_abs(),
             UnaryOp::Sign => x.signum(),
             UnaryOp::Relu => x.max(0),
+            UnaryOp::Not => !x,
             _ => return None,
         })
     }

@@ -91,9 +91,8 @@ fn unary(op: UnaryOp, x: &Tensor) -> R<Tensor> {
             let test = if op == UnaryOp::IsNaN { f64::is_nan } else { f64::is_infinite };
             Elems::Bool(x.to_f64_vec().into_iter().map(test).collect())
         }
-        (UnaryOp::Not | UnaryOp::IsNaN | UnaryOp::IsInf, _) | (_, Elems::Bool(_)) => {
-            return Err(Fail::Unsupported(dt))
-        }
+        (UnaryOp::Not, _) if dt.is_float() => return Err(Fail::Unsupported(dt)),
+        (UnaryOp::IsNaN | UnaryOp::IsInf, _) | (_, Elems::Bool(_)) => return Err(Fail::Unsupported(dt)),
         _ => {
             let unsupported = || Fail::Unsupported(dt);
             let w = wide!(dt, S, [v = x], {
@@ -121,7 +120,7 @@ fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> R<Tensor> {
     if b.dtype() != dt {
         bail!("operand dtypes differ: {dt} and {}", b.dtype());
     }
-    let elems = if op.is_logical() {
+    let elems = if op.is_logical() && dt == DType::Bool {
         let (Elems::Bool(x), Elems::Bool(y)) = (a.elems(), b.elems()) else {
             return Err(Fail::Unsupported(dt));
         };

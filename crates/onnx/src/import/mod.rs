@@ -21,6 +21,7 @@ mod indexing;
 mod ops;
 mod resize;
 mod shaping;
+mod transformer;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;

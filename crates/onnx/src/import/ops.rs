@@ -8,7 +8,8 @@ use ir::{
 use sym::SymExpr;
 
 use super::{
-    attr_tensor, einsum, indexing, norm_axis, resize, scalar_data, shaping, Importer, Node, DIM_MAX, R,
+    attr_tensor, einsum, indexing, norm_axis, resize, scalar_data, shaping, transformer, Importer, Node,
+    DIM_MAX, R,
 };
 
 /// Convert one node; `Ok(None)` when the operator is not supported.
@@ -142,6 +143,12 @@ pub(crate) fn convert(imp: &mut Importer, op: &str, n: &Node) -> R<Option<Vec<Va
         "And" => one(imp.binary(B::And, n.input(0)?, n.input(1)?)),
         "Or" => one(imp.binary(B::Or, n.input(0)?, n.input(1)?)),
         "Xor" => one(imp.binary(B::Xor, n.input(0)?, n.input(1)?)),
+        // The logical ops are bitwise on integers.
+        "BitwiseAnd" => one(bitwise(imp, n, Some(B::And))),
+        "BitwiseOr" => one(bitwise(imp, n, Some(B::Or))),
+        "BitwiseXor" => one(bitwise(imp, n, Some(B::Xor))),
+        "BitwiseNot" => one(bitwise(imp, n, None)),
+        "BitShift" => one(bit_shift(imp, n)),
         "Max" => one(variadic(imp, n, B::Max)),
         "Min" => one(variadic(imp, n, B::Min)),
         "Sum" => one(variadic(imp, n, B::Add)),
@@ -276,6 +283,9 @@ pub(crate) fn convert(imp: &mut Importer, op: &str, n: &Node) -> R<Option<Vec<Va
         "Slice" => one(slice(imp, n)),
         "InstanceNormalization" => one(shaping::instance_norm(imp, n)),
         "GroupNormalization" => one(shaping::group_norm(imp, n)),
+        "RMSNormalization" => one(transformer::rms_norm(imp, n)),
+        "RotaryEmbedding" => one(transformer::rotary_embedding(imp, n)),
+        "Attention" => transformer::attention(imp, n).map(Some),
         "MeanVarianceNormalization" => one(shaping::mean_variance_norm(imp, n)),
         "DepthToSpace" | "SpaceToDepth" => one(shaping::depth_space(imp, n, op == "DepthToSpace")),
         "Tan" | "Sinh" | "Cosh" | "Asinh" | "Acosh" | "Atanh" | "Asin" | "Acos" | "Atan" => {
@@ -1273,9 +1283,75 @@ fn pad(imp: &mut Importer, n: &Node) -> R<ValueId> {
     imp.emit(Op::Pad { pads, mode }, vec![x], None)
 }
 
+/// A bitwise op on integers (`None`: not).
+fn bitwise(imp: &mut Importer, n: &Node, op: Option<B>) -> R<ValueId> {
+    let x = n.input(0)?;
+    if !imp.ty(x).dtype.is_int() {
+        return Err(format!("bitwise operands must be integers, got {}", imp.ty(x).dtype));
+    }
+    match op {
+        Some(op) => imp.binary(op, x, n.input(1)?),
+        None => imp.unary(U::Not, x),
+    }
+}
+
+/// `BitShift` (opset 28 semantics, signed types too): in i64, a left shift is
+/// a wrapping product with `2^y` (read from a table: exact for every `y` below
+/// the width), a right shift a floor division (arithmetic for signed types);
+/// a shift below 0 or at least the width gives 0 (or -1, shifting a negative
+/// value right).
+fn bit_shift(imp: &mut Importer, n: &Node) -> R<ValueId> {
+    let (x, y) = (n.input(0)?, n.input(1)?);
+    let dt = imp.ty(x).dtype;
+    let (bits, signed) = match dt {
+        DType::U8 => (8, false),
+        DType::I8 => (8, true),
+        DType::I32 => (32, true),
+        DType::I64 => (64, true),
+        other => return Err(format!("BitShift of {other}")),
+    };
+    let left = match n.string("direction").as_deref() {
+        Some("LEFT") => true,
+        Some("RIGHT") => false,
+        d => return Err(format!("BitShift direction {d:?} (LEFT or RIGHT)")),
+    };
+    let (xw, yw) = (imp.cast(x, DType::I64)?, imp.cast(y, DType::I64)?);
+    let (zero, width) = (imp.scalar(DType::I64, 0.0)?, imp.scalar(DType::I64, bits as f64)?);
+    let (ge0, below) = (imp.binary(B::GreaterEq, yw, zero)?, imp.binary(B::Less, yw, width)?);
+    let valid = imp.binary(B::And, ge0, below)?;
+    let ys = imp.select(valid, yw, zero)?;
+    // 2^k for k < bits (2^63 wraps to i64::MIN: its low 64 bits).
+    let powers: Vec<i64> = (0..bits).map(|k| 1i64.wrapping_shl(k)).collect();
+    let table = imp.constant(super::int_const(DType::I64, &[bits as i64], &powers)?);
+    let p = imp.emit(Op::Gather { axis: 0 }, vec![table, ys], None)?;
+    let negative = imp.binary(B::Less, xw, zero)?;
+    let minus_one = imp.scalar(DType::I64, -1.0)?;
+    let (shifted, outside) = if left {
+        (imp.binary(B::Mul, xw, p)?, zero)
+    } else {
+        // Floor division, x - (x mod p) being a multiple of p (p > 0 below the
+        // top bit; a signed value shifted by width - 1 is its sign).
+        let m = imp.binary(B::Mod, xw, p)?;
+        let d = imp.binary(B::Sub, xw, m)?;
+        let q = imp.binary(B::Div, d, p)?;
+        let sign = imp.select(negative, minus_one, zero)?;
+        let top = imp.scalar(DType::I64, (bits - 1) as f64)?;
+        let at_top = imp.binary(B::Equal, ys, top)?;
+        let q = if signed && bits == 64 { imp.select(at_top, sign, q)? } else { q };
+        (q, if signed { sign } else { zero })
+    };
+    let r = imp.select(valid, shifted, outside)?;
+    imp.cast(r, dt)
+}
+
 /// A constant pad whose value `c` (one element) is computed at run time:
 /// `select(pad(true), pad(x, 0), c)`.
-fn pad_with_value(imp: &mut Importer, x: ValueId, pads: Vec<(SymExpr, SymExpr)>, c: ValueId) -> R<ValueId> {
+pub(crate) fn pad_with_value(
+    imp: &mut Importer,
+    x: ValueId,
+    pads: Vec<(SymExpr, SymExpr)>,
+    c: ValueId,
+) -> R<ValueId> {
     let zero = PadMode::Constant(0.0);
     let padded = imp.emit(Op::Pad { pads: pads.clone(), mode: zero }, vec![x], None)?;
     let ones = imp.fill_like(x, 1.0)?;
