@@ -213,3 +213,101 @@ fn pad_with_a_value_from_data() {
     assert_eq!(out[0].1.shape(), &[1, 4]);
     assert_eq!(f32s(&out[0].1), vec![-7.5, -7.5, 1.0, 2.0]);
 }
+
+fn bool_scalar(name: &str, v: bool) -> anyshape_onnx::proto::TensorProto {
+    anyshape_onnx::proto::TensorProto {
+        name: Some(name.into()),
+        data_type: Some(anyshape_onnx::proto::data_type::BOOL),
+        int32_data: vec![i32::from(v)],
+        ..Default::default()
+    }
+}
+
+fn graph_attr(name: &str, g: anyshape_onnx::proto::GraphProto) -> anyshape_onnx::proto::AttributeProto {
+    anyshape_onnx::proto::AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(5),
+        g: Some(g),
+        ..Default::default()
+    }
+}
+
+fn branch(
+    nodes: Vec<anyshape_onnx::proto::NodeProto>,
+    inits: Vec<anyshape_onnx::proto::TensorProto>,
+    out: &str,
+) -> anyshape_onnx::proto::GraphProto {
+    anyshape_onnx::proto::GraphProto {
+        node: nodes,
+        initializer: inits,
+        output: vec![anyshape_onnx::proto::ValueInfoProto { name: Some(out.into()), r#type: None }],
+        ..Default::default()
+    }
+}
+
+/// An `If` whose condition is a constant inlines the branch it takes: that
+/// branch's own initializers and values, the enclosing graph's by name, and a
+/// nested `If` reading the outer branch's values. A condition computed at run
+/// time is an error naming the node.
+#[test]
+fn if_with_a_known_condition_inlines_its_branch() {
+    // then: t = x·2; (nested, taken) u = t + 1. else: u = -x.
+    let nested = node(
+        "If",
+        &["yes"],
+        &["u"],
+        vec![
+            graph_attr(
+                "then_branch",
+                branch(
+                    vec![node("Add", &["t", "one"], &["v"], vec![])],
+                    vec![f32_tensor("one", &[], &[1.0])],
+                    "v",
+                ),
+            ),
+            graph_attr("else_branch", branch(vec![node("Neg", &["t"], &["w"], vec![])], vec![], "w")),
+        ],
+    );
+    let then = branch(
+        vec![node("Mul", &["x", "two"], &["t"], vec![]), nested],
+        vec![f32_tensor("two", &[], &[2.0]), bool_scalar("yes", true)],
+        "u",
+    );
+    let other = branch(vec![node("Neg", &["x"], &["z"], vec![])], vec![], "z");
+    for (cond, want) in [(true, [3.0f32, 5.0, -1.0]), (false, [-1.0, -2.0, 1.0])] {
+        let m = model(
+            vec![node(
+                "If",
+                &["c"],
+                &["y"],
+                vec![graph_attr("then_branch", then.clone()), graph_attr("else_branch", other.clone())],
+            )],
+            vec![value_info("x", FLOAT, &[Dim::P("n")])],
+            &["y"],
+            vec![bool_scalar("c", cond)],
+            17,
+        );
+        let g = import(&m);
+        let x = Tensor::new(vec![3], Elems::F32(vec![1.0, 2.0, -1.0])).expect("x");
+        let out = reference::run(&g, &[("x", x)]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(f32s(&out[0].1), want, "condition {cond}");
+    }
+    // The condition is an input: known only at run time.
+    let m = model(
+        vec![node(
+            "If",
+            &["c"],
+            &["y"],
+            vec![graph_attr("then_branch", then), graph_attr("else_branch", other)],
+        )],
+        vec![
+            value_info("x", FLOAT, &[Dim::P("n")]),
+            value_info("c", anyshape_onnx::proto::data_type::BOOL, &[]),
+        ],
+        &["y"],
+        vec![],
+        17,
+    );
+    let e = import_bytes(&encode(&m), &ImportOptions::new()).expect_err("a run-time condition").to_string();
+    assert!(e.contains("If_y") && e.contains("condition is computed at run time"), "{e}");
+}

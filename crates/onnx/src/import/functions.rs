@@ -81,6 +81,81 @@ impl Importer {
         result
     }
 
+    /// `If` whose condition is known at compile time (a constant, or arithmetic
+    /// on shapes): the taken branch's nodes, inlined. Names the branch defines get
+    /// a prefix of their own; the others are the enclosing graph's.
+    pub(crate) fn inline_if(&mut self, node: &NodeProto) -> Result<(), OnnxError> {
+        let name = node_name(node);
+        let err = |msg: String| OnnxError::Node { node: name.clone(), op: "If".into(), msg };
+        let cond = node.input.first().and_then(|c| self.vals.get(c)).copied();
+        let known = cond.and_then(|c| self.const_f64(c)).filter(|c| c.len() == 1).map(|c| c[0] != 0.0);
+        let Some(taken) = known else {
+            return Err(err("its condition is computed at run time; only an If whose condition is known \
+                 when the model is compiled (a constant, or arithmetic on shapes) is supported"
+                .into()));
+        };
+        let which = if taken { "then_branch" } else { "else_branch" };
+        let g = node
+            .attribute
+            .iter()
+            .find(|a| a.name.as_deref() == Some(which))
+            .and_then(|a| a.g.as_ref())
+            .ok_or_else(|| err(format!("no {which} graph")))?;
+        if g.output.len() != node.output.len() {
+            return Err(err(format!(
+                "{which} has {} outputs for {} of the node",
+                g.output.len(),
+                node.output.len()
+            )));
+        }
+        if self.inline_depth >= MAX_INLINE_DEPTH {
+            return Err(err(format!("branches nest deeper than {MAX_INLINE_DEPTH}")));
+        }
+        self.inline_calls += 1;
+        let prefix = format!("{name}#{}/", self.inline_calls);
+        let local: std::collections::HashSet<&str> = g
+            .initializer
+            .iter()
+            .filter_map(|t| t.name.as_deref())
+            .chain(g.node.iter().flat_map(|n| n.output.iter().map(|o| o.as_str())))
+            .filter(|n| !n.is_empty())
+            .collect();
+        let map = |v: &String| if local.contains(v.as_str()) { format!("{prefix}{v}") } else { v.clone() };
+        for t in &g.initializer {
+            let data = crate::load::tensor_data(t, &mut self.ext)?;
+            let v = self.constant(data);
+            self.vals.insert(map(&t.name.clone().unwrap_or_default()), v);
+        }
+        self.inline_depth += 1;
+        let mut result = Ok(());
+        for n in &g.node {
+            let mut body = n.clone();
+            body.input = n.input.iter().map(map).collect();
+            body.output = n.output.iter().map(map).collect();
+            body.name = Some(format!("{prefix}{}", node_name(n)));
+            // A nested branch reads this one's values by their new names too.
+            for a in &mut body.attribute {
+                if let Some(sub) = a.g.as_mut() {
+                    rename_graph(sub, &map);
+                }
+            }
+            if let Err(e) = self.import_node(&body) {
+                result = Err(e);
+                break;
+            }
+        }
+        self.inline_depth -= 1;
+        result?;
+        for (out, o) in node.output.iter().zip(&g.output) {
+            let src = map(&o.name.clone().unwrap_or_default());
+            let v = *self.vals.get(&src).ok_or_else(|| err(format!("{which} never computes '{src}'")))?;
+            if !out.is_empty() {
+                self.vals.insert(out.clone(), v);
+            }
+        }
+        Ok(())
+    }
+
     /// Sequence ops; `None` when `op` is not one.
     pub(crate) fn sequence_op(&mut self, op: &str, n: &Node) -> Option<R<SeqResult>> {
         let r = match op {
@@ -239,4 +314,25 @@ fn bind_attributes(attrs: &[AttributeProto], call: &NodeProto, f: &FunctionProto
         }
     }
     Ok(out)
+}
+
+/// Every value name `g` (and the graphs nested in it) uses, passed through
+/// `map` (which renames only an enclosing branch's own values: names are
+/// unique across a model's graphs).
+fn rename_graph(g: &mut crate::proto::GraphProto, map: &dyn Fn(&String) -> String) {
+    for n in &mut g.node {
+        n.input = n.input.iter().map(map).collect();
+        n.output = n.output.iter().map(map).collect();
+        for a in &mut n.attribute {
+            if let Some(sub) = a.g.as_mut() {
+                rename_graph(sub, map);
+            }
+        }
+    }
+    for o in &mut g.output {
+        o.name = o.name.as_ref().map(map);
+    }
+    for t in &mut g.initializer {
+        t.name = t.name.as_ref().map(map);
+    }
 }

@@ -361,6 +361,9 @@ impl Importer {
         if !(domain.is_empty() || domain == "ai.onnx") {
             return Err(OnnxError::UnsupportedOp { op: op_type, domain, node: name, opset: self.opset });
         }
+        if op_type == "If" {
+            return self.inline_if(node);
+        }
         if op_type == "Cast" {
             let to = node
                 .attribute
