@@ -311,3 +311,54 @@ fn if_with_a_known_condition_inlines_its_branch() {
     let e = import_bytes(&encode(&m), &ImportOptions::new()).expect_err("a run-time condition").to_string();
     assert!(e.contains("If_y") && e.contains("condition is computed at run time"), "{e}");
 }
+
+/// `ScatterElements` along a symbolic axis (negative indices wrap; with
+/// `add`, two updates to one place both count) and `ScatterND` of rows (the
+/// last of two writes to one row wins); an index outside its axis is an
+/// error at run time, not a write elsewhere.
+#[test]
+fn scatters_combine_updates_and_reject_indices_out_of_range() {
+    let m = model(
+        vec![node(
+            "ScatterElements",
+            &["x", "i", "u"],
+            &["y"],
+            vec![attr_int("axis", 1), attr_string("reduction", "add")],
+        )],
+        vec![
+            value_info("x", FLOAT, &[Dim::V(2), Dim::P("n")]),
+            value_info("i", INT64, &[Dim::V(2), Dim::V(2)]),
+            value_info("u", FLOAT, &[Dim::V(2), Dim::V(2)]),
+        ],
+        &["y"],
+        vec![],
+        18,
+    );
+    let g = import(&m);
+    let x = Tensor::new(vec![2, 3], Elems::F32(vec![0.0; 6])).expect("x");
+    let u = Tensor::new(vec![2, 2], Elems::F32(vec![1.0, 2.0, 3.0, 4.0])).expect("u");
+    let i = Tensor::new(vec![2, 2], Elems::I64(vec![-1, 2, 0, 1])).expect("i");
+    let out = reference::run(&g, &[("x", x.clone()), ("i", i), ("u", u.clone())]).expect("run");
+    assert_eq!(f32s(&out[0].1), vec![0.0, 0.0, 3.0, 3.0, 4.0, 0.0]);
+    let bad = Tensor::new(vec![2, 2], Elems::I64(vec![0, 3, 0, 0])).expect("i");
+    let e = reference::run(&g, &[("x", x), ("i", bad), ("u", u)]).expect_err("out of range");
+    assert!(e.to_string().contains("out of range"), "{e}");
+
+    let m = model(
+        vec![node("ScatterND", &["x", "i", "u"], &["y"], vec![])],
+        vec![
+            value_info("x", FLOAT, &[Dim::P("n"), Dim::V(2)]),
+            value_info("i", INT64, &[Dim::V(3), Dim::V(1)]),
+            value_info("u", FLOAT, &[Dim::V(3), Dim::V(2)]),
+        ],
+        &["y"],
+        vec![],
+        18,
+    );
+    let g = import(&m);
+    let x = Tensor::new(vec![3, 2], Elems::F32(vec![9.0; 6])).expect("x");
+    let i = Tensor::new(vec![3, 1], Elems::I64(vec![2, 0, 2])).expect("i");
+    let u = Tensor::new(vec![3, 2], Elems::F32(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0])).expect("u");
+    let out = reference::run(&g, &[("x", x), ("i", i), ("u", u)]).expect("run");
+    assert_eq!(f32s(&out[0].1), vec![3.0, 4.0, 9.0, 9.0, 5.0, 6.0]);
+}

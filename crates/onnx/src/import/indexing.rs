@@ -123,6 +123,175 @@ pub(crate) fn gather_nd(imp: &mut Importer, n: &Node) -> R<ValueId> {
     imp.reshape(picked, out)
 }
 
+/// How a scatter combines an update with what is there.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Combine {
+    /// The update replaces the value (the last of several to one place wins).
+    Replace,
+    Add,
+    Mul,
+    Max,
+    Min,
+}
+
+fn combine_of(n: &Node) -> R<Combine> {
+    Ok(match n.string("reduction").as_deref().unwrap_or("none") {
+        "none" => Combine::Replace,
+        "add" => Combine::Add,
+        "mul" => Combine::Mul,
+        "max" => Combine::Max,
+        "min" => Combine::Min,
+        r => return Err(format!("reduction '{r}' (none, add, mul, max or min)")),
+    })
+}
+
+/// `rows` (`[P, T]`) with the updates `upd` (`[U, T]`) combined into row
+/// `at[u]` (`[U]`, i64, checked below `P`). Written with the primitives: each
+/// row reduces over the updates that target it (a `[P, U, T]` space the fused
+/// loop never stores), so the cost is `P·U·T`: fine for the index writes of
+/// exported models (a cache position, a mask), slow for a large scatter.
+fn scatter_rows(imp: &mut Importer, rows: ValueId, at: ValueId, upd: ValueId, how: Combine) -> R<ValueId> {
+    let (rs, us) = (imp.shape(rows), imp.shape(upd));
+    let (p, u, t) = (rs[0].clone(), us[0].clone(), rs[1].clone());
+    let one = SymExpr::constant(1);
+    let dt = imp.ty(rows).dtype;
+    // hits[p, u]: update u goes to row p.
+    let row = iota(imp, &[p.clone(), u.clone()], 0)?;
+    let at2 = imp.reshape(at, vec![one.clone(), u.clone()])?;
+    let hits = imp.binary(B::Equal, row, at2)?;
+    if how == Combine::Replace {
+        // The last update to each row, if any.
+        let which = iota(imp, &[p.clone(), u.clone()], 1)?;
+        let none = imp.scalar(DType::I64, -1.0)?;
+        let cand = imp.select(hits, which, none)?;
+        let last = imp.reduce(ReduceOp::Max, cand, vec![1], false)?;
+        let zero = imp.scalar(DType::I64, 0.0)?;
+        let some = imp.binary(B::GreaterEq, last, zero)?;
+        let safe = imp.binary(B::Max, last, zero)?;
+        let taken = imp.emit(Op::Gather { axis: 0 }, vec![upd, safe], None)?;
+        let some = imp.reshape(some, vec![p, one])?;
+        return imp.select(some, taken, rows);
+    }
+    let (neutral, op) = match how {
+        Combine::Add => (0.0, ReduceOp::Sum),
+        Combine::Mul => (1.0, ReduceOp::Prod),
+        Combine::Max if dt.is_float() => (f64::NEG_INFINITY, ReduceOp::Max),
+        Combine::Min if dt.is_float() => (f64::INFINITY, ReduceOp::Min),
+        Combine::Max => (int_limit(dt, false)?, ReduceOp::Max),
+        Combine::Min => (int_limit(dt, true)?, ReduceOp::Min),
+        Combine::Replace => unreachable!("handled above"),
+    };
+    let hits3 = imp.reshape(hits, vec![p.clone(), u.clone(), one.clone()])?;
+    let upd3 = imp.reshape(upd, vec![one, u, t.clone()])?;
+    let fill = imp.scalar(dt, neutral)?;
+    let each = imp.select(hits3, upd3, fill)?;
+    let total = imp.reduce(op, each, vec![1], false)?;
+    let b = match how {
+        Combine::Add => B::Add,
+        Combine::Mul => B::Mul,
+        Combine::Max => B::Max,
+        _ => B::Min,
+    };
+    imp.binary(b, rows, total)
+}
+
+/// The smallest (or, `high`, largest) value of an integer dtype.
+fn int_limit(dt: DType, high: bool) -> R<f64> {
+    Ok(match (dt, high) {
+        (DType::I8, false) => i8::MIN as f64,
+        (DType::I8, true) => i8::MAX as f64,
+        (DType::U8, false) => 0.0,
+        (DType::U8, true) => u8::MAX as f64,
+        (DType::I32, false) => i32::MIN as f64,
+        (DType::I32, true) => i32::MAX as f64,
+        (DType::I64, false) => i64::MIN as f64,
+        (DType::I64, true) => i64::MAX as f64,
+        (other, _) => return Err(format!("a scatter reduction on {other}")),
+    })
+}
+
+/// ONNX `ScatterElements`: `out = data` with `out[j with j[axis] = indices[j]]`
+/// combined with `updates[j]` for every position `j` of the updates.
+pub(crate) fn scatter_elements(imp: &mut Importer, n: &Node) -> R<ValueId> {
+    let (data, indices, updates) = (n.input(0)?, n.input(1)?, n.input(2)?);
+    let how = combine_of(n)?;
+    let r = imp.rank(data);
+    if imp.rank(indices) != r || imp.rank(updates) != r || r == 0 {
+        return Err(format!(
+            "data, indices and updates of ranks {r}, {}, {}",
+            imp.rank(indices),
+            imp.rank(updates)
+        ));
+    }
+    let axis = norm_axis(n.int("axis", 0), r)?;
+    let (ds, is) = (imp.shape(data), imp.shape(indices));
+    if !imp.same_shape(&is, &imp.shape(updates)) {
+        return Err("indices and updates differ in shape".into());
+    }
+    let mut linear = None;
+    for d in 0..r {
+        let stride = product(&ds[d + 1..])?;
+        let along = if d == axis { checked_index(imp, indices, &ds[d])? } else { iota(imp, &is, d)? };
+        linear = Some(add_scaled(imp, linear, along, &stride)?);
+    }
+    let linear = linear.ok_or("ScatterElements of a scalar")?;
+    let count = product(&is)?;
+    let at = imp.reshape(linear, vec![count.clone()])?;
+    let one = SymExpr::constant(1);
+    let rows = imp.reshape(data, vec![product(&ds)?, one.clone()])?;
+    let upd = imp.reshape(updates, vec![count, one])?;
+    let out = scatter_rows(imp, rows, at, upd, how)?;
+    imp.reshape(out, ds)
+}
+
+/// ONNX `ScatterND`: `out = data` with the element or slice that each index
+/// tuple (the last axis of `indices`, of constant extent `q`) addresses
+/// combined with its slice of `updates`.
+pub(crate) fn scatter_nd(imp: &mut Importer, n: &Node) -> R<ValueId> {
+    let (data, indices, updates) = (n.input(0)?, n.input(1)?, n.input(2)?);
+    let how = combine_of(n)?;
+    let (ds, is) = (imp.shape(data), imp.shape(indices));
+    let ir = is.len();
+    let q = ir
+        .checked_sub(1)
+        .and_then(|l| is[l].as_const())
+        .ok_or("ScatterND needs indices of rank >= 1 whose last dim is a constant")? as usize;
+    if q == 0 || q > ds.len() {
+        return Err(format!("{q} indexed axes for data of rank {}", ds.len()));
+    }
+    let picks = is[..ir - 1].to_vec();
+    let rest = ds[q..].to_vec();
+    let mut want = picks.clone();
+    want.extend(rest.iter().cloned());
+    if !imp.same_shape(&want, &imp.shape(updates)) {
+        return Err(format!("updates of shape [{}], expected [{}]", list(&imp.shape(updates)), list(&want)));
+    }
+    let mut linear = None;
+    for j in 0..q {
+        let mut shape = is.clone();
+        shape[ir - 1] = SymExpr::constant(1);
+        let axes = vec![SliceAxis { axis: ir - 1, start: SymExpr::constant(j as i64), step: 1 }];
+        let ty = TensorType::new(imp.ty(indices).dtype, shape);
+        let col = imp.emit(Op::Slice { axes }, vec![indices], Some(ty))?;
+        let col = imp.reshape(col, picks.clone())?;
+        let at = checked_index(imp, col, &ds[j])?;
+        let stride = product(&ds[j + 1..q])?;
+        linear = Some(add_scaled(imp, linear, at, &stride)?);
+    }
+    let linear = linear.ok_or("ScatterND needs indices whose last dim is at least 1")?;
+    let count = product(&picks)?;
+    let at = imp.reshape(linear, vec![count.clone()])?;
+    let width = product(&rest)?;
+    let rows = imp.reshape(data, vec![product(&ds[..q])?, width.clone()])?;
+    let upd = imp.reshape(updates, vec![count, width])?;
+    let out = scatter_rows(imp, rows, at, upd, how)?;
+    imp.reshape(out, ds)
+}
+
+fn list(s: &[SymExpr]) -> String {
+    s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+}
+
 /// ONNX `ArgMax`/`ArgMin`: the first (or last, `select_last_index`) position of
 /// the extreme along `axis`, as i64.
 pub(crate) fn arg_extreme(imp: &mut Importer, n: &Node, max: bool) -> R<ValueId> {

@@ -299,6 +299,8 @@ pub(crate) fn convert(imp: &mut Importer, op: &str, n: &Node) -> R<Option<Vec<Va
         "Hardmax" => one(indexing::hardmax(imp, n)),
         "OneHot" => one(indexing::one_hot(imp, n)),
         "TopK" => indexing::top_k(imp, n).map(Some),
+        "ScatterElements" | "Scatter" => one(indexing::scatter_elements(imp, n)),
+        "ScatterND" => one(indexing::scatter_nd(imp, n)),
         "EyeLike" => one(indexing::eye_like(imp, n)),
         "Gather" => {
             let (x, i) = (n.input(0)?, n.input(1)?);
