@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README): unit, property and fixture tests of every crate,
-# then the ONNX backend node tests (conformance) of two pinned `onnx` packages
+# the Python package's tests, then the ONNX backend node tests (conformance) of
+# two pinned `onnx` packages
 # (1.17, which ships them, and 1.23, whose cases are generated). Works on a
 # fresh machine: the first run makes the venvs .venv and .venv-onnx123.
 set -euo pipefail
@@ -35,6 +36,15 @@ if [ ! -d "$venv123/node-data/node" ]; then
 fi
 
 cargo test --workspace --locked
+# The Python package (crates/python + python/anyshape), built in place (debug,
+# reusing the build above) into its own venv, and its tests.
+venvpy=.venv-py
+if ! "$venvpy/bin/python" -c "import pytest, numpy" 2>/dev/null || [ ! -x "$venvpy/bin/maturin" ]; then
+    python3 -m venv "$venvpy"
+    "$venvpy/bin/pip" install --quiet --disable-pip-version-check -r python/requirements-test.txt
+fi
+VIRTUAL_ENV="$PWD/$venvpy" "$venvpy/bin/maturin" develop --quiet --locked
+"$venvpy/bin/python" -m pytest -q tests/python
 # The node tests, on the interpreter and compiled (canary margins on), and the CNN
 # models of onnx's `light` folder: all nine compiled against their expected
 # outputs, the fastest three also run on the interpreter (all nine: drop

@@ -1,0 +1,259 @@
+//! `anyshape._anyshape`: the extension module under the Python package
+//! (`python/anyshape`). A `Session` compiles an ONNX model once and runs it on
+//! numpy arrays at any shape its symbols allow, with the GIL released while it
+//! runs; the Python layer (`anyshape.InferenceSession`) gives it ONNX Runtime's
+//! interface. Errors become Python exceptions: `InvalidArgument` (a
+//! `ValueError`) for the user's input, naming the input, the dim and the rule
+//! as the CLI does; `AnyshapeError` for the rest.
+
+use std::collections::HashMap;
+
+use anyshape::{CompileOptions, CompiledModel, Elems, IoInfo, LoadOptions, Model, Tensor};
+use ir::DType;
+use numpy::{PyArray1, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+create_exception!(_anyshape, AnyshapeError, PyException, "An error of anyshape's.");
+create_exception!(
+    _anyshape,
+    InvalidArgument,
+    PyValueError,
+    "The user's input is wrong: a model file, a feed's name, dtype or shape."
+);
+
+/// The exception for `e`: the user's (bad model, feeds, shapes) or anyshape's own.
+fn to_py(e: anyshape::Error) -> PyErr {
+    if e.is_user_error() {
+        InvalidArgument::new_err(e.to_string())
+    } else {
+        AnyshapeError::new_err(e.to_string())
+    }
+}
+
+fn invalid(msg: String) -> PyErr {
+    InvalidArgument::new_err(msg)
+}
+
+/// A compiled model.
+#[pyclass(frozen, module = "anyshape._anyshape")]
+struct Session {
+    model: CompiledModel,
+    inputs: Vec<IoInfo>,
+    outputs: Vec<IoInfo>,
+}
+
+/// `(name, shape, dtype)` with each dim an `int` or the symbol's expression.
+type Described = (String, Vec<Py<PyAny>>, String);
+
+fn describe(py: Python<'_>, io: &[IoInfo]) -> PyResult<Vec<Described>> {
+    io.iter()
+        .map(|i| {
+            let dims =
+                i.ty.shape
+                    .iter()
+                    .map(|d| -> PyResult<Py<PyAny>> {
+                        Ok(match d.as_const() {
+                            Some(v) => v.into_pyobject(py)?.into_any().unbind(),
+                            None => d.to_string().into_pyobject(py)?.into_any().unbind(),
+                        })
+                    })
+                    .collect::<PyResult<_>>()?;
+            Ok((i.name.clone(), dims, numpy_name(i.ty.dtype).to_string()))
+        })
+        .collect()
+}
+
+/// numpy's name for a dtype.
+fn numpy_name(dt: DType) -> &'static str {
+    match dt {
+        DType::F32 => "float32",
+        DType::F64 => "float64",
+        DType::F16 => "float16",
+        DType::I8 => "int8",
+        DType::U8 => "uint8",
+        DType::I32 => "int32",
+        DType::I64 => "int64",
+        DType::Bool => "bool",
+    }
+}
+
+/// A feed as a tensor of `want` (copied: the runtime owns its inputs).
+fn tensor_of(name: &str, value: &Bound<'_, PyAny>, want: DType) -> PyResult<Tensor> {
+    let arr = value
+        .cast::<PyUntypedArray>()
+        .map_err(|_| invalid(format!("input '{name}': expected a numpy array, got {}", type_name(value))))?;
+    let dtype = arr.dtype();
+    let got = dtype.to_string();
+    if got != numpy_name(want) {
+        return Err(invalid(format!("input '{name}': expected dtype {}, got {got}", numpy_name(want))));
+    }
+    if !arr.is_c_contiguous() {
+        return Err(invalid(format!(
+            "input '{name}' is not C-contiguous: pass numpy.ascontiguousarray(...) of it"
+        )));
+    }
+    let shape = arr.shape().to_vec();
+    macro_rules! take {
+        ($t:ty, $wrap:expr) => {{
+            let a =
+                value.cast::<numpy::PyArrayDyn<$t>>().map_err(|e| invalid(format!("input '{name}': {e}")))?;
+            let ro = a.readonly();
+            let s = ro.as_slice().map_err(|e| invalid(format!("input '{name}': {e}")))?;
+            $wrap(s.to_vec())
+        }};
+    }
+    let elems = match want {
+        DType::F32 => take!(f32, Elems::F32),
+        DType::F64 => take!(f64, Elems::F64),
+        DType::F16 => take!(u16, Elems::F16),
+        DType::I8 => take!(i8, Elems::I8),
+        DType::U8 => take!(u8, Elems::U8),
+        DType::I32 => take!(i32, Elems::I32),
+        DType::I64 => take!(i64, Elems::I64),
+        DType::Bool => take!(bool, Elems::Bool),
+    };
+    Tensor::new(shape, elems).map_err(|e| invalid(format!("input '{name}': {e}")))
+}
+
+fn type_name(v: &Bound<'_, PyAny>) -> String {
+    v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "an object".into())
+}
+
+/// An output as a numpy array that owns the tensor's elements (no copy).
+fn array_of(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
+    let shape = t.shape().to_vec();
+    macro_rules! give {
+        ($v:expr) => {
+            PyArray1::from_vec(py, $v).reshape(shape)?.into_any().unbind()
+        };
+    }
+    Ok(match t.into_elems() {
+        Elems::F32(v) => give!(v),
+        Elems::F64(v) => give!(v),
+        Elems::F16(v) => {
+            // Half floats: the bits, viewed as float16.
+            let a = PyArray1::from_vec(py, v).reshape(shape)?;
+            a.call_method1("view", ("float16",))?.unbind()
+        }
+        Elems::I8(v) => give!(v),
+        Elems::U8(v) => give!(v),
+        Elems::I32(v) => give!(v),
+        Elems::I64(v) => give!(v),
+        Elems::Bool(v) => give!(v),
+    })
+}
+
+#[pymethods]
+impl Session {
+    /// Compile the ONNX model at `path`. `dims` bounds symbols (`{"seq": (1,
+    /// 512)}`), `threads` the threads that run it (default: every core).
+    #[new]
+    #[pyo3(signature = (path, dims = None, threads = None))]
+    fn new(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        dims: Option<HashMap<String, (i64, i64)>>,
+        threads: Option<usize>,
+    ) -> PyResult<Self> {
+        let mut load = LoadOptions::new();
+        for (name, (lo, hi)) in dims.unwrap_or_default() {
+            if lo < 0 || hi < lo {
+                return Err(invalid(format!("dims['{name}'] = ({lo}, {hi}): expected 0 <= lo <= hi")));
+            }
+            load = load.dim(&name, lo, hi);
+        }
+        let mut opts = CompileOptions::new();
+        if let Some(t) = threads {
+            if t == 0 {
+                return Err(invalid("threads must be at least 1".into()));
+            }
+            opts = opts.threads(t);
+        }
+        // Compiling takes seconds: other Python threads run meanwhile.
+        py.detach(|| {
+            let model = Model::load(&path, &load).map_err(to_py)?;
+            let (inputs, outputs) = (model.inputs(), model.outputs());
+            let compiled = model.compile(&opts).map_err(to_py)?;
+            Ok(Session { model: compiled, inputs, outputs })
+        })
+    }
+
+    /// `(name, shape, dtype)` of each input.
+    fn inputs(&self, py: Python<'_>) -> PyResult<Vec<Described>> {
+        describe(py, &self.inputs)
+    }
+
+    /// `(name, shape, dtype)` of each output.
+    fn outputs(&self, py: Python<'_>) -> PyResult<Vec<Described>> {
+        describe(py, &self.outputs)
+    }
+
+    /// Run on `feeds` (input name → numpy array); the outputs named in
+    /// `output_names` (all when `None`), in that order.
+    #[pyo3(signature = (output_names, feeds))]
+    fn run(
+        &self,
+        py: Python<'_>,
+        output_names: Option<Vec<String>>,
+        feeds: &Bound<'_, PyDict>,
+    ) -> PyResult<Vec<Py<PyAny>>> {
+        let mut named = Vec::with_capacity(self.inputs.len());
+        for (key, value) in feeds.iter() {
+            let name: String = key.extract().map_err(|_| invalid("feed names must be strings".into()))?;
+            let Some(info) = self.inputs.iter().find(|i| i.name == name) else {
+                let known: Vec<&str> = self.inputs.iter().map(|i| i.name.as_str()).collect();
+                return Err(invalid(format!(
+                    "'{name}' is not an input of the model (its inputs: {known:?})"
+                )));
+            };
+            named.push((info.name.clone(), tensor_of(&name, &value, info.ty.dtype)?));
+        }
+        if let Some(missing) = self.inputs.iter().find(|i| !named.iter().any(|(n, _)| *n == i.name)) {
+            return Err(invalid(format!("input '{}' is missing from the feeds", missing.name)));
+        }
+        let wanted: Vec<usize> = match &output_names {
+            None => (0..self.outputs.len()).collect(),
+            Some(names) => names
+                .iter()
+                .map(|n| {
+                    self.outputs.iter().position(|o| o.name == *n).ok_or_else(|| {
+                        let known: Vec<&str> = self.outputs.iter().map(|o| o.name.as_str()).collect();
+                        invalid(format!("'{n}' is not an output of the model (its outputs: {known:?})"))
+                    })
+                })
+                .collect::<PyResult<_>>()?,
+        };
+        // The model runs without the GIL: other Python threads (and other runs of
+        // this session, each with its own arena) go on meanwhile.
+        let (names, tensors): (Vec<String>, Vec<Tensor>) = named.into_iter().unzip();
+        let outs = py.detach(|| {
+            let refs: Vec<(&str, Tensor)> = names.iter().map(String::as_str).zip(tensors).collect();
+            self.model.run(&refs).map_err(|e| to_py(anyshape::Error::Compiled(e)))
+        })?;
+        let mut outs: Vec<Option<Tensor>> = outs.into_iter().map(|(_, t)| Some(t)).collect();
+        let mut arrays = Vec::with_capacity(wanted.len());
+        for (k, &i) in wanted.iter().enumerate() {
+            // An output asked for again later gets an array of its own.
+            let again = wanted[k + 1..].contains(&i);
+            let t = match outs.get_mut(i) {
+                Some(slot) if again => slot.clone(),
+                Some(slot) => slot.take(),
+                None => None,
+            };
+            let t = t.ok_or_else(|| AnyshapeError::new_err(format!("output {i} is missing")))?;
+            arrays.push(array_of(py, t)?);
+        }
+        Ok(arrays)
+    }
+}
+
+#[pymodule]
+fn _anyshape(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Session>()?;
+    m.add("AnyshapeError", m.py().get_type::<AnyshapeError>())?;
+    m.add("InvalidArgument", m.py().get_type::<InvalidArgument>())?;
+    Ok(())
+}

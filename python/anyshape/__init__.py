@@ -1,0 +1,77 @@
+"""anyshape: compile an ONNX model once, run it at any input shape.
+
+The interface follows ONNX Runtime's ``InferenceSession``::
+
+    import anyshape
+    sess = anyshape.InferenceSession("bert.onnx", dims={"seq": (1, 512)}, threads=2)
+    [i.name for i in sess.get_inputs()]          # ['input_ids', 'attention_mask', ...]
+    outputs = sess.run(None, {"input_ids": ids, "attention_mask": mask})
+
+Compiling happens in the constructor; ``run`` then takes any shape the model's
+symbols allow, with no recompilation. Inputs must have the model's dtypes and
+be C-contiguous numpy arrays (they are copied into the run); outputs are numpy
+arrays that own the results (no copy). ``run`` releases the GIL, and one
+session may be used from several threads at once.
+
+Errors: ``InvalidArgument`` (a ``ValueError``) for what the caller passed (the
+model file, a feed's name, dtype or shape, naming the input, the dim and the
+rule it breaks); ``AnyshapeError`` for the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ._anyshape import AnyshapeError, InvalidArgument, Session as _Session
+
+__all__ = ["InferenceSession", "NodeArg", "AnyshapeError", "InvalidArgument"]
+
+
+class NodeArg(NamedTuple):
+    """An input or output: its name, its shape (ints, and strings for symbolic
+    dims such as ``"batch"`` or ``"seq+1"``) and its numpy dtype name."""
+
+    name: str
+    shape: List[Union[int, str]]
+    type: str
+
+
+class InferenceSession:
+    """A model compiled for every shape its symbols allow.
+
+    ``path``: an ONNX file. ``dims``: ranges of symbolic dims, ``{"seq": (1,
+    512)}`` (a narrower range can give faster code; shapes outside it are
+    rejected). ``threads``: the threads that run the model (default: every
+    core).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        dims: Optional[Mapping[str, Tuple[int, int]]] = None,
+        threads: Optional[int] = None,
+    ) -> None:
+        self._session = _Session(str(path), dict(dims) if dims is not None else None, threads)
+        self._inputs = [NodeArg(*i) for i in self._session.inputs()]
+        self._outputs = [NodeArg(*o) for o in self._session.outputs()]
+
+    def get_inputs(self) -> List[NodeArg]:
+        """The model's inputs, in order."""
+        return list(self._inputs)
+
+    def get_outputs(self) -> List[NodeArg]:
+        """The model's outputs, in order."""
+        return list(self._outputs)
+
+    def run(
+        self, output_names: Optional[Sequence[str]], input_feed: Mapping[str, np.ndarray]
+    ) -> List[np.ndarray]:
+        """Run the model on ``input_feed`` (every input by name); return the
+        outputs named in ``output_names`` in that order (all of them when
+        ``None``)."""
+        if not isinstance(input_feed, Mapping):
+            raise InvalidArgument(f"input_feed must be a mapping of input names to arrays, got {type(input_feed).__name__}")
+        names = None if output_names is None else [str(n) for n in output_names]
+        return self._session.run(names, dict(input_feed))

@@ -1,0 +1,119 @@
+"""The Python package against the committed fixtures (ONNX Runtime's outputs),
+its errors for bad input, and one session used from several threads."""
+
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import anyshape
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "fixtures")
+MANIFEST = json.load(open(os.path.join(ROOT, "manifest.json")))
+
+
+def cases(name):
+    entry = next(m for m in MANIFEST["models"] if m["name"] == name)
+    for c in entry["cases"]:
+        d = os.path.join(ROOT, c["dir"])
+        feeds = {i["name"]: np.load(os.path.join(d, i["name"] + ".npy")) for i in entry["inputs"]}
+        want = {o["name"]: np.load(os.path.join(d, "expected", o["name"] + ".npy")) for o in entry["outputs"]}
+        yield feeds, want
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return anyshape.InferenceSession(os.path.join(ROOT, "bert", "model.onnx"), threads=2)
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "vit", "resnet"])
+def test_fixtures_match_onnxruntime(name):
+    sess = anyshape.InferenceSession(os.path.join(ROOT, name, "model.onnx"), threads=2)
+    outputs = [o.name for o in sess.get_outputs()]
+    for feeds, want in cases(name):
+        got = sess.run(None, feeds)
+        assert len(got) == len(outputs)
+        for n, g in zip(outputs, got):
+            assert g.shape == want[n].shape and g.dtype == want[n].dtype, n
+            np.testing.assert_allclose(g, want[n], rtol=1e-4, atol=1e-4, err_msg=n)
+
+
+def test_inputs_outputs_and_named_outputs(bert):
+    ins = bert.get_inputs()
+    assert [i.name for i in ins] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert ins[0].shape == ["batch", "seq"] and ins[0].type == "int64"
+    outs = bert.get_outputs()
+    assert [o.name for o in outs] == ["last_hidden_state", "pooler_output"]
+    assert outs[0].shape == ["batch", "seq", 32] and outs[0].type == "float32"
+    feeds, want = next(cases("bert"))
+    pooled, hidden, again = bert.run(["pooler_output", "last_hidden_state", "pooler_output"], feeds)
+    np.testing.assert_allclose(pooled, want["pooler_output"], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(hidden, want["last_hidden_state"], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(again, pooled)
+    assert again is not pooled
+
+
+def bad(bert, feeds, *words):
+    with pytest.raises(anyshape.InvalidArgument) as e:
+        bert.run(None, feeds)
+    assert isinstance(e.value, ValueError)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_bad_feeds_are_clear_errors(bert):
+    feeds, _ = list(cases("bert"))[1]  # batch 1, seq 7
+    bad(bert, {k: v for k, v in feeds.items() if k != "attention_mask"}, "attention_mask", "missing")
+    bad(bert, {**feeds, "extra": feeds["input_ids"]}, "'extra' is not an input")
+    bad(bert, {**feeds, "input_ids": feeds["input_ids"].astype(np.int32)}, "input_ids", "int64", "int32")
+    bad(bert, {**feeds, "input_ids": feeds["input_ids"].reshape(-1)}, "input_ids")
+    bad(bert, {**feeds, "input_ids": np.array([[object()]], dtype=object)}, "input_ids", "object")
+    bad(bert, {**feeds, "input_ids": [[1, 2, 3]]}, "input_ids", "numpy array")
+    wide = np.zeros((feeds["input_ids"].shape[0], feeds["input_ids"].shape[1] * 2), np.int64)
+    bad(bert, {**feeds, "input_ids": wide[:, ::2]}, "input_ids", "C-contiguous")
+    # Two inputs that disagree on `seq`.
+    short = {**feeds, "attention_mask": feeds["attention_mask"][:, :1].copy()}
+    bad(bert, short, "seq")
+    with pytest.raises(anyshape.InvalidArgument, match="not an output"):
+        bert.run(["nope"], feeds)
+
+
+def test_bad_models_and_options_are_clear_errors(tmp_path):
+    with pytest.raises(anyshape.InvalidArgument):
+        anyshape.InferenceSession(str(tmp_path / "missing.onnx"))
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"\x0a\xff\xff\xff\x0f not a model")
+    with pytest.raises(anyshape.InvalidArgument):
+        anyshape.InferenceSession(str(garbage))
+    with pytest.raises(anyshape.InvalidArgument, match="threads"):
+        anyshape.InferenceSession(os.path.join(ROOT, "bert", "model.onnx"), threads=0)
+
+
+def test_dims_bound_the_symbols():
+    sess = anyshape.InferenceSession(os.path.join(ROOT, "bert", "model.onnx"), dims={"seq": (1, 8)}, threads=1)
+    ids = np.zeros((1, 9), np.int64)
+    with pytest.raises(anyshape.InvalidArgument, match="seq"):
+        sess.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": ids})
+
+
+def test_one_session_from_many_threads(bert):
+    all_cases = list(cases("bert"))
+    errors = []
+
+    def work(k):
+        try:
+            for r in range(12):
+                feeds, want = all_cases[(k + r) % len(all_cases)]
+                got = bert.run(["last_hidden_state"], feeds)[0]
+                np.testing.assert_allclose(got, want["last_hidden_state"], rtol=1e-4, atol=1e-4)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
