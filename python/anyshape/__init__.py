@@ -9,9 +9,10 @@ The interface follows ONNX Runtime's ``InferenceSession``::
 
 Compiling happens in the constructor; ``run`` then takes any shape the model's
 symbols allow, with no recompilation. Inputs must have the model's dtypes and
-be C-contiguous numpy arrays (they are copied into the run); outputs are numpy
-arrays that own the results (no copy). ``run`` releases the GIL, and one
-session may be used from several threads at once.
+be C-contiguous numpy arrays, which the run reads in place (as in ONNX Runtime,
+do not write to them while it runs); outputs are numpy arrays that own the
+results (no copy). ``run`` releases the GIL, and one session may be used from
+several threads at once.
 
 Errors: ``InvalidArgument`` (a ``ValueError``) for what the caller passed (the
 model file, a feed's name, dtype or shape, naming the input, the dim and the

@@ -117,3 +117,17 @@ def test_one_session_from_many_threads(bert):
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_inputs_are_read_in_place_and_left_as_they_were(bert):
+    feeds, want = list(cases("bert"))[2]
+    frozen = {}
+    for k, v in feeds.items():
+        a = v.copy()
+        a.setflags(write=False)  # a read-only array is read as it is
+        frozen[k] = a
+    before = {k: v.copy() for k, v in frozen.items()}
+    got = bert.run(["last_hidden_state"], frozen)[0]
+    np.testing.assert_allclose(got, want["last_hidden_state"], rtol=1e-4, atol=1e-4)
+    for k in frozen:
+        np.testing.assert_array_equal(frozen[k], before[k])

@@ -19,7 +19,7 @@ pub mod npy;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use ir::{DType, Elems, Graph, Tensor, TensorType};
+pub use ir::{DType, Elems, Graph, Tensor, TensorData, TensorType, TensorView, ViewElement};
 pub use lower::{print_plan, ModelPlan, StepKind};
 pub use onnx::DIM_MAX;
 pub use passes::{FusionPlan, GroupKind, Report as RewriteReport};

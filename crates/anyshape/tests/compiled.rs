@@ -286,3 +286,25 @@ fn measured_dispatch_is_cached_and_matches_the_interpreter() {
         }
     }
 }
+
+/// Inputs read in place (`run_views`, what the Python package passes numpy
+/// arrays as) give what owned inputs give; a view of the wrong element count
+/// is refused when it is made.
+#[test]
+fn views_of_borrowed_inputs_run_like_owned_ones() {
+    let (model, cm) = compiled("bert");
+    let mut rng = Rng(0x5eed);
+    let inputs = inputs_for(model, &[("batch", 2), ("seq", 13)], &mut rng);
+    let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let want = cm.run(&named).expect("owned inputs");
+    let views: Vec<(&str, anyshape::TensorView)> = inputs
+        .iter()
+        .map(|(n, t)| {
+            let Elems::I64(v) = t.elems() else { panic!("bert's inputs are i64") };
+            (n.as_str(), anyshape::TensorView::of(t.shape(), v).expect("view"))
+        })
+        .collect();
+    let got = cm.run_views(&views).expect("borrowed inputs");
+    assert_eq!(got, want);
+    assert!(anyshape::TensorView::of(&[2, 3], &[1i64; 5]).is_err());
+}

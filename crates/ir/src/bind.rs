@@ -4,7 +4,7 @@
 
 use sym::{Bindings, DimFact, ShapeEnv, SymError};
 
-use crate::{DType, Tensor, TensorType};
+use crate::{DType, TensorData, TensorType};
 
 /// What is wrong with the inputs of a call.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -28,10 +28,10 @@ pub enum InputError {
 /// every input given exactly once, with its dtype and rank; the dims then go to
 /// [`ShapeEnv::bind`], which checks every recorded shape fact. Returns the
 /// bindings and every input dim in order (the call's shape signature).
-pub fn bind_inputs(
+pub fn bind_inputs<T: TensorData>(
     env: &ShapeEnv,
     expected: &[(&str, &TensorType)],
-    inputs: &[(&str, Tensor)],
+    inputs: &[(&str, T)],
 ) -> Result<(Bindings, Vec<i64>), InputError> {
     let names = || expected.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ");
     for (i, (name, _)) in inputs.iter().enumerate() {

@@ -156,6 +156,86 @@ impl Elems {
     }
 }
 
+/// What a run reads an input from: its dtype, shape and the address of its
+/// row-major elements. A [`Tensor`] owns them; a [`TensorView`] borrows them
+/// (a numpy array read in place).
+pub trait TensorData {
+    fn dtype(&self) -> DType;
+    fn shape(&self) -> &[usize];
+    /// The first element (the elements are row-major, as many as the shape says,
+    /// aligned for the dtype).
+    fn as_ptr(&self) -> *const u8;
+}
+
+/// Elements someone else owns, read in place.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorView<'a> {
+    dtype: DType,
+    shape: &'a [usize],
+    bytes: &'a [u8],
+}
+
+/// An element type a [`TensorView`] may borrow (half floats as their bits, `u16`).
+pub trait ViewElement: bytemuck::NoUninit {
+    const DTYPE: DType;
+}
+
+macro_rules! view_elements {
+    ($($t:ty => $d:ident),*) => {
+        $(impl ViewElement for $t {
+            const DTYPE: DType = DType::$d;
+        })*
+    };
+}
+view_elements!(f32 => F32, f64 => F64, u16 => F16, i8 => I8, u8 => U8, i32 => I32, i64 => I64, bool => Bool);
+
+impl<'a> TensorView<'a> {
+    /// `data` as a tensor of `shape` (as many elements as it has).
+    pub fn of<T: ViewElement>(shape: &'a [usize], data: &'a [T]) -> Result<TensorView<'a>, IrError> {
+        let n = checked_numel(shape)?;
+        if n != data.len() {
+            return Err(IrError::Data(format!(
+                "shape {shape:?} has {n} elements but {} were given",
+                data.len()
+            )));
+        }
+        Ok(TensorView { dtype: T::DTYPE, shape, bytes: bytemuck::cast_slice(data) })
+    }
+}
+
+impl TensorData for TensorView<'_> {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        self.shape
+    }
+    fn as_ptr(&self) -> *const u8 {
+        self.bytes.as_ptr()
+    }
+}
+
+impl TensorData for Tensor {
+    fn dtype(&self) -> DType {
+        Tensor::dtype(self)
+    }
+    fn shape(&self) -> &[usize] {
+        Tensor::shape(self)
+    }
+    fn as_ptr(&self) -> *const u8 {
+        match &self.elems {
+            Elems::F32(v) => v.as_ptr() as *const u8,
+            Elems::F64(v) => v.as_ptr() as *const u8,
+            Elems::F16(v) => v.as_ptr() as *const u8,
+            Elems::I8(v) => v.as_ptr() as *const u8,
+            Elems::U8(v) => v.as_ptr(),
+            Elems::I32(v) => v.as_ptr() as *const u8,
+            Elems::I64(v) => v.as_ptr() as *const u8,
+            Elems::Bool(v) => v.as_ptr() as *const u8,
+        }
+    }
+}
+
 /// A host tensor with a concrete shape: model inputs, outputs and the values the
 /// reference interpreter computes.
 #[derive(Clone, Debug, PartialEq)]

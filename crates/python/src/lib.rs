@@ -1,16 +1,18 @@
 //! `anyshape._anyshape`: the extension module under the Python package
 //! (`python/anyshape`). A `Session` compiles an ONNX model once and runs it on
-//! numpy arrays at any shape its symbols allow, with the GIL released while it
-//! runs; the Python layer (`anyshape.InferenceSession`) gives it ONNX Runtime's
+//! numpy arrays (read in place) at any shape its symbols allow, with the GIL
+//! released while it runs; the Python layer (`anyshape.InferenceSession`) gives it ONNX Runtime's
 //! interface. Errors become Python exceptions: `InvalidArgument` (a
 //! `ValueError`) for the user's input, naming the input, the dim and the rule
 //! as the CLI does; `AnyshapeError` for the rest.
 
 use std::collections::HashMap;
 
-use anyshape::{CompileOptions, CompiledModel, Elems, IoInfo, LoadOptions, Model, Tensor};
+use anyshape::{CompileOptions, CompiledModel, Elems, IoInfo, LoadOptions, Model, Tensor, TensorView};
 use ir::DType;
-use numpy::{PyArray1, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{
+    PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
+};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
@@ -80,13 +82,50 @@ fn numpy_name(dt: DType) -> &'static str {
     }
 }
 
-/// A feed as a tensor of `want` (copied: the runtime owns its inputs).
-fn tensor_of(name: &str, value: &Bound<'_, PyAny>, want: DType) -> PyResult<Tensor> {
+/// A feed borrowed for a run: numpy's read-only borrow of the array, which
+/// keeps it alive and refuses writable borrows from Rust meanwhile.
+enum Held<'py> {
+    F32(PyReadonlyArrayDyn<'py, f32>),
+    F64(PyReadonlyArrayDyn<'py, f64>),
+    /// float16, viewed as its bits.
+    F16(PyReadonlyArrayDyn<'py, u16>),
+    I8(PyReadonlyArrayDyn<'py, i8>),
+    U8(PyReadonlyArrayDyn<'py, u8>),
+    I32(PyReadonlyArrayDyn<'py, i32>),
+    I64(PyReadonlyArrayDyn<'py, i64>),
+    Bool(PyReadonlyArrayDyn<'py, bool>),
+}
+
+impl Held<'_> {
+    /// The elements in place, as the runtime reads them.
+    fn view<'a>(&'a self, name: &str, shape: &'a [usize]) -> PyResult<TensorView<'a>> {
+        let bad = |e: &dyn std::fmt::Display| invalid(format!("input '{name}': {e}"));
+        macro_rules! of {
+            ($a:expr) => {{
+                let s = $a.as_slice().map_err(|e| bad(&e))?;
+                TensorView::of(shape, s).map_err(|e| bad(&e))
+            }};
+        }
+        match self {
+            Held::F32(a) => of!(a),
+            Held::F64(a) => of!(a),
+            Held::F16(a) => of!(a),
+            Held::I8(a) => of!(a),
+            Held::U8(a) => of!(a),
+            Held::I32(a) => of!(a),
+            Held::I64(a) => of!(a),
+            Held::Bool(a) => of!(a),
+        }
+    }
+}
+
+/// A feed checked against the model's input (`want`): a C-contiguous numpy
+/// array of its dtype, to be read in place.
+fn hold<'py>(name: &str, value: &Bound<'py, PyAny>, want: DType) -> PyResult<(Vec<usize>, Held<'py>)> {
     let arr = value
         .cast::<PyUntypedArray>()
         .map_err(|_| invalid(format!("input '{name}': expected a numpy array, got {}", type_name(value))))?;
-    let dtype = arr.dtype();
-    let got = dtype.to_string();
+    let got = arr.dtype().to_string();
     if got != numpy_name(want) {
         return Err(invalid(format!("input '{name}': expected dtype {}, got {got}", numpy_name(want))));
     }
@@ -96,26 +135,27 @@ fn tensor_of(name: &str, value: &Bound<'_, PyAny>, want: DType) -> PyResult<Tens
         )));
     }
     let shape = arr.shape().to_vec();
-    macro_rules! take {
-        ($t:ty, $wrap:expr) => {{
-            let a =
-                value.cast::<numpy::PyArrayDyn<$t>>().map_err(|e| invalid(format!("input '{name}': {e}")))?;
-            let ro = a.readonly();
-            let s = ro.as_slice().map_err(|e| invalid(format!("input '{name}': {e}")))?;
-            $wrap(s.to_vec())
-        }};
+    let bad = |e: &dyn std::fmt::Display| invalid(format!("input '{name}': {e}"));
+    macro_rules! borrow {
+        ($v:expr, $t:ty) => {
+            $v.cast::<PyArrayDyn<$t>>().map_err(|e| bad(&e))?.try_readonly().map_err(|e| bad(&e))?
+        };
     }
-    let elems = match want {
-        DType::F32 => take!(f32, Elems::F32),
-        DType::F64 => take!(f64, Elems::F64),
-        DType::F16 => take!(u16, Elems::F16),
-        DType::I8 => take!(i8, Elems::I8),
-        DType::U8 => take!(u8, Elems::U8),
-        DType::I32 => take!(i32, Elems::I32),
-        DType::I64 => take!(i64, Elems::I64),
-        DType::Bool => take!(bool, Elems::Bool),
+    let held = match want {
+        DType::F32 => Held::F32(borrow!(value, f32)),
+        DType::F64 => Held::F64(borrow!(value, f64)),
+        DType::F16 => {
+            // The same memory as 16-bit integers (numpy's view: no copy).
+            let bits = value.call_method1("view", ("uint16",))?;
+            Held::F16(borrow!(bits, u16))
+        }
+        DType::I8 => Held::I8(borrow!(value, i8)),
+        DType::U8 => Held::U8(borrow!(value, u8)),
+        DType::I32 => Held::I32(borrow!(value, i32)),
+        DType::I64 => Held::I64(borrow!(value, i64)),
+        DType::Bool => Held::Bool(borrow!(value, bool)),
     };
-    Tensor::new(shape, elems).map_err(|e| invalid(format!("input '{name}': {e}")))
+    Ok((shape, held))
 }
 
 fn type_name(v: &Bound<'_, PyAny>) -> String {
@@ -209,9 +249,10 @@ impl Session {
                     "'{name}' is not an input of the model (its inputs: {known:?})"
                 )));
             };
-            named.push((info.name.clone(), tensor_of(&name, &value, info.ty.dtype)?));
+            let (shape, held) = hold(&name, &value, info.ty.dtype)?;
+            named.push((info.name.clone(), shape, held));
         }
-        if let Some(missing) = self.inputs.iter().find(|i| !named.iter().any(|(n, _)| *n == i.name)) {
+        if let Some(missing) = self.inputs.iter().find(|i| !named.iter().any(|(n, _, _)| *n == i.name)) {
             return Err(invalid(format!("input '{}' is missing from the feeds", missing.name)));
         }
         let wanted: Vec<usize> = match &output_names {
@@ -228,11 +269,14 @@ impl Session {
         };
         // The model runs without the GIL: other Python threads (and other runs of
         // this session, each with its own arena) go on meanwhile.
-        let (names, tensors): (Vec<String>, Vec<Tensor>) = named.into_iter().unzip();
-        let outs = py.detach(|| {
-            let refs: Vec<(&str, Tensor)> = names.iter().map(String::as_str).zip(tensors).collect();
-            self.model.run(&refs).map_err(|e| to_py(anyshape::Error::Compiled(e)))
-        })?;
+        // The arrays are read in place: numpy's borrows keep them alive for the run
+        // (as in ONNX Runtime, Python code must not write to them meanwhile).
+        let views = named
+            .iter()
+            .map(|(n, shape, held)| Ok((n.as_str(), held.view(n, shape)?)))
+            .collect::<PyResult<Vec<_>>>()?;
+        let outs =
+            py.detach(|| self.model.run_views(&views).map_err(|e| to_py(anyshape::Error::Compiled(e))))?;
         let mut outs: Vec<Option<Tensor>> = outs.into_iter().map(|(_, t)| Some(t)).collect();
         let mut arrays = Vec::with_capacity(wanted.len());
         for (k, &i) in wanted.iter().enumerate() {

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use ir::{DType, Elems, Tensor, TensorType};
+use ir::{DType, Elems, Tensor, TensorData, TensorType, TensorView};
 use kernels::{
     ALayout, Activation, BLayout, BOperand, Dispatcher, Epilogue, EpilogueArgs, MatMut, MatRef, PackedB,
     Pointwise, Problem, PwBinary, PwCmp, PwOp, PwUnary, ThreadPool,
@@ -349,7 +349,7 @@ impl CompiledModel {
         self.code_stats
     }
 
-    fn shape_plan(&self, inputs: &[(&str, Tensor)]) -> Result<Arc<ShapePlan>, RunError> {
+    fn shape_plan<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<Arc<ShapePlan>, RunError> {
         let expected: Vec<(&str, &TensorType)> = self.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let (b, key) = ir::bind_inputs(&self.env, &expected, inputs)?;
         if let Some(p) = self.shapes.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
@@ -375,6 +375,12 @@ impl CompiledModel {
         self.run_timed(inputs, None)
     }
 
+    /// [`CompiledModel::run`] on inputs read in place where they lie (another
+    /// owner's arrays: the Python package's numpy feeds).
+    pub fn run_views(&self, inputs: &[(&str, TensorView)]) -> Result<Vec<(String, Tensor)>, RunError> {
+        self.run_timed(inputs, None)
+    }
+
     /// [`CompiledModel::run`], timing every step (each step of the plan, in
     /// order) and the whole call.
     pub fn run_profiled(
@@ -387,9 +393,9 @@ impl CompiledModel {
         Ok((out, Profile { steps, total: start.elapsed() }))
     }
 
-    fn run_timed(
+    fn run_timed<T: TensorData>(
         &self,
-        inputs: &[(&str, Tensor)],
+        inputs: &[(&str, T)],
         times: Option<&mut Vec<std::time::Duration>>,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let sp = self.shape_plan(inputs)?;
@@ -406,7 +412,7 @@ impl CompiledModel {
                 BufferKind::Input(k) => {
                     let name = &self.inputs[*k].0;
                     let t = inputs.iter().find(|(n, _)| n == name).map(|(_, t)| t);
-                    t.map_or(std::ptr::null_mut(), |t| elems_ptr(t.elems()) as *mut u8)
+                    t.map_or(std::ptr::null_mut(), |t| t.as_ptr() as *mut u8)
                 }
                 // SAFETY: as for a temporary: with canaries the shape plan placed the
                 // outputs in the arena.
@@ -992,19 +998,6 @@ fn zeros(dt: DType, n: usize) -> Elems {
         DType::I32 => Elems::I32(vec![0; n]),
         DType::I64 => Elems::I64(vec![0; n]),
         DType::Bool => Elems::Bool(vec![false; n]),
-    }
-}
-
-fn elems_ptr(e: &Elems) -> *const u8 {
-    match e {
-        Elems::F32(v) => v.as_ptr() as *const u8,
-        Elems::F64(v) => v.as_ptr() as *const u8,
-        Elems::F16(v) => v.as_ptr() as *const u8,
-        Elems::I8(v) => v.as_ptr() as *const u8,
-        Elems::U8(v) => v.as_ptr(),
-        Elems::I32(v) => v.as_ptr() as *const u8,
-        Elems::I64(v) => v.as_ptr() as *const u8,
-        Elems::Bool(v) => v.as_ptr() as *const u8,
     }
 }
 
