@@ -165,6 +165,31 @@ fn taps(
     Ok(out)
 }
 
+/// A convolution's image and output dims (`[n, C, h, w]` in, `out` = `[n, K,
+/// oh, ow]`) and its dtype.
+struct ConvDims {
+    n: SymExpr,
+    h: SymExpr,
+    w: SymExpr,
+    oh: SymExpr,
+    ow: SymExpr,
+    dt: ir::DType,
+    out: Vec<SymExpr>,
+}
+
+fn conv_dims(g: &Graph, x: ValueId, y: ValueId) -> ConvDims {
+    let (xs, out) = (&g.ty(x).shape, g.ty(y).shape.clone());
+    ConvDims {
+        n: xs[0].clone(),
+        h: xs[2].clone(),
+        w: xs[3].clone(),
+        oh: out[2].clone(),
+        ow: out[3].clone(),
+        dt: g.ty(x).dtype,
+        out,
+    }
+}
+
 fn rewrite(g: &mut Graph, at: usize) -> Result<(), String> {
     let node = g.nodes[at].clone();
     let Op::Conv(c) = &node.op else { return Err("not a convolution".into()) };
@@ -179,10 +204,7 @@ fn rewrite(g: &mut Graph, at: usize) -> Result<(), String> {
     let mg = k / groups;
     // After the joined weight, when one was made.
     let at = if w == node.inputs[1] { at } else { at + 1 };
-    let xs = g.ty(x).shape.clone();
-    let ys = g.ty(y).shape.clone();
-    let (n, h, wd, oh, ow) = (xs[0].clone(), xs[2].clone(), xs[3].clone(), ys[2].clone(), ys[3].clone());
-    let dt = g.ty(x).dtype;
+    let ConvDims { n, h, w: wd, oh, ow, dt, out: ys } = conv_dims(g, x, y);
     let ty = |shape: Vec<SymExpr>| TensorType::new(dt, shape);
     let konst = SymExpr::constant;
     let name = g.name(y).to_string();
@@ -328,10 +350,7 @@ fn rewrite_depthwise(g: &mut Graph, at: usize) -> Result<(), String> {
     }
     // Outputs per input channel (the depth multiplier).
     let mg = k / groups;
-    let xs = g.ty(x).shape.clone();
-    let ys = g.ty(y).shape.clone();
-    let (n, h, wd, oh, ow) = (xs[0].clone(), xs[2].clone(), xs[3].clone(), ys[2].clone(), ys[3].clone());
-    let dt = g.ty(x).dtype;
+    let ConvDims { n, h, w: wd, oh, ow, dt, out: ys } = conv_dims(g, x, y);
     let ty = |shape: Vec<SymExpr>| TensorType::new(dt, shape);
     let konst = SymExpr::constant;
     let name = g.name(y).to_string();

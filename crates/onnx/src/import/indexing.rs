@@ -73,6 +73,32 @@ pub(crate) fn gather_elements(imp: &mut Importer, n: &Node) -> R<ValueId> {
     imp.emit(Op::Gather { axis: 0 }, vec![flat, linear], None)
 }
 
+/// `linear` plus the row-major position, among `axes`, of each index tuple (the
+/// last axis of `indices`, one column per axis, each checked against its
+/// axis), shaped `picks` (the indices' other axes).
+fn add_index_columns(
+    imp: &mut Importer,
+    mut linear: Option<ValueId>,
+    indices: ValueId,
+    picks: &[SymExpr],
+    axes: &[SymExpr],
+) -> R<Option<ValueId>> {
+    let is = imp.shape(indices);
+    let last = is.len() - 1;
+    for j in 0..axes.len() {
+        let mut shape = is.clone();
+        shape[last] = SymExpr::constant(1);
+        let cut = vec![SliceAxis { axis: last, start: SymExpr::constant(j as i64), step: 1 }];
+        let ty = TensorType::new(imp.ty(indices).dtype, shape);
+        let col = imp.emit(Op::Slice { axes: cut }, vec![indices], Some(ty))?;
+        let col = imp.reshape(col, picks.to_vec())?;
+        let at = checked_index(imp, col, &axes[j])?;
+        let stride = product(&axes[j + 1..])?;
+        linear = Some(add_scaled(imp, linear, at, &stride)?);
+    }
+    Ok(linear)
+}
+
 /// ONNX `GatherND`: the last axis of `indices` (of constant extent `q`) picks
 /// an element or a slice of `data` after its `batch_dims` leading axes.
 pub(crate) fn gather_nd(imp: &mut Importer, n: &Node) -> R<ValueId> {
@@ -103,18 +129,8 @@ pub(crate) fn gather_nd(imp: &mut Importer, n: &Node) -> R<ValueId> {
         let pos = iota(imp, &picks, t)?;
         linear = Some(add_scaled(imp, linear, pos, &stride)?);
     }
-    for j in 0..q {
-        let mut shape = is.clone();
-        shape[ir - 1] = SymExpr::constant(1);
-        let axes = vec![SliceAxis { axis: ir - 1, start: SymExpr::constant(j as i64), step: 1 }];
-        let ty = TensorType::new(imp.ty(indices).dtype, shape);
-        let col = imp.emit(Op::Slice { axes }, vec![indices], Some(ty))?;
-        let col = imp.reshape(col, picks.clone())?;
-        let at = checked_index(imp, col, &ds[b + j])?;
-        let stride = product(&ds[b + j + 1..b + q])?;
-        linear = Some(add_scaled(imp, linear, at, &stride)?);
-    }
-    let linear = linear.ok_or("GatherND needs indices whose last dim is at least 1")?;
+    let linear = add_index_columns(imp, linear, indices, &picks, &ds[b..b + q])?
+        .ok_or("GatherND needs indices whose last dim is at least 1")?;
     let rest = ds[b + q..].to_vec();
     let rows = imp.reshape(data, vec![product(&ds[..b + q])?, product(&rest)?])?;
     let picked = imp.emit(Op::Gather { axis: 0 }, vec![rows, linear], None)?;
@@ -266,19 +282,8 @@ pub(crate) fn scatter_nd(imp: &mut Importer, n: &Node) -> R<ValueId> {
     if !imp.same_shape(&want, &imp.shape(updates)) {
         return Err(format!("updates of shape [{}], expected [{}]", list(&imp.shape(updates)), list(&want)));
     }
-    let mut linear = None;
-    for j in 0..q {
-        let mut shape = is.clone();
-        shape[ir - 1] = SymExpr::constant(1);
-        let axes = vec![SliceAxis { axis: ir - 1, start: SymExpr::constant(j as i64), step: 1 }];
-        let ty = TensorType::new(imp.ty(indices).dtype, shape);
-        let col = imp.emit(Op::Slice { axes }, vec![indices], Some(ty))?;
-        let col = imp.reshape(col, picks.clone())?;
-        let at = checked_index(imp, col, &ds[j])?;
-        let stride = product(&ds[j + 1..q])?;
-        linear = Some(add_scaled(imp, linear, at, &stride)?);
-    }
-    let linear = linear.ok_or("ScatterND needs indices whose last dim is at least 1")?;
+    let linear = add_index_columns(imp, None, indices, &picks, &ds[..q])?
+        .ok_or("ScatterND needs indices whose last dim is at least 1")?;
     let count = product(&picks)?;
     let at = imp.reshape(linear, vec![count.clone()])?;
     let width = product(&rest)?;
