@@ -362,3 +362,36 @@ fn scatters_combine_updates_and_reject_indices_out_of_range() {
     let out = reference::run(&g, &[("x", x), ("i", i), ("u", u)]).expect("run");
     assert_eq!(f32s(&out[0].1), vec![3.0, 4.0, 9.0, 9.0, 5.0, 6.0]);
 }
+
+/// `TensorScatter` writes each batch entry's update into its cache from its
+/// own position (wrapping in `circular` mode); in `linear` mode a write past
+/// the cache's end is an error at run time.
+#[test]
+fn tensor_scatter_writes_each_entry_from_its_position() {
+    let graph = |mode: &str| {
+        import(&model(
+            vec![node("TensorScatter", &["c", "u", "w"], &["y"], vec![attr_string("mode", mode)])],
+            vec![
+                value_info("c", FLOAT, &[Dim::V(2), Dim::P("max"), Dim::V(1)]),
+                value_info("u", FLOAT, &[Dim::V(2), Dim::P("s"), Dim::V(1)]),
+                value_info("w", INT64, &[Dim::V(2)]),
+            ],
+            &["y"],
+            vec![],
+            24,
+        ))
+    };
+    let cache = Tensor::new(vec![2, 4, 1], Elems::F32(vec![0.0; 8])).expect("c");
+    let upd = Tensor::new(vec![2, 2, 1], Elems::F32(vec![1.0, 2.0, 3.0, 4.0])).expect("u");
+    let at = |a: i64, b: i64| Tensor::new(vec![2], Elems::I64(vec![a, b])).expect("w");
+    let run =
+        |g: &ir::Graph, w: Tensor| reference::run(g, &[("c", cache.clone()), ("u", upd.clone()), ("w", w)]);
+    let linear = graph("linear");
+    let out = run(&linear, at(1, 2)).expect("run");
+    assert_eq!(f32s(&out[0].1), vec![0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 3.0, 4.0]);
+    let e = run(&linear, at(0, 3)).expect_err("past the cache");
+    assert!(e.to_string().contains("out of range"), "{e}");
+    let circular = graph("circular");
+    let out = run(&circular, at(0, 3)).expect("run");
+    assert_eq!(f32s(&out[0].1), vec![1.0, 2.0, 0.0, 0.0, 4.0, 0.0, 0.0, 3.0]);
+}

@@ -293,6 +293,81 @@ pub(crate) fn scatter_nd(imp: &mut Importer, n: &Node) -> R<ValueId> {
     imp.reshape(out, ds)
 }
 
+/// ONNX `TensorScatter` (opset 24: a static KV cache's update): `past_cache`
+/// with `update` written along `axis` from each batch entry's `write_indices`
+/// (`linear`: past the cache's end is an error; `circular`: wrapping). Written as
+/// a gather: every cache position reads the update it falls in, if any.
+pub(crate) fn tensor_scatter(imp: &mut Importer, n: &Node) -> R<ValueId> {
+    let (past, update) = (n.input(0)?, n.input(1)?);
+    let r = imp.rank(past);
+    if imp.rank(update) != r || r < 2 {
+        return Err(format!(
+            "past_cache and update of ranks {r} and {} (equal, at least 2)",
+            imp.rank(update)
+        ));
+    }
+    let axis = norm_axis(n.int("axis", -2), r)?;
+    if axis == 0 {
+        return Err("axis 0 is the batch axis".into());
+    }
+    let circular = match n.string("mode").as_deref().unwrap_or("linear") {
+        "linear" => false,
+        "circular" => true,
+        m => return Err(format!("mode '{m}' (linear or circular)")),
+    };
+    let (ps, us) = (imp.shape(past), imp.shape(update));
+    for d in (0..r).filter(|d| *d != axis) {
+        if !imp.same_shape(&ps[d..=d], &us[d..=d]) {
+            imp.broadcast_shapes(&[vec![ps[d].clone()], vec![us[d].clone()]])?;
+        }
+    }
+    let (cache, len) = (ps[axis].clone(), us[axis].clone());
+    // Where each batch entry starts writing, as [batch, 1, …, 1].
+    let mut at_shape = vec![SymExpr::constant(1); r];
+    at_shape[0] = ps[0].clone();
+    let start = match n.opt_input(2) {
+        Some(w) => {
+            let w = imp.cast(w, DType::I64)?;
+            let w = if !circular && len.as_const() != Some(0) {
+                // The last position written, checked against the cache (read back
+                // through the check, so that it stays in the graph).
+                let l = dim_scalar(imp, &len)?;
+                let past_end = imp.binary(B::Add, w, l)?;
+                let last = imp.binary_scalar(B::Sub, past_end, 1.0)?;
+                let last = checked_index(imp, last, &cache)?;
+                let l = dim_scalar(imp, &len)?;
+                let w = imp.binary(B::Sub, last, l)?;
+                imp.binary_scalar(B::Add, w, 1.0)?
+            } else {
+                w
+            };
+            imp.reshape(w, at_shape)?
+        }
+        None => imp.scalar(DType::I64, 0.0)?,
+    };
+    let j = iota(imp, &ps, axis)?;
+    let mut rel = imp.binary(B::Sub, j, start)?;
+    if circular {
+        let c = dim_scalar(imp, &cache)?;
+        rel = imp.binary(B::Mod, rel, c)?;
+    }
+    let zero = imp.scalar(DType::I64, 0.0)?;
+    let l = dim_scalar(imp, &len)?;
+    let (ge0, below) = (imp.binary(B::GreaterEq, rel, zero)?, imp.binary(B::Less, rel, l)?);
+    let inside = imp.binary(B::And, ge0, below)?;
+    let along = imp.select(inside, rel, zero)?;
+    let mut linear = None;
+    for d in 0..r {
+        let stride = product(&us[d + 1..])?;
+        let pos = if d == axis { along } else { iota(imp, &ps, d)? };
+        linear = Some(add_scaled(imp, linear, pos, &stride)?);
+    }
+    let linear = linear.ok_or("TensorScatter of a scalar")?;
+    let flat = imp.reshape(update, vec![product(&us)?])?;
+    let taken = imp.emit(Op::Gather { axis: 0 }, vec![flat, linear], None)?;
+    imp.select(inside, taken, past)
+}
+
 fn list(s: &[SymExpr]) -> String {
     s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
 }

@@ -301,6 +301,7 @@ pub(crate) fn convert(imp: &mut Importer, op: &str, n: &Node) -> R<Option<Vec<Va
         "TopK" => indexing::top_k(imp, n).map(Some),
         "ScatterElements" | "Scatter" => one(indexing::scatter_elements(imp, n)),
         "ScatterND" => one(indexing::scatter_nd(imp, n)),
+        "TensorScatter" => one(indexing::tensor_scatter(imp, n)),
         "EyeLike" => one(indexing::eye_like(imp, n)),
         "Gather" => {
             let (x, i) = (n.input(0)?, n.input(1)?);
