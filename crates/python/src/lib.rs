@@ -1,10 +1,10 @@
 //! `anyshape._anyshape`: the extension module under the Python package
 //! (`python/anyshape`). A `Session` compiles an ONNX model once and runs it on
 //! numpy arrays (read in place) at any shape its symbols allow, with the GIL
-//! released while it runs; the Python layer (`anyshape.InferenceSession`) gives it ONNX Runtime's
-//! interface. Errors become Python exceptions: `InvalidArgument` (a
-//! `ValueError`) for the user's input, naming the input, the dim and the rule
-//! as the CLI does; `AnyshapeError` for the rest.
+//! released while it runs; the Python layer (`anyshape.InferenceSession`)
+//! gives it ONNX Runtime's interface. Errors become Python exceptions:
+//! `InvalidArgument` (a `ValueError`) for the user's input, naming the input,
+//! the dim and the rule as the CLI does; `AnyshapeError` for the rest.
 
 use std::collections::HashMap;
 
