@@ -75,19 +75,6 @@ class MeanPoolWrap(nn.Module):
         return (torch.nn.functional.normalize(pooled, p=2.0, dim=1),)
 
 
-class AudioWrap(nn.Module):
-    """input_features -> outputs (the Whisper encoder)."""
-
-    def __init__(self, model: nn.Module, outputs: list[str]):
-        super().__init__()
-        self.model = model
-        self.outputs = list(outputs)
-
-    def forward(self, input_features):
-        out = self.model(input_features=input_features, return_dict=True)
-        return tuple(getattr(out, n) for n in self.outputs)
-
-
 class DecoderStepWrap(nn.Module):
     """One decoding step with a KV cache: input_ids [batch, seq], attention_mask
     [batch, past + seq], then past_key_<l>, past_value_<l> [batch, kv_heads, past,
@@ -114,15 +101,17 @@ class DecoderStepWrap(nn.Module):
 
 
 class ImageWrap(nn.Module):
-    """pixel_values -> outputs (ViT, ResNet, MobileNetV2)."""
+    """One tensor input -> outputs: pixel_values (ViT, ResNet, MobileNetV2), or
+    another keyword (``arg="input_features"``: the Whisper encoder)."""
 
-    def __init__(self, model: nn.Module, outputs: list[str]):
+    def __init__(self, model: nn.Module, outputs: list[str], arg: str = "pixel_values"):
         super().__init__()
         self.model = model
         self.outputs = list(outputs)
+        self.arg = arg
 
-    def forward(self, pixel_values):
-        out = self.model(pixel_values=pixel_values, return_dict=True)
+    def forward(self, x):
+        out = self.model(**{self.arg: x}, return_dict=True)
         return tuple(getattr(out, n) for n in self.outputs)
 
 
@@ -414,7 +403,7 @@ def build(name: str, size: str = "tiny") -> ModelSpec:
         frames = 2 * cfg.max_source_positions
         return ModelSpec(
             name,
-            AudioWrap(m, outs),
+            ImageWrap(m, outs, arg="input_features"),
             [InputSpec("input_features", "float32", ["batch", cfg.num_mel_bins, frames], "float")],
             outs,
             {"last_hidden_state": ["batch", cfg.max_source_positions, cfg.d_model]},

@@ -707,8 +707,7 @@ impl<'g> Lowering<'g> {
         }
         // Any other element-wise function of such a sum: the topmost sum
         // becomes the program's input.
-        let Some(core) = find_sum(&mut b, value, &mut |b, e| sum(b, e).is_some()) else { return Ok(None) };
-        let Some(e) = sum(&mut b, core) else { return Ok(None) };
+        let Some((core, e)) = find_sum(&mut b, value, &mut |b, e| sum(b, e)) else { return Ok(None) };
         let mut ops = Vec::new();
         let mut seen = HashMap::new();
         if pointwise(&b.x, value, core, &mut ops, &mut seen).is_none() || ops.len() > MAX_EPILOGUE_OPS {
@@ -780,10 +779,16 @@ fn sum_of_loads(
 }
 
 /// The first node of `e`, root first, through the element-wise operations a
-/// [`PointwiseOp`] program has, for which `is_sum` holds.
-fn find_sum(b: &mut Builder, e: E, is_sum: &mut dyn FnMut(&mut Builder, E) -> bool) -> Option<E> {
-    if b.x.dtype(e) == DType::F32 && is_sum(b, e) {
-        return Some(e);
+/// [`PointwiseOp`] program has, for which `is_sum` gives something, and that.
+fn find_sum<T>(
+    b: &mut Builder,
+    e: E,
+    is_sum: &mut dyn FnMut(&mut Builder, E) -> Option<T>,
+) -> Option<(E, T)> {
+    if b.x.dtype(e) == DType::F32 {
+        if let Some(t) = is_sum(b, e) {
+            return Some((e, t));
+        }
     }
     let children = match b.x.node(e) {
         Node::Unary(_, a) => vec![*a],

@@ -57,26 +57,14 @@ impl Importer {
         {
             self.opset = v;
         }
-        self.inline_depth += 1;
-        let mut result = Ok(());
-        for n in &f.node {
-            let mut body = n.clone();
-            body.input = n.input.iter().map(map).collect();
-            body.output = n.output.iter().map(map).collect();
-            body.name = Some(format!("{prefix}{}", node_name(n)));
-            body.attribute = match bind_attributes(&n.attribute, call, f) {
-                Ok(a) => a,
-                Err(msg) => {
-                    result = Err(OnnxError::Node { node: name.clone(), op: fname.clone(), msg });
-                    break;
-                }
-            };
-            if let Err(e) = self.import_node(&body) {
-                result = Err(e);
-                break;
-            }
-        }
-        self.inline_depth -= 1;
+        let bind = |n: &NodeProto| {
+            bind_attributes(&n.attribute, call, f).map_err(|msg| OnnxError::Node {
+                node: name.clone(),
+                op: fname.clone(),
+                msg,
+            })
+        };
+        let result = self.import_body(&f.node, &map, &prefix, &bind);
         self.opset = saved_opset;
         result
     }
@@ -126,26 +114,17 @@ impl Importer {
             let v = self.constant(data);
             self.vals.insert(map(&t.name.clone().unwrap_or_default()), v);
         }
-        self.inline_depth += 1;
-        let mut result = Ok(());
-        for n in &g.node {
-            let mut body = n.clone();
-            body.input = n.input.iter().map(map).collect();
-            body.output = n.output.iter().map(map).collect();
-            body.name = Some(format!("{prefix}{}", node_name(n)));
-            // A nested branch reads this one's values by their new names too.
-            for a in &mut body.attribute {
+        // A nested branch reads this one's values by their new names too.
+        let renamed = |n: &NodeProto| {
+            let mut attrs = n.attribute.clone();
+            for a in &mut attrs {
                 if let Some(sub) = a.g.as_mut() {
                     rename_graph(sub, &map);
                 }
             }
-            if let Err(e) = self.import_node(&body) {
-                result = Err(e);
-                break;
-            }
-        }
-        self.inline_depth -= 1;
-        result?;
+            Ok(attrs)
+        };
+        self.import_body(&g.node, &map, &prefix, &renamed)?;
         for (out, o) in node.output.iter().zip(&g.output) {
             let src = map(&o.name.clone().unwrap_or_default());
             let v = *self.vals.get(&src).ok_or_else(|| err(format!("{which} never computes '{src}'")))?;
@@ -154,6 +133,35 @@ impl Importer {
             }
         }
         Ok(())
+    }
+
+    /// Import `nodes` (a function's body, a branch) one level deeper: their
+    /// values renamed by `map`, their names under `prefix`, their attributes made
+    /// by `attrs`.
+    fn import_body(
+        &mut self,
+        nodes: &[NodeProto],
+        map: &dyn Fn(&String) -> String,
+        prefix: &str,
+        attrs: &dyn Fn(&NodeProto) -> Result<Vec<AttributeProto>, OnnxError>,
+    ) -> Result<(), OnnxError> {
+        self.inline_depth += 1;
+        let mut result = Ok(());
+        for n in nodes {
+            let mut body = n.clone();
+            body.input = n.input.iter().map(map).collect();
+            body.output = n.output.iter().map(map).collect();
+            body.name = Some(format!("{prefix}{}", node_name(n)));
+            result = attrs(n).and_then(|a| {
+                body.attribute = a;
+                self.import_node(&body)
+            });
+            if result.is_err() {
+                break;
+            }
+        }
+        self.inline_depth -= 1;
+        result
     }
 
     /// Sequence ops; `None` when `op` is not one.

@@ -21,16 +21,9 @@ fn slice(imp: &mut Importer, x: ValueId, axis: usize, start: i64, step: i64, len
     imp.emit(Op::Slice { axes }, vec![x], Some(ty))
 }
 
-/// `xs` joined along `axis`.
+/// `xs` joined along `axis` (the output type is inferred).
 fn concat(imp: &mut Importer, xs: Vec<ValueId>, axis: usize) -> R<ValueId> {
-    let mut shape = imp.shape(xs[0]);
-    let mut total = SymExpr::constant(0);
-    for x in &xs {
-        total = total.try_add(&imp.shape(*x)[axis]).map_err(|e| e.to_string())?;
-    }
-    shape[axis] = total;
-    let ty = TensorType::new(imp.ty(xs[0]).dtype, shape);
-    imp.emit(Op::Concat { axis }, xs, Some(ty))
+    imp.emit(Op::Concat { axis }, xs, None)
 }
 
 /// A constant dim of `x`, for the operators that need one (head sizes).
