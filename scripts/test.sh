@@ -36,6 +36,11 @@ if [ ! -d "$venv123/node-data/node" ]; then
 fi
 
 cargo test --workspace --locked
+# anyshape-rt runs compiled artifacts with the runtime alone: it links no LLVM.
+if ldd target/debug/anyshape-rt | grep -i llvm; then
+    echo "error: anyshape-rt links LLVM" >&2
+    exit 1
+fi
 # The Python package (crates/python + python/anyshape), built in place (debug,
 # reusing the build above) into its own venv, and its tests.
 venvpy=.venv-py

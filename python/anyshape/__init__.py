@@ -6,8 +6,10 @@ The interface follows ONNX Runtime's ``InferenceSession``::
     sess = anyshape.InferenceSession("bert.onnx", dims={"seq": (1, 512)}, threads=2)
     [i.name for i in sess.get_inputs()]          # ['input_ids', 'attention_mask', ...]
     outputs = sess.run(None, {"input_ids": ids, "attention_mask": mask})
+    sess.save("bert.anyshape")                   # a compiled artifact
+    sess2 = anyshape.InferenceSession("bert.anyshape")   # loads it: no compilation
 
-Compiling happens in the constructor; ``run`` then takes any shape the model's
+Compiling happens in the constructor (or nothing is compiled, for an artifact); ``run`` then takes any shape the model's
 symbols allow, with no recompilation. Inputs must have the model's dtypes and
 be C-contiguous numpy arrays, which the run reads in place (as in ONNX Runtime,
 do not write to them while it runs); outputs are numpy arrays that own the
@@ -42,10 +44,12 @@ class NodeArg(NamedTuple):
 class InferenceSession:
     """A model compiled for every shape its symbols allow.
 
-    ``path``: an ONNX file. ``dims``: ranges of symbolic dims, ``{"seq": (1,
-    512)}`` (a narrower range can give faster code; shapes outside it are
-    rejected). ``threads``: the threads that run the model (default: every
-    core).
+    ``path``: an ONNX file, or a compiled artifact (from ``save`` or
+    ``anyshape compile``), which loads without compiling. ``dims``: ranges of
+    symbolic dims, ``{"seq": (1, 512)}`` (a narrower range can give faster
+    code; shapes outside it are rejected; an artifact's are fixed).
+    ``threads``: the threads that run the model (default: every core; for an
+    artifact, those it was compiled with).
     """
 
     def __init__(
@@ -57,6 +61,13 @@ class InferenceSession:
         self._session = _Session(str(path), dict(dims) if dims is not None else None, threads)
         self._inputs = [NodeArg(*i) for i in self._session.inputs()]
         self._outputs = [NodeArg(*o) for o in self._session.outputs()]
+
+    def save(self, path: str) -> None:
+        """Save the compiled model as an artifact at ``path``: one file with its
+        machine code, plans and pre-packed weights, which
+        ``InferenceSession(path)`` and ``anyshape-rt`` load without compiling
+        (on a machine with the same CPU features)."""
+        self._session.save(str(path))
 
     def get_inputs(self) -> List[NodeArg]:
         """The model's inputs, in order."""

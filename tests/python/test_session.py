@@ -131,3 +131,37 @@ def test_inputs_are_read_in_place_and_left_as_they_were(bert):
     np.testing.assert_allclose(got, want["last_hidden_state"], rtol=1e-4, atol=1e-4)
     for k in frozen:
         np.testing.assert_array_equal(frozen[k], before[k])
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "resnet"])
+def test_saved_artifact_loads_and_matches(name, tmp_path):
+    sess = anyshape.InferenceSession(os.path.join(ROOT, name, "model.onnx"), threads=2)
+    path = tmp_path / f"{name}.anyshape"
+    sess.save(str(path))
+    loaded = anyshape.InferenceSession(str(path))
+    assert loaded.get_inputs() == sess.get_inputs()
+    assert loaded.get_outputs() == sess.get_outputs()
+    for feeds, want in cases(name):
+        for g, s, (n, w) in zip(loaded.run(None, feeds), sess.run(None, feeds), want.items()):
+            np.testing.assert_array_equal(g, s, err_msg=n)
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=n)
+
+
+def test_bad_artifacts_are_clear_errors(bert, tmp_path):
+    path = tmp_path / "bert.anyshape"
+    bert.save(str(path))
+    good = path.read_bytes()
+    with pytest.raises(anyshape.InvalidArgument, match="dims"):
+        anyshape.InferenceSession(str(path), dims={"seq": (1, 8)})
+    cut = tmp_path / "cut.anyshape"
+    cut.write_bytes(good[: len(good) // 2])
+    with pytest.raises(anyshape.InvalidArgument, match="truncated"):
+        anyshape.InferenceSession(str(cut))
+    flipped = bytearray(good)
+    flipped[len(good) // 3] ^= 1
+    bad = tmp_path / "flipped.anyshape"
+    bad.write_bytes(bytes(flipped))
+    with pytest.raises(anyshape.InvalidArgument, match="corrupted|malformed"):
+        anyshape.InferenceSession(str(bad))
+    with pytest.raises(anyshape.InvalidArgument):
+        bert.save(str(tmp_path / "no" / "such" / "folder" / "x.anyshape"))

@@ -14,8 +14,6 @@
 //! serves any shape the symbols allow. [`Model::run`] runs the reference
 //! interpreter (the oracle).
 
-pub mod npy;
-
 use std::path::Path;
 use std::sync::Arc;
 
@@ -23,7 +21,12 @@ pub use ir::{DType, Elems, Graph, Tensor, TensorData, TensorType, TensorView, Vi
 pub use lower::{print_plan, ModelPlan, StepKind};
 pub use onnx::DIM_MAX;
 pub use passes::{FusionPlan, GroupKind, Report as RewriteReport};
-pub use runtime::{CodeStats, CompiledModel, Profile, RunError};
+pub use runtime::is_artifact;
+pub use runtime::npy;
+pub use runtime::{
+    ArtifactError, CodeStats, CompiledModel, LoadOptions as ArtifactOptions, Profile, RunError,
+    FORMAT_VERSION,
+};
 pub use sym::{Range, SymExpr};
 
 /// Everything that can go wrong, each with a message that says what and where.
@@ -43,8 +46,8 @@ pub enum Error {
     Codegen(#[from] codegen::CodegenError),
     #[error(transparent)]
     Compiled(#[from] runtime::RunError),
-    #[error("{0}")]
-    Npy(String),
+    #[error(transparent)]
+    Npy(#[from] runtime::npy::NpyError),
 }
 
 impl Error {
@@ -294,11 +297,11 @@ impl Model {
         let programs = programs?;
         let loops = (0..programs.len()).filter_map(|i| programs.get(i)).collect();
         let splits = (0..programs.len()).map(|i| programs.split(i)).collect();
-        let mut code: Vec<Box<dyn std::any::Any + Send + Sync>> = vec![Box::new(programs)];
+        let mut code = programs.into_images();
         let mut dispatchers = Vec::with_capacity(families.len());
         for (e, c) in epilogues.into_iter().zip(families) {
-            let (d, owner) = c?.into_parts();
-            code.push(owner);
+            let (d, images) = c?.into_parts();
+            code.extend(images);
             let d = match opts.measured_dispatch {
                 true => self.measured(d, &pool, e, &plan, cache.as_deref())?,
                 false => d,
@@ -320,6 +323,10 @@ impl Model {
             code_stats: runtime::CodeStats {
                 modules_from_cache: objects.hits(),
                 modules_compiled: objects.misses(),
+            },
+            code_target: {
+                let (cpu, features) = codegen::code_target(&target);
+                runtime::CodeTarget::new(&cpu, &features)
             },
         };
         let compiled = CompiledModel::new(parts)?;

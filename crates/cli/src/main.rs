@@ -25,9 +25,26 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Compile a model once into an artifact: one file with the machine code
+    /// of every kernel, the execution, buffer and dispatch plans and the
+    /// pre-packed weights, which `run`, `bench` and `anyshape-rt` (no
+    /// compiler) load without compiling.
+    Compile {
+        /// The ONNX model file.
+        model: PathBuf,
+        /// The artifact to write (e.g. model.anyshape).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Declare the range of a symbolic dim: NAME=LO..HI.
+        #[arg(long = "dim", value_name = "NAME=LO..HI")]
+        dims: Vec<String>,
+        /// Threads the artifact runs on by default (default: every core).
+        #[arg(long)]
+        threads: Option<usize>,
+    },
     /// Run a model on inputs from .npy files or inline values.
     Run {
-        /// The ONNX model file.
+        /// The ONNX model file, or an artifact from `anyshape compile`.
         model: PathBuf,
         /// An input: NAME=FILE.npy, or NAME=v1,v2,... inline (with --shape NAME=AxB for rank > 1).
         #[arg(long = "input", value_name = "NAME=FILE|VALUES")]
@@ -48,8 +65,8 @@ enum Command {
         #[arg(long)]
         threads: Option<usize>,
     },
-    /// Compile a model once, then time it at each shape: the first call (which
-    /// plans the shape) and the median of warm calls.
+    /// Compile a model once (or load an artifact), then time it at each shape:
+    /// the first call (which plans the shape) and the median of warm calls.
     Bench(model_bench::BenchArgs),
     /// Benchmark the contraction engine on single and batched matmuls: GFLOP/s and
     /// the fraction of the measured peak, with the schedule the dispatcher chose
@@ -146,14 +163,9 @@ enum Stage {
 /// `println!` that ends the program quietly when stdout is closed (`anyshape … | head`)
 /// instead of panicking.
 macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
-            if e.kind() == std::io::ErrorKind::BrokenPipe {
-                std::process::exit(0);
-            }
-        }
-    }};
+    ($($arg:tt)*) => {
+        $crate::common::say(format!($($arg)*))
+    };
 }
 
 /// `print!` with the same handling.
@@ -173,15 +185,8 @@ mod model_bench;
 mod samples;
 mod search;
 
-/// An error in what the user gave us (exit code 2).
-#[derive(Debug)]
-pub(crate) struct UserError(String);
-impl std::fmt::Display for UserError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-impl std::error::Error for UserError {}
+mod common;
+pub(crate) use common::UserError;
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -200,7 +205,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let user = e.downcast_ref::<UserError>().is_some()
-                || e.downcast_ref::<anyshape::Error>().is_some_and(|e| e.is_user_error());
+                || e.downcast_ref::<anyshape::Error>().is_some_and(|e| e.is_user_error())
+                || e.downcast_ref::<anyshape::RunError>().is_some_and(|e| e.is_user_error())
+                || e.downcast_ref::<anyshape::npy::NpyError>().is_some();
             // One line: the chain of contexts joined.
             let msg: Vec<String> = e.chain().map(|c| c.to_string()).collect();
             eprintln!("error: {}", msg.join(": ").replace('\n', " "));
@@ -215,6 +222,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             run(model, inputs, shapes, output_dir, dims, interpret, threads)
         }
         Command::Bench(args) => model_bench::bench(args),
+        Command::Compile { model, output, dims, threads } => compile(model, output, dims, threads),
         Command::Inspect { model, stage, dims, dump_llvm, shapes, threads } => match stage {
             Stage::Kernels | Stage::Dispatch => {
                 model_bench::inspect_compiled(&model, stage == Stage::Dispatch, &dims, &shapes, threads)
@@ -307,6 +315,9 @@ fn run(
     interpret: bool,
     threads: Option<usize>,
 ) -> Result<()> {
+    if runtime::is_artifact(&model_path) {
+        return run_artifact(model_path, inputs, shapes, output_dir, dims, interpret, threads);
+    }
     let model = load(&model_path, &dims)?;
     let mut shape_of = std::collections::HashMap::new();
     for s in &shapes {
@@ -355,24 +366,62 @@ fn run(
         }
         model_bench::compile(&model, opts)?.run(&named).map_err(anyshape::Error::from)?
     };
-    if let Some(dir) = &output_dir {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create {}", dir.display()))
-            .map_err(|e| UserError(format!("{e:#}")))?;
-    }
-    for (name, t) in &outputs {
-        say!("{name}: {} {:?} {}", t.dtype(), t.shape(), preview(t));
-        if let Some(dir) = &output_dir {
-            let file = dir.join(format!("{}.npy", sanitize(name)));
-            npy::write(&file, t)?;
-        }
+    for line in common::write_outputs(&outputs, output_dir.as_deref())? {
+        say!("{line}");
     }
     Ok(())
 }
 
-/// A file name for an output name (ONNX names may hold `/` or `:`).
-fn sanitize(name: &str) -> String {
-    name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
+/// `run` on an artifact: inputs from .npy files.
+fn run_artifact(
+    path: PathBuf,
+    inputs: Vec<String>,
+    shapes: Vec<String>,
+    output_dir: Option<PathBuf>,
+    dims: Vec<String>,
+    interpret: bool,
+    threads: Option<usize>,
+) -> Result<()> {
+    if interpret || !dims.is_empty() || !shapes.is_empty() {
+        bail!(UserError(
+            "--interpret, --dim and --shape apply to an ONNX model; an artifact runs compiled, on .npy inputs"
+                .into()
+        ));
+    }
+    let mut opts = runtime::LoadOptions::new();
+    if let Some(t) = threads {
+        opts = opts.threads(t);
+    }
+    let cm = anyshape::CompiledModel::load(&path, &opts)?;
+    let tensors = common::npy_inputs(&inputs)?;
+    let named: Vec<(&str, Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let outputs = cm.run(&named)?;
+    for line in common::write_outputs(&outputs, output_dir.as_deref())? {
+        say!("{line}");
+    }
+    Ok(())
+}
+
+/// `anyshape compile MODEL -o OUT`.
+fn compile(model_path: PathBuf, output: PathBuf, dims: Vec<String>, threads: Option<usize>) -> Result<()> {
+    let start = std::time::Instant::now();
+    let model = load(&model_path, &dims)?;
+    let mut opts = anyshape::CompileOptions::new();
+    if let Some(t) = threads {
+        opts = opts.threads(t);
+    }
+    let cm = model_bench::compile(&model, opts)?;
+    let compiled = start.elapsed();
+    cm.save(&output)?;
+    let size = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
+    say!(
+        "wrote {} ({:.1} MB): compiled in {:.1} s, saved in {:.2} s",
+        output.display(),
+        size as f64 / 1e6,
+        compiled.as_secs_f64(),
+        (start.elapsed() - compiled).as_secs_f64()
+    );
+    Ok(())
 }
 
 fn inline_tensor(name: &str, values: &str, shape: Option<Vec<usize>>, dtype: DType) -> Result<Tensor> {
@@ -394,12 +443,6 @@ fn inline_tensor(name: &str, values: &str, shape: Option<Vec<usize>>, dtype: DTy
         DType::F16 => bail!(UserError(format!("input '{name}' is f16: give it as a .npy file"))),
     };
     Tensor::new(shape, elems).map_err(|e| UserError(format!("input '{name}': {e}")).into())
-}
-
-fn preview(t: &Tensor) -> String {
-    let v = t.to_f64_vec();
-    let head: Vec<String> = v.iter().take(6).map(|x| format!("{x:.6}")).collect();
-    format!("[{}{}]", head.join(", "), if v.len() > 6 { ", …" } else { "" })
 }
 
 fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>, dump_llvm: Option<PathBuf>) -> Result<()> {

@@ -4,16 +4,17 @@
 //! for other integer inputs, a fixed pseudo-random pattern for floats.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Result};
-use anyshape::{CompileOptions, Elems, Tensor};
+use anyshape::{CompileOptions, Tensor};
 
+use crate::common::{ms, parse_shape, synthetic_inputs, time_calls};
 use crate::UserError;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// The ONNX model file.
+    /// The ONNX model file, or an artifact from `anyshape compile`.
     model: PathBuf,
     /// A shape to time: values of the model's symbols, e.g. batch=1,seq=17 (repeatable).
     #[arg(long = "shape", value_name = "SYM=N,...", required = true)]
@@ -51,59 +52,6 @@ pub struct BenchArgs {
     /// the step's kind, its program or matmul, its group)
     #[arg(long, default_value_t = 0)]
     top: usize,
-}
-
-fn parse_shape(s: &str) -> Result<Vec<(String, usize)>> {
-    s.split(',')
-        .map(|kv| {
-            let (k, v) = kv
-                .split_once('=')
-                .ok_or_else(|| UserError(format!("--shape `{s}`: expected SYM=N,SYM=N")))?;
-            let v: usize =
-                v.trim().parse().map_err(|_| UserError(format!("--shape `{s}`: `{v}` is not a size")))?;
-            Ok((k.trim().to_string(), v))
-        })
-        .collect()
-}
-
-fn inputs(model: &anyshape::Model, shape: &[(String, usize)]) -> Result<Vec<(String, Tensor)>> {
-    let mut out = Vec::new();
-    for info in model.inputs() {
-        let mut dims = Vec::new();
-        for d in &info.ty.shape {
-            match (d.as_const(), d.as_symbol()) {
-                (Some(c), _) => dims.push(c as usize),
-                (None, Some(name)) => match shape.iter().find(|(n, _)| n == name) {
-                    Some((_, v)) => dims.push(*v),
-                    None => bail!(UserError(format!(
-                        "--shape gives no value for `{name}` (input '{}')",
-                        info.name
-                    ))),
-                },
-                _ => bail!(UserError(format!("input '{}' has dim {d}: give its symbols a value", info.name))),
-            }
-        }
-        let n: usize = dims.iter().product();
-        let elems = match info.ty.dtype {
-            anyshape::DType::I64 => Elems::I64(match info.name.as_str() {
-                n2 if n2.contains("mask") => vec![1; n],
-                n2 if n2.contains("ids") && !n2.contains("type") && !n2.contains("position") => {
-                    (0..n).map(|i| (i * 7 % 90) as i64).collect()
-                }
-                _ => vec![0; n],
-            }),
-            anyshape::DType::F32 => {
-                Elems::F32((0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect())
-            }
-            dt => bail!(UserError(format!("input '{}': bench makes no {dt} inputs", info.name))),
-        };
-        out.push((info.name.clone(), Tensor::new(dims, elems)?));
-    }
-    Ok(out)
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 /// Per kind of group, the median over `runs` calls of its matmul and loop time.
@@ -188,57 +136,53 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize, 
 
 pub fn bench(a: BenchArgs) -> Result<()> {
     let shapes: Vec<Vec<(String, usize)>> = a.shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
-    let model = crate::load(&a.model, &a.dims)?;
-    let mut opts = CompileOptions::new()
-        .fuse_attention(!a.unfused_attention)
-        .object_cache(!a.no_object_cache)
-        .measured_dispatch(a.measured_dispatch);
-    if let Some(t) = a.threads {
-        opts = opts.threads(t);
-    }
     let start = Instant::now();
-    let cm = compile(&model, opts)?;
-    let compile_ms = ms(start.elapsed());
+    let (cm, what) = if runtime::is_artifact(&a.model) {
+        if !a.dims.is_empty() || a.unfused_attention || a.no_object_cache || a.measured_dispatch {
+            bail!(UserError(
+                "--dim, --unfused-attention, --no-object-cache and --measured-dispatch apply when \
+                 compiling an ONNX model; an artifact is compiled already"
+                    .into()
+            ));
+        }
+        let mut opts = runtime::LoadOptions::new();
+        if let Some(t) = a.threads {
+            opts = opts.threads(t);
+        }
+        let cm = anyshape::CompiledModel::load(&a.model, &opts).map_err(anyshape::Error::from)?;
+        (cm, "loaded the artifact")
+    } else {
+        let model = crate::load(&a.model, &a.dims)?;
+        let mut opts = CompileOptions::new()
+            .fuse_attention(!a.unfused_attention)
+            .object_cache(!a.no_object_cache)
+            .measured_dispatch(a.measured_dispatch);
+        if let Some(t) = a.threads {
+            opts = opts.threads(t);
+        }
+        (compile(&model, opts)?, "compiled")
+    };
+    let ready_ms = ms(start.elapsed());
     if !a.json {
         let c = cm.code_stats();
-        println!(
-            "compiled in {compile_ms:.0} ms ({} threads; {} of {} modules from the object cache)",
-            cm.threads(),
-            c.modules_from_cache,
-            c.modules_from_cache + c.modules_compiled
-        );
+        let cache = match what {
+            "compiled" => format!(
+                "; {} of {} modules from the object cache",
+                c.modules_from_cache,
+                c.modules_from_cache + c.modules_compiled
+            ),
+            _ => String::new(),
+        };
+        println!("{what} in {ready_ms:.0} ms ({} threads{cache})", cm.threads());
     }
     for shape in &shapes {
-        let data = inputs(&model, shape)?;
+        let data = synthetic_inputs(cm.inputs(), shape)?;
         let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-        let t0 = Instant::now();
-        cm.run(&named).map_err(anyshape::Error::from)?;
-        let first = ms(t0.elapsed());
-        let mut times = Vec::with_capacity(a.runs.max(1));
-        for _ in 0..a.runs.max(1) {
-            let t = Instant::now();
-            cm.run(&named).map_err(anyshape::Error::from)?;
-            times.push(ms(t.elapsed()));
-        }
-        times.sort_by(f64::total_cmp);
-        let median = times[times.len() / 2];
+        let t = time_calls(&cm, &named, a.runs)?;
         if a.profile {
             profile(&cm, &named, a.runs.max(1), a.top)?;
         }
-        if a.json {
-            let fields: Vec<String> = shape.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
-            println!(
-                "{{\"shape\": {{{}}}, \"first_call_ms\": {first:.4}, \"median_ms\": {median:.4}, \"compile_ms\": {compile_ms:.1}}}",
-                fields.join(", ")
-            );
-        } else {
-            let s: Vec<String> = shape.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            println!(
-                "{}: first call {first:.3} ms, median {median:.3} ms over {} runs",
-                s.join(","),
-                times.len()
-            );
-        }
+        println!("{}", t.report(shape, a.json, ready_ms));
     }
     Ok(())
 }
@@ -268,7 +212,7 @@ pub fn inspect_compiled(
         return Ok(());
     }
     for shape in &shapes {
-        let data = inputs(&m, shape)?;
+        let data = synthetic_inputs(cm.inputs(), shape)?;
         let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
         let s: Vec<String> = shape.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!("# stage: dispatch at {}", s.join(","));

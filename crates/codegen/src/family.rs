@@ -246,9 +246,12 @@ impl Contraction {
     /// The dispatcher, and the owner of the machine code its kernels point into
     /// (to be kept alive as long as the dispatcher runs: a runtime holds both
     /// without knowing about LLVM).
-    pub fn into_parts(self) -> (Dispatcher, Box<dyn std::any::Any + Send + Sync>) {
+    pub fn into_parts(self) -> (Dispatcher, Vec<kernels::CodeImage>) {
         let Contraction { dispatcher, jit, direct, packers } = self;
-        (dispatcher, Box::new((jit, direct, packers)))
+        let mut images: Vec<kernels::CodeImage> = jit.into_iter().map(|k| k.into_image()).collect();
+        images.extend(direct.into_iter().map(|k| k.into_image()));
+        images.extend(packers.into_iter().map(|p| p.into_image()));
+        (dispatcher, images)
     }
 
     /// The compiled packed-panel kernels (their IR and assembly, for `--dump-llvm`).

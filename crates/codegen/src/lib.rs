@@ -83,6 +83,11 @@ impl<K: Copy> JitKernel<K> {
     pub fn asm(&self) -> String {
         self.ir.asm()
     }
+    /// The machine code the kernel's function pointer points into (which
+    /// stays valid while the image lives).
+    pub fn into_image(self) -> CodeImage {
+        self._image
+    }
 }
 
 /// The most lines of the next B panel a tile asks for in one burst at its start
@@ -325,6 +330,12 @@ pub(crate) fn jit_module(
         perfmap::append(&image)?;
     }
     Ok((image, OptimizedIr { source, cpu, features, optimized: Default::default() }))
+}
+
+/// The CPU name and feature string kernels for `t` are generated for (what a
+/// compiled artifact requires of the machine that loads it).
+pub fn code_target(t: &Target) -> (String, String) {
+    cpu_and_features(t)
 }
 
 /// CPU name and features for LLVM: the host's, or AVX2 only.

@@ -65,6 +65,10 @@ impl CompiledPrograms {
     pub fn len(&self) -> usize {
         self.fns.len()
     }
+    /// The machine code the entries point into (valid while the images live).
+    pub fn into_images(self) -> Vec<kernels::CodeImage> {
+        self._images
+    }
     pub fn is_empty(&self) -> bool {
         self.fns.is_empty()
     }

@@ -35,6 +35,11 @@ pub struct JitPackers {
 }
 
 impl JitPackers {
+    /// The machine code the packers point into (valid while the image lives).
+    pub fn into_image(self) -> kernels::CodeImage {
+        self._image
+    }
+
     /// The routine writing panels `width` wide, if compiled.
     pub fn get(&self, width: usize) -> Option<Packer> {
         self.packers.iter().copied().find(|p| p.width == width)

@@ -9,7 +9,7 @@ use sym::SymExpr;
 use crate::IrError;
 
 /// Element type of a tensor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum DType {
     F32,
     F64,
@@ -71,7 +71,7 @@ impl fmt::Display for DType {
 }
 
 /// The type of an IR value: element type and symbolic shape.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct TensorType {
     pub dtype: DType,
     pub shape: Vec<SymExpr>,

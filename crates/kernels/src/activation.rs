@@ -4,7 +4,7 @@
 use crate::Pointwise;
 
 /// The activation of an epilogue.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Activation {
     #[default]
     None,

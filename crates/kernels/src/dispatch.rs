@@ -226,6 +226,11 @@ impl Dispatcher {
         self.tuned.as_ref()
     }
 
+    /// Every tree it dispatches by.
+    pub fn trees(&self) -> &[DecisionTree] {
+        &self.trees
+    }
+
     /// The tree that chooses for these operand layouts, if any.
     pub fn tree(&self, a: ALayout, b: BLayout) -> Option<&DecisionTree> {
         self.trees.iter().find(|t| t.layout() == (a, b))

@@ -54,7 +54,7 @@ pub const APPLY_EPILOGUE: i64 = 2;
 /// An element-wise expression applied to each output tile while it is in
 /// registers: `y = act(scale · acc + bias[col] + residual[row, col])` (a dense
 /// layer's bias and GELU, a residual add, ResNet's `relu(conv + identity)`).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Epilogue {
     pub scale: Option<f32>,
     pub bias: bool,
@@ -229,7 +229,37 @@ pub struct PackedB {
     pub nr: usize,
     pub kc: usize,
     pub elem: ElemType,
-    data: Vec<u32>,
+    data: Words,
+}
+
+/// The bytes a packed weight may live in when it is not its own: a window of a
+/// memory-mapped compiled artifact (read in place, never copied on load).
+pub type SharedBytes = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// A packed weight's words: packed here, or a window of shared bytes, checked
+/// once (length and alignment) when the weight is made.
+#[derive(Clone)]
+enum Words {
+    Owned(Vec<u32>),
+    Shared(SharedBytes, std::ops::Range<usize>),
+}
+
+impl Words {
+    fn get(&self) -> &[u32] {
+        match self {
+            Words::Owned(v) => v,
+            // Cannot fail: `PackedB::from_shared` checked the window's length and
+            // alignment, and the owner's bytes do not move.
+            Words::Shared(owner, r) => bytemuck::cast_slice(&(**owner).as_ref()[r.clone()]),
+        }
+    }
+}
+
+impl std::fmt::Debug for Words {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if matches!(self, Words::Owned(_)) { "owned" } else { "shared" };
+        write!(f, "{} {kind} words", self.get().len())
+    }
 }
 
 impl PackedB {
@@ -247,7 +277,46 @@ impl PackedB {
             pack_b(&b, pc, kc.min(k - pc), 0, n, nr, elem, &mut panel, None);
             data.extend_from_slice(&panel);
         }
-        PackedB { k, n, nr, kc, elem, data }
+        PackedB { k, n, nr, kc, elem, data: Words::Owned(data) }
+    }
+
+    /// The words a weight of `k × n` packed for `nr` and `kc` as `elem` takes.
+    pub fn len_of(k: usize, n: usize, nr: usize, kc: usize, elem: ElemType) -> Option<usize> {
+        let per_row = n.checked_next_multiple_of(nr)?;
+        let kc = kc.max(1);
+        let (full, rest) = (k / kc, k % kc);
+        let words = full.checked_mul(elem.words(kc))?.checked_add(elem.words(rest))?;
+        words.checked_mul(per_row)
+    }
+
+    /// A weight packed earlier (by [`PackedB::of_elem`], its [`PackedB::words`]
+    /// kept as little-endian bytes) read in place from `bytes[range]`: a window
+    /// of a memory-mapped artifact. The window must hold exactly the words of
+    /// that packing, aligned to 4 bytes.
+    pub fn from_shared(
+        (k, n, nr, kc, elem): (usize, usize, usize, usize, ElemType),
+        bytes: SharedBytes,
+        range: std::ops::Range<usize>,
+    ) -> Result<PackedB, KernelError> {
+        let bad =
+            |why: &str| KernelError::Shape(format!("a packed {k}x{n} weight (NR {nr}, KC {kc}): {why}"));
+        if nr == 0 || kc == 0 {
+            return Err(bad("zero panel width or depth"));
+        }
+        let words = PackedB::len_of(k, n, nr, kc, elem).ok_or_else(|| bad("too large"))?;
+        let window = (*bytes).as_ref().get(range.clone()).ok_or_else(|| bad("outside its file"))?;
+        if Some(window.len()) != words.checked_mul(4) {
+            return Err(bad(&format!("{} bytes, its packing takes {words} words", window.len())));
+        }
+        if bytemuck::try_cast_slice::<u8, u32>(window).is_err() {
+            return Err(bad("not aligned to 4 bytes"));
+        }
+        Ok(PackedB { k, n, nr, kc, elem, data: Words::Shared(bytes, range) })
+    }
+
+    /// The packed words, panel after panel (what an artifact stores).
+    pub fn words(&self) -> &[u32] {
+        self.data.get()
     }
 
     /// The panels of the block starting at row `pc` (a multiple of `kc`, `kcur`
@@ -255,7 +324,7 @@ impl PackedB {
     pub(crate) fn block(&self, pc: usize, kcur: usize) -> &[u32] {
         let per_row = self.n.div_ceil(self.nr) * self.nr;
         let start = pc / self.kc.max(1) * self.elem.words(self.kc) * per_row;
-        &self.data[start..start + self.elem.words(kcur) * per_row]
+        &self.data.get()[start..start + self.elem.words(kcur) * per_row]
     }
 }
 

@@ -40,6 +40,8 @@ pub enum ImageError {
 /// addresses stay valid while the image lives.
 pub struct CodeImage {
     map: memmap2::Mmap,
+    /// The object it was loaded from (what a compiled artifact stores).
+    object: Vec<u8>,
     /// Defined functions: name → (offset in `map`, size in bytes).
     functions: HashMap<String, (usize, u64)>,
 }
@@ -304,7 +306,7 @@ impl CodeImage {
             }
         }
         let map = map.make_exec()?;
-        Ok(CodeImage { map, functions })
+        Ok(CodeImage { map, object: object.to_vec(), functions })
     }
 
     /// The address of the function `name` defined in the object.
@@ -316,6 +318,11 @@ impl CodeImage {
     pub fn functions(&self) -> impl Iterator<Item = (&str, usize, u64)> + '_ {
         let origin = self.map.as_ptr() as usize;
         self.functions.iter().map(move |(n, &(off, size))| (n.as_str(), origin + off, size))
+    }
+
+    /// The relocatable object this image was loaded from.
+    pub fn object(&self) -> &[u8] {
+        &self.object
     }
 
     /// Bytes mapped.

@@ -38,8 +38,8 @@ pub use dispatch::Dispatcher;
 pub use elem::{bf16_bits, ElemType};
 pub use gemm::{
     execute, gemm, gemm_batched, gemm_packed, gemm_parallel, BOperand, Blocking, Epilogue, EpilogueArgs,
-    LoopOrder, MatMut, MatRef, MicroKernel, MicroKernelFn, PackedB, PackedPlan, Plan, ThreadGrid, ACCUMULATE,
-    APPLY_EPILOGUE,
+    LoopOrder, MatMut, MatRef, MicroKernel, MicroKernelFn, PackedB, PackedPlan, Plan, SharedBytes,
+    ThreadGrid, ACCUMULATE, APPLY_EPILOGUE,
 };
 pub use image::{CodeImage, ImageError};
 pub use pack::{PackFn, Packer, Packers};

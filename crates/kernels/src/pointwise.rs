@@ -14,7 +14,7 @@ use crate::activation::{erf, tanh};
 /// The most operations in one program.
 pub const MAX_POINTWISE_OPS: usize = 24;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum PwUnary {
     Neg,
     Abs,
@@ -30,7 +30,7 @@ pub enum PwUnary {
     Ceil,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum PwBinary {
     Add,
     Sub,
@@ -43,7 +43,7 @@ pub enum PwBinary {
 }
 
 /// An ordered comparison (false when either side is NaN).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum PwCmp {
     Less,
     LessEq,
@@ -53,7 +53,7 @@ pub enum PwCmp {
 }
 
 /// One operation; operands are indices of earlier operations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum PwOp {
     /// The program's input.
     Input,
@@ -66,7 +66,7 @@ pub enum PwOp {
 }
 
 /// A program of up to [`MAX_POINTWISE_OPS`] operations; its value is the last.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Pointwise {
     ops: [PwOp; MAX_POINTWISE_OPS],
     len: u8,

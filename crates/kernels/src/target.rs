@@ -4,7 +4,7 @@
 use std::path::Path;
 
 /// Instruction-set features that change the kernels we generate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Isa {
     pub avx2: bool,
     pub fma: bool,
@@ -14,7 +14,7 @@ pub struct Isa {
 }
 
 /// The machine, as the kernels see it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Target {
     pub isa: Isa,
     /// f32 lanes in one vector register (16 with AVX-512, 8 with AVX2).

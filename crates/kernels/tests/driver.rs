@@ -115,13 +115,27 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 120, ..ProptestConfig::default() })]
     #[test]
-    fn prepacked_gemm_matches_naive(m in dims(), k in dims(), n in dims(), kc in 1usize..9, threads in 1usize..4, ta in any::<bool>(), cover in any::<bool>()) {
+    fn prepacked_gemm_matches_naive(m in dims(), k in dims(), n in dims(), kc in 1usize..9, threads in 1usize..4, ta in any::<bool>(), cover in any::<bool>(), shared in any::<bool>()) {
         let pool = anyshape_kernels::ThreadPool::new(threads);
         let uk = MicroKernel { mr: 3, nr: 5, elem: ElemType::F32, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
         let blk = Blocking { kc, mc: 6, nc: 10 };
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
-        let packed = anyshape_kernels::PackedB::new(MatRef::row_major(&b, k, n).unwrap(), 5, kc);
+        let mut packed = anyshape_kernels::PackedB::new(MatRef::row_major(&b, k, n).unwrap(), 5, kc);
+        prop_assert_eq!(Some(packed.words().len()), anyshape_kernels::PackedB::len_of(k, n, 5, kc, ElemType::F32));
+        if shared {
+            // The same words read in place from a window of other bytes (an artifact's).
+            let mut bytes = vec![0xEEu8; 64];
+            bytes.extend(packed.words().iter().flat_map(|w| w.to_le_bytes()));
+            let end = bytes.len();
+            bytes.extend([0xEE; 64]);
+            let owner: anyshape_kernels::SharedBytes = std::sync::Arc::new(bytes);
+            packed = anyshape_kernels::PackedB::from_shared((k, n, 5, kc, ElemType::F32), owner.clone(), 64..end).expect("shared");
+            // A window of the wrong length, misaligned, or outside the bytes: errors.
+            prop_assert!(anyshape_kernels::PackedB::from_shared((k, n, 5, kc, ElemType::F32), owner.clone(), 60..end).is_err());
+            prop_assert!(anyshape_kernels::PackedB::from_shared((k, n, 5, kc, ElemType::F32), owner.clone(), 65..end + 1).is_err());
+            prop_assert!(anyshape_kernels::PackedB::from_shared((k, n, 5, kc, ElemType::F32), owner, 64..end + 4096).is_err());
+        }
         let ldc = n + 1;
         let mut c = vec![f32::NAN; m * ldc];
         let cv = MatMut::new(&mut c, m, n, ldc).expect("c");
@@ -193,6 +207,7 @@ proptest! {
         let bt: Vec<f32> = (0..k * n).map(|x| b[(x % k) * n + x / k]).collect();
         let av = if ta { MatRef::row_major(&at, k, m).unwrap().t() } else { MatRef::row_major(&a, m, k).unwrap() };
         let packed = anyshape_kernels::PackedB::of_elem(MatRef::row_major(&b, k, n).unwrap(), 5, kc, ElemType::Bf16);
+        prop_assert_eq!(Some(packed.words().len()), anyshape_kernels::PackedB::len_of(k, n, 5, kc, ElemType::Bf16));
         let bop = match b_form {
             0 => BOperand::Plain(MatRef::row_major(&b, k, n).unwrap()),
             1 => BOperand::Plain(MatRef::row_major(&bt, n, k).unwrap().t()),

@@ -14,7 +14,7 @@ use std::fmt;
 use ir::{BinaryOp, DType, ReduceOp, UnaryOp};
 
 /// An expression: an index into its program's [`Exprs`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct E(pub u32);
 
 impl E {
@@ -24,7 +24,7 @@ impl E {
 }
 
 /// How a reduction combines its terms. `Mean` is lowered to a sum and a division.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Combine {
     Sum,
     Prod,
@@ -52,7 +52,7 @@ impl Combine {
 }
 
 /// One node of the DAG.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Node {
     /// A loop or reduction variable (`i64`), below its extent.
     Var(u32),
@@ -105,7 +105,8 @@ impl Node {
 
 /// The DAG of one program: nodes, their dtypes, the free variables of each (a
 /// bit set) and every variable's extent.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "RawExprs", into = "RawExprs")]
 pub struct Exprs {
     nodes: Vec<Node>,
     dtypes: Vec<DType>,
@@ -113,6 +114,71 @@ pub struct Exprs {
     interned: HashMap<(Node, DType), E>,
     /// The extent of each variable (an `i64` expression of dims and constants).
     pub extents: Vec<E>,
+}
+
+/// What a compiled artifact keeps of an [`Exprs`]: the nodes in order, their
+/// dtypes and the variables' extents. The rest (free variables, the interning
+/// table) is derived again, and every reference checked, when it is read.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RawExprs {
+    nodes: Vec<Node>,
+    dtypes: Vec<DType>,
+    extents: Vec<E>,
+}
+
+impl From<Exprs> for RawExprs {
+    fn from(x: Exprs) -> RawExprs {
+        RawExprs { nodes: x.nodes, dtypes: x.dtypes, extents: x.extents }
+    }
+}
+
+impl TryFrom<RawExprs> for Exprs {
+    type Error = String;
+    fn try_from(raw: RawExprs) -> Result<Exprs, String> {
+        let RawExprs { nodes, dtypes, extents } = raw;
+        if nodes.len() != dtypes.len() || extents.len() > MAX_VARS || nodes.len() > u32::MAX as usize {
+            return Err(format!(
+                "{} nodes, {} dtypes, {} variables",
+                nodes.len(),
+                dtypes.len(),
+                extents.len()
+            ));
+        }
+        let mut x = Exprs { extents: Vec::with_capacity(extents.len()), ..Exprs::default() };
+        for (i, (node, dtype)) in nodes.into_iter().zip(dtypes).enumerate() {
+            // Every operand comes before its user; every variable and extent exists.
+            let var_ok = |v: u32| (v as usize) < extents.len() && extents[v as usize].index() < i;
+            let ok = node.children().iter().all(|c| c.index() < i)
+                && match &node {
+                    Node::Var(v) => var_ok(*v),
+                    Node::Reduce { vars, .. } => vars.iter().all(|v| var_ok(*v)),
+                    _ => true,
+                };
+            if !ok {
+                return Err(format!("node {i} refers to a later node or an unknown variable"));
+            }
+            if let Node::Var(v) = node {
+                while x.extents.len() <= v as usize {
+                    x.extents.push(extents[x.extents.len()]);
+                }
+            }
+            if let Node::Reduce { vars, .. } = &node {
+                for v in vars {
+                    while x.extents.len() <= *v as usize {
+                        x.extents.push(extents[x.extents.len()]);
+                    }
+                }
+            }
+            if x.intern(node, dtype).index() != i {
+                return Err(format!("node {i} repeats an earlier node"));
+            }
+        }
+        if extents.iter().any(|e| e.index() >= x.nodes.len()) {
+            return Err("a variable's extent is not a node".into());
+        }
+        x.extents = extents;
+        Ok(x)
+    }
 }
 
 /// The most variables one program may use (the free-variable sets are 64-bit).

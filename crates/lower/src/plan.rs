@@ -16,7 +16,8 @@ use crate::program::LoopProgram;
 pub type BufId = usize;
 
 /// Every symbolic dim the plan needs, each once; kernels read them by slot.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(from = "Vec<SymExpr>", into = "Vec<SymExpr>")]
 pub struct DimTable {
     exprs: Vec<SymExpr>,
     index: HashMap<SymExpr, u32>,
@@ -43,6 +44,24 @@ impl DimTable {
     }
 }
 
+impl From<Vec<SymExpr>> for DimTable {
+    fn from(exprs: Vec<SymExpr>) -> DimTable {
+        let mut t = DimTable::default();
+        for e in &exprs {
+            t.slot(e);
+        }
+        // Repeated expressions keep their slots (the table read is the table written).
+        t.exprs = exprs;
+        t
+    }
+}
+
+impl From<DimTable> for Vec<SymExpr> {
+    fn from(t: DimTable) -> Vec<SymExpr> {
+        t.exprs
+    }
+}
+
 /// Where a buffer's memory comes from.
 #[derive(Clone, Debug)]
 pub enum BufferKind {
@@ -52,6 +71,9 @@ pub enum BufferKind {
     Output(usize),
     /// Constant data (weights), kept by the compiled model.
     Constant(Arc<ConstData>),
+    /// A constant read only as a matmul's pre-packed weight, whose bytes are
+    /// not kept: what a loaded artifact has of such a weight (its packed form).
+    Packed,
     /// An intermediate in the call's arena, live from step `first` to `last`.
     Temp,
 }
@@ -72,7 +94,7 @@ pub struct Buffer {
 
 /// A strided view of a buffer as a batch of matrices: element `(b…, i, j)` is at
 /// `offset + Σ b_d·batch_d + i·rs + j·cs` (every term a dim-table slot).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct View {
     pub buf: BufId,
     pub offset: u32,
@@ -82,7 +104,7 @@ pub struct View {
 }
 
 /// The activation of a matmul's fused epilogue.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 pub enum Activation {
     #[default]
     None,
@@ -104,7 +126,7 @@ pub const MAX_EPILOGUE_OPS: usize = 24;
 
 /// One operation of an [`Activation::Pointwise`] program; operands are the
 /// indices of earlier operations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum PointwiseOp {
     /// The value the epilogue computed so far (`scale·acc + bias + residual`).
     Input,
@@ -118,7 +140,7 @@ pub enum PointwiseOp {
 
 /// An element-wise epilogue the contraction engine applies to each output tile
 /// while it is in registers: `act(scale·acc + bias[col] + residual[row, col])`.
-#[derive(Clone, Debug, PartialEq, Default)]
+#[derive(Clone, Debug, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct MatEpilogue {
     pub scale: Option<f32>,
     /// A vector of `n` values.
@@ -139,7 +161,7 @@ impl MatEpilogue {
 /// pixel, depth `(i, j, c)` channel `c` of tap `(i, j)`, read from the image at
 /// `(b, y·sh + i·dh − ph, x·sw + j·dw − pw, c)`, zero outside it. The column
 /// matrix the graph describes is never written: packing reads the image.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Taps {
     /// Slots: the image's batch, height, width and channels.
     pub image: [u32; 4],
@@ -155,7 +177,7 @@ pub struct Taps {
 }
 
 /// A batch of f32 contractions `C[b] = A[b] · B[b]` for the contraction engine.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct MatMulStep {
     /// Batch extents (slots); empty for one product.
     pub batch: Vec<u32>,
@@ -183,7 +205,7 @@ pub struct MatMulStep {
 /// `scores_param` and `probs_param` are the tiles, passed shifted back by the
 /// block's first row (the program addresses its buffers with wrapping
 /// arithmetic, so only the block's rows are touched).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct AttentionStep {
     pub scores: MatMulStep,
     pub softmax: usize,
@@ -208,7 +230,7 @@ impl AttentionStep {
 }
 
 /// One launch.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub enum StepKind {
     /// A generated loop program over its arguments.
     Loop {
@@ -230,7 +252,7 @@ impl StepKind {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Step {
     /// The fusion group the step belongs to.
     pub group: usize,
@@ -238,7 +260,7 @@ pub struct Step {
 }
 
 /// A fusion group as the plan runs it: its kind and its steps.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct GroupSteps {
     pub kind: GroupKind,
     pub steps: std::ops::Range<usize>,

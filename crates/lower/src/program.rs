@@ -7,7 +7,7 @@ use ir::DType;
 use crate::expr::{Exprs, Node, E};
 
 /// A buffer the program reads or writes: dense, row-major, of a symbolic shape.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Param {
     pub name: String,
     pub dtype: DType,
@@ -19,7 +19,7 @@ pub struct Param {
 /// `param[linear position of the nest] = value`: every store writes a dense
 /// buffer with as many elements as the nest has points, at the nest's own
 /// row-major position, so the innermost variable writes contiguous memory.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Store {
     pub param: u32,
     pub value: E,
@@ -30,7 +30,7 @@ pub struct Store {
 /// sum of a whole tensor): each thread reduces a range of `var`, the last
 /// reduced variable, into a partial, and the partials are combined before the
 /// point's stores (BladeDISC §5.2.1, one long row split across threads).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SplitReduction {
     /// The reduction node.
     pub reduce: E,
@@ -42,7 +42,7 @@ pub struct SplitReduction {
 
 /// What a program's schedules depend on, found once when it is built (the code
 /// generator and the runtime's per-shape plan read it).
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Schedules {
     /// Conditions of run-time dims the program is compiled in versions for
     /// (one nest per combination of their values, see [`crate::versions`]).
@@ -68,7 +68,7 @@ pub struct Schedules {
 }
 
 /// One generated function: `for vars in space: stores`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct LoopProgram {
     pub name: String,
     pub exprs: Exprs,

@@ -220,6 +220,7 @@ pub fn print_plan(p: &ModelPlan) -> String {
             BufferKind::Input(k) => format!("input {k}"),
             BufferKind::Output(k) => format!("output {k}"),
             BufferKind::Constant(_) => "constant".to_string(),
+            BufferKind::Packed => "packed weight".to_string(),
             BufferKind::Temp if b.first > b.last => "temp, unused".to_string(),
             BufferKind::Temp => format!("temp, steps {}..={}", b.first, b.last),
         };

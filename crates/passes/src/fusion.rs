@@ -33,7 +33,7 @@ use ir::{Graph, Op, ValueId};
 use sym::SymExpr;
 
 /// What a group computes; the kind picks its code generation later.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum GroupKind {
     /// Element-wise and data-movement ops over one iteration space.
     Elementwise,

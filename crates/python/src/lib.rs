@@ -8,7 +8,9 @@
 
 use std::collections::HashMap;
 
-use anyshape::{CompileOptions, CompiledModel, Elems, IoInfo, LoadOptions, Model, Tensor, TensorView};
+use anyshape::{
+    ArtifactOptions, CompileOptions, CompiledModel, Elems, LoadOptions, Model, Tensor, TensorType, TensorView,
+};
 use ir::DType;
 use numpy::{
     PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
@@ -43,27 +45,25 @@ fn invalid(msg: String) -> PyErr {
 #[pyclass(frozen, module = "anyshape._anyshape")]
 struct Session {
     model: CompiledModel,
-    inputs: Vec<IoInfo>,
-    outputs: Vec<IoInfo>,
 }
 
 /// `(name, shape, dtype)` with each dim an `int` or the symbol's expression.
 type Described = (String, Vec<Py<PyAny>>, String);
 
-fn describe(py: Python<'_>, io: &[IoInfo]) -> PyResult<Vec<Described>> {
+fn describe(py: Python<'_>, io: &[(String, TensorType)]) -> PyResult<Vec<Described>> {
     io.iter()
-        .map(|i| {
-            let dims =
-                i.ty.shape
-                    .iter()
-                    .map(|d| -> PyResult<Py<PyAny>> {
-                        Ok(match d.as_const() {
-                            Some(v) => v.into_pyobject(py)?.into_any().unbind(),
-                            None => d.to_string().into_pyobject(py)?.into_any().unbind(),
-                        })
+        .map(|(name, ty)| {
+            let dims = ty
+                .shape
+                .iter()
+                .map(|d| -> PyResult<Py<PyAny>> {
+                    Ok(match d.as_const() {
+                        Some(v) => v.into_pyobject(py)?.into_any().unbind(),
+                        None => d.to_string().into_pyobject(py)?.into_any().unbind(),
                     })
-                    .collect::<PyResult<_>>()?;
-            Ok((i.name.clone(), dims, numpy_name(i.ty.dtype).to_string()))
+                })
+                .collect::<PyResult<_>>()?;
+            Ok((name.clone(), dims, numpy_name(ty.dtype).to_string()))
         })
         .collect()
 }
@@ -188,8 +188,10 @@ fn array_of(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
 
 #[pymethods]
 impl Session {
-    /// Compile the ONNX model at `path`. `dims` bounds symbols (`{"seq": (1,
-    /// 512)}`), `threads` the threads that run it (default: every core).
+    /// Compile the ONNX model at `path`, or load the compiled artifact there
+    /// (written by `save` or `anyshape compile`). `dims` bounds symbols (`{"seq":
+    /// (1, 512)}`; an artifact's are fixed), `threads` the threads that run it
+    /// (default: every core; an artifact's: those it was compiled with).
     #[new]
     #[pyo3(signature = (path, dims = None, threads = None))]
     fn new(
@@ -198,6 +200,26 @@ impl Session {
         dims: Option<HashMap<String, (i64, i64)>>,
         threads: Option<usize>,
     ) -> PyResult<Self> {
+        if threads == Some(0) {
+            return Err(invalid("threads must be at least 1".into()));
+        }
+        if anyshape::is_artifact(&path) {
+            if dims.is_some() {
+                return Err(invalid(format!(
+                    "{}: a compiled artifact's dims are fixed; dims apply to an ONNX model",
+                    path.display()
+                )));
+            }
+            let mut opts = ArtifactOptions::new();
+            if let Some(t) = threads {
+                opts = opts.threads(t);
+            }
+            return py.detach(|| {
+                let model =
+                    CompiledModel::load(&path, &opts).map_err(|e| to_py(anyshape::Error::Compiled(e)))?;
+                Ok(Session { model })
+            });
+        }
         let mut load = LoadOptions::new();
         for (name, (lo, hi)) in dims.unwrap_or_default() {
             if lo < 0 || hi < lo {
@@ -207,28 +229,30 @@ impl Session {
         }
         let mut opts = CompileOptions::new();
         if let Some(t) = threads {
-            if t == 0 {
-                return Err(invalid("threads must be at least 1".into()));
-            }
             opts = opts.threads(t);
         }
         // Compiling takes seconds: other Python threads run meanwhile.
         py.detach(|| {
             let model = Model::load(&path, &load).map_err(to_py)?;
-            let (inputs, outputs) = (model.inputs(), model.outputs());
             let compiled = model.compile(&opts).map_err(to_py)?;
-            Ok(Session { model: compiled, inputs, outputs })
+            Ok(Session { model: compiled })
         })
+    }
+
+    /// Save the compiled model as an artifact at `path`: loading it again
+    /// (`Session(path)`, `anyshape-rt`) compiles nothing.
+    fn save(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+        py.detach(|| self.model.save(&path).map_err(|e| to_py(anyshape::Error::Compiled(e))))
     }
 
     /// `(name, shape, dtype)` of each input.
     fn inputs(&self, py: Python<'_>) -> PyResult<Vec<Described>> {
-        describe(py, &self.inputs)
+        describe(py, self.model.inputs())
     }
 
     /// `(name, shape, dtype)` of each output.
     fn outputs(&self, py: Python<'_>) -> PyResult<Vec<Described>> {
-        describe(py, &self.outputs)
+        describe(py, self.model.outputs())
     }
 
     /// Run on `feeds` (input name → numpy array); the outputs named in
@@ -240,28 +264,30 @@ impl Session {
         output_names: Option<Vec<String>>,
         feeds: &Bound<'_, PyDict>,
     ) -> PyResult<Vec<Py<PyAny>>> {
-        let mut named = Vec::with_capacity(self.inputs.len());
+        let mut named = Vec::with_capacity(self.model.inputs().len());
         for (key, value) in feeds.iter() {
             let name: String = key.extract().map_err(|_| invalid("feed names must be strings".into()))?;
-            let Some(info) = self.inputs.iter().find(|i| i.name == name) else {
-                let known: Vec<&str> = self.inputs.iter().map(|i| i.name.as_str()).collect();
+            let Some((input, ty)) = self.model.inputs().iter().find(|(n, _)| *n == name) else {
+                let known: Vec<&str> = self.model.inputs().iter().map(|(n, _)| n.as_str()).collect();
                 return Err(invalid(format!(
                     "'{name}' is not an input of the model (its inputs: {known:?})"
                 )));
             };
-            let (shape, held) = hold(&name, &value, info.ty.dtype)?;
-            named.push((info.name.clone(), shape, held));
+            let (shape, held) = hold(&name, &value, ty.dtype)?;
+            named.push((input.clone(), shape, held));
         }
-        if let Some(missing) = self.inputs.iter().find(|i| !named.iter().any(|(n, _, _)| *n == i.name)) {
-            return Err(invalid(format!("input '{}' is missing from the feeds", missing.name)));
+        if let Some((missing, _)) =
+            self.model.inputs().iter().find(|(i, _)| !named.iter().any(|(n, _, _)| n == i))
+        {
+            return Err(invalid(format!("input '{missing}' is missing from the feeds")));
         }
         let wanted: Vec<usize> = match &output_names {
-            None => (0..self.outputs.len()).collect(),
+            None => (0..self.model.outputs().len()).collect(),
             Some(names) => names
                 .iter()
                 .map(|n| {
-                    self.outputs.iter().position(|o| o.name == *n).ok_or_else(|| {
-                        let known: Vec<&str> = self.outputs.iter().map(|o| o.name.as_str()).collect();
+                    self.model.outputs().iter().position(|(o, _)| o == n).ok_or_else(|| {
+                        let known: Vec<&str> = self.model.outputs().iter().map(|(o, _)| o.as_str()).collect();
                         invalid(format!("'{n}' is not an output of the model (its outputs: {known:?})"))
                     })
                 })

@@ -9,18 +9,21 @@
 //! launches: no compilation, tuning or search. Concurrent calls each take an
 //! arena of their own from a pool. No LLVM here.
 
+mod artifact;
 mod explain;
+pub mod npy;
 mod shape;
 
-use std::any::Any;
+pub use artifact::{is_artifact, ArtifactError, CodeTarget, LoadOptions, FORMAT_VERSION};
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use ir::{DType, Elems, Tensor, TensorData, TensorType, TensorView};
 use kernels::{
-    ALayout, Activation, BLayout, BOperand, Dispatcher, Epilogue, EpilogueArgs, MatMut, MatRef, PackedB,
-    Pointwise, Problem, PwBinary, PwCmp, PwOp, PwUnary, ThreadPool,
+    ALayout, Activation, BLayout, BOperand, CodeImage, Dispatcher, Epilogue, EpilogueArgs, MatMut, MatRef,
+    PackedB, Pointwise, Problem, PwBinary, PwCmp, PwOp, PwUnary, ThreadPool,
 };
 use lower::{BufferKind, FinishFn, LoopFn, ModelPlan, PartFn, StepKind};
 use sym::ShapeEnv;
@@ -40,6 +43,8 @@ pub enum RunError {
     Kernel(String),
     #[error("internal error: {0}")]
     Internal(String),
+    #[error("artifact: {0}")]
+    Artifact(ArtifactError),
 }
 
 impl RunError {
@@ -72,14 +77,18 @@ pub struct ModelParts {
     /// [`engine_epilogue`]): a kernel family compiled with it.
     pub dispatchers: Vec<(Epilogue, Dispatcher)>,
     pub pool: ThreadPool,
-    /// Owners of the machine code the function pointers point into.
-    pub code: Vec<Box<dyn Any + Send + Sync>>,
+    /// The machine code the function pointers point into (what an artifact
+    /// stores of it: each image's object).
+    pub code: Vec<CodeImage>,
     /// Test mode: every temporary and output is placed with a canary margin on
     /// each side, filled before the call and checked after every step (a step
     /// that writes outside its buffers is an error naming the step and buffer).
     pub canaries: bool,
     /// Where the machine code came from.
     pub code_stats: CodeStats,
+    /// The CPU the code was generated for (an artifact checks the machine
+    /// that loads it has its features).
+    pub code_target: CodeTarget,
 }
 
 /// How the machine code of a compiled model was obtained: modules whose
@@ -108,10 +117,11 @@ pub struct CompiledModel {
     pool: ThreadPool,
     canaries: bool,
     code_stats: CodeStats,
+    code_target: CodeTarget,
     shapes: RwLock<HashMap<Vec<i64>, Arc<ShapePlan>>>,
     arenas: Mutex<Vec<Vec<Line>>>,
     // Declared last: dropped after everything that points into it.
-    _code: Vec<Box<dyn Any + Send + Sync>>,
+    code: Vec<CodeImage>,
 }
 
 /// The byte canary margins are filled with.
@@ -186,6 +196,12 @@ fn reads(plan: &ModelPlan) -> Vec<Reads> {
 impl CompiledModel {
     /// Assemble a compiled model; packs every weight for the contraction engine.
     pub fn new(parts: ModelParts) -> Result<CompiledModel, RunError> {
+        CompiledModel::assemble(parts, None)
+    }
+
+    /// Assemble a compiled model with its weights packed already (`packed`: one
+    /// entry per step), or packed here.
+    fn assemble(parts: ModelParts, packed: Option<Vec<Option<PackedB>>>) -> Result<CompiledModel, RunError> {
         let ModelParts {
             plan,
             env,
@@ -198,6 +214,7 @@ impl CompiledModel {
             code,
             canaries,
             code_stats,
+            code_target,
         } = parts;
         let without_split = plan
             .programs
@@ -245,11 +262,18 @@ impl CompiledModel {
             pool,
             canaries,
             code_stats,
+            code_target,
             shapes: RwLock::new(HashMap::new()),
             arenas: Mutex::new(Vec::new()),
-            _code: code,
+            code,
         };
-        m.packed = m.pack_weights(&reads)?;
+        m.packed = match packed {
+            Some(p) => {
+                m.check_packed(&p)?;
+                p
+            }
+            None => m.pack_weights(&reads)?,
+        };
         m.out_dims = m.output_dims()?;
         Ok(m)
     }
@@ -315,6 +339,42 @@ impl CompiledModel {
         Ok(out)
     }
 
+    /// Weights packed elsewhere (an artifact's): one per weight matmul, of its
+    /// shape, packed in a layout its dispatcher runs.
+    fn check_packed(&self, packed: &[Option<PackedB>]) -> Result<(), RunError> {
+        let bad = |why: String| RunError::Internal(format!("pre-packed weights: {why}"));
+        if packed.len() != self.plan.steps.len() {
+            return Err(bad(format!("{} for {} steps", packed.len(), self.plan.steps.len())));
+        }
+        let dims = self.plan.dims.exprs();
+        for (i, (st, p)) in self.plan.steps.iter().zip(packed).enumerate() {
+            let mm = match &st.kind {
+                StepKind::MatMul(mm) if mm.weight => mm,
+                _ if p.is_none() => continue,
+                _ => return Err(bad(format!("step {i} has a packed weight but multiplies none"))),
+            };
+            let Some(p) = p else { return Err(bad(format!("step {i} lacks its packed weight"))) };
+            let fixed = |s: u32| dims[s as usize].as_const().and_then(|v| usize::try_from(v).ok());
+            if fixed(mm.k) != Some(p.k) || fixed(mm.n) != Some(p.n) {
+                return Err(bad(format!(
+                    "step {i}: a {}x{} weight for a {}x{} product",
+                    p.k, p.n, dims[mm.k as usize], dims[mm.n as usize]
+                )));
+            }
+            let d = self.dispatcher(mm)?;
+            let layout = d.weight_layout(p.k, p.n, &PACK_ROWS).map_err(|e| bad(e.to_string()))?;
+            if layout != (BLayout::Packed { nr: p.nr, kc: p.kc })
+                || p.elem != d.family().variants()[0].kernel.elem
+            {
+                return Err(bad(format!(
+                    "step {i}: packed for NR {} and KC {}, its dispatcher reads {layout:?}",
+                    p.nr, p.kc
+                )));
+            }
+        }
+        Ok(())
+    }
+
     fn dispatcher(&self, mm: &lower::MatMulStep) -> Result<&Dispatcher, RunError> {
         self.dispatcher_for(engine_epilogue(&mm.epilogue)?)
     }
@@ -342,6 +402,11 @@ impl CompiledModel {
     }
     pub fn threads(&self) -> usize {
         self.pool.threads()
+    }
+
+    /// The CPU the model's code was generated for.
+    pub fn code_target(&self) -> &CodeTarget {
+        &self.code_target
     }
 
     /// Where the machine code came from (the object cache, or LLVM).
@@ -421,6 +486,8 @@ impl CompiledModel {
                 },
                 BufferKind::Output(k) => elems_mut_ptr(&mut outs[*k]),
                 BufferKind::Constant(_) => self.constant_ptr(i).unwrap_or(std::ptr::null()) as *mut u8,
+                // Read through its packed form only.
+                BufferKind::Packed => std::ptr::null_mut(),
                 // SAFETY: the offset plus the buffer's bytes is within the arena (the
                 // shape plan sized it so).
                 BufferKind::Temp => unsafe { (arena.as_mut_ptr() as *mut u8).add(sp.offset[i]) },

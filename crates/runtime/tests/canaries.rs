@@ -80,6 +80,7 @@ fn model(f: lower::LoopFn) -> CompiledModel {
         code: Vec::new(),
         canaries: true,
         code_stats: Default::default(),
+        code_target: Default::default(),
     })
     .expect("model")
 }

@@ -30,7 +30,7 @@ use crate::{SymError, SymExpr};
 
 /// An inclusive integer interval; `i64::MIN`/`i64::MAX` stand for unbounded (so
 /// interval arithmetic treats them as infinities).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Range {
     pub lo: i64,
     pub hi: i64,
@@ -104,7 +104,7 @@ impl fmt::Display for Range {
 }
 
 /// Where a symbol came from; named symbols survive equalities over fresh ones.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum SymOrigin {
     /// Declared by the user (`--dim seq=1..512`).
     User,
@@ -115,7 +115,7 @@ pub enum SymOrigin {
 }
 
 /// What is known about one symbol.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SymInfo {
     pub name: Arc<str>,
     pub range: Range,
@@ -127,7 +127,7 @@ pub struct SymInfo {
 }
 
 /// A fact that binding must check because it is not implied by symbol ranges.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Constraint {
     /// `lhs == rhs`.
     Equal(SymExpr, SymExpr, String),
@@ -169,7 +169,7 @@ impl Bindings {
 }
 
 /// Everything known about the symbols of one model.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct ShapeEnv {
     symbols: BTreeMap<Arc<str>, SymInfo>,
     /// `name := expr`, with `expr` written in surviving symbols only.

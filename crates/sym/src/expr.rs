@@ -41,7 +41,7 @@ use std::sync::Arc;
 use crate::SymError;
 
 /// A symbolic dimension in canonical form. Cheap to clone for the common cases.
-#[derive(Clone, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 pub struct SymExpr {
     /// Terms sorted by monomial; no zero coefficients; the constant term has the
     /// empty monomial (which sorts first).
@@ -49,10 +49,10 @@ pub struct SymExpr {
 }
 
 /// A product of atoms with positive powers, sorted by atom.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default, serde::Serialize, serde::Deserialize)]
 struct Monomial(Vec<(Atom, u32)>);
 
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 enum Atom {
     Sym(Arc<str>),
     Div(Box<SymExpr>, i64),

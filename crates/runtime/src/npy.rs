@@ -6,10 +6,17 @@ use std::path::Path;
 
 use npyz::WriterBuilder;
 
-use crate::{Elems, Error, Tensor};
+use ir::{Elems, Tensor};
+
+/// A `.npy` file that cannot be read or written, with the path and the reason.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct NpyError(pub String);
+
+type Error = NpyError;
 
 fn err(path: &Path, what: impl std::fmt::Display) -> Error {
-    Error::Npy(format!("{}: {what}", path.display()))
+    NpyError(format!("{}: {what}", path.display()))
 }
 
 /// Read a `.npy` file (f32, f64, f16, i8, u8, i32, i64, bool; little-endian, C order).
@@ -25,7 +32,7 @@ pub fn read(path: &Path) -> Result<Tensor, Error> {
         .iter()
         .map(|d| usize::try_from(*d).map_err(|_| err(path, "dim too large")))
         .collect::<Result<_, _>>()?;
-    let n = ir::checked_numel(&shape)?;
+    let n = ir::checked_numel(&shape).map_err(|e| err(path, e))?;
     // Refuse headers that promise more data than the file could hold.
     let file_len = std::fs::metadata(path).map_err(|e| err(path, e))?.len() as usize;
     let descr = match npy.dtype() {
@@ -53,7 +60,7 @@ pub fn read(path: &Path) -> Result<Tensor, Error> {
         "|b1" => Elems::Bool(npy.into_vec::<bool>().map_err(bad)?),
         other => return Err(err(path, format!("unsupported element type `{other}`"))),
     };
-    Ok(Tensor::new(shape, elems)?)
+    Tensor::new(shape, elems).map_err(|e| err(path, e))
 }
 
 /// Write a tensor as `.npy`.

@@ -1,0 +1,135 @@
+//! `anyshape-rt`: run and benchmark compiled artifacts (`anyshape compile -o`)
+//! with the runtime alone. It links no compiler (no LLVM): what a machine that
+//! only serves a model needs.
+//!
+//! Exit codes: 0 on success, 2 when the input is at fault (a bad artifact,
+//! shapes, files or flags: a one-line reason on stderr), 1 on an internal error.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use ir::Tensor;
+use runtime::{CompiledModel, LoadOptions};
+
+#[path = "../common.rs"]
+mod common;
+
+use common::{ms, parse_shape, say, synthetic_inputs, time_calls, UserError};
+
+#[derive(Parser)]
+#[command(name = "anyshape-rt", version, about = "Run compiled anyshape artifacts (no compiler).")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run an artifact on inputs from .npy files.
+    Run {
+        /// The artifact (from `anyshape compile -o`).
+        artifact: PathBuf,
+        /// An input: NAME=FILE.npy (repeatable).
+        #[arg(long = "input", value_name = "NAME=FILE.npy")]
+        inputs: Vec<String>,
+        /// Write each output as DIR/<output name>.npy.
+        #[arg(long)]
+        output_dir: Option<PathBuf>,
+        /// Threads (default: those the artifact was compiled with).
+        #[arg(long)]
+        threads: Option<usize>,
+    },
+    /// Load an artifact, then time it at each shape: the first call and the
+    /// median of warm calls, on synthetic inputs.
+    Bench {
+        artifact: PathBuf,
+        /// A shape to time: values of the model's symbols, e.g. batch=1,seq=17 (repeatable).
+        #[arg(long = "shape", value_name = "SYM=N,...", required = true)]
+        shapes: Vec<String>,
+        /// Threads (default: those the artifact was compiled with).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Warm calls timed per shape (the median is reported).
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// Print one JSON object per shape.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The artifact's inputs and outputs with their symbolic shapes.
+    Info { artifact: PathBuf },
+}
+
+fn load(path: &PathBuf, threads: Option<usize>) -> Result<CompiledModel> {
+    let mut opts = LoadOptions::new();
+    if let Some(t) = threads {
+        opts = opts.threads(t);
+    }
+    Ok(CompiledModel::load(path, &opts)?)
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match dispatch(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let user = e.downcast_ref::<UserError>().is_some()
+                || e.downcast_ref::<runtime::RunError>().is_some_and(|e| e.is_user_error())
+                || e.downcast_ref::<runtime::npy::NpyError>().is_some();
+            let msg: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            eprintln!("error: {}", msg.join(": ").replace('\n', " "));
+            ExitCode::from(if user { 2 } else { 1 })
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Run { artifact, inputs, output_dir, threads } => {
+            let cm = load(&artifact, threads)?;
+            let tensors = common::npy_inputs(&inputs)?;
+            let named: Vec<(&str, Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+            let outputs = cm.run(&named)?;
+            for line in common::write_outputs(&outputs, output_dir.as_deref())? {
+                say(line);
+            }
+        }
+        Command::Bench { artifact, shapes, threads, runs, json } => {
+            let shapes: Vec<Vec<(String, usize)>> =
+                shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
+            let start = Instant::now();
+            let cm = load(&artifact, threads)?;
+            let load_ms = ms(start.elapsed());
+            if !json {
+                say(format!("loaded the artifact in {load_ms:.0} ms ({} threads)", cm.threads()));
+            }
+            for shape in &shapes {
+                let data = synthetic_inputs(cm.inputs(), shape)?;
+                let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+                say(time_calls(&cm, &named, runs)?.report(shape, json, load_ms));
+            }
+        }
+        Command::Info { artifact } => {
+            let cm = load(&artifact, None)?;
+            for (kind, list) in [("input", cm.inputs()), ("output", cm.outputs())] {
+                for (name, ty) in list {
+                    let dims: Vec<String> = ty.shape.iter().map(|d| d.to_string()).collect();
+                    say(format!("{kind} {name}: {} [{}]", ty.dtype, dims.join(", ")));
+                }
+            }
+            let t = cm.code_target();
+            say(format!("code for {} ({} features); {} threads", t.cpu, t.features.len(), cm.threads()));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,166 @@
+//! What `anyshape` and `anyshape-rt` share: shapes from the command line,
+//! synthetic inputs, timed calls and `.npy` inputs. Only the runtime's types:
+//! `anyshape-rt` links no compiler.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use ir::{DType, Elems, Tensor, TensorType};
+use runtime::CompiledModel;
+
+/// An error in what the user gave us (exit code 2).
+#[derive(Debug)]
+pub struct UserError(pub String);
+impl std::fmt::Display for UserError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for UserError {}
+
+/// `SYM=N,SYM=N`.
+pub fn parse_shape(s: &str) -> Result<Vec<(String, usize)>> {
+    s.split(',')
+        .map(|kv| {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| UserError(format!("--shape `{s}`: expected SYM=N,SYM=N")))?;
+            let v: usize =
+                v.trim().parse().map_err(|_| UserError(format!("--shape `{s}`: `{v}` is not a size")))?;
+            Ok((k.trim().to_string(), v))
+        })
+        .collect()
+}
+
+/// Inputs for a benchmark at `shape` (values of the model's symbols): token
+/// ids below 90, masks of ones, zeros for other integer inputs, a fixed
+/// pseudo-random pattern for floats.
+pub fn synthetic_inputs(
+    inputs: &[(String, TensorType)],
+    shape: &[(String, usize)],
+) -> Result<Vec<(String, Tensor)>> {
+    let mut out = Vec::new();
+    for (name, ty) in inputs {
+        let mut dims = Vec::new();
+        for d in &ty.shape {
+            match (d.as_const(), d.as_symbol()) {
+                (Some(c), _) => dims.push(c as usize),
+                (None, Some(sym)) => match shape.iter().find(|(n, _)| n == sym) {
+                    Some((_, v)) => dims.push(*v),
+                    None => bail!(UserError(format!("--shape gives no value for `{sym}` (input '{name}')"))),
+                },
+                _ => bail!(UserError(format!("input '{name}' has dim {d}: give its symbols a value"))),
+            }
+        }
+        let n: usize = dims.iter().product();
+        let elems = match ty.dtype {
+            DType::I64 => Elems::I64(match name.as_str() {
+                n2 if n2.contains("mask") => vec![1; n],
+                n2 if n2.contains("ids") && !n2.contains("type") && !n2.contains("position") => {
+                    (0..n).map(|i| (i * 7 % 90) as i64).collect()
+                }
+                _ => vec![0; n],
+            }),
+            DType::F32 => Elems::F32((0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect()),
+            dt => bail!(UserError(format!("input '{name}': bench makes no {dt} inputs"))),
+        };
+        out.push((name.clone(), Tensor::new(dims, elems)?));
+    }
+    Ok(out)
+}
+
+/// Print a line to stdout; end the program quietly when stdout is closed
+/// (`anyshape-rt … | head`) instead of panicking.
+pub fn say(line: impl std::fmt::Display) {
+    use std::io::Write as _;
+    if let Err(e) = writeln!(std::io::stdout(), "{line}") {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+    }
+}
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The first call at a shape and the median of warm calls.
+pub struct Timing {
+    pub first_ms: f64,
+    pub median_ms: f64,
+    pub runs: usize,
+}
+
+impl Timing {
+    /// One line of text, or one JSON object (`ready_ms`: compile or load time).
+    pub fn report(&self, shape: &[(String, usize)], json: bool, ready_ms: f64) -> String {
+        let Timing { first_ms, median_ms, runs } = self;
+        if json {
+            let fields: Vec<String> = shape.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
+            format!(
+                "{{\"shape\": {{{}}}, \"first_call_ms\": {first_ms:.4}, \"median_ms\": {median_ms:.4}, \"compile_ms\": {ready_ms:.1}}}",
+                fields.join(", ")
+            )
+        } else {
+            let s: Vec<String> = shape.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            format!("{}: first call {first_ms:.3} ms, median {median_ms:.3} ms over {runs} runs", s.join(","))
+        }
+    }
+}
+
+/// Time the first call on `named` and then `runs` warm calls.
+pub fn time_calls(cm: &CompiledModel, named: &[(&str, Tensor)], runs: usize) -> Result<Timing> {
+    let t0 = Instant::now();
+    cm.run(named)?;
+    let first_ms = ms(t0.elapsed());
+    let mut times = Vec::with_capacity(runs.max(1));
+    for _ in 0..runs.max(1) {
+        let t = Instant::now();
+        cm.run(named)?;
+        times.push(ms(t.elapsed()));
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(Timing { first_ms, median_ms: times[times.len() / 2], runs: times.len() })
+}
+
+/// `NAME=FILE.npy` inputs, read.
+pub fn npy_inputs(specs: &[String]) -> Result<Vec<(String, Tensor)>> {
+    let mut out = Vec::new();
+    for spec in specs {
+        let Some((name, file)) = spec.split_once('=') else {
+            bail!(UserError(format!("--input `{spec}`: expected NAME=FILE.npy")));
+        };
+        let t = runtime::npy::read(std::path::Path::new(file))
+            .map_err(|e| UserError(format!("input '{}': {e}", name.trim())))?;
+        out.push((name.trim().to_string(), t));
+    }
+    Ok(out)
+}
+
+/// Print each output (dtype, shape, first values) and write it as
+/// `DIR/<name>.npy` when a folder is given.
+pub fn write_outputs(outputs: &[(String, Tensor)], dir: Option<&std::path::Path>) -> Result<Vec<String>> {
+    if let Some(dir) = dir {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| UserError(format!("cannot create {}: {e}", dir.display())))?;
+    }
+    let mut lines = Vec::new();
+    for (name, t) in outputs {
+        lines.push(format!("{name}: {} {:?} {}", t.dtype(), t.shape(), preview(t)));
+        if let Some(dir) = dir {
+            runtime::npy::write(&dir.join(format!("{}.npy", sanitize(name))), t)?;
+        }
+    }
+    Ok(lines)
+}
+
+/// A file name for an output name (ONNX names may hold `/` or `:`).
+fn sanitize(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
+}
+
+fn preview(t: &Tensor) -> String {
+    let v = t.to_f64_vec();
+    let head: Vec<String> = v.iter().take(6).map(|x| format!("{x:.6}")).collect();
+    format!("[{}{}]", head.join(", "), if v.len() > 6 { ", …" } else { "" })
+}
