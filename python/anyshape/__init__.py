@@ -49,7 +49,8 @@ class InferenceSession:
     symbolic dims, ``{"seq": (1, 512)}`` (a narrower range can give faster
     code; shapes outside it are rejected; an artifact's are fixed).
     ``threads``: the threads that run the model (default: every core; for an
-    artifact, those it was compiled with).
+    artifact, those it was compiled with). ``interpret``: run on the reference
+    interpreter instead of compiling (slow: the oracle that tests compare with).
     """
 
     def __init__(
@@ -57,8 +58,9 @@ class InferenceSession:
         path: str,
         dims: Optional[Mapping[str, Tuple[int, int]]] = None,
         threads: Optional[int] = None,
+        interpret: bool = False,
     ) -> None:
-        self._session = _Session(str(path), dict(dims) if dims is not None else None, threads)
+        self._session = _Session(str(path), dict(dims) if dims is not None else None, threads, interpret)
         self._inputs = [NodeArg(*i) for i in self._session.inputs()]
         self._outputs = [NodeArg(*o) for o in self._session.outputs()]
 

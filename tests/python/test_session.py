@@ -165,3 +165,13 @@ def test_bad_artifacts_are_clear_errors(bert, tmp_path):
         anyshape.InferenceSession(str(bad))
     with pytest.raises(anyshape.InvalidArgument):
         bert.save(str(tmp_path / "no" / "such" / "folder" / "x.anyshape"))
+
+
+def test_interpreted_session_is_the_oracle(bert, tmp_path):
+    oracle = anyshape.InferenceSession(os.path.join(ROOT, "bert", "model.onnx"), interpret=True)
+    assert oracle.get_inputs() == bert.get_inputs()
+    for feeds, want in cases("bert"):
+        for g, (n, w) in zip(oracle.run(None, feeds), want.items()):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=n)
+    with pytest.raises(anyshape.InvalidArgument, match="no compiled code"):
+        oracle.save(str(tmp_path / "x.anyshape"))

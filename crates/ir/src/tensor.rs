@@ -203,6 +203,31 @@ impl<'a> TensorView<'a> {
     }
 }
 
+impl TensorView<'_> {
+    /// A copy as a host tensor (what the reference interpreter takes).
+    pub fn to_tensor(&self) -> Tensor {
+        decode(self.dtype, self.shape, self.bytes)
+    }
+}
+
+/// Little-endian elements of `dtype` (bools one byte each) as a host tensor.
+fn decode(dtype: DType, shape: &[usize], b: &[u8]) -> Tensor {
+    fn chunks<const N: usize, T>(b: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
+        b.chunks_exact(N).map(|c| f(c.try_into().unwrap_or([0; N]))).collect()
+    }
+    let elems = match dtype {
+        DType::F32 => Elems::F32(chunks(b, f32::from_le_bytes)),
+        DType::F64 => Elems::F64(chunks(b, f64::from_le_bytes)),
+        DType::F16 => Elems::F16(chunks(b, u16::from_le_bytes)),
+        DType::I8 => Elems::I8(b.iter().map(|x| *x as i8).collect()),
+        DType::U8 => Elems::U8(b.to_vec()),
+        DType::I32 => Elems::I32(chunks(b, i32::from_le_bytes)),
+        DType::I64 => Elems::I64(chunks(b, i64::from_le_bytes)),
+        DType::Bool => Elems::Bool(b.iter().map(|x| *x != 0).collect()),
+    };
+    Tensor { shape: shape.to_vec(), elems }
+}
+
 impl TensorData for TensorView<'_> {
     fn dtype(&self) -> DType {
         self.dtype
@@ -453,21 +478,7 @@ impl ConstData {
 
     /// Decode into a host tensor (a copy; the interpreter's working form).
     pub fn to_tensor(&self) -> Tensor {
-        fn chunks<const N: usize, T>(b: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
-            b.chunks_exact(N).map(|c| f(c.try_into().unwrap_or([0; N]))).collect()
-        }
-        let b = &self.bytes[..];
-        let elems = match self.dtype {
-            DType::F32 => Elems::F32(chunks(b, f32::from_le_bytes)),
-            DType::F64 => Elems::F64(chunks(b, f64::from_le_bytes)),
-            DType::F16 => Elems::F16(chunks(b, u16::from_le_bytes)),
-            DType::I8 => Elems::I8(b.iter().map(|x| *x as i8).collect()),
-            DType::U8 => Elems::U8(b.to_vec()),
-            DType::I32 => Elems::I32(chunks(b, i32::from_le_bytes)),
-            DType::I64 => Elems::I64(chunks(b, i64::from_le_bytes)),
-            DType::Bool => Elems::Bool(b.iter().map(|x| *x != 0).collect()),
-        };
-        Tensor { shape: self.shape.clone(), elems }
+        decode(self.dtype, &self.shape, &self.bytes)
     }
 
     /// The type of this constant.

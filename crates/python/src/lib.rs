@@ -41,10 +41,29 @@ fn invalid(msg: String) -> PyErr {
     InvalidArgument::new_err(msg)
 }
 
-/// A compiled model.
+/// A model: compiled (or loaded from an artifact), or run on the reference
+/// interpreter (the oracle, for tests).
 #[pyclass(frozen, module = "anyshape._anyshape")]
 struct Session {
-    model: CompiledModel,
+    engine: Engine,
+    inputs: Vec<(String, TensorType)>,
+    outputs: Vec<(String, TensorType)>,
+}
+
+enum Engine {
+    Compiled(CompiledModel),
+    Interpreted(Model),
+}
+
+impl Session {
+    fn compiled(model: CompiledModel) -> Session {
+        let (inputs, outputs) = (model.inputs().to_vec(), model.outputs().to_vec());
+        Session { engine: Engine::Compiled(model), inputs, outputs }
+    }
+}
+
+fn io_list(io: Vec<anyshape::IoInfo>) -> Vec<(String, TensorType)> {
+    io.into_iter().map(|i| (i.name, i.ty)).collect()
 }
 
 /// `(name, shape, dtype)` with each dim an `int` or the symbol's expression.
@@ -192,18 +211,27 @@ impl Session {
     /// (written by `save` or `anyshape compile`). `dims` bounds symbols (`{"seq":
     /// (1, 512)}`; an artifact's are fixed), `threads` the threads that run it
     /// (default: every core; an artifact's: those it was compiled with).
+    /// `interpret`: run on the reference interpreter instead (slow; the oracle
+    /// tests compare with).
     #[new]
-    #[pyo3(signature = (path, dims = None, threads = None))]
+    #[pyo3(signature = (path, dims = None, threads = None, interpret = false))]
     fn new(
         py: Python<'_>,
         path: std::path::PathBuf,
         dims: Option<HashMap<String, (i64, i64)>>,
         threads: Option<usize>,
+        interpret: bool,
     ) -> PyResult<Self> {
         if threads == Some(0) {
             return Err(invalid("threads must be at least 1".into()));
         }
         if anyshape::is_artifact(&path) {
+            if interpret {
+                return Err(invalid(format!(
+                    "{}: a compiled artifact has no graph to interpret",
+                    path.display()
+                )));
+            }
             if dims.is_some() {
                 return Err(invalid(format!(
                     "{}: a compiled artifact's dims are fixed; dims apply to an ONNX model",
@@ -217,7 +245,7 @@ impl Session {
             return py.detach(|| {
                 let model =
                     CompiledModel::load(&path, &opts).map_err(|e| to_py(anyshape::Error::Compiled(e)))?;
-                Ok(Session { model })
+                Ok(Session::compiled(model))
             });
         }
         let mut load = LoadOptions::new();
@@ -234,25 +262,35 @@ impl Session {
         // Compiling takes seconds: other Python threads run meanwhile.
         py.detach(|| {
             let model = Model::load(&path, &load).map_err(to_py)?;
-            let compiled = model.compile(&opts).map_err(to_py)?;
-            Ok(Session { model: compiled })
+            if interpret {
+                let (inputs, outputs) = (io_list(model.inputs()), io_list(model.outputs()));
+                return Ok(Session { engine: Engine::Interpreted(model), inputs, outputs });
+            }
+            Ok(Session::compiled(model.compile(&opts).map_err(to_py)?))
         })
     }
 
     /// Save the compiled model as an artifact at `path`: loading it again
     /// (`Session(path)`, `anyshape-rt`) compiles nothing.
     fn save(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
-        py.detach(|| self.model.save(&path).map_err(|e| to_py(anyshape::Error::Compiled(e))))
+        match &self.engine {
+            Engine::Compiled(m) => {
+                py.detach(|| m.save(&path).map_err(|e| to_py(anyshape::Error::Compiled(e))))
+            }
+            Engine::Interpreted(_) => {
+                Err(invalid("an interpreting session has no compiled code to save".into()))
+            }
+        }
     }
 
     /// `(name, shape, dtype)` of each input.
     fn inputs(&self, py: Python<'_>) -> PyResult<Vec<Described>> {
-        describe(py, self.model.inputs())
+        describe(py, &self.inputs)
     }
 
     /// `(name, shape, dtype)` of each output.
     fn outputs(&self, py: Python<'_>) -> PyResult<Vec<Described>> {
-        describe(py, self.model.outputs())
+        describe(py, &self.outputs)
     }
 
     /// Run on `feeds` (input name → numpy array); the outputs named in
@@ -264,11 +302,11 @@ impl Session {
         output_names: Option<Vec<String>>,
         feeds: &Bound<'_, PyDict>,
     ) -> PyResult<Vec<Py<PyAny>>> {
-        let mut named = Vec::with_capacity(self.model.inputs().len());
+        let mut named = Vec::with_capacity(self.inputs.len());
         for (key, value) in feeds.iter() {
             let name: String = key.extract().map_err(|_| invalid("feed names must be strings".into()))?;
-            let Some((input, ty)) = self.model.inputs().iter().find(|(n, _)| *n == name) else {
-                let known: Vec<&str> = self.model.inputs().iter().map(|(n, _)| n.as_str()).collect();
+            let Some((input, ty)) = self.inputs.iter().find(|(n, _)| *n == name) else {
+                let known: Vec<&str> = self.inputs.iter().map(|(n, _)| n.as_str()).collect();
                 return Err(invalid(format!(
                     "'{name}' is not an input of the model (its inputs: {known:?})"
                 )));
@@ -276,18 +314,16 @@ impl Session {
             let (shape, held) = hold(&name, &value, ty.dtype)?;
             named.push((input.clone(), shape, held));
         }
-        if let Some((missing, _)) =
-            self.model.inputs().iter().find(|(i, _)| !named.iter().any(|(n, _, _)| n == i))
-        {
+        if let Some((missing, _)) = self.inputs.iter().find(|(i, _)| !named.iter().any(|(n, _, _)| n == i)) {
             return Err(invalid(format!("input '{missing}' is missing from the feeds")));
         }
         let wanted: Vec<usize> = match &output_names {
-            None => (0..self.model.outputs().len()).collect(),
+            None => (0..self.outputs.len()).collect(),
             Some(names) => names
                 .iter()
                 .map(|n| {
-                    self.model.outputs().iter().position(|(o, _)| o == n).ok_or_else(|| {
-                        let known: Vec<&str> = self.model.outputs().iter().map(|(o, _)| o.as_str()).collect();
+                    self.outputs.iter().position(|(o, _)| o == n).ok_or_else(|| {
+                        let known: Vec<&str> = self.outputs.iter().map(|(o, _)| o.as_str()).collect();
                         invalid(format!("'{n}' is not an output of the model (its outputs: {known:?})"))
                     })
                 })
@@ -301,8 +337,15 @@ impl Session {
             .iter()
             .map(|(n, shape, held)| Ok((n.as_str(), held.view(n, shape)?)))
             .collect::<PyResult<Vec<_>>>()?;
-        let outs =
-            py.detach(|| self.model.run_views(&views).map_err(|e| to_py(anyshape::Error::Compiled(e))))?;
+        let outs = match &self.engine {
+            Engine::Compiled(m) => {
+                py.detach(|| m.run_views(&views).map_err(|e| to_py(anyshape::Error::Compiled(e))))?
+            }
+            Engine::Interpreted(m) => {
+                let owned: Vec<(&str, Tensor)> = views.iter().map(|(n, v)| (*n, v.to_tensor())).collect();
+                py.detach(|| m.run(&owned).map_err(to_py))?
+            }
+        };
         let mut outs: Vec<Option<Tensor>> = outs.into_iter().map(|(_, t)| Some(t)).collect();
         let mut arrays = Vec::with_capacity(wanted.len());
         for (k, &i) in wanted.iter().enumerate() {

@@ -43,6 +43,8 @@ pub const FORMAT_VERSION: u32 = 1;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;
+/// The most threads an artifact may ask for (a larger count is damage).
+const MAX_THREADS: usize = 4096;
 /// Alignment of each blob in the weights section (a cache line).
 const BLOB_ALIGN: u64 = 64;
 /// Alignment of the weights section in the file (a page).
@@ -510,6 +512,9 @@ impl CompiledModel {
             let r = range(b.offset, b.len, parsed.weights_len)?;
             Ok(r.start + weights_at..r.end + weights_at)
         };
+        if meta.threads == 0 || meta.threads > MAX_THREADS {
+            return Err(malformed(format!("{} threads", meta.threads)));
+        }
         let threads = opts.threads.unwrap_or(meta.threads).max(1);
         let plan = plan_of(meta.plan, &bytes, &window)?;
         validate(&plan, meta.inputs.len(), meta.outputs.len()).map_err(ArtifactError::Malformed)?;

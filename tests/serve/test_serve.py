@@ -1,0 +1,157 @@
+"""The Ray Serve deployment (anyshape.serve) on a local Ray instance bound to the
+loopback address: a compiled artifact of the bundled BERT deployed, concurrent
+requests of different lengths sent by several clients over HTTP and through a
+handle, every answer checked against the reference interpreter; malformed
+requests get a 400 with the reason and the replica keeps serving. Ray is shut
+down at the end (a bounded number of requests, nothing left running)."""
+
+import json
+import os
+import socket
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+import anyshape
+from anyshape.serve import ModelDeployment, RequestError, _Batcher
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "fixtures")
+BERT = os.path.join(ROOT, "bert", "model.onnx")
+
+
+def request(rng, seq, batch=1):
+    ids = rng.integers(1, 90, size=(batch, seq), dtype=np.int64)
+    mask = np.ones_like(ids)
+    mask[:, seq // 2 + 1 :] = rng.integers(0, 2, size=(batch, seq - seq // 2 - 1))
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    return anyshape.InferenceSession(BERT, interpret=True)
+
+
+def assert_matches(oracle, feeds, got):
+    want = oracle.run(None, feeds)
+    names = [o.name for o in oracle.get_outputs()]
+    assert sorted(got) == sorted(names)
+    for n, w in zip(names, want):
+        g = np.asarray(got[n], dtype=np.float32)
+        assert g.shape == w.shape, n
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=n)
+
+
+def test_batcher_pads_to_the_batch_longest_only(oracle):
+    """Without Ray: requests of mixed lengths run as one call, padded to the
+    longest of the batch; each answer is cut back and matches the interpreter."""
+    sess = anyshape.InferenceSession(BERT, threads=1)
+    calls = []
+
+    def run(names, feeds):
+        calls.append({k: v.shape for k, v in feeds.items()})
+        return sess.run(names, feeds)
+
+    ins = [(i.name, i.shape, i.type) for i in sess.get_inputs()]
+    outs = [(o.name, o.shape, o.type) for o in sess.get_outputs()]
+    from anyshape.serve import _Io
+
+    b = _Batcher(run, [_Io(*i) for i in ins], [_Io(*o) for o in outs])
+    rng = np.random.default_rng(0)
+    reqs = [b.check(request(rng, s, batch)) for s, batch in [(3, 1), (11, 2), (1, 1), (7, 1)]]
+    answers = b.run_all(reqs)
+    assert len(calls) == 1 and calls[0]["input_ids"] == (5, 11), calls
+    for feeds, got in zip(reqs, answers):
+        assert_matches(oracle, feeds, got)
+    with pytest.raises(RequestError, match="rank"):
+        b.check({"input_ids": [1, 2], "attention_mask": [1, 1], "token_type_ids": [0, 0]})
+    with pytest.raises(RequestError, match="missing"):
+        b.check({"input_ids": [[1, 2]]})
+    with pytest.raises(RequestError, match="not an input"):
+        b.check({**request(rng, 2), "pixel_values": [[0.0]]})
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+    from ray import serve
+
+    artifact = str(tmp_path_factory.mktemp("serve") / "bert.anyshape")
+    anyshape.InferenceSession(BERT, threads=1).save(artifact)
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    app = ModelDeployment.options(ray_actor_options={"num_cpus": 1}).bind(
+        artifact, threads=1, max_batch_size=8, batch_wait_timeout_s=0.01
+    )
+    handle = serve.run(app, name="bert", route_prefix="/bert")
+    yield handle, f"http://127.0.0.1:{port}/bert"
+    serve.shutdown()
+    ray.shutdown()
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_concurrent_clients_get_the_interpreters_answers(served, oracle):
+    handle, url = served
+    failures = []
+
+    def client(k):
+        rng = np.random.default_rng(100 + k)
+        for i in range(6):
+            feeds = request(rng, int(rng.integers(1, 24)), batch=1 + (i % 3 == 2))
+            try:
+                if (k + i) % 2:
+                    body = json.dumps({"inputs": {n: v.tolist() for n, v in feeds.items()}}).encode()
+                    status, doc = post(url, body)
+                    assert status == 200, doc
+                    got = doc["outputs"]
+                else:
+                    got = handle.infer.remote(feeds).result(timeout_s=60)
+                assert_matches(oracle, feeds, got)
+            except Exception as e:  # reported below, with the client and request
+                failures.append(f"client {k} request {i}: {e!r}")
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "clients did not finish"
+    assert not failures, "\n".join(failures)
+
+
+def test_malformed_requests_get_400_and_the_replica_keeps_serving(served, oracle):
+    handle, url = served
+    bad = [
+        b"not json",
+        b"[1, 2]",
+        json.dumps({"inputs": {"input_ids": [[1, 2]]}}).encode(),
+        json.dumps({"inputs": {"input_ids": [["a", "b"]], "attention_mask": [[1, 1]], "token_type_ids": [[0, 0]]}}).encode(),
+        json.dumps({"inputs": {"input_ids": [[1, 2], [3]], "attention_mask": [[1, 1]], "token_type_ids": [[0, 0]]}}).encode(),
+        json.dumps({"inputs": {"input_ids": [1, 2], "attention_mask": [1, 1], "token_type_ids": [0, 0]}}).encode(),
+    ]
+    for body in bad:
+        status, doc = post(url, body)
+        assert status == 400 and doc.get("error"), (body, status, doc)
+    rng = np.random.default_rng(7)
+    feeds = request(rng, 5)
+    status, doc = post(url, json.dumps({"inputs": {n: v.tolist() for n, v in feeds.items()}}).encode())
+    assert status == 200, doc
+    assert_matches(oracle, feeds, doc["outputs"])
