@@ -48,7 +48,7 @@ if ! "$venvpy/bin/python" -c "import pytest, numpy" 2>/dev/null || [ ! -x "$venv
     python3 -m venv "$venvpy"
     "$venvpy/bin/pip" install --quiet --disable-pip-version-check -r python/requirements-test.txt
 fi
-VIRTUAL_ENV="$PWD/$venvpy" "$venvpy/bin/maturin" develop --quiet --locked
+VIRTUAL_ENV="$PWD/$venvpy" "$venvpy/bin/maturin" develop --quiet --locked --features extension-module,llvm-dynamic
 "$venvpy/bin/python" -m pytest -q tests/python
 # Serving on Ray Serve (python/anyshape/serve.py): a venv with ray[serve], the
 # package built into it the same way, and a local Ray instance on the loopback
@@ -58,7 +58,7 @@ if ! "$venvserve/bin/python" -c "import ray.serve, pytest, numpy, onnxruntime" 2
     python3 -m venv "$venvserve"
     "$venvserve/bin/pip" install --quiet --disable-pip-version-check -r python/requirements-serve.txt
 fi
-VIRTUAL_ENV="$PWD/$venvserve" "$venvserve/bin/maturin" develop --quiet --locked
+VIRTUAL_ENV="$PWD/$venvserve" "$venvserve/bin/maturin" develop --quiet --locked --features extension-module,llvm-dynamic
 RAY_USAGE_STATS_ENABLED=0 "$venvserve/bin/python" -m pytest -q -W ignore::DeprecationWarning tests/serve
 # The node tests, on the interpreter and compiled (canary margins on), and the CNN
 # models of onnx's `light` folder: all nine compiled against their expected
