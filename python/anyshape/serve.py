@@ -7,10 +7,12 @@ model calls as it can without padding a request past the longest sequence in its
 batch, never to the model's maximum:
 
 * requests whose shapes agree past the batch axis are stacked and run at once;
-* when the model has an ``attention_mask`` input, requests of different lengths
-  are padded to the batch's longest (mask zero on the padding) and each output
-  is cut back to its request's length along the dims named by the same symbol
-  (``seq``); other models run one call per distinct shape.
+* when the model has an ``attention_mask`` input, requests of close lengths
+  are padded to the longest of their call (mask zero on the padding) as long as
+  the padding stays within ``max_padding`` (10%) of the tokens the call
+  computes, and each output is cut back to its request's length along the dims
+  named by the same symbol (``seq``); other models run one call per distinct
+  shape.
 
 It answers HTTP (``POST /`` with JSON ``{"inputs": {name: nested lists}}``,
 reply ``{"outputs": {name: nested lists}}``; a malformed request gets a 400 with
@@ -105,8 +107,9 @@ def _open(model: str, backend: str, dims: Optional[Mapping[str, Tuple[int, int]]
 class _Batcher:
     """Runs a list of requests as few model calls as it can (see the module's doc)."""
 
-    def __init__(self, run, inputs: List[_Io], outputs: List[_Io]) -> None:
+    def __init__(self, run, inputs: List[_Io], outputs: List[_Io], max_padding: float = 0.1) -> None:
         self.run = run
+        self.max_padding = max_padding
         self.inputs = inputs
         self.outputs = outputs
         self.names = [i.name for i in inputs]
@@ -167,7 +170,10 @@ class _Batcher:
         for r, feeds in enumerate(requests):
             key = self._key(feeds) if self.pad_symbol else tuple(feeds[n].shape[1:] for n in self.names)
             groups.setdefault(key, []).append(r)
+        calls: List[List[int]] = []
         for members in groups.values():
+            calls.extend(self._split(requests, members))
+        for members in calls:
             try:
                 self._run_group([requests[r] for r in members], members, results)
             except Exception as e:
@@ -183,16 +189,41 @@ class _Batcher:
                         results[r] = e1
         return results  # type: ignore[return-value]
 
+    def _length(self, feeds: Dict[str, np.ndarray]) -> Optional[int]:
+        """The request's length along the padded symbol's axes, if it has one."""
+        n = None
+        for i in self.inputs:
+            for k in self._padded_axes(i):
+                n = feeds[i.name].shape[k]
+        return n
+
+    def _split(self, requests, members: List[int]) -> List[List[int]]:
+        """`members` (requests of one key) as calls: by length, each call padding
+        its requests to its longest only while the padding stays within
+        `max_padding` of the tokens computed (on a CPU, padding costs its full
+        compute, and a batch saves little once a call has a few rows)."""
+        if self.pad_symbol is None or len(members) < 2:
+            return [members]
+        rows = lambda r: next(iter(requests[r].values())).shape[0]
+        order = sorted(members, key=lambda r: self._length(requests[r]) or 0, reverse=True)
+        calls, current, real = [], [], 0
+        for r in order:
+            n, b = self._length(requests[r]) or 0, rows(r)
+            if current:
+                longest = self._length(requests[current[0]]) or 0
+                padded = longest * (sum(rows(q) for q in current) + b)
+                if padded > (1 + self.max_padding) * (real + n * b):
+                    calls.append(current)
+                    current, real = [], 0
+            current.append(r)
+            real += n * b
+        calls.append(current)
+        return calls
+
     def _run_group(self, group, members, results) -> None:
         # The longest length along the padded axes (one symbol: the same length
         # in every input that has it).
-        lengths = []
-        for feeds in group:
-            n = None
-            for i in self.inputs:
-                for k in self._padded_axes(i):
-                    n = feeds[i.name].shape[k]
-            lengths.append(n)
+        lengths = [self._length(feeds) for feeds in group]
         longest = max((n for n in lengths if n is not None), default=None)
         stacked = {}
         for i in self.inputs:
@@ -231,7 +262,9 @@ class ModelDeployment:
     ``backend``: ``"anyshape"`` or ``"onnxruntime"``. ``dims``: ranges of
     symbolic dims (ONNX models). ``threads``: threads per replica.
     ``max_batch_size`` and ``batch_wait_timeout_s``: how many requests one
-    batch takes at most and how long it waits for more.
+    batch takes at most and how long it waits for more. ``max_padding``: the
+    padding one call may add, as a fraction of the tokens its requests have
+    (requests of lengths further apart run in separate calls).
     """
 
     def __init__(
@@ -242,9 +275,10 @@ class ModelDeployment:
         threads: Optional[int] = None,
         max_batch_size: int = 16,
         batch_wait_timeout_s: float = 0.002,
+        max_padding: float = 0.1,
     ) -> None:
         run, ins, outs = _open(model, backend, dims, threads)
-        self.batcher = _Batcher(run, ins, outs)
+        self.batcher = _Batcher(run, ins, outs, max_padding)
         self._batch.set_max_batch_size(max_batch_size)
         self._batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import anyshape
-from anyshape.serve import ModelDeployment, RequestError, _Batcher
+from anyshape.serve import RequestError, _Batcher, build
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 BERT = os.path.join(ROOT, "bert", "model.onnx")
@@ -44,27 +44,35 @@ def assert_matches(oracle, feeds, got):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=n)
 
 
-def test_batcher_pads_to_the_batch_longest_only(oracle):
-    """Without Ray: requests of mixed lengths run as one call, padded to the
-    longest of the batch; each answer is cut back and matches the interpreter."""
+def test_batcher_pads_within_its_budget_only(oracle):
+    """Without Ray: requests of close lengths run as one call padded to its
+    longest, lengths further apart than the padding budget in calls of their
+    own; each answer is cut back and matches the interpreter."""
     sess = anyshape.InferenceSession(BERT, threads=1)
     calls = []
 
     def run(names, feeds):
-        calls.append({k: v.shape for k, v in feeds.items()})
+        calls.append(feeds["input_ids"].shape)
         return sess.run(names, feeds)
 
-    ins = [(i.name, i.shape, i.type) for i in sess.get_inputs()]
-    outs = [(o.name, o.shape, o.type) for o in sess.get_outputs()]
     from anyshape.serve import _Io
 
-    b = _Batcher(run, [_Io(*i) for i in ins], [_Io(*o) for o in outs])
+    ins = [_Io(i.name, i.shape, i.type) for i in sess.get_inputs()]
+    outs = [_Io(o.name, o.shape, o.type) for o in sess.get_outputs()]
     rng = np.random.default_rng(0)
+    # Any padding allowed: one call, padded to the longest of the batch (never the model's maximum).
+    b = _Batcher(run, ins, outs, max_padding=10.0)
     reqs = [b.check(request(rng, s, batch)) for s, batch in [(3, 1), (11, 2), (1, 1), (7, 1)]]
-    answers = b.run_all(reqs)
-    assert len(calls) == 1 and calls[0]["input_ids"] == (5, 11), calls
-    for feeds, got in zip(reqs, answers):
+    for feeds, got in zip(reqs, b.run_all(reqs)):
         assert_matches(oracle, feeds, got)
+    assert calls == [(5, 11)], calls
+    # 10% of padding: 10, 10 and 9 together (3 tokens of 32 padded), 3 alone.
+    calls.clear()
+    b = _Batcher(run, ins, outs, max_padding=0.1)
+    reqs = [b.check(request(rng, s)) for s in [10, 3, 9, 10]]
+    for feeds, got in zip(reqs, b.run_all(reqs)):
+        assert_matches(oracle, feeds, got)
+    assert sorted(calls) == [(1, 3), (3, 10)], calls
     with pytest.raises(RequestError, match="rank"):
         b.check({"input_ids": [1, 2], "attention_mask": [1, 1], "token_type_ids": [0, 0]})
     with pytest.raises(RequestError, match="missing"):
@@ -90,9 +98,8 @@ def served(tmp_path_factory):
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    app = ModelDeployment.options(ray_actor_options={"num_cpus": 1}).bind(
-        artifact, threads=1, max_batch_size=8, batch_wait_timeout_s=0.01
-    )
+    # What a Serve config file's `import_path: anyshape.serve:build` with these args deploys.
+    app = build({"model": artifact, "threads": 1, "max_batch_size": 8, "batch_wait_timeout_s": 0.01})
     handle = serve.run(app, name="bert", route_prefix="/bert")
     yield handle, f"http://127.0.0.1:{port}/bert"
     serve.shutdown()

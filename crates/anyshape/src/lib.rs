@@ -225,7 +225,13 @@ impl Model {
         let start = std::time::Instant::now();
         let plan = self.lower_with(opts)?;
         tracing::info!("lowered in {:.0} ms", start.elapsed().as_secs_f64() * 1e3);
-        let target = kernels::Target::detect();
+        let host = kernels::Target::detect();
+        let target = match opts.isa {
+            Isa::Host => host,
+            Isa::Avx2 => host.avx2_only().ok_or_else(|| {
+                codegen::CodegenError::Unsupported("AVX2 code needs a machine with AVX2 and FMA".into())
+            })?,
+        };
         let threads = opts.threads.unwrap_or_else(default_threads);
         let pool = kernels::ThreadPool::new(threads);
         // One kernel family per epilogue the matmuls fuse.
@@ -417,10 +423,24 @@ pub fn default_cache_dir() -> Option<std::path::PathBuf> {
     codegen::tuning::default_cache_dir()
 }
 
+/// The instruction set generated code may use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Isa {
+    /// Everything the compiling machine has (AVX-512 where it has it), tuned for
+    /// its CPU: the fastest code here, and an artifact that loads only on
+    /// machines with the same features.
+    #[default]
+    Host,
+    /// AVX2 and FMA only (x86-64-v3): an artifact that runs on any x86-64 CPU
+    /// of the last decade, at AVX2's speed.
+    Avx2,
+}
+
 /// How to compile a model.
 #[derive(Clone)]
 pub struct CompileOptions {
     threads: Option<usize>,
+    isa: Isa,
     cache_dir: Option<std::path::PathBuf>,
     fuse_attention: bool,
     canaries: bool,
@@ -433,6 +453,7 @@ impl std::fmt::Debug for CompileOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CompileOptions")
             .field("threads", &self.threads)
+            .field("isa", &self.isa)
             .field("cache_dir", &self.cache_dir)
             .field("fuse_attention", &self.fuse_attention)
             .field("canaries", &self.canaries)
@@ -447,6 +468,7 @@ impl Default for CompileOptions {
     fn default() -> Self {
         CompileOptions {
             threads: None,
+            isa: Isa::Host,
             cache_dir: None,
             fuse_attention: true,
             canaries: false,
@@ -464,6 +486,12 @@ impl CompileOptions {
     /// Threads of the model's pool (default: the machine's).
     pub fn threads(mut self, n: usize) -> CompileOptions {
         self.threads = Some(n.max(1));
+        self
+    }
+    /// The instruction set of the generated code (default: the host's; `Avx2`
+    /// for an artifact to run on other x86-64 machines).
+    pub fn isa(mut self, isa: Isa) -> CompileOptions {
+        self.isa = isa;
         self
     }
     /// Run attention as one fused kernel per block of query rows (on by

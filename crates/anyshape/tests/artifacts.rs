@@ -210,3 +210,29 @@ fn missing_and_foreign_files() {
     assert!(matches!(e, RunError::Artifact(ArtifactError::NotAnArtifact)), "{e}");
     assert!(e.is_user_error());
 }
+
+/// Compiled for AVX2 only: the artifact asks for no AVX-512 feature (it loads on
+/// any AVX2 machine) and gives the interpreter's values.
+#[test]
+fn avx2_artifacts_need_no_avx512() {
+    let model = Model::load(fixture("bert"), &LoadOptions::new()).expect("loads");
+    let cm = model.compile(&CompileOptions::new().threads(2).isa(anyshape::Isa::Avx2)).expect("compiles");
+    let path = scratch("bert-avx2.anyshape");
+    cm.save(&path).expect("saves");
+    let loaded = CompiledModel::load(&path, &ArtifactOptions::new()).expect("loads");
+    let t = loaded.code_target();
+    assert_eq!(t.cpu, "x86-64-v3");
+    assert!(t.features.iter().all(|f| !f.starts_with("avx512")), "{:?}", t.features);
+    assert!(t.features.iter().any(|f| f == "avx2") && t.features.iter().any(|f| f == "fma"));
+    for (k, seq) in [1usize, 9, 33].iter().enumerate() {
+        let ins = inputs(&model, &[("batch", 1 + k), ("seq", *seq)], 50 + k as u64);
+        let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let oracle = model.run(&named).expect("interpreter");
+        for ((_, g), (_, o)) in run(&loaded, &ins).iter().zip(&oracle) {
+            let (g, o) = (g.to_f64_vec(), o.to_f64_vec());
+            let scale = o.iter().map(|x| x.abs()).fold(1e-6, f64::max);
+            assert!(g.iter().zip(&o).all(|(a, b)| (a - b).abs() <= 1e-4 * scale));
+        }
+    }
+    std::fs::remove_file(path).ok();
+}

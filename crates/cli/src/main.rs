@@ -41,6 +41,10 @@ enum Command {
         /// Threads the artifact runs on by default (default: every core).
         #[arg(long)]
         threads: Option<usize>,
+        /// The instruction set of the code: this machine's (`host`, AVX-512 where
+        /// it has it), or `avx2` for an artifact that runs on any AVX2 machine.
+        #[arg(long, value_enum, default_value_t = IsaArg::Host)]
+        isa: IsaArg,
     },
     /// Run a model on inputs from .npy files or inline values.
     Run {
@@ -139,6 +143,12 @@ enum Command {
 }
 
 #[derive(Clone, Copy, PartialEq, ValueEnum)]
+enum IsaArg {
+    Host,
+    Avx2,
+}
+
+#[derive(Clone, Copy, PartialEq, ValueEnum)]
 enum Stage {
     /// The IR after import: every value with its symbolic shape, and the ShapeEnv facts.
     Shapes,
@@ -222,7 +232,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             run(model, inputs, shapes, output_dir, dims, interpret, threads)
         }
         Command::Bench(args) => model_bench::bench(args),
-        Command::Compile { model, output, dims, threads } => compile(model, output, dims, threads),
+        Command::Compile { model, output, dims, threads, isa } => compile(model, output, dims, threads, isa),
         Command::Inspect { model, stage, dims, dump_llvm, shapes, threads } => match stage {
             Stage::Kernels | Stage::Dispatch => {
                 model_bench::inspect_compiled(&model, stage == Stage::Dispatch, &dims, &shapes, threads)
@@ -403,10 +413,20 @@ fn run_artifact(
 }
 
 /// `anyshape compile MODEL -o OUT`.
-fn compile(model_path: PathBuf, output: PathBuf, dims: Vec<String>, threads: Option<usize>) -> Result<()> {
+fn compile(
+    model_path: PathBuf,
+    output: PathBuf,
+    dims: Vec<String>,
+    threads: Option<usize>,
+    isa: IsaArg,
+) -> Result<()> {
     let start = std::time::Instant::now();
     let model = load(&model_path, &dims)?;
-    let mut opts = anyshape::CompileOptions::new();
+    let isa = match isa {
+        IsaArg::Host => anyshape::Isa::Host,
+        IsaArg::Avx2 => anyshape::Isa::Avx2,
+    };
+    let mut opts = anyshape::CompileOptions::new().isa(isa);
     if let Some(t) = threads {
         opts = opts.threads(t);
     }

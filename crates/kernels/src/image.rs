@@ -21,6 +21,10 @@ use object::{
     SectionKind, SymbolIndex, SymbolSection,
 };
 
+/// The most bytes an object's loaded sections may take (a kernel module takes
+/// kilobytes; more is a damaged object).
+const MAX_IMAGE: usize = 1 << 30;
+
 /// Why an object could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
@@ -148,6 +152,9 @@ impl CodeImage {
             base.insert(s.index(), size);
             size =
                 size.checked_add(usize::try_from(s.size()).map_err(format)?).ok_or_else(|| format("size"))?;
+            if size > MAX_IMAGE {
+                return Err(ImageError::Format(format!("sections of more than {MAX_IMAGE} bytes")));
+            }
         }
 
         // 2. Resolve symbols; far ones get a GOT slot and a call stub after the sections.
@@ -157,6 +164,10 @@ impl CodeImage {
             let r = match sym.section() {
                 SymbolSection::Section(i) => {
                     let Some(&b) = base.get(&i) else { continue };
+                    let within = file.section_by_index(i).map(|s| s.size()).map_err(format)?;
+                    if sym.address() > within {
+                        return Err(format("a symbol past the end of its section"));
+                    }
                     let at = b + usize::try_from(sym.address()).map_err(format)?;
                     if sym.kind() == object::SymbolKind::Text && sym.is_definition() {
                         functions.insert(sym.name().map_err(format)?.to_string(), (at, sym.size()));
@@ -212,6 +223,9 @@ impl CodeImage {
         for s in file.sections() {
             let Some(&b) = base.get(&s.index()) else { continue };
             let data = s.data().map_err(format)?;
+            if data.len() as u64 > s.size() {
+                return Err(format("a section with more data than its size"));
+            }
             map[b..b + data.len()].copy_from_slice(data);
         }
         let origin = map.as_ptr() as usize;
@@ -280,16 +294,22 @@ impl CodeImage {
                         .map_err(|_| ImageError::OutOfRange { section: section.clone(), offset })
                 };
                 let at = b + off;
+                // 64-bit fields wrap (the ELF formulas are modulo 2⁶⁴); a 32-bit
+                // displacement that does not fit is an error.
                 match r_type {
-                    elf::R_X86_64_64 => map[at..at + 8].copy_from_slice(&(s_addr + a).to_le_bytes()),
-                    elf::R_X86_64_PC64 => map[at..at + 8].copy_from_slice(&(s_addr + a - p).to_le_bytes()),
+                    elf::R_X86_64_64 => {
+                        map[at..at + 8].copy_from_slice(&s_addr.wrapping_add(a).to_le_bytes())
+                    }
+                    elf::R_X86_64_PC64 => {
+                        map[at..at + 8].copy_from_slice(&s_addr.wrapping_add(a).wrapping_sub(p).to_le_bytes())
+                    }
                     elf::R_X86_64_PC32 | elf::R_X86_64_PLT32 => {
                         // A far symbol is called through its stub.
                         let target = match sym.and_then(|i| far_slot.get(&i)) {
                             Some(&k) if r_type == elf::R_X86_64_PLT32 => (origin + stubs + 8 * k) as i64,
                             _ => s_addr,
                         };
-                        map[at..at + 4].copy_from_slice(&pc32(target + a - p)?);
+                        map[at..at + 4].copy_from_slice(&pc32(target.wrapping_add(a).wrapping_sub(p))?);
                     }
                     elf::R_X86_64_GOTPCREL | elf::R_X86_64_GOTPCRELX | elf::R_X86_64_REX_GOTPCRELX => {
                         let i =
@@ -299,7 +319,9 @@ impl CodeImage {
                             (None, Some(&k)) => local_got_at + 8 * k,
                             (None, None) => return Err(format("a GOT relocation without a slot")),
                         };
-                        map[at..at + 4].copy_from_slice(&pc32((origin + slot) as i64 + a - p)?);
+                        map[at..at + 4].copy_from_slice(&pc32(
+                            ((origin + slot) as i64).wrapping_add(a).wrapping_sub(p),
+                        )?);
                     }
                     _ => return Err(ImageError::Relocation { r_type, section, offset }),
                 }

@@ -340,7 +340,7 @@ impl CompiledModel {
     }
 
     /// Weights packed elsewhere (an artifact's): one per weight matmul, of its
-    /// shape, packed in a layout its dispatcher runs.
+    /// shape, packed for a width its family has kernels for.
     fn check_packed(&self, packed: &[Option<PackedB>]) -> Result<(), RunError> {
         let bad = |why: String| RunError::Internal(format!("pre-packed weights: {why}"));
         if packed.len() != self.plan.steps.len() {
@@ -361,14 +361,13 @@ impl CompiledModel {
                     p.k, p.n, dims[mm.k as usize], dims[mm.n as usize]
                 )));
             }
+            // Any layout the family has kernels for runs (the layout the compiler
+            // chose for its thread count, whatever count the model is loaded with).
             let d = self.dispatcher(mm)?;
-            let layout = d.weight_layout(p.k, p.n, &PACK_ROWS).map_err(|e| bad(e.to_string()))?;
-            if layout != (BLayout::Packed { nr: p.nr, kc: p.kc })
-                || p.elem != d.family().variants()[0].kernel.elem
-            {
+            if !d.family().widths().contains(&p.nr) || p.elem != d.family().elem() {
                 return Err(bad(format!(
-                    "step {i}: packed for NR {} and KC {}, its dispatcher reads {layout:?}",
-                    p.nr, p.kc
+                    "step {i}: packed {} for NR {}, which its contraction family has no kernels for",
+                    p.elem, p.nr
                 )));
             }
         }
