@@ -2,6 +2,7 @@
 //! synthetic inputs, timed calls and `.npy` inputs. Only the runtime's types:
 //! `anyshape-rt` links no compiler.
 
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -17,6 +18,36 @@ impl std::fmt::Display for UserError {
     }
 }
 impl std::error::Error for UserError {}
+
+/// Parse the command line with clap, run it, and map the outcome to an exit
+/// code: 0, 2 when the input is at fault (`UserError`, the runtime's user
+/// errors, a bad .npy file, or what `also_user` says is the user's), 1
+/// otherwise; an error is one line on stderr, its chain of contexts joined.
+pub fn main_with<C: clap::Parser>(
+    dispatch: impl FnOnce(C) -> Result<()>,
+    also_user: impl Fn(&anyhow::Error) -> bool,
+) -> ExitCode {
+    let cli = match C::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match dispatch(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let user = e.downcast_ref::<UserError>().is_some()
+                || e.downcast_ref::<runtime::RunError>().is_some_and(|e| e.is_user_error())
+                || e.downcast_ref::<runtime::npy::NpyError>().is_some()
+                || also_user(&e);
+            let msg: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            eprintln!("error: {}", msg.join(": ").replace('\n', " "));
+            ExitCode::from(if user { 2 } else { 1 })
+        }
+    }
+}
 
 /// `SYM=N,SYM=N`.
 pub fn parse_shape(s: &str) -> Result<Vec<(String, usize)>> {

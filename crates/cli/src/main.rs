@@ -203,27 +203,7 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let cli = match Cli::try_parse() {
-        Ok(c) => c,
-        Err(e) => {
-            let code = if e.use_stderr() { 2 } else { 0 };
-            let _ = e.print();
-            return ExitCode::from(code);
-        }
-    };
-    match dispatch(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            let user = e.downcast_ref::<UserError>().is_some()
-                || e.downcast_ref::<anyshape::Error>().is_some_and(|e| e.is_user_error())
-                || e.downcast_ref::<anyshape::RunError>().is_some_and(|e| e.is_user_error())
-                || e.downcast_ref::<anyshape::npy::NpyError>().is_some();
-            // One line: the chain of contexts joined.
-            let msg: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-            eprintln!("error: {}", msg.join(": ").replace('\n', " "));
-            ExitCode::from(if user { 2 } else { 1 })
-        }
-    }
+    common::main_with(dispatch, |e| e.downcast_ref::<anyshape::Error>().is_some_and(|e| e.is_user_error()))
 }
 
 fn dispatch(cli: Cli) -> Result<()> {

@@ -17,7 +17,7 @@ use runtime::{CompiledModel, LoadOptions};
 #[path = "../common.rs"]
 mod common;
 
-use common::{ms, parse_shape, say, synthetic_inputs, time_calls, UserError};
+use common::{ms, parse_shape, say, synthetic_inputs, time_calls};
 
 #[derive(Parser)]
 #[command(name = "anyshape-rt", version, about = "Run compiled anyshape artifacts (no compiler).")]
@@ -72,25 +72,7 @@ fn load(path: &PathBuf, threads: Option<usize>) -> Result<CompiledModel> {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(c) => c,
-        Err(e) => {
-            let code = if e.use_stderr() { 2 } else { 0 };
-            let _ = e.print();
-            return ExitCode::from(code);
-        }
-    };
-    match dispatch(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            let user = e.downcast_ref::<UserError>().is_some()
-                || e.downcast_ref::<runtime::RunError>().is_some_and(|e| e.is_user_error())
-                || e.downcast_ref::<runtime::npy::NpyError>().is_some();
-            let msg: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-            eprintln!("error: {}", msg.join(": ").replace('\n', " "));
-            ExitCode::from(if user { 2 } else { 1 })
-        }
-    }
+    common::main_with(dispatch, |_| false)
 }
 
 fn dispatch(cli: Cli) -> Result<()> {
