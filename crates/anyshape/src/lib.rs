@@ -13,6 +13,18 @@
 //! the contraction engine), with its execution and buffer plans; its `run`
 //! serves any shape the symbols allow. [`Model::run`] runs the reference
 //! interpreter (the oracle).
+//!
+//! A compiled model saves as an artifact ([`CompiledModel::save`]) that
+//! [`CompiledModel::load`] reads back without compiling (weights mapped, code
+//! relocated; the runtime crate alone does it, without LLVM):
+//!
+//! ```no_run
+//! use anyshape::{ArtifactOptions, CompileOptions, CompiledModel, LoadOptions, Model};
+//! let model = Model::load("bert.onnx", &LoadOptions::new().dim("seq", 1, 512))?;
+//! model.compile(&CompileOptions::new())?.save("bert.anyshape")?;
+//! let loaded = CompiledModel::load("bert.anyshape", &ArtifactOptions::new())?;
+//! # Ok::<(), anyshape::Error>(())
+//! ```
 
 use std::path::Path;
 use std::sync::Arc;

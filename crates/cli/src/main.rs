@@ -118,9 +118,10 @@ enum Command {
         #[arg(long, default_value = "f32", requires = "samples")]
         dtype: String,
     },
-    /// Show what the compiler knows about a model at a stage.
+    /// Show what the compiler knows about a model at a stage (of an artifact:
+    /// the stages it keeps, `programs`, `kernels` and `dispatch`).
     Inspect {
-        /// The ONNX model file.
+        /// The ONNX model file, or an artifact.
         model: PathBuf,
         /// Which stage to show.
         #[arg(long, value_enum, default_value_t = Stage::Shapes)]
@@ -170,6 +171,18 @@ enum Stage {
     All,
 }
 
+fn stage_name(stage: Stage) -> &'static str {
+    match stage {
+        Stage::Shapes => "shapes",
+        Stage::Rewrites => "rewrites",
+        Stage::Fusion => "fusion",
+        Stage::Programs => "programs",
+        Stage::Kernels => "kernels",
+        Stage::Dispatch => "dispatch",
+        Stage::All => "all",
+    }
+}
+
 /// `println!` that ends the program quietly when stdout is closed (`anyshape … | head`)
 /// instead of panicking.
 macro_rules! say {
@@ -213,6 +226,18 @@ fn dispatch(cli: Cli) -> Result<()> {
         }
         Command::Bench(args) => model_bench::bench(args),
         Command::Compile { model, output, dims, threads, isa } => compile(model, output, dims, threads, isa),
+        Command::Inspect { model, stage, dims, dump_llvm, shapes, threads }
+            if runtime::is_artifact(&model) =>
+        {
+            model_bench::inspect_artifact(
+                &model,
+                stage_name(stage),
+                &dims,
+                &shapes,
+                threads,
+                dump_llvm.is_some(),
+            )
+        }
         Command::Inspect { model, stage, dims, dump_llvm, shapes, threads } => match stage {
             Stage::Kernels | Stage::Dispatch => {
                 model_bench::inspect_compiled(&model, stage == Stage::Dispatch, &dims, &shapes, threads)

@@ -221,6 +221,57 @@ pub fn inspect_compiled(
     Ok(())
 }
 
+/// `inspect` on an artifact: what it keeps of the compiler's stages (the
+/// lowered plan, the kernels, the dispatch at each `--shape`), without compiling.
+pub fn inspect_artifact(
+    path: &PathBuf,
+    stage: &str,
+    dims: &[String],
+    shapes: &[String],
+    threads: Option<usize>,
+    dump_llvm: bool,
+) -> Result<()> {
+    if !dims.is_empty() || dump_llvm {
+        bail!(UserError(
+            "--dim and --dump-llvm apply to an ONNX model; an artifact is compiled already".into()
+        ));
+    }
+    if !matches!(stage, "programs" | "kernels" | "dispatch") {
+        bail!(UserError(format!(
+            "an artifact keeps the stages programs, kernels and dispatch, not {stage} (inspect the ONNX model)"
+        )));
+    }
+    let shapes: Vec<Vec<(String, usize)>> = shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
+    if stage == "dispatch" && shapes.is_empty() {
+        bail!(UserError("--stage dispatch needs --shape SYM=N,... (the shape to show)".into()));
+    }
+    let mut opts = runtime::LoadOptions::new();
+    if let Some(t) = threads {
+        opts = opts.threads(t);
+    }
+    let cm = anyshape::CompiledModel::load(path, &opts)?;
+    match stage {
+        "programs" => {
+            println!("# stage: programs");
+            print!("{}", anyshape::print_plan(cm.plan()));
+        }
+        "kernels" => {
+            println!("# stage: kernels");
+            print!("{}", cm.kernels_text());
+        }
+        _ => {
+            for shape in &shapes {
+                let data = synthetic_inputs(cm.inputs(), shape)?;
+                let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+                let s: Vec<String> = shape.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                println!("# stage: dispatch at {}", s.join(","));
+                print!("{}", cm.dispatch_text(&named)?);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Compile with a progress bar on stderr (drawn only when stderr is a terminal).
 pub fn compile(model: &anyshape::Model, opts: CompileOptions) -> Result<anyshape::CompiledModel> {
     let bar = indicatif::ProgressBar::new(0);

@@ -95,6 +95,23 @@ fn compile_then_run_without_the_compiler() {
     let info = ok(&run(rt, &["info", &art.to_string_lossy()]));
     assert!(info.contains("input input_ids: i64 [batch, seq]"), "{info}");
 
+    // The stages an artifact keeps read as the compiler printed them.
+    let from_art = ok(&run(anyshape, &["inspect", &art.to_string_lossy(), "--stage", "programs"]));
+    let from_onnx = ok(&run(anyshape, &["inspect", &model.to_string_lossy(), "--stage", "programs"]));
+    // (Weights read only packed are kept only packed: the artifact says so.)
+    assert!(from_art.contains("(packed weight)"), "{from_art}");
+    let from_art = from_art.replace("(packed weight)", "(constant)");
+    assert!(from_art.len() > 100 && from_onnx.starts_with(&from_art), "{from_art}");
+    let dispatch = ok(&run(
+        anyshape,
+        &["inspect", &art.to_string_lossy(), "--stage", "dispatch", "--shape", "batch=1,seq=5"],
+    ));
+    assert!(dispatch.contains("fused attention"), "{dispatch}");
+    assert_user_error(
+        &run(anyshape, &["inspect", &art.to_string_lossy(), "--stage", "fusion"]),
+        "programs, kernels and dispatch",
+    );
+
     // Flags that only an ONNX model takes, and shapes the model rejects.
     assert_user_error(&run(anyshape, &["run", &art.to_string_lossy(), "--dim", "seq=1..8"]), "artifact");
     assert_user_error(
