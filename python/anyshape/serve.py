@@ -131,8 +131,13 @@ class _Batcher:
             if i.name not in feeds:
                 raise RequestError(f"input {i.name!r} is missing")
             try:
-                a = np.asarray(feeds[i.name], dtype=i.dtype)
+                raw = np.asarray(feeds[i.name])
+                if raw.dtype.kind == "f" and np.dtype(i.dtype).kind in "iub":
+                    raise RequestError(f"input {i.name!r}: floats given, the model takes {np.dtype(i.dtype).name}")
+                a = raw.astype(i.dtype, casting="unsafe" if raw.dtype.kind in "iub" else "same_kind")
             except (TypeError, ValueError, OverflowError) as e:
+                if isinstance(e, RequestError):
+                    raise
                 raise RequestError(f"input {i.name!r}: not an array of {np.dtype(i.dtype).name}: {e}") from None
             if a.dtype == object:
                 raise RequestError(f"input {i.name!r}: not a rectangular array")

@@ -77,6 +77,10 @@ def test_batcher_pads_within_its_budget_only(oracle):
         b.check({"input_ids": [1, 2], "attention_mask": [1, 1], "token_type_ids": [0, 0]})
     with pytest.raises(RequestError, match="missing"):
         b.check({"input_ids": [[1, 2]]})
+    with pytest.raises(RequestError, match="floats given"):
+        b.check({"input_ids": [[1.5, 2.0]], "attention_mask": [[1, 1]], "token_type_ids": [[0, 0]]})
+    with pytest.raises(RequestError, match="not an array"):
+        b.check({"input_ids": [["a", "b"]], "attention_mask": [[1, 1]], "token_type_ids": [[0, 0]]})
     with pytest.raises(RequestError, match="not an input"):
         b.check({**request(rng, 2), "pixel_values": [[0.0]]})
 

@@ -481,7 +481,10 @@ impl CompiledModel {
         Ok(CompiledModel::from_artifact(Arc::new(MappedArtifact(map)), opts)?)
     }
 
-    /// [`CompiledModel::load`] from bytes already in memory (any owner).
+    /// [`CompiledModel::load`] from bytes already in memory (any owner). The
+    /// weights are read in place: the bytes must start on an 8-byte boundary,
+    /// as a mapping or a `Vec` does (a pre-packed weight that lands unaligned is
+    /// reported as malformed).
     pub fn from_artifact(
         bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
         opts: &LoadOptions,
