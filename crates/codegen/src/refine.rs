@@ -48,8 +48,10 @@ struct Refined {
     entries: Vec<(String, TunedClass)>,
 }
 
+/// The cache file's name; version 2 measures the best of every thread count
+/// too (a version 1 file is left alone and measured again).
 fn path(dir: &Path, threads: usize) -> PathBuf {
-    dir.join(format!("refined-f32-{threads}t.json"))
+    dir.join(format!("refined-v2-f32-{threads}t.json"))
 }
 
 fn key(e: &Epilogue) -> String {
@@ -134,15 +136,28 @@ fn measure(
             .map(|s| (d.model().cost(d.machine(), d.family(), &p, &s), s))
             .collect();
         ranked.sort_by(|x, y| x.0.total_cmp(&y.0));
-        let mut tried: Vec<(MacroKernel, Schedule)> = vec![(MacroKernel::of(&model), model)];
-        for (_, s) in ranked {
+        let mut tried: Vec<(MacroKernel, Schedule)> = vec![(MacroKernel::pinned(&model), model)];
+        for (_, s) in &ranked {
             if tried.len() >= CANDIDATES {
                 break;
             }
-            let mk = MacroKernel::of(&s);
+            let mk = MacroKernel::pinned(s);
             if tried.iter().any(|(t, _)| *t == mk) {
                 continue;
             }
+            if let Some(inst) = mk.instantiate(d, &p) {
+                tried.push((mk, inst));
+            }
+        }
+        // And the best of every thread count the model's best few lack: the
+        // fork-join cost and the share of bandwidth one thread gets are what the
+        // model knows least about at a few rows, so both sides are measured.
+        for (_, s) in &ranked {
+            let threads = s.grid.threads();
+            if tried.iter().any(|(_, t)| t.grid.threads() == threads) {
+                continue;
+            }
+            let mk = MacroKernel::pinned(s);
             if let Some(inst) = mk.instantiate(d, &p) {
                 tried.push((mk, inst));
             }
@@ -169,7 +184,7 @@ fn measure(
             }
         }
         let pick = match best {
-            Some((_, mk)) if mk != MacroKernel::of(&model) => {
+            Some((_, mk)) if mk != MacroKernel::pinned(&model) => {
                 Some(kernels.iter().position(|k| *k == mk).unwrap_or_else(|| {
                     kernels.push(mk);
                     kernels.len() - 1

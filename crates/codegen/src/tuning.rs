@@ -158,7 +158,9 @@ pub(crate) fn store_json(path: &Path, value: &impl Serialize, what: &str) {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
+        // Per process and thread: compiles on several threads may store at once.
+        let tmp =
+            path.with_extension(format!("json.{}.{:?}.tmp", std::process::id(), std::thread::current().id()));
         std::fs::write(&tmp, serde_json::to_string_pretty(value).unwrap_or_default())?;
         std::fs::rename(tmp, path)
     };

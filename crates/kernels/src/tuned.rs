@@ -26,6 +26,12 @@ pub struct MacroKernel {
     /// Rows of A packed per block (a multiple of `mr`; unused by direct kernels).
     pub mc: usize,
     pub order: LoopOrder,
+    /// The threads it runs on, when measured at one row count (the measured
+    /// dispatch of a weight at a few rows); `None`: the model's grid.
+    /// (`default`: tables cached before it existed read as `None`; always
+    /// written, so that fixed-layout encodings such as an artifact's read it back.)
+    #[serde(default)]
+    pub threads: Option<usize>,
 }
 
 impl MacroKernel {
@@ -37,7 +43,13 @@ impl MacroKernel {
             kc: s.blocking.kc,
             mc: s.blocking.mc,
             order: s.order,
+            threads: None,
         }
+    }
+
+    /// [`MacroKernel::of`] with its thread count as well.
+    pub fn pinned(s: &Schedule) -> MacroKernel {
+        MacroKernel { threads: Some(s.grid.threads()), ..MacroKernel::of(s) }
     }
 
     /// The schedule this macro-kernel gives `p`: the model's best thread grid and
@@ -56,7 +68,12 @@ impl MacroKernel {
                 return None;
             }
         }
-        let same = |s: &Schedule| s.mr == self.mr && s.nr == self.nr && s.operands == self.operands;
+        let same = |s: &Schedule| {
+            s.mr == self.mr
+                && s.nr == self.nr
+                && s.operands == self.operands
+                && self.threads.is_none_or(|t| s.grid.threads() == t)
+        };
         let mut s = d.choose_where(d.model(), p, same).ok()?;
         s.blocking.kc = self.kc;
         s.blocking.mc = self.mc;
@@ -68,11 +85,15 @@ impl MacroKernel {
 impl std::fmt::Display for MacroKernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.operands {
-            Operands::Direct => write!(f, "direct {}x{} kc {}", self.mr, self.nr, self.kc),
+            Operands::Direct => write!(f, "direct {}x{} kc {}", self.mr, self.nr, self.kc)?,
             Operands::Packed => {
                 let order = if self.order == LoopOrder::MOuter { " m-outer" } else { "" };
-                write!(f, "{}x{} kc {} mc {}{order}", self.mr, self.nr, self.kc, self.mc)
+                write!(f, "{}x{} kc {} mc {}{order}", self.mr, self.nr, self.kc, self.mc)?
             }
+        }
+        match self.threads {
+            Some(t) => write!(f, " on {t} threads"),
+            None => Ok(()),
         }
     }
 }

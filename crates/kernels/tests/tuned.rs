@@ -16,10 +16,24 @@ fn dispatcher(threads: usize) -> Dispatcher {
     common::fixed_dispatcher(threads)
 }
 
-const PACKED: MacroKernel =
-    MacroKernel { operands: Operands::Packed, mr: 3, nr: 8, kc: 24, mc: 9, order: LoopOrder::MOuter };
-const DIRECT: MacroKernel =
-    MacroKernel { operands: Operands::Direct, mr: 2, nr: 8, kc: 16, mc: 2, order: LoopOrder::KOuter };
+const PACKED: MacroKernel = MacroKernel {
+    operands: Operands::Packed,
+    mr: 3,
+    nr: 8,
+    kc: 24,
+    mc: 9,
+    order: LoopOrder::MOuter,
+    threads: None,
+};
+const DIRECT: MacroKernel = MacroKernel {
+    operands: Operands::Direct,
+    mr: 2,
+    nr: 8,
+    kc: 16,
+    mc: 2,
+    order: LoopOrder::KOuter,
+    threads: None,
+};
 
 fn class(b: BLayout, kernels: Vec<MacroKernel>, table: Vec<TunedRow>) -> TunedClass {
     TunedClass { batch: 1, n: 19, k: 37, a: ALayout::RowMajor, b, kernels, table }
@@ -173,4 +187,21 @@ fn tables_that_do_not_fit_are_errors() {
     let p = Problem { b: BLayout::RowMajor, ..p };
     assert!(MacroKernel { mc: 10, ..PACKED }.instantiate(&d, &p).is_none());
     assert!(PACKED.instantiate(&d, &p).is_some());
+}
+
+/// A macro-kernel measured on a given thread count (what the measured dispatch
+/// keeps) instantiates on that count; a count the candidates lack gives no
+/// schedule (the dispatcher then falls back to the model).
+#[test]
+fn pinned_thread_counts_are_kept() {
+    let d = dispatcher(2);
+    let p = Problem { batch: 1, m: 4, n: 64, k: 37, a: ALayout::RowMajor, b: BLayout::RowMajor };
+    for t in [1, 2] {
+        let s = MacroKernel { threads: Some(t), ..PACKED }.instantiate(&d, &p).expect("a schedule");
+        assert_eq!(s.grid.threads(), t);
+        let pinned = MacroKernel::pinned(&s);
+        assert_eq!(pinned.threads, Some(t));
+        assert!(pinned.to_string().ends_with(&format!("on {t} threads")), "{pinned}");
+    }
+    assert!(MacroKernel { threads: Some(3), ..PACKED }.instantiate(&d, &p).is_none());
 }

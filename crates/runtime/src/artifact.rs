@@ -883,7 +883,8 @@ fn dispatcher_of(
             out.set_tree(tree).map_err(malformed)?;
         }
     }
-    if let Some(t) = d.tuned {
+    // Tuned tables too are measured for one thread count.
+    if let Some(t) = d.tuned.filter(|t| t.threads == threads) {
         out = out.with_tuned(t).map_err(malformed)?;
     }
     Ok(out)
