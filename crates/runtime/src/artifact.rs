@@ -376,14 +376,14 @@ impl CompiledModel {
         let dispatchers =
             self.dispatchers.iter().map(|(e, d)| dispatcher_meta(*e, d, &syms)).collect::<Result<_, _>>()?;
 
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let tmp =
+            path.with_extension(format!("tmp.{}.{:?}", std::process::id(), std::thread::current().id()));
         let write = || -> Result<(), ArtifactError> {
             let file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
             let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-            // The metadata's length is known only once the weights are placed, and
-            // the weights' offset only once the metadata's length is: the weights
-            // go first into the file after a gap sized by a first encoding, whose
-            // blob offsets (relative to the section) do not change.
+            // Blob offsets are relative to the weights section, so they are placed
+            // (and written into the metadata) before the section's own offset is
+            // known: the first page boundary after header, metadata and code.
             let reads = crate::reads(&self.plan);
             let mut blobs: Vec<Option<Blob>> = vec![None; self.plan.buffers.len()];
             let mut packed: Vec<Option<PackedMeta>> = Vec::with_capacity(self.packed.len());
