@@ -322,7 +322,15 @@ class ModelDeployment:
 
 def build(args: Dict[str, Any]):
     """The application a Serve config file names (``import_path:
-    anyshape.serve:build``): ``args`` are `ModelDeployment`'s arguments."""
+    anyshape.serve:build``): ``args`` are `ModelDeployment`'s arguments,
+    checked here (a misspelt option is an error when the config is applied,
+    not when a replica starts)."""
+    import inspect
+
     args = dict(args)
+    params = [p for p in inspect.signature(ModelDeployment.func_or_class.__init__).parameters if p != "self"]
+    unknown = [k for k in args if k not in params]
+    if unknown or "model" not in args:
+        raise TypeError(f"anyshape.serve.build: unknown arguments {unknown} or no 'model' (it takes {params})")
     model = args.pop("model")
     return ModelDeployment.bind(model, **args)

@@ -166,3 +166,22 @@ def test_malformed_requests_get_400_and_the_replica_keeps_serving(served, oracle
     status, doc = post(url, json.dumps({"inputs": {n: v.tolist() for n, v in feeds.items()}}).encode())
     assert status == 200, doc
     assert_matches(oracle, feeds, doc["outputs"])
+
+
+def test_the_example_config_is_a_valid_serve_config():
+    """examples/serve_config.yaml is what Ray Serve's `serve run`/`serve deploy`
+    accept, naming this package's application builder with arguments it takes."""
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "serve_config.yaml")
+    with open(path) as f:
+        schema = ServeDeploySchema.model_validate(yaml.safe_load(f))
+    (app,) = schema.applications
+    assert app.import_path == "anyshape.serve:build"
+    (dep,) = app.deployments
+    assert dep.name == "ModelDeployment" and dep.num_replicas == 2
+    bound = build(app.args)
+    assert type(bound).__name__ == "Application", type(bound)
+    with pytest.raises(TypeError):
+        build({**app.args, "no_such_option": 1})
