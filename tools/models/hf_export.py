@@ -148,6 +148,12 @@ def _eager(cfg):
     return cfg
 
 
+def _two_input_text(name: str, m: nn.Module, vocab: int, outs: list[str], dims: dict, max_seq: int) -> ModelSpec:
+    """A text model taking input_ids and attention_mask (GPT-2, T5 encoder,
+    DistilBERT, RoBERTa, Llama): the spec every such model shares."""
+    return ModelSpec(name, TextWrap2(m, outs), _text_inputs(vocab, False), outs, dims, extra={"max_seq": max_seq})
+
+
 def _text_inputs(vocab: int, with_types: bool, type_vocab: int = 2) -> list[InputSpec]:
     ins = [
         InputSpec("input_ids", "int64", ["batch", "seq"], "ids", vocab),
@@ -236,14 +242,8 @@ def build(name: str, size: str = "tiny") -> ModelSpec:
         _eager(cfg)
         m = T.GPT2Model(cfg)
         outs = ["last_hidden_state"]
-        return ModelSpec(
-            name,
-            TextWrap2(m, outs),
-            _text_inputs(cfg.vocab_size, False),
-            outs,
-            {"last_hidden_state": ["batch", "seq", cfg.n_embd]},
-            extra={"max_seq": cfg.n_positions},
-        )
+        dims = {"last_hidden_state": ["batch", "seq", cfg.n_embd]}
+        return _two_input_text(name, m, cfg.vocab_size, outs, dims, cfg.n_positions)
     if name == "t5-encoder":
         cfg = T.T5Config() if not tiny else T.T5Config(vocab_size=99, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2)
         cfg.use_cache = False
@@ -251,14 +251,8 @@ def build(name: str, size: str = "tiny") -> ModelSpec:
         _eager(cfg)
         m = T.T5EncoderModel(cfg)
         outs = ["last_hidden_state"]
-        return ModelSpec(
-            name,
-            TextWrap2(m, outs),
-            _text_inputs(cfg.vocab_size, False),
-            outs,
-            {"last_hidden_state": ["batch", "seq", cfg.d_model]},
-            extra={"max_seq": 512},
-        )
+        dims = {"last_hidden_state": ["batch", "seq", cfg.d_model]}
+        return _two_input_text(name, m, cfg.vocab_size, outs, dims, 512)
     if name in ("vit", "vit-base"):
         cfg = (
             T.ViTConfig(
@@ -321,14 +315,8 @@ def build(name: str, size: str = "tiny") -> ModelSpec:
         _eager(cfg)
         m = T.DistilBertModel(cfg)
         outs = ["last_hidden_state"]
-        return ModelSpec(
-            name,
-            TextWrap2(m, outs),
-            _text_inputs(cfg.vocab_size, False),
-            outs,
-            {"last_hidden_state": ["batch", "seq", cfg.dim]},
-            extra={"max_seq": cfg.max_position_embeddings},
-        )
+        dims = {"last_hidden_state": ["batch", "seq", cfg.dim]}
+        return _two_input_text(name, m, cfg.vocab_size, outs, dims, cfg.max_position_embeddings)
     if name in ("roberta", "roberta-base"):
         cfg = (
             T.RobertaConfig(
@@ -346,15 +334,9 @@ def build(name: str, size: str = "tiny") -> ModelSpec:
         _eager(cfg)
         m = T.RobertaModel(cfg, add_pooling_layer=True)
         outs = ["last_hidden_state", "pooler_output"]
-        return ModelSpec(
-            name,
-            TextWrap2(m, outs),
-            _text_inputs(cfg.vocab_size, False),
-            outs,
-            {"last_hidden_state": ["batch", "seq", cfg.hidden_size], "pooler_output": ["batch", cfg.hidden_size]},
-            # position ids start after the padding id: two positions fewer
-            extra={"max_seq": cfg.max_position_embeddings - 2},
-        )
+        # position ids start after the padding id: two positions fewer
+        dims = {"last_hidden_state": ["batch", "seq", cfg.hidden_size], "pooler_output": ["batch", cfg.hidden_size]}
+        return _two_input_text(name, m, cfg.vocab_size, outs, dims, cfg.max_position_embeddings - 2)
     if name in ("minilm", "minilm-l6"):
         # sentence-transformers/all-MiniLM-L6-v2's architecture: BERT, mean pooling,
         # L2 normalization
@@ -438,13 +420,8 @@ def build(name: str, size: str = "tiny") -> ModelSpec:
         vocab = cfg.vocab_size
         if not name.endswith("_step"):
             cfg.use_cache = False
-            return ModelSpec(
-                name,
-                TextWrap2(m, ["logits"]),
-                _text_inputs(vocab, False),
-                ["logits"],
-                {"logits": ["batch", "seq", vocab]},
-                extra={"max_seq": cfg.max_position_embeddings},
+            return _two_input_text(
+                name, m, vocab, ["logits"], {"logits": ["batch", "seq", vocab]}, cfg.max_position_embeddings
             )
         hd = cfg.hidden_size // cfg.num_attention_heads
         kv = cfg.num_key_value_heads

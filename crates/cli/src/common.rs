@@ -154,8 +154,29 @@ pub fn time_calls(cm: &CompiledModel, named: &[(&str, Tensor)], runs: usize) -> 
     Ok(Timing { first_ms, median_ms: times[times.len() / 2], runs: times.len() })
 }
 
+/// Load the artifact at `path` (on `threads`, or those it was compiled with).
+pub fn load_artifact(path: &std::path::Path, threads: Option<usize>) -> Result<CompiledModel> {
+    let mut opts = runtime::LoadOptions::new();
+    if let Some(t) = threads {
+        opts = opts.threads(t);
+    }
+    Ok(CompiledModel::load(path, &opts)?)
+}
+
+/// Run `cm` on `NAME=FILE.npy` inputs; each output's line (see
+/// [`write_outputs`]), written to `dir` as well when given.
+pub fn run_on_npy(
+    cm: &CompiledModel,
+    inputs: &[String],
+    dir: Option<&std::path::Path>,
+) -> Result<Vec<String>> {
+    let tensors = npy_inputs(inputs)?;
+    let named: Vec<(&str, Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    write_outputs(&cm.run(&named)?, dir)
+}
+
 /// `NAME=FILE.npy` inputs, read.
-pub fn npy_inputs(specs: &[String]) -> Result<Vec<(String, Tensor)>> {
+fn npy_inputs(specs: &[String]) -> Result<Vec<(String, Tensor)>> {
     let mut out = Vec::new();
     for spec in specs {
         let Some((name, file)) = spec.split_once('=') else {

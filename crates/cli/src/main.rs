@@ -403,15 +403,8 @@ fn run_artifact(
                 .into()
         ));
     }
-    let mut opts = runtime::LoadOptions::new();
-    if let Some(t) = threads {
-        opts = opts.threads(t);
-    }
-    let cm = anyshape::CompiledModel::load(&path, &opts)?;
-    let tensors = common::npy_inputs(&inputs)?;
-    let named: Vec<(&str, Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-    let outputs = cm.run(&named)?;
-    for line in common::write_outputs(&outputs, output_dir.as_deref())? {
+    let cm = common::load_artifact(&path, threads)?;
+    for line in common::run_on_npy(&cm, &inputs, output_dir.as_deref())? {
         say!("{line}");
     }
     Ok(())

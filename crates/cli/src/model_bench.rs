@@ -146,12 +146,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                     .into()
             ));
         }
-        let mut opts = runtime::LoadOptions::new();
-        if let Some(t) = a.threads {
-            opts = opts.threads(t);
-        }
-        let cm = anyshape::CompiledModel::load(&a.model, &opts).map_err(anyshape::Error::from)?;
-        (cm, "loaded the artifact")
+        (crate::common::load_artifact(&a.model, a.threads)?, "loaded the artifact")
     } else {
         let model = crate::load(&a.model, &a.dims)?;
         let mut opts = CompileOptions::new()
@@ -225,7 +220,7 @@ pub fn inspect_compiled(
 /// `inspect` on an artifact: what it keeps of the compiler's stages (the
 /// lowered plan, the kernels, the dispatch at each `--shape`), without compiling.
 pub fn inspect_artifact(
-    path: &PathBuf,
+    path: &std::path::Path,
     stage: &str,
     dims: &[String],
     shapes: &[String],
@@ -246,11 +241,7 @@ pub fn inspect_artifact(
     if stage == "dispatch" && shapes.is_empty() {
         bail!(UserError("--stage dispatch needs --shape SYM=N,... (the shape to show)".into()));
     }
-    let mut opts = runtime::LoadOptions::new();
-    if let Some(t) = threads {
-        opts = opts.threads(t);
-    }
-    let cm = anyshape::CompiledModel::load(path, &opts)?;
+    let cm = crate::common::load_artifact(path, threads)?;
     match stage {
         "programs" => {
             println!("# stage: programs");

@@ -29,7 +29,8 @@ create_exception!(
 );
 
 /// The exception for `e`: the user's (bad model, feeds, shapes) or anyshape's own.
-fn to_py(e: anyshape::Error) -> PyErr {
+fn to_py(e: impl Into<anyshape::Error>) -> PyErr {
+    let e = e.into();
     if e.is_user_error() {
         InvalidArgument::new_err(e.to_string())
     } else {
@@ -243,8 +244,7 @@ impl Session {
                 opts = opts.threads(t);
             }
             return py.detach(|| {
-                let model =
-                    CompiledModel::load(&path, &opts).map_err(|e| to_py(anyshape::Error::Compiled(e)))?;
+                let model = CompiledModel::load(&path, &opts).map_err(to_py)?;
                 Ok(Session::compiled(model))
             });
         }
@@ -274,9 +274,7 @@ impl Session {
     /// (`Session(path)`, `anyshape-rt`) compiles nothing.
     fn save(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
         match &self.engine {
-            Engine::Compiled(m) => {
-                py.detach(|| m.save(&path).map_err(|e| to_py(anyshape::Error::Compiled(e))))
-            }
+            Engine::Compiled(m) => py.detach(|| m.save(&path).map_err(to_py)),
             Engine::Interpreted(_) => {
                 Err(invalid("an interpreting session has no compiled code to save".into()))
             }
@@ -338,9 +336,7 @@ impl Session {
             .map(|(n, shape, held)| Ok((n.as_str(), held.view(n, shape)?)))
             .collect::<PyResult<Vec<_>>>()?;
         let outs = match &self.engine {
-            Engine::Compiled(m) => {
-                py.detach(|| m.run_views(&views).map_err(|e| to_py(anyshape::Error::Compiled(e))))?
-            }
+            Engine::Compiled(m) => py.detach(|| m.run_views(&views).map_err(to_py))?,
             Engine::Interpreted(m) => {
                 let owned: Vec<(&str, Tensor)> = views.iter().map(|(n, v)| (*n, v.to_tensor())).collect();
                 py.detach(|| m.run(&owned).map_err(to_py))?

@@ -318,8 +318,8 @@ impl Symbols {
     }
 }
 
-/// Writes the weights section: blobs aligned to [`BLOB_ALIGN`], hashed as
-/// they go.
+/// Writes the weights section, hashed as it goes: each blob at the offset
+/// placed for it in the metadata, zeros between.
 struct Weights<'w, W: Write> {
     out: &'w mut W,
     at: u64,
@@ -327,12 +327,11 @@ struct Weights<'w, W: Write> {
 }
 
 impl<W: Write> Weights<'_, W> {
-    fn put(&mut self, bytes: &[u8]) -> std::io::Result<Blob> {
-        let pad = self.at.next_multiple_of(BLOB_ALIGN) - self.at;
+    fn put(&mut self, blob: Blob, bytes: &[u8]) -> std::io::Result<()> {
+        let pad =
+            blob.offset.checked_sub(self.at).ok_or_else(|| std::io::Error::other("blobs out of order"))?;
         self.write(&vec![0u8; pad as usize])?;
-        let offset = self.at;
-        self.write(bytes)?;
-        Ok(Blob { offset, len: bytes.len() as u64 })
+        self.write(bytes)
     }
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         self.out.write_all(bytes)?;
@@ -451,10 +450,7 @@ impl CompiledModel {
             out.write_all(&vec![0u8; gap as usize]).map_err(io(&tmp))?;
             let mut w = Weights { out: &mut out, at: 0, hash: blake3::Hasher::new() };
             for (blob, bytes) in &order {
-                let placed = w.put(bytes).map_err(io(&tmp))?;
-                if placed.offset != blob.offset {
-                    return Err(ArtifactError::Malformed("weights placed out of order".into()));
-                }
+                w.put(*blob, bytes).map_err(io(&tmp))?;
             }
             let weights_hash = w.hash.finalize();
             let mut file = out.into_inner().map_err(|e| io(&tmp)(e.into_error()))?;
@@ -547,9 +543,6 @@ impl CompiledModel {
                     .transpose()
             })
             .collect::<Result<Vec<_>, _>>()?;
-        if meta.packed.len() != plan.steps.len() {
-            return Err(malformed("a packed weight list of another length than the steps"));
-        }
         let packed = meta
             .packed
             .into_iter()

@@ -12,12 +12,11 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use ir::Tensor;
-use runtime::{CompiledModel, LoadOptions};
 
 #[path = "../common.rs"]
 mod common;
 
-use common::{ms, parse_shape, say, synthetic_inputs, time_calls};
+use common::{load_artifact, ms, parse_shape, say, synthetic_inputs, time_calls};
 
 #[derive(Parser)]
 #[command(name = "anyshape-rt", version, about = "Run compiled anyshape artifacts (no compiler).")]
@@ -63,14 +62,6 @@ enum Command {
     Info { artifact: PathBuf },
 }
 
-fn load(path: &PathBuf, threads: Option<usize>) -> Result<CompiledModel> {
-    let mut opts = LoadOptions::new();
-    if let Some(t) = threads {
-        opts = opts.threads(t);
-    }
-    Ok(CompiledModel::load(path, &opts)?)
-}
-
 fn main() -> ExitCode {
     common::main_with(dispatch, |_| false)
 }
@@ -78,11 +69,8 @@ fn main() -> ExitCode {
 fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Run { artifact, inputs, output_dir, threads } => {
-            let cm = load(&artifact, threads)?;
-            let tensors = common::npy_inputs(&inputs)?;
-            let named: Vec<(&str, Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-            let outputs = cm.run(&named)?;
-            for line in common::write_outputs(&outputs, output_dir.as_deref())? {
+            let cm = load_artifact(&artifact, threads)?;
+            for line in common::run_on_npy(&cm, &inputs, output_dir.as_deref())? {
                 say(line);
             }
         }
@@ -90,7 +78,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             let shapes: Vec<Vec<(String, usize)>> =
                 shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
             let start = Instant::now();
-            let cm = load(&artifact, threads)?;
+            let cm = load_artifact(&artifact, threads)?;
             let load_ms = ms(start.elapsed());
             if !json {
                 say(format!("loaded the artifact in {load_ms:.0} ms ({} threads)", cm.threads()));
@@ -102,7 +90,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             }
         }
         Command::Info { artifact } => {
-            let cm = load(&artifact, None)?;
+            let cm = load_artifact(&artifact, None)?;
             for (kind, list) in [("input", cm.inputs()), ("output", cm.outputs())] {
                 for (name, ty) in list {
                     let dims: Vec<String> = ty.shape.iter().map(|d| d.to_string()).collect();
