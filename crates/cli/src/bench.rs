@@ -348,8 +348,9 @@ fn bench_shape(
     }
     let activation = if args.bt { BLayout::Strided } else { BLayout::RowMajor };
     let layout = ops.packed.as_ref().map_or(activation, |p| BLayout::Packed { nr: p.nr, kc: p.kc });
-    // A convolution's taps are packed from the image (never read in place).
-    let a_layout = if conv.is_some() { ALayout::Strided } else { ALayout::RowMajor };
+    // A convolution's taps: read in place by direct kernels when a kernel row's taps
+    // are adjacent pixels, else packed from the image.
+    let a_layout = conv.map_or(ALayout::RowMajor, |t| t.layout());
     let problem = Problem { batch, m, n, k, a: a_layout, b: layout };
     let operands = args.operands.as_deref().map(|o| match o {
         "direct" => OperandAccess::Direct,

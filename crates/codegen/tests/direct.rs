@@ -98,9 +98,22 @@ fn direct_kernels_match_the_reference() {
                 let mut runner = TestRunner::new(Config { cases: 24, ..Config::default() });
                 runner
                     .run(
-                        &(dim(7), dim(nr), dim(17), 1usize..40, 0usize..4, forms, 0usize..3, 1usize..3),
-                        |(m, n, k, kc, g, form, pad, batch)| {
+                        &(
+                            dim(7),
+                            dim(nr),
+                            dim(17),
+                            1usize..40,
+                            0usize..4,
+                            forms,
+                            0usize..3,
+                            1usize..3,
+                            1usize..5,
+                        ),
+                        |(m, n, k, kc, g, form, pad, batch, blocks)| {
                             let grid = grids[g];
+                            // Row blocks of one to three main heights (edges inside and
+                            // across blocks), or one block for every row.
+                            let mc = if blocks < 4 { blocks * variants[0].kernel.mr } else { 1 << 20 };
                             let batch = if ep.residual { 1 } else { batch.max(grid.batch) };
                             let (lda, ldc) = (k + pad, n + pad);
                             let a: Vec<f32> =
@@ -158,7 +171,7 @@ fn direct_kernels_match_the_reference() {
                                 residual: ep.residual.then(|| MatRef::row_major(&res, m, n).expect("res")),
                                 ..EpilogueArgs::default()
                             };
-                            let plan = Plan::Direct(DirectPlan { kernels: &variants, kc, grid });
+                            let plan = Plan::Direct(DirectPlan { kernels: &variants, kc, mc, grid });
                             execute(&pool, &plan, &av, &bv, &mut cv, &args).expect("run");
                             for e in 0..batch {
                                 let ce = &c[e * stride..(e + 1) * stride];
@@ -239,15 +252,15 @@ fn direct_plans_are_checked() {
     };
     let am = MatRef::row_major(&a, 4, 3).unwrap();
     // Kernels that do not go down to height 1, or are not highest first.
-    let no_one = Plan::Direct(DirectPlan { kernels: &variants[..2], kc: 8, grid: ThreadGrid::SINGLE });
+    let no_one = Plan::Direct(DirectPlan { kernels: &variants[..2], kc: 8, mc: 8, grid: ThreadGrid::SINGLE });
     assert!(run(&no_one, am, &mut c).is_err());
     let mut reversed = variants.clone();
     reversed.reverse();
-    let unsorted = Plan::Direct(DirectPlan { kernels: &reversed, kc: 8, grid: ThreadGrid::SINGLE });
+    let unsorted = Plan::Direct(DirectPlan { kernels: &reversed, kc: 8, mc: 8, grid: ThreadGrid::SINGLE });
     assert!(run(&unsorted, am, &mut c).is_err());
     // A transposed A cannot be read in place.
     let at = MatRef::row_major(&a, 3, 4).unwrap().t();
-    let ok = Plan::Direct(DirectPlan { kernels: &variants, kc: 8, grid: ThreadGrid::SINGLE });
+    let ok = Plan::Direct(DirectPlan { kernels: &variants, kc: 8, mc: 8, grid: ThreadGrid::SINGLE });
     assert!(run(&ok, at, &mut c).is_err());
     run(&ok, am, &mut c).expect("a valid plan runs");
     assert!(c.iter().all(|&x| x == 3.0));

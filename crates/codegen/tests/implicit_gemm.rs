@@ -2,10 +2,14 @@
 //! from a channels-last image (`MatRef::taps`), against a plain convolution, at
 //! random geometries (1 and primes, padding, strides, dilations, channel counts
 //! that do and do not fill a vector), on both ISA paths, with the generated
-//! packing and the portable loops, and canaries around the image and the output.
+//! packing and the portable loops, packed and read in place by direct kernels,
+//! with and without an epilogue (bias, residual, ReLU), and canaries around the
+//! image and the output.
 
 use anyshape_codegen::Contraction;
-use kernels::{BOperand, ConvTaps, EpilogueArgs, MatMut, MatRef, Target, ThreadPool};
+use kernels::{
+    Activation, BOperand, ConvTaps, Epilogue, EpilogueArgs, MatMut, MatRef, Operands, Target, ThreadPool,
+};
 use proptest::prelude::*;
 
 fn targets() -> Vec<Target> {
@@ -24,10 +28,14 @@ fn targets() -> Vec<Target> {
 const CANARY: f32 = -7777.0;
 const MARGIN: usize = 37;
 
+/// The epilogue the tests compile in besides none: everything a convolution's
+/// group puts there in ResNet (bias, the residual, ReLU).
+const EPILOGUE: Epilogue = Epilogue { scale: None, bias: true, residual: true, activation: Activation::Relu };
+
 /// One convolution: `t`'s geometry with `k` output channels, with the
-/// dispatcher's schedule, or with every candidate schedule when `all` (every
-/// tile, cache block and thread grid; packed panels: the taps are not read in
-/// place).
+/// dispatcher's schedule and every direct candidate (taps read in place, when a
+/// kernel row's taps are adjacent), or with every candidate schedule when `all`
+/// (every tile, cache block and thread grid, packed and direct).
 fn check(c: &Contraction, pool: &ThreadPool, t: ConvTaps, k: usize, all: bool) -> Result<(), TestCaseError> {
     let [sn, sy, sx] = t.strides;
     let len = (t.batch - 1) * sn + (t.height - 1) * sy + (t.width - 1) * sx + t.channels;
@@ -51,22 +59,36 @@ fn check(c: &Contraction, pool: &ThreadPool, t: ConvTaps, k: usize, all: bool) -
     let packed = c.pack_weight(bm, &[rows]).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let b = [BOperand::Packed(&packed)];
     let fail = |e: kernels::KernelError| TestCaseError::fail(e.to_string());
-    let schedules = match all {
-        true => c.candidates(&c.problem(&[a], &b).map_err(fail)?),
-        false => vec![c.schedule(&c.problem(&[a], &b).map_err(fail)?).map_err(fail)?],
-    };
-    prop_assert!(
-        schedules.iter().all(|s| s.operands == kernels::Operands::Packed),
-        "a direct schedule for taps"
+    let problem = c.problem(&[a], &b).map_err(fail)?;
+    let candidates = c.candidates(&problem);
+    prop_assert_eq!(
+        candidates.iter().any(|s| s.operands == Operands::Direct),
+        t.adjacent(),
+        "direct schedules for taps {:?}",
+        problem.a
     );
+    let mut schedules = vec![c.schedule(&problem).map_err(fail)?];
+    schedules.extend(candidates.into_iter().filter(|s| all || s.operands == Operands::Direct));
+    let epilogue = c.family().variants()[0].kernel.epilogue;
+    let bias: Vec<f32> = (0..k).map(|o| (o % 5) as f32 * 0.25 - 0.5).collect();
+    let res: Vec<f32> = (0..rows * k).map(|i| (i % 7) as f32 * 0.125 - 0.375).collect();
+    let args = match epilogue.is_identity() {
+        true => EpilogueArgs::default(),
+        false => EpilogueArgs {
+            bias: Some(&bias),
+            residual: Some(MatRef::row_major(&res, rows, k).unwrap()),
+            ..EpilogueArgs::default()
+        },
+    };
     for s in schedules {
         let mut out = vec![CANARY; rows * k + 2 * MARGIN];
         {
             let cm = MatMut::new(&mut out[MARGIN..MARGIN + rows * k], rows, k, k).unwrap();
             let plan = c.plan(&s).map_err(fail)?;
-            kernels::execute(pool, &plan, &[a], &b, &mut [cm], &EpilogueArgs::default()).map_err(fail)?;
+            kernels::execute(pool, &plan, &[a], &b, &mut [cm], &args).map_err(fail)?;
         }
-        compare(&t, k, &img, &w, &out, &format!("{s}"))?;
+        let ep = (!epilogue.is_identity()).then_some((&bias[..], &res[..]));
+        compare(&t, k, &img, &w, ep, &out, &format!("{s}"))?;
     }
     Ok(())
 }
@@ -77,6 +99,7 @@ fn compare(
     k: usize,
     img: &[f32],
     w: &[f32],
+    epilogue: Option<(&[f32], &[f32])>,
     out: &[f32],
     what: &str,
 ) -> Result<(), TestCaseError> {
@@ -100,6 +123,9 @@ fn compare(
                         want += v * w[((i * t.kernel[1] + j) * t.channels + ch) * k + o] as f64;
                     }
                 }
+            }
+            if let Some((bias, res)) = epilogue {
+                want = (want + bias[o] as f64 + res[r * k + o] as f64).max(0.0);
             }
             let got = out[MARGIN + r * k + o] as f64;
             prop_assert!(
@@ -142,10 +168,13 @@ fn implicit_gemm_matches_the_convolution() {
     let dir = std::env::temp_dir().join(format!("anyshape-implicit-{}", std::process::id()));
     let pool = ThreadPool::new(2);
     for t in targets() {
-        for generated in [true, false] {
+        for (generated, epilogue) in
+            [(true, Epilogue::default()), (false, Epilogue::default()), (true, EPILOGUE)]
+        {
             let c = Contraction::builder(&t, &pool)
                 .cache(Some(&dir))
                 .generated_packing(generated)
+                .epilogue(epilogue)
                 .build()
                 .expect("compile");
             // The shapes of ResNet's layers, scaled down, and the edges.
@@ -155,6 +184,12 @@ fn implicit_gemm_matches_the_convolution() {
                 ((1, 9, 9, 32), (1, 1, 2, 1, 0, 0), 0, 33),
                 ((1, 1, 1, 3), (3, 3, 1, 1, 1, 1), 1, 1),
                 ((1, 11, 4, 1), (2, 3, 1, 2, 2, 1), 0, 7),
+                // Taps read in place: every pixel an edge (a 7x7 kernel on a 3-wide
+                // image), a stride across an odd width, and ResNet's stem scaled down.
+                ((1, 3, 3, 4), (7, 7, 1, 1, 3, 3), 0, 17),
+                ((1, 6, 11, 8), (3, 3, 2, 1, 1, 1), 0, 40),
+                ((2, 13, 13, 3), (7, 7, 2, 1, 3, 2), 0, 16),
+                ((1, 20, 23, 16), (3, 3, 1, 1, 1, 1), 0, 33),
             ];
             for (img, conv, gap, k) in fixed {
                 check(&c, &pool, geometry(img, conv, gap), k, true)

@@ -18,7 +18,7 @@
 //!   (weights 1), averaged over the two tiles of a cover; tiles only, too.
 
 use crate::gemm::LoopOrder;
-use crate::schedule::{BLayout, KernelFamily, Operands, Problem, Schedule};
+use crate::schedule::{ALayout, BLayout, KernelFamily, Operands, Problem, Schedule};
 use crate::ThreadGrid;
 
 /// What the analytical levels know about the machine, measured by
@@ -179,7 +179,16 @@ impl MachineModel {
                         (load, mblocks * b_src_bytes, c_bw)
                     }
                 };
-                let pack_a = (rows.div_ceil(mr) * mr * p.k) as f64 * f / self.pack_a_bw;
+                // Packing reads A where it lies: at packing's rate from the caches,
+                // at memory's when the whole A is larger than the caches hold (a
+                // convolution's taps read each image value several times, mostly
+                // from cache).
+                let a_total = (p.batch * p.m * p.k) as f64 * f;
+                let a_src = match p.a {
+                    ALayout::Taps { .. } => self.pack_a_bw,
+                    _ => self.pack_a_bw.min(self.level_bw(a_total, active)),
+                };
+                let pack_a = (rows.div_ceil(mr) * mr * p.k) as f64 * f / a_src;
                 let pack_b = match p.b {
                     BLayout::RowMajor => pack_b / self.pack_b_bw,
                     BLayout::Strided => pack_b / self.pack_bt_bw,
@@ -206,7 +215,7 @@ impl MachineModel {
 
 impl MachineModel {
     /// Predicted seconds of a direct schedule: the same Eq. 2-4 with nothing packed
-    /// (but a strided B), A re-read from L2 (or L3) for every column panel, B read
+    /// (but a strided B), A re-read from L2 for every column panel, B read
     /// once per thread from where it lies and then from L1, the rows past the main
     /// height covered greedily by the lower heights.
     fn predict_direct(&self, fam: &KernelFamily, p: &Problem, s: &Schedule) -> f64 {
@@ -221,8 +230,14 @@ impl MachineModel {
         let panels = p.n.div_ceil(nr);
         let kblocks = p.k.div_ceil(kc) as f64;
         // Where the operands come from on first touch: the whole batch's A, B and C
-        // against the caches (a batch larger than L2 streams each entry from L3).
-        let total = (p.batch * (p.m * p.k + p.k * p.n + p.m * p.n)) as f64 * f;
+        // against the caches (a batch larger than L2 streams each entry from L3). A
+        // convolution's A is its image, each value read by several taps, mostly from
+        // cache (the image's size is not in the problem): its taps count as L2 reads.
+        let a_first = match p.a {
+            ALayout::Taps { .. } => 0,
+            _ => p.m * p.k,
+        };
+        let total = (p.batch * (a_first + p.k * p.n + p.m * p.n)) as f64 * f;
         let src = self.level_bw(total, g.threads().max(1) as f64);
         let mut slowest: f64 = 0.0;
         for lr in 0..g.rows {
@@ -232,19 +247,37 @@ impl MachineModel {
                 if rows == 0 || cols == 0 {
                     continue;
                 }
-                // The row cover: full bands, then the highest kernels that fit.
-                let (mut left, mut band) = (rows, 0.0);
-                while left > 0 {
-                    let h = kernels.iter().map(|v| v.kernel.mr).find(|&h| h <= left).unwrap_or(left);
-                    band += tile(h);
-                    left -= h.min(left);
-                }
+                // The row cover: full bands, then the highest kernels that fit; for a
+                // convolution's taps, per output row: its interior so, its edge
+                // pixels one at a time.
+                let cover = |rows: usize| {
+                    let (mut left, mut band) = (rows, 0.0);
+                    while left > 0 {
+                        let h = kernels.iter().map(|v| v.kernel.mr).find(|&h| h <= left).unwrap_or(left);
+                        band += tile(h);
+                        left -= h.min(left);
+                    }
+                    band
+                };
+                let band = match p.a {
+                    ALayout::Taps { width, interior } if width > 0 => {
+                        let per_row = cover(interior) + (width - interior.min(width)) as f64 * tile(1);
+                        rows as f64 / width as f64 * per_row
+                    }
+                    _ => cover(rows),
+                };
                 let compute = cols as f64 * band;
-                // A: fetched once, then re-read from L2 (or L3) for every further panel.
+                // A: fetched once, then re-read from L2 for every further panel (the
+                // driver blocks the rows so that a block's A fits half of L2).
                 let a_bytes = (rows * p.k) as f64 * f;
-                let a_bw = if a_bytes <= self.l2 as f64 / 2.0 { self.l2_bw } else { self.l3_bw };
+                let a_bw = self.l2_bw;
                 let b_bytes = (cols * nr * p.k) as f64 * f;
-                let load = (a_bytes + b_bytes) / src + (cols as f64 - 1.0) * a_bytes / a_bw;
+                // A convolution's taps come from its image's rows, which the kernel
+                // rows and the next output rows read again from L1: no A term.
+                let load = match p.a {
+                    ALayout::Taps { .. } => b_bytes / src,
+                    _ => (a_bytes + b_bytes) / src + (cols as f64 - 1.0) * a_bytes / a_bw,
+                };
                 let pack_b = if p.b == BLayout::Strided { b_bytes / self.pack_bt_bw } else { 0.0 };
                 let c_bytes = (rows * cols * nr) as f64 * f;
                 let c_time = c_bytes / src + c_bytes * 2.0 * (kblocks - 1.0) / self.l2_bw;

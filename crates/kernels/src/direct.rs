@@ -49,12 +49,23 @@ pub struct DirectKernel {
 /// What a direct schedule runs: the kernels of one width, highest first (the
 /// first is the main height; the others cover the rows past the last full band,
 /// and the lowest must be 1 so that every remainder is covered), the depth of a
-/// K block and the thread grid.
+/// K block, the rows of A a thread keeps in L2 across B's column panels (`mc`:
+/// a block of `mc × kc` values, see [`direct_rows`]) and the thread grid.
 #[derive(Clone, Copy, Debug)]
 pub struct DirectPlan<'k> {
     pub kernels: &'k [crate::schedule::DirectVariant],
     pub kc: usize,
+    pub mc: usize,
     pub grid: ThreadGrid,
+}
+
+/// The rows of A a direct schedule blocks for: `kc`-deep rows filling half of
+/// `l2`, a multiple of the main height `mr`. Without the blocking, a thread
+/// would sweep all its rows once per column panel and K block, reading A from
+/// memory each time, and re-reading C's whole band per K block.
+pub fn direct_rows(l2: usize, kc: usize, mr: usize) -> usize {
+    let mr = mr.max(1);
+    (l2 / 2 / (kc.max(1) * 4) / mr).max(1) * mr
 }
 
 impl DirectPlan<'_> {
@@ -66,7 +77,7 @@ impl DirectPlan<'_> {
         let sorted = ks.windows(2).all(|w| w[0].kernel.mr > w[1].kernel.mr);
         let same =
             ks.iter().all(|v| v.kernel.nr == main.kernel.nr && v.kernel.epilogue == main.kernel.epilogue);
-        if !sorted || !same || low.kernel.mr != 1 || self.kc == 0 {
+        if !sorted || !same || low.kernel.mr != 1 || self.kc == 0 || self.mc == 0 {
             return Err(KernelError::Shape(
                 "a direct plan takes kernels of one width and epilogue, highest first down to height 1"
                     .into(),
@@ -78,7 +89,7 @@ impl DirectPlan<'_> {
 
     /// The kernel for the rows from `row` on, `left` of them: the main height while
     /// it fits, then the highest that fits.
-    fn kernel_for(&self, left: usize) -> &DirectKernel {
+    pub(crate) fn kernel_for(&self, left: usize) -> &DirectKernel {
         self.kernels.iter().map(|v| &v.kernel).find(|k| k.mr <= left).unwrap_or(&self.kernels[0].kernel)
     }
 }
@@ -107,12 +118,41 @@ pub(crate) fn direct_band(
     ep: &EpilogueArgs,
     ws: &mut Workspace,
 ) {
-    let main = &plan.kernels[0].kernel;
-    let (nr, epilogue) = (main.nr, main.epilogue);
-    let (k, n) = b.dims();
     if rows.is_empty() || cols.is_empty() {
         return;
     }
+    if a.is_taps() {
+        // A convolution's rows of A overlap: its image's rows stay in cache across
+        // the kernel rows and the neighbouring output rows without blocking.
+        direct_block(plan, a, b, cptr, ldc, rows, cols, ep, ws);
+        return;
+    }
+    // Blocks of `mc` rows: each block's A stays in L2 across the column panels
+    // and K blocks, and its C band across the K blocks.
+    let mut block = rows.start;
+    while block < rows.end {
+        let band = block..(block + plan.mc).min(rows.end);
+        block = band.end;
+        direct_block(plan, a, b, cptr, ldc, band, cols.clone(), ep, ws);
+    }
+}
+
+/// [`direct_band`] over one block of rows.
+#[allow(clippy::too_many_arguments)]
+fn direct_block(
+    plan: &DirectPlan,
+    a: &MatRef,
+    b: &BOperand,
+    cptr: CPtr,
+    ldc: usize,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    ep: &EpilogueArgs,
+    ws: &mut Workspace,
+) {
+    let main = &plan.kernels[0].kernel;
+    let (nr, epilogue) = (main.nr, main.epilogue);
+    let (k, n) = b.dims();
     for pc in (0..k).step_by(plan.kc) {
         let kc = plan.kc.min(k - pc);
         let src = match b {
@@ -138,9 +178,22 @@ pub(crate) fn direct_band(
                 BSource::Panels(d, first) => (d[(jr - first) * kc * nr..].as_ptr().cast::<f32>(), nr),
             };
             let bias = ep.bias.map_or(std::ptr::null(), |b| b[col..].as_ptr());
+            if let Some((t, _)) = a.taps {
+                let panel = crate::taps::Panel { b: bp, ldb, c: cptr, ldc, col, ncols, bias };
+                crate::taps::direct_taps(plan, &t, a.data, (pc, kc), rows.clone(), &panel, ep);
+                continue;
+            }
+            // The first column panel reads the block's rows from memory: each tile
+            // asks for the next tile's rows ahead of its kernel, so that the kernel's
+            // broadcasts, one per row and K step over up to 16 rows at once, find them
+            // in cache (the hardware's stream prefetchers track fewer streams).
+            let fetch = jr == cols.start;
             let mut row = rows.start;
             while row < rows.end {
                 let kern = plan.kernel_for(rows.end - row);
+                if fetch {
+                    prefetch_rows(a, row + kern.mr..(row + 2 * kern.mr).min(rows.end), pc, kc);
+                }
                 let ap = a.data[row * a.rs + pc..].as_ptr();
                 let (res, ldr) = match ep.residual {
                     Some(r) => (r.data[row * r.rs + col..].as_ptr(), r.rs),
@@ -173,6 +226,31 @@ pub(crate) fn direct_band(
             }
         }
     }
+}
+
+/// Ask for A's rows `rows` at depths `pc..pc + kc` to be brought into L1, one
+/// cache line at a time.
+fn prefetch_rows(a: &MatRef, rows: std::ops::Range<usize>, pc: usize, kc: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for r in rows {
+        let Some(run) = a.data.get(r * a.rs + pc..r * a.rs + pc + kc) else { return };
+        for line in run.iter().step_by(16) {
+            // SAFETY: a prefetch only hints the cache; `line` is inside `a.data`.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    (line as *const f32).cast::<i8>(),
+                )
+            };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (a, rows, pc, kc);
+}
+
+/// Whether direct kernels can read this convolution's taps where they lie
+/// (see [`crate::ConvTaps::adjacent`]).
+pub fn taps_in_place(a: &MatRef) -> bool {
+    a.taps.is_some_and(|(t, transposed)| !transposed && t.adjacent())
 }
 
 /// Whether a direct kernel can read this A where it lies.

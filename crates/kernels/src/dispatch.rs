@@ -243,7 +243,7 @@ impl Dispatcher {
         if s.grid.threads() == 0 || s.grid.threads() > self.machine.threads {
             return bad(&format!("does not fit {} threads", self.machine.threads));
         }
-        if s.operands == Operands::Direct && a != ALayout::RowMajor {
+        if s.operands == Operands::Direct && !matches!(a, ALayout::RowMajor | ALayout::Taps { .. }) {
             return bad("reads A in place, which is not row-major");
         }
         if let BLayout::Packed { nr, kc } = b {
@@ -264,7 +264,8 @@ impl Dispatcher {
             if kernels.is_empty() {
                 return Err(KernelError::Shape(format!("the family has no direct {}x{} kernel", s.mr, s.nr)));
             }
-            return Ok(Plan::Direct(DirectPlan { kernels, kc: s.blocking.kc, grid: s.grid }));
+            let mc = crate::direct::direct_rows(self.target.l2, s.blocking.kc, s.mr);
+            return Ok(Plan::Direct(DirectPlan { kernels, kc: s.blocking.kc, mc, grid: s.grid }));
         }
         let get = |mr: usize| {
             self.family
@@ -373,7 +374,14 @@ impl Dispatcher {
                 return Err(KernelError::Shape("the entries of a batch differ in shape or layout".into()));
             }
         }
-        let a_layout = if a.iter().all(a_in_place) { ALayout::RowMajor } else { ALayout::Strided };
+        let a_layout = if a.iter().all(a_in_place) {
+            ALayout::RowMajor
+        } else {
+            match a0.taps {
+                Some((t, false)) if a.iter().all(crate::direct::taps_in_place) => t.layout(),
+                _ => ALayout::Strided,
+            }
+        };
         let b_layout = match layout(b0) {
             BLayout::RowMajor if !b.iter().all(b_in_place) => BLayout::Strided,
             l => l,

@@ -504,9 +504,10 @@ fn run_plan(
                     pb.nr, pb.kc, p.kc
                 )));
             }
-            (Plan::Direct(_), _) if !crate::direct::a_in_place(a) => {
+            (Plan::Direct(_), _) if !crate::direct::a_in_place(a) && !crate::direct::taps_in_place(a) => {
                 return Err(KernelError::Shape(
-                    "direct kernels read A in place: its rows must be contiguous along K".into(),
+                    "direct kernels read A in place: its rows must be contiguous along K, or adjacent taps"
+                        .into(),
                 ));
             }
             _ => {}

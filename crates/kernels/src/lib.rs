@@ -33,7 +33,7 @@ pub mod tuned;
 pub use activation::{Activation, ERF_A, ERF_P, GELU_C};
 pub use attention::{attention, attention_block, AttentionPlan, SoftmaxStep};
 pub use cost::{CostModel, MachineModel};
-pub use direct::{DirectKernel, DirectKernelFn, DirectPlan};
+pub use direct::{direct_rows, DirectKernel, DirectKernelFn, DirectPlan};
 pub use dispatch::Dispatcher;
 pub use elem::{bf16_bits, ElemType};
 pub use gemm::{

@@ -35,6 +35,13 @@ pub enum ALayout {
     RowMajor,
     /// Any other strides (a transposed A): packed.
     Strided,
+    /// A convolution's taps over a channels-last image whose taps along a kernel
+    /// row are adjacent pixels (see [`crate::ConvTaps::adjacent`]): packed, or read
+    /// in place by direct kernels, one output row and one kernel row at a time.
+    /// Direct kernels cover the `interior` pixels of each output row of `width`
+    /// (all taps inside the image) in tiles and the others one at a time, which
+    /// is what the cost model needs to know of the geometry.
+    Taps { width: usize, interior: usize },
 }
 
 /// B's layout as the schedule must take it.
@@ -372,7 +379,7 @@ fn direct_candidates(
     least_pad: f64,
     out: &mut Vec<Schedule>,
 ) {
-    if p.a != ALayout::RowMajor {
+    if !matches!(p.a, ALayout::RowMajor | ALayout::Taps { .. }) {
         return;
     }
     let mut widths: Vec<usize> = fam.direct_variants().iter().map(|v| v.kernel.nr).collect();
@@ -404,6 +411,11 @@ fn direct_candidates(
             };
             let blocking = Blocking { kc, mc: mr, nc: base.nc };
             for grid in grids(threads, p, mr, nr) {
+                // Threads split a convolution's pixels, not its columns: a thread
+                // with a share of the columns would read all of the image's taps.
+                if matches!(p.a, ALayout::Taps { .. }) && grid.cols > 1 && p.m.div_ceil(mr) >= threads {
+                    continue;
+                }
                 let order = LoopOrder::KOuter;
                 out.push(Schedule {
                     mr,

@@ -85,6 +85,33 @@ impl ConvTaps {
         Ok(())
     }
 
+    /// Whether the taps along a kernel row are adjacent pixels (no dilation across
+    /// the width, dense pixels), so that one output pixel's taps of one kernel row
+    /// are one run of `kw · C` values, and the next pixel's run starts `sw · C`
+    /// values further: rows of a matrix that direct kernels read in place.
+    pub fn adjacent(&self) -> bool {
+        self.dilation[1] == 1 && self.strides[2] == self.channels
+    }
+
+    /// The pixels of an output row whose taps all lie inside the image's width:
+    /// `x_lo..x_hi`.
+    pub(crate) fn interior(&self) -> (usize, usize) {
+        let (wout, kw, sw, pw, w) = (self.out[1], self.kernel[1], self.stride[1], self.pad[1], self.width);
+        let x_lo = pw.div_ceil(sw).min(wout);
+        let x_hi = if w + pw >= kw { ((w + pw - kw) / sw + 1).min(wout) } else { 0 }.max(x_lo);
+        (x_lo, x_hi)
+    }
+
+    /// The layout the dispatcher sees for these taps as A.
+    pub fn layout(&self) -> crate::ALayout {
+        if self.adjacent() {
+            let (x_lo, x_hi) = self.interior();
+            crate::ALayout::Taps { width: self.out[1], interior: x_hi - x_lo }
+        } else {
+            crate::ALayout::Strided
+        }
+    }
+
     /// The output pixel of row `r`.
     fn pixel(&self, r: usize) -> Pixel {
         let x = r % self.out[1];
@@ -108,7 +135,7 @@ impl ConvTaps {
 
 /// An output pixel.
 #[derive(Clone, Copy, Debug)]
-struct Pixel {
+pub(crate) struct Pixel {
     b: usize,
     y: usize,
     x: usize,
@@ -288,4 +315,123 @@ fn pack_generated(
 fn tap_value(data: &[f32], t: &ConvTaps, p: Pixel, k: usize) -> f32 {
     let (tap, c) = (k / t.channels, k % t.channels);
     t.source(p, tap / t.kernel[1], tap % t.kernel[1]).map_or(0.0, |s| data[s + c])
+}
+
+/// One column panel of a direct schedule's K block: B's rows of the block (from
+/// its first depth, `ldb` apart) at the panel's columns, and where the panel's
+/// tiles of C, the bias and the residual lie.
+pub(crate) struct Panel {
+    pub b: *const f32,
+    pub ldb: usize,
+    pub c: crate::gemm::CPtr,
+    pub ldc: usize,
+    pub col: usize,
+    pub ncols: usize,
+    pub bias: *const f32,
+}
+
+/// The direct kernels over a convolution's adjacent taps (no packing, no column
+/// matrix): for the output pixels `rows`, one column panel and the K block
+/// `pc..pc + kc`. A tile is a run of pixels of one output row whose taps all lie
+/// inside the image (read as rows `sw · C` apart, each kernel row one run of
+/// `kw · C` values), or a single pixel at the image's left or right edge (its
+/// taps inside the image only); kernel rows in the vertical padding are skipped.
+/// Each tile's depth is a few runs (one per kernel row), cut at the K block's
+/// ends: the first run written sets the tile, the others add to it, and the
+/// last applies the epilogue.
+pub(crate) fn direct_taps(
+    plan: &crate::DirectPlan,
+    t: &ConvTaps,
+    data: &[f32],
+    (pc, kc): (usize, usize),
+    rows: std::ops::Range<usize>,
+    panel: &Panel,
+    ep: &crate::gemm::EpilogueArgs,
+) {
+    let (wout, c) = (t.out[1], t.channels);
+    let (kh, kw) = (t.kernel[0], t.kernel[1]);
+    let (sw, pw, w) = (t.stride[1], t.pad[1], t.width);
+    let (x_lo, x_hi) = t.interior();
+    let lda = sw * t.strides[2];
+    let run = kw * c;
+    let last_kernel = plan.kernels.last().map(|v| &v.kernel);
+    let mut r = rows.start;
+    while r < rows.end {
+        let px = t.pixel(r);
+        let left_in_row = (wout - px.x).min(rows.end - r);
+        let (kern, interior) = if px.x >= x_lo && px.x < x_hi {
+            (plan.kernel_for((x_hi - px.x).min(left_in_row)), true)
+        } else {
+            match last_kernel {
+                Some(k) => (k, false),
+                None => return,
+            }
+        };
+        // The tile's runs: per kernel row inside the image, its taps inside it, as
+        // (depths, where the first pixel's run starts in the image).
+        let run_of = |i: usize| -> Option<(usize, usize, usize)> {
+            let iy = (px.y * t.stride[0] + i * t.dilation[0]).checked_sub(t.pad[0])?;
+            if iy >= t.height {
+                return None;
+            }
+            let x0 = px.x * sw;
+            let (j_lo, j_hi) =
+                if interior { (0, kw) } else { (pw.saturating_sub(x0), kw.min((w + pw).saturating_sub(x0))) };
+            (j_lo < j_hi).then(|| {
+                let at = px.b * t.strides[0] + iy * t.strides[1] + (x0 + j_lo - pw) * t.strides[2];
+                (i * run + j_lo * c, i * run + j_hi * c, at)
+            })
+        };
+        let first = (0..kh).find_map(run_of).map(|r| r.0);
+        let end = (0..kh).rev().find_map(run_of).map(|r| r.1);
+        let (res, ldr) = match ep.residual {
+            Some(rm) => (rm.data[r * rm.rs + panel.col..].as_ptr(), rm.rs),
+            None => (std::ptr::null(), 0),
+        };
+        let epilogue = !kern.epilogue.is_identity();
+        let call = |k0: usize, k1: usize, a: *const f32, flags: i64| {
+            // SAFETY: the kernel reads `k1 − k0` values from each of its MR rows, `lda`
+            // apart, from `a`: the taps of MR adjacent output pixels (interior) or of
+            // one (an edge) in one kernel row, inside the image (the runs were cut to
+            // it, and `ConvTaps::check` bounded the image by `data`); B's rows
+            // `k0 − pc..k1 − pc` of the block at the panel's columns (inside the
+            // block's panel or the in-place view); the bias and residual at columns
+            // below `ncols` (masked); and writes the tile of C at pixel rows
+            // `r..r + MR` and the panel's columns, inside C and this thread's alone.
+            unsafe {
+                (kern.func)(
+                    (k1 - k0) as i64,
+                    a,
+                    lda as i64,
+                    panel.b.add((k0 - pc) * panel.ldb),
+                    panel.ldb as i64,
+                    panel.c.get().add(r * panel.ldc + panel.col),
+                    panel.ldc as i64,
+                    panel.ncols as i64,
+                    flags,
+                    panel.bias,
+                    res,
+                    ldr as i64,
+                )
+            }
+        };
+        let (Some(first), Some(end)) = (first, end) else {
+            // Every tap in the padding: the tile is the epilogue of zero, once.
+            if pc == 0 {
+                call(pc, pc, data.as_ptr(), if epilogue { crate::APPLY_EPILOGUE } else { 0 });
+            }
+            r += kern.mr;
+            continue;
+        };
+        for (k0, k1, at) in (0..kh).filter_map(run_of) {
+            let (s, e) = (k0.max(pc), k1.min(pc + kc));
+            if s >= e {
+                continue;
+            }
+            let flags = if s > first { crate::ACCUMULATE } else { 0 }
+                | if e == end && epilogue { crate::APPLY_EPILOGUE } else { 0 };
+            call(s, e, data[at + (s - k0)..].as_ptr(), flags);
+        }
+        r += kern.mr;
+    }
 }

@@ -83,6 +83,7 @@ fn check(d: &Dispatcher, pool: &ThreadPool, p: &Problem, s: &Schedule) -> Result
     let a_at = |e: usize, i: usize, q: usize| match p.a {
         ALayout::RowMajor => a[e * m * k + i * k + q],
         ALayout::Strided => a[e * m * k + q * m + i],
+        ALayout::Taps { .. } => unreachable!("taps are tested in codegen's implicit_gemm"),
     };
     let b_at = |e: usize, q: usize, j: usize| match p.b {
         BLayout::Strided => b[e * k * n + j * k + q],
@@ -102,6 +103,7 @@ fn check(d: &Dispatcher, pool: &ThreadPool, p: &Problem, s: &Schedule) -> Result
             match p.a {
                 ALayout::RowMajor => MatRef::row_major(s, m, k),
                 ALayout::Strided => MatRef::row_major(s, k, m).map(|v| v.t()),
+                ALayout::Taps { .. } => unreachable!("taps are tested in codegen's implicit_gemm"),
             }
         })
         .collect::<Result<_, _>>()

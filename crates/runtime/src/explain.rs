@@ -89,8 +89,8 @@ impl CompiledModel {
                         Some(p) => BLayout::Packed { nr: p.nr, kc: p.kc },
                         None => BLayout::of(ms.cs[1], ms.n),
                     };
-                    // A convolution's taps are packed from the image.
-                    let a = if ms.taps.is_some() { ALayout::Strided } else { ALayout::of(ms.cs[0], ms.k) };
+                    // A convolution's taps (as `Dispatcher::problem` sees them).
+                    let a = ms.taps.map_or(ALayout::of(ms.cs[0], ms.k), |t| t.layout());
                     let p = Problem { batch: ms.entries.len(), m: ms.m, n: ms.n, k: ms.k, a, b };
                     if ms.entries.is_empty() || ms.m == 0 || ms.n == 0 {
                         let _ = writeln!(s, "matmul {}x{}x{}: empty", ms.m, ms.n, ms.k);
