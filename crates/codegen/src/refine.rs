@@ -79,12 +79,21 @@ pub fn refine(
     let mut measured = false;
     for w in weights {
         let BLayout::Packed { .. } = w.layout else { continue };
-        let hit = cached.entries.iter().find(|(e, c)| *e == k && (c.k, c.n, c.b) == (w.k, w.n, w.layout));
-        let class = match hit {
-            Some((_, c)) => c.clone(),
-            None => {
+        let at = cached.entries.iter().position(|(e, c)| *e == k && (c.k, c.n, c.b) == (w.k, w.n, w.layout));
+        // A class measured for another family (the tiles measured again since,
+        // with other kernels kept) is measured again for this one.
+        let usable = |c: &TunedClass| {
+            let one = TunedSchedules { threads, elem: d.family().elem(), classes: vec![c.clone()] };
+            one.check(d).is_ok()
+        };
+        let class = match at {
+            Some(i) if usable(&cached.entries[i].1) => cached.entries[i].1.clone(),
+            _ => {
                 let c = measure(d, pool, &epilogue, w)?;
-                cached.entries.push((k.clone(), c.clone()));
+                match at {
+                    Some(i) => cached.entries[i] = (k.clone(), c.clone()),
+                    None => cached.entries.push((k.clone(), c.clone())),
+                }
                 measured = true;
                 c
             }
