@@ -250,14 +250,17 @@ impl MachineModel {
                 // The row cover: full bands, then the highest kernels that fit; for a
                 // convolution's taps, per output row: its interior so, its edge
                 // pixels one at a time.
+                // (Greedy: as many of each height as fit, highest first; a time per
+                // height, not per row, so that a pick at a large M costs what one at a
+                // small M does.)
                 let cover = |rows: usize| {
                     let (mut left, mut band) = (rows, 0.0);
-                    while left > 0 {
-                        let h = kernels.iter().map(|v| v.kernel.mr).find(|&h| h <= left).unwrap_or(left);
-                        band += tile(h);
-                        left -= h.min(left);
+                    for h in kernels.iter().map(|v| v.kernel.mr) {
+                        let count = left / h.max(1);
+                        band += count as f64 * tile(h);
+                        left -= count * h.max(1);
                     }
-                    band
+                    band + if left > 0 { tile(left) } else { 0.0 }
                 };
                 let band = match p.a {
                     ALayout::Taps { width, interior } if width > 0 => {
