@@ -1,6 +1,7 @@
 //! Direct micro-kernels (the ABI of `kernels::direct`): an `MR × NR` tile of C
 //! from A and B where they lie. Per K step: `NR / W` vector loads of one row of B
-//! (masked past `ncols`), one broadcast per row of A (row stride `lda`), and
+//! (masked past `ncols` in the partial panel's version of the loop, plain in the
+//! full panel's), one broadcast per row of A (row stride `lda`), and
 //! `MR · NR / W` fused multiply-adds; C's loads and stores, the bias and the
 //! residual are masked the same way, so no edge needs padding or a scratch tile.
 
