@@ -247,9 +247,7 @@ impl MachineModel {
                 if rows == 0 || cols == 0 {
                     continue;
                 }
-                // The row cover: full bands, then the highest kernels that fit; for a
-                // convolution's taps, per output row: its interior so, its edge
-                // pixels one at a time.
+                // The row cover: full bands, then the highest kernels that fit.
                 // (Greedy: as many of each height as fit, highest first; a time per
                 // height, not per row, so that a pick at a large M costs what one at a
                 // small M does.)
@@ -262,10 +260,13 @@ impl MachineModel {
                     }
                     band + if left > 0 { tile(left) } else { 0.0 }
                 };
+                // A convolution's interior pixels are covered per output row, its
+                // edge pixels per column over the thread's output rows.
                 let band = match p.a {
                     ALayout::Taps { width, interior } if width > 0 => {
-                        let per_row = cover(interior) + (width - interior.min(width)) as f64 * tile(1);
-                        rows as f64 / width as f64 * per_row
+                        let out_rows = (rows / width).max(1);
+                        let edges = width - interior.min(width);
+                        out_rows as f64 * cover(interior) + edges as f64 * cover(out_rows)
                     }
                     _ => cover(rows),
                 };

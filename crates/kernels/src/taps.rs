@@ -102,6 +102,16 @@ impl ConvTaps {
         (x_lo, x_hi)
     }
 
+    /// The output rows whose kernel rows all lie inside the image's height:
+    /// `y_lo..y_hi`.
+    pub(crate) fn interior_rows(&self) -> (usize, usize) {
+        let (hout, sh, ph, h) = (self.out[0], self.stride[0], self.pad[0], self.height);
+        let span = (self.kernel[0] - 1) * self.dilation[0] + 1;
+        let y_lo = ph.div_ceil(sh).min(hout);
+        let y_hi = if h + ph >= span { ((h + ph - span) / sh + 1).min(hout) } else { 0 }.max(y_lo);
+        (y_lo, y_hi)
+    }
+
     /// The layout the dispatcher sees for these taps as A.
     pub fn layout(&self) -> crate::ALayout {
         if self.adjacent() {
@@ -334,11 +344,12 @@ pub(crate) struct Panel {
 /// matrix): for the output pixels `rows`, one column panel and the K block
 /// `pc..pc + kc`. A tile is a run of pixels of one output row whose taps all lie
 /// inside the image (read as rows `sw · C` apart, each kernel row one run of
-/// `kw · C` values), or a single pixel at the image's left or right edge (its
-/// taps inside the image only); kernel rows in the vertical padding are skipped.
-/// Each tile's depth is a few runs (one per kernel row), cut at the K block's
-/// ends: the first run written sets the tile, the others add to it, and the
-/// last applies the epilogue.
+/// `kw · C` values); the pixels at the image's left and right edges (some taps in
+/// the padding) are tiles of one column over consecutive output rows whose
+/// kernel rows all lie inside the image (rows `sh` image rows apart), else single
+/// pixels; kernel rows in the vertical padding are skipped. Each tile's depth is
+/// a few runs (one per kernel row), cut at the K block's ends: the first run
+/// written sets the tile, the others add to it, and the last applies the epilogue.
 pub(crate) fn direct_taps(
     plan: &crate::DirectPlan,
     t: &ConvTaps,
@@ -348,90 +359,155 @@ pub(crate) fn direct_taps(
     panel: &Panel,
     ep: &crate::gemm::EpilogueArgs,
 ) {
-    let (wout, c) = (t.out[1], t.channels);
-    let (kh, kw) = (t.kernel[0], t.kernel[1]);
-    let (sw, pw, w) = (t.stride[1], t.pad[1], t.width);
+    let (hout, wout) = (t.out[0], t.out[1]);
     let (x_lo, x_hi) = t.interior();
-    let lda = sw * t.strides[2];
-    let run = kw * c;
-    let last_kernel = plan.kernels.last().map(|v| &v.kernel);
+    let (y_lo, y_hi) = t.interior_rows();
+    let Some(single) = plan.kernels.last().map(|v| &v.kernel) else { return };
+    let tile = |kern: &crate::DirectKernel, r: usize, shape: TileShape| {
+        direct_tile(t, data, (pc, kc), panel, ep, kern, r, shape);
+    };
     let mut r = rows.start;
     while r < rows.end {
         let px = t.pixel(r);
-        let left_in_row = (wout - px.x).min(rows.end - r);
-        let (kern, interior) = if px.x >= x_lo && px.x < x_hi {
-            (plan.kernel_for((x_hi - px.x).min(left_in_row)), true)
+        // Whole output rows of one image from here, every kernel row inside the
+        // image: their edge pixels go in columns, their interiors in runs.
+        let band = if px.x == 0 && px.y >= y_lo && px.y < y_hi {
+            ((rows.end - r) / wout).min(y_hi - px.y).min(hout - px.y)
         } else {
-            match last_kernel {
-                Some(k) => (k, false),
-                None => return,
-            }
+            0
         };
-        // The tile's runs: per kernel row inside the image, its taps inside it, as
-        // (depths, where the first pixel's run starts in the image).
-        let run_of = |i: usize| -> Option<(usize, usize, usize)> {
-            let iy = (px.y * t.stride[0] + i * t.dilation[0]).checked_sub(t.pad[0])?;
-            if iy >= t.height {
-                return None;
+        if band > 1 {
+            for x in (0..x_lo).chain(x_hi..wout) {
+                let mut y = 0;
+                while y < band {
+                    let kern = plan.kernel_for(band - y);
+                    tile(kern, r + y * wout + x, TileShape::Column);
+                    y += kern.mr;
+                }
             }
-            let x0 = px.x * sw;
-            let (j_lo, j_hi) =
-                if interior { (0, kw) } else { (pw.saturating_sub(x0), kw.min((w + pw).saturating_sub(x0))) };
-            (j_lo < j_hi).then(|| {
-                let at = px.b * t.strides[0] + iy * t.strides[1] + (x0 + j_lo - pw) * t.strides[2];
-                (i * run + j_lo * c, i * run + j_hi * c, at)
-            })
-        };
-        let first = (0..kh).find_map(run_of).map(|r| r.0);
-        let end = (0..kh).rev().find_map(run_of).map(|r| r.1);
-        let (res, ldr) = match ep.residual {
-            Some(rm) => (rm.data[r * rm.rs + panel.col..].as_ptr(), rm.rs),
-            None => (std::ptr::null(), 0),
-        };
-        let epilogue = !kern.epilogue.is_identity();
-        let call = |k0: usize, k1: usize, a: *const f32, flags: i64| {
-            // SAFETY: the kernel reads `k1 − k0` values from each of its MR rows, `lda`
-            // apart, from `a`: the taps of MR adjacent output pixels (interior) or of
-            // one (an edge) in one kernel row, inside the image (the runs were cut to
-            // it, and `ConvTaps::check` bounded the image by `data`); B's rows
-            // `k0 − pc..k1 − pc` of the block at the panel's columns (inside the
-            // block's panel or the in-place view); the bias and residual at columns
-            // below `ncols` (masked); and writes the tile of C at pixel rows
-            // `r..r + MR` and the panel's columns, inside C and this thread's alone.
-            unsafe {
-                (kern.func)(
-                    (k1 - k0) as i64,
-                    a,
-                    lda as i64,
-                    panel.b.add((k0 - pc) * panel.ldb),
-                    panel.ldb as i64,
-                    panel.c.get().add(r * panel.ldc + panel.col),
-                    panel.ldc as i64,
-                    panel.ncols as i64,
-                    flags,
-                    panel.bias,
-                    res,
-                    ldr as i64,
-                )
+            for y in 0..band {
+                let mut x = x_lo;
+                while x < x_hi {
+                    let kern = plan.kernel_for(x_hi - x);
+                    tile(kern, r + y * wout + x, TileShape::Run);
+                    x += kern.mr;
+                }
             }
-        };
-        let (Some(first), Some(end)) = (first, end) else {
-            // Every tap in the padding: the tile is the epilogue of zero, once.
-            if pc == 0 {
-                call(pc, pc, data.as_ptr(), if epilogue { crate::APPLY_EPILOGUE } else { 0 });
-            }
-            r += kern.mr;
+            r += band * wout;
             continue;
-        };
-        for (k0, k1, at) in (0..kh).filter_map(run_of) {
-            let (s, e) = (k0.max(pc), k1.min(pc + kc));
-            if s >= e {
-                continue;
-            }
-            let flags = if s > first { crate::ACCUMULATE } else { 0 }
-                | if e == end && epilogue { crate::APPLY_EPILOGUE } else { 0 };
-            call(s, e, data[at + (s - k0)..].as_ptr(), flags);
         }
-        r += kern.mr;
+        let left_in_row = (wout - px.x).min(rows.end - r);
+        if px.x >= x_lo && px.x < x_hi {
+            let kern = plan.kernel_for((x_hi - px.x).min(left_in_row));
+            tile(kern, r, TileShape::Run);
+            r += kern.mr;
+        } else {
+            tile(single, r, TileShape::Pixel);
+            r += 1;
+        }
+    }
+}
+
+/// How a direct tile's rows lie among the output pixels.
+#[derive(Clone, Copy, PartialEq)]
+enum TileShape {
+    /// Adjacent pixels of one output row, every tap inside the image's width.
+    Run,
+    /// One pixel (its taps inside the image only).
+    Pixel,
+    /// One column's pixels in consecutive output rows of one image, every kernel
+    /// row inside the image's height (its taps inside the width only).
+    Column,
+}
+
+/// One tile of [`direct_taps`]: `kern.mr` pixels from pixel row `r`, laid out as `shape`.
+#[allow(clippy::too_many_arguments)]
+fn direct_tile(
+    t: &ConvTaps,
+    data: &[f32],
+    (pc, kc): (usize, usize),
+    panel: &Panel,
+    ep: &crate::gemm::EpilogueArgs,
+    kern: &crate::DirectKernel,
+    r: usize,
+    shape: TileShape,
+) {
+    let c = t.channels;
+    let (kh, kw) = (t.kernel[0], t.kernel[1]);
+    let (sw, pw, w) = (t.stride[1], t.pad[1], t.width);
+    let run = kw * c;
+    let px = t.pixel(r);
+    // Between the tile's rows: in the image, and in C and the residual (pixels).
+    let (lda, pixels) = match shape {
+        TileShape::Column => (t.stride[0] * t.strides[1], t.out[1]),
+        _ => (sw * t.strides[2], 1),
+    };
+    // The tile's runs: per kernel row inside the image, its taps inside it, as
+    // (depths, where the first pixel's run starts in the image).
+    let run_of = |i: usize| -> Option<(usize, usize, usize)> {
+        let iy = (px.y * t.stride[0] + i * t.dilation[0]).checked_sub(t.pad[0])?;
+        if iy >= t.height {
+            return None;
+        }
+        let x0 = px.x * sw;
+        let (j_lo, j_hi) = match shape {
+            TileShape::Run => (0, kw),
+            _ => (pw.saturating_sub(x0), kw.min((w + pw).saturating_sub(x0))),
+        };
+        (j_lo < j_hi).then(|| {
+            let at = px.b * t.strides[0] + iy * t.strides[1] + (x0 + j_lo - pw) * t.strides[2];
+            (i * run + j_lo * c, i * run + j_hi * c, at)
+        })
+    };
+    let first = (0..kh).find_map(run_of).map(|r| r.0);
+    let end = (0..kh).rev().find_map(run_of).map(|r| r.1);
+    let (res, ldr) = match ep.residual {
+        Some(rm) => (rm.data[r * rm.rs + panel.col..].as_ptr(), rm.rs * pixels),
+        None => (std::ptr::null(), 0),
+    };
+    let epilogue = !kern.epilogue.is_identity();
+    let call = |k0: usize, k1: usize, a: *const f32, flags: i64| {
+        // SAFETY: the kernel reads `k1 − k0` values from each of its MR rows, `lda`
+        // apart, from `a`: one kernel row's taps of MR output pixels (adjacent ones
+        // of a run, or one column's in consecutive output rows, whose kernel rows
+        // all lie inside the image) or of one pixel, inside the image (the runs
+        // were cut to it, and `ConvTaps::check` bounded the image by `data`); B's
+        // rows `k0 − pc..k1 − pc` of the block at the panel's columns (inside the
+        // block's panel or the in-place view); the bias, and the residual at the
+        // tile's pixels, at columns below `ncols` (masked); and writes the tile of C
+        // at those pixels' rows and the panel's columns, inside C (the pixels are
+        // below the thread's end) and this thread's alone.
+        unsafe {
+            (kern.func)(
+                (k1 - k0) as i64,
+                a,
+                lda as i64,
+                panel.b.add((k0 - pc) * panel.ldb),
+                panel.ldb as i64,
+                panel.c.get().add(r * panel.ldc + panel.col),
+                (panel.ldc * pixels) as i64,
+                panel.ncols as i64,
+                flags,
+                panel.bias,
+                res,
+                ldr as i64,
+            )
+        }
+    };
+    let (Some(first), Some(end)) = (first, end) else {
+        // Every tap in the padding: the tile is the epilogue of zero, once.
+        if pc == 0 {
+            call(pc, pc, data.as_ptr(), if epilogue { crate::APPLY_EPILOGUE } else { 0 });
+        }
+        return;
+    };
+    for (k0, k1, at) in (0..kh).filter_map(run_of) {
+        let (s, e) = (k0.max(pc), k1.min(pc + kc));
+        if s >= e {
+            continue;
+        }
+        let flags = if s > first { crate::ACCUMULATE } else { 0 }
+            | if e == end && epilogue { crate::APPLY_EPILOGUE } else { 0 };
+        call(s, e, data[at + (s - k0)..].as_ptr(), flags);
     }
 }
