@@ -39,8 +39,9 @@ pub enum ALayout {
     /// row are adjacent pixels (see [`crate::ConvTaps::adjacent`]): packed, or read
     /// in place by direct kernels, one output row and one kernel row at a time.
     /// Direct kernels cover the `interior` pixels of each output row of `width`
-    /// (all taps inside the image) in tiles and the others one at a time, which
-    /// is what the cost model needs to know of the geometry.
+    /// (all taps inside the image's width) in runs along the row and the others in
+    /// columns across output rows, which is what the cost model needs to know of
+    /// the geometry.
     Taps { width: usize, interior: usize },
 }
 
