@@ -274,13 +274,12 @@ impl MachineModel {
                 // A: fetched once, then re-read from L2 for every further panel (the
                 // driver blocks the rows so that a block's A fits half of L2).
                 let a_bytes = (rows * p.k) as f64 * f;
-                let a_bw = self.l2_bw;
                 let b_bytes = (cols * nr * p.k) as f64 * f;
                 // A convolution's taps come from its image's rows, which the kernel
                 // rows and the next output rows read again from L1: no A term.
                 let load = match p.a {
                     ALayout::Taps { .. } => b_bytes / src,
-                    _ => (a_bytes + b_bytes) / src + (cols as f64 - 1.0) * a_bytes / a_bw,
+                    _ => (a_bytes + b_bytes) / src + (cols as f64 - 1.0) * a_bytes / self.l2_bw,
                 };
                 let pack_b = if p.b == BLayout::Strided { b_bytes / self.pack_bt_bw } else { 0.0 };
                 let c_bytes = (rows * cols * nr) as f64 * f;

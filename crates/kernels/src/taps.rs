@@ -93,29 +93,21 @@ impl ConvTaps {
         self.dilation[1] == 1 && self.strides[2] == self.channels
     }
 
-    /// The pixels of an output row whose taps all lie inside the image's width:
-    /// `x_lo..x_hi`.
-    pub(crate) fn interior(&self) -> (usize, usize) {
-        let (wout, kw, sw, pw, w) = (self.out[1], self.kernel[1], self.stride[1], self.pad[1], self.width);
-        let x_lo = pw.div_ceil(sw).min(wout);
-        let x_hi = if w + pw >= kw { ((w + pw - kw) / sw + 1).min(wout) } else { 0 }.max(x_lo);
-        (x_lo, x_hi)
-    }
-
-    /// The output rows whose kernel rows all lie inside the image's height:
-    /// `y_lo..y_hi`.
-    pub(crate) fn interior_rows(&self) -> (usize, usize) {
-        let (hout, sh, ph, h) = (self.out[0], self.stride[0], self.pad[0], self.height);
-        let span = (self.kernel[0] - 1) * self.dilation[0] + 1;
-        let y_lo = ph.div_ceil(sh).min(hout);
-        let y_hi = if h + ph >= span { ((h + ph - span) / sh + 1).min(hout) } else { 0 }.max(y_lo);
-        (y_lo, y_hi)
+    /// The output coordinates along axis `d` (0: rows, 1: columns) whose taps all
+    /// lie inside the image along it: `lo..hi`.
+    pub(crate) fn interior_along(&self, d: usize) -> (usize, usize) {
+        let (out, step, pad, extent) =
+            (self.out[d], self.stride[d], self.pad[d], [self.height, self.width][d]);
+        let span = (self.kernel[d] - 1) * self.dilation[d] + 1;
+        let lo = pad.div_ceil(step).min(out);
+        let hi = if extent + pad >= span { ((extent + pad - span) / step + 1).min(out) } else { 0 }.max(lo);
+        (lo, hi)
     }
 
     /// The layout the dispatcher sees for these taps as A.
     pub fn layout(&self) -> crate::ALayout {
         if self.adjacent() {
-            let (x_lo, x_hi) = self.interior();
+            let (x_lo, x_hi) = self.interior_along(1);
             crate::ALayout::Taps { width: self.out[1], interior: x_hi - x_lo }
         } else {
             crate::ALayout::Strided
@@ -360,8 +352,8 @@ pub(crate) fn direct_taps(
     ep: &crate::gemm::EpilogueArgs,
 ) {
     let (hout, wout) = (t.out[0], t.out[1]);
-    let (x_lo, x_hi) = t.interior();
-    let (y_lo, y_hi) = t.interior_rows();
+    let (x_lo, x_hi) = t.interior_along(1);
+    let (y_lo, y_hi) = t.interior_along(0);
     let Some(single) = plan.kernels.last().map(|v| &v.kernel) else { return };
     let tile = |kern: &crate::DirectKernel, r: usize, shape: TileShape| {
         direct_tile(t, data, (pc, kc), panel, ep, kern, r, shape);

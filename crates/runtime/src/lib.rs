@@ -14,7 +14,9 @@ mod explain;
 pub mod npy;
 mod shape;
 
-pub use artifact::{is_artifact, ArtifactError, CodeTarget, LoadOptions, FORMAT_VERSION};
+pub use artifact::{
+    is_artifact, reseal as reseal_artifact, ArtifactError, CodeTarget, LoadOptions, FORMAT_VERSION,
+};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
