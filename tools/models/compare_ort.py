@@ -2,7 +2,7 @@
 a model at several sequence lengths, and report the symbols left in its shapes
 and its import time.
 
-    python tools/models/compare_ort.py /work/models/bert-base/model.onnx --seq 1,7,128 [--batch 1]
+    python tools/models/compare_ort.py /work/models/bert-base/model.onnx --seq 1,7,128 [--batch 1] [--key-chunks 100]
 
 Inputs are random (seeded): token ids for int64 inputs named *ids*, ones for
 attention masks, zeros for token types, N(0,1) for floats. Needs onnxruntime and
@@ -58,6 +58,8 @@ def main():
     ap.add_argument("--seq", default="1,7,128")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--anyshape", default="target/release/anyshape")
+    ap.add_argument("--key-chunks", default="auto",
+                    help="how fused attention takes its keys: auto, never, always or N (online softmax over chunks of N)")
     args = ap.parse_args()
     model = onnx.load(args.model, load_external_data=False)
     insp = subprocess.run([args.anyshape, "inspect", args.model], capture_output=True, text=True)
@@ -73,7 +75,7 @@ def main():
         want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
         t_ort = time.perf_counter() - t0
         with tempfile.TemporaryDirectory() as d:
-            cmd = [args.anyshape, "run", args.model, "--output-dir", d]
+            cmd = [args.anyshape, "run", args.model, "--output-dir", d, "--key-chunks", args.key_chunks]
             for k, v in feeds.items():
                 p = os.path.join(d, f"in_{k}.npy")
                 np.save(p, v)

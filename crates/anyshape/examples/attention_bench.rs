@@ -3,20 +3,26 @@
 //!
 //! ```sh
 //! cargo run --release -p anyshape --example attention_bench -- [--threads 2] [--batch 1] \
-//!     [--seq 1,8,17,32,64,128,256,384,512] [--runs 30] [--rounds 3]
+//!     [--seq 1,8,17,32,64,128,256,384,512] [--runs 30] [--rounds 3] \
+//!     [--systems fused,whole,online,unfused] [--chunk N]
 //! ```
-//! Both compiled models run in turns (one round: every length on each), and each
-//! reports the best of its rounds' medians; the ratio is unfused time over fused.
-//! GFLOP/s counts the two products (4·b·h·T²·d). `--only fused` (or `unfused`)
-//! times one path alone (for `perf record`).
+//! The systems: `fused` (the default: whole rows of scores while they stay in
+//! L2, online softmax over chunks of keys beyond), `whole` (whole rows at every
+//! length), `online` (chunks at every length; `--chunk N` keys each, else the
+//! size the cache gives) and `unfused` (the three steps, the `T × T` scores in
+//! memory; skipped past T = 8192, where they would take 6 GB). They run in
+//! turns (one round: every length on each), and each reports the best of its
+//! rounds' medians, with its time over the default's. GFLOP/s counts the two
+//! products (4·b·h·T²·d). `--systems online` alone times one path (for `perf
+//! record`).
 
 use std::time::Instant;
 
-use anyshape::{CompileOptions, CompiledModel, Elems, LoadOptions, Model, Tensor};
+use anyshape::{CompileOptions, CompiledModel, Elems, KeyChunks, LoadOptions, Model, Tensor};
 
 const GRAPH: &str = r#"graph {
   sym b param 1..64
-  sym t param 1..4096
+  sym t param 1..16384
   input %q: f32[b, 12, t, 64]
   input %kt: f32[b, 12, 64, t]
   input %v: f32[b, 12, t, 64]
@@ -80,35 +86,56 @@ fn main() {
         .split(',')
         .map(|s| s.parse().expect("--seq"))
         .collect();
+    let systems: Vec<String> =
+        arg(&args, "--systems", "fused,unfused").split(',').map(str::to_string).collect();
+    let chunk: Option<usize> = args
+        .iter()
+        .position(|a| a == "--chunk")
+        .map(|_| arg(&args, "--chunk", "0").parse().expect("--chunk"));
     let g = ir::parse_graph(GRAPH, &|_| None).expect("graph");
     let model = Model::from_ir(g, &LoadOptions::new()).expect("model");
     let opts = CompileOptions::new().threads(threads);
-    let fused = model.compile(&opts).expect("compile");
-    let unfused = model.compile(&opts.clone().fuse_attention(false)).expect("compile");
-    let only = arg(&args, "--only", "both");
-    let mut best = vec![(f64::NAN, f64::NAN); seqs.len()];
+    let compiled: Vec<(String, CompiledModel)> = systems
+        .iter()
+        .map(|s| {
+            let o = match s.as_str() {
+                "fused" => opts.clone(),
+                "whole" => opts.clone().key_chunks(KeyChunks::Never),
+                "online" => match chunk {
+                    Some(n) => opts.clone().key_chunks(KeyChunks::Every(n)),
+                    None => opts.clone().key_chunks(KeyChunks::Always),
+                },
+                "unfused" => opts.clone().fuse_attention(false),
+                other => panic!("unknown system {other}: fused, whole, online or unfused"),
+            };
+            (s.clone(), model.compile(&o).expect("compile"))
+        })
+        .collect();
+    let mut best = vec![vec![f64::NAN; systems.len()]; seqs.len()];
     for _ in 0..rounds {
         for (i, &t) in seqs.iter().enumerate() {
             let ins = inputs(batch, t);
-            if only != "unfused" {
-                best[i].0 = best[i].0.min(median_ms(&fused, &ins, runs));
-            }
-            if only != "fused" {
-                best[i].1 = best[i].1.min(median_ms(&unfused, &ins, runs));
+            for (j, (name, cm)) in compiled.iter().enumerate() {
+                if name == "unfused" && t > 8192 {
+                    continue;
+                }
+                best[i][j] = best[i][j].min(median_ms(cm, &ins, runs));
             }
         }
     }
     println!("attention, batch {batch}, 12 heads x 64, {threads} threads (best of {rounds} rounds' medians)");
-    println!("| T | fused ms | fused GFLOP/s | unfused ms | unfused GFLOP/s | unfused / fused |");
-    println!("|---|---|---|---|---|---|");
+    let mut head = String::from("| T |");
+    for s in &systems {
+        head += &format!(" {s} ms | GFLOP/s | / {} |", systems[0]);
+    }
+    println!("{head}");
+    println!("|---|{}", "---|---|---|".repeat(systems.len()));
     for (i, &t) in seqs.iter().enumerate() {
         let flops = 4.0 * (batch * 12 * t * t * 64) as f64;
-        let (f, u) = best[i];
-        println!(
-            "| {t} | {f:.3} | {:.1} | {u:.3} | {:.1} | {:.2}x |",
-            flops / f / 1e6,
-            flops / u / 1e6,
-            u / f
-        );
+        let mut row = format!("| {t} |");
+        for ms in &best[i] {
+            row += &format!(" {ms:.3} | {:.1} | {:.2}x |", flops / ms / 1e6, ms / best[i][0]);
+        }
+        println!("{row}");
     }
 }

@@ -36,7 +36,7 @@ pub use passes::{FusionPlan, GroupKind, Report as RewriteReport};
 pub use runtime::is_artifact;
 pub use runtime::npy;
 pub use runtime::{
-    ArtifactError, CodeStats, CompiledModel, LoadOptions as ArtifactOptions, Profile, RunError,
+    ArtifactError, CodeStats, CompiledModel, KeyChunks, LoadOptions as ArtifactOptions, Profile, RunError,
     FORMAT_VERSION,
 };
 pub use sym::{Range, SymExpr};
@@ -347,7 +347,7 @@ impl Model {
                 runtime::CodeTarget::new(&cpu, &features)
             },
         };
-        let compiled = CompiledModel::new(parts)?;
+        let compiled = CompiledModel::new(parts)?.with_key_chunks(opts.key_chunks);
         tracing::info!("compiled in {:.0} ms", start.elapsed().as_secs_f64() * 1e3);
         Ok(compiled)
     }
@@ -455,6 +455,7 @@ pub struct CompileOptions {
     isa: Isa,
     cache_dir: Option<std::path::PathBuf>,
     fuse_attention: bool,
+    key_chunks: KeyChunks,
     canaries: bool,
     object_cache: bool,
     measured_dispatch: bool,
@@ -468,6 +469,7 @@ impl std::fmt::Debug for CompileOptions {
             .field("isa", &self.isa)
             .field("cache_dir", &self.cache_dir)
             .field("fuse_attention", &self.fuse_attention)
+            .field("key_chunks", &self.key_chunks)
             .field("canaries", &self.canaries)
             .field("object_cache", &self.object_cache)
             .field("measured_dispatch", &self.measured_dispatch)
@@ -483,6 +485,7 @@ impl Default for CompileOptions {
             isa: Isa::Host,
             cache_dir: None,
             fuse_attention: true,
+            key_chunks: KeyChunks::Auto,
             canaries: false,
             object_cache: true,
             measured_dispatch: true,
@@ -510,6 +513,13 @@ impl CompileOptions {
     /// default); off runs it as its three steps (the unfused path, to compare).
     pub fn fuse_attention(mut self, on: bool) -> CompileOptions {
         self.fuse_attention = on;
+        self
+    }
+    /// How fused attention takes its keys: by default whole rows of scores while
+    /// they stay in L2 and online softmax over chunks of keys beyond; `Never`
+    /// keeps whole rows, `Every(n)` takes chunks of `n` keys at every length.
+    pub fn key_chunks(mut self, k: KeyChunks) -> CompileOptions {
+        self.key_chunks = k;
         self
     }
     /// Report compile progress to `f` (a progress bar): `Progress::Add(n)` as

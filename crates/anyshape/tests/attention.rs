@@ -4,11 +4,14 @@
 //! rows), with an additive padding mask (cross attention, lengths differing)
 //! and with a causal mask; on one thread and two; and the unfused path beside
 //! it. The plan is checked to hold the fused step, so a silent fallback to the
-//! three unfused steps fails here.
+//! three unfused steps fails here. Online softmax (keys in chunks) runs beside
+//! them with chunks of 7 and 16 keys, so that rows span one chunk, several, and
+//! a short last one; a mask of -inf over the first keys (left padding) makes
+//! whole chunks of a row weigh nothing.
 
 mod common;
 
-use anyshape::{CompileOptions, CompiledModel, Elems, LoadOptions, Model, Tensor};
+use anyshape::{CompileOptions, CompiledModel, Elems, KeyChunks, LoadOptions, Model, Tensor};
 use common::{shape_at, Lcg};
 
 /// `softmax(Q·Kᵀ/4 + mask)·V` over `b × 3` heads of depth 20, queries `q`, keys `k`.
@@ -66,6 +69,33 @@ const CAUSAL: &str = r#"graph {
 }
 "#;
 
+/// `softmax(Q·Kᵀ·0.25 + mask)·V` with a mask of -inf over the first keys (left
+/// padding), queries and keys of one length.
+const LEFT_PADDED: &str = r#"graph {
+  sym b param 1..2
+  sym t param 1..200
+  input %qs: f32[b, 2, t, 8]
+  input %kt: f32[b, 2, 8, t]
+  input %v: f32[b, 2, t, 8]
+  input %lmask: f32[b, 1, 1, t]
+  %s: f32[b, 2, t, t] = matmul %qs, %kt
+  %quarter: f32[1, 1, 1, 1] = constant [0.25]
+  %qb: f32[b, 2, t, t] = broadcast %quarter
+  %ss: f32[b, 2, t, t] = mul %s, %qb
+  %mb: f32[b, 2, t, t] = broadcast %lmask
+  %sm: f32[b, 2, t, t] = add %ss, %mb
+  %mx: f32[b, 2, t, 1] = reduce_max[axes=[3], keep_dims=true] %sm
+  %mxb: f32[b, 2, t, t] = broadcast %mx
+  %sh: f32[b, 2, t, t] = sub %sm, %mxb
+  %ex: f32[b, 2, t, t] = exp %sh
+  %sum: f32[b, 2, t, 1] = reduce_sum[axes=[3], keep_dims=true] %ex
+  %sumb: f32[b, 2, t, t] = broadcast %sum
+  %p: f32[b, 2, t, t] = div %ex, %sumb
+  %o: f32[b, 2, t, 8] = matmul %p, %v
+  output %o
+}
+"#;
+
 fn model(text: &str) -> Model {
     let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
     Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"))
@@ -84,6 +114,11 @@ fn inputs(m: &Model, dims: &[(&str, usize)], seed: u64) -> Vec<(String, Tensor)>
                 let keys = *shape.last().expect("rank");
                 let keep = keys - (rng.next() as usize % keys.div_ceil(2));
                 Elems::F32((0..n).map(|i| if i % keys < keep { 0.0 } else { -10000.0 }).collect())
+            } else if info.name == "lmask" {
+                // -inf over up to two thirds of the keys, from the first; one key stays.
+                let keys = *shape.last().expect("rank");
+                let pad = rng.next() as usize % (2 * keys / 3 + 1);
+                Elems::F32((0..n).map(|i| if i % keys < pad { f32::NEG_INFINITY } else { 0.0 }).collect())
             } else {
                 Elems::F32((0..n).map(|_| rng.unit()).collect())
             };
@@ -97,6 +132,12 @@ fn check(m: &Model, compiled: &[(&str, &CompiledModel)], dims: &[(&str, usize)],
     let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     let want = m.run(&named).unwrap_or_else(|e| panic!("{dims:?}: interpreter: {e}"));
     for (what, cm) in compiled {
+        // The chunked models take their keys in chunks, the others whole rows.
+        if what.contains("fused") || what.contains("online") {
+            let plan = cm.dispatch_text(&named).unwrap_or_else(|e| panic!("{dims:?}: {what}: {e}"));
+            let online = plan.contains("online softmax") && plan.contains("chunks of");
+            assert_eq!(online, what.starts_with("online"), "{dims:?}: {what}:\n{plan}");
+        }
         let got = cm.run(&named).unwrap_or_else(|e| panic!("{dims:?}: {what}: {e}"));
         let (g, w) = (got[0].1.to_f64_vec(), want[0].1.to_f64_vec());
         assert_eq!(got[0].1.shape(), want[0].1.shape(), "{dims:?}: {what}");
@@ -113,12 +154,17 @@ fn compile_all(m: &Model) -> Vec<(&'static str, CompiledModel)> {
     let fused = anyshape::print_plan(&m.lower().expect("lower"));
     assert!(fused.contains("attention, fused per block of query rows"), "attention not fused:\n{fused}");
     assert!(fused.contains("temp, unused"), "the score buffers are still allocated:\n{fused}");
+    assert!(fused.contains("online softmax"), "no online softmax program:\n{fused}");
     let unfused = m.lower_with(&CompileOptions::new().fuse_attention(false)).expect("lower");
     assert!(!anyshape::print_plan(&unfused).contains("fused per block"));
     let c = |o: CompileOptions| m.compile(&o).unwrap_or_else(|e| panic!("{e}"));
+    let whole = CompileOptions::new().key_chunks(KeyChunks::Never);
+    let chunks = |n: usize| CompileOptions::new().key_chunks(KeyChunks::Every(n));
     vec![
-        ("fused, 2 threads", c(CompileOptions::new().threads(2).canaries(true))),
-        ("fused, 1 thread", c(CompileOptions::new().threads(1))),
+        ("fused, 2 threads", c(whole.clone().threads(2).canaries(true))),
+        ("fused, 1 thread", c(whole.threads(1))),
+        ("online, chunks of 7, 2 threads", c(chunks(7).threads(2).canaries(true))),
+        ("online, chunks of 16, 1 thread", c(chunks(16).threads(1).canaries(true))),
         ("unfused", c(CompileOptions::new().threads(2).fuse_attention(false).canaries(true))),
     ]
 }
@@ -147,5 +193,15 @@ fn fused_attention_with_causal_mask() {
     let refs: Vec<(&str, &CompiledModel)> = compiled.iter().map(|(w, c)| (*w, c)).collect();
     for (i, &t) in LENGTHS.iter().enumerate() {
         check(&m, &refs, &[("b", 1 + i % 3), ("t", t)], i as u64);
+    }
+}
+
+#[test]
+fn online_softmax_with_leading_keys_masked_out() {
+    let m = model(LEFT_PADDED);
+    let compiled = compile_all(&m);
+    let refs: Vec<(&str, &CompiledModel)> = compiled.iter().map(|(w, c)| (*w, c)).collect();
+    for (i, &t) in LENGTHS.iter().enumerate() {
+        check(&m, &refs, &[("b", 1 + i % 2), ("t", t)], 300 + i as u64);
     }
 }

@@ -216,3 +216,17 @@ fn preview(t: &Tensor) -> String {
     let head: Vec<String> = v.iter().take(6).map(|x| format!("{x:.6}")).collect();
     format!("[{}{}]", head.join(", "), if v.len() > 6 { ", …" } else { "" })
 }
+
+/// `--key-chunks`: how fused attention takes its keys (`auto`, `never`,
+/// `always`, or a number of keys per chunk).
+pub fn parse_key_chunks(s: &str) -> std::result::Result<runtime::KeyChunks, String> {
+    match s {
+        "auto" => Ok(runtime::KeyChunks::Auto),
+        "never" => Ok(runtime::KeyChunks::Never),
+        "always" => Ok(runtime::KeyChunks::Always),
+        n => match n.parse::<usize>() {
+            Ok(k) if k > 0 => Ok(runtime::KeyChunks::Every(k)),
+            _ => Err(format!("`{n}`: expected auto, never, always or a number of keys above 0")),
+        },
+    }
+}

@@ -68,6 +68,11 @@ enum Command {
         /// Threads of the compiled model (default: every core).
         #[arg(long)]
         threads: Option<usize>,
+        /// How fused attention takes its keys: `auto` (whole rows of scores while
+        /// they stay in L2, online softmax over chunks beyond), `never` (whole
+        /// rows), `always` (chunks), or N (chunks of N keys).
+        #[arg(long, value_name = "auto|never|always|N", value_parser = common::parse_key_chunks, default_value = "auto")]
+        key_chunks: anyshape::KeyChunks,
     },
     /// Compile a model once (or load an artifact), then time it at each shape:
     /// the first call (which plans the shape) and the median of warm calls.
@@ -221,8 +226,8 @@ fn main() -> ExitCode {
 
 fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run { model, inputs, shapes, output_dir, dims, interpret, threads } => {
-            run(model, inputs, shapes, output_dir, dims, interpret, threads)
+        Command::Run { model, inputs, shapes, output_dir, dims, interpret, threads, key_chunks } => {
+            run(model, inputs, shapes, output_dir, dims, interpret, threads, key_chunks)
         }
         Command::Bench(args) => model_bench::bench(args),
         Command::Compile { model, output, dims, threads, isa } => compile(model, output, dims, threads, isa),
@@ -329,9 +334,10 @@ fn run(
     dims: Vec<String>,
     interpret: bool,
     threads: Option<usize>,
+    key_chunks: anyshape::KeyChunks,
 ) -> Result<()> {
     if runtime::is_artifact(&model_path) {
-        return run_artifact(model_path, inputs, shapes, output_dir, dims, interpret, threads);
+        return run_artifact(model_path, inputs, shapes, output_dir, dims, interpret, threads, key_chunks);
     }
     let model = load(&model_path, &dims)?;
     let mut shape_of = std::collections::HashMap::new();
@@ -375,7 +381,7 @@ fn run(
     let outputs = if interpret {
         model.run(&named)?
     } else {
-        let mut opts = anyshape::CompileOptions::new();
+        let mut opts = anyshape::CompileOptions::new().key_chunks(key_chunks);
         if let Some(t) = threads {
             opts = opts.threads(t);
         }
@@ -388,6 +394,7 @@ fn run(
 }
 
 /// `run` on an artifact: inputs from .npy files.
+#[allow(clippy::too_many_arguments)]
 fn run_artifact(
     path: PathBuf,
     inputs: Vec<String>,
@@ -396,6 +403,7 @@ fn run_artifact(
     dims: Vec<String>,
     interpret: bool,
     threads: Option<usize>,
+    key_chunks: anyshape::KeyChunks,
 ) -> Result<()> {
     if interpret || !dims.is_empty() || !shapes.is_empty() {
         bail!(UserError(
@@ -403,7 +411,7 @@ fn run_artifact(
                 .into()
         ));
     }
-    let cm = common::load_artifact(&path, threads)?;
+    let cm = common::load_artifact(&path, threads)?.with_key_chunks(key_chunks);
     for line in common::run_on_npy(&cm, &inputs, output_dir.as_deref())? {
         say!("{line}");
     }

@@ -5,6 +5,15 @@
 //! into probabilities in a second tile, and `O = P·V` is written to the output.
 //! The `T × T` score matrix never exists: a block's two tiles stay in L1/L2.
 //!
+//! At long key lengths a block's whole rows of scores no longer fit in cache:
+//! there the keys are taken a chunk at a time with online softmax (the
+//! flash-attention recurrence): per chunk, the scores, the logits (a generated
+//! program applies the model's scale and mask) and `exp(logits - m)` against
+//! the rows' running maximum `m`; when a chunk raises `m`, the rows' running
+//! sums and their output so far are rescaled by `exp(m_old - m_new)`; the
+//! output is divided by the sums at the end. Tiles are then `block × chunk`
+//! whatever the key length.
+//!
 //! Both products run on the direct kernels (no packing: Q and P are read where
 //! they lie, Kᵀ and V too when their rows are contiguous), one thread per task;
 //! threads take tasks (entry, query block) from a shared counter, so that a
@@ -26,6 +35,9 @@ const PARALLEL_FLOPS: f64 = 2e6;
 pub struct AttentionPlan<'k> {
     /// Query rows per task (the last block of an entry may be shorter).
     pub block: usize,
+    /// Keys per chunk of online softmax (the last chunk may be shorter); `None`
+    /// takes every key at once (whole rows of scores in the tiles).
+    pub chunk: Option<usize>,
     /// `S = Q·Kᵀ` for `block` rows: single-thread direct kernels.
     pub scores: DirectPlan<'k>,
     /// `O = P·V` for `block` rows: single-thread direct kernels.
@@ -37,6 +49,58 @@ pub struct AttentionPlan<'k> {
 /// message when the step finds bad data.
 pub type SoftmaxStep<'a> = dyn Fn(usize, usize, usize, &[f32], &mut [f32]) -> Result<(), String> + Sync + 'a;
 
+/// One chunk of online softmax: `(entry, first query row, rows, first key,
+/// keys, scores, running max, logits, probabilities)`; the three tiles are
+/// `rows × keys` row-major (keys of the chunk), the running max one value per
+/// row. It writes the logits (scores scaled and masked, as the model's softmax
+/// takes them) and `exp(logits - max(running max, the row's largest logit))`.
+pub type ChunkStep<'a> = dyn Fn(usize, usize, usize, usize, usize, &[f32], &[f32], &mut [f32], &mut [f32]) -> Result<(), String>
+    + Sync
+    + 'a;
+
+/// The softmax between the products: over whole rows of scores, or over
+/// chunks of keys (when the plan has a chunk).
+#[derive(Clone, Copy)]
+pub enum Softmax<'s, 'a> {
+    Rows(&'s SoftmaxStep<'a>),
+    Chunks(&'s ChunkStep<'a>),
+}
+
+/// The most query rows of a task.
+const MAX_BLOCK: usize = 64;
+
+/// Whether online softmax pays over `keys` keys: when a full block of query
+/// rows would no longer keep its two whole-row tiles (scores, probabilities)
+/// in less than half of `l2`. Measured on the 2-core Zen 4 (1 MB L2), BERT's
+/// attention shape: whole rows 2-3% ahead at T = 256-768, chunks 2-9% ahead
+/// from T = 1024 on (BENCHMARKS.md, "Online softmax").
+pub fn online_pays(l2: usize, keys: usize) -> bool {
+    2 * 4 * keys * MAX_BLOCK >= l2 / 2
+}
+
+/// The query block and the key chunk for online softmax over `keys` keys: a
+/// block of up to 64 rows (a multiple of `mr`) and a chunk (a multiple of the
+/// scores kernels' width `nr`) such that the block's three tiles (scores,
+/// logits, probabilities) fill no more than half of `l2`; `entries` still give
+/// every thread two tasks when they can.
+pub fn online_blocks(
+    l2: usize,
+    threads: usize,
+    entries: usize,
+    rows: usize,
+    keys: usize,
+    mr: usize,
+    nr: usize,
+) -> (usize, usize) {
+    let (mr, nr) = (mr.max(1), nr.max(1));
+    let mut block = (MAX_BLOCK / mr * mr).max(mr).min(rows.div_ceil(mr) * mr);
+    while block > mr && entries * rows.div_ceil(block) < 2 * threads {
+        block -= mr;
+    }
+    let block = block.min(rows.max(1));
+    let chunk = (l2 / 2 / (3 * 4 * block) / nr * nr).clamp(nr, 512 / nr * nr);
+    (block, chunk.min(keys.max(1)))
+}
 /// The query block for `rows × keys` scores: two tiles of `block × keys` f32
 /// within half of L2, at least one kernel height `mr` and at most 64 rows, and
 /// small enough that `entries` give every thread two tasks when they can.
@@ -49,7 +113,7 @@ pub fn attention_block(
     mr: usize,
 ) -> usize {
     let mr = mr.max(1);
-    let fit = (l2 / 2 / (2 * 4 * keys.max(1))).clamp(mr, 64) / mr * mr;
+    let fit = (l2 / 2 / (2 * 4 * keys.max(1))).clamp(mr, MAX_BLOCK) / mr * mr;
     let mut block = fit.min(rows.div_ceil(mr) * mr).max(mr);
     while block > mr && entries * rows.div_ceil(block) < 2 * threads {
         block -= mr;
@@ -67,7 +131,7 @@ pub fn attention(
     kt: &[BOperand],
     v: &[BOperand],
     o: &mut [MatMut],
-    softmax: &SoftmaxStep,
+    softmax: Softmax,
 ) -> Result<(), KernelError> {
     let entries = q.len();
     if kt.len() != entries || v.len() != entries || o.len() != entries {
@@ -101,10 +165,29 @@ pub fn attention(
     }
     let (_, snr) = plan.scores.check()?;
     let (_, onr) = plan.output.check()?;
-    if plan.block == 0 {
-        return Err(KernelError::Shape("an attention block of 0 rows".into()));
+    if plan.block == 0 || plan.chunk == Some(0) {
+        return Err(KernelError::Shape("an attention block of 0 rows or a chunk of 0 keys".into()));
     }
+    let chunked = match (softmax, plan.chunk) {
+        (Softmax::Rows(_), None) => None,
+        (Softmax::Chunks(step), Some(chunk)) => {
+            if kt.iter().chain(v).any(|b| matches!(b, BOperand::Packed(_))) {
+                return Err(KernelError::Shape("online softmax reads Kᵀ and V as plain views".into()));
+            }
+            Some((step, chunk))
+        }
+        _ => return Err(KernelError::Shape("an attention plan's chunk does not match its softmax".into())),
+    };
     if rows == 0 || dv == 0 {
+        return Ok(());
+    }
+    if keys == 0 {
+        // The product with an empty V is zero (no softmax step runs).
+        for m in o.iter_mut() {
+            for i in 0..rows {
+                m.data[i * m.ldc..i * m.ldc + dv].fill(0.0);
+            }
+        }
         return Ok(());
     }
     let blocks = rows.div_ceil(plan.block);
@@ -115,14 +198,26 @@ pub fn attention(
     let work = |_: usize| {
         WORKSPACE.with(|ws| {
             let ws = &mut *ws.borrow_mut();
-            let tile = plan.block * keys;
+            let tile = plan.block * chunked.map_or(keys, |(_, c)| c);
             // The tiles leave the workspace for the thread's tasks (the products
             // borrow the rest of it) and go back after them.
             let mut scores = std::mem::take(&mut ws.scores);
             let mut probs = std::mem::take(&mut ws.probs);
+            let mut logits = std::mem::take(&mut ws.logits);
+            let mut row_max = std::mem::take(&mut ws.row_max);
+            let mut row_sum = std::mem::take(&mut ws.row_sum);
             if scores.len() < tile {
                 scores.resize(tile, 0.0);
                 probs.resize(tile, 0.0);
+            }
+            if chunked.is_some() {
+                if logits.len() < tile {
+                    logits.resize(tile, 0.0);
+                }
+                if row_max.len() < plan.block {
+                    row_max.resize(plan.block, 0.0);
+                    row_sum.resize(plan.block, 0.0);
+                }
             }
             loop {
                 let t = next.fetch_add(1, Ordering::Relaxed);
@@ -134,53 +229,61 @@ pub fn attention(
                 let n = plan.block.min(rows - first);
                 let qe = &q[e];
                 let qb = MatRef { data: &qe.data[first * qe.rs..], rows: n, ..*qe };
-                if keys > 0 {
-                    let sp = CPtr(scores.as_mut_ptr());
-                    direct_band(
-                        &plan.scores,
-                        &qb,
-                        &kt[e],
-                        sp,
-                        keys,
-                        0..n,
-                        0..keys.div_ceil(snr),
-                        &EpilogueArgs::default(),
-                        ws,
-                    );
-                }
-                let r = softmax(e, first, n, &scores[..n * keys], &mut probs[..n * keys]);
-                if let Err(msg) = r {
-                    failed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(msg);
-                } else if keys > 0 {
-                    let pb =
-                        MatRef { data: &probs[..n * keys], rows: n, cols: keys, rs: keys, cs: 1, taps: None };
-                    let (optr, ldo) = outs[e];
-                    // SAFETY: rows first..first+n of entry e's output are this task's
-                    // alone (tasks are disjoint (entry, block) pairs), and inside
-                    // the output (its shape was checked above).
-                    let ob = CPtr(unsafe { optr.get().add(first * ldo) });
-                    direct_band(
-                        &plan.output,
-                        &pb,
-                        &v[e],
-                        ob,
-                        ldo,
-                        0..n,
-                        0..dv.div_ceil(onr),
-                        &EpilogueArgs::default(),
-                        ws,
-                    );
-                } else {
-                    // No keys: the product with an empty V is zero.
-                    let (optr, ldo) = outs[e];
-                    for i in first..first + n {
-                        // SAFETY: as above: this task's rows of entry e's output.
-                        unsafe { std::ptr::write_bytes(optr.get().add(i * ldo), 0, dv) };
+                let (optr, ldo) = outs[e];
+                // SAFETY: rows first..first+n of entry e's output are this task's
+                // alone (tasks are disjoint (entry, block) pairs), and inside
+                // the output (its shape was checked above).
+                let ob = CPtr(unsafe { optr.get().add(first * ldo) });
+                if let Some((step, chunk)) = chunked {
+                    let tiles = Tiles { scores: &mut scores, logits: &mut logits, probs: &mut probs };
+                    let task = Task { entry: e, first, q: &qb, kt: &kt[e], v: &v[e], o: ob, ldo };
+                    if let Err(msg) =
+                        online_task(plan, chunk, &task, step, tiles, &mut row_max, &mut row_sum, ws)
+                    {
+                        failed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(msg);
                     }
+                    continue;
                 }
+                let Softmax::Rows(softmax) = softmax else { continue };
+                let sp = CPtr(scores.as_mut_ptr());
+                let cols = 0..keys.div_ceil(snr);
+                direct_band(
+                    &plan.scores,
+                    &qb,
+                    &kt[e],
+                    sp,
+                    keys,
+                    0..n,
+                    cols,
+                    &EpilogueArgs::default(),
+                    false,
+                    ws,
+                );
+                if let Err(msg) = softmax(e, first, n, &scores[..n * keys], &mut probs[..n * keys]) {
+                    failed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(msg);
+                    continue;
+                }
+                let pb =
+                    MatRef { data: &probs[..n * keys], rows: n, cols: keys, rs: keys, cs: 1, taps: None };
+                let cols = 0..dv.div_ceil(onr);
+                direct_band(
+                    &plan.output,
+                    &pb,
+                    &v[e],
+                    ob,
+                    ldo,
+                    0..n,
+                    cols,
+                    &EpilogueArgs::default(),
+                    false,
+                    ws,
+                );
             }
             ws.scores = scores;
             ws.probs = probs;
+            ws.logits = logits;
+            ws.row_max = row_max;
+            ws.row_sum = row_sum;
         });
     };
     // A fork-join (waking the pool) costs more than a few microseconds of work.
@@ -194,4 +297,149 @@ pub fn attention(
         Some(msg) => Err(KernelError::Step(msg)),
         None => Ok(()),
     }
+}
+
+/// One task of online softmax: a block of query rows of one entry.
+struct Task<'t, 'a> {
+    entry: usize,
+    first: usize,
+    /// The block's rows of Q.
+    q: &'t MatRef<'a>,
+    kt: &'t BOperand<'a>,
+    v: &'t BOperand<'a>,
+    /// The block's first output row, rows `ldo` apart.
+    o: CPtr,
+    ldo: usize,
+}
+
+/// A thread's tiles, each at least `block × chunk`.
+struct Tiles<'w> {
+    scores: &'w mut [f32],
+    logits: &'w mut [f32],
+    probs: &'w mut [f32],
+}
+
+/// Columns `cols` of a plain operand (Kᵀ's keys of a chunk).
+fn columns<'a>(b: &BOperand<'a>, cols: std::ops::Range<usize>) -> MatRef<'a> {
+    let BOperand::Plain(m) = b else { unreachable!("online softmax takes plain operands (checked)") };
+    MatRef { data: &m.data[cols.start * m.cs..], cols: cols.len(), ..*m }
+}
+
+/// Rows `rows` of a plain operand (V's rows of a chunk's keys).
+fn rows_of<'a>(b: &BOperand<'a>, rows: std::ops::Range<usize>) -> MatRef<'a> {
+    let BOperand::Plain(m) = b else { unreachable!("online softmax takes plain operands (checked)") };
+    MatRef { data: &m.data[rows.start * m.rs..], rows: rows.len(), ..*m }
+}
+
+/// Online softmax over one task's rows: for each chunk of keys, the scores, the
+/// chunk step (logits, `exp(logits - m_new)`), the rows' running maxima and
+/// sums, the output rescaled where the maximum rose, and `O += P·V`; at the end
+/// the output is divided by the sums.
+#[allow(clippy::too_many_arguments)]
+fn online_task(
+    plan: &AttentionPlan,
+    chunk: usize,
+    t: &Task,
+    step: &ChunkStep,
+    tiles: Tiles,
+    row_max: &mut [f32],
+    row_sum: &mut [f32],
+    ws: &mut crate::gemm::Workspace,
+) -> Result<(), String> {
+    let n = t.q.rows;
+    let (_, keys) = t.kt.dims();
+    let (_, dv) = t.v.dims();
+    let snr = plan.scores.kernels[0].kernel.nr;
+    let onr = plan.output.kernels[0].kernel.nr;
+    let (m, l) = (&mut row_max[..n], &mut row_sum[..n]);
+    m.fill(f32::NEG_INFINITY);
+    l.fill(0.0);
+    let mut at = 0;
+    while at < keys {
+        let len = chunk.min(keys - at);
+        let tile = n * len;
+        let (s, lg, p) = (&mut tiles.scores[..tile], &mut tiles.logits[..tile], &mut tiles.probs[..tile]);
+        let kc = BOperand::Plain(columns(t.kt, at..at + len));
+        let sp = CPtr(s.as_mut_ptr());
+        direct_band(
+            &plan.scores,
+            t.q,
+            &kc,
+            sp,
+            len,
+            0..n,
+            0..len.div_ceil(snr),
+            &EpilogueArgs::default(),
+            false,
+            ws,
+        );
+        step(t.entry, t.first, n, at, len, s, m, lg, p)?;
+        for r in 0..n {
+            let (lr, pr) = (&lg[r * len..(r + 1) * len], &mut p[r * len..(r + 1) * len]);
+            let m_new = m[r].max(row_max_of(lr));
+            let alpha = if m_new == f32::NEG_INFINITY {
+                // Every logit so far is -inf: the step's exp(-inf - -inf) is NaN;
+                // these keys weigh nothing yet (the whole row: 0/0, as softmax gives).
+                pr.fill(0.0);
+                1.0
+            } else {
+                (m[r] - m_new).exp()
+            };
+            l[r] = l[r] * alpha + row_sum_of(pr);
+            if at > 0 && alpha != 1.0 {
+                // SAFETY: row r of the task's output block (this task's alone,
+                // `dv` values inside the checked output).
+                let orow = unsafe { std::slice::from_raw_parts_mut(t.o.get().add(r * t.ldo), dv) };
+                orow.iter_mut().for_each(|x| *x *= alpha);
+            }
+            m[r] = m_new;
+        }
+        let pb = MatRef { data: p, rows: n, cols: len, rs: len, cs: 1, taps: None };
+        let vc = BOperand::Plain(rows_of(t.v, at..at + len));
+        direct_band(
+            &plan.output,
+            &pb,
+            &vc,
+            t.o,
+            t.ldo,
+            0..n,
+            0..dv.div_ceil(onr),
+            &EpilogueArgs::default(),
+            at > 0,
+            ws,
+        );
+        at += len;
+    }
+    for (r, &sum) in l.iter().enumerate() {
+        let inv = 1.0 / sum;
+        // SAFETY: as above.
+        let orow = unsafe { std::slice::from_raw_parts_mut(t.o.get().add(r * t.ldo), dv) };
+        orow.iter_mut().for_each(|x| *x *= inv);
+    }
+    Ok(())
+}
+
+/// The largest value of a row (16 lanes, so that it vectorizes).
+fn row_max_of(r: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 16];
+    let mut it = r.chunks_exact(16);
+    for c in &mut it {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a = if *x > *a { *x } else { *a };
+        }
+    }
+    let tail = it.remainder().iter().fold(f32::NEG_INFINITY, |a, x| if *x > a { *x } else { a });
+    acc.iter().fold(tail, |a, x| if *x > a { *x } else { a })
+}
+
+/// The sum of a row (16 lanes, so that it vectorizes).
+fn row_sum_of(r: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let mut it = r.chunks_exact(16);
+    for c in &mut it {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a += *x;
+        }
+    }
+    acc.iter().sum::<f32>() + it.remainder().iter().sum::<f32>()
 }

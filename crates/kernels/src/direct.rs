@@ -103,9 +103,10 @@ enum BSource<'a> {
     Panels(&'a [u32], usize),
 }
 
-/// Rows `rows` × column panels `cols` of `C = A · B` with direct kernels, on the
-/// calling thread: one thread's share of a direct schedule. A's rows must be
-/// contiguous along K (checked by the caller).
+/// Rows `rows` × column panels `cols` of `C = A · B` (`C += A · B` with
+/// `accumulate`) with direct kernels, on the calling thread: one thread's share
+/// of a direct schedule. A's rows must be contiguous along K (checked by the
+/// caller).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn direct_band(
     plan: &DirectPlan,
@@ -116,6 +117,7 @@ pub(crate) fn direct_band(
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
     ep: &EpilogueArgs,
+    accumulate: bool,
     ws: &mut Workspace,
 ) {
     if rows.is_empty() || cols.is_empty() {
@@ -124,7 +126,7 @@ pub(crate) fn direct_band(
     if a.is_taps() {
         // A convolution's rows of A overlap: its image's rows stay in cache across
         // the kernel rows and the neighbouring output rows without blocking.
-        direct_block(plan, a, b, cptr, ldc, rows, cols, ep, ws);
+        direct_block(plan, a, b, cptr, ldc, rows, cols, ep, accumulate, ws);
         return;
     }
     // Blocks of `mc` rows: each block's A stays in L2 across the column panels
@@ -133,7 +135,7 @@ pub(crate) fn direct_band(
     while block < rows.end {
         let band = block..(block + plan.mc).min(rows.end);
         block = band.end;
-        direct_block(plan, a, b, cptr, ldc, band, cols.clone(), ep, ws);
+        direct_block(plan, a, b, cptr, ldc, band, cols.clone(), ep, accumulate, ws);
     }
 }
 
@@ -148,6 +150,7 @@ fn direct_block(
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
     ep: &EpilogueArgs,
+    accumulate: bool,
     ws: &mut Workspace,
 ) {
     let main = &plan.kernels[0].kernel;
@@ -168,7 +171,7 @@ fn direct_block(
             }
         };
         let last = pc + kc == k && !epilogue.is_identity();
-        let flags = if pc > 0 { ACCUMULATE } else { 0 } | if last { APPLY_EPILOGUE } else { 0 };
+        let flags = if pc > 0 || accumulate { ACCUMULATE } else { 0 } | if last { APPLY_EPILOGUE } else { 0 };
         for jr in cols.clone() {
             let col = jr * nr;
             let ncols = nr.min(n - col);

@@ -555,7 +555,7 @@ fn run_plan(
                 match plan {
                     Plan::Packed(p) => band(p, &a[e], &b[e], cptr, ldc, rows, cols, ep, ws),
                     Plan::Direct(p) => {
-                        crate::direct::direct_band(p, &a[e], &b[e], cptr, ldc, rows, cols, ep, ws)
+                        crate::direct::direct_band(p, &a[e], &b[e], cptr, ldc, rows, cols, ep, false, ws)
                     }
                 }
             }
@@ -717,6 +717,10 @@ pub(crate) struct Workspace {
     /// Fused attention's score and probability tiles.
     pub(crate) scores: Vec<f32>,
     pub(crate) probs: Vec<f32>,
+    /// Online softmax's logits tile and its rows' running maxima and sums.
+    pub(crate) logits: Vec<f32>,
+    pub(crate) row_max: Vec<f32>,
+    pub(crate) row_sum: Vec<f32>,
 }
 
 thread_local! {

@@ -31,7 +31,9 @@ pub mod tree;
 pub mod tuned;
 
 pub use activation::{Activation, ERF_A, ERF_P, GELU_C};
-pub use attention::{attention, attention_block, AttentionPlan, SoftmaxStep};
+pub use attention::{
+    attention, attention_block, online_blocks, online_pays, AttentionPlan, ChunkStep, Softmax, SoftmaxStep,
+};
 pub use cost::{CostModel, MachineModel};
 pub use direct::{direct_rows, DirectKernel, DirectKernelFn, DirectPlan};
 pub use dispatch::Dispatcher;

@@ -5,9 +5,13 @@
 //! thread's cache: the three steps become one [`AttentionStep`] and the `T × T`
 //! buffers `S` and `P` are never allocated.
 
-use crate::expr::{Node, E};
-use crate::plan::{AttentionStep, BufferKind, ModelPlan, Step, StepKind};
-use crate::program::LoopProgram;
+use std::collections::HashMap;
+
+use ir::{BinaryOp, UnaryOp};
+
+use crate::expr::{Combine, Exprs, Node, E};
+use crate::plan::{AttentionStep, BufferKind, ModelPlan, OnlineSoftmax, Step, StepKind};
+use crate::program::{LoopProgram, Param, Store};
 
 /// The most buffers a fused softmax program may take (the runtime gives each
 /// task a table of them on its stack).
@@ -20,9 +24,28 @@ pub fn fuse_attention(plan: &mut ModelPlan) -> usize {
     let mut remap = vec![0usize; plan.steps.len() + 1];
     let mut fused = 0;
     let mut i = 0;
+    // One online program per softmax program (the layers of a model share one),
+    // and one pair of scratch slots for all of them.
+    let mut online: HashMap<usize, Option<usize>> = HashMap::new();
+    let mut slots: Option<(u32, u32)> = None;
     while i < plan.steps.len() {
         remap[i] = steps.len();
-        if let Some(a) = fusible(plan, i) {
+        if let Some(mut a) = fusible(plan, i) {
+            let (offset_slot, len_slot) =
+                *slots.get_or_insert_with(|| (plan.dims.scratch(), plan.dims.scratch()));
+            let program = *online.entry(a.softmax).or_insert_with(|| {
+                let p = online_program(&plan.programs[a.softmax], a.scores_param, offset_slot, len_slot)?;
+                plan.programs.push(p);
+                Some(plan.programs.len() - 1)
+            });
+            let params = plan.programs[a.softmax].params.len();
+            a.online = program.map(|program| OnlineSoftmax {
+                program,
+                max_param: params,
+                logits_param: params + 1,
+                offset_slot,
+                len_slot,
+            });
             remap[i + 1] = steps.len();
             remap[i + 2] = steps.len();
             steps.push(Step { group: plan.steps[i].group, kind: StepKind::Attention(Box::new(a)) });
@@ -105,7 +128,204 @@ fn fusible(plan: &ModelPlan, i: usize) -> Option<AttentionStep> {
         scores_param: sp,
         probs_param: pp,
         output: (**s2).clone(),
+        online: None,
     })
+}
+
+/// The online-softmax program of softmax program `prog` (see [`OnlineSoftmax`])
+/// whose parameter `sp` is the scores, when its one store is
+/// `exp(l - max l) / sum exp(l - max l)` for logits `l` of the nest's point
+/// (the form the importer gives ONNX's Softmax); `None` otherwise.
+///
+/// The logits are rebuilt over a chunk of keys: the key variable `k` becomes
+/// `j` below the chunk's length (slot `len`); the scores, which the fused step
+/// holds a chunk wide, are read at `j`, and every other buffer (a mask, a
+/// position) at `offset + j`, the key's place in the whole row.
+pub fn online_program(prog: &LoopProgram, sp: usize, offset: u32, len: u32) -> Option<LoopProgram> {
+    let x = &prog.exprs;
+    let [store] = &prog.stores[..] else { return None };
+    let k = prog.inner_var()?;
+    let rank = prog.vars.len();
+    let Node::Binary(BinaryOp::Div, num, sum) = x.node(store.value) else { return None };
+    let Node::Unary(UnaryOp::Exp, shifted) = x.node(*num) else { return None };
+    let Node::Binary(BinaryOp::Sub, logits, max) = x.node(*shifted) else { return None };
+    let Node::Reduce { combine: Combine::Max, vars: mv, body: lmax } = x.node(*max) else { return None };
+    let Node::Reduce { combine: Combine::Sum, vars: sv, body: lsum } = x.node(*sum) else { return None };
+    let ([a], [b]) = (&mv[..], &sv[..]) else { return None };
+    // The reductions run over the keys: the max over the logits at every key, the
+    // sum over `exp(logits - max)` at every key.
+    // (Rebuilt in a copy of the DAG: the same expression is the same node.)
+    let mut same = prog.exprs.clone();
+    let at_a = Rebuild::new(x, &mut same).var(k, *a).expr(*logits)?;
+    let at_b = Rebuild::new(x, &mut same).var(k, *b).expr(*logits)?;
+    let sb = same.binary(BinaryOp::Sub, at_b, *max, x.dtype(*shifted));
+    let eb = same.unary(UnaryOp::Exp, sb, x.dtype(*shifted));
+    if at_a != *lmax || eb != *lsum || x.len() != same.len() {
+        return None;
+    }
+    if x.extents[*a as usize] != x.extents[k as usize] || x.extents[*b as usize] != x.extents[k as usize] {
+        return None;
+    }
+    let dtype = x.dtype(store.value);
+    let mut y = Exprs::default();
+    let mut outer = Vec::with_capacity(rank);
+    let mut vars = HashMap::new();
+    for &v in &prog.vars[..rank - 1] {
+        let nv = match x.node(v) {
+            Node::Var(id) => {
+                let ext = Rebuild::new(x, &mut y).expr(x.extents[*id as usize])?;
+                let nv = y.var(ext)?;
+                vars.insert(*id, nv);
+                nv
+            }
+            _ => Rebuild::new(x, &mut y).expr(v)?,
+        };
+        outer.push(nv);
+    }
+    let chunk = y.dim(len);
+    let first = y.dim(offset);
+    let j = y.var(chunk)?;
+    let kk = y.var(chunk)?;
+    let mut space: Vec<E> =
+        prog.space[..rank - 1].iter().map(|e| Rebuild::new(x, &mut y).expr(*e)).collect::<Option<_>>()?;
+    space.push(chunk);
+    // The logits at chunk position `at` (j for the store, kk for the max).
+    let chunk_logits = |y: &mut Exprs, at: E| -> Option<E> {
+        let key = y.add(first, at);
+        let mut r = Rebuild::new(x, y);
+        r.vars = vars.clone();
+        r.vars.insert(k, key);
+        r.scores = Some((sp as u32, k, at));
+        r.expr(*logits)
+    };
+    let lj = chunk_logits(&mut y, j)?;
+    let lk = chunk_logits(&mut y, kk)?;
+    let n = prog.params.len() as u32;
+    let running = y.load(n, dtype, outer.clone(), None);
+    let chunk_max = y.reduce(Combine::Max, vec![kk], lk);
+    let m = y.binary(BinaryOp::Max, running, chunk_max, dtype);
+    let d = y.binary(BinaryOp::Sub, lj, m, dtype);
+    let p = y.unary(UnaryOp::Exp, d, dtype);
+    let mut params: Vec<Param> = prog.params.clone();
+    // The scores a chunk wide; the probabilities and logits over the nest's points.
+    let mut shape: Vec<E> =
+        prog.params[sp].shape.iter().map(|e| Rebuild::new(x, &mut y).expr(*e)).collect::<Option<_>>()?;
+    *shape.last_mut()? = chunk;
+    params[sp].shape = shape;
+    for (i, q) in params.iter_mut().enumerate() {
+        if i != sp {
+            q.shape = q.shape.iter().map(|e| Rebuild::new(x, &mut y).expr(*e)).collect::<Option<_>>()?;
+        }
+    }
+    params[store.param as usize].shape = space.clone();
+    params.push(Param {
+        name: "running max".into(),
+        dtype,
+        shape: space[..rank - 1].to_vec(),
+        written: false,
+    });
+    params.push(Param { name: "logits".into(), dtype, shape: space.clone(), written: true });
+    let mut out = LoopProgram {
+        name: format!("{}_online", prog.name),
+        exprs: y,
+        params,
+        space,
+        vars: outer.into_iter().chain([j]).collect(),
+        stores: vec![Store { param: n + 1, value: lj }, Store { param: store.param, value: p }],
+        checks: prog.checks.clone(),
+        schedules: Default::default(),
+    };
+    out.analyze();
+    Some(out)
+}
+
+/// Copies expressions of one program into another's DAG, replacing variables
+/// (`vars`: old id to new expression; a variable not in it is an error, or kept
+/// as itself with `keep`) and, with `scores`, the last index of every load of
+/// that parameter by the given expression.
+struct Rebuild<'a> {
+    from: &'a Exprs,
+    to: &'a mut Exprs,
+    vars: HashMap<u32, E>,
+    keep: bool,
+    /// (parameter, key variable, new last index).
+    scores: Option<(u32, u32, E)>,
+    done: HashMap<E, E>,
+}
+
+impl<'a> Rebuild<'a> {
+    fn new(from: &'a Exprs, to: &'a mut Exprs) -> Rebuild<'a> {
+        Rebuild { from, to, vars: HashMap::new(), keep: false, scores: None, done: HashMap::new() }
+    }
+
+    /// Within the same DAG: variable `v` becomes variable `by` (every other stays).
+    fn var(mut self, v: u32, by: u32) -> Rebuild<'a> {
+        self.keep = true;
+        let e = self.to.var_node(by);
+        self.vars.insert(v, e);
+        self
+    }
+
+    fn expr(&mut self, e: E) -> Option<E> {
+        if let Some(d) = self.done.get(&e) {
+            return Some(*d);
+        }
+        let (x, dt) = (self.from, self.from.dtype(e));
+        let out = match x.node(e).clone() {
+            Node::Var(v) => match self.vars.get(&v) {
+                Some(n) => *n,
+                None if self.keep => self.to.var_node(v),
+                None => return None,
+            },
+            Node::Dim(s) => self.to.dim(s),
+            Node::Const(bits) => {
+                if dt.is_float() {
+                    self.to.float(dt, f64::from_bits(bits))
+                } else {
+                    self.to.constant(dt, bits as i64 as f64, bits as i64)
+                }
+            }
+            Node::Load { buf, index, guard } => {
+                let mut idx: Vec<E> = index.iter().map(|i| self.expr(*i)).collect::<Option<_>>()?;
+                if let Some((_, k, at)) = self.scores.filter(|(p, ..)| *p == buf) {
+                    // The scores' last index is the key itself, nothing else.
+                    if x.node(*index.last()?) != &Node::Var(k) || guard.is_some() {
+                        return None;
+                    }
+                    *idx.last_mut()? = at;
+                }
+                let guard = match guard {
+                    Some(g) => Some(self.expr(g)?),
+                    None => None,
+                };
+                self.to.load(buf, dt, idx, guard)
+            }
+            Node::Unary(op, a) => {
+                let a = self.expr(a)?;
+                self.to.unary(op, a, dt)
+            }
+            Node::Binary(op, a, b) => {
+                let (a, b) = (self.expr(a)?, self.expr(b)?);
+                self.to.binary(op, a, b, dt)
+            }
+            Node::Select(c, a, b) => {
+                let (c, a, b) = (self.expr(c)?, self.expr(a)?, self.expr(b)?);
+                self.to.select(c, a, b)
+            }
+            Node::Cast(a) => {
+                let a = self.expr(a)?;
+                self.to.cast(a, dt)
+            }
+            Node::Check { ok, code, value } => {
+                let (ok, value) = (self.expr(ok)?, self.expr(value)?);
+                self.to.check(ok, code, value)
+            }
+            // Logits computed by a reduction of their own are not rebuilt.
+            Node::Reduce { .. } => return None,
+        };
+        self.done.insert(e, out);
+        Some(out)
+    }
 }
 
 /// Whether every load of parameter `param` (a dense buffer) reads the nest's

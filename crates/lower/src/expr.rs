@@ -241,6 +241,11 @@ impl Exprs {
         Some(self.intern(Node::Var(self.extents.len() as u32 - 1), DType::I64))
     }
 
+    /// The node of existing variable `v`.
+    pub(crate) fn var_node(&mut self, v: u32) -> E {
+        self.intern(Node::Var(v), DType::I64)
+    }
+
     pub fn dim(&mut self, slot: u32) -> E {
         self.intern(Node::Dim(slot), DType::I64)
     }

@@ -29,7 +29,7 @@ pub use attention::fuse_attention;
 pub use expr::{Combine, Exprs, Node, E};
 pub use plan::{
     Activation, AttentionStep, BufId, Buffer, BufferKind, DimTable, GroupSteps, MatEpilogue, MatMulStep,
-    ModelPlan, PointwiseOp, Step, StepKind, View, MAX_EPILOGUE_OPS,
+    ModelPlan, OnlineSoftmax, PointwiseOp, Step, StepKind, View, MAX_EPILOGUE_OPS,
 };
 pub use program::{LoopProgram, Param, Schedules, SplitReduction, Store};
 pub use text::{print_plan, print_program};

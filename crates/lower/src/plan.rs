@@ -33,6 +33,13 @@ impl DimTable {
         self.index.insert(e.clone(), self.exprs.len() as u32 - 1);
         self.exprs.len() as u32 - 1
     }
+    /// A slot no expression owns (its value per shape is 0): a kernel argument
+    /// the runtime sets while it runs, such as a fused attention's key chunk.
+    /// The slot is never handed out by [`DimTable::slot`].
+    pub fn scratch(&mut self) -> u32 {
+        self.exprs.push(SymExpr::constant(0));
+        self.exprs.len() as u32 - 1
+    }
     pub fn exprs(&self) -> &[SymExpr] {
         &self.exprs
     }
@@ -213,6 +220,28 @@ pub struct AttentionStep {
     pub scores_param: usize,
     pub probs_param: usize,
     pub output: MatMulStep,
+    /// The softmax over chunks of keys, when the model's softmax has the form
+    /// online softmax needs (`exp(x - max x) / sum`).
+    pub online: Option<OnlineSoftmax>,
+}
+
+/// Online softmax (RUNTIME.md §2, the flash-attention recurrence): the keys are
+/// taken a chunk at a time, so that a block's tiles stay in cache at any key
+/// length. `program` has the softmax program's parameters (its scores and
+/// probabilities now a chunk wide) and two more: the rows' running maxima
+/// (`max_param`, read) and the chunk's logits (`logits_param`, written: the
+/// model's scale and mask applied to the scores). Per chunk it stores the
+/// logits and `probs = exp(logits - max(running max, the chunk's max))`; the
+/// driver keeps the running maxima and sums and rescales the output.
+/// `offset_slot` and `len_slot` are scratch slots of the dim table for the
+/// chunk's first key and its length, set per chunk in a copy of the table.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct OnlineSoftmax {
+    pub program: usize,
+    pub max_param: usize,
+    pub logits_param: usize,
+    pub offset_slot: u32,
+    pub len_slot: u32,
 }
 
 impl AttentionStep {

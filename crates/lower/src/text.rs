@@ -210,8 +210,22 @@ fn matmul(m: &crate::plan::MatMulStep) -> String {
 pub fn print_plan(p: &ModelPlan) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "dims:");
+    // Online softmax's scratch slots hold a chunk's keys, set while it runs.
+    let mut scratch = std::collections::HashMap::new();
+    for st in &p.steps {
+        if let StepKind::Attention(a) = &st.kind {
+            if let Some(o) = &a.online {
+                scratch.insert(o.offset_slot as usize, "the chunk's first key");
+                scratch.insert(o.len_slot as usize, "the chunk's keys");
+            }
+        }
+    }
     for (i, e) in p.dims.exprs().iter().enumerate() {
-        let _ = writeln!(s, "  d{i} = {e}");
+        match scratch.get(&i) {
+            Some(what) => writeln!(s, "  d{i} = {what}, set per chunk"),
+            None => writeln!(s, "  d{i} = {e}"),
+        }
+        .ok();
     }
     let _ = writeln!(s, "buffers:");
     for (i, b) in p.buffers.iter().enumerate() {
@@ -255,6 +269,13 @@ pub fn print_plan(p: &ModelPlan) -> String {
                     let _ = writeln!(s, "    scores = matmul {}", matmul(&a.scores));
                     let _ = writeln!(s, "    probs = p{}({})", a.softmax, args.join(", "));
                     let _ = writeln!(s, "    matmul {}", matmul(&a.output));
+                    if let Some(o) = &a.online {
+                        let _ = writeln!(
+                            s,
+                            "    long rows: keys in chunks (offset d{}, length d{}), online softmax p{}",
+                            o.offset_slot, o.len_slot, o.program
+                        );
+                    }
                 }
             }
         }

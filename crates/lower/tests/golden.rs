@@ -176,3 +176,102 @@ group 0: contraction
 "#;
     assert_eq!(got, want, "got:\n{got}");
 }
+
+/// The attention of `tests/attention.rs`, cut down: one fused step, and beside
+/// the softmax program its online form over a chunk of keys (offset and length
+/// in scratch slots of the dim table): the scores read at the chunk's key, the
+/// mask at the key's place in the whole row, the logits stored, and
+/// `exp(logits - max(running max, the chunk's max))`.
+#[test]
+fn attention_softmax_gets_an_online_form() {
+    let got = lowered(ATTENTION);
+    let want = r#"dims:
+  d0 = 4*b*q
+  d1 = 4*b*k
+  d2 = b*k
+  d3 = 1
+  d4 = b*k*q
+  d5 = 0
+  d6 = 4*q
+  d7 = 4
+  d8 = 4*k
+  d9 = k
+  d10 = k*q
+  d11 = b
+  d12 = q
+  d13 = the chunk's first key, set per chunk
+  d14 = the chunk's keys, set per chunk
+buffers:
+  b0: f32[b, q, 4] "qs" (input 0)
+  b1: f32[b, 4, k] "kt" (input 1)
+  b2: f32[b, k, 4] "v" (input 2)
+  b3: f32[b, 1, k] "mask" (input 3)
+  b4: f32[1, 1, 1] "half" (constant)
+  b5: f32[b, q, 4] "o" (output 0)
+  b6: f32[b, q, k] "s" (temp, unused)
+  b7: f32[b, q, k] "p" (temp, unused)
+p0: program g0_attention
+  %0: in f32[d11, d12, d9] "s"
+  %1: in f32[d11, 1, d9] "mask"
+  %2: out f32[d11, d12, d9] "p"
+  for i0 < d11, i1 < d12, i2 < d9:
+    t0: f32 = max(i3 < d9: add(div(%0[i0, i1, i3], 2.0), %1[i0, 0, i3]))
+    t1: f32 = sum(i4 < d9: exp(sub(add(div(%0[i0, i1, i4], 2.0), %1[i0, 0, i4]), t0)))
+    %2[·] = div(exp(sub(add(div(%0[i0, i1, i2], 2.0), %1[i0, 0, i2]), t0)), t1)
+p1: program g0_attention_online
+  %0: in f32[d11, d12, d14] "s"
+  %1: in f32[d11, 1, d9] "mask"
+  %2: out f32[d11, d12, d14] "p"
+  %3: in f32[d11, d12] "running max"
+  %4: out f32[d11, d12, d14] "logits"
+  for i0 < d11, i1 < d12, i2 < d14:
+    t0: f32 = add(div(%0[i0, i1, i2], 2.0), %1[i0, 0, add(d13, i2)])
+    t1: f32 = max(i3 < d14: add(div(%0[i0, i1, i3], 2.0), %1[i0, 0, add(d13, i3)]))
+    %4[·] = t0
+    %2[·] = exp(sub(t0, max(%3[i0, i1], t1)))
+group 0: attention
+  attention, fused per block of query rows:
+    scores = matmul [d11] m d12 n d9 k d7: A b0+d5 strides [d6] d7 d3 · B b1+d5 strides [d8] d9 d3 → C b6+d5 strides [d10] d9 d3
+    probs = p0(scores, b3, probs)
+    matmul [d11] m d12 n d7 k d9: A b7+d5 strides [d10] d9 d3 · B b2+d5 strides [d8] d7 d3 → C b5+d5 strides [d6] d7 d3
+    long rows: keys in chunks (offset d13, length d14), online softmax p1
+"#;
+    assert_eq!(got, want, "got:\n{got}");
+}
+
+/// A softmax shifted by its row's minimum (`exp(x - min x) / sum`: the same
+/// values, but no maximum for the recurrence to keep) is fused and keeps whole
+/// rows.
+#[test]
+fn a_softmax_without_its_max_has_no_online_form() {
+    let text = ATTENTION.replace("reduce_max", "reduce_min");
+    let got = lowered(&text);
+    assert!(got.contains("attention, fused per block of query rows"), "got:\n{got}");
+    assert!(!got.contains("online softmax") && !got.contains("_online"), "got:\n{got}");
+}
+
+const ATTENTION: &str = r#"graph {
+  sym b param 1..
+  sym q param 1..
+  sym k param 1..
+  input %qs: f32[b, q, 4]
+  input %kt: f32[b, 4, k]
+  input %v: f32[b, k, 4]
+  input %mask: f32[b, 1, k]
+  %s: f32[b, q, k] = matmul %qs, %kt
+  %half: f32[1, 1, 1] = constant [2.0]
+  %hb: f32[b, q, k] = broadcast %half
+  %ss: f32[b, q, k] = div %s, %hb
+  %mb: f32[b, q, k] = broadcast %mask
+  %sm: f32[b, q, k] = add %ss, %mb
+  %mx: f32[b, q, 1] = reduce_max[axes=[2], keep_dims=true] %sm
+  %mxb: f32[b, q, k] = broadcast %mx
+  %sh: f32[b, q, k] = sub %sm, %mxb
+  %ex: f32[b, q, k] = exp %sh
+  %sum: f32[b, q, 1] = reduce_sum[axes=[2], keep_dims=true] %ex
+  %sumb: f32[b, q, k] = broadcast %sum
+  %p: f32[b, q, k] = div %ex, %sumb
+  %o: f32[b, q, 4] = matmul %p, %v
+  output %o
+}
+"#;

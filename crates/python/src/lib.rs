@@ -52,14 +52,14 @@ struct Session {
 }
 
 enum Engine {
-    Compiled(CompiledModel),
-    Interpreted(Model),
+    Compiled(Box<CompiledModel>),
+    Interpreted(Box<Model>),
 }
 
 impl Session {
     fn compiled(model: CompiledModel) -> Session {
         let (inputs, outputs) = (model.inputs().to_vec(), model.outputs().to_vec());
-        Session { engine: Engine::Compiled(model), inputs, outputs }
+        Session { engine: Engine::Compiled(Box::new(model)), inputs, outputs }
     }
 }
 
@@ -264,7 +264,7 @@ impl Session {
             let model = Model::load(&path, &load).map_err(to_py)?;
             if interpret {
                 let (inputs, outputs) = (io_list(model.inputs()), io_list(model.outputs()));
-                return Ok(Session { engine: Engine::Interpreted(model), inputs, outputs });
+                return Ok(Session { engine: Engine::Interpreted(Box::new(model)), inputs, outputs });
             }
             Ok(Session::compiled(model.compile(&opts).map_err(to_py)?))
         })

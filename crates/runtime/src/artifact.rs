@@ -39,7 +39,7 @@ use crate::{CompiledModel, ModelParts, RunError};
 
 /// The version of the layout below and of the metadata's encoding; a runtime
 /// reads only its own.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;
@@ -950,12 +950,22 @@ fn validate(plan: &ModelPlan, inputs: usize, outputs: usize) -> Result<(), Strin
             }
             StepKind::MatMul(m) => matmul(m)?,
             StepKind::Attention(a) => {
-                let AttentionStep { scores, softmax, args, scores_param, probs_param, output } = a.as_ref();
+                let AttentionStep { scores, softmax, args, scores_param, probs_param, output, online } =
+                    a.as_ref();
                 matmul(scores)?;
                 matmul(output)?;
                 let p = plan.programs.get(*softmax).ok_or(format!("program {softmax} of {np}"))?;
                 if args.len() != p.params.len() || *scores_param >= args.len() || *probs_param >= args.len() {
                     return Err(format!("{}: attention arguments do not match its parameters", p.name));
+                }
+                if let Some(o) = online {
+                    let q = plan.programs.get(o.program).ok_or(format!("program {} of {np}", o.program))?;
+                    let n = args.len();
+                    if q.params.len() != n + 2 || o.max_param != n || o.logits_param != n + 1 {
+                        return Err(format!("{}: online softmax parameters do not match", q.name));
+                    }
+                    slot(o.offset_slot)?;
+                    slot(o.len_slot)?;
                 }
                 args.iter().copied().try_for_each(buf)?;
             }

@@ -108,9 +108,17 @@ impl CompiledModel {
                 (StepKind::Attention(at), StepShape::Attention(shape)) => {
                     let (scores, tasks) = (&shape.scores, &shape.tasks);
                     let n = scores.entries.len() * scores.m.div_ceil(tasks.block.max(1));
+                    let softmax = match (tasks.chunk, &at.online) {
+                        (Some(c), Some(o)) => format!(
+                            "online softmax p{} over chunks of {c} keys ({} chunks)",
+                            o.program,
+                            scores.n.div_ceil(c.max(1))
+                        ),
+                        _ => format!("softmax p{} over whole rows", at.softmax),
+                    };
                     let _ = writeln!(
                         s,
-                        "fused attention over {} entries, {} queries x {} keys, depth {}: blocks of {} query rows ({n} tasks), scores {}, output {}, softmax p{}",
+                        "fused attention over {} entries, {} queries x {} keys, depth {}: blocks of {} query rows ({n} tasks), scores {}, output {}, {softmax}",
                         scores.entries.len(),
                         scores.m,
                         scores.n,
@@ -118,7 +126,6 @@ impl CompiledModel {
                         tasks.block,
                         tasks.scores,
                         tasks.output,
-                        at.softmax
                     );
                 }
                 _ => return Err(RunError::Internal("a step and its shape disagree".into())),

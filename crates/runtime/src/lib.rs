@@ -93,6 +93,22 @@ pub struct ModelParts {
     pub code_target: CodeTarget,
 }
 
+/// How fused attention takes its keys (see `kernels::attention`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KeyChunks {
+    /// Online softmax over chunks of keys where a block's whole rows of scores
+    /// would not stay in L2; whole rows where they do (the default).
+    #[default]
+    Auto,
+    /// Whole rows of scores at every key length.
+    Never,
+    /// Chunks at every key length, of the size the cache gives.
+    Always,
+    /// Chunks of this many keys at every key length (where the model's softmax
+    /// has the form online softmax needs): tests drive chunk edges with it.
+    Every(usize),
+}
+
 /// How the machine code of a compiled model was obtained: modules whose
 /// object came from the on-disk cache, and modules compiled by LLVM.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -118,6 +134,7 @@ pub struct CompiledModel {
     out_dims: Vec<Vec<Result<usize, u32>>>,
     pool: ThreadPool,
     canaries: bool,
+    key_chunks: KeyChunks,
     code_stats: CodeStats,
     code_target: CodeTarget,
     shapes: RwLock<HashMap<Vec<i64>, Arc<ShapePlan>>>,
@@ -263,6 +280,7 @@ impl CompiledModel {
             out_dims: Vec::new(),
             pool,
             canaries,
+            key_chunks: KeyChunks::Auto,
             code_stats,
             code_target,
             shapes: RwLock::new(HashMap::new()),
@@ -401,6 +419,13 @@ impl CompiledModel {
     pub fn shapes_planned(&self) -> usize {
         self.shapes.read().unwrap_or_else(|e| e.into_inner()).len()
     }
+    /// How fused attention takes its keys from now on (shapes planned before
+    /// are planned again).
+    pub fn with_key_chunks(mut self, k: KeyChunks) -> CompiledModel {
+        self.key_chunks = k;
+        self.shapes.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        self
+    }
     pub fn threads(&self) -> usize {
         self.pool.threads()
     }
@@ -421,7 +446,8 @@ impl CompiledModel {
         if let Some(p) = self.shapes.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(p.clone());
         }
-        let choose = |ss: &shape::MatMulShape, os: &shape::MatMulShape| self.attention_tasks(ss, os);
+        let choose =
+            |ss: &shape::MatMulShape, os: &shape::MatMulShape, on: bool| self.attention_tasks(ss, os, on);
         let start = std::time::Instant::now();
         let p = Arc::new(ShapePlan::build(
             &self.plan,
@@ -780,6 +806,7 @@ impl CompiledModel {
         &self,
         ss: &shape::MatMulShape,
         os: &shape::MatMulShape,
+        online: bool,
     ) -> Result<shape::AttentionTasks, RunError> {
         let d = self.dispatcher_for(Epilogue::default())?;
         let internal = |e: kernels::KernelError| RunError::Internal(e.to_string());
@@ -796,7 +823,19 @@ impl CompiledModel {
         let probe = d.task_schedule(&problem(ss.m.min(64), ss.n, ss.k, kl)).map_err(internal)?;
         let height = d.family().direct_of_width(probe.nr).first().map_or(probe.mr, |v| v.kernel.mr);
         let entries = ss.entries.len();
-        let block = kernels::attention_block(d.target().l2, self.pool.threads(), entries, ss.m, ss.n, height);
+        let (l2, threads) = (d.target().l2, self.pool.threads());
+        let whole_block = kernels::attention_block(l2, threads, entries, ss.m, ss.n, height);
+        // Online softmax where the model's softmax has its form and the keys are
+        // many (or where the caller asks for chunks).
+        let online = if online { self.plan_online(ss.n, l2) } else { None };
+        let (block, chunk) = match online {
+            Some(every) => {
+                let (block, chunk) =
+                    kernels::online_blocks(l2, threads, entries, ss.m, ss.n, height, probe.nr);
+                (block, Some(every.unwrap_or(chunk)))
+            }
+            None => (whole_block, None),
+        };
         // Each task's products read B from L2, not L1: the width's main (tallest)
         // direct height loads B least per FMA (measured: 8-16 rows run the products
         // 10-20% faster than the 4 the model picks from L1-resident rates).
@@ -804,9 +843,22 @@ impl CompiledModel {
             mr: d.family().direct_of_width(s.nr).first().map_or(s.mr, |v| v.kernel.mr),
             ..s
         };
-        let scores = main(d.task_schedule(&problem(block, ss.n, ss.k, kl)).map_err(internal)?);
-        let output = main(d.task_schedule(&problem(block, os.n, os.k, vl)).map_err(internal)?);
-        Ok(shape::AttentionTasks { block, scores, output })
+        let keys = chunk.unwrap_or(ss.n);
+        let scores = main(d.task_schedule(&problem(block, keys, ss.k, kl)).map_err(internal)?);
+        let output = main(d.task_schedule(&problem(block, os.n, keys, vl)).map_err(internal)?);
+        Ok(shape::AttentionTasks { block, chunk, scores, output })
+    }
+
+    /// Whether attention over `keys` keys takes them in chunks: `None` for whole
+    /// rows, `Some(None)` for chunks of the size the cache gives, `Some(Some(n))`
+    /// for chunks of `n` keys (asked for); by default where `kernels::online_pays`.
+    fn plan_online(&self, keys: usize, l2: usize) -> Option<Option<usize>> {
+        match self.key_chunks {
+            KeyChunks::Never => None,
+            KeyChunks::Always => Some(None),
+            KeyChunks::Every(n) => Some(Some(n.max(1))),
+            KeyChunks::Auto => kernels::online_pays(l2, keys).then_some(None),
+        }
     }
 
     /// Fused attention: per batch entry and block of query rows, scores into a
@@ -837,13 +889,13 @@ impl CompiledModel {
         let mut o = output_views(ptrs, sp, a.output.c.buf, os)?;
         let plan = kernels::AttentionPlan {
             block: tasks.block,
+            chunk: tasks.chunk,
             scores: d.direct_plan(&tasks.scores).map_err(internal)?,
             output: d.direct_plan(&tasks.output).map_err(internal)?,
         };
-        let f = self.loops[a.softmax];
         // The step's buffers, copied into each task's own table (on its stack).
         let nargs = a.args.len();
-        if nargs > lower::attention::MAX_ARGS {
+        if nargs + 2 > lower::attention::MAX_ARGS {
             return Err(RunError::Internal(format!("a fused softmax of {nargs} buffers")));
         }
         let mut base = [std::ptr::null_mut::<u8>(); lower::attention::MAX_ARGS];
@@ -852,17 +904,32 @@ impl CompiledModel {
         }
         let shared = Shared { args: base.as_ptr(), dims: sp.dims.as_ptr() };
         let (sp_, pp_, keys, rows) = (a.scores_param, a.probs_param, ss.n, ss.m);
-        let checks = &self.plan.programs[a.softmax].checks;
+        let status = |program: usize, c: i64| -> Result<(), String> {
+            match c {
+                0 => Ok(()),
+                c => Err(self.plan.programs[program]
+                    .checks
+                    .get(c as usize - 1)
+                    .cloned()
+                    .unwrap_or_else(|| format!("kernel error {c}"))),
+            }
+        };
+        let table = move || {
+            let shared = shared;
+            let mut args = [std::ptr::null_mut::<u8>(); lower::attention::MAX_ARGS];
+            // SAFETY: `shared.args` is the table `base` above, `MAX_ARGS` pointers,
+            // alive until `kernels::attention` returns.
+            args.copy_from_slice(unsafe {
+                std::slice::from_raw_parts(shared.args, lower::attention::MAX_ARGS)
+            });
+            args
+        };
+        let f = self.loops[a.softmax];
         let softmax =
             move |e: usize, first: usize, n: usize, s: &[f32], p: &mut [f32]| -> Result<(), String> {
                 let shared = shared;
                 let row = e * rows + first;
-                let mut args = [std::ptr::null_mut::<u8>(); lower::attention::MAX_ARGS];
-                // SAFETY: `shared.args` is the table `base` above, `MAX_ARGS` pointers,
-                // alive until `kernels::attention` returns.
-                args.copy_from_slice(unsafe {
-                    std::slice::from_raw_parts(shared.args, lower::attention::MAX_ARGS)
-                });
+                let mut args = table();
                 // The tiles stand for rows row..row+n of S and P: shifted back by the rows
                 // before them, the program's addresses for those rows land in the tiles.
                 args[sp_] = s.as_ptr().wrapping_sub(row * keys) as *mut u8;
@@ -871,16 +938,46 @@ impl CompiledModel {
                 // when the step was fused: it reads each row of S in that row alone and
                 // stores only P, at the nest's positions), which the tiles hold (`n·keys`
                 // elements each); its other buffers are the plan's, as for any loop.
-                let status = unsafe { f(args.as_ptr(), shared.dims, row as i64, (row + n) as i64) };
-                match status {
-                    0 => Ok(()),
-                    c => Err(checks
-                        .get(c as usize - 1)
-                        .cloned()
-                        .unwrap_or_else(|| format!("kernel error {c}"))),
-                }
+                status(a.softmax, unsafe { f(args.as_ptr(), shared.dims, row as i64, (row + n) as i64) })
             };
-        kernels::attention(&self.pool, &plan, &q, &kt, &v, &mut o, &softmax).map_err(|e| match e {
+        let chunks = |e: usize,
+                      first: usize,
+                      n: usize,
+                      at: usize,
+                      len: usize,
+                      s: &[f32],
+                      m: &[f32],
+                      l: &mut [f32],
+                      p: &mut [f32]|
+         -> Result<(), String> {
+            let Some(on) = &a.online else { return Err("online softmax without its program".into()) };
+            let row = e * rows + first;
+            let mut args = table();
+            // As above, the tiles shifted back by the rows before them (rows `len`
+            // long in the chunk's program), the running maxima by the rows.
+            args[sp_] = s.as_ptr().wrapping_sub(row * len) as *mut u8;
+            args[pp_] = p.as_mut_ptr().wrapping_sub(row * len) as *mut u8;
+            args[on.max_param] = m.as_ptr().wrapping_sub(row) as *mut u8;
+            args[on.logits_param] = l.as_mut_ptr().wrapping_sub(row * len) as *mut u8;
+            // The chunk's first key and length, in this task's copy of the dim table.
+            let mut dims = DimCopy::of(&sp.dims);
+            dims.set(on.offset_slot, at as i64);
+            dims.set(on.len_slot, len as i64);
+            let g = self.loops[on.program];
+            // SAFETY: as above; the chunk's program reads S (a chunk wide) and the
+            // running maxima and writes the logits and P only in rows row..row+n,
+            // which the tiles hold (`n·len` values, `n` maxima); its other buffers
+            // are the plan's, read at keys at..at+len of `keys` (the dims say so).
+            status(on.program, unsafe { g(args.as_ptr(), dims.as_ptr(), row as i64, (row + n) as i64) })
+        };
+        let step = match (&a.online, tasks.chunk) {
+            (Some(_), Some(_)) => kernels::Softmax::Chunks(&chunks),
+            (None, Some(_)) => {
+                return Err(RunError::Internal("a key chunk for attention without online softmax".into()))
+            }
+            (_, None) => kernels::Softmax::Rows(&softmax),
+        };
+        kernels::attention(&self.pool, &plan, &q, &kt, &v, &mut o, step).map_err(|e| match e {
             kernels::KernelError::Step(msg) => RunError::Kernel(msg),
             e => RunError::Internal(e.to_string()),
         })
@@ -1011,6 +1108,39 @@ fn engine_pointwise(ops: &[lower::PointwiseOp]) -> Result<Pointwise, RunError> {
 struct Shared {
     args: *const *mut u8,
     dims: *const i64,
+}
+
+/// A task's copy of the dim table with some slots changed (online softmax's
+/// chunk): on the stack for tables of up to 256 slots (the point of the
+/// large variant: no allocation per chunk).
+#[allow(clippy::large_enum_variant)]
+enum DimCopy {
+    Stack([i64; 256]),
+    Heap(Vec<i64>),
+}
+
+impl DimCopy {
+    fn of(dims: &[i64]) -> DimCopy {
+        if dims.len() <= 256 {
+            let mut a = [0i64; 256];
+            a[..dims.len()].copy_from_slice(dims);
+            DimCopy::Stack(a)
+        } else {
+            DimCopy::Heap(dims.to_vec())
+        }
+    }
+    fn set(&mut self, slot: u32, v: i64) {
+        match self {
+            DimCopy::Stack(a) => a[slot as usize] = v,
+            DimCopy::Heap(a) => a[slot as usize] = v,
+        }
+    }
+    fn as_ptr(&self) -> *const i64 {
+        match self {
+            DimCopy::Stack(a) => a.as_ptr(),
+            DimCopy::Heap(a) => a.as_ptr(),
+        }
+    }
 }
 // SAFETY: the pointers are read-only tables valid for the launch, which returns
 // only after every thread is done; the buffers they point to are written at

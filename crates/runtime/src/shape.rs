@@ -128,13 +128,16 @@ pub(crate) struct AttentionShape {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct AttentionTasks {
     pub block: usize,
+    /// Keys per chunk of online softmax; `None`: whole rows.
+    pub chunk: Option<usize>,
     pub scores: kernels::Schedule,
     pub output: kernels::Schedule,
 }
 
-/// Chooses [`AttentionTasks`] for the shapes of an attention's two products.
+/// Chooses [`AttentionTasks`] for the shapes of an attention's two products
+/// (and whether the step has an online softmax program).
 pub(crate) type AttentionChoice<'a> =
-    dyn Fn(&MatMulShape, &MatMulShape) -> Result<AttentionTasks, RunError> + 'a;
+    dyn Fn(&MatMulShape, &MatMulShape, bool) -> Result<AttentionTasks, RunError> + 'a;
 
 /// Bytes of canary before and after each buffer (tests: see `CompiledModel::new`).
 pub(crate) const MARGIN: usize = 64;
@@ -249,7 +252,7 @@ impl ShapePlan {
                             scores.n
                         )));
                     }
-                    let tasks = attention(&scores, &output)?;
+                    let tasks = attention(&scores, &output, a.online.is_some())?;
                     StepShape::Attention(Box::new(AttentionShape { scores, output, tasks }))
                 }
             });
