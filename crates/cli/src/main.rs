@@ -326,6 +326,7 @@ fn sym_range(r: &str) -> Option<Range> {
     Some(Range::new(lo, hi))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run(
     model_path: PathBuf,
     inputs: Vec<String>,
