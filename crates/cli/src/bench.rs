@@ -491,7 +491,12 @@ fn exhaustive(
     let mut measured = Vec::with_capacity(cands.len());
     for s in &cands {
         measured.push((*s, time(s)?));
-        tracing::debug!("{:>9.1} us  {s}", measured.last().map_or(f64::NAN, |m| m.1 * 1e6));
+        let predicted = d.model().cost(d.machine(), d.family(), p, s);
+        tracing::debug!(
+            "{:>9.1} us measured, {:>9.1} us by the model  {s}",
+            measured.last().map_or(f64::NAN, |m| m.1 * 1e6),
+            predicted * 1e6
+        );
     }
     let (best_s, best_t) =
         measured.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1)).unwrap_or((cands[0], f64::NAN));

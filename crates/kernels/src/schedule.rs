@@ -370,7 +370,7 @@ pub fn candidates(t: &Target, threads: usize, fam: &KernelFamily, p: &Problem) -
 }
 
 /// The direct schedules (A read in place): per width whose direct heights go down
-/// to 1, every main height up to the fastest; KC the whole of K when it is barely
+/// to 1, every main height up to the fastest (every height for a convolution); KC the whole of K when it is barely
 /// deeper than a block (or the packed weight's); no MC (nothing is packed).
 fn direct_candidates(
     t: &Target,
@@ -401,9 +401,18 @@ fn direct_candidates(
         if pad > least_pad + PAD_SLACK {
             continue;
         }
+        // The heights up to the fastest (ties within 3% to the lower), and for a
+        // convolution every height: the tiles' rates are measured with B in L1,
+        // where a short tile is as fast as a tall one, but a convolution's weights
+        // live in L2 and a taller tile reads them less often per FMA (ResNet-50's
+        // 3×3 layers, `bench-matmul --conv`, in turns: 8x32 and 13x32 ran 3-5%
+        // ahead of the 4x32 the rule allowed). Plain products keep the rule: there
+        // the model ranks the tallest tiles above what they measure (BERT's
+        // 17×768×3072: 13x32 priced 3% under 8x32, measured 10% over it).
         let top = of_width.iter().map(|v| v.gflops).fold(0.0, f64::max);
-        let best = of_width.iter().filter(|v| v.gflops >= 0.97 * top).map(|v| v.kernel.mr).min().unwrap_or(1);
-        for mr in of_width.iter().map(|v| v.kernel.mr).filter(|&h| h <= best) {
+        let fastest = of_width.iter().filter(|v| v.gflops >= 0.97 * top).map(|v| v.kernel.mr).min().unwrap_or(1);
+        let tallest = if matches!(p.a, ALayout::Taps { .. }) { usize::MAX } else { fastest };
+        for mr in of_width.iter().map(|v| v.kernel.mr).filter(|&h| h <= tallest) {
             let base = Blocking::for_target(t, ElemType::F32, mr, nr);
             let kc = match p.b {
                 BLayout::Packed { kc, .. } => kc,
@@ -412,9 +421,12 @@ fn direct_candidates(
             };
             let blocking = Blocking { kc, mc: mr, nc: base.nc };
             for grid in grids(threads, p, mr, nr) {
-                // Threads split a convolution's pixels, not its columns: a thread
-                // with a share of the columns would read all of the image's taps.
-                if matches!(p.a, ALayout::Taps { .. }) && grid.cols > 1 && p.m.div_ceil(mr) >= threads {
+                // Threads split a convolution's pixels, not its columns, unless its
+                // weights outweigh its taps (N > M: the 7×7 and 14×14 layers of a
+                // ResNet): a thread with a share of the columns reads all of the
+                // image's taps, one with a share of the pixels all of the weights.
+                let taps = matches!(p.a, ALayout::Taps { .. });
+                if taps && grid.cols > 1 && p.m.div_ceil(mr) >= threads && p.n <= p.m {
                     continue;
                 }
                 let order = LoopOrder::KOuter;
