@@ -333,8 +333,9 @@ fn rows_of<'a>(b: &BOperand<'a>, rows: std::ops::Range<usize>) -> MatRef<'a> {
 
 /// Online softmax over one task's rows: for each chunk of keys, the scores, the
 /// chunk step (logits, `exp(logits - m_new)`), the rows' running maxima and
-/// sums, the output rescaled where the maximum rose, and `O += P·V`; at the end
-/// the output is divided by the sums.
+/// sums, the output rescaled where the maximum rose, and `O += P·V` (skipped
+/// where every probability of the chunk is 0: keys a mask hides from the whole
+/// block); at the end the output is divided by the sums.
 #[allow(clippy::too_many_arguments)]
 fn online_task(
     plan: &AttentionPlan,
@@ -374,6 +375,9 @@ fn online_task(
             ws,
         );
         step(t.entry, t.first, n, at, len, s, m, lg, p)?;
+        // Whether any key of the chunk weighs anything: a chunk a causal or padding
+        // mask hides from every row of the block adds nothing to the output.
+        let mut weighs = false;
         for r in 0..n {
             let (lr, pr) = (&lg[r * len..(r + 1) * len], &mut p[r * len..(r + 1) * len]);
             let m_new = m[r].max(row_max_of(lr));
@@ -385,7 +389,10 @@ fn online_task(
             } else {
                 (m[r] - m_new).exp()
             };
-            l[r] = l[r] * alpha + row_sum_of(pr);
+            let sum = row_sum_of(pr);
+            // The probabilities are at least 0 (or NaN, which is not 0).
+            weighs |= sum != 0.0;
+            l[r] = l[r] * alpha + sum;
             if at > 0 && alpha != 1.0 {
                 // SAFETY: row r of the task's output block (this task's alone,
                 // `dv` values inside the checked output).
@@ -393,6 +400,10 @@ fn online_task(
                 orow.iter_mut().for_each(|x| *x *= alpha);
             }
             m[r] = m_new;
+        }
+        if !weighs && at > 0 {
+            at += len;
+            continue;
         }
         let pb = MatRef { data: p, rows: n, cols: len, rs: len, cs: 1, taps: None };
         let vc = BOperand::Plain(rows_of(t.v, at..at + len));

@@ -410,7 +410,8 @@ fn direct_candidates(
         // the model ranks the tallest tiles above what they measure (BERT's
         // 17×768×3072: 13x32 priced 3% under 8x32, measured 10% over it).
         let top = of_width.iter().map(|v| v.gflops).fold(0.0, f64::max);
-        let fastest = of_width.iter().filter(|v| v.gflops >= 0.97 * top).map(|v| v.kernel.mr).min().unwrap_or(1);
+        let fastest =
+            of_width.iter().filter(|v| v.gflops >= 0.97 * top).map(|v| v.kernel.mr).min().unwrap_or(1);
         let tallest = if matches!(p.a, ALayout::Taps { .. }) { usize::MAX } else { fastest };
         for mr in of_width.iter().map(|v| v.kernel.mr).filter(|&h| h <= tallest) {
             let base = Blocking::for_target(t, ElemType::F32, mr, nr);
