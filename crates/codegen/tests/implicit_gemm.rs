@@ -8,7 +8,8 @@
 
 use anyshape_codegen::Contraction;
 use kernels::{
-    Activation, BOperand, ConvTaps, Epilogue, EpilogueArgs, MatMut, MatRef, Operands, Target, ThreadPool,
+    Activation, BOperand, ConvTaps, Epilogue, EpilogueArgs, MatMut, MatRef, Operands, Plan, Target,
+    ThreadPool,
 };
 use proptest::prelude::*;
 
@@ -81,14 +82,29 @@ fn check(c: &Contraction, pool: &ThreadPool, t: ConvTaps, k: usize, all: bool) -
         },
     };
     for s in schedules {
-        let mut out = vec![CANARY; rows * k + 2 * MARGIN];
-        {
-            let cm = MatMut::new(&mut out[MARGIN..MARGIN + rows * k], rows, k, k).unwrap();
-            let plan = c.plan(&s).map_err(fail)?;
-            kernels::execute(pool, &plan, &[a], &b, &mut [cm], &args).map_err(fail)?;
+        let plan = c.plan(&s).map_err(fail)?;
+        // A direct plan also with blocks of one output row and of a few (at least
+        // one row: `mc` below the width rounds up to it), so that the blocks'
+        // bounds cut the pixels at rows and mid-thread.
+        let mut plans = vec![(plan, format!("{s}"))];
+        if let Plan::Direct(d) = plan {
+            let mr = d.kernels[0].kernel.mr;
+            for mc in [mr, t.out[1] * 2 + mr] {
+                plans.push((
+                    Plan::Direct(kernels::DirectPlan { mc, ..d }),
+                    format!("{s}, blocks of {mc} pixels"),
+                ));
+            }
         }
-        let ep = (!epilogue.is_identity()).then_some((&bias[..], &res[..]));
-        compare(&t, k, &img, &w, ep, &out, &format!("{s}"))?;
+        for (plan, what) in plans {
+            let mut out = vec![CANARY; rows * k + 2 * MARGIN];
+            {
+                let cm = MatMut::new(&mut out[MARGIN..MARGIN + rows * k], rows, k, k).unwrap();
+                kernels::execute(pool, &plan, &[a], &b, &mut [cm], &args).map_err(fail)?;
+            }
+            let ep = (!epilogue.is_identity()).then_some((&bias[..], &res[..]));
+            compare(&t, k, &img, &w, ep, &out, &what)?;
+        }
     }
     Ok(())
 }
