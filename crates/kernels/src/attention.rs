@@ -93,14 +93,20 @@ pub fn online_blocks(
     nr: usize,
 ) -> (usize, usize) {
     let (mr, nr) = (mr.max(1), nr.max(1));
-    let mut block = (MAX_BLOCK / mr * mr).max(mr).min(rows.div_ceil(mr) * mr);
-    while block > mr && entries * rows.div_ceil(block) < 2 * threads {
-        block -= mr;
-    }
-    let block = block.min(rows.max(1));
+    let block = spread((MAX_BLOCK / mr * mr).max(mr).min(rows.div_ceil(mr) * mr), mr, entries, rows, threads);
     let chunk = (l2 / 2 / (3 * 4 * block) / nr * nr).clamp(nr, 512 / nr * nr);
     (block, chunk.min(keys.max(1)))
 }
+
+/// `block` (a multiple of `mr`) lowered a height at a time until `entries ×
+/// rows` give every thread two tasks (where they can), and at most `rows`.
+fn spread(mut block: usize, mr: usize, entries: usize, rows: usize, threads: usize) -> usize {
+    while block > mr && entries * rows.div_ceil(block) < 2 * threads {
+        block -= mr;
+    }
+    block.min(rows.max(1))
+}
+
 /// The query block for `rows × keys` scores: two tiles of `block × keys` f32
 /// within half of L2, at least one kernel height `mr` and at most 64 rows, and
 /// small enough that `entries` give every thread two tasks when they can.
@@ -114,11 +120,7 @@ pub fn attention_block(
 ) -> usize {
     let mr = mr.max(1);
     let fit = (l2 / 2 / (2 * 4 * keys.max(1))).clamp(mr, MAX_BLOCK) / mr * mr;
-    let mut block = fit.min(rows.div_ceil(mr) * mr).max(mr);
-    while block > mr && entries * rows.div_ceil(block) < 2 * threads {
-        block -= mr;
-    }
-    block.min(rows.max(1))
+    spread(fit.min(rows.div_ceil(mr) * mr).max(mr), mr, entries, rows, threads)
 }
 
 /// `O[e] = softmax_step(Q[e] · Kᵀ[e]) · V[e]` for every entry `e`, on `pool`.
