@@ -832,7 +832,8 @@ impl CompiledModel {
             Some(every) => {
                 let (block, chunk) =
                     kernels::online_blocks(l2, threads, entries, ss.m, ss.n, height, probe.nr);
-                (block, Some(every.unwrap_or(chunk)))
+                // A chunk asked for is no longer than the keys (its tiles are allocated).
+                (block, Some(every.map_or(chunk, |n| n.min(ss.n.max(1)))))
             }
             None => (whole_block, None),
         };
