@@ -396,10 +396,7 @@ fn online_task(
             weighs |= sum != 0.0;
             l[r] = l[r] * alpha + sum;
             if at > 0 && alpha != 1.0 {
-                // SAFETY: row r of the task's output block (this task's alone,
-                // `dv` values inside the checked output).
-                let orow = unsafe { std::slice::from_raw_parts_mut(t.o.get().add(r * t.ldo), dv) };
-                orow.iter_mut().for_each(|x| *x *= alpha);
+                scale_row(t, r, dv, alpha);
             }
             m[r] = m_new;
         }
@@ -424,12 +421,18 @@ fn online_task(
         at += len;
     }
     for (r, &sum) in l.iter().enumerate() {
-        let inv = 1.0 / sum;
-        // SAFETY: as above.
-        let orow = unsafe { std::slice::from_raw_parts_mut(t.o.get().add(r * t.ldo), dv) };
-        orow.iter_mut().for_each(|x| *x *= inv);
+        scale_row(t, r, dv, 1.0 / sum);
     }
     Ok(())
+}
+
+/// Row `r` of a task's output block (its `dv` values) times `by`.
+fn scale_row(t: &Task, r: usize, dv: usize, by: f32) {
+    // SAFETY: row r < the block's rows of the task's output (this task's alone:
+    // tasks are disjoint (entry, block) pairs), `dv` values inside the output
+    // whose shape `attention` checked.
+    let row = unsafe { std::slice::from_raw_parts_mut(t.o.get().add(r * t.ldo), dv) };
+    row.iter_mut().for_each(|x| *x *= by);
 }
 
 /// The largest value of a row (16 lanes, so that it vectorizes).

@@ -188,7 +188,7 @@ fn direct_block(
             let bias = ep.bias.map_or(std::ptr::null(), |b| b[col..].as_ptr());
             if let Some((t, _)) = a.taps {
                 let panel = crate::taps::Panel { b: bp, ldb, c: cptr, ldc, col, ncols, bias };
-                crate::taps::direct_taps(plan, &t, a.data, (pc, kc), rows.clone(), &panel, ep);
+                crate::taps::direct_taps(plan, &t, a.data, (pc, kc), rows.clone(), &panel, ep, accumulate);
                 continue;
             }
             // The first column panel reads the block's rows from memory: each tile

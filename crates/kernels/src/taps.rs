@@ -341,7 +341,9 @@ pub(crate) struct Panel {
 /// kernel rows all lie inside the image (rows `sh` image rows apart), else single
 /// pixels; kernel rows in the vertical padding are skipped. Each tile's depth is
 /// a few runs (one per kernel row), cut at the K block's ends: the first run
-/// written sets the tile, the others add to it, and the last applies the epilogue.
+/// written sets the tile (adds to it with `accumulate`), the others add to it,
+/// and the last applies the epilogue.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn direct_taps(
     plan: &crate::DirectPlan,
     t: &ConvTaps,
@@ -350,13 +352,14 @@ pub(crate) fn direct_taps(
     rows: std::ops::Range<usize>,
     panel: &Panel,
     ep: &crate::gemm::EpilogueArgs,
+    accumulate: bool,
 ) {
     let (hout, wout) = (t.out[0], t.out[1]);
     let (x_lo, x_hi) = t.interior_along(1);
     let (y_lo, y_hi) = t.interior_along(0);
     let Some(single) = plan.kernels.last().map(|v| &v.kernel) else { return };
     let tile = |kern: &crate::DirectKernel, r: usize, shape: TileShape| {
-        direct_tile(t, data, (pc, kc), panel, ep, kern, r, shape);
+        direct_tile(t, data, (pc, kc), panel, ep, accumulate, kern, r, shape);
     };
     let mut r = rows.start;
     while r < rows.end {
@@ -420,6 +423,7 @@ fn direct_tile(
     (pc, kc): (usize, usize),
     panel: &Panel,
     ep: &crate::gemm::EpilogueArgs,
+    accumulate: bool,
     kern: &crate::DirectKernel,
     r: usize,
     shape: TileShape,
@@ -458,6 +462,7 @@ fn direct_tile(
         None => (std::ptr::null(), 0),
     };
     let epilogue = !kern.epilogue.is_identity();
+    let add = if accumulate { crate::ACCUMULATE } else { 0 };
     let call = |k0: usize, k1: usize, a: *const f32, flags: i64| {
         // SAFETY: the kernel reads `k1 − k0` values from each of its MR rows, `lda`
         // apart, from `a`: one kernel row's taps of MR output pixels (adjacent ones
@@ -487,9 +492,10 @@ fn direct_tile(
         }
     };
     let (Some(first), Some(end)) = (first, end) else {
-        // Every tap in the padding: the tile is the epilogue of zero, once.
+        // Every tap in the padding: the tile is the epilogue of zero (of what it
+        // holds, with `accumulate`), once.
         if pc == 0 {
-            call(pc, pc, data.as_ptr(), if epilogue { crate::APPLY_EPILOGUE } else { 0 });
+            call(pc, pc, data.as_ptr(), add | if epilogue { crate::APPLY_EPILOGUE } else { 0 });
         }
         return;
     };
@@ -498,7 +504,7 @@ fn direct_tile(
         if s >= e {
             continue;
         }
-        let flags = if s > first { crate::ACCUMULATE } else { 0 }
+        let flags = if s > first { crate::ACCUMULATE } else { add }
             | if e == end && epilogue { crate::APPLY_EPILOGUE } else { 0 };
         call(s, e, data[at + (s - k0)..].as_ptr(), flags);
     }

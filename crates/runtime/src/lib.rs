@@ -824,7 +824,6 @@ impl CompiledModel {
         let height = d.family().direct_of_width(probe.nr).first().map_or(probe.mr, |v| v.kernel.mr);
         let entries = ss.entries.len();
         let (l2, threads) = (d.target().l2, self.pool.threads());
-        let whole_block = kernels::attention_block(l2, threads, entries, ss.m, ss.n, height);
         // Online softmax where the model's softmax has its form and the keys are
         // many (or where the caller asks for chunks).
         let online = if online { self.plan_online(ss.n, l2) } else { None };
@@ -835,7 +834,7 @@ impl CompiledModel {
                 // A chunk asked for is no longer than the keys (its tiles are allocated).
                 (block, Some(every.map_or(chunk, |n| n.min(ss.n.max(1)))))
             }
-            None => (whole_block, None),
+            None => (kernels::attention_block(l2, threads, entries, ss.m, ss.n, height), None),
         };
         // Each task's products read B from L2, not L1: the width's main (tallest)
         // direct height loads B least per FMA (measured: 8-16 rows run the products
