@@ -9,6 +9,7 @@
 //! launches: no compilation, tuning or search. Concurrent calls each take an
 //! arena of their own from a pool. No LLVM here.
 
+mod arena;
 mod artifact;
 mod explain;
 pub mod npy;
@@ -18,6 +19,7 @@ pub use artifact::{
     is_artifact, reseal as reseal_artifact, ArtifactError, CodeTarget, LoadOptions, FORMAT_VERSION,
 };
 
+use arena::Arena;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -138,18 +140,13 @@ pub struct CompiledModel {
     code_stats: CodeStats,
     code_target: CodeTarget,
     shapes: RwLock<HashMap<Vec<i64>, Arc<ShapePlan>>>,
-    arenas: Mutex<Vec<Vec<Line>>>,
+    arenas: Mutex<Vec<Arena>>,
     // Declared last: dropped after everything that points into it.
     code: Vec<CodeImage>,
 }
 
 /// The byte canary margins are filled with.
 const CANARY: u8 = 0xA5;
-
-/// One cache line of arena memory (the arena's alignment).
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
 
 /// Row counts a weight is packed for (a geometric sweep of M).
 pub const PACK_ROWS: [usize; 5] = [1, 8, 64, 512, 4096];
@@ -491,10 +488,21 @@ impl CompiledModel {
         times: Option<&mut Vec<std::time::Duration>>,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let sp = self.shape_plan(inputs)?;
-        let lines = sp.arena_bytes.div_ceil(64);
         let mut arena = self.arenas.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default();
-        if arena.len() < lines {
-            arena = vec![Line([0; 64]); lines];
+        if arena.len() < sp.arena_bytes {
+            drop(arena);
+            arena = Arena::new(sp.arena_bytes).ok_or_else(|| {
+                RunError::Shape(format!(
+                    "this shape's {} bytes of temporaries could not be allocated",
+                    sp.arena_bytes
+                ))
+            })?;
+            if self.canaries {
+                // A temporary read before it is written reads NaN (all-ones bytes),
+                // not whatever the allocator left there.
+                // SAFETY: the arena's own `sp.arena_bytes` bytes.
+                unsafe { std::ptr::write_bytes(arena.as_mut_ptr(), 0xFF, sp.arena_bytes) };
+            }
         }
         let mut outs: Vec<Elems> =
             self.plan.outputs.iter().map(|b| zeros(self.plan.buffers[*b].dtype, sp.numel[*b])).collect();
@@ -508,16 +516,14 @@ impl CompiledModel {
                 }
                 // SAFETY: as for a temporary: with canaries the shape plan placed the
                 // outputs in the arena.
-                BufferKind::Output(_) if self.canaries => unsafe {
-                    (arena.as_mut_ptr() as *mut u8).add(sp.offset[i])
-                },
+                BufferKind::Output(_) if self.canaries => unsafe { arena.as_mut_ptr().add(sp.offset[i]) },
                 BufferKind::Output(k) => elems_mut_ptr(&mut outs[*k]),
                 BufferKind::Constant(_) => self.constant_ptr(i).unwrap_or(std::ptr::null()) as *mut u8,
                 // Read through its packed form only.
                 BufferKind::Packed => std::ptr::null_mut(),
                 // SAFETY: the offset plus the buffer's bytes is within the arena (the
                 // shape plan sized it so).
-                BufferKind::Temp => unsafe { (arena.as_mut_ptr() as *mut u8).add(sp.offset[i]) },
+                BufferKind::Temp => unsafe { arena.as_mut_ptr().add(sp.offset[i]) },
             };
         }
         let result = self.execute(&sp, &ptrs, times);
