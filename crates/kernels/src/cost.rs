@@ -180,14 +180,11 @@ impl MachineModel {
                     }
                 };
                 // Packing reads A where it lies: at packing's rate from the caches,
-                // at memory's when the whole A is larger than the caches hold (a
-                // convolution's taps read each image value several times, mostly
-                // from cache).
-                let a_total = (p.batch * p.m * p.k) as f64 * f;
-                let a_src = match p.a {
-                    ALayout::Taps { .. } => self.pack_a_bw,
-                    _ => self.pack_a_bw.min(self.level_bw(a_total, active)),
-                };
+                // at memory's when what A reads is larger than the caches hold (a
+                // convolution's taps read each image value `reads` times, all but
+                // the first from cache).
+                let a_total = (p.batch * p.m * p.k) as f64 * f / p.a.reads() as f64;
+                let a_src = self.pack_a_bw.min(self.level_bw(a_total, active));
                 let pack_a = (rows.div_ceil(mr) * mr * p.k) as f64 * f / a_src;
                 let pack_b = match p.b {
                     BLayout::RowMajor => pack_b / self.pack_b_bw,
@@ -231,13 +228,11 @@ impl MachineModel {
         let kblocks = p.k.div_ceil(kc) as f64;
         // Where the operands come from on first touch: the whole batch's A, B and C
         // against the caches (a batch larger than L2 streams each entry from L3). A
-        // convolution's A is its image, each value read by several taps, mostly from
-        // cache (the image's size is not in the problem): its taps count as L2 reads.
-        let a_first = match p.a {
-            ALayout::Taps { .. } => 0,
-            _ => p.m * p.k,
-        };
-        let total = (p.batch * (a_first + p.k * p.n + p.m * p.n)) as f64 * f;
+        // convolution's A is the part of its image the taps touch: each value read
+        // `reads` times, all but the first from cache.
+        let reads = p.a.reads() as f64;
+        let a_first = (p.m * p.k) as f64 / reads;
+        let total = p.batch as f64 * (a_first + (p.k * p.n + p.m * p.n) as f64) * f;
         let src = self.level_bw(total, g.threads().max(1) as f64);
         let mut slowest: f64 = 0.0;
         for lr in 0..g.rows {
@@ -263,7 +258,7 @@ impl MachineModel {
                 // A convolution's interior pixels are covered per output row, its
                 // edge pixels per column over the thread's output rows.
                 let band = match p.a {
-                    ALayout::Taps { width, interior } if width > 0 => {
+                    ALayout::Taps { width, interior, .. } if width > 0 => {
                         let out_rows = (rows / width).max(1);
                         let edges = width - interior.min(width);
                         out_rows as f64 * cover(interior) + edges as f64 * cover(out_rows)
@@ -272,15 +267,12 @@ impl MachineModel {
                 };
                 let compute = cols as f64 * band;
                 // A: fetched once, then re-read from L2 for every further panel (the
-                // driver blocks the rows so that a block's A fits half of L2).
-                let a_bytes = (rows * p.k) as f64 * f;
+                // driver blocks the rows so that a block's A fits half of L2). A
+                // convolution's taps fetch the image values they touch; those its
+                // kernel rows and next output rows read again come from L1.
+                let a_bytes = (rows * p.k) as f64 * f / reads;
                 let b_bytes = (cols * nr * p.k) as f64 * f;
-                // A convolution's taps come from its image's rows, which the kernel
-                // rows and the next output rows read again from L1: no A term.
-                let load = match p.a {
-                    ALayout::Taps { .. } => b_bytes / src,
-                    _ => (a_bytes + b_bytes) / src + (cols as f64 - 1.0) * a_bytes / self.l2_bw,
-                };
+                let load = (a_bytes + b_bytes) / src + (cols as f64 - 1.0) * a_bytes / self.l2_bw;
                 let pack_b = if p.b == BLayout::Strided { b_bytes / self.pack_bt_bw } else { 0.0 };
                 let c_bytes = (rows * cols * nr) as f64 * f;
                 let c_time = c_bytes / src + c_bytes * 2.0 * (kblocks - 1.0) / self.l2_bw;

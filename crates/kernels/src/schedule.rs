@@ -41,8 +41,10 @@ pub enum ALayout {
     /// Direct kernels cover the `interior` pixels of each output row of `width`
     /// (all taps inside the image's width) in runs along the row and the others in
     /// columns across output rows, which is what the cost model needs to know of
-    /// the geometry.
-    Taps { width: usize, interior: usize },
+    /// the geometry; and how often its taps read each image value they touch
+    /// (`kh·kw / (sh·sw)`, at least 1: 9 for a 3×3, 1 for a strided 1×1), which
+    /// decides whether A's first fetch is the image's size or all of A's.
+    Taps { width: usize, interior: usize, reads: usize },
 }
 
 /// B's layout as the schedule must take it.
@@ -64,6 +66,15 @@ impl ALayout {
             ALayout::RowMajor
         } else {
             ALayout::Strided
+        }
+    }
+
+    /// How often A's elements are read per value fetched from where A lies: a
+    /// convolution's taps' `reads`, 1 for a matrix.
+    pub fn reads(&self) -> usize {
+        match self {
+            ALayout::Taps { reads, .. } => (*reads).max(1),
+            _ => 1,
         }
     }
 }

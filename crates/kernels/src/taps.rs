@@ -108,7 +108,8 @@ impl ConvTaps {
     pub fn layout(&self) -> crate::ALayout {
         if self.adjacent() {
             let (x_lo, x_hi) = self.interior_along(1);
-            crate::ALayout::Taps { width: self.out[1], interior: x_hi - x_lo }
+            let reads = (self.kernel[0] * self.kernel[1]) / (self.stride[0] * self.stride[1]).max(1);
+            crate::ALayout::Taps { width: self.out[1], interior: x_hi - x_lo, reads: reads.max(1) }
         } else {
             crate::ALayout::Strided
         }

@@ -275,3 +275,35 @@ fn row_blocks_are_balanced() {
     assert_eq!(balanced_block(1024, 504, 7), 518);
     assert_eq!(balanced_block(100, 504, 7), 504);
 }
+
+/// A convolution whose taps read each image value once (a strided 1×1) fetches all
+/// of A from where it lies; one whose taps read each value nine times (a 3×3)
+/// fetches a ninth of it. The model charges direct schedules (A read in place)
+/// and packed ones (A packed from where it lies) for that fetch: the same
+/// geometry costs more when its taps read less often, and a direct schedule's
+/// extra cost over its 3×3 twin grows with the image, not with the weights.
+#[test]
+fn taps_read_once_are_charged_their_whole_fetch() {
+    let d = dispatcher(2);
+    let taps = |reads| ALayout::Taps { width: 56, interior: 56, reads };
+    let problem = |m, reads| Problem { batch: 1, m, n: 64, k: 256, a: taps(reads), b: BLayout::RowMajor };
+    for m in [56 * 8, 56 * 56, 8 * 56 * 56] {
+        let (once, nine) = (problem(m, 1), problem(m, 9));
+        let mut direct = 0;
+        for s in d.candidates(&once) {
+            let (c1, c9) = (
+                d.model().cost(d.machine(), d.family(), &once, &s),
+                d.model().cost(d.machine(), d.family(), &nine, &s),
+            );
+            assert!(c1 >= c9, "{s} at m = {m}: taps read once {c1} s, nine times {c9} s");
+            if s.operands == Operands::Direct {
+                assert!(c1 > c9, "{s} at m = {m}: a direct schedule's A fetch is not charged");
+                direct += 1;
+            }
+        }
+        assert!(direct > 0, "no direct candidate at m = {m}");
+    }
+    // A matrix reads each element once: as taps read once.
+    assert_eq!(ALayout::RowMajor.reads(), 1);
+    assert_eq!(taps(0).reads(), 1);
+}
