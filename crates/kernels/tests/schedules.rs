@@ -280,8 +280,8 @@ fn row_blocks_are_balanced() {
 /// of A from where it lies; one whose taps read each value nine times (a 3×3)
 /// fetches a ninth of it. The model charges direct schedules (A read in place)
 /// and packed ones (A packed from where it lies) for that fetch: the same
-/// geometry costs more when its taps read less often, and a direct schedule's
-/// extra cost over its 3×3 twin grows with the image, not with the weights.
+/// geometry costs no less when its taps read less often, and a direct schedule
+/// strictly more.
 #[test]
 fn taps_read_once_are_charged_their_whole_fetch() {
     let d = dispatcher(2);

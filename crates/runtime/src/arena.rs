@@ -3,11 +3,12 @@
 //! Left uninitialized: every temporary is written by its producing step before
 //! any step reads it (a reused arena holds the previous call's data anyway, so
 //! no kernel may count on zeros). Not zeroing matters for the first call at a
-//! shape larger than every one before: the allocator hands back memory the
-//! compiler freed, already mapped, or fresh pages the kernel zeroes as they are
-//! first touched; an explicit zeroing pass would touch (and fault) all of it up
-//! front, then the kernels would write it again. Measured on ResNet-50 (first
-//! call against warm): batch 8 +8-10% with `vec![0; n]`, +5-7% without.
+//! shape larger than every one before: the allocator may hand back memory the
+//! compiler freed, already mapped, or else fresh pages the kernel zeroes as they
+//! are first touched; an explicit zeroing pass would touch (and fault) all of it
+//! up front, then the kernels would write it again. Measured on ResNet-50 (first
+//! call against warm, each shape larger than the last): at 288 +11-14% with
+//! `vec![0; n]`, level without; at batch 8 +9-11% and +6%.
 //!
 //! Huge pages were tried (`MADV_HUGEPAGE` on a 2 MiB-aligned mapping): warm
 //! calls were level, first calls 25-45% slower (each 2 MiB fault zeroes and
