@@ -217,6 +217,16 @@ fn preview(t: &Tensor) -> String {
     format!("[{}{}]", head.join(", "), if v.len() > 6 { ", …" } else { "" })
 }
 
+/// `--key-chunks`, for every command that runs a model or an artifact.
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct KeyChunksArg {
+    /// How fused attention takes its keys: `auto` (whole rows of scores while
+    /// they stay in L2, online softmax over chunks beyond), `never` (whole
+    /// rows), `always` (chunks), or N (chunks of N keys).
+    #[arg(long, value_name = "auto|never|always|N", value_parser = parse_key_chunks, default_value = "auto")]
+    pub key_chunks: runtime::KeyChunks,
+}
+
 /// `--key-chunks`: how fused attention takes its keys (`auto`, `never`,
 /// `always`, or a number of keys per chunk).
 pub fn parse_key_chunks(s: &str) -> std::result::Result<runtime::KeyChunks, String> {

@@ -68,11 +68,8 @@ enum Command {
         /// Threads of the compiled model (default: every core).
         #[arg(long)]
         threads: Option<usize>,
-        /// How fused attention takes its keys: `auto` (whole rows of scores while
-        /// they stay in L2, online softmax over chunks beyond), `never` (whole
-        /// rows), `always` (chunks), or N (chunks of N keys).
-        #[arg(long, value_name = "auto|never|always|N", value_parser = common::parse_key_chunks, default_value = "auto")]
-        key_chunks: anyshape::KeyChunks,
+        #[command(flatten)]
+        chunks: common::KeyChunksArg,
     },
     /// Compile a model once (or load an artifact), then time it at each shape:
     /// the first call (which plans the shape) and the median of warm calls.
@@ -226,8 +223,8 @@ fn main() -> ExitCode {
 
 fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run { model, inputs, shapes, output_dir, dims, interpret, threads, key_chunks } => {
-            run(model, inputs, shapes, output_dir, dims, interpret, threads, key_chunks)
+        Command::Run { model, inputs, shapes, output_dir, dims, interpret, threads, chunks } => {
+            run(model, inputs, shapes, output_dir, dims, interpret, threads, chunks.key_chunks)
         }
         Command::Bench(args) => model_bench::bench(args),
         Command::Compile { model, output, dims, threads, isa } => compile(model, output, dims, threads, isa),

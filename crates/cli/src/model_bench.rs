@@ -40,11 +40,8 @@ pub struct BenchArgs {
     /// fused kernel: the unfused path, to compare.
     #[arg(long)]
     unfused_attention: bool,
-    /// How fused attention takes its keys: `auto` (whole rows of scores while
-    /// they stay in L2, online softmax over chunks beyond), `never` (whole
-    /// rows), `always` (chunks), or N (chunks of N keys).
-    #[arg(long, value_name = "auto|never|always|N", value_parser = crate::common::parse_key_chunks, default_value = "auto")]
-    key_chunks: anyshape::KeyChunks,
+    #[command(flatten)]
+    chunks: crate::common::KeyChunksArg,
     /// Compile every module with LLVM instead of taking its object from the
     /// object cache (a cold compile; the objects are not stored either)
     #[arg(long)]
@@ -152,14 +149,14 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             ));
         }
         (
-            crate::common::load_artifact(&a.model, a.threads)?.with_key_chunks(a.key_chunks),
+            crate::common::load_artifact(&a.model, a.threads)?.with_key_chunks(a.chunks.key_chunks),
             "loaded the artifact",
         )
     } else {
         let model = crate::load(&a.model, &a.dims)?;
         let mut opts = CompileOptions::new()
             .fuse_attention(!a.unfused_attention)
-            .key_chunks(a.key_chunks)
+            .key_chunks(a.chunks.key_chunks)
             .object_cache(!a.no_object_cache)
             .measured_dispatch(!a.no_measured_dispatch);
         if let Some(t) = a.threads {

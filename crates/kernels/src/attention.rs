@@ -66,6 +66,13 @@ pub enum Softmax<'s, 'a> {
     Chunks(&'s ChunkStep<'a>),
 }
 
+/// How a call takes its keys: whole rows of scores, or chunks of this many.
+#[derive(Clone, Copy)]
+enum Mode<'s, 'a> {
+    Rows(&'s SoftmaxStep<'a>),
+    Chunks(&'s ChunkStep<'a>, usize),
+}
+
 /// The most query rows of a task.
 const MAX_BLOCK: usize = 64;
 
@@ -93,14 +100,16 @@ pub fn online_blocks(
     nr: usize,
 ) -> (usize, usize) {
     let (mr, nr) = (mr.max(1), nr.max(1));
-    let block = spread((MAX_BLOCK / mr * mr).max(mr).min(rows.div_ceil(mr) * mr), mr, entries, rows, threads);
+    let block = spread(MAX_BLOCK / mr * mr, mr, entries, rows, threads);
     let chunk = (l2 / 2 / (3 * 4 * block) / nr * nr).clamp(nr, 512 / nr * nr);
     (block, chunk.min(keys.max(1)))
 }
 
-/// `block` (a multiple of `mr`) lowered a height at a time until `entries ×
-/// rows` give every thread two tasks (where they can), and at most `rows`.
-fn spread(mut block: usize, mr: usize, entries: usize, rows: usize, threads: usize) -> usize {
+/// `block` (a multiple of `mr`), cut to the rows (in whole heights, at least
+/// one), lowered a height at a time until `entries × rows` give every thread
+/// two tasks (where they can), and at most `rows`.
+fn spread(block: usize, mr: usize, entries: usize, rows: usize, threads: usize) -> usize {
+    let mut block = block.min(rows.div_ceil(mr) * mr).max(mr);
     while block > mr && entries * rows.div_ceil(block) < 2 * threads {
         block -= mr;
     }
@@ -120,7 +129,7 @@ pub fn attention_block(
 ) -> usize {
     let mr = mr.max(1);
     let fit = (l2 / 2 / (2 * 4 * keys.max(1))).clamp(mr, MAX_BLOCK) / mr * mr;
-    spread(fit.min(rows.div_ceil(mr) * mr).max(mr), mr, entries, rows, threads)
+    spread(fit, mr, entries, rows, threads)
 }
 
 /// `O[e] = softmax_step(Q[e] · Kᵀ[e]) · V[e]` for every entry `e`, on `pool`.
@@ -170,13 +179,14 @@ pub fn attention(
     if plan.block == 0 || plan.chunk == Some(0) {
         return Err(KernelError::Shape("an attention block of 0 rows or a chunk of 0 keys".into()));
     }
-    let chunked = match (softmax, plan.chunk) {
-        (Softmax::Rows(_), None) => None,
+    // Whole rows (no chunk) or chunks of keys, as the plan says.
+    let mode = match (softmax, plan.chunk) {
+        (Softmax::Rows(step), None) => Mode::Rows(step),
         (Softmax::Chunks(step), Some(chunk)) => {
             if kt.iter().chain(v).any(|b| matches!(b, BOperand::Packed(_))) {
                 return Err(KernelError::Shape("online softmax reads Kᵀ and V as plain views".into()));
             }
-            Some((step, chunk))
+            Mode::Chunks(step, chunk)
         }
         _ => return Err(KernelError::Shape("an attention plan's chunk does not match its softmax".into())),
     };
@@ -200,7 +210,7 @@ pub fn attention(
     let work = |_: usize| {
         WORKSPACE.with(|ws| {
             let ws = &mut *ws.borrow_mut();
-            let tile = plan.block * chunked.map_or(keys, |(_, c)| c);
+            let tile = plan.block * if let Mode::Chunks(_, c) = mode { c } else { keys };
             // The tiles leave the workspace for the thread's tasks (the products
             // borrow the rest of it) and go back after them.
             let mut scores = std::mem::take(&mut ws.scores);
@@ -212,7 +222,7 @@ pub fn attention(
                 scores.resize(tile, 0.0);
                 probs.resize(tile, 0.0);
             }
-            if chunked.is_some() {
+            if matches!(mode, Mode::Chunks(..)) {
                 if logits.len() < tile {
                     logits.resize(tile, 0.0);
                 }
@@ -236,17 +246,19 @@ pub fn attention(
                 // alone (tasks are disjoint (entry, block) pairs), and inside
                 // the output (its shape was checked above).
                 let ob = CPtr(unsafe { optr.get().add(first * ldo) });
-                if let Some((step, chunk)) = chunked {
-                    let tiles = Tiles { scores: &mut scores, logits: &mut logits, probs: &mut probs };
-                    let task = Task { entry: e, first, q: &qb, kt: &kt[e], v: &v[e], o: ob, ldo };
-                    if let Err(msg) =
-                        online_task(plan, chunk, &task, step, tiles, &mut row_max, &mut row_sum, ws)
-                    {
-                        failed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(msg);
+                let softmax = match mode {
+                    Mode::Rows(softmax) => softmax,
+                    Mode::Chunks(step, chunk) => {
+                        let tiles = Tiles { scores: &mut scores, logits: &mut logits, probs: &mut probs };
+                        let task = Task { entry: e, first, q: &qb, kt: &kt[e], v: &v[e], o: ob, ldo };
+                        if let Err(msg) =
+                            online_task(plan, chunk, &task, step, tiles, &mut row_max, &mut row_sum, ws)
+                        {
+                            failed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(msg);
+                        }
+                        continue;
                     }
-                    continue;
-                }
-                let Softmax::Rows(softmax) = softmax else { continue };
+                };
                 let sp = CPtr(scores.as_mut_ptr());
                 let cols = 0..keys.div_ceil(snr);
                 direct_band(

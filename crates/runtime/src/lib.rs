@@ -910,16 +910,8 @@ impl CompiledModel {
         }
         let shared = Shared { args: base.as_ptr(), dims: sp.dims.as_ptr() };
         let (sp_, pp_, keys, rows) = (a.scores_param, a.probs_param, ss.n, ss.m);
-        let status = |program: usize, c: i64| -> Result<(), String> {
-            match c {
-                0 => Ok(()),
-                c => Err(self.plan.programs[program]
-                    .checks
-                    .get(c as usize - 1)
-                    .cloned()
-                    .unwrap_or_else(|| format!("kernel error {c}"))),
-            }
-        };
+        // The kernels take a step's failure as its message.
+        let status = |program: usize, c: i64| self.check_status(program, c).map_err(|e| e.to_string());
         let table = move || {
             let shared = shared;
             let mut args = [std::ptr::null_mut::<u8>(); lower::attention::MAX_ARGS];
@@ -946,42 +938,46 @@ impl CompiledModel {
                 // elements each); its other buffers are the plan's, as for any loop.
                 status(a.softmax, unsafe { f(args.as_ptr(), shared.dims, row as i64, (row + n) as i64) })
             };
-        let chunks = |e: usize,
-                      first: usize,
-                      n: usize,
-                      at: usize,
-                      len: usize,
-                      s: &[f32],
-                      m: &[f32],
-                      l: &mut [f32],
-                      p: &mut [f32]|
-         -> Result<(), String> {
-            let Some(on) = &a.online else { return Err("online softmax without its program".into()) };
-            let row = e * rows + first;
-            let mut args = table();
-            // As above, the tiles shifted back by the rows before them (rows `len`
-            // long in the chunk's program), the running maxima by the rows.
-            args[sp_] = s.as_ptr().wrapping_sub(row * len) as *mut u8;
-            args[pp_] = p.as_mut_ptr().wrapping_sub(row * len) as *mut u8;
-            args[on.max_param] = m.as_ptr().wrapping_sub(row) as *mut u8;
-            args[on.logits_param] = l.as_mut_ptr().wrapping_sub(row * len) as *mut u8;
-            // The chunk's first key and length, in this task's copy of the dim table.
-            let mut dims = DimCopy::of(&sp.dims);
-            dims.set(on.offset_slot, at as i64);
-            dims.set(on.len_slot, len as i64);
-            let g = self.loops[on.program];
-            // SAFETY: as above; the chunk's program reads S (a chunk wide) and the
-            // running maxima and writes the logits and P only in rows row..row+n,
-            // which the tiles hold (`n·len` values, `n` maxima); its other buffers
-            // are the plan's, read at keys at..at+len of `keys` (the dims say so).
-            status(on.program, unsafe { g(args.as_ptr(), dims.as_ptr(), row as i64, (row + n) as i64) })
-        };
+        let chunks;
         let step = match (&a.online, tasks.chunk) {
-            (Some(_), Some(_)) => kernels::Softmax::Chunks(&chunks),
+            (_, None) => kernels::Softmax::Rows(&softmax),
             (None, Some(_)) => {
                 return Err(RunError::Internal("a key chunk for attention without online softmax".into()))
             }
-            (_, None) => kernels::Softmax::Rows(&softmax),
+            (Some(on), Some(_)) => {
+                chunks = |e: usize,
+                          first: usize,
+                          n: usize,
+                          at: usize,
+                          len: usize,
+                          s: &[f32],
+                          m: &[f32],
+                          l: &mut [f32],
+                          p: &mut [f32]|
+                 -> Result<(), String> {
+                    let row = e * rows + first;
+                    let mut args = table();
+                    // As above, the tiles shifted back by the rows before them (rows
+                    // `len` long in the chunk's program), the running maxima by the rows.
+                    args[sp_] = s.as_ptr().wrapping_sub(row * len) as *mut u8;
+                    args[pp_] = p.as_mut_ptr().wrapping_sub(row * len) as *mut u8;
+                    args[on.max_param] = m.as_ptr().wrapping_sub(row) as *mut u8;
+                    args[on.logits_param] = l.as_mut_ptr().wrapping_sub(row * len) as *mut u8;
+                    // The chunk's first key and length, in this task's copy of the dim table.
+                    let mut dims = DimCopy::of(&sp.dims);
+                    dims.set(on.offset_slot, at as i64);
+                    dims.set(on.len_slot, len as i64);
+                    let g = self.loops[on.program];
+                    // SAFETY: as above; the chunk's program reads S (a chunk wide) and the
+                    // running maxima and writes the logits and P only in rows row..row+n,
+                    // which the tiles hold (`n·len` values, `n` maxima); its other buffers
+                    // are the plan's, read at keys at..at+len of `keys` (the dims say so).
+                    status(on.program, unsafe {
+                        g(args.as_ptr(), dims.as_ptr(), row as i64, (row + n) as i64)
+                    })
+                };
+                kernels::Softmax::Chunks(&chunks)
+            }
         };
         kernels::attention(&self.pool, &plan, &q, &kt, &v, &mut o, step).map_err(|e| match e {
             kernels::KernelError::Step(msg) => RunError::Kernel(msg),

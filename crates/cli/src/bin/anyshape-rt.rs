@@ -40,11 +40,8 @@ enum Command {
         /// Threads (default: those the artifact was compiled with).
         #[arg(long)]
         threads: Option<usize>,
-        /// How fused attention takes its keys: `auto` (whole rows of scores while
-        /// they stay in L2, online softmax over chunks beyond), `never`, `always`,
-        /// or N (chunks of N keys).
-        #[arg(long, value_name = "auto|never|always|N", value_parser = common::parse_key_chunks, default_value = "auto")]
-        key_chunks: runtime::KeyChunks,
+        #[command(flatten)]
+        chunks: common::KeyChunksArg,
     },
     /// Load an artifact, then time it at each shape: the first call and the
     /// median of warm calls, on synthetic inputs.
@@ -62,11 +59,8 @@ enum Command {
         /// Print one JSON object per shape.
         #[arg(long)]
         json: bool,
-        /// How fused attention takes its keys: `auto` (whole rows of scores while
-        /// they stay in L2, online softmax over chunks beyond), `never`, `always`,
-        /// or N (chunks of N keys).
-        #[arg(long, value_name = "auto|never|always|N", value_parser = common::parse_key_chunks, default_value = "auto")]
-        key_chunks: runtime::KeyChunks,
+        #[command(flatten)]
+        chunks: common::KeyChunksArg,
     },
     /// The artifact's inputs and outputs with their symbolic shapes.
     Info { artifact: PathBuf },
@@ -78,17 +72,17 @@ fn main() -> ExitCode {
 
 fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run { artifact, inputs, output_dir, threads, key_chunks } => {
-            let cm = load_artifact(&artifact, threads)?.with_key_chunks(key_chunks);
+        Command::Run { artifact, inputs, output_dir, threads, chunks } => {
+            let cm = load_artifact(&artifact, threads)?.with_key_chunks(chunks.key_chunks);
             for line in common::run_on_npy(&cm, &inputs, output_dir.as_deref())? {
                 say(line);
             }
         }
-        Command::Bench { artifact, shapes, threads, runs, json, key_chunks } => {
+        Command::Bench { artifact, shapes, threads, runs, json, chunks } => {
             let shapes: Vec<Vec<(String, usize)>> =
                 shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
             let start = Instant::now();
-            let cm = load_artifact(&artifact, threads)?.with_key_chunks(key_chunks);
+            let cm = load_artifact(&artifact, threads)?.with_key_chunks(chunks.key_chunks);
             let load_ms = ms(start.elapsed());
             if !json {
                 say(format!("loaded the artifact in {load_ms:.0} ms ({} threads)", cm.threads()));
