@@ -35,7 +35,28 @@ if [ ! -d "$venv123/node-data/node" ]; then
     "$venv123/bin/python" tools/conformance/generate_node_data.py --out "$venv123/node-data"
 fi
 
+# ptxas (PyPI's nvidia-cuda-nvcc, no GPU needed) for the GPU kernels' checks: the
+# nvptx tests assemble the family with it (ANYSHAPE_PTXAS).
+venvptx=.venv-ptxas
+if ! ls $venvptx/lib/python3*/site-packages/nvidia/cu13/bin/ptxas >/dev/null 2>&1; then
+    python3 -m venv "$venvptx"
+    "$venvptx/bin/pip" install --quiet --disable-pip-version-check "nvidia-cuda-nvcc==13.0.*"
+fi
+ptxas=$(ls "$PWD"/$venvptx/lib/python3*/site-packages/nvidia/cu13/bin/ptxas | head -1)
+export ANYSHAPE_PTXAS="$ptxas"
+
 cargo test --workspace --locked
+# The GPU runner (cudarc, loaded at run time: it builds and fails cleanly without a
+# GPU) and the whole GPU family assembled for sm_90a and sm_80: a register spill or a
+# ptxas warning (wgmma serialization) fails. Running the kernels needs a GPU
+# (scripts/gpu-dist.sh, then bench/gpu/device.sh on the GPU machine).
+cargo test --locked -p anyshape-gpu --features cuda
+target/debug/anyshape gpu-kernels --out target/gpu-kernels --ptxas "$ptxas" > target/gpu-kernels.log
+tail -1 target/gpu-kernels.log
+if ldd target/debug/anyshape-gpu | grep -i llvm; then
+    echo "error: anyshape-gpu links LLVM" >&2
+    exit 1
+fi
 # anyshape-rt runs compiled artifacts with the runtime alone: it links no LLVM.
 if ldd target/debug/anyshape-rt | grep -i llvm; then
     echo "error: anyshape-rt links LLVM" >&2

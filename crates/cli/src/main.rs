@@ -78,6 +78,10 @@ enum Command {
     /// the fraction of the measured peak, with the schedule the dispatcher chose
     /// (and, with --exhaustive, every candidate measured and each model's regret).
     BenchMatmul(Box<bench::BenchMatmulArgs>),
+    /// Generate the GPU GEMM family (PTX through LLVM's NVPTX target), check every
+    /// kernel with ptxas (spills and warnings fail), and write cubins and the
+    /// manifest that `anyshape-gpu` runs on a machine with only the NVIDIA driver.
+    GpuKernels(gpu_build::GpuKernelsArgs),
     /// Measure this machine's micro-kernels once and store them in the tuning cache
     /// (`$ANYSHAPE_CACHE_DIR`, `$XDG_CACHE_HOME/anyshape` or `~/.cache/anyshape`).
     ///
@@ -211,6 +215,7 @@ mod samples;
 mod search;
 
 mod common;
+mod gpu_build;
 pub(crate) use common::UserError;
 
 fn main() -> ExitCode {
@@ -284,6 +289,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         }
         Command::Tune { avx2, cache_dir, .. } => tune(avx2, cache_dir),
         Command::BenchMatmul(args) => bench::bench_matmul(*args),
+        Command::GpuKernels(args) => gpu_build::gpu_kernels(args),
     }
 }
 

@@ -114,6 +114,8 @@ pub fn register_tiles(t: &Target) -> Vec<(usize, usize)> {
 mod direct;
 mod family;
 mod loops;
+#[cfg(feature = "nvptx")]
+pub mod nvptx;
 mod objects;
 mod pack;
 pub mod peak;

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On the GPU machine (only the NVIDIA driver and PyTorch needed), from dist/gpu's parent:
+#   bash dist/gpu/device.sh OUTDIR
+# Checks every kernel against the host oracle (the mma.sync and the wgmma families in
+# separate processes: a faulting kernel poisons its process's context), benchmarks
+# the sweep with the kernels that passed (wave-model calibration, exhaustive times,
+# regret), then cuBLAS on the same products and the outputs compared with cuBLAS's.
+# Each step's log lands in OUTDIR even when a step fails.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:?usage: device.sh OUTDIR}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+rt="$here/anyshape-gpu"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv 2>&1 | tee "$out/device.txt"
+"$rt" info 2>&1 | tee -a "$out/device.txt"
+timeout 120 "$rt" check --dir "$here/kernels" --cases ${CASES:-4} --exclude gemm_wg_ --json "$out/check-mma.json" > "$out/check.log" 2>&1
+echo "check (mma.sync) exit $?" | tee -a "$out/check.log"
+timeout 90 "$rt" check --dir "$here/kernels" --cases ${CASES:-4} --filter gemm_wg_ --json "$out/check-wgmma.json" >> "$out/check.log" 2>&1
+echo "check (wgmma) exit $?" | tee -a "$out/check.log"
+grep -E "runs|exit" "$out/check.log"
+grep -vE " ok$|runs|exit|^check on" "$out/check.log" | cut -c1-400 | head -30
+skip=()
+for f in "$out/check-mma.json" "$out/check-wgmma.json"; do [ -f "$f" ] && skip+=(--skip-failed "$f"); done
+[ -f "$out/check-wgmma.json" ] || skip+=(--exclude gemm_wg_)
+timeout 240 "$rt" bench --dir "$here/kernels" --json "$out/bench.jsonl" --dump /tmp/anyshape-dump "${skip[@]}" > "$out/bench.log" 2>&1
+echo "bench exit $?" | tee -a "$out/bench.log"
+grep -E "left out|regret|timing|error" "$out/bench.log" | tail -6
+timeout 150 python3 "$here/cublas.py" --bench "$out/bench.jsonl" --dump /tmp/anyshape-dump --json "$out/cublas.json" > "$out/cublas.log" 2>&1
+echo "cublas exit $?" | tee -a "$out/cublas.log"
+grep -E "^(nt|nn) " "$out/cublas.log" | cut -c1-130
+tail -3 "$out/cublas.log"

@@ -1,0 +1,171 @@
+//! `anyshape gpu-kernels`: generates the GPU GEMM family's PTX (codegen::nvptx),
+//! assembles each kernel with ptxas (registers, spills, warnings: a spill or a
+//! warning fails the build), writes cubins for the target and the manifest the
+//! runner (`anyshape-gpu`, no LLVM) loads on the GPU machine.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use gpu::candidates;
+use gpu::manifest::PtxasReport;
+use gpu::{BLayout, Elem, Epilogue, Gelu, GemmKernel, Manifest, ManifestEntry};
+
+#[derive(Args)]
+pub struct GpuKernelsArgs {
+    /// The folder to write (PTX, cubins, manifest.json).
+    #[arg(long)]
+    out: PathBuf,
+    /// ptxas (from the PyPI wheel nvidia-cuda-nvcc or a CUDA install); without it
+    /// only PTX is written.
+    #[arg(long)]
+    ptxas: Option<PathBuf>,
+    /// The architectures ptxas checks every kernel for; cubins are written for the first.
+    #[arg(long, value_delimiter = ',', default_value = "sm_90a,sm_80")]
+    arch: Vec<String>,
+    /// Write each kernel's LLVM IR (.ll) beside its PTX.
+    #[arg(long)]
+    dump_llvm: bool,
+    /// Only kernels whose name contains this.
+    #[arg(long)]
+    filter: Option<String>,
+}
+
+/// The family that is built: for bf16 and f16, both B layouts, every block tile of
+/// `candidates::family` (mma.sync) and the wgmma tiles (K-major B) without an
+/// epilogue; and for bf16 with a K-major B (a pre-packed weight) the epilogues a
+/// transformer's projections fuse, on two mma.sync tiles and one wgmma tile.
+pub fn family() -> Vec<GemmKernel> {
+    let mut out = Vec::new();
+    for elem in [Elem::Bf16, Elem::F16] {
+        for b in [BLayout::KMajor, BLayout::NMajor] {
+            out.extend(candidates::family(elem, b, Epilogue::NONE));
+        }
+        out.extend(candidates::wgmma_family(elem, Epilogue::NONE));
+    }
+    let epilogues = [
+        Epilogue { bias: true, gelu: None, residual: false },
+        Epilogue { bias: true, gelu: Some(Gelu::Tanh), residual: false },
+        Epilogue { bias: true, gelu: Some(Gelu::Erf), residual: false },
+        Epilogue { bias: true, gelu: None, residual: true },
+        Epilogue { bias: false, gelu: Some(Gelu::Erf), residual: true },
+    ];
+    for epilogue in epilogues {
+        for k in candidates::family(Elem::Bf16, BLayout::KMajor, epilogue) {
+            if matches!((k.bm, k.bn), (16, 64) | (128, 128)) {
+                out.push(k);
+            }
+        }
+        for k in candidates::wgmma_family(Elem::Bf16, epilogue) {
+            if (k.bm, k.bn) == (128, 128) {
+                out.push(k);
+            }
+        }
+    }
+    out
+}
+
+pub fn gpu_kernels(args: GpuKernelsArgs) -> Result<()> {
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let kernels: Vec<GemmKernel> = family()
+        .into_iter()
+        .filter(|k| args.filter.as_ref().is_none_or(|f| k.name().contains(f.as_str())))
+        .collect();
+    if kernels.is_empty() {
+        bail!("no kernel matches the filter");
+    }
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<Result<ManifestEntry>>>> =
+        kernels.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..threads.min(kernels.len()) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(k) = kernels.get(i) else { break };
+                let r = build_one(k, &args);
+                *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+            });
+        }
+    });
+    let mut entries = Vec::new();
+    let mut failures = Vec::new();
+    for (k, r) in kernels.iter().zip(results) {
+        match r.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(Ok(e)) => entries.push(e),
+            Some(Err(e)) => failures.push(format!("{k}: {e:#}")),
+            None => failures.push(format!("{k}: not built")),
+        }
+    }
+    for e in &entries {
+        let regs: Vec<String> = e.ptxas.iter().map(|(a, r)| format!("{a} {} regs", r.registers)).collect();
+        println!(
+            "{:<44} {:>4} threads {:>6} B smem  {}",
+            e.name,
+            e.kernel.threads(),
+            e.kernel.smem_bytes(),
+            regs.join(", ")
+        );
+    }
+    if !failures.is_empty() {
+        bail!("{} of {} kernels failed:\n{}", failures.len(), kernels.len(), failures.join("\n"));
+    }
+    let manifest = Manifest { cubin_arch: args.ptxas.as_ref().map(|_| args.arch[0].clone()), entries };
+    manifest.save(&args.out).map_err(anyhow::Error::msg)?;
+    println!("{} kernels in {}", manifest.entries.len(), args.out.display());
+    Ok(())
+}
+
+fn build_one(k: &GemmKernel, args: &GpuKernelsArgs) -> Result<ManifestEntry> {
+    let name = k.name();
+    let ir = codegen::nvptx::llvm_ir(k)?;
+    if args.dump_llvm {
+        std::fs::write(args.out.join(format!("{name}.ll")), &ir)?;
+    }
+    let ptx = codegen::nvptx::compile(&ir, &name, k.arch)?;
+    let ptx_file = format!("{name}.ptx");
+    let ptx_path = args.out.join(&ptx_file);
+    std::fs::write(&ptx_path, &ptx)?;
+    let mut reports = Vec::new();
+    let mut cubin = None;
+    if let Some(ptxas) = &args.ptxas {
+        // A wgmma kernel exists for sm_90a alone.
+        let arches: Vec<&String> =
+            args.arch.iter().filter(|a| k.arch != gpu::Arch::Sm90a || a.as_str() == "sm_90a").collect();
+        if arches.is_empty() {
+            bail!("{name} needs sm_90a, which --arch does not list");
+        }
+        for (i, arch) in arches.into_iter().enumerate() {
+            let cubin_file = format!("{name}.{arch}.cubin");
+            let report = assemble(ptxas, &ptx_path, arch, &args.out.join(&cubin_file), &name)?;
+            let problems = report.problems();
+            if !problems.is_empty() {
+                bail!("ptxas {arch}: {}", problems.join("; "));
+            }
+            reports.push((arch.clone(), report));
+            if i == 0 {
+                cubin = Some(cubin_file);
+            } else {
+                std::fs::remove_file(args.out.join(&cubin_file)).ok();
+            }
+        }
+    }
+    Ok(ManifestEntry { kernel: *k, name, ptx: ptx_file, cubin, ptxas: reports })
+}
+
+/// `ptxas -v -arch ARCH PTX -o CUBIN`, its report parsed.
+fn assemble(ptxas: &Path, ptx: &Path, arch: &str, cubin: &Path, name: &str) -> Result<PtxasReport> {
+    let out = Command::new(ptxas)
+        .args(["-v", "-O3", "-arch", arch])
+        .arg(ptx)
+        .arg("-o")
+        .arg(cubin)
+        .output()
+        .with_context(|| format!("running {}", ptxas.display()))?;
+    let text = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!("ptxas {arch} failed:\n{text}");
+    }
+    PtxasReport::parse(&text, name).map_err(anyhow::Error::msg)
+}

@@ -1,0 +1,881 @@
+//! NVPTX code generation of the GPU GEMM family (`gpu::GemmKernel`): LLVM IR for one
+//! kernel, compiled to PTX by the NVPTX target of the same LLVM 19 that builds the
+//! CPU kernels.
+//!
+//! The `mma.sync` kernel (sm_80, runs on sm_90): a block computes a `bm × bn` tile
+//! of C. K goes through `stages` shared-memory buffers, 32 elements a step, filled
+//! by 16-byte `cp.async` copies; a copy outside the operand (rows past M or N,
+//! columns past K) reads 0 bytes and zero-fills (DietCode's local padding: nothing
+//! is padded in memory). Rows of 16-byte chunks are XOR-swizzled so that each
+//! `ldmatrix` reads 8 rows from 8 distinct bank groups. Each warp loads its A and B
+//! fragments with `ldmatrix` (`.trans` for an N-major B) and issues m16n8k16
+//! products into f32 accumulators. The epilogue (bias, GELU, residual) runs on the
+//! accumulators in registers; stores are predicated per element, two at a time
+//! where the row stride allows.
+
+use crate::{llvm, CodegenError};
+use gpu::{Arch, BLayout, Elem, Gelu, GemmKernel};
+use inkwell::context::Context;
+use inkwell::memory_buffer::MemoryBuffer;
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetTriple};
+use inkwell::OptimizationLevel;
+use std::fmt::Write;
+
+const TRIPLE: &str = "nvptx64-nvidia-cuda";
+
+/// PTX for `k`: `.target sm_80` for the mma.sync family (ptxas assembles it for
+/// sm_80 or sm_90a), `sm_90a` for wgmma.
+pub fn ptx(k: &GemmKernel) -> Result<String, CodegenError> {
+    let ir = llvm_ir(k)?;
+    compile(&ir, &k.name(), k.arch)
+}
+
+/// The LLVM IR module of `k`, as text (what `--dump-llvm` writes).
+pub fn llvm_ir(k: &GemmKernel) -> Result<String, CodegenError> {
+    k.check().map_err(|e| CodegenError::Unsupported(e.to_string()))?;
+    Ok(Gen::new(*k).module())
+}
+
+/// Compiles an NVPTX module's IR text to PTX, at O3, for `arch` (`.target sm_80`
+/// or `sm_90a`).
+pub fn compile(ir: &str, name: &str, arch: Arch) -> Result<String, CodegenError> {
+    Target::initialize_nvptx(&InitializationConfig::default());
+    let triple = TargetTriple::create(TRIPLE);
+    let target = Target::from_triple(&triple).map_err(llvm)?;
+    let tm = target
+        .create_target_machine(
+            &triple,
+            arch.sm(),
+            "+ptx80",
+            OptimizationLevel::Aggressive,
+            RelocMode::Default,
+            CodeModel::Default,
+        )
+        .ok_or_else(|| CodegenError::Llvm(format!("no NVPTX target machine for {}", arch.sm())))?;
+    let ctx = Context::create();
+    let buf = MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), name);
+    let module = ctx.create_module_from_ir(buf).map_err(|e| CodegenError::Llvm(format!("{name}: {e}")))?;
+    module.verify().map_err(|e| CodegenError::Llvm(format!("{name}: {e}")))?;
+    module.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(llvm)?;
+    let out = tm.write_to_memory_buffer(&module, FileType::Assembly).map_err(llvm)?;
+    String::from_utf8(out.as_slice().to_vec()).map_err(llvm)
+}
+
+/// Tile rows a raster group spans (see `Gen::indices`).
+const GROUP_M: usize = 8;
+
+/// A wgmma shared-memory descriptor's fixed fields for a K-major operand in
+/// 128-byte swizzle atoms: leading byte offset 1 (unused by swizzled K-major
+/// layouts), stride byte offset 1024 >> 4 (8 rows of 128 bytes to the next 8), swizzle
+/// mode 1 (128 bytes) in bits 62-63; the start address >> 4 fills bits 0-13.
+const DESC_SW128_KMAJOR: u64 = (1 << 16) | (64 << 32) | (1 << 62);
+
+/// What every thread knows of its block (see `Gen::indices`).
+struct Ix {
+    tid: String,
+    warp: String,
+    lane: String,
+    m0: String,
+    n0: String,
+    a_base: String,
+    b_base: String,
+    c_base: String,
+    r_base: Option<String>,
+    kt_n: String,
+}
+
+/// One thread's 16-byte copy of a stage: the global pointer at K step 0, the
+/// advance a step (elements), the row or column inside the operand, the K index at
+/// step 0 (checked `< K` with the step added), the offset inside the stage's tile,
+/// and, in a last partial round, whether the chunk exists (a copy past the tile would
+/// zero-fill another tile's bytes, so it is skipped, not emptied).
+struct Copy {
+    g: String,
+    step: String,
+    ok: String,
+    k0: String,
+    soff: String,
+    guard: Option<String>,
+}
+
+/// An m16n8 accumulator fragment: its row and column inside the block tile (the
+/// lane's own offsets are added by the epilogue) and its four values.
+struct Frag {
+    row: String,
+    col: String,
+    vals: [String; 4],
+}
+
+/// The IR writer: numbered SSA values, one instruction a line.
+struct Gen {
+    k: GemmKernel,
+    body: String,
+    n: usize,
+    label: usize,
+}
+
+/// The element's IR type, its `<2 x ..>` form, and the mma intrinsic.
+fn elem_ty(e: Elem) -> &'static str {
+    match e {
+        Elem::Bf16 => "bfloat",
+        Elem::F16 => "half",
+    }
+}
+
+impl Gen {
+    fn new(k: GemmKernel) -> Gen {
+        Gen { k, body: String::new(), n: 0, label: 0 }
+    }
+
+    /// Emits `%vN = <expr>` and returns `%vN`.
+    fn v(&mut self, expr: impl AsRef<str>) -> String {
+        self.n += 1;
+        let name = format!("%v{}", self.n);
+        let _ = writeln!(self.body, "  {name} = {}", expr.as_ref());
+        name
+    }
+
+    fn emit(&mut self, line: impl AsRef<str>) {
+        let _ = writeln!(self.body, "  {}", line.as_ref());
+    }
+
+    fn block(&mut self, name: &str) {
+        let _ = writeln!(self.body, "{name}:");
+    }
+
+    fn fresh(&mut self, stem: &str) -> String {
+        self.label += 1;
+        format!("{stem}{}", self.label)
+    }
+
+    /// `x % stages · stage_bytes` as an i32 byte offset.
+    fn slot_base(&mut self, x: &str) -> String {
+        let s = self.k.stages;
+        let slot = if s.is_power_of_two() {
+            self.v(format!("and i32 {x}, {}", s - 1))
+        } else {
+            self.v(format!("urem i32 {x}, {s}"))
+        };
+        let (a, b) = self.k.stage_bytes();
+        self.v(format!("mul i32 {slot}, {}", a + b))
+    }
+
+    fn smem_ptr(&mut self, off: &str) -> String {
+        self.v(format!("getelementptr inbounds i8, ptr addrspace(3) @smem, i32 {off}"))
+    }
+
+    /// Block and thread indices, the operands' bases for this block's batch entry,
+    /// and the K steps. Blocks are rasterized in groups of `GROUP_M` tile rows:
+    /// consecutive blocks share B's column panels and a few of A's row panels, so
+    /// that a wave's operands stay in L2 when a whole row of tiles would not.
+    fn indices(&mut self) -> Ix {
+        let k = self.k;
+        let tid = self.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
+        let bx = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
+        let by = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.y()");
+        let bz = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.z()");
+        let gx = self.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()");
+        let gy = self.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.y()");
+        // pid = by·gx + bx; group g = pid / (G·gx) covers tile rows [g·G, g·G + size).
+        let row_start = self.v(format!("mul i32 {by}, {gx}"));
+        let pid = self.v(format!("add i32 {row_start}, {bx}"));
+        let per_group = self.v(format!("mul i32 {gx}, {GROUP_M}"));
+        let group = self.v(format!("udiv i32 {pid}, {per_group}"));
+        let first = self.v(format!("mul i32 {group}, {GROUP_M}"));
+        let left = self.v(format!("sub i32 {gy}, {first}"));
+        let small = self.v(format!("icmp ult i32 {left}, {GROUP_M}"));
+        let size = self.v(format!("select i1 {small}, i32 {left}, i32 {GROUP_M}"));
+        let in_group = self.v(format!("urem i32 {pid}, {per_group}"));
+        let tm_off = self.v(format!("urem i32 {in_group}, {size}"));
+        let tm = self.v(format!("add i32 {first}, {tm_off}"));
+        let tn = self.v(format!("udiv i32 {in_group}, {size}"));
+        let warp = self.v(format!("lshr i32 {tid}, 5"));
+        let lane = self.v(format!("and i32 {tid}, 31"));
+        let m0 = self.v(format!("mul i32 {tm}, {}", k.bm));
+        let n0 = self.v(format!("mul i32 {tn}, {}", k.bn));
+        let bz64 = self.v(format!("zext i32 {bz} to i64"));
+        let oa = self.v(format!("mul i64 {bz64}, %sa"));
+        let ob = self.v(format!("mul i64 {bz64}, %sb"));
+        let oc = self.v(format!("mul i64 {bz64}, %sc"));
+        let a_base = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %A, i64 {oa}"));
+        let b_base = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %B, i64 {ob}"));
+        let c_base = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %C, i64 {oc}"));
+        let r_base = k
+            .epilogue
+            .residual
+            .then(|| self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %res, i64 {oc}")));
+        let bk = k.bk();
+        let kr = self.v(format!("add i32 %K, {}", bk - 1));
+        let kt_n = self.v(format!("udiv i32 {kr}, {bk}"));
+        Ix { tid, warp, lane, m0, n0, a_base, b_base, c_base, r_base, kt_n }
+    }
+
+    /// Each thread's share of a stage's 16-byte copies: A's `bm × bk` tile and B's
+    /// tile, chunk `i = tid + j·threads`. Rows of `bk` elements hold `bk/8` chunks;
+    /// an N-major B's rows are `bn` wide.
+    fn copies(&mut self, ix: &Ix) -> (Vec<Copy>, Vec<Copy>) {
+        let k = self.k;
+        let threads = k.threads();
+        let per_row = k.bk() / 8;
+        let (ca, cb) = k.chunks();
+        let mut a = Vec::new();
+        for j in 0..ca.div_ceil(threads) {
+            let i = self.v(format!("add i32 {}, {}", ix.tid, j * threads));
+            let guard = (ca % threads != 0).then(|| self.v(format!("icmp ult i32 {i}, {ca}")));
+            let row = self.v(format!("udiv i32 {i}, {per_row}"));
+            let c = self.v(format!("urem i32 {i}, {per_row}"));
+            let grow = self.v(format!("add i32 {}, {row}", ix.m0));
+            let rok = self.v(format!("icmp slt i32 {grow}, %M"));
+            let ok = self.and_guard(&rok, &guard);
+            let k0 = self.v(format!("shl i32 {c}, 3"));
+            let g = self.row_ptr(&ix.a_base, &grow, "%lda", &k0);
+            let soff = self.kmajor_offset(&row, &c);
+            a.push(Copy { g, step: format!("{}", k.bk()), ok, k0, soff, guard });
+        }
+        let mut b = Vec::new();
+        for j in 0..cb.div_ceil(threads) {
+            let i = self.v(format!("add i32 {}, {}", ix.tid, j * threads));
+            let guard = (cb % threads != 0).then(|| self.v(format!("icmp ult i32 {i}, {cb}")));
+            match k.b {
+                BLayout::KMajor => {
+                    let row = self.v(format!("udiv i32 {i}, {per_row}"));
+                    let c = self.v(format!("urem i32 {i}, {per_row}"));
+                    let gn = self.v(format!("add i32 {}, {row}", ix.n0));
+                    let nok = self.v(format!("icmp slt i32 {gn}, %N"));
+                    let ok = self.and_guard(&nok, &guard);
+                    let k0 = self.v(format!("shl i32 {c}, 3"));
+                    let g = self.row_ptr(&ix.b_base, &gn, "%ldb", &k0);
+                    let soff = self.kmajor_offset(&row, &c);
+                    b.push(Copy { g, step: format!("{}", k.bk()), ok, k0, soff, guard });
+                }
+                BLayout::NMajor => {
+                    let chunks = k.bn / 8;
+                    let krow = self.v(format!("udiv i32 {i}, {chunks}"));
+                    let c = self.v(format!("urem i32 {i}, {chunks}"));
+                    let c8 = self.v(format!("shl i32 {c}, 3"));
+                    let gn = self.v(format!("add i32 {}, {c8}", ix.n0));
+                    let nok = self.v(format!("icmp slt i32 {gn}, %N"));
+                    let ok = self.and_guard(&nok, &guard);
+                    let g = self.row_ptr(&ix.b_base, &krow, "%ldb", &gn);
+                    let ldb64 = self.v("sext i32 %ldb to i64");
+                    let step = self.v(format!("mul i64 {ldb64}, {}", k.bk()));
+                    let soff = self.swizzled(&krow, &c, k.bn * 2, 7, 0);
+                    b.push(Copy { g, step, ok, k0: krow, soff, guard });
+                }
+            }
+        }
+        (a, b)
+    }
+
+    fn and_guard(&mut self, ok: &str, guard: &Option<String>) -> String {
+        match guard {
+            Some(g) => self.v(format!("and i1 {ok}, {g}")),
+            None => ok.to_string(),
+        }
+    }
+
+    /// Where chunk `c` of a K-major tile's row `row` lies: 64-byte rows (mma.sync)
+    /// XOR the chunk with bits 1-2 of the row, so that an `ldmatrix` of 8 rows reads
+    /// 8 distinct bank groups; 128-byte rows (wgmma) use the 128-byte swizzle the
+    /// instruction's descriptors name (chunk XOR row mod 8, in 1024-byte atoms).
+    fn kmajor_offset(&mut self, row: &str, c: &str) -> String {
+        match self.k.arch {
+            Arch::Sm80 => self.swizzled(row, c, 64, 3, 1),
+            Arch::Sm90a => self.swizzled(row, c, 128, 7, 0),
+        }
+    }
+
+    /// One K step's copies into the slot of step `kt`: a copy outside the operand
+    /// reads 0 bytes and zero-fills; a chunk past a partial round's tile is skipped.
+    fn load_tile(&mut self, copies: &(Vec<Copy>, Vec<Copy>), kt: &str) {
+        let (a_bytes, _) = self.k.stage_bytes();
+        let base = self.slot_base(kt);
+        let bk = self.k.bk();
+        let ktk = self.v(format!("mul i32 {kt}, {bk}"));
+        let kt64 = self.v(format!("zext i32 {kt} to i64"));
+        for (which, list) in [(0usize, &copies.0), (1, &copies.1)] {
+            for cp in list.iter() {
+                let skip = cp.guard.as_ref().map(|in_tile| {
+                    let (go, next) = (self.fresh("cp.go"), self.fresh("cp.next"));
+                    self.emit(format!("br i1 {in_tile}, label %{go}, label %{next}"));
+                    self.block(&go);
+                    next
+                });
+                let kk = self.v(format!("add i32 {}, {ktk}", cp.k0));
+                let kok = self.v(format!("icmp slt i32 {kk}, %K"));
+                let ok = self.v(format!("and i1 {kok}, {}", cp.ok));
+                let adv = self.v(format!("mul i64 {kt64}, {}", cp.step));
+                let src = self.v(format!("getelementptr i16, ptr addrspace(1) {}, i64 {adv}", cp.g));
+                let fallback = if which == 0 { "%A" } else { "%B" };
+                let src =
+                    self.v(format!("select i1 {ok}, ptr addrspace(1) {src}, ptr addrspace(1) {fallback}"));
+                let size = self.v(format!("select i1 {ok}, i32 16, i32 0"));
+                let tile = if which == 0 {
+                    cp.soff.clone()
+                } else {
+                    self.v(format!("add i32 {}, {a_bytes}", cp.soff))
+                };
+                let off = self.v(format!("add i32 {base}, {tile}"));
+                let dst = self.smem_ptr(&off);
+                self.emit(format!(
+                    "call void @llvm.nvvm.cp.async.cg.shared.global.16.s(ptr addrspace(3) {dst}, ptr addrspace(1) {src}, i32 {size})"
+                ));
+                if let Some(next) = skip {
+                    self.emit(format!("br label %{next}"));
+                    self.block(&next);
+                }
+            }
+        }
+    }
+
+    /// The first `ahead` steps in flight, a group committed for each (empty past
+    /// the last step, so that the wait counts hold); returns the block that enters
+    /// the loop.
+    fn prologue(&mut self, ix: &Ix, copies: &(Vec<Copy>, Vec<Copy>), ahead: usize) -> String {
+        for s in 0..ahead {
+            let has = self.v(format!("icmp slt i32 {s}, {}", ix.kt_n));
+            let (go, next) = (self.fresh("pro.load"), self.fresh("pro.next"));
+            self.emit(format!("br i1 {has}, label %{go}, label %{next}"));
+            self.block(&go);
+            self.load_tile(copies, &s.to_string());
+            self.emit(format!("br label %{next}"));
+            self.block(&next);
+            self.emit("call void @llvm.nvvm.cp.async.commit.group()");
+        }
+        let pre = self.fresh("pre");
+        self.emit(format!("br label %{pre}"));
+        self.block(&pre);
+        self.emit("br label %loop");
+        pre
+    }
+
+    /// Closes the loop: its phis (k step and accumulators) placed at its head, now
+    /// that the latch's values are known.
+    fn close_loop(
+        &mut self,
+        head: usize,
+        pre: &str,
+        kt1: &str,
+        latch: &str,
+        acc: &[String],
+        next: &[String],
+    ) {
+        let mut phis = format!("  %kt = phi i32 [ 0, %{pre} ], [ {kt1}, %{latch} ]\n");
+        for (a, n) in acc.iter().zip(next) {
+            let _ = writeln!(phis, "  {a} = phi float [ 0.0, %{pre} ], [ {n}, %{latch} ]");
+        }
+        self.body.insert_str(head, &phis);
+    }
+
+    fn module(mut self) -> String {
+        let k = self.k;
+        let ix = self.indices();
+        let copies = self.copies(&ix);
+        let frags = match k.arch {
+            Arch::Sm80 => self.mma_loop(&ix, &copies),
+            Arch::Sm90a => self.wgmma_loop(&ix, &copies),
+        };
+        self.epilogue(&ix, &frags);
+        self.finish()
+    }
+
+    /// The mma.sync main loop; returns the accumulators as m16n8 fragments.
+    fn mma_loop(&mut self, ix: &Ix, copies: &(Vec<Copy>, Vec<Copy>)) -> Vec<Frag> {
+        let k = self.k;
+        let (wm, wn) = k.warp_tile();
+        let (a_bytes, _) = k.stage_bytes();
+        let lane = ix.lane.clone();
+        let wmi = self.v(format!("udiv i32 {}, {}", ix.warp, k.warps_n));
+        let wni = self.v(format!("urem i32 {}, {}", ix.warp, k.warps_n));
+        // ldmatrix offsets within a stage (lane-dependent, loop-invariant), per k16
+        // half `kk` of the 32-wide step.
+        let mut a_frag_off = vec![vec![String::new(); 2]; wm / 16];
+        for (mi, offs) in a_frag_off.iter_mut().enumerate() {
+            for (kk, off) in offs.iter_mut().enumerate() {
+                let l16 = self.v(format!("and i32 {lane}, 15"));
+                let wrow = self.v(format!("mul i32 {wmi}, {wm}"));
+                let r0 = self.v(format!("add i32 {wrow}, {}", mi * 16));
+                let row = self.v(format!("add i32 {r0}, {l16}"));
+                let hi = self.v(format!("lshr i32 {lane}, 4"));
+                let c = self.v(format!("add i32 {hi}, {}", kk * 2));
+                *off = self.kmajor_offset(&row, &c);
+            }
+        }
+        let mut b_frag_off = vec![vec![String::new(); 2]; wn / 16];
+        for (ni2, offs) in b_frag_off.iter_mut().enumerate() {
+            for (kk, off) in offs.iter_mut().enumerate() {
+                let wcol = self.v(format!("mul i32 {wni}, {wn}"));
+                let s = match k.b {
+                    BLayout::KMajor => {
+                        // Rows n: lanes 0-7 and 8-15 the first 8 columns (k halves 0, 1),
+                        // lanes 16-31 the next 8.
+                        let l8 = self.v(format!("and i32 {lane}, 7"));
+                        let hi = self.v(format!("lshr i32 {lane}, 4"));
+                        let hi8 = self.v(format!("shl i32 {hi}, 3"));
+                        let r0 = self.v(format!("add i32 {wcol}, {}", ni2 * 16));
+                        let r1 = self.v(format!("add i32 {r0}, {l8}"));
+                        let row = self.v(format!("add i32 {r1}, {hi8}"));
+                        let mid = self.v(format!("lshr i32 {lane}, 3"));
+                        let mid1 = self.v(format!("and i32 {mid}, 1"));
+                        let c = self.v(format!("add i32 {mid1}, {}", kk * 2));
+                        self.kmajor_offset(&row, &c)
+                    }
+                    BLayout::NMajor => {
+                        // Rows k: lanes 0-7 k 0-7, 8-15 k 8-15 (the first 8 columns),
+                        // lanes 16-31 the same k for the next 8 columns.
+                        let l8 = self.v(format!("and i32 {lane}, 7"));
+                        let mid = self.v(format!("lshr i32 {lane}, 3"));
+                        let mid1 = self.v(format!("and i32 {mid}, 1"));
+                        let mid8 = self.v(format!("shl i32 {mid1}, 3"));
+                        let r1 = self.v(format!("add i32 {l8}, {mid8}"));
+                        let krow = self.v(format!("add i32 {r1}, {}", kk * 16));
+                        let hi = self.v(format!("lshr i32 {lane}, 4"));
+                        let col = self.v(format!("add i32 {wcol}, {}", ni2 * 16));
+                        let c0 = self.v(format!("lshr i32 {col}, 3"));
+                        let c = self.v(format!("add i32 {c0}, {hi}"));
+                        self.swizzled(&krow, &c, k.bn * 2, 7, 0)
+                    }
+                };
+                *off = self.v(format!("add i32 {s}, {a_bytes}"));
+            }
+        }
+
+        let pre = self.prologue(ix, copies, k.stages - 1);
+        self.block("loop");
+        let head = self.body.len();
+        let accs = k.accumulators();
+        let acc_names: Vec<String> = (0..accs).map(|i| format!("%acc{i}")).collect();
+        self.emit(format!("call void @llvm.nvvm.cp.async.wait.group(i32 {})", k.stages - 2));
+        self.emit("call void @llvm.nvvm.barrier0()");
+        let pf = self.v(format!("add i32 %kt, {}", k.stages - 1));
+        let has = self.v(format!("icmp slt i32 {pf}, {}", ix.kt_n));
+        self.emit(format!("br i1 {has}, label %loop.load, label %loop.mma"));
+        self.block("loop.load");
+        self.load_tile(copies, &pf);
+        self.emit("br label %loop.mma");
+        self.block("loop.mma");
+        self.emit("call void @llvm.nvvm.cp.async.commit.group()");
+        let base = self.slot_base("%kt");
+        let mut cur: Vec<String> = acc_names.clone();
+        let ntiles = wn / 8;
+        for kk in 0..2 {
+            let mut afr = Vec::new();
+            for offs in &a_frag_off {
+                let off = self.v(format!("add i32 {base}, {}", offs[kk]));
+                let p = self.smem_ptr(&off);
+                let r = self.v(format!("call {{i32, i32, i32, i32}} @llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16(ptr addrspace(3) {p})"));
+                afr.push(
+                    (0..4)
+                        .map(|x| self.v(format!("extractvalue {{i32, i32, i32, i32}} {r}, {x}")))
+                        .collect::<Vec<_>>(),
+                );
+            }
+            let mut bfr = Vec::new();
+            let ld = match k.b {
+                BLayout::KMajor => "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16",
+                BLayout::NMajor => "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.trans.b16",
+            };
+            for offs in &b_frag_off {
+                let off = self.v(format!("add i32 {base}, {}", offs[kk]));
+                let p = self.smem_ptr(&off);
+                let r = self.v(format!("call {{i32, i32, i32, i32}} @{ld}(ptr addrspace(3) {p})"));
+                let x: Vec<String> =
+                    (0..4).map(|x| self.v(format!("extractvalue {{i32, i32, i32, i32}} {r}, {x}"))).collect();
+                bfr.push(vec![x[0].clone(), x[1].clone()]);
+                bfr.push(vec![x[2].clone(), x[3].clone()]);
+            }
+            for (mi, a) in afr.iter().enumerate() {
+                for (ni, b) in bfr.iter().enumerate() {
+                    let at = (mi * ntiles + ni) * 4;
+                    let args: Vec<String> = a.iter().chain(b.iter()).map(|x| self.operand(x)).collect();
+                    let c: Vec<String> = (0..4).map(|x| format!("float {}", cur[at + x])).collect();
+                    let intrinsic = match k.elem {
+                        Elem::Bf16 => "llvm.nvvm.mma.m16n8k16.row.col.bf16",
+                        Elem::F16 => "llvm.nvvm.mma.m16n8k16.row.col.f32.f32",
+                    };
+                    let r = self.v(format!(
+                        "call {{float, float, float, float}} @{intrinsic}({}, {})",
+                        args.join(", "),
+                        c.join(", ")
+                    ));
+                    for x in 0..4 {
+                        cur[at + x] = self.v(format!("extractvalue {{float, float, float, float}} {r}, {x}"));
+                    }
+                }
+            }
+        }
+        let kt1 = self.v("add i32 %kt, 1");
+        let again = self.v(format!("icmp slt i32 {kt1}, {}", ix.kt_n));
+        self.emit(format!("br i1 {again}, label %loop, label %epilogue"));
+        self.close_loop(head, &pre, &kt1, "loop.mma", &acc_names, &cur);
+
+        // The accumulators leave the loop from its latch (the only way out).
+        self.block("epilogue");
+        let wrow = self.v(format!("mul i32 {wmi}, {wm}"));
+        let wcol = self.v(format!("mul i32 {wni}, {wn}"));
+        let mut frags = Vec::new();
+        for mi in 0..wm / 16 {
+            for ni in 0..ntiles {
+                let at = (mi * ntiles + ni) * 4;
+                let row = self.v(format!("add i32 {wrow}, {}", mi * 16));
+                let col = self.v(format!("add i32 {wcol}, {}", ni * 8));
+                frags.push(Frag { row, col, vals: [0, 1, 2, 3].map(|x| cur[at + x].clone()) });
+            }
+        }
+        frags
+    }
+
+    /// The wgmma main loop: each warpgroup multiplies its 64 rows of the A tile by
+    /// the whole B tile, four `m64n{bn}k16` instructions a 64-wide K step, issued in
+    /// one asm statement (nothing may touch the accumulators between them), reading
+    /// both operands from shared memory through descriptors. The copies for a later
+    /// step are issued before the step's products, so that they overlap. Without
+    /// `overlap` each step's group is waited for at its end and the copies run
+    /// `stages - 1` steps ahead; with it one group stays in flight (waited for when
+    /// the next is issued), so the buffer it reads is not refilled: the copies run
+    /// `stages - 2` ahead, into the buffer of the step two back, which the barrier
+    /// at the step's top has seen every warpgroup finish.
+    fn wgmma_loop(&mut self, ix: &Ix, copies: &(Vec<Copy>, Vec<Copy>)) -> Vec<Frag> {
+        let k = self.k;
+        let (a_bytes, _) = k.stage_bytes();
+        let wg = self.v(format!("lshr i32 {}, 7", ix.tid));
+        let wg_a = self.v(format!("mul i32 {wg}, {}", 64 * 128));
+        let smem0 = self.v("ptrtoint ptr addrspace(3) @smem to i32");
+        let ahead = if k.overlap { k.stages - 2 } else { k.stages - 1 };
+
+        let pre = self.prologue(ix, copies, ahead);
+        self.block("loop");
+        let head = self.body.len();
+        let accs = k.accumulators();
+        let acc_names: Vec<String> = (0..accs).map(|i| format!("%acc{i}")).collect();
+        self.emit(format!("call void @llvm.nvvm.cp.async.wait.group(i32 {})", ahead - 1));
+        // This thread's copies are done; make them visible to the async proxy that
+        // wgmma reads shared memory through, then to every thread.
+        self.emit("call void asm sideeffect \"fence.proxy.async.shared::cta;\", \"~{memory}\"()");
+        self.emit("call void @llvm.nvvm.barrier0()");
+        let pf = self.v(format!("add i32 %kt, {ahead}"));
+        let has = self.v(format!("icmp slt i32 {pf}, {}", ix.kt_n));
+        self.emit(format!("br i1 {has}, label %loop.load, label %loop.mma"));
+        self.block("loop.load");
+        self.load_tile(copies, &pf);
+        self.emit("br label %loop.mma");
+        self.block("loop.mma");
+        self.emit("call void @llvm.nvvm.cp.async.commit.group()");
+        let base = self.slot_base("%kt");
+        let at = self.v(format!("add i32 {smem0}, {base}"));
+        let a_at = self.v(format!("add i32 {at}, {wg_a}"));
+        let b_at = self.v(format!("add i32 {at}, {a_bytes}"));
+        let desc = |g: &mut Gen, addr: &str, step: usize| -> String {
+            let off = g.v(format!("add i32 {addr}, {}", step * 32));
+            let field = g.v(format!("lshr i32 {off}, 4"));
+            let low = g.v(format!("and i32 {field}, 16383"));
+            let low64 = g.v(format!("zext i32 {low} to i64"));
+            g.v(format!("or i64 {low64}, {DESC_SW128_KMAJOR}"))
+        };
+        let mut descs = Vec::new();
+        for step in 0..k.bk() / 16 {
+            let da = desc(self, &a_at, step);
+            let db = desc(self, &b_at, step);
+            descs.push(format!("i64 {da}"));
+            descs.push(format!("i64 {db}"));
+        }
+        let nacc = accs;
+        let d_list = (0..nacc).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
+        let ty = match k.elem {
+            Elem::Bf16 => "bf16",
+            Elem::F16 => "f16",
+        };
+        let mut text = String::from("{\\0A.reg .pred p;\\0Asetp.ne.b32 p, $");
+        let scale_at = nacc + descs.len();
+        text.push_str(&format!("{scale_at}, 0;\\0Awgmma.fence.sync.aligned;\\0A"));
+        for step in 0..k.bk() / 16 {
+            text.push_str(&format!(
+                "wgmma.mma_async.sync.aligned.m64n{}k16.f32.{ty}.{ty} {{{d_list}}}, ${}, ${}, p, 1, 1, 0, 0;\\0A",
+                k.bn,
+                nacc + 2 * step,
+                nacc + 2 * step + 1
+            ));
+        }
+        let in_flight = usize::from(k.overlap);
+        text.push_str(&format!(
+            "wgmma.commit_group.sync.aligned;\\0Awgmma.wait_group.sync.aligned {in_flight};\\0A}}"
+        ));
+        let outs = vec!["=f"; nacc].join(",");
+        let ins = vec!["l"; descs.len()].join(",");
+        let tied = (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+        let sty = format!("{{{}}}", vec!["float"; nacc].join(", "));
+        let args: Vec<String> = descs
+            .iter()
+            .cloned()
+            .chain(std::iter::once("i32 1".to_string()))
+            .chain(acc_names.iter().map(|a| format!("float {a}")))
+            .collect();
+        let r = self.v(format!(
+            "call {sty} asm sideeffect \"{text}\", \"{outs},{ins},r,{tied},~{{memory}}\"({})",
+            args.join(", ")
+        ));
+        let cur: Vec<String> = (0..nacc).map(|i| self.v(format!("extractvalue {sty} {r}, {i}"))).collect();
+        let kt1 = self.v("add i32 %kt, 1");
+        let again = self.v(format!("icmp slt i32 {kt1}, {}", ix.kt_n));
+        self.emit(format!("br i1 {again}, label %loop, label %epilogue"));
+        self.close_loop(head, &pre, &kt1, "loop.mma", &acc_names, &cur);
+
+        // A warpgroup's accumulators: warp w of the group holds rows 16w..16w+15 of its
+        // 64, as m16n8 fragments along N (the mma.sync layout, one per 8 columns).
+        self.block("epilogue");
+        let cur = if k.overlap {
+            // The group in flight, waited for: the accumulators pass through the
+            // wait as tied operands, so that nothing reads them before it.
+            let tied = (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+            let args = cur.iter().map(|a| format!("float {a}")).collect::<Vec<_>>().join(", ");
+            let w = self.v(format!("call {sty} asm sideeffect \"wgmma.wait_group.sync.aligned 0;\", \"{outs},{tied},~{{memory}}\"({args})"));
+            (0..nacc).map(|i| self.v(format!("extractvalue {sty} {w}, {i}"))).collect()
+        } else {
+            cur
+        };
+        let wrow0 = self.v(format!("mul i32 {}, 16", ix.warp));
+        let mut frags = Vec::new();
+        for ni in 0..k.bn / 8 {
+            let col = format!("{}", ni * 8);
+            frags.push(Frag { row: wrow0.clone(), col, vals: [0, 1, 2, 3].map(|x| cur[ni * 4 + x].clone()) });
+        }
+        frags
+    }
+
+    /// Applies the epilogue to every m16n8 fragment (rows `row + g` and `row + g + 8`
+    /// of the block tile, columns `col + 2q`, `+1`, for lane `4g + q`) and stores it.
+    fn epilogue(&mut self, ix: &Ix, frags: &[Frag]) {
+        let k = self.k;
+        let e = elem_ty(k.elem);
+        let lane = ix.lane.clone();
+        self.emit("call void @llvm.nvvm.cp.async.wait.group(i32 0)");
+        let g = self.v(format!("lshr i32 {lane}, 2"));
+        let q = self.v(format!("and i32 {lane}, 3"));
+        let q2 = self.v(format!("shl i32 {q}, 1"));
+        let r1 = self.v(format!("add i32 {}, {g}", ix.m0));
+        let c1 = self.v(format!("add i32 {}, {q2}", ix.n0));
+        let sc_lo = self.v("trunc i64 %sc to i32");
+        let strides = self.v(format!("or i32 %ldc, {sc_lo}"));
+        let parity = self.v(format!("and i32 {strides}, 1"));
+        let even = self.v(format!("icmp eq i32 {parity}, 0"));
+        let ldc64 = self.v("sext i32 %ldc to i64");
+        for f in frags {
+            for half in 0..2 {
+                let r0 = self.v(format!("add i32 {r1}, {}", f.row));
+                let row = self.v(format!("add i32 {r0}, {}", half * 8));
+                let col = self.v(format!("add i32 {c1}, {}", f.col));
+                let col1 = self.v(format!("add i32 {col}, 1"));
+                let rok = self.v(format!("icmp slt i32 {row}, %M"));
+                let ok0 = self.v(format!("icmp slt i32 {col}, %N"));
+                let ok1 = self.v(format!("icmp slt i32 {col1}, %N"));
+                let row64 = self.v(format!("sext i32 {row} to i64"));
+                let col64 = self.v(format!("sext i32 {col} to i64"));
+                let rowoff = self.v(format!("mul i64 {row64}, {ldc64}"));
+                let idx = self.v(format!("add i64 {rowoff}, {col64}"));
+                let in0 = self.v(format!("and i1 {rok}, {ok0}"));
+                let in1 = self.v(format!("and i1 {rok}, {ok1}"));
+                let mut out = Vec::new();
+                for x in 0..2 {
+                    let mut y = f.vals[half * 2 + x].clone();
+                    if k.epilogue.bias {
+                        let (cc, okc) = if x == 0 { (&col, &ok0) } else { (&col1, &ok1) };
+                        let bi = self.v(format!("select i1 {okc}, i32 {cc}, i32 0"));
+                        let bp =
+                            self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %bias, i32 {bi}"));
+                        let bv = self.v(format!("load {e}, ptr addrspace(1) {bp}, align 2"));
+                        let bf = self.v(format!("fpext {e} {bv} to float"));
+                        y = self.v(format!("fadd float {y}, {bf}"));
+                    }
+                    if let Some(form) = k.epilogue.gelu {
+                        y = self.gelu(form, &y);
+                    }
+                    if let Some(rb) = &ix.r_base {
+                        let inx = if x == 0 { &in0 } else { &in1 };
+                        let ixx = self.v(format!("add i64 {idx}, {x}"));
+                        let ri = self.v(format!("select i1 {inx}, i64 {ixx}, i64 0"));
+                        let rp =
+                            self.v(format!("getelementptr inbounds i16, ptr addrspace(1) {rb}, i64 {ri}"));
+                        let rv = self.v(format!("load {e}, ptr addrspace(1) {rp}, align 2"));
+                        let rf = self.v(format!("fpext {e} {rv} to float"));
+                        y = self.v(format!("fadd float {y}, {rf}"));
+                    }
+                    out.push(self.v(format!("fptrunc float {y} to {e}")));
+                }
+                // Two values in one 4-byte store where both are inside and the strides
+                // keep it aligned; else one at a time, each predicated.
+                let pair_ok = self.v(format!("and i1 {in1}, {even}"));
+                let (pair, single, st0, chk1, st1, next) = (
+                    self.fresh("st.pair"),
+                    self.fresh("st.single"),
+                    self.fresh("st.0"),
+                    self.fresh("st.chk"),
+                    self.fresh("st.1"),
+                    self.fresh("st.next"),
+                );
+                let p0 =
+                    self.v(format!("getelementptr inbounds i16, ptr addrspace(1) {}, i64 {idx}", ix.c_base));
+                self.emit(format!("br i1 {pair_ok}, label %{pair}, label %{single}"));
+                self.block(&pair);
+                let v2a = self.v(format!("insertelement <2 x {e}> poison, {e} {}, i32 0", out[0]));
+                let v2 = self.v(format!("insertelement <2 x {e}> {v2a}, {e} {}, i32 1", out[1]));
+                self.emit(format!("store <2 x {e}> {v2}, ptr addrspace(1) {p0}, align 4"));
+                self.emit(format!("br label %{next}"));
+                self.block(&single);
+                self.emit(format!("br i1 {in0}, label %{st0}, label %{chk1}"));
+                self.block(&st0);
+                self.emit(format!("store {e} {}, ptr addrspace(1) {p0}, align 2", out[0]));
+                self.emit(format!("br label %{chk1}"));
+                self.block(&chk1);
+                self.emit(format!("br i1 {in1}, label %{st1}, label %{next}"));
+                self.block(&st1);
+                let p1 = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) {p0}, i64 1"));
+                self.emit(format!("store {e} {}, ptr addrspace(1) {p1}, align 2", out[1]));
+                self.emit(format!("br label %{next}"));
+                self.block(&next);
+            }
+        }
+        self.emit("ret void");
+    }
+
+    /// The module's text around the body: the target, the dynamic shared memory, the
+    /// kernel's signature (`gpu::kernel::ABI`), the declarations and the annotations.
+    fn finish(self) -> String {
+        let k = self.k;
+        let name = k.name();
+        let threads = k.threads();
+        let mut m = String::new();
+        let _ = writeln!(m, "; {name}: {threads} threads, {} bytes of dynamic shared memory", k.smem_bytes());
+        let _ = writeln!(m, "target datalayout = \"e-i64:64-i128:128-v16:16-v32:32-n16:32:64\"");
+        let _ = writeln!(m, "target triple = \"{TRIPLE}\"\n");
+        // 1024-byte aligned: a 128-byte swizzle atom's pattern is read off address bits.
+        let _ = writeln!(m, "@smem = external addrspace(3) global [0 x i8], align 1024\n");
+        let _ = writeln!(
+            m,
+            "define void @{name}(ptr addrspace(1) readonly align 16 %A, ptr addrspace(1) readonly align 16 %B, \
+             ptr addrspace(1) align 16 %C, ptr addrspace(1) readonly %bias, ptr addrspace(1) readonly %res, \
+             i32 %M, i32 %N, i32 %K, i32 %lda, i32 %ldb, i32 %ldc, i64 %sa, i64 %sb, i64 %sc) {{"
+        );
+        m.push_str("entry:\n");
+        m.push_str(&self.body);
+        m.push_str("}\n\n");
+        m.push_str(DECLS);
+        let _ = writeln!(m, "\n!nvvm.annotations = !{{!0, !1}}");
+        let _ = writeln!(m, "!0 = !{{ptr @{name}, !\"kernel\", i32 1}}");
+        let _ = writeln!(m, "!1 = !{{ptr @{name}, !\"maxntidx\", i32 {threads}}}");
+        m
+    }
+
+    /// A fragment register as the mma's operand type (`i32` holds two bf16; the f16
+    /// intrinsic takes `<2 x half>`).
+    fn operand(&mut self, x: &str) -> String {
+        match self.k.elem {
+            Elem::Bf16 => format!("i32 {x}"),
+            Elem::F16 => {
+                let h = self.v(format!("bitcast i32 {x} to <2 x half>"));
+                format!("<2 x half> {h}")
+            }
+        }
+    }
+
+    /// A pointer to `base[row · ld + col]` (i64 arithmetic).
+    fn row_ptr(&mut self, base: &str, row: &str, ld: &str, col: &str) -> String {
+        let r = self.v(format!("sext i32 {row} to i64"));
+        let l = self.v(format!("sext i32 {ld} to i64"));
+        let rl = self.v(format!("mul i64 {r}, {l}"));
+        let c = self.v(format!("sext i32 {col} to i64"));
+        let off = self.v(format!("add i64 {rl}, {c}"));
+        self.v(format!("getelementptr i16, ptr addrspace(1) {base}, i64 {off}"))
+    }
+
+    /// Byte offset of 16-byte chunk `c` of row `row` in a tile of `row_bytes`-byte
+    /// rows, the chunk index XORed with `(row >> shift) & mask`: 64-byte rows (A, a
+    /// K-major B) use bits 1-2 of the row, so rows 0, 2, 4, 6 and 1, 3, 5, 7 fall in
+    /// distinct 16-byte bank groups; rows of 128 bytes or more (an N-major B) use
+    /// bits 0-2.
+    fn swizzled(&mut self, row: &str, c: &str, row_bytes: usize, mask: usize, shift: usize) -> String {
+        let r = if shift > 0 { self.v(format!("lshr i32 {row}, {shift}")) } else { row.to_string() };
+        let bits = self.v(format!("and i32 {r}, {mask}"));
+        let sw = self.v(format!("xor i32 {c}, {bits}"));
+        let cb = self.v(format!("shl i32 {sw}, 4"));
+        let rb = self.v(format!("mul i32 {row}, {row_bytes}"));
+        self.v(format!("add i32 {rb}, {cb}"))
+    }
+
+    /// GELU of an f32 value, in registers: the tanh form through `tanh.approx.f32`;
+    /// the erf form through erfc's Chebyshev fit (|error| < 1.2e-7) with `ex2.approx`.
+    fn gelu(&mut self, form: Gelu, x: &str) -> String {
+        match form {
+            Gelu::Tanh => {
+                let x2 = self.v(format!("fmul float {x}, {x}"));
+                let x3 = self.v(format!("fmul float {x2}, {x}"));
+                let inner = self
+                    .v(format!("call float @llvm.fma.f32(float {x3}, float 0x3FA6E4E260000000, float {x})"));
+                let u = self.v(format!("fmul float {inner}, 0x3FE9884540000000"));
+                let t = self.v(format!("call float asm \"tanh.approx.f32 $0, $1;\", \"=f,f\"(float {u})"));
+                let one = self.v(format!("fadd float {t}, 1.0"));
+                let hx = self.v(format!("fmul float {x}, 0.5"));
+                self.v(format!("fmul float {hx}, {one}"))
+            }
+            Gelu::Erf => {
+                // erf(x/√2) for z = |x|/√2: t = 1/(1 + z/2), erfc = t·exp(-z² + P(t)).
+                let ax = self.v(format!("call float @llvm.fabs.f32(float {x})"));
+                let z = self.v(format!("fmul float {ax}, 0x3FE6A09E60000000"));
+                let hz = self.v(format!("call float @llvm.fma.f32(float {z}, float 0.5, float 1.0)"));
+                let t = self.v(format!("fdiv float 1.0, {hz}"));
+                let coef = [
+                    0.170_872_77f32,
+                    -0.822_152_23,
+                    1.488_515_9,
+                    -1.135_204,
+                    0.278_868_07,
+                    -0.186_288_06,
+                    0.096_784_18,
+                    0.374_091_96,
+                    1.000_023_7,
+                    -1.265_512_2,
+                ];
+                let mut p = float_lit(coef[0]);
+                for &c in &coef[1..] {
+                    p = self
+                        .v(format!("call float @llvm.fma.f32(float {p}, float {t}, float {})", float_lit(c)));
+                }
+                let z2 = self.v(format!("fmul float {z}, {z}"));
+                let ex = self.v(format!("fsub float {p}, {z2}"));
+                let l2 = self.v(format!("fmul float {ex}, 0x3FF7154760000000"));
+                let e2 = self.v(format!("call float asm \"ex2.approx.f32 $0, $1;\", \"=f,f\"(float {l2})"));
+                let erfc = self.v(format!("fmul float {t}, {e2}"));
+                let erf_abs = self.v(format!("fsub float 1.0, {erfc}"));
+                let neg = self.v(format!("fcmp olt float {x}, 0.0"));
+                let nerf = self.v(format!("fneg float {erf_abs}"));
+                let erf = self.v(format!("select i1 {neg}, float {nerf}, float {erf_abs}"));
+                let one = self.v(format!("fadd float {erf}, 1.0"));
+                let hx = self.v(format!("fmul float {x}, 0.5"));
+                self.v(format!("fmul float {hx}, {one}"))
+            }
+        }
+    }
+}
+
+/// An f32 constant as LLVM IR writes it: the double whose value it is, in hex.
+fn float_lit(x: f32) -> String {
+    format!("0x{:016X}", (x as f64).to_bits())
+}
+
+const DECLS: &str = "declare i32 @llvm.nvvm.read.ptx.sreg.tid.x()
+declare i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()
+declare i32 @llvm.nvvm.read.ptx.sreg.ctaid.y()
+declare i32 @llvm.nvvm.read.ptx.sreg.ctaid.z()
+declare i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()
+declare i32 @llvm.nvvm.read.ptx.sreg.nctaid.y()
+declare void @llvm.nvvm.barrier0()
+declare void @llvm.nvvm.cp.async.cg.shared.global.16.s(ptr addrspace(3), ptr addrspace(1), i32)
+declare void @llvm.nvvm.cp.async.commit.group()
+declare void @llvm.nvvm.cp.async.wait.group(i32 immarg)
+declare { i32, i32, i32, i32 } @llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16(ptr addrspace(3))
+declare { i32, i32, i32, i32 } @llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.trans.b16(ptr addrspace(3))
+declare { float, float, float, float } @llvm.nvvm.mma.m16n8k16.row.col.bf16(i32, i32, i32, i32, i32, i32, float, float, float, float)
+declare { float, float, float, float } @llvm.nvvm.mma.m16n8k16.row.col.f32.f32(<2 x half>, <2 x half>, <2 x half>, <2 x half>, <2 x half>, <2 x half>, float, float, float, float)
+declare float @llvm.fma.f32(float, float, float)
+declare float @llvm.fabs.f32(float)
+";

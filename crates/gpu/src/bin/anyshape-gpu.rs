@@ -1,0 +1,677 @@
+//! `anyshape-gpu`: the GPU machine's runner. It links cudarc and nothing of LLVM,
+//! loads the family that `anyshape gpu-kernels` built, and
+//! - `info`: prints the device and its limits;
+//! - `check`: runs every kernel against the host oracle at random shapes (1, primes,
+//!   one past a tile, odd row strides, batches) with canaries around and between C's rows;
+//! - `bench`: measures every kernel's block rate once (the wave model's calibration),
+//!   then times every kernel on every product of the sweep (exhaustive), and reports
+//!   the model's and the distilled tree's picks against the best measured (regret),
+//!   with TFLOP/s; `--dump` writes a few products' operands and results for the
+//!   cuBLAS comparison (bench/gpu/cublas.py).
+
+use clap::{Parser, Subcommand};
+use gpu::reference::{self, Operands};
+use gpu::runner::{DeviceOperands, Gpu, GpuError, Loaded};
+use gpu::wave::{occupancy, KernelRate, WaveModel};
+use gpu::{BLayout, Elem, Epilogue, GemmKernel, MTree, Manifest, Problem};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use serde_json::json;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "anyshape-gpu",
+    about = "Run anyshape's GPU GEMM family: check it, time it, choose among it."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// The device and its limits.
+    Info,
+    /// Every kernel against the host oracle at random shapes, with canaries.
+    Check {
+        /// The folder `anyshape gpu-kernels` wrote.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Random shapes per kernel, beside the fixed edge cases.
+        #[arg(long, default_value_t = 6)]
+        cases: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Only kernels whose name contains this.
+        #[arg(long)]
+        filter: Option<String>,
+        /// Leave out kernels whose name contains this.
+        #[arg(long)]
+        exclude: Option<String>,
+        /// A JSON report.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Calibrate the wave model, time every kernel on the sweep, report regret.
+    Bench {
+        #[arg(long)]
+        dir: PathBuf,
+        /// Timed launches per measurement (median).
+        #[arg(long, default_value_t = 15)]
+        reps: usize,
+        /// Device memory bandwidth for the model's floor, GB/s.
+        #[arg(long, default_value_t = 4000.0)]
+        bandwidth: f64,
+        /// A JSON line per product.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Write a few products' operands and results here (for bench/gpu/cublas.py).
+        #[arg(long)]
+        dump: Option<PathBuf>,
+        /// Only the first N products of the sweep.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// A `check --json` report: kernels it found wrong are left out.
+        #[arg(long)]
+        skip_failed: Vec<PathBuf>,
+        /// Leave out kernels whose name contains this.
+        #[arg(long)]
+        exclude: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Info => info(),
+        Cmd::Check { dir, cases, seed, filter, exclude, json } => {
+            check(&dir, cases, seed, filter.as_deref(), exclude.as_deref(), json.as_deref())
+        }
+        Cmd::Bench { dir, reps, bandwidth, json, dump, limit, skip_failed, exclude } => {
+            let skip = Skip { reports: skip_failed, exclude };
+            bench(&dir, reps, bandwidth * 1e9, json.as_deref(), dump.as_deref(), limit, &skip)
+        }
+    };
+    match r {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn open(dir: Option<&Path>, bandwidth: f64) -> Result<(Gpu, Vec<Loaded>), GpuError> {
+    let gpu = Gpu::open(bandwidth)?;
+    let loaded = match dir {
+        Some(d) => {
+            let m = Manifest::load(d).map_err(GpuError::Plan)?;
+            gpu.load(d, &m)?
+        }
+        None => Vec::new(),
+    };
+    Ok((gpu, loaded))
+}
+
+fn info() -> Result<bool, GpuError> {
+    let (gpu, _) = open(None, 4e12)?;
+    println!("{} (sm_{}{}): {:?}", gpu.name, gpu.cc.0, gpu.cc.1, gpu.limits);
+    Ok(true)
+}
+
+/// The canary: a NaN whose payload no kernel produces.
+const CANARY: u16 = 0x7fc1;
+const MARGIN: usize = 64;
+
+/// One product's host operands and the device copies, with C (and the residual)
+/// `ldc` apart (≥ N: the columns between are canaries) and a margin around.
+struct Case {
+    p: Problem,
+    a: Vec<u16>,
+    b: Vec<u16>,
+    bias: Vec<u16>,
+    residual: Vec<u16>,
+    lda: usize,
+    ldc: usize,
+}
+
+fn random_bits(rng: &mut StdRng, elem: Elem, n: usize) -> Vec<u16> {
+    (0..n).map(|_| reference::to_bits(elem, rng.random_range(-1.0f32..1.0))).collect()
+}
+
+impl Case {
+    fn new(rng: &mut StdRng, k: &GemmKernel, p: Problem, lda_pad: usize, ldc_pad: usize) -> Case {
+        let lda = p.k + lda_pad;
+        let ldc = p.n + ldc_pad;
+        let a = random_bits(rng, k.elem, p.batch * p.m * lda);
+        let b = random_bits(rng, k.elem, p.batch * p.n * p.k);
+        let bias = random_bits(rng, k.elem, p.n);
+        let residual = random_bits(rng, k.elem, p.batch * p.m * ldc);
+        Case { p, a, b, bias, residual, lda, ldc }
+    }
+
+    fn upload(&self, gpu: &Gpu, k: &GemmKernel) -> Result<DeviceOperands, GpuError> {
+        let p = &self.p;
+        let sc = p.m * self.ldc;
+        let c = vec![CANARY; 2 * MARGIN + p.batch * sc];
+        Ok(DeviceOperands {
+            a: gpu.upload(&self.a)?,
+            b: gpu.upload(&self.b)?,
+            c: gpu.upload(&c)?,
+            bias: gpu.upload(&self.bias)?,
+            residual: gpu.upload(&self.residual)?,
+            c_off: MARGIN,
+            lda: self.lda,
+            ldb: match k.b {
+                BLayout::KMajor => p.k,
+                BLayout::NMajor => p.n,
+            },
+            ldc: self.ldc,
+            sa: p.m * self.lda,
+            sb: p.n * p.k,
+            sc,
+        })
+    }
+
+    /// The oracle's C, `[batch, m, n]`, from A without its row padding.
+    fn reference(&self, k: &GemmKernel) -> Vec<f64> {
+        let p = &self.p;
+        let a: Vec<u16> = (0..p.batch * p.m)
+            .flat_map(|r| self.a[r * self.lda..r * self.lda + p.k].iter().copied())
+            .collect();
+        let residual: Vec<u16> = (0..p.batch * p.m)
+            .flat_map(|r| self.residual[r * self.ldc..r * self.ldc + p.n].iter().copied())
+            .collect();
+        let o = Operands {
+            elem: k.elem,
+            b_layout: k.b,
+            a: &a,
+            b: &self.b,
+            bias: &self.bias,
+            residual: &residual,
+        };
+        // Rows in parallel: the oracle is the slow part of a check.
+        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(p.m.max(1));
+        if threads <= 1 || p.m * p.n * p.k < 1 << 20 {
+            return reference::gemm(p, &k.epilogue, &o);
+        }
+        let mut out = vec![0.0; p.batch * p.m * p.n];
+        for z in 0..p.batch {
+            let rows = p.m.div_ceil(threads);
+            let parts: Vec<Vec<f64>> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let (lo, hi) = ((t * rows).min(p.m), ((t + 1) * rows).min(p.m));
+                        let o = &o;
+                        let a = &a;
+                        let residual = &residual;
+                        s.spawn(move || {
+                            if lo == hi {
+                                return Vec::new();
+                            }
+                            let sub = Problem::new(1, hi - lo, p.n, p.k);
+                            let base = z * p.m + lo;
+                            let oz = Operands {
+                                elem: o.elem,
+                                b_layout: o.b_layout,
+                                a: &a[base * p.k..(base + hi - lo) * p.k],
+                                b: &o.b[z * p.n * p.k..(z + 1) * p.n * p.k],
+                                bias: o.bias,
+                                residual: &residual[base * p.n..(base + hi - lo) * p.n],
+                            };
+                            reference::gemm(&sub, &k.epilogue, &oz)
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap_or_default()).collect()
+            });
+            let mut at = z * p.m * p.n;
+            for part in parts {
+                out[at..at + part.len()].copy_from_slice(&part);
+                at += part.len();
+            }
+        }
+        out
+    }
+}
+
+/// Compares a launch's C buffer with the oracle; the first problems found.
+fn verify(k: &GemmKernel, case: &Case, got: &[u16], want: &[f64]) -> Vec<String> {
+    let p = &case.p;
+    let scale = (p.k as f64 / 9.0).sqrt().max(1.0);
+    let mut bad = Vec::new();
+    let sc = p.m * case.ldc;
+    for (i, &x) in got[..MARGIN].iter().chain(&got[MARGIN + p.batch * sc..]).enumerate() {
+        if x != CANARY {
+            bad.push(format!("margin element {i} overwritten ({x:#06x})"));
+            break;
+        }
+    }
+    'rows: for z in 0..p.batch {
+        for i in 0..p.m {
+            for j in 0..case.ldc {
+                let x = got[MARGIN + z * sc + i * case.ldc + j];
+                if j >= p.n {
+                    if x != CANARY {
+                        bad.push(format!("padding C[{z}, {i}, {j}] overwritten"));
+                        break 'rows;
+                    }
+                    continue;
+                }
+                let w = want[(z * p.m + i) * p.n + j];
+                let g = reference::from_bits(k.elem, x);
+                if !reference::close(k.elem, g, w, scale, k.epilogue.gelu.is_some()) {
+                    bad.push(format!("C[{z}, {i}, {j}] = {g}, want {w}"));
+                    if bad.len() >= 4 {
+                        break 'rows;
+                    }
+                }
+            }
+        }
+    }
+    bad
+}
+
+/// Shapes a kernel is checked at: edges (1, one past a tile, primes, K of one
+/// copy), then random draws; N a multiple of 8 for an N-major B.
+fn shapes(k: &GemmKernel, rng: &mut StdRng, random: usize) -> Vec<(Problem, usize, usize)> {
+    let n8 = |n: usize| if k.b == BLayout::NMajor { n.div_ceil(8) * 8 } else { n };
+    let mut out = vec![
+        (Problem::new(1, 1, n8(1), 8), 0, 0),
+        (Problem::new(1, k.bm + 1, n8(k.bn + 1), 40), 0, 1),
+        (Problem::new(3, 97, n8(67), 264), 8, 0),
+        (Problem::new(1, 2 * k.bm - 1, n8(2 * k.bn + 3), 32), 0, 3),
+        (Problem::new(2, 13, n8(131), 768), 0, 0),
+    ];
+    let primes = [1, 2, 3, 5, 7, 13, 31, 61, 127, 251];
+    for _ in 0..random {
+        let m = if rng.random_range(0..2) == 0 {
+            primes[rng.random_range(0..primes.len())]
+        } else {
+            rng.random_range(1..300)
+        };
+        let n = n8(rng.random_range(1..320));
+        let kk = 8 * rng.random_range(1..100);
+        let batch = rng.random_range(1..4);
+        let lda_pad = 8 * rng.random_range(0..2);
+        let ldc_pad = rng.random_range(0..3);
+        out.push((Problem::new(batch, m, n, kk), lda_pad, ldc_pad));
+    }
+    out
+}
+
+fn check(
+    dir: &Path,
+    cases: usize,
+    seed: u64,
+    filter: Option<&str>,
+    exclude: Option<&str>,
+    json: Option<&Path>,
+) -> Result<bool, GpuError> {
+    let (gpu, loaded) = open(Some(dir), 4e12)?;
+    println!("check on {} (sm_{}{})", gpu.name, gpu.cc.0, gpu.cc.1);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (mut runs, mut failed) = (0, 0);
+    let mut report = Vec::new();
+    let chosen = |l: &&Loaded| {
+        let name = l.kernel.name();
+        filter.is_none_or(|f| name.contains(f)) && exclude.is_none_or(|x| !name.contains(x))
+    };
+    for l in loaded.iter().filter(chosen) {
+        let k = &l.kernel;
+        let mut problems = Vec::new();
+        for (p, lda_pad, ldc_pad) in shapes(k, &mut rng, cases) {
+            let case = Case::new(&mut rng, k, p, lda_pad, ldc_pad);
+            // A launch that fails is a failure of this kernel, recorded like a wrong
+            // value (a fault also poisons the context: later kernels fail too, and
+            // the report says so rather than stopping short).
+            let got = case.upload(&gpu, k).and_then(|mut ops| {
+                gpu.launch(l, &p, &mut ops)?;
+                gpu.download(&ops.c)
+            });
+            let bad = match got {
+                Ok(got) => verify(k, &case, &got, &case.reference(k)),
+                Err(e) => vec![e.to_string()],
+            };
+            runs += 1;
+            if !bad.is_empty() {
+                failed += 1;
+                problems.push(format!("{p} lda+{lda_pad} ldc+{ldc_pad}: {}", bad.join("; ")));
+            }
+        }
+        println!(
+            "{:<44} regs {:>3}  {}",
+            k.name(),
+            l.regs,
+            if problems.is_empty() { "ok".to_string() } else { problems.join(" | ") }
+        );
+        report.push(json!({"kernel": k.name(), "regs": l.regs, "failures": problems}));
+    }
+    println!("{runs} runs, {failed} failed");
+    if let Some(path) = json {
+        let doc = json!({"device": gpu.name, "runs": runs, "failed": failed, "kernels": report});
+        std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap_or_default())
+            .map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
+    }
+    Ok(failed == 0 && runs > 0)
+}
+
+/// The sweep: BERT-base's and BERT-large's projections at M from 1 to 8192
+/// (B K-major: pre-packed weights), 8192³, and the attention batch-matmuls of 12
+/// heads at T from 16 to 512 (Q·Kᵀ K-major, P·V N-major).
+fn sweep() -> Vec<(BLayout, Problem)> {
+    let mut out = Vec::new();
+    let nk = [
+        (768, 768),
+        (2304, 768),
+        (3072, 768),
+        (768, 3072),
+        (1024, 1024),
+        (3072, 1024),
+        (4096, 1024),
+        (1024, 4096),
+    ];
+    for m in [1, 7, 64, 127, 383, 1000, 2048, 4096, 8192] {
+        for &(n, k) in &nk {
+            out.push((BLayout::KMajor, Problem::new(1, m, n, k)));
+        }
+    }
+    out.push((BLayout::KMajor, Problem::new(1, 8192, 8192, 8192)));
+    for t in [16, 64, 128, 384, 512] {
+        out.push((BLayout::KMajor, Problem::new(12, t, t, 64)));
+        out.push((BLayout::NMajor, Problem::new(12, t, 64, t)));
+    }
+    out
+}
+
+/// Device operands for a timed product: random values (never zeros: tensor cores
+/// run faster on them), contiguous.
+fn timed_operands(gpu: &Gpu, rng: &mut StdRng, b: BLayout, p: &Problem) -> Result<DeviceOperands, GpuError> {
+    let a = random_bits(rng, Elem::Bf16, p.batch * p.m * p.k);
+    let bb = random_bits(rng, Elem::Bf16, p.batch * p.n * p.k);
+    let c = vec![0u16; p.batch * p.m * p.n];
+    let bias = random_bits(rng, Elem::Bf16, p.n);
+    Ok(DeviceOperands {
+        a: gpu.upload(&a)?,
+        b: gpu.upload(&bb)?,
+        c: gpu.upload(&c)?,
+        bias: gpu.upload(&bias)?,
+        residual: gpu.upload(&c)?,
+        c_off: 0,
+        lda: p.k,
+        ldb: match b {
+            BLayout::KMajor => p.k,
+            BLayout::NMajor => p.n,
+        },
+        ldc: p.n,
+        sa: p.m * p.k,
+        sb: p.n * p.k,
+        sc: p.m * p.n,
+    })
+}
+
+/// The wave model's calibration of one kernel (the measured lowest level): its
+/// time at two K on a grid of exactly four full waves, and on a grid of one block
+/// an SM; in each, the difference gives the cost of a K step, the rest the fixed
+/// cost.
+fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<KernelRate, GpuError> {
+    let k = &l.kernel;
+    let occ = occupancy(k, l.regs, &gpu.limits).max(1);
+    let sms = gpu.limits.sms;
+    let (k1, k2) = (512usize, 2048usize);
+    let steps = |kk: usize| kk.div_ceil(k.bk()) as f64;
+    // (tile rows, tile columns, waves) of each grid: four full waves; one block an SM.
+    let ntiles = (2048 / k.bn).max(1);
+    let grids = [((4 * sms * occ).div_ceil(ntiles), ntiles), (sms.div_ceil(11), 11)];
+    let mut fit = [(0.0, 0.0); 2];
+    for (g, &(mt, nt)) in grids.iter().enumerate() {
+        let waves = (mt * nt).div_ceil(if g == 0 { sms * occ } else { sms * occ.max(1) }) as f64;
+        let mut t = [0.0; 2];
+        for (x, &kk) in [k1, k2].iter().enumerate() {
+            let p = Problem::new(1, mt * k.bm, nt * k.bn, kk);
+            let mut ops = timed_operands(gpu, rng, k.b, &p)?;
+            t[x] = gpu.time(reps, 10, || gpu.launch(l, &p, &mut ops))?.0;
+        }
+        let per = ((t[1] - t[0]) / (waves * (steps(k2) - steps(k1)))).max(1e-9);
+        let fixed = (t[0] / waves - per * steps(k1)).max(0.0);
+        fit[g] = (fixed, per);
+    }
+    Ok(KernelRate {
+        name: k.name(),
+        regs: l.regs,
+        occupancy: occ,
+        fixed: fit[0].0,
+        per_kstep: fit[0].1,
+        fixed_alone: fit[1].0,
+        per_kstep_alone: fit[1].1,
+    })
+}
+
+/// Kernels the benchmark leaves out: those `check` reports found wrong, and those
+/// whose name contains `exclude`.
+struct Skip {
+    reports: Vec<PathBuf>,
+    exclude: Option<String>,
+}
+
+/// Kernels a `check --json` report found wrong.
+fn failed_kernels(reports: &[PathBuf]) -> Result<Vec<String>, GpuError> {
+    let mut out = Vec::new();
+    for path in reports {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
+        let doc: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
+        for k in doc["kernels"].as_array().into_iter().flatten() {
+            if k["failures"].as_array().is_none_or(|f| !f.is_empty()) {
+                out.push(k["kernel"].as_str().unwrap_or_default().to_string());
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn bench(
+    dir: &Path,
+    reps: usize,
+    bandwidth: f64,
+    json: Option<&Path>,
+    dump: Option<&Path>,
+    limit: Option<usize>,
+    skip: &Skip,
+) -> Result<bool, GpuError> {
+    let (gpu, mut loaded) = open(Some(dir), bandwidth)?;
+    let failed = failed_kernels(&skip.reports)?;
+    if !failed.is_empty() {
+        println!("left out (wrong in check): {}", failed.join(", "));
+    }
+    loaded.retain(|l| {
+        let name = l.kernel.name();
+        !failed.contains(&name) && skip.exclude.as_ref().is_none_or(|x| !name.contains(x.as_str()))
+    });
+    println!("bench on {} (sm_{}{}), {} SMs", gpu.name, gpu.cc.0, gpu.cc.1, gpu.limits.sms);
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut out = json
+        .map(|p| std::fs::File::create(p).map_err(|e| GpuError::Plan(format!("{}: {e}", p.display()))))
+        .transpose()?;
+    // The sweep's families: bf16 without an epilogue, per B layout.
+    let mut models = Vec::new();
+    for layout in [BLayout::KMajor, BLayout::NMajor] {
+        let fam: Vec<&Loaded> = loaded
+            .iter()
+            .filter(|l| {
+                l.kernel.elem == Elem::Bf16 && l.kernel.b == layout && l.kernel.epilogue == Epilogue::NONE
+            })
+            .collect();
+        let mut rates = Vec::new();
+        for l in &fam {
+            let r = calibrate(&gpu, l, &mut rng, reps)?;
+            println!(
+                "calibrated {:<40} regs {:>3} occupancy {:>2}: a wave {:.2} us + {:.3} us a K step; alone {:.2} us + {:.3} us",
+                r.name,
+                r.regs,
+                r.occupancy,
+                r.fixed * 1e6,
+                r.per_kstep * 1e6,
+                r.fixed_alone * 1e6,
+                r.per_kstep_alone * 1e6
+            );
+            if let Some(f) = out.as_mut() {
+                let _ = writeln!(f, "{}", json!({"calibration": r}));
+            }
+            rates.push(r);
+        }
+        let model = WaveModel { device: gpu.limits, kernels: fam.iter().map(|l| l.kernel).collect(), rates };
+        models.push((layout, fam, model));
+    }
+    let mut regrets_model = Vec::new();
+    let mut regrets_tree = Vec::new();
+    let mut trees: Vec<(BLayout, MTree)> = Vec::new();
+    let problems: Vec<_> = sweep().into_iter().take(limit.unwrap_or(usize::MAX)).collect();
+    let mut used_graph = true;
+    for (layout, p) in problems {
+        let Some((_, fam, model)) = models.iter().find(|(l, _, _)| *l == layout) else { continue };
+        let mut ops = timed_operands(&gpu, &mut rng, layout, &p)?;
+        let mut times = Vec::new();
+        for (i, l) in fam.iter().enumerate() {
+            if l.kernel.accepts(&p).is_err() {
+                continue;
+            }
+            let (t, graph) = gpu.time(reps, 20, || gpu.launch(l, &p, &mut ops))?;
+            used_graph &= graph;
+            times.push((i, t));
+        }
+        let Some(&(best, best_t)) = times.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else { continue };
+        let time_of = |i: usize| times.iter().find(|x| x.0 == i).map(|x| x.1).unwrap_or(f64::INFINITY);
+        let (pick, predicted) = model.choose(&p).unwrap_or((best, f64::NAN));
+        let tree = match trees
+            .iter()
+            .find(|(l, t)| *l == layout && t.batch == p.batch && t.n == p.n && t.k == p.k)
+        {
+            Some((_, t)) => t.clone(),
+            None => {
+                let t = MTree::distill(model, p.batch, p.n, p.k, 8192)
+                    .ok_or_else(|| GpuError::Plan(format!("no kernel for {p}")))?;
+                println!("{}", t.text(model));
+                trees.push((layout, t.clone()));
+                t
+            }
+        };
+        let tree_pick = tree.choose(model, p.m).unwrap_or(pick);
+        let (tm, tt) = (time_of(pick), time_of(tree_pick));
+        regrets_model.push(tm / best_t - 1.0);
+        regrets_tree.push(tt / best_t - 1.0);
+        let tf = |t: f64| p.flops() / t / 1e12;
+        println!(
+            "{:<4} {:<18} best {:<36} {:>9.2} us {:>7.1} TF/s | model {:<36} {:>9.2} us (predicted {:>9.2}) regret {:>5.1}% | tree regret {:>5.1}%",
+            if layout == BLayout::KMajor { "nt" } else { "nn" },
+            p.to_string(),
+            fam[best].kernel.name(),
+            best_t * 1e6,
+            tf(best_t),
+            fam[pick].kernel.name(),
+            tm * 1e6,
+            predicted * 1e6,
+            (tm / best_t - 1.0) * 100.0,
+            (tt / best_t - 1.0) * 100.0
+        );
+        if let Some(f) = out.as_mut() {
+            let all: serde_json::Map<String, serde_json::Value> =
+                times.iter().map(|&(i, t)| (fam[i].kernel.name(), json!(t))).collect();
+            let _ = writeln!(
+                f,
+                "{}",
+                json!({
+                    "layout": if layout == BLayout::KMajor { "nt" } else { "nn" },
+                    "batch": p.batch, "m": p.m, "n": p.n, "k": p.k,
+                    "best": fam[best].kernel.name(), "best_s": best_t, "best_tflops": tf(best_t),
+                    "model": fam[pick].kernel.name(), "model_s": tm, "model_predicted_s": predicted, "model_tflops": tf(tm),
+                    "tree": fam[tree_pick].kernel.name(), "tree_s": tt,
+                    "all": all,
+                })
+            );
+        }
+        if let Some(d) = dump {
+            if p.batch * p.m * p.n <= 1 << 22 && [1, 127, 383, 64, 16].contains(&p.m) {
+                dump_case(&gpu, d, fam[pick], layout, &p, &mut rng)?;
+            }
+        }
+    }
+    let summary = |r: &mut Vec<f64>| {
+        r.sort_by(f64::total_cmp);
+        let mean = r.iter().sum::<f64>() / r.len().max(1) as f64;
+        (
+            mean * 100.0,
+            r.get(r.len() / 2).copied().unwrap_or(0.0) * 100.0,
+            r.last().copied().unwrap_or(0.0) * 100.0,
+        )
+    };
+    let (mm, md, mx) = summary(&mut regrets_model);
+    let (tm, td, tx) = summary(&mut regrets_tree);
+    println!("model regret: mean {mm:.1}%, median {md:.1}%, max {mx:.1}%; tree regret: mean {tm:.1}%, median {td:.1}%, max {tx:.1}%");
+    println!(
+        "timing: {}",
+        if used_graph {
+            "CUDA graphs of 20 launches"
+        } else {
+            "back-to-back launches (a graph capture failed)"
+        }
+    );
+    if let Some(f) = out.as_mut() {
+        let _ = writeln!(
+            f,
+            "{}",
+            json!({"regret": {"model_mean": mm, "model_median": md, "model_max": mx, "tree_mean": tm, "tree_median": td, "tree_max": tx}, "graphs": used_graph})
+        );
+    }
+    Ok(true)
+}
+
+/// Writes one product's operands and this family's result (raw little-endian
+/// 16-bit) and a line of JSON describing them, for the cuBLAS comparison.
+fn dump_case(
+    gpu: &Gpu,
+    dir: &Path,
+    l: &Loaded,
+    layout: BLayout,
+    p: &Problem,
+    rng: &mut StdRng,
+) -> Result<(), GpuError> {
+    std::fs::create_dir_all(dir).map_err(|e| GpuError::Plan(e.to_string()))?;
+    let case = Case::new(rng, &l.kernel, *p, 0, 0);
+    let mut ops = case.upload(gpu, &l.kernel)?;
+    gpu.launch(l, p, &mut ops)?;
+    let got = gpu.download(&ops.c)?;
+    let c = &got[MARGIN..MARGIN + p.batch * p.m * p.n];
+    let stem = format!(
+        "{}_{}x{}x{}x{}",
+        if layout == BLayout::KMajor { "nt" } else { "nn" },
+        p.batch,
+        p.m,
+        p.n,
+        p.k
+    );
+    let write = |suffix: &str, x: &[u16]| {
+        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(dir.join(format!("{stem}.{suffix}.bin")), bytes)
+            .map_err(|e| GpuError::Plan(e.to_string()))
+    };
+    write("a", &case.a)?;
+    write("b", &case.b)?;
+    write("c", c)?;
+    let mut index = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("index.jsonl"))
+        .map_err(|e| GpuError::Plan(e.to_string()))?;
+    let _ = writeln!(
+        index,
+        "{}",
+        json!({"stem": stem, "layout": if layout == BLayout::KMajor { "nt" } else { "nn" }, "batch": p.batch, "m": p.m, "n": p.n, "k": p.k, "kernel": l.kernel.name()})
+    );
+    Ok(())
+}

@@ -1,0 +1,124 @@
+//! The hardware-aligned, sample-free candidate space (Vortex Alg. 2, FTuner's filter,
+//! TSCompiler §5): built bottom-up with no example shape. Warp tiles (the level of
+//! the m16n8k16 instruction) are kept when their accumulators and fragments fit the
+//! register budget; block tiles are whole multiples of a warp tile within 1-8 warps;
+//! stages are as many as shared memory holds for latency hiding (3-4), at least 2.
+
+use crate::kernel::{Arch, BLayout, Elem, Epilogue, GemmKernel, MAX_SMEM_PER_BLOCK_SM90};
+
+/// Warp tiles: multiples of the instruction's 16 rows and of 16 columns (one
+/// `ldmatrix.x4` loads two 8-column B fragments), up to 64×64: a 64×64 tile holds
+/// 128 accumulators, the most that leave room for fragments and addresses.
+pub fn warp_tiles() -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for wm in [16, 32, 64] {
+        for wn in [16, 32, 64] {
+            // A thread's accumulators: a quarter of 255 registers at least for the rest.
+            if (wm / 16) * (wn / 8) * 4 <= 128 {
+                out.push((wm, wn));
+            }
+        }
+    }
+    out
+}
+
+/// Every kernel of the space for one element type, B layout and epilogue.
+pub fn space(elem: Elem, b: BLayout, epilogue: Epilogue) -> Vec<GemmKernel> {
+    let mut out = Vec::new();
+    for (wm, wn) in warp_tiles() {
+        for warps_m in [1, 2, 4] {
+            for warps_n in [1, 2, 4] {
+                let (bm, bn) = (wm * warps_m, wn * warps_n);
+                if bm > 256 || bn > 256 {
+                    continue;
+                }
+                for stages in [2, 3, 4] {
+                    let k = GemmKernel {
+                        arch: Arch::Sm80,
+                        elem,
+                        b,
+                        bm,
+                        bn,
+                        warps_m,
+                        warps_n,
+                        stages,
+                        epilogue,
+                        overlap: false,
+                    };
+                    if k.check().is_ok() {
+                        out.push(k);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The family that is compiled: from the space, per block tile the most stages that
+/// fit (deeper pipelines only ever help a block that fits), per block tile the warp
+/// split with the largest warp tile that still gives 4 warps or more (fewer, larger
+/// warp tiles read less shared memory per FMA), and block tiles from 16×64 (a
+/// handful of rows against a weight, spread over many blocks) up to 128×256 (the
+/// large-M workhorses). The run-time model chooses among these per shape.
+pub fn family(elem: Elem, b: BLayout, epilogue: Epilogue) -> Vec<GemmKernel> {
+    let tiles: &[(usize, usize)] = &[
+        (16, 64),
+        (16, 128),
+        (32, 64),
+        (32, 128),
+        (64, 64),
+        (64, 128),
+        (128, 64),
+        (128, 128),
+        (128, 256),
+        (256, 128),
+    ];
+    let space = space(elem, b, epilogue);
+    let mut out = Vec::new();
+    for &(bm, bn) in tiles {
+        let best = space
+            .iter()
+            .filter(|k| k.bm == bm && k.bn == bn)
+            .max_by_key(|k| {
+                let (wm, wn) = k.warp_tile();
+                // Prefer: at least 4 warps, then larger warp tiles, then more stages.
+                ((k.warps() >= 4) as usize, (k.warps() <= 8) as usize, wm * wn, k.stages)
+            })
+            .copied();
+        if let Some(k) = best {
+            out.push(k);
+        }
+    }
+    out
+}
+
+/// The wgmma family (sm_90a, B K-major): one or two warpgroups of `m64n{bn}k16`,
+/// `bn` 128 or 256 (the instruction's N: 64 or 128 accumulators a thread), with as
+/// many stages (at most 4) as Hopper's shared memory holds; each tile twice: its
+/// products waited for every step, and one group kept in flight (`overlap`).
+pub fn wgmma_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
+    let mut out = Vec::new();
+    for overlap in [false, true] {
+        for (bm, bn) in [(64, 128), (64, 256), (128, 128), (128, 256)] {
+            let kernel = |stages| GemmKernel {
+                arch: Arch::Sm90a,
+                elem,
+                b: BLayout::KMajor,
+                bm,
+                bn,
+                warps_m: bm / 16,
+                warps_n: 1,
+                stages,
+                epilogue,
+                overlap,
+            };
+            let stages =
+                (2..=4).rev().find(|&s| kernel(s).smem_bytes() <= MAX_SMEM_PER_BLOCK_SM90).unwrap_or(2);
+            if kernel(stages).check().is_ok() {
+                out.push(kernel(stages));
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,373 @@
+//! One GEMM kernel of the GPU family: what the code generator builds and the runner
+//! launches. A kernel is shape-generic: M, N, K, the leading dimensions and the
+//! batch strides are launch arguments, and ragged edges are padded locally (zero
+//! fill in shared memory, predicated stores), never by copying operands.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The `mma.sync` kernels stage K through shared memory 32 elements (64 bytes) at a
+/// time: four 16-byte chunks a row, the unit of `cp.async` and of an `ldmatrix` row.
+pub const BK: usize = 32;
+
+/// The `wgmma` kernels stage 64 (128 bytes a row: one row of a 128-byte swizzle atom).
+pub const BK_WGMMA: usize = 64;
+
+/// The machine a kernel is built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Arch {
+    /// Ampere and later: `mma.sync` m16n8k16, `ldmatrix`, `cp.async`. Runs on Hopper too.
+    Sm80,
+    /// Hopper's warpgroup MMA (`wgmma.mma_async`, operands read from shared memory
+    /// through descriptors): ptxas target `sm_90a`.
+    Sm90a,
+}
+
+impl Arch {
+    /// The name ptxas and LLVM use (`-arch`, `-mcpu`).
+    pub fn sm(self) -> &'static str {
+        match self {
+            Arch::Sm80 => "sm_80",
+            Arch::Sm90a => "sm_90a",
+        }
+    }
+}
+
+/// The operands' element type; accumulation is always f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Elem {
+    Bf16,
+    F16,
+}
+
+impl Elem {
+    pub fn name(self) -> &'static str {
+        match self {
+            Elem::Bf16 => "bf16",
+            Elem::F16 => "f16",
+        }
+    }
+}
+
+/// How B lies in memory. `C[m, n] = Σ_k A[m, k] · B(k, n)`, A row-major `[M, K]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BLayout {
+    /// B stored `[N, K]` (K contiguous): a pre-packed weight, or Kᵀ in Q·Kᵀ.
+    KMajor,
+    /// B stored `[K, N]` (N contiguous): an ONNX MatMul weight as exported, or V in P·V.
+    NMajor,
+}
+
+impl BLayout {
+    fn tag(self) -> &'static str {
+        match self {
+            BLayout::KMajor => "nt",
+            BLayout::NMajor => "nn",
+        }
+    }
+}
+
+/// GELU's two forms, as models export them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Gelu {
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+    Tanh,
+    /// `0.5·x·(1 + erf(x/√2))`.
+    Erf,
+}
+
+/// What is applied to each accumulator tile in registers before it is stored, in
+/// this order: `+ bias[n]`, GELU, `+ residual[m, n]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Epilogue {
+    pub bias: bool,
+    pub gelu: Option<Gelu>,
+    pub residual: bool,
+}
+
+impl Epilogue {
+    pub const NONE: Epilogue = Epilogue { bias: false, gelu: None, residual: false };
+
+    fn suffix(&self) -> String {
+        let mut s = String::new();
+        if self.bias {
+            s.push_str("_bias");
+        }
+        match self.gelu {
+            Some(Gelu::Tanh) => s.push_str("_gelut"),
+            Some(Gelu::Erf) => s.push_str("_gelue"),
+            None => {}
+        }
+        if self.residual {
+            s.push_str("_res");
+        }
+        s
+    }
+}
+
+/// A GEMM kernel: a block of `warps_m × warps_n` warps computes a `bm × bn` tile of
+/// C, each warp a `(bm/warps_m) × (bn/warps_n)` tile of m16n8k16 products, with K
+/// staged through `stages` shared-memory buffers filled by `cp.async`. For `Sm90a`
+/// (wgmma) the warps form `bm/64` warpgroups of 4, each computing `64 × bn` with
+/// `m64n{bn}k16` instructions: `warps_m = bm/16`, `warps_n = 1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GemmKernel {
+    pub arch: Arch,
+    pub elem: Elem,
+    pub b: BLayout,
+    pub bm: usize,
+    pub bn: usize,
+    pub warps_m: usize,
+    pub warps_n: usize,
+    pub stages: usize,
+    pub epilogue: Epilogue,
+    /// wgmma only: one group of products left in flight while the next step's are
+    /// issued (the copies then run `stages - 2` steps ahead, one buffer being read by
+    /// the group in flight); without it each step's products are waited for.
+    #[serde(default)]
+    pub overlap: bool,
+}
+
+/// Why a kernel description cannot be built.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KernelError {
+    #[error("kernel {name}: {why}")]
+    Invalid { name: String, why: String },
+}
+
+/// The kernel's arguments, in order (the ABI the code generator and the runner share):
+/// `A, B, C, bias, residual` (global pointers; bias and residual may be null when the
+/// epilogue does not read them), `M, N, K, lda, ldb, ldc` (i32), then the batch strides
+/// of A, B and C in elements (i64; the residual shares C's). Grid: `x` over N tiles,
+/// `y` over M tiles, `z` over the batch. Dynamic shared memory: `smem_bytes()`.
+pub const ABI: &str =
+    "A, B, C, bias, residual: ptr; M, N, K, lda, ldb, ldc: i32; batch strides of A, B, C: i64";
+
+impl GemmKernel {
+    /// The symbol in the PTX and the cubin's file stem.
+    pub fn name(&self) -> String {
+        format!(
+            "gemm_{}{}_{}_{}x{}_w{}x{}_s{}{}",
+            match (self.arch, self.overlap) {
+                (Arch::Sm80, _) => "",
+                (Arch::Sm90a, false) => "wg_",
+                (Arch::Sm90a, true) => "wgo_",
+            },
+            self.elem.name(),
+            self.b.tag(),
+            self.bm,
+            self.bn,
+            self.warps_m,
+            self.warps_n,
+            self.stages,
+            self.epilogue.suffix()
+        )
+    }
+
+    pub fn warps(&self) -> usize {
+        self.warps_m * self.warps_n
+    }
+
+    pub fn threads(&self) -> usize {
+        32 * self.warps()
+    }
+
+    /// The warp tile's rows and columns.
+    pub fn warp_tile(&self) -> (usize, usize) {
+        (self.bm / self.warps_m, self.bn / self.warps_n)
+    }
+
+    /// K elements a pipeline stage holds.
+    pub fn bk(&self) -> usize {
+        match self.arch {
+            Arch::Sm80 => BK,
+            Arch::Sm90a => BK_WGMMA,
+        }
+    }
+
+    /// Warpgroups (4 warps each) of a wgmma kernel.
+    pub fn warpgroups(&self) -> usize {
+        self.warps() / 4
+    }
+
+    /// Bytes of one stage's A tile (`bm × bk`) and B tile (`bn × bk`).
+    pub fn stage_bytes(&self) -> (usize, usize) {
+        (self.bm * self.bk() * 2, self.bn * self.bk() * 2)
+    }
+
+    /// Dynamic shared memory a block asks for.
+    pub fn smem_bytes(&self) -> usize {
+        let (a, b) = self.stage_bytes();
+        self.stages * (a + b)
+    }
+
+    /// f32 accumulators a thread holds: 4 per m16n8 product of its warp tile.
+    pub fn accumulators(&self) -> usize {
+        match self.arch {
+            Arch::Sm80 => {
+                let (wm, wn) = self.warp_tile();
+                (wm / 16) * (wn / 8) * 4
+            }
+            // m64nN: 64·N values over a warpgroup's 128 threads.
+            Arch::Sm90a => self.bn / 2,
+        }
+    }
+
+    /// A register estimate for the filter (ptxas reports the real count): the
+    /// accumulators, one k16 step's A and B fragments, and about 40 for addresses,
+    /// indices and the epilogue.
+    pub fn register_estimate(&self) -> usize {
+        match self.arch {
+            Arch::Sm80 => {
+                let (wm, wn) = self.warp_tile();
+                self.accumulators() + (wm / 16) * 4 + (wn / 8) * 2 + 40
+            }
+            // No fragments in registers: the operands stay in shared memory.
+            Arch::Sm90a => self.accumulators() + 60,
+        }
+    }
+
+    /// 16-byte chunks a stage's A and B tiles hold; thread `t` copies chunks `t`,
+    /// `t + threads`, … (the last round guarded where the count does not divide).
+    pub fn chunks(&self) -> (usize, usize) {
+        (self.bm * self.bk() / 8, self.bn * self.bk() / 8)
+    }
+
+    /// What the generator and the runner assume of a kernel; a description that
+    /// fails it is never built.
+    pub fn check(&self) -> Result<(), KernelError> {
+        let bad = |why: String| Err(KernelError::Invalid { name: self.name(), why });
+        if self.overlap && self.arch != Arch::Sm90a {
+            return bad("only wgmma kernels keep a group of products in flight".into());
+        }
+        if self.arch == Arch::Sm90a {
+            if self.b != BLayout::KMajor {
+                return bad("wgmma kernels read B K-major (an N-major B goes to the mma.sync family)".into());
+            }
+            if !matches!(self.bm, 64 | 128) || !matches!(self.bn, 64 | 128 | 256) {
+                return bad(format!("wgmma tile {}x{}: bm 64 or 128, bn 64, 128 or 256", self.bm, self.bn));
+            }
+            if self.warps_m != self.bm / 16 || self.warps_n != 1 {
+                return bad(format!("wgmma tile {}x{} takes {}x1 warps", self.bm, self.bn, self.bm / 16));
+            }
+            if !(2..=6).contains(&self.stages) || (self.overlap && self.stages < 3) {
+                return bad(format!("{} stages: 2 to 6 (3 or more with a group in flight)", self.stages));
+            }
+            if self.smem_bytes() > MAX_SMEM_PER_BLOCK_SM90 {
+                return bad(format!(
+                    "{} bytes of shared memory (at most {MAX_SMEM_PER_BLOCK_SM90})",
+                    self.smem_bytes()
+                ));
+            }
+            if self.register_estimate() > 255 {
+                return bad(format!("about {} registers a thread (at most 255)", self.register_estimate()));
+            }
+            return Ok(());
+        }
+        if self.warps_m == 0
+            || self.warps_n == 0
+            || !self.bm.is_multiple_of(self.warps_m)
+            || !self.bn.is_multiple_of(self.warps_n)
+        {
+            return bad(format!(
+                "{}x{} does not split over {}x{} warps",
+                self.bm, self.bn, self.warps_m, self.warps_n
+            ));
+        }
+        let (wm, wn) = self.warp_tile();
+        if wm % 16 != 0 || wn % 16 != 0 {
+            return bad(format!("warp tile {wm}x{wn}: rows and columns must be multiples of 16"));
+        }
+        if !(1..=8).contains(&self.warps()) {
+            return bad(format!("{} warps: 1 to 8 a block", self.warps()));
+        }
+        if !(2..=6).contains(&self.stages) {
+            return bad(format!("{} stages: 2 to 6", self.stages));
+        }
+        // An N-major B tile's rows are `bn` wide; the XOR swizzle of its 16-byte chunks
+        // spans 8 chunks (128 bytes), so rows must hold at least that.
+        if self.b == BLayout::NMajor && !self.bn.is_multiple_of(64) {
+            return bad(format!("an N-major B needs bn a multiple of 64, not {}", self.bn));
+        }
+        if self.smem_bytes() > MAX_SMEM_PER_BLOCK {
+            return bad(format!(
+                "{} bytes of shared memory (at most {MAX_SMEM_PER_BLOCK})",
+                self.smem_bytes()
+            ));
+        }
+        if self.register_estimate() > 255 {
+            return bad(format!("about {} registers a thread (at most 255)", self.register_estimate()));
+        }
+        Ok(())
+    }
+
+    /// The shape rules every launch must meet (the 16-byte `cp.async` copies):
+    /// K, lda and ldb multiples of 8, and N a multiple of 8 for an N-major B.
+    pub fn accepts(&self, p: &Problem) -> Result<(), String> {
+        if p.m == 0 || p.n == 0 || p.k == 0 || p.batch == 0 {
+            return Err(format!("empty product {p}"));
+        }
+        if !p.k.is_multiple_of(8) {
+            return Err(format!("K = {} is not a multiple of 8 (16-byte copies)", p.k));
+        }
+        if self.b == BLayout::NMajor && !p.n.is_multiple_of(8) {
+            return Err(format!("N = {} is not a multiple of 8 (16-byte copies of an N-major B)", p.n));
+        }
+        if p.m > (u16::MAX as usize) * self.bm || p.n > (i32::MAX as usize) || p.batch > u16::MAX as usize {
+            return Err(format!("{p} exceeds the grid"));
+        }
+        Ok(())
+    }
+
+    /// Thread blocks a launch runs.
+    pub fn blocks(&self, p: &Problem) -> usize {
+        p.m.div_ceil(self.bm) * p.n.div_ceil(self.bn) * p.batch
+    }
+}
+
+/// Shared memory one block may ask for on sm_80 and sm_90 (227 KB on Hopper, 163 KB on
+/// A100; the family stays under the smaller).
+pub const MAX_SMEM_PER_BLOCK: usize = 163 * 1024;
+
+/// Shared memory one block may ask for on Hopper (227 KB), for the sm_90a kernels.
+pub const MAX_SMEM_PER_BLOCK_SM90: usize = 227 * 1024;
+
+impl fmt::Display for GemmKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// One (batched) product: `batch × ([m, k] · B(k, n))`, contiguous operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Problem {
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+impl Problem {
+    pub fn new(batch: usize, m: usize, n: usize, k: usize) -> Problem {
+        Problem { batch, m, n, k }
+    }
+
+    pub fn flops(&self) -> f64 {
+        2.0 * (self.batch * self.m * self.n) as f64 * self.k as f64
+    }
+
+    /// Bytes a launch must move at least: A, B and C once (2-byte elements).
+    pub fn min_bytes(&self) -> f64 {
+        2.0 * (self.batch * (self.m * self.k + self.k * self.n + self.m * self.n)) as f64
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.batch == 1 {
+            write!(f, "{}x{}x{}", self.m, self.n, self.k)
+        } else {
+            write!(f, "{}x({}x{}x{})", self.batch, self.m, self.n, self.k)
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! anyshape's NVIDIA GPU contraction engine, the part that needs no LLVM: the GEMM
+//! kernel family's descriptions ([`GemmKernel`]), the hardware-aligned candidate
+//! space ([`candidates`]), TSCompiler's wave/occupancy model ([`wave`]) and the
+//! decision tree distilled from it ([`tree`]), the family's manifest, the host
+//! oracle ([`reference`]), and behind the feature `cuda` the runner that loads the
+//! cubins with cudarc (dynamic loading: nothing from CUDA at build time). PTX comes
+//! from `codegen::nvptx`; the runner never links LLVM.
+
+pub mod candidates;
+pub mod kernel;
+pub mod manifest;
+pub mod reference;
+pub mod tree;
+pub mod wave;
+
+#[cfg(feature = "cuda")]
+pub mod runner;
+
+pub use kernel::{Arch, BLayout, Elem, Epilogue, Gelu, GemmKernel, KernelError, Problem, BK};
+pub use manifest::{Manifest, ManifestEntry};
+pub use tree::MTree;
+pub use wave::{DeviceLimits, KernelRate, WaveModel};

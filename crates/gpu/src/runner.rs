@@ -1,0 +1,260 @@
+//! The runner: loads a compiled family (cubins, or PTX for the driver to assemble)
+//! with cudarc and launches its kernels. cudarc loads libcuda at run time
+//! (`dynamic-loading`), so this builds on machines without CUDA, and a machine
+//! without the driver gets [`GpuError::NoDriver`], not a crash.
+
+use crate::kernel::{GemmKernel, Problem};
+use crate::manifest::Manifest;
+use crate::wave::DeviceLimits;
+use cudarc::driver::sys::{
+    CUdevice_attribute, CUevent_flags, CUfunction_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode,
+};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+use std::path::Path;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("no NVIDIA driver: libcuda.so could not be loaded (install the NVIDIA driver, or run on a machine that has one)")]
+    NoDriver,
+    #[error("CUDA: {0}")]
+    Driver(String),
+    #[error("{0}")]
+    Plan(String),
+}
+
+fn drv<E: std::fmt::Debug>(e: E) -> GpuError {
+    GpuError::Driver(format!("{e:?}"))
+}
+
+/// An open device: its context, one stream, and the limits the wave model needs.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub name: String,
+    pub limits: DeviceLimits,
+    /// Compute capability (major, minor).
+    pub cc: (i32, i32),
+}
+
+/// A kernel of the family, loaded.
+pub struct Loaded {
+    pub kernel: GemmKernel,
+    pub func: CudaFunction,
+    pub regs: usize,
+}
+
+/// A product's operands on the device: 16-bit bits, with the row strides and the
+/// batch strides the kernel is launched with. `c_off` is where C starts inside
+/// its buffer (the elements before it are a canary margin).
+pub struct DeviceOperands {
+    pub a: CudaSlice<u16>,
+    pub b: CudaSlice<u16>,
+    pub c: CudaSlice<u16>,
+    pub bias: CudaSlice<u16>,
+    pub residual: CudaSlice<u16>,
+    pub c_off: usize,
+    pub lda: usize,
+    pub ldb: usize,
+    pub ldc: usize,
+    pub sa: usize,
+    pub sb: usize,
+    pub sc: usize,
+}
+
+impl Gpu {
+    /// Opens device 0. `bandwidth` (bytes/s) is the memory floor the wave model uses.
+    pub fn open(bandwidth: f64) -> Result<Gpu, GpuError> {
+        // SAFETY: only asks the dynamic loader whether libcuda can be opened.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(GpuError::NoDriver);
+        }
+        let ctx = CudaContext::new(0).map_err(drv)?;
+        // SAFETY: the runner uses one stream for every copy and launch, so cudarc's
+        // per-buffer events (which order uses across streams, and which a stream
+        // capture must not record) order nothing here.
+        unsafe { ctx.disable_event_tracking() };
+        // A stream of its own: the legacy default stream cannot be captured into a graph.
+        let stream = ctx.new_stream().map_err(drv)?;
+        let attr = |a: CUdevice_attribute| ctx.attribute(a).map(|v| v.max(0) as usize).map_err(drv);
+        let limits = DeviceLimits {
+            sms: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            regs_per_sm: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)?,
+            smem_per_sm: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?,
+            threads_per_sm: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?,
+            blocks_per_sm: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR)?,
+            bandwidth,
+            launch: 3e-6,
+        };
+        let cc = (
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? as i32,
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)? as i32,
+        );
+        let name = ctx.name().map_err(drv)?;
+        Ok(Gpu { ctx, stream, name, limits, cc })
+    }
+
+    /// Loads every kernel of the manifest in `dir`: its cubin where the manifest has
+    /// one for this device's architecture, else its PTX.
+    pub fn load(&self, dir: &Path, m: &Manifest) -> Result<Vec<Loaded>, GpuError> {
+        let arch = format!("sm_{}{}", self.cc.0, self.cc.1);
+        let cubin_fits = m.cubin_arch.as_deref().is_some_and(|a| a.trim_end_matches('a') == arch);
+        let mut out = Vec::new();
+        for e in &m.entries {
+            let ptx = match (&e.cubin, cubin_fits) {
+                (Some(c), true) => {
+                    let bytes =
+                        std::fs::read(dir.join(c)).map_err(|err| GpuError::Plan(format!("{c}: {err}")))?;
+                    Ptx::from_binary(bytes)
+                }
+                _ => {
+                    let src = std::fs::read_to_string(dir.join(&e.ptx))
+                        .map_err(|err| GpuError::Plan(format!("{}: {err}", e.ptx)))?;
+                    Ptx::from_src(src)
+                }
+            };
+            let module =
+                self.ctx.load_module(ptx).map_err(|err| GpuError::Driver(format!("{}: {err:?}", e.name)))?;
+            let func = module
+                .load_function(&e.name)
+                .map_err(|err| GpuError::Driver(format!("{}: {err:?}", e.name)))?;
+            func.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                e.kernel.smem_bytes() as i32,
+            )
+            .map_err(|err| {
+                GpuError::Driver(format!("{}: shared memory {}: {err:?}", e.name, e.kernel.smem_bytes()))
+            })?;
+            let regs = func.num_regs().map_err(drv)?.max(0) as usize;
+            out.push(Loaded { kernel: e.kernel, func, regs });
+        }
+        Ok(out)
+    }
+
+    /// Launches `l` on `p` (asynchronously, on the device's stream).
+    pub fn launch(&self, l: &Loaded, p: &Problem, o: &mut DeviceOperands) -> Result<(), GpuError> {
+        let k = &l.kernel;
+        k.accepts(p).map_err(|e| GpuError::Plan(format!("{k} on {p}: {e}")))?;
+        if !o.lda.is_multiple_of(8)
+            || !o.ldb.is_multiple_of(8)
+            || !o.sa.is_multiple_of(8)
+            || !o.sb.is_multiple_of(8)
+        {
+            return Err(GpuError::Plan(format!(
+                "{k} on {p}: lda, ldb and A's and B's batch strides must be multiples of 8"
+            )));
+        }
+        let need = |len: usize, what: &str, rows: usize, ld: usize, cols: usize, stride: usize| {
+            let last = (p.batch - 1) * stride + (rows - 1) * ld + cols;
+            if last > len {
+                Err(GpuError::Plan(format!(
+                    "{k} on {p}: {what} holds {len} elements, the launch reads {last}"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        let (brows, bcols) = match k.b {
+            crate::BLayout::KMajor => (p.n, p.k),
+            crate::BLayout::NMajor => (p.k, p.n),
+        };
+        need(o.a.len(), "A", p.m, o.lda, p.k, o.sa)?;
+        need(o.b.len(), "B", brows, o.ldb, bcols, o.sb)?;
+        need(o.c.len() - o.c_off, "C", p.m, o.ldc, p.n, o.sc)?;
+        if k.epilogue.bias && o.bias.len() < p.n {
+            return Err(GpuError::Plan(format!("{k} on {p}: bias holds {} elements, not N", o.bias.len())));
+        }
+        if k.epilogue.residual {
+            need(o.residual.len(), "residual", p.m, o.ldc, p.n, o.sc)?;
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (p.n.div_ceil(k.bn) as u32, p.m.div_ceil(k.bm) as u32, p.batch as u32),
+            block_dim: (k.threads() as u32, 1, 1),
+            shared_mem_bytes: k.smem_bytes() as u32,
+        };
+        let (m, n, kk) = (p.m as i32, p.n as i32, p.k as i32);
+        let (lda, ldb, ldc) = (o.lda as i32, o.ldb as i32, o.ldc as i32);
+        let (sa, sb, sc) = (o.sa as i64, o.sb as i64, o.sc as i64);
+        let c_off = o.c_off;
+        let mut c = o.c.slice_mut(c_off..);
+        let mut b = self.stream.launch_builder(&l.func);
+        b.arg(&o.a).arg(&o.b).arg(&mut c).arg(&o.bias).arg(&o.residual);
+        b.arg(&m).arg(&n).arg(&kk).arg(&lda).arg(&ldb).arg(&ldc).arg(&sa).arg(&sb).arg(&sc);
+        // SAFETY: the arguments match the kernel's ABI (`kernel::ABI`: five global
+        // pointers, six i32, three i64, in that order), and every element the launch
+        // can touch lies inside the buffers (checked above against M, N, K, the
+        // strides and the batch); the dynamic shared memory is what the kernel was
+        // built for and was allowed on load.
+        unsafe { b.launch(cfg) }.map_err(|e| GpuError::Driver(format!("{k} on {p}: {e:?}")))?;
+        Ok(())
+    }
+
+    /// Device seconds per call of `f`: `per_graph` calls captured into a CUDA graph,
+    /// the graph replayed `reps` times between two events, the median replay over
+    /// `per_graph` (so that the host's launch cost, which the graph removes, is not
+    /// counted; the same method times cuBLAS in bench/gpu/cublas.py). Where the
+    /// capture fails, back-to-back launches between the events instead; the second
+    /// value says which (`true`: the graph).
+    pub fn time(
+        &self,
+        reps: usize,
+        per_graph: usize,
+        mut f: impl FnMut() -> Result<(), GpuError>,
+    ) -> Result<(f64, bool), GpuError> {
+        // Warm: the first launches load the module's code onto the device.
+        for _ in 0..2 {
+            f()?;
+        }
+        self.sync()?;
+        let per_graph = per_graph.max(1);
+        let graph = match self.stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        {
+            Ok(()) => {
+                let mut ok = true;
+                for _ in 0..per_graph {
+                    if f().is_err() {
+                        ok = false;
+                        break;
+                    }
+                }
+                let g = self.stream.end_capture(CUgraphInstantiate_flags(0));
+                match (ok, g) {
+                    (true, Ok(Some(g))) => Some(g),
+                    _ => None,
+                }
+            }
+            Err(_) => None,
+        };
+        let used_graph = graph.is_some();
+        let mut run = || -> Result<(), GpuError> {
+            match &graph {
+                Some(g) => g.launch().map_err(drv),
+                None => (0..per_graph).try_for_each(|_| f()),
+            }
+        };
+        run()?;
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps.max(1) {
+            let start = self.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv)?;
+            run()?;
+            let end = self.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv)?;
+            end.synchronize().map_err(drv)?;
+            times.push(start.elapsed_ms(&end).map_err(drv)? as f64 * 1e-3 / per_graph as f64);
+        }
+        times.sort_by(f64::total_cmp);
+        Ok((times[times.len() / 2], used_graph))
+    }
+
+    pub fn sync(&self) -> Result<(), GpuError> {
+        self.stream.synchronize().map_err(drv)
+    }
+
+    pub fn upload(&self, x: &[u16]) -> Result<CudaSlice<u16>, GpuError> {
+        self.stream.clone_htod(x).map_err(drv)
+    }
+
+    pub fn download(&self, x: &CudaSlice<u16>) -> Result<Vec<u16>, GpuError> {
+        self.stream.clone_dtoh(x).map_err(drv)
+    }
+}

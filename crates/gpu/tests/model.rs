@@ -1,0 +1,245 @@
+//! The GPU engine's host side: kernel descriptions and their rules, the candidate
+//! space, the wave/occupancy model, the decision tree distilled from it, ptxas
+//! reports, the manifest and the host oracle. (The kernels themselves run on a GPU:
+//! bench/gpu/device.sh.)
+
+use gpu::candidates;
+use gpu::manifest::PtxasReport;
+use gpu::reference::{self, Operands};
+use gpu::wave::occupancy;
+use gpu::{
+    Arch, BLayout, DeviceLimits, Elem, Epilogue, Gelu, GemmKernel, KernelRate, MTree, Manifest,
+    ManifestEntry, Problem, WaveModel,
+};
+use proptest::prelude::*;
+
+fn mma(bm: usize, bn: usize, warps_m: usize, warps_n: usize) -> GemmKernel {
+    GemmKernel {
+        arch: Arch::Sm80,
+        elem: Elem::Bf16,
+        b: BLayout::KMajor,
+        bm,
+        bn,
+        warps_m,
+        warps_n,
+        stages: 4,
+        epilogue: Epilogue::NONE,
+        overlap: false,
+    }
+}
+
+#[test]
+fn kernel_rules() {
+    assert!(mma(128, 128, 2, 2).check().is_ok());
+    assert_eq!(mma(128, 128, 2, 2).accumulators(), 128);
+    assert_eq!(mma(128, 128, 2, 2).smem_bytes(), 4 * (128 + 128) * 32 * 2);
+    // Warp tiles must be whole m16 × (2 × n8) products.
+    assert!(mma(48, 64, 2, 2).check().unwrap_err().to_string().contains("multiples of 16"));
+    // Too many accumulators for the registers.
+    assert!(mma(256, 256, 2, 2).check().is_err());
+    // An N-major B needs rows of at least 128 bytes for its swizzle.
+    let nn = GemmKernel { b: BLayout::NMajor, ..mma(64, 32, 2, 1) };
+    assert!(nn.check().unwrap_err().to_string().contains("multiple of 64"));
+    let wg = GemmKernel { arch: Arch::Sm90a, warps_m: 8, warps_n: 1, ..mma(128, 256, 2, 2) };
+    assert!(wg.check().is_ok(), "{:?}", wg.check());
+    assert_eq!(wg.accumulators(), 128);
+    assert_eq!(wg.bk(), 64);
+    assert_eq!(wg.name(), "gemm_wg_bf16_nt_128x256_w8x1_s4");
+    // Launch rules: 16-byte copies.
+    let k = mma(64, 64, 2, 2);
+    assert!(k.accepts(&Problem::new(1, 1, 1, 8)).is_ok());
+    assert!(k.accepts(&Problem::new(1, 5, 7, 12)).unwrap_err().contains("K = 12"));
+    assert!(nn_ok().accepts(&Problem::new(1, 5, 12, 8)).unwrap_err().contains("N = 12"));
+    assert!(k.accepts(&Problem::new(0, 5, 8, 8)).is_err());
+}
+
+fn nn_ok() -> GemmKernel {
+    GemmKernel { b: BLayout::NMajor, ..mma(64, 64, 2, 2) }
+}
+
+#[test]
+fn the_candidate_space_is_valid_and_the_family_spans_small_to_large_tiles() {
+    for b in [BLayout::KMajor, BLayout::NMajor] {
+        let space = candidates::space(Elem::Bf16, b, Epilogue::NONE);
+        assert!(!space.is_empty());
+        for k in &space {
+            assert!(k.check().is_ok(), "{k}");
+        }
+        let fam = candidates::family(Elem::Bf16, b, Epilogue::NONE);
+        let mut names: Vec<String> = fam.iter().map(|k| k.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), fam.len(), "names are unique");
+        assert!(fam.iter().any(|k| k.bm == 16), "a tile for a handful of rows");
+        assert!(fam.iter().any(|k| k.bm * k.bn >= 128 * 256), "a large-M workhorse");
+    }
+    let wg = candidates::wgmma_family(Elem::F16, Epilogue::NONE);
+    assert_eq!(wg.len(), 8);
+    assert_eq!(wg.iter().filter(|k| k.overlap).count(), 4);
+    assert!(wg.iter().any(|k| k.name() == "gemm_wgo_f16_nt_128x256_w8x1_s4"));
+    // A group in flight needs a buffer of its own: 3 stages or more, wgmma only.
+    let two = GemmKernel { stages: 2, ..wg[7] };
+    assert!(two.overlap && two.check().is_err());
+    assert!(GemmKernel { overlap: true, ..mma(64, 64, 2, 2) }.check().is_err());
+    assert!(wg.iter().all(|k| k.check().is_ok() && k.arch == Arch::Sm90a));
+}
+
+#[test]
+fn occupancy_is_limited_by_registers_shared_memory_and_threads() {
+    let d = DeviceLimits::hopper(4e12);
+    let k = mma(128, 128, 2, 2); // 128 threads, 64 KB
+    assert_eq!(occupancy(&k, 240, &d), 2, "240 registers × 128 threads: 2 blocks in 64K");
+    assert_eq!(occupancy(&k, 64, &d), 3, "then shared memory: 3 × 65 KB in 228 KB");
+    let small = mma(16, 64, 1, 4); // 20 KB
+    assert_eq!(occupancy(&small, 40, &d), 10, "40 registers: 10 blocks of 4 warps");
+    assert_eq!(occupancy(&small, 16, &d), 10, "shared memory: 228 / 21");
+}
+
+fn model() -> WaveModel {
+    let kernels = vec![mma(16, 64, 1, 4), mma(128, 128, 2, 2)];
+    let rates = vec![
+        KernelRate {
+            name: kernels[0].name(),
+            regs: 40,
+            occupancy: 10,
+            fixed: 1.7e-6,
+            per_kstep: 0.64e-6,
+            fixed_alone: 1.9e-6,
+            per_kstep_alone: 0.145e-6,
+        },
+        KernelRate {
+            name: kernels[1].name(),
+            regs: 235,
+            occupancy: 2,
+            fixed: 7.9e-6,
+            per_kstep: 0.63e-6,
+            fixed_alone: 5.9e-6,
+            per_kstep_alone: 0.45e-6,
+        },
+    ];
+    WaveModel { device: DeviceLimits::hopper(4e12), kernels, rates }
+}
+
+#[test]
+fn the_wave_model_prices_waves_and_partial_waves() {
+    let m = model();
+    // One block: latency alone (plus the launch), no share of a full wave.
+    let one = m.predict(0, &Problem::new(1, 1, 64, 768));
+    let want = 1.9e-6 + 0.145e-6 * 24.0 + m.device.launch;
+    assert!((one - want).abs() < 1e-12, "{one} vs {want}");
+    // Exactly one full wave of the large tile: 264 blocks.
+    let p = Problem::new(1, 128 * 12, 128 * 22, 1024);
+    assert_eq!(m.kernels[1].blocks(&p), 264);
+    let full = m.predict(1, &p);
+    assert!((full - (7.9e-6 + 0.63e-6 * 32.0 + m.device.launch)).abs() < 1e-12);
+    // One block more starts a second, partial wave.
+    let p2 = Problem::new(1, 128 * 12 + 1, 128 * 22, 1024);
+    assert!(m.predict(1, &p2) > full * 1.3);
+    // Small M picks the small tile, large M the large one.
+    assert_eq!(m.choose(&Problem::new(1, 7, 768, 768)).unwrap().0, 0);
+    assert_eq!(m.choose(&Problem::new(1, 8192, 4096, 4096)).unwrap().0, 1);
+    // A product no kernel accepts has no choice.
+    assert!(m.choose(&Problem::new(1, 7, 768, 13)).is_none());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// The tree gives the model's own choice at every M it was distilled for, and the
+    /// model's past that range.
+    #[test]
+    fn the_tree_agrees_with_the_model(n in 1usize..4096, k8 in 1usize..512, m in 1usize..6000) {
+        let model = model();
+        let k = 8 * k8;
+        let tree = MTree::distill(&model, 1, n, k, 4096).unwrap();
+        let want = model.choose(&Problem::new(1, m, n, k)).unwrap().0;
+        prop_assert_eq!(tree.choose(&model, m), Some(want));
+        prop_assert!(tree.bounds[0] == 1 && tree.bounds.windows(2).all(|w| w[0] < w[1]));
+        prop_assert!(tree.depth() <= 13);
+    }
+}
+
+#[test]
+fn the_tree_text_lists_its_leaves() {
+    let model = model();
+    let tree = MTree::distill(&model, 1, 4096, 4096, 8192).unwrap();
+    let text = tree.text(&model);
+    assert!(text.starts_with("tree 1x(Mx4096x4096)"), "{text}");
+    assert!(text.contains("M in [1, "), "{text}");
+    assert!(
+        text.contains("gemm_bf16_nt_16x64_w1x4_s4") && text.contains("gemm_bf16_nt_128x128_w2x2_s4"),
+        "{text}"
+    );
+    assert_eq!(tree.choose(&model, 0), None);
+}
+
+#[test]
+fn ptxas_reports_are_read() {
+    let out = "ptxas info    : 0 bytes gmem\n\
+ptxas info    : Compiling entry function 'gemm_x' for 'sm_90a'\n\
+ptxas info    : Function properties for gemm_x\n\
+    0 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n\
+ptxas info    : Used 237 registers, used 1 barriers, 460 bytes cmem[0]\n\
+ptxas warning : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized\n";
+    let r = PtxasReport::parse(out, "gemm_x").unwrap();
+    assert_eq!((r.registers, r.spill_stores, r.spill_loads), (237, 8, 4));
+    assert_eq!(r.problems().len(), 2, "{:?}", r.problems());
+    assert!(PtxasReport::parse("ptxas info : nothing", "gemm_x").is_err());
+}
+
+#[test]
+fn a_manifest_round_trips_and_a_bad_one_is_an_error() {
+    let dir = std::env::temp_dir().join(format!("anyshape-manifest-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let k = mma(64, 64, 2, 2);
+    let m = Manifest {
+        cubin_arch: Some("sm_90a".into()),
+        entries: vec![ManifestEntry {
+            kernel: k,
+            name: k.name(),
+            ptx: "a.ptx".into(),
+            cubin: None,
+            ptxas: vec![],
+        }],
+    };
+    m.save(&dir).unwrap();
+    assert_eq!(Manifest::load(&dir).unwrap(), m);
+    std::fs::write(dir.join(Manifest::FILE), "{\"entries\": [").unwrap();
+    assert!(Manifest::load(&dir).unwrap_err().contains("manifest.json"));
+    let wrong =
+        Manifest { entries: vec![ManifestEntry { name: "other".into(), ..m.entries[0].clone() }], ..m };
+    wrong.save(&dir).unwrap();
+    assert!(Manifest::load(&dir).unwrap_err().contains("describes kernel"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_oracle_multiplies_in_both_layouts_with_the_epilogue() {
+    let e = Elem::Bf16;
+    let bits = |v: &[f32]| v.iter().map(|&x| reference::to_bits(e, x)).collect::<Vec<u16>>();
+    // A [2, 3]; B as [N=2, K=3] and as [K=3, N=2].
+    let a = bits(&[1.0, 2.0, 3.0, -1.0, 0.5, 0.25]);
+    let b_nk = bits(&[1.0, 0.0, 2.0, 0.0, 1.0, -1.0]);
+    let b_kn = bits(&[1.0, 0.0, 0.0, 1.0, 2.0, -1.0]);
+    let bias = bits(&[0.5, -0.5]);
+    let res = bits(&[1.0, 1.0, 1.0, 1.0]);
+    let p = Problem::new(1, 2, 2, 3);
+    let epi = Epilogue { bias: true, gelu: None, residual: true };
+    let want = [1.0 + 6.0 + 0.5 + 1.0, 2.0 - 3.0 - 0.5 + 1.0, -1.0 + 0.5 + 0.5 + 1.0, 0.5 - 0.25 - 0.5 + 1.0];
+    for (layout, b) in [(BLayout::KMajor, &b_nk), (BLayout::NMajor, &b_kn)] {
+        let o = Operands { elem: e, b_layout: layout, a: &a, b, bias: &bias, residual: &res };
+        let c = reference::gemm(&p, &epi, &o);
+        for (x, w) in c.iter().zip(want) {
+            assert!((x - w).abs() < 1e-12, "{layout:?}: {c:?}");
+        }
+    }
+    // GELU's two forms agree to ~1e-3 and erf is accurate.
+    for x in [-3.0, -0.5, 0.0, 0.7, 2.5] {
+        assert!((reference::gelu(Gelu::Tanh, x) - reference::gelu(Gelu::Erf, x)).abs() < 2e-3);
+    }
+    assert!((reference::erf(0.5) - 0.520_499_877_813_046_5).abs() < 2e-7);
+    // The tolerance: a bf16 rounding passes, a few units in the last place do not.
+    let w = 3.0f64;
+    assert!(reference::close(e, reference::from_bits(e, reference::to_bits(e, 3.01)), 3.01, 1.0, false));
+    assert!(!reference::close(e, (w * (1.0 + 4.0 * 2f64.powi(-8))) as f32, w, 1.0, false));
+    assert!(!reference::close(e, f32::NAN, w, 1.0, false));
+}
