@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use gpu::candidates;
 use gpu::manifest::PtxasReport;
-use gpu::{BLayout, Elem, Epilogue, Gelu, GemmKernel, Manifest, ManifestEntry};
+use gpu::{BLayout, Elem, Epilogue, Gelu, GemmKernel, Manifest, ManifestEntry, ReduceKernel, ReducerEntry};
 
 #[derive(Args)]
 pub struct GpuKernelsArgs {
@@ -32,6 +32,25 @@ pub struct GpuKernelsArgs {
     filter: Option<String>,
 }
 
+/// The epilogues a transformer's projections fuse.
+const EPILOGUES: [Epilogue; 5] = [
+    Epilogue { bias: true, gelu: None, residual: false },
+    Epilogue { bias: true, gelu: Some(Gelu::Tanh), residual: false },
+    Epilogue { bias: true, gelu: Some(Gelu::Erf), residual: false },
+    Epilogue { bias: true, gelu: None, residual: true },
+    Epilogue { bias: false, gelu: Some(Gelu::Erf), residual: true },
+];
+
+/// The split-K reductions: per element type, none and each of [`EPILOGUES`].
+pub fn reducers() -> Vec<ReduceKernel> {
+    let mut out = Vec::new();
+    for elem in [Elem::Bf16, Elem::F16] {
+        out.push(ReduceKernel { elem, epilogue: Epilogue::NONE });
+        out.extend(EPILOGUES.iter().map(|&epilogue| ReduceKernel { elem, epilogue }));
+    }
+    out
+}
+
 /// The family that is built: for bf16 and f16, both B layouts, every block tile of
 /// `candidates::family` (mma.sync) and the wgmma tiles (K-major B) without an
 /// epilogue; and for bf16 with a K-major B (a pre-packed weight) the epilogues a
@@ -43,15 +62,9 @@ pub fn family() -> Vec<GemmKernel> {
             out.extend(candidates::family(elem, b, Epilogue::NONE));
         }
         out.extend(candidates::wgmma_family(elem, Epilogue::NONE));
+        out.extend(candidates::split_k_family(elem));
     }
-    let epilogues = [
-        Epilogue { bias: true, gelu: None, residual: false },
-        Epilogue { bias: true, gelu: Some(Gelu::Tanh), residual: false },
-        Epilogue { bias: true, gelu: Some(Gelu::Erf), residual: false },
-        Epilogue { bias: true, gelu: None, residual: true },
-        Epilogue { bias: false, gelu: Some(Gelu::Erf), residual: true },
-    ];
-    for epilogue in epilogues {
+    for epilogue in EPILOGUES {
         for k in candidates::family(Elem::Bf16, BLayout::KMajor, epilogue) {
             if matches!((k.bm, k.bn), (16, 64) | (128, 128)) {
                 out.push(k);
@@ -111,7 +124,18 @@ pub fn gpu_kernels(args: GpuKernelsArgs) -> Result<()> {
     if !failures.is_empty() {
         bail!("{} of {} kernels failed:\n{}", failures.len(), kernels.len(), failures.join("\n"));
     }
-    let manifest = Manifest { cubin_arch: args.ptxas.as_ref().map(|_| args.arch[0].clone()), entries };
+    let mut reducer_entries = Vec::new();
+    for r in reducers() {
+        if args.filter.as_ref().is_some_and(|f| !r.name().contains(f.as_str())) {
+            continue;
+        }
+        reducer_entries.push(build_reducer(&r, &args).with_context(|| r.name())?);
+    }
+    let manifest = Manifest {
+        cubin_arch: args.ptxas.as_ref().map(|_| args.arch[0].clone()),
+        entries,
+        reducers: reducer_entries,
+    };
     manifest.save(&args.out).map_err(anyhow::Error::msg)?;
     println!("{} kernels in {}", manifest.entries.len(), args.out.display());
     Ok(())
@@ -152,6 +176,34 @@ fn build_one(k: &GemmKernel, args: &GpuKernelsArgs) -> Result<ManifestEntry> {
         }
     }
     Ok(ManifestEntry { kernel: *k, name, ptx: ptx_file, cubin, ptxas: reports })
+}
+
+fn build_reducer(r: &ReduceKernel, args: &GpuKernelsArgs) -> Result<ReducerEntry> {
+    let name = r.name();
+    let ir = codegen::nvptx::reduce_ir(r);
+    if args.dump_llvm {
+        std::fs::write(args.out.join(format!("{name}.ll")), &ir)?;
+    }
+    let ptx = codegen::nvptx::compile(&ir, &name, gpu::Arch::Sm80)?;
+    let ptx_file = format!("{name}.ptx");
+    std::fs::write(args.out.join(&ptx_file), &ptx)?;
+    let mut cubin = None;
+    if let Some(ptxas) = &args.ptxas {
+        for (i, arch) in args.arch.iter().enumerate() {
+            let cubin_file = format!("{name}.{arch}.cubin");
+            let report =
+                assemble(ptxas, &args.out.join(&ptx_file), arch, &args.out.join(&cubin_file), &name)?;
+            if !report.problems().is_empty() {
+                bail!("ptxas {arch}: {}", report.problems().join("; "));
+            }
+            if i == 0 {
+                cubin = Some(cubin_file);
+            } else {
+                std::fs::remove_file(args.out.join(&cubin_file)).ok();
+            }
+        }
+    }
+    Ok(ReducerEntry { kernel: *r, name, ptx: ptx_file, cubin })
 }
 
 /// `ptxas -v -arch ARCH PTX -o CUBIN`, its report parsed.

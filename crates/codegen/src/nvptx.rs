@@ -14,7 +14,7 @@
 //! where the row stride allows.
 
 use crate::{llvm, CodegenError};
-use gpu::{Arch, BLayout, Elem, Gelu, GemmKernel};
+use gpu::{Arch, BLayout, Elem, Gelu, GemmKernel, ReduceKernel};
 use inkwell::context::Context;
 use inkwell::memory_buffer::MemoryBuffer;
 use inkwell::passes::PassBuilderOptions;
@@ -82,7 +82,9 @@ struct Ix {
     b_base: String,
     c_base: String,
     r_base: Option<String>,
+    /// The block's K steps (a split-K block's share), from step `k_first`.
     kt_n: String,
+    k_first: String,
 }
 
 /// One thread's 16-byte copy of a stage: the global pointer at K step 0, the
@@ -99,12 +101,114 @@ struct Copy {
     guard: Option<String>,
 }
 
+/// Where two adjacent values of a fragment land in C (see `Gen::spot`).
+struct Spot {
+    col: String,
+    col1: String,
+    ok0: String,
+    ok1: String,
+    in0: String,
+    in1: String,
+    idx: String,
+}
+
 /// An m16n8 accumulator fragment: its row and column inside the block tile (the
 /// lane's own offsets are added by the epilogue) and its four values.
 struct Frag {
     row: String,
     col: String,
     vals: [String; 4],
+}
+
+/// PTX of a split-K reduction (`gpu::ReduceKernel`), `.target sm_80`.
+pub fn reduce_ptx(r: &ReduceKernel) -> Result<String, CodegenError> {
+    compile(&reduce_ir(r), &r.name(), Arch::Sm80)
+}
+
+/// The LLVM IR of a split-K reduction: thread `i` of the grid sums element `i` of
+/// the `splits` partial products (`W[s·sw + i]`, `[M, N]` each), applies the
+/// epilogue and stores `C[m·ldc + n]`.
+pub fn reduce_ir(r: &ReduceKernel) -> String {
+    // The epilogue code is the GEMM kernels' (a kernel description carries it).
+    let mut g = Gen::new(GemmKernel {
+        arch: Arch::Sm80,
+        elem: r.elem,
+        b: BLayout::KMajor,
+        bm: 16,
+        bn: 64,
+        warps_m: 1,
+        warps_n: 4,
+        stages: 2,
+        epilogue: r.epilogue,
+        overlap: false,
+        split_k: false,
+    });
+    let e = elem_ty(r.elem);
+    let threads = ReduceKernel::THREADS;
+    let tid = g.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
+    let bx = g.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
+    let bx64 = g.v(format!("zext i32 {bx} to i64"));
+    let tid64 = g.v(format!("zext i32 {tid} to i64"));
+    let base = g.v(format!("mul i64 {bx64}, {threads}"));
+    let i = g.v(format!("add i64 {base}, {tid64}"));
+    let m64 = g.v("sext i32 %M to i64");
+    let n64 = g.v("sext i32 %N to i64");
+    let total = g.v(format!("mul i64 {m64}, {n64}"));
+    let inside = g.v(format!("icmp slt i64 {i}, {total}"));
+    g.emit(format!("br i1 {inside}, label %sum, label %done"));
+    g.block("sum");
+    g.emit("br label %split");
+    g.block("split");
+    let head = g.body.len();
+    let p = g.v(format!("getelementptr inbounds float, ptr addrspace(1) %W, i64 {i}"));
+    let off = g.v("mul i64 %s, %sw");
+    let at = g.v(format!("getelementptr inbounds float, ptr addrspace(1) {p}, i64 {off}"));
+    let x = g.v(format!("load float, ptr addrspace(1) {at}, align 4"));
+    let acc1 = g.v(format!("fadd float %acc, {x}"));
+    let s1 = g.v("add i32 %s32, 1");
+    let s1_64 = g.v(format!("zext i32 {s1} to i64"));
+    let more = g.v(format!("icmp slt i32 {s1}, %splits"));
+    g.emit(format!("br i1 {more}, label %split, label %store"));
+    g.body.insert_str(
+        head,
+        &format!(
+            "  %s32 = phi i32 [ 0, %sum ], [ {s1}, %split ]\n  %s = phi i64 [ 0, %sum ], [ {s1_64}, %split ]\n  %acc = phi float [ 0.0, %sum ], [ {acc1}, %split ]\n"
+        ),
+    );
+    g.block("store");
+    let m = g.v(format!("sdiv i64 {i}, {n64}"));
+    let n = g.v(format!("srem i64 {i}, {n64}"));
+    let n32 = g.v(format!("trunc i64 {n} to i32"));
+    let ldc64 = g.v("sext i32 %ldc to i64");
+    let row = g.v(format!("mul i64 {m}, {ldc64}"));
+    let ci = g.v(format!("add i64 {row}, {n}"));
+    let res = r.epilogue.residual.then(|| ("%res".to_string(), ci.clone()));
+    let y = g.epilogue_value(&acc1, &n32, res.as_ref());
+    let h = g.v(format!("fptrunc float {y} to {e}"));
+    let cp = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %C, i64 {ci}"));
+    g.emit(format!("store {e} {h}, ptr addrspace(1) {cp}, align 2"));
+    g.emit("br label %done");
+    g.block("done");
+    g.emit("ret void");
+
+    let name = r.name();
+    let mut out = String::new();
+    let _ = writeln!(out, "; {name}: {threads} threads, one element each");
+    let _ = writeln!(out, "target datalayout = \"e-i64:64-i128:128-v16:16-v32:32-n16:32:64\"");
+    let _ = writeln!(out, "target triple = \"{TRIPLE}\"\n");
+    let _ = writeln!(
+        out,
+        "define void @{name}(ptr addrspace(1) readonly %W, ptr addrspace(1) %C, ptr addrspace(1) readonly %bias, \
+         ptr addrspace(1) readonly %res, i32 %M, i32 %N, i32 %ldc, i32 %splits, i64 %sw) {{"
+    );
+    out.push_str("entry:\n");
+    out.push_str(&g.body);
+    out.push_str("}\n\n");
+    out.push_str(DECLS);
+    let _ = writeln!(out, "\n!nvvm.annotations = !{{!0, !1}}");
+    let _ = writeln!(out, "!0 = !{{ptr @{name}, !\"kernel\", i32 1}}");
+    let _ = writeln!(out, "!1 = !{{ptr @{name}, !\"maxntidx\", i32 {threads}}}");
+    out
 }
 
 /// The IR writer: numbered SSA values, one instruction a line.
@@ -195,6 +299,32 @@ impl Gen {
         let m0 = self.v(format!("mul i32 {tm}, {}", k.bm));
         let n0 = self.v(format!("mul i32 {tn}, {}", k.bn));
         let bz64 = self.v(format!("zext i32 {bz} to i64"));
+        let bk = k.bk();
+        let kr = self.v(format!("add i32 %K, {}", bk - 1));
+        let steps = self.v(format!("udiv i32 {kr}, {bk}"));
+        if k.split_k {
+            // `z` is the split: steps [z·kper, min(steps, (z+1)·kper)) into its f32
+            // slice of the workspace (the runner leaves no split without work).
+            let oc = self.v(format!("mul i64 {bz64}, %sc"));
+            let c_base = self.v(format!("getelementptr inbounds float, ptr addrspace(1) %C, i64 {oc}"));
+            let k_first = self.v(format!("mul i32 {bz}, %kper"));
+            let left = self.v(format!("sub i32 {steps}, {k_first}"));
+            let fewer = self.v(format!("icmp ult i32 {left}, %kper"));
+            let kt_n = self.v(format!("select i1 {fewer}, i32 {left}, i32 %kper"));
+            return Ix {
+                tid,
+                warp,
+                lane,
+                m0,
+                n0,
+                a_base: "%A".into(),
+                b_base: "%B".into(),
+                c_base,
+                r_base: None,
+                kt_n,
+                k_first,
+            };
+        }
         let oa = self.v(format!("mul i64 {bz64}, %sa"));
         let ob = self.v(format!("mul i64 {bz64}, %sb"));
         let oc = self.v(format!("mul i64 {bz64}, %sc"));
@@ -205,10 +335,7 @@ impl Gen {
             .epilogue
             .residual
             .then(|| self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %res, i64 {oc}")));
-        let bk = k.bk();
-        let kr = self.v(format!("add i32 %K, {}", bk - 1));
-        let kt_n = self.v(format!("udiv i32 {kr}, {bk}"));
-        Ix { tid, warp, lane, m0, n0, a_base, b_base, c_base, r_base, kt_n }
+        Ix { tid, warp, lane, m0, n0, a_base, b_base, c_base, r_base, kt_n: steps, k_first: "0".into() }
     }
 
     /// Each thread's share of a stage's 16-byte copies: A's `bm × bk` tile and B's
@@ -288,12 +415,13 @@ impl Gen {
 
     /// One K step's copies into the slot of step `kt`: a copy outside the operand
     /// reads 0 bytes and zero-fills; a chunk past a partial round's tile is skipped.
-    fn load_tile(&mut self, copies: &(Vec<Copy>, Vec<Copy>), kt: &str) {
+    fn load_tile(&mut self, copies: &(Vec<Copy>, Vec<Copy>), kt: &str, k_first: &str) {
         let (a_bytes, _) = self.k.stage_bytes();
         let base = self.slot_base(kt);
         let bk = self.k.bk();
-        let ktk = self.v(format!("mul i32 {kt}, {bk}"));
-        let kt64 = self.v(format!("zext i32 {kt} to i64"));
+        let step = self.v(format!("add i32 {kt}, {k_first}"));
+        let ktk = self.v(format!("mul i32 {step}, {bk}"));
+        let kt64 = self.v(format!("zext i32 {step} to i64"));
         for (which, list) in [(0usize, &copies.0), (1, &copies.1)] {
             for cp in list.iter() {
                 let skip = cp.guard.as_ref().map(|in_tile| {
@@ -338,7 +466,7 @@ impl Gen {
             let (go, next) = (self.fresh("pro.load"), self.fresh("pro.next"));
             self.emit(format!("br i1 {has}, label %{go}, label %{next}"));
             self.block(&go);
-            self.load_tile(copies, &s.to_string());
+            self.load_tile(copies, &s.to_string(), &ix.k_first);
             self.emit(format!("br label %{next}"));
             self.block(&next);
             self.emit("call void @llvm.nvvm.cp.async.commit.group()");
@@ -452,7 +580,7 @@ impl Gen {
         let has = self.v(format!("icmp slt i32 {pf}, {}", ix.kt_n));
         self.emit(format!("br i1 {has}, label %loop.load, label %loop.mma"));
         self.block("loop.load");
-        self.load_tile(copies, &pf);
+        self.load_tile(copies, &pf, &ix.k_first);
         self.emit("br label %loop.mma");
         self.block("loop.mma");
         self.emit("call void @llvm.nvvm.cp.async.commit.group()");
@@ -558,7 +686,7 @@ impl Gen {
         let has = self.v(format!("icmp slt i32 {pf}, {}", ix.kt_n));
         self.emit(format!("br i1 {has}, label %loop.load, label %loop.mma"));
         self.block("loop.load");
-        self.load_tile(copies, &pf);
+        self.load_tile(copies, &pf, &ix.k_first);
         self.emit("br label %loop.mma");
         self.block("loop.mma");
         self.emit("call void @llvm.nvvm.cp.async.commit.group()");
@@ -644,7 +772,8 @@ impl Gen {
     }
 
     /// Applies the epilogue to every m16n8 fragment (rows `row + g` and `row + g + 8`
-    /// of the block tile, columns `col + 2q`, `+1`, for lane `4g + q`) and stores it.
+    /// of the block tile, columns `col + 2q`, `+1`, for lane `4g + q`) and stores it;
+    /// a split-K block stores its f32 partial sums as they are.
     fn epilogue(&mut self, ix: &Ix, frags: &[Frag]) {
         let k = self.k;
         let e = elem_ty(k.elem);
@@ -655,6 +784,7 @@ impl Gen {
         let q2 = self.v(format!("shl i32 {q}, 1"));
         let r1 = self.v(format!("add i32 {}, {g}", ix.m0));
         let c1 = self.v(format!("add i32 {}, {q2}", ix.n0));
+        // Paired stores stay aligned while the row and batch (or split) strides are even.
         let sc_lo = self.v("trunc i64 %sc to i32");
         let strides = self.v(format!("or i32 %ldc, {sc_lo}"));
         let parity = self.v(format!("and i32 {strides}, 1"));
@@ -662,80 +792,112 @@ impl Gen {
         let ldc64 = self.v("sext i32 %ldc to i64");
         for f in frags {
             for half in 0..2 {
-                let r0 = self.v(format!("add i32 {r1}, {}", f.row));
-                let row = self.v(format!("add i32 {r0}, {}", half * 8));
-                let col = self.v(format!("add i32 {c1}, {}", f.col));
-                let col1 = self.v(format!("add i32 {col}, 1"));
-                let rok = self.v(format!("icmp slt i32 {row}, %M"));
-                let ok0 = self.v(format!("icmp slt i32 {col}, %N"));
-                let ok1 = self.v(format!("icmp slt i32 {col1}, %N"));
-                let row64 = self.v(format!("sext i32 {row} to i64"));
-                let col64 = self.v(format!("sext i32 {col} to i64"));
-                let rowoff = self.v(format!("mul i64 {row64}, {ldc64}"));
-                let idx = self.v(format!("add i64 {rowoff}, {col64}"));
-                let in0 = self.v(format!("and i1 {rok}, {ok0}"));
-                let in1 = self.v(format!("and i1 {rok}, {ok1}"));
+                let s = self.spot(f, half, &r1, &c1, &ldc64);
+                let vals = [f.vals[half * 2].clone(), f.vals[half * 2 + 1].clone()];
+                if k.split_k {
+                    self.store_two("float", 4, ix, &s, &vals, &even);
+                    continue;
+                }
                 let mut out = Vec::new();
-                for x in 0..2 {
-                    let mut y = f.vals[half * 2 + x].clone();
-                    if k.epilogue.bias {
-                        let (cc, okc) = if x == 0 { (&col, &ok0) } else { (&col1, &ok1) };
-                        let bi = self.v(format!("select i1 {okc}, i32 {cc}, i32 0"));
-                        let bp =
-                            self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %bias, i32 {bi}"));
-                        let bv = self.v(format!("load {e}, ptr addrspace(1) {bp}, align 2"));
-                        let bf = self.v(format!("fpext {e} {bv} to float"));
-                        y = self.v(format!("fadd float {y}, {bf}"));
-                    }
-                    if let Some(form) = k.epilogue.gelu {
-                        y = self.gelu(form, &y);
-                    }
-                    if let Some(rb) = &ix.r_base {
-                        let inx = if x == 0 { &in0 } else { &in1 };
-                        let ixx = self.v(format!("add i64 {idx}, {x}"));
-                        let ri = self.v(format!("select i1 {inx}, i64 {ixx}, i64 0"));
-                        let rp =
-                            self.v(format!("getelementptr inbounds i16, ptr addrspace(1) {rb}, i64 {ri}"));
-                        let rv = self.v(format!("load {e}, ptr addrspace(1) {rp}, align 2"));
-                        let rf = self.v(format!("fpext {e} {rv} to float"));
-                        y = self.v(format!("fadd float {y}, {rf}"));
-                    }
+                for (x, v) in vals.iter().enumerate() {
+                    // Loads of values outside C read element 0 instead (their result
+                    // is not stored): no load leaves the operands.
+                    let (cc, okc, inx) =
+                        if x == 0 { (&s.col, &s.ok0, &s.in0) } else { (&s.col1, &s.ok1, &s.in1) };
+                    let bi = self.v(format!("select i1 {okc}, i32 {cc}, i32 0"));
+                    let ri = match &ix.r_base {
+                        Some(rb) => {
+                            let ixx = self.v(format!("add i64 {}, {x}", s.idx));
+                            Some((rb.clone(), self.v(format!("select i1 {inx}, i64 {ixx}, i64 0"))))
+                        }
+                        None => None,
+                    };
+                    let y = self.epilogue_value(v, &bi, ri.as_ref());
                     out.push(self.v(format!("fptrunc float {y} to {e}")));
                 }
-                // Two values in one 4-byte store where both are inside and the strides
-                // keep it aligned; else one at a time, each predicated.
-                let pair_ok = self.v(format!("and i1 {in1}, {even}"));
-                let (pair, single, st0, chk1, st1, next) = (
-                    self.fresh("st.pair"),
-                    self.fresh("st.single"),
-                    self.fresh("st.0"),
-                    self.fresh("st.chk"),
-                    self.fresh("st.1"),
-                    self.fresh("st.next"),
-                );
-                let p0 =
-                    self.v(format!("getelementptr inbounds i16, ptr addrspace(1) {}, i64 {idx}", ix.c_base));
-                self.emit(format!("br i1 {pair_ok}, label %{pair}, label %{single}"));
-                self.block(&pair);
-                let v2a = self.v(format!("insertelement <2 x {e}> poison, {e} {}, i32 0", out[0]));
-                let v2 = self.v(format!("insertelement <2 x {e}> {v2a}, {e} {}, i32 1", out[1]));
-                self.emit(format!("store <2 x {e}> {v2}, ptr addrspace(1) {p0}, align 4"));
-                self.emit(format!("br label %{next}"));
-                self.block(&single);
-                self.emit(format!("br i1 {in0}, label %{st0}, label %{chk1}"));
-                self.block(&st0);
-                self.emit(format!("store {e} {}, ptr addrspace(1) {p0}, align 2", out[0]));
-                self.emit(format!("br label %{chk1}"));
-                self.block(&chk1);
-                self.emit(format!("br i1 {in1}, label %{st1}, label %{next}"));
-                self.block(&st1);
-                let p1 = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) {p0}, i64 1"));
-                self.emit(format!("store {e} {}, ptr addrspace(1) {p1}, align 2", out[1]));
-                self.emit(format!("br label %{next}"));
-                self.block(&next);
+                self.store_two(e, 2, ix, &s, &[out[0].clone(), out[1].clone()], &even);
             }
         }
         self.emit("ret void");
+    }
+
+    /// Where half `half` of fragment `f` lands in C: its two columns, C's index of the
+    /// first, and which of the two lie inside C.
+    fn spot(&mut self, f: &Frag, half: usize, r1: &str, c1: &str, ldc64: &str) -> Spot {
+        let r0 = self.v(format!("add i32 {r1}, {}", f.row));
+        let row = self.v(format!("add i32 {r0}, {}", half * 8));
+        let col = self.v(format!("add i32 {c1}, {}", f.col));
+        let col1 = self.v(format!("add i32 {col}, 1"));
+        let rok = self.v(format!("icmp slt i32 {row}, %M"));
+        let ok0 = self.v(format!("icmp slt i32 {col}, %N"));
+        let ok1 = self.v(format!("icmp slt i32 {col1}, %N"));
+        let row64 = self.v(format!("sext i32 {row} to i64"));
+        let col64 = self.v(format!("sext i32 {col} to i64"));
+        let rowoff = self.v(format!("mul i64 {row64}, {ldc64}"));
+        let idx = self.v(format!("add i64 {rowoff}, {col64}"));
+        let in0 = self.v(format!("and i1 {rok}, {ok0}"));
+        let in1 = self.v(format!("and i1 {rok}, {ok1}"));
+        Spot { col, col1, ok0, ok1, in0, in1, idx }
+    }
+
+    /// Stores two adjacent values of type `ty` (`size` bytes each) at `s`: in one
+    /// store of twice the size where both are inside C and the strides keep it
+    /// aligned, else one at a time, each predicated.
+    fn store_two(&mut self, ty: &str, size: usize, ix: &Ix, s: &Spot, v: &[String; 2], even: &str) {
+        let elem = if ty == "float" { "float" } else { "i16" };
+        let pair_ok = self.v(format!("and i1 {}, {even}", s.in1));
+        let (pair, single, st0, chk1, st1, next) = (
+            self.fresh("st.pair"),
+            self.fresh("st.single"),
+            self.fresh("st.0"),
+            self.fresh("st.chk"),
+            self.fresh("st.1"),
+            self.fresh("st.next"),
+        );
+        let p0 =
+            self.v(format!("getelementptr inbounds {elem}, ptr addrspace(1) {}, i64 {}", ix.c_base, s.idx));
+        self.emit(format!("br i1 {pair_ok}, label %{pair}, label %{single}"));
+        self.block(&pair);
+        let v2a = self.v(format!("insertelement <2 x {ty}> poison, {ty} {}, i32 0", v[0]));
+        let v2 = self.v(format!("insertelement <2 x {ty}> {v2a}, {ty} {}, i32 1", v[1]));
+        self.emit(format!("store <2 x {ty}> {v2}, ptr addrspace(1) {p0}, align {}", 2 * size));
+        self.emit(format!("br label %{next}"));
+        self.block(&single);
+        self.emit(format!("br i1 {}, label %{st0}, label %{chk1}", s.in0));
+        self.block(&st0);
+        self.emit(format!("store {ty} {}, ptr addrspace(1) {p0}, align {size}", v[0]));
+        self.emit(format!("br label %{chk1}"));
+        self.block(&chk1);
+        self.emit(format!("br i1 {}, label %{st1}, label %{next}", s.in1));
+        self.block(&st1);
+        let p1 = self.v(format!("getelementptr inbounds {elem}, ptr addrspace(1) {p0}, i64 1"));
+        self.emit(format!("store {ty} {}, ptr addrspace(1) {p1}, align {size}", v[1]));
+        self.emit(format!("br label %{next}"));
+        self.block(&next);
+    }
+
+    /// The epilogue of one f32 value `y`: `+ bias[bias_idx]`, GELU, `+ residual`
+    /// (`(base, index)`), each as the kernel's epilogue asks.
+    fn epilogue_value(&mut self, y: &str, bias_idx: &str, residual: Option<&(String, String)>) -> String {
+        let e = elem_ty(self.k.elem);
+        let epi = self.k.epilogue;
+        let mut y = y.to_string();
+        if epi.bias {
+            let bp = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %bias, i32 {bias_idx}"));
+            let bv = self.v(format!("load {e}, ptr addrspace(1) {bp}, align 2"));
+            let bf = self.v(format!("fpext {e} {bv} to float"));
+            y = self.v(format!("fadd float {y}, {bf}"));
+        }
+        if let Some(form) = epi.gelu {
+            y = self.gelu(form, &y);
+        }
+        if let Some((rb, ri)) = residual {
+            let rp = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) {rb}, i64 {ri}"));
+            let rv = self.v(format!("load {e}, ptr addrspace(1) {rp}, align 2"));
+            let rf = self.v(format!("fpext {e} {rv} to float"));
+            y = self.v(format!("fadd float {y}, {rf}"));
+        }
+        y
     }
 
     /// The module's text around the body: the target, the dynamic shared memory, the
@@ -754,7 +916,8 @@ impl Gen {
             m,
             "define void @{name}(ptr addrspace(1) readonly align 16 %A, ptr addrspace(1) readonly align 16 %B, \
              ptr addrspace(1) align 16 %C, ptr addrspace(1) readonly %bias, ptr addrspace(1) readonly %res, \
-             i32 %M, i32 %N, i32 %K, i32 %lda, i32 %ldb, i32 %ldc, i64 %sa, i64 %sb, i64 %sc) {{"
+             i32 %M, i32 %N, i32 %K, i32 %lda, i32 %ldb, i32 %ldc, i64 %sa, i64 %sb, i64 %sc{}) {{",
+            if k.split_k { ", i32 %kper" } else { "" }
         );
         m.push_str("entry:\n");
         m.push_str(&self.body);

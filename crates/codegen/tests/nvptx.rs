@@ -9,7 +9,7 @@
 use anyshape_codegen::nvptx;
 use gpu::candidates;
 use gpu::manifest::PtxasReport;
-use gpu::{Arch, BLayout, Elem, Epilogue, Gelu, GemmKernel};
+use gpu::{Arch, BLayout, Elem, Epilogue, Gelu, GemmKernel, ReduceKernel};
 use std::path::PathBuf;
 
 fn all_epilogues() -> Vec<Epilogue> {
@@ -77,6 +77,37 @@ fn every_family_kernel_compiles_and_its_loop_holds_its_schedule() {
 }
 
 #[test]
+fn split_k_kernels_write_f32_shares_and_reductions_apply_the_epilogue() {
+    for elem in [Elem::Bf16, Elem::F16] {
+        let family = candidates::split_k_family(elem);
+        assert!(
+            family.iter().any(|k| k.arch == Arch::Sm90a) && family.iter().any(|k| k.b == BLayout::NMajor)
+        );
+        for k in family {
+            let ir = nvptx::llvm_ir(&k).unwrap();
+            assert!(ir.contains("i64 %sc, i32 %kper)"), "{k}: the split's steps are an argument");
+            assert!(
+                ir.contains("store <2 x float>") && !ir.contains("fptrunc"),
+                "{k}: f32 partial sums, unrounded"
+            );
+            nvptx::compile(&ir, &k.name(), k.arch).unwrap();
+        }
+        for epilogue in all_epilogues() {
+            let r = ReduceKernel { elem, epilogue };
+            let ir = nvptx::reduce_ir(&r);
+            assert!(ir.contains("phi float"), "{r}: sums the shares");
+            assert_eq!(
+                ir.contains("tanh.approx") || ir.contains("ex2.approx"),
+                epilogue.gelu.is_some(),
+                "{r}"
+            );
+            assert_eq!(ir.contains("%bias, i32"), epilogue.bias, "{r}");
+            nvptx::reduce_ptx(&r).unwrap();
+        }
+    }
+}
+
+#[test]
 fn the_whole_candidate_space_lowers() {
     // The space is what the family is drawn from: every member must be buildable.
     let space = candidates::space(Elem::Bf16, BLayout::KMajor, Epilogue::NONE);
@@ -99,6 +130,7 @@ fn an_invalid_kernel_is_an_error_not_a_panic() {
         stages: 3,
         epilogue: Epilogue::NONE,
         overlap: false,
+        split_k: false,
     };
     let e = nvptx::llvm_ir(&bad).unwrap_err().to_string();
     assert!(e.contains("warp tile 24x32"), "{e}");
@@ -130,6 +162,7 @@ fn golden_ptx() {
         stages: 4,
         epilogue: Epilogue::NONE,
         overlap: false,
+        split_k: false,
     };
     golden("gemm_bf16_nt_16x64_w1x4_s4.ptx", &nvptx::ptx(&small).unwrap());
     let nn = GemmKernel {
@@ -161,6 +194,7 @@ fn ptxas_accepts_every_family_kernel() {
         Elem::Bf16,
         Epilogue { bias: true, gelu: Some(Gelu::Erf), residual: true },
     ));
+    kernels.extend(candidates::split_k_family(Elem::Bf16));
     for k in &kernels {
         let ptx_path = dir.join(format!("{}.ptx", k.name()));
         std::fs::write(&ptx_path, nvptx::ptx(k).unwrap()).unwrap();

@@ -44,6 +44,7 @@ pub fn space(elem: Elem, b: BLayout, epilogue: Epilogue) -> Vec<GemmKernel> {
                         stages,
                         epilogue,
                         overlap: false,
+                        split_k: false,
                     };
                     if k.check().is_ok() {
                         out.push(k);
@@ -112,12 +113,34 @@ pub fn wgmma_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
                 stages,
                 epilogue,
                 overlap,
+                split_k: false,
             };
             let stages =
                 (2..=4).rev().find(|&s| kernel(s).smem_bytes() <= MAX_SMEM_PER_BLOCK_SM90).unwrap_or(2);
             if kernel(stages).check().is_ok() {
                 out.push(kernel(stages));
             }
+        }
+    }
+    out
+}
+
+/// The split-K kernels: for a few rows against a long K (a decoder's projections),
+/// where one block a tile leaves most SMs idle. Small mma.sync tiles for either B
+/// layout and the smaller wgmma tile for a K-major B; the splits are chosen per
+/// product by the wave model.
+pub fn split_k_family(elem: Elem) -> Vec<GemmKernel> {
+    let mut out = Vec::new();
+    for b in [BLayout::KMajor, BLayout::NMajor] {
+        for k in family(elem, b, Epilogue::NONE) {
+            if matches!((k.bm, k.bn), (16, 64) | (32, 64) | (64, 128)) {
+                out.push(GemmKernel { split_k: true, ..k });
+            }
+        }
+    }
+    for k in wgmma_family(elem, Epilogue::NONE) {
+        if (k.bm, k.bn) == (64, 128) {
+            out.push(GemmKernel { split_k: true, ..k });
         }
     }
     out

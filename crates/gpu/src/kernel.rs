@@ -88,7 +88,7 @@ pub struct Epilogue {
 impl Epilogue {
     pub const NONE: Epilogue = Epilogue { bias: false, gelu: None, residual: false };
 
-    fn suffix(&self) -> String {
+    pub fn suffix(&self) -> String {
         let mut s = String::new();
         if self.bias {
             s.push_str("_bias");
@@ -126,6 +126,35 @@ pub struct GemmKernel {
     /// the group in flight); without it each step's products are waited for.
     #[serde(default)]
     pub overlap: bool,
+    /// Split-K: the launch's `z` blocks each take a share of K's steps and write f32
+    /// partial products to a workspace (`C` is then `[splits, M, N]` f32, no epilogue);
+    /// a [`ReduceKernel`] sums the shares and applies the epilogue. For a few rows
+    /// against a long K, where the tiles alone would not fill the SMs. Batch 1.
+    #[serde(default)]
+    pub split_k: bool,
+}
+
+/// The second launch of a split-K product: `C[m, n] = epilogue(Σ_s W[s, m, n])`,
+/// one thread an element. Arguments: `W` (f32), `C`, `bias`, `residual` (pointers),
+/// `M, N, ldc, splits` (i32), the workspace's split stride (i64).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ReduceKernel {
+    pub elem: Elem,
+    pub epilogue: Epilogue,
+}
+
+impl ReduceKernel {
+    pub const THREADS: usize = 256;
+
+    pub fn name(&self) -> String {
+        format!("splitk_reduce_{}{}", self.elem.name(), self.epilogue.suffix())
+    }
+}
+
+impl fmt::Display for ReduceKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
 }
 
 /// Why a kernel description cannot be built.
@@ -147,7 +176,7 @@ impl GemmKernel {
     /// The symbol in the PTX and the cubin's file stem.
     pub fn name(&self) -> String {
         format!(
-            "gemm_{}{}_{}_{}x{}_w{}x{}_s{}{}",
+            "gemm_{}{}_{}_{}x{}_w{}x{}_s{}{}{}",
             match (self.arch, self.overlap) {
                 (Arch::Sm80, _) => "",
                 (Arch::Sm90a, false) => "wg_",
@@ -160,6 +189,7 @@ impl GemmKernel {
             self.warps_m,
             self.warps_n,
             self.stages,
+            if self.split_k { "_sk" } else { "" },
             self.epilogue.suffix()
         )
     }
@@ -240,6 +270,9 @@ impl GemmKernel {
         if self.overlap && self.arch != Arch::Sm90a {
             return bad("only wgmma kernels keep a group of products in flight".into());
         }
+        if self.split_k && self.epilogue != Epilogue::NONE {
+            return bad("a split-K kernel writes partial sums: its epilogue is the reduction's".into());
+        }
         if self.arch == Arch::Sm90a {
             if self.b != BLayout::KMajor {
                 return bad("wgmma kernels read B K-major (an N-major B goes to the mma.sync family)".into());
@@ -316,10 +349,21 @@ impl GemmKernel {
         if p.m > (u16::MAX as usize) * self.bm || p.n > (i32::MAX as usize) || p.batch > u16::MAX as usize {
             return Err(format!("{p} exceeds the grid"));
         }
+        if self.split_k && p.batch != 1 {
+            return Err(format!("a split-K kernel takes one product, not a batch of {}", p.batch));
+        }
         Ok(())
     }
 
-    /// Thread blocks a launch runs.
+    /// K's steps a split takes and the splits that then have work, for `splits` asked
+    /// over `k`: every split gets `per` steps but the last, which gets the rest (≥ 1).
+    pub fn split_plan(&self, k: usize, splits: usize) -> (usize, usize) {
+        let steps = k.div_ceil(self.bk()).max(1);
+        let per = steps.div_ceil(splits.clamp(1, steps));
+        (per, steps.div_ceil(per))
+    }
+
+    /// Thread blocks a launch runs (per split for a split-K kernel).
     pub fn blocks(&self, p: &Problem) -> usize {
         p.m.div_ceil(self.bm) * p.n.div_ceil(self.bn) * p.batch
     }

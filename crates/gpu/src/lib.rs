@@ -16,7 +16,7 @@ pub mod wave;
 #[cfg(feature = "cuda")]
 pub mod runner;
 
-pub use kernel::{Arch, BLayout, Elem, Epilogue, Gelu, GemmKernel, KernelError, Problem, BK};
-pub use manifest::{Manifest, ManifestEntry};
+pub use kernel::{Arch, BLayout, Elem, Epilogue, Gelu, GemmKernel, KernelError, Problem, ReduceKernel, BK};
+pub use manifest::{Manifest, ManifestEntry, ReducerEntry};
 pub use tree::MTree;
-pub use wave::{DeviceLimits, KernelRate, WaveModel};
+pub use wave::{Choice, DeviceLimits, KernelRate, WaveModel};

@@ -2,7 +2,7 @@
 //! ptxas said of each (registers, spills, warnings), written by the build on the
 //! compiler's machine and read by the runner on the GPU machine.
 
-use crate::kernel::GemmKernel;
+use crate::kernel::{GemmKernel, ReduceKernel};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -81,12 +81,23 @@ pub struct ManifestEntry {
     pub ptxas: Vec<(String, PtxasReport)>,
 }
 
+/// A split-K reduction kernel of the folder.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReducerEntry {
+    pub kernel: ReduceKernel,
+    pub name: String,
+    pub ptx: String,
+    pub cubin: Option<String>,
+}
+
 /// A compiled family.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
     /// The ptxas target the cubins were assembled for.
     pub cubin_arch: Option<String>,
     pub entries: Vec<ManifestEntry>,
+    #[serde(default)]
+    pub reducers: Vec<ReducerEntry>,
 }
 
 impl Manifest {
@@ -104,6 +115,16 @@ impl Manifest {
                     path.display(),
                     e.name,
                     e.kernel.name()
+                ));
+            }
+        }
+        for r in &m.reducers {
+            if r.kernel.name() != r.name {
+                return Err(format!(
+                    "{}: entry {} describes kernel {}",
+                    path.display(),
+                    r.name,
+                    r.kernel.name()
                 ));
             }
         }

@@ -3,7 +3,7 @@
 //! (`dynamic-loading`), so this builds on machines without CUDA, and a machine
 //! without the driver gets [`GpuError::NoDriver`], not a crash.
 
-use crate::kernel::{GemmKernel, Problem};
+use crate::kernel::{GemmKernel, Problem, ReduceKernel};
 use crate::manifest::Manifest;
 use crate::wave::DeviceLimits;
 use cudarc::driver::sys::{
@@ -43,6 +43,15 @@ pub struct Loaded {
     pub kernel: GemmKernel,
     pub func: CudaFunction,
     pub regs: usize,
+}
+
+/// The f32 workspace of split-K launches: the shares' partial products.
+pub type Workspace = CudaSlice<f32>;
+
+/// A split-K reduction, loaded.
+pub struct LoadedReducer {
+    pub kernel: ReduceKernel,
+    pub func: CudaFunction,
 }
 
 /// A product's operands on the device: 16-bit bits, with the row strides and the
@@ -85,7 +94,7 @@ impl Gpu {
             threads_per_sm: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?,
             blocks_per_sm: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR)?,
             bandwidth,
-            launch: 3e-6,
+            launch: 1e-6,
         };
         let cc = (
             attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? as i32,
@@ -95,30 +104,41 @@ impl Gpu {
         Ok(Gpu { ctx, stream, name, limits, cc })
     }
 
-    /// Loads every kernel of the manifest in `dir`: its cubin where the manifest has
-    /// one for this device's architecture, else its PTX.
-    pub fn load(&self, dir: &Path, m: &Manifest) -> Result<Vec<Loaded>, GpuError> {
+    /// Loads one kernel: its cubin where there is one for this device's
+    /// architecture, else its PTX (which the driver assembles).
+    fn load_one(
+        &self,
+        dir: &Path,
+        cubin: Option<&str>,
+        ptx: &str,
+        name: &str,
+    ) -> Result<CudaFunction, GpuError> {
+        let ptx = match cubin {
+            Some(c) => {
+                let bytes =
+                    std::fs::read(dir.join(c)).map_err(|err| GpuError::Plan(format!("{c}: {err}")))?;
+                Ptx::from_binary(bytes)
+            }
+            None => {
+                let src = std::fs::read_to_string(dir.join(ptx))
+                    .map_err(|err| GpuError::Plan(format!("{ptx}: {err}")))?;
+                Ptx::from_src(src)
+            }
+        };
+        let module = self.ctx.load_module(ptx).map_err(|err| GpuError::Driver(format!("{name}: {err:?}")))?;
+        module.load_function(name).map_err(|err| GpuError::Driver(format!("{name}: {err:?}")))
+    }
+
+    /// Loads every kernel of the manifest in `dir`, and its split-K reductions.
+    pub fn load(&self, dir: &Path, m: &Manifest) -> Result<(Vec<Loaded>, Vec<LoadedReducer>), GpuError> {
         let arch = format!("sm_{}{}", self.cc.0, self.cc.1);
         let cubin_fits = m.cubin_arch.as_deref().is_some_and(|a| a.trim_end_matches('a') == arch);
+        fn pick(c: &Option<String>, fits: bool) -> Option<&str> {
+            c.as_deref().filter(|_| fits)
+        }
         let mut out = Vec::new();
         for e in &m.entries {
-            let ptx = match (&e.cubin, cubin_fits) {
-                (Some(c), true) => {
-                    let bytes =
-                        std::fs::read(dir.join(c)).map_err(|err| GpuError::Plan(format!("{c}: {err}")))?;
-                    Ptx::from_binary(bytes)
-                }
-                _ => {
-                    let src = std::fs::read_to_string(dir.join(&e.ptx))
-                        .map_err(|err| GpuError::Plan(format!("{}: {err}", e.ptx)))?;
-                    Ptx::from_src(src)
-                }
-            };
-            let module =
-                self.ctx.load_module(ptx).map_err(|err| GpuError::Driver(format!("{}: {err:?}", e.name)))?;
-            let func = module
-                .load_function(&e.name)
-                .map_err(|err| GpuError::Driver(format!("{}: {err:?}", e.name)))?;
+            let func = self.load_one(dir, pick(&e.cubin, cubin_fits), &e.ptx, &e.name)?;
             func.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 e.kernel.smem_bytes() as i32,
@@ -129,12 +149,20 @@ impl Gpu {
             let regs = func.num_regs().map_err(drv)?.max(0) as usize;
             out.push(Loaded { kernel: e.kernel, func, regs });
         }
-        Ok(out)
+        let mut reducers = Vec::new();
+        for r in &m.reducers {
+            let func = self.load_one(dir, pick(&r.cubin, cubin_fits), &r.ptx, &r.name)?;
+            reducers.push(LoadedReducer { kernel: r.kernel, func });
+        }
+        Ok((out, reducers))
     }
 
     /// Launches `l` on `p` (asynchronously, on the device's stream).
     pub fn launch(&self, l: &Loaded, p: &Problem, o: &mut DeviceOperands) -> Result<(), GpuError> {
         let k = &l.kernel;
+        if k.split_k {
+            return Err(GpuError::Plan(format!("{k} is a split-K kernel: launch_split runs it")));
+        }
         k.accepts(p).map_err(|e| GpuError::Plan(format!("{k} on {p}: {e}")))?;
         if !o.lda.is_multiple_of(8)
             || !o.ldb.is_multiple_of(8)
@@ -188,6 +216,95 @@ impl Gpu {
         // built for and was allowed on load.
         unsafe { b.launch(cfg) }.map_err(|e| GpuError::Driver(format!("{k} on {p}: {e:?}")))?;
         Ok(())
+    }
+
+    /// Launches split-K kernel `l` on `p` in `splits` shares of K (fewer where the
+    /// last would have no work: the number run is returned) into the f32 workspace
+    /// `w` (at least `splits · M · N`), then `r`, which sums the shares into C with
+    /// the epilogue. Without `r` only the shares are computed (the wave model's
+    /// calibration measures the kernel alone; the model adds the reduction).
+    pub fn launch_split(
+        &self,
+        l: &Loaded,
+        r: Option<&LoadedReducer>,
+        p: &Problem,
+        splits: usize,
+        o: &mut DeviceOperands,
+        w: &mut CudaSlice<f32>,
+    ) -> Result<usize, GpuError> {
+        let k = &l.kernel;
+        if !k.split_k {
+            return Err(GpuError::Plan(format!("{k} is not a split-K kernel")));
+        }
+        if let Some(r) = r.filter(|r| r.kernel.elem != k.elem) {
+            return Err(GpuError::Plan(format!("{} does not reduce {k}'s element type", r.kernel)));
+        }
+        k.accepts(p).map_err(|e| GpuError::Plan(format!("{k} on {p}: {e}")))?;
+        if !o.lda.is_multiple_of(8) || !o.ldb.is_multiple_of(8) {
+            return Err(GpuError::Plan(format!("{k} on {p}: lda and ldb must be multiples of 8")));
+        }
+        let (per, splits) = k.split_plan(p.k, splits);
+        let mn = p.m * p.n;
+        if w.len() < splits * mn {
+            return Err(GpuError::Plan(format!(
+                "{k} on {p}: a workspace of {} floats, {} needed",
+                w.len(),
+                splits * mn
+            )));
+        }
+        let (brows, bcols) = match k.b {
+            crate::BLayout::KMajor => (p.n, p.k),
+            crate::BLayout::NMajor => (p.k, p.n),
+        };
+        if o.a.len() < (p.m - 1) * o.lda + p.k || o.b.len() < (brows - 1) * o.ldb + bcols {
+            return Err(GpuError::Plan(format!("{k} on {p}: A or B is smaller than the product reads")));
+        }
+        let (bias, residual) =
+            r.map_or((false, false), |r| (r.kernel.epilogue.bias, r.kernel.epilogue.residual));
+        if o.c.len() - o.c_off < (p.m - 1) * o.ldc + p.n || (bias && o.bias.len() < p.n) {
+            return Err(GpuError::Plan(format!(
+                "{k} on {p}: C or the bias is smaller than the product writes"
+            )));
+        }
+        if residual && o.residual.len() < (p.m - 1) * o.ldc + p.n {
+            return Err(GpuError::Plan(format!("{k} on {p}: the residual is smaller than C")));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (p.n.div_ceil(k.bn) as u32, p.m.div_ceil(k.bm) as u32, splits as u32),
+            block_dim: (k.threads() as u32, 1, 1),
+            shared_mem_bytes: k.smem_bytes() as u32,
+        };
+        let (m, n, kk) = (p.m as i32, p.n as i32, p.k as i32);
+        let (lda, ldb, ldw) = (o.lda as i32, o.ldb as i32, p.n as i32);
+        let (zero, sw, kper) = (0i64, mn as i64, per as i32);
+        let mut b = self.stream.launch_builder(&l.func);
+        b.arg(&o.a).arg(&o.b).arg(&mut *w).arg(&o.bias).arg(&o.residual);
+        b.arg(&m).arg(&n).arg(&kk).arg(&lda).arg(&ldb).arg(&ldw).arg(&zero).arg(&zero).arg(&sw).arg(&kper);
+        // SAFETY: the split-K ABI (`kernel::ABI` and a trailing i32 `kper`): split `z`
+        // reads A and B within M, N and K (checked above) and writes its `[M, N]` f32
+        // slice at `z · M · N` of the workspace, which holds all `splits` slices.
+        unsafe { b.launch(cfg) }.map_err(|e| GpuError::Driver(format!("{k} on {p}: {e:?}")))?;
+        let Some(r) = r else { return Ok(splits) };
+        let rcfg = LaunchConfig {
+            grid_dim: (mn.div_ceil(ReduceKernel::THREADS) as u32, 1, 1),
+            block_dim: (ReduceKernel::THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (ldc, nsplits) = (o.ldc as i32, splits as i32);
+        let c_off = o.c_off;
+        let mut c = o.c.slice_mut(c_off..);
+        let mut rb = self.stream.launch_builder(&r.func);
+        rb.arg(&*w).arg(&mut c).arg(&o.bias).arg(&o.residual);
+        rb.arg(&m).arg(&n).arg(&ldc).arg(&nsplits).arg(&sw);
+        // SAFETY: the reduction's ABI (`ReduceKernel`): thread `i < M·N` reads the
+        // `splits` slices of the workspace at `i`, the bias at `n < N`, the residual
+        // and C at `m·ldc + n`, all inside the buffers checked above.
+        unsafe { rb.launch(rcfg) }.map_err(|e| GpuError::Driver(format!("{} on {p}: {e:?}", r.kernel)))?;
+        Ok(splits)
+    }
+
+    pub fn alloc_f32(&self, n: usize) -> Result<CudaSlice<f32>, GpuError> {
+        self.stream.alloc_zeros::<f32>(n.max(1)).map_err(drv)
     }
 
     /// Device seconds per call of `f`: `per_graph` calls captured into a CUDA graph,

@@ -5,7 +5,7 @@
 //! distilled range the model itself is asked (a few multiply-adds per kernel).
 
 use crate::kernel::Problem;
-use crate::wave::WaveModel;
+use crate::wave::{Choice, WaveModel};
 use serde::{Deserialize, Serialize};
 
 /// Intervals of M, each with its kernel: `bounds[i]` is the first M of leaf `i`.
@@ -15,7 +15,7 @@ pub struct MTree {
     pub n: usize,
     pub k: usize,
     pub bounds: Vec<usize>,
-    pub kernels: Vec<usize>,
+    pub kernels: Vec<Choice>,
     /// The largest M distilled; larger M asks the model.
     pub m_max: usize,
 }
@@ -25,7 +25,7 @@ impl MTree {
     /// the signature.
     pub fn distill(model: &WaveModel, batch: usize, n: usize, k: usize, m_max: usize) -> Option<MTree> {
         let mut bounds = Vec::new();
-        let mut kernels: Vec<usize> = Vec::new();
+        let mut kernels: Vec<Choice> = Vec::new();
         for m in 1..=m_max.max(1) {
             let (i, _) = model.choose(&Problem::new(batch, m, n, k))?;
             if kernels.last() != Some(&i) {
@@ -38,7 +38,7 @@ impl MTree {
 
     /// The kernel for `m`: the leaf whose interval holds it (binary search), or the
     /// model's choice past the distilled range.
-    pub fn choose(&self, model: &WaveModel, m: usize) -> Option<usize> {
+    pub fn choose(&self, model: &WaveModel, m: usize) -> Option<Choice> {
         if m == 0 {
             return None;
         }
@@ -66,7 +66,7 @@ impl MTree {
         );
         for (j, (&lo, &i)) in self.bounds.iter().zip(&self.kernels).enumerate() {
             let hi = self.bounds.get(j + 1).map(|b| b - 1).unwrap_or(self.m_max);
-            s.push_str(&format!("  M in [{lo}, {hi}]: {}\n", model.kernels[i]));
+            s.push_str(&format!("  M in [{lo}, {hi}]: {}\n", model.describe(i)));
         }
         s
     }

@@ -19,7 +19,7 @@ pub struct DeviceLimits {
     pub blocks_per_sm: usize,
     /// Device memory bandwidth, bytes/s.
     pub bandwidth: f64,
-    /// A launch's fixed cost, seconds.
+    /// A launch's fixed cost, seconds (in a CUDA graph: about a microsecond).
     pub launch: f64,
 }
 
@@ -34,7 +34,7 @@ impl DeviceLimits {
             threads_per_sm: 2048,
             blocks_per_sm: 32,
             bandwidth,
-            launch: 3e-6,
+            launch: 1e-6,
         }
     }
 }
@@ -64,6 +64,17 @@ pub struct KernelRate {
     pub per_kstep_alone: f64,
 }
 
+/// A choice for one product: a kernel of the model and, for a split-K kernel, the
+/// splits it runs with (1 otherwise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Choice {
+    pub kernel: usize,
+    pub splits: usize,
+}
+
+/// The splits a split-K kernel is tried with.
+pub const SPLITS: [usize; 7] = [2, 3, 4, 6, 8, 12, 16];
+
 /// The model over a compiled family: its kernels and their measured rates.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WaveModel {
@@ -73,35 +84,78 @@ pub struct WaveModel {
 }
 
 impl WaveModel {
-    /// Predicted seconds of kernel `i` on `p`: the full waves, each at the full
-    /// wave's time, then the last partial wave, whose `r` blocks an SM take the
-    /// longer of one block's latency and `r/occupancy` of a full wave (the SM's
-    /// throughput shared by fewer blocks). The SMs a partial wave leaves idle are
-    /// the waste that makes a smaller tile win at some M (TSCompiler §6, FTuner).
-    pub fn predict(&self, i: usize, p: &Problem) -> f64 {
-        let k = &self.kernels[i];
-        let r = &self.rates[i];
+    /// Predicted seconds of `c` on `p`: the full waves, each at the full wave's time,
+    /// then the last partial wave, whose `r` blocks an SM take the longer of one
+    /// block's latency and `r/occupancy` of a full wave (the SM's throughput shared
+    /// by fewer blocks). The SMs a partial wave leaves idle are the waste that makes
+    /// a smaller tile win at some M (TSCompiler §6, FTuner). A split-K choice runs
+    /// `splits` times the blocks on a share of K's steps, then the reduction, which
+    /// reads the f32 partial sums once (and costs a launch).
+    pub fn predict(&self, c: Choice, p: &Problem) -> f64 {
+        let k = &self.kernels[c.kernel];
+        let r = &self.rates[c.kernel];
         let occ = r.occupancy.max(1);
         let slots = self.device.sms * occ;
-        let blocks = k.blocks(p);
-        let steps = p.k.div_ceil(k.bk()) as f64;
-        let wave = r.fixed + r.per_kstep * steps;
+        let (steps, splits) = if k.split_k { k.split_plan(p.k, c.splits) } else { (p.k.div_ceil(k.bk()), 1) };
+        let blocks = k.blocks(p) * splits;
+        let wave = r.fixed + r.per_kstep * steps as f64;
         let mut t = (blocks / slots) as f64 * wave;
         let rest = blocks % slots;
         if rest > 0 {
             let per_sm = rest.div_ceil(self.device.sms) as f64;
-            let alone = r.fixed_alone + r.per_kstep_alone * steps;
+            let alone = r.fixed_alone + r.per_kstep_alone * steps as f64;
             t += alone.max(per_sm / occ as f64 * wave);
         }
-        t.max(p.min_bytes() / self.device.bandwidth) + self.device.launch
+        let mut t = t.max(p.min_bytes() / self.device.bandwidth) + self.device.launch;
+        if k.split_k {
+            let partials = (splits * p.m * p.n * 4 + p.m * p.n * 2) as f64;
+            t += partials / self.device.bandwidth + self.device.launch;
+        }
+        t
     }
 
-    /// The kernel the model picks for `p` among those that accept it, with its
-    /// predicted time; `None` when none does.
-    pub fn choose(&self, p: &Problem) -> Option<(usize, f64)> {
-        (0..self.kernels.len())
-            .filter(|&i| self.kernels[i].accepts(p).is_ok())
-            .map(|i| (i, self.predict(i, p)))
-            .min_by(|a, b| a.1.total_cmp(&b.1))
+    /// Every choice for `p`: each kernel that accepts it; a split-K kernel where its
+    /// tiles alone would leave SMs idle (fewer blocks than SMs), with each of
+    /// [`SPLITS`] that leaves at least two splits with work (once per distinct
+    /// number of working splits).
+    pub fn choices(&self, p: &Problem) -> Vec<Choice> {
+        let mut out = Vec::new();
+        for (i, k) in self.kernels.iter().enumerate() {
+            if k.accepts(p).is_err() {
+                continue;
+            }
+            if !k.split_k {
+                out.push(Choice { kernel: i, splits: 1 });
+                continue;
+            }
+            if k.blocks(p) >= self.device.sms {
+                continue;
+            }
+            let mut seen = Vec::new();
+            for s in SPLITS {
+                let (_, working) = k.split_plan(p.k, s);
+                if working >= 2 && !seen.contains(&working) {
+                    seen.push(working);
+                    out.push(Choice { kernel: i, splits: working });
+                }
+            }
+        }
+        out
+    }
+
+    /// The choice the model picks for `p`, with its predicted time; `None` when no
+    /// kernel accepts it.
+    pub fn choose(&self, p: &Problem) -> Option<(Choice, f64)> {
+        self.choices(p).into_iter().map(|c| (c, self.predict(c, p))).min_by(|a, b| a.1.total_cmp(&b.1))
+    }
+
+    /// A choice as text: the kernel's name, with `xS` for S splits.
+    pub fn describe(&self, c: Choice) -> String {
+        let name = self.kernels[c.kernel].name();
+        if c.splits > 1 {
+            format!("{name}x{}", c.splits)
+        } else {
+            name
+        }
     }
 }

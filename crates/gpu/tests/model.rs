@@ -8,7 +8,7 @@ use gpu::manifest::PtxasReport;
 use gpu::reference::{self, Operands};
 use gpu::wave::occupancy;
 use gpu::{
-    Arch, BLayout, DeviceLimits, Elem, Epilogue, Gelu, GemmKernel, KernelRate, MTree, Manifest,
+    Arch, BLayout, Choice, DeviceLimits, Elem, Epilogue, Gelu, GemmKernel, KernelRate, MTree, Manifest,
     ManifestEntry, Problem, WaveModel,
 };
 use proptest::prelude::*;
@@ -25,6 +25,7 @@ fn mma(bm: usize, bn: usize, warps_m: usize, warps_n: usize) -> GemmKernel {
         stages: 4,
         epilogue: Epilogue::NONE,
         overlap: false,
+        split_k: false,
     }
 }
 
@@ -124,20 +125,21 @@ fn model() -> WaveModel {
 fn the_wave_model_prices_waves_and_partial_waves() {
     let m = model();
     // One block: latency alone (plus the launch), no share of a full wave.
-    let one = m.predict(0, &Problem::new(1, 1, 64, 768));
+    let plain = |kernel| Choice { kernel, splits: 1 };
+    let one = m.predict(plain(0), &Problem::new(1, 1, 64, 768));
     let want = 1.9e-6 + 0.145e-6 * 24.0 + m.device.launch;
     assert!((one - want).abs() < 1e-12, "{one} vs {want}");
     // Exactly one full wave of the large tile: 264 blocks.
     let p = Problem::new(1, 128 * 12, 128 * 22, 1024);
     assert_eq!(m.kernels[1].blocks(&p), 264);
-    let full = m.predict(1, &p);
+    let full = m.predict(plain(1), &p);
     assert!((full - (7.9e-6 + 0.63e-6 * 32.0 + m.device.launch)).abs() < 1e-12);
     // One block more starts a second, partial wave.
     let p2 = Problem::new(1, 128 * 12 + 1, 128 * 22, 1024);
-    assert!(m.predict(1, &p2) > full * 1.3);
+    assert!(m.predict(plain(1), &p2) > full * 1.3);
     // Small M picks the small tile, large M the large one.
-    assert_eq!(m.choose(&Problem::new(1, 7, 768, 768)).unwrap().0, 0);
-    assert_eq!(m.choose(&Problem::new(1, 8192, 4096, 4096)).unwrap().0, 1);
+    assert_eq!(m.choose(&Problem::new(1, 7, 768, 768)).unwrap().0, plain(0));
+    assert_eq!(m.choose(&Problem::new(1, 8192, 4096, 4096)).unwrap().0, plain(1));
     // A product no kernel accepts has no choice.
     assert!(m.choose(&Problem::new(1, 7, 768, 13)).is_none());
 }
@@ -152,6 +154,7 @@ proptest! {
         let k = 8 * k8;
         let tree = MTree::distill(&model, 1, n, k, 4096).unwrap();
         let want = model.choose(&Problem::new(1, m, n, k)).unwrap().0;
+        prop_assert_eq!(want.splits, 1);
         prop_assert_eq!(tree.choose(&model, m), Some(want));
         prop_assert!(tree.bounds[0] == 1 && tree.bounds.windows(2).all(|w| w[0] < w[1]));
         prop_assert!(tree.depth() <= 13);
@@ -200,6 +203,7 @@ fn a_manifest_round_trips_and_a_bad_one_is_an_error() {
             cubin: None,
             ptxas: vec![],
         }],
+        reducers: vec![],
     };
     m.save(&dir).unwrap();
     assert_eq!(Manifest::load(&dir).unwrap(), m);
@@ -242,4 +246,47 @@ fn the_oracle_multiplies_in_both_layouts_with_the_epilogue() {
     assert!(reference::close(e, reference::from_bits(e, reference::to_bits(e, 3.01)), 3.01, 1.0, false));
     assert!(!reference::close(e, (w * (1.0 + 4.0 * 2f64.powi(-8))) as f32, w, 1.0, false));
     assert!(!reference::close(e, f32::NAN, w, 1.0, false));
+}
+
+#[test]
+fn split_k_plans_leave_no_split_without_work() {
+    let k = GemmKernel { split_k: true, ..mma(16, 64, 1, 4) };
+    assert!(k.check().is_ok());
+    assert!(k.name().ends_with("_sk"));
+    // 3072 / 32 = 96 steps.
+    assert_eq!(k.split_plan(3072, 4), (24, 4));
+    assert_eq!(k.split_plan(3072, 7), (14, 7));
+    // 6 steps over 4 splits: 2 each leaves the 4th empty, so 3 run.
+    assert_eq!(k.split_plan(192, 4), (2, 3));
+    assert_eq!(k.split_plan(8, 16), (1, 1));
+    for steps in 1..200 {
+        for splits in 1..20 {
+            let (per, working) = k.split_plan(steps * 32, splits);
+            assert!(per * working >= steps && per * (working - 1) < steps, "{steps} steps, {splits} splits");
+        }
+    }
+    // A split-K kernel takes no batch and no epilogue of its own.
+    assert!(k.accepts(&Problem::new(2, 4, 64, 64)).is_err());
+    assert!(GemmKernel { epilogue: Epilogue { bias: true, gelu: None, residual: false }, ..k }
+        .check()
+        .is_err());
+}
+
+#[test]
+fn the_model_splits_k_only_where_tiles_leave_sms_idle() {
+    let mut m = model();
+    let sk = GemmKernel { split_k: true, ..mma(16, 64, 1, 4) };
+    m.kernels.push(sk);
+    m.rates.push(KernelRate { name: sk.name(), ..m.rates[0].clone() });
+    // One row against a long K: 12 blocks on 132 SMs; splitting K pays.
+    let decode = Problem::new(1, 1, 768, 4096);
+    let choices = m.choices(&decode);
+    assert!(choices.iter().any(|c| c.kernel == 2 && c.splits > 1), "{choices:?}");
+    let (best, t) = m.choose(&decode).unwrap();
+    assert_eq!(best.kernel, 2, "split-K for a decode step");
+    assert!(best.splits >= 4 && t < m.predict(Choice { kernel: 0, splits: 1 }, &decode) / 2.0);
+    // Enough tiles to fill the SMs: no split offered.
+    let wide = Problem::new(1, 1024, 4096, 4096);
+    assert!(m.choices(&wide).iter().all(|c| c.splits == 1));
+    assert!(m.describe(best).ends_with(&format!("_skx{}", best.splits)));
 }

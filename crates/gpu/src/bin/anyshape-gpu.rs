@@ -11,9 +11,9 @@
 
 use clap::{Parser, Subcommand};
 use gpu::reference::{self, Operands};
-use gpu::runner::{DeviceOperands, Gpu, GpuError, Loaded};
+use gpu::runner::{DeviceOperands, Gpu, GpuError, Loaded, LoadedReducer, Workspace};
 use gpu::wave::{occupancy, KernelRate, WaveModel};
-use gpu::{BLayout, Elem, Epilogue, GemmKernel, MTree, Manifest, Problem};
+use gpu::{BLayout, Choice, Elem, Epilogue, GemmKernel, MTree, Manifest, Problem};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::json;
@@ -105,20 +105,46 @@ fn main() -> ExitCode {
     }
 }
 
-fn open(dir: Option<&Path>, bandwidth: f64) -> Result<(Gpu, Vec<Loaded>), GpuError> {
+/// The device and the family in `dir` (kernels and split-K reductions).
+struct Opened {
+    gpu: Gpu,
+    kernels: Vec<Loaded>,
+    reducers: Vec<LoadedReducer>,
+}
+
+fn open(dir: Option<&Path>, bandwidth: f64) -> Result<Opened, GpuError> {
     let gpu = Gpu::open(bandwidth)?;
-    let loaded = match dir {
+    let (kernels, reducers) = match dir {
         Some(d) => {
             let m = Manifest::load(d).map_err(GpuError::Plan)?;
             gpu.load(d, &m)?
         }
-        None => Vec::new(),
+        None => (Vec::new(), Vec::new()),
     };
-    Ok((gpu, loaded))
+    Ok(Opened { gpu, kernels, reducers })
+}
+
+/// Runs a choice on `p`: one launch, or a split-K launch into the workspace `w`
+/// and its reduction `r` (none: the shares alone).
+fn run_choice(
+    gpu: &Gpu,
+    l: &Loaded,
+    r: Option<&LoadedReducer>,
+    p: &Problem,
+    splits: usize,
+    ops: &mut DeviceOperands,
+    w: &mut Workspace,
+) -> Result<(), GpuError> {
+    if l.kernel.split_k {
+        gpu.launch_split(l, r, p, splits, ops, w)?;
+        Ok(())
+    } else {
+        gpu.launch(l, p, ops)
+    }
 }
 
 fn info() -> Result<bool, GpuError> {
-    let (gpu, _) = open(None, 4e12)?;
+    let Opened { gpu, .. } = open(None, 4e12)?;
     println!("{} (sm_{}{}): {:?}", gpu.name, gpu.cc.0, gpu.cc.1, gpu.limits);
     Ok(true)
 }
@@ -280,6 +306,21 @@ fn verify(k: &GemmKernel, case: &Case, got: &[u16], want: &[f64]) -> Vec<String>
 /// copy), then random draws; N a multiple of 8 for an N-major B.
 fn shapes(k: &GemmKernel, rng: &mut StdRng, random: usize) -> Vec<(Problem, usize, usize)> {
     let n8 = |n: usize| if k.b == BLayout::NMajor { n.div_ceil(8) * 8 } else { n };
+    let mut out = shapes_any_batch(k, rng, random, n8);
+    if k.split_k {
+        for (p, _, _) in out.iter_mut() {
+            p.batch = 1;
+        }
+    }
+    out
+}
+
+fn shapes_any_batch(
+    k: &GemmKernel,
+    rng: &mut StdRng,
+    random: usize,
+    n8: impl Fn(usize) -> usize,
+) -> Vec<(Problem, usize, usize)> {
     let mut out = vec![
         (Problem::new(1, 1, n8(1), 8), 0, 0),
         (Problem::new(1, k.bm + 1, n8(k.bn + 1), 40), 0, 1),
@@ -312,7 +353,7 @@ fn check(
     exclude: Option<&str>,
     json: Option<&Path>,
 ) -> Result<bool, GpuError> {
-    let (gpu, loaded) = open(Some(dir), 4e12)?;
+    let Opened { gpu, kernels: loaded, reducers } = open(Some(dir), 4e12)?;
     println!("check on {} (sm_{}{})", gpu.name, gpu.cc.0, gpu.cc.1);
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut runs, mut failed) = (0, 0);
@@ -324,17 +365,31 @@ fn check(
     for l in loaded.iter().filter(chosen) {
         let k = &l.kernel;
         let mut problems = Vec::new();
-        for (p, lda_pad, ldc_pad) in shapes(k, &mut rng, cases) {
-            let case = Case::new(&mut rng, k, p, lda_pad, ldc_pad);
+        // A split-K kernel is checked with each reduction of its element type (the
+        // epilogue is the reduction's), at 2, 3 and 5 splits in turn.
+        let reductions: Vec<&LoadedReducer> = if k.split_k {
+            reducers.iter().filter(|r| r.kernel.elem == k.elem).collect()
+        } else {
+            Vec::new()
+        };
+        if k.split_k && reductions.is_empty() {
+            problems.push("no split-K reduction in the manifest".to_string());
+        }
+        for (x, (p, lda_pad, ldc_pad)) in shapes(k, &mut rng, cases).into_iter().enumerate() {
+            let red = (!reductions.is_empty()).then(|| reductions[x % reductions.len()]);
+            let splits = [2, 3, 5][x % 3];
+            let as_run = GemmKernel { epilogue: red.map_or(k.epilogue, |r| r.kernel.epilogue), ..*k };
+            let case = Case::new(&mut rng, &as_run, p, lda_pad, ldc_pad);
             // A launch that fails is a failure of this kernel, recorded like a wrong
             // value (a fault also poisons the context: later kernels fail too, and
             // the report says so rather than stopping short).
             let got = case.upload(&gpu, k).and_then(|mut ops| {
-                gpu.launch(l, &p, &mut ops)?;
+                let mut w = gpu.alloc_f32(if k.split_k { 5 * p.m * p.n } else { 1 })?;
+                run_choice(&gpu, l, red, &p, splits, &mut ops, &mut w)?;
                 gpu.download(&ops.c)
             });
             let bad = match got {
-                Ok(got) => verify(k, &case, &got, &case.reference(k)),
+                Ok(got) => verify(&as_run, &case, &got, &case.reference(&as_run)),
                 Err(e) => vec![e.to_string()],
             };
             runs += 1;
@@ -424,17 +479,20 @@ fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<Ker
     let sms = gpu.limits.sms;
     let (k1, k2) = (512usize, 2048usize);
     let steps = |kk: usize| kk.div_ceil(k.bk()) as f64;
-    // (tile rows, tile columns, waves) of each grid: four full waves; one block an SM.
+    // (tile rows, tile columns) of each grid: four full waves; one block an SM. A
+    // split-K kernel is measured unsplit and without its reduction, which the
+    // model adds.
     let ntiles = (2048 / k.bn).max(1);
     let grids = [((4 * sms * occ).div_ceil(ntiles), ntiles), (sms.div_ceil(11), 11)];
     let mut fit = [(0.0, 0.0); 2];
     for (g, &(mt, nt)) in grids.iter().enumerate() {
-        let waves = (mt * nt).div_ceil(if g == 0 { sms * occ } else { sms * occ.max(1) }) as f64;
+        let waves = (mt * nt).div_ceil(sms * occ) as f64;
         let mut t = [0.0; 2];
         for (x, &kk) in [k1, k2].iter().enumerate() {
             let p = Problem::new(1, mt * k.bm, nt * k.bn, kk);
             let mut ops = timed_operands(gpu, rng, k.b, &p)?;
-            t[x] = gpu.time(reps, 10, || gpu.launch(l, &p, &mut ops))?.0;
+            let mut w = gpu.alloc_f32(if k.split_k { p.m * p.n } else { 1 })?;
+            t[x] = gpu.time(reps, 10, || run_choice(gpu, l, None, &p, 1, &mut ops, &mut w))?.0;
         }
         let per = ((t[1] - t[0]) / (waves * (steps(k2) - steps(k1)))).max(1e-9);
         let fixed = (t[0] / waves - per * steps(k1)).max(0.0);
@@ -484,7 +542,10 @@ fn bench(
     limit: Option<usize>,
     skip: &Skip,
 ) -> Result<bool, GpuError> {
-    let (gpu, mut loaded) = open(Some(dir), bandwidth)?;
+    let Opened { gpu, kernels: mut loaded, reducers } = open(Some(dir), bandwidth)?;
+    // The sweep's reduction: bf16 without an epilogue.
+    let reducer =
+        reducers.iter().find(|r| r.kernel.elem == Elem::Bf16 && r.kernel.epilogue == Epilogue::NONE);
     let failed = failed_kernels(&skip.reports)?;
     if !failed.is_empty() {
         println!("left out (wrong in check): {}", failed.join(", "));
@@ -504,7 +565,11 @@ fn bench(
         let fam: Vec<&Loaded> = loaded
             .iter()
             .filter(|l| {
-                l.kernel.elem == Elem::Bf16 && l.kernel.b == layout && l.kernel.epilogue == Epilogue::NONE
+                // Split-K kernels only with their reduction at hand.
+                l.kernel.elem == Elem::Bf16
+                    && l.kernel.b == layout
+                    && l.kernel.epilogue == Epilogue::NONE
+                    && (!l.kernel.split_k || reducer.is_some())
             })
             .collect();
         let mut rates = Vec::new();
@@ -536,17 +601,20 @@ fn bench(
     for (layout, p) in problems {
         let Some((_, fam, model)) = models.iter().find(|(l, _, _)| *l == layout) else { continue };
         let mut ops = timed_operands(&gpu, &mut rng, layout, &p)?;
+        let choices = model.choices(&p);
+        let most = choices.iter().map(|c| c.splits).max().unwrap_or(1);
+        let mut w = gpu.alloc_f32(if most > 1 { most * p.m * p.n } else { 1 })?;
+        // Every choice measured: the exhaustive search the model's regret is taken against.
         let mut times = Vec::new();
-        for (i, l) in fam.iter().enumerate() {
-            if l.kernel.accepts(&p).is_err() {
-                continue;
-            }
-            let (t, graph) = gpu.time(reps, 20, || gpu.launch(l, &p, &mut ops))?;
+        for c in choices {
+            let l = fam[c.kernel];
+            let (t, graph) =
+                gpu.time(reps, 20, || run_choice(&gpu, l, reducer, &p, c.splits, &mut ops, &mut w))?;
             used_graph &= graph;
-            times.push((i, t));
+            times.push((c, t));
         }
         let Some(&(best, best_t)) = times.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else { continue };
-        let time_of = |i: usize| times.iter().find(|x| x.0 == i).map(|x| x.1).unwrap_or(f64::INFINITY);
+        let time_of = |c: Choice| times.iter().find(|x| x.0 == c).map(|x| x.1).unwrap_or(f64::INFINITY);
         let (pick, predicted) = model.choose(&p).unwrap_or((best, f64::NAN));
         let tree = match trees
             .iter()
@@ -570,10 +638,10 @@ fn bench(
             "{:<4} {:<18} best {:<36} {:>9.2} us {:>7.1} TF/s | model {:<36} {:>9.2} us (predicted {:>9.2}) regret {:>5.1}% | tree regret {:>5.1}%",
             if layout == BLayout::KMajor { "nt" } else { "nn" },
             p.to_string(),
-            fam[best].kernel.name(),
+            model.describe(best),
             best_t * 1e6,
             tf(best_t),
-            fam[pick].kernel.name(),
+            model.describe(pick),
             tm * 1e6,
             predicted * 1e6,
             (tm / best_t - 1.0) * 100.0,
@@ -581,23 +649,31 @@ fn bench(
         );
         if let Some(f) = out.as_mut() {
             let all: serde_json::Map<String, serde_json::Value> =
-                times.iter().map(|&(i, t)| (fam[i].kernel.name(), json!(t))).collect();
+                times.iter().map(|&(c, t)| (model.describe(c), json!(t))).collect();
             let _ = writeln!(
                 f,
                 "{}",
                 json!({
                     "layout": if layout == BLayout::KMajor { "nt" } else { "nn" },
                     "batch": p.batch, "m": p.m, "n": p.n, "k": p.k,
-                    "best": fam[best].kernel.name(), "best_s": best_t, "best_tflops": tf(best_t),
-                    "model": fam[pick].kernel.name(), "model_s": tm, "model_predicted_s": predicted, "model_tflops": tf(tm),
-                    "tree": fam[tree_pick].kernel.name(), "tree_s": tt,
+                    "best": model.describe(best), "best_s": best_t, "best_tflops": tf(best_t),
+                    "model": model.describe(pick), "model_s": tm, "model_predicted_s": predicted, "model_tflops": tf(tm),
+                    "tree": model.describe(tree_pick), "tree_s": tt,
                     "all": all,
                 })
             );
         }
         if let Some(d) = dump {
             if p.batch * p.m * p.n <= 1 << 22 && [1, 127, 383, 64, 16].contains(&p.m) {
-                dump_case(&gpu, d, fam[pick], layout, &p, &mut rng)?;
+                dump_case(
+                    &gpu,
+                    d,
+                    (fam[pick.kernel], reducer, pick.splits),
+                    &model.describe(pick),
+                    layout,
+                    &p,
+                    &mut rng,
+                )?;
             }
         }
     }
@@ -636,7 +712,8 @@ fn bench(
 fn dump_case(
     gpu: &Gpu,
     dir: &Path,
-    l: &Loaded,
+    (l, r, splits): (&Loaded, Option<&LoadedReducer>, usize),
+    name: &str,
     layout: BLayout,
     p: &Problem,
     rng: &mut StdRng,
@@ -644,7 +721,8 @@ fn dump_case(
     std::fs::create_dir_all(dir).map_err(|e| GpuError::Plan(e.to_string()))?;
     let case = Case::new(rng, &l.kernel, *p, 0, 0);
     let mut ops = case.upload(gpu, &l.kernel)?;
-    gpu.launch(l, p, &mut ops)?;
+    let mut w = gpu.alloc_f32(splits * p.m * p.n)?;
+    run_choice(gpu, l, r, p, splits, &mut ops, &mut w)?;
     let got = gpu.download(&ops.c)?;
     let c = &got[MARGIN..MARGIN + p.batch * p.m * p.n];
     let stem = format!(
@@ -671,7 +749,7 @@ fn dump_case(
     let _ = writeln!(
         index,
         "{}",
-        json!({"stem": stem, "layout": if layout == BLayout::KMajor { "nt" } else { "nn" }, "batch": p.batch, "m": p.m, "n": p.n, "k": p.k, "kernel": l.kernel.name()})
+        json!({"stem": stem, "layout": if layout == BLayout::KMajor { "nt" } else { "nn" }, "batch": p.batch, "m": p.m, "n": p.n, "k": p.k, "kernel": name})
     );
     Ok(())
 }
