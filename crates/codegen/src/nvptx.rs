@@ -12,6 +12,15 @@
 //! products into f32 accumulators. The epilogue (bias, GELU, residual) runs on the
 //! accumulators in registers; stores are predicated per element, two at a time
 //! where the row stride allows.
+//!
+//! The `wgmma` kernel (sm_90a): the same copies, 64 elements of K a step, into
+//! 128-byte-swizzled tiles that `wgmma.mma_async` reads through shared-memory
+//! descriptors; each warpgroup issues four `m64n{bn}k16` products a step in one asm
+//! statement, and with `overlap` leaves one group in flight while the next step's
+//! copies and products are issued. Split-K kernels (either family) run a share of
+//! K's steps per `z` block and store f32 partial sums; a reduction kernel sums the
+//! shares and applies the epilogue. Blocks are rasterized in groups of tile rows
+//! for L2 reuse.
 
 use crate::{llvm, CodegenError};
 use gpu::{Arch, BLayout, Elem, Gelu, GemmKernel, ReduceKernel};

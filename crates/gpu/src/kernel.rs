@@ -168,7 +168,10 @@ pub enum KernelError {
 /// `A, B, C, bias, residual` (global pointers; bias and residual may be null when the
 /// epilogue does not read them), `M, N, K, lda, ldb, ldc` (i32), then the batch strides
 /// of A, B and C in elements (i64; the residual shares C's). Grid: `x` over N tiles,
-/// `y` over M tiles, `z` over the batch. Dynamic shared memory: `smem_bytes()`.
+/// `y` over M tiles (blocks rasterized in groups of 8 tile rows), `z` over the batch.
+/// Dynamic shared memory: `smem_bytes()`. A split-K kernel takes one more argument,
+/// `kper` (i32, K steps a split), `z` runs over the splits, and C is the f32 workspace
+/// with the split stride in C's batch stride.
 pub const ABI: &str =
     "A, B, C, bias, residual: ptr; M, N, K, lda, ldb, ldc: i32; batch strides of A, B, C: i64";
 
