@@ -85,12 +85,13 @@ pub struct WaveModel {
 
 impl WaveModel {
     /// Predicted seconds of `c` on `p`: the full waves, each at the full wave's time,
-    /// then the last partial wave, whose `r` blocks an SM take the longer of one
-    /// block's latency and `r/occupancy` of a full wave (the SM's throughput shared
-    /// by fewer blocks). The SMs a partial wave leaves idle are the waste that makes
-    /// a smaller tile win at some M (TSCompiler §6, FTuner). A split-K choice runs
-    /// `splits` times the blocks on a share of K's steps, then the reduction, which
-    /// reads the f32 partial sums once (and costs a launch).
+    /// then the last partial wave, whose `r` blocks an SM take between one block's
+    /// latency (`r = 1`) and a full wave (`r = occupancy`), linearly in `r`: a
+    /// partial wave of few blocks an SM runs at their latency, not at their share of
+    /// the SM's throughput. The SMs a partial wave leaves idle are the waste that
+    /// makes a smaller tile win at some M (TSCompiler §6, FTuner). A split-K choice
+    /// runs `splits` times the blocks on a share of K's steps, then the reduction,
+    /// which reads the f32 partial sums once (and costs a launch).
     pub fn predict(&self, c: Choice, p: &Problem) -> f64 {
         let k = &self.kernels[c.kernel];
         let r = &self.rates[c.kernel];
@@ -102,9 +103,13 @@ impl WaveModel {
         let mut t = (blocks / slots) as f64 * wave;
         let rest = blocks % slots;
         if rest > 0 {
-            let per_sm = rest.div_ceil(self.device.sms) as f64;
+            let per_sm = rest.div_ceil(self.device.sms);
             let alone = r.fixed_alone + r.per_kstep_alone * steps as f64;
-            t += alone.max(per_sm / occ as f64 * wave);
+            t += if occ == 1 {
+                alone
+            } else {
+                alone + (per_sm - 1) as f64 / (occ - 1) as f64 * (wave - alone)
+            };
         }
         let mut t = t.max(p.min_bytes() / self.device.bandwidth) + self.device.launch;
         if k.split_k {

@@ -137,6 +137,13 @@ fn the_wave_model_prices_waves_and_partial_waves() {
     // One block more starts a second, partial wave.
     let p2 = Problem::new(1, 128 * 12 + 1, 128 * 22, 1024);
     assert!(m.predict(plain(1), &p2) > full * 1.3);
+    // Five blocks an SM of a tile that fits ten: four ninths of the way from one
+    // block's latency to a full wave.
+    let five = Problem::new(1, 16 * 55, 64 * 12, 768);
+    assert_eq!(m.kernels[0].blocks(&five), 5 * 132);
+    let (alone, wave) = (1.9e-6 + 0.145e-6 * 24.0, 1.7e-6 + 0.64e-6 * 24.0);
+    let want = alone + 4.0 / 9.0 * (wave - alone) + m.device.launch;
+    assert!((m.predict(plain(0), &five) - want).abs() < 1e-12);
     // Small M picks the small tile, large M the large one.
     assert_eq!(m.choose(&Problem::new(1, 7, 768, 768)).unwrap().0, plain(0));
     assert_eq!(m.choose(&Problem::new(1, 8192, 4096, 4096)).unwrap().0, plain(1));
