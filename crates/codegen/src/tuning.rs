@@ -178,18 +178,39 @@ pub fn record(dir: Option<&Path>, t: &Target, elem: ElemType) -> Result<(TuningR
     }
 }
 
+/// Whether a multi-thread model's peak is what its threads can give: at least 3/4 of
+/// the threads times one thread's peak. A model measured while another process held
+/// a core fails it, and so do the bandwidths measured beside its peak: such a model
+/// misprices every schedule (a 2-thread peak of 179 GFLOP/s beside a 1-thread one of
+/// 274 was cached while a build ran, and steered a whole model's dispatch).
+pub fn plausible(m: &MachineModel, single_peak: f64) -> bool {
+    m.threads <= 1 || single_peak <= 0.0 || m.peak_gflops >= 0.75 * single_peak * m.threads as f64
+}
+
+/// The record's model for `threads` if it can be used: present, and plausible next
+/// to the record's one-thread model (when the record has one).
+pub fn cached_model(models: &[MachineModel], threads: usize) -> Option<MachineModel> {
+    let m = models.iter().find(|m| m.threads == threads)?;
+    let single = models.iter().find(|m| m.threads == 1).map_or(0.0, |s| s.peak_gflops);
+    plausible(m, single).then_some(*m)
+}
+
 /// The analytical levels' machine model for `pool`'s thread count: from the
-/// record when it has one, calibrated (and stored) otherwise, with the packing
-/// and the peak of the record's element type.
+/// record when it has a plausible one, calibrated otherwise, with the packing and
+/// the peak of the record's element type. A calibration that stays implausible
+/// after a few tries (a core taken by another process throughout) is used for this
+/// compile but not stored, so that a later compile measures again.
 pub fn machine_model(
     dir: Option<&Path>,
     t: &Target,
     pool: &ThreadPool,
     record: &mut TuningRecord,
 ) -> MachineModel {
-    if let Some(m) = record.models.iter().find(|m| m.threads == pool.threads()) {
-        return *m;
+    if let Some(m) = cached_model(&record.models, pool.threads()) {
+        return m;
     }
+    // A stale, implausible entry is measured again and replaced.
+    record.models.retain(|m| m.threads != pool.threads());
     // A shared machine may take a core away for seconds: a peak of all threads under
     // 3/4 of the threads times one thread's peak was measured in such a phase, and so
     // were the bandwidths beside it. Measure again, a few times, after a pause.
@@ -207,7 +228,7 @@ pub fn machine_model(
     let mut m = kernels::calibrate::measure(t, pool, packers, elem);
     m.peak_gflops = peak(pool, 200);
     for _ in 0..4 {
-        if m.peak_gflops >= 0.75 * single * pool.threads() as f64 {
+        if plausible(&m, single) {
             break;
         }
         tracing::info!(
@@ -218,6 +239,16 @@ pub fn machine_model(
         std::thread::sleep(std::time::Duration::from_millis(500));
         m = kernels::calibrate::measure(t, pool, packers, elem);
         m.peak_gflops = peak(pool, 200);
+    }
+    if !plausible(&m, single) {
+        tracing::warn!(
+            "the machine model of {} threads stays implausible (peak {:.0} GFLOP/s against {:.0} for one thread): \
+             another process holds a core; used for this compile, not cached",
+            pool.threads(),
+            m.peak_gflops,
+            single
+        );
+        return m;
     }
     record.models.push(m);
     if let Some(dir) = dir {
@@ -236,4 +267,42 @@ pub fn select_cached(
     let (record, cached) = record(dir, t, ElemType::F32)?;
     let (mr, nr) = pick_tile(&record.tiles, min_mr)?;
     Ok((compile_microkernel(t, mr, nr)?, cached))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(threads: usize, peak: f64) -> MachineModel {
+        MachineModel {
+            threads,
+            l1d: 48 << 10,
+            l2: 1 << 20,
+            l3: 32 << 20,
+            dram_bw: 3e10,
+            l3_bw: 3e10,
+            l2_bw: 3e10,
+            pack_a_bw: 5e10,
+            pack_b_bw: 1.5e10,
+            pack_bt_bw: 6e10,
+            fork_join: 2e-7,
+            peak_gflops: peak,
+        }
+    }
+
+    /// The cache this machine held: a 2-thread peak of 179 GFLOP/s beside a 1-thread
+    /// peak of 274, calibrated while a build held a core. It is not reused; a
+    /// plausible one is, and so is one with nothing to check it against.
+    #[test]
+    fn an_implausible_cached_model_is_measured_again() {
+        let contended = [model(2, 178.7), model(1, 273.8)];
+        assert_eq!(cached_model(&contended, 2), None);
+        assert_eq!(cached_model(&contended, 1), Some(contended[1]));
+        let quiet = [model(2, 546.0), model(1, 273.8)];
+        assert_eq!(cached_model(&quiet, 2), Some(quiet[0]));
+        assert_eq!(cached_model(&[model(2, 178.7)], 2), Some(model(2, 178.7)));
+        assert_eq!(cached_model(&quiet, 4), None);
+        assert!(plausible(&model(2, 0.75 * 2.0 * 273.8), 273.8));
+        assert!(!plausible(&model(2, 0.74 * 2.0 * 273.8), 273.8));
+    }
 }
