@@ -36,7 +36,18 @@ pub struct TuningRecord {
     /// The calibrated analytical levels, one per thread count seen.
     #[serde(default)]
     pub models: Vec<MachineModel>,
+    /// Thread counts whose model stayed implausible (see [`plausible`]) and when it
+    /// was measured (seconds since the Unix epoch): it is used, and measured again
+    /// once [`RETRY_SUSPECT_AFTER`] has passed.
+    #[serde(default)]
+    pub suspect: Vec<(usize, u64)>,
 }
+
+/// How long an implausible machine model is used before it is measured again: long
+/// enough that a loaded machine (a test suite compiling hundreds of models) measures
+/// it a few times at most, short enough that the next session on a quiet machine
+/// replaces it.
+pub const RETRY_SUSPECT_AFTER: u64 = 600;
 
 /// The version of the kernel generator: a record measured with another version is
 /// measured again (changed kernels have changed rates).
@@ -139,6 +150,7 @@ pub fn measure(
         tiles: packed,
         direct,
         models: Vec::new(),
+        suspect: Vec::new(),
     };
     if let Some(dir) = dir {
         store(dir, t, &record);
@@ -187,36 +199,50 @@ pub fn plausible(m: &MachineModel, single_peak: f64) -> bool {
     m.threads <= 1 || single_peak <= 0.0 || m.peak_gflops >= 0.75 * single_peak * m.threads as f64
 }
 
-/// The record's model for `threads` if it can be used: present, and plausible next
-/// to the record's one-thread model (when the record has one).
-pub fn cached_model(models: &[MachineModel], threads: usize) -> Option<MachineModel> {
-    let m = models.iter().find(|m| m.threads == threads)?;
-    let single = models.iter().find(|m| m.threads == 1).map_or(0.0, |s| s.peak_gflops);
-    plausible(m, single).then_some(*m)
+/// The record's model for `threads` if it can be used at time `now` (Unix seconds):
+/// present, and plausible next to the record's one-thread model (when the record has
+/// one), or implausible but measured less than [`RETRY_SUSPECT_AFTER`] ago.
+pub fn cached_model(record: &TuningRecord, threads: usize, now: u64) -> Option<MachineModel> {
+    let m = record.models.iter().find(|m| m.threads == threads)?;
+    let single = record.models.iter().find(|m| m.threads == 1).map_or(0.0, |s| s.peak_gflops);
+    if plausible(m, single) {
+        return Some(*m);
+    }
+    let since = record.suspect.iter().find(|s| s.0 == threads)?.1;
+    (now.saturating_sub(since) < RETRY_SUSPECT_AFTER).then_some(*m)
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// The analytical levels' machine model for `pool`'s thread count: from the
-/// record when it has a plausible one, calibrated otherwise, with the packing and
-/// the peak of the record's element type. A calibration that stays implausible
-/// after a few tries (a core taken by another process throughout) is used for this
-/// compile but not stored, so that a later compile measures again.
+/// record when it has a usable one ([`cached_model`]), calibrated otherwise, with the
+/// packing and the peak of the record's element type. A calibration that stays
+/// implausible after a few tries (a core taken by another process throughout) is
+/// stored as suspect: used, and measured again after [`RETRY_SUSPECT_AFTER`].
 pub fn machine_model(
     dir: Option<&Path>,
     t: &Target,
     pool: &ThreadPool,
     record: &mut TuningRecord,
 ) -> MachineModel {
-    if let Some(m) = cached_model(&record.models, pool.threads()) {
+    let threads = pool.threads();
+    if let Some(m) = cached_model(record, threads, unix_now()) {
         return m;
     }
-    // A stale, implausible entry is measured again and replaced.
-    record.models.retain(|m| m.threads != pool.threads());
+    // A missing entry is measured; a suspect one past its time, again.
+    record.models.retain(|m| m.threads != threads);
+    record.suspect.retain(|s| s.0 != threads);
     // A shared machine may take a core away for seconds: a peak of all threads under
     // 3/4 of the threads times one thread's peak was measured in such a phase, and so
     // were the bandwidths beside it. Measure again, a few times, after a pause.
     let elem = record.elem;
     let peak = |pool: &ThreadPool, ms| crate::peak::measure_peak_gflops_of(t, elem, pool, ms).unwrap_or(0.0);
-    let single = peak(&ThreadPool::new(1), 100);
+    // One thread's peak: measured now, or the record's (a quiet moment's) if higher:
+    // a load on every core lowers both, and the ratio alone would not show it.
+    let cached_single = record.models.iter().find(|m| m.threads == 1).map_or(0.0, |m| m.peak_gflops);
+    let single = peak(&ThreadPool::new(1), 100).max(cached_single);
     // Packing is timed with the generated routines (the portable loops if those fail
     // to compile, as they would run then too).
     let jit = crate::compile_packers(t, elem, &[8, 2 * t.f32_lanes], &[]).ok();
@@ -242,13 +268,12 @@ pub fn machine_model(
     }
     if !plausible(&m, single) {
         tracing::warn!(
-            "the machine model of {} threads stays implausible (peak {:.0} GFLOP/s against {:.0} for one thread): \
-             another process holds a core; used for this compile, not cached",
-            pool.threads(),
+            "the machine model of {threads} threads stays implausible (peak {:.0} GFLOP/s against {:.0} for one \
+             thread): another process holds a core; used, and measured again in {RETRY_SUSPECT_AFTER} s",
             m.peak_gflops,
             single
         );
-        return m;
+        record.suspect.push((threads, unix_now()));
     }
     record.models.push(m);
     if let Some(dir) = dir {
@@ -290,19 +315,40 @@ mod tests {
         }
     }
 
+    fn record(models: Vec<MachineModel>, suspect: Vec<(usize, u64)>) -> TuningRecord {
+        TuningRecord {
+            machine: "test".into(),
+            elem: ElemType::F32,
+            generator: GENERATOR,
+            tiles: vec![],
+            direct: vec![],
+            models,
+            suspect,
+        }
+    }
+
     /// The cache this machine held: a 2-thread peak of 179 GFLOP/s beside a 1-thread
-    /// peak of 274, calibrated while a build held a core. It is not reused; a
-    /// plausible one is, and so is one with nothing to check it against.
+    /// peak of 274, calibrated while a build held a core. Without a suspect mark (a
+    /// cache written before it existed) it is measured again; marked, it is used
+    /// until its time has passed, so that a loaded machine does not measure at every
+    /// compile. A plausible model is used, and so is one with nothing to check it
+    /// against.
     #[test]
-    fn an_implausible_cached_model_is_measured_again() {
-        let contended = [model(2, 178.7), model(1, 273.8)];
-        assert_eq!(cached_model(&contended, 2), None);
-        assert_eq!(cached_model(&contended, 1), Some(contended[1]));
-        let quiet = [model(2, 546.0), model(1, 273.8)];
-        assert_eq!(cached_model(&quiet, 2), Some(quiet[0]));
-        assert_eq!(cached_model(&[model(2, 178.7)], 2), Some(model(2, 178.7)));
-        assert_eq!(cached_model(&quiet, 4), None);
+    fn an_implausible_cached_model_is_measured_again_in_time() {
+        let contended = vec![model(2, 178.7), model(1, 273.8)];
+        assert_eq!(cached_model(&record(contended.clone(), vec![]), 2, 1000), None);
+        assert_eq!(cached_model(&record(contended.clone(), vec![]), 1, 1000), Some(contended[1]));
+        let marked = record(contended.clone(), vec![(2, 1000)]);
+        assert_eq!(cached_model(&marked, 2, 1000 + RETRY_SUSPECT_AFTER - 1), Some(contended[0]));
+        assert_eq!(cached_model(&marked, 2, 1000 + RETRY_SUSPECT_AFTER), None);
+        let quiet = record(vec![model(2, 546.0), model(1, 273.8)], vec![]);
+        assert_eq!(cached_model(&quiet, 2, 0), Some(model(2, 546.0)));
+        assert_eq!(cached_model(&quiet, 4, 0), None);
+        assert_eq!(cached_model(&record(vec![model(2, 178.7)], vec![]), 2, 0), Some(model(2, 178.7)));
         assert!(plausible(&model(2, 0.75 * 2.0 * 273.8), 273.8));
         assert!(!plausible(&model(2, 0.74 * 2.0 * 273.8), 273.8));
+        // Old caches (no `suspect` field) still load.
+        let json = r#"{"machine": "m", "tiles": [], "models": []}"#;
+        assert!(serde_json::from_str::<TuningRecord>(json).unwrap().suspect.is_empty());
     }
 }
