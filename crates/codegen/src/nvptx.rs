@@ -353,38 +353,19 @@ impl Gen {
     fn copies(&mut self, ix: &Ix) -> (Vec<Copy>, Vec<Copy>) {
         let k = self.k;
         let threads = k.threads();
-        let per_row = k.bk() / 8;
         let (ca, cb) = k.chunks();
         let mut a = Vec::new();
         for j in 0..ca.div_ceil(threads) {
             let i = self.v(format!("add i32 {}, {}", ix.tid, j * threads));
             let guard = (ca % threads != 0).then(|| self.v(format!("icmp ult i32 {i}, {ca}")));
-            let row = self.v(format!("udiv i32 {i}, {per_row}"));
-            let c = self.v(format!("urem i32 {i}, {per_row}"));
-            let grow = self.v(format!("add i32 {}, {row}", ix.m0));
-            let rok = self.v(format!("icmp slt i32 {grow}, %M"));
-            let ok = self.and_guard(&rok, &guard);
-            let k0 = self.v(format!("shl i32 {c}, 3"));
-            let g = self.row_ptr(&ix.a_base, &grow, "%lda", &k0);
-            let soff = self.kmajor_offset(&row, &c);
-            a.push(Copy { g, step: format!("{}", k.bk()), ok, k0, soff, guard });
+            a.push(self.kmajor_copy(&i, guard, (&ix.m0, "%M"), (&ix.a_base, "%lda")));
         }
         let mut b = Vec::new();
         for j in 0..cb.div_ceil(threads) {
             let i = self.v(format!("add i32 {}, {}", ix.tid, j * threads));
             let guard = (cb % threads != 0).then(|| self.v(format!("icmp ult i32 {i}, {cb}")));
             match k.b {
-                BLayout::KMajor => {
-                    let row = self.v(format!("udiv i32 {i}, {per_row}"));
-                    let c = self.v(format!("urem i32 {i}, {per_row}"));
-                    let gn = self.v(format!("add i32 {}, {row}", ix.n0));
-                    let nok = self.v(format!("icmp slt i32 {gn}, %N"));
-                    let ok = self.and_guard(&nok, &guard);
-                    let k0 = self.v(format!("shl i32 {c}, 3"));
-                    let g = self.row_ptr(&ix.b_base, &gn, "%ldb", &k0);
-                    let soff = self.kmajor_offset(&row, &c);
-                    b.push(Copy { g, step: format!("{}", k.bk()), ok, k0, soff, guard });
-                }
+                BLayout::KMajor => b.push(self.kmajor_copy(&i, guard, (&ix.n0, "%N"), (&ix.b_base, "%ldb"))),
                 BLayout::NMajor => {
                     let chunks = k.bn / 8;
                     let krow = self.v(format!("udiv i32 {i}, {chunks}"));
@@ -402,6 +383,28 @@ impl Gen {
             }
         }
         (a, b)
+    }
+
+    /// Chunk `i` of a K-major tile (A, or a K-major B): row `i / (bk/8)` of the
+    /// operand from `origin` (inside while below `extent`), 8 elements of K at chunk
+    /// `i mod (bk/8)`, read from `base` with row stride `ld`.
+    fn kmajor_copy(
+        &mut self,
+        i: &str,
+        guard: Option<String>,
+        (origin, extent): (&str, &str),
+        (base, ld): (&str, &str),
+    ) -> Copy {
+        let per_row = self.k.bk() / 8;
+        let row = self.v(format!("udiv i32 {i}, {per_row}"));
+        let c = self.v(format!("urem i32 {i}, {per_row}"));
+        let grow = self.v(format!("add i32 {origin}, {row}"));
+        let rok = self.v(format!("icmp slt i32 {grow}, {extent}"));
+        let ok = self.and_guard(&rok, &guard);
+        let k0 = self.v(format!("shl i32 {c}, 3"));
+        let g = self.row_ptr(base, &grow, ld, &k0);
+        let soff = self.kmajor_offset(&row, &c);
+        Copy { g, step: format!("{}", self.k.bk()), ok, k0, soff, guard }
     }
 
     fn and_guard(&mut self, ok: &str, guard: &Option<String>) -> String {
