@@ -490,6 +490,34 @@ impl Gen {
         pre
     }
 
+    /// The main loop's head: wait until step `%kt`'s copies have landed (`ahead - 1`
+    /// later groups may stay in flight), make them visible (to wgmma's async proxy
+    /// too, with `async_proxy`) and wait for every thread; then issue the copies of
+    /// step `%kt + ahead` (into the buffer every thread has finished reading) and
+    /// commit them. Returns the byte offset of step `%kt`'s buffer.
+    fn loop_head(
+        &mut self,
+        ix: &Ix,
+        copies: &(Vec<Copy>, Vec<Copy>),
+        ahead: usize,
+        async_proxy: bool,
+    ) -> String {
+        self.emit(format!("call void @llvm.nvvm.cp.async.wait.group(i32 {})", ahead - 1));
+        if async_proxy {
+            self.emit("call void asm sideeffect \"fence.proxy.async.shared::cta;\", \"~{memory}\"()");
+        }
+        self.emit("call void @llvm.nvvm.barrier0()");
+        let pf = self.v(format!("add i32 %kt, {ahead}"));
+        let has = self.v(format!("icmp slt i32 {pf}, {}", ix.kt_n));
+        self.emit(format!("br i1 {has}, label %loop.load, label %loop.mma"));
+        self.block("loop.load");
+        self.load_tile(copies, &pf, &ix.k_first);
+        self.emit("br label %loop.mma");
+        self.block("loop.mma");
+        self.emit("call void @llvm.nvvm.cp.async.commit.group()");
+        self.slot_base("%kt")
+    }
+
     /// Closes the loop: its phis (k step and accumulators) placed at its head, now
     /// that the latch's values are known.
     fn close_loop(
@@ -586,17 +614,7 @@ impl Gen {
         let head = self.body.len();
         let accs = k.accumulators();
         let acc_names: Vec<String> = (0..accs).map(|i| format!("%acc{i}")).collect();
-        self.emit(format!("call void @llvm.nvvm.cp.async.wait.group(i32 {})", k.stages - 2));
-        self.emit("call void @llvm.nvvm.barrier0()");
-        let pf = self.v(format!("add i32 %kt, {}", k.stages - 1));
-        let has = self.v(format!("icmp slt i32 {pf}, {}", ix.kt_n));
-        self.emit(format!("br i1 {has}, label %loop.load, label %loop.mma"));
-        self.block("loop.load");
-        self.load_tile(copies, &pf, &ix.k_first);
-        self.emit("br label %loop.mma");
-        self.block("loop.mma");
-        self.emit("call void @llvm.nvvm.cp.async.commit.group()");
-        let base = self.slot_base("%kt");
+        let base = self.loop_head(ix, copies, k.stages - 1, false);
         let mut cur: Vec<String> = acc_names.clone();
         let ntiles = wn / 8;
         for kk in 0..2 {
@@ -689,20 +707,7 @@ impl Gen {
         let head = self.body.len();
         let accs = k.accumulators();
         let acc_names: Vec<String> = (0..accs).map(|i| format!("%acc{i}")).collect();
-        self.emit(format!("call void @llvm.nvvm.cp.async.wait.group(i32 {})", ahead - 1));
-        // This thread's copies are done; make them visible to the async proxy that
-        // wgmma reads shared memory through, then to every thread.
-        self.emit("call void asm sideeffect \"fence.proxy.async.shared::cta;\", \"~{memory}\"()");
-        self.emit("call void @llvm.nvvm.barrier0()");
-        let pf = self.v(format!("add i32 %kt, {ahead}"));
-        let has = self.v(format!("icmp slt i32 {pf}, {}", ix.kt_n));
-        self.emit(format!("br i1 {has}, label %loop.load, label %loop.mma"));
-        self.block("loop.load");
-        self.load_tile(copies, &pf, &ix.k_first);
-        self.emit("br label %loop.mma");
-        self.block("loop.mma");
-        self.emit("call void @llvm.nvvm.cp.async.commit.group()");
-        let base = self.slot_base("%kt");
+        let base = self.loop_head(ix, copies, ahead, true);
         let at = self.v(format!("add i32 {smem0}, {base}"));
         let a_at = self.v(format!("add i32 {at}, {wg_a}"));
         let b_at = self.v(format!("add i32 {at}, {a_bytes}"));
