@@ -23,7 +23,7 @@
 //! for L2 reuse.
 
 use crate::{llvm, CodegenError};
-use gpu::{Arch, BLayout, Elem, Gelu, GemmKernel, ReduceKernel};
+use gpu::{Arch, BLayout, Elem, Epilogue, Gelu, GemmKernel, ReduceKernel};
 use inkwell::context::Context;
 use inkwell::memory_buffer::MemoryBuffer;
 use inkwell::passes::PassBuilderOptions;
@@ -43,7 +43,7 @@ pub fn ptx(k: &GemmKernel) -> Result<String, CodegenError> {
 /// The LLVM IR module of `k`, as text (what `--dump-llvm` writes).
 pub fn llvm_ir(k: &GemmKernel) -> Result<String, CodegenError> {
     k.check().map_err(|e| CodegenError::Unsupported(e.to_string()))?;
-    Ok(Gen::new(*k).module())
+    Ok(Gen::new(*k).generate())
 }
 
 /// Compiles an NVPTX module's IR text to PTX, at O3, for `arch` (`.target sm_80`
@@ -138,20 +138,7 @@ pub fn reduce_ptx(r: &ReduceKernel) -> Result<String, CodegenError> {
 /// the `splits` partial products (`W[s·sw + i]`, `[M, N]` each), applies the
 /// epilogue and stores `C[m·ldc + n]`.
 pub fn reduce_ir(r: &ReduceKernel) -> String {
-    // The epilogue code is the GEMM kernels' (a kernel description carries it).
-    let mut g = Gen::new(GemmKernel {
-        arch: Arch::Sm80,
-        elem: r.elem,
-        b: BLayout::KMajor,
-        bm: 16,
-        bn: 64,
-        warps_m: 1,
-        warps_n: 4,
-        stages: 2,
-        epilogue: r.epilogue,
-        overlap: false,
-        split_k: false,
-    });
+    let mut g = Ir::default();
     let e = elem_ty(r.elem);
     let threads = ReduceKernel::THREADS;
     let tid = g.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
@@ -192,7 +179,7 @@ pub fn reduce_ir(r: &ReduceKernel) -> String {
     let row = g.v(format!("mul i64 {m}, {ldc64}"));
     let ci = g.v(format!("add i64 {row}, {n}"));
     let res = r.epilogue.residual.then(|| ("%res".to_string(), ci.clone()));
-    let y = g.epilogue_value(&acc1, &n32, res.as_ref());
+    let y = g.epilogue_value(r.elem, r.epilogue, &acc1, &n32, res.as_ref());
     let h = g.v(format!("fptrunc float {y} to {e}"));
     let cp = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %C, i64 {ci}"));
     g.emit(format!("store {e} {h}, ptr addrspace(1) {cp}, align 2"));
@@ -200,32 +187,44 @@ pub fn reduce_ir(r: &ReduceKernel) -> String {
     g.block("done");
     g.emit("ret void");
 
-    let name = r.name();
-    let mut out = String::new();
-    let _ = writeln!(out, "; {name}: {threads} threads, one element each");
-    let _ = writeln!(out, "target datalayout = \"e-i64:64-i128:128-v16:16-v32:32-n16:32:64\"");
-    let _ = writeln!(out, "target triple = \"{TRIPLE}\"\n");
-    let _ = writeln!(
-        out,
-        "define void @{name}(ptr addrspace(1) readonly %W, ptr addrspace(1) %C, ptr addrspace(1) readonly %bias, \
-         ptr addrspace(1) readonly %res, i32 %M, i32 %N, i32 %ldc, i32 %splits, i64 %sw) {{"
-    );
-    out.push_str("entry:\n");
-    out.push_str(&g.body);
-    out.push_str("}\n\n");
-    out.push_str(DECLS);
-    let _ = writeln!(out, "\n!nvvm.annotations = !{{!0, !1}}");
-    let _ = writeln!(out, "!0 = !{{ptr @{name}, !\"kernel\", i32 1}}");
-    let _ = writeln!(out, "!1 = !{{ptr @{name}, !\"maxntidx\", i32 {threads}}}");
-    out
+    g.module(
+        &r.name(),
+        threads,
+        "one element each",
+        false,
+        "ptr addrspace(1) readonly %W, ptr addrspace(1) %C, ptr addrspace(1) readonly %bias, \
+         ptr addrspace(1) readonly %res, i32 %M, i32 %N, i32 %ldc, i32 %splits, i64 %sw",
+    )
 }
 
-/// The IR writer: numbered SSA values, one instruction a line.
-struct Gen {
-    k: GemmKernel,
+/// The IR writer: numbered SSA values, one instruction a line, fresh labels; and
+/// the pieces every kernel of the module shares (the epilogue of a value, GELU,
+/// the module's text around a body).
+#[derive(Default)]
+struct Ir {
     body: String,
     n: usize,
     label: usize,
+}
+
+/// A GEMM kernel's generator: the kernel and the IR written so far (its writer's
+/// methods are called through it).
+struct Gen {
+    k: GemmKernel,
+    ir: Ir,
+}
+
+impl std::ops::Deref for Gen {
+    type Target = Ir;
+    fn deref(&self) -> &Ir {
+        &self.ir
+    }
+}
+
+impl std::ops::DerefMut for Gen {
+    fn deref_mut(&mut self) -> &mut Ir {
+        &mut self.ir
+    }
 }
 
 /// The element's IR type, its `<2 x ..>` form, and the mma intrinsic.
@@ -236,11 +235,7 @@ fn elem_ty(e: Elem) -> &'static str {
     }
 }
 
-impl Gen {
-    fn new(k: GemmKernel) -> Gen {
-        Gen { k, body: String::new(), n: 0, label: 0 }
-    }
-
+impl Ir {
     /// Emits `%vN = <expr>` and returns `%vN`.
     fn v(&mut self, expr: impl AsRef<str>) -> String {
         self.n += 1;
@@ -260,6 +255,119 @@ impl Gen {
     fn fresh(&mut self, stem: &str) -> String {
         self.label += 1;
         format!("{stem}{}", self.label)
+    }
+
+    /// The module around the body of kernel `name`: the target, the dynamic shared
+    /// memory (with `shared`), the signature `params`, the declarations and the
+    /// annotations (`threads` a block at most).
+    fn module(self, name: &str, threads: usize, about: &str, shared: bool, params: &str) -> String {
+        let mut m = String::new();
+        let _ = writeln!(m, "; {name}: {threads} threads, {about}");
+        let _ = writeln!(m, "target datalayout = \"e-i64:64-i128:128-v16:16-v32:32-n16:32:64\"");
+        let _ = writeln!(m, "target triple = \"{TRIPLE}\"\n");
+        if shared {
+            // 1024-byte aligned: a 128-byte swizzle atom's pattern is read off address bits.
+            let _ = writeln!(m, "@smem = external addrspace(3) global [0 x i8], align 1024\n");
+        }
+        let _ = writeln!(m, "define void @{name}({params}) {{");
+        m.push_str("entry:\n");
+        m.push_str(&self.body);
+        m.push_str("}\n\n");
+        m.push_str(DECLS);
+        let _ = writeln!(m, "\n!nvvm.annotations = !{{!0, !1}}");
+        let _ = writeln!(m, "!0 = !{{ptr @{name}, !\"kernel\", i32 1}}");
+        let _ = writeln!(m, "!1 = !{{ptr @{name}, !\"maxntidx\", i32 {threads}}}");
+        m
+    }
+
+    /// The epilogue of one f32 value `y`: `+ bias[bias_idx]`, GELU, `+ residual`
+    /// (`(base, index)`), each as `epi` asks, the 16-bit operands of type `elem`.
+    fn epilogue_value(
+        &mut self,
+        elem: Elem,
+        epi: Epilogue,
+        y: &str,
+        bias_idx: &str,
+        residual: Option<&(String, String)>,
+    ) -> String {
+        let e = elem_ty(elem);
+        let mut y = y.to_string();
+        if epi.bias {
+            let bp = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %bias, i32 {bias_idx}"));
+            let bv = self.v(format!("load {e}, ptr addrspace(1) {bp}, align 2"));
+            let bf = self.v(format!("fpext {e} {bv} to float"));
+            y = self.v(format!("fadd float {y}, {bf}"));
+        }
+        if let Some(form) = epi.gelu {
+            y = self.gelu(form, &y);
+        }
+        if let Some((rb, ri)) = residual {
+            let rp = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) {rb}, i64 {ri}"));
+            let rv = self.v(format!("load {e}, ptr addrspace(1) {rp}, align 2"));
+            let rf = self.v(format!("fpext {e} {rv} to float"));
+            y = self.v(format!("fadd float {y}, {rf}"));
+        }
+        y
+    }
+
+    /// GELU of an f32 value, in registers: the tanh form through `tanh.approx.f32`;
+    /// the erf form through erfc's Chebyshev fit (|error| < 1.2e-7) with `ex2.approx`.
+    fn gelu(&mut self, form: Gelu, x: &str) -> String {
+        match form {
+            Gelu::Tanh => {
+                let x2 = self.v(format!("fmul float {x}, {x}"));
+                let x3 = self.v(format!("fmul float {x2}, {x}"));
+                let inner = self
+                    .v(format!("call float @llvm.fma.f32(float {x3}, float 0x3FA6E4E260000000, float {x})"));
+                let u = self.v(format!("fmul float {inner}, 0x3FE9884540000000"));
+                let t = self.v(format!("call float asm \"tanh.approx.f32 $0, $1;\", \"=f,f\"(float {u})"));
+                let one = self.v(format!("fadd float {t}, 1.0"));
+                let hx = self.v(format!("fmul float {x}, 0.5"));
+                self.v(format!("fmul float {hx}, {one}"))
+            }
+            Gelu::Erf => {
+                // erf(x/√2) for z = |x|/√2: t = 1/(1 + z/2), erfc = t·exp(-z² + P(t)).
+                let ax = self.v(format!("call float @llvm.fabs.f32(float {x})"));
+                let z = self.v(format!("fmul float {ax}, 0x3FE6A09E60000000"));
+                let hz = self.v(format!("call float @llvm.fma.f32(float {z}, float 0.5, float 1.0)"));
+                let t = self.v(format!("fdiv float 1.0, {hz}"));
+                let coef = [
+                    0.170_872_77f32,
+                    -0.822_152_23,
+                    1.488_515_9,
+                    -1.135_204,
+                    0.278_868_07,
+                    -0.186_288_06,
+                    0.096_784_18,
+                    0.374_091_96,
+                    1.000_023_7,
+                    -1.265_512_2,
+                ];
+                let mut p = float_lit(coef[0]);
+                for &c in &coef[1..] {
+                    p = self
+                        .v(format!("call float @llvm.fma.f32(float {p}, float {t}, float {})", float_lit(c)));
+                }
+                let z2 = self.v(format!("fmul float {z}, {z}"));
+                let ex = self.v(format!("fsub float {p}, {z2}"));
+                let l2 = self.v(format!("fmul float {ex}, 0x3FF7154760000000"));
+                let e2 = self.v(format!("call float asm \"ex2.approx.f32 $0, $1;\", \"=f,f\"(float {l2})"));
+                let erfc = self.v(format!("fmul float {t}, {e2}"));
+                let erf_abs = self.v(format!("fsub float 1.0, {erfc}"));
+                let neg = self.v(format!("fcmp olt float {x}, 0.0"));
+                let nerf = self.v(format!("fneg float {erf_abs}"));
+                let erf = self.v(format!("select i1 {neg}, float {nerf}, float {erf_abs}"));
+                let one = self.v(format!("fadd float {erf}, 1.0"));
+                let hx = self.v(format!("fmul float {x}, 0.5"));
+                self.v(format!("fmul float {hx}, {one}"))
+            }
+        }
+    }
+}
+
+impl Gen {
+    fn new(k: GemmKernel) -> Gen {
+        Gen { k, ir: Ir::default() }
     }
 
     /// `x % stages · stage_bytes` as an i32 byte offset.
@@ -536,7 +644,7 @@ impl Gen {
         self.body.insert_str(head, &phis);
     }
 
-    fn module(mut self) -> String {
+    fn generate(mut self) -> String {
         let k = self.k;
         let ix = self.indices();
         let copies = self.copies(&ix);
@@ -829,7 +937,7 @@ impl Gen {
                         }
                         None => None,
                     };
-                    let y = self.epilogue_value(v, &bi, ri.as_ref());
+                    let y = self.ir.epilogue_value(k.elem, k.epilogue, v, &bi, ri.as_ref());
                     out.push(self.v(format!("fptrunc float {y} to {e}")));
                 }
                 self.store_two(e, 2, ix, &s, &[out[0].clone(), out[1].clone()], &even);
@@ -893,57 +1001,18 @@ impl Gen {
         self.block(&next);
     }
 
-    /// The epilogue of one f32 value `y`: `+ bias[bias_idx]`, GELU, `+ residual`
-    /// (`(base, index)`), each as the kernel's epilogue asks.
-    fn epilogue_value(&mut self, y: &str, bias_idx: &str, residual: Option<&(String, String)>) -> String {
-        let e = elem_ty(self.k.elem);
-        let epi = self.k.epilogue;
-        let mut y = y.to_string();
-        if epi.bias {
-            let bp = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %bias, i32 {bias_idx}"));
-            let bv = self.v(format!("load {e}, ptr addrspace(1) {bp}, align 2"));
-            let bf = self.v(format!("fpext {e} {bv} to float"));
-            y = self.v(format!("fadd float {y}, {bf}"));
-        }
-        if let Some(form) = epi.gelu {
-            y = self.gelu(form, &y);
-        }
-        if let Some((rb, ri)) = residual {
-            let rp = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) {rb}, i64 {ri}"));
-            let rv = self.v(format!("load {e}, ptr addrspace(1) {rp}, align 2"));
-            let rf = self.v(format!("fpext {e} {rv} to float"));
-            y = self.v(format!("fadd float {y}, {rf}"));
-        }
-        y
-    }
-
-    /// The module's text around the body: the target, the dynamic shared memory, the
-    /// kernel's signature (`gpu::kernel::ABI`), the declarations and the annotations.
+    /// The module's text around the body, with the kernel's signature
+    /// (`gpu::kernel::ABI`).
     fn finish(self) -> String {
         let k = self.k;
-        let name = k.name();
-        let threads = k.threads();
-        let mut m = String::new();
-        let _ = writeln!(m, "; {name}: {threads} threads, {} bytes of dynamic shared memory", k.smem_bytes());
-        let _ = writeln!(m, "target datalayout = \"e-i64:64-i128:128-v16:16-v32:32-n16:32:64\"");
-        let _ = writeln!(m, "target triple = \"{TRIPLE}\"\n");
-        // 1024-byte aligned: a 128-byte swizzle atom's pattern is read off address bits.
-        let _ = writeln!(m, "@smem = external addrspace(3) global [0 x i8], align 1024\n");
-        let _ = writeln!(
-            m,
-            "define void @{name}(ptr addrspace(1) readonly align 16 %A, ptr addrspace(1) readonly align 16 %B, \
+        let params = format!(
+            "ptr addrspace(1) readonly align 16 %A, ptr addrspace(1) readonly align 16 %B, \
              ptr addrspace(1) align 16 %C, ptr addrspace(1) readonly %bias, ptr addrspace(1) readonly %res, \
-             i32 %M, i32 %N, i32 %K, i32 %lda, i32 %ldb, i32 %ldc, i64 %sa, i64 %sb, i64 %sc{}) {{",
+             i32 %M, i32 %N, i32 %K, i32 %lda, i32 %ldb, i32 %ldc, i64 %sa, i64 %sb, i64 %sc{}",
             if k.split_k { ", i32 %kper" } else { "" }
         );
-        m.push_str("entry:\n");
-        m.push_str(&self.body);
-        m.push_str("}\n\n");
-        m.push_str(DECLS);
-        let _ = writeln!(m, "\n!nvvm.annotations = !{{!0, !1}}");
-        let _ = writeln!(m, "!0 = !{{ptr @{name}, !\"kernel\", i32 1}}");
-        let _ = writeln!(m, "!1 = !{{ptr @{name}, !\"maxntidx\", i32 {threads}}}");
-        m
+        let about = format!("{} bytes of dynamic shared memory", k.smem_bytes());
+        self.ir.module(&k.name(), k.threads(), &about, true, &params)
     }
 
     /// A fragment register as the mma's operand type (`i32` holds two bf16; the f16
@@ -980,60 +1049,6 @@ impl Gen {
         let cb = self.v(format!("shl i32 {sw}, 4"));
         let rb = self.v(format!("mul i32 {row}, {row_bytes}"));
         self.v(format!("add i32 {rb}, {cb}"))
-    }
-
-    /// GELU of an f32 value, in registers: the tanh form through `tanh.approx.f32`;
-    /// the erf form through erfc's Chebyshev fit (|error| < 1.2e-7) with `ex2.approx`.
-    fn gelu(&mut self, form: Gelu, x: &str) -> String {
-        match form {
-            Gelu::Tanh => {
-                let x2 = self.v(format!("fmul float {x}, {x}"));
-                let x3 = self.v(format!("fmul float {x2}, {x}"));
-                let inner = self
-                    .v(format!("call float @llvm.fma.f32(float {x3}, float 0x3FA6E4E260000000, float {x})"));
-                let u = self.v(format!("fmul float {inner}, 0x3FE9884540000000"));
-                let t = self.v(format!("call float asm \"tanh.approx.f32 $0, $1;\", \"=f,f\"(float {u})"));
-                let one = self.v(format!("fadd float {t}, 1.0"));
-                let hx = self.v(format!("fmul float {x}, 0.5"));
-                self.v(format!("fmul float {hx}, {one}"))
-            }
-            Gelu::Erf => {
-                // erf(x/√2) for z = |x|/√2: t = 1/(1 + z/2), erfc = t·exp(-z² + P(t)).
-                let ax = self.v(format!("call float @llvm.fabs.f32(float {x})"));
-                let z = self.v(format!("fmul float {ax}, 0x3FE6A09E60000000"));
-                let hz = self.v(format!("call float @llvm.fma.f32(float {z}, float 0.5, float 1.0)"));
-                let t = self.v(format!("fdiv float 1.0, {hz}"));
-                let coef = [
-                    0.170_872_77f32,
-                    -0.822_152_23,
-                    1.488_515_9,
-                    -1.135_204,
-                    0.278_868_07,
-                    -0.186_288_06,
-                    0.096_784_18,
-                    0.374_091_96,
-                    1.000_023_7,
-                    -1.265_512_2,
-                ];
-                let mut p = float_lit(coef[0]);
-                for &c in &coef[1..] {
-                    p = self
-                        .v(format!("call float @llvm.fma.f32(float {p}, float {t}, float {})", float_lit(c)));
-                }
-                let z2 = self.v(format!("fmul float {z}, {z}"));
-                let ex = self.v(format!("fsub float {p}, {z2}"));
-                let l2 = self.v(format!("fmul float {ex}, 0x3FF7154760000000"));
-                let e2 = self.v(format!("call float asm \"ex2.approx.f32 $0, $1;\", \"=f,f\"(float {l2})"));
-                let erfc = self.v(format!("fmul float {t}, {e2}"));
-                let erf_abs = self.v(format!("fsub float 1.0, {erfc}"));
-                let neg = self.v(format!("fcmp olt float {x}, 0.0"));
-                let nerf = self.v(format!("fneg float {erf_abs}"));
-                let erf = self.v(format!("select i1 {neg}, float {nerf}, float {erf_abs}"));
-                let one = self.v(format!("fadd float {erf}, 1.0"));
-                let hx = self.v(format!("fmul float {x}, 0.5"));
-                self.v(format!("fmul float {hx}, {one}"))
-            }
-        }
     }
 }
 

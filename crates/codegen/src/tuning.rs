@@ -43,6 +43,13 @@ pub struct TuningRecord {
     pub suspect: Vec<(usize, u64)>,
 }
 
+impl TuningRecord {
+    /// The one-thread model's peak, 0 when the record has none.
+    pub fn single_peak(&self) -> f64 {
+        self.models.iter().find(|m| m.threads == 1).map_or(0.0, |m| m.peak_gflops)
+    }
+}
+
 /// How long an implausible machine model is used before it is measured again: long
 /// enough that a loaded machine (a test suite compiling hundreds of models) measures
 /// it a few times at most, short enough that the next session on a quiet machine
@@ -204,8 +211,7 @@ pub fn plausible(m: &MachineModel, single_peak: f64) -> bool {
 /// one), or implausible but measured less than [`RETRY_SUSPECT_AFTER`] ago.
 pub fn cached_model(record: &TuningRecord, threads: usize, now: u64) -> Option<MachineModel> {
     let m = record.models.iter().find(|m| m.threads == threads)?;
-    let single = record.models.iter().find(|m| m.threads == 1).map_or(0.0, |s| s.peak_gflops);
-    if plausible(m, single) {
+    if plausible(m, record.single_peak()) {
         return Some(*m);
     }
     let since = record.suspect.iter().find(|s| s.0 == threads)?.1;
@@ -241,8 +247,7 @@ pub fn machine_model(
     let peak = |pool: &ThreadPool, ms| crate::peak::measure_peak_gflops_of(t, elem, pool, ms).unwrap_or(0.0);
     // One thread's peak: measured now, or the record's (a quiet moment's) if higher:
     // a load on every core lowers both, and the ratio alone would not show it.
-    let cached_single = record.models.iter().find(|m| m.threads == 1).map_or(0.0, |m| m.peak_gflops);
-    let single = peak(&ThreadPool::new(1), 100).max(cached_single);
+    let single = peak(&ThreadPool::new(1), 100).max(record.single_peak());
     // Packing is timed with the generated routines (the portable loops if those fail
     // to compile, as they would run then too).
     let jit = crate::compile_packers(t, elem, &[8, 2 * t.f32_lanes], &[]).ok();

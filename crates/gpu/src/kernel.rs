@@ -59,10 +59,20 @@ pub enum BLayout {
 }
 
 impl BLayout {
-    fn tag(self) -> &'static str {
+    /// The BLAS-style name: `nt` (B transposed, K-major) or `nn`.
+    pub fn tag(self) -> &'static str {
         match self {
             BLayout::KMajor => "nt",
             BLayout::NMajor => "nn",
+        }
+    }
+
+    /// B's rows and columns as stored, for `p`: `[N, K]` or `[K, N]` (a contiguous
+    /// B's row stride is the columns).
+    pub fn extent(self, p: &Problem) -> (usize, usize) {
+        match self {
+            BLayout::KMajor => (p.n, p.k),
+            BLayout::NMajor => (p.k, p.n),
         }
     }
 }
@@ -286,20 +296,29 @@ impl GemmKernel {
             if self.warps_m != self.bm / 16 || self.warps_n != 1 {
                 return bad(format!("wgmma tile {}x{} takes {}x1 warps", self.bm, self.bn, self.bm / 16));
             }
-            if !(2..=6).contains(&self.stages) || (self.overlap && self.stages < 3) {
-                return bad(format!("{} stages: 2 to 6 (3 or more with a group in flight)", self.stages));
-            }
-            if self.smem_bytes() > MAX_SMEM_PER_BLOCK_SM90 {
-                return bad(format!(
-                    "{} bytes of shared memory (at most {MAX_SMEM_PER_BLOCK_SM90})",
-                    self.smem_bytes()
-                ));
-            }
-            if self.register_estimate() > 255 {
-                return bad(format!("about {} registers a thread (at most 255)", self.register_estimate()));
-            }
-            return Ok(());
+        } else {
+            self.check_mma_tiles()?;
         }
+        if !(2..=6).contains(&self.stages) || (self.overlap && self.stages < 3) {
+            return bad(format!("{} stages: 2 to 6 (3 or more with a group in flight)", self.stages));
+        }
+        let max_smem = match self.arch {
+            Arch::Sm80 => MAX_SMEM_PER_BLOCK,
+            Arch::Sm90a => MAX_SMEM_PER_BLOCK_SM90,
+        };
+        if self.smem_bytes() > max_smem {
+            return bad(format!("{} bytes of shared memory (at most {max_smem})", self.smem_bytes()));
+        }
+        if self.register_estimate() > 255 {
+            return bad(format!("about {} registers a thread (at most 255)", self.register_estimate()));
+        }
+        Ok(())
+    }
+
+    /// The mma.sync family's tile rules: whole m16 × (2 × n8) warp tiles, 1-8 warps,
+    /// and an N-major B's rows at least one 128-byte swizzle wide.
+    fn check_mma_tiles(&self) -> Result<(), KernelError> {
+        let bad = |why: String| Err(KernelError::Invalid { name: self.name(), why });
         if self.warps_m == 0
             || self.warps_n == 0
             || !self.bm.is_multiple_of(self.warps_m)
@@ -317,22 +336,10 @@ impl GemmKernel {
         if !(1..=8).contains(&self.warps()) {
             return bad(format!("{} warps: 1 to 8 a block", self.warps()));
         }
-        if !(2..=6).contains(&self.stages) {
-            return bad(format!("{} stages: 2 to 6", self.stages));
-        }
         // An N-major B tile's rows are `bn` wide; the XOR swizzle of its 16-byte chunks
         // spans 8 chunks (128 bytes), so rows must hold at least that.
         if self.b == BLayout::NMajor && !self.bn.is_multiple_of(64) {
             return bad(format!("an N-major B needs bn a multiple of 64, not {}", self.bn));
-        }
-        if self.smem_bytes() > MAX_SMEM_PER_BLOCK {
-            return bad(format!(
-                "{} bytes of shared memory (at most {MAX_SMEM_PER_BLOCK})",
-                self.smem_bytes()
-            ));
-        }
-        if self.register_estimate() > 255 {
-            return bad(format!("about {} registers a thread (at most 255)", self.register_estimate()));
         }
         Ok(())
     }

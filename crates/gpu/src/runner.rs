@@ -3,7 +3,7 @@
 //! (`dynamic-loading`), so this builds on machines without CUDA, and a machine
 //! without the driver gets [`GpuError::NoDriver`], not a crash.
 
-use crate::kernel::{GemmKernel, Problem, ReduceKernel};
+use crate::kernel::{Epilogue, GemmKernel, Problem, ReduceKernel};
 use crate::manifest::Manifest;
 use crate::wave::DeviceLimits;
 use cudarc::driver::sys::{
@@ -157,12 +157,17 @@ impl Gpu {
         Ok((out, reducers))
     }
 
-    /// Launches `l` on `p` (asynchronously, on the device's stream).
-    pub fn launch(&self, l: &Loaded, p: &Problem, o: &mut DeviceOperands) -> Result<(), GpuError> {
-        let k = &l.kernel;
-        if k.split_k {
-            return Err(GpuError::Plan(format!("{k} is a split-K kernel: launch_split runs it")));
-        }
+    /// What every launch of `k` on `p` needs of its operands, so that no element it
+    /// can touch lies outside a buffer (the launches' `unsafe` rests on this): the
+    /// shape rules, 16-byte aligned rows and batch strides of A and B, and A, B, C
+    /// and what `epilogue` reads covering the product with its strides and batch.
+    fn check_operands(
+        &self,
+        k: &GemmKernel,
+        p: &Problem,
+        o: &DeviceOperands,
+        epilogue: Epilogue,
+    ) -> Result<(), GpuError> {
         k.accepts(p).map_err(|e| GpuError::Plan(format!("{k} on {p}: {e}")))?;
         if !o.lda.is_multiple_of(8)
             || !o.ldb.is_multiple_of(8)
@@ -183,19 +188,26 @@ impl Gpu {
                 Ok(())
             }
         };
-        let (brows, bcols) = match k.b {
-            crate::BLayout::KMajor => (p.n, p.k),
-            crate::BLayout::NMajor => (p.k, p.n),
-        };
+        let (brows, bcols) = k.b.extent(p);
         need(o.a.len(), "A", p.m, o.lda, p.k, o.sa)?;
         need(o.b.len(), "B", brows, o.ldb, bcols, o.sb)?;
         need(o.c.len() - o.c_off, "C", p.m, o.ldc, p.n, o.sc)?;
-        if k.epilogue.bias && o.bias.len() < p.n {
+        if epilogue.bias && o.bias.len() < p.n {
             return Err(GpuError::Plan(format!("{k} on {p}: bias holds {} elements, not N", o.bias.len())));
         }
-        if k.epilogue.residual {
+        if epilogue.residual {
             need(o.residual.len(), "residual", p.m, o.ldc, p.n, o.sc)?;
         }
+        Ok(())
+    }
+
+    /// Launches `l` on `p` (asynchronously, on the device's stream).
+    pub fn launch(&self, l: &Loaded, p: &Problem, o: &mut DeviceOperands) -> Result<(), GpuError> {
+        let k = &l.kernel;
+        if k.split_k {
+            return Err(GpuError::Plan(format!("{k} is a split-K kernel: launch_split runs it")));
+        }
+        self.check_operands(k, p, o, k.epilogue)?;
         let cfg = LaunchConfig {
             grid_dim: (p.n.div_ceil(k.bn) as u32, p.m.div_ceil(k.bm) as u32, p.batch as u32),
             block_dim: (k.threads() as u32, 1, 1),
@@ -239,10 +251,7 @@ impl Gpu {
         if let Some(r) = r.filter(|r| r.kernel.elem != k.elem) {
             return Err(GpuError::Plan(format!("{} does not reduce {k}'s element type", r.kernel)));
         }
-        k.accepts(p).map_err(|e| GpuError::Plan(format!("{k} on {p}: {e}")))?;
-        if !o.lda.is_multiple_of(8) || !o.ldb.is_multiple_of(8) {
-            return Err(GpuError::Plan(format!("{k} on {p}: lda and ldb must be multiples of 8")));
-        }
+        self.check_operands(k, p, o, r.map_or(Epilogue::NONE, |r| r.kernel.epilogue))?;
         let (per, splits) = k.split_plan(p.k, splits);
         let mn = p.m * p.n;
         if w.len() < splits * mn {
@@ -251,23 +260,6 @@ impl Gpu {
                 w.len(),
                 splits * mn
             )));
-        }
-        let (brows, bcols) = match k.b {
-            crate::BLayout::KMajor => (p.n, p.k),
-            crate::BLayout::NMajor => (p.k, p.n),
-        };
-        if o.a.len() < (p.m - 1) * o.lda + p.k || o.b.len() < (brows - 1) * o.ldb + bcols {
-            return Err(GpuError::Plan(format!("{k} on {p}: A or B is smaller than the product reads")));
-        }
-        let (bias, residual) =
-            r.map_or((false, false), |r| (r.kernel.epilogue.bias, r.kernel.epilogue.residual));
-        if o.c.len() - o.c_off < (p.m - 1) * o.ldc + p.n || (bias && o.bias.len() < p.n) {
-            return Err(GpuError::Plan(format!(
-                "{k} on {p}: C or the bias is smaller than the product writes"
-            )));
-        }
-        if residual && o.residual.len() < (p.m - 1) * o.ldc + p.n {
-            return Err(GpuError::Plan(format!("{k} on {p}: the residual is smaller than C")));
         }
         let cfg = LaunchConfig {
             grid_dim: (p.n.div_ceil(k.bn) as u32, p.m.div_ceil(k.bm) as u32, splits as u32),

@@ -192,10 +192,7 @@ impl Case {
             residual: gpu.upload(&self.residual)?,
             c_off: MARGIN,
             lda: self.lda,
-            ldb: match k.b {
-                BLayout::KMajor => p.k,
-                BLayout::NMajor => p.n,
-            },
+            ldb: k.b.extent(p).1,
             ldc: self.ldc,
             sa: p.m * self.lda,
             sb: p.n * p.k,
@@ -303,30 +300,17 @@ fn verify(k: &GemmKernel, case: &Case, got: &[u16], want: &[f64]) -> Vec<String>
 }
 
 /// Shapes a kernel is checked at: edges (1, one past a tile, primes, K of one
-/// copy), then random draws; N a multiple of 8 for an N-major B.
+/// copy), then random draws; N a multiple of 8 for an N-major B, one product for a
+/// split-K kernel.
 fn shapes(k: &GemmKernel, rng: &mut StdRng, random: usize) -> Vec<(Problem, usize, usize)> {
     let n8 = |n: usize| if k.b == BLayout::NMajor { n.div_ceil(8) * 8 } else { n };
-    let mut out = shapes_any_batch(k, rng, random, n8);
-    if k.split_k {
-        for (p, _, _) in out.iter_mut() {
-            p.batch = 1;
-        }
-    }
-    out
-}
-
-fn shapes_any_batch(
-    k: &GemmKernel,
-    rng: &mut StdRng,
-    random: usize,
-    n8: impl Fn(usize) -> usize,
-) -> Vec<(Problem, usize, usize)> {
+    let batch = |b: usize| if k.split_k { 1 } else { b };
     let mut out = vec![
         (Problem::new(1, 1, n8(1), 8), 0, 0),
         (Problem::new(1, k.bm + 1, n8(k.bn + 1), 40), 0, 1),
-        (Problem::new(3, 97, n8(67), 264), 8, 0),
+        (Problem::new(batch(3), 97, n8(67), 264), 8, 0),
         (Problem::new(1, 2 * k.bm - 1, n8(2 * k.bn + 3), 32), 0, 3),
-        (Problem::new(2, 13, n8(131), 768), 0, 0),
+        (Problem::new(batch(2), 13, n8(131), 768), 0, 0),
     ];
     let primes = [1, 2, 3, 5, 7, 13, 31, 61, 127, 251];
     for _ in 0..random {
@@ -337,10 +321,10 @@ fn shapes_any_batch(
         };
         let n = n8(rng.random_range(1..320));
         let kk = 8 * rng.random_range(1..100);
-        let batch = rng.random_range(1..4);
+        let b = batch(rng.random_range(1..4));
         let lda_pad = 8 * rng.random_range(0..2);
         let ldc_pad = rng.random_range(0..3);
-        out.push((Problem::new(batch, m, n, kk), lda_pad, ldc_pad));
+        out.push((Problem::new(b, m, n, kk), lda_pad, ldc_pad));
     }
     out
 }
@@ -458,10 +442,7 @@ fn timed_operands(gpu: &Gpu, rng: &mut StdRng, b: BLayout, p: &Problem) -> Resul
         residual: gpu.upload(&c)?,
         c_off: 0,
         lda: p.k,
-        ldb: match b {
-            BLayout::KMajor => p.k,
-            BLayout::NMajor => p.n,
-        },
+        ldb: b.extent(p).1,
         ldc: p.n,
         sa: p.m * p.k,
         sb: p.n * p.k,
@@ -636,7 +617,7 @@ fn bench(
         let tf = |t: f64| p.flops() / t / 1e12;
         println!(
             "{:<4} {:<18} best {:<36} {:>9.2} us {:>7.1} TF/s | model {:<36} {:>9.2} us (predicted {:>9.2}) regret {:>5.1}% | tree regret {:>5.1}%",
-            if layout == BLayout::KMajor { "nt" } else { "nn" },
+            layout.tag(),
             p.to_string(),
             model.describe(best),
             best_t * 1e6,
@@ -654,7 +635,7 @@ fn bench(
                 f,
                 "{}",
                 json!({
-                    "layout": if layout == BLayout::KMajor { "nt" } else { "nn" },
+                    "layout": layout.tag(),
                     "batch": p.batch, "m": p.m, "n": p.n, "k": p.k,
                     "best": model.describe(best), "best_s": best_t, "best_tflops": tf(best_t),
                     "model": model.describe(pick), "model_s": tm, "model_predicted_s": predicted, "model_tflops": tf(tm),
@@ -725,14 +706,7 @@ fn dump_case(
     run_choice(gpu, l, r, p, splits, &mut ops, &mut w)?;
     let got = gpu.download(&ops.c)?;
     let c = &got[MARGIN..MARGIN + p.batch * p.m * p.n];
-    let stem = format!(
-        "{}_{}x{}x{}x{}",
-        if layout == BLayout::KMajor { "nt" } else { "nn" },
-        p.batch,
-        p.m,
-        p.n,
-        p.k
-    );
+    let stem = format!("{}_{}x{}x{}x{}", layout.tag(), p.batch, p.m, p.n, p.k);
     let write = |suffix: &str, x: &[u16]| {
         let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
         std::fs::write(dir.join(format!("{stem}.{suffix}.bin")), bytes)
@@ -749,7 +723,7 @@ fn dump_case(
     let _ = writeln!(
         index,
         "{}",
-        json!({"stem": stem, "layout": if layout == BLayout::KMajor { "nt" } else { "nn" }, "batch": p.batch, "m": p.m, "n": p.n, "k": p.k, "kernel": name})
+        json!({"stem": stem, "layout": layout.tag(), "batch": p.batch, "m": p.m, "n": p.n, "k": p.k, "kernel": name})
     );
     Ok(())
 }
