@@ -464,6 +464,13 @@ fn direct_tile(
     };
     let epilogue = !kern.epilogue.is_identity();
     let add = if accumulate { crate::ACCUMULATE } else { 0 };
+    // The tile's kernel rows are separate calls, each after the first adding to C:
+    // a C that is not in cache (a large model's arena, evicted by its weights) makes
+    // the second call wait for the first one's stores to reach it. The next tile's
+    // C lines are asked for now, while this tile computes.
+    if pc == 0 && kh > 1 {
+        prefetch_next_tile(t, panel, kern.mr, r, shape, pixels);
+    }
     let call = |k0: usize, k1: usize, a: *const f32, flags: i64| {
         // SAFETY: the kernel reads `k1 − k0` values from each of its MR rows, `lda`
         // apart, from `a`: one kernel row's taps of MR output pixels (adjacent ones
@@ -509,4 +516,36 @@ fn direct_tile(
             | if e == end && epilogue { crate::APPLY_EPILOGUE } else { 0 };
         call(s, e, data[at + (s - k0)..].as_ptr(), flags);
     }
+}
+
+/// Ask for the C lines of the tile after the one at pixel row `r` (`mr` rows
+/// `pixels` apart: the next run along the output row, or the next stretch of the
+/// column) to be brought into cache.
+fn prefetch_next_tile(t: &ConvTaps, panel: &Panel, mr: usize, r: usize, shape: TileShape, pixels: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let total = t.batch * t.out[0] * t.out[1];
+        let next = match shape {
+            TileShape::Pixel => return,
+            _ => r + mr * pixels,
+        };
+        for i in 0..mr {
+            let row = next + i * pixels;
+            if row >= total {
+                break;
+            }
+            let at = panel.c.get().wrapping_add(row * panel.ldc + panel.col);
+            for j in (0..panel.ncols).step_by(16) {
+                // SAFETY: a prefetch only hints the cache and never faults; the
+                // address (computed without `add`'s in-bounds promise) is C's own.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        at.wrapping_add(j).cast::<i8>(),
+                    )
+                };
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (t, panel, mr, r, shape, pixels);
 }
