@@ -46,7 +46,7 @@ pub fn compile_direct_kernel_cached(
     })?;
     // SAFETY: `jit.addr` is the entry of the function just generated with exactly the
     // `DirectKernelFn` signature (i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, ptr, ptr,
-    // i64) -> void and the C calling convention; its image lives in the returned value.
+    // i64, i64, i64, i64) -> void and the C calling convention; its image lives in the returned value.
     let func: DirectKernelFn = unsafe { std::mem::transmute::<usize, DirectKernelFn>(jit.addr) };
     Ok(JitKernel {
         kernel: DirectKernel { mr, nr, func, epilogue, packers: Default::default() },
@@ -89,6 +89,9 @@ fn build_direct(
         ptr.into(),  // bias
         ptr.into(),  // res
         i64t.into(), // ldr
+        i64t.into(), // runs
+        i64t.into(), // a_run
+        i64t.into(), // b_run
     ];
     let f = module.add_function(name, ctx.void_type().fn_type(&params, false), None);
     target_attributes(ctx, f, cpu, features, w);
@@ -102,6 +105,7 @@ fn build_direct(
     let (b, ldb, c) = (p(3)?.into_pointer_value(), p(4)?.into_int_value(), p(5)?.into_pointer_value());
     let (ldc, ncols, flags) = (p(6)?.into_int_value(), p(7)?.into_int_value(), p(8)?.into_int_value());
     let (bias, res, ldr) = (p(9)?.into_pointer_value(), p(10)?.into_pointer_value(), p(11)?.into_int_value());
+    let (runs, a_run, b_run) = (p(12)?.into_int_value(), p(13)?.into_int_value(), p(14)?.into_int_value());
 
     let intr = |n: &str, tys: &[inkwell::types::BasicTypeEnum<'static>]| {
         Intrinsic::find(n)
@@ -180,7 +184,8 @@ fn build_direct(
     // into accumulator set `s` (independent FMA chains, so that a low tile still
     // fills both FMA pipes through their latency), and a tail of single steps into
     // set 0; the sets are summed at the end.
-    let step = |k: IntValue<'static>,
+    let step = |(a, b): (PointerValue<'static>, PointerValue<'static>),
+                k: IntValue<'static>,
                 accs: &[BasicValueEnum<'static>],
                 masks: &[VectorValue<'static>]|
      -> Result<Vec<BasicValueEnum<'static>>, CodegenError> {
@@ -213,14 +218,27 @@ fn build_direct(
         (inkwell::basic_block::BasicBlock<'static>, Vec<VectorValue<'static>>),
         CodegenError,
     > {
+        let run_header = ctx.append_basic_block(f, &format!("run.header.{tag}"));
         let header = ctx.append_basic_block(f, &format!("k.header.{tag}"));
         let body = ctx.append_basic_block(f, &format!("k.body.{tag}"));
         let tail_header = ctx.append_basic_block(f, &format!("k.tail.header.{tag}"));
         let tail_body = ctx.append_basic_block(f, &format!("k.tail.body.{tag}"));
         let out = ctx.append_basic_block(f, &format!("k.out.{tag}"));
         bld.position_at_end(start);
+        bld.build_unconditional_branch(run_header).map_err(llvm)?;
+        // run.header: the run, where its A and B start, and the tile's sums so far.
+        bld.position_at_end(run_header);
+        let r_phi = bld.build_phi(i64t, "run").map_err(llvm)?;
+        let ap_phi = bld.build_phi(ptr, "a.run").map_err(llvm)?;
+        let bp_phi = bld.build_phi(ptr, "b.run").map_err(llvm)?;
+        let mut carry = Vec::with_capacity(mr * nv);
+        for i in 0..mr * nv {
+            carry.push(bld.build_phi(vt, &format!("carry{i}")).map_err(llvm)?);
+        }
+        let bases =
+            (ap_phi.as_basic_value().into_pointer_value(), bp_phi.as_basic_value().into_pointer_value());
         bld.build_unconditional_branch(header).map_err(llvm)?;
-        // k.header: k and every set's accumulators.
+        // k.header: k and every set's accumulators (set 0 starts from the run's carry).
         bld.position_at_end(header);
         let k_phi = bld.build_phi(i64t, "k").map_err(llvm)?;
         let mut acc_phis = Vec::with_capacity(sets * mr * nv);
@@ -238,12 +256,13 @@ fn build_direct(
             let ks = bld.build_int_add(k, c_i64(set), "ks").map_err(llvm)?;
             let accs: Vec<_> =
                 acc_phis[set * mr * nv..(set + 1) * mr * nv].iter().map(|p| p.as_basic_value()).collect();
-            next.extend(step(ks, &accs, masks)?);
+            next.extend(step(bases, ks, &accs, masks)?);
         }
         bld.build_unconditional_branch(header).map_err(llvm)?;
-        k_phi.add_incoming(&[(&c_i64(0), start), (&k_end, body)]);
-        for (phi, nx) in acc_phis.iter().zip(&next) {
-            phi.add_incoming(&[(&vt.const_zero(), start), (nx, body)]);
+        k_phi.add_incoming(&[(&c_i64(0), run_header), (&k_end, body)]);
+        for (x, (phi, nx)) in acc_phis.iter().zip(&next).enumerate() {
+            let init = if x < mr * nv { carry[x].as_basic_value() } else { vt.const_zero().into() };
+            phi.add_incoming(&[(&init, run_header), (nx, body)]);
         }
         // k.tail: the last steps, one at a time, into set 0.
         bld.position_at_end(tail_header);
@@ -257,14 +276,14 @@ fn build_direct(
         bld.build_conditional_branch(more, tail_body, out).map_err(llvm)?;
         bld.position_at_end(tail_body);
         let accs: Vec<_> = tail_phis.iter().map(|p| p.as_basic_value()).collect();
-        let tail_next = step(kt, &accs, masks)?;
+        let tail_next = step(bases, kt, &accs, masks)?;
         let kt_next = bld.build_int_add(kt, c_i64(1), "kt.next").map_err(llvm)?;
         bld.build_unconditional_branch(tail_header).map_err(llvm)?;
         kt_phi.add_incoming(&[(&k, header), (&kt_next, tail_body)]);
         for (x, phi) in tail_phis.iter().enumerate() {
             phi.add_incoming(&[(&acc_phis[x].as_basic_value(), header), (&tail_next[x], tail_body)]);
         }
-        // k.out: the sets summed.
+        // k.out: the sets summed; the next run, or the tile is done.
         bld.position_at_end(out);
         let mut sums = Vec::with_capacity(mr * nv);
         for x in 0..mr * nv {
@@ -275,7 +294,20 @@ fn build_direct(
             }
             sums.push(acc);
         }
-        bld.build_unconditional_branch(done).map_err(llvm)?;
+        let r_next =
+            bld.build_int_add(r_phi.as_basic_value().into_int_value(), c_i64(1), "run.next").map_err(llvm)?;
+        // Plain (not in-bounds) steps: past the last run the pointers are not used.
+        // SAFETY (of the IR): as above; the builder only records the address.
+        let a_next = unsafe { bld.build_gep(f32t, bases.0, &[a_run], "a.next") }.map_err(llvm)?;
+        let b_next = unsafe { bld.build_gep(f32t, bases.1, &[b_run], "b.next") }.map_err(llvm)?;
+        let again = bld.build_int_compare(IntPredicate::SLT, r_next, runs, "run.again").map_err(llvm)?;
+        bld.build_conditional_branch(again, run_header, done).map_err(llvm)?;
+        r_phi.add_incoming(&[(&c_i64(0), start), (&r_next, out)]);
+        ap_phi.add_incoming(&[(&a, start), (&a_next, out)]);
+        bp_phi.add_incoming(&[(&b, start), (&b_next, out)]);
+        for (x, phi) in carry.iter().enumerate() {
+            phi.add_incoming(&[(&vt.const_zero(), start), (&sums[x], out)]);
+        }
         Ok((out, sums))
     };
     let (full_out, full_sums) = k_loop(full_loop, &full_masks, "full")?;
@@ -402,6 +434,9 @@ pub fn time_direct_kernel(uk: &DirectKernel, t: &Target) -> f64 {
                     kernels::ACCUMULATE,
                     std::ptr::null(),
                     std::ptr::null(),
+                    0,
+                    1,
+                    0,
                     0,
                 )
             };

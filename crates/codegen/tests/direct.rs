@@ -265,3 +265,110 @@ fn direct_plans_are_checked() {
     run(&ok, am, &mut c).expect("a valid plan runs");
     assert!(c.iter().all(|&x| x == 3.0));
 }
+
+/// The kernel ABI's runs: K as `runs` runs of `kc` steps, run `r` reading A at
+/// `a + r·a_run` and B at `b + r·b_run`, summed in registers and written once (added
+/// to C with `ACCUMULATE`, the epilogue applied with `APPLY_EPILOGUE`), for random
+/// run counts, lengths (0, 1, primes, past the accumulator sets), column counts and
+/// strides, with canaries between C's rows and past its last.
+#[test]
+fn runs_are_summed_in_registers() {
+    for (isa, t) in targets() {
+        let w = t.f32_lanes;
+        for ep in [Epilogue::default(), Epilogue { bias: true, residual: true, ..Default::default() }] {
+            let (jit, _) = kernels(&t, 2 * w, ep);
+            let mut runner = TestRunner::new(Config { cases: 32, ..Config::default() });
+            runner
+                .run(
+                    &(0usize..3, 1usize..5, 0usize..23, 1usize..=2 * w, 0usize..9, 0usize..5, any::<bool>()),
+                    |(which, runs, kc, ncols, a_gap, b_gap, accumulate)| {
+                        let k = &jit[which].kernel();
+                        let (mr, nr) = (k.mr, k.nr);
+                        let (lda, ldb, ldc) = (kc + 3, nr + 1, nr + 2);
+                        // A run's rows after the last row of the one before, plus a gap.
+                        let a_run = mr * lda + a_gap;
+                        let b_run = kc * ldb + b_gap * ldb;
+                        let a: Vec<f32> =
+                            (0..runs * a_run + mr * lda).map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0).collect();
+                        let b: Vec<f32> =
+                            (0..runs * b_run + kc * ldb).map(|i| ((i * 5 % 11) as f32 - 5.0) / 6.0).collect();
+                        let bias: Vec<f32> = (0..nr).map(|j| j as f32 * 0.1 - 0.4).collect();
+                        let res: Vec<f32> = (0..mr * ldc).map(|i| (i % 5) as f32 * 0.2 - 0.4).collect();
+                        let canary = 1234.5f32;
+                        let start = 0.5f32;
+                        let mut c = vec![canary; mr * ldc + 8];
+                        for i in 0..mr {
+                            c[i * ldc..i * ldc + ncols].fill(start);
+                        }
+                        let mut flags = if accumulate { kernels::ACCUMULATE } else { 0 };
+                        if !ep.is_identity() {
+                            flags |= kernels::APPLY_EPILOGUE;
+                        }
+                        // SAFETY: A holds `runs` runs of MR rows of `kc` (lda apart), the
+                        // last starting at (runs − 1)·a_run; B `runs` runs of `kc` rows of
+                        // NR (ldb apart); C, the bias and the residual MR rows of
+                        // `ncols ≤ NR` columns; what the ABI lets the kernel touch.
+                        unsafe {
+                            (k.func)(
+                                kc as i64,
+                                a.as_ptr(),
+                                lda as i64,
+                                b.as_ptr(),
+                                ldb as i64,
+                                c.as_mut_ptr(),
+                                ldc as i64,
+                                ncols as i64,
+                                flags,
+                                bias.as_ptr(),
+                                res.as_ptr(),
+                                ldc as i64,
+                                runs as i64,
+                                a_run as i64,
+                                b_run as i64,
+                            )
+                        };
+                        for i in 0..mr {
+                            for j in 0..ldc {
+                                let got = c[i * ldc + j];
+                                if j >= ncols {
+                                    prop_assert_eq!(got, canary, "{} row {} col {}", isa, i, j);
+                                    continue;
+                                }
+                                let mut acc = 0.0f64;
+                                for r in 0..runs {
+                                    for q in 0..kc {
+                                        acc += a[r * a_run + i * lda + q] as f64
+                                            * b[r * b_run + q * ldb + j] as f64;
+                                    }
+                                }
+                                if accumulate {
+                                    acc += start as f64;
+                                }
+                                let want = if ep.is_identity() {
+                                    acc
+                                } else {
+                                    reference(&ep, acc, bias[j] as f64, res[i * ldc + j] as f64)
+                                };
+                                prop_assert!(
+                                    (got as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                                    "{} {}x{} runs {} kc {} row {} col {}: {} against {}",
+                                    isa,
+                                    mr,
+                                    nr,
+                                    runs,
+                                    kc,
+                                    i,
+                                    j,
+                                    got,
+                                    want
+                                );
+                            }
+                        }
+                        prop_assert!(c[mr * ldc..].iter().all(|&x| x == canary));
+                        Ok(())
+                    },
+                )
+                .unwrap_or_else(|e| panic!("{isa} {ep:?}: {e}"));
+        }
+    }
+}

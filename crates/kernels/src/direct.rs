@@ -19,6 +19,11 @@ use crate::{ElemType, Epilogue, KernelError, ACCUMULATE, APPLY_EPILOGUE};
 /// with row stride `ldc`. Lanes at or past `ncols` (`1 ≤ ncols`) are neither read
 /// nor written: B's loads, C's loads and stores, the bias and the residual are
 /// masked. `flags`, `bias`, `res` and `ldr` are as in [`crate::MicroKernelFn`].
+///
+/// K is `runs ≥ 1` runs of `kc` steps, summed in registers: run `r` reads A at
+/// `a + r·a_run` and B at `b + r·b_run` (elements), the layout above from there. A
+/// convolution's kernel rows are its runs (each row's taps contiguous in the image,
+/// the rows an image row apart), so a tile's C is written once, not once a row.
 pub type DirectKernelFn = unsafe extern "C" fn(
     kc: i64,
     a: *const f32,
@@ -32,6 +37,9 @@ pub type DirectKernelFn = unsafe extern "C" fn(
     bias: *const f32,
     res: *const f32,
     ldr: i64,
+    runs: i64,
+    a_run: i64,
+    b_run: i64,
 );
 
 /// A direct micro-kernel, the tile it computes and the epilogue compiled into it.
@@ -228,6 +236,9 @@ fn direct_block(
                         bias,
                         res,
                         ldr as i64,
+                        1,
+                        0,
+                        0,
                     );
                 }
                 row += kern.mr;

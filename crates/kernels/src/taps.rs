@@ -471,20 +471,23 @@ fn direct_tile(
     if pc == 0 && kh > 1 {
         prefetch_next_tile(t, panel, kern.mr, r, shape, pixels);
     }
-    let call = |k0: usize, k1: usize, a: *const f32, flags: i64| {
-        // SAFETY: the kernel reads `k1 − k0` values from each of its MR rows, `lda`
-        // apart, from `a`: one kernel row's taps of MR output pixels (adjacent ones
-        // of a run, or one column's in consecutive output rows, whose kernel rows
-        // all lie inside the image) or of one pixel, inside the image (the runs
-        // were cut to it, and `ConvTaps::check` bounded the image by `data`); B's
-        // rows `k0 − pc..k1 − pc` of the block at the panel's columns (inside the
-        // block's panel or the in-place view); the bias, and the residual at the
+    // Consecutive kernel rows are `a_run` apart in the image and `run` apart in K.
+    let a_run = t.dilation[0] * t.strides[1];
+    let call = |k0: usize, len: usize, runs: usize, a: *const f32, flags: i64| {
+        // SAFETY: the kernel reads `runs` runs of `len` values from each of its MR
+        // rows, `lda` apart, from `a` (run `q` from `a + q·a_run`): kernel rows' taps
+        // of MR output pixels (adjacent ones of a run, or one column's in consecutive
+        // output rows, whose kernel rows all lie inside the image) or of one pixel,
+        // inside the image (the runs were cut to it, and `ConvTaps::check` bounded
+        // the image by `data`); B's rows `k0 − pc + q·run..` (`len` of them) of the
+        // block at the panel's columns (inside the block's panel or the in-place
+        // view: the runs lie inside the K block); the bias, and the residual at the
         // tile's pixels, at columns below `ncols` (masked); and writes the tile of C
         // at those pixels' rows and the panel's columns, inside C (the pixels are
         // below the thread's end) and this thread's alone.
         unsafe {
             (kern.func)(
-                (k1 - k0) as i64,
+                len as i64,
                 a,
                 lda as i64,
                 panel.b.add((k0 - pc) * panel.ldb),
@@ -496,6 +499,9 @@ fn direct_tile(
                 panel.bias,
                 res,
                 ldr as i64,
+                runs as i64,
+                a_run as i64,
+                (run * panel.ldb) as i64,
             )
         }
     };
@@ -503,19 +509,53 @@ fn direct_tile(
         // Every tap in the padding: the tile is the epilogue of zero (of what it
         // holds, with `accumulate`), once.
         if pc == 0 {
-            call(pc, pc, data.as_ptr(), add | if epilogue { crate::APPLY_EPILOGUE } else { 0 });
+            call(pc, 0, 1, data.as_ptr(), add | if epilogue { crate::APPLY_EPILOGUE } else { 0 });
         }
         return;
     };
+    // The kernel rows inside the K block, as few calls as can be: whole rows that
+    // follow each other in K and in the image are one call of several runs (the
+    // stem's seven, in registers throughout); a row cut by the block's ends is a
+    // call of its own.
+    let flush = |g: Option<Group>| {
+        if let Some(g) = g {
+            let flags = if g.k0 > first { crate::ACCUMULATE } else { add }
+                | if g.k1 == end && epilogue { crate::APPLY_EPILOGUE } else { 0 };
+            call(g.k0, g.len, g.runs, data[g.at..].as_ptr(), flags);
+        }
+    };
+    let mut group: Option<Group> = None;
     for (k0, k1, at) in (0..kh).filter_map(run_of) {
         let (s, e) = (k0.max(pc), k1.min(pc + kc));
         if s >= e {
             continue;
         }
-        let flags = if s > first { crate::ACCUMULATE } else { add }
-            | if e == end && epilogue { crate::APPLY_EPILOGUE } else { 0 };
-        call(s, e, data[at + (s - k0)..].as_ptr(), flags);
+        let whole = s == k0 && e == k1;
+        match &mut group {
+            Some(g) if whole && g.whole && k0 == g.k1 + (run - g.len) && at == g.at + g.runs * a_run => {
+                g.runs += 1;
+                g.k1 = e;
+            }
+            _ => {
+                flush(group.take());
+                group = Some(Group { k0: s, k1: e, len: e - s, at: at + (s - k0), runs: 1, whole });
+            }
+        }
     }
+    flush(group);
+}
+
+/// Consecutive kernel rows of a tile read in one direct call: K from `k0` (where
+/// the first row's taps start) to `k1` (where the last one's end), `runs` rows of
+/// `len` taps, the first at `at` in the image.
+#[derive(Clone, Copy)]
+struct Group {
+    k0: usize,
+    k1: usize,
+    len: usize,
+    at: usize,
+    runs: usize,
+    whole: bool,
 }
 
 /// Ask for the C lines of the tile after the one at pixel row `r` (`mr` rows

@@ -37,9 +37,10 @@ use sym::{ShapeEnv, SymExpr};
 
 use crate::{CompiledModel, ModelParts, RunError};
 
-/// The version of the layout below and of the metadata's encoding; a runtime
-/// reads only its own.
-pub const FORMAT_VERSION: u32 = 2;
+/// The version of the layout below, of the metadata's encoding and of the calling
+/// convention of the code it holds (3: direct kernels take runs); a runtime reads
+/// only its own.
+pub const FORMAT_VERSION: u32 = 3;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;

@@ -71,6 +71,9 @@ macro_rules! rust_direct_kernel {
             _bias: *const f32,
             _res: *const f32,
             _ldr: i64,
+            runs: i64,
+            a_run: i64,
+            b_run: i64,
         ) {
             const MR: usize = $mr;
             const NR: usize = $nr;
@@ -78,7 +81,13 @@ macro_rules! rust_direct_kernel {
             let (kc, lda, ldb, ldc) = (kc as usize, lda as usize, ldb as usize, ldc as usize);
             for i in 0..MR {
                 for j in 0..NR.min(ncols as usize) {
-                    let s: f32 = (0..kc).map(|k| *a.add(i * lda + k) * *b.add(k * ldb + j)).sum();
+                    let s: f32 = (0..runs as isize)
+                        .flat_map(|r| (0..kc).map(move |k| (r, k)))
+                        .map(|(r, k)| {
+                            let (a, b) = (a.offset(r * a_run as isize), b.offset(r * b_run as isize));
+                            *a.add(i * lda + k) * *b.add(k * ldb + j)
+                        })
+                        .sum();
                     let p = c.add(i * ldc + j);
                     *p = if acc != 0 { *p + s } else { s };
                 }
