@@ -345,16 +345,7 @@ fn build_direct(
             summed.push(bld.build_float_add(tile[i * nv + v], old, "sum").map_err(llvm)?);
         }
     }
-    bld.build_unconditional_branch(merge).map_err(llvm)?;
-    bld.position_at_end(set_c);
-    bld.build_unconditional_branch(merge).map_err(llvm)?;
-    bld.position_at_end(merge);
-    let mut vals = Vec::with_capacity(mr * nv);
-    for (x, s) in summed.iter().enumerate() {
-        let phi = bld.build_phi(vt, "val").map_err(llvm)?;
-        phi.add_incoming(&[(s, add_c), (&tile[x], set_c)]);
-        vals.push(phi.as_basic_value().into_vector_value());
-    }
+    let vals = crate::join_tile(&bld, vt, (add_c, &summed), (set_c, &tile), merge)?;
     if epilogue.is_identity() {
         bld.build_unconditional_branch(plain).map_err(llvm)?;
     } else {

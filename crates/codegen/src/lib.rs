@@ -637,16 +637,9 @@ fn build_microkernel(
             summed.push(bld.build_float_add(old.into_vector_value(), acc, "sum").map_err(llvm)?);
         }
     }
-    bld.build_unconditional_branch(merge).map_err(llvm)?;
-    bld.position_at_end(set_c);
-    bld.build_unconditional_branch(merge).map_err(llvm)?;
-    bld.position_at_end(merge);
-    let mut vals = Vec::with_capacity(mr * nv);
-    for (x, s) in summed.iter().enumerate() {
-        let phi = bld.build_phi(vt, "val").map_err(llvm)?;
-        phi.add_incoming(&[(s, add_c), (&acc_phis[x].as_basic_value(), set_c)]);
-        vals.push(phi.as_basic_value().into_vector_value());
-    }
+    let sums: Vec<VectorValue<'static>> =
+        acc_phis[..mr * nv].iter().map(|p| p.as_basic_value().into_vector_value()).collect();
+    let vals = join_tile(&bld, vt, (add_c, &summed), (set_c, &sums), merge)?;
     let store = |vals: &[VectorValue<'static>]| -> Result<(), CodegenError> {
         for i in 0..mr {
             for v in 0..nv {
@@ -716,6 +709,29 @@ fn prefetch_intrinsic(
         let ft = ctx.void_type().fn_type(&[ptr.into(), i32t.into(), i32t.into(), i32t.into()], false);
         module.add_function("llvm.prefetch.p0", ft, None)
     })
+}
+
+/// The end of a tile's optional add of C: block `add` (the sums with C added,
+/// `summed`) and block `set` (the sums alone) both go to `merge`, where one phi per
+/// vector picks the tile's values.
+pub(crate) fn join_tile(
+    bld: &inkwell::builder::Builder<'static>,
+    vt: inkwell::types::VectorType<'static>,
+    (add, summed): (inkwell::basic_block::BasicBlock<'static>, &[VectorValue<'static>]),
+    (set, sums): (inkwell::basic_block::BasicBlock<'static>, &[VectorValue<'static>]),
+    merge: inkwell::basic_block::BasicBlock<'static>,
+) -> Result<Vec<VectorValue<'static>>, CodegenError> {
+    bld.build_unconditional_branch(merge).map_err(llvm)?;
+    bld.position_at_end(set);
+    bld.build_unconditional_branch(merge).map_err(llvm)?;
+    bld.position_at_end(merge);
+    let mut vals = Vec::with_capacity(summed.len());
+    for (s, t) in summed.iter().zip(sums) {
+        let phi = bld.build_phi(vt, "val").map_err(llvm)?;
+        phi.add_incoming(&[(s, add), (t, set)]);
+        vals.push(phi.as_basic_value().into_vector_value());
+    }
+    Ok(vals)
 }
 
 pub(crate) fn set_align(v: &BasicValueEnum, align: u32) {

@@ -464,10 +464,11 @@ fn direct_tile(
     };
     let epilogue = !kern.epilogue.is_identity();
     let add = if accumulate { crate::ACCUMULATE } else { 0 };
-    // The tile's kernel rows are separate calls, each after the first adding to C:
-    // a C that is not in cache (a large model's arena, evicted by its weights) makes
-    // the second call wait for the first one's stores to reach it. The next tile's
-    // C lines are asked for now, while this tile computes.
+    // A tile whose kernel rows take several calls (a K block cuts them) adds to C
+    // after the first: a C that is not in cache (a large model's arena, evicted by
+    // its weights) makes the second call wait for the first one's stores to reach
+    // it, and the first call's stores wait for C's lines anyway. The next tile's C
+    // lines are asked for now, while this tile computes.
     if pc == 0 && kh > 1 {
         prefetch_next_tile(t, panel, kern.mr, r, shape, pixels);
     }
@@ -532,7 +533,13 @@ fn direct_tile(
         }
         let whole = s == k0 && e == k1;
         match &mut group {
-            Some(g) if whole && g.whole && k0 == g.k1 + (run - g.len) && at == g.at + g.runs * a_run => {
+            Some(g)
+                if whole
+                    && g.whole
+                    && e - s == g.len
+                    && k0 == g.k1 + (run - g.len)
+                    && at == g.at + g.runs * a_run =>
+            {
                 g.runs += 1;
                 g.k1 = e;
             }
