@@ -107,26 +107,20 @@ impl Manifest {
         let path = dir.join(Self::FILE);
         let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let m: Manifest = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        // An entry's name is its kernel's: the name is what the PTX is found by.
+        let named = |entry: &str, kernel: String| -> Result<(), String> {
+            if entry == kernel {
+                Ok(())
+            } else {
+                Err(format!("{}: entry {entry} describes kernel {kernel}", path.display()))
+            }
+        };
         for e in &m.entries {
             e.kernel.check().map_err(|err| format!("{}: {err}", path.display()))?;
-            if e.kernel.name() != e.name {
-                return Err(format!(
-                    "{}: entry {} describes kernel {}",
-                    path.display(),
-                    e.name,
-                    e.kernel.name()
-                ));
-            }
+            named(&e.name, e.kernel.name())?;
         }
         for r in &m.reducers {
-            if r.kernel.name() != r.name {
-                return Err(format!(
-                    "{}: entry {} describes kernel {}",
-                    path.display(),
-                    r.name,
-                    r.kernel.name()
-                ));
-            }
+            named(&r.name, r.kernel.name())?;
         }
         Ok(m)
     }

@@ -521,7 +521,7 @@ fn direct_tile(
     let flush = |g: Option<Group>| {
         if let Some(g) = g {
             let flags = if g.k0 > first { crate::ACCUMULATE } else { add }
-                | if g.k1 == end && epilogue { crate::APPLY_EPILOGUE } else { 0 };
+                | if g.end(run) == end && epilogue { crate::APPLY_EPILOGUE } else { 0 };
             call(g.k0, g.len, g.runs, data[g.at..].as_ptr(), flags);
         }
     };
@@ -537,32 +537,37 @@ fn direct_tile(
                 if whole
                     && g.whole
                     && e - s == g.len
-                    && k0 == g.k1 + (run - g.len)
+                    && k0 == g.k0 + g.runs * run
                     && at == g.at + g.runs * a_run =>
             {
                 g.runs += 1;
-                g.k1 = e;
             }
             _ => {
                 flush(group.take());
-                group = Some(Group { k0: s, k1: e, len: e - s, at: at + (s - k0), runs: 1, whole });
+                group = Some(Group { k0: s, len: e - s, at: at + (s - k0), runs: 1, whole });
             }
         }
     }
     flush(group);
 }
 
-/// Consecutive kernel rows of a tile read in one direct call: K from `k0` (where
-/// the first row's taps start) to `k1` (where the last one's end), `runs` rows of
-/// `len` taps, the first at `at` in the image.
+/// Consecutive kernel rows of a tile read in one direct call: `runs` rows of `len`
+/// taps, `run` apart in K from `k0` (where the first row's taps start), the first at
+/// `at` in the image; `whole` when no K block end cuts them.
 #[derive(Clone, Copy)]
 struct Group {
     k0: usize,
-    k1: usize,
     len: usize,
     at: usize,
     runs: usize,
     whole: bool,
+}
+
+impl Group {
+    /// Where the last row's taps end in K.
+    fn end(&self, run: usize) -> usize {
+        self.k0 + (self.runs - 1) * run + self.len
+    }
 }
 
 /// Ask for the C lines of the tile after the one at pixel row `r` (`mr` rows
