@@ -397,7 +397,8 @@ impl Model {
         let mut weights = Vec::new();
         for st in &plan.steps {
             let lower::StepKind::MatMul(mm) = &st.kind else { continue };
-            if !mm.weight || runtime::engine_epilogue(&mm.epilogue)? != e {
+            // A convolution's taps are never a tuned class's row-major A.
+            if !mm.weight || mm.taps.is_some() || runtime::engine_epilogue(&mm.epilogue)? != e {
                 continue;
             }
             let (Some(k), Some(n)) = (fixed(mm.k), fixed(mm.n)) else { continue };

@@ -59,7 +59,8 @@ pub struct BenchMatmulArgs {
     /// Only schedules with this register tile, e.g. `8x32`.
     #[arg(long)]
     tile: Option<String>,
-    /// Only schedules with this block depth (activations only: a packed weight has its own).
+    /// Only schedules with this block depth; a weight is then packed in blocks of
+    /// this depth (to compare depths, e.g. a multiple of a convolution's kernel row).
     #[arg(long)]
     kc: Option<usize>,
     /// Only schedules whose kernels read the operands this way: packed (panels packed
@@ -338,12 +339,19 @@ fn bench_shape(
     // counts it will meet. A batch: both operands are activations.
     if batch == 1 {
         let bv = b_view(&ops.b, 0, k, n, args.bt)?;
-        ops.packed = Some(match tile {
-            Some((mr, nr)) => {
-                let elem = d.family().elem();
-                PackedB::of_elem(bv, nr, kernels::schedule::kc_for(d.target(), elem, mr, nr), elem)
+        let elem = d.family().elem();
+        ops.packed = Some(match (tile, args.kc) {
+            (Some((mr, nr)), kc) => PackedB::of_elem(
+                bv,
+                nr,
+                kc.unwrap_or_else(|| kernels::schedule::kc_for(d.target(), elem, mr, nr)),
+                elem,
+            ),
+            (None, Some(kc)) => {
+                let nr = d.pack_weight(bv, &args.pack_for)?.nr;
+                PackedB::of_elem(bv, nr, kc, elem)
             }
-            None => d.pack_weight(bv, &args.pack_for)?,
+            (None, None) => d.pack_weight(bv, &args.pack_for)?,
         });
     }
     let activation = if args.bt { BLayout::Strided } else { BLayout::RowMajor };
@@ -359,7 +367,7 @@ fn bench_shape(
     let restricted = tile.is_some() || args.kc.is_some() || operands.is_some();
     let allowed = |s: &Schedule| {
         tile.is_none_or(|(mr, nr)| s.mr == mr && s.nr == nr)
-            && args.kc.is_none_or(|kc| !layout.is_activation() || s.blocking.kc == kc)
+            && args.kc.is_none_or(|kc| s.blocking.kc == kc)
             && operands.is_none_or(|o| s.operands == o)
     };
     let pick = |model: Option<CostModel>| -> Result<Schedule> {

@@ -57,9 +57,44 @@ fn check(c: &Contraction, pool: &ThreadPool, t: ConvTaps, k: usize, all: bool) -
     let w: Vec<f32> = (0..depth * k).map(|i| ((i * 13 % 19) as f32 - 9.0) / 16.0).collect();
     let a = MatRef::taps(&img[MARGIN..MARGIN + len], t).map_err(|e| TestCaseError::fail(e.to_string()))?;
     let bm = MatRef::row_major(&w, depth, k).unwrap();
-    let packed = c.pack_weight(bm, &[rows]).map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let b = [BOperand::Packed(&packed)];
     let fail = |e: kernels::KernelError| TestCaseError::fail(e.to_string());
+    // Overlapping taps get their weight in K blocks of whole kernel rows, as a
+    // compiled model packs it; with `all`, also in blocks of one kernel row.
+    let overlapping = t.kernel[0] * t.kernel[1] > t.stride[0] * t.stride[1] && t.dilation[1] == 1;
+    let row = t.kernel[1] * t.channels;
+    let mut weights = vec![match overlapping {
+        true => c.pack_conv_weight(bm, &[rows], row).map_err(fail)?,
+        false => c.pack_weight(bm, &[rows]).map_err(fail)?,
+    }];
+    if overlapping {
+        prop_assert!(
+            weights[0].kc % row == 0 || weights[0].kc == depth,
+            "KC {} for rows of {row}",
+            weights[0].kc
+        );
+        if all && depth > row {
+            weights.push(kernels::PackedB::new(bm, weights[0].nr, row));
+        }
+    }
+    for packed in &weights {
+        check_with(c, pool, t, k, all, (&img, a, &w), packed)?;
+    }
+    Ok(())
+}
+
+/// [`check`] with the weight packed as `packed`.
+fn check_with(
+    c: &Contraction,
+    pool: &ThreadPool,
+    t: ConvTaps,
+    k: usize,
+    all: bool,
+    (img, a, w): (&[f32], MatRef, &[f32]),
+    packed: &kernels::PackedB,
+) -> Result<(), TestCaseError> {
+    let (rows, _) = t.dims().unwrap();
+    let fail = |e: kernels::KernelError| TestCaseError::fail(e.to_string());
+    let b = [BOperand::Packed(packed)];
     let problem = c.problem(&[a], &b).map_err(fail)?;
     let candidates = c.candidates(&problem);
     prop_assert_eq!(
@@ -103,7 +138,7 @@ fn check(c: &Contraction, pool: &ThreadPool, t: ConvTaps, k: usize, all: bool) -
                 kernels::execute(pool, &plan, &[a], &b, &mut [cm], &args).map_err(fail)?;
             }
             let ep = (!epilogue.is_identity()).then_some((&bias[..], &res[..]));
-            compare(&t, k, &img, &w, ep, &out, &what)?;
+            compare(&t, k, img, w, ep, &out, &format!("{what}, B packed {}x{}", packed.nr, packed.kc))?;
         }
     }
     Ok(())
@@ -206,6 +241,8 @@ fn implicit_gemm_matches_the_convolution() {
                 ((1, 6, 11, 8), (3, 3, 2, 1, 1, 1), 0, 40),
                 ((2, 13, 13, 3), (7, 7, 2, 1, 3, 2), 0, 16),
                 ((1, 20, 23, 16), (3, 3, 1, 1, 1, 1), 0, 33),
+                // Kernel rows 3 x 160 deep: blocks of whole rows cut K in several.
+                ((1, 5, 6, 160), (3, 3, 1, 1, 1, 1), 0, 35),
             ];
             for (img, conv, gap, k) in fixed {
                 check(&c, &pool, geometry(img, conv, gap), k, true)

@@ -292,6 +292,33 @@ impl Dispatcher {
         }
     }
 
+    /// Pack the weight of a convolution whose taps overlap (each image value read by
+    /// several taps), `row` deep per kernel row: the width [`Dispatcher::weight_layout`]
+    /// picks, in K blocks of whole kernel rows ([`crate::schedule::taps_kc`]).
+    pub fn pack_conv_weight(&self, b: MatRef, rows: &[usize], row: usize) -> Result<PackedB, KernelError> {
+        match self.conv_weight_layout(b.rows, b.cols, rows, row)? {
+            BLayout::Packed { nr, kc } => Ok(PackedB::of_elem(b, nr, kc, self.family.elem())),
+            _ => Err(KernelError::Shape("an empty kernel family".into())),
+        }
+    }
+
+    /// The layout [`Dispatcher::pack_conv_weight`] packs a `k × n` weight in.
+    pub fn conv_weight_layout(
+        &self,
+        k: usize,
+        n: usize,
+        rows: &[usize],
+        row: usize,
+    ) -> Result<BLayout, KernelError> {
+        match self.weight_layout(k, n, rows)? {
+            BLayout::Packed { nr, .. } => Ok(BLayout::Packed {
+                nr,
+                kc: crate::schedule::taps_kc(&self.target, self.family.elem(), nr, row, k),
+            }),
+            other => Ok(other),
+        }
+    }
+
     /// The packed layout ([`BLayout::Packed`]) a `k × n` weight gets for `rows`: the
     /// tuned one when a search tuned this weight, else the tile width and depth the
     /// model predicts best over them.

@@ -275,6 +275,19 @@ pub fn kc_for(t: &Target, elem: ElemType, mr: usize, nr: usize) -> usize {
     Blocking::for_target(t, elem, mr, nr).kc
 }
 
+/// The depth of the K blocks of a weight whose A is a convolution's overlapping
+/// taps, `row` deep per kernel row (`kw · C`): whole kernel rows, as many as keep
+/// the block's `nr`-wide B panel within an eighth of L2, at least one. A direct
+/// tile then sums its kernel rows in registers in one call per block instead of
+/// cutting them at the L1 depth (ResNet-50's 3×3 layers, `bench-matmul --conv
+/// --kc`: 2-11% faster than blocks 256 deep; a whole 2304-deep K, its panel
+/// 295 KB, was slower again).
+pub fn taps_kc(t: &Target, elem: ElemType, nr: usize, row: usize, k: usize) -> usize {
+    let row = row.max(1);
+    let budget = t.l2 / 8 / (nr.max(1) * elem.bytes());
+    ((budget / row).max(1) * row).min(k.max(1))
+}
+
 /// The block for an `extent` cut in blocks of about `block`: blocks of equal size
 /// (up to a multiple of `unit`), one block fewer when that enlarges each by at
 /// most 1/16. For the row blocks of A (sized to half of L2, a soft budget), where

@@ -183,6 +183,17 @@ pub struct Taps {
     pub pad: [usize; 2],
 }
 
+impl Taps {
+    /// The depth of one kernel row (`kw · C` of the `k` = `kh · kw · C`) when the
+    /// taps overlap (`kh · kw > sh · sw`: each image value is read by several taps)
+    /// and a kernel row's taps are adjacent pixels (no dilation across the width):
+    /// the convolutions whose tiles direct kernels read in place, a kernel row a run.
+    pub fn overlapping_row(&self, k: usize) -> Option<usize> {
+        let taps = self.kernel[0] * self.kernel[1];
+        (taps > self.stride[0] * self.stride[1] && self.dilation[1] == 1).then(|| k / self.kernel[0])
+    }
+}
+
 /// A batch of f32 contractions `C[b] = A[b] · B[b]` for the contraction engine.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct MatMulStep {
@@ -332,5 +343,28 @@ impl ModelPlan {
                 buf.last = buf.last.max(i);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Taps;
+
+    fn taps(kernel: [usize; 2], stride: [usize; 2], dilation: [usize; 2]) -> Taps {
+        Taps { image: [0; 4], strides: [0; 3], out: [0; 2], kernel, stride, dilation, pad: [0; 2] }
+    }
+
+    /// Only taps that read image values more than once, along adjacent pixels,
+    /// have kernel rows worth keeping whole; a row is `kw · C` of `kh · kw · C`.
+    #[test]
+    fn overlapping_taps_have_kernel_rows() {
+        assert_eq!(taps([3, 3], [1, 1], [1, 1]).overlapping_row(9 * 64), Some(3 * 64));
+        assert_eq!(taps([3, 3], [2, 2], [1, 1]).overlapping_row(9 * 64), Some(3 * 64));
+        assert_eq!(taps([7, 7], [2, 2], [1, 1]).overlapping_row(147), Some(21));
+        assert_eq!(taps([1, 1], [1, 1], [1, 1]).overlapping_row(64), None);
+        assert_eq!(taps([1, 1], [2, 2], [1, 1]).overlapping_row(64), None);
+        // A patch embedding (kernel = stride) reads each pixel once.
+        assert_eq!(taps([16, 16], [16, 16], [1, 1]).overlapping_row(768), None);
+        assert_eq!(taps([3, 3], [1, 1], [1, 2]).overlapping_row(9 * 8), None);
     }
 }

@@ -348,7 +348,11 @@ impl CompiledModel {
             let off = fixed(mm.b.offset)?;
             let view = MatRef::new(&data[off.min(len)..], k, n, fixed(mm.b.rs)?, fixed(mm.b.cs)?)
                 .map_err(|e| RunError::Internal(e.to_string()))?;
-            out.push(Some(d.pack_weight(view, &PACK_ROWS).map_err(|e| RunError::Internal(e.to_string()))?));
+            let packed = match mm.taps.as_ref().and_then(|t| t.overlapping_row(k)) {
+                Some(row) => d.pack_conv_weight(view, &PACK_ROWS, row),
+                None => d.pack_weight(view, &PACK_ROWS),
+            };
+            out.push(Some(packed.map_err(|e| RunError::Internal(e.to_string()))?));
             if reads[mm.b.buf].packed_only() {
                 c.release_pages();
             }
@@ -497,6 +501,8 @@ impl CompiledModel {
                     sp.arena_bytes
                 ))
             })?;
+            let fresh = &arena;
+            self.pool.run(&|i| fresh.populate_slice(i, self.pool.threads()));
             if self.canaries {
                 // A temporary read before it is written reads NaN (all-ones bytes),
                 // not whatever the allocator left there.
