@@ -235,8 +235,10 @@ impl MachineModel {
         let total = p.batch as f64 * (a_first + (p.k * p.n + p.m * p.n) as f64) * f;
         let src = self.level_bw(total, g.threads().max(1) as f64);
         let mut slowest: f64 = 0.0;
+        // A convolution's pixels are split evenly (see `execute`).
+        let unit = if matches!(p.a, ALayout::Taps { .. }) { 1 } else { mr };
         for lr in 0..g.rows {
-            let rows = split(p.m, mr, g.rows, lr);
+            let rows = split(p.m, unit, g.rows, lr);
             for lc in 0..g.cols {
                 let cols = split(panels, 1, g.cols, lc);
                 if rows == 0 || cols == 0 {
@@ -256,12 +258,16 @@ impl MachineModel {
                     band + if left > 0 { tile(left) } else { 0.0 }
                 };
                 // A convolution's interior pixels are covered per output row, its
-                // edge pixels per column over the thread's output rows.
+                // edge pixels per column over the thread's output rows. A thread's
+                // share may end mid-row: counting whole rows only, ResNet-50's
+                // 9×9 layers (42 pixels a thread: 4 rows and 6 more) were priced
+                // 14% under their work, and split by pixels where splitting by
+                // columns measured 23% faster.
                 let band = match p.a {
                     ALayout::Taps { width, interior, .. } if width > 0 => {
-                        let out_rows = (rows / width).max(1);
+                        let out_rows = rows as f64 / width as f64;
                         let edges = width - interior.min(width);
-                        out_rows as f64 * cover(interior) + edges as f64 * cover(out_rows)
+                        out_rows * cover(interior) + edges as f64 * cover(rows.div_ceil(width))
                     }
                     _ => cover(rows),
                 };

@@ -546,7 +546,15 @@ fn run_plan(
             let mine = &work[first..first + per + usize::from(group < extra)];
             for &(e, cptr, ldc) in mine {
                 let (m, n) = (a[e].rows, b[e].dims().1);
-                let per = m.div_ceil(mr).div_ceil(grid.rows) * mr;
+                // Threads split rows in whole register tiles, but a convolution's
+                // direct tiles follow its output rows, not bands of MR pixels: they
+                // split its pixels evenly (ResNet-50's 18×18 layers: 162 and 162
+                // pixels, not 168 and 156).
+                let unit = match plan {
+                    Plan::Direct(_) if a[e].is_taps() => 1,
+                    _ => mr,
+                };
+                let per = m.div_ceil(unit).div_ceil(grid.rows) * unit;
                 let rows = (lr * per).min(m)..((lr + 1) * per).min(m);
                 let panels = n.div_ceil(nr);
                 let per = panels.div_ceil(grid.cols);
