@@ -294,7 +294,8 @@ impl Dispatcher {
 
     /// Pack the weight of a convolution whose taps overlap (each image value read by
     /// several taps), `row` deep per kernel row: the width [`Dispatcher::weight_layout`]
-    /// picks, in K blocks of whole kernel rows ([`crate::schedule::taps_kc`]).
+    /// picks, in K blocks of whole kernel rows ([`crate::schedule::taps_kc`]) where a
+    /// row is not too deep for them, else in that layout's own blocks.
     pub fn pack_conv_weight(&self, b: MatRef, rows: &[usize], row: usize) -> Result<PackedB, KernelError> {
         match self.conv_weight_layout(b.rows, b.cols, rows, row)? {
             BLayout::Packed { nr, kc } => Ok(PackedB::of_elem(b, nr, kc, self.family.elem())),
@@ -311,9 +312,9 @@ impl Dispatcher {
         row: usize,
     ) -> Result<BLayout, KernelError> {
         match self.weight_layout(k, n, rows)? {
-            BLayout::Packed { nr, .. } => Ok(BLayout::Packed {
+            BLayout::Packed { nr, kc } => Ok(BLayout::Packed {
                 nr,
-                kc: crate::schedule::taps_kc(&self.target, self.family.elem(), nr, row, k),
+                kc: crate::schedule::taps_kc(&self.target, self.family.elem(), nr, row, k).unwrap_or(kc),
             }),
             other => Ok(other),
         }

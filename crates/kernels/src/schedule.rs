@@ -277,15 +277,18 @@ pub fn kc_for(t: &Target, elem: ElemType, mr: usize, nr: usize) -> usize {
 
 /// The depth of the K blocks of a weight whose A is a convolution's overlapping
 /// taps, `row` deep per kernel row (`kw · C`): whole kernel rows, as many as keep
-/// the block's `nr`-wide B panel within an eighth of L2, at least one. A direct
-/// tile then sums its kernel rows in registers in one call per block instead of
-/// cutting them at the L1 depth (ResNet-50's 3×3 layers, `bench-matmul --conv
-/// --kc`: 2-11% faster than blocks 256 deep; a whole 2304-deep K, its panel
-/// 295 KB, was slower again).
-pub fn taps_kc(t: &Target, elem: ElemType, nr: usize, row: usize, k: usize) -> usize {
+/// the block's `nr`-wide B panel within an eighth of L2. A direct tile then sums
+/// its kernel rows in registers in one call per block instead of cutting them at
+/// the L1 depth (ResNet-50's 3×3 layers of 64-256 channels, `bench-matmul --conv
+/// --kc`: 2-5% faster than blocks 256 deep; a whole 2304-deep K, its panel
+/// 295 KB, was slower again). `None` when one row overflows the budget: ResNet-50's
+/// 512-channel layers (rows 1536 deep) ran 12-15% slower in the model at 224 in
+/// blocks of a row (their packed schedules re-read a 196 KB B panel from L2 for
+/// every row tile), and level at 288 with the direct ones.
+pub fn taps_kc(t: &Target, elem: ElemType, nr: usize, row: usize, k: usize) -> Option<usize> {
     let row = row.max(1);
     let budget = t.l2 / 8 / (nr.max(1) * elem.bytes());
-    ((budget / row).max(1) * row).min(k.max(1))
+    (row <= budget).then(|| ((budget / row) * row).min(k.max(1)))
 }
 
 /// The block for an `extent` cut in blocks of about `block`: blocks of equal size

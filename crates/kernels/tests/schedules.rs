@@ -309,37 +309,48 @@ fn taps_read_once_are_charged_their_whole_fetch() {
 }
 
 /// A convolution weight's K blocks are whole kernel rows: as many as keep the
-/// block's B panel within an eighth of L2, at least one however deep a row, never
-/// deeper than K; and the dispatcher packs a conv weight so.
+/// block's B panel within an eighth of L2, never deeper than K, and none when one
+/// row is deeper than that (the weight keeps its plain blocks); the dispatcher
+/// packs a conv weight so.
 #[test]
 fn conv_weight_blocks_are_whole_kernel_rows() {
     use anyshape_kernels::schedule::taps_kc;
     let d = dispatcher(1);
     let t = d.target().clone();
+    let f32 = anyshape_kernels::ElemType::F32;
     for nr in [8, 16, 32, 48] {
         let budget = t.l2 / 8 / (nr * 4);
         for row in (1..3 * budget).step_by(37) {
             for rows in 1..=9 {
                 let k = row * rows;
-                let kc = taps_kc(&t, anyshape_kernels::ElemType::F32, nr, row, k);
-                let at = format!("NR {nr}, kernel rows {row} deep, K {k}: KC {kc}");
-                assert!(kc == k || kc.is_multiple_of(row), "{at} cuts a kernel row");
-                assert!(kc <= k && kc >= row.min(k), "{at}");
-                assert!(kc <= budget.max(row), "{at} overflows the budget");
-                assert!(kc == k || kc + row > budget, "{at} could hold one more row");
+                let at = format!("NR {nr}, kernel rows {row} deep, K {k}");
+                let Some(kc) = taps_kc(&t, f32, nr, row, k) else {
+                    assert!(row > budget, "{at}: no blocks");
+                    continue;
+                };
+                assert!(kc == k || kc.is_multiple_of(row), "{at}: KC {kc} cuts a kernel row");
+                assert!(kc <= k && kc >= row.min(k), "{at}: KC {kc}");
+                assert!(kc <= budget, "{at}: KC {kc} overflows the budget");
+                assert!(kc == k || kc + row > budget, "{at}: KC {kc} could hold one more row");
             }
         }
     }
-    // ResNet-50's 3x3 layers at 64 and 512 channels, 32 columns, 1 MiB of L2.
+    // ResNet-50's 3x3 layers, 32 columns, 1 MiB of L2: 64, 128 and 256 channels
+    // in whole rows, 512 not.
     let mib = anyshape_kernels::Target { l2: 1 << 20, ..t };
-    assert_eq!(taps_kc(&mib, anyshape_kernels::ElemType::F32, 32, 3 * 64, 9 * 64), 576);
-    assert_eq!(taps_kc(&mib, anyshape_kernels::ElemType::F32, 32, 3 * 128, 9 * 128), 768);
-    assert_eq!(taps_kc(&mib, anyshape_kernels::ElemType::F32, 32, 3 * 512, 9 * 512), 1536);
+    assert_eq!(taps_kc(&mib, f32, 32, 3 * 64, 9 * 64), Some(576));
+    assert_eq!(taps_kc(&mib, f32, 32, 3 * 128, 9 * 128), Some(768));
+    assert_eq!(taps_kc(&mib, f32, 32, 3 * 256, 9 * 256), Some(768));
+    assert_eq!(taps_kc(&mib, f32, 32, 3 * 512, 9 * 512), None);
     let w: Vec<f32> = (0..90 * 24).map(|i| i as f32).collect();
     let packed = d.pack_conv_weight(MatRef::row_major(&w, 90, 24).unwrap(), &[1, 64], 30).unwrap();
     assert_eq!(packed.kc % 30, 0);
+    let layout = BLayout::Packed { nr: packed.nr, kc: packed.kc };
+    assert_eq!(d.conv_weight_layout(90, 24, &[1, 64], 30).unwrap(), layout);
+    // Rows too deep for the blocks: the plain layout.
+    let deep = 2 * t.l2;
     assert_eq!(
-        d.conv_weight_layout(90, 24, &[1, 64], 30).unwrap(),
-        BLayout::Packed { nr: packed.nr, kc: packed.kc }
+        d.conv_weight_layout(2 * deep, 24, &[1, 64], deep).unwrap(),
+        d.weight_layout(2 * deep, 24, &[1, 64]).unwrap()
     );
 }
