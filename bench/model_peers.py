@@ -8,7 +8,10 @@
 Per system and shape: the first call and the median of --runs warm calls; the
 systems take turns (round 1: every system, round 2: every system, ...) and each
 keeps its best median, so that one slow phase of the machine does not decide a
-ratio. Systems (--systems, default every one that is available):
+ratio. A first call is one sample per round and the noisiest figure (a process's
+first call after its compile sometimes took 40% longer than its warm calls in one
+round and 5% in the next): the table gives the median of the rounds' first calls.
+Systems (--systems, default every one that is available):
 
   anyshape       `anyshape bench --json`, compiled once per round
   onnxruntime    CPU provider, all graph optimizations, intra-op threads = --threads
@@ -297,6 +300,7 @@ def main():
         print(f"({name} skipped: {why})", file=sys.stderr)
 
     best = {name: [None] * len(shapes) for name in runners}
+    firsts = {name: [[] for _ in shapes] for name in runners}
     for r in range(a.rounds):
         for name in list(runners):
             time.sleep(SETTLE_S)
@@ -311,10 +315,17 @@ def main():
             if len(results) != len(shapes):
                 raise RuntimeError(f"{name}: {len(results)} results for {len(shapes)} shapes")
             for i, res in enumerate(results):
+                if res.get("first_call_ms") is not None:
+                    firsts[name][i].append(res["first_call_ms"])
                 cur = best[name][i]
                 if cur is None or res["median_ms"] < cur["median_ms"]:
                     best[name][i] = res
 
+    # The best round's median, the rounds' median first call.
+    for name in best:
+        for i, res in enumerate(best[name]):
+            if res is not None and firsts[name][i]:
+                best[name][i] = dict(res, first_call_ms=statistics.median(firsts[name][i]))
     names = list(best)
     if not names:
         print("no system ran", file=sys.stderr)
