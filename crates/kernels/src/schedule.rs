@@ -428,18 +428,19 @@ fn direct_candidates(
         if pad > least_pad + PAD_SLACK {
             continue;
         }
-        // The heights up to the fastest (ties within 3% to the lower), and for a
-        // convolution every height: the tiles' rates are measured with B in L1,
-        // where a short tile is as fast as a tall one, but a convolution's weights
-        // live in L2 and a taller tile reads them less often per FMA (ResNet-50's
-        // 3×3 layers, `bench-matmul --conv`, in turns: 8x32 and 13x32 ran 3-5%
-        // ahead of the 4x32 the rule allowed). Plain products keep the rule: there
-        // the model ranks the tallest tiles above what they measure (BERT's
-        // 17×768×3072: 13x32 priced 3% under 8x32, measured 10% over it).
+        // Every height up to the tallest of the fastest (within 3%), and for a
+        // convolution every height: no direct height pads (the rows past the last
+        // full band are covered by the lower ones), and a taller tile reads B once
+        // for more rows. Ties went to the lowest before, and a 2-row tile measures
+        // at the peak with its B panel in L1: BERT-base's 384×768×768 then ran
+        // direct 2x48 only, 40% slower (`bench-matmul --exhaustive`) than the 4x48
+        // the model picks among the taller ones. A convolution's weights live in
+        // L2, where a taller tile reads them less often per FMA (ResNet-50's 3×3
+        // layers: 8x32 and 13x32 ran 3-5% ahead of 4x32).
         let top = of_width.iter().map(|v| v.gflops).fold(0.0, f64::max);
-        let fastest =
-            of_width.iter().filter(|v| v.gflops >= 0.97 * top).map(|v| v.kernel.mr).min().unwrap_or(1);
-        let tallest = if matches!(p.a, ALayout::Taps { .. }) { usize::MAX } else { fastest };
+        let tallest =
+            of_width.iter().filter(|v| v.gflops >= 0.97 * top).map(|v| v.kernel.mr).max().unwrap_or(1);
+        let tallest = if matches!(p.a, ALayout::Taps { .. }) { usize::MAX } else { tallest };
         for mr in of_width.iter().map(|v| v.kernel.mr).filter(|&h| h <= tallest) {
             let base = Blocking::for_target(t, ElemType::F32, mr, nr);
             let kc = match p.b {
