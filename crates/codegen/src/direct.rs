@@ -401,48 +401,37 @@ pub(crate) fn accumulator_sets(accs: usize, nv: usize, regs: usize) -> usize {
     sets
 }
 
-/// GFLOP/s of one direct kernel as a direct schedule runs it on one column
-/// panel: a block of A's rows (twice L1, so that it streams from L2, as a
-/// thread's block of rows does), one tile after another against one B panel of
-/// the schedule's block depth. Called again and again on one small A, the rates
-/// of a few heights came out far from their neighbours' in one pass and not in
-/// the next (on this project's Zen 5: direct 10x32 at 161 and 11x32 at 83
-/// GFLOP/s against 256-264 for 9x32 and 13x32; over a block of rows, 267 both).
+/// GFLOP/s of one direct kernel called repeatedly on operands that stay in L1: A
+/// with rows `kc` apart, B row-major `NR` wide (full tiles, so no lane is masked).
 pub fn time_direct_kernel(uk: &DirectKernel, t: &Target) -> f64 {
-    let (mr, nr) = (uk.mr.max(1), uk.nr);
-    let kc = kernels::schedule::kc_for(t, kernels::ElemType::F32, mr, nr);
-    let rows = (2 * t.l1d).div_ceil(kc * 4).max(4 * mr).div_ceil(mr) * mr;
-    let a = vec![0.5f32; rows * kc];
-    let b = vec![0.25f32; kc * nr];
-    let mut c = vec![0.0f32; rows * nr];
+    let kc = (t.l1d / 4 / ((uk.mr + uk.nr) * 4)).clamp(16, 512);
+    let a = vec![0.5f32; kc * uk.mr];
+    let b = vec![0.25f32; kc * uk.nr];
+    let mut c = vec![0.0f32; uk.mr * uk.nr];
     let call = |n: usize| {
         for _ in 0..n {
-            for tile in 0..rows / mr {
-                // SAFETY: A holds `rows` rows of `kc` (lda = kc), so the tile's MR rows
-                // from row `tile · MR` are inside it; B `kc` rows of NR (ldb = NR); C
-                // `rows` rows of NR (ldc = NR), the tile's inside it; ncols = NR: what
-                // the ABI lets the kernel touch.
-                unsafe {
-                    (uk.func)(
-                        kc as i64,
-                        a.as_ptr().add(tile * mr * kc),
-                        kc as i64,
-                        b.as_ptr(),
-                        nr as i64,
-                        c.as_mut_ptr().add(tile * mr * nr),
-                        nr as i64,
-                        nr as i64,
-                        kernels::ACCUMULATE,
-                        std::ptr::null(),
-                        std::ptr::null(),
-                        0,
-                        1,
-                        0,
-                        0,
-                    )
-                };
-            }
+            // SAFETY: A holds MR rows of `kc` (lda = kc), B `kc` rows of NR (ldb = NR), C a
+            // full MR × NR tile (ldc = NR), and ncols = NR: what the ABI lets the kernel touch.
+            unsafe {
+                (uk.func)(
+                    kc as i64,
+                    a.as_ptr(),
+                    kc as i64,
+                    b.as_ptr(),
+                    uk.nr as i64,
+                    c.as_mut_ptr(),
+                    uk.nr as i64,
+                    uk.nr as i64,
+                    kernels::ACCUMULATE,
+                    std::ptr::null(),
+                    std::ptr::null(),
+                    0,
+                    1,
+                    0,
+                    0,
+                )
+            };
         }
     };
-    crate::gflops_of_calls(2 * rows * nr * kc, call)
+    crate::gflops_of_calls(2 * uk.mr * uk.nr * kc, call)
 }

@@ -100,6 +100,13 @@ impl CostModel {
 /// each B panel stalls the micro-kernel). Fitted on the regret sweep in BENCHMARKS.md.
 const OVERLAP_LOSS: f64 = 0.5;
 
+/// What one direct kernel call costs beyond its tile's FMAs (the call, C's load
+/// and store, the loop's setup), which the measured rates (long runs of calls on
+/// one tile) leave out: without it, tiles of one width whose rates tie go to the
+/// lowest, which makes the most calls (BERT-base's 384×768×768 ran direct 2x48,
+/// its rate measured 0.1% over 4x48's, 40% slower than 4x48).
+const DIRECT_CALL_S: f64 = 20e-9;
+
 /// The rows and panels the threads of one group get, as `execute` splits them.
 fn split(len: usize, unit: usize, parts: usize, index: usize) -> usize {
     let per = len.div_ceil(unit).div_ceil(parts) * unit;
@@ -252,10 +259,10 @@ impl MachineModel {
                     let (mut left, mut band) = (rows, 0.0);
                     for h in kernels.iter().map(|v| v.kernel.mr) {
                         let count = left / h.max(1);
-                        band += count as f64 * tile(h);
+                        band += count as f64 * (tile(h) + DIRECT_CALL_S);
                         left -= count * h.max(1);
                     }
-                    band + if left > 0 { tile(left) } else { 0.0 }
+                    band + if left > 0 { tile(left) + DIRECT_CALL_S } else { 0.0 }
                 };
                 // A convolution's interior pixels are covered per output row, its
                 // edge pixels per column over the thread's output rows. A thread's

@@ -181,8 +181,10 @@ proptest! {
 }
 
 /// The bounds are what the fixed machine gives (worst of the twelve trees: mean
-/// 1.015 on the samples and 1.032 on held-out shapes, 90% and 77% of them
-/// within 5%), with a little room.
+/// 1.027 on the samples and 1.044 on held-out shapes, 87% and 72% of them
+/// within 5%; the worst single sample 2.205), with a little room. (With the
+/// model pricing each direct call, its picks vary more across shapes, and the
+/// trees of depth 8 follow them less closely than the 1.015 and 1.032 before.)
 #[test]
 fn tree_is_near_the_model_on_its_samples_and_held_out_shapes() {
     for threads in 1..=3 {
@@ -203,9 +205,9 @@ fn tree_is_near_the_model_on_its_samples_and_held_out_shapes() {
                 held.within_5pct
             );
             assert!(tree.depth() <= 8 && tree.leaves() <= 256);
-            assert!(train.mean <= 1.02 && train.within_5pct >= 0.88, "{train:?}");
-            assert!(held.mean <= 1.04 && held.within_5pct >= 0.72, "{held:?}");
-            assert!(train.max < 2.2 && held.max < 2.0, "{train:?} {held:?}");
+            assert!(train.mean <= 1.03 && train.within_5pct >= 0.86, "{train:?}");
+            assert!(held.mean <= 1.05 && held.within_5pct >= 0.70, "{held:?}");
+            assert!(train.max < 2.3 && held.max < 2.0, "{train:?} {held:?}");
         }
     }
 }
@@ -217,12 +219,22 @@ fn a_full_depth_tree_is_the_model_on_its_samples() {
         let samples = sweep(1..=17, 1..=9, 1..=24, &[1, 2], ALayout::RowMajor, BLayout::RowMajor);
         let options = TreeOptions { max_depth: 64, min_samples: 1, min_gain: 0.0 };
         let tree = d.distill(&samples, options).unwrap();
+        // The model's pick, or one it prices no higher: a leaf's schedule keeps its
+        // own sample's row block and cover height, and (from a wider sample) may be
+        // a tile the candidate generator left out for this one's padding, which the
+        // model prices for its work alone.
         for p in &samples {
             let (mine, model) = (tree.choose(p), d.choose(p).unwrap());
-            assert_eq!(mine, model, "{p:?}: {mine} against {model}");
+            let cost = |s: &Schedule| d.model().cost(d.machine(), d.family(), p, s);
+            let (c_mine, c_model) = (cost(&mine), cost(&model));
+            assert!(
+                mine == model || c_mine <= c_model * (1.0 + 1e-12),
+                "{p:?}: {mine} ({c_mine:e} s) against {model} ({c_model:e} s)"
+            );
         }
         let regret = tree.predicted_regret(&d, &samples).unwrap();
-        assert_eq!((regret.mean, regret.max, regret.within_5pct), (1.0, 1.0, 1.0));
+        assert!(regret.mean <= 1.0 + 1e-12 && regret.max <= 1.0 + 1e-12, "{regret:?}");
+        assert_eq!(regret.within_5pct, 1.0);
     }
 }
 
