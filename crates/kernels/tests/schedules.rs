@@ -354,3 +354,34 @@ fn conv_weight_blocks_are_whole_kernel_rows() {
         d.weight_layout(2 * deep, 24, &[1, 64]).unwrap()
     );
 }
+
+/// The rows past the last full band, under a cover height, are a row block of
+/// their own and so one more pass over B: with a B far larger than L2, one row
+/// more under a cover costs more than a whole band more without one (the model
+/// counted the cover's rows in the first block, and picked 4x48+1x48 for
+/// BERT-base's 17×3072×768, which read the weight twice).
+#[test]
+fn a_cover_block_is_one_more_pass_over_b() {
+    use anyshape_kernels::{Blocking, LoopOrder, Schedule, ThreadGrid};
+    let d = dispatcher(1);
+    let (n, k) = (512, 384);
+    let layout = BLayout::Packed { nr: 8, kc: 16 };
+    let problem = |m| Problem { batch: 1, m, n, k, a: ALayout::RowMajor, b: layout };
+    let schedule = |cover_mr| Schedule {
+        mr: 3,
+        nr: 8,
+        cover_mr,
+        blocking: Blocking { kc: 16, mc: 300, nc: 512 },
+        order: LoopOrder::KOuter,
+        grid: ThreadGrid::SINGLE,
+        operands: Operands::Packed,
+    };
+    let cost = |m, s: &Schedule| d.model().cost(d.machine(), d.family(), &problem(m), s);
+    let (bands, one_more_row, one_more_band) =
+        (cost(12, &schedule(None)), cost(13, &schedule(Some(1))), cost(15, &schedule(None)));
+    assert!(one_more_band > bands, "{bands} {one_more_band}");
+    assert!(
+        one_more_row - bands > one_more_band - bands,
+        "a cover row {one_more_row} against a band {one_more_band} over {bands}"
+    );
+}

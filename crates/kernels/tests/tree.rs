@@ -182,7 +182,7 @@ proptest! {
 
 /// The bounds are what the fixed machine gives (worst of the twelve trees: mean
 /// 1.027 on the samples and 1.044 on held-out shapes, 87% and 72% of them
-/// within 5%; the worst single sample 2.205), with a little room. (With the
+/// within 5%; the worst single sample 2.399), with a little room. (With the
 /// model pricing each direct call, its picks vary more across shapes, and the
 /// trees of depth 8 follow them less closely than the 1.015 and 1.032 before.)
 #[test]
@@ -207,7 +207,7 @@ fn tree_is_near_the_model_on_its_samples_and_held_out_shapes() {
             assert!(tree.depth() <= 8 && tree.leaves() <= 256);
             assert!(train.mean <= 1.03 && train.within_5pct >= 0.86, "{train:?}");
             assert!(held.mean <= 1.05 && held.within_5pct >= 0.70, "{held:?}");
-            assert!(train.max < 2.3 && held.max < 2.0, "{train:?} {held:?}");
+            assert!(train.max < 2.5 && held.max < 2.0, "{train:?} {held:?}");
         }
     }
 }
