@@ -104,7 +104,7 @@ const OVERLAP_LOSS: f64 = 0.5;
 /// and store, the loop's setup), which the measured rates (long runs of calls on
 /// one tile) leave out: without it, tiles of one width whose rates tie go to the
 /// lowest, which makes the most calls (BERT-base's 384×768×768 ran direct 2x48,
-/// its rate measured 0.1% over 4x48's, 40% slower than 4x48).
+/// its rate measured 0.1% over direct 4x48's, 40-50% slower than 4x48).
 const DIRECT_CALL_S: f64 = 20e-9;
 
 /// The rows and panels the threads of one group get, as `execute` splits them.

@@ -432,9 +432,9 @@ fn direct_candidates(
         // convolution every height: no direct height pads (the rows past the last
         // full band are covered by the lower ones), and a taller tile reads B once
         // for more rows. Ties went to the lowest before, and a 2-row tile measures
-        // at the peak with its B panel in L1: BERT-base's 384×768×768 then ran
-        // direct 2x48 only, 40% slower (`bench-matmul --exhaustive`) than the 4x48
-        // the model picks among the taller ones. A convolution's weights live in
+        // at the peak with its B panel in L1: BERT-base's 384×768×768 could then
+        // take direct heights 2 and 1 only, and ran direct 2x48, 40-50% slower
+        // (`bench-matmul --exhaustive`) than 4x48. A convolution's weights live in
         // L2, where a taller tile reads them less often per FMA (ResNet-50's 3×3
         // layers: 8x32 and 13x32 ran 3-5% ahead of 4x32).
         let top = of_width.iter().map(|v| v.gflops).fold(0.0, f64::max);
