@@ -347,10 +347,10 @@ fn bench_shape(
                 kc.unwrap_or_else(|| kernels::schedule::kc_for(d.target(), elem, mr, nr)),
                 elem,
             ),
-            (None, Some(kc)) => {
-                let nr = d.pack_weight(bv, &args.pack_for)?.nr;
-                PackedB::of_elem(bv, nr, kc, elem)
-            }
+            (None, Some(kc)) => match d.weight_layout(k, n, &args.pack_for)? {
+                BLayout::Packed { nr, .. } => PackedB::of_elem(bv, nr, kc, elem),
+                other => return Err(UserError(format!("no packed layout for the weight: {other:?}")).into()),
+            },
             (None, None) => d.pack_weight(bv, &args.pack_for)?,
         });
     }

@@ -248,8 +248,7 @@ impl MachineModel {
         let total = p.batch as f64 * (a_first + (p.k * p.n + p.m * p.n) as f64) * f;
         let src = self.level_bw(total, g.threads().max(1) as f64);
         let mut slowest: f64 = 0.0;
-        // A convolution's pixels are split evenly (see `execute`).
-        let unit = if matches!(p.a, ALayout::Taps { .. }) { 1 } else { mr };
+        let unit = crate::gemm::row_split_unit(matches!(p.a, ALayout::Taps { .. }), mr);
         for lr in 0..g.rows {
             let rows = split(p.m, unit, g.rows, lr);
             for lc in 0..g.cols {

@@ -225,7 +225,7 @@ fn direct_block(
                     prefetch_rows(a, row + kern.mr..(row + 2 * kern.mr).min(rows.end), pc, kc);
                 }
                 for line in lines.by_ref().take(per_tile) {
-                    prefetch_l2(line.as_ptr());
+                    crate::prefetch::to_l2(line.as_ptr());
                 }
                 let ap = a.data[row * a.rs + pc..].as_ptr();
                 let (res, ldr) = match ep.residual {
@@ -264,34 +264,15 @@ fn direct_block(
     }
 }
 
-/// Ask for the cache line at `at` to be brought into L2.
-fn prefetch_l2(at: *const u32) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch only hints the cache and never faults.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(at.cast::<i8>())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = at;
-}
-
 /// Ask for A's rows `rows` at depths `pc..pc + kc` to be brought into L1, one
 /// cache line at a time.
 fn prefetch_rows(a: &MatRef, rows: std::ops::Range<usize>, pc: usize, kc: usize) {
-    #[cfg(target_arch = "x86_64")]
     for r in rows {
         let Some(run) = a.data.get(r * a.rs + pc..r * a.rs + pc + kc) else { return };
         for line in run.iter().step_by(16) {
-            // SAFETY: a prefetch only hints the cache; `line` is inside `a.data`.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    (line as *const f32).cast::<i8>(),
-                )
-            };
+            crate::prefetch::to_l1(line);
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (a, rows, pc, kc);
 }
 
 /// Whether direct kernels can read this convolution's taps where they lie

@@ -286,7 +286,12 @@ impl Dispatcher {
     /// best over `rows` (the row counts the weight will meet, e.g. a geometric
     /// sweep of the symbol's range).
     pub fn pack_weight(&self, b: MatRef, rows: &[usize]) -> Result<PackedB, KernelError> {
-        match self.weight_layout(b.rows, b.cols, rows)? {
+        self.pack_in(b, self.weight_layout(b.rows, b.cols, rows)?)
+    }
+
+    /// `b` packed in `layout` (a [`BLayout::Packed`] from this dispatcher).
+    fn pack_in(&self, b: MatRef, layout: BLayout) -> Result<PackedB, KernelError> {
+        match layout {
             BLayout::Packed { nr, kc } => Ok(PackedB::of_elem(b, nr, kc, self.family.elem())),
             _ => Err(KernelError::Shape("an empty kernel family".into())),
         }
@@ -297,10 +302,7 @@ impl Dispatcher {
     /// picks, in K blocks of whole kernel rows ([`crate::schedule::taps_kc`]) where a
     /// row is not too deep for them, else in that layout's own blocks.
     pub fn pack_conv_weight(&self, b: MatRef, rows: &[usize], row: usize) -> Result<PackedB, KernelError> {
-        match self.conv_weight_layout(b.rows, b.cols, rows, row)? {
-            BLayout::Packed { nr, kc } => Ok(PackedB::of_elem(b, nr, kc, self.family.elem())),
-            _ => Err(KernelError::Shape("an empty kernel family".into())),
-        }
+        self.pack_in(b, self.conv_weight_layout(b.rows, b.cols, rows, row)?)
     }
 
     /// The layout [`Dispatcher::pack_conv_weight`] packs a `k × n` weight in.

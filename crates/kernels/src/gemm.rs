@@ -546,14 +546,7 @@ fn run_plan(
             let mine = &work[first..first + per + usize::from(group < extra)];
             for &(e, cptr, ldc) in mine {
                 let (m, n) = (a[e].rows, b[e].dims().1);
-                // Threads split rows in whole register tiles, but a convolution's
-                // direct tiles follow its output rows, not bands of MR pixels: they
-                // split its pixels evenly (ResNet-50's 18×18 layers: 162 and 162
-                // pixels, not 168 and 156).
-                let unit = match plan {
-                    Plan::Direct(_) if a[e].is_taps() => 1,
-                    _ => mr,
-                };
+                let unit = row_split_unit(matches!(plan, Plan::Direct(_)) && a[e].is_taps(), mr);
                 let per = m.div_ceil(unit).div_ceil(grid.rows) * unit;
                 let rows = (lr * per).min(m)..((lr + 1) * per).min(m);
                 let panels = n.div_ceil(nr);
@@ -574,6 +567,18 @@ fn run_plan(
         _ => thread(0),
     }
     Ok(())
+}
+
+/// The unit in which threads split rows: whole register tiles, but a convolution
+/// read by direct tiles (which follow its output rows, not bands of MR pixels)
+/// split evenly by pixels (ResNet-50's 18×18 layers: 162 and 162 pixels, not 168
+/// and 156). The cost model prices the same split.
+pub(crate) fn row_split_unit(direct_taps: bool, mr: usize) -> usize {
+    if direct_taps {
+        1
+    } else {
+        mr
+    }
 }
 
 /// A packed plan's kernels and blocks must fit each other.

@@ -24,6 +24,7 @@ pub mod image;
 pub mod pack;
 mod pointwise;
 mod pool;
+mod prefetch;
 pub mod schedule;
 pub mod taps;
 mod target;

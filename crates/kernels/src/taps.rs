@@ -574,30 +574,20 @@ impl Group {
 /// `pixels` apart: the next run along the output row, or the next stretch of the
 /// column) to be brought into cache.
 fn prefetch_next_tile(t: &ConvTaps, panel: &Panel, mr: usize, r: usize, shape: TileShape, pixels: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let total = t.batch * t.out[0] * t.out[1];
-        let next = match shape {
-            TileShape::Pixel => return,
-            _ => r + mr * pixels,
-        };
-        for i in 0..mr {
-            let row = next + i * pixels;
-            if row >= total {
-                break;
-            }
-            let at = panel.c.get().wrapping_add(row * panel.ldc + panel.col);
-            for j in (0..panel.ncols).step_by(16) {
-                // SAFETY: a prefetch only hints the cache and never faults; the
-                // address (computed without `add`'s in-bounds promise) is C's own.
-                unsafe {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                        at.wrapping_add(j).cast::<i8>(),
-                    )
-                };
-            }
+    let total = t.batch * t.out[0] * t.out[1];
+    let next = match shape {
+        TileShape::Pixel => return,
+        _ => r + mr * pixels,
+    };
+    for i in 0..mr {
+        let row = next + i * pixels;
+        if row >= total {
+            break;
+        }
+        // Computed without `add`'s in-bounds promise: C's own lines, only hinted.
+        let at = panel.c.get().wrapping_add(row * panel.ldc + panel.col);
+        for j in (0..panel.ncols).step_by(16) {
+            crate::prefetch::to_l1(at.wrapping_add(j));
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (t, panel, mr, r, shape, pixels);
 }
