@@ -62,6 +62,7 @@ pub fn family() -> Vec<GemmKernel> {
             out.extend(candidates::family(elem, b, Epilogue::NONE));
         }
         out.extend(candidates::wgmma_family(elem, Epilogue::NONE));
+        out.extend(candidates::tma_family(elem, Epilogue::NONE));
         out.extend(candidates::split_k_family(elem));
     }
     for epilogue in EPILOGUES {
@@ -72,6 +73,11 @@ pub fn family() -> Vec<GemmKernel> {
         }
         for k in candidates::wgmma_family(Elem::Bf16, epilogue) {
             if (k.bm, k.bn) == (128, 128) {
+                out.push(k);
+            }
+        }
+        for k in candidates::tma_family(Elem::Bf16, epilogue) {
+            if matches!((k.bm, k.bn), (128, 128) | (128, 256)) {
                 out.push(k);
             }
         }

@@ -17,12 +17,19 @@
 //! 128-byte-swizzled tiles that `wgmma.mma_async` reads through shared-memory
 //! descriptors; each warpgroup issues four `m64n{bn}k16` products a step in one asm
 //! statement, and with `overlap` leaves one group in flight while the next step's
-//! copies and products are issued. Split-K kernels (either family) run a share of
-//! K's steps per `z` block and store f32 partial sums; a reduction kernel sums the
-//! shares and applies the epilogue. Blocks are rasterized in groups of tile rows
+//! copies and products are issued. The warp-specialized TMA kernel (sm_90a) splits
+//! the block: a producer warpgroup, one thread of which streams each stage's tiles
+//! with `cp.async.bulk.tensor` (the tensor maps, kernel parameters, zero-fill past
+//! the operands) and mbarriers that count the bytes landed and the consumers done;
+//! one or two consumer warpgroups that wait on those barriers, keep a group of
+//! products in flight, and store C through shared memory in 16-byte chunks; with
+//! two consumers `setmaxnreg` moves the producer's registers to them. Split-K
+//! kernels (any family) run a share of K's steps per `z` block and store f32
+//! partial sums; a reduction kernel sums the shares and applies the epilogue. Blocks are rasterized in groups of tile rows
 //! for L2 reuse.
 
 use crate::{llvm, CodegenError};
+use gpu::kernel::TMA_PRODUCER_THREADS;
 use gpu::{Arch, BLayout, Elem, Epilogue, Gelu, GemmKernel, ReduceKernel};
 use inkwell::context::Context;
 use inkwell::memory_buffer::MemoryBuffer;
@@ -94,6 +101,8 @@ struct Ix {
     /// The block's K steps (a split-K block's share), from step `k_first`.
     kt_n: String,
     k_first: String,
+    /// The batch entry (TMA's third coordinate; 0 for a split-K block).
+    batch: String,
 }
 
 /// One thread's 16-byte copy of a stage: the global pointer at K step 0, the
@@ -194,6 +203,7 @@ pub fn reduce_ir(r: &ReduceKernel) -> String {
         false,
         "ptr addrspace(1) readonly %W, ptr addrspace(1) %C, ptr addrspace(1) readonly %bias, \
          ptr addrspace(1) readonly %res, i32 %M, i32 %N, i32 %ldc, i32 %splits, i64 %sw",
+        &[],
     )
 }
 
@@ -259,8 +269,16 @@ impl Ir {
 
     /// The module around the body of kernel `name`: the target, the dynamic shared
     /// memory (with `shared`), the signature `params`, the declarations and the
-    /// annotations (`threads` a block at most).
-    fn module(self, name: &str, threads: usize, about: &str, shared: bool, params: &str) -> String {
+    /// annotations: `threads` a block at most, and `extra` ones (`!"name", value`).
+    fn module(
+        self,
+        name: &str,
+        threads: usize,
+        about: &str,
+        shared: bool,
+        params: &str,
+        extra: &[String],
+    ) -> String {
         let mut m = String::new();
         let _ = writeln!(m, "; {name}: {threads} threads, {about}");
         let _ = writeln!(m, "target datalayout = \"e-i64:64-i128:128-v16:16-v32:32-n16:32:64\"");
@@ -274,9 +292,13 @@ impl Ir {
         m.push_str(&self.body);
         m.push_str("}\n\n");
         m.push_str(DECLS);
-        let _ = writeln!(m, "\n!nvvm.annotations = !{{!0, !1}}");
+        let nodes: Vec<String> = (0..2 + extra.len()).map(|i| format!("!{i}")).collect();
+        let _ = writeln!(m, "\n!nvvm.annotations = !{{{}}}", nodes.join(", "));
         let _ = writeln!(m, "!0 = !{{ptr @{name}, !\"kernel\", i32 1}}");
         let _ = writeln!(m, "!1 = !{{ptr @{name}, !\"maxntidx\", i32 {threads}}}");
+        for (i, a) in extra.iter().enumerate() {
+            let _ = writeln!(m, "!{} = !{{ptr @{name}, {a}}}", i + 2);
+        }
         m
     }
 
@@ -392,7 +414,10 @@ impl Gen {
     /// that a wave's operands stay in L2 when a whole row of tiles would not.
     fn indices(&mut self) -> Ix {
         let k = self.k;
-        let tid = self.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
+        let raw = self.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
+        // A TMA kernel's consumers count from 0 after the producer warpgroup (whose
+        // threads get negative indices).
+        let tid = if k.tma { self.v(format!("sub i32 {raw}, {TMA_PRODUCER_THREADS}")) } else { raw };
         let bx = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
         let by = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.y()");
         let bz = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.z()");
@@ -440,6 +465,7 @@ impl Gen {
                 r_base: None,
                 kt_n,
                 k_first,
+                batch: "0".into(),
             };
         }
         let oa = self.v(format!("mul i64 {bz64}, %sa"));
@@ -452,7 +478,20 @@ impl Gen {
             .epilogue
             .residual
             .then(|| self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %res, i64 {oc}")));
-        Ix { tid, warp, lane, m0, n0, a_base, b_base, c_base, r_base, kt_n: steps, k_first: "0".into() }
+        Ix {
+            tid,
+            warp,
+            lane,
+            m0,
+            n0,
+            a_base,
+            b_base,
+            c_base,
+            r_base,
+            kt_n: steps,
+            k_first: "0".into(),
+            batch: bz,
+        }
     }
 
     /// Each thread's share of a stage's 16-byte copies: A's `bm × bk` tile and B's
@@ -647,6 +686,17 @@ impl Gen {
     fn generate(mut self) -> String {
         let k = self.k;
         let ix = self.indices();
+        if k.tma {
+            let frags = self.tma_pipeline(&ix);
+            // Split-K shares (f32) and residual epilogues (whose per-element loads
+            // beside 128 live accumulators spill) store straight from the fragments.
+            if k.split_k || k.epilogue.residual {
+                self.epilogue(&ix, &frags);
+            } else {
+                self.staged_epilogue(&ix, &frags);
+            }
+            return self.finish();
+        }
         let copies = self.copies(&ix);
         let frags = match k.arch {
             Arch::Sm80 => self.mma_loop(&ix, &copies),
@@ -804,7 +854,6 @@ impl Gen {
     /// at the step's top has seen every warpgroup finish.
     fn wgmma_loop(&mut self, ix: &Ix, copies: &(Vec<Copy>, Vec<Copy>)) -> Vec<Frag> {
         let k = self.k;
-        let (a_bytes, _) = k.stage_bytes();
         let wg = self.v(format!("lshr i32 {}, 7", ix.tid));
         let wg_a = self.v(format!("mul i32 {wg}, {}", 64 * 128));
         let smem0 = self.v("ptrtoint ptr addrspace(3) @smem to i32");
@@ -817,6 +866,171 @@ impl Gen {
         let acc_names: Vec<String> = (0..accs).map(|i| format!("%acc{i}")).collect();
         let base = self.loop_head(ix, copies, ahead, true);
         let at = self.v(format!("add i32 {smem0}, {base}"));
+        let cur = self.wgmma_products(&at, &wg_a, &acc_names, usize::from(k.overlap));
+        let kt1 = self.v("add i32 %kt, 1");
+        let again = self.v(format!("icmp slt i32 {kt1}, {}", ix.kt_n));
+        self.emit(format!("br i1 {again}, label %loop, label %epilogue"));
+        self.close_loop(head, &pre, &kt1, "loop.mma", &acc_names, &cur);
+        self.block("epilogue");
+        self.wgmma_frags(ix, cur, k.overlap)
+    }
+
+    /// The warp-specialized TMA pipeline. Thread 0 sets up the barriers: per stage a
+    /// `full` one (one arrival, the producer's, plus the stage's bytes) and an
+    /// `empty` one (one arrival per consumer warp). The producer warpgroup (threads
+    /// 0-127; with two consumers it first gives back registers) has one thread issue,
+    /// per K step, a wait for the stage's `empty` phase, the byte count, and A's and
+    /// B's tiles as two TMA copies that complete on `full`. The consumers (the rest,
+    /// counted from 0 in `ix`) wait for `full`, issue the step's products, keep one
+    /// group in flight and release the previous step's stage. Phases alternate per
+    /// round of the stages: round r waits for parity r mod 2 on `full` and, on
+    /// `empty`, for the opposite (the first round's wait passes at once).
+    fn tma_pipeline(&mut self, ix: &Ix) -> Vec<Frag> {
+        let k = self.k;
+        let s = k.stages;
+        let (a_bytes, b_bytes) = k.stage_bytes();
+        let consumers = k.warpgroups();
+        let smem0 = self.v("ptrtoint ptr addrspace(3) @smem to i32");
+        let bars = self.v(format!("add i32 {smem0}, {}", s * (a_bytes + b_bytes)));
+        let first = self.v(format!("icmp eq i32 {}, -{TMA_PRODUCER_THREADS}", ix.tid));
+        self.emit(format!("br i1 {first}, label %init, label %role"));
+        self.block("init");
+        for i in 0..s {
+            let full = self.v(format!("add i32 {bars}, {}", 8 * i));
+            let empty = self.v(format!("add i32 {bars}, {}", 8 * (s + i)));
+            for (bar, count) in [(full, 1), (empty, 4 * consumers)] {
+                self.emit(format!(
+                    "call void asm sideeffect \"mbarrier.init.shared::cta.b64 [$0], $1;\", \"r,r,~{{memory}}\"(i32 {bar}, i32 {count})"
+                ));
+            }
+        }
+        // The barriers' initial state made visible to the copies' completions.
+        self.emit("call void asm sideeffect \"fence.mbarrier_init.release.cluster;\", \"~{memory}\"()");
+        self.emit("br label %role");
+        self.block("role");
+        self.emit("call void @llvm.nvvm.barrier0()");
+        let producer = self.v(format!("icmp slt i32 {}, 0", ix.tid));
+        self.emit(format!("br i1 {producer}, label %producer, label %consumer"));
+
+        self.block("producer");
+        if let Some((regs, _)) = k.register_split() {
+            self.emit(format!(
+                "call void asm sideeffect \"setmaxnreg.dec.sync.aligned.u32 {regs};\", \"~{{memory}}\"()"
+            ));
+        }
+        self.emit(format!("br i1 {first}, label %produce.pre, label %done"));
+        self.block("produce.pre");
+        for tm in ["%tmA", "%tmB"] {
+            self.emit(format!(
+                "call void asm sideeffect \"prefetch.tensormap [$0];\", \"l,~{{memory}}\"(ptr {tm})"
+            ));
+        }
+        self.emit("br label %produce");
+        self.block("produce");
+        let head = self.body.len();
+        let (slot, round) = self.stage_of("%pk");
+        let odd = self.v(format!("and i32 {round}, 1"));
+        let parity = self.v(format!("xor i32 {odd}, 1"));
+        let empty = self.barrier(&bars, &slot, s);
+        self.wait_barrier(&empty, &parity);
+        let full = self.barrier(&bars, &slot, 0);
+        self.emit(format!(
+            "call void asm sideeffect \"mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;\", \"r,r,~{{memory}}\"(i32 {full}, i32 {})",
+            a_bytes + b_bytes
+        ));
+        let step = self.v(format!("add i32 %pk, {}", ix.k_first));
+        let kc = self.v(format!("mul i32 {step}, {}", k.bk()));
+        let off = self.v(format!("mul i32 {slot}, {}", a_bytes + b_bytes));
+        let dst_a = self.v(format!("add i32 {smem0}, {off}"));
+        let dst_b = self.v(format!("add i32 {dst_a}, {a_bytes}"));
+        for (dst, tm, row) in [(&dst_a, "%tmA", &ix.m0), (&dst_b, "%tmB", &ix.n0)] {
+            self.emit(format!(
+                "call void asm sideeffect \"cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [$0], [$1, {{$2, $3, $4}}], [$5];\", \"r,l,r,r,r,r,~{{memory}}\"(i32 {dst}, ptr {tm}, i32 {kc}, i32 {row}, i32 {}, i32 {full})",
+                ix.batch
+            ));
+        }
+        let pk1 = self.v("add i32 %pk, 1");
+        let more = self.v(format!("icmp slt i32 {pk1}, {}", ix.kt_n));
+        self.emit(format!("br i1 {more}, label %produce, label %done"));
+        self.body.insert_str(head, &format!("  %pk = phi i32 [ 0, %produce.pre ], [ {pk1}, %produce ]\n"));
+        self.block("done");
+        self.emit("ret void");
+
+        self.block("consumer");
+        if let Some((_, regs)) = k.register_split() {
+            self.emit(format!(
+                "call void asm sideeffect \"setmaxnreg.inc.sync.aligned.u32 {regs};\", \"~{{memory}}\"()"
+            ));
+        }
+        let wg = self.v(format!("lshr i32 {}, 7", ix.tid));
+        let wg_a = self.v(format!("mul i32 {wg}, {}", 64 * 128));
+        let lane0 = self.v(format!("icmp eq i32 {}, 0", ix.lane));
+        self.emit("br label %loop");
+        self.block("loop");
+        let head = self.body.len();
+        let acc_names: Vec<String> = (0..k.accumulators()).map(|i| format!("%acc{i}")).collect();
+        let (slot, round) = self.stage_of("%kt");
+        let parity = self.v(format!("and i32 {round}, 1"));
+        let full = self.barrier(&bars, &slot, 0);
+        self.wait_barrier(&full, &parity);
+        let off = self.v(format!("mul i32 {slot}, {}", a_bytes + b_bytes));
+        let at = self.v(format!("add i32 {smem0}, {off}"));
+        let cur = self.wgmma_products(&at, &wg_a, &acc_names, 1);
+        // The previous step's products are complete: its stage goes back to the producer.
+        let prev = self.v(format!("add i32 %kt, {}", s - 1));
+        let (pslot, _) = self.stage_of(&prev);
+        let released = self.barrier(&bars, &pslot, s);
+        let later = self.v("icmp ne i32 %kt, 0");
+        let arrive = self.v(format!("and i1 {later}, {lane0}"));
+        let arrive32 = self.v(format!("zext i1 {arrive} to i32"));
+        self.emit(format!(
+            "call void asm sideeffect \"{{\\0A.reg .pred p;\\0Asetp.ne.b32 p, $0, 0;\\0A@p mbarrier.arrive.shared::cta.b64 _, [$1];\\0A}}\", \"r,r,~{{memory}}\"(i32 {arrive32}, i32 {released})"
+        ));
+        let kt1 = self.v("add i32 %kt, 1");
+        let again = self.v(format!("icmp slt i32 {kt1}, {}", ix.kt_n));
+        self.emit(format!("br i1 {again}, label %loop, label %epilogue"));
+        self.close_loop(head, "consumer", &kt1, "loop", &acc_names, &cur);
+        self.block("epilogue");
+        self.wgmma_frags(ix, cur, true)
+    }
+
+    /// Step `kt`'s stage (`kt mod stages`) and round (`kt / stages`).
+    fn stage_of(&mut self, kt: &str) -> (String, String) {
+        let s = self.k.stages;
+        if s.is_power_of_two() {
+            let slot = self.v(format!("and i32 {kt}, {}", s - 1));
+            let round = self.v(format!("lshr i32 {kt}, {}", s.trailing_zeros()));
+            (slot, round)
+        } else {
+            let slot = self.v(format!("urem i32 {kt}, {s}"));
+            let round = self.v(format!("udiv i32 {kt}, {s}"));
+            (slot, round)
+        }
+    }
+
+    /// The shared address of barrier `first + slot` (full ones from 0, empty ones
+    /// from `stages`).
+    fn barrier(&mut self, bars: &str, slot: &str, first: usize) -> String {
+        let at = self.v(format!("add i32 {slot}, {first}"));
+        let off = self.v(format!("shl i32 {at}, 3"));
+        self.v(format!("add i32 {bars}, {off}"))
+    }
+
+    /// Spins until the barrier at `bar` has completed the phase of parity `parity`.
+    fn wait_barrier(&mut self, bar: &str, parity: &str) {
+        self.emit(format!(
+            "call void asm sideeffect \"{{\\0A.reg .pred done;\\0Await${{:uid}}:\\0Ambarrier.try_wait.parity.shared::cta.b64 done, [$0], $1;\\0A@!done bra wait${{:uid}};\\0A}}\", \"r,r,~{{memory}}\"(i32 {bar}, i32 {parity})"
+        ));
+    }
+
+    /// One 64-wide K step of a warpgroup's products: four `m64n{bn}k16` wgmma
+    /// instructions on the stage at shared address `at` (the warpgroup's A rows at
+    /// `wg_a` bytes in), issued in one asm statement (nothing may touch the
+    /// accumulators between them), committed as a group, then waited for until
+    /// `in_flight` groups remain. Returns the accumulators' new values.
+    fn wgmma_products(&mut self, at: &str, wg_a: &str, acc: &[String], in_flight: usize) -> Vec<String> {
+        let k = self.k;
+        let (a_bytes, _) = k.stage_bytes();
         let a_at = self.v(format!("add i32 {at}, {wg_a}"));
         let b_at = self.v(format!("add i32 {at}, {a_bytes}"));
         let desc = |g: &mut Gen, addr: &str, step: usize| -> String {
@@ -833,7 +1047,7 @@ impl Gen {
             descs.push(format!("i64 {da}"));
             descs.push(format!("i64 {db}"));
         }
-        let nacc = accs;
+        let nacc = acc.len();
         let d_list = (0..nacc).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
         let ty = match k.elem {
             Elem::Bf16 => "bf16",
@@ -850,7 +1064,6 @@ impl Gen {
                 nacc + 2 * step + 1
             ));
         }
-        let in_flight = usize::from(k.overlap);
         text.push_str(&format!(
             "wgmma.commit_group.sync.aligned;\\0Awgmma.wait_group.sync.aligned {in_flight};\\0A}}"
         ));
@@ -862,24 +1075,26 @@ impl Gen {
             .iter()
             .cloned()
             .chain(std::iter::once("i32 1".to_string()))
-            .chain(acc_names.iter().map(|a| format!("float {a}")))
+            .chain(acc.iter().map(|a| format!("float {a}")))
             .collect();
         let r = self.v(format!(
             "call {sty} asm sideeffect \"{text}\", \"{outs},{ins},r,{tied},~{{memory}}\"({})",
             args.join(", ")
         ));
-        let cur: Vec<String> = (0..nacc).map(|i| self.v(format!("extractvalue {sty} {r}, {i}"))).collect();
-        let kt1 = self.v("add i32 %kt, 1");
-        let again = self.v(format!("icmp slt i32 {kt1}, {}", ix.kt_n));
-        self.emit(format!("br i1 {again}, label %loop, label %epilogue"));
-        self.close_loop(head, &pre, &kt1, "loop.mma", &acc_names, &cur);
+        (0..nacc).map(|i| self.v(format!("extractvalue {sty} {r}, {i}"))).collect()
+    }
 
-        // A warpgroup's accumulators: warp w of the group holds rows 16w..16w+15 of its
-        // 64, as m16n8 fragments along N (the mma.sync layout, one per 8 columns).
-        self.block("epilogue");
-        let cur = if k.overlap {
+    /// A warpgroup's accumulators after its loop (a group still in flight with
+    /// `in_flight`, waited for here) as m16n8 fragments: warp w of the group holds
+    /// rows 16w..16w+15 of its 64, one fragment per 8 columns (the mma.sync layout).
+    fn wgmma_frags(&mut self, ix: &Ix, cur: Vec<String>, in_flight: bool) -> Vec<Frag> {
+        let k = self.k;
+        let nacc = cur.len();
+        let sty = format!("{{{}}}", vec!["float"; nacc].join(", "));
+        let cur = if in_flight {
             // The group in flight, waited for: the accumulators pass through the
             // wait as tied operands, so that nothing reads them before it.
+            let outs = vec!["=f"; nacc].join(",");
             let tied = (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
             let args = cur.iter().map(|a| format!("float {a}")).collect::<Vec<_>>().join(", ");
             let w = self.v(format!("call {sty} asm sideeffect \"wgmma.wait_group.sync.aligned 0;\", \"{outs},{tied},~{{memory}}\"({args})"));
@@ -946,6 +1161,142 @@ impl Gen {
         self.emit("ret void");
     }
 
+    /// A TMA kernel's epilogue through shared memory: each thread applies the
+    /// epilogue to its fragments in registers and writes them, rounded, into its
+    /// warpgroup's 64 × bn tile in the (now idle) stage buffers, rows padded by 16
+    /// bytes so that the writes of a warp fall in 32 distinct banks; then every
+    /// thread stores whole 16-byte chunks of rows, coalesced, where a chunk lies
+    /// inside C and C's rows and batch stride keep it aligned, else element by
+    /// element inside C. Direct 4-byte stores from the fragments leave half of
+    /// each 32-byte sector unwritten per instruction and issue 8 times as many stores.
+    fn staged_epilogue(&mut self, ix: &Ix, frags: &[Frag]) {
+        let k = self.k;
+        let e = elem_ty(k.elem);
+        let consumers = k.warpgroups();
+        let pitch = k.bn * 2 + 16;
+        // Every consumer's products are complete (the stage buffers are free) before
+        // any staging write.
+        self.emit(format!(
+            "call void asm sideeffect \"bar.sync 1, {};\", \"~{{memory}}\"()",
+            128 * consumers
+        ));
+        let lane = ix.lane.clone();
+        let smem0 = self.v("ptrtoint ptr addrspace(3) @smem to i32");
+        let wg = self.v(format!("lshr i32 {}, 7", ix.tid));
+        let wg_off = self.v(format!("mul i32 {wg}, {}", 64 * pitch));
+        let tile = self.v(format!("add i32 {smem0}, {wg_off}"));
+        let g = self.v(format!("lshr i32 {lane}, 2"));
+        let q = self.v(format!("and i32 {lane}, 3"));
+        let q2 = self.v(format!("shl i32 {q}, 1"));
+        let r1 = self.v(format!("add i32 {}, {g}", ix.m0));
+        let c1 = self.v(format!("add i32 {}, {q2}", ix.n0));
+        let ldc64 = self.v("sext i32 %ldc to i64");
+        // The warp's rows inside its warpgroup's 64.
+        let wq = self.v(format!("and i32 {}, 3", ix.warp));
+        let wrow = self.v(format!("mul i32 {wq}, 16"));
+        for f in frags {
+            for half in 0..2 {
+                let s = self.spot(f, half, &r1, &c1, &ldc64);
+                let mut out = Vec::new();
+                for x in 0..2 {
+                    let (cc, okc, inx) =
+                        if x == 0 { (&s.col, &s.ok0, &s.in0) } else { (&s.col1, &s.ok1, &s.in1) };
+                    let bi = self.v(format!("select i1 {okc}, i32 {cc}, i32 0"));
+                    let ri = match &ix.r_base {
+                        Some(rb) => {
+                            let ixx = self.v(format!("add i64 {}, {x}", s.idx));
+                            Some((rb.clone(), self.v(format!("select i1 {inx}, i64 {ixx}, i64 0"))))
+                        }
+                        None => None,
+                    };
+                    let v = f.vals[half * 2 + x].clone();
+                    let y = self.ir.epilogue_value(k.elem, k.epilogue, &v, &bi, ri.as_ref());
+                    out.push(self.v(format!("fptrunc float {y} to {e}")));
+                }
+                // Row wrow + g + 8·half, columns f.col + 2q and + 1 of the staging tile.
+                let r0 = self.v(format!("add i32 {wrow}, {g}"));
+                let row = self.v(format!("add i32 {r0}, {}", half * 8));
+                let rb = self.v(format!("mul i32 {row}, {pitch}"));
+                let col = self.v(format!("add i32 {q2}, {}", f.col));
+                let cb = self.v(format!("shl i32 {col}, 1"));
+                let off = self.v(format!("add i32 {rb}, {cb}"));
+                let at = self.v(format!("add i32 {tile}, {off}"));
+                let p = self.v(format!("inttoptr i32 {at} to ptr addrspace(3)"));
+                let v2a = self.v(format!("insertelement <2 x {e}> poison, {e} {}, i32 0", out[0]));
+                let v2 = self.v(format!("insertelement <2 x {e}> {v2a}, {e} {}, i32 1", out[1]));
+                self.emit(format!("store <2 x {e}> {v2}, ptr addrspace(3) {p}, align 4"));
+            }
+            // One fragment at a time: the bias and residual loads of later fragments
+            // are not hoisted above this one's (with 128 accumulators live, they spill).
+            self.emit("call void asm sideeffect \"\", \"~{memory}\"()");
+        }
+        // The warpgroup's tile is written before any of its threads reads it.
+        let bar = self.v(format!("add i32 {wg}, 2"));
+        self.emit(format!("call void asm sideeffect \"bar.sync $0, 128;\", \"r,~{{memory}}\"(i32 {bar})"));
+        let t = self.v(format!("and i32 {}, 127", ix.tid));
+        let wg_rows = self.v(format!("mul i32 {wg}, 64"));
+        let row0 = self.v(format!("add i32 {}, {wg_rows}", ix.m0));
+        // 16-byte stores stay aligned while C's start, rows and batch stride do.
+        let cbase = self.v(format!("ptrtoint ptr addrspace(1) {} to i64", ix.c_base));
+        let cb32 = self.v(format!("trunc i64 {cbase} to i32"));
+        let sc_lo = self.v("trunc i64 %sc to i32");
+        let lo = self.v(format!("or i32 %ldc, {sc_lo}"));
+        let lo8 = self.v(format!("and i32 {lo}, 7"));
+        let cb15 = self.v(format!("and i32 {cb32}, 15"));
+        let mis = self.v(format!("or i32 {lo8}, {cb15}"));
+        let aligned = self.v(format!("icmp eq i32 {mis}, 0"));
+        let per_row = k.bn / 8;
+        for j in 0..(64 * per_row).div_ceil(128) {
+            let i = self.v(format!("add i32 {t}, {}", j * 128));
+            let r = self.v(format!("udiv i32 {i}, {per_row}"));
+            let c = self.v(format!("urem i32 {i}, {per_row}"));
+            let grow = self.v(format!("add i32 {row0}, {r}"));
+            let c8 = self.v(format!("shl i32 {c}, 3"));
+            let gcol = self.v(format!("add i32 {}, {c8}", ix.n0));
+            let rok = self.v(format!("icmp slt i32 {grow}, %M"));
+            let cok = self.v(format!("icmp slt i32 {gcol}, %N"));
+            let any = self.v(format!("and i1 {rok}, {cok}"));
+            let (go, next) = (self.fresh("out.go"), self.fresh("out.next"));
+            self.emit(format!("br i1 {any}, label %{go}, label %{next}"));
+            self.block(&go);
+            let rb = self.v(format!("mul i32 {r}, {pitch}"));
+            let cb = self.v(format!("shl i32 {c}, 4"));
+            let off = self.v(format!("add i32 {rb}, {cb}"));
+            let at = self.v(format!("add i32 {tile}, {off}"));
+            let sp = self.v(format!("inttoptr i32 {at} to ptr addrspace(3)"));
+            let chunk = self.v(format!("load <8 x i16>, ptr addrspace(3) {sp}, align 16"));
+            let row64 = self.v(format!("sext i32 {grow} to i64"));
+            let col64 = self.v(format!("sext i32 {gcol} to i64"));
+            let rowoff = self.v(format!("mul i64 {row64}, {ldc64}"));
+            let idx = self.v(format!("add i64 {rowoff}, {col64}"));
+            let gp = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) {}, i64 {idx}", ix.c_base));
+            let end = self.v(format!("add i32 {gcol}, 8"));
+            let whole = self.v(format!("icmp sle i32 {end}, %N"));
+            let fast = self.v(format!("and i1 {whole}, {aligned}"));
+            let (vec, each) = (self.fresh("out.vec"), self.fresh("out.each"));
+            self.emit(format!("br i1 {fast}, label %{vec}, label %{each}"));
+            self.block(&vec);
+            self.emit(format!("store <8 x i16> {chunk}, ptr addrspace(1) {gp}, align 16"));
+            self.emit(format!("br label %{next}"));
+            self.block(&each);
+            for x in 0..8 {
+                let cx = self.v(format!("add i32 {gcol}, {x}"));
+                let ok = self.v(format!("icmp slt i32 {cx}, %N"));
+                let (st, skip) = (self.fresh("out.el"), self.fresh("out.skip"));
+                self.emit(format!("br i1 {ok}, label %{st}, label %{skip}"));
+                self.block(&st);
+                let h = self.v(format!("extractelement <8 x i16> {chunk}, i32 {x}"));
+                let ep = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) {gp}, i64 {x}"));
+                self.emit(format!("store i16 {h}, ptr addrspace(1) {ep}, align 2"));
+                self.emit(format!("br label %{skip}"));
+                self.block(&skip);
+            }
+            self.emit(format!("br label %{next}"));
+            self.block(&next);
+        }
+        self.emit("ret void");
+    }
+
     /// Where half `half` of fragment `f` lands in C: its two columns, C's index of the
     /// first, and which of the two lie inside C.
     fn spot(&mut self, f: &Frag, half: usize, r1: &str, c1: &str, ldc64: &str) -> Spot {
@@ -1008,11 +1359,26 @@ impl Gen {
         let params = format!(
             "ptr addrspace(1) readonly align 16 %A, ptr addrspace(1) readonly align 16 %B, \
              ptr addrspace(1) align 16 %C, ptr addrspace(1) readonly %bias, ptr addrspace(1) readonly %res, \
-             i32 %M, i32 %N, i32 %K, i32 %lda, i32 %ldb, i32 %ldc, i64 %sa, i64 %sb, i64 %sc{}",
-            if k.split_k { ", i32 %kper" } else { "" }
+             i32 %M, i32 %N, i32 %K, i32 %lda, i32 %ldb, i32 %ldc, i64 %sa, i64 %sb, i64 %sc{}{}",
+            if k.split_k { ", i32 %kper" } else { "" },
+            if k.tma {
+                ", ptr byval([16 x i64]) align 64 %tmA, ptr byval([16 x i64]) align 64 %tmB"
+            } else {
+                ""
+            }
         );
+        // A TMA kernel's tensor maps are kernel parameters read in place (`grid_constant`:
+        // their generic address is taken with `cvta.param`, not a local copy's); one
+        // block an SM at least fixes the register count a block starts with, which
+        // `setmaxnreg` redistributes.
+        let mut extra = Vec::new();
+        if k.tma {
+            let first = 15 + usize::from(k.split_k);
+            extra.push(format!("!\"grid_constant\", !{{i32 {first}, i32 {}}}", first + 1));
+            extra.push("!\"minctasm\", i32 1".to_string());
+        }
         let about = format!("{} bytes of dynamic shared memory", k.smem_bytes());
-        self.ir.module(&k.name(), k.threads(), &about, true, &params)
+        self.ir.module(&k.name(), k.threads(), &about, true, &params, &extra)
     }
 
     /// A fragment register as the mma's operand type (`i32` holds two bf16; the f16

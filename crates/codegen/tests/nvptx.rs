@@ -85,7 +85,7 @@ fn split_k_kernels_write_f32_shares_and_reductions_apply_the_epilogue() {
         );
         for k in family {
             let ir = nvptx::llvm_ir(&k).unwrap();
-            assert!(ir.contains("i64 %sc, i32 %kper)"), "{k}: the split's steps are an argument");
+            assert!(ir.contains("i64 %sc, i32 %kper"), "{k}: the split's steps are an argument");
             assert!(
                 ir.contains("store <2 x float>") && !ir.contains("fptrunc"),
                 "{k}: f32 partial sums, unrounded"
@@ -131,6 +131,7 @@ fn an_invalid_kernel_is_an_error_not_a_panic() {
         epilogue: Epilogue::NONE,
         overlap: false,
         split_k: false,
+        tma: false,
     };
     let e = nvptx::llvm_ir(&bad).unwrap_err().to_string();
     assert!(e.contains("warp tile 24x32"), "{e}");
@@ -163,6 +164,7 @@ fn golden_ptx() {
         epilogue: Epilogue::NONE,
         overlap: false,
         split_k: false,
+        tma: false,
     };
     golden("gemm_bf16_nt_16x64_w1x4_s4.ptx", &nvptx::ptx(&small).unwrap());
     let nn = GemmKernel {
@@ -175,6 +177,55 @@ fn golden_ptx() {
     golden("gemm_wg_bf16_nt_64x128_w4x1_s4.ptx", &nvptx::ptx(&wg).unwrap());
     let wgo = GemmKernel { overlap: true, ..wg };
     golden("gemm_wgo_bf16_nt_64x128_w4x1_s4.ptx", &nvptx::ptx(&wgo).unwrap());
+    let wgt = GemmKernel { tma: true, ..wg };
+    golden("gemm_wgt_bf16_nt_64x128_w4x1_s4.ptx", &nvptx::ptx(&wgt).unwrap());
+}
+
+/// The warp-specialized TMA kernels: the producer's loop holds one wait for an
+/// empty stage, the byte count and the two tile copies; the consumers' loop one wait
+/// for a full stage, four wgmma a step with one group left in flight, and the release
+/// of the previous stage; registers move from the producer to two consumers.
+#[test]
+fn tma_kernels_split_producer_and_consumers() {
+    let mut n = 0;
+    for elem in [Elem::Bf16, Elem::F16] {
+        for epi in all_epilogues() {
+            for k in candidates::tma_family(elem, epi) {
+                assert!(k.check().is_ok(), "{k}");
+                let ir = nvptx::llvm_ir(&k).unwrap();
+                let start = ir.find("\nproduce:").expect("a producer loop");
+                let end = ir[start..].find("\ndone:").expect("the producer's exit") + start;
+                let producer = &ir[start..end];
+                assert_eq!(producer.matches("mbarrier.try_wait.parity").count(), 1, "{k}");
+                assert_eq!(producer.matches("mbarrier.arrive.expect_tx").count(), 1, "{k}");
+                let (a, b) = k.stage_bytes();
+                assert!(producer.contains(&format!("i32 {})", a + b)), "{k}: the stage's bytes expected");
+                assert_eq!(producer.matches("cp.async.bulk.tensor.3d").count(), 2, "{k}");
+                assert!(!producer.contains("wgmma"), "{k}");
+                let body = loop_body(&ir);
+                assert_eq!(body.matches("mbarrier.try_wait.parity").count(), 1, "{k}");
+                assert_eq!(body.matches(&format!("m64n{}k16", k.bn)).count(), 4, "{k}");
+                assert!(body.contains("wgmma.wait_group.sync.aligned 1;"), "{k}");
+                assert!(
+                    body.contains("@p mbarrier.arrive.shared::cta.b64"),
+                    "{k}: the previous stage released"
+                );
+                assert!(!body.contains("cp.async"), "{k}: consumers copy nothing");
+                assert_eq!(
+                    ir.matches("mbarrier.init").count(),
+                    2 * k.stages,
+                    "{k}: a full and an empty barrier a stage"
+                );
+                assert_eq!(ir.contains("setmaxnreg"), k.warpgroups() == 2, "{k}");
+                assert!(ir.contains("\"minctasm\", i32 1"), "{k}");
+                let ptx = nvptx::compile(&ir, &k.name(), k.arch).unwrap();
+                assert!(ptx.contains(".target sm_90a") && ptx.contains(".minnctapersm 1"), "{k}");
+                assert!(ptx.contains(&format!(".maxntid {}, 1, 1", k.threads())), "{k}");
+                n += 1;
+            }
+        }
+    }
+    assert_eq!(n, 2 * 4 * 4);
 }
 
 /// With `ANYSHAPE_PTXAS` (scripts/test.sh sets it to the PyPI wheel's ptxas), every
@@ -194,6 +245,11 @@ fn ptxas_accepts_every_family_kernel() {
         Elem::Bf16,
         Epilogue { bias: true, gelu: Some(Gelu::Erf), residual: true },
     ));
+    kernels.extend(candidates::tma_family(
+        Elem::Bf16,
+        Epilogue { bias: true, gelu: Some(Gelu::Erf), residual: true },
+    ));
+    kernels.extend(candidates::tma_family(Elem::F16, Epilogue::NONE));
     kernels.extend(candidates::split_k_family(Elem::Bf16));
     for k in &kernels {
         let ptx_path = dir.join(format!("{}.ptx", k.name()));
@@ -212,6 +268,11 @@ fn ptxas_accepts_every_family_kernel() {
             let r = PtxasReport::parse(&text, &k.name()).unwrap();
             assert!(r.problems().is_empty(), "{k} {arch}: {:?}", r.problems());
             assert!(r.registers > 0 && r.registers <= 255, "{k} {arch}: {} registers", r.registers);
+            if k.register_split().is_some() {
+                // setmaxnreg moves registers within the block's allocation: it must
+                // start at the most 384 threads get (65536 / 384, down to 8).
+                assert_eq!(r.registers, 168, "{k}: setmaxnreg needs the full allocation");
+            }
         }
     }
     std::fs::remove_dir_all(&dir).ok();

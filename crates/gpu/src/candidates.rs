@@ -45,6 +45,7 @@ pub fn space(elem: Elem, b: BLayout, epilogue: Epilogue) -> Vec<GemmKernel> {
                         epilogue,
                         overlap: false,
                         split_k: false,
+                        tma: false,
                     };
                     if k.check().is_ok() {
                         out.push(k);
@@ -114,6 +115,7 @@ pub fn wgmma_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
                 epilogue,
                 overlap,
                 split_k: false,
+                tma: false,
             };
             let stages =
                 (2..=4).rev().find(|&s| kernel(s).smem_bytes() <= MAX_SMEM_PER_BLOCK_SM90).unwrap_or(2);
@@ -125,10 +127,41 @@ pub fn wgmma_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
     out
 }
 
+/// The warp-specialized TMA family (sm_90a, B K-major): one or two consumer
+/// warpgroups of `m64n{bn}k16` (`bm` 64 or 128) fed by a producer warpgroup, with
+/// as many stages (at most 6) as Hopper's shared memory holds: a deeper pipeline
+/// costs the producer nothing, and with one block an SM (the register file bounds
+/// a 384-thread block to one) the shared memory has no other use.
+pub fn tma_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
+    let mut out = Vec::new();
+    for (bm, bn) in [(64, 128), (64, 256), (128, 128), (128, 256)] {
+        let kernel = |stages| GemmKernel {
+            arch: Arch::Sm90a,
+            elem,
+            b: BLayout::KMajor,
+            bm,
+            bn,
+            warps_m: bm / 16,
+            warps_n: 1,
+            stages,
+            epilogue,
+            overlap: false,
+            split_k: false,
+            tma: true,
+        };
+        if let Some(stages) = (3..=6).rev().find(|&s| kernel(s).smem_bytes() <= MAX_SMEM_PER_BLOCK_SM90) {
+            if kernel(stages).check().is_ok() {
+                out.push(kernel(stages));
+            }
+        }
+    }
+    out
+}
+
 /// The split-K kernels: for a few rows against a long K (a decoder's projections),
 /// where one block a tile leaves most SMs idle. Small mma.sync tiles for either B
-/// layout and the smaller wgmma tile for a K-major B; the splits are chosen per
-/// product by the wave model.
+/// layout and the smaller wgmma tile (each of its pipelines) for a K-major B; the
+/// splits are chosen per product by the wave model.
 pub fn split_k_family(elem: Elem) -> Vec<GemmKernel> {
     let mut out = Vec::new();
     for b in [BLayout::KMajor, BLayout::NMajor] {
@@ -138,7 +171,7 @@ pub fn split_k_family(elem: Elem) -> Vec<GemmKernel> {
             }
         }
     }
-    for k in wgmma_family(elem, Epilogue::NONE) {
+    for k in wgmma_family(elem, Epilogue::NONE).into_iter().chain(tma_family(elem, Epilogue::NONE)) {
         if (k.bm, k.bn) == (64, 128) {
             out.push(GemmKernel { split_k: true, ..k });
         }

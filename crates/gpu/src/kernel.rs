@@ -142,6 +142,16 @@ pub struct GemmKernel {
     /// against a long K, where the tiles alone would not fill the SMs. Batch 1.
     #[serde(default)]
     pub split_k: bool,
+    /// wgmma only, warp-specialized: a producer warpgroup streams each stage's A and
+    /// B tiles with TMA (`cp.async.bulk.tensor`, the hardware zero-filling whatever
+    /// lies past M, N or K) into `stages` buffers, each guarded by a pair of
+    /// mbarriers (full: the copy's bytes have landed; empty: every consumer warp is
+    /// done with it); the `bm/64` consumer warpgroups keep one group of products in
+    /// flight and release a buffer as soon as the products that read it complete.
+    /// With two consumers the producer gives its registers to them (`setmaxnreg`).
+    /// Two more arguments: A's and B's tensor maps, by value.
+    #[serde(default)]
+    pub tma: bool,
 }
 
 /// The second launch of a split-K product: `C[m, n] = epilogue(Σ_s W[s, m, n])`,
@@ -181,7 +191,9 @@ pub enum KernelError {
 /// `y` over M tiles (blocks rasterized in groups of 8 tile rows), `z` over the batch.
 /// Dynamic shared memory: `smem_bytes()`. A split-K kernel takes one more argument,
 /// `kper` (i32, K steps a split), `z` runs over the splits, and C is the f32 workspace
-/// with the split stride in C's batch stride.
+/// with the split stride in C's batch stride. A TMA kernel ([`GemmKernel::tma`])
+/// takes two more, last: A's and B's tensor maps, by value (128 bytes each,
+/// 64-byte aligned; `[batch, rows, K]` in boxes of a stage's tile).
 pub const ABI: &str =
     "A, B, C, bias, residual: ptr; M, N, K, lda, ldb, ldc: i32; batch strides of A, B, C: i64";
 
@@ -190,10 +202,11 @@ impl GemmKernel {
     pub fn name(&self) -> String {
         format!(
             "gemm_{}{}_{}_{}x{}_w{}x{}_s{}{}{}",
-            match (self.arch, self.overlap) {
-                (Arch::Sm80, _) => "",
-                (Arch::Sm90a, false) => "wg_",
-                (Arch::Sm90a, true) => "wgo_",
+            match (self.arch, self.overlap, self.tma) {
+                (Arch::Sm80, _, _) => "",
+                (Arch::Sm90a, _, true) => "wgt_",
+                (Arch::Sm90a, false, false) => "wg_",
+                (Arch::Sm90a, true, false) => "wgo_",
             },
             self.elem.name(),
             self.b.tag(),
@@ -211,8 +224,28 @@ impl GemmKernel {
         self.warps_m * self.warps_n
     }
 
+    /// Threads a block runs: its warps, and a TMA kernel's producer warpgroup.
     pub fn threads(&self) -> usize {
-        32 * self.warps()
+        32 * self.warps() + if self.tma { TMA_PRODUCER_THREADS } else { 0 }
+    }
+
+    /// Registers a thread of a TMA kernel's producer and consumer warpgroups keep
+    /// after `setmaxnreg` (none: the kernel does not reallocate). With two consumers
+    /// the block starts at 168 (384 threads share the SM's 64K); the producer, which
+    /// only issues copies, drops to 40 and the consumers rise to 232, which a
+    /// 64×256 accumulator tile (128 a thread) needs.
+    pub fn register_split(&self) -> Option<(usize, usize)> {
+        (self.tma && self.warpgroups() == 2).then_some((40, 232))
+    }
+
+    /// Bytes of a TMA kernel's mbarriers (full and empty, 8 bytes each a stage),
+    /// placed after the tiles.
+    pub fn barrier_bytes(&self) -> usize {
+        if self.tma {
+            16 * self.stages
+        } else {
+            0
+        }
     }
 
     /// The warp tile's rows and columns.
@@ -241,7 +274,7 @@ impl GemmKernel {
     /// Dynamic shared memory a block asks for.
     pub fn smem_bytes(&self) -> usize {
         let (a, b) = self.stage_bytes();
-        self.stages * (a + b)
+        self.stages * (a + b) + self.barrier_bytes()
     }
 
     /// f32 accumulators a thread holds: 4 per m16n8 product of its warp tile.
@@ -283,6 +316,9 @@ impl GemmKernel {
         if self.overlap && self.arch != Arch::Sm90a {
             return bad("only wgmma kernels keep a group of products in flight".into());
         }
+        if self.tma && (self.arch != Arch::Sm90a || self.overlap) {
+            return bad("TMA kernels are wgmma kernels with their own pipeline (not `overlap`)".into());
+        }
         if self.split_k && self.epilogue != Epilogue::NONE {
             return bad("a split-K kernel writes partial sums: its epilogue is the reduction's".into());
         }
@@ -299,7 +335,7 @@ impl GemmKernel {
         } else {
             self.check_mma_tiles()?;
         }
-        if !(2..=6).contains(&self.stages) || (self.overlap && self.stages < 3) {
+        if !(2..=6).contains(&self.stages) || ((self.overlap || self.tma) && self.stages < 3) {
             return bad(format!("{} stages: 2 to 6 (3 or more with a group in flight)", self.stages));
         }
         let max_smem = match self.arch {
@@ -378,6 +414,10 @@ impl GemmKernel {
         p.m.div_ceil(self.bm) * p.n.div_ceil(self.bn) * p.batch
     }
 }
+
+/// A TMA kernel's producer: one warpgroup (`setmaxnreg` works on whole warpgroups),
+/// one thread of which issues the copies.
+pub const TMA_PRODUCER_THREADS: usize = 128;
 
 /// Shared memory one block may ask for on sm_80 and sm_90 (227 KB on Hopper, 163 KB on
 /// A100; the family stays under the smaller).

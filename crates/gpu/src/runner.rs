@@ -3,13 +3,17 @@
 //! (`dynamic-loading`), so this builds on machines without CUDA, and a machine
 //! without the driver gets [`GpuError::NoDriver`], not a crash.
 
-use crate::kernel::{Epilogue, GemmKernel, Problem, ReduceKernel};
+use crate::kernel::{Elem, Epilogue, GemmKernel, Problem, ReduceKernel, BK_WGMMA};
 use crate::manifest::Manifest;
 use crate::wave::DeviceLimits;
 use cudarc::driver::sys::{
-    CUdevice_attribute, CUevent_flags, CUfunction_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode,
+    self, CUdevice_attribute, CUevent_flags, CUfunction_attribute, CUgraphInstantiate_flags,
+    CUstreamCaptureMode, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
+    CUtensorMapL2promotion, CUtensorMapSwizzle,
 };
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::Ptx;
 use std::path::Path;
 use std::sync::Arc;
@@ -70,6 +74,80 @@ pub struct DeviceOperands {
     pub sa: usize,
     pub sb: usize,
     pub sc: usize,
+    /// The tensor maps of TMA launches on these operands (A's and B's), built on a
+    /// tile shape's first launch and kept.
+    pub maps: Vec<(MapKey, [TensorMap; 2])>,
+}
+
+/// A tensor map (the driver's opaque 128-byte `CUtensorMap`), passed to a TMA
+/// kernel by value: the kernel reads it in the parameter space (`grid_constant`).
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+pub struct TensorMap([u64; 16]);
+
+// SAFETY: plain bytes with the layout and alignment of the kernel's
+// `.param .align 64 .b8 [128]` parameter.
+unsafe impl DeviceRepr for TensorMap {}
+
+/// What a pair of tensor maps (A's and B's) describes: the element type, the box
+/// (a stage's tiles), the product, the operands' addresses and strides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapKey {
+    elem: Elem,
+    bm: usize,
+    bn: usize,
+    p: Problem,
+    addrs: [u64; 2],
+    strides: [usize; 4],
+}
+
+/// One operand's tensor map: `[batch, rows, cols]` 16-bit elements (cols
+/// contiguous, row stride `ld`, batch stride `stride`), read in boxes of `box_rows`
+/// rows × 64 columns (128 bytes: one row of a 128-byte swizzle atom, the layout the
+/// wgmma descriptors name). What lies past the operand reads as zeros.
+struct MapSpec {
+    rows: usize,
+    cols: usize,
+    ld: usize,
+    batch: usize,
+    stride: usize,
+    box_rows: usize,
+}
+
+fn encode_map(elem: Elem, ptr: u64, s: &MapSpec) -> Result<TensorMap, GpuError> {
+    let dtype = match elem {
+        Elem::Bf16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        Elem::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+    };
+    // One batch entry: its stride is never read; any multiple of 16 bytes past the rows.
+    let stride = if s.batch > 1 { s.stride } else { (s.rows * s.ld).div_ceil(8) * 8 };
+    let dims = [s.cols as u64, s.rows as u64, s.batch as u64];
+    let strides = [2 * s.ld as u64, 2 * stride as u64];
+    let boxes = [BK_WGMMA as u32, s.box_rows as u32, 1];
+    let unit = [1u32; 3];
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    // SAFETY: every array holds the rank's (3) entries (strides: rank - 1) and lives
+    // across the call; the driver writes only `map`. The address is the operand's
+    // device allocation, whose extent the caller has checked against these dims.
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            dtype,
+            3,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            unit.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    }
+    .result()
+    .map_err(|e| GpuError::Driver(format!("tensor map {dims:?} strides {strides:?} box {boxes:?}: {e:?}")))?;
+    Ok(TensorMap(map.opaque))
 }
 
 impl Gpu {
@@ -201,6 +279,41 @@ impl Gpu {
         Ok(())
     }
 
+    /// A's and B's tensor maps for TMA kernel `k` on `p`, built on the first launch
+    /// of this tile shape on `o`. A batch's operands must not overlap (TMA walks a
+    /// batch as a third dimension).
+    fn tensor_maps(
+        &self,
+        k: &GemmKernel,
+        p: &Problem,
+        o: &mut DeviceOperands,
+    ) -> Result<[TensorMap; 2], GpuError> {
+        let (pa, _ga) = o.a.device_ptr(&self.stream);
+        let (pb, _gb) = o.b.device_ptr(&self.stream);
+        let key = MapKey {
+            elem: k.elem,
+            bm: k.bm,
+            bn: k.bn,
+            p: *p,
+            addrs: [pa, pb],
+            strides: [o.lda, o.ldb, o.sa, o.sb],
+        };
+        if let Some((_, maps)) = o.maps.iter().find(|(kk, _)| *kk == key) {
+            return Ok(*maps);
+        }
+        if p.batch > 1 && (o.sa < p.m * o.lda || o.sb < p.n * o.ldb) {
+            return Err(GpuError::Plan(format!(
+                "{k} on {p}: a TMA kernel needs batch strides past the operands' rows (A {}, B {})",
+                o.sa, o.sb
+            )));
+        }
+        let a = MapSpec { rows: p.m, cols: p.k, ld: o.lda, batch: p.batch, stride: o.sa, box_rows: k.bm };
+        let b = MapSpec { rows: p.n, cols: p.k, ld: o.ldb, batch: p.batch, stride: o.sb, box_rows: k.bn };
+        let maps = [encode_map(k.elem, pa, &a)?, encode_map(k.elem, pb, &b)?];
+        o.maps.push((key, maps));
+        Ok(maps)
+    }
+
     /// Launches `l` on `p` (asynchronously, on the device's stream).
     pub fn launch(&self, l: &Loaded, p: &Problem, o: &mut DeviceOperands) -> Result<(), GpuError> {
         let k = &l.kernel;
@@ -208,6 +321,7 @@ impl Gpu {
             return Err(GpuError::Plan(format!("{k} is a split-K kernel: launch_split runs it")));
         }
         self.check_operands(k, p, o, k.epilogue)?;
+        let maps = if k.tma { Some(self.tensor_maps(k, p, o)?) } else { None };
         let cfg = LaunchConfig {
             grid_dim: (p.n.div_ceil(k.bn) as u32, p.m.div_ceil(k.bm) as u32, p.batch as u32),
             block_dim: (k.threads() as u32, 1, 1),
@@ -221,11 +335,16 @@ impl Gpu {
         let mut b = self.stream.launch_builder(&l.func);
         b.arg(&o.a).arg(&o.b).arg(&mut c).arg(&o.bias).arg(&o.residual);
         b.arg(&m).arg(&n).arg(&kk).arg(&lda).arg(&ldb).arg(&ldc).arg(&sa).arg(&sb).arg(&sc);
+        if let Some([ta, tb]) = &maps {
+            b.arg(ta).arg(tb);
+        }
         // SAFETY: the arguments match the kernel's ABI (`kernel::ABI`: five global
-        // pointers, six i32, three i64, in that order), and every element the launch
-        // can touch lies inside the buffers (checked above against M, N, K, the
-        // strides and the batch); the dynamic shared memory is what the kernel was
-        // built for and was allowed on load.
+        // pointers, six i32, three i64, in that order, and a TMA kernel's two tensor
+        // maps), and every element the launch can touch lies inside the buffers
+        // (checked above against M, N, K, the strides and the batch; a tensor map
+        // reads only inside the extents it was built with, and zero-fills the rest);
+        // the dynamic shared memory is what the kernel was built for and was allowed
+        // on load.
         unsafe { b.launch(cfg) }.map_err(|e| GpuError::Driver(format!("{k} on {p}: {e:?}")))?;
         Ok(())
     }
@@ -253,6 +372,7 @@ impl Gpu {
         }
         self.check_operands(k, p, o, r.map_or(Epilogue::NONE, |r| r.kernel.epilogue))?;
         let (per, splits) = k.split_plan(p.k, splits);
+        let maps = if k.tma { Some(self.tensor_maps(k, p, o)?) } else { None };
         let mn = p.m * p.n;
         if w.len() < splits * mn {
             return Err(GpuError::Plan(format!(
@@ -272,7 +392,11 @@ impl Gpu {
         let mut b = self.stream.launch_builder(&l.func);
         b.arg(&o.a).arg(&o.b).arg(&mut *w).arg(&o.bias).arg(&o.residual);
         b.arg(&m).arg(&n).arg(&kk).arg(&lda).arg(&ldb).arg(&ldw).arg(&zero).arg(&zero).arg(&sw).arg(&kper);
-        // SAFETY: the split-K ABI (`kernel::ABI` and a trailing i32 `kper`): split `z`
+        if let Some([ta, tb]) = &maps {
+            b.arg(ta).arg(tb);
+        }
+        // SAFETY: the split-K ABI (`kernel::ABI`, a trailing i32 `kper`, and a TMA
+        // kernel's two tensor maps, built for this product): split `z`
         // reads A and B within M, N and K (checked above) and writes its `[M, N]` f32
         // slice at `z · M · N` of the workspace, which holds all `splits` slices.
         unsafe { b.launch(cfg) }.map_err(|e| GpuError::Driver(format!("{k} on {p}: {e:?}")))?;

@@ -26,6 +26,7 @@ fn mma(bm: usize, bn: usize, warps_m: usize, warps_n: usize) -> GemmKernel {
         epilogue: Epilogue::NONE,
         overlap: false,
         split_k: false,
+        tma: false,
     }
 }
 
@@ -83,6 +84,29 @@ fn the_candidate_space_is_valid_and_the_family_spans_small_to_large_tiles() {
     assert!(two.overlap && two.check().is_err());
     assert!(GemmKernel { overlap: true, ..mma(64, 64, 2, 2) }.check().is_err());
     assert!(wg.iter().all(|k| k.check().is_ok() && k.arch == Arch::Sm90a));
+    // The TMA family: a producer warpgroup beside one or two consumers, the deepest
+    // pipeline that fits, and registers moved to two consumers.
+    let tma = candidates::tma_family(Elem::Bf16, Epilogue::NONE);
+    assert_eq!(tma.len(), 4);
+    for k in &tma {
+        assert!(k.check().is_ok() && k.tma && !k.overlap, "{k}");
+        assert_eq!(k.threads(), 128 * (1 + k.bm / 64), "{k}");
+        assert!(k.smem_bytes() <= gpu::kernel::MAX_SMEM_PER_BLOCK_SM90, "{k}");
+        assert!(GemmKernel { stages: k.stages + 1, ..*k }.check().is_err() || k.stages == 6, "{k}");
+        let (a, b) = k.stage_bytes();
+        assert_eq!(k.smem_bytes(), k.stages * (a + b + 16), "{k}: tiles and two barriers a stage");
+        match k.register_split() {
+            Some((p, c)) => {
+                assert_eq!(k.bm, 128, "{k}");
+                // Within the 64K the block started with (168 a thread).
+                assert!(128 * p + 256 * c <= 384 * 168, "{k}");
+            }
+            None => assert_eq!(k.bm, 64, "{k}"),
+        }
+    }
+    assert!(tma.iter().any(|k| k.name() == "gemm_wgt_bf16_nt_128x256_w8x1_s4"));
+    assert!(GemmKernel { tma: true, ..mma(64, 64, 2, 2) }.check().is_err(), "TMA is a wgmma pipeline");
+    assert!(GemmKernel { overlap: true, ..tma[0] }.check().is_err());
 }
 
 #[test]

@@ -77,9 +77,12 @@ enum Cmd {
         /// A `check --json` report: kernels it found wrong are left out.
         #[arg(long)]
         skip_failed: Vec<PathBuf>,
-        /// Leave out kernels whose name contains this.
+        /// Leave out kernels whose name contains this (repeatable).
         #[arg(long)]
-        exclude: Option<String>,
+        exclude: Vec<String>,
+        /// Only kernels whose name contains this.
+        #[arg(long)]
+        filter: Option<String>,
     },
 }
 
@@ -90,8 +93,8 @@ fn main() -> ExitCode {
         Cmd::Check { dir, cases, seed, filter, exclude, json } => {
             check(&dir, cases, seed, filter.as_deref(), exclude.as_deref(), json.as_deref())
         }
-        Cmd::Bench { dir, reps, bandwidth, json, dump, limit, skip_failed, exclude } => {
-            let skip = Skip { reports: skip_failed, exclude };
+        Cmd::Bench { dir, reps, bandwidth, json, dump, limit, skip_failed, exclude, filter } => {
+            let skip = Skip { reports: skip_failed, exclude, filter };
             bench(&dir, reps, bandwidth * 1e9, json.as_deref(), dump.as_deref(), limit, &skip)
         }
     };
@@ -197,6 +200,7 @@ impl Case {
             sa: p.m * self.lda,
             sb: p.n * p.k,
             sc,
+            maps: Vec::new(),
         })
     }
 
@@ -447,6 +451,7 @@ fn timed_operands(gpu: &Gpu, rng: &mut StdRng, b: BLayout, p: &Problem) -> Resul
         sa: p.m * p.k,
         sb: p.n * p.k,
         sc: p.m * p.n,
+        maps: Vec::new(),
     })
 }
 
@@ -490,11 +495,12 @@ fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<Ker
     })
 }
 
-/// Kernels the benchmark leaves out: those `check` reports found wrong, and those
-/// whose name contains `exclude`.
+/// Kernels the benchmark leaves out: those `check` reports found wrong, those whose
+/// name contains any of `exclude`, and with `filter` those whose name lacks it.
 struct Skip {
     reports: Vec<PathBuf>,
-    exclude: Option<String>,
+    exclude: Vec<String>,
+    filter: Option<String>,
 }
 
 /// Kernels a `check --json` report found wrong.
@@ -533,7 +539,9 @@ fn bench(
     }
     loaded.retain(|l| {
         let name = l.kernel.name();
-        !failed.contains(&name) && skip.exclude.as_ref().is_none_or(|x| !name.contains(x.as_str()))
+        !failed.contains(&name)
+            && !skip.exclude.iter().any(|x| name.contains(x.as_str()))
+            && skip.filter.as_ref().is_none_or(|f| name.contains(f.as_str()))
     });
     println!("bench on {} (sm_{}{}), {} SMs", gpu.name, gpu.cc.0, gpu.cc.1, gpu.limits.sms);
     let mut rng = StdRng::seed_from_u64(7);
