@@ -1138,24 +1138,8 @@ impl Gen {
                     self.store_two("float", 4, ix, &s, &vals, &even);
                     continue;
                 }
-                let mut out = Vec::new();
-                for (x, v) in vals.iter().enumerate() {
-                    // Loads of values outside C read element 0 instead (their result
-                    // is not stored): no load leaves the operands.
-                    let (cc, okc, inx) =
-                        if x == 0 { (&s.col, &s.ok0, &s.in0) } else { (&s.col1, &s.ok1, &s.in1) };
-                    let bi = self.v(format!("select i1 {okc}, i32 {cc}, i32 0"));
-                    let ri = match &ix.r_base {
-                        Some(rb) => {
-                            let ixx = self.v(format!("add i64 {}, {x}", s.idx));
-                            Some((rb.clone(), self.v(format!("select i1 {inx}, i64 {ixx}, i64 0"))))
-                        }
-                        None => None,
-                    };
-                    let y = self.ir.epilogue_value(k.elem, k.epilogue, v, &bi, ri.as_ref());
-                    out.push(self.v(format!("fptrunc float {y} to {e}")));
-                }
-                self.store_two(e, 2, ix, &s, &[out[0].clone(), out[1].clone()], &even);
+                let out = self.rounded_pair(ix, &s, &vals);
+                self.store_two(e, 2, ix, &s, &out, &even);
             }
         }
         self.emit("ret void");
@@ -1197,22 +1181,8 @@ impl Gen {
         for f in frags {
             for half in 0..2 {
                 let s = self.spot(f, half, &r1, &c1, &ldc64);
-                let mut out = Vec::new();
-                for x in 0..2 {
-                    let (cc, okc, inx) =
-                        if x == 0 { (&s.col, &s.ok0, &s.in0) } else { (&s.col1, &s.ok1, &s.in1) };
-                    let bi = self.v(format!("select i1 {okc}, i32 {cc}, i32 0"));
-                    let ri = match &ix.r_base {
-                        Some(rb) => {
-                            let ixx = self.v(format!("add i64 {}, {x}", s.idx));
-                            Some((rb.clone(), self.v(format!("select i1 {inx}, i64 {ixx}, i64 0"))))
-                        }
-                        None => None,
-                    };
-                    let v = f.vals[half * 2 + x].clone();
-                    let y = self.ir.epilogue_value(k.elem, k.epilogue, &v, &bi, ri.as_ref());
-                    out.push(self.v(format!("fptrunc float {y} to {e}")));
-                }
+                let out =
+                    self.rounded_pair(ix, &s, &[f.vals[half * 2].clone(), f.vals[half * 2 + 1].clone()]);
                 // Row wrow + g + 8·half, columns f.col + 2q and + 1 of the staging tile.
                 let r0 = self.v(format!("add i32 {wrow}, {g}"));
                 let row = self.v(format!("add i32 {r0}, {}", half * 8));
@@ -1295,6 +1265,29 @@ impl Gen {
             self.block(&next);
         }
         self.emit("ret void");
+    }
+
+    /// The epilogue of two adjacent accumulators at `s`, rounded to the element type.
+    /// Bias and residual loads of values outside C read element 0 instead (their
+    /// result is not stored): no load leaves the operands.
+    fn rounded_pair(&mut self, ix: &Ix, s: &Spot, vals: &[String; 2]) -> [String; 2] {
+        let k = self.k;
+        let e = elem_ty(k.elem);
+        let mut out = [String::new(), String::new()];
+        for (x, v) in vals.iter().enumerate() {
+            let (cc, okc, inx) = if x == 0 { (&s.col, &s.ok0, &s.in0) } else { (&s.col1, &s.ok1, &s.in1) };
+            let bi = self.v(format!("select i1 {okc}, i32 {cc}, i32 0"));
+            let ri = match &ix.r_base {
+                Some(rb) => {
+                    let ixx = self.v(format!("add i64 {}, {x}", s.idx));
+                    Some((rb.clone(), self.v(format!("select i1 {inx}, i64 {ixx}, i64 0"))))
+                }
+                None => None,
+            };
+            let y = self.ir.epilogue_value(k.elem, k.epilogue, v, &bi, ri.as_ref());
+            out[x] = self.v(format!("fptrunc float {y} to {e}"));
+        }
+        out
     }
 
     /// Where half `half` of fragment `f` lands in C: its two columns, C's index of the

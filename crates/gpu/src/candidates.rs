@@ -103,28 +103,39 @@ pub fn wgmma_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
     let mut out = Vec::new();
     for overlap in [false, true] {
         for (bm, bn) in [(64, 128), (64, 256), (128, 128), (128, 256)] {
-            let kernel = |stages| GemmKernel {
-                arch: Arch::Sm90a,
-                elem,
-                b: BLayout::KMajor,
-                bm,
-                bn,
-                warps_m: bm / 16,
-                warps_n: 1,
-                stages,
-                epilogue,
-                overlap,
-                split_k: false,
-                tma: false,
-            };
-            let stages =
-                (2..=4).rev().find(|&s| kernel(s).smem_bytes() <= MAX_SMEM_PER_BLOCK_SM90).unwrap_or(2);
-            if kernel(stages).check().is_ok() {
-                out.push(kernel(stages));
-            }
+            let kernel = |stages| GemmKernel { overlap, ..wgmma(elem, epilogue, bm, bn, stages) };
+            out.extend(deepest(kernel, 2..=4));
         }
     }
     out
+}
+
+/// A wgmma kernel of tile `bm × bn` (B K-major, `bm/16` warps), cp.async-fed.
+fn wgmma(elem: Elem, epilogue: Epilogue, bm: usize, bn: usize, stages: usize) -> GemmKernel {
+    GemmKernel {
+        arch: Arch::Sm90a,
+        elem,
+        b: BLayout::KMajor,
+        bm,
+        bn,
+        warps_m: bm / 16,
+        warps_n: 1,
+        stages,
+        epilogue,
+        overlap: false,
+        split_k: false,
+        tma: false,
+    }
+}
+
+/// `kernel` with the most stages in `stages` whose shared memory fits a Hopper
+/// block, if that kernel is valid.
+fn deepest(
+    kernel: impl Fn(usize) -> GemmKernel,
+    stages: std::ops::RangeInclusive<usize>,
+) -> Option<GemmKernel> {
+    let s = stages.rev().find(|&s| kernel(s).smem_bytes() <= MAX_SMEM_PER_BLOCK_SM90)?;
+    Some(kernel(s)).filter(|k| k.check().is_ok())
 }
 
 /// The warp-specialized TMA family (sm_90a, B K-major): one or two consumer
@@ -135,25 +146,10 @@ pub fn wgmma_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
 pub fn tma_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
     let mut out = Vec::new();
     for (bm, bn) in [(64, 128), (64, 256), (128, 128), (128, 256)] {
-        let kernel = |stages| GemmKernel {
-            arch: Arch::Sm90a,
-            elem,
-            b: BLayout::KMajor,
-            bm,
-            bn,
-            warps_m: bm / 16,
-            warps_n: 1,
-            stages,
-            epilogue,
-            overlap: false,
-            split_k: false,
-            tma: true,
-        };
-        if let Some(stages) = (3..=6).rev().find(|&s| kernel(s).smem_bytes() <= MAX_SMEM_PER_BLOCK_SM90) {
-            if kernel(stages).check().is_ok() {
-                out.push(kernel(stages));
-            }
-        }
+        out.extend(deepest(
+            |stages| GemmKernel { tma: true, ..wgmma(elem, epilogue, bm, bn, stages) },
+            3..=6,
+        ));
     }
     out
 }
