@@ -14,8 +14,9 @@ export PYTHONUNBUFFERED=1
 rt="$here/anyshape-gpu"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv 2>&1 | tee "$out/device.txt"
 "$rt" info 2>&1 | tee -a "$out/device.txt"
-# Four processes: the TMA kernels first (the newest: a hang or fault there costs
-# only their own check), then mma.sync, wgmma, and wgmma with a group in flight.
+# Five processes: the TMA kernels first, then the persistent ones (the newest: a
+# hang or fault there costs only their own check), then mma.sync, wgmma, and
+# wgmma with a group in flight.
 chk() { # NAME TIMEOUT CASES ARGS...
     local name=$1 t=$2 cases=$3; shift 3
     timeout "$t" "$rt" check --dir "$here/kernels" --cases "$cases" --json "$out/check-$name.json" "$@" >> "$out/check.log" 2>&1
@@ -23,18 +24,20 @@ chk() { # NAME TIMEOUT CASES ARGS...
 }
 : > "$out/check.log"
 chk tma ${TMA_CHECK_S:-60} ${CASES:-4} --filter gemm_wgt_
+chk persistent ${TMA_CHECK_S:-60} ${CASES:-4} --filter gemm_wgp_
 chk mma ${CHECK_S:-120} ${OTHER_CASES:-${CASES:-4}} --exclude gemm_wg
 chk wgmma ${CHECK_S:-120} ${OTHER_CASES:-${CASES:-4}} --filter gemm_wg_
 chk wgmma-overlap ${CHECK_S:-120} ${OTHER_CASES:-${CASES:-4}} --filter gemm_wgo_
 grep -E "runs|exit" "$out/check.log"
 grep -vE " ok$|runs|exit|^check on" "$out/check.log" | cut -c1-400 | head -30
 skip=()
-for name in tma mma wgmma wgmma-overlap; do
+for name in tma persistent mma wgmma wgmma-overlap; do
     f="$out/check-$name.json"
     [ -f "$f" ] && skip+=(--skip-failed "$f")
 done
 # A check that wrote no report (killed: a hang) leaves its kernels out.
 [ -f "$out/check-tma.json" ] || skip+=(--exclude gemm_wgt_)
+[ -f "$out/check-persistent.json" ] || skip+=(--exclude gemm_wgp_)
 [ -f "$out/check-wgmma.json" ] || skip+=(--exclude gemm_wg_)
 [ -f "$out/check-wgmma-overlap.json" ] || skip+=(--exclude gemm_wgo_)
 timeout ${BENCH_S:-240} "$rt" bench --dir "$here/kernels" --json "$out/bench.jsonl" --dump /tmp/anyshape-dump "${skip[@]}" ${BENCH_ARGS:-} > "$out/bench.log" 2>&1

@@ -63,6 +63,7 @@ pub fn family() -> Vec<GemmKernel> {
         }
         out.extend(candidates::wgmma_family(elem, Epilogue::NONE));
         out.extend(candidates::tma_family(elem, Epilogue::NONE));
+        out.extend(candidates::persistent_family(elem, Epilogue::NONE));
         out.extend(candidates::split_k_family(elem));
     }
     for epilogue in EPILOGUES {

@@ -88,6 +88,7 @@ const GROUP_M: usize = 8;
 const DESC_SW128_KMAJOR: u64 = (1 << 16) | (64 << 32) | (1 << 62);
 
 /// What every thread knows of its block (see `Gen::indices`).
+#[derive(Clone)]
 struct Ix {
     tid: String,
     warp: String,
@@ -408,24 +409,47 @@ impl Gen {
         self.v(format!("getelementptr inbounds i8, ptr addrspace(3) @smem, i32 {off}"))
     }
 
+    /// Tiles along N and M: `⌈N/bn⌉`, `⌈M/bm⌉`.
+    fn tile_grid(&mut self) -> (String, String) {
+        let k = self.k;
+        let nr = self.v(format!("add i32 %N, {}", k.bn - 1));
+        let gx = self.v(format!("udiv i32 {nr}, {}", k.bn));
+        let mr = self.v(format!("add i32 %M, {}", k.bm - 1));
+        let gy = self.v(format!("udiv i32 {mr}, {}", k.bm));
+        (gx, gy)
+    }
+
     /// Block and thread indices, the operands' bases for this block's batch entry,
     /// and the K steps. Blocks are rasterized in groups of `GROUP_M` tile rows:
     /// consecutive blocks share B's column panels and a few of A's row panels, so
-    /// that a wave's operands stay in L2 when a whole row of tiles would not.
-    fn indices(&mut self) -> Ix {
+    /// that a wave's operands stay in L2 when a whole row of tiles would not. A
+    /// persistent kernel's block asks for each `tile` it takes: the same order, the
+    /// batch outermost.
+    fn indices(&mut self, tile: Option<&str>) -> Ix {
         let k = self.k;
         let raw = self.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
         // A TMA kernel's consumers count from 0 after the producer warpgroup (whose
         // threads get negative indices).
         let tid = if k.tma { self.v(format!("sub i32 {raw}, {TMA_PRODUCER_THREADS}")) } else { raw };
-        let bx = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
-        let by = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.y()");
-        let bz = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.z()");
-        let gx = self.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()");
-        let gy = self.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.y()");
+        let (pid, bz, gx, gy) = match tile {
+            Some(t) => {
+                let (gx, gy) = self.tile_grid();
+                let per = self.v(format!("mul i32 {gx}, {gy}"));
+                let bz = self.v(format!("udiv i32 {t}, {per}"));
+                let pid = self.v(format!("urem i32 {t}, {per}"));
+                (pid, bz, gx, gy)
+            }
+            None => {
+                let bx = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
+                let by = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.y()");
+                let bz = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.z()");
+                let gx = self.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()");
+                let gy = self.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.y()");
+                let row_start = self.v(format!("mul i32 {by}, {gx}"));
+                (self.v(format!("add i32 {row_start}, {bx}")), bz, gx, gy)
+            }
+        };
         // pid = by·gx + bx; group g = pid / (G·gx) covers tile rows [g·G, g·G + size).
-        let row_start = self.v(format!("mul i32 {by}, {gx}"));
-        let pid = self.v(format!("add i32 {row_start}, {bx}"));
         let per_group = self.v(format!("mul i32 {gx}, {GROUP_M}"));
         let group = self.v(format!("udiv i32 {pid}, {per_group}"));
         let first = self.v(format!("mul i32 {group}, {GROUP_M}"));
@@ -685,16 +709,9 @@ impl Gen {
 
     fn generate(mut self) -> String {
         let k = self.k;
-        let ix = self.indices();
+        let ix = self.indices(None);
         if k.tma {
-            let frags = self.tma_pipeline(&ix);
-            // Split-K shares (f32) and residual epilogues (whose per-element loads
-            // beside 128 live accumulators spill) store straight from the fragments.
-            if k.split_k || k.epilogue.residual {
-                self.epilogue(&ix, &frags);
-            } else {
-                self.staged_epilogue(&ix, &frags);
-            }
+            self.tma_kernel(&ix);
             return self.finish();
         }
         let copies = self.copies(&ix);
@@ -875,17 +892,20 @@ impl Gen {
         self.wgmma_frags(ix, cur, k.overlap)
     }
 
-    /// The warp-specialized TMA pipeline. Thread 0 sets up the barriers: per stage a
-    /// `full` one (one arrival, the producer's, plus the stage's bytes) and an
-    /// `empty` one (one arrival per consumer warp). The producer warpgroup (threads
-    /// 0-127; with two consumers it first gives back registers) has one thread issue,
-    /// per K step, a wait for the stage's `empty` phase, the byte count, and A's and
-    /// B's tiles as two TMA copies that complete on `full`. The consumers (the rest,
-    /// counted from 0 in `ix`) wait for `full`, issue the step's products, keep one
-    /// group in flight and release the previous step's stage. Phases alternate per
+    /// The warp-specialized TMA kernel, epilogue included. Thread 0 sets up the
+    /// barriers: per stage a `full` one (one arrival, the producer's, plus the stage's
+    /// bytes) and an `empty` one (one arrival per consumer warp). The producer
+    /// warpgroup (threads 0-127; with two consumers it first gives back registers)
+    /// has one thread issue, per K step, a wait for the stage's `empty` phase, the
+    /// byte count, and A's and B's tiles as two TMA copies that complete on `full`.
+    /// The consumers (the rest, counted from 0 in `ix`) wait for `full`, issue the
+    /// step's products, keep one group in flight and release the previous step's
+    /// stage (the last one once its products are waited for). Phases alternate per
     /// round of the stages: round r waits for parity r mod 2 on `full` and, on
-    /// `empty`, for the opposite (the first round's wait passes at once).
-    fn tma_pipeline(&mut self, ix: &Ix) -> Vec<Frag> {
+    /// `empty`, for the opposite (the first round's wait passes at once). A
+    /// persistent kernel runs this over its tiles, the steps counted across them, so
+    /// that the producer fills the next tile's stages during the epilogue.
+    fn tma_kernel(&mut self, ix: &Ix) {
         let k = self.k;
         let s = k.stages;
         let (a_bytes, b_bytes) = k.stage_bytes();
@@ -925,10 +945,11 @@ impl Gen {
                 "call void asm sideeffect \"prefetch.tensormap [$0];\", \"l,~{{memory}}\"(ptr {tm})"
             ));
         }
-        self.emit("br label %produce");
+        let (pix, pg, into) = self.tile_loop_head("p", ix, "produce.pre", "produce");
         self.block("produce");
         let head = self.body.len();
-        let (slot, round) = self.stage_of("%pk");
+        let g = self.v(format!("add i32 {pg}, %pk"));
+        let (slot, round) = self.stage_of(&g);
         let odd = self.v(format!("and i32 {round}, 1"));
         let parity = self.v(format!("xor i32 {odd}, 1"));
         let empty = self.barrier(&bars, &slot, s);
@@ -938,21 +959,23 @@ impl Gen {
             "call void asm sideeffect \"mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;\", \"r,r,~{{memory}}\"(i32 {full}, i32 {})",
             a_bytes + b_bytes
         ));
-        let step = self.v(format!("add i32 %pk, {}", ix.k_first));
+        let step = self.v(format!("add i32 %pk, {}", pix.k_first));
         let kc = self.v(format!("mul i32 {step}, {}", k.bk()));
         let off = self.v(format!("mul i32 {slot}, {}", a_bytes + b_bytes));
         let dst_a = self.v(format!("add i32 {smem0}, {off}"));
         let dst_b = self.v(format!("add i32 {dst_a}, {a_bytes}"));
-        for (dst, tm, row) in [(&dst_a, "%tmA", &ix.m0), (&dst_b, "%tmB", &ix.n0)] {
+        for (dst, tm, row) in [(&dst_a, "%tmA", &pix.m0), (&dst_b, "%tmB", &pix.n0)] {
             self.emit(format!(
                 "call void asm sideeffect \"cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [$0], [$1, {{$2, $3, $4}}], [$5];\", \"r,l,r,r,r,r,~{{memory}}\"(i32 {dst}, ptr {tm}, i32 {kc}, i32 {row}, i32 {}, i32 {full})",
-                ix.batch
+                pix.batch
             ));
         }
         let pk1 = self.v("add i32 %pk, 1");
-        let more = self.v(format!("icmp slt i32 {pk1}, {}", ix.kt_n));
-        self.emit(format!("br i1 {more}, label %produce, label %done"));
-        self.body.insert_str(head, &format!("  %pk = phi i32 [ 0, %produce.pre ], [ {pk1}, %produce ]\n"));
+        let more = self.v(format!("icmp slt i32 {pk1}, {}", pix.kt_n));
+        let after = if k.persistent { "tile.p.next" } else { "done" };
+        self.emit(format!("br i1 {more}, label %produce, label %{after}"));
+        self.body.insert_str(head, &format!("  %pk = phi i32 [ 0, %{into} ], [ {pk1}, %produce ]\n"));
+        self.tile_loop_tail("p", &pix);
         self.block("done");
         self.emit("ret void");
 
@@ -965,11 +988,12 @@ impl Gen {
         let wg = self.v(format!("lshr i32 {}, 7", ix.tid));
         let wg_a = self.v(format!("mul i32 {wg}, {}", 64 * 128));
         let lane0 = self.v(format!("icmp eq i32 {}, 0", ix.lane));
-        self.emit("br label %loop");
+        let (cix, cg, into) = self.tile_loop_head("c", ix, "consumer", "loop");
         self.block("loop");
         let head = self.body.len();
         let acc_names: Vec<String> = (0..k.accumulators()).map(|i| format!("%acc{i}")).collect();
-        let (slot, round) = self.stage_of("%kt");
+        let g = self.v(format!("add i32 {cg}, %kt"));
+        let (slot, round) = self.stage_of(&g);
         let parity = self.v(format!("and i32 {round}, 1"));
         let full = self.barrier(&bars, &slot, 0);
         self.wait_barrier(&full, &parity);
@@ -977,21 +1001,86 @@ impl Gen {
         let at = self.v(format!("add i32 {smem0}, {off}"));
         let cur = self.wgmma_products(&at, &wg_a, &acc_names, 1);
         // The previous step's products are complete: its stage goes back to the producer.
-        let prev = self.v(format!("add i32 %kt, {}", s - 1));
-        let (pslot, _) = self.stage_of(&prev);
-        let released = self.barrier(&bars, &pslot, s);
+        let prev = self.v(format!("add i32 {g}, {}", s - 1));
         let later = self.v("icmp ne i32 %kt, 0");
         let arrive = self.v(format!("and i1 {later}, {lane0}"));
+        self.release(&bars, &prev, &arrive);
+        let kt1 = self.v("add i32 %kt, 1");
+        let again = self.v(format!("icmp slt i32 {kt1}, {}", cix.kt_n));
+        self.emit(format!("br i1 {again}, label %loop, label %epilogue"));
+        self.close_loop(head, &into, &kt1, "loop", &acc_names, &cur);
+        self.block("epilogue");
+        let frags = self.wgmma_frags(&cix, cur, true);
+        // The last step's products are complete too: a persistent kernel's producer
+        // may fill its stage with the next tile's while this one is stored.
+        let last = self.v(format!("add i32 {g}, {s}"));
+        self.release(&bars, &last, &lane0);
+        if k.persistent {
+            self.staged_epilogue(&cix, &frags);
+            self.emit("br label %tile.c.next");
+            self.tile_loop_tail("c", &cix);
+            self.block("finished");
+            self.emit("ret void");
+        } else if k.split_k || k.epilogue.residual {
+            // Split-K shares (f32) and residual epilogues (whose per-element loads
+            // beside 128 live accumulators spill) store straight from the fragments.
+            self.epilogue(&cix, &frags);
+        } else {
+            self.staged_epilogue(&cix, &frags);
+            self.emit("ret void");
+        }
+    }
+
+    /// Where a role's loop over tiles begins (`role` "p" for the producer, "c" for
+    /// the consumers), entered from block `from`: in a persistent kernel a block
+    /// `tile.{role}` with the tile (from `blockIdx.x`, `gridDim.x` apart) and the K
+    /// steps done before it as phis, and that tile's indices; otherwise `ix` and no
+    /// steps before. Branches to `body`; returns the indices, the steps before, and
+    /// the block that enters `body`.
+    fn tile_loop_head(&mut self, role: &str, ix: &Ix, from: &str, body: &str) -> (Ix, String, String) {
+        if !self.k.persistent {
+            self.emit(format!("br label %{body}"));
+            return (ix.clone(), "0".into(), from.to_string());
+        }
+        let t0 = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
+        self.emit(format!("br label %tile.{role}"));
+        self.block(&format!("tile.{role}"));
+        let (t, g) = (format!("%tile.{role}.t"), format!("%tile.{role}.g"));
+        self.emit(format!("{t} = phi i32 [ {t0}, %{from} ], [ %tile.{role}.t1, %tile.{role}.next ]"));
+        self.emit(format!("{g} = phi i32 [ 0, %{from} ], [ %tile.{role}.g1, %tile.{role}.next ]"));
+        let tix = self.indices(Some(&t));
+        self.emit(format!("br label %{body}"));
+        (tix, g, format!("tile.{role}"))
+    }
+
+    /// Closes a persistent kernel's loop over tiles (see `tile_loop_head`): the block
+    /// `tile.{role}.next` counts the tile's K steps and takes the tile `gridDim.x` on,
+    /// while there is one; the loop's exit is `done` (producer) or `finished`.
+    fn tile_loop_tail(&mut self, role: &str, ix: &Ix) {
+        if !self.k.persistent {
+            return;
+        }
+        self.block(&format!("tile.{role}.next"));
+        let grid = self.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()");
+        self.emit(format!("%tile.{role}.g1 = add i32 %tile.{role}.g, {}", ix.kt_n));
+        self.emit(format!("%tile.{role}.t1 = add i32 %tile.{role}.t, {grid}"));
+        let (gx, gy) = self.tile_grid();
+        let per = self.v(format!("mul i32 {gx}, {gy}"));
+        let total = self.v(format!("mul i32 {per}, %batch"));
+        let more = self.v(format!("icmp slt i32 %tile.{role}.t1, {total}"));
+        let exit = if role == "p" { "done" } else { "finished" };
+        self.emit(format!("br i1 {more}, label %tile.{role}, label %{exit}"));
+    }
+
+    /// Lane 0 of each consumer warp (where `arrive`) releases the stage of global step
+    /// `step - stages` (passed as `step`, which the stage index takes mod `stages`).
+    fn release(&mut self, bars: &str, step: &str, arrive: &str) {
+        let (slot, _) = self.stage_of(step);
+        let empty = self.barrier(bars, &slot, self.k.stages);
         let arrive32 = self.v(format!("zext i1 {arrive} to i32"));
         self.emit(format!(
-            "call void asm sideeffect \"{{\\0A.reg .pred p;\\0Asetp.ne.b32 p, $0, 0;\\0A@p mbarrier.arrive.shared::cta.b64 _, [$1];\\0A}}\", \"r,r,~{{memory}}\"(i32 {arrive32}, i32 {released})"
+            "call void asm sideeffect \"{{\\0A.reg .pred p;\\0Asetp.ne.b32 p, $0, 0;\\0A@p mbarrier.arrive.shared::cta.b64 _, [$1];\\0A}}\", \"r,r,~{{memory}}\"(i32 {arrive32}, i32 {empty})"
         ));
-        let kt1 = self.v("add i32 %kt, 1");
-        let again = self.v(format!("icmp slt i32 {kt1}, {}", ix.kt_n));
-        self.emit(format!("br i1 {again}, label %loop, label %epilogue"));
-        self.close_loop(head, "consumer", &kt1, "loop", &acc_names, &cur);
-        self.block("epilogue");
-        self.wgmma_frags(ix, cur, true)
     }
 
     /// Step `kt`'s stage (`kt mod stages`) and round (`kt / stages`).
@@ -1157,18 +1246,28 @@ impl Gen {
         let k = self.k;
         let e = elem_ty(k.elem);
         let consumers = k.warpgroups();
-        let pitch = k.bn * 2 + 16;
-        // Every consumer's products are complete (the stage buffers are free) before
-        // any staging write.
-        self.emit(format!(
-            "call void asm sideeffect \"bar.sync 1, {};\", \"~{{memory}}\"()",
-            128 * consumers
-        ));
+        let pitch = k.epilogue_pitch();
+        let wg = self.v(format!("lshr i32 {}, 7", ix.tid));
+        let own = self.v(format!("add i32 {wg}, 2"));
+        let region = if k.persistent {
+            // A region of its own, which the warpgroup's previous tile read from.
+            self.emit(format!(
+                "call void asm sideeffect \"bar.sync $0, 128;\", \"r,~{{memory}}\"(i32 {own})"
+            ));
+            k.epilogue_region().0
+        } else {
+            // The stage buffers: every consumer's products complete before any write.
+            self.emit(format!(
+                "call void asm sideeffect \"bar.sync 1, {};\", \"~{{memory}}\"()",
+                128 * consumers
+            ));
+            0
+        };
         let lane = ix.lane.clone();
         let smem0 = self.v("ptrtoint ptr addrspace(3) @smem to i32");
-        let wg = self.v(format!("lshr i32 {}, 7", ix.tid));
         let wg_off = self.v(format!("mul i32 {wg}, {}", 64 * pitch));
-        let tile = self.v(format!("add i32 {smem0}, {wg_off}"));
+        let at0 = self.v(format!("add i32 {smem0}, {region}"));
+        let tile = self.v(format!("add i32 {at0}, {wg_off}"));
         let g = self.v(format!("lshr i32 {lane}, 2"));
         let q = self.v(format!("and i32 {lane}, 3"));
         let q2 = self.v(format!("shl i32 {q}, 1"));
@@ -1201,8 +1300,7 @@ impl Gen {
             self.emit("call void asm sideeffect \"\", \"~{memory}\"()");
         }
         // The warpgroup's tile is written before any of its threads reads it.
-        let bar = self.v(format!("add i32 {wg}, 2"));
-        self.emit(format!("call void asm sideeffect \"bar.sync $0, 128;\", \"r,~{{memory}}\"(i32 {bar})"));
+        self.emit(format!("call void asm sideeffect \"bar.sync $0, 128;\", \"r,~{{memory}}\"(i32 {own})"));
         let t = self.v(format!("and i32 {}, 127", ix.tid));
         let wg_rows = self.v(format!("mul i32 {wg}, 64"));
         let row0 = self.v(format!("add i32 {}, {wg_rows}", ix.m0));
@@ -1264,7 +1362,6 @@ impl Gen {
             self.emit(format!("br label %{next}"));
             self.block(&next);
         }
-        self.emit("ret void");
     }
 
     /// The epilogue of two adjacent accumulators at `s`, rounded to the element type.
@@ -1352,8 +1449,9 @@ impl Gen {
         let params = format!(
             "ptr addrspace(1) readonly align 16 %A, ptr addrspace(1) readonly align 16 %B, \
              ptr addrspace(1) align 16 %C, ptr addrspace(1) readonly %bias, ptr addrspace(1) readonly %res, \
-             i32 %M, i32 %N, i32 %K, i32 %lda, i32 %ldb, i32 %ldc, i64 %sa, i64 %sb, i64 %sc{}{}",
+             i32 %M, i32 %N, i32 %K, i32 %lda, i32 %ldb, i32 %ldc, i64 %sa, i64 %sb, i64 %sc{}{}{}",
             if k.split_k { ", i32 %kper" } else { "" },
+            if k.persistent { ", i32 %batch" } else { "" },
             if k.tma {
                 ", ptr byval([16 x i64]) align 64 %tmA, ptr byval([16 x i64]) align 64 %tmB"
             } else {
@@ -1366,7 +1464,7 @@ impl Gen {
         // `setmaxnreg` redistributes.
         let mut extra = Vec::new();
         if k.tma {
-            let first = 15 + usize::from(k.split_k);
+            let first = 15 + usize::from(k.split_k) + usize::from(k.persistent);
             extra.push(format!("!\"grid_constant\", !{{i32 {first}, i32 {}}}", first + 1));
             extra.push("!\"minctasm\", i32 1".to_string());
         }

@@ -132,6 +132,7 @@ fn an_invalid_kernel_is_an_error_not_a_panic() {
         overlap: false,
         split_k: false,
         tma: false,
+        persistent: false,
     };
     let e = nvptx::llvm_ir(&bad).unwrap_err().to_string();
     assert!(e.contains("warp tile 24x32"), "{e}");
@@ -165,6 +166,7 @@ fn golden_ptx() {
         overlap: false,
         split_k: false,
         tma: false,
+        persistent: false,
     };
     golden("gemm_bf16_nt_16x64_w1x4_s4.ptx", &nvptx::ptx(&small).unwrap());
     let nn = GemmKernel {
@@ -190,7 +192,9 @@ fn tma_kernels_split_producer_and_consumers() {
     let mut n = 0;
     for elem in [Elem::Bf16, Elem::F16] {
         for epi in all_epilogues() {
-            for k in candidates::tma_family(elem, epi) {
+            let persistent = candidates::persistent_family(elem, epi);
+            assert_eq!(persistent.len(), if epi.residual { 0 } else { 4 });
+            for k in candidates::tma_family(elem, epi).into_iter().chain(persistent) {
                 assert!(k.check().is_ok(), "{k}");
                 let ir = nvptx::llvm_ir(&k).unwrap();
                 let start = ir.find("\nproduce:").expect("a producer loop");
@@ -221,11 +225,17 @@ fn tma_kernels_split_producer_and_consumers() {
                 let ptx = nvptx::compile(&ir, &k.name(), k.arch).unwrap();
                 assert!(ptx.contains(".target sm_90a") && ptx.contains(".minnctapersm 1"), "{k}");
                 assert!(ptx.contains(&format!(".maxntid {}, 1, 1", k.threads())), "{k}");
+                // A persistent kernel walks tiles `gridDim.x` apart, the batch an argument.
+                assert_eq!(ir.contains("%tile.c.t1 = add i32 %tile.c.t"), k.persistent, "{k}");
+                assert_eq!(ir.contains("%tile.p.t1 = add i32 %tile.p.t"), k.persistent, "{k}");
+                assert_eq!(ir.contains("i32 %batch,"), k.persistent, "{k}");
+                // Stores through shared memory in 16-byte chunks, but for a residual.
+                assert_eq!(ir.contains("store <8 x i16>"), !epi.residual, "{k}");
                 n += 1;
             }
         }
     }
-    assert_eq!(n, 2 * 4 * 4);
+    assert_eq!(n, 2 * (4 * 4 + 3 * 4));
 }
 
 /// With `ANYSHAPE_PTXAS` (scripts/test.sh sets it to the PyPI wheel's ptxas), every
@@ -250,6 +260,11 @@ fn ptxas_accepts_every_family_kernel() {
         Epilogue { bias: true, gelu: Some(Gelu::Erf), residual: true },
     ));
     kernels.extend(candidates::tma_family(Elem::F16, Epilogue::NONE));
+    kernels.extend(candidates::persistent_family(Elem::Bf16, Epilogue::NONE));
+    kernels.extend(candidates::persistent_family(
+        Elem::Bf16,
+        Epilogue { bias: true, gelu: Some(Gelu::Tanh), residual: false },
+    ));
     kernels.extend(candidates::split_k_family(Elem::Bf16));
     for k in &kernels {
         let ptx_path = dir.join(format!("{}.ptx", k.name()));

@@ -46,6 +46,7 @@ pub fn space(elem: Elem, b: BLayout, epilogue: Epilogue) -> Vec<GemmKernel> {
                         overlap: false,
                         split_k: false,
                         tma: false,
+                        persistent: false,
                     };
                     if k.check().is_ok() {
                         out.push(k);
@@ -125,6 +126,7 @@ fn wgmma(elem: Elem, epilogue: Epilogue, bm: usize, bn: usize, stages: usize) ->
         overlap: false,
         split_k: false,
         tma: false,
+        persistent: false,
     }
 }
 
@@ -150,6 +152,24 @@ pub fn tma_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
             |stages| GemmKernel { tma: true, ..wgmma(elem, epilogue, bm, bn, stages) },
             3..=6,
         ));
+    }
+    out
+}
+
+/// The persistent TMA kernels: the same tiles, each with its epilogue's region of
+/// shared memory beside as many stages as still fit (3 for 128×256), one block an
+/// SM walking the tiles, so that a tile's stores overlap the next tile's copies.
+/// Epilogues without a residual (a residual's loads beside the accumulators spill
+/// the staged store).
+pub fn persistent_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
+    let mut out = Vec::new();
+    if epilogue.residual {
+        return out;
+    }
+    for (bm, bn) in [(64, 128), (64, 256), (128, 128), (128, 256)] {
+        let kernel =
+            |stages| GemmKernel { tma: true, persistent: true, ..wgmma(elem, epilogue, bm, bn, stages) };
+        out.extend(deepest(kernel, 3..=6));
     }
     out
 }

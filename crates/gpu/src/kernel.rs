@@ -152,6 +152,12 @@ pub struct GemmKernel {
     /// Two more arguments: A's and B's tensor maps, by value.
     #[serde(default)]
     pub tma: bool,
+    /// TMA only: a block per SM (at most) walks the tiles `blockIdx.x`,
+    /// `+ gridDim.x`, …, its producer running on into the next tile's stages while the
+    /// consumers store the last one through a shared-memory region of their own. One
+    /// more argument (i32, before the tensor maps): the batch.
+    #[serde(default)]
+    pub persistent: bool,
 }
 
 /// The second launch of a split-K product: `C[m, n] = epilogue(Σ_s W[s, m, n])`,
@@ -193,7 +199,9 @@ pub enum KernelError {
 /// `kper` (i32, K steps a split), `z` runs over the splits, and C is the f32 workspace
 /// with the split stride in C's batch stride. A TMA kernel ([`GemmKernel::tma`])
 /// takes two more, last: A's and B's tensor maps, by value (128 bytes each,
-/// 64-byte aligned; `[batch, rows, K]` in boxes of a stage's tile).
+/// 64-byte aligned; `[batch, rows, K]` in boxes of a stage's tile); a persistent
+/// one the batch (i32) before them, and its grid is `x` alone, at most one block
+/// an SM, over the tiles.
 pub const ABI: &str =
     "A, B, C, bias, residual: ptr; M, N, K, lda, ldb, ldc: i32; batch strides of A, B, C: i64";
 
@@ -202,11 +210,12 @@ impl GemmKernel {
     pub fn name(&self) -> String {
         format!(
             "gemm_{}{}_{}_{}x{}_w{}x{}_s{}{}{}",
-            match (self.arch, self.overlap, self.tma) {
-                (Arch::Sm80, _, _) => "",
-                (Arch::Sm90a, _, true) => "wgt_",
-                (Arch::Sm90a, false, false) => "wg_",
-                (Arch::Sm90a, true, false) => "wgo_",
+            match (self.arch, self.overlap, self.tma, self.persistent) {
+                (Arch::Sm80, ..) => "",
+                (Arch::Sm90a, _, true, true) => "wgp_",
+                (Arch::Sm90a, _, true, false) => "wgt_",
+                (Arch::Sm90a, false, false, _) => "wg_",
+                (Arch::Sm90a, true, false, _) => "wgo_",
             },
             self.elem.name(),
             self.b.tag(),
@@ -248,6 +257,22 @@ impl GemmKernel {
         }
     }
 
+    /// Row pitch (bytes) of a TMA kernel's epilogue tile in shared memory: `bn`
+    /// 16-bit values and 16 bytes, so that a warp's fragment writes fall in 32 banks.
+    pub fn epilogue_pitch(&self) -> usize {
+        self.bn * 2 + 16
+    }
+
+    /// Where a persistent kernel's epilogue tiles start (after the barriers, 128-byte
+    /// aligned) and their bytes (a 64-row tile per consumer); a non-persistent TMA
+    /// kernel stages its epilogue in the idle stage buffers instead.
+    pub fn epilogue_region(&self) -> (usize, usize) {
+        let (a, b) = self.stage_bytes();
+        let at = (self.stages * (a + b) + self.barrier_bytes()).div_ceil(128) * 128;
+        let bytes = if self.persistent { self.warpgroups() * 64 * self.epilogue_pitch() } else { 0 };
+        (at, bytes)
+    }
+
     /// The warp tile's rows and columns.
     pub fn warp_tile(&self) -> (usize, usize) {
         (self.bm / self.warps_m, self.bn / self.warps_n)
@@ -274,7 +299,10 @@ impl GemmKernel {
     /// Dynamic shared memory a block asks for.
     pub fn smem_bytes(&self) -> usize {
         let (a, b) = self.stage_bytes();
-        self.stages * (a + b) + self.barrier_bytes()
+        match self.epilogue_region() {
+            (at, bytes) if bytes > 0 => at + bytes,
+            _ => self.stages * (a + b) + self.barrier_bytes(),
+        }
     }
 
     /// f32 accumulators a thread holds: 4 per m16n8 product of its warp tile.
@@ -318,6 +346,9 @@ impl GemmKernel {
         }
         if self.tma && (self.arch != Arch::Sm90a || self.overlap) {
             return bad("TMA kernels are wgmma kernels with their own pipeline (not `overlap`)".into());
+        }
+        if self.persistent && (!self.tma || self.split_k) {
+            return bad("persistent kernels are TMA kernels over whole products (not split-K)".into());
         }
         if self.split_k && self.epilogue != Epilogue::NONE {
             return bad("a split-K kernel writes partial sums: its epilogue is the reduction's".into());

@@ -322,8 +322,15 @@ impl Gpu {
         }
         self.check_operands(k, p, o, k.epilogue)?;
         let maps = if k.tma { Some(self.tensor_maps(k, p, o)?) } else { None };
+        // A persistent kernel: a block an SM at most, walking the tiles.
+        let grid = if k.persistent {
+            (k.blocks(p).min(self.limits.sms) as u32, 1, 1)
+        } else {
+            (p.n.div_ceil(k.bn) as u32, p.m.div_ceil(k.bm) as u32, p.batch as u32)
+        };
+        let batch = p.batch as i32;
         let cfg = LaunchConfig {
-            grid_dim: (p.n.div_ceil(k.bn) as u32, p.m.div_ceil(k.bm) as u32, p.batch as u32),
+            grid_dim: grid,
             block_dim: (k.threads() as u32, 1, 1),
             shared_mem_bytes: k.smem_bytes() as u32,
         };
@@ -335,16 +342,20 @@ impl Gpu {
         let mut b = self.stream.launch_builder(&l.func);
         b.arg(&o.a).arg(&o.b).arg(&mut c).arg(&o.bias).arg(&o.residual);
         b.arg(&m).arg(&n).arg(&kk).arg(&lda).arg(&ldb).arg(&ldc).arg(&sa).arg(&sb).arg(&sc);
+        if k.persistent {
+            b.arg(&batch);
+        }
         if let Some([ta, tb]) = &maps {
             b.arg(ta).arg(tb);
         }
         // SAFETY: the arguments match the kernel's ABI (`kernel::ABI`: five global
-        // pointers, six i32, three i64, in that order, and a TMA kernel's two tensor
-        // maps), and every element the launch can touch lies inside the buffers
-        // (checked above against M, N, K, the strides and the batch; a tensor map
-        // reads only inside the extents it was built with, and zero-fills the rest);
-        // the dynamic shared memory is what the kernel was built for and was allowed
-        // on load.
+        // pointers, six i32, three i64, in that order, a persistent kernel's batch,
+        // and a TMA kernel's two tensor maps), and every element the launch can
+        // touch lies inside the buffers (checked above against M, N, K, the strides
+        // and the batch; a tensor map reads only inside the extents it was built
+        // with, and zero-fills the rest; a persistent grid's blocks take only tiles
+        // below the product's count); the dynamic shared memory is what the kernel
+        // was built for and was allowed on load.
         unsafe { b.launch(cfg) }.map_err(|e| GpuError::Driver(format!("{k} on {p}: {e:?}")))?;
         Ok(())
     }

@@ -2,8 +2,9 @@
 //! kernels. A launch's thread blocks run in waves over the SMs, as many blocks an SM
 //! at once as its registers, shared memory and thread slots allow; a kernel's time
 //! is its waves times one block's time, which is linear in the block's K steps at
-//! that occupancy (measured once per kernel on the device: the lowest level is
-//! measured, the levels above are modeled, Vortex §5). A memory floor (operands and
+//! that occupancy past a few steps, and interpolated from a short product's time
+//! below (measured once per kernel on the device: the lowest level is measured,
+//! the levels above are modeled, Vortex §5). A memory floor (operands and
 //! result moved once at the device's bandwidth) and the launch cost bound it below.
 
 use crate::kernel::{GemmKernel, Problem};
@@ -62,6 +63,41 @@ pub struct KernelRate {
     pub per_kstep: f64,
     pub fixed_alone: f64,
     pub per_kstep_alone: f64,
+    /// The line above is fitted from two long products (`fit_from` steps and four
+    /// times as many); its intercept (the pipeline's fill, the epilogue) overstates
+    /// a product of a step or two. `short` and `short_alone` are a full wave's and a
+    /// lone block's time measured at `short_steps` (K = 64), and below `fit_from`
+    /// steps the model interpolates between them and the line. 0: not measured.
+    #[serde(default)]
+    pub fit_from: f64,
+    #[serde(default)]
+    pub short_steps: f64,
+    #[serde(default)]
+    pub short: f64,
+    #[serde(default)]
+    pub short_alone: f64,
+}
+
+impl KernelRate {
+    /// A full wave's time at `steps` K steps.
+    pub fn wave(&self, steps: f64) -> f64 {
+        self.between(self.short, self.fixed, self.per_kstep, steps)
+    }
+
+    /// One block's time alone on an SM at `steps` K steps.
+    pub fn alone(&self, steps: f64) -> f64 {
+        self.between(self.short_alone, self.fixed_alone, self.per_kstep_alone, steps)
+    }
+
+    fn between(&self, short: f64, fixed: f64, per: f64, steps: f64) -> f64 {
+        let line = fixed + per * steps;
+        if short <= 0.0 || steps >= self.fit_from || self.fit_from <= self.short_steps {
+            return line;
+        }
+        let end = fixed + per * self.fit_from;
+        let f = (steps - self.short_steps) / (self.fit_from - self.short_steps);
+        (short + f * (end - short)).max(0.0)
+    }
 }
 
 /// A choice for one product: a kernel of the model and, for a split-K kernel, the
@@ -99,12 +135,12 @@ impl WaveModel {
         let slots = self.device.sms * occ;
         let (steps, splits) = if k.split_k { k.split_plan(p.k, c.splits) } else { (p.k.div_ceil(k.bk()), 1) };
         let blocks = k.blocks(p) * splits;
-        let wave = r.fixed + r.per_kstep * steps as f64;
+        let wave = r.wave(steps as f64);
         let mut t = (blocks / slots) as f64 * wave;
         let rest = blocks % slots;
         if rest > 0 {
             let per_sm = rest.div_ceil(self.device.sms);
-            let alone = r.fixed_alone + r.per_kstep_alone * steps as f64;
+            let alone = r.alone(steps as f64);
             t += if occ == 1 {
                 alone
             } else {

@@ -27,6 +27,7 @@ fn mma(bm: usize, bn: usize, warps_m: usize, warps_n: usize) -> GemmKernel {
         overlap: false,
         split_k: false,
         tma: false,
+        persistent: false,
     }
 }
 
@@ -105,6 +106,24 @@ fn the_candidate_space_is_valid_and_the_family_spans_small_to_large_tiles() {
         }
     }
     assert!(tma.iter().any(|k| k.name() == "gemm_wgt_bf16_nt_128x256_w8x1_s4"));
+    // Persistent: the epilogue's region beside the stages (fewer of them), inside
+    // Hopper's shared memory; none with a residual.
+    let persistent = candidates::persistent_family(Elem::Bf16, Epilogue::NONE);
+    assert_eq!(persistent.len(), 4);
+    for k in &persistent {
+        assert!(k.check().is_ok() && k.persistent && k.tma, "{k}");
+        let (at, bytes) = k.epilogue_region();
+        let (a, b) = k.stage_bytes();
+        assert!(at >= k.stages * (a + b + 16) && at % 128 == 0, "{k}");
+        assert_eq!(bytes, k.warpgroups() * 64 * (2 * k.bn + 16), "{k}");
+        assert_eq!(k.smem_bytes(), at + bytes, "{k}");
+        assert!(k.smem_bytes() <= gpu::kernel::MAX_SMEM_PER_BLOCK_SM90, "{k}");
+    }
+    assert!(persistent.iter().any(|k| k.name() == "gemm_wgp_bf16_nt_128x256_w8x1_s3"));
+    let residual = Epilogue { bias: true, gelu: None, residual: true };
+    assert!(candidates::persistent_family(Elem::Bf16, residual).is_empty());
+    assert!(GemmKernel { persistent: true, ..mma(64, 64, 2, 2) }.check().is_err());
+    assert!(GemmKernel { split_k: true, ..persistent[0] }.check().is_err());
     assert!(GemmKernel { tma: true, ..mma(64, 64, 2, 2) }.check().is_err(), "TMA is a wgmma pipeline");
     assert!(GemmKernel { overlap: true, ..tma[0] }.check().is_err());
 }
@@ -120,6 +139,55 @@ fn occupancy_is_limited_by_registers_shared_memory_and_threads() {
     assert_eq!(occupancy(&small, 16, &d), 10, "shared memory: 228 / 21");
 }
 
+/// A rate without a short product's measurement (the long fit alone).
+fn unmeasured_short() -> KernelRate {
+    KernelRate {
+        name: String::new(),
+        regs: 0,
+        occupancy: 1,
+        fixed: 0.0,
+        per_kstep: 0.0,
+        fixed_alone: 0.0,
+        per_kstep_alone: 0.0,
+        fit_from: 0.0,
+        short_steps: 0.0,
+        short: 0.0,
+        short_alone: 0.0,
+    }
+}
+
+/// Below the long fit's first point a rate interpolates to the short product's
+/// measured time: continuous at the fit's first point, exact at the short one, the
+/// line itself past it and when nothing short was measured.
+#[test]
+fn a_short_product_is_priced_between_its_measurement_and_the_fit() {
+    // A TMA tile as measured on an H100: the line's intercept says 3.8 us, one step took 2.9.
+    let r = KernelRate {
+        fixed: 3.82e-6,
+        per_kstep: 0.649e-6,
+        fixed_alone: 4.84e-6,
+        per_kstep_alone: 0.609e-6,
+        fit_from: 8.0,
+        short_steps: 1.0,
+        short: 2.9e-6,
+        short_alone: 3.1e-6,
+        ..unmeasured_short()
+    };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+    assert!(close(r.wave(1.0), 2.9e-6) && close(r.alone(1.0), 3.1e-6));
+    assert!(close(r.wave(8.0), 3.82e-6 + 8.0 * 0.649e-6));
+    assert!((r.wave(8.0 - 1e-6) - r.wave(8.0)).abs() < 1e-11, "continuous where the line takes over");
+    assert!(close(r.wave(20.0), 3.82e-6 + 20.0 * 0.649e-6));
+    let mut last = 0.0;
+    for s in 1..40 {
+        let t = r.wave(s as f64);
+        assert!(t > last, "more steps never take less time ({s})");
+        last = t;
+    }
+    let plain = KernelRate { short: 0.0, short_alone: 0.0, ..r.clone() };
+    assert!(close(plain.wave(1.0), 3.82e-6 + 0.649e-6));
+}
+
 fn model() -> WaveModel {
     let kernels = vec![mma(16, 64, 1, 4), mma(128, 128, 2, 2)];
     let rates = vec![
@@ -131,6 +199,7 @@ fn model() -> WaveModel {
             per_kstep: 0.64e-6,
             fixed_alone: 1.9e-6,
             per_kstep_alone: 0.145e-6,
+            ..unmeasured_short()
         },
         KernelRate {
             name: kernels[1].name(),
@@ -140,6 +209,7 @@ fn model() -> WaveModel {
             per_kstep: 0.63e-6,
             fixed_alone: 5.9e-6,
             per_kstep_alone: 0.45e-6,
+            ..unmeasured_short()
         },
     ];
     WaveModel { device: DeviceLimits::hopper(4e12), kernels, rates }

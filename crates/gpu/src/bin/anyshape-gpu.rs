@@ -304,7 +304,7 @@ fn verify(k: &GemmKernel, case: &Case, got: &[u16], want: &[f64]) -> Vec<String>
 }
 
 /// Shapes a kernel is checked at: edges (1, one past a tile, primes, K of one
-/// copy), then random draws; N a multiple of 8 for an N-major B, one product for a
+/// copy, more tiles than SMs), then random draws; N a multiple of 8 for an N-major B, one product for a
 /// split-K kernel.
 fn shapes(k: &GemmKernel, rng: &mut StdRng, random: usize) -> Vec<(Problem, usize, usize)> {
     let n8 = |n: usize| if k.b == BLayout::NMajor { n.div_ceil(8) * 8 } else { n };
@@ -315,6 +315,9 @@ fn shapes(k: &GemmKernel, rng: &mut StdRng, random: usize) -> Vec<(Problem, usiz
         (Problem::new(batch(3), 97, n8(67), 264), 8, 0),
         (Problem::new(1, 2 * k.bm - 1, n8(2 * k.bn + 3), 32), 0, 3),
         (Problem::new(batch(2), 13, n8(131), 768), 0, 0),
+        // More tiles than an H100 has SMs (216 in 2 batch entries; 108 split), so
+        // that a persistent block walks several, its steps' phases running on.
+        (Problem::new(batch(2), 17 * k.bm + 5, n8(5 * k.bn + 3), 200), 0, 0),
     ];
     let primes = [1, 2, 3, 5, 7, 13, 31, 61, 127, 251];
     for _ in 0..random {
@@ -463,26 +466,28 @@ fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<Ker
     let k = &l.kernel;
     let occ = occupancy(k, l.regs, &gpu.limits).max(1);
     let sms = gpu.limits.sms;
-    let (k1, k2) = (512usize, 2048usize);
+    // A short product (one wgmma step, two mma.sync steps), and two long ones
+    // whose difference gives a K step's cost.
+    let (k0, k1, k2) = (64usize, 512usize, 2048usize);
     let steps = |kk: usize| kk.div_ceil(k.bk()) as f64;
     // (tile rows, tile columns) of each grid: four full waves; one block an SM. A
     // split-K kernel is measured unsplit and without its reduction, which the
     // model adds.
     let ntiles = (2048 / k.bn).max(1);
     let grids = [((4 * sms * occ).div_ceil(ntiles), ntiles), (sms.div_ceil(11), 11)];
-    let mut fit = [(0.0, 0.0); 2];
+    let mut fit = [(0.0, 0.0, 0.0); 2];
     for (g, &(mt, nt)) in grids.iter().enumerate() {
         let waves = (mt * nt).div_ceil(sms * occ) as f64;
-        let mut t = [0.0; 2];
-        for (x, &kk) in [k1, k2].iter().enumerate() {
+        let mut t = [0.0; 3];
+        for (x, &kk) in [k0, k1, k2].iter().enumerate() {
             let p = Problem::new(1, mt * k.bm, nt * k.bn, kk);
             let mut ops = timed_operands(gpu, rng, k.b, &p)?;
             let mut w = gpu.alloc_f32(if k.split_k { p.m * p.n } else { 1 })?;
             t[x] = gpu.time(reps, 10, || run_choice(gpu, l, None, &p, 1, &mut ops, &mut w))?.0;
         }
-        let per = ((t[1] - t[0]) / (waves * (steps(k2) - steps(k1)))).max(1e-9);
-        let fixed = (t[0] / waves - per * steps(k1)).max(0.0);
-        fit[g] = (fixed, per);
+        let per = ((t[2] - t[1]) / (waves * (steps(k2) - steps(k1)))).max(1e-9);
+        let fixed = (t[1] / waves - per * steps(k1)).max(0.0);
+        fit[g] = (fixed, per, t[0] / waves);
     }
     Ok(KernelRate {
         name: k.name(),
@@ -492,6 +497,10 @@ fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<Ker
         per_kstep: fit[0].1,
         fixed_alone: fit[1].0,
         per_kstep_alone: fit[1].1,
+        fit_from: steps(k1),
+        short_steps: steps(k0),
+        short: fit[0].2,
+        short_alone: fit[1].2,
     })
 }
 
@@ -565,14 +574,17 @@ fn bench(
         for l in &fam {
             let r = calibrate(&gpu, l, &mut rng, reps)?;
             println!(
-                "calibrated {:<40} regs {:>3} occupancy {:>2}: a wave {:.2} us + {:.3} us a K step; alone {:.2} us + {:.3} us",
+                "calibrated {:<40} regs {:>3} occupancy {:>2}: a wave {:.2} us + {:.3} us a K step ({:.2} us at {} steps); alone {:.2} us + {:.3} us ({:.2} us)",
                 r.name,
                 r.regs,
                 r.occupancy,
                 r.fixed * 1e6,
                 r.per_kstep * 1e6,
+                r.short * 1e6,
+                r.short_steps,
                 r.fixed_alone * 1e6,
-                r.per_kstep_alone * 1e6
+                r.per_kstep_alone * 1e6,
+                r.short_alone * 1e6
             );
             if let Some(f) = out.as_mut() {
                 let _ = writeln!(f, "{}", json!({"calibration": r}));
