@@ -33,21 +33,7 @@ pub fn space(elem: Elem, b: BLayout, epilogue: Epilogue) -> Vec<GemmKernel> {
                     continue;
                 }
                 for stages in [2, 3, 4] {
-                    let k = GemmKernel {
-                        arch: Arch::Sm80,
-                        elem,
-                        b,
-                        bm,
-                        bn,
-                        warps_m,
-                        warps_n,
-                        stages,
-                        epilogue,
-                        overlap: false,
-                        split_k: false,
-                        tma: false,
-                        persistent: false,
-                    };
+                    let k = plain(Arch::Sm80, elem, b, (bm, bn), (warps_m, warps_n), stages, epilogue);
                     if k.check().is_ok() {
                         out.push(k);
                     }
@@ -113,14 +99,28 @@ pub fn wgmma_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
 
 /// A wgmma kernel of tile `bm × bn` (B K-major, `bm/16` warps), cp.async-fed.
 fn wgmma(elem: Elem, epilogue: Epilogue, bm: usize, bn: usize, stages: usize) -> GemmKernel {
+    plain(Arch::Sm90a, elem, BLayout::KMajor, (bm, bn), (bm / 16, 1), stages, epilogue)
+}
+
+/// A kernel with none of the pipeline's options (cp.async-fed, whole K, no group in
+/// flight).
+fn plain(
+    arch: Arch,
+    elem: Elem,
+    b: BLayout,
+    (bm, bn): (usize, usize),
+    (warps_m, warps_n): (usize, usize),
+    stages: usize,
+    epilogue: Epilogue,
+) -> GemmKernel {
     GemmKernel {
-        arch: Arch::Sm90a,
+        arch,
         elem,
-        b: BLayout::KMajor,
+        b,
         bm,
         bn,
-        warps_m: bm / 16,
-        warps_n: 1,
+        warps_m,
+        warps_n,
         stages,
         epilogue,
         overlap: false,
