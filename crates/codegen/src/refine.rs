@@ -27,7 +27,7 @@ pub const ROWS: [usize; 4] = [1, 2, 4, 8];
 /// From here on the model's own choice (a table row that picks nothing; a row
 /// count takes the nearest table row in log M, so the 8-row pick serves 6-9 rows).
 /// At 8 rows the measured picks (direct 8x48 or 4x48 tiles) beat the model's
-/// (BERT-base and GPT-2 at 8 tokens: 9-23% faster); at 32 rows, measurements of a
+/// (BERT-base and GPT-2 at 8 tokens: 10-21% faster); at 32 rows, measurements of a
 /// weight streamed alone picked tiles that were slower inside BERT (seq 32:
 /// 37.7-55.6 ms against the model's 29.5-35.7), so the model decides there.
 pub const MODEL_FROM: usize = 12;
