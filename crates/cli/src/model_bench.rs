@@ -47,7 +47,7 @@ pub struct BenchArgs {
     #[arg(long)]
     no_object_cache: bool,
     /// Dispatch by the analytical model alone, without measuring each weight
-    /// matmul's best schedules at 1, 2, 4, 8 and 16 rows at compile time (which is on
+    /// matmul's best schedules at 1, 2, 4, ..., 64 rows at compile time (which is on
     /// by default and cached per machine)
     #[arg(long)]
     no_measured_dispatch: bool,

@@ -23,15 +23,16 @@ use serde::{Deserialize, Serialize};
 use crate::CodegenError;
 
 /// The row counts measured.
-pub const ROWS: [usize; 5] = [1, 2, 4, 8, 16];
+pub const ROWS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
 /// From here on the model's own choice (a table row that picks nothing). A row
-/// count takes the nearest table row in log M: the 8-row pick serves 6-11 rows, the
-/// 16-row pick 12-16. There the measured picks (direct 8x48 or 4x48 tiles) beat the
-/// model's packed 4x48 inside BERT-base and GPT-2 (8 tokens: 3-21% faster; 12 and 16
-/// tokens: 10-17%), while the 16-row pick over 17-19 rows was 1-6% slower than the
-/// model's; at 32 rows, measurements of a weight streamed alone picked tiles that
-/// were slower inside BERT (seq 32: 37.7-55.6 ms against the model's 29.5-35.7).
-pub const MODEL_FROM: usize = 17;
+/// count takes the nearest table row in log M (the 8-row pick serves 6-11 rows, the
+/// 16-row pick 12-22, ..., the 64-row pick 46-64). Up to 64 rows the measured picks
+/// (direct 8x48 or 4x48 tiles where the model takes packed ones) beat the model's
+/// inside BERT-base and GPT-2: 8 tokens 3-21% faster, 12-16 tokens 10-17%, 24-32
+/// tokens 6-10%, 48 tokens 4%, 64 level. (Session 10 found 32-row picks slower inside
+/// BERT, measured one candidate after another; taking turns and the tie rule below
+/// made them faster.)
+pub const MODEL_FROM: usize = 65;
 /// Macro-kernels measured per row count: the model's best ones.
 const CANDIDATES: usize = 6;
 /// Rounds each candidate is timed in, in turns (its best round counts).
@@ -57,10 +58,10 @@ struct Refined {
 }
 
 /// The cache file's name; version 2 measures the best of every thread count
-/// too, version 4 at 8 and 16 rows too, in turns, ties to the fewest passes (an
-/// older file is left alone and measured again).
+/// too, version 6 at 8-64 rows too, in turns, ties to the fewest passes (an older
+/// file is left alone and measured again).
 fn path(dir: &Path, threads: usize) -> PathBuf {
-    dir.join(format!("refined-v4-f32-{threads}t.json"))
+    dir.join(format!("refined-v6-f32-{threads}t.json"))
 }
 
 fn key(e: &Epilogue) -> String {
