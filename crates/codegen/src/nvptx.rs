@@ -1000,7 +1000,8 @@ impl Gen {
         let off = self.v(format!("mul i32 {slot}, {}", a_bytes + b_bytes));
         let at = self.v(format!("add i32 {smem0}, {off}"));
         let cur = self.wgmma_products(&at, &wg_a, &acc_names, 1);
-        // The previous step's products are complete: its stage goes back to the producer.
+        // The previous step's products are complete: its stage goes back to the
+        // producer (step g - 1, as g + stages - 1: the same stage, never negative).
         let prev = self.v(format!("add i32 {g}, {}", s - 1));
         let later = self.v("icmp ne i32 %kt, 0");
         let arrive = self.v(format!("and i1 {later}, {lane0}"));
@@ -1013,6 +1014,7 @@ impl Gen {
         let frags = self.wgmma_frags(&cix, cur, true);
         // The last step's products are complete too: a persistent kernel's producer
         // may fill its stage with the next tile's while this one is stored.
+        // (As g + stages: the stage of step g, written as the code checked on the device.)
         let last = self.v(format!("add i32 {g}, {s}"));
         self.release(&bars, &last, &lane0);
         if k.persistent {
@@ -1072,8 +1074,8 @@ impl Gen {
         self.emit(format!("br i1 {more}, label %tile.{role}, label %{exit}"));
     }
 
-    /// Lane 0 of each consumer warp (where `arrive`) releases the stage of global step
-    /// `step - stages` (passed as `step`, which the stage index takes mod `stages`).
+    /// Lane 0 of each consumer warp (where `arrive`) releases the stage that global
+    /// step `step` used (stage `step mod stages`).
     fn release(&mut self, bars: &str, step: &str, arrive: &str) {
         let (slot, _) = self.stage_of(step);
         let empty = self.barrier(bars, &slot, self.k.stages);
