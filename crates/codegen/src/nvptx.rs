@@ -25,8 +25,8 @@
 //! products in flight, and store C through shared memory in 16-byte chunks; with
 //! two consumers `setmaxnreg` moves the producer's registers to them. Split-K
 //! kernels (any family) run a share of K's steps per `z` block and store f32
-//! partial sums; a reduction kernel sums the shares and applies the epilogue. Blocks are rasterized in groups of tile rows
-//! for L2 reuse.
+//! partial sums; a reduction kernel sums the shares and applies the epilogue.
+//! Blocks are rasterized in groups of tile rows for L2 reuse.
 
 use crate::{llvm, CodegenError};
 use gpu::kernel::TMA_PRODUCER_THREADS;
@@ -129,6 +129,16 @@ struct Spot {
     in0: String,
     in1: String,
     idx: String,
+}
+
+/// Where lane `4g + q` holds an m16n8 fragment's values: its row `g` (and `g + 8`)
+/// and column `2q` (and `2q + 1`) inside the fragment, and the tile's C origin
+/// plus them (`r1 = m0 + g`, `c1 = n0 + 2q`).
+struct LaneOrigin {
+    g: String,
+    q2: String,
+    r1: String,
+    c1: String,
 }
 
 /// An m16n8 accumulator fragment: its row and column inside the block tile (the
@@ -425,15 +435,15 @@ impl Gen {
     /// that a wave's operands stay in L2 when a whole row of tiles would not. A
     /// persistent kernel's block asks for each `tile` it takes: the same order, the
     /// batch outermost.
-    fn indices(&mut self, tile: Option<&str>) -> Ix {
+    fn indices(&mut self, tile: Option<(&str, &(String, String))>) -> Ix {
         let k = self.k;
         let raw = self.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
         // A TMA kernel's consumers count from 0 after the producer warpgroup (whose
         // threads get negative indices).
         let tid = if k.tma { self.v(format!("sub i32 {raw}, {TMA_PRODUCER_THREADS}")) } else { raw };
         let (pid, bz, gx, gy) = match tile {
-            Some(t) => {
-                let (gx, gy) = self.tile_grid();
+            Some((t, (gx, gy))) => {
+                let (gx, gy) = (gx.clone(), gy.clone());
                 let per = self.v(format!("mul i32 {gx}, {gy}"));
                 let bz = self.v(format!("udiv i32 {t}, {per}"));
                 let pid = self.v(format!("urem i32 {t}, {per}"));
@@ -945,7 +955,7 @@ impl Gen {
                 "call void asm sideeffect \"prefetch.tensormap [$0];\", \"l,~{{memory}}\"(ptr {tm})"
             ));
         }
-        let (pix, pg, into) = self.tile_loop_head("p", ix, "produce.pre", "produce");
+        let (pix, pg, into, tiles) = self.tile_loop_head("p", ix, "produce.pre", "produce");
         self.block("produce");
         let head = self.body.len();
         let g = self.v(format!("add i32 {pg}, %pk"));
@@ -975,7 +985,7 @@ impl Gen {
         let after = if k.persistent { "tile.p.next" } else { "done" };
         self.emit(format!("br i1 {more}, label %produce, label %{after}"));
         self.body.insert_str(head, &format!("  %pk = phi i32 [ 0, %{into} ], [ {pk1}, %produce ]\n"));
-        self.tile_loop_tail("p", &pix);
+        self.tile_loop_tail("p", &pix, &tiles);
         self.block("done");
         self.emit("ret void");
 
@@ -988,7 +998,7 @@ impl Gen {
         let wg = self.v(format!("lshr i32 {}, 7", ix.tid));
         let wg_a = self.v(format!("mul i32 {wg}, {}", 64 * 128));
         let lane0 = self.v(format!("icmp eq i32 {}, 0", ix.lane));
-        let (cix, cg, into) = self.tile_loop_head("c", ix, "consumer", "loop");
+        let (cix, cg, into, tiles) = self.tile_loop_head("c", ix, "consumer", "loop");
         self.block("loop");
         let head = self.body.len();
         let acc_names: Vec<String> = (0..k.accumulators()).map(|i| format!("%acc{i}")).collect();
@@ -1020,7 +1030,7 @@ impl Gen {
         if k.persistent {
             self.staged_epilogue(&cix, &frags);
             self.emit("br label %tile.c.next");
-            self.tile_loop_tail("c", &cix);
+            self.tile_loop_tail("c", &cix, &tiles);
             self.block("finished");
             self.emit("ret void");
         } else if k.split_k || k.epilogue.residual {
@@ -1037,28 +1047,37 @@ impl Gen {
     /// the consumers), entered from block `from`: in a persistent kernel a block
     /// `tile.{role}` with the tile (from `blockIdx.x`, `gridDim.x` apart) and the K
     /// steps done before it as phis, and that tile's indices; otherwise `ix` and no
-    /// steps before. Branches to `body`; returns the indices, the steps before, and
-    /// the block that enters `body`.
-    fn tile_loop_head(&mut self, role: &str, ix: &Ix, from: &str, body: &str) -> (Ix, String, String) {
+    /// steps before. Branches to `body`; returns the indices, the steps before, the
+    /// block that enters `body`, and the tiles along N and M (`tile_grid`, computed
+    /// once before the loop; "0" when there is no loop).
+    fn tile_loop_head(
+        &mut self,
+        role: &str,
+        ix: &Ix,
+        from: &str,
+        body: &str,
+    ) -> (Ix, String, String, (String, String)) {
         if !self.k.persistent {
             self.emit(format!("br label %{body}"));
-            return (ix.clone(), "0".into(), from.to_string());
+            return (ix.clone(), "0".into(), from.to_string(), ("0".into(), "0".into()));
         }
         let t0 = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
+        let grid = self.tile_grid();
         self.emit(format!("br label %tile.{role}"));
         self.block(&format!("tile.{role}"));
         let (t, g) = (format!("%tile.{role}.t"), format!("%tile.{role}.g"));
         self.emit(format!("{t} = phi i32 [ {t0}, %{from} ], [ %tile.{role}.t1, %tile.{role}.next ]"));
         self.emit(format!("{g} = phi i32 [ 0, %{from} ], [ %tile.{role}.g1, %tile.{role}.next ]"));
-        let tix = self.indices(Some(&t));
+        let tix = self.indices(Some((&t, &grid)));
         self.emit(format!("br label %{body}"));
-        (tix, g, format!("tile.{role}"))
+        (tix, g, format!("tile.{role}"), grid)
     }
 
     /// Closes a persistent kernel's loop over tiles (see `tile_loop_head`): the block
     /// `tile.{role}.next` counts the tile's K steps and takes the tile `gridDim.x` on,
-    /// while there is one; the loop's exit is `done` (producer) or `finished`.
-    fn tile_loop_tail(&mut self, role: &str, ix: &Ix) {
+    /// while there is one (of `grid`'s tiles times the batch); the loop's exit is
+    /// `done` (producer) or `finished`.
+    fn tile_loop_tail(&mut self, role: &str, ix: &Ix, (gx, gy): &(String, String)) {
         if !self.k.persistent {
             return;
         }
@@ -1066,7 +1085,6 @@ impl Gen {
         let grid = self.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()");
         self.emit(format!("%tile.{role}.g1 = add i32 %tile.{role}.g, {}", ix.kt_n));
         self.emit(format!("%tile.{role}.t1 = add i32 %tile.{role}.t, {grid}"));
-        let (gx, gy) = self.tile_grid();
         let per = self.v(format!("mul i32 {gx}, {gy}"));
         let total = self.v(format!("mul i32 {per}, %batch"));
         let more = self.v(format!("icmp slt i32 %tile.{role}.t1, {total}"));
@@ -1208,13 +1226,8 @@ impl Gen {
     fn epilogue(&mut self, ix: &Ix, frags: &[Frag]) {
         let k = self.k;
         let e = elem_ty(k.elem);
-        let lane = ix.lane.clone();
         self.emit("call void @llvm.nvvm.cp.async.wait.group(i32 0)");
-        let g = self.v(format!("lshr i32 {lane}, 2"));
-        let q = self.v(format!("and i32 {lane}, 3"));
-        let q2 = self.v(format!("shl i32 {q}, 1"));
-        let r1 = self.v(format!("add i32 {}, {g}", ix.m0));
-        let c1 = self.v(format!("add i32 {}, {q2}", ix.n0));
+        let LaneOrigin { r1, c1, .. } = self.lane_origin(ix);
         // Paired stores stay aligned while the row and batch (or split) strides are even.
         let sc_lo = self.v("trunc i64 %sc to i32");
         let strides = self.v(format!("or i32 %ldc, {sc_lo}"));
@@ -1265,16 +1278,11 @@ impl Gen {
             ));
             0
         };
-        let lane = ix.lane.clone();
         let smem0 = self.v("ptrtoint ptr addrspace(3) @smem to i32");
         let wg_off = self.v(format!("mul i32 {wg}, {}", 64 * pitch));
         let at0 = self.v(format!("add i32 {smem0}, {region}"));
         let tile = self.v(format!("add i32 {at0}, {wg_off}"));
-        let g = self.v(format!("lshr i32 {lane}, 2"));
-        let q = self.v(format!("and i32 {lane}, 3"));
-        let q2 = self.v(format!("shl i32 {q}, 1"));
-        let r1 = self.v(format!("add i32 {}, {g}", ix.m0));
-        let c1 = self.v(format!("add i32 {}, {q2}", ix.n0));
+        let LaneOrigin { g, q2, r1, c1 } = self.lane_origin(ix);
         let ldc64 = self.v("sext i32 %ldc to i64");
         // The warp's rows inside its warpgroup's 64.
         let wq = self.v(format!("and i32 {}, 3", ix.warp));
@@ -1287,12 +1295,8 @@ impl Gen {
                 // Row wrow + g + 8·half, columns f.col + 2q and + 1 of the staging tile.
                 let r0 = self.v(format!("add i32 {wrow}, {g}"));
                 let row = self.v(format!("add i32 {r0}, {}", half * 8));
-                let rb = self.v(format!("mul i32 {row}, {pitch}"));
                 let col = self.v(format!("add i32 {q2}, {}", f.col));
-                let cb = self.v(format!("shl i32 {col}, 1"));
-                let off = self.v(format!("add i32 {rb}, {cb}"));
-                let at = self.v(format!("add i32 {tile}, {off}"));
-                let p = self.v(format!("inttoptr i32 {at} to ptr addrspace(3)"));
+                let p = self.staging_ptr(&tile, &row, pitch, &col, 1);
                 let v2a = self.v(format!("insertelement <2 x {e}> poison, {e} {}, i32 0", out[0]));
                 let v2 = self.v(format!("insertelement <2 x {e}> {v2a}, {e} {}, i32 1", out[1]));
                 self.emit(format!("store <2 x {e}> {v2}, ptr addrspace(3) {p}, align 4"));
@@ -1329,11 +1333,7 @@ impl Gen {
             let (go, next) = (self.fresh("out.go"), self.fresh("out.next"));
             self.emit(format!("br i1 {any}, label %{go}, label %{next}"));
             self.block(&go);
-            let rb = self.v(format!("mul i32 {r}, {pitch}"));
-            let cb = self.v(format!("shl i32 {c}, 4"));
-            let off = self.v(format!("add i32 {rb}, {cb}"));
-            let at = self.v(format!("add i32 {tile}, {off}"));
-            let sp = self.v(format!("inttoptr i32 {at} to ptr addrspace(3)"));
+            let sp = self.staging_ptr(&tile, &r, pitch, &c, 4);
             let chunk = self.v(format!("load <8 x i16>, ptr addrspace(3) {sp}, align 16"));
             let row64 = self.v(format!("sext i32 {grow} to i64"));
             let col64 = self.v(format!("sext i32 {gcol} to i64"));
@@ -1364,6 +1364,27 @@ impl Gen {
             self.emit(format!("br label %{next}"));
             self.block(&next);
         }
+    }
+
+    /// The shared-memory pointer to unit `col` (of `1 << shift` bytes) of row `row`
+    /// in a staging tile at shared address `tile` with rows `pitch` bytes apart.
+    fn staging_ptr(&mut self, tile: &str, row: &str, pitch: usize, col: &str, shift: u32) -> String {
+        let rb = self.v(format!("mul i32 {row}, {pitch}"));
+        let cb = self.v(format!("shl i32 {col}, {shift}"));
+        let off = self.v(format!("add i32 {rb}, {cb}"));
+        let at = self.v(format!("add i32 {tile}, {off}"));
+        self.v(format!("inttoptr i32 {at} to ptr addrspace(3)"))
+    }
+
+    /// Where a lane's fragment values land (see [`LaneOrigin`]).
+    fn lane_origin(&mut self, ix: &Ix) -> LaneOrigin {
+        let lane = &ix.lane;
+        let g = self.v(format!("lshr i32 {lane}, 2"));
+        let q = self.v(format!("and i32 {lane}, 3"));
+        let q2 = self.v(format!("shl i32 {q}, 1"));
+        let r1 = self.v(format!("add i32 {}, {g}", ix.m0));
+        let c1 = self.v(format!("add i32 {}, {q2}", ix.n0));
+        LaneOrigin { g, q2, r1, c1 }
     }
 
     /// The epilogue of two adjacent accumulators at `s`, rounded to the element type.
@@ -1466,7 +1487,8 @@ impl Gen {
         // `setmaxnreg` redistributes.
         let mut extra = Vec::new();
         if k.tma {
-            let first = 15 + usize::from(k.split_k) + usize::from(k.persistent);
+            // grid_constant counts parameters from 1.
+            let first = params.split(", ").position(|p| p.ends_with("%tmA")).map_or(0, |i| i + 1);
             extra.push(format!("!\"grid_constant\", !{{i32 {first}, i32 {}}}", first + 1));
             extra.push("!\"minctasm\", i32 1".to_string());
         }

@@ -64,8 +64,8 @@ pub struct KernelRate {
     pub fixed_alone: f64,
     pub per_kstep_alone: f64,
     /// The line above is fitted from two long products (`fit_from` steps and four
-    /// times as many); its intercept (the pipeline's fill, the epilogue) overstates
-    /// a product of a step or two. `short` and `short_alone` are a full wave's and a
+    /// times as many); at a step or two it misprices a product (on an H100 the
+    /// mma.sync 16×128 tile's full wave took 4.3 µs at two steps, the line said 2.6). `short` and `short_alone` are a full wave's and a
     /// lone block's time measured at `short_steps` (K = 64), and below `fit_from`
     /// steps the model interpolates between them and the line. 0: not measured.
     #[serde(default)]
