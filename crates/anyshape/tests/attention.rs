@@ -205,3 +205,23 @@ fn online_softmax_with_leading_keys_masked_out() {
         check(&m, &refs, &[("b", 1 + i % 2), ("t", t)], 300 + i as u64);
     }
 }
+
+/// Keys as a model holds them, `[b, heads, keys, depth]`, transposed into Kᵀ:
+/// a plain operand with keys `depth` apart, which each task packs (a thread's
+/// next block of queries of the same entry reuses its pack).
+#[test]
+fn fused_attention_with_keys_transposed() {
+    let text = PADDING_MASK.replace(
+        "  input %kt: f32[b, 3, 20, k]\n",
+        "  input %keys: f32[b, 3, k, 20]\n  %kt: f32[b, 3, 20, k] = transpose[perm=[0, 1, 3, 2]] %keys\n",
+    );
+    let m = model(&text);
+    let compiled = compile_all(&m);
+    let refs: Vec<(&str, &CompiledModel)> = compiled.iter().map(|(w, c)| (*w, c)).collect();
+    for (i, &q) in LENGTHS.iter().enumerate() {
+        let k = LENGTHS[(i * 3 + 5) % LENGTHS.len()];
+        let b = 1 + (i + 1) % 3;
+        check(&m, &refs, &[("b", b), ("q", q), ("k", q)], 500 + i as u64);
+        check(&m, &refs, &[("b", b), ("q", q), ("k", k)], 600 + i as u64);
+    }
+}

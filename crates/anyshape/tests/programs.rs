@@ -700,3 +700,81 @@ fn f64_to_f16_rounds_once() {
         }
     }
 }
+
+const MAX_MIN_NAN: &str = r#"graph {
+  sym n param 1..
+  sym m param 1..
+  input %x: f32[n, m]
+  input %y: f32[n, m]
+  %rmax: f32[n] = reduce_max[axes=[1], keep_dims=false] %x
+  %rmin: f32[n] = reduce_min[axes=[1], keep_dims=false] %x
+  %cmax: f32[m] = reduce_max[axes=[0], keep_dims=false] %x
+  %cmin: f32[m] = reduce_min[axes=[0], keep_dims=false] %x
+  %emax: f32[n, m] = max %x, %y
+  %emin: f32[n, m] = min %x, %y
+  output %rmax, %rmin, %cmax, %cmin, %emax, %emin
+}
+"#;
+
+/// Max and min, reduced along rows (vectors with a horizontal step and a scalar
+/// tail) and columns, and element by element, give what the interpreter gives
+/// when the data has NaNs (at the start, middle and end of rows, in the vector
+/// body and the tail), infinities and zeros of both signs: a NaN anywhere in a
+/// reduction, or on either side of an element-wise max, is the result. On an
+/// AVX-512 host the AVX2 code is checked too.
+#[test]
+fn max_and_min_take_nans_infinities_and_signed_zeros_as_the_interpreter_does() {
+    let model = model(MAX_MIN_NAN, false, None);
+    let host = kernels::Target::detect();
+    let mut isas = vec![anyshape::Isa::Host];
+    if host.isa.avx512f && host.avx2_only().is_some() {
+        isas.push(anyshape::Isa::Avx2);
+    }
+    let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, f32::MAX, -f32::MAX];
+    for isa in isas {
+        let cm = model.compile(&CompileOptions::new().threads(2).canaries(true).isa(isa)).expect("compiles");
+        for (n, m) in [(1, 1), (3, 7), (5, 16), (4, 17), (6, 33), (2, 67), (9, 130)] {
+            let mut rng = Lcg::new((n * 1000 + m) as u64);
+            let mut data = |nan_rows: bool| -> Vec<f32> {
+                let mut v: Vec<f32> = (0..n * m).map(|_| rng.unit()).collect();
+                for x in v.iter_mut() {
+                    if rng.next().is_multiple_of(7) {
+                        *x = specials[rng.next() as usize % specials.len()];
+                    }
+                }
+                if nan_rows {
+                    // One NaN per row, at its start, end or middle, in turn.
+                    for r in 0..n {
+                        let at = [0, m - 1, m / 2][r % 3];
+                        v[r * m + at] = f32::NAN;
+                    }
+                    // A row with no NaN, and one of zeros of both signs only.
+                    if n > 3 {
+                        for c in 0..m {
+                            v[3 * m + c] = if c % 2 == 0 { -0.0 } else { 0.0 };
+                        }
+                    }
+                }
+                v
+            };
+            let x = Tensor::new(vec![n, m], Elems::F32(data(true))).expect("x");
+            let y = Tensor::new(vec![n, m], Elems::F32(data(false))).expect("y");
+            let named = [("x", x), ("y", y)];
+            let want = model.run(&named).expect("interpreter");
+            let got = cm.run(&named).expect("compiled");
+            assert_eq!((got.len(), want.len()), (6, 6));
+            for ((name, g), (_, w)) in got.iter().zip(&want) {
+                let (Elems::F32(g), Elems::F32(w)) = (g.elems(), w.elems()) else {
+                    panic!("{name}: not f32")
+                };
+                assert_eq!(g.len(), w.len(), "{name}");
+                for (i, (a, b)) in g.iter().zip(w).enumerate() {
+                    assert!(
+                        a == b || (a.is_nan() && b.is_nan()),
+                        "{isa:?} {n}x{m}: {name}[{i}] = {a}, the interpreter says {b}"
+                    );
+                }
+            }
+        }
+    }
+}

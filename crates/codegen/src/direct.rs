@@ -365,7 +365,7 @@ fn build_direct(
     bld.build_unconditional_branch(exit).map_err(llvm)?;
     // y = act(scale · acc + bias[col] + residual[row, col])
     bld.position_at_end(epi);
-    let vm = vmath::VMath { ctx, module, bld: &bld, vt, lanes: w };
+    let vm = vmath::VMath { ctx, module, bld: &bld, vt, lanes: w, scalef: vmath::has_scalef(features, w) };
     let mut out = vals.clone();
     for i in 0..mr {
         for (v, mask) in masks.iter().enumerate() {

@@ -211,7 +211,7 @@ fn start<'a>(
     extra: &[inkwell::types::BasicMetadataTypeEnum<'static>],
     lanes: usize,
     cpu: &str,
-    features: &str,
+    features: &'a str,
 ) -> R<(FunctionValue<'static>, Gen<'a>)> {
     let (i64t, ptr) = (ctx.i64_type(), ctx.ptr_type(AddressSpace::default()));
     let mut params: Vec<inkwell::types::BasicMetadataTypeEnum> = vec![ptr.into(), ptr.into()];
@@ -231,6 +231,7 @@ fn start<'a>(
         bld,
         x: &p.exprs,
         w: lanes as u32,
+        features,
         bufs: Vec::new(),
         strides: Vec::new(),
         dims: HashMap::new(),
@@ -573,6 +574,8 @@ struct Gen<'a> {
     x: &'a Exprs,
     /// Vector width (f32 lanes of the target).
     w: u32,
+    /// The target's LLVM features (which vector math instructions it has).
+    features: &'a str,
     bufs: Vec<PointerValue<'static>>,
     strides: Vec<Vec<IntValue<'static>>>,
     dims: HashMap<u32, IntValue<'static>>,
@@ -1390,7 +1393,8 @@ impl Gen<'_> {
             a.into_vector_value()
         };
         let lanes = v.get_type().get_size() as usize;
-        let m = VMath { ctx: self.ctx, module: self.module, bld: self.bld, vt: v.get_type(), lanes };
+        let scalef = crate::vmath::has_scalef(self.features, lanes);
+        let m = VMath { ctx: self.ctx, module: self.module, bld: self.bld, vt: v.get_type(), lanes, scalef };
         let r = match op {
             UnaryOp::Exp => m.exp(v)?,
             UnaryOp::Tanh => m.tanh(v)?,
@@ -1470,8 +1474,8 @@ impl Gen<'_> {
                     float_op(b, op, a, c)?
                 }
                 BinaryOp::Pow => self.call(self.intrinsic("llvm.pow", &[ty])?, &[a.into(), c.into()])?,
-                BinaryOp::Max => self.call(self.intrinsic("llvm.maximum", &[ty])?, &[a.into(), c.into()])?,
-                BinaryOp::Min => self.call(self.intrinsic("llvm.minimum", &[ty])?, &[a.into(), c.into()])?,
+                BinaryOp::Max => nan_extreme(b, FloatPredicate::OGT, a, c)?,
+                BinaryOp::Min => nan_extreme(b, FloatPredicate::OLT, a, c)?,
                 BinaryOp::Equal => fcmp(b, FloatPredicate::OEQ, a, c)?,
                 BinaryOp::Less => fcmp(b, FloatPredicate::OLT, a, c)?,
                 BinaryOp::Greater => fcmp(b, FloatPredicate::OGT, a, c)?,
@@ -1673,12 +1677,8 @@ impl Gen<'_> {
         Ok(match (c, dt.is_float()) {
             (Combine::Sum, true) => float_op(b, BinaryOp::Add, a, x)?,
             (Combine::Prod, true) => float_op(b, BinaryOp::Mul, a, x)?,
-            (Combine::Max, true) => {
-                self.call(self.intrinsic("llvm.maximum", &[ty])?, &[a.into(), x.into()])?
-            }
-            (Combine::Min, true) => {
-                self.call(self.intrinsic("llvm.minimum", &[ty])?, &[a.into(), x.into()])?
-            }
+            (Combine::Max, true) => nan_extreme(b, FloatPredicate::OGT, a, x)?,
+            (Combine::Min, true) => nan_extreme(b, FloatPredicate::OLT, a, x)?,
             (Combine::Sum, false) => int_op(b, BinaryOp::Add, a, x, unsigned)?,
             (Combine::Prod, false) => int_op(b, BinaryOp::Mul, a, x, unsigned)?,
             (Combine::Max, false) => {
@@ -1910,6 +1910,19 @@ fn const_zero(t: BasicTypeEnum<'static>) -> V {
         BasicTypeEnum::StructType(s) => s.const_zero().into(),
         BasicTypeEnum::ScalableVectorType(s) => s.const_zero().into(),
     }
+}
+
+/// The larger (`OGT`) or smaller (`OLT`) of `a` and `x` with the reference's
+/// NaN rule: a NaN on either side is the result, and `a` where they compare
+/// equal (`-0` against `+0` too). `x` if NaN, else `x` if it beats `a` (never
+/// when `a` is NaN): on x86 one `maxps`/`minps` (which returns its second
+/// operand when unordered) and a NaN test of `x`, where `llvm.maximum` also
+/// orders the zeros by sign (twice as many instructions in a row reduction).
+fn nan_extreme(b: &Builder<'static>, beats: FloatPredicate, a: V, x: V) -> R<V> {
+    let better = fcmp(b, beats, x, a)?;
+    let kept = select(b, better, x, a)?;
+    let nan = fcmp(b, FloatPredicate::UNO, x, x)?;
+    select(b, nan, x, kept)
 }
 
 /// `c ? a : d`, `c` an `i1` or a vector of them (lane by lane).

@@ -23,6 +23,20 @@ pub(crate) struct VMath<'b> {
     pub bld: &'b Builder<'static>,
     pub vt: VectorType<'static>,
     pub lanes: usize,
+    /// Whether the target scales by powers of two in one instruction at this
+    /// width (AVX-512's `vscalefps`), which `exp` then uses.
+    pub scalef: bool,
+}
+
+/// Whether LLVM target `features` (`+avx512f,-avx512vl,...`) give `vscalefps`
+/// at `lanes` f32 lanes: 16 with AVX-512F, 8 and 4 with AVX-512VL too.
+pub(crate) fn has_scalef(features: &str, lanes: usize) -> bool {
+    let has = |f: &str| features.split(',').any(|t| t.trim() == f);
+    match lanes {
+        16 => has("+avx512f"),
+        8 | 4 => has("+avx512f") && has("+avx512vl"),
+        _ => false,
+    }
 }
 
 impl VMath<'_> {
@@ -82,20 +96,51 @@ impl VMath<'_> {
     /// degree-6 Taylor polynomial in Horner form on FMAs (relative error ≈ 1e-7
     /// there), and `2^n` applied as two powers of two `2^⌊n/2⌋·2^⌈n/2⌉`, each a
     /// normal float, so that results overflow to +inf past ln(FLT_MAX) and
-    /// underflow gradually through the subnormals to 0. NaN stays NaN.
+    /// underflow gradually through the subnormals to 0 (with AVX-512, one
+    /// `vscalefps` does the same). NaN stays NaN.
     pub fn exp(&self, x: V) -> R {
         let xc = self.clamp(x, -104.0, 89.0)?;
         let n = self.floor(self.fma(xc, self.splat(std::f64::consts::LOG2_E), self.splat(0.5))?)?;
-        let i32v = self.ctx.i32_type().vec_type(self.lanes as u32);
-        let ni = self.bld.build_float_to_signed_int(n, i32v, "").map_err(llvm)?;
         let r = self.fma(n, self.splat(-0.693_145_751_953_125), xc)?;
         let r = self.fma(n, self.splat(-1.428_606_765_330_187e-6), r)?;
         let mut p = self.splat(1.0 / 720.0);
         for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
             p = self.fma(p, r, self.splat(c))?;
         }
+        if self.scalef {
+            // `p·2^n` in one instruction, overflowing to +inf and underflowing
+            // gradually as the two-step scaling below does; a NaN input is NaN
+            // throughout (the clamp keeps it, and so does every step after it).
+            let name = format!("llvm.x86.avx512.mask.scalef.ps.{}", self.lanes * 32);
+            let f = self.module.get_function(&name).unwrap_or_else(|| {
+                let mut params: Vec<inkwell::types::BasicMetadataTypeEnum> =
+                    vec![self.vt.into(), self.vt.into(), self.vt.into()];
+                params.push(if self.lanes == 16 { self.ctx.i16_type() } else { self.ctx.i8_type() }.into());
+                if self.lanes == 16 {
+                    params.push(self.ctx.i32_type().into());
+                }
+                self.module.add_function(&name, self.vt.fn_type(&params, false), None)
+            });
+            let mut args: Vec<inkwell::values::BasicMetadataValueEnum> =
+                vec![p.into(), n.into(), self.vt.get_poison().into()];
+            if self.lanes == 16 {
+                args.push(self.ctx.i16_type().const_all_ones().into());
+                // The current rounding direction (`_MM_FROUND_CUR_DIRECTION`).
+                args.push(self.ctx.i32_type().const_int(4, false).into());
+            } else {
+                args.push(self.ctx.i8_type().const_all_ones().into());
+            }
+            return match self.bld.build_call(f, &args, "").map_err(llvm)?.try_as_basic_value() {
+                inkwell::values::ValueKind::Basic(v) => Ok(v.into_vector_value()),
+                inkwell::values::ValueKind::Instruction(_) => Err(llvm("scalef returned nothing")),
+            };
+        }
         let int =
             |v: u64| VectorType::const_vector(&vec![self.ctx.i32_type().const_int(v, false); self.lanes]);
+        let ni = self
+            .bld
+            .build_float_to_signed_int(n, self.ctx.i32_type().vec_type(self.lanes as u32), "")
+            .map_err(llvm)?;
         let n1 = self.bld.build_right_shift(ni, int(1), true, "").map_err(llvm)?;
         let n2 = self.bld.build_int_sub(ni, n1, "").map_err(llvm)?;
         let two = |k| -> R {

@@ -231,6 +231,10 @@ pub fn attention(
                     row_sum.resize(plan.block, 0.0);
                 }
             }
+            // A thread's consecutive tasks of one entry pack its Kᵀ once (in whole
+            // rows; a chunk's keys differ from task to task).
+            ws.keep_b = true;
+            ws.b_kept = None;
             loop {
                 let t = next.fetch_add(1, Ordering::Relaxed);
                 if t >= tasks {
@@ -293,6 +297,8 @@ pub fn attention(
                     ws,
                 );
             }
+            ws.keep_b = false;
+            ws.b_kept = None;
             ws.scores = scores;
             ws.probs = probs;
             ws.logits = logits;

@@ -10,7 +10,7 @@
 //! are covered exactly by kernels of several heights (FTuner's combination,
 //! greedily: the main height, then the largest height that fits what is left).
 
-use crate::gemm::{BOperand, CPtr, EpilogueArgs, MatRef, ThreadGrid, Workspace};
+use crate::gemm::{BOperand, CPtr, EpilogueArgs, KeptB, MatRef, ThreadGrid, Workspace};
 use crate::pack::{pack_b, Packers};
 use crate::{ElemType, Epilogue, KernelError, ACCUMULATE, APPLY_EPILOGUE};
 
@@ -179,7 +179,20 @@ fn direct_block(
             BOperand::Plain(bm) => {
                 let j0 = cols.start * nr;
                 let width = (cols.end * nr).min(n) - j0;
-                pack_b(bm, pc, kc, j0, width, nr, ElemType::F32, &mut ws.b, main.packers.bt);
+                let key = KeptB {
+                    data: bm.data.as_ptr() as usize,
+                    rs: bm.rs,
+                    cs: bm.cs,
+                    k: (pc, kc),
+                    cols: (j0, width),
+                    nr,
+                };
+                // The caller's last call packed the same view (fused attention's
+                // next block of queries against the same keys): its pack is here.
+                if !(ws.keep_b && ws.b_kept == Some(key)) {
+                    pack_b(bm, pc, kc, j0, width, nr, ElemType::F32, &mut ws.b, main.packers.bt);
+                    ws.b_kept = ws.keep_b.then_some(key);
+                }
                 BSource::Panels(&ws.b, cols.start)
             }
         };

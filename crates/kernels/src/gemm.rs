@@ -734,6 +734,23 @@ pub(crate) struct Workspace {
     pub(crate) logits: Vec<f32>,
     pub(crate) row_max: Vec<f32>,
     pub(crate) row_sum: Vec<f32>,
+    /// Whether a direct product may keep its pack of a plain B in `b` for the
+    /// thread's next call (fused attention: one entry's Kᵀ serves each of its
+    /// blocks of query rows a thread takes), and what `b` then holds.
+    pub(crate) keep_b: bool,
+    pub(crate) b_kept: Option<KeptB>,
+}
+
+/// Which pack of a plain B `Workspace::b` holds: the view (its first element's
+/// address and strides), the K block and the columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KeptB {
+    pub data: usize,
+    pub rs: usize,
+    pub cs: usize,
+    pub k: (usize, usize),
+    pub cols: (usize, usize),
+    pub nr: usize,
 }
 
 thread_local! {
@@ -821,6 +838,7 @@ fn band(
     if rows.is_empty() || cols.is_empty() {
         return;
     }
+    ws.b_kept = None;
     let Workspace { a: ap, b: bp, scratch, bias: ebias, res: eres, .. } = ws;
     scratch.resize(uk.mr * uk.nr, 0.0);
     // Edge tiles read the epilogue's data from padded copies, never past the operands.
