@@ -75,6 +75,11 @@ pub struct BenchMatmulArgs {
     /// against the best one measured.
     #[arg(long)]
     exhaustive: bool,
+    /// A weight as a model's layer meets it: in memory, not in cache. Copies of
+    /// the packed weight that overflow L3 one and a half times are taken in turn,
+    /// one a call (as the measured dispatch does at compile time).
+    #[arg(long)]
+    cold: bool,
     /// Write the LLVM IR and assembly of every kernel of the family here.
     #[arg(long, value_name = "DIR")]
     dump_llvm: Option<PathBuf>,
@@ -407,8 +412,24 @@ fn bench_shape(
         }
         None => operand_views((a_data, b_data, c_data), packed.as_ref(), (batch, m, n, k), args.bt)?,
     };
+    // Cold: the weight's copies in turn, each found in memory by its call.
+    let copies: Vec<PackedB> = match packed.as_ref() {
+        Some(p) if args.cold => {
+            let bytes = (p.k * p.n * d.family().elem().bytes()).max(1);
+            let count = (d.machine().l3 * 3 / 2 / bytes + 1).clamp(2, 64);
+            (1..count).map(|_| p.clone()).collect()
+        }
+        _ => Vec::new(),
+    };
+    // The weights the timed calls take in turn (1: the same one, warm in cache).
+    let weight_copies = copies.len() + usize::from(packed.is_some());
+    let mut turn = 0usize;
     let mut run = |plan: &kernels::Plan| -> Result<()> {
-        execute(pool, plan, &av, &bv, &mut cv, &EpilogueArgs::default())?;
+        turn += 1;
+        match turn % (copies.len() + 1) {
+            0 => execute(pool, plan, &av, &bv, &mut cv, &EpilogueArgs::default())?,
+            i => execute(pool, plan, &av, &[BOperand::Packed(&copies[i - 1])], &mut cv, &EpilogueArgs::default())?,
+        }
         Ok(())
     };
     let chosen_plan = d.plan(&chosen)?;
@@ -469,12 +490,13 @@ fn bench_shape(
     }
     if args.json {
         say!(
-            "{{\"dtype\": \"{}\", \"batch\": {batch}, \"m\": {m}, \"n\": {n}, \"k\": {k}, \"gflops\": {gflops:.2}, \"peak_fraction\": {:.4}, \"seconds\": {best:.3e}, \"threads\": {}, \"mr\": {}, \"nr\": {}, \"schedule\": \"{chosen}\", \"dispatch_first_us\": {pick_us:.2}, \"dispatch_memo_ns\": {}{regret}}}",
+            "{{\"dtype\": \"{}\", \"batch\": {batch}, \"m\": {m}, \"n\": {n}, \"k\": {k}, \"gflops\": {gflops:.2}, \"peak_fraction\": {:.4}, \"seconds\": {best:.3e}, \"threads\": {}, \"mr\": {}, \"nr\": {}, \"schedule\": \"{chosen}\", \"weight_copies\": {}, \"dispatch_first_us\": {pick_us:.2}, \"dispatch_memo_ns\": {}{regret}}}",
             d.family().elem(),
             gflops / peak.max(1e-9),
             pool.threads(),
             chosen.mr,
             chosen.nr,
+            weight_copies,
             if memo_ns.is_nan() { "null".to_string() } else { format!("{memo_ns:.1}") },
         );
     } else {

@@ -1,6 +1,7 @@
 //! `anyshape bench-matmul`: the JSON it prints holds a measured rate, the chosen
 //! schedule, the dispatch times and (with --exhaustive) every model's regret; it
-//! dumps the kernels' IR and assembly; bad flags are user errors (exit 2).
+//! dumps the kernels' IR and assembly; bad flags are user errors (exit 2);
+//! `--cold` takes copies of the weight in turn.
 
 use std::process::{Command, Output};
 
@@ -277,5 +278,35 @@ fn samples_are_categorized_the_kept_family_serves_them_and_trees_choose() {
     let out =
         anyshape(&["bench-matmul", "--m", "4", "--n", "4", "--k", "4", "--kernels", "/nonexistent.json"]);
     assert_eq!(out.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--cold`: the weight's copies (enough to overflow L3) are taken in turn, and
+/// the JSON says how many; without it, one weight.
+#[test]
+fn cold_weights_are_copies_taken_in_turn() {
+    if !supported() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("anyshape-bench-cold-{}", std::process::id()));
+    let run = |cold: bool| {
+        let mut args =
+            vec!["bench-matmul", "--m", "3", "--n", "96", "--k", "64", "--threads", "1", "--json", "--cache-dir"];
+        args.push(dir.to_str().unwrap());
+        if cold {
+            args.push("--cold");
+        }
+        let out = anyshape(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let copies: usize =
+            text.split("\"weight_copies\": ").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
+        let g: f64 = text.split("\"gflops\": ").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
+        assert!(g > 0.0, "{text}");
+        copies
+    };
+    assert_eq!(run(false), 1);
+    // 96 x 64 floats are 24 KB: copies overflow any L3 one and a half times, up to 64.
+    assert!(run(true) >= 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
