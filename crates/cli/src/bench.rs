@@ -428,7 +428,14 @@ fn bench_shape(
         turn += 1;
         match turn % (copies.len() + 1) {
             0 => execute(pool, plan, &av, &bv, &mut cv, &EpilogueArgs::default())?,
-            i => execute(pool, plan, &av, &[BOperand::Packed(&copies[i - 1])], &mut cv, &EpilogueArgs::default())?,
+            i => execute(
+                pool,
+                plan,
+                &av,
+                &[BOperand::Packed(&copies[i - 1])],
+                &mut cv,
+                &EpilogueArgs::default(),
+            )?,
         }
         Ok(())
     };

@@ -290,8 +290,19 @@ fn cold_weights_are_copies_taken_in_turn() {
     }
     let dir = std::env::temp_dir().join(format!("anyshape-bench-cold-{}", std::process::id()));
     let run = |cold: bool| {
-        let mut args =
-            vec!["bench-matmul", "--m", "3", "--n", "96", "--k", "64", "--threads", "1", "--json", "--cache-dir"];
+        let mut args = vec![
+            "bench-matmul",
+            "--m",
+            "3",
+            "--n",
+            "96",
+            "--k",
+            "64",
+            "--threads",
+            "1",
+            "--json",
+            "--cache-dir",
+        ];
         args.push(dir.to_str().unwrap());
         if cold {
             args.push("--cold");

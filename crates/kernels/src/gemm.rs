@@ -875,11 +875,25 @@ fn band(
         }
     };
     let mut b_packed_for = None;
+    let order = |step: usize| match plan.order {
+        LoopOrder::KOuter => (step % nm, step / nm),
+        LoopOrder::MOuter => (step / nk, step % nk),
+    };
+    // Panel `col` of the K block that step `step` starts, where that step exists,
+    // starts a new K block and B is a weight (null otherwise).
+    let next_block_panel = |b: &BOperand, step: usize, col: usize| -> *const u32 {
+        let (BOperand::Packed(p), true) = (b, step < nk * nm) else { return std::ptr::null() };
+        let ki = order(step).1;
+        if ki == order(step - 1).1 {
+            return std::ptr::null();
+        }
+        let pc = ki * blk.kc;
+        let kc = blk.kc.min(k - pc);
+        let words = uk.elem.words(kc) * uk.nr;
+        p.block(pc, kc).get(col * words..).map_or(std::ptr::null(), |d| d.as_ptr())
+    };
     for step in 0..nk * nm {
-        let (mi, ki) = match plan.order {
-            LoopOrder::KOuter => (step % nm, step / nm),
-            LoopOrder::MOuter => (step / nk, step % nk),
-        };
+        let (mi, ki) = order(step);
         let (pc, (kern, ic, mc)) = (ki * blk.kc, mblock(mi));
         let kc = blk.kc.min(k - pc);
         let kw = uk.elem.words(kc);
@@ -914,14 +928,20 @@ fn band(
                 // panel (a short M, streaming a weight) its lines arrive while this
                 // panel computes (BERT-base at seq 8-32: 14-19% faster than leaving it
                 // to the hardware prefetcher, same process, alternating calls).
-                let next =
-                    if jr + 1 < cols.end { bblock[(jp + 1) * kw * nr..].as_ptr() } else { std::ptr::null() };
+                // After the thread's last panel, its first panel of the next K block
+                // when the next step starts one (a weight's, read from memory there).
+                let next = if jr + 1 < cols.end {
+                    bblock[(jp + 1) * kw * nr..].as_ptr()
+                } else {
+                    next_block_panel(b, step + 1, cols.start)
+                };
                 if full > 0 {
                     // SAFETY: the tiles (rows ic..ic+full·MR, columns col..col+NR) are inside
                     // C (checked shapes: full row tiles, a full panel) and this thread's
                     // alone (disjoint entries, rows or panels); the A panels are the first
                     // `full` of the packed block; the residual's rows are C's (checked), null
-                    // when absent (never read then); `next` is B's next panel, or null.
+                    // when absent (never read then); `next` is B's next panel (of this K
+                    // block or the next one), or null: only asked for, never read.
                     unsafe {
                         (kern.func)(
                             kc as i64,
