@@ -92,6 +92,8 @@ fn build_direct(
         i64t.into(), // runs
         i64t.into(), // a_run
         i64t.into(), // b_run
+        ptr.into(),  // next
+        i64t.into(), // lines
     ];
     let f = module.add_function(name, ctx.void_type().fn_type(&params, false), None);
     target_attributes(ctx, f, cpu, features, w);
@@ -106,6 +108,7 @@ fn build_direct(
     let (ldc, ncols, flags) = (p(6)?.into_int_value(), p(7)?.into_int_value(), p(8)?.into_int_value());
     let (bias, res, ldr) = (p(9)?.into_pointer_value(), p(10)?.into_pointer_value(), p(11)?.into_int_value());
     let (runs, a_run, b_run) = (p(12)?.into_int_value(), p(13)?.into_int_value(), p(14)?.into_int_value());
+    let (next_b, pf_lines) = (p(15)?.into_pointer_value(), p(16)?.into_int_value());
 
     let intr = |n: &str, tys: &[inkwell::types::BasicTypeEnum<'static>]| {
         Intrinsic::find(n)
@@ -165,6 +168,19 @@ fn build_direct(
         let iota = VectorType::const_vector(&iota);
         masks.push(bld.build_int_compare(IntPredicate::SLT, iota, nsplat, "mask").map_err(llvm)?);
     }
+    // The lines to ask for (see `DirectKernelFn`): whether any, and the last one.
+    let has_pf = bld.build_int_compare(IntPredicate::SGT, pf_lines, c_i64(0), "has.pf").map_err(llvm)?;
+    let pf_last = bld.build_int_sub(pf_lines, c_i64(1), "pf.last").map_err(llvm)?;
+    let pf = crate::prefetch_intrinsic(ctx, module);
+    // Read access, locality 2 (L2), data cache.
+    let pf_args = |at: BasicValueEnum<'static>| -> [BasicMetadataValueEnum<'static>; 4] {
+        [
+            at.into(),
+            i32t.const_zero().into(),
+            i32t.const_int(2, false).into(),
+            i32t.const_int(1, false).into(),
+        ]
+    };
     let regs = regs_of(w);
     let mut rows = Vec::with_capacity(mr);
     for i in 0..mr {
@@ -249,8 +265,26 @@ fn build_direct(
         let k_end = bld.build_int_add(k, c_i64(sets), "k.end").map_err(llvm)?;
         let more = bld.build_int_compare(IntPredicate::SLE, k_end, kc, "more").map_err(llvm)?;
         bld.build_conditional_branch(more, body, tail_header).map_err(llvm)?;
-        // k.body: `sets` steps.
+        // k.body: the lines asked for while these steps read B (NR/16 a step, the
+        // last line again past the count), then `sets` steps.
         bld.position_at_end(body);
+        let body_pf = ctx.append_basic_block(f, &format!("k.prefetch.{tag}"));
+        let body_main = ctx.append_basic_block(f, &format!("k.main.{tag}"));
+        bld.build_conditional_branch(has_pf, body_pf, body_main).map_err(llvm)?;
+        bld.position_at_end(body_pf);
+        let per_k = (nr / 16).max(1);
+        let first_line = bld.build_int_mul(k, c_i64(per_k), "pf.first").map_err(llvm)?;
+        for u in 0..sets * per_k {
+            let l = bld.build_int_add(first_line, c_i64(u), "pf.l").map_err(llvm)?;
+            let inside = bld.build_int_compare(IntPredicate::SLT, l, pf_lines, "pf.in").map_err(llvm)?;
+            let l = bld.build_select(inside, l, pf_last, "pf.line").map_err(llvm)?.into_int_value();
+            let off = bld.build_int_mul(l, c_i64(16), "pf.off").map_err(llvm)?;
+            // SAFETY (of the IR): a prefetch never faults; the address is only a hint.
+            let at = unsafe { bld.build_gep(f32t, next_b, &[off], "pf.at") }.map_err(llvm)?;
+            bld.build_call(pf, &pf_args(at.into()), "").map_err(llvm)?;
+        }
+        bld.build_unconditional_branch(body_main).map_err(llvm)?;
+        bld.position_at_end(body_main);
         let mut next = Vec::with_capacity(sets * mr * nv);
         for set in 0..sets {
             let ks = bld.build_int_add(k, c_i64(set), "ks").map_err(llvm)?;
@@ -259,10 +293,10 @@ fn build_direct(
             next.extend(step(bases, ks, &accs, masks)?);
         }
         bld.build_unconditional_branch(header).map_err(llvm)?;
-        k_phi.add_incoming(&[(&c_i64(0), run_header), (&k_end, body)]);
+        k_phi.add_incoming(&[(&c_i64(0), run_header), (&k_end, body_main)]);
         for (x, (phi, nx)) in acc_phis.iter().zip(&next).enumerate() {
             let init = if x < mr * nv { carry[x].as_basic_value() } else { vt.const_zero().into() };
-            phi.add_incoming(&[(&init, run_header), (nx, body)]);
+            phi.add_incoming(&[(&init, run_header), (nx, body_main)]);
         }
         // k.tail: the last steps, one at a time, into set 0.
         bld.position_at_end(tail_header);
@@ -428,6 +462,8 @@ pub fn time_direct_kernel(uk: &DirectKernel, t: &Target) -> f64 {
                     0,
                     1,
                     0,
+                    0,
+                    std::ptr::null(),
                     0,
                 )
             };

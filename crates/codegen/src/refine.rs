@@ -58,10 +58,11 @@ struct Refined {
 }
 
 /// The cache file's name; version 2 measures the best of every thread count
-/// too, version 6 at 8-64 rows too, in turns, ties to the fewest passes (an older
+/// too, version 6 at 8-64 rows too, in turns, ties to the fewest passes, version 7
+/// with direct kernels that ask the next panel over their K loop (an older
 /// file is left alone and measured again).
 fn path(dir: &Path, threads: usize) -> PathBuf {
-    dir.join(format!("refined-v6-f32-{threads}t.json"))
+    dir.join(format!("refined-v7-f32-{threads}t.json"))
 }
 
 fn key(e: &Epilogue) -> String {

@@ -280,8 +280,17 @@ fn runs_are_summed_in_registers() {
             let mut runner = TestRunner::new(Config { cases: 32, ..Config::default() });
             runner
                 .run(
-                    &(0usize..3, 1usize..5, 0usize..23, 1usize..=2 * w, 0usize..9, 0usize..5, any::<bool>()),
-                    |(which, runs, kc, ncols, a_gap, b_gap, accumulate)| {
+                    &(
+                        0usize..3,
+                        1usize..5,
+                        0usize..23,
+                        1usize..=2 * w,
+                        0usize..9,
+                        0usize..5,
+                        any::<bool>(),
+                        0usize..700,
+                    ),
+                    |(which, runs, kc, ncols, a_gap, b_gap, accumulate, lines)| {
                         let k = &jit[which].kernel();
                         let (mr, nr) = (k.mr, k.nr);
                         let (lda, ldb, ldc) = (kc + 3, nr + 1, nr + 2);
@@ -325,6 +334,10 @@ fn runs_are_summed_in_registers() {
                                 runs as i64,
                                 a_run as i64,
                                 b_run as i64,
+                                // Lines asked into L2 (from B's start, up to far past
+                                // its end: a hint, never read) change nothing.
+                                b.as_ptr(),
+                                lines as i64,
                             )
                         };
                         for i in 0..mr {

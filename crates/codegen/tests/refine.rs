@@ -25,7 +25,7 @@ fn classes_of_another_family_are_measured_again() {
     let file = std::fs::read_dir(&dir)
         .expect("cache folder")
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.file_name().is_some_and(|f| f.to_string_lossy().starts_with("refined-v6")))
+        .find(|p| p.file_name().is_some_and(|f| f.to_string_lossy().starts_with("refined-v7")))
         .expect("the measured dispatch's file");
 
     // A kernel of a tile no family has, picked at the table's first row (a

@@ -24,6 +24,11 @@ use crate::{ElemType, Epilogue, KernelError, ACCUMULATE, APPLY_EPILOGUE};
 /// `a + r·a_run` and B at `b + r·b_run` (elements), the layout above from there. A
 /// convolution's kernel rows are its runs (each row's taps contiguous in the image,
 /// the rows an image row apart), so a tile's C is written once, not once a row.
+///
+/// `next` and `lines`: cache lines (16 floats each) from `next` on that the
+/// kernel asks into L2, spread over its K loop at the rate it reads B (a
+/// weight's next panel while this one computes); none when `lines` is 0. Only
+/// asked for, never read: any address will do.
 pub type DirectKernelFn = unsafe extern "C" fn(
     kc: i64,
     a: *const f32,
@@ -40,6 +45,8 @@ pub type DirectKernelFn = unsafe extern "C" fn(
     runs: i64,
     a_run: i64,
     b_run: i64,
+    next: *const f32,
+    lines: i64,
 );
 
 /// A direct micro-kernel, the tile it computes and the epilogue compiled into it.
@@ -217,20 +224,27 @@ fn direct_block(
             // broadcasts, one per row and K step over up to 16 rows at once, find them
             // in cache (the hardware's stream prefetchers track fewer streams).
             let fetch = jr == cols.start;
-            // A weight's next panel is asked into L2 a share per tile, as the packed
-            // kernels do: with a few rows (BERT-base at 17 tokens) each panel is
-            // read from memory once, and the hardware's prefetcher stops at every
-            // page of it. Not with one tile a panel: the whole panel asked at once
-            // held up the kernel (BERT-base at one token: 7.0 -> 7.7 ms).
+            // A weight's next panel is asked into L2 while this one computes, each
+            // tile's kernel a share over its K loop at the rate it reads B (as the
+            // packed kernels do): with a few rows each panel is read from memory once,
+            // and the hardware's prefetcher stops at every page of it. Asked by the
+            // driver in a burst before each tile instead, 16-32 rows ran 14-18% slower
+            // (`bench-matmul --cold`, 3072×768). Not by a tile of fewer than 4 rows
+            // alone on its panel: its K loop is too short to spread the lines, and
+            // they held up the kernel (BERT-base at one token: 4.8 -> 6.4 ms; 7.0 ->
+            // 7.7 ms in a burst); from 4 rows they pay (at 8 tokens: 7.3 -> 6.2 ms).
             // After the thread's last panel of a K block comes its first panel of the
             // next block: asked too (not asked, it was read from memory on demand at
             // every K block: 64×768×3072 with weights cold ran 8-12% slower than warm).
-            let tiles = rows.len().div_ceil(main.mr);
+            // The tiles that ask: those of the main height (the lower ones past them,
+            // a row or a few, run too short a K loop), from 4 rows.
+            let tiles = (rows.len() / main.mr).max(1);
+            let spread = rows.len() >= 4;
             let ahead: &[u32] = match (b, &src) {
-                (BOperand::Packed(_), BSource::Panels(d, first)) if jr + 1 < cols.end && tiles > 1 => {
+                (BOperand::Packed(_), BSource::Panels(d, first)) if spread && jr + 1 < cols.end => {
                     d.get((jr + 1 - first) * kc * nr..(jr + 2 - first) * kc * nr).unwrap_or(&[])
                 }
-                (BOperand::Packed(p), _) if tiles > 1 && pc + kc < k => {
+                (BOperand::Packed(p), _) if spread && pc + kc < k => {
                     let next = plan.kc.min(k - pc - kc);
                     let words = p.elem.words(next) * nr;
                     let d = p.block(pc + kc, next);
@@ -238,17 +252,20 @@ fn direct_block(
                 }
                 _ => &[],
             };
-            let mut lines = ahead.chunks(16);
-            let per_tile = lines.len().div_ceil(tiles.max(1));
+            // Each tile's share of those lines, asked by its kernel over its K loop.
+            let lines = ahead.len().div_ceil(16);
+            let per_tile = lines.div_ceil(tiles);
+            let mut asked = 0;
             let mut row = rows.start;
             while row < rows.end {
                 let kern = plan.kernel_for(rows.end - row);
                 if fetch {
                     prefetch_rows(a, row + kern.mr..(row + 2 * kern.mr).min(rows.end), pc, kc);
                 }
-                for line in lines.by_ref().take(per_tile) {
-                    crate::prefetch::to_l2(line.as_ptr());
-                }
+                let share =
+                    if kern.mr == main.mr || rows.len() < main.mr { per_tile.min(lines - asked) } else { 0 };
+                let next = ahead.get(asked * 16..).map_or(std::ptr::null(), |d| d.as_ptr().cast::<f32>());
+                asked += share;
                 let ap = a.data[row * a.rs + pc..].as_ptr();
                 let (res, ldr) = match ep.residual {
                     Some(r) => (r.data[row * r.rs + col..].as_ptr(), r.rs),
@@ -278,6 +295,8 @@ fn direct_block(
                         1,
                         0,
                         0,
+                        next,
+                        share as i64,
                     );
                 }
                 row += kern.mr;

@@ -9,14 +9,6 @@ pub(crate) fn to_l1<T>(at: *const T) {
     let _ = at;
 }
 
-/// Ask for the cache line holding `at` to be brought into L2.
-pub(crate) fn to_l2<T>(at: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    hint::<{ std::arch::x86_64::_MM_HINT_T1 }, T>(at);
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = at;
-}
-
 #[cfg(target_arch = "x86_64")]
 fn hint<const LEVEL: i32, T>(at: *const T) {
     // SAFETY: a prefetch only hints the cache and never faults, whatever the address.

@@ -503,6 +503,8 @@ fn direct_tile(
                 runs as i64,
                 a_run as i64,
                 (run * panel.ldb) as i64,
+                std::ptr::null(),
+                0,
             )
         }
     };

@@ -38,9 +38,9 @@ use sym::{ShapeEnv, SymExpr};
 use crate::{CompiledModel, ModelParts, RunError};
 
 /// The version of the layout below, of the metadata's encoding and of the calling
-/// convention of the code it holds (3: direct kernels take runs); a runtime reads
-/// only its own.
-pub const FORMAT_VERSION: u32 = 3;
+/// convention of the code it holds (3: direct kernels take runs; 4: and the lines
+/// they ask into L2); a runtime reads only its own.
+pub const FORMAT_VERSION: u32 = 4;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;

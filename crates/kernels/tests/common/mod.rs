@@ -74,6 +74,8 @@ macro_rules! rust_direct_kernel {
             runs: i64,
             a_run: i64,
             b_run: i64,
+            _next: *const f32,
+            _lines: i64,
         ) {
             const MR: usize = $mr;
             const NR: usize = $nr;
