@@ -224,20 +224,18 @@ fn direct_block(
             // broadcasts, one per row and K step over up to 16 rows at once, find them
             // in cache (the hardware's stream prefetchers track fewer streams).
             let fetch = jr == cols.start;
-            // A weight's next panel is asked into L2 while this one computes, each
-            // tile's kernel a share over its K loop at the rate it reads B (as the
-            // packed kernels do): with a few rows each panel is read from memory once,
-            // and the hardware's prefetcher stops at every page of it. Asked by the
-            // driver in a burst before each tile instead, 16-32 rows ran 14-18% slower
-            // (`bench-matmul --cold`, 3072×768). Not by a tile of fewer than 4 rows
-            // alone on its panel: its K loop is too short to spread the lines, and
-            // they held up the kernel (BERT-base at one token: 4.8 -> 6.4 ms; 7.0 ->
-            // 7.7 ms in a burst); from 4 rows they pay (at 8 tokens: 7.3 -> 6.2 ms).
-            // After the thread's last panel of a K block comes its first panel of the
-            // next block: asked too (not asked, it was read from memory on demand at
-            // every K block: 64×768×3072 with weights cold ran 8-12% slower than warm).
-            // The tiles that ask: those of the main height (the lower ones past them,
-            // a row or a few, run too short a K loop), from 4 rows.
+            // A weight's next panel is asked into L2 while this one computes: with a
+            // few rows each panel is read from memory once, and the hardware's
+            // prefetcher stops at every page of it. Each main-height tile's kernel
+            // asks a share of its lines over its K loop, at the rate it reads B (as
+            // the packed kernels do); asked by the driver in a burst before each tile
+            // instead, 16-32 rows ran 14-18% slower (`bench-matmul --cold`,
+            // 3072×768). The lower tiles past the main ones, and a lone tile of 1-3
+            // rows, run too short a K loop to spread a share, and the lines held
+            // them up (BERT-base at one token: 4.8 -> 6.4 ms); a lone tile of 4-8
+            // rows gains (8 tokens: 7.3 -> 6.2 ms). After the thread's last panel of
+            // a K block comes its first panel of the next block (unasked, it was read
+            // on demand: 64×768×3072, weights cold, ran 8-12% slower than warm).
             let tiles = (rows.len() / main.mr).max(1);
             let spread = rows.len() >= 4;
             let ahead: &[u32] = match (b, &src) {
