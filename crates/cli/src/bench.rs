@@ -423,20 +423,15 @@ fn bench_shape(
     };
     // The weights the timed calls take in turn (1: the same one, warm in cache).
     let weight_copies = copies.len() + usize::from(packed.is_some());
+    let cold: Vec<[BOperand; 1]> = copies.iter().map(|p| [BOperand::Packed(p)]).collect();
     let mut turn = 0usize;
     let mut run = |plan: &kernels::Plan| -> Result<()> {
         turn += 1;
-        match turn % (copies.len() + 1) {
-            0 => execute(pool, plan, &av, &bv, &mut cv, &EpilogueArgs::default())?,
-            i => execute(
-                pool,
-                plan,
-                &av,
-                &[BOperand::Packed(&copies[i - 1])],
-                &mut cv,
-                &EpilogueArgs::default(),
-            )?,
-        }
+        let b: &[BOperand] = match turn % (cold.len() + 1) {
+            0 => &bv,
+            i => &cold[i - 1],
+        };
+        execute(pool, plan, &av, b, &mut cv, &EpilogueArgs::default())?;
         Ok(())
     };
     let chosen_plan = d.plan(&chosen)?;

@@ -171,16 +171,6 @@ fn build_direct(
     // The lines to ask for (see `DirectKernelFn`): whether any, and the last one.
     let has_pf = bld.build_int_compare(IntPredicate::SGT, pf_lines, c_i64(0), "has.pf").map_err(llvm)?;
     let pf_last = bld.build_int_sub(pf_lines, c_i64(1), "pf.last").map_err(llvm)?;
-    let pf = crate::prefetch_intrinsic(ctx, module);
-    // Read access, locality 2 (L2), data cache.
-    let pf_args = |at: BasicValueEnum<'static>| -> [BasicMetadataValueEnum<'static>; 4] {
-        [
-            at.into(),
-            i32t.const_zero().into(),
-            i32t.const_int(2, false).into(),
-            i32t.const_int(1, false).into(),
-        ]
-    };
     let regs = regs_of(w);
     let mut rows = Vec::with_capacity(mr);
     for i in 0..mr {
@@ -281,7 +271,7 @@ fn build_direct(
             let off = bld.build_int_mul(l, c_i64(16), "pf.off").map_err(llvm)?;
             // SAFETY (of the IR): a prefetch never faults; the address is only a hint.
             let at = unsafe { bld.build_gep(f32t, next_b, &[off], "pf.at") }.map_err(llvm)?;
-            bld.build_call(pf, &pf_args(at.into()), "").map_err(llvm)?;
+            crate::prefetch_to_l2(ctx, module, &bld, at.into())?;
         }
         bld.build_unconditional_branch(body_main).map_err(llvm)?;
         bld.position_at_end(body_main);
@@ -399,7 +389,7 @@ fn build_direct(
     bld.build_unconditional_branch(exit).map_err(llvm)?;
     // y = act(scale · acc + bias[col] + residual[row, col])
     bld.position_at_end(epi);
-    let vm = vmath::VMath { ctx, module, bld: &bld, vt, lanes: w, scalef: vmath::has_scalef(features, w) };
+    let vm = vmath::VMath::new(ctx, module, &bld, vt, w, features);
     let mut out = vals.clone();
     for i in 0..mr {
         for (v, mask) in masks.iter().enumerate() {

@@ -489,18 +489,7 @@ fn build_microkernel(
     let off = bld.build_int_mul(l, c_i64(16), "pf.off").map_err(llvm)?;
     // SAFETY (of the IR): a prefetch never faults; the address is only a hint.
     let at = unsafe { bld.build_gep(f32t, next_b, &[off], "pf.at") }.map_err(llvm)?;
-    let pf = prefetch_intrinsic(ctx, module);
-    let i32t = ctx.i32_type();
-    // Read access, locality 2 (L2), data cache.
-    let pf_args = |at: BasicValueEnum<'static>| {
-        [
-            at.into(),
-            i32t.const_zero().into(),
-            i32t.const_int(2, false).into(),
-            i32t.const_int(1, false).into(),
-        ]
-    };
-    bld.build_call(pf, &pf_args(at.into()), "").map_err(llvm)?;
+    prefetch_to_l2(ctx, module, &bld, at.into())?;
     let l_next = bld.build_int_add(l, c_i64(1), "l.next").map_err(llvm)?;
     bld.build_unconditional_branch(pf_cond).map_err(llvm)?;
     l_phi.add_incoming(&[(&pf_lo, tile_head), (&l_next, pf_body)]);
@@ -574,7 +563,7 @@ fn build_microkernel(
         // SAFETY (of the IR): a prefetch never faults; the address is only a hint.
         let at = unsafe { bld.build_gep(f32t, next_b, &[off], "pf.at") }.map_err(llvm)?;
         let at = bld.build_select(inside, at, here, "pf.addr").map_err(llvm)?;
-        bld.build_call(pf, &pf_args(at), "").map_err(llvm)?;
+        prefetch_to_l2(ctx, module, &bld, at)?;
     }
     bld.build_unconditional_branch(body_main).map_err(llvm)?;
     bld.position_at_end(body_main);
@@ -660,7 +649,7 @@ fn build_microkernel(
     bld.build_unconditional_branch(exit).map_err(llvm)?;
     // y = act(scale · acc + bias[col] + residual[row, col])
     bld.position_at_end(epi);
-    let vm = vmath::VMath { ctx, module, bld: &bld, vt, lanes: w, scalef: vmath::has_scalef(features, w) };
+    let vm = vmath::VMath::new(ctx, module, &bld, vt, w, features);
     let mut out = vals.clone();
     for i in 0..mr {
         for v in 0..nv {
@@ -700,6 +689,24 @@ fn build_microkernel(
 }
 
 /// `llvm.prefetch.p0(ptr, rw, locality, cache type)`.
+/// A call asking the line at `at` into L2 (read access, locality 2, data cache).
+pub(crate) fn prefetch_to_l2(
+    ctx: &'static Context,
+    module: &Module<'static>,
+    bld: &inkwell::builder::Builder<'static>,
+    at: BasicValueEnum<'static>,
+) -> Result<(), CodegenError> {
+    let i32t = ctx.i32_type();
+    let args = [
+        at.into(),
+        i32t.const_zero().into(),
+        i32t.const_int(2, false).into(),
+        i32t.const_int(1, false).into(),
+    ];
+    bld.build_call(prefetch_intrinsic(ctx, module), &args, "").map_err(llvm)?;
+    Ok(())
+}
+
 fn prefetch_intrinsic(
     ctx: &'static Context,
     module: &Module<'static>,

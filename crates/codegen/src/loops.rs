@@ -1393,8 +1393,7 @@ impl Gen<'_> {
             a.into_vector_value()
         };
         let lanes = v.get_type().get_size() as usize;
-        let scalef = crate::vmath::has_scalef(self.features, lanes);
-        let m = VMath { ctx: self.ctx, module: self.module, bld: self.bld, vt: v.get_type(), lanes, scalef };
+        let m = VMath::new(self.ctx, self.module, self.bld, v.get_type(), lanes, self.features);
         let r = match op {
             UnaryOp::Exp => m.exp(v)?,
             UnaryOp::Tanh => m.tanh(v)?,

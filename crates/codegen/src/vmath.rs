@@ -25,12 +25,26 @@ pub(crate) struct VMath<'b> {
     pub lanes: usize,
     /// Whether the target scales by powers of two in one instruction at this
     /// width (AVX-512's `vscalefps`), which `exp` then uses.
-    pub scalef: bool,
+    scalef: bool,
+}
+
+impl<'b> VMath<'b> {
+    /// Vector math on `vt` (`lanes` f32) for a target with LLVM `features`.
+    pub fn new(
+        ctx: &'static Context,
+        module: &'b Module<'static>,
+        bld: &'b Builder<'static>,
+        vt: VectorType<'static>,
+        lanes: usize,
+        features: &str,
+    ) -> VMath<'b> {
+        VMath { ctx, module, bld, vt, lanes, scalef: has_scalef(features, lanes) }
+    }
 }
 
 /// Whether LLVM target `features` (`+avx512f,-avx512vl,...`) give `vscalefps`
 /// at `lanes` f32 lanes: 16 with AVX-512F, 8 and 4 with AVX-512VL too.
-pub(crate) fn has_scalef(features: &str, lanes: usize) -> bool {
+fn has_scalef(features: &str, lanes: usize) -> bool {
     let has = |f: &str| features.split(',').any(|t| t.trim() == f);
     match lanes {
         16 => has("+avx512f"),

@@ -238,18 +238,14 @@ fn direct_block(
             // on demand: 64×768×3072, weights cold, ran 8-12% slower than warm).
             let tiles = (rows.len() / main.mr).max(1);
             let spread = rows.len() >= 4;
-            let ahead: &[u32] = match (b, &src) {
-                (BOperand::Packed(_), BSource::Panels(d, first)) if spread && jr + 1 < cols.end => {
-                    d.get((jr + 1 - first) * kc * nr..(jr + 2 - first) * kc * nr).unwrap_or(&[])
+            let ahead: &[u32] = match b {
+                BOperand::Packed(p) if spread && jr + 1 < cols.end => p.panel(pc, kc, jr + 1),
+                BOperand::Packed(p) if spread && pc + kc < k => {
+                    p.panel(pc + kc, plan.kc.min(k - pc - kc), cols.start)
                 }
-                (BOperand::Packed(p), _) if spread && pc + kc < k => {
-                    let next = plan.kc.min(k - pc - kc);
-                    let words = p.elem.words(next) * nr;
-                    let d = p.block(pc + kc, next);
-                    d.get(cols.start * words..(cols.start + 1) * words).unwrap_or(&[])
-                }
-                _ => &[],
-            };
+                _ => None,
+            }
+            .unwrap_or(&[]);
             // Each tile's share of those lines, asked by its kernel over its K loop.
             let lines = ahead.len().div_ceil(16);
             let per_tile = lines.div_ceil(tiles);

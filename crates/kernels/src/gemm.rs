@@ -326,6 +326,13 @@ impl PackedB {
         let start = pc / self.kc.max(1) * self.elem.words(self.kc) * per_row;
         &self.data.get()[start..start + self.elem.words(kcur) * per_row]
     }
+
+    /// Panel `j` of the block starting at row `pc` (`kcur` rows deep), where the
+    /// weight has one.
+    pub(crate) fn panel(&self, pc: usize, kcur: usize, j: usize) -> Option<&[u32]> {
+        let words = self.elem.words(kcur) * self.nr;
+        self.block(pc, kcur).get(j * words..(j + 1) * words)
+    }
 }
 
 /// The B operand of one contraction: a weight packed ahead of time, or an
@@ -888,9 +895,7 @@ fn band(
             return std::ptr::null();
         }
         let pc = ki * blk.kc;
-        let kc = blk.kc.min(k - pc);
-        let words = uk.elem.words(kc) * uk.nr;
-        p.block(pc, kc).get(col * words..).map_or(std::ptr::null(), |d| d.as_ptr())
+        p.panel(pc, blk.kc.min(k - pc), col).map_or(std::ptr::null(), |d| d.as_ptr())
     };
     for step in 0..nk * nm {
         let (mi, ki) = order(step);
