@@ -219,12 +219,12 @@ pub fn attention(
             let mut row_max = std::mem::take(&mut ws.row_max);
             let mut row_sum = std::mem::take(&mut ws.row_sum);
             if scores.len() < tile {
-                scores.resize(tile, 0.0);
-                probs.resize(tile, 0.0);
+                scores.resize(tile);
+                probs.resize(tile);
             }
             if matches!(mode, Mode::Chunks(..)) {
                 if logits.len() < tile {
-                    logits.resize(tile, 0.0);
+                    logits.resize(tile);
                 }
                 if row_max.len() < plan.block {
                     row_max.resize(plan.block, 0.0);

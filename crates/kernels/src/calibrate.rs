@@ -96,7 +96,7 @@ pub fn measure(target: &Target, pool: &ThreadPool, packers: Packers, elem: ElemT
     let mr = packers.a.map_or(8, |p| p.width);
     let nr = packers.bt.map_or(32, |p| p.width);
     let src: Vec<f32> = (0..m * k).map(|i| i as f32).collect();
-    let mut out = Vec::new();
+    let mut out = crate::Lines::default();
     let av = MatRef { data: &src, rows: m, cols: k, rs: k, cs: 1, taps: None };
     let pack_a_bw = pack_rate(|| pack_a(&av, 0, m, 0, k, mr, elem, &mut out, packers.a, None), m * k);
     let bv = MatRef { data: &src, rows: m, cols: k, rs: k, cs: 1, taps: None };

@@ -14,7 +14,7 @@
 
 use crate::pack::{pack_a, pack_b, Packers};
 use crate::taps::ConvTaps;
-use crate::{ElemType, KernelError, Target};
+use crate::{ElemType, KernelError, Lines, Target};
 
 /// The micro-kernel ABI: `C[0..MR, 0..NR] (+)= Ã · B̃` over `kc` depths, where `a`
 /// is a packed panel of words (`a[w·MR + i]`, each word `k_group` depths of row `i`
@@ -240,7 +240,7 @@ pub type SharedBytes = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;
 /// once (length and alignment) when the weight is made.
 #[derive(Clone)]
 enum Words {
-    Owned(Vec<u32>),
+    Owned(Lines<u32>),
     Shared(SharedBytes, std::ops::Range<usize>),
 }
 
@@ -271,8 +271,8 @@ impl PackedB {
     /// `b` converted to `elem` and packed.
     pub fn of_elem(b: MatRef, nr: usize, kc: usize, elem: ElemType) -> PackedB {
         let (k, n) = (b.rows, b.cols);
-        let mut data = Vec::with_capacity(elem.words(k) * n.div_ceil(nr) * nr);
-        let mut panel = Vec::new();
+        let mut data = Lines::default();
+        let mut panel = Lines::default();
         for pc in (0..k).step_by(kc.max(1)) {
             pack_b(&b, pc, kc.min(k - pc), 0, n, nr, elem, &mut panel, None);
             data.extend_from_slice(&panel);
@@ -729,16 +729,16 @@ impl CPtr {
 /// contractions (attention's per-head products) allocate nothing.
 #[derive(Default)]
 pub(crate) struct Workspace {
-    a: Vec<u32>,
-    pub(crate) b: Vec<u32>,
+    a: Lines<u32>,
+    pub(crate) b: Lines<u32>,
     scratch: Vec<f32>,
     bias: Vec<f32>,
     res: Vec<f32>,
     /// Fused attention's score and probability tiles.
-    pub(crate) scores: Vec<f32>,
-    pub(crate) probs: Vec<f32>,
+    pub(crate) scores: Lines<f32>,
+    pub(crate) probs: Lines<f32>,
     /// Online softmax's logits tile and its rows' running maxima and sums.
-    pub(crate) logits: Vec<f32>,
+    pub(crate) logits: Lines<f32>,
     pub(crate) row_max: Vec<f32>,
     pub(crate) row_sum: Vec<f32>,
     /// Whether a direct product may keep its pack of a plain B in `b` for the

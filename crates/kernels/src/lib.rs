@@ -21,6 +21,7 @@ pub mod dispatch;
 mod elem;
 pub mod gemm;
 pub mod image;
+pub mod lines;
 pub mod pack;
 mod pointwise;
 mod pool;
@@ -45,6 +46,7 @@ pub use gemm::{
     ThreadGrid, ACCUMULATE, APPLY_EPILOGUE,
 };
 pub use image::{CodeImage, ImageError};
+pub use lines::Lines;
 pub use pack::{PackFn, Packer, Packers};
 pub use pointwise::{Pointwise, PwBinary, PwCmp, PwOp, PwUnary, MAX_POINTWISE_OPS};
 pub use pool::ThreadPool;

@@ -13,7 +13,7 @@
 //! the family's element type, `k_group` depths to a word, and zero-fills the
 //! depths past `kc` in a panel's last word.
 
-use crate::{ElemType, MatRef};
+use crate::{ElemType, Lines, MatRef};
 
 /// The generated packing ABI: interleave `rows ≤ width` rows of an f32 source
 /// whose row `i` starts at `src + i·ld` and runs `kc` elements along K into
@@ -114,9 +114,8 @@ fn interleave(
 
 /// Make `out` `len` long without clearing it: every panel is written whole
 /// (its padding too), so the old contents need no zeroing pass.
-fn resize(out: &mut Vec<u32>, len: usize) {
-    out.truncate(len);
-    out.resize(len, 0);
+fn resize(out: &mut Lines<u32>, len: usize) {
+    out.resize(len);
 }
 
 /// The word of depths `w·g ..` of line `i` (a row of A, a column of B) for the
@@ -155,7 +154,7 @@ pub(crate) fn pack_a(
     kc: usize,
     mr: usize,
     elem: ElemType,
-    out: &mut Vec<u32>,
+    out: &mut Lines<u32>,
     gen: Option<Packer>,
     gen_rows: Option<crate::taps::RowsPacker>,
 ) {
@@ -202,7 +201,7 @@ pub(crate) fn pack_b(
     n: usize,
     nr: usize,
     elem: ElemType,
-    out: &mut Vec<u32>,
+    out: &mut Lines<u32>,
     gen: Option<Packer>,
 ) {
     let panels = n.div_ceil(nr);

@@ -187,13 +187,12 @@ pub(crate) fn pack_taps(
     kc: usize,
     mr: usize,
     elem: crate::ElemType,
-    out: &mut Vec<u32>,
+    out: &mut crate::Lines<u32>,
     gen: Option<RowsPacker>,
 ) {
     let panels = m.div_ceil(mr);
     let size = elem.words(kc) * mr;
-    out.truncate(panels * size);
-    out.resize(panels * size, 0);
+    out.resize(panels * size);
     let g = elem.k_group();
     // A run of channels must start a word (a bf16 pair never spans two taps).
     let gen = gen.filter(|p| {

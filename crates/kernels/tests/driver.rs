@@ -266,3 +266,18 @@ fn packed_b_of_another_type_is_an_error() {
     );
     assert!(e.unwrap_err().to_string().contains("packed as f32"));
 }
+
+/// Packed weights start on a cache line, so that the kernels' vector loads of a
+/// panel never straddle two lines (the allocator alone gives 16 bytes).
+#[test]
+fn packed_weights_start_a_cache_line() {
+    for (k, n, nr, kc) in [(1usize, 1usize, 16usize, 8usize), (768, 3072, 48, 184), (33, 70, 32, 7)] {
+        let data: Vec<f32> = (0..k * n).map(|i| i as f32).collect();
+        let b = MatRef::row_major(&data, k, n).unwrap();
+        for elem in [ElemType::F32, ElemType::Bf16] {
+            let p = anyshape_kernels::PackedB::of_elem(b, nr, kc, elem);
+            assert_eq!(p.words().as_ptr() as usize % 64, 0, "{k}x{n} nr {nr} kc {kc} {elem:?}");
+            assert_eq!(Some(p.words().len()), anyshape_kernels::PackedB::len_of(k, n, nr, kc, elem));
+        }
+    }
+}
