@@ -27,8 +27,10 @@ use crate::gemm::{BOperand, CPtr, EpilogueArgs, MatMut, MatRef, WORKSPACE};
 use crate::{KernelError, ThreadPool};
 
 /// The work (flops of both products) below which attention runs on the
-/// calling thread: about 30 µs of it, more than a fork-join costs.
-const PARALLEL_FLOPS: f64 = 2e6;
+/// calling thread: a microsecond of it, about what a fork-join to the pool's
+/// spinning workers costs. (At 2e6, BERT's 12 heads at 8-24 keys ran on one
+/// thread, 1.2-1.45x slower than on two and behind the unfused steps.)
+const PARALLEL_FLOPS: f64 = 1e5;
 
 /// The block of query rows, and the schedules of the two products for it.
 #[derive(Clone, Copy, Debug)]

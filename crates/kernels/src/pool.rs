@@ -23,6 +23,14 @@ use std::thread::JoinHandle;
 /// Iterations a worker spins on the generation counter before it parks.
 const SPIN: usize = 1 << 14;
 
+/// The longest a thread spins (or yields) before it parks, whatever `SPIN`
+/// says: with another pool's threads or another process on its CPU, each
+/// yield hands the CPU over for a time slice, and 240 of them kept an idle
+/// pool's worker in the way of the next model's threads for 10-20 ms (a
+/// compiled model's first ~140 calls at 64 keys, or the second of two models
+/// run in turn, at a third of their speed).
+const SPIN_TIME: std::time::Duration = std::time::Duration::from_micros(200);
+
 /// Past this many spins, a waiting thread yields its CPU every `YIELD_EVERY`
 /// spins: when the OS has put a woken worker on the waiter's own CPU (a cold
 /// wake-up after an idle gap), spinning would keep it from running for the whole
@@ -84,6 +92,12 @@ impl Shared {
         cpu != NO_CPU
             && self.cpus.iter().enumerate().any(|(i, c)| i != index && c.load(Ordering::Relaxed) == cpu)
     }
+}
+
+/// Whether a spin-wait that began at `since` (set on the first look) has
+/// gone on for `SPIN_TIME`.
+fn spun_long(since: &mut Option<std::time::Instant>) -> bool {
+    since.get_or_insert_with(std::time::Instant::now).elapsed() >= SPIN_TIME
 }
 
 /// One step of a spin-wait: a pause, or a yield now and then once it has gone on long.
@@ -190,13 +204,15 @@ impl ThreadPool {
         let mut cpu = s.here(0);
         f(0);
         let mut spins: usize = 0;
+        let mut since = None;
         while s.pending.load(Ordering::Acquire) != 0 {
-            if spins.is_multiple_of(CPU_EVERY) && spins > 0 {
+            let look = spins.is_multiple_of(CPU_EVERY);
+            if look && spins > 0 {
                 cpu = s.here(0);
             }
             // Spinning on a CPU a worker needs only holds it up: sleep.
-            let crowded = spins.is_multiple_of(CPU_EVERY) && s.crowded(0, cpu);
-            if spins < SPIN && !crowded {
+            let crowded = look && s.crowded(0, cpu);
+            if spins < SPIN && !crowded && !(look && spun_long(&mut since)) {
                 spins += 1;
                 spin_step(spins);
             } else {
@@ -219,6 +235,7 @@ fn worker(s: &Shared, index: usize) {
         // Wait for a new generation: spin, then park (at once when the caller
         // shares this CPU: it cannot publish the next job while this spins).
         let mut spins: usize = 0;
+        let mut since = None;
         let mut cpu = NO_CPU;
         loop {
             if s.shutdown.load(Ordering::Acquire) {
@@ -229,19 +246,21 @@ fn worker(s: &Shared, index: usize) {
                 seen = g;
                 break;
             }
-            if spins.is_multiple_of(CPU_EVERY) {
+            let look = spins.is_multiple_of(CPU_EVERY);
+            if look {
                 cpu = s.here(index);
             }
-            let mut crowded = spins.is_multiple_of(CPU_EVERY) && s.crowded(index, cpu);
+            let mut crowded = look && s.crowded(index, cpu);
             if crowded && leave_cpu(cpu) {
                 cpu = s.here(index);
                 crowded = false;
             }
-            if spins < SPIN && !crowded {
+            if spins < SPIN && !crowded && !(look && spun_long(&mut since)) {
                 spins += 1;
                 spin_step(spins);
             } else {
                 spins = 0;
+                since = None;
                 let guard = s.wake_lock.lock().unwrap_or_else(|e| e.into_inner());
                 s.parked.fetch_add(1, Ordering::SeqCst);
                 if s.generation.load(Ordering::SeqCst) == seen && !s.shutdown.load(Ordering::Acquire) {
