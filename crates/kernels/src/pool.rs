@@ -45,16 +45,24 @@ const NO_CPU: usize = usize::MAX;
 const CPU_EVERY: usize = 64;
 
 /// The CPU this thread runs on now, or `NO_CPU`.
+#[cfg(target_os = "linux")]
 fn current_cpu() -> usize {
     // SAFETY: `sched_getcpu` takes no arguments and touches no memory of ours.
     let c = unsafe { libc::sched_getcpu() };
     usize::try_from(c).unwrap_or(NO_CPU)
 }
 
+/// Where the system does not say, every CPU is unknown (no thread is ever crowded).
+#[cfg(not(target_os = "linux"))]
+fn current_cpu() -> usize {
+    NO_CPU
+}
+
 /// Move the calling thread (a pool worker, never the caller of `run`) off CPU
 /// `cpu`, where it crowds another of the pool's threads: its affinity is set
 /// to every other CPU it may run on, which moves it at once, and then back to
 /// what it was. Returns whether it moved (not when `cpu` is its only one).
+#[cfg(target_os = "linux")]
 fn leave_cpu(cpu: usize) -> bool {
     const SET_BITS: usize = 8 * std::mem::size_of::<libc::cpu_set_t>();
     if cpu >= SET_BITS {
@@ -77,6 +85,11 @@ fn leave_cpu(cpu: usize) -> bool {
         libc::sched_setaffinity(0, size, &allowed);
     }
     true
+}
+
+#[cfg(not(target_os = "linux"))]
+fn leave_cpu(_cpu: usize) -> bool {
+    false
 }
 
 impl Shared {
@@ -308,6 +321,7 @@ mod tests {
     use super::*;
 
     /// The CPUs this thread may run on.
+    #[cfg(target_os = "linux")]
     fn allowed() -> Vec<usize> {
         let size = std::mem::size_of::<libc::cpu_set_t>();
         // SAFETY: as in `leave_cpu`: a zeroed set, read by the call at its size.
@@ -319,6 +333,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_os = "linux")]
     fn a_worker_leaves_a_crowded_cpu_and_keeps_its_affinity() {
         let before = allowed();
         let cpu = current_cpu();
