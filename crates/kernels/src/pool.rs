@@ -100,10 +100,16 @@ impl Shared {
         c
     }
 
-    /// Whether thread `index`, on `cpu`, shares it with another of the pool's threads.
-    fn crowded(&self, index: usize, cpu: usize) -> bool {
-        cpu != NO_CPU
-            && self.cpus.iter().enumerate().any(|(i, c)| i != index && c.load(Ordering::Relaxed) == cpu)
+    /// Whether the caller of `run`, on `cpu`, shares it with a worker.
+    fn caller_crowded(&self, cpu: usize) -> bool {
+        cpu != NO_CPU && self.cpus[1..].iter().any(|c| c.load(Ordering::Relaxed) == cpu)
+    }
+
+    /// Whether a worker on `cpu` shares it with the caller of `run`. (Only the
+    /// caller's CPU is left: with more threads than CPUs, workers moving away
+    /// from each other would only chase one another.)
+    fn with_caller(&self, cpu: usize) -> bool {
+        cpu != NO_CPU && self.cpus[0].load(Ordering::Relaxed) == cpu
     }
 }
 
@@ -224,7 +230,7 @@ impl ThreadPool {
                 cpu = s.here(0);
             }
             // Spinning on a CPU a worker needs only holds it up: sleep.
-            let crowded = look && s.crowded(0, cpu);
+            let crowded = look && s.caller_crowded(cpu);
             if spins < SPIN && !crowded && !(look && spun_long(&mut since)) {
                 spins += 1;
                 spin_step(spins);
@@ -263,7 +269,7 @@ fn worker(s: &Shared, index: usize) {
             if look {
                 cpu = s.here(index);
             }
-            let mut crowded = look && s.crowded(index, cpu);
+            let mut crowded = look && s.with_caller(cpu);
             if crowded && leave_cpu(cpu) {
                 cpu = s.here(index);
                 crowded = false;
@@ -285,7 +291,7 @@ fn worker(s: &Shared, index: usize) {
             }
         }
         let cpu = s.here(index);
-        if s.crowded(index, cpu) && leave_cpu(cpu) {
+        if s.with_caller(cpu) && leave_cpu(cpu) {
             s.here(index);
         }
         let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
