@@ -13,8 +13,8 @@ use std::ops::{Deref, DerefMut};
 pub const LINE: usize = 64;
 
 /// Elements of `T` starting at a cache-line boundary; grows like a `Vec` (new
-/// elements are `T::default()`, the old ones kept).
-#[derive(Clone, Default)]
+/// elements are `T::default()`, the old ones kept). A clone starts a line too.
+#[derive(Default)]
 pub struct Lines<T> {
     store: Vec<T>,
     /// Where the elements start in `store`.
@@ -62,6 +62,14 @@ impl<T: Copy + Default> Lines<T> {
     }
 }
 
+impl<T: Copy + Default> Clone for Lines<T> {
+    fn clone(&self) -> Lines<T> {
+        let mut c = Lines::default();
+        c.extend_from_slice(self);
+        c
+    }
+}
+
 impl<T> Deref for Lines<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
@@ -105,5 +113,9 @@ mod tests {
         l.clear();
         l.extend_from_slice(&[7, 8, 9]);
         assert_eq!(&l[..], &[7, 8, 9]);
+        let big: Lines<u32> = Lines::with_len(100_000);
+        let copy = big.clone();
+        assert_eq!(&copy[..], &big[..]);
+        assert_eq!(copy.as_ptr() as usize % LINE, 0, "a clone starts a line");
     }
 }
