@@ -688,7 +688,6 @@ fn build_microkernel(
     Ok(())
 }
 
-/// `llvm.prefetch.p0(ptr, rw, locality, cache type)`.
 /// A call asking the line at `at` into L2 (read access, locality 2, data cache).
 pub(crate) fn prefetch_to_l2(
     ctx: &'static Context,
@@ -707,6 +706,7 @@ pub(crate) fn prefetch_to_l2(
     Ok(())
 }
 
+/// `llvm.prefetch.p0(ptr, rw, locality, cache type)`.
 fn prefetch_intrinsic(
     ctx: &'static Context,
     module: &Module<'static>,

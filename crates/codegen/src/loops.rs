@@ -1816,10 +1816,9 @@ impl Gen<'_> {
             while accs.len() > 1 {
                 let mut next = Vec::with_capacity(accs.len().div_ceil(2));
                 for pair in accs.chunks(2) {
-                    next.push(match pair {
-                        [a, b] => self.combine(c, *a, *b, dt)?,
-                        [a] => *a,
-                        _ => unreachable!("chunks of two"),
+                    next.push(match *pair {
+                        [a, b] => self.combine(c, a, b, dt)?,
+                        _ => pair[0],
                     });
                 }
                 accs = next;

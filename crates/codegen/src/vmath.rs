@@ -91,7 +91,16 @@ impl VMath<'_> {
             .and_then(|i| i.get_declaration(self.module, &[self.vt.into()]))
             .ok_or_else(|| llvm(format!("no {name} for the vector type")))?;
         let args: Vec<_> = args.iter().map(|a| (*a).into()).collect();
-        match self.bld.build_call(f, &args, "").map_err(llvm)?.try_as_basic_value() {
+        self.call_vector(f, &args, name)
+    }
+    /// A call of `f` (named `name`) that returns a vector.
+    fn call_vector(
+        &self,
+        f: inkwell::values::FunctionValue<'static>,
+        args: &[inkwell::values::BasicMetadataValueEnum<'static>],
+        name: &str,
+    ) -> R {
+        match self.bld.build_call(f, args, "").map_err(llvm)?.try_as_basic_value() {
             inkwell::values::ValueKind::Basic(v) => Ok(v.into_vector_value()),
             inkwell::values::ValueKind::Instruction(_) => Err(llvm(format!("{name} returned nothing"))),
         }
@@ -126,15 +135,9 @@ impl VMath<'_> {
             // gradually as the two-step scaling below does; a NaN input is NaN
             // throughout (the clamp keeps it, and so does every step after it).
             let name = format!("llvm.x86.avx512.mask.scalef.ps.{}", self.lanes * 32);
-            let f = self.module.get_function(&name).unwrap_or_else(|| {
-                let mut params: Vec<inkwell::types::BasicMetadataTypeEnum> =
-                    vec![self.vt.into(), self.vt.into(), self.vt.into()];
-                params.push(if self.lanes == 16 { self.ctx.i16_type() } else { self.ctx.i8_type() }.into());
-                if self.lanes == 16 {
-                    params.push(self.ctx.i32_type().into());
-                }
-                self.module.add_function(&name, self.vt.fn_type(&params, false), None)
-            });
+            let f = Intrinsic::find(&name)
+                .and_then(|i| i.get_declaration(self.module, &[]))
+                .ok_or_else(|| llvm(format!("no {name}")))?;
             let mut args: Vec<inkwell::values::BasicMetadataValueEnum> =
                 vec![p.into(), n.into(), self.vt.get_poison().into()];
             if self.lanes == 16 {
@@ -144,10 +147,7 @@ impl VMath<'_> {
             } else {
                 args.push(self.ctx.i8_type().const_all_ones().into());
             }
-            return match self.bld.build_call(f, &args, "").map_err(llvm)?.try_as_basic_value() {
-                inkwell::values::ValueKind::Basic(v) => Ok(v.into_vector_value()),
-                inkwell::values::ValueKind::Instruction(_) => Err(llvm("scalef returned nothing")),
-            };
+            return self.call_vector(f, &args, &name);
         }
         let int =
             |v: u64| VectorType::const_vector(&vec![self.ctx.i32_type().const_int(v, false); self.lanes]);

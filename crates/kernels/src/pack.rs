@@ -112,12 +112,6 @@ fn interleave(
     }
 }
 
-/// Make `out` `len` long without clearing it: every panel is written whole
-/// (its padding too), so the old contents need no zeroing pass.
-fn resize(out: &mut Lines<u32>, len: usize) {
-    out.resize(len);
-}
-
 /// The word of depths `w·g ..` of line `i` (a row of A, a column of B) for the
 /// lines `0..count` of a panel, from `at(i, k)`: the portable loop for operands
 /// of any strides.
@@ -163,7 +157,7 @@ pub(crate) fn pack_a(
     }
     let panels = m.div_ceil(mr);
     let size = elem.words(kc) * mr;
-    resize(out, panels * size);
+    out.resize(panels * size);
     let generated = a.cs == 1 && gen.is_some_and(|p| p.width == mr && p.elem == elem);
     for pi in 0..panels {
         let panel = &mut out[pi * size..(pi + 1) * size];
@@ -206,7 +200,7 @@ pub(crate) fn pack_b(
 ) {
     let panels = n.div_ceil(nr);
     let size = elem.words(kc) * nr;
-    resize(out, panels * size);
+    out.resize(panels * size);
     let generated = b.cs != 1 && b.rs == 1 && gen.is_some_and(|p| p.width == nr && p.elem == elem);
     for pj in 0..panels {
         let panel = &mut out[pj * size..(pj + 1) * size];
