@@ -3,7 +3,7 @@
 
     python bench/model_peers.py /work/models/bert-base/model.onnx \
         --shape batch=1,seq=1 --shape batch=1,seq=128 --threads 2 --rounds 3 [--json out.json] \
-        [--systems anyshape,onnxruntime,openvino,torch,torch.compile] [--torch-model bert-base]
+        [--pause MS] [--systems anyshape,onnxruntime,openvino,torch,torch.compile] [--torch-model bert-base]
 
 Per system and shape: the first call and the median of --runs warm calls; the
 systems take turns (round 1: every system, round 2: every system, ...) and each
@@ -42,6 +42,11 @@ Inputs are those `anyshape bench` makes: token ids i*7 % 90, attention masks of
 ones, zeros for other integer inputs, a fixed pattern for floats; the torch
 systems get the same arrays as torch tensors. Between systems the script sleeps
 0.1 s, so that one system's spinning worker threads do not eat into the next.
+
+With --pause MS, each system also makes --runs calls that each follow MS
+milliseconds of idle sleep (a server between sporadic requests: its threads
+park, the machine idles), and the table gives their median (the median over
+the rounds) next to the warm median.
 
 Prints a table of medians, their ratios to the first system (anyshape when it
 runs) and first calls; --json writes every result (per system per shape:
@@ -116,16 +121,36 @@ def make_inputs(model_path, shape):
     return feeds
 
 
+PAUSE_MS = None  # --pause
+
+
 def time_calls(fn, runs):
+    """The first call, the median of warm calls and, with --pause, the median of
+    calls made each after PAUSE_MS of sleep (None without it)."""
     t = time.perf_counter()
     fn()
     first = (time.perf_counter() - t) * 1e3
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return first, statistics.median(times)
+
+    def median(pause_s):
+        times = []
+        for _ in range(runs):
+            if pause_s:
+                time.sleep(pause_s)
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+        return statistics.median(times)
+
+    med = median(0)
+    return first, med, (median(PAUSE_MS / 1e3) if PAUSE_MS is not None else None)
+
+
+def result(s, timed, **extra):
+    first, med, paused = timed
+    r = {"shape": s, "first_call_ms": first, "median_ms": med, **extra}
+    if paused is not None:
+        r.update(pause_ms=PAUSE_MS, after_pause_ms=paused)
+    return r
 
 
 def bench_ort(path, shapes, threads, runs):
@@ -141,8 +166,7 @@ def bench_ort(path, shapes, threads, runs):
     out = []
     for s in shapes:
         feeds = make_inputs(path, s)
-        first, med = time_calls(lambda: sess.run(None, feeds), runs)
-        out.append({"shape": s, "first_call_ms": first, "median_ms": med, "compile_ms": compile_ms})
+        out.append(result(s, time_calls(lambda: sess.run(None, feeds), runs), compile_ms=compile_ms))
     return out
 
 
@@ -159,8 +183,7 @@ def bench_openvino(path, shapes, threads, runs):
     out = []
     for s in shapes:
         feeds = make_inputs(path, s)
-        first, med = time_calls(lambda: req.infer(feeds), runs)
-        out.append({"shape": s, "first_call_ms": first, "median_ms": med, "compile_ms": compile_ms})
+        out.append(result(s, time_calls(lambda: req.infer(feeds), runs), compile_ms=compile_ms))
     return out
 
 
@@ -168,6 +191,8 @@ def bench_anyshape(path, shapes, threads, runs, binary):
     if not os.access(binary, os.X_OK):
         raise FileNotFoundError(f"no anyshape binary at {binary} (cargo build --release, or --anyshape PATH)")
     cmd = [binary, "bench", path, "--threads", str(threads), "--runs", str(runs), "--json"]
+    if PAUSE_MS is not None:
+        cmd += ["--pause", str(PAUSE_MS)]
     for s in shapes:
         cmd += ["--shape", shape_str(s)]
     res = subprocess.run(cmd, capture_output=True, text=True)
@@ -210,8 +235,7 @@ def bench_torch(tm, path, shapes, runs, compile):
     with torch.inference_mode():
         for s in shapes:
             kwargs = tm.to_torch(make_inputs(path, s), s)
-            first, med = time_calls(lambda: fn(**kwargs), runs)
-            out.append({"shape": s, "first_call_ms": first, "median_ms": med})
+            out.append(result(s, time_calls(lambda: fn(**kwargs), runs)))
     return out
 
 
@@ -239,7 +263,14 @@ def main():
     ap.add_argument("--torch-model", help="architecture for the torch systems (default: the model file's folder name)")
     ap.add_argument("--torch-seed", type=int, default=0, help="seed of the torch model's random init (default 0)")
     ap.add_argument("--json")
+    ap.add_argument("--pause", type=float, metavar="MS",
+                    help="also time calls that each follow MS milliseconds of idle sleep")
     a = ap.parse_args()
+    global PAUSE_MS
+    if a.pause is not None:
+        if not 0 <= a.pause <= 60000:
+            ap.error("--pause: give milliseconds from 0 to 60000")
+        PAUSE_MS = a.pause
     shapes = [parse_shape(s) for s in a.shape]
 
     wanted = []
@@ -301,6 +332,7 @@ def main():
 
     best = {name: [None] * len(shapes) for name in runners}
     firsts = {name: [[] for _ in shapes] for name in runners}
+    paused = {name: [[] for _ in shapes] for name in runners}
     for r in range(a.rounds):
         for name in list(runners):
             time.sleep(SETTLE_S)
@@ -317,6 +349,8 @@ def main():
             for i, res in enumerate(results):
                 if res.get("first_call_ms") is not None:
                     firsts[name][i].append(res["first_call_ms"])
+                if res.get("after_pause_ms") is not None:
+                    paused[name][i].append(res["after_pause_ms"])
                 cur = best[name][i]
                 if cur is None or res["median_ms"] < cur["median_ms"]:
                     best[name][i] = res
@@ -326,6 +360,8 @@ def main():
         for i, res in enumerate(best[name]):
             if res is not None and firsts[name][i]:
                 best[name][i] = dict(res, first_call_ms=statistics.median(firsts[name][i]))
+            if res is not None and paused[name][i]:
+                best[name][i]["after_pause_ms"] = statistics.median(paused[name][i])
     names = list(best)
     if not names:
         print("no system ran", file=sys.stderr)
@@ -335,12 +371,15 @@ def main():
     header = ("| shape | " + " | ".join(f"{n} ms" for n in names) + " | "
               + "".join(f"{n} / {base} | " for n in names[1:])
               + " | ".join(f"{n} first call ms" for n in first_cols) + " |")
+    pause_cols = names if PAUSE_MS is not None else []
+    header += "".join(f" {n} after {PAUSE_MS:g} ms pause / warm |" for n in pause_cols)
     print(header)
-    print("|" + "---|" * (1 + 2 * len(names) - 1 + len(first_cols)))
+    print("|" + "---|" * (1 + 2 * len(names) - 1 + len(first_cols) + len(pause_cols)))
     for i, s in enumerate(shapes):
         meds = [best[n][i]["median_ms"] for n in names]
         cells = [f"{m:.3f}" for m in meds] + [f"{m / meds[0]:.2f}x" for m in meds[1:]]
         cells += [f"{best[n][i]['first_call_ms']:.3f}" for n in first_cols]
+        cells += [f"{best[n][i]['after_pause_ms'] / best[n][i]['median_ms']:.2f}x" for n in pause_cols]
         print(f"| {shape_str(s)} | " + " | ".join(cells) + " |")
     if a.json:
         with open(a.json, "w") as f:

@@ -115,43 +115,81 @@ pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// The first call at a shape and the median of warm calls.
+/// The first call at a shape, the median of warm calls and, when asked for,
+/// the median of calls that each follow an idle pause (a server between
+/// sporadic requests).
 pub struct Timing {
     pub first_ms: f64,
     pub median_ms: f64,
     pub runs: usize,
+    pub after_pause: Option<(Duration, f64)>,
 }
 
 impl Timing {
     /// One line of text, or one JSON object (`ready_ms`: compile or load time).
     pub fn report(&self, shape: &[(String, usize)], json: bool, ready_ms: f64) -> String {
-        let Timing { first_ms, median_ms, runs } = self;
+        let Timing { first_ms, median_ms, runs, after_pause } = self;
         if json {
             let fields: Vec<String> = shape.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
+            let pause = after_pause.map_or(String::new(), |(p, t)| {
+                format!(", \"pause_ms\": {:.1}, \"after_pause_ms\": {t:.4}", ms(p))
+            });
             format!(
-                "{{\"shape\": {{{}}}, \"first_call_ms\": {first_ms:.4}, \"median_ms\": {median_ms:.4}, \"compile_ms\": {ready_ms:.1}}}",
+                "{{\"shape\": {{{}}}, \"first_call_ms\": {first_ms:.4}, \"median_ms\": {median_ms:.4}{pause}, \"compile_ms\": {ready_ms:.1}}}",
                 fields.join(", ")
             )
         } else {
             let s: Vec<String> = shape.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            format!("{}: first call {first_ms:.3} ms, median {median_ms:.3} ms over {runs} runs", s.join(","))
+            let pause = after_pause.map_or(String::new(), |(p, t)| {
+                format!(", after a {:.0} ms pause {t:.3} ms (median)", ms(p))
+            });
+            format!(
+                "{}: first call {first_ms:.3} ms, median {median_ms:.3} ms over {runs} runs{pause}",
+                s.join(",")
+            )
         }
     }
 }
 
-/// Time the first call on `named` and then `runs` warm calls.
-pub fn time_calls(cm: &CompiledModel, named: &[(&str, Tensor)], runs: usize) -> Result<Timing> {
+/// Time the first call on `named`, then `runs` warm calls, then (with `pause`)
+/// `runs` calls each made after sleeping that long.
+pub fn time_calls(
+    cm: &CompiledModel,
+    named: &[(&str, Tensor)],
+    runs: usize,
+    pause: Option<Duration>,
+) -> Result<Timing> {
     let t0 = Instant::now();
     cm.run(named)?;
     let first_ms = ms(t0.elapsed());
-    let mut times = Vec::with_capacity(runs.max(1));
-    for _ in 0..runs.max(1) {
-        let t = Instant::now();
-        cm.run(named)?;
-        times.push(ms(t.elapsed()));
+    let timed = |before: &dyn Fn()| -> Result<f64> {
+        let mut times = Vec::with_capacity(runs.max(1));
+        for _ in 0..runs.max(1) {
+            before();
+            let t = Instant::now();
+            cm.run(named)?;
+            times.push(ms(t.elapsed()));
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    };
+    let median_ms = timed(&|| ())?;
+    let after_pause = match pause {
+        Some(p) => Some((p, timed(&|| std::thread::sleep(p))?)),
+        None => None,
+    };
+    Ok(Timing { first_ms, median_ms, runs: runs.max(1), after_pause })
+}
+
+/// `--pause MS`, checked.
+pub fn pause_arg(ms: Option<f64>) -> Result<Option<Duration>> {
+    match ms {
+        None => Ok(None),
+        Some(v) if v.is_finite() && (0.0..=60_000.0).contains(&v) => {
+            Ok(Some(Duration::from_secs_f64(v / 1e3)))
+        }
+        Some(v) => Err(UserError(format!("--pause {v}: give milliseconds from 0 to 60000")).into()),
     }
-    times.sort_by(f64::total_cmp);
-    Ok(Timing { first_ms, median_ms: times[times.len() / 2], runs: times.len() })
 }
 
 /// Load the artifact at `path` (on `threads`, or those it was compiled with).

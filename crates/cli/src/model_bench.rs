@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use anyshape::{CompileOptions, Tensor};
 
-use crate::common::{ms, parse_shape, synthetic_inputs, time_calls};
+use crate::common::{ms, parse_shape, pause_arg, synthetic_inputs, time_calls};
 use crate::UserError;
 
 #[derive(clap::Args)]
@@ -55,6 +55,11 @@ pub struct BenchArgs {
     /// the step's kind, its program or matmul, its group)
     #[arg(long, default_value_t = 0)]
     top: usize,
+    /// Also time --runs calls that each follow this many milliseconds of idle
+    /// sleep (how a server between sporadic requests sees the model), and report
+    /// their median.
+    #[arg(long, value_name = "MS")]
+    pause: Option<f64>,
 }
 
 /// Per kind of group, the median over `runs` calls of its matmul and loop time.
@@ -139,6 +144,7 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize, 
 
 pub fn bench(a: BenchArgs) -> Result<()> {
     let shapes: Vec<Vec<(String, usize)>> = a.shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
+    let pause = pause_arg(a.pause)?;
     let start = Instant::now();
     let (cm, what) = if runtime::is_artifact(&a.model) {
         if !a.dims.is_empty() || a.unfused_attention || a.no_object_cache || a.no_measured_dispatch {
@@ -180,7 +186,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     for shape in &shapes {
         let data = synthetic_inputs(cm.inputs(), shape)?;
         let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-        let t = time_calls(&cm, &named, a.runs)?;
+        let t = time_calls(&cm, &named, a.runs, pause)?;
         if a.profile {
             profile(&cm, &named, a.runs.max(1), a.top)?;
         }

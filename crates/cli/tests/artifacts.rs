@@ -92,6 +92,20 @@ fn compile_then_run_without_the_compiler() {
     let bench =
         ok(&run(anyshape, &["bench", &art.to_string_lossy(), "--shape", "batch=1,seq=5", "--runs", "2"]));
     assert!(bench.contains("loaded the artifact"), "{bench}");
+    // Calls after an idle pause, timed on their own.
+    for bin in [rt, anyshape] {
+        let args =
+            ["bench", &art.to_string_lossy(), "--shape", "batch=1,seq=3", "--runs", "2", "--pause", "1.5"];
+        let line = ok(&run(bin, &[&args[..], &["--json"]].concat()));
+        assert!(line.contains("\"pause_ms\": 1.5, \"after_pause_ms\": "), "{line}");
+        let text = ok(&run(bin, &args));
+        assert!(text.contains("after a 2 ms pause") && text.contains("(median)"), "{text}");
+        for bad in ["-1", "60001", "NaN"] {
+            let bad_args =
+                ["bench", &art.to_string_lossy(), "--shape", "batch=1,seq=3", &format!("--pause={bad}")];
+            assert_user_error(&run(bin, &bad_args), "--pause");
+        }
+    }
     let info = ok(&run(rt, &["info", &art.to_string_lossy()]));
     assert!(info.contains("input input_ids: i64 [batch, seq]"), "{info}");
 

@@ -61,6 +61,9 @@ enum Command {
         json: bool,
         #[command(flatten)]
         chunks: common::KeyChunksArg,
+        /// Also time --runs calls that each follow this many milliseconds of idle sleep.
+        #[arg(long, value_name = "MS")]
+        pause: Option<f64>,
     },
     /// The artifact's inputs and outputs with their symbolic shapes.
     Info { artifact: PathBuf },
@@ -78,7 +81,8 @@ fn dispatch(cli: Cli) -> Result<()> {
                 say(line);
             }
         }
-        Command::Bench { artifact, shapes, threads, runs, json, chunks } => {
+        Command::Bench { artifact, shapes, threads, runs, json, chunks, pause } => {
+            let pause = common::pause_arg(pause)?;
             let shapes: Vec<Vec<(String, usize)>> =
                 shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
             let start = Instant::now();
@@ -90,7 +94,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             for shape in &shapes {
                 let data = synthetic_inputs(cm.inputs(), shape)?;
                 let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-                say(time_calls(&cm, &named, runs)?.report(shape, json, load_ms));
+                say(time_calls(&cm, &named, runs, pause)?.report(shape, json, load_ms));
             }
         }
         Command::Info { artifact } => {
