@@ -120,7 +120,7 @@ pub fn gpu_kernels(args: GpuKernelsArgs) -> Result<()> {
     }
     for e in &entries {
         let regs: Vec<String> = e.ptxas.iter().map(|(a, r)| format!("{a} {} regs", r.registers)).collect();
-        println!(
+        say!(
             "{:<44} {:>4} threads {:>6} B smem  {}",
             e.name,
             e.kernel.threads(),
@@ -144,7 +144,7 @@ pub fn gpu_kernels(args: GpuKernelsArgs) -> Result<()> {
         reducers: reducer_entries,
     };
     manifest.save(&args.out).map_err(anyhow::Error::msg)?;
-    println!("{} kernels in {}", manifest.entries.len(), args.out.display());
+    say!("{} kernels in {}", manifest.entries.len(), args.out.display());
     Ok(())
 }
 

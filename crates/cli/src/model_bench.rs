@@ -105,10 +105,10 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize, 
     let total = med(&mut totals);
     for ((kind, what), v) in rows.iter().zip(per.iter_mut()) {
         let m = med(v);
-        println!("  {kind:<12} {what:<7} {m:9.3} ms  {:5.1}%", 100.0 * m / total);
+        say!("  {kind:<12} {what:<7} {m:9.3} ms  {:5.1}%", 100.0 * m / total);
     }
     let o = med(&mut outside);
-    println!(
+    say!(
         "  {:<20} {o:9.3} ms  {:5.1}%  (binding, planning lookup, outputs, between steps)",
         "outside kernels",
         100.0 * o / total
@@ -117,7 +117,7 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize, 
         let bytes = cm.step_bytes(named).map_err(anyshape::Error::from)?;
         let mut steps: Vec<(f64, usize)> = per_step.iter_mut().map(med).zip(0..).collect();
         steps.sort_by(|a, b| b.0.total_cmp(&a.0));
-        println!("  slowest steps (GB/s: the bytes of the step's buffers over its time):");
+        say!("  slowest steps (GB/s: the bytes of the step's buffers over its time):");
         for (m, i) in steps.into_iter().take(top) {
             let st = &plan.steps[i];
             let what = match &st.kind {
@@ -132,7 +132,7 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize, 
             };
             // Bytes per ns = GB/s.
             let gbs = bytes[i] as f64 / (m * 1e6);
-            println!(
+            say!(
                 "  {m:9.3} ms {:5.1}% {gbs:6.1} GB/s  step {i:<4} {:<12} {what}",
                 100.0 * m / total,
                 kind_of[i]
@@ -181,7 +181,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             ),
             _ => String::new(),
         };
-        println!("{what} in {ready_ms:.0} ms ({} threads{cache})", cm.threads());
+        say!("{what} in {ready_ms:.0} ms ({} threads{cache})", cm.threads());
     }
     for shape in &shapes {
         let data = synthetic_inputs(cm.inputs(), shape)?;
@@ -190,7 +190,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         if a.profile {
             profile(&cm, &named, a.runs.max(1), a.top)?;
         }
-        println!("{}", t.report(shape, a.json, ready_ms));
+        say!("{}", t.report(shape, a.json, ready_ms));
     }
     Ok(())
 }
@@ -215,16 +215,16 @@ pub fn inspect_compiled(
     }
     let cm = compile(&m, opts)?;
     if !dispatch {
-        println!("# stage: kernels");
-        print!("{}", cm.kernels_text());
+        say!("# stage: kernels");
+        say_raw!("{}", cm.kernels_text());
         return Ok(());
     }
     for shape in &shapes {
         let data = synthetic_inputs(cm.inputs(), shape)?;
         let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
         let s: Vec<String> = shape.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        println!("# stage: dispatch at {}", s.join(","));
-        print!("{}", cm.dispatch_text(&named).map_err(anyshape::Error::from)?);
+        say!("# stage: dispatch at {}", s.join(","));
+        say_raw!("{}", cm.dispatch_text(&named).map_err(anyshape::Error::from)?);
     }
     Ok(())
 }
@@ -256,20 +256,20 @@ pub fn inspect_artifact(
     let cm = crate::common::load_artifact(path, threads)?;
     match stage {
         "programs" => {
-            println!("# stage: programs");
-            print!("{}", anyshape::print_plan(cm.plan()));
+            say!("# stage: programs");
+            say_raw!("{}", anyshape::print_plan(cm.plan()));
         }
         "kernels" => {
-            println!("# stage: kernels");
-            print!("{}", cm.kernels_text());
+            say!("# stage: kernels");
+            say_raw!("{}", cm.kernels_text());
         }
         _ => {
             for shape in &shapes {
                 let data = synthetic_inputs(cm.inputs(), shape)?;
                 let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
                 let s: Vec<String> = shape.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                println!("# stage: dispatch at {}", s.join(","));
-                print!("{}", cm.dispatch_text(&named)?);
+                say!("# stage: dispatch at {}", s.join(","));
+                say_raw!("{}", cm.dispatch_text(&named)?);
             }
         }
     }

@@ -2,8 +2,9 @@
 //! (the runtime alone) on the artifact: ONNX Runtime's outputs on the bundled
 //! cases; bad artifacts and flags are one-line errors with exit code 2.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -105,6 +106,23 @@ fn compile_then_run_without_the_compiler() {
                 ["bench", &art.to_string_lossy(), "--shape", "batch=1,seq=3", &format!("--pause={bad}")];
             assert_user_error(&run(bin, &bad_args), "--pause");
         }
+    }
+    // A reader that stops early (`| head -1`) ends the program quietly, not in a panic.
+    for bin in [rt, anyshape] {
+        let mut child = Command::new(bin)
+            .args(["bench", &art.to_string_lossy(), "--shape", "batch=1,seq=3", "--shape", "batch=1,seq=5"])
+            .args(["--runs", "300"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("runs");
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut first).expect("a line");
+        assert!(first.contains("loaded the artifact"), "{first}");
+        let out = child.wait_with_output().expect("exits");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "stderr: {err}");
+        assert!(!err.contains("panicked"), "{err}");
     }
     let info = ok(&run(rt, &["info", &art.to_string_lossy()]));
     assert!(info.contains("input input_ids: i64 [batch, seq]"), "{info}");

@@ -143,7 +143,7 @@ enum Wait {
 /// A crowded caller yields its CPU (the worker moves off it at its next look)
 /// and does not sleep: the worker's wake-up would put the caller on the
 /// worker's new CPU, where the worker moves off again, and so on, the two
-/// taking turns on one CPU at every fork (BERT-base at one token: 14-16 ms a
+/// taking turns on one CPU at every fork (BERT-base at one token: 14-16.5 ms a
 /// call instead of 5 after an idle pause of 50 ms or more, in 4 of 6 processes).
 fn caller_wait(crowded: bool, long: bool, spins: usize) -> Wait {
     match (crowded, long) {
