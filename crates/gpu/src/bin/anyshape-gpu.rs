@@ -86,6 +86,19 @@ enum Cmd {
     },
 }
 
+/// `println!` that ends the program quietly when stdout is closed
+/// (`anyshape-gpu bench … | head`) instead of panicking.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
@@ -148,7 +161,7 @@ fn run_choice(
 
 fn info() -> Result<bool, GpuError> {
     let Opened { gpu, .. } = open(None, 4e12)?;
-    println!("{} (sm_{}{}): {:?}", gpu.name, gpu.cc.0, gpu.cc.1, gpu.limits);
+    say!("{} (sm_{}{}): {:?}", gpu.name, gpu.cc.0, gpu.cc.1, gpu.limits);
     Ok(true)
 }
 
@@ -345,7 +358,7 @@ fn check(
     json: Option<&Path>,
 ) -> Result<bool, GpuError> {
     let Opened { gpu, kernels: loaded, reducers } = open(Some(dir), 4e12)?;
-    println!("check on {} (sm_{}{})", gpu.name, gpu.cc.0, gpu.cc.1);
+    say!("check on {} (sm_{}{})", gpu.name, gpu.cc.0, gpu.cc.1);
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut runs, mut failed) = (0, 0);
     let mut report = Vec::new();
@@ -389,7 +402,7 @@ fn check(
                 problems.push(format!("{p} lda+{lda_pad} ldc+{ldc_pad}: {}", bad.join("; ")));
             }
         }
-        println!(
+        say!(
             "{:<44} regs {:>3}  {}",
             k.name(),
             l.regs,
@@ -397,7 +410,7 @@ fn check(
         );
         report.push(json!({"kernel": k.name(), "regs": l.regs, "failures": problems}));
     }
-    println!("{runs} runs, {failed} failed");
+    say!("{runs} runs, {failed} failed");
     if let Some(path) = json {
         let doc = json!({"device": gpu.name, "runs": runs, "failed": failed, "kernels": report});
         std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap_or_default())
@@ -544,7 +557,7 @@ fn bench(
         reducers.iter().find(|r| r.kernel.elem == Elem::Bf16 && r.kernel.epilogue == Epilogue::NONE);
     let failed = failed_kernels(&skip.reports)?;
     if !failed.is_empty() {
-        println!("left out (wrong in check): {}", failed.join(", "));
+        say!("left out (wrong in check): {}", failed.join(", "));
     }
     loaded.retain(|l| {
         let name = l.kernel.name();
@@ -552,7 +565,7 @@ fn bench(
             && !skip.exclude.iter().any(|x| name.contains(x.as_str()))
             && skip.filter.as_ref().is_none_or(|f| name.contains(f.as_str()))
     });
-    println!("bench on {} (sm_{}{}), {} SMs", gpu.name, gpu.cc.0, gpu.cc.1, gpu.limits.sms);
+    say!("bench on {} (sm_{}{}), {} SMs", gpu.name, gpu.cc.0, gpu.cc.1, gpu.limits.sms);
     let mut rng = StdRng::seed_from_u64(7);
     let mut out = json
         .map(|p| std::fs::File::create(p).map_err(|e| GpuError::Plan(format!("{}: {e}", p.display()))))
@@ -573,7 +586,7 @@ fn bench(
         let mut rates = Vec::new();
         for l in &fam {
             let r = calibrate(&gpu, l, &mut rng, reps)?;
-            println!(
+            say!(
                 "calibrated {:<40} regs {:>3} occupancy {:>2}: a wave {:.2} us + {:.3} us a K step ({:.2} us at {} steps); alone {:.2} us + {:.3} us ({:.2} us)",
                 r.name,
                 r.regs,
@@ -625,7 +638,7 @@ fn bench(
             None => {
                 let t = MTree::distill(model, p.batch, p.n, p.k, 8192)
                     .ok_or_else(|| GpuError::Plan(format!("no kernel for {p}")))?;
-                println!("{}", t.text(model));
+                say!("{}", t.text(model));
                 trees.push((layout, t.clone()));
                 t
             }
@@ -635,7 +648,7 @@ fn bench(
         regrets_model.push(tm / best_t - 1.0);
         regrets_tree.push(tt / best_t - 1.0);
         let tf = |t: f64| p.flops() / t / 1e12;
-        println!(
+        say!(
             "{:<4} {:<18} best {:<36} {:>9.2} us {:>7.1} TF/s | model {:<36} {:>9.2} us (predicted {:>9.2}) regret {:>5.1}% | tree regret {:>5.1}%",
             layout.tag(),
             p.to_string(),
@@ -689,8 +702,8 @@ fn bench(
     };
     let (mm, md, mx) = summary(&mut regrets_model);
     let (tm, td, tx) = summary(&mut regrets_tree);
-    println!("model regret: mean {mm:.1}%, median {md:.1}%, max {mx:.1}%; tree regret: mean {tm:.1}%, median {td:.1}%, max {tx:.1}%");
-    println!(
+    say!("model regret: mean {mm:.1}%, median {md:.1}%, max {mx:.1}%; tree regret: mean {tm:.1}%, median {td:.1}%, max {tx:.1}%");
+    say!(
         "timing: {}",
         if used_graph {
             "CUDA graphs of 20 launches"
