@@ -50,7 +50,8 @@ the rounds) next to the warm median.
 
 Prints a table of medians, their ratios to the first system (anyshape when it
 runs) and first calls; --json writes every result (per system per shape:
-first_call_ms, median_ms; bench/plot_models.py plots such files).
+first_call_ms, median_ms, and with --pause pause_ms and after_pause_ms;
+bench/plot_models.py plots such files).
 """
 
 import argparse
