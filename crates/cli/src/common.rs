@@ -83,16 +83,34 @@ pub fn synthetic_inputs(
                 _ => bail!(UserError(format!("input '{name}' has dim {d}: give its symbols a value"))),
             }
         }
-        let n: usize = dims.iter().product();
+        // An absurd --shape is an error that says so, not an abort in the allocator.
+        let too_big = || {
+            UserError(format!(
+                "--shape: input '{name}' would be {dims:?} ({} values): more than can be allocated",
+                dims.iter().map(|&d| d as u128).product::<u128>()
+            ))
+        };
+        let n = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(too_big)?;
+        fn values<T>(n: usize, f: impl Fn(usize) -> T) -> Option<Vec<T>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).ok()?;
+            v.extend((0..n).map(f));
+            Some(v)
+        }
         let elems = match ty.dtype {
-            DType::I64 => Elems::I64(match name.as_str() {
-                n2 if n2.contains("mask") => vec![1; n],
-                n2 if n2.contains("ids") && !n2.contains("type") && !n2.contains("position") => {
-                    (0..n).map(|i| (i * 7 % 90) as i64).collect()
+            DType::I64 => Elems::I64(
+                match name.as_str() {
+                    n2 if n2.contains("mask") => values(n, |_| 1),
+                    n2 if n2.contains("ids") && !n2.contains("type") && !n2.contains("position") => {
+                        values(n, |i| (i * 7 % 90) as i64)
+                    }
+                    _ => values(n, |_| 0),
                 }
-                _ => vec![0; n],
-            }),
-            DType::F32 => Elems::F32((0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect()),
+                .ok_or_else(too_big)?,
+            ),
+            DType::F32 => {
+                Elems::F32(values(n, |i| ((i * 37 % 101) as f32 - 50.0) / 50.0).ok_or_else(too_big)?)
+            }
             dt => bail!(UserError(format!("input '{name}': bench makes no {dt} inputs"))),
         };
         out.push((name.clone(), Tensor::new(dims, elems)?));

@@ -215,6 +215,20 @@ fn dim_declarations() {
 }
 
 #[test]
+fn absurd_bench_shapes_are_errors_not_aborts() {
+    let model = bert();
+    let model = model.to_string_lossy();
+    // Past what an allocation can hold at all (and past what a usize can count).
+    for shape in ["batch=1,seq=2000000000000000000", "batch=3000000000000,seq=4000000000"] {
+        let out = anyshape(&["bench", &model, "--shape", shape, "--runs", "1"]);
+        assert_user_error(&out, &["--shape", "input 'input_ids'", "more than can be allocated"]);
+    }
+    // Within what can be allocated, the model's own range says no.
+    let out = anyshape(&["bench", &model, "--shape", "batch=1,seq=1000", "--runs", "1"]);
+    assert_user_error(&out, &["input 'input_ids'", "seq = 1000", "range"]);
+}
+
+#[test]
 fn bad_flags() {
     assert_user_error(&anyshape(&["run", "x.onnx", "--input", "noequals"]), &["cannot read"]);
     let out = anyshape(&["frobnicate"]);

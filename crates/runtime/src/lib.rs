@@ -510,8 +510,16 @@ impl CompiledModel {
                 unsafe { std::ptr::write_bytes(arena.as_mut_ptr(), 0xFF, sp.arena_bytes) };
             }
         }
-        let mut outs: Vec<Elems> =
-            self.plan.outputs.iter().map(|b| zeros(self.plan.buffers[*b].dtype, sp.numel[*b])).collect();
+        let mut outs: Vec<Elems> = Vec::with_capacity(self.plan.outputs.len());
+        for b in &self.plan.outputs {
+            let buf = &self.plan.buffers[*b];
+            outs.push(zeros(buf.dtype, sp.numel[*b]).ok_or_else(|| {
+                RunError::Shape(format!(
+                    "output '{}' at this shape has {} elements of {}: more than can be allocated",
+                    buf.name, sp.numel[*b], buf.dtype
+                ))
+            })?);
+        }
         let mut ptrs: Vec<*mut u8> = vec![std::ptr::null_mut(); self.plan.buffers.len()];
         for (i, buf) in self.plan.buffers.iter().enumerate() {
             ptrs[i] = match &buf.kind {
@@ -1194,17 +1202,25 @@ unsafe fn call(f: LoopFn, s: Shared, b: usize, e: usize) -> i64 {
     f(s.args, s.dims, b as i64, e as i64)
 }
 
-fn zeros(dt: DType, n: usize) -> Elems {
-    match dt {
-        DType::F32 => Elems::F32(vec![0.0; n]),
-        DType::F64 => Elems::F64(vec![0.0; n]),
-        DType::F16 => Elems::F16(vec![0; n]),
-        DType::I8 => Elems::I8(vec![0; n]),
-        DType::U8 => Elems::U8(vec![0; n]),
-        DType::I32 => Elems::I32(vec![0; n]),
-        DType::I64 => Elems::I64(vec![0; n]),
-        DType::Bool => Elems::Bool(vec![false; n]),
+/// `n` zeros of `dt`, or `None` when they cannot be allocated (an absurd
+/// shape is an error, not an abort).
+fn zeros(dt: DType, n: usize) -> Option<Elems> {
+    fn filled<T: Clone>(n: usize, zero: T) -> Option<Vec<T>> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(n).ok()?;
+        v.resize(n, zero);
+        Some(v)
     }
+    Some(match dt {
+        DType::F32 => Elems::F32(filled(n, 0.0)?),
+        DType::F64 => Elems::F64(filled(n, 0.0)?),
+        DType::F16 => Elems::F16(filled(n, 0)?),
+        DType::I8 => Elems::I8(filled(n, 0)?),
+        DType::U8 => Elems::U8(filled(n, 0)?),
+        DType::I32 => Elems::I32(filled(n, 0)?),
+        DType::I64 => Elems::I64(filled(n, 0)?),
+        DType::Bool => Elems::Bool(filled(n, false)?),
+    })
 }
 
 fn elems_mut_ptr(e: &mut Elems) -> *mut u8 {
@@ -1217,5 +1233,18 @@ fn elems_mut_ptr(e: &mut Elems) -> *mut u8 {
         Elems::I32(v) => v.as_mut_ptr() as *mut u8,
         Elems::I64(v) => v.as_mut_ptr() as *mut u8,
         Elems::Bool(v) => v.as_mut_ptr() as *mut u8,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outputs_too_big_to_allocate_are_none_not_an_abort() {
+        assert!(zeros(DType::F32, usize::MAX / 2).is_none());
+        assert!(zeros(DType::Bool, usize::MAX).is_none());
+        assert!(matches!(zeros(DType::I64, 3), Some(Elems::I64(v)) if v == vec![0; 3]));
+        assert!(matches!(zeros(DType::F32, 0), Some(Elems::F32(v)) if v.is_empty()));
     }
 }
