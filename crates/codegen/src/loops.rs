@@ -1104,7 +1104,20 @@ impl Gen<'_> {
         let i32t = self.ctx.i32_type();
         let align = i32t.const_int(1, false);
         let (contiguous, stride2) = (step == Some(1), step == Some(2));
-        let off = self.offset(buf, index, vec)?;
+        // A contiguous or stride-2 load needs only lane 0's offset: computed as a
+        // scalar, it folds into the load's address (as a vector whose first lane
+        // is extracted, LLVM kept vector adds and moves for every load).
+        let first_only = vec && (contiguous || (stride2 && guard.is_none()));
+        let off = self.offset(buf, index, vec && !first_only)?;
+        let first_of = |off: V| -> R<IntValue<'static>> {
+            Ok(if off.is_vector_value() {
+                b.build_extract_element(off.into_vector_value(), i32t.const_zero(), "first")
+                    .map_err(llvm)?
+                    .into_int_value()
+            } else {
+                off.into_int_value()
+            })
+        };
         let mask = match guard {
             Some(gd) => Some(self.emit_as(gd, vec)?),
             None => None,
@@ -1141,10 +1154,7 @@ impl Gen<'_> {
             // contiguous loads and one shuffle instead of a gather. The second load
             // starts a lane early so that it ends at the last lane's element.
             let w = self.w as u64;
-            let first = b
-                .build_extract_element(off.into_vector_value(), i32t.const_zero(), "first")
-                .map_err(llvm)?
-                .into_int_value();
+            let first = first_of(off)?;
             let i64t = self.ctx.i64_type();
             let second = b.build_int_add(first, i64t.const_int(w - 1, false), "second").map_err(llvm)?;
             let vt = vec_of(mt, self.w);
@@ -1164,10 +1174,9 @@ impl Gen<'_> {
                 .map_err(llvm)?
                 .into()
         } else if contiguous {
-            let first =
-                b.build_extract_element(off.into_vector_value(), i32t.const_zero(), "first").map_err(llvm)?;
+            let first = first_of(off)?;
             // SAFETY (of the IR): the lanes' indices are in bounds, or masked.
-            let at = unsafe { b.build_gep(mt, base, &[first.into_int_value()], "at") }.map_err(llvm)?;
+            let at = unsafe { b.build_gep(mt, base, &[first], "at") }.map_err(llvm)?;
             let vt = vec_of(mt, self.w);
             match mask {
                 None => {
