@@ -112,6 +112,21 @@ impl Shared {
     fn with_caller(&self, cpu: usize) -> bool {
         cpu != NO_CPU && self.cpus[0].load(Ordering::Relaxed) == cpu
     }
+
+    /// Worker `index` publishes its CPU and moves off it when the caller is
+    /// there too (publishing the new one); returns whether it still shares the
+    /// caller's CPU (when it could not leave).
+    fn keep_off_caller(&self, index: usize) -> bool {
+        let cpu = self.here(index);
+        if !self.with_caller(cpu) {
+            return false;
+        }
+        if leave_cpu(cpu) {
+            self.here(index);
+            return false;
+        }
+        true
+    }
 }
 
 /// Whether a spin-wait that began at `since` (set on the first look) has
@@ -282,7 +297,6 @@ fn worker(s: &Shared, index: usize) {
         // shares this CPU: it cannot publish the next job while this spins).
         let mut spins: usize = 0;
         let mut since = None;
-        let mut cpu = NO_CPU;
         loop {
             if s.shutdown.load(Ordering::Acquire) {
                 return;
@@ -293,14 +307,7 @@ fn worker(s: &Shared, index: usize) {
                 break;
             }
             let look = spins.is_multiple_of(CPU_EVERY);
-            if look {
-                cpu = s.here(index);
-            }
-            let mut crowded = look && s.with_caller(cpu);
-            if crowded && leave_cpu(cpu) {
-                cpu = s.here(index);
-                crowded = false;
-            }
+            let crowded = look && s.keep_off_caller(index);
             if spins < SPIN && !crowded && !(look && spun_long(&mut since)) {
                 spins += 1;
                 spin_step(spins);
@@ -317,10 +324,7 @@ fn worker(s: &Shared, index: usize) {
                 s.parked.fetch_sub(1, Ordering::SeqCst);
             }
         }
-        let cpu = s.here(index);
-        if s.with_caller(cpu) && leave_cpu(cpu) {
-            s.here(index);
-        }
+        s.keep_off_caller(index);
         let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(JobPtr(f)) = job {
             // SAFETY: see `JobPtr`: `run` keeps the job alive until `pending` is 0.

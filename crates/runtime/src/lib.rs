@@ -1202,24 +1202,20 @@ unsafe fn call(f: LoopFn, s: Shared, b: usize, e: usize) -> i64 {
     f(s.args, s.dims, b as i64, e as i64)
 }
 
-/// `n` zeros of `dt`, or `None` when they cannot be allocated (an absurd
-/// shape is an error, not an abort).
+/// `n` zeros of `dt` (a zeroed allocation: the system's fresh zero pages, no
+/// pass over them), or `None` when they cannot be allocated (an absurd shape
+/// is an error, not an abort).
 fn zeros(dt: DType, n: usize) -> Option<Elems> {
-    fn filled<T: Clone>(n: usize, zero: T) -> Option<Vec<T>> {
-        let mut v = Vec::new();
-        v.try_reserve_exact(n).ok()?;
-        v.resize(n, zero);
-        Some(v)
-    }
+    use bytemuck::allocation::try_zeroed_vec as z;
     Some(match dt {
-        DType::F32 => Elems::F32(filled(n, 0.0)?),
-        DType::F64 => Elems::F64(filled(n, 0.0)?),
-        DType::F16 => Elems::F16(filled(n, 0)?),
-        DType::I8 => Elems::I8(filled(n, 0)?),
-        DType::U8 => Elems::U8(filled(n, 0)?),
-        DType::I32 => Elems::I32(filled(n, 0)?),
-        DType::I64 => Elems::I64(filled(n, 0)?),
-        DType::Bool => Elems::Bool(filled(n, false)?),
+        DType::F32 => Elems::F32(z(n).ok()?),
+        DType::F64 => Elems::F64(z(n).ok()?),
+        DType::F16 => Elems::F16(z(n).ok()?),
+        DType::I8 => Elems::I8(z(n).ok()?),
+        DType::U8 => Elems::U8(z(n).ok()?),
+        DType::I32 => Elems::I32(z(n).ok()?),
+        DType::I64 => Elems::I64(z(n).ok()?),
+        DType::Bool => Elems::Bool(z(n).ok()?),
     })
 }
 
