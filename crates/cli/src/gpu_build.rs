@@ -58,13 +58,7 @@ pub fn reducers() -> Vec<ReduceKernel> {
 pub fn family() -> Vec<GemmKernel> {
     let mut out = Vec::new();
     for elem in [Elem::Bf16, Elem::F16] {
-        for b in [BLayout::KMajor, BLayout::NMajor] {
-            out.extend(candidates::family(elem, b, Epilogue::NONE));
-        }
-        out.extend(candidates::wgmma_family(elem, Epilogue::NONE));
-        out.extend(candidates::tma_family(elem, Epilogue::NONE));
-        out.extend(candidates::persistent_family(elem, Epilogue::NONE));
-        out.extend(candidates::split_k_family(elem));
+        out.extend(candidates::plain_family(elem));
     }
     for epilogue in EPILOGUES {
         for k in candidates::family(Elem::Bf16, BLayout::KMajor, epilogue) {

@@ -174,6 +174,21 @@ pub fn persistent_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
     out
 }
 
+/// Every kernel without an epilogue for one element type: the mma.sync tiles for
+/// both B layouts, the cp.async-fed, TMA and persistent wgmma tiles, and the split-K
+/// kernels. The benchmark's sweep runs on these.
+pub fn plain_family(elem: Elem) -> Vec<GemmKernel> {
+    let mut out = Vec::new();
+    for b in [BLayout::KMajor, BLayout::NMajor] {
+        out.extend(family(elem, b, Epilogue::NONE));
+    }
+    out.extend(wgmma_family(elem, Epilogue::NONE));
+    out.extend(tma_family(elem, Epilogue::NONE));
+    out.extend(persistent_family(elem, Epilogue::NONE));
+    out.extend(split_k_family(elem));
+    out
+}
+
 /// The split-K kernels: for a few rows against a long K (a decoder's projections),
 /// where one block a tile leaves most SMs idle. Small mma.sync tiles for either B
 /// layout and the smaller wgmma tile (each of its pipelines) for a K-major B; the

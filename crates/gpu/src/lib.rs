@@ -1,7 +1,8 @@
 //! anyshape's NVIDIA GPU contraction engine, the part that needs no LLVM: the GEMM
 //! kernel family's descriptions ([`GemmKernel`]), the hardware-aligned candidate
 //! space ([`candidates`]), TSCompiler's wave/occupancy model ([`wave`]) and the
-//! decision tree distilled from it ([`tree`]), the family's manifest, the host
+//! decision tree distilled from it ([`tree`]), the model replayed on a device
+//! run's record without the device ([`replay`]), the family's manifest, the host
 //! oracle ([`reference`]), and behind the feature `cuda` the runner that loads the
 //! cubins with cudarc (dynamic loading: nothing from CUDA at build time). PTX comes
 //! from `codegen::nvptx`; the runner never links LLVM.
@@ -10,6 +11,7 @@ pub mod candidates;
 pub mod kernel;
 pub mod manifest;
 pub mod reference;
+pub mod replay;
 pub mod tree;
 pub mod wave;
 

@@ -7,10 +7,12 @@
 //!   then times every kernel on every product of the sweep (exhaustive), and reports
 //!   the model's and the distilled tree's picks against the best measured (regret),
 //!   with TFLOP/s; `--dump` writes a few products' operands and results for the
-//!   cuBLAS comparison (bench/gpu/cublas.py).
+//!   cuBLAS comparison (bench/gpu/cublas.py);
+//! - `replay`: the model's choices taken again on a `bench --json` record, no device.
 
 use clap::{Parser, Subcommand};
 use gpu::reference::{self, Operands};
+use gpu::replay::{self, Record, Regret};
 use gpu::runner::{DeviceOperands, Gpu, GpuError, Loaded, LoadedReducer, Workspace};
 use gpu::wave::{occupancy, KernelRate, WaveModel};
 use gpu::{BLayout, Choice, Elem, Epilogue, GemmKernel, MTree, Manifest, Problem};
@@ -84,6 +86,16 @@ enum Cmd {
         #[arg(long)]
         filter: Option<String>,
     },
+    /// The wave model's choices taken again, by this build's model, on a `bench
+    /// --json` record: its regret against the record's measured times, without a
+    /// device.
+    Replay {
+        /// The record `bench --json` wrote.
+        record: PathBuf,
+        /// Only the products where the model's regret exceeds this, in percent.
+        #[arg(long, default_value_t = 0.0)]
+        above: f64,
+    },
 }
 
 /// `println!` that ends the program quietly when stdout is closed
@@ -110,6 +122,7 @@ fn main() -> ExitCode {
             let skip = Skip { reports: skip_failed, exclude, filter };
             bench(&dir, reps, bandwidth * 1e9, json.as_deref(), dump.as_deref(), limit, &skip)
         }
+        Cmd::Replay { record, above } => replay_record(&record, above),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,
@@ -570,6 +583,10 @@ fn bench(
     let mut out = json
         .map(|p| std::fs::File::create(p).map_err(|e| GpuError::Plan(format!("{}: {e}", p.display()))))
         .transpose()?;
+    if let Some(f) = out.as_mut() {
+        // The limits the model used, for `replay`.
+        let _ = writeln!(f, "{}", json!({"device": gpu.limits}));
+    }
     // The sweep's families: bf16 without an epilogue, per B layout.
     let mut models = Vec::new();
     for layout in [BLayout::KMajor, BLayout::NMajor] {
@@ -691,17 +708,8 @@ fn bench(
             }
         }
     }
-    let summary = |r: &mut Vec<f64>| {
-        r.sort_by(f64::total_cmp);
-        let mean = r.iter().sum::<f64>() / r.len().max(1) as f64;
-        (
-            mean * 100.0,
-            r.get(r.len() / 2).copied().unwrap_or(0.0) * 100.0,
-            r.last().copied().unwrap_or(0.0) * 100.0,
-        )
-    };
-    let (mm, md, mx) = summary(&mut regrets_model);
-    let (tm, td, tx) = summary(&mut regrets_tree);
+    let Regret { mean: mm, median: md, max: mx } = Regret::of(&regrets_model);
+    let Regret { mean: tm, median: td, max: tx } = Regret::of(&regrets_tree);
     say!("model regret: mean {mm:.1}%, median {md:.1}%, max {mx:.1}%; tree regret: mean {tm:.1}%, median {td:.1}%, max {tx:.1}%");
     say!(
         "timing: {}",
@@ -759,4 +767,50 @@ fn dump_case(
         json!({"stem": stem, "layout": layout.tag(), "batch": p.batch, "m": p.m, "n": p.n, "k": p.k, "kernel": name})
     );
     Ok(())
+}
+
+/// `replay`: every product of a record through this build's wave model, the model's
+/// pick against the best measured, and the regret over the sweep.
+fn replay_record(path: &Path, above: f64) -> Result<bool, GpuError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
+    let record = Record::parse(&text).map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
+    let family: Vec<GemmKernel> =
+        [Elem::Bf16, Elem::F16].into_iter().flat_map(gpu::candidates::plain_family).collect();
+    let rows =
+        replay::replay(&record, &family).map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
+    let mut regrets = Vec::new();
+    let mut unmeasured = 0;
+    for r in &rows {
+        let regret = r.regret();
+        match regret {
+            Some(x) => regrets.push(x),
+            None => unmeasured += 1,
+        }
+        if regret.is_some_and(|x| x * 100.0 <= above) {
+            continue;
+        }
+        say!(
+            "{:<4} {:<18} best {:<36} {:>9.2} us | model {:<36} {} (predicted {:>9.2}) regret {}",
+            r.layout.tag(),
+            r.problem.to_string(),
+            r.best,
+            r.best_s * 1e6,
+            r.pick,
+            r.pick_s.map_or("not measured".to_string(), |t| format!("{:>9.2} us", t * 1e6)),
+            r.predicted_s * 1e6,
+            regret.map_or("-".to_string(), |x| format!("{:>5.1}%", x * 100.0))
+        );
+    }
+    let Regret { mean, median, max } = Regret::of(&regrets);
+    say!(
+        "model regret over {} products: mean {mean:.1}%, median {median:.1}%, max {max:.1}%{}",
+        regrets.len(),
+        if unmeasured > 0 {
+            format!("; {unmeasured} picks the record did not measure")
+        } else {
+            String::new()
+        }
+    );
+    Ok(unmeasured == 0)
 }
