@@ -292,3 +292,158 @@ fn ptxas_accepts_every_family_kernel() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The reduction's IR run on the host: the generated module with its global
+/// address space dropped and the thread's and block's indices passed as two more
+/// arguments, compiled for this machine, and called once a thread of the grid. A
+/// reduction uses nothing of the GPU past those indices (its GELU epilogue is
+/// inline PTX and runs on the device only).
+mod reduction_on_the_host {
+    use super::*;
+    use inkwell::context::Context;
+    use inkwell::memory_buffer::MemoryBuffer;
+    use inkwell::targets::{InitializationConfig, Target};
+    use inkwell::OptimizationLevel;
+    use proptest::prelude::*;
+
+    type Reduce =
+        unsafe extern "C" fn(*const f32, *mut u16, *const u16, *const u16, i32, i32, i32, i32, i64, i32, i32);
+
+    /// `(%lhs, x)` of a line `%lhs = fptrunc float x to bfloat`.
+    fn fptrunc_to_bf16(line: &str) -> Option<(&str, &str)> {
+        let (lhs, rhs) = line.trim().split_once(" = fptrunc float ")?;
+        Some((lhs, rhs.strip_suffix(" to bfloat")?))
+    }
+
+    fn for_host(ir: &str, name: &str) -> String {
+        let mut out = String::new();
+        for line in ir.lines().filter(|l| !l.starts_with("target ")) {
+            let line = line
+                .replace(" addrspace(1)", "")
+                .replace("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()", "add i32 %host_tid, 0")
+                .replace("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()", "add i32 %host_ctaid, 0");
+            let line = if line.starts_with(&format!("define void @{name}(")) {
+                line.replace(") {", ", i32 %host_tid, i32 %host_ctaid) {")
+            } else if let Some((lhs, x)) = fptrunc_to_bf16(&line) {
+                // x86 rounds to bf16 through a runtime library call the JIT cannot
+                // resolve: the same rounding (to nearest even) spelled out.
+                let t = lhs.trim_start_matches('%');
+                format!(
+                    "  %{t}.b = bitcast float {x} to i32\n  %{t}.odd = lshr i32 %{t}.b, 16\n  \
+                     %{t}.lsb = and i32 %{t}.odd, 1\n  %{t}.r = add i32 %{t}.b, 32767\n  \
+                     %{t}.r2 = add i32 %{t}.r, %{t}.lsb\n  %{t}.h = lshr i32 %{t}.r2, 16\n  \
+                     %{t}.t = trunc i32 %{t}.h to i16\n  {lhs} = bitcast i16 %{t}.t to bfloat"
+                )
+            } else {
+                line
+            };
+            out.push_str(&line);
+            out.push('\n');
+        }
+        out
+    }
+
+    /// To bf16, rounding to nearest even (the values here are finite).
+    fn bf16(x: f32) -> u16 {
+        let b = x.to_bits();
+        ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+    }
+
+    fn f32_of(h: u16) -> f32 {
+        f32::from_bits((h as u32) << 16)
+    }
+
+    /// `C[m, n] = Σ_s W[s, m, n] (+ bias[n]) (+ residual[m, n])` through the
+    /// generated reduction, `C` with a row stride `ldc` and canaries past each row.
+    fn run(epilogue: Epilogue, m: usize, n: usize, splits: usize, seed: u64) -> Result<(), TestCaseError> {
+        let r = ReduceKernel { elem: Elem::Bf16, epilogue };
+        let name = r.name();
+        let ir = for_host(&nvptx::reduce_ir(&r), &name);
+        Target::initialize_native(&InitializationConfig::default()).unwrap();
+        let ctx = Context::create();
+        let module = ctx
+            .create_module_from_ir(MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), "reduce"))
+            .map_err(|e| TestCaseError::fail(format!("{e}\n{ir}")))?;
+        let ee = module.create_jit_execution_engine(OptimizationLevel::Default).unwrap();
+        // SAFETY: the signature is the kernel's parameter list (`reduce_ir`) plus the
+        // two indices `for_host` appended.
+        let f = unsafe { ee.get_function::<Reduce>(&name) }.unwrap();
+        let mut state = seed;
+        let mut rnd = move || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let (ldc, canary) = (n + 3, 0x7fc1u16);
+        let sw = m * n + 5;
+        let w: Vec<f32> = (0..splits.max(1) * sw).map(|_| rnd()).collect();
+        let bias: Vec<u16> = (0..n).map(|_| bf16(rnd())).collect();
+        let res: Vec<u16> = (0..m * ldc).map(|_| bf16(rnd())).collect();
+        let mut c = vec![canary; m * ldc];
+        let threads = ReduceKernel::THREADS;
+        for block in 0..(m * n).div_ceil(threads) {
+            for t in 0..threads {
+                // SAFETY: W holds `splits` shares of `sw ≥ m·n` values, C and the residual
+                // `m` rows of `ldc ≥ n`, bias `n`: every index the kernel forms for
+                // thread `block·THREADS + t` (nothing past `m·n`) is inside them.
+                unsafe {
+                    f.call(
+                        w.as_ptr(),
+                        c.as_mut_ptr(),
+                        bias.as_ptr(),
+                        res.as_ptr(),
+                        m as i32,
+                        n as i32,
+                        ldc as i32,
+                        splits as i32,
+                        sw as i64,
+                        t as i32,
+                        block as i32,
+                    )
+                };
+            }
+        }
+        for i in 0..m {
+            for j in 0..n {
+                let mut want: f32 = (0..splits).map(|s| w[s * sw + i * n + j]).sum();
+                if epilogue.bias {
+                    want += f32_of(bias[j]);
+                }
+                if epilogue.residual {
+                    want += f32_of(res[i * ldc + j]);
+                }
+                let got = f32_of(c[i * ldc + j]);
+                prop_assert!(
+                    (got - want).abs() <= 1e-2 * (1.0 + want.abs()),
+                    "{name} {m}x{n} splits {splits} at ({i}, {j}): {got} for {want}"
+                );
+            }
+            for j in n..ldc {
+                prop_assert_eq!(c[i * ldc + j], canary, "row {} col {} written", i, j);
+            }
+        }
+        Ok(())
+    }
+
+    const EPILOGUES: [Epilogue; 3] = [
+        Epilogue::NONE,
+        Epilogue { bias: true, gelu: None, residual: false },
+        Epilogue { bias: true, gelu: None, residual: true },
+    ];
+
+    #[test]
+    fn every_split_count_of_the_bench_and_one_past_a_chunk() {
+        for splits in [1, 2, 3, 7, 8, 9, 12, 16, 17] {
+            for e in EPILOGUES {
+                run(e, 3, 37, splits, splits as u64).unwrap();
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        #[test]
+        fn random_shapes_and_splits(m in 1usize..20, n in 1usize..300, splits in 1usize..40, e in 0usize..3, seed: u64) {
+            run(EPILOGUES[e], m, n, splits, seed)?;
+        }
+    }
+}

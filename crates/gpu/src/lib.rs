@@ -21,4 +21,4 @@ pub mod runner;
 pub use kernel::{Arch, BLayout, Elem, Epilogue, Gelu, GemmKernel, KernelError, Problem, ReduceKernel, BK};
 pub use manifest::{Manifest, ManifestEntry, ReducerEntry};
 pub use tree::MTree;
-pub use wave::{Choice, DeviceLimits, KernelRate, WaveModel};
+pub use wave::{Choice, DeviceLimits, KernelRate, ReduceRate, WaveModel};

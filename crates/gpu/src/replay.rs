@@ -7,7 +7,7 @@
 //! says nothing of a changed kernel.
 
 use crate::kernel::{BLayout, GemmKernel, Problem};
-use crate::wave::{DeviceLimits, KernelRate, WaveModel};
+use crate::wave::{DeviceLimits, KernelRate, ReduceRate, WaveModel};
 use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +34,8 @@ pub struct Measured {
 pub struct Record {
     pub device: DeviceLimits,
     pub rates: Vec<KernelRate>,
+    /// The split-K reduction's calibration, where the run measured it.
+    pub reduce: Option<ReduceRate>,
     pub products: Vec<Measured>,
 }
 
@@ -51,11 +53,16 @@ impl Record {
     /// Reads a `bench --json` file: a line a calibration (`{"calibration": …}`), a
     /// line a product (`{"layout", "batch", "m", "n", "k", "all": {choice: seconds}}`),
     /// the device's limits (`{"device": …}`; a record written before they were kept
-    /// gets Hopper's, with the bench's default bandwidth of 4000 GB/s) and the
-    /// summary, which is ignored.
+    /// gets Hopper's, with the bench's default bandwidth of 4000 GB/s), the split-K
+    /// reduction's calibration (`{"reduction": …}`) and the summary, which is
+    /// ignored.
     pub fn parse(text: &str) -> Result<Record, ReplayError> {
-        let mut record =
-            Record { device: DeviceLimits::hopper(4000e9), rates: Vec::new(), products: Vec::new() };
+        let mut record = Record {
+            device: DeviceLimits::hopper(4000e9),
+            rates: Vec::new(),
+            reduce: None,
+            products: Vec::new(),
+        };
         for (i, line) in text.lines().enumerate() {
             let bad = |msg: String| ReplayError::Line { line: i + 1, msg };
             if line.trim().is_empty() {
@@ -64,6 +71,8 @@ impl Record {
             let v: serde_json::Value = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
             if let Some(c) = v.get("calibration") {
                 record.rates.push(KernelRate::deserialize(c).map_err(|e| bad(format!("calibration: {e}")))?);
+            } else if let Some(r) = v.get("reduction") {
+                record.reduce = Some(ReduceRate::deserialize(r).map_err(|e| bad(format!("reduction: {e}")))?);
             } else if let Some(d) = v.get("device") {
                 record.device = DeviceLimits::deserialize(d).map_err(|e| bad(format!("device: {e}")))?;
             } else if v.get("all").is_some() {
@@ -111,7 +120,7 @@ impl Record {
                 rates.push(r.clone());
             }
         }
-        Ok(WaveModel { device: self.device, kernels, rates })
+        Ok(WaveModel { device: self.device, kernels, rates, reduce: self.reduce })
     }
 }
 

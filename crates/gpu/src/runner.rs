@@ -279,6 +279,35 @@ impl Gpu {
         Ok(())
     }
 
+    /// The buffers a reduction's launch on `p` touches: C's `M` rows of `ldc ≥ N`
+    /// past `c_off`, the bias and the residual as its epilogue reads them.
+    fn check_reduce_operands(
+        &self,
+        r: &LoadedReducer,
+        p: &Problem,
+        o: &DeviceOperands,
+    ) -> Result<(), GpuError> {
+        let bad = |what: String| Err(GpuError::Plan(format!("{} on {p}: {what}", r.kernel)));
+        if p.batch != 1 || p.m == 0 || p.n == 0 || o.ldc < p.n {
+            return bad(format!("a reduction takes one product with M, N ≥ 1 and ldc ≥ N (ldc {})", o.ldc));
+        }
+        if p.m.checked_mul(o.ldc).is_none_or(|x| x > i32::MAX as usize) {
+            return bad("M·ldc exceeds the kernel's 32-bit indices".into());
+        }
+        let last = (p.m - 1) * o.ldc + p.n;
+        let c = o.c.len().saturating_sub(o.c_off);
+        if c < last {
+            return bad(format!("C holds {c} elements past its offset, the launch writes {last}"));
+        }
+        if r.kernel.epilogue.bias && o.bias.len() < p.n {
+            return bad(format!("bias holds {} elements, not N", o.bias.len()));
+        }
+        if r.kernel.epilogue.residual && o.residual.len() < last {
+            return bad(format!("the residual holds {} elements, the launch reads {last}", o.residual.len()));
+        }
+        Ok(())
+    }
+
     /// A's and B's tensor maps for TMA kernel `k` on `p`, built on the first launch
     /// of this tile shape on `o`. A batch's operands must not overlap (TMA walks a
     /// batch as a third dimension).
@@ -411,7 +440,33 @@ impl Gpu {
         // reads A and B within M, N and K (checked above) and writes its `[M, N]` f32
         // slice at `z · M · N` of the workspace, which holds all `splits` slices.
         unsafe { b.launch(cfg) }.map_err(|e| GpuError::Driver(format!("{k} on {p}: {e:?}")))?;
-        let Some(r) = r else { return Ok(splits) };
+        if let Some(r) = r {
+            self.launch_reduce(r, p, splits, o, w)?;
+        }
+        Ok(splits)
+    }
+
+    /// The second launch of a split-K product alone: `r` sums the `splits` f32
+    /// shares `[M, N]` of `w` into C (through its epilogue). The bench times it
+    /// alone for the wave model ([`crate::ReduceRate`]).
+    pub fn launch_reduce(
+        &self,
+        r: &LoadedReducer,
+        p: &Problem,
+        splits: usize,
+        o: &mut DeviceOperands,
+        w: &CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        self.check_reduce_operands(r, p, o)?;
+        let mn = p.m * p.n;
+        if splits == 0 || splits.checked_mul(mn).is_none_or(|x| w.len() < x) {
+            return Err(GpuError::Plan(format!(
+                "{} on {p}: a workspace of {} floats for {splits} splits",
+                r.kernel,
+                w.len()
+            )));
+        }
+        let (m, n, sw) = (p.m as i32, p.n as i32, mn as i64);
         let rcfg = LaunchConfig {
             grid_dim: (mn.div_ceil(ReduceKernel::THREADS) as u32, 1, 1),
             block_dim: (ReduceKernel::THREADS as u32, 1, 1),
@@ -421,13 +476,13 @@ impl Gpu {
         let c_off = o.c_off;
         let mut c = o.c.slice_mut(c_off..);
         let mut rb = self.stream.launch_builder(&r.func);
-        rb.arg(&*w).arg(&mut c).arg(&o.bias).arg(&o.residual);
+        rb.arg(w).arg(&mut c).arg(&o.bias).arg(&o.residual);
         rb.arg(&m).arg(&n).arg(&ldc).arg(&nsplits).arg(&sw);
         // SAFETY: the reduction's ABI (`ReduceKernel`): thread `i < M·N` reads the
         // `splits` slices of the workspace at `i`, the bias at `n < N`, the residual
         // and C at `m·ldc + n`, all inside the buffers checked above.
         unsafe { rb.launch(rcfg) }.map_err(|e| GpuError::Driver(format!("{} on {p}: {e:?}", r.kernel)))?;
-        Ok(splits)
+        Ok(())
     }
 
     pub fn alloc_f32(&self, n: usize) -> Result<CudaSlice<f32>, GpuError> {

@@ -111,12 +111,29 @@ pub struct Choice {
 /// The splits a split-K kernel is tried with.
 pub const SPLITS: [usize; 7] = [2, 3, 4, 6, 8, 12, 16];
 
-/// The model over a compiled family: its kernels and their measured rates.
+/// The split-K reduction's measured cost (`ReduceKernel`): a thread loads its
+/// shares [`REDUCE_CHUNK`] at a time, so that past the bytes it moves a reduction
+/// costs `fixed` (its launch in a graph, one thread's latency) and `per_chunk` for
+/// each further memory latency a chunk of shares waits.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReduceRate {
+    pub fixed: f64,
+    pub per_chunk: f64,
+}
+
+/// Shares a reduction thread loads at once (`codegen::nvptx::reduce_ir` reads them so).
+pub const REDUCE_CHUNK: usize = 8;
+
+/// The model over a compiled family: its kernels and their measured rates, and the
+/// split-K reduction's (`None`: a record from before it was measured, where the
+/// reduction is priced as a launch and its bytes).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WaveModel {
     pub device: DeviceLimits,
     pub kernels: Vec<GemmKernel>,
     pub rates: Vec<KernelRate>,
+    #[serde(default)]
+    pub reduce: Option<ReduceRate>,
 }
 
 impl WaveModel {
@@ -127,7 +144,8 @@ impl WaveModel {
     /// the SM's throughput. The SMs a partial wave leaves idle are the waste that
     /// makes a smaller tile win at some M (TSCompiler §6, FTuner). A split-K choice
     /// runs `splits` times the blocks on a share of K's steps, then the reduction,
-    /// which reads the f32 partial sums once (and costs a launch).
+    /// which reads the f32 partial sums once, and costs its launch and a latency a
+    /// chunk of shares ([`ReduceRate`]).
     pub fn predict(&self, c: Choice, p: &Problem) -> f64 {
         let k = &self.kernels[c.kernel];
         let r = &self.rates[c.kernel];
@@ -150,7 +168,11 @@ impl WaveModel {
         let mut t = t.max(p.min_bytes() / self.device.bandwidth) + self.device.launch;
         if k.split_k {
             let partials = (splits * p.m * p.n * 4 + p.m * p.n * 2) as f64;
-            t += partials / self.device.bandwidth + self.device.launch;
+            t += partials / self.device.bandwidth
+                + match self.reduce {
+                    Some(r) => r.fixed + r.per_chunk * (splits.div_ceil(REDUCE_CHUNK) - 1) as f64,
+                    None => self.device.launch,
+                };
         }
         t
     }

@@ -212,7 +212,7 @@ fn model() -> WaveModel {
             ..unmeasured_short()
         },
     ];
-    WaveModel { device: DeviceLimits::hopper(4e12), kernels, rates }
+    WaveModel { device: DeviceLimits::hopper(4e12), kernels, rates, reduce: None }
 }
 
 #[test]
@@ -390,4 +390,26 @@ fn the_model_splits_k_only_where_tiles_leave_sms_idle() {
     let wide = Problem::new(1, 1024, 4096, 4096);
     assert!(m.choices(&wide).iter().all(|c| c.splits == 1));
     assert!(m.describe(best).ends_with(&format!("_skx{}", best.splits)));
+}
+
+#[test]
+fn a_measured_reduction_prices_each_further_chunk_of_shares() {
+    let mut m = model();
+    let sk = GemmKernel { split_k: true, ..mma(16, 64, 1, 4) };
+    m.kernels.push(sk);
+    m.rates.push(KernelRate { name: sk.name(), ..m.rates[0].clone() });
+    let p = Problem::new(1, 1, 768, 4096);
+    let at = |m: &WaveModel, splits| m.predict(Choice { kernel: 2, splits }, &p);
+    let unmeasured: Vec<f64> = [8, 12, 16, 24].iter().map(|&s| at(&m, s)).collect();
+    m.reduce = Some(gpu::ReduceRate { fixed: 2.0e-6, per_chunk: 0.5e-6 });
+    let measured: Vec<f64> = [8, 12, 16, 24].iter().map(|&s| at(&m, s)).collect();
+    // One chunk (8 shares): the launch priced at `fixed` instead of the device's launch.
+    let d = m.device.launch;
+    assert!((measured[0] - (unmeasured[0] - d + 2.0e-6)).abs() < 1e-12);
+    // 12 and 16 shares: two chunks; 24 asked over 128 K steps: 22 working, three.
+    assert_eq!(sk.split_plan(4096, 24), (6, 22));
+    for (i, chunks) in [(1, 2.0), (2, 2.0), (3, 3.0)] {
+        let want = unmeasured[i] - d + 2.0e-6 + (chunks - 1.0) * 0.5e-6;
+        assert!((measured[i] - want).abs() < 1e-12, "{} shares", [8, 12, 16, 24][i]);
+    }
 }

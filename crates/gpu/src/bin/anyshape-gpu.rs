@@ -14,7 +14,7 @@ use clap::{Parser, Subcommand};
 use gpu::reference::{self, Operands};
 use gpu::replay::{self, Record, Regret};
 use gpu::runner::{DeviceOperands, Gpu, GpuError, Loaded, LoadedReducer, Workspace};
-use gpu::wave::{occupancy, KernelRate, WaveModel};
+use gpu::wave::{occupancy, KernelRate, ReduceRate, WaveModel, REDUCE_CHUNK};
 use gpu::{BLayout, Choice, Elem, Epilogue, GemmKernel, MTree, Manifest, Problem};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -530,6 +530,27 @@ fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<Ker
     })
 }
 
+/// The split-K reduction's calibration: alone, on one row of 8192 columns (its
+/// bytes a small share of its time), with one chunk of shares and with two; the
+/// bytes at the device's bandwidth, which the model adds apart, are taken out.
+fn calibrate_reduce(
+    gpu: &Gpu,
+    r: &LoadedReducer,
+    rng: &mut StdRng,
+    reps: usize,
+) -> Result<ReduceRate, GpuError> {
+    let p = Problem::new(1, 1, 8192, 64);
+    let mut ops = timed_operands(gpu, rng, BLayout::KMajor, &p)?;
+    let mut t = [0.0; 2];
+    for (x, splits) in [REDUCE_CHUNK, 2 * REDUCE_CHUNK].into_iter().enumerate() {
+        let w = gpu.alloc_f32(splits * p.m * p.n)?;
+        let bytes = (splits * p.m * p.n * 4 + p.m * p.n * 2) as f64;
+        t[x] = gpu.time(reps, 20, || gpu.launch_reduce(r, &p, splits, &mut ops, &w))?.0
+            - bytes / gpu.limits.bandwidth;
+    }
+    Ok(ReduceRate { fixed: t[0].max(0.0), per_chunk: (t[1] - t[0]).max(0.0) })
+}
+
 /// Kernels the benchmark leaves out: those `check` reports found wrong, those whose
 /// name contains any of `exclude`, and with `filter` those whose name lacks it.
 struct Skip {
@@ -587,6 +608,17 @@ fn bench(
         // The limits the model used, for `replay`.
         let _ = writeln!(f, "{}", json!({"device": gpu.limits}));
     }
+    let reduce = reducer.map(|r| calibrate_reduce(&gpu, r, &mut rng, reps)).transpose()?;
+    if let Some(r) = reduce {
+        say!(
+            "calibrated the split-K reduction: {:.2} us + {:.2} us a further chunk of {REDUCE_CHUNK} shares",
+            r.fixed * 1e6,
+            r.per_chunk * 1e6
+        );
+        if let Some(f) = out.as_mut() {
+            let _ = writeln!(f, "{}", json!({"reduction": r}));
+        }
+    }
     // The sweep's families: bf16 without an epilogue, per B layout.
     let mut models = Vec::new();
     for layout in [BLayout::KMajor, BLayout::NMajor] {
@@ -621,7 +653,8 @@ fn bench(
             }
             rates.push(r);
         }
-        let model = WaveModel { device: gpu.limits, kernels: fam.iter().map(|l| l.kernel).collect(), rates };
+        let model =
+            WaveModel { device: gpu.limits, kernels: fam.iter().map(|l| l.kernel).collect(), rates, reduce };
         models.push((layout, fam, model));
     }
     let mut regrets_model = Vec::new();
