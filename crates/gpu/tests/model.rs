@@ -6,7 +6,7 @@
 use gpu::candidates;
 use gpu::manifest::PtxasReport;
 use gpu::reference::{self, Operands};
-use gpu::wave::occupancy;
+use gpu::wave::{calibration_grids, occupancy};
 use gpu::{
     Arch, BLayout, Choice, DeviceLimits, Elem, Epilogue, Gelu, GemmKernel, KernelRate, MTree, Manifest,
     ManifestEntry, Problem, WaveModel,
@@ -218,16 +218,23 @@ fn model() -> WaveModel {
 #[test]
 fn the_wave_model_prices_waves_and_partial_waves() {
     let m = model();
-    // One block: latency alone (plus the launch), no share of a full wave.
+    // The calibration's rates hold their launch's share: all of it on the grid of
+    // one wave, a quarter on the grid of four, which the model takes out.
+    let launch = m.device.launch;
+    for (k, r) in m.kernels.iter().zip(&m.rates) {
+        let [full, lone] = calibration_grids(k, r.occupancy, m.device.sms).map(|g| g.waves(r.occupancy, 132));
+        assert_eq!((full, lone), (4.0, 1.0), "{k}");
+    }
+    // One block: latency alone (its launch paid once), no share of a full wave.
     let plain = |kernel| Choice { kernel, splits: 1 };
     let one = m.predict(plain(0), &Problem::new(1, 1, 64, 768));
-    let want = 1.9e-6 + 0.145e-6 * 24.0 + m.device.launch;
+    let want = 1.9e-6 + 0.145e-6 * 24.0;
     assert!((one - want).abs() < 1e-12, "{one} vs {want}");
     // Exactly one full wave of the large tile: 264 blocks.
     let p = Problem::new(1, 128 * 12, 128 * 22, 1024);
     assert_eq!(m.kernels[1].blocks(&p), 264);
     let full = m.predict(plain(1), &p);
-    assert!((full - (7.9e-6 + 0.63e-6 * 32.0 + m.device.launch)).abs() < 1e-12);
+    assert!((full - (7.9e-6 + 0.63e-6 * 32.0 - launch / 4.0 + launch)).abs() < 1e-12);
     // One block more starts a second, partial wave.
     let p2 = Problem::new(1, 128 * 12 + 1, 128 * 22, 1024);
     assert!(m.predict(plain(1), &p2) > full * 1.3);
@@ -235,8 +242,8 @@ fn the_wave_model_prices_waves_and_partial_waves() {
     // block's latency to a full wave.
     let five = Problem::new(1, 16 * 55, 64 * 12, 768);
     assert_eq!(m.kernels[0].blocks(&five), 5 * 132);
-    let (alone, wave) = (1.9e-6 + 0.145e-6 * 24.0, 1.7e-6 + 0.64e-6 * 24.0);
-    let want = alone + 4.0 / 9.0 * (wave - alone) + m.device.launch;
+    let (alone, wave) = (1.9e-6 + 0.145e-6 * 24.0 - launch, 1.7e-6 + 0.64e-6 * 24.0 - launch / 4.0);
+    let want = alone + 4.0 / 9.0 * (wave - alone) + launch;
     assert!((m.predict(plain(0), &five) - want).abs() < 1e-12);
     // Small M picks the small tile, large M the large one.
     assert_eq!(m.choose(&Problem::new(1, 7, 768, 768)).unwrap().0, plain(0));

@@ -1,6 +1,7 @@
-//! The wave model replayed on the committed device records: a replay of an
-//! unchanged model gives back the regret the device run printed (so the replay is
-//! the bench's choice, taken again), and bad records are errors that say where.
+//! The wave model replayed on the committed device records: this build's model is
+//! no worse than the one that ran (its regret as the run printed it; the replay of
+//! an unchanged model gave exactly that back), and bad records are errors that say
+//! where.
 
 use gpu::candidates::plain_family;
 use gpu::replay::{replay, Record, Regret, ReplayError};
@@ -36,28 +37,34 @@ fn replayed_regret(rec: &Record) -> (Regret, usize) {
     (Regret::of(&regrets), rows.len())
 }
 
-#[test]
-fn the_h100_run_of_session_14_replays_to_its_printed_regret() {
-    let file = "results-2026-11-26-gpu-h100-s14-bench.jsonl";
+/// The model's regret replayed on a record against what the run printed: at most
+/// `mean_at_most` percent on average and `max_at_most` at worst, and no worse than
+/// the run printed.
+fn replays_within(file: &str, mean_at_most: f64, max_at_most: f64) {
     let rec = record(file);
-    assert_eq!(rec.rates.len(), 45);
     let (got, n) = replayed_regret(&rec);
-    assert_eq!(n, 83);
-    let want = printed_regret(file);
-    for (g, w) in [(got.mean, want.mean), (got.median, want.median), (got.max, want.max)] {
-        assert!((g - w).abs() < 1e-9, "replayed {got:?}, printed {want:?}");
-    }
+    assert_eq!(n, 83, "every product of the sweep replayed");
+    let printed = printed_regret(file);
+    assert!(got.mean <= printed.mean && got.max <= printed.max, "replayed {got:?}, printed {printed:?}");
+    assert!(got.mean <= mean_at_most && got.max <= max_at_most, "replayed {got:?}");
 }
 
 #[test]
-fn the_h200_run_of_session_11_replays_to_its_printed_regret() {
-    // Written before calibrations had a short product: the model falls back to its line.
-    let file = "results-2026-11-26-gpu-h200-bench.jsonl";
-    let rec = record(file);
+fn the_model_on_the_h100_run_of_session_14() {
+    // Printed by the run: mean 2.6%, max 41.6%. The launch's share of each
+    // calibration grid taken out: 1.6%, 23.6%.
+    let rec = record("results-2026-11-26-gpu-h100-s14-bench.jsonl");
+    assert_eq!(rec.rates.len(), 45);
+    replays_within("results-2026-11-26-gpu-h100-s14-bench.jsonl", 1.7, 23.7);
+}
+
+#[test]
+fn the_model_on_the_h200_run_of_session_11() {
+    // Written before calibrations had a short product: the model falls back to its
+    // line. Printed: mean 5.4%, max 27.9%; replayed: 3.5%, 27.9%.
+    let rec = record("results-2026-11-26-gpu-h200-bench.jsonl");
     assert!(rec.rates.iter().all(|r| r.short == 0.0));
-    let (got, _) = replayed_regret(&rec);
-    let want = printed_regret(file);
-    assert!((got.mean - want.mean).abs() < 1e-9 && (got.max - want.max).abs() < 1e-9, "{got:?} vs {want:?}");
+    replays_within("results-2026-11-26-gpu-h200-bench.jsonl", 3.6, 27.9);
 }
 
 #[test]

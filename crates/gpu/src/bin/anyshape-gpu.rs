@@ -14,7 +14,7 @@ use clap::{Parser, Subcommand};
 use gpu::reference::{self, Operands};
 use gpu::replay::{self, Record, Regret};
 use gpu::runner::{DeviceOperands, Gpu, GpuError, Loaded, LoadedReducer, Workspace};
-use gpu::wave::{occupancy, KernelRate, ReduceRate, WaveModel, REDUCE_CHUNK};
+use gpu::wave::{calibration_grids, occupancy, KernelRate, ReduceRate, WaveModel, REDUCE_CHUNK};
 use gpu::{BLayout, Choice, Elem, Epilogue, GemmKernel, MTree, Manifest, Problem};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -95,6 +95,9 @@ enum Cmd {
         /// Only the products where the model's regret exceeds this, in percent.
         #[arg(long, default_value_t = 0.0)]
         above: f64,
+        /// Under each product shown, every choice's predicted and measured time.
+        #[arg(long)]
+        detail: bool,
     },
 }
 
@@ -122,7 +125,7 @@ fn main() -> ExitCode {
             let skip = Skip { reports: skip_failed, exclude, filter };
             bench(&dir, reps, bandwidth * 1e9, json.as_deref(), dump.as_deref(), limit, &skip)
         }
-        Cmd::Replay { record, above } => replay_record(&record, above),
+        Cmd::Replay { record, above, detail } => replay_record(&record, above, detail),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,
@@ -496,14 +499,13 @@ fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<Ker
     // whose difference gives a K step's cost.
     let (k0, k1, k2) = (64usize, 512usize, 2048usize);
     let steps = |kk: usize| kk.div_ceil(k.bk()) as f64;
-    // (tile rows, tile columns) of each grid: four full waves; one block an SM. A
-    // split-K kernel is measured unsplit and without its reduction, which the
-    // model adds.
-    let ntiles = (2048 / k.bn).max(1);
-    let grids = [((4 * sms * occ).div_ceil(ntiles), ntiles), (sms.div_ceil(11), 11)];
+    // Each grid: four full waves; one block an SM. A split-K kernel is measured
+    // unsplit and without its reduction, which the model adds.
+    let grids = calibration_grids(k, occ, sms);
     let mut fit = [(0.0, 0.0, 0.0); 2];
-    for (g, &(mt, nt)) in grids.iter().enumerate() {
-        let waves = (mt * nt).div_ceil(sms * occ) as f64;
+    for (g, grid) in grids.iter().enumerate() {
+        let (mt, nt) = (grid.rows, grid.cols);
+        let waves = grid.waves(occ, sms);
         let mut t = [0.0; 3];
         for (x, &kk) in [k0, k1, k2].iter().enumerate() {
             let p = Problem::new(1, mt * k.bm, nt * k.bn, kk);
@@ -804,7 +806,7 @@ fn dump_case(
 
 /// `replay`: every product of a record through this build's wave model, the model's
 /// pick against the best measured, and the regret over the sweep.
-fn replay_record(path: &Path, above: f64) -> Result<bool, GpuError> {
+fn replay_record(path: &Path, above: f64, detail: bool) -> Result<bool, GpuError> {
     let text =
         std::fs::read_to_string(path).map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
     let record = Record::parse(&text).map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
@@ -834,6 +836,32 @@ fn replay_record(path: &Path, above: f64) -> Result<bool, GpuError> {
             r.predicted_s * 1e6,
             regret.map_or("-".to_string(), |x| format!("{:>5.1}%", x * 100.0))
         );
+        if detail {
+            let model = record
+                .model(r.layout, &family)
+                .map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
+            let mut rows: Vec<(String, f64, Option<f64>)> = model
+                .choices(&r.problem)
+                .into_iter()
+                .map(|c| {
+                    let name = model.describe(c);
+                    let measured = record
+                        .products
+                        .iter()
+                        .find(|m| m.layout == r.layout && m.problem == r.problem)
+                        .and_then(|m| m.times.iter().find(|(n, _)| *n == name).map(|x| x.1));
+                    (name, model.predict(c, &r.problem), measured)
+                })
+                .collect();
+            rows.sort_by(|a, b| a.2.unwrap_or(f64::INFINITY).total_cmp(&b.2.unwrap_or(f64::INFINITY)));
+            for (name, predicted, measured) in rows {
+                say!(
+                    "       {name:<44} measured {} predicted {:>9.2} us",
+                    measured.map_or("        -".to_string(), |t| format!("{:>9.2} us", t * 1e6)),
+                    predicted * 1e6
+                );
+            }
+        }
     }
     let Regret { mean, median, max } = Regret::of(&regrets);
     say!(
