@@ -380,12 +380,18 @@ fn split_k_plans_leave_no_split_without_work() {
         .is_err());
 }
 
-#[test]
-fn the_model_splits_k_only_where_tiles_leave_sms_idle() {
+/// [`model`] with a split-K 16×64 kernel (index 2) at the plain 16×64's rates.
+fn model_with_split_k() -> (WaveModel, GemmKernel) {
     let mut m = model();
     let sk = GemmKernel { split_k: true, ..mma(16, 64, 1, 4) };
     m.kernels.push(sk);
     m.rates.push(KernelRate { name: sk.name(), ..m.rates[0].clone() });
+    (m, sk)
+}
+
+#[test]
+fn the_model_splits_k_only_where_tiles_leave_sms_idle() {
+    let (m, _) = model_with_split_k();
     // One row against a long K: 12 blocks on 132 SMs; splitting K pays.
     let decode = Problem::new(1, 1, 768, 4096);
     let choices = m.choices(&decode);
@@ -401,10 +407,7 @@ fn the_model_splits_k_only_where_tiles_leave_sms_idle() {
 
 #[test]
 fn a_measured_reduction_prices_each_further_chunk_of_shares() {
-    let mut m = model();
-    let sk = GemmKernel { split_k: true, ..mma(16, 64, 1, 4) };
-    m.kernels.push(sk);
-    m.rates.push(KernelRate { name: sk.name(), ..m.rates[0].clone() });
+    let (mut m, sk) = model_with_split_k();
     let p = Problem::new(1, 1, 768, 4096);
     let at = |m: &WaveModel, splits| m.predict(Choice { kernel: 2, splits }, &p);
     let unmeasured: Vec<f64> = [8, 12, 16, 24].iter().map(|&s| at(&m, s)).collect();
