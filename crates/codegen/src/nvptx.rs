@@ -29,6 +29,7 @@
 //! Blocks are rasterized in groups of tile rows for L2 reuse.
 
 use crate::{llvm, CodegenError};
+use gpu::kernel::SIMT_GRID;
 use gpu::kernel::TMA_PRODUCER_THREADS;
 use gpu::wave::REDUCE_CHUNK;
 use gpu::{Arch, BLayout, Elem, Epilogue, Gelu, GemmKernel, ReduceKernel};
@@ -51,6 +52,9 @@ pub fn ptx(k: &GemmKernel) -> Result<String, CodegenError> {
 /// The LLVM IR module of `k`, as text (what `--dump-llvm` writes).
 pub fn llvm_ir(k: &GemmKernel) -> Result<String, CodegenError> {
     k.check().map_err(|e| CodegenError::Unsupported(e.to_string()))?;
+    if k.arch == Arch::Simt {
+        return Ok(simt_ir(k));
+    }
     Ok(Gen::new(*k).generate())
 }
 
@@ -236,6 +240,142 @@ pub fn reduce_ir(r: &ReduceKernel) -> String {
         false,
         "ptr addrspace(1) readonly %W, ptr addrspace(1) %C, ptr addrspace(1) readonly %bias, \
          ptr addrspace(1) readonly %res, i32 %M, i32 %N, i32 %ldc, i32 %splits, i64 %sw",
+        &[],
+    )
+}
+
+/// The LLVM IR of a SIMT kernel (`Arch::Simt`, ABI `gpu::kernel::ABI`): block
+/// `(x, y, z)` computes C's tile at columns `x·bn`, rows `y·bm` of batch entry `z`;
+/// thread `(tx, ty)` of its 16 × 16 grid the values at rows `ty + 16i` and columns
+/// `tx + 16j`, one K element a step: each of its rows of A and columns of B loaded
+/// as a 16-bit element and widened, multiplied and added in f32 (LLVM fuses the
+/// pair). A row or column past M or N reads the last one (in bounds) and is not
+/// stored, so the loop has no branch but its own; nothing is aligned, so any K and
+/// leading dimension work.
+fn simt_ir(k: &GemmKernel) -> String {
+    let mut g = Ir::default();
+    let e = elem_ty(k.elem);
+    let grid = SIMT_GRID;
+    let (tm, tn) = (k.bm / grid, k.bn / grid);
+    let tid = g.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
+    let bx = g.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
+    let by = g.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.y()");
+    let bz = g.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.z()");
+    let tx = g.v(format!("urem i32 {tid}, {grid}"));
+    let ty = g.v(format!("udiv i32 {tid}, {grid}"));
+    let row0 = g.v(format!("mul i32 {by}, {}", k.bm));
+    let row0 = g.v(format!("add i32 {row0}, {ty}"));
+    let col0 = g.v(format!("mul i32 {bx}, {}", k.bn));
+    let col0 = g.v(format!("add i32 {col0}, {tx}"));
+    let bz64 = g.v(format!("zext i32 {bz} to i64"));
+    let oa = g.v(format!("mul i64 {bz64}, %sa"));
+    let ob = g.v(format!("mul i64 {bz64}, %sb"));
+    let oc = g.v(format!("mul i64 {bz64}, %sc"));
+    let a_base = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %A, i64 {oa}"));
+    let b_base = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %B, i64 {ob}"));
+    let last_m = g.v("add i32 %M, -1");
+    let last_n = g.v("add i32 %N, -1");
+    let lda = g.v("sext i32 %lda to i64");
+    let ldb = g.v("sext i32 %ldb to i64");
+    // The rows and columns this thread computes, and the ones it reads (clamped).
+    let mut rows = Vec::new();
+    for i in 0..tm {
+        let r = g.v(format!("add i32 {row0}, {}", grid * i));
+        let inside = g.v(format!("icmp slt i32 {r}, %M"));
+        let read = g.v(format!("select i1 {inside}, i32 {r}, i32 {last_m}"));
+        let read64 = g.v(format!("zext i32 {read} to i64"));
+        let off = g.v(format!("mul i64 {read64}, {lda}"));
+        let at = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {a_base}, i64 {off}"));
+        rows.push((r, inside, at));
+    }
+    let mut cols = Vec::new();
+    for j in 0..tn {
+        let c = g.v(format!("add i32 {col0}, {}", grid * j));
+        let inside = g.v(format!("icmp slt i32 {c}, %N"));
+        let read = g.v(format!("select i1 {inside}, i32 {c}, i32 {last_n}"));
+        let read64 = g.v(format!("zext i32 {read} to i64"));
+        // K-major: column n of B is row n of `[N, K]`; N-major: element n of each row.
+        let at = match k.b {
+            BLayout::KMajor => {
+                let off = g.v(format!("mul i64 {read64}, {ldb}"));
+                g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {b_base}, i64 {off}"))
+            }
+            BLayout::NMajor => {
+                g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {b_base}, i64 {read64}"))
+            }
+        };
+        cols.push((c, inside, at));
+    }
+    g.emit("br label %kloop");
+    g.block("kloop");
+    let head = g.body.len();
+    let kk = g.v("add i64 %kk, 0");
+    let avals: Vec<String> = rows
+        .iter()
+        .map(|(_, _, at)| {
+            let p = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {at}, i64 {kk}"));
+            let x = g.v(format!("load {e}, ptr addrspace(1) {p}, align 2"));
+            g.v(format!("fpext {e} {x} to float"))
+        })
+        .collect();
+    let brow = match k.b {
+        BLayout::KMajor => kk.clone(),
+        BLayout::NMajor => g.v(format!("mul i64 {kk}, {ldb}")),
+    };
+    let bvals: Vec<String> = cols
+        .iter()
+        .map(|(_, _, at)| {
+            let p = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {at}, i64 {brow}"));
+            let x = g.v(format!("load {e}, ptr addrspace(1) {p}, align 2"));
+            g.v(format!("fpext {e} {x} to float"))
+        })
+        .collect();
+    let mut phis = String::new();
+    let mut accs = Vec::new();
+    for (i, a) in avals.iter().enumerate() {
+        for (j, b) in bvals.iter().enumerate() {
+            let prod = g.v(format!("fmul contract float {a}, {b}"));
+            let next = g.v(format!("fadd contract float %acc.{i}.{j}, {prod}"));
+            phis.push_str(&format!("  %acc.{i}.{j} = phi float [ 0.0, %entry ], [ {next}, %kloop ]\n"));
+            accs.push(((i, j), next));
+        }
+    }
+    let k1 = g.v(format!("add i64 {kk}, 1"));
+    let kn = g.v("sext i32 %K to i64");
+    let more = g.v(format!("icmp slt i64 {k1}, {kn}"));
+    g.emit(format!("br i1 {more}, label %kloop, label %store"));
+    g.body.insert_str(head, &format!("  %kk = phi i64 [ 0, %entry ], [ {k1}, %kloop ]\n{phis}"));
+    g.block("store");
+    let ldc = g.v("sext i32 %ldc to i64");
+    for ((i, j), acc) in accs {
+        let (r, r_in, _) = &rows[i];
+        let (c, c_in, _) = &cols[j];
+        let both = g.v(format!("and i1 {r_in}, {c_in}"));
+        let (st, next) = (format!("st.{i}.{j}"), format!("st.{i}.{j}.next"));
+        g.emit(format!("br i1 {both}, label %{st}, label %{next}"));
+        g.block(&st);
+        let r64 = g.v(format!("zext i32 {r} to i64"));
+        let c64 = g.v(format!("zext i32 {c} to i64"));
+        let row = g.v(format!("mul i64 {r64}, {ldc}"));
+        let at = g.v(format!("add i64 {row}, {c64}"));
+        let at = g.v(format!("add i64 {at}, {oc}"));
+        let res = k.epilogue.residual.then(|| ("%res".to_string(), at.clone()));
+        let y = g.epilogue_value(k.elem, k.epilogue, &acc, c, res.as_ref());
+        let h = g.v(format!("fptrunc float {y} to {e}"));
+        let cp = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %C, i64 {at}"));
+        g.emit(format!("store {e} {h}, ptr addrspace(1) {cp}, align 2"));
+        g.emit(format!("br label %{next}"));
+        g.block(&next);
+    }
+    g.emit("ret void");
+    g.module(
+        &k.name(),
+        k.threads(),
+        &format!("a {tm}x{tn} tile of C a thread, f32 FMAs"),
+        false,
+        "ptr addrspace(1) readonly %A, ptr addrspace(1) readonly %B, ptr addrspace(1) %C, \
+         ptr addrspace(1) readonly %bias, ptr addrspace(1) readonly %res, i32 %M, i32 %N, i32 %K, \
+         i32 %lda, i32 %ldb, i32 %ldc, i64 %sa, i64 %sb, i64 %sc",
         &[],
     )
 }
@@ -623,7 +763,7 @@ impl Gen {
     /// instruction's descriptors name (chunk XOR row mod 8, in 1024-byte atoms).
     fn kmajor_offset(&mut self, row: &str, c: &str) -> String {
         match self.k.arch {
-            Arch::Sm80 => self.swizzled(row, c, 64, 3, 1),
+            Arch::Sm80 | Arch::Simt => self.swizzled(row, c, 64, 3, 1),
             Arch::Sm90a => self.swizzled(row, c, 128, 7, 0),
         }
     }
@@ -750,6 +890,7 @@ impl Gen {
         let frags = match k.arch {
             Arch::Sm80 => self.mma_loop(&ix, &copies),
             Arch::Sm90a => self.wgmma_loop(&ix, &copies),
+            Arch::Simt => return simt_ir(&k),
         };
         self.epilogue(&ix, &frags);
         self.finish()

@@ -266,6 +266,11 @@ fn ptxas_accepts_every_family_kernel() {
         Epilogue { bias: true, gelu: Some(Gelu::Tanh), residual: false },
     ));
     kernels.extend(candidates::split_k_family(Elem::Bf16));
+    kernels.extend(candidates::simt_family(Elem::F16, Epilogue::NONE));
+    kernels.extend(candidates::simt_family(
+        Elem::Bf16,
+        Epilogue { bias: true, gelu: Some(Gelu::Erf), residual: true },
+    ));
     for k in &kernels {
         let ptx_path = dir.join(format!("{}.ptx", k.name()));
         std::fs::write(&ptx_path, nvptx::ptx(k).unwrap()).unwrap();
@@ -293,21 +298,60 @@ fn ptxas_accepts_every_family_kernel() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// The reduction's IR run on the host: the generated module with its global
-/// address space dropped and the thread's and block's indices passed as two more
-/// arguments, compiled for this machine, and called once a thread of the grid. A
-/// reduction uses nothing of the GPU past those indices (its GELU epilogue is
-/// inline PTX and runs on the device only).
-mod reduction_on_the_host {
+/// Kernels run on the host: a generated module with its global address space
+/// dropped and the thread's and block's indices (`tid.x`, `ctaid.x/y/z`) passed as
+/// four more arguments, compiled for this machine, and called once a thread of the
+/// grid. That serves the kernels that use nothing of the GPU past those indices:
+/// the split-K reduction and the SIMT GEMMs (a GELU epilogue is inline PTX and runs
+/// on the device only).
+mod on_the_host {
     use super::*;
+    use gpu::reference::{self, Operands};
+    use gpu::Problem;
     use inkwell::context::Context;
+    use inkwell::execution_engine::ExecutionEngine;
     use inkwell::memory_buffer::MemoryBuffer;
     use inkwell::targets::{InitializationConfig, Target};
     use inkwell::OptimizationLevel;
     use proptest::prelude::*;
 
-    type Reduce =
-        unsafe extern "C" fn(*const f32, *mut u16, *const u16, *const u16, i32, i32, i32, i32, i64, i32, i32);
+    const SREGS: [&str; 4] = ["tid.x", "ctaid.x", "ctaid.y", "ctaid.z"];
+
+    type Reduce = unsafe extern "C" fn(
+        *const f32,
+        *mut u16,
+        *const u16,
+        *const u16,
+        i32,
+        i32,
+        i32,
+        i32,
+        i64,
+        i32,
+        i32,
+        i32,
+        i32,
+    );
+    type Gemm = unsafe extern "C" fn(
+        *const u16,
+        *const u16,
+        *mut u16,
+        *const u16,
+        *const u16,
+        i32,
+        i32,
+        i32,
+        i32,
+        i32,
+        i32,
+        i64,
+        i64,
+        i64,
+        i32,
+        i32,
+        i32,
+        i32,
+    );
 
     /// `(%lhs, x)` of a line `%lhs = fptrunc float x to bfloat`.
     fn fptrunc_to_bf16(line: &str) -> Option<(&str, &str)> {
@@ -317,13 +361,17 @@ mod reduction_on_the_host {
 
     fn for_host(ir: &str, name: &str) -> String {
         let mut out = String::new();
+        let extra: Vec<String> = SREGS.iter().map(|r| format!("i32 %host.{r}")).collect();
         for line in ir.lines().filter(|l| !l.starts_with("target ")) {
-            let line = line
-                .replace(" addrspace(1)", "")
-                .replace("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()", "add i32 %host_tid, 0")
-                .replace("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()", "add i32 %host_ctaid, 0");
+            let mut line = line.replace(" addrspace(1)", "");
+            for r in SREGS {
+                line = line.replace(
+                    &format!("call i32 @llvm.nvvm.read.ptx.sreg.{r}()"),
+                    &format!("add i32 %host.{r}, 0"),
+                );
+            }
             let line = if line.starts_with(&format!("define void @{name}(")) {
-                line.replace(") {", ", i32 %host_tid, i32 %host_ctaid) {")
+                line.replace(") {", &format!(", {}) {{", extra.join(", ")))
             } else if let Some((lhs, x)) = fptrunc_to_bf16(&line) {
                 // x86 rounds to bf16 through a runtime library call the JIT cannot
                 // resolve: the same rounding (to nearest even) spelled out.
@@ -343,42 +391,54 @@ mod reduction_on_the_host {
         out
     }
 
-    /// To bf16, rounding to nearest even (the values here are finite).
+    /// The module of `ir` (a kernel named `name`), made for the host and compiled.
+    fn engine<'c>(ctx: &'c Context, ir: &str, name: &str) -> Result<ExecutionEngine<'c>, TestCaseError> {
+        let ir = for_host(ir, name);
+        Target::initialize_native(&InitializationConfig::default()).unwrap();
+        let module = ctx
+            .create_module_from_ir(MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), name))
+            .map_err(|e| TestCaseError::fail(format!("{e}\n{ir}")))?;
+        module
+            .create_jit_execution_engine(OptimizationLevel::Default)
+            .map_err(|e| TestCaseError::fail(e.to_string()))
+    }
+
+    /// Seeded values in [-1, 1).
+    fn values(seed: u64) -> impl FnMut() -> f32 {
+        let mut state = seed;
+        move || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        }
+    }
+
     fn bf16(x: f32) -> u16 {
-        let b = x.to_bits();
-        ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+        reference::to_bits(Elem::Bf16, x)
     }
 
     fn f32_of(h: u16) -> f32 {
-        f32::from_bits((h as u32) << 16)
+        reference::from_bits(Elem::Bf16, h)
     }
+
+    const CANARY: u16 = 0x7fc1;
 
     /// `C[m, n] = Σ_s W[s, m, n] (+ bias[n]) (+ residual[m, n])` through the
     /// generated reduction, `C` with a row stride `ldc` and canaries past each row.
-    fn run(epilogue: Epilogue, m: usize, n: usize, splits: usize, seed: u64) -> Result<(), TestCaseError> {
+    fn reduce(epilogue: Epilogue, m: usize, n: usize, splits: usize, seed: u64) -> Result<(), TestCaseError> {
         let r = ReduceKernel { elem: Elem::Bf16, epilogue };
         let name = r.name();
-        let ir = for_host(&nvptx::reduce_ir(&r), &name);
-        Target::initialize_native(&InitializationConfig::default()).unwrap();
         let ctx = Context::create();
-        let module = ctx
-            .create_module_from_ir(MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), "reduce"))
-            .map_err(|e| TestCaseError::fail(format!("{e}\n{ir}")))?;
-        let ee = module.create_jit_execution_engine(OptimizationLevel::Default).unwrap();
+        let ee = engine(&ctx, &nvptx::reduce_ir(&r), &name)?;
         // SAFETY: the signature is the kernel's parameter list (`reduce_ir`) plus the
-        // two indices `for_host` appended.
+        // four indices `for_host` appended.
         let f = unsafe { ee.get_function::<Reduce>(&name) }.unwrap();
-        let mut state = seed;
-        let mut rnd = move || {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        };
-        let (ldc, canary) = (n + 3, 0x7fc1u16);
+        let mut rnd = values(seed);
+        let ldc = n + 3;
         let sw = m * n + 5;
         let w: Vec<f32> = (0..splits.max(1) * sw).map(|_| rnd()).collect();
         let bias: Vec<u16> = (0..n).map(|_| bf16(rnd())).collect();
         let res: Vec<u16> = (0..m * ldc).map(|_| bf16(rnd())).collect();
-        let mut c = vec![canary; m * ldc];
+        let mut c = vec![CANARY; m * ldc];
         let threads = ReduceKernel::THREADS;
         for block in 0..(m * n).div_ceil(threads) {
             for t in 0..threads {
@@ -398,6 +458,8 @@ mod reduction_on_the_host {
                         sw as i64,
                         t as i32,
                         block as i32,
+                        0,
+                        0,
                     )
                 };
             }
@@ -418,7 +480,7 @@ mod reduction_on_the_host {
                 );
             }
             for j in n..ldc {
-                prop_assert_eq!(c[i * ldc + j], canary, "row {} col {} written", i, j);
+                prop_assert_eq!(c[i * ldc + j], CANARY, "row {} col {} written", i, j);
             }
         }
         Ok(())
@@ -431,19 +493,162 @@ mod reduction_on_the_host {
     ];
 
     #[test]
-    fn every_split_count_of_the_bench_and_one_past_a_chunk() {
+    fn the_reduction_at_every_split_count_of_the_bench_and_one_past_a_chunk() {
         for splits in [1, 2, 3, 7, 8, 9, 12, 16, 17] {
             for e in EPILOGUES {
-                run(e, 3, 37, splits, splits as u64).unwrap();
+                reduce(e, 3, 37, splits, splits as u64).unwrap();
             }
+        }
+    }
+
+    /// A SIMT kernel on `p` with A's rows `lda = K + lda_pad` apart and C's `ldc = N +
+    /// ldc_pad`, run over its whole grid, against the host oracle; canaries in C's
+    /// padding and past its end.
+    fn simt(
+        k: &GemmKernel,
+        p: Problem,
+        lda_pad: usize,
+        ldc_pad: usize,
+        seed: u64,
+    ) -> Result<(), TestCaseError> {
+        let name = k.name();
+        let ctx = Context::create();
+        let ee = engine(&ctx, &nvptx::llvm_ir(k).unwrap(), &name)?;
+        let addr = ee.get_function_address(&name).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        // SAFETY: the JIT compiled `name` with `gpu::kernel::ABI`'s parameters plus the
+        // four indices (`for_host`), which is `Gemm`; `ee` outlives every call below.
+        let f: Gemm = unsafe { std::mem::transmute::<usize, Gemm>(addr) };
+        let mut rnd = values(seed);
+        let (lda, ldc) = (p.k + lda_pad, p.n + ldc_pad);
+        let (sa, sb, sc) = (p.m * lda, p.n * p.k, p.m * ldc);
+        let a: Vec<u16> = (0..p.batch * sa).map(|_| bf16(rnd())).collect();
+        let b: Vec<u16> = (0..p.batch * sb).map(|_| bf16(rnd())).collect();
+        let bias: Vec<u16> = (0..p.n).map(|_| bf16(rnd())).collect();
+        let res: Vec<u16> = (0..p.batch * sc).map(|_| bf16(rnd())).collect();
+        let margin = 16;
+        let mut c = vec![CANARY; p.batch * sc + margin];
+        let ldb = k.b.extent(&p).1;
+        let grid = (p.n.div_ceil(k.bn), p.m.div_ceil(k.bm), p.batch);
+        for z in 0..grid.2 {
+            for y in 0..grid.1 {
+                for x in 0..grid.0 {
+                    for t in 0..k.threads() {
+                        // SAFETY: A holds `batch` entries of `m` rows of `lda ≥ K`, B `batch`
+                        // entries of its `[N, K]` or `[K, N]`, C and the residual `batch`
+                        // entries of `m` rows of `ldc ≥ N` (and a margin), bias `N`: the
+                        // kernel reads rows and columns clamped inside M and N and K below
+                        // K, and stores inside M and N only.
+                        unsafe {
+                            f(
+                                a.as_ptr(),
+                                b.as_ptr(),
+                                c.as_mut_ptr(),
+                                bias.as_ptr(),
+                                res.as_ptr(),
+                                p.m as i32,
+                                p.n as i32,
+                                p.k as i32,
+                                lda as i32,
+                                ldb as i32,
+                                ldc as i32,
+                                sa as i64,
+                                sb as i64,
+                                sc as i64,
+                                t as i32,
+                                x as i32,
+                                y as i32,
+                                z as i32,
+                            )
+                        };
+                    }
+                }
+            }
+        }
+        let unpad = |v: &[u16], ld: usize, w: usize| -> Vec<u16> {
+            (0..p.batch * p.m).flat_map(|r| v[r * ld..r * ld + w].iter().copied()).collect()
+        };
+        let (a0, r0) = (unpad(&a, lda, p.k), unpad(&res, ldc, p.n));
+        let o = Operands { elem: k.elem, b_layout: k.b, a: &a0, b: &b, bias: &bias, residual: &r0 };
+        let want = reference::gemm(&p, &k.epilogue, &o);
+        let scale = (p.k as f64 / 9.0).sqrt().max(1.0);
+        for z in 0..p.batch {
+            for i in 0..p.m {
+                for j in 0..ldc {
+                    let got = c[z * sc + i * ldc + j];
+                    if j >= p.n {
+                        prop_assert_eq!(
+                            got,
+                            CANARY,
+                            "{} {}: padding C[{}, {}, {}] written",
+                            name,
+                            p,
+                            z,
+                            i,
+                            j
+                        );
+                        continue;
+                    }
+                    let w = want[(z * p.m + i) * p.n + j];
+                    prop_assert!(
+                        reference::close(k.elem, f32_of(got), w, scale, false),
+                        "{} {} lda+{} ldc+{}: C[{}, {}, {}] = {}, want {}",
+                        name,
+                        p,
+                        lda_pad,
+                        ldc_pad,
+                        z,
+                        i,
+                        j,
+                        f32_of(got),
+                        w
+                    );
+                }
+            }
+        }
+        prop_assert!(c[p.batch * sc..].iter().all(|&x| x == CANARY), "{name} {p}: past C's end written");
+        Ok(())
+    }
+
+    fn simt_kernels() -> Vec<GemmKernel> {
+        let mut out = Vec::new();
+        for e in EPILOGUES {
+            out.extend(candidates::simt_family(Elem::Bf16, e));
+        }
+        out
+    }
+
+    #[test]
+    fn simt_kernels_at_the_edges() {
+        let kernels = simt_kernels();
+        assert_eq!(kernels.len(), 12, "two tiles, two layouts, three epilogues");
+        for (x, k) in kernels.iter().enumerate() {
+            // One element; one past a tile with an odd K; a batch with odd strides.
+            simt(k, Problem::new(1, 1, 1, 1), 0, 0, x as u64).unwrap();
+            simt(k, Problem::new(1, k.bm + 1, k.bn + 1, 13), 1, 2, x as u64).unwrap();
+            simt(k, Problem::new(2, 7, 19, 37), 3, 1, x as u64).unwrap();
         }
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
         #[test]
-        fn random_shapes_and_splits(m in 1usize..20, n in 1usize..300, splits in 1usize..40, e in 0usize..3, seed: u64) {
-            run(EPILOGUES[e], m, n, splits, seed)?;
+        fn the_reduction_at_random_shapes_and_splits(m in 1usize..20, n in 1usize..300, splits in 1usize..40, e in 0usize..3, seed: u64) {
+            reduce(EPILOGUES[e], m, n, splits, seed)?;
+        }
+
+        #[test]
+        fn simt_kernels_at_random_shapes(
+            which in 0usize..12,
+            batch in 1usize..3,
+            m in prop_oneof![1usize..8, 60usize..70, Just(127)],
+            n in prop_oneof![1usize..8, 30usize..70, Just(131)],
+            k in 1usize..90,
+            lda_pad in 0usize..3,
+            ldc_pad in 0usize..3,
+            seed: u64,
+        ) {
+            let kernel = simt_kernels()[which];
+            simt(&kernel, Problem::new(batch, m, n, k), lda_pad, ldc_pad, seed)?;
         }
     }
 }

@@ -186,6 +186,23 @@ pub fn plain_family(elem: Elem) -> Vec<GemmKernel> {
     out.extend(tma_family(elem, Epilogue::NONE));
     out.extend(persistent_family(elem, Epilogue::NONE));
     out.extend(split_k_family(elem));
+    out.extend(simt_family(elem, Epilogue::NONE));
+    out
+}
+
+/// The SIMT kernels (`Arch::Simt`) for both B layouts: the cover for products no
+/// tensor-core kernel accepts (K not a multiple of 8, an N-major B with N not a
+/// multiple of 8), a 32 × 32 tile for few rows and a 64 × 64 one.
+pub fn simt_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
+    let mut out = Vec::new();
+    for b in [BLayout::KMajor, BLayout::NMajor] {
+        for tile in [(32, 32), (64, 64)] {
+            let k = plain(Arch::Simt, elem, b, tile, (8, 1), 1, epilogue);
+            if k.check().is_ok() {
+                out.push(k);
+            }
+        }
+    }
     out
 }
 

@@ -13,6 +13,15 @@ pub const BK: usize = 32;
 /// The `wgmma` kernels stage 64 (128 bytes a row: one row of a 128-byte swizzle atom).
 pub const BK_WGMMA: usize = 64;
 
+/// A SIMT kernel's threads: a 16 × 16 grid, each computing `bm/16 × bn/16` values of
+/// C at rows 16 apart and columns 16 apart (neighbouring threads read neighbouring
+/// columns of an N-major B and store neighbouring columns of C).
+pub const SIMT_GRID: usize = 16;
+
+/// The K elements of a SIMT kernel's step for the wave model (it has no stages: its
+/// loop takes one K element at a time).
+pub const SIMT_STEP: usize = 16;
+
 /// The machine a kernel is built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Arch {
@@ -21,13 +30,19 @@ pub enum Arch {
     /// Hopper's warpgroup MMA (`wgmma.mma_async`, operands read from shared memory
     /// through descriptors): ptxas target `sm_90a`.
     Sm90a,
+    /// The CUDA cores (f32 FMAs; ptxas target `sm_80`, runs on any later GPU): each
+    /// thread of a 16 × 16 grid reads its rows of A and columns of B element by
+    /// element, so no shape rule binds it (any K, any leading dimension). The
+    /// family's cover for products the tensor-core kernels refuse (K not a multiple of
+    /// 8, an N-major B with N not a multiple of 8); the model offers it only there.
+    Simt,
 }
 
 impl Arch {
     /// The name ptxas and LLVM use (`-arch`, `-mcpu`).
     pub fn sm(self) -> &'static str {
         match self {
-            Arch::Sm80 => "sm_80",
+            Arch::Sm80 | Arch::Simt => "sm_80",
             Arch::Sm90a => "sm_90a",
         }
     }
@@ -212,6 +227,7 @@ impl GemmKernel {
             "gemm_{}{}_{}_{}x{}_w{}x{}_s{}{}{}",
             match (self.arch, self.overlap, self.tma, self.persistent) {
                 (Arch::Sm80, ..) => "",
+                (Arch::Simt, ..) => "simt_",
                 (Arch::Sm90a, _, true, true) => "wgp_",
                 (Arch::Sm90a, _, true, false) => "wgt_",
                 (Arch::Sm90a, false, false, _) => "wg_",
@@ -283,6 +299,7 @@ impl GemmKernel {
         match self.arch {
             Arch::Sm80 => BK,
             Arch::Sm90a => BK_WGMMA,
+            Arch::Simt => SIMT_STEP,
         }
     }
 
@@ -291,8 +308,12 @@ impl GemmKernel {
         self.warps() / 4
     }
 
-    /// Bytes of one stage's A tile (`bm × bk`) and B tile (`bn × bk`).
+    /// Bytes of one stage's A tile (`bm × bk`) and B tile (`bn × bk`); none for a
+    /// SIMT kernel, which reads its operands from global memory.
     pub fn stage_bytes(&self) -> (usize, usize) {
+        if self.arch == Arch::Simt {
+            return (0, 0);
+        }
         (self.bm * self.bk() * 2, self.bn * self.bk() * 2)
     }
 
@@ -314,6 +335,7 @@ impl GemmKernel {
             }
             // m64nN: 64·N values over a warpgroup's 128 threads.
             Arch::Sm90a => self.bn / 2,
+            Arch::Simt => (self.bm / SIMT_GRID) * (self.bn / SIMT_GRID),
         }
     }
 
@@ -328,6 +350,8 @@ impl GemmKernel {
             }
             // No fragments in registers: the operands stay in shared memory.
             Arch::Sm90a => self.accumulators() + 60,
+            // A step's values of A and B, and a pointer a row of A.
+            Arch::Simt => self.accumulators() + 3 * (self.bm / SIMT_GRID) + self.bn / SIMT_GRID + 30,
         }
     }
 
@@ -353,6 +377,9 @@ impl GemmKernel {
         if self.split_k && self.epilogue != Epilogue::NONE {
             return bad("a split-K kernel writes partial sums: its epilogue is the reduction's".into());
         }
+        if self.arch == Arch::Simt {
+            return self.check_simt();
+        }
         if self.arch == Arch::Sm90a {
             if self.b != BLayout::KMajor {
                 return bad("wgmma kernels read B K-major (an N-major B goes to the mma.sync family)".into());
@@ -370,7 +397,7 @@ impl GemmKernel {
             return bad(format!("{} stages: 2 to 6 (3 or more with a group in flight)", self.stages));
         }
         let max_smem = match self.arch {
-            Arch::Sm80 => MAX_SMEM_PER_BLOCK,
+            Arch::Sm80 | Arch::Simt => MAX_SMEM_PER_BLOCK,
             Arch::Sm90a => MAX_SMEM_PER_BLOCK_SM90,
         };
         if self.smem_bytes() > max_smem {
@@ -378,6 +405,23 @@ impl GemmKernel {
         }
         if self.register_estimate() > 255 {
             return bad(format!("about {} registers a thread (at most 255)", self.register_estimate()));
+        }
+        Ok(())
+    }
+
+    /// A SIMT kernel's rules: none of the pipeline's options, one "stage", a 16 × 16
+    /// grid of threads (8 warps) over a tile of whole thread tiles up to 8 × 8.
+    fn check_simt(&self) -> Result<(), KernelError> {
+        let bad = |why: String| Err(KernelError::Invalid { name: self.name(), why });
+        if self.overlap || self.tma || self.persistent || self.split_k {
+            return bad("a SIMT kernel has no pipeline options and no split-K".into());
+        }
+        if self.stages != 1 || (self.warps_m, self.warps_n) != (SIMT_GRID * SIMT_GRID / 32, 1) {
+            return bad("a SIMT kernel runs 8x1 warps and one stage".into());
+        }
+        let thread_tile = |x: usize| x.is_multiple_of(SIMT_GRID) && (1..=8).contains(&(x / SIMT_GRID));
+        if !thread_tile(self.bm) || !thread_tile(self.bn) {
+            return bad(format!("SIMT tile {}x{}: multiples of 16, at most 128", self.bm, self.bn));
         }
         Ok(())
     }
@@ -417,17 +461,31 @@ impl GemmKernel {
         if p.m == 0 || p.n == 0 || p.k == 0 || p.batch == 0 {
             return Err(format!("empty product {p}"));
         }
+        if self.arch == Arch::Simt {
+            return self.fits_grid(p);
+        }
         if !p.k.is_multiple_of(8) {
             return Err(format!("K = {} is not a multiple of 8 (16-byte copies)", p.k));
         }
         if self.b == BLayout::NMajor && !p.n.is_multiple_of(8) {
             return Err(format!("N = {} is not a multiple of 8 (16-byte copies of an N-major B)", p.n));
         }
-        if p.m > (u16::MAX as usize) * self.bm || p.n > (i32::MAX as usize) || p.batch > u16::MAX as usize {
-            return Err(format!("{p} exceeds the grid"));
-        }
+        self.fits_grid(p)?;
         if self.split_k && p.batch != 1 {
             return Err(format!("a split-K kernel takes one product, not a batch of {}", p.batch));
+        }
+        Ok(())
+    }
+
+    /// The launch's grid: tile rows in `y` and the batch in `z` (at most 65535 each),
+    /// 32-bit extents.
+    fn fits_grid(&self, p: &Problem) -> Result<(), String> {
+        if p.m > (u16::MAX as usize) * self.bm
+            || p.n > (i32::MAX as usize)
+            || p.k > (i32::MAX as usize)
+            || p.batch > u16::MAX as usize
+        {
+            return Err(format!("{p} exceeds the grid"));
         }
         Ok(())
     }

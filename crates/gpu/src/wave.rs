@@ -7,7 +7,7 @@
 //! the levels above are modeled, Vortex §5). A memory floor (operands and
 //! result moved once at the device's bandwidth) and the launch cost bound it below.
 
-use crate::kernel::{GemmKernel, Problem};
+use crate::kernel::{Arch, GemmKernel, Problem};
 use serde::{Deserialize, Serialize};
 
 /// What the model knows of the device (queried by the runner, or Hopper's figures).
@@ -209,14 +209,17 @@ impl WaveModel {
         t
     }
 
-    /// Every choice for `p`: each kernel that accepts it; a split-K kernel where its
+    /// Every choice for `p`: each kernel that accepts it (a SIMT kernel only where no
+    /// tensor-core kernel does); a split-K kernel where its
     /// tiles alone would leave SMs idle (fewer blocks than SMs), with each of
     /// [`SPLITS`] that leaves at least two splits with work (once per distinct
     /// number of working splits).
     pub fn choices(&self, p: &Problem) -> Vec<Choice> {
         let mut out = Vec::new();
+        // The SIMT kernels only where no tensor-core kernel takes the product.
+        let tensor_cores = self.kernels.iter().any(|k| k.arch != Arch::Simt && k.accepts(p).is_ok());
         for (i, k) in self.kernels.iter().enumerate() {
-            if k.accepts(p).is_err() {
+            if k.accepts(p).is_err() || (tensor_cores && k.arch == Arch::Simt) {
                 continue;
             }
             if !k.split_k {

@@ -423,3 +423,34 @@ fn a_measured_reduction_prices_each_further_chunk_of_shares() {
         assert!((measured[i] - want).abs() < 1e-12, "{} shares", [8, 12, 16, 24][i]);
     }
 }
+
+#[test]
+fn simt_kernels_take_any_k_and_are_offered_only_where_no_tensor_core_kernel_is() {
+    let simt = candidates::simt_family(Elem::Bf16, Epilogue::NONE);
+    assert_eq!(simt.len(), 4, "two tiles, two layouts");
+    for k in &simt {
+        assert!(k.check().is_ok(), "{k}");
+        assert_eq!((k.smem_bytes(), k.threads(), k.arch.sm()), (0, 256, "sm_80"), "{k}");
+        assert!(k.name().starts_with("gemm_simt_"), "{k}");
+        // No alignment rule: odd K, and an N-major B with odd N.
+        assert!(k.accepts(&Problem::new(2, 5, 7, 13)).is_ok(), "{k}");
+        assert!(k.accepts(&Problem::new(1, 1, 1, 1)).is_ok(), "{k}");
+        assert!(k.accepts(&Problem::new(1, 0, 1, 1)).is_err(), "{k}");
+    }
+    // Its rules: one stage, 8x1 warps, tiles of whole 16 x 16 thread grids up to 128.
+    let k = simt[1];
+    assert!(GemmKernel { stages: 2, ..k }.check().is_err());
+    assert!(GemmKernel { bm: 40, ..k }.check().is_err());
+    assert!(GemmKernel { bn: 256, ..k }.check().is_err());
+    assert!(GemmKernel { split_k: true, ..k }.check().is_err());
+    // In the model: only where the tensor-core kernels refuse the product.
+    let mut m = model();
+    m.kernels.push(k);
+    m.rates.push(KernelRate { name: k.name(), ..m.rates[0].clone() });
+    let aligned = Problem::new(1, 64, 768, 768);
+    assert!(m.choices(&aligned).iter().all(|c| m.kernels[c.kernel].arch != Arch::Simt));
+    let odd = Problem::new(1, 64, 768, 100);
+    let choices = m.choices(&odd);
+    assert_eq!(choices, vec![Choice { kernel: 2, splits: 1 }]);
+    assert_eq!(m.choose(&odd).unwrap().0.kernel, 2);
+}

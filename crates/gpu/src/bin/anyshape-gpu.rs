@@ -15,7 +15,7 @@ use gpu::reference::{self, Operands};
 use gpu::replay::{self, Record, Regret};
 use gpu::runner::{DeviceOperands, Gpu, GpuError, Loaded, LoadedReducer, Workspace};
 use gpu::wave::{calibration_grids, occupancy, KernelRate, ReduceRate, WaveModel, REDUCE_CHUNK};
-use gpu::{BLayout, Choice, Elem, Epilogue, GemmKernel, MTree, Manifest, Problem};
+use gpu::{Arch, BLayout, Choice, Elem, Epilogue, GemmKernel, MTree, Manifest, Problem};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::json;
@@ -50,9 +50,9 @@ enum Cmd {
         /// Only kernels whose name contains this.
         #[arg(long)]
         filter: Option<String>,
-        /// Leave out kernels whose name contains this.
+        /// Leave out kernels whose name contains this (repeatable).
         #[arg(long)]
-        exclude: Option<String>,
+        exclude: Vec<String>,
         /// A JSON report.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -119,7 +119,7 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Info => info(),
         Cmd::Check { dir, cases, seed, filter, exclude, json } => {
-            check(&dir, cases, seed, filter.as_deref(), exclude.as_deref(), json.as_deref())
+            check(&dir, cases, seed, filter.as_deref(), &exclude, json.as_deref())
         }
         Cmd::Bench { dir, reps, bandwidth, json, dump, limit, skip_failed, exclude, filter } => {
             let skip = Skip { reports: skip_failed, exclude, filter };
@@ -333,20 +333,24 @@ fn verify(k: &GemmKernel, case: &Case, got: &[u16], want: &[f64]) -> Vec<String>
 }
 
 /// Shapes a kernel is checked at: edges (1, one past a tile, primes, K of one
-/// copy, more tiles than SMs), then random draws; N a multiple of 8 for an N-major B, one product for a
-/// split-K kernel.
+/// copy, more tiles than SMs), then random draws; N a multiple of 8 for an N-major B,
+/// one product for a split-K kernel. A SIMT kernel, which has no alignment rule, gets
+/// odd K, leading dimensions and N-major N instead.
 fn shapes(k: &GemmKernel, rng: &mut StdRng, random: usize) -> Vec<(Problem, usize, usize)> {
-    let n8 = |n: usize| if k.b == BLayout::NMajor { n.div_ceil(8) * 8 } else { n };
+    let any = k.arch == Arch::Simt;
+    let n8 = |n: usize| if k.b == BLayout::NMajor && !any { n.div_ceil(8) * 8 } else { n };
+    let k8 = |kk: usize| if any { kk + 3 } else { kk };
+    let pad = |p: usize| if any { p + 1 } else { p };
     let batch = |b: usize| if k.split_k { 1 } else { b };
     let mut out = vec![
-        (Problem::new(1, 1, n8(1), 8), 0, 0),
-        (Problem::new(1, k.bm + 1, n8(k.bn + 1), 40), 0, 1),
-        (Problem::new(batch(3), 97, n8(67), 264), 8, 0),
-        (Problem::new(1, 2 * k.bm - 1, n8(2 * k.bn + 3), 32), 0, 3),
-        (Problem::new(batch(2), 13, n8(131), 768), 0, 0),
+        (Problem::new(1, 1, n8(1), k8(8)), 0, 0),
+        (Problem::new(1, k.bm + 1, n8(k.bn + 1), k8(40)), pad(0), 1),
+        (Problem::new(batch(3), 97, n8(67), k8(264)), pad(8), 0),
+        (Problem::new(1, 2 * k.bm - 1, n8(2 * k.bn + 3), k8(32)), 0, 3),
+        (Problem::new(batch(2), 13, n8(131), k8(768)), pad(0), 0),
         // More tiles than an H100 has SMs (216 in 2 batch entries; 108 split), so
         // that a persistent block walks several, its steps' phases running on.
-        (Problem::new(batch(2), 17 * k.bm + 5, n8(5 * k.bn + 3), 200), 0, 0),
+        (Problem::new(batch(2), 17 * k.bm + 5, n8(5 * k.bn + 3), k8(200)), 0, 0),
     ];
     let primes = [1, 2, 3, 5, 7, 13, 31, 61, 127, 251];
     for _ in 0..random {
@@ -356,9 +360,9 @@ fn shapes(k: &GemmKernel, rng: &mut StdRng, random: usize) -> Vec<(Problem, usiz
             rng.random_range(1..300)
         };
         let n = n8(rng.random_range(1..320));
-        let kk = 8 * rng.random_range(1..100);
+        let kk = if any { rng.random_range(1..800) } else { 8 * rng.random_range(1..100) };
         let b = batch(rng.random_range(1..4));
-        let lda_pad = 8 * rng.random_range(0..2);
+        let lda_pad = if any { rng.random_range(0..3) } else { 8 * rng.random_range(0..2) };
         let ldc_pad = rng.random_range(0..3);
         out.push((Problem::new(b, m, n, kk), lda_pad, ldc_pad));
     }
@@ -370,7 +374,7 @@ fn check(
     cases: usize,
     seed: u64,
     filter: Option<&str>,
-    exclude: Option<&str>,
+    exclude: &[String],
     json: Option<&Path>,
 ) -> Result<bool, GpuError> {
     let Opened { gpu, kernels: loaded, reducers } = open(Some(dir), 4e12)?;
@@ -380,7 +384,7 @@ fn check(
     let mut report = Vec::new();
     let chosen = |l: &&Loaded| {
         let name = l.kernel.name();
-        filter.is_none_or(|f| name.contains(f)) && exclude.is_none_or(|x| !name.contains(x))
+        filter.is_none_or(|f| name.contains(f)) && !exclude.iter().any(|x| name.contains(x.as_str()))
     };
     for l in loaded.iter().filter(chosen) {
         let k = &l.kernel;
@@ -436,8 +440,9 @@ fn check(
 }
 
 /// The sweep: BERT-base's and BERT-large's projections at M from 1 to 8192
-/// (B K-major: pre-packed weights), 8192³, and the attention batch-matmuls of 12
-/// heads at T from 16 to 512 (Q·Kᵀ K-major, P·V N-major).
+/// (B K-major: pre-packed weights), 8192³, the attention batch-matmuls of 12
+/// heads at T from 16 to 512 (Q·Kᵀ K-major, P·V N-major), and three products with K
+/// = 100, which only the SIMT kernels take.
 fn sweep() -> Vec<(BLayout, Problem)> {
     let mut out = Vec::new();
     let nk = [
@@ -459,6 +464,10 @@ fn sweep() -> Vec<(BLayout, Problem)> {
     for t in [16, 64, 128, 384, 512] {
         out.push((BLayout::KMajor, Problem::new(12, t, t, 64)));
         out.push((BLayout::NMajor, Problem::new(12, t, 64, t)));
+    }
+    // K not a multiple of 8: only the SIMT kernels take it.
+    for m in [1, 383, 2048] {
+        out.push((BLayout::KMajor, Problem::new(1, m, 768, 100)));
     }
     out
 }
