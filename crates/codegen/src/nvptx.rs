@@ -310,26 +310,12 @@ fn simt_ir(k: &GemmKernel) -> String {
     g.block("kloop");
     let head = g.body.len();
     let kk = g.v("add i64 %kk, 0");
-    let avals: Vec<String> = rows
-        .iter()
-        .map(|(_, _, at)| {
-            let p = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {at}, i64 {kk}"));
-            let x = g.v(format!("load {e}, ptr addrspace(1) {p}, align 2"));
-            g.v(format!("fpext {e} {x} to float"))
-        })
-        .collect();
+    let avals: Vec<String> = rows.iter().map(|(_, _, at)| g.load_f32(k.elem, at, &kk)).collect();
     let brow = match k.b {
         BLayout::KMajor => kk.clone(),
         BLayout::NMajor => g.v(format!("mul i64 {kk}, {ldb}")),
     };
-    let bvals: Vec<String> = cols
-        .iter()
-        .map(|(_, _, at)| {
-            let p = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {at}, i64 {brow}"));
-            let x = g.v(format!("load {e}, ptr addrspace(1) {p}, align 2"));
-            g.v(format!("fpext {e} {x} to float"))
-        })
-        .collect();
+    let bvals: Vec<String> = cols.iter().map(|(_, _, at)| g.load_f32(k.elem, at, &brow)).collect();
     let mut phis = String::new();
     let mut accs = Vec::new();
     for (i, a) in avals.iter().enumerate() {
@@ -473,6 +459,14 @@ impl Ir {
             let _ = writeln!(m, "!{} = !{{ptr @{name}, {a}}}", i + 2);
         }
         m
+    }
+
+    /// The 16-bit element `off` (i64) past `base`, widened to f32.
+    fn load_f32(&mut self, elem: Elem, base: &str, off: &str) -> String {
+        let e = elem_ty(elem);
+        let p = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) {base}, i64 {off}"));
+        let x = self.v(format!("load {e}, ptr addrspace(1) {p}, align 2"));
+        self.v(format!("fpext {e} {x} to float"))
     }
 
     /// The epilogue of one f32 value `y`: `+ bias[bias_idx]`, GELU, `+ residual`
