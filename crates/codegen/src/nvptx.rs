@@ -216,7 +216,6 @@ pub fn reduce_ir(r: &ReduceKernel) -> String {
             "  %s0 = phi i32 [ 0, %sum ], [ {next}, %chunk ]\n  %acc = phi float [ 0.0, %sum ], [ {acc}, %chunk ]\n"
         ),
     );
-    let acc1 = acc;
     g.block("store");
     let m = g.v(format!("sdiv i64 {i}, {n64}"));
     let n = g.v(format!("srem i64 {i}, {n64}"));
@@ -225,7 +224,7 @@ pub fn reduce_ir(r: &ReduceKernel) -> String {
     let row = g.v(format!("mul i64 {m}, {ldc64}"));
     let ci = g.v(format!("add i64 {row}, {n}"));
     let res = r.epilogue.residual.then(|| ("%res".to_string(), ci.clone()));
-    let y = g.epilogue_value(r.elem, r.epilogue, &acc1, &n32, res.as_ref());
+    let y = g.epilogue_value(r.elem, r.epilogue, &acc, &n32, res.as_ref());
     let h = g.v(format!("fptrunc float {y} to {e}"));
     let cp = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %C, i64 {ci}"));
     g.emit(format!("store {e} {h}, ptr addrspace(1) {cp}, align 2"));

@@ -126,7 +126,8 @@ impl Record {
 
 /// One product replayed: the best measured choice, and the model's pick with its
 /// measured time (`None` when the run did not measure that choice: a model that
-/// considers choices the run did not).
+/// considers choices the run did not); every choice the model considered, by name,
+/// with its predicted and measured time.
 #[derive(Clone, Debug)]
 pub struct Replayed {
     pub layout: BLayout,
@@ -136,6 +137,7 @@ pub struct Replayed {
     pub pick: String,
     pub pick_s: Option<f64>,
     pub predicted_s: f64,
+    pub choices: Vec<(String, f64, Option<f64>)>,
 }
 
 impl Replayed {
@@ -154,8 +156,18 @@ pub fn replay(record: &Record, family: &[GemmKernel]) -> Result<Vec<Replayed>, R
         let Some((_, model)) = models.iter().find(|(l, _)| *l == m.layout) else { continue };
         let Some((best, best_s)) = m.times.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else { continue };
         let Some((choice, predicted_s)) = model.choose(&m.problem) else { continue };
+        let measured = |name: &str| m.times.iter().find(|(n, _)| n == name).map(|x| x.1);
         let pick = model.describe(choice);
-        let pick_s = m.times.iter().find(|(n, _)| *n == pick).map(|x| x.1);
+        let pick_s = measured(&pick);
+        let choices = model
+            .choices(&m.problem)
+            .into_iter()
+            .map(|c| {
+                let name = model.describe(c);
+                let t = measured(&name);
+                (name, model.predict(c, &m.problem), t)
+            })
+            .collect();
         out.push(Replayed {
             layout: m.layout,
             problem: m.problem,
@@ -164,6 +176,7 @@ pub fn replay(record: &Record, family: &[GemmKernel]) -> Result<Vec<Replayed>, R
             pick,
             pick_s,
             predicted_s,
+            choices,
         });
     }
     Ok(out)

@@ -150,6 +150,38 @@ fn encode_map(elem: Elem, ptr: u64, s: &MapSpec) -> Result<TensorMap, GpuError> 
     Ok(TensorMap(map.opaque))
 }
 
+/// That `what` (`len` elements) holds what a launch of `who` on `p` touches of it:
+/// `rows` rows of `cols` elements, `ld` apart, in each of `p.batch` entries `stride`
+/// apart.
+fn holds(
+    who: &str,
+    p: &Problem,
+    what: &str,
+    len: usize,
+    (rows, ld, cols, stride): (usize, usize, usize, usize),
+) -> Result<(), GpuError> {
+    let last = (p.batch - 1) * stride + (rows - 1) * ld + cols;
+    if last > len {
+        return Err(GpuError::Plan(format!(
+            "{who} on {p}: {what} holds {len} elements, the launch reads {last}"
+        )));
+    }
+    Ok(())
+}
+
+/// C (past its offset), the bias and the residual as a launch of `who` with
+/// `epilogue` touches them on `p`: the same rules for a GEMM kernel and a reduction.
+fn check_outputs(who: &str, p: &Problem, o: &DeviceOperands, epilogue: Epilogue) -> Result<(), GpuError> {
+    holds(who, p, "C", o.c.len().saturating_sub(o.c_off), (p.m, o.ldc, p.n, o.sc))?;
+    if epilogue.bias && o.bias.len() < p.n {
+        return Err(GpuError::Plan(format!("{who} on {p}: bias holds {} elements, not N", o.bias.len())));
+    }
+    if epilogue.residual {
+        holds(who, p, "residual", o.residual.len(), (p.m, o.ldc, p.n, o.sc))?;
+    }
+    Ok(())
+}
+
 impl Gpu {
     /// Opens device 0. `bandwidth` (bytes/s) is the memory floor the wave model uses.
     pub fn open(bandwidth: f64) -> Result<Gpu, GpuError> {
@@ -254,27 +286,11 @@ impl Gpu {
                 "{k} on {p}: lda, ldb and A's and B's batch strides must be multiples of 8"
             )));
         }
-        let need = |len: usize, what: &str, rows: usize, ld: usize, cols: usize, stride: usize| {
-            let last = (p.batch - 1) * stride + (rows - 1) * ld + cols;
-            if last > len {
-                Err(GpuError::Plan(format!(
-                    "{k} on {p}: {what} holds {len} elements, the launch reads {last}"
-                )))
-            } else {
-                Ok(())
-            }
-        };
+        let who = k.to_string();
         let (brows, bcols) = k.b.extent(p);
-        need(o.a.len(), "A", p.m, o.lda, p.k, o.sa)?;
-        need(o.b.len(), "B", brows, o.ldb, bcols, o.sb)?;
-        need(o.c.len() - o.c_off, "C", p.m, o.ldc, p.n, o.sc)?;
-        if epilogue.bias && o.bias.len() < p.n {
-            return Err(GpuError::Plan(format!("{k} on {p}: bias holds {} elements, not N", o.bias.len())));
-        }
-        if epilogue.residual {
-            need(o.residual.len(), "residual", p.m, o.ldc, p.n, o.sc)?;
-        }
-        Ok(())
+        holds(&who, p, "A", o.a.len(), (p.m, o.lda, p.k, o.sa))?;
+        holds(&who, p, "B", o.b.len(), (brows, o.ldb, bcols, o.sb))?;
+        check_outputs(&who, p, o, epilogue)
     }
 
     /// The buffers a reduction's launch on `p` touches: C's `M` rows of `ldc ≥ N`
@@ -292,18 +308,7 @@ impl Gpu {
         if p.m.checked_mul(o.ldc).is_none_or(|x| x > i32::MAX as usize) {
             return bad("M·ldc exceeds the kernel's 32-bit indices".into());
         }
-        let last = (p.m - 1) * o.ldc + p.n;
-        let c = o.c.len().saturating_sub(o.c_off);
-        if c < last {
-            return bad(format!("C holds {c} elements past its offset, the launch writes {last}"));
-        }
-        if r.kernel.epilogue.bias && o.bias.len() < p.n {
-            return bad(format!("bias holds {} elements, not N", o.bias.len()));
-        }
-        if r.kernel.epilogue.residual && o.residual.len() < last {
-            return bad(format!("the residual holds {} elements, the launch reads {last}", o.residual.len()));
-        }
-        Ok(())
+        check_outputs(&r.kernel.to_string(), p, o, r.kernel.epilogue)
     }
 
     /// A's and B's tensor maps for TMA kernel `k` on `p`, built on the first launch

@@ -846,24 +846,9 @@ fn replay_record(path: &Path, above: f64, detail: bool) -> Result<bool, GpuError
             regret.map_or("-".to_string(), |x| format!("{:>5.1}%", x * 100.0))
         );
         if detail {
-            let model = record
-                .model(r.layout, &family)
-                .map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
-            let mut rows: Vec<(String, f64, Option<f64>)> = model
-                .choices(&r.problem)
-                .into_iter()
-                .map(|c| {
-                    let name = model.describe(c);
-                    let measured = record
-                        .products
-                        .iter()
-                        .find(|m| m.layout == r.layout && m.problem == r.problem)
-                        .and_then(|m| m.times.iter().find(|(n, _)| *n == name).map(|x| x.1));
-                    (name, model.predict(c, &r.problem), measured)
-                })
-                .collect();
-            rows.sort_by(|a, b| a.2.unwrap_or(f64::INFINITY).total_cmp(&b.2.unwrap_or(f64::INFINITY)));
-            for (name, predicted, measured) in rows {
+            let mut choices = r.choices.clone();
+            choices.sort_by(|a, b| a.2.unwrap_or(f64::INFINITY).total_cmp(&b.2.unwrap_or(f64::INFINITY)));
+            for (name, predicted, measured) in choices {
                 say!(
                     "       {name:<44} measured {} predicted {:>9.2} us",
                     measured.map_or("        -".to_string(), |t| format!("{:>9.2} us", t * 1e6)),
