@@ -307,7 +307,7 @@ fn ptxas_accepts_every_family_kernel() {
 mod on_the_host {
     use super::*;
     use gpu::reference::{self, Operands};
-    use gpu::Problem;
+    use gpu::{Choice, Cover, Problem, Split};
     use inkwell::context::Context;
     use inkwell::execution_engine::ExecutionEngine;
     use inkwell::memory_buffer::MemoryBuffer;
@@ -511,13 +511,23 @@ mod on_the_host {
         ldc_pad: usize,
         seed: u64,
     ) -> Result<(), TestCaseError> {
-        let name = k.name();
+        simt_cover(&[*k], &Cover::one(Choice { kernel: 0, splits: 1 }), p, (lda_pad, ldc_pad), seed)
+    }
+
+    /// A cover of `p` by SIMT kernels of `kernels` (one element type, B layout and
+    /// epilogue), each piece run over its whole grid on A, C and the residual from
+    /// its first row on, as the runner launches it; the whole product against the
+    /// host oracle, canaries in C's padding and past its end.
+    fn simt_cover(
+        kernels: &[GemmKernel],
+        cover: &Cover,
+        p: Problem,
+        (lda_pad, ldc_pad): (usize, usize),
+        seed: u64,
+    ) -> Result<(), TestCaseError> {
+        let k = &kernels[cover.main.kernel];
+        let name = cover.text(kernels, &p);
         let ctx = Context::create();
-        let ee = engine(&ctx, &nvptx::llvm_ir(k).unwrap(), &name)?;
-        let addr = ee.get_function_address(&name).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        // SAFETY: the JIT compiled `name` with `gpu::kernel::ABI`'s parameters plus the
-        // four indices (`for_host`), which is `Gemm`; `ee` outlives every call below.
-        let f: Gemm = unsafe { std::mem::transmute::<usize, Gemm>(addr) };
         let mut rnd = values(seed);
         let (lda, ldc) = (p.k + lda_pad, p.n + ldc_pad);
         let (sa, sb, sc) = (p.m * lda, p.n * p.k, p.m * ldc);
@@ -528,38 +538,58 @@ mod on_the_host {
         let margin = 16;
         let mut c = vec![CANARY; p.batch * sc + margin];
         let ldb = k.b.extent(&p).1;
-        let grid = (p.n.div_ceil(k.bn), p.m.div_ceil(k.bm), p.batch);
-        for z in 0..grid.2 {
-            for y in 0..grid.1 {
-                for x in 0..grid.0 {
-                    for t in 0..k.threads() {
-                        // SAFETY: A holds `batch` entries of `m` rows of `lda ≥ K`, B `batch`
-                        // entries of its `[N, K]` or `[K, N]`, C and the residual `batch`
-                        // entries of `m` rows of `ldc ≥ N` (and a margin), bias `N`: the
-                        // kernel reads rows and columns clamped inside M and N and K below
-                        // K, and stores inside M and N only.
-                        unsafe {
-                            f(
-                                a.as_ptr(),
-                                b.as_ptr(),
-                                c.as_mut_ptr(),
-                                bias.as_ptr(),
-                                res.as_ptr(),
-                                p.m as i32,
-                                p.n as i32,
-                                p.k as i32,
-                                lda as i32,
-                                ldb as i32,
-                                ldc as i32,
-                                sa as i64,
-                                sb as i64,
-                                sc as i64,
-                                t as i32,
-                                x as i32,
-                                y as i32,
-                                z as i32,
-                            )
-                        };
+        let pieces = cover.pieces(kernels, &p);
+        let rows: usize = pieces.iter().map(|x| x.problem.m).sum();
+        prop_assert_eq!(rows, p.m, "{}: the pieces cover every row once", &name);
+        for piece in pieces {
+            let (pk, q) = (&kernels[piece.choice.kernel], piece.problem);
+            prop_assert!(
+                pk.arch == Arch::Simt && pk.elem == k.elem && pk.b == k.b && pk.epilogue == k.epilogue
+            );
+            let ee = engine(&ctx, &nvptx::llvm_ir(pk).unwrap(), &pk.name())?;
+            let addr = ee.get_function_address(&pk.name()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            // SAFETY: the JIT compiled the kernel with `gpu::kernel::ABI`'s parameters
+            // plus the four indices (`for_host`), which is `Gemm`; `ee` outlives every
+            // call below.
+            let f: Gemm = unsafe { std::mem::transmute::<usize, Gemm>(addr) };
+            // The piece's rows start `first_row` rows into A, C and the residual.
+            let (ra, rc) = (piece.first_row * lda, piece.first_row * ldc);
+            prop_assert!(ra < a.len() && rc < c.len() && rc < res.len());
+            let grid = (q.n.div_ceil(pk.bn), q.m.div_ceil(pk.bm), q.batch);
+            for z in 0..grid.2 {
+                for y in 0..grid.1 {
+                    for x in 0..grid.0 {
+                        for t in 0..pk.threads() {
+                            // SAFETY: A holds `batch` entries of `m` rows of `lda ≥ K`, B
+                            // `batch` entries of its `[N, K]` or `[K, N]`, C and the
+                            // residual `batch` entries of `m` rows of `ldc ≥ N` (and a
+                            // margin), bias `N`; the piece's rows `first_row..first_row +
+                            // q.m` lie inside `m` (checked above: they cover it), and the
+                            // kernel reads rows and columns clamped inside its M and N and
+                            // K below K, and stores inside its M and N only.
+                            unsafe {
+                                f(
+                                    a.as_ptr().add(ra),
+                                    b.as_ptr(),
+                                    c.as_mut_ptr().add(rc),
+                                    bias.as_ptr(),
+                                    res.as_ptr().add(rc),
+                                    q.m as i32,
+                                    q.n as i32,
+                                    q.k as i32,
+                                    lda as i32,
+                                    ldb as i32,
+                                    ldc as i32,
+                                    sa as i64,
+                                    sb as i64,
+                                    sc as i64,
+                                    t as i32,
+                                    x as i32,
+                                    y as i32,
+                                    z as i32,
+                                )
+                            };
+                        }
                     }
                 }
             }
@@ -629,8 +659,52 @@ mod on_the_host {
         }
     }
 
+    /// FTuner's two sizes along M: a main kernel over whole tiles of its height and
+    /// another over the rows below, each launched on A, C and the residual offset
+    /// by the main's rows (`Cover::pieces`), give the whole product.
+    #[test]
+    fn two_size_covers_give_the_whole_product() {
+        let e = Epilogue { bias: true, gelu: None, residual: true };
+        for b in [BLayout::KMajor, BLayout::NMajor] {
+            let kernels: Vec<GemmKernel> =
+                candidates::simt_family(Elem::Bf16, e).into_iter().filter(|k| k.b == b).collect();
+            assert_eq!(kernels.iter().map(|k| k.bm).collect::<Vec<_>>(), [32, 64]);
+            let cover = |main: usize, max_tiles: usize| Cover {
+                main: Choice { kernel: main, splits: 1 },
+                split: Some(Split { max_tiles, rest: Choice { kernel: 1 - main, splits: 1 } }),
+            };
+            // Every whole 64-row tile, then five rows by the 32-row kernel.
+            let p = Problem::new(1, 2 * 64 + 5, 37, 29);
+            assert_eq!(cover(1, usize::MAX).rows(&kernels, &p), 128);
+            simt_cover(&kernels, &cover(1, usize::MAX), p, (1, 2), 1).unwrap();
+            // One 32-row tile in each of two batch entries, 71 rows by the other.
+            let p = Problem::new(2, 3 * 32 + 7, 19, 13);
+            assert_eq!(cover(0, 1).rows(&kernels, &p), 32);
+            simt_cover(&kernels, &cover(0, 1), p, (3, 1), 2).unwrap();
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
+        #[test]
+        fn two_size_covers_at_random_shapes(
+            main in 0usize..2,
+            max_tiles in prop_oneof![1usize..4, Just(usize::MAX)],
+            batch in 1usize..3,
+            m in 1usize..200,
+            n in 1usize..70,
+            k in 1usize..40,
+            seed: u64,
+        ) {
+            let kernels = candidates::simt_family(Elem::Bf16, Epilogue { bias: false, gelu: None, residual: true });
+            let kernels: Vec<GemmKernel> = kernels.into_iter().filter(|k| k.b == BLayout::KMajor).collect();
+            let cover = Cover {
+                main: Choice { kernel: main, splits: 1 },
+                split: Some(Split { max_tiles, rest: Choice { kernel: 1 - main, splits: 1 } }),
+            };
+            simt_cover(&kernels, &cover, Problem::new(batch, m, n, k), (seed as usize % 3, 1), seed)?;
+        }
+
         #[test]
         fn the_reduction_at_random_shapes_and_splits(m in 1usize..20, n in 1usize..300, splits in 1usize..40, e in 0usize..3, seed: u64) {
             reduce(EPILOGUES[e], m, n, splits, seed)?;

@@ -7,6 +7,7 @@
 //! says nothing of a changed kernel.
 
 use crate::kernel::{BLayout, GemmKernel, Problem};
+use crate::tree::MTree;
 use crate::wave::{DeviceLimits, KernelRate, ReduceRate, WaveModel};
 use serde::Deserialize;
 
@@ -124,10 +125,12 @@ impl Record {
     }
 }
 
-/// One product replayed: the best measured choice, and the model's pick with its
-/// measured time (`None` when the run did not measure that choice: a model that
-/// considers choices the run did not); every choice the model considered, by name,
-/// with its predicted and measured time.
+/// One product replayed: the best measured cover, and the model's pick among the
+/// covers the run measured, with its measured time (`None` when the run measured
+/// none of the model's covers); the model's pick among all its covers where the
+/// run did not measure it (`unmeasured`: a two-size cover an older run never
+/// timed, with its predicted time); every cover the model considered, by name
+/// ([`WaveModel::describe_cover`]), with its predicted and measured time.
 #[derive(Clone, Debug)]
 pub struct Replayed {
     pub layout: BLayout,
@@ -137,6 +140,7 @@ pub struct Replayed {
     pub pick: String,
     pub pick_s: Option<f64>,
     pub predicted_s: f64,
+    pub unmeasured: Option<(String, f64)>,
     pub choices: Vec<(String, f64, Option<f64>)>,
 }
 
@@ -147,7 +151,9 @@ impl Replayed {
     }
 }
 
-/// Every product of `record` through this build's wave model over `family`.
+/// Every product of `record` through this build's wave model over `family`: the
+/// model picks among the covers the run measured (its regret is then exact), and
+/// says where it would rather have taken one the run did not.
 pub fn replay(record: &Record, family: &[GemmKernel]) -> Result<Vec<Replayed>, ReplayError> {
     let models = [BLayout::KMajor, BLayout::NMajor].map(|l| record.model(l, family).map(|m| (l, m)));
     let models: Vec<(BLayout, WaveModel)> = models.into_iter().collect::<Result<_, _>>()?;
@@ -155,19 +161,27 @@ pub fn replay(record: &Record, family: &[GemmKernel]) -> Result<Vec<Replayed>, R
     for m in &record.products {
         let Some((_, model)) = models.iter().find(|(l, _)| *l == m.layout) else { continue };
         let Some((best, best_s)) = m.times.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else { continue };
-        let Some((choice, predicted_s)) = model.choose(&m.problem) else { continue };
         let measured = |name: &str| m.times.iter().find(|(n, _)| n == name).map(|x| x.1);
-        let pick = model.describe(choice);
-        let pick_s = measured(&pick);
-        let choices = model
-            .choices(&m.problem)
-            .into_iter()
+        let p = &m.problem;
+        let choices: Vec<(String, f64, Option<f64>)> = model
+            .covers(p)
+            .iter()
             .map(|c| {
-                let name = model.describe(c);
+                let name = model.describe_cover(c, p);
                 let t = measured(&name);
-                (name, model.predict(c, &m.problem), t)
+                (name, model.predict_cover(c, p), t)
             })
             .collect();
+        let fastest = |x: &&(String, f64, Option<f64>), y: &&(String, f64, Option<f64>)| x.1.total_cmp(&y.1);
+        // The model's own pick (a two-size cover only past its margin), and its
+        // pick among what the run measured.
+        let Some((overall, overall_s)) = model.choose_cover(p) else { continue };
+        let overall = (model.describe_cover(&overall, p), overall_s);
+        let unmeasured = measured(&overall.0).is_none().then_some(overall.clone());
+        let (pick, predicted_s, pick_s) = match choices.iter().filter(|c| c.2.is_some()).min_by(fastest) {
+            Some(c) => c.clone(),
+            None => (overall.0, overall.1, None),
+        };
         out.push(Replayed {
             layout: m.layout,
             problem: m.problem,
@@ -176,6 +190,7 @@ pub fn replay(record: &Record, family: &[GemmKernel]) -> Result<Vec<Replayed>, R
             pick,
             pick_s,
             predicted_s,
+            unmeasured,
             choices,
         });
     }
@@ -203,4 +218,61 @@ impl Regret {
             max: r.last().copied().unwrap_or(0.0) * 100.0,
         }
     }
+}
+
+/// Where the model covers M with two sizes, over every M up to `m_max` of one
+/// product signature of a record's sweep: the distilled tree's size, the M it
+/// covers with two sizes, and its predicted gain there over the best single choice
+/// (a prediction: a record from before the bench timed covers holds no time of
+/// one).
+#[derive(Clone, Debug)]
+pub struct CoverStudy {
+    pub layout: BLayout,
+    pub batch: usize,
+    pub n: usize,
+    pub k: usize,
+    pub leaves: usize,
+    pub depth: usize,
+    pub covered: usize,
+    pub m_max: usize,
+    pub gain_mean: f64,
+    pub gain_max: f64,
+}
+
+/// [`CoverStudy`] for each batch-1 signature of `record`'s sweep, in its order.
+pub fn cover_study(
+    record: &Record,
+    family: &[GemmKernel],
+    m_max: usize,
+) -> Result<Vec<CoverStudy>, ReplayError> {
+    let mut out: Vec<CoverStudy> = Vec::new();
+    for m in &record.products {
+        let p = m.problem;
+        if p.batch != 1 || out.iter().any(|s| (s.layout, s.n, s.k) == (m.layout, p.n, p.k)) {
+            continue;
+        }
+        let model = record.model(m.layout, family)?;
+        let Some(tree) = MTree::distill(&model, 1, p.n, p.k, m_max) else { continue };
+        let mut gains = Vec::new();
+        for rows in 1..=m_max {
+            let q = Problem::new(1, rows, p.n, p.k);
+            let c = tree.choose(&model, rows);
+            if let (Some(c), Some((_, single))) = (c.filter(|c| c.split.is_some()), model.choose(&q)) {
+                gains.push(1.0 - model.predict_cover(&c, &q) / single);
+            }
+        }
+        out.push(CoverStudy {
+            layout: m.layout,
+            batch: 1,
+            n: p.n,
+            k: p.k,
+            leaves: tree.bounds.len(),
+            depth: tree.depth(),
+            covered: gains.len(),
+            m_max,
+            gain_mean: gains.iter().sum::<f64>() / gains.len().max(1) as f64,
+            gain_max: gains.iter().copied().fold(0.0, f64::max),
+        });
+    }
+    Ok(out)
 }

@@ -12,7 +12,8 @@ use cudarc::driver::sys::{
     CUtensorMapL2promotion, CUtensorMapSwizzle,
 };
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DeviceRepr,
+    LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use std::path::Path;
@@ -77,6 +78,33 @@ pub struct DeviceOperands {
     /// The tensor maps of TMA launches on these operands (A's and B's), built on a
     /// tile shape's first launch and kept.
     pub maps: Vec<(MapKey, [TensorMap; 2])>,
+}
+
+/// The operands a launch passes: A, C (past its offset) and the residual from a
+/// first row on, B and the bias whole.
+struct AtRow<'a> {
+    a: CudaView<'a, u16>,
+    b: &'a CudaSlice<u16>,
+    c: CudaViewMut<'a, u16>,
+    bias: &'a CudaSlice<u16>,
+    residual: CudaView<'a, u16>,
+}
+
+impl DeviceOperands {
+    /// The operands from row `first_row` on: where a launch of a cover's piece reads
+    /// and writes. Call after the launch's checks, which bound the offsets of what
+    /// it reads by the buffers; what it does not read (A in a reduction, a residual
+    /// the epilogue does not read) may be shorter, and is passed whole.
+    fn at_row(&mut self, first_row: usize) -> AtRow<'_> {
+        let (ra, rc) = (first_row * self.lda, first_row * self.ldc);
+        AtRow {
+            a: self.a.try_slice(ra..).unwrap_or_else(|| self.a.slice(..)),
+            b: &self.b,
+            c: self.c.slice_mut(self.c_off + rc..),
+            bias: &self.bias,
+            residual: self.residual.try_slice(rc..).unwrap_or_else(|| self.residual.slice(..)),
+        }
+    }
 }
 
 /// A tensor map (the driver's opaque 128-byte `CUtensorMap`), passed to a TMA
@@ -170,16 +198,32 @@ fn holds(
 }
 
 /// C (past its offset), the bias and the residual as a launch of `who` with
-/// `epilogue` touches them on `p`: the same rules for a GEMM kernel and a reduction.
-fn check_outputs(who: &str, p: &Problem, o: &DeviceOperands, epilogue: Epilogue) -> Result<(), GpuError> {
-    holds(who, p, "C", o.c.len().saturating_sub(o.c_off), (p.m, o.ldc, p.n, o.sc))?;
+/// `epilogue` touches them on `p`, whose rows start `first_row` rows into C and the
+/// residual: the same rules for a GEMM kernel and a reduction.
+fn check_outputs(
+    who: &str,
+    p: &Problem,
+    first_row: usize,
+    o: &DeviceOperands,
+    epilogue: Epilogue,
+) -> Result<(), GpuError> {
+    let rc = row_offset(who, p, first_row, o.ldc)?;
+    holds(who, p, "C", o.c.len().saturating_sub(o.c_off.saturating_add(rc)), (p.m, o.ldc, p.n, o.sc))?;
     if epilogue.bias && o.bias.len() < p.n {
         return Err(GpuError::Plan(format!("{who} on {p}: bias holds {} elements, not N", o.bias.len())));
     }
     if epilogue.residual {
-        holds(who, p, "residual", o.residual.len(), (p.m, o.ldc, p.n, o.sc))?;
+        holds(who, p, "residual", o.residual.len().saturating_sub(rc), (p.m, o.ldc, p.n, o.sc))?;
     }
     Ok(())
+}
+
+/// Elements from an operand's start to row `first_row` (`ld` apart), where a piece of
+/// a two-size cover starts ([`crate::Piece`]).
+fn row_offset(who: &str, p: &Problem, first_row: usize, ld: usize) -> Result<usize, GpuError> {
+    first_row
+        .checked_mul(ld)
+        .ok_or_else(|| GpuError::Plan(format!("{who} on {p}: row {first_row} lies past any buffer")))
 }
 
 impl Gpu {
@@ -275,6 +319,7 @@ impl Gpu {
         &self,
         k: &GemmKernel,
         p: &Problem,
+        first_row: usize,
         o: &DeviceOperands,
         epilogue: Epilogue,
     ) -> Result<(), GpuError> {
@@ -288,9 +333,10 @@ impl Gpu {
         }
         let who = k.to_string();
         let (brows, bcols) = k.b.extent(p);
-        holds(&who, p, "A", o.a.len(), (p.m, o.lda, p.k, o.sa))?;
+        let ra = row_offset(&who, p, first_row, o.lda)?;
+        holds(&who, p, "A", o.a.len().saturating_sub(ra), (p.m, o.lda, p.k, o.sa))?;
         holds(&who, p, "B", o.b.len(), (brows, o.ldb, bcols, o.sb))?;
-        check_outputs(&who, p, o, epilogue)
+        check_outputs(&who, p, first_row, o, epilogue)
     }
 
     /// The buffers a reduction's launch on `p` touches: C's `M` rows of `ldc ≥ N`
@@ -299,6 +345,7 @@ impl Gpu {
         &self,
         r: &LoadedReducer,
         p: &Problem,
+        first_row: usize,
         o: &DeviceOperands,
     ) -> Result<(), GpuError> {
         let bad = |what: String| Err(GpuError::Plan(format!("{} on {p}: {what}", r.kernel)));
@@ -308,19 +355,22 @@ impl Gpu {
         if p.m.checked_mul(o.ldc).is_none_or(|x| x > i32::MAX as usize) {
             return bad("M·ldc exceeds the kernel's 32-bit indices".into());
         }
-        check_outputs(&r.kernel.to_string(), p, o, r.kernel.epilogue)
+        check_outputs(&r.kernel.to_string(), p, first_row, o, r.kernel.epilogue)
     }
 
-    /// A's and B's tensor maps for TMA kernel `k` on `p`, built on the first launch
-    /// of this tile shape on `o`. A batch's operands must not overlap (TMA walks a
-    /// batch as a third dimension).
+    /// A's and B's tensor maps for TMA kernel `k` on `p` (A from row `first_row`),
+    /// built on the first launch of this tile shape on `o`. A batch's operands must
+    /// not overlap (TMA walks a batch as a third dimension).
     fn tensor_maps(
         &self,
         k: &GemmKernel,
         p: &Problem,
+        first_row: usize,
         o: &mut DeviceOperands,
     ) -> Result<[TensorMap; 2], GpuError> {
         let (pa, _ga) = o.a.device_ptr(&self.stream);
+        // 16-byte aligned, as TMA needs: lda is a multiple of 8 (checked).
+        let pa = pa + 2 * (first_row * o.lda) as u64;
         let (pb, _gb) = o.b.device_ptr(&self.stream);
         let key = MapKey {
             elem: k.elem,
@@ -346,14 +396,21 @@ impl Gpu {
         Ok(maps)
     }
 
-    /// Launches `l` on `p` (asynchronously, on the device's stream).
-    pub fn launch(&self, l: &Loaded, p: &Problem, o: &mut DeviceOperands) -> Result<(), GpuError> {
+    /// Launches `l` on `p` (asynchronously, on the device's stream), whose rows
+    /// start `first_row` rows into A, C and the residual (0: the whole product; a
+    /// piece of a two-size cover otherwise).
+    pub fn launch(
+        &self,
+        l: &Loaded,
+        (p, first_row): (&Problem, usize),
+        o: &mut DeviceOperands,
+    ) -> Result<(), GpuError> {
         let k = &l.kernel;
         if k.split_k {
             return Err(GpuError::Plan(format!("{k} is a split-K kernel: launch_split runs it")));
         }
-        self.check_operands(k, p, o, k.epilogue)?;
-        let maps = if k.tma { Some(self.tensor_maps(k, p, o)?) } else { None };
+        self.check_operands(k, p, first_row, o, k.epilogue)?;
+        let maps = if k.tma { Some(self.tensor_maps(k, p, first_row, o)?) } else { None };
         // A persistent kernel: a block an SM at most, walking the tiles.
         let grid = if k.persistent {
             (k.blocks(p).min(self.limits.sms) as u32, 1, 1)
@@ -369,10 +426,9 @@ impl Gpu {
         let (m, n, kk) = (p.m as i32, p.n as i32, p.k as i32);
         let (lda, ldb, ldc) = (o.lda as i32, o.ldb as i32, o.ldc as i32);
         let (sa, sb, sc) = (o.sa as i64, o.sb as i64, o.sc as i64);
-        let c_off = o.c_off;
-        let mut c = o.c.slice_mut(c_off..);
+        let mut x = o.at_row(first_row);
         let mut b = self.stream.launch_builder(&l.func);
-        b.arg(&o.a).arg(&o.b).arg(&mut c).arg(&o.bias).arg(&o.residual);
+        b.arg(&x.a).arg(x.b).arg(&mut x.c).arg(x.bias).arg(&x.residual);
         b.arg(&m).arg(&n).arg(&kk).arg(&lda).arg(&ldb).arg(&ldc).arg(&sa).arg(&sb).arg(&sc);
         if k.persistent {
             b.arg(&batch);
@@ -383,8 +439,8 @@ impl Gpu {
         // SAFETY: the arguments match the kernel's ABI (`kernel::ABI`: five global
         // pointers, six i32, three i64, in that order, a persistent kernel's batch,
         // and a TMA kernel's two tensor maps), and every element the launch can
-        // touch lies inside the buffers (checked above against M, N, K, the strides
-        // and the batch; a tensor map reads only inside the extents it was built
+        // touch lies inside the buffers (checked above against M, N, K, the strides,
+        // the batch and the first row; a tensor map reads only inside the extents it was built
         // with, and zero-fills the rest; a persistent grid's blocks take only tiles
         // below the product's count); the dynamic shared memory is what the kernel
         // was built for and was allowed on load.
@@ -401,7 +457,7 @@ impl Gpu {
         &self,
         l: &Loaded,
         r: Option<&LoadedReducer>,
-        p: &Problem,
+        (p, first_row): (&Problem, usize),
         splits: usize,
         o: &mut DeviceOperands,
         w: &mut CudaSlice<f32>,
@@ -413,9 +469,9 @@ impl Gpu {
         if let Some(r) = r.filter(|r| r.kernel.elem != k.elem) {
             return Err(GpuError::Plan(format!("{} does not reduce {k}'s element type", r.kernel)));
         }
-        self.check_operands(k, p, o, r.map_or(Epilogue::NONE, |r| r.kernel.epilogue))?;
+        self.check_operands(k, p, first_row, o, r.map_or(Epilogue::NONE, |r| r.kernel.epilogue))?;
         let (per, splits) = k.split_plan(p.k, splits);
-        let maps = if k.tma { Some(self.tensor_maps(k, p, o)?) } else { None };
+        let maps = if k.tma { Some(self.tensor_maps(k, p, first_row, o)?) } else { None };
         let mn = p.m * p.n;
         if w.len() < splits * mn {
             return Err(GpuError::Plan(format!(
@@ -432,8 +488,9 @@ impl Gpu {
         let (m, n, kk) = (p.m as i32, p.n as i32, p.k as i32);
         let (lda, ldb, ldw) = (o.lda as i32, o.ldb as i32, p.n as i32);
         let (zero, sw, kper) = (0i64, mn as i64, per as i32);
+        let x = o.at_row(first_row);
         let mut b = self.stream.launch_builder(&l.func);
-        b.arg(&o.a).arg(&o.b).arg(&mut *w).arg(&o.bias).arg(&o.residual);
+        b.arg(&x.a).arg(x.b).arg(&mut *w).arg(x.bias).arg(&x.residual);
         b.arg(&m).arg(&n).arg(&kk).arg(&lda).arg(&ldb).arg(&ldw).arg(&zero).arg(&zero).arg(&sw).arg(&kper);
         if let Some([ta, tb]) = &maps {
             b.arg(ta).arg(tb);
@@ -443,8 +500,9 @@ impl Gpu {
         // reads A and B within M, N and K (checked above) and writes its `[M, N]` f32
         // slice at `z · M · N` of the workspace, which holds all `splits` slices.
         unsafe { b.launch(cfg) }.map_err(|e| GpuError::Driver(format!("{k} on {p}: {e:?}")))?;
+        drop(b);
         if let Some(r) = r {
-            self.launch_reduce(r, p, splits, o, w)?;
+            self.launch_reduce(r, (p, first_row), splits, o, w)?;
         }
         Ok(splits)
     }
@@ -455,12 +513,12 @@ impl Gpu {
     pub fn launch_reduce(
         &self,
         r: &LoadedReducer,
-        p: &Problem,
+        (p, first_row): (&Problem, usize),
         splits: usize,
         o: &mut DeviceOperands,
         w: &CudaSlice<f32>,
     ) -> Result<(), GpuError> {
-        self.check_reduce_operands(r, p, o)?;
+        self.check_reduce_operands(r, p, first_row, o)?;
         let mn = p.m * p.n;
         if splits == 0 || splits.checked_mul(mn).is_none_or(|x| w.len() < x) {
             return Err(GpuError::Plan(format!(
@@ -476,10 +534,9 @@ impl Gpu {
             shared_mem_bytes: 0,
         };
         let (ldc, nsplits) = (o.ldc as i32, splits as i32);
-        let c_off = o.c_off;
-        let mut c = o.c.slice_mut(c_off..);
+        let mut x = o.at_row(first_row);
         let mut rb = self.stream.launch_builder(&r.func);
-        rb.arg(w).arg(&mut c).arg(&o.bias).arg(&o.residual);
+        rb.arg(w).arg(&mut x.c).arg(x.bias).arg(&x.residual);
         rb.arg(&m).arg(&n).arg(&ldc).arg(&nsplits).arg(&sw);
         // SAFETY: the reduction's ABI (`ReduceKernel`): thread `i < M·N` reads the
         // `splits` slices of the workspace at `i`, the bias at `n < N`, the residual

@@ -133,6 +133,19 @@ pub struct Choice {
     pub splits: usize,
 }
 
+impl Choice {
+    /// The choice as text: its kernel's name (of `kernels`, which it indexes), with
+    /// `xS` for S splits.
+    pub fn name(&self, kernels: &[GemmKernel]) -> String {
+        let name = kernels[self.kernel].name();
+        if self.splits > 1 {
+            format!("{name}x{}", self.splits)
+        } else {
+            name
+        }
+    }
+}
+
 /// The splits a split-K kernel is tried with.
 pub const SPLITS: [usize; 7] = [2, 3, 4, 6, 8, 12, 16];
 
@@ -249,11 +262,6 @@ impl WaveModel {
 
     /// A choice as text: the kernel's name, with `xS` for S splits.
     pub fn describe(&self, c: Choice) -> String {
-        let name = self.kernels[c.kernel].name();
-        if c.splits > 1 {
-            format!("{name}x{}", c.splits)
-        } else {
-            name
-        }
+        c.name(&self.kernels)
     }
 }

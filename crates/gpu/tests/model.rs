@@ -8,8 +8,8 @@ use gpu::manifest::PtxasReport;
 use gpu::reference::{self, Operands};
 use gpu::wave::{calibration_grids, occupancy};
 use gpu::{
-    Arch, BLayout, Choice, DeviceLimits, Elem, Epilogue, Gelu, GemmKernel, KernelRate, MTree, Manifest,
-    ManifestEntry, Problem, WaveModel,
+    Arch, BLayout, Choice, Cover, DeviceLimits, Elem, Epilogue, Gelu, GemmKernel, KernelRate, MTree,
+    Manifest, ManifestEntry, Piece, Problem, Split, WaveModel,
 };
 use proptest::prelude::*;
 
@@ -261,12 +261,96 @@ proptest! {
         let model = model();
         let k = 8 * k8;
         let tree = MTree::distill(&model, 1, n, k, 4096).unwrap();
-        let want = model.choose(&Problem::new(1, m, n, k)).unwrap().0;
-        prop_assert_eq!(want.splits, 1);
+        let want = model.choose_cover(&Problem::new(1, m, n, k)).unwrap().0;
+        prop_assert_eq!(want.main.splits, 1);
         prop_assert_eq!(tree.choose(&model, m), Some(want));
         prop_assert!(tree.bounds[0] == 1 && tree.bounds.windows(2).all(|w| w[0] < w[1]));
         prop_assert!(tree.depth() <= 13);
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// The model's two-size covers: the pieces cover every row once, the main over
+    /// whole tiles of its height, each piece a choice its kernel takes; a cover is
+    /// taken only past the margin, and priced as its two launches.
+    #[test]
+    fn covers_split_rows_into_whole_main_tiles_and_a_rest(
+        batch in 1usize..3,
+        m in 1usize..5000,
+        n in 1usize..4096,
+        k8 in 1usize..256,
+    ) {
+        let model = model();
+        let p = Problem::new(batch, m, n, 8 * k8);
+        let single = model.choose(&p).unwrap();
+        let (pick, t) = model.choose_cover(&p).unwrap();
+        prop_assert!(model.covers(&p).contains(&pick));
+        prop_assert!((model.predict_cover(&pick, &p) - t).abs() <= 1e-12 * t);
+        match pick.split {
+            None => prop_assert_eq!((pick.main, t), single),
+            Some(_) => prop_assert!(t < single.1 * (1.0 - gpu::cover::COVER_MARGIN)),
+        }
+        for c in model.covers(&p) {
+            let pieces = c.pieces(&model.kernels, &p);
+            prop_assert_eq!(pieces[0].first_row, 0);
+            prop_assert!(pieces.windows(2).all(|w| w[0].first_row + w[0].problem.m == w[1].first_row));
+            prop_assert_eq!(pieces.iter().map(|x| x.problem.m).sum::<usize>(), m);
+            for x in &pieces {
+                prop_assert!(model.choices(&x.problem).contains(&x.choice), "{:?}", x);
+            }
+            if let Some(s) = c.split {
+                let main = &model.kernels[c.main.kernel];
+                prop_assert_eq!(pieces.len(), 2);
+                prop_assert!(pieces[0].problem.m % main.bm == 0 && s.rest.kernel != c.main.kernel);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_last_tile_row_that_spills_a_wave_goes_to_a_second_size() {
+    let m = model();
+    let plain = |kernel| Choice { kernel, splits: 1 };
+    // 128×128 tiles, two an SM: 22 columns × 12 tile rows fill one wave (264
+    // blocks); five rows more would start a second wave for 22 blocks. The
+    // 16×64 kernel takes those five rows instead.
+    let p = Problem::new(1, 12 * 128 + 5, 128 * 22, 1024);
+    let (single, ts) = m.choose(&p).unwrap();
+    assert_eq!(single, plain(1));
+    let (c, t) = m.choose_cover(&p).unwrap();
+    let want = Cover { main: plain(1), split: Some(Split { max_tiles: usize::MAX, rest: plain(0) }) };
+    assert_eq!(c, want);
+    assert_eq!(
+        c.pieces(&m.kernels, &p),
+        [
+            Piece { choice: plain(1), first_row: 0, problem: Problem::new(1, 1536, 2816, 1024) },
+            Piece { choice: plain(0), first_row: 1536, problem: Problem::new(1, 5, 2816, 1024) },
+        ]
+    );
+    let parts = m.predict(plain(1), &Problem::new(1, 1536, 2816, 1024))
+        + m.predict(plain(0), &Problem::new(1, 5, 2816, 1024));
+    assert!((t - parts).abs() < 1e-15 && t < 0.8 * ts, "{t} vs {ts}");
+    assert_eq!(m.describe_cover(&c, &p), "gemm_bf16_nt_128x128_w2x2_s4[1536]+gemm_bf16_nt_16x64_w1x4_s4");
+    // Whole tiles: nothing left over, one choice.
+    assert_eq!(m.choose_cover(&Problem::new(1, 12 * 128, 128 * 22, 1024)).unwrap().0.split, None);
+    // 25 tile rows and five rows: whole tiles would leave a third wave of 22
+    // blocks; the main takes the 24 tile rows that fill two waves, and the other
+    // kernel the 133 rows below.
+    let p = Problem::new(1, 25 * 128 + 5, 128 * 22, 1024);
+    let (c, _) = m.choose_cover(&p).unwrap();
+    assert_eq!(c, Cover { main: plain(1), split: Some(Split { max_tiles: 24, rest: plain(0) }) });
+    assert_eq!(c.rows(&m.kernels, &p), 3072);
+    // Where the main's own kernel is the best for the rows left over, the rest is
+    // the best of another: 1413 rows below one wave of 128×128.
+    let p = Problem::new(1, 23 * 128 + 5, 128 * 22, 1024);
+    assert_eq!(
+        m.best_two(&Problem::new(1, 1413, 128 * 22, 1024)).map(|x| x.unwrap().0),
+        [plain(1), plain(0)]
+    );
+    assert!(m
+        .covers(&p)
+        .contains(&Cover { main: plain(1), split: Some(Split { max_tiles: 12, rest: plain(0) }) }));
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //! where.
 
 use gpu::candidates::plain_family;
-use gpu::replay::{replay, Record, Regret, ReplayError};
+use gpu::cover::COVER_MARGIN;
+use gpu::replay::{cover_study, replay, Record, Regret, ReplayError};
 use gpu::{BLayout, Elem, GemmKernel};
 
 fn family() -> Vec<GemmKernel> {
@@ -65,6 +66,49 @@ fn the_model_on_the_h200_run_of_session_11() {
     let rec = record("results-2026-11-26-gpu-h200-bench.jsonl");
     assert!(rec.rates.iter().all(|r| r.short == 0.0));
     replays_within("results-2026-11-26-gpu-h200-bench.jsonl", 3.6, 27.9);
+}
+
+/// The records timed single choices only. Where this build's model would take a
+/// two-size cover, the replay says so and picks among what was measured; every
+/// such product is one whose whole tiles leave rows over, and the cover's main
+/// takes whole tiles of its height.
+#[test]
+fn covers_the_records_did_not_time_are_named_not_scored() {
+    for (file, want) in
+        [("results-2026-11-26-gpu-h100-s14-bench.jsonl", 4), ("results-2026-11-26-gpu-h200-bench.jsonl", 7)]
+    {
+        let rows = replay(&record(file), &family()).unwrap();
+        let rather: Vec<_> = rows.iter().filter_map(|r| r.unmeasured.as_ref().map(|u| (r, u))).collect();
+        assert_eq!(rather.len(), want, "{file}");
+        for (r, (name, predicted)) in rather {
+            let (main, tail) = name.split_once('[').unwrap();
+            let (rows, rest) = tail.split_once("]+").unwrap();
+            let rows: usize = rows.parse().unwrap();
+            assert!(
+                main != rest && rows < r.problem.m && rows.is_multiple_of(128),
+                "{name} on {}",
+                r.problem
+            );
+            assert!(
+                r.pick_s.is_some() && *predicted < r.predicted_s * 0.97,
+                "{name}: {predicted} vs {}",
+                r.predicted_s
+            );
+        }
+    }
+}
+
+/// Over every M to 8192, the model covers some M of each signature with two sizes,
+/// only past its margin, and its tree stays shallow.
+#[test]
+fn the_cover_study_over_every_m() {
+    let study = cover_study(&record("results-2026-11-26-gpu-h100-s14-bench.jsonl"), &family(), 8192).unwrap();
+    assert_eq!(study.len(), 9, "eight projections and 8192³");
+    for s in &study {
+        assert!(s.covered > 0 && s.covered < s.m_max, "{s:?}");
+        assert!(s.gain_mean > COVER_MARGIN && s.gain_max >= s.gain_mean && s.gain_max < 0.5, "{s:?}");
+        assert!(s.leaves > 1 && s.depth <= 8, "{s:?}");
+    }
 }
 
 #[test]

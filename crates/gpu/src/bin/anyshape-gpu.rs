@@ -15,7 +15,7 @@ use gpu::reference::{self, Operands};
 use gpu::replay::{self, Record, Regret};
 use gpu::runner::{DeviceOperands, Gpu, GpuError, Loaded, LoadedReducer, Workspace};
 use gpu::wave::{calibration_grids, occupancy, KernelRate, ReduceRate, WaveModel, REDUCE_CHUNK};
-use gpu::{Arch, BLayout, Choice, Elem, Epilogue, GemmKernel, MTree, Manifest, Problem};
+use gpu::{Arch, BLayout, Choice, Cover, Elem, Epilogue, GemmKernel, MTree, Manifest, Problem, Split};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::json;
@@ -98,6 +98,10 @@ enum Cmd {
         /// Under each product shown, every choice's predicted and measured time.
         #[arg(long)]
         detail: bool,
+        /// Then, for each signature of the sweep, where the model covers M = 1-8192
+        /// with two kernel sizes and its predicted gain there.
+        #[arg(long)]
+        covers: bool,
     },
 }
 
@@ -125,7 +129,7 @@ fn main() -> ExitCode {
             let skip = Skip { reports: skip_failed, exclude, filter };
             bench(&dir, reps, bandwidth * 1e9, json.as_deref(), dump.as_deref(), limit, &skip)
         }
-        Cmd::Replay { record, above, detail } => replay_record(&record, above, detail),
+        Cmd::Replay { record, above, detail, covers } => replay_record(&record, above, detail, covers),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,
@@ -156,23 +160,51 @@ fn open(dir: Option<&Path>, bandwidth: f64) -> Result<Opened, GpuError> {
     Ok(Opened { gpu, kernels, reducers })
 }
 
-/// Runs a choice on `p`: one launch, or a split-K launch into the workspace `w`
-/// and its reduction `r` (none: the shares alone).
+/// Runs a choice on `p`, whose rows start `first_row` rows into the operands: one
+/// launch, or a split-K launch into the workspace `w` and its reduction `r` (none:
+/// the shares alone).
 fn run_choice(
     gpu: &Gpu,
     l: &Loaded,
     r: Option<&LoadedReducer>,
-    p: &Problem,
+    (p, first_row): (&Problem, usize),
     splits: usize,
     ops: &mut DeviceOperands,
     w: &mut Workspace,
 ) -> Result<(), GpuError> {
     if l.kernel.split_k {
-        gpu.launch_split(l, r, p, splits, ops, w)?;
+        gpu.launch_split(l, r, (p, first_row), splits, ops, w)?;
         Ok(())
     } else {
-        gpu.launch(l, p, ops)
+        gpu.launch(l, (p, first_row), ops)
     }
+}
+
+/// Runs a cover of `p` (FTuner's two sizes along M): its pieces one after the
+/// other, each a choice among `kernels`, loaded as `fam`.
+fn run_cover(
+    gpu: &Gpu,
+    (kernels, fam): (&[GemmKernel], &[&Loaded]),
+    r: Option<&LoadedReducer>,
+    c: &Cover,
+    p: &Problem,
+    ops: &mut DeviceOperands,
+    w: &mut Workspace,
+) -> Result<(), GpuError> {
+    for x in c.pieces(kernels, p) {
+        run_choice(gpu, fam[x.choice.kernel], r, (&x.problem, x.first_row), x.choice.splits, ops, w)?;
+    }
+    Ok(())
+}
+
+/// f32s the split-K pieces of cover `c` on `p` need (at least 1).
+fn workspace_len(kernels: &[GemmKernel], c: &Cover, p: &Problem) -> usize {
+    c.pieces(kernels, p)
+        .iter()
+        .filter(|x| kernels[x.choice.kernel].split_k)
+        .map(|x| x.choice.splits * x.problem.m * x.problem.n)
+        .max()
+        .unwrap_or(1)
 }
 
 fn info() -> Result<bool, GpuError> {
@@ -369,6 +401,67 @@ fn shapes(k: &GemmKernel, rng: &mut StdRng, random: usize) -> Vec<(Problem, usiz
     out
 }
 
+/// Two-size covers that check kernel `main` of `kernels` as the main of (it is not
+/// split-K): on one product of whole tiles and five rows, a split-K partner of the
+/// same element type over the rows below where one and a reduction with the main's
+/// epilogue are loaded (a plain one otherwise); on a batch of two, one tile row
+/// and a plain partner over the other two and seven rows (A, C and the residual
+/// offset within each batch entry).
+fn cover_cases(main: usize, kernels: &[GemmKernel], reducers: &[LoadedReducer]) -> Vec<(Cover, Problem)> {
+    let k = &kernels[main];
+    if k.split_k {
+        return Vec::new();
+    }
+    // Odd K for a SIMT main, which its tensor-core partners then refuse.
+    let kk = if k.arch == Arch::Simt { 75 } else { 72 };
+    let n = if k.b == BLayout::NMajor { (k.bn + 9).div_ceil(8) * 8 } else { k.bn + 9 };
+    let partners = |p: &Problem, split_k: bool| -> Vec<usize> {
+        (0..kernels.len())
+            .filter(|&j| {
+                let x = &kernels[j];
+                j != main
+                    && x.elem == k.elem
+                    && x.b == k.b
+                    && x.split_k == split_k
+                    && x.accepts(p).is_ok()
+                    && if split_k {
+                        reducers.iter().any(|r| r.kernel.elem == k.elem && r.kernel.epilogue == k.epilogue)
+                    } else {
+                        x.epilogue == k.epilogue
+                    }
+            })
+            .collect()
+    };
+    let mut out = Vec::new();
+    let one = Problem::new(1, 2 * k.bm + 5, n, kk);
+    let split = partners(&one, true);
+    let plain = partners(&one, false);
+    let rest = match (split.first(), plain.get(main % plain.len().max(1))) {
+        (Some(&j), _) => Some(Choice { kernel: j, splits: 3 }),
+        (None, Some(&j)) => Some(Choice { kernel: j, splits: 1 }),
+        _ => None,
+    };
+    if let Some(rest) = rest {
+        out.push((
+            Cover {
+                main: Choice { kernel: main, splits: 1 },
+                split: Some(Split { max_tiles: usize::MAX, rest }),
+            },
+            one,
+        ));
+    }
+    let batch = Problem::new(2, 3 * k.bm + 7, n, kk);
+    let plain = partners(&batch, false);
+    if let Some(&j) = plain.get((main + 1) % plain.len().max(1)) {
+        let rest = Choice { kernel: j, splits: 1 };
+        out.push((
+            Cover { main: Choice { kernel: main, splits: 1 }, split: Some(Split { max_tiles: 1, rest }) },
+            batch,
+        ));
+    }
+    out
+}
+
 fn check(
     dir: &Path,
     cases: usize,
@@ -386,7 +479,9 @@ fn check(
         let name = l.kernel.name();
         filter.is_none_or(|f| name.contains(f)) && !exclude.iter().any(|x| name.contains(x.as_str()))
     };
-    for l in loaded.iter().filter(chosen) {
+    let kernels: Vec<GemmKernel> = loaded.iter().map(|l| l.kernel).collect();
+    let fam: Vec<&Loaded> = loaded.iter().collect();
+    for (i, l) in loaded.iter().enumerate().filter(|(_, l)| chosen(l)) {
         let k = &l.kernel;
         let mut problems = Vec::new();
         // A split-K kernel is checked with each reduction of its element type (the
@@ -409,7 +504,7 @@ fn check(
             // the report says so rather than stopping short).
             let got = case.upload(&gpu, k).and_then(|mut ops| {
                 let mut w = gpu.alloc_f32(if k.split_k { 5 * p.m * p.n } else { 1 })?;
-                run_choice(&gpu, l, red, &p, splits, &mut ops, &mut w)?;
+                run_choice(&gpu, l, red, (&p, 0), splits, &mut ops, &mut w)?;
                 gpu.download(&ops.c)
             });
             let bad = match got {
@@ -420,6 +515,30 @@ fn check(
             if !bad.is_empty() {
                 failed += 1;
                 problems.push(format!("{p} lda+{lda_pad} ldc+{ldc_pad}: {}", bad.join("; ")));
+            }
+        }
+        // The kernel as a two-size cover's main, a partner taking the rows below.
+        for (cover, p) in cover_cases(i, &kernels, &reducers) {
+            let red = kernels[cover.split.map_or(i, |s| s.rest.kernel)]
+                .split_k
+                .then(|| reducers.iter().find(|r| r.kernel.elem == k.elem && r.kernel.epilogue == k.epilogue))
+                .flatten();
+            let (lda_pad, ldc_pad) = (if k.arch == Arch::Simt { 1 } else { 8 }, 3);
+            let case = Case::new(&mut rng, k, p, lda_pad, ldc_pad);
+            let got = case.upload(&gpu, k).and_then(|mut ops| {
+                let mut w = gpu.alloc_f32(workspace_len(&kernels, &cover, &p))?;
+                run_cover(&gpu, (&kernels, &fam), red, &cover, &p, &mut ops, &mut w)?;
+                gpu.download(&ops.c)
+            });
+            let bad = match got {
+                Ok(got) => verify(k, &case, &got, &case.reference(k)),
+                Err(e) => vec![e.to_string()],
+            };
+            runs += 1;
+            if !bad.is_empty() {
+                failed += 1;
+                let what = cover.text(&kernels, &p);
+                problems.push(format!("{p} as {what}: {}", bad.join("; ")));
             }
         }
         say!(
@@ -440,9 +559,9 @@ fn check(
 }
 
 /// The sweep: BERT-base's and BERT-large's projections at M from 1 to 8192
-/// (B K-major: pre-packed weights), 8192³, the attention batch-matmuls of 12
-/// heads at T from 16 to 512 (Q·Kᵀ K-major, P·V N-major), and three products with K
-/// = 100, which only the SIMT kernels take.
+/// (B K-major: pre-packed weights; one ragged M past a wave, for two-size covers),
+/// 8192³, the attention batch-matmuls of 12 heads at T from 16 to 512 (Q·Kᵀ K-major,
+/// P·V N-major), and three products with K = 100, which only the SIMT kernels take.
 fn sweep() -> Vec<(BLayout, Problem)> {
     let mut out = Vec::new();
     let nk = [
@@ -455,7 +574,9 @@ fn sweep() -> Vec<(BLayout, Problem)> {
         (4096, 1024),
         (1024, 4096),
     ];
-    for m in [1, 7, 64, 127, 383, 1000, 2048, 4096, 8192] {
+    // 2821 = 22·128 + 5: whole 128-row tiles spill into one more wave, where the
+    // model covers M with two kernel sizes (FTuner).
+    for m in [1, 7, 64, 127, 383, 1000, 2048, 2821, 4096, 8192] {
         for &(n, k) in &nk {
             out.push((BLayout::KMajor, Problem::new(1, m, n, k)));
         }
@@ -469,6 +590,22 @@ fn sweep() -> Vec<(BLayout, Problem)> {
     for m in [1, 383, 2048] {
         out.push((BLayout::KMajor, Problem::new(1, m, 768, 100)));
     }
+    out
+}
+
+/// Two-size covers of a product the bench times beside every single choice: the
+/// model's best few (an exhaustive search over every main kernel and rest is
+/// several times the sweep's time).
+const TIMED_COVERS: usize = 4;
+
+/// What the bench times on `p`: every single choice, then the [`TIMED_COVERS`]
+/// two-size covers the model predicts fastest.
+fn measured_covers(model: &WaveModel, p: &Problem) -> Vec<Cover> {
+    let (mut out, mut two): (Vec<Cover>, Vec<Cover>) =
+        model.covers(p).into_iter().partition(|c| c.split.is_none());
+    two.sort_by(|a, b| model.predict_cover(a, p).total_cmp(&model.predict_cover(b, p)));
+    two.dedup();
+    out.extend(two.into_iter().take(TIMED_COVERS));
     out
 }
 
@@ -520,7 +657,7 @@ fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<Ker
             let p = Problem::new(1, mt * k.bm, nt * k.bn, kk);
             let mut ops = timed_operands(gpu, rng, k.b, &p)?;
             let mut w = gpu.alloc_f32(if k.split_k { p.m * p.n } else { 1 })?;
-            t[x] = gpu.time(reps, 10, || run_choice(gpu, l, None, &p, 1, &mut ops, &mut w))?.0;
+            t[x] = gpu.time(reps, 10, || run_choice(gpu, l, None, (&p, 0), 1, &mut ops, &mut w))?.0;
         }
         let per = ((t[2] - t[1]) / (waves * (steps(k2) - steps(k1)))).max(1e-9);
         let fixed = (t[1] / waves - per * steps(k1)).max(0.0);
@@ -556,7 +693,7 @@ fn calibrate_reduce(
     for (x, splits) in [REDUCE_CHUNK, 2 * REDUCE_CHUNK].into_iter().enumerate() {
         let w = gpu.alloc_f32(splits * p.m * p.n)?;
         let bytes = (splits * p.m * p.n * 4 + p.m * p.n * 2) as f64;
-        t[x] = gpu.time(reps, 20, || gpu.launch_reduce(r, &p, splits, &mut ops, &w))?.0
+        t[x] = gpu.time(reps, 20, || gpu.launch_reduce(r, (&p, 0), splits, &mut ops, &w))?.0
             - bytes / gpu.limits.bandwidth;
     }
     Ok(ReduceRate { fixed: t[0].max(0.0), per_chunk: (t[1] - t[0]).max(0.0) })
@@ -676,21 +813,22 @@ fn bench(
     for (layout, p) in problems {
         let Some((_, fam, model)) = models.iter().find(|(l, _, _)| *l == layout) else { continue };
         let mut ops = timed_operands(&gpu, &mut rng, layout, &p)?;
-        let choices = model.choices(&p);
-        let most = choices.iter().map(|c| c.splits).max().unwrap_or(1);
-        let mut w = gpu.alloc_f32(if most > 1 { most * p.m * p.n } else { 1 })?;
-        // Every choice measured: the exhaustive search the model's regret is taken against.
+        let covers = measured_covers(model, &p);
+        let most = covers.iter().map(|c| workspace_len(&model.kernels, c, &p)).max().unwrap_or(1);
+        let mut w = gpu.alloc_f32(most)?;
+        // Every single choice measured (the exhaustive search the model's regret is
+        // taken against), and the two-size covers the model ranks first.
         let mut times = Vec::new();
-        for c in choices {
-            let l = fam[c.kernel];
-            let (t, graph) =
-                gpu.time(reps, 20, || run_choice(&gpu, l, reducer, &p, c.splits, &mut ops, &mut w))?;
+        for c in covers {
+            let (t, graph) = gpu.time(reps, 20, || {
+                run_cover(&gpu, (&model.kernels, fam), reducer, &c, &p, &mut ops, &mut w)
+            })?;
             used_graph &= graph;
             times.push((c, t));
         }
         let Some(&(best, best_t)) = times.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else { continue };
-        let time_of = |c: Choice| times.iter().find(|x| x.0 == c).map(|x| x.1).unwrap_or(f64::INFINITY);
-        let (pick, predicted) = model.choose(&p).unwrap_or((best, f64::NAN));
+        let time_of = |c: Cover| times.iter().find(|x| x.0 == c).map(|x| x.1).unwrap_or(f64::INFINITY);
+        let (pick, predicted) = model.choose_cover(&p).unwrap_or((best, f64::NAN));
         let tree = match trees
             .iter()
             .find(|(l, t)| *l == layout && t.batch == p.batch && t.n == p.n && t.k == p.k)
@@ -713,10 +851,10 @@ fn bench(
             "{:<4} {:<18} best {:<36} {:>9.2} us {:>7.1} TF/s | model {:<36} {:>9.2} us (predicted {:>9.2}) regret {:>5.1}% | tree regret {:>5.1}%",
             layout.tag(),
             p.to_string(),
-            model.describe(best),
+            model.describe_cover(&best, &p),
             best_t * 1e6,
             tf(best_t),
-            model.describe(pick),
+            model.describe_cover(&pick, &p),
             tm * 1e6,
             predicted * 1e6,
             (tm / best_t - 1.0) * 100.0,
@@ -724,31 +862,23 @@ fn bench(
         );
         if let Some(f) = out.as_mut() {
             let all: serde_json::Map<String, serde_json::Value> =
-                times.iter().map(|&(c, t)| (model.describe(c), json!(t))).collect();
+                times.iter().map(|(c, t)| (model.describe_cover(c, &p), json!(t))).collect();
             let _ = writeln!(
                 f,
                 "{}",
                 json!({
                     "layout": layout.tag(),
                     "batch": p.batch, "m": p.m, "n": p.n, "k": p.k,
-                    "best": model.describe(best), "best_s": best_t, "best_tflops": tf(best_t),
-                    "model": model.describe(pick), "model_s": tm, "model_predicted_s": predicted, "model_tflops": tf(tm),
-                    "tree": model.describe(tree_pick), "tree_s": tt,
+                    "best": model.describe_cover(&best, &p), "best_s": best_t, "best_tflops": tf(best_t),
+                    "model": model.describe_cover(&pick, &p), "model_s": tm, "model_predicted_s": predicted, "model_tflops": tf(tm),
+                    "tree": model.describe_cover(&tree_pick, &p), "tree_s": tt,
                     "all": all,
                 })
             );
         }
         if let Some(d) = dump {
-            if p.batch * p.m * p.n <= 1 << 22 && [1, 127, 383, 64, 16].contains(&p.m) {
-                dump_case(
-                    &gpu,
-                    d,
-                    (fam[pick.kernel], reducer, pick.splits),
-                    &model.describe(pick),
-                    layout,
-                    &p,
-                    &mut rng,
-                )?;
+            if p.batch * p.m * p.n <= 1 << 22 && [1, 127, 383, 64, 16, 2821].contains(&p.m) {
+                dump_case(&gpu, d, (model, fam, reducer), &pick, layout, &p, &mut rng)?;
             }
         }
     }
@@ -778,17 +908,19 @@ fn bench(
 fn dump_case(
     gpu: &Gpu,
     dir: &Path,
-    (l, r, splits): (&Loaded, Option<&LoadedReducer>, usize),
-    name: &str,
+    (model, fam, r): (&WaveModel, &[&Loaded], Option<&LoadedReducer>),
+    cover: &Cover,
     layout: BLayout,
     p: &Problem,
     rng: &mut StdRng,
 ) -> Result<(), GpuError> {
     std::fs::create_dir_all(dir).map_err(|e| GpuError::Plan(e.to_string()))?;
-    let case = Case::new(rng, &l.kernel, *p, 0, 0);
-    let mut ops = case.upload(gpu, &l.kernel)?;
-    let mut w = gpu.alloc_f32(splits * p.m * p.n)?;
-    run_choice(gpu, l, r, p, splits, &mut ops, &mut w)?;
+    let name = model.describe_cover(cover, p);
+    let k = &fam[cover.main.kernel].kernel;
+    let case = Case::new(rng, k, *p, 0, 0);
+    let mut ops = case.upload(gpu, k)?;
+    let mut w = gpu.alloc_f32(workspace_len(&model.kernels, cover, p))?;
+    run_cover(gpu, (&model.kernels, fam), r, cover, p, &mut ops, &mut w)?;
     let got = gpu.download(&ops.c)?;
     let c = &got[MARGIN..MARGIN + p.batch * p.m * p.n];
     let stem = format!("{}_{}x{}x{}x{}", layout.tag(), p.batch, p.m, p.n, p.k);
@@ -815,7 +947,7 @@ fn dump_case(
 
 /// `replay`: every product of a record through this build's wave model, the model's
 /// pick against the best measured, and the regret over the sweep.
-fn replay_record(path: &Path, above: f64, detail: bool) -> Result<bool, GpuError> {
+fn replay_record(path: &Path, above: f64, detail: bool, covers: bool) -> Result<bool, GpuError> {
     let text =
         std::fs::read_to_string(path).map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
     let record = Record::parse(&text).map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
@@ -857,6 +989,20 @@ fn replay_record(path: &Path, above: f64, detail: bool) -> Result<bool, GpuError
             }
         }
     }
+    // Where the model would rather take a cover the run did not time (a two-size
+    // cover, on a record from before the bench timed them).
+    let rather: Vec<&replay::Replayed> = rows.iter().filter(|r| r.unmeasured.is_some()).collect();
+    for r in &rather {
+        if let Some((name, t)) = &r.unmeasured {
+            say!(
+                "{:<4} {:<18} the model would take {name} (predicted {:.2} us, {:.1}% under its measured pick's prediction); not in the record",
+                r.layout.tag(),
+                r.problem.to_string(),
+                t * 1e6,
+                (1.0 - t / r.predicted_s) * 100.0
+            );
+        }
+    }
     let Regret { mean, median, max } = Regret::of(&regrets);
     say!(
         "model regret over {} products: mean {mean:.1}%, median {median:.1}%, max {max:.1}%{}",
@@ -867,5 +1013,24 @@ fn replay_record(path: &Path, above: f64, detail: bool) -> Result<bool, GpuError
             String::new()
         }
     );
+    if covers {
+        let study = replay::cover_study(&record, &family, 8192)
+            .map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
+        for s in study {
+            say!(
+                "{:<4} Mx{}x{}: tree of {} leaves (depth {}); two sizes at {} of M = 1-{} ({:.0}%), predicted {:.1}% faster there on average, {:.1}% at most",
+                s.layout.tag(),
+                s.n,
+                s.k,
+                s.leaves,
+                s.depth,
+                s.covered,
+                s.m_max,
+                100.0 * s.covered as f64 / s.m_max as f64,
+                100.0 * s.gain_mean,
+                100.0 * s.gain_max
+            );
+        }
+    }
     Ok(unmeasured == 0)
 }
