@@ -276,3 +276,62 @@ pub fn cover_study(
     }
     Ok(out)
 }
+
+/// The model's misses by regime, over every single choice a record timed: the
+/// geometric mean of measured over predicted time. A partial first wave is binned
+/// by the share of SMs it keeps busy, apart for kernels of one block an SM and of
+/// more; products of a full wave or more by their waves (1, 2-3, 4-7, 8 or more).
+/// Times under `floor` seconds (a launch's cost) are left out.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Residual {
+    pub regime: String,
+    pub timings: usize,
+    pub ratio: f64,
+}
+
+/// [`Residual`]s of `record` through this build's model over `family`.
+pub fn residuals(record: &Record, family: &[GemmKernel], floor: f64) -> Result<Vec<Residual>, ReplayError> {
+    let mut bins: Vec<(String, f64, usize)> = Vec::new();
+    for layout in [BLayout::KMajor, BLayout::NMajor] {
+        let model = record.model(layout, family)?;
+        let sms = model.device.sms;
+        for m in record.products.iter().filter(|m| m.layout == layout) {
+            for c in model.choices(&m.problem).into_iter().filter(|c| c.splits == 1) {
+                let name = model.describe(c);
+                let Some(&(_, t)) = m.times.iter().find(|x| x.0 == name) else { continue };
+                if t < floor {
+                    continue;
+                }
+                let occ = model.rates[c.kernel].occupancy.max(1);
+                let blocks = model.kernels[c.kernel].blocks(&m.problem);
+                let regime = if blocks < sms * occ {
+                    let tenth = (blocks.min(sms) * 10 / sms).min(9);
+                    let kind = if occ == 1 { "one block an SM" } else { "several blocks an SM" };
+                    format!("partial wave, {kind}, {}-{}% of SMs busy", tenth * 10, tenth * 10 + 10)
+                } else {
+                    let waves = blocks / (sms * occ);
+                    let w = match waves {
+                        1 => "1 full wave",
+                        2..=3 => "2-3 full waves",
+                        4..=7 => "4-7 full waves",
+                        _ => "8 or more full waves",
+                    };
+                    w.to_string()
+                };
+                let x = (t / model.predict(c, &m.problem)).ln();
+                match bins.iter_mut().find(|b| b.0 == regime) {
+                    Some(b) => {
+                        b.1 += x;
+                        b.2 += 1;
+                    }
+                    None => bins.push((regime, x, 1)),
+                }
+            }
+        }
+    }
+    bins.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(bins
+        .into_iter()
+        .map(|(regime, x, n)| Residual { regime, timings: n, ratio: (x / n as f64).exp() })
+        .collect())
+}

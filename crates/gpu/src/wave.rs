@@ -76,6 +76,18 @@ pub struct KernelRate {
     pub short: f64,
     #[serde(default)]
     pub short_alone: f64,
+    /// One block on each of [`FEW_BLOCKS`] SMs, the rest idle: the line and the short
+    /// product as above (0: not measured). With few SMs busy a block runs faster than
+    /// with one on every SM (the L2 and memory bandwidth are shared by fewer): in the
+    /// H100 and H200 records, occupancy-1 kernels on partial waves under a tenth of
+    /// the SMs took 0.80 and 0.82 of the one-block-an-SM prediction (geometric means
+    /// over 303 and 193 timings), rising to 1.0 with every SM busy.
+    #[serde(default)]
+    pub fixed_few: f64,
+    #[serde(default)]
+    pub per_kstep_few: f64,
+    #[serde(default)]
+    pub short_few: f64,
 }
 
 impl KernelRate {
@@ -84,9 +96,16 @@ impl KernelRate {
         self.between(self.short, self.fixed, self.per_kstep, steps)
     }
 
-    /// One block's time alone on an SM at `steps` K steps.
+    /// One block's time alone on an SM at `steps` K steps, with a block on every SM.
     pub fn alone(&self, steps: f64) -> f64 {
         self.between(self.short_alone, self.fixed_alone, self.per_kstep_alone, steps)
+    }
+
+    /// One block's time alone on an SM at `steps` K steps with [`FEW_BLOCKS`] SMs busy;
+    /// `None` where the calibration did not measure it.
+    pub fn few(&self, steps: f64) -> Option<f64> {
+        (self.fixed_few > 0.0 || self.per_kstep_few > 0.0)
+            .then(|| self.between(self.short_few, self.fixed_few, self.per_kstep_few, steps))
     }
 
     fn between(&self, short: f64, fixed: f64, per: f64, steps: f64) -> f64 {
@@ -114,14 +133,19 @@ impl Grid {
     }
 }
 
-/// The calibration's two grids for `k` at `occupancy` on `sms` SMs (`anyshape-gpu
+/// SMs busy in the calibration's grid of few blocks (a twelfth of an H100's).
+pub const FEW_BLOCKS: usize = 11;
+
+/// The calibration's three grids for `k` at `occupancy` on `sms` SMs (`anyshape-gpu
 /// bench` times each kernel on them): four full waves (columns spanning 2048, rows
-/// enough for the waves), and one block an SM (11 columns).
-pub fn calibration_grids(k: &GemmKernel, occupancy: usize, sms: usize) -> [Grid; 2] {
+/// enough for the waves), one block an SM (11 columns), and [`FEW_BLOCKS`] blocks
+/// (one row).
+pub fn calibration_grids(k: &GemmKernel, occupancy: usize, sms: usize) -> [Grid; 3] {
     let cols = (2048 / k.bn).max(1);
     [
         Grid { rows: (4 * sms * occupancy.max(1)).div_ceil(cols), cols },
         Grid { rows: sms.div_ceil(11), cols: 11 },
+        Grid { rows: 1, cols: FEW_BLOCKS },
     ]
 }
 
@@ -179,7 +203,9 @@ impl WaveModel {
     /// then the last partial wave, whose `r` blocks an SM take between one block's
     /// latency (`r = 1`) and a full wave (`r = occupancy`), linearly in `r`: a
     /// partial wave of few blocks an SM runs at their latency, not at their share of
-    /// the SM's throughput. The SMs a partial wave leaves idle are the waste that
+    /// the SM's throughput. With fewer blocks than SMs, that latency lies between the
+    /// few-SM one ([`KernelRate::few`], where measured) and the all-SM one, linearly
+    /// in the SMs busy. The SMs a partial wave leaves idle are the waste that
     /// makes a smaller tile win at some M (TSCompiler §6, FTuner). A split-K choice
     /// runs `splits` times the blocks on a share of K's steps, then the reduction,
     /// which reads the f32 partial sums once, and costs its launch and a latency a
@@ -197,13 +223,21 @@ impl WaveModel {
         let blocks = k.blocks(p) * splits;
         // A calibration times whole launches: take out the launch's share of each
         // grid's waves, which the product pays once below.
-        let [full, lone] = calibration_grids(k, occ, self.device.sms).map(|g| g.waves(occ, self.device.sms));
+        let [full, lone, few] =
+            calibration_grids(k, occ, self.device.sms).map(|g| g.waves(occ, self.device.sms));
         let wave = (r.wave(steps as f64) - self.device.launch / full).max(0.0);
         let mut t = (blocks / slots) as f64 * wave;
         let rest = blocks % slots;
         if rest > 0 {
             let per_sm = rest.div_ceil(self.device.sms);
-            let alone = (r.alone(steps as f64) - self.device.launch / lone).max(0.0);
+            let mut alone = (r.alone(steps as f64) - self.device.launch / lone).max(0.0);
+            // Fewer blocks than SMs: between the few-SM latency and the all-SM one.
+            if let Some(f) = r.few(steps as f64).filter(|_| rest < self.device.sms) {
+                let f = (f - self.device.launch / few).max(0.0);
+                let span = self.device.sms.saturating_sub(FEW_BLOCKS).max(1) as f64;
+                let x = (rest.saturating_sub(FEW_BLOCKS) as f64 / span).min(1.0);
+                alone = f + x * (alone - f);
+            }
             t += if occ == 1 {
                 alone
             } else {

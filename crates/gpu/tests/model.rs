@@ -6,7 +6,7 @@
 use gpu::candidates;
 use gpu::manifest::PtxasReport;
 use gpu::reference::{self, Operands};
-use gpu::wave::{calibration_grids, occupancy};
+use gpu::wave::{calibration_grids, occupancy, FEW_BLOCKS};
 use gpu::{
     Arch, BLayout, Choice, Cover, DeviceLimits, Elem, Epilogue, Gelu, GemmKernel, KernelRate, MTree,
     Manifest, ManifestEntry, Piece, Problem, Split, WaveModel,
@@ -153,6 +153,9 @@ fn unmeasured_short() -> KernelRate {
         short_steps: 0.0,
         short: 0.0,
         short_alone: 0.0,
+        fixed_few: 0.0,
+        per_kstep_few: 0.0,
+        short_few: 0.0,
     }
 }
 
@@ -222,8 +225,9 @@ fn the_wave_model_prices_waves_and_partial_waves() {
     // one wave, a quarter on the grid of four, which the model takes out.
     let launch = m.device.launch;
     for (k, r) in m.kernels.iter().zip(&m.rates) {
-        let [full, lone] = calibration_grids(k, r.occupancy, m.device.sms).map(|g| g.waves(r.occupancy, 132));
-        assert_eq!((full, lone), (4.0, 1.0), "{k}");
+        let [full, lone, few] =
+            calibration_grids(k, r.occupancy, m.device.sms).map(|g| g.waves(r.occupancy, 132));
+        assert_eq!((full, lone, few), (4.0, 1.0, 1.0), "{k}");
     }
     // One block: latency alone (its launch paid once), no share of a full wave.
     let plain = |kernel| Choice { kernel, splits: 1 };
@@ -351,6 +355,30 @@ fn a_last_tile_row_that_spills_a_wave_goes_to_a_second_size() {
     assert!(m
         .covers(&p)
         .contains(&Cover { main: plain(1), split: Some(Split { max_tiles: 12, rest: plain(0) }) }));
+}
+
+/// With fewer blocks than SMs, a measured few-SM latency prices the partial wave:
+/// at most `FEW_BLOCKS` blocks at it, every SM busy at the one-block-an-SM latency,
+/// linearly in between; unmeasured, the one-block-an-SM latency throughout.
+#[test]
+fn a_partial_wave_on_few_sms_runs_at_the_few_sm_latency() {
+    let plain = Choice { kernel: 1, splits: 1 };
+    let before = model();
+    let mut m = model();
+    m.rates[1].fixed_few = 4.4e-6;
+    m.rates[1].per_kstep_few = 0.36e-6;
+    let at = |model: &WaveModel, tiles: usize| model.predict(plain, &Problem::new(1, 128, 128 * tiles, 1024));
+    // 32 K steps; the few-SM grid's launch share (one wave) taken out, the product's added.
+    let few = 4.4e-6 + 0.36e-6 * 32.0;
+    assert!((at(&m, 3) - few).abs() < 1e-12 && (at(&m, FEW_BLOCKS) - few).abs() < 1e-12);
+    let all = at(&before, 132);
+    assert!((at(&m, 132) - all).abs() < 1e-12, "every SM busy: as before");
+    let mid = FEW_BLOCKS + (132 - FEW_BLOCKS) / 2;
+    let want = few + (mid - FEW_BLOCKS) as f64 / (132 - FEW_BLOCKS) as f64 * (all - few);
+    assert!((at(&m, mid) - want).abs() < 1e-12);
+    assert!((1..132).all(|t| at(&m, t) <= at(&m, t + 1) && at(&m, t) < at(&before, t)));
+    // Past the SMs (a partial wave of two blocks an SM), the all-SM latency as before.
+    assert_eq!(at(&m, 200), at(&before, 200));
 }
 
 #[test]

@@ -14,7 +14,7 @@ use clap::{Parser, Subcommand};
 use gpu::reference::{self, Operands};
 use gpu::replay::{self, Record, Regret};
 use gpu::runner::{DeviceOperands, Gpu, GpuError, Loaded, LoadedReducer, Workspace};
-use gpu::wave::{calibration_grids, occupancy, KernelRate, ReduceRate, WaveModel, REDUCE_CHUNK};
+use gpu::wave::{calibration_grids, occupancy, KernelRate, ReduceRate, WaveModel, FEW_BLOCKS, REDUCE_CHUNK};
 use gpu::{Arch, BLayout, Choice, Cover, Elem, Epilogue, GemmKernel, MTree, Manifest, Problem, Split};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -102,6 +102,11 @@ enum Cmd {
         /// with two kernel sizes and its predicted gain there.
         #[arg(long)]
         covers: bool,
+        /// Then the model's misses by regime (partial waves by the SMs they keep
+        /// busy, full waves by their count): measured over predicted, every single
+        /// choice of 8 us or more.
+        #[arg(long)]
+        residuals: bool,
     },
 }
 
@@ -129,7 +134,9 @@ fn main() -> ExitCode {
             let skip = Skip { reports: skip_failed, exclude, filter };
             bench(&dir, reps, bandwidth * 1e9, json.as_deref(), dump.as_deref(), limit, &skip)
         }
-        Cmd::Replay { record, above, detail, covers } => replay_record(&record, above, detail, covers),
+        Cmd::Replay { record, above, detail, covers, residuals } => {
+            replay_record(&record, above, detail, (covers, residuals))
+        }
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,
@@ -634,9 +641,9 @@ fn timed_operands(gpu: &Gpu, rng: &mut StdRng, b: BLayout, p: &Problem) -> Resul
 }
 
 /// The wave model's calibration of one kernel (the measured lowest level): its
-/// time at two K on a grid of exactly four full waves, and on a grid of one block
-/// an SM; in each, the difference gives the cost of a K step, the rest the fixed
-/// cost.
+/// time at two K on a grid of exactly four full waves, on a grid of one block an
+/// SM, and on a grid of a few blocks (most SMs idle); in each, the difference gives
+/// the cost of a K step, the rest the fixed cost.
 fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<KernelRate, GpuError> {
     let k = &l.kernel;
     let occ = occupancy(k, l.regs, &gpu.limits).max(1);
@@ -645,10 +652,10 @@ fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<Ker
     // whose difference gives a K step's cost.
     let (k0, k1, k2) = (64usize, 512usize, 2048usize);
     let steps = |kk: usize| kk.div_ceil(k.bk()) as f64;
-    // Each grid: four full waves; one block an SM. A split-K kernel is measured
-    // unsplit and without its reduction, which the model adds.
+    // Each grid: four full waves; one block an SM; a few blocks. A split-K kernel is
+    // measured unsplit and without its reduction, which the model adds.
     let grids = calibration_grids(k, occ, sms);
-    let mut fit = [(0.0, 0.0, 0.0); 2];
+    let mut fit = [(0.0, 0.0, 0.0); 3];
     for (g, grid) in grids.iter().enumerate() {
         let (mt, nt) = (grid.rows, grid.cols);
         let waves = grid.waves(occ, sms);
@@ -675,6 +682,9 @@ fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<Ker
         short_steps: steps(k0),
         short: fit[0].2,
         short_alone: fit[1].2,
+        fixed_few: fit[2].0,
+        per_kstep_few: fit[2].1,
+        short_few: fit[2].2,
     })
 }
 
@@ -784,7 +794,7 @@ fn bench(
         for l in &fam {
             let r = calibrate(&gpu, l, &mut rng, reps)?;
             say!(
-                "calibrated {:<40} regs {:>3} occupancy {:>2}: a wave {:.2} us + {:.3} us a K step ({:.2} us at {} steps); alone {:.2} us + {:.3} us ({:.2} us)",
+                "calibrated {:<40} regs {:>3} occupancy {:>2}: a wave {:.2} us + {:.3} us a K step ({:.2} us at {} steps); alone {:.2} us + {:.3} us ({:.2} us); {FEW_BLOCKS} SMs busy {:.2} us + {:.3} us ({:.2} us)",
                 r.name,
                 r.regs,
                 r.occupancy,
@@ -794,7 +804,10 @@ fn bench(
                 r.short_steps,
                 r.fixed_alone * 1e6,
                 r.per_kstep_alone * 1e6,
-                r.short_alone * 1e6
+                r.short_alone * 1e6,
+                r.fixed_few * 1e6,
+                r.per_kstep_few * 1e6,
+                r.short_few * 1e6
             );
             if let Some(f) = out.as_mut() {
                 let _ = writeln!(f, "{}", json!({"calibration": r}));
@@ -947,7 +960,12 @@ fn dump_case(
 
 /// `replay`: every product of a record through this build's wave model, the model's
 /// pick against the best measured, and the regret over the sweep.
-fn replay_record(path: &Path, above: f64, detail: bool, covers: bool) -> Result<bool, GpuError> {
+fn replay_record(
+    path: &Path,
+    above: f64,
+    detail: bool,
+    (covers, residuals): (bool, bool),
+) -> Result<bool, GpuError> {
     let text =
         std::fs::read_to_string(path).map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
     let record = Record::parse(&text).map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
@@ -1013,6 +1031,13 @@ fn replay_record(path: &Path, above: f64, detail: bool, covers: bool) -> Result<
             String::new()
         }
     );
+    if residuals {
+        let bins = replay::residuals(&record, &family, 8e-6)
+            .map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
+        for b in bins {
+            say!("{:<58} {:>5} timings  measured / predicted {:.3}", b.regime, b.timings, b.ratio);
+        }
+    }
     if covers {
         let study = replay::cover_study(&record, &family, 8192)
             .map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
