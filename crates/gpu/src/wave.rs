@@ -88,28 +88,52 @@ pub struct KernelRate {
     pub per_kstep_few: f64,
     #[serde(default)]
     pub short_few: f64,
+    /// The line's second point (`fit_to` steps, K = 2048) is as far as it was
+    /// measured; products run to K = 8192. `long`, `long_alone` and `long_few` are
+    /// a full wave's, a lone block's and a few-SM block's time at `long_steps` (K =
+    /// 8192), and past `fit_to` the model runs from the line's second point to them
+    /// instead of extending the line (in session 14's H100 record the TMA 128×256
+    /// kernels took 1.13x and the persistent ones 1.29-1.58x the line's price at K =
+    /// 4096). 0: not measured.
+    #[serde(default)]
+    pub fit_to: f64,
+    #[serde(default)]
+    pub long_steps: f64,
+    #[serde(default)]
+    pub long: f64,
+    #[serde(default)]
+    pub long_alone: f64,
+    #[serde(default)]
+    pub long_few: f64,
 }
 
 impl KernelRate {
     /// A full wave's time at `steps` K steps.
     pub fn wave(&self, steps: f64) -> f64 {
-        self.between(self.short, self.fixed, self.per_kstep, steps)
+        self.between([self.short, self.fixed, self.per_kstep, self.long], steps)
     }
 
     /// One block's time alone on an SM at `steps` K steps, with a block on every SM.
     pub fn alone(&self, steps: f64) -> f64 {
-        self.between(self.short_alone, self.fixed_alone, self.per_kstep_alone, steps)
+        self.between([self.short_alone, self.fixed_alone, self.per_kstep_alone, self.long_alone], steps)
     }
 
     /// One block's time alone on an SM at `steps` K steps with [`FEW_BLOCKS`] SMs busy;
     /// `None` where the calibration did not measure it.
     pub fn few(&self, steps: f64) -> Option<f64> {
         (self.fixed_few > 0.0 || self.per_kstep_few > 0.0)
-            .then(|| self.between(self.short_few, self.fixed_few, self.per_kstep_few, steps))
+            .then(|| self.between([self.short_few, self.fixed_few, self.per_kstep_few, self.long_few], steps))
     }
 
-    fn between(&self, short: f64, fixed: f64, per: f64, steps: f64) -> f64 {
+    /// One level's time at `steps` from its measurements `[short, fixed, per step,
+    /// long]`: below `fit_from` between the short product and the line, on the line
+    /// up to `fit_to`, then towards the long product (each where measured).
+    fn between(&self, [short, fixed, per, long]: [f64; 4], steps: f64) -> f64 {
         let line = fixed + per * steps;
+        if long > 0.0 && self.fit_to > 0.0 && self.long_steps > self.fit_to && steps > self.fit_to {
+            let end = fixed + per * self.fit_to;
+            return end + (steps - self.fit_to) * (long - end) / (self.long_steps - self.fit_to);
+        }
         if short <= 0.0 || steps >= self.fit_from || self.fit_from <= self.short_steps {
             return line;
         }

@@ -156,6 +156,11 @@ fn unmeasured_short() -> KernelRate {
         fixed_few: 0.0,
         per_kstep_few: 0.0,
         short_few: 0.0,
+        fit_to: 0.0,
+        long_steps: 0.0,
+        long: 0.0,
+        long_alone: 0.0,
+        long_few: 0.0,
     }
 }
 
@@ -189,6 +194,14 @@ fn a_short_product_is_priced_between_its_measurement_and_the_fit() {
     }
     let plain = KernelRate { short: 0.0, short_alone: 0.0, ..r.clone() };
     assert!(close(plain.wave(1.0), 3.82e-6 + 0.649e-6));
+    // Past the line's second point (32 steps), towards the long product (128 steps):
+    // continuous there, exact at 128, linear between; without it, the line.
+    let long = KernelRate { fit_to: 32.0, long_steps: 128.0, long: 100e-6, long_alone: 90e-6, ..r.clone() };
+    let at32 = 3.82e-6 + 32.0 * 0.649e-6;
+    assert!(close(long.wave(32.0), at32) && (long.wave(32.0 + 1e-6) - at32).abs() < 1e-11);
+    assert!(close(long.wave(128.0), 100e-6) && close(long.alone(128.0), 90e-6));
+    assert!(close(long.wave(80.0), at32 + 0.5 * (100e-6 - at32)));
+    assert!(close(r.wave(80.0), 3.82e-6 + 80.0 * 0.649e-6));
 }
 
 fn model() -> WaveModel {

@@ -641,26 +641,26 @@ fn timed_operands(gpu: &Gpu, rng: &mut StdRng, b: BLayout, p: &Problem) -> Resul
 }
 
 /// The wave model's calibration of one kernel (the measured lowest level): its
-/// time at two K on a grid of exactly four full waves, on a grid of one block an
-/// SM, and on a grid of a few blocks (most SMs idle); in each, the difference gives
-/// the cost of a K step, the rest the fixed cost.
+/// time at four K (short, two long whose difference gives the cost of a K step and
+/// the rest the fixed cost, and the longest) on a grid of exactly four full waves,
+/// on a grid of one block an SM, and on a grid of a few blocks (most SMs idle).
 fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<KernelRate, GpuError> {
     let k = &l.kernel;
     let occ = occupancy(k, l.regs, &gpu.limits).max(1);
     let sms = gpu.limits.sms;
-    // A short product (one wgmma step, two mma.sync steps), and two long ones
-    // whose difference gives a K step's cost.
-    let (k0, k1, k2) = (64usize, 512usize, 2048usize);
+    // A short product (one wgmma step, two mma.sync steps), two long ones whose
+    // difference gives a K step's cost, and the longest K the sweep runs.
+    let (k0, k1, k2, k3) = (64usize, 512usize, 2048usize, 8192usize);
     let steps = |kk: usize| kk.div_ceil(k.bk()) as f64;
     // Each grid: four full waves; one block an SM; a few blocks. A split-K kernel is
     // measured unsplit and without its reduction, which the model adds.
     let grids = calibration_grids(k, occ, sms);
-    let mut fit = [(0.0, 0.0, 0.0); 3];
+    let mut fit = [(0.0, 0.0, 0.0, 0.0); 3];
     for (g, grid) in grids.iter().enumerate() {
         let (mt, nt) = (grid.rows, grid.cols);
         let waves = grid.waves(occ, sms);
-        let mut t = [0.0; 3];
-        for (x, &kk) in [k0, k1, k2].iter().enumerate() {
+        let mut t = [0.0; 4];
+        for (x, &kk) in [k0, k1, k2, k3].iter().enumerate() {
             let p = Problem::new(1, mt * k.bm, nt * k.bn, kk);
             let mut ops = timed_operands(gpu, rng, k.b, &p)?;
             let mut w = gpu.alloc_f32(if k.split_k { p.m * p.n } else { 1 })?;
@@ -668,7 +668,7 @@ fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<Ker
         }
         let per = ((t[2] - t[1]) / (waves * (steps(k2) - steps(k1)))).max(1e-9);
         let fixed = (t[1] / waves - per * steps(k1)).max(0.0);
-        fit[g] = (fixed, per, t[0] / waves);
+        fit[g] = (fixed, per, t[0] / waves, t[3] / waves);
     }
     Ok(KernelRate {
         name: k.name(),
@@ -685,6 +685,11 @@ fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<Ker
         fixed_few: fit[2].0,
         per_kstep_few: fit[2].1,
         short_few: fit[2].2,
+        fit_to: steps(k2),
+        long_steps: steps(k3),
+        long: fit[0].3,
+        long_alone: fit[1].3,
+        long_few: fit[2].3,
     })
 }
 
