@@ -52,10 +52,11 @@ pub fn ptx(k: &GemmKernel) -> Result<String, CodegenError> {
 /// The LLVM IR module of `k`, as text (what `--dump-llvm` writes).
 pub fn llvm_ir(k: &GemmKernel) -> Result<String, CodegenError> {
     k.check().map_err(|e| CodegenError::Unsupported(e.to_string()))?;
-    if k.arch == Arch::Simt {
-        return Ok(simt_ir(k));
+    match k.arch {
+        Arch::Simt => Ok(simt_ir(k)),
+        Arch::Gemv => Ok(gemv_ir(k)),
+        Arch::Sm80 | Arch::Sm90a => Ok(Gen::new(*k).generate()),
     }
-    Ok(Gen::new(*k).generate())
 }
 
 /// Compiles an NVPTX module's IR text to PTX, at O3, for `arch` (`.target sm_80`
@@ -357,6 +358,153 @@ fn simt_ir(k: &GemmKernel) -> String {
         &k.name(),
         k.threads(),
         &format!("a {tm}x{tn} tile of C a thread, f32 FMAs"),
+        false,
+        "ptr addrspace(1) readonly %A, ptr addrspace(1) readonly %B, ptr addrspace(1) %C, \
+         ptr addrspace(1) readonly %bias, ptr addrspace(1) readonly %res, i32 %M, i32 %N, i32 %K, \
+         i32 %lda, i32 %ldb, i32 %ldc, i64 %sa, i64 %sb, i64 %sc",
+        &[],
+    )
+}
+
+/// The LLVM IR of a GEMV kernel (`Arch::Gemv`, ABI `gpu::kernel::ABI`, a K-major
+/// B): block `(x, y, z)` computes rows `y·bm ..` of C's columns `x·bn ..` in batch
+/// entry `z`, warp `w` column `x·bn + w`. Lane `l` takes K's 16-byte chunks `l`,
+/// `l + 32`, …: each chunk of B's column (a row of `[N, K]`: the warp reads 512
+/// contiguous bytes a step) is loaded once and multiplied into the same chunk of
+/// each of the block's rows of A, 8 f32 partial sums a row. After the loop a lane
+/// adds its 8, a butterfly of warp shuffles adds the 32 lanes' (every lane then
+/// holds every row's sum), and lane `i` stores row `i`. Rows and columns past M and
+/// N read the last one and are not stored. K, lda and the batch strides are
+/// multiples of 8 (`GemmKernel::accepts`, the runner's checks): each chunk is one
+/// aligned 16-byte load inside K.
+fn gemv_ir(k: &GemmKernel) -> String {
+    let mut g = Ir::default();
+    let e = elem_ty(k.elem);
+    let v8 = format!("<8 x {e}>");
+    let tid = g.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
+    let bx = g.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
+    let by = g.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.y()");
+    let bz = g.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.z()");
+    let lane = g.v(format!("and i32 {tid}, 31"));
+    let warp = g.v(format!("lshr i32 {tid}, 5"));
+    let n0 = g.v(format!("mul i32 {bx}, {}", k.bn));
+    let n = g.v(format!("add i32 {n0}, {warp}"));
+    let n_in = g.v(format!("icmp slt i32 {n}, %N"));
+    let last_n = g.v("add i32 %N, -1");
+    let n_read = g.v(format!("select i1 {n_in}, i32 {n}, i32 {last_n}"));
+    let m0 = g.v(format!("mul i32 {by}, {}", k.bm));
+    let bz64 = g.v(format!("zext i32 {bz} to i64"));
+    let oa = g.v(format!("mul i64 {bz64}, %sa"));
+    let ob = g.v(format!("mul i64 {bz64}, %sb"));
+    let oc = g.v(format!("mul i64 {bz64}, %sc"));
+    let lda = g.v("sext i32 %lda to i64");
+    let ldb = g.v("sext i32 %ldb to i64");
+    let a_base = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %A, i64 {oa}"));
+    let b_base = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %B, i64 {ob}"));
+    let n64 = g.v(format!("zext i32 {n_read} to i64"));
+    let b_off = g.v(format!("mul i64 {n64}, {ldb}"));
+    let b_col = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {b_base}, i64 {b_off}"));
+    let last_m = g.v("add i32 %M, -1");
+    let mut rows = Vec::new();
+    for i in 0..k.bm {
+        let r = g.v(format!("add i32 {m0}, {i}"));
+        let inside = g.v(format!("icmp slt i32 {r}, %M"));
+        let read = g.v(format!("select i1 {inside}, i32 {r}, i32 {last_m}"));
+        let read64 = g.v(format!("zext i32 {read} to i64"));
+        let off = g.v(format!("mul i64 {read64}, {lda}"));
+        rows.push(g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {a_base}, i64 {off}")));
+    }
+    let lane64 = g.v(format!("zext i32 {lane} to i64"));
+    let k0 = g.v(format!("mul i64 {lane64}, 8"));
+    let kn = g.v("sext i32 %K to i64");
+    let any = g.v(format!("icmp slt i64 {k0}, {kn}"));
+    g.emit(format!("br i1 {any}, label %kloop, label %sum"));
+    g.block("kloop");
+    let head = g.body.len();
+    // `unroll` chunks a lane a step, every load issued before the first product: a
+    // chunk past K reloads the lane's first (in bounds) and its B is taken as zero.
+    let unroll = k.gemv_unroll();
+    let at = |g: &mut Ir, base: &str, kj: &str| -> String {
+        let p = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {base}, i64 {kj}"));
+        let x = g.v(format!("load {v8}, ptr addrspace(1) {p}, align 16"));
+        g.v(format!("fpext {v8} {x} to <8 x float>"))
+    };
+    let mut chunks = Vec::new();
+    for j in 0..unroll {
+        let kj = g.v(format!("add i64 %kk, {}", j * gpu::kernel::GEMV_STEP));
+        let live = g.v(format!("icmp slt i64 {kj}, {kn}"));
+        let kj = g.v(format!("select i1 {live}, i64 {kj}, i64 {k0}"));
+        let b = at(&mut g, &b_col, &kj);
+        let a: Vec<String> = rows.iter().map(|row| at(&mut g, row, &kj)).collect();
+        chunks.push((live, b, a));
+    }
+    let mut phis = String::new();
+    let mut accs: Vec<String> = (0..rows.len()).map(|i| format!("%acc.{i}")).collect();
+    for (live, b, a) in &chunks {
+        let b = g.v(format!("select i1 {live}, <8 x float> {b}, <8 x float> zeroinitializer"));
+        for (i, a) in a.iter().enumerate() {
+            let prod = g.v(format!("fmul contract <8 x float> {a}, {b}"));
+            accs[i] = g.v(format!("fadd contract <8 x float> {}, {prod}", accs[i]));
+        }
+    }
+    for (i, acc) in accs.iter().enumerate() {
+        phis.push_str(&format!(
+            "  %acc.{i} = phi <8 x float> [ zeroinitializer, %entry ], [ {acc}, %kloop ]\n"
+        ));
+    }
+    let next = accs;
+    let k1 = g.v(format!("add i64 %kk, {}", unroll * gpu::kernel::GEMV_STEP));
+    let more = g.v(format!("icmp slt i64 {k1}, {kn}"));
+    g.emit(format!("br i1 {more}, label %kloop, label %sum"));
+    g.body.insert_str(head, &format!("  %kk = phi i64 [ {k0}, %entry ], [ {k1}, %kloop ]\n{phis}"));
+    g.block("sum");
+    // The lane's 8 sums of each row, then the warp's 32 lanes by a butterfly.
+    let phis: Vec<String> = next
+        .iter()
+        .map(|acc| g.v(format!("phi <8 x float> [ zeroinitializer, %entry ], [ {acc}, %kloop ]")))
+        .collect();
+    let mut sums = Vec::new();
+    for v in phis {
+        let mut x =
+            g.v(format!("call reassoc float @llvm.vector.reduce.fadd.v8f32(float -0.0, <8 x float> {v})"));
+        for off in [16, 8, 4, 2, 1] {
+            let y = g
+                .v(format!("call float @llvm.nvvm.shfl.sync.bfly.f32(i32 -1, float {x}, i32 {off}, i32 31)"));
+            x = g.v(format!("fadd float {x}, {y}"));
+        }
+        sums.push(x);
+    }
+    // Lane i stores row i.
+    let mut y = sums[0].clone();
+    for (i, x) in sums.iter().enumerate().skip(1) {
+        let is = g.v(format!("icmp eq i32 {lane}, {i}"));
+        y = g.v(format!("select i1 {is}, float {x}, float {y}"));
+    }
+    let r = g.v(format!("add i32 {m0}, {lane}"));
+    let lane_row = g.v(format!("icmp ult i32 {lane}, {}", k.bm));
+    let r_in = g.v(format!("icmp slt i32 {r}, %M"));
+    let store = g.v(format!("and i1 {lane_row}, {r_in}"));
+    let store = g.v(format!("and i1 {store}, {n_in}"));
+    g.emit(format!("br i1 {store}, label %store, label %done"));
+    g.block("store");
+    let r64 = g.v(format!("zext i32 {r} to i64"));
+    let ldc = g.v("sext i32 %ldc to i64");
+    let row = g.v(format!("mul i64 {r64}, {ldc}"));
+    let nn = g.v(format!("zext i32 {n} to i64"));
+    let ci = g.v(format!("add i64 {row}, {nn}"));
+    let ci = g.v(format!("add i64 {ci}, {oc}"));
+    let res = k.epilogue.residual.then(|| ("%res".to_string(), ci.clone()));
+    let y = g.epilogue_value(k.elem, k.epilogue, &y, &n, res.as_ref());
+    let h = g.v(format!("fptrunc float {y} to {e}"));
+    let cp = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %C, i64 {ci}"));
+    g.emit(format!("store {e} {h}, ptr addrspace(1) {cp}, align 2"));
+    g.emit("br label %done");
+    g.block("done");
+    g.emit("ret void");
+    g.module(
+        &k.name(),
+        k.threads(),
+        &format!("a warp a column, {} rows, warp shuffles", k.bm),
         false,
         "ptr addrspace(1) readonly %A, ptr addrspace(1) readonly %B, ptr addrspace(1) %C, \
          ptr addrspace(1) readonly %bias, ptr addrspace(1) readonly %res, i32 %M, i32 %N, i32 %K, \
@@ -756,7 +904,7 @@ impl Gen {
     /// instruction's descriptors name (chunk XOR row mod 8, in 1024-byte atoms).
     fn kmajor_offset(&mut self, row: &str, c: &str) -> String {
         match self.k.arch {
-            Arch::Sm80 | Arch::Simt => self.swizzled(row, c, 64, 3, 1),
+            Arch::Sm80 | Arch::Simt | Arch::Gemv => self.swizzled(row, c, 64, 3, 1),
             Arch::Sm90a => self.swizzled(row, c, 128, 7, 0),
         }
     }
@@ -884,6 +1032,7 @@ impl Gen {
             Arch::Sm80 => self.mma_loop(&ix, &copies),
             Arch::Sm90a => self.wgmma_loop(&ix, &copies),
             Arch::Simt => return simt_ir(&k),
+            Arch::Gemv => return gemv_ir(&k),
         };
         self.epilogue(&ix, &frags);
         self.finish()
@@ -1709,5 +1858,7 @@ declare { i32, i32, i32, i32 } @llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.trans.b1
 declare { float, float, float, float } @llvm.nvvm.mma.m16n8k16.row.col.bf16(i32, i32, i32, i32, i32, i32, float, float, float, float)
 declare { float, float, float, float } @llvm.nvvm.mma.m16n8k16.row.col.f32.f32(<2 x half>, <2 x half>, <2 x half>, <2 x half>, <2 x half>, <2 x half>, float, float, float, float)
 declare float @llvm.fma.f32(float, float, float)
+declare float @llvm.nvvm.shfl.sync.bfly.f32(i32, float, i32, i32)
+declare float @llvm.vector.reduce.fadd.v8f32(float, <8 x float>)
 declare float @llvm.fabs.f32(float)
 ";

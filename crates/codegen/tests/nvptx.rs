@@ -271,6 +271,11 @@ fn ptxas_accepts_every_family_kernel() {
         Elem::Bf16,
         Epilogue { bias: true, gelu: Some(Gelu::Erf), residual: true },
     ));
+    kernels.extend(candidates::gemv_family(Elem::F16, Epilogue::NONE));
+    kernels.extend(candidates::gemv_family(
+        Elem::Bf16,
+        Epilogue { bias: true, gelu: Some(Gelu::Tanh), residual: true },
+    ));
     for k in &kernels {
         let ptx_path = dir.join(format!("{}.ptx", k.name()));
         std::fs::write(&ptx_path, nvptx::ptx(k).unwrap()).unwrap();
@@ -361,9 +366,17 @@ mod on_the_host {
 
     fn for_host(ir: &str, name: &str) -> String {
         let mut out = String::new();
-        let extra: Vec<String> = SREGS.iter().map(|r| format!("i32 %host.{r}")).collect();
+        let mut extra: Vec<String> = SREGS.iter().map(|r| format!("i32 %host.{r}")).collect();
+        // A warp shuffle becomes a call of the harness's `host_shfl` (a parameter).
+        let shfl = "call float @llvm.nvvm.shfl.sync.bfly.f32(i32 -1, float ";
+        if ir.contains(shfl) {
+            extra.push("ptr %host.shfl".to_string());
+        }
         for line in ir.lines().filter(|l| !l.starts_with("target ")) {
             let mut line = line.replace(" addrspace(1)", "");
+            if line.contains(shfl) {
+                line = line.replace(shfl, "call float %host.shfl(float ").replace(", i32 31)", ")");
+            }
             for r in SREGS {
                 line = line.replace(
                     &format!("call i32 @llvm.nvvm.read.ptx.sreg.{r}()"),
@@ -511,14 +524,91 @@ mod on_the_host {
         ldc_pad: usize,
         seed: u64,
     ) -> Result<(), TestCaseError> {
-        simt_cover(&[*k], &Cover::one(Choice { kernel: 0, splits: 1 }), p, (lda_pad, ldc_pad), seed)
+        host_cover(&[*k], &Cover::one(Choice { kernel: 0, splits: 1 }), p, (lda_pad, ldc_pad), seed)
     }
 
-    /// A cover of `p` by SIMT kernels of `kernels` (one element type, B layout and
-    /// epilogue), each piece run over its whole grid on A, C and the residual from
-    /// its first row on, as the runner launches it; the whole product against the
-    /// host oracle, canaries in C's padding and past its end.
-    fn simt_cover(
+    /// The 32 lanes of a warp run as threads of the host: a shuffle is a rendezvous
+    /// where each lane leaves its value and takes its partner's. Shuffles alternate
+    /// between two sets of slots, so that one rendezvous a shuffle suffices: a slot
+    /// is written again only two shuffles later, past a rendezvous every lane reaches
+    /// after reading it.
+    struct Warp {
+        meet: std::sync::Barrier,
+        vals: std::sync::Mutex<[[f32; 32]; 2]>,
+    }
+
+    thread_local! {
+        static LANE: std::cell::RefCell<Option<(std::sync::Arc<Warp>, usize, usize)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+
+    /// `shfl.sync.bfly` with every lane taking part: lane `l` gets lane `l ^ mask`'s value.
+    extern "C" fn host_shfl(v: f32, mask: i32) -> f32 {
+        let (w, lane, set) = LANE.with(|c| {
+            let mut c = c.borrow_mut();
+            let (w, lane, n) = c.as_mut().expect("a lane of a warp");
+            *n += 1;
+            (w.clone(), *lane, *n % 2)
+        });
+        w.vals.lock().unwrap()[set][lane] = v;
+        w.meet.wait();
+        let vals = w.vals.lock().unwrap();
+        vals[set][lane ^ mask as usize]
+    }
+
+    type Gemv = unsafe extern "C" fn(
+        *const u16,
+        *const u16,
+        *mut u16,
+        *const u16,
+        *const u16,
+        i32,
+        i32,
+        i32,
+        i32,
+        i32,
+        i32,
+        i64,
+        i64,
+        i64,
+        i32,
+        i32,
+        i32,
+        i32,
+        extern "C" fn(f32, i32) -> f32,
+    );
+
+    /// Raw pointers the lanes of a warp share (each writes only its own elements).
+    #[derive(Clone, Copy)]
+    struct Shared<T>(T);
+    // SAFETY: the pointers a warp's lanes share point into buffers that outlive the
+    // warp's threads (scoped); the kernel's lanes write disjoint elements of C.
+    unsafe impl<T> Send for Shared<T> {}
+    unsafe impl<T> Sync for Shared<T> {}
+
+    impl<T: Copy> Shared<T> {
+        /// The pointers (a closure calling this captures the whole `Shared`).
+        fn get(self) -> T {
+            self.0
+        }
+    }
+
+    /// 16-bit values in a buffer aligned to 16 bytes (a GEMV kernel's chunks are
+    /// aligned 16-byte loads).
+    fn aligned(v: &[u16]) -> Vec<u128> {
+        let mut out = vec![0u128; v.len().div_ceil(8)];
+        // SAFETY: `out` holds at least `v.len()` u16 (8 a u128); u128 is aligned for u16.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u16, v.len()) };
+        dst.copy_from_slice(v);
+        out
+    }
+
+    /// A cover of `p` by SIMT and GEMV kernels of `kernels` (one element type, B
+    /// layout and epilogue), each piece run over its whole grid on A, C and the
+    /// residual from its first row on, as the runner launches it (a GEMV kernel a warp
+    /// at a time, its lanes as threads); the whole product against the host oracle,
+    /// canaries in C's padding and past its end.
+    fn host_cover(
         kernels: &[GemmKernel],
         cover: &Cover,
         p: Problem,
@@ -533,6 +623,8 @@ mod on_the_host {
         let (sa, sb, sc) = (p.m * lda, p.n * p.k, p.m * ldc);
         let a: Vec<u16> = (0..p.batch * sa).map(|_| bf16(rnd())).collect();
         let b: Vec<u16> = (0..p.batch * sb).map(|_| bf16(rnd())).collect();
+        let (a16, b16) = (aligned(&a), aligned(&b));
+        let (a_ptr, b_ptr) = (a16.as_ptr() as *const u16, b16.as_ptr() as *const u16);
         let bias: Vec<u16> = (0..p.n).map(|_| bf16(rnd())).collect();
         let res: Vec<u16> = (0..p.batch * sc).map(|_| bf16(rnd())).collect();
         let margin = 16;
@@ -543,11 +635,79 @@ mod on_the_host {
         prop_assert_eq!(rows, p.m, "{}: the pieces cover every row once", &name);
         for piece in pieces {
             let (pk, q) = (&kernels[piece.choice.kernel], piece.problem);
-            prop_assert!(
-                pk.arch == Arch::Simt && pk.elem == k.elem && pk.b == k.b && pk.epilogue == k.epilogue
-            );
+            prop_assert!(matches!(pk.arch, Arch::Simt | Arch::Gemv));
+            prop_assert!(pk.elem == k.elem && pk.b == k.b && pk.epilogue == k.epilogue);
             let ee = engine(&ctx, &nvptx::llvm_ir(pk).unwrap(), &pk.name())?;
             let addr = ee.get_function_address(&pk.name()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            if pk.arch == Arch::Gemv {
+                // SAFETY: the JIT compiled the kernel with the ABI's parameters, the
+                // four indices and the shuffle (`for_host`), which is `Gemv`; `ee`
+                // outlives every call below.
+                let f: Gemv = unsafe { std::mem::transmute::<usize, Gemv>(addr) };
+                let (ra, rc) = (piece.first_row * lda, piece.first_row * ldc);
+                prop_assert!(ra < a.len() && rc < c.len() && rc < res.len());
+                // SAFETY: offsets inside the buffers (checked above).
+                let ptrs = unsafe {
+                    Shared((
+                        a_ptr.add(ra),
+                        b_ptr,
+                        c.as_mut_ptr().add(rc),
+                        bias.as_ptr(),
+                        res.as_ptr().add(rc),
+                    ))
+                };
+                // One thread a lane, each running its lane of every warp of the grid
+                // in the same order, meeting its warp at each shuffle.
+                let warp = std::sync::Arc::new(Warp {
+                    meet: std::sync::Barrier::new(32),
+                    vals: std::sync::Mutex::new([[0.0; 32]; 2]),
+                });
+                let warps: Vec<[usize; 4]> = (0..q.batch)
+                    .flat_map(|z| (0..q.m.div_ceil(pk.bm)).map(move |y| (z, y)))
+                    .flat_map(|(z, y)| (0..q.n.div_ceil(pk.bn)).map(move |x| (z, y, x)))
+                    .flat_map(|(z, y, x)| (0..pk.warps()).map(move |w| [z, y, x, w]))
+                    .collect();
+                std::thread::scope(|s| {
+                    for lane in 0..32 {
+                        let (warp, warps) = (warp.clone(), &warps);
+                        s.spawn(move || {
+                            let (a, b, c, bias, res) = ptrs.get();
+                            LANE.with(|l| *l.borrow_mut() = Some((warp, lane, 0)));
+                            for &[z, y, x, w] in warps {
+                                // SAFETY: A, B, C, the bias and the residual hold what
+                                // the kernel reads and writes (as for the SIMT kernels
+                                // below; B's column and A's rows read in aligned
+                                // 16-byte chunks inside K); the lanes of a warp write
+                                // distinct elements of C.
+                                unsafe {
+                                    f(
+                                        a,
+                                        b,
+                                        c,
+                                        bias,
+                                        res,
+                                        q.m as i32,
+                                        q.n as i32,
+                                        q.k as i32,
+                                        lda as i32,
+                                        ldb as i32,
+                                        ldc as i32,
+                                        sa as i64,
+                                        sb as i64,
+                                        sc as i64,
+                                        (32 * w + lane) as i32,
+                                        x as i32,
+                                        y as i32,
+                                        z as i32,
+                                        host_shfl,
+                                    )
+                                };
+                            }
+                        });
+                    }
+                });
+                continue;
+            }
             // SAFETY: the JIT compiled the kernel with `gpu::kernel::ABI`'s parameters
             // plus the four indices (`for_host`), which is `Gemm`; `ee` outlives every
             // call below.
@@ -569,8 +729,8 @@ mod on_the_host {
                             // K below K, and stores inside its M and N only.
                             unsafe {
                                 f(
-                                    a.as_ptr().add(ra),
-                                    b.as_ptr(),
+                                    a_ptr.add(ra),
+                                    b_ptr,
                                     c.as_mut_ptr().add(rc),
                                     bias.as_ptr(),
                                     res.as_ptr().add(rc),
@@ -676,16 +836,51 @@ mod on_the_host {
             // Every whole 64-row tile, then five rows by the 32-row kernel.
             let p = Problem::new(1, 2 * 64 + 5, 37, 29);
             assert_eq!(cover(1, usize::MAX).rows(&kernels, &p), 128);
-            simt_cover(&kernels, &cover(1, usize::MAX), p, (1, 2), 1).unwrap();
+            host_cover(&kernels, &cover(1, usize::MAX), p, (1, 2), 1).unwrap();
             // One 32-row tile in each of two batch entries, 71 rows by the other.
             let p = Problem::new(2, 3 * 32 + 7, 19, 13);
             assert_eq!(cover(0, 1).rows(&kernels, &p), 32);
-            simt_cover(&kernels, &cover(0, 1), p, (3, 1), 2).unwrap();
+            host_cover(&kernels, &cover(0, 1), p, (3, 1), 2).unwrap();
+        }
+    }
+
+    /// Every GEMV kernel of the family, without an epilogue and with a bias and a
+    /// residual (GELU is inline PTX): one row, a block's rows and one past, K of one
+    /// chunk, of one warp step and one past, odd N, a batch, and row strides past K
+    /// and N. (A warp's lanes run as host threads: a few warps a case.)
+    #[test]
+    fn gemv_kernels_at_the_edges() {
+        for e in [EPILOGUES[0], EPILOGUES[2]] {
+            let kernels = candidates::gemv_family(Elem::Bf16, e);
+            assert_eq!(kernels.iter().map(|k| k.bm).collect::<Vec<_>>(), [1, 4, 8]);
+            for (x, k) in kernels.iter().enumerate() {
+                let one = Cover::one(Choice { kernel: x, splits: 1 });
+                host_cover(&kernels, &one, Problem::new(1, 1, 1, 8), (0, 0), 1).unwrap();
+                host_cover(&kernels, &one, Problem::new(1, k.bm + 1, 5, 256), (8, 3), 2).unwrap();
+                host_cover(&kernels, &one, Problem::new(2, 3, 3, 1032), (16, 1), 3).unwrap();
+                host_cover(&kernels, &one, Problem::new(1, 2, 4, 776), (0, 0), 4).unwrap();
+            }
         }
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
+        #[test]
+        fn gemv_kernels_at_random_shapes(
+            which in 0usize..3,
+            batch in 1usize..3,
+            m in 1usize..20,
+            n in 1usize..9,
+            k8 in 1usize..100,
+            lda_pad8 in 0usize..2,
+            ldc_pad in 0usize..3,
+            seed: u64,
+        ) {
+            let kernels = candidates::gemv_family(Elem::Bf16, Epilogue { bias: true, gelu: None, residual: true });
+            let one = Cover::one(Choice { kernel: which, splits: 1 });
+            host_cover(&kernels, &one, Problem::new(batch, m, n, 8 * k8), (8 * lda_pad8, ldc_pad), seed)?;
+        }
+
         #[test]
         fn two_size_covers_at_random_shapes(
             main in 0usize..2,
@@ -702,7 +897,7 @@ mod on_the_host {
                 main: Choice { kernel: main, splits: 1 },
                 split: Some(Split { max_tiles, rest: Choice { kernel: 1 - main, splits: 1 } }),
             };
-            simt_cover(&kernels, &cover, Problem::new(batch, m, n, k), (seed as usize % 3, 1), seed)?;
+            host_cover(&kernels, &cover, Problem::new(batch, m, n, k), (seed as usize % 3, 1), seed)?;
         }
 
         #[test]

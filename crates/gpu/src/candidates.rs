@@ -187,7 +187,18 @@ pub fn plain_family(elem: Elem) -> Vec<GemmKernel> {
     out.extend(persistent_family(elem, Epilogue::NONE));
     out.extend(split_k_family(elem));
     out.extend(simt_family(elem, Epilogue::NONE));
+    out.extend(gemv_family(elem, Epilogue::NONE));
     out
+}
+
+/// The GEMV kernels (`Arch::Gemv`) for a K-major B: decode-sized rows (1, up to 4,
+/// up to 8 a block), four warps a block, a column each.
+pub fn gemv_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
+    [1, 4, 8]
+        .into_iter()
+        .map(|bm| plain(Arch::Gemv, elem, BLayout::KMajor, (bm, 4), (1, 4), 1, epilogue))
+        .filter(|k| k.check().is_ok())
+        .collect()
 }
 
 /// The SIMT kernels (`Arch::Simt`) for both B layouts: the cover for products no

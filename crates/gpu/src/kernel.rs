@@ -22,6 +22,10 @@ pub const SIMT_GRID: usize = 16;
 /// loop takes one K element at a time).
 pub const SIMT_STEP: usize = 16;
 
+/// The K elements of a GEMV kernel's step: a warp's 32 lanes, 8 elements (16 bytes)
+/// each.
+pub const GEMV_STEP: usize = 256;
+
 /// The machine a kernel is built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Arch {
@@ -36,13 +40,19 @@ pub enum Arch {
     /// family's cover for products the tensor-core kernels refuse (K not a multiple of
     /// 8, an N-major B with N not a multiple of 8); the model offers it only there.
     Simt,
+    /// Decode-sized rows against a pre-packed (K-major) weight, on the CUDA cores: a
+    /// warp a column of C, its lanes splitting K in 16-byte chunks of A's rows and
+    /// B's column (coalesced: B is read once, at the memory's rate), f32 FMAs, the
+    /// lanes' sums added by warp shuffles. `bm` rows a block (up to 16), `bn` warps.
+    /// No second launch and no f32 round trip, where split-K pays both.
+    Gemv,
 }
 
 impl Arch {
     /// The name ptxas and LLVM use (`-arch`, `-mcpu`).
     pub fn sm(self) -> &'static str {
         match self {
-            Arch::Sm80 | Arch::Simt => "sm_80",
+            Arch::Sm80 | Arch::Simt | Arch::Gemv => "sm_80",
             Arch::Sm90a => "sm_90a",
         }
     }
@@ -228,6 +238,7 @@ impl GemmKernel {
             match (self.arch, self.overlap, self.tma, self.persistent) {
                 (Arch::Sm80, ..) => "",
                 (Arch::Simt, ..) => "simt_",
+                (Arch::Gemv, ..) => "gemv_",
                 (Arch::Sm90a, _, true, true) => "wgp_",
                 (Arch::Sm90a, _, true, false) => "wgt_",
                 (Arch::Sm90a, false, false, _) => "wg_",
@@ -300,6 +311,18 @@ impl GemmKernel {
             Arch::Sm80 => BK,
             Arch::Sm90a => BK_WGMMA,
             Arch::Simt => SIMT_STEP,
+            Arch::Gemv => GEMV_STEP * self.gemv_unroll(),
+        }
+    }
+
+    /// A GEMV kernel's chunks a lane loads before its first product (a step of its
+    /// loop): four for up to 4 rows, two for more (each chunk of every row is 4
+    /// registers).
+    pub fn gemv_unroll(&self) -> usize {
+        if self.bm <= 4 {
+            4
+        } else {
+            2
         }
     }
 
@@ -311,7 +334,7 @@ impl GemmKernel {
     /// Bytes of one stage's A tile (`bm × bk`) and B tile (`bn × bk`); none for a
     /// SIMT kernel, which reads its operands from global memory.
     pub fn stage_bytes(&self) -> (usize, usize) {
-        if self.arch == Arch::Simt {
+        if matches!(self.arch, Arch::Simt | Arch::Gemv) {
             return (0, 0);
         }
         (self.bm * self.bk() * 2, self.bn * self.bk() * 2)
@@ -336,6 +359,8 @@ impl GemmKernel {
             // m64nN: 64·N values over a warpgroup's 128 threads.
             Arch::Sm90a => self.bn / 2,
             Arch::Simt => (self.bm / SIMT_GRID) * (self.bn / SIMT_GRID),
+            // A lane's 8 partial sums of each of its block's rows.
+            Arch::Gemv => 8 * self.bm,
         }
     }
 
@@ -352,6 +377,8 @@ impl GemmKernel {
             Arch::Sm90a => self.accumulators() + 60,
             // A step's values of A and B, and a pointer a row of A.
             Arch::Simt => self.accumulators() + 3 * (self.bm / SIMT_GRID) + self.bn / SIMT_GRID + 30,
+            // The step's chunks of B and of each row of A (4 registers each), addresses.
+            Arch::Gemv => self.accumulators() + 4 * self.gemv_unroll() * (self.bm + 1) + 30,
         }
     }
 
@@ -380,6 +407,9 @@ impl GemmKernel {
         if self.arch == Arch::Simt {
             return self.check_simt();
         }
+        if self.arch == Arch::Gemv {
+            return self.check_gemv();
+        }
         if self.arch == Arch::Sm90a {
             if self.b != BLayout::KMajor {
                 return bad("wgmma kernels read B K-major (an N-major B goes to the mma.sync family)".into());
@@ -397,7 +427,7 @@ impl GemmKernel {
             return bad(format!("{} stages: 2 to 6 (3 or more with a group in flight)", self.stages));
         }
         let max_smem = match self.arch {
-            Arch::Sm80 | Arch::Simt => MAX_SMEM_PER_BLOCK,
+            Arch::Sm80 | Arch::Simt | Arch::Gemv => MAX_SMEM_PER_BLOCK,
             Arch::Sm90a => MAX_SMEM_PER_BLOCK_SM90,
         };
         if self.smem_bytes() > max_smem {
@@ -422,6 +452,26 @@ impl GemmKernel {
         let thread_tile = |x: usize| x.is_multiple_of(SIMT_GRID) && (1..=8).contains(&(x / SIMT_GRID));
         if !thread_tile(self.bm) || !thread_tile(self.bn) {
             return bad(format!("SIMT tile {}x{}: multiples of 16, at most 128", self.bm, self.bn));
+        }
+        Ok(())
+    }
+
+    /// A GEMV kernel's rules: a K-major B, none of the pipeline's options, one
+    /// "stage", a warp a column (`bn` = `warps_n`, 1-8) and 1-16 rows a block.
+    fn check_gemv(&self) -> Result<(), KernelError> {
+        let bad = |why: String| Err(KernelError::Invalid { name: self.name(), why });
+        if self.overlap || self.tma || self.persistent || self.split_k || self.b != BLayout::KMajor {
+            return bad("a GEMV kernel reads a K-major B and has no pipeline options and no split-K".into());
+        }
+        if self.stages != 1
+            || self.warps_m != 1
+            || !(1..=8).contains(&self.warps_n)
+            || self.bn != self.warps_n
+        {
+            return bad("a GEMV kernel runs one stage and 1-8 warps, a column each".into());
+        }
+        if !(1..=16).contains(&self.bm) {
+            return bad(format!("a GEMV kernel takes 1-16 rows a block, not {}", self.bm));
         }
         Ok(())
     }

@@ -56,6 +56,37 @@ fn kernel_rules() {
     assert!(k.accepts(&Problem::new(0, 5, 8, 8)).is_err());
 }
 
+/// GEMV kernels: a warp a column of a K-major B, 1-16 rows a block, steps of a
+/// warp's 16-byte chunks times the unroll; K in whole chunks.
+#[test]
+fn gemv_kernel_rules() {
+    let fam = candidates::gemv_family(Elem::Bf16, Epilogue::NONE);
+    assert_eq!(fam.len(), 3);
+    for k in &fam {
+        assert!(k.check().is_ok(), "{k}");
+        assert_eq!(
+            (k.arch, k.b, k.bn, k.warps(), k.threads(), k.smem_bytes()),
+            (Arch::Gemv, BLayout::KMajor, 4, 4, 128, 0)
+        );
+        assert_eq!(k.bk(), 256 * k.gemv_unroll());
+        assert!(k.accepts(&Problem::new(2, 3, 5, 8)).is_ok());
+        assert!(k.accepts(&Problem::new(1, 3, 5, 12)).unwrap_err().contains("K = 12"));
+    }
+    assert_eq!(fam[0].name(), "gemm_gemv_bf16_nt_1x4_w1x4_s1");
+    assert_eq!(fam.iter().map(|k| k.gemv_unroll()).collect::<Vec<_>>(), [4, 4, 2]);
+    let k = fam[2];
+    let bad = [
+        GemmKernel { b: BLayout::NMajor, ..k },
+        GemmKernel { bn: 8, ..k },
+        GemmKernel { bm: 17, ..k },
+        GemmKernel { stages: 2, ..k },
+        GemmKernel { split_k: true, ..k },
+    ];
+    for b in bad {
+        assert!(b.check().is_err(), "{b:?}");
+    }
+}
+
 fn nn_ok() -> GemmKernel {
     GemmKernel { b: BLayout::NMajor, ..mma(64, 64, 2, 2) }
 }
