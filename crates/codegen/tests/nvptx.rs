@@ -2,7 +2,9 @@
 //! candidate space lowers and compiles; the PTX holds the instructions its schedule
 //! implies, per loop iteration; a few kernels' PTX is golden text; and where ptxas
 //! is available (`ANYSHAPE_PTXAS`, set by scripts/test.sh) every kernel assembles for
-//! its targets without spills or warnings. Running the kernels needs a GPU:
+//! its targets without spills or warnings. The kernels that use no inline PTX (the
+//! mma.sync, SIMT and GEMV GEMMs, the split-K reduction) also run on the host against
+//! the oracle (`host`); the wgmma and TMA kernels run on a GPU only:
 //! `scripts/gpu-dist.sh` and `bench/gpu/device.sh` (crates/gpu).
 #![cfg(feature = "nvptx")]
 
@@ -11,6 +13,8 @@ use gpu::candidates;
 use gpu::manifest::PtxasReport;
 use gpu::{Arch, BLayout, Elem, Epilogue, Gelu, GemmKernel, ReduceKernel};
 use std::path::PathBuf;
+
+mod host;
 
 fn all_epilogues() -> Vec<Epilogue> {
     vec![
@@ -303,24 +307,17 @@ fn ptxas_accepts_every_family_kernel() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// Kernels run on the host: a generated module with its global address space
-/// dropped and the thread's and block's indices (`tid.x`, `ctaid.x/y/z`) passed as
-/// four more arguments, compiled for this machine, and called once a thread of the
-/// grid. That serves the kernels that use nothing of the GPU past those indices:
-/// the split-K reduction and the SIMT GEMMs (a GELU epilogue is inline PTX and runs
-/// on the device only).
+/// Kernels run on the host (`host`): the split-K reduction and the SIMT GEMMs a
+/// thread at a time, the GEMV and mma.sync GEMMs a block at a time with their
+/// warp-wide operations emulated (a GELU epilogue is inline PTX and runs on the
+/// device only).
 mod on_the_host {
     use super::*;
     use gpu::reference::{self, Operands};
     use gpu::{Choice, Cover, Problem, Split};
     use inkwell::context::Context;
     use inkwell::execution_engine::ExecutionEngine;
-    use inkwell::memory_buffer::MemoryBuffer;
-    use inkwell::targets::{InitializationConfig, Target};
-    use inkwell::OptimizationLevel;
     use proptest::prelude::*;
-
-    const SREGS: [&str; 4] = ["tid.x", "ctaid.x", "ctaid.y", "ctaid.z"];
 
     type Reduce = unsafe extern "C" fn(
         *const f32,
@@ -337,83 +334,10 @@ mod on_the_host {
         i32,
         i32,
     );
-    type Gemm = unsafe extern "C" fn(
-        *const u16,
-        *const u16,
-        *mut u16,
-        *const u16,
-        *const u16,
-        i32,
-        i32,
-        i32,
-        i32,
-        i32,
-        i32,
-        i64,
-        i64,
-        i64,
-        i32,
-        i32,
-        i32,
-        i32,
-    );
-
-    /// `(%lhs, x)` of a line `%lhs = fptrunc float x to bfloat`.
-    fn fptrunc_to_bf16(line: &str) -> Option<(&str, &str)> {
-        let (lhs, rhs) = line.trim().split_once(" = fptrunc float ")?;
-        Some((lhs, rhs.strip_suffix(" to bfloat")?))
-    }
-
-    fn for_host(ir: &str, name: &str) -> String {
-        let mut out = String::new();
-        let mut extra: Vec<String> = SREGS.iter().map(|r| format!("i32 %host.{r}")).collect();
-        // A warp shuffle becomes a call of the harness's `host_shfl` (a parameter).
-        let shfl = "call float @llvm.nvvm.shfl.sync.bfly.f32(i32 -1, float ";
-        if ir.contains(shfl) {
-            extra.push("ptr %host.shfl".to_string());
-        }
-        for line in ir.lines().filter(|l| !l.starts_with("target ")) {
-            let mut line = line.replace(" addrspace(1)", "");
-            if line.contains(shfl) {
-                line = line.replace(shfl, "call float %host.shfl(float ").replace(", i32 31)", ")");
-            }
-            for r in SREGS {
-                line = line.replace(
-                    &format!("call i32 @llvm.nvvm.read.ptx.sreg.{r}()"),
-                    &format!("add i32 %host.{r}, 0"),
-                );
-            }
-            let line = if line.starts_with(&format!("define void @{name}(")) {
-                line.replace(") {", &format!(", {}) {{", extra.join(", ")))
-            } else if let Some((lhs, x)) = fptrunc_to_bf16(&line) {
-                // x86 rounds to bf16 through a runtime library call the JIT cannot
-                // resolve: the same rounding (to nearest even) spelled out.
-                let t = lhs.trim_start_matches('%');
-                format!(
-                    "  %{t}.b = bitcast float {x} to i32\n  %{t}.odd = lshr i32 %{t}.b, 16\n  \
-                     %{t}.lsb = and i32 %{t}.odd, 1\n  %{t}.r = add i32 %{t}.b, 32767\n  \
-                     %{t}.r2 = add i32 %{t}.r, %{t}.lsb\n  %{t}.h = lshr i32 %{t}.r2, 16\n  \
-                     %{t}.t = trunc i32 %{t}.h to i16\n  {lhs} = bitcast i16 %{t}.t to bfloat"
-                )
-            } else {
-                line
-            };
-            out.push_str(&line);
-            out.push('\n');
-        }
-        out
-    }
 
     /// The module of `ir` (a kernel named `name`), made for the host and compiled.
     fn engine<'c>(ctx: &'c Context, ir: &str, name: &str) -> Result<ExecutionEngine<'c>, TestCaseError> {
-        let ir = for_host(ir, name);
-        Target::initialize_native(&InitializationConfig::default()).unwrap();
-        let module = ctx
-            .create_module_from_ir(MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), name))
-            .map_err(|e| TestCaseError::fail(format!("{e}\n{ir}")))?;
-        module
-            .create_jit_execution_engine(OptimizationLevel::Default)
-            .map_err(|e| TestCaseError::fail(e.to_string()))
+        host::engine(ctx, ir, name).map_err(TestCaseError::fail)
     }
 
     /// Seeded values in [-1, 1).
@@ -527,87 +451,27 @@ mod on_the_host {
         host_cover(&[*k], &Cover::one(Choice { kernel: 0, splits: 1 }), p, (lda_pad, ldc_pad), seed)
     }
 
-    /// The 32 lanes of a warp run as threads of the host: a shuffle is a rendezvous
-    /// where each lane leaves its value and takes its partner's. Shuffles alternate
-    /// between two sets of slots, so that one rendezvous a shuffle suffices: a slot
-    /// is written again only two shuffles later, past a rendezvous every lane reaches
-    /// after reading it.
-    struct Warp {
-        meet: std::sync::Barrier,
-        vals: std::sync::Mutex<[[f32; 32]; 2]>,
-    }
-
-    thread_local! {
-        static LANE: std::cell::RefCell<Option<(std::sync::Arc<Warp>, usize, usize)>> =
-            const { std::cell::RefCell::new(None) };
-    }
-
-    /// `shfl.sync.bfly` with every lane taking part: lane `l` gets lane `l ^ mask`'s value.
-    extern "C" fn host_shfl(v: f32, mask: i32) -> f32 {
-        let (w, lane, set) = LANE.with(|c| {
-            let mut c = c.borrow_mut();
-            let (w, lane, n) = c.as_mut().expect("a lane of a warp");
-            *n += 1;
-            (w.clone(), *lane, *n % 2)
-        });
-        w.vals.lock().unwrap()[set][lane] = v;
-        w.meet.wait();
-        let vals = w.vals.lock().unwrap();
-        vals[set][lane ^ mask as usize]
-    }
-
-    type Gemv = unsafe extern "C" fn(
-        *const u16,
-        *const u16,
-        *mut u16,
-        *const u16,
-        *const u16,
-        i32,
-        i32,
-        i32,
-        i32,
-        i32,
-        i32,
-        i64,
-        i64,
-        i64,
-        i32,
-        i32,
-        i32,
-        i32,
-        extern "C" fn(f32, i32) -> f32,
-    );
-
-    /// Raw pointers the lanes of a warp share (each writes only its own elements).
+    /// Raw pointers a block's threads share: A, B, C, the bias, the residual.
     #[derive(Clone, Copy)]
-    struct Shared<T>(T);
-    // SAFETY: the pointers a warp's lanes share point into buffers that outlive the
-    // warp's threads (scoped); the kernel's lanes write disjoint elements of C.
-    unsafe impl<T> Send for Shared<T> {}
-    unsafe impl<T> Sync for Shared<T> {}
+    struct Ptrs(*const u16, *const u16, *mut u16, *const u16, *const u16);
+    // SAFETY: they point into buffers that outlive the threads that use them (scoped
+    // in `host::run_blocks`); the kernels' threads write disjoint elements of C.
+    unsafe impl Send for Ptrs {}
+    unsafe impl Sync for Ptrs {}
 
-    impl<T: Copy> Shared<T> {
-        /// The pointers (a closure calling this captures the whole `Shared`).
-        fn get(self) -> T {
-            self.0
+    impl Ptrs {
+        /// The pointers (a closure calling this captures the whole `Ptrs`).
+        fn get(self) -> (*const u16, *const u16, *mut u16, *const u16, *const u16) {
+            (self.0, self.1, self.2, self.3, self.4)
         }
     }
 
-    /// 16-bit values in a buffer aligned to 16 bytes (a GEMV kernel's chunks are
-    /// aligned 16-byte loads).
-    fn aligned(v: &[u16]) -> Vec<u128> {
-        let mut out = vec![0u128; v.len().div_ceil(8)];
-        // SAFETY: `out` holds at least `v.len()` u16 (8 a u128); u128 is aligned for u16.
-        let dst = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u16, v.len()) };
-        dst.copy_from_slice(v);
-        out
-    }
-
-    /// A cover of `p` by SIMT and GEMV kernels of `kernels` (one element type, B
-    /// layout and epilogue), each piece run over its whole grid on A, C and the
-    /// residual from its first row on, as the runner launches it (a GEMV kernel a warp
-    /// at a time, its lanes as threads); the whole product against the host oracle,
-    /// canaries in C's padding and past its end.
+    /// A cover of `p` by kernels of `kernels` that run on the host (SIMT, GEMV and
+    /// mma.sync; one element type, B layout and epilogue), each piece run over its
+    /// whole grid on A, C and the residual from its first row on, as the runner
+    /// launches it (a SIMT kernel a thread at a time, the others a block at a time,
+    /// its threads as host threads); the whole product against the host oracle,
+    /// canaries around C and in its rows' padding.
     fn host_cover(
         kernels: &[GemmKernel],
         cover: &Cover,
@@ -621,139 +485,72 @@ mod on_the_host {
         let mut rnd = values(seed);
         let (lda, ldc) = (p.k + lda_pad, p.n + ldc_pad);
         let (sa, sb, sc) = (p.m * lda, p.n * p.k, p.m * ldc);
-        let a: Vec<u16> = (0..p.batch * sa).map(|_| bf16(rnd())).collect();
-        let b: Vec<u16> = (0..p.batch * sb).map(|_| bf16(rnd())).collect();
-        let (a16, b16) = (aligned(&a), aligned(&b));
-        let (a_ptr, b_ptr) = (a16.as_ptr() as *const u16, b16.as_ptr() as *const u16);
-        let bias: Vec<u16> = (0..p.n).map(|_| bf16(rnd())).collect();
-        let res: Vec<u16> = (0..p.batch * sc).map(|_| bf16(rnd())).collect();
+        let bits = |rnd: &mut dyn FnMut() -> f32, n: usize| -> Vec<u16> {
+            (0..n).map(|_| reference::to_bits(k.elem, rnd())).collect()
+        };
+        let a = bits(&mut rnd, p.batch * sa);
+        let b = bits(&mut rnd, p.batch * sb);
+        let bias = bits(&mut rnd, p.n);
+        let res = bits(&mut rnd, p.batch * sc);
+        // C between two margins of canaries, 16-byte aligned where it starts.
         let margin = 16;
-        let mut c = vec![CANARY; p.batch * sc + margin];
+        let c_len = 2 * margin + p.batch * sc;
+        let (a16, b16, mut c16) = (host::aligned(&a), host::aligned(&b), host::aligned(&vec![CANARY; c_len]));
         let ldb = k.b.extent(&p).1;
         let pieces = cover.pieces(kernels, &p);
         let rows: usize = pieces.iter().map(|x| x.problem.m).sum();
         prop_assert_eq!(rows, p.m, "{}: the pieces cover every row once", &name);
         for piece in pieces {
             let (pk, q) = (&kernels[piece.choice.kernel], piece.problem);
-            prop_assert!(matches!(pk.arch, Arch::Simt | Arch::Gemv));
+            prop_assert!(matches!(pk.arch, Arch::Simt | Arch::Gemv | Arch::Sm80) && !pk.split_k);
             prop_assert!(pk.elem == k.elem && pk.b == k.b && pk.epilogue == k.epilogue);
             let ee = engine(&ctx, &nvptx::llvm_ir(pk).unwrap(), &pk.name())?;
-            let addr = ee.get_function_address(&pk.name()).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            if pk.arch == Arch::Gemv {
-                // SAFETY: the JIT compiled the kernel with the ABI's parameters, the
-                // four indices and the shuffle (`for_host`), which is `Gemv`; `ee`
-                // outlives every call below.
-                let f: Gemv = unsafe { std::mem::transmute::<usize, Gemv>(addr) };
-                let (ra, rc) = (piece.first_row * lda, piece.first_row * ldc);
-                prop_assert!(ra < a.len() && rc < c.len() && rc < res.len());
-                // SAFETY: offsets inside the buffers (checked above).
-                let ptrs = unsafe {
-                    Shared((
-                        a_ptr.add(ra),
-                        b_ptr,
-                        c.as_mut_ptr().add(rc),
-                        bias.as_ptr(),
-                        res.as_ptr().add(rc),
-                    ))
-                };
-                // One thread a lane, each running its lane of every warp of the grid
-                // in the same order, meeting its warp at each shuffle.
-                let warp = std::sync::Arc::new(Warp {
-                    meet: std::sync::Barrier::new(32),
-                    vals: std::sync::Mutex::new([[0.0; 32]; 2]),
-                });
-                let warps: Vec<[usize; 4]> = (0..q.batch)
-                    .flat_map(|z| (0..q.m.div_ceil(pk.bm)).map(move |y| (z, y)))
-                    .flat_map(|(z, y)| (0..q.n.div_ceil(pk.bn)).map(move |x| (z, y, x)))
-                    .flat_map(|(z, y, x)| (0..pk.warps()).map(move |w| [z, y, x, w]))
-                    .collect();
-                std::thread::scope(|s| {
-                    for lane in 0..32 {
-                        let (warp, warps) = (warp.clone(), &warps);
-                        s.spawn(move || {
-                            let (a, b, c, bias, res) = ptrs.get();
-                            LANE.with(|l| *l.borrow_mut() = Some((warp, lane, 0)));
-                            for &[z, y, x, w] in warps {
-                                // SAFETY: A, B, C, the bias and the residual hold what
-                                // the kernel reads and writes (as for the SIMT kernels
-                                // below; B's column and A's rows read in aligned
-                                // 16-byte chunks inside K); the lanes of a warp write
-                                // distinct elements of C.
-                                unsafe {
-                                    f(
-                                        a,
-                                        b,
-                                        c,
-                                        bias,
-                                        res,
-                                        q.m as i32,
-                                        q.n as i32,
-                                        q.k as i32,
-                                        lda as i32,
-                                        ldb as i32,
-                                        ldc as i32,
-                                        sa as i64,
-                                        sb as i64,
-                                        sc as i64,
-                                        (32 * w + lane) as i32,
-                                        x as i32,
-                                        y as i32,
-                                        z as i32,
-                                        host_shfl,
-                                    )
-                                };
-                            }
-                        });
-                    }
-                });
-                continue;
-            }
-            // SAFETY: the JIT compiled the kernel with `gpu::kernel::ABI`'s parameters
-            // plus the four indices (`for_host`), which is `Gemm`; `ee` outlives every
-            // call below.
-            let f: Gemm = unsafe { std::mem::transmute::<usize, Gemm>(addr) };
+            let f = host::gemm_entry(&ee, &pk.name()).map_err(TestCaseError::fail)?;
             // The piece's rows start `first_row` rows into A, C and the residual.
             let (ra, rc) = (piece.first_row * lda, piece.first_row * ldc);
-            prop_assert!(ra < a.len() && rc < c.len() && rc < res.len());
+            prop_assert!(ra < a.len() && rc < p.batch * sc && rc < res.len());
+            // SAFETY: the offsets lie inside the buffers (checked above).
+            let at = unsafe {
+                Ptrs(
+                    (a16.as_ptr() as *const u16).add(ra),
+                    b16.as_ptr() as *const u16,
+                    (c16.as_mut_ptr() as *mut u16).add(margin + rc),
+                    bias.as_ptr(),
+                    res.as_ptr().add(rc),
+                )
+            };
+            let thread = |tid: usize, x: usize, y: usize, z: usize| {
+                let (a, b, c, bias, res) = at.get();
+                // SAFETY: A holds `batch` entries of `m` rows of `lda ≥ K`, B `batch`
+                // entries of its `[N, K]` or `[K, N]`, C and the residual `batch`
+                // entries of `m` rows of `ldc ≥ N` (C between margins), bias `N`; the
+                // piece's rows lie inside `m`, and the kernel reads inside its M, N and
+                // K (clamped, or zero-filled past them) and stores inside its M and N.
+                unsafe {
+                    f(
+                        a, b, c, bias, res, q.m as i32, q.n as i32, q.k as i32, lda as i32, ldb as i32,
+                        ldc as i32, sa as i64, sb as i64, sc as i64, tid as i32, x as i32, y as i32,
+                        z as i32,
+                    )
+                }
+            };
             let grid = (q.n.div_ceil(pk.bn), q.m.div_ceil(pk.bm), q.batch);
-            for z in 0..grid.2 {
-                for y in 0..grid.1 {
-                    for x in 0..grid.0 {
-                        for t in 0..pk.threads() {
-                            // SAFETY: A holds `batch` entries of `m` rows of `lda ≥ K`, B
-                            // `batch` entries of its `[N, K]` or `[K, N]`, C and the
-                            // residual `batch` entries of `m` rows of `ldc ≥ N` (and a
-                            // margin), bias `N`; the piece's rows `first_row..first_row +
-                            // q.m` lie inside `m` (checked above: they cover it), and the
-                            // kernel reads rows and columns clamped inside its M and N and
-                            // K below K, and stores inside its M and N only.
-                            unsafe {
-                                f(
-                                    a_ptr.add(ra),
-                                    b_ptr,
-                                    c.as_mut_ptr().add(rc),
-                                    bias.as_ptr(),
-                                    res.as_ptr().add(rc),
-                                    q.m as i32,
-                                    q.n as i32,
-                                    q.k as i32,
-                                    lda as i32,
-                                    ldb as i32,
-                                    ldc as i32,
-                                    sa as i64,
-                                    sb as i64,
-                                    sc as i64,
-                                    t as i32,
-                                    x as i32,
-                                    y as i32,
-                                    z as i32,
-                                )
-                            };
+            if pk.arch == Arch::Simt {
+                // No warp-wide operation: a thread at a time.
+                for z in 0..grid.2 {
+                    for y in 0..grid.1 {
+                        for x in 0..grid.0 {
+                            for t in 0..pk.threads() {
+                                thread(t, x, y, z);
+                            }
                         }
                     }
                 }
+            } else {
+                host::run_blocks(grid, pk.threads(), pk.smem_bytes(), thread);
             }
         }
+        let c = host::as_u16(&c16, c_len);
         let unpad = |v: &[u16], ld: usize, w: usize| -> Vec<u16> {
             (0..p.batch * p.m).flat_map(|r| v[r * ld..r * ld + w].iter().copied()).collect()
         };
@@ -761,10 +558,17 @@ mod on_the_host {
         let o = Operands { elem: k.elem, b_layout: k.b, a: &a0, b: &b, bias: &bias, residual: &r0 };
         let want = reference::gemm(&p, &k.epilogue, &o);
         let scale = (p.k as f64 / 9.0).sqrt().max(1.0);
+        prop_assert!(c[..margin].iter().all(|&x| x == CANARY), "{} {}: before C written", name, p);
+        prop_assert!(
+            c[margin + p.batch * sc..].iter().all(|&x| x == CANARY),
+            "{} {}: past C's end written",
+            name,
+            p
+        );
         for z in 0..p.batch {
             for i in 0..p.m {
                 for j in 0..ldc {
-                    let got = c[z * sc + i * ldc + j];
+                    let got = c[margin + z * sc + i * ldc + j];
                     if j >= p.n {
                         prop_assert_eq!(
                             got,
@@ -779,8 +583,9 @@ mod on_the_host {
                         continue;
                     }
                     let w = want[(z * p.m + i) * p.n + j];
+                    let g = reference::from_bits(k.elem, got);
                     prop_assert!(
-                        reference::close(k.elem, f32_of(got), w, scale, false),
+                        reference::close(k.elem, g, w, scale, false),
                         "{} {} lda+{} ldc+{}: C[{}, {}, {}] = {}, want {}",
                         name,
                         p,
@@ -789,13 +594,12 @@ mod on_the_host {
                         z,
                         i,
                         j,
-                        f32_of(got),
+                        g,
                         w
                     );
                 }
             }
         }
-        prop_assert!(c[p.batch * sc..].iter().all(|&x| x == CANARY), "{name} {p}: past C's end written");
         Ok(())
     }
 
@@ -860,6 +664,58 @@ mod on_the_host {
                 host_cover(&kernels, &one, Problem::new(2, 3, 3, 1032), (16, 1), 3).unwrap();
                 host_cover(&kernels, &one, Problem::new(1, 2, 4, 776), (0, 0), 4).unwrap();
             }
+        }
+    }
+
+    /// The mma.sync kernels (`Arch::Sm80`) whose products run on the host: bf16, both
+    /// B layouts, and the epilogues of the built family on its two K-major tiles.
+    fn mma_kernels() -> Vec<GemmKernel> {
+        let mut out = candidates::family(Elem::Bf16, BLayout::KMajor, Epilogue::NONE);
+        out.extend(candidates::family(Elem::Bf16, BLayout::NMajor, Epilogue::NONE));
+        for e in &EPILOGUES[1..] {
+            out.extend(
+                candidates::family(Elem::Bf16, BLayout::KMajor, *e)
+                    .into_iter()
+                    .filter(|k| matches!((k.bm, k.bn), (16, 64) | (128, 128))),
+            );
+        }
+        out
+    }
+
+    /// Every mma.sync kernel above on the host, `cp.async`, `ldmatrix` and `mma`
+    /// emulated: one past a tile in M and N with K a step and a half, a batch with K
+    /// half a step, and a tile's rows less one with row strides past K and N.
+    #[test]
+    fn mma_sync_kernels_at_the_edges() {
+        let kernels = mma_kernels();
+        for (x, k) in kernels.iter().enumerate() {
+            let n8 = |n: usize| if k.b == BLayout::NMajor { n.div_ceil(8) * 8 } else { n };
+            let one = Cover::one(Choice { kernel: x, splits: 1 });
+            host_cover(&kernels, &one, Problem::new(1, k.bm + 1, n8(k.bn + 3), 48), (0, 0), 1).unwrap();
+            host_cover(&kernels, &one, Problem::new(2, 13, n8(19), 16), (8, 1), 2).unwrap();
+            host_cover(&kernels, &one, Problem::new(1, 2 * k.bm - 1, n8(k.bn + 9), 104), (8, 3), 3).unwrap();
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(8))]
+        #[test]
+        fn mma_sync_kernels_at_random_shapes(
+            which in 0usize..24,
+            batch in 1usize..3,
+            m in prop_oneof![1usize..20, 60usize..70, Just(127)],
+            n in 1usize..150,
+            k8 in 1usize..13,
+            lda_pad8 in 0usize..2,
+            ldc_pad in 0usize..3,
+            seed: u64,
+        ) {
+            let kernels = mma_kernels();
+            prop_assert_eq!(kernels.len(), 24);
+            let k = kernels[which];
+            let n = if k.b == BLayout::NMajor { n.div_ceil(8) * 8 } else { n };
+            let one = Cover::one(Choice { kernel: which, splits: 1 });
+            host_cover(&kernels, &one, Problem::new(batch, m, n, 8 * k8), (8 * lda_pad8, ldc_pad), seed)?;
         }
     }
 

@@ -1,0 +1,469 @@
+//! The GPU kernels' LLVM IR run on the host, so that CI (which has no GPU) runs them
+//! against the oracle. A module is rewritten for this machine: the address spaces
+//! dropped; a thread's and block's indices (`tid.x`, `ctaid.x/y/z`) passed as four
+//! more arguments; the grid's size, the block's shared memory, barriers, `cp.async`
+//! copies, warp shuffles, `ldmatrix` and `mma.sync` made calls of this harness.
+//! A kernel that uses none of the warp-wide operations (the SIMT GEMMs, the split-K
+//! reduction) runs its threads one after another; one that does ([`run_blocks`])
+//! runs a block's threads as threads of the host, which meet at each barrier (the
+//! block's) and each warp-wide operation (the warp's): a shuffle, `ldmatrix` and
+//! `mma` exchange their lanes' operands there and compute what each lane gets as the
+//! PTX ISA lays the fragments out. What is inline PTX (the GELU epilogue's
+//! `tanh.approx`, wgmma, TMA, mbarriers) runs on the device only.
+
+use gpu::reference;
+use gpu::Elem;
+use inkwell::context::Context;
+use inkwell::execution_engine::ExecutionEngine;
+use inkwell::memory_buffer::MemoryBuffer;
+use inkwell::targets::{InitializationConfig, Target};
+use inkwell::OptimizationLevel;
+use std::cell::RefCell;
+use std::sync::{Arc, Barrier, Mutex};
+
+/// The indices every kernel gets as arguments on the host.
+const SREGS: [&str; 4] = ["tid.x", "ctaid.x", "ctaid.y", "ctaid.z"];
+
+/// A GEMM kernel's entry on the host: `gpu::kernel::ABI`, then `tid.x`, `ctaid.x`,
+/// `ctaid.y`, `ctaid.z`.
+pub type Gemm = unsafe extern "C" fn(
+    *const u16,
+    *const u16,
+    *mut u16,
+    *const u16,
+    *const u16,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i64,
+    i64,
+    i64,
+    i32,
+    i32,
+    i32,
+    i32,
+);
+
+/// `(%lhs, x)` of a line `%lhs = fptrunc float x to bfloat`.
+fn fptrunc_to_bf16(line: &str) -> Option<(&str, &str)> {
+    let (lhs, rhs) = line.trim().split_once(" = fptrunc float ")?;
+    Some((lhs, rhs.strip_suffix(" to bfloat")?))
+}
+
+/// The arguments of a call line: what lies between its last `(` and `)`.
+fn call_args(line: &str) -> Vec<&str> {
+    let open = line.rfind('(').unwrap_or(0);
+    let close = line.rfind(')').unwrap_or(line.len());
+    line[open + 1..close].split(", ").collect()
+}
+
+/// `lhs = {ty x n}` rebuilt from `n` values the harness wrote at `%host.scratch`.
+fn from_scratch(lhs: &str, ty: &str, n: usize) -> String {
+    let mut s = String::new();
+    let agg = format!("{{{}}}", vec![ty; n].join(", "));
+    let mut last = "poison".to_string();
+    for i in 0..n {
+        s.push_str(&format!("  {lhs}.p{i} = getelementptr {ty}, ptr %host.scratch, i64 {i}\n"));
+        s.push_str(&format!("  {lhs}.x{i} = load {ty}, ptr {lhs}.p{i}\n"));
+        let next = if i + 1 == n { lhs.to_string() } else { format!("{lhs}.s{i}") };
+        s.push_str(&format!("  {next} = insertvalue {agg} {last}, {ty} {lhs}.x{i}, {i}\n"));
+        last = next;
+    }
+    s
+}
+
+/// One line of a kernel's IR made for the host.
+fn line_for_host(line: &str) -> String {
+    let mut line =
+        line.replace(" addrspace(1)", "").replace(" addrspace(3)", "").replace("@smem", "%host.smem");
+    for r in SREGS {
+        line = line
+            .replace(&format!("call i32 @llvm.nvvm.read.ptx.sreg.{r}()"), &format!("add i32 %host.{r}, 0"));
+    }
+    for (r, f) in [("nctaid.x", "nctaid_x"), ("nctaid.y", "nctaid_y")] {
+        line = line.replace(
+            &format!("call i32 @llvm.nvvm.read.ptx.sreg.{r}()"),
+            &format!("call i32 @anyshape_host_{f}()"),
+        );
+    }
+    line = line
+        .replace(
+            "call float @llvm.nvvm.shfl.sync.bfly.f32(i32 -1, float ",
+            "call float @anyshape_host_shfl(float ",
+        )
+        .replace("call void @llvm.nvvm.barrier0()", "call void @anyshape_host_bar()")
+        .replace("call void @llvm.nvvm.cp.async.cg.shared.global.16.s(", "call void @anyshape_host_cpasync(");
+    if line.contains("@anyshape_host_shfl(") {
+        line = line.replace(", i32 31)", ")");
+    }
+    // Copies complete as they are issued: their groups need no waiting.
+    if line.contains("@llvm.nvvm.cp.async.commit.group") || line.contains("@llvm.nvvm.cp.async.wait.group") {
+        return String::new();
+    }
+    let t = line.trim();
+    if let Some((lhs, rest)) =
+        t.split_once(" = call {i32, i32, i32, i32} @llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.")
+    {
+        let trans = i32::from(rest.starts_with("trans."));
+        let p = call_args(rest)[0];
+        return format!(
+            "  call void @anyshape_host_ldmatrix({p}, ptr %host.scratch, i32 {trans})\n{}",
+            from_scratch(lhs, "i32", 4)
+        );
+    }
+    if let Some((lhs, rest)) =
+        t.split_once(" = call {float, float, float, float} @llvm.nvvm.mma.m16n8k16.row.col.")
+    {
+        let kind = if rest.starts_with("bf16") { 0 } else { 1 };
+        let mut pre = String::new();
+        let mut args = Vec::new();
+        for (i, a) in call_args(rest).into_iter().enumerate() {
+            match a.strip_prefix("<2 x half> ") {
+                Some(v) => {
+                    pre.push_str(&format!("  {lhs}.h{i} = bitcast <2 x half> {v} to i32\n"));
+                    args.push(format!("i32 {lhs}.h{i}"));
+                }
+                None => args.push(a.to_string()),
+            }
+        }
+        return format!(
+            "{pre}  call void @anyshape_host_mma(ptr %host.scratch, i32 {kind}, {})\n{}",
+            args.join(", "),
+            from_scratch(lhs, "float", 4)
+        );
+    }
+    // A pair of bf16 values stored at once: x86 widens a `<2 x bfloat>` to f32 and
+    // rounds it back through a runtime call the JIT cannot resolve; the pair is
+    // built from the rounded 16-bit values (`%x.t` below) instead.
+    if line.contains("<2 x bfloat>") {
+        line = line.replace("<2 x bfloat>", "<2 x i16>");
+        if let Some(at) = line.find(", bfloat %") {
+            let rest = &line[at + ", bfloat ".len()..];
+            let end = rest.find(',').unwrap_or(rest.len());
+            let v = rest[..end].to_string();
+            line = line.replacen(&format!(", bfloat {v}"), &format!(", i16 {v}.t"), 1);
+        }
+    }
+    // Likewise a bf16 value stored in another block than the one that rounded it.
+    if let Some(rest) = line.trim().strip_prefix("store bfloat %") {
+        if let Some((v, ptr)) = rest.split_once(", ") {
+            line = format!("  store i16 %{v}.t, {ptr}");
+        }
+    }
+    if let Some((lhs, x)) = fptrunc_to_bf16(&line) {
+        // x86 rounds to bf16 through a runtime library call the JIT cannot resolve:
+        // the same rounding (to nearest even) spelled out.
+        let t = lhs.trim_start_matches('%');
+        return format!(
+            "  %{t}.b = bitcast float {x} to i32\n  %{t}.odd = lshr i32 %{t}.b, 16\n  \
+             %{t}.lsb = and i32 %{t}.odd, 1\n  %{t}.r = add i32 %{t}.b, 32767\n  \
+             %{t}.r2 = add i32 %{t}.r, %{t}.lsb\n  %{t}.h = lshr i32 %{t}.r2, 16\n  \
+             %{t}.t = trunc i32 %{t}.h to i16\n  {lhs} = bitcast i16 %{t}.t to bfloat"
+        );
+    }
+    line
+}
+
+/// The harness's functions, declared in every module made for the host.
+const HOST_DECLS: &str = "declare void @anyshape_host_bar()
+declare void @anyshape_host_cpasync(ptr, ptr, i32)
+declare void @anyshape_host_ldmatrix(ptr, ptr, i32)
+declare void @anyshape_host_mma(ptr, i32, i32, i32, i32, i32, i32, i32, float, float, float, float)
+declare float @anyshape_host_shfl(float, i32)
+declare ptr @anyshape_host_smem()
+declare i32 @anyshape_host_nctaid_x()
+declare i32 @anyshape_host_nctaid_y()
+";
+
+/// Kernel `name`'s module `ir` made for the host (see the module's text).
+pub fn for_host(ir: &str, name: &str) -> String {
+    let extra: Vec<String> = SREGS.iter().map(|r| format!("i32 %host.{r}")).collect();
+    let mut out = String::new();
+    for line in ir.lines() {
+        if line.starts_with("target ") || line.starts_with("@smem = ") {
+            continue;
+        }
+        if line.starts_with(&format!("define void @{name}(")) {
+            let line = line.replace(" addrspace(1)", "");
+            out.push_str(&line.replace(") {", &format!(", {}) {{", extra.join(", "))));
+            out.push('\n');
+            continue;
+        }
+        if line == "entry:" {
+            out.push_str("entry:\n  %host.scratch = alloca [8 x i32], align 16\n");
+            if ir.contains("@smem") {
+                out.push_str("  %host.smem = call ptr @anyshape_host_smem()\n");
+            }
+            continue;
+        }
+        let line = line_for_host(line);
+        if !line.is_empty() {
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
+    out.push_str(HOST_DECLS);
+    out
+}
+
+/// Kernel `name` of `ir`, made for the host and compiled; the harness's functions
+/// bound to its declarations.
+pub fn engine<'c>(ctx: &'c Context, ir: &str, name: &str) -> Result<ExecutionEngine<'c>, String> {
+    let ir = for_host(ir, name);
+    Target::initialize_native(&InitializationConfig::default()).map_err(|e| e.to_string())?;
+    let module = ctx
+        .create_module_from_ir(MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), name))
+        .map_err(|e| format!("{e}\n{ir}"))?;
+    module.verify().map_err(|e| format!("{e}\n{ir}"))?;
+    let ee = module.create_jit_execution_engine(OptimizationLevel::Default).map_err(|e| e.to_string())?;
+    let fns: [(&str, usize); 8] = [
+        ("anyshape_host_bar", host_bar as *const () as usize),
+        ("anyshape_host_cpasync", host_cpasync as *const () as usize),
+        ("anyshape_host_ldmatrix", host_ldmatrix as *const () as usize),
+        ("anyshape_host_mma", host_mma as *const () as usize),
+        ("anyshape_host_shfl", host_shfl as *const () as usize),
+        ("anyshape_host_smem", host_smem as *const () as usize),
+        ("anyshape_host_nctaid_x", host_nctaid_x as *const () as usize),
+        ("anyshape_host_nctaid_y", host_nctaid_y as *const () as usize),
+    ];
+    for (f, addr) in fns {
+        let value = module.get_function(f).ok_or_else(|| format!("{f} is not declared"))?;
+        ee.add_global_mapping(&value, addr);
+    }
+    Ok(ee)
+}
+
+/// What the threads of a block share: its barrier and shared memory, each warp's
+/// meeting point, the grid's size.
+struct Block {
+    bar: Barrier,
+    smem: *mut u8,
+    warps: Vec<Warp>,
+    grid: (i32, i32),
+}
+
+// SAFETY: `smem` points at the block's shared memory, which outlives the block's
+// threads (scoped in `run_blocks`); the kernel orders its accesses by barriers.
+unsafe impl Send for Block {}
+unsafe impl Sync for Block {}
+
+/// Up to 12 values a lane brings to a warp-wide operation.
+type Operands = [u64; 12];
+
+/// A warp's meeting point: each lane leaves its operands in a slot and, once all 32
+/// have, reads everyone's. Operations alternate between two sets of slots, so that
+/// one meeting an operation suffices: a set is written again only two operations
+/// later, past a meeting that every lane reaches after reading it.
+struct Warp {
+    meet: Barrier,
+    slots: Mutex<[[Operands; 32]; 2]>,
+}
+
+/// The calling thread's block, warp, lane, and count of warp-wide operations so far.
+struct Lane {
+    block: Arc<Block>,
+    warp: usize,
+    lane: usize,
+    ops: usize,
+}
+
+thread_local! {
+    static LANE: RefCell<Option<Lane>> = const { RefCell::new(None) };
+}
+
+fn with_lane<T>(f: impl FnOnce(&mut Lane) -> T) -> T {
+    LANE.with(|l| f(l.borrow_mut().as_mut().expect("a thread of a block run by run_blocks")))
+}
+
+/// The calling lane's operands exchanged with its warp's: every lane's, and its own
+/// lane index.
+fn exchange(mine: Operands) -> ([Operands; 32], usize) {
+    let (block, warp, lane, set) = with_lane(|l| {
+        l.ops += 1;
+        (l.block.clone(), l.warp, l.lane, l.ops % 2)
+    });
+    let w = &block.warps[warp];
+    w.slots.lock().unwrap()[set][lane] = mine;
+    w.meet.wait();
+    let all = w.slots.lock().unwrap()[set];
+    (all, lane)
+}
+
+extern "C" fn host_bar() {
+    let block = with_lane(|l| l.block.clone());
+    block.bar.wait();
+}
+
+extern "C" fn host_smem() -> *mut u8 {
+    with_lane(|l| l.block.smem)
+}
+
+extern "C" fn host_nctaid_x() -> i32 {
+    with_lane(|l| l.block.grid.0)
+}
+
+extern "C" fn host_nctaid_y() -> i32 {
+    with_lane(|l| l.block.grid.1)
+}
+
+/// `cp.async.cg.shared.global` of 16 bytes: `n` copied, the rest zero-filled.
+extern "C" fn host_cpasync(dst: *mut u8, src: *const u8, n: i32) {
+    let n = n.clamp(0, 16) as usize;
+    // SAFETY: the kernel copies 16 bytes into its shared memory and reads `n` bytes
+    // at `src` inside an operand (a copy outside one asks for 0 bytes).
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, n);
+        std::ptr::write_bytes(dst.add(n), 0, 16 - n);
+    }
+}
+
+/// `shfl.sync.bfly` with every lane taking part: lane `l` gets lane `l ^ mask`'s value.
+extern "C" fn host_shfl(v: f32, mask: i32) -> f32 {
+    let mut mine = [0u64; 12];
+    mine[0] = u64::from(v.to_bits());
+    let (all, lane) = exchange(mine);
+    f32::from_bits(all[lane ^ mask as usize][0] as u32)
+}
+
+/// The 16-bit value `i` (0-7) of the 16-byte row at `at`.
+fn row_elem(at: u64, i: usize) -> u32 {
+    // SAFETY: `at` is a lane's row address into the block's shared memory (16 bytes).
+    u32::from(unsafe { *(at as *const u16).add(i) })
+}
+
+/// `ldmatrix.sync.aligned.m8n8.x4(.trans).b16`: lanes `8i..8i+8` give the rows of
+/// matrix `i`; lane `l` gets, of each matrix, row `l/4`'s elements `2(l%4)` and
+/// `2(l%4)+1` (transposed: column `l/4`'s elements of rows `2(l%4)` and `2(l%4)+1`),
+/// the lower index in the lower half.
+extern "C" fn host_ldmatrix(p: *const u8, out: *mut i32, trans: i32) {
+    let mut mine = [0u64; 12];
+    mine[0] = p as u64;
+    let (all, l) = exchange(mine);
+    for i in 0..4 {
+        let (lo, hi) = if trans == 0 {
+            let row = all[8 * i + l / 4][0];
+            (row_elem(row, 2 * (l % 4)), row_elem(row, 2 * (l % 4) + 1))
+        } else {
+            (row_elem(all[8 * i + 2 * (l % 4)][0], l / 4), row_elem(all[8 * i + 2 * (l % 4) + 1][0], l / 4))
+        };
+        // SAFETY: `out` is the kernel's scratch of 8 values.
+        unsafe { *out.add(i) = (lo | (hi << 16)) as i32 };
+    }
+}
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}`: `D = A·B + C` over the
+/// warp, A (16×16) in 4 registers a lane, B (16×8) in 2, C and D (16×8) in 4, laid
+/// out as the PTX ISA's fragments for this shape: with `g = lane/4`, `t = lane%4`,
+/// A's registers hold rows `g`, `g+8`, `g`, `g+8` at columns `2t..2t+2` (the last two
+/// 8 columns on), B's rows `2t..2t+2` and `2t+8..2t+10` of column `g`, C's and D's
+/// rows `g`, `g`, `g+8`, `g+8` at columns `2t`, `2t+1`.
+#[allow(clippy::too_many_arguments)]
+extern "C" fn host_mma(
+    out: *mut f32,
+    kind: i32,
+    a0: i32,
+    a1: i32,
+    a2: i32,
+    a3: i32,
+    b0: i32,
+    b1: i32,
+    c0: f32,
+    c1: f32,
+    c2: f32,
+    c3: f32,
+) {
+    let mut mine = [0u64; 12];
+    for (i, x) in [a0, a1, a2, a3, b0, b1].into_iter().enumerate() {
+        mine[i] = u64::from(x as u32);
+    }
+    let (all, l) = exchange(mine);
+    let elem = if kind == 0 { Elem::Bf16 } else { Elem::F16 };
+    let half = |reg: u64, h: usize| reference::from_bits(elem, (reg >> (16 * h)) as u16);
+    let a = |r: usize, c: usize| {
+        let lane = (r % 8) * 4 + (c % 8) / 2;
+        half(all[lane][r / 8 + 2 * (c / 8)], c % 2)
+    };
+    let b = |k: usize, n: usize| {
+        let lane = n * 4 + (k % 8) / 2;
+        half(all[lane][4 + k / 8], k % 2)
+    };
+    let (g, t) = (l / 4, l % 4);
+    let c = [c0, c1, c2, c3];
+    for (i, acc) in c.into_iter().enumerate() {
+        let (row, col) = (g + 8 * (i / 2), 2 * t + i % 2);
+        let mut d = acc;
+        for k in 0..16 {
+            d += a(row, k) * b(k, col);
+        }
+        // SAFETY: `out` is the kernel's scratch of 8 values.
+        unsafe { *out.add(i) = d };
+    }
+}
+
+/// Runs a grid of `grid` blocks of `threads` threads with `smem` bytes of shared
+/// memory each, one block at a time, its threads as threads of the host:
+/// `thread(tid, x, y, z)` calls the kernel for one thread.
+pub fn run_blocks(
+    grid: (usize, usize, usize),
+    threads: usize,
+    smem: usize,
+    thread: impl Fn(usize, usize, usize, usize) + Sync,
+) {
+    let warps = threads.div_ceil(32);
+    for z in 0..grid.2 {
+        for y in 0..grid.1 {
+            for x in 0..grid.0 {
+                let mut shared = vec![0u128; smem.div_ceil(16).max(1)];
+                let block = Arc::new(Block {
+                    bar: Barrier::new(threads),
+                    smem: shared.as_mut_ptr() as *mut u8,
+                    warps: (0..warps)
+                        .map(|_| Warp { meet: Barrier::new(32), slots: Mutex::new([[[0; 12]; 32]; 2]) })
+                        .collect(),
+                    grid: (grid.0 as i32, grid.1 as i32),
+                });
+                std::thread::scope(|s| {
+                    for tid in 0..threads {
+                        let (block, thread) = (block.clone(), &thread);
+                        s.spawn(move || {
+                            LANE.with(|l| {
+                                *l.borrow_mut() = Some(Lane { block, warp: tid / 32, lane: tid % 32, ops: 0 })
+                            });
+                            thread(tid, x, y, z);
+                        });
+                    }
+                });
+                drop(shared);
+            }
+        }
+    }
+}
+
+/// 16-bit values in a buffer aligned to 16 bytes (the kernels' vector loads and
+/// stores assume it of A, B and C, as the device's allocations give it).
+pub fn aligned(v: &[u16]) -> Vec<u128> {
+    let mut out = vec![0u128; v.len().div_ceil(8)];
+    // SAFETY: `out` holds at least `v.len()` u16 (8 a u128); u128 is aligned for u16.
+    let dst = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u16, v.len()) };
+    dst.copy_from_slice(v);
+    out
+}
+
+/// The 16-bit values of an [`aligned`] buffer.
+pub fn as_u16(v: &[u128], len: usize) -> &[u16] {
+    assert!(len <= 8 * v.len());
+    // SAFETY: `v` holds `8 · v.len() ≥ len` u16; u128 is aligned for u16.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u16, len) }
+}
+
+/// A compiled kernel's entry, by name.
+pub fn gemm_entry(ee: &ExecutionEngine<'_>, name: &str) -> Result<Gemm, String> {
+    let addr = ee.get_function_address(name).map_err(|e| e.to_string())?;
+    // SAFETY: the JIT compiled `name` with `gpu::kernel::ABI`'s parameters plus the
+    // four indices (`for_host`), which is `Gemm`; the caller keeps `ee` alive while
+    // it calls it.
+    Ok(unsafe { std::mem::transmute::<usize, Gemm>(addr) })
+}
