@@ -697,6 +697,124 @@ mod on_the_host {
         }
     }
 
+    /// A split-K kernel's entry on the host: the ABI with C the f32 workspace, `kper`,
+    /// then the four indices.
+    type SplitGemm = unsafe extern "C" fn(
+        *const u16,
+        *const u16,
+        *mut f32,
+        *const u16,
+        *const u16,
+        i32,
+        i32,
+        i32,
+        i32,
+        i32,
+        i32,
+        i64,
+        i64,
+        i64,
+        i32,
+        i32,
+        i32,
+        i32,
+        i32,
+    );
+
+    /// Split-K mma.sync kernel `k` on `p` (one product) in `splits` shares of K, as
+    /// `Gpu::launch_split` launches it: each share's f32 partial product into its
+    /// `[M, N]` slice of the workspace; the slices' sum against the oracle's product,
+    /// and the floats past the last slice untouched.
+    fn host_split_k(k: &GemmKernel, p: Problem, splits: usize, seed: u64) -> Result<(), TestCaseError> {
+        let name = k.name();
+        let ctx = Context::create();
+        let ee = engine(&ctx, &nvptx::llvm_ir(k).unwrap(), &name)?;
+        let addr = ee.get_function_address(&name).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        // SAFETY: the JIT compiled the split-K ABI (with `kper`) plus the four indices
+        // (`for_host`), which is `SplitGemm`; `ee` outlives every call below.
+        let f: SplitGemm = unsafe { std::mem::transmute::<usize, SplitGemm>(addr) };
+        let (per, splits) = k.split_plan(p.k, splits);
+        let mut rnd = values(seed);
+        let a: Vec<u16> = (0..p.m * p.k).map(|_| bf16(rnd())).collect();
+        let b: Vec<u16> = (0..p.n * p.k).map(|_| bf16(rnd())).collect();
+        let (a16, b16) = (host::aligned(&a), host::aligned(&b));
+        let mn = p.m * p.n;
+        let canary = f32::from_bits(0x7fc0_0123);
+        let mut w = vec![canary; splits * mn + 8];
+        let (ldb, zero) = (k.b.extent(&p).1, 0i64);
+        let at = (a16.as_ptr() as usize, b16.as_ptr() as usize, w.as_mut_ptr() as usize);
+        host::run_blocks(
+            (p.n.div_ceil(k.bn), p.m.div_ceil(k.bm), splits),
+            k.threads(),
+            k.smem_bytes(),
+            |t, x, y, z| {
+                // SAFETY: A is `[M, K]`, B `[N, K]` or `[K, N]`, the workspace `splits`
+                // slices of `M·N` floats (and 8 more): split `z` reads A and B inside M, N
+                // and its share of K and writes its slice inside M and N.
+                unsafe {
+                    f(
+                        at.0 as *const u16,
+                        at.1 as *const u16,
+                        at.2 as *mut f32,
+                        std::ptr::null(),
+                        std::ptr::null(),
+                        p.m as i32,
+                        p.n as i32,
+                        p.k as i32,
+                        p.k as i32,
+                        ldb as i32,
+                        p.n as i32,
+                        zero,
+                        zero,
+                        mn as i64,
+                        per as i32,
+                        t as i32,
+                        x as i32,
+                        y as i32,
+                        z as i32,
+                    )
+                }
+            },
+        );
+        let o = Operands { elem: k.elem, b_layout: k.b, a: &a, b: &b, bias: &[], residual: &[] };
+        let want = reference::gemm(&p, &Epilogue::NONE, &o);
+        for i in 0..mn {
+            let got: f64 = (0..splits).map(|s| f64::from(w[s * mn + i])).sum();
+            prop_assert!(
+                (got - want[i]).abs() <= 1e-3 * (1.0 + want[i].abs()),
+                "{} {} x{}: element {}: {} want {}",
+                name,
+                p,
+                splits,
+                i,
+                got,
+                want[i]
+            );
+        }
+        prop_assert!(
+            w[splits * mn..].iter().all(|x| x.to_bits() == canary.to_bits()),
+            "{} {}: past the workspace written",
+            name,
+            p
+        );
+        Ok(())
+    }
+
+    /// The split-K mma.sync kernels of the family on the host: 1, 2, 3 and 5 splits of
+    /// K (a share of a step and a half), one row and one past a tile.
+    #[test]
+    fn split_k_mma_sync_kernels_write_their_shares() {
+        let kernels: Vec<GemmKernel> =
+            candidates::split_k_family(Elem::Bf16).into_iter().filter(|k| k.arch == Arch::Sm80).collect();
+        assert_eq!(kernels.len(), 6, "three tiles, both B layouts");
+        for (x, k) in kernels.iter().enumerate() {
+            let n = if k.b == BLayout::NMajor { 72 } else { 67 };
+            for (m, splits) in [(1, 1), (1, 3), (k.bm + 1, 2), (7, 5)] {
+                host_split_k(k, Problem::new(1, m, n, 240), splits, x as u64).unwrap();
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(8))]
         #[test]
