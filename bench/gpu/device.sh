@@ -14,9 +14,9 @@ export PYTHONUNBUFFERED=1
 rt="$here/anyshape-gpu"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv 2>&1 | tee "$out/device.txt"
 "$rt" info 2>&1 | tee -a "$out/device.txt"
-# Seven processes: the GEMV and the SIMT kernels first, then the TMA and the
-# persistent ones (the newest: a hang or fault there costs only their own check),
-# then mma.sync, wgmma, and wgmma with a group in flight.
+# Eight processes: the GEMV, the element-by-element mma.sync and the SIMT kernels
+# first, then the TMA and the persistent ones (the newest: a hang or fault there
+# costs only their own check), then mma.sync, wgmma, and wgmma with a group in flight.
 chk() { # NAME TIMEOUT CASES ARGS...
     local name=$1 t=$2 cases=$3; shift 3
     timeout "$t" "$rt" check --dir "$here/kernels" --cases "$cases" --json "$out/check-$name.json" "$@" >> "$out/check.log" 2>&1
@@ -24,21 +24,23 @@ chk() { # NAME TIMEOUT CASES ARGS...
 }
 : > "$out/check.log"
 chk gemv ${TMA_CHECK_S:-60} ${CASES:-4} --filter gemm_gemv_
+chk unaligned ${TMA_CHECK_S:-60} ${CASES:-4} --filter gemm_ua_
 chk simt ${TMA_CHECK_S:-60} ${CASES:-4} --filter gemm_simt_
 chk tma ${TMA_CHECK_S:-60} ${CASES:-4} --filter gemm_wgt_
 chk persistent ${TMA_CHECK_S:-60} ${CASES:-4} --filter gemm_wgp_
-chk mma ${CHECK_S:-120} ${OTHER_CASES:-${CASES:-4}} --exclude gemm_wg --exclude gemm_simt_ --exclude gemm_gemv_
+chk mma ${CHECK_S:-120} ${OTHER_CASES:-${CASES:-4}} --exclude gemm_wg --exclude gemm_simt_ --exclude gemm_gemv_ --exclude gemm_ua_
 chk wgmma ${CHECK_S:-120} ${OTHER_CASES:-${CASES:-4}} --filter gemm_wg_
 chk wgmma-overlap ${CHECK_S:-120} ${OTHER_CASES:-${CASES:-4}} --filter gemm_wgo_
 grep -E "runs|exit" "$out/check.log"
 grep -vE " ok$|runs|exit|^check on" "$out/check.log" | cut -c1-400 | head -30
 skip=()
-for name in gemv simt tma persistent mma wgmma wgmma-overlap; do
+for name in gemv unaligned simt tma persistent mma wgmma wgmma-overlap; do
     f="$out/check-$name.json"
     [ -f "$f" ] && skip+=(--skip-failed "$f")
 done
 # A check that wrote no report (killed: a hang) leaves its kernels out.
 [ -f "$out/check-gemv.json" ] || skip+=(--exclude gemm_gemv_)
+[ -f "$out/check-unaligned.json" ] || skip+=(--exclude gemm_ua_)
 [ -f "$out/check-simt.json" ] || skip+=(--exclude gemm_simt_)
 [ -f "$out/check-tma.json" ] || skip+=(--exclude gemm_wgt_)
 [ -f "$out/check-persistent.json" ] || skip+=(--exclude gemm_wgp_)

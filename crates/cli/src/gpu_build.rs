@@ -54,8 +54,8 @@ pub fn reducers() -> Vec<ReduceKernel> {
 /// The family that is built: for bf16 and f16, both B layouts, every block tile of
 /// `candidates::family` (mma.sync) and the wgmma tiles (K-major B) without an
 /// epilogue; and for bf16 with a K-major B (a pre-packed weight) the epilogues a
-/// transformer's projections fuse, on two mma.sync tiles, the TMA tiles and the GEMV
-/// kernels.
+/// transformer's projections fuse, on two mma.sync tiles, the TMA tiles, the GEMV
+/// kernels and the element-by-element mma.sync cover.
 pub fn family() -> Vec<GemmKernel> {
     let mut out = Vec::new();
     for elem in [Elem::Bf16, Elem::F16] {
@@ -78,6 +78,7 @@ pub fn family() -> Vec<GemmKernel> {
             }
         }
         out.extend(candidates::gemv_family(Elem::Bf16, epilogue));
+        out.extend(candidates::unaligned_family(Elem::Bf16, epilogue));
     }
     out
 }

@@ -124,6 +124,10 @@ struct Copy {
     k0: String,
     soff: String,
     guard: Option<String>,
+    /// Along the chunk's contiguous dimension: its first index (before the K step's
+    /// advance, for a K-major chunk) and the extent there (`%K` or `%N`); an
+    /// unaligned kernel guards each element by them.
+    along: (String, &'static str),
 }
 
 /// Where two adjacent values of a fragment land in C (see `Gen::spot`).
@@ -862,7 +866,7 @@ impl Gen {
                     let ldb64 = self.v("sext i32 %ldb to i64");
                     let step = self.v(format!("mul i64 {ldb64}, {}", k.bk()));
                     let soff = self.swizzled(&krow, &c, k.bn * 2, 7, 0);
-                    b.push(Copy { g, step, ok, k0: krow, soff, guard });
+                    b.push(Copy { g, step, ok, k0: krow, soff, guard, along: (gn, "%N") });
                 }
             }
         }
@@ -888,7 +892,7 @@ impl Gen {
         let k0 = self.v(format!("shl i32 {c}, 3"));
         let g = self.row_ptr(base, &grow, ld, &k0);
         let soff = self.kmajor_offset(&row, &c);
-        Copy { g, step: format!("{}", self.k.bk()), ok, k0, soff, guard }
+        Copy { g, step: format!("{}", self.k.bk()), ok, k0: k0.clone(), soff, guard, along: (k0, "%K") }
     }
 
     fn and_guard(&mut self, ok: &str, guard: &Option<String>) -> String {
@@ -930,10 +934,10 @@ impl Gen {
                 let kok = self.v(format!("icmp slt i32 {kk}, %K"));
                 let ok = self.v(format!("and i1 {kok}, {}", cp.ok));
                 let adv = self.v(format!("mul i64 {kt64}, {}", cp.step));
-                let src = self.v(format!("getelementptr i16, ptr addrspace(1) {}, i64 {adv}", cp.g));
+                let raw = self.v(format!("getelementptr i16, ptr addrspace(1) {}, i64 {adv}", cp.g));
                 let fallback = if which == 0 { "%A" } else { "%B" };
                 let src =
-                    self.v(format!("select i1 {ok}, ptr addrspace(1) {src}, ptr addrspace(1) {fallback}"));
+                    self.v(format!("select i1 {ok}, ptr addrspace(1) {raw}, ptr addrspace(1) {fallback}"));
                 let size = self.v(format!("select i1 {ok}, i32 16, i32 0"));
                 let tile = if which == 0 {
                     cp.soff.clone()
@@ -942,15 +946,41 @@ impl Gen {
                 };
                 let off = self.v(format!("add i32 {base}, {tile}"));
                 let dst = self.smem_ptr(&off);
-                self.emit(format!(
-                    "call void @llvm.nvvm.cp.async.cg.shared.global.16.s(ptr addrspace(3) {dst}, ptr addrspace(1) {src}, i32 {size})"
-                ));
+                if self.k.unaligned {
+                    self.element_copy(cp, (&raw, &ok, &kk), fallback, &dst);
+                } else {
+                    self.emit(format!(
+                        "call void @llvm.nvvm.cp.async.cg.shared.global.16.s(ptr addrspace(3) {dst}, ptr addrspace(1) {src}, i32 {size})"
+                    ));
+                }
                 if let Some(next) = skip {
                     self.emit(format!("br label %{next}"));
                     self.block(&next);
                 }
             }
         }
+    }
+
+    /// An unaligned kernel's chunk: its 8 elements loaded one by one (a 16-bit load
+    /// each, guarded by the chunk's `ok` and the element's index along the chunk's
+    /// contiguous dimension; zeros past them, the load then reading the operand's
+    /// first element) and stored to `dst` 16 bytes at once. `raw` is the chunk's
+    /// address this step and `kk` its first K index (a K-major chunk's index there).
+    fn element_copy(&mut self, cp: &Copy, (raw, ok, kk): (&str, &str, &str), fallback: &str, dst: &str) {
+        let (first, extent) = (&cp.along.0, cp.along.1);
+        let first = if extent == "%K" { kk.to_string() } else { first.clone() };
+        let mut v = "zeroinitializer".to_string();
+        for e in 0..8 {
+            let at = self.v(format!("add i32 {first}, {e}"));
+            let inside = self.v(format!("icmp slt i32 {at}, {extent}"));
+            let live = self.v(format!("and i1 {ok}, {inside}"));
+            let p = self.v(format!("getelementptr i16, ptr addrspace(1) {raw}, i64 {e}"));
+            let p = self.v(format!("select i1 {live}, ptr addrspace(1) {p}, ptr addrspace(1) {fallback}"));
+            let x = self.v(format!("load i16, ptr addrspace(1) {p}, align 2"));
+            let x = self.v(format!("select i1 {live}, i16 {x}, i16 0"));
+            v = self.v(format!("insertelement <8 x i16> {v}, i16 {x}, i32 {e}"));
+        }
+        self.emit(format!("store <8 x i16> {v}, ptr addrspace(3) {dst}, align 16"));
     }
 
     /// The first `ahead` steps in flight, a group committed for each (empty past
@@ -1774,9 +1804,13 @@ impl Gen {
     /// (`gpu::kernel::ABI`).
     fn finish(self) -> String {
         let k = self.k;
+        // A and B are read in 16-byte copies (aligned: the runner checks their rows and
+        // batch strides) but by an unaligned kernel; C is stored at any row (a piece of
+        // a two-size cover starts at any row).
+        let align = if k.unaligned { "" } else { "align 16 " };
         let params = format!(
-            "ptr addrspace(1) readonly align 16 %A, ptr addrspace(1) readonly align 16 %B, \
-             ptr addrspace(1) align 16 %C, ptr addrspace(1) readonly %bias, ptr addrspace(1) readonly %res, \
+            "ptr addrspace(1) readonly {align}%A, ptr addrspace(1) readonly {align}%B, \
+             ptr addrspace(1) %C, ptr addrspace(1) readonly %bias, ptr addrspace(1) readonly %res, \
              i32 %M, i32 %N, i32 %K, i32 %lda, i32 %ldb, i32 %ldc, i64 %sa, i64 %sb, i64 %sc{}{}{}",
             if k.split_k { ", i32 %kper" } else { "" },
             if k.persistent { ", i32 %batch" } else { "" },

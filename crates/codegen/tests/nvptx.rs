@@ -137,6 +137,7 @@ fn an_invalid_kernel_is_an_error_not_a_panic() {
         split_k: false,
         tma: false,
         persistent: false,
+        unaligned: false,
     };
     let e = nvptx::llvm_ir(&bad).unwrap_err().to_string();
     assert!(e.contains("warp tile 24x32"), "{e}");
@@ -171,6 +172,7 @@ fn golden_ptx() {
         split_k: false,
         tma: false,
         persistent: false,
+        unaligned: false,
     };
     golden("gemm_bf16_nt_16x64_w1x4_s4.ptx", &nvptx::ptx(&small).unwrap());
     let nn = GemmKernel {
@@ -276,6 +278,11 @@ fn ptxas_accepts_every_family_kernel() {
         Epilogue { bias: true, gelu: Some(Gelu::Erf), residual: true },
     ));
     kernels.extend(candidates::gemv_family(Elem::F16, Epilogue::NONE));
+    kernels.extend(candidates::unaligned_family(Elem::F16, Epilogue::NONE));
+    kernels.extend(candidates::unaligned_family(
+        Elem::Bf16,
+        Epilogue { bias: true, gelu: Some(Gelu::Erf), residual: true },
+    ));
     kernels.extend(candidates::gemv_family(
         Elem::Bf16,
         Epilogue { bias: true, gelu: Some(Gelu::Tanh), residual: true },
@@ -815,8 +822,43 @@ mod on_the_host {
         }
     }
 
+    /// The tensor-core cover (mma.sync loading element by element) on the host at
+    /// what the aligned kernels refuse: odd K, odd row strides of A and C, an N-major
+    /// B with odd N; one element, one past a tile, a batch; with and without a bias
+    /// and residual.
+    #[test]
+    fn unaligned_mma_sync_kernels_at_odd_shapes() {
+        let mut kernels = candidates::unaligned_family(Elem::Bf16, Epilogue::NONE);
+        kernels.extend(candidates::unaligned_family(Elem::Bf16, EPILOGUES[2]));
+        assert_eq!(kernels.len(), 8);
+        for (x, k) in kernels.iter().enumerate() {
+            assert!(k.accepts(&Problem::new(2, 5, 7, 13)).is_ok());
+            let one = Cover::one(Choice { kernel: x, splits: 1 });
+            host_cover(&kernels, &one, Problem::new(1, 1, 1, 1), (0, 0), 1).unwrap();
+            host_cover(&kernels, &one, Problem::new(1, k.bm + 1, k.bn + 3, 37), (1, 2), 2).unwrap();
+            host_cover(&kernels, &one, Problem::new(2, 13, 19, 100), (3, 1), 3).unwrap();
+            host_cover(&kernels, &one, Problem::new(1, 2 * k.bm - 1, k.bn + 9, 75), (0, 0), 4).unwrap();
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(8))]
+        #[test]
+        fn unaligned_mma_sync_kernels_at_random_shapes(
+            which in 0usize..4,
+            batch in 1usize..3,
+            m in 1usize..80,
+            n in 1usize..140,
+            k in 1usize..120,
+            lda_pad in 0usize..3,
+            ldc_pad in 0usize..3,
+            seed: u64,
+        ) {
+            let kernels = candidates::unaligned_family(Elem::Bf16, EPILOGUES[2]);
+            let one = Cover::one(Choice { kernel: which, splits: 1 });
+            host_cover(&kernels, &one, Problem::new(batch, m, n, k), (lda_pad, ldc_pad), seed)?;
+        }
+
         #[test]
         fn mma_sync_kernels_at_random_shapes(
             which in 0usize..24,

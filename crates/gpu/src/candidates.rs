@@ -127,6 +127,7 @@ fn plain(
         split_k: false,
         tma: false,
         persistent: false,
+        unaligned: false,
     }
 }
 
@@ -188,6 +189,23 @@ pub fn plain_family(elem: Elem) -> Vec<GemmKernel> {
     out.extend(split_k_family(elem));
     out.extend(simt_family(elem, Epilogue::NONE));
     out.extend(gemv_family(elem, Epilogue::NONE));
+    out.extend(unaligned_family(elem, Epilogue::NONE));
+    out
+}
+
+/// The tensor-core cover (`GemmKernel::unaligned`) for both B layouts: mma.sync
+/// tiles 32×64 and 64×128 loading their operands element by element, for what the
+/// aligned kernels refuse (K not a multiple of 8, unaligned leading dimensions, an
+/// N-major B with N not a multiple of 8).
+pub fn unaligned_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
+    let mut out = Vec::new();
+    for b in [BLayout::KMajor, BLayout::NMajor] {
+        for k in family(elem, b, epilogue) {
+            if matches!((k.bm, k.bn), (32, 64) | (64, 128)) {
+                out.push(GemmKernel { unaligned: true, ..k });
+            }
+        }
+    }
     out
 }
 

@@ -183,6 +183,14 @@ pub struct GemmKernel {
     /// more argument (i32, before the tensor maps): the batch.
     #[serde(default)]
     pub persistent: bool,
+    /// mma.sync only: each stage's tiles loaded element by element (a 16-bit load an
+    /// element, guarded against M, N and K, zeros past them) and stored to shared
+    /// memory 16 bytes at a time, in place of `cp.async`'s 16-byte copies; so no
+    /// alignment rule binds the operands (K not a multiple of 8, any leading
+    /// dimension, an N-major B with any N). The tensor cores' cover for what the
+    /// aligned kernels refuse; the model offers it only there.
+    #[serde(default)]
+    pub unaligned: bool,
 }
 
 /// The second launch of a split-K product: `C[m, n] = epilogue(Σ_s W[s, m, n])`,
@@ -236,6 +244,7 @@ impl GemmKernel {
         format!(
             "gemm_{}{}_{}_{}x{}_w{}x{}_s{}{}{}",
             match (self.arch, self.overlap, self.tma, self.persistent) {
+                (Arch::Sm80, ..) if self.unaligned => "ua_",
                 (Arch::Sm80, ..) => "",
                 (Arch::Simt, ..) => "simt_",
                 (Arch::Gemv, ..) => "gemv_",
@@ -326,6 +335,12 @@ impl GemmKernel {
         }
     }
 
+    /// A kernel that takes any operand (a SIMT kernel, or an mma.sync kernel that
+    /// loads element by element): the family's cover for what the others refuse.
+    pub fn is_cover(&self) -> bool {
+        self.arch == Arch::Simt || self.unaligned
+    }
+
     /// Warpgroups (4 warps each) of a wgmma kernel.
     pub fn warpgroups(&self) -> usize {
         self.warps() / 4
@@ -397,6 +412,9 @@ impl GemmKernel {
         }
         if self.tma && (self.arch != Arch::Sm90a || self.overlap) {
             return bad("TMA kernels are wgmma kernels with their own pipeline (not `overlap`)".into());
+        }
+        if self.unaligned && (self.arch != Arch::Sm80 || self.split_k) {
+            return bad("element-by-element loads are an mma.sync kernel's, without split-K".into());
         }
         if self.persistent && (!self.tma || self.split_k) {
             return bad("persistent kernels are TMA kernels over whole products (not split-K)".into());
@@ -511,7 +529,7 @@ impl GemmKernel {
         if p.m == 0 || p.n == 0 || p.k == 0 || p.batch == 0 {
             return Err(format!("empty product {p}"));
         }
-        if self.arch == Arch::Simt {
+        if self.is_cover() {
             return self.fits_grid(p);
         }
         if !p.k.is_multiple_of(8) {

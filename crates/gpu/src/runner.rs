@@ -3,7 +3,7 @@
 //! (`dynamic-loading`), so this builds on machines without CUDA, and a machine
 //! without the driver gets [`GpuError::NoDriver`], not a crash.
 
-use crate::kernel::{Arch, Elem, Epilogue, GemmKernel, Problem, ReduceKernel, BK_WGMMA};
+use crate::kernel::{Elem, Epilogue, GemmKernel, Problem, ReduceKernel, BK_WGMMA};
 use crate::manifest::Manifest;
 use crate::wave::DeviceLimits;
 use cudarc::driver::sys::{
@@ -326,7 +326,7 @@ impl Gpu {
         k.accepts(p).map_err(|e| GpuError::Plan(format!("{k} on {p}: {e}")))?;
         // The 16-byte copies' alignment (a SIMT kernel reads element by element).
         let aligned = [o.lda, o.ldb, o.sa, o.sb].iter().all(|x| x.is_multiple_of(8));
-        if k.arch != Arch::Simt && !aligned {
+        if !k.is_cover() && !aligned {
             return Err(GpuError::Plan(format!(
                 "{k} on {p}: lda, ldb and A's and B's batch strides must be multiples of 8"
             )));

@@ -7,7 +7,7 @@
 //! the levels above are modeled, Vortex §5). A memory floor (operands and
 //! result moved once at the device's bandwidth) and the launch cost bound it below.
 
-use crate::kernel::{Arch, GemmKernel, Problem};
+use crate::kernel::{GemmKernel, Problem};
 use serde::{Deserialize, Serialize};
 
 /// What the model knows of the device (queried by the runner, or Hopper's figures).
@@ -287,10 +287,11 @@ impl WaveModel {
     /// number of working splits).
     pub fn choices(&self, p: &Problem) -> Vec<Choice> {
         let mut out = Vec::new();
-        // The SIMT kernels only where no tensor-core kernel takes the product.
-        let tensor_cores = self.kernels.iter().any(|k| k.arch != Arch::Simt && k.accepts(p).is_ok());
+        // The cover kernels (SIMT, element-by-element mma.sync) only where no other
+        // kernel takes the product.
+        let aligned = self.kernels.iter().any(|k| !k.is_cover() && k.accepts(p).is_ok());
         for (i, k) in self.kernels.iter().enumerate() {
-            if k.accepts(p).is_err() || (tensor_cores && k.arch == Arch::Simt) {
+            if k.accepts(p).is_err() || (aligned && k.is_cover()) {
                 continue;
             }
             if !k.split_k {

@@ -28,6 +28,7 @@ fn mma(bm: usize, bn: usize, warps_m: usize, warps_n: usize) -> GemmKernel {
         split_k: false,
         tma: false,
         persistent: false,
+        unaligned: false,
     }
 }
 
@@ -609,4 +610,31 @@ fn simt_kernels_take_any_k_and_are_offered_only_where_no_tensor_core_kernel_is()
     let choices = m.choices(&odd);
     assert_eq!(choices, vec![Choice { kernel: 2, splits: 1 }]);
     assert_eq!(m.choose(&odd).unwrap().0.kernel, 2);
+}
+
+/// The tensor-core cover: mma.sync tiles that load element by element take any
+/// operand, and the model offers them (beside the SIMT cover) only where the aligned
+/// kernels refuse the product.
+#[test]
+fn unaligned_mma_kernels_take_any_operand_and_are_offered_only_as_a_cover() {
+    let ua = candidates::unaligned_family(Elem::Bf16, Epilogue::NONE);
+    assert_eq!(ua.len(), 4, "two tiles, two layouts");
+    for k in &ua {
+        assert!(k.check().is_ok() && k.is_cover() && k.unaligned, "{k}");
+        assert!(k.name().starts_with("gemm_ua_bf16_"), "{k}");
+        assert!(k.accepts(&Problem::new(2, 5, 7, 13)).is_ok(), "{k}");
+        assert!(k.accepts(&Problem::new(1, 0, 1, 1)).is_err(), "{k}");
+    }
+    let k = ua[0];
+    assert!(GemmKernel { split_k: true, ..k }.check().is_err());
+    assert!(GemmKernel { arch: Arch::Sm90a, warps_m: k.bm / 16, warps_n: 1, ..k }.check().is_err());
+    let mut m = model();
+    m.kernels.push(k);
+    m.rates.push(KernelRate { name: k.name(), ..m.rates[0].clone() });
+    let simt = candidates::simt_family(Elem::Bf16, Epilogue::NONE)[0];
+    m.kernels.push(simt);
+    m.rates.push(KernelRate { name: simt.name(), ..m.rates[0].clone() });
+    assert!(m.choices(&Problem::new(1, 64, 768, 768)).iter().all(|c| !m.kernels[c.kernel].is_cover()));
+    let kernels: Vec<usize> = m.choices(&Problem::new(1, 64, 768, 100)).iter().map(|c| c.kernel).collect();
+    assert_eq!(kernels, [2, 3]);
 }

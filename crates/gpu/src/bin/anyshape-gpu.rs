@@ -15,7 +15,7 @@ use gpu::reference::{self, Operands};
 use gpu::replay::{self, Record, Regret};
 use gpu::runner::{DeviceOperands, Gpu, GpuError, Loaded, LoadedReducer, Workspace};
 use gpu::wave::{calibration_grids, occupancy, KernelRate, ReduceRate, WaveModel, FEW_BLOCKS, REDUCE_CHUNK};
-use gpu::{Arch, BLayout, Choice, Cover, Elem, Epilogue, GemmKernel, MTree, Manifest, Problem, Split};
+use gpu::{BLayout, Choice, Cover, Elem, Epilogue, GemmKernel, MTree, Manifest, Problem, Split};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::json;
@@ -376,7 +376,7 @@ fn verify(k: &GemmKernel, case: &Case, got: &[u16], want: &[f64]) -> Vec<String>
 /// one product for a split-K kernel. A SIMT kernel, which has no alignment rule, gets
 /// odd K, leading dimensions and N-major N instead.
 fn shapes(k: &GemmKernel, rng: &mut StdRng, random: usize) -> Vec<(Problem, usize, usize)> {
-    let any = k.arch == Arch::Simt;
+    let any = k.is_cover();
     let n8 = |n: usize| if k.b == BLayout::NMajor && !any { n.div_ceil(8) * 8 } else { n };
     let k8 = |kk: usize| if any { kk + 3 } else { kk };
     let pad = |p: usize| if any { p + 1 } else { p };
@@ -419,8 +419,8 @@ fn cover_cases(main: usize, kernels: &[GemmKernel], reducers: &[LoadedReducer]) 
     if k.split_k {
         return Vec::new();
     }
-    // Odd K for a SIMT main, which its tensor-core partners then refuse.
-    let kk = if k.arch == Arch::Simt { 75 } else { 72 };
+    // Odd K for a cover main (SIMT, element by element), which the other kernels refuse.
+    let kk = if k.is_cover() { 75 } else { 72 };
     let n = if k.b == BLayout::NMajor { (k.bn + 9).div_ceil(8) * 8 } else { k.bn + 9 };
     let partners = |p: &Problem, split_k: bool| -> Vec<usize> {
         (0..kernels.len())
@@ -530,7 +530,7 @@ fn check(
                 .split_k
                 .then(|| reducers.iter().find(|r| r.kernel.elem == k.elem && r.kernel.epilogue == k.epilogue))
                 .flatten();
-            let (lda_pad, ldc_pad) = (if k.arch == Arch::Simt { 1 } else { 8 }, 3);
+            let (lda_pad, ldc_pad) = (if k.is_cover() { 1 } else { 8 }, 3);
             let case = Case::new(&mut rng, k, p, lda_pad, ldc_pad);
             let got = case.upload(&gpu, k).and_then(|mut ops| {
                 let mut w = gpu.alloc_f32(workspace_len(&kernels, &cover, &p))?;
