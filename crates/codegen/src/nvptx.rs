@@ -271,12 +271,7 @@ fn simt_ir(k: &GemmKernel) -> String {
     let row0 = g.v(format!("add i32 {row0}, {ty}"));
     let col0 = g.v(format!("mul i32 {bx}, {}", k.bn));
     let col0 = g.v(format!("add i32 {col0}, {tx}"));
-    let bz64 = g.v(format!("zext i32 {bz} to i64"));
-    let oa = g.v(format!("mul i64 {bz64}, %sa"));
-    let ob = g.v(format!("mul i64 {bz64}, %sb"));
-    let oc = g.v(format!("mul i64 {bz64}, %sc"));
-    let a_base = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %A, i64 {oa}"));
-    let b_base = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %B, i64 {ob}"));
+    let (a_base, b_base, oc) = g.batch_entry(&bz);
     let last_m = g.v("add i32 %M, -1");
     let last_n = g.v("add i32 %N, -1");
     let lda = g.v("sext i32 %lda to i64");
@@ -397,14 +392,9 @@ fn gemv_ir(k: &GemmKernel) -> String {
     let last_n = g.v("add i32 %N, -1");
     let n_read = g.v(format!("select i1 {n_in}, i32 {n}, i32 {last_n}"));
     let m0 = g.v(format!("mul i32 {by}, {}", k.bm));
-    let bz64 = g.v(format!("zext i32 {bz} to i64"));
-    let oa = g.v(format!("mul i64 {bz64}, %sa"));
-    let ob = g.v(format!("mul i64 {bz64}, %sb"));
-    let oc = g.v(format!("mul i64 {bz64}, %sc"));
+    let (a_base, b_base, oc) = g.batch_entry(&bz);
     let lda = g.v("sext i32 %lda to i64");
     let ldb = g.v("sext i32 %ldb to i64");
-    let a_base = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %A, i64 {oa}"));
-    let b_base = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %B, i64 {ob}"));
     let n64 = g.v(format!("zext i32 {n_read} to i64"));
     let b_off = g.v(format!("mul i64 {n64}, {ldb}"));
     let b_col = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {b_base}, i64 {b_off}"));
@@ -610,6 +600,18 @@ impl Ir {
             let _ = writeln!(m, "!{} = !{{ptr @{name}, {a}}}", i + 2);
         }
         m
+    }
+
+    /// Batch entry `bz`'s A and B (pointers at their batch strides) and C's offset
+    /// (elements, C's batch stride).
+    fn batch_entry(&mut self, bz: &str) -> (String, String, String) {
+        let bz64 = self.v(format!("zext i32 {bz} to i64"));
+        let oa = self.v(format!("mul i64 {bz64}, %sa"));
+        let ob = self.v(format!("mul i64 {bz64}, %sb"));
+        let oc = self.v(format!("mul i64 {bz64}, %sc"));
+        let a = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %A, i64 {oa}"));
+        let b = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %B, i64 {ob}"));
+        (a, b, oc)
     }
 
     /// The 16-bit element `off` (i64) past `base`, widened to f32.
