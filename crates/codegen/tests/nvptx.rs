@@ -509,7 +509,7 @@ mod on_the_host {
         prop_assert_eq!(rows, p.m, "{}: the pieces cover every row once", &name);
         for piece in pieces {
             let (pk, q) = (&kernels[piece.choice.kernel], piece.problem);
-            prop_assert!(matches!(pk.arch, Arch::Simt | Arch::Gemv | Arch::Sm80) && !pk.split_k);
+            prop_assert!(!pk.split_k && !pk.tma, "{}: runs on the device only", pk);
             prop_assert!(pk.elem == k.elem && pk.b == k.b && pk.epilogue == k.epilogue);
             let ee = engine(&ctx, &nvptx::llvm_ir(pk).unwrap(), &pk.name())?;
             let f = host::gemm_entry(&ee, &pk.name()).map_err(TestCaseError::fail)?;
@@ -819,6 +819,27 @@ mod on_the_host {
             for (m, splits) in [(1, 1), (1, 3), (k.bm + 1, 2), (7, 5)] {
                 host_split_k(k, Problem::new(1, m, n, 240), splits, x as u64).unwrap();
             }
+        }
+    }
+
+    /// The wgmma kernels fed by `cp.async` (`Arch::Sm90a`, not TMA) on the host,
+    /// `wgmma.mma_async` emulated through its descriptors and 128-byte swizzle: both
+    /// pipelines (a group in flight or not), every tile, and the built epilogues on
+    /// 128×128; one past a tile in M and N with K a step and a half, a batch, row
+    /// strides past K and N.
+    #[test]
+    fn wgmma_kernels_at_the_edges() {
+        let mut kernels = candidates::wgmma_family(Elem::Bf16, Epilogue::NONE);
+        for e in &EPILOGUES[1..] {
+            kernels.extend(
+                candidates::wgmma_family(Elem::Bf16, *e).into_iter().filter(|k| (k.bm, k.bn) == (128, 128)),
+            );
+        }
+        assert_eq!(kernels.len(), 12);
+        for (x, k) in kernels.iter().enumerate() {
+            let one = Cover::one(Choice { kernel: x, splits: 1 });
+            host_cover(&kernels, &one, Problem::new(1, k.bm + 1, k.bn + 3, 96), (0, 0), 1).unwrap();
+            host_cover(&kernels, &one, Problem::new(2, 13, 19, 64), (8, 1), 2).unwrap();
         }
     }
 

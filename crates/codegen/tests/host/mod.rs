@@ -104,6 +104,28 @@ fn line_for_host(line: &str) -> String {
         return String::new();
     }
     let t = line.trim();
+    if t.starts_with("call void asm sideeffect \"fence.proxy.async.shared::cta;\"") {
+        return String::new();
+    }
+    if t.contains("asm sideeffect") && t.contains("wgmma.mma_async.sync.aligned.m64n") {
+        return wgmma_for_host(t);
+    }
+    // A group's wait alone passes the accumulators through (they are complete on
+    // the host when issued).
+    if let Some((lhs, rest)) = t.split_once(" = call ") {
+        if rest.contains("asm sideeffect \"wgmma.wait_group.sync.aligned") {
+            let args = call_args(rest);
+            let agg = format!("{{{}}}", vec!["float"; args.len()].join(", "));
+            let mut s = String::new();
+            let mut last = "poison".to_string();
+            for (i, a) in args.iter().enumerate() {
+                let next = if i + 1 == args.len() { lhs.to_string() } else { format!("{lhs}.w{i}") };
+                s.push_str(&format!("  {next} = insertvalue {agg} {last}, {a}, {i}\n"));
+                last = next;
+            }
+            return s;
+        }
+    }
     if let Some((lhs, rest)) =
         t.split_once(" = call {i32, i32, i32, i32} @llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.")
     {
@@ -167,11 +189,52 @@ fn line_for_host(line: &str) -> String {
     line
 }
 
+/// A step's `wgmma` products in one asm statement (`codegen::nvptx`'s
+/// `wgmma_products`: `%r = call {float × n} asm "… wgmma.mma_async … m64n{bn}k16 …",
+/// …"(i64 descriptors…, i32 scale, float accumulators…)`) made a call of the harness:
+/// the descriptors and accumulators through `%host.wgmma` (descriptors from i64 0,
+/// accumulators from float 128), the accumulators read back into `%r`.
+fn wgmma_for_host(t: &str) -> String {
+    let (lhs, rest) = t.split_once(" = call ").expect("a wgmma statement's result");
+    let nacc = rest[..rest.find('}').unwrap_or(0)].matches("float").count();
+    let shape = &rest[rest.find("m64n").unwrap_or(0) + 4..];
+    let bn: usize = shape[..shape.find('k').unwrap_or(0)].parse().unwrap_or(0);
+    let kind = i32::from(!rest.contains(".f32.bf16.bf16"));
+    let steps = rest.matches("wgmma.mma_async").count();
+    let args = call_args(rest);
+    let mut s = String::new();
+    for (j, a) in args.iter().take(2 * steps).enumerate() {
+        s.push_str(&format!(
+            "  {lhs}.d{j} = getelementptr i64, ptr %host.wgmma, i64 {j}\n  store {a}, ptr {lhs}.d{j}\n"
+        ));
+    }
+    let scale = args[2 * steps];
+    for (i, a) in args.iter().skip(2 * steps + 1).enumerate() {
+        s.push_str(&format!(
+            "  {lhs}.a{i} = getelementptr float, ptr %host.wgmma, i64 {}\n  store {a}, ptr {lhs}.a{i}\n",
+            128 + i
+        ));
+    }
+    s.push_str(&format!(
+        "  call void @anyshape_host_wgmma(ptr %host.wgmma, i32 {kind}, i32 {bn}, i32 {steps}, {scale})\n"
+    ));
+    let agg = format!("{{{}}}", vec!["float"; nacc].join(", "));
+    let mut last = "poison".to_string();
+    for i in 0..nacc {
+        s.push_str(&format!("  {lhs}.r{i} = load float, ptr {lhs}.a{i}\n"));
+        let next = if i + 1 == nacc { lhs.to_string() } else { format!("{lhs}.s{i}") };
+        s.push_str(&format!("  {next} = insertvalue {agg} {last}, float {lhs}.r{i}, {i}\n"));
+        last = next;
+    }
+    s
+}
+
 /// The harness's functions, declared in every module made for the host.
 const HOST_DECLS: &str = "declare void @anyshape_host_bar()
 declare void @anyshape_host_cpasync(ptr, ptr, i32)
 declare void @anyshape_host_ldmatrix(ptr, ptr, i32)
 declare void @anyshape_host_mma(ptr, i32, i32, i32, i32, i32, i32, i32, float, float, float, float)
+declare void @anyshape_host_wgmma(ptr, i32, i32, i32, i32)
 declare float @anyshape_host_shfl(float, i32)
 declare ptr @anyshape_host_smem()
 declare i32 @anyshape_host_nctaid_x()
@@ -197,6 +260,9 @@ pub fn for_host(ir: &str, name: &str) -> String {
             if ir.contains("@smem") {
                 out.push_str("  %host.smem = call ptr @anyshape_host_smem()\n");
             }
+            if ir.contains("wgmma.mma_async") {
+                out.push_str("  %host.wgmma = alloca [192 x i64], align 16\n");
+            }
             continue;
         }
         let line = line_for_host(line);
@@ -219,7 +285,8 @@ pub fn engine<'c>(ctx: &'c Context, ir: &str, name: &str) -> Result<ExecutionEng
         .map_err(|e| format!("{e}\n{ir}"))?;
     module.verify().map_err(|e| format!("{e}\n{ir}"))?;
     let ee = module.create_jit_execution_engine(OptimizationLevel::Default).map_err(|e| e.to_string())?;
-    let fns: [(&str, usize); 8] = [
+    let fns: [(&str, usize); 9] = [
+        ("anyshape_host_wgmma", host_wgmma as *const () as usize),
         ("anyshape_host_bar", host_bar as *const () as usize),
         ("anyshape_host_cpasync", host_cpasync as *const () as usize),
         ("anyshape_host_ldmatrix", host_ldmatrix as *const () as usize),
@@ -403,6 +470,52 @@ extern "C" fn host_mma(
     }
 }
 
+/// The alignment of a block's shared memory on the host.
+const SMEM_ALIGN: usize = 1 << 18;
+
+/// `wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{bf16,f16}` × `steps` (a K step's
+/// products, issued and waited for at once): the warpgroup's A (64 × 16) and B (`bn`
+/// × 16) read from shared memory through the descriptors at `scratch` (A's and B's
+/// per step: the start address's bits 4-17, the stride of 8-row groups, the
+/// 128-byte swizzle: 16-byte chunk bits 4-6 XOR row bits 7-9), the lane's
+/// accumulators (from float 128 on) updated in place, laid out as the PTX ISA's
+/// fragment: with warp `w` of the warpgroup and `g = lane/4`, `t = lane%4`,
+/// accumulator `4j + h` is row `16w + g + 8(h/2)`, column `8j + 2t + h%2`. `scale` 0
+/// drops the old accumulators. Each lane reads the shared operands itself: no
+/// exchange.
+extern "C" fn host_wgmma(scratch: *mut u8, kind: i32, bn: i32, steps: i32, scale: i32) {
+    let (smem, w, l) = with_lane(|l| (l.block.smem, l.warp % 4, l.lane));
+    let elem = if kind == 0 { Elem::Bf16 } else { Elem::F16 };
+    let (bn, steps) = (bn as usize, steps as usize);
+    // SAFETY: the rewritten statement stored 2·steps descriptors and bn/2 floats there.
+    let descs = unsafe { std::slice::from_raw_parts(scratch as *const u64, 2 * steps) };
+    // SAFETY: as above; the floats start at float 128 (byte 512) of the 1536 bytes.
+    let acc = unsafe { std::slice::from_raw_parts_mut((scratch as *mut f32).add(128), bn / 2) };
+    if scale == 0 {
+        acc.fill(0.0);
+    }
+    let at = |desc: u64, row: usize, k: usize| -> f32 {
+        assert_eq!(desc >> 62, 1, "a 128-byte swizzle");
+        let start = ((desc & 0x3fff) << 4) as usize;
+        let sbo = (((desc >> 32) & 0x3fff) << 4) as usize;
+        let off = start + (row / 8) * sbo + (row % 8) * 128 + 2 * k;
+        let off = off ^ (((off >> 7) & 7) << 4);
+        // SAFETY: the offset lies in the block's shared memory (the kernel's tiles).
+        reference::from_bits(elem, unsafe { *(smem.add(off) as *const u16) })
+    };
+    let (g, t) = (l / 4, l % 4);
+    for s in 0..steps {
+        let (da, db) = (descs[2 * s], descs[2 * s + 1]);
+        for (i, d) in acc.iter_mut().enumerate() {
+            let (j, h) = (i / 4, i % 4);
+            let (row, col) = (16 * w + g + 8 * (h / 2), 8 * j + 2 * t + h % 2);
+            for k in 0..16 {
+                *d += at(da, row, k) * at(db, col, k);
+            }
+        }
+    }
+}
+
 /// Runs a grid of `grid` blocks of `threads` threads with `smem` bytes of shared
 /// memory each, one block at a time, its threads as threads of the host:
 /// `thread(tid, x, y, z)` calls the kernel for one thread.
@@ -416,10 +529,14 @@ pub fn run_blocks(
     for z in 0..grid.2 {
         for y in 0..grid.1 {
             for x in 0..grid.0 {
-                let mut shared = vec![0u128; smem.div_ceil(16).max(1)];
+                // Aligned to 256 KB: a wgmma descriptor holds bits 4-17 of a shared
+                // address, which are then the offset into the block's memory.
+                let mut shared = vec![0u8; smem.max(1) + SMEM_ALIGN];
+                let skip = (SMEM_ALIGN - shared.as_ptr() as usize % SMEM_ALIGN) % SMEM_ALIGN;
                 let block = Arc::new(Block {
                     bar: Barrier::new(threads),
-                    smem: shared.as_mut_ptr() as *mut u8,
+                    // SAFETY: `skip < SMEM_ALIGN`, inside the allocation.
+                    smem: unsafe { shared.as_mut_ptr().add(skip) },
                     warps: (0..warps)
                         .map(|_| Warp { meet: Barrier::new(32), slots: Mutex::new([[[0; 12]; 32]; 2]) })
                         .collect(),
