@@ -509,13 +509,107 @@ mod on_the_host {
         prop_assert_eq!(rows, p.m, "{}: the pieces cover every row once", &name);
         for piece in pieces {
             let (pk, q) = (&kernels[piece.choice.kernel], piece.problem);
-            prop_assert!(!pk.split_k && !pk.tma, "{}: runs on the device only", pk);
+            prop_assert!(!pk.split_k, "{}: host_split_k runs it", pk);
             prop_assert!(pk.elem == k.elem && pk.b == k.b && pk.epilogue == k.epilogue);
             let ee = engine(&ctx, &nvptx::llvm_ir(pk).unwrap(), &pk.name())?;
-            let f = host::gemm_entry(&ee, &pk.name()).map_err(TestCaseError::fail)?;
             // The piece's rows start `first_row` rows into A, C and the residual.
             let (ra, rc) = (piece.first_row * lda, piece.first_row * ldc);
             prop_assert!(ra < a.len() && rc < p.batch * sc && rc < res.len());
+            if pk.tma {
+                // A's and B's tensor maps as `Gpu::tensor_maps` encodes them.
+                let map = |base: usize, (rows, ld, stride): (usize, usize, usize), box_rows: usize| {
+                    host::HostTensorMap {
+                        base: base as u64,
+                        dims: [q.k as u64, rows as u64, q.batch as u64],
+                        strides: [2 * ld as u64, 2 * stride as u64],
+                        box_rows: box_rows as u64,
+                        pad: [0; 9],
+                    }
+                };
+                let maps = [
+                    map(a16.as_ptr() as usize + 2 * ra, (q.m, lda, sa), pk.bm),
+                    map(b16.as_ptr() as usize, (q.n, ldb, sb), pk.bn),
+                ];
+                let addr =
+                    ee.get_function_address(&pk.name()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let c = (c16.as_mut_ptr() as usize) + 2 * (margin + rc);
+                let (res_at, bias_at) = (res.as_ptr() as usize + 2 * rc, bias.as_ptr() as usize);
+                let tiles = q.n.div_ceil(pk.bn) * q.m.div_ceil(pk.bm) * q.batch;
+                let thread = |tid: usize, x: usize, y: usize, z: usize| {
+                    let head = (maps[0].base as *const u16, maps[1].base as *const u16, c as *mut u16);
+                    let (m, n, kk, la, lb, lc) =
+                        (q.m as i32, q.n as i32, q.k as i32, lda as i32, ldb as i32, ldc as i32);
+                    let (tm_a, tm_b) =
+                        (&maps[0] as *const host::HostTensorMap, &maps[1] as *const host::HostTensorMap);
+                    let (ix, iy, iz, it) = (x as i32, y as i32, z as i32, tid as i32);
+                    // SAFETY: the JIT compiled the TMA ABI (`gpu::kernel::ABI`, a
+                    // persistent kernel's batch, the two maps, as plain pointers on the
+                    // host) plus the four indices; the maps describe A and B inside
+                    // their buffers, and the kernel stores C inside its M and N.
+                    unsafe {
+                        if pk.persistent {
+                            let f: host::PersistentGemm =
+                                std::mem::transmute::<usize, host::PersistentGemm>(addr);
+                            f(
+                                head.0,
+                                head.1,
+                                head.2,
+                                bias_at as *const u16,
+                                res_at as *const u16,
+                                m,
+                                n,
+                                kk,
+                                la,
+                                lb,
+                                lc,
+                                sa as i64,
+                                sb as i64,
+                                sc as i64,
+                                q.batch as i32,
+                                tm_a,
+                                tm_b,
+                                it,
+                                ix,
+                                iy,
+                                iz,
+                            )
+                        } else {
+                            let f: host::TmaGemm = std::mem::transmute::<usize, host::TmaGemm>(addr);
+                            f(
+                                head.0,
+                                head.1,
+                                head.2,
+                                bias_at as *const u16,
+                                res_at as *const u16,
+                                m,
+                                n,
+                                kk,
+                                la,
+                                lb,
+                                lc,
+                                sa as i64,
+                                sb as i64,
+                                sc as i64,
+                                tm_a,
+                                tm_b,
+                                it,
+                                ix,
+                                iy,
+                                iz,
+                            )
+                        }
+                    }
+                };
+                // A persistent kernel: fewer blocks than tiles, so that each walks several.
+                let grid = if pk.persistent {
+                    (tiles.min(3), 1, 1)
+                } else {
+                    (q.n.div_ceil(pk.bn), q.m.div_ceil(pk.bm), q.batch)
+                };
+                host::run_blocks(grid, pk.threads(), pk.smem_bytes(), thread);
+                continue;
+            }
+            let f = host::gemm_entry(&ee, &pk.name()).map_err(TestCaseError::fail)?;
             // SAFETY: the offsets lie inside the buffers (checked above).
             let at = unsafe {
                 Ptrs(
@@ -840,6 +934,28 @@ mod on_the_host {
             let one = Cover::one(Choice { kernel: x, splits: 1 });
             host_cover(&kernels, &one, Problem::new(1, k.bm + 1, k.bn + 3, 96), (0, 0), 1).unwrap();
             host_cover(&kernels, &one, Problem::new(2, 13, 19, 64), (8, 1), 2).unwrap();
+        }
+    }
+
+    /// The warp-specialized TMA kernels and the persistent ones on the host: the
+    /// producer's tensor copies (swizzled, zero-filled past the operand), the
+    /// mbarriers' phases and byte counts, named barriers and wgmma emulated, the
+    /// maps built as the runner builds them; one past a tile with K a step and a
+    /// half, a batch, and (persistent: three blocks) several tiles a block.
+    #[test]
+    fn tma_kernels_at_the_edges() {
+        let mut kernels = candidates::tma_family(Elem::Bf16, Epilogue::NONE);
+        kernels.extend(candidates::persistent_family(Elem::Bf16, Epilogue::NONE));
+        for e in &EPILOGUES[1..] {
+            kernels.extend(
+                candidates::tma_family(Elem::Bf16, *e).into_iter().filter(|k| (k.bm, k.bn) == (128, 128)),
+            );
+        }
+        assert_eq!(kernels.len(), 10);
+        for (x, k) in kernels.iter().enumerate() {
+            let one = Cover::one(Choice { kernel: x, splits: 1 });
+            host_cover(&kernels, &one, Problem::new(1, k.bm + 1, k.bn + 3, 96), (0, 0), 1).unwrap();
+            host_cover(&kernels, &one, Problem::new(2, 2 * k.bm + 5, 19, 64), (8, 1), 2).unwrap();
         }
     }
 

@@ -47,6 +47,56 @@ pub type Gemm = unsafe extern "C" fn(
     i32,
 );
 
+/// A TMA kernel's entry on the host: the ABI, A's and B's maps, the four indices.
+pub type TmaGemm = unsafe extern "C" fn(
+    *const u16,
+    *const u16,
+    *mut u16,
+    *const u16,
+    *const u16,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i64,
+    i64,
+    i64,
+    *const HostTensorMap,
+    *const HostTensorMap,
+    i32,
+    i32,
+    i32,
+    i32,
+);
+
+/// A persistent TMA kernel's entry on the host: the ABI, the batch, the maps, the
+/// four indices.
+pub type PersistentGemm = unsafe extern "C" fn(
+    *const u16,
+    *const u16,
+    *mut u16,
+    *const u16,
+    *const u16,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i64,
+    i64,
+    i64,
+    i32,
+    *const HostTensorMap,
+    *const HostTensorMap,
+    i32,
+    i32,
+    i32,
+    i32,
+);
+
 /// `(%lhs, x)` of a line `%lhs = fptrunc float x to bfloat`.
 fn fptrunc_to_bf16(line: &str) -> Option<(&str, &str)> {
     let (lhs, rhs) = line.trim().split_once(" = fptrunc float ")?;
@@ -104,6 +154,9 @@ fn line_for_host(line: &str) -> String {
         return String::new();
     }
     let t = line.trim();
+    if let Some(host) = tma_for_host(t) {
+        return host;
+    }
     if t.starts_with("call void asm sideeffect \"fence.proxy.async.shared::cta;\"") {
         return String::new();
     }
@@ -189,6 +242,57 @@ fn line_for_host(line: &str) -> String {
     line
 }
 
+/// A shared address (32 bits) made a host pointer: its offset into the block's
+/// shared memory (which is aligned to [`SMEM_ALIGN`]) past `%host.smem`.
+fn shared_ptr(lhs: &str, x: &str) -> String {
+    format!(
+        "  {lhs}.o = and i32 {x}, {}\n  {lhs} = getelementptr i8, ptr %host.smem, i32 {lhs}.o\n",
+        SMEM_ALIGN - 1
+    )
+}
+
+/// The TMA kernels' inline PTX made calls of the harness: the mbarriers (init,
+/// arrive with a byte count, arrive, wait for a phase), the tensor copies, named
+/// barriers; what has no effect on the host (register reallocation, prefetches,
+/// fences) dropped; a shared address turned into a pointer.
+fn tma_for_host(t: &str) -> Option<String> {
+    if let Some((lhs, rest)) = t.split_once(" = inttoptr i32 ") {
+        let x = rest.strip_suffix(" to ptr addrspace(3)").or_else(|| rest.strip_suffix(" to ptr"))?;
+        return Some(shared_ptr(lhs, x));
+    }
+    let asm = t.strip_prefix("call void asm sideeffect \"")?;
+    let args = || call_args(t).join(", ");
+    let call = |f: &str, a: String| Some(format!("  call void @anyshape_host_{f}({a})\n"));
+    if asm.starts_with("setmaxnreg.")
+        || asm.starts_with("prefetch.tensormap")
+        || asm.starts_with("fence.mbarrier_init")
+    {
+        return Some(String::new());
+    }
+    if asm.starts_with("mbarrier.init.shared::cta.b64") {
+        return call("mbar_init", args());
+    }
+    if asm.starts_with("mbarrier.arrive.expect_tx.shared::cta.b64") {
+        return call("mbar_expect", args());
+    }
+    if asm.starts_with("{\\0A.reg .pred p;\\0Asetp.ne.b32 p, $0, 0;\\0A@p mbarrier.arrive.shared::cta.b64") {
+        return call("mbar_arrive_if", args());
+    }
+    if asm.starts_with("{\\0A.reg .pred done;\\0Await${:uid}:\\0Ambarrier.try_wait.parity") {
+        return call("mbar_wait", args());
+    }
+    if asm.starts_with("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes") {
+        return call("tma", args());
+    }
+    if let Some(rest) = asm.strip_prefix("bar.sync ") {
+        let (id, count) = rest.split_once(", ")?;
+        let count = count.split(';').next()?;
+        let id = if id == "$0" { call_args(t)[0].to_string() } else { format!("i32 {id}") };
+        return call("named_bar", format!("{id}, i32 {count}"));
+    }
+    None
+}
+
 /// A step's `wgmma` products in one asm statement (`codegen::nvptx`'s
 /// `wgmma_products`: `%r = call {float × n} asm "… wgmma.mma_async … m64n{bn}k16 …",
 /// …"(i64 descriptors…, i32 scale, float accumulators…)`) made a call of the harness:
@@ -235,6 +339,12 @@ declare void @anyshape_host_cpasync(ptr, ptr, i32)
 declare void @anyshape_host_ldmatrix(ptr, ptr, i32)
 declare void @anyshape_host_mma(ptr, i32, i32, i32, i32, i32, i32, i32, float, float, float, float)
 declare void @anyshape_host_wgmma(ptr, i32, i32, i32, i32)
+declare void @anyshape_host_mbar_init(i32, i32)
+declare void @anyshape_host_mbar_expect(i32, i32)
+declare void @anyshape_host_mbar_arrive_if(i32, i32)
+declare void @anyshape_host_mbar_wait(i32, i32)
+declare void @anyshape_host_tma(i32, ptr, i32, i32, i32, i32)
+declare void @anyshape_host_named_bar(i32, i32)
 declare float @anyshape_host_shfl(float, i32)
 declare ptr @anyshape_host_smem()
 declare i32 @anyshape_host_nctaid_x()
@@ -250,7 +360,7 @@ pub fn for_host(ir: &str, name: &str) -> String {
             continue;
         }
         if line.starts_with(&format!("define void @{name}(")) {
-            let line = line.replace(" addrspace(1)", "");
+            let line = line.replace(" addrspace(1)", "").replace("ptr byval([16 x i64]) align 64 ", "ptr ");
             out.push_str(&line.replace(") {", &format!(", {}) {{", extra.join(", "))));
             out.push('\n');
             continue;
@@ -285,7 +395,13 @@ pub fn engine<'c>(ctx: &'c Context, ir: &str, name: &str) -> Result<ExecutionEng
         .map_err(|e| format!("{e}\n{ir}"))?;
     module.verify().map_err(|e| format!("{e}\n{ir}"))?;
     let ee = module.create_jit_execution_engine(OptimizationLevel::Default).map_err(|e| e.to_string())?;
-    let fns: [(&str, usize); 9] = [
+    let fns: [(&str, usize); 15] = [
+        ("anyshape_host_mbar_init", host_mbar_init as *const () as usize),
+        ("anyshape_host_mbar_expect", host_mbar_expect as *const () as usize),
+        ("anyshape_host_mbar_arrive_if", host_mbar_arrive_if as *const () as usize),
+        ("anyshape_host_mbar_wait", host_mbar_wait as *const () as usize),
+        ("anyshape_host_tma", host_tma as *const () as usize),
+        ("anyshape_host_named_bar", host_named_bar as *const () as usize),
         ("anyshape_host_wgmma", host_wgmma as *const () as usize),
         ("anyshape_host_bar", host_bar as *const () as usize),
         ("anyshape_host_cpasync", host_cpasync as *const () as usize),
@@ -310,6 +426,32 @@ struct Block {
     smem: *mut u8,
     warps: Vec<Warp>,
     grid: (i32, i32),
+    /// The mbarriers by shared offset, and the condition their phases change on.
+    mbars: Mutex<std::collections::HashMap<u32, MBar>>,
+    phases: std::sync::Condvar,
+    /// Named barriers (`bar.sync id, count`), made at their first use.
+    named: Mutex<std::collections::HashMap<(i32, i32), Arc<Barrier>>>,
+}
+
+/// An mbarrier: the arrivals a phase expects and has yet to see, the bytes of
+/// copies yet to land, and the phases completed.
+struct MBar {
+    count: u32,
+    pending: u32,
+    tx: i64,
+    phase: u32,
+}
+
+impl MBar {
+    /// A phase completes when every arrival and every byte has come.
+    fn settle(&mut self) -> bool {
+        if self.pending == 0 && self.tx == 0 {
+            self.phase += 1;
+            self.pending = self.count;
+            return true;
+        }
+        false
+    }
 }
 
 // SAFETY: `smem` points at the block's shared memory, which outlives the block's
@@ -473,6 +615,108 @@ extern "C" fn host_mma(
 /// The alignment of a block's shared memory on the host.
 const SMEM_ALIGN: usize = 1 << 18;
 
+/// The offset of 32-bit shared address `a` into the block's shared memory.
+fn shared_off(a: i32) -> u32 {
+    a as u32 & (SMEM_ALIGN as u32 - 1)
+}
+
+/// Updates mbarrier `a` by `f` and wakes the waiters when a phase completes.
+fn with_mbar(a: i32, f: impl FnOnce(&mut MBar)) {
+    let block = with_lane(|l| l.block.clone());
+    let mut bars = block.mbars.lock().unwrap();
+    let bar = bars.get_mut(&shared_off(a)).expect("an initialized mbarrier");
+    f(bar);
+    if bar.settle() {
+        block.phases.notify_all();
+    }
+}
+
+extern "C" fn host_mbar_init(a: i32, count: i32) {
+    let block = with_lane(|l| l.block.clone());
+    let count = count as u32;
+    block.mbars.lock().unwrap().insert(shared_off(a), MBar { count, pending: count, tx: 0, phase: 0 });
+}
+
+/// `mbarrier.arrive.expect_tx`: `bytes` more to land, and an arrival.
+extern "C" fn host_mbar_expect(a: i32, bytes: i32) {
+    with_mbar(a, |b| {
+        b.tx += i64::from(bytes);
+        b.pending -= 1;
+    });
+}
+
+/// `@p mbarrier.arrive`: an arrival where `p`.
+extern "C" fn host_mbar_arrive_if(p: i32, a: i32) {
+    if p != 0 {
+        with_mbar(a, |b| b.pending -= 1);
+    }
+}
+
+/// `mbarrier.try_wait.parity` until it succeeds: until the phase of parity `parity`
+/// has completed (the phase in progress has the other parity).
+extern "C" fn host_mbar_wait(a: i32, parity: i32) {
+    let block = with_lane(|l| l.block.clone());
+    let mut bars = block.mbars.lock().unwrap();
+    let since = std::time::Instant::now();
+    while bars.get(&shared_off(a)).expect("an initialized mbarrier").phase % 2 == parity as u32 {
+        // A phase that never completes is a kernel's deadlock: fail, not hang.
+        assert!(since.elapsed() < std::time::Duration::from_secs(300), "an mbarrier wait never ends");
+        bars = block.phases.wait_timeout(bars, std::time::Duration::from_secs(1)).unwrap().0;
+    }
+}
+
+/// `bar.sync id, count`: the first `count` threads to arrive at barrier `id`.
+extern "C" fn host_named_bar(id: i32, count: i32) {
+    let block = with_lane(|l| l.block.clone());
+    let bar = block
+        .named
+        .lock()
+        .unwrap()
+        .entry((id, count))
+        .or_insert_with(|| Arc::new(Barrier::new(count as usize)))
+        .clone();
+    bar.wait();
+}
+
+/// What the harness passes a TMA kernel for a tensor map (the driver's is opaque):
+/// a `[batch, rows, cols]` operand of 16-bit elements, its row and batch strides in
+/// bytes, and the box a copy moves (`box_rows` × 64 columns, one 128-byte swizzled
+/// row each).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+pub struct HostTensorMap {
+    pub base: u64,
+    pub dims: [u64; 3],
+    pub strides: [u64; 2],
+    pub box_rows: u64,
+    pub pad: [u64; 9],
+}
+
+/// `cp.async.bulk.tensor.3d … [dst], [map, {col, row, batch}], [bar]`: the box at
+/// those coordinates (zeros past the operand) into shared memory at `dst`, rows
+/// 128 bytes apart with the 128-byte swizzle, then its bytes complete on `bar`.
+extern "C" fn host_tma(dst: i32, map: *const HostTensorMap, col: i32, row: i32, batch: i32, bar: i32) {
+    let smem = with_lane(|l| l.block.smem);
+    // SAFETY: the kernel passes the map the harness gave it.
+    let m = unsafe { *map };
+    for r in 0..m.box_rows as usize {
+        for c in 0..64usize {
+            let (gc, gr, gb) = (col as u64 + c as u64, row as u64 + r as u64, batch as u64);
+            let x = if gc < m.dims[0] && gr < m.dims[1] && gb < m.dims[2] {
+                // SAFETY: inside the operand's extents, which the harness gave.
+                unsafe { *((m.base + gb * m.strides[1] + gr * m.strides[0] + 2 * gc) as *const u16) }
+            } else {
+                0
+            };
+            let off = shared_off(dst) as usize + 128 * r + 2 * c;
+            let off = off ^ (((off >> 7) & 7) << 4);
+            // SAFETY: the box lies in the block's shared memory (a stage's tile).
+            unsafe { *(smem.add(off) as *mut u16) = x };
+        }
+    }
+    with_mbar(bar, |b| b.tx -= 128 * m.box_rows as i64);
+}
+
 /// `wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{bf16,f16}` × `steps` (a K step's
 /// products, issued and waited for at once): the warpgroup's A (64 × 16) and B (`bn`
 /// × 16) read from shared memory through the descriptors at `scratch` (A's and B's
@@ -541,6 +785,9 @@ pub fn run_blocks(
                         .map(|_| Warp { meet: Barrier::new(32), slots: Mutex::new([[[0; 12]; 32]; 2]) })
                         .collect(),
                     grid: (grid.0 as i32, grid.1 as i32),
+                    mbars: Mutex::new(Default::default()),
+                    phases: std::sync::Condvar::new(),
+                    named: Mutex::new(Default::default()),
                 });
                 std::thread::scope(|s| {
                     for tid in 0..threads {
