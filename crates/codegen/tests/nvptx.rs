@@ -959,6 +959,31 @@ mod on_the_host {
         }
     }
 
+    /// Two-size covers of tensor-core kernels on the host: a TMA main over whole
+    /// tiles and a GEMV below; a persistent main's first tile row in each of two
+    /// batch entries and an mma.sync kernel below; an mma.sync main and a TMA kernel
+    /// below (its tensor map starting at the rest's first row).
+    #[test]
+    fn two_size_covers_of_tensor_core_kernels() {
+        let find = |fam: Vec<GemmKernel>, bm: usize, bn: usize| {
+            fam.into_iter().find(|k| (k.bm, k.bn) == (bm, bn)).unwrap()
+        };
+        let kernels = [
+            find(candidates::tma_family(Elem::Bf16, Epilogue::NONE), 128, 128),
+            find(candidates::persistent_family(Elem::Bf16, Epilogue::NONE), 64, 128),
+            find(candidates::family(Elem::Bf16, BLayout::KMajor, Epilogue::NONE), 16, 64),
+            candidates::gemv_family(Elem::Bf16, Epilogue::NONE)[2],
+        ];
+        let cover = |main: usize, max_tiles: usize, rest: usize| Cover {
+            main: Choice { kernel: main, splits: 1 },
+            split: Some(Split { max_tiles, rest: Choice { kernel: rest, splits: 1 } }),
+        };
+        host_cover(&kernels, &cover(0, usize::MAX, 3), Problem::new(1, 2 * 128 + 5, 70, 96), (8, 1), 1)
+            .unwrap();
+        host_cover(&kernels, &cover(1, 1, 2), Problem::new(2, 3 * 64 + 7, 150, 64), (0, 3), 2).unwrap();
+        host_cover(&kernels, &cover(2, 2, 0), Problem::new(1, 2 * 16 + 130, 131, 72), (8, 0), 3).unwrap();
+    }
+
     /// The tensor-core cover (mma.sync loading element by element) on the host at
     /// what the aligned kernels refuse: odd K, odd row strides of A and C, an N-major
     /// B with odd N; one element, one past a tile, a batch; with and without a bias
