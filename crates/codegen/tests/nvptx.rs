@@ -2,10 +2,10 @@
 //! candidate space lowers and compiles; the PTX holds the instructions its schedule
 //! implies, per loop iteration; a few kernels' PTX is golden text; and where ptxas
 //! is available (`ANYSHAPE_PTXAS`, set by scripts/test.sh) every kernel assembles for
-//! its targets without spills or warnings. The kernels that use no inline PTX (the
-//! mma.sync, SIMT and GEMV GEMMs, the split-K reduction) also run on the host against
-//! the oracle (`host`); the wgmma and TMA kernels run on a GPU only:
-//! `scripts/gpu-dist.sh` and `bench/gpu/device.sh` (crates/gpu).
+//! its targets without spills or warnings. Every kernel family also runs on the host
+//! against the oracle, the device's operations emulated (`host`); their speed, and
+//! f16 and GELU, need a GPU: `scripts/gpu-dist.sh` and `bench/gpu/device.sh`
+//! (crates/gpu).
 #![cfg(feature = "nvptx")]
 
 use anyshape_codegen::nvptx;
@@ -315,9 +315,9 @@ fn ptxas_accepts_every_family_kernel() {
 }
 
 /// Kernels run on the host (`host`): the split-K reduction and the SIMT GEMMs a
-/// thread at a time, the GEMV and mma.sync GEMMs a block at a time with their
-/// warp-wide operations emulated (a GELU epilogue is inline PTX and runs on the
-/// device only).
+/// thread at a time, the GEMV, mma.sync, wgmma and TMA GEMMs a block at a time with
+/// the device's operations emulated (bf16; a GELU epilogue is inline PTX and runs on
+/// the device only).
 mod on_the_host {
     use super::*;
     use gpu::reference::{self, Operands};

@@ -2,14 +2,17 @@
 //! against the oracle. A module is rewritten for this machine: the address spaces
 //! dropped; a thread's and block's indices (`tid.x`, `ctaid.x/y/z`) passed as four
 //! more arguments; the grid's size, the block's shared memory, barriers, `cp.async`
-//! copies, warp shuffles, `ldmatrix` and `mma.sync` made calls of this harness.
-//! A kernel that uses none of the warp-wide operations (the SIMT GEMMs, the split-K
-//! reduction) runs its threads one after another; one that does ([`run_blocks`])
-//! runs a block's threads as threads of the host, which meet at each barrier (the
-//! block's) and each warp-wide operation (the warp's): a shuffle, `ldmatrix` and
-//! `mma` exchange their lanes' operands there and compute what each lane gets as the
-//! PTX ISA lays the fragments out. What is inline PTX (the GELU epilogue's
-//! `tanh.approx`, wgmma, TMA, mbarriers) runs on the device only.
+//! copies, warp shuffles, `ldmatrix`, `mma.sync`, and the inline PTX the wgmma and
+//! TMA kernels issue (`wgmma.mma_async`, tensor copies, mbarriers, named barriers)
+//! made calls of this harness. A kernel that uses none of the warp-wide operations
+//! (the SIMT GEMMs, the split-K reduction) runs its threads one after another; one
+//! that does ([`run_blocks`]) runs a block's threads as threads of the host, which
+//! meet at each barrier (the block's) and each warp-wide operation (the warp's): a
+//! shuffle, `ldmatrix` and `mma` exchange their lanes' operands there and compute
+//! what each lane gets as the PTX ISA lays the fragments out; `wgmma` reads its
+//! operands from shared memory through its descriptors. Copies and products complete
+//! when issued. The GELU epilogue's `tanh.approx` and f16 rounding (library calls
+//! on x86) run on the device only.
 
 use gpu::reference;
 use gpu::Elem;
