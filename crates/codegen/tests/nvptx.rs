@@ -3,9 +3,8 @@
 //! implies, per loop iteration; a few kernels' PTX is golden text; and where ptxas
 //! is available (`ANYSHAPE_PTXAS`, set by scripts/test.sh) every kernel assembles for
 //! its targets without spills or warnings. Every kernel family also runs on the host
-//! against the oracle, the device's operations emulated (`host`); their speed, and
-//! f16 and GELU, need a GPU: `scripts/gpu-dist.sh` and `bench/gpu/device.sh`
-//! (crates/gpu).
+//! against the oracle, the device's operations emulated (`host`); their speed needs
+//! a GPU: `scripts/gpu-dist.sh` and `bench/gpu/device.sh` (crates/gpu).
 #![cfg(feature = "nvptx")]
 
 use anyshape_codegen::nvptx;
@@ -316,8 +315,7 @@ fn ptxas_accepts_every_family_kernel() {
 
 /// Kernels run on the host (`host`): the split-K reduction and the SIMT GEMMs a
 /// thread at a time, the GEMV, mma.sync, wgmma and TMA GEMMs a block at a time with
-/// the device's operations emulated (bf16; a GELU epilogue is inline PTX and runs on
-/// the device only).
+/// the device's operations emulated.
 mod on_the_host {
     use super::*;
     use gpu::reference::{self, Operands};
@@ -686,7 +684,7 @@ mod on_the_host {
                     let w = want[(z * p.m + i) * p.n + j];
                     let g = reference::from_bits(k.elem, got);
                     prop_assert!(
-                        reference::close(k.elem, g, w, scale, false),
+                        reference::close(k.elem, g, w, scale, k.epilogue.gelu.is_some()),
                         "{} {} lda+{} ldc+{}: C[{}, {}, {}] = {}, want {}",
                         name,
                         p,
@@ -913,6 +911,52 @@ mod on_the_host {
             for (m, splits) in [(1, 1), (1, 3), (k.bm + 1, 2), (7, 5)] {
                 host_split_k(k, Problem::new(1, m, n, 240), splits, x as u64).unwrap();
             }
+        }
+    }
+
+    /// The GELU epilogues (both forms, with a bias and a residual) on the host: the
+    /// mma.sync, GEMV, SIMT and TMA kernels the family builds them for.
+    #[test]
+    fn gelu_epilogues_on_the_host() {
+        for gelu in [Gelu::Tanh, Gelu::Erf] {
+            let e = Epilogue { bias: true, gelu: Some(gelu), residual: true };
+            let first = |fam: Vec<GemmKernel>| fam[0];
+            let kernels = [
+                first(candidates::simt_family(Elem::Bf16, e)),
+                first(candidates::gemv_family(Elem::Bf16, e)),
+                first(candidates::family(Elem::Bf16, BLayout::KMajor, e)),
+                first(candidates::tma_family(Elem::Bf16, e)),
+            ];
+            for (x, k) in kernels.iter().enumerate() {
+                let one = Cover::one(Choice { kernel: x, splits: 1 });
+                host_cover(&kernels, &one, Problem::new(1, k.bm + 1, 67, 72), (8, 1), x as u64).unwrap();
+            }
+        }
+    }
+
+    /// f16 kernels of each family on the host (where the CPU converts f16 with F16C):
+    /// the SIMT, GEMV, mma.sync (both B layouts), element-by-element, wgmma and TMA
+    /// kernels, one past a tile with a batch.
+    #[test]
+    fn f16_kernels_on_the_host() {
+        if !std::arch::is_x86_feature_detected!("f16c") {
+            eprintln!("no F16C on this CPU: f16 kernels not run on the host");
+            return;
+        }
+        let first = |fam: Vec<GemmKernel>| fam[0];
+        let kernels = [
+            first(candidates::simt_family(Elem::F16, Epilogue::NONE)),
+            first(candidates::gemv_family(Elem::F16, Epilogue::NONE)),
+            first(candidates::family(Elem::F16, BLayout::KMajor, Epilogue::NONE)),
+            first(candidates::family(Elem::F16, BLayout::NMajor, Epilogue::NONE)),
+            first(candidates::unaligned_family(Elem::F16, Epilogue::NONE)),
+            first(candidates::wgmma_family(Elem::F16, Epilogue::NONE)),
+            first(candidates::tma_family(Elem::F16, Epilogue::NONE)),
+        ];
+        for (x, k) in kernels.iter().enumerate() {
+            let n = if k.b == BLayout::NMajor { 72 } else { 67 };
+            let one = Cover::one(Choice { kernel: x, splits: 1 });
+            host_cover(&kernels, &one, Problem::new(2, k.bm + 1, n, 72), (8, 1), x as u64).unwrap();
         }
     }
 
