@@ -438,6 +438,10 @@ struct Block {
     bar: Barrier,
     smem: *mut u8,
     warps: Vec<Warp>,
+    /// Each warpgroup's meeting point: `wgmma` is `.sync.aligned`, so none of a
+    /// warpgroup's threads is past it before all have reached it (which orders
+    /// their earlier mbarrier waits before any of them releases a stage).
+    warpgroups: Vec<Barrier>,
     grid: (i32, i32),
     /// The mbarriers by shared offset, and the condition their phases change on.
     mbars: Mutex<std::collections::HashMap<u32, MBar>>,
@@ -751,7 +755,9 @@ extern "C" fn host_tma(dst: i32, map: *const HostTensorMap, col: i32, row: i32, 
 /// drops the old accumulators. Each lane reads the shared operands itself: no
 /// exchange.
 extern "C" fn host_wgmma(scratch: *mut u8, kind: i32, bn: i32, steps: i32, scale: i32) {
-    let (smem, w, l) = with_lane(|l| (l.block.smem, l.warp % 4, l.lane));
+    let (block, w, l) = with_lane(|l| (l.block.clone(), l.warp, l.lane));
+    block.warpgroups[w / 4].wait();
+    let (smem, w) = (block.smem, w % 4);
     let elem = if kind == 0 { Elem::Bf16 } else { Elem::F16 };
     let (bn, steps) = (bn as usize, steps as usize);
     // SAFETY: the rewritten statement stored 2·steps descriptors and bn/2 floats there.
@@ -806,6 +812,9 @@ pub fn run_blocks(
                     smem: unsafe { shared.as_mut_ptr().add(skip) },
                     warps: (0..warps)
                         .map(|_| Warp { meet: Barrier::new(32), slots: Mutex::new([[[0; 12]; 32]; 2]) })
+                        .collect(),
+                    warpgroups: (0..threads.div_ceil(128))
+                        .map(|g| Barrier::new((threads - 128 * g).min(128)))
                         .collect(),
                     grid: (grid.0 as i32, grid.1 as i32),
                     mbars: Mutex::new(Default::default()),
