@@ -174,7 +174,6 @@ pub fn reduce_ptx(r: &ReduceKernel) -> Result<String, CodegenError> {
 /// bounds, already cached) and adds zero in its place.
 pub fn reduce_ir(r: &ReduceKernel) -> String {
     let mut g = Ir::default();
-    let e = elem_ty(r.elem);
     let threads = ReduceKernel::THREADS;
     let tid = g.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
     let bx = g.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
@@ -228,11 +227,7 @@ pub fn reduce_ir(r: &ReduceKernel) -> String {
     let ldc64 = g.v("sext i32 %ldc to i64");
     let row = g.v(format!("mul i64 {m}, {ldc64}"));
     let ci = g.v(format!("add i64 {row}, {n}"));
-    let res = r.epilogue.residual.then(|| ("%res".to_string(), ci.clone()));
-    let y = g.epilogue_value(r.elem, r.epilogue, &acc, &n32, res.as_ref());
-    let h = g.v(format!("fptrunc float {y} to {e}"));
-    let cp = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %C, i64 {ci}"));
-    g.emit(format!("store {e} {h}, ptr addrspace(1) {cp}, align 2"));
+    g.store_c(r.elem, r.epilogue, &acc, &n32, &ci);
     g.emit("br label %done");
     g.block("done");
     g.emit("ret void");
@@ -258,7 +253,6 @@ pub fn reduce_ir(r: &ReduceKernel) -> String {
 /// leading dimension work.
 fn simt_ir(k: &GemmKernel) -> String {
     let mut g = Ir::default();
-    let e = elem_ty(k.elem);
     let grid = SIMT_GRID;
     let (tm, tn) = (k.bm / grid, k.bn / grid);
     let tid = g.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
@@ -344,11 +338,7 @@ fn simt_ir(k: &GemmKernel) -> String {
         let row = g.v(format!("mul i64 {r64}, {ldc}"));
         let at = g.v(format!("add i64 {row}, {c64}"));
         let at = g.v(format!("add i64 {at}, {oc}"));
-        let res = k.epilogue.residual.then(|| ("%res".to_string(), at.clone()));
-        let y = g.epilogue_value(k.elem, k.epilogue, &acc, c, res.as_ref());
-        let h = g.v(format!("fptrunc float {y} to {e}"));
-        let cp = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %C, i64 {at}"));
-        g.emit(format!("store {e} {h}, ptr addrspace(1) {cp}, align 2"));
+        g.store_c(k.elem, k.epilogue, &acc, c, &at);
         g.emit(format!("br label %{next}"));
         g.block(&next);
     }
@@ -487,11 +477,7 @@ fn gemv_ir(k: &GemmKernel) -> String {
     let nn = g.v(format!("zext i32 {n} to i64"));
     let ci = g.v(format!("add i64 {row}, {nn}"));
     let ci = g.v(format!("add i64 {ci}, {oc}"));
-    let res = k.epilogue.residual.then(|| ("%res".to_string(), ci.clone()));
-    let y = g.epilogue_value(k.elem, k.epilogue, &y, &n, res.as_ref());
-    let h = g.v(format!("fptrunc float {y} to {e}"));
-    let cp = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %C, i64 {ci}"));
-    g.emit(format!("store {e} {h}, ptr addrspace(1) {cp}, align 2"));
+    g.store_c(k.elem, k.epilogue, &y, &n, &ci);
     g.emit("br label %done");
     g.block("done");
     g.emit("ret void");
@@ -600,6 +586,17 @@ impl Ir {
             let _ = writeln!(m, "!{} = !{{ptr @{name}, {a}}}", i + 2);
         }
         m
+    }
+
+    /// One f32 value `y` through `epi` (the bias at column `n`, the residual at C's
+    /// index `ci`), rounded to `elem` and stored at `C[ci]`.
+    fn store_c(&mut self, elem: Elem, epi: Epilogue, y: &str, n: &str, ci: &str) {
+        let e = elem_ty(elem);
+        let res = epi.residual.then(|| ("%res".to_string(), ci.to_string()));
+        let y = self.epilogue_value(elem, epi, y, n, res.as_ref());
+        let h = self.v(format!("fptrunc float {y} to {e}"));
+        let cp = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %C, i64 {ci}"));
+        self.emit(format!("store {e} {h}, ptr addrspace(1) {cp}, align 2"));
     }
 
     /// Batch entry `bz`'s A and B (pointers at their batch strides) and C's offset
