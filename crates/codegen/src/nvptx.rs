@@ -124,10 +124,9 @@ struct Copy {
     k0: String,
     soff: String,
     guard: Option<String>,
-    /// Along the chunk's contiguous dimension: its first index (before the K step's
-    /// advance, for a K-major chunk) and the extent there (`%K` or `%N`); an
-    /// unaligned kernel guards each element by them.
-    along: (String, &'static str),
+    /// An N-major B's chunk: its first column (an unaligned kernel guards each
+    /// element by N there; a K-major chunk's elements are guarded by K).
+    n_first: Option<String>,
 }
 
 /// Where two adjacent values of a fragment land in C (see `Gen::spot`).
@@ -865,7 +864,7 @@ impl Gen {
                     let ldb64 = self.v("sext i32 %ldb to i64");
                     let step = self.v(format!("mul i64 {ldb64}, {}", k.bk()));
                     let soff = self.swizzled(&krow, &c, k.bn * 2, 7, 0);
-                    b.push(Copy { g, step, ok, k0: krow, soff, guard, along: (gn, "%N") });
+                    b.push(Copy { g, step, ok, k0: krow, soff, guard, n_first: Some(gn) });
                 }
             }
         }
@@ -891,7 +890,7 @@ impl Gen {
         let k0 = self.v(format!("shl i32 {c}, 3"));
         let g = self.row_ptr(base, &grow, ld, &k0);
         let soff = self.kmajor_offset(&row, &c);
-        Copy { g, step: format!("{}", self.k.bk()), ok, k0: k0.clone(), soff, guard, along: (k0, "%K") }
+        Copy { g, step: format!("{}", self.k.bk()), ok, k0, soff, guard, n_first: None }
     }
 
     fn and_guard(&mut self, ok: &str, guard: &Option<String>) -> String {
@@ -966,8 +965,10 @@ impl Gen {
     /// first element) and stored to `dst` 16 bytes at once. `raw` is the chunk's
     /// address this step and `kk` its first K index (a K-major chunk's index there).
     fn element_copy(&mut self, cp: &Copy, (raw, ok, kk): (&str, &str, &str), fallback: &str, dst: &str) {
-        let (first, extent) = (&cp.along.0, cp.along.1);
-        let first = if extent == "%K" { kk.to_string() } else { first.clone() };
+        let (first, extent) = match &cp.n_first {
+            Some(n) => (n.as_str(), "%N"),
+            None => (kk, "%K"),
+        };
         let mut v = "zeroinitializer".to_string();
         for e in 0..8 {
             let at = self.v(format!("add i32 {first}, {e}"));

@@ -540,62 +540,35 @@ mod on_the_host {
                     let (tm_a, tm_b) =
                         (&maps[0] as *const host::HostTensorMap, &maps[1] as *const host::HostTensorMap);
                     let (ix, iy, iz, it) = (x as i32, y as i32, z as i32, tid as i32);
-                    // SAFETY: the JIT compiled the TMA ABI (`gpu::kernel::ABI`, a
-                    // persistent kernel's batch, the two maps, as plain pointers on the
-                    // host) plus the four indices; the maps describe A and B inside
+                    // SAFETY: the JIT compiled the TMA ABI (`gpu::kernel::ABI`, the
+                    // batch, the two maps as plain pointers on the host) plus the four
+                    // indices (`host::TmaGemm`); the maps describe A and B inside
                     // their buffers, and the kernel stores C inside its M and N.
                     unsafe {
-                        if pk.persistent {
-                            let f: host::PersistentGemm =
-                                std::mem::transmute::<usize, host::PersistentGemm>(addr);
-                            f(
-                                head.0,
-                                head.1,
-                                head.2,
-                                bias_at as *const u16,
-                                res_at as *const u16,
-                                m,
-                                n,
-                                kk,
-                                la,
-                                lb,
-                                lc,
-                                sa as i64,
-                                sb as i64,
-                                sc as i64,
-                                q.batch as i32,
-                                tm_a,
-                                tm_b,
-                                it,
-                                ix,
-                                iy,
-                                iz,
-                            )
-                        } else {
-                            let f: host::TmaGemm = std::mem::transmute::<usize, host::TmaGemm>(addr);
-                            f(
-                                head.0,
-                                head.1,
-                                head.2,
-                                bias_at as *const u16,
-                                res_at as *const u16,
-                                m,
-                                n,
-                                kk,
-                                la,
-                                lb,
-                                lc,
-                                sa as i64,
-                                sb as i64,
-                                sc as i64,
-                                tm_a,
-                                tm_b,
-                                it,
-                                ix,
-                                iy,
-                                iz,
-                            )
-                        }
+                        let f: host::TmaGemm = std::mem::transmute::<usize, host::TmaGemm>(addr);
+                        f(
+                            head.0,
+                            head.1,
+                            head.2,
+                            bias_at as *const u16,
+                            res_at as *const u16,
+                            m,
+                            n,
+                            kk,
+                            la,
+                            lb,
+                            lc,
+                            sa as i64,
+                            sb as i64,
+                            sc as i64,
+                            q.batch as i32,
+                            tm_a,
+                            tm_b,
+                            it,
+                            ix,
+                            iy,
+                            iz,
+                        )
                     }
                 };
                 // A persistent kernel: fewer blocks than tiles, so that each walks several.

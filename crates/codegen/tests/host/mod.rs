@@ -51,33 +51,10 @@ pub type Gemm = unsafe extern "C" fn(
     i32,
 );
 
-/// A TMA kernel's entry on the host: the ABI, A's and B's maps, the four indices.
+/// A TMA kernel's entry on the host: the ABI, the batch (a persistent kernel's
+/// argument; the others get an unused one on the host, so that both share this
+/// entry), A's and B's maps, the four indices.
 pub type TmaGemm = unsafe extern "C" fn(
-    *const u16,
-    *const u16,
-    *mut u16,
-    *const u16,
-    *const u16,
-    i32,
-    i32,
-    i32,
-    i32,
-    i32,
-    i32,
-    i64,
-    i64,
-    i64,
-    *const HostTensorMap,
-    *const HostTensorMap,
-    i32,
-    i32,
-    i32,
-    i32,
-);
-
-/// A persistent TMA kernel's entry on the host: the ABI, the batch, the maps, the
-/// four indices.
-pub type PersistentGemm = unsafe extern "C" fn(
     *const u16,
     *const u16,
     *mut u16,
@@ -368,7 +345,11 @@ pub fn for_host(ir: &str, name: &str) -> String {
             continue;
         }
         if line.starts_with(&format!("define void @{name}(")) {
-            let line = line.replace(" addrspace(1)", "").replace("ptr byval([16 x i64]) align 64 ", "ptr ");
+            let mut line =
+                line.replace(" addrspace(1)", "").replace("ptr byval([16 x i64]) align 64 ", "ptr ");
+            if line.contains(", ptr %tmA") && !line.contains("i32 %batch") {
+                line = line.replace(", ptr %tmA", ", i32 %host.batch, ptr %tmA");
+            }
             // f16 converted by F16C instructions, not by library calls the JIT cannot
             // resolve (the tests that run f16 kernels ask the CPU for F16C first).
             out.push_str(&line.replace(") {", &format!(", {}) #0 {{", extra.join(", "))));

@@ -611,7 +611,6 @@ fn measured_covers(model: &WaveModel, p: &Problem) -> Vec<Cover> {
     let (mut out, mut two): (Vec<Cover>, Vec<Cover>) =
         model.covers(p).into_iter().partition(|c| c.split.is_none());
     two.sort_by(|a, b| model.predict_cover(a, p).total_cmp(&model.predict_cover(b, p)));
-    two.dedup();
     out.extend(two.into_iter().take(TIMED_COVERS));
     out
 }
