@@ -3,8 +3,7 @@
 //! and with a pre-packed weight and an epilogue.
 
 use anyshape_codegen::Contraction;
-use kernels::{BOperand, CostModel, EpilogueArgs, MatMut, MatRef, Target, ThreadPool};
-use plan::{Activation, Epilogue};
+use kernels::{Activation, BOperand, CostModel, Epilogue, EpilogueArgs, MatMut, MatRef, Target, ThreadPool};
 
 fn targets() -> Vec<Target> {
     let host = Target::detect();

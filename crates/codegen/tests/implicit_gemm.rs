@@ -7,8 +7,10 @@
 //! image and the output.
 
 use anyshape_codegen::Contraction;
-use kernels::{BOperand, ConvTaps, EpilogueArgs, MatMut, MatRef, Operands, Plan, Target, ThreadPool};
-use plan::{Activation, Epilogue};
+use kernels::{
+    Activation, BOperand, ConvTaps, Epilogue, EpilogueArgs, MatMut, MatRef, Operands, Plan, Target,
+    ThreadPool,
+};
 use proptest::prelude::*;
 
 fn targets() -> Vec<Target> {

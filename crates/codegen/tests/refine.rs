@@ -4,8 +4,7 @@
 
 use anyshape_codegen::refine::{refine, WeightClass};
 use anyshape_codegen::Contraction;
-use kernels::{Target, ThreadPool};
-use plan::Epilogue;
+use kernels::{Epilogue, Target, ThreadPool};
 
 #[test]
 fn classes_of_another_family_are_measured_again() {

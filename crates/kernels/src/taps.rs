@@ -157,7 +157,10 @@ impl Pixel {
     }
 }
 
-pub use plan::abi::RowsPackFn;
+/// The generated packing ABI over rows given by address: interleave `kc`
+/// elements from each of `width` rows, row `i` starting at `rows[i]` (null:
+/// a row of zeros), into `dst` as [`crate::PackFn`] does.
+pub type RowsPackFn = unsafe extern "C" fn(rows: *const *const f32, kc: i64, dst: *mut u32);
 
 /// A generated packing routine over rows given by address.
 #[derive(Clone, Copy, Debug)]
