@@ -30,9 +30,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use ir::{DType, Elems, Graph, Tensor, TensorData, TensorType, TensorView, ViewElement};
-pub use lower::{print_plan, ModelPlan, StepKind};
 pub use onnx::DIM_MAX;
 pub use passes::{FusionPlan, GroupKind, Report as RewriteReport};
+pub use plan::{print_plan, ModelPlan, StepKind};
 pub use runtime::is_artifact;
 pub use runtime::npy;
 pub use runtime::{
@@ -220,12 +220,12 @@ impl Model {
 
     /// The model lowered: tensor programs, execution and buffer plans
     /// (`anyshape inspect --stage programs`).
-    pub fn lower(&self) -> Result<lower::ModelPlan, Error> {
+    pub fn lower(&self) -> Result<plan::ModelPlan, Error> {
         self.lower_with(&CompileOptions::default())
     }
 
     /// [`Model::lower`] as [`Model::compile`] lowers with `opts`.
-    pub fn lower_with(&self, opts: &CompileOptions) -> Result<lower::ModelPlan, Error> {
+    pub fn lower_with(&self, opts: &CompileOptions) -> Result<plan::ModelPlan, Error> {
         let lo = lower::LowerOptions { fuse_attention: opts.fuse_attention };
         Ok(lower::lower_with(&self.graph, &self.fusion_plan(), &lo)?)
     }
@@ -247,13 +247,13 @@ impl Model {
         let threads = opts.threads.unwrap_or_else(default_threads);
         let pool = kernels::ThreadPool::new(threads);
         // One kernel family per epilogue the matmuls fuse.
-        let mut epilogues: Vec<kernels::Epilogue> = Vec::new();
+        let mut epilogues: Vec<plan::Epilogue> = Vec::new();
         for s in &plan.steps {
             let e = match &s.kind {
-                lower::StepKind::MatMul(m) => runtime::engine_epilogue(&m.epilogue)?,
+                plan::StepKind::MatMul(m) => m.epilogue.function(),
                 // Fused attention's products run on the plain family's direct kernels.
-                lower::StepKind::Attention(_) => kernels::Epilogue::default(),
-                lower::StepKind::Loop { .. } => continue,
+                plan::StepKind::Attention(_) => plan::Epilogue::default(),
+                plan::StepKind::Loop { .. } => continue,
             };
             if !epilogues.contains(&e) {
                 epilogues.push(e);
@@ -388,17 +388,17 @@ impl Model {
         &self,
         d: kernels::Dispatcher,
         pool: &kernels::ThreadPool,
-        e: kernels::Epilogue,
-        plan: &lower::ModelPlan,
+        e: plan::Epilogue,
+        plan: &plan::ModelPlan,
         cache: Option<&Path>,
     ) -> Result<kernels::Dispatcher, Error> {
         let dims = plan.dims.exprs();
         let fixed = |s: u32| dims[s as usize].as_const().and_then(|v| usize::try_from(v).ok());
         let mut weights = Vec::new();
         for st in &plan.steps {
-            let lower::StepKind::MatMul(mm) = &st.kind else { continue };
+            let plan::StepKind::MatMul(mm) = &st.kind else { continue };
             // A convolution's taps are never a tuned class's row-major A.
-            if !mm.weight || mm.taps.is_some() || runtime::engine_epilogue(&mm.epilogue)? != e {
+            if !mm.weight || mm.taps.is_some() || mm.epilogue.function() != e {
                 continue;
             }
             let (Some(k), Some(n)) = (fixed(mm.k), fixed(mm.n)) else { continue };

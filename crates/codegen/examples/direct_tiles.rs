@@ -3,7 +3,8 @@
 //! `cargo run --release -p anyshape-codegen --example direct_tiles [-- avx2]`.
 
 use anyshape_codegen::{compile_direct_kernel, compile_microkernel, register_tiles, time_direct_kernel};
-use kernels::{Epilogue, Target};
+use kernels::Target;
+use plan::Epilogue;
 
 fn main() {
     let host = Target::detect();

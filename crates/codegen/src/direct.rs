@@ -14,7 +14,8 @@ use inkwell::values::{
     BasicMetadataValueEnum, BasicValueEnum, FunctionValue, IntValue, PointerValue, VectorValue,
 };
 use inkwell::{AddressSpace, IntPredicate};
-use kernels::{DirectKernel, DirectKernelFn, Epilogue, Target};
+use kernels::{DirectKernel, DirectKernelFn, Target};
+use plan::Epilogue;
 
 use crate::{
     jit_function, llvm, target_attributes, vmath, CodegenError, JitDirectKernel, JitKernel, ObjectCache,
@@ -44,10 +45,9 @@ pub fn compile_direct_kernel_cached(
     let jit = jit_function(t, &name, cache, |ctx, module, cpu, features| {
         build_direct(ctx, module, &name, (mr, nr, w), &epilogue, cpu, features)
     })?;
-    // SAFETY: `jit.addr` is the entry of the function just generated with exactly the
-    // `DirectKernelFn` signature (i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, ptr, ptr,
-    // i64, i64, i64, i64) -> void and the C calling convention; its image lives in the returned value.
-    let func: DirectKernelFn = unsafe { std::mem::transmute::<usize, DirectKernelFn>(jit.addr) };
+    // SAFETY: `name` was just generated with exactly the `DirectKernelFn` signature
+    // and the C calling convention; its image lives in the returned value.
+    let func: DirectKernelFn = unsafe { jit.image.entry(&name) }.map_err(|e| llvm(e.to_string()))?;
     Ok(JitKernel {
         kernel: DirectKernel { mr, nr, func, epilogue, packers: Default::default() },
         ir: jit.ir,

@@ -7,9 +7,9 @@ use std::path::Path;
 
 use kernels::categorize::KernelId;
 use kernels::{
-    CostModel, DirectVariant, Dispatcher, ElemType, Epilogue, KernelFamily, KernelVariant, Packers, Target,
-    ThreadPool,
+    CostModel, DirectVariant, Dispatcher, ElemType, KernelFamily, KernelVariant, Packers, Target, ThreadPool,
 };
+use plan::Epilogue;
 
 use crate::tuning::{machine_model, record};
 use crate::{

@@ -22,7 +22,8 @@ use inkwell::targets::{
 };
 use inkwell::values::{BasicValue, BasicValueEnum, FloatValue, IntValue, VectorValue};
 use inkwell::{AddressSpace, IntPredicate, OptimizationLevel};
-use kernels::{CodeImage, DirectKernel, ElemType, Epilogue, MicroKernel, MicroKernelFn, Target};
+use kernels::{CodeImage, DirectKernel, ElemType, MicroKernel, MicroKernelFn, Target};
+use plan::Epilogue;
 
 pub use direct::{compile_direct_kernel, compile_direct_kernel_cached, time_direct_kernel};
 pub use family::{direct_family_tiles, family_tiles, Contraction, ContractionBuilder};
@@ -144,10 +145,9 @@ pub fn compile_microkernel_cached(
     let jit = jit_function(t, &name, cache, |ctx, module, cpu, features| {
         build_microkernel(ctx, module, &name, (mr, nr, w, elem), &epilogue, cpu, features)
     })?;
-    // SAFETY: `jit.addr` is the entry of the function just generated with exactly
-    // the `MicroKernelFn` signature (i64, ptr, ptr, ptr, i64, i64, ptr, ptr, i64, i64, ptr) -> void and the
-    // C calling convention; the image that holds it lives in the returned value.
-    let func: MicroKernelFn = unsafe { std::mem::transmute::<usize, MicroKernelFn>(jit.addr) };
+    // SAFETY: `name` was just generated with exactly the `MicroKernelFn` signature
+    // and the C calling convention; the image that holds it lives in the returned value.
+    let func: MicroKernelFn = unsafe { jit.image.entry(&name) }.map_err(|e| llvm(e.to_string()))?;
     Ok(JitMicroKernel {
         kernel: MicroKernel { mr, nr, elem, func, epilogue, packers: Default::default() },
         ir: jit.ir,

@@ -111,23 +111,18 @@ pub fn compile_packers_cached(
         }
         Ok(())
     })?;
+    // SAFETY (for the entries below): each name was just generated with exactly the
+    // `PackFn` or `RowsPackFn` signature and the C calling convention; the image that
+    // holds them lives in the returned value.
+    let entry_err = |e: kernels::ImageError| llvm(e.to_string());
     let mut packers = Vec::with_capacity(widths.len());
     for &w in &widths {
-        let addr = image.function(&name(w)).ok_or_else(|| llvm(format!("no packer {}", name(w))))?;
-        // SAFETY: `addr` is the entry of the function just generated with exactly the
-        // `PackFn` signature (ptr, i64, i64, i64, ptr) -> void and the C calling
-        // convention; the image that holds it lives in the returned value.
-        let func: PackFn = unsafe { std::mem::transmute::<usize, PackFn>(addr) };
+        let func: PackFn = unsafe { image.entry(&name(w)) }.map_err(entry_err)?;
         packers.push(Packer { width: w, elem, func });
     }
     let mut rows = Vec::with_capacity(rows_widths.len());
     for &w in &rows_widths {
-        let addr =
-            image.function(&rows_name(w)).ok_or_else(|| llvm(format!("no packer {}", rows_name(w))))?;
-        // SAFETY: `addr` is the entry of the function just generated with exactly the
-        // `RowsPackFn` signature (ptr, i64, ptr) -> void and the C calling convention;
-        // the image that holds it lives in the returned value.
-        let func: RowsPackFn = unsafe { std::mem::transmute::<usize, RowsPackFn>(addr) };
+        let func: RowsPackFn = unsafe { image.entry(&rows_name(w)) }.map_err(entry_err)?;
         rows.push(RowsPacker { width: w, elem, func });
     }
     Ok(JitPackers { packers, rows, ir, _image: image })

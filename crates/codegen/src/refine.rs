@@ -15,9 +15,10 @@
 use std::path::{Path, PathBuf};
 
 use kernels::{
-    execute, ALayout, BLayout, BOperand, Dispatcher, Epilogue, EpilogueArgs, KernelError, MacroKernel,
-    MatMut, MatRef, Operands, PackedB, Problem, Schedule, TunedClass, TunedRow, TunedSchedules,
+    execute, ALayout, BLayout, BOperand, Dispatcher, EpilogueArgs, KernelError, MacroKernel, MatMut, MatRef,
+    Operands, PackedB, Problem, Schedule, TunedClass, TunedRow, TunedSchedules,
 };
+use plan::Epilogue;
 use serde::{Deserialize, Serialize};
 
 use crate::CodegenError;

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use kernels::{ElemType, MachineModel, Packers, Target, ThreadPool};
 use serde::{Deserialize, Serialize};
 
-use kernels::Epilogue;
+use plan::Epilogue;
 
 use crate::{
     compile_direct_kernel, compile_microkernel, compile_microkernel_with, pick_tile, register_tiles,

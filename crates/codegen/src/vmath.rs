@@ -1,6 +1,6 @@
 //! Vectorized `exp`, `tanh`, `erf` and the activations, emitted inline as
 //! polynomial code (no calls into libm), with the formulas of
-//! `kernels::Activation` so the scalar and vector paths agree.
+//! `plan::Activation` so the scalar and vector paths agree.
 
 use inkwell::builder::Builder;
 use inkwell::context::Context;
@@ -9,7 +9,7 @@ use inkwell::module::Module;
 use inkwell::types::VectorType;
 use inkwell::values::{FastMathFlags, IntValue, PointerValue, VectorValue};
 use inkwell::FloatPredicate;
-use kernels::{Activation, Pointwise, PwBinary, PwCmp, PwOp, PwUnary, ERF_A, ERF_P, GELU_C};
+use plan::{Activation, Pointwise, PwBinary, PwCmp, PwOp, PwUnary, ERF_A, ERF_P, GELU_C};
 
 use crate::{llvm, CodegenError};
 
@@ -236,7 +236,7 @@ impl VMath<'_> {
     #[allow(clippy::too_many_arguments)]
     pub fn epilogue(
         &self,
-        e: &kernels::Epilogue,
+        e: &plan::Epilogue,
         mut y: V,
         (bias, res, ldr): (PointerValue<'static>, PointerValue<'static>, IntValue<'static>),
         (i, col): (usize, usize),

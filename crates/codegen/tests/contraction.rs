@@ -3,7 +3,8 @@
 //! and with a pre-packed weight and an epilogue.
 
 use anyshape_codegen::Contraction;
-use kernels::{Activation, BOperand, CostModel, Epilogue, EpilogueArgs, MatMut, MatRef, Target, ThreadPool};
+use kernels::{BOperand, CostModel, EpilogueArgs, MatMut, MatRef, Target, ThreadPool};
+use plan::{Activation, Epilogue};
 
 fn targets() -> Vec<Target> {
     let host = Target::detect();

@@ -7,9 +7,10 @@
 
 use anyshape_codegen::{compile_direct_kernel, JitDirectKernel};
 use kernels::{
-    execute, Activation, BOperand, DirectPlan, DirectVariant, Epilogue, EpilogueArgs, MatMut, MatRef,
-    PackedB, Plan, Target, ThreadGrid, ThreadPool,
+    execute, BOperand, DirectPlan, DirectVariant, EpilogueArgs, MatMut, MatRef, PackedB, Plan, Target,
+    ThreadGrid, ThreadPool,
 };
+use plan::{Activation, Epilogue};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -38,9 +39,9 @@ fn epilogues() -> Vec<Epilogue> {
 }
 
 /// `x·σ(x)`: an epilogue program rather than a named activation.
-fn silu() -> kernels::Pointwise {
-    use kernels::{PwBinary, PwOp, PwUnary};
-    let mut p = kernels::Pointwise::empty();
+fn silu() -> plan::Pointwise {
+    use plan::{PwBinary, PwOp, PwUnary};
+    let mut p = plan::Pointwise::empty();
     let x = p.push(PwOp::Input).expect("room");
     let s = p.push(PwOp::Unary(PwUnary::Sigmoid, x)).expect("room");
     p.push(PwOp::Binary(PwBinary::Mul, x, s)).expect("room");

@@ -7,10 +7,8 @@
 //! image and the output.
 
 use anyshape_codegen::Contraction;
-use kernels::{
-    Activation, BOperand, ConvTaps, Epilogue, EpilogueArgs, MatMut, MatRef, Operands, Plan, Target,
-    ThreadPool,
-};
+use kernels::{BOperand, ConvTaps, EpilogueArgs, MatMut, MatRef, Operands, Plan, Target, ThreadPool};
+use plan::{Activation, Epilogue};
 use proptest::prelude::*;
 
 fn targets() -> Vec<Target> {

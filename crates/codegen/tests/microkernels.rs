@@ -168,7 +168,8 @@ fn peak_is_measured_and_plausible() {
 /// and its parts), applied once on the last K block, at edge-heavy shapes.
 #[test]
 fn epilogues_compute_correctly() {
-    use kernels::{gemm_packed, Activation, Epilogue, EpilogueArgs, PackedB, ThreadPool};
+    use kernels::{gemm_packed, EpilogueArgs, PackedB, ThreadPool};
+    use plan::{Activation, Epilogue};
     let pool = ThreadPool::new(2);
     for (name, t) in targets() {
         let variants = [
@@ -289,8 +290,8 @@ fn epilogues_compute_correctly() {
 
 /// Epilogue programs that use every operation: ReLU6, SiLU, hard-swish, a
 /// leaky ReLU's select, and one of each remaining unary operation.
-fn pointwise_programs() -> [kernels::Pointwise; 6] {
-    use kernels::{Pointwise, PwBinary as B, PwCmp, PwOp as O, PwUnary as U};
+fn pointwise_programs() -> [plan::Pointwise; 6] {
+    use plan::{Pointwise, PwBinary as B, PwCmp, PwOp as O, PwUnary as U};
     type Push<'a> = dyn FnMut(O) -> u8 + 'a;
     let build = |f: &dyn Fn(&mut Push)| {
         let mut p = Pointwise::empty();
@@ -357,8 +358,8 @@ fn pointwise_programs() -> [kernels::Pointwise; 6] {
 }
 
 /// Whether an epilogue's program rounds (the last of [`pointwise_programs`]).
-fn rounds(ep: &kernels::Epilogue) -> bool {
-    matches!(ep.activation, kernels::Activation::Pointwise(p) if p.to_string().contains("floor"))
+fn rounds(ep: &plan::Epilogue) -> bool {
+    matches!(ep.activation, plan::Activation::Pointwise(p) if p.to_string().contains("floor"))
 }
 
 /// erf in f64 by its Taylor series (|x| < 3) or its asymptote beyond.
@@ -384,7 +385,8 @@ fn erf64(x: f64) -> f64 {
 /// The vector math over a wide input range matches f64 within f32 accuracy.
 #[test]
 fn vector_activations_match_f64() {
-    use kernels::{gemm_packed, Activation, Epilogue, EpilogueArgs, PackedB, ThreadPool};
+    use kernels::{gemm_packed, EpilogueArgs, PackedB, ThreadPool};
+    use plan::{Activation, Epilogue};
     let Some((_, t)) = targets().into_iter().next() else { return };
     let pool = ThreadPool::new(1);
     for act in [Activation::Gelu, Activation::GeluTanh, Activation::Tanh] {

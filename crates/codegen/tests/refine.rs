@@ -4,7 +4,8 @@
 
 use anyshape_codegen::refine::{refine, WeightClass};
 use anyshape_codegen::Contraction;
-use kernels::{Epilogue, Target, ThreadPool};
+use kernels::{Target, ThreadPool};
+use plan::Epilogue;
 
 #[test]
 fn classes_of_another_family_are_measured_again() {

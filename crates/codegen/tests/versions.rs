@@ -19,7 +19,7 @@ const MAYBE_BROADCAST: &str = r#"graph {
 }
 "#;
 
-fn compiled(text: &str) -> (String, Vec<lower::LoopProgram>) {
+fn compiled(text: &str) -> (String, Vec<plan::LoopProgram>) {
     let g = ir::parse_graph(text, &|_| None).expect("parses");
     let plan = lower::lower(&g, &passes::fuse(&g)).expect("lowers");
     let code = compile_programs(&Target::detect(), &plan.programs, "t", 1).expect("compiles");

@@ -12,42 +12,10 @@
 
 use crate::gemm::{BOperand, CPtr, EpilogueArgs, KeptB, MatRef, ThreadGrid, Workspace};
 use crate::pack::{pack_b, Packers};
-use crate::{ElemType, Epilogue, KernelError, ACCUMULATE, APPLY_EPILOGUE};
+use crate::{ElemType, KernelError, ACCUMULATE, APPLY_EPILOGUE};
+use plan::Epilogue;
 
-/// The direct micro-kernel ABI: `C[0..MR, 0..ncols] (+)= A · B` where A's element
-/// `(i, k)` is `a[i·lda + k]` and B's `(k, j)` is `b[k·ldb + j]`; C is row-major
-/// with row stride `ldc`. Lanes at or past `ncols` (`1 ≤ ncols`) are neither read
-/// nor written: B's loads, C's loads and stores, the bias and the residual are
-/// masked. `flags`, `bias`, `res` and `ldr` are as in [`crate::MicroKernelFn`].
-///
-/// K is `runs ≥ 1` runs of `kc` steps, summed in registers: run `r` reads A at
-/// `a + r·a_run` and B at `b + r·b_run` (elements), the layout above from there. A
-/// convolution's kernel rows are its runs (each row's taps contiguous in the image,
-/// the rows an image row apart), so a tile's C is written once, not once a row.
-///
-/// `next` and `lines`: cache lines (16 floats each) from `next` on that the
-/// kernel asks into L2, spread over its K loop at the rate it reads B (a
-/// weight's next panel while this one computes); none when `lines` is 0. Only
-/// asked for, never read: any address will do.
-pub type DirectKernelFn = unsafe extern "C" fn(
-    kc: i64,
-    a: *const f32,
-    lda: i64,
-    b: *const f32,
-    ldb: i64,
-    c: *mut f32,
-    ldc: i64,
-    ncols: i64,
-    flags: i64,
-    bias: *const f32,
-    res: *const f32,
-    ldr: i64,
-    runs: i64,
-    a_run: i64,
-    b_run: i64,
-    next: *const f32,
-    lines: i64,
-);
+pub use plan::abi::DirectKernelFn;
 
 /// A direct micro-kernel, the tile it computes and the epilogue compiled into it.
 /// Direct kernels multiply f32 only: an operand read in place is not converted.

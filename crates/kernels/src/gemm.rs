@@ -15,58 +15,14 @@
 use crate::pack::{pack_a, pack_b, Packers};
 use crate::taps::ConvTaps;
 use crate::{ElemType, KernelError, Lines, Target};
+use plan::Epilogue;
 
-/// The micro-kernel ABI: `C[0..MR, 0..NR] (+)= Ã · B̃` over `kc` depths, where `a`
-/// is a packed panel of words (`a[w·MR + i]`, each word `k_group` depths of row `i`
-/// in the kernel's [`ElemType`]), `b` a packed panel (`b[w·NR + j]`), `c` a row-major f32 tile with
-/// row stride `ldc`. `flags`: bit 0 adds to C instead of overwriting it, bit 1
-/// applies the kernel's [`Epilogue`] to the tile before storing it (the last K
-/// block), reading `bias[0..NR]` and the residual tile `res` (row stride `ldr`)
-/// when the epilogue has them; otherwise those pointers are not read.
-///
-/// One call covers `tiles` (at least 1) tiles stacked down C: tile `t` reads the
-/// A panel `words(kc)·MR·t` words on, and writes C (and reads the residual) `MR·t`
-/// rows down; the row loop runs in the kernel, not in the driver. `next_b`, when
-/// not null, is the B panel the next call will read (`words(kc)·NR` words): the
-/// kernel asks for its cache lines in L2, a share per tile, spread over the
-/// tile's K loop at the rate it reads B (a burst at the tile's start stalls on
-/// the miss buffers), so that the next call's first tile does not wait on L3 or
-/// DRAM (a hint: it is never read).
-pub type MicroKernelFn = unsafe extern "C" fn(
-    kc: i64,
-    a: *const u32,
-    b: *const u32,
-    c: *mut f32,
-    ldc: i64,
-    flags: i64,
-    bias: *const f32,
-    res: *const f32,
-    ldr: i64,
-    tiles: i64,
-    next_b: *const u32,
-);
+pub use plan::abi::MicroKernelFn;
 
 /// `flags` bit: add to C.
 pub const ACCUMULATE: i64 = 1;
 /// `flags` bit: apply the epilogue.
 pub const APPLY_EPILOGUE: i64 = 2;
-
-/// An element-wise expression applied to each output tile while it is in
-/// registers: `y = act(scale · acc + bias[col] + residual[row, col])` (a dense
-/// layer's bias and GELU, a residual add, ResNet's `relu(conv + identity)`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Epilogue {
-    pub scale: Option<f32>,
-    pub bias: bool,
-    pub residual: bool,
-    pub activation: crate::Activation,
-}
-
-impl Epilogue {
-    pub fn is_identity(&self) -> bool {
-        *self == Epilogue::default()
-    }
-}
 
 /// A micro-kernel, the tile it computes, the element type it multiplies and the
 /// epilogue compiled into it.

@@ -20,6 +20,7 @@ use object::{
     Object, ObjectSection, ObjectSymbol, RelocationFlags, RelocationTarget, SectionFlags, SectionIndex,
     SectionKind, SymbolIndex, SymbolSection,
 };
+use plan::EntryFn;
 
 /// The most bytes an object's loaded sections may take (a kernel module takes
 /// kilobytes; more is a damaged object).
@@ -36,6 +37,8 @@ pub enum ImageError {
     Relocation { r_type: u32, section: String, offset: u64 },
     #[error("relocation at {section}+{offset:#x}: the target is out of reach of a 32-bit displacement")]
     OutOfRange { section: String, offset: u64 },
+    #[error("no {kind} `{name}` in the image")]
+    Missing { kind: &'static str, name: String },
     #[error("mapping the code: {0}")]
     Map(#[from] std::io::Error),
 }
@@ -334,6 +337,19 @@ impl CodeImage {
     /// The address of the function `name` defined in the object.
     pub fn function(&self, name: &str) -> Option<usize> {
         self.functions.get(name).map(|&(off, _)| self.map.as_ptr() as usize + off)
+    }
+
+    /// The function `name` as an entry of the executable ABI.
+    ///
+    /// # Safety
+    /// `name` was generated with `F`'s signature and the C calling convention
+    /// (the code generator's naming, or an artifact's metadata whose hash
+    /// matched), and the result is called only while this image lives.
+    pub unsafe fn entry<F: EntryFn>(&self, name: &str) -> Result<F, ImageError> {
+        let addr =
+            self.function(name).ok_or_else(|| ImageError::Missing { kind: F::KIND, name: name.into() })?;
+        // SAFETY: the caller's contract; `addr` is the function's entry in this image.
+        Ok(unsafe { F::from_address(addr) })
     }
 
     /// Every defined function: name, address and size in bytes.

@@ -10,7 +10,6 @@
 //! micro-kernels and packing routines for the ABIs defined in [`mod@gemm`],
 //! [`direct`] and [`pack`], so a compiled model can run where LLVM is absent.
 
-mod activation;
 pub mod attention;
 pub mod bayes;
 pub mod calibrate;
@@ -23,7 +22,6 @@ pub mod gemm;
 pub mod image;
 pub mod lines;
 pub mod pack;
-mod pointwise;
 mod pool;
 mod prefetch;
 pub mod schedule;
@@ -32,7 +30,6 @@ mod target;
 pub mod tree;
 pub mod tuned;
 
-pub use activation::{Activation, ERF_A, ERF_P, GELU_C};
 pub use attention::{
     attention, attention_block, online_blocks, online_pays, AttentionPlan, ChunkStep, Softmax, SoftmaxStep,
 };
@@ -41,14 +38,13 @@ pub use direct::{direct_rows, DirectKernel, DirectKernelFn, DirectPlan};
 pub use dispatch::Dispatcher;
 pub use elem::{bf16_bits, ElemType};
 pub use gemm::{
-    execute, gemm, gemm_batched, gemm_packed, gemm_parallel, BOperand, Blocking, Epilogue, EpilogueArgs,
-    LoopOrder, MatMut, MatRef, MicroKernel, MicroKernelFn, PackedB, PackedPlan, Plan, SharedBytes,
-    ThreadGrid, ACCUMULATE, APPLY_EPILOGUE,
+    execute, gemm, gemm_batched, gemm_packed, gemm_parallel, BOperand, Blocking, EpilogueArgs, LoopOrder,
+    MatMut, MatRef, MicroKernel, MicroKernelFn, PackedB, PackedPlan, Plan, SharedBytes, ThreadGrid,
+    ACCUMULATE, APPLY_EPILOGUE,
 };
 pub use image::{CodeImage, ImageError};
 pub use lines::Lines;
 pub use pack::{PackFn, Packer, Packers};
-pub use pointwise::{Pointwise, PwBinary, PwCmp, PwOp, PwUnary, MAX_POINTWISE_OPS};
 pub use pool::ThreadPool;
 pub use schedule::{
     ALayout, BLayout, DirectVariant, KernelFamily, KernelVariant, Operands, Problem, Schedule,

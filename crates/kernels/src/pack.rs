@@ -15,12 +15,7 @@
 
 use crate::{ElemType, Lines, MatRef};
 
-/// The generated packing ABI: interleave `rows ≤ width` rows of an f32 source
-/// whose row `i` starts at `src + i·ld` and runs `kc` elements along K into
-/// `dst[g·width + i]`, the word of depths `g·k_group ..` of row `i`
-/// (`words(kc) · width` words in all), zero for the rows at or past `rows`.
-/// Nothing past a source row's `kc` elements is read.
-pub type PackFn = unsafe extern "C" fn(src: *const f32, ld: i64, rows: i64, kc: i64, dst: *mut u32);
+pub use plan::abi::PackFn;
 
 /// A generated packing routine, the width of the panels it writes and the
 /// element type it converts to.

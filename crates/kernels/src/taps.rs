@@ -157,10 +157,7 @@ impl Pixel {
     }
 }
 
-/// The generated packing ABI over rows given by address: interleave `kc`
-/// elements from each of `width` rows, row `i` starting at `rows[i]` (null:
-/// a row of zeros), into `dst` as [`crate::PackFn`] does.
-pub type RowsPackFn = unsafe extern "C" fn(rows: *const *const f32, kc: i64, dst: *mut u32);
+pub use plan::abi::RowsPackFn;
 
 /// A generated packing routine over rows given by address.
 #[derive(Clone, Copy, Debug)]

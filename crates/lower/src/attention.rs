@@ -9,13 +9,10 @@ use std::collections::HashMap;
 
 use ir::{BinaryOp, UnaryOp};
 
-use crate::expr::{Combine, Exprs, Node, E};
-use crate::plan::{AttentionStep, BufferKind, ModelPlan, OnlineSoftmax, Step, StepKind};
-use crate::program::{LoopProgram, Param, Store};
-
-/// The most buffers a fused softmax program may take (the runtime gives each
-/// task a table of them on its stack).
-pub const MAX_ARGS: usize = 16;
+use plan::{
+    AttentionStep, BufferKind, Combine, Exprs, LoopProgram, ModelPlan, Node, OnlineSoftmax, Param, Step,
+    StepKind, Store, E, MAX_SOFTMAX_ARGS,
+};
 
 /// Replace every fusible `matmul, softmax, matmul` triple of an attention group
 /// by one fused step; returns how many were fused.
@@ -106,7 +103,7 @@ fn fusible(plan: &ModelPlan, i: usize) -> Option<AttentionStep> {
     let prog = &plan.programs[*program];
     let sp = args.iter().position(|b| *b == s)?;
     let pp = args.iter().position(|b| *b == p)?;
-    if args.len() > MAX_ARGS || args.iter().filter(|b| **b == s || **b == p).count() != 2 {
+    if args.len() > MAX_SOFTMAX_ARGS || args.iter().filter(|b| **b == s || **b == p).count() != 2 {
         return None;
     }
     // P is the only store (at the nest's positions: S's row-major order, see
@@ -235,7 +232,7 @@ pub fn online_program(prog: &LoopProgram, sp: usize, offset: u32, len: u32) -> O
         checks: prog.checks.clone(),
         schedules: Default::default(),
     };
-    out.analyze();
+    crate::schedules::analyze(&mut out);
     Some(out)
 }
 

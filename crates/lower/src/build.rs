@@ -9,10 +9,10 @@ use std::collections::HashMap;
 use ir::{BinaryOp, ConvAttrs, DType, Graph, Op, PadMode, PoolAttrs, PoolKind, UnaryOp, ValueId};
 use sym::SymExpr;
 
-use crate::expr::{Combine, Exprs, E};
-use crate::plan::{BufId, DimTable};
-use crate::program::{LoopProgram, Param, Store};
 use crate::LowerError;
+use plan::{BufId, DimTable};
+use plan::{Combine, Exprs, E};
+use plan::{LoopProgram, Param, Store};
 
 /// Builds one [`LoopProgram`].
 pub(crate) struct Builder<'a> {
@@ -118,7 +118,7 @@ impl<'a> Builder<'a> {
             checks: self.checks,
             schedules: Default::default(),
         };
-        program.analyze();
+        crate::schedules::analyze(&mut program);
         Ok((program, self.args))
     }
 
@@ -526,7 +526,7 @@ impl<'a> Builder<'a> {
     }
 
     /// `Σ_vars a·b` in `dt`; f16 products are taken in f32 (and summed there, as
-    /// every f16 sum is: [`crate::Exprs::reduce`]), rounded once.
+    /// every f16 sum is: [`plan::Exprs::reduce`]), rounded once.
     fn sum_of_products(&mut self, a: E, b: E, vars: Vec<E>, dt: DType) -> E {
         let acc = if dt == DType::F16 { DType::F32 } else { dt };
         let (a, b) = (self.x.cast(a, acc), self.x.cast(b, acc));
@@ -703,7 +703,7 @@ fn too_many(g: &Graph, v: ValueId) -> LowerError {
     LowerError::Unsupported {
         op: "loop nest".into(),
         node: g.name(v).to_string(),
-        why: format!("needs more than {} loop variables", crate::expr::MAX_VARS),
+        why: format!("needs more than {} loop variables", plan::expr::MAX_VARS),
     }
 }
 

@@ -14,12 +14,11 @@ use passes::{FusionGroup, FusionPlan, GroupKind};
 use sym::SymExpr;
 
 use crate::build::{match_groups, Builder};
-use crate::expr::{Node, E};
-use crate::plan::{
-    Activation, BufId, Buffer, BufferKind, GroupSteps, MatEpilogue, MatMulStep, ModelPlan, PointwiseOp, Step,
-    StepKind, Taps, View, MAX_EPILOGUE_OPS,
-};
 use crate::LowerError;
+use plan::{
+    Activation, BufId, Buffer, BufferKind, GroupSteps, MatEpilogue, MatMulStep, ModelPlan, Node, Pointwise,
+    PwBinary, PwCmp, PwOp, PwUnary, Step, StepKind, Taps, View, E,
+};
 
 type R<T> = Result<T, LowerError>;
 
@@ -374,7 +373,7 @@ impl<'g> Lowering<'g> {
         }
         let b = Builder::new(g, &mut self.plan.dims, avail);
         let (program, args) = b.program(name, &space, outs)?;
-        let key = crate::text::print_program(&program, false);
+        let key = plan::print_program(&program, false);
         let index = match self.programs.get(&key) {
             Some(i) => *i,
             None => {
@@ -708,12 +707,12 @@ impl<'g> Lowering<'g> {
         // Any other element-wise function of such a sum: the topmost sum
         // becomes the program's input.
         let Some((core, e)) = find_sum(&mut b, value, &mut |b, e| sum(b, e)) else { return Ok(None) };
-        let mut ops = Vec::new();
+        let mut program = Pointwise::empty();
         let mut seen = HashMap::new();
-        if pointwise(&b.x, value, core, &mut ops, &mut seen).is_none() || ops.len() > MAX_EPILOGUE_OPS {
+        if pointwise(&b.x, value, core, &mut program, &mut seen).is_none() {
             return Ok(None);
         }
-        Ok(Some(MatEpilogue { activation: Activation::Pointwise(ops), ..e }))
+        Ok(Some(MatEpilogue { activation: Activation::Pointwise(program), ..e }))
     }
 }
 
@@ -779,7 +778,7 @@ fn sum_of_loads(
 }
 
 /// The first node of `e`, root first, through the element-wise operations a
-/// [`PointwiseOp`] program has, for which `is_sum` gives something, and that.
+/// [`Pointwise`] program has, for which `is_sum` gives something, and that.
 fn find_sum<T>(
     b: &mut Builder,
     e: E,
@@ -799,63 +798,51 @@ fn find_sum<T>(
     children.into_iter().find_map(|c| find_sum(b, c, is_sum))
 }
 
-/// Append the program computing `e` from `input` to `ops` (each node once:
+/// Append the program computing `e` from `input` to `program` (each node once:
 /// `seen` maps nodes to their operations); `None` when `e` reads anything but
-/// `input` and constants, or uses an operation the programs do not have.
+/// `input` and constants, uses an operation the programs do not have, or does
+/// not fit in one.
 fn pointwise(
-    x: &crate::Exprs,
+    x: &plan::Exprs,
     e: E,
     input: E,
-    ops: &mut Vec<PointwiseOp>,
-    seen: &mut HashMap<E, usize>,
-) -> Option<usize> {
+    program: &mut Pointwise,
+    seen: &mut HashMap<E, u8>,
+) -> Option<u8> {
     if let Some(i) = seen.get(&e) {
         return Some(*i);
     }
     let op = if e == input {
-        PointwiseOp::Input
+        PwOp::Input
     } else if x.dtype(e) != DType::F32 {
         return None;
     } else if let Some(k) = x.as_float(e) {
-        PointwiseOp::Const((k as f32).to_bits())
+        PwOp::Const((k as f32).to_bits())
     } else {
         match x.node(e).clone() {
             Node::Unary(u, a) => {
-                use UnaryOp::*;
-                if !matches!(
-                    u,
-                    Neg | Abs | Exp | Log | Sqrt | Reciprocal | Tanh | Erf | Sigmoid | Relu | Floor | Ceil
-                ) {
-                    return None;
-                }
-                PointwiseOp::Unary(u, pointwise(x, a, input, ops, seen)?)
+                let u = PwUnary::of(u)?;
+                PwOp::Unary(u, pointwise(x, a, input, program, seen)?)
             }
             Node::Binary(op, a, b) => {
-                use BinaryOp::*;
-                if !matches!(op, Add | Sub | Mul | Div | Max | Min) {
-                    return None;
-                }
-                let a = pointwise(x, a, input, ops, seen)?;
-                PointwiseOp::Binary(op, a, pointwise(x, b, input, ops, seen)?)
+                let op = PwBinary::of(op)?;
+                let a = pointwise(x, a, input, program, seen)?;
+                PwOp::Binary(op, a, pointwise(x, b, input, program, seen)?)
             }
             Node::Select(c, t, f) => {
-                use BinaryOp::*;
-                let Node::Binary(cmp @ (Less | LessEq | Greater | GreaterEq | Equal), p, q) =
-                    x.node(c).clone()
-                else {
-                    return None;
-                };
-                let p = pointwise(x, p, input, ops, seen)?;
-                let q = pointwise(x, q, input, ops, seen)?;
-                let t = pointwise(x, t, input, ops, seen)?;
-                PointwiseOp::Select(cmp, p, q, t, pointwise(x, f, input, ops, seen)?)
+                let Node::Binary(cmp, p, q) = x.node(c).clone() else { return None };
+                let cmp = PwCmp::of(cmp)?;
+                let p = pointwise(x, p, input, program, seen)?;
+                let q = pointwise(x, q, input, program, seen)?;
+                let t = pointwise(x, t, input, program, seen)?;
+                PwOp::Select(cmp, p, q, t, pointwise(x, f, input, program, seen)?)
             }
             _ => return None,
         }
     };
-    ops.push(op);
-    seen.insert(e, ops.len() - 1);
-    Some(ops.len() - 1)
+    let i = program.push(op)?;
+    seen.insert(e, i);
+    Some(i)
 }
 
 /// A convolution's taps: the image they read (`[n, h, w, C]`), and the rest of
@@ -888,7 +875,7 @@ fn same_order(env: &sym::ShapeEnv, a: &[SymExpr], b: &[SymExpr]) -> bool {
 }
 
 /// The terms of a sum of f32 values.
-fn sum_terms(x: &crate::Exprs, e: E, out: &mut Vec<E>) {
+fn sum_terms(x: &plan::Exprs, e: E, out: &mut Vec<E>) {
     match x.node(e) {
         Node::Binary(BinaryOp::Add, a, b) if x.dtype(e) == DType::F32 => {
             sum_terms(x, *a, out);
@@ -899,7 +886,7 @@ fn sum_terms(x: &crate::Exprs, e: E, out: &mut Vec<E>) {
 }
 
 /// The non-constant factors of a product, and the product of its constants.
-fn factors(x: &crate::Exprs, e: E, out: &mut Vec<E>, k: &mut f64) {
+fn factors(x: &plan::Exprs, e: E, out: &mut Vec<E>, k: &mut f64) {
     match x.node(e) {
         Node::Binary(BinaryOp::Mul, a, b) if x.dtype(e) == DType::F32 => {
             factors(x, *a, out, k);
@@ -917,7 +904,7 @@ fn factors(x: &crate::Exprs, e: E, out: &mut Vec<E>, k: &mut f64) {
 }
 
 /// `x` when `e` is `0.5·x·(1 + erf(x/√2))`, the factors in any order.
-fn as_gelu(x: &crate::Exprs, e: E) -> Option<E> {
+fn as_gelu(x: &plan::Exprs, e: E) -> Option<E> {
     let (mut fs, mut k) = (Vec::new(), 1.0);
     factors(x, e, &mut fs, &mut k);
     if fs.len() != 2 || (k - 0.5).abs() > 1e-6 {
@@ -941,7 +928,7 @@ fn as_gelu(x: &crate::Exprs, e: E) -> Option<E> {
 
 /// `x` when `e` is `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, the factors
 /// in any order, the cube as a product or a `pow(x, 3)`.
-fn as_gelu_tanh(x: &crate::Exprs, e: E) -> Option<E> {
+fn as_gelu_tanh(x: &plan::Exprs, e: E) -> Option<E> {
     let (mut fs, mut k) = (Vec::new(), 1.0);
     factors(x, e, &mut fs, &mut k);
     if fs.len() != 2 || (k - 0.5).abs() > 1e-6 {

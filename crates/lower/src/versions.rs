@@ -5,8 +5,8 @@
 //! the version made for them: there the index is plain `i` (a contiguous vector
 //! load) or `0` (one scalar load, splat), never a per-lane gather.
 
-use crate::expr::{Exprs, Node, E};
-use crate::program::Store;
+use plan::Store;
+use plan::{Exprs, Node, E};
 
 /// The most guards a program is versioned on (2^n versions of its nest).
 pub const MAX_GUARDS: usize = 3;

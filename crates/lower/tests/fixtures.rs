@@ -18,7 +18,7 @@ fn every_fixture_lowers() {
         let plan = lower::lower(&g, &fusion).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(plan.groups.len(), fusion.groups.len(), "{name}");
         if std::env::var("PRINT_PLAN").is_ok_and(|v| v == name) {
-            println!("{}", lower::print_plan(&plan));
+            println!("{}", plan::print_plan(&plan));
         }
     }
 }

@@ -7,7 +7,7 @@ fn lowered(text: &str) -> String {
     let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
     let fusion = passes::fuse(&g);
     let plan = lower::lower(&g, &fusion).unwrap_or_else(|e| panic!("{e}"));
-    lower::print_plan(&plan)
+    plan::print_plan(&plan)
 }
 
 #[test]

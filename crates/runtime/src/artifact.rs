@@ -28,10 +28,10 @@ use std::sync::Arc;
 
 use ir::{ConstData, TensorType};
 use kernels::{
-    CodeImage, CostModel, DecisionTree, DirectKernel, DirectVariant, Dispatcher, ElemType, Epilogue,
-    KernelFamily, KernelVariant, MachineModel, MicroKernel, PackedB, Packer, Packers, Target, TunedSchedules,
+    CodeImage, CostModel, DecisionTree, DirectKernel, DirectVariant, Dispatcher, ElemType, KernelFamily,
+    KernelVariant, MachineModel, MicroKernel, PackedB, Packer, Packers, Target, TunedSchedules,
 };
-use lower::{AttentionStep, BufferKind, MatMulStep, ModelPlan, StepKind, View};
+use plan::{AttentionStep, BufferKind, Epilogue, MatMulStep, ModelPlan, StepKind, View};
 use serde::{Deserialize, Serialize};
 use sym::{ShapeEnv, SymExpr};
 
@@ -39,8 +39,9 @@ use crate::{CompiledModel, ModelParts, RunError};
 
 /// The version of the layout below, of the metadata's encoding and of the calling
 /// convention of the code it holds (3: direct kernels take runs; 4: and the lines
-/// they ask into L2); a runtime reads only its own.
-pub const FORMAT_VERSION: u32 = 4;
+/// they ask into L2; 5: matmul epilogues hold their program in the kernels' form);
+/// a runtime reads only its own.
+pub const FORMAT_VERSION: u32 = 5;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;
@@ -164,6 +165,24 @@ struct Entry {
     name: String,
 }
 
+/// The loaded images, where the metadata's entries are found.
+struct Entries<'a>(&'a [CodeImage]);
+
+impl Entries<'_> {
+    /// The function `e` names, as an entry of the executable ABI.
+    ///
+    /// # Safety
+    /// `e` names a function generated with `F`'s signature: the artifact's
+    /// metadata says which role each entry serves, and its hash matched the one
+    /// the compiler wrote with that code. The result is called only while the
+    /// images live (the compiled model keeps them).
+    unsafe fn get<F: plan::EntryFn>(&self, e: &Entry) -> Result<F, ArtifactError> {
+        let image = self.0.get(e.image as usize).ok_or_else(|| malformed(format!("no image {}", e.image)))?;
+        // SAFETY: the caller's contract.
+        unsafe { image.entry(&e.name) }.map_err(|err| malformed(format!("image {}: {err}", e.image)))
+    }
+}
+
 /// A range of the weights section.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 struct Blob {
@@ -198,11 +217,11 @@ struct BufferMeta {
 
 #[derive(Serialize, Deserialize)]
 struct PlanMeta {
-    dims: lower::DimTable,
+    dims: plan::DimTable,
     buffers: Vec<BufferMeta>,
-    programs: Vec<lower::LoopProgram>,
-    steps: Vec<lower::Step>,
-    groups: Vec<lower::GroupSteps>,
+    programs: Vec<plan::LoopProgram>,
+    steps: Vec<plan::Step>,
+    groups: Vec<plan::GroupSteps>,
     inputs: Vec<usize>,
     outputs: Vec<usize>,
 }
@@ -501,12 +520,7 @@ impl CompiledModel {
                 CodeImage::load(object).map_err(malformed)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let func = |e: &Entry| -> Result<usize, ArtifactError> {
-            images
-                .get(e.image as usize)
-                .and_then(|im| im.function(&e.name))
-                .ok_or_else(|| malformed(format!("no function {} in image {}", e.name, e.image)))
-        };
+        let entries = Entries(&images);
         let weights_at = parsed.weights_at;
         let window = |b: Blob| -> Result<std::ops::Range<usize>, ArtifactError> {
             let r = range(b.offset, b.len, parsed.weights_len)?;
@@ -520,16 +534,14 @@ impl CompiledModel {
         validate(&plan, meta.inputs.len(), meta.outputs.len()).map_err(ArtifactError::Malformed)?;
         let mut dispatchers = Vec::with_capacity(meta.dispatchers.len());
         for d in meta.dispatchers {
-            dispatchers.push((d.epilogue, dispatcher_of(d, threads, &func)?));
+            dispatchers.push((d.epilogue, dispatcher_of(d, threads, &entries)?));
         }
-        // SAFETY (for the casts below): each address is a function of a loaded image
-        // (found by its symbol), generated with the signature of the entry it
-        // serves: the artifact's metadata names which, and its hash matched the
-        // one the compiler wrote with that code.
+        // SAFETY (for the entries below): as in `Entries::get`, each is the
+        // generated function the metadata names for that role.
         let loops = meta
             .loops
             .iter()
-            .map(|e| func(e).map(|a| unsafe { std::mem::transmute::<usize, lower::LoopFn>(a) }))
+            .map(|e| unsafe { entries.get::<plan::LoopFn>(e) })
             .collect::<Result<Vec<_>, _>>()?;
         let splits = meta
             .splits
@@ -537,9 +549,7 @@ impl CompiledModel {
             .map(|s| {
                 s.as_ref()
                     .map(|(p, f)| -> Result<_, ArtifactError> {
-                        let p = unsafe { std::mem::transmute::<usize, lower::PartFn>(func(p)?) };
-                        let f = unsafe { std::mem::transmute::<usize, lower::FinishFn>(func(f)?) };
-                        Ok((p, f))
+                        Ok(unsafe { (entries.get::<plan::PartFn>(p)?, entries.get::<plan::FinishFn>(f)?) })
                     })
                     .transpose()
             })
@@ -713,7 +723,7 @@ fn plan_of(
             }
             KindMeta::Packed => BufferKind::Packed,
         };
-        buffers.push(lower::Buffer {
+        buffers.push(plan::Buffer {
             name: b.name,
             dtype: b.dtype,
             shape: b.shape,
@@ -802,17 +812,13 @@ fn dispatcher_meta(e: Epilogue, d: &Dispatcher, syms: &Symbols) -> Result<Dispat
     })
 }
 
-fn dispatcher_of(
-    d: DispatcherMeta,
-    threads: usize,
-    func: &dyn Fn(&Entry) -> Result<usize, ArtifactError>,
-) -> Result<Dispatcher, ArtifactError> {
-    // SAFETY (for the casts below): as in `from_artifact`: each address is the
-    // generated function the metadata names for that role.
+fn dispatcher_of(d: DispatcherMeta, threads: usize, entries: &Entries) -> Result<Dispatcher, ArtifactError> {
+    // SAFETY (for the entries below): as in `Entries::get`, each is the generated
+    // function the metadata names for that role.
     let packer = |p: &Option<PackerMeta>| -> Result<Option<Packer>, ArtifactError> {
         p.as_ref()
             .map(|p| {
-                let f = unsafe { std::mem::transmute::<usize, kernels::PackFn>(func(&p.func)?) };
+                let f = unsafe { entries.get(&p.func)? };
                 Ok(Packer { width: p.width, elem: p.elem, func: f })
             })
             .transpose()
@@ -822,7 +828,7 @@ fn dispatcher_of(
             .a_rows
             .as_ref()
             .map(|r| {
-                let f = unsafe { std::mem::transmute::<usize, kernels::RowsPackFn>(func(&r.func)?) };
+                let f = unsafe { entries.get(&r.func)? };
                 Ok::<_, ArtifactError>(kernels::RowsPacker { width: r.width, elem: r.elem, func: f })
             })
             .transpose()?;
@@ -832,7 +838,7 @@ fn dispatcher_of(
         .variants
         .iter()
         .map(|k| {
-            let f = unsafe { std::mem::transmute::<usize, kernels::MicroKernelFn>(func(&k.func)?) };
+            let f = unsafe { entries.get(&k.func)? };
             let kernel = MicroKernel {
                 mr: k.mr,
                 nr: k.nr,
@@ -848,7 +854,7 @@ fn dispatcher_of(
         .direct
         .iter()
         .map(|k| {
-            let f = unsafe { std::mem::transmute::<usize, kernels::DirectKernelFn>(func(&k.func)?) };
+            let f = unsafe { entries.get(&k.func)? };
             let kernel = DirectKernel {
                 mr: k.mr,
                 nr: k.nr,
@@ -905,7 +911,7 @@ fn validate(plan: &ModelPlan, inputs: usize, outputs: usize) -> Result<(), Strin
     }
     for p in &plan.programs {
         let x = &p.exprs;
-        let e = |e: lower::E| {
+        let e = |e: plan::E| {
             if e.index() < x.len() {
                 Ok(())
             } else {
@@ -913,9 +919,9 @@ fn validate(plan: &ModelPlan, inputs: usize, outputs: usize) -> Result<(), Strin
             }
         };
         for i in 0..x.len() {
-            match x.node(lower::E(i as u32)) {
-                lower::Node::Dim(s) => slot(*s)?,
-                lower::Node::Load { buf, .. } if *buf as usize >= p.params.len() => {
+            match x.node(plan::E(i as u32)) {
+                plan::Node::Dim(s) => slot(*s)?,
+                plan::Node::Load { buf, .. } if *buf as usize >= p.params.len() => {
                     return Err(format!("{}: a load of parameter {buf}", p.name))
                 }
                 _ => {}

@@ -5,10 +5,10 @@ use std::fmt::Write;
 
 use ir::Tensor;
 use kernels::{ALayout, BLayout, Problem};
-use lower::StepKind;
+use plan::StepKind;
 
 use crate::shape::{LoopLaunch, StepShape};
-use crate::{engine_epilogue, CompiledModel, RunError};
+use crate::{CompiledModel, RunError};
 
 impl CompiledModel {
     /// The kernels: every contraction family (its epilogue, its packed-panel
@@ -97,7 +97,7 @@ impl CompiledModel {
                         continue;
                     }
                     let sched = d.schedule(&p).map_err(internal)?;
-                    let e = engine_epilogue(&mm.epilogue)?;
+                    let e = mm.epilogue.function();
                     let ep = if e.is_identity() { String::new() } else { format!(", epilogue {e:?}") };
                     let _ = writeln!(
                         s,

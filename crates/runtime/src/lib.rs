@@ -26,10 +26,10 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use ir::{DType, Elems, Tensor, TensorData, TensorType, TensorView};
 use kernels::{
-    ALayout, Activation, BLayout, BOperand, CodeImage, Dispatcher, Epilogue, EpilogueArgs, MatMut, MatRef,
-    PackedB, Pointwise, Problem, PwBinary, PwCmp, PwOp, PwUnary, ThreadPool,
+    ALayout, BLayout, BOperand, CodeImage, Dispatcher, EpilogueArgs, MatMut, MatRef, PackedB, Problem,
+    ThreadPool,
 };
-use lower::{BufferKind, FinishFn, LoopFn, ModelPlan, PartFn, StepKind};
+use plan::{BufferKind, Epilogue, FinishFn, LoopFn, ModelPlan, PartFn, StepKind};
 use sym::ShapeEnv;
 
 pub use shape::MAX_ELEMS;
@@ -75,10 +75,10 @@ pub struct ModelParts {
     /// The entry of each of the plan's loop programs.
     pub loops: Vec<LoopFn>,
     /// The split-reduction entries of each loop program that has a
-    /// `lower::SplitReduction` (one long row shared by the threads).
+    /// `plan::SplitReduction` (one long row shared by the threads).
     pub splits: Vec<Option<(PartFn, FinishFn)>>,
-    /// The contraction engine for each epilogue the plan's matmuls fuse (see
-    /// [`engine_epilogue`]): a kernel family compiled with it.
+    /// The contraction engine for each epilogue the plan's matmuls fuse
+    /// ([`plan::MatEpilogue::function`]): a kernel family compiled with it.
     pub dispatchers: Vec<(Epilogue, Dispatcher)>,
     pub pool: ThreadPool,
     /// The machine code the function pointers point into (what an artifact
@@ -183,7 +183,7 @@ impl Reads {
 
 fn reads(plan: &ModelPlan) -> Vec<Reads> {
     let mut r = vec![Reads::default(); plan.buffers.len()];
-    let matmul = |mm: &lower::MatMulStep, r: &mut Vec<Reads>| {
+    let matmul = |mm: &plan::MatMulStep, r: &mut Vec<Reads>| {
         if mm.weight {
             r[mm.b.buf].packed = true;
         } else {
@@ -395,8 +395,8 @@ impl CompiledModel {
         Ok(())
     }
 
-    fn dispatcher(&self, mm: &lower::MatMulStep) -> Result<&Dispatcher, RunError> {
-        self.dispatcher_for(engine_epilogue(&mm.epilogue)?)
+    fn dispatcher(&self, mm: &plan::MatMulStep) -> Result<&Dispatcher, RunError> {
+        self.dispatcher_for(mm.epilogue.function())
     }
 
     fn dispatcher_for(&self, e: Epilogue) -> Result<&Dispatcher, RunError> {
@@ -771,7 +771,7 @@ impl CompiledModel {
     fn run_matmul(
         &self,
         step: usize,
-        mm: &lower::MatMulStep,
+        mm: &plan::MatMulStep,
         ms: &shape::MatMulShape,
         sp: &ShapePlan,
         ptrs: &[*mut u8],
@@ -885,7 +885,7 @@ impl CompiledModel {
     /// tile, the softmax program over the tile's rows, and the product with V.
     fn run_attention(
         &self,
-        a: &lower::AttentionStep,
+        a: &plan::AttentionStep,
         at: &shape::AttentionShape,
         sp: &ShapePlan,
         ptrs: &[*mut u8],
@@ -915,10 +915,10 @@ impl CompiledModel {
         };
         // The step's buffers, copied into each task's own table (on its stack).
         let nargs = a.args.len();
-        if nargs + 2 > lower::attention::MAX_ARGS {
+        if nargs + 2 > plan::MAX_SOFTMAX_ARGS {
             return Err(RunError::Internal(format!("a fused softmax of {nargs} buffers")));
         }
-        let mut base = [std::ptr::null_mut::<u8>(); lower::attention::MAX_ARGS];
+        let mut base = [std::ptr::null_mut::<u8>(); plan::MAX_SOFTMAX_ARGS];
         for (slot, b) in base.iter_mut().zip(&a.args) {
             *slot = ptrs[*b];
         }
@@ -928,12 +928,10 @@ impl CompiledModel {
         let status = |program: usize, c: i64| self.check_status(program, c).map_err(|e| e.to_string());
         let table = move || {
             let shared = shared;
-            let mut args = [std::ptr::null_mut::<u8>(); lower::attention::MAX_ARGS];
+            let mut args = [std::ptr::null_mut::<u8>(); plan::MAX_SOFTMAX_ARGS];
             // SAFETY: `shared.args` is the table `base` above, `MAX_ARGS` pointers,
             // alive until `kernels::attention` returns.
-            args.copy_from_slice(unsafe {
-                std::slice::from_raw_parts(shared.args, lower::attention::MAX_ARGS)
-            });
+            args.copy_from_slice(unsafe { std::slice::from_raw_parts(shared.args, plan::MAX_SOFTMAX_ARGS) });
             args
         };
         let f = self.loops[a.softmax];
@@ -1042,81 +1040,6 @@ fn view(
 ) -> Result<MatRef<'_>, RunError> {
     MatRef::new(all.get(off..).unwrap_or(&[]), rows, cols, rs, cs)
         .map_err(|e| RunError::Internal(e.to_string()))
-}
-
-/// The contraction engine's epilogue for a matmul step's.
-pub fn engine_epilogue(e: &lower::MatEpilogue) -> Result<Epilogue, RunError> {
-    Ok(Epilogue {
-        scale: e.scale,
-        bias: e.bias.is_some(),
-        residual: e.residual.is_some(),
-        activation: match &e.activation {
-            lower::Activation::None => Activation::None,
-            lower::Activation::Relu => Activation::Relu,
-            lower::Activation::Gelu => Activation::Gelu,
-            lower::Activation::GeluTanh => Activation::GeluTanh,
-            lower::Activation::Tanh => Activation::Tanh,
-            lower::Activation::Pointwise(ops) => Activation::Pointwise(engine_pointwise(ops)?),
-        },
-    })
-}
-
-/// The engine's form of an epilogue's element-wise program.
-fn engine_pointwise(ops: &[lower::PointwiseOp]) -> Result<Pointwise, RunError> {
-    use ir::{BinaryOp as B, UnaryOp as U};
-    use lower::PointwiseOp as L;
-    let bad = |what: String| RunError::Internal(format!("an epilogue program with {what}"));
-    let idx = |i: usize| u8::try_from(i).map_err(|_| bad(format!("operand {i}")));
-    let mut p = Pointwise::empty();
-    for op in ops {
-        let op = match *op {
-            L::Input => PwOp::Input,
-            L::Const(bits) => PwOp::Const(bits),
-            L::Unary(u, a) => {
-                let u = match u {
-                    U::Neg => PwUnary::Neg,
-                    U::Abs => PwUnary::Abs,
-                    U::Exp => PwUnary::Exp,
-                    U::Log => PwUnary::Log,
-                    U::Sqrt => PwUnary::Sqrt,
-                    U::Reciprocal => PwUnary::Reciprocal,
-                    U::Tanh => PwUnary::Tanh,
-                    U::Erf => PwUnary::Erf,
-                    U::Sigmoid => PwUnary::Sigmoid,
-                    U::Relu => PwUnary::Relu,
-                    U::Floor => PwUnary::Floor,
-                    U::Ceil => PwUnary::Ceil,
-                    other => return Err(bad(format!("{other:?}"))),
-                };
-                PwOp::Unary(u, idx(a)?)
-            }
-            L::Binary(b, x, y) => {
-                let b = match b {
-                    B::Add => PwBinary::Add,
-                    B::Sub => PwBinary::Sub,
-                    B::Mul => PwBinary::Mul,
-                    B::Div => PwBinary::Div,
-                    B::Max => PwBinary::Max,
-                    B::Min => PwBinary::Min,
-                    other => return Err(bad(format!("{other:?}"))),
-                };
-                PwOp::Binary(b, idx(x)?, idx(y)?)
-            }
-            L::Select(c, a, b, t, f) => {
-                let c = match c {
-                    B::Less => PwCmp::Less,
-                    B::LessEq => PwCmp::LessEq,
-                    B::Greater => PwCmp::Greater,
-                    B::GreaterEq => PwCmp::GreaterEq,
-                    B::Equal => PwCmp::Equal,
-                    other => return Err(bad(format!("the comparison {other:?}"))),
-                };
-                PwOp::Select(c, idx(a)?, idx(b)?, idx(t)?, idx(f)?)
-            }
-        };
-        p.push(op).ok_or_else(|| bad(format!("{} operations", ops.len())))?;
-    }
-    Ok(p)
 }
 
 /// A loop's arguments, shared by the threads of one launch.

@@ -3,7 +3,7 @@
 //! the temporaries (first fit by lifetime), each loop step's rows and each
 //! matmul's batch entries.
 
-use lower::{BufferKind, ModelPlan, StepKind};
+use plan::{BufferKind, ModelPlan, StepKind};
 use sym::{Bindings, ShapeEnv};
 
 use crate::RunError;
@@ -36,7 +36,7 @@ pub(crate) enum LoopLaunch {
     /// points), split between the threads when `parallel`.
     Loop { units: usize, points: bool, parallel: bool },
     /// For each of `points` points, its reduction of length `len` shared by
-    /// `ways` threads (`lower::SplitReduction`).
+    /// `ways` threads (`plan::SplitReduction`).
     Split { points: usize, len: usize, ways: usize },
 }
 
@@ -53,7 +53,7 @@ const SPLIT_MIN: usize = 1 << 12;
 /// How `threads` share a loop of `rows × inner` points whose per-point
 /// reduction is `per_point` long (`split_len`: a split reduction's length).
 fn launch(
-    p: &lower::LoopProgram,
+    p: &plan::LoopProgram,
     (rows, inner, per_point): (usize, usize, usize),
     split_len: Option<usize>,
     threads: usize,
@@ -252,17 +252,17 @@ impl ShapePlan {
 
 /// Rows of a loop program's nest at this shape, and elements per row.
 /// A loop extent's value (a dim or a constant).
-fn extent(p: &lower::LoopProgram, e: lower::E, dims: &[i64]) -> Result<usize, RunError> {
+fn extent(p: &plan::LoopProgram, e: plan::E, dims: &[i64]) -> Result<usize, RunError> {
     let v = match p.exprs.node(e) {
-        lower::Node::Dim(s) => dims[*s as usize],
-        lower::Node::Const(c) => *c as i64,
+        plan::Node::Dim(s) => dims[*s as usize],
+        plan::Node::Const(c) => *c as i64,
         _ => return Err(RunError::Internal("a loop extent is not a dim".into())),
     };
     usize_of(v, "a loop extent")
 }
 
-fn nest(p: &lower::LoopProgram, dims: &[i64]) -> Result<(usize, usize), RunError> {
-    let ext = |e: lower::E| extent(p, e, dims);
+fn nest(p: &plan::LoopProgram, dims: &[i64]) -> Result<(usize, usize), RunError> {
+    let ext = |e: plan::E| extent(p, e, dims);
     let total = p.space.iter().try_fold(1usize, |a, e| Ok::<_, RunError>(a.saturating_mul(ext(*e)?)))?;
     let inner = match p.inner() {
         Some(i) => ext(p.space[i])?,
@@ -272,7 +272,7 @@ fn nest(p: &lower::LoopProgram, dims: &[i64]) -> Result<(usize, usize), RunError
 }
 
 /// A matmul's problem at this shape and its batch entries' offsets.
-fn matmul_shape(mm: &lower::MatMulStep, dims: &[i64]) -> Result<MatMulShape, RunError> {
+fn matmul_shape(mm: &plan::MatMulStep, dims: &[i64]) -> Result<MatMulShape, RunError> {
     let d = |s: u32| dims[s as usize];
     let ext: Vec<usize> =
         mm.batch.iter().map(|s| usize_of(d(*s), "a batch extent")).collect::<Result<_, _>>()?;

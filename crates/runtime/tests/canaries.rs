@@ -58,10 +58,10 @@ unsafe extern "C" fn underrun(bufs: *const *mut u8, dims: *const i64, b: i64, e:
     0
 }
 
-fn model(f: lower::LoopFn) -> CompiledModel {
+fn model(f: plan::LoopFn) -> CompiledModel {
     let g = ir::parse_graph(GRAPH, &|_| None).expect("graph");
     let plan = lower::lower(&g, &passes::fuse(&g)).expect("lowers");
-    assert_eq!(plan.programs.len(), 1, "{}", lower::print_plan(&plan));
+    assert_eq!(plan.programs.len(), 1, "{}", plan::print_plan(&plan));
     let p = &plan.programs[0];
     OUT.store(p.params.iter().position(|q| q.written).expect("an output"), Ordering::SeqCst);
     IN.store(p.params.iter().position(|q| !q.written).expect("an input"), Ordering::SeqCst);

@@ -41,7 +41,7 @@ impl Combine {
             Combine::Min => "min",
         }
     }
-    pub(crate) fn of(op: ReduceOp) -> Combine {
+    pub fn of(op: ReduceOp) -> Combine {
         match op {
             ReduceOp::Sum | ReduceOp::Mean => Combine::Sum,
             ReduceOp::Prod => Combine::Prod,
@@ -242,7 +242,7 @@ impl Exprs {
     }
 
     /// The node of existing variable `v`.
-    pub(crate) fn var_node(&mut self, v: u32) -> E {
+    pub fn var_node(&mut self, v: u32) -> E {
         self.intern(Node::Var(v), DType::I64)
     }
 

@@ -45,7 +45,7 @@ pub struct SplitReduction {
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Schedules {
     /// Conditions of run-time dims the program is compiled in versions for
-    /// (one nest per combination of their values, see [`crate::versions`]).
+    /// (one nest per combination of their values, see [`lower::versions`]).
     pub guards: Vec<E>,
     /// The extent of the reduction that a row-at-a-time schedule vectorizes: a
     /// reduction computed per point of the nest whose last variable runs along
@@ -80,7 +80,7 @@ pub struct LoopProgram {
     pub stores: Vec<Store>,
     /// The message of each error code a `Check` may record (code `c` is `checks[c - 1]`).
     pub checks: Vec<String>,
-    /// Set by [`LoopProgram::analyze`].
+    /// Found by `lower` when it builds the program (`lower::analyze`).
     pub schedules: Schedules,
 }
 
@@ -93,74 +93,9 @@ impl LoopProgram {
         })
     }
 
-    /// Every reduction the stored values use (not those inside other reductions).
-    fn reductions(&self) -> Vec<E> {
-        let x = &self.exprs;
-        let mut seen = vec![false; x.len()];
-        let mut stack: Vec<E> = self.stores.iter().map(|s| s.value).collect();
-        let mut out = Vec::new();
-        while let Some(e) = stack.pop() {
-            if std::mem::replace(&mut seen[e.index()], true) {
-                continue;
-            }
-            match x.node(e) {
-                Node::Reduce { .. } => out.push(e),
-                n => stack.extend(n.children()),
-            }
-        }
-        out
-    }
-
-    /// Find the program's [`Schedules`] (once, when it is built).
-    pub fn analyze(&mut self) {
-        let x = &self.exprs;
-        let inner = self.inner_var();
-        let reductions = self.reductions();
-        // Those that depend on the innermost variable are computed per point of
-        // the nest; the others once per row (the stitch schedule).
-        let per_point: Vec<E> = match inner {
-            Some(v) => reductions.iter().copied().filter(|r| x.free(*r) & (1u64 << v) != 0).collect(),
-            None => Vec::new(),
-        };
-        // A reduction whose extent depends on the point (a cumulative sum's
-        // prefix) is reduced point by point, never by the schedules that take its
-        // extent once per row or split it across threads.
-        let fixed = |r: &E| match x.node(*r) {
-            Node::Reduce { vars, .. } => vars.iter().all(|v| x.free(x.extents[*v as usize]) == 0),
-            _ => true,
-        };
-        let row_reduction = per_point.iter().filter(|r| fixed(r)).find_map(|r| {
-            let Node::Reduce { vars, body, .. } = x.node(*r) else { return None };
-            let last = *vars.last()?;
-            crate::versions::loads_along(x, *body, last).then(|| x.extents[last as usize])
-        });
-        let one_loop = self.vars.iter().filter(|v| matches!(x.node(**v), Node::Var(_))).count() <= 1;
-        let splits_inner = inner.is_some() && one_loop && per_point.len() == reductions.len();
-        let split = match (&reductions[..], inner.is_none() || splits_inner) {
-            ([r], true) if fixed(r) => match x.node(*r) {
-                Node::Reduce { vars, .. } => vars.last().map(|&var| SplitReduction {
-                    reduce: *r,
-                    var,
-                    extent: x.extents[var as usize],
-                }),
-                _ => None,
-            },
-            _ => None,
-        };
-        let varies = |r: &E| match (x.node(*r), inner) {
-            (Node::Reduce { vars, .. }, Some(v)) => {
-                vars.iter().any(|w| x.free(x.extents[*w as usize]) & (1u64 << v) != 0)
-            }
-            _ => false,
-        };
-        let points_one_at_a_time = per_point.iter().any(varies);
-        let guards = crate::versions::guards(x, &self.stores, inner);
-        self.schedules = Schedules { guards, row_reduction, splits_inner, split, points_one_at_a_time };
-    }
-
     /// The innermost variable that really loops (extent not 1), if any: the
     /// axis the code generator vectorizes.
     pub fn inner(&self) -> Option<usize> {
-        self.vars.iter().rposition(|v| matches!(self.exprs.node(*v), crate::expr::Node::Var(_)))
+        self.vars.iter().rposition(|v| matches!(self.exprs.node(*v), Node::Var(_)))
     }
 }

@@ -6,10 +6,17 @@
 //! cached and shared per epilogue); `codegen` emits it on the tile's vectors
 //! in the micro-kernel's store, and [`Pointwise::eval`] is its scalar meaning,
 //! with the formulas the generated code uses.
+//!
+//! Its operations are the f32 subset of `ir`'s element-wise ops that tile
+//! epilogues compute, as closed enums that every backend matches exhaustively;
+//! `lower` maps the graph's ops to them once ([`PwUnary::of`], [`PwBinary::of`],
+//! [`PwCmp::of`]) when it fuses an epilogue, and keeps the rest in loop programs.
 
 use std::fmt;
 
-use crate::activation::{erf, tanh};
+use ir::{BinaryOp, UnaryOp};
+
+use crate::epilogue::{erf, tanh};
 
 /// The most operations in one program.
 pub const MAX_POINTWISE_OPS: usize = 24;
@@ -50,6 +57,56 @@ pub enum PwCmp {
     Greater,
     GreaterEq,
     Equal,
+}
+
+impl PwUnary {
+    /// The epilogue's form of `op`, if it has one.
+    pub fn of(op: UnaryOp) -> Option<PwUnary> {
+        Some(match op {
+            UnaryOp::Neg => PwUnary::Neg,
+            UnaryOp::Abs => PwUnary::Abs,
+            UnaryOp::Exp => PwUnary::Exp,
+            UnaryOp::Log => PwUnary::Log,
+            UnaryOp::Sqrt => PwUnary::Sqrt,
+            UnaryOp::Reciprocal => PwUnary::Reciprocal,
+            UnaryOp::Tanh => PwUnary::Tanh,
+            UnaryOp::Erf => PwUnary::Erf,
+            UnaryOp::Sigmoid => PwUnary::Sigmoid,
+            UnaryOp::Relu => PwUnary::Relu,
+            UnaryOp::Floor => PwUnary::Floor,
+            UnaryOp::Ceil => PwUnary::Ceil,
+            _ => return None,
+        })
+    }
+}
+
+impl PwBinary {
+    /// The epilogue's form of `op`, if it has one.
+    pub fn of(op: BinaryOp) -> Option<PwBinary> {
+        Some(match op {
+            BinaryOp::Add => PwBinary::Add,
+            BinaryOp::Sub => PwBinary::Sub,
+            BinaryOp::Mul => PwBinary::Mul,
+            BinaryOp::Div => PwBinary::Div,
+            BinaryOp::Max => PwBinary::Max,
+            BinaryOp::Min => PwBinary::Min,
+            _ => return None,
+        })
+    }
+}
+
+impl PwCmp {
+    /// The epilogue's form of the comparison `op`, if it is one.
+    pub fn of(op: BinaryOp) -> Option<PwCmp> {
+        Some(match op {
+            BinaryOp::Less => PwCmp::Less,
+            BinaryOp::LessEq => PwCmp::LessEq,
+            BinaryOp::Greater => PwCmp::Greater,
+            BinaryOp::GreaterEq => PwCmp::GreaterEq,
+            BinaryOp::Equal => PwCmp::Equal,
+            _ => return None,
+        })
+    }
 }
 
 /// One operation; operands are indices of earlier operations.
@@ -185,13 +242,13 @@ impl fmt::Debug for Pointwise {
 }
 
 impl fmt::Display for Pointwise {
-    /// The program as one expression of `x`: `min(max(x, 0), 6)`.
+    /// The program as one expression of `x`: `min(max(x, 0.0), 6.0)`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fn expr(p: &Pointwise, i: u8) -> String {
             let name = |d: &dyn fmt::Debug| format!("{d:?}").to_lowercase();
             match p.ops[i as usize] {
                 PwOp::Input => "x".into(),
-                PwOp::Const(bits) => format!("{}", f32::from_bits(bits)),
+                PwOp::Const(bits) => format!("{:?}", f32::from_bits(bits)),
                 PwOp::Unary(u, a) => format!("{}({})", name(&u), expr(p, a)),
                 PwOp::Binary(b, x, y) => format!("{}({}, {})", name(&b), expr(p, x), expr(p, y)),
                 PwOp::Select(c, a, b, t, e) => {
@@ -230,7 +287,7 @@ mod tests {
     #[test]
     fn programs_evaluate_and_print() {
         let p = relu6();
-        assert_eq!(p.to_string(), "min(max(x, 0), 6)");
+        assert_eq!(p.to_string(), "min(max(x, 0.0), 6.0)");
         assert_eq!([-1.0, 3.5, 7.0].map(|x| p.eval(x)), [0.0, 3.5, 6.0]);
         assert!(p.eval(f32::NAN).is_nan());
         let mut s = Pointwise::empty();

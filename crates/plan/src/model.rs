@@ -6,10 +6,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ir::{BinaryOp, ConstData, DType, UnaryOp};
-use passes::GroupKind;
+use crate::group::GroupKind;
+use ir::{ConstData, DType};
 use sym::SymExpr;
 
+use crate::epilogue::MatEpilogue;
 use crate::program::LoopProgram;
 
 /// Index of a buffer in [`ModelPlan::buffers`].
@@ -110,59 +111,6 @@ pub struct View {
     pub cs: u32,
 }
 
-/// The activation of a matmul's fused epilogue.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
-pub enum Activation {
-    #[default]
-    None,
-    Relu,
-    /// `0.5·x·(1 + erf(x/√2))`.
-    Gelu,
-    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` (GPT-2's).
-    GeluTanh,
-    Tanh,
-    /// Any other element-wise function of the value (a clip, SiLU, hard-swish):
-    /// a straight-line program of at most [`MAX_EPILOGUE_OPS`] operations,
-    /// whose value is the last.
-    Pointwise(Vec<PointwiseOp>),
-}
-
-/// The most operations in an epilogue's [`Activation::Pointwise`] program
-/// (the contraction engine's `MAX_POINTWISE_OPS`).
-pub const MAX_EPILOGUE_OPS: usize = 24;
-
-/// One operation of an [`Activation::Pointwise`] program; operands are the
-/// indices of earlier operations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum PointwiseOp {
-    /// The value the epilogue computed so far (`scale·acc + bias + residual`).
-    Input,
-    /// An f32 constant, by its bits.
-    Const(u32),
-    Unary(UnaryOp, usize),
-    Binary(BinaryOp, usize, usize),
-    /// `cmp(a, b) ? then : else`, `cmp` a comparison.
-    Select(BinaryOp, usize, usize, usize, usize),
-}
-
-/// An element-wise epilogue the contraction engine applies to each output tile
-/// while it is in registers: `act(scale·acc + bias[col] + residual[row, col])`.
-#[derive(Clone, Debug, PartialEq, Default, serde::Serialize, serde::Deserialize)]
-pub struct MatEpilogue {
-    pub scale: Option<f32>,
-    /// A vector of `n` values.
-    pub bias: Option<BufId>,
-    /// A dense tensor in the output's row-major order.
-    pub residual: Option<BufId>,
-    pub activation: Activation,
-}
-
-impl MatEpilogue {
-    pub fn is_identity(&self) -> bool {
-        *self == MatEpilogue::default()
-    }
-}
-
 /// A convolution's taps over a channels-last image, read as a matmul's A
 /// (implicit GEMM, `kernels::ConvTaps`): row `(b, y, x)` of A is an output
 /// pixel, depth `(i, j, c)` channel `c` of tap `(i, j)`, read from the image at
@@ -214,6 +162,10 @@ pub struct MatMulStep {
     /// The group's epilogue, when the engine's tile epilogue computes it.
     pub epilogue: MatEpilogue,
 }
+
+/// The most buffers a fused attention's softmax program may take (the runtime
+/// gives each task a table of them on its stack).
+pub const MAX_SOFTMAX_ARGS: usize = 16;
 
 /// Attention as one fused launch (RUNTIME.md §2): for every batch entry and
 /// block of query rows, `scores` (`S = Q·Kᵀ`) into a tile, the `softmax`
@@ -321,7 +273,7 @@ pub struct ModelPlan {
 
 impl ModelPlan {
     /// Buffers and the steps that touch them: set `first` and `last`.
-    pub(crate) fn compute_lifetimes(&mut self) {
+    pub fn compute_lifetimes(&mut self) {
         let n = self.steps.len();
         for b in &mut self.buffers {
             b.first = n;

@@ -7,7 +7,7 @@ use std::fmt::Write;
 use ir::DType;
 
 use crate::expr::{Exprs, Node, E};
-use crate::plan::{BufferKind, ModelPlan, StepKind, View};
+use crate::model::{BufferKind, ModelPlan, StepKind, View};
 use crate::program::LoopProgram;
 
 /// A program as text; without `names`, parameters and the program are unnamed
@@ -148,7 +148,7 @@ fn view(v: &View) -> String {
     format!("b{}+d{} strides [{}] d{} d{}", v.buf, v.offset, batch.join(", "), v.rs, v.cs)
 }
 
-fn epilogue(e: &crate::plan::MatEpilogue) -> String {
+fn epilogue(e: &crate::MatEpilogue) -> String {
     if e.is_identity() {
         return String::new();
     }
@@ -163,8 +163,8 @@ fn epilogue(e: &crate::plan::MatEpilogue) -> String {
         parts.push(format!("residual b{r}"));
     }
     match &e.activation {
-        crate::plan::Activation::None => {}
-        crate::plan::Activation::Pointwise(ops) => parts.push(pointwise(ops)),
+        crate::Activation::None => {}
+        crate::Activation::Pointwise(p) => parts.push(p.to_string()),
         a => parts.push(format!("{a:?}").to_lowercase()),
     }
     format!(", epilogue {}", parts.join(" + "))
@@ -172,7 +172,7 @@ fn epilogue(e: &crate::plan::MatEpilogue) -> String {
 
 /// A's view, or the taps it reads: `taps b3+d0 image [d1, d2, d3, d4] strides
 /// [d5, d6, d7] out [d8, d9] kernel 3x3 stride 1x1 dilation 1x1 pad 1x1`.
-fn a_view(m: &crate::plan::MatMulStep) -> String {
+fn a_view(m: &crate::model::MatMulStep) -> String {
     let Some(t) = &m.taps else { return view(&m.a) };
     let slots = |s: &[u32]| s.iter().map(|d| format!("d{d}")).collect::<Vec<_>>().join(", ");
     let pair = |p: [usize; 2]| format!("{}x{}", p[0], p[1]);
@@ -190,7 +190,7 @@ fn a_view(m: &crate::plan::MatMulStep) -> String {
     )
 }
 
-fn matmul(m: &crate::plan::MatMulStep) -> String {
+fn matmul(m: &crate::model::MatMulStep) -> String {
     let batch: Vec<String> = m.batch.iter().map(|d| format!("d{d}")).collect();
     format!(
         "[{}] m d{} n d{} k d{}{}: A {} · B {} → C {}{}",
@@ -281,28 +281,4 @@ pub fn print_plan(p: &ModelPlan) -> String {
         }
     }
     s
-}
-
-/// An epilogue's program as one expression of `x`: `min(max(x, 0.0), 6.0)`.
-fn pointwise(ops: &[crate::plan::PointwiseOp]) -> String {
-    use crate::plan::PointwiseOp as P;
-    fn expr(ops: &[P], i: usize) -> String {
-        let name = |d: &dyn std::fmt::Debug| format!("{d:?}").to_lowercase();
-        match ops.get(i) {
-            None => "?".into(),
-            Some(P::Input) => "x".into(),
-            Some(P::Const(bits)) => format!("{:?}", f32::from_bits(*bits)),
-            Some(P::Unary(u, a)) => format!("{}({})", name(u), expr(ops, *a)),
-            Some(P::Binary(b, x, y)) => format!("{}({}, {})", name(b), expr(ops, *x), expr(ops, *y)),
-            Some(P::Select(c, a, b, t, f)) => format!(
-                "select({}({}, {}), {}, {})",
-                name(c),
-                expr(ops, *a),
-                expr(ops, *b),
-                expr(ops, *t),
-                expr(ops, *f)
-            ),
-        }
-    }
-    expr(ops, ops.len().wrapping_sub(1))
 }

@@ -1,6 +1,9 @@
-//! Element-wise activations of contraction epilogues, and their scalar
-//! definitions (the generated vector code follows the same formulas).
+//! A contraction's epilogue: the element-wise function applied to each output
+//! tile while it is in registers, one vocabulary for every backend (the CPU's
+//! micro-kernels compile it in; the GPU family builds the forms it has), and
+//! its scalar definitions (the generated vector code follows the same formulas).
 
+use crate::model::BufId;
 use crate::Pointwise;
 
 /// The activation of an epilogue.
@@ -34,6 +37,50 @@ impl Activation {
             Activation::GeluTanh => 0.5 * x * (1.0 + tanh(GELU_C * (x + 0.044715 * x * x * x))),
             Activation::Tanh => tanh(x),
             Activation::Pointwise(p) => p.eval(x),
+        }
+    }
+}
+
+/// An element-wise expression applied to each output tile while it is in
+/// registers: `y = act(scale · acc + bias[col] + residual[row, col])` (a dense
+/// layer's bias and GELU, a residual add, ResNet's `relu(conv + identity)`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Epilogue {
+    pub scale: Option<f32>,
+    pub bias: bool,
+    pub residual: bool,
+    pub activation: Activation,
+}
+
+impl Epilogue {
+    pub fn is_identity(&self) -> bool {
+        *self == Epilogue::default()
+    }
+}
+
+/// A matmul step's epilogue: the function and the buffers it reads.
+#[derive(Clone, Copy, Debug, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+pub struct MatEpilogue {
+    pub scale: Option<f32>,
+    /// A vector of `n` values.
+    pub bias: Option<BufId>,
+    /// A dense tensor in the output's row-major order.
+    pub residual: Option<BufId>,
+    pub activation: Activation,
+}
+
+impl MatEpilogue {
+    pub fn is_identity(&self) -> bool {
+        *self == MatEpilogue::default()
+    }
+
+    /// The function a kernel is built for (which operands it reads, not where).
+    pub fn function(&self) -> Epilogue {
+        Epilogue {
+            scale: self.scale,
+            bias: self.bias.is_some(),
+            residual: self.residual.is_some(),
+            activation: self.activation,
         }
     }
 }

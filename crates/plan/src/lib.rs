@@ -1,0 +1,40 @@
+//! The contract between the compiler and the runtime (DESIGN.md §7): what
+//! `lower` writes and every backend reads, and nothing that computes it.
+//!
+//! - [`ModelPlan`]: buffers with symbolic sizes and lifetimes, the steps of
+//!   every fusion group in order, the distinct loop programs, and the table of
+//!   symbolic dims the runtime evaluates once per shape.
+//! - [`LoopProgram`]: one generated function, a loop nest over a symbolic space
+//!   storing tensors, each an expression DAG ([`Exprs`]) over loop variables,
+//!   run-time dims and loads; its [`Schedules`] say what its code depends on.
+//! - [`MatMulStep`] and [`AttentionStep`]: contractions, and attention fused
+//!   into one launch, on strided views of buffers, with their epilogues.
+//! - One vocabulary of epilogues for every backend: [`Epilogue`] (what a
+//!   kernel is built for), its [`Activation`] and [`Pointwise`] programs.
+//! - [`abi`]: the C signatures of the generated functions.
+//! - The readable text form of all of it ([`print_plan`], [`print_program`]).
+//!
+//! A leaf of the pipeline: it depends only on the data crates (`sym` for
+//! symbolic dims, `ir` for element types, constants and the element-wise op
+//! set), so the runtime depends on no compiler crate.
+
+pub mod abi;
+mod epilogue;
+pub mod expr;
+mod group;
+pub mod model;
+mod pointwise;
+pub mod program;
+mod text;
+
+pub use abi::{DirectKernelFn, EntryFn, FinishFn, LoopFn, MicroKernelFn, PackFn, PartFn, RowsPackFn};
+pub use epilogue::{erf, tanh, Activation, Epilogue, MatEpilogue, ERF_A, ERF_P, GELU_C};
+pub use expr::{Combine, Exprs, Node, E};
+pub use group::GroupKind;
+pub use model::{
+    AttentionStep, BufId, Buffer, BufferKind, DimTable, GroupSteps, MatMulStep, ModelPlan, OnlineSoftmax,
+    Step, StepKind, Taps, View, MAX_SOFTMAX_ARGS,
+};
+pub use pointwise::{Pointwise, PwBinary, PwCmp, PwOp, PwUnary, MAX_POINTWISE_OPS};
+pub use program::{LoopProgram, Param, Schedules, SplitReduction, Store};
+pub use text::{print_plan, print_program};
