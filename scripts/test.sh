@@ -57,6 +57,11 @@ if ldd target/debug/anyshape-gpu | grep -i llvm; then
     echo "error: anyshape-gpu links LLVM" >&2
     exit 1
 fi
+# The runtime reads the plan contract alone: no compiler crate below it.
+if cargo tree --locked -p anyshape-runtime -e normal --prefix none | grep -E '^anyshape-(onnx|reference|passes|lower|tune|codegen|gpu) '; then
+    echo "error: the runtime depends on a compiler crate" >&2
+    exit 1
+fi
 # anyshape-rt runs compiled artifacts with the runtime alone: it links no LLVM.
 if ldd target/debug/anyshape-rt | grep -i llvm; then
     echo "error: anyshape-rt links LLVM" >&2

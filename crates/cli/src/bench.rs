@@ -115,7 +115,7 @@ pub enum Packing {
     Portable,
 }
 
-pub(crate) use kernels::calibrate::time_per_call;
+pub(crate) use tune::calibrate::time_per_call;
 
 /// Entry `i` of a batch of `k × n` B operands (`bt`: stored transposed, `n × k`).
 fn b_view(b: &[f32], i: usize, k: usize, n: usize, bt: bool) -> Result<MatRef<'_>> {

@@ -1,5 +1,5 @@
 //! `anyshape tune --samples FILE`: DietCode's categorization for a known shape
-//! distribution ([`kernels::categorize`]). Prints the trade-off between the
+//! distribution ([`tune::categorize`]). Prints the trade-off between the
 //! kernels kept and the predicted slowdown, writes the chosen kernel list (for
 //! `bench-matmul --kernels FILE`), and measures what the choice gains (compile
 //! time) and costs (GFLOP/s on the samples) against the whole family.
@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Result;
-use kernels::categorize::{categorize, parse_samples, pick, restrict, KernelId, Sample, SampleShape};
 use kernels::{
     ALayout, BLayout, CostModel, Dispatcher, ElemType, EpilogueArgs, MatRef, Problem, Target, ThreadPool,
 };
+use tune::categorize::{categorize, parse_samples, pick, restrict, KernelId, Sample, SampleShape};
 
 use crate::UserError;
 

@@ -1,5 +1,5 @@
 //! `anyshape tune --samples FILE --search bayes`: trust-region Bayesian search
-//! (TSCompiler §5.1, [`kernels::bayes`]) over the macro-kernel parameters of each
+//! (TSCompiler §5.1, [`tune::bayes`]) over the macro-kernel parameters of each
 //! class of samples (the samples that differ only in M), by measuring real runs.
 //!
 //! A point of the search is a [`MacroKernel`]: operand access, register tile,
@@ -17,12 +17,12 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
-use kernels::bayes::{minimize, Axis, SearchSpace, TrustRegionOptions};
-use kernels::categorize::parse_samples;
 use kernels::{
     execute, ALayout, BLayout, Dispatcher, ElemType, EpilogueArgs, LoopOrder, MacroKernel, MatRef, Operands,
     PackedB, Problem, Schedule, Target, ThreadPool, TunedClass, TunedRow, TunedSchedules,
 };
+use tune::bayes::{minimize, Axis, SearchSpace, TrustRegionOptions};
+use tune::categorize::parse_samples;
 
 use crate::UserError;
 
@@ -262,8 +262,8 @@ pub fn tune_search(args: TuneSearch) -> Result<()> {
             Ok(cost)
         })
         .map_err(|e| match e {
-            kernels::bayes::MinimizeError::Search(e) => anyhow::anyhow!(UserError(format!("search: {e}"))),
-            kernels::bayes::MinimizeError::Cost(e) => e,
+            tune::bayes::MinimizeError::Search(e) => anyhow::anyhow!(UserError(format!("search: {e}"))),
+            tune::bayes::MinimizeError::Cost(e) => e,
         })?;
         let Some((best_point, best_cost)) = outcome.best else {
             say!("{batch}x{n}x{k}: nothing measured");

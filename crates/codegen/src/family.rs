@@ -5,11 +5,11 @@
 
 use std::path::Path;
 
-use kernels::categorize::KernelId;
 use kernels::{
     CostModel, DirectVariant, Dispatcher, ElemType, KernelFamily, KernelVariant, Packers, Target, ThreadPool,
 };
 use plan::Epilogue;
+use tune::categorize::KernelId;
 
 use crate::tuning::{machine_model, record};
 use crate::{
@@ -104,7 +104,7 @@ impl<'a> ContractionBuilder<'a> {
         ContractionBuilder { cache, ..self }
     }
     /// Only the kernels in `keep`: the family a shape distribution needs
-    /// ([`kernels::categorize`]), smaller and quicker to compile.
+    /// ([`tune::categorize`]), smaller and quicker to compile.
     pub fn keep(self, keep: Option<&'a [KernelId]>) -> Self {
         ContractionBuilder { keep, ..self }
     }

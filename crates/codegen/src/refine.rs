@@ -202,7 +202,7 @@ fn measure(
                     let cv = MatMut::new(&mut c[..m * n], m, n, n)?;
                     execute(pool, plan, &[av], &[BOperand::Packed(&packed[turn % copies])], &mut [cv], &ep)
                 };
-                *best = best.min(kernels::calibrate::time_per_call(1, 0.002, &mut call).map_err(kerr)?);
+                *best = best.min(tune::calibrate::time_per_call(1, 0.002, &mut call).map_err(kerr)?);
             }
         }
         // Within `TIE` of the fastest, the fewest passes over the weight: in a model

@@ -256,7 +256,7 @@ pub fn machine_model(
         bt: jit.as_ref().and_then(|j| j.get(2 * t.f32_lanes)),
         a_rows: None,
     };
-    let mut m = kernels::calibrate::measure(t, pool, packers, elem);
+    let mut m = tune::calibrate::measure(t, pool, packers, elem);
     m.peak_gflops = peak(pool, 200);
     for _ in 0..4 {
         if plausible(&m, single) {
@@ -268,7 +268,7 @@ pub fn machine_model(
             pool.threads()
         );
         std::thread::sleep(std::time::Duration::from_millis(500));
-        m = kernels::calibrate::measure(t, pool, packers, elem);
+        m = tune::calibrate::measure(t, pool, packers, elem);
         m.peak_gflops = peak(pool, 200);
     }
     if !plausible(&m, single) {

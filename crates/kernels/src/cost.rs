@@ -22,7 +22,7 @@ use crate::schedule::{ALayout, BLayout, KernelFamily, Operands, Problem, Schedul
 use crate::ThreadGrid;
 
 /// What the analytical levels know about the machine, measured by
-/// [`crate::calibrate`] and cached with the tuning record.
+/// `tune::calibrate` and cached with the tuning record.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MachineModel {
     pub threads: usize,

@@ -1,19 +1,16 @@
-//! Kernels: the hardware `Target`, the contraction's schedule space (register
-//! tile, operand access, cache blocks, thread grid), its analytical cost models,
-//! run-time dispatch (by the model, or by a decision tree distilled from it), the
-//! categorization of a known shape distribution ([`categorize`]), the
-//! trust-region Bayesian search over macro-kernels ([`bayes`], its results in
+//! Kernels, the CPU backend's run-time pieces: the hardware `Target`, the
+//! contraction's schedule space (register tile, operand access, cache blocks,
+//! thread grid), its analytical cost models, run-time dispatch (by the model,
+//! by a decision tree distilled from it, or by the table of a search's results,
 //! [`tuned`]), and the drivers that run generated micro-kernels over any shape:
 //! through packed panels ([`mod@gemm`], packing in [`pack`]) or on the operands
 //! where they lie ([`direct`]) (Vortex §4-5, DietCode §4-5, FTuner §III-V,
 //! TSCompiler §5.1, BladeDISC §5.2.2). No LLVM here: `codegen` produces the
-//! micro-kernels and packing routines for the ABIs defined in [`mod@gemm`],
-//! [`direct`] and [`pack`], so a compiled model can run where LLVM is absent.
+//! micro-kernels and packing routines for the ABIs of `plan::abi`, so a
+//! compiled model can run where LLVM is absent; no tuning either (measuring,
+//! categorizing and searching are the `tune` crate's, at compile time).
 
 pub mod attention;
-pub mod bayes;
-pub mod calibrate;
-pub mod categorize;
 pub mod cost;
 pub mod direct;
 pub mod dispatch;

@@ -135,7 +135,7 @@ fn gather(
 /// `elem` words, `out[panel][w·MR + i]`; rows past `m` are zero (local padding). A
 /// row-major A goes through `gen` when given.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn pack_a(
+pub fn pack_a(
     a: &MatRef,
     i0: usize,
     m: usize,
@@ -182,7 +182,7 @@ pub(crate) fn pack_a(
 /// micro-panels of `elem` words, `out[panel][w·NR + j]`; columns past `n` are zero.
 /// A B stored transposed goes through `gen` when given.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn pack_b(
+pub fn pack_b(
     b: &MatRef,
     p0: usize,
     kc: usize,

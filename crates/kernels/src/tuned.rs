@@ -1,5 +1,5 @@
 //! Measured macro-kernels: the result of the optional trust-region Bayesian
-//! search (TSCompiler §5.1, [`crate::bayes`]) over a contraction's macro-kernel
+//! search (TSCompiler §5.1, `tune::bayes`) over a contraction's macro-kernel
 //! parameters, and how the dispatcher uses it at run time.
 //!
 //! TSCompiler tunes a GPU thread block's tiles with the wave count left to run

@@ -7,12 +7,12 @@
 
 use std::collections::HashSet;
 
-use anyshape_kernels::bayes::{
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use tune::bayes::{
     minimize, Axis, GaussianProcess, MinimizeError, SearchError, SearchSpace, TrustRegionOptions,
     TrustRegionSearch,
 };
-use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
 
 fn pseudo(i: usize) -> f64 {
     ((i as f64 * 12.9898).sin() * 43758.5453).fract().abs()

@@ -11,9 +11,9 @@
 //! least (a shape left with no candidate forbids the drop). The path from the whole
 //! family down to one kernel is the trade-off curve; the caller picks a point on it.
 
-use crate::cost::{CostModel, MachineModel};
-use crate::schedule::{candidates, KernelFamily, Problem};
-use crate::{Dispatcher, KernelError, Target};
+use kernels::schedule::{candidates, KernelFamily, Problem};
+use kernels::{CostModel, MachineModel};
+use kernels::{Dispatcher, KernelError, Target};
 
 /// One micro-kernel of a family: its form and tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]

@@ -4,9 +4,9 @@
 
 use std::time::Instant;
 
-use crate::cost::MachineModel;
-use crate::pack::{pack_a, pack_b, Packers};
-use crate::{ElemType, MatRef, Target, ThreadPool};
+use kernels::pack::{pack_a, pack_b, Packers};
+use kernels::MachineModel;
+use kernels::{ElemType, MatRef, Target, ThreadPool};
 
 /// Sum `data` with 16 independent lanes (vectorizable), so reads, not the adds'
 /// latency, bound the loop.
@@ -96,12 +96,14 @@ pub fn measure(target: &Target, pool: &ThreadPool, packers: Packers, elem: ElemT
     let mr = packers.a.map_or(8, |p| p.width);
     let nr = packers.bt.map_or(32, |p| p.width);
     let src: Vec<f32> = (0..m * k).map(|i| i as f32).collect();
-    let mut out = crate::Lines::default();
-    let av = MatRef { data: &src, rows: m, cols: k, rs: k, cs: 1, taps: None };
+    let mut out = kernels::Lines::default();
+    // `src` holds `m·k` values: every view below is in bounds.
+    let view = |rows, cols, rs, cs| MatRef::new(&src, rows, cols, rs, cs).expect("in bounds by construction");
+    let av = view(m, k, k, 1);
     let pack_a_bw = pack_rate(|| pack_a(&av, 0, m, 0, k, mr, elem, &mut out, packers.a, None), m * k);
-    let bv = MatRef { data: &src, rows: m, cols: k, rs: k, cs: 1, taps: None };
+    let bv = view(m, k, k, 1);
     let pack_b_bw = pack_rate(|| pack_b(&bv, 0, m, 0, k, nr, elem, &mut out, None), m * k);
-    let bt = MatRef { data: &src, rows: k, cols: m, rs: 1, cs: k, taps: None };
+    let bt = view(k, m, 1, k);
     let pack_bt_bw = pack_rate(|| pack_b(&bt, 0, k, 0, m, nr, elem, &mut out, packers.bt), m * k);
     std::hint::black_box(&out);
     // The fork-join as a contraction pays it: a small job (a sum over an L1-resident

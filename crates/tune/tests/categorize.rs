@@ -2,18 +2,23 @@
 //! from the whole family down, never loses a sample, and the family picked within
 //! a tolerance computes every sample right.
 
-use anyshape_kernels::categorize::{categorize, kernel_ids, pick, restrict, Sample};
-use anyshape_kernels::{
+use kernels::{
     ALayout, BLayout, BOperand, CostModel, Dispatcher, EpilogueArgs, MatMut, MatRef, Problem, Target,
     ThreadPool,
 };
+use tune::categorize::{categorize, kernel_ids, pick, restrict, Sample};
+
+// The kernels crate's test family (Rust micro-kernels), under the name its
+// helpers use.
+extern crate kernels as anyshape_kernels;
 
 #[macro_use]
+#[path = "../../kernels/tests/common/mod.rs"]
 mod common;
 
 /// The target, a fixed machine model (a measured one moves with the phases of a
 /// shared machine, and the curve with it) and a pool.
-fn setup() -> (Target, anyshape_kernels::MachineModel, ThreadPool) {
+fn setup() -> (Target, kernels::MachineModel, ThreadPool) {
     (common::small_target(), common::fixed_machine(2), ThreadPool::new(2))
 }
 
@@ -71,9 +76,7 @@ fn the_curve_runs_from_the_whole_family_down_and_serves_every_sample() {
         let mut c = vec![f32::NAN; batch * m * n];
         let packed: Vec<_> = match b {
             BLayout::Packed { nr, kc } => (0..batch)
-                .map(|e| {
-                    anyshape_kernels::PackedB::new(MatRef::row_major(&bd[e * k * n..], k, n).unwrap(), nr, kc)
-                })
+                .map(|e| kernels::PackedB::new(MatRef::row_major(&bd[e * k * n..], k, n).unwrap(), nr, kc))
                 .collect(),
             _ => Vec::new(),
         };
