@@ -778,3 +778,42 @@ fn max_and_min_take_nans_infinities_and_signed_zeros_as_the_interpreter_does() {
         }
     }
 }
+
+/// A softmax over a global average pool's means (SqueezeNet's head): the
+/// stitch recomputes each mean inside the max and the sum. With means near
+/// 1e10 (an ulp is 1024) every copy must add in the same order, or a point's
+/// mean exceeds the max by ulps and its exponential overflows or vanishes.
+/// Every channel has the same pixels, so each output is exactly 1/c.
+const POOLED_SOFTMAX: &str = r#"graph {
+  sym c param 1..
+  sym h param 1..
+  input %x: f32[c, h, h]
+  %mean: f32[c, 1, 1] = reduce_mean[axes=[1, 2], keep_dims=true] %x
+  %mx: f32[1, 1, 1] = reduce_max[axes=[0], keep_dims=true] %mean
+  %mxb: f32[c, 1, 1] = broadcast %mx
+  %sh: f32[c, 1, 1] = sub %mean, %mxb
+  %ex: f32[c, 1, 1] = exp %sh
+  %sm: f32[1, 1, 1] = reduce_sum[axes=[0], keep_dims=true] %ex
+  %smb: f32[c, 1, 1] = broadcast %sm
+  %p: f32[c, 1, 1] = div %ex, %smb
+  output %p
+}
+"#;
+
+#[test]
+fn a_softmax_of_recomputed_means_sums_each_mean_in_one_order() {
+    let m = model(POOLED_SOFTMAX, true, None);
+    for isa in [anyshape::Isa::Host, anyshape::Isa::Avx2] {
+        let cm = m.compile(&CompileOptions::new().threads(2).isa(isa)).expect("compiles");
+        for (c, h) in [(1000, 13), (1, 1), (7, 3), (17, 9), (33, 17), (9, 16), (64, 8)] {
+            let pixels: Vec<f32> = (0..h * h).map(|i| 2.0e9 + (i * 7919 % 1000) as f32 * 3.3e6).collect();
+            let x: Vec<f32> = (0..c).flat_map(|_| pixels.iter().copied()).collect();
+            let x = Tensor::new(vec![c, h, h], Elems::F32(x)).expect("tensor");
+            let got = cm.run(&[("x", x)]).expect("runs");
+            let want = 1.0 / c as f64;
+            for (i, v) in got[0].1.to_f64_vec().iter().enumerate() {
+                assert!((v - want).abs() <= 1e-6 * want, "{isa:?} c={c} h={h}: p[{i}] = {v}, not {want}");
+            }
+        }
+    }
+}

@@ -433,7 +433,7 @@ fn build_program(
                             points(g, done)
                         };
                         match row_reduction {
-                            _ if p.schedules.points_one_at_a_time => points(g, in_lo)?,
+                            _ if p.schedules.points_one_at_a_time.is_some() => points(g, in_lo)?,
                             // The schedule by the reduction's length: long rows one
                             // point at a time, short ones across the lanes.
                             Some(ext) => {
@@ -625,7 +625,8 @@ fn row_scratch(p: &LoopProgram) -> Option<RowScratch> {
     for &r in &nodes {
         let Node::Reduce { combine: Combine::Sum, vars, body } = x.node(r) else { continue };
         let [rv] = vars.as_slice() else { continue };
-        if x.extents[*rv as usize] != p.space[inner] || x.dtype(*body) != dt {
+        // (Not a sum that `reduce_level` keeps a scalar loop.)
+        if x.extents[*rv as usize] != p.space[inner] || x.dtype(*body) != dt || reduction_on(x, *body, *rv) {
             continue;
         }
         let mut memo = HashMap::new();
@@ -1759,7 +1760,11 @@ impl Gen<'_> {
             })?;
             return Ok(out.1[0]);
         }
-        let vectorize = !vec && self.x.free(body) & (1u64 << v) != 0 && self.w > 1;
+        // A reduction inside the body that depends on `v` would be summed in
+        // order per lane, unlike its copy computed at a point (along its own
+        // last axis, see `plan::OnePointWhy::NestedReduction`): `v` loops.
+        let vectorize =
+            !vec && self.x.free(body) & (1u64 << v) != 0 && self.w > 1 && !reduction_on(self.x, body, v);
         if !vectorize && self.scratch.is_some_and(|s| s.0 == body) {
             // The scratch needs every term stored: not on this path.
             return Err(llvm("a row scratch on a reduction that is not vectorized"));
@@ -2041,4 +2046,20 @@ fn icmp(b: &Builder<'static>, p: IntPredicate, x: V, y: V) -> R<V> {
     } else {
         b.build_int_compare(p, x.into_int_value(), y.into_int_value(), "c").map_err(llvm)?.into()
     })
+}
+
+/// Whether `e` holds a reduction that depends on variable `v`.
+fn reduction_on(x: &Exprs, e: E, v: u32) -> bool {
+    let mut seen = vec![false; x.len()];
+    let mut stack = vec![e];
+    while let Some(e) = stack.pop() {
+        if x.free(e) & (1u64 << v) == 0 || std::mem::replace(&mut seen[e.index()], true) {
+            continue;
+        }
+        match x.node(e) {
+            Node::Reduce { .. } => return true,
+            n => stack.extend(n.children()),
+        }
+    }
+    false
 }

@@ -3,7 +3,7 @@
 //! versioned on), recorded in its [`Schedules`] for the code generator and the
 //! runtime's per-shape plan.
 
-use plan::{LoopProgram, Node, Schedules, SplitReduction, E};
+use plan::{Exprs, LoopProgram, Node, OnePointWhy, Schedules, SplitReduction, E};
 
 /// Every reduction the stored values use (not those inside other reductions).
 fn reductions(p: &LoopProgram) -> Vec<E> {
@@ -63,7 +63,34 @@ pub fn analyze(p: &mut LoopProgram) {
         }
         _ => false,
     };
-    let points_one_at_a_time = per_point.iter().any(varies);
+    // A reduction recomputed inside another's body (a softmax over a global
+    // pool's means) must sum in the order the point's own copy does, or the
+    // softmax's max is not the max of its terms; one point at a time, both
+    // are summed along their last axis in the same vector-then-lanes order.
+    let points_one_at_a_time = if per_point.iter().any(varies) {
+        Some(OnePointWhy::ExtentVaries)
+    } else if !per_point.is_empty() && reductions.iter().any(|r| nested_reduction(x, *r)) {
+        Some(OnePointWhy::NestedReduction)
+    } else {
+        None
+    };
     let guards = crate::versions::guards(x, &p.stores, inner);
     p.schedules = Schedules { guards, row_reduction, splits_inner, split, points_one_at_a_time };
+}
+
+/// Whether reduction `r`'s body holds another reduction.
+fn nested_reduction(x: &Exprs, r: E) -> bool {
+    let Node::Reduce { body, .. } = x.node(r) else { return false };
+    let mut seen = vec![false; x.len()];
+    let mut stack = vec![*body];
+    while let Some(e) = stack.pop() {
+        if std::mem::replace(&mut seen[e.index()], true) {
+            continue;
+        }
+        match x.node(e) {
+            Node::Reduce { .. } => return true,
+            n => stack.extend(n.children()),
+        }
+    }
+    false
 }

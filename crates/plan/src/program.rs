@@ -61,10 +61,20 @@ pub struct Schedules {
     /// The nest is one loop (or none) and its stores use exactly one
     /// reduction, per point: see [`SplitReduction`].
     pub split: Option<SplitReduction>,
+    /// The points are computed one at a time, never across the lanes, and why.
+    pub points_one_at_a_time: Option<OnePointWhy>,
+}
+
+/// Why a program's points are computed one at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum OnePointWhy {
     /// A reduction's extent varies along the innermost variable (a cumulative
-    /// sum along the last axis): the points are computed one at a time, never
-    /// across the lanes (each lane would need its own trip count).
-    pub points_one_at_a_time: bool,
+    /// sum along the last axis): each lane would need its own trip count.
+    ExtentVaries,
+    /// A reduction is recomputed inside another's body (softmax over pooled
+    /// means): across the lanes each lane sums in order, one point at a time
+    /// the sum runs along the vector; the two copies must add in one order.
+    NestedReduction,
 }
 
 /// One generated function: `for vars in space: stores`.

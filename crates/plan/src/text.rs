@@ -34,11 +34,11 @@ pub fn print_program(p: &LoopProgram, names: bool) -> String {
         let _ = writeln!(s, "  versions on: {}", g.join(", "));
     }
     if let Some(r) = p.schedules.row_reduction {
-        let _ = writeln!(
-            s,
-            "  row reduction along {}: lanes over points, or one point at a time",
-            expr(&p.exprs, r, &HashMap::new())
-        );
+        let choice = match p.schedules.points_one_at_a_time {
+            None => ": lanes over points, or one point at a time",
+            Some(_) => "",
+        };
+        let _ = writeln!(s, "  row reduction along {}{choice}", expr(&p.exprs, r, &HashMap::new()));
     }
     if let Some(sr) = p.schedules.split {
         let _ = writeln!(
@@ -48,8 +48,17 @@ pub fn print_program(p: &LoopProgram, names: bool) -> String {
             expr(&p.exprs, sr.extent, &HashMap::new())
         );
     }
-    if p.schedules.points_one_at_a_time {
-        let _ = writeln!(s, "  points one at a time: a reduction's extent varies along the inner axis");
+    match p.schedules.points_one_at_a_time {
+        Some(crate::OnePointWhy::ExtentVaries) => {
+            let _ = writeln!(s, "  points one at a time: a reduction's extent varies along the inner axis");
+        }
+        Some(crate::OnePointWhy::NestedReduction) => {
+            let _ = writeln!(
+                s,
+                "  points one at a time: a reduction is recomputed inside another (one sum order)"
+            );
+        }
+        None => {}
     }
     let _ = writeln!(s, "  for {}:", space.join(", "));
     // Shared and reducing subexpressions get a name, in dependence order.
