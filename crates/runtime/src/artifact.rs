@@ -365,7 +365,7 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> ArtifactError + '_ {
     move |e| ArtifactError::Io(format!("{}: {e}", path.display()))
 }
 
-impl CompiledModel {
+impl CompiledModel<crate::Cpu> {
     /// Save as an artifact at `path` (written to a temporary file beside it and
     /// renamed, so that a reader never sees half a file).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<(), RunError> {
@@ -375,16 +375,21 @@ impl CompiledModel {
                 ArtifactError::Unsupported("a model compiled with canaries is not saved".into()).into()
             );
         }
-        let syms = Symbols::of(&self.code);
+        let syms = Symbols::of(&self.backend.code);
         let mut code = Vec::new();
-        let mut objects = Vec::with_capacity(self.code.len());
-        for image in &self.code {
+        let mut objects = Vec::with_capacity(self.backend.code.len());
+        for image in &self.backend.code {
             objects.push((code.len() as u64, image.object().len() as u64));
             code.extend_from_slice(image.object());
         }
-        let loops =
-            self.loops.iter().map(|f| syms.entry(*f as usize, "loop program")).collect::<Result<_, _>>()?;
+        let loops = self
+            .backend
+            .loops
+            .iter()
+            .map(|f| syms.entry(*f as usize, "loop program"))
+            .collect::<Result<_, _>>()?;
         let splits = self
+            .backend
             .splits
             .iter()
             .map(|s| {
@@ -392,8 +397,12 @@ impl CompiledModel {
                     .transpose()
             })
             .collect::<Result<_, ArtifactError>>()?;
-        let dispatchers =
-            self.dispatchers.iter().map(|(e, d)| dispatcher_meta(*e, d, &syms)).collect::<Result<_, _>>()?;
+        let dispatchers = self
+            .backend
+            .dispatchers
+            .iter()
+            .map(|(e, d)| dispatcher_meta(*e, d, &syms))
+            .collect::<Result<_, _>>()?;
 
         let tmp =
             path.with_extension(format!("tmp.{}.{:?}", std::process::id(), std::thread::current().id()));
@@ -403,9 +412,9 @@ impl CompiledModel {
             // Blob offsets are relative to the weights section, so they are placed
             // (and written into the metadata) before the section's own offset is
             // known: the first page boundary after header, metadata and code.
-            let reads = crate::reads(&self.plan);
+            let reads = crate::cpu::reads(&self.plan);
             let mut blobs: Vec<Option<Blob>> = vec![None; self.plan.buffers.len()];
-            let mut packed: Vec<Option<PackedMeta>> = Vec::with_capacity(self.packed.len());
+            let mut packed: Vec<Option<PackedMeta>> = Vec::with_capacity(self.backend.packed.len());
             let mut at = 0u64;
             let mut place = |len: usize| {
                 at = at.next_multiple_of(BLOB_ALIGN);
@@ -423,7 +432,7 @@ impl CompiledModel {
                     }
                 }
             }
-            for p in &self.packed {
+            for p in &self.backend.packed {
                 packed.push(match p {
                     None => None,
                     Some(p) => {
@@ -435,8 +444,8 @@ impl CompiledModel {
                 });
             }
             let meta = Meta {
-                code_target: self.code_target.clone(),
-                threads: self.pool.threads(),
+                code_target: self.backend.code_target.clone(),
+                threads: self.backend.pool.threads(),
                 env: self.env.clone(),
                 inputs: self.inputs.clone(),
                 outputs: self.outputs.clone(),

@@ -10,13 +10,13 @@ use plan::StepKind;
 use crate::shape::{LoopLaunch, StepShape};
 use crate::{CompiledModel, RunError};
 
-impl CompiledModel {
+impl CompiledModel<crate::Cpu> {
     /// The kernels: every contraction family (its epilogue, its packed-panel
     /// micro-kernels and direct kernels with their measured rates) and the loop
     /// programs.
     pub fn kernels_text(&self) -> String {
         let mut s = String::new();
-        for (e, d) in &self.dispatchers {
+        for (e, d) in &self.backend.dispatchers {
             let f = d.family();
             let _ = writeln!(s, "contraction family, epilogue {e:?}:");
             let tiles: Vec<String> = f
@@ -46,7 +46,7 @@ impl CompiledModel {
             let _ =
                 writeln!(s, "  p{i}: {} ({} stores, {} parameters)", p.name, p.stores.len(), p.params.len());
         }
-        let _ = writeln!(s, "threads: {}", self.pool.threads());
+        let _ = writeln!(s, "threads: {}", self.backend.pool.threads());
         s
     }
 
@@ -57,7 +57,7 @@ impl CompiledModel {
         let internal = |e: kernels::KernelError| RunError::Internal(e.to_string());
         let mut s = String::new();
         let _ = writeln!(s, "arena: {} bytes", sp.arena_bytes);
-        let threads = self.pool.threads();
+        let threads = self.backend.pool.threads();
         for (i, st) in self.plan.steps.iter().enumerate() {
             let g = st.group;
             let _ = write!(s, "step {i} (group {g}, {}): ", self.plan.groups[g].kind);
@@ -84,8 +84,8 @@ impl CompiledModel {
                     let _ = writeln!(s, "loop p{program}: {rows} rows of {inner}{per_point}, {on}");
                 }
                 (StepKind::MatMul(mm), StepShape::MatMul(ms)) => {
-                    let d = self.dispatcher(mm)?;
-                    let b = match &self.packed[i] {
+                    let d = self.backend.dispatcher(mm)?;
+                    let b = match &self.backend.packed[i] {
                         Some(p) => BLayout::Packed { nr: p.nr, kc: p.kc },
                         None => BLayout::of(ms.cs[1], ms.n),
                     };

@@ -17,7 +17,7 @@ const ALIGN: usize = 64;
 
 /// One matmul's problem at this shape, and the element offsets of each batch entry.
 #[derive(Clone, Debug)]
-pub(crate) struct MatMulShape {
+pub struct MatMulShape {
     pub m: usize,
     pub n: usize,
     pub k: usize,
@@ -31,7 +31,7 @@ pub(crate) struct MatMulShape {
 
 /// How a loop step runs at one shape, decided when the shape is planned.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum LoopLaunch {
+pub enum LoopLaunch {
     /// Rows `0..units` of the program (for a one-loop nest, `points`: its
     /// points), split between the threads when `parallel`.
     Loop { units: usize, points: bool, parallel: bool },
@@ -75,7 +75,7 @@ fn launch(
 }
 
 #[derive(Clone, Debug)]
-pub(crate) enum StepShape {
+pub enum StepShape {
     /// Rows of the nest, elements per row, the length of a reduction computed
     /// per point (1 when none), and how the threads share the loop.
     Loop {
@@ -91,7 +91,7 @@ pub(crate) enum StepShape {
 
 /// Everything a call at one shape needs besides the data.
 #[derive(Debug)]
-pub(crate) struct ShapePlan {
+pub struct ShapePlan {
     pub dims: Vec<i64>,
     pub numel: Vec<usize>,
     /// Byte offset of each temporary in the arena (unused for other buffers;
@@ -107,7 +107,7 @@ pub(crate) struct ShapePlan {
 /// A canary margin: arena bytes `range` next to buffer `buf`, which is live
 /// (its block reserved) from step `first` to step `last`.
 #[derive(Clone, Debug)]
-pub(crate) struct Margin {
+pub struct Margin {
     pub range: std::ops::Range<usize>,
     pub buf: usize,
     pub first: usize,
@@ -117,7 +117,7 @@ pub(crate) struct Margin {
 /// Fused attention at one shape: its two products (the softmax's rows are their
 /// query rows), and what runs them, chosen once.
 #[derive(Clone, Debug)]
-pub(crate) struct AttentionShape {
+pub struct AttentionShape {
     pub scores: MatMulShape,
     pub output: MatMulShape,
     pub tasks: AttentionTasks,
@@ -126,7 +126,7 @@ pub(crate) struct AttentionShape {
 /// Fused attention's query block and the single-thread direct schedules of its
 /// two products at one shape.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct AttentionTasks {
+pub struct AttentionTasks {
     pub block: usize,
     /// Keys per chunk of online softmax; `None`: whole rows.
     pub chunk: Option<usize>,
