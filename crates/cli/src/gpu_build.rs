@@ -10,7 +10,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use gpu::candidates;
 use gpu::manifest::PtxasReport;
-use gpu::{BLayout, Elem, Epilogue, Gelu, GemmKernel, Manifest, ManifestEntry, ReduceKernel, ReducerEntry};
+use gpu::{
+    Activation, BLayout, Elem, Epilogue, GemmKernel, Manifest, ManifestEntry, ReduceKernel, ReducerEntry,
+};
 
 #[derive(Args)]
 pub struct GpuKernelsArgs {
@@ -34,11 +36,11 @@ pub struct GpuKernelsArgs {
 
 /// The epilogues a transformer's projections fuse.
 const EPILOGUES: [Epilogue; 5] = [
-    Epilogue { bias: true, gelu: None, residual: false },
-    Epilogue { bias: true, gelu: Some(Gelu::Tanh), residual: false },
-    Epilogue { bias: true, gelu: Some(Gelu::Erf), residual: false },
-    Epilogue { bias: true, gelu: None, residual: true },
-    Epilogue { bias: false, gelu: Some(Gelu::Erf), residual: true },
+    Epilogue { bias: true, ..Epilogue::NONE },
+    Epilogue { bias: true, activation: Activation::GeluTanh, ..Epilogue::NONE },
+    Epilogue { bias: true, activation: Activation::Gelu, ..Epilogue::NONE },
+    Epilogue { bias: true, residual: true, ..Epilogue::NONE },
+    Epilogue { residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
 ];
 
 /// The split-K reductions: per element type, none and each of [`EPILOGUES`].

@@ -9,8 +9,8 @@
 //! is padded in memory). Rows of 16-byte chunks are XOR-swizzled so that each
 //! `ldmatrix` reads 8 rows from 8 distinct bank groups. Each warp loads its A and B
 //! fragments with `ldmatrix` (`.trans` for an N-major B) and issues m16n8k16
-//! products into f32 accumulators. The epilogue (bias, GELU, residual) runs on the
-//! accumulators in registers; stores are predicated per element, two at a time
+//! products into f32 accumulators. The epilogue (`plan::Epilogue`, the CPU's:
+//! `act(scale·acc + bias + residual)`) runs on the accumulators in registers; stores are predicated per element, two at a time
 //! where the row stride allows.
 //!
 //! The `wgmma` kernel (sm_90a): the same copies, 64 elements of K a step, into
@@ -32,7 +32,7 @@ use crate::{llvm, CodegenError};
 use gpu::kernel::SIMT_GRID;
 use gpu::kernel::TMA_PRODUCER_THREADS;
 use gpu::wave::REDUCE_CHUNK;
-use gpu::{Arch, BLayout, Elem, Epilogue, Gelu, GemmKernel, ReduceKernel};
+use gpu::{Activation, Arch, BLayout, Elem, Epilogue, GemmKernel, ReduceKernel};
 use inkwell::context::Context;
 use inkwell::memory_buffer::MemoryBuffer;
 use inkwell::passes::PassBuilderOptions;
@@ -160,6 +160,7 @@ struct Frag {
 
 /// PTX of a split-K reduction (`gpu::ReduceKernel`), `.target sm_80`.
 pub fn reduce_ptx(r: &ReduceKernel) -> Result<String, CodegenError> {
+    r.check().map_err(|e| CodegenError::Unsupported(e.to_string()))?;
     compile(&reduce_ir(r), &r.name(), Arch::Sm80)
 }
 
@@ -618,8 +619,9 @@ impl Ir {
         self.v(format!("fpext {e} {x} to float"))
     }
 
-    /// The epilogue of one f32 value `y`: `+ bias[bias_idx]`, GELU, `+ residual`
-    /// (`(base, index)`), each as `epi` asks, the 16-bit operands of type `elem`.
+    /// The epilogue of one f32 value `y`: `act(scale·y + bias[bias_idx] +
+    /// residual)` (the residual at `(base, index)`), each part as `epi` asks,
+    /// the 16-bit operands of type `elem`.
     fn epilogue_value(
         &mut self,
         elem: Elem,
@@ -630,14 +632,14 @@ impl Ir {
     ) -> String {
         let e = elem_ty(elem);
         let mut y = y.to_string();
+        if let Some(k) = epi.scale {
+            y = self.v(format!("fmul float {y}, {}", float_lit(k)));
+        }
         if epi.bias {
             let bp = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %bias, i32 {bias_idx}"));
             let bv = self.v(format!("load {e}, ptr addrspace(1) {bp}, align 2"));
             let bf = self.v(format!("fpext {e} {bv} to float"));
             y = self.v(format!("fadd float {y}, {bf}"));
-        }
-        if let Some(form) = epi.gelu {
-            y = self.gelu(form, &y);
         }
         if let Some((rb, ri)) = residual {
             let rp = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) {rb}, i64 {ri}"));
@@ -645,14 +647,31 @@ impl Ir {
             let rf = self.v(format!("fpext {e} {rv} to float"));
             y = self.v(format!("fadd float {y}, {rf}"));
         }
-        y
+        self.activation(epi.activation, &y)
+    }
+
+    /// An epilogue's activation of an f32 value, in registers. `Pointwise` has
+    /// no GPU form (`gpu::epilogue_supported` rejects it before generation).
+    fn activation(&mut self, act: Activation, x: &str) -> String {
+        match act {
+            Activation::None | Activation::Pointwise(_) => x.to_string(),
+            // `x < 0 ? 0 : x`: NaN stays NaN, as on the CPU.
+            Activation::Relu => {
+                let neg = self.v(format!("fcmp olt float {x}, 0.0"));
+                self.v(format!("select i1 {neg}, float 0.0, float {x}"))
+            }
+            Activation::Tanh => {
+                self.v(format!("call float asm \"tanh.approx.f32 $0, $1;\", \"=f,f\"(float {x})"))
+            }
+            Activation::Gelu | Activation::GeluTanh => self.gelu(act, x),
+        }
     }
 
     /// GELU of an f32 value, in registers: the tanh form through `tanh.approx.f32`;
     /// the erf form through erfc's Chebyshev fit (|error| < 1.2e-7) with `ex2.approx`.
-    fn gelu(&mut self, form: Gelu, x: &str) -> String {
+    fn gelu(&mut self, form: Activation, x: &str) -> String {
         match form {
-            Gelu::Tanh => {
+            Activation::GeluTanh => {
                 let x2 = self.v(format!("fmul float {x}, {x}"));
                 let x3 = self.v(format!("fmul float {x2}, {x}"));
                 let inner = self
@@ -663,7 +682,7 @@ impl Ir {
                 let hx = self.v(format!("fmul float {x}, 0.5"));
                 self.v(format!("fmul float {hx}, {one}"))
             }
-            Gelu::Erf => {
+            _ => {
                 // erf(x/√2) for z = |x|/√2: t = 1/(1 + z/2), erfc = t·exp(-z² + P(t)).
                 let ax = self.v(format!("call float @llvm.fabs.f32(float {x})"));
                 let z = self.v(format!("fmul float {ax}, 0x3FE6A09E60000000"));

@@ -10,7 +10,7 @@
 use anyshape_codegen::nvptx;
 use gpu::candidates;
 use gpu::manifest::PtxasReport;
-use gpu::{Arch, BLayout, Elem, Epilogue, Gelu, GemmKernel, ReduceKernel};
+use gpu::{Activation, Arch, BLayout, Elem, Epilogue, GemmKernel, ReduceKernel};
 use std::path::PathBuf;
 
 mod host;
@@ -18,9 +18,9 @@ mod host;
 fn all_epilogues() -> Vec<Epilogue> {
     vec![
         Epilogue::NONE,
-        Epilogue { bias: true, gelu: None, residual: false },
-        Epilogue { bias: true, gelu: Some(Gelu::Tanh), residual: false },
-        Epilogue { bias: true, gelu: Some(Gelu::Erf), residual: true },
+        Epilogue { bias: true, ..Epilogue::NONE },
+        Epilogue { bias: true, activation: Activation::GeluTanh, ..Epilogue::NONE },
+        Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
     ]
 }
 
@@ -101,7 +101,7 @@ fn split_k_kernels_write_f32_shares_and_reductions_apply_the_epilogue() {
             assert!(ir.contains("phi float"), "{r}: sums the shares");
             assert_eq!(
                 ir.contains("tanh.approx") || ir.contains("ex2.approx"),
-                epilogue.gelu.is_some(),
+                gpu::epilogue_approximate(&epilogue),
                 "{r}"
             );
             assert_eq!(ir.contains("%bias, i32"), epilogue.bias, "{r}");
@@ -176,7 +176,7 @@ fn golden_ptx() {
     golden("gemm_bf16_nt_16x64_w1x4_s4.ptx", &nvptx::ptx(&small).unwrap());
     let nn = GemmKernel {
         b: BLayout::NMajor,
-        epilogue: Epilogue { bias: true, gelu: Some(Gelu::Tanh), residual: false },
+        epilogue: Epilogue { bias: true, activation: Activation::GeluTanh, ..Epilogue::NONE },
         ..small
     };
     golden("gemm_bf16_nn_16x64_w1x4_s4_bias_gelut.ptx", &nvptx::ptx(&nn).unwrap());
@@ -258,33 +258,33 @@ fn ptxas_accepts_every_family_kernel() {
     kernels.extend(candidates::family(Elem::F16, BLayout::NMajor, Epilogue::NONE));
     kernels.extend(candidates::wgmma_family(
         Elem::Bf16,
-        Epilogue { bias: true, gelu: Some(Gelu::Erf), residual: true },
+        Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
     ));
     kernels.extend(candidates::tma_family(
         Elem::Bf16,
-        Epilogue { bias: true, gelu: Some(Gelu::Erf), residual: true },
+        Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
     ));
     kernels.extend(candidates::tma_family(Elem::F16, Epilogue::NONE));
     kernels.extend(candidates::persistent_family(Elem::Bf16, Epilogue::NONE));
     kernels.extend(candidates::persistent_family(
         Elem::Bf16,
-        Epilogue { bias: true, gelu: Some(Gelu::Tanh), residual: false },
+        Epilogue { bias: true, activation: Activation::GeluTanh, ..Epilogue::NONE },
     ));
     kernels.extend(candidates::split_k_family(Elem::Bf16));
     kernels.extend(candidates::simt_family(Elem::F16, Epilogue::NONE));
     kernels.extend(candidates::simt_family(
         Elem::Bf16,
-        Epilogue { bias: true, gelu: Some(Gelu::Erf), residual: true },
+        Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
     ));
     kernels.extend(candidates::gemv_family(Elem::F16, Epilogue::NONE));
     kernels.extend(candidates::unaligned_family(Elem::F16, Epilogue::NONE));
     kernels.extend(candidates::unaligned_family(
         Elem::Bf16,
-        Epilogue { bias: true, gelu: Some(Gelu::Erf), residual: true },
+        Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
     ));
     kernels.extend(candidates::gemv_family(
         Elem::Bf16,
-        Epilogue { bias: true, gelu: Some(Gelu::Tanh), residual: true },
+        Epilogue { bias: true, residual: true, activation: Activation::GeluTanh, ..Epilogue::NONE },
     ));
     for k in &kernels {
         let ptx_path = dir.join(format!("{}.ptx", k.name()));
@@ -430,8 +430,8 @@ mod on_the_host {
 
     const EPILOGUES: [Epilogue; 3] = [
         Epilogue::NONE,
-        Epilogue { bias: true, gelu: None, residual: false },
-        Epilogue { bias: true, gelu: None, residual: true },
+        Epilogue { bias: true, ..Epilogue::NONE },
+        Epilogue { bias: true, residual: true, ..Epilogue::NONE },
     ];
 
     #[test]
@@ -657,7 +657,7 @@ mod on_the_host {
                     let w = want[(z * p.m + i) * p.n + j];
                     let g = reference::from_bits(k.elem, got);
                     prop_assert!(
-                        reference::close(k.elem, g, w, scale, k.epilogue.gelu.is_some()),
+                        reference::close(k.elem, g, w, scale, gpu::epilogue_approximate(&k.epilogue)),
                         "{} {} lda+{} ldc+{}: C[{}, {}, {}] = {}, want {}",
                         name,
                         p,
@@ -700,7 +700,7 @@ mod on_the_host {
     /// by the main's rows (`Cover::pieces`), give the whole product.
     #[test]
     fn two_size_covers_give_the_whole_product() {
-        let e = Epilogue { bias: true, gelu: None, residual: true };
+        let e = Epilogue { bias: true, residual: true, ..Epilogue::NONE };
         for b in [BLayout::KMajor, BLayout::NMajor] {
             let kernels: Vec<GemmKernel> =
                 candidates::simt_family(Elem::Bf16, e).into_iter().filter(|k| k.b == b).collect();
@@ -891,8 +891,8 @@ mod on_the_host {
     /// mma.sync, GEMV, SIMT and TMA kernels the family builds them for.
     #[test]
     fn gelu_epilogues_on_the_host() {
-        for gelu in [Gelu::Tanh, Gelu::Erf] {
-            let e = Epilogue { bias: true, gelu: Some(gelu), residual: true };
+        for gelu in [Activation::GeluTanh, Activation::Gelu] {
+            let e = Epilogue { bias: true, residual: true, activation: gelu, ..Epilogue::NONE };
             let first = |fam: Vec<GemmKernel>| fam[0];
             let kernels = [
                 first(candidates::simt_family(Elem::Bf16, e)),
@@ -1071,9 +1071,31 @@ mod on_the_host {
             ldc_pad in 0usize..3,
             seed: u64,
         ) {
-            let kernels = candidates::gemv_family(Elem::Bf16, Epilogue { bias: true, gelu: None, residual: true });
+            let kernels = candidates::gemv_family(Elem::Bf16, Epilogue { bias: true, residual: true, ..Epilogue::NONE });
             let one = Cover::one(Choice { kernel: which, splits: 1 });
             host_cover(&kernels, &one, Problem::new(batch, m, n, 8 * k8), (8 * lda_pad8, ldc_pad), seed)?;
+        }
+
+        /// Every epilogue form the GPU family generates, in the CPU's order
+        /// (`act(scale·acc + bias + residual)`, `plan::Epilogue`), against the
+        /// oracle at random shapes.
+        #[test]
+        fn every_epilogue_form_at_random_shapes(
+            activation in prop::sample::select(vec![
+                Activation::None, Activation::Relu, Activation::Tanh, Activation::Gelu, Activation::GeluTanh,
+            ]),
+            scale in any::<bool>(),
+            bias in any::<bool>(),
+            residual in any::<bool>(),
+            m in 1usize..12,
+            n in 1usize..9,
+            k8 in 1usize..40,
+            seed: u64,
+        ) {
+            let e = Epilogue { scale: scale.then_some(-0.375), bias, residual, activation };
+            let kernels = candidates::gemv_family(Elem::Bf16, e);
+            let one = Cover::one(Choice { kernel: 0, splits: 1 });
+            host_cover(&kernels, &one, Problem::new(1, m, n, 8 * k8), (0, 1), seed)?;
         }
 
         #[test]
@@ -1086,7 +1108,7 @@ mod on_the_host {
             k in 1usize..40,
             seed: u64,
         ) {
-            let kernels = candidates::simt_family(Elem::Bf16, Epilogue { bias: false, gelu: None, residual: true });
+            let kernels = candidates::simt_family(Elem::Bf16, Epilogue { residual: true, ..Epilogue::NONE });
             let kernels: Vec<GemmKernel> = kernels.into_iter().filter(|k| k.b == BLayout::KMajor).collect();
             let cover = Cover {
                 main: Choice { kernel: main, splits: 1 },

@@ -3,6 +3,7 @@
 //! batch strides are launch arguments, and ragged edges are padded locally (zero
 //! fill in shared memory, predicated stores), never by copying operands.
 
+pub use plan::{Activation, Epilogue};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -102,42 +103,47 @@ impl BLayout {
     }
 }
 
-/// GELU's two forms, as models export them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Gelu {
-    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
-    Tanh,
-    /// `0.5·x·(1 + erf(x/√2))`.
-    Erf,
-}
-
-/// What is applied to each accumulator tile in registers before it is stored, in
-/// this order: `+ bias[n]`, GELU, `+ residual[m, n]`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Epilogue {
-    pub bias: bool,
-    pub gelu: Option<Gelu>,
-    pub residual: bool,
-}
-
-impl Epilogue {
-    pub const NONE: Epilogue = Epilogue { bias: false, gelu: None, residual: false };
-
-    pub fn suffix(&self) -> String {
-        let mut s = String::new();
-        if self.bias {
-            s.push_str("_bias");
-        }
-        match self.gelu {
-            Some(Gelu::Tanh) => s.push_str("_gelut"),
-            Some(Gelu::Erf) => s.push_str("_gelue"),
-            None => {}
-        }
-        if self.residual {
-            s.push_str("_res");
-        }
-        s
+/// The kernel name's suffix for epilogue `e` (empty for none): `_s<bits>` for
+/// a scale, `_bias`, `_res`, then the activation (`_relu`, `_gelue`,
+/// `_gelut`, `_tanh`; `_pw` for a program, which no GPU kernel has).
+pub fn epilogue_suffix(e: &Epilogue) -> String {
+    let mut s = String::new();
+    if let Some(k) = e.scale {
+        s.push_str(&format!("_s{:08x}", k.to_bits()));
     }
+    if e.bias {
+        s.push_str("_bias");
+    }
+    if e.residual {
+        s.push_str("_res");
+    }
+    s.push_str(match e.activation {
+        Activation::None => "",
+        Activation::Relu => "_relu",
+        Activation::Gelu => "_gelue",
+        Activation::GeluTanh => "_gelut",
+        Activation::Tanh => "_tanh",
+        Activation::Pointwise(_) => "_pw",
+    });
+    s
+}
+
+/// Whether the GPU family generates epilogue `e`: every form but an
+/// element-wise program (`Activation::Pointwise`), which it has no emitter
+/// for yet.
+pub fn epilogue_supported(e: &Epilogue) -> Result<(), String> {
+    match e.activation {
+        Activation::Pointwise(_) => {
+            Err("an element-wise program as an epilogue (Activation::Pointwise) has no GPU form yet".into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether `e` computes with the GPU's approximate instructions (`tanh.approx`,
+/// `ex2.approx`): the outputs' tolerance then allows for them.
+pub fn epilogue_approximate(e: &Epilogue) -> bool {
+    matches!(e.activation, Activation::Gelu | Activation::GeluTanh | Activation::Tanh)
 }
 
 /// A GEMM kernel: a block of `warps_m × warps_n` warps computes a `bm × bn` tile of
@@ -206,7 +212,12 @@ impl ReduceKernel {
     pub const THREADS: usize = 256;
 
     pub fn name(&self) -> String {
-        format!("splitk_reduce_{}{}", self.elem.name(), self.epilogue.suffix())
+        format!("splitk_reduce_{}{}", self.elem.name(), epilogue_suffix(&self.epilogue))
+    }
+
+    /// What the generator assumes of a reduction: an epilogue it has a form of.
+    pub fn check(&self) -> Result<(), KernelError> {
+        epilogue_supported(&self.epilogue).map_err(|why| KernelError::Invalid { name: self.name(), why })
     }
 }
 
@@ -261,7 +272,7 @@ impl GemmKernel {
             self.warps_n,
             self.stages,
             if self.split_k { "_sk" } else { "" },
-            self.epilogue.suffix()
+            epilogue_suffix(&self.epilogue)
         )
     }
 
@@ -419,6 +430,7 @@ impl GemmKernel {
         if self.persistent && (!self.tma || self.split_k) {
             return bad("persistent kernels are TMA kernels over whole products (not split-K)".into());
         }
+        epilogue_supported(&self.epilogue).or_else(bad)?;
         if self.split_k && self.epilogue != Epilogue::NONE {
             return bad("a split-K kernel writes partial sums: its epilogue is the reduction's".into());
         }

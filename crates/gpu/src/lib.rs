@@ -21,7 +21,10 @@ pub mod wave;
 pub mod runner;
 
 pub use cover::{Cover, Piece, Split};
-pub use kernel::{Arch, BLayout, Elem, Epilogue, Gelu, GemmKernel, KernelError, Problem, ReduceKernel, BK};
+pub use kernel::{
+    epilogue_approximate, epilogue_suffix, epilogue_supported, Activation, Arch, BLayout, Elem, Epilogue,
+    GemmKernel, KernelError, Problem, ReduceKernel, BK,
+};
 pub use manifest::{Manifest, ManifestEntry, ReducerEntry};
 pub use tree::MTree;
 pub use wave::{Choice, DeviceLimits, KernelRate, ReduceRate, WaveModel};

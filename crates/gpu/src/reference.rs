@@ -2,7 +2,7 @@
 //! 16-bit inputs, with the same epilogue; and the tolerance a 16-bit result of an
 //! f32-accumulated product is held to.
 
-use crate::kernel::{BLayout, Elem, Epilogue, Gelu, Problem};
+use crate::kernel::{Activation, BLayout, Elem, Epilogue, Problem};
 use half::{bf16, f16};
 
 /// 16-bit storage of either element type, as raw bits.
@@ -41,12 +41,24 @@ pub fn erf(x: f64) -> f64 {
     }
 }
 
-pub fn gelu(form: Gelu, x: f64) -> f64 {
-    match form {
-        Gelu::Tanh => {
+/// An epilogue's activation in f64 (GELU's erf by the fit above; a program's
+/// own scalar meaning, in f32).
+pub fn activation(act: Activation, x: f64) -> f64 {
+    match act {
+        Activation::None => x,
+        Activation::Relu => {
+            if x < 0.0 {
+                0.0
+            } else {
+                x
+            }
+        }
+        Activation::GeluTanh => {
             0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
         }
-        Gelu::Erf => 0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2)),
+        Activation::Gelu => 0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2)),
+        Activation::Tanh => x.tanh(),
+        Activation::Pointwise(p) => p.eval(x as f32) as f64,
     }
 }
 
@@ -80,15 +92,16 @@ pub fn gemm(p: &Problem, epi: &Epilogue, o: &Operands) -> Vec<f64> {
                     };
                     s += v(a[i * k + l]) * v(bv);
                 }
+                if let Some(k) = epi.scale {
+                    s *= k as f64;
+                }
                 if epi.bias {
                     s += v(o.bias[j]);
-                }
-                if let Some(g) = epi.gelu {
-                    s = gelu(g, s);
                 }
                 if epi.residual {
                     s += v(o.residual[(z * m + i) * n + j]);
                 }
+                s = activation(epi.activation, s);
                 c[(z * m + i) * n + j] = s;
             }
         }
@@ -100,14 +113,15 @@ pub fn gemm(p: &Problem, epi: &Epilogue, o: &Operands) -> Vec<f64> {
 /// rounding explains: the 16-bit output's rounding (half a unit in the last place:
 /// 2⁻⁸ relative for bf16, 2⁻¹¹ for f16), doubled; f32 accumulation's error, well
 /// under 10⁻⁴ of `scale` (the products' typical magnitude) at these K; and where the
-/// epilogue has GELU, `tanh.approx`'s and `ex2.approx`'s 2⁻¹¹ relative error on a
-/// pre-activation a few `scale` large.
-pub fn close(elem: Elem, got: f32, want: f64, scale: f64, gelu: bool) -> bool {
+/// epilogue is `approximate` (GELU, tanh: see `kernel::epilogue_approximate`),
+/// `tanh.approx`'s and `ex2.approx`'s 2⁻¹¹ relative error on a pre-activation a
+/// few `scale` large.
+pub fn close(elem: Elem, got: f32, want: f64, scale: f64, approximate: bool) -> bool {
     let ulp = match elem {
         Elem::Bf16 => 2f64.powi(-8),
         Elem::F16 => 2f64.powi(-11),
     };
-    let approx = if gelu { 2e-3 * scale } else { 0.0 };
+    let approx = if approximate { 2e-3 * scale } else { 0.0 };
     let tol = 2.0 * ulp * want.abs() + 1e-4 * scale + approx;
     got.is_finite() && (got as f64 - want).abs() <= tol
 }

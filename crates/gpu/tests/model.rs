@@ -8,7 +8,7 @@ use gpu::manifest::PtxasReport;
 use gpu::reference::{self, Operands};
 use gpu::wave::{calibration_grids, occupancy, FEW_BLOCKS};
 use gpu::{
-    Arch, BLayout, Choice, Cover, DeviceLimits, Elem, Epilogue, Gelu, GemmKernel, KernelRate, MTree,
+    Activation, Arch, BLayout, Choice, Cover, DeviceLimits, Elem, Epilogue, GemmKernel, KernelRate, MTree,
     Manifest, ManifestEntry, Piece, Problem, Split, WaveModel,
 };
 use proptest::prelude::*;
@@ -152,7 +152,7 @@ fn the_candidate_space_is_valid_and_the_family_spans_small_to_large_tiles() {
         assert!(k.smem_bytes() <= gpu::kernel::MAX_SMEM_PER_BLOCK_SM90, "{k}");
     }
     assert!(persistent.iter().any(|k| k.name() == "gemm_wgp_bf16_nt_128x256_w8x1_s3"));
-    let residual = Epilogue { bias: true, gelu: None, residual: true };
+    let residual = Epilogue { bias: true, residual: true, ..Epilogue::NONE };
     assert!(candidates::persistent_family(Elem::Bf16, residual).is_empty());
     assert!(GemmKernel { persistent: true, ..mma(64, 64, 2, 2) }.check().is_err());
     assert!(GemmKernel { split_k: true, ..persistent[0] }.check().is_err());
@@ -492,7 +492,7 @@ fn the_oracle_multiplies_in_both_layouts_with_the_epilogue() {
     let bias = bits(&[0.5, -0.5]);
     let res = bits(&[1.0, 1.0, 1.0, 1.0]);
     let p = Problem::new(1, 2, 2, 3);
-    let epi = Epilogue { bias: true, gelu: None, residual: true };
+    let epi = Epilogue { bias: true, residual: true, ..Epilogue::NONE };
     let want = [1.0 + 6.0 + 0.5 + 1.0, 2.0 - 3.0 - 0.5 + 1.0, -1.0 + 0.5 + 0.5 + 1.0, 0.5 - 0.25 - 0.5 + 1.0];
     for (layout, b) in [(BLayout::KMajor, &b_nk), (BLayout::NMajor, &b_kn)] {
         let o = Operands { elem: e, b_layout: layout, a: &a, b, bias: &bias, residual: &res };
@@ -503,7 +503,11 @@ fn the_oracle_multiplies_in_both_layouts_with_the_epilogue() {
     }
     // GELU's two forms agree to ~1e-3 and erf is accurate.
     for x in [-3.0, -0.5, 0.0, 0.7, 2.5] {
-        assert!((reference::gelu(Gelu::Tanh, x) - reference::gelu(Gelu::Erf, x)).abs() < 2e-3);
+        assert!(
+            (reference::activation(Activation::GeluTanh, x) - reference::activation(Activation::Gelu, x))
+                .abs()
+                < 2e-3
+        );
     }
     assert!((reference::erf(0.5) - 0.520_499_877_813_046_5).abs() < 2e-7);
     // The tolerance: a bf16 rounding passes, a few units in the last place do not.
@@ -532,9 +536,34 @@ fn split_k_plans_leave_no_split_without_work() {
     }
     // A split-K kernel takes no batch and no epilogue of its own.
     assert!(k.accepts(&Problem::new(2, 4, 64, 64)).is_err());
-    assert!(GemmKernel { epilogue: Epilogue { bias: true, gelu: None, residual: false }, ..k }
-        .check()
-        .is_err());
+    assert!(GemmKernel { epilogue: Epilogue { bias: true, ..Epilogue::NONE }, ..k }.check().is_err());
+}
+
+/// The GPU family builds every epilogue of the shared vocabulary but an
+/// element-wise program, which it refuses by name (kernel and reduction alike),
+/// and a kernel's name tells its epilogues apart.
+#[test]
+fn an_epilogue_program_is_refused_by_name() {
+    let k = candidates::gemv_family(Elem::Bf16, Epilogue::NONE)[0];
+    let pw = Epilogue { activation: Activation::Pointwise(plan::Pointwise::default()), ..Epilogue::NONE };
+    let e = GemmKernel { epilogue: pw, ..k }.check().expect_err("no GPU form").to_string();
+    assert!(e.contains("Pointwise") && e.contains(&GemmKernel { epilogue: pw, ..k }.name()), "{e}");
+    assert!(gpu::ReduceKernel { elem: Elem::Bf16, epilogue: pw }.check().is_err());
+    let forms = [
+        Epilogue::NONE,
+        Epilogue { scale: Some(0.5), ..Epilogue::NONE },
+        Epilogue { scale: Some(0.25), ..Epilogue::NONE },
+        Epilogue { bias: true, activation: Activation::Relu, ..Epilogue::NONE },
+        Epilogue { bias: true, activation: Activation::Gelu, ..Epilogue::NONE },
+        Epilogue { bias: true, activation: Activation::GeluTanh, ..Epilogue::NONE },
+        Epilogue { residual: true, activation: Activation::Tanh, ..Epilogue::NONE },
+    ];
+    let names: std::collections::HashSet<String> =
+        forms.iter().map(|&epilogue| GemmKernel { epilogue, ..k }.name()).collect();
+    assert_eq!(names.len(), forms.len(), "{names:?}");
+    for epilogue in forms {
+        GemmKernel { epilogue, ..k }.check().expect("a GPU form");
+    }
 }
 
 /// [`model`] with a split-K 16×64 kernel (index 2) at the plain 16×64's rates.

@@ -7,7 +7,7 @@ use crate::model::BufId;
 use crate::Pointwise;
 
 /// The activation of an epilogue.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Activation {
     #[default]
     None,
@@ -44,7 +44,9 @@ impl Activation {
 /// An element-wise expression applied to each output tile while it is in
 /// registers: `y = act(scale · acc + bias[col] + residual[row, col])` (a dense
 /// layer's bias and GELU, a residual add, ResNet's `relu(conv + identity)`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+/// Kernels are compiled and cached per epilogue, so two are equal when they
+/// compute the same thing: the scale compares by its bits.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Epilogue {
     pub scale: Option<f32>,
     pub bias: bool,
@@ -53,8 +55,30 @@ pub struct Epilogue {
 }
 
 impl Epilogue {
+    /// The identity: the accumulator as it is.
+    pub const NONE: Epilogue =
+        Epilogue { scale: None, bias: false, residual: false, activation: Activation::None };
+
     pub fn is_identity(&self) -> bool {
-        *self == Epilogue::default()
+        *self == Epilogue::NONE
+    }
+
+    fn key(&self) -> (Option<u32>, bool, bool, Activation) {
+        (self.scale.map(f32::to_bits), self.bias, self.residual, self.activation)
+    }
+}
+
+impl PartialEq for Epilogue {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Epilogue {}
+
+impl std::hash::Hash for Epilogue {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.key().hash(h)
     }
 }
 

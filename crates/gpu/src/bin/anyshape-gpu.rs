@@ -359,7 +359,7 @@ fn verify(k: &GemmKernel, case: &Case, got: &[u16], want: &[f64]) -> Vec<String>
                 }
                 let w = want[(z * p.m + i) * p.n + j];
                 let g = reference::from_bits(k.elem, x);
-                if !reference::close(k.elem, g, w, scale, k.epilogue.gelu.is_some()) {
+                if !reference::close(k.elem, g, w, scale, gpu::epilogue_approximate(&k.epilogue)) {
                     bad.push(format!("C[{z}, {i}, {j}] = {g}, want {w}"));
                     if bad.len() >= 4 {
                         break 'rows;
