@@ -359,7 +359,7 @@ fn build_program(
         .collect();
     let inner_var = p.inner_var();
     let values: Vec<E> = p.stores.iter().map(|s| s.value).collect();
-    let scratch = if lanes > 1 { row_scratch(p) } else { None };
+    let scratch = if lanes > 1 { p.schedules.row_scratch } else { None };
     // The nest, once per version (see `lower::versions`): each version's guards
     // are constants there, so its loads' addresses fold to plain indices.
     // Threads split rows, or, for a one-loop nest, the loop's range.
@@ -454,7 +454,7 @@ fn build_program(
             };
             // A stored value chosen by conditions the same for the whole row (a
             // concat along an outer axis: a conv's taps) is chosen once per row.
-            if scratch.is_none() {
+            if scratch.is_none() && p.schedules.unswitched.is_some() {
                 unswitch(g, p, mask, 0, &row)?;
             } else {
                 row(g)?;
@@ -519,19 +519,17 @@ fn build_program(
     Ok(())
 }
 
-/// The deepest chain of row-uniform selects resolved per row.
-const UNSWITCH_DEPTH: usize = 64;
-
-/// Run `row` for the value a one-store program stores in this row: while that
-/// value is `select(c, a, d)` with `c` the same for the whole row (`mask`: the
-/// innermost variable), branch on `c` once and go on with the side taken, so the
-/// inner loops see only the chosen expression (a concat of 49 taps is one
-/// branch tree per row, not 49 compares per vector).
+/// Run `row` for the value a one-store program stores in this row
+/// (`plan::Schedules::unswitched`): while that value is `select(c, a, d)` with
+/// `c` the same for the whole row (`mask`: the innermost variable), branch on
+/// `c` once and go on with the side taken, so the inner loops see only the
+/// chosen expression (a concat of 49 taps is one branch tree per row, not 49
+/// compares per vector).
 fn unswitch(g: &mut Gen, p: &LoopProgram, mask: u64, depth: usize, row: &dyn Fn(&mut Gen) -> R<()>) -> R<()> {
     if let [st] = p.stores.as_slice() {
         let value = g.overrides.first().copied().unwrap_or(st.value);
         if let Node::Select(c, a, d) = g.x.node(value).clone() {
-            if depth < UNSWITCH_DEPTH && g.x.free(c) & mask == 0 {
+            if depth < plan::UNSWITCH_DEPTH && g.x.free(c) & mask == 0 {
                 let cv = g.emit(c, false)?.into_int_value();
                 let saved = std::mem::take(&mut g.overrides);
                 let r = g.if_else(
@@ -573,7 +571,7 @@ struct Gen<'a> {
     scopes: Vec<HashMap<(E, Option<u32>), V>>,
     /// The variable that runs along the vector lanes, in vector mode.
     lane: Option<u32>,
-    /// The row's output as scratch ([`RowScratch`]): the reduction body whose
+    /// The row's output as scratch ([`plan::RowScratch`]): the reduction body whose
     /// values the row's sum stores there, and the row's first position.
     scratch: Option<(E, u32, IntValue<'static>)>,
     /// Each parameter's element type.
@@ -584,104 +582,6 @@ struct Gen<'a> {
     reduce_range: Option<(u32, IntValue<'static>, IntValue<'static>)>,
     /// The stored values where a row-level branch chose them (see `unswitch`).
     overrides: Vec<E>,
-}
-
-/// A row sum whose terms the stored value uses again (Softmax's
-/// `exp(x - max)`, summed, then divided by the sum): the sum's loop stores each
-/// term at its place in the output row, and the store loop reads it back
-/// instead of computing it a second time. The row stays in L1 between the two.
-#[derive(Clone, Copy, Debug)]
-struct RowScratch {
-    /// The sum's body, over the reduction variable.
-    body: E,
-    /// The same expression over the nest's innermost variable.
-    twin: E,
-    /// The output parameter (the program's only store).
-    param: u32,
-}
-
-/// The row scratch of `p`, when it has one: one store of floats, and a
-/// one-variable sum along the whole inner extent whose body, with its variable
-/// renamed to the inner one, is a computed subexpression of the stored value.
-fn row_scratch(p: &LoopProgram) -> Option<RowScratch> {
-    let x = &p.exprs;
-    let [st] = p.stores.as_slice() else { return None };
-    let inner = p.inner()?;
-    let Node::Var(iv) = x.node(p.vars[inner]) else { return None };
-    let dt = p.params[st.param as usize].dtype;
-    if !matches!(dt, DType::F32 | DType::F64) {
-        return None;
-    }
-    // Every node the stored value reads, reductions' bodies included.
-    let mut seen = std::collections::HashSet::new();
-    let mut stack = vec![st.value];
-    while let Some(e) = stack.pop() {
-        if seen.insert(e) {
-            stack.extend(x.node(e).children());
-        }
-    }
-    let mut nodes: Vec<E> = seen.into_iter().collect();
-    nodes.sort();
-    for &r in &nodes {
-        let Node::Reduce { combine: Combine::Sum, vars, body } = x.node(r) else { continue };
-        let [rv] = vars.as_slice() else { continue };
-        // (Not a sum that `reduce_level` keeps a scalar loop.)
-        if x.extents[*rv as usize] != p.space[inner] || x.dtype(*body) != dt || reduction_on(x, *body, *rv) {
-            continue;
-        }
-        let mut memo = HashMap::new();
-        let twin = nodes.iter().copied().find(|&t| {
-            t != *body
-                && x.free(t) & (1u64 << iv) != 0
-                && !matches!(x.node(t), Node::Load { .. } | Node::Var(_))
-                && renamed(x, *body, t, *rv, *iv, &mut memo)
-        });
-        if let Some(twin) = twin {
-            return Some(RowScratch { body: *body, twin, param: st.param });
-        }
-    }
-    None
-}
-
-/// Whether `b` is `a` with the variable `from` renamed `to`.
-fn renamed(x: &Exprs, a: E, b: E, from: u32, to: u32, memo: &mut HashMap<(E, E), bool>) -> bool {
-    let mask = (1u64 << from) | (1u64 << to);
-    if a == b {
-        return x.free(a) & mask == 0;
-    }
-    if let Some(r) = memo.get(&(a, b)) {
-        return *r;
-    }
-    let same = x.dtype(a) == x.dtype(b)
-        && match (x.node(a), x.node(b)) {
-            (Node::Var(va), Node::Var(vb)) => *va == from && *vb == to,
-            (Node::Load { buf: ba, index: ia, guard: ga }, Node::Load { buf: bb, index: ib, guard: gb }) => {
-                ba == bb
-                    && ia.len() == ib.len()
-                    && ia.iter().zip(ib).all(|(p, q)| renamed(x, *p, *q, from, to, memo))
-                    && match (ga, gb) {
-                        (None, None) => true,
-                        (Some(p), Some(q)) => renamed(x, *p, *q, from, to, memo),
-                        _ => false,
-                    }
-            }
-            (Node::Unary(oa, p), Node::Unary(ob, q)) => oa == ob && renamed(x, *p, *q, from, to, memo),
-            (Node::Cast(p), Node::Cast(q)) => renamed(x, *p, *q, from, to, memo),
-            (Node::Binary(oa, p1, p2), Node::Binary(ob, q1, q2)) => {
-                oa == ob && renamed(x, *p1, *q1, from, to, memo) && renamed(x, *p2, *q2, from, to, memo)
-            }
-            (Node::Select(p1, p2, p3), Node::Select(q1, q2, q3)) => {
-                renamed(x, *p1, *q1, from, to, memo)
-                    && renamed(x, *p2, *q2, from, to, memo)
-                    && renamed(x, *p3, *q3, from, to, memo)
-            }
-            (Node::Check { ok: p1, code: ca, value: p2 }, Node::Check { ok: q1, code: cb, value: q2 }) => {
-                ca == cb && renamed(x, *p1, *q1, from, to, memo) && renamed(x, *p2, *q2, from, to, memo)
-            }
-            _ => false,
-        };
-    memo.insert((a, b), same);
-    same
 }
 
 impl Gen<'_> {
@@ -1764,7 +1664,7 @@ impl Gen<'_> {
         // order per lane, unlike its copy computed at a point (along its own
         // last axis, see `plan::OnePointWhy::NestedReduction`): `v` loops.
         let vectorize =
-            !vec && self.x.free(body) & (1u64 << v) != 0 && self.w > 1 && !reduction_on(self.x, body, v);
+            !vec && self.x.free(body) & (1u64 << v) != 0 && self.w > 1 && !self.x.reduction_on(body, v);
         if !vectorize && self.scratch.is_some_and(|s| s.0 == body) {
             // The scratch needs every term stored: not on this path.
             return Err(llvm("a row scratch on a reduction that is not vectorized"));
@@ -2046,20 +1946,4 @@ fn icmp(b: &Builder<'static>, p: IntPredicate, x: V, y: V) -> R<V> {
     } else {
         b.build_int_compare(p, x.into_int_value(), y.into_int_value(), "c").map_err(llvm)?.into()
     })
-}
-
-/// Whether `e` holds a reduction that depends on variable `v`.
-fn reduction_on(x: &Exprs, e: E, v: u32) -> bool {
-    let mut seen = vec![false; x.len()];
-    let mut stack = vec![e];
-    while let Some(e) = stack.pop() {
-        if x.free(e) & (1u64 << v) == 0 || std::mem::replace(&mut seen[e.index()], true) {
-            continue;
-        }
-        match x.node(e) {
-            Node::Reduce { .. } => return true,
-            n => stack.extend(n.children()),
-        }
-    }
-    false
 }

@@ -3,7 +3,12 @@
 //! versioned on), recorded in its [`Schedules`] for the code generator and the
 //! runtime's per-shape plan.
 
-use plan::{Exprs, LoopProgram, Node, OnePointWhy, Schedules, SplitReduction, E};
+use std::collections::HashMap;
+
+use ir::DType;
+use plan::{
+    Combine, Exprs, LoopProgram, Node, OnePointWhy, RowScratch, Schedules, SplitReduction, E, UNSWITCH_DEPTH,
+};
 
 /// Every reduction the stored values use (not those inside other reductions).
 fn reductions(p: &LoopProgram) -> Vec<E> {
@@ -75,7 +80,23 @@ pub fn analyze(p: &mut LoopProgram) {
         None
     };
     let guards = crate::versions::guards(x, &p.stores, inner);
-    p.schedules = Schedules { guards, row_reduction, splits_inner, split, points_one_at_a_time };
+    let row_scratch = row_scratch(p);
+    let unswitched = match (&p.stores[..], inner) {
+        ([st], inner) => {
+            let n = row_choices(x, st.value, inner.map_or(0, |v| 1u64 << v), 0);
+            (n > 1).then_some(n)
+        }
+        _ => None,
+    };
+    p.schedules = Schedules {
+        guards,
+        row_reduction,
+        splits_inner,
+        split,
+        points_one_at_a_time,
+        row_scratch,
+        unswitched,
+    };
 }
 
 /// Whether reduction `r`'s body holds another reduction.
@@ -93,4 +114,100 @@ fn nested_reduction(x: &Exprs, r: E) -> bool {
         }
     }
     false
+}
+
+/// The row scratch of `p`, when it has one: one store of floats, and a
+/// one-variable sum along the whole inner extent whose body, with its variable
+/// renamed to the inner one, is a computed subexpression of the stored value.
+fn row_scratch(p: &LoopProgram) -> Option<RowScratch> {
+    let x = &p.exprs;
+    let [st] = p.stores.as_slice() else { return None };
+    let inner = p.inner()?;
+    let Node::Var(iv) = x.node(p.vars[inner]) else { return None };
+    let dt = p.params[st.param as usize].dtype;
+    if !matches!(dt, DType::F32 | DType::F64) {
+        return None;
+    }
+    // Every node the stored value reads, reductions' bodies included.
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![st.value];
+    while let Some(e) = stack.pop() {
+        if seen.insert(e) {
+            stack.extend(x.node(e).children());
+        }
+    }
+    let mut nodes: Vec<E> = seen.into_iter().collect();
+    nodes.sort();
+    for &r in &nodes {
+        let Node::Reduce { combine: Combine::Sum, vars, body } = x.node(r) else { continue };
+        let [rv] = vars.as_slice() else { continue };
+        // (Not a sum that `reduce_level` keeps a scalar loop.)
+        if x.extents[*rv as usize] != p.space[inner] || x.dtype(*body) != dt || x.reduction_on(*body, *rv) {
+            continue;
+        }
+        let mut memo = HashMap::new();
+        let twin = nodes.iter().copied().find(|&t| {
+            t != *body
+                && x.free(t) & (1u64 << iv) != 0
+                && !matches!(x.node(t), Node::Load { .. } | Node::Var(_))
+                && renamed(x, *body, t, *rv, *iv, &mut memo)
+        });
+        if let Some(twin) = twin {
+            return Some(RowScratch { body: *body, twin, param: st.param });
+        }
+    }
+    None
+}
+
+/// Whether `b` is `a` with the variable `from` renamed `to`.
+fn renamed(x: &Exprs, a: E, b: E, from: u32, to: u32, memo: &mut HashMap<(E, E), bool>) -> bool {
+    let mask = (1u64 << from) | (1u64 << to);
+    if a == b {
+        return x.free(a) & mask == 0;
+    }
+    if let Some(r) = memo.get(&(a, b)) {
+        return *r;
+    }
+    let same = x.dtype(a) == x.dtype(b)
+        && match (x.node(a), x.node(b)) {
+            (Node::Var(va), Node::Var(vb)) => *va == from && *vb == to,
+            (Node::Load { buf: ba, index: ia, guard: ga }, Node::Load { buf: bb, index: ib, guard: gb }) => {
+                ba == bb
+                    && ia.len() == ib.len()
+                    && ia.iter().zip(ib).all(|(p, q)| renamed(x, *p, *q, from, to, memo))
+                    && match (ga, gb) {
+                        (None, None) => true,
+                        (Some(p), Some(q)) => renamed(x, *p, *q, from, to, memo),
+                        _ => false,
+                    }
+            }
+            (Node::Unary(oa, p), Node::Unary(ob, q)) => oa == ob && renamed(x, *p, *q, from, to, memo),
+            (Node::Cast(p), Node::Cast(q)) => renamed(x, *p, *q, from, to, memo),
+            (Node::Binary(oa, p1, p2), Node::Binary(ob, q1, q2)) => {
+                oa == ob && renamed(x, *p1, *q1, from, to, memo) && renamed(x, *p2, *q2, from, to, memo)
+            }
+            (Node::Select(p1, p2, p3), Node::Select(q1, q2, q3)) => {
+                renamed(x, *p1, *q1, from, to, memo)
+                    && renamed(x, *p2, *q2, from, to, memo)
+                    && renamed(x, *p3, *q3, from, to, memo)
+            }
+            (Node::Check { ok: p1, code: ca, value: p2 }, Node::Check { ok: q1, code: cb, value: q2 }) => {
+                ca == cb && renamed(x, *p1, *q1, from, to, memo) && renamed(x, *p2, *q2, from, to, memo)
+            }
+            _ => false,
+        };
+    memo.insert((a, b), same);
+    same
+}
+
+/// The alternatives `value` chooses among by selects whose conditions do not
+/// depend on the variables in `mask` (the innermost), at most
+/// [`UNSWITCH_DEPTH`] deep: 1 when it chooses none.
+fn row_choices(x: &Exprs, value: E, mask: u64, depth: usize) -> usize {
+    match x.node(value) {
+        Node::Select(c, a, d) if depth < UNSWITCH_DEPTH && x.free(*c) & mask == 0 => {
+            row_choices(x, *a, mask, depth + 1) + row_choices(x, *d, mask, depth + 1)
+        }
+        _ => 1,
+    }
 }

@@ -1,7 +1,8 @@
 //! Golden text of lowered programs: a stitch (layer norm over the last axis,
-//! its two row reductions computed per row), a contraction whose epilogue
-//! splits heads, an element-wise group with a gather, and a convolution's taps
-//! read in place.
+//! its two row reductions computed per row), a softmax whose row sum's terms
+//! are kept for the store (the row scratch), a contraction whose epilogue
+//! splits heads, an element-wise group with a gather, a convolution's taps
+//! read in place, and a concat along rows whose choice is made once per row.
 
 fn lowered(text: &str) -> String {
     let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
@@ -218,6 +219,7 @@ p0: program g0_attention
     t0: f32 = max(i3 < d9: add(div(%0[i0, i1, i3], 2.0), %1[i0, 0, i3]))
     t1: f32 = sum(i4 < d9: exp(sub(add(div(%0[i0, i1, i4], 2.0), %1[i0, 0, i4]), t0)))
     %2[·] = div(exp(sub(add(div(%0[i0, i1, i2], 2.0), %1[i0, 0, i2]), t0)), t1)
+  row scratch: t1's terms are kept in %2 and read back for exp(sub(add(div(%0[i0, i1, i2], 2.0), %1[i0, 0, i2]), t0))
 p1: program g0_attention_online
   %0: in f32[d11, d12, d14] "s"
   %1: in f32[d11, 1, d9] "mask"
@@ -275,3 +277,40 @@ const ATTENTION: &str = r#"graph {
   output %o
 }
 "#;
+
+#[test]
+fn a_concat_along_an_outer_axis_chooses_once_per_row() {
+    let got = lowered(
+        r#"graph {
+  sym n param 1..
+  input %a: f32[n, 8]
+  input %b: f32[3, 8]
+  %e: f32[n, 8] = exp %a
+  %c: f32[n+3, 8] = concat[axis=0] %e, %b
+  output %c
+}
+"#,
+    );
+    let want = r#"dims:
+  d0 = 8*n
+  d1 = 24
+  d2 = 8*n+24
+  d3 = n+3
+  d4 = n
+buffers:
+  b0: f32[n, 8] "a" (input 0)
+  b1: f32[3, 8] "b" (input 1)
+  b2: f32[n+3, 8] "c" (output 0)
+p0: program g0_elementwise
+  %0: in f32[d4, 8] "a"
+  %1: in f32[3, 8] "b"
+  %2: out f32[d3, 8] "c"
+  unswitched: the stored value's choice among 2 alternatives is made once per row
+  for i0 < d3, i1 < 8:
+    t0: bool = less(i0, d4)
+    %2[·] = select(t0, exp(%0[i0, i1] if t0), %1[sub(i0, d4), i1] if less_eq(d4, i0))
+group 0: elementwise
+  loop p0(b0, b1, b2)
+"#;
+    assert_eq!(got, want, "got:\n{got}");
+}

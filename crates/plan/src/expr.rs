@@ -202,6 +202,24 @@ impl Exprs {
         self.nodes.is_empty()
     }
 
+    /// Whether `e` holds a reduction that depends on variable `v` (its copies
+    /// would be summed in another order per lane than at a point: see
+    /// `OnePointWhy::NestedReduction`).
+    pub fn reduction_on(&self, e: E, v: u32) -> bool {
+        let mut seen = vec![false; self.len()];
+        let mut stack = vec![e];
+        while let Some(e) = stack.pop() {
+            if self.free(e) & (1u64 << v) == 0 || std::mem::replace(&mut seen[e.index()], true) {
+                continue;
+            }
+            match self.node(e) {
+                Node::Reduce { .. } => return true,
+                n => stack.extend(n.children()),
+            }
+        }
+        false
+    }
+
     fn intern(&mut self, node: Node, dtype: DType) -> E {
         if let Some(e) = self.interned.get(&(node.clone(), dtype)) {
             return *e;

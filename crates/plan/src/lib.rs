@@ -36,5 +36,7 @@ pub use model::{
     Step, StepKind, Taps, View, MAX_SOFTMAX_ARGS,
 };
 pub use pointwise::{Pointwise, PwBinary, PwCmp, PwOp, PwUnary, MAX_POINTWISE_OPS};
-pub use program::{LoopProgram, OnePointWhy, Param, Schedules, SplitReduction, Store};
+pub use program::{
+    LoopProgram, OnePointWhy, Param, RowScratch, Schedules, SplitReduction, Store, UNSWITCH_DEPTH,
+};
 pub use text::{print_plan, print_program};

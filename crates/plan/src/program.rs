@@ -63,7 +63,33 @@ pub struct Schedules {
     pub split: Option<SplitReduction>,
     /// The points are computed one at a time, never across the lanes, and why.
     pub points_one_at_a_time: Option<OnePointWhy>,
+    /// A row sum whose terms the stored value uses again (see [`RowScratch`]);
+    /// taken where the target's vectors have more than one lane.
+    pub row_scratch: Option<RowScratch>,
+    /// The one stored value chooses among this many alternatives by conditions
+    /// the same for the whole row (a concat along an outer axis: a conv's
+    /// taps): the choice is made once per row, and the row's loop sees only
+    /// the chosen expression (not on a row-scratch schedule).
+    pub unswitched: Option<usize>,
 }
+
+/// A row sum whose terms the stored value uses again (Softmax's
+/// `exp(x - max)`, summed, then divided by the sum): the sum's loop stores each
+/// term at its place in the output row, and the store loop reads it back
+/// instead of computing it a second time. The row stays in L1 between the two.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RowScratch {
+    /// The sum's body, over the reduction variable.
+    pub body: E,
+    /// The same expression over the nest's innermost variable.
+    pub twin: E,
+    /// The output parameter (the program's only store).
+    pub param: u32,
+}
+
+/// The deepest chain of row-uniform selects resolved per row
+/// ([`Schedules::unswitched`]).
+pub const UNSWITCH_DEPTH: usize = 64;
 
 /// Why a program's points are computed one at a time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

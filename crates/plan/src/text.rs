@@ -60,6 +60,12 @@ pub fn print_program(p: &LoopProgram, names: bool) -> String {
         }
         None => {}
     }
+    if let Some(n) = p.schedules.unswitched {
+        let _ = writeln!(
+            s,
+            "  unswitched: the stored value's choice among {n} alternatives is made once per row"
+        );
+    }
     let _ = writeln!(s, "  for {}:", space.join(", "));
     // Shared and reducing subexpressions get a name, in dependence order.
     let mut uses = vec![0usize; p.exprs.len()];
@@ -81,6 +87,19 @@ pub fn print_program(p: &LoopProgram, names: bool) -> String {
     }
     for st in &p.stores {
         let _ = writeln!(s, "    %{}[·] = {}", st.param, expr(&p.exprs, st.value, &named));
+    }
+    if let Some(rs) = p.schedules.row_scratch {
+        let sum = (0..p.exprs.len())
+            .map(|i| E(i as u32))
+            .find(|e| matches!(p.exprs.node(*e), Node::Reduce { body, .. } if *body == rs.body))
+            .and_then(|e| named.get(&e).cloned())
+            .unwrap_or_else(|| "a row sum".into());
+        let _ = writeln!(
+            s,
+            "  row scratch: {sum}'s terms are kept in %{} and read back for {}",
+            rs.param,
+            expr(&p.exprs, rs.twin, &named)
+        );
     }
     for (i, c) in p.checks.iter().enumerate() {
         let _ = writeln!(s, "  error #{}: {c}", i + 1);

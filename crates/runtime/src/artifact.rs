@@ -945,6 +945,13 @@ fn validate(plan: &ModelPlan, inputs: usize, outputs: usize) -> Result<(), Strin
         }
         let sc = &p.schedules;
         sc.guards.iter().chain(&sc.row_reduction).copied().try_for_each(e)?;
+        if let Some(rs) = sc.row_scratch {
+            e(rs.body)?;
+            e(rs.twin)?;
+            if rs.param as usize >= p.params.len() {
+                return Err(format!("{}: a row scratch in parameter {}", p.name, rs.param));
+            }
+        }
         if let Some(s) = &sc.split {
             e(s.reduce)?;
             e(s.extent)?;
