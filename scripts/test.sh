@@ -7,16 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# LLVM 19 for the code generator (Debian's llvm-19-dev, linked dynamically).
-if [ ! -x /usr/lib/llvm-19/bin/llvm-config ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq llvm-19-dev libpolly-19-dev zlib1g-dev libzstd-dev >/dev/null
-    else
-        echo "error: LLVM 19 is missing: install Debian's llvm-19-dev (apt-get install llvm-19-dev)" >&2
-        exit 2
-    fi
-fi
+# LLVM 19 for the code generator (installed as root, else named).
+bash scripts/setup.sh
 
 venv=.venv
 if ! "$venv/bin/python" -c "import onnx" 2>/dev/null; then
@@ -44,6 +36,12 @@ if ! ls $venvptx/lib/python3*/site-packages/nvidia/cu13/bin/ptxas >/dev/null 2>&
 fi
 ptxas=$(ls "$PWD"/$venvptx/lib/python3*/site-packages/nvidia/cu13/bin/ptxas | head -1)
 export ANYSHAPE_PTXAS="$ptxas"
+# A test that needs what this machine has may not skip (kernels::testing).
+export ANYSHAPE_REQUIRE_PTXAS=1
+flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
+if [[ " $flags " == *" avx2 "* && " $flags " == *" fma "* ]]; then export ANYSHAPE_REQUIRE_AVX2=1; fi
+if [[ " $flags " == *" avx512_bf16 "* ]]; then export ANYSHAPE_REQUIRE_BF16=1; fi
+if [[ " $flags " == *" f16c "* ]]; then export ANYSHAPE_REQUIRE_F16C=1; fi
 
 cargo test --workspace --locked
 # The GPU runner (cudarc, loaded at run time: it builds and fails cleanly without a

@@ -10,11 +10,7 @@ fn anyshape(args: &[&str]) -> Output {
 }
 
 fn supported() -> bool {
-    let ok = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
-    if !ok {
-        eprintln!("skipped: no AVX2 + FMA");
-    }
-    ok
+    kernels::testing::avx2()
 }
 
 #[test]
@@ -77,8 +73,7 @@ fn prints_rates_schedules_regret_and_dumps_kernels() {
 /// rates are against the bf16 peak; its tuning record is a file of its own.
 #[test]
 fn bf16_family_runs_and_reports_its_type() {
-    if !std::arch::is_x86_feature_detected!("avx512bf16") {
-        eprintln!("skipped: no AVX-512 BF16");
+    if !kernels::testing::bf16() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("anyshape-bench-bf16-{}", std::process::id()));

@@ -17,8 +17,7 @@ use proptest::test_runner::{Config, TestRunner};
 fn targets() -> Vec<(&'static str, Target)> {
     let host = Target::detect();
     let mut v = Vec::new();
-    if !host.supported() {
-        eprintln!("skipped: this machine has no AVX2 + FMA");
+    if !kernels::testing::require("ANYSHAPE_REQUIRE_AVX2", host.supported(), "AVX2 + FMA") {
         return v;
     }
     if host.isa.avx512f {

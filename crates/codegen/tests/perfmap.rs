@@ -18,8 +18,7 @@ fn entry(map: &str, name: &str) -> Option<(usize, usize)> {
 #[test]
 fn compiled_functions_are_named_in_the_perf_map() {
     let t = Target::detect();
-    if !t.supported() {
-        eprintln!("skipped: no AVX2 and FMA on this machine");
+    if !kernels::testing::require("ANYSHAPE_REQUIRE_AVX2", t.supported(), "AVX2 + FMA") {
         return;
     }
     std::env::set_var("ANYSHAPE_PERF_MAP", "1");

@@ -10,8 +10,7 @@ use plan::Epilogue;
 #[test]
 fn classes_of_another_family_are_measured_again() {
     let t = Target::detect();
-    if !t.supported() {
-        eprintln!("skipped: this machine has no AVX2 + FMA");
+    if !kernels::testing::require("ANYSHAPE_REQUIRE_AVX2", t.supported(), "AVX2 + FMA") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("anyshape-refine-{}", std::process::id()));

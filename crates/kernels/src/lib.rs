@@ -24,6 +24,7 @@ mod prefetch;
 pub mod schedule;
 pub mod taps;
 mod target;
+pub mod testing;
 pub mod tree;
 pub mod tuned;
 
