@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Markdown tables (as in BENCHMARKS.md) from `matmul_peers.py --json` files.
 
-    python3 bench/table.py bench/results-2026-11-22-ffn-f32-2t.json [more.json ...]
+    python3 bench/table.py bench/results/2026-11-22/ffn-f32-2t.json [more.json ...]
 
 One row per shape: every system's GFLOP/s, anyshape against the best peer of the
 same run, and anyshape's fraction of the measured peak. A summary line per file

@@ -54,18 +54,18 @@ fn replays_within(file: &str, mean_at_most: f64, max_at_most: f64) {
 fn the_model_on_the_h100_run_of_session_14() {
     // Printed by the run: mean 2.6%, max 41.6%. The launch's share of each
     // calibration grid taken out: 1.6%, 23.6%.
-    let rec = record("results-2026-11-26-gpu-h100-s14-bench.jsonl");
+    let rec = record("results/2026-11-26/gpu-h100-s14-bench.jsonl");
     assert_eq!(rec.rates.len(), 45);
-    replays_within("results-2026-11-26-gpu-h100-s14-bench.jsonl", 1.7, 23.7);
+    replays_within("results/2026-11-26/gpu-h100-s14-bench.jsonl", 1.7, 23.7);
 }
 
 #[test]
 fn the_model_on_the_h200_run_of_session_11() {
     // Written before calibrations had a short product: the model falls back to its
     // line. Printed: mean 5.4%, max 27.9%; replayed: 3.5%, 27.9%.
-    let rec = record("results-2026-11-26-gpu-h200-bench.jsonl");
+    let rec = record("results/2026-11-26/gpu-h200-bench.jsonl");
     assert!(rec.rates.iter().all(|r| r.short == 0.0));
-    replays_within("results-2026-11-26-gpu-h200-bench.jsonl", 3.6, 27.9);
+    replays_within("results/2026-11-26/gpu-h200-bench.jsonl", 3.6, 27.9);
 }
 
 /// The records timed single choices only. Where this build's model would take a
@@ -75,7 +75,7 @@ fn the_model_on_the_h200_run_of_session_11() {
 #[test]
 fn covers_the_records_did_not_time_are_named_not_scored() {
     for (file, want) in
-        [("results-2026-11-26-gpu-h100-s14-bench.jsonl", 4), ("results-2026-11-26-gpu-h200-bench.jsonl", 7)]
+        [("results/2026-11-26/gpu-h100-s14-bench.jsonl", 4), ("results/2026-11-26/gpu-h200-bench.jsonl", 7)]
     {
         let rows = replay(&record(file), &family()).unwrap();
         let rather: Vec<_> = rows.iter().filter_map(|r| r.unmeasured.as_ref().map(|u| (r, u))).collect();
@@ -102,7 +102,7 @@ fn covers_the_records_did_not_time_are_named_not_scored() {
 /// only past its margin, and its tree stays shallow.
 #[test]
 fn the_cover_study_over_every_m() {
-    let study = cover_study(&record("results-2026-11-26-gpu-h100-s14-bench.jsonl"), &family(), 8192).unwrap();
+    let study = cover_study(&record("results/2026-11-26/gpu-h100-s14-bench.jsonl"), &family(), 8192).unwrap();
     assert_eq!(study.len(), 9, "eight projections and 8192³");
     for s in &study {
         assert!(s.covered > 0 && s.covered < s.m_max, "{s:?}");
@@ -116,7 +116,7 @@ fn the_cover_study_over_every_m() {
 /// slow (the records have no few-SM calibration, which the model now takes).
 #[test]
 fn residuals_by_regime() {
-    for file in ["results-2026-11-26-gpu-h100-s14-bench.jsonl", "results-2026-11-26-gpu-h200-bench.jsonl"] {
+    for file in ["results/2026-11-26/gpu-h100-s14-bench.jsonl", "results/2026-11-26/gpu-h200-bench.jsonl"] {
         let bins = residuals(&record(file), &family(), 8e-6).unwrap();
         let ratio = |regime: &str| bins.iter().find(|b| b.regime == regime).map(|b| b.ratio).unwrap();
         for w in ["1 full wave", "2-3 full waves", "4-7 full waves", "8 or more full waves"] {
@@ -131,7 +131,7 @@ fn residuals_by_regime() {
 
 #[test]
 fn the_replayed_model_per_layout_holds_that_layouts_kernels() {
-    let rec = record("results-2026-11-26-gpu-h100-s14-bench.jsonl");
+    let rec = record("results/2026-11-26/gpu-h100-s14-bench.jsonl");
     for layout in [BLayout::KMajor, BLayout::NMajor] {
         let m = rec.model(layout, &family()).unwrap();
         assert!(!m.kernels.is_empty());
