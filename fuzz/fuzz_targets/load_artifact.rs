@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use runtime::{reseal_artifact, CompiledModel, LoadOptions};
+use runtime::{reseal_artifact, CompiledModel, ArtifactOptions};
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else { return };
@@ -18,5 +18,5 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     if mode & 1 == 1 {
         reseal_artifact(&mut bytes);
     }
-    let _ = CompiledModel::from_artifact(Arc::new(bytes), &LoadOptions::new().threads(1));
+    let _ = CompiledModel::from_artifact(Arc::new(bytes), &ArtifactOptions::new().threads(1));
 });

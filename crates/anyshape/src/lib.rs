@@ -4,15 +4,18 @@
 //! use anyshape::{Model, LoadOptions, Tensor, Elems};
 //! let model = Model::load("bert.onnx", &LoadOptions::new().dim("seq", 1, 512))?;
 //! let ids = Tensor::new(vec![1, 3], Elems::I64(vec![101, 2023, 102]))?;
-//! let outputs = model.run(&[("input_ids", ids)])?;
+//! let compiled = model.compile(&anyshape::CompileOptions::new())?;
+//! let outputs = compiled.run(&[("input_ids", ids.clone())])?;
+//! let oracle = model.interpret(&[("input_ids", ids)])?;
 //! # Ok::<(), anyshape::Error>(())
 //! ```
 //!
 //! [`Model::compile`] turns a model into a [`CompiledModel`]: every fusion
 //! group lowered to a tensor program and generated as machine code (or run on
 //! the contraction engine), with its execution and buffer plans; its `run`
-//! serves any shape the symbols allow. [`Model::run`] runs the reference
-//! interpreter (the oracle).
+//! serves any shape the symbols allow. [`Model::interpret`] runs the reference
+//! interpreter (the oracle). What the compiler made of a model at each stage
+//! is in [`inspect`].
 //!
 //! A compiled model saves as an artifact ([`CompiledModel::save`]) that
 //! [`CompiledModel::load`] reads back without compiling (weights mapped, code
@@ -29,15 +32,23 @@
 use std::path::Path;
 use std::sync::Arc;
 
-pub use ir::{DType, Elems, Graph, Tensor, TensorData, TensorType, TensorView, ViewElement};
+pub use ir::{DType, Elems, Tensor, TensorData, TensorType, TensorView, ViewElement};
 pub use onnx::DIM_MAX;
-pub use passes::{FusionPlan, GroupKind, Report as RewriteReport};
-pub use plan::{print_plan, ModelPlan, StepKind};
+
+/// What the compiler makes of a model at each stage, for inspection and tests
+/// (`anyshape inspect`): the IR, the rewrites' report, the fusion groups and
+/// the lowered plan with its text form. These are the compiler's own types;
+/// they change as it does.
+pub mod inspect {
+    pub use ir::Graph;
+    pub use passes::{FusionPlan, GroupKind, Report as RewriteReport};
+    pub use plan::{print_plan, ModelPlan, StepKind};
+}
+use inspect::{FusionPlan, Graph};
 pub use runtime::is_artifact;
 pub use runtime::npy;
 pub use runtime::{
-    ArtifactError, CodeStats, CompiledModel, KeyChunks, LoadOptions as ArtifactOptions, Profile, RunError,
-    FORMAT_VERSION,
+    ArtifactError, ArtifactOptions, CodeStats, CompiledModel, KeyChunks, Profile, RunError, FORMAT_VERSION,
 };
 pub use sym::{Range, SymExpr};
 
@@ -46,8 +57,9 @@ pub use sym::{Range, SymExpr};
 pub enum Error {
     #[error(transparent)]
     Import(#[from] onnx::OnnxError),
+    /// The reference interpreter failed (bad inputs, or a defect).
     #[error(transparent)]
-    Run(#[from] reference::RefError),
+    Interpret(#[from] reference::RefError),
     #[error(transparent)]
     Tensor(#[from] ir::IrError),
     #[error(transparent)]
@@ -56,8 +68,9 @@ pub enum Error {
     Lower(#[from] lower::LowerError),
     #[error("code generation: {0}")]
     Codegen(#[from] codegen::CodegenError),
+    /// A compiled model's call, or loading an artifact, failed.
     #[error(transparent)]
-    Compiled(#[from] runtime::RunError),
+    Run(#[from] runtime::RunError),
     #[error(transparent)]
     Npy(#[from] runtime::npy::NpyError),
 }
@@ -66,10 +79,10 @@ impl Error {
     /// Whether the error is the user's input (bad model, shapes, files) rather
     /// than a defect in anyshape.
     pub fn is_user_error(&self) -> bool {
-        !matches!(self, Error::Run(e) if e.is_internal())
+        !matches!(self, Error::Interpret(e) if e.is_internal())
             && !matches!(self, Error::Import(onnx::OnnxError::Internal(_)))
             && !matches!(self, Error::Lower(lower::LowerError::Internal(_)) | Error::Codegen(_))
-            && !matches!(self, Error::Compiled(e) if !e.is_user_error())
+            && !matches!(self, Error::Run(e) if !e.is_user_error())
     }
 }
 
@@ -213,9 +226,19 @@ impl Model {
     }
 
     /// Run on the reference interpreter (the oracle), on named inputs of any
-    /// shape the symbols allow; outputs in model order.
-    pub fn run(&self, inputs: &[(&str, Tensor)]) -> Result<Vec<(String, Tensor)>, Error> {
+    /// shape the symbols allow; outputs in model order. Compiled code runs
+    /// through [`Model::compile`] and [`CompiledModel::run`].
+    pub fn interpret(&self, inputs: &[(&str, Tensor)]) -> Result<Vec<(String, Tensor)>, Error> {
         Ok(reference::run(&self.graph, inputs)?)
+    }
+
+    /// [`Model::interpret`], by its old name (`run` now means compiled code).
+    #[deprecated(
+        since = "0.2.0",
+        note = "runs the interpreter: use `Model::interpret`, or `Model::compile` then `run`"
+    )]
+    pub fn run(&self, inputs: &[(&str, Tensor)]) -> Result<Vec<(String, Tensor)>, Error> {
+        self.interpret(inputs)
     }
 
     /// The model lowered: tensor programs, execution and buffer plans

@@ -70,7 +70,7 @@ fn round_trip(name: &str, shapes: &[Vec<(&str, usize)>]) -> (CompiledModel, Path
         let ins = inputs(&model, dims, 7 + k as u64);
         let (want, got) = (run(&cm, &ins), run(&loaded, &ins));
         let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-        let oracle = model.run(&named).expect("interpreter");
+        let oracle = model.interpret(&named).expect("interpreter");
         for (((wn, w), (gn, g)), (_, o)) in want.iter().zip(&got).zip(&oracle) {
             assert_eq!(wn, gn);
             assert_eq!(w, g, "{name} {dims:?}: {gn} differs between the compiled model and its artifact");
@@ -227,7 +227,7 @@ fn avx2_artifacts_need_no_avx512() {
     for (k, seq) in [1usize, 9, 33].iter().enumerate() {
         let ins = inputs(&model, &[("batch", 1 + k), ("seq", *seq)], 50 + k as u64);
         let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-        let oracle = model.run(&named).expect("interpreter");
+        let oracle = model.interpret(&named).expect("interpreter");
         for ((_, g), (_, o)) in run(&loaded, &ins).iter().zip(&oracle) {
             let (g, o) = (g.to_f64_vec(), o.to_f64_vec());
             let scale = o.iter().map(|x| x.abs()).fold(1e-6, f64::max);

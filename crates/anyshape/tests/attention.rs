@@ -130,7 +130,7 @@ fn inputs(m: &Model, dims: &[(&str, usize)], seed: u64) -> Vec<(String, Tensor)>
 fn check(m: &Model, compiled: &[(&str, &CompiledModel)], dims: &[(&str, usize)], seed: u64) {
     let ins = inputs(m, dims, seed);
     let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-    let want = m.run(&named).unwrap_or_else(|e| panic!("{dims:?}: interpreter: {e}"));
+    let want = m.interpret(&named).unwrap_or_else(|e| panic!("{dims:?}: interpreter: {e}"));
     for (what, cm) in compiled {
         // The chunked models take their keys in chunks, the others whole rows.
         if what.contains("fused") || what.contains("online") {
@@ -151,12 +151,12 @@ fn check(m: &Model, compiled: &[(&str, &CompiledModel)], dims: &[(&str, usize)],
 }
 
 fn compile_all(m: &Model) -> Vec<(&'static str, CompiledModel)> {
-    let fused = anyshape::print_plan(&m.lower().expect("lower"));
+    let fused = anyshape::inspect::print_plan(&m.lower().expect("lower"));
     assert!(fused.contains("attention, fused per block of query rows"), "attention not fused:\n{fused}");
     assert!(fused.contains("temp, unused"), "the score buffers are still allocated:\n{fused}");
     assert!(fused.contains("online softmax"), "no online softmax program:\n{fused}");
     let unfused = m.lower_with(&CompileOptions::new().fuse_attention(false)).expect("lower");
-    assert!(!anyshape::print_plan(&unfused).contains("fused per block"));
+    assert!(!anyshape::inspect::print_plan(&unfused).contains("fused per block"));
     let c = |o: CompileOptions| m.compile(&o).unwrap_or_else(|e| panic!("{e}"));
     let whole = CompileOptions::new().key_chunks(KeyChunks::Never);
     let chunks = |n: usize| CompileOptions::new().key_chunks(KeyChunks::Every(n));

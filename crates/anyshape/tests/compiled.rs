@@ -97,7 +97,7 @@ fn check(name: &str, dims: &[(&str, usize)], seed: u64) {
     let mut rng = Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1);
     let inputs = inputs_for(model, dims, &mut rng);
     let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-    let want = model.run(&named).unwrap_or_else(|e| panic!("{name} {dims:?}: interpreter: {e}"));
+    let want = model.interpret(&named).unwrap_or_else(|e| panic!("{name} {dims:?}: interpreter: {e}"));
     let got = cm.run(&named).unwrap_or_else(|e| panic!("{name} {dims:?}: compiled: {e}"));
     assert_eq!(got.len(), want.len());
     for ((gn, g), (wn, w)) in got.iter().zip(&want) {
@@ -177,7 +177,7 @@ fn concurrent_calls_at_mixed_shapes() {
             let mut rng = Rng(1000 + i as u64);
             let ins = inputs_for(model, &[("batch", *b), ("seq", *s)], &mut rng);
             let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-            let want = model.run(&named).expect("interpreter");
+            let want = model.interpret(&named).expect("interpreter");
             (ins, want)
         })
         .collect();
@@ -256,7 +256,7 @@ fn second_compile_takes_every_object_from_the_cache() {
     let mut rng = Rng(77);
     let inputs = inputs_for(&model, &[("batch", 2), ("seq", 13)], &mut rng);
     let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-    let want = model.run(&named).expect("interpreter");
+    let want = model.interpret(&named).expect("interpreter");
     for cm in [&first, &second, &cold] {
         for ((_, g), (_, w)) in cm.run(&named).expect("runs").iter().zip(&want) {
             assert!(max_rel_err(g, w) < 1e-4);
@@ -280,7 +280,7 @@ fn measured_dispatch_is_cached_and_matches_the_interpreter() {
     for (batch, seq) in [(1, 1), (1, 2), (2, 2), (1, 5), (1, 8), (1, 13), (1, 29), (3, 7)] {
         let inputs = inputs_for(&model, &[("batch", batch), ("seq", seq)], &mut rng);
         let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-        let want = model.run(&named).expect("interpreter");
+        let want = model.interpret(&named).expect("interpreter");
         for ((_, g), (_, w)) in cm.run(&named).expect("runs").iter().zip(&want) {
             let e = max_rel_err(g, w);
             assert!(e < 1e-4, "batch {batch} seq {seq}: {e}");

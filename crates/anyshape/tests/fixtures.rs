@@ -62,7 +62,7 @@ fn check_in(root: &Path, name: &str, compiled: bool) {
         let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
         let mut runs = vec![(
             "interpreted",
-            model.run(&named).unwrap_or_else(|e| panic!("{name}/{}: {e}", case.display())),
+            model.interpret(&named).unwrap_or_else(|e| panic!("{name}/{}: {e}", case.display())),
         )];
         if let Some(cm) = &cm {
             let got = cm.run(&named).unwrap_or_else(|e| panic!("{name}/{}: compiled: {e}", case.display()));

@@ -422,7 +422,7 @@ fn compare(m: &Model, dims: &[(&str, usize)], seed: u64) -> Result<(), TestCaseE
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     let ins = inputs(m, dims, seed);
     let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-    let want = m.run(&named).map_err(|e| TestCaseError::fail(format!("{dims:?}: interpreter: {e}")))?;
+    let want = m.interpret(&named).map_err(|e| TestCaseError::fail(format!("{dims:?}: interpreter: {e}")))?;
     let got = cm.run(&named).map_err(|e| TestCaseError::fail(format!("{dims:?}: compiled: {e}")))?;
     for ((name, g), (_, w)) in got.iter().zip(&want) {
         prop_assert_eq!(g.shape(), w.shape(), "{:?}: {}", dims, name);
@@ -465,7 +465,7 @@ proptest! {
     #[test]
     fn versions_for_dims_that_may_be_one(n in size(1, 40), m in size(1, 40), k1 in any::<bool>(), j1 in any::<bool>(), seed in 0u64..1000, rw in any::<bool>()) {
         let model = model(MAYBE_BROADCAST, rw, None);
-        let programs = anyshape::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
+        let programs = anyshape::inspect::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
         prop_assert!(programs.contains("versions on: equal("), "not versioned:\n{}", programs);
         let (k, j) = (if k1 { 1 } else { n }, if j1 { 1 } else { m });
         compare(&model, &[("n", n), ("m", m), ("k", k), ("j", j)], seed)?;
@@ -484,7 +484,7 @@ proptest! {
     #[test]
     fn convolutions_as_implicit_gemm(h in size(1, 19), w in size(1, 21), seed in 0u64..1000) {
         let model = model(CONV_TAPS, true, None);
-        let plan = anyshape::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
+        let plan = anyshape::inspect::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
         let taps = plan.lines().filter(|l| l.contains("matmul") && l.contains("A taps")).count();
         prop_assert_eq!(taps, 4, "the taps are not read in place:\n{}", plan);
         prop_assert!(!plan.contains(".col\""), "a column matrix is stored:\n{}", plan);
@@ -496,7 +496,7 @@ proptest! {
         let model = model(GROUPED_CONVS, true, None);
         let convs = model.graph().nodes.iter().filter(|n| matches!(n.op, ir::Op::Conv(_))).count();
         prop_assert_eq!(convs, 0, "a convolution is left as a loop nest");
-        let plan = anyshape::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
+        let plan = anyshape::inspect::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
         let steps: Vec<&str> =
             plan.lines().filter(|l| l.starts_with("  matmul") || l.starts_with("  loop")).collect();
         // The grouped ones read their taps in place: the joined groups' weight is
@@ -518,7 +518,7 @@ proptest! {
     #[test]
     fn matmul_with_pointwise_epilogues(m in size(1, 70), seed in 0u64..1000) {
         let model = model(POINTWISE_EPILOGUES, true, None);
-        let plan = anyshape::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
+        let plan = anyshape::inspect::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
         for want in [
             "+ min(max(x, 0.0), 6.0)",
             "+ mul(x, sigmoid(x))",
@@ -534,7 +534,7 @@ proptest! {
     #[test]
     fn matmul_with_fused_epilogue(m in size(1, 70), seed in 0u64..1000) {
         let model = model(EPILOGUE, true, None);
-        let plan = anyshape::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
+        let plan = anyshape::inspect::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
         prop_assert!(plan.contains("epilogue scale 0.5 + bias b"), "not fused:\n{}", plan);
         prop_assert!(plan.contains(" + residual b") && plan.contains(" + relu"), "not fused:\n{}", plan);
         compare(&model, &[("m", m)], seed)?;
@@ -543,7 +543,7 @@ proptest! {
     #[test]
     fn matmul_with_fused_gelu_tanh(m in size(1, 70), seed in 0u64..1000) {
         let model = model(GELU_TANH_EPILOGUE, true, None);
-        let plan = anyshape::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
+        let plan = anyshape::inspect::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
         prop_assert!(plan.contains("epilogue bias b") && plan.contains(" + gelutanh"), "not fused:\n{}", plan);
         compare(&model, &[("m", m)], seed)?;
     }
@@ -551,7 +551,7 @@ proptest! {
     #[test]
     fn batched_matmul_with_fused_residual(b in 1usize..=4, m in size(1, 70), seed in 0u64..1000) {
         let model = model(BATCHED_RESIDUAL_EPILOGUE, true, None);
-        let plan = anyshape::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
+        let plan = anyshape::inspect::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
         prop_assert!(plan.contains("matmul [d") && plan.contains("epilogue residual b") && plan.contains(" + relu"), "not fused:\n{}", plan);
         compare(&model, &[("b", b), ("m", m)], seed)?;
     }
@@ -628,7 +628,7 @@ const LONG_ROWS: &str = r#"graph {
 #[test]
 fn long_rows_short_rows_and_one_loop_nests_on_two_threads() {
     let m = model(LONG_ROWS, false, None);
-    let plan = anyshape::print_plan(&m.lower().expect("lowers"));
+    let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
     assert!(plan.contains("row reduction along"), "no row schedule:\n{plan}");
     assert!(plan.contains("reduction splits over threads"), "no split reduction:\n{plan}");
     for (i, (n, len)) in [
@@ -689,7 +689,7 @@ fn f64_to_f16_rounds_once() {
     }
     for chunk in xs.chunks(37) {
         let x = Tensor::new(vec![chunk.len()], Elems::F64(chunk.to_vec())).expect("x");
-        let want = m.run(&[("x", x.clone())]).expect("interpreter");
+        let want = m.interpret(&[("x", x.clone())]).expect("interpreter");
         let got = cm.run(&[("x", x)]).expect("compiled");
         let (Elems::F16(w), Elems::F16(g)) = (want[0].1.elems(), got[0].1.elems()) else {
             panic!("f16 outputs")
@@ -760,7 +760,7 @@ fn max_and_min_take_nans_infinities_and_signed_zeros_as_the_interpreter_does() {
             let x = Tensor::new(vec![n, m], Elems::F32(data(true))).expect("x");
             let y = Tensor::new(vec![n, m], Elems::F32(data(false))).expect("y");
             let named = [("x", x), ("y", y)];
-            let want = model.run(&named).expect("interpreter");
+            let want = model.interpret(&named).expect("interpreter");
             let got = cm.run(&named).expect("compiled");
             assert_eq!((got.len(), want.len()), (6, 6));
             for ((name, g), (_, w)) in got.iter().zip(&want) {

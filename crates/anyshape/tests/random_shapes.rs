@@ -30,7 +30,7 @@ fn run(model: &Model, batch: usize, seq: usize, ids: &[i64]) -> Vec<Vec<f32>> {
         inputs.push((info.name, Tensor::new(vec![batch, seq], Elems::I64(v)).expect("tensor")));
     }
     let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-    let out = model.run(&named).unwrap_or_else(|e| panic!("batch {batch} seq {seq}: {e}"));
+    let out = model.interpret(&named).unwrap_or_else(|e| panic!("batch {batch} seq {seq}: {e}"));
     let t = &out[0].1;
     assert_eq!(t.shape()[..2], [batch, seq]);
     let Elems::F32(v) = t.elems() else { panic!("f32 output") };
@@ -63,7 +63,7 @@ fn sequence_past_the_position_table_is_a_clear_error() {
     let model = load("bert");
     let t = |v: i64| Tensor::new(vec![1, 65], Elems::I64(vec![v; 65])).expect("tensor");
     let err = model
-        .run(&[("input_ids", t(1)), ("attention_mask", t(1)), ("token_type_ids", t(0))])
+        .interpret(&[("input_ids", t(1)), ("attention_mask", t(1)), ("token_type_ids", t(0))])
         .expect_err("too long");
     assert!(err.to_string().contains("seq = 65") && err.to_string().contains("1..64"), "{err}");
 }

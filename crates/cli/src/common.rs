@@ -212,7 +212,7 @@ pub fn pause_arg(ms: Option<f64>) -> Result<Option<Duration>> {
 
 /// Load the artifact at `path` (on `threads`, or those it was compiled with).
 pub fn load_artifact(path: &std::path::Path, threads: Option<usize>) -> Result<CompiledModel> {
-    let mut opts = runtime::LoadOptions::new();
+    let mut opts = runtime::ArtifactOptions::new();
     if let Some(t) = threads {
         opts = opts.threads(t);
     }

@@ -383,7 +383,7 @@ fn run(
     }
     let named: Vec<(&str, Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     let outputs = if interpret {
-        model.run(&named)?
+        model.interpret(&named)?
     } else {
         let mut opts = anyshape::CompileOptions::new().key_chunks(key_chunks);
         if let Some(t) = threads {
@@ -536,12 +536,12 @@ fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>, dump_llvm: Opti
         say_raw!("{}", model.fusion_text(&plan));
         let r = model.rewrite_report();
         let kinds: Vec<String> = [
-            anyshape::GroupKind::Contraction,
-            anyshape::GroupKind::Attention,
-            anyshape::GroupKind::Stitch,
-            anyshape::GroupKind::Elementwise,
-            anyshape::GroupKind::Window,
-            anyshape::GroupKind::Opaque,
+            anyshape::inspect::GroupKind::Contraction,
+            anyshape::inspect::GroupKind::Attention,
+            anyshape::inspect::GroupKind::Stitch,
+            anyshape::inspect::GroupKind::Elementwise,
+            anyshape::inspect::GroupKind::Window,
+            anyshape::inspect::GroupKind::Opaque,
         ]
         .iter()
         .map(|k| format!("{k} {}", plan.count(*k)))
@@ -562,7 +562,7 @@ fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>, dump_llvm: Opti
         let plan = model.lower()?;
         let lower_ms = start.elapsed().as_secs_f64() * 1e3;
         say!("# stage: programs");
-        say_raw!("{}", anyshape::print_plan(&plan));
+        say_raw!("{}", anyshape::inspect::print_plan(&plan));
         let count = |k: &str| plan.steps.iter().filter(|s| s.kind.name() == k).count();
         say!(
             "# {} groups, {} steps ({} loops, {} matmuls, {} fused attention), {} distinct loop programs, {} buffers, {} dims; lowering {lower_ms:.1} ms",

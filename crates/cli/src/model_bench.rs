@@ -121,14 +121,14 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize, 
         for (m, i) in steps.into_iter().take(top) {
             let st = &plan.steps[i];
             let what = match &st.kind {
-                anyshape::StepKind::Loop { program, .. } => plan.programs[*program].name.clone(),
-                anyshape::StepKind::MatMul(m) => {
+                anyshape::inspect::StepKind::Loop { program, .. } => plan.programs[*program].name.clone(),
+                anyshape::inspect::StepKind::MatMul(m) => {
                     let d = |slot: u32| {
                         plan.dims.exprs().get(slot as usize).map_or("?".into(), |e| e.to_string())
                     };
                     format!("matmul m={} n={} k={} (batch {})", d(m.m), d(m.n), d(m.k), m.batch.len())
                 }
-                anyshape::StepKind::Attention(_) => "attention".to_string(),
+                anyshape::inspect::StepKind::Attention(_) => "attention".to_string(),
             };
             // Bytes per ns = GB/s.
             let gbs = bytes[i] as f64 / (m * 1e6);
@@ -257,7 +257,7 @@ pub fn inspect_artifact(
     match stage {
         "programs" => {
             say!("# stage: programs");
-            say_raw!("{}", anyshape::print_plan(cm.plan()));
+            say_raw!("{}", anyshape::inspect::print_plan(cm.plan()));
         }
         "kernels" => {
             say!("# stage: kernels");

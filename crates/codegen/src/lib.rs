@@ -1,7 +1,9 @@
 //! Code generation with LLVM 19 (through `inkwell`): the only crate that links
-//! LLVM. Today: the L0 micro-kernels of the contraction engine, JIT-compiled in
-//! memory for the host (or restricted to AVX2), with their IR and assembly kept
-//! for inspection.
+//! LLVM. It generates a model's loop programs (`loops`), the contraction
+//! engine's micro-kernels, direct kernels and packing routines (`family`,
+//! `direct`, `pack`), JIT-compiled in memory for the host (or restricted to
+//! AVX2) or kept as objects (`objects`), and the GPU GEMM family's PTX
+//! (`nvptx`), with their IR and assembly kept for inspection.
 //!
 //! A micro-kernel computes an `MR × NR` tile of C from packed panels (the ABI in
 //! `kernels::gemm`): `NR / W` vector accumulators per row (`W` f32 lanes), a K

@@ -339,7 +339,7 @@ impl Session {
             Engine::Compiled(m) => py.detach(|| m.run_views(&views).map_err(to_py))?,
             Engine::Interpreted(m) => {
                 let owned: Vec<(&str, Tensor)> = views.iter().map(|(n, v)| (*n, v.to_tensor())).collect();
-                py.detach(|| m.run(&owned).map_err(to_py))?
+                py.detach(|| m.interpret(&owned).map_err(to_py))?
             }
         };
         let mut outs: Vec<Option<Tensor>> = outs.into_iter().map(|(_, t)| Some(t)).collect();

@@ -301,16 +301,16 @@ pub fn is_artifact(path: &Path) -> bool {
 
 /// How to load an artifact.
 #[derive(Clone, Debug, Default)]
-pub struct LoadOptions {
+pub struct ArtifactOptions {
     threads: Option<usize>,
 }
 
-impl LoadOptions {
-    pub fn new() -> LoadOptions {
-        LoadOptions::default()
+impl ArtifactOptions {
+    pub fn new() -> ArtifactOptions {
+        ArtifactOptions::default()
     }
     /// Threads of the model's pool (default: those it was compiled with).
-    pub fn threads(mut self, n: usize) -> LoadOptions {
+    pub fn threads(mut self, n: usize) -> ArtifactOptions {
         self.threads = Some(n.max(1));
         self
     }
@@ -496,7 +496,7 @@ impl CompiledModel<crate::Cpu> {
 
     /// Load an artifact written by [`CompiledModel::save`]: no compilation; the
     /// weights stay in the file's mapping.
-    pub fn load(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<CompiledModel, RunError> {
+    pub fn load(path: impl AsRef<Path>, opts: &ArtifactOptions) -> Result<CompiledModel, RunError> {
         let path = path.as_ref();
         let file = std::fs::File::open(path).map_err(io(path))?;
         // SAFETY: the mapping is read-only and private. A file changed under a live
@@ -512,7 +512,7 @@ impl CompiledModel<crate::Cpu> {
     /// reported as malformed).
     pub fn from_artifact(
         bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
-        opts: &LoadOptions,
+        opts: &ArtifactOptions,
     ) -> Result<CompiledModel, ArtifactError> {
         let file = (*bytes).as_ref();
         let parsed = Parsed::of(file)?;

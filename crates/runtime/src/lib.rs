@@ -24,7 +24,7 @@ pub use cpu::Cpu;
 use cpu::CpuCode;
 
 pub use artifact::{
-    is_artifact, reseal as reseal_artifact, ArtifactError, CodeTarget, LoadOptions, FORMAT_VERSION,
+    is_artifact, reseal as reseal_artifact, ArtifactError, ArtifactOptions, CodeTarget, FORMAT_VERSION,
 };
 
 use arena::Arena;

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use runtime::{reseal_artifact, CompiledModel, LoadOptions};
+use runtime::{reseal_artifact, ArtifactOptions, CompiledModel};
 
 #[test]
 fn former_crashes_are_errors() {
@@ -19,7 +19,7 @@ fn former_crashes_are_errors() {
         if mode & 1 == 1 {
             reseal_artifact(&mut bytes);
         }
-        let r = CompiledModel::from_artifact(Arc::new(bytes), &LoadOptions::new().threads(1));
+        let r = CompiledModel::from_artifact(Arc::new(bytes), &ArtifactOptions::new().threads(1));
         assert!(r.is_err(), "{}: a damaged artifact loaded", path.display());
         seen += 1;
     }

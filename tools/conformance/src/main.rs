@@ -200,7 +200,7 @@ fn run_light(dir: &Path, run_only: Option<&[String]>, compiled: bool) -> Result<
             let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
             let mut how = Vec::new();
             if !import_only {
-                let got = model.run(&named).map_err(|e| format!("run: {e}"))?;
+                let got = model.interpret(&named).map_err(|e| format!("run: {e}"))?;
                 compare(&got[0].1, &want)?;
                 how.push("interpreted");
             }
@@ -324,7 +324,7 @@ fn run_case(dir: &Path, compiled: bool) -> Outcome {
         Err(o) => return o,
     };
     let inputs: Vec<(&str, Tensor)> = values.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-    let outputs = match model.run(&inputs) {
+    let outputs = match model.interpret(&inputs) {
         Ok(o) => o,
         Err(e) => return Outcome::Fail(format!("run: {e}")),
     };
