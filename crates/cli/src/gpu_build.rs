@@ -186,7 +186,7 @@ fn build_one(k: &GemmKernel, args: &GpuKernelsArgs) -> Result<ManifestEntry> {
 
 fn build_reducer(r: &ReduceKernel, args: &GpuKernelsArgs) -> Result<ReducerEntry> {
     let name = r.name();
-    let ir = codegen::nvptx::reduce_ir(r);
+    let ir = codegen::nvptx::reduce_ir(r)?;
     if args.dump_llvm {
         std::fs::write(args.out.join(format!("{name}.ll")), &ir)?;
     }

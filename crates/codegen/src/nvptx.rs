@@ -160,8 +160,7 @@ struct Frag {
 
 /// PTX of a split-K reduction (`gpu::ReduceKernel`), `.target sm_80`.
 pub fn reduce_ptx(r: &ReduceKernel) -> Result<String, CodegenError> {
-    r.check().map_err(|e| CodegenError::Unsupported(e.to_string()))?;
-    compile(&reduce_ir(r), &r.name(), Arch::Sm80)
+    compile(&reduce_ir(r)?, &r.name(), Arch::Sm80)
 }
 
 /// The LLVM IR of a split-K reduction: thread `i` of the grid sums element `i` of
@@ -172,7 +171,8 @@ pub fn reduce_ptx(r: &ReduceKernel) -> Result<String, CodegenError> {
 /// runs its remainder that way, and on an H100 6 or 12 splits took about a
 /// microsecond longer than 8). Past `splits` a chunk reloads the last share (in
 /// bounds, already cached) and adds zero in its place.
-pub fn reduce_ir(r: &ReduceKernel) -> String {
+pub fn reduce_ir(r: &ReduceKernel) -> Result<String, CodegenError> {
+    r.check().map_err(|e| CodegenError::Unsupported(e.to_string()))?;
     let mut g = Ir::default();
     let threads = ReduceKernel::THREADS;
     let tid = g.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
@@ -232,7 +232,7 @@ pub fn reduce_ir(r: &ReduceKernel) -> String {
     g.block("done");
     g.emit("ret void");
 
-    g.module(
+    Ok(g.module(
         &r.name(),
         threads,
         "one element each",
@@ -240,7 +240,7 @@ pub fn reduce_ir(r: &ReduceKernel) -> String {
         "ptr addrspace(1) readonly %W, ptr addrspace(1) %C, ptr addrspace(1) readonly %bias, \
          ptr addrspace(1) readonly %res, i32 %M, i32 %N, i32 %ldc, i32 %splits, i64 %sw",
         &[],
-    )
+    ))
 }
 
 /// The LLVM IR of a SIMT kernel (`Arch::Simt`, ABI `gpu::kernel::ABI`): block

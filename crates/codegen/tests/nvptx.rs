@@ -97,7 +97,7 @@ fn split_k_kernels_write_f32_shares_and_reductions_apply_the_epilogue() {
         }
         for epilogue in all_epilogues() {
             let r = ReduceKernel { elem, epilogue };
-            let ir = nvptx::reduce_ir(&r);
+            let ir = nvptx::reduce_ir(&r).unwrap();
             assert!(ir.contains("phi float"), "{r}: sums the shares");
             assert_eq!(
                 ir.contains("tanh.approx") || ir.contains("ex2.approx"),
@@ -371,7 +371,7 @@ mod on_the_host {
         let r = ReduceKernel { elem: Elem::Bf16, epilogue };
         let name = r.name();
         let ctx = Context::create();
-        let ee = engine(&ctx, &nvptx::reduce_ir(&r), &name)?;
+        let ee = engine(&ctx, &nvptx::reduce_ir(&r).map_err(|e| TestCaseError::fail(e.to_string()))?, &name)?;
         // SAFETY: the signature is the kernel's parameter list (`reduce_ir`) plus the
         // four indices `for_host` appended.
         let f = unsafe { ee.get_function::<Reduce>(&name) }.unwrap();

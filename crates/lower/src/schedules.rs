@@ -74,7 +74,11 @@ pub fn analyze(p: &mut LoopProgram) {
     // are summed along their last axis in the same vector-then-lanes order.
     let points_one_at_a_time = if per_point.iter().any(varies) {
         Some(OnePointWhy::ExtentVaries)
-    } else if !per_point.is_empty() && reductions.iter().any(|r| nested_reduction(x, *r)) {
+    } else if !per_point.is_empty()
+        && reductions
+            .iter()
+            .any(|r| matches!(x.node(*r), Node::Reduce { body, .. } if x.holds_reduction(*body, None)))
+    {
         Some(OnePointWhy::NestedReduction)
     } else {
         None
@@ -97,23 +101,6 @@ pub fn analyze(p: &mut LoopProgram) {
         row_scratch,
         unswitched,
     };
-}
-
-/// Whether reduction `r`'s body holds another reduction.
-fn nested_reduction(x: &Exprs, r: E) -> bool {
-    let Node::Reduce { body, .. } = x.node(r) else { return false };
-    let mut seen = vec![false; x.len()];
-    let mut stack = vec![*body];
-    while let Some(e) = stack.pop() {
-        if std::mem::replace(&mut seen[e.index()], true) {
-            continue;
-        }
-        match x.node(e) {
-            Node::Reduce { .. } => return true,
-            n => stack.extend(n.children()),
-        }
-    }
-    false
 }
 
 /// The row scratch of `p`, when it has one: one store of floats, and a

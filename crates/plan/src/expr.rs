@@ -206,10 +206,17 @@ impl Exprs {
     /// would be summed in another order per lane than at a point: see
     /// `OnePointWhy::NestedReduction`).
     pub fn reduction_on(&self, e: E, v: u32) -> bool {
+        self.holds_reduction(e, Some(v))
+    }
+
+    /// Whether `e` holds a reduction (one that depends on variable `on`, when
+    /// given).
+    pub fn holds_reduction(&self, e: E, on: Option<u32>) -> bool {
         let mut seen = vec![false; self.len()];
         let mut stack = vec![e];
         while let Some(e) = stack.pop() {
-            if self.free(e) & (1u64 << v) == 0 || std::mem::replace(&mut seen[e.index()], true) {
+            let off = on.is_some_and(|v| self.free(e) & (1u64 << v) == 0);
+            if off || std::mem::replace(&mut seen[e.index()], true) {
                 continue;
             }
             match self.node(e) {

@@ -48,17 +48,12 @@ pub fn print_program(p: &LoopProgram, names: bool) -> String {
             expr(&p.exprs, sr.extent, &HashMap::new())
         );
     }
-    match p.schedules.points_one_at_a_time {
-        Some(crate::OnePointWhy::ExtentVaries) => {
-            let _ = writeln!(s, "  points one at a time: a reduction's extent varies along the inner axis");
-        }
-        Some(crate::OnePointWhy::NestedReduction) => {
-            let _ = writeln!(
-                s,
-                "  points one at a time: a reduction is recomputed inside another (one sum order)"
-            );
-        }
-        None => {}
+    if let Some(why) = p.schedules.points_one_at_a_time {
+        let why = match why {
+            crate::OnePointWhy::ExtentVaries => "a reduction's extent varies along the inner axis",
+            crate::OnePointWhy::NestedReduction => "a reduction is recomputed inside another (one sum order)",
+        };
+        let _ = writeln!(s, "  points one at a time: {why}");
     }
     if let Some(n) = p.schedules.unswitched {
         let _ = writeln!(

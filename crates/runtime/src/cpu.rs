@@ -373,55 +373,6 @@ impl Cpu {
         Ok(())
     }
 
-    /// Fused attention's query block and the single-thread direct schedules of
-    /// its two products at a shape (chosen once per shape, in its plan).
-    fn tasks_of_attention(
-        &self,
-        ss: &shape::MatMulShape,
-        os: &shape::MatMulShape,
-        online: bool,
-    ) -> Result<shape::AttentionTasks, RunError> {
-        let d = self.dispatcher_for(Epilogue::default())?;
-        let internal = |e: kernels::KernelError| RunError::Internal(e.to_string());
-        let problem = |m: usize, n: usize, k: usize, b: BLayout| Problem {
-            batch: 1,
-            m: m.max(1),
-            n: n.max(1),
-            k: k.max(1),
-            a: ALayout::RowMajor,
-            b,
-        };
-        let (kl, vl) = (BLayout::of(ss.cs[1], ss.n), BLayout::of(os.cs[1], os.n));
-        // The block is a multiple of the kernels' main height.
-        let probe = d.task_schedule(&problem(ss.m.min(64), ss.n, ss.k, kl)).map_err(internal)?;
-        let height = d.family().direct_of_width(probe.nr).first().map_or(probe.mr, |v| v.kernel.mr);
-        let entries = ss.entries.len();
-        let (l2, threads) = (d.target().l2, self.pool.threads());
-        // Online softmax where the model's softmax has its form and the keys are
-        // many (or where the caller asks for chunks).
-        let online = if online { self.plan_online(ss.n, l2) } else { None };
-        let (block, chunk) = match online {
-            Some(every) => {
-                let (block, chunk) =
-                    kernels::online_blocks(l2, threads, entries, ss.m, ss.n, height, probe.nr);
-                // A chunk asked for is no longer than the keys (its tiles are allocated).
-                (block, Some(every.map_or(chunk, |n| n.min(ss.n.max(1)))))
-            }
-            None => (kernels::attention_block(l2, threads, entries, ss.m, ss.n, height), None),
-        };
-        // Each task's products read B from L2, not L1: the width's main (tallest)
-        // direct height loads B least per FMA (measured: 8-16 rows run the products
-        // 10-20% faster than the 4 the model picks from L1-resident rates).
-        let main = |s: kernels::Schedule| kernels::Schedule {
-            mr: d.family().direct_of_width(s.nr).first().map_or(s.mr, |v| v.kernel.mr),
-            ..s
-        };
-        let keys = chunk.unwrap_or(ss.n);
-        let scores = main(d.task_schedule(&problem(block, keys, ss.k, kl)).map_err(internal)?);
-        let output = main(d.task_schedule(&problem(block, os.n, keys, vl)).map_err(internal)?);
-        Ok(shape::AttentionTasks { block, chunk, scores, output })
-    }
-
     /// Whether attention over `keys` keys takes them in chunks: `None` for whole
     /// rows, `Some(None)` for chunks of the size the cache gives, `Some(Some(n))`
     /// for chunks of `n` keys (asked for); by default where `kernels::online_pays`.
@@ -561,13 +512,53 @@ impl Backend for Cpu {
         self.constant_ptr(plan, b)
     }
 
+    /// Fused attention's query block and the single-thread direct schedules of
+    /// its two products at a shape (chosen once per shape, in its plan).
     fn attention_tasks(
         &self,
-        scores: &shape::MatMulShape,
-        output: &shape::MatMulShape,
+        ss: &shape::MatMulShape,
+        os: &shape::MatMulShape,
         online: bool,
     ) -> Result<shape::AttentionTasks, RunError> {
-        self.tasks_of_attention(scores, output, online)
+        let d = self.dispatcher_for(Epilogue::default())?;
+        let internal = |e: kernels::KernelError| RunError::Internal(e.to_string());
+        let problem = |m: usize, n: usize, k: usize, b: BLayout| Problem {
+            batch: 1,
+            m: m.max(1),
+            n: n.max(1),
+            k: k.max(1),
+            a: ALayout::RowMajor,
+            b,
+        };
+        let (kl, vl) = (BLayout::of(ss.cs[1], ss.n), BLayout::of(os.cs[1], os.n));
+        // The block is a multiple of the kernels' main height.
+        let probe = d.task_schedule(&problem(ss.m.min(64), ss.n, ss.k, kl)).map_err(internal)?;
+        let height = d.family().direct_of_width(probe.nr).first().map_or(probe.mr, |v| v.kernel.mr);
+        let entries = ss.entries.len();
+        let (l2, threads) = (d.target().l2, self.pool.threads());
+        // Online softmax where the model's softmax has its form and the keys are
+        // many (or where the caller asks for chunks).
+        let online = if online { self.plan_online(ss.n, l2) } else { None };
+        let (block, chunk) = match online {
+            Some(every) => {
+                let (block, chunk) =
+                    kernels::online_blocks(l2, threads, entries, ss.m, ss.n, height, probe.nr);
+                // A chunk asked for is no longer than the keys (its tiles are allocated).
+                (block, Some(every.map_or(chunk, |n| n.min(ss.n.max(1)))))
+            }
+            None => (kernels::attention_block(l2, threads, entries, ss.m, ss.n, height), None),
+        };
+        // Each task's products read B from L2, not L1: the width's main (tallest)
+        // direct height loads B least per FMA (measured: 8-16 rows run the products
+        // 10-20% faster than the 4 the model picks from L1-resident rates).
+        let main = |s: kernels::Schedule| kernels::Schedule {
+            mr: d.family().direct_of_width(s.nr).first().map_or(s.mr, |v| v.kernel.mr),
+            ..s
+        };
+        let keys = chunk.unwrap_or(ss.n);
+        let scores = main(d.task_schedule(&problem(block, keys, ss.k, kl)).map_err(internal)?);
+        let output = main(d.task_schedule(&problem(block, os.n, keys, vl)).map_err(internal)?);
+        Ok(shape::AttentionTasks { block, chunk, scores, output })
     }
 
     unsafe fn run_step(
@@ -580,7 +571,7 @@ impl Backend for Cpu {
         match (&plan.steps[step].kind, &sp.steps[step]) {
             (StepKind::Loop { program, args: bufs }, StepShape::Loop { launch, .. }) => {
                 // The program's arguments: on the stack (no allocation per step)
-                // unless it has more than any program lowered so far.
+                // for up to 64 parameters, on the heap past that.
                 let mut stack = [std::ptr::null_mut::<u8>(); 64];
                 let mut heap = Vec::new();
                 let args: &mut [*mut u8] = if bufs.len() <= stack.len() {
