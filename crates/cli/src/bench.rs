@@ -202,7 +202,7 @@ pub fn bench_matmul(args: BenchMatmulArgs) -> Result<()> {
         bail!(UserError("--hold takes a number of seconds, 0 or more".into()));
     }
     let elem: kernels::ElemType = args.dtype.parse().map_err(|e| UserError(format!("--dtype: {e}")))?;
-    elem.check(&target).map_err(|e| UserError(format!("--dtype {elem}: {e}")))?;
+    target.check_elem(elem).map_err(|e| UserError(format!("--dtype {elem}: {e}")))?;
     let model = parse_model(&args.model)?;
     let tile = args.tile.as_deref().map(parse_tile).transpose()?;
     let pool = ThreadPool::new(args.threads.unwrap_or(target.cores));
@@ -359,7 +359,7 @@ fn bench_shape(
             (None, None) => d.pack_weight(bv, &args.pack_for)?,
         });
     }
-    let activation = if args.bt { BLayout::Strided } else { BLayout::RowMajor };
+    let activation = if args.bt { BLayout::Strided } else { BLayout::NMajor };
     let layout = ops.packed.as_ref().map_or(activation, |p| BLayout::Packed { nr: p.nr, kc: p.kc });
     // A convolution's taps: read in place by direct kernels when a kernel row's taps
     // are adjacent pixels, else packed from the image.

@@ -11,7 +11,7 @@ use clap::Args;
 use gpu::candidates;
 use gpu::manifest::PtxasReport;
 use gpu::{
-    Activation, BLayout, Elem, Epilogue, GemmKernel, Manifest, ManifestEntry, ReduceKernel, ReducerEntry,
+    Activation, BLayout, ElemType, Epilogue, GemmKernel, Manifest, ManifestEntry, ReduceKernel, ReducerEntry,
 };
 
 #[derive(Args)]
@@ -46,7 +46,7 @@ const EPILOGUES: [Epilogue; 5] = [
 /// The split-K reductions: per element type, none and each of [`EPILOGUES`].
 pub fn reducers() -> Vec<ReduceKernel> {
     let mut out = Vec::new();
-    for elem in [Elem::Bf16, Elem::F16] {
+    for elem in [ElemType::Bf16, ElemType::F16] {
         out.push(ReduceKernel { elem, epilogue: Epilogue::NONE });
         out.extend(EPILOGUES.iter().map(|&epilogue| ReduceKernel { elem, epilogue }));
     }
@@ -60,27 +60,27 @@ pub fn reducers() -> Vec<ReduceKernel> {
 /// kernels and the element-by-element mma.sync cover.
 pub fn family() -> Vec<GemmKernel> {
     let mut out = Vec::new();
-    for elem in [Elem::Bf16, Elem::F16] {
+    for elem in [ElemType::Bf16, ElemType::F16] {
         out.extend(candidates::plain_family(elem));
     }
     for epilogue in EPILOGUES {
-        for k in candidates::family(Elem::Bf16, BLayout::KMajor, epilogue) {
+        for k in candidates::family(ElemType::Bf16, BLayout::KMajor, epilogue) {
             if matches!((k.bm, k.bn), (16, 64) | (128, 128)) {
                 out.push(k);
             }
         }
-        for k in candidates::wgmma_family(Elem::Bf16, epilogue) {
+        for k in candidates::wgmma_family(ElemType::Bf16, epilogue) {
             if (k.bm, k.bn) == (128, 128) {
                 out.push(k);
             }
         }
-        for k in candidates::tma_family(Elem::Bf16, epilogue) {
+        for k in candidates::tma_family(ElemType::Bf16, epilogue) {
             if matches!((k.bm, k.bn), (128, 128) | (128, 256)) {
                 out.push(k);
             }
         }
-        out.extend(candidates::gemv_family(Elem::Bf16, epilogue));
-        out.extend(candidates::unaligned_family(Elem::Bf16, epilogue));
+        out.extend(candidates::gemv_family(ElemType::Bf16, epilogue));
+        out.extend(candidates::unaligned_family(ElemType::Bf16, epilogue));
     }
     out
 }

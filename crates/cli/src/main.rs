@@ -605,9 +605,9 @@ fn tune(avx2: bool, cache_dir: Option<PathBuf>) -> Result<()> {
     let runs: Vec<_> = targets
         .iter()
         .flat_map(|(name, t)| {
-            kernels::ElemType::ALL
+            kernels::CPU_ELEM_TYPES
                 .into_iter()
-                .filter(|e| e.check(t).is_ok())
+                .filter(|e| t.check_elem(*e).is_ok())
                 .map(move |e| (*name, t.clone(), e))
         })
         .collect();

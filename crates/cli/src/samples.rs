@@ -56,7 +56,7 @@ fn problem(d: &Dispatcher, s: &SampleShape, all: &[SampleShape]) -> Result<Probl
             all.iter().filter(|o| (o.n, o.k, o.batch) == (s.n, s.k, 1)).map(|o| o.m).collect();
         d.weight_layout(s.k, s.n, &rows)?
     } else {
-        BLayout::RowMajor
+        BLayout::NMajor
     };
     Ok(Problem { batch: s.batch, m: s.m, n: s.n, k: s.k, a: ALayout::RowMajor, b })
 }
@@ -107,7 +107,7 @@ pub fn tune_samples(args: TuneSamples) -> Result<()> {
     let cache = args.cache_dir.clone().or_else(codegen::tuning::default_cache_dir);
     let model = CostModel::Hierarchical;
     let t0 = Instant::now();
-    args.elem.check(&target).map_err(|e| UserError(format!("--dtype {}: {e}", args.elem)))?;
+    target.check_elem(args.elem).map_err(|e| UserError(format!("--dtype {}: {e}", args.elem)))?;
     let whole = codegen::Contraction::builder(&target, &pool)
         .model(model)
         .cache(cache.as_deref())

@@ -102,7 +102,7 @@ impl Bench<'_> {
         if self.weight() {
             BLayout::Packed { nr: mk.nr, kc: mk.kc }
         } else {
-            BLayout::RowMajor
+            BLayout::NMajor
         }
     }
 
@@ -193,7 +193,7 @@ pub fn tune_search(args: TuneSearch) -> Result<()> {
     }
     let pool = ThreadPool::new(args.threads.unwrap_or(target.cores));
     let cache = args.cache_dir.clone().or_else(codegen::tuning::default_cache_dir);
-    args.elem.check(&target).map_err(|e| UserError(format!("--dtype {}: {e}", args.elem)))?;
+    target.check_elem(args.elem).map_err(|e| UserError(format!("--dtype {}: {e}", args.elem)))?;
     let contraction =
         codegen::Contraction::builder(&target, &pool).cache(cache.as_deref()).elem(args.elem).build()?;
     let d: &Dispatcher = &contraction;
@@ -234,7 +234,7 @@ pub fn tune_search(args: TuneSearch) -> Result<()> {
         };
         // The untuned dispatcher: the model's layout for the weight and its choices.
         let ms: Vec<usize> = class.rows.iter().map(|r| r.0).collect();
-        let base_layout = if bench.weight() { d.weight_layout(k, n, &ms)? } else { BLayout::RowMajor };
+        let base_layout = if bench.weight() { d.weight_layout(k, n, &ms)? } else { BLayout::NMajor };
         let mut base = Vec::with_capacity(ms.len());
         let mut initial = Vec::new();
         for &m in &ms {
@@ -282,7 +282,7 @@ pub fn tune_search(args: TuneSearch) -> Result<()> {
         ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
         ranked.dedup_by_key(|r| r.0);
         let kernels: Vec<MacroKernel> = ranked.iter().take(COLLECTION).map(|r| r.0).collect();
-        let layout = if bench.weight() { bench.layout_for(&best) } else { BLayout::RowMajor };
+        let layout = if bench.weight() { bench.layout_for(&best) } else { BLayout::NMajor };
         // The model's choice under the tuned layout (for an activation, the baseline).
         let model_times = if bench.weight() {
             let mut v = Vec::with_capacity(ms.len());

@@ -124,7 +124,7 @@ impl<'a> ContractionBuilder<'a> {
         let (target, epilogue, keep, elem) = (self.target, self.epilogue, self.keep, self.elem);
         let none = ObjectCache::none();
         let objects = self.objects.unwrap_or(&none);
-        elem.check(target).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
+        target.check_elem(elem).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
         let (mut rec, _) = record(self.cache, target, elem)?;
         let machine = machine_model(self.cache, target, self.pool, &mut rec);
         let kept = |direct: bool, t: &TileMeasurement| {

@@ -127,6 +127,12 @@ pub mod refine;
 pub mod tuning;
 mod vmath;
 
+/// What every CPU emitter answers for f16, which `Target::check_elem` refuses
+/// before any of them runs.
+fn f16_on_cpu() -> CodegenError {
+    CodegenError::Unsupported("the CPU kernel families have no f16 form (f32, bf16)".into())
+}
+
 /// Compile an `mr × nr` f32 micro-kernel for `t` (`nr` a multiple of its lanes).
 pub fn compile_microkernel(t: &Target, mr: usize, nr: usize) -> Result<JitMicroKernel, CodegenError> {
     compile_microkernel_with(t, ElemType::F32, mr, nr, Epilogue::default())
@@ -142,7 +148,7 @@ pub fn compile_microkernel_cached(
     cache: &ObjectCache,
 ) -> Result<JitMicroKernel, CodegenError> {
     let w = check_tile(t, mr, nr)?;
-    elem.check(t).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
+    t.check_elem(elem).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
     let name = format!("ukernel_{elem}_{mr}x{nr}{}", if epilogue.is_identity() { "" } else { "_epilogue" });
     let jit = jit_function(t, &name, cache, |ctx, module, cpu, features| {
         build_microkernel(ctx, module, &name, (mr, nr, w, elem), &epilogue, cpu, features)
@@ -534,6 +540,7 @@ fn build_microkernel(
             });
             (bt, dp)
         }
+        ElemType::F16 => return Err(f16_on_cpu()),
     };
     let gep = |base, idx: IntValue<'static>, n: &str| {
         // SAFETY (of the IR, not of Rust): indices stay inside the packed panels
@@ -586,6 +593,7 @@ fn build_microkernel(
             let args = match elem {
                 ElemType::F32 => [splat.into(), (*bv).into(), acc.into()],
                 ElemType::Bf16 => [acc.into(), splat.into(), (*bv).into()],
+                ElemType::F16 => return Err(f16_on_cpu()),
             };
             let r = bld.build_call(mul, &args, "mul").map_err(llvm)?;
             let r = match r.try_as_basic_value() {

@@ -32,7 +32,7 @@ use crate::{llvm, CodegenError};
 use gpu::kernel::SIMT_GRID;
 use gpu::kernel::TMA_PRODUCER_THREADS;
 use gpu::wave::REDUCE_CHUNK;
-use gpu::{Activation, Arch, BLayout, Elem, Epilogue, GemmKernel, ReduceKernel};
+use gpu::{Activation, Arch, BLayout, ElemType, Epilogue, GemmKernel, ReduceKernel};
 use inkwell::context::Context;
 use inkwell::memory_buffer::MemoryBuffer;
 use inkwell::passes::PassBuilderOptions;
@@ -288,14 +288,12 @@ fn simt_ir(k: &GemmKernel) -> String {
         let read = g.v(format!("select i1 {inside}, i32 {c}, i32 {last_n}"));
         let read64 = g.v(format!("zext i32 {read} to i64"));
         // K-major: column n of B is row n of `[N, K]`; N-major: element n of each row.
-        let at = match k.b {
-            BLayout::KMajor => {
+        let at = match major(k.b) {
+            Major::K => {
                 let off = g.v(format!("mul i64 {read64}, {ldb}"));
                 g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {b_base}, i64 {off}"))
             }
-            BLayout::NMajor => {
-                g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {b_base}, i64 {read64}"))
-            }
+            Major::N => g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {b_base}, i64 {read64}")),
         };
         cols.push((c, inside, at));
     }
@@ -304,9 +302,9 @@ fn simt_ir(k: &GemmKernel) -> String {
     let head = g.body.len();
     let kk = g.v("add i64 %kk, 0");
     let avals: Vec<String> = rows.iter().map(|(_, _, at)| g.load_f32(k.elem, at, &kk)).collect();
-    let brow = match k.b {
-        BLayout::KMajor => kk.clone(),
-        BLayout::NMajor => g.v(format!("mul i64 {kk}, {ldb}")),
+    let brow = match major(k.b) {
+        Major::K => kk.clone(),
+        Major::N => g.v(format!("mul i64 {kk}, {ldb}")),
     };
     let bvals: Vec<String> = cols.iter().map(|(_, _, at)| g.load_f32(k.elem, at, &brow)).collect();
     let mut phis = String::new();
@@ -523,11 +521,40 @@ impl std::ops::DerefMut for Gen {
     }
 }
 
-/// The element's IR type, its `<2 x ..>` form, and the mma intrinsic.
-fn elem_ty(e: Elem) -> &'static str {
+/// The two B layouts the family reads: `GemmKernel::check`, which every
+/// emitter's entry runs first, refuses the others.
+enum Major {
+    K,
+    N,
+}
+
+fn major(b: BLayout) -> Major {
+    match b {
+        BLayout::KMajor => Major::K,
+        BLayout::NMajor => Major::N,
+        BLayout::Strided | BLayout::Packed { .. } => unreachable!("GemmKernel::check refuses a B {b:?}"),
+    }
+}
+
+/// The two element types the family multiplies in: `GemmKernel::check` refuses f32.
+enum Half {
+    Bf16,
+    F16,
+}
+
+fn half(e: ElemType) -> Half {
     match e {
-        Elem::Bf16 => "bfloat",
-        Elem::F16 => "half",
+        ElemType::Bf16 => Half::Bf16,
+        ElemType::F16 => Half::F16,
+        ElemType::F32 => unreachable!("GemmKernel::check refuses f32 operands"),
+    }
+}
+
+/// The element's IR type, its `<2 x ..>` form, and the mma intrinsic.
+fn elem_ty(e: ElemType) -> &'static str {
+    match half(e) {
+        Half::Bf16 => "bfloat",
+        Half::F16 => "half",
     }
 }
 
@@ -590,7 +617,7 @@ impl Ir {
 
     /// One f32 value `y` through `epi` (the bias at column `n`, the residual at C's
     /// index `ci`), rounded to `elem` and stored at `C[ci]`.
-    fn store_c(&mut self, elem: Elem, epi: Epilogue, y: &str, n: &str, ci: &str) {
+    fn store_c(&mut self, elem: ElemType, epi: Epilogue, y: &str, n: &str, ci: &str) {
         let e = elem_ty(elem);
         let res = epi.residual.then(|| ("%res".to_string(), ci.to_string()));
         let y = self.epilogue_value(elem, epi, y, n, res.as_ref());
@@ -612,7 +639,7 @@ impl Ir {
     }
 
     /// The 16-bit element `off` (i64) past `base`, widened to f32.
-    fn load_f32(&mut self, elem: Elem, base: &str, off: &str) -> String {
+    fn load_f32(&mut self, elem: ElemType, base: &str, off: &str) -> String {
         let e = elem_ty(elem);
         let p = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) {base}, i64 {off}"));
         let x = self.v(format!("load {e}, ptr addrspace(1) {p}, align 2"));
@@ -624,7 +651,7 @@ impl Ir {
     /// the 16-bit operands of type `elem`.
     fn epilogue_value(
         &mut self,
-        elem: Elem,
+        elem: ElemType,
         epi: Epilogue,
         y: &str,
         bias_idx: &str,
@@ -869,9 +896,9 @@ impl Gen {
         for j in 0..cb.div_ceil(threads) {
             let i = self.v(format!("add i32 {}, {}", ix.tid, j * threads));
             let guard = (cb % threads != 0).then(|| self.v(format!("icmp ult i32 {i}, {cb}")));
-            match k.b {
-                BLayout::KMajor => b.push(self.kmajor_copy(&i, guard, (&ix.n0, "%N"), (&ix.b_base, "%ldb"))),
-                BLayout::NMajor => {
+            match major(k.b) {
+                Major::K => b.push(self.kmajor_copy(&i, guard, (&ix.n0, "%N"), (&ix.b_base, "%ldb"))),
+                Major::N => {
                     let chunks = k.bn / 8;
                     let krow = self.v(format!("udiv i32 {i}, {chunks}"));
                     let c = self.v(format!("urem i32 {i}, {chunks}"));
@@ -1113,8 +1140,8 @@ impl Gen {
         for (ni2, offs) in b_frag_off.iter_mut().enumerate() {
             for (kk, off) in offs.iter_mut().enumerate() {
                 let wcol = self.v(format!("mul i32 {wni}, {wn}"));
-                let s = match k.b {
-                    BLayout::KMajor => {
+                let s = match major(k.b) {
+                    Major::K => {
                         // Rows n: lanes 0-7 and 8-15 the first 8 columns (k halves 0, 1),
                         // lanes 16-31 the next 8.
                         let l8 = self.v(format!("and i32 {lane}, 7"));
@@ -1128,7 +1155,7 @@ impl Gen {
                         let c = self.v(format!("add i32 {mid1}, {}", kk * 2));
                         self.kmajor_offset(&row, &c)
                     }
-                    BLayout::NMajor => {
+                    Major::N => {
                         // Rows k: lanes 0-7 k 0-7, 8-15 k 8-15 (the first 8 columns),
                         // lanes 16-31 the same k for the next 8 columns.
                         let l8 = self.v(format!("and i32 {lane}, 7"));
@@ -1169,9 +1196,9 @@ impl Gen {
                 );
             }
             let mut bfr = Vec::new();
-            let ld = match k.b {
-                BLayout::KMajor => "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16",
-                BLayout::NMajor => "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.trans.b16",
+            let ld = match major(k.b) {
+                Major::K => "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16",
+                Major::N => "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.trans.b16",
             };
             for offs in &b_frag_off {
                 let off = self.v(format!("add i32 {base}, {}", offs[kk]));
@@ -1187,9 +1214,9 @@ impl Gen {
                     let at = (mi * ntiles + ni) * 4;
                     let args: Vec<String> = a.iter().chain(b.iter()).map(|x| self.operand(x)).collect();
                     let c: Vec<String> = (0..4).map(|x| format!("float {}", cur[at + x])).collect();
-                    let intrinsic = match k.elem {
-                        Elem::Bf16 => "llvm.nvvm.mma.m16n8k16.row.col.bf16",
-                        Elem::F16 => "llvm.nvvm.mma.m16n8k16.row.col.f32.f32",
+                    let intrinsic = match half(k.elem) {
+                        Half::Bf16 => "llvm.nvvm.mma.m16n8k16.row.col.bf16",
+                        Half::F16 => "llvm.nvvm.mma.m16n8k16.row.col.f32.f32",
                     };
                     let r = self.v(format!(
                         "call {{float, float, float, float}} @{intrinsic}({}, {})",
@@ -1512,9 +1539,9 @@ impl Gen {
         }
         let nacc = acc.len();
         let d_list = (0..nacc).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
-        let ty = match k.elem {
-            Elem::Bf16 => "bf16",
-            Elem::F16 => "f16",
+        let ty = match half(k.elem) {
+            Half::Bf16 => "bf16",
+            Half::F16 => "f16",
         };
         let mut text = String::from("{\\0A.reg .pred p;\\0Asetp.ne.b32 p, $");
         let scale_at = nacc + descs.len();
@@ -1857,9 +1884,9 @@ impl Gen {
     /// A fragment register as the mma's operand type (`i32` holds two bf16; the f16
     /// intrinsic takes `<2 x half>`).
     fn operand(&mut self, x: &str) -> String {
-        match self.k.elem {
-            Elem::Bf16 => format!("i32 {x}"),
-            Elem::F16 => {
+        match half(self.k.elem) {
+            Half::Bf16 => format!("i32 {x}"),
+            Half::F16 => {
                 let h = self.v(format!("bitcast i32 {x} to <2 x half>"));
                 format!("<2 x half> {h}")
             }

@@ -89,7 +89,7 @@ pub fn compile_packers_cached(
     if !t.supported() {
         return Err(CodegenError::Unsupported("packing routines need x86-64 with AVX2 and FMA".into()));
     }
-    elem.check(t).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
+    t.check_elem(elem).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
     let sorted = |w: &[usize]| {
         let mut w = w.to_vec();
         w.sort_unstable();
@@ -254,6 +254,7 @@ fn build_packer(
                 let half = bld.build_float_trunc(wide, bt, "bf16").map_err(llvm)?;
                 Ok(bld.build_bit_cast(half, vt, "words").map_err(llvm)?.into_vector_value())
             }
+            ElemType::F16 => Err(crate::f16_on_cpu()),
         }
     };
     // Part `part` of a block's depths (`l` values) of a row: `part · l` further on,

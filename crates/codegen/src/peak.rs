@@ -37,7 +37,7 @@ pub fn measure_peak_gflops_of(
     pool: &ThreadPool,
     millis: u64,
 ) -> Result<f64, CodegenError> {
-    elem.check(t).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
+    t.check_elem(elem).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
     let w = t.f32_lanes;
     let chains = chains(t, elem);
     let name = "fma_peak";
@@ -92,6 +92,7 @@ pub fn measure_peak_gflops_of(
                     |v: f64| inkwell::types::VectorType::const_vector(&vec![bt.const_float(v); 2 * w]);
                 (dp, splat(1.0 / 1024.0), splat(1.0 / 1024.0))
             }
+            ElemType::F16 => return Err(crate::f16_on_cpu()),
         };
         let mut next = Vec::new();
         for a in &accs {

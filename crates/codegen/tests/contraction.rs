@@ -159,7 +159,7 @@ fn bf16_contractions_match_the_rounded_reference() {
         n: 64,
         k: 4096,
         a: kernels::ALayout::RowMajor,
-        b: kernels::BLayout::RowMajor,
+        b: kernels::BLayout::NMajor,
     });
     let kc = kc.expect("schedule").blocking.kc;
     let r = |x: f32| ElemType::Bf16.round(x) as f64;

@@ -10,7 +10,7 @@
 use anyshape_codegen::nvptx;
 use gpu::candidates;
 use gpu::manifest::PtxasReport;
-use gpu::{Activation, Arch, BLayout, Elem, Epilogue, GemmKernel, ReduceKernel};
+use gpu::{Activation, Arch, BLayout, ElemType, Epilogue, GemmKernel, ReduceKernel};
 use std::path::PathBuf;
 
 mod host;
@@ -34,7 +34,7 @@ fn loop_body(ir: &str) -> &str {
 #[test]
 fn every_family_kernel_compiles_and_its_loop_holds_its_schedule() {
     let mut n = 0;
-    for elem in [Elem::Bf16, Elem::F16] {
+    for elem in [ElemType::Bf16, ElemType::F16] {
         for epi in all_epilogues() {
             for b in [BLayout::KMajor, BLayout::NMajor] {
                 for k in candidates::family(elem, b, epi) {
@@ -81,7 +81,7 @@ fn every_family_kernel_compiles_and_its_loop_holds_its_schedule() {
 
 #[test]
 fn split_k_kernels_write_f32_shares_and_reductions_apply_the_epilogue() {
-    for elem in [Elem::Bf16, Elem::F16] {
+    for elem in [ElemType::Bf16, ElemType::F16] {
         let family = candidates::split_k_family(elem);
         assert!(
             family.iter().any(|k| k.arch == Arch::Sm90a) && family.iter().any(|k| k.b == BLayout::NMajor)
@@ -113,7 +113,7 @@ fn split_k_kernels_write_f32_shares_and_reductions_apply_the_epilogue() {
 #[test]
 fn the_whole_candidate_space_lowers() {
     // The space is what the family is drawn from: every member must be buildable.
-    let space = candidates::space(Elem::Bf16, BLayout::KMajor, Epilogue::NONE);
+    let space = candidates::space(ElemType::Bf16, BLayout::KMajor, Epilogue::NONE);
     assert!(space.len() > 40, "{} candidates", space.len());
     for k in space.iter().step_by(3) {
         nvptx::ptx(k).unwrap_or_else(|e| panic!("{k}: {e}"));
@@ -124,7 +124,7 @@ fn the_whole_candidate_space_lowers() {
 fn an_invalid_kernel_is_an_error_not_a_panic() {
     let bad = GemmKernel {
         arch: Arch::Sm80,
-        elem: Elem::Bf16,
+        elem: ElemType::Bf16,
         b: BLayout::KMajor,
         bm: 48,
         bn: 64,
@@ -159,7 +159,7 @@ fn golden(name: &str, text: &str) {
 fn golden_ptx() {
     let small = GemmKernel {
         arch: Arch::Sm80,
-        elem: Elem::Bf16,
+        elem: ElemType::Bf16,
         b: BLayout::KMajor,
         bm: 16,
         bn: 64,
@@ -195,7 +195,7 @@ fn golden_ptx() {
 #[test]
 fn tma_kernels_split_producer_and_consumers() {
     let mut n = 0;
-    for elem in [Elem::Bf16, Elem::F16] {
+    for elem in [ElemType::Bf16, ElemType::F16] {
         for epi in all_epilogues() {
             let persistent = candidates::persistent_family(elem, epi);
             assert_eq!(persistent.len(), if epi.residual { 0 } else { 4 });
@@ -255,36 +255,36 @@ fn ptxas_accepts_every_family_kernel() {
     let ptxas = ptxas.unwrap_or_default();
     let dir = std::env::temp_dir().join(format!("anyshape-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut kernels = candidates::family(Elem::Bf16, BLayout::KMajor, Epilogue::NONE);
-    kernels.extend(candidates::family(Elem::F16, BLayout::NMajor, Epilogue::NONE));
+    let mut kernels = candidates::family(ElemType::Bf16, BLayout::KMajor, Epilogue::NONE);
+    kernels.extend(candidates::family(ElemType::F16, BLayout::NMajor, Epilogue::NONE));
     kernels.extend(candidates::wgmma_family(
-        Elem::Bf16,
+        ElemType::Bf16,
         Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
     ));
     kernels.extend(candidates::tma_family(
-        Elem::Bf16,
+        ElemType::Bf16,
         Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
     ));
-    kernels.extend(candidates::tma_family(Elem::F16, Epilogue::NONE));
-    kernels.extend(candidates::persistent_family(Elem::Bf16, Epilogue::NONE));
+    kernels.extend(candidates::tma_family(ElemType::F16, Epilogue::NONE));
+    kernels.extend(candidates::persistent_family(ElemType::Bf16, Epilogue::NONE));
     kernels.extend(candidates::persistent_family(
-        Elem::Bf16,
+        ElemType::Bf16,
         Epilogue { bias: true, activation: Activation::GeluTanh, ..Epilogue::NONE },
     ));
-    kernels.extend(candidates::split_k_family(Elem::Bf16));
-    kernels.extend(candidates::simt_family(Elem::F16, Epilogue::NONE));
+    kernels.extend(candidates::split_k_family(ElemType::Bf16));
+    kernels.extend(candidates::simt_family(ElemType::F16, Epilogue::NONE));
     kernels.extend(candidates::simt_family(
-        Elem::Bf16,
+        ElemType::Bf16,
         Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
     ));
-    kernels.extend(candidates::gemv_family(Elem::F16, Epilogue::NONE));
-    kernels.extend(candidates::unaligned_family(Elem::F16, Epilogue::NONE));
+    kernels.extend(candidates::gemv_family(ElemType::F16, Epilogue::NONE));
+    kernels.extend(candidates::unaligned_family(ElemType::F16, Epilogue::NONE));
     kernels.extend(candidates::unaligned_family(
-        Elem::Bf16,
+        ElemType::Bf16,
         Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
     ));
     kernels.extend(candidates::gemv_family(
-        Elem::Bf16,
+        ElemType::Bf16,
         Epilogue { bias: true, residual: true, activation: Activation::GeluTanh, ..Epilogue::NONE },
     ));
     for k in &kernels {
@@ -356,11 +356,11 @@ mod on_the_host {
     }
 
     fn bf16(x: f32) -> u16 {
-        reference::to_bits(Elem::Bf16, x)
+        reference::to_bits(ElemType::Bf16, x)
     }
 
     fn f32_of(h: u16) -> f32 {
-        reference::from_bits(Elem::Bf16, h)
+        reference::from_bits(ElemType::Bf16, h)
     }
 
     const CANARY: u16 = 0x7fc1;
@@ -368,7 +368,7 @@ mod on_the_host {
     /// `C[m, n] = Σ_s W[s, m, n] (+ bias[n]) (+ residual[m, n])` through the
     /// generated reduction, `C` with a row stride `ldc` and canaries past each row.
     fn reduce(epilogue: Epilogue, m: usize, n: usize, splits: usize, seed: u64) -> Result<(), TestCaseError> {
-        let r = ReduceKernel { elem: Elem::Bf16, epilogue };
+        let r = ReduceKernel { elem: ElemType::Bf16, epilogue };
         let name = r.name();
         let ctx = Context::create();
         let ee = engine(&ctx, &nvptx::reduce_ir(&r).map_err(|e| TestCaseError::fail(e.to_string()))?, &name)?;
@@ -486,6 +486,8 @@ mod on_the_host {
         seed: u64,
     ) -> Result<(), TestCaseError> {
         let k = &kernels[cover.main.kernel];
+        // The callers' shapes name dims; the B layout is the kernels'.
+        let p = p.with_b(k.b);
         let name = cover.text(kernels, &p);
         let ctx = Context::create();
         let mut rnd = values(seed);
@@ -628,7 +630,7 @@ mod on_the_host {
             (0..p.batch * p.m).flat_map(|r| v[r * ld..r * ld + w].iter().copied()).collect()
         };
         let (a0, r0) = (unpad(&a, lda, p.k), unpad(&res, ldc, p.n));
-        let o = Operands { elem: k.elem, b_layout: k.b, a: &a0, b: &b, bias: &bias, residual: &r0 };
+        let o = Operands { elem: k.elem, a: &a0, b: &b, bias: &bias, residual: &r0 };
         let want = reference::gemm(&p, &k.epilogue, &o);
         let scale = (p.k as f64 / 9.0).sqrt().max(1.0);
         prop_assert!(c[..margin].iter().all(|&x| x == CANARY), "{} {}: before C written", name, p);
@@ -679,7 +681,7 @@ mod on_the_host {
     fn simt_kernels() -> Vec<GemmKernel> {
         let mut out = Vec::new();
         for e in EPILOGUES {
-            out.extend(candidates::simt_family(Elem::Bf16, e));
+            out.extend(candidates::simt_family(ElemType::Bf16, e));
         }
         out
     }
@@ -690,9 +692,9 @@ mod on_the_host {
         assert_eq!(kernels.len(), 12, "two tiles, two layouts, three epilogues");
         for (x, k) in kernels.iter().enumerate() {
             // One element; one past a tile with an odd K; a batch with odd strides.
-            simt(k, Problem::new(1, 1, 1, 1), 0, 0, x as u64).unwrap();
-            simt(k, Problem::new(1, k.bm + 1, k.bn + 1, 13), 1, 2, x as u64).unwrap();
-            simt(k, Problem::new(2, 7, 19, 37), 3, 1, x as u64).unwrap();
+            simt(k, Problem::nt(1, 1, 1, 1), 0, 0, x as u64).unwrap();
+            simt(k, Problem::nt(1, k.bm + 1, k.bn + 1, 13), 1, 2, x as u64).unwrap();
+            simt(k, Problem::nt(2, 7, 19, 37), 3, 1, x as u64).unwrap();
         }
     }
 
@@ -704,18 +706,18 @@ mod on_the_host {
         let e = Epilogue { bias: true, residual: true, ..Epilogue::NONE };
         for b in [BLayout::KMajor, BLayout::NMajor] {
             let kernels: Vec<GemmKernel> =
-                candidates::simt_family(Elem::Bf16, e).into_iter().filter(|k| k.b == b).collect();
+                candidates::simt_family(ElemType::Bf16, e).into_iter().filter(|k| k.b == b).collect();
             assert_eq!(kernels.iter().map(|k| k.bm).collect::<Vec<_>>(), [32, 64]);
             let cover = |main: usize, max_tiles: usize| Cover {
                 main: Choice { kernel: main, splits: 1 },
                 split: Some(Split { max_tiles, rest: Choice { kernel: 1 - main, splits: 1 } }),
             };
             // Every whole 64-row tile, then five rows by the 32-row kernel.
-            let p = Problem::new(1, 2 * 64 + 5, 37, 29);
+            let p = Problem::nt(1, 2 * 64 + 5, 37, 29);
             assert_eq!(cover(1, usize::MAX).rows(&kernels, &p), 128);
             host_cover(&kernels, &cover(1, usize::MAX), p, (1, 2), 1).unwrap();
             // One 32-row tile in each of two batch entries, 71 rows by the other.
-            let p = Problem::new(2, 3 * 32 + 7, 19, 13);
+            let p = Problem::nt(2, 3 * 32 + 7, 19, 13);
             assert_eq!(cover(0, 1).rows(&kernels, &p), 32);
             host_cover(&kernels, &cover(0, 1), p, (3, 1), 2).unwrap();
         }
@@ -728,14 +730,14 @@ mod on_the_host {
     #[test]
     fn gemv_kernels_at_the_edges() {
         for e in [EPILOGUES[0], EPILOGUES[2]] {
-            let kernels = candidates::gemv_family(Elem::Bf16, e);
+            let kernels = candidates::gemv_family(ElemType::Bf16, e);
             assert_eq!(kernels.iter().map(|k| k.bm).collect::<Vec<_>>(), [1, 4, 8]);
             for (x, k) in kernels.iter().enumerate() {
                 let one = Cover::one(Choice { kernel: x, splits: 1 });
-                host_cover(&kernels, &one, Problem::new(1, 1, 1, 8), (0, 0), 1).unwrap();
-                host_cover(&kernels, &one, Problem::new(1, k.bm + 1, 5, 256), (8, 3), 2).unwrap();
-                host_cover(&kernels, &one, Problem::new(2, 3, 3, 1032), (16, 1), 3).unwrap();
-                host_cover(&kernels, &one, Problem::new(1, 2, 4, 776), (0, 0), 4).unwrap();
+                host_cover(&kernels, &one, Problem::nt(1, 1, 1, 8), (0, 0), 1).unwrap();
+                host_cover(&kernels, &one, Problem::nt(1, k.bm + 1, 5, 256), (8, 3), 2).unwrap();
+                host_cover(&kernels, &one, Problem::nt(2, 3, 3, 1032), (16, 1), 3).unwrap();
+                host_cover(&kernels, &one, Problem::nt(1, 2, 4, 776), (0, 0), 4).unwrap();
             }
         }
     }
@@ -743,11 +745,11 @@ mod on_the_host {
     /// The mma.sync kernels (`Arch::Sm80`) whose products run on the host: bf16, both
     /// B layouts, and the epilogues of the built family on its two K-major tiles.
     fn mma_kernels() -> Vec<GemmKernel> {
-        let mut out = candidates::family(Elem::Bf16, BLayout::KMajor, Epilogue::NONE);
-        out.extend(candidates::family(Elem::Bf16, BLayout::NMajor, Epilogue::NONE));
+        let mut out = candidates::family(ElemType::Bf16, BLayout::KMajor, Epilogue::NONE);
+        out.extend(candidates::family(ElemType::Bf16, BLayout::NMajor, Epilogue::NONE));
         for e in &EPILOGUES[1..] {
             out.extend(
-                candidates::family(Elem::Bf16, BLayout::KMajor, *e)
+                candidates::family(ElemType::Bf16, BLayout::KMajor, *e)
                     .into_iter()
                     .filter(|k| matches!((k.bm, k.bn), (16, 64) | (128, 128))),
             );
@@ -764,9 +766,9 @@ mod on_the_host {
         for (x, k) in kernels.iter().enumerate() {
             let n8 = |n: usize| if k.b == BLayout::NMajor { n.div_ceil(8) * 8 } else { n };
             let one = Cover::one(Choice { kernel: x, splits: 1 });
-            host_cover(&kernels, &one, Problem::new(1, k.bm + 1, n8(k.bn + 3), 48), (0, 0), 1).unwrap();
-            host_cover(&kernels, &one, Problem::new(2, 13, n8(19), 16), (8, 1), 2).unwrap();
-            host_cover(&kernels, &one, Problem::new(1, 2 * k.bm - 1, n8(k.bn + 9), 104), (8, 3), 3).unwrap();
+            host_cover(&kernels, &one, Problem::nt(1, k.bm + 1, n8(k.bn + 3), 48), (0, 0), 1).unwrap();
+            host_cover(&kernels, &one, Problem::nt(2, 13, n8(19), 16), (8, 1), 2).unwrap();
+            host_cover(&kernels, &one, Problem::nt(1, 2 * k.bm - 1, n8(k.bn + 9), 104), (8, 3), 3).unwrap();
         }
     }
 
@@ -799,6 +801,7 @@ mod on_the_host {
     /// `[M, N]` slice of the workspace; the slices' sum against the oracle's product,
     /// and the floats past the last slice untouched.
     fn host_split_k(k: &GemmKernel, p: Problem, splits: usize, seed: u64) -> Result<(), TestCaseError> {
+        let p = p.with_b(k.b);
         let name = k.name();
         let ctx = Context::create();
         let ee = engine(&ctx, &nvptx::llvm_ir(k).unwrap(), &name)?;
@@ -849,7 +852,7 @@ mod on_the_host {
                 }
             },
         );
-        let o = Operands { elem: k.elem, b_layout: k.b, a: &a, b: &b, bias: &[], residual: &[] };
+        let o = Operands { elem: k.elem, a: &a, b: &b, bias: &[], residual: &[] };
         let want = reference::gemm(&p, &Epilogue::NONE, &o);
         for i in 0..mn {
             let got: f64 = (0..splits).map(|s| f64::from(w[s * mn + i])).sum();
@@ -878,12 +881,12 @@ mod on_the_host {
     #[test]
     fn split_k_mma_sync_kernels_write_their_shares() {
         let kernels: Vec<GemmKernel> =
-            candidates::split_k_family(Elem::Bf16).into_iter().filter(|k| k.arch == Arch::Sm80).collect();
+            candidates::split_k_family(ElemType::Bf16).into_iter().filter(|k| k.arch == Arch::Sm80).collect();
         assert_eq!(kernels.len(), 6, "three tiles, both B layouts");
         for (x, k) in kernels.iter().enumerate() {
             let n = if k.b == BLayout::NMajor { 72 } else { 67 };
             for (m, splits) in [(1, 1), (1, 3), (k.bm + 1, 2), (7, 5)] {
-                host_split_k(k, Problem::new(1, m, n, 240), splits, x as u64).unwrap();
+                host_split_k(k, Problem::nt(1, m, n, 240), splits, x as u64).unwrap();
             }
         }
     }
@@ -896,14 +899,14 @@ mod on_the_host {
             let e = Epilogue { bias: true, residual: true, activation: gelu, ..Epilogue::NONE };
             let first = |fam: Vec<GemmKernel>| fam[0];
             let kernels = [
-                first(candidates::simt_family(Elem::Bf16, e)),
-                first(candidates::gemv_family(Elem::Bf16, e)),
-                first(candidates::family(Elem::Bf16, BLayout::KMajor, e)),
-                first(candidates::tma_family(Elem::Bf16, e)),
+                first(candidates::simt_family(ElemType::Bf16, e)),
+                first(candidates::gemv_family(ElemType::Bf16, e)),
+                first(candidates::family(ElemType::Bf16, BLayout::KMajor, e)),
+                first(candidates::tma_family(ElemType::Bf16, e)),
             ];
             for (x, k) in kernels.iter().enumerate() {
                 let one = Cover::one(Choice { kernel: x, splits: 1 });
-                host_cover(&kernels, &one, Problem::new(1, k.bm + 1, 67, 72), (8, 1), x as u64).unwrap();
+                host_cover(&kernels, &one, Problem::nt(1, k.bm + 1, 67, 72), (8, 1), x as u64).unwrap();
             }
         }
     }
@@ -922,18 +925,18 @@ mod on_the_host {
         }
         let first = |fam: Vec<GemmKernel>| fam[0];
         let kernels = [
-            first(candidates::simt_family(Elem::F16, Epilogue::NONE)),
-            first(candidates::gemv_family(Elem::F16, Epilogue::NONE)),
-            first(candidates::family(Elem::F16, BLayout::KMajor, Epilogue::NONE)),
-            first(candidates::family(Elem::F16, BLayout::NMajor, Epilogue::NONE)),
-            first(candidates::unaligned_family(Elem::F16, Epilogue::NONE)),
-            first(candidates::wgmma_family(Elem::F16, Epilogue::NONE)),
-            first(candidates::tma_family(Elem::F16, Epilogue::NONE)),
+            first(candidates::simt_family(ElemType::F16, Epilogue::NONE)),
+            first(candidates::gemv_family(ElemType::F16, Epilogue::NONE)),
+            first(candidates::family(ElemType::F16, BLayout::KMajor, Epilogue::NONE)),
+            first(candidates::family(ElemType::F16, BLayout::NMajor, Epilogue::NONE)),
+            first(candidates::unaligned_family(ElemType::F16, Epilogue::NONE)),
+            first(candidates::wgmma_family(ElemType::F16, Epilogue::NONE)),
+            first(candidates::tma_family(ElemType::F16, Epilogue::NONE)),
         ];
         for (x, k) in kernels.iter().enumerate() {
             let n = if k.b == BLayout::NMajor { 72 } else { 67 };
             let one = Cover::one(Choice { kernel: x, splits: 1 });
-            host_cover(&kernels, &one, Problem::new(2, k.bm + 1, n, 72), (8, 1), x as u64).unwrap();
+            host_cover(&kernels, &one, Problem::nt(2, k.bm + 1, n, 72), (8, 1), x as u64).unwrap();
         }
     }
 
@@ -944,17 +947,19 @@ mod on_the_host {
     /// strides past K and N.
     #[test]
     fn wgmma_kernels_at_the_edges() {
-        let mut kernels = candidates::wgmma_family(Elem::Bf16, Epilogue::NONE);
+        let mut kernels = candidates::wgmma_family(ElemType::Bf16, Epilogue::NONE);
         for e in &EPILOGUES[1..] {
             kernels.extend(
-                candidates::wgmma_family(Elem::Bf16, *e).into_iter().filter(|k| (k.bm, k.bn) == (128, 128)),
+                candidates::wgmma_family(ElemType::Bf16, *e)
+                    .into_iter()
+                    .filter(|k| (k.bm, k.bn) == (128, 128)),
             );
         }
         assert_eq!(kernels.len(), 12);
         for (x, k) in kernels.iter().enumerate() {
             let one = Cover::one(Choice { kernel: x, splits: 1 });
-            host_cover(&kernels, &one, Problem::new(1, k.bm + 1, k.bn + 3, 96), (0, 0), 1).unwrap();
-            host_cover(&kernels, &one, Problem::new(2, 13, 19, 64), (8, 1), 2).unwrap();
+            host_cover(&kernels, &one, Problem::nt(1, k.bm + 1, k.bn + 3, 96), (0, 0), 1).unwrap();
+            host_cover(&kernels, &one, Problem::nt(2, 13, 19, 64), (8, 1), 2).unwrap();
         }
     }
 
@@ -965,18 +970,18 @@ mod on_the_host {
     /// half, a batch, and (persistent: three blocks) several tiles a block.
     #[test]
     fn tma_kernels_at_the_edges() {
-        let mut kernels = candidates::tma_family(Elem::Bf16, Epilogue::NONE);
-        kernels.extend(candidates::persistent_family(Elem::Bf16, Epilogue::NONE));
+        let mut kernels = candidates::tma_family(ElemType::Bf16, Epilogue::NONE);
+        kernels.extend(candidates::persistent_family(ElemType::Bf16, Epilogue::NONE));
         for e in &EPILOGUES[1..] {
             kernels.extend(
-                candidates::tma_family(Elem::Bf16, *e).into_iter().filter(|k| (k.bm, k.bn) == (128, 128)),
+                candidates::tma_family(ElemType::Bf16, *e).into_iter().filter(|k| (k.bm, k.bn) == (128, 128)),
             );
         }
         assert_eq!(kernels.len(), 10);
         for (x, k) in kernels.iter().enumerate() {
             let one = Cover::one(Choice { kernel: x, splits: 1 });
-            host_cover(&kernels, &one, Problem::new(1, k.bm + 1, k.bn + 3, 96), (0, 0), 1).unwrap();
-            host_cover(&kernels, &one, Problem::new(2, 2 * k.bm + 5, 19, 64), (8, 1), 2).unwrap();
+            host_cover(&kernels, &one, Problem::nt(1, k.bm + 1, k.bn + 3, 96), (0, 0), 1).unwrap();
+            host_cover(&kernels, &one, Problem::nt(2, 2 * k.bm + 5, 19, 64), (8, 1), 2).unwrap();
         }
     }
 
@@ -990,19 +995,19 @@ mod on_the_host {
             fam.into_iter().find(|k| (k.bm, k.bn) == (bm, bn)).unwrap()
         };
         let kernels = [
-            find(candidates::tma_family(Elem::Bf16, Epilogue::NONE), 128, 128),
-            find(candidates::persistent_family(Elem::Bf16, Epilogue::NONE), 64, 128),
-            find(candidates::family(Elem::Bf16, BLayout::KMajor, Epilogue::NONE), 16, 64),
-            candidates::gemv_family(Elem::Bf16, Epilogue::NONE)[2],
+            find(candidates::tma_family(ElemType::Bf16, Epilogue::NONE), 128, 128),
+            find(candidates::persistent_family(ElemType::Bf16, Epilogue::NONE), 64, 128),
+            find(candidates::family(ElemType::Bf16, BLayout::KMajor, Epilogue::NONE), 16, 64),
+            candidates::gemv_family(ElemType::Bf16, Epilogue::NONE)[2],
         ];
         let cover = |main: usize, max_tiles: usize, rest: usize| Cover {
             main: Choice { kernel: main, splits: 1 },
             split: Some(Split { max_tiles, rest: Choice { kernel: rest, splits: 1 } }),
         };
-        host_cover(&kernels, &cover(0, usize::MAX, 3), Problem::new(1, 2 * 128 + 5, 70, 96), (8, 1), 1)
+        host_cover(&kernels, &cover(0, usize::MAX, 3), Problem::nt(1, 2 * 128 + 5, 70, 96), (8, 1), 1)
             .unwrap();
-        host_cover(&kernels, &cover(1, 1, 2), Problem::new(2, 3 * 64 + 7, 150, 64), (0, 3), 2).unwrap();
-        host_cover(&kernels, &cover(2, 2, 0), Problem::new(1, 2 * 16 + 130, 131, 72), (8, 0), 3).unwrap();
+        host_cover(&kernels, &cover(1, 1, 2), Problem::nt(2, 3 * 64 + 7, 150, 64), (0, 3), 2).unwrap();
+        host_cover(&kernels, &cover(2, 2, 0), Problem::nt(1, 2 * 16 + 130, 131, 72), (8, 0), 3).unwrap();
     }
 
     /// The tensor-core cover (mma.sync loading element by element) on the host at
@@ -1011,16 +1016,16 @@ mod on_the_host {
     /// and residual.
     #[test]
     fn unaligned_mma_sync_kernels_at_odd_shapes() {
-        let mut kernels = candidates::unaligned_family(Elem::Bf16, Epilogue::NONE);
-        kernels.extend(candidates::unaligned_family(Elem::Bf16, EPILOGUES[2]));
+        let mut kernels = candidates::unaligned_family(ElemType::Bf16, Epilogue::NONE);
+        kernels.extend(candidates::unaligned_family(ElemType::Bf16, EPILOGUES[2]));
         assert_eq!(kernels.len(), 8);
         for (x, k) in kernels.iter().enumerate() {
-            assert!(k.accepts(&Problem::new(2, 5, 7, 13)).is_ok());
+            assert!(k.accepts(&Problem::nt(2, 5, 7, 13).with_b(k.b)).is_ok());
             let one = Cover::one(Choice { kernel: x, splits: 1 });
-            host_cover(&kernels, &one, Problem::new(1, 1, 1, 1), (0, 0), 1).unwrap();
-            host_cover(&kernels, &one, Problem::new(1, k.bm + 1, k.bn + 3, 37), (1, 2), 2).unwrap();
-            host_cover(&kernels, &one, Problem::new(2, 13, 19, 100), (3, 1), 3).unwrap();
-            host_cover(&kernels, &one, Problem::new(1, 2 * k.bm - 1, k.bn + 9, 75), (0, 0), 4).unwrap();
+            host_cover(&kernels, &one, Problem::nt(1, 1, 1, 1), (0, 0), 1).unwrap();
+            host_cover(&kernels, &one, Problem::nt(1, k.bm + 1, k.bn + 3, 37), (1, 2), 2).unwrap();
+            host_cover(&kernels, &one, Problem::nt(2, 13, 19, 100), (3, 1), 3).unwrap();
+            host_cover(&kernels, &one, Problem::nt(1, 2 * k.bm - 1, k.bn + 9, 75), (0, 0), 4).unwrap();
         }
     }
 
@@ -1037,9 +1042,9 @@ mod on_the_host {
             ldc_pad in 0usize..3,
             seed: u64,
         ) {
-            let kernels = candidates::unaligned_family(Elem::Bf16, EPILOGUES[2]);
+            let kernels = candidates::unaligned_family(ElemType::Bf16, EPILOGUES[2]);
             let one = Cover::one(Choice { kernel: which, splits: 1 });
-            host_cover(&kernels, &one, Problem::new(batch, m, n, k), (lda_pad, ldc_pad), seed)?;
+            host_cover(&kernels, &one, Problem::nt(batch, m, n, k), (lda_pad, ldc_pad), seed)?;
         }
 
         #[test]
@@ -1058,7 +1063,7 @@ mod on_the_host {
             let k = kernels[which];
             let n = if k.b == BLayout::NMajor { n.div_ceil(8) * 8 } else { n };
             let one = Cover::one(Choice { kernel: which, splits: 1 });
-            host_cover(&kernels, &one, Problem::new(batch, m, n, 8 * k8), (8 * lda_pad8, ldc_pad), seed)?;
+            host_cover(&kernels, &one, Problem::nt(batch, m, n, 8 * k8), (8 * lda_pad8, ldc_pad), seed)?;
         }
     }
 
@@ -1075,9 +1080,9 @@ mod on_the_host {
             ldc_pad in 0usize..3,
             seed: u64,
         ) {
-            let kernels = candidates::gemv_family(Elem::Bf16, Epilogue { bias: true, residual: true, ..Epilogue::NONE });
+            let kernels = candidates::gemv_family(ElemType::Bf16, Epilogue { bias: true, residual: true, ..Epilogue::NONE });
             let one = Cover::one(Choice { kernel: which, splits: 1 });
-            host_cover(&kernels, &one, Problem::new(batch, m, n, 8 * k8), (8 * lda_pad8, ldc_pad), seed)?;
+            host_cover(&kernels, &one, Problem::nt(batch, m, n, 8 * k8), (8 * lda_pad8, ldc_pad), seed)?;
         }
 
         /// Every epilogue form the GPU family generates, in the CPU's order
@@ -1097,9 +1102,9 @@ mod on_the_host {
             seed: u64,
         ) {
             let e = Epilogue { scale: scale.then_some(-0.375), bias, residual, activation };
-            let kernels = candidates::gemv_family(Elem::Bf16, e);
+            let kernels = candidates::gemv_family(ElemType::Bf16, e);
             let one = Cover::one(Choice { kernel: 0, splits: 1 });
-            host_cover(&kernels, &one, Problem::new(1, m, n, 8 * k8), (0, 1), seed)?;
+            host_cover(&kernels, &one, Problem::nt(1, m, n, 8 * k8), (0, 1), seed)?;
         }
 
         #[test]
@@ -1112,13 +1117,13 @@ mod on_the_host {
             k in 1usize..40,
             seed: u64,
         ) {
-            let kernels = candidates::simt_family(Elem::Bf16, Epilogue { residual: true, ..Epilogue::NONE });
+            let kernels = candidates::simt_family(ElemType::Bf16, Epilogue { residual: true, ..Epilogue::NONE });
             let kernels: Vec<GemmKernel> = kernels.into_iter().filter(|k| k.b == BLayout::KMajor).collect();
             let cover = Cover {
                 main: Choice { kernel: main, splits: 1 },
                 split: Some(Split { max_tiles, rest: Choice { kernel: 1 - main, splits: 1 } }),
             };
-            host_cover(&kernels, &cover, Problem::new(batch, m, n, k), (seed as usize % 3, 1), seed)?;
+            host_cover(&kernels, &cover, Problem::nt(batch, m, n, k), (seed as usize % 3, 1), seed)?;
         }
 
         #[test]
@@ -1138,7 +1143,7 @@ mod on_the_host {
             seed: u64,
         ) {
             let kernel = simt_kernels()[which];
-            simt(&kernel, Problem::new(batch, m, n, k), lda_pad, ldc_pad, seed)?;
+            simt(&kernel, Problem::nt(batch, m, n, k), lda_pad, ldc_pad, seed)?;
         }
     }
 }

@@ -4,7 +4,7 @@
 //! register budget; block tiles are whole multiples of a warp tile within 1-8 warps;
 //! stages are as many as shared memory holds for latency hiding (3-4), at least 2.
 
-use crate::kernel::{Arch, BLayout, Elem, Epilogue, GemmKernel, MAX_SMEM_PER_BLOCK_SM90};
+use crate::kernel::{Arch, BLayout, ElemType, Epilogue, GemmKernel, MAX_SMEM_PER_BLOCK_SM90};
 
 /// Warp tiles: multiples of the instruction's 16 rows and of 16 columns (one
 /// `ldmatrix.x4` loads two 8-column B fragments), up to 64×64: a 64×64 tile holds
@@ -23,7 +23,7 @@ pub fn warp_tiles() -> Vec<(usize, usize)> {
 }
 
 /// Every kernel of the space for one element type, B layout and epilogue.
-pub fn space(elem: Elem, b: BLayout, epilogue: Epilogue) -> Vec<GemmKernel> {
+pub fn space(elem: ElemType, b: BLayout, epilogue: Epilogue) -> Vec<GemmKernel> {
     let mut out = Vec::new();
     for (wm, wn) in warp_tiles() {
         for warps_m in [1, 2, 4] {
@@ -50,7 +50,7 @@ pub fn space(elem: Elem, b: BLayout, epilogue: Epilogue) -> Vec<GemmKernel> {
 /// warp tiles read less shared memory per FMA), and block tiles from 16×64 (a
 /// handful of rows against a weight, spread over many blocks) up to 128×256 (the
 /// large-M workhorses). The run-time model chooses among these per shape.
-pub fn family(elem: Elem, b: BLayout, epilogue: Epilogue) -> Vec<GemmKernel> {
+pub fn family(elem: ElemType, b: BLayout, epilogue: Epilogue) -> Vec<GemmKernel> {
     let tiles: &[(usize, usize)] = &[
         (16, 64),
         (16, 128),
@@ -86,7 +86,7 @@ pub fn family(elem: Elem, b: BLayout, epilogue: Epilogue) -> Vec<GemmKernel> {
 /// `bn` 128 or 256 (the instruction's N: 64 or 128 accumulators a thread), with as
 /// many stages (at most 4) as Hopper's shared memory holds; each tile twice: its
 /// products waited for every step, and one group kept in flight (`overlap`).
-pub fn wgmma_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
+pub fn wgmma_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> {
     let mut out = Vec::new();
     for overlap in [false, true] {
         for (bm, bn) in [(64, 128), (64, 256), (128, 128), (128, 256)] {
@@ -98,7 +98,7 @@ pub fn wgmma_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
 }
 
 /// A wgmma kernel of tile `bm × bn` (B K-major, `bm/16` warps), cp.async-fed.
-fn wgmma(elem: Elem, epilogue: Epilogue, bm: usize, bn: usize, stages: usize) -> GemmKernel {
+fn wgmma(elem: ElemType, epilogue: Epilogue, bm: usize, bn: usize, stages: usize) -> GemmKernel {
     plain(Arch::Sm90a, elem, BLayout::KMajor, (bm, bn), (bm / 16, 1), stages, epilogue)
 }
 
@@ -106,7 +106,7 @@ fn wgmma(elem: Elem, epilogue: Epilogue, bm: usize, bn: usize, stages: usize) ->
 /// flight).
 fn plain(
     arch: Arch,
-    elem: Elem,
+    elem: ElemType,
     b: BLayout,
     (bm, bn): (usize, usize),
     (warps_m, warps_n): (usize, usize),
@@ -146,7 +146,7 @@ fn deepest(
 /// as many stages (at most 6) as Hopper's shared memory holds: a deeper pipeline
 /// costs the producer nothing, and with one block an SM (the register file bounds
 /// a 384-thread block to one) the shared memory has no other use.
-pub fn tma_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
+pub fn tma_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> {
     let mut out = Vec::new();
     for (bm, bn) in [(64, 128), (64, 256), (128, 128), (128, 256)] {
         out.extend(deepest(
@@ -162,7 +162,7 @@ pub fn tma_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
 /// SM walking the tiles, so that a tile's stores overlap the next tile's copies.
 /// Epilogues without a residual (a residual's loads beside the accumulators spill
 /// the staged store).
-pub fn persistent_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
+pub fn persistent_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> {
     let mut out = Vec::new();
     if epilogue.residual {
         return out;
@@ -178,7 +178,7 @@ pub fn persistent_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
 /// Every kernel without an epilogue for one element type: the mma.sync tiles for
 /// both B layouts, the cp.async-fed, TMA and persistent wgmma tiles, and the split-K
 /// kernels. The benchmark's sweep runs on these.
-pub fn plain_family(elem: Elem) -> Vec<GemmKernel> {
+pub fn plain_family(elem: ElemType) -> Vec<GemmKernel> {
     let mut out = Vec::new();
     for b in [BLayout::KMajor, BLayout::NMajor] {
         out.extend(family(elem, b, Epilogue::NONE));
@@ -197,7 +197,7 @@ pub fn plain_family(elem: Elem) -> Vec<GemmKernel> {
 /// tiles 32×64 and 64×128 loading their operands element by element, for what the
 /// aligned kernels refuse (K not a multiple of 8, unaligned leading dimensions, an
 /// N-major B with N not a multiple of 8).
-pub fn unaligned_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
+pub fn unaligned_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> {
     let mut out = Vec::new();
     for b in [BLayout::KMajor, BLayout::NMajor] {
         for k in family(elem, b, epilogue) {
@@ -211,7 +211,7 @@ pub fn unaligned_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
 
 /// The GEMV kernels (`Arch::Gemv`) for a K-major B: decode-sized rows (1, up to 4,
 /// up to 8 a block), four warps a block, a column each.
-pub fn gemv_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
+pub fn gemv_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> {
     [1, 4, 8]
         .into_iter()
         .map(|bm| plain(Arch::Gemv, elem, BLayout::KMajor, (bm, 4), (1, 4), 1, epilogue))
@@ -222,7 +222,7 @@ pub fn gemv_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
 /// The SIMT kernels (`Arch::Simt`) for both B layouts: the cover for products no
 /// tensor-core kernel accepts (K not a multiple of 8, an N-major B with N not a
 /// multiple of 8), a 32 × 32 tile for few rows and a 64 × 64 one.
-pub fn simt_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
+pub fn simt_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> {
     let mut out = Vec::new();
     for b in [BLayout::KMajor, BLayout::NMajor] {
         for tile in [(32, 32), (64, 64)] {
@@ -239,7 +239,7 @@ pub fn simt_family(elem: Elem, epilogue: Epilogue) -> Vec<GemmKernel> {
 /// where one block a tile leaves most SMs idle. Small mma.sync tiles for either B
 /// layout and the smaller wgmma tile (each of its pipelines) for a K-major B; the
 /// splits are chosen per product by the wave model.
-pub fn split_k_family(elem: Elem) -> Vec<GemmKernel> {
+pub fn split_k_family(elem: ElemType) -> Vec<GemmKernel> {
     let mut out = Vec::new();
     for b in [BLayout::KMajor, BLayout::NMajor] {
         for k in family(elem, b, Epilogue::NONE) {

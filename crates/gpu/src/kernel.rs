@@ -3,7 +3,7 @@
 //! batch strides are launch arguments, and ragged edges are padded locally (zero
 //! fill in shared memory, predicated stores), never by copying operands.
 
-pub use plan::{Activation, Epilogue};
+pub use plan::{ALayout, Activation, BLayout, ElemType, Epilogue, Problem};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -59,50 +59,6 @@ impl Arch {
     }
 }
 
-/// The operands' element type; accumulation is always f32.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Elem {
-    Bf16,
-    F16,
-}
-
-impl Elem {
-    pub fn name(self) -> &'static str {
-        match self {
-            Elem::Bf16 => "bf16",
-            Elem::F16 => "f16",
-        }
-    }
-}
-
-/// How B lies in memory. `C[m, n] = Σ_k A[m, k] · B(k, n)`, A row-major `[M, K]`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum BLayout {
-    /// B stored `[N, K]` (K contiguous): a pre-packed weight, or Kᵀ in Q·Kᵀ.
-    KMajor,
-    /// B stored `[K, N]` (N contiguous): an ONNX MatMul weight as exported, or V in P·V.
-    NMajor,
-}
-
-impl BLayout {
-    /// The BLAS-style name: `nt` (B transposed, K-major) or `nn`.
-    pub fn tag(self) -> &'static str {
-        match self {
-            BLayout::KMajor => "nt",
-            BLayout::NMajor => "nn",
-        }
-    }
-
-    /// B's rows and columns as stored, for `p`: `[N, K]` or `[K, N]` (a contiguous
-    /// B's row stride is the columns).
-    pub fn extent(self, p: &Problem) -> (usize, usize) {
-        match self {
-            BLayout::KMajor => (p.n, p.k),
-            BLayout::NMajor => (p.k, p.n),
-        }
-    }
-}
-
 /// The kernel name's suffix for epilogue `e` (empty for none): `_s<bits>` for
 /// a scale, `_bias`, `_res`, then the activation (`_relu`, `_gelue`,
 /// `_gelut`, `_tanh`; `_pw` for a program, which no GPU kernel has).
@@ -154,7 +110,7 @@ pub fn epilogue_approximate(e: &Epilogue) -> bool {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct GemmKernel {
     pub arch: Arch,
-    pub elem: Elem,
+    pub elem: ElemType,
     pub b: BLayout,
     pub bm: usize,
     pub bn: usize,
@@ -204,7 +160,7 @@ pub struct GemmKernel {
 /// `M, N, ldc, splits` (i32), the workspace's split stride (i64).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ReduceKernel {
-    pub elem: Elem,
+    pub elem: ElemType,
     pub epilogue: Epilogue,
 }
 
@@ -217,7 +173,11 @@ impl ReduceKernel {
 
     /// What the generator assumes of a reduction: an epilogue it has a form of.
     pub fn check(&self) -> Result<(), KernelError> {
-        epilogue_supported(&self.epilogue).map_err(|why| KernelError::Invalid { name: self.name(), why })
+        let bad = |why: String| KernelError::Invalid { name: self.name(), why };
+        if self.elem == ElemType::F32 {
+            return Err(bad("the reduction stores bf16 or f16 (the family's outputs), not f32".into()));
+        }
+        epilogue_supported(&self.epilogue).map_err(bad)
     }
 }
 
@@ -430,6 +390,12 @@ impl GemmKernel {
         if self.persistent && (!self.tma || self.split_k) {
             return bad("persistent kernels are TMA kernels over whole products (not split-K)".into());
         }
+        if self.elem == ElemType::F32 {
+            return bad("GPU kernels multiply bf16 or f16 operands (f32 accumulation), not f32".into());
+        }
+        if !matches!(self.b, BLayout::KMajor | BLayout::NMajor) {
+            return bad(format!("GPU kernels read a contiguous B (nt or nn), not {:?}", self.b));
+        }
         epilogue_supported(&self.epilogue).or_else(bad)?;
         if self.split_k && self.epilogue != Epilogue::NONE {
             return bad("a split-K kernel writes partial sums: its epilogue is the reduction's".into());
@@ -535,11 +501,18 @@ impl GemmKernel {
         Ok(())
     }
 
-    /// The shape rules every launch must meet (the 16-byte `cp.async` copies):
+    /// The shape rules every launch must meet: the problem's layouts are the
+    /// kernel's (A row-major, B as built), and for the 16-byte `cp.async` copies
     /// K, lda and ldb multiples of 8, and N a multiple of 8 for an N-major B.
     pub fn accepts(&self, p: &Problem) -> Result<(), String> {
         if p.m == 0 || p.n == 0 || p.k == 0 || p.batch == 0 {
             return Err(format!("empty product {p}"));
+        }
+        if p.a != ALayout::RowMajor {
+            return Err(format!("{p}: GPU kernels read A row-major, not {:?}", p.a));
+        }
+        if p.b != self.b {
+            return Err(format!("{p}: B is {}, this kernel reads it {}", p.b.tag(), self.b.tag()));
         }
         if self.is_cover() {
             return self.fits_grid(p);
@@ -598,39 +571,5 @@ pub const MAX_SMEM_PER_BLOCK_SM90: usize = 227 * 1024;
 impl fmt::Display for GemmKernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.name())
-    }
-}
-
-/// One (batched) product: `batch × ([m, k] · B(k, n))`, contiguous operands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Problem {
-    pub batch: usize,
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-}
-
-impl Problem {
-    pub fn new(batch: usize, m: usize, n: usize, k: usize) -> Problem {
-        Problem { batch, m, n, k }
-    }
-
-    pub fn flops(&self) -> f64 {
-        2.0 * (self.batch * self.m * self.n) as f64 * self.k as f64
-    }
-
-    /// Bytes a launch must move at least: A, B and C once (2-byte elements).
-    pub fn min_bytes(&self) -> f64 {
-        2.0 * (self.batch * (self.m * self.k + self.k * self.n + self.m * self.n)) as f64
-    }
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.batch == 1 {
-            write!(f, "{}x{}x{}", self.m, self.n, self.k)
-        } else {
-            write!(f, "{}x({}x{}x{})", self.batch, self.m, self.n, self.k)
-        }
     }
 }

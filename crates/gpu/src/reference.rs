@@ -2,21 +2,25 @@
 //! 16-bit inputs, with the same epilogue; and the tolerance a 16-bit result of an
 //! f32-accumulated product is held to.
 
-use crate::kernel::{Activation, BLayout, Elem, Epilogue, Problem};
+use crate::kernel::{Activation, BLayout, ElemType, Epilogue, Problem};
 use half::{bf16, f16};
 
-/// 16-bit storage of either element type, as raw bits.
-pub fn to_bits(elem: Elem, x: f32) -> u16 {
+/// 16-bit storage of a GPU kernel's element type, as raw bits (rounded to
+/// nearest even, denormals kept, as `cvt.rn` does). `GemmKernel::check` refuses
+/// f32 operands, so no kernel's data is f32 here.
+pub fn to_bits(elem: ElemType, x: f32) -> u16 {
     match elem {
-        Elem::Bf16 => bf16::from_f32(x).to_bits(),
-        Elem::F16 => f16::from_f32(x).to_bits(),
+        ElemType::Bf16 => bf16::from_f32(x).to_bits(),
+        ElemType::F16 => f16::from_f32(x).to_bits(),
+        ElemType::F32 => unreachable!("GPU kernels' operands are 16-bit (GemmKernel::check refuses f32)"),
     }
 }
 
-pub fn from_bits(elem: Elem, b: u16) -> f32 {
+pub fn from_bits(elem: ElemType, b: u16) -> f32 {
     match elem {
-        Elem::Bf16 => bf16::from_bits(b).to_f32(),
-        Elem::F16 => f16::from_bits(b).to_f32(),
+        ElemType::Bf16 => bf16::from_bits(b).to_f32(),
+        ElemType::F16 => f16::from_bits(b).to_f32(),
+        ElemType::F32 => unreachable!("GPU kernels' operands are 16-bit (GemmKernel::check refuses f32)"),
     }
 }
 
@@ -63,11 +67,10 @@ pub fn activation(act: Activation, x: f64) -> f64 {
 }
 
 /// Operands of one check, as 16-bit bits, contiguous: A `[batch, m, k]`, B
-/// `[batch, n, k]` (K-major) or `[batch, k, n]` (N-major), bias `[n]`, residual
-/// `[batch, m, n]`.
+/// `[batch, n, k]` or `[batch, k, n]` as the problem's layout says, bias `[n]`,
+/// residual `[batch, m, n]`.
 pub struct Operands<'a> {
-    pub elem: Elem,
-    pub b_layout: BLayout,
+    pub elem: ElemType,
     pub a: &'a [u16],
     pub b: &'a [u16],
     pub bias: &'a [u16],
@@ -76,7 +79,7 @@ pub struct Operands<'a> {
 
 /// `C = epilogue(A·B)` in f64, `[batch, m, n]`.
 pub fn gemm(p: &Problem, epi: &Epilogue, o: &Operands) -> Vec<f64> {
-    let Problem { batch, m, n, k } = *p;
+    let Problem { batch, m, n, k, b: b_layout, .. } = *p;
     let v = |x: u16| from_bits(o.elem, x) as f64;
     let mut c = vec![0.0; batch * m * n];
     for z in 0..batch {
@@ -86,9 +89,9 @@ pub fn gemm(p: &Problem, epi: &Epilogue, o: &Operands) -> Vec<f64> {
             for j in 0..n {
                 let mut s = 0.0;
                 for l in 0..k {
-                    let bv = match o.b_layout {
+                    let bv = match b_layout {
                         BLayout::KMajor => b[j * k + l],
-                        BLayout::NMajor => b[l * n + j],
+                        _ => b[l * n + j],
                     };
                     s += v(a[i * k + l]) * v(bv);
                 }
@@ -116,10 +119,11 @@ pub fn gemm(p: &Problem, epi: &Epilogue, o: &Operands) -> Vec<f64> {
 /// epilogue is `approximate` (GELU, tanh: see `kernel::epilogue_approximate`),
 /// `tanh.approx`'s and `ex2.approx`'s 2⁻¹¹ relative error on a pre-activation a
 /// few `scale` large.
-pub fn close(elem: Elem, got: f32, want: f64, scale: f64, approximate: bool) -> bool {
+pub fn close(elem: ElemType, got: f32, want: f64, scale: f64, approximate: bool) -> bool {
     let ulp = match elem {
-        Elem::Bf16 => 2f64.powi(-8),
-        Elem::F16 => 2f64.powi(-11),
+        ElemType::Bf16 => 2f64.powi(-8),
+        ElemType::F16 => 2f64.powi(-11),
+        ElemType::F32 => 2f64.powi(-24),
     };
     let approx = if approximate { 2e-3 * scale } else { 0.0 };
     let tol = 2.0 * ulp * want.abs() + 1e-4 * scale + approx;

@@ -93,7 +93,7 @@ impl Record {
                 }
                 record.products.push(Measured {
                     layout,
-                    problem: Problem::new(p.batch, p.m, p.n, p.k),
+                    problem: Problem::nt(p.batch, p.m, p.n, p.k).with_b(layout),
                     times,
                 });
             } else if v.get("regret").is_none() {
@@ -252,10 +252,10 @@ pub fn cover_study(
             continue;
         }
         let model = record.model(m.layout, family)?;
-        let Some(tree) = MTree::distill(&model, 1, p.n, p.k, m_max) else { continue };
+        let Some(tree) = MTree::distill(&model, Problem { batch: 1, ..p }, m_max) else { continue };
         let mut gains = Vec::new();
         for rows in 1..=m_max {
-            let q = Problem::new(1, rows, p.n, p.k);
+            let q = Problem { batch: 1, m: rows, ..p };
             let c = tree.choose(&model, rows);
             if let (Some(c), Some((_, single))) = (c.filter(|c| c.split.is_some()), model.choose(&q)) {
                 gains.push(1.0 - model.predict_cover(&c, &q) / single);

@@ -3,7 +3,7 @@
 //! (`dynamic-loading`), so this builds on machines without CUDA, and a machine
 //! without the driver gets [`GpuError::NoDriver`], not a crash.
 
-use crate::kernel::{Elem, Epilogue, GemmKernel, Problem, ReduceKernel, BK_WGMMA};
+use crate::kernel::{ElemType, Epilogue, GemmKernel, Problem, ReduceKernel, BK_WGMMA};
 use crate::manifest::Manifest;
 use crate::wave::DeviceLimits;
 use cudarc::driver::sys::{
@@ -121,7 +121,7 @@ unsafe impl DeviceRepr for TensorMap {}
 /// (a stage's tiles), the product, the operands' addresses and strides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapKey {
-    elem: Elem,
+    elem: ElemType,
     bm: usize,
     bn: usize,
     p: Problem,
@@ -142,10 +142,13 @@ struct MapSpec {
     box_rows: usize,
 }
 
-fn encode_map(elem: Elem, ptr: u64, s: &MapSpec) -> Result<TensorMap, GpuError> {
+fn encode_map(elem: ElemType, ptr: u64, s: &MapSpec) -> Result<TensorMap, GpuError> {
     let dtype = match elem {
-        Elem::Bf16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        Elem::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        ElemType::Bf16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        ElemType::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        ElemType::F32 => {
+            return Err(GpuError::Plan("TMA maps of f32 operands: the family's are 16-bit".into()))
+        }
     };
     // One batch entry: its stride is never read; any multiple of 16 bytes past the rows.
     let stride = if s.batch > 1 { s.stride } else { (s.rows * s.ld).div_ceil(8) * 8 };

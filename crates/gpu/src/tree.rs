@@ -13,9 +13,8 @@ use serde::{Deserialize, Serialize};
 /// Intervals of M, each with its cover: `bounds[i]` is the first M of leaf `i`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MTree {
-    pub batch: usize,
-    pub n: usize,
-    pub k: usize,
+    /// The product the tree is for; its `m` is the tree's to choose (kept 0).
+    pub signature: Problem,
     pub bounds: Vec<usize>,
     pub covers: Vec<Cover>,
     /// The largest M distilled; larger M asks the model.
@@ -23,11 +22,12 @@ pub struct MTree {
 }
 
 impl MTree {
-    /// Distills `model` for every M in `1..=m_max`. `None` when no kernel accepts
-    /// the signature.
-    pub fn distill(model: &WaveModel, batch: usize, n: usize, k: usize, m_max: usize) -> Option<MTree> {
+    /// Distills `model` for `signature` (batch, N, K, layouts) at every M in
+    /// `1..=m_max`. `None` when no kernel accepts the signature.
+    pub fn distill(model: &WaveModel, signature: Problem, m_max: usize) -> Option<MTree> {
         let m_max = m_max.max(1);
-        let at = |m: usize| Problem::new(batch, m, n, k);
+        let signature = Problem { m: 0, ..signature };
+        let at = |m: usize| Problem { m, ..signature };
         // The best two single choices at every M, once: a two-size cover's rest is one.
         let rests: Vec<_> = (1..=m_max).map(|m| model.best_two(&at(m))).collect();
         let mut bounds = Vec::new();
@@ -39,7 +39,7 @@ impl MTree {
                 covers.push(c);
             }
         }
-        Some(MTree { batch, n, k, bounds, covers, m_max })
+        Some(MTree { signature, bounds, covers, m_max })
     }
 
     /// The cover for `m`: the leaf whose interval holds it (binary search), or the
@@ -49,7 +49,7 @@ impl MTree {
             return None;
         }
         if m > self.m_max {
-            return model.choose_cover(&Problem::new(self.batch, m, self.n, self.k)).map(|c| c.0);
+            return model.choose_cover(&Problem { m, ..self.signature }).map(|c| c.0);
         }
         let leaf = self.bounds.partition_point(|&b| b <= m) - 1;
         Some(self.covers[leaf])
@@ -64,16 +64,17 @@ impl MTree {
     /// lo]+rest`.
     pub fn text(&self, model: &WaveModel) -> String {
         let mut s = format!(
-            "tree {}x(Mx{}x{}), {} leaves, depth {}\n",
-            self.batch,
-            self.n,
-            self.k,
+            "tree {}x(Mx{}x{}) {}, {} leaves, depth {}\n",
+            self.signature.batch,
+            self.signature.n,
+            self.signature.k,
+            self.signature.b.tag(),
             self.bounds.len(),
             self.depth()
         );
         for (j, (&lo, c)) in self.bounds.iter().zip(&self.covers).enumerate() {
             let hi = self.bounds.get(j + 1).map(|b| b - 1).unwrap_or(self.m_max);
-            let p = Problem::new(self.batch, lo, self.n, self.k);
+            let p = Problem { m: lo, ..self.signature };
             s.push_str(&format!("  M in [{lo}, {hi}]: {}\n", model.describe_cover(c, &p)));
         }
         s

@@ -268,7 +268,7 @@ impl WaveModel {
                 alone + (per_sm - 1) as f64 / (occ - 1) as f64 * (wave - alone)
             };
         }
-        let mut t = t.max(p.min_bytes() / self.device.bandwidth) + self.device.launch;
+        let mut t = t.max(p.min_bytes(k.elem) / self.device.bandwidth) + self.device.launch;
         if k.split_k {
             let partials = (splits * p.m * p.n * 4 + p.m * p.n * 2) as f64;
             t += partials / self.device.bandwidth

@@ -8,15 +8,15 @@ use gpu::manifest::PtxasReport;
 use gpu::reference::{self, Operands};
 use gpu::wave::{calibration_grids, occupancy, FEW_BLOCKS};
 use gpu::{
-    Activation, Arch, BLayout, Choice, Cover, DeviceLimits, Elem, Epilogue, GemmKernel, KernelRate, MTree,
-    Manifest, ManifestEntry, Piece, Problem, Split, WaveModel,
+    Activation, Arch, BLayout, Choice, Cover, DeviceLimits, ElemType, Epilogue, GemmKernel, KernelRate,
+    MTree, Manifest, ManifestEntry, Piece, Problem, Split, WaveModel,
 };
 use proptest::prelude::*;
 
 fn mma(bm: usize, bn: usize, warps_m: usize, warps_n: usize) -> GemmKernel {
     GemmKernel {
         arch: Arch::Sm80,
-        elem: Elem::Bf16,
+        elem: ElemType::Bf16,
         b: BLayout::KMajor,
         bm,
         bn,
@@ -51,17 +51,28 @@ fn kernel_rules() {
     assert_eq!(wg.name(), "gemm_wg_bf16_nt_128x256_w8x1_s4");
     // Launch rules: 16-byte copies.
     let k = mma(64, 64, 2, 2);
-    assert!(k.accepts(&Problem::new(1, 1, 1, 8)).is_ok());
-    assert!(k.accepts(&Problem::new(1, 5, 7, 12)).unwrap_err().contains("K = 12"));
-    assert!(nn_ok().accepts(&Problem::new(1, 5, 12, 8)).unwrap_err().contains("N = 12"));
-    assert!(k.accepts(&Problem::new(0, 5, 8, 8)).is_err());
+    assert!(k.accepts(&Problem::nt(1, 1, 1, 8)).is_ok());
+    assert!(k.accepts(&Problem::nt(1, 5, 7, 12)).unwrap_err().contains("K = 12"));
+    assert!(nn_ok().accepts(&Problem::nn(1, 5, 12, 8)).unwrap_err().contains("N = 12"));
+    // A problem's layouts are the kernel's: this one reads B K-major and A row-major.
+    assert!(k.accepts(&Problem::nn(1, 1, 8, 8)).unwrap_err().contains("B is nn, this kernel reads it nt"));
+    let strided_a = Problem { a: gpu::ALayout::Strided, ..Problem::nt(1, 1, 8, 8) };
+    assert!(k.accepts(&strided_a).unwrap_err().contains("A row-major"));
+    // Element types and layouts the family has no form for are refused by name.
+    assert!(GemmKernel { elem: ElemType::F32, ..k }.check().unwrap_err().to_string().contains("not f32"));
+    assert!(GemmKernel { b: BLayout::Strided, ..k }
+        .check()
+        .unwrap_err()
+        .to_string()
+        .contains("contiguous B"));
+    assert!(k.accepts(&Problem::nt(0, 5, 8, 8)).is_err());
 }
 
 /// GEMV kernels: a warp a column of a K-major B, 1-16 rows a block, steps of a
 /// warp's 16-byte chunks times the unroll; K in whole chunks.
 #[test]
 fn gemv_kernel_rules() {
-    let fam = candidates::gemv_family(Elem::Bf16, Epilogue::NONE);
+    let fam = candidates::gemv_family(ElemType::Bf16, Epilogue::NONE);
     assert_eq!(fam.len(), 3);
     for k in &fam {
         assert!(k.check().is_ok(), "{k}");
@@ -70,8 +81,8 @@ fn gemv_kernel_rules() {
             (Arch::Gemv, BLayout::KMajor, 4, 4, 128, 0)
         );
         assert_eq!(k.bk(), 256 * k.gemv_unroll());
-        assert!(k.accepts(&Problem::new(2, 3, 5, 8)).is_ok());
-        assert!(k.accepts(&Problem::new(1, 3, 5, 12)).unwrap_err().contains("K = 12"));
+        assert!(k.accepts(&Problem::nt(2, 3, 5, 8)).is_ok());
+        assert!(k.accepts(&Problem::nt(1, 3, 5, 12)).unwrap_err().contains("K = 12"));
     }
     assert_eq!(fam[0].name(), "gemm_gemv_bf16_nt_1x4_w1x4_s1");
     assert_eq!(fam.iter().map(|k| k.gemv_unroll()).collect::<Vec<_>>(), [4, 4, 2]);
@@ -95,12 +106,12 @@ fn nn_ok() -> GemmKernel {
 #[test]
 fn the_candidate_space_is_valid_and_the_family_spans_small_to_large_tiles() {
     for b in [BLayout::KMajor, BLayout::NMajor] {
-        let space = candidates::space(Elem::Bf16, b, Epilogue::NONE);
+        let space = candidates::space(ElemType::Bf16, b, Epilogue::NONE);
         assert!(!space.is_empty());
         for k in &space {
             assert!(k.check().is_ok(), "{k}");
         }
-        let fam = candidates::family(Elem::Bf16, b, Epilogue::NONE);
+        let fam = candidates::family(ElemType::Bf16, b, Epilogue::NONE);
         let mut names: Vec<String> = fam.iter().map(|k| k.name()).collect();
         names.sort();
         names.dedup();
@@ -108,7 +119,7 @@ fn the_candidate_space_is_valid_and_the_family_spans_small_to_large_tiles() {
         assert!(fam.iter().any(|k| k.bm == 16), "a tile for a handful of rows");
         assert!(fam.iter().any(|k| k.bm * k.bn >= 128 * 256), "a large-M workhorse");
     }
-    let wg = candidates::wgmma_family(Elem::F16, Epilogue::NONE);
+    let wg = candidates::wgmma_family(ElemType::F16, Epilogue::NONE);
     assert_eq!(wg.len(), 8);
     assert_eq!(wg.iter().filter(|k| k.overlap).count(), 4);
     assert!(wg.iter().any(|k| k.name() == "gemm_wgo_f16_nt_128x256_w8x1_s4"));
@@ -119,7 +130,7 @@ fn the_candidate_space_is_valid_and_the_family_spans_small_to_large_tiles() {
     assert!(wg.iter().all(|k| k.check().is_ok() && k.arch == Arch::Sm90a));
     // The TMA family: a producer warpgroup beside one or two consumers, the deepest
     // pipeline that fits, and registers moved to two consumers.
-    let tma = candidates::tma_family(Elem::Bf16, Epilogue::NONE);
+    let tma = candidates::tma_family(ElemType::Bf16, Epilogue::NONE);
     assert_eq!(tma.len(), 4);
     for k in &tma {
         assert!(k.check().is_ok() && k.tma && !k.overlap, "{k}");
@@ -140,7 +151,7 @@ fn the_candidate_space_is_valid_and_the_family_spans_small_to_large_tiles() {
     assert!(tma.iter().any(|k| k.name() == "gemm_wgt_bf16_nt_128x256_w8x1_s4"));
     // Persistent: the epilogue's region beside the stages (fewer of them), inside
     // Hopper's shared memory; none with a residual.
-    let persistent = candidates::persistent_family(Elem::Bf16, Epilogue::NONE);
+    let persistent = candidates::persistent_family(ElemType::Bf16, Epilogue::NONE);
     assert_eq!(persistent.len(), 4);
     for k in &persistent {
         assert!(k.check().is_ok() && k.persistent && k.tma, "{k}");
@@ -153,7 +164,7 @@ fn the_candidate_space_is_valid_and_the_family_spans_small_to_large_tiles() {
     }
     assert!(persistent.iter().any(|k| k.name() == "gemm_wgp_bf16_nt_128x256_w8x1_s3"));
     let residual = Epilogue { bias: true, residual: true, ..Epilogue::NONE };
-    assert!(candidates::persistent_family(Elem::Bf16, residual).is_empty());
+    assert!(candidates::persistent_family(ElemType::Bf16, residual).is_empty());
     assert!(GemmKernel { persistent: true, ..mma(64, 64, 2, 2) }.check().is_err());
     assert!(GemmKernel { split_k: true, ..persistent[0] }.check().is_err());
     assert!(GemmKernel { tma: true, ..mma(64, 64, 2, 2) }.check().is_err(), "TMA is a wgmma pipeline");
@@ -276,29 +287,29 @@ fn the_wave_model_prices_waves_and_partial_waves() {
     }
     // One block: latency alone (its launch paid once), no share of a full wave.
     let plain = |kernel| Choice { kernel, splits: 1 };
-    let one = m.predict(plain(0), &Problem::new(1, 1, 64, 768));
+    let one = m.predict(plain(0), &Problem::nt(1, 1, 64, 768));
     let want = 1.9e-6 + 0.145e-6 * 24.0;
     assert!((one - want).abs() < 1e-12, "{one} vs {want}");
     // Exactly one full wave of the large tile: 264 blocks.
-    let p = Problem::new(1, 128 * 12, 128 * 22, 1024);
+    let p = Problem::nt(1, 128 * 12, 128 * 22, 1024);
     assert_eq!(m.kernels[1].blocks(&p), 264);
     let full = m.predict(plain(1), &p);
     assert!((full - (7.9e-6 + 0.63e-6 * 32.0 - launch / 4.0 + launch)).abs() < 1e-12);
     // One block more starts a second, partial wave.
-    let p2 = Problem::new(1, 128 * 12 + 1, 128 * 22, 1024);
+    let p2 = Problem::nt(1, 128 * 12 + 1, 128 * 22, 1024);
     assert!(m.predict(plain(1), &p2) > full * 1.3);
     // Five blocks an SM of a tile that fits ten: four ninths of the way from one
     // block's latency to a full wave.
-    let five = Problem::new(1, 16 * 55, 64 * 12, 768);
+    let five = Problem::nt(1, 16 * 55, 64 * 12, 768);
     assert_eq!(m.kernels[0].blocks(&five), 5 * 132);
     let (alone, wave) = (1.9e-6 + 0.145e-6 * 24.0 - launch, 1.7e-6 + 0.64e-6 * 24.0 - launch / 4.0);
     let want = alone + 4.0 / 9.0 * (wave - alone) + launch;
     assert!((m.predict(plain(0), &five) - want).abs() < 1e-12);
     // Small M picks the small tile, large M the large one.
-    assert_eq!(m.choose(&Problem::new(1, 7, 768, 768)).unwrap().0, plain(0));
-    assert_eq!(m.choose(&Problem::new(1, 8192, 4096, 4096)).unwrap().0, plain(1));
+    assert_eq!(m.choose(&Problem::nt(1, 7, 768, 768)).unwrap().0, plain(0));
+    assert_eq!(m.choose(&Problem::nt(1, 8192, 4096, 4096)).unwrap().0, plain(1));
     // A product no kernel accepts has no choice.
-    assert!(m.choose(&Problem::new(1, 7, 768, 13)).is_none());
+    assert!(m.choose(&Problem::nt(1, 7, 768, 13)).is_none());
 }
 
 proptest! {
@@ -309,8 +320,8 @@ proptest! {
     fn the_tree_agrees_with_the_model(n in 1usize..4096, k8 in 1usize..512, m in 1usize..6000) {
         let model = model();
         let k = 8 * k8;
-        let tree = MTree::distill(&model, 1, n, k, 4096).unwrap();
-        let want = model.choose_cover(&Problem::new(1, m, n, k)).unwrap().0;
+        let tree = MTree::distill(&model, Problem::nt(1, 0, n, k), 4096).unwrap();
+        let want = model.choose_cover(&Problem::nt(1, m, n, k)).unwrap().0;
         prop_assert_eq!(want.main.splits, 1);
         prop_assert_eq!(tree.choose(&model, m), Some(want));
         prop_assert!(tree.bounds[0] == 1 && tree.bounds.windows(2).all(|w| w[0] < w[1]));
@@ -331,7 +342,7 @@ proptest! {
         k8 in 1usize..256,
     ) {
         let model = model();
-        let p = Problem::new(batch, m, n, 8 * k8);
+        let p = Problem::nt(batch, m, n, 8 * k8);
         let single = model.choose(&p).unwrap();
         let (pick, t) = model.choose_cover(&p).unwrap();
         prop_assert!(model.covers(&p).contains(&pick));
@@ -364,7 +375,7 @@ fn a_last_tile_row_that_spills_a_wave_goes_to_a_second_size() {
     // 128×128 tiles, two an SM: 22 columns × 12 tile rows fill one wave (264
     // blocks); five rows more would start a second wave for 22 blocks. The
     // 16×64 kernel takes those five rows instead.
-    let p = Problem::new(1, 12 * 128 + 5, 128 * 22, 1024);
+    let p = Problem::nt(1, 12 * 128 + 5, 128 * 22, 1024);
     let (single, ts) = m.choose(&p).unwrap();
     assert_eq!(single, plain(1));
     let (c, t) = m.choose_cover(&p).unwrap();
@@ -373,30 +384,27 @@ fn a_last_tile_row_that_spills_a_wave_goes_to_a_second_size() {
     assert_eq!(
         c.pieces(&m.kernels, &p),
         [
-            Piece { choice: plain(1), first_row: 0, problem: Problem::new(1, 1536, 2816, 1024) },
-            Piece { choice: plain(0), first_row: 1536, problem: Problem::new(1, 5, 2816, 1024) },
+            Piece { choice: plain(1), first_row: 0, problem: Problem::nt(1, 1536, 2816, 1024) },
+            Piece { choice: plain(0), first_row: 1536, problem: Problem::nt(1, 5, 2816, 1024) },
         ]
     );
-    let parts = m.predict(plain(1), &Problem::new(1, 1536, 2816, 1024))
-        + m.predict(plain(0), &Problem::new(1, 5, 2816, 1024));
+    let parts = m.predict(plain(1), &Problem::nt(1, 1536, 2816, 1024))
+        + m.predict(plain(0), &Problem::nt(1, 5, 2816, 1024));
     assert!((t - parts).abs() < 1e-15 && t < 0.8 * ts, "{t} vs {ts}");
     assert_eq!(m.describe_cover(&c, &p), "gemm_bf16_nt_128x128_w2x2_s4[1536]+gemm_bf16_nt_16x64_w1x4_s4");
     // Whole tiles: nothing left over, one choice.
-    assert_eq!(m.choose_cover(&Problem::new(1, 12 * 128, 128 * 22, 1024)).unwrap().0.split, None);
+    assert_eq!(m.choose_cover(&Problem::nt(1, 12 * 128, 128 * 22, 1024)).unwrap().0.split, None);
     // 25 tile rows and five rows: whole tiles would leave a third wave of 22
     // blocks; the main takes the 24 tile rows that fill two waves, and the other
     // kernel the 133 rows below.
-    let p = Problem::new(1, 25 * 128 + 5, 128 * 22, 1024);
+    let p = Problem::nt(1, 25 * 128 + 5, 128 * 22, 1024);
     let (c, _) = m.choose_cover(&p).unwrap();
     assert_eq!(c, Cover { main: plain(1), split: Some(Split { max_tiles: 24, rest: plain(0) }) });
     assert_eq!(c.rows(&m.kernels, &p), 3072);
     // Where the main's own kernel is the best for the rows left over, the rest is
     // the best of another: 1413 rows below one wave of 128×128.
-    let p = Problem::new(1, 23 * 128 + 5, 128 * 22, 1024);
-    assert_eq!(
-        m.best_two(&Problem::new(1, 1413, 128 * 22, 1024)).map(|x| x.unwrap().0),
-        [plain(1), plain(0)]
-    );
+    let p = Problem::nt(1, 23 * 128 + 5, 128 * 22, 1024);
+    assert_eq!(m.best_two(&Problem::nt(1, 1413, 128 * 22, 1024)).map(|x| x.unwrap().0), [plain(1), plain(0)]);
     assert!(m
         .covers(&p)
         .contains(&Cover { main: plain(1), split: Some(Split { max_tiles: 12, rest: plain(0) }) }));
@@ -412,7 +420,7 @@ fn a_partial_wave_on_few_sms_runs_at_the_few_sm_latency() {
     let mut m = model();
     m.rates[1].fixed_few = 4.4e-6;
     m.rates[1].per_kstep_few = 0.36e-6;
-    let at = |model: &WaveModel, tiles: usize| model.predict(plain, &Problem::new(1, 128, 128 * tiles, 1024));
+    let at = |model: &WaveModel, tiles: usize| model.predict(plain, &Problem::nt(1, 128, 128 * tiles, 1024));
     // 32 K steps; the few-SM grid's launch share (one wave) taken out, the product's added.
     let few = 4.4e-6 + 0.36e-6 * 32.0;
     assert!((at(&m, 3) - few).abs() < 1e-12 && (at(&m, FEW_BLOCKS) - few).abs() < 1e-12);
@@ -429,9 +437,9 @@ fn a_partial_wave_on_few_sms_runs_at_the_few_sm_latency() {
 #[test]
 fn the_tree_text_lists_its_leaves() {
     let model = model();
-    let tree = MTree::distill(&model, 1, 4096, 4096, 8192).unwrap();
+    let tree = MTree::distill(&model, Problem::nt(1, 0, 4096, 4096), 8192).unwrap();
     let text = tree.text(&model);
-    assert!(text.starts_with("tree 1x(Mx4096x4096)"), "{text}");
+    assert!(text.starts_with("tree 1x(Mx4096x4096) nt"), "{text}");
     assert!(text.contains("M in [1, "), "{text}");
     assert!(
         text.contains("gemm_bf16_nt_16x64_w1x4_s4") && text.contains("gemm_bf16_nt_128x128_w2x2_s4"),
@@ -483,7 +491,7 @@ fn a_manifest_round_trips_and_a_bad_one_is_an_error() {
 
 #[test]
 fn the_oracle_multiplies_in_both_layouts_with_the_epilogue() {
-    let e = Elem::Bf16;
+    let e = ElemType::Bf16;
     let bits = |v: &[f32]| v.iter().map(|&x| reference::to_bits(e, x)).collect::<Vec<u16>>();
     // A [2, 3]; B as [N=2, K=3] and as [K=3, N=2].
     let a = bits(&[1.0, 2.0, 3.0, -1.0, 0.5, 0.25]);
@@ -491,12 +499,12 @@ fn the_oracle_multiplies_in_both_layouts_with_the_epilogue() {
     let b_kn = bits(&[1.0, 0.0, 0.0, 1.0, 2.0, -1.0]);
     let bias = bits(&[0.5, -0.5]);
     let res = bits(&[1.0, 1.0, 1.0, 1.0]);
-    let p = Problem::new(1, 2, 2, 3);
+    let p = Problem::nt(1, 2, 2, 3);
     let epi = Epilogue { bias: true, residual: true, ..Epilogue::NONE };
     let want = [1.0 + 6.0 + 0.5 + 1.0, 2.0 - 3.0 - 0.5 + 1.0, -1.0 + 0.5 + 0.5 + 1.0, 0.5 - 0.25 - 0.5 + 1.0];
     for (layout, b) in [(BLayout::KMajor, &b_nk), (BLayout::NMajor, &b_kn)] {
-        let o = Operands { elem: e, b_layout: layout, a: &a, b, bias: &bias, residual: &res };
-        let c = reference::gemm(&p, &epi, &o);
+        let o = Operands { elem: e, a: &a, b, bias: &bias, residual: &res };
+        let c = reference::gemm(&p.with_b(layout), &epi, &o);
         for (x, w) in c.iter().zip(want) {
             assert!((x - w).abs() < 1e-12, "{layout:?}: {c:?}");
         }
@@ -535,7 +543,7 @@ fn split_k_plans_leave_no_split_without_work() {
         }
     }
     // A split-K kernel takes no batch and no epilogue of its own.
-    assert!(k.accepts(&Problem::new(2, 4, 64, 64)).is_err());
+    assert!(k.accepts(&Problem::nt(2, 4, 64, 64)).is_err());
     assert!(GemmKernel { epilogue: Epilogue { bias: true, ..Epilogue::NONE }, ..k }.check().is_err());
 }
 
@@ -544,11 +552,11 @@ fn split_k_plans_leave_no_split_without_work() {
 /// and a kernel's name tells its epilogues apart.
 #[test]
 fn an_epilogue_program_is_refused_by_name() {
-    let k = candidates::gemv_family(Elem::Bf16, Epilogue::NONE)[0];
+    let k = candidates::gemv_family(ElemType::Bf16, Epilogue::NONE)[0];
     let pw = Epilogue { activation: Activation::Pointwise(plan::Pointwise::default()), ..Epilogue::NONE };
     let e = GemmKernel { epilogue: pw, ..k }.check().expect_err("no GPU form").to_string();
     assert!(e.contains("Pointwise") && e.contains(&GemmKernel { epilogue: pw, ..k }.name()), "{e}");
-    assert!(gpu::ReduceKernel { elem: Elem::Bf16, epilogue: pw }.check().is_err());
+    assert!(gpu::ReduceKernel { elem: ElemType::Bf16, epilogue: pw }.check().is_err());
     let forms = [
         Epilogue::NONE,
         Epilogue { scale: Some(0.5), ..Epilogue::NONE },
@@ -579,14 +587,14 @@ fn model_with_split_k() -> (WaveModel, GemmKernel) {
 fn the_model_splits_k_only_where_tiles_leave_sms_idle() {
     let (m, _) = model_with_split_k();
     // One row against a long K: 12 blocks on 132 SMs; splitting K pays.
-    let decode = Problem::new(1, 1, 768, 4096);
+    let decode = Problem::nt(1, 1, 768, 4096);
     let choices = m.choices(&decode);
     assert!(choices.iter().any(|c| c.kernel == 2 && c.splits > 1), "{choices:?}");
     let (best, t) = m.choose(&decode).unwrap();
     assert_eq!(best.kernel, 2, "split-K for a decode step");
     assert!(best.splits >= 4 && t < m.predict(Choice { kernel: 0, splits: 1 }, &decode) / 2.0);
     // Enough tiles to fill the SMs: no split offered.
-    let wide = Problem::new(1, 1024, 4096, 4096);
+    let wide = Problem::nt(1, 1024, 4096, 4096);
     assert!(m.choices(&wide).iter().all(|c| c.splits == 1));
     assert!(m.describe(best).ends_with(&format!("_skx{}", best.splits)));
 }
@@ -594,7 +602,7 @@ fn the_model_splits_k_only_where_tiles_leave_sms_idle() {
 #[test]
 fn a_measured_reduction_prices_each_further_chunk_of_shares() {
     let (mut m, sk) = model_with_split_k();
-    let p = Problem::new(1, 1, 768, 4096);
+    let p = Problem::nt(1, 1, 768, 4096);
     let at = |m: &WaveModel, splits| m.predict(Choice { kernel: 2, splits }, &p);
     let unmeasured: Vec<f64> = [8, 12, 16, 24].iter().map(|&s| at(&m, s)).collect();
     m.reduce = Some(gpu::ReduceRate { fixed: 2.0e-6, per_chunk: 0.5e-6 });
@@ -612,16 +620,16 @@ fn a_measured_reduction_prices_each_further_chunk_of_shares() {
 
 #[test]
 fn simt_kernels_take_any_k_and_are_offered_only_where_no_tensor_core_kernel_is() {
-    let simt = candidates::simt_family(Elem::Bf16, Epilogue::NONE);
+    let simt = candidates::simt_family(ElemType::Bf16, Epilogue::NONE);
     assert_eq!(simt.len(), 4, "two tiles, two layouts");
     for k in &simt {
         assert!(k.check().is_ok(), "{k}");
         assert_eq!((k.smem_bytes(), k.threads(), k.arch.sm()), (0, 256, "sm_80"), "{k}");
         assert!(k.name().starts_with("gemm_simt_"), "{k}");
         // No alignment rule: odd K, and an N-major B with odd N.
-        assert!(k.accepts(&Problem::new(2, 5, 7, 13)).is_ok(), "{k}");
-        assert!(k.accepts(&Problem::new(1, 1, 1, 1)).is_ok(), "{k}");
-        assert!(k.accepts(&Problem::new(1, 0, 1, 1)).is_err(), "{k}");
+        assert!(k.accepts(&Problem::nt(2, 5, 7, 13).with_b(k.b)).is_ok(), "{k}");
+        assert!(k.accepts(&Problem::nt(1, 1, 1, 1).with_b(k.b)).is_ok(), "{k}");
+        assert!(k.accepts(&Problem::nt(1, 0, 1, 1).with_b(k.b)).is_err(), "{k}");
     }
     // Its rules: one stage, 8x1 warps, tiles of whole 16 x 16 thread grids up to 128.
     let k = simt[1];
@@ -633,9 +641,9 @@ fn simt_kernels_take_any_k_and_are_offered_only_where_no_tensor_core_kernel_is()
     let mut m = model();
     m.kernels.push(k);
     m.rates.push(KernelRate { name: k.name(), ..m.rates[0].clone() });
-    let aligned = Problem::new(1, 64, 768, 768);
+    let aligned = Problem::nt(1, 64, 768, 768);
     assert!(m.choices(&aligned).iter().all(|c| m.kernels[c.kernel].arch != Arch::Simt));
-    let odd = Problem::new(1, 64, 768, 100);
+    let odd = Problem::nt(1, 64, 768, 100);
     let choices = m.choices(&odd);
     assert_eq!(choices, vec![Choice { kernel: 2, splits: 1 }]);
     assert_eq!(m.choose(&odd).unwrap().0.kernel, 2);
@@ -646,13 +654,13 @@ fn simt_kernels_take_any_k_and_are_offered_only_where_no_tensor_core_kernel_is()
 /// kernels refuse the product.
 #[test]
 fn unaligned_mma_kernels_take_any_operand_and_are_offered_only_as_a_cover() {
-    let ua = candidates::unaligned_family(Elem::Bf16, Epilogue::NONE);
+    let ua = candidates::unaligned_family(ElemType::Bf16, Epilogue::NONE);
     assert_eq!(ua.len(), 4, "two tiles, two layouts");
     for k in &ua {
         assert!(k.check().is_ok() && k.is_cover() && k.unaligned, "{k}");
         assert!(k.name().starts_with("gemm_ua_bf16_"), "{k}");
-        assert!(k.accepts(&Problem::new(2, 5, 7, 13)).is_ok(), "{k}");
-        assert!(k.accepts(&Problem::new(1, 0, 1, 1)).is_err(), "{k}");
+        assert!(k.accepts(&Problem::nt(2, 5, 7, 13).with_b(k.b)).is_ok(), "{k}");
+        assert!(k.accepts(&Problem::nt(1, 0, 1, 1).with_b(k.b)).is_err(), "{k}");
     }
     let k = ua[0];
     assert!(GemmKernel { split_k: true, ..k }.check().is_err());
@@ -660,10 +668,10 @@ fn unaligned_mma_kernels_take_any_operand_and_are_offered_only_as_a_cover() {
     let mut m = model();
     m.kernels.push(k);
     m.rates.push(KernelRate { name: k.name(), ..m.rates[0].clone() });
-    let simt = candidates::simt_family(Elem::Bf16, Epilogue::NONE)[0];
+    let simt = candidates::simt_family(ElemType::Bf16, Epilogue::NONE)[0];
     m.kernels.push(simt);
     m.rates.push(KernelRate { name: simt.name(), ..m.rates[0].clone() });
-    assert!(m.choices(&Problem::new(1, 64, 768, 768)).iter().all(|c| !m.kernels[c.kernel].is_cover()));
-    let kernels: Vec<usize> = m.choices(&Problem::new(1, 64, 768, 100)).iter().map(|c| c.kernel).collect();
+    assert!(m.choices(&Problem::nt(1, 64, 768, 768)).iter().all(|c| !m.kernels[c.kernel].is_cover()));
+    let kernels: Vec<usize> = m.choices(&Problem::nt(1, 64, 768, 100)).iter().map(|c| c.kernel).collect();
     assert_eq!(kernels, [2, 3]);
 }

@@ -6,10 +6,10 @@
 use gpu::candidates::plain_family;
 use gpu::cover::COVER_MARGIN;
 use gpu::replay::{cover_study, replay, residuals, Record, Regret, ReplayError};
-use gpu::{BLayout, Elem, GemmKernel};
+use gpu::{BLayout, ElemType, GemmKernel};
 
 fn family() -> Vec<GemmKernel> {
-    [Elem::Bf16, Elem::F16].into_iter().flat_map(plain_family).collect()
+    [ElemType::Bf16, ElemType::F16].into_iter().flat_map(plain_family).collect()
 }
 
 fn record(file: &str) -> Record {

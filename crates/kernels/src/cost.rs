@@ -200,8 +200,8 @@ impl MachineModel {
                 let a_src = self.pack_a_bw.min(self.level_bw(a_total, active));
                 let pack_a = (rows.div_ceil(mr) * mr * p.k) as f64 * f / a_src;
                 let pack_b = match p.b {
-                    BLayout::RowMajor => pack_b / self.pack_b_bw,
-                    BLayout::Strided => pack_b / self.pack_bt_bw,
+                    BLayout::NMajor => pack_b / self.pack_b_bw,
+                    BLayout::Strided | BLayout::KMajor => pack_b / self.pack_bt_bw,
                     BLayout::Packed { .. } => 0.0,
                 };
                 let c_bytes = (rows * cols * nr) as f64 * f * (2.0 * kblocks - 1.0);
@@ -291,7 +291,11 @@ impl MachineModel {
                 let a_bytes = (rows * p.k) as f64 * f / reads;
                 let b_bytes = (cols * nr * p.k) as f64 * f;
                 let load = (a_bytes + b_bytes) / src + (cols as f64 - 1.0) * a_bytes / self.l2_bw;
-                let pack_b = if p.b == BLayout::Strided { b_bytes / self.pack_bt_bw } else { 0.0 };
+                let pack_b = if matches!(p.b, BLayout::Strided | BLayout::KMajor) {
+                    b_bytes / self.pack_bt_bw
+                } else {
+                    0.0
+                };
                 let c_bytes = (rows * cols * nr) as f64 * f;
                 let c_time = c_bytes / src + c_bytes * 2.0 * (kblocks - 1.0) / self.l2_bw;
                 let t = compute.max(load) + OVERLAP_LOSS * compute.min(load) + pack_b + c_time;

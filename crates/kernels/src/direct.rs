@@ -294,6 +294,6 @@ pub fn a_in_place(a: &MatRef) -> bool {
 pub fn b_in_place(b: &BOperand) -> bool {
     match b {
         BOperand::Packed(_) => false,
-        BOperand::Plain(m) => !m.is_taps() && crate::BLayout::of(m.cs, m.cols) == crate::BLayout::RowMajor,
+        BOperand::Plain(m) => !m.is_taps() && crate::BLayout::of(m.cs, m.cols) == crate::BLayout::NMajor,
     }
 }

@@ -392,7 +392,7 @@ impl Dispatcher {
         };
         let layout = |b: &BOperand| match b {
             BOperand::Packed(p) => BLayout::Packed { nr: p.nr, kc: p.kc },
-            BOperand::Plain(_) => BLayout::RowMajor,
+            BOperand::Plain(_) => BLayout::NMajor,
         };
         let dims = |b: &BOperand| match b {
             BOperand::Packed(p) => (p.k, p.n),
@@ -413,7 +413,7 @@ impl Dispatcher {
             }
         };
         let b_layout = match layout(b0) {
-            BLayout::RowMajor if !b.iter().all(b_in_place) => BLayout::Strided,
+            BLayout::NMajor if !b.iter().all(b_in_place) => BLayout::Strided,
             l => l,
         };
         Ok(Problem { batch: a.len(), m: a0.rows, n, k, a: a_layout, b: b_layout })

@@ -34,7 +34,7 @@ pub use attention::{
 pub use cost::{CostModel, MachineModel};
 pub use direct::{direct_rows, DirectKernel, DirectKernelFn, DirectPlan};
 pub use dispatch::Dispatcher;
-pub use elem::{bf16_bits, ElemType};
+pub use elem::{bf16_bits, ElemType, CPU_ELEM_TYPES};
 pub use gemm::{
     execute, gemm, gemm_batched, gemm_packed, gemm_parallel, BOperand, Blocking, EpilogueArgs, LoopOrder,
     MatMut, MatRef, MicroKernel, MicroKernelFn, PackedB, PackedPlan, Plan, SharedBytes, ThreadGrid,

@@ -100,7 +100,7 @@ fn interleave(
             for i in 0..rows {
                 let start = first + i * ld;
                 for (w, vals) in data[start..start + kc].chunks(g).enumerate() {
-                    panel[w * width + i] = elem.word(vals);
+                    panel[w * width + i] = crate::elem::word(elem, vals);
                 }
             }
         }
@@ -126,7 +126,7 @@ fn gather(
             for (r, v) in vals[..depth].iter_mut().enumerate() {
                 *v = at(i, w * g + r);
             }
-            panel[w * width + i] = elem.word(&vals[..depth]);
+            panel[w * width + i] = crate::elem::word(elem, &vals[..depth]);
         }
     }
 }
@@ -225,7 +225,7 @@ pub fn pack_b(
                     for (r, v) in vals[..depth].iter_mut().enumerate() {
                         *v = b.data[rows[r] + j];
                     }
-                    panel[w * nr + j] = elem.word(&vals[..depth]);
+                    panel[w * nr + j] = crate::elem::word(elem, &vals[..depth]);
                 }
             }
         } else if b.rs == 1 {

@@ -213,7 +213,7 @@ pub(crate) fn pack_taps(
                         for (d, v) in vals[..depth].iter_mut().enumerate() {
                             *v = px.map_or(0.0, |px| tap_value(data, t, px, p0 + w * g + d));
                         }
-                        panel[w * mr + i] = elem.word(&vals[..depth]);
+                        panel[w * mr + i] = crate::elem::word(elem, &vals[..depth]);
                     }
                 }
             }

@@ -27,7 +27,7 @@ pub fn avx2() -> bool {
 pub fn bf16() -> bool {
     require(
         "ANYSHAPE_REQUIRE_BF16",
-        crate::ElemType::Bf16.check(&crate::Target::detect()).is_ok(),
+        crate::Target::detect().check_elem(crate::ElemType::Bf16).is_ok(),
         "AVX-512 BF16",
     )
 }

@@ -66,7 +66,7 @@ fn check(
         ALayout::Taps { .. } => unreachable!("taps are tested in codegen's implicit_gemm"),
     };
     let b_at = |e: usize, q: usize, j: usize| match p.b {
-        BLayout::Strided => b[e * k * n + j * k + q],
+        BLayout::Strided | BLayout::KMajor => b[e * k * n + j * k + q],
         _ => b[e * k * n + q * n + j],
     };
     let packed: Vec<PackedB> = match p.b {
@@ -90,8 +90,10 @@ fn check(
             let s = &b[e * k * n..(e + 1) * k * n];
             match p.b {
                 BLayout::Packed { .. } => BOperand::Packed(&packed[e]),
-                BLayout::RowMajor => BOperand::Plain(MatRef::row_major(s, k, n).unwrap()),
-                BLayout::Strided => BOperand::Plain(MatRef::row_major(s, n, k).unwrap().t()),
+                BLayout::NMajor => BOperand::Plain(MatRef::row_major(s, k, n).unwrap()),
+                BLayout::Strided | BLayout::KMajor => {
+                    BOperand::Plain(MatRef::row_major(s, n, k).unwrap().t())
+                }
             }
         })
         .collect();
@@ -134,7 +136,7 @@ proptest! {
         let pool = ThreadPool::new(threads);
         let layout = match b_form {
             0 => BLayout::Packed { nr: width, kc },
-            1 => BLayout::RowMajor,
+            1 => BLayout::NMajor,
             _ => BLayout::Strided,
         };
         let a = if a_strided { ALayout::Strided } else { ALayout::RowMajor };
@@ -185,7 +187,7 @@ fn deep_k_yields_row_block_outer_candidates() {
 #[test]
 fn dispatch_is_memoized_per_shape() {
     let d = dispatcher(2);
-    let p = Problem { batch: 1, m: 37, n: 20, k: 9, a: ALayout::RowMajor, b: BLayout::RowMajor };
+    let p = Problem { batch: 1, m: 37, n: 20, k: 9, a: ALayout::RowMajor, b: BLayout::NMajor };
     assert_eq!(d.memoized(), 0);
     let s = d.schedule(&p).unwrap();
     assert_eq!(d.schedule(&p).unwrap(), s);
@@ -286,7 +288,7 @@ fn row_blocks_are_balanced() {
 fn taps_read_once_are_charged_their_whole_fetch() {
     let d = dispatcher(2);
     let taps = |reads| ALayout::Taps { width: 56, interior: 56, reads };
-    let problem = |m, reads| Problem { batch: 1, m, n: 64, k: 256, a: taps(reads), b: BLayout::RowMajor };
+    let problem = |m, reads| Problem { batch: 1, m, n: 64, k: 256, a: taps(reads), b: BLayout::NMajor };
     for m in [56 * 8, 56 * 56, 8 * 56 * 56] {
         let (once, nine) = (problem(m, 1), problem(m, 9));
         let mut direct = 0;

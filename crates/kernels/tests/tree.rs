@@ -25,10 +25,10 @@ fn dispatcher(threads: usize) -> Dispatcher {
 
 const PACKED: BLayout = BLayout::Packed { nr: 8, kc: 16 };
 const LAYOUTS: [(ALayout, BLayout); 4] = [
-    (ALayout::RowMajor, BLayout::RowMajor),
+    (ALayout::RowMajor, BLayout::NMajor),
     (ALayout::RowMajor, BLayout::Strided),
     (ALayout::RowMajor, PACKED),
-    (ALayout::Strided, BLayout::RowMajor),
+    (ALayout::Strided, BLayout::NMajor),
 ];
 
 /// The training sweep: geometric extents up to 64 (K to 96), batches 1-3.
@@ -86,7 +86,7 @@ fn check(d: &Dispatcher, pool: &ThreadPool, p: &Problem, s: &Schedule) -> Result
         ALayout::Taps { .. } => unreachable!("taps are tested in codegen's implicit_gemm"),
     };
     let b_at = |e: usize, q: usize, j: usize| match p.b {
-        BLayout::Strided => b[e * k * n + j * k + q],
+        BLayout::Strided | BLayout::KMajor => b[e * k * n + j * k + q],
         _ => b[e * k * n + q * n + j],
     };
     let entry = |v: &[f32], e: usize, len: usize| v[e * len..(e + 1) * len].to_vec();
@@ -113,8 +113,10 @@ fn check(d: &Dispatcher, pool: &ThreadPool, p: &Problem, s: &Schedule) -> Result
             let s = &b[e * k * n..(e + 1) * k * n];
             match p.b {
                 BLayout::Packed { .. } => Ok(BOperand::Packed(&packed[e])),
-                BLayout::RowMajor => MatRef::row_major(s, k, n).map(BOperand::Plain),
-                BLayout::Strided => MatRef::row_major(s, n, k).map(|v| BOperand::Plain(v.t())),
+                BLayout::NMajor => MatRef::row_major(s, k, n).map(BOperand::Plain),
+                BLayout::Strided | BLayout::KMajor => {
+                    MatRef::row_major(s, n, k).map(|v| BOperand::Plain(v.t()))
+                }
             }
         })
         .collect::<Result<_, _>>()
@@ -216,7 +218,7 @@ fn tree_is_near_the_model_on_its_samples_and_held_out_shapes() {
 fn a_full_depth_tree_is_the_model_on_its_samples() {
     for threads in [1, 3] {
         let d = dispatcher(threads);
-        let samples = sweep(1..=17, 1..=9, 1..=24, &[1, 2], ALayout::RowMajor, BLayout::RowMajor);
+        let samples = sweep(1..=17, 1..=9, 1..=24, &[1, 2], ALayout::RowMajor, BLayout::NMajor);
         let options = TreeOptions { max_depth: 64, min_samples: 1, min_gain: 0.0 };
         let tree = d.distill(&samples, options).unwrap();
         // The model's pick, or one it prices no higher: a leaf's schedule keeps its
@@ -241,7 +243,7 @@ fn a_full_depth_tree_is_the_model_on_its_samples() {
 #[test]
 fn a_tree_of_one_leaf_still_chooses() {
     let d = dispatcher(2);
-    let p = Problem { batch: 1, m: 20, n: 30, k: 40, a: ALayout::RowMajor, b: BLayout::RowMajor };
+    let p = Problem { batch: 1, m: 20, n: 30, k: 40, a: ALayout::RowMajor, b: BLayout::NMajor };
     let tree = d.distill(&[p], TreeOptions::default()).unwrap();
     assert_eq!((tree.leaves(), tree.depth()), (1, 0));
     assert_eq!(tree.choose(&p), d.choose(&p).unwrap());
@@ -251,7 +253,7 @@ fn a_tree_of_one_leaf_still_chooses() {
 #[test]
 fn mixed_layouts_and_empty_samples_are_errors() {
     let d = dispatcher(2);
-    let p = Problem { batch: 1, m: 20, n: 30, k: 40, a: ALayout::RowMajor, b: BLayout::RowMajor };
+    let p = Problem { batch: 1, m: 20, n: 30, k: 40, a: ALayout::RowMajor, b: BLayout::NMajor };
     let err = d.distill(&[], TreeOptions::default()).unwrap_err();
     assert!(err.to_string().contains("samples"), "{err}");
     for q in [

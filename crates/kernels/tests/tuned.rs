@@ -59,7 +59,7 @@ fn run(d: &Dispatcher, pool: &ThreadPool, m: usize, b: &BOperand, a: &[f32], n: 
 #[test]
 fn the_nearest_sample_in_log_m_picks() {
     let c = class(
-        BLayout::RowMajor,
+        BLayout::NMajor,
         vec![PACKED, DIRECT],
         vec![
             TunedRow { m: 4, pick: Some(1) },
@@ -95,7 +95,7 @@ fn tuned_macro_kernels_choose_and_compute_correctly() {
         let pool = ThreadPool::new(threads);
         // An activation B, and a weight packed in the tuned layout (8 wide, 24 deep).
         for weight in [false, true] {
-            let layout = if weight { BLayout::Packed { nr: 8, kc: 24 } } else { BLayout::RowMajor };
+            let layout = if weight { BLayout::Packed { nr: 8, kc: 24 } } else { BLayout::NMajor };
             let kernels =
                 if weight { vec![PACKED, MacroKernel { kc: 24, ..DIRECT }] } else { vec![PACKED, DIRECT] };
             let tuned = TunedSchedules {
@@ -128,7 +128,7 @@ fn tuned_macro_kernels_choose_and_compute_correctly() {
                 }
             }
             // Another shape class is not affected.
-            let other = Problem { batch: 1, m: 40, n: 20, k, a: ALayout::RowMajor, b: BLayout::RowMajor };
+            let other = Problem { batch: 1, m: 40, n: 20, k, a: ALayout::RowMajor, b: BLayout::NMajor };
             assert_eq!(d.schedule(&other).unwrap(), d.choose(&other).unwrap());
         }
     }
@@ -138,14 +138,14 @@ fn tuned_macro_kernels_choose_and_compute_correctly() {
 fn tables_that_do_not_fit_are_errors() {
     let ok = vec![TunedRow { m: 4, pick: Some(0) }];
     let cases = [
-        (2, ElemType::F32, class(BLayout::RowMajor, vec![PACKED], ok.clone()), "threads"),
-        (1, ElemType::Bf16, class(BLayout::RowMajor, vec![PACKED], ok.clone()), "tuned for bf16"),
-        (1, ElemType::F32, class(BLayout::RowMajor, vec![PACKED], vec![]), "empty"),
+        (2, ElemType::F32, class(BLayout::NMajor, vec![PACKED], ok.clone()), "threads"),
+        (1, ElemType::Bf16, class(BLayout::NMajor, vec![PACKED], ok.clone()), "tuned for bf16"),
+        (1, ElemType::F32, class(BLayout::NMajor, vec![PACKED], vec![]), "empty"),
         (
             1,
             ElemType::F32,
             class(
-                BLayout::RowMajor,
+                BLayout::NMajor,
                 vec![PACKED],
                 vec![TunedRow { m: 8, pick: None }, TunedRow { m: 4, pick: None }],
             ),
@@ -154,19 +154,19 @@ fn tables_that_do_not_fit_are_errors() {
         (
             1,
             ElemType::F32,
-            class(BLayout::RowMajor, vec![PACKED], vec![TunedRow { m: 4, pick: Some(1) }]),
+            class(BLayout::NMajor, vec![PACKED], vec![TunedRow { m: 4, pick: Some(1) }]),
             "past its kernels",
         ),
         (
             1,
             ElemType::F32,
-            class(BLayout::RowMajor, vec![MacroKernel { mr: 4, ..PACKED }], ok.clone()),
+            class(BLayout::NMajor, vec![MacroKernel { mr: 4, ..PACKED }], ok.clone()),
             "not a kernel",
         ),
         (
             1,
             ElemType::F32,
-            class(BLayout::RowMajor, vec![MacroKernel { mr: 3, ..DIRECT }], ok.clone()),
+            class(BLayout::NMajor, vec![MacroKernel { mr: 3, ..DIRECT }], ok.clone()),
             "not a kernel",
         ),
         (1, ElemType::F32, class(BLayout::Packed { nr: 8, kc: 32 }, vec![PACKED], ok.clone()), "layout"),
@@ -184,7 +184,7 @@ fn tables_that_do_not_fit_are_errors() {
     let p =
         Problem { batch: 1, m: 10, n: 19, k: 37, a: ALayout::RowMajor, b: BLayout::Packed { nr: 8, kc: 16 } };
     assert!(PACKED.instantiate(&d, &p).is_none());
-    let p = Problem { b: BLayout::RowMajor, ..p };
+    let p = Problem { b: BLayout::NMajor, ..p };
     assert!(MacroKernel { mc: 10, ..PACKED }.instantiate(&d, &p).is_none());
     assert!(PACKED.instantiate(&d, &p).is_some());
 }
@@ -195,7 +195,7 @@ fn tables_that_do_not_fit_are_errors() {
 #[test]
 fn pinned_thread_counts_are_kept() {
     let d = dispatcher(2);
-    let p = Problem { batch: 1, m: 4, n: 64, k: 37, a: ALayout::RowMajor, b: BLayout::RowMajor };
+    let p = Problem { batch: 1, m: 4, n: 64, k: 37, a: ALayout::RowMajor, b: BLayout::NMajor };
     for t in [1, 2] {
         let s = MacroKernel { threads: Some(t), ..PACKED }.instantiate(&d, &p).expect("a schedule");
         assert_eq!(s.grid.threads(), t);

@@ -11,6 +11,8 @@
 //!   into one launch, on strided views of buffers, with their epilogues.
 //! - One vocabulary of epilogues for every backend: [`Epilogue`] (what a
 //!   kernel is built for), its [`Activation`] and [`Pointwise`] programs.
+//! - One vocabulary of contractions for every backend: the [`Problem`], its
+//!   operands' [`ALayout`] and [`BLayout`], the [`ElemType`] of its products.
 //! - [`abi`]: the C signatures of the generated functions.
 //! - The readable text form of all of it ([`print_plan`], [`print_program`]).
 //!
@@ -19,6 +21,7 @@
 //! set), so the runtime depends on no compiler crate.
 
 pub mod abi;
+mod contraction;
 mod epilogue;
 pub mod expr;
 mod group;
@@ -28,6 +31,7 @@ pub mod program;
 mod text;
 
 pub use abi::{DirectKernelFn, EntryFn, FinishFn, LoopFn, MicroKernelFn, PackFn, PartFn, RowsPackFn};
+pub use contraction::{bf16_bits, ALayout, BLayout, ElemType, Problem};
 pub use epilogue::{erf, tanh, Activation, Epilogue, MatEpilogue, ERF_A, ERF_P, GELU_C};
 pub use expr::{Combine, Exprs, Node, E};
 pub use group::GroupKind;

@@ -27,7 +27,7 @@ fn samples() -> Vec<Sample> {
     vec![
         Sample { problem: p(1, 37, 24, 50, BLayout::Packed { nr: 8, kc: 16 }), weight: 3.0 },
         Sample { problem: p(1, 5, 24, 50, BLayout::Packed { nr: 8, kc: 16 }), weight: 1.0 },
-        Sample { problem: p(3, 7, 9, 13, BLayout::RowMajor), weight: 2.0 },
+        Sample { problem: p(3, 7, 9, 13, BLayout::NMajor), weight: 2.0 },
         Sample { problem: p(2, 16, 16, 8, BLayout::Strided), weight: 1.0 },
     ]
 }
@@ -83,8 +83,10 @@ fn the_curve_runs_from_the_whole_family_down_and_serves_every_sample() {
         let bv: Vec<BOperand> = (0..batch)
             .map(|e| match b {
                 BLayout::Packed { .. } => BOperand::Packed(&packed[e]),
-                BLayout::RowMajor => BOperand::Plain(MatRef::row_major(&bd[e * k * n..], k, n).unwrap()),
-                BLayout::Strided => BOperand::Plain(MatRef::row_major(&bd[e * k * n..], n, k).unwrap().t()),
+                BLayout::NMajor => BOperand::Plain(MatRef::row_major(&bd[e * k * n..], k, n).unwrap()),
+                BLayout::Strided | BLayout::KMajor => {
+                    BOperand::Plain(MatRef::row_major(&bd[e * k * n..], n, k).unwrap().t())
+                }
             })
             .collect();
         let av: Vec<MatRef> = (0..batch).map(|e| MatRef::row_major(&a[e * m * k..], m, k).unwrap()).collect();
@@ -94,7 +96,7 @@ fn the_curve_runs_from_the_whole_family_down_and_serves_every_sample() {
             for i in 0..m {
                 for j in 0..n {
                     let bat = |q: usize| match b {
-                        BLayout::Strided => bd[e * k * n + j * k + q],
+                        BLayout::Strided | BLayout::KMajor => bd[e * k * n + j * k + q],
                         _ => bd[e * k * n + q * n + j],
                     };
                     let want: f32 = (0..k).map(|q| a[e * m * k + i * k + q] * bat(q)).sum();

@@ -16,7 +16,7 @@
 //! feature), where x86 would otherwise call a library the JIT cannot resolve.
 
 use gpu::reference;
-use gpu::Elem;
+use gpu::ElemType;
 use inkwell::context::Context;
 use inkwell::execution_engine::ExecutionEngine;
 use inkwell::memory_buffer::MemoryBuffer;
@@ -597,7 +597,7 @@ extern "C" fn host_mma(
         mine[i] = u64::from(x as u32);
     }
     let (all, l) = exchange(mine);
-    let elem = if kind == 0 { Elem::Bf16 } else { Elem::F16 };
+    let elem = if kind == 0 { ElemType::Bf16 } else { ElemType::F16 };
     let half = |reg: u64, h: usize| reference::from_bits(elem, (reg >> (16 * h)) as u16);
     let a = |r: usize, c: usize| {
         let lane = (r % 8) * 4 + (c % 8) / 2;
@@ -739,7 +739,7 @@ extern "C" fn host_wgmma(scratch: *mut u8, kind: i32, bn: i32, steps: i32, scale
     let (block, w, l) = with_lane(|l| (l.block.clone(), l.warp, l.lane));
     block.warpgroups[w / 4].wait();
     let (smem, w) = (block.smem, w % 4);
-    let elem = if kind == 0 { Elem::Bf16 } else { Elem::F16 };
+    let elem = if kind == 0 { ElemType::Bf16 } else { ElemType::F16 };
     let (bn, steps) = (bn as usize, steps as usize);
     // SAFETY: the rewritten statement stored 2·steps descriptors and bn/2 floats there.
     let descs = unsafe { std::slice::from_raw_parts(scratch as *const u64, 2 * steps) };

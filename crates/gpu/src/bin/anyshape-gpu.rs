@@ -15,7 +15,7 @@ use gpu::reference::{self, Operands};
 use gpu::replay::{self, Record, Regret};
 use gpu::runner::{DeviceOperands, Gpu, GpuError, Loaded, LoadedReducer, Workspace};
 use gpu::wave::{calibration_grids, occupancy, KernelRate, ReduceRate, WaveModel, FEW_BLOCKS, REDUCE_CHUNK};
-use gpu::{BLayout, Choice, Cover, Elem, Epilogue, GemmKernel, MTree, Manifest, Problem, Split};
+use gpu::{BLayout, Choice, Cover, ElemType, Epilogue, GemmKernel, MTree, Manifest, Problem, Split};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::json;
@@ -236,7 +236,7 @@ struct Case {
     ldc: usize,
 }
 
-fn random_bits(rng: &mut StdRng, elem: Elem, n: usize) -> Vec<u16> {
+fn random_bits(rng: &mut StdRng, elem: ElemType, n: usize) -> Vec<u16> {
     (0..n).map(|_| reference::to_bits(elem, rng.random_range(-1.0f32..1.0))).collect()
 }
 
@@ -281,14 +281,7 @@ impl Case {
         let residual: Vec<u16> = (0..p.batch * p.m)
             .flat_map(|r| self.residual[r * self.ldc..r * self.ldc + p.n].iter().copied())
             .collect();
-        let o = Operands {
-            elem: k.elem,
-            b_layout: k.b,
-            a: &a,
-            b: &self.b,
-            bias: &self.bias,
-            residual: &residual,
-        };
+        let o = Operands { elem: k.elem, a: &a, b: &self.b, bias: &self.bias, residual: &residual };
         // Rows in parallel: the oracle is the slow part of a check.
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(p.m.max(1));
         if threads <= 1 || p.m * p.n * p.k < 1 << 20 {
@@ -308,11 +301,10 @@ impl Case {
                             if lo == hi {
                                 return Vec::new();
                             }
-                            let sub = Problem::new(1, hi - lo, p.n, p.k);
+                            let sub = Problem { batch: 1, m: hi - lo, ..*p };
                             let base = z * p.m + lo;
                             let oz = Operands {
                                 elem: o.elem,
-                                b_layout: o.b_layout,
                                 a: &a[base * p.k..(base + hi - lo) * p.k],
                                 b: &o.b[z * p.n * p.k..(z + 1) * p.n * p.k],
                                 bias: o.bias,
@@ -381,15 +373,16 @@ fn shapes(k: &GemmKernel, rng: &mut StdRng, random: usize) -> Vec<(Problem, usiz
     let k8 = |kk: usize| if any { kk + 3 } else { kk };
     let pad = |p: usize| if any { p + 1 } else { p };
     let batch = |b: usize| if k.split_k { 1 } else { b };
+    let product = |b: usize, m: usize, n: usize, kk: usize| Problem::nt(b, m, n, kk).with_b(k.b);
     let mut out = vec![
-        (Problem::new(1, 1, n8(1), k8(8)), 0, 0),
-        (Problem::new(1, k.bm + 1, n8(k.bn + 1), k8(40)), pad(0), 1),
-        (Problem::new(batch(3), 97, n8(67), k8(264)), pad(8), 0),
-        (Problem::new(1, 2 * k.bm - 1, n8(2 * k.bn + 3), k8(32)), 0, 3),
-        (Problem::new(batch(2), 13, n8(131), k8(768)), pad(0), 0),
+        (product(1, 1, n8(1), k8(8)), 0, 0),
+        (product(1, k.bm + 1, n8(k.bn + 1), k8(40)), pad(0), 1),
+        (product(batch(3), 97, n8(67), k8(264)), pad(8), 0),
+        (product(1, 2 * k.bm - 1, n8(2 * k.bn + 3), k8(32)), 0, 3),
+        (product(batch(2), 13, n8(131), k8(768)), pad(0), 0),
         // More tiles than an H100 has SMs (216 in 2 batch entries; 108 split), so
         // that a persistent block walks several, its steps' phases running on.
-        (Problem::new(batch(2), 17 * k.bm + 5, n8(5 * k.bn + 3), k8(200)), 0, 0),
+        (product(batch(2), 17 * k.bm + 5, n8(5 * k.bn + 3), k8(200)), 0, 0),
     ];
     let primes = [1, 2, 3, 5, 7, 13, 31, 61, 127, 251];
     for _ in 0..random {
@@ -403,7 +396,7 @@ fn shapes(k: &GemmKernel, rng: &mut StdRng, random: usize) -> Vec<(Problem, usiz
         let b = batch(rng.random_range(1..4));
         let lda_pad = if any { rng.random_range(0..3) } else { 8 * rng.random_range(0..2) };
         let ldc_pad = rng.random_range(0..3);
-        out.push((Problem::new(b, m, n, kk), lda_pad, ldc_pad));
+        out.push((product(b, m, n, kk), lda_pad, ldc_pad));
     }
     out
 }
@@ -440,7 +433,7 @@ fn cover_cases(main: usize, kernels: &[GemmKernel], reducers: &[LoadedReducer]) 
             .collect()
     };
     let mut out = Vec::new();
-    let one = Problem::new(1, 2 * k.bm + 5, n, kk);
+    let one = Problem::nt(1, 2 * k.bm + 5, n, kk).with_b(k.b);
     let split = partners(&one, true);
     let plain = partners(&one, false);
     let rest = match (split.first(), plain.get(main % plain.len().max(1))) {
@@ -457,7 +450,7 @@ fn cover_cases(main: usize, kernels: &[GemmKernel], reducers: &[LoadedReducer]) 
             one,
         ));
     }
-    let batch = Problem::new(2, 3 * k.bm + 7, n, kk);
+    let batch = Problem::nt(2, 3 * k.bm + 7, n, kk).with_b(k.b);
     let plain = partners(&batch, false);
     if let Some(&j) = plain.get((main + 1) % plain.len().max(1)) {
         let rest = Choice { kernel: j, splits: 1 };
@@ -569,7 +562,7 @@ fn check(
 /// (B K-major: pre-packed weights; one ragged M past a wave, for two-size covers),
 /// 8192³, the attention batch-matmuls of 12 heads at T from 16 to 512 (Q·Kᵀ K-major,
 /// P·V N-major), and three products with K = 100, which only the SIMT kernels take.
-fn sweep() -> Vec<(BLayout, Problem)> {
+fn sweep() -> Vec<Problem> {
     let mut out = Vec::new();
     let nk = [
         (768, 768),
@@ -585,17 +578,17 @@ fn sweep() -> Vec<(BLayout, Problem)> {
     // model covers M with two kernel sizes (FTuner).
     for m in [1, 7, 64, 127, 383, 1000, 2048, 2821, 4096, 8192] {
         for &(n, k) in &nk {
-            out.push((BLayout::KMajor, Problem::new(1, m, n, k)));
+            out.push(Problem::nt(1, m, n, k));
         }
     }
-    out.push((BLayout::KMajor, Problem::new(1, 8192, 8192, 8192)));
+    out.push(Problem::nt(1, 8192, 8192, 8192));
     for t in [16, 64, 128, 384, 512] {
-        out.push((BLayout::KMajor, Problem::new(12, t, t, 64)));
-        out.push((BLayout::NMajor, Problem::new(12, t, 64, t)));
+        out.push(Problem::nt(12, t, t, 64));
+        out.push(Problem::nn(12, t, 64, t));
     }
     // K not a multiple of 8: only the SIMT kernels take it.
     for m in [1, 383, 2048] {
-        out.push((BLayout::KMajor, Problem::new(1, m, 768, 100)));
+        out.push(Problem::nt(1, m, 768, 100));
     }
     out
 }
@@ -617,11 +610,11 @@ fn measured_covers(model: &WaveModel, p: &Problem) -> Vec<Cover> {
 
 /// Device operands for a timed product: random values (never zeros: tensor cores
 /// run faster on them), contiguous.
-fn timed_operands(gpu: &Gpu, rng: &mut StdRng, b: BLayout, p: &Problem) -> Result<DeviceOperands, GpuError> {
-    let a = random_bits(rng, Elem::Bf16, p.batch * p.m * p.k);
-    let bb = random_bits(rng, Elem::Bf16, p.batch * p.n * p.k);
+fn timed_operands(gpu: &Gpu, rng: &mut StdRng, p: &Problem) -> Result<DeviceOperands, GpuError> {
+    let a = random_bits(rng, ElemType::Bf16, p.batch * p.m * p.k);
+    let bb = random_bits(rng, ElemType::Bf16, p.batch * p.n * p.k);
     let c = vec![0u16; p.batch * p.m * p.n];
-    let bias = random_bits(rng, Elem::Bf16, p.n);
+    let bias = random_bits(rng, ElemType::Bf16, p.n);
     Ok(DeviceOperands {
         a: gpu.upload(&a)?,
         b: gpu.upload(&bb)?,
@@ -630,7 +623,7 @@ fn timed_operands(gpu: &Gpu, rng: &mut StdRng, b: BLayout, p: &Problem) -> Resul
         residual: gpu.upload(&c)?,
         c_off: 0,
         lda: p.k,
-        ldb: b.extent(p).1,
+        ldb: p.b.extent(p).1,
         ldc: p.n,
         sa: p.m * p.k,
         sb: p.n * p.k,
@@ -660,8 +653,8 @@ fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<Ker
         let waves = grid.waves(occ, sms);
         let mut t = [0.0; 4];
         for (x, &kk) in [k0, k1, k2, k3].iter().enumerate() {
-            let p = Problem::new(1, mt * k.bm, nt * k.bn, kk);
-            let mut ops = timed_operands(gpu, rng, k.b, &p)?;
+            let p = Problem::nt(1, mt * k.bm, nt * k.bn, kk).with_b(k.b);
+            let mut ops = timed_operands(gpu, rng, &p)?;
             let mut w = gpu.alloc_f32(if k.split_k { p.m * p.n } else { 1 })?;
             t[x] = gpu.time(reps, 10, || run_choice(gpu, l, None, (&p, 0), 1, &mut ops, &mut w))?.0;
         }
@@ -701,8 +694,8 @@ fn calibrate_reduce(
     rng: &mut StdRng,
     reps: usize,
 ) -> Result<ReduceRate, GpuError> {
-    let p = Problem::new(1, 1, 8192, 64);
-    let mut ops = timed_operands(gpu, rng, BLayout::KMajor, &p)?;
+    let p = Problem::nt(1, 1, 8192, 64);
+    let mut ops = timed_operands(gpu, rng, &p)?;
     let mut t = [0.0; 2];
     for (x, splits) in [REDUCE_CHUNK, 2 * REDUCE_CHUNK].into_iter().enumerate() {
         let w = gpu.alloc_f32(splits * p.m * p.n)?;
@@ -750,7 +743,7 @@ fn bench(
     let Opened { gpu, kernels: mut loaded, reducers } = open(Some(dir), bandwidth)?;
     // The sweep's reduction: bf16 without an epilogue.
     let reducer =
-        reducers.iter().find(|r| r.kernel.elem == Elem::Bf16 && r.kernel.epilogue == Epilogue::NONE);
+        reducers.iter().find(|r| r.kernel.elem == ElemType::Bf16 && r.kernel.epilogue == Epilogue::NONE);
     let failed = failed_kernels(&skip.reports)?;
     if !failed.is_empty() {
         say!("left out (wrong in check): {}", failed.join(", "));
@@ -788,7 +781,7 @@ fn bench(
             .iter()
             .filter(|l| {
                 // Split-K kernels only with their reduction at hand.
-                l.kernel.elem == Elem::Bf16
+                l.kernel.elem == ElemType::Bf16
                     && l.kernel.b == layout
                     && l.kernel.epilogue == Epilogue::NONE
                     && (!l.kernel.split_k || reducer.is_some())
@@ -824,12 +817,13 @@ fn bench(
     }
     let mut regrets_model = Vec::new();
     let mut regrets_tree = Vec::new();
-    let mut trees: Vec<(BLayout, MTree)> = Vec::new();
+    let mut trees: Vec<MTree> = Vec::new();
     let problems: Vec<_> = sweep().into_iter().take(limit.unwrap_or(usize::MAX)).collect();
     let mut used_graph = true;
-    for (layout, p) in problems {
+    for p in problems {
+        let layout = p.b;
         let Some((_, fam, model)) = models.iter().find(|(l, _, _)| *l == layout) else { continue };
-        let mut ops = timed_operands(&gpu, &mut rng, layout, &p)?;
+        let mut ops = timed_operands(&gpu, &mut rng, &p)?;
         let covers = measured_covers(model, &p);
         let most = covers.iter().map(|c| workspace_len(&model.kernels, c, &p)).max().unwrap_or(1);
         let mut w = gpu.alloc_f32(most)?;
@@ -846,16 +840,13 @@ fn bench(
         let Some(&(best, best_t)) = times.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else { continue };
         let time_of = |c: Cover| times.iter().find(|x| x.0 == c).map(|x| x.1).unwrap_or(f64::INFINITY);
         let (pick, predicted) = model.choose_cover(&p).unwrap_or((best, f64::NAN));
-        let tree = match trees
-            .iter()
-            .find(|(l, t)| *l == layout && t.batch == p.batch && t.n == p.n && t.k == p.k)
-        {
-            Some((_, t)) => t.clone(),
+        let tree = match trees.iter().find(|t| t.signature == Problem { m: 0, ..p }) {
+            Some(t) => t.clone(),
             None => {
-                let t = MTree::distill(model, p.batch, p.n, p.k, 8192)
+                let t = MTree::distill(model, p, 8192)
                     .ok_or_else(|| GpuError::Plan(format!("no kernel for {p}")))?;
                 say!("{}", t.text(model));
-                trees.push((layout, t.clone()));
+                trees.push(t.clone());
                 t
             }
         };
@@ -974,7 +965,7 @@ fn replay_record(
         std::fs::read_to_string(path).map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
     let record = Record::parse(&text).map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
     let family: Vec<GemmKernel> =
-        [Elem::Bf16, Elem::F16].into_iter().flat_map(gpu::candidates::plain_family).collect();
+        [ElemType::Bf16, ElemType::F16].into_iter().flat_map(gpu::candidates::plain_family).collect();
     let rows =
         replay::replay(&record, &family).map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
     let mut regrets = Vec::new();

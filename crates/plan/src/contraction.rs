@@ -1,0 +1,304 @@
+//! One vocabulary for contractions, shared by the CPU and GPU kernel families:
+//! the [`Problem`] (`batch` products `C[m×n] = A[m×k] · B[k×n]`), how its
+//! operands lie ([`ALayout`], [`BLayout`]) and the [`ElemType`] the products are
+//! taken in. Each backend says which of these it takes (`kernels::Target`'s
+//! element check, `gpu::GemmKernel::accepts`); the words are the same.
+
+use std::fmt;
+
+/// The element type a contraction multiplies in; accumulation is always f32.
+///
+/// Packed operands are sequences of 32-bit words, and a word holds
+/// [`ElemType::k_group`] consecutive depths of one row of A (or one column of
+/// B): one f32, or a pair of 16-bit values (what AVX-512 BF16's `vdpbf16ps` and
+/// the tensor cores' `mma` take in one register).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+pub enum ElemType {
+    /// IEEE single precision: one depth per word.
+    #[default]
+    F32,
+    /// bfloat16 (rounded to nearest even), two depths per word.
+    Bf16,
+    /// IEEE half precision (rounded to nearest even), two depths per word.
+    F16,
+}
+
+impl ElemType {
+    pub const ALL: [ElemType; 3] = [ElemType::F32, ElemType::Bf16, ElemType::F16];
+
+    /// Consecutive depths in one 32-bit panel word.
+    pub fn k_group(self) -> usize {
+        match self {
+            ElemType::F32 => 1,
+            ElemType::Bf16 | ElemType::F16 => 2,
+        }
+    }
+
+    /// Bytes of one element.
+    pub fn bytes(self) -> usize {
+        4 / self.k_group()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ElemType::F32 => "f32",
+            ElemType::Bf16 => "bf16",
+            ElemType::F16 => "f16",
+        }
+    }
+
+    /// Words in a panel row `kc` deep.
+    pub fn words(self, kc: usize) -> usize {
+        kc.div_ceil(self.k_group())
+    }
+
+    /// `x` as this type represents it (what packing keeps of an operand).
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            ElemType::F32 => x,
+            ElemType::Bf16 => f32::from_bits(u32::from(bf16_bits(x)) << 16),
+            ElemType::F16 => half::f16::from_f32(x).to_f32(),
+        }
+    }
+
+    /// The 16-bit pattern of `x` in this type (the low half of the f32 bits for
+    /// f32, which no caller packs as a half word).
+    pub fn half_bits(self, x: f32) -> u16 {
+        match self {
+            ElemType::F32 => x.to_bits() as u16,
+            ElemType::Bf16 => bf16_bits(x),
+            ElemType::F16 => half::f16::from_f32(x).to_bits(),
+        }
+    }
+}
+
+impl fmt::Display for ElemType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ElemType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" | "fp32" | "float" => Ok(ElemType::F32),
+            "bf16" | "bfloat16" => Ok(ElemType::Bf16),
+            "f16" | "fp16" | "half" => Ok(ElemType::F16),
+            _ => Err(format!("unknown element type `{s}` (f32, bf16, f16)")),
+        }
+    }
+}
+
+/// The bfloat16 bits of `x`, rounded to nearest even as `vcvtneps2bf16` rounds
+/// (NaN stays a quiet NaN of the same sign; the instruction treats denormal
+/// inputs as zero, and so does this).
+pub fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    // Denormals in, signed zero out (DAZ).
+    let b = if b & 0x7f80_0000 == 0 { b & 0x8000_0000 } else { b };
+    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1));
+    (rounded >> 16) as u16
+}
+
+/// One contraction instance: `batch` independent `C[m×n] = A[m×k] · B[k×n]`,
+/// and what is fixed about its operands' layouts (a CPU weight is packed once,
+/// for one `NR` and `KC`; direct kernels read A in place only when its rows are
+/// contiguous; a GPU kernel is built for one B layout).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Problem {
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: ALayout,
+    pub b: BLayout,
+}
+
+/// A's layout as a kernel must take it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum ALayout {
+    /// Rows contiguous along K (`[M, K]`): packed, or read in place.
+    RowMajor,
+    /// Any other strides (a transposed A): packed.
+    Strided,
+    /// A convolution's taps over a channels-last image whose taps along a kernel
+    /// row are adjacent pixels: packed, or read in place by direct kernels, one
+    /// output row and one kernel row at a time. Direct kernels cover the
+    /// `interior` pixels of each output row of `width` (all taps inside the
+    /// image's width) in runs along the row and the others in columns across
+    /// output rows, which is what a cost model needs to know of the geometry;
+    /// and how often its taps read each image value they touch
+    /// (`kh·kw / (sh·sw)`, at least 1: 9 for a 3×3, 1 for a strided 1×1), which
+    /// decides whether A's first fetch is the image's size or all of A's.
+    Taps { width: usize, interior: usize, reads: usize },
+}
+
+/// B's layout as a kernel must take it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum BLayout {
+    /// Stored `[K, N]`, rows contiguous along N: an ONNX MatMul weight as
+    /// exported, V in P·V (BLAS `nn`). (Tuned tables written before the
+    /// vocabulary was shared call it `RowMajor`.)
+    #[serde(alias = "RowMajor")]
+    NMajor,
+    /// Stored `[N, K]`, contiguous along K: a GPU's pre-packed weight, Kᵀ in
+    /// Q·Kᵀ (BLAS `nt`). CPU kernels take it as [`BLayout::Strided`].
+    KMajor,
+    /// Any other strides: packed by the threads that read it.
+    Strided,
+    /// Pre-packed into CPU panels for this `NR` and `KC`.
+    Packed { nr: usize, kc: usize },
+}
+
+impl ALayout {
+    /// The layout of an A whose elements along K are `cs` apart, `k` of them.
+    pub fn of(cs: usize, k: usize) -> ALayout {
+        if cs == 1 || k == 1 {
+            ALayout::RowMajor
+        } else {
+            ALayout::Strided
+        }
+    }
+
+    /// How often A's elements are read per value fetched from where A lies: a
+    /// convolution's taps' `reads`, 1 for a matrix.
+    pub fn reads(&self) -> usize {
+        match self {
+            ALayout::Taps { reads, .. } => (*reads).max(1),
+            _ => 1,
+        }
+    }
+}
+
+impl BLayout {
+    /// The layout of an activation B whose elements along N are `cs` apart, `n`
+    /// of them: N-major when they are adjacent, else strided.
+    pub fn of(cs: usize, n: usize) -> BLayout {
+        if cs == 1 || n == 1 {
+            BLayout::NMajor
+        } else {
+            BLayout::Strided
+        }
+    }
+
+    /// An activation, packed (or read) by the threads of every call.
+    pub fn is_activation(&self) -> bool {
+        !matches!(self, BLayout::Packed { .. })
+    }
+
+    /// The BLAS-style name used in kernel names: `nt` (B K-major), `nn`
+    /// (N-major), `ns` (strided), `np` (packed panels).
+    pub fn tag(self) -> &'static str {
+        match self {
+            BLayout::KMajor => "nt",
+            BLayout::NMajor => "nn",
+            BLayout::Strided => "ns",
+            BLayout::Packed { .. } => "np",
+        }
+    }
+
+    /// B's rows and columns as stored for `p` when it is contiguous: `[N, K]`
+    /// K-major, `[K, N]` otherwise (a contiguous B's row stride is the columns).
+    pub fn extent(self, p: &Problem) -> (usize, usize) {
+        match self {
+            BLayout::KMajor => (p.n, p.k),
+            _ => (p.k, p.n),
+        }
+    }
+}
+
+impl Problem {
+    /// `batch × ([m, k] · [k, n])`, both operands row-major (BLAS `nn`).
+    pub fn nn(batch: usize, m: usize, n: usize, k: usize) -> Problem {
+        Problem { batch, m, n, k, a: ALayout::RowMajor, b: BLayout::NMajor }
+    }
+
+    /// `batch × ([m, k] · [n, k]ᵀ)`: B K-major (BLAS `nt`).
+    pub fn nt(batch: usize, m: usize, n: usize, k: usize) -> Problem {
+        Problem { batch, m, n, k, a: ALayout::RowMajor, b: BLayout::KMajor }
+    }
+
+    /// The same product with B laid out as `b`.
+    pub fn with_b(self, b: BLayout) -> Problem {
+        Problem { b, ..self }
+    }
+
+    pub fn flops(&self) -> f64 {
+        2.0 * self.batch as f64 * self.m as f64 * self.n as f64 * self.k as f64
+    }
+
+    /// Bytes a call must move at least: A, B and C once, in elements of `elem`.
+    pub fn min_bytes(&self, elem: ElemType) -> f64 {
+        let elems = self.batch as f64 * (self.m * self.k + self.k * self.n + self.m * self.n) as f64;
+        elem.bytes() as f64 * elems
+    }
+}
+
+/// `MxNxK`, or `Bx(MxNxK)` when batched; the layouts are the kernel's to say.
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.batch == 1 {
+            write!(f, "{}x{}x{}", self.m, self.n, self.k)
+        } else {
+            write!(f, "{}x({}x{}x{})", self.batch, self.m, self.n, self.k)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_rounds_to_nearest_even() {
+        assert_eq!(bf16_bits(1.0), 0x3f80);
+        // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: even (1) wins.
+        assert_eq!(bf16_bits(1.0 + 1.0 / 256.0), 0x3f80);
+        // 1 + 3·2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: even (1 + 2^-6) wins.
+        assert_eq!(bf16_bits(1.0 + 3.0 / 256.0), 0x3f82);
+        assert_eq!(bf16_bits(-2.5), 0xc020);
+        assert_eq!(bf16_bits(f32::INFINITY), 0x7f80);
+        assert_eq!(bf16_bits(f32::MAX), 0x7f80, "overflows to infinity");
+        assert!(f32::from_bits(u32::from(bf16_bits(f32::NAN)) << 16).is_nan());
+        assert_eq!(bf16_bits(f32::from_bits(1)), 0, "denormals are zero");
+        assert_eq!(ElemType::Bf16.round(3.0), 3.0);
+        assert_eq!(ElemType::Bf16.half_bits(-2.5), 0xc020);
+    }
+
+    #[test]
+    fn f16_rounds_to_nearest_even() {
+        // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: even (1) wins.
+        assert_eq!(ElemType::F16.round(1.0 + 1.0 / 2048.0), 1.0);
+        assert_eq!(ElemType::F16.round(1.0 + 3.0 / 2048.0), 1.0 + 2.0 / 1024.0);
+        assert_eq!(ElemType::F16.half_bits(1.0), 0x3c00);
+        assert_eq!(ElemType::F16.round(70000.0), f32::INFINITY, "past f16's range");
+    }
+
+    #[test]
+    fn words_and_names() {
+        assert_eq!(ElemType::Bf16.words(7), 4);
+        assert_eq!(ElemType::F32.words(7), 7);
+        for e in ElemType::ALL {
+            assert_eq!(e.name().parse::<ElemType>(), Ok(e));
+            assert_eq!(e.bytes() * e.k_group(), 4);
+        }
+        assert!("int4".parse::<ElemType>().is_err());
+    }
+
+    #[test]
+    fn problems_print_and_lay_out_b() {
+        let p = Problem::nt(12, 128, 128, 64);
+        assert_eq!(p.to_string(), "12x(128x128x64)");
+        assert_eq!(p.b.extent(&p), (128, 64));
+        assert_eq!(Problem::nn(1, 7, 768, 3072).b.extent(&Problem::nn(1, 7, 768, 3072)), (3072, 768));
+        assert_eq!(Problem::nn(1, 7, 768, 3072).to_string(), "7x768x3072");
+        assert_eq!(p.with_b(BLayout::NMajor).b.tag(), "nn");
+        assert_eq!(BLayout::of(1, 5), BLayout::NMajor);
+        assert_eq!(BLayout::of(3, 5), BLayout::Strided);
+        assert_eq!(Problem::nn(2, 3, 4, 5).min_bytes(ElemType::Bf16), 2.0 * 2.0 * (15 + 20 + 12) as f64);
+    }
+}
