@@ -19,7 +19,6 @@
 //! threads take tasks (entry, query block) from a shared counter, so that a
 //! ragged last block or an odd head count does not leave a thread idle.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::direct::{direct_band, DirectPlan};
@@ -208,7 +207,7 @@ pub fn attention(
     let tasks = entries * blocks;
     let outs: Vec<(CPtr, usize)> = o.iter_mut().map(|m| (CPtr(m.data.as_mut_ptr()), m.ldc)).collect();
     let parallel = pool.threads() > 1 && tasks > 1;
-    let queue = Queue::new(tasks, if parallel { pool.threads() } else { 1 });
+    let queue = crate::Parts::new(tasks, if parallel { pool.threads() } else { 1 });
     let failed: Mutex<Option<String>> = Mutex::new(None);
     let work = |me: usize| {
         WORKSPACE.with(|ws| {
@@ -308,40 +307,13 @@ pub fn attention(
     // A fork-join (waking the pool) costs more than a few microseconds of work.
     let flops = 4.0 * (entries * rows * keys) as f64 * (depth + dv) as f64 / 2.0;
     if parallel && flops >= PARALLEL_FLOPS {
-        pool.run(&work);
+        pool.run_taking(&work);
     } else {
         work(0);
     }
     match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
         Some(msg) => Err(KernelError::Step(msg)),
         None => Ok(()),
-    }
-}
-
-/// The tasks `0..n` dealt to `threads` threads in contiguous runs (a thread's
-/// consecutive tasks are neighbouring blocks and entries: Q, Kᵀ, V and the
-/// output are read and written in address order, as the hardware's prefetchers
-/// expect); a thread whose run is done takes what is left of the others' (a
-/// ragged last block or an odd head count does not leave it idle).
-struct Queue {
-    /// Each run's next task and its end.
-    runs: Vec<(AtomicUsize, usize)>,
-}
-
-impl Queue {
-    fn new(n: usize, threads: usize) -> Queue {
-        let t = threads.max(1);
-        Queue { runs: (0..t).map(|i| (AtomicUsize::new(n * i / t), n * (i + 1) / t)).collect() }
-    }
-
-    /// Thread `me`'s next task: from its own run, then from the others'.
-    fn take(&self, me: usize) -> Option<usize> {
-        let k = self.runs.len();
-        (0..k).find_map(|d| {
-            let (next, end) = &self.runs[(me + d) % k];
-            let t = next.fetch_add(1, Ordering::Relaxed);
-            (t < *end).then_some(t)
-        })
     }
 }
 
@@ -502,36 +474,4 @@ fn row_sum_of(r: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + it.remainder().iter().sum::<f32>()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Queue;
-
-    /// Every task is taken exactly once, whether every thread shows up or one
-    /// does all the work; a thread takes its own run first, in order.
-    #[test]
-    fn the_queue_deals_every_task_once() {
-        for (n, threads) in [(0usize, 1usize), (1, 2), (5, 2), (12, 2), (13, 3), (48, 4), (7, 8)] {
-            let q = Queue::new(n, threads);
-            let got: Vec<usize> = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..threads)
-                    .map(|me| {
-                        let q = &q;
-                        s.spawn(move || std::iter::from_fn(|| q.take(me)).collect::<Vec<_>>())
-                    })
-                    .collect();
-                handles.into_iter().flat_map(|h| h.join().expect("thread")).collect()
-            });
-            let mut all = got;
-            all.sort_unstable();
-            assert_eq!(all, (0..n).collect::<Vec<_>>(), "{n} tasks over {threads} threads");
-            // The last thread alone: its run, then the others' from the first.
-            let q = Queue::new(n, threads);
-            let alone: Vec<usize> = std::iter::from_fn(|| q.take(threads - 1)).collect();
-            let own = n * (threads - 1) / threads;
-            let want: Vec<usize> = (own..n).chain(0..own).collect();
-            assert_eq!(alone, want, "{n} tasks, thread {} of {threads} alone", threads - 1);
-        }
-    }
 }

@@ -494,10 +494,18 @@ fn run_plan(
         }
     }
     let per_group = grid.rows * grid.cols;
-    let thread = |i: usize| {
-        if i >= grid.threads() {
-            return;
+    // Each thread's region of the grid in `subs` parts, taken dynamically: on a
+    // busy machine the running threads take a descheduled one's parts.
+    let subs = match pool {
+        Some(_) if grid.threads() > 1 => {
+            let work: f64 =
+                work.iter().map(|&(e, _, _)| part_work(a[e].rows, b[e].dims().1, a[e].cols)).sum();
+            subs_of(work / grid.threads() as f64)
         }
+        _ => 1,
+    };
+    let part = |p: usize| {
+        let (i, sub) = (p / subs, p % subs);
         let (group, local) = (i / per_group, i % per_group);
         let (lr, lc) = (local / grid.cols, local % grid.cols);
         WORKSPACE.with(|ws| {
@@ -506,7 +514,12 @@ fn run_plan(
             // prefetchers), the first groups taking one more when they do not divide.
             let (per, extra) = (work.len() / grid.batch, work.len() % grid.batch);
             let first = group * per + group.min(extra);
-            let mine = &work[first..first + per + usize::from(group < extra)];
+            let mut mine = &work[first..first + per + usize::from(group < extra)];
+            // Enough entries: the parts split them, each entry whole.
+            let by_entries = mine.len() >= subs;
+            if by_entries {
+                mine = &mine[mine.len() * sub / subs..mine.len() * (sub + 1) / subs];
+            }
             for &(e, cptr, ldc) in mine {
                 let (m, n) = (a[e].rows, b[e].dims().1);
                 let unit = row_split_unit(matches!(plan, Plan::Direct(_)) && a[e].is_taps(), mr);
@@ -515,6 +528,11 @@ fn run_plan(
                 let panels = n.div_ceil(nr);
                 let per = panels.div_ceil(grid.cols);
                 let cols = (lc * per).min(panels)..((lc + 1) * per).min(panels);
+                let (rows, cols) =
+                    if by_entries { (rows, cols) } else { sub_region(rows, cols, (unit, nr), (sub, subs)) };
+                if rows.is_empty() || cols.is_empty() {
+                    continue;
+                }
                 let ep = &ep.entry(e);
                 match plan {
                     Plan::Packed(p) => band(p, &a[e], &b[e], cptr, ldc, rows, cols, ep, ws),
@@ -526,10 +544,60 @@ fn run_plan(
         });
     };
     match pool {
-        Some(pool) if grid.threads() > 1 => pool.run(&thread),
-        _ => thread(0),
+        Some(pool) if grid.threads() > 1 => {
+            pool.run_parts(&crate::Parts::new(grid.threads() * subs, pool.threads()), &part)
+        }
+        _ => part(0),
     }
     Ok(())
+}
+
+/// The work of a part below which a thread's region is not split further
+/// (see [`part_work`]): a part then runs for tens of microseconds at least,
+/// long beside the cost of taking it.
+const PART_WORK: f64 = 2e6;
+
+/// The most parts one thread's region of a product is split into.
+pub const MAX_SUBS: usize = 8;
+
+/// The work of an `m × n × k` product for splitting it into parts: its flops,
+/// a product of fewer than 16 rows counted as 16 (such products stream their
+/// weights, at memory's speed, not the multiply-adds').
+pub fn part_work(m: usize, n: usize, k: usize) -> f64 {
+    2.0 * m.max(16) as f64 * n as f64 * k as f64
+}
+
+/// Parts a thread's region of `work` is split into.
+pub fn subs_of(work: f64) -> usize {
+    ((work / PART_WORK) as usize).clamp(1, MAX_SUBS)
+}
+
+/// Part `sub` of `subs` of a thread's region (`rows`, in whole `unit`s, by
+/// `cols` panels of `nr`). Parts along the rows each read all of the region's
+/// B (packed weights streamed again from memory, or an activation packed
+/// again), parts along the columns all of its A rows: the split reads again
+/// the smaller, so rows only when the region has more rows than B columns;
+/// along the other axis when the first has fewer units than parts; part 0
+/// takes a region too small for either.
+pub(crate) fn sub_region(
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    (unit, nr): (usize, usize),
+    (sub, subs): (usize, usize),
+) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+    let piece = |r: std::ops::Range<usize>, unit: usize| {
+        let units = r.len().div_ceil(unit);
+        let at = |s: usize| r.start + (units * s / subs * unit).min(r.len());
+        at(sub)..at(sub + 1)
+    };
+    let (row_units, col_units) = (rows.len().div_ceil(unit), cols.len());
+    let rows_first = cols.len() * nr < rows.len();
+    match (row_units >= subs, col_units >= subs) {
+        (true, false) | (true, true) if rows_first || col_units < subs => (piece(rows, unit), cols),
+        (_, true) => (rows, piece(cols, 1)),
+        _ if sub == 0 => (rows, cols),
+        _ => (rows.start..rows.start, cols),
+    }
 }
 
 /// The unit in which threads split rows: whole register tiles, but a convolution
@@ -962,5 +1030,53 @@ fn band(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{sub_region, subs_of, MAX_SUBS};
+
+    /// A region's parts cover it exactly, each in whole units (rows) or panels,
+    /// along the axis the rule says.
+    #[test]
+    fn parts_of_a_region_cover_it_once() {
+        for rows in [0..0, 0..1, 5..23, 16..112, 0..7, 96..384] {
+            for cols in [0..1, 3..4, 0..5, 2..50] {
+                for (unit, subs) in [1, 6, 8].into_iter().flat_map(|u| (1..=MAX_SUBS).map(move |s| (u, s))) {
+                    let mut seen = vec![0u32; rows.len() * cols.len()];
+                    for sub in 0..subs {
+                        let (r, c) = sub_region(rows.clone(), cols.clone(), (unit, 16), (sub, subs));
+                        assert!(r.start >= rows.start && r.end <= rows.end && c.end <= cols.end);
+                        if r.start != rows.start && !r.is_empty() {
+                            assert_eq!((r.start - rows.start) % unit, 0, "rows in whole units");
+                        }
+                        for i in r.clone() {
+                            for j in c.clone() {
+                                seen[(i - rows.start) * cols.len() + j - cols.start] += 1;
+                            }
+                        }
+                    }
+                    let what = format!("{rows:?} x {cols:?}, unit {unit}, {subs} parts");
+                    assert!(seen.iter().all(|&n| n == 1), "{what}: {seen:?}");
+                }
+            }
+        }
+        // A region with more B columns than rows: columns; taller than wide: rows.
+        assert_eq!(sub_region(0..64, 0..8, (8, 16), (1, 2)), (0..64, 4..8));
+        assert_eq!(sub_region(0..512, 0..8, (8, 16), (1, 2)), (256..512, 0..8));
+        // One axis too short for the parts: the other.
+        assert_eq!(sub_region(0..512, 0..2, (8, 16), (1, 4)), (128..256, 0..2));
+        // Too small for either axis: the first part takes it all.
+        assert_eq!(sub_region(0..3, 0..1, (8, 16), (0, 4)), (0..3, 0..1));
+        assert!(sub_region(0..3, 0..1, (8, 16), (2, 4)).0.is_empty());
+    }
+
+    #[test]
+    fn small_regions_stay_whole() {
+        assert_eq!(subs_of(0.0), 1);
+        assert_eq!(subs_of(1e6), 1);
+        assert_eq!(subs_of(9e6), 4);
+        assert_eq!(subs_of(1e12), MAX_SUBS);
     }
 }

@@ -43,7 +43,7 @@ pub use gemm::{
 pub use image::{CodeImage, ImageError};
 pub use lines::Lines;
 pub use pack::{PackFn, Packer, Packers};
-pub use pool::ThreadPool;
+pub use pool::{Parts, ThreadPool};
 pub use schedule::{
     ALayout, BLayout, DirectVariant, KernelFamily, KernelVariant, Operands, Problem, Schedule,
 };

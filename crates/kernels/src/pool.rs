@@ -1,10 +1,18 @@
 //! A persistent thread pool for fork-join parallel kernels.
 //!
-//! `run(f)` calls `f(0..threads)` once per thread, the calling thread taking
-//! index 0, and returns when all are done. Workers spin briefly on a generation
-//! counter before parking, so back-to-back kernels (a model's layers) pay
-//! microseconds, not a thread spawn. Concurrent `run` calls from several threads
-//! take turns: the pool is `Send + Sync`.
+//! Kernels split their work into more [`Parts`] than threads and call
+//! [`ThreadPool::run_parts`] (or [`ThreadPool::run_taking`] with a queue of
+//! their own): each thread takes the parts of its own share in order, then
+//! what is left of the others', and the call returns when every part is done
+//! and every thread that joined has left, **without waiting for a thread
+//! that never joined**. On a busy machine a worker the OS has not scheduled
+//! yet then costs nothing (the running threads take its parts), and one
+//! descheduled in the middle of a part delays only that part. `run(f)` calls
+//! `f(i)` once on every thread (calibration, populating per-thread state).
+//! Workers spin briefly on a generation counter before parking, so
+//! back-to-back kernels (a model's layers) pay microseconds, not a thread
+//! spawn. Concurrent calls from several threads take turns: the pool is
+//! `Send + Sync`.
 //!
 //! A waiting thread gets off its CPU when the thread it waits for shares that
 //! CPU (each thread publishes the CPU it runs on): the OS may wake a worker on
@@ -171,12 +179,39 @@ fn caller_wait(crowded: bool, long: bool, spins: usize) -> Wait {
 
 type Job = dyn Fn(usize) + Sync;
 
+/// How the workers take a job.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// Every worker calls it once with its index; `run` waits for all.
+    EachThread,
+    /// Workers that find it published call it with their index and count
+    /// themselves in `active`; the caller closes it (clears the slot) when the
+    /// work is done and waits only for those.
+    Joining,
+}
+
+/// The published job, its generation and how it is taken.
+#[derive(Clone, Copy)]
+struct Published {
+    generation: u64,
+    job: JobPtr,
+    mode: Mode,
+}
+
 struct Shared {
     generation: AtomicU64,
-    /// The current job. Written by `run` while no worker reads it (they are all
-    /// done with the previous generation), read by workers of the new generation.
-    job: Mutex<Option<JobPtr>>,
+    /// The current job. Written by the caller under the lock; a worker reads it
+    /// under the lock, and for a `Joining` job counts itself `active` there, so
+    /// the caller's clearing (under the lock) leaves no worker about to call it
+    /// uncounted.
+    job: Mutex<Option<Published>>,
     pending: AtomicUsize,
+    /// Workers inside a `Joining` job.
+    active: AtomicUsize,
+    /// Tests hold workers here, after they see a new generation and before
+    /// they read the job: a thread the OS has not scheduled yet.
+    #[cfg(test)]
+    hold: AtomicBool,
     /// Workers parked on `wake` (or about to be): only then does `run` pay for a
     /// notification (a system call), not when every worker is still spinning.
     parked: AtomicUsize,
@@ -214,6 +249,9 @@ impl ThreadPool {
             generation: AtomicU64::new(0),
             job: Mutex::new(None),
             pending: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            #[cfg(test)]
+            hold: AtomicBool::new(false),
             parked: AtomicUsize::new(0),
             caller_parked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
@@ -239,7 +277,9 @@ impl ThreadPool {
         self.workers.len() + 1
     }
 
-    /// Call `f(i)` for every thread index `i`, in parallel; return when all are done.
+    /// Call `f(i)` once on every thread, `i` its index (the caller's is 0), in
+    /// parallel; return when all are done. For work that needs every thread
+    /// (calibrating them, per-thread state); kernels call [`Self::run_parts`].
     pub fn run(&self, f: &(dyn Fn(usize) + Sync)) {
         if self.workers.is_empty() {
             f(0);
@@ -247,13 +287,54 @@ impl ThreadPool {
         }
         let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
         let s = &self.shared;
-        // SAFETY: erasing the lifetime is sound because this function does not
-        // return before every worker has finished calling the job (the `pending`
-        // wait below), so the borrow outlives every use.
-        let ptr = JobPtr(unsafe { std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const Job>(f) });
-        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(ptr);
         s.pending.store(self.workers.len(), Ordering::SeqCst);
-        s.generation.fetch_add(1, Ordering::SeqCst);
+        self.publish(f, Mode::EachThread);
+        f(0);
+        self.wait_for(&s.pending);
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Call `f(p)` for every part `p` of `parts`, the threads taking them as
+    /// [`Parts::take`] deals them; return when all are done (not waiting for a
+    /// thread that never joined).
+    pub fn run_parts(&self, parts: &Parts, f: &(dyn Fn(usize) + Sync)) {
+        self.run_taking(&|me| {
+            while let Some(p) = parts.take(me) {
+                f(p);
+            }
+        });
+    }
+
+    /// Call `f(me)` on the caller (`me` = 0) and on every worker that joins
+    /// before the caller's call returns; return when every joined call has
+    /// returned. `f` must take its work from a shared queue (a [`Parts`]) until
+    /// none is left: a worker that joins late, or never, finds nothing to do.
+    pub fn run_taking(&self, f: &(dyn Fn(usize) + Sync)) {
+        if self.workers.is_empty() {
+            f(0);
+            return;
+        }
+        let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &self.shared;
+        self.publish(f, Mode::Joining);
+        f(0);
+        // Every part is taken: close the job (no worker joins from now on) and
+        // wait for those inside.
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.wait_for(&s.active);
+    }
+
+    /// Publish `f` as the next generation's job and wake parked workers.
+    fn publish(&self, f: &(dyn Fn(usize) + Sync), mode: Mode) {
+        let s = &self.shared;
+        // SAFETY: erasing the lifetime is sound because `run` and `run_taking` do
+        // not return before every worker that read the job has finished calling
+        // it (`pending` or `active` is 0), and clear the slot before they return,
+        // so the borrow outlives every use.
+        let job = JobPtr(unsafe { std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const Job>(f) });
+        let generation = s.generation.load(Ordering::Relaxed) + 1;
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(Published { generation, job, mode });
+        s.generation.store(generation, Ordering::SeqCst);
         // A worker counts itself parked (SeqCst) before it checks the generation under
         // `wake_lock`; so either it sees the new generation, or this sees it parked and
         // notifies under the lock (which it cannot miss: it waits holding the lock).
@@ -261,11 +342,15 @@ impl ThreadPool {
             let _g = s.wake_lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
+    }
+
+    /// The caller waits until `count` (workers still inside the job) is 0.
+    fn wait_for(&self, count: &AtomicUsize) {
+        let s = &self.shared;
         let mut cpu = s.here(0);
-        f(0);
         let mut spins: usize = 0;
         let mut since = None;
-        while s.pending.load(Ordering::Acquire) != 0 {
+        while count.load(Ordering::Acquire) != 0 {
             let look = spins.is_multiple_of(CPU_EVERY);
             if look && spins > 0 {
                 cpu = s.here(0);
@@ -279,14 +364,45 @@ impl ThreadPool {
                 Wait::Park => {
                     let g = s.done_lock.lock().unwrap_or_else(|e| e.into_inner());
                     s.caller_parked.store(true, Ordering::SeqCst);
-                    if s.pending.load(Ordering::SeqCst) != 0 {
+                    if count.load(Ordering::SeqCst) != 0 {
                         drop(s.done.wait_timeout(g, std::time::Duration::from_millis(1)));
                     }
                     s.caller_parked.store(false, Ordering::SeqCst);
                 }
             }
         }
-        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// Parts of a job dealt to threads: `n` parts in `threads` contiguous shares
+/// (a thread's consecutive parts are neighbouring rows or blocks, read and
+/// written in address order, as the hardware's prefetchers expect, and on a
+/// quiet machine each thread does exactly its share); a thread whose share is
+/// done takes what is left of the others', the nearest first.
+pub struct Parts {
+    /// Each share's next part and its end.
+    shares: Vec<(AtomicUsize, usize)>,
+}
+
+impl Parts {
+    pub fn new(n: usize, threads: usize) -> Parts {
+        let t = threads.max(1);
+        Parts { shares: (0..t).map(|i| (AtomicUsize::new(n * i / t), n * (i + 1) / t)).collect() }
+    }
+
+    /// Thread `me`'s next part: from its own share, then from the others'.
+    pub fn take(&self, me: usize) -> Option<usize> {
+        let k = self.shares.len();
+        (0..k).find_map(|d| {
+            let (next, end) = &self.shares[(me + d) % k];
+            // Look before taking: a share that is done stays done, and the
+            // increment would only grow it.
+            if next.load(Ordering::Relaxed) >= *end {
+                return None;
+            }
+            let t = next.fetch_add(1, Ordering::Relaxed);
+            (t < *end).then_some(t)
+        })
     }
 }
 
@@ -325,15 +441,33 @@ fn worker(s: &Shared, index: usize) {
             }
         }
         s.keep_off_caller(index);
-        let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(JobPtr(f)) = job {
-            // SAFETY: see `JobPtr`: `run` keeps the job alive until `pending` is 0.
-            unsafe { (*f)(index) };
+        #[cfg(test)]
+        while s.hold.load(Ordering::Acquire) {
+            std::thread::yield_now();
         }
-        // The caller parks (rarely: a job longer than its spin) with `caller_parked`
-        // set before it re-checks `pending` under `done_lock`, and wakes every
+        let published = {
+            let slot = s.job.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.is_some_and(|p| p.mode == Mode::Joining) {
+                s.active.fetch_add(1, Ordering::SeqCst);
+            }
+            *slot
+        };
+        let Some(p) = published else { continue };
+        // The slot holds the latest published job (set before its generation):
+        // this is the generation now taken.
+        seen = seen.max(p.generation);
+        // SAFETY: see `JobPtr`: the caller keeps the job alive until `pending`
+        // (each-thread jobs) or `active` (joining jobs, counted above under the
+        // slot's lock) is 0.
+        unsafe { (*p.job.0)(index) };
+        let count = match p.mode {
+            Mode::EachThread => &s.pending,
+            Mode::Joining => &s.active,
+        };
+        // The caller parks (a job longer than its spin) with `caller_parked`
+        // set before it re-checks the count under `done_lock`, and wakes every
         // millisecond anyway.
-        if s.pending.fetch_sub(1, Ordering::SeqCst) == 1 && s.caller_parked.load(Ordering::SeqCst) {
+        if count.fetch_sub(1, Ordering::SeqCst) == 1 && s.caller_parked.load(Ordering::SeqCst) {
             let _g = s.done_lock.lock().unwrap_or_else(|e| e.into_inner());
             s.done.notify_all();
         }
@@ -423,6 +557,107 @@ mod tests {
                 hits.fetch_add(1, Ordering::Relaxed);
             });
             assert_eq!(hits.load(Ordering::Relaxed), 3, "round {round}");
+        }
+    }
+
+    #[test]
+    fn every_part_runs_once_whatever_the_count() {
+        let pool = ThreadPool::new(3);
+        for n in [0, 1, 2, 3, 5, 7, 31, 64, 97, 1000] {
+            for _ in 0..50 {
+                let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                pool.run_parts(&Parts::new(n, pool.threads()), &|p| {
+                    hits[p].fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "{n} parts");
+            }
+        }
+    }
+
+    /// Every task is taken exactly once, whether every thread shows up or one
+    /// does all the work; a thread takes its own run first, in order.
+    #[test]
+    fn the_queue_deals_every_task_once() {
+        for (n, threads) in [(0usize, 1usize), (1, 2), (5, 2), (12, 2), (13, 3), (48, 4), (7, 8)] {
+            let q = Parts::new(n, threads);
+            let got: Vec<usize> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..threads)
+                    .map(|me| {
+                        let q = &q;
+                        s.spawn(move || std::iter::from_fn(|| q.take(me)).collect::<Vec<_>>())
+                    })
+                    .collect();
+                handles.into_iter().flat_map(|h| h.join().expect("thread")).collect()
+            });
+            let mut all = got;
+            all.sort_unstable();
+            assert_eq!(all, (0..n).collect::<Vec<_>>(), "{n} tasks over {threads} threads");
+            // The last thread alone: its run, then the others' from the first.
+            let q = Parts::new(n, threads);
+            let alone: Vec<usize> = std::iter::from_fn(|| q.take(threads - 1)).collect();
+            let own = n * (threads - 1) / threads;
+            let want: Vec<usize> = (own..n).chain(0..own).collect();
+            assert_eq!(alone, want, "{n} tasks, thread {} of {threads} alone", threads - 1);
+        }
+    }
+
+    #[test]
+    fn a_thread_takes_its_share_first_then_the_others() {
+        let parts = Parts::new(10, 3);
+        // Shares [0, 3), [3, 6), [6, 10).
+        assert_eq!(parts.take(1), Some(3));
+        assert_eq!(parts.take(1), Some(4));
+        assert_eq!(parts.take(1), Some(5));
+        assert_eq!(parts.take(1), Some(6), "its own done, the next share's");
+        assert_eq!(parts.take(0), Some(0));
+        let rest: Vec<_> = std::iter::from_fn(|| parts.take(2)).collect();
+        assert_eq!(rest, vec![7, 8, 9, 1, 2]);
+        assert_eq!(parts.take(0), None);
+    }
+
+    /// A worker the OS has not run yet (held before it reads the job) does not
+    /// hold up the call: the caller takes its parts and returns; the worker,
+    /// let go, finds the job closed and calls nothing of it.
+    #[test]
+    fn a_call_does_not_wait_for_a_worker_that_never_joined() {
+        let pool = ThreadPool::new(2);
+        pool.shared.hold.store(true, Ordering::Release);
+        for _ in 0..20 {
+            let by: Vec<AtomicUsize> = (0..40).map(|_| AtomicUsize::new(usize::MAX)).collect();
+            let parts = Parts::new(by.len(), pool.threads());
+            pool.run_taking(&|me| {
+                while let Some(p) = parts.take(me) {
+                    by[p].store(me, Ordering::Relaxed);
+                }
+            });
+            assert!(by.iter().all(|b| b.load(Ordering::Relaxed) == 0), "the caller did every part");
+        }
+        pool.shared.hold.store(false, Ordering::Release);
+        // Let go, the worker joins later calls again; each-thread calls still reach it.
+        let hits: Vec<AtomicUsize> = (0..2).map(|_| AtomicUsize::new(0)).collect();
+        pool.run(&|i| {
+            hits[i].fetch_add(1, Ordering::Relaxed);
+        });
+        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+    }
+
+    #[test]
+    fn joining_and_each_thread_calls_interleave() {
+        let pool = ThreadPool::new(3);
+        for round in 0..300 {
+            if round % 7 == 0 {
+                std::thread::sleep(std::time::Duration::from_micros(300));
+            }
+            let hits: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(&|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "round {round}");
+            let total = AtomicUsize::new(0);
+            pool.run_parts(&Parts::new(round % 11, 3), &|_| {
+                total.fetch_add(1, Ordering::Relaxed);
+            });
+            assert_eq!(total.load(Ordering::Relaxed), round % 11, "round {round}");
         }
     }
 

@@ -16,6 +16,10 @@ use crate::backend::Backend;
 use crate::shape::{self, LoopLaunch, ShapePlan, StepShape};
 use crate::{CodeStats, CodeTarget, KeyChunks, RunError, PACK_ROWS};
 
+/// Parts a thread's share of a parallel loop program is split into (rows,
+/// or vectors of points, taken dynamically by whichever thread runs).
+const LOOP_SUBS: usize = 4;
+
 /// What the CPU runs of a compiled model.
 pub struct Cpu {
     pub(crate) loops: Vec<LoopFn>,
@@ -243,10 +247,8 @@ impl Cpu {
         let mut parts = [0u64; shape::MAX_SPLIT];
         for point in 0..points {
             let slots = Slots(parts.as_mut_ptr());
-            self.pool.run(&|t| {
-                if t >= ways {
-                    return;
-                }
+            let taken = kernels::Parts::new(ways, self.pool.threads());
+            self.pool.run_parts(&taken, &|t| {
                 let (lo, hi) = ((t * chunk).min(len), ((t + 1) * chunk).min(len));
                 // SAFETY: `shared` is as for `call`; `t < ways <= MAX_SPLIT`, the
                 // slots of `parts`. An empty range gives the reduction's identity.
@@ -286,12 +288,14 @@ impl Cpu {
         let status = if parallel {
             let shared = Shared { args: args.as_ptr(), dims: dims.as_ptr() };
             let first = AtomicI64::new(0);
-            // Points go to threads in whole vectors (16 lanes cover every ISA's f32 width).
-            let chunk = match units.div_ceil(threads) {
-                c if points => c.next_multiple_of(16),
-                c => c,
-            };
-            self.pool.run(&|t| {
+            // Parts of whole vectors of points (16 lanes cover every ISA's f32
+            // width), `LOOP_SUBS` a thread where there are enough of them, taken
+            // dynamically (a descheduled thread's parts go to the running ones).
+            let lanes = if points { 16 } else { 1 };
+            let n = units.div_ceil(lanes).clamp(1, threads * LOOP_SUBS);
+            let chunk = units.div_ceil(n).next_multiple_of(lanes);
+            let taken = kernels::Parts::new(units.div_ceil(chunk), threads);
+            self.pool.run_parts(&taken, &|t| {
                 let (b, e) = (t * chunk, ((t + 1) * chunk).min(units));
                 if b < e {
                     // SAFETY: see `call`; threads run disjoint row (or point) ranges,
