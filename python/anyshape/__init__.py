@@ -18,7 +18,9 @@ several threads at once.
 
 Errors: ``InvalidArgument`` (a ``ValueError``) for what the caller passed (the
 model file, a feed's name, dtype or shape, naming the input, the dim and the
-rule it breaks); ``AnyshapeError`` for the rest.
+rule it breaks); ``UnsupportedModel`` (an ``AnyshapeError``) for a model that
+uses what anyshape does not support (an operator, named with its node and
+opset); ``AnyshapeError`` for the rest.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, U
 
 import numpy as np
 
-from ._anyshape import AnyshapeError, InvalidArgument, Session as _Session
+from ._anyshape import AnyshapeError, InvalidArgument, Session as _Session, UnsupportedModel
 
-__all__ = ["InferenceSession", "NodeArg", "AnyshapeError", "InvalidArgument"]
+__all__ = ["InferenceSession", "NodeArg", "AnyshapeError", "InvalidArgument", "UnsupportedModel"]
 
 
 class NodeArg(NamedTuple):

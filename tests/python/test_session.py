@@ -91,6 +91,44 @@ def test_bad_models_and_options_are_clear_errors(tmp_path):
         anyshape.InferenceSession(os.path.join(ROOT, "bert", "model.onnx"), threads=0)
 
 
+def _field(num, payload):
+    """A protobuf field: varints for ints, length-delimited for bytes."""
+
+    def varint(v):
+        out = b""
+        while True:
+            b, v = v & 0x7F, v >> 7
+            out += bytes([b | (0x80 if v else 0)])
+            if not v:
+                return out
+
+    if isinstance(payload, int):
+        return varint(num << 3) + varint(payload)
+    return varint(num << 3 | 2) + varint(len(payload)) + payload
+
+
+def _one_node_model(op_type):
+    """An ONNX model (opset 17) of one node `op_type` named my_node, x -> y, f32 [2]."""
+    shape = _field(2, _field(1, _field(1, 2)))  # TensorShapeProto { dim { dim_value: 2 } }
+    ttype = _field(1, _field(1, 1) + shape)  # TypeProto { tensor_type { elem_type: FLOAT, shape } }
+    node = _field(1, b"x") + _field(2, b"y") + _field(3, b"my_node") + _field(4, op_type.encode())
+    graph = (_field(1, node) + _field(2, b"g") + _field(11, _field(1, b"x") + _field(2, ttype))
+             + _field(12, _field(1, b"y") + _field(2, ttype)))
+    return _field(1, 8) + _field(7, graph) + _field(8, _field(1, b"") + _field(2, 17))
+
+
+def test_an_unsupported_operator_is_the_models_limit_not_the_callers_input(tmp_path):
+    path = tmp_path / "unsupported.onnx"
+    path.write_bytes(_one_node_model("NonMaxSuppression"))
+    with pytest.raises(anyshape.UnsupportedModel, match="NonMaxSuppression.*my_node") as e:
+        anyshape.InferenceSession(str(path))
+    assert not isinstance(e.value, ValueError) and isinstance(e.value, anyshape.AnyshapeError)
+    # The same file with an operator anyshape has runs: the encoding is a real model.
+    path.write_bytes(_one_node_model("Relu"))
+    x = np.array([-1.0, 2.0], np.float32)
+    np.testing.assert_array_equal(anyshape.InferenceSession(str(path)).run(None, {"x": x})[0], [0.0, 2.0])
+
+
 def test_dims_bound_the_symbols():
     sess = anyshape.InferenceSession(os.path.join(ROOT, "bert", "model.onnx"), dims={"seq": (1, 8)}, threads=1)
     ids = np.zeros((1, 9), np.int64)

@@ -84,6 +84,23 @@ impl Error {
             && !matches!(self, Error::Lower(lower::LowerError::Internal(_)) | Error::Codegen(_))
             && !matches!(self, Error::Run(e) if !e.is_user_error())
     }
+
+    /// Whether the model uses what anyshape does not support (an operator, an
+    /// opset, an element type or a value kind): the model's limit, neither the
+    /// caller's input to a call nor a defect. (`is_user_error` is true of it
+    /// too: the CLI reports it as the user's to fix.)
+    pub fn is_unsupported_model(&self) -> bool {
+        use onnx::OnnxError as O;
+        matches!(
+            self,
+            Error::Import(
+                O::UnsupportedOp { .. }
+                    | O::UnsupportedOpset { .. }
+                    | O::UnsupportedType { .. }
+                    | O::UnsupportedDType { .. }
+            )
+        )
+    }
 }
 
 /// How to load a model.

@@ -4,7 +4,9 @@
 //! released while it runs; the Python layer (`anyshape.InferenceSession`)
 //! gives it ONNX Runtime's interface. Errors become Python exceptions:
 //! `InvalidArgument` (a `ValueError`) for the user's input, naming the input,
-//! the dim and the rule as the CLI does; `AnyshapeError` for the rest.
+//! the dim and the rule as the CLI does; `UnsupportedModel` (an
+//! `AnyshapeError`) for a model that uses what anyshape does not support (an
+//! operator, naming it and its node); `AnyshapeError` for the rest.
 
 use std::collections::HashMap;
 
@@ -28,10 +30,20 @@ create_exception!(
     "The user's input is wrong: a model file, a feed's name, dtype or shape."
 );
 
-/// The exception for `e`: the user's (bad model, feeds, shapes) or anyshape's own.
+create_exception!(
+    _anyshape,
+    UnsupportedModel,
+    AnyshapeError,
+    "The model uses what anyshape does not support: an operator (named with its node), an opset, an element type."
+);
+
+/// The exception for `e`: the model's limit (unsupported), the user's (bad
+/// model file, feeds, shapes) or anyshape's own.
 fn to_py(e: impl Into<anyshape::Error>) -> PyErr {
     let e = e.into();
-    if e.is_user_error() {
+    if e.is_unsupported_model() {
+        UnsupportedModel::new_err(e.to_string())
+    } else if e.is_user_error() {
         InvalidArgument::new_err(e.to_string())
     } else {
         AnyshapeError::new_err(e.to_string())
@@ -364,5 +376,6 @@ fn _anyshape(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Session>()?;
     m.add("AnyshapeError", m.py().get_type::<AnyshapeError>())?;
     m.add("InvalidArgument", m.py().get_type::<InvalidArgument>())?;
+    m.add("UnsupportedModel", m.py().get_type::<UnsupportedModel>())?;
     Ok(())
 }
