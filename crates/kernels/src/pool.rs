@@ -380,28 +380,40 @@ impl ThreadPool {
 /// quiet machine each thread does exactly its share); a thread whose share is
 /// done takes what is left of the others', the nearest first.
 pub struct Parts {
-    /// Each share's next part and its end.
-    shares: Vec<(AtomicUsize, usize)>,
+    shares: Vec<Share>,
+}
+
+/// A share's next part and its end, on a cache line of its own (the threads
+/// take from their own shares at once; neighbouring counters would bounce
+/// one line between their cores at every part).
+#[repr(align(64))]
+struct Share {
+    next: AtomicUsize,
+    end: usize,
 }
 
 impl Parts {
     pub fn new(n: usize, threads: usize) -> Parts {
         let t = threads.max(1);
-        Parts { shares: (0..t).map(|i| (AtomicUsize::new(n * i / t), n * (i + 1) / t)).collect() }
+        Parts {
+            shares: (0..t)
+                .map(|i| Share { next: AtomicUsize::new(n * i / t), end: n * (i + 1) / t })
+                .collect(),
+        }
     }
 
     /// Thread `me`'s next part: from its own share, then from the others'.
     pub fn take(&self, me: usize) -> Option<usize> {
         let k = self.shares.len();
         (0..k).find_map(|d| {
-            let (next, end) = &self.shares[(me + d) % k];
+            let share = &self.shares[(me + d) % k];
             // Look before taking: a share that is done stays done, and the
             // increment would only grow it.
-            if next.load(Ordering::Relaxed) >= *end {
+            if share.next.load(Ordering::Relaxed) >= share.end {
                 return None;
             }
-            let t = next.fetch_add(1, Ordering::Relaxed);
-            (t < *end).then_some(t)
+            let t = share.next.fetch_add(1, Ordering::Relaxed);
+            (t < share.end).then_some(t)
         })
     }
 }
