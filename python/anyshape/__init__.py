@@ -8,6 +8,9 @@ The interface follows ONNX Runtime's ``InferenceSession``::
     outputs = sess.run(None, {"input_ids": ids, "attention_mask": mask})
     sess.save("bert.anyshape")                   # a compiled artifact
     sess2 = anyshape.InferenceSession("bert.anyshape")   # loads it: no compilation
+    pool = anyshape.ThreadPool(2)                # sessions may share one pool of threads:
+    a = anyshape.InferenceSession("bert.onnx", pool=pool)    # their calls take turns on it
+    b = anyshape.InferenceSession("gpt2.onnx", pool=pool)    # (by default each has its own)
 
 Compiling happens in the constructor (or nothing is compiled, for an artifact); ``run`` then takes any shape the model's
 symbols allow, with no recompilation. Inputs must have the model's dtypes and
@@ -29,9 +32,9 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, U
 
 import numpy as np
 
-from ._anyshape import AnyshapeError, InvalidArgument, Session as _Session, UnsupportedModel
+from ._anyshape import AnyshapeError, InvalidArgument, Session as _Session, ThreadPool, UnsupportedModel
 
-__all__ = ["InferenceSession", "NodeArg", "AnyshapeError", "InvalidArgument", "UnsupportedModel"]
+__all__ = ["InferenceSession", "NodeArg", "ThreadPool", "AnyshapeError", "InvalidArgument", "UnsupportedModel"]
 
 
 class NodeArg(NamedTuple):
@@ -61,8 +64,9 @@ class InferenceSession:
         dims: Optional[Mapping[str, Tuple[int, int]]] = None,
         threads: Optional[int] = None,
         interpret: bool = False,
+        pool: Optional[ThreadPool] = None,
     ) -> None:
-        self._session = _Session(str(path), dict(dims) if dims is not None else None, threads, interpret)
+        self._session = _Session(str(path), dict(dims) if dims is not None else None, threads, interpret, pool)
         self._inputs = [NodeArg(*i) for i in self._session.inputs()]
         self._outputs = [NodeArg(*o) for o in self._session.outputs()]
 

@@ -129,6 +129,35 @@ def test_an_unsupported_operator_is_the_models_limit_not_the_callers_input(tmp_p
     np.testing.assert_array_equal(anyshape.InferenceSession(str(path)).run(None, {"x": x})[0], [0.0, 2.0])
 
 
+def test_sessions_sharing_a_pool_run_at_once():
+    pool = anyshape.ThreadPool(2)
+    assert pool.threads == 2
+    shared = [anyshape.InferenceSession(os.path.join(ROOT, n, "model.onnx"), pool=pool) for n in ("bert", "gpt2")]
+    work = [(s, feeds, want) for s, n in zip(shared, ("bert", "gpt2")) for feeds, want in cases(n)]
+    errors = []
+
+    def caller(k):
+        try:
+            for i in range(8):
+                sess, feeds, want = work[(k + i) % len(work)]
+                got = sess.run(None, feeds)
+                for o, g in zip(sess.get_outputs(), got):
+                    np.testing.assert_allclose(g, want[o.name], rtol=1e-4, atol=1e-4, err_msg=o.name)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    with pytest.raises(anyshape.InvalidArgument, match="threads"):
+        anyshape.ThreadPool(0)
+    with pytest.raises(anyshape.InvalidArgument, match="pool has 2 threads"):
+        anyshape.InferenceSession(os.path.join(ROOT, "bert", "model.onnx"), threads=3, pool=pool)
+
+
 def test_dims_bound_the_symbols():
     sess = anyshape.InferenceSession(os.path.join(ROOT, "bert", "model.onnx"), dims={"seq": (1, 8)}, threads=1)
     ids = np.zeros((1, 9), np.int64)

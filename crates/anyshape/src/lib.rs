@@ -33,6 +33,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use ir::{DType, Elems, Tensor, TensorData, TensorType, TensorView, ViewElement};
+/// A pool of threads that compiled models run on; one may be shared by several
+/// models (`CompileOptions::pool`, `ArtifactOptions::pool`).
+pub use kernels::ThreadPool;
 pub use onnx::DIM_MAX;
 
 /// What the compiler makes of a model at each stage, for inspection and tests
@@ -284,8 +287,13 @@ impl Model {
                 codegen::CodegenError::Unsupported("AVX2 code needs a machine with AVX2 and FMA".into())
             })?,
         };
-        let threads = opts.threads.unwrap_or_else(default_threads);
-        let pool = kernels::ThreadPool::new(threads);
+        let pool = match &opts.pool {
+            Some(p) => p.clone(),
+            None => {
+                std::sync::Arc::new(kernels::ThreadPool::new(opts.threads.unwrap_or_else(default_threads)))
+            }
+        };
+        let threads = pool.threads();
         // One kernel family per epilogue the matmuls fuse.
         let mut epilogues: Vec<plan::Epilogue> = Vec::new();
         for s in &plan.steps {
@@ -493,6 +501,7 @@ pub enum Isa {
 #[derive(Clone)]
 pub struct CompileOptions {
     threads: Option<usize>,
+    pool: Option<std::sync::Arc<kernels::ThreadPool>>,
     isa: Isa,
     cache_dir: Option<std::path::PathBuf>,
     fuse_attention: bool,
@@ -507,6 +516,7 @@ impl std::fmt::Debug for CompileOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CompileOptions")
             .field("threads", &self.threads)
+            .field("pool", &self.pool.as_ref().map(|p| p.threads()))
             .field("isa", &self.isa)
             .field("cache_dir", &self.cache_dir)
             .field("fuse_attention", &self.fuse_attention)
@@ -523,6 +533,7 @@ impl Default for CompileOptions {
     fn default() -> Self {
         CompileOptions {
             threads: None,
+            pool: None,
             isa: Isa::Host,
             cache_dir: None,
             fuse_attention: true,
@@ -542,6 +553,15 @@ impl CompileOptions {
     /// Threads of the model's pool (default: the machine's).
     pub fn threads(mut self, n: usize) -> CompileOptions {
         self.threads = Some(n.max(1));
+        self
+    }
+    /// Run the model on `pool`, which other models may share (as ONNX
+    /// Runtime's global thread pool): their calls then take turns kernel by
+    /// kernel on the same threads instead of crowding the cores with a pool
+    /// each. Its thread count wins over [`Self::threads`]. By default each
+    /// compiled model gets a pool of its own.
+    pub fn pool(mut self, pool: std::sync::Arc<kernels::ThreadPool>) -> CompileOptions {
+        self.pool = Some(pool);
         self
     }
     /// The instruction set of the generated code (default: the host's; `Avx2`

@@ -200,6 +200,49 @@ fn concurrent_calls_at_mixed_shapes() {
     assert_eq!(cm.shapes_planned(), shapes.len(), "each shape planned once");
 }
 
+/// Two models on one shared pool (`CompileOptions::pool`), called at once
+/// from several threads: their fork-joins take turns on the pool's threads and
+/// every call gives the interpreter's answer.
+#[test]
+fn models_sharing_a_pool_run_at_once() {
+    let pool = std::sync::Arc::new(anyshape::ThreadPool::new(2));
+    let names = ["bert", "gpt2"];
+    let models: Vec<Model> = names
+        .iter()
+        .map(|n| Model::load(fixture(n).join("model.onnx"), &LoadOptions::new()).expect("loads"))
+        .collect();
+    let opts = CompileOptions::new().threads(5).pool(pool.clone()).canaries(true);
+    let compiled: Vec<CompiledModel> = models.iter().map(|m| m.compile(&opts).expect("compiles")).collect();
+    assert_eq!(pool.threads(), 2, "the pool's threads win over `threads`");
+    type Named = Vec<(String, Tensor)>;
+    let cases: Vec<(usize, Named, Named)> = (0..6)
+        .map(|i| {
+            let m = i % 2;
+            let mut rng = Rng(2000 + i as u64);
+            let ins = inputs_for(&models[m], &[("batch", 1 + i % 3), ("seq", [1, 7, 17][i % 3])], &mut rng);
+            let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+            let want = models[m].interpret(&named).expect("interpreter");
+            (m, ins, want)
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let (cases, compiled) = (&cases, &compiled);
+            scope.spawn(move || {
+                for call in 0..12 {
+                    let (m, ins, want) = &cases[(t + call) % cases.len()];
+                    let named: Vec<(&str, Tensor)> =
+                        ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+                    let got = compiled[*m].run(&named).expect("compiled");
+                    for ((_, g), (_, w)) in got.iter().zip(want) {
+                        assert!(max_rel_err(g, w) < 1e-4, "{} on thread {t}, call {call}", names[*m]);
+                    }
+                }
+            });
+        }
+    });
+}
+
 /// Bad inputs to a compiled model are errors naming what is wrong, never a
 /// crash: a shape outside the model's facts, a wrong dtype or rank, a token id
 /// out of the embedding table's range (caught by the generated gather).

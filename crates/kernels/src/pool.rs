@@ -241,6 +241,12 @@ pub struct ThreadPool {
     turn: Mutex<()>,
 }
 
+impl std::fmt::Debug for ThreadPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadPool").field("threads", &self.threads()).finish()
+    }
+}
+
 impl ThreadPool {
     /// A pool of `threads` (the caller counts as one).
     pub fn new(threads: usize) -> ThreadPool {

@@ -227,16 +227,23 @@ impl Session {
     /// `interpret`: run on the reference interpreter instead (slow; the oracle
     /// tests compare with).
     #[new]
-    #[pyo3(signature = (path, dims = None, threads = None, interpret = false))]
+    #[pyo3(signature = (path, dims = None, threads = None, interpret = false, pool = None))]
     fn new(
         py: Python<'_>,
         path: std::path::PathBuf,
         dims: Option<HashMap<String, (i64, i64)>>,
         threads: Option<usize>,
         interpret: bool,
+        pool: Option<Bound<'_, ThreadPool>>,
     ) -> PyResult<Self> {
         if threads == Some(0) {
             return Err(invalid("threads must be at least 1".into()));
+        }
+        let pool = pool.map(|p| p.get().pool.clone());
+        if let (Some(p), Some(t)) = (&pool, threads) {
+            if p.threads() != t {
+                return Err(invalid(format!("threads={t} but the pool has {} threads", p.threads())));
+            }
         }
         if anyshape::is_artifact(&path) {
             if interpret {
@@ -255,6 +262,9 @@ impl Session {
             if let Some(t) = threads {
                 opts = opts.threads(t);
             }
+            if let Some(p) = pool {
+                opts = opts.pool(p);
+            }
             return py.detach(|| {
                 let model = CompiledModel::load(&path, &opts).map_err(to_py)?;
                 Ok(Session::compiled(model))
@@ -270,6 +280,9 @@ impl Session {
         let mut opts = CompileOptions::new();
         if let Some(t) = threads {
             opts = opts.threads(t);
+        }
+        if let Some(p) = pool {
+            opts = opts.pool(p);
         }
         // Compiling takes seconds: other Python threads run meanwhile.
         py.detach(|| {
@@ -371,9 +384,35 @@ impl Session {
     }
 }
 
+/// A pool of threads that sessions may share (`InferenceSession(..., pool=p)`):
+/// their calls take turns kernel by kernel on its threads instead of each
+/// session's own pool crowding the cores.
+#[pyclass(frozen, module = "anyshape._anyshape")]
+struct ThreadPool {
+    pool: std::sync::Arc<anyshape::ThreadPool>,
+}
+
+#[pymethods]
+impl ThreadPool {
+    #[new]
+    fn new(threads: usize) -> PyResult<Self> {
+        if threads == 0 {
+            return Err(invalid("threads must be at least 1".into()));
+        }
+        Ok(ThreadPool { pool: std::sync::Arc::new(anyshape::ThreadPool::new(threads)) })
+    }
+
+    /// Its threads, the calling thread counted.
+    #[getter]
+    fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+}
+
 #[pymodule]
 fn _anyshape(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Session>()?;
+    m.add_class::<ThreadPool>()?;
     m.add("AnyshapeError", m.py().get_type::<AnyshapeError>())?;
     m.add("InvalidArgument", m.py().get_type::<InvalidArgument>())?;
     m.add("UnsupportedModel", m.py().get_type::<UnsupportedModel>())?;

@@ -303,6 +303,7 @@ pub fn is_artifact(path: &Path) -> bool {
 #[derive(Clone, Debug, Default)]
 pub struct ArtifactOptions {
     threads: Option<usize>,
+    pool: Option<std::sync::Arc<kernels::ThreadPool>>,
 }
 
 impl ArtifactOptions {
@@ -312,6 +313,13 @@ impl ArtifactOptions {
     /// Threads of the model's pool (default: those it was compiled with).
     pub fn threads(mut self, n: usize) -> ArtifactOptions {
         self.threads = Some(n.max(1));
+        self
+    }
+    /// Run the model on `pool`, shared with other models (see
+    /// `anyshape::CompileOptions::pool`); its thread count wins over
+    /// [`Self::threads`]. By default the model gets a pool of its own.
+    pub fn pool(mut self, pool: std::sync::Arc<kernels::ThreadPool>) -> ArtifactOptions {
+        self.pool = Some(pool);
         self
     }
 }
@@ -538,7 +546,10 @@ impl CompiledModel<crate::Cpu> {
         if meta.threads == 0 || meta.threads > MAX_THREADS {
             return Err(malformed(format!("{} threads", meta.threads)));
         }
-        let threads = opts.threads.unwrap_or(meta.threads).max(1);
+        let threads = match &opts.pool {
+            Some(p) => p.threads(),
+            None => opts.threads.unwrap_or(meta.threads).max(1),
+        };
         let plan = plan_of(meta.plan, &bytes, &window)?;
         validate(&plan, meta.inputs.len(), meta.outputs.len()).map_err(ArtifactError::Malformed)?;
         let mut dispatchers = Vec::with_capacity(meta.dispatchers.len());
@@ -582,7 +593,10 @@ impl CompiledModel<crate::Cpu> {
             loops,
             splits,
             dispatchers,
-            pool: kernels::ThreadPool::new(threads),
+            pool: match &opts.pool {
+                Some(p) => p.clone(),
+                None => std::sync::Arc::new(kernels::ThreadPool::new(threads)),
+            },
             code: images,
             canaries: false,
             code_stats: crate::CodeStats::default(),

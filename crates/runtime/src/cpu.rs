@@ -29,7 +29,7 @@ pub struct Cpu {
     pub(crate) packed: Vec<Option<PackedB>>,
     /// Aligned copies of constants whose bytes are not aligned to their type.
     aligned: Vec<Option<Vec<u64>>>,
-    pub(crate) pool: ThreadPool,
+    pub(crate) pool: std::sync::Arc<ThreadPool>,
     pub(crate) key_chunks: KeyChunks,
     pub(crate) code_stats: CodeStats,
     pub(crate) code_target: CodeTarget,
@@ -43,7 +43,7 @@ pub(crate) struct CpuCode {
     pub loops: Vec<LoopFn>,
     pub splits: Vec<Option<(PartFn, FinishFn)>>,
     pub dispatchers: Vec<(Epilogue, Dispatcher)>,
-    pub pool: ThreadPool,
+    pub pool: std::sync::Arc<ThreadPool>,
     pub code: Vec<CodeImage>,
     pub code_stats: CodeStats,
     pub code_target: CodeTarget,

@@ -84,7 +84,8 @@ pub struct ModelParts {
     /// The contraction engine for each epilogue the plan's matmuls fuse
     /// ([`plan::MatEpilogue::function`]): a kernel family compiled with it.
     pub dispatchers: Vec<(Epilogue, Dispatcher)>,
-    pub pool: ThreadPool,
+    /// The model's own pool, or one it shares with other models.
+    pub pool: std::sync::Arc<ThreadPool>,
     /// The machine code the function pointers point into (what an artifact
     /// stores of it: each image's object).
     pub code: Vec<CodeImage>,

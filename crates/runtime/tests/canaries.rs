@@ -76,7 +76,7 @@ fn model(f: plan::LoopFn) -> CompiledModel {
         loops: vec![f],
         splits: vec![None],
         dispatchers: Vec::new(),
-        pool: kernels::ThreadPool::new(1),
+        pool: std::sync::Arc::new(kernels::ThreadPool::new(1)),
         code: Vec::new(),
         canaries: true,
         code_stats: Default::default(),
