@@ -23,6 +23,24 @@ def cases(name):
         yield feeds, want
 
 
+def in_threads(fn, n=4):
+    """Run fn(k) on n threads at once; fail with every thread's exception."""
+    errors = []
+
+    def guarded(k):
+        try:
+            fn(k)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
 @pytest.fixture(scope="module")
 def bert():
     return anyshape.InferenceSession(os.path.join(ROOT, "bert", "model.onnx"), threads=2)
@@ -134,24 +152,14 @@ def test_sessions_sharing_a_pool_run_at_once():
     assert pool.threads == 2
     shared = [anyshape.InferenceSession(os.path.join(ROOT, n, "model.onnx"), pool=pool) for n in ("bert", "gpt2")]
     work = [(s, feeds, want) for s, n in zip(shared, ("bert", "gpt2")) for feeds, want in cases(n)]
-    errors = []
 
     def caller(k):
-        try:
-            for i in range(8):
-                sess, feeds, want = work[(k + i) % len(work)]
-                got = sess.run(None, feeds)
-                for o, g in zip(sess.get_outputs(), got):
-                    np.testing.assert_allclose(g, want[o.name], rtol=1e-4, atol=1e-4, err_msg=o.name)
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-
-    threads = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+        for i in range(8):
+            sess, feeds, want = work[(k + i) % len(work)]
+            got = sess.run(None, feeds)
+            for o, g in zip(sess.get_outputs(), got):
+                np.testing.assert_allclose(g, want[o.name], rtol=1e-4, atol=1e-4, err_msg=o.name)
+    in_threads(caller)
     with pytest.raises(anyshape.InvalidArgument, match="threads"):
         anyshape.ThreadPool(0)
     with pytest.raises(anyshape.InvalidArgument, match="pool has 2 threads"):
@@ -167,23 +175,13 @@ def test_dims_bound_the_symbols():
 
 def test_one_session_from_many_threads(bert):
     all_cases = list(cases("bert"))
-    errors = []
 
     def work(k):
-        try:
-            for r in range(12):
-                feeds, want = all_cases[(k + r) % len(all_cases)]
-                got = bert.run(["last_hidden_state"], feeds)[0]
-                np.testing.assert_allclose(got, want["last_hidden_state"], rtol=1e-4, atol=1e-4)
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+        for r in range(12):
+            feeds, want = all_cases[(k + r) % len(all_cases)]
+            got = bert.run(["last_hidden_state"], feeds)[0]
+            np.testing.assert_allclose(got, want["last_hidden_state"], rtol=1e-4, atol=1e-4)
+    in_threads(work)
 
 
 def test_inputs_are_read_in_place_and_left_as_they_were(bert):

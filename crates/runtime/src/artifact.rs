@@ -546,10 +546,13 @@ impl CompiledModel<crate::Cpu> {
         if meta.threads == 0 || meta.threads > MAX_THREADS {
             return Err(malformed(format!("{} threads", meta.threads)));
         }
-        let threads = match &opts.pool {
-            Some(p) => p.threads(),
-            None => opts.threads.unwrap_or(meta.threads).max(1),
+        let pool = match &opts.pool {
+            Some(p) => p.clone(),
+            None => {
+                std::sync::Arc::new(kernels::ThreadPool::new(opts.threads.unwrap_or(meta.threads).max(1)))
+            }
         };
+        let threads = pool.threads();
         let plan = plan_of(meta.plan, &bytes, &window)?;
         validate(&plan, meta.inputs.len(), meta.outputs.len()).map_err(ArtifactError::Malformed)?;
         let mut dispatchers = Vec::with_capacity(meta.dispatchers.len());
@@ -593,10 +596,7 @@ impl CompiledModel<crate::Cpu> {
             loops,
             splits,
             dispatchers,
-            pool: match &opts.pool {
-                Some(p) => p.clone(),
-                None => std::sync::Arc::new(kernels::ThreadPool::new(threads)),
-            },
+            pool,
             code: images,
             canaries: false,
             code_stats: crate::CodeStats::default(),
