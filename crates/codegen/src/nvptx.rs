@@ -10,8 +10,10 @@
 //! `ldmatrix` reads 8 rows from 8 distinct bank groups. Each warp loads its A and B
 //! fragments with `ldmatrix` (`.trans` for an N-major B) and issues m16n8k16
 //! products into f32 accumulators. The epilogue (`plan::Epilogue`, the CPU's:
-//! `act(scale·acc + bias + residual)`) runs on the accumulators in registers; stores are predicated per element, two at a time
-//! where the row stride allows.
+//! `act(scale·acc + bias + residual)`, `act` a named activation or any
+//! element-wise program, `plan::Pointwise`) runs on the accumulators in
+//! registers; stores are predicated per element, two at a time where the row
+//! stride allows.
 //!
 //! The `wgmma` kernel (sm_90a): the same copies, 64 elements of K a step, into
 //! 128-byte-swizzled tiles that `wgmma.mma_async` reads through shared-memory
@@ -38,6 +40,7 @@ use inkwell::memory_buffer::MemoryBuffer;
 use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetTriple};
 use inkwell::OptimizationLevel;
+use plan::{Pointwise, PwBinary, PwCmp, PwOp, PwUnary, ERF_A, ERF_P, ERF_SERIES, TANH_SERIES};
 use std::fmt::Write;
 
 const TRIPLE: &str = "nvptx64-nvidia-cuda";
@@ -677,11 +680,11 @@ impl Ir {
         self.activation(epi.activation, &y)
     }
 
-    /// An epilogue's activation of an f32 value, in registers. `Pointwise` has
-    /// no GPU form (`gpu::epilogue_supported` rejects it before generation).
+    /// An epilogue's activation of an f32 value, in registers.
     fn activation(&mut self, act: Activation, x: &str) -> String {
         match act {
-            Activation::None | Activation::Pointwise(_) => x.to_string(),
+            Activation::None => x.to_string(),
+            Activation::Pointwise(p) => self.pointwise(&p, x),
             // `x < 0 ? 0 : x`: NaN stays NaN, as on the CPU.
             Activation::Relu => {
                 let neg = self.v(format!("fcmp olt float {x}, 0.0"));
@@ -692,6 +695,158 @@ impl Ir {
             }
             Activation::Gelu | Activation::GeluTanh => self.gelu(act, x),
         }
+    }
+
+    /// An element-wise program on an f32 value, in registers, an instruction
+    /// (or a short inline formula) per operation, with the semantics of
+    /// `Pointwise::eval` and the CPU's formulas (`vmath`): `exp` and `log`
+    /// through `ex2.approx`/`lg2.approx`, whose relative error (about 2⁻²²)
+    /// the 16-bit output's rounding covers; max and min by comparisons, so that
+    /// NaNs and signed zeros come out as on the CPU whatever the PTX
+    /// instructions' own rules.
+    fn pointwise(&mut self, p: &Pointwise, x: &str) -> String {
+        let mut v: Vec<String> = Vec::with_capacity(p.ops().len());
+        for op in p.ops() {
+            let r = match *op {
+                PwOp::Input => x.to_string(),
+                PwOp::Const(bits) => float_lit(f32::from_bits(bits)),
+                PwOp::Unary(u, a) => {
+                    let a = v[a as usize].clone();
+                    self.pw_unary(u, &a)
+                }
+                PwOp::Binary(b, p, q) => {
+                    let (a, c) = (v[p as usize].clone(), v[q as usize].clone());
+                    self.pw_binary(b, &a, &c)
+                }
+                PwOp::Select(cmp, a, b, t, f) => {
+                    let pred = match cmp {
+                        PwCmp::Less => "olt",
+                        PwCmp::LessEq => "ole",
+                        PwCmp::Greater => "ogt",
+                        PwCmp::GreaterEq => "oge",
+                        PwCmp::Equal => "oeq",
+                    };
+                    let [a, b, t, f] = [a, b, t, f].map(|i| v[i as usize].clone());
+                    let c = self.v(format!("fcmp {pred} float {a}, {b}"));
+                    self.v(format!("select i1 {c}, float {t}, float {f}"))
+                }
+            };
+            v.push(r);
+        }
+        v.pop().unwrap_or_else(|| x.to_string())
+    }
+
+    fn pw_unary(&mut self, u: PwUnary, a: &str) -> String {
+        match u {
+            PwUnary::Neg => self.v(format!("fneg float {a}")),
+            PwUnary::Abs => self.v(format!("call float @llvm.fabs.f32(float {a})")),
+            PwUnary::Exp => self.exp(a),
+            PwUnary::Log => {
+                let l2 = self.v(format!("call float asm \"lg2.approx.f32 $0, $1;\", \"=f,f\"(float {a})"));
+                self.v(format!("fmul float {l2}, {}", float_lit(std::f32::consts::LN_2)))
+            }
+            PwUnary::Sqrt => self.v(format!("call float @llvm.sqrt.f32(float {a})")),
+            PwUnary::Reciprocal => self.v(format!("fdiv float 1.0, {a}")),
+            PwUnary::Tanh => self.tanh(a),
+            PwUnary::Erf => self.erf(a),
+            PwUnary::Sigmoid => {
+                let n = self.v(format!("fneg float {a}"));
+                let e = self.exp(&n);
+                let d = self.v(format!("fadd float {e}, 1.0"));
+                self.v(format!("fdiv float 1.0, {d}"))
+            }
+            PwUnary::Relu => self.activation(Activation::Relu, a),
+            PwUnary::Floor => self.v(format!("call float @llvm.floor.f32(float {a})")),
+            PwUnary::Ceil => self.v(format!("call float @llvm.ceil.f32(float {a})")),
+        }
+    }
+
+    fn pw_binary(&mut self, b: PwBinary, x: &str, y: &str) -> String {
+        let (op, zero_bits) = match b {
+            PwBinary::Add => return self.v(format!("fadd float {x}, {y}")),
+            PwBinary::Sub => return self.v(format!("fsub float {x}, {y}")),
+            PwBinary::Mul => return self.v(format!("fmul float {x}, {y}")),
+            PwBinary::Div => return self.v(format!("fdiv float {x}, {y}")),
+            // Equal values differ at most in a zero's sign: +0 wins max, -0 min.
+            PwBinary::Max => ("ogt", "and"),
+            PwBinary::Min => ("olt", "or"),
+        };
+        let wins = self.v(format!("fcmp {op} float {x}, {y}"));
+        let pick = self.v(format!("select i1 {wins}, float {x}, float {y}"));
+        let (xi, yi) =
+            (self.v(format!("bitcast float {x} to i32")), self.v(format!("bitcast float {y} to i32")));
+        let zi = self.v(format!("{zero_bits} i32 {xi}, {yi}"));
+        let z = self.v(format!("bitcast i32 {zi} to float"));
+        let eq = self.v(format!("fcmp oeq float {x}, {y}"));
+        let r = self.v(format!("select i1 {eq}, float {z}, float {pick}"));
+        let nan = self.v(format!("fcmp uno float {x}, {y}"));
+        self.v(format!("select i1 {nan}, float 0x7FF8000000000000, float {r}"))
+    }
+
+    /// `e^x` as `2^(x·log2 e)` by `ex2.approx` (+inf past the range, 0 below it,
+    /// NaN for NaN).
+    fn exp(&mut self, x: &str) -> String {
+        let l = self.v(format!("fmul float {x}, {}", float_lit(std::f32::consts::LOG2_E)));
+        self.v(format!("call float asm \"ex2.approx.f32 $0, $1;\", \"=f,f\"(float {l})"))
+    }
+
+    /// `p(x²)` by Horner's rule for a series' coefficients, highest first.
+    fn series(&mut self, coef: &[f64], x2: &str) -> String {
+        let mut p = float_lit(coef[0] as f32);
+        for &c in &coef[1..] {
+            p = self
+                .v(format!("call float @llvm.fma.f32(float {p}, float {x2}, float {})", float_lit(c as f32)));
+        }
+        p
+    }
+
+    /// `tanh(x)` as the CPU computes it: `1 - 2/(e^{2x} + 1)` on the input
+    /// clamped to ±9, its odd series below `|x| < ½`.
+    fn tanh(&mut self, x: &str) -> String {
+        let lo = self.v(format!("fcmp olt float {x}, -9.0"));
+        let c1 = self.v(format!("select i1 {lo}, float -9.0, float {x}"));
+        let hi = self.v(format!("fcmp ogt float {c1}, 9.0"));
+        let xc = self.v(format!("select i1 {hi}, float 9.0, float {c1}"));
+        let x2c = self.v(format!("fmul float {xc}, 2.0"));
+        let e = self.exp(&x2c);
+        let d = self.v(format!("fadd float {e}, 1.0"));
+        let q = self.v(format!("fdiv float 2.0, {d}"));
+        let far = self.v(format!("fsub float 1.0, {q}"));
+        let x2 = self.v(format!("fmul float {x}, {x}"));
+        let p = self.series(&TANH_SERIES, &x2);
+        let px2 = self.v(format!("fmul float {p}, {x2}"));
+        let near = self.v(format!("call float @llvm.fma.f32(float {px2}, float {x}, float {x})"));
+        let small = self.v(format!("fcmp olt float {x2}, 0.25"));
+        self.v(format!("select i1 {small}, float {near}, float {far}"))
+    }
+
+    /// `erf(x)` as the CPU computes it: Abramowitz & Stegun 7.1.26, its
+    /// series below `|x| < ½`.
+    fn erf(&mut self, x: &str) -> String {
+        let ax = self.v(format!("call float @llvm.fabs.f32(float {x})"));
+        let d =
+            self.v(format!("call float @llvm.fma.f32(float {ax}, float {}, float 1.0)", float_lit(ERF_P)));
+        let t = self.v(format!("fdiv float 1.0, {d}"));
+        let mut poly = "0.0".to_string();
+        for a in ERF_A.iter().rev() {
+            poly =
+                self.v(format!("call float @llvm.fma.f32(float {poly}, float {t}, float {})", float_lit(*a)));
+        }
+        let poly = self.v(format!("fmul float {poly}, {t}"));
+        let sq = self.v(format!("fmul float {ax}, {ax}"));
+        let nsq = self.v(format!("fneg float {sq}"));
+        let e = self.exp(&nsq);
+        let pe = self.v(format!("fmul float {poly}, {e}"));
+        let y = self.v(format!("fsub float 1.0, {pe}"));
+        let ny = self.v(format!("fneg float {y}"));
+        let neg = self.v(format!("fcmp olt float {x}, 0.0"));
+        let far = self.v(format!("select i1 {neg}, float {ny}, float {y}"));
+        let x2 = self.v(format!("fmul float {x}, {x}"));
+        let p = self.series(&ERF_SERIES, &x2);
+        let px = self.v(format!("fmul float {p}, {x}"));
+        let near = self.v(format!("fmul float {px}, {}", float_lit(std::f32::consts::FRAC_2_SQRT_PI)));
+        let small = self.v(format!("fcmp olt float {x2}, 0.25"));
+        self.v(format!("select i1 {small}, float {near}, float {far}"))
     }
 
     /// GELU of an f32 value, in registers: the tanh form through `tanh.approx.f32`;
@@ -1941,4 +2096,7 @@ declare float @llvm.fma.f32(float, float, float)
 declare float @llvm.nvvm.shfl.sync.bfly.f32(i32, float, i32, i32)
 declare float @llvm.vector.reduce.fadd.v8f32(float, <8 x float>)
 declare float @llvm.fabs.f32(float)
+declare float @llvm.sqrt.f32(float)
+declare float @llvm.floor.f32(float)
+declare float @llvm.ceil.f32(float)
 ";

@@ -9,7 +9,9 @@ use inkwell::module::Module;
 use inkwell::types::VectorType;
 use inkwell::values::{FastMathFlags, IntValue, PointerValue, VectorValue};
 use inkwell::FloatPredicate;
-use plan::{Activation, Pointwise, PwBinary, PwCmp, PwOp, PwUnary, ERF_A, ERF_P, GELU_C};
+use plan::{
+    Activation, Pointwise, PwBinary, PwCmp, PwOp, PwUnary, ERF_A, ERF_P, ERF_SERIES, GELU_C, TANH_SERIES,
+};
 
 use crate::{llvm, CodegenError};
 
@@ -176,16 +178,9 @@ impl VMath<'_> {
         let e = self.exp(self.mul(xc, self.splat(2.0))?)?;
         let far = self.sub(self.splat(1.0), self.div(self.splat(2.0), self.add(e, self.splat(1.0))?)?)?;
         let x2 = self.mul(x, x)?;
-        let mut p = self.splat(-929_569.0 / 638_512_875.0);
-        for c in [
-            21_844.0 / 6_081_075.0,
-            -1_382.0 / 155_925.0,
-            62.0 / 2_835.0,
-            -17.0 / 315.0,
-            2.0 / 15.0,
-            -1.0 / 3.0,
-        ] {
-            p = self.fma(p, x2, self.splat(c))?;
+        let mut p = self.splat(TANH_SERIES[0]);
+        for c in &TANH_SERIES[1..] {
+            p = self.fma(p, x2, self.splat(*c))?;
         }
         let near = self.fma(self.mul(p, x2)?, x, x)?;
         let small =
@@ -212,9 +207,9 @@ impl VMath<'_> {
         // accurate to the last bits where the formula above has an absolute error
         // of 1.5e-7 on a small value.
         let x2 = self.mul(x, x)?;
-        let mut p = self.splat(1.0 / 9360.0);
-        for c in [-1.0 / 1320.0, 1.0 / 216.0, -1.0 / 42.0, 1.0 / 10.0, -1.0 / 3.0, 1.0] {
-            p = self.fma(p, x2, self.splat(c))?;
+        let mut p = self.splat(ERF_SERIES[0]);
+        for c in &ERF_SERIES[1..] {
+            p = self.fma(p, x2, self.splat(*c))?;
         }
         let near = self.mul(self.mul(p, x)?, self.splat(std::f64::consts::FRAC_2_SQRT_PI))?;
         let small =

@@ -14,6 +14,8 @@ use gpu::{Activation, Arch, BLayout, ElemType, Epilogue, GemmKernel, ReduceKerne
 use std::path::PathBuf;
 
 mod host;
+mod programs;
+use programs::{pointwise_programs, rounds};
 
 fn all_epilogues() -> Vec<Epilogue> {
     vec![
@@ -278,6 +280,12 @@ fn ptxas_accepts_every_family_kernel() {
         Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
     ));
     kernels.extend(candidates::gemv_family(ElemType::F16, Epilogue::NONE));
+    for p in pointwise_programs() {
+        let e =
+            Epilogue { bias: true, residual: true, activation: Activation::Pointwise(p), ..Epilogue::NONE };
+        kernels.extend(candidates::tma_family(ElemType::Bf16, e).into_iter().take(1));
+        kernels.extend(candidates::simt_family(ElemType::Bf16, e).into_iter().take(1));
+    }
     kernels.extend(candidates::unaligned_family(ElemType::F16, Epilogue::NONE));
     kernels.extend(candidates::unaligned_family(
         ElemType::Bf16,
@@ -323,6 +331,7 @@ mod on_the_host {
     use gpu::{Choice, Cover, Problem, Split};
     use inkwell::context::Context;
     use inkwell::execution_engine::ExecutionEngine;
+    use plan::{Pointwise, PwBinary, PwOp, PwUnary};
     use proptest::prelude::*;
 
     type Reduce = unsafe extern "C" fn(
@@ -911,6 +920,138 @@ mod on_the_host {
         }
     }
 
+    /// Every epilogue program through the split-K reduction with one share
+    /// (`C = act(W)`, W in f32), on values that probe each formula's branches
+    /// and edges (±0, ±inf, NaN, tanh's and erf's series against their closed
+    /// forms at ±½, tanh's clamp at ±9, exp's overflow and underflow), against
+    /// `Pointwise::eval` rounded to the output type: the GPU computes the
+    /// CPU's formulas, NaNs and signed zeros included.
+    #[test]
+    fn pointwise_programs_compute_the_cpus_formulas() {
+        let mut xs: Vec<f32> = vec![
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            0.5,
+            -0.5,
+            0.499_9,
+            -0.500_1,
+            9.0,
+            -9.5,
+            88.0,
+            89.5,
+            -104.0,
+            -110.0,
+            1e-20,
+            -1e-20,
+            1e-3,
+            -3.0,
+            6.0,
+        ];
+        xs.extend((-400..=400).map(|i| i as f32 / 37.0));
+        let n = xs.len();
+        let f16c = std::arch::is_x86_feature_detected!("f16c");
+        let elems: &[ElemType] = if f16c { &[ElemType::Bf16, ElemType::F16] } else { &[ElemType::Bf16] };
+        // Max and min at zeros of both signs (`-x` of the +0 the sum gives) and NaN.
+        let signed_zeros = [PwBinary::Max, PwBinary::Min].map(|b| {
+            let mut p = Pointwise::empty();
+            let x = p.push(PwOp::Input).unwrap();
+            let z = p.push(PwOp::Const(0f32.to_bits())).unwrap();
+            let n = p.push(PwOp::Unary(PwUnary::Neg, x)).unwrap();
+            let a = p.push(PwOp::Binary(b, n, z)).unwrap();
+            let c = p.push(PwOp::Binary(b, z, n)).unwrap();
+            p.push(PwOp::Binary(PwBinary::Add, a, c)).unwrap();
+            p
+        });
+        for elem in elems.iter().copied() {
+            for p in pointwise_programs().into_iter().chain(signed_zeros) {
+                let r = ReduceKernel {
+                    elem,
+                    epilogue: Epilogue { activation: Activation::Pointwise(p), ..Epilogue::NONE },
+                };
+                let name = r.name();
+                let ctx = Context::create();
+                let ee = engine(&ctx, &nvptx::reduce_ir(&r).unwrap(), &name).unwrap();
+                // SAFETY: the signature is the kernel's parameter list (`reduce_ir`) plus
+                // the four indices `for_host` appended.
+                let f = unsafe { ee.get_function::<Reduce>(&name) }.unwrap();
+                let mut c = vec![CANARY; n + 1];
+                let none: [u16; 1] = [0];
+                for block in 0..n.div_ceil(ReduceKernel::THREADS) {
+                    for t in 0..ReduceKernel::THREADS {
+                        // SAFETY: one share of `n` values in W, one row of `n` in C (one
+                        // more as a canary); the epilogue reads no bias or residual.
+                        unsafe {
+                            f.call(
+                                xs.as_ptr(),
+                                c.as_mut_ptr(),
+                                none.as_ptr(),
+                                none.as_ptr(),
+                                1,
+                                n as i32,
+                                n as i32,
+                                1,
+                                n as i64,
+                                t as i32,
+                                block as i32,
+                                0,
+                                0,
+                            )
+                        };
+                    }
+                }
+                assert_eq!(c[n], CANARY, "{name}: past the row");
+                let ulp = if elem == ElemType::Bf16 { 2f32.powi(-8) } else { 2f32.powi(-11) };
+                for (x, &bits) in xs.iter().zip(&c) {
+                    // The reduction's sum starts at +0, so a -0 share sums to +0.
+                    let want = p.eval(0.0 + *x);
+                    let got = reference::from_bits(elem, bits);
+                    let at = format!("{name} ({p}) at {x:e}: {got:e}, want {want:e}");
+                    if want.is_nan() || got.is_nan() {
+                        assert!(want.is_nan() && got.is_nan(), "{at}");
+                    } else if want == 0.0 || want.is_infinite() {
+                        assert_eq!(bits, reference::to_bits(elem, want), "{at}");
+                    } else {
+                        assert!((got - want).abs() <= 2.0 * ulp * want.abs() + 1e-5, "{at}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Epilogue programs in the store of each family's kernels (SIMT, GEMV,
+    /// mma.sync, TMA) after a scale, the bias and a residual, one past a tile.
+    #[test]
+    fn pointwise_epilogues_on_the_host() {
+        for (x, p) in pointwise_programs().into_iter().enumerate() {
+            let e = Epilogue {
+                scale: Some(0.75),
+                bias: true,
+                residual: x % 2 == 0,
+                activation: Activation::Pointwise(p),
+            };
+            if rounds(&e) {
+                // Discontinuous: `pointwise_programs_compute_the_cpus_formulas` checks it on
+                // exact values.
+                continue;
+            }
+            let first = |fam: Vec<GemmKernel>| fam[0];
+            let kernels = [
+                first(candidates::simt_family(ElemType::Bf16, e)),
+                first(candidates::gemv_family(ElemType::Bf16, e)),
+                first(candidates::family(ElemType::Bf16, BLayout::KMajor, e)),
+                first(candidates::tma_family(ElemType::Bf16, e)),
+            ];
+            for (i, k) in kernels.iter().enumerate() {
+                let one = Cover::one(Choice { kernel: i, splits: 1 });
+                host_cover(&kernels, &one, Problem::nt(1, k.bm + 1, 67, 72), (8, 1), (x * 4 + i) as u64)
+                    .unwrap();
+            }
+        }
+    }
+
     /// f16 kernels of each family on the host (where the CPU converts f16 with F16C):
     /// the SIMT, GEMV, mma.sync (both B layouts), element-by-element, wgmma and TMA
     /// kernels, one past a tile with a batch.
@@ -1090,9 +1231,13 @@ mod on_the_host {
         /// oracle at random shapes.
         #[test]
         fn every_epilogue_form_at_random_shapes(
-            activation in prop::sample::select(vec![
-                Activation::None, Activation::Relu, Activation::Tanh, Activation::Gelu, Activation::GeluTanh,
-            ]),
+            activation in prop::sample::select(
+                [Activation::None, Activation::Relu, Activation::Tanh, Activation::Gelu, Activation::GeluTanh]
+                    .into_iter()
+                    .chain(pointwise_programs().map(Activation::Pointwise))
+                    .filter(|&a| !rounds(&Epilogue { activation: a, ..Epilogue::NONE }))
+                    .collect::<Vec<_>>(),
+            ),
             scale in any::<bool>(),
             bias in any::<bool>(),
             residual in any::<bool>(),

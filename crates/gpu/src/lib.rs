@@ -22,8 +22,8 @@ pub mod runner;
 
 pub use cover::{Cover, Piece, Split};
 pub use kernel::{
-    epilogue_approximate, epilogue_suffix, epilogue_supported, ALayout, Activation, Arch, BLayout, ElemType,
-    Epilogue, GemmKernel, KernelError, Problem, ReduceKernel, BK,
+    epilogue_approximate, epilogue_suffix, ALayout, Activation, Arch, BLayout, ElemType, Epilogue,
+    GemmKernel, KernelError, Problem, ReduceKernel, BK,
 };
 pub use manifest::{Manifest, ManifestEntry, ReducerEntry};
 pub use tree::MTree;

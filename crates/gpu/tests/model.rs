@@ -547,16 +547,20 @@ fn split_k_plans_leave_no_split_without_work() {
     assert!(GemmKernel { epilogue: Epilogue { bias: true, ..Epilogue::NONE }, ..k }.check().is_err());
 }
 
-/// The GPU family builds every epilogue of the shared vocabulary but an
-/// element-wise program, which it refuses by name (kernel and reduction alike),
-/// and a kernel's name tells its epilogues apart.
+/// The GPU family builds every epilogue of the shared vocabulary, element-wise
+/// programs included, and a kernel's name tells its epilogues apart (programs
+/// by their fingerprint).
 #[test]
-fn an_epilogue_program_is_refused_by_name() {
+fn every_epilogue_has_a_gpu_form_and_a_name_of_its_own() {
+    use plan::{Pointwise, PwBinary, PwOp};
     let k = candidates::gemv_family(ElemType::Bf16, Epilogue::NONE)[0];
-    let pw = Epilogue { activation: Activation::Pointwise(plan::Pointwise::default()), ..Epilogue::NONE };
-    let e = GemmKernel { epilogue: pw, ..k }.check().expect_err("no GPU form").to_string();
-    assert!(e.contains("Pointwise") && e.contains(&GemmKernel { epilogue: pw, ..k }.name()), "{e}");
-    assert!(gpu::ReduceKernel { elem: ElemType::Bf16, epilogue: pw }.check().is_err());
+    let clip = |hi: f32| {
+        let mut p = Pointwise::empty();
+        let x = p.push(PwOp::Input).unwrap();
+        let c = p.push(PwOp::Const(hi.to_bits())).unwrap();
+        p.push(PwOp::Binary(PwBinary::Min, x, c)).unwrap();
+        Activation::Pointwise(p)
+    };
     let forms = [
         Epilogue::NONE,
         Epilogue { scale: Some(0.5), ..Epilogue::NONE },
@@ -565,12 +569,15 @@ fn an_epilogue_program_is_refused_by_name() {
         Epilogue { bias: true, activation: Activation::Gelu, ..Epilogue::NONE },
         Epilogue { bias: true, activation: Activation::GeluTanh, ..Epilogue::NONE },
         Epilogue { residual: true, activation: Activation::Tanh, ..Epilogue::NONE },
+        Epilogue { bias: true, activation: clip(6.0), ..Epilogue::NONE },
+        Epilogue { bias: true, activation: clip(1.0), ..Epilogue::NONE },
     ];
     let names: std::collections::HashSet<String> =
         forms.iter().map(|&epilogue| GemmKernel { epilogue, ..k }.name()).collect();
     assert_eq!(names.len(), forms.len(), "{names:?}");
     for epilogue in forms {
         GemmKernel { epilogue, ..k }.check().expect("a GPU form");
+        gpu::ReduceKernel { elem: ElemType::Bf16, epilogue }.check().expect("a GPU form");
     }
 }
 

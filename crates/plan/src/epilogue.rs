@@ -116,6 +116,25 @@ pub const GELU_C: f32 = 0.797_884_6;
 pub const ERF_P: f32 = 0.327_591_1;
 pub const ERF_A: [f32; 5] = [0.254_829_6, -0.284_496_74, 1.421_413_7, -1.453_152_1, 1.061_405_4];
 
+/// tanh's odd Taylor series for `|x| < ½`, where `1 - 2/(e^{2x} + 1)` cancels:
+/// `tanh x ≈ x + x·x²·P(x²)`, `P`'s coefficients (of `x¹²` down to `x⁰`) highest
+/// first, for Horner's rule; its first omitted term is below 1e-8 relative there.
+pub const TANH_SERIES: [f64; 7] = [
+    -929_569.0 / 638_512_875.0,
+    21_844.0 / 6_081_075.0,
+    -1_382.0 / 155_925.0,
+    62.0 / 2_835.0,
+    -17.0 / 315.0,
+    2.0 / 15.0,
+    -1.0 / 3.0,
+];
+
+/// erf's Maclaurin series for `|x| < ½`, where A&S 7.1.26's absolute error of
+/// 1.5e-7 is large against the value: `erf x ≈ 2/√π·x·P(x²)`, `P`'s
+/// coefficients highest first.
+pub const ERF_SERIES: [f64; 7] =
+    [1.0 / 9360.0, -1.0 / 1320.0, 1.0 / 216.0, -1.0 / 42.0, 1.0 / 10.0, -1.0 / 3.0, 1.0];
+
 /// `erf(x)` by A&S 7.1.26 (the generated code's formula).
 pub fn erf(x: f32) -> f32 {
     let ax = x.abs();

@@ -32,7 +32,9 @@ mod text;
 
 pub use abi::{DirectKernelFn, EntryFn, FinishFn, LoopFn, MicroKernelFn, PackFn, PartFn, RowsPackFn};
 pub use contraction::{bf16_bits, ALayout, BLayout, ElemType, Problem};
-pub use epilogue::{erf, tanh, Activation, Epilogue, MatEpilogue, ERF_A, ERF_P, GELU_C};
+pub use epilogue::{
+    erf, tanh, Activation, Epilogue, MatEpilogue, ERF_A, ERF_P, ERF_SERIES, GELU_C, TANH_SERIES,
+};
 pub use expr::{Combine, Exprs, Node, E};
 pub use group::GroupKind;
 pub use model::{

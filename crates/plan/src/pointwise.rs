@@ -166,6 +166,15 @@ impl Pointwise {
         &self.ops[..self.len as usize]
     }
 
+    /// A stable 64-bit key of the function the program computes (FNV-1a of
+    /// its text form, which prints just what its value depends on): kernels
+    /// compiled per program are named by it.
+    pub fn fingerprint(&self) -> u64 {
+        self.to_string()
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    }
+
     /// The program applied to one value.
     pub fn eval(&self, x: f32) -> f32 {
         let mut v = [0.0f32; MAX_POINTWISE_OPS];
@@ -297,6 +306,28 @@ mod tests {
         assert_eq!(s.to_string(), "mul(x, sigmoid(x))");
         assert!((s.eval(1.0) - 0.731_058_6).abs() < 1e-6);
         assert_eq!(Pointwise::default().eval(2.5), 2.5);
+    }
+
+    #[test]
+    fn fingerprints_follow_the_function() {
+        let mut dead = Pointwise::empty();
+        let x = dead.push(PwOp::Input).unwrap();
+        dead.push(PwOp::Const(3f32.to_bits())).unwrap();
+        let z = dead.push(PwOp::Const(0f32.to_bits())).unwrap();
+        let six = dead.push(PwOp::Const(6f32.to_bits())).unwrap();
+        let m = dead.push(PwOp::Binary(PwBinary::Max, x, z)).unwrap();
+        dead.push(PwOp::Binary(PwBinary::Min, m, six)).unwrap();
+        assert_eq!(dead.fingerprint(), relu6().fingerprint(), "an unused constant changes nothing");
+        assert_ne!(relu6().fingerprint(), Pointwise::default().fingerprint());
+        let mut neg = Pointwise::empty();
+        let x = neg.push(PwOp::Input).unwrap();
+        let z = neg.push(PwOp::Const((-0f32).to_bits())).unwrap();
+        neg.push(PwOp::Binary(PwBinary::Max, x, z)).unwrap();
+        let mut pos = Pointwise::empty();
+        let x = pos.push(PwOp::Input).unwrap();
+        let z = pos.push(PwOp::Const(0f32.to_bits())).unwrap();
+        pos.push(PwOp::Binary(PwBinary::Max, x, z)).unwrap();
+        assert_ne!(neg.fingerprint(), pos.fingerprint(), "max with -0 and with +0 differ at zero");
     }
 
     #[test]

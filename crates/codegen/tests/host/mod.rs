@@ -11,8 +11,8 @@
 //! shuffle, `ldmatrix` and `mma` exchange their lanes' operands there and compute
 //! what each lane gets as the PTX ISA lays the fragments out; `wgmma` reads its
 //! operands from shared memory through its descriptors. Copies and products complete
-//! when issued. `tanh.approx` and `ex2.approx` (the GELU epilogues) are computed
-//! exactly; f16 is converted by F16C instructions (a kernel function's target
+//! when issued. `tanh.approx`, `ex2.approx` and `lg2.approx` (the epilogues'
+//! transcendental functions) are computed exactly; f16 is converted by F16C instructions (a kernel function's target
 //! feature), where x86 would otherwise call a library the JIT cannot resolve.
 
 use gpu::reference;
@@ -123,6 +123,7 @@ fn line_for_host(line: &str) -> String {
     line = line
         .replace("call float asm \"tanh.approx.f32 $0, $1;\", \"=f,f\"(", "call float @anyshape_host_tanh(")
         .replace("call float asm \"ex2.approx.f32 $0, $1;\", \"=f,f\"(", "call float @anyshape_host_ex2(")
+        .replace("call float asm \"lg2.approx.f32 $0, $1;\", \"=f,f\"(", "call float @anyshape_host_lg2(")
         .replace(
             "call float @llvm.nvvm.shfl.sync.bfly.f32(i32 -1, float ",
             "call float @anyshape_host_shfl(float ",
@@ -330,6 +331,7 @@ declare void @anyshape_host_tma(i32, ptr, i32, i32, i32, i32)
 declare void @anyshape_host_named_bar(i32, i32)
 declare float @anyshape_host_tanh(float)
 declare float @anyshape_host_ex2(float)
+declare float @anyshape_host_lg2(float)
 declare float @anyshape_host_shfl(float, i32)
 declare ptr @anyshape_host_smem()
 declare i32 @anyshape_host_nctaid_x()
@@ -387,9 +389,10 @@ pub fn engine<'c>(ctx: &'c Context, ir: &str, name: &str) -> Result<ExecutionEng
         .map_err(|e| format!("{e}\n{ir}"))?;
     module.verify().map_err(|e| format!("{e}\n{ir}"))?;
     let ee = module.create_jit_execution_engine(OptimizationLevel::Default).map_err(|e| e.to_string())?;
-    let fns: [(&str, usize); 17] = [
+    let fns: [(&str, usize); 18] = [
         ("anyshape_host_tanh", host_tanh as *const () as usize),
         ("anyshape_host_ex2", host_ex2 as *const () as usize),
+        ("anyshape_host_lg2", host_lg2 as *const () as usize),
         ("anyshape_host_mbar_init", host_mbar_init as *const () as usize),
         ("anyshape_host_mbar_expect", host_mbar_expect as *const () as usize),
         ("anyshape_host_mbar_arrive_if", host_mbar_arrive_if as *const () as usize),
@@ -507,6 +510,11 @@ extern "C" fn host_tanh(x: f32) -> f32 {
 /// `ex2.approx.f32` (the GELU epilogue's erf form), exact on the host.
 extern "C" fn host_ex2(x: f32) -> f32 {
     x.exp2()
+}
+
+/// `lg2.approx.f32` (an element-wise program's `log`), exact on the host.
+extern "C" fn host_lg2(x: f32) -> f32 {
+    x.log2()
 }
 
 extern "C" fn host_bar() {
