@@ -11,7 +11,8 @@
 //! - the innermost variable runs in vectors of the target's width: loads whose
 //!   index is the variable plus a row-invariant offset are vector loads, loads
 //!   that do not depend on it are scalar loads broadcast, anything else is a
-//!   gather; guarded loads are masked; stores are contiguous; a scalar loop
+//!   gather; guarded loads are masked (those `lower` found a border's range
+//!   checks only in the vectors at the border); stores are contiguous; a scalar loop
 //!   finishes the row's tail.
 //!
 //! `exp`, `tanh`, `erf` and `sigmoid` in f32 are the inline polynomials of
@@ -217,6 +218,7 @@ fn start<'a>(
         module,
         bld,
         x: &p.exprs,
+        borders: &p.schedules.border_guards,
         w: lanes as u32,
         features,
         bufs: Vec::new(),
@@ -557,6 +559,8 @@ struct Gen<'a> {
     module: &'a Module<'static>,
     bld: &'a Builder<'static>,
     x: &'a Exprs,
+    /// The program's border guards (`lower`'s decision).
+    borders: &'a [plan::BorderGuard],
     /// Vector width (f32 lanes of the target).
     w: u32,
     /// The target's LLVM features (which vector math instructions it has).
@@ -866,44 +870,34 @@ impl Gen<'_> {
     }
 
     fn load(&mut self, buf: u32, index: &[E], guard: Option<E>, dt: DType, vec: bool) -> R<V> {
-        if let Some(g) = guard.filter(|g| vec && self.is_vec(*g, vec)) {
+        if let Some(g) = guard.filter(|g| vec && self.is_vec(*g, vec) && self.border_guard(*g)) {
+            // `lower` found the guard a border's range checks along the lanes
+            // (`plan::BorderGuard`): the interior takes a plain load and only the
+            // border vectors a masked one.
             let mut terms = Vec::new();
-            if self.affine_terms(g, &mut terms) {
-                // A guard of range checks affine in the lane (a pad's or a window's
-                // border): true at the vector's first and last lanes means true on
-                // every lane between, so the interior takes a plain load and only
-                // the border vectors a masked one.
-                let all = self.holds_on_every_lane(&terms)?;
-                return self.choose(all, &mut |g| g.load_unswitched(buf, index, None, dt, vec), &mut |g| {
-                    g.load_unswitched(buf, index, guard, dt, vec)
-                });
-            }
+            self.conjuncts(g, &mut terms);
+            let all = self.holds_on_every_lane(&terms)?;
+            return self.choose(all, &mut |g| g.load_unswitched(buf, index, None, dt, vec), &mut |g| {
+                g.load_unswitched(buf, index, guard, dt, vec)
+            });
         }
         self.load_unswitched(buf, index, guard, dt, vec)
     }
 
-    /// Split a guard into its conjuncts when each is a comparison of expressions
-    /// affine in the lane variable (or does not depend on the lane).
-    fn affine_terms(&self, g: E, out: &mut Vec<E>) -> bool {
+    /// Whether `g` is a border guard along the lane variable.
+    fn border_guard(&self, g: E) -> bool {
         let Some(lane) = self.lane else { return false };
+        self.borders.iter().any(|b| b.guard == g && b.along >> lane & 1 == 1)
+    }
+
+    /// The conjuncts of a guard.
+    fn conjuncts(&self, g: E, out: &mut Vec<E>) {
         match self.x.node(g) {
-            Node::Binary(BinaryOp::And, a, b) => self.affine_terms(*a, out) && self.affine_terms(*b, out),
-            _ if self.x.free(g) & (1u64 << lane) == 0 => {
-                out.push(g);
-                true
+            Node::Binary(BinaryOp::And, a, b) => {
+                self.conjuncts(*a, out);
+                self.conjuncts(*b, out);
             }
-            Node::Binary(
-                BinaryOp::Less | BinaryOp::LessEq | BinaryOp::Greater | BinaryOp::GreaterEq,
-                a,
-                b,
-            ) if !self.x.dtype(*a).is_float() => {
-                let ok = self.coef(*a, lane).is_some() && self.coef(*b, lane).is_some();
-                if ok {
-                    out.push(g);
-                }
-                ok
-            }
-            _ => false,
+            _ => out.push(g),
         }
     }
 

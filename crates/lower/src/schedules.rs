@@ -7,7 +7,8 @@ use std::collections::HashMap;
 
 use ir::DType;
 use plan::{
-    Combine, Exprs, LoopProgram, Node, OnePointWhy, RowScratch, Schedules, SplitReduction, E, UNSWITCH_DEPTH,
+    BorderGuard, Combine, Exprs, LoopProgram, Node, OnePointWhy, RowScratch, Schedules, SplitReduction, E,
+    UNSWITCH_DEPTH,
 };
 
 /// Every reduction the stored values use (not those inside other reductions).
@@ -92,6 +93,7 @@ pub fn analyze(p: &mut LoopProgram) {
         }
         _ => None,
     };
+    let border_guards = border_guards(p, &guards);
     p.schedules = Schedules {
         guards,
         row_reduction,
@@ -100,7 +102,60 @@ pub fn analyze(p: &mut LoopProgram) {
         points_one_at_a_time,
         row_scratch,
         unswitched,
+        border_guards,
     };
+}
+
+/// The guards of the loads the stored values read (reductions' bodies
+/// included) that are range checks along a variable the code generator may
+/// run along a vector's lanes (the nest's innermost, a reduction's last)
+/// ([`BorderGuard`]), in node order.
+fn border_guards(p: &LoopProgram, versions: &[E]) -> Vec<BorderGuard> {
+    let x = &p.exprs;
+    let mut seen = vec![false; x.len()];
+    let mut stack: Vec<E> = p.stores.iter().map(|s| s.value).collect();
+    let mut lanes = p.inner_var().map_or(0u64, |v| 1 << v);
+    let mut guarded = Vec::new();
+    while let Some(e) = stack.pop() {
+        if std::mem::replace(&mut seen[e.index()], true) {
+            continue;
+        }
+        match x.node(e) {
+            Node::Load { guard: Some(g), .. } => guarded.push(*g),
+            Node::Reduce { vars, .. } => lanes |= vars.last().map_or(0, |v| 1 << v),
+            _ => {}
+        }
+        stack.extend(x.node(e).children());
+    }
+    guarded.sort();
+    guarded.dedup();
+    guarded
+        .into_iter()
+        .filter_map(|g| {
+            let along = (0..64u32)
+                .filter(|&v| (lanes & x.free(g)) >> v & 1 == 1 && range_checks(x, g, v, versions))
+                .fold(0u64, |m, v| m | 1 << v);
+            (along != 0).then_some(BorderGuard { guard: g, along })
+        })
+        .collect()
+}
+
+/// Whether each conjunct of `g` is a comparison of integer sides affine in
+/// `var` in every version of the program (each value of its `versions`
+/// guards), or does not depend on `var`.
+fn range_checks(x: &Exprs, g: E, var: u32, versions: &[E]) -> bool {
+    use ir::BinaryOp::{And, Greater, GreaterEq, Less, LessEq};
+    match x.node(g) {
+        Node::Binary(And, a, b) => range_checks(x, *a, var, versions) && range_checks(x, *b, var, versions),
+        _ if x.free(g) >> var & 1 == 0 => true,
+        Node::Binary(Less | LessEq | Greater | GreaterEq, a, b) if !x.dtype(*a).is_float() => {
+            (0..1u32 << versions.len()).all(|bits| {
+                let fixed = |c: E| versions.iter().position(|v| *v == c).map(|i| bits >> i & 1 == 1);
+                [*a, *b].iter().all(|side| crate::versions::coef_with(x, *side, var, &fixed).is_some())
+            })
+        }
+        _ => false,
+    }
 }
 
 /// The row scratch of `p`, when it has one: one store of floats, and a

@@ -314,3 +314,56 @@ group 0: elementwise
 "#;
     assert_eq!(got, want, "got:\n{got}");
 }
+
+/// A pad's and a padded pool's loads are guarded by range checks affine in the
+/// vectorized variable (the nest's innermost; the window's along a row):
+/// `lower` records them as border guards, which the code generator tests at a
+/// vector's two ends, with a masked load only at the borders.
+#[test]
+fn range_checked_loads_are_border_guards() {
+    let got = lowered(
+        r#"graph {
+  sym n param 1..
+  sym w param 1..
+  input %x: f32[n, w]
+  %p: f32[n, w+5] = pad[pads=[(0, 0), (2, 3)], mode=constant(0.5)] %x
+  output %p
+}
+"#,
+    );
+    let want = r#"dims:
+  d0 = n*w
+  d1 = 5*n+n*w
+  d2 = n
+  d3 = w+5
+  d4 = w
+buffers:
+  b0: f32[n, w] "x" (input 0)
+  b1: f32[n, w+5] "p" (output 0)
+p0: program g0_elementwise
+  %0: in f32[d2, d4] "x"
+  %1: out f32[d2, d3] "p"
+  border: and(less_eq(0, sub(i1, 2)), less(sub(i1, 2), d4)) tested at a vector's two ends along i1: plain loads inside, masked at the border
+  for i0 < d2, i1 < d3:
+    t0: i64 = sub(i1, 2)
+    t1: bool = and(less_eq(0, t0), less(t0, d4))
+    %1[·] = select(t1, %0[i0, t0] if t1, 0.5)
+group 0: elementwise
+  loop p0(b0, b1)
+"#;
+    assert_eq!(got, want, "got:\n{got}");
+    let pool = lowered(
+        r#"graph {
+  sym h param 1..
+  sym w param 1..
+  input %img: f32[1, 2, h, w]
+  %mp: f32[1, 2, h, w] = max_pool[kernel=[3, 3], strides=[1, 1], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1]] %img
+  output %mp
+}
+"#,
+    );
+    let border = "  border: and(and(less_eq(0, sub(add(i1, i3), 1)), less(sub(add(i1, i3), 1), d1)), \
+                  and(less_eq(0, sub(add(i2, i4), 1)), less(sub(add(i2, i4), 1), d2))) tested at a \
+                  vector's two ends along i2, i4: plain loads inside, masked at the border\n";
+    assert!(pool.contains(border), "the output's columns and the window's: got:\n{pool}");
+}

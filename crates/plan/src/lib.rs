@@ -43,6 +43,7 @@ pub use model::{
 };
 pub use pointwise::{Pointwise, PwBinary, PwCmp, PwOp, PwUnary, MAX_POINTWISE_OPS};
 pub use program::{
-    LoopProgram, OnePointWhy, Param, RowScratch, Schedules, SplitReduction, Store, UNSWITCH_DEPTH,
+    BorderGuard, LoopProgram, OnePointWhy, Param, RowScratch, Schedules, SplitReduction, Store,
+    UNSWITCH_DEPTH,
 };
 pub use text::{print_plan, print_program};

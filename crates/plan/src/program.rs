@@ -71,6 +71,23 @@ pub struct Schedules {
     /// taps): the choice is made once per row, and the row's loop sees only
     /// the chosen expression (not on a row-scratch schedule).
     pub unswitched: Option<usize>,
+    /// Load guards that are range checks affine along a vectorized variable
+    /// (a pad's or a window's border), in node order.
+    pub border_guards: Vec<BorderGuard>,
+}
+
+/// A load's guard whose conjuncts, along each variable of `along`, are
+/// comparisons of integer sides affine in that variable (in every version of
+/// the program) or do not depend on it: where such a variable runs along a
+/// vector's lanes, a guard true at the first and at the last lane is true on
+/// every lane between, so the code generator tests the two ends once per
+/// vector and takes a plain load inside the range, a masked one only at its
+/// borders.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BorderGuard {
+    pub guard: E,
+    /// The variables, a bit each.
+    pub along: u64,
 }
 
 /// A row sum whose terms the stored value uses again (Softmax's

@@ -61,6 +61,15 @@ pub fn print_program(p: &LoopProgram, names: bool) -> String {
             "  unswitched: the stored value's choice among {n} alternatives is made once per row"
         );
     }
+    for b in &p.schedules.border_guards {
+        let along: Vec<String> = (0..64).filter(|v| b.along >> v & 1 == 1).map(|v| format!("i{v}")).collect();
+        let _ = writeln!(
+            s,
+            "  border: {} tested at a vector's two ends along {}: plain loads inside, masked at the border",
+            expr(&p.exprs, b.guard, &HashMap::new()),
+            along.join(", ")
+        );
+    }
     let _ = writeln!(s, "  for {}:", space.join(", "));
     // Shared and reducing subexpressions get a name, in dependence order.
     let mut uses = vec![0usize; p.exprs.len()];

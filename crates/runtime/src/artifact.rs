@@ -39,9 +39,9 @@ use crate::{CompiledModel, ModelParts, RunError};
 
 /// The version of the layout below, of the metadata's encoding and of the calling
 /// convention of the code it holds (3: direct kernels take runs; 4: and the lines
-/// they ask into L2; 5: matmul epilogues hold their program in the kernels' form);
-/// a runtime reads only its own.
-pub const FORMAT_VERSION: u32 = 5;
+/// they ask into L2; 5: matmul epilogues hold their program in the kernels' form;
+/// 6: programs record their border guards); a runtime reads only its own.
+pub const FORMAT_VERSION: u32 = 6;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;
@@ -959,6 +959,7 @@ fn validate(plan: &ModelPlan, inputs: usize, outputs: usize) -> Result<(), Strin
         }
         let sc = &p.schedules;
         sc.guards.iter().chain(&sc.row_reduction).copied().try_for_each(e)?;
+        sc.border_guards.iter().try_for_each(|b| e(b.guard))?;
         if let Some(rs) = sc.row_scratch {
             e(rs.body)?;
             e(rs.twin)?;
