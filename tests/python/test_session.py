@@ -58,6 +58,18 @@ def test_fixtures_match_onnxruntime(name):
             np.testing.assert_allclose(g, want[n], rtol=1e-4, atol=1e-4, err_msg=n)
 
 
+def test_a_decoders_first_step_takes_an_empty_cache():
+    """A generation's first step passes an empty KV cache, with no `dims`."""
+    root = os.path.join(os.path.dirname(__file__), "..", "fixtures-current")
+    sess = anyshape.InferenceSession(os.path.join(root, "llama_step", "model.onnx"), threads=2)
+    d = os.path.join(root, "llama_step", "case0")
+    feeds = {i.name: np.load(os.path.join(d, i.name + ".npy")) for i in sess.get_inputs()}
+    assert feeds["past_key_0"].shape[2] == 0
+    for name, got in zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)):
+        want = np.load(os.path.join(d, "expected", name + ".npy"))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
 def test_inputs_outputs_and_named_outputs(bert):
     ins = bert.get_inputs()
     assert [i.name for i in ins] == ["input_ids", "attention_mask", "token_type_ids"]

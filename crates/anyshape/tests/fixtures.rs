@@ -133,3 +133,15 @@ fn vit_matches_onnxruntime() {
 fn resnet_matches_onnxruntime() {
     check_model("resnet");
 }
+
+/// A decoder's first generation step passes an empty KV cache (case0 of the
+/// step fixtures: past 0): compiled with no `dims` option, the step takes it,
+/// and its outputs match ONNX Runtime's.
+#[test]
+fn a_decoders_first_step_takes_an_empty_cache() {
+    for name in ["llama_step", "llama_step_dynamo"] {
+        let past = npy::read(&fixtures_current().join(name).join("case0/past_key_0.npy")).expect("npy");
+        assert_eq!(past.shape()[2], 0, "{name}: case0 is a first step");
+        check_in(&fixtures_current(), name, true);
+    }
+}

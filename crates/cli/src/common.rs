@@ -74,13 +74,15 @@ pub fn synthetic_inputs(
     for (name, ty) in inputs {
         let mut dims = Vec::new();
         for d in &ty.shape {
-            match (d.as_const(), d.as_symbol()) {
-                (Some(c), _) => dims.push(c as usize),
-                (None, Some(sym)) => match shape.iter().find(|(n, _)| n == sym) {
-                    Some((_, v)) => dims.push(*v),
-                    None => bail!(UserError(format!("--shape gives no value for `{sym}` (input '{name}')"))),
-                },
-                _ => bail!(UserError(format!("input '{name}' has dim {d}: give its symbols a value"))),
+            // A dim is a symbol, or an expression of them (a mask's `past + seq`).
+            let value = |s: &str| shape.iter().find(|(n, _)| n == s).map(|(_, v)| *v as i64);
+            if let Some(sym) = d.symbols().into_iter().find(|s| value(s).is_none()) {
+                bail!(UserError(format!("--shape gives no value for `{sym}` (input '{name}')")));
+            }
+            match d.eval(&value) {
+                Ok(v) if v >= 0 => dims.push(v as usize),
+                Ok(v) => bail!(UserError(format!("--shape makes input '{name}''s dim {d} {v}"))),
+                Err(e) => bail!(UserError(format!("input '{name}' has dim {d}: {e}"))),
             }
         }
         // An absurd --shape is an error that says so, not an abort in the allocator.

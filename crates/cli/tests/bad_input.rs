@@ -245,3 +245,99 @@ fn inspect_shows_symbolic_shapes() {
     assert!(text.contains("f32[batch, seq, 32]"));
     assert!(text.contains("sym batch param"));
 }
+
+/// A decoder step named as optimum names it: the cache's `past_sequence_length`,
+/// the new tokens' `sequence_length`, and the mask's `past_sequence_length +
+/// sequence_length`, an expression of the two.
+fn decoder_step() -> Vec<u8> {
+    use anyshape_onnx_proto::*;
+    use tensor_shape_proto::dimension::Value;
+    let tensor = |name: &str, elem: i32, dims: &[&str]| ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(elem),
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|d| tensor_shape_proto::Dimension {
+                            value: Some(match d.parse::<i64>() {
+                                Ok(v) => Value::DimValue(v),
+                                Err(_) => Value::DimParam(d.to_string()),
+                            }),
+                        })
+                        .collect(),
+                }),
+            })),
+        }),
+    };
+    let node = |op: &str, inputs: &[&str], output: &str, attribute: Vec<AttributeProto>| NodeProto {
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        name: Some(output.into()),
+        op_type: Some(op.into()),
+        attribute,
+        ..Default::default()
+    };
+    let int = |name: &str, i: i64| AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(2),
+        i: Some(i),
+        ..Default::default()
+    };
+    let mask = "past_sequence_length + sequence_length";
+    let model = ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        graph: Some(GraphProto {
+            node: vec![
+                node("Relu", &["new"], "key", vec![]),
+                node("Concat", &["past_key", "key"], "present", vec![int("axis", 1)]),
+                node("Cast", &["attention_mask"], "m", vec![int("to", 1)]),
+                node("ReduceSum", &["m"], "mask_sum", vec![int("keepdims", 0)]),
+            ],
+            input: vec![
+                tensor("new", 1, &["batch_size", "sequence_length", "4"]),
+                tensor("past_key", 1, &["batch_size", "past_sequence_length", "4"]),
+                tensor("attention_mask", 7, &["batch_size", mask]),
+            ],
+            output: vec![tensor("present", 1, &["batch_size", mask, "4"]), tensor("mask_sum", 1, &[])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    prost::Message::encode_to_vec(&model)
+}
+
+/// The CLI asks for the model's own symbols only (the mask's length is their
+/// sum), the first step's empty cache runs with no `--dim`, and a mask of the
+/// wrong length is an error that names it.
+#[test]
+fn a_decoder_step_as_optimum_exports_it() {
+    let p = tmp("decoder_step.onnx");
+    std::fs::write(&p, decoder_step()).expect("write");
+    let model = p.to_str().unwrap_or_default();
+    let shape = "batch_size=2,sequence_length=3,past_sequence_length=0";
+    let out = anyshape(&["bench", model, "--shape", shape, "--runs", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = anyshape(&["bench", model, "--shape", "batch_size=2,sequence_length=3", "--runs", "2"]);
+    assert_user_error(&out, &["no value for `past_sequence_length`"]);
+    let empty = tmp("empty_cache.npy");
+    let t = anyshape::Tensor::new(vec![1, 0, 4], anyshape::Elems::F32(vec![])).expect("tensor");
+    anyshape::npy::write(&empty, &t).expect("npy");
+    let run = |mask: &str| {
+        let n = mask.split(',').count();
+        anyshape(&[
+            "run",
+            model,
+            "--input=new=1,2,3,4",
+            "--shape=new=1x1x4",
+            &format!("--input=past_key={}", empty.display()),
+            &format!("--input=attention_mask={mask}"),
+            &format!("--shape=attention_mask=1x{n}"),
+        ])
+    };
+    let out = run("1");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_user_error(&run("1,1"), &["input 'attention_mask' dim 1", "past_sequence_length+sequence_length"]);
+}

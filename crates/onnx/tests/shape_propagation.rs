@@ -353,3 +353,86 @@ fn local_functions_and_sequences_resolve_at_compile_time() {
     let out = reference::run(&g, &[("x", f32s(&[2, 6]))]).expect("run");
     assert_eq!(out[0].1.to_f64_vec(), vec![-1.0, 0.0, 1.0, 2.0, -2.0, -1.0, 0.0, 1.0]);
 }
+
+/// A decoder step as optimum exports it: the KV cache's past length may be 0
+/// (the first step passes an empty cache; the cache is only concatenated with
+/// the new keys), and the mask's `past_sequence_length + sequence_length` is
+/// that expression of the two, not a symbol of its own, so a mask of the
+/// wrong length is an error that names it.
+#[test]
+fn a_kv_cache_may_be_empty_and_the_masks_length_is_past_plus_new() {
+    let m = model(
+        vec![
+            node("Relu", &["new"], &["key"], vec![]),
+            node("Concat", &["past_key", "key"], &["present"], vec![attr_int("axis", -2)]),
+            node("Shape", &["past_key"], &["past_shape"], vec![]),
+            node("Cast", &["attention_mask"], &["m"], vec![attr_int("to", FLOAT as i64)]),
+            node("ReduceSum", &["m"], &["mask_sum"], vec![attr_int("keepdims", 0)]),
+        ],
+        vec![
+            value_info("new", FLOAT, &[Dim::P("batch_size"), Dim::P("sequence_length"), Dim::V(4)]),
+            value_info("past_key", FLOAT, &[Dim::P("batch_size"), Dim::P("past_sequence_length"), Dim::V(4)]),
+            value_info(
+                "attention_mask",
+                INT64,
+                &[Dim::P("batch_size"), Dim::P("past_sequence_length + sequence_length")],
+            ),
+        ],
+        &["present", "past_shape", "mask_sum"],
+        vec![],
+        17,
+    );
+    let g = import(&m);
+    let text = g.to_string();
+    assert!(text.contains("  sym past_sequence_length param 0..2147483647\n"), "{text}");
+    assert!(text.contains("  sym sequence_length param 1..2147483647\n"), "{text}");
+    assert!(
+        text.contains("input %attention_mask: i64[batch_size, past_sequence_length+sequence_length]"),
+        "{text}"
+    );
+    let mask = |n: usize| Tensor::new(vec![2, n], Elems::I64(vec![1; 2 * n])).expect("mask");
+    let empty = Tensor::new(vec![2, 0, 4], Elems::F32(vec![])).expect("empty cache");
+    let out = reference::run(
+        &g,
+        &[("new", f32s(&[2, 3, 4])), ("past_key", empty.clone()), ("attention_mask", mask(3))],
+    )
+    .expect("an empty cache runs");
+    let relu = |t: Tensor| match t.elems() {
+        Elems::F32(v) => {
+            Tensor::new(t.shape().to_vec(), Elems::F32(v.iter().map(|x| x.max(0.0)).collect())).unwrap()
+        }
+        _ => unreachable!(),
+    };
+    assert_eq!(out[0].1, relu(f32s(&[2, 3, 4])), "the present cache is the new keys");
+    let err =
+        reference::run(&g, &[("new", f32s(&[2, 3, 4])), ("past_key", empty), ("attention_mask", mask(4))])
+            .expect_err("a mask one too long")
+            .to_string();
+    assert!(err.contains("attention_mask") && err.contains("past_sequence_length+sequence_length"), "{err}");
+    // The same names where the cache is read by more than a concatenation: 1..
+    let m2 = model(
+        vec![node("Relu", &["past_key"], &["r"], vec![])],
+        vec![value_info(
+            "past_key",
+            FLOAT,
+            &[Dim::P("batch_size"), Dim::P("past_sequence_length"), Dim::V(4)],
+        )],
+        &["r"],
+        vec![],
+        17,
+    );
+    assert!(import(&m2).to_string().contains("  sym past_sequence_length param 1..2147483647\n"));
+    // Two inputs concatenated: either might be the empty one, so neither may.
+    let m3 = model(
+        vec![node("Concat", &["a", "b"], &["c"], vec![attr_int("axis", 1)])],
+        vec![
+            value_info("a", FLOAT, &[Dim::V(2), Dim::P("n")]),
+            value_info("b", FLOAT, &[Dim::V(2), Dim::P("k")]),
+        ],
+        &["c"],
+        vec![],
+        17,
+    );
+    let text = import(&m3).to_string();
+    assert!(text.contains("  sym n param 1..") && text.contains("  sym k param 1.."), "{text}");
+}

@@ -102,6 +102,124 @@ pub(crate) struct Importer {
     seqs: HashMap<String, Vec<ValueId>>,
     inline_depth: usize,
     inline_calls: usize,
+    /// What the graph's inputs say of their `dim_param`s ([`DimParams`]).
+    dim_params: DimParams,
+}
+
+/// The graph inputs' `dim_param`s, read before any is declared: the plain
+/// names (symbols), and those of them a tensor may have 0 of.
+#[derive(Default)]
+struct DimParams {
+    plain: HashSet<String>,
+    may_be_zero: HashSet<String>,
+}
+
+impl DimParams {
+    /// A name may be 0 when every input dim it names is the concatenation axis
+    /// of every node that reads the input (through identities and
+    /// one-operand concatenations), or read only for its shape: a KV cache's
+    /// past length, whose empty cache the first generation step passes,
+    /// concatenated with the new tokens' keys. Not when no other operand of
+    /// such a concatenation is known to be non-empty along the axis (a value
+    /// the graph computes, or an input with a fixed positive dim there), nor
+    /// when a subgraph (If, Loop, Scan) might read the input unseen.
+    fn scan(graph: &proto::GraphProto) -> DimParams {
+        use proto::tensor_shape_proto::dimension::Value;
+        let mut out = DimParams::default();
+        let initializers: HashSet<&str> =
+            graph.initializer.iter().filter_map(|t| t.name.as_deref()).collect();
+        let subgraphs =
+            graph.node.iter().any(|n| n.attribute.iter().any(|a| a.g.is_some() || !a.graphs.is_empty()));
+        // Each graph input's dims (initializers listed as inputs aside).
+        let inputs: HashMap<&str, &[proto::tensor_shape_proto::Dimension]> = graph
+            .input
+            .iter()
+            .filter_map(|vi| {
+                let name = vi.name.as_deref()?;
+                let Some(type_proto::Value::TensorType(t)) =
+                    vi.r#type.as_ref().and_then(|t| t.value.as_ref())
+                else {
+                    return None;
+                };
+                (!initializers.contains(name)).then_some((name, t.shape.as_ref()?.dim.as_slice()))
+            })
+            .collect();
+        let mut not_zero: HashSet<String> = HashSet::new();
+        for vi in &graph.input {
+            let name = vi.name.as_deref().unwrap_or_default();
+            let Some(dims) = inputs.get(name) else { continue };
+            for (axis, d) in dims.iter().enumerate() {
+                let Some(Value::DimParam(p)) = &d.value else { continue };
+                if !sym::is_valid_symbol_name(p) {
+                    continue;
+                }
+                out.plain.insert(p.clone());
+                if !subgraphs
+                    && reads_empty(graph, &inputs, name, axis as i64, dims.len() as i64, 0) == Some(true)
+                {
+                    out.may_be_zero.insert(p.clone());
+                } else {
+                    not_zero.insert(p.clone());
+                }
+            }
+        }
+        out.may_be_zero.retain(|p| !not_zero.contains(p));
+        out
+    }
+}
+
+/// Whether value `name` (rank `rank`) may be empty along `axis` as far as the
+/// nodes that read it go ([`DimParams::scan`]): `None` when a reader needs it
+/// non-empty there, else whether one of them concatenates it with a
+/// non-empty value (an input read only for its shape keeps its dims' ranges).
+fn reads_empty(
+    graph: &proto::GraphProto,
+    inputs: &HashMap<&str, &[proto::tensor_shape_proto::Dimension]>,
+    name: &str,
+    axis: i64,
+    rank: i64,
+    depth: usize,
+) -> Option<bool> {
+    use proto::tensor_shape_proto::dimension::Value;
+    let readers: Vec<&NodeProto> = graph.node.iter().filter(|n| n.input.iter().any(|i| i == name)).collect();
+    if readers.is_empty() || depth > 8 {
+        return None;
+    }
+    let out = |n: &NodeProto| n.output.first().map(String::as_str).unwrap_or_default().to_string();
+    let mut joined = false;
+    for n in readers {
+        let here = match n.op_type.as_deref() {
+            Some("Shape") => false,
+            Some("Identity") => reads_empty(graph, inputs, &out(n), axis, rank, depth + 1)?,
+            Some("Concat") => {
+                let a = n.attribute.iter().find(|a| a.name.as_deref() == Some("axis")).and_then(|a| a.i);
+                if a.map(|a| if a < 0 { a + rank } else { a }) != Some(axis) {
+                    return None;
+                }
+                let others: Vec<&String> = n.input.iter().filter(|i| *i != name).collect();
+                if others.is_empty() {
+                    reads_empty(graph, inputs, &out(n), axis, rank, depth + 1)?
+                } else {
+                    // Another operand known non-empty there: computed by the graph,
+                    // or an input with a fixed positive dim.
+                    let nonempty = others.iter().any(|o| match inputs.get(o.as_str()) {
+                        None => true,
+                        Some(dims) => matches!(
+                            dims.get(axis as usize).and_then(|d| d.value.as_ref()),
+                            Some(Value::DimValue(v)) if *v > 0
+                        ),
+                    });
+                    if !nonempty {
+                        return None;
+                    }
+                    true
+                }
+            }
+            _ => return None,
+        };
+        joined |= here;
+    }
+    Some(joined)
 }
 
 /// Integer tensors up to this many elements carry symbolic values.
@@ -164,6 +282,7 @@ pub fn import_model_with(
         seqs: HashMap::new(),
         inline_depth: 0,
         inline_calls: 0,
+        dim_params: DimParams::scan(graph),
     };
     imp.import_graph(graph, &opts.frozen)?;
     ir::verify(&imp.g)
@@ -296,6 +415,38 @@ impl Importer {
         Ok(())
     }
 
+    /// Declare the symbol of a `dim_param` (kept as it is when the user or an
+    /// earlier input declared it): in `0..` where a tensor may have none of it
+    /// ([`DimParams::scan`]), `1..` otherwise.
+    fn declare_dim_param(&mut self, s: &str) -> Result<(), OnnxError> {
+        let lo = if self.dim_params.may_be_zero.contains(s) { 0 } else { 1 };
+        let range = self.g.env.symbol(s).map(|i| i.range).unwrap_or(Range::new(lo, DIM_MAX));
+        self.g
+            .env
+            .declare(s, range, SymOrigin::Param)
+            .map(|_| ())
+            .map_err(|e| OnnxError::BadDim { name: s.to_string(), msg: e.to_string() })
+    }
+
+    /// A `dim_param` that is an expression of other inputs' plain ones (an
+    /// attention mask's `past_sequence_length + sequence_length`): that
+    /// expression, so that the run checks the relation and nobody is asked for
+    /// a symbol the model does not have.
+    fn dim_expression(&mut self, p: &str) -> Result<Option<SymExpr>, OnnxError> {
+        if sym::is_valid_symbol_name(p) {
+            return Ok(None);
+        }
+        let Ok(e) = sym::parse_expr(p) else { return Ok(None) };
+        let names = e.symbols();
+        if names.is_empty() || !names.iter().all(|n| self.dim_params.plain.contains(&**n)) {
+            return Ok(None);
+        }
+        for n in &names {
+            self.declare_dim_param(n)?;
+        }
+        Ok(Some(self.g.env.normalize(&e)))
+    }
+
     fn input_type(&mut self, vi: &proto::ValueInfoProto) -> Result<TensorType, OnnxError> {
         let name = vi.name.clone().unwrap_or_default();
         let t = match vi.r#type.as_ref().and_then(|t| t.value.as_ref()) {
@@ -327,16 +478,14 @@ impl Importer {
             use proto::tensor_shape_proto::dimension::Value;
             let e = match &d.value {
                 Some(Value::DimValue(v)) if *v >= 0 => SymExpr::constant(*v),
-                Some(Value::DimParam(p)) if !p.is_empty() => {
-                    let s = symbol_name(p);
-                    let existing = self.g.env.symbol(&s).map(|i| i.range);
-                    let range = existing.unwrap_or(Range::new(1, DIM_MAX));
-                    self.g
-                        .env
-                        .declare(&s, range, SymOrigin::Param)
-                        .map_err(|e| OnnxError::BadDim { name: s.clone(), msg: e.to_string() })?;
-                    self.g.env.normalize(&SymExpr::symbol(&s))
-                }
+                Some(Value::DimParam(p)) if !p.is_empty() => match self.dim_expression(p)? {
+                    Some(e) => e,
+                    None => {
+                        let s = symbol_name(p);
+                        self.declare_dim_param(&s)?;
+                        self.g.env.normalize(&SymExpr::symbol(&s))
+                    }
+                },
                 _ => {
                     let e = self.g.env.fresh("unk");
                     if let Some(s) = e.as_symbol() {
