@@ -386,8 +386,16 @@ impl ThreadPool {
 /// quiet machine each thread does exactly its share); a thread whose share is
 /// done takes what is left of the others', the nearest first.
 pub struct Parts {
-    shares: Vec<Share>,
+    /// The shares of up to [`INLINE_SHARES`] threads, in place: a fork-join
+    /// on the run path allocates nothing.
+    inline: [Share; INLINE_SHARES],
+    /// The shares of more threads.
+    heap: Vec<Share>,
+    threads: usize,
 }
+
+/// Threads whose shares [`Parts`] holds in place.
+const INLINE_SHARES: usize = 16;
 
 /// A share's next part and its end, on a cache line of its own (the threads
 /// take from their own shares at once; neighbouring counters would bounce
@@ -401,18 +409,29 @@ struct Share {
 impl Parts {
     pub fn new(n: usize, threads: usize) -> Parts {
         let t = threads.max(1);
-        Parts {
-            shares: (0..t)
-                .map(|i| Share { next: AtomicUsize::new(n * i / t), end: n * (i + 1) / t })
-                .collect(),
+        let share = |i: usize| Share { next: AtomicUsize::new(n * i / t), end: n * (i + 1) / t };
+        let inline =
+            std::array::from_fn(
+                |i| if i < t { share(i) } else { Share { next: AtomicUsize::new(0), end: 0 } },
+            );
+        let heap = if t > INLINE_SHARES { (0..t).map(share).collect() } else { Vec::new() };
+        Parts { inline, heap, threads: t }
+    }
+
+    fn shares(&self) -> &[Share] {
+        if self.threads > INLINE_SHARES {
+            &self.heap
+        } else {
+            &self.inline[..self.threads]
         }
     }
 
     /// Thread `me`'s next part: from its own share, then from the others'.
     pub fn take(&self, me: usize) -> Option<usize> {
-        let k = self.shares.len();
+        let shares = self.shares();
+        let k = shares.len();
         (0..k).find_map(|d| {
-            let share = &self.shares[(me + d) % k];
+            let share = &shares[(me + d) % k];
             // Look before taking: a share that is done stays done, and the
             // increment would only grow it.
             if share.next.load(Ordering::Relaxed) >= share.end {
@@ -596,7 +615,10 @@ mod tests {
     /// does all the work; a thread takes its own run first, in order.
     #[test]
     fn the_queue_deals_every_task_once() {
-        for (n, threads) in [(0usize, 1usize), (1, 2), (5, 2), (12, 2), (13, 3), (48, 4), (7, 8)] {
+        // Up to 16 threads the shares are held in place, past that on the heap.
+        for (n, threads) in
+            [(0usize, 1usize), (1, 2), (5, 2), (12, 2), (13, 3), (48, 4), (7, 8), (40, 16), (41, 17), (3, 20)]
+        {
             let q = Parts::new(n, threads);
             let got: Vec<usize> = std::thread::scope(|s| {
                 let handles: Vec<_> = (0..threads)
