@@ -102,12 +102,22 @@ def graph_inputs(model_path):
     return _GRAPH_INPUTS[model_path]
 
 
+def dim_value(d, shape):
+    """A dim of an input at `shape`: a number, a symbol, or an expression of
+    symbols (optimum's mask: 'past_sequence_length + sequence_length')."""
+    if not isinstance(d, str):
+        return d
+    if d in shape:
+        return shape[d]
+    return int(eval(d, {"__builtins__": {}}, dict(shape)))  # noqa: S307 (names and + - * / only)
+
+
 def make_inputs(model_path, shape):
     import onnx
 
     feeds = {}
     for name, elem_type, dims in graph_inputs(model_path):
-        dims = [shape[d] if isinstance(d, str) else d for d in dims]
+        dims = [dim_value(d, shape) for d in dims]
         n = int(np.prod(dims)) if dims else 1
         if elem_type == onnx.TensorProto.INT64:
             if "mask" in name:

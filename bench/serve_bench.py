@@ -7,7 +7,17 @@ Clients send single requests of random sequence lengths through a Ray handle
 gives requests per second and p50/p99 latency per backend and level.
 
     .venv-serve/bin/python bench/serve_bench.py /work/models/bert-base/model.onnx \\
-        --threads 2 --concurrency 1,4,16 --requests 64 --seq 8..128 --json out.json
+        --threads 2 --concurrency 1,4,16,64 --requests 64 --seq 8..128 --json out.json
+
+With ``--generate N`` the model is a decoder with its KV cache (optimum's
+``text-generation-with-past``, tools/models/export_decoder.py) served by
+``anyshape.serve.GenerationDeployment``: each request streams N new tokens
+(greedy) after a prompt of random length (``--seq``); the report gives
+requests and tokens per second, the time to the first token and the time
+per later token (p50/p99):
+
+    .venv-serve/bin/python bench/serve_bench.py /work/models/llama-100m-optimum/model.onnx \\
+        --generate 16 --seq 8..128 --concurrency 1,4,16 --requests 32
 """
 
 import argparse
@@ -65,17 +75,59 @@ def measure(send, input_names, concurrency, requests, lo, hi, seed):
     }
 
 
+def measure_generation(stream, concurrency, requests, lo, hi, new_tokens, seed):
+    """Clients that each stream generations: per request the time to its first
+    token and between later tokens."""
+    first, later, tokens = [], [], [0]
+    lock = threading.Lock()
+    per_client = max(1, requests // concurrency)
+
+    def client(k):
+        rng = np.random.default_rng(seed + k)
+        for _ in range(per_client):
+            prompt = rng.integers(1000, 20000, size=int(rng.integers(lo, hi + 1))).tolist()
+            t = time.perf_counter()
+            stamps = []
+            for _token in stream(prompt, new_tokens):
+                stamps.append(time.perf_counter())
+            with lock:
+                first.append(stamps[0] - t)
+                later.extend(b - a for a, b in zip(stamps, stamps[1:]))
+                tokens[0] += len(stamps)
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    f, g = np.array(first) * 1e3, np.array(later) * 1e3
+    return {
+        "concurrency": concurrency,
+        "requests": len(first),
+        "throughput_rps": len(first) / wall,
+        "tokens_per_s": tokens[0] / wall,
+        "first_token_p50_ms": float(np.percentile(f, 50)),
+        "first_token_p99_ms": float(np.percentile(f, 99)),
+        "next_token_p50_ms": float(np.percentile(g, 50)) if len(g) else None,
+        "next_token_p99_ms": float(np.percentile(g, 99)) if len(g) else None,
+    }
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--concurrency", default="1,4,16,64")
     p.add_argument("--requests", type=int, default=64, help="requests per level")
     p.add_argument("--seq", default="8..128")
     p.add_argument("--max-batch", type=int, default=16)
     p.add_argument("--wait-ms", type=float, default=2.0)
     p.add_argument("--backends", default="anyshape,onnxruntime")
     p.add_argument("--http", action="store_true", help="send over HTTP with JSON instead of a handle")
+    p.add_argument("--generate", type=int, metavar="N", help="a decoder: stream N new tokens per request")
+    p.add_argument("--concurrent", type=int, default=4, help="with --generate: requests a replica steps at once")
     p.add_argument("--json")
     a = p.parse_args()
     lo, hi = (int(x) for x in a.seq.split(".."))
@@ -86,7 +138,7 @@ def main():
     from ray import serve
 
     import anyshape
-    from anyshape.serve import ModelDeployment
+    from anyshape.serve import GenerationDeployment, ModelDeployment
 
     tmp = tempfile.mkdtemp()
     artifact = os.path.join(tmp, "model.anyshape")
@@ -105,6 +157,28 @@ def main():
     results = []
     for backend in a.backends.split(","):
         model = artifact if backend == "anyshape" else a.model
+        if a.generate:
+            app = GenerationDeployment.options(ray_actor_options={"num_cpus": a.threads}).bind(
+                model, backend=backend, threads=a.threads, max_new_tokens=a.generate, concurrent=a.concurrent
+            )
+            handle = serve.run(app, name=backend, route_prefix=f"/{backend}")
+
+            def stream(prompt, n, handle=handle):
+                return handle.options(stream=True).generate.remote(prompt, n)
+
+            measure_generation(stream, 2, 2, lo, hi, 2, 99)  # warm-up
+            for c in levels:
+                r = measure_generation(stream, c, a.requests, lo, hi, a.generate, 1000 * c)
+                r["backend"] = backend
+                results.append(r)
+                print(
+                    f"{backend:12s} concurrency {c:3d}: {r['throughput_rps']:6.2f} req/s, {r['tokens_per_s']:6.1f} "
+                    f"tokens/s, first token p50 {r['first_token_p50_ms']:7.1f} p99 {r['first_token_p99_ms']:7.1f} ms, "
+                    f"next token p50 {r['next_token_p50_ms']:6.1f} p99 {r['next_token_p99_ms']:6.1f} ms",
+                    flush=True,
+                )
+            serve.delete(backend)
+            continue
         app = ModelDeployment.options(ray_actor_options={"num_cpus": a.threads}).bind(
             model, backend=backend, threads=a.threads, max_batch_size=a.max_batch, batch_wait_timeout_s=a.wait_ms / 1e3
         )
@@ -137,13 +211,21 @@ def main():
         row = {r["backend"]: r for r in results if r["concurrency"] == c}
         if "anyshape" in row and "onnxruntime" in row:
             x, o = row["anyshape"], row["onnxruntime"]
+            if a.generate:
+                print(
+                    f"concurrency {c:3d}: tokens/s anyshape/ORT {x['tokens_per_s'] / o['tokens_per_s']:.2f}x, "
+                    f"first token ORT/anyshape {o['first_token_p50_ms'] / x['first_token_p50_ms']:.2f}x, "
+                    f"next token ORT/anyshape {o['next_token_p50_ms'] / x['next_token_p50_ms']:.2f}x"
+                )
+                continue
             print(
                 f"concurrency {c:3d}: throughput anyshape/ORT {x['throughput_rps'] / o['throughput_rps']:.2f}x, "
                 f"p50 ORT/anyshape {o['p50_ms'] / x['p50_ms']:.2f}x, p99 ORT/anyshape {o['p99_ms'] / x['p99_ms']:.2f}x"
             )
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"model": a.model, "threads": a.threads, "seq": a.seq, "http": a.http, "results": results}, f, indent=1)
+            doc = {"model": a.model, "threads": a.threads, "seq": a.seq, "http": a.http, "generate": a.generate}
+            json.dump({**doc, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -32,12 +32,27 @@ or, in a Serve config file, ``import_path: anyshape.serve:build`` with
 
 ``backend="onnxruntime"`` serves the same model with ONNX Runtime instead (for
 comparisons; it needs the ``onnxruntime`` package).
+
+``GenerationDeployment`` serves a decoder exported with its KV cache (optimum's
+``text-generation-with-past``): ``generate`` streams a request's new tokens as
+they are made (greedy), through a handle with ``stream=True``::
+
+    app = GenerationDeployment.options(ray_actor_options={"num_cpus": 2}).bind(
+        "llama.onnx", threads=2, max_new_tokens=64)
+    handle = serve.run(app, route_prefix="/llama")
+    for token in handle.options(stream=True).generate.remote([1, 5, 9], 16):
+        ...
+
+Each request keeps its own cache (the first step's is empty); requests' steps
+interleave on the replica's threads (``concurrent`` at once), each step one
+model call: requests are not batched into one call (no continuous batching).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -47,7 +62,7 @@ from starlette.responses import JSONResponse
 
 import anyshape
 
-__all__ = ["ModelDeployment", "build", "RequestError"]
+__all__ = ["ModelDeployment", "GenerationDeployment", "build", "RequestError"]
 
 _DTYPES = {
     "float32": np.float32,
@@ -257,6 +272,108 @@ class _Batcher:
                 answer[o.name] = np.ascontiguousarray(v)
             results[r] = answer
             start += b
+
+
+class _Generator:
+    """Greedy generation with a decoder's KV cache. The model's inputs are
+    ``input_ids``, optionally ``attention_mask`` and ``position_ids``, and its
+    caches (names with ``past``, rank 4: ``[batch, heads, past, head_dim]``);
+    its outputs the logits (``logits``, or the first) and the next caches
+    (names with ``present``, in the caches' order)."""
+
+    def __init__(self, run, inputs: List[_Io], outputs: List[_Io]) -> None:
+        self.run = run
+        names = [i.name for i in inputs]
+        self.past = [i for i in inputs if "past" in i.name]
+        self.present = [k for k, o in enumerate(outputs) if "present" in o.name]
+        known = {"input_ids", "attention_mask", "position_ids"} | {i.name for i in self.past}
+        other = [n for n in names if n not in known]
+        if "input_ids" not in names or not self.past or len(self.past) != len(self.present) or other:
+            raise ValueError(
+                "not a decoder with a KV cache: its inputs must be input_ids, attention_mask, position_ids "
+                f"and past caches, one present output per cache (inputs {names}, "
+                f"outputs {[o.name for o in outputs]})"
+            )
+        for i in self.past:
+            if len(i.shape) != 4 or not isinstance(i.shape[1], int) or not isinstance(i.shape[3], int):
+                raise ValueError(f"cache {i.name!r} has dims {i.shape}, not [batch, heads, past, head_dim]")
+        self.mask = "attention_mask" in names
+        self.positions = "position_ids" in names
+        self.logits = next((k for k, o in enumerate(outputs) if o.name == "logits"), 0)
+
+    @staticmethod
+    def check(prompt: Any) -> np.ndarray:
+        """The prompt's token ids as ``[1, n]`` int64; a `RequestError` otherwise."""
+        try:
+            a = np.asarray(prompt)
+        except (TypeError, ValueError) as e:
+            raise RequestError(f"the prompt is not an array of token ids: {e}") from None
+        if a.ndim == 2 and a.shape[0] == 1:
+            a = a[0]
+        if a.ndim != 1 or a.size == 0:
+            raise RequestError(f"the prompt must be a non-empty list of token ids, got shape {a.shape}")
+        if a.dtype.kind not in "iu":
+            raise RequestError(f"the prompt must be token ids (integers), got {a.dtype}")
+        return a.astype(np.int64)[None, :]
+
+    def steps(self, prompt: np.ndarray, max_new_tokens: int, eos: Optional[int] = None):
+        """The new tokens, one at a time: the prompt's step with an empty
+        cache, then a step a token."""
+        caches = [np.zeros((1, i.shape[1], 0, i.shape[3]), i.dtype) for i in self.past]
+        ids, past = prompt, 0
+        for _ in range(max_new_tokens):
+            n = ids.shape[1]
+            feeds = {"input_ids": ids}
+            if self.mask:
+                feeds["attention_mask"] = np.ones((1, past + n), np.int64)
+            if self.positions:
+                feeds["position_ids"] = np.arange(past, past + n, dtype=np.int64)[None, :]
+            feeds.update((i.name, c) for i, c in zip(self.past, caches))
+            out = self.run(None, feeds)
+            token = int(np.argmax(out[self.logits][0, -1]))
+            yield token
+            if token == eos:
+                return
+            caches = [out[k] for k in self.present]
+            ids, past = np.array([[token]], np.int64), past + n
+
+
+@serve.deployment
+class GenerationDeployment:
+    """One replica of a decoder with its KV cache (``model``: an ONNX file or
+    an anyshape artifact): ``generate(prompt, max_new_tokens, eos_token_id)``
+    streams the new tokens (greedy). ``backend``, ``dims``, ``threads``: as
+    `ModelDeployment`'s. ``max_new_tokens``: the most a request gets.
+    ``concurrent``: requests whose steps run at once (each on a thread of the
+    replica, the model's threads shared)."""
+
+    def __init__(
+        self,
+        model: str,
+        backend: str = "anyshape",
+        dims: Optional[Mapping[str, Tuple[int, int]]] = None,
+        threads: Optional[int] = None,
+        max_new_tokens: int = 64,
+        concurrent: int = 4,
+    ) -> None:
+        run, ins, outs = _open(model, backend, dims, threads)
+        self.generator = _Generator(run, ins, outs)
+        self.max_new_tokens = max_new_tokens
+        self.executor = ThreadPoolExecutor(max(1, concurrent))
+
+    async def generate(self, prompt: Any, max_new_tokens: Optional[int] = None, eos_token_id: Optional[int] = None):
+        ids = self.generator.check(prompt)
+        n = self.max_new_tokens if max_new_tokens is None else min(int(max_new_tokens), self.max_new_tokens)
+        steps = self.generator.steps(ids, n, eos_token_id)
+        loop = asyncio.get_running_loop()
+        done = object()
+        while True:
+            # A step runs on the replica's threads (the GIL released while the model
+            # runs), so that other requests' steps and new requests go on meanwhile.
+            token = await loop.run_in_executor(self.executor, next, steps, done)
+            if token is done:
+                return
+            yield token
 
 
 @serve.deployment

@@ -16,10 +16,13 @@ import numpy as np
 import pytest
 
 import anyshape
-from anyshape.serve import RequestError, _Batcher, build
+from anyshape.serve import GenerationDeployment, RequestError, _Batcher, _Generator, _open, build
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 BERT = os.path.join(ROOT, "bert", "model.onnx")
+# A Llama decoder's step with its KV cache (inputs input_ids, attention_mask,
+# past_key_<l>, past_value_<l>; outputs logits, present_key_<l>, ...).
+DECODER = os.path.join(ROOT, "..", "fixtures-current", "llama_step", "model.onnx")
 
 
 def request(rng, seq, batch=1):
@@ -185,3 +188,63 @@ def test_the_example_config_is_a_valid_serve_config():
     assert type(bound).__name__ == "Application", type(bound)
     with pytest.raises(TypeError):
         build({**app.args, "no_such_option": 1})
+
+
+def greedy(backend, prompt, n, **kw):
+    run, ins, outs = _open(DECODER, backend, None, 1) if backend else (None, None, None)
+    if not backend:
+        sess = anyshape.InferenceSession(DECODER, interpret=True)
+        from anyshape.serve import _Io
+
+        run = sess.run
+        ins = [_Io(i.name, i.shape, i.type) for i in sess.get_inputs()]
+        outs = [_Io(o.name, o.shape, o.type) for o in sess.get_outputs()]
+    return list(_Generator(run, ins, outs).steps(_Generator.check(prompt), n, **kw))
+
+
+def test_generation_gives_onnxruntimes_greedy_tokens():
+    """Without Ray: the generator's greedy tokens (the prompt's step with an
+    empty cache, then a step a token) are ONNX Runtime's and the
+    interpreter's; an end-of-sequence token stops it; bad prompts are
+    request errors."""
+    prompt = [3, 17, 42, 5, 64]
+    got = greedy("anyshape", prompt, 12)
+    assert got == greedy("onnxruntime", prompt, 12) == greedy(None, prompt, 12), got
+    assert greedy("anyshape", prompt, 12, eos=got[3]) == got[: got.index(got[3]) + 1]
+    for bad, why in [([], "non-empty"), ([[1, 2], [3, 4]], "non-empty"), ([1.5], "integers"), (["ab"], "integers")]:
+        with pytest.raises(RequestError, match=why):
+            _Generator.check(bad)
+    with pytest.raises(ValueError, match="not a decoder"):
+        _open_generator(BERT)
+
+
+def _open_generator(path):
+    run, ins, outs = _open(path, "anyshape", None, 1)
+    return _Generator(run, ins, outs)
+
+
+def test_concurrent_generations_stream_their_tokens(served, tmp_path):
+    """Three clients stream generations at once from one replica (a compiled
+    artifact of the decoder): each gets the tokens the generator gives alone."""
+    from ray import serve
+
+    artifact = str(tmp_path / "llama_step.anyshape")
+    anyshape.InferenceSession(DECODER, threads=1).save(artifact)
+    app = GenerationDeployment.bind(artifact, threads=1, max_new_tokens=10, concurrent=2)
+    handle = serve.run(app, name="llama", route_prefix="/llama")
+    prompts = [[1, 2, 3], [40, 41, 42, 43, 44, 45, 46], [7]]
+    want = [greedy("anyshape", p, 10) for p in prompts]
+    got = [None] * len(prompts)
+
+    def client(k):
+        got[k] = list(handle.options(stream=True).generate.remote(prompts[k], 20))
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert got == want, (got, want)
+    with pytest.raises(Exception, match="token ids"):
+        list(handle.options(stream=True).generate.remote([[1.5]], 3))
+    serve.delete("llama")

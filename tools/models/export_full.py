@@ -7,6 +7,7 @@ committed. Weights are random (seeded); nothing is downloaded from any hub.
 Models (--model):
     bert-base     BertModel, BertConfig() defaults          inputs input_ids/attention_mask/token_type_ids [batch, seq]
     gpt2          GPT2Model, GPT2Config() defaults (124M)   inputs input_ids/attention_mask [batch, seq]
+    gpt2-lm       GPT2LMHeadModel (the same with its LM head tied to the token embedding) -> logits
     vit-base      ViTModel, ViTConfig() defaults (base/16, 224)  pixel_values [batch, 3, 224, 224]
     resnet-50     ResNetModel, ResNetConfig() defaults      pixel_values [batch, 3, height, width]
     albert-base   AlbertModel, albert-base-v2 sizes         like bert-base
@@ -53,7 +54,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.dont_write_bytecode = True  # no __pycache__ in tools/models
 sys.path.insert(0, HERE)
 
-MODELS = ["bert-base", "gpt2", "vit-base", "resnet-50", "albert-base", "mobilenetv2", "t5-encoder", "llama-100m"]
+MODELS = ["bert-base", "gpt2", "gpt2-lm", "vit-base", "resnet-50", "albert-base", "mobilenetv2", "t5-encoder", "llama-100m"]
 # example input shapes used while exporting (not 1s: the tracer would specialize them)
 EXAMPLE = {"batch": 2, "seq": 16, "height": 224, "width": 224}
 

@@ -244,6 +244,19 @@ def build(name: str, size: str = "tiny") -> ModelSpec:
         outs = ["last_hidden_state"]
         dims = {"last_hidden_state": ["batch", "seq", cfg.n_embd]}
         return _two_input_text(name, m, cfg.vocab_size, outs, dims, cfg.n_positions)
+    if name == "gpt2-lm":
+        # GPT2LMHeadModel: the LM head's weight is the token embedding's (tied).
+        cfg = (
+            T.GPT2Config(vocab_size=99, n_embd=32, n_layer=2, n_head=2, n_positions=64)
+            if tiny
+            else T.GPT2Config()
+        )
+        cfg.use_cache = False
+        _eager(cfg)
+        m = T.GPT2LMHeadModel(cfg)
+        outs = ["logits"]
+        dims = {"logits": ["batch", "seq", cfg.vocab_size]}
+        return _two_input_text(name, m, cfg.vocab_size, outs, dims, cfg.n_positions)
     if name == "t5-encoder":
         cfg = T.T5Config() if not tiny else T.T5Config(vocab_size=99, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2)
         cfg.use_cache = False
