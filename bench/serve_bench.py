@@ -118,7 +118,8 @@ def measure_generation(stream, concurrency, requests, lo, hi, new_tokens, seed):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="threads per replica")
+    p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--concurrency", default="1,4,16,64")
     p.add_argument("--requests", type=int, default=64, help="requests per level")
     p.add_argument("--seq", default="8..128")
@@ -149,7 +150,7 @@ def main():
     del sess
     print(f"compiled and saved the artifact in {time.perf_counter() - t:.1f} s")
 
-    ray.init(num_cpus=max(2, a.threads), include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    ray.init(num_cpus=max(2, a.threads * a.replicas), include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -158,7 +159,7 @@ def main():
     for backend in a.backends.split(","):
         model = artifact if backend == "anyshape" else a.model
         if a.generate:
-            app = GenerationDeployment.options(ray_actor_options={"num_cpus": a.threads}).bind(
+            app = GenerationDeployment.options(num_replicas=a.replicas, ray_actor_options={"num_cpus": a.threads}).bind(
                 model, backend=backend, threads=a.threads, max_new_tokens=a.generate, concurrent=a.concurrent
             )
             handle = serve.run(app, name=backend, route_prefix=f"/{backend}")
@@ -179,7 +180,7 @@ def main():
                 )
             serve.delete(backend)
             continue
-        app = ModelDeployment.options(ray_actor_options={"num_cpus": a.threads}).bind(
+        app = ModelDeployment.options(num_replicas=a.replicas, ray_actor_options={"num_cpus": a.threads}).bind(
             model, backend=backend, threads=a.threads, max_batch_size=a.max_batch, batch_wait_timeout_s=a.wait_ms / 1e3
         )
         handle = serve.run(app, name=backend, route_prefix=f"/{backend}")
@@ -224,7 +225,8 @@ def main():
             )
     if a.json:
         with open(a.json, "w") as f:
-            doc = {"model": a.model, "threads": a.threads, "seq": a.seq, "http": a.http, "generate": a.generate}
+            doc = {"model": a.model, "threads": a.threads, "replicas": a.replicas, "seq": a.seq, "http": a.http}
+            doc["generate"] = a.generate
             json.dump({**doc, "results": results}, f, indent=1)
 
 

@@ -19,7 +19,13 @@ reply ``{"outputs": {name: nested lists}}``; a malformed request gets a 400 with
 the reason, and the replica keeps serving) and Ray handles
 (``handle.infer.remote({name: np.ndarray})`` returns ``{name: np.ndarray}``).
 Replicas, CPUs per replica and autoscaling come from Ray Serve's usual options
-or config file, so one deployment scales across a Ray cluster::
+or config file, so one deployment scales across a Ray cluster; a replica runs
+as many threads as it has CPUs (``ray_actor_options={"num_cpus": k}``) unless
+``threads`` says otherwise. On a 2-core machine (BENCHMARKS.md, session 23) one
+replica with both cores answers a lone client soonest, and a replica per core
+with one thread each serves many clients best (7.1 against 5.3 requests/s at
+16 clients, BERT-base): replicas × threads = cores, more replicas the more
+concurrent clients::
 
     from ray import serve
     from anyshape.serve import ModelDeployment
@@ -98,8 +104,26 @@ class _Io:
         self.dtype = _DTYPES.get(dtype)
 
 
+def _replica_threads() -> Optional[int]:
+    """The CPUs Ray gave this replica (``ray_actor_options={"num_cpus": k}``),
+    outside Ray None."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return None
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+    except Exception:  # noqa: BLE001 (not in a Ray worker)
+        return None
+    return max(1, int(cpus)) if cpus else None
+
+
 def _open(model: str, backend: str, dims: Optional[Mapping[str, Tuple[int, int]]], threads: Optional[int]):
-    """The session and its inputs and outputs."""
+    """The session and its inputs and outputs; without ``threads``, as many
+    threads as the replica has CPUs (replicas × threads then match the cores
+    Ray hands out, not every replica every core)."""
+    if threads is None:
+        threads = _replica_threads()
     if backend == "anyshape":
         sess = anyshape.InferenceSession(model, dims=dims, threads=threads)
         run = sess.run

@@ -230,7 +230,8 @@ def test_concurrent_generations_stream_their_tokens(served, tmp_path):
 
     artifact = str(tmp_path / "llama_step.anyshape")
     anyshape.InferenceSession(DECODER, threads=1).save(artifact)
-    app = GenerationDeployment.bind(artifact, threads=1, max_new_tokens=10, concurrent=2)
+    # No `threads`: the replica takes as many as its CPUs (one).
+    app = GenerationDeployment.options(ray_actor_options={"num_cpus": 1}).bind(artifact, max_new_tokens=10, concurrent=2)
     handle = serve.run(app, name="llama", route_prefix="/llama")
     prompts = [[1, 2, 3], [40, 41, 42, 43, 44, 45, 46], [7]]
     want = [greedy("anyshape", p, 10) for p in prompts]
