@@ -817,3 +817,37 @@ fn a_softmax_of_recomputed_means_sums_each_mean_in_one_order() {
         }
     }
 }
+
+/// Outputs of a megabyte or more (a decoder step's whole KV cache) are faulted
+/// in before the steps run: their values are the interpreter's, at sizes below
+/// and above that and not a whole number of pages, call after call.
+#[test]
+fn large_outputs_are_faulted_in_and_whole() {
+    let model = model(
+        r#"graph {
+  sym past param 0..100000
+  sym n param 1..8
+  input %past: f32[past, 64]
+  input %new: f32[n, 64]
+  %k: f32[past+n, 64] = concat[axis=0] %past, %new
+  %v: f32[past+n, 64] = exp %k
+  output %k, %v
+}
+"#,
+        false,
+        None,
+    );
+    let cm = model.compile(&CompileOptions::new().threads(2)).unwrap_or_else(|e| panic!("{e}"));
+    for (past, n) in [(0, 1), (2000, 1), (4093, 3), (20011, 5), (2000, 1), (9, 2)] {
+        let ins = inputs(&model, &[("past", past), ("n", n)], past as u64);
+        let named: Vec<(&str, Tensor)> = ins.iter().map(|(s, t)| (s.as_str(), t.clone())).collect();
+        let want = model.interpret(&named).unwrap_or_else(|e| panic!("{e}"));
+        let got = cm.run(&named).unwrap_or_else(|e| panic!("{e}"));
+        for ((name, g), (_, w)) in got.iter().zip(&want) {
+            assert_eq!(g.shape(), w.shape(), "{name} at past {past}");
+            let (g, w) = (g.to_f64_vec(), w.to_f64_vec());
+            let bad = g.iter().zip(&w).position(|(a, b)| (a - b).abs() > 1e-5 * (1.0 + b.abs()));
+            assert_eq!(bad, None, "{name} at past {past}, n {n}");
+        }
+    }
+}

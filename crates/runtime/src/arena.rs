@@ -66,29 +66,8 @@ impl Arena {
     /// system cannot (before Linux 5.14, other systems), pages fault on first
     /// touch as before.
     pub(crate) fn populate_slice(&self, slice: usize, threads: usize) {
-        #[cfg(target_os = "linux")]
-        {
-            const PAGE: usize = 4096;
-            let (base, end) = (self.ptr.as_ptr() as usize, self.ptr.as_ptr() as usize + self.len);
-            let (first, last) = (base.div_ceil(PAGE), end / PAGE);
-            let per = last.saturating_sub(first).div_ceil(threads.max(1));
-            let lo = (first + slice * per).min(last);
-            let hi = (lo + per).min(last);
-            if hi > lo {
-                // SAFETY: whole pages inside this arena's allocation, which this
-                // call owns; MADV_POPULATE_WRITE faults them in writable and never
-                // changes their contents.
-                unsafe {
-                    libc::madvise(
-                        (lo * PAGE) as *mut libc::c_void,
-                        (hi - lo) * PAGE,
-                        libc::MADV_POPULATE_WRITE,
-                    )
-                };
-            }
-        }
-        #[cfg(not(target_os = "linux"))]
-        let _ = (slice, threads);
+        // SAFETY: this arena's own allocation, which the call owns.
+        unsafe { populate(self.ptr.as_ptr(), self.len, slice, threads) }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -100,6 +79,35 @@ impl Arena {
     pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
         self.ptr.as_ptr()
     }
+}
+
+/// Fault in the whole pages of slice `slice` of `threads` of the `len` bytes
+/// at `ptr` ([`Arena::populate_slice`]; the outputs of a call too, which are
+/// fresh zero pages as large allocations are).
+///
+/// # Safety
+/// `ptr..ptr + len` is one allocation the caller owns (its contents are not
+/// changed).
+pub(crate) unsafe fn populate(ptr: *mut u8, len: usize, slice: usize, threads: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let (base, end) = (ptr as usize, ptr as usize + len);
+        let (first, last) = (base.div_ceil(PAGE), end / PAGE);
+        let per = last.saturating_sub(first).div_ceil(threads.max(1));
+        let lo = (first + slice * per).min(last);
+        let hi = (lo + per).min(last);
+        if hi > lo {
+            // SAFETY: whole pages inside the caller's allocation (the function's
+            // contract); MADV_POPULATE_WRITE faults them in writable and never
+            // changes their contents.
+            unsafe {
+                libc::madvise((lo * PAGE) as *mut libc::c_void, (hi - lo) * PAGE, libc::MADV_POPULATE_WRITE)
+            };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (ptr, len, slice, threads);
 }
 
 impl Drop for Arena {

@@ -316,6 +316,22 @@ impl<B: Backend> CompiledModel<B> {
                 ))
             })?);
         }
+        // Large outputs are fresh zero pages: faulted in at once, a slice per
+        // thread, rather than a trap per page inside the kernels that write them
+        // (a decoder's step returns its whole KV cache).
+        let out_bytes: usize = outs.iter().map(elems_bytes).sum();
+        if out_bytes >= POPULATE_OUTPUTS && !self.canaries {
+            let regions: Vec<(usize, usize)> =
+                outs.iter_mut().map(|e| (elems_mut_ptr(e) as usize, elems_bytes(e))).collect();
+            let pool = self.backend.pool();
+            pool.run(&|i| {
+                for &(p, n) in &regions {
+                    // SAFETY: each region is one output's allocation, made above and
+                    // owned by this call until it returns.
+                    unsafe { arena::populate(p as *mut u8, n, i, pool.threads()) }
+                }
+            });
+        }
         let mut ptrs: Vec<*mut u8> = vec![std::ptr::null_mut(); self.plan.buffers.len()];
         for (i, buf) in self.plan.buffers.iter().enumerate() {
             ptrs[i] = match &buf.kind {
@@ -471,6 +487,23 @@ fn zeros(dt: DType, n: usize) -> Option<Elems> {
         DType::I64 => Elems::I64(z(n).ok()?),
         DType::Bool => Elems::Bool(z(n).ok()?),
     })
+}
+
+/// Outputs of at least this many bytes in all are faulted in before the steps run.
+const POPULATE_OUTPUTS: usize = 1 << 20;
+
+fn elems_bytes(e: &Elems) -> usize {
+    use std::mem::size_of_val as bytes;
+    match e {
+        Elems::F32(v) => bytes(v.as_slice()),
+        Elems::F64(v) => bytes(v.as_slice()),
+        Elems::F16(v) => bytes(v.as_slice()),
+        Elems::I8(v) => bytes(v.as_slice()),
+        Elems::U8(v) => bytes(v.as_slice()),
+        Elems::I32(v) => bytes(v.as_slice()),
+        Elems::I64(v) => bytes(v.as_slice()),
+        Elems::Bool(v) => bytes(v.as_slice()),
+    }
 }
 
 fn elems_mut_ptr(e: &mut Elems) -> *mut u8 {
