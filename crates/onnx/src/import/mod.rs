@@ -119,10 +119,11 @@ impl DimParams {
     /// of every node that reads the input (through identities and
     /// one-operand concatenations), or read only for its shape: a KV cache's
     /// past length, whose empty cache the first generation step passes,
-    /// concatenated with the new tokens' keys. Not when no other operand of
-    /// such a concatenation is known to be non-empty along the axis (a value
-    /// the graph computes, or an input with a fixed positive dim there), nor
-    /// when a subgraph (If, Loop, Scan) might read the input unseen.
+    /// concatenated with the new tokens' keys. Not when every other operand of
+    /// such a concatenation is an input that might be empty along the axis
+    /// too (operands the graph computes, and constants, are taken as
+    /// non-empty), nor when a subgraph (If, Loop, Scan) might read the input
+    /// unseen.
     fn scan(graph: &proto::GraphProto) -> DimParams {
         use proto::tensor_shape_proto::dimension::Value;
         let mut out = DimParams::default();
@@ -200,8 +201,9 @@ fn reads_empty(
                 if others.is_empty() {
                     reads_empty(graph, inputs, &out(n), axis, rank, depth + 1)?
                 } else {
-                    // Another operand known non-empty there: computed by the graph,
-                    // or an input with a fixed positive dim.
+                    // Another operand taken as non-empty there: a value the graph
+                    // computes (the new tokens' keys) or a constant, or an input with
+                    // a fixed positive dim.
                     let nonempty = others.iter().any(|o| match inputs.get(o.as_str()) {
                         None => true,
                         Some(dims) => matches!(
