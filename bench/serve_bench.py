@@ -43,6 +43,17 @@ def feeds_for(input_names, rng, lo, hi):
     return f
 
 
+def run_clients(client, concurrency):
+    """`client(k)` on `concurrency` threads at once; the seconds they took."""
+    start = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start
+
+
 def measure(send, input_names, concurrency, requests, lo, hi, seed):
     latencies = []
     lock = threading.Lock()
@@ -58,13 +69,7 @@ def measure(send, input_names, concurrency, requests, lo, hi, seed):
             with lock:
                 latencies.append(dt)
 
-    start = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
+    wall = run_clients(client, concurrency)
     lat = np.array(latencies) * 1e3
     return {
         "concurrency": concurrency,
@@ -95,13 +100,7 @@ def measure_generation(stream, concurrency, requests, lo, hi, new_tokens, seed):
                 later.extend(b - a for a, b in zip(stamps, stamps[1:]))
                 tokens[0] += len(stamps)
 
-    start = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
+    wall = run_clients(client, concurrency)
     f, g = np.array(first) * 1e3, np.array(later) * 1e3
     return {
         "concurrency": concurrency,

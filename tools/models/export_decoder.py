@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 
@@ -37,15 +38,10 @@ import time
 def config(name: str):
     import transformers as T
 
-    common = dict(
-        vocab_size=32000,
-        hidden_size=768,
-        intermediate_size=2048,
-        num_hidden_layers=8,
-        num_attention_heads=12,
-        num_key_value_heads=4,
-        max_position_embeddings=4096,
-    )
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from hf_export import DECODER_100M
+
+    common = dict(DECODER_100M, max_position_embeddings=4096)
     if name == "llama-100m":
         return T.LlamaConfig(**common), T.LlamaForCausalLM
     if name == "qwen2-100m":

@@ -21,6 +21,18 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+# A decoder of about 100M parameters (llama-100m here; tools/models/export_decoder.py
+# builds Llama and Qwen2 of these sizes): 8 layers, 12 query heads sharing 4
+# key/value heads.
+DECODER_100M = dict(
+    vocab_size=32000,
+    hidden_size=768,
+    intermediate_size=2048,
+    num_hidden_layers=8,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+)
+
 # transformers is imported lazily inside the builders so that --help is fast.
 
 
@@ -232,7 +244,7 @@ def build(name: str, size: str = "tiny") -> ModelSpec:
             {"last_hidden_state": ["batch", "seq", cfg.hidden_size], "pooler_output": ["batch", cfg.hidden_size]},
             extra={"max_seq": cfg.max_position_embeddings},
         )
-    if name == "gpt2":
+    if name in ("gpt2", "gpt2-lm"):
         cfg = (
             T.GPT2Config(vocab_size=99, n_embd=32, n_layer=2, n_head=2, n_positions=64)
             if tiny
@@ -240,22 +252,13 @@ def build(name: str, size: str = "tiny") -> ModelSpec:
         )
         cfg.use_cache = False
         _eager(cfg)
-        m = T.GPT2Model(cfg)
-        outs = ["last_hidden_state"]
-        dims = {"last_hidden_state": ["batch", "seq", cfg.n_embd]}
-        return _two_input_text(name, m, cfg.vocab_size, outs, dims, cfg.n_positions)
-    if name == "gpt2-lm":
-        # GPT2LMHeadModel: the LM head's weight is the token embedding's (tied).
-        cfg = (
-            T.GPT2Config(vocab_size=99, n_embd=32, n_layer=2, n_head=2, n_positions=64)
-            if tiny
-            else T.GPT2Config()
-        )
-        cfg.use_cache = False
-        _eager(cfg)
-        m = T.GPT2LMHeadModel(cfg)
-        outs = ["logits"]
-        dims = {"logits": ["batch", "seq", cfg.vocab_size]}
+        if name == "gpt2":
+            m = T.GPT2Model(cfg)
+            outs, dims = ["last_hidden_state"], {"last_hidden_state": ["batch", "seq", cfg.n_embd]}
+        else:
+            # GPT2LMHeadModel: the LM head's weight is the token embedding's (tied).
+            m = T.GPT2LMHeadModel(cfg)
+            outs, dims = ["logits"], {"logits": ["batch", "seq", cfg.vocab_size]}
         return _two_input_text(name, m, cfg.vocab_size, outs, dims, cfg.n_positions)
     if name == "t5-encoder":
         cfg = T.T5Config() if not tiny else T.T5Config(vocab_size=99, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2)
@@ -417,16 +420,7 @@ def build(name: str, size: str = "tiny") -> ModelSpec:
                 max_position_embeddings=128,
             )
             if tiny
-            # about 100M parameters
-            else T.LlamaConfig(
-                vocab_size=32000,
-                hidden_size=768,
-                intermediate_size=2048,
-                num_hidden_layers=8,
-                num_attention_heads=12,
-                num_key_value_heads=4,
-                max_position_embeddings=2048,
-            )
+            else T.LlamaConfig(**DECODER_100M, max_position_embeddings=2048)
         )
         _eager(cfg)
         m = T.LlamaForCausalLM(cfg)

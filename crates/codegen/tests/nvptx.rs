@@ -900,19 +900,25 @@ mod on_the_host {
         }
     }
 
+    /// The first bf16 SIMT, GEMV, mma.sync (K-major B) and TMA kernel built for
+    /// epilogue `e`.
+    fn one_of_each_family(e: Epilogue) -> [GemmKernel; 4] {
+        let first = |fam: Vec<GemmKernel>| fam[0];
+        [
+            first(candidates::simt_family(ElemType::Bf16, e)),
+            first(candidates::gemv_family(ElemType::Bf16, e)),
+            first(candidates::family(ElemType::Bf16, BLayout::KMajor, e)),
+            first(candidates::tma_family(ElemType::Bf16, e)),
+        ]
+    }
+
     /// The GELU epilogues (both forms, with a bias and a residual) on the host: the
     /// mma.sync, GEMV, SIMT and TMA kernels the family builds them for.
     #[test]
     fn gelu_epilogues_on_the_host() {
         for gelu in [Activation::GeluTanh, Activation::Gelu] {
             let e = Epilogue { bias: true, residual: true, activation: gelu, ..Epilogue::NONE };
-            let first = |fam: Vec<GemmKernel>| fam[0];
-            let kernels = [
-                first(candidates::simt_family(ElemType::Bf16, e)),
-                first(candidates::gemv_family(ElemType::Bf16, e)),
-                first(candidates::family(ElemType::Bf16, BLayout::KMajor, e)),
-                first(candidates::tma_family(ElemType::Bf16, e)),
-            ];
+            let kernels = one_of_each_family(e);
             for (x, k) in kernels.iter().enumerate() {
                 let one = Cover::one(Choice { kernel: x, splits: 1 });
                 host_cover(&kernels, &one, Problem::nt(1, k.bm + 1, 67, 72), (8, 1), x as u64).unwrap();
@@ -1037,13 +1043,7 @@ mod on_the_host {
                 // exact values.
                 continue;
             }
-            let first = |fam: Vec<GemmKernel>| fam[0];
-            let kernels = [
-                first(candidates::simt_family(ElemType::Bf16, e)),
-                first(candidates::gemv_family(ElemType::Bf16, e)),
-                first(candidates::family(ElemType::Bf16, BLayout::KMajor, e)),
-                first(candidates::tma_family(ElemType::Bf16, e)),
-            ];
+            let kernels = one_of_each_family(e);
             for (i, k) in kernels.iter().enumerate() {
                 let one = Cover::one(Choice { kernel: i, splits: 1 });
                 host_cover(&kernels, &one, Problem::nt(1, k.bm + 1, 67, 72), (8, 1), (x * 4 + i) as u64)
