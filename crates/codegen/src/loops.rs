@@ -35,6 +35,9 @@ use plan::{Combine, Exprs, LoopFn, LoopProgram, Node, E};
 
 use crate::{jit_module, llvm, target_attributes, vmath::VMath, CodegenError};
 
+#[cfg(feature = "nvptx")]
+pub(crate) mod device;
+
 type V = BasicValueEnum<'static>;
 
 /// Vectors a vectorized reduction takes per step, each into its own accumulator.
@@ -209,58 +212,8 @@ fn start<'a>(
     let entry = ctx.append_basic_block(f, "entry");
     bld.position_at_end(entry);
     let param = |i: u32| f.get_nth_param(i).ok_or_else(|| llvm("param"));
-    let bufs_ptr = param(0)?.into_pointer_value();
-    let dims_ptr = param(1)?.into_pointer_value();
-    let status = bld.build_alloca(i64t, "status").map_err(llvm)?;
-    bld.build_store(status, i64t.const_zero()).map_err(llvm)?;
-    let mut g = Gen {
-        ctx,
-        module,
-        bld,
-        x: &p.exprs,
-        borders: &p.schedules.border_guards,
-        w: lanes as u32,
-        features,
-        bufs: Vec::new(),
-        strides: Vec::new(),
-        dims: HashMap::new(),
-        status,
-        vars: HashMap::new(),
-        scopes: vec![HashMap::new()],
-        lane: None,
-        scratch: None,
-        param_dtypes: p.params.iter().map(|q| q.dtype).collect(),
-        fixed: HashMap::new(),
-        reduce_range: None,
-        overrides: Vec::new(),
-    };
-    // The buffers, the dims the program reads, and each buffer's strides.
-    for i in 0..p.params.len() {
-        // SAFETY (of the IR): `bufs` holds one pointer per parameter (the ABI).
-        let at =
-            unsafe { bld.build_in_bounds_gep(ptr, bufs_ptr, &[i64t.const_int(i as u64, false)], "bufp") }
-                .map_err(llvm)?;
-        g.bufs.push(bld.build_load(ptr, at, "buf").map_err(llvm)?.into_pointer_value());
-    }
-    for n in 0..p.exprs.len() {
-        if let Node::Dim(slot) = p.exprs.node(E(n as u32)) {
-            // SAFETY (of the IR): `dims` holds the whole dim table (the ABI).
-            let at = unsafe {
-                bld.build_in_bounds_gep(i64t, dims_ptr, &[i64t.const_int(*slot as u64, false)], "dimp")
-            }
-            .map_err(llvm)?;
-            let v = bld.build_load(i64t, at, "dim").map_err(llvm)?.into_int_value();
-            g.dims.insert(*slot, v);
-        }
-    }
-    for q in &p.params {
-        let mut strides = vec![i64t.const_int(1, false); q.shape.len()];
-        for d in (0..q.shape.len().saturating_sub(1)).rev() {
-            let ext = g.emit(q.shape[d + 1], false)?.into_int_value();
-            strides[d] = bld.build_int_mul(strides[d + 1], ext, "stride").map_err(llvm)?;
-        }
-        g.strides.push(strides);
-    }
+    let (bufs, dims) = (param(0)?.into_pointer_value(), param(1)?.into_pointer_value());
+    let g = Gen::new(ctx, module, bld, p, (bufs, dims), lanes, features, false)?;
     Ok((f, g))
 }
 
@@ -554,7 +507,7 @@ fn unswitch(g: &mut Gen, p: &LoopProgram, mask: u64, depth: usize, row: &dyn Fn(
 }
 
 /// The state of one function being generated.
-struct Gen<'a> {
+pub(crate) struct Gen<'a> {
     ctx: &'static Context,
     module: &'a Module<'static>,
     bld: &'a Builder<'static>,
@@ -586,6 +539,91 @@ struct Gen<'a> {
     reduce_range: Option<(u32, IntValue<'static>, IntValue<'static>)>,
     /// The stored values where a row-level branch chose them (see `unswitch`).
     overrides: Vec<E>,
+    /// Code for a GPU (NVPTX): scalar, element-aligned loads.
+    device: bool,
+    /// On a GPU, while a warp shares the reductions computed now: the calling
+    /// lane (0-31); each reduction's last variable is split among the lanes.
+    warp_lane: Option<IntValue<'static>>,
+    /// In a warp-shared reduction: its last variable, and the lane (`i32`).
+    reduce_lanes: Option<(u32, IntValue<'static>)>,
+}
+
+impl<'a> Gen<'a> {
+    /// The generator of `p`'s code at the builder's position: the buffers'
+    /// pointers loaded from the table at `bufs`, the dims the program reads
+    /// from `dims`, every buffer's strides computed, the error status cleared.
+    /// On a `device` (NVPTX) every value is a scalar, loads are aligned to
+    /// their element, and math without a GPU form is an error.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        ctx: &'static Context,
+        module: &'a Module<'static>,
+        bld: &'a Builder<'static>,
+        p: &'a LoopProgram,
+        (bufs_ptr, dims_ptr): (PointerValue<'static>, PointerValue<'static>),
+        lanes: usize,
+        features: &'a str,
+        device: bool,
+    ) -> R<Gen<'a>> {
+        let (i64t, ptr) = (ctx.i64_type(), ctx.ptr_type(AddressSpace::default()));
+        let status = bld.build_alloca(i64t, "status").map_err(llvm)?;
+        bld.build_store(status, i64t.const_zero()).map_err(llvm)?;
+        let mut g = Gen {
+            ctx,
+            module,
+            bld,
+            x: &p.exprs,
+            borders: &p.schedules.border_guards,
+            w: lanes as u32,
+            features,
+            bufs: Vec::new(),
+            strides: Vec::new(),
+            dims: HashMap::new(),
+            status,
+            vars: HashMap::new(),
+            scopes: vec![HashMap::new()],
+            lane: None,
+            scratch: None,
+            param_dtypes: p.params.iter().map(|q| q.dtype).collect(),
+            fixed: HashMap::new(),
+            reduce_range: None,
+            overrides: Vec::new(),
+            device,
+            warp_lane: None,
+            reduce_lanes: None,
+        };
+        // The buffers, the dims the program reads, and each buffer's strides.
+        for i in 0..p.params.len() {
+            // SAFETY (of the IR): `bufs` holds one pointer per parameter (the ABI).
+            let at =
+                unsafe { bld.build_in_bounds_gep(ptr, bufs_ptr, &[i64t.const_int(i as u64, false)], "bufp") }
+                    .map_err(llvm)?;
+            let b = bld.build_load(ptr, at, "buf").map_err(llvm)?;
+            crate::set_align(&b, 8);
+            g.bufs.push(b.into_pointer_value());
+        }
+        for n in 0..p.exprs.len() {
+            if let Node::Dim(slot) = p.exprs.node(E(n as u32)) {
+                // SAFETY (of the IR): `dims` holds the whole dim table (the ABI).
+                let at = unsafe {
+                    bld.build_in_bounds_gep(i64t, dims_ptr, &[i64t.const_int(*slot as u64, false)], "dimp")
+                }
+                .map_err(llvm)?;
+                let v = bld.build_load(i64t, at, "dim").map_err(llvm)?;
+                crate::set_align(&v, 8);
+                g.dims.insert(*slot, v.into_int_value());
+            }
+        }
+        for q in &p.params {
+            let mut strides = vec![i64t.const_int(1, false); q.shape.len()];
+            for d in (0..q.shape.len().saturating_sub(1)).rev() {
+                let ext = g.emit(q.shape[d + 1], false)?.into_int_value();
+                strides[d] = bld.build_int_mul(strides[d + 1], ext, "stride").map_err(llvm)?;
+            }
+            g.strides.push(strides);
+        }
+        Ok(g)
+    }
 }
 
 impl Gen<'_> {
@@ -863,10 +901,7 @@ impl Gen<'_> {
     }
 
     fn call(&self, f: FunctionValue<'static>, args: &[BasicMetadataValueEnum<'static>]) -> R<V> {
-        match self.bld.build_call(f, args, "").map_err(llvm)?.try_as_basic_value() {
-            inkwell::values::ValueKind::Basic(v) => Ok(v),
-            inkwell::values::ValueKind::Instruction(_) => Err(llvm("an intrinsic returned nothing")),
-        }
+        basic(self.bld.build_call(f, args, "").map_err(llvm)?)
     }
 
     fn load(&mut self, buf: u32, index: &[E], guard: Option<E>, dt: DType, vec: bool) -> R<V> {
@@ -984,7 +1019,10 @@ impl Gen<'_> {
         let mt = self.mty(dt, false);
         let base = self.bufs[buf as usize];
         let i32t = self.ctx.i32_type();
-        let align = i32t.const_int(1, false);
+        // Unaligned on the CPU (any lane may start a vector); a GPU loads whole
+        // elements, which its allocations align.
+        let elem_align = if self.device { dt_bytes(dt) as u32 } else { 1 };
+        let align = i32t.const_int(elem_align as u64, false);
         let (contiguous, stride2) = (step == Some(1), step == Some(2));
         // A contiguous or stride-2 load needs only lane 0's offset: computed as a
         // scalar, it folds into the load's address (as a vector whose first lane
@@ -1011,7 +1049,7 @@ impl Gen<'_> {
             match mask {
                 None => {
                     let v = b.build_load(mt, at, "ld").map_err(llvm)?;
-                    crate::set_align(&v, 1);
+                    crate::set_align(&v, elem_align);
                     v
                 }
                 Some(m) => {
@@ -1204,6 +1242,11 @@ impl Gen<'_> {
     }
 
     fn unary(&mut self, op: UnaryOp, a: V, dt: DType) -> R<V> {
+        if self.device {
+            if let Some(v) = self.device_unary(op, a, dt)? {
+                return Ok(v);
+            }
+        }
         let b = self.bld;
         let ty = a.get_type();
         let float = dt.is_float();
@@ -1271,6 +1314,49 @@ impl Gen<'_> {
                 fcmp(b, FloatPredicate::OEQ, abs, fconst(f64::INFINITY)?)?
             }
         })
+    }
+
+    /// A GPU's form of a transcendental function where it differs from the
+    /// CPU's (which calls the C library for some): f16 computed in f32;
+    /// f32 `log` as `lg2.approx` times ln 2 (as the GEMM epilogues compute
+    /// it); the others by the inline polynomials (`None`: the CPU's code).
+    /// Functions with no GPU form are errors, never a call that cannot link.
+    fn device_unary(&mut self, op: UnaryOp, a: V, dt: DType) -> R<Option<V>> {
+        use UnaryOp::*;
+        if !matches!(op, Exp | Log | Tanh | Erf | Sigmoid | Sin | Cos) {
+            return Ok(None);
+        }
+        let b = self.bld;
+        let f32t = self.ctx.f32_type();
+        match dt {
+            DType::F16 => {
+                let x = b.build_float_ext(a.into_float_value(), f32t, "x32").map_err(llvm)?;
+                let r = self.unary(op, x.into(), DType::F32)?;
+                let h = b.build_float_trunc(r.into_float_value(), self.ctx.f16_type(), "h").map_err(llvm)?;
+                Ok(Some(h.into()))
+            }
+            DType::F32 if op == Log => {
+                let ty = f32t.fn_type(&[f32t.into()], false);
+                let asm = self.ctx.create_inline_asm(
+                    ty,
+                    "lg2.approx.f32 $0, $1;".into(),
+                    "=f,f".into(),
+                    false,
+                    false,
+                    None,
+                    false,
+                );
+                let l2 = b.build_indirect_call(ty, asm, &[a.into()], "lg2").map_err(llvm)?;
+                let l2 = basic(l2)?;
+                let ln2 = f32t.const_float(std::f64::consts::LN_2);
+                Ok(Some(b.build_float_mul(l2.into_float_value(), ln2, "ln").map_err(llvm)?.into()))
+            }
+            DType::F32 if matches!(op, Sin | Cos) => {
+                Err(CodegenError::Unsupported(format!("{op:?} has no GPU form yet (f32)")))
+            }
+            DType::F32 => Ok(None),
+            _ => Err(CodegenError::Unsupported(format!("{op:?} of {dt:?} has no GPU form yet"))),
+        }
     }
 
     /// f32 `exp`, `tanh`, `erf` and `sigmoid` by the inline polynomials.
@@ -1627,12 +1713,110 @@ impl Gen<'_> {
     /// scalar mode the last variable runs in vectors when the body depends on
     /// it, with a horizontal step and a scalar tail.
     fn reduce(&mut self, c: Combine, vars: &[u32], body: E, dt: DType, vec: bool) -> R<V> {
-        let all = vars.iter().fold(0u64, |m, v| m | 1 << v);
-        self.hoist(&[body], all, vec)?;
-        let init = self.identity(c, dt)?;
-        let init = if vec { self.splat(init)? } else { init };
-        let acc = self.reduce_level(c, vars, body, dt, vec, init)?;
-        Ok(acc)
+        // A warp shares this reduction, not the ones inside its body (each lane
+        // computes those whole: a shuffle needs every lane, in step).
+        let lane = self.warp_lane.take();
+        let r = (|| {
+            // What the body needs that does not depend on this reduction is
+            // computed before its loop, where the lanes are still in step: a
+            // reduction there is shared too (LayerNorm's mean in its variance).
+            let all = vars.iter().fold(0u64, |m, v| m | 1 << v);
+            self.warp_lane = lane;
+            let hoisted = self.hoist(&[body], all, vec);
+            self.warp_lane = None;
+            hoisted?;
+            let init = self.identity(c, dt)?;
+            let init = if vec { self.splat(init)? } else { init };
+            // The lane's share: every 32nd term of the last variable from its
+            // own, so that the warp reads consecutive elements together.
+            let outer = self.reduce_lanes;
+            if let (Some(l), Some(last)) = (lane, vars.last()) {
+                self.reduce_lanes = Some((*last, l));
+            }
+            let acc = self.reduce_level(c, vars, body, dt, vec, init);
+            self.reduce_lanes = outer;
+            let acc = acc?;
+            match lane {
+                Some(_) => self.warp_combine(c, acc, dt),
+                None => Ok(acc),
+            }
+        })();
+        self.warp_lane = lane;
+        r
+    }
+
+    /// The lanes' partials combined by butterfly shuffles (xor 16, 8, 4, 2,
+    /// 1): each step combines two lanes' values in both (commutatively), so
+    /// every lane ends with the same bits.
+    fn warp_combine(&self, c: Combine, acc: V, dt: DType) -> R<V> {
+        let mut v = acc;
+        let mut off = plan::gpu::WARP / 2;
+        while off > 0 {
+            let other = self.shuffle_xor(v, off)?;
+            v = self.combine(c, v, other, dt)?;
+            off /= 2;
+        }
+        Ok(v)
+    }
+
+    /// The value lane `lane ^ off` of the warp holds (`shfl.sync.bfly` over
+    /// 32-bit words: wider values in two, narrower widened).
+    fn shuffle_xor(&self, v: V, off: u32) -> R<V> {
+        let (b, i32t) = (self.bld, self.ctx.i32_type());
+        let f = self.shfl_i32()?;
+        let word = |x: IntValue<'static>| -> R<IntValue<'static>> {
+            let args = [
+                i32t.const_all_ones().into(),
+                x.into(),
+                i32t.const_int(off as u64, false).into(),
+                i32t.const_int(31, false).into(),
+            ];
+            Ok(self.call(f, &args)?.into_int_value())
+        };
+        let ty = v.get_type();
+        let bits = match ty {
+            BasicTypeEnum::IntType(t) => t.get_bit_width(),
+            BasicTypeEnum::FloatType(_) => dt_bits_of_float(self.ctx, ty),
+            _ => return Err(llvm("a shuffle of a vector")),
+        };
+        let int_ty = self
+            .ctx
+            .custom_width_int_type(std::num::NonZeroU32::new(bits).ok_or_else(|| llvm("a 0-bit value"))?)
+            .map_err(llvm)?;
+        let as_int = if ty.is_int_type() {
+            v.into_int_value()
+        } else {
+            b.build_bit_cast(v, int_ty, "bits").map_err(llvm)?.into_int_value()
+        };
+        let out = match bits {
+            64 => {
+                let i64t = self.ctx.i64_type();
+                let lo = b.build_int_truncate(as_int, i32t, "lo").map_err(llvm)?;
+                let hi = b.build_right_shift(as_int, i64t.const_int(32, false), false, "hi").map_err(llvm)?;
+                let hi = b.build_int_truncate(hi, i32t, "hi32").map_err(llvm)?;
+                let (lo, hi) = (word(lo)?, word(hi)?);
+                let lo = b.build_int_z_extend(lo, i64t, "lo64").map_err(llvm)?;
+                let hi = b.build_int_z_extend(hi, i64t, "hi64").map_err(llvm)?;
+                let hi = b.build_left_shift(hi, i64t.const_int(32, false), "hish").map_err(llvm)?;
+                b.build_or(lo, hi, "w").map_err(llvm)?
+            }
+            32 => word(as_int)?,
+            _ => {
+                let wide = b.build_int_z_extend(as_int, i32t, "wide").map_err(llvm)?;
+                b.build_int_truncate(word(wide)?, int_ty, "narrow").map_err(llvm)?
+            }
+        };
+        Ok(if ty.is_int_type() { out.into() } else { b.build_bit_cast(out, ty, "val").map_err(llvm)? })
+    }
+
+    fn shfl_i32(&self) -> R<FunctionValue<'static>> {
+        let name = "llvm.nvvm.shfl.sync.bfly.i32";
+        if let Some(f) = self.module.get_function(name) {
+            return Ok(f);
+        }
+        let i32t = self.ctx.i32_type();
+        let ty = i32t.fn_type(&[i32t.into(), i32t.into(), i32t.into(), i32t.into()], false);
+        Ok(self.module.add_function(name, ty, None))
     }
 
     fn reduce_level(&mut self, c: Combine, vars: &[u32], body: E, dt: DType, vec: bool, acc: V) -> R<V> {
@@ -1645,6 +1829,20 @@ impl Gen<'_> {
                 (self.ctx.i64_type().const_zero(), self.emit(ext, false)?.into_int_value())
             }
         };
+        if let Some((_, lane)) = self.reduce_lanes.filter(|(lv, _)| *lv == v && rest.is_empty()) {
+            // A warp's lane: terms `lane, lane + 32, …` (`iv + 32 <= hi + 31`
+            // is `iv < hi`).
+            let w = plan::gpu::WARP as u64;
+            let i64t = self.ctx.i64_type();
+            let lo = self.bld.build_int_z_extend(lane, i64t, "lane64").map_err(llvm)?;
+            let bound = self.bld.build_int_add(hi, i64t.const_int(w - 1, false), "bound").map_err(llvm)?;
+            let out = self.for_loop(lo, bound, w, vec![acc], &mut |g, iv, accs| {
+                g.vars.insert(v, iv);
+                let x = g.emit_as(body, vec)?;
+                Ok(vec![g.combine(c, accs[0], x, dt)?])
+            })?;
+            return Ok(out.1[0]);
+        }
         let inner_mask = rest.iter().fold(0u64, |m, r| m | 1 << r);
         if !rest.is_empty() {
             let out = self.for_loop(zero, hi, 1, vec![acc], &mut |g, iv, accs| {
@@ -1812,6 +2010,14 @@ impl Gen<'_> {
     }
 }
 
+/// A call's value (an error for a call that returns nothing).
+pub(crate) fn basic(c: inkwell::values::CallSiteValue<'static>) -> R<V> {
+    match c.try_as_basic_value() {
+        inkwell::values::ValueKind::Basic(v) => Ok(v),
+        inkwell::values::ValueKind::Instruction(_) => Err(llvm("a call returned nothing")),
+    }
+}
+
 fn vec_of(s: BasicTypeEnum<'static>, w: u32) -> BasicTypeEnum<'static> {
     match s {
         BasicTypeEnum::FloatType(f) => f.vec_type(w).into(),
@@ -1856,6 +2062,17 @@ fn select(b: &Builder<'static>, c: V, a: V, d: V) -> R<V> {
         b.build_select(c.into_vector_value(), a, d, "sel").map_err(llvm)
     } else {
         b.build_select(c.into_int_value(), a, d, "sel").map_err(llvm)
+    }
+}
+
+/// The width of a float type.
+fn dt_bits_of_float(ctx: &'static Context, t: BasicTypeEnum<'static>) -> u32 {
+    if t == ctx.f64_type().into() {
+        64
+    } else if t == ctx.f16_type().into() {
+        16
+    } else {
+        32
     }
 }
 

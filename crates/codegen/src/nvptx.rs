@@ -30,6 +30,7 @@
 //! partial sums; a reduction kernel sums the shares and applies the epilogue.
 //! Blocks are rasterized in groups of tile rows for L2 reuse.
 
+pub use crate::loops::device::{program_ir, program_ptx};
 use crate::{llvm, CodegenError};
 use gpu::kernel::SIMT_GRID;
 use gpu::kernel::TMA_PRODUCER_THREADS;

@@ -38,6 +38,7 @@ buffers:
 p0: program g0_stitch
   %0: in f32[d1, 8] "x"
   %1: out f32[d1, 8] "y"
+  gpu: a thread per point (rows of 8, under a warp)
   for i0 < d1, i1 < 8:
     t0: f32 = sum(i2 < 8: %0[i0, i2])
     t1: f32 = cast<f32>(8)
@@ -215,6 +216,7 @@ p0: program g0_attention
   %0: in f32[d11, d12, d9] "s"
   %1: in f32[d11, 1, d9] "mask"
   %2: out f32[d11, d12, d9] "p"
+  gpu: a warp per row where d9 >= 32, else a thread per point
   for i0 < d11, i1 < d12, i2 < d9:
     t0: f32 = max(i3 < d9: add(div(%0[i0, i1, i3], 2.0), %1[i0, 0, i3]))
     t1: f32 = sum(i4 < d9: exp(sub(add(div(%0[i0, i1, i4], 2.0), %1[i0, 0, i4]), t0)))
@@ -226,6 +228,7 @@ p1: program g0_attention_online
   %2: out f32[d11, d12, d14] "p"
   %3: in f32[d11, d12] "running max"
   %4: out f32[d11, d12, d14] "logits"
+  gpu: a warp per row where d14 >= 32, else a thread per point
   for i0 < d11, i1 < d12, i2 < d14:
     t0: f32 = add(div(%0[i0, i1, i2], 2.0), %1[i0, 0, add(d13, i2)])
     t1: f32 = max(i3 < d14: add(div(%0[i0, i1, i3], 2.0), %1[i0, 0, add(d13, i3)]))

@@ -13,7 +13,8 @@
 //!   kernel is built for), its [`Activation`] and [`Pointwise`] programs.
 //! - One vocabulary of contractions for every backend: the [`Problem`], its
 //!   operands' [`ALayout`] and [`BLayout`], the [`ElemType`] of its products.
-//! - [`abi`]: the C signatures of the generated functions.
+//! - [`abi`]: the C signatures of the generated functions; [`gpu`]: how a
+//!   loop program's kernel runs on a GPU (its schedules, its launch per shape).
 //! - The readable text form of all of it ([`print_plan`], [`print_program`]).
 //!
 //! A leaf of the pipeline: it depends only on the data crates (`sym` for
@@ -24,6 +25,7 @@ pub mod abi;
 mod contraction;
 mod epilogue;
 pub mod expr;
+pub mod gpu;
 mod group;
 pub mod model;
 mod pointwise;

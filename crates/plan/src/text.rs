@@ -70,6 +70,18 @@ pub fn print_program(p: &LoopProgram, names: bool) -> String {
             along.join(", ")
         );
     }
+    if let Some((warp, len)) = p.gpu_warp_schedule() {
+        let min = crate::gpu::WARP_ROW_MIN;
+        let points = crate::gpu::GpuLoopSchedule::Points.name();
+        let _ = match p.exprs.as_int(len) {
+            Some(c) if c >= min => writeln!(s, "  gpu: {} (rows of {c})", warp.name()),
+            Some(c) => writeln!(s, "  gpu: {points} (rows of {c}, under a warp)"),
+            None => {
+                let len = expr(&p.exprs, len, &HashMap::new());
+                writeln!(s, "  gpu: {} where {len} >= {min}, else {points}", warp.name())
+            }
+        };
+    }
     let _ = writeln!(s, "  for {}:", space.join(", "));
     // Shared and reducing subexpressions get a name, in dependence order.
     let mut uses = vec![0usize; p.exprs.len()];

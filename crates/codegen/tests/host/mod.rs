@@ -128,9 +128,13 @@ fn line_for_host(line: &str) -> String {
             "call float @llvm.nvvm.shfl.sync.bfly.f32(i32 -1, float ",
             "call float @anyshape_host_shfl(float ",
         )
+        .replace(
+            "call i32 @llvm.nvvm.shfl.sync.bfly.i32(i32 -1, i32 ",
+            "call i32 @anyshape_host_shfl_i32(i32 ",
+        )
         .replace("call void @llvm.nvvm.barrier0()", "call void @anyshape_host_bar()")
         .replace("call void @llvm.nvvm.cp.async.cg.shared.global.16.s(", "call void @anyshape_host_cpasync(");
-    if line.contains("@anyshape_host_shfl(") {
+    if line.contains("@anyshape_host_shfl(") || line.contains("@anyshape_host_shfl_i32(") {
         line = line.replace(", i32 31)", ")");
     }
     // Copies complete as they are issued: their groups need no waiting.
@@ -333,10 +337,15 @@ declare float @anyshape_host_tanh(float)
 declare float @anyshape_host_ex2(float)
 declare float @anyshape_host_lg2(float)
 declare float @anyshape_host_shfl(float, i32)
+declare i32 @anyshape_host_shfl_i32(i32, i32)
 declare ptr @anyshape_host_smem()
 declare i32 @anyshape_host_nctaid_x()
 declare i32 @anyshape_host_nctaid_y()
 ";
+
+/// The attribute group of a kernel made for the host (a number no module
+/// printed by LLVM uses for its own groups).
+const HOST_ATTRS: u32 = 4242;
 
 /// Kernel `name`'s module `ir` made for the host (see the module's text).
 pub fn for_host(ir: &str, name: &str) -> String {
@@ -354,7 +363,7 @@ pub fn for_host(ir: &str, name: &str) -> String {
             }
             // f16 converted by F16C instructions, not by library calls the JIT cannot
             // resolve (the tests that run f16 kernels ask the CPU for F16C first).
-            out.push_str(&line.replace(") {", &format!(", {}) #0 {{", extra.join(", "))));
+            out.push_str(&line.replace(") {", &format!(", {}) #{HOST_ATTRS} {{", extra.join(", "))));
             out.push('\n');
             continue;
         }
@@ -375,7 +384,7 @@ pub fn for_host(ir: &str, name: &str) -> String {
         }
     }
     out.push_str(HOST_DECLS);
-    out.push_str("attributes #0 = { \"target-features\"=\"+f16c\" }\n");
+    out.push_str(&format!("attributes #{HOST_ATTRS} = {{ \"target-features\"=\"+f16c\" }}\n"));
     out
 }
 
@@ -389,7 +398,8 @@ pub fn engine<'c>(ctx: &'c Context, ir: &str, name: &str) -> Result<ExecutionEng
         .map_err(|e| format!("{e}\n{ir}"))?;
     module.verify().map_err(|e| format!("{e}\n{ir}"))?;
     let ee = module.create_jit_execution_engine(OptimizationLevel::Default).map_err(|e| e.to_string())?;
-    let fns: [(&str, usize); 18] = [
+    let fns: [(&str, usize); 19] = [
+        ("anyshape_host_shfl_i32", host_shfl_i32 as *const () as usize),
         ("anyshape_host_tanh", host_tanh as *const () as usize),
         ("anyshape_host_ex2", host_ex2 as *const () as usize),
         ("anyshape_host_lg2", host_lg2 as *const () as usize),
@@ -551,6 +561,14 @@ extern "C" fn host_shfl(v: f32, mask: i32) -> f32 {
     mine[0] = u64::from(v.to_bits());
     let (all, lane) = exchange(mine);
     f32::from_bits(all[lane ^ mask as usize][0] as u32)
+}
+
+/// `shfl.sync.bfly.b32` of an integer word, as [`host_shfl`].
+extern "C" fn host_shfl_i32(v: i32, mask: i32) -> i32 {
+    let mut mine = [0u64; 12];
+    mine[0] = u64::from(v as u32);
+    let (all, lane) = exchange(mine);
+    all[lane ^ mask as usize][0] as u32 as i32
 }
 
 /// The 16-bit value `i` (0-7) of the 16-byte row at `at`.

@@ -1,0 +1,137 @@
+//! How a loop program runs on a GPU: the schedules of its kernel, and the
+//! launch geometry the runtime picks per shape. A loop kernel takes its units
+//! (points or rows) grid-stride, so every grid is correct and the geometry
+//! decides only the speed: the runtime sizes it from the shape, never by a
+//! recompile (BladeDISC §5: one kernel, launch dimensions per call).
+
+use crate::expr::{Node, E};
+use crate::program::LoopProgram;
+
+/// Threads of a loop kernel's block.
+pub const LOOP_THREADS: u32 = 256;
+
+/// Lanes of a warp.
+pub const WARP: u32 = 32;
+
+/// The shortest row reduction whose row a warp shares; shorter ones are
+/// computed by each point's thread.
+pub const WARP_ROW_MIN: i64 = WARP as i64;
+
+/// The most blocks a loop kernel is launched with (each then takes several
+/// units in turn).
+pub const LOOP_MAX_BLOCKS: usize = 1 << 16;
+
+/// A loop kernel's schedule, picked per call by the row reduction's length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuLoopSchedule {
+    /// A thread per point of the nest, adjacent threads at adjacent points (the
+    /// innermost variable), so a warp's loads and stores are contiguous; a
+    /// point's reductions run in its thread.
+    Points,
+    /// A warp per row (every variable but the innermost): its lanes share the
+    /// row's reductions, each taking every 32nd term (contiguous across the
+    /// warp), combined by butterfly shuffles so that every lane holds the
+    /// whole; then the lanes take the row's points (BladeDISC's stitch: the
+    /// row's passes meet in registers and L1).
+    WarpRows,
+    /// A warp per point, whose reductions depend on the innermost variable (a
+    /// sum along the last axis that removes it): the lanes share each
+    /// reduction as in [`GpuLoopSchedule::WarpRows`], lane 0 stores.
+    WarpPoints,
+}
+
+impl GpuLoopSchedule {
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuLoopSchedule::Points => "a thread per point",
+            GpuLoopSchedule::WarpRows => "a warp per row",
+            GpuLoopSchedule::WarpPoints => "a warp per point",
+        }
+    }
+}
+
+impl LoopProgram {
+    /// The warp schedule of this program and the length that picks it per
+    /// call (taken where at least [`WARP_ROW_MIN`]): a program whose
+    /// reductions are the same for a whole row (Softmax's, LayerNorm's: the
+    /// CPU hoists them) shares each row's among a warp's lanes, the length
+    /// the first one's last variable's extent; one with a row reduction per
+    /// point ([`crate::Schedules::row_reduction`]) shares each point's.
+    /// `None`: every shape runs [`GpuLoopSchedule::Points`] (no reductions,
+    /// or reductions along an outer axis, which a thread per point reads
+    /// contiguously across the warp).
+    pub fn gpu_warp_schedule(&self) -> Option<(GpuLoopSchedule, E)> {
+        let tops = self.top_reductions();
+        let inner = self.inner_var().map_or(0, |v| 1u64 << v);
+        let per_row = !tops.is_empty() && tops.iter().all(|r| self.exprs.free(*r) & inner == 0);
+        if let Some(len) = self.schedules.row_reduction {
+            let s = if per_row { GpuLoopSchedule::WarpRows } else { GpuLoopSchedule::WarpPoints };
+            return Some((s, len));
+        }
+        if !per_row {
+            return None;
+        }
+        match self.exprs.node(tops[0]) {
+            Node::Reduce { vars, .. } => {
+                let last = *vars.last()?;
+                Some((GpuLoopSchedule::WarpRows, *self.exprs.extents.get(last as usize)?))
+            }
+            _ => None,
+        }
+    }
+
+    /// The schedule at a shape where the length [`LoopProgram::gpu_warp_schedule`]
+    /// names is `row_len`.
+    pub fn gpu_schedule(&self, row_len: i64) -> GpuLoopSchedule {
+        match self.gpu_warp_schedule() {
+            Some((s, _)) if row_len >= WARP_ROW_MIN => s,
+            _ => GpuLoopSchedule::Points,
+        }
+    }
+
+    /// The reductions the stores compute directly (not inside another
+    /// reduction's body), in node order.
+    pub fn top_reductions(&self) -> Vec<E> {
+        let mut seen = std::collections::HashSet::new();
+        let mut stack: Vec<E> = self.stores.iter().map(|s| s.value).collect();
+        let mut out = Vec::new();
+        while let Some(e) = stack.pop() {
+            if !seen.insert(e) {
+                continue;
+            }
+            match self.exprs.node(e) {
+                Node::Reduce { .. } => out.push(e),
+                n => stack.extend(n.children()),
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+/// Blocks of [`LOOP_THREADS`] threads for a loop kernel over `rows × inner`
+/// points under `schedule`: one thread a point, or one warp a row or point,
+/// at most [`LOOP_MAX_BLOCKS`] (at least one, so that an empty nest still
+/// launches validly).
+pub fn loop_blocks(schedule: GpuLoopSchedule, rows: usize, inner: usize) -> usize {
+    let threads = match schedule {
+        GpuLoopSchedule::Points => rows.saturating_mul(inner),
+        GpuLoopSchedule::WarpRows => rows.saturating_mul(WARP as usize),
+        GpuLoopSchedule::WarpPoints => rows.saturating_mul(inner).saturating_mul(WARP as usize),
+    };
+    threads.div_ceil(LOOP_THREADS as usize).clamp(1, LOOP_MAX_BLOCKS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_cover_the_units_and_stay_bounded() {
+        assert_eq!(loop_blocks(GpuLoopSchedule::Points, 3, 100), 2);
+        assert_eq!(loop_blocks(GpuLoopSchedule::WarpRows, 9, 768), 2);
+        assert_eq!(loop_blocks(GpuLoopSchedule::WarpPoints, 8, 1), 1);
+        assert_eq!(loop_blocks(GpuLoopSchedule::Points, 0, 7), 1);
+        assert_eq!(loop_blocks(GpuLoopSchedule::Points, usize::MAX, 2), LOOP_MAX_BLOCKS);
+    }
+}
