@@ -37,6 +37,7 @@ use crate::{jit_module, llvm, target_attributes, vmath::VMath, CodegenError};
 
 #[cfg(feature = "nvptx")]
 pub(crate) mod device;
+mod device_math;
 
 type V = BasicValueEnum<'static>;
 
@@ -1316,49 +1317,6 @@ impl Gen<'_> {
         })
     }
 
-    /// A GPU's form of a transcendental function where it differs from the
-    /// CPU's (which calls the C library for some): f16 computed in f32;
-    /// f32 `log` as `lg2.approx` times ln 2 (as the GEMM epilogues compute
-    /// it); the others by the inline polynomials (`None`: the CPU's code).
-    /// Functions with no GPU form are errors, never a call that cannot link.
-    fn device_unary(&mut self, op: UnaryOp, a: V, dt: DType) -> R<Option<V>> {
-        use UnaryOp::*;
-        if !matches!(op, Exp | Log | Tanh | Erf | Sigmoid | Sin | Cos) {
-            return Ok(None);
-        }
-        let b = self.bld;
-        let f32t = self.ctx.f32_type();
-        match dt {
-            DType::F16 => {
-                let x = b.build_float_ext(a.into_float_value(), f32t, "x32").map_err(llvm)?;
-                let r = self.unary(op, x.into(), DType::F32)?;
-                let h = b.build_float_trunc(r.into_float_value(), self.ctx.f16_type(), "h").map_err(llvm)?;
-                Ok(Some(h.into()))
-            }
-            DType::F32 if op == Log => {
-                let ty = f32t.fn_type(&[f32t.into()], false);
-                let asm = self.ctx.create_inline_asm(
-                    ty,
-                    "lg2.approx.f32 $0, $1;".into(),
-                    "=f,f".into(),
-                    false,
-                    false,
-                    None,
-                    false,
-                );
-                let l2 = b.build_indirect_call(ty, asm, &[a.into()], "lg2").map_err(llvm)?;
-                let l2 = basic(l2)?;
-                let ln2 = f32t.const_float(std::f64::consts::LN_2);
-                Ok(Some(b.build_float_mul(l2.into_float_value(), ln2, "ln").map_err(llvm)?.into()))
-            }
-            DType::F32 if matches!(op, Sin | Cos) => {
-                Err(CodegenError::Unsupported(format!("{op:?} has no GPU form yet (f32)")))
-            }
-            DType::F32 => Ok(None),
-            _ => Err(CodegenError::Unsupported(format!("{op:?} of {dt:?} has no GPU form yet"))),
-        }
-    }
-
     /// f32 `exp`, `tanh`, `erf` and `sigmoid` by the inline polynomials.
     fn vmath_f32(&self, op: UnaryOp, a: V) -> R<V> {
         let scalar = !a.is_vector_value();
@@ -1446,6 +1404,8 @@ impl Gen<'_> {
         let unsigned = matches!(dt, DType::U8 | DType::Bool);
         if dt.is_float() {
             return Ok(match op {
+                BinaryOp::Pow if self.device => self.device_pow(a, c, dt)?,
+                BinaryOp::Mod if self.device => self.device_fmod(a, c, dt)?,
                 BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Mod => {
                     float_op(b, op, a, c)?
                 }
@@ -1487,6 +1447,9 @@ impl Gen<'_> {
                     let sum = int_op(b, BinaryOp::Add, r, d, false)?;
                     select(b, fix, sum, r)?
                 }
+            }
+            BinaryOp::Pow if self.device => {
+                return Err(CodegenError::Unsupported(format!("Pow of {dt:?} has no GPU form yet")));
             }
             BinaryOp::Pow => {
                 let fa = self.cast(a, dt, DType::F64)?;

@@ -135,6 +135,33 @@ const REDUCTIONS: &str = r#"graph {
 }
 "#;
 
+/// What the GPU computes without the C library: sin and cos (also of
+/// rotary positions in the thousands of radians), pow (negative bases,
+/// integer and fractional exponents, f16), fmod.
+const LIBRARY_MATH: &str = r#"graph {
+  sym n param 1..
+  input %x: f32[n]
+  input %y: f32[n]
+  input %h: f16[n]
+  %s: f32[n] = sin %x
+  %c: f32[n] = cos %x
+  %k: f32[] = constant 1234.5
+  %k1: f32[1] = reshape %k
+  %kb: f32[n] = broadcast %k1
+  %big: f32[n] = mul %x, %kb
+  %bs: f32[n] = sin %big
+  %bc: f32[n] = cos %big
+  %p: f32[n] = pow %x, %y
+  %three: f32[] = constant 3.0
+  %t1: f32[1] = reshape %three
+  %tb: f32[n] = broadcast %t1
+  %cube: f32[n] = pow %x, %tb
+  %hp: f16[n] = pow %h, %h
+  %m: f32[n] = mod %big, %y
+  output %s, %c, %bs, %bc, %p, %cube, %hp, %m
+}
+"#;
+
 /// Integer, f16 and boolean reductions along rows (shuffled in 32-bit
 /// words: two for 64-bit values, one widened for narrower ones).
 const TYPED_REDUCTIONS: &str = r#"graph {
@@ -471,19 +498,25 @@ fn row_reductions_take_warp_schedules_where_rows_are_long() {
     assert!(plan.programs.iter().all(|p| p.gpu_warp_schedule().is_none()));
 }
 
+#[test]
+fn library_math_matches_the_interpreter() {
+    let shapes: &[&[i64]] = &[&[1], &[7], &[33], &[300], &[1025]];
+    check("lm", LIBRARY_MATH, &["n"], shapes, false);
+}
+
 /// Math with no GPU form yet is an error naming it, not a call that cannot link.
 #[test]
 fn math_without_a_gpu_form_is_an_error() {
     let text = r#"graph {
   sym n param 1..
-  input %x: f32[n]
-  %s: f32[n] = sin %x
+  input %x: f64[n]
+  %s: f64[n] = exp %x
   output %s
 }
 "#;
     let (_, plan) = planned(text);
-    let e = program_ir(&plan.programs[0], "sin").expect_err("sin has no GPU form yet").to_string();
-    assert!(e.contains("Sin"), "{e}");
+    let e = program_ir(&plan.programs[0], "exp64").expect_err("f64 exp has no GPU form yet").to_string();
+    assert!(e.contains("Exp of F64"), "{e}");
 }
 
 /// With `ANYSHAPE_PTXAS` (scripts/test.sh sets it to the PyPI wheel's
@@ -507,6 +540,7 @@ fn ptxas_accepts_every_loop_kernel() {
         ("mb", MAYBE_BROADCAST),
         ("nan", MAX_MIN_NAN),
         ("ps", POOLED_SOFTMAX),
+        ("lm", LIBRARY_MATH),
     ] {
         let (_, plan) = planned(text);
         for (i, p) in plan.programs.iter().enumerate() {
