@@ -478,6 +478,9 @@ fn default_threads() -> usize {
 
 pub use codegen::Progress;
 
+#[cfg(feature = "gpu")]
+pub mod gpu;
+
 /// The tuning cache folder a compile uses when `CompileOptions::cache_dir` is not
 /// set: `$ANYSHAPE_CACHE_DIR`, else `$XDG_CACHE_HOME/anyshape`, else `~/.cache/anyshape`.
 pub fn default_cache_dir() -> Option<std::path::PathBuf> {

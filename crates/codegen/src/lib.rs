@@ -115,6 +115,8 @@ pub fn register_tiles(t: &Target) -> Vec<(usize, usize)> {
 }
 
 mod direct;
+#[cfg(feature = "nvptx")]
+pub mod emulator;
 mod family;
 mod loops;
 #[cfg(feature = "nvptx")]

@@ -13,7 +13,7 @@ use gpu::manifest::PtxasReport;
 use gpu::{Activation, Arch, BLayout, ElemType, Epilogue, GemmKernel, ReduceKernel};
 use std::path::PathBuf;
 
-mod host;
+use anyshape_codegen::emulator as host;
 mod programs;
 use programs::{pointwise_programs, rounds};
 

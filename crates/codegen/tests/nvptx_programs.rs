@@ -9,8 +9,7 @@
 //! broadcasts; NaNs in max and min. Every kernel also goes through ptxas
 //! where the wheel's ptxas is at hand.
 
-#[allow(dead_code)] // the GEMM entries are the other tests'
-mod host;
+use anyshape_codegen::emulator as host;
 
 use anyshape_codegen::nvptx::{program_ir, program_ptx};
 use gpu::manifest::PtxasReport;

@@ -16,6 +16,7 @@ mod artifact;
 mod backend;
 mod cpu;
 mod explain;
+pub mod gpu;
 pub mod npy;
 mod shape;
 
@@ -51,6 +52,10 @@ pub enum RunError {
     Kernel(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// The GPU: no driver or device, out of device memory, a kernel fault, or
+    /// a step the GPU backend does not run.
+    #[error("gpu: {0}")]
+    Device(String),
     #[error("artifact: {0}")]
     Artifact(ArtifactError),
 }

@@ -1,6 +1,6 @@
-//! The GPU kernels' LLVM IR run on the host, so that CI (which has no GPU) runs them
-//! against the oracle. A module is rewritten for this machine: the address spaces
-//! dropped; a thread's and block's indices (`tid.x`, `ctaid.x/y/z`) passed as four
+//! A GPU emulated on the host: the GPU kernels' LLVM IR run on this machine, so
+//! that CI (which has no GPU) runs them against the oracle. A module is
+//! rewritten for this machine: the address spaces dropped; a thread's and block's indices (`tid.x`, `ctaid.x/y/z`) passed as four
 //! more arguments; the grid's size, the block's shared memory, barriers, `cp.async`
 //! copies, warp shuffles, `ldmatrix`, `mma.sync`, and the inline PTX the wgmma and
 //! TMA kernels issue (`wgmma.mma_async`, tensor copies, mbarriers, named barriers)
@@ -869,4 +869,83 @@ pub fn gemm_entry(ee: &ExecutionEngine<'_>, name: &str) -> Result<Gemm, String> 
     // four indices (`for_host`), which is `Gemm`; the caller keeps `ee` alive while
     // it calls it.
     Ok(unsafe { std::mem::transmute::<usize, Gemm>(addr) })
+}
+
+/// A loop kernel's entry on the host: `plan::gpu`'s ABI (buffer table, dim
+/// table, status word), then `tid.x`, `ctaid.x`, `ctaid.y`, `ctaid.z`.
+pub type LoopKernel = unsafe extern "C" fn(*const u64, *const i64, *mut i64, i32, i32, i32, i32);
+
+/// Loop kernels compiled for the host, each an index, with what owns their
+/// code (the engines, then the context they were made in).
+pub struct HostKernels {
+    entries: Vec<LoopKernel>,
+    _engines: Vec<ExecutionEngine<'static>>,
+    // Dropped last: the engines' code and values belong to it.
+    _ctx: Box<Context>,
+}
+
+// SAFETY: after construction the engines and context are only kept alive
+// (never touched again); the entries are plain functions of the JIT'd code,
+// which any thread may call.
+unsafe impl Send for HostKernels {}
+unsafe impl Sync for HostKernels {}
+
+impl HostKernels {
+    /// Kernels `(name, LLVM IR of its NVPTX module)`, in order
+    /// (`codegen::nvptx::program_ir`'s).
+    pub fn loops(kernels: &[(String, String)]) -> Result<HostKernels, String> {
+        let ctx = Box::new(Context::create());
+        // SAFETY: the engines borrow the boxed context, which does not move and
+        // is dropped after them (field order).
+        let ctx_ref: &'static Context = unsafe { &*(ctx.as_ref() as *const Context) };
+        let mut engines = Vec::with_capacity(kernels.len());
+        let mut entries = Vec::with_capacity(kernels.len());
+        for (name, ir) in kernels {
+            let ee = engine(ctx_ref, ir, name)?;
+            let addr = ee.get_function_address(name).map_err(|e| format!("{name}: {e}"))?;
+            // SAFETY: `for_host` compiled `name` with the loop kernel ABI plus
+            // the four indices, which is `LoopKernel`; its engine is kept.
+            entries.push(unsafe { std::mem::transmute::<usize, LoopKernel>(addr) });
+            engines.push(ee);
+        }
+        Ok(HostKernels { entries, _engines: engines, _ctx: ctx })
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Run loop kernel `k` over `blocks` blocks of `threads` threads.
+    ///
+    /// # Safety
+    /// `args` are the kernel's buffer table, dim table and status word, in
+    /// host memory, as its ABI asks, and nothing else touches them meanwhile.
+    pub unsafe fn launch_loop(
+        &self,
+        k: usize,
+        blocks: usize,
+        threads: usize,
+        args: [u64; 3],
+    ) -> Result<(), String> {
+        let entry = *self.entries.get(k).ok_or_else(|| format!("no loop kernel {k}"))?;
+        run_blocks((blocks, 1, 1), threads, 0, |tid, x, y, z| {
+            // SAFETY: the caller's contract; each thread runs the kernel once.
+            unsafe {
+                entry(
+                    args[0] as *const u64,
+                    args[1] as *const i64,
+                    args[2] as *mut i64,
+                    tid as i32,
+                    x as i32,
+                    y as i32,
+                    z as i32,
+                )
+            }
+        });
+        Ok(())
+    }
 }

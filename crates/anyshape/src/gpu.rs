@@ -1,0 +1,115 @@
+//! The GPU backend from the public API. A model's loop programs compile to
+//! NVPTX kernels (`codegen::nvptx::program_ir`) and run through the
+//! runtime's [`GpuModel`]; until the driver backend lands (issue 37, item
+//! 5) the device is [`HostDevice`], the GPU emulated on this machine, which
+//! is what CI runs every GPU kernel on.
+
+use std::alloc::Layout;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use codegen::emulator::HostKernels;
+use runtime::gpu::DEVICE_ALIGN;
+pub use runtime::gpu::{Device, DevicePtr, GpuModel};
+use runtime::RunError;
+
+use crate::{Error, Model};
+
+/// A GPU emulated on the host: device memory is host memory, a launch runs
+/// the kernel's blocks with the emulator's threads.
+pub struct HostDevice {
+    kernels: HostKernels,
+    /// Live allocations: address → layout.
+    allocs: Mutex<HashMap<DevicePtr, Layout>>,
+}
+
+impl HostDevice {
+    pub fn new(kernels: HostKernels) -> HostDevice {
+        HostDevice { kernels, allocs: Mutex::new(HashMap::new()) }
+    }
+
+    /// Bytes allocated and not freed.
+    pub fn bytes_live(&self) -> usize {
+        self.allocs.lock().unwrap_or_else(|e| e.into_inner()).values().map(|l| l.size()).sum()
+    }
+}
+
+impl Device for HostDevice {
+    fn name(&self) -> String {
+        "host emulator".into()
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr, RunError> {
+        let layout = Layout::from_size_align(bytes.max(1), DEVICE_ALIGN)
+            .map_err(|_| RunError::Device(format!("out of device memory: {bytes} bytes asked for")))?;
+        // SAFETY: the layout's size is at least 1.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        if p.is_null() {
+            return Err(RunError::Device(format!("out of device memory: {bytes} bytes asked for")));
+        }
+        self.allocs.lock().unwrap_or_else(|e| e.into_inner()).insert(p as DevicePtr, layout);
+        Ok(p as DevicePtr)
+    }
+
+    unsafe fn free(&self, p: DevicePtr) {
+        if let Some(layout) = self.allocs.lock().unwrap_or_else(|e| e.into_inner()).remove(&p) {
+            // SAFETY: `p` was allocated with this layout and is freed once (it is
+            // removed from the live set here).
+            unsafe { std::alloc::dealloc(p as *mut u8, layout) };
+        }
+    }
+
+    unsafe fn upload(&self, dst: DevicePtr, src: &[u8]) -> Result<(), RunError> {
+        // SAFETY: the caller's contract: `dst` has `src.len()` bytes of one allocation.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+        Ok(())
+    }
+
+    unsafe fn download(&self, src: DevicePtr, dst: &mut [u8]) -> Result<(), RunError> {
+        // SAFETY: the caller's contract: `src` has `dst.len()` bytes of one allocation.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    unsafe fn launch(
+        &self,
+        kernel: usize,
+        blocks: u32,
+        threads: u32,
+        args: &[DevicePtr],
+    ) -> Result<(), RunError> {
+        let args: [u64; 3] = args.try_into().map_err(|_| {
+            RunError::Internal(format!("a loop kernel takes 3 arguments, not {}", args.len()))
+        })?;
+        // SAFETY: the caller's contract (the loop kernel ABI, live host memory).
+        unsafe { self.kernels.launch_loop(kernel, blocks as usize, threads as usize, args) }
+            .map_err(RunError::Device)
+    }
+}
+
+impl Model {
+    /// Compile for the GPU emulated on this machine: every loop program as
+    /// the NVPTX kernel a GPU would run, here on the host emulator. Models
+    /// with contractions or fused attention are an error naming the step
+    /// (not on the GPU yet).
+    pub fn compile_host_gpu(&self) -> Result<GpuModel<HostDevice>, Error> {
+        let plan = self.lower()?;
+        let mut kernels = Vec::with_capacity(plan.programs.len());
+        for (i, p) in plan.programs.iter().enumerate() {
+            let name = format!("{}_gpu{i}", p.name);
+            let ir = codegen::nvptx::program_ir(p, &name)?;
+            kernels.push((name, ir));
+        }
+        let host = HostKernels::loops(&kernels).map_err(codegen::CodegenError::Llvm)?;
+        let io = |v: Vec<crate::IoInfo>| v.into_iter().map(|i| (i.name, i.ty)).collect();
+        let ids = (0..kernels.len()).collect();
+        Ok(GpuModel::new(
+            plan,
+            self.graph.env.clone(),
+            io(self.inputs()),
+            io(self.outputs()),
+            ids,
+            HostDevice::new(host),
+        )?)
+    }
+}

@@ -1,0 +1,153 @@
+//! Whole models through the GPU backend on the host emulator
+//! (`Model::compile_host_gpu`: every loop program as the NVPTX kernel a GPU
+//! runs, the runtime's `GpuModel` planning each shape, uploading, launching
+//! and downloading) against the interpreter, with the rewrites on, at shapes
+//! of 1, primes and one past a warp, call after call; and the errors: a
+//! step the GPU does not run yet, a bad index found by a kernel, a shape
+//! that breaks the model's rule.
+
+#![cfg(feature = "gpu")]
+
+mod common;
+
+use anyshape::{Elems, LoadOptions, Model, Tensor};
+use common::{shape_at, Lcg};
+
+fn model(text: &str) -> Model {
+    let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn inputs(m: &Model, dims: &[(&str, usize)], seed: u64) -> Vec<(String, Tensor)> {
+    let mut rng = Lcg::new(seed);
+    m.inputs()
+        .into_iter()
+        .map(|info| {
+            let shape = shape_at(&info.ty, dims);
+            let n: usize = shape.iter().product();
+            let elems = match info.ty.dtype {
+                anyshape::DType::I64 => Elems::I64((0..n).map(|_| (rng.next() % 10) as i64 - 5).collect()),
+                _ => Elems::F32((0..n).map(|_| rng.unit()).collect()),
+            };
+            (info.name, Tensor::new(shape, elems).expect("tensor"))
+        })
+        .collect()
+}
+
+fn compare(
+    m: &Model,
+    gm: &anyshape::gpu::GpuModel<anyshape::gpu::HostDevice>,
+    dims: &[(&str, usize)],
+    seed: u64,
+) {
+    let ins = inputs(m, dims, seed);
+    let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let want = m.interpret(&named).unwrap_or_else(|e| panic!("{dims:?}: interpreter: {e}"));
+    let got = gm.run(&named).unwrap_or_else(|e| panic!("{dims:?}: gpu: {e}"));
+    assert_eq!(got.len(), want.len());
+    for ((name, g), (wname, w)) in got.iter().zip(&want) {
+        assert_eq!(name, wname);
+        assert_eq!(g.shape(), w.shape(), "{dims:?}: {name}");
+        for (i, (a, b)) in g.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
+            let ok = (a - b).abs() <= 1e-4 * (1.0 + b.abs()) || (a.is_nan() && b.is_nan());
+            assert!(ok, "{dims:?}: {name}[{i}] = {a}, the interpreter says {b}");
+        }
+    }
+}
+
+/// A transformer block's memory-bound half: embedding gather plus positions,
+/// layer norm, GELU (erf), a masked softmax over the last axis, a residual.
+const BLOCK: &str = r#"graph {
+  sym b param 1..
+  sym s param 1..
+  input %ids: i64[b, s]
+  input %x: f32[b, s, 16]
+  input %mask: f32[b, s]
+  %table: f32[5, 16] = constant [0.1, -0.2, 0.3, 0.4, -0.5, 0.6, 0.7, -0.8, 0.9, 1.0, -1.1, 1.2, 1.3, -1.4, 1.5, 1.6, 0.2, 0.1, -0.3, 0.5, 0.2, -0.6, 0.1, 0.9, -0.2, 0.3, 0.3, -0.4, 0.8, 0.1, 0.0, 0.4, -1.0, 0.5, 0.2, 0.3, -0.6, 0.7, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, -0.9, 0.8, 0.7, -0.6, 0.5, 0.4, 0.3, -0.2, 0.1, 0.0, -0.1, 0.2, 0.3, 0.4, -0.5, 0.6, 0.7, 0.8, -0.9, 1.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3]
+  %emb: f32[b, s, 16] = gather[axis=0] %table, %ids
+  %h: f32[b, s, 16] = add %emb, %x
+  %mean: f32[b, s, 1] = reduce_mean[axes=[2], keep_dims=true] %h
+  %meanb: f32[b, s, 16] = broadcast %mean
+  %dev: f32[b, s, 16] = sub %h, %meanb
+  %sq: f32[b, s, 16] = mul %dev, %dev
+  %var: f32[b, s, 1] = reduce_mean[axes=[2], keep_dims=true] %sq
+  %eps: f32[] = constant 0.00001
+  %eps3: f32[1, 1, 1] = reshape %eps
+  %epsb: f32[b, s, 1] = broadcast %eps3
+  %ve: f32[b, s, 1] = add %var, %epsb
+  %rs: f32[b, s, 1] = sqrt %ve
+  %rsb: f32[b, s, 16] = broadcast %rs
+  %ln: f32[b, s, 16] = div %dev, %rsb
+  %g: f32[b, s, 16] = erf %ln
+  %res: f32[b, s, 16] = add %g, %h
+  %m3: f32[b, 1, s] = reshape %mask
+  %scores: f32[b, s, s] = broadcast %m3
+  %mx: f32[b, s, 1] = reduce_max[axes=[2], keep_dims=true] %scores
+  %mxb: f32[b, s, s] = broadcast %mx
+  %sh: f32[b, s, s] = sub %scores, %mxb
+  %ex: f32[b, s, s] = exp %sh
+  %sm: f32[b, s, 1] = reduce_sum[axes=[2], keep_dims=true] %ex
+  %smb: f32[b, s, s] = broadcast %sm
+  %p: f32[b, s, s] = div %ex, %smb
+  output %res, %p
+}
+"#;
+
+#[test]
+fn a_memory_bound_block_runs_through_the_gpu_backend() {
+    let m = model(BLOCK);
+    let gm = m.compile_host_gpu().expect("compiles for the GPU");
+    // Call after call at new and repeated shapes: a smaller shape reuses the
+    // device memory a larger one grew, and each signature is planned once.
+    let shapes = [(1, 1), (2, 7), (1, 33), (3, 32), (2, 7), (1, 65), (1, 1)];
+    for (i, (b, s)) in shapes.into_iter().enumerate() {
+        compare(&m, &gm, &[("b", b), ("s", s)], i as u64);
+    }
+    assert_eq!(gm.shapes_planned(), 5);
+    let live = gm.device().bytes_live();
+    compare(&m, &gm, &[("b", 2), ("s", 7)], 99);
+    assert_eq!(gm.device().bytes_live(), live, "a call at a planned shape allocated device memory");
+}
+
+/// A gather index out of range is found by the kernel and reported with the
+/// model's message; the model stays usable.
+#[test]
+fn a_bad_index_is_an_error_and_the_model_stays_usable() {
+    let m = model(BLOCK);
+    let gm = m.compile_host_gpu().expect("compiles");
+    let mut ins = inputs(&m, &[("b", 1), ("s", 3)], 1);
+    ins[0].1 = Tensor::new(vec![1, 3], Elems::I64(vec![0, 7, 1])).expect("ids");
+    let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let e = gm.run(&named).expect_err("index 7 of 5 rows").to_string();
+    assert!(e.contains("index") || e.contains("range"), "{e}");
+    compare(&m, &gm, &[("b", 1), ("s", 3)], 2);
+}
+
+/// A shape that breaks the model's rules is the binding's error, as on the CPU.
+#[test]
+fn a_shape_that_breaks_a_rule_is_an_error() {
+    let m = model(BLOCK);
+    let gm = m.compile_host_gpu().expect("compiles");
+    let mut ins = inputs(&m, &[("b", 1), ("s", 3)], 1);
+    ins[2].1 = Tensor::new(vec![1, 4], Elems::F32(vec![0.0; 4])).expect("mask");
+    let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let e = gm.run(&named).expect_err("mask of 4 for s = 3").to_string();
+    assert!(e.contains("mask"), "{e}");
+}
+
+/// Contractions are not on the GPU yet: compiling says which step.
+#[test]
+fn a_matmul_is_an_error_naming_the_step() {
+    let m = model(
+        r#"graph {
+  sym n param 1..
+  input %a: f32[n, 8]
+  input %b: f32[8, 4]
+  %c: f32[n, 4] = matmul %a, %b
+  output %c
+}
+"#,
+    );
+    let e = m.compile_host_gpu().err().expect("no matmuls on the GPU yet").to_string();
+    assert!(e.contains("matmul") && e.contains("step 0"), "{e}");
+}
