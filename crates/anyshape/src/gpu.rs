@@ -1,14 +1,14 @@
 //! The GPU backend from the public API. A model's loop programs compile to
-//! NVPTX kernels (`codegen::nvptx::program_ir`) and run through the
-//! runtime's [`GpuModel`]; until the driver backend lands (issue 37, item
-//! 5) the device is [`HostDevice`], the GPU emulated on this machine, which
-//! is what CI runs every GPU kernel on.
+//! NVPTX kernels (`codegen::nvptx`) and run through the runtime's
+//! [`GpuModel`] on a [`CudaDevice`] (the driver) or a [`HostDevice`] (the
+//! GPU emulated on this machine: what CI runs every GPU kernel on).
 
 use std::alloc::Layout;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use codegen::emulator::HostKernels;
+pub use runtime::gpu::cuda::CudaDevice;
 use runtime::gpu::DEVICE_ALIGN;
 pub use runtime::gpu::{Device, DevicePtr, GpuModel};
 use runtime::RunError;
@@ -88,6 +88,37 @@ impl Device for HostDevice {
 }
 
 impl Model {
+    /// Compile for NVIDIA GPU `ordinal` (PTX the driver assembles for it).
+    /// No driver, no such device or one older than sm_80 is an error saying
+    /// which; so are steps the GPU backend does not run yet (contractions,
+    /// fused attention), naming the step.
+    pub fn compile_gpu(&self, ordinal: usize) -> Result<GpuModel<CudaDevice>, Error> {
+        let plan = self.lower()?;
+        let mut kernels = Vec::with_capacity(plan.programs.len());
+        for (i, p) in plan.programs.iter().enumerate() {
+            let name = format!("{}_gpu{i}", p.name);
+            let ptx = codegen::nvptx::program_ptx(p, &name)?;
+            kernels.push((name, ptx));
+        }
+        // The plan's steps first: a model the GPU cannot run says so before
+        // any driver is asked for.
+        GpuModel::<HostDevice>::check_plan(&plan)?;
+        let device = CudaDevice::open(ordinal, &kernels)?;
+        self.gpu_model(plan, kernels.len(), device)
+    }
+
+    fn gpu_model<D: Device>(&self, plan: plan::ModelPlan, n: usize, device: D) -> Result<GpuModel<D>, Error> {
+        let io = |v: Vec<crate::IoInfo>| v.into_iter().map(|i| (i.name, i.ty)).collect();
+        Ok(GpuModel::new(
+            plan,
+            self.graph.env.clone(),
+            io(self.inputs()),
+            io(self.outputs()),
+            (0..n).collect(),
+            device,
+        )?)
+    }
+
     /// Compile for the GPU emulated on this machine: every loop program as
     /// the NVPTX kernel a GPU would run, here on the host emulator. Models
     /// with contractions or fused attention are an error naming the step
@@ -100,16 +131,8 @@ impl Model {
             let ir = codegen::nvptx::program_ir(p, &name)?;
             kernels.push((name, ir));
         }
+        GpuModel::<HostDevice>::check_plan(&plan)?;
         let host = HostKernels::loops(&kernels).map_err(codegen::CodegenError::Llvm)?;
-        let io = |v: Vec<crate::IoInfo>| v.into_iter().map(|i| (i.name, i.ty)).collect();
-        let ids = (0..kernels.len()).collect();
-        Ok(GpuModel::new(
-            plan,
-            self.graph.env.clone(),
-            io(self.inputs()),
-            io(self.outputs()),
-            ids,
-            HostDevice::new(host),
-        )?)
+        self.gpu_model(plan, kernels.len(), HostDevice::new(host))
     }
 }

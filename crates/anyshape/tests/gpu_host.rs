@@ -1,4 +1,5 @@
-//! Whole models through the GPU backend on the host emulator
+//! Whole models through the GPU backend on the host emulator (and through
+//! the driver where this machine has a GPU)
 //! (`Model::compile_host_gpu`: every loop program as the NVPTX kernel a GPU
 //! runs, the runtime's `GpuModel` planning each shape, uploading, launching
 //! and downloading) against the interpreter, with the rewrites on, at shapes
@@ -34,9 +35,9 @@ fn inputs(m: &Model, dims: &[(&str, usize)], seed: u64) -> Vec<(String, Tensor)>
         .collect()
 }
 
-fn compare(
+fn compare<D: anyshape::gpu::Device>(
     m: &Model,
-    gm: &anyshape::gpu::GpuModel<anyshape::gpu::HostDevice>,
+    gm: &anyshape::gpu::GpuModel<D>,
     dims: &[(&str, usize)],
     seed: u64,
 ) {
@@ -150,4 +151,29 @@ fn a_matmul_is_an_error_naming_the_step() {
     );
     let e = m.compile_host_gpu().err().expect("no matmuls on the GPU yet").to_string();
     assert!(e.contains("matmul") && e.contains("step 0"), "{e}");
+}
+
+/// Through the driver where the machine has a GPU (the block against the
+/// interpreter there, f32 loop kernels: the same tolerance); where it has
+/// none, the error says so and the test says it skipped
+/// (`ANYSHAPE_REQUIRE_GPU` makes that a failure: the device script sets it).
+#[test]
+fn the_driver_backend_runs_the_block_where_there_is_a_gpu() {
+    let m = model(BLOCK);
+    match m.compile_gpu(0) {
+        Ok(gm) => {
+            eprintln!("running on {}", anyshape::gpu::Device::name(gm.device()));
+            for (i, (b, s)) in
+                [(1usize, 1usize), (2, 7), (1, 33), (3, 32), (4, 129), (2, 7)].into_iter().enumerate()
+            {
+                compare(&m, &gm, &[("b", b), ("s", s)], i as u64);
+            }
+        }
+        Err(e) => {
+            let e = e.to_string();
+            let none = e.contains("no NVIDIA driver") || e.contains("no CUDA device");
+            assert!(none, "the GPU backend failed on a machine with a driver: {e}");
+            kernels::testing::require("ANYSHAPE_REQUIRE_GPU", false, &format!("GPU ({e})"));
+        }
+    }
 }

@@ -16,6 +16,9 @@
 //! Not yet on the GPU (errors naming the step): contractions and fused
 //! attention (issue 37, items 3-4).
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -134,15 +137,7 @@ impl<D: Device> GpuModel<D> {
                 plan.programs.len()
             )));
         }
-        for (i, st) in plan.steps.iter().enumerate() {
-            if !matches!(st.kind, StepKind::Loop { .. }) {
-                return Err(RunError::Device(format!(
-                    "step {i} (group {}) is a {}: the GPU backend runs loop programs only so far",
-                    st.group,
-                    st.kind.name()
-                )));
-            }
-        }
+        Self::check_plan(&plan)?;
         let mut m = GpuModel {
             constants: vec![None; plan.buffers.len()],
             plan,
@@ -173,6 +168,21 @@ impl<D: Device> GpuModel<D> {
             }
         }
         Ok(m)
+    }
+
+    /// Whether the GPU backend runs every step of `plan` (an error naming
+    /// the first it does not).
+    pub fn check_plan(plan: &ModelPlan) -> Result<(), RunError> {
+        for (i, st) in plan.steps.iter().enumerate() {
+            if !matches!(st.kind, StepKind::Loop { .. }) {
+                return Err(RunError::Device(format!(
+                    "step {i} (group {}) is a {}: the GPU backend runs loop programs only so far",
+                    st.group,
+                    st.kind.name()
+                )));
+            }
+        }
+        Ok(())
     }
 
     pub fn device(&self) -> &D {

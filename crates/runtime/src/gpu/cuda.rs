@@ -1,0 +1,154 @@
+//! The driver's [`Device`]: an NVIDIA GPU through cudarc, which loads
+//! libcuda at run time (nothing from CUDA at build time). A machine without
+//! the driver, without a device, or with a GPU older than the kernels'
+//! architecture gets an error saying which; so does running out of device
+//! memory (naming the bytes) and a kernel that faults (the model is then
+//! unusable, the process alive).
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUdevice_attribute};
+use cudarc::driver::{result, CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use super::{Device, DevicePtr};
+use crate::RunError;
+
+/// The oldest GPUs the kernels run on (their PTX targets sm_80).
+pub const MIN_COMPUTE_CAPABILITY: (i32, i32) = (8, 0);
+
+/// An open GPU: its context, one stream for every copy and launch, and the
+/// kernels loaded.
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    funcs: Vec<CudaFunction>,
+    _modules: Vec<Arc<CudaModule>>,
+    name: String,
+}
+
+fn driver(what: &str) -> impl Fn(result::DriverError) -> RunError + '_ {
+    move |e| RunError::Device(format!("{what}: {e:?}"))
+}
+
+impl CudaDevice {
+    /// GPU `ordinal`, with `kernels` (`(name, PTX)`, in index order) loaded
+    /// (the driver assembles the PTX for the device).
+    pub fn open(ordinal: usize, kernels: &[(String, String)]) -> Result<CudaDevice, RunError> {
+        // SAFETY: only asks the dynamic loader whether libcuda can be opened.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(RunError::Device(
+                "no NVIDIA driver: libcuda.so could not be loaded (install the NVIDIA driver, or run on a machine that has one)"
+                    .into(),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver(&format!("no CUDA device {ordinal}")))?;
+        let name = ctx.name().map_err(driver("the device's name"))?;
+        let attr = |a: CUdevice_attribute| ctx.attribute(a).map_err(driver("a device attribute"));
+        let cc = (
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        if cc < MIN_COMPUTE_CAPABILITY {
+            return Err(RunError::Device(format!(
+                "{name} is sm_{}{}: the kernels need sm_{}{} or newer",
+                cc.0, cc.1, MIN_COMPUTE_CAPABILITY.0, MIN_COMPUTE_CAPABILITY.1
+            )));
+        }
+        // SAFETY: every copy and launch goes on the one stream, so cudarc's
+        // per-buffer events (which order uses across streams) order nothing here.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(driver("a stream"))?;
+        let mut modules = Vec::with_capacity(kernels.len());
+        let mut funcs = Vec::with_capacity(kernels.len());
+        for (k, ptx) in kernels {
+            let m = ctx.load_module(Ptx::from_src(ptx.as_str())).map_err(driver(k))?;
+            funcs.push(m.load_function(k).map_err(driver(k))?);
+            modules.push(m);
+        }
+        Ok(CudaDevice {
+            ctx,
+            stream,
+            funcs,
+            _modules: modules,
+            name: format!("{name} (sm_{}{})", cc.0, cc.1),
+        })
+    }
+
+    fn bind(&self) -> Result<(), RunError> {
+        self.ctx.bind_to_thread().map_err(driver("binding the context"))
+    }
+}
+
+impl Device for CudaDevice {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr, RunError> {
+        self.bind()?;
+        // SAFETY: a plain allocation on the bound context (cuMemAlloc aligns to
+        // at least 256 bytes).
+        unsafe { result::malloc_sync(bytes.max(1)) }.map_err(|e| {
+            RunError::Device(format!(
+                "out of device memory on {}: {bytes} bytes asked for ({e:?})",
+                self.name
+            ))
+        })
+    }
+
+    unsafe fn free(&self, p: DevicePtr) {
+        if self.bind().is_ok() {
+            // SAFETY: the caller's contract (from `alloc`, freed once, unused);
+            // the stream's work is complete first.
+            let _ = self.stream.synchronize();
+            let _ = unsafe { result::free_sync(p) };
+        }
+    }
+
+    unsafe fn upload(&self, dst: DevicePtr, src: &[u8]) -> Result<(), RunError> {
+        self.bind()?;
+        // SAFETY: the caller's contract (the bytes lie in one live allocation);
+        // `src` outlives the copy, which completes before this returns.
+        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
+            .map_err(driver("a copy to the GPU"))?;
+        self.stream.synchronize().map_err(driver("a copy to the GPU"))
+    }
+
+    unsafe fn download(&self, src: DevicePtr, dst: &mut [u8]) -> Result<(), RunError> {
+        self.bind()?;
+        // SAFETY: the caller's contract; `dst` outlives the copy, which completes
+        // (after every launch before it on the stream) before this returns.
+        unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+            .map_err(driver("a copy from the GPU (or a kernel before it failed)"))?;
+        self.stream.synchronize().map_err(driver("a kernel or a copy from the GPU"))
+    }
+
+    unsafe fn launch(
+        &self,
+        kernel: usize,
+        blocks: u32,
+        threads: u32,
+        args: &[DevicePtr],
+    ) -> Result<(), RunError> {
+        self.bind()?;
+        let f = self.funcs.get(kernel).ok_or_else(|| RunError::Internal(format!("no kernel {kernel}")))?;
+        let mut vals: Vec<u64> = args.to_vec();
+        let mut params: Vec<*mut c_void> = vals.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
+        // SAFETY: the caller's contract (the kernel's ABI: 64-bit device pointers,
+        // into live allocations); the parameter values are copied by the driver
+        // when the launch is enqueued.
+        unsafe {
+            result::launch_kernel(
+                f.cu_function(),
+                (blocks, 1, 1),
+                (threads, 1, 1),
+                0,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(driver(&format!("launching kernel {kernel}")))
+    }
+}
