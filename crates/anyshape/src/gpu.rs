@@ -15,8 +15,14 @@ use runtime::RunError;
 
 use crate::{Error, Model};
 
+/// Blocks the emulator runs of a launch: the loop kernels take their units
+/// grid-stride, so a few blocks compute everything (and the stride loop is
+/// exercised); each block's threads are host threads.
+pub const EMULATED_BLOCKS: u32 = 4;
+
 /// A GPU emulated on the host: device memory is host memory, a launch runs
-/// the kernel's blocks with the emulator's threads.
+/// at most [`EMULATED_BLOCKS`] of the kernel's blocks with the emulator's
+/// threads.
 pub struct HostDevice {
     kernels: HostKernels,
     /// Live allocations: address → layout.
@@ -82,18 +88,17 @@ impl Device for HostDevice {
             RunError::Internal(format!("a loop kernel takes 3 arguments, not {}", args.len()))
         })?;
         // SAFETY: the caller's contract (the loop kernel ABI, live host memory).
-        unsafe { self.kernels.launch_loop(kernel, blocks as usize, threads as usize, args) }
-            .map_err(RunError::Device)
+        let blocks = blocks.min(EMULATED_BLOCKS) as usize;
+        unsafe { self.kernels.launch_loop(kernel, blocks, threads as usize, args) }.map_err(RunError::Device)
     }
 }
 
 impl Model {
-    /// Compile for NVIDIA GPU `ordinal` (PTX the driver assembles for it).
-    /// No driver, no such device or one older than sm_80 is an error saying
-    /// which; so are steps the GPU backend does not run yet (contractions,
-    /// fused attention), naming the step.
+    /// Compile for NVIDIA GPU `ordinal` (PTX the driver assembles for it;
+    /// the plan is [`Model::lower_gpu`]'s). No driver, no such device or one
+    /// older than sm_80 is an error saying which.
     pub fn compile_gpu(&self, ordinal: usize) -> Result<GpuModel<CudaDevice>, Error> {
-        let plan = self.lower()?;
+        let plan = self.lower_gpu()?;
         let mut kernels = Vec::with_capacity(plan.programs.len());
         for (i, p) in plan.programs.iter().enumerate() {
             let name = format!("{}_gpu{i}", p.name);
@@ -105,6 +110,15 @@ impl Model {
         GpuModel::<HostDevice>::check_plan(&plan)?;
         let device = CudaDevice::open(ordinal, &kernels)?;
         self.gpu_model(plan, kernels.len(), device)
+    }
+
+    /// The plan the GPU runs: every step a loop program. Matmuls are sums of
+    /// products in their groups' programs (a thread, or a warp, per output
+    /// element: correct at any shape, far from the tensor cores) until the
+    /// GEMM family runs a plan's contraction steps (issue 37, item 3).
+    pub fn lower_gpu(&self) -> Result<plan::ModelPlan, Error> {
+        let lo = lower::LowerOptions { fuse_attention: false, matmul_steps: false };
+        Ok(lower::lower_with(&self.graph, &self.fusion_plan(), &lo)?)
     }
 
     fn gpu_model<D: Device>(&self, plan: plan::ModelPlan, n: usize, device: D) -> Result<GpuModel<D>, Error> {
@@ -119,12 +133,11 @@ impl Model {
         )?)
     }
 
-    /// Compile for the GPU emulated on this machine: every loop program as
-    /// the NVPTX kernel a GPU would run, here on the host emulator. Models
-    /// with contractions or fused attention are an error naming the step
-    /// (not on the GPU yet).
+    /// Compile for the GPU emulated on this machine: every loop program of
+    /// [`Model::lower_gpu`]'s plan as the NVPTX kernel a GPU would run, here
+    /// on the host emulator.
     pub fn compile_host_gpu(&self) -> Result<GpuModel<HostDevice>, Error> {
-        let plan = self.lower()?;
+        let plan = self.lower_gpu()?;
         let mut kernels = Vec::with_capacity(plan.programs.len());
         for (i, p) in plan.programs.iter().enumerate() {
             let name = format!("{}_gpu{i}", p.name);

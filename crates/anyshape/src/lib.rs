@@ -269,7 +269,7 @@ impl Model {
 
     /// [`Model::lower`] as [`Model::compile`] lowers with `opts`.
     pub fn lower_with(&self, opts: &CompileOptions) -> Result<plan::ModelPlan, Error> {
-        let lo = lower::LowerOptions { fuse_attention: opts.fuse_attention };
+        let lo = lower::LowerOptions { fuse_attention: opts.fuse_attention, ..Default::default() };
         Ok(lower::lower_with(&self.graph, &self.fusion_plan(), &lo)?)
     }
 

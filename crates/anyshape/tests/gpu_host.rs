@@ -136,21 +136,41 @@ fn a_shape_that_breaks_a_rule_is_an_error() {
     assert!(e.contains("mask"), "{e}");
 }
 
-/// Contractions are not on the GPU yet: compiling says which step.
+/// Matmuls run as sums of products in loop programs (`Model::lower_gpu`),
+/// with their epilogues: a bias, GELU (tanh form), a residual, a batched
+/// product of two activations (attention's scores); a plan with contraction
+/// steps (the CPU's) is refused by the GPU model, naming the step.
 #[test]
-fn a_matmul_is_an_error_naming_the_step() {
+fn matmuls_run_as_loop_programs_and_contraction_steps_are_refused() {
     let m = model(
         r#"graph {
   sym n param 1..
-  input %a: f32[n, 8]
-  input %b: f32[8, 4]
-  %c: f32[n, 4] = matmul %a, %b
-  output %c
+  sym s param 1..
+  input %a: f32[n, 40]
+  input %w: f32[40, 33]
+  input %bias: f32[33]
+  input %q: f32[2, s, 8]
+  input %k: f32[2, 8, s]
+  %c: f32[n, 33] = matmul %a, %w
+  %b2: f32[1, 33] = reshape %bias
+  %bb: f32[n, 33] = broadcast %b2
+  %cb: f32[n, 33] = add %c, %bb
+  %t: f32[n, 33] = tanh %cb
+  %r: f32[n, 33] = add %t, %c
+  %sc: f32[2, s, s] = matmul %q, %k
+  output %r, %sc
 }
 "#,
     );
-    let e = m.compile_host_gpu().err().expect("no matmuls on the GPU yet").to_string();
-    assert!(e.contains("matmul") && e.contains("step 0"), "{e}");
+    let gm = m.compile_host_gpu().expect("compiles for the GPU");
+    for (i, (n, s)) in [(1usize, 1usize), (7, 5), (33, 32), (2, 65)].into_iter().enumerate() {
+        compare(&m, &gm, &[("n", n), ("s", s)], i as u64);
+    }
+    let cpu_plan = m.lower().expect("lowers");
+    let e = anyshape::gpu::GpuModel::<anyshape::gpu::HostDevice>::check_plan(&cpu_plan)
+        .expect_err("a matmul step")
+        .to_string();
+    assert!(e.contains("matmul") && e.contains("step"), "{e}");
 }
 
 /// Through the driver where the machine has a GPU (the block against the
@@ -174,6 +194,61 @@ fn the_driver_backend_runs_the_block_where_there_is_a_gpu() {
             let none = e.contains("no NVIDIA driver") || e.contains("no CUDA device");
             assert!(none, "the GPU backend failed on a machine with a driver: {e}");
             kernels::testing::require("ANYSHAPE_REQUIRE_GPU", false, &format!("GPU ({e})"));
+        }
+    }
+}
+
+fn npy_files(dir: &std::path::Path) -> Vec<(String, std::path::PathBuf)> {
+    let mut v: Vec<(String, std::path::PathBuf)> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "npy"))
+        .map(|p| (p.file_stem().unwrap_or_default().to_string_lossy().into_owned(), p))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The bundled models (tests/fixtures: ONNX Runtime's outputs) through the
+/// GPU backend on the emulator: relative L2
+/// error below 1e-4, the bound the CPU's compiled models meet (f32 on both;
+/// sums in another order).
+#[test]
+fn bundled_models_match_onnx_runtime_through_the_gpu_backend() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    for name in ["bert", "gpt2"] {
+        let dir = root.join(name);
+        let model = Model::load(dir.join("model.onnx"), &LoadOptions::new())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let gm = model.compile_host_gpu().unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut cases: Vec<_> = std::fs::read_dir(&dir)
+            .expect("fixture dir")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_dir())
+            .collect();
+        cases.sort();
+        // The first two cases (batch 1 and 2 at short lengths): the longer ones
+        // take 10-30 s each on the emulator's threads.
+        assert!(cases.len() >= 2);
+        for case in cases.into_iter().take(2) {
+            let start = std::time::Instant::now();
+            let inputs: Vec<(String, Tensor)> = npy_files(&case)
+                .into_iter()
+                .map(|(n, p)| (n, anyshape::npy::read(&p).expect("input npy")))
+                .collect();
+            let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+            let got = gm.run(&named).unwrap_or_else(|e| panic!("{name}/{}: {e}", case.display()));
+            for (out, path) in npy_files(&case.join("expected")) {
+                let want = anyshape::npy::read(&path).expect("expected npy");
+                let g = &got.iter().find(|(n, _)| *n == out).unwrap_or_else(|| panic!("{name}: no {out}")).1;
+                assert_eq!(g.shape(), want.shape(), "{name}/{}: {out}", case.display());
+                let (a, b) = (g.to_f64_vec(), want.to_f64_vec());
+                let num: f64 = a.iter().zip(&b).map(|(x, y)| (x - y) * (x - y)).sum();
+                let den: f64 = b.iter().map(|y| y * y).sum();
+                let err = (num / den.max(1e-30)).sqrt();
+                assert!(err < 1e-4, "{name}/{}: {out} relative L2 error {err:e}", case.display());
+            }
+            eprintln!("{name}/{}: {:.2} s", case.display(), start.elapsed().as_secs_f64());
         }
     }
 }

@@ -45,11 +45,19 @@ pub(crate) struct Lowering<'g> {
     /// merged QKV product whose head splits are read as views): written by
     /// their group like its outputs.
     view_sources: std::collections::HashSet<ValueId>,
+    /// Matmuls as contraction steps (else as sums of products in loop programs).
+    matmul_steps: bool,
 }
 
 impl<'g> Lowering<'g> {
-    pub fn new(g: &'g Graph) -> Lowering<'g> {
+    /// Whether `node` is a contraction step's backbone.
+    fn backbone(&self, node: &ir::Node) -> bool {
+        self.matmul_steps && is_backbone(self.g, node)
+    }
+
+    pub fn new(g: &'g Graph, matmul_steps: bool) -> Lowering<'g> {
         Lowering {
+            matmul_steps,
             g,
             plan: ModelPlan::default(),
             buffer_of: HashMap::new(),
@@ -195,7 +203,7 @@ impl<'g> Lowering<'g> {
         let mut part = 0;
         for &n in &group.nodes {
             let node = &g.nodes[n];
-            if !is_backbone(g, node) {
+            if !self.backbone(node) {
                 continue;
             }
             // Operands that are not views of a buffer are computed first.
@@ -235,7 +243,7 @@ impl<'g> Lowering<'g> {
                 .into_iter()
                 .filter(|v| !avail.contains_key(v) && !self.views.contains_key(v))
                 .collect();
-            let last = !group.nodes.iter().any(|m| *m > n && is_backbone(g, &g.nodes[*m]));
+            let last = !group.nodes.iter().any(|m| *m > n && self.backbone(&g.nodes[*m]));
             if last && rest.len() == 1 && !group.outputs.contains(&out) && !self.view_sources.contains(&out) {
                 let v = rest[0];
                 // A batch of products (a convolution over images) shares its bias and
@@ -276,6 +284,9 @@ impl<'g> Lowering<'g> {
     /// of a merged QKV product is then never copied.
     fn strided_source(&self, group: &FusionGroup, v: ValueId) -> Option<ValueId> {
         let g = self.g;
+        if !self.matmul_steps {
+            return None;
+        }
         if g.outputs.contains(&v) {
             return None;
         }

@@ -42,11 +42,16 @@ pub enum LowerError {
 pub struct LowerOptions {
     /// Fuse attention's `matmul, softmax, matmul` into one step ([`fuse_attention`]).
     pub fuse_attention: bool,
+    /// f32 matmuls as contraction steps ([`plan::MatMulStep`], the CPU's
+    /// engine); else as sums of products inside loop programs, with their
+    /// groups' element-wise operations (the GPU's until its GEMM family runs
+    /// a model's contractions).
+    pub matmul_steps: bool,
 }
 
 impl Default for LowerOptions {
     fn default() -> Self {
-        LowerOptions { fuse_attention: true }
+        LowerOptions { fuse_attention: true, matmul_steps: true }
     }
 }
 
@@ -61,7 +66,7 @@ pub fn lower_with(
     fusion: &passes::FusionPlan,
     opts: &LowerOptions,
 ) -> Result<ModelPlan, LowerError> {
-    let mut plan = group::Lowering::new(g).run(fusion)?;
+    let mut plan = group::Lowering::new(g, opts.matmul_steps).run(fusion)?;
     if opts.fuse_attention {
         fuse_attention(&mut plan);
     }
