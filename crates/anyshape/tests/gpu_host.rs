@@ -294,7 +294,10 @@ fn every_bundled_model_compiles_to_ptx() {
                     .expect("ptxas runs");
                 let log = String::from_utf8_lossy(&out.stderr);
                 assert!(out.status.success(), "{} {}: {log}", dir.display(), p.name);
-                assert!(!log.contains("bytes spill stores") || log.contains(" 0 bytes spill stores"), "{log}");
+                assert!(
+                    !log.contains("bytes spill stores") || log.contains(" 0 bytes spill stores"),
+                    "{log}"
+                );
             }
         }
     }

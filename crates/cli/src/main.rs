@@ -70,6 +70,10 @@ enum Command {
         threads: Option<usize>,
         #[command(flatten)]
         chunks: common::KeyChunksArg,
+        /// Where the model runs: `cpu`, `cuda` (NVIDIA GPU 0), or `gpu-emulator`
+        /// (the GPU's kernels on this machine's threads).
+        #[arg(long, value_enum, default_value_t = devices::DeviceArg::Cpu)]
+        device: devices::DeviceArg,
     },
     /// Compile a model once (or load an artifact), then time it at each shape:
     /// the first call (which plans the shape) and the median of warm calls.
@@ -215,6 +219,7 @@ mod samples;
 mod search;
 
 mod common;
+mod devices;
 mod gpu_build;
 pub(crate) use common::UserError;
 
@@ -228,8 +233,8 @@ fn main() -> ExitCode {
 
 fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run { model, inputs, shapes, output_dir, dims, interpret, threads, chunks } => {
-            run(model, inputs, shapes, output_dir, dims, interpret, threads, chunks.key_chunks)
+        Command::Run { model, inputs, shapes, output_dir, dims, interpret, threads, chunks, device } => {
+            run(model, inputs, shapes, output_dir, dims, interpret, threads, chunks.key_chunks, device)
         }
         Command::Bench(args) => model_bench::bench(args),
         Command::Compile { model, output, dims, threads, isa } => compile(model, output, dims, threads, isa),
@@ -339,7 +344,15 @@ fn run(
     interpret: bool,
     threads: Option<usize>,
     key_chunks: anyshape::KeyChunks,
+    device: devices::DeviceArg,
 ) -> Result<()> {
+    if device != devices::DeviceArg::Cpu && (interpret || runtime::is_artifact(&model_path)) {
+        bail!(UserError(
+            "--device runs an ONNX model compiled here; an artifact holds CPU code, and --interpret runs \
+             the interpreter"
+                .into()
+        ));
+    }
     if runtime::is_artifact(&model_path) {
         return run_artifact(model_path, inputs, shapes, output_dir, dims, interpret, threads, key_chunks);
     }
@@ -384,6 +397,10 @@ fn run(
     let named: Vec<(&str, Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     let outputs = if interpret {
         model.interpret(&named)?
+    } else if device != devices::DeviceArg::Cpu {
+        let gm = devices::compile_gpu(&model, device)?;
+        tracing::info!("running on {}", gm.device_name());
+        gm.run(&named).map_err(anyshape::Error::from)?
     } else {
         let mut opts = anyshape::CompileOptions::new().key_chunks(key_chunks);
         if let Some(t) = threads {

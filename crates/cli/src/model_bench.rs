@@ -60,6 +60,10 @@ pub struct BenchArgs {
     /// their median.
     #[arg(long, value_name = "MS")]
     pause: Option<f64>,
+    /// Where the model runs: `cpu`, `cuda` (NVIDIA GPU 0), or `gpu-emulator`
+    /// (the GPU's kernels on this machine's threads: correct, not fast).
+    #[arg(long, value_enum, default_value_t = crate::devices::DeviceArg::Cpu)]
+    device: crate::devices::DeviceArg,
 }
 
 /// Per kind of group, the median over `runs` calls of its matmul and loop time.
@@ -145,6 +149,9 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize, 
 pub fn bench(a: BenchArgs) -> Result<()> {
     let shapes: Vec<Vec<(String, usize)>> = a.shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
     let pause = pause_arg(a.pause)?;
+    if a.device != crate::devices::DeviceArg::Cpu {
+        return bench_gpu(&a, &shapes);
+    }
     let start = Instant::now();
     let (cm, what) = if runtime::is_artifact(&a.model) {
         if !a.dims.is_empty() || a.unfused_attention || a.no_object_cache || a.no_measured_dispatch {
@@ -191,6 +198,41 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             profile(&cm, &named, a.runs.max(1), a.top)?;
         }
         say!("{}", t.report(shape, a.json, ready_ms));
+    }
+    Ok(())
+}
+
+/// `bench --device cuda|gpu-emulator`: the first call at each shape (which
+/// plans it) and the median of the warm calls, each call host to host
+/// (inputs copied in, outputs copied out).
+fn bench_gpu(a: &BenchArgs, shapes: &[Vec<(String, usize)>]) -> Result<()> {
+    if runtime::is_artifact(&a.model) {
+        bail!(UserError("--device runs an ONNX model compiled here; an artifact holds CPU code".into()));
+    }
+    if a.profile || a.pause.is_some() || a.unfused_attention || a.json {
+        bail!(UserError(
+            "--profile, --pause, --unfused-attention and --json are for --device cpu so far".into()
+        ));
+    }
+    let start = Instant::now();
+    let model = crate::load(&a.model, &a.dims)?;
+    let gm = crate::devices::compile_gpu(&model, a.device)?;
+    say!("compiled for {} in {:.0} ms", gm.device_name(), ms(start.elapsed()));
+    for shape in shapes {
+        let data = synthetic_inputs(gm.inputs(), shape)?;
+        let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let t0 = Instant::now();
+        gm.run(&named).map_err(anyshape::Error::from)?;
+        let first = ms(t0.elapsed());
+        let mut times = Vec::with_capacity(a.runs.max(1));
+        for _ in 0..a.runs.max(1) {
+            let t = Instant::now();
+            gm.run(&named).map_err(anyshape::Error::from)?;
+            times.push(ms(t.elapsed()));
+        }
+        times.sort_by(f64::total_cmp);
+        let s: Vec<String> = shape.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        say!("{}: first call {first:.3} ms, median {:.3} ms", s.join(","), times[times.len() / 2]);
     }
     Ok(())
 }

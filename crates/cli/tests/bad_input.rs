@@ -341,3 +341,42 @@ fn a_decoder_step_as_optimum_exports_it() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert_user_error(&run("1,1"), &["input 'attention_mask' dim 1", "past_sequence_length+sequence_length"]);
 }
+
+/// `--device cuda` where there is no NVIDIA driver (or device): exit 2 and
+/// one line saying so. Where there is one, the run succeeds.
+#[test]
+fn a_gpu_run_without_a_gpu_says_so() {
+    let out = run_bert(&["--device", "cuda"], &bert_inputs(3));
+    if out.status.success() {
+        eprintln!("this machine has a GPU: the run succeeded");
+        return;
+    }
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    assert_eq!(err.lines().filter(|l| !l.trim().is_empty()).count(), 1, "{err}");
+    assert!(err.contains("no NVIDIA driver") || err.contains("no CUDA device"), "{err}");
+}
+
+/// `--device gpu-emulator` runs the GPU's kernels on this machine and writes
+/// the CPU's outputs (to f32 rounding: sums in another order); an artifact or
+/// `--interpret` with a GPU device is refused.
+#[test]
+fn the_gpu_emulator_writes_the_cpus_outputs() {
+    let (cpu, gpu) = (tmp("dev-cpu"), tmp("dev-gpu"));
+    for (dir, device) in [(&cpu, "cpu"), (&gpu, "gpu-emulator")] {
+        let d = dir.to_string_lossy().to_string();
+        let out = run_bert(&["--device", device, "--output-dir", &d], &bert_inputs(5));
+        assert!(out.status.success(), "{device}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    for name in ["last_hidden_state", "pooler_output"] {
+        let read =
+            |dir: &PathBuf| anyshape::npy::read(&dir.join(format!("{name}.npy"))).expect("npy").to_f64_vec();
+        let (a, b) = (read(&cpu), read(&gpu));
+        assert_eq!(a.len(), b.len(), "{name}");
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{name}: cpu {x}, gpu emulator {y}");
+        }
+    }
+    let out = run_bert(&["--device", "gpu-emulator", "--interpret"], &bert_inputs(2));
+    assert_user_error(&out, &["--device"]);
+}

@@ -185,6 +185,18 @@ impl<D: Device> GpuModel<D> {
         Ok(())
     }
 
+    pub fn inputs(&self) -> &[(String, TensorType)] {
+        &self.inputs
+    }
+
+    pub fn outputs(&self) -> &[(String, TensorType)] {
+        &self.outputs
+    }
+
+    pub fn plan(&self) -> &ModelPlan {
+        &self.plan
+    }
+
     pub fn device(&self) -> &D {
         &self.device
     }
