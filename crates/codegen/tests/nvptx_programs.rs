@@ -495,6 +495,25 @@ fn row_reductions_take_warp_schedules_where_rows_are_long() {
     }
     let (_, plan) = planned(ELEMENTWISE);
     assert!(plan.programs.iter().all(|p| p.gpu_warp_schedule().is_none()));
+    // A matmul as a loop program: adjacent threads read B's adjacent columns,
+    // a thread per output element (no warp per point).
+    let g = ir::parse_graph(
+        r#"graph {
+  sym n param 1..
+  input %a: f32[n, 64]
+  input %b: f32[64, 48]
+  %c: f32[n, 48] = matmul %a, %b
+  output %c
+}
+"#,
+        &|_| None,
+    )
+    .expect("parses");
+    let lo = lower::LowerOptions { fuse_attention: false, matmul_steps: false };
+    let plan = lower::lower_with(&g, &passes::fuse(&g), &lo).expect("lowers");
+    assert_eq!(plan.programs.len(), 1);
+    assert!(plan.programs[0].schedules.row_reduction.is_some());
+    assert_eq!(plan.programs[0].gpu_warp_schedule(), None);
 }
 
 #[test]

@@ -65,8 +65,16 @@ impl LoopProgram {
         let inner = self.inner_var().map_or(0, |v| 1u64 << v);
         let per_row = !tops.is_empty() && tops.iter().all(|r| self.exprs.free(*r) & inner == 0);
         if let Some(len) = self.schedules.row_reduction {
-            let s = if per_row { GpuLoopSchedule::WarpRows } else { GpuLoopSchedule::WarpPoints };
-            return Some((s, len));
+            if per_row {
+                return Some((GpuLoopSchedule::WarpRows, len));
+            }
+            // Adjacent points reading adjacent elements in their reductions (a
+            // matmul's B along its columns) are read together by a warp of
+            // threads, a point each: no warp per point then.
+            if tops.iter().any(|r| self.reads_along_inner(*r)) {
+                return None;
+            }
+            return Some((GpuLoopSchedule::WarpPoints, len));
         }
         if !per_row {
             return None;
@@ -87,6 +95,37 @@ impl LoopProgram {
             Some((s, _)) if row_len >= WARP_ROW_MIN => s,
             _ => GpuLoopSchedule::Points,
         }
+    }
+
+    /// Whether a load inside `e` reads consecutive elements at consecutive
+    /// values of the innermost variable (its last index is that variable,
+    /// plus terms that do not depend on it).
+    fn reads_along_inner(&self, e: E) -> bool {
+        let Some(v) = self.inner_var() else { return false };
+        let x = &self.exprs;
+        let unit = |i: E| match x.node(i) {
+            Node::Var(w) => *w == v,
+            Node::Binary(ir::BinaryOp::Add, a, b) => {
+                let (fa, fb) = (x.free(*a) >> v & 1 == 1, x.free(*b) >> v & 1 == 1);
+                (matches!(x.node(*a), Node::Var(w) if *w == v) && !fb)
+                    || (matches!(x.node(*b), Node::Var(w) if *w == v) && !fa)
+            }
+            _ => false,
+        };
+        let mut seen = std::collections::HashSet::new();
+        let mut stack = vec![e];
+        while let Some(n) = stack.pop() {
+            if !seen.insert(n) {
+                continue;
+            }
+            if let Node::Load { index, .. } = x.node(n) {
+                if index.last().is_some_and(|i| unit(*i)) {
+                    return true;
+                }
+            }
+            stack.extend(x.node(n).children());
+        }
+        false
     }
 
     /// The reductions the stores compute directly (not inside another
