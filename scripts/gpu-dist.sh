@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds what a GPU machine with only the NVIDIA driver needs, into dist/gpu:
 # the runner `anyshape-gpu` (cudarc, loads libcuda at run time; no LLVM), the GEMM
-# family's PTX and sm_90a cubins with their manifest, and the device script.
+# family's PTX and sm_90a cubins with their manifest, `anyshape` with LLVM linked
+# statically (it compiles models there for --device cuda), two bundled models, and
+# the device scripts.
 # Then, on the GPU machine: bash dist/gpu/device.sh OUTDIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,9 +19,23 @@ rm -rf "$out"
 mkdir -p "$out"
 target/release/anyshape gpu-kernels --out "$out/kernels" --ptxas "$ptxas" --arch sm_90a,sm_80
 cp target/release/anyshape-gpu "$out/"
-cp bench/gpu/device.sh bench/gpu/cublas.py "$out/"
+cp bench/gpu/device.sh bench/gpu/cublas.py bench/gpu/models.sh bench/gpu/models.py "$out/"
 if ldd "$out/anyshape-gpu" | grep -qi llvm; then
     echo "error: anyshape-gpu links LLVM" >&2
     exit 1
 fi
+# The compiler itself, LLVM linked in statically: the GPU machine has no LLVM.
+# It compiles models there (--device cuda); the bundled fixtures come along.
+cargo build --release --locked -p anyshape-cli --bin anyshape --no-default-features --features llvm-static \
+    --target-dir target/static
+cp target/static/release/anyshape "$out/anyshape"
+strip "$out/anyshape"
+if ldd "$out/anyshape" | grep -qi llvm; then
+    echo "error: the static anyshape links a shared LLVM" >&2
+    exit 1
+fi
+# About 60 MB stripped: it travels compressed (models.sh unpacks it).
+xz -T2 -f "$out/anyshape"
+mkdir -p "$out/fixtures"
+cp -r tests/fixtures/bert tests/fixtures/gpt2 "$out/fixtures/"
 du -sh "$out"

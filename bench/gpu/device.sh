@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (only the NVIDIA driver and PyTorch needed), from dist/gpu's parent:
 #   bash dist/gpu/device.sh OUTDIR
-# Checks every kernel against the host oracle (the mma.sync and the wgmma families in
+# Runs whole models through the GPU backend (models.sh), then checks every kernel against the host oracle (the mma.sync and the wgmma families in
 # separate processes: a faulting kernel poisons its process's context), benchmarks
 # the sweep with the kernels that passed (wave-model calibration, exhaustive times,
 # regret), then cuBLAS on the same products and the outputs compared with cuBLAS's.
@@ -14,6 +14,10 @@ export PYTHONUNBUFFERED=1
 rt="$here/anyshape-gpu"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv 2>&1 | tee "$out/device.txt"
 "$rt" info 2>&1 | tee -a "$out/device.txt"
+# Whole models through the GPU backend first (MODELS_S=0 skips them).
+if [ "${MODELS_S:-240}" -gt 0 ]; then
+    bash "$here/models.sh" "$out"
+fi
 # Eight processes: the GEMV, the element-by-element mma.sync and the SIMT kernels
 # first, then the TMA and the persistent ones (the newest: a hang or fault there
 # costs only their own check), then mma.sync, wgmma, and wgmma with a group in flight.

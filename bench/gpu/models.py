@@ -1,0 +1,137 @@
+"""Whole models through anyshape's GPU backend on this GPU (issue 37): the
+bundled fixtures against ONNX Runtime's recorded outputs, then BERT-base
+(random weights from a fixed seed, exported here by this machine's PyTorch
+and transformers) against PyTorch fp32 on the same weights, and timed
+beside PyTorch eager (fp32 and bf16) in the same run. Prints one JSON line
+per result.
+
+    python3 models.py ANYSHAPE FIXTURES OUTDIR [BUDGET_S]
+"""
+import json, os, subprocess, sys, time
+
+import numpy as np
+
+anyshape, fixtures, out = sys.argv[1], sys.argv[2], sys.argv[3]
+budget = float(sys.argv[4]) if len(sys.argv) > 4 else 240.0
+t_start = time.time()
+os.makedirs(out, exist_ok=True)
+
+
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def rel_l2(got, want):
+    got, want = got.astype(np.float64), want.astype(np.float64)
+    return float(np.sqrt(((got - want) ** 2).sum() / max((want ** 2).sum(), 1e-30)))
+
+
+def run_anyshape(model, inputs, outdir, timeout):
+    args = [anyshape, "run", model, "--device", "cuda", "--output-dir", outdir]
+    args += [f"--input={k}={v}" for k, v in inputs.items()]
+    t0 = time.time()
+    p = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    return p, time.time() - t0
+
+
+# 1. The bundled fixtures (small BERT and GPT-2) against ONNX Runtime's outputs.
+for name in ["bert", "gpt2"]:
+    d = os.path.join(fixtures, name)
+    for case in sorted(c for c in os.listdir(d) if c.startswith("case")):
+        cd = os.path.join(d, case)
+        inputs = {f[:-4]: os.path.join(cd, f) for f in os.listdir(cd) if f.endswith(".npy")}
+        od = os.path.join(out, "fixtures", name, case)
+        os.makedirs(od, exist_ok=True)
+        try:
+            p, secs = run_anyshape(os.path.join(d, "model.onnx"), inputs, od, 120)
+        except subprocess.TimeoutExpired:
+            say(fixture=name, case=case, error="timeout")
+            continue
+        if p.returncode != 0:
+            say(fixture=name, case=case, error=p.stderr.strip()[-400:])
+            continue
+        errs = {}
+        for f in os.listdir(os.path.join(cd, "expected")):
+            want = np.load(os.path.join(cd, "expected", f))
+            got = np.load(os.path.join(od, f))
+            errs[f[:-4]] = rel_l2(got, want) if got.shape == want.shape else f"shape {got.shape} vs {want.shape}"
+        say(fixture=name, case=case, seconds=round(secs, 2), rel_l2=errs)
+
+# 2. BERT-base: exported here, run by anyshape on the GPU, compared and timed.
+if time.time() - t_start > budget:
+    say(skipped="bert-base", why="budget")
+    sys.exit(0)
+import torch
+from transformers import BertConfig, BertModel
+
+torch.manual_seed(0)
+cfg = BertConfig()
+cfg._attn_implementation = "eager"
+m = BertModel(cfg).eval()
+onnx_path = os.path.join(out, "bert-base.onnx")
+ids = torch.randint(0, cfg.vocab_size, (1, 128))
+mask = torch.ones((1, 128), dtype=torch.long)
+class Wrap(torch.nn.Module):
+    """Keyword arguments in, the two outputs out (the export's signature)."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids, attention_mask):
+        o = self.m(input_ids=input_ids, attention_mask=attention_mask)
+        return o.last_hidden_state, o.pooler_output
+
+
+torch.onnx.export(
+    Wrap(m), (ids, mask), onnx_path, input_names=["input_ids", "attention_mask"],
+    output_names=["last_hidden_state", "pooler_output"],
+    dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}},
+    opset_version=17, dynamo=False,
+)
+say(exported=onnx_path, mb=round(os.path.getsize(onnx_path) / 1e6, 1))
+mc = m.cuda()
+for b, s in [(1, 8), (1, 128)]:
+    ids = torch.randint(0, cfg.vocab_size, (b, s))
+    mask = torch.ones((b, s), dtype=torch.long)
+    d = os.path.join(out, f"bert-base-{b}x{s}")
+    os.makedirs(d, exist_ok=True)
+    np.save(os.path.join(d, "input_ids.npy"), ids.numpy())
+    np.save(os.path.join(d, "attention_mask.npy"), mask.numpy())
+    with torch.no_grad():
+        want = mc(ids.cuda(), mask.cuda()).last_hidden_state.float().cpu().numpy()
+    inputs = {"input_ids": os.path.join(d, "input_ids.npy"), "attention_mask": os.path.join(d, "attention_mask.npy")}
+    try:
+        p, secs = run_anyshape(onnx_path, inputs, d, 300)
+    except subprocess.TimeoutExpired:
+        say(model="bert-base", shape=[b, s], error="timeout")
+        continue
+    if p.returncode != 0:
+        say(model="bert-base", shape=[b, s], error=p.stderr.strip()[-400:])
+        continue
+    got = np.load(os.path.join(d, "last_hidden_state.npy"))
+    say(model="bert-base", shape=[b, s], seconds=round(secs, 2), rel_l2_vs_torch_fp32=rel_l2(got, want))
+
+# Timing: anyshape's warm calls (host to host) and PyTorch eager on the device.
+if time.time() - t_start < budget:
+    p = subprocess.run(
+        [anyshape, "bench", onnx_path, "--device", "cuda", "--shape", "batch=1,seq=128", "--shape", "batch=1,seq=8",
+         "--runs", "10"], capture_output=True, text=True, timeout=max(30, budget - (time.time() - t_start)))
+    say(anyshape_bench=p.stdout.strip().splitlines()[-3:], stderr=p.stderr.strip()[-300:])
+for dtype in [torch.float32, torch.bfloat16]:
+    md = m.to(dtype).cuda()
+    for b, s in [(1, 8), (1, 128)]:
+        ids = torch.randint(0, cfg.vocab_size, (b, s), device="cuda")
+        mask = torch.ones((b, s), dtype=torch.long, device="cuda")
+        with torch.no_grad():
+            for _ in range(3):
+                md(ids, mask)
+            torch.cuda.synchronize()
+            ts = []
+            for _ in range(20):
+                t0 = time.perf_counter()
+                md(ids, mask)
+                torch.cuda.synchronize()
+                ts.append((time.perf_counter() - t0) * 1e3)
+        ts.sort()
+        say(peer="pytorch-eager", dtype=str(dtype), shape=[b, s], median_ms=round(ts[len(ts) // 2], 3))
