@@ -209,14 +209,16 @@ fn npy_files(dir: &std::path::Path) -> Vec<(String, std::path::PathBuf)> {
     v
 }
 
-/// The bundled models (tests/fixtures: ONNX Runtime's outputs) through the
-/// GPU backend on the emulator: relative L2
+/// The bundled models (ONNX Runtime's outputs at every recorded shape)
+/// through the GPU backend on the emulator: relative L2
 /// error below 1e-4, the bound the CPU's compiled models meet (f32 on both;
 /// sums in another order).
 #[test]
 fn bundled_models_match_onnx_runtime_through_the_gpu_backend() {
-    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
-    for name in ["bert", "gpt2"] {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests");
+    // The Llama decoder's step: an empty and a filled KV cache (concatenated
+    // onto), rotary positions, grouped-query attention.
+    for name in ["fixtures/bert", "fixtures/gpt2", "fixtures-current/llama_step"] {
         let dir = root.join(name);
         let model = Model::load(dir.join("model.onnx"), &LoadOptions::new())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -227,10 +229,8 @@ fn bundled_models_match_onnx_runtime_through_the_gpu_backend() {
             .filter(|p| p.is_dir())
             .collect();
         cases.sort();
-        // The first two cases (batch 1 and 2 at short lengths): the longer ones
-        // take 10-30 s each on the emulator's threads.
-        assert!(cases.len() >= 2);
-        for case in cases.into_iter().take(2) {
+        assert!(cases.len() >= 4, "{name}");
+        for case in cases {
             let start = std::time::Instant::now();
             let inputs: Vec<(String, Tensor)> = npy_files(&case)
                 .into_iter()
