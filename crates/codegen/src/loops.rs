@@ -434,44 +434,58 @@ fn build_program(
         })?;
         Ok(())
     };
-    if p.schedules.guards.is_empty() {
-        nest(&mut g)?;
-    } else {
-        let mut which = i64t.const_zero();
-        for (i, e) in p.schedules.guards.iter().enumerate() {
-            let c = g.emit(*e, false)?.into_int_value();
-            let c = bld.build_int_z_extend(c, i64t, "guard").map_err(llvm)?;
-            let c = bld.build_left_shift(c, i64t.const_int(i as u64, false), "bit").map_err(llvm)?;
-            which = bld.build_or(which, c, "which").map_err(llvm)?;
-        }
-        let blocks: Vec<_> = (0..1u64 << p.schedules.guards.len())
-            .map(|v| ctx.append_basic_block(f, &format!("version{v}")))
-            .collect();
-        let done = ctx.append_basic_block(f, "versions_done");
-        let cases: Vec<_> =
-            blocks.iter().enumerate().skip(1).map(|(v, bb)| (i64t.const_int(v as u64, false), *bb)).collect();
-        bld.build_switch(which, blocks[0], &cases).map_err(llvm)?;
-        for (v, bb) in blocks.iter().enumerate() {
-            bld.position_at_end(*bb);
-            let mut fixed = HashMap::new();
-            let mut scope = HashMap::new();
-            for (i, e) in p.schedules.guards.iter().enumerate() {
-                let on = (v >> i) & 1 == 1;
-                fixed.insert(*e, on);
-                scope.insert((*e, None), ctx.bool_type().const_int(on as u64, false).into());
-            }
-            g.scopes.push(scope);
-            g.fixed = fixed;
-            let r = nest(&mut g);
-            g.scopes.pop();
-            g.fixed.clear();
-            r?;
-            bld.build_unconditional_branch(done).map_err(llvm)?;
-        }
-        bld.position_at_end(done);
-    }
+    in_versions(&mut g, f, &p.schedules.guards, &mut |g| nest(g))?;
     let st = bld.build_load(i64t, status, "st").map_err(llvm)?;
     bld.build_return(Some(&st)).map_err(llvm)?;
+    Ok(())
+}
+
+/// Run `nest` once per version of a program (`plan::Schedules::guards`, see
+/// `lower::versions`): the guards' values pick a version at run time, and in
+/// each the guards are constants, so its loads' addresses fold to plain
+/// indices. Without guards, `nest` once.
+pub(crate) fn in_versions(
+    g: &mut Gen,
+    f: FunctionValue<'static>,
+    guards: &[E],
+    nest: &mut dyn FnMut(&mut Gen) -> R<()>,
+) -> R<()> {
+    if guards.is_empty() {
+        return nest(g);
+    }
+    let (ctx, bld) = (g.ctx, g.bld);
+    let i64t = ctx.i64_type();
+    let mut which = i64t.const_zero();
+    for (i, e) in guards.iter().enumerate() {
+        let c = g.emit(*e, false)?.into_int_value();
+        let c = bld.build_int_z_extend(c, i64t, "guard").map_err(llvm)?;
+        let c = bld.build_left_shift(c, i64t.const_int(i as u64, false), "bit").map_err(llvm)?;
+        which = bld.build_or(which, c, "which").map_err(llvm)?;
+    }
+    let blocks: Vec<_> =
+        (0..1u64 << guards.len()).map(|v| ctx.append_basic_block(f, &format!("version{v}"))).collect();
+    let done = ctx.append_basic_block(f, "versions_done");
+    let cases: Vec<_> =
+        blocks.iter().enumerate().skip(1).map(|(v, bb)| (i64t.const_int(v as u64, false), *bb)).collect();
+    bld.build_switch(which, blocks[0], &cases).map_err(llvm)?;
+    for (v, bb) in blocks.iter().enumerate() {
+        bld.position_at_end(*bb);
+        let mut fixed = HashMap::new();
+        let mut scope = HashMap::new();
+        for (i, e) in guards.iter().enumerate() {
+            let on = (v >> i) & 1 == 1;
+            fixed.insert(*e, on);
+            scope.insert((*e, None), ctx.bool_type().const_int(on as u64, false).into());
+        }
+        g.scopes.push(scope);
+        g.fixed = fixed;
+        let r = nest(g);
+        g.scopes.pop();
+        g.fixed.clear();
+        r?;
+        bld.build_unconditional_branch(done).map_err(llvm)?;
+    }
+    bld.position_at_end(done);
     Ok(())
 }
 

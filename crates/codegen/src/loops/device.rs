@@ -144,47 +144,8 @@ fn build(ctx: &'static Context, module: &Module<'static>, name: &str, p: &LoopPr
             .map_err(llvm)?;
         g.if_else(long, &mut |g| warps(g, p, &grid, &shape, warp), &mut |g| points(g, p, &grid, &shape))
     };
-    if p.schedules.guards.is_empty() {
-        nest(&mut g)?;
-    } else {
-        // One nest per version, as on the CPU: the guards' values pick it.
-        let mut which = i64t.const_zero();
-        for (i, e) in p.schedules.guards.iter().enumerate() {
-            let c = g.emit(*e, false)?.into_int_value();
-            let c = b.build_int_z_extend(c, i64t, "guard").map_err(llvm)?;
-            let c = b.build_left_shift(c, i64t.const_int(i as u64, false), "bit").map_err(llvm)?;
-            which = b.build_or(which, c, "which").map_err(llvm)?;
-        }
-        let versions: Vec<_> = (0..1u64 << p.schedules.guards.len())
-            .map(|v| ctx.append_basic_block(f, &format!("version{v}")))
-            .collect();
-        let done = ctx.append_basic_block(f, "versions_done");
-        let cases: Vec<_> = versions
-            .iter()
-            .enumerate()
-            .skip(1)
-            .map(|(v, bb)| (i64t.const_int(v as u64, false), *bb))
-            .collect();
-        b.build_switch(which, versions[0], &cases).map_err(llvm)?;
-        for (v, bb) in versions.iter().enumerate() {
-            b.position_at_end(*bb);
-            let mut fixed = HashMap::new();
-            let mut scope = HashMap::new();
-            for (i, e) in p.schedules.guards.iter().enumerate() {
-                let on = (v >> i) & 1 == 1;
-                fixed.insert(*e, on);
-                scope.insert((*e, None), ctx.bool_type().const_int(on as u64, false).into());
-            }
-            g.scopes.push(scope);
-            g.fixed = fixed;
-            let r = nest(&mut g);
-            g.scopes.pop();
-            g.fixed.clear();
-            r?;
-            b.build_unconditional_branch(done).map_err(llvm)?;
-        }
-        b.position_at_end(done);
-    }
+    // One nest per version, as on the CPU: the guards' values pick it.
+    super::in_versions(&mut g, f, &p.schedules.guards, &mut |g| nest(g))?;
     // The thread's first error, if any, unless another thread's came first.
     let st = b.build_load(i64t, g.status, "st").map_err(llvm)?.into_int_value();
     let bad = b.build_int_compare(IntPredicate::NE, st, i64t.const_zero(), "bad").map_err(llvm)?;
