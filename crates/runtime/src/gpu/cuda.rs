@@ -108,6 +108,9 @@ impl Device for CudaDevice {
     }
 
     unsafe fn upload(&self, dst: DevicePtr, src: &[u8]) -> Result<(), RunError> {
+        if src.is_empty() {
+            return Ok(());
+        }
         self.bind()?;
         // SAFETY: the caller's contract (the bytes lie in one live allocation);
         // `src` outlives the copy, which completes before this returns.
@@ -117,6 +120,9 @@ impl Device for CudaDevice {
     }
 
     unsafe fn download(&self, src: DevicePtr, dst: &mut [u8]) -> Result<(), RunError> {
+        if dst.is_empty() {
+            return Ok(());
+        }
         self.bind()?;
         // SAFETY: the caller's contract; `dst` outlives the copy, which completes
         // (after every launch before it on the stream) before this returns.

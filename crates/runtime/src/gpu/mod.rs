@@ -284,6 +284,10 @@ impl<D: Device> GpuModel<D> {
                     .ok_or_else(|| RunError::Internal(format!("input '{}' is missing", self.inputs[k].0)))?
                     .1;
                 let bytes = sp.numel[i] * b.dtype.size();
+                if bytes == 0 {
+                    // An empty tensor (a KV cache's first step): nothing to copy.
+                    continue;
+                }
                 // SAFETY: a bound input holds `numel` elements of its dtype.
                 let src = unsafe { std::slice::from_raw_parts(TensorData::as_ptr(t), bytes) };
                 // SAFETY: the layout gave the input `bytes` bytes at its offset.
@@ -352,11 +356,14 @@ impl<D: Device> GpuModel<D> {
             let mut elems = zeros(buf.dtype, n).ok_or_else(|| {
                 RunError::Shape(format!("output '{}' of {n} elements could not be allocated", buf.name))
             })?;
-            // SAFETY: `elems` holds `n` elements of the buffer's dtype.
-            let dst =
-                unsafe { std::slice::from_raw_parts_mut(elems_mut_ptr(&mut elems), n * buf.dtype.size()) };
-            // SAFETY: the layout gave the output these bytes at its offset.
-            unsafe { self.device.download(ptr(b)?, dst)? };
+            if n > 0 {
+                // SAFETY: `elems` holds `n` elements of the buffer's dtype.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(elems_mut_ptr(&mut elems), n * buf.dtype.size())
+                };
+                // SAFETY: the layout gave the output these bytes at its offset.
+                unsafe { self.device.download(ptr(b)?, dst)? };
+            }
             let t = Tensor::new(shape, elems).map_err(|e| RunError::Internal(e.to_string()))?;
             out.push((self.outputs[k].0.clone(), t));
         }
