@@ -56,6 +56,9 @@ class InferenceSession:
     ``threads``: the threads that run the model (default: every core; for an
     artifact, those it was compiled with). ``interpret``: run on the reference
     interpreter instead of compiling (slow: the oracle that tests compare with).
+    ``device``: ``"cpu"``, ``"cuda"`` (NVIDIA GPU 0, through the driver; matmuls
+    on the CUDA cores so far: correct, not yet fast) or ``"gpu-emulator"`` (the
+    GPU's kernels on this machine's threads: slow, for tests).
     """
 
     def __init__(
@@ -65,8 +68,11 @@ class InferenceSession:
         threads: Optional[int] = None,
         interpret: bool = False,
         pool: Optional[ThreadPool] = None,
+        device: str = "cpu",
     ) -> None:
-        self._session = _Session(str(path), dict(dims) if dims is not None else None, threads, interpret, pool)
+        self._session = _Session(
+            str(path), dict(dims) if dims is not None else None, threads, interpret, pool, str(device)
+        )
         self._inputs = [NodeArg(*i) for i in self._session.inputs()]
         self._outputs = [NodeArg(*o) for o in self._session.outputs()]
 

@@ -252,3 +252,37 @@ def test_interpreted_session_is_the_oracle(bert, tmp_path):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=n)
     with pytest.raises(anyshape.InvalidArgument, match="no compiled code"):
         oracle.save(str(tmp_path / "x.anyshape"))
+
+
+def test_the_gpu_emulator_matches_onnxruntime():
+    """device="gpu-emulator": the GPU backend's kernels, run on this machine's
+    threads, give ONNX Runtime's outputs (f32 on both sides)."""
+    sess = anyshape.InferenceSession(os.path.join(ROOT, "gpt2", "model.onnx"), device="gpu-emulator")
+    for feeds, want in list(cases("gpt2"))[:2]:
+        got = sess.run(None, feeds)
+        for g, (name, w) in zip(got, want.items()):
+            err = np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-30)
+            assert err < 1e-4, (name, err)
+
+
+def test_gpu_devices_say_what_they_need(tmp_path):
+    """device="cuda" where there is no GPU is an AnyshapeError saying so (where
+    there is one, the session works); unknown devices and CPU-only options
+    with a GPU device are InvalidArgument."""
+    path = os.path.join(ROOT, "bert", "model.onnx")
+    try:
+        sess = anyshape.InferenceSession(path, device="cuda")
+    except anyshape.InvalidArgument:
+        raise
+    except anyshape.AnyshapeError as e:
+        assert "no NVIDIA driver" in str(e) or "no CUDA device" in str(e), e
+    else:
+        feeds, want = next(cases("bert"))
+        got = sess.run(None, feeds)
+        assert np.allclose(got[0], want["last_hidden_state"], rtol=1e-3, atol=1e-4)
+    with pytest.raises(anyshape.InvalidArgument, match="device='tpu'"):
+        anyshape.InferenceSession(path, device="tpu")
+    with pytest.raises(anyshape.InvalidArgument, match="threads"):
+        anyshape.InferenceSession(path, device="gpu-emulator", threads=2)
+    with pytest.raises(anyshape.InvalidArgument, match="cannot be saved"):
+        anyshape.InferenceSession(path, device="gpu-emulator").save(str(tmp_path / "m.anyshape"))

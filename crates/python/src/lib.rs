@@ -41,7 +41,10 @@ create_exception!(
 /// model file, feeds, shapes) or anyshape's own.
 fn to_py(e: impl Into<anyshape::Error>) -> PyErr {
     let e = e.into();
-    if e.is_unsupported_model() {
+    if matches!(e, anyshape::Error::Run(anyshape::RunError::Device(_))) {
+        // No driver or device, out of device memory, a fault: not the caller's argument.
+        AnyshapeError::new_err(e.to_string())
+    } else if e.is_unsupported_model() {
         UnsupportedModel::new_err(e.to_string())
     } else if e.is_user_error() {
         InvalidArgument::new_err(e.to_string())
@@ -66,6 +69,10 @@ struct Session {
 enum Engine {
     Compiled(Box<CompiledModel>),
     Interpreted(Box<Model>),
+    /// On NVIDIA GPU 0, through the driver.
+    Cuda(Box<anyshape::gpu::GpuModel<anyshape::gpu::CudaDevice>>),
+    /// The GPU's kernels on the host emulator (tests).
+    GpuEmulator(Box<anyshape::gpu::GpuModel<anyshape::gpu::HostDevice>>),
 }
 
 impl Session {
@@ -225,9 +232,10 @@ impl Session {
     /// (1, 512)}`; an artifact's are fixed), `threads` the threads that run it
     /// (default: every core; an artifact's: those it was compiled with).
     /// `interpret`: run on the reference interpreter instead (slow; the oracle
-    /// tests compare with).
+    /// tests compare with). `device`: `"cpu"`, `"cuda"` (NVIDIA GPU 0) or
+    /// `"gpu-emulator"` (the GPU's kernels on this machine's threads).
     #[new]
-    #[pyo3(signature = (path, dims = None, threads = None, interpret = false, pool = None))]
+    #[pyo3(signature = (path, dims = None, threads = None, interpret = false, pool = None, device = "cpu"))]
     fn new(
         py: Python<'_>,
         path: std::path::PathBuf,
@@ -235,7 +243,19 @@ impl Session {
         threads: Option<usize>,
         interpret: bool,
         pool: Option<Bound<'_, ThreadPool>>,
+        device: &str,
     ) -> PyResult<Self> {
+        if !matches!(device, "cpu" | "cuda" | "gpu-emulator") {
+            return Err(invalid(format!("device='{device}': expected 'cpu', 'cuda' or 'gpu-emulator'")));
+        }
+        if device != "cpu"
+            && (interpret || threads.is_some() || pool.is_some() || anyshape::is_artifact(&path))
+        {
+            return Err(invalid(format!(
+                "device='{device}' compiles an ONNX model for the GPU: interpret, threads, pool and \
+                 artifacts (CPU code) are for device='cpu'"
+            )));
+        }
         if threads == Some(0) {
             return Err(invalid("threads must be at least 1".into()));
         }
@@ -287,6 +307,17 @@ impl Session {
         // Compiling takes seconds: other Python threads run meanwhile.
         py.detach(|| {
             let model = Model::load(&path, &load).map_err(to_py)?;
+            let io = |m: &Model| (io_list(m.inputs()), io_list(m.outputs()));
+            if device == "cuda" {
+                let (inputs, outputs) = io(&model);
+                let engine = Engine::Cuda(Box::new(model.compile_gpu(0).map_err(to_py)?));
+                return Ok(Session { engine, inputs, outputs });
+            }
+            if device == "gpu-emulator" {
+                let (inputs, outputs) = io(&model);
+                let engine = Engine::GpuEmulator(Box::new(model.compile_host_gpu().map_err(to_py)?));
+                return Ok(Session { engine, inputs, outputs });
+            }
             if interpret {
                 let (inputs, outputs) = (io_list(model.inputs()), io_list(model.outputs()));
                 return Ok(Session { engine: Engine::Interpreted(Box::new(model)), inputs, outputs });
@@ -302,6 +333,9 @@ impl Session {
             Engine::Compiled(m) => py.detach(|| m.save(&path).map_err(to_py)),
             Engine::Interpreted(_) => {
                 Err(invalid("an interpreting session has no compiled code to save".into()))
+            }
+            Engine::Cuda(_) | Engine::GpuEmulator(_) => {
+                Err(invalid("a GPU session cannot be saved yet: artifacts hold CPU code".into()))
             }
         }
     }
@@ -362,6 +396,8 @@ impl Session {
             .collect::<PyResult<Vec<_>>>()?;
         let outs = match &self.engine {
             Engine::Compiled(m) => py.detach(|| m.run_views(&views).map_err(to_py))?,
+            Engine::Cuda(m) => py.detach(|| m.run(&views).map_err(to_py))?,
+            Engine::GpuEmulator(m) => py.detach(|| m.run(&views).map_err(to_py))?,
             Engine::Interpreted(m) => {
                 let owned: Vec<(&str, Tensor)> = views.iter().map(|(n, v)| (*n, v.to_tensor())).collect();
                 py.detach(|| m.interpret(&owned).map_err(to_py))?

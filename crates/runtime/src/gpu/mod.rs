@@ -256,7 +256,7 @@ impl<D: Device> GpuModel<D> {
     }
 
     /// Run on named inputs of any shape the symbols allow; outputs in model order.
-    pub fn run(&self, inputs: &[(&str, Tensor)]) -> Result<Vec<(String, Tensor)>, RunError> {
+    pub fn run<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<Vec<(String, Tensor)>, RunError> {
         let shape = self.shape(inputs)?;
         let (sp, layout) = (&shape.sp, &shape.layout);
         let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
