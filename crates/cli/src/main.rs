@@ -150,6 +150,11 @@ enum Command {
         /// Threads of the compiled model (`kernels`, `dispatch`; default: every core).
         #[arg(long)]
         threads: Option<usize>,
+        /// The plan for this device (`programs`; `cuda` and `gpu-emulator`: the
+        /// GPU's, matmuls inside loop programs); with `--dump-llvm`, a GPU
+        /// device writes each loop kernel's PTX to DIR/programs.ptx.
+        #[arg(long, value_enum, default_value_t = devices::DeviceArg::Cpu)]
+        device: devices::DeviceArg,
     },
 }
 
@@ -238,7 +243,23 @@ fn dispatch(cli: Cli) -> Result<()> {
         }
         Command::Bench(args) => model_bench::bench(args),
         Command::Compile { model, output, dims, threads, isa } => compile(model, output, dims, threads, isa),
-        Command::Inspect { model, stage, dims, dump_llvm, shapes, threads }
+        Command::Inspect { model, device, .. }
+            if device != devices::DeviceArg::Cpu && runtime::is_artifact(&model) =>
+        {
+            bail!(UserError(format!(
+                "{}: an artifact holds CPU code; --device applies to an ONNX model",
+                model.display()
+            )))
+        }
+        Command::Inspect { model, stage, dims, dump_llvm, device, .. }
+            if device != devices::DeviceArg::Cpu =>
+        {
+            if !matches!(stage, Stage::Programs) {
+                bail!(UserError("--device applies to --stage programs (the GPU's plan)".into()));
+            }
+            inspect_gpu(model, dims, dump_llvm)
+        }
+        Command::Inspect { model, stage, dims, dump_llvm, shapes, threads, .. }
             if runtime::is_artifact(&model) =>
         {
             model_bench::inspect_artifact(
@@ -250,7 +271,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                 dump_llvm.is_some(),
             )
         }
-        Command::Inspect { model, stage, dims, dump_llvm, shapes, threads } => match stage {
+        Command::Inspect { model, stage, dims, dump_llvm, shapes, threads, .. } => match stage {
             Stage::Kernels | Stage::Dispatch => {
                 model_bench::inspect_compiled(&model, stage == Stage::Dispatch, &dims, &shapes, threads)
             }
@@ -602,6 +623,35 @@ fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>, dump_llvm: Opti
         std::fs::write(dir.join("programs.ll"), code.ir())?;
         std::fs::write(dir.join("programs.s"), code.asm())?;
         say!("# wrote {}/programs.ll and programs.s ({} programs)", dir.display(), code.len());
+    }
+    Ok(())
+}
+
+/// `inspect --stage programs --device cuda|gpu-emulator`: the GPU's plan
+/// (every step a loop program, with the schedule each kernel takes), and
+/// with `--dump-llvm DIR` each kernel's PTX in DIR/programs.ptx.
+fn inspect_gpu(model_path: PathBuf, dims: Vec<String>, dump_llvm: Option<PathBuf>) -> Result<()> {
+    let model = load(&model_path, &dims)?;
+    let plan = model.lower_gpu()?;
+    say!("# stage: programs (the GPU's plan: matmuls inside loop programs)");
+    say_raw!("{}", anyshape::inspect::print_plan(&plan));
+    let warp = plan.programs.iter().filter(|p| p.gpu_warp_schedule().is_some()).count();
+    say!(
+        "# {} steps, {} distinct loop programs ({warp} with a warp schedule for long rows), {} buffers",
+        plan.steps.len(),
+        plan.programs.len(),
+        plan.buffers.len()
+    );
+    if let Some(dir) = dump_llvm {
+        let mut ptx = String::new();
+        for (i, p) in plan.programs.iter().enumerate() {
+            ptx.push_str(&codegen::nvptx::program_ptx(p, &format!("{}_gpu{i}", p.name))?);
+            ptx.push('\n');
+        }
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| UserError(format!("cannot create {}: {e}", dir.display())))?;
+        std::fs::write(dir.join("programs.ptx"), ptx)?;
+        say!("# wrote {}/programs.ptx ({} kernels)", dir.display(), plan.programs.len());
     }
     Ok(())
 }

@@ -58,3 +58,24 @@ fn kernels_and_dispatch_stages() {
     let (code, _, err) = anyshape(&["inspect", &m, "--stage", "dispatch", "--shape", "batch=1,seq=99"]);
     assert_eq!(code, Some(2), "{err}");
 }
+
+/// `inspect --stage programs --device cuda`: the GPU's plan (loop programs
+/// only, matmuls inside them, each kernel's schedule printed), and with
+/// `--dump-llvm` every kernel's PTX; other stages with a GPU device refused.
+#[test]
+fn the_gpus_plan_and_its_ptx() {
+    let m = bert();
+    let dir = std::env::temp_dir().join(format!("anyshape-gpu-inspect-{}", std::process::id()));
+    let d = dir.display().to_string();
+    let (code, out, err) = anyshape(&["inspect", &m, "--stage", "programs", "--device", "cuda", "--dump-llvm", &d]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("the GPU's plan") && out.contains("gpu: a warp per row"), "{out}");
+    assert!(!out.contains("matmul ["), "a matmul step in the GPU's plan:\n{out}");
+    let ptx = std::fs::read_to_string(dir.join("programs.ptx")).expect("programs.ptx");
+    let kernels = ptx.matches(".entry").count();
+    assert!(kernels >= 5 && out.contains(&format!("({kernels} kernels)")), "{kernels} kernels:\n{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let (code, _, err) = anyshape(&["inspect", &m, "--stage", "fusion", "--device", "cuda"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--stage programs"), "{err}");
+}
