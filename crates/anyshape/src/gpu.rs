@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use codegen::emulator::HostKernels;
 pub use runtime::gpu::cuda::CudaDevice;
 use runtime::gpu::DEVICE_ALIGN;
-pub use runtime::gpu::{Device, DevicePtr, GpuModel};
+pub use runtime::gpu::{check_plan, Device, DevicePtr, GpuModel};
 use runtime::RunError;
 
 use crate::{Error, Model};
@@ -99,15 +99,9 @@ impl Model {
     /// older than sm_80 is an error saying which.
     pub fn compile_gpu(&self, ordinal: usize) -> Result<GpuModel<CudaDevice>, Error> {
         let plan = self.lower_gpu()?;
-        let mut kernels = Vec::with_capacity(plan.programs.len());
-        for (i, p) in plan.programs.iter().enumerate() {
-            let name = format!("{}_gpu{i}", p.name);
-            let ptx = codegen::nvptx::program_ptx(p, &name)?;
-            kernels.push((name, ptx));
-        }
-        // The plan's steps first: a model the GPU cannot run says so before
-        // any driver is asked for.
-        GpuModel::<HostDevice>::check_plan(&plan)?;
+        // A model the GPU cannot run says so before any driver is asked for.
+        check_plan(&plan)?;
+        let kernels = kernel_texts(&plan, codegen::nvptx::program_ptx)?;
         let device = CudaDevice::open(ordinal, &kernels)?;
         self.gpu_model(plan, kernels.len(), device)
     }
@@ -138,14 +132,24 @@ impl Model {
     /// on the host emulator.
     pub fn compile_host_gpu(&self) -> Result<GpuModel<HostDevice>, Error> {
         let plan = self.lower_gpu()?;
-        let mut kernels = Vec::with_capacity(plan.programs.len());
-        for (i, p) in plan.programs.iter().enumerate() {
-            let name = format!("{}_gpu{i}", p.name);
-            let ir = codegen::nvptx::program_ir(p, &name)?;
-            kernels.push((name, ir));
-        }
-        GpuModel::<HostDevice>::check_plan(&plan)?;
+        check_plan(&plan)?;
+        let kernels = kernel_texts(&plan, codegen::nvptx::program_ir)?;
         let host = HostKernels::loops(&kernels).map_err(codegen::CodegenError::Llvm)?;
         self.gpu_model(plan, kernels.len(), HostDevice::new(host))
     }
+}
+
+/// Each loop program's kernel, `(name, text)`: the text `make` writes (PTX,
+/// or the LLVM IR the emulator runs) under the name the device looks up.
+fn kernel_texts(
+    plan: &plan::ModelPlan,
+    make: fn(&plan::LoopProgram, &str) -> Result<String, codegen::CodegenError>,
+) -> Result<Vec<(String, String)>, Error> {
+    let mut kernels = Vec::with_capacity(plan.programs.len());
+    for (i, p) in plan.programs.iter().enumerate() {
+        let name = format!("{}_gpu{i}", p.name);
+        let text = make(p, &name)?;
+        kernels.push((name, text));
+    }
+    Ok(kernels)
 }

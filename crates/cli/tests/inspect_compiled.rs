@@ -67,7 +67,8 @@ fn the_gpus_plan_and_its_ptx() {
     let m = bert();
     let dir = std::env::temp_dir().join(format!("anyshape-gpu-inspect-{}", std::process::id()));
     let d = dir.display().to_string();
-    let (code, out, err) = anyshape(&["inspect", &m, "--stage", "programs", "--device", "cuda", "--dump-llvm", &d]);
+    let (code, out, err) =
+        anyshape(&["inspect", &m, "--stage", "programs", "--device", "cuda", "--dump-llvm", &d]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("the GPU's plan") && out.contains("gpu: a warp per row"), "{out}");
     assert!(!out.contains("matmul ["), "a matmul step in the GPU's plan:\n{out}");

@@ -1729,16 +1729,17 @@ impl Gen<'_> {
         let mut v = acc;
         let mut off = plan::gpu::WARP / 2;
         while off > 0 {
-            let other = self.shuffle_xor(v, off)?;
+            let other = self.shuffle_xor(v, off, dt)?;
             v = self.combine(c, v, other, dt)?;
             off /= 2;
         }
         Ok(v)
     }
 
-    /// The value lane `lane ^ off` of the warp holds (`shfl.sync.bfly` over
-    /// 32-bit words: wider values in two, narrower widened).
-    fn shuffle_xor(&self, v: V, off: u32) -> R<V> {
+    /// The value (of type `dt`) lane `lane ^ off` of the warp holds
+    /// (`shfl.sync.bfly` over 32-bit words: wider values in two, narrower
+    /// widened).
+    fn shuffle_xor(&self, v: V, off: u32, dt: DType) -> R<V> {
         let (b, i32t) = (self.bld, self.ctx.i32_type());
         let f = self.shfl_i32()?;
         let word = |x: IntValue<'static>| -> R<IntValue<'static>> {
@@ -1751,11 +1752,7 @@ impl Gen<'_> {
             Ok(self.call(f, &args)?.into_int_value())
         };
         let ty = v.get_type();
-        let bits = match ty {
-            BasicTypeEnum::IntType(t) => t.get_bit_width(),
-            BasicTypeEnum::FloatType(_) => dt_bits_of_float(self.ctx, ty),
-            _ => return Err(llvm("a shuffle of a vector")),
-        };
+        let bits = if dt == DType::Bool { 1 } else { 8 * dt.size() as u32 };
         let int_ty = self
             .ctx
             .custom_width_int_type(std::num::NonZeroU32::new(bits).ok_or_else(|| llvm("a 0-bit value"))?)
@@ -2039,17 +2036,6 @@ fn select(b: &Builder<'static>, c: V, a: V, d: V) -> R<V> {
         b.build_select(c.into_vector_value(), a, d, "sel").map_err(llvm)
     } else {
         b.build_select(c.into_int_value(), a, d, "sel").map_err(llvm)
-    }
-}
-
-/// The width of a float type.
-fn dt_bits_of_float(ctx: &'static Context, t: BasicTypeEnum<'static>) -> u32 {
-    if t == ctx.f64_type().into() {
-        64
-    } else if t == ctx.f16_type().into() {
-        16
-    } else {
-        32
     }
 }
 

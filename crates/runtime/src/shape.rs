@@ -252,7 +252,7 @@ impl ShapePlan {
 
 /// Rows of a loop program's nest at this shape, and elements per row.
 /// A loop extent's value (a dim or a constant).
-fn extent(p: &plan::LoopProgram, e: plan::E, dims: &[i64]) -> Result<usize, RunError> {
+pub(crate) fn extent(p: &plan::LoopProgram, e: plan::E, dims: &[i64]) -> Result<usize, RunError> {
     let v = match p.exprs.node(e) {
         plan::Node::Dim(s) => dims[*s as usize],
         plan::Node::Const(c) => *c as i64,

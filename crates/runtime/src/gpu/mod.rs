@@ -27,7 +27,7 @@ use plan::gpu::{loop_blocks, LOOP_THREADS};
 use plan::{BufferKind, ModelPlan, StepKind};
 use sym::{Bindings, ShapeEnv};
 
-use crate::shape::{AttentionTasks, MatMulShape, ShapePlan, StepShape};
+use crate::shape::{extent, AttentionTasks, MatMulShape, ShapePlan, StepShape};
 use crate::{elems_mut_ptr, zeros, RunError};
 
 /// An address in a device's memory.
@@ -80,6 +80,21 @@ pub trait Device: Send + Sync {
     ) -> Result<(), RunError>;
 }
 
+/// Whether the GPU backend runs every step of `plan` (an error naming the
+/// first it does not).
+pub fn check_plan(plan: &ModelPlan) -> Result<(), RunError> {
+    for (i, st) in plan.steps.iter().enumerate() {
+        if !matches!(st.kind, StepKind::Loop { .. }) {
+            return Err(RunError::Device(format!(
+                "step {i} (group {}) is a {}: the GPU backend runs loop programs only so far",
+                st.group,
+                st.kind.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Where a call's memory lies in its allocation (byte offsets).
 #[derive(Clone, Debug)]
 struct CallLayout {
@@ -92,10 +107,11 @@ struct CallLayout {
     bytes: usize,
 }
 
-/// A shape's plan and the call's memory layout at it.
+/// A shape's plan, the call's memory layout and each step's blocks at it.
 struct GpuShape {
     sp: ShapePlan,
     layout: CallLayout,
+    blocks: Vec<u32>,
     bindings: Bindings,
 }
 
@@ -137,7 +153,7 @@ impl<D: Device> GpuModel<D> {
                 plan.programs.len()
             )));
         }
-        Self::check_plan(&plan)?;
+        check_plan(&plan)?;
         let mut m = GpuModel {
             constants: vec![None; plan.buffers.len()],
             plan,
@@ -168,21 +184,6 @@ impl<D: Device> GpuModel<D> {
             }
         }
         Ok(m)
-    }
-
-    /// Whether the GPU backend runs every step of `plan` (an error naming
-    /// the first it does not).
-    pub fn check_plan(plan: &ModelPlan) -> Result<(), RunError> {
-        for (i, st) in plan.steps.iter().enumerate() {
-            if !matches!(st.kind, StepKind::Loop { .. }) {
-                return Err(RunError::Device(format!(
-                    "step {i} (group {}) is a {}: the GPU backend runs loop programs only so far",
-                    st.group,
-                    st.kind.name()
-                )));
-            }
-        }
-        Ok(())
     }
 
     pub fn inputs(&self) -> &[(String, TensorType)] {
@@ -217,9 +218,29 @@ impl<D: Device> GpuModel<D> {
         };
         let sp = ShapePlan::build(&self.plan, &self.env, &b, false, &no_attention, 1)?;
         let layout = self.layout(&sp)?;
-        let s = Arc::new(GpuShape { sp, layout, bindings: b });
+        let blocks = self.blocks(&sp)?;
+        let s = Arc::new(GpuShape { sp, layout, blocks, bindings: b });
         self.shapes.write().unwrap_or_else(|e| e.into_inner()).insert(key, s.clone());
         Ok(s)
+    }
+
+    /// Each loop step's blocks at shape `sp` (its schedule picked by its row's
+    /// length there).
+    fn blocks(&self, sp: &ShapePlan) -> Result<Vec<u32>, RunError> {
+        let mut out = Vec::with_capacity(self.plan.steps.len());
+        for (i, (st, step)) in self.plan.steps.iter().zip(&sp.steps).enumerate() {
+            let (StepKind::Loop { program, .. }, StepShape::Loop { rows, inner, .. }) = (&st.kind, step)
+            else {
+                return Err(RunError::Internal(format!("step {i} is not a loop")));
+            };
+            let p = &self.plan.programs[*program];
+            let row_len = match p.gpu_warp_schedule() {
+                Some((_, e)) => extent(p, e, &sp.dims)? as i64,
+                None => 1,
+            };
+            out.push(loop_blocks(p.gpu_schedule(row_len), *rows, *inner) as u32);
+        }
+        Ok(out)
     }
 
     /// The call's memory at shape `sp`: the temporaries as the CPU's arena
@@ -311,23 +332,16 @@ impl<D: Device> GpuModel<D> {
         let bytes = unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, 8 * words.len()) };
         // SAFETY: the layout reserved the tables, dims and status words from `tables`.
         unsafe { self.device.upload(base + layout.tables as u64, bytes)? };
-        for (i, (st, shape)) in self.plan.steps.iter().zip(&sp.steps).enumerate() {
-            let (StepKind::Loop { program, .. }, StepShape::Loop { rows, inner, .. }) = (&st.kind, shape)
-            else {
+        for (i, st) in self.plan.steps.iter().enumerate() {
+            let StepKind::Loop { program, .. } = &st.kind else {
                 return Err(RunError::Internal(format!("step {i} is not a loop")));
             };
-            let p = &self.plan.programs[*program];
-            let row_len = match p.gpu_warp_schedule() {
-                Some((_, e)) => extent(p, e, &sp.dims)?,
-                None => 1,
-            };
-            let blocks = loop_blocks(p.gpu_schedule(row_len), *rows, *inner);
             let args =
                 [base + table_at[i] as u64, base + layout.dims as u64, base + (layout.status + 8 * i) as u64];
             // SAFETY: the table holds every buffer of the program, each sized for
             // this shape; the dims are the plan's at this shape; the status word
             // is the step's own.
-            unsafe { self.device.launch(self.kernels[*program], blocks as u32, LOOP_THREADS, &args)? };
+            unsafe { self.device.launch(self.kernels[*program], shape.blocks[i], LOOP_THREADS, &args)? };
         }
         let mut status = vec![0u8; 8 * self.plan.steps.len()];
         // SAFETY: the status words lie in the call's memory.
@@ -379,14 +393,5 @@ impl<D: Device> Drop for GpuModel<D> {
             // being dropped) and every call's launches completed before it returned.
             unsafe { self.device.free(p) };
         }
-    }
-}
-
-/// A loop extent's value at this shape (a dim or a constant).
-fn extent(p: &plan::LoopProgram, e: plan::E, dims: &[i64]) -> Result<i64, RunError> {
-    match p.exprs.node(e) {
-        plan::Node::Dim(s) => Ok(dims[*s as usize]),
-        plan::Node::Const(c) => Ok(*c as i64),
-        _ => Err(RunError::Internal("a row length is not a dim".into())),
     }
 }
