@@ -256,13 +256,14 @@ def test_interpreted_session_is_the_oracle(bert, tmp_path):
 
 def test_the_gpu_emulator_matches_onnxruntime():
     """device="gpu-emulator": the GPU backend's kernels, run on this machine's
-    threads, give ONNX Runtime's outputs (f32 on both sides)."""
+    threads, give ONNX Runtime's outputs (to the GPU's bf16 contractions:
+    relative L2 error under 3e-2, as the Rust model tests)."""
     sess = anyshape.InferenceSession(os.path.join(ROOT, "gpt2", "model.onnx"), device="gpu-emulator")
     for feeds, want in list(cases("gpt2"))[:2]:
         got = sess.run(None, feeds)
         for g, (name, w) in zip(got, want.items()):
             err = np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-30)
-            assert err < 1e-4, (name, err)
+            assert err < 3e-2, (name, err)
 
 
 def test_gpu_devices_say_what_they_need(tmp_path):

@@ -1,16 +1,19 @@
 //! The GPU backend from the public API. A model's loop programs compile to
-//! NVPTX kernels (`codegen::nvptx`) and run through the runtime's
-//! [`GpuModel`] on a [`CudaDevice`] (the driver) or a [`HostDevice`] (the
-//! GPU emulated on this machine: what CI runs every GPU kernel on).
+//! NVPTX kernels (`codegen::nvptx`), its contraction steps to kernels of the
+//! GEMM family (`anyshape-gpu`'s `candidates::model_step_kernels`), and they run through
+//! the runtime's [`GpuModel`] on a [`CudaDevice`] (the driver) or a
+//! [`HostDevice`] (the GPU emulated on this machine: what CI runs every GPU
+//! kernel on).
 
 use std::alloc::Layout;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use codegen::emulator::HostKernels;
+use codegen::emulator::{HostKernelKind, HostKernels};
+use plan::gemm::{Arch, GemmKernel};
 pub use runtime::gpu::cuda::CudaDevice;
-use runtime::gpu::DEVICE_ALIGN;
-pub use runtime::gpu::{check_plan, Device, DevicePtr, GpuModel};
+pub use runtime::gpu::{check_plan, Device, DevicePtr, GemmChoice, GpuKernels, GpuModel};
+use runtime::gpu::{KernelArg, KernelCode, LaunchDims, DEVICE_ALIGN};
 use runtime::RunError;
 
 use crate::{Error, Model};
@@ -20,9 +23,9 @@ use crate::{Error, Model};
 /// exercised); each block's threads are host threads.
 pub const EMULATED_BLOCKS: u32 = 4;
 
-/// A GPU emulated on the host: device memory is host memory, a launch runs
-/// at most [`EMULATED_BLOCKS`] of the kernel's blocks with the emulator's
-/// threads.
+/// A GPU emulated on the host: device memory is host memory, a loop (or
+/// operand copy) launch runs at most [`EMULATED_BLOCKS`] of the kernel's
+/// blocks with the emulator's threads, a GEMM every block.
 pub struct HostDevice {
     kernels: HostKernels,
     /// Live allocations: address → layout.
@@ -77,19 +80,45 @@ impl Device for HostDevice {
         Ok(())
     }
 
-    unsafe fn launch(
-        &self,
-        kernel: usize,
-        blocks: u32,
-        threads: u32,
-        args: &[DevicePtr],
-    ) -> Result<(), RunError> {
-        let args: [u64; 3] = args.try_into().map_err(|_| {
-            RunError::Internal(format!("a loop kernel takes 3 arguments, not {}", args.len()))
-        })?;
-        // SAFETY: the caller's contract (the loop kernel ABI, live host memory).
-        let blocks = blocks.min(EMULATED_BLOCKS) as usize;
-        unsafe { self.kernels.launch_loop(kernel, blocks, threads as usize, args) }.map_err(RunError::Device)
+    unsafe fn launch(&self, kernel: usize, dims: LaunchDims, args: &[KernelArg]) -> Result<(), RunError> {
+        let bad = || RunError::Internal(format!("kernel {kernel}: arguments {args:?}"));
+        let ptr = |a: &KernelArg| match a {
+            KernelArg::Ptr(p) => Ok(*p),
+            _ => Err(bad()),
+        };
+        if let [a, b, c] = args {
+            let args = [ptr(a)?, ptr(b)?, ptr(c)?];
+            let blocks = dims.grid[0].min(EMULATED_BLOCKS) as usize;
+            // SAFETY: the caller's contract (three pointers as the kernel's ABI
+            // asks, live host memory).
+            return unsafe { self.kernels.launch_loop(kernel, blocks, dims.threads as usize, args) }
+                .map_err(RunError::Device);
+        }
+        let [a, b, c, bias, res, ints @ .., sa, sb, sc] = args else { return Err(bad()) };
+        let ptrs = [ptr(a)?, ptr(b)?, ptr(c)?, ptr(bias)?, ptr(res)?];
+        let int = |a: &KernelArg| match a {
+            KernelArg::I32(x) => Ok(*x),
+            _ => Err(bad()),
+        };
+        let wide = |a: &KernelArg| match a {
+            KernelArg::I64(x) => Ok(*x),
+            _ => Err(bad()),
+        };
+        let ints: [i32; 6] =
+            ints.iter().map(int).collect::<Result<Vec<_>, _>>()?.try_into().map_err(|_| bad())?;
+        let grid = dims.grid.map(|g| g as usize);
+        // SAFETY: the caller's contract (`gpu::kernel::ABI`, live host memory).
+        unsafe {
+            self.kernels.launch_gemm(
+                kernel,
+                (grid[0], grid[1], grid[2]),
+                (dims.threads as usize, dims.smem as usize),
+                ptrs,
+                ints,
+                [wide(sa)?, wide(sb)?, wide(sc)?],
+            )
+        }
+        .map_err(RunError::Device)
     }
 }
 
@@ -101,55 +130,133 @@ impl Model {
         let plan = self.lower_gpu()?;
         // A model the GPU cannot run says so before any driver is asked for.
         check_plan(&plan)?;
-        let kernels = kernel_texts(&plan, codegen::nvptx::program_ptx)?;
-        let device = CudaDevice::open(ordinal, &kernels)?;
-        self.gpu_model(plan, kernels.len(), device)
+        let (code, kernels) = gpu_kernels(&plan, Text::Ptx)?;
+        let code: Vec<KernelCode> = code.into_iter().map(|(c, _)| c).collect();
+        let device = CudaDevice::open(ordinal, &code)?;
+        self.gpu_model(plan, kernels, device)
     }
 
-    /// The plan the GPU runs: every step a loop program. Matmuls are sums of
-    /// products in their groups' programs (a thread, or a warp, per output
-    /// element: correct at any shape, far from the tensor cores) until the
-    /// GEMM family runs a plan's contraction steps (issue 37, item 3).
+    /// The plan the GPU runs: loop programs, and contraction steps that the
+    /// GEMM family runs (attention unfused: its fused kernel is issue 37,
+    /// item 4).
     pub fn lower_gpu(&self) -> Result<plan::ModelPlan, Error> {
-        let lo = lower::LowerOptions { fuse_attention: false, matmul_steps: false };
+        let lo = lower::LowerOptions { fuse_attention: false, matmul_steps: true };
         Ok(lower::lower_with(&self.graph, &self.fusion_plan(), &lo)?)
     }
 
-    fn gpu_model<D: Device>(&self, plan: plan::ModelPlan, n: usize, device: D) -> Result<GpuModel<D>, Error> {
+    fn gpu_model<D: Device>(
+        &self,
+        plan: plan::ModelPlan,
+        kernels: GpuKernels,
+        device: D,
+    ) -> Result<GpuModel<D>, Error> {
         let io = |v: Vec<crate::IoInfo>| v.into_iter().map(|i| (i.name, i.ty)).collect();
         Ok(GpuModel::new(
             plan,
             self.graph.env.clone(),
             io(self.inputs()),
             io(self.outputs()),
-            (0..n).collect(),
+            kernels,
             device,
         )?)
     }
 
-    /// Compile for the GPU emulated on this machine: every loop program of
+    /// Compile for the GPU emulated on this machine: every kernel of
     /// [`Model::lower_gpu`]'s plan as the NVPTX kernel a GPU would run, here
     /// on the host emulator.
     pub fn compile_host_gpu(&self) -> Result<GpuModel<HostDevice>, Error> {
         let plan = self.lower_gpu()?;
         check_plan(&plan)?;
-        let kernels = kernel_texts(&plan, codegen::nvptx::program_ir)?;
-        let host = HostKernels::loops(&kernels).map_err(codegen::CodegenError::Llvm)?;
-        self.gpu_model(plan, kernels.len(), HostDevice::new(host))
+        let (code, kernels) = gpu_kernels(&plan, Text::LlvmIr)?;
+        let code: Vec<_> = code.into_iter().map(|(c, kind)| (c.name, c.text, kind)).collect();
+        let host = HostKernels::new(&code).map_err(codegen::CodegenError::Llvm)?;
+        self.gpu_model(plan, kernels, HostDevice::new(host))
     }
 }
 
-/// Each loop program's kernel, `(name, text)`: the text `make` writes (PTX,
-/// or the LLVM IR the emulator runs) under the name the device looks up.
-fn kernel_texts(
+/// What a kernel is given to a device as.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Text {
+    /// PTX (the driver assembles it).
+    Ptx,
+    /// The NVPTX module's LLVM IR (the emulator runs it).
+    LlvmIr,
+}
+
+/// Every kernel of `plan` for the GPU, in the device's index order (the loop
+/// programs, the operand copy, each distinct GEMM), with how the emulator
+/// calls it, and which runs each step.
+fn gpu_kernels(
     plan: &plan::ModelPlan,
-    make: fn(&plan::LoopProgram, &str) -> Result<String, codegen::CodegenError>,
-) -> Result<Vec<(String, String)>, Error> {
-    let mut kernels = Vec::with_capacity(plan.programs.len());
+    text: Text,
+) -> Result<(Vec<(KernelCode, HostKernelKind)>, GpuKernels), Error> {
+    let mut code = Vec::new();
+    let mut kernels = GpuKernels::default();
     for (i, p) in plan.programs.iter().enumerate() {
         let name = format!("{}_gpu{i}", p.name);
-        let text = make(p, &name)?;
-        kernels.push((name, text));
+        let t = match text {
+            Text::Ptx => codegen::nvptx::program_ptx(p, &name)?,
+            Text::LlvmIr => codegen::nvptx::program_ir(p, &name)?,
+        };
+        kernels.loops.push(code.len());
+        code.push((KernelCode { name, text: t, smem: 0 }, HostKernelKind::Pointers));
     }
-    Ok(kernels)
+    let copy = match text {
+        Text::Ptx => codegen::nvptx::operand_copy_ptx()?,
+        Text::LlvmIr => codegen::nvptx::operand_copy_ir(),
+    };
+    kernels.operand_copy = code.len();
+    let name = plan::gpu::OPERAND_COPY_KERNEL.to_string();
+    code.push((KernelCode { name, text: copy, smem: 0 }, HostKernelKind::Pointers));
+    let mut index: HashMap<GemmKernel, usize> = HashMap::new();
+    for st in &plan.steps {
+        let plan::StepKind::MatMul(mm) = &st.kind else {
+            kernels.matmuls.push(Vec::new());
+            continue;
+        };
+        let mut choices = Vec::new();
+        for (k, max_m) in gpu_family::candidates::model_step_kernels(mm.epilogue.function()) {
+            let at = match index.get(&k) {
+                Some(&i) => i,
+                None => {
+                    let t = match text {
+                        Text::Ptx => codegen::nvptx::ptx(&k)?,
+                        Text::LlvmIr => codegen::nvptx::llvm_ir(&k)?,
+                    };
+                    let kind = HostKernelKind::Gemm { threads_apart: k.arch == Arch::Simt };
+                    code.push((KernelCode { name: k.name(), text: t, smem: k.smem_bytes() }, kind));
+                    index.insert(k, code.len() - 1);
+                    code.len() - 1
+                }
+            };
+            choices.push(GemmChoice { kernel: k, index: at, max_m });
+        }
+        kernels.matmuls.push(choices);
+    }
+    Ok((code, kernels))
+}
+
+/// The GEMM kernels each contraction step of `plan` is given, a line a step:
+/// the kernels in the order they are tried, each with the rows it takes
+/// (`M <= r`); the first that accepts the product at a shape runs it.
+pub fn gemm_choices_text(plan: &plan::ModelPlan) -> String {
+    let mut s = String::new();
+    for (i, st) in plan.steps.iter().enumerate() {
+        let plan::StepKind::MatMul(mm) = &st.kind else { continue };
+        let choices: Vec<String> = gpu_family::candidates::model_step_kernels(mm.epilogue.function())
+            .into_iter()
+            .map(
+                |(k, most)| if most == usize::MAX { k.name() } else { format!("{} (M <= {most})", k.name()) },
+            )
+            .collect();
+        s.push_str(&format!("step {i} (group {}): {}\n", st.group, choices.join(", ")));
+    }
+    s
+}
+
+/// Every kernel of `plan` for a GPU as PTX, `(name, PTX)`, in the device's
+/// order: the loop programs, the operand copy, each distinct GEMM.
+pub fn plan_ptx(plan: &plan::ModelPlan) -> Result<Vec<(String, String)>, Error> {
+    let (code, _) = gpu_kernels(plan, Text::Ptx)?;
+    Ok(code.into_iter().map(|(c, _)| (c.name, c.text)).collect())
 }

@@ -41,6 +41,25 @@ fn compare<D: anyshape::gpu::Device>(
     dims: &[(&str, usize)],
     seed: u64,
 ) {
+    compare_within(m, gm, dims, seed, None)
+}
+
+/// Relative L2 error of `got` against `want`.
+fn rel_l2(got: &[f64], want: &[f64]) -> f64 {
+    let num: f64 = got.iter().zip(want).map(|(x, y)| (x - y) * (x - y)).sum();
+    let den: f64 = want.iter().map(|y| y * y).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// As `compare`, each output within relative L2 error `l2` when given (bf16
+/// contractions), else element by element within f32's sums in another order.
+fn compare_within<D: anyshape::gpu::Device>(
+    m: &Model,
+    gm: &anyshape::gpu::GpuModel<D>,
+    dims: &[(&str, usize)],
+    seed: u64,
+    l2: Option<f64>,
+) {
     let ins = inputs(m, dims, seed);
     let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     let want = m.interpret(&named).unwrap_or_else(|e| panic!("{dims:?}: interpreter: {e}"));
@@ -49,6 +68,11 @@ fn compare<D: anyshape::gpu::Device>(
     for ((name, g), (wname, w)) in got.iter().zip(&want) {
         assert_eq!(name, wname);
         assert_eq!(g.shape(), w.shape(), "{dims:?}: {name}");
+        if let Some(bound) = l2 {
+            let err = rel_l2(&g.to_f64_vec(), &w.to_f64_vec());
+            assert!(err < bound, "{dims:?}: {name}: relative L2 error {err:e} (bound {bound:e})");
+            continue;
+        }
         for (i, (a, b)) in g.to_f64_vec().iter().zip(w.to_f64_vec()).enumerate() {
             let ok = (a - b).abs() <= 1e-4 * (1.0 + b.abs()) || (a.is_nan() && b.is_nan());
             assert!(ok, "{dims:?}: {name}[{i}] = {a}, the interpreter says {b}");
@@ -136,12 +160,18 @@ fn a_shape_that_breaks_a_rule_is_an_error() {
     assert!(e.contains("mask"), "{e}");
 }
 
-/// Matmuls run as sums of products in loop programs (`Model::lower_gpu`),
-/// with their epilogues: a bias, GELU (tanh form), a residual, a batched
-/// product of two activations (attention's scores); a plan with contraction
-/// steps (the CPU's) is refused by the GPU model, naming the step.
+/// bf16 operands with f32 accumulation: each product rounds both factors by
+/// at most 2⁻⁸ relative, so a sum of K terms of random sign is off by about
+/// 2⁻⁷·|term|·√K against a result about |term|·√K large: relative L2 near
+/// 0.4%; 1% leaves room for the epilogue and a second product.
+const BF16_L2: f64 = 1e-2;
+
+/// Contraction steps run on the GEMM family (`Model::lower_gpu`), with their
+/// epilogues: a bias, tanh, a residual, a batched product of two activations
+/// (attention's scores, B copied K-major); a plan with fused attention (the
+/// CPU's) is refused by the GPU model, naming the step.
 #[test]
-fn matmuls_run_as_loop_programs_and_contraction_steps_are_refused() {
+fn contraction_steps_run_on_the_gemm_family() {
     let m = model(
         r#"graph {
   sym n param 1..
@@ -163,12 +193,20 @@ fn matmuls_run_as_loop_programs_and_contraction_steps_are_refused() {
 "#,
     );
     let gm = m.compile_host_gpu().expect("compiles for the GPU");
-    for (i, (n, s)) in [(1usize, 1usize), (7, 5), (33, 32), (2, 65)].into_iter().enumerate() {
-        compare(&m, &gm, &[("n", n), ("s", s)], i as u64);
+    for (i, (n, s)) in [(1usize, 1usize), (7, 5), (33, 32), (2, 65), (65, 3)].into_iter().enumerate() {
+        compare_within(&m, &gm, &[("n", n), ("s", s)], i as u64, Some(BF16_L2));
     }
-    let cpu_plan = m.lower().expect("lowers");
-    let e = anyshape::gpu::check_plan(&cpu_plan).expect_err("a matmul step").to_string();
-    assert!(e.contains("matmul") && e.contains("step"), "{e}");
+    // One row takes the GEMV kernel; 65 rows the 64x128 tile; K = 8 of the
+    // scores is aligned, so no cover.
+    let ins = inputs(&m, &[("n", 1), ("s", 5)], 9);
+    let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let used = gm.gemms_at(&named).expect("plans");
+    assert!(used.iter().any(|(_, k)| k[0].starts_with("gemm_gemv_bf16_nt_1x")), "{used:?}");
+    let ins = inputs(&m, &[("n", 65), ("s", 5)], 9);
+    let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let used = gm.gemms_at(&named).expect("plans");
+    assert!(used.iter().any(|(_, k)| k[0].starts_with("gemm_bf16_nt_64x128")), "{used:?}");
+    assert!(used.iter().all(|(_, k)| k.iter().all(|k| k.contains("_c32"))), "{used:?}");
 }
 
 /// Through the driver where the machine has a GPU (the block against the
@@ -207,16 +245,32 @@ fn npy_files(dir: &std::path::Path) -> Vec<(String, std::path::PathBuf)> {
     v
 }
 
-/// The bundled models (ONNX Runtime's outputs at every recorded shape)
-/// through the GPU backend on the emulator: relative L2
-/// error below 1e-4, the bound the CPU's compiled models meet (f32 on both;
-/// sums in another order).
+/// A whole model's outputs with bf16 contractions against f32 ones: each
+/// layer's products are off by about [`BF16_L2`]'s 0.4% and the layers add
+/// up (normalizations keep it from growing).
+const MODEL_L2: f64 = 3e-2;
+
+/// The bundled models (ONNX Runtime's outputs at the recorded shapes)
+/// through the GPU backend on the emulator: relative L2 error below
+/// [`MODEL_L2`] (bf16 contractions against ONNX Runtime's f32).
 #[test]
 fn bundled_models_match_onnx_runtime_through_the_gpu_backend() {
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests");
     // The Llama decoder's step: an empty and a filled KV cache (concatenated
     // onto), rotary positions, grouped-query attention.
-    for name in ["fixtures/bert", "fixtures/gpt2", "fixtures-current/llama_step"] {
+    // The emulator meets a warp's 32 host threads at every shuffle and mma, so
+    // CI runs the cases that reach each kernel choice (one row: GEMV; up to 8;
+    // more: the mma.sync tiles; the taps of a convolution; an empty and a
+    // filled KV cache); `ANYSHAPE_GPU_HOST_ALL=1` runs every recorded case.
+    let all = std::env::var("ANYSHAPE_GPU_HOST_ALL").is_ok_and(|v| v == "1");
+    let models: [(&str, &[&str]); 5] = [
+        ("fixtures/resnet", &["case0"]),
+        ("fixtures/vit", &["case0"]),
+        ("fixtures/bert", &["case0", "case3"]),
+        ("fixtures/gpt2", &["case0", "case2"]),
+        ("fixtures-current/llama_step", &["case0", "case1"]),
+    ];
+    for (name, ci_cases) in models {
         let dir = root.join(name);
         let model = Model::load(dir.join("model.onnx"), &LoadOptions::new())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -227,8 +281,12 @@ fn bundled_models_match_onnx_runtime_through_the_gpu_backend() {
             .filter(|p| p.is_dir())
             .collect();
         cases.sort();
-        assert!(cases.len() >= 4, "{name}");
+        assert!(cases.len() >= 3, "{name}");
         for case in cases {
+            let stem = case.file_name().unwrap_or_default().to_string_lossy().into_owned();
+            if !all && !ci_cases.contains(&stem.as_str()) {
+                continue;
+            }
             let start = std::time::Instant::now();
             let inputs: Vec<(String, Tensor)> = npy_files(&case)
                 .into_iter()
@@ -240,18 +298,16 @@ fn bundled_models_match_onnx_runtime_through_the_gpu_backend() {
                 let want = anyshape::npy::read(&path).expect("expected npy");
                 let g = &got.iter().find(|(n, _)| *n == out).unwrap_or_else(|| panic!("{name}: no {out}")).1;
                 assert_eq!(g.shape(), want.shape(), "{name}/{}: {out}", case.display());
-                let (a, b) = (g.to_f64_vec(), want.to_f64_vec());
-                let num: f64 = a.iter().zip(&b).map(|(x, y)| (x - y) * (x - y)).sum();
-                let den: f64 = b.iter().map(|y| y * y).sum();
-                let err = (num / den.max(1e-30)).sqrt();
-                assert!(err < 1e-4, "{name}/{}: {out} relative L2 error {err:e}", case.display());
+                let err = rel_l2(&g.to_f64_vec(), &want.to_f64_vec());
+                eprintln!("{name}/{}: {out} relative L2 error {err:.2e}", case.display());
+                assert!(err < MODEL_L2, "{name}/{}: {out} relative L2 error {err:e}", case.display());
             }
             eprintln!("{name}/{}: {:.2} s", case.display(), start.elapsed().as_secs_f64());
         }
     }
 }
 
-/// Every loop program of every bundled model (both toolchains' exports:
+/// Every kernel (loop programs, GEMMs) of every bundled model (both toolchains' exports:
 /// BERT, GPT-2, ViT, ResNet, ALBERT, DistilBERT, the Llama decoder, ...)
 /// compiles to PTX for the GPU (LLVM's NVPTX backend aborts the process on
 /// what it cannot select, so this runs it on all of them), and with
@@ -273,14 +329,31 @@ fn every_bundled_model_compiles_to_ptx() {
     let tmp = std::env::temp_dir().join(format!("anyshape-model-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).expect("temp dir");
     let mut kernels = 0;
+    let mut gemms = std::collections::HashSet::new();
     for dir in &dirs {
         let model = Model::load(dir.join("model.onnx"), &LoadOptions::new())
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let plan = model.lower_gpu().unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let mut texts = Vec::new();
         for (i, p) in plan.programs.iter().enumerate() {
             let name = format!("k{i}");
             let ptx = codegen::nvptx::program_ptx(p, &name)
                 .unwrap_or_else(|e| panic!("{} program {i} ({}): {e}", dir.display(), p.name));
+            texts.push((name, p.name.clone(), ptx));
+        }
+        // The GEMM kernels its contraction steps are given (their epilogues are
+        // the model's), each distinct one once.
+        for st in &plan.steps {
+            let plan::StepKind::MatMul(mm) = &st.kind else { continue };
+            for (k, _) in gpu_family::candidates::model_step_kernels(mm.epilogue.function()) {
+                if gemms.insert(k.name()) {
+                    let ptx =
+                        codegen::nvptx::ptx(&k).unwrap_or_else(|e| panic!("{}: {k}: {e}", dir.display()));
+                    texts.push((k.name(), k.name(), ptx));
+                }
+            }
+        }
+        for (name, what, ptx) in texts {
             kernels += 1;
             if let Some(ptxas) = &ptxas {
                 let file = tmp.join(format!("{name}.ptx"));
@@ -291,7 +364,7 @@ fn every_bundled_model_compiles_to_ptx() {
                     .output()
                     .expect("ptxas runs");
                 let log = String::from_utf8_lossy(&out.stderr);
-                assert!(out.status.success(), "{} {}: {log}", dir.display(), p.name);
+                assert!(out.status.success(), "{} {what}: {log}", dir.display());
                 assert!(
                     !log.contains("bytes spill stores") || log.contains(" 0 bytes spill stores"),
                     "{log}"
@@ -300,5 +373,5 @@ fn every_bundled_model_compiles_to_ptx() {
         }
     }
     let _ = std::fs::remove_dir_all(&tmp);
-    eprintln!("{kernels} kernels of {} models compiled to PTX", dirs.len());
+    eprintln!("{kernels} kernels of {} models compiled to PTX ({} GEMMs)", dirs.len(), gemms.len());
 }

@@ -11,8 +11,8 @@ pub enum DeviceArg {
     /// This machine's CPU (compiled code, every core by default).
     #[default]
     Cpu,
-    /// NVIDIA GPU 0, through the driver (loop programs as NVPTX kernels;
-    /// matmuls inside them until the tensor-core GEMMs run a model's).
+    /// NVIDIA GPU 0, through the driver (loop programs as NVPTX kernels,
+    /// contractions on the tensor-core GEMM family in bf16 with f32 results).
     Cuda,
     /// The same GPU kernels on the host emulator (what CI checks them on; slow).
     GpuEmulator,

@@ -151,8 +151,8 @@ enum Command {
         #[arg(long)]
         threads: Option<usize>,
         /// The plan for this device (`programs`; `cuda` and `gpu-emulator`: the
-        /// GPU's, matmuls inside loop programs); with `--dump-llvm`, a GPU
-        /// device writes each loop kernel's PTX to DIR/programs.ptx.
+        /// GPU's, its contractions on the GEMM family); with `--dump-llvm`, a
+        /// GPU device writes every kernel's PTX to DIR/programs.ptx.
         #[arg(long, value_enum, default_value_t = devices::DeviceArg::Cpu)]
         device: devices::DeviceArg,
     },
@@ -628,30 +628,35 @@ fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>, dump_llvm: Opti
 }
 
 /// `inspect --stage programs --device cuda|gpu-emulator`: the GPU's plan
-/// (every step a loop program, with the schedule each kernel takes), and
-/// with `--dump-llvm DIR` each kernel's PTX in DIR/programs.ptx.
+/// (loop programs with the schedule each kernel takes, contraction steps with
+/// the GEMM kernels each is given), and with `--dump-llvm DIR` every kernel's
+/// PTX in DIR/programs.ptx.
 fn inspect_gpu(model_path: PathBuf, dims: Vec<String>, dump_llvm: Option<PathBuf>) -> Result<()> {
     let model = load(&model_path, &dims)?;
     let plan = model.lower_gpu()?;
-    say!("# stage: programs (the GPU's plan: matmuls inside loop programs)");
+    say!("# stage: programs (the GPU's plan: loop programs, contractions on the GEMM family)");
     say_raw!("{}", anyshape::inspect::print_plan(&plan));
+    say!("# GEMM kernels of each contraction step, tried in order (bf16 operands, f32 C):");
+    say_raw!("{}", anyshape::gpu::gemm_choices_text(&plan));
     let warp = plan.programs.iter().filter(|p| p.gpu_warp_schedule().is_some()).count();
+    let matmuls = plan.steps.iter().filter(|s| s.kind.name() == "matmul").count();
     say!(
-        "# {} steps, {} distinct loop programs ({warp} with a warp schedule for long rows), {} buffers",
+        "# {} steps ({matmuls} contractions), {} distinct loop programs ({warp} with a warp schedule for long rows), {} buffers",
         plan.steps.len(),
         plan.programs.len(),
         plan.buffers.len()
     );
     if let Some(dir) = dump_llvm {
+        let kernels = anyshape::gpu::plan_ptx(&plan)?;
         let mut ptx = String::new();
-        for (i, p) in plan.programs.iter().enumerate() {
-            ptx.push_str(&codegen::nvptx::program_ptx(p, &format!("{}_gpu{i}", p.name))?);
+        for (_, text) in &kernels {
+            ptx.push_str(text);
             ptx.push('\n');
         }
         std::fs::create_dir_all(&dir)
             .map_err(|e| UserError(format!("cannot create {}: {e}", dir.display())))?;
         std::fs::write(dir.join("programs.ptx"), ptx)?;
-        say!("# wrote {}/programs.ptx ({} kernels)", dir.display(), plan.programs.len());
+        say!("# wrote {}/programs.ptx ({} kernels)", dir.display(), kernels.len());
     }
     Ok(())
 }

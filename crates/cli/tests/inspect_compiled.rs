@@ -60,8 +60,9 @@ fn kernels_and_dispatch_stages() {
 }
 
 /// `inspect --stage programs --device cuda`: the GPU's plan (loop programs
-/// only, matmuls inside them, each kernel's schedule printed), and with
-/// `--dump-llvm` every kernel's PTX; other stages with a GPU device refused.
+/// with each kernel's schedule, contraction steps with their GEMM kernels),
+/// and with `--dump-llvm` every kernel's PTX; other stages with a GPU device
+/// refused.
 #[test]
 fn the_gpus_plan_and_its_ptx() {
     let m = bert();
@@ -71,9 +72,11 @@ fn the_gpus_plan_and_its_ptx() {
         anyshape(&["inspect", &m, "--stage", "programs", "--device", "cuda", "--dump-llvm", &d]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("the GPU's plan") && out.contains("gpu: a warp per row"), "{out}");
-    assert!(!out.contains("matmul ["), "a matmul step in the GPU's plan:\n{out}");
+    assert!(out.contains("matmul ["), "no contraction step in the GPU's plan:\n{out}");
+    assert!(out.contains("gemm_gemv_bf16_nt_1x4") && out.contains("(M <= 1)"), "{out}");
     let ptx = std::fs::read_to_string(dir.join("programs.ptx")).expect("programs.ptx");
     let kernels = ptx.matches(".entry").count();
+    assert!(ptx.contains(".entry operand_copy_bf16(") && ptx.contains("mma.sync.aligned.m16n8k16"), "{ptx}");
     assert!(kernels >= 5 && out.contains(&format!("({kernels} kernels)")), "{kernels} kernels:\n{out}");
     let _ = std::fs::remove_dir_all(&dir);
     let (code, _, err) = anyshape(&["inspect", &m, "--stage", "fusion", "--device", "cuda"]);

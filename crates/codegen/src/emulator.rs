@@ -796,9 +796,14 @@ extern "C" fn host_wgmma(scratch: *mut u8, kind: i32, bn: i32, steps: i32, scale
     }
 }
 
+/// The block the host threads of a launch are running, and its index.
+type RunningBlock = (Arc<Block>, (usize, usize, usize));
+
 /// Runs a grid of `grid` blocks of `threads` threads with `smem` bytes of shared
 /// memory each, one block at a time, its threads as threads of the host:
-/// `thread(tid, x, y, z)` calls the kernel for one thread.
+/// `thread(tid, x, y, z)` calls the kernel for one thread. The host threads are
+/// made once a launch and run every block in turn (a block's state is made anew
+/// for each), so that a grid of many small blocks costs no thread a block.
 pub fn run_blocks(
     grid: (usize, usize, usize),
     threads: usize,
@@ -806,43 +811,57 @@ pub fn run_blocks(
     thread: impl Fn(usize, usize, usize, usize) + Sync,
 ) {
     let warps = threads.div_ceil(32);
-    for z in 0..grid.2 {
-        for y in 0..grid.1 {
-            for x in 0..grid.0 {
-                // Aligned to 256 KB: a wgmma descriptor holds bits 4-17 of a shared
-                // address, which are then the offset into the block's memory.
-                let mut shared = vec![0u8; smem.max(1) + SMEM_ALIGN];
-                let skip = (SMEM_ALIGN - shared.as_ptr() as usize % SMEM_ALIGN) % SMEM_ALIGN;
-                let block = Arc::new(Block {
-                    bar: Barrier::new(threads),
-                    // SAFETY: `skip < SMEM_ALIGN`, inside the allocation.
-                    smem: unsafe { shared.as_mut_ptr().add(skip) },
-                    warps: (0..warps)
-                        .map(|_| Warp { meet: Barrier::new(32), slots: Mutex::new([[[0; 12]; 32]; 2]) })
-                        .collect(),
-                    warpgroups: (0..threads.div_ceil(128))
-                        .map(|g| Barrier::new((threads - 128 * g).min(128)))
-                        .collect(),
-                    grid: (grid.0 as i32, grid.1 as i32),
-                    mbars: Mutex::new(Default::default()),
-                    phases: std::sync::Condvar::new(),
-                    named: Mutex::new(Default::default()),
-                });
-                std::thread::scope(|s| {
-                    for tid in 0..threads {
-                        let (block, thread) = (block.clone(), &thread);
-                        s.spawn(move || {
-                            LANE.with(|l| {
-                                *l.borrow_mut() = Some(Lane { block, warp: tid / 32, lane: tid % 32, ops: 0 })
-                            });
-                            thread(tid, x, y, z);
-                        });
-                    }
-                });
-                drop(shared);
-            }
-        }
+    let blocks: Vec<(usize, usize, usize)> = (0..grid.2)
+        .flat_map(|z| (0..grid.1).flat_map(move |y| (0..grid.0).map(move |x| (x, y, z))))
+        .collect();
+    if blocks.is_empty() {
+        return;
     }
+    // The block being run, and the meeting points before and after it.
+    let current: Mutex<Option<RunningBlock>> = Mutex::new(None);
+    let (start, end) = (Barrier::new(threads + 1), Barrier::new(threads + 1));
+    std::thread::scope(|s| {
+        for tid in 0..threads {
+            let (current, start, end, thread) = (&current, &start, &end, &thread);
+            s.spawn(move || loop {
+                start.wait();
+                let Some((block, (x, y, z))) = current.lock().unwrap().clone() else { break };
+                LANE.with(|l| *l.borrow_mut() = Some(Lane { block, warp: tid / 32, lane: tid % 32, ops: 0 }));
+                thread(tid, x, y, z);
+                LANE.with(|l| *l.borrow_mut() = None);
+                end.wait();
+            });
+        }
+        for &at in &blocks {
+            // Aligned to 256 KB: a wgmma descriptor holds bits 4-17 of a shared
+            // address, which are then the offset into the block's memory.
+            let mut shared = vec![0u8; smem.max(1) + SMEM_ALIGN];
+            let skip = (SMEM_ALIGN - shared.as_ptr() as usize % SMEM_ALIGN) % SMEM_ALIGN;
+            let block = Arc::new(Block {
+                bar: Barrier::new(threads),
+                // SAFETY: `skip < SMEM_ALIGN`, inside the allocation.
+                smem: unsafe { shared.as_mut_ptr().add(skip) },
+                warps: (0..warps)
+                    .map(|_| Warp { meet: Barrier::new(32), slots: Mutex::new([[[0; 12]; 32]; 2]) })
+                    .collect(),
+                warpgroups: (0..threads.div_ceil(128))
+                    .map(|g| Barrier::new((threads - 128 * g).min(128)))
+                    .collect(),
+                grid: (grid.0 as i32, grid.1 as i32),
+                mbars: Mutex::new(Default::default()),
+                phases: std::sync::Condvar::new(),
+                named: Mutex::new(Default::default()),
+            });
+            *current.lock().unwrap() = Some((block, at));
+            start.wait();
+            // Every thread is done with the block (and dropped its handle) before
+            // its shared memory goes.
+            end.wait();
+            *current.lock().unwrap() = None;
+            drop(shared);
+        }
+        start.wait();
+    });
 }
 
 /// 16-bit values in a buffer aligned to 16 bytes (the kernels' vector loads and
@@ -875,10 +894,28 @@ pub fn gemm_entry(ee: &ExecutionEngine<'_>, name: &str) -> Result<Gemm, String> 
 /// table, status word), then `tid.x`, `ctaid.x`, `ctaid.y`, `ctaid.z`.
 pub type LoopKernel = unsafe extern "C" fn(*const u64, *const i64, *mut i64, i32, i32, i32, i32);
 
-/// Loop kernels compiled for the host, each an index, with what owns their
+/// What a kernel given to [`HostKernels`] is, which says how it is called.
+#[derive(Clone, Copy, Debug)]
+pub enum HostKernelKind {
+    /// Three pointer parameters (a loop program's buffer table, dims and
+    /// status word; the operand copy's source, destination and descriptor),
+    /// its units taken grid-stride.
+    Pointers,
+    /// A GEMM of the family (`gpu::kernel::ABI`); `threads_apart`: it uses no
+    /// warp-wide operation (a SIMT kernel), so its threads run one after another.
+    Gemm { threads_apart: bool },
+}
+
+#[derive(Clone, Copy)]
+enum HostEntry {
+    Pointers(LoopKernel),
+    Gemm(Gemm, bool),
+}
+
+/// Kernels compiled for the host, each an index, with what owns their
 /// code (the engines, then the context they were made in).
 pub struct HostKernels {
-    entries: Vec<LoopKernel>,
+    entries: Vec<HostEntry>,
     _engines: Vec<ExecutionEngine<'static>>,
     // Dropped last: the engines' code and values belong to it.
     _ctx: Box<Context>,
@@ -891,21 +928,36 @@ unsafe impl Send for HostKernels {}
 unsafe impl Sync for HostKernels {}
 
 impl HostKernels {
-    /// Kernels `(name, LLVM IR of its NVPTX module)`, in order
+    /// Loop kernels `(name, LLVM IR of its NVPTX module)`, in order
     /// (`codegen::nvptx::program_ir`'s).
     pub fn loops(kernels: &[(String, String)]) -> Result<HostKernels, String> {
+        let all: Vec<_> =
+            kernels.iter().map(|(n, ir)| (n.clone(), ir.clone(), HostKernelKind::Pointers)).collect();
+        HostKernels::new(&all)
+    }
+
+    /// Kernels `(name, LLVM IR of its NVPTX module, kind)`, in order.
+    pub fn new(kernels: &[(String, String, HostKernelKind)]) -> Result<HostKernels, String> {
         let ctx = Box::new(Context::create());
         // SAFETY: the engines borrow the boxed context, which does not move and
         // is dropped after them (field order).
         let ctx_ref: &'static Context = unsafe { &*(ctx.as_ref() as *const Context) };
         let mut engines = Vec::with_capacity(kernels.len());
         let mut entries = Vec::with_capacity(kernels.len());
-        for (name, ir) in kernels {
+        for (name, ir, kind) in kernels {
             let ee = engine(ctx_ref, ir, name)?;
             let addr = ee.get_function_address(name).map_err(|e| format!("{name}: {e}"))?;
-            // SAFETY: `for_host` compiled `name` with the loop kernel ABI plus
-            // the four indices, which is `LoopKernel`; its engine is kept.
-            entries.push(unsafe { std::mem::transmute::<usize, LoopKernel>(addr) });
+            entries.push(match kind {
+                // SAFETY: `for_host` compiled `name` with three pointer parameters
+                // plus the four indices, which is `LoopKernel`; its engine is kept.
+                HostKernelKind::Pointers => {
+                    HostEntry::Pointers(unsafe { std::mem::transmute::<usize, LoopKernel>(addr) })
+                }
+                // SAFETY: as `gemm_entry`: `gpu::kernel::ABI` plus the four indices.
+                HostKernelKind::Gemm { threads_apart } => {
+                    HostEntry::Gemm(unsafe { std::mem::transmute::<usize, Gemm>(addr) }, *threads_apart)
+                }
+            });
             engines.push(ee);
         }
         Ok(HostKernels { entries, _engines: engines, _ctx: ctx })
@@ -931,7 +983,9 @@ impl HostKernels {
         threads: usize,
         args: [u64; 3],
     ) -> Result<(), String> {
-        let entry = *self.entries.get(k).ok_or_else(|| format!("no loop kernel {k}"))?;
+        let Some(HostEntry::Pointers(entry)) = self.entries.get(k).copied() else {
+            return Err(format!("kernel {k} is not a loop kernel"));
+        };
         run_blocks((blocks, 1, 1), threads, 0, |tid, x, y, z| {
             // SAFETY: the caller's contract; each thread runs the kernel once.
             unsafe {
@@ -946,6 +1000,67 @@ impl HostKernels {
                 )
             }
         });
+        Ok(())
+    }
+
+    /// Run GEMM kernel `k` over every block of `grid`, `threads` a block with
+    /// `smem` bytes of shared memory: A, B, C, bias and residual (`ptrs`),
+    /// M, N, K and the leading dimensions (`ints`), the batch strides.
+    ///
+    /// # Safety
+    /// The arguments are what `gpu::kernel::ABI` asks for at this problem, in
+    /// host memory, and nothing else touches C meanwhile.
+    pub unsafe fn launch_gemm(
+        &self,
+        k: usize,
+        grid: (usize, usize, usize),
+        (threads, smem): (usize, usize),
+        ptrs: [u64; 5],
+        ints: [i32; 6],
+        strides: [i64; 3],
+    ) -> Result<(), String> {
+        let Some(HostEntry::Gemm(f, apart)) = self.entries.get(k).copied() else {
+            return Err(format!("kernel {k} is not a GEMM"));
+        };
+        let thread = |tid: usize, x: usize, y: usize, z: usize| {
+            let [m, n, kk, lda, ldb, ldc] = ints;
+            // SAFETY: the caller's contract; each thread runs the kernel once.
+            unsafe {
+                f(
+                    ptrs[0] as *const u16,
+                    ptrs[1] as *const u16,
+                    ptrs[2] as *mut u16,
+                    ptrs[3] as *const u16,
+                    ptrs[4] as *const u16,
+                    m,
+                    n,
+                    kk,
+                    lda,
+                    ldb,
+                    ldc,
+                    strides[0],
+                    strides[1],
+                    strides[2],
+                    tid as i32,
+                    x as i32,
+                    y as i32,
+                    z as i32,
+                )
+            }
+        };
+        if apart {
+            for z in 0..grid.2 {
+                for y in 0..grid.1 {
+                    for x in 0..grid.0 {
+                        for t in 0..threads {
+                            thread(t, x, y, z);
+                        }
+                    }
+                }
+            }
+        } else {
+            run_blocks(grid, threads, smem, thread);
+        }
         Ok(())
     }
 }

@@ -30,6 +30,8 @@
 //! partial sums; a reduction kernel sums the shares and applies the epilogue.
 //! Blocks are rasterized in groups of tile rows for L2 reuse.
 
+mod operand;
+
 pub use crate::loops::device::{program_ir, program_ptx};
 use crate::{llvm, CodegenError};
 use gpu::kernel::SIMT_GRID;
@@ -41,6 +43,7 @@ use inkwell::memory_buffer::MemoryBuffer;
 use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetTriple};
 use inkwell::OptimizationLevel;
+pub use operand::operand_copy_ir;
 use plan::{Pointwise, PwBinary, PwCmp, PwOp, PwUnary, ERF_A, ERF_P, ERF_SERIES, TANH_SERIES};
 use std::fmt::Write;
 
@@ -160,6 +163,11 @@ struct Frag {
     row: String,
     col: String,
     vals: [String; 4],
+}
+
+/// PTX of the operand copy kernel (`plan::gpu::OperandCopy`), `.target sm_80`.
+pub fn operand_copy_ptx() -> Result<String, CodegenError> {
+    compile(&operand_copy_ir(), plan::gpu::OPERAND_COPY_KERNEL, Arch::Sm80)
 }
 
 /// PTX of a split-K reduction (`gpu::ReduceKernel`), `.target sm_80`.
@@ -340,7 +348,7 @@ fn simt_ir(k: &GemmKernel) -> String {
         let row = g.v(format!("mul i64 {r64}, {ldc}"));
         let at = g.v(format!("add i64 {row}, {c64}"));
         let at = g.v(format!("add i64 {at}, {oc}"));
-        g.store_c(k.elem, k.epilogue, &acc, c, &at);
+        g.store_c(k.c_type(), k.epilogue, &acc, c, &at);
         g.emit(format!("br label %{next}"));
         g.block(&next);
     }
@@ -479,7 +487,7 @@ fn gemv_ir(k: &GemmKernel) -> String {
     let nn = g.v(format!("zext i32 {n} to i64"));
     let ci = g.v(format!("add i64 {row}, {nn}"));
     let ci = g.v(format!("add i64 {ci}, {oc}"));
-    g.store_c(k.elem, k.epilogue, &y, &n, &ci);
+    g.store_c(k.c_type(), k.epilogue, &y, &n, &ci);
     g.emit("br label %done");
     g.block("done");
     g.emit("ret void");
@@ -562,6 +570,23 @@ fn elem_ty(e: ElemType) -> &'static str {
     }
 }
 
+/// The IR type of a value of C (and of the bias and residual): `float`, or
+/// the 16-bit type.
+fn c_ty(c: ElemType) -> &'static str {
+    match c {
+        ElemType::F32 => "float",
+        e => elem_ty(e),
+    }
+}
+
+/// The type C's addresses step by: `float`, or `i16` for either 16-bit type.
+fn c_step(c: ElemType) -> &'static str {
+    match c {
+        ElemType::F32 => "float",
+        _ => "i16",
+    }
+}
+
 impl Ir {
     /// Emits `%vN = <expr>` and returns `%vN`.
     fn v(&mut self, expr: impl AsRef<str>) -> String {
@@ -620,14 +645,33 @@ impl Ir {
     }
 
     /// One f32 value `y` through `epi` (the bias at column `n`, the residual at C's
-    /// index `ci`), rounded to `elem` and stored at `C[ci]`.
-    fn store_c(&mut self, elem: ElemType, epi: Epilogue, y: &str, n: &str, ci: &str) {
-        let e = elem_ty(elem);
+    /// index `ci`), rounded to C's type `c` and stored at `C[ci]`.
+    fn store_c(&mut self, c: ElemType, epi: Epilogue, y: &str, n: &str, ci: &str) {
         let res = epi.residual.then(|| ("%res".to_string(), ci.to_string()));
-        let y = self.epilogue_value(elem, epi, y, n, res.as_ref());
-        let h = self.v(format!("fptrunc float {y} to {e}"));
-        let cp = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %C, i64 {ci}"));
-        self.emit(format!("store {e} {h}, ptr addrspace(1) {cp}, align 2"));
+        let y = self.epilogue_value(c, epi, y, n, res.as_ref());
+        let h = self.round_c(c, &y);
+        let (t, st) = (c_ty(c), c_step(c));
+        let cp = self.v(format!("getelementptr inbounds {st}, ptr addrspace(1) %C, i64 {ci}"));
+        self.emit(format!("store {t} {h}, ptr addrspace(1) {cp}, align {}", c.bytes()));
+    }
+
+    /// An f32 value as C's type `c` (rounded to a 16-bit type, or as it is).
+    fn round_c(&mut self, c: ElemType, y: &str) -> String {
+        match c {
+            ElemType::F32 => y.to_string(),
+            e => self.v(format!("fptrunc float {y} to {}", elem_ty(e))),
+        }
+    }
+
+    /// C's type `c`'s value at `off` (i64) past `base`, as f32.
+    fn load_c(&mut self, c: ElemType, base: &str, off: &str) -> String {
+        let (t, st) = (c_ty(c), c_step(c));
+        let p = self.v(format!("getelementptr inbounds {st}, ptr addrspace(1) {base}, i64 {off}"));
+        let x = self.v(format!("load {t}, ptr addrspace(1) {p}, align {}", c.bytes()));
+        match c {
+            ElemType::F32 => x,
+            _ => self.v(format!("fpext {t} {x} to float")),
+        }
     }
 
     /// Batch entry `bz`'s A and B (pointers at their batch strides) and C's offset
@@ -652,30 +696,26 @@ impl Ir {
 
     /// The epilogue of one f32 value `y`: `act(scale·y + bias[bias_idx] +
     /// residual)` (the residual at `(base, index)`), each part as `epi` asks,
-    /// the 16-bit operands of type `elem`.
+    /// the bias and residual of C's type `c`.
     fn epilogue_value(
         &mut self,
-        elem: ElemType,
+        c: ElemType,
         epi: Epilogue,
         y: &str,
         bias_idx: &str,
         residual: Option<&(String, String)>,
     ) -> String {
-        let e = elem_ty(elem);
         let mut y = y.to_string();
         if let Some(k) = epi.scale {
             y = self.v(format!("fmul float {y}, {}", float_lit(k)));
         }
         if epi.bias {
-            let bp = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %bias, i32 {bias_idx}"));
-            let bv = self.v(format!("load {e}, ptr addrspace(1) {bp}, align 2"));
-            let bf = self.v(format!("fpext {e} {bv} to float"));
+            let bi = self.v(format!("sext i32 {bias_idx} to i64"));
+            let bf = self.load_c(c, "%bias", &bi);
             y = self.v(format!("fadd float {y}, {bf}"));
         }
         if let Some((rb, ri)) = residual {
-            let rp = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) {rb}, i64 {ri}"));
-            let rv = self.v(format!("load {e}, ptr addrspace(1) {rp}, align 2"));
-            let rf = self.v(format!("fpext {e} {rv} to float"));
+            let rf = self.load_c(c, rb, ri);
             y = self.v(format!("fadd float {y}, {rf}"));
         }
         self.activation(epi.activation, &y)
@@ -1014,11 +1054,12 @@ impl Gen {
         let oc = self.v(format!("mul i64 {bz64}, %sc"));
         let a_base = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %A, i64 {oa}"));
         let b_base = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %B, i64 {ob}"));
-        let c_base = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %C, i64 {oc}"));
+        let st = c_step(k.c_type());
+        let c_base = self.v(format!("getelementptr inbounds {st}, ptr addrspace(1) %C, i64 {oc}"));
         let r_base = k
             .epilogue
             .residual
-            .then(|| self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %res, i64 {oc}")));
+            .then(|| self.v(format!("getelementptr inbounds {st}, ptr addrspace(1) %res, i64 {oc}")));
         Ix {
             tid,
             warp,
@@ -1570,9 +1611,10 @@ impl Gen {
             self.tile_loop_tail("c", &cix, &tiles);
             self.block("finished");
             self.emit("ret void");
-        } else if k.split_k || k.epilogue.residual {
-            // Split-K shares (f32) and residual epilogues (whose per-element loads
-            // beside 128 live accumulators spill) store straight from the fragments.
+        } else if k.split_k || k.epilogue.residual || k.c_f32 {
+            // Split-K shares and f32 outputs (whose tiles would take twice the
+            // staging) and residual epilogues (whose per-element loads beside 128
+            // live accumulators spill) store straight from the fragments.
             self.epilogue(&cix, &frags);
         } else {
             self.staged_epilogue(&cix, &frags);
@@ -1762,7 +1804,7 @@ impl Gen {
     /// a split-K block stores its f32 partial sums as they are.
     fn epilogue(&mut self, ix: &Ix, frags: &[Frag]) {
         let k = self.k;
-        let e = elem_ty(k.elem);
+        let c = k.c_type();
         self.emit("call void @llvm.nvvm.cp.async.wait.group(i32 0)");
         let LaneOrigin { r1, c1, .. } = self.lane_origin(ix);
         // Paired stores stay aligned while the row and batch (or split) strides are even.
@@ -1780,7 +1822,7 @@ impl Gen {
                     continue;
                 }
                 let out = self.rounded_pair(ix, &s, &vals);
-                self.store_two(e, 2, ix, &s, &out, &even);
+                self.store_two(c_ty(c), c.bytes(), ix, &s, &out, &even);
             }
         }
         self.emit("ret void");
@@ -1929,7 +1971,7 @@ impl Gen {
     /// result is not stored): no load leaves the operands.
     fn rounded_pair(&mut self, ix: &Ix, s: &Spot, vals: &[String; 2]) -> [String; 2] {
         let k = self.k;
-        let e = elem_ty(k.elem);
+        let c = k.c_type();
         let mut out = [String::new(), String::new()];
         for (x, v) in vals.iter().enumerate() {
             let (cc, okc, inx) = if x == 0 { (&s.col, &s.ok0, &s.in0) } else { (&s.col1, &s.ok1, &s.in1) };
@@ -1941,8 +1983,8 @@ impl Gen {
                 }
                 None => None,
             };
-            let y = self.ir.epilogue_value(k.elem, k.epilogue, v, &bi, ri.as_ref());
-            out[x] = self.v(format!("fptrunc float {y} to {e}"));
+            let y = self.ir.epilogue_value(c, k.epilogue, v, &bi, ri.as_ref());
+            out[x] = self.ir.round_c(c, &y);
         }
         out
     }

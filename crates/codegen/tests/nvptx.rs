@@ -139,6 +139,7 @@ fn an_invalid_kernel_is_an_error_not_a_panic() {
         tma: false,
         persistent: false,
         unaligned: false,
+        c_f32: false,
     };
     let e = nvptx::llvm_ir(&bad).unwrap_err().to_string();
     assert!(e.contains("warp tile 24x32"), "{e}");
@@ -174,6 +175,7 @@ fn golden_ptx() {
         tma: false,
         persistent: false,
         unaligned: false,
+        c_f32: false,
     };
     golden("gemm_bf16_nt_16x64_w1x4_s4.ptx", &nvptx::ptx(&small).unwrap());
     let nn = GemmKernel {
@@ -295,6 +297,19 @@ fn ptxas_accepts_every_family_kernel() {
         ElemType::Bf16,
         Epilogue { bias: true, residual: true, activation: Activation::GeluTanh, ..Epilogue::NONE },
     ));
+    // f32 outputs (a model's plan): every family but the persistent one.
+    let model_epi = Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE };
+    let f32_c = [
+        candidates::family(ElemType::Bf16, BLayout::KMajor, model_epi),
+        candidates::unaligned_family(ElemType::Bf16, model_epi),
+        candidates::gemv_family(ElemType::Bf16, model_epi),
+        candidates::simt_family(ElemType::Bf16, model_epi),
+        candidates::wgmma_family(ElemType::Bf16, model_epi),
+        candidates::tma_family(ElemType::Bf16, Epilogue { residual: false, ..model_epi }),
+    ];
+    kernels.extend(
+        f32_c.into_iter().flat_map(|f| f.into_iter().take(2)).map(|k| GemmKernel { c_f32: true, ..k }),
+    );
     for k in &kernels {
         let ptx_path = dir.join(format!("{}.ptx", k.name()));
         std::fs::write(&ptx_path, nvptx::ptx(k).unwrap()).unwrap();
@@ -509,10 +524,23 @@ mod on_the_host {
         let b = bits(&mut rnd, p.batch * sb);
         let bias = bits(&mut rnd, p.n);
         let res = bits(&mut rnd, p.batch * sc);
+        // An f32 C (`c_f32`) reads the same values as f32 (so the oracle holds) and
+        // is stored as pairs of 16-bit words.
+        let wide = |v: &[u16]| -> Vec<u16> {
+            v.iter()
+                .flat_map(|&x| {
+                    let w = reference::from_bits(k.elem, x).to_bits();
+                    [w as u16, (w >> 16) as u16]
+                })
+                .collect()
+        };
+        let (bias_in, res_in) = if k.c_f32 { (wide(&bias), wide(&res)) } else { (bias.clone(), res.clone()) };
+        let cw = if k.c_f32 { 2 } else { 1 };
         // C between two margins of canaries, 16-byte aligned where it starts.
         let margin = 16;
         let c_len = 2 * margin + p.batch * sc;
-        let (a16, b16, mut c16) = (host::aligned(&a), host::aligned(&b), host::aligned(&vec![CANARY; c_len]));
+        let (a16, b16, mut c16) =
+            (host::aligned(&a), host::aligned(&b), host::aligned(&vec![CANARY; cw * c_len]));
         let ldb = k.b.extent(&p).1;
         let pieces = cover.pieces(kernels, &p);
         let rows: usize = pieces.iter().map(|x| x.problem.m).sum();
@@ -542,8 +570,8 @@ mod on_the_host {
                 ];
                 let addr =
                     ee.get_function_address(&pk.name()).map_err(|e| TestCaseError::fail(e.to_string()))?;
-                let c = (c16.as_mut_ptr() as usize) + 2 * (margin + rc);
-                let (res_at, bias_at) = (res.as_ptr() as usize + 2 * rc, bias.as_ptr() as usize);
+                let c = (c16.as_mut_ptr() as usize) + 2 * cw * (margin + rc);
+                let (res_at, bias_at) = (res_in.as_ptr() as usize + 2 * cw * rc, bias_in.as_ptr() as usize);
                 let tiles = q.n.div_ceil(pk.bn) * q.m.div_ceil(pk.bm) * q.batch;
                 let thread = |tid: usize, x: usize, y: usize, z: usize| {
                     let head = (maps[0].base as *const u16, maps[1].base as *const u16, c as *mut u16);
@@ -598,9 +626,9 @@ mod on_the_host {
                 Ptrs(
                     (a16.as_ptr() as *const u16).add(ra),
                     b16.as_ptr() as *const u16,
-                    (c16.as_mut_ptr() as *mut u16).add(margin + rc),
-                    bias.as_ptr(),
-                    res.as_ptr().add(rc),
+                    (c16.as_mut_ptr() as *mut u16).add(cw * (margin + rc)),
+                    bias_in.as_ptr(),
+                    res_in.as_ptr().add(cw * rc),
                 )
             };
             let thread = |tid: usize, x: usize, y: usize, z: usize| {
@@ -634,7 +662,18 @@ mod on_the_host {
                 host::run_blocks(grid, pk.threads(), pk.smem_bytes(), thread);
             }
         }
-        let c = host::as_u16(&c16, c_len);
+        let c16 = host::as_u16(&c16, cw * c_len);
+        let c: Vec<u32> = (0..c_len)
+            .map(|i| {
+                if k.c_f32 {
+                    u32::from(c16[2 * i]) | u32::from(c16[2 * i + 1]) << 16
+                } else {
+                    c16[i].into()
+                }
+            })
+            .collect();
+        let canary = if k.c_f32 { u32::from(CANARY) << 16 | u32::from(CANARY) } else { CANARY.into() };
+        let value = |x: u32| if k.c_f32 { f32::from_bits(x) } else { reference::from_bits(k.elem, x as u16) };
         let unpad = |v: &[u16], ld: usize, w: usize| -> Vec<u16> {
             (0..p.batch * p.m).flat_map(|r| v[r * ld..r * ld + w].iter().copied()).collect()
         };
@@ -642,9 +681,9 @@ mod on_the_host {
         let o = Operands { elem: k.elem, a: &a0, b: &b, bias: &bias, residual: &r0 };
         let want = reference::gemm(&p, &k.epilogue, &o);
         let scale = (p.k as f64 / 9.0).sqrt().max(1.0);
-        prop_assert!(c[..margin].iter().all(|&x| x == CANARY), "{} {}: before C written", name, p);
+        prop_assert!(c[..margin].iter().all(|&x| x == canary), "{} {}: before C written", name, p);
         prop_assert!(
-            c[margin + p.batch * sc..].iter().all(|&x| x == CANARY),
+            c[margin + p.batch * sc..].iter().all(|&x| x == canary),
             "{} {}: past C's end written",
             name,
             p
@@ -656,7 +695,7 @@ mod on_the_host {
                     if j >= p.n {
                         prop_assert_eq!(
                             got,
-                            CANARY,
+                            canary,
                             "{} {}: padding C[{}, {}, {}] written",
                             name,
                             p,
@@ -667,9 +706,9 @@ mod on_the_host {
                         continue;
                     }
                     let w = want[(z * p.m + i) * p.n + j];
-                    let g = reference::from_bits(k.elem, got);
+                    let g = value(got);
                     prop_assert!(
-                        reference::close(k.elem, g, w, scale, gpu::epilogue_approximate(&k.epilogue)),
+                        reference::close(k.c_type(), g, w, scale, gpu::epilogue_approximate(&k.epilogue)),
                         "{} {} lda+{} ldc+{}: C[{}, {}, {}] = {}, want {}",
                         name,
                         p,
@@ -1050,6 +1089,37 @@ mod on_the_host {
                     .unwrap();
             }
         }
+    }
+
+    /// Kernels storing an f32 C (`c_f32`: a model's activations), reading an f32
+    /// bias and residual, in each family that a model's plan launches: SIMT, GEMV,
+    /// mma.sync (both B layouts), element-by-element, wgmma and TMA (which then
+    /// store from the fragments); one past a tile, a batch, odd row strides of C.
+    #[test]
+    fn f32_outputs_on_the_host() {
+        let e = EPILOGUES[2];
+        let first = |fam: Vec<GemmKernel>| GemmKernel { c_f32: true, ..fam[0] };
+        let kernels = [
+            first(candidates::simt_family(ElemType::Bf16, e)),
+            first(candidates::gemv_family(ElemType::Bf16, e)),
+            first(candidates::family(ElemType::Bf16, BLayout::KMajor, e)),
+            first(candidates::family(ElemType::Bf16, BLayout::NMajor, e)),
+            first(candidates::unaligned_family(ElemType::Bf16, e)),
+            first(candidates::wgmma_family(ElemType::Bf16, e)),
+            first(candidates::tma_family(ElemType::Bf16, Epilogue { residual: false, ..e })),
+            first(candidates::family(ElemType::Bf16, BLayout::KMajor, Epilogue::NONE)),
+        ];
+        for (x, k) in kernels.iter().enumerate() {
+            assert!(k.check().is_ok() && k.name().contains("_c32"), "{k}");
+            let n = if k.b == BLayout::NMajor { 72 } else { 67 };
+            let one = Cover::one(Choice { kernel: x, splits: 1 });
+            host_cover(&kernels, &one, Problem::nt(2, k.bm + 1, n, 72), (8, 1), x as u64).unwrap();
+        }
+        let persistent = candidates::persistent_family(ElemType::Bf16, Epilogue::NONE)[0];
+        assert!(
+            GemmKernel { c_f32: true, ..persistent }.check().is_err(),
+            "persistent kernels stage 16-bit C"
+        );
     }
 
     /// f16 kernels of each family on the host (where the CPU converts f16 with F16C):

@@ -29,6 +29,7 @@ fn mma(bm: usize, bn: usize, warps_m: usize, warps_n: usize) -> GemmKernel {
         tma: false,
         persistent: false,
         unaligned: false,
+        c_f32: false,
     }
 }
 

@@ -174,3 +174,95 @@ mod tests {
         assert_eq!(loop_blocks(GpuLoopSchedule::Points, usize::MAX, 2), LOOP_MAX_BLOCKS);
     }
 }
+
+/// How a contraction's operand is made what the GEMM family reads: bf16,
+/// dense, row-major `[entries, rows, cols]` (or `[entries, cols, rows]`),
+/// from an f32 strided view or a convolution's taps over an image (the
+/// column matrix written once, in bf16). One kernel does every form
+/// ([`OPERAND_COPY_KERNEL`]); what it copies is a descriptor of i64 words
+/// ([`OperandCopy::descriptor`]) the runtime writes per shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OperandCopy {
+    /// Element `(r, c)` of each entry at `r·rs + c·cs` past the entry's
+    /// offset; `transposed` writes `[cols, rows]` (a B made K-major).
+    View { rows: usize, cols: usize, rs: usize, cs: usize, transposed: bool },
+    /// A convolution's taps: row `(b, y, x)` an output pixel, column
+    /// `(i, j, c)` channel `c` of tap `(i, j)`, read from the image at
+    /// `(b, y·sh + i·dh − ph, x·sw + j·dw − pw, c)` (`strides`: elements
+    /// between images, rows and pixels; channels contiguous), zero outside.
+    Taps {
+        rows: usize,
+        cols: usize,
+        out: [usize; 2],
+        /// The image's height, width and channels.
+        image: [usize; 3],
+        kernel_width: usize,
+        stride: [usize; 2],
+        dilation: [usize; 2],
+        pad: [usize; 2],
+        strides: [usize; 3],
+    },
+}
+
+/// The operand copy kernel's symbol; its parameters are the f32 source, the
+/// bf16 destination and the descriptor (device pointers), its block
+/// [`LOOP_THREADS`] threads, its elements taken grid-stride.
+pub const OPERAND_COPY_KERNEL: &str = "operand_copy_bf16";
+
+/// Words of the descriptor before the entries' offsets: the form (0 a view,
+/// 1 a transposed view, 2 taps), the entries, rows, columns, then the form's
+/// own words ([`OperandCopy::descriptor`]).
+pub const OPERAND_COPY_HEADER: usize = 19;
+
+impl OperandCopy {
+    /// Rows and columns of one entry as the source lays it out.
+    pub fn extent(&self) -> (usize, usize) {
+        match *self {
+            OperandCopy::View { rows, cols, .. } | OperandCopy::Taps { rows, cols, .. } => (rows, cols),
+        }
+    }
+
+    /// The kernel's descriptor for entries at `offsets` (elements into the
+    /// source): `[form, entries, rows, cols]`, then a view's `rs, cs` or the
+    /// taps' `oh, ow, H, W, C, kw, sh, sw, dh, dw, ph, pw` and strides, padded to
+    /// [`OPERAND_COPY_HEADER`] words, then the offsets.
+    pub fn descriptor(&self, offsets: &[usize]) -> Vec<i64> {
+        let (rows, cols) = self.extent();
+        let mut w = vec![0i64; OPERAND_COPY_HEADER];
+        w[1] = offsets.len() as i64;
+        w[2] = rows as i64;
+        w[3] = cols as i64;
+        match *self {
+            OperandCopy::View { rs, cs, transposed, .. } => {
+                w[0] = transposed as i64;
+                w[4] = rs as i64;
+                w[5] = cs as i64;
+            }
+            OperandCopy::Taps { out, image, kernel_width, stride, dilation, pad, strides, .. } => {
+                w[0] = 2;
+                let taps = [
+                    out[0],
+                    out[1],
+                    image[0],
+                    image[1],
+                    image[2],
+                    kernel_width,
+                    stride[0],
+                    stride[1],
+                    dilation[0],
+                    dilation[1],
+                    pad[0],
+                    pad[1],
+                    strides[0],
+                    strides[1],
+                    strides[2],
+                ];
+                for (i, t) in taps.into_iter().enumerate() {
+                    w[4 + i] = t as i64;
+                }
+            }
+        }
+        w.extend(offsets.iter().map(|&o| o as i64));
+        w
+    }
+}

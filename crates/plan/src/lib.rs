@@ -13,6 +13,8 @@
 //!   kernel is built for), its [`Activation`] and [`Pointwise`] programs.
 //! - One vocabulary of contractions for every backend: the [`Problem`], its
 //!   operands' [`ALayout`] and [`BLayout`], the [`ElemType`] of its products.
+//! - [`gemm`]: the GPU GEMM family's kernel descriptions (tile, pipeline,
+//!   epilogue; launch geometry and shape rules).
 //! - [`abi`]: the C signatures of the generated functions; [`gpu`]: how a
 //!   loop program's kernel runs on a GPU (its schedules, its launch per shape).
 //! - The readable text form of all of it ([`print_plan`], [`print_program`]).
@@ -25,6 +27,7 @@ pub mod abi;
 mod contraction;
 mod epilogue;
 pub mod expr;
+pub mod gemm;
 pub mod gpu;
 mod group;
 pub mod model;

@@ -8,11 +8,11 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::sys::{self, CUdevice_attribute};
+use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{result, CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 
-use super::{Device, DevicePtr};
+use super::{Device, DevicePtr, KernelArg, KernelCode, LaunchDims};
 use crate::RunError;
 
 /// The oldest GPUs the kernels run on (their PTX targets sm_80).
@@ -33,9 +33,10 @@ fn driver(what: &str) -> impl Fn(result::DriverError) -> RunError + '_ {
 }
 
 impl CudaDevice {
-    /// GPU `ordinal`, with `kernels` (`(name, PTX)`, in index order) loaded
-    /// (the driver assembles the PTX for the device).
-    pub fn open(ordinal: usize, kernels: &[(String, String)]) -> Result<CudaDevice, RunError> {
+    /// GPU `ordinal`, with `kernels` (PTX, in index order) loaded (the driver
+    /// assembles the PTX for the device), each allowed the dynamic shared
+    /// memory it asks for.
+    pub fn open(ordinal: usize, kernels: &[KernelCode]) -> Result<CudaDevice, RunError> {
         // SAFETY: only asks the dynamic loader whether libcuda can be opened.
         if !unsafe { sys::is_culib_present() } {
             return Err(RunError::Device(
@@ -62,9 +63,15 @@ impl CudaDevice {
         let stream = ctx.new_stream().map_err(driver("a stream"))?;
         let mut modules = Vec::with_capacity(kernels.len());
         let mut funcs = Vec::with_capacity(kernels.len());
-        for (k, ptx) in kernels {
-            let m = ctx.load_module(Ptx::from_src(ptx.as_str())).map_err(driver(k))?;
-            funcs.push(m.load_function(k).map_err(driver(k))?);
+        for k in kernels {
+            let m = ctx.load_module(Ptx::from_src(k.text.as_str())).map_err(driver(&k.name))?;
+            let f = m.load_function(&k.name).map_err(driver(&k.name))?;
+            if k.smem > 0 {
+                let bytes = i32::try_from(k.smem).unwrap_or(i32::MAX);
+                f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes)
+                    .map_err(driver(&format!("{}: {} bytes of shared memory", k.name, k.smem)))?;
+            }
+            funcs.push(f);
             modules.push(m);
         }
         Ok(CudaDevice {
@@ -131,26 +138,29 @@ impl Device for CudaDevice {
         self.stream.synchronize().map_err(driver("a kernel or a copy from the GPU"))
     }
 
-    unsafe fn launch(
-        &self,
-        kernel: usize,
-        blocks: u32,
-        threads: u32,
-        args: &[DevicePtr],
-    ) -> Result<(), RunError> {
+    unsafe fn launch(&self, kernel: usize, dims: LaunchDims, args: &[KernelArg]) -> Result<(), RunError> {
         self.bind()?;
         let f = self.funcs.get(kernel).ok_or_else(|| RunError::Internal(format!("no kernel {kernel}")))?;
-        let mut vals: Vec<u64> = args.to_vec();
+        // Each value in its own 8 bytes; the driver reads a parameter's size from
+        // its address (an i32 is the low 4 bytes: x86-64 and aarch64 are little-endian).
+        let mut vals: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                KernelArg::Ptr(p) => p,
+                KernelArg::I32(x) => x as u32 as u64,
+                KernelArg::I64(x) => x as u64,
+            })
+            .collect();
         let mut params: Vec<*mut c_void> = vals.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
-        // SAFETY: the caller's contract (the kernel's ABI: 64-bit device pointers,
-        // into live allocations); the parameter values are copied by the driver
-        // when the launch is enqueued.
+        // SAFETY: the caller's contract (the kernel's ABI: device pointers into live
+        // allocations, integers of the declared types); the parameter values are
+        // copied by the driver when the launch is enqueued.
         unsafe {
             result::launch_kernel(
                 f.cu_function(),
-                (blocks, 1, 1),
-                (threads, 1, 1),
-                0,
+                (dims.grid[0], dims.grid[1], dims.grid[2]),
+                (dims.threads, 1, 1),
+                dims.smem,
                 self.stream.cu_stream(),
                 &mut params,
             )

@@ -13,28 +13,69 @@
 //! `plan::gpu::loop_blocks` gives at this shape; the status words and the
 //! outputs downloaded. Weights are uploaded once, when the model is made.
 //!
-//! Not yet on the GPU (errors naming the step): contractions and fused
-//! attention (issue 37, items 3-4).
+//! Contraction steps run on the GEMM family ([`matmul`]): weights packed to
+//! bf16 once, operands copied to bf16 per call, f32 results with the step's
+//! epilogue. Not yet on the GPU (an error naming the step): fused attention
+//! (issue 37, item 4).
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod matmul;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
 use ir::{Tensor, TensorData, TensorType};
 use plan::gpu::{loop_blocks, LOOP_THREADS};
-use plan::{BufferKind, ModelPlan, StepKind};
+use plan::{BufId, BufferKind, ModelPlan, StepKind};
 use sym::{Bindings, ShapeEnv};
 
 use crate::shape::{extent, AttentionTasks, MatMulShape, ShapePlan, StepShape};
 use crate::{elems_mut_ptr, zeros, RunError};
+pub use matmul::GemmChoice;
+use matmul::{At, MatMulLaunches};
 
 /// An address in a device's memory.
 pub type DevicePtr = u64;
 
 /// Where device allocations start (the widest vector access and more).
 pub const DEVICE_ALIGN: usize = 256;
+
+/// A kernel's argument, typed as its ABI says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelArg {
+    Ptr(DevicePtr),
+    I32(i32),
+    I64(i64),
+}
+
+/// A launch's geometry: blocks in x, y and z, threads a block, and the bytes
+/// of dynamic shared memory a block gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchDims {
+    pub grid: [u32; 3],
+    pub threads: u32,
+    pub smem: u32,
+}
+
+/// A kernel's code as the device loads it: its symbol, its text (PTX for a
+/// GPU), and the dynamic shared memory its launches ask for.
+#[derive(Clone, Debug)]
+pub struct KernelCode {
+    pub name: String,
+    pub text: String,
+    pub smem: usize,
+}
+
+/// Which of the device's kernels run a plan's steps: each loop program's,
+/// the operand copy kernel, and each step's GEMM choices (empty for a step
+/// that is no contraction), in the order they are tried.
+#[derive(Clone, Debug, Default)]
+pub struct GpuKernels {
+    pub loops: Vec<usize>,
+    pub operand_copy: usize,
+    pub matmuls: Vec<Vec<GemmChoice>>,
+}
 
 /// A GPU as the runtime drives it.
 pub trait Device: Send + Sync {
@@ -65,30 +106,24 @@ pub trait Device: Send + Sync {
     unsafe fn download(&self, src: DevicePtr, dst: &mut [u8]) -> Result<(), RunError>;
 
     /// Kernel `kernel` (its index in the code the device was given) over
-    /// `blocks` blocks of `threads` threads, its parameters `args` (in the
-    /// kernel's order), ordered after every launch and copy before it.
+    /// `dims`, its parameters `args` (in the kernel's order), ordered after
+    /// every launch and copy before it.
     ///
     /// # Safety
     /// `args` are what the kernel's ABI asks for: device pointers into live
-    /// allocations large enough for what the kernel touches at this shape.
-    unsafe fn launch(
-        &self,
-        kernel: usize,
-        blocks: u32,
-        threads: u32,
-        args: &[DevicePtr],
-    ) -> Result<(), RunError>;
+    /// allocations large enough for what the kernel touches at this shape,
+    /// and integers of the types it declares.
+    unsafe fn launch(&self, kernel: usize, dims: LaunchDims, args: &[KernelArg]) -> Result<(), RunError>;
 }
 
 /// Whether the GPU backend runs every step of `plan` (an error naming the
 /// first it does not).
 pub fn check_plan(plan: &ModelPlan) -> Result<(), RunError> {
     for (i, st) in plan.steps.iter().enumerate() {
-        if !matches!(st.kind, StepKind::Loop { .. }) {
+        if let StepKind::Attention(_) = st.kind {
             return Err(RunError::Device(format!(
-                "step {i} (group {}) is a {}: the GPU backend runs loop programs only so far",
-                st.group,
-                st.kind.name()
+                "step {i} (group {}) is a fused attention: not on the GPU yet (lower without fusing attention)",
+                st.group
             )));
         }
     }
@@ -100,18 +135,23 @@ pub fn check_plan(plan: &ModelPlan) -> Result<(), RunError> {
 struct CallLayout {
     /// Each buffer's offset (temporaries, inputs, outputs), `None` for constants.
     buffers: Vec<Option<usize>>,
-    /// Each step's buffer table, then the dim table, then a status word per step.
+    /// Each step's buffer table, then the dim table, then a status word per
+    /// step, then the operand copies' descriptors.
     tables: usize,
     dims: usize,
     status: usize,
+    /// The contractions' bf16 operands (each step reuses it).
+    scratch: usize,
     bytes: usize,
 }
 
-/// A shape's plan, the call's memory layout and each step's blocks at it.
+/// A shape's plan, the call's memory layout, each loop step's blocks and each
+/// matmul step's launches at it.
 struct GpuShape {
     sp: ShapePlan,
     layout: CallLayout,
     blocks: Vec<u32>,
+    matmuls: Vec<MatMulLaunches>,
     bindings: Bindings,
 }
 
@@ -121,10 +161,14 @@ pub struct GpuModel<D: Device> {
     env: ShapeEnv,
     inputs: Vec<(String, TensorType)>,
     outputs: Vec<(String, TensorType)>,
-    /// Each loop program's kernel on the device.
-    kernels: Vec<usize>,
-    /// Each constant buffer's device copy.
+    /// The device's kernels for each step.
+    kernels: GpuKernels,
+    /// Each constant buffer's device copy (not of those read only as packed weights).
     constants: Vec<Option<DevicePtr>>,
+    /// Each matmul step's packed weight (an index into `packed`).
+    packed_of: Vec<Option<usize>>,
+    /// Weights as bf16 `[N, K]` on the device.
+    packed: Vec<DevicePtr>,
     shapes: RwLock<HashMap<Vec<i64>, Arc<GpuShape>>>,
     /// The calls' device memory (address, bytes): one call at a time uses it.
     memory: Mutex<Option<(DevicePtr, usize)>>,
@@ -136,26 +180,31 @@ fn round_up(x: usize) -> usize {
 }
 
 impl<D: Device> GpuModel<D> {
-    /// A model of `plan` on `device`, whose kernel `kernels[i]` is loop
-    /// program `i`'s; the weights are uploaded here.
+    /// A model of `plan` on `device`, running its steps with `kernels`; the
+    /// weights are uploaded here (those read only by contractions as bf16
+    /// `[N, K]`, the others as they are).
     pub fn new(
         plan: ModelPlan,
         env: ShapeEnv,
         inputs: Vec<(String, TensorType)>,
         outputs: Vec<(String, TensorType)>,
-        kernels: Vec<usize>,
+        kernels: GpuKernels,
         device: D,
     ) -> Result<GpuModel<D>, RunError> {
-        if kernels.len() != plan.programs.len() {
+        if kernels.loops.len() != plan.programs.len() || kernels.matmuls.len() != plan.steps.len() {
             return Err(RunError::Internal(format!(
-                "{} kernels for {} loop programs",
-                kernels.len(),
-                plan.programs.len()
+                "{} loop kernels for {} loop programs, GEMM choices for {} of {} steps",
+                kernels.loops.len(),
+                plan.programs.len(),
+                kernels.matmuls.len(),
+                plan.steps.len()
             )));
         }
         check_plan(&plan)?;
         let mut m = GpuModel {
             constants: vec![None; plan.buffers.len()],
+            packed_of: vec![None; plan.steps.len()],
+            packed: Vec::new(),
             plan,
             env,
             inputs,
@@ -165,8 +214,48 @@ impl<D: Device> GpuModel<D> {
             memory: Mutex::new(None),
             device,
         };
+        // Constants read other than as a packed weight keep their f32 copy.
+        let mut read = vec![false; m.plan.buffers.len()];
+        for (i, st) in m.plan.steps.iter().enumerate() {
+            match &st.kind {
+                StepKind::Loop { args, .. } => args.iter().for_each(|b| read[*b] = true),
+                StepKind::MatMul(mm) => {
+                    if m.kernels.matmuls[i].is_empty() {
+                        return Err(RunError::Internal(format!("step {i}: no GEMM kernel")));
+                    }
+                    read[mm.a.buf] = true;
+                    read[mm.b.buf] |= !mm.weight;
+                    for b in mm.epilogue.bias.iter().chain(&mm.epilogue.residual) {
+                        read[*b] = true;
+                    }
+                }
+                StepKind::Attention(_) => {}
+            }
+        }
+        let mut packs: HashMap<(BufId, u32, u32, u32, u32, u32), usize> = HashMap::new();
+        for i in 0..m.plan.steps.len() {
+            let StepKind::MatMul(mm) = &m.plan.steps[i].kind else { continue };
+            if !mm.weight {
+                continue;
+            }
+            let key = (mm.b.buf, mm.b.offset, mm.b.rs, mm.b.cs, mm.n, mm.k);
+            if let Some(&w) = packs.get(&key) {
+                m.packed_of[i] = Some(w);
+                continue;
+            }
+            let words = matmul::pack_weight(&m.plan, i, mm)?;
+            // SAFETY: the u16 words' bytes are read once, while `words` lives.
+            let bytes = unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, 2 * words.len()) };
+            let p = m.device.alloc(bytes.len().max(1))?;
+            m.packed.push(p);
+            // SAFETY: `p` is a fresh allocation of at least `bytes.len()` bytes.
+            unsafe { m.device.upload(p, bytes)? };
+            packs.insert(key, m.packed.len() - 1);
+            m.packed_of[i] = Some(m.packed.len() - 1);
+        }
         for (i, b) in m.plan.buffers.iter().enumerate() {
             match &b.kind {
+                BufferKind::Constant(_) if !read[i] => {}
                 BufferKind::Constant(c) => {
                     let bytes = c.bytes();
                     let p = m.device.alloc(bytes.len().max(1))?;
@@ -217,9 +306,18 @@ impl<D: Device> GpuModel<D> {
             Err(RunError::Device("fused attention is not on the GPU yet".into()))
         };
         let sp = ShapePlan::build(&self.plan, &self.env, &b, false, &no_attention, 1)?;
-        let layout = self.layout(&sp)?;
         let blocks = self.blocks(&sp)?;
-        let s = Arc::new(GpuShape { sp, layout, blocks, bindings: b });
+        let mut matmuls = Vec::with_capacity(self.plan.steps.len());
+        for (i, (st, step)) in self.plan.steps.iter().zip(&sp.steps).enumerate() {
+            matmuls.push(match (&st.kind, step) {
+                (StepKind::MatMul(mm), StepShape::MatMul(s)) => {
+                    matmul::launches(i, mm, s, &self.kernels.matmuls[i], self.packed_of[i])?
+                }
+                _ => MatMulLaunches::default(),
+            });
+        }
+        let layout = self.layout(&sp, &matmuls)?;
+        let s = Arc::new(GpuShape { sp, layout, blocks, matmuls, bindings: b });
         self.shapes.write().unwrap_or_else(|e| e.into_inner()).insert(key, s.clone());
         Ok(s)
     }
@@ -228,10 +326,11 @@ impl<D: Device> GpuModel<D> {
     /// length there).
     fn blocks(&self, sp: &ShapePlan) -> Result<Vec<u32>, RunError> {
         let mut out = Vec::with_capacity(self.plan.steps.len());
-        for (i, (st, step)) in self.plan.steps.iter().zip(&sp.steps).enumerate() {
+        for (st, step) in self.plan.steps.iter().zip(&sp.steps) {
             let (StepKind::Loop { program, .. }, StepShape::Loop { rows, inner, .. }) = (&st.kind, step)
             else {
-                return Err(RunError::Internal(format!("step {i} is not a loop")));
+                out.push(0);
+                continue;
             };
             let p = &self.plan.programs[*program];
             let row_len = match p.gpu_warp_schedule() {
@@ -245,7 +344,7 @@ impl<D: Device> GpuModel<D> {
 
     /// The call's memory at shape `sp`: the temporaries as the CPU's arena
     /// places them, then the inputs and outputs, the tables, the status words.
-    fn layout(&self, sp: &ShapePlan) -> Result<CallLayout, RunError> {
+    fn layout(&self, sp: &ShapePlan, matmuls: &[MatMulLaunches]) -> Result<CallLayout, RunError> {
         let too_big = || RunError::Shape("a call's device memory would overflow the address space".into());
         let mut at = round_up(sp.arena_bytes);
         let mut buffers = vec![None; self.plan.buffers.len()];
@@ -272,8 +371,28 @@ impl<D: Device> GpuModel<D> {
             .sum();
         let dims = tables + 8 * entries;
         let status = dims + 8 * sp.dims.len();
-        let bytes = round_up(status + 8 * self.plan.steps.len());
-        Ok(CallLayout { buffers, tables, dims, status, bytes })
+        let descs = status + 8 * self.plan.steps.len();
+        let words: usize = matmuls.iter().flat_map(|m| &m.copies).map(|c| c.words.len()).sum();
+        let scratch = round_up(descs + 8 * words);
+        let most = matmuls.iter().map(|m| m.scratch).max().unwrap_or(0);
+        let bytes = scratch.checked_add(most).map(round_up).ok_or_else(too_big)?;
+        Ok(CallLayout { buffers, tables, dims, status, scratch, bytes })
+    }
+
+    /// The GEMM kernels each contraction step launches for `inputs`' shape
+    /// (step index, kernel names), planning the shape if it is new.
+    pub fn gemms_at<T: TensorData>(
+        &self,
+        inputs: &[(&str, T)],
+    ) -> Result<Vec<(usize, Vec<String>)>, RunError> {
+        let shape = self.shape(inputs)?;
+        Ok(shape
+            .matmuls
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| !m.gemms.is_empty())
+            .map(|(i, m)| (i, m.gemms.iter().map(|g| g.name.clone()).collect()))
+            .collect())
     }
 
     /// Run on named inputs of any shape the symbols allow; outputs in model order.
@@ -328,20 +447,73 @@ impl<D: Device> GpuModel<D> {
         }
         words.extend(sp.dims.iter().map(|d| *d as u64));
         words.extend(std::iter::repeat_n(0, self.plan.steps.len()));
+        // Each operand copy's descriptor, in step order.
+        let mut desc_at = Vec::new();
+        for c in shape.matmuls.iter().flat_map(|m| &m.copies) {
+            desc_at.push(layout.tables + 8 * words.len());
+            words.extend(c.words.iter().map(|w| *w as u64));
+        }
         // SAFETY: the words are plain integers; their bytes are read once.
         let bytes = unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, 8 * words.len()) };
         // SAFETY: the layout reserved the tables, dims and status words from `tables`.
         unsafe { self.device.upload(base + layout.tables as u64, bytes)? };
+        let resolve = |at: At| -> Result<KernelArg, RunError> {
+            Ok(KernelArg::Ptr(match at {
+                At::Buffer(b, off) => ptr(b)? + off as u64,
+                At::Scratch(off) => base + (layout.scratch + off) as u64,
+                At::Packed(w) => self.packed[w],
+                At::Null => 0,
+            }))
+        };
+        let mut copy = 0;
         for (i, st) in self.plan.steps.iter().enumerate() {
-            let StepKind::Loop { program, .. } = &st.kind else {
-                return Err(RunError::Internal(format!("step {i} is not a loop")));
-            };
-            let args =
-                [base + table_at[i] as u64, base + layout.dims as u64, base + (layout.status + 8 * i) as u64];
-            // SAFETY: the table holds every buffer of the program, each sized for
-            // this shape; the dims are the plan's at this shape; the status word
-            // is the step's own.
-            unsafe { self.device.launch(self.kernels[*program], shape.blocks[i], LOOP_THREADS, &args)? };
+            match &st.kind {
+                StepKind::Loop { program, .. } => {
+                    let args = [
+                        base + table_at[i] as u64,
+                        base + layout.dims as u64,
+                        base + (layout.status + 8 * i) as u64,
+                    ]
+                    .map(KernelArg::Ptr);
+                    let dims = LaunchDims { grid: [shape.blocks[i], 1, 1], threads: LOOP_THREADS, smem: 0 };
+                    // SAFETY: the table holds every buffer of the program, each sized for
+                    // this shape; the dims are the plan's at this shape; the status word
+                    // is the step's own.
+                    unsafe { self.device.launch(self.kernels.loops[*program], dims, &args)? };
+                }
+                StepKind::MatMul(_) => {
+                    let mm = &shape.matmuls[i];
+                    for c in &mm.copies {
+                        let desc = KernelArg::Ptr(base + desc_at[copy] as u64);
+                        let args = [resolve(c.src)?, resolve(c.dst)?, desc];
+                        copy += 1;
+                        let dims = LaunchDims { grid: [c.blocks, 1, 1], threads: LOOP_THREADS, smem: 0 };
+                        // SAFETY: the descriptor's entries, rows, columns and strides
+                        // stay inside the source buffer at this shape (the plan's view
+                        // of it), and the destination is the scratch the layout sized
+                        // for this step's operands.
+                        unsafe { self.device.launch(self.kernels.operand_copy, dims, &args)? };
+                    }
+                    for g in &mm.gemms {
+                        let mut args = Vec::with_capacity(14);
+                        for p in g.ptrs {
+                            args.push(resolve(p)?);
+                        }
+                        args.extend(g.ints.map(KernelArg::I32));
+                        args.extend(g.strides.map(KernelArg::I64));
+                        let dims = LaunchDims { grid: g.grid, threads: g.threads, smem: g.smem };
+                        // SAFETY: `gpu::kernel::ABI`'s arguments: bf16 A and B laid out
+                        // as M, N, K, the leading dimensions and batch strides say
+                        // (the copies' output or a packed weight), C's view and the
+                        // epilogue's f32 buffers sized for this shape; the kernel
+                        // accepted the problem.
+                        unsafe { self.device.launch(g.kernel, dims, &args)? };
+                    }
+                }
+                StepKind::Attention(_) => {
+                    return Err(RunError::Internal(format!("step {i}: fused attention on the GPU")))
+                }
+            }
         }
         let mut status = vec![0u8; 8 * self.plan.steps.len()];
         // SAFETY: the status words lie in the call's memory.
@@ -388,7 +560,8 @@ impl<D: Device> GpuModel<D> {
 impl<D: Device> Drop for GpuModel<D> {
     fn drop(&mut self) {
         let memory = self.memory.get_mut().unwrap_or_else(|e| e.into_inner()).take();
-        for p in self.constants.iter().flatten().copied().chain(memory.map(|(p, _)| p)) {
+        let owned = self.constants.iter().flatten().chain(&self.packed).copied();
+        for p in owned.chain(memory.map(|(p, _)| p)) {
             // SAFETY: the model owns these allocations; no call is running (it is
             // being dropped) and every call's launches completed before it returned.
             unsafe { self.device.free(p) };

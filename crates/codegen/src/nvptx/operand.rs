@@ -1,0 +1,136 @@
+//! The operand copy kernel (`plan::gpu::OperandCopy`): a contraction's f32
+//! operand, a strided view or a convolution's taps, made the bf16 dense
+//! matrix the GEMM family reads. A thread an element of the destination,
+//! taken grid-stride (adjacent threads write adjacent elements); the
+//! descriptor says the form, so one kernel serves every step and shape.
+
+use super::Ir;
+use plan::gpu::{LOOP_THREADS, OPERAND_COPY_HEADER, OPERAND_COPY_KERNEL};
+
+/// The kernel's LLVM IR (NVPTX). Parameters: the source (f32), the
+/// destination (bf16), the descriptor (i64 words).
+pub fn operand_copy_ir() -> String {
+    let mut g = Ir::default();
+    let threads = LOOP_THREADS;
+    let word = |g: &mut Ir, i: usize| {
+        let p = g.v(format!("getelementptr inbounds i64, ptr addrspace(1) %desc, i64 {i}"));
+        g.v(format!("load i64, ptr addrspace(1) {p}, align 8"))
+    };
+    let tid = g.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
+    let bx = g.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
+    let nbx = g.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()");
+    let (tid, bx, nbx) = (
+        g.v(format!("zext i32 {tid} to i64")),
+        g.v(format!("zext i32 {bx} to i64")),
+        g.v(format!("zext i32 {nbx} to i64")),
+    );
+    let first = g.v(format!("mul i64 {bx}, {threads}"));
+    let first = g.v(format!("add i64 {first}, {tid}"));
+    let stride = g.v(format!("mul i64 {nbx}, {threads}"));
+    let form = word(&mut g, 0);
+    let entries = word(&mut g, 1);
+    let rows = word(&mut g, 2);
+    let cols = word(&mut g, 3);
+    let per = g.v(format!("mul i64 {rows}, {cols}"));
+    let total = g.v(format!("mul i64 {per}, {entries}"));
+    let taps = g.v(format!("icmp eq i64 {form}, 2"));
+    let transposed = g.v(format!("icmp eq i64 {form}, 1"));
+    // A view's strides, or the taps' geometry (read once, before the loop).
+    let w: Vec<String> = (4..OPERAND_COPY_HEADER).map(|i| word(&mut g, i)).collect();
+    g.emit("br label %head");
+
+    g.block("head");
+    let head = g.body.len();
+    let more = g.v(format!("icmp slt i64 %i, {total}"));
+    g.emit(format!("br i1 {more}, label %body, label %done"));
+
+    g.block("body");
+    let e = g.v(format!("udiv i64 %i, {per}"));
+    let rem = g.v(format!("urem i64 %i, {per}"));
+    let at = g.v(format!("add i64 {e}, {OPERAND_COPY_HEADER}"));
+    let base = word_at(&mut g, &at);
+    g.emit(format!("br i1 {taps}, label %taps, label %view"));
+
+    // A view: the destination's order is `[rows, cols]`, or `[cols, rows]`.
+    g.block("view");
+    let inner = g.v(format!("select i1 {transposed}, i64 {rows}, i64 {cols}"));
+    let q = g.v(format!("udiv i64 {rem}, {inner}"));
+    let r = g.v(format!("urem i64 {rem}, {inner}"));
+    let (row, col) = (
+        g.v(format!("select i1 {transposed}, i64 {r}, i64 {q}")),
+        g.v(format!("select i1 {transposed}, i64 {q}, i64 {r}")),
+    );
+    let off = g.v(format!("mul i64 {row}, {}", w[0]));
+    let off2 = g.v(format!("mul i64 {col}, {}", w[1]));
+    let off = g.v(format!("add i64 {off}, {off2}"));
+    let off = g.v(format!("add i64 {off}, {base}"));
+    let p = g.v(format!("getelementptr inbounds float, ptr addrspace(1) %src, i64 {off}"));
+    let xv = g.v(format!("load float, ptr addrspace(1) {p}, align 4"));
+    g.emit("br label %store");
+
+    // Taps: row (b, y, x), column (i, j, c).
+    g.block("taps");
+    let [oh, ow, hh, ww, cc, kw, sh, sw, dh, dw, ph, pw, s_img, s_row, s_pix] =
+        std::array::from_fn(|i| w[i].clone());
+    let r = g.v(format!("udiv i64 {rem}, {cols}"));
+    let d = g.v(format!("urem i64 {rem}, {cols}"));
+    let x = g.v(format!("urem i64 {r}, {ow}"));
+    let t = g.v(format!("udiv i64 {r}, {ow}"));
+    let y = g.v(format!("urem i64 {t}, {oh}"));
+    let b = g.v(format!("udiv i64 {t}, {oh}"));
+    let c = g.v(format!("urem i64 {d}, {cc}"));
+    let t2 = g.v(format!("udiv i64 {d}, {cc}"));
+    let j = g.v(format!("urem i64 {t2}, {kw}"));
+    let i = g.v(format!("udiv i64 {t2}, {kw}"));
+    let coord = |g: &mut Ir, o: &str, s: &str, k: &str, dl: &str, pd: &str| {
+        let a = g.v(format!("mul i64 {o}, {s}"));
+        let bb = g.v(format!("mul i64 {k}, {dl}"));
+        let a = g.v(format!("add i64 {a}, {bb}"));
+        g.v(format!("sub i64 {a}, {pd}"))
+    };
+    let iy = coord(&mut g, &y, &sh, &i, &dh, &ph);
+    let ix = coord(&mut g, &x, &sw, &j, &dw, &pw);
+    // Unsigned comparisons: a coordinate before the image wraps past its extent.
+    let in_y = g.v(format!("icmp ult i64 {iy}, {hh}"));
+    let in_x = g.v(format!("icmp ult i64 {ix}, {ww}"));
+    let inside = g.v(format!("and i1 {in_y}, {in_x}"));
+    let o1 = g.v(format!("mul i64 {b}, {s_img}"));
+    let o2 = g.v(format!("mul i64 {iy}, {s_row}"));
+    let o3 = g.v(format!("mul i64 {ix}, {s_pix}"));
+    let o = g.v(format!("add i64 {o1}, {o2}"));
+    let o = g.v(format!("add i64 {o}, {o3}"));
+    let o = g.v(format!("add i64 {o}, {c}"));
+    let o = g.v(format!("add i64 {o}, {base}"));
+    // Outside the image the load reads the entry's first element (in bounds).
+    let o = g.v(format!("select i1 {inside}, i64 {o}, i64 {base}"));
+    let p = g.v(format!("getelementptr inbounds float, ptr addrspace(1) %src, i64 {o}"));
+    let tv = g.v(format!("load float, ptr addrspace(1) {p}, align 4"));
+    let tv = g.v(format!("select i1 {inside}, float {tv}, float 0.0"));
+    g.emit("br label %store");
+
+    g.block("store");
+    let val = g.v(format!("phi float [ {xv}, %view ], [ {tv}, %taps ]"));
+    let h = g.v(format!("fptrunc float {val} to bfloat"));
+    let dp = g.v("getelementptr inbounds i16, ptr addrspace(1) %dst, i64 %i");
+    g.emit(format!("store bfloat {h}, ptr addrspace(1) {dp}, align 2"));
+    let next = g.v(format!("add i64 %i, {stride}"));
+    g.emit("br label %head");
+    g.body.insert_str(head, &format!("  %i = phi i64 [ {first}, %entry ], [ {next}, %store ]\n"));
+
+    g.block("done");
+    g.emit("ret void");
+    g.module(
+        OPERAND_COPY_KERNEL,
+        threads as usize,
+        "an element of the destination a thread, grid-stride",
+        false,
+        "ptr addrspace(1) readonly %src, ptr addrspace(1) %dst, ptr addrspace(1) readonly %desc",
+        &[],
+    )
+}
+
+/// Descriptor word `at` (an i64 value).
+fn word_at(g: &mut Ir, at: &str) -> String {
+    let p = g.v(format!("getelementptr inbounds i64, ptr addrspace(1) %desc, i64 {at}"));
+    g.v(format!("load i64, ptr addrspace(1) {p}, align 8"))
+}

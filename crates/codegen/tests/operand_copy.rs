@@ -1,0 +1,155 @@
+//! The operand copy kernel (`codegen::nvptx::operand_copy_ir`) on the host
+//! emulator against a plain copy: strided views (row-major, transposed,
+//! broadcast entries, a stride of 0) and a convolution's taps (padding,
+//! stride, dilation, several images), written as bf16 (round to nearest
+//! even) dense `[entries, rows, cols]` or `[entries, cols, rows]`, at shapes
+//! of 1, primes and past a block; with ptxas where the wheel's is at hand.
+#![cfg(feature = "nvptx")]
+
+use anyshape_codegen::emulator::{HostKernelKind, HostKernels};
+use anyshape_codegen::nvptx;
+use plan::gpu::{OperandCopy, OPERAND_COPY_KERNEL};
+use proptest::prelude::*;
+
+fn kernels() -> HostKernels {
+    let k = (OPERAND_COPY_KERNEL.to_string(), nvptx::operand_copy_ir(), HostKernelKind::Pointers);
+    HostKernels::new(&[k]).expect("the operand copy compiles for the host")
+}
+
+/// The copy by the kernel: `dst` of `elems` bf16 words, the grid `blocks`.
+fn run(host: &HostKernels, src: &[f32], copy: &OperandCopy, offsets: &[usize], blocks: usize) -> Vec<u16> {
+    let (rows, cols) = copy.extent();
+    let elems = offsets.len() * rows * cols;
+    let mut dst = vec![0xffffu16; elems.max(1) + 8];
+    let desc = copy.descriptor(offsets);
+    // SAFETY: the descriptor's offsets, rows, columns and strides stay inside
+    // `src` (each case's `src` is sized for them), `dst` holds every element.
+    unsafe {
+        host.launch_loop(
+            0,
+            blocks,
+            plan::gpu::LOOP_THREADS as usize,
+            [src.as_ptr() as u64, dst.as_mut_ptr() as u64, desc.as_ptr() as u64],
+        )
+    }
+    .expect("launches");
+    assert!(dst[elems..].iter().all(|&x| x == 0xffff), "written past the destination");
+    dst.truncate(elems);
+    dst
+}
+
+fn value(i: usize) -> f32 {
+    ((i * 7919 % 1009) as f32 - 504.0) / 97.0
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn views(
+        rows in prop::sample::select(vec![1usize, 2, 7, 31, 33]),
+        cols in prop::sample::select(vec![1usize, 3, 8, 17, 65]),
+        entries in 1usize..4,
+        transposed in any::<bool>(),
+        column_major in any::<bool>(),
+        pad in 0usize..3,
+        blocks in 1usize..4,
+    ) {
+        let host = kernels();
+        // Row-major with padded rows, or column-major (a transposed view).
+        let (rs, cs) = if column_major { (1, rows + pad) } else { (cols + pad, 1) };
+        let span = (rows - 1) * rs + (cols - 1) * cs + 1;
+        let offsets: Vec<usize> = (0..entries).map(|e| 3 + e * (span + pad)).collect();
+        let src: Vec<f32> = (0..offsets[entries - 1] + span).map(value).collect();
+        let copy = OperandCopy::View { rows, cols, rs, cs, transposed };
+        let got = run(&host, &src, &copy, &offsets, blocks);
+        for (e, off) in offsets.iter().enumerate() {
+            for r in 0..rows {
+                for c in 0..cols {
+                    let at = if transposed { (e * cols + c) * rows + r } else { (e * rows + r) * cols + c };
+                    let want = plan::bf16_bits(src[off + r * rs + c * cs]);
+                    prop_assert_eq!(got[at], want, "entry {} ({}, {})", e, r, c);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn taps(
+        images in 1usize..3,
+        (h, w) in (1usize..9, 1usize..9),
+        channels in prop::sample::select(vec![1usize, 3, 4]),
+        (kh, kw) in (1usize..4, 1usize..4),
+        (sh, sw) in (1usize..3, 1usize..3),
+        (dh, dw) in (1usize..3, 1usize..3),
+        (ph, pw) in (0usize..3, 0usize..3),
+    ) {
+        let (eh, ew) = ((kh - 1) * dh + 1, (kw - 1) * dw + 1);
+        prop_assume!(h + 2 * ph >= eh && w + 2 * pw >= ew);
+        let (oh, ow) = ((h + 2 * ph - eh) / sh + 1, (w + 2 * pw - ew) / sw + 1);
+        let host = kernels();
+        // Channels last, pixels and rows padded apart.
+        let (s_pix, s_row) = (channels + 1, (channels + 1) * w + 2);
+        let s_img = s_row * h + 5;
+        let src: Vec<f32> = (0..images * s_img + 7).map(value).collect();
+        let (rows, cols) = (images * oh * ow, kh * kw * channels);
+        let copy = OperandCopy::Taps {
+            rows,
+            cols,
+            out: [oh, ow],
+            image: [h, w, channels],
+            kernel_width: kw,
+            stride: [sh, sw],
+            dilation: [dh, dw],
+            pad: [ph, pw],
+            strides: [s_img, s_row, s_pix],
+        };
+        let got = run(&host, &src, &copy, &[2], 2);
+        for b in 0..images {
+            for y in 0..oh {
+                for x in 0..ow {
+                    for i in 0..kh {
+                        for j in 0..kw {
+                            for c in 0..channels {
+                                let (iy, ix) = ((y * sh + i * dh) as isize - ph as isize, (x * sw + j * dw) as isize - pw as isize);
+                                let inside = (0..h as isize).contains(&iy) && (0..w as isize).contains(&ix);
+                                let v = if inside {
+                                    src[2 + b * s_img + iy as usize * s_row + ix as usize * s_pix + c]
+                                } else {
+                                    0.0
+                                };
+                                let at = ((b * oh + y) * ow + x) * cols + (i * kw + j) * channels + c;
+                                prop_assert_eq!(got[at], plan::bf16_bits(v), "pixel ({}, {}, {}) tap ({}, {}) channel {}", b, y, x, i, j, c);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The kernel's PTX assembles for sm_90a and sm_80 without spills, where the
+/// wheel's ptxas is at hand (`ANYSHAPE_PTXAS`).
+#[test]
+fn ptxas_accepts_the_operand_copy() {
+    let ptxas = std::env::var("ANYSHAPE_PTXAS").ok();
+    if !kernels::testing::require("ANYSHAPE_REQUIRE_PTXAS", ptxas.is_some(), "ptxas in ANYSHAPE_PTXAS") {
+        return;
+    }
+    let ptx = nvptx::operand_copy_ptx().expect("PTX");
+    assert!(ptx.contains(&format!(".entry {OPERAND_COPY_KERNEL}(")));
+    let file = std::env::temp_dir().join(format!("anyshape-operand-copy-{}.ptx", std::process::id()));
+    std::fs::write(&file, &ptx).expect("write");
+    for arch in ["sm_90a", "sm_80"] {
+        let out = std::process::Command::new(ptxas.as_deref().unwrap_or_default())
+            .args(["-v", "-arch", arch, "-o", "/dev/null"])
+            .arg(&file)
+            .output()
+            .expect("ptxas runs");
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{arch}: {log}");
+        assert!(!log.contains("bytes spill stores") || log.contains(" 0 bytes spill stores"), "{log}");
+    }
+    let _ = std::fs::remove_file(&file);
+}

@@ -1,0 +1,252 @@
+//! A plan's contraction steps on the GEMM family. Weights (a matmul's
+//! constant B) are converted to bf16 and laid out K-major (`[N, K]`) once,
+//! when the model is made, and stay on the device. Per shape, each step
+//! becomes: its A (and an activation B) copied to bf16 dense operands by the
+//! operand copy kernel (`plan::gpu::OperandCopy`: a strided view, or a
+//! convolution's taps written as the column matrix), then the first of its
+//! kernel choices that takes the product, storing f32 C with the step's
+//! epilogue (`GemmKernel::c_f32`) into C's view.
+
+use plan::gemm::{Arch, GemmKernel};
+use plan::gpu::{OperandCopy, LOOP_MAX_BLOCKS, LOOP_THREADS};
+use plan::{bf16_bits, BufId, BufferKind, MatMulStep, ModelPlan, Problem};
+
+use crate::shape::MatMulShape;
+use crate::RunError;
+
+/// A kernel that may run a matmul step: its description, its index among
+/// the device's kernels, and the most rows (M) it is chosen for.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GemmChoice {
+    pub kernel: GemmKernel,
+    pub index: usize,
+    pub max_m: usize,
+}
+
+/// Where a launch's pointer argument points, resolved per call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum At {
+    /// Bytes into a buffer of the plan.
+    Buffer(BufId, usize),
+    /// Bytes into the call's operand scratch.
+    Scratch(usize),
+    /// A packed weight (its index).
+    Packed(usize),
+    Null,
+}
+
+/// One launch of the operand copy kernel.
+#[derive(Clone, Debug)]
+pub(super) struct CopyLaunch {
+    pub src: At,
+    pub dst: At,
+    pub words: Vec<i64>,
+    pub blocks: u32,
+}
+
+/// One GEMM launch: `gpu::kernel::ABI`'s arguments.
+#[derive(Clone, Debug)]
+pub(super) struct GemmLaunch {
+    pub kernel: usize,
+    pub grid: [u32; 3],
+    pub threads: u32,
+    pub smem: u32,
+    /// A, B, C, bias, residual.
+    pub ptrs: [At; 5],
+    /// M, N, K, lda, ldb, ldc.
+    pub ints: [i32; 6],
+    /// The batch strides of A, B and C (elements).
+    pub strides: [i64; 3],
+    /// Which choice ran (for messages and tests).
+    pub name: String,
+}
+
+/// A matmul step at one shape: its copies, then its GEMMs.
+#[derive(Clone, Debug, Default)]
+pub(super) struct MatMulLaunches {
+    pub copies: Vec<CopyLaunch>,
+    pub gemms: Vec<GemmLaunch>,
+    /// Bytes of operand scratch the copies write.
+    pub scratch: usize,
+}
+
+fn round_up(x: usize) -> usize {
+    x.div_ceil(super::DEVICE_ALIGN) * super::DEVICE_ALIGN
+}
+
+fn i32_of(x: usize, what: &str) -> Result<i32, RunError> {
+    i32::try_from(x)
+        .map_err(|_| RunError::Shape(format!("{what} {x} exceeds the GPU kernels' 32-bit extents")))
+}
+
+/// Blocks of the copy kernel for `elems` elements (grid-stride past the cap).
+fn copy_blocks(elems: usize) -> u32 {
+    elems.div_ceil(LOOP_THREADS as usize).clamp(1, LOOP_MAX_BLOCKS) as u32
+}
+
+/// The launches of matmul step `mm` at shape `s`, its B packed as weight
+/// `packed` when it is one.
+pub(super) fn launches(
+    step: usize,
+    mm: &MatMulStep,
+    s: &MatMulShape,
+    choices: &[GemmChoice],
+    packed: Option<usize>,
+) -> Result<MatMulLaunches, RunError> {
+    let (m, n, k) = (s.m, s.n, s.k);
+    let entries = s.entries.len();
+    if m == 0 || n == 0 || entries == 0 {
+        return Ok(MatMulLaunches::default());
+    }
+    if k == 0 {
+        return Err(RunError::Device(format!(
+            "step {step}: a product of depth 0 ({m}x{n}) is not on the GPU yet"
+        )));
+    }
+    if s.cs[2] != 1 {
+        return Err(RunError::Internal(format!("step {step}: C's columns are {} apart", s.cs[2])));
+    }
+    let over = || RunError::Shape(format!("step {step}: the operands of {entries}x({m}x{n}x{k}) overflow"));
+    let a_elems = entries.checked_mul(m).and_then(|x| x.checked_mul(k)).ok_or_else(over)?;
+    let b_elems = entries.checked_mul(n).and_then(|x| x.checked_mul(k)).ok_or_else(over)?;
+    let mut out = MatMulLaunches::default();
+    // A: a view, or a convolution's taps, as bf16 `[entries, m, k]`.
+    let a_copy = match &s.taps {
+        Some(t) => OperandCopy::Taps {
+            rows: m,
+            cols: k,
+            out: t.out,
+            image: [t.height, t.width, t.channels],
+            kernel_width: t.kernel[1],
+            stride: t.stride,
+            dilation: t.dilation,
+            pad: t.pad,
+            strides: t.strides,
+        },
+        None => OperandCopy::View { rows: m, cols: k, rs: s.rs[0], cs: s.cs[0], transposed: false },
+    };
+    let offsets: Vec<usize> = s.entries.iter().map(|e| e[0]).collect();
+    out.copies.push(CopyLaunch {
+        src: At::Buffer(mm.a.buf, 0),
+        dst: At::Scratch(0),
+        words: a_copy.descriptor(&offsets),
+        blocks: copy_blocks(a_elems),
+    });
+    out.scratch = round_up(2 * a_elems);
+    // B: the packed weight, or the activation made K-major `[entries, n, k]`.
+    let (b_at, sb) = match packed {
+        Some(w) => (At::Packed(w), 0),
+        None => {
+            let at = out.scratch;
+            let offsets: Vec<usize> = s.entries.iter().map(|e| e[1]).collect();
+            let copy = OperandCopy::View { rows: k, cols: n, rs: s.rs[1], cs: s.cs[1], transposed: true };
+            out.copies.push(CopyLaunch {
+                src: At::Buffer(mm.b.buf, 0),
+                dst: At::Scratch(at),
+                words: copy.descriptor(&offsets),
+                blocks: copy_blocks(b_elems),
+            });
+            out.scratch += round_up(2 * b_elems);
+            (At::Scratch(at), n * k)
+        }
+    };
+    let a_at = At::Scratch(0);
+    // C's entries: one launch over an even stride, else one an entry.
+    let c0 = s.entries[0][2];
+    let sc = if entries > 1 { s.entries[1][2].wrapping_sub(c0) } else { m * s.rs[2] };
+    let even = s.entries.iter().enumerate().all(|(e, x)| x[2] == c0.wrapping_add(e.wrapping_mul(sc)));
+    let runs: Vec<(usize, usize)> =
+        if even { vec![(0, entries)] } else { (0..entries).map(|e| (e, 1)).collect() };
+    let ldc = s.rs[2];
+    let residual = mm.epilogue.residual;
+    if residual.is_some() && (ldc != n || (entries > 1 && (!even || sc != m * n))) {
+        return Err(RunError::Device(format!(
+            "step {step}: a residual added to a strided output (row stride {ldc} for {n} columns) is not on the GPU yet"
+        )));
+    }
+    for (first, count) in runs {
+        let c_off = s.entries[first][2];
+        let p = Problem::nt(count, m, n, k);
+        // Paired f32 stores need an even start (the kernels check the strides).
+        let c_even = c_off.is_multiple_of(2);
+        let choice = choices
+            .iter()
+            .find(|c| {
+                m <= c.max_m
+                    && c.kernel.accepts(&p).is_ok()
+                    && (c_even || matches!(c.kernel.arch, Arch::Simt | Arch::Gemv))
+            })
+            .ok_or_else(|| RunError::Device(format!("step {step}: no GPU kernel of this model takes {p}")))?;
+        let kk = &choice.kernel;
+        let grid = [n.div_ceil(kk.bn), m.div_ceil(kk.bm), count];
+        let grid = grid.map(|g| u32::try_from(g).unwrap_or(u32::MAX));
+        let bytes = |elems: usize| elems * 4;
+        out.gemms.push(GemmLaunch {
+            kernel: choice.index,
+            grid,
+            threads: kk.threads() as u32,
+            smem: kk.smem_bytes() as u32,
+            ptrs: [
+                match a_at {
+                    At::Scratch(o) => At::Scratch(o + 2 * first * m * k),
+                    x => x,
+                },
+                match b_at {
+                    At::Scratch(o) => At::Scratch(o + 2 * first * n * k),
+                    x => x,
+                },
+                At::Buffer(mm.c.buf, bytes(c_off)),
+                mm.epilogue.bias.map_or(At::Null, |b| At::Buffer(b, 0)),
+                residual.map_or(At::Null, |r| At::Buffer(r, bytes(first * m * n))),
+            ],
+            ints: [
+                i32_of(m, "M")?,
+                i32_of(n, "N")?,
+                i32_of(k, "K")?,
+                i32_of(k, "K")?,
+                i32_of(k, "K")?,
+                i32_of(ldc, "C's row stride")?,
+            ],
+            strides: [(m * k) as i64, sb as i64, sc as i64],
+            name: kk.name(),
+        });
+    }
+    Ok(out)
+}
+
+/// Weight `mm.b` (a constant) as bf16 `[N, K]`: what every shape's GEMMs read.
+pub(super) fn pack_weight(plan: &ModelPlan, step: usize, mm: &MatMulStep) -> Result<Vec<u16>, RunError> {
+    let konst = |slot: u32, what: &str| -> Result<usize, RunError> {
+        plan.dims
+            .exprs()
+            .get(slot as usize)
+            .and_then(|e| e.as_const())
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(|| RunError::Device(format!("step {step}: the weight's {what} is not a constant")))
+    };
+    let (n, k) = (konst(mm.n, "columns")?, konst(mm.k, "depth")?);
+    let (off, rs, cs) =
+        (konst(mm.b.offset, "offset")?, konst(mm.b.rs, "row stride")?, konst(mm.b.cs, "column stride")?);
+    let buf = &plan.buffers[mm.b.buf];
+    let BufferKind::Constant(c) = &buf.kind else {
+        return Err(RunError::Internal(format!("step {step}: weight '{}' is not a constant", buf.name)));
+    };
+    let bytes = c.bytes();
+    let len = bytes.len() / 4;
+    let mut out = vec![0u16; n * k];
+    for j in 0..n {
+        for i in 0..k {
+            let at = off + i * rs + j * cs;
+            if at >= len {
+                return Err(RunError::Internal(format!(
+                    "step {step}: weight '{}' read past its end",
+                    buf.name
+                )));
+            }
+            let x =
+                f32::from_le_bytes([bytes[4 * at], bytes[4 * at + 1], bytes[4 * at + 2], bytes[4 * at + 3]]);
+            out[j * k + i] = bf16_bits(x);
+        }
+    }
+    Ok(out)
+}
