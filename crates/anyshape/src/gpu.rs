@@ -1,6 +1,7 @@
 //! The GPU backend from the public API. A model's loop programs compile to
 //! NVPTX kernels (`codegen::nvptx`), its contraction steps to kernels of the
-//! GEMM family (`anyshape-gpu`'s `candidates::model_step_kernels`), and they run through
+//! GEMM family (`anyshape-gpu`'s `steps`: for a weight, the wave model's pick
+//! per M from a device profile), and they run through
 //! the runtime's [`GpuModel`] on a [`CudaDevice`] (the driver) or a
 //! [`HostDevice`] (the GPU emulated on this machine: what CI runs every GPU
 //! kernel on).
@@ -209,13 +210,9 @@ fn gpu_kernels(
     let name = plan::gpu::OPERAND_COPY_KERNEL.to_string();
     code.push((KernelCode { name, text: copy, smem: 0 }, HostKernelKind::Pointers));
     let mut index: HashMap<GemmKernel, usize> = HashMap::new();
-    for st in &plan.steps {
-        let plan::StepKind::MatMul(mm) = &st.kind else {
-            kernels.matmuls.push(Vec::new());
-            continue;
-        };
+    for list in step_lists(plan)? {
         let mut choices = Vec::new();
-        for (k, max_m) in gpu_family::candidates::model_step_kernels(mm.epilogue.function()) {
+        for (k, max_m) in list {
             let at = match index.get(&k) {
                 Some(&i) => i,
                 None => {
@@ -236,14 +233,48 @@ fn gpu_kernels(
     Ok((code, kernels))
 }
 
+/// Each step's GEMM kernels, in the order they are tried, each with the
+/// most rows it takes (empty for a step that is no contraction): a weight
+/// with fixed N and K gets the wave model's pick per M (from the H200
+/// profile), a product of activations fixed bounds.
+fn step_lists(plan: &plan::ModelPlan) -> Result<Vec<Vec<(GemmKernel, usize)>>, Error> {
+    use gpu_family::steps;
+    let bad = |e: gpu_family::replay::ReplayError| RunError::Internal(format!("the GPU profile: {e}"));
+    let model = steps::step_model(&steps::profile(steps::H200_PROFILE).map_err(bad)?).map_err(bad)?;
+    let konst = |slot: u32| plan.dims.exprs().get(slot as usize).and_then(|e| e.as_const());
+    let mut memo = HashMap::new();
+    let mut out = Vec::with_capacity(plan.steps.len());
+    for st in &plan.steps {
+        let plan::StepKind::MatMul(mm) = &st.kind else {
+            out.push(Vec::new());
+            continue;
+        };
+        let e = mm.epilogue.function();
+        let fixed = match (konst(mm.n), konst(mm.k)) {
+            (Some(n), Some(k)) if mm.weight && mm.batch.is_empty() => Some((n as usize, k as usize)),
+            _ => None,
+        };
+        out.push(match fixed {
+            Some((n, k)) => memo
+                .entry((e, n, k))
+                .or_insert_with(|| steps::weight_step_kernels(&model, e, (1, n, k)))
+                .clone(),
+            None => steps::fixed_step_kernels(e),
+        });
+    }
+    Ok(out)
+}
+
 /// The GEMM kernels each contraction step of `plan` is given, a line a step:
 /// the kernels in the order they are tried, each with the rows it takes
 /// (`M <= r`); the first that accepts the product at a shape runs it.
-pub fn gemm_choices_text(plan: &plan::ModelPlan) -> String {
+pub fn gemm_choices_text(plan: &plan::ModelPlan) -> Result<String, Error> {
     let mut s = String::new();
-    for (i, st) in plan.steps.iter().enumerate() {
-        let plan::StepKind::MatMul(mm) = &st.kind else { continue };
-        let choices: Vec<String> = gpu_family::candidates::model_step_kernels(mm.epilogue.function())
+    for (i, (st, list)) in plan.steps.iter().zip(step_lists(plan)?).enumerate() {
+        if list.is_empty() {
+            continue;
+        }
+        let choices: Vec<String> = list
             .into_iter()
             .map(
                 |(k, most)| if most == usize::MAX { k.name() } else { format!("{} (M <= {most})", k.name()) },
@@ -251,7 +282,7 @@ pub fn gemm_choices_text(plan: &plan::ModelPlan) -> String {
             .collect();
         s.push_str(&format!("step {i} (group {}): {}\n", st.group, choices.join(", ")));
     }
-    s
+    Ok(s)
 }
 
 /// Every kernel of `plan` for a GPU as PTX, `(name, PTX)`, in the device's

@@ -637,7 +637,7 @@ fn inspect_gpu(model_path: PathBuf, dims: Vec<String>, dump_llvm: Option<PathBuf
     say!("# stage: programs (the GPU's plan: loop programs, contractions on the GEMM family)");
     say_raw!("{}", anyshape::inspect::print_plan(&plan));
     say!("# GEMM kernels of each contraction step, tried in order (bf16 operands, f32 C):");
-    say_raw!("{}", anyshape::gpu::gemm_choices_text(&plan));
+    say_raw!("{}", anyshape::gpu::gemm_choices_text(&plan)?);
     let warp = plan.programs.iter().filter(|p| p.gpu_warp_schedule().is_some()).count();
     let matmuls = plan.steps.iter().filter(|s| s.kind.name() == "matmul").count();
     say!(

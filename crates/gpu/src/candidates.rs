@@ -256,39 +256,3 @@ pub fn split_k_family(elem: ElemType) -> Vec<GemmKernel> {
     }
     out
 }
-
-/// The kernels a model's contraction step with epilogue `epilogue` is given,
-/// in the order they are tried, each with the most rows (M) it is taken for:
-/// bf16 operands (the weights packed K-major, activations copied so), f32 C
-/// (`c_f32`). GEMV kernels for decode rows (one row; up to 8), mma.sync tiles
-/// of 32×64 up to 64 rows and 64×128 beyond (K a multiple of 8), then the
-/// covers: the element-by-element mma.sync kernel (any K) and the SIMT one
-/// (any start of C, whose stores are single). sm_80 code, so the same kernels
-/// run on every supported GPU. The rows are fixed bounds, not the wave model's
-/// choice per shape (which needs the device's measured rates).
-pub fn model_step_kernels(epilogue: Epilogue) -> Vec<(GemmKernel, usize)> {
-    let f32_c = |k: GemmKernel| GemmKernel { c_f32: true, ..k };
-    let tile =
-        |fam: Vec<GemmKernel>, bm: usize, bn: usize| fam.into_iter().find(|k| (k.bm, k.bn) == (bm, bn));
-    let gemv = gemv_family(ElemType::Bf16, epilogue);
-    let mut out = Vec::new();
-    for (bm, most) in [(1, 1), (8, 8)] {
-        if let Some(k) = gemv.iter().find(|k| k.bm == bm) {
-            out.push((f32_c(*k), most));
-        }
-    }
-    let mma = || family(ElemType::Bf16, BLayout::KMajor, epilogue);
-    out.extend(tile(mma(), 32, 64).map(|k| (f32_c(k), 64)));
-    out.extend(tile(mma(), 64, 128).map(|k| (f32_c(k), usize::MAX)));
-    out.extend(
-        tile(unaligned_family(ElemType::Bf16, epilogue), 64, 128)
-            .filter(|k| k.b == BLayout::KMajor)
-            .map(|k| (f32_c(k), usize::MAX)),
-    );
-    out.extend(
-        tile(simt_family(ElemType::Bf16, epilogue), 64, 64)
-            .filter(|k| k.b == BLayout::KMajor)
-            .map(|k| (f32_c(k), usize::MAX)),
-    );
-    out
-}

@@ -14,6 +14,7 @@ pub mod kernel;
 pub mod manifest;
 pub mod reference;
 pub mod replay;
+pub mod steps;
 pub mod tree;
 pub mod wave;
 

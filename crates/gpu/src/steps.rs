@@ -1,0 +1,161 @@
+//! The kernels a model's contraction steps are given, and which of them runs
+//! each shape. A step multiplies bf16 operands (its weight packed K-major
+//! once, its activations copied so) into an f32 C with its epilogue
+//! (`GemmKernel::c_f32`). Its choices are a list tried in order, each kernel
+//! with the most rows (M) it is taken for: the runtime takes the first that
+//! accepts the product, so the list is a decision tree over M that costs a
+//! few comparisons a call (BladeDISC §5.2.2).
+//!
+//! For a weight (N and K fixed by the model) the list is TSCompiler's wave
+//! model distilled over M (§6): the model, built from a device profile (the
+//! lowest level measured on the device: each kernel's block costs, `wave`),
+//! picks the fastest kernel at every M up to [`M_DISTILLED`], and the runs of
+//! equal picks become the list's intervals. For a product of two activations
+//! (attention's scores without fusion), whose N and K vary, the list is fixed
+//! bounds. Both end with the covers: the element-by-element mma.sync kernel
+//! (any K) and the SIMT kernel (any start of C, whose stores are single).
+//! sm_80 code throughout, so the same kernels run on every supported GPU.
+
+use crate::candidates::{family, gemv_family, plain_family, simt_family, unaligned_family};
+use crate::kernel::{Arch, BLayout, ElemType, Epilogue, GemmKernel, Problem};
+use crate::replay::{Record, ReplayError};
+use crate::wave::WaveModel;
+
+/// The rows up to which a weight's list is the wave model's pick at every M;
+/// larger M take the last pick (a large M fills every SM with any tile).
+pub const M_DISTILLED: usize = 4096;
+
+/// The device profile the kernels are chosen by: an H200's calibration
+/// (`anyshape-gpu bench --json` on 2026-11-27, the device, the reduction and
+/// each kernel's measured block costs; its products dropped).
+pub const H200_PROFILE: &str = include_str!("../profiles/h200.jsonl");
+
+/// A device profile: the wave model's measured lowest level.
+pub fn profile(text: &str) -> Result<Record, ReplayError> {
+    Record::parse(text)
+}
+
+/// A kernel of the family, made a model step's: its epilogue, f32 C.
+fn for_step(k: GemmKernel, epilogue: Epilogue) -> GemmKernel {
+    GemmKernel { epilogue, c_f32: true, ..k }
+}
+
+/// The covers every list ends with: any K, then any start of C.
+fn covers(epilogue: Epilogue) -> Vec<(GemmKernel, usize)> {
+    let tile = |fam: Vec<GemmKernel>, bm, bn| {
+        fam.into_iter().find(|k| (k.bm, k.bn) == (bm, bn) && k.b == BLayout::KMajor)
+    };
+    let mut out = Vec::new();
+    out.extend(tile(unaligned_family(ElemType::Bf16, epilogue), 64, 128));
+    out.extend(tile(simt_family(ElemType::Bf16, epilogue), 64, 64));
+    out.into_iter().map(|k| (for_step(k, epilogue), usize::MAX)).collect()
+}
+
+/// A product of activations: GEMV kernels for one row and up to 8,
+/// mma.sync tiles of 32×64 up to 64 rows and 64×128 beyond, the covers.
+pub fn fixed_step_kernels(epilogue: Epilogue) -> Vec<(GemmKernel, usize)> {
+    let gemv = gemv_family(ElemType::Bf16, epilogue);
+    let mut out = Vec::new();
+    for (bm, most) in [(1, 1), (8, 8)] {
+        out.extend(gemv.iter().find(|k| k.bm == bm).map(|k| (for_step(*k, epilogue), most)));
+    }
+    let mma = || family(ElemType::Bf16, BLayout::KMajor, epilogue);
+    let tile = |bm, bn| mma().into_iter().find(|k| (k.bm, k.bn) == (bm, bn));
+    out.extend(tile(32, 64).map(|k| (for_step(k, epilogue), 64)));
+    out.extend(tile(64, 128).map(|k| (for_step(k, epilogue), usize::MAX)));
+    out.extend(covers(epilogue));
+    out
+}
+
+/// The wave model of `profile` over the kernels a step may take on any
+/// GPU: the mma.sync tiles and GEMV kernels (sm_80 code) it calibrated for
+/// a K-major B, whole products only (no split-K: its reduction is a second
+/// launch the runtime does not make yet).
+pub fn step_model(profile: &Record) -> Result<WaveModel, ReplayError> {
+    let all = plain_family(ElemType::Bf16);
+    let m = profile.model(BLayout::KMajor, &all)?;
+    let keep: Vec<usize> = (0..m.kernels.len())
+        .filter(|&i| {
+            let k = &m.kernels[i];
+            matches!(k.arch, Arch::Sm80 | Arch::Gemv) && !k.split_k && !k.is_cover()
+        })
+        .collect();
+    Ok(WaveModel {
+        device: m.device,
+        kernels: keep.iter().map(|&i| m.kernels[i]).collect(),
+        rates: keep.iter().map(|&i| m.rates[i].clone()).collect(),
+        reduce: m.reduce,
+    })
+}
+
+/// A weight's list: the model's pick at every M of `1..=M_DISTILLED` for
+/// `batch × (M × n × k)`, runs of equal picks as one entry, then the covers.
+/// `None` where no kernel of the model takes the product (K not a multiple
+/// of 8: the covers alone).
+pub fn weight_step_kernels(
+    model: &WaveModel,
+    epilogue: Epilogue,
+    (batch, n, k): (usize, usize, usize),
+) -> Vec<(GemmKernel, usize)> {
+    let mut out: Vec<(GemmKernel, usize)> = Vec::new();
+    for m in 1..=M_DISTILLED {
+        let Some((c, _)) = model.choose(&Problem::nt(batch, m, n, k)) else { break };
+        let kernel = for_step(model.kernels[c.kernel], epilogue);
+        match out.last_mut() {
+            Some((last, most)) if *last == kernel => *most = m,
+            _ => out.push((kernel, m)),
+        }
+    }
+    if let Some(last) = out.last_mut() {
+        last.1 = usize::MAX;
+    }
+    out.extend(covers(epilogue));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The H200 profile parses into a model of mma.sync tiles and GEMV
+    /// kernels; BERT-base's weights get GEMV at one row, tensor-core tiles at
+    /// 128 and 4096 rows, smaller tiles at mid M for a narrow N than at large
+    /// M; every list ends with the covers and takes any M.
+    #[test]
+    fn weights_get_the_wave_models_pick() {
+        let model = step_model(&profile(H200_PROFILE).expect("the profile parses")).expect("a model");
+        assert!(model.kernels.iter().any(|k| k.arch == Arch::Gemv));
+        assert!(model.kernels.iter().all(|k| matches!(k.arch, Arch::Sm80 | Arch::Gemv) && !k.split_k));
+        let e = Epilogue { bias: true, ..Epilogue::NONE };
+        for (n, k) in [(768, 768), (2304, 768), (3072, 768), (768, 3072)] {
+            let list = weight_step_kernels(&model, e, (1, n, k));
+            let pick = |m: usize| {
+                list.iter()
+                    .find(|(kk, most)| m <= *most && kk.accepts(&Problem::nt(1, m, n, k)).is_ok())
+                    .map(|x| x.0)
+            };
+            let one = pick(1).expect("one row");
+            assert_eq!(one.arch, Arch::Gemv, "{n}x{k}: {one}");
+            assert!(one.c_f32 && one.epilogue == e, "{one}");
+            let big = pick(4096).expect("4096 rows");
+            assert_eq!(big.arch, Arch::Sm80, "{n}x{k}: {big}");
+            assert!(pick(100_000).is_some());
+            let bounds: Vec<usize> = list.iter().map(|x| x.1).collect();
+            assert!(bounds.windows(2).take(list.len() - 3).all(|w| w[0] < w[1]), "{bounds:?}");
+            assert!(list[list.len() - 2].0.unaligned && list[list.len() - 1].0.arch == Arch::Simt);
+        }
+        // K not a multiple of 8: only the covers.
+        let odd = weight_step_kernels(&model, e, (1, 64, 37));
+        assert_eq!(odd.len(), 2, "{odd:?}");
+    }
+
+    #[test]
+    fn activations_get_fixed_bounds() {
+        let list = fixed_step_kernels(Epilogue::NONE);
+        assert_eq!(
+            list.iter().map(|x| x.1).collect::<Vec<_>>(),
+            [1, 8, 64, usize::MAX, usize::MAX, usize::MAX]
+        );
+        assert!(list.iter().all(|(k, _)| k.c_f32 && k.check().is_ok()));
+    }
+}
