@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use codegen::emulator::{HostKernelKind, HostKernels};
+pub use gpu_family::steps::StepTarget as GpuTarget;
 use plan::gemm::{Arch, GemmKernel};
 pub use runtime::gpu::cuda::CudaDevice;
 pub use runtime::gpu::{check_plan, Device, DevicePtr, GemmChoice, GpuKernels, GpuModel};
@@ -125,13 +126,18 @@ impl Device for HostDevice {
 
 impl Model {
     /// Compile for NVIDIA GPU `ordinal` (PTX the driver assembles for it;
-    /// the plan is [`Model::lower_gpu`]'s). No driver, no such device or one
+    /// the plan is [`Model::lower_gpu`]'s; on a Hopper, sm_90, the weights'
+    /// products may take wgmma kernels). No driver, no such device or one
     /// older than sm_80 is an error saying which.
     pub fn compile_gpu(&self, ordinal: usize) -> Result<GpuModel<CudaDevice>, Error> {
         let plan = self.lower_gpu()?;
         // A model the GPU cannot run says so before any driver is asked for.
         check_plan(&plan)?;
-        let (code, kernels) = gpu_kernels(&plan, Text::Ptx)?;
+        let target = match CudaDevice::compute_capability(ordinal)? {
+            (9, 0) => GpuTarget::Sm90a,
+            _ => GpuTarget::Sm80,
+        };
+        let (code, kernels) = gpu_kernels(&plan, Text::Ptx, target)?;
         let code: Vec<KernelCode> = code.into_iter().map(|(c, _)| c).collect();
         let device = CudaDevice::open(ordinal, &code)?;
         self.gpu_model(plan, kernels, device)
@@ -166,9 +172,15 @@ impl Model {
     /// [`Model::lower_gpu`]'s plan as the NVPTX kernel a GPU would run, here
     /// on the host emulator.
     pub fn compile_host_gpu(&self) -> Result<GpuModel<HostDevice>, Error> {
+        self.compile_host_gpu_for(GpuTarget::Sm80)
+    }
+
+    /// As [`Model::compile_host_gpu`], with the kernels `target` is given
+    /// (`Sm90a`: the wgmma kernels, which the emulator runs too).
+    pub fn compile_host_gpu_for(&self, target: GpuTarget) -> Result<GpuModel<HostDevice>, Error> {
         let plan = self.lower_gpu()?;
         check_plan(&plan)?;
-        let (code, kernels) = gpu_kernels(&plan, Text::LlvmIr)?;
+        let (code, kernels) = gpu_kernels(&plan, Text::LlvmIr, target)?;
         let code: Vec<_> = code.into_iter().map(|(c, kind)| (c.name, c.text, kind)).collect();
         let host = HostKernels::new(&code).map_err(codegen::CodegenError::Llvm)?;
         self.gpu_model(plan, kernels, HostDevice::new(host))
@@ -190,6 +202,7 @@ enum Text {
 fn gpu_kernels(
     plan: &plan::ModelPlan,
     text: Text,
+    target: GpuTarget,
 ) -> Result<(Vec<(KernelCode, HostKernelKind)>, GpuKernels), Error> {
     let mut code = Vec::new();
     let mut kernels = GpuKernels::default();
@@ -210,7 +223,7 @@ fn gpu_kernels(
     let name = plan::gpu::OPERAND_COPY_KERNEL.to_string();
     code.push((KernelCode { name, text: copy, smem: 0 }, HostKernelKind::Pointers));
     let mut index: HashMap<GemmKernel, usize> = HashMap::new();
-    for list in step_lists(plan)? {
+    for list in step_lists(plan, target)? {
         let mut choices = Vec::new();
         for (k, max_m) in list {
             let at = match index.get(&k) {
@@ -237,10 +250,11 @@ fn gpu_kernels(
 /// most rows it takes (empty for a step that is no contraction): a weight
 /// with fixed N and K gets the wave model's pick per M (from the H200
 /// profile), a product of activations fixed bounds.
-fn step_lists(plan: &plan::ModelPlan) -> Result<Vec<Vec<(GemmKernel, usize)>>, Error> {
+fn step_lists(plan: &plan::ModelPlan, target: GpuTarget) -> Result<Vec<Vec<(GemmKernel, usize)>>, Error> {
     use gpu_family::steps;
     let bad = |e: gpu_family::replay::ReplayError| RunError::Internal(format!("the GPU profile: {e}"));
-    let model = steps::step_model(&steps::profile(steps::H200_PROFILE).map_err(bad)?).map_err(bad)?;
+    let profile = steps::profile(steps::H200_PROFILE).map_err(bad)?;
+    let model = steps::step_model(&profile, target).map_err(bad)?;
     let konst = |slot: u32| plan.dims.exprs().get(slot as usize).and_then(|e| e.as_const());
     let mut memo = HashMap::new();
     let mut out = Vec::with_capacity(plan.steps.len());
@@ -268,9 +282,9 @@ fn step_lists(plan: &plan::ModelPlan) -> Result<Vec<Vec<(GemmKernel, usize)>>, E
 /// The GEMM kernels each contraction step of `plan` is given, a line a step:
 /// the kernels in the order they are tried, each with the rows it takes
 /// (`M <= r`); the first that accepts the product at a shape runs it.
-pub fn gemm_choices_text(plan: &plan::ModelPlan) -> Result<String, Error> {
+pub fn gemm_choices_text(plan: &plan::ModelPlan, target: GpuTarget) -> Result<String, Error> {
     let mut s = String::new();
-    for (i, (st, list)) in plan.steps.iter().zip(step_lists(plan)?).enumerate() {
+    for (i, (st, list)) in plan.steps.iter().zip(step_lists(plan, target)?).enumerate() {
         if list.is_empty() {
             continue;
         }
@@ -287,7 +301,7 @@ pub fn gemm_choices_text(plan: &plan::ModelPlan) -> Result<String, Error> {
 
 /// Every kernel of `plan` for a GPU as PTX, `(name, PTX)`, in the device's
 /// order: the loop programs, the operand copy, each distinct GEMM.
-pub fn plan_ptx(plan: &plan::ModelPlan) -> Result<Vec<(String, String)>, Error> {
-    let (code, _) = gpu_kernels(plan, Text::Ptx)?;
+pub fn plan_ptx(plan: &plan::ModelPlan, target: GpuTarget) -> Result<Vec<(String, String)>, Error> {
+    let (code, _) = gpu_kernels(plan, Text::Ptx, target)?;
     Ok(code.into_iter().map(|(c, _)| (c.name, c.text)).collect())
 }

@@ -210,6 +210,49 @@ fn contraction_steps_run_on_the_gemm_family() {
     assert!(used.iter().all(|(_, k)| k.iter().all(|k| k.contains("_c32"))), "{used:?}");
 }
 
+/// A Hopper's kernels (`GpuTarget::Sm90a`) on the emulator: at 1600 rows a
+/// 256×256 weight with a bias and tanh takes a wgmma tile (the wave model's
+/// pick from the H200 profile), one row GEMV, and both match the interpreter.
+#[test]
+fn hopper_kernels_run_a_weights_product() {
+    let w: Vec<f32> = (0..256 * 256).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 4096.0).collect();
+    let b: Vec<f32> = (0..256).map(|i| (i as f32 - 128.0) / 256.0).collect();
+    let weights = |name: &str| {
+        let (shape, v) = match name {
+            "w" => (vec![256, 256], w.clone()),
+            "b" => (vec![256], b.clone()),
+            _ => return None,
+        };
+        Some(std::sync::Arc::new(ir::ConstData::from_tensor(&Tensor::new(shape, Elems::F32(v)).ok()?)))
+    };
+    let g = ir::parse_graph(
+        r#"graph {
+  sym n param 1..
+  input %x: f32[n, 256]
+  %w: f32[256, 256] = constant @w
+  %b: f32[256] = constant @b
+  %y: f32[n, 256] = matmul %x, %w
+  %b2: f32[1, 256] = reshape %b
+  %bb: f32[n, 256] = broadcast %b2
+  %z: f32[n, 256] = add %y, %bb
+  %g: f32[n, 256] = tanh %z
+  output %g
+}
+"#,
+        &weights,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let m = Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"));
+    let gm = m.compile_host_gpu_for(anyshape::gpu::GpuTarget::Sm90a).expect("compiles for a Hopper");
+    for (n, kernel) in [(1600usize, "gemm_wg"), (1, "gemm_gemv_")] {
+        let ins = inputs(&m, &[("n", n)], n as u64);
+        let named: Vec<(&str, Tensor)> = ins.iter().map(|(a, t)| (a.as_str(), t.clone())).collect();
+        let used = gm.gemms_at(&named).expect("plans");
+        assert!(used.iter().all(|(_, k)| k[0].starts_with(kernel)), "{n} rows: {used:?}");
+        compare_within(&m, &gm, &[("n", n)], n as u64, Some(BF16_L2));
+    }
+}
+
 /// Through the driver where the machine has a GPU (the block against the
 /// interpreter there, f32 loop kernels: the same tolerance); where it has
 /// none, the error says so and the test says it skipped
@@ -337,7 +380,8 @@ fn every_bundled_model_compiles_to_ptx() {
         let plan = model.lower_gpu().unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         // Every kernel the device would load: the loop programs, the operand
         // copy, the GEMMs its steps are given (each distinct GEMM once).
-        let all = anyshape::gpu::plan_ptx(&plan).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let all = anyshape::gpu::plan_ptx(&plan, anyshape::gpu::GpuTarget::Sm90a)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let mut texts = Vec::new();
         for (i, (name, ptx)) in all.into_iter().enumerate() {
             if !name.starts_with("gemm_") || gemms.insert(name.clone()) {

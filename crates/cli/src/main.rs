@@ -637,7 +637,7 @@ fn inspect_gpu(model_path: PathBuf, dims: Vec<String>, dump_llvm: Option<PathBuf
     say!("# stage: programs (the GPU's plan: loop programs, contractions on the GEMM family)");
     say_raw!("{}", anyshape::inspect::print_plan(&plan));
     say!("# GEMM kernels of each contraction step, tried in order (bf16 operands, f32 C):");
-    say_raw!("{}", anyshape::gpu::gemm_choices_text(&plan)?);
+    say_raw!("{}", anyshape::gpu::gemm_choices_text(&plan, anyshape::gpu::GpuTarget::Sm80)?);
     let warp = plan.programs.iter().filter(|p| p.gpu_warp_schedule().is_some()).count();
     let matmuls = plan.steps.iter().filter(|s| s.kind.name() == "matmul").count();
     say!(
@@ -647,7 +647,7 @@ fn inspect_gpu(model_path: PathBuf, dims: Vec<String>, dump_llvm: Option<PathBuf
         plan.buffers.len()
     );
     if let Some(dir) = dump_llvm {
-        let kernels = anyshape::gpu::plan_ptx(&plan)?;
+        let kernels = anyshape::gpu::plan_ptx(&plan, anyshape::gpu::GpuTarget::Sm80)?;
         let mut ptx = String::new();
         for (_, text) in &kernels {
             ptx.push_str(text);

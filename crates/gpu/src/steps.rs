@@ -14,7 +14,8 @@
 //! (attention's scores without fusion), whose N and K vary, the list is fixed
 //! bounds. Both end with the covers: the element-by-element mma.sync kernel
 //! (any K) and the SIMT kernel (any start of C, whose stores are single).
-//! sm_80 code throughout, so the same kernels run on every supported GPU.
+//! For any GPU the kernels are sm_80 code (mma.sync, GEMV); for a Hopper
+//! ([`StepTarget::Sm90a`]) the weights' lists also take the wgmma kernels.
 
 use crate::candidates::{family, gemv_family, plain_family, simt_family, unaligned_family};
 use crate::kernel::{Arch, BLayout, ElemType, Epilogue, GemmKernel, Problem};
@@ -29,6 +30,17 @@ pub const M_DISTILLED: usize = 4096;
 /// (`anyshape-gpu bench --json` on 2026-11-27, the device, the reduction and
 /// each kernel's measured block costs; its products dropped).
 pub const H200_PROFILE: &str = include_str!("../profiles/h200.jsonl");
+
+/// The GPUs a model's kernels are built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum StepTarget {
+    /// Every supported GPU (sm_80 and later): mma.sync and GEMV kernels.
+    #[default]
+    Sm80,
+    /// Hopper (sm_90a) only: the wgmma kernels too (cp.async-fed; TMA ones
+    /// need tensor maps the runtime does not make yet).
+    Sm90a,
+}
 
 /// A device profile: the wave model's measured lowest level.
 pub fn profile(text: &str) -> Result<Record, ReplayError> {
@@ -67,17 +79,23 @@ pub fn fixed_step_kernels(epilogue: Epilogue) -> Vec<(GemmKernel, usize)> {
     out
 }
 
-/// The wave model of `profile` over the kernels a step may take on any
-/// GPU: the mma.sync tiles and GEMV kernels (sm_80 code) it calibrated for
-/// a K-major B, whole products only (no split-K: its reduction is a second
-/// launch the runtime does not make yet).
-pub fn step_model(profile: &Record) -> Result<WaveModel, ReplayError> {
+/// The wave model of `profile` over the kernels a step may take on
+/// `target`: the mma.sync tiles and GEMV kernels it calibrated for a K-major
+/// B (and on sm_90a the cp.async-fed wgmma kernels), whole products only
+/// (no split-K: its reduction is a second launch the runtime does not make
+/// yet).
+pub fn step_model(profile: &Record, target: StepTarget) -> Result<WaveModel, ReplayError> {
     let all = plain_family(ElemType::Bf16);
     let m = profile.model(BLayout::KMajor, &all)?;
     let keep: Vec<usize> = (0..m.kernels.len())
         .filter(|&i| {
             let k = &m.kernels[i];
-            matches!(k.arch, Arch::Sm80 | Arch::Gemv) && !k.split_k && !k.is_cover()
+            let arch = match k.arch {
+                Arch::Sm80 | Arch::Gemv => true,
+                Arch::Sm90a => target == StepTarget::Sm90a && !k.tma,
+                Arch::Simt => false,
+            };
+            arch && !k.split_k && !k.is_cover()
         })
         .collect();
     Ok(WaveModel {
@@ -123,7 +141,8 @@ mod tests {
     /// M; every list ends with the covers and takes any M.
     #[test]
     fn weights_get_the_wave_models_pick() {
-        let model = step_model(&profile(H200_PROFILE).expect("the profile parses")).expect("a model");
+        let model = step_model(&profile(H200_PROFILE).expect("the profile parses"), StepTarget::Sm80)
+            .expect("a model");
         assert!(model.kernels.iter().any(|k| k.arch == Arch::Gemv));
         assert!(model.kernels.iter().all(|k| matches!(k.arch, Arch::Sm80 | Arch::Gemv) && !k.split_k));
         let e = Epilogue { bias: true, ..Epilogue::NONE };
@@ -147,6 +166,23 @@ mod tests {
         // K not a multiple of 8: only the covers.
         let odd = weight_step_kernels(&model, e, (1, 64, 37));
         assert_eq!(odd.len(), 2, "{odd:?}");
+    }
+
+    /// On a Hopper the large products of BERT-base's weights take wgmma tiles.
+    #[test]
+    fn hopper_weights_take_wgmma_at_large_m() {
+        let model = step_model(&profile(H200_PROFILE).expect("parses"), StepTarget::Sm90a).expect("a model");
+        assert!(model.kernels.iter().any(|k| k.arch == Arch::Sm90a) && model.kernels.iter().all(|k| !k.tma));
+        for (n, k) in [(2304, 768), (3072, 768), (768, 3072)] {
+            let list = weight_step_kernels(&model, Epilogue::NONE, (1, n, k));
+            let at = |m: usize| {
+                list.iter()
+                    .find(|(kk, most)| m <= *most && kk.accepts(&Problem::nt(1, m, n, k)).is_ok())
+                    .map(|x| x.0)
+            };
+            assert_eq!(at(1).map(|k| k.arch), Some(Arch::Gemv));
+            assert_eq!(at(4096).map(|k| k.arch), Some(Arch::Sm90a), "{n}x{k}: {list:?}");
+        }
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub struct CudaDevice {
     funcs: Vec<CudaFunction>,
     _modules: Vec<Arc<CudaModule>>,
     name: String,
+    cc: (i32, i32),
 }
 
 fn driver(what: &str) -> impl Fn(result::DriverError) -> RunError + '_ {
@@ -80,7 +81,15 @@ impl CudaDevice {
             funcs,
             _modules: modules,
             name: format!("{name} (sm_{}{})", cc.0, cc.1),
+            cc,
         })
+    }
+
+    /// GPU `ordinal`'s compute capability (major, minor), before any kernel
+    /// is built for it; the same errors as [`CudaDevice::open`] where there
+    /// is no driver or no such device.
+    pub fn compute_capability(ordinal: usize) -> Result<(i32, i32), RunError> {
+        Ok(CudaDevice::open(ordinal, &[])?.cc)
     }
 
     fn bind(&self) -> Result<(), RunError> {
