@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use codegen::emulator::{HostKernelKind, HostKernels};
 pub use gpu_family::steps::StepTarget as GpuTarget;
 use plan::gemm::{Arch, GemmKernel};
+pub use runtime::gpu::artifact::{is_gpu_artifact, GpuArtifact, KernelRole};
 pub use runtime::gpu::cuda::CudaDevice;
 pub use runtime::gpu::{check_plan, Device, DevicePtr, GemmChoice, GpuKernels, GpuModel};
 use runtime::gpu::{KernelArg, KernelCode, LaunchDims, DEVICE_ALIGN};
@@ -133,10 +134,7 @@ impl Model {
         let plan = self.lower_gpu()?;
         // A model the GPU cannot run says so before any driver is asked for.
         check_plan(&plan)?;
-        let target = match CudaDevice::compute_capability(ordinal)? {
-            (9, 0) => GpuTarget::Sm90a,
-            _ => GpuTarget::Sm80,
-        };
+        let target = target_of(ordinal)?;
         let (code, kernels) = gpu_kernels(&plan, Text::Ptx, target)?;
         let code: Vec<KernelCode> = code.into_iter().map(|(c, _)| c).collect();
         let device = CudaDevice::open(ordinal, &code)?;
@@ -181,9 +179,32 @@ impl Model {
         let plan = self.lower_gpu()?;
         check_plan(&plan)?;
         let (code, kernels) = gpu_kernels(&plan, Text::LlvmIr, target)?;
-        let code: Vec<_> = code.into_iter().map(|(c, kind)| (c.name, c.text, kind)).collect();
+        let code: Vec<_> = code.into_iter().map(|(c, role)| (c.name, c.text, host_kind(role))).collect();
         let host = HostKernels::new(&code).map_err(codegen::CodegenError::Llvm)?;
         self.gpu_model(plan, kernels, HostDevice::new(host))
+    }
+
+    /// The model compiled for NVIDIA GPUs as an artifact (PTX for `target`,
+    /// the plan, the weights): what `anyshape compile --device cuda` saves
+    /// and `anyshape-rt` runs where there is only the NVIDIA driver.
+    pub fn gpu_artifact(&self, target: GpuTarget) -> Result<GpuArtifact, Error> {
+        let plan = self.lower_gpu()?;
+        check_plan(&plan)?;
+        let (kernels, steps) = gpu_kernels(&plan, Text::Ptx, target)?;
+        let io = |v: Vec<crate::IoInfo>| v.into_iter().map(|i| (i.name, i.ty)).collect();
+        Ok(GpuArtifact {
+            plan,
+            env: self.graph.env.clone(),
+            inputs: io(self.inputs()),
+            outputs: io(self.outputs()),
+            kernels,
+            steps,
+            arch: match target {
+                GpuTarget::Sm80 => "sm_80",
+                GpuTarget::Sm90a => "sm_90a",
+            }
+            .into(),
+        })
     }
 }
 
@@ -196,14 +217,48 @@ enum Text {
     LlvmIr,
 }
 
+/// The kernels NVIDIA GPU `ordinal` takes: a Hopper's (sm_90: wgmma too), or
+/// every supported GPU's. No driver or no such device is an error saying so.
+pub fn target_of(ordinal: usize) -> Result<GpuTarget, Error> {
+    Ok(match CudaDevice::compute_capability(ordinal)? {
+        (9, 0) => GpuTarget::Sm90a,
+        _ => GpuTarget::Sm80,
+    })
+}
+
+/// How the emulator calls a kernel of `role`.
+fn host_kind(role: KernelRole) -> HostKernelKind {
+    match role {
+        KernelRole::Loop(_) | KernelRole::OperandCopy => HostKernelKind::Pointers,
+        KernelRole::Gemm(k) => HostKernelKind::Gemm { threads_apart: k.arch == Arch::Simt },
+    }
+}
+
+/// A GPU artifact's model on the host emulator: each kernel rebuilt from
+/// what the artifact says it is (the emulator runs LLVM IR, not PTX), run
+/// with the artifact's plan, weights and steps.
+pub fn host_model_of(a: GpuArtifact) -> Result<GpuModel<HostDevice>, Error> {
+    let mut code = Vec::with_capacity(a.kernels.len());
+    for (k, role) in &a.kernels {
+        let ir = match role {
+            KernelRole::Loop(i) => codegen::nvptx::program_ir(&a.plan.programs[*i], &k.name)?,
+            KernelRole::OperandCopy => codegen::nvptx::operand_copy_ir(),
+            KernelRole::Gemm(g) => codegen::nvptx::llvm_ir(g)?,
+        };
+        code.push((k.name.clone(), ir, host_kind(*role)));
+    }
+    let host = HostKernels::new(&code).map_err(codegen::CodegenError::Llvm)?;
+    Ok(GpuModel::new(a.plan, a.env, a.inputs, a.outputs, a.steps, HostDevice::new(host))?)
+}
+
 /// Every kernel of `plan` for the GPU, in the device's index order (the loop
-/// programs, the operand copy, each distinct GEMM), with how the emulator
-/// calls it, and which runs each step.
+/// programs, the operand copy, each distinct GEMM), with what it is, and
+/// which runs each step.
 fn gpu_kernels(
     plan: &plan::ModelPlan,
     text: Text,
     target: GpuTarget,
-) -> Result<(Vec<(KernelCode, HostKernelKind)>, GpuKernels), Error> {
+) -> Result<(Vec<(KernelCode, KernelRole)>, GpuKernels), Error> {
     let mut code = Vec::new();
     let mut kernels = GpuKernels::default();
     for (i, p) in plan.programs.iter().enumerate() {
@@ -213,7 +268,7 @@ fn gpu_kernels(
             Text::LlvmIr => codegen::nvptx::program_ir(p, &name)?,
         };
         kernels.loops.push(code.len());
-        code.push((KernelCode { name, text: t, smem: 0 }, HostKernelKind::Pointers));
+        code.push((KernelCode { name, text: t, smem: 0 }, KernelRole::Loop(i)));
     }
     let copy = match text {
         Text::Ptx => codegen::nvptx::operand_copy_ptx()?,
@@ -221,7 +276,7 @@ fn gpu_kernels(
     };
     kernels.operand_copy = code.len();
     let name = plan::gpu::OPERAND_COPY_KERNEL.to_string();
-    code.push((KernelCode { name, text: copy, smem: 0 }, HostKernelKind::Pointers));
+    code.push((KernelCode { name, text: copy, smem: 0 }, KernelRole::OperandCopy));
     let mut index: HashMap<GemmKernel, usize> = HashMap::new();
     for list in step_lists(plan, target)? {
         let mut choices = Vec::new();
@@ -233,8 +288,10 @@ fn gpu_kernels(
                         Text::Ptx => codegen::nvptx::ptx(&k)?,
                         Text::LlvmIr => codegen::nvptx::llvm_ir(&k)?,
                     };
-                    let kind = HostKernelKind::Gemm { threads_apart: k.arch == Arch::Simt };
-                    code.push((KernelCode { name: k.name(), text: t, smem: k.smem_bytes() }, kind));
+                    code.push((
+                        KernelCode { name: k.name(), text: t, smem: k.smem_bytes() },
+                        KernelRole::Gemm(k),
+                    ));
                     index.insert(k, code.len() - 1);
                     code.len() - 1
                 }

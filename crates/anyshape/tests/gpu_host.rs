@@ -253,6 +253,57 @@ fn hopper_kernels_run_a_weights_product() {
     }
 }
 
+/// A GPU artifact (`Model::gpu_artifact`: PTX, plan, weights) saved and
+/// loaded without the compiler: the same kernels, steps and weights, run on
+/// the emulator (its kernels rebuilt from what the artifact says each is)
+/// within the bf16 bound of ONNX Runtime; a damaged file is an error naming
+/// what is wrong; on a machine without a GPU, opening it says so.
+#[test]
+fn a_gpu_artifact_round_trips() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/bert");
+    let model = Model::load(root.join("model.onnx"), &LoadOptions::new()).expect("loads");
+    let a = model.gpu_artifact(anyshape::gpu::GpuTarget::Sm80).expect("an artifact");
+    let path = std::env::temp_dir().join(format!("anyshape-gpu-artifact-{}.anyshape", std::process::id()));
+    a.save(&path).expect("saves");
+    assert!(anyshape::gpu::is_gpu_artifact(&path) && !runtime::is_artifact(&path));
+    let b = anyshape::gpu::GpuArtifact::load(&path).expect("loads");
+    assert_eq!(b.arch, "sm_80");
+    assert_eq!(b.kernels.len(), a.kernels.len());
+    for ((x, rx), (y, ry)) in a.kernels.iter().zip(&b.kernels) {
+        assert!(x.name == y.name && x.text == y.text && x.smem == y.smem && rx == ry, "{}", x.name);
+    }
+    let gm = anyshape::gpu::host_model_of(b).expect("runs on the emulator");
+    let case = root.join("case3");
+    let inputs: Vec<(String, Tensor)> =
+        npy_files(&case).into_iter().map(|(n, p)| (n, anyshape::npy::read(&p).expect("input npy"))).collect();
+    let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let got = gm.run(&named).expect("runs");
+    for (out, p) in npy_files(&case.join("expected")) {
+        let want = anyshape::npy::read(&p).expect("expected npy");
+        let g = &got.iter().find(|(n, _)| *n == out).expect("the output").1;
+        let err = rel_l2(&g.to_f64_vec(), &want.to_f64_vec());
+        assert!(err < MODEL_L2, "{out}: relative L2 error {err:e}");
+    }
+    match anyshape::gpu::GpuArtifact::load(&path).expect("loads").open(0) {
+        Ok(_) => eprintln!("this machine has a GPU: the artifact opened"),
+        Err(e) => {
+            let e = e.to_string();
+            assert!(e.contains("no NVIDIA driver") || e.contains("no CUDA device"), "{e}");
+        }
+    }
+    // One byte of the code changed: the hash says so.
+    let mut bytes = std::fs::read(&path).expect("reads");
+    let at = bytes.len() / 3;
+    bytes[at] ^= 1;
+    std::fs::write(&path, &bytes).expect("writes");
+    let e = anyshape::gpu::GpuArtifact::load(&path).expect_err("damaged").to_string();
+    assert!(e.contains("corrupted"), "{e}");
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).expect("writes");
+    let e = anyshape::gpu::GpuArtifact::load(&path).expect_err("truncated").to_string();
+    assert!(e.contains("truncated"), "{e}");
+    let _ = std::fs::remove_file(&path);
+}
+
 /// Through the driver where the machine has a GPU (the block against the
 /// interpreter there, f32 loop kernels: the same tolerance); where it has
 /// none, the error says so and the test says it skipped

@@ -179,15 +179,20 @@ pub fn time_calls(
     runs: usize,
     pause: Option<Duration>,
 ) -> Result<Timing> {
+    time_runs(&|| cm.run(named).map(|_| ()).map_err(Into::into), runs, pause)
+}
+
+/// [`time_calls`] of any model: `call` runs it once on the shape's inputs.
+pub fn time_runs(call: &dyn Fn() -> Result<()>, runs: usize, pause: Option<Duration>) -> Result<Timing> {
     let t0 = Instant::now();
-    cm.run(named)?;
+    call()?;
     let first_ms = ms(t0.elapsed());
     let timed = |before: &dyn Fn()| -> Result<f64> {
         let mut times = Vec::with_capacity(runs.max(1));
         for _ in 0..runs.max(1) {
             before();
             let t = Instant::now();
-            cm.run(named)?;
+            call()?;
             times.push(ms(t.elapsed()));
         }
         times.sort_by(f64::total_cmp);
@@ -234,7 +239,7 @@ pub fn run_on_npy(
 }
 
 /// `NAME=FILE.npy` inputs, read.
-fn npy_inputs(specs: &[String]) -> Result<Vec<(String, Tensor)>> {
+pub fn npy_inputs(specs: &[String]) -> Result<Vec<(String, Tensor)>> {
     let mut out = Vec::new();
     for spec in specs {
         let Some((name, file)) = spec.split_once('=') else {

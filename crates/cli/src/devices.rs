@@ -41,6 +41,36 @@ impl<D: anyshape::gpu::Device> GpuRun for anyshape::gpu::GpuModel<D> {
     }
 }
 
+/// A GPU artifact (`compile --device cuda`) opened on `device`: GPU 0
+/// through the driver (`cuda`, or `cpu`: the artifact holds GPU code), or the
+/// emulator with its kernels rebuilt from what the artifact says each is.
+pub fn open_gpu_artifact(path: &std::path::Path, device: DeviceArg) -> Result<Box<dyn GpuRun>> {
+    let a = anyshape::gpu::GpuArtifact::load(path).map_err(runtime::RunError::from)?;
+    Ok(match device {
+        DeviceArg::Cuda | DeviceArg::Cpu => Box::new(a.open(0)?),
+        DeviceArg::GpuEmulator => Box::new(anyshape::gpu::host_model_of(a)?),
+    })
+}
+
+/// `--gpu-arch`: the GPUs a GPU artifact's kernels are for.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum GpuArchArg {
+    /// Every supported NVIDIA GPU (sm_80 and later): mma.sync and GEMV kernels.
+    #[default]
+    Sm80,
+    /// Hopper only (H100, H200): the weights' products may take wgmma kernels.
+    Sm90a,
+}
+
+impl GpuArchArg {
+    pub fn target(self) -> anyshape::gpu::GpuTarget {
+        match self {
+            GpuArchArg::Sm80 => anyshape::gpu::GpuTarget::Sm80,
+            GpuArchArg::Sm90a => anyshape::gpu::GpuTarget::Sm90a,
+        }
+    }
+}
+
 /// `model` compiled for GPU `device` (not the CPU).
 pub fn compile_gpu(model: &anyshape::Model, device: DeviceArg) -> Result<Box<dyn GpuRun>> {
     Ok(match device {

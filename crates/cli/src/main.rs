@@ -45,6 +45,14 @@ enum Command {
         /// it has it), or `avx2` for an artifact that runs on any AVX2 machine.
         #[arg(long, value_enum, default_value_t = IsaArg::Host)]
         isa: IsaArg,
+        /// The device the artifact is for: this kind of CPU, or NVIDIA GPUs
+        /// (`cuda`: PTX, the plan and the weights; runs with `anyshape-rt`
+        /// where there is only the NVIDIA driver).
+        #[arg(long, value_enum, default_value_t = devices::DeviceArg::Cpu)]
+        device: devices::DeviceArg,
+        /// With `--device cuda`: the GPUs the kernels are for.
+        #[arg(long, value_enum, default_value_t = devices::GpuArchArg::Sm80)]
+        gpu_arch: devices::GpuArchArg,
     },
     /// Run a model on inputs from .npy files or inline values.
     Run {
@@ -242,7 +250,20 @@ fn dispatch(cli: Cli) -> Result<()> {
             run(model, inputs, shapes, output_dir, dims, interpret, threads, chunks.key_chunks, device)
         }
         Command::Bench(args) => model_bench::bench(args),
-        Command::Compile { model, output, dims, threads, isa } => compile(model, output, dims, threads, isa),
+        Command::Compile { model, output, dims, device, gpu_arch, .. }
+            if device != devices::DeviceArg::Cpu =>
+        {
+            compile_gpu(model, output, dims, gpu_arch)
+        }
+        Command::Compile { model, output, dims, threads, isa, .. } => {
+            compile(model, output, dims, threads, isa)
+        }
+        Command::Inspect { model, .. } if anyshape::gpu::is_gpu_artifact(&model) => {
+            bail!(UserError(format!(
+                "{}: a GPU artifact (`anyshape-rt info` lists it); inspect the ONNX model with --device cuda",
+                model.display()
+            )))
+        }
         Command::Inspect { model, device, .. }
             if device != devices::DeviceArg::Cpu && runtime::is_artifact(&model) =>
         {
@@ -367,6 +388,19 @@ fn run(
     key_chunks: anyshape::KeyChunks,
     device: devices::DeviceArg,
 ) -> Result<()> {
+    if anyshape::gpu::is_gpu_artifact(&model_path) {
+        if interpret || !dims.is_empty() {
+            bail!(UserError("a GPU artifact runs as compiled (no --interpret or --dim)".into()));
+        }
+        let gm = devices::open_gpu_artifact(&model_path, device)?;
+        let infos: Vec<(String, DType)> = gm.inputs().iter().map(|(n, t)| (n.clone(), t.dtype)).collect();
+        let tensors = cli_inputs(&inputs, &shapes, &infos)?;
+        let named: Vec<(&str, Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        for line in common::write_outputs(&gm.run(&named)?, output_dir.as_deref())? {
+            say!("{line}");
+        }
+        return Ok(());
+    }
     if device != devices::DeviceArg::Cpu && (interpret || runtime::is_artifact(&model_path)) {
         bail!(UserError(
             "--device runs an ONNX model compiled here; an artifact holds CPU code, and --interpret runs \
@@ -378,43 +412,8 @@ fn run(
         return run_artifact(model_path, inputs, shapes, output_dir, dims, interpret, threads, key_chunks);
     }
     let model = load(&model_path, &dims)?;
-    let mut shape_of = std::collections::HashMap::new();
-    for s in &shapes {
-        let (name, dims) =
-            s.split_once('=').ok_or_else(|| UserError(format!("--shape `{s}`: expected NAME=AxB")))?;
-        let dims: Vec<usize> = if dims.trim().is_empty() {
-            vec![]
-        } else {
-            dims.split('x')
-                .map(|d| d.trim().parse())
-                .collect::<Result<_, _>>()
-                .map_err(|_| UserError(format!("--shape `{s}`: dims must be integers separated by `x`")))?
-        };
-        shape_of.insert(name.trim().to_string(), dims);
-    }
-    let infos = model.inputs();
-    let mut tensors = Vec::new();
-    for spec in &inputs {
-        let (name, value) = spec.split_once('=').ok_or_else(|| {
-            UserError(format!("--input `{spec}`: expected NAME=FILE.npy or NAME=v1,v2,..."))
-        })?;
-        let name = name.trim();
-        let t = if value.ends_with(".npy") || std::path::Path::new(value).is_file() {
-            npy::read(std::path::Path::new(value)).with_context(|| format!("input '{name}'"))?
-        } else {
-            let dtype = infos.iter().find(|i| i.name == name).map(|i| i.ty.dtype).ok_or_else(|| {
-                UserError(format!(
-                    "the model has no input '{name}' (inputs: {})",
-                    infos.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ")
-                ))
-            })?;
-            inline_tensor(name, value, shape_of.remove(name), dtype)?
-        };
-        tensors.push((name.to_string(), t));
-    }
-    if let Some(name) = shape_of.keys().next() {
-        bail!(UserError(format!("--shape {name}=… is given but there is no inline --input {name}=…")));
-    }
+    let infos: Vec<(String, DType)> = model.inputs().into_iter().map(|i| (i.name, i.ty.dtype)).collect();
+    let tensors = cli_inputs(&inputs, &shapes, &infos)?;
     let named: Vec<(&str, Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     let outputs = if interpret {
         model.interpret(&named)?
@@ -433,6 +432,51 @@ fn run(
         say!("{line}");
     }
     Ok(())
+}
+/// `--input` values (`.npy` files or inline numbers, shaped by `--shape`)
+/// for a model whose inputs are `infos` (name, element type).
+fn cli_inputs(
+    inputs: &[String],
+    shapes: &[String],
+    infos: &[(String, DType)],
+) -> Result<Vec<(String, Tensor)>> {
+    let mut shape_of = std::collections::HashMap::new();
+    for s in shapes {
+        let (name, dims) =
+            s.split_once('=').ok_or_else(|| UserError(format!("--shape `{s}`: expected NAME=AxB")))?;
+        let dims: Vec<usize> = if dims.trim().is_empty() {
+            vec![]
+        } else {
+            dims.split('x')
+                .map(|d| d.trim().parse())
+                .collect::<Result<_, _>>()
+                .map_err(|_| UserError(format!("--shape `{s}`: dims must be integers separated by `x`")))?
+        };
+        shape_of.insert(name.trim().to_string(), dims);
+    }
+    let mut tensors = Vec::new();
+    for spec in inputs {
+        let (name, value) = spec.split_once('=').ok_or_else(|| {
+            UserError(format!("--input `{spec}`: expected NAME=FILE.npy or NAME=v1,v2,..."))
+        })?;
+        let name = name.trim();
+        let t = if value.ends_with(".npy") || std::path::Path::new(value).is_file() {
+            npy::read(std::path::Path::new(value)).with_context(|| format!("input '{name}'"))?
+        } else {
+            let dtype = infos.iter().find(|i| i.0 == name).map(|i| i.1).ok_or_else(|| {
+                UserError(format!(
+                    "the model has no input '{name}' (inputs: {})",
+                    infos.iter().map(|i| i.0.as_str()).collect::<Vec<_>>().join(", ")
+                ))
+            })?;
+            inline_tensor(name, value, shape_of.remove(name), dtype)?
+        };
+        tensors.push((name.to_string(), t));
+    }
+    if let Some(name) = shape_of.keys().next() {
+        bail!(UserError(format!("--shape {name}=… is given but there is no inline --input {name}=…")));
+    }
+    Ok(tensors)
 }
 
 /// `run` on an artifact: inputs from .npy files.
@@ -486,6 +530,31 @@ fn compile(
         "wrote {} ({:.1} MB): compiled in {:.1} s, saved in {:.2} s",
         output.display(),
         size as f64 / 1e6,
+        compiled.as_secs_f64(),
+        (start.elapsed() - compiled).as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `compile --device cuda`: a GPU artifact (PTX for `arch`, the plan, the weights).
+fn compile_gpu(
+    model_path: PathBuf,
+    output: PathBuf,
+    dims: Vec<String>,
+    arch: devices::GpuArchArg,
+) -> Result<()> {
+    let start = std::time::Instant::now();
+    let model = load(&model_path, &dims)?;
+    let a = model.gpu_artifact(arch.target())?;
+    let compiled = start.elapsed();
+    a.save(&output).map_err(runtime::RunError::from)?;
+    let size = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
+    say!(
+        "wrote {} ({:.1} MB, {} kernels for {}): compiled in {:.1} s, saved in {:.2} s",
+        output.display(),
+        size as f64 / 1e6,
+        a.kernels.len(),
+        a.arch,
         compiled.as_secs_f64(),
         (start.elapsed() - compiled).as_secs_f64()
     );

@@ -149,7 +149,7 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize, 
 pub fn bench(a: BenchArgs) -> Result<()> {
     let shapes: Vec<Vec<(String, usize)>> = a.shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
     let pause = pause_arg(a.pause)?;
-    if a.device != crate::devices::DeviceArg::Cpu {
+    if a.device != crate::devices::DeviceArg::Cpu || anyshape::gpu::is_gpu_artifact(&a.model) {
         return bench_gpu(&a, &shapes);
     }
     let start = Instant::now();
@@ -215,9 +215,16 @@ fn bench_gpu(a: &BenchArgs, shapes: &[Vec<(String, usize)>]) -> Result<()> {
         ));
     }
     let start = Instant::now();
-    let model = crate::load(&a.model, &a.dims)?;
-    let gm = crate::devices::compile_gpu(&model, a.device)?;
-    say!("compiled for {} in {:.0} ms", gm.device_name(), ms(start.elapsed()));
+    let gm = if anyshape::gpu::is_gpu_artifact(&a.model) {
+        let gm = crate::devices::open_gpu_artifact(&a.model, a.device)?;
+        say!("loaded the artifact on {} in {:.0} ms", gm.device_name(), ms(start.elapsed()));
+        gm
+    } else {
+        let model = crate::load(&a.model, &a.dims)?;
+        let gm = crate::devices::compile_gpu(&model, a.device)?;
+        say!("compiled for {} in {:.0} ms", gm.device_name(), ms(start.elapsed()));
+        gm
+    };
     for shape in shapes {
         let data = synthetic_inputs(gm.inputs(), shape)?;
         let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();

@@ -382,3 +382,54 @@ fn the_gpu_emulator_writes_the_cpus_outputs() {
     let out = run_bert(&["--device", "gpu-emulator", "--interpret"], &bert_inputs(2));
     assert_user_error(&out, &["--device"]);
 }
+
+/// `compile --device cuda` writes a GPU artifact (PTX, plan, weights):
+/// `anyshape run` with `--device gpu-emulator` runs it and writes the CPU's
+/// outputs (to the GPU's bf16 contractions); `anyshape-rt info` names its
+/// GPUs; `anyshape-rt run` where there is no NVIDIA driver says so (exit 2,
+/// one line); a CPU-only flag on it is refused.
+#[test]
+fn a_gpu_artifact_compiles_and_runs_without_the_compiler() {
+    let dir = tmp("gpu-artifact");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let art = dir.join("bert.anyshape").display().to_string();
+    let b = bert().display().to_string();
+    let out = anyshape(&["compile", &b, "--device", "cuda", "-o", &art]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("for sm_80"), "{out:?}");
+    let (cpu, gpu) = (dir.join("cpu"), dir.join("gpu"));
+    let mut args = vec!["run".to_string(), b.clone(), "--output-dir".into(), cpu.display().to_string()];
+    args.extend(bert_inputs(4));
+    let out = anyshape(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut args = vec!["run".to_string(), art.clone(), "--device".into(), "gpu-emulator".into()];
+    args.extend(["--output-dir".to_string(), gpu.display().to_string()]);
+    args.extend(bert_inputs(4));
+    let out = anyshape(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for name in ["last_hidden_state", "pooler_output"] {
+        let read =
+            |d: &PathBuf| anyshape::npy::read(&d.join(format!("{name}.npy"))).expect("npy").to_f64_vec();
+        let (a, g) = (read(&cpu), read(&gpu));
+        let num: f64 = a.iter().zip(&g).map(|(x, y)| (x - y) * (x - y)).sum();
+        let den: f64 = a.iter().map(|x| x * x).sum();
+        assert!((num / den).sqrt() < 3e-2, "{name}: relative L2 error {}", (num / den).sqrt());
+    }
+    let rt =
+        |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_anyshape-rt")).args(args).output().expect("runs");
+    let info = rt(&["info", &art]);
+    assert!(info.status.success(), "{info:?}");
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(text.contains("code for NVIDIA GPUs (sm_80)") && text.contains("input input_ids"), "{text}");
+    let case = root().join("tests/fixtures/bert/case3");
+    let npy = |n: &str| format!("--input={n}={}", case.join(format!("{n}.npy")).display());
+    let out = rt(&["run", &art, &npy("input_ids"), &npy("attention_mask"), &npy("token_type_ids")]);
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+        assert_eq!(err.lines().filter(|l| !l.trim().is_empty()).count(), 1, "{err}");
+        assert!(err.contains("no NVIDIA driver") || err.contains("no CUDA device"), "{err}");
+    }
+    assert_user_error(&anyshape(&["run", &art, "--interpret"]), &["GPU artifact"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -106,7 +106,7 @@ fn split_k_kernels_write_f32_shares_and_reductions_apply_the_epilogue() {
                 gpu::epilogue_approximate(&epilogue),
                 "{r}"
             );
-            assert_eq!(ir.contains("%bias, i32"), epilogue.bias, "{r}");
+            assert_eq!(ir.contains("%bias, i64"), epilogue.bias, "{r}");
             nvptx::reduce_ptx(&r).unwrap();
         }
     }

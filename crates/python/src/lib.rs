@@ -70,9 +70,16 @@ enum Engine {
     Compiled(Box<CompiledModel>),
     Interpreted(Box<Model>),
     /// On NVIDIA GPU 0, through the driver.
-    Cuda(Box<anyshape::gpu::GpuModel<anyshape::gpu::CudaDevice>>),
+    Cuda(Box<anyshape::gpu::GpuModel<anyshape::gpu::CudaDevice>>, GpuSource),
     /// The GPU's kernels on the host emulator (tests).
-    GpuEmulator(Box<anyshape::gpu::GpuModel<anyshape::gpu::HostDevice>>),
+    GpuEmulator(Box<anyshape::gpu::GpuModel<anyshape::gpu::HostDevice>>, GpuSource),
+}
+
+/// What a GPU session saves: the model and the GPUs its kernels are for (the
+/// artifact built when saved), or the artifact it was loaded from.
+enum GpuSource {
+    Model(Box<Model>, anyshape::gpu::GpuTarget),
+    Artifact(Box<anyshape::gpu::GpuArtifact>),
 }
 
 impl Session {
@@ -252,9 +259,28 @@ impl Session {
             && (interpret || threads.is_some() || pool.is_some() || anyshape::is_artifact(&path))
         {
             return Err(invalid(format!(
-                "device='{device}' compiles an ONNX model for the GPU: interpret, threads, pool and \
-                 artifacts (CPU code) are for device='cpu'"
+                "device='{device}' runs on the GPU: interpret, threads, pool and CPU artifacts are for \
+                 device='cpu'"
             )));
+        }
+        if anyshape::gpu::is_gpu_artifact(&path) {
+            if device == "cpu" || dims.is_some() {
+                return Err(invalid(format!(
+                    "{}: a GPU artifact runs with device='cuda' (or 'gpu-emulator'), its dims as compiled",
+                    path.display()
+                )));
+            }
+            return py.detach(|| {
+                let a = anyshape::gpu::GpuArtifact::load(&path).map_err(|e| to_py(runtime_error(e)))?;
+                let (inputs, outputs) = (a.inputs.clone(), a.outputs.clone());
+                let source = GpuSource::Artifact(Box::new(a.clone()));
+                let engine = if device == "cuda" {
+                    Engine::Cuda(Box::new(a.open(0).map_err(to_py)?), source)
+                } else {
+                    Engine::GpuEmulator(Box::new(anyshape::gpu::host_model_of(a).map_err(to_py)?), source)
+                };
+                Ok(Session { engine, inputs, outputs })
+            });
         }
         if threads == Some(0) {
             return Err(invalid("threads must be at least 1".into()));
@@ -310,12 +336,16 @@ impl Session {
             let io = |m: &Model| (io_list(m.inputs()), io_list(m.outputs()));
             if device == "cuda" {
                 let (inputs, outputs) = io(&model);
-                let engine = Engine::Cuda(Box::new(model.compile_gpu(0).map_err(to_py)?));
+                let target = anyshape::gpu::target_of(0).map_err(to_py)?;
+                let gm = model.compile_gpu(0).map_err(to_py)?;
+                let engine = Engine::Cuda(Box::new(gm), GpuSource::Model(Box::new(model), target));
                 return Ok(Session { engine, inputs, outputs });
             }
             if device == "gpu-emulator" {
                 let (inputs, outputs) = io(&model);
-                let engine = Engine::GpuEmulator(Box::new(model.compile_host_gpu().map_err(to_py)?));
+                let gm = model.compile_host_gpu().map_err(to_py)?;
+                let source = GpuSource::Model(Box::new(model), anyshape::gpu::GpuTarget::Sm80);
+                let engine = Engine::GpuEmulator(Box::new(gm), source);
                 return Ok(Session { engine, inputs, outputs });
             }
             if interpret {
@@ -334,9 +364,13 @@ impl Session {
             Engine::Interpreted(_) => {
                 Err(invalid("an interpreting session has no compiled code to save".into()))
             }
-            Engine::Cuda(_) | Engine::GpuEmulator(_) => {
-                Err(invalid("a GPU session cannot be saved yet: artifacts hold CPU code".into()))
-            }
+            Engine::Cuda(_, source) | Engine::GpuEmulator(_, source) => py.detach(|| {
+                let saved = match source {
+                    GpuSource::Model(m, target) => m.gpu_artifact(*target).map_err(to_py)?.save(&path),
+                    GpuSource::Artifact(a) => a.save(&path),
+                };
+                saved.map_err(|e| to_py(runtime_error(e)))
+            }),
         }
     }
 
@@ -396,8 +430,8 @@ impl Session {
             .collect::<PyResult<Vec<_>>>()?;
         let outs = match &self.engine {
             Engine::Compiled(m) => py.detach(|| m.run_views(&views).map_err(to_py))?,
-            Engine::Cuda(m) => py.detach(|| m.run(&views).map_err(to_py))?,
-            Engine::GpuEmulator(m) => py.detach(|| m.run(&views).map_err(to_py))?,
+            Engine::Cuda(m, _) => py.detach(|| m.run(&views).map_err(to_py))?,
+            Engine::GpuEmulator(m, _) => py.detach(|| m.run(&views).map_err(to_py))?,
             Engine::Interpreted(m) => {
                 let owned: Vec<(&str, Tensor)> = views.iter().map(|(n, v)| (*n, v.to_tensor())).collect();
                 py.detach(|| m.interpret(&owned).map_err(to_py))?
@@ -453,4 +487,9 @@ fn _anyshape(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("InvalidArgument", m.py().get_type::<InvalidArgument>())?;
     m.add("UnsupportedModel", m.py().get_type::<UnsupportedModel>())?;
     Ok(())
+}
+
+/// An artifact's error as the runtime's (what `to_py` maps to Python's).
+fn runtime_error(e: anyshape::ArtifactError) -> anyshape::Error {
+    anyshape::Error::Run(e.into())
 }

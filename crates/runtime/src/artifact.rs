@@ -79,7 +79,7 @@ impl From<ArtifactError> for RunError {
     }
 }
 
-fn malformed(e: impl std::fmt::Display) -> ArtifactError {
+pub(crate) fn malformed(e: impl std::fmt::Display) -> ArtifactError {
     ArtifactError::Malformed(e.to_string())
 }
 
@@ -185,9 +185,9 @@ impl Entries<'_> {
 
 /// A range of the weights section.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-struct Blob {
-    offset: u64,
-    len: u64,
+pub(crate) struct Blob {
+    pub offset: u64,
+    pub len: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -216,7 +216,7 @@ struct BufferMeta {
 }
 
 #[derive(Serialize, Deserialize)]
-struct PlanMeta {
+pub(crate) struct PlanMeta {
     dims: plan::DimTable,
     buffers: Vec<BufferMeta>,
     programs: Vec<plan::LoopProgram>,
@@ -369,7 +369,7 @@ impl<W: Write> Weights<'_, W> {
     }
 }
 
-fn io(path: &Path) -> impl Fn(std::io::Error) -> ArtifactError + '_ {
+pub(crate) fn io(path: &Path) -> impl Fn(std::io::Error) -> ArtifactError + '_ {
     move |e| ArtifactError::Io(format!("{}: {e}", path.display()))
 }
 
@@ -465,35 +465,7 @@ impl CompiledModel<crate::Cpu> {
                 packed,
             };
             let meta = postcard::to_stdvec(&meta).map_err(malformed)?;
-            let weights_at =
-                (HEADER as u64 + meta.len() as u64 + code.len() as u64).next_multiple_of(SECTION_ALIGN);
-            let mut header = [0u8; HEADER];
-            header[0..8].copy_from_slice(MAGIC);
-            header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-            header[16..24].copy_from_slice(&(meta.len() as u64).to_le_bytes());
-            header[24..32].copy_from_slice(&(code.len() as u64).to_le_bytes());
-            header[32..40].copy_from_slice(&weights_at.to_le_bytes());
-            let weights_len = order.last().map_or(0, |(b, _)| b.offset + b.len);
-            header[40..48].copy_from_slice(&weights_len.to_le_bytes());
-            let mut h = blake3::Hasher::new();
-            h.update(&header[0..48]);
-            h.update(&meta);
-            h.update(&code);
-            header[48..80].copy_from_slice(h.finalize().as_bytes());
-            out.write_all(&header).map_err(io(&tmp))?;
-            out.write_all(&meta).map_err(io(&tmp))?;
-            out.write_all(&code).map_err(io(&tmp))?;
-            let gap = weights_at - (HEADER + meta.len() + code.len()) as u64;
-            out.write_all(&vec![0u8; gap as usize]).map_err(io(&tmp))?;
-            let mut w = Weights { out: &mut out, at: 0, hash: blake3::Hasher::new() };
-            for (blob, bytes) in &order {
-                w.put(*blob, bytes).map_err(io(&tmp))?;
-            }
-            let weights_hash = w.hash.finalize();
-            let mut file = out.into_inner().map_err(|e| io(&tmp)(e.into_error()))?;
-            file.seek(SeekFrom::Start(80)).map_err(io(&tmp))?;
-            file.write_all(weights_hash.as_bytes()).map_err(io(&tmp))?;
-            file.sync_all().map_err(io(&tmp))?;
+            write_sections(&mut out, &tmp, MAGIC, &meta, &code, &order)?;
             std::fs::rename(&tmp, path).map_err(io(path))
         };
         write().inspect_err(|_| {
@@ -523,7 +495,7 @@ impl CompiledModel<crate::Cpu> {
         opts: &ArtifactOptions,
     ) -> Result<CompiledModel, ArtifactError> {
         let file = (*bytes).as_ref();
-        let parsed = Parsed::of(file)?;
+        let parsed = Parsed::of(file, MAGIC)?;
         let meta: Meta = postcard::from_bytes(parsed.meta).map_err(malformed)?;
         let missing = meta.code_target.missing();
         if !missing.is_empty() {
@@ -606,8 +578,52 @@ impl CompiledModel<crate::Cpu> {
     }
 }
 
+/// Writes an artifact's sections to `out` (the file at `tmp`): the header
+/// (`magic`, the format version, the sections' sizes and hashes), the
+/// metadata, the code, and each weight blob at the offset placed for it, the
+/// weights section's hash patched in last.
+pub(crate) fn write_sections(
+    out: &mut std::io::BufWriter<std::fs::File>,
+    tmp: &Path,
+    magic: &[u8; 8],
+    meta: &[u8],
+    code: &[u8],
+    order: &[(Blob, &[u8])],
+) -> Result<(), ArtifactError> {
+    let weights_at = (HEADER as u64 + meta.len() as u64 + code.len() as u64).next_multiple_of(SECTION_ALIGN);
+    let mut header = [0u8; HEADER];
+    header[0..8].copy_from_slice(magic);
+    header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header[16..24].copy_from_slice(&(meta.len() as u64).to_le_bytes());
+    header[24..32].copy_from_slice(&(code.len() as u64).to_le_bytes());
+    header[32..40].copy_from_slice(&weights_at.to_le_bytes());
+    let weights_len = order.last().map_or(0, |(b, _)| b.offset + b.len);
+    header[40..48].copy_from_slice(&weights_len.to_le_bytes());
+    let mut h = blake3::Hasher::new();
+    h.update(&header[0..48]);
+    h.update(meta);
+    h.update(code);
+    header[48..80].copy_from_slice(h.finalize().as_bytes());
+    out.write_all(&header).map_err(io(tmp))?;
+    out.write_all(meta).map_err(io(tmp))?;
+    out.write_all(code).map_err(io(tmp))?;
+    let gap = weights_at - (HEADER + meta.len() + code.len()) as u64;
+    out.write_all(&vec![0u8; gap as usize]).map_err(io(tmp))?;
+    let mut w = Weights { out: &mut *out, at: 0, hash: blake3::Hasher::new() };
+    for (blob, bytes) in order {
+        w.put(*blob, bytes).map_err(io(tmp))?;
+    }
+    let weights_hash = w.hash.finalize();
+    out.flush().map_err(io(tmp))?;
+    let file = out.get_mut();
+    file.seek(SeekFrom::Start(80)).map_err(io(tmp))?;
+    file.write_all(weights_hash.as_bytes()).map_err(io(tmp))?;
+    file.sync_all().map_err(io(tmp))?;
+    Ok(())
+}
+
 /// An artifact's file, mapped.
-struct MappedArtifact(memmap2::Mmap);
+pub(crate) struct MappedArtifact(pub memmap2::Mmap);
 
 impl AsRef<[u8]> for MappedArtifact {
     fn as_ref(&self) -> &[u8] {
@@ -625,7 +641,7 @@ impl AsRef<[u8]> for Window {
 }
 
 /// `at..at + len` when it lies within `0..size`.
-fn range(at: u64, len: u64, size: usize) -> Result<std::ops::Range<usize>, ArtifactError> {
+pub(crate) fn range(at: u64, len: u64, size: usize) -> Result<std::ops::Range<usize>, ArtifactError> {
     let end = at.checked_add(len).filter(|e| *e <= size as u64);
     match end {
         Some(end) => Ok(at as usize..end as usize),
@@ -634,16 +650,17 @@ fn range(at: u64, len: u64, size: usize) -> Result<std::ops::Range<usize>, Artif
 }
 
 /// A checked artifact's sections.
-struct Parsed<'a> {
-    meta: &'a [u8],
-    code: &'a [u8],
-    weights_at: usize,
-    weights_len: usize,
+pub(crate) struct Parsed<'a> {
+    pub meta: &'a [u8],
+    pub code: &'a [u8],
+    pub weights_at: usize,
+    pub weights_len: usize,
 }
 
 impl<'a> Parsed<'a> {
-    fn of(file: &'a [u8]) -> Result<Parsed<'a>, ArtifactError> {
-        if file.len() < 8 || &file[..8] != MAGIC {
+    /// The sections of `file`, an artifact that starts with `magic`, checked.
+    pub(crate) fn of(file: &'a [u8], magic: &[u8; 8]) -> Result<Parsed<'a>, ArtifactError> {
+        if file.len() < 8 || &file[..8] != magic {
             return Err(ArtifactError::NotAnArtifact);
         }
         let u32_at =
@@ -692,7 +709,7 @@ impl<'a> Parsed<'a> {
     }
 }
 
-fn plan_meta(plan: &ModelPlan, blobs: &[Option<Blob>]) -> PlanMeta {
+pub(crate) fn plan_meta(plan: &ModelPlan, blobs: &[Option<Blob>]) -> PlanMeta {
     let buffers = plan
         .buffers
         .iter()
@@ -727,7 +744,7 @@ fn plan_meta(plan: &ModelPlan, blobs: &[Option<Blob>]) -> PlanMeta {
     }
 }
 
-fn plan_of(
+pub(crate) fn plan_of(
     p: PlanMeta,
     bytes: &Arc<dyn AsRef<[u8]> + Send + Sync>,
     window: &dyn Fn(Blob) -> Result<std::ops::Range<usize>, ArtifactError>,
@@ -1098,19 +1115,19 @@ mod tests {
 
     #[test]
     fn headers_are_checked_before_anything_else() {
-        assert_eq!(Parsed::of(b"").err(), Some(ArtifactError::NotAnArtifact));
-        assert_eq!(Parsed::of(b"\x08\x01ONNX....").err(), Some(ArtifactError::NotAnArtifact));
+        assert_eq!(Parsed::of(b"", MAGIC).err(), Some(ArtifactError::NotAnArtifact));
+        assert_eq!(Parsed::of(b"\x08\x01ONNX....", MAGIC).err(), Some(ArtifactError::NotAnArtifact));
         let mut h = vec![0u8; HEADER];
         h[..8].copy_from_slice(MAGIC);
         h[8..12].copy_from_slice(&(FORMAT_VERSION + 7).to_le_bytes());
-        assert_eq!(Parsed::of(&h).err(), Some(ArtifactError::Version { found: FORMAT_VERSION + 7 }));
+        assert_eq!(Parsed::of(&h, MAGIC).err(), Some(ArtifactError::Version { found: FORMAT_VERSION + 7 }));
         h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
         // Sizes whose sum overflows, or a weights section before the code.
         h[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(matches!(Parsed::of(&h), Err(ArtifactError::Malformed(_))));
+        assert!(matches!(Parsed::of(&h, MAGIC), Err(ArtifactError::Malformed(_))));
         h[16..24].copy_from_slice(&8u64.to_le_bytes());
         h[32..40].copy_from_slice(&4096u64.to_le_bytes());
         h[40..48].copy_from_slice(&(1u64 << 40).to_le_bytes());
-        assert!(matches!(Parsed::of(&h), Err(ArtifactError::Truncated { .. })));
+        assert!(matches!(Parsed::of(&h, MAGIC), Err(ArtifactError::Truncated { .. })));
     }
 }

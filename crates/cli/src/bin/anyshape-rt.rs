@@ -1,6 +1,7 @@
 //! `anyshape-rt`: run and benchmark compiled artifacts (`anyshape compile -o`)
 //! with the runtime alone. It links no compiler (no LLVM): what a machine that
-//! only serves a model needs.
+//! only serves a model needs. A GPU artifact (`anyshape compile --device
+//! cuda`) runs on NVIDIA GPU 0 through the driver.
 //!
 //! Exit codes: 0 on success, 2 when the input is at fault (a bad artifact,
 //! shapes, files or flags: a one-line reason on stderr), 1 on an internal error.
@@ -16,7 +17,8 @@ use ir::Tensor;
 #[path = "../common.rs"]
 mod common;
 
-use common::{load_artifact, ms, parse_shape, say, synthetic_inputs, time_calls};
+use common::{load_artifact, ms, parse_shape, say, synthetic_inputs, time_calls, time_runs};
+use runtime::gpu::artifact::is_gpu_artifact;
 
 #[derive(Parser)]
 #[command(name = "anyshape-rt", version, about = "Run compiled anyshape artifacts (no compiler).")]
@@ -75,6 +77,41 @@ fn main() -> ExitCode {
 
 fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Run { artifact, inputs, output_dir, .. } if is_gpu_artifact(&artifact) => {
+            let gm = open_gpu_artifact(&artifact)?;
+            for line in run_gpu_on_npy(&gm, &inputs, output_dir.as_deref())? {
+                say(line);
+            }
+        }
+        Command::Bench { artifact, shapes, runs, json, .. } if is_gpu_artifact(&artifact) => {
+            let shapes: Vec<Vec<(String, usize)>> =
+                shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
+            let start = Instant::now();
+            let gm = open_gpu_artifact(&artifact)?;
+            let load_ms = ms(start.elapsed());
+            if !json {
+                say(format!(
+                    "loaded the artifact on {} in {load_ms:.0} ms",
+                    runtime::gpu::Device::name(gm.device())
+                ));
+            }
+            for shape in &shapes {
+                let data = synthetic_inputs(gm.inputs(), shape)?;
+                let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+                let call = || gm.run(&named).map(|_| ()).map_err(Into::into);
+                say(time_runs(&call, runs, None)?.report(shape, json, load_ms));
+            }
+        }
+        Command::Info { artifact } if is_gpu_artifact(&artifact) => {
+            let a = runtime::gpu::artifact::GpuArtifact::load(&artifact).map_err(runtime::RunError::from)?;
+            for (kind, list) in [("input", &a.inputs), ("output", &a.outputs)] {
+                for (name, ty) in list {
+                    let dims: Vec<String> = ty.shape.iter().map(|d| d.to_string()).collect();
+                    say(format!("{kind} {name}: {} [{}]", ty.dtype, dims.join(", ")));
+                }
+            }
+            say(format!("code for NVIDIA GPUs ({}): {} kernels", a.arch, a.kernels.len()));
+        }
         Command::Run { artifact, inputs, output_dir, threads, chunks } => {
             let cm = load_artifact(&artifact, threads)?.with_key_chunks(chunks.key_chunks);
             for line in common::run_on_npy(&cm, &inputs, output_dir.as_deref())? {
@@ -110,4 +147,23 @@ fn dispatch(cli: Cli) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A GPU artifact (`anyshape compile --device cuda`) opened on GPU 0: its
+/// kernels loaded by the driver, its weights uploaded.
+fn open_gpu_artifact(
+    path: &std::path::Path,
+) -> Result<runtime::gpu::GpuModel<runtime::gpu::cuda::CudaDevice>> {
+    Ok(runtime::gpu::artifact::GpuArtifact::load(path).map_err(runtime::RunError::from)?.open(0)?)
+}
+
+/// `common::run_on_npy` for a model on a GPU.
+fn run_gpu_on_npy<D: runtime::gpu::Device>(
+    gm: &runtime::gpu::GpuModel<D>,
+    inputs: &[String],
+    dir: Option<&std::path::Path>,
+) -> Result<Vec<String>> {
+    let tensors = common::npy_inputs(inputs)?;
+    let named: Vec<(&str, Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    common::write_outputs(&gm.run(&named)?, dir)
 }

@@ -16,7 +16,7 @@ use crate::RunError;
 
 /// A kernel that may run a matmul step: its description, its index among
 /// the device's kernels, and the most rows (M) it is chosen for.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GemmChoice {
     pub kernel: GemmKernel,
     pub index: usize,

@@ -18,6 +18,7 @@
 //! epilogue. Not yet on the GPU (an error naming the step): fused attention
 //! (issue 37, item 4).
 
+pub mod artifact;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod matmul;
@@ -70,7 +71,7 @@ pub struct KernelCode {
 /// Which of the device's kernels run a plan's steps: each loop program's,
 /// the operand copy kernel, and each step's GEMM choices (empty for a step
 /// that is no contraction), in the order they are tried.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct GpuKernels {
     pub loops: Vec<usize>,
     pub operand_copy: usize,
