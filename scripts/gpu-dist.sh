@@ -19,6 +19,13 @@ rm -rf "$out"
 mkdir -p "$out"
 target/release/anyshape gpu-kernels --out "$out/kernels" --ptxas "$ptxas" --arch sm_90a,sm_80
 cp target/release/anyshape-gpu "$out/"
+# The runtime alone (no LLVM): it runs GPU artifacts compiled there.
+cp target/release/anyshape-rt "$out/"
+strip "$out/anyshape-rt"
+if ldd "$out/anyshape-rt" | grep -qi llvm; then
+    echo "error: anyshape-rt links LLVM" >&2
+    exit 1
+fi
 cp bench/gpu/device.sh bench/gpu/cublas.py bench/gpu/models.sh bench/gpu/models.py "$out/"
 if ldd "$out/anyshape-gpu" | grep -qi llvm; then
     echo "error: anyshape-gpu links LLVM" >&2

@@ -57,6 +57,29 @@ for name in ["bert", "gpt2"]:
             errs[f[:-4]] = rel_l2(got, want) if got.shape == want.shape else f"shape {got.shape} vs {want.shape}"
         say(fixture=name, case=case, seconds=round(secs, 2), rel_l2=errs)
 
+# 1b. A GPU artifact of the bundled BERT for this GPU (sm_90a: wgmma kernels
+# allowed), run by anyshape-rt (the runtime alone) against ONNX Runtime's outputs.
+rt = os.path.join(os.path.dirname(anyshape), "anyshape-rt")
+d = os.path.join(fixtures, "bert")
+art = os.path.join(out, "bert-sm90a.anyshape")
+p = subprocess.run([anyshape, "compile", os.path.join(d, "model.onnx"), "--device", "cuda", "--gpu-arch", "sm90a",
+                    "-o", art], capture_output=True, text=True, timeout=120)
+say(gpu_artifact=art, compile=p.stdout.strip()[-200:], error=p.stderr.strip()[-300:])
+if p.returncode == 0 and os.path.exists(rt):
+    for case in sorted(c for c in os.listdir(d) if c.startswith("case")):
+        cd = os.path.join(d, case)
+        od = os.path.join(out, "artifact", case)
+        os.makedirs(od, exist_ok=True)
+        args = [rt, "run", art, "--output-dir", od]
+        args += [f"--input={f[:-4]}={os.path.join(cd, f)}" for f in os.listdir(cd) if f.endswith(".npy")]
+        p = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        if p.returncode != 0:
+            say(artifact_case=case, error=p.stderr.strip()[-300:])
+            continue
+        errs = {f[:-4]: rel_l2(np.load(os.path.join(od, f)), np.load(os.path.join(cd, "expected", f)))
+                for f in os.listdir(os.path.join(cd, "expected"))}
+        say(artifact_case=case, rel_l2=errs)
+
 # 2. BERT-base: exported here, run by anyshape on the GPU, compared and timed.
 if time.time() - t_start > budget:
     say(skipped="bert-base", why="budget")
@@ -90,6 +113,9 @@ torch.onnx.export(
     opset_version=17, dynamo=False,
 )
 say(exported=onnx_path, mb=round(os.path.getsize(onnx_path) / 1e6, 1))
+p = subprocess.run([anyshape, "inspect", onnx_path, "--stage", "programs", "--device", "cuda"],
+                   capture_output=True, text=True, timeout=120)
+say(gemm_choices=[l for l in p.stdout.splitlines() if l.startswith("step ")][:6])
 mc = m.cuda()
 for b, s in [(1, 8), (1, 128)]:
     ids = torch.randint(0, cfg.vocab_size, (b, s))
