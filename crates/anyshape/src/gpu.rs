@@ -33,11 +33,19 @@ pub struct HostDevice {
     kernels: HostKernels,
     /// Live allocations: address → layout.
     allocs: Mutex<HashMap<DevicePtr, Layout>>,
+    /// The most bytes live at once (a device's memory), if limited.
+    limit: std::sync::atomic::AtomicUsize,
 }
 
 impl HostDevice {
     pub fn new(kernels: HostKernels) -> HostDevice {
-        HostDevice { kernels, allocs: Mutex::new(HashMap::new()) }
+        HostDevice { kernels, allocs: Mutex::new(HashMap::new()), limit: usize::MAX.into() }
+    }
+
+    /// Emulate a device of `bytes` of memory: an allocation past it fails as
+    /// a GPU's does (out of device memory).
+    pub fn set_memory(&self, bytes: usize) {
+        self.limit.store(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Bytes allocated and not freed.
@@ -52,8 +60,12 @@ impl Device for HostDevice {
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr, RunError> {
-        let layout = Layout::from_size_align(bytes.max(1), DEVICE_ALIGN)
-            .map_err(|_| RunError::Device(format!("out of device memory: {bytes} bytes asked for")))?;
+        let oom = || RunError::Device(format!("out of device memory: {bytes} bytes asked for"));
+        let limit = self.limit.load(std::sync::atomic::Ordering::Relaxed);
+        if self.bytes_live().checked_add(bytes).is_none_or(|b| b > limit) {
+            return Err(oom());
+        }
+        let layout = Layout::from_size_align(bytes.max(1), DEVICE_ALIGN).map_err(|_| oom())?;
         // SAFETY: the layout's size is at least 1.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
         if p.is_null() {

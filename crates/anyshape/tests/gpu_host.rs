@@ -148,6 +148,22 @@ fn a_bad_index_is_an_error_and_the_model_stays_usable() {
     compare(&m, &gm, &[("b", 1), ("s", 3)], 2);
 }
 
+/// Out of device memory (the emulator given a device's size): the error names
+/// the bytes and the inputs' shapes, and the model stays usable at a shape
+/// that fits.
+#[test]
+fn out_of_device_memory_names_the_shape_and_the_model_stays_usable() {
+    let m = model(BLOCK);
+    let gm = m.compile_host_gpu().expect("compiles");
+    compare(&m, &gm, &[("b", 1), ("s", 8)], 1);
+    gm.device().set_memory(gm.device().bytes_live() + (64 << 10));
+    let ins = inputs(&m, &[("b", 8), ("s", 300)], 2);
+    let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let e = gm.run(&named).expect_err("past the device's memory").to_string();
+    assert!(e.contains("out of device memory") && e.contains("bytes") && e.contains("[8, 300]"), "{e}");
+    compare(&m, &gm, &[("b", 1), ("s", 8)], 3);
+}
+
 /// A shape that breaks the model's rules is the binding's error, as on the CPU.
 #[test]
 fn a_shape_that_breaks_a_rule_is_an_error() {

@@ -173,6 +173,9 @@ pub struct GpuModel<D: Device> {
     shapes: RwLock<HashMap<Vec<i64>, Arc<GpuShape>>>,
     /// The calls' device memory (address, bytes): one call at a time uses it.
     memory: Mutex<Option<(DevicePtr, usize)>>,
+    /// What went wrong on the device in an earlier call (a copy or a launch:
+    /// a fault leaves the device's context unusable), refusing later calls.
+    failed: Mutex<Option<String>>,
     device: D,
 }
 
@@ -213,6 +216,7 @@ impl<D: Device> GpuModel<D> {
             kernels,
             shapes: RwLock::new(HashMap::new()),
             memory: Mutex::new(None),
+            failed: Mutex::new(None),
             device,
         };
         // Constants read other than as a packed weight keep their f32 copy.
@@ -397,19 +401,52 @@ impl<D: Device> GpuModel<D> {
     }
 
     /// Run on named inputs of any shape the symbols allow; outputs in model order.
+    ///
+    /// Out of device memory is an error naming the inputs' shapes and the
+    /// bytes (the model stays usable at smaller shapes); a copy or launch the
+    /// device fails (a kernel fault) is reported, and every later call is
+    /// refused with it: the device's context is lost, the process is not.
     pub fn run<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<Vec<(String, Tensor)>, RunError> {
+        if let Some(why) = self.failed.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            return Err(RunError::Device(format!(
+                "the GPU failed in an earlier call ({why}); this model is unusable: load it again"
+            )));
+        }
         let shape = self.shape(inputs)?;
-        let (sp, layout) = (&shape.sp, &shape.layout);
         let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-        if memory.is_none_or(|(_, bytes)| bytes < layout.bytes) {
+        if memory.is_none_or(|(_, bytes)| bytes < shape.layout.bytes) {
             if let Some((p, _)) = memory.take() {
                 // SAFETY: every launch that used it completed (the last call
                 // downloaded its outputs after them).
                 unsafe { self.device.free(p) };
             }
-            *memory = Some((self.device.alloc(layout.bytes)?, layout.bytes));
+            let bytes = shape.layout.bytes;
+            let p = self.device.alloc(bytes).map_err(|e| match e {
+                RunError::Device(why) => {
+                    let shapes: Vec<String> =
+                        inputs.iter().map(|(n, t)| format!("{n} {:?}", TensorData::shape(t))).collect();
+                    RunError::Device(format!("{why} (a call's memory for inputs {})", shapes.join(", ")))
+                }
+                e => e,
+            })?;
+            *memory = Some((p, bytes));
         }
         let base = memory.map(|(p, _)| p).ok_or_else(|| RunError::Internal("no device memory".into()))?;
+        let out = self.run_in(inputs, &shape, base);
+        if let Err(RunError::Device(why)) = &out {
+            *self.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+        }
+        out
+    }
+
+    /// A call at `shape` in the device memory at `base`.
+    fn run_in<T: TensorData>(
+        &self,
+        inputs: &[(&str, T)],
+        shape: &GpuShape,
+        base: DevicePtr,
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
+        let (sp, layout) = (&shape.sp, &shape.layout);
         let ptr = |i: usize| -> Result<DevicePtr, RunError> {
             match (self.constants[i], layout.buffers[i]) {
                 (Some(p), _) => Ok(p),
