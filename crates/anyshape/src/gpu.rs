@@ -16,7 +16,7 @@ use plan::gemm::{Arch, GemmKernel};
 pub use runtime::gpu::artifact::{is_gpu_artifact, GpuArtifact, KernelRole};
 pub use runtime::gpu::cuda::CudaDevice;
 pub use runtime::gpu::{check_plan, Device, DevicePtr, GemmChoice, GpuKernels, GpuModel};
-use runtime::gpu::{KernelArg, KernelCode, LaunchDims, DEVICE_ALIGN};
+use runtime::gpu::{KernelArg, KernelCode, LaunchDims, StreamId, DEVICE_ALIGN};
 use runtime::RunError;
 
 use crate::{Error, Model};
@@ -35,11 +35,24 @@ pub struct HostDevice {
     allocs: Mutex<HashMap<DevicePtr, Layout>>,
     /// The most bytes live at once (a device's memory), if limited.
     limit: std::sync::atomic::AtomicUsize,
+    /// Streams handed out.
+    streams: std::sync::atomic::AtomicUsize,
 }
 
 impl HostDevice {
     pub fn new(kernels: HostKernels) -> HostDevice {
-        HostDevice { kernels, allocs: Mutex::new(HashMap::new()), limit: usize::MAX.into() }
+        HostDevice {
+            kernels,
+            allocs: Mutex::new(HashMap::new()),
+            limit: usize::MAX.into(),
+            streams: 0.into(),
+        }
+    }
+
+    /// Streams handed out to callers (one per caller that ran at once with
+    /// another).
+    pub fn streams(&self) -> usize {
+        self.streams.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Emulate a device of `bytes` of memory: an allocation past it fails as
@@ -83,19 +96,30 @@ impl Device for HostDevice {
         }
     }
 
-    unsafe fn upload(&self, dst: DevicePtr, src: &[u8]) -> Result<(), RunError> {
+    fn new_stream(&self) -> Result<StreamId, RunError> {
+        // Every copy and launch completes before it returns: one order serves all.
+        Ok(self.streams.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1)
+    }
+
+    unsafe fn upload(&self, _: StreamId, dst: DevicePtr, src: &[u8]) -> Result<(), RunError> {
         // SAFETY: the caller's contract: `dst` has `src.len()` bytes of one allocation.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
         Ok(())
     }
 
-    unsafe fn download(&self, src: DevicePtr, dst: &mut [u8]) -> Result<(), RunError> {
+    unsafe fn download(&self, _: StreamId, src: DevicePtr, dst: &mut [u8]) -> Result<(), RunError> {
         // SAFETY: the caller's contract: `src` has `dst.len()` bytes of one allocation.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
 
-    unsafe fn launch(&self, kernel: usize, dims: LaunchDims, args: &[KernelArg]) -> Result<(), RunError> {
+    unsafe fn launch(
+        &self,
+        _: StreamId,
+        kernel: usize,
+        dims: LaunchDims,
+        args: &[KernelArg],
+    ) -> Result<(), RunError> {
         let bad = || RunError::Internal(format!("kernel {kernel}: arguments {args:?}"));
         let ptr = |a: &KernelArg| match a {
             KernelArg::Ptr(p) => Ok(*p),

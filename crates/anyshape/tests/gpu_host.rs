@@ -134,6 +134,30 @@ fn a_memory_bound_block_runs_through_the_gpu_backend() {
     assert_eq!(gm.device().bytes_live(), live, "a call at a planned shape allocated device memory");
 }
 
+/// Callers at once: each call takes a stream and device memory of its own
+/// (kept for later calls), so concurrent calls at different shapes each get
+/// their own outputs.
+#[test]
+fn concurrent_calls_each_take_their_own_stream() {
+    let m = model(BLOCK);
+    let gm = m.compile_host_gpu().expect("compiles");
+    let start = std::sync::Barrier::new(3);
+    std::thread::scope(|s| {
+        for t in 0..3usize {
+            let (m, gm, start) = (&m, &gm, &start);
+            s.spawn(move || {
+                start.wait();
+                for i in 0..4 {
+                    compare(m, gm, &[("b", 1 + t), ("s", 5 + 7 * i + t)], (10 * t + i) as u64);
+                }
+            });
+        }
+    });
+    let streams = gm.device().streams();
+    eprintln!("{streams} streams for 3 callers");
+    assert!((1..=3).contains(&streams), "{streams} streams");
+}
+
 /// A gather index out of range is found by the kernel and reported with the
 /// model's message; the model stays usable.
 #[test]

@@ -12,17 +12,17 @@ use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{result, CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 
-use super::{Device, DevicePtr, KernelArg, KernelCode, LaunchDims};
+use super::{Device, DevicePtr, KernelArg, KernelCode, LaunchDims, StreamId};
 use crate::RunError;
 
 /// The oldest GPUs the kernels run on (their PTX targets sm_80).
 pub const MIN_COMPUTE_CAPABILITY: (i32, i32) = (8, 0);
 
-/// An open GPU: its context, one stream for every copy and launch, and the
-/// kernels loaded.
+/// An open GPU: its context, its streams (0 its own, then one per caller),
+/// and the kernels loaded.
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    streams: std::sync::Mutex<Vec<Arc<CudaStream>>>,
     funcs: Vec<CudaFunction>,
     _modules: Vec<Arc<CudaModule>>,
     name: String,
@@ -77,7 +77,7 @@ impl CudaDevice {
         }
         Ok(CudaDevice {
             ctx,
-            stream,
+            streams: std::sync::Mutex::new(vec![stream]),
             funcs,
             _modules: modules,
             name: format!("{name} (sm_{}{})", cc.0, cc.1),
@@ -94,6 +94,13 @@ impl CudaDevice {
 
     fn bind(&self) -> Result<(), RunError> {
         self.ctx.bind_to_thread().map_err(driver("binding the context"))
+    }
+
+    /// Stream `id`, bound to this thread.
+    fn stream(&self, id: StreamId) -> Result<Arc<CudaStream>, RunError> {
+        self.bind()?;
+        let streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        streams.get(id).cloned().ok_or_else(|| RunError::Internal(format!("no stream {id}")))
     }
 }
 
@@ -116,39 +123,52 @@ impl Device for CudaDevice {
 
     unsafe fn free(&self, p: DevicePtr) {
         if self.bind().is_ok() {
-            // SAFETY: the caller's contract (from `alloc`, freed once, unused);
-            // the stream's work is complete first.
-            let _ = self.stream.synchronize();
+            // Whatever stream used it, its work is complete first.
+            let _ = self.ctx.synchronize();
+            // SAFETY: the caller's contract (from `alloc`, freed once, unused).
             let _ = unsafe { result::free_sync(p) };
         }
     }
 
-    unsafe fn upload(&self, dst: DevicePtr, src: &[u8]) -> Result<(), RunError> {
+    fn new_stream(&self) -> Result<StreamId, RunError> {
+        self.bind()?;
+        let s = self.ctx.new_stream().map_err(driver("a stream"))?;
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        streams.push(s);
+        Ok(streams.len() - 1)
+    }
+
+    unsafe fn upload(&self, stream: StreamId, dst: DevicePtr, src: &[u8]) -> Result<(), RunError> {
         if src.is_empty() {
             return Ok(());
         }
-        self.bind()?;
+        let s = self.stream(stream)?;
         // SAFETY: the caller's contract (the bytes lie in one live allocation);
         // `src` outlives the copy, which completes before this returns.
-        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }
-            .map_err(driver("a copy to the GPU"))?;
-        self.stream.synchronize().map_err(driver("a copy to the GPU"))
+        unsafe { result::memcpy_htod_async(dst, src, s.cu_stream()) }.map_err(driver("a copy to the GPU"))?;
+        s.synchronize().map_err(driver("a copy to the GPU"))
     }
 
-    unsafe fn download(&self, src: DevicePtr, dst: &mut [u8]) -> Result<(), RunError> {
+    unsafe fn download(&self, stream: StreamId, src: DevicePtr, dst: &mut [u8]) -> Result<(), RunError> {
         if dst.is_empty() {
             return Ok(());
         }
-        self.bind()?;
+        let s = self.stream(stream)?;
         // SAFETY: the caller's contract; `dst` outlives the copy, which completes
         // (after every launch before it on the stream) before this returns.
-        unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }
+        unsafe { result::memcpy_dtoh_async(dst, src, s.cu_stream()) }
             .map_err(driver("a copy from the GPU (or a kernel before it failed)"))?;
-        self.stream.synchronize().map_err(driver("a kernel or a copy from the GPU"))
+        s.synchronize().map_err(driver("a kernel or a copy from the GPU"))
     }
 
-    unsafe fn launch(&self, kernel: usize, dims: LaunchDims, args: &[KernelArg]) -> Result<(), RunError> {
-        self.bind()?;
+    unsafe fn launch(
+        &self,
+        stream: StreamId,
+        kernel: usize,
+        dims: LaunchDims,
+        args: &[KernelArg],
+    ) -> Result<(), RunError> {
+        let s = self.stream(stream)?;
         let f = self.funcs.get(kernel).ok_or_else(|| RunError::Internal(format!("no kernel {kernel}")))?;
         // Each value in its own 8 bytes; the driver reads a parameter's size from
         // its address (an i32 is the low 4 bytes: x86-64 and aarch64 are little-endian).
@@ -170,7 +190,7 @@ impl Device for CudaDevice {
                 (dims.grid[0], dims.grid[1], dims.grid[2]),
                 (dims.threads, 1, 1),
                 dims.smem,
-                self.stream.cu_stream(),
+                s.cu_stream(),
                 &mut params,
             )
         }

@@ -5,7 +5,8 @@
 //! offsets) is the CPU's ([`ShapePlan`]); what differs is where memory lives
 //! and what runs a step.
 //!
-//! A call: the shape planned (memoized per input-shape signature); one
+//! A call: the shape planned (memoized per input-shape signature); a stream
+//! of its own (concurrent calls each take one, kept for later calls) and one
 //! device allocation for the call's temporaries, inputs, outputs, each loop
 //! step's buffer table, the dim table and a status word per step, kept and
 //! reused, grown only when a larger shape comes; the inputs and the tables
@@ -38,6 +39,11 @@ use matmul::{At, MatMulLaunches};
 
 /// An address in a device's memory.
 pub type DevicePtr = u64;
+
+/// A device's queue of copies and launches, each ordered after those before
+/// it on the same stream ([`Device::new_stream`]); stream 0 is the device's
+/// own, which the weights are uploaded on.
+pub type StreamId = usize;
 
 /// Where device allocations start (the widest vector access and more).
 pub const DEVICE_ALIGN: usize = 256;
@@ -94,27 +100,41 @@ pub trait Device: Send + Sync {
     /// launch still reads or writes it.
     unsafe fn free(&self, p: DevicePtr);
 
-    /// Copy `src` to device memory at `dst`.
+    /// A stream of its own for a caller: its copies and launches run in
+    /// order, beside other streams'.
+    fn new_stream(&self) -> Result<StreamId, RunError>;
+
+    /// Copy `src` to device memory at `dst` on `stream`, complete when this
+    /// returns.
     ///
     /// # Safety
-    /// `dst .. dst + src.len()` lies inside one live allocation of this device.
-    unsafe fn upload(&self, dst: DevicePtr, src: &[u8]) -> Result<(), RunError>;
+    /// `dst .. dst + src.len()` lies inside one live allocation of this device
+    /// that no other stream uses meanwhile.
+    unsafe fn upload(&self, stream: StreamId, dst: DevicePtr, src: &[u8]) -> Result<(), RunError>;
 
-    /// Copy device memory at `src` into `dst`, after every launch before it.
+    /// Copy device memory at `src` into `dst` after every launch before it on
+    /// `stream`, complete when this returns.
     ///
     /// # Safety
     /// `src .. src + dst.len()` lies inside one live allocation of this device.
-    unsafe fn download(&self, src: DevicePtr, dst: &mut [u8]) -> Result<(), RunError>;
+    unsafe fn download(&self, stream: StreamId, src: DevicePtr, dst: &mut [u8]) -> Result<(), RunError>;
 
     /// Kernel `kernel` (its index in the code the device was given) over
-    /// `dims`, its parameters `args` (in the kernel's order), ordered after
-    /// every launch and copy before it.
+    /// `dims`, its parameters `args` (in the kernel's order), on `stream`
+    /// after every launch and copy before it there.
     ///
     /// # Safety
     /// `args` are what the kernel's ABI asks for: device pointers into live
-    /// allocations large enough for what the kernel touches at this shape,
-    /// and integers of the types it declares.
-    unsafe fn launch(&self, kernel: usize, dims: LaunchDims, args: &[KernelArg]) -> Result<(), RunError>;
+    /// allocations large enough for what the kernel touches at this shape
+    /// (what it writes used by no other stream meanwhile), and integers of
+    /// the types it declares.
+    unsafe fn launch(
+        &self,
+        stream: StreamId,
+        kernel: usize,
+        dims: LaunchDims,
+        args: &[KernelArg],
+    ) -> Result<(), RunError>;
 }
 
 /// Whether the GPU backend runs every step of `plan` (an error naming the
@@ -146,6 +166,12 @@ struct CallLayout {
     bytes: usize,
 }
 
+/// A caller's stream and the device memory its calls use (address, bytes).
+struct CallSlot {
+    stream: StreamId,
+    memory: Option<(DevicePtr, usize)>,
+}
+
 /// A shape's plan, the call's memory layout, each loop step's blocks and each
 /// matmul step's launches at it.
 struct GpuShape {
@@ -171,8 +197,9 @@ pub struct GpuModel<D: Device> {
     /// Weights as bf16 `[N, K]` on the device.
     packed: Vec<DevicePtr>,
     shapes: RwLock<HashMap<Vec<i64>, Arc<GpuShape>>>,
-    /// The calls' device memory (address, bytes): one call at a time uses it.
-    memory: Mutex<Option<(DevicePtr, usize)>>,
+    /// What calls run on: a stream each and its device memory (address,
+    /// bytes), kept for the next call; concurrent calls each take their own.
+    slots: Mutex<Vec<CallSlot>>,
     /// What went wrong on the device in an earlier call (a copy or a launch:
     /// a fault leaves the device's context unusable), refusing later calls.
     failed: Mutex<Option<String>>,
@@ -215,7 +242,7 @@ impl<D: Device> GpuModel<D> {
             outputs,
             kernels,
             shapes: RwLock::new(HashMap::new()),
-            memory: Mutex::new(None),
+            slots: Mutex::new(Vec::new()),
             failed: Mutex::new(None),
             device,
         };
@@ -254,7 +281,7 @@ impl<D: Device> GpuModel<D> {
             let p = m.device.alloc(bytes.len().max(1))?;
             m.packed.push(p);
             // SAFETY: `p` is a fresh allocation of at least `bytes.len()` bytes.
-            unsafe { m.device.upload(p, bytes)? };
+            unsafe { m.device.upload(0, p, bytes)? };
             packs.insert(key, m.packed.len() - 1);
             m.packed_of[i] = Some(m.packed.len() - 1);
         }
@@ -266,7 +293,7 @@ impl<D: Device> GpuModel<D> {
                     let p = m.device.alloc(bytes.len().max(1))?;
                     m.constants[i] = Some(p);
                     // SAFETY: `p` is a fresh allocation of at least `bytes.len()` bytes.
-                    unsafe { m.device.upload(p, bytes)? };
+                    unsafe { m.device.upload(0, p, bytes)? };
                 }
                 BufferKind::Packed => {
                     return Err(RunError::Device(format!(
@@ -413,11 +440,28 @@ impl<D: Device> GpuModel<D> {
             )));
         }
         let shape = self.shape(inputs)?;
-        let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        let taken = self.slots.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut slot = match taken {
+            Some(s) => s,
+            None => CallSlot { stream: self.device.new_stream()?, memory: None },
+        };
+        let out = self.run_on(inputs, &shape, &mut slot);
+        self.slots.lock().unwrap_or_else(|e| e.into_inner()).push(slot);
+        out
+    }
+
+    /// A call on `slot`'s stream, in its memory (grown for this shape).
+    fn run_on<T: TensorData>(
+        &self,
+        inputs: &[(&str, T)],
+        shape: &GpuShape,
+        slot: &mut CallSlot,
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
+        let memory = &mut slot.memory;
         if memory.is_none_or(|(_, bytes)| bytes < shape.layout.bytes) {
             if let Some((p, _)) = memory.take() {
-                // SAFETY: every launch that used it completed (the last call
-                // downloaded its outputs after them).
+                // SAFETY: every launch that used it completed (the last call on
+                // this slot downloaded its outputs after them).
                 unsafe { self.device.free(p) };
             }
             let bytes = shape.layout.bytes;
@@ -432,7 +476,7 @@ impl<D: Device> GpuModel<D> {
             *memory = Some((p, bytes));
         }
         let base = memory.map(|(p, _)| p).ok_or_else(|| RunError::Internal("no device memory".into()))?;
-        let out = self.run_in(inputs, &shape, base);
+        let out = self.run_in(inputs, shape, base, slot.stream);
         if let Err(RunError::Device(why)) = &out {
             *self.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
         }
@@ -445,6 +489,7 @@ impl<D: Device> GpuModel<D> {
         inputs: &[(&str, T)],
         shape: &GpuShape,
         base: DevicePtr,
+        stream: StreamId,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let (sp, layout) = (&shape.sp, &shape.layout);
         let ptr = |i: usize| -> Result<DevicePtr, RunError> {
@@ -469,7 +514,7 @@ impl<D: Device> GpuModel<D> {
                 // SAFETY: a bound input holds `numel` elements of its dtype.
                 let src = unsafe { std::slice::from_raw_parts(TensorData::as_ptr(t), bytes) };
                 // SAFETY: the layout gave the input `bytes` bytes at its offset.
-                unsafe { self.device.upload(ptr(i)?, src)? };
+                unsafe { self.device.upload(stream, ptr(i)?, src)? };
             }
         }
         // The buffer tables, the dims and the (cleared) status words, at once.
@@ -494,7 +539,7 @@ impl<D: Device> GpuModel<D> {
         // SAFETY: the words are plain integers; their bytes are read once.
         let bytes = unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, 8 * words.len()) };
         // SAFETY: the layout reserved the tables, dims and status words from `tables`.
-        unsafe { self.device.upload(base + layout.tables as u64, bytes)? };
+        unsafe { self.device.upload(stream, base + layout.tables as u64, bytes)? };
         let resolve = |at: At| -> Result<KernelArg, RunError> {
             Ok(KernelArg::Ptr(match at {
                 At::Buffer(b, off) => ptr(b)? + off as u64,
@@ -517,7 +562,7 @@ impl<D: Device> GpuModel<D> {
                     // SAFETY: the table holds every buffer of the program, each sized for
                     // this shape; the dims are the plan's at this shape; the status word
                     // is the step's own.
-                    unsafe { self.device.launch(self.kernels.loops[*program], dims, &args)? };
+                    unsafe { self.device.launch(stream, self.kernels.loops[*program], dims, &args)? };
                 }
                 StepKind::MatMul(_) => {
                     let mm = &shape.matmuls[i];
@@ -530,7 +575,7 @@ impl<D: Device> GpuModel<D> {
                         // stay inside the source buffer at this shape (the plan's view
                         // of it), and the destination is the scratch the layout sized
                         // for this step's operands.
-                        unsafe { self.device.launch(self.kernels.operand_copy, dims, &args)? };
+                        unsafe { self.device.launch(stream, self.kernels.operand_copy, dims, &args)? };
                     }
                     for g in &mm.gemms {
                         let mut args = Vec::with_capacity(14);
@@ -545,7 +590,7 @@ impl<D: Device> GpuModel<D> {
                         // (the copies' output or a packed weight), C's view and the
                         // epilogue's f32 buffers sized for this shape; the kernel
                         // accepted the problem.
-                        unsafe { self.device.launch(g.kernel, dims, &args)? };
+                        unsafe { self.device.launch(stream, g.kernel, dims, &args)? };
                     }
                 }
                 StepKind::Attention(_) => {
@@ -555,7 +600,7 @@ impl<D: Device> GpuModel<D> {
         }
         let mut status = vec![0u8; 8 * self.plan.steps.len()];
         // SAFETY: the status words lie in the call's memory.
-        unsafe { self.device.download(base + layout.status as u64, &mut status)? };
+        unsafe { self.device.download(stream, base + layout.status as u64, &mut status)? };
         for (i, w) in status.chunks_exact(8).enumerate() {
             let code = i64::from_le_bytes(w.try_into().unwrap_or_default());
             if code != 0 {
@@ -586,7 +631,7 @@ impl<D: Device> GpuModel<D> {
                     std::slice::from_raw_parts_mut(elems_mut_ptr(&mut elems), n * buf.dtype.size())
                 };
                 // SAFETY: the layout gave the output these bytes at its offset.
-                unsafe { self.device.download(ptr(b)?, dst)? };
+                unsafe { self.device.download(stream, ptr(b)?, dst)? };
             }
             let t = Tensor::new(shape, elems).map_err(|e| RunError::Internal(e.to_string()))?;
             out.push((self.outputs[k].0.clone(), t));
@@ -597,9 +642,9 @@ impl<D: Device> GpuModel<D> {
 
 impl<D: Device> Drop for GpuModel<D> {
     fn drop(&mut self) {
-        let memory = self.memory.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        let slots = std::mem::take(self.slots.get_mut().unwrap_or_else(|e| e.into_inner()));
         let owned = self.constants.iter().flatten().chain(&self.packed).copied();
-        for p in owned.chain(memory.map(|(p, _)| p)) {
+        for p in owned.chain(slots.iter().filter_map(|s| s.memory.map(|(p, _)| p))) {
             // SAFETY: the model owns these allocations; no call is running (it is
             // being dropped) and every call's launches completed before it returned.
             unsafe { self.device.free(p) };
