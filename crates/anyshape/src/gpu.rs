@@ -392,6 +392,18 @@ pub fn gemm_choices_text(plan: &plan::ModelPlan, target: GpuTarget) -> Result<St
     Ok(s)
 }
 
+/// The distinct GEMM kernels `plan`'s contraction steps are given for
+/// `target`, in the order the device gets them.
+pub fn gemm_kernels(plan: &plan::ModelPlan, target: GpuTarget) -> Result<Vec<GemmKernel>, Error> {
+    let mut out: Vec<GemmKernel> = Vec::new();
+    for (k, _) in step_lists(plan, target)?.into_iter().flatten() {
+        if !out.contains(&k) {
+            out.push(k);
+        }
+    }
+    Ok(out)
+}
+
 /// Every kernel of `plan` for a GPU as PTX, `(name, PTX)`, in the device's
 /// order: the loop programs, the operand copy, each distinct GEMM.
 pub fn plan_ptx(plan: &plan::ModelPlan, target: GpuTarget) -> Result<Vec<(String, String)>, Error> {
