@@ -12,10 +12,7 @@ use plan::gpu::{LOOP_THREADS, OPERAND_COPY_HEADER, OPERAND_COPY_KERNEL};
 pub fn operand_copy_ir() -> String {
     let mut g = Ir::default();
     let threads = LOOP_THREADS;
-    let word = |g: &mut Ir, i: usize| {
-        let p = g.v(format!("getelementptr inbounds i64, ptr addrspace(1) %desc, i64 {i}"));
-        g.v(format!("load i64, ptr addrspace(1) {p}, align 8"))
-    };
+    let word = |g: &mut Ir, i: usize| word_at(g, &i.to_string());
     let tid = g.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
     let bx = g.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
     let nbx = g.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()");
