@@ -97,6 +97,9 @@ impl<K: Copy> JitKernel<K> {
 /// (more are spread over its K loop).
 const BURST_LINES: usize = 32;
 
+/// The micro-kernel's K steps a trip of its unrolled loop.
+const K_UNROLL: usize = 4;
+
 /// The register tiles that fit `t`'s register file: accumulators `MR·NR/W`, plus
 /// the `NR/W` B vectors and one broadcast (Vortex's L0 filter: ISA and register
 /// budget).
@@ -432,6 +435,8 @@ fn build_microkernel(
     let pf_cond = ctx.append_basic_block(f, "prefetch.cond");
     let pf_body = ctx.append_basic_block(f, "prefetch.body");
     let kpre = ctx.append_basic_block(f, "k.pre");
+    let u_header = ctx.append_basic_block(f, "k.unrolled.header");
+    let u_body = ctx.append_basic_block(f, "k.unrolled.body");
     let header = ctx.append_basic_block(f, "k.header");
     let body = ctx.append_basic_block(f, "k.body");
     let body_pf = ctx.append_basic_block(f, "k.prefetch");
@@ -508,7 +513,10 @@ fn build_microkernel(
     let a = a_phi.as_basic_value().into_pointer_value();
     let c = c_phi.as_basic_value().into_pointer_value();
     let res = r_phi.as_basic_value().into_pointer_value();
-    bld.build_unconditional_branch(header).map_err(llvm)?;
+    // Without a spread share the K loop is unrolled (`K_UNROLL` steps a trip, the
+    // rest one at a time below): a step's loads and FMAs are few against the
+    // loop's own instructions, which would otherwise take the core's issue slots.
+    bld.build_conditional_branch(spread, header, u_header).map_err(llvm)?;
 
     // k.header: the accumulators and k as phis.
     bld.position_at_end(header);
@@ -549,15 +557,51 @@ fn build_microkernel(
         // and the C tile the ABI promises; the builder only records the address.
         unsafe { bld.build_in_bounds_gep(f32t, base, &[idx], n) }.map_err(llvm)
     };
+    // One step at `k`: B's vectors, one broadcast of A per row, the multiplies
+    // into `accs`; the new accumulators.
+    let zero_mask = ctx.i32_type().vec_type(w as u32).const_zero();
+    let step_at = |k: IntValue<'static>,
+                   accs: &[BasicValueEnum<'static>]|
+     -> Result<Vec<BasicValueEnum<'static>>, CodegenError> {
+        let kb = bld.build_int_mul(k, c_i64(nr), "kb").map_err(llvm)?;
+        let mut bvecs: Vec<VectorValue> = Vec::with_capacity(nv);
+        for v in 0..nv {
+            let idx = bld.build_int_add(kb, c_i64(v * w), "bi").map_err(llvm)?;
+            let p = gep(b, idx, "bp")?;
+            let load = bld.build_load(wt, p, "b").map_err(llvm)?;
+            set_align(&load, 4);
+            bvecs.push(load.into_vector_value());
+        }
+        let ka = bld.build_int_mul(k, c_i64(mr), "ka").map_err(llvm)?;
+        let mut next = Vec::with_capacity(mr * nv);
+        for i in 0..mr {
+            let idx = bld.build_int_add(ka, c_i64(i), "ai").map_err(llvm)?;
+            let p = gep(a, idx, "ap")?;
+            let s: FloatValue = bld.build_load(f32t, p, "a").map_err(llvm)?.into_float_value();
+            let one = bld
+                .build_insert_element(vt.get_poison(), s, ctx.i32_type().const_zero(), "a1")
+                .map_err(llvm)?;
+            let splat = bld.build_shuffle_vector(one, vt.get_poison(), zero_mask, "abc").map_err(llvm)?;
+            // The broadcast word as the multiply's operand type (a bit cast, no work).
+            let splat = bld.build_bit_cast(splat, wt, "aw").map_err(llvm)?.into_vector_value();
+            for (v, bv) in bvecs.iter().enumerate() {
+                let acc = accs[i * nv + v];
+                let args = match elem {
+                    ElemType::F32 => [splat.into(), (*bv).into(), acc.into()],
+                    ElemType::Bf16 => [acc.into(), splat.into(), (*bv).into()],
+                    ElemType::F16 => return Err(f16_on_cpu()),
+                };
+                let r = bld.build_call(mul, &args, "mul").map_err(llvm)?;
+                let r = match r.try_as_basic_value() {
+                    inkwell::values::ValueKind::Basic(v) => v,
+                    inkwell::values::ValueKind::Instruction(_) => return Err(llvm("fma returned nothing")),
+                };
+                next.push(r);
+            }
+        }
+        Ok(next)
+    };
     let kb = bld.build_int_mul(k, c_i64(nr), "kb").map_err(llvm)?;
-    let mut bvecs: Vec<VectorValue> = Vec::with_capacity(nv);
-    for v in 0..nv {
-        let idx = bld.build_int_add(kb, c_i64(v * w), "bi").map_err(llvm)?;
-        let p = gep(b, idx, "bp")?;
-        let load = bld.build_load(wt, p, "b").map_err(llvm)?;
-        set_align(&load, 4);
-        bvecs.push(load.into_vector_value());
-    }
     // A spread share: the lines of step `k` (NR/16 a step, as many as the step
     // reads of B); a step past the share prefetches its own B row again (in L1).
     bld.build_conditional_branch(spread, body_pf, body_main).map_err(llvm)?;
@@ -578,40 +622,39 @@ fn build_microkernel(
     }
     bld.build_unconditional_branch(body_main).map_err(llvm)?;
     bld.position_at_end(body_main);
-    let ka = bld.build_int_mul(k, c_i64(mr), "ka").map_err(llvm)?;
-    let zero_mask = ctx.i32_type().vec_type(w as u32).const_zero();
-    let mut next = Vec::with_capacity(mr * nv);
-    for i in 0..mr {
-        let idx = bld.build_int_add(ka, c_i64(i), "ai").map_err(llvm)?;
-        let p = gep(a, idx, "ap")?;
-        let s: FloatValue = bld.build_load(f32t, p, "a").map_err(llvm)?.into_float_value();
-        let one =
-            bld.build_insert_element(vt.get_poison(), s, ctx.i32_type().const_zero(), "a1").map_err(llvm)?;
-        let splat = bld.build_shuffle_vector(one, vt.get_poison(), zero_mask, "abc").map_err(llvm)?;
-        // The broadcast word as the multiply's operand type (a bit cast, no work).
-        let splat = bld.build_bit_cast(splat, wt, "aw").map_err(llvm)?.into_vector_value();
-        for (v, bv) in bvecs.iter().enumerate() {
-            let acc = acc_phis[i * nv + v].as_basic_value();
-            let args = match elem {
-                ElemType::F32 => [splat.into(), (*bv).into(), acc.into()],
-                ElemType::Bf16 => [acc.into(), splat.into(), (*bv).into()],
-                ElemType::F16 => return Err(f16_on_cpu()),
-            };
-            let r = bld.build_call(mul, &args, "mul").map_err(llvm)?;
-            let r = match r.try_as_basic_value() {
-                inkwell::values::ValueKind::Basic(v) => v,
-                inkwell::values::ValueKind::Instruction(_) => return Err(llvm("fma returned nothing")),
-            };
-            next.push(r);
-        }
-    }
+    let accs: Vec<BasicValueEnum<'static>> = acc_phis.iter().map(|p| p.as_basic_value()).collect();
+    let next = step_at(k, &accs)?;
     let k_next = bld.build_int_add(k, c_i64(1), "k.next").map_err(llvm)?;
     bld.build_unconditional_branch(header).map_err(llvm)?;
 
-    k_phi.add_incoming(&[(&c_i64(0), kpre), (&k_next, body_main)]);
+    // k.unrolled: `K_UNROLL` steps a trip while that many are left; then the
+    // loop above takes the rest (its prefetch branch not taken).
+    bld.position_at_end(u_header);
+    let uk_phi = bld.build_phi(i64t, "k.u").map_err(llvm)?;
+    let mut uacc_phis = Vec::with_capacity(mr * nv);
+    for i in 0..mr * nv {
+        uacc_phis.push(bld.build_phi(vt, &format!("acc.u{i}")).map_err(llvm)?);
+    }
+    let uk = uk_phi.as_basic_value().into_int_value();
+    let uk_end = bld.build_int_add(uk, c_i64(K_UNROLL), "k.u.end").map_err(llvm)?;
+    let u_more = bld.build_int_compare(IntPredicate::SLE, uk_end, kc, "more.u").map_err(llvm)?;
+    bld.build_conditional_branch(u_more, u_body, header).map_err(llvm)?;
+    bld.position_at_end(u_body);
+    let mut uaccs: Vec<BasicValueEnum<'static>> = uacc_phis.iter().map(|p| p.as_basic_value()).collect();
+    for s in 0..K_UNROLL {
+        let ks = bld.build_int_add(uk, c_i64(s), "k.s").map_err(llvm)?;
+        uaccs = step_at(ks, &uaccs)?;
+    }
+    bld.build_unconditional_branch(u_header).map_err(llvm)?;
+
     let zero = vt.const_zero();
-    for (phi, nx) in acc_phis.iter().zip(&next) {
-        phi.add_incoming(&[(&zero, kpre), (nx, body_main)]);
+    uk_phi.add_incoming(&[(&c_i64(0), kpre), (&uk_end, u_body)]);
+    for (phi, nx) in uacc_phis.iter().zip(&uaccs) {
+        phi.add_incoming(&[(&zero, kpre), (nx, u_body)]);
+    }
+    k_phi.add_incoming(&[(&c_i64(0), kpre), (&uk, u_header), (&k_next, body_main)]);
+    for ((phi, nx), u) in acc_phis.iter().zip(&next).zip(&uacc_phis) {
+        phi.add_incoming(&[(&zero, kpre), (&u.as_basic_value(), u_header), (nx, body_main)]);
     }
 
     // k.done: the tile's values (C added when accumulating), then the epilogue
