@@ -27,8 +27,8 @@ use crate::{Error, Model};
 pub const EMULATED_BLOCKS: u32 = 4;
 
 /// A GPU emulated on the host: device memory is host memory, a loop (or
-/// operand copy) launch runs at most [`EMULATED_BLOCKS`] of the kernel's
-/// blocks with the emulator's threads, a GEMM every block.
+/// operand copy, or attention) launch runs at most [`EMULATED_BLOCKS`] of the
+/// kernel's blocks with the emulator's threads, a GEMM every block.
 pub struct HostDevice {
     kernels: HostKernels,
     /// Live allocations: address → layout.
@@ -130,8 +130,8 @@ impl Device for HostDevice {
             let blocks = dims.grid[0].min(EMULATED_BLOCKS) as usize;
             // SAFETY: the caller's contract (three pointers as the kernel's ABI
             // asks, live host memory).
-            return unsafe { self.kernels.launch_loop(kernel, blocks, dims.threads as usize, args) }
-                .map_err(RunError::Device);
+            let shape = (blocks, dims.threads as usize, dims.smem as usize);
+            return unsafe { self.kernels.launch_loop(kernel, shape, args) }.map_err(RunError::Device);
         }
         let [a, b, c, bias, res, ints @ .., sa, sb, sc] = args else { return Err(bad()) };
         let ptrs = [ptr(a)?, ptr(b)?, ptr(c)?, ptr(bias)?, ptr(res)?];
@@ -177,12 +177,14 @@ impl Model {
         self.gpu_model(plan, kernels, device)
     }
 
-    /// The plan the GPU runs: loop programs, and contraction steps that the
-    /// GEMM family runs (attention unfused: its fused kernel is issue 37,
-    /// item 4).
+    /// The plan the GPU runs: loop programs, contraction steps that the
+    /// GEMM family runs, and fused attention where the attention kernel
+    /// takes it ([`gpu_attention_unsupported`]; the others unfused).
     pub fn lower_gpu(&self) -> Result<plan::ModelPlan, Error> {
-        let lo = lower::LowerOptions { fuse_attention: false, matmul_steps: true };
-        Ok(lower::lower_with(&self.graph, &self.fusion_plan(), &lo)?)
+        let lo = lower::LowerOptions { fuse_attention: true, matmul_steps: true };
+        let mut plan = lower::lower_with(&self.graph, &self.fusion_plan(), &lo)?;
+        lower::unfuse_attention(&mut plan, |p, a| gpu_attention_unsupported(p, a).is_none());
+        Ok(plan)
     }
 
     fn gpu_model<D: Device>(
@@ -244,6 +246,27 @@ impl Model {
     }
 }
 
+/// Why the GPU's attention kernel does not take fused attention `a` of
+/// `plan`, if it does not: no online softmax, a product of convolution taps,
+/// a head dimension that is no constant multiple of 16 up to 128, or logits
+/// it cannot compute per element.
+pub fn gpu_attention_unsupported(plan: &plan::ModelPlan, a: &plan::AttentionStep) -> Option<String> {
+    let Some(online) = &a.online else { return Some("no online softmax".into()) };
+    if a.scores.taps.is_some() || a.output.taps.is_some() {
+        return Some("a product of convolution taps".into());
+    }
+    let konst = |slot: u32| plan.dims.exprs().get(slot as usize).and_then(|e| e.as_const());
+    match (konst(a.scores.k), konst(a.output.n)) {
+        (Some(d), Some(n)) if d == n && codegen::nvptx::attention_head_ok(d as usize) => {}
+        _ => return Some("a head dimension that is no constant multiple of 16 up to 128".into()),
+    }
+    codegen::nvptx::logits_unsupported(
+        &plan.programs[online.program],
+        a.scores_param as u32,
+        online.logits_param as u32,
+    )
+}
+
 /// What a kernel is given to a device as.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Text {
@@ -265,7 +288,9 @@ pub fn target_of(ordinal: usize) -> Result<GpuTarget, Error> {
 /// How the emulator calls a kernel of `role`.
 fn host_kind(role: KernelRole) -> HostKernelKind {
     match role {
-        KernelRole::Loop(_) | KernelRole::OperandCopy => HostKernelKind::Pointers,
+        KernelRole::Loop(_) | KernelRole::OperandCopy | KernelRole::Attention { .. } => {
+            HostKernelKind::Pointers
+        }
         KernelRole::Gemm(k) => HostKernelKind::Gemm { threads_apart: k.arch == Arch::Simt },
     }
 }
@@ -280,6 +305,9 @@ pub fn host_model_of(a: GpuArtifact) -> Result<GpuModel<HostDevice>, Error> {
             KernelRole::Loop(i) => codegen::nvptx::program_ir(&a.plan.programs[*i], &k.name)?,
             KernelRole::OperandCopy => codegen::nvptx::operand_copy_ir(),
             KernelRole::Gemm(g) => codegen::nvptx::llvm_ir(g)?,
+            KernelRole::Attention { program, scores, logits, head } => {
+                codegen::nvptx::attention_ir(&a.plan.programs[*program], *scores, *logits, *head, &k.name)?
+            }
         };
         code.push((k.name.clone(), ir, host_kind(*role)));
     }
@@ -336,6 +364,36 @@ fn gpu_kernels(
         }
         kernels.matmuls.push(choices);
     }
+    // Each fused attention's kernel (one per online program and head dimension).
+    let mut attention: HashMap<(usize, usize), usize> = HashMap::new();
+    for st in &plan.steps {
+        let plan::StepKind::Attention(a) = &st.kind else {
+            kernels.attentions.push(None);
+            continue;
+        };
+        let (Some(online), Some(head)) = (&a.online, plan.dims.exprs()[a.scores.k as usize].as_const())
+        else {
+            return Err(RunError::Internal("a fused attention the GPU does not take".into()).into());
+        };
+        let head = head as usize;
+        let at = match attention.get(&(online.program, head)) {
+            Some(&i) => i,
+            None => {
+                let name = plan::gpu::attention_kernel_name(online.program, head);
+                let p = &plan.programs[online.program];
+                let (s, l) = (a.scores_param as u32, online.logits_param as u32);
+                let t = match text {
+                    Text::Ptx => codegen::nvptx::attention_ptx(p, s, l, head, &name)?,
+                    Text::LlvmIr => codegen::nvptx::attention_ir(p, s, l, head, &name)?,
+                };
+                let role = KernelRole::Attention { program: online.program, scores: s, logits: l, head };
+                code.push((KernelCode { name, text: t, smem: plan::gpu::attention_smem(head) }, role));
+                attention.insert((online.program, head), code.len() - 1);
+                code.len() - 1
+            }
+        };
+        kernels.attentions.push(Some(runtime::gpu::AttentionChoice { index: at, head }));
+    }
     Ok((code, kernels))
 }
 
@@ -390,6 +448,26 @@ pub fn gemm_choices_text(plan: &plan::ModelPlan, target: GpuTarget) -> Result<St
         s.push_str(&format!("step {i} (group {}): {}\n", st.group, choices.join(", ")));
     }
     Ok(s)
+}
+
+/// The attention kernel each fused attention step of `plan` runs, a line a
+/// step: its kernel, head dimension and logits program, its geometry.
+pub fn attention_text(plan: &plan::ModelPlan) -> String {
+    use plan::gpu::{ATTENTION_KEYS, ATTENTION_ROWS, ATTENTION_THREADS};
+    let mut s = String::new();
+    for (i, st) in plan.steps.iter().enumerate() {
+        let plan::StepKind::Attention(a) = &st.kind else { continue };
+        let head = plan.dims.exprs().get(a.scores.k as usize).and_then(|e| e.as_const());
+        let (Some(online), Some(head)) = (&a.online, head) else { continue };
+        s.push_str(&format!(
+            "step {i} (group {}): {}: {ATTENTION_ROWS} query rows a block of {ATTENTION_THREADS} threads, \
+             keys {ATTENTION_KEYS} at a time, logits of p{} per score, mma.sync in bf16\n",
+            st.group,
+            plan::gpu::attention_kernel_name(online.program, head as usize),
+            online.program
+        ));
+    }
+    s
 }
 
 /// The distinct GEMM kernels `plan`'s contraction steps are given for

@@ -460,6 +460,7 @@ fn every_bundled_model_compiles_to_ptx() {
     let tmp = std::env::temp_dir().join(format!("anyshape-model-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).expect("temp dir");
     let mut kernels = 0;
+    let mut attentions = 0;
     let mut gemms = std::collections::HashSet::new();
     for dir in &dirs {
         let model = Model::load(dir.join("model.onnx"), &LoadOptions::new())
@@ -475,6 +476,21 @@ fn every_bundled_model_compiles_to_ptx() {
             let ptx = codegen::nvptx::program_ptx(p, &format!("k{i}"))
                 .unwrap_or_else(|e| panic!("{} program {i} ({}): {e}", dir.display(), p.name));
             texts.push((format!("k{i}"), p.name.clone(), ptx));
+        }
+        // Each fused attention's kernel (one per online program and head).
+        let mut seen = std::collections::HashSet::new();
+        for st in &plan.steps {
+            let plan::StepKind::Attention(a) = &st.kind else { continue };
+            let online = a.online.as_ref().expect("the GPU fuses only online softmax");
+            let head = plan.dims.exprs()[a.scores.k as usize].as_const().expect("a constant head") as usize;
+            if seen.insert((online.program, head)) {
+                let name = plan::gpu::attention_kernel_name(online.program, head);
+                let (sp, lp) = (a.scores_param as u32, online.logits_param as u32);
+                let ptx = codegen::nvptx::attention_ptx(&plan.programs[online.program], sp, lp, head, &name)
+                    .unwrap_or_else(|e| panic!("{} {name}: {e}", dir.display()));
+                texts.push((name.clone(), name, ptx));
+                attentions += 1;
+            }
         }
         if kernels == 0 {
             let copy = codegen::nvptx::operand_copy_ptx().expect("the operand copy");
@@ -508,5 +524,10 @@ fn every_bundled_model_compiles_to_ptx() {
         }
     }
     let _ = std::fs::remove_dir_all(&tmp);
-    eprintln!("{kernels} kernels of {} models compiled to PTX ({} GEMMs)", dirs.len(), gemms.len());
+    eprintln!(
+        "{kernels} kernels of {} models compiled to PTX ({} GEMMs, {attentions} attention kernels)",
+        dirs.len(),
+        gemms.len()
+    );
+    assert!(attentions > 0, "no model's attention was fused for the GPU");
 }

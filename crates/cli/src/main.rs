@@ -707,10 +707,16 @@ fn inspect_gpu(model_path: PathBuf, dims: Vec<String>, dump_llvm: Option<PathBuf
     say_raw!("{}", anyshape::inspect::print_plan(&plan));
     say!("# GEMM kernels of each contraction step, tried in order (bf16 operands, f32 C):");
     say_raw!("{}", anyshape::gpu::gemm_choices_text(&plan, anyshape::gpu::GpuTarget::Sm80)?);
+    let attention = anyshape::gpu::attention_text(&plan);
+    if !attention.is_empty() {
+        say!("# the attention kernel of each fused attention step (the others unfused):");
+        say_raw!("{attention}");
+    }
     let warp = plan.programs.iter().filter(|p| p.gpu_warp_schedule().is_some()).count();
     let matmuls = plan.steps.iter().filter(|s| s.kind.name() == "matmul").count();
+    let fused = plan.steps.iter().filter(|s| s.kind.name() == "attention").count();
     say!(
-        "# {} steps ({matmuls} contractions), {} distinct loop programs ({warp} with a warp schedule for long rows), {} buffers",
+        "# {} steps ({matmuls} contractions, {fused} fused attentions), {} distinct loop programs ({warp} with a warp schedule for long rows), {} buffers",
         plan.steps.len(),
         plan.programs.len(),
         plan.buffers.len()

@@ -108,6 +108,10 @@ fn from_scratch(lhs: &str, ty: &str, n: usize) -> String {
 
 /// One line of a kernel's IR made for the host.
 fn line_for_host(line: &str) -> String {
+    // LLVM's printer spaces an aggregate's braces (a module it linked, the fused
+    // attention's); the patterns below are written without.
+    let line = line.replace("{ i32, i32, i32, i32 }", "{i32, i32, i32, i32}");
+    let line = line.replace("{ float, float, float, float }", "{float, float, float, float}");
     let mut line =
         line.replace(" addrspace(1)", "").replace(" addrspace(3)", "").replace("@smem", "%host.smem");
     for r in SREGS {
@@ -971,7 +975,8 @@ impl HostKernels {
         self.entries.is_empty()
     }
 
-    /// Run loop kernel `k` over `blocks` blocks of `threads` threads.
+    /// Run kernel `k` of three pointer parameters over `blocks` blocks of
+    /// `threads` threads with `smem` bytes of shared memory each.
     ///
     /// # Safety
     /// `args` are the kernel's buffer table, dim table and status word, in
@@ -979,14 +984,13 @@ impl HostKernels {
     pub unsafe fn launch_loop(
         &self,
         k: usize,
-        blocks: usize,
-        threads: usize,
+        (blocks, threads, smem): (usize, usize, usize),
         args: [u64; 3],
     ) -> Result<(), String> {
         let Some(HostEntry::Pointers(entry)) = self.entries.get(k).copied() else {
             return Err(format!("kernel {k} is not a loop kernel"));
         };
-        run_blocks((blocks, 1, 1), threads, 0, |tid, x, y, z| {
+        run_blocks((blocks, 1, 1), threads, smem, |tid, x, y, z| {
             // SAFETY: the caller's contract; each thread runs the kernel once.
             unsafe {
                 entry(

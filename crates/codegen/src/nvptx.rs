@@ -30,10 +30,12 @@
 //! partial sums; a reduction kernel sums the shares and applies the epilogue.
 //! Blocks are rasterized in groups of tile rows for L2 reuse.
 
+mod attention;
 mod operand;
 
-pub use crate::loops::device::{program_ir, program_ptx};
+pub use crate::loops::device::{logits_unsupported, program_ir, program_ptx};
 use crate::{llvm, CodegenError};
+pub use attention::{attention_head_ok, attention_ir, attention_ptx};
 use gpu::kernel::SIMT_GRID;
 use gpu::kernel::TMA_PRODUCER_THREADS;
 use gpu::wave::REDUCE_CHUNK;

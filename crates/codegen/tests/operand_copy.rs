@@ -27,8 +27,7 @@ fn run(host: &HostKernels, src: &[f32], copy: &OperandCopy, offsets: &[usize], b
     unsafe {
         host.launch_loop(
             0,
-            blocks,
-            plan::gpu::LOOP_THREADS as usize,
+            (blocks, plan::gpu::LOOP_THREADS as usize, 0),
             [src.as_ptr() as u64, dst.as_mut_ptr() as u64, desc.as_ptr() as u64],
         )
     }

@@ -392,3 +392,36 @@ fn digits(prog: &LoopProgram, e: E, out: &mut Vec<E>) -> bool {
         _ => false,
     }
 }
+
+/// Split back into its three steps every fused attention that `keep` refuses
+/// (a backend that fuses only some: the GPU's kernel needs an online softmax
+/// whose logits it can compute per element and a head dimension it is built
+/// for); returns how many were split. The scores and probabilities buffers,
+/// which the fused step never touched, are live again.
+pub fn unfuse_attention(plan: &mut ModelPlan, keep: impl Fn(&ModelPlan, &AttentionStep) -> bool) -> usize {
+    let mut steps: Vec<Step> = Vec::with_capacity(plan.steps.len());
+    let mut remap = vec![0usize; plan.steps.len() + 1];
+    let mut split = 0;
+    for (i, st) in plan.steps.iter().enumerate() {
+        remap[i] = steps.len();
+        match &st.kind {
+            StepKind::Attention(a) if !keep(plan, a) => {
+                let group = st.group;
+                steps.push(Step { group, kind: StepKind::MatMul(Box::new(a.scores.clone())) });
+                steps.push(Step { group, kind: StepKind::Loop { program: a.softmax, args: a.args.clone() } });
+                steps.push(Step { group, kind: StepKind::MatMul(Box::new(a.output.clone())) });
+                split += 1;
+            }
+            _ => steps.push(st.clone()),
+        }
+    }
+    remap[plan.steps.len()] = steps.len();
+    if split > 0 {
+        for g in &mut plan.groups {
+            g.steps = remap[g.steps.start]..remap[g.steps.end];
+        }
+        plan.steps = steps;
+        plan.compute_lifetimes();
+    }
+    split
+}

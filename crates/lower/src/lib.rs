@@ -23,7 +23,7 @@ mod group;
 pub mod schedules;
 pub mod versions;
 
-pub use attention::fuse_attention;
+pub use attention::{fuse_attention, unfuse_attention};
 pub use schedules::analyze;
 
 use plan::ModelPlan;

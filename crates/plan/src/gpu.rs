@@ -266,3 +266,50 @@ impl OperandCopy {
         w
     }
 }
+
+/// Fused attention on a GPU (FlashAttention-2's schedule): a block of
+/// [`ATTENTION_THREADS`] threads takes [`ATTENTION_ROWS`] query rows of one
+/// batch entry (a warp 16 of them) against every key, a chunk of
+/// [`ATTENTION_KEYS`] keys at a time: `S = Q·Kᵀ` by `mma.sync` into registers,
+/// the model's logits of `S` (its scale and masks: the step's online softmax
+/// program, evaluated per element), the online softmax's running maxima and
+/// sums, `O += P·V` with `P` in bf16 from the same registers. Q, K and V are
+/// read as f32 from their strided views and rounded to bf16 in shared
+/// memory; the head dimension is the kernel's constant.
+pub const ATTENTION_THREADS: u32 = 128;
+
+/// Query rows a block of the attention kernel takes.
+pub const ATTENTION_ROWS: usize = 64;
+
+/// Keys the attention kernel takes at a time.
+pub const ATTENTION_KEYS: usize = 64;
+
+/// The head dimensions the attention kernel is built for: multiples of 16
+/// (the `mma` depth) up to this.
+pub const ATTENTION_MAX_HEAD: usize = 128;
+
+/// Words of the attention kernel's descriptor before the entries' offsets:
+/// the status word's address, Q's, K's, V's and O's (device pointers), the
+/// query rows, the keys, the blocks of rows an entry, the entries, then the
+/// strides (elements): Q's rows and columns, K's keys and columns, V's keys
+/// and columns, O's rows and columns. Four offsets an entry follow (Q, K, V,
+/// O, elements).
+pub const ATTENTION_HEADER: usize = 17;
+
+/// Bytes of shared memory the attention kernel of head dimension `d` asks
+/// for: the Q tile and a chunk of K and of V in bf16, each row padded by 16
+/// bytes (so that `ldmatrix`'s eight rows fall in distinct banks).
+pub fn attention_smem(d: usize) -> usize {
+    3 * ATTENTION_ROWS.max(ATTENTION_KEYS) * attention_pitch(d)
+}
+
+/// Bytes between rows of the attention kernel's tiles.
+pub fn attention_pitch(d: usize) -> usize {
+    2 * d + 16
+}
+
+/// The attention kernel's symbol for head dimension `d` and the step's
+/// online program `program`.
+pub fn attention_kernel_name(program: usize, d: usize) -> String {
+    format!("attention_p{program}_d{d}")
+}

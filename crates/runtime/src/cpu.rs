@@ -399,7 +399,11 @@ impl Cpu {
         sp: &ShapePlan,
         ptrs: &[*mut u8],
     ) -> Result<(), RunError> {
-        let (ss, os, tasks) = (&at.scores, &at.output, &at.tasks);
+        let (ss, os) = (&at.scores, &at.output);
+        let tasks = at
+            .tasks
+            .as_ref()
+            .ok_or_else(|| RunError::Internal("fused attention planned without tasks".into()))?;
         if ss.m == 0 || os.n == 0 || ss.entries.is_empty() {
             return Ok(());
         }

@@ -106,7 +106,8 @@ impl CompiledModel<crate::Cpu> {
                     );
                 }
                 (StepKind::Attention(at), StepShape::Attention(shape)) => {
-                    let (scores, tasks) = (&shape.scores, &shape.tasks);
+                    let Some(tasks) = &shape.tasks else { continue };
+                    let scores = &shape.scores;
                     let n = scores.entries.len() * scores.m.div_ceil(tasks.block.max(1));
                     let softmax = match (tasks.chunk, &at.online) {
                         (Some(c), Some(o)) => format!(

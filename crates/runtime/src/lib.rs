@@ -247,7 +247,7 @@ impl<B: Backend> CompiledModel<B> {
             return Ok(p.clone());
         }
         let choose = |ss: &shape::MatMulShape, os: &shape::MatMulShape, on: bool| {
-            self.backend.attention_tasks(ss, os, on)
+            self.backend.attention_tasks(ss, os, on).map(Some)
         };
         let start = std::time::Instant::now();
         let p = Arc::new(ShapePlan::build(

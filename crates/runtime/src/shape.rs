@@ -120,7 +120,8 @@ pub struct Margin {
 pub struct AttentionShape {
     pub scores: MatMulShape,
     pub output: MatMulShape,
-    pub tasks: AttentionTasks,
+    /// The CPU's tasks (`None` on a GPU, whose kernel has its own geometry).
+    pub tasks: Option<AttentionTasks>,
 }
 
 /// Fused attention's query block and the single-thread direct schedules of its
@@ -137,7 +138,7 @@ pub struct AttentionTasks {
 /// Chooses [`AttentionTasks`] for the shapes of an attention's two products
 /// (and whether the step has an online softmax program).
 pub(crate) type AttentionChoice<'a> =
-    dyn Fn(&MatMulShape, &MatMulShape, bool) -> Result<AttentionTasks, RunError> + 'a;
+    dyn Fn(&MatMulShape, &MatMulShape, bool) -> Result<Option<AttentionTasks>, RunError> + 'a;
 
 /// Bytes of canary before and after each buffer (tests: see `CompiledModel::new`).
 pub(crate) const MARGIN: usize = 64;

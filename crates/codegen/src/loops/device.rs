@@ -302,3 +302,153 @@ fn warps(g: &mut Gen, p: &LoopProgram, grid: &Grid, shape: &Shape, schedule: Gpu
         }
     }
 }
+
+/// The LLVM IR (NVPTX module, as text) of `float @name(bufs, dims, status,
+/// i64 entry, i64 row, i64 key, float score)`: the logits that the online
+/// softmax program `p` stores in parameter `logits` at batch entry `entry`
+/// (the nest's outer variables but the row, flattened, the last fastest),
+/// query row `row` and key `key`, where its scores (parameter `scores`) hold
+/// `score` at that point. The fused attention kernel calls it per element of
+/// its score tile (`codegen::nvptx::attention_ir`), with the program's chunk
+/// offset 0 and its chunk the whole row of keys in `dims`. A failing check
+/// sets `*status` (compare-and-swap from 0).
+pub fn logits_ir(p: &LoopProgram, scores: u32, logits: u32, name: &str) -> R<String> {
+    let ctx = Context::create();
+    // SAFETY: as in `program_ir`: the context outlives the module and every value.
+    let ctx_ref: &'static Context = unsafe { &*(&ctx as *const Context) };
+    let module = ctx_ref.create_module(name);
+    module.set_triple(&TargetTriple::create(TRIPLE));
+    module.set_data_layout(&TargetData::create(DATA_LAYOUT).get_data_layout());
+    build_logits(ctx_ref, &module, name, p, (scores, logits))?;
+    module.verify().map_err(|e| llvm(format!("{name}: {e}")))?;
+    Ok(module.print_to_string().to_string())
+}
+
+/// Why the fused attention kernel cannot compute program `p`'s logits per
+/// element, if it cannot: its logits are no store of the program, need a
+/// reduction, or read the scores elsewhere than at their own point.
+pub fn logits_unsupported(p: &LoopProgram, scores: u32, logits: u32) -> Option<String> {
+    let Some(store) = p.stores.iter().find(|s| s.param == logits) else {
+        return Some("the program stores no logits".into());
+    };
+    if p.vars.len() < 2 {
+        return Some("the program's nest has no rows of keys".into());
+    }
+    if !matches!(p.exprs.node(p.vars[p.vars.len() - 1]), Node::Var(_)) {
+        return Some("the keys are no loop of the program".into());
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![store.value];
+    while let Some(e) = stack.pop() {
+        if !seen.insert(e) {
+            continue;
+        }
+        match p.exprs.node(e) {
+            Node::Reduce { .. } => return Some("the logits need a reduction".into()),
+            Node::Load { buf, index, guard } if *buf == scores => {
+                if *index != p.vars || guard.is_some() {
+                    return Some("the logits read the scores away from their point".into());
+                }
+            }
+            n => stack.extend(n.children()),
+        }
+    }
+    None
+}
+
+fn build_logits(
+    ctx: &'static Context,
+    module: &Module<'static>,
+    name: &str,
+    p: &LoopProgram,
+    (scores, logits): (u32, u32),
+) -> R<()> {
+    if let Some(why) = logits_unsupported(p, scores, logits) {
+        return Err(CodegenError::Unsupported(format!("attention's logits: {why}")));
+    }
+    let (i64t, f32t) = (ctx.i64_type(), ctx.f32_type());
+    let ptr = ctx.ptr_type(AddressSpace::default());
+    let f = module.add_function(
+        name,
+        f32t.fn_type(
+            &[ptr.into(), ptr.into(), ptr.into(), i64t.into(), i64t.into(), i64t.into(), f32t.into()],
+            false,
+        ),
+        None,
+    );
+    let names = ["bufs", "dims", "status", "entry", "row", "key", "score"];
+    for (i, n) in names.iter().enumerate() {
+        if let Some(a) = f.get_nth_param(i as u32) {
+            a.set_name(n);
+        }
+    }
+    let param = |i: u32| f.get_nth_param(i).ok_or_else(|| llvm("param"));
+    let bld = ctx.create_builder();
+    bld.position_at_end(ctx.append_basic_block(f, "entry"));
+    let status_out = param(2)?.into_pointer_value();
+    let mut g = Gen::new(
+        ctx,
+        module,
+        &bld,
+        p,
+        (param(0)?.into_pointer_value(), param(1)?.into_pointer_value()),
+        1,
+        "",
+        true,
+    )?;
+    let rank = p.vars.len();
+    // The key, the row, then the batch entry's variables (the last fastest).
+    if let Node::Var(v) = p.exprs.node(p.vars[rank - 1]) {
+        g.vars.insert(*v, param(5)?.into_int_value());
+    }
+    if let Node::Var(v) = p.exprs.node(p.vars[rank - 2]) {
+        g.vars.insert(*v, param(4)?.into_int_value());
+    }
+    let mut rest = param(3)?.into_int_value();
+    let outer: Vec<(u32, E)> = p.vars[..rank - 2]
+        .iter()
+        .zip(&p.space)
+        .filter_map(|(v, ext)| match p.exprs.node(*v) {
+            Node::Var(i) => Some((*i, *ext)),
+            _ => None,
+        })
+        .collect();
+    for (k, (v, ext)) in outer.iter().enumerate().rev() {
+        if k == 0 {
+            g.vars.insert(*v, rest);
+        } else {
+            let e = g.emit(*ext, false)?.into_int_value();
+            let i = bld.build_int_signed_rem(rest, e, "o").map_err(llvm)?;
+            g.vars.insert(*v, i);
+            rest = bld.build_int_signed_div(rest, e, "r").map_err(llvm)?;
+        }
+    }
+    // The scores at the point are the caller's value.
+    let score = param(6)?;
+    for n in 0..p.exprs.len() {
+        if matches!(p.exprs.node(E(n as u32)), Node::Load { buf, .. } if *buf == scores) {
+            if let Some(s) = g.scopes.first_mut() {
+                s.insert((E(n as u32), None), score);
+            }
+        }
+    }
+    let store = p.stores.iter().find(|s| s.param == logits).ok_or_else(|| llvm("no logits store"))?;
+    let value = g.emit(store.value, false)?;
+    let st = bld.build_load(i64t, g.status, "st").map_err(llvm)?.into_int_value();
+    let bad = bld.build_int_compare(IntPredicate::NE, st, i64t.const_zero(), "bad").map_err(llvm)?;
+    let (report, end) = (ctx.append_basic_block(f, "report"), ctx.append_basic_block(f, "end"));
+    bld.build_conditional_branch(bad, report, end).map_err(llvm)?;
+    bld.position_at_end(report);
+    bld.build_cmpxchg(
+        status_out,
+        i64t.const_zero(),
+        st,
+        AtomicOrdering::Monotonic,
+        AtomicOrdering::Monotonic,
+    )
+    .map_err(llvm)?;
+    bld.build_unconditional_branch(end).map_err(llvm)?;
+    bld.position_at_end(end);
+    bld.build_return(Some(&value)).map_err(llvm)?;
+    Ok(())
+}

@@ -39,6 +39,10 @@ pub enum KernelRole {
     OperandCopy,
     /// A kernel of the GEMM family.
     Gemm(GemmKernel),
+    /// The fused attention kernel of head dimension `head` whose logits are
+    /// what online softmax program `program` stores in its parameter
+    /// `logits` from its scores (parameter `scores`).
+    Attention { program: usize, scores: u32, logits: u32, head: usize },
 }
 
 /// A model compiled for NVIDIA GPUs, as an artifact holds it.
@@ -167,7 +171,7 @@ impl GpuArtifact {
         for k in meta.kernels {
             let r = range(k.code.0, k.code.1, parsed.code.len())?;
             let text = std::str::from_utf8(&parsed.code[r]).map_err(malformed)?.to_string();
-            if let KernelRole::Loop(i) = k.role {
+            if let KernelRole::Loop(i) | KernelRole::Attention { program: i, .. } = k.role {
                 if i >= plan.programs.len() {
                     return Err(malformed(format!(
                         "kernel {} is loop program {i} of {}",
@@ -185,13 +189,26 @@ impl GpuArtifact {
             .iter()
             .chain([&s.operand_copy])
             .chain(s.matmuls.iter().flatten().map(|c| &c.index))
+            .chain(s.attentions.iter().flatten().map(|c| &c.index))
             .any(|&i| i >= n);
-        if bad_index || s.loops.len() != plan.programs.len() || s.matmuls.len() != plan.steps.len() {
+        if bad_index
+            || s.loops.len() != plan.programs.len()
+            || s.matmuls.len() != plan.steps.len()
+            || s.attentions.len() != plan.steps.len()
+        {
             return Err(malformed("the steps' kernels do not match the kernels and the plan"));
         }
         for c in s.matmuls.iter().flatten() {
             if kernels[c.index].1 != KernelRole::Gemm(c.kernel) {
                 return Err(malformed(format!("kernel {} is not the GEMM {}", c.index, c.kernel)));
+            }
+        }
+        for c in s.attentions.iter().flatten() {
+            if !matches!(kernels[c.index].1, KernelRole::Attention { head, .. } if head == c.head) {
+                return Err(malformed(format!(
+                    "kernel {} is not an attention kernel of head {}",
+                    c.index, c.head
+                )));
             }
         }
         if meta.arch != "sm_80" && meta.arch != "sm_90a" {

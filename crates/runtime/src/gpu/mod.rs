@@ -16,10 +16,10 @@
 //!
 //! Contraction steps run on the GEMM family ([`matmul`]): weights packed to
 //! bf16 once, operands copied to bf16 per call, f32 results with the step's
-//! epilogue. Not yet on the GPU (an error naming the step): fused attention
-//! (issue 37, item 4).
+//! epilogue. Fused attention steps run the attention kernel ([`attention`]).
 
 pub mod artifact;
+pub mod attention;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod matmul;
@@ -34,6 +34,8 @@ use sym::{Bindings, ShapeEnv};
 
 use crate::shape::{extent, AttentionTasks, MatMulShape, ShapePlan, StepShape};
 use crate::{elems_mut_ptr, zeros, RunError};
+pub use attention::AttentionChoice;
+use attention::AttentionLaunch;
 pub use matmul::GemmChoice;
 use matmul::{At, MatMulLaunches};
 
@@ -75,13 +77,15 @@ pub struct KernelCode {
 }
 
 /// Which of the device's kernels run a plan's steps: each loop program's,
-/// the operand copy kernel, and each step's GEMM choices (empty for a step
-/// that is no contraction), in the order they are tried.
+/// the operand copy kernel, each step's GEMM choices (empty for a step that
+/// is no contraction), in the order they are tried, and each fused
+/// attention step's kernel.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct GpuKernels {
     pub loops: Vec<usize>,
     pub operand_copy: usize,
     pub matmuls: Vec<Vec<GemmChoice>>,
+    pub attentions: Vec<Option<AttentionChoice>>,
 }
 
 /// A GPU as the runtime drives it.
@@ -138,14 +142,16 @@ pub trait Device: Send + Sync {
 }
 
 /// Whether the GPU backend runs every step of `plan` (an error naming the
-/// first it does not).
+/// first it does not): a fused attention needs an online softmax program.
 pub fn check_plan(plan: &ModelPlan) -> Result<(), RunError> {
     for (i, st) in plan.steps.iter().enumerate() {
-        if let StepKind::Attention(_) = st.kind {
-            return Err(RunError::Device(format!(
-                "step {i} (group {}) is a fused attention: not on the GPU yet (lower without fusing attention)",
-                st.group
-            )));
+        if let StepKind::Attention(a) = &st.kind {
+            if a.online.is_none() {
+                return Err(RunError::Device(format!(
+                    "step {i} (group {}) is a fused attention without an online softmax: not on the GPU",
+                    st.group
+                )));
+            }
         }
     }
     Ok(())
@@ -179,6 +185,7 @@ struct GpuShape {
     layout: CallLayout,
     blocks: Vec<u32>,
     matmuls: Vec<MatMulLaunches>,
+    attentions: Vec<Option<AttentionLaunch>>,
     bindings: Bindings,
 }
 
@@ -222,12 +229,16 @@ impl<D: Device> GpuModel<D> {
         kernels: GpuKernels,
         device: D,
     ) -> Result<GpuModel<D>, RunError> {
-        if kernels.loops.len() != plan.programs.len() || kernels.matmuls.len() != plan.steps.len() {
+        if kernels.loops.len() != plan.programs.len()
+            || kernels.matmuls.len() != plan.steps.len()
+            || kernels.attentions.len() != plan.steps.len()
+        {
             return Err(RunError::Internal(format!(
-                "{} loop kernels for {} loop programs, GEMM choices for {} of {} steps",
+                "{} loop kernels for {} loop programs, GEMM choices for {} and attention kernels for {} of {} steps",
                 kernels.loops.len(),
                 plan.programs.len(),
                 kernels.matmuls.len(),
+                kernels.attentions.len(),
                 plan.steps.len()
             )));
         }
@@ -261,7 +272,14 @@ impl<D: Device> GpuModel<D> {
                         read[*b] = true;
                     }
                 }
-                StepKind::Attention(_) => {}
+                StepKind::Attention(a) => {
+                    if m.kernels.attentions[i].is_none() {
+                        return Err(RunError::Internal(format!("step {i}: no attention kernel")));
+                    }
+                    for b in a.touched() {
+                        read[b] = true;
+                    }
+                }
             }
         }
         let mut packs: HashMap<(BufId, u32, u32, u32, u32, u32), usize> = HashMap::new();
@@ -334,10 +352,12 @@ impl<D: Device> GpuModel<D> {
         if let Some(s) = self.shapes.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(s.clone());
         }
-        let no_attention = |_: &MatMulShape, _: &MatMulShape, _: bool| -> Result<AttentionTasks, RunError> {
-            Err(RunError::Device("fused attention is not on the GPU yet".into()))
-        };
-        let sp = ShapePlan::build(&self.plan, &self.env, &b, false, &no_attention, 1)?;
+        // The attention kernel's geometry is its own: no CPU tasks.
+        let no_tasks = |_: &MatMulShape,
+                        _: &MatMulShape,
+                        _: bool|
+         -> Result<Option<AttentionTasks>, RunError> { Ok(None) };
+        let sp = ShapePlan::build(&self.plan, &self.env, &b, false, &no_tasks, 1)?;
         let blocks = self.blocks(&sp)?;
         let mut matmuls = Vec::with_capacity(self.plan.steps.len());
         for (i, (st, step)) in self.plan.steps.iter().zip(&sp.steps).enumerate() {
@@ -348,8 +368,17 @@ impl<D: Device> GpuModel<D> {
                 _ => MatMulLaunches::default(),
             });
         }
-        let layout = self.layout(&sp, &matmuls)?;
-        let s = Arc::new(GpuShape { sp, layout, blocks, matmuls, bindings: b });
+        let mut attentions = Vec::with_capacity(self.plan.steps.len());
+        for (i, (st, step)) in self.plan.steps.iter().zip(&sp.steps).enumerate() {
+            attentions.push(match (&st.kind, step, self.kernels.attentions[i]) {
+                (StepKind::Attention(a), StepShape::Attention(s), Some(choice)) => {
+                    Some(attention::launch(i, a, s, &sp.dims, choice)?)
+                }
+                _ => None,
+            });
+        }
+        let layout = self.layout(&sp, &matmuls, &attentions)?;
+        let s = Arc::new(GpuShape { sp, layout, blocks, matmuls, attentions, bindings: b });
         self.shapes.write().unwrap_or_else(|e| e.into_inner()).insert(key, s.clone());
         Ok(s)
     }
@@ -376,7 +405,12 @@ impl<D: Device> GpuModel<D> {
 
     /// The call's memory at shape `sp`: the temporaries as the CPU's arena
     /// places them, then the inputs and outputs, the tables, the status words.
-    fn layout(&self, sp: &ShapePlan, matmuls: &[MatMulLaunches]) -> Result<CallLayout, RunError> {
+    fn layout(
+        &self,
+        sp: &ShapePlan,
+        matmuls: &[MatMulLaunches],
+        attentions: &[Option<AttentionLaunch>],
+    ) -> Result<CallLayout, RunError> {
         let too_big = || RunError::Shape("a call's device memory would overflow the address space".into());
         let mut at = round_up(sp.arena_bytes);
         let mut buffers = vec![None; self.plan.buffers.len()];
@@ -404,7 +438,12 @@ impl<D: Device> GpuModel<D> {
         let dims = tables + 8 * entries;
         let status = dims + 8 * sp.dims.len();
         let descs = status + 8 * self.plan.steps.len();
-        let words: usize = matmuls.iter().flat_map(|m| &m.copies).map(|c| c.words.len()).sum();
+        let words: usize = matmuls.iter().flat_map(|m| &m.copies).map(|c| c.words.len()).sum::<usize>()
+            + attentions
+                .iter()
+                .flatten()
+                .map(|a| a.table.len() + a.dims.len() + a.descriptor_len())
+                .sum::<usize>();
         let scratch = round_up(descs + 8 * words);
         let most = matmuls.iter().map(|m| m.scratch).max().unwrap_or(0);
         let bytes = scratch.checked_add(most).map(round_up).ok_or_else(too_big)?;
@@ -536,6 +575,26 @@ impl<D: Device> GpuModel<D> {
             desc_at.push(layout.tables + 8 * words.len());
             words.extend(c.words.iter().map(|w| *w as u64));
         }
+        // Each fused attention's buffer table, dim table and descriptor.
+        let mut attention_at = vec![[0usize; 3]; self.plan.steps.len()];
+        for (i, a) in shape.attentions.iter().enumerate() {
+            let Some(a) = a else { continue };
+            attention_at[i][0] = layout.tables + 8 * words.len();
+            for b in &a.table {
+                words.push(match b {
+                    Some(b) => ptr(*b)?,
+                    None => 0,
+                });
+            }
+            attention_at[i][1] = layout.tables + 8 * words.len();
+            words.extend(a.dims.iter().map(|d| *d as u64));
+            attention_at[i][2] = layout.tables + 8 * words.len();
+            words.push(base + (layout.status + 8 * i) as u64);
+            for b in a.operands {
+                words.push(ptr(b)?);
+            }
+            words.extend(a.words.iter().map(|w| *w as u64));
+        }
         // SAFETY: the words are plain integers; their bytes are read once.
         let bytes = unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, 8 * words.len()) };
         // SAFETY: the layout reserved the tables, dims and status words from `tables`.
@@ -594,7 +653,22 @@ impl<D: Device> GpuModel<D> {
                     }
                 }
                 StepKind::Attention(_) => {
-                    return Err(RunError::Internal(format!("step {i}: fused attention on the GPU")))
+                    let a = shape.attentions[i]
+                        .as_ref()
+                        .ok_or_else(|| RunError::Internal(format!("step {i}: no attention launch")))?;
+                    let args = attention_at[i].map(|at| KernelArg::Ptr(base + at as u64));
+                    let dims = LaunchDims {
+                        grid: [a.blocks, 1, 1],
+                        threads: plan::gpu::ATTENTION_THREADS,
+                        smem: plan::gpu::attention_smem(self.kernels.attentions[i].map_or(0, |c| c.head))
+                            as u32,
+                    };
+                    // SAFETY: the buffer table holds the online program's buffers at
+                    // this shape (null for the tiles it never touches), the dim table
+                    // is this shape's with its chunk the whole row, the descriptor's
+                    // views and offsets stay inside Q, K, V and O (the plan's views of
+                    // them at this shape), and the status word is the step's own.
+                    unsafe { self.device.launch(stream, a.kernel, dims, &args)? };
                 }
             }
         }
@@ -604,8 +678,13 @@ impl<D: Device> GpuModel<D> {
         for (i, w) in status.chunks_exact(8).enumerate() {
             let code = i64::from_le_bytes(w.try_into().unwrap_or_default());
             if code != 0 {
-                if let StepKind::Loop { program, .. } = &self.plan.steps[i].kind {
-                    let p = &self.plan.programs[*program];
+                let program = match &self.plan.steps[i].kind {
+                    StepKind::Loop { program, .. } => Some(*program),
+                    StepKind::Attention(a) => a.online.as_ref().map(|o| o.program),
+                    StepKind::MatMul(_) => None,
+                };
+                if let Some(program) = program {
+                    let p = &self.plan.programs[program];
                     let msg =
                         p.checks.get(code as usize - 1).cloned().unwrap_or_else(|| format!("check {code}"));
                     return Err(RunError::Kernel(msg));

@@ -1,0 +1,308 @@
+//! Fused attention on the GPU backend (the attention kernel, FlashAttention-2's
+//! schedule with `mma.sync`) on the host emulator against the interpreter: an
+//! additive padding mask with queries and keys of different lengths (cross
+//! attention), a causal mask, a mask of -inf over the leading keys (whole
+//! chunks of a row weigh nothing); at lengths of 1, primes, a chunk of keys
+//! (64) and one past it, past two; head dimensions 16, 32 and 64. The plan is
+//! checked to hold the fused step (no silent fallback to the unfused steps),
+//! and a head dimension the kernel is not built for (20) is checked to run
+//! unfused.
+
+#![cfg(feature = "gpu")]
+
+mod common;
+
+use anyshape::{Elems, LoadOptions, Model, Tensor};
+use common::{shape_at, Lcg};
+
+/// `softmax(Q·Kᵀ/4 + mask)·V` over `b × 3` heads of depth `D`, queries `q`, keys `k`.
+fn padding_mask(d: usize) -> String {
+    format!(
+        r#"graph {{
+  sym b param 1..3
+  sym q param 1..200
+  sym k param 1..200
+  input %qs: f32[b, 3, q, {d}]
+  input %kt: f32[b, 3, {d}, k]
+  input %v: f32[b, 3, k, {d}]
+  input %mask: f32[b, 1, 1, k]
+  %s: f32[b, 3, q, k] = matmul %qs, %kt
+  %quarter: f32[1, 1, 1, 1] = constant [4.0]
+  %qb: f32[b, 3, q, k] = broadcast %quarter
+  %ss: f32[b, 3, q, k] = div %s, %qb
+  %mb: f32[b, 3, q, k] = broadcast %mask
+  %sm: f32[b, 3, q, k] = add %ss, %mb
+  %mx: f32[b, 3, q, 1] = reduce_max[axes=[3], keep_dims=true] %sm
+  %mxb: f32[b, 3, q, k] = broadcast %mx
+  %sh: f32[b, 3, q, k] = sub %sm, %mxb
+  %ex: f32[b, 3, q, k] = exp %sh
+  %sum: f32[b, 3, q, 1] = reduce_sum[axes=[3], keep_dims=true] %ex
+  %sumb: f32[b, 3, q, k] = broadcast %sum
+  %p: f32[b, 3, q, k] = div %ex, %sumb
+  %o: f32[b, 3, q, {d}] = matmul %p, %v
+  output %o
+}}
+"#
+    )
+}
+
+/// Self-attention of length `t`, depth 32, with a causal mask (key `j` seen by
+/// query `i ≥ j`), its scale 1/√32.
+const CAUSAL: &str = r#"graph {
+  sym b param 1..3
+  sym t param 1..200
+  input %qs: f32[b, 2, t, 32]
+  input %kt: f32[b, 2, 32, t]
+  input %v: f32[b, 2, t, 32]
+  %s0: f32[b, 2, t, t] = matmul %qs, %kt
+  %scale: f32[1, 1, 1, 1] = constant [0.17677669]
+  %scaleb: f32[b, 2, t, t] = broadcast %scale
+  %s: f32[b, 2, t, t] = mul %s0, %scaleb
+  %ri: i64[t, t] = iota[axis=0]
+  %ci: i64[t, t] = iota[axis=1]
+  %keep: bool[t, t] = less_eq %ci, %ri
+  %keep4: bool[1, 1, t, t] = reshape %keep
+  %keepb: bool[b, 2, t, t] = broadcast %keep4
+  %low: f32[1, 1, 1, 1] = constant [-10000.0]
+  %lowb: f32[b, 2, t, t] = broadcast %low
+  %sm: f32[b, 2, t, t] = select %keepb, %s, %lowb
+  %mx: f32[b, 2, t, 1] = reduce_max[axes=[3], keep_dims=true] %sm
+  %mxb: f32[b, 2, t, t] = broadcast %mx
+  %sh: f32[b, 2, t, t] = sub %sm, %mxb
+  %ex: f32[b, 2, t, t] = exp %sh
+  %sum: f32[b, 2, t, 1] = reduce_sum[axes=[3], keep_dims=true] %ex
+  %sumb: f32[b, 2, t, t] = broadcast %sum
+  %p: f32[b, 2, t, t] = div %ex, %sumb
+  %o: f32[b, 2, t, 32] = matmul %p, %v
+  output %o
+}
+"#;
+
+/// `softmax(Q·Kᵀ·0.125 + lmask)·V`, depth 64, with a mask of -inf over the
+/// first keys (left padding).
+const LEFT_PADDED: &str = r#"graph {
+  sym b param 1..2
+  sym t param 1..200
+  input %qs: f32[b, 2, t, 64]
+  input %kt: f32[b, 2, 64, t]
+  input %v: f32[b, 2, t, 64]
+  input %lmask: f32[b, 1, 1, t]
+  %s: f32[b, 2, t, t] = matmul %qs, %kt
+  %eighth: f32[1, 1, 1, 1] = constant [0.125]
+  %qb: f32[b, 2, t, t] = broadcast %eighth
+  %ss: f32[b, 2, t, t] = mul %s, %qb
+  %mb: f32[b, 2, t, t] = broadcast %lmask
+  %sm: f32[b, 2, t, t] = add %ss, %mb
+  %mx: f32[b, 2, t, 1] = reduce_max[axes=[3], keep_dims=true] %sm
+  %mxb: f32[b, 2, t, t] = broadcast %mx
+  %sh: f32[b, 2, t, t] = sub %sm, %mxb
+  %ex: f32[b, 2, t, t] = exp %sh
+  %sum: f32[b, 2, t, 1] = reduce_sum[axes=[3], keep_dims=true] %ex
+  %sumb: f32[b, 2, t, t] = broadcast %sum
+  %p: f32[b, 2, t, t] = div %ex, %sumb
+  %o: f32[b, 2, t, 64] = matmul %p, %v
+  output %o
+}
+"#;
+
+fn model(text: &str) -> Model {
+    let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Random inputs (`Lcg::unit` moved up by one) at the dims given; a padding mask of 0 and -10000
+/// (the last keys padded), a left mask of -inf over up to two thirds of the
+/// keys (one key stays).
+fn inputs(m: &Model, dims: &[(&str, usize)], seed: u64) -> Vec<(String, Tensor)> {
+    let mut rng = Lcg::new(seed);
+    m.inputs()
+        .into_iter()
+        .map(|info| {
+            let shape = shape_at(&info.ty, dims);
+            let n: usize = shape.iter().product();
+            let keys = *shape.last().expect("rank");
+            let elems = match info.name.as_str() {
+                "mask" => {
+                    let keep = keys - (rng.next() as usize % keys.div_ceil(2));
+                    Elems::F32((0..n).map(|i| if i % keys < keep { 0.0 } else { -10000.0 }).collect())
+                }
+                "lmask" => {
+                    let pad = rng.next() as usize % (2 * keys / 3 + 1);
+                    Elems::F32((0..n).map(|i| if i % keys < pad { f32::NEG_INFINITY } else { 0.0 }).collect())
+                }
+                _ => Elems::F32((0..n).map(|_| rng.unit() + 1.0).collect()),
+            };
+            (info.name, Tensor::new(shape, elems).expect("tensor"))
+        })
+        .collect()
+}
+
+/// The bound on the relative L2 error of the output: Q, K, V and the
+/// probabilities are rounded to bf16 (relative 2⁻⁹ each), so the logits are
+/// off by about 2⁻⁹·Σ|q·k|·scale and the output by the probabilities'
+/// and V's roundings (errors of independent terms, which average out).
+const ATTENTION_L2: f64 = 1e-2;
+
+/// The most any element is off, relative to the output's largest magnitude.
+const ATTENTION_MAX: f64 = 5e-2;
+
+/// Compile `m` for the emulated GPU, check its plan fused the attention on
+/// the kernel (`fused`) or not, and compare it with the interpreter at each
+/// of `shapes`; returns the largest relative L2 error seen.
+fn check(m: &Model, fused: bool, shapes: &[Vec<(&str, usize)>]) -> f64 {
+    let plan = anyshape::inspect::print_plan(&m.lower_gpu().expect("lower"));
+    assert_eq!(plan.contains("attention, fused per block of query rows"), fused, "{plan}");
+    let gm = m.compile_host_gpu().unwrap_or_else(|e| panic!("{e}"));
+    compare(m, &gm, shapes)
+}
+
+fn compare<D: anyshape::gpu::Device>(
+    m: &Model,
+    gm: &anyshape::gpu::GpuModel<D>,
+    shapes: &[Vec<(&str, usize)>],
+) -> f64 {
+    let mut worst: f64 = 0.0;
+    for (seed, dims) in shapes.iter().enumerate() {
+        let ins = inputs(m, dims, seed as u64);
+        let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let want = m.interpret(&named).unwrap_or_else(|e| panic!("{dims:?}: interpreter: {e}"));
+        let got = gm.run(&named).unwrap_or_else(|e| panic!("{dims:?}: gpu: {e}"));
+        assert_eq!(got[0].1.shape(), want[0].1.shape(), "{dims:?}");
+        let (g, w) = (got[0].1.to_f64_vec(), want[0].1.to_f64_vec());
+        let num: f64 = g.iter().zip(&w).map(|(a, b)| (a - b) * (a - b)).sum();
+        let den: f64 = w.iter().map(|b| b * b).sum();
+        let l2 = (num / den.max(1e-30)).sqrt();
+        let top = w.iter().fold(0.0f64, |a, b| a.max(b.abs()));
+        let far = g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0.0f64, f64::max);
+        assert!(g.iter().all(|x| x.is_finite()), "{dims:?}: a value is not finite");
+        assert!(l2 < ATTENTION_L2, "{dims:?}: relative L2 error {l2:e}");
+        assert!(far <= ATTENTION_MAX * top.max(1e-3), "{dims:?}: an element off by {far:e} of {top:e}");
+        worst = worst.max(l2);
+    }
+    worst
+}
+
+/// Lengths: 1, primes, a chunk of keys, one past it, past two.
+const LENGTHS: [usize; 6] = [1, 2, 17, 64, 65, 131];
+
+#[test]
+fn padding_mask_and_cross_attention_run_on_the_attention_kernel() {
+    let m = model(&padding_mask(16));
+    let mut shapes = Vec::new();
+    for (i, &q) in LENGTHS.iter().enumerate() {
+        let k = LENGTHS[(i * 5 + 2) % LENGTHS.len()];
+        shapes.push(vec![("b", 1 + i % 2), ("q", q), ("k", q)]);
+        shapes.push(vec![("b", 1), ("q", q), ("k", k)]);
+    }
+    let worst = check(&m, true, &shapes);
+    eprintln!("padding mask, head 16: relative L2 error at most {worst:.2e}");
+}
+
+#[test]
+fn causal_mask_runs_on_the_attention_kernel() {
+    let m = model(CAUSAL);
+    let shapes: Vec<_> = LENGTHS.iter().enumerate().map(|(i, &t)| vec![("b", 1 + i % 2), ("t", t)]).collect();
+    let worst = check(&m, true, &shapes);
+    eprintln!("causal mask, head 32: relative L2 error at most {worst:.2e}");
+}
+
+#[test]
+fn leading_keys_masked_out_run_on_the_attention_kernel() {
+    let m = model(LEFT_PADDED);
+    let shapes: Vec<_> = [1, 17, 65, 131].iter().map(|&t| vec![("b", 1), ("t", t)]).collect();
+    let worst = check(&m, true, &shapes);
+    eprintln!("leading keys masked, head 64: relative L2 error at most {worst:.2e}");
+}
+
+#[test]
+fn a_head_dimension_the_kernel_lacks_runs_unfused() {
+    let m = model(&padding_mask(20));
+    let shapes = vec![vec![("b", 1), ("q", 17), ("k", 5)]];
+    check(&m, false, &shapes);
+}
+
+/// A GPU artifact of a model with fused attention: its attention kernel
+/// saved with what it is (program, parameters, head), loaded without the
+/// compiler and run on the emulator (the kernel rebuilt from its role).
+#[test]
+fn an_artifact_keeps_the_attention_kernel() {
+    let m = model(CAUSAL);
+    let a = m.gpu_artifact(anyshape::gpu::GpuTarget::Sm90a).expect("an artifact");
+    let path = std::env::temp_dir().join(format!("anyshape-gpu-attention-{}.anyshape", std::process::id()));
+    a.save(&path).expect("saves");
+    let b = anyshape::gpu::GpuArtifact::load(&path).expect("loads");
+    let _ = std::fs::remove_file(&path);
+    let heads: Vec<usize> = b
+        .kernels
+        .iter()
+        .filter_map(|(_, r)| match r {
+            anyshape::gpu::KernelRole::Attention { head, .. } => Some(*head),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(heads, [32], "the artifact's attention kernels");
+    let gm = anyshape::gpu::host_model_of(b).expect("runs on the emulator");
+    compare(&m, &gm, &[vec![("b", 2), ("t", 70)]]);
+}
+
+/// Bytes a thread may spill at heads wider than 64: ptxas gives those 255
+/// registers (the output accumulators of a 128-wide head are 64 of them) and,
+/// depending on its scheduling, stores a few words on the stack (L1).
+const MOST_SPILL_WIDE: usize = 64;
+
+/// The kernel at every head dimension it is built for assembles for sm_90a
+/// (ptxas, from `ANYSHAPE_PTXAS`): without spilling registers up to a head of
+/// 64 (BERT's, GPT-2's, ViT's), a few words at most beyond.
+#[test]
+fn every_head_dimension_assembles_for_hopper() {
+    let ptxas = std::env::var("ANYSHAPE_PTXAS").ok();
+    if !kernels::testing::require("ANYSHAPE_REQUIRE_PTXAS", ptxas.is_some(), "ptxas in ANYSHAPE_PTXAS") {
+        return;
+    }
+    let ptxas = ptxas.unwrap_or_default();
+    let tmp = std::env::temp_dir().join(format!("anyshape-attention-ptx-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("temp dir");
+    for d in (16..=plan::gpu::ATTENTION_MAX_HEAD).step_by(16) {
+        let plan = model(&padding_mask(d)).lower_gpu().expect("lower");
+        let a = plan
+            .steps
+            .iter()
+            .find_map(|s| match &s.kind {
+                plan::StepKind::Attention(a) => Some(a),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("head {d}: attention not fused"));
+        let online = a.online.as_ref().expect("online softmax");
+        let name = plan::gpu::attention_kernel_name(online.program, d);
+        let ptx = codegen::nvptx::attention_ptx(
+            &plan.programs[online.program],
+            a.scores_param as u32,
+            online.logits_param as u32,
+            d,
+            &name,
+        )
+        .unwrap_or_else(|e| panic!("head {d}: {e}"));
+        let file = tmp.join(format!("{name}.ptx"));
+        std::fs::write(&file, &ptx).expect("write");
+        let out = std::process::Command::new(&ptxas)
+            .args(["-v", "-arch", "sm_90a", "-o", "/dev/null"])
+            .arg(&file)
+            .output()
+            .expect("ptxas runs");
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "head {d}: {log}");
+        let spilled: usize = log
+            .split(" bytes spill stores")
+            .next()
+            .and_then(|s| s.rsplit(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        let most = if d <= 64 { 0 } else { MOST_SPILL_WIDE };
+        assert!(spilled <= most, "head {d}: {spilled} bytes spilled (at most {most}): {log}");
+        eprintln!(
+            "head {d}: {}",
+            log.lines().filter(|l| l.contains("registers")).collect::<Vec<_>>().join("; ")
+        );
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}

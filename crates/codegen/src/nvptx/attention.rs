@@ -1,0 +1,528 @@
+//! Fused attention as one kernel (`plan::gpu`'s attention contract,
+//! FlashAttention-2's schedule): a block takes `ATTENTION_ROWS` query rows of
+//! one batch entry, a warp 16 of them, against the entry's keys a chunk of
+//! `ATTENTION_KEYS` at a time. Per chunk: K and V rounded to bf16 into shared
+//! memory; `S = Q·Kᵀ` by `mma.sync` (Q's fragments loaded once); the model's
+//! logits of each score by the online softmax program's expression
+//! (`loops::device::logits_ir`, linked in and inlined); each row's running
+//! maximum and sum (the four lanes that share a row meet by shuffles); the
+//! output accumulators rescaled and `O += P·V`, P's bf16 fragments packed
+//! from the score accumulators' registers (an m16n8 accumulator pair is an
+//! m16k16 A fragment). The score tile never leaves registers. Keys past the
+//! last and rows past the last are masked; the output is divided by the
+//! row's sum at the end (zero for a row of no keys).
+
+use std::fmt::Write as _;
+
+use inkwell::attributes::{Attribute, AttributeLoc};
+use inkwell::context::Context;
+use inkwell::memory_buffer::MemoryBuffer;
+use inkwell::module::Linkage;
+use plan::gpu::{attention_pitch, ATTENTION_KEYS, ATTENTION_MAX_HEAD, ATTENTION_ROWS, ATTENTION_THREADS};
+use plan::LoopProgram;
+
+use super::{float_lit, Arch, Ir};
+use crate::{llvm, CodegenError};
+
+type R<T> = Result<T, CodegenError>;
+
+/// Minus infinity as LLVM IR writes a float.
+const NEG_INF: &str = "0xFFF0000000000000";
+
+/// Whether head dimension `d` is one the attention kernel is built for.
+pub fn attention_head_ok(d: usize) -> bool {
+    d > 0 && d.is_multiple_of(16) && d <= ATTENTION_MAX_HEAD
+}
+
+/// The LLVM IR (an NVPTX module, as text) of attention kernel `name` for
+/// head dimension `d`, whose logits are those online softmax program `p`
+/// stores in its parameter `logits` from its scores (parameter `scores`).
+/// Parameters: the program's buffer table, a dim table (the program's chunk
+/// offset 0, its chunk the whole row of keys), the descriptor
+/// (`plan::gpu::ATTENTION_HEADER`).
+pub fn attention_ir(p: &LoopProgram, scores: u32, logits: u32, d: usize, name: &str) -> R<String> {
+    if !attention_head_ok(d) {
+        return Err(CodegenError::Unsupported(format!(
+            "attention with head dimension {d} (the kernel takes multiples of 16 up to {ATTENTION_MAX_HEAD})"
+        )));
+    }
+    let fname = format!("{name}_logits");
+    let logits_text = crate::loops::device::logits_ir(p, scores, logits, &fname)?;
+    let kernel_text = kernel_ir(d, name, &fname);
+    let ctx = Context::create();
+    let parse = |text: &str, what: &str| {
+        let buf = MemoryBuffer::create_from_memory_range_copy(text.as_bytes(), what);
+        ctx.create_module_from_ir(buf).map_err(|e| llvm(format!("{what}: {e}")))
+    };
+    let module = parse(&kernel_text, name)?;
+    module.link_in_module(parse(&logits_text, &fname)?).map_err(|e| llvm(format!("{name}: {e}")))?;
+    let f = module.get_function(&fname).ok_or_else(|| llvm(format!("{name}: no {fname} after linking")))?;
+    f.set_linkage(Linkage::Internal);
+    f.add_attribute(
+        AttributeLoc::Function,
+        ctx.create_enum_attribute(Attribute::get_named_enum_kind_id("alwaysinline"), 0),
+    );
+    module.verify().map_err(|e| llvm(format!("{name}: {e}")))?;
+    Ok(module.print_to_string().to_string())
+}
+
+/// PTX (`.target sm_80`, which ptxas also assembles for sm_90a) of
+/// [`attention_ir`]'s kernel, at O3.
+pub fn attention_ptx(p: &LoopProgram, scores: u32, logits: u32, d: usize, name: &str) -> R<String> {
+    super::compile(&attention_ir(p, scores, logits, d, name)?, name, Arch::Sm80)
+}
+
+/// The descriptor's words the kernel reads by name (see `ATTENTION_HEADER`).
+struct Desc {
+    status: String,
+    q: String,
+    k: String,
+    v: String,
+    o: String,
+    lq: String,
+    lk: String,
+    qblocks: String,
+    strides: [String; 8],
+}
+
+/// A tile of shared memory: its first byte and rows of `attention_pitch(d)` bytes.
+struct Tile {
+    base: usize,
+}
+
+struct Kernel {
+    ir: Ir,
+    d: usize,
+    pitch: usize,
+    logits: String,
+}
+
+impl std::ops::Deref for Kernel {
+    type Target = Ir;
+    fn deref(&self) -> &Ir {
+        &self.ir
+    }
+}
+
+impl std::ops::DerefMut for Kernel {
+    fn deref_mut(&mut self) -> &mut Ir {
+        &mut self.ir
+    }
+}
+
+fn kernel_ir(d: usize, name: &str, logits: &str) -> String {
+    let mut k = Kernel { ir: Ir::default(), d, pitch: attention_pitch(d), logits: logits.to_string() };
+    k.generate();
+    let about = format!("fused attention, head dimension {d}");
+    // Narrow heads: one block an SM at least, so that ptxas does not aim at
+    // more and cap the registers at 128 (spilling the tiles); wide heads need
+    // ptxas's own choice (which is then 255 registers, where telling it one
+    // block makes it schedule for more and spill).
+    let extra: Vec<String> = if d <= 64 { vec!["!\"minctasm\", i32 1".into()] } else { Vec::new() };
+    let mut text = k.ir.module(
+        name,
+        ATTENTION_THREADS as usize,
+        &about,
+        true,
+        "ptr %bufs, ptr %dims, ptr %desc",
+        &extra,
+    );
+    let _ = writeln!(text, "declare float @{logits}(ptr, ptr, ptr, i64, i64, i64, float)");
+    text
+}
+
+impl Kernel {
+    fn word(&mut self, i: usize) -> String {
+        let p = self.v(format!("getelementptr inbounds i64, ptr %desc, i64 {i}"));
+        self.v(format!("load i64, ptr {p}, align 8"))
+    }
+
+    fn pointer(&mut self, i: usize) -> String {
+        let w = self.word(i);
+        self.v(format!("inttoptr i64 {w} to ptr"))
+    }
+
+    fn smem(&mut self, off: &str) -> String {
+        self.v(format!("getelementptr inbounds i8, ptr addrspace(3) @smem, i32 {off}"))
+    }
+
+    fn max(&mut self, a: &str, b: &str) -> String {
+        let gt = self.v(format!("fcmp ogt float {a}, {b}"));
+        self.v(format!("select i1 {gt}, float {a}, float {b}"))
+    }
+
+    fn exp(&mut self, x: &str) -> String {
+        let l = self.v(format!("fmul float {x}, {}", float_lit(std::f32::consts::LOG2_E)));
+        self.v(format!("call float asm \"ex2.approx.f32 $0, $1;\", \"=f,f\"(float {l})"))
+    }
+
+    /// Two f32 values as one register of two bf16 (`lo` in the low half).
+    fn pack(&mut self, lo: &str, hi: &str) -> String {
+        let a = self.v(format!("fptrunc float {lo} to bfloat"));
+        let b = self.v(format!("fptrunc float {hi} to bfloat"));
+        let v0 = self.v(format!("insertelement <2 x bfloat> poison, bfloat {a}, i32 0"));
+        let v1 = self.v(format!("insertelement <2 x bfloat> {v0}, bfloat {b}, i32 1"));
+        self.v(format!("bitcast <2 x bfloat> {v1} to i32"))
+    }
+
+    fn ldmatrix(&mut self, off: &str, trans: bool) -> [String; 4] {
+        let p = self.smem(off);
+        let t = if trans { "trans." } else { "" };
+        let r = self.v(format!(
+            "call {{i32, i32, i32, i32}} @llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.{t}b16(ptr addrspace(3) {p})"
+        ));
+        [0, 1, 2, 3].map(|x| self.v(format!("extractvalue {{i32, i32, i32, i32}} {r}, {x}")))
+    }
+
+    /// `acc += a·b` for one m16n8k16 product.
+    fn mma(&mut self, a: &[String; 4], b: &[String; 2], acc: &mut [String; 4]) {
+        let args: Vec<String> = a.iter().chain(b.iter()).map(|x| format!("i32 {x}")).collect();
+        let c: Vec<String> = acc.iter().map(|x| format!("float {x}")).collect();
+        let r = self.v(format!(
+            "call {{float, float, float, float}} @llvm.nvvm.mma.m16n8k16.row.col.bf16({}, {})",
+            args.join(", "),
+            c.join(", ")
+        ));
+        for (x, v) in acc.iter_mut().enumerate() {
+            *v = self.v(format!("extractvalue {{float, float, float, float}} {r}, {x}"));
+        }
+    }
+
+    /// Byte offset of 16-byte chunk `chunk` of row `row` (i32 values) in `tile`.
+    fn at(&mut self, tile: &Tile, row: &str, chunk: &str) -> String {
+        let pitch = self.pitch;
+        let rb = self.v(format!("mul i32 {row}, {pitch}"));
+        let cb = self.v(format!("shl i32 {chunk}, 4"));
+        let o = self.v(format!("add i32 {rb}, {cb}"));
+        self.v(format!("add i32 {o}, {}", tile.base))
+    }
+
+    /// Rows `first..first + 64` (those below `limit`; zeros past it) of an f32
+    /// matrix at `base` with strides `rs`, `cs` (i64 elements), rounded to bf16
+    /// into `tile`: the block's threads take its elements in turn, a row's
+    /// adjacent columns by adjacent threads. `first < limit`.
+    fn load_tile(
+        &mut self,
+        label: &str,
+        tile: &Tile,
+        base: &str,
+        (first, limit): (&str, &str),
+        (rs, cs): (&str, &str),
+    ) {
+        let d = self.d;
+        let total = ATTENTION_ROWS.max(ATTENTION_KEYS) * d;
+        let pre = self.fresh(&format!("{label}.pre"));
+        let (head, exit) = (self.fresh(&format!("{label}.el")), self.fresh(&format!("{label}.done")));
+        self.emit(format!("br label %{pre}"));
+        self.block(&pre);
+        self.emit(format!("br label %{head}"));
+        self.block(&head);
+        let e = self.fresh("%e");
+        let at = self.body.len();
+        let row = self.v(format!("udiv i32 {e}, {d}"));
+        let col = self.v(format!("urem i32 {e}, {d}"));
+        let r64 = self.v(format!("zext i32 {row} to i64"));
+        let grow = self.v(format!("add i64 {first}, {r64}"));
+        let ok = self.v(format!("icmp slt i64 {grow}, {limit}"));
+        let safe = self.v(format!("select i1 {ok}, i64 {grow}, i64 {first}"));
+        let c64 = self.v(format!("zext i32 {col} to i64"));
+        let ro = self.v(format!("mul i64 {safe}, {rs}"));
+        let co = self.v(format!("mul i64 {c64}, {cs}"));
+        let off = self.v(format!("add i64 {ro}, {co}"));
+        let p = self.v(format!("getelementptr float, ptr {base}, i64 {off}"));
+        let x = self.v(format!("load float, ptr {p}, align 4"));
+        let x = self.v(format!("select i1 {ok}, float {x}, float 0.0"));
+        let h = self.v(format!("fptrunc float {x} to bfloat"));
+        let pitch = self.pitch;
+        let rb = self.v(format!("mul i32 {row}, {pitch}"));
+        let cb = self.v(format!("shl i32 {col}, 1"));
+        let o = self.v(format!("add i32 {rb}, {cb}"));
+        let o = self.v(format!("add i32 {o}, {}", tile.base));
+        let sp = self.smem(&o);
+        self.emit(format!("store bfloat {h}, ptr addrspace(3) {sp}, align 2"));
+        let next = self.v(format!("add i32 {e}, {ATTENTION_THREADS}"));
+        let more = self.v(format!("icmp ult i32 {next}, {total}"));
+        self.emit(format!("br i1 {more}, label %{head}, label %{exit}"));
+        self.body.insert_str(at, &format!("  {e} = phi i32 [ %tid, %{pre} ], [ {next}, %{head} ]\n"));
+        self.block(&exit);
+    }
+
+    fn generate(&mut self) {
+        let d = self.d;
+        let (tq, tk, tv) = {
+            let tile = ATTENTION_ROWS.max(ATTENTION_KEYS) * self.pitch;
+            (Tile { base: 0 }, Tile { base: tile }, Tile { base: 2 * tile })
+        };
+        self.emit("%tid = call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
+        let bid = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
+        let warp = self.v("lshr i32 %tid, 5");
+        let lane = self.v("and i32 %tid, 31");
+        let g = self.v(format!("lshr i32 {lane}, 2"));
+        let q = self.v(format!("and i32 {lane}, 3"));
+        let desc = Desc {
+            status: self.pointer(0),
+            q: self.pointer(1),
+            k: self.pointer(2),
+            v: self.pointer(3),
+            o: self.pointer(4),
+            lq: self.word(5),
+            lk: self.word(6),
+            qblocks: self.word(7),
+            strides: std::array::from_fn(|i| self.word(9 + i)),
+        };
+        // The block's units (an entry's block of query rows) taken grid-stride,
+        // so that any grid is correct.
+        let b64 = self.v(format!("zext i32 {bid} to i64"));
+        let nb = self.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()");
+        let nb64 = self.v(format!("zext i32 {nb} to i64"));
+        let entries = self.word(8);
+        let units = self.v(format!("mul i64 {entries}, {}", desc.qblocks));
+        let some = self.v(format!("icmp ult i64 {b64}, {units}"));
+        self.emit("br label %units.pre");
+        self.block("units.pre");
+        self.emit(format!("br i1 {some}, label %unit, label %exit"));
+        self.block("unit");
+        self.emit(format!("%u = phi i64 [ {b64}, %units.pre ], [ %u.next, %unit.latch ]"));
+        // Every warp is done with the last unit's tiles.
+        self.emit("call void @llvm.nvvm.barrier0()");
+        let ent = self.v(format!("udiv i64 %u, {}", desc.qblocks));
+        let qb = self.v(format!("urem i64 %u, {}", desc.qblocks));
+        let q0 = self.v(format!("mul i64 {qb}, {ATTENTION_ROWS}"));
+        let e4 = self.v(format!("mul i64 {ent}, 4"));
+        let first = self.v(format!("add i64 {e4}, {}", plan::gpu::ATTENTION_HEADER));
+        let mut bases = Vec::new();
+        for (i, p) in [&desc.q, &desc.k, &desc.v, &desc.o].into_iter().enumerate() {
+            let w = self.v(format!("add i64 {first}, {i}"));
+            let wp = self.v(format!("getelementptr inbounds i64, ptr %desc, i64 {w}"));
+            let off = self.v(format!("load i64, ptr {wp}, align 8"));
+            bases.push(self.v(format!("getelementptr float, ptr {p}, i64 {off}")));
+        }
+        let [qs_r, qs_c, ks_k, ks_c, vs_k, vs_c, os_r, os_c] = desc.strides.clone();
+
+        // The block's Q tile (each warp reads the fragments of its 16 rows).
+        let qbase = bases[0].clone();
+        self.load_tile("q", &tq, &qbase, (&q0, &desc.lq), (&qs_r, &qs_c));
+        self.emit("call void @llvm.nvvm.barrier0()");
+        let l16 = self.v(format!("and i32 {lane}, 15"));
+        let hi = self.v(format!("lshr i32 {lane}, 4"));
+        let w16 = self.v(format!("shl i32 {warp}, 4"));
+        let arow = self.v(format!("add i32 {w16}, {l16}"));
+        // Lane offsets of the K (non-transposed) and V (transposed) fragments.
+        let l8 = self.v(format!("and i32 {lane}, 7"));
+        let mid = self.v(format!("lshr i32 {lane}, 3"));
+        let mid1 = self.v(format!("and i32 {mid}, 1"));
+        let mid8 = self.v(format!("shl i32 {mid1}, 3"));
+        let hi8 = self.v(format!("shl i32 {hi}, 3"));
+        let krow = self.v(format!("add i32 {l8}, {hi8}"));
+        let vrow = self.v(format!("add i32 {l8}, {mid8}"));
+        // The lane's rows (g and g + 8 of its warp's 16), as i64 positions.
+        let g64 = self.v(format!("zext i32 {g} to i64"));
+        let w64 = self.v(format!("zext i32 {w16} to i64"));
+        let r0a = self.v(format!("add i64 {q0}, {w64}"));
+        let r0 = self.v(format!("add i64 {r0a}, {g64}"));
+        let r1 = self.v(format!("add i64 {r0}, 8"));
+        let last_q = self.v(format!("sub i64 {}, 1", desc.lq));
+        let last_k = self.v(format!("sub i64 {}, 1", desc.lk));
+        let rows: Vec<(String, String)> = [r0, r1]
+            .into_iter()
+            .map(|r| {
+                let ok = self.v(format!("icmp slt i64 {r}, {}", desc.lq));
+                let rc = self.v(format!("select i1 {ok}, i64 {r}, i64 {last_q}"));
+                (ok, rc)
+            })
+            .collect();
+        let q2 = self.v(format!("shl i32 {q}, 1"));
+        let q2_64 = self.v(format!("zext i32 {q2} to i64"));
+        let nchunks_up = self.v(format!("add i64 {}, {}", desc.lk, ATTENTION_KEYS - 1));
+        let nchunks = self.v(format!("udiv i64 {nchunks_up}, {ATTENTION_KEYS}"));
+        let any = self.v(format!("icmp sgt i64 {nchunks}, 0"));
+        self.emit("br label %chunks.pre");
+        self.block("chunks.pre");
+        self.emit(format!("br i1 {any}, label %chunk, label %chunks.done"));
+
+        // One chunk of keys: its loop-carried values are the two rows' maxima and
+        // sums and the output accumulators (phis placed once the latch is known).
+        self.block("chunk");
+        let head = self.body.len();
+        let dt = d / 8;
+        let m_in = ["%m0", "%m1"].map(String::from);
+        let l_in = ["%l0", "%l1"].map(String::from);
+        let o_in: Vec<[String; 4]> = (0..dt).map(|t| [0, 1, 2, 3].map(|x| format!("%o{t}.{x}"))).collect();
+        let k0 = self.v(format!("mul i64 %kc, {ATTENTION_KEYS}"));
+        self.emit("call void @llvm.nvvm.barrier0()");
+        let (kbase, vbase) = (bases[1].clone(), bases[2].clone());
+        self.load_tile("k", &tk, &kbase, (&k0, &desc.lk), (&ks_k, &ks_c));
+        self.load_tile("v", &tv, &vbase, (&k0, &desc.lk), (&vs_k, &vs_c));
+        self.emit("call void @llvm.nvvm.barrier0()");
+        // S = Q·Kᵀ, eight m16n8 tiles of keys; Q's fragments read from the
+        // tile each chunk (registers held across the chunks would spill at the
+        // widest heads).
+        let mut qf = Vec::new();
+        for ks in 0..d / 16 {
+            let c = self.v(format!("add i32 {hi}, {}", 2 * ks));
+            let off = self.at(&tq, &arow, &c);
+            qf.push(self.ldmatrix(&off, false));
+        }
+        let nt = ATTENTION_KEYS / 8;
+        let mut s: Vec<[String; 4]> =
+            (0..nt).map(|_| ["0.0", "0.0", "0.0", "0.0"].map(String::from)).collect();
+        for (ks, a) in qf.iter().enumerate() {
+            for np in 0..nt / 2 {
+                let row = self.v(format!("add i32 {krow}, {}", np * 16));
+                let c = self.v(format!("add i32 {mid1}, {}", 2 * ks));
+                let off = self.at(&tk, &row, &c);
+                let x = self.ldmatrix(&off, false);
+                let (b0, b1) = ([x[0].clone(), x[1].clone()], [x[2].clone(), x[3].clone()]);
+                self.mma(a, &b0, &mut s[2 * np]);
+                self.mma(a, &b1, &mut s[2 * np + 1]);
+            }
+        }
+        // The logits (minus infinity past the keys and rows), the rows' maxima.
+        let mut x: Vec<[String; 4]> = Vec::with_capacity(nt);
+        for (t, st) in s.iter().enumerate() {
+            let mut vals: [String; 4] = Default::default();
+            for e in 0..4 {
+                let c = self.v(format!("add i64 {k0}, {}", t * 8 + (e & 1)));
+                let key = self.v(format!("add i64 {c}, {q2_64}"));
+                let kok = self.v(format!("icmp slt i64 {key}, {}", desc.lk));
+                let kc = self.v(format!("select i1 {kok}, i64 {key}, i64 {last_k}"));
+                let (rok, rc) = rows[e >> 1].clone();
+                let f = self.logits.clone();
+                let y = self.v(format!(
+                    "call float @{f}(ptr %bufs, ptr %dims, ptr {}, i64 {ent}, i64 {rc}, i64 {kc}, float {})",
+                    desc.status, st[e]
+                ));
+                let ok = self.v(format!("and i1 {kok}, {rok}"));
+                vals[e] = self.v(format!("select i1 {ok}, float {y}, float {NEG_INF}"));
+            }
+            x.push(vals);
+        }
+        let mut m_next: [String; 2] = Default::default();
+        let mut base: [String; 2] = Default::default();
+        let mut alpha: [String; 2] = Default::default();
+        for h in 0..2 {
+            let mut mx = NEG_INF.to_string();
+            for xt in &x {
+                for e in [2 * h, 2 * h + 1] {
+                    mx = self.max(&mx, &xt[e]);
+                }
+            }
+            for sh in [1, 2] {
+                let o = self.v(format!(
+                    "call float @llvm.nvvm.shfl.sync.bfly.f32(i32 -1, float {mx}, i32 {sh}, i32 31)"
+                ));
+                mx = self.max(&mx, &o);
+            }
+            m_next[h] = self.max(&m_in[h], &mx);
+            let none = self.v(format!("fcmp oeq float {}, {NEG_INF}", m_next[h]));
+            base[h] = self.v(format!("select i1 {none}, float 0.0, float {}", m_next[h]));
+            let shifted = self.v(format!("fsub float {}, {}", m_in[h], base[h]));
+            alpha[h] = self.exp(&shifted);
+        }
+        // P = exp(logits - max), the rows' partial sums, P's bf16 fragments.
+        let mut p: Vec<[String; 4]> = Vec::with_capacity(nt);
+        let mut sums = ["0.0".to_string(), "0.0".to_string()];
+        for xt in &x {
+            let mut vals: [String; 4] = Default::default();
+            for e in 0..4 {
+                let sh = self.v(format!("fsub float {}, {}", xt[e], base[e >> 1]));
+                vals[e] = self.exp(&sh);
+                sums[e >> 1] = self.v(format!("fadd float {}, {}", sums[e >> 1], vals[e]));
+            }
+            p.push(vals);
+        }
+        let mut l_next: [String; 2] = Default::default();
+        for h in 0..2 {
+            let scaled = self.v(format!("fmul float {}, {}", l_in[h], alpha[h]));
+            l_next[h] = self.v(format!("fadd float {scaled}, {}", sums[h]));
+        }
+        let mut o: Vec<[String; 4]> = Vec::with_capacity(dt);
+        for ot in &o_in {
+            o.push(std::array::from_fn(|e| self.v(format!("fmul float {}, {}", ot[e], alpha[e >> 1]))));
+        }
+        for ks in 0..nt / 2 {
+            let (pa, pb) = (&p[2 * ks], &p[2 * ks + 1]);
+            let a = [
+                self.pack(&pa[0], &pa[1]),
+                self.pack(&pa[2], &pa[3]),
+                self.pack(&pb[0], &pb[1]),
+                self.pack(&pb[2], &pb[3]),
+            ];
+            for dp in 0..d / 16 {
+                let row = self.v(format!("add i32 {vrow}, {}", ks * 16));
+                let c = self.v(format!("add i32 {hi}, {}", 2 * dp));
+                let off = self.at(&tv, &row, &c);
+                let xv = self.ldmatrix(&off, true);
+                let (b0, b1) = ([xv[0].clone(), xv[1].clone()], [xv[2].clone(), xv[3].clone()]);
+                self.mma(&a, &b0, &mut o[2 * dp]);
+                self.mma(&a, &b1, &mut o[2 * dp + 1]);
+            }
+        }
+        self.emit("br label %chunk.latch");
+        self.block("chunk.latch");
+        let kc1 = self.v("add i64 %kc, 1");
+        let again = self.v(format!("icmp slt i64 {kc1}, {nchunks}"));
+        self.emit(format!("br i1 {again}, label %chunk, label %chunks.done"));
+        let mut phis = format!("  %kc = phi i64 [ 0, %chunks.pre ], [ {kc1}, %chunk.latch ]\n");
+        let mut carried: Vec<(String, &str, String)> = Vec::new();
+        for h in 0..2 {
+            carried.push((m_in[h].clone(), NEG_INF, m_next[h].clone()));
+            carried.push((l_in[h].clone(), "0.0", l_next[h].clone()));
+        }
+        for (ot, on) in o_in.iter().zip(&o) {
+            for e in 0..4 {
+                carried.push((ot[e].clone(), "0.0", on[e].clone()));
+            }
+        }
+        for (name, init, next) in &carried {
+            let _ = writeln!(phis, "  {name} = phi float [ {init}, %chunks.pre ], [ {next}, %chunk.latch ]");
+        }
+        self.body.insert_str(head, &phis);
+
+        // The rows' sums across their four lanes, then O / sum stored.
+        self.block("chunks.done");
+        let mut fin = std::collections::HashMap::new();
+        for (name, init, next) in &carried {
+            let v = self.v(format!("phi float [ {init}, %chunks.pre ], [ {next}, %chunk.latch ]"));
+            fin.insert(name.clone(), v);
+        }
+        let mut inv: [String; 2] = Default::default();
+        for h in 0..2 {
+            let mut l = fin[&l_in[h]].clone();
+            for sh in [1, 2] {
+                let o = self.v(format!(
+                    "call float @llvm.nvvm.shfl.sync.bfly.f32(i32 -1, float {l}, i32 {sh}, i32 31)"
+                ));
+                l = self.v(format!("fadd float {l}, {o}"));
+            }
+            let zero = self.v(format!("fcmp oeq float {l}, 0.0"));
+            let r = self.v(format!("fdiv float 1.0, {l}"));
+            inv[h] = self.v(format!("select i1 {zero}, float 0.0, float {r}"));
+        }
+        let obase = bases[3].clone();
+        for (t, ot) in o_in.iter().enumerate() {
+            for e in 0..4 {
+                let (rok, rc) = rows[e >> 1].clone();
+                let y = self.v(format!("fmul float {}, {}", fin[&ot[e]], inv[e >> 1]));
+                let col = self.v(format!("add i64 {q2_64}, {}", t * 8 + (e & 1)));
+                let ro = self.v(format!("mul i64 {rc}, {os_r}"));
+                let co = self.v(format!("mul i64 {col}, {os_c}"));
+                let off = self.v(format!("add i64 {ro}, {co}"));
+                let (yes, next) = (self.fresh("store"), self.fresh("stored"));
+                self.emit(format!("br i1 {rok}, label %{yes}, label %{next}"));
+                self.block(&yes);
+                let ptr = self.v(format!("getelementptr float, ptr {obase}, i64 {off}"));
+                self.emit(format!("store float {y}, ptr {ptr}, align 4"));
+                self.emit(format!("br label %{next}"));
+                self.block(&next);
+            }
+        }
+        self.emit("br label %unit.latch");
+        self.block("unit.latch");
+        self.emit(format!("%u.next = add i64 %u, {nb64}"));
+        self.emit(format!("%u.more = icmp ult i64 %u.next, {units}"));
+        self.emit("br i1 %u.more, label %unit, label %exit");
+        self.block("exit");
+        self.emit("ret void");
+    }
+}
