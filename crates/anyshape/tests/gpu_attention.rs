@@ -21,7 +21,7 @@ fn padding_mask(d: usize) -> String {
         r#"graph {{
   sym b param 1..3
   sym q param 1..200
-  sym k param 1..200
+  sym k param 1..2000
   input %qs: f32[b, 3, q, {d}]
   input %kt: f32[b, 3, {d}, k]
   input %v: f32[b, 3, k, {d}]
@@ -212,6 +212,27 @@ fn leading_keys_masked_out_run_on_the_attention_kernel() {
     let shapes: Vec<_> = [1, 17, 65, 131].iter().map(|&t| vec![("b", 1), ("t", t)]).collect();
     let worst = check(&m, true, &shapes);
     eprintln!("leading keys masked, head 64: relative L2 error at most {worst:.2e}");
+}
+
+/// A decode step (one query row, or a few) against a long cache: the keys of
+/// each block of rows split among blocks, each storing its partial maxima,
+/// sums and outputs, the last combining them; also a block of rows past the
+/// first (65 queries) and keys in splits of unequal length.
+#[test]
+fn long_keys_split_among_blocks_and_combine() {
+    let m = model(&padding_mask(64));
+    let gm = m.compile_host_gpu().unwrap_or_else(|e| panic!("{e}"));
+    let mut shapes = Vec::new();
+    for (q, k, splits) in [(1, 700, 2), (3, 1300, 5), (65, 1300, 5), (1, 200, 1)] {
+        let dims = vec![("b", 1), ("q", q), ("k", k)];
+        let ins = inputs(&m, &dims, 7);
+        let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let at = gm.attentions_at(&named).expect("plans");
+        assert!(at.len() == 1 && at[0].2 == splits, "{dims:?}: {at:?}");
+        shapes.push(dims);
+    }
+    let worst = compare(&m, &gm, &shapes);
+    eprintln!("split keys, head 64: relative L2 error at most {worst:.2e}");
 }
 
 #[test]

@@ -137,6 +137,7 @@ fn line_for_host(line: &str) -> String {
             "call i32 @anyshape_host_shfl_i32(i32 ",
         )
         .replace("call void @llvm.nvvm.barrier0()", "call void @anyshape_host_bar()")
+        .replace("call void @llvm.nvvm.membar.gl()", "fence seq_cst")
         .replace("call void @llvm.nvvm.cp.async.cg.shared.global.16.s(", "call void @anyshape_host_cpasync(");
     if line.contains("@anyshape_host_shfl(") || line.contains("@anyshape_host_shfl_i32(") {
         line = line.replace(", i32 31)", ")");

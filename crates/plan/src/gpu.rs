@@ -289,17 +289,57 @@ pub const ATTENTION_KEYS: usize = 64;
 pub const ATTENTION_MAX_HEAD: usize = 128;
 
 /// Words of the attention kernel's descriptor before the entries' offsets:
-/// the status word's address, Q's, K's, V's and O's (device pointers), the
-/// query rows, the keys, the blocks of rows an entry, the entries, then the
-/// strides (elements): Q's rows and columns, K's keys and columns, V's keys
-/// and columns, O's rows and columns. Four offsets an entry follow (Q, K, V,
-/// O, elements).
-pub const ATTENTION_HEADER: usize = 17;
+/// the device pointers of the status word, Q, K, V, O, the split keys'
+/// partial results and their counters (one word a block of rows, zero at the
+/// launch), then the query rows, the keys, the blocks of rows an entry, the
+/// entries, the splits of the keys, then the strides (elements): Q's rows
+/// and columns, K's keys and columns, V's keys and columns, O's rows and
+/// columns. Four offsets an entry follow (Q, K, V, O, elements).
+pub const ATTENTION_HEADER: usize = 20;
+
+/// Pointers at the start of the attention kernel's descriptor.
+pub const ATTENTION_POINTERS: usize = 7;
+
+/// Blocks the attention kernel aims at when an entry's rows are few (a
+/// decode step: one query row against a long cache): the keys of a block of
+/// rows are then split among several blocks (flash-decoding), each storing
+/// its rows' partial maxima, sums and outputs; the last to finish combines
+/// them.
+pub const ATTENTION_TARGET_BLOCKS: usize = 256;
+
+/// The fewest chunks of keys a split takes.
+pub const ATTENTION_SPLIT_CHUNKS: usize = 4;
+
+/// How many ways the keys of each block of rows are split: one where the
+/// blocks of rows already fill [`ATTENTION_TARGET_BLOCKS`], else as many as
+/// reach it with at least [`ATTENTION_SPLIT_CHUNKS`] chunks a split.
+pub fn attention_splits(row_blocks: usize, keys: usize) -> usize {
+    let chunks = keys.div_ceil(ATTENTION_KEYS);
+    if row_blocks == 0 || row_blocks >= ATTENTION_TARGET_BLOCKS {
+        return 1;
+    }
+    ATTENTION_TARGET_BLOCKS.div_ceil(row_blocks).min(chunks / ATTENTION_SPLIT_CHUNKS).max(1)
+}
+
+/// Bytes of the split keys' partial results: for each block of rows, split
+/// and row, its maximum, sum and `d` unnormalized outputs (f32).
+pub fn attention_partials(row_blocks: usize, splits: usize, d: usize) -> usize {
+    if splits <= 1 {
+        return 0;
+    }
+    row_blocks.saturating_mul(splits).saturating_mul(ATTENTION_ROWS).saturating_mul(4 * (d + 2))
+}
 
 /// Bytes of shared memory the attention kernel of head dimension `d` asks
 /// for: the Q tile and a chunk of K and of V in bf16, each row padded by 16
-/// bytes (so that `ldmatrix`'s eight rows fall in distinct banks).
+/// bytes (so that `ldmatrix`'s eight rows fall in distinct banks), and a
+/// word saying whether the block combines the splits.
 pub fn attention_smem(d: usize) -> usize {
+    attention_tiles(d) + 16
+}
+
+/// Bytes of the attention kernel's three tiles.
+pub fn attention_tiles(d: usize) -> usize {
     3 * ATTENTION_ROWS.max(ATTENTION_KEYS) * attention_pitch(d)
 }
 

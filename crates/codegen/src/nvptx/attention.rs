@@ -79,9 +79,13 @@ struct Desc {
     k: String,
     v: String,
     o: String,
+    partials: String,
+    counters: String,
     lq: String,
     lk: String,
     qblocks: String,
+    entries: String,
+    splits: String,
     strides: [String; 8],
 }
 
@@ -128,6 +132,7 @@ fn kernel_ir(d: usize, name: &str, logits: &str) -> String {
         &extra,
     );
     let _ = writeln!(text, "declare float @{logits}(ptr, ptr, ptr, i64, i64, i64, float)");
+    let _ = writeln!(text, "declare void @llvm.nvvm.membar.gl()");
     text
 }
 
@@ -247,6 +252,140 @@ impl Kernel {
         self.block(&exit);
     }
 
+    /// A split's partial results: each row's maximum and sum (written by the
+    /// first lane of its four) and unnormalized outputs, at row `r` of split
+    /// `s` of block of rows `b`: `partials[((b·splits + s)·64 + r)·(d + 2)]`.
+    /// Then the block counts itself done on the block of rows' counter; the
+    /// last of its splits goes on to `combine`, the others to the next unit.
+    fn partial(
+        &mut self,
+        desc: &Desc,
+        (rest, split): (&str, &str),
+        (w16, g, q2): (&str, &str, &str),
+        (maxima, sums, outs): (&[String; 2], &[String; 2], &[[String; 4]]),
+    ) {
+        let d = self.d;
+        self.block("partial");
+        let rs = self.v(format!("mul i64 {rest}, {}", desc.splits));
+        let rs = self.v(format!("add i64 {rs}, {split}"));
+        let first_row = self.v(format!("mul i64 {rs}, {ATTENTION_ROWS}"));
+        let lead = self.v(format!("icmp eq i64 {q2}, 0"));
+        for h in 0..2 {
+            let r = self.v(format!("add i32 {w16}, {g}"));
+            let r = self.v(format!("add i32 {r}, {}", 8 * h));
+            let r64 = self.v(format!("zext i32 {r} to i64"));
+            let row = self.v(format!("add i64 {first_row}, {r64}"));
+            let at = self.v(format!("mul i64 {row}, {}", d + 2));
+            let rec = self.v(format!("getelementptr float, ptr {}, i64 {at}", desc.partials));
+            let (yes, next) = (self.fresh("partial.head"), self.fresh("partial.outs"));
+            self.emit(format!("br i1 {lead}, label %{yes}, label %{next}"));
+            self.block(&yes);
+            self.emit(format!("store float {}, ptr {rec}, align 4", maxima[h]));
+            let lp = self.v(format!("getelementptr float, ptr {rec}, i64 1"));
+            self.emit(format!("store float {}, ptr {lp}, align 4", sums[h]));
+            self.emit(format!("br label %{next}"));
+            self.block(&next);
+            for (t, ot) in outs.iter().enumerate() {
+                for e in [2 * h, 2 * h + 1] {
+                    let col = self.v(format!("add i64 {q2}, {}", 2 + t * 8 + (e & 1)));
+                    let p = self.v(format!("getelementptr float, ptr {rec}, i64 {col}"));
+                    self.emit(format!("store float {}, ptr {p}, align 4", ot[e]));
+                }
+            }
+        }
+        // Every thread's partials are visible device-wide before the count.
+        self.emit("call void @llvm.nvvm.membar.gl()");
+        self.emit("call void @llvm.nvvm.barrier0()");
+        let flag = self.smem(&plan::gpu::attention_tiles(d).to_string());
+        let t0 = self.v("icmp eq i32 %tid, 0");
+        self.emit(format!("br i1 {t0}, label %partial.count, label %partial.counted"));
+        self.block("partial.count");
+        let cp = self.v(format!("getelementptr i64, ptr {}, i64 {rest}", desc.counters));
+        let old = self.v(format!("atomicrmw add ptr {cp}, i64 1 monotonic"));
+        let last_split = self.v(format!("sub i64 {}, 1", desc.splits));
+        let last = self.v(format!("icmp eq i64 {old}, {last_split}"));
+        let word = self.v(format!("zext i1 {last} to i32"));
+        self.emit(format!("store i32 {word}, ptr addrspace(3) {flag}, align 4"));
+        self.emit("br label %partial.counted");
+        self.block("partial.counted");
+        self.emit("call void @llvm.nvvm.barrier0()");
+        let flag = self.smem(&plan::gpu::attention_tiles(d).to_string());
+        let word = self.v(format!("load i32, ptr addrspace(3) {flag}, align 4"));
+        let last = self.v(format!("icmp ne i32 {word}, 0"));
+        self.emit(format!("br i1 {last}, label %combine, label %unit.latch"));
+    }
+
+    /// The last split of a block of rows combines the splits' partials: for
+    /// each of its rows and columns, the splits' maxima, sums and outputs
+    /// merged as online softmax merges chunks, divided by the sum, stored.
+    fn combine(&mut self, desc: &Desc, (rest, q0): (&str, &str), obase: &str, (os_r, os_c): (&str, &str)) {
+        let d = self.d;
+        let total = ATTENTION_ROWS * d;
+        self.block("combine");
+        // The other splits' partials, now that their counts are seen.
+        self.emit("call void @llvm.nvvm.membar.gl()");
+        let rs0 = self.v(format!("mul i64 {rest}, {}", desc.splits));
+        self.emit("br label %comb.head");
+        self.block("comb.head");
+        self.emit("%ce = phi i32 [ %tid, %combine ], [ %ce.next, %comb.latch ]");
+        let more = self.v(format!("icmp ult i32 %ce, {total}"));
+        self.emit(format!("br i1 {more}, label %comb.body, label %unit.latch"));
+        self.block("comb.body");
+        let r = self.v(format!("udiv i32 %ce, {d}"));
+        let c = self.v(format!("urem i32 %ce, {d}"));
+        let r64 = self.v(format!("zext i32 {r} to i64"));
+        let c64 = self.v(format!("zext i32 {c} to i64"));
+        let grow = self.v(format!("add i64 {q0}, {r64}"));
+        let ok = self.v(format!("icmp slt i64 {grow}, {}", desc.lq));
+        self.emit(format!("br i1 {ok}, label %comb.s, label %comb.latch"));
+        self.block("comb.s");
+        let at = self.body.len();
+        let sp = self.v(format!("add i64 {rs0}, %cs"));
+        let row = self.v(format!("mul i64 {sp}, {ATTENTION_ROWS}"));
+        let row = self.v(format!("add i64 {row}, {r64}"));
+        let off = self.v(format!("mul i64 {row}, {}", d + 2));
+        let rec = self.v(format!("getelementptr float, ptr {}, i64 {off}", desc.partials));
+        let ms = self.v(format!("load float, ptr {rec}, align 4"));
+        let lp = self.v(format!("getelementptr float, ptr {rec}, i64 1"));
+        let ls = self.v(format!("load float, ptr {lp}, align 4"));
+        let c2 = self.v(format!("add i64 {c64}, 2"));
+        let op = self.v(format!("getelementptr float, ptr {rec}, i64 {c2}"));
+        let os = self.v(format!("load float, ptr {op}, align 4"));
+        let mn = self.max("%cm", &ms);
+        let none = self.v(format!("fcmp oeq float {mn}, {NEG_INF}"));
+        let base = self.v(format!("select i1 {none}, float 0.0, float {mn}"));
+        let da = self.v(format!("fsub float %cm, {base}"));
+        let a = self.exp(&da);
+        let db = self.v(format!("fsub float {ms}, {base}"));
+        let b = self.exp(&db);
+        let la = self.v(format!("fmul float %cl, {a}"));
+        let lb = self.v(format!("fmul float {ls}, {b}"));
+        let ln = self.v(format!("fadd float {la}, {lb}"));
+        let oa = self.v(format!("fmul float %co, {a}"));
+        let ob = self.v(format!("fmul float {os}, {b}"));
+        let on = self.v(format!("fadd float {oa}, {ob}"));
+        let sn = self.v("add i64 %cs, 1");
+        let again = self.v(format!("icmp ult i64 {sn}, {}", desc.splits));
+        self.emit(format!("br i1 {again}, label %comb.s, label %comb.store"));
+        let phis = format!(
+            "  %cs = phi i64 [ 0, %comb.body ], [ {sn}, %comb.s ]\n  %cm = phi float [ {NEG_INF}, %comb.body ], [ {mn}, %comb.s ]\n  %cl = phi float [ 0.0, %comb.body ], [ {ln}, %comb.s ]\n  %co = phi float [ 0.0, %comb.body ], [ {on}, %comb.s ]\n"
+        );
+        self.body.insert_str(at, &phis);
+        self.block("comb.store");
+        let zero = self.v(format!("fcmp oeq float {ln}, 0.0"));
+        let y = self.v(format!("fdiv float {on}, {ln}"));
+        let y = self.v(format!("select i1 {zero}, float 0.0, float {y}"));
+        let ro = self.v(format!("mul i64 {grow}, {os_r}"));
+        let co = self.v(format!("mul i64 {c64}, {os_c}"));
+        let o = self.v(format!("add i64 {ro}, {co}"));
+        let p = self.v(format!("getelementptr float, ptr {obase}, i64 {o}"));
+        self.emit(format!("store float {y}, ptr {p}, align 4"));
+        self.emit("br label %comb.latch");
+        self.block("comb.latch");
+        self.emit(format!("%ce.next = add i32 %ce, {ATTENTION_THREADS}"));
+        self.emit("br label %comb.head");
+    }
+
     fn generate(&mut self) {
         let d = self.d;
         let (tq, tk, tv) = {
@@ -265,18 +404,22 @@ impl Kernel {
             k: self.pointer(2),
             v: self.pointer(3),
             o: self.pointer(4),
-            lq: self.word(5),
-            lk: self.word(6),
-            qblocks: self.word(7),
-            strides: std::array::from_fn(|i| self.word(9 + i)),
+            partials: self.pointer(5),
+            counters: self.pointer(6),
+            lq: self.word(7),
+            lk: self.word(8),
+            qblocks: self.word(9),
+            entries: self.word(10),
+            splits: self.word(11),
+            strides: std::array::from_fn(|i| self.word(12 + i)),
         };
-        // The block's units (an entry's block of query rows) taken grid-stride,
-        // so that any grid is correct.
+        // The block's units (a split of the keys of an entry's block of query
+        // rows) taken grid-stride, so that any grid is correct.
         let b64 = self.v(format!("zext i32 {bid} to i64"));
         let nb = self.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()");
         let nb64 = self.v(format!("zext i32 {nb} to i64"));
-        let entries = self.word(8);
-        let units = self.v(format!("mul i64 {entries}, {}", desc.qblocks));
+        let row_blocks = self.v(format!("mul i64 {}, {}", desc.entries, desc.qblocks));
+        let units = self.v(format!("mul i64 {row_blocks}, {}", desc.splits));
         let some = self.v(format!("icmp ult i64 {b64}, {units}"));
         self.emit("br label %units.pre");
         self.block("units.pre");
@@ -285,8 +428,10 @@ impl Kernel {
         self.emit(format!("%u = phi i64 [ {b64}, %units.pre ], [ %u.next, %unit.latch ]"));
         // Every warp is done with the last unit's tiles.
         self.emit("call void @llvm.nvvm.barrier0()");
-        let ent = self.v(format!("udiv i64 %u, {}", desc.qblocks));
-        let qb = self.v(format!("urem i64 %u, {}", desc.qblocks));
+        let split = self.v(format!("urem i64 %u, {}", desc.splits));
+        let rest = self.v(format!("udiv i64 %u, {}", desc.splits));
+        let ent = self.v(format!("udiv i64 {rest}, {}", desc.qblocks));
+        let qb = self.v(format!("urem i64 {rest}, {}", desc.qblocks));
         let q0 = self.v(format!("mul i64 {qb}, {ATTENTION_ROWS}"));
         let e4 = self.v(format!("mul i64 {ent}, 4"));
         let first = self.v(format!("add i64 {e4}, {}", plan::gpu::ATTENTION_HEADER));
@@ -333,9 +478,17 @@ impl Kernel {
             .collect();
         let q2 = self.v(format!("shl i32 {q}, 1"));
         let q2_64 = self.v(format!("zext i32 {q2} to i64"));
+        // The split's chunks of keys: `[lo, hi)`, a share of them all.
         let nchunks_up = self.v(format!("add i64 {}, {}", desc.lk, ATTENTION_KEYS - 1));
         let nchunks = self.v(format!("udiv i64 {nchunks_up}, {ATTENTION_KEYS}"));
-        let any = self.v(format!("icmp sgt i64 {nchunks}, 0"));
+        let share_up = self.v(format!("add i64 {nchunks}, {}", desc.splits));
+        let share_up = self.v(format!("sub i64 {share_up}, 1"));
+        let share = self.v(format!("udiv i64 {share_up}, {}", desc.splits));
+        let c_lo = self.v(format!("mul i64 {split}, {share}"));
+        let c_end = self.v(format!("add i64 {c_lo}, {share}"));
+        let over = self.v(format!("icmp ugt i64 {c_end}, {nchunks}"));
+        let c_hi = self.v(format!("select i1 {over}, i64 {nchunks}, i64 {c_end}"));
+        let any = self.v(format!("icmp ult i64 {c_lo}, {c_hi}"));
         self.emit("br label %chunks.pre");
         self.block("chunks.pre");
         self.emit(format!("br i1 {any}, label %chunk, label %chunks.done"));
@@ -377,25 +530,49 @@ impl Kernel {
                 self.mma(a, &b1, &mut s[2 * np + 1]);
             }
         }
-        // The logits (minus infinity past the keys and rows), the rows' maxima.
-        let mut x: Vec<[String; 4]> = Vec::with_capacity(nt);
-        for (t, st) in s.iter().enumerate() {
-            let mut vals: [String; 4] = Default::default();
-            for e in 0..4 {
-                let c = self.v(format!("add i64 {k0}, {}", t * 8 + (e & 1)));
-                let key = self.v(format!("add i64 {c}, {q2_64}"));
-                let kok = self.v(format!("icmp slt i64 {key}, {}", desc.lk));
-                let kc = self.v(format!("select i1 {kok}, i64 {key}, i64 {last_k}"));
-                let (rok, rc) = rows[e >> 1].clone();
-                let f = self.logits.clone();
-                let y = self.v(format!(
-                    "call float @{f}(ptr %bufs, ptr %dims, ptr {}, i64 {ent}, i64 {rc}, i64 {kc}, float {})",
-                    desc.status, st[e]
-                ));
-                let ok = self.v(format!("and i1 {kok}, {rok}"));
-                vals[e] = self.v(format!("select i1 {ok}, float {y}, float {NEG_INF}"));
+        // The logits (minus infinity past the keys and rows). A whole chunk
+        // reads its keys unclamped (their addresses a constant apart, the
+        // model's buffers read at offsets of one base); the last, partial one
+        // clamps each key into range and masks it.
+        let full_end = self.v(format!("add i64 {k0}, {ATTENTION_KEYS}"));
+        let full = self.v(format!("icmp sle i64 {full_end}, {}", desc.lk));
+        let (lf, le, lj) = (self.fresh("logits.full"), self.fresh("logits.edge"), self.fresh("logits.join"));
+        self.emit(format!("br i1 {full}, label %{lf}, label %{le}"));
+        let mut paths: Vec<Vec<[String; 4]>> = Vec::new();
+        for (path, label) in [(true, &lf), (false, &le)] {
+            self.block(label);
+            let mut xs = Vec::with_capacity(nt);
+            for (t, st) in s.iter().enumerate() {
+                let mut vals: [String; 4] = Default::default();
+                for e in 0..4 {
+                    let c = self.v(format!("add i64 {k0}, {}", t * 8 + (e & 1)));
+                    let key = self.v(format!("add i64 {c}, {q2_64}"));
+                    let (rok, rc) = rows[e >> 1].clone();
+                    let (kc, ok) = if path {
+                        (key, rok)
+                    } else {
+                        let kok = self.v(format!("icmp slt i64 {key}, {}", desc.lk));
+                        let kc = self.v(format!("select i1 {kok}, i64 {key}, i64 {last_k}"));
+                        (kc, self.v(format!("and i1 {kok}, {rok}")))
+                    };
+                    let f = self.logits.clone();
+                    let y = self.v(format!(
+                        "call float @{f}(ptr %bufs, ptr %dims, ptr {}, i64 {ent}, i64 {rc}, i64 {kc}, float {})",
+                        desc.status, st[e]
+                    ));
+                    vals[e] = self.v(format!("select i1 {ok}, float {y}, float {NEG_INF}"));
+                }
+                xs.push(vals);
             }
-            x.push(vals);
+            self.emit(format!("br label %{lj}"));
+            paths.push(xs);
+        }
+        self.block(&lj);
+        let mut x: Vec<[String; 4]> = Vec::with_capacity(nt);
+        for t in 0..nt {
+            x.push(std::array::from_fn(|e| {
+                self.v(format!("phi float [ {}, %{lf} ], [ {}, %{le} ]", paths[0][t][e], paths[1][t][e]))
+            }));
         }
         let mut m_next: [String; 2] = Default::default();
         let mut base: [String; 2] = Default::default();
@@ -461,9 +638,9 @@ impl Kernel {
         self.emit("br label %chunk.latch");
         self.block("chunk.latch");
         let kc1 = self.v("add i64 %kc, 1");
-        let again = self.v(format!("icmp slt i64 {kc1}, {nchunks}"));
+        let again = self.v(format!("icmp ult i64 {kc1}, {c_hi}"));
         self.emit(format!("br i1 {again}, label %chunk, label %chunks.done"));
-        let mut phis = format!("  %kc = phi i64 [ 0, %chunks.pre ], [ {kc1}, %chunk.latch ]\n");
+        let mut phis = format!("  %kc = phi i64 [ {c_lo}, %chunks.pre ], [ {kc1}, %chunk.latch ]\n");
         let mut carried: Vec<(String, &str, String)> = Vec::new();
         for h in 0..2 {
             carried.push((m_in[h].clone(), NEG_INF, m_next[h].clone()));
@@ -487,6 +664,7 @@ impl Kernel {
             fin.insert(name.clone(), v);
         }
         let mut inv: [String; 2] = Default::default();
+        let mut sums: [String; 2] = Default::default();
         for h in 0..2 {
             let mut l = fin[&l_in[h]].clone();
             for sh in [1, 2] {
@@ -495,10 +673,14 @@ impl Kernel {
                 ));
                 l = self.v(format!("fadd float {l}, {o}"));
             }
+            sums[h] = l.clone();
             let zero = self.v(format!("fcmp oeq float {l}, 0.0"));
             let r = self.v(format!("fdiv float 1.0, {l}"));
             inv[h] = self.v(format!("select i1 {zero}, float 0.0, float {r}"));
         }
+        let whole = self.v(format!("icmp eq i64 {}, 1", desc.splits));
+        self.emit(format!("br i1 {whole}, label %direct, label %partial"));
+        self.block("direct");
         let obase = bases[3].clone();
         for (t, ot) in o_in.iter().enumerate() {
             for e in 0..4 {
@@ -518,6 +700,10 @@ impl Kernel {
             }
         }
         self.emit("br label %unit.latch");
+        let outs: Vec<[String; 4]> = o_in.iter().map(|ot| ot.clone().map(|n| fin[&n].clone())).collect();
+        let maxima = [fin[&m_in[0]].clone(), fin[&m_in[1]].clone()];
+        self.partial(&desc, (&rest, &split), (&w16, &g, &q2_64), (&maxima, &sums, &outs));
+        self.combine(&desc, (&rest, &q0), &bases[3], (&os_r, &os_c));
         self.block("unit.latch");
         self.emit(format!("%u.next = add i64 %u, {nb64}"));
         self.emit(format!("%u.more = icmp ult i64 %u.next, {units}"));

@@ -7,7 +7,10 @@
 //! (a mask) through its own buffer table and a dim table in which its chunk
 //! is the whole row of keys.
 
-use plan::gpu::{ATTENTION_HEADER, ATTENTION_ROWS, LOOP_MAX_BLOCKS};
+use plan::gpu::{
+    attention_partials, attention_splits, ATTENTION_HEADER, ATTENTION_POINTERS, ATTENTION_ROWS,
+    LOOP_MAX_BLOCKS,
+};
 use plan::{AttentionStep, BufId};
 
 use crate::shape::AttentionShape;
@@ -26,9 +29,15 @@ pub struct AttentionChoice {
 pub struct AttentionLaunch {
     pub kernel: usize,
     pub blocks: u32,
-    /// The descriptor's words after its five pointers (the status word's, Q's,
-    /// K's, V's, O's: filled per call), then the entries' offsets.
+    /// The descriptor's words after its pointers (the status word's, Q's, K's,
+    /// V's, O's, the partials' and the counters': filled per call), then the
+    /// entries' offsets.
     pub words: Vec<i64>,
+    /// Blocks of query rows (one split counter each, zeroed per call) and the
+    /// bytes of the split keys' partials (none when the keys are not split).
+    pub row_blocks: usize,
+    pub splits: usize,
+    pub partials: usize,
     /// The kernel's dim table.
     pub dims: Vec<i64>,
     /// Its buffer table: the online program's parameters, `None` for the
@@ -42,7 +51,7 @@ pub struct AttentionLaunch {
 impl AttentionLaunch {
     /// Words of the descriptor, pointers included.
     pub fn descriptor_len(&self) -> usize {
-        5 + self.words.len()
+        ATTENTION_POINTERS + self.words.len()
     }
 }
 
@@ -76,7 +85,10 @@ pub fn launch(
         return Err(bad(format!("head dimension {d}, the kernel's is {}", choice.head)));
     }
     let qblocks = lq.div_ceil(ATTENTION_ROWS);
-    let units = qblocks.saturating_mul(sc.entries.len());
+    let row_blocks = qblocks.saturating_mul(sc.entries.len());
+    // Few blocks of rows (a decode step) against many keys: the keys split.
+    let splits = attention_splits(row_blocks, lk);
+    let units = row_blocks.saturating_mul(splits);
     let blocks = units.clamp(1, LOOP_MAX_BLOCKS) as u32;
     let w = |x: usize| x as i64;
     let mut words = vec![
@@ -84,6 +96,7 @@ pub fn launch(
         w(lk),
         w(qblocks),
         w(sc.entries.len()),
+        w(splits),
         w(sc.rs[0]),
         w(sc.cs[0]),
         // Kᵀ's element (d, key) is at `rs·d + cs·key`: keys `cs` apart.
@@ -94,7 +107,7 @@ pub fn launch(
         w(out.rs[2]),
         w(out.cs[2]),
     ];
-    debug_assert_eq!(5 + words.len(), ATTENTION_HEADER);
+    debug_assert_eq!(ATTENTION_POINTERS + words.len(), ATTENTION_HEADER);
     for (se, oe) in sc.entries.iter().zip(&out.entries) {
         words.extend([w(se[0]), w(se[1]), w(oe[1]), w(oe[2])]);
     }
@@ -113,6 +126,9 @@ pub fn launch(
         kernel: choice.index,
         blocks,
         words,
+        row_blocks,
+        splits,
+        partials: attention_partials(row_blocks, splits, d),
         dims,
         table,
         operands: [a.scores.a.buf, a.scores.b.buf, a.output.b.buf, a.output.c.buf],

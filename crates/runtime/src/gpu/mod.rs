@@ -442,10 +442,17 @@ impl<D: Device> GpuModel<D> {
             + attentions
                 .iter()
                 .flatten()
-                .map(|a| a.table.len() + a.dims.len() + a.descriptor_len())
+                .map(|a| a.table.len() + a.dims.len() + a.descriptor_len() + a.row_blocks)
                 .sum::<usize>();
         let scratch = round_up(descs + 8 * words);
-        let most = matmuls.iter().map(|m| m.scratch).max().unwrap_or(0);
+        // The contractions' operands and the split attentions' partials take
+        // turns in one scratch region (the steps run one after another).
+        let most = matmuls
+            .iter()
+            .map(|m| m.scratch)
+            .chain(attentions.iter().flatten().map(|a| a.partials))
+            .max()
+            .unwrap_or(0);
         let bytes = scratch.checked_add(most).map(round_up).ok_or_else(too_big)?;
         Ok(CallLayout { buffers, tables, dims, status, scratch, bytes })
     }
@@ -463,6 +470,22 @@ impl<D: Device> GpuModel<D> {
             .enumerate()
             .filter(|(_, m)| !m.gemms.is_empty())
             .map(|(i, m)| (i, m.gemms.iter().map(|g| g.name.clone()).collect()))
+            .collect())
+    }
+
+    /// How each fused attention step runs at `inputs`' shape (step index,
+    /// blocks launched, the ways its keys are split), planning the shape if
+    /// it is new.
+    pub fn attentions_at<T: TensorData>(
+        &self,
+        inputs: &[(&str, T)],
+    ) -> Result<Vec<(usize, u32, usize)>, RunError> {
+        let shape = self.shape(inputs)?;
+        Ok(shape
+            .attentions
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| a.as_ref().map(|a| (i, a.blocks, a.splits)))
             .collect())
     }
 
@@ -588,11 +611,16 @@ impl<D: Device> GpuModel<D> {
             }
             attention_at[i][1] = layout.tables + 8 * words.len();
             words.extend(a.dims.iter().map(|d| *d as u64));
+            // The split counters, zero at the launch.
+            let counters = base + (layout.tables + 8 * words.len()) as u64;
+            words.extend(std::iter::repeat_n(0, a.row_blocks));
             attention_at[i][2] = layout.tables + 8 * words.len();
             words.push(base + (layout.status + 8 * i) as u64);
             for b in a.operands {
                 words.push(ptr(b)?);
             }
+            words.push(base + layout.scratch as u64);
+            words.push(counters);
             words.extend(a.words.iter().map(|w| *w as u64));
         }
         // SAFETY: the words are plain integers; their bytes are read once.
