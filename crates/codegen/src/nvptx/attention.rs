@@ -569,9 +569,9 @@ impl Kernel {
         }
         self.block(&lj);
         let mut x: Vec<[String; 4]> = Vec::with_capacity(nt);
-        for t in 0..nt {
+        for (full, edge) in paths[0].iter().zip(&paths[1]) {
             x.push(std::array::from_fn(|e| {
-                self.v(format!("phi float [ {}, %{lf} ], [ {}, %{le} ]", paths[0][t][e], paths[1][t][e]))
+                self.v(format!("phi float [ {}, %{lf} ], [ {}, %{le} ]", full[e], edge[e]))
             }));
         }
         let mut m_next: [String; 2] = Default::default();
