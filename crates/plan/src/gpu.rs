@@ -173,6 +173,20 @@ mod tests {
         assert_eq!(loop_blocks(GpuLoopSchedule::Points, 0, 7), 1);
         assert_eq!(loop_blocks(GpuLoopSchedule::Points, usize::MAX, 2), LOOP_MAX_BLOCKS);
     }
+
+    #[test]
+    fn attention_splits_only_few_row_blocks_over_many_keys() {
+        // Enough blocks of rows, or too few keys: no split.
+        assert_eq!(attention_splits(256, 100_000), 1);
+        assert_eq!(attention_splits(12, 7 * ATTENTION_KEYS), 1);
+        assert_eq!(attention_splits(0, 5000), 1);
+        // A decode step: splits of at least four chunks, up to the target.
+        assert_eq!(attention_splits(12, 2000), 8);
+        assert_eq!(attention_splits(96, 32_768), 3);
+        assert_eq!(attention_splits(1, 1 << 20), ATTENTION_TARGET_BLOCKS);
+        assert_eq!(attention_partials(3, 1, 64), 0);
+        assert_eq!(attention_partials(3, 2, 64), 3 * 2 * ATTENTION_ROWS * 4 * 66);
+    }
 }
 
 /// How a contraction's operand is made what the GEMM family reads: bf16,
