@@ -305,14 +305,7 @@ fn build_program(
         Some(i) => g.emit(p.space[i], false)?.into_int_value(),
         None => i64t.const_int(1, false),
     };
-    let outer: Vec<(u32, E)> = p.vars[..inner.unwrap_or(p.vars.len())]
-        .iter()
-        .zip(&p.space)
-        .filter_map(|(v, ext)| match p.exprs.node(*v) {
-            Node::Var(i) => Some((*i, *ext)),
-            _ => None,
-        })
-        .collect();
+    let outer = looping_vars(p, inner.unwrap_or(p.vars.len()));
     let inner_var = p.inner_var();
     let values: Vec<E> = p.stores.iter().map(|s| s.value).collect();
     let scratch = if lanes > 1 { p.schedules.row_scratch } else { None };
@@ -438,6 +431,19 @@ fn build_program(
     let st = bld.build_load(i64t, status, "st").map_err(llvm)?;
     bld.build_return(Some(&st)).map_err(llvm)?;
     Ok(())
+}
+
+/// The variables among the nest's first `upto` that loop (not constants of
+/// extent 1), with their extents, outermost first.
+pub(crate) fn looping_vars(p: &LoopProgram, upto: usize) -> Vec<(u32, E)> {
+    p.vars[..upto]
+        .iter()
+        .zip(&p.space)
+        .filter_map(|(v, ext)| match p.exprs.node(*v) {
+            Node::Var(i) => Some((*i, *ext)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Run `nest` once per version of a program (`plan::Schedules::guards`, see

@@ -55,13 +55,19 @@ pub fn fuse_attention(plan: &mut ModelPlan) -> usize {
     }
     remap[plan.steps.len()] = steps.len();
     if fused > 0 {
-        for g in &mut plan.groups {
-            g.steps = remap[g.steps.start]..remap[g.steps.end];
-        }
-        plan.steps = steps;
-        plan.compute_lifetimes();
+        replace_steps(plan, steps, &remap);
     }
     fused
+}
+
+/// `plan`'s steps replaced by `steps`, old step `i` now at `remap[i]` (the
+/// groups' ranges moved with them), the buffers' lifetimes recomputed.
+fn replace_steps(plan: &mut ModelPlan, steps: Vec<Step>, remap: &[usize]) {
+    for g in &mut plan.groups {
+        g.steps = remap[g.steps.start]..remap[g.steps.end];
+    }
+    plan.steps = steps;
+    plan.compute_lifetimes();
 }
 
 /// The fused step for steps `i..i+3`, when they are an attention triple that fuses.
@@ -417,11 +423,7 @@ pub fn unfuse_attention(plan: &mut ModelPlan, keep: impl Fn(&ModelPlan, &Attenti
     }
     remap[plan.steps.len()] = steps.len();
     if split > 0 {
-        for g in &mut plan.groups {
-            g.steps = remap[g.steps.start]..remap[g.steps.end];
-        }
-        plan.steps = steps;
-        plan.compute_lifetimes();
+        replace_steps(plan, steps, &remap);
     }
     split
 }

@@ -146,17 +146,28 @@ fn build(ctx: &'static Context, module: &Module<'static>, name: &str, p: &LoopPr
     };
     // One nest per version, as on the CPU: the guards' values pick it.
     super::in_versions(&mut g, f, &p.schedules.guards, &mut |g| nest(g))?;
-    // The thread's first error, if any, unless another thread's came first.
+    report_status(&g, f, status_out)?;
+    b.build_return(None).map_err(llvm)?;
+    Ok(())
+}
+
+/// The thread's first error, if any, stored at `status_out` unless another
+/// thread's came first (compare-and-swap from 0); the builder then at the end.
+fn report_status(
+    g: &Gen,
+    f: inkwell::values::FunctionValue<'static>,
+    status_out: PointerValue<'static>,
+) -> R<()> {
+    let (b, i64t) = (g.bld, g.ctx.i64_type());
     let st = b.build_load(i64t, g.status, "st").map_err(llvm)?.into_int_value();
     let bad = b.build_int_compare(IntPredicate::NE, st, i64t.const_zero(), "bad").map_err(llvm)?;
-    let (report, end) = (ctx.append_basic_block(f, "report"), ctx.append_basic_block(f, "end"));
+    let (report, end) = (g.ctx.append_basic_block(f, "report"), g.ctx.append_basic_block(f, "end"));
     b.build_conditional_branch(bad, report, end).map_err(llvm)?;
     b.position_at_end(report);
     b.build_cmpxchg(status_out, i64t.const_zero(), st, AtomicOrdering::Monotonic, AtomicOrdering::Monotonic)
         .map_err(llvm)?;
     b.build_unconditional_branch(end).map_err(llvm)?;
     b.position_at_end(end);
-    b.build_return(None).map_err(llvm)?;
     Ok(())
 }
 
@@ -405,14 +416,7 @@ fn build_logits(
         g.vars.insert(*v, param(4)?.into_int_value());
     }
     let mut rest = param(3)?.into_int_value();
-    let outer: Vec<(u32, E)> = p.vars[..rank - 2]
-        .iter()
-        .zip(&p.space)
-        .filter_map(|(v, ext)| match p.exprs.node(*v) {
-            Node::Var(i) => Some((*i, *ext)),
-            _ => None,
-        })
-        .collect();
+    let outer = super::looping_vars(p, rank - 2);
     for (k, (v, ext)) in outer.iter().enumerate().rev() {
         if k == 0 {
             g.vars.insert(*v, rest);
@@ -434,21 +438,7 @@ fn build_logits(
     }
     let store = p.stores.iter().find(|s| s.param == logits).ok_or_else(|| llvm("no logits store"))?;
     let value = g.emit(store.value, false)?;
-    let st = bld.build_load(i64t, g.status, "st").map_err(llvm)?.into_int_value();
-    let bad = bld.build_int_compare(IntPredicate::NE, st, i64t.const_zero(), "bad").map_err(llvm)?;
-    let (report, end) = (ctx.append_basic_block(f, "report"), ctx.append_basic_block(f, "end"));
-    bld.build_conditional_branch(bad, report, end).map_err(llvm)?;
-    bld.position_at_end(report);
-    bld.build_cmpxchg(
-        status_out,
-        i64t.const_zero(),
-        st,
-        AtomicOrdering::Monotonic,
-        AtomicOrdering::Monotonic,
-    )
-    .map_err(llvm)?;
-    bld.build_unconditional_branch(end).map_err(llvm)?;
-    bld.position_at_end(end);
+    report_status(&g, f, status_out)?;
     bld.build_return(Some(&value)).map_err(llvm)?;
     Ok(())
 }
