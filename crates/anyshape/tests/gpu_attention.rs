@@ -217,13 +217,13 @@ fn leading_keys_masked_out_run_on_the_attention_kernel() {
 /// A decode step (one query row, or a few) against a long cache: the keys of
 /// each block of rows split among blocks, each storing its partial maxima,
 /// sums and outputs, the last combining them; also a block of rows past the
-/// first (65 queries) and keys in splits of unequal length.
+/// first (65 queries) and keys in splits of unequal length (13 chunks in 3).
 #[test]
 fn long_keys_split_among_blocks_and_combine() {
-    let m = model(&padding_mask(64));
+    let m = model(&padding_mask(16));
     let gm = m.compile_host_gpu().unwrap_or_else(|e| panic!("{e}"));
     let mut shapes = Vec::new();
-    for (q, k, splits) in [(1, 700, 2), (3, 1300, 5), (65, 1300, 5), (1, 200, 1)] {
+    for (q, k, splits) in [(1, 520, 2), (3, 1100, 4), (65, 800, 3), (1, 200, 1)] {
         let dims = vec![("b", 1), ("q", q), ("k", k)];
         let ins = inputs(&m, &dims, 7);
         let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
@@ -232,7 +232,7 @@ fn long_keys_split_among_blocks_and_combine() {
         shapes.push(dims);
     }
     let worst = compare(&m, &gm, &shapes);
-    eprintln!("split keys, head 64: relative L2 error at most {worst:.2e}");
+    eprintln!("split keys, head 16: relative L2 error at most {worst:.2e}");
 }
 
 #[test]

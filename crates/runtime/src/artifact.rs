@@ -40,8 +40,9 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// The version of the layout below, of the metadata's encoding and of the calling
 /// convention of the code it holds (3: direct kernels take runs; 4: and the lines
 /// they ask into L2; 5: matmul epilogues hold their program in the kernels' form;
-/// 6: programs record their border guards); a runtime reads only its own.
-pub const FORMAT_VERSION: u32 = 6;
+/// 6: programs record their border guards; 7: a GPU artifact records its fused
+/// attention kernels); a runtime reads only its own.
+pub const FORMAT_VERSION: u32 = 7;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;
