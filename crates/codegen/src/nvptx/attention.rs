@@ -345,12 +345,15 @@ impl Kernel {
         let row = self.v(format!("add i64 {row}, {r64}"));
         let off = self.v(format!("mul i64 {row}, {}", d + 2));
         let rec = self.v(format!("getelementptr float, ptr {}, i64 {off}", desc.partials));
-        let ms = self.v(format!("load float, ptr {rec}, align 4"));
+        // Volatile: read from L2, not from a line this SM's L1 may hold from
+        // before another block wrote it (records of neighbouring blocks of
+        // rows share lines).
+        let ms = self.v(format!("load volatile float, ptr {rec}, align 4"));
         let lp = self.v(format!("getelementptr float, ptr {rec}, i64 1"));
-        let ls = self.v(format!("load float, ptr {lp}, align 4"));
+        let ls = self.v(format!("load volatile float, ptr {lp}, align 4"));
         let c2 = self.v(format!("add i64 {c64}, 2"));
         let op = self.v(format!("getelementptr float, ptr {rec}, i64 {c2}"));
-        let os = self.v(format!("load float, ptr {op}, align 4"));
+        let os = self.v(format!("load volatile float, ptr {op}, align 4"));
         let mn = self.max("%cm", &ms);
         let none = self.v(format!("fcmp oeq float {mn}, {NEG_INF}"));
         let base = self.v(format!("select i1 {none}, float 0.0, float {mn}"));
