@@ -255,10 +255,8 @@ pub fn gpu_attention_unsupported(plan: &plan::ModelPlan, a: &plan::AttentionStep
     if a.scores.taps.is_some() || a.output.taps.is_some() {
         return Some("a product of convolution taps".into());
     }
-    let konst = |slot: u32| plan.dims.exprs().get(slot as usize).and_then(|e| e.as_const());
-    match (konst(a.scores.k), konst(a.output.n)) {
-        (Some(d), Some(n)) if d == n && codegen::nvptx::attention_head_ok(d as usize) => {}
-        _ => return Some("a head dimension that is no constant multiple of 16 up to 128".into()),
+    if !a.head(&plan.dims).is_some_and(codegen::nvptx::attention_head_ok) {
+        return Some("a head dimension that is no constant multiple of 16 up to 128".into());
     }
     codegen::nvptx::logits_unsupported(
         &plan.programs[online.program],
@@ -371,11 +369,9 @@ fn gpu_kernels(
             kernels.attentions.push(None);
             continue;
         };
-        let (Some(online), Some(head)) = (&a.online, plan.dims.exprs()[a.scores.k as usize].as_const())
-        else {
+        let (Some(online), Some(head)) = (&a.online, a.head(&plan.dims)) else {
             return Err(RunError::Internal("a fused attention the GPU does not take".into()).into());
         };
-        let head = head as usize;
         let at = match attention.get(&(online.program, head)) {
             Some(&i) => i,
             None => {
@@ -457,13 +453,12 @@ pub fn attention_text(plan: &plan::ModelPlan) -> String {
     let mut s = String::new();
     for (i, st) in plan.steps.iter().enumerate() {
         let plan::StepKind::Attention(a) = &st.kind else { continue };
-        let head = plan.dims.exprs().get(a.scores.k as usize).and_then(|e| e.as_const());
-        let (Some(online), Some(head)) = (&a.online, head) else { continue };
+        let (Some(online), Some(head)) = (&a.online, a.head(&plan.dims)) else { continue };
         s.push_str(&format!(
             "step {i} (group {}): {}: {ATTENTION_ROWS} query rows a block of {ATTENTION_THREADS} threads, \
              keys {ATTENTION_KEYS} at a time, logits of p{} per score, mma.sync in bf16\n",
             st.group,
-            plan::gpu::attention_kernel_name(online.program, head as usize),
+            plan::gpu::attention_kernel_name(online.program, head),
             online.program
         ));
     }

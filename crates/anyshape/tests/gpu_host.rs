@@ -482,7 +482,7 @@ fn every_bundled_model_compiles_to_ptx() {
         for st in &plan.steps {
             let plan::StepKind::Attention(a) = &st.kind else { continue };
             let online = a.online.as_ref().expect("the GPU fuses only online softmax");
-            let head = plan.dims.exprs()[a.scores.k as usize].as_const().expect("a constant head") as usize;
+            let head = a.head(&plan.dims).expect("a constant head");
             if seen.insert((online.program, head)) {
                 let name = plan::gpu::attention_kernel_name(online.program, head);
                 let (sp, lp) = (a.scores_param as u32, online.logits_param as u32);

@@ -208,6 +208,14 @@ pub struct OnlineSoftmax {
 }
 
 impl AttentionStep {
+    /// The head dimension (the scores' depth, the output's width), when the
+    /// plan makes it one constant.
+    pub fn head(&self, dims: &DimTable) -> Option<usize> {
+        let k = dims.exprs().get(self.scores.k as usize)?.as_const()?;
+        let n = dims.exprs().get(self.output.n as usize)?.as_const()?;
+        (k == n && k > 0).then_some(k as usize)
+    }
+
     /// The buffers the fused step really reads and writes (not the tiles).
     pub fn touched(&self) -> Vec<BufId> {
         let (s, o) = (&self.scores, &self.output);

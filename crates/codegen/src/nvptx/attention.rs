@@ -21,7 +21,7 @@ use inkwell::module::Linkage;
 use plan::gpu::{attention_pitch, ATTENTION_KEYS, ATTENTION_MAX_HEAD, ATTENTION_ROWS, ATTENTION_THREADS};
 use plan::LoopProgram;
 
-use super::{float_lit, Arch, Ir};
+use super::{Arch, Ir};
 use crate::{llvm, CodegenError};
 
 type R<T> = Result<T, CodegenError>;
@@ -156,9 +156,34 @@ impl Kernel {
         self.v(format!("select i1 {gt}, float {a}, float {b}"))
     }
 
-    fn exp(&mut self, x: &str) -> String {
-        let l = self.v(format!("fmul float {x}, {}", float_lit(std::f32::consts::LOG2_E)));
-        self.v(format!("call float asm \"ex2.approx.f32 $0, $1;\", \"=f,f\"(float {l})"))
+    /// `x` combined by `op` (a method of two values) with the three other
+    /// lanes of its quad (the lanes that hold one row of an m16n8 fragment).
+    fn quad(&mut self, x: &str, op: fn(&mut Self, &str, &str) -> String) -> String {
+        let mut x = x.to_string();
+        for sh in [1, 2] {
+            let o = self
+                .v(format!("call float @llvm.nvvm.shfl.sync.bfly.f32(i32 -1, float {x}, i32 {sh}, i32 31)"));
+            x = op(self, &x, &o);
+        }
+        x
+    }
+
+    fn add(&mut self, a: &str, b: &str) -> String {
+        self.v(format!("fadd float {a}, {b}"))
+    }
+
+    /// What online softmax subtracts for a running maximum `m`: `m`, or 0
+    /// while every logit seen is -inf (so that no `-inf - -inf` makes a NaN).
+    fn exp_base(&mut self, m: &str) -> String {
+        let none = self.v(format!("fcmp oeq float {m}, {NEG_INF}"));
+        self.v(format!("select i1 {none}, float 0.0, float {m}"))
+    }
+
+    /// `num / sum`, or 0 for a row that weighed nothing (`sum` 0).
+    fn over_sum(&mut self, num: &str, sum: &str) -> String {
+        let zero = self.v(format!("fcmp oeq float {sum}, 0.0"));
+        let y = self.v(format!("fdiv float {num}, {sum}"));
+        self.v(format!("select i1 {zero}, float 0.0, float {y}"))
     }
 
     /// Two f32 values as one register of two bf16 (`lo` in the low half).
@@ -355,8 +380,7 @@ impl Kernel {
         let op = self.v(format!("getelementptr float, ptr {rec}, i64 {c2}"));
         let os = self.v(format!("load volatile float, ptr {op}, align 4"));
         let mn = self.max("%cm", &ms);
-        let none = self.v(format!("fcmp oeq float {mn}, {NEG_INF}"));
-        let base = self.v(format!("select i1 {none}, float 0.0, float {mn}"));
+        let base = self.exp_base(&mn);
         let da = self.v(format!("fsub float %cm, {base}"));
         let a = self.exp(&da);
         let db = self.v(format!("fsub float {ms}, {base}"));
@@ -375,9 +399,7 @@ impl Kernel {
         );
         self.body.insert_str(at, &phis);
         self.block("comb.store");
-        let zero = self.v(format!("fcmp oeq float {ln}, 0.0"));
-        let y = self.v(format!("fdiv float {on}, {ln}"));
-        let y = self.v(format!("select i1 {zero}, float 0.0, float {y}"));
+        let y = self.over_sum(&on, &ln);
         let ro = self.v(format!("mul i64 {grow}, {os_r}"));
         let co = self.v(format!("mul i64 {c64}, {os_c}"));
         let o = self.v(format!("add i64 {ro}, {co}"));
@@ -587,15 +609,9 @@ impl Kernel {
                     mx = self.max(&mx, &xt[e]);
                 }
             }
-            for sh in [1, 2] {
-                let o = self.v(format!(
-                    "call float @llvm.nvvm.shfl.sync.bfly.f32(i32 -1, float {mx}, i32 {sh}, i32 31)"
-                ));
-                mx = self.max(&mx, &o);
-            }
+            let mx = self.quad(&mx, Self::max);
             m_next[h] = self.max(&m_in[h], &mx);
-            let none = self.v(format!("fcmp oeq float {}, {NEG_INF}", m_next[h]));
-            base[h] = self.v(format!("select i1 {none}, float 0.0, float {}", m_next[h]));
+            base[h] = self.exp_base(&m_next[h].clone());
             let shifted = self.v(format!("fsub float {}, {}", m_in[h], base[h]));
             alpha[h] = self.exp(&shifted);
         }
@@ -669,17 +685,8 @@ impl Kernel {
         let mut inv: [String; 2] = Default::default();
         let mut sums: [String; 2] = Default::default();
         for h in 0..2 {
-            let mut l = fin[&l_in[h]].clone();
-            for sh in [1, 2] {
-                let o = self.v(format!(
-                    "call float @llvm.nvvm.shfl.sync.bfly.f32(i32 -1, float {l}, i32 {sh}, i32 31)"
-                ));
-                l = self.v(format!("fadd float {l}, {o}"));
-            }
-            sums[h] = l.clone();
-            let zero = self.v(format!("fcmp oeq float {l}, 0.0"));
-            let r = self.v(format!("fdiv float 1.0, {l}"));
-            inv[h] = self.v(format!("select i1 {zero}, float 0.0, float {r}"));
+            sums[h] = self.quad(&fin[&l_in[h]], Self::add);
+            inv[h] = self.over_sum("1.0", &sums[h].clone());
         }
         let whole = self.v(format!("icmp eq i64 {}, 1", desc.splits));
         self.emit(format!("br i1 {whole}, label %direct, label %partial"));

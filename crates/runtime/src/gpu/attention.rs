@@ -8,8 +8,8 @@
 //! is the whole row of keys.
 
 use plan::gpu::{
-    attention_partials, attention_splits, ATTENTION_HEADER, ATTENTION_POINTERS, ATTENTION_ROWS,
-    LOOP_MAX_BLOCKS,
+    attention_partials, attention_smem, attention_splits, ATTENTION_HEADER, ATTENTION_POINTERS,
+    ATTENTION_ROWS, LOOP_MAX_BLOCKS,
 };
 use plan::{AttentionStep, BufId};
 
@@ -29,6 +29,8 @@ pub struct AttentionChoice {
 pub struct AttentionLaunch {
     pub kernel: usize,
     pub blocks: u32,
+    /// Bytes of shared memory a block asks for.
+    pub smem: u32,
     /// The descriptor's words after its pointers (the status word's, Q's, K's,
     /// V's, O's, the partials' and the counters': filled per call), then the
     /// entries' offsets.
@@ -125,6 +127,7 @@ pub fn launch(
     Ok(AttentionLaunch {
         kernel: choice.index,
         blocks,
+        smem: attention_smem(d) as u32,
         words,
         row_blocks,
         splits,

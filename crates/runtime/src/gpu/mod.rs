@@ -688,8 +688,7 @@ impl<D: Device> GpuModel<D> {
                     let dims = LaunchDims {
                         grid: [a.blocks, 1, 1],
                         threads: plan::gpu::ATTENTION_THREADS,
-                        smem: plan::gpu::attention_smem(self.kernels.attentions[i].map_or(0, |c| c.head))
-                            as u32,
+                        smem: a.smem,
                     };
                     // SAFETY: the buffer table holds the online program's buffers at
                     // this shape (null for the tiles it never touches), the dim table
