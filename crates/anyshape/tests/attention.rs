@@ -225,3 +225,95 @@ fn fused_attention_with_keys_transposed() {
         check(&m, &refs, &[("b", b), ("q", q), ("k", k)], 600 + i as u64);
     }
 }
+
+/// Grouped-query attention as decoders export it, twice (two layers): six query
+/// heads share two key/value heads (the cache expanded and reshaped, PyTorch's
+/// `repeat_kv`), queries and keys each scaled by `sqrt(1/sqrt(d))` (decomposed
+/// scaled-dot-product attention), one padding mask computed once and expanded
+/// by each layer. Each layer has its own keys; both read one expanded value
+/// (stored by neither). The plan reads the shared heads in place (a batch of
+/// `b × 2 × 3` products, the keys and values the inputs' buffers), never stores
+/// an expanded mask, and fuses both layers.
+const GROUPED_QUERIES: &str = r#"graph {
+  sym b param 1..3
+  sym q param 1..200
+  sym k param 1..200
+  input %qs: f32[b, 6, q, 20]
+  input %keys: f32[b, 2, k, 20]
+  input %vals: f32[b, 2, k, 20]
+  input %mask: f32[b, 1, 1, k]
+  input %keys2: f32[b, 2, k, 20]
+  %k5: f32[b, 2, 1, k, 20] = reshape %keys
+  %kx: f32[b, 2, 3, k, 20] = broadcast %k5
+  %kr: f32[b, 6, k, 20] = reshape %kx
+  %kt: f32[b, 6, 20, k] = transpose[perm=[0, 1, 3, 2]] %kr
+  %v5: f32[b, 2, 1, k, 20] = reshape %vals
+  %vx: f32[b, 2, 3, k, 20] = broadcast %v5
+  %v: f32[b, 6, k, 20] = reshape %vx
+  %root: f32[1, 1, 1, 1] = constant [0.4728708]
+  %rq: f32[b, 6, q, 20] = broadcast %root
+  %rk: f32[b, 6, 20, k] = broadcast %root
+  %q2: f32[b, 6, q, 20] = mul %qs, %rq
+  %k2: f32[b, 6, 20, k] = mul %kt, %rk
+  %low: f32[1, 1, 1, 1] = constant [-10000.0]
+  %lowb: f32[b, 1, 1, k] = broadcast %low
+  %zero: f32[1, 1, 1, 1] = constant [0.0]
+  %zerob: f32[b, 1, 1, k] = broadcast %zero
+  %padded: bool[b, 1, 1, k] = less %mask, %zerob
+  %msk: f32[b, 1, 1, k] = select %padded, %lowb, %zerob
+  %s: f32[b, 6, q, k] = matmul %q2, %k2
+  %mb: f32[b, 6, q, k] = broadcast %msk
+  %sm: f32[b, 6, q, k] = add %s, %mb
+  %mx: f32[b, 6, q, 1] = reduce_max[axes=[3], keep_dims=true] %sm
+  %mxb: f32[b, 6, q, k] = broadcast %mx
+  %sh: f32[b, 6, q, k] = sub %sm, %mxb
+  %ex: f32[b, 6, q, k] = exp %sh
+  %sum: f32[b, 6, q, 1] = reduce_sum[axes=[3], keep_dims=true] %ex
+  %sumb: f32[b, 6, q, k] = broadcast %sum
+  %p: f32[b, 6, q, k] = div %ex, %sumb
+  %o: f32[b, 6, q, 20] = matmul %p, %v
+  %o2: f32[b, 6, q, 20] = mul %o, %rq
+  %j5: f32[b, 2, 1, k, 20] = reshape %keys2
+  %jx: f32[b, 2, 3, k, 20] = broadcast %j5
+  %jr: f32[b, 6, k, 20] = reshape %jx
+  %jt: f32[b, 6, 20, k] = transpose[perm=[0, 1, 3, 2]] %jr
+  %j2: f32[b, 6, 20, k] = mul %jt, %rk
+  %s2: f32[b, 6, q, k] = matmul %o2, %j2
+  %mb2: f32[b, 6, q, k] = broadcast %msk
+  %sm2: f32[b, 6, q, k] = add %s2, %mb2
+  %mx2: f32[b, 6, q, 1] = reduce_max[axes=[3], keep_dims=true] %sm2
+  %mxb2: f32[b, 6, q, k] = broadcast %mx2
+  %sh2: f32[b, 6, q, k] = sub %sm2, %mxb2
+  %ex2: f32[b, 6, q, k] = exp %sh2
+  %sum2: f32[b, 6, q, 1] = reduce_sum[axes=[3], keep_dims=true] %ex2
+  %sumb2: f32[b, 6, q, k] = broadcast %sum2
+  %p2: f32[b, 6, q, k] = div %ex2, %sumb2
+  %out: f32[b, 6, q, 20] = matmul %p2, %v
+  output %out
+}
+"#;
+
+#[test]
+fn grouped_queries_read_the_shared_heads_in_place() {
+    let m = model(GROUPED_QUERIES);
+    let plan = anyshape::inspect::print_plan(&m.lower().expect("lower"));
+    assert_eq!(plan.matches("attention, fused per block of query rows").count(), 2, "{plan}");
+    // Both products of both layers read the inputs' buffers (keys b1 and b4,
+    // values b2), as a batch refined into the key/value heads and their query heads.
+    assert_eq!(plan.matches("· B b1+").count(), 1, "the keys are copied:\n{plan}");
+    assert_eq!(plan.matches("· B b4+").count(), 1, "the keys are copied:\n{plan}");
+    assert_eq!(plan.matches("· B b2+").count(), 2, "the values are copied:\n{plan}");
+    // The mask is stored as [b, 1, 1, k], never expanded to the scores' shape.
+    // (The scores' and probabilities' buffers are allocated by no step.)
+    let expanded = plan.lines().filter(|l| l.contains(": f32[b, 6, q, k]") && !l.contains("unused"));
+    assert_eq!(expanded.count(), 0, "the mask is stored expanded:\n{plan}");
+    assert!(plan.contains(": f32[b, 1, 1, k] \"msk\" (temp"), "{plan}");
+    let compiled = compile_all(&m);
+    let refs: Vec<(&str, &CompiledModel)> = compiled.iter().map(|(w, c)| (*w, c)).collect();
+    for (i, &q) in LENGTHS.iter().enumerate() {
+        let k = LENGTHS[(i * 7 + 3) % LENGTHS.len()];
+        let b = 1 + i % 3;
+        check(&m, &refs, &[("b", b), ("q", q), ("k", q)], 700 + i as u64);
+        check(&m, &refs, &[("b", b), ("q", q), ("k", k)], 800 + i as u64);
+    }
+}

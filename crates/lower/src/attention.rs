@@ -114,7 +114,9 @@ fn fusible(plan: &ModelPlan, i: usize) -> Option<AttentionStep> {
     }
     // P is the only store (at the nest's positions: S's row-major order, see
     // `reads_rows`), and S is read row by row.
-    if prog.params[sp].shape.len() != s1.batch.len() + 2
+    // (S's batch may be refined into more dims than the program's: a grouped
+    // query's heads; both count the entries in one row-major order.)
+    if prog.params[sp].shape.len() < 2
         || prog.stores.len() != 1
         || prog.stores[0].param as usize != pp
         || prog.params.iter().enumerate().any(|(k, q)| q.written && k != pp)

@@ -23,11 +23,79 @@ use plan::{
 type R<T> = Result<T, LowerError>;
 
 /// A strided layout: per dim `(extent, stride)`, and an element offset.
+///
+/// A dim merged from dims that are not contiguous (a grouped query's heads:
+/// `[kv, g]` with strides `[s, 0]` read as one dim of `kv·g` heads) has no one
+/// stride: its factors, outer to inner, are in `factors` (empty for a plain
+/// dim, whose stride is in `dims`). Only a matmul's batch dims may be
+/// factored: the product's batch is then refined into the factors.
 #[derive(Clone, Debug)]
 struct Layout {
     buf: BufId,
     offset: SymExpr,
     dims: Vec<(SymExpr, SymExpr)>,
+    factors: Vec<Vec<(SymExpr, SymExpr)>>,
+}
+
+impl Layout {
+    fn plain(&self, d: usize) -> bool {
+        self.factors.get(d).is_none_or(|f| f.is_empty())
+    }
+
+    /// Whether the last two dims (a matmul's rows and columns) have one stride each.
+    fn matrix(&self) -> bool {
+        let r = self.dims.len();
+        r >= 2 && self.plain(r - 2) && self.plain(r - 1)
+    }
+}
+
+/// A matmul's batch refined so that every operand has one stride per batch
+/// dim: the extents, and per layout its strides.
+struct RefinedBatch {
+    extents: Vec<SymExpr>,
+    strides: Vec<Vec<SymExpr>>,
+}
+
+/// The batch dims `out` of `layouts` (a matmul's operands and output) refined
+/// into the factors of the factored ones; `None` when two layouts factor a dim
+/// differently.
+fn refine_batch(env: &sym::ShapeEnv, out: &[SymExpr], layouts: &[&Layout]) -> Option<RefinedBatch> {
+    let mut r = RefinedBatch { extents: Vec::new(), strides: vec![Vec::new(); layouts.len()] };
+    for (d, extent) in out.iter().enumerate() {
+        let factored: Vec<&Vec<(SymExpr, SymExpr)>> =
+            layouts.iter().filter(|l| !l.plain(d)).map(|l| &l.factors[d]).collect();
+        let Some(first) = factored.first() else {
+            r.extents.push(extent.clone());
+            for (i, l) in layouts.iter().enumerate() {
+                r.strides[i].push(l.dims[d].1.clone());
+            }
+            continue;
+        };
+        let same = |f: &&Vec<(SymExpr, SymExpr)>| {
+            f.len() == first.len() && f.iter().zip(first.iter()).all(|(a, b)| env.equal(&a.0, &b.0))
+        };
+        if !factored.iter().all(same) {
+            return None;
+        }
+        r.extents.extend(first.iter().map(|f| f.0.clone()));
+        for (i, l) in layouts.iter().enumerate() {
+            if !l.plain(d) {
+                r.strides[i].extend(l.factors[d].iter().map(|f| f.1.clone()));
+                continue;
+            }
+            // A plain dim splits like a row-major index (one entry: stride 0).
+            let (e, s) = &l.dims[d];
+            let mut split = Vec::with_capacity(first.len());
+            let mut stride = if e.as_const() == Some(1) { SymExpr::constant(0) } else { s.clone() };
+            for f in first.iter().rev() {
+                split.push(stride.clone());
+                stride = stride.try_mul(&f.0).ok()?;
+            }
+            split.reverse();
+            r.strides[i].extend(split);
+        }
+    }
+    Some(r)
 }
 
 pub(crate) struct Lowering<'g> {
@@ -206,10 +274,20 @@ impl<'g> Lowering<'g> {
             if !self.backbone(node) {
                 continue;
             }
-            // Operands that are not views of a buffer are computed first.
+            // Operands that are not views of a buffer are computed first, and B
+            // when its batch is factored other than A's (see `operand_views`).
+            let views: Vec<Option<Layout>> = node.inputs.iter().map(|v| self.layout(*v, &avail)).collect();
+            let fits = match &views[..] {
+                [Some(la), Some(lb)] if la.matrix() && lb.matrix() => {
+                    let lc = self.layout(node.output, &HashMap::from([(node.output, 0)]));
+                    lc.is_some_and(|lc| Self::operand_views(g, node, [la, lb, &lc]).is_some())
+                }
+                _ => true,
+            };
             let mut pending = Vec::new();
             for (i, &v) in node.inputs.iter().enumerate() {
-                if self.layout(v, &avail).is_some() {
+                let matrix = views[i].as_ref().is_some_and(Layout::matrix);
+                if matrix && (fits || i == 0) {
                     continue;
                 }
                 // A convolution's taps are read from the image: it is stored (channels
@@ -278,10 +356,12 @@ impl<'g> Lowering<'g> {
         out
     }
 
-    /// The value of `group` that `v` (a group output) is a strided view of, when
-    /// every reader of `v` is a matmul (which takes any strided operand) and `v`
-    /// is slices, reshapes and transposes of it inside the group: a head split
-    /// of a merged QKV product is then never copied.
+    /// The value that `v` (a group output) is a strided view of, when every
+    /// reader of `v` is a matmul (which takes any strided operand) and `v` is
+    /// slices, reshapes, transposes and broadcasts inside the group of a value
+    /// the group computes or of a buffer (an input, another group's output): a
+    /// head split of a merged QKV product, or a cache's heads expanded for
+    /// grouped queries, is then never copied.
     fn strided_source(&self, group: &FusionGroup, v: ValueId) -> Option<ValueId> {
         let g = self.g;
         if !self.matmul_steps {
@@ -302,19 +382,30 @@ impl<'g> Lowering<'g> {
             return None;
         }
         let mut cur = v;
-        loop {
-            let p = self.producers[cur.index()]?;
-            if !group.nodes.contains(&p) {
-                return None;
-            }
+        while let Some(p) = self.producers[cur.index()].filter(|p| group.nodes.contains(p)) {
             match g.nodes[p].op {
-                Op::Reshape | Op::Transpose { .. } | Op::Slice { .. } => cur = g.nodes[p].inputs[0],
+                Op::Reshape | Op::Transpose { .. } | Op::Slice { .. } | Op::Broadcast => {
+                    cur = g.nodes[p].inputs[0]
+                }
                 _ => break,
             }
         }
-        let p = self.producers[cur.index()]?;
-        if cur == v || !group.nodes.contains(&p) || matches!(g.nodes[p].op, Op::Constant(_)) {
+        if cur == v {
             return None;
+        }
+        match self.producers[cur.index()] {
+            Some(p) if group.nodes.contains(&p) => {
+                if matches!(g.nodes[p].op, Op::Constant(_)) {
+                    return None;
+                }
+            }
+            // A buffer already: a model input or another group's output (a weight
+            // stays the constant the engine packs).
+            _ => {
+                if !self.buffer_of.contains_key(&cur) || self.constant_buffer(cur).is_some() {
+                    return None;
+                }
+            }
         }
         // The chain must be one strided layout of `cur` (any buffer id will do here).
         self.layout(v, &HashMap::from([(cur, 0)])).map(|_| cur)
@@ -408,7 +499,8 @@ impl<'g> Lowering<'g> {
                 dims[d] = (ty.shape[d].clone(), stride.clone());
                 stride = stride.try_mul(&ty.shape[d]).ok()?;
             }
-            return Some(Layout { buf, offset: SymExpr::constant(0), dims });
+            let factors = vec![Vec::new(); dims.len()];
+            return Some(Layout { buf, offset: SymExpr::constant(0), dims, factors });
         }
         let node = &g.nodes[self.producers[v.index()]?];
         let mut l = match &node.op {
@@ -421,6 +513,7 @@ impl<'g> Lowering<'g> {
         match &node.op {
             Op::Transpose { perm } => {
                 l.dims = perm.iter().map(|p| l.dims[*p].clone()).collect();
+                l.factors = perm.iter().map(|p| l.factors[*p].clone()).collect();
             }
             Op::Broadcast => {
                 for (d, o) in l.dims.iter_mut().zip(out) {
@@ -434,7 +527,7 @@ impl<'g> Lowering<'g> {
             }
             Op::Slice { axes } => {
                 for a in axes {
-                    if a.step <= 0 {
+                    if a.step <= 0 || !l.plain(a.axis) {
                         return None;
                     }
                     let (_, s) = l.dims[a.axis].clone();
@@ -445,22 +538,48 @@ impl<'g> Lowering<'g> {
             Op::Reshape => {
                 let from: Vec<SymExpr> = l.dims.iter().map(|d| d.0.clone()).collect();
                 let mut dims = vec![(SymExpr::constant(1), SymExpr::constant(0)); out.len()];
+                let mut factors = vec![Vec::new(); out.len()];
                 for (fr, tr) in match_groups(&g.env, &from, out)? {
-                    // The group's dims (ignoring extents of 1) must be contiguous.
-                    let real: Vec<&(SymExpr, SymExpr)> =
-                        l.dims[fr].iter().filter(|d| d.0.as_const() != Some(1)).collect();
-                    for w in real.windows(2) {
-                        if !g.env.equal(&w[0].1, &w[1].1.try_mul(&w[1].0).ok()?) {
-                            return None;
+                    // The group's dims (ignoring extents of 1) as factors, outer to
+                    // inner, contiguous neighbours merged.
+                    let mut parts: Vec<(SymExpr, SymExpr)> = Vec::new();
+                    for d in fr {
+                        let fs =
+                            if l.plain(d) { std::slice::from_ref(&l.dims[d]) } else { &l.factors[d][..] };
+                        for f in fs.iter().filter(|f| f.0.as_const() != Some(1)) {
+                            match parts.last_mut() {
+                                Some(last) if g.env.equal(&last.1, &f.1.try_mul(&f.0).ok()?) => {
+                                    *last = (last.0.try_mul(&f.0).ok()?, f.1.clone());
+                                }
+                                _ => parts.push(f.clone()),
+                            }
                         }
                     }
-                    let mut stride = real.last().map_or(SymExpr::constant(1), |d| d.1.clone());
-                    for d in tr.rev() {
-                        dims[d] = (out[d].clone(), stride.clone());
-                        stride = stride.try_mul(&out[d]).ok()?;
+                    if parts.len() <= 1 {
+                        let mut stride = parts.last().map_or(SymExpr::constant(1), |d| d.1.clone());
+                        for d in tr.rev() {
+                            dims[d] = (out[d].clone(), stride.clone());
+                            stride = stride.try_mul(&out[d]).ok()?;
+                        }
+                        continue;
+                    }
+                    // Not contiguous: one dim made of all the factors, or one dim a factor.
+                    let real: Vec<usize> = tr.filter(|d| out[*d].as_const() != Some(1)).collect();
+                    if let [d] = real[..] {
+                        dims[d] = (out[d].clone(), SymExpr::constant(0));
+                        factors[d] = parts;
+                    } else if real.len() == parts.len()
+                        && real.iter().zip(&parts).all(|(d, p)| g.env.equal(&out[*d], &p.0))
+                    {
+                        for (d, p) in real.into_iter().zip(parts) {
+                            dims[d] = (out[d].clone(), p.1);
+                        }
+                    } else {
+                        return None;
                     }
                 }
                 l.dims = dims;
+                l.factors = factors;
             }
             _ => return None,
         }
@@ -593,6 +712,7 @@ impl<'g> Lowering<'g> {
         let lay = self.layout(t.image, avail)?;
         let channels = lay.dims.get(t.lead + 3)?;
         (lay.dims.len() == 4 + t.lead
+            && (0..lay.dims.len()).all(|d| lay.plain(d))
             && channels.1.as_const() == Some(1)
             && channels.0.as_const() == Some(t.channels))
         .then_some(lay)
@@ -602,6 +722,18 @@ impl<'g> Lowering<'g> {
         self.buffer_of.get(&v).filter(|b| matches!(self.plan.buffers[**b].kind, BufferKind::Constant(_)))
     }
 
+    /// The batch of matmul `node` over its operands' and output's layouts:
+    /// `None` when a layout's rows or columns are factored, or two layouts
+    /// factor a batch dim differently (then an operand is stored first).
+    fn operand_views(g: &Graph, node: &ir::Node, layouts: [&Layout; 3]) -> Option<RefinedBatch> {
+        let out = &g.ty(node.output).shape;
+        let r = out.len();
+        if layouts.iter().any(|l| l.dims.len() != r || !l.matrix()) {
+            return None;
+        }
+        refine_batch(&g.env, &out[..r - 2], &layouts)
+    }
+
     fn matmul(&mut self, node: &ir::Node, c: BufId, avail: &HashMap<ValueId, BufId>) -> R<MatMulStep> {
         let g = self.g;
         let Op::MatMul { transpose_a, transpose_b } = node.op else {
@@ -609,7 +741,7 @@ impl<'g> Lowering<'g> {
         };
         let missing =
             || LowerError::Internal(format!("an operand of '{}' is not a view", g.name(node.output)));
-        let (la, taps) = match self.layout(node.inputs[0], avail) {
+        let (la, taps) = match self.layout(node.inputs[0], avail).filter(|l| l.matrix()) {
             Some(l) => (l, None),
             None => {
                 let t = self.taps(node, avail).ok_or_else(missing)?;
@@ -621,7 +753,8 @@ impl<'g> Lowering<'g> {
                 if t.lead > 0 {
                     dims[..t.lead].clone_from_slice(&image.dims[..t.lead]);
                 }
-                let a = Layout { buf: image.buf, offset: image.offset.clone(), dims };
+                let factors = vec![Vec::new(); dims.len()];
+                let a = Layout { buf: image.buf, offset: image.offset.clone(), dims, factors };
                 (a, Some((t, image)))
             }
         };
@@ -629,27 +762,29 @@ impl<'g> Lowering<'g> {
         let lc = self.layout(node.output, &HashMap::from([(node.output, c)])).ok_or_else(missing)?;
         let out = &g.ty(node.output).shape;
         let r = out.len();
+        let refined = Self::operand_views(g, node, [&la, &lb, &lc]).ok_or_else(missing)?;
         let slot = |l: &mut Self, e: &SymExpr| {
             let e = g.env.normalize(e);
             l.plan.dims.slot(&e)
         };
-        let view = |l: &mut Self, lay: &Layout, swap: bool| {
+        let view = |l: &mut Self, lay: &Layout, batch: &[SymExpr], swap: bool| {
             let (rs, cs) = (&lay.dims[r - 2].1, &lay.dims[r - 1].1);
             let (rs, cs) = if swap { (cs, rs) } else { (rs, cs) };
             View {
                 buf: lay.buf,
                 offset: slot(l, &lay.offset),
-                batch: lay.dims[..r - 2].iter().map(|d| slot(l, &d.1)).collect(),
+                batch: batch.iter().map(|s| slot(l, s)).collect(),
                 rs: slot(l, rs),
                 cs: slot(l, cs),
             }
         };
-        let a = view(self, &la, transpose_a);
-        let b = view(self, &lb, transpose_b);
-        let cv = view(self, &lc, false);
+        let a = view(self, &la, &refined.strides[0], transpose_a);
+        let b = view(self, &lb, &refined.strides[1], transpose_b);
+        let cv = view(self, &lc, &refined.strides[2], false);
         let a_shape = &g.ty(node.inputs[0]).shape;
         let k = if transpose_a { &a_shape[r - 2] } else { &a_shape[r - 1] };
         let weight = matches!(self.plan.buffers[lb.buf].kind, BufferKind::Constant(_))
+            && (0..r - 2).all(|d| lb.plain(d))
             && lb.dims[..r - 2].iter().all(|d| d.1.as_const() == Some(0) || d.0.as_const() == Some(1));
         let taps = taps.map(|(t, lay)| {
             let d = &lay.dims[t.lead..];
@@ -671,7 +806,7 @@ impl<'g> Lowering<'g> {
             pad: t.pad,
         });
         Ok(MatMulStep {
-            batch: out[..r - 2].iter().map(|e| slot(self, e)).collect(),
+            batch: refined.extents.iter().map(|e| slot(self, e)).collect(),
             m: slot(self, &out[r - 2]),
             n: slot(self, &out[r - 1]),
             k: slot(self, k),

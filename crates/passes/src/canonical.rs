@@ -270,3 +270,83 @@ impl Pass for Cse {
         Ok(replace.len())
     }
 }
+
+/// A uniform scale on a matmul operand moves to its output: `(x·a)·(y·b) =
+/// (x·y)·(a·b)`. Exporters scale attention's queries and keys each by
+/// `sqrt(1/sqrt(d))` (PyTorch's decomposed scaled-dot-product attention); the
+/// product of the two then lands on the scores, where the softmax program
+/// applies it, and the keys stay a view the contraction reads (a grouped
+/// query's shared head, a cache) instead of a scaled copy. An operand's scale
+/// moves only when the product is its one reader.
+pub struct HoistMatMulScale;
+
+impl HoistMatMulScale {
+    /// `(x, s)` when `v` is `x·s` or `x/s` for a uniform `s`, read once.
+    fn scaled(g: &Graph, p: &Producers, uses: &[usize], v: ValueId) -> Option<(ValueId, f64)> {
+        if uses[v.index()] != 1 || g.outputs.contains(&v) {
+            return None;
+        }
+        let node = p.node(g, v)?;
+        let Op::Binary(b) = node.op else { return None };
+        let (x, y) = (node.inputs[0], node.inputs[1]);
+        let same = |u: ValueId| {
+            let (a, t) = (g.ty(u), g.ty(v));
+            a.dtype == t.dtype
+                && a.rank() == t.rank()
+                && a.shape.iter().zip(&t.shape).all(|(a, b)| g.env.equal(a, b))
+        };
+        let s = match b {
+            BinaryOp::Mul => match (uniform(g, p, x), uniform(g, p, y)) {
+                (_, Some(s)) if same(x) => return Some((x, s)),
+                (Some(s), _) if same(y) => return Some((y, s)),
+                _ => return None,
+            },
+            BinaryOp::Div if same(x) => 1.0 / uniform(g, p, y)?,
+            _ => return None,
+        };
+        Some((x, s))
+    }
+}
+
+impl Pass for HoistMatMulScale {
+    fn name(&self) -> &'static str {
+        "hoist-matmul-scale"
+    }
+    fn run(&self, g: &mut Graph) -> Result<usize, PassError> {
+        let mut n = 0;
+        let mut i = 0;
+        while i < g.nodes.len() {
+            let node = g.nodes[i].clone();
+            let out = g.ty(node.output).clone();
+            if !matches!(node.op, Op::MatMul { .. }) || out.dtype != ir::DType::F32 {
+                i += 1;
+                continue;
+            }
+            let p = Producers::of(g);
+            let uses = g.use_counts();
+            let (a, b) = (node.inputs[0], node.inputs[1]);
+            let (sa, sb) = (Self::scaled(g, &p, &uses, a), Self::scaled(g, &p, &uses, b));
+            let scale = sa.map_or(1.0, |s| s.1) * sb.map_or(1.0, |s| s.1);
+            if (sa.is_none() && sb.is_none()) || !scale.is_finite() {
+                i += 1;
+                continue;
+            }
+            // `[1, …, 1]` scale, broadcast to the output, times the unscaled product.
+            let ones = vec![1usize; out.rank()];
+            let t = ir::Tensor::new(ones, ir::Elems::F32(vec![scale as f32]))
+                .map_err(|e| PassError::Failed { pass: self.name(), msg: e.to_string() })?;
+            let data = Arc::new(ConstData::from_tensor(&t));
+            let hint = g.name(node.output).to_string();
+            let c = g.insert_node(i, Op::Constant(data.clone()), vec![], &format!("{hint}.scale"), data.ty());
+            let cb = g.insert_node(i + 1, Op::Broadcast, vec![c], &format!("{hint}.scale"), out.clone());
+            let inputs = vec![sa.map_or(a, |s| s.0), sb.map_or(b, |s| s.0)];
+            let mm = g.insert_node(i + 2, node.op.clone(), inputs, &format!("{hint}.unscaled"), out);
+            let old = &mut g.nodes[i + 3];
+            old.op = Op::Binary(BinaryOp::Mul);
+            old.inputs = vec![mm, cb];
+            n += 1;
+            i += 4;
+        }
+        Ok(n)
+    }
+}

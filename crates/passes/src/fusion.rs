@@ -364,6 +364,16 @@ fn fuse_elementwise(p: &mut Partition) {
             {
                 continue;
             }
+            // A broadcast that expands joins a group other readers share only as its
+            // last reader: a mask that every layer expands to its heads is stored
+            // small, and each layer's group expands it as it reads it, instead of the
+            // shared group storing every layer's expanded copy.
+            if matches!(node.op, Op::Broadcast)
+                && !p.same_numel(&p.numel(v), &p.numel(node.output))
+                && p.outputs(rq).into_iter().any(|o| o != v)
+            {
+                continue;
+            }
             // Only into the single consumer group, or over the same space (then the
             // other consumers read the written value; nothing is recomputed).
             if exclusive || p.same_numel(&p.numel(v), &p.numel(node.output)) {

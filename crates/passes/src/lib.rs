@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use ir::Graph;
 
 pub use broadcast::{BroadcastGuard, EliminateBroadcasts};
-pub use canonical::{Cse, Dce, FoldConstants, SimplifyAlgebra, SimplifyShapes};
+pub use canonical::{Cse, Dce, FoldConstants, HoistMatMulScale, SimplifyAlgebra, SimplifyShapes};
 pub use conv::ConvAsMatMul;
 pub use fusion::{fuse, print_plan, FusionGroup, FusionPlan, GroupKind};
 pub use gemm::{BatchEqualShapes, MergeSharedOperand};
@@ -156,6 +156,7 @@ pub fn canonicalization() -> Vec<Box<dyn Pass>> {
         Box::new(SimplifyShapes),
         Box::new(FoldConstants::default()),
         Box::new(SimplifyAlgebra),
+        Box::new(HoistMatMulScale),
         Box::new(Cse),
         Box::new(Dce),
     ]

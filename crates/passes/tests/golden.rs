@@ -1,8 +1,8 @@
 //! Golden before → after tests, one or more per pass, through the IR text form.
 
 use anyshape_passes::{
-    ConvAsMatMul, Cse, Dce, EliminateBroadcasts, FoldConstants, Pass, Pipeline, SimplifyAlgebra,
-    SimplifyShapes, SinkTransposes,
+    ConvAsMatMul, Cse, Dce, EliminateBroadcasts, FoldConstants, HoistMatMulScale, Pass, Pipeline,
+    SimplifyAlgebra, SimplifyShapes, SinkTransposes,
 };
 
 fn parse(text: &str) -> ir::Graph {
@@ -69,6 +69,61 @@ fn fold_constants_evaluates_constant_subgraphs() {
   %b: f32[2] = constant [0.5, 0.25]
   %c: f32[2] = constant [0.5, 0.5]
   %y: f32[2] = add %x, %c
+  output %y
+}
+",
+    );
+}
+
+/// Decomposed scaled-dot-product attention scales Q and K by `sqrt(1/sqrt(d))`
+/// each: the two scales land on the scores, and the (repeated, transposed) keys
+/// stay a view. A scale read elsewhere too stays where it is.
+#[test]
+fn matmul_scales_move_to_the_product() {
+    check(
+        &HoistMatMulScale,
+        "graph {
+  sym t param 1..
+  input %q: f32[2, t, 4]
+  input %k: f32[2, 4, t]
+  input %v: f32[2, t, 4]
+  %s: f32[] = constant 0.5
+  %s1: f32[1, 1, 1] = reshape %s
+  %two: f32[1, 1, 1] = constant [2.0]
+  %sq: f32[2, t, 4] = broadcast %s1
+  %sk: f32[2, 4, t] = broadcast %two
+  %q2: f32[2, t, 4] = mul %q, %sq
+  %k2: f32[2, 4, t] = div %k, %sk
+  %scores: f32[2, t, t] = matmul %q2, %k2
+  %p: f32[2, t, t] = exp %scores
+  %sv: f32[2, t, 4] = broadcast %s1
+  %v2: f32[2, t, 4] = mul %sv, %v
+  %out: f32[2, t, 4] = matmul %p, %v2
+  %y: f32[2, t, 4] = add %out, %v2
+  output %y
+}
+",
+        "graph {
+  sym t param 1..
+  input %q: f32[2, t, 4]
+  input %k: f32[2, 4, t]
+  input %v: f32[2, t, 4]
+  %s: f32[] = constant 0.5
+  %s1: f32[1, 1, 1] = reshape %s
+  %two: f32[1, 1, 1] = constant [2.0]
+  %sq: f32[2, t, 4] = broadcast %s1
+  %sk: f32[2, 4, t] = broadcast %two
+  %q2: f32[2, t, 4] = mul %q, %sq
+  %k2: f32[2, 4, t] = div %k, %sk
+  %scores.scale: f32[1, 1, 1] = constant [0.25]
+  %scores.scale_1: f32[2, t, t] = broadcast %scores.scale
+  %scores.unscaled: f32[2, t, t] = matmul %q, %k
+  %scores: f32[2, t, t] = mul %scores.unscaled, %scores.scale_1
+  %p: f32[2, t, t] = exp %scores
+  %sv: f32[2, t, 4] = broadcast %s1
+  %v2: f32[2, t, 4] = mul %sv, %v
+  %out: f32[2, t, 4] = matmul %p, %v2
+  %y: f32[2, t, 4] = add %out, %v2
   output %y
 }
 ",

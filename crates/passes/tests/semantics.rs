@@ -146,6 +146,7 @@ fn each_pass_alone_keeps_the_meaning() {
         Box::new(SimplifyShapes),
         Box::new(FoldConstants::default()),
         Box::new(SimplifyAlgebra),
+        Box::new(HoistMatMulScale),
         Box::new(Cse),
         Box::new(Dce),
         Box::new(EliminateBroadcasts),
