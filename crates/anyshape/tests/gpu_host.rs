@@ -459,10 +459,12 @@ fn every_bundled_model_compiles_to_ptx() {
     let ptxas = std::env::var("ANYSHAPE_PTXAS").ok();
     let tmp = std::env::temp_dir().join(format!("anyshape-model-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).expect("temp dir");
-    let mut kernels = 0;
-    let mut attentions = 0;
-    let mut gemms = std::collections::HashSet::new();
-    for dir in &dirs {
+    // The models are dealt out among threads (one ptxas at a time per core).
+    let kernels = std::sync::atomic::AtomicUsize::new(0);
+    let attentions = std::sync::atomic::AtomicUsize::new(0);
+    let gemms = std::sync::Mutex::new(std::collections::HashSet::new());
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let one_model = |dir: &std::path::PathBuf| {
         let model = Model::load(dir.join("model.onnx"), &LoadOptions::new())
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let plan = model.lower_gpu().unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
@@ -489,23 +491,23 @@ fn every_bundled_model_compiles_to_ptx() {
                 let ptx = codegen::nvptx::attention_ptx(&plan.programs[online.program], sp, lp, head, &name)
                     .unwrap_or_else(|e| panic!("{} {name}: {e}", dir.display()));
                 texts.push((name.clone(), name, ptx));
-                attentions += 1;
+                attentions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
-        if kernels == 0 {
+        if dir == &dirs[0] {
             let copy = codegen::nvptx::operand_copy_ptx().expect("the operand copy");
             texts.push(("copy".into(), "operand copy".into(), copy));
         }
         let gpu_gemms =
             anyshape::gpu::gemm_kernels(&plan, target).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         for k in gpu_gemms {
-            if gemms.insert(k.name()) {
+            if gemms.lock().expect("gemms").insert(k.name()) {
                 let ptx = codegen::nvptx::ptx(&k).unwrap_or_else(|e| panic!("{}: {k}: {e}", dir.display()));
                 texts.push((k.name(), k.name(), ptx));
             }
         }
         for (name, what, ptx) in texts {
-            kernels += 1;
+            kernels.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if let Some(ptxas) = &ptxas {
                 let file = tmp.join(format!("{name}.ptx"));
                 std::fs::write(&file, &ptx).expect("write");
@@ -522,7 +524,15 @@ fn every_bundled_model_compiles_to_ptx() {
                 );
             }
         }
-    }
+    };
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (dirs, one_model) = (&dirs, &one_model);
+            s.spawn(move || dirs.iter().skip(t).step_by(threads).for_each(one_model));
+        }
+    });
+    let (kernels, attentions) = (kernels.into_inner(), attentions.into_inner());
+    let gemms = gemms.into_inner().expect("gemms");
     let _ = std::fs::remove_dir_all(&tmp);
     eprintln!(
         "{kernels} kernels of {} models compiled to PTX ({} GEMMs, {attentions} attention kernels)",

@@ -23,7 +23,9 @@ use inkwell::memory_buffer::MemoryBuffer;
 use inkwell::targets::{InitializationConfig, Target};
 use inkwell::OptimizationLevel;
 use std::cell::RefCell;
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::Thread;
 
 /// The indices every kernel gets as arguments on the host.
 const SREGS: [&str; 4] = ["tid.x", "ctaid.x", "ctaid.y", "ctaid.z"];
@@ -429,6 +431,47 @@ pub fn engine<'c>(ctx: &'c Context, ir: &str, name: &str) -> Result<ExecutionEng
         ee.add_global_mapping(&value, addr);
     }
     Ok(ee)
+}
+
+/// A barrier for many more host threads than cores (a block's 128 or 256): the
+/// last to arrive unparks each waiter itself. (`std::sync::Barrier` wakes them all
+/// on a condition variable, and each must then retake its mutex in turn: a convoy
+/// of system calls at every warp-wide operation.)
+struct Barrier {
+    n: usize,
+    generation: AtomicU64,
+    /// Arrivals of the current generation, and the threads parked in it.
+    waiting: Mutex<(usize, Vec<Thread>)>,
+}
+
+impl Barrier {
+    fn new(n: usize) -> Barrier {
+        Barrier { n, generation: AtomicU64::new(0), waiting: Mutex::new((0, Vec::with_capacity(n))) }
+    }
+
+    fn wait(&self) {
+        let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        // Read under the lock: the generation moves only with the lock held.
+        let generation = self.generation.load(Ordering::Relaxed);
+        w.0 += 1;
+        if w.0 == self.n {
+            w.0 = 0;
+            let parked = std::mem::replace(&mut w.1, Vec::with_capacity(self.n));
+            self.generation.store(generation + 1, Ordering::Release);
+            drop(w);
+            for t in parked {
+                t.unpark();
+            }
+            return;
+        }
+        w.1.push(std::thread::current());
+        drop(w);
+        // (A wakeup for anything else, or an unpark left from an earlier
+        // generation, parks again.)
+        while self.generation.load(Ordering::Acquire) == generation {
+            std::thread::park();
+        }
+    }
 }
 
 /// What the threads of a block share: its barrier and shared memory, each warp's
