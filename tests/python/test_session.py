@@ -70,6 +70,41 @@ def test_a_decoders_first_step_takes_an_empty_cache():
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
+def test_freed_outputs_serve_the_next_steps():
+    """A decoder's outputs (its whole KV cache) go back to the session when their
+    arrays are freed, and the next steps' outputs reuse their memory: each step
+    equal to the interpreter's, fed its previous step's cache."""
+    root = os.path.join(os.path.dirname(__file__), "..", "fixtures-current")
+    path = os.path.join(root, "llama_step", "model.onnx")
+    sess = anyshape.InferenceSession(path, threads=2)
+    oracle = anyshape.InferenceSession(path, interpret=True)
+    names = [o.name for o in sess.get_outputs()]
+    rng = np.random.default_rng(5)
+    # A past of 1100 positions: each cache 70 KB, kept when freed.
+    feeds = {}
+    for i in sess.get_inputs():
+        if i.name.startswith("past_"):
+            feeds[i.name] = rng.standard_normal((1, 2, 1100, 8)).astype(np.float32)
+    pointers = []
+    for step in range(4):
+        total = 1100 + step + 1
+        feeds["input_ids"] = np.array([[3 + step]], dtype=np.int64)
+        feeds["attention_mask"] = np.ones((1, total), dtype=np.int64)
+        got = dict(zip(names, sess.run(None, feeds)))
+        want = dict(zip(names, oracle.run(None, feeds)))
+        for n in names:
+            np.testing.assert_allclose(got[n], want[n], rtol=1e-4, atol=1e-4, err_msg=f"step {step}: {n}")
+        pointers.append(got["present_key_0"].ctypes.data)
+        # The next step reads this one's caches; the step before's are freed here.
+        feeds = {k: v for k, v in feeds.items() if not k.startswith("past_")}
+        for n in names:
+            if n.startswith("present_"):
+                feeds["past_" + n[len("present_"):]] = got[n]
+        del got, want
+    # Step 2's caches are step 0's memory, step 3's step 1's (two steps' alive at once).
+    assert pointers[2] == pointers[0] and pointers[3] == pointers[1], pointers
+
+
 def test_inputs_outputs_and_named_outputs(bert):
     ins = bert.get_inputs()
     assert [i.name for i in ins] == ["input_ids", "attention_mask", "token_type_ids"]

@@ -51,7 +51,8 @@ use inspect::{FusionPlan, Graph};
 pub use runtime::is_artifact;
 pub use runtime::npy;
 pub use runtime::{
-    ArtifactError, ArtifactOptions, CodeStats, CompiledModel, KeyChunks, Profile, RunError, FORMAT_VERSION,
+    ArtifactError, ArtifactOptions, CodeStats, CompiledModel, KeyChunks, Profile, Recycler, RunError,
+    FORMAT_VERSION,
 };
 pub use sym::{Range, SymExpr};
 

@@ -352,3 +352,59 @@ fn views_of_borrowed_inputs_run_like_owned_ones() {
     assert_eq!(got, want);
     assert!(anyshape::TensorView::of(&[2, 3], &[1i64; 5]).is_err());
 }
+
+/// A decoder's step returns its cache grown by a row; its caller hands the
+/// outputs back (`CompiledModel::recycle`) and the next step's outputs reuse
+/// their memory (made with room to grow), truncated or grown, every element
+/// written anew: equal to the interpreter's at every step, stale values never
+/// seen, and a small output not kept.
+#[test]
+fn outputs_handed_back_serve_the_next_calls() {
+    let text = r#"graph {
+  sym p param 0..4096
+  sym t param 1..64
+  input %past: f32[p, 256]
+  input %new: f32[t, 256]
+  %two: f32[1, 1] = constant [2.0]
+  %twob: f32[t, 256] = broadcast %two
+  %scaled: f32[t, 256] = mul %new, %twob
+  %present: f32[p+t, 256] = concat[axis=0] %past, %scaled
+  %last: f32[1, 256] = slice[0: t-1 step 1] %scaled
+  output %present, %last
+}
+"#;
+    let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    let model = Model::from_ir(g, &LoadOptions::new()).expect("model");
+    let cm = model.compile(&CompileOptions::new().threads(2)).expect("compile");
+    let mut rng = Rng(7);
+    let mut past =
+        Tensor::new(vec![100, 256], Elems::F32((0..25600).map(|_| rng.normal()).collect())).unwrap();
+    let mut last_ptr = None;
+    // Grow a row at a time, then by a prompt of 9, then back to a short cache.
+    for (step, (p, t)) in
+        [(100, 1), (101, 1), (102, 1), (103, 9), (112, 1), (3, 1), (4, 1)].into_iter().enumerate()
+    {
+        if past.shape()[0] != p {
+            past =
+                Tensor::new(vec![p, 256], Elems::F32((0..p * 256).map(|_| rng.normal()).collect())).unwrap();
+        }
+        let new =
+            Tensor::new(vec![t, 256], Elems::F32((0..t * 256).map(|_| rng.normal()).collect())).unwrap();
+        let feeds = [("past", past.clone()), ("new", new)];
+        let want = model.interpret(&feeds).expect("interpreter");
+        let got = cm.run(&feeds).expect("run");
+        for ((name, g), (_, w)) in got.iter().zip(&want) {
+            assert_eq!(g.shape(), w.shape(), "step {step}: {name}");
+            assert_eq!(g.to_f64_vec(), w.to_f64_vec(), "step {step}: {name}");
+        }
+        let Elems::F32(v) = got[0].1.elems() else { panic!("f32") };
+        let ptr = v.as_ptr();
+        // Growing within the room of the first output reuses its memory.
+        if (1..=2).contains(&step) {
+            assert_eq!(Some(ptr), last_ptr, "step {step}: a fresh allocation");
+        }
+        last_ptr = Some(ptr);
+        past = got[0].1.clone();
+        cm.recycle(got);
+    }
+}

@@ -87,7 +87,8 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize, 
     let mut outside = Vec::new();
     let mut totals = Vec::new();
     for _ in 0..runs {
-        let (_, p) = cm.run_profiled(named).map_err(anyshape::Error::from)?;
+        let (outs, p) = cm.run_profiled(named).map_err(anyshape::Error::from)?;
+        cm.recycle(outs);
         let mut sums = vec![0.0; rows.len()];
         for (i, d) in p.steps.iter().enumerate() {
             per_step[i].push(ms(*d));

@@ -208,6 +208,54 @@ fn type_name(v: &Bound<'_, PyAny>) -> String {
     v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "an object".into())
 }
 
+/// A compiled model's large output, owned by its numpy array (its base): when
+/// the array's last reference goes, the elements go back to the model for a
+/// later call's outputs (`CompiledModel::recycle`).
+#[pyclass(frozen, module = "anyshape._anyshape")]
+struct OutputMemory {
+    tensor: Tensor,
+    recycler: anyshape::Recycler,
+}
+
+impl Drop for OutputMemory {
+    fn drop(&mut self) {
+        let t = std::mem::replace(&mut self.tensor, Tensor::scalar_f32(0.0));
+        self.recycler.give(t);
+    }
+}
+
+/// A compiled model's output as a numpy array, its elements handed back to the
+/// model when the array is freed (when the model keeps such outputs).
+fn recycled_array_of(py: Python<'_>, t: Tensor, recycler: &anyshape::Recycler) -> PyResult<Py<PyAny>> {
+    if !anyshape::Recycler::keeps(&t) {
+        return array_of(py, t);
+    }
+    let shape = numpy::ndarray::IxDyn(t.shape());
+    let memory = Bound::new(py, OutputMemory { tensor: t, recycler: recycler.clone() })?;
+    let owner = memory.clone().into_any();
+    let held = &memory.get().tensor;
+    macro_rules! lend {
+        ($v:expr) => {{
+            let view = numpy::ndarray::ArrayViewD::from_shape(shape, $v.as_slice())
+                .map_err(|e| AnyshapeError::new_err(e.to_string()))?;
+            // SAFETY: the elements are `memory`'s tensor's, which nothing changes or
+            // moves while `memory` lives (frozen); the array holds `memory` as its base.
+            unsafe { numpy::PyArrayDyn::borrow_from_array(&view, owner) }.into_any()
+        }};
+    }
+    Ok(match held.elems() {
+        Elems::F32(v) => lend!(v),
+        Elems::F64(v) => lend!(v),
+        Elems::F16(v) => lend!(v).call_method1("view", ("float16",))?,
+        Elems::I8(v) => lend!(v),
+        Elems::U8(v) => lend!(v),
+        Elems::I32(v) => lend!(v),
+        Elems::I64(v) => lend!(v),
+        Elems::Bool(v) => lend!(v),
+    }
+    .unbind())
+}
+
 /// An output as a numpy array that owns the tensor's elements (no copy).
 fn array_of(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
     let shape = t.shape().to_vec();
@@ -448,7 +496,10 @@ impl Session {
                 None => None,
             };
             let t = t.ok_or_else(|| AnyshapeError::new_err(format!("output {i} is missing")))?;
-            arrays.push(array_of(py, t)?);
+            arrays.push(match &self.engine {
+                Engine::Compiled(m) => recycled_array_of(py, t, &m.recycler())?,
+                _ => array_of(py, t)?,
+            });
         }
         Ok(arrays)
     }

@@ -18,11 +18,13 @@ mod cpu;
 mod explain;
 pub mod gpu;
 pub mod npy;
+mod recycle;
 mod shape;
 
 pub use backend::Backend;
 pub use cpu::Cpu;
 use cpu::CpuCode;
+pub use recycle::Recycler;
 
 pub use artifact::{
     is_artifact, reseal as reseal_artifact, ArtifactError, ArtifactOptions, CodeTarget, FORMAT_VERSION,
@@ -142,6 +144,8 @@ pub struct CompiledModel<B: Backend = Cpu> {
     canaries: bool,
     shapes: RwLock<HashMap<Vec<i64>, Arc<ShapePlan>>>,
     arenas: Mutex<Vec<Arena>>,
+    /// Output buffers handed back, for later calls' outputs.
+    recycled: Arc<recycle::Pool>,
     backend: B,
 }
 
@@ -208,6 +212,7 @@ impl<B: Backend> CompiledModel<B> {
         canaries: bool,
         backend: B,
     ) -> Result<CompiledModel<B>, RunError> {
+        let outputs_len = outputs.len();
         let mut m = CompiledModel {
             plan,
             env,
@@ -217,6 +222,7 @@ impl<B: Backend> CompiledModel<B> {
             canaries,
             shapes: RwLock::new(HashMap::new()),
             arenas: Mutex::new(Vec::new()),
+            recycled: recycle::Pool::new(outputs_len),
             backend,
         };
         m.out_dims = m.output_dims()?;
@@ -268,6 +274,20 @@ impl<B: Backend> CompiledModel<B> {
         self.run_timed(inputs, None)
     }
 
+    /// Hand a call's outputs back once they are no longer needed: a later call's
+    /// outputs of the same dtype reuse their memory (a decoder's step returns its
+    /// whole KV cache; fresh memory every call costs a page fault a page).
+    pub fn recycle(&self, outputs: impl IntoIterator<Item = (String, Tensor)>) {
+        let r = self.recycled.recycler();
+        outputs.into_iter().for_each(|(_, t)| r.give(t));
+    }
+
+    /// A handle that hands outputs back to this model ([`CompiledModel::recycle`])
+    /// from wherever they end up (the Python package's arrays, when freed).
+    pub fn recycler(&self) -> Recycler {
+        self.recycled.recycler()
+    }
+
     /// [`CompiledModel::run`] on inputs read in place where they lie (another
     /// owner's arrays: the Python package's numpy feeds).
     pub fn run_views(&self, inputs: &[(&str, TensorView)]) -> Result<Vec<(String, Tensor)>, RunError> {
@@ -312,22 +332,38 @@ impl<B: Backend> CompiledModel<B> {
             }
         }
         let mut outs: Vec<Elems> = Vec::with_capacity(self.plan.outputs.len());
+        let mut fresh = Vec::with_capacity(self.plan.outputs.len());
         for b in &self.plan.outputs {
-            let buf = &self.plan.buffers[*b];
-            outs.push(zeros(buf.dtype, sp.numel[*b]).ok_or_else(|| {
+            let (buf, n) = (&self.plan.buffers[*b], sp.numel[*b]);
+            // A large output reuses a buffer handed back, or is made with room to
+            // grow (see `recycle`).
+            let large = n.saturating_mul(buf.dtype.size()) >= recycle::KEEP_BYTES && !self.canaries;
+            if let Some(e) = large.then(|| self.recycled.take(buf.dtype, n)).flatten() {
+                outs.push(e);
+                fresh.push(false);
+                continue;
+            }
+            let e = large.then(|| zeros(buf.dtype, recycle::room(n)).map(|e| truncated(e, n))).flatten();
+            outs.push(e.or_else(|| zeros(buf.dtype, n)).ok_or_else(|| {
                 RunError::Shape(format!(
                     "output '{}' at this shape has {} elements of {}: more than can be allocated",
-                    buf.name, sp.numel[*b], buf.dtype
+                    buf.name, n, buf.dtype
                 ))
             })?);
+            fresh.push(true);
         }
-        // Large outputs are fresh zero pages: faulted in at once, a slice per
+        // Large new outputs are fresh zero pages: faulted in at once, a slice per
         // thread, rather than a trap per page inside the kernels that write them
         // (a decoder's step returns its whole KV cache).
-        let out_bytes: usize = outs.iter().map(elems_bytes).sum();
+        let out_bytes: usize =
+            outs.iter().zip(&fresh).filter(|(_, f)| **f).map(|(e, _)| elems_bytes(e)).sum();
         if out_bytes >= POPULATE_OUTPUTS && !self.canaries {
-            let regions: Vec<(usize, usize)> =
-                outs.iter_mut().map(|e| (elems_mut_ptr(e) as usize, elems_bytes(e))).collect();
+            let regions: Vec<(usize, usize)> = outs
+                .iter_mut()
+                .zip(&fresh)
+                .filter(|(_, f)| **f)
+                .map(|(e, _)| (elems_mut_ptr(e) as usize, elems_bytes(e)))
+                .collect();
             let pool = self.backend.pool();
             pool.run(&|i| {
                 for &(p, n) in &regions {
@@ -492,6 +528,21 @@ fn zeros(dt: DType, n: usize) -> Option<Elems> {
         DType::I64 => Elems::I64(z(n).ok()?),
         DType::Bool => Elems::Bool(z(n).ok()?),
     })
+}
+
+/// `e`'s first `n` elements (its capacity kept).
+fn truncated(mut e: Elems, n: usize) -> Elems {
+    match &mut e {
+        Elems::F32(v) => v.truncate(n),
+        Elems::F64(v) => v.truncate(n),
+        Elems::F16(v) => v.truncate(n),
+        Elems::I8(v) => v.truncate(n),
+        Elems::U8(v) => v.truncate(n),
+        Elems::I32(v) => v.truncate(n),
+        Elems::I64(v) => v.truncate(n),
+        Elems::Bool(v) => v.truncate(n),
+    }
+    e
 }
 
 /// Outputs of at least this many bytes in all are faulted in before the steps run.
