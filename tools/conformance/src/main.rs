@@ -15,6 +15,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use anyhow::{Context, Result};
 use anyshape::{LoadOptions, Model, Tensor};
@@ -89,17 +91,36 @@ fn main() -> Result<()> {
     let mut per_op: BTreeMap<String, Tally> = BTreeMap::new();
     let mut surprises = Vec::new();
     let mut skip_reasons: BTreeMap<String, usize> = BTreeMap::new();
-    for dir in &cases {
+    // The cases run on every core (each mostly LLVM compiling it), their outcomes
+    // tallied in order.
+    let outcomes: Vec<Mutex<Option<Outcome>>> = cases.iter().map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(dir) = cases.get(i) else { break };
+                let outcome =
+                    std::panic::catch_unwind(|| run_case(dir, args.node_compiled)).unwrap_or_else(|p| {
+                        let msg = p
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_default();
+                        Outcome::Fail(format!("PANIC: {msg}"))
+                    });
+                *outcomes[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+            });
+        }
+    });
+    for (dir, outcome) in cases.iter().zip(outcomes) {
         let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let op = operator_of(&args.node_dir, &name);
-        let outcome = std::panic::catch_unwind(|| run_case(dir, args.node_compiled)).unwrap_or_else(|p| {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            Outcome::Fail(format!("PANIC: {msg}"))
-        });
+        let outcome = outcome
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(|| Outcome::Fail("not run".into()));
         let t = per_op.entry(op).or_default();
         match outcome {
             Outcome::Pass => {
