@@ -509,7 +509,12 @@ fn every_bundled_model_compiles_to_ptx() {
         for (name, what, ptx) in texts {
             kernels.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if let Some(ptxas) = &ptxas {
-                let file = tmp.join(format!("{name}.ptx"));
+                // A folder a model (`fixtures/bert`, `fixtures-current/bert`): the
+                // threads' kernels of one name stay apart.
+                let folder =
+                    tmp.join(dir.strip_prefix(&root).expect("a fixture").to_string_lossy().replace('/', "_"));
+                std::fs::create_dir_all(&folder).expect("temp dir");
+                let file = folder.join(format!("{name}.ptx"));
                 std::fs::write(&file, &ptx).expect("write");
                 let out = std::process::Command::new(ptxas)
                     .args(["-v", "-arch", "sm_90a", "-o", "/dev/null"])

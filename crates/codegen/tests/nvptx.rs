@@ -343,7 +343,10 @@ fn ptxas_accepts_every_family_kernel() {
     kernels.extend(
         f32_c.into_iter().flat_map(|f| f.into_iter().take(1)).map(|k| GemmKernel { c_f32: true, ..k }),
     );
-    // One ptxas at a time per core: the kernels are dealt out among threads.
+    // One ptxas at a time per core: the kernels are dealt out among threads (each
+    // name once: its files are the thread's alone).
+    let mut names = std::collections::HashSet::new();
+    kernels.retain(|k| names.insert(k.name()));
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|s| {
         for t in 0..threads {
