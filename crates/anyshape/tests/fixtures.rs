@@ -38,9 +38,16 @@ fn check_model(name: &str) {
     check_in(&fixtures(), name, false);
 }
 
-/// Every case of fixture `name` under `root` against ONNX Runtime's outputs, on
-/// the interpreter, and compiled (canary margins on) when `compiled`.
 fn check_in(root: &Path, name: &str, compiled: bool) {
+    check_within(root, name, compiled, "expected", 1e-4);
+}
+
+/// Every case of fixture `name` under `root` against ONNX Runtime's outputs, on
+/// the interpreter, and compiled (canary margins on) when `compiled`: relative
+/// L2 error below `tolerance` from the outputs in each case's folder `folder`.
+/// Returns the largest error seen.
+fn check_within(root: &Path, name: &str, compiled: bool, folder: &str, tolerance: f64) -> f64 {
+    let mut worst = 0.0f64;
     let dir = root.join(name);
     let model =
         Model::load(dir.join("model.onnx"), &LoadOptions::new()).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -68,7 +75,7 @@ fn check_in(root: &Path, name: &str, compiled: bool) {
             let got = cm.run(&named).unwrap_or_else(|e| panic!("{name}/{}: compiled: {e}", case.display()));
             runs.push(("compiled", got));
         }
-        let expected = npy_files(&case.join("expected"));
+        let expected = npy_files(&case.join(folder));
         assert!(!expected.is_empty());
         for (how, outputs) in runs {
             for (out, path) in &expected {
@@ -80,9 +87,44 @@ fn check_in(root: &Path, name: &str, compiled: bool) {
                     .1;
                 assert_eq!(got.shape(), want.shape(), "{name}/{} ({how}): {out} shape", case.display());
                 let err = rel_l2(got, &want);
-                assert!(err < 1e-4, "{name}/{} ({how}): {out} relative L2 error {err:e}", case.display());
+                assert!(
+                    err < tolerance,
+                    "{name}/{} ({how}): {out} relative L2 error {err:e}",
+                    case.display()
+                );
+                worst = worst.max(err);
             }
         }
+    }
+    worst
+}
+
+/// The models quantized by ONNX Runtime's tools (tests/fixtures-quantized:
+/// dynamic int8 and static QDQ), interpreted and compiled, against ONNX
+/// Runtime's outputs for the same quantized file. Run operator by operator
+/// (graph optimizations off: the standard's arithmetic) ONNX Runtime gives the
+/// outputs in `exact/`, which anyshape matches to float rounding (the integer
+/// contractions are exact in both). With its optimizations ONNX Runtime fuses
+/// the quantized operators into kernels that round the dequantizing scales'
+/// products in another order; an activation that lands on the other side of a
+/// rounding boundary then moves by one quantization step, so `expected/`
+/// differs from `exact/` by up to 2.2e-2 relative L2 (bert_qdq at one token);
+/// anyshape must be within 3e-2 of it.
+#[test]
+fn quantized_models_match_onnxruntime() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures-quantized");
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .expect("tests/fixtures-quantized")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("model.onnx").is_file())
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 6, "fixtures: {names:?}");
+    for name in names {
+        let exact = check_within(&root, &name, true, "exact", 1e-5);
+        let fused = check_within(&root, &name, true, "expected", 3e-2);
+        println!("{name}: relative L2 {exact:.1e} from the operator-by-operator run, {fused:.1e} from the fused one");
     }
 }
 

@@ -19,6 +19,7 @@ mod fold;
 mod functions;
 mod indexing;
 mod ops;
+mod quantize;
 mod resize;
 mod shaping;
 mod transformer;
@@ -515,17 +516,25 @@ impl Importer {
         if op_type == "If" {
             return self.inline_if(node);
         }
-        if op_type == "Cast" {
-            let to = node
-                .attribute
-                .iter()
-                .find(|a| a.name.as_deref() == Some("to"))
-                .and_then(|a| a.i)
-                .unwrap_or(0) as i32;
-            if dtype_of(to).is_none() {
+        // Attributes naming an element type: one anyshape lacks is that type's error.
+        let typed: &[&str] = match op_type.as_str() {
+            "Cast" => &["to"],
+            "QuantizeLinear" => &["output_dtype", "precision"],
+            "DequantizeLinear" => &["output_dtype"],
+            _ => &[],
+        };
+        for attr in typed {
+            let code = node.attribute.iter().find(|a| a.name.as_deref() == Some(*attr)).and_then(|a| a.i);
+            let code = match (code, *attr) {
+                (Some(c), _) => c as i32,
+                (None, "to") => 0,
+                (None, _) => continue,
+            };
+            // 0 (unset) is the default for all but Cast's `to`.
+            if (code != 0 || *attr == "to") && dtype_of(code).is_none() {
                 return Err(OnnxError::UnsupportedDType {
-                    what: format!("node '{name}' (Cast)"),
-                    dtype: dtype_name(to),
+                    what: format!("node '{name}' ({op_type}, attribute {attr})"),
+                    dtype: dtype_name(code),
                 });
             }
         }

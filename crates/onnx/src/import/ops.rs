@@ -8,8 +8,8 @@ use ir::{
 use sym::SymExpr;
 
 use super::{
-    attr_tensor, einsum, indexing, norm_axis, resize, scalar_data, shaping, transformer, Importer, Node,
-    DIM_MAX, R,
+    attr_tensor, einsum, indexing, norm_axis, quantize, resize, scalar_data, shaping, transformer, Importer,
+    Node, DIM_MAX, R,
 };
 
 /// Convert one node; `Ok(None)` when the operator is not supported.
@@ -283,6 +283,13 @@ pub(crate) fn convert(imp: &mut Importer, op: &str, n: &Node) -> R<Option<Vec<Va
         "Slice" => one(slice(imp, n)),
         "InstanceNormalization" => one(shaping::instance_norm(imp, n)),
         "GroupNormalization" => one(shaping::group_norm(imp, n)),
+        "QuantizeLinear" => one(quantize::quantize_linear(imp, n)),
+        "DequantizeLinear" => one(quantize::dequantize_linear(imp, n)),
+        "DynamicQuantizeLinear" => quantize::dynamic_quantize_linear(imp, n).map(Some),
+        "MatMulInteger" => one(quantize::matmul_integer(imp, n)),
+        "ConvInteger" => one(quantize::conv_integer(imp, n)),
+        "QLinearMatMul" => one(quantize::qlinear_matmul(imp, n)),
+        "QLinearConv" => one(quantize::qlinear_conv(imp, n)),
         "RMSNormalization" => one(transformer::rms_norm(imp, n)),
         "RotaryEmbedding" => one(transformer::rotary_embedding(imp, n)),
         "Attention" => transformer::attention(imp, n).map(Some),
@@ -701,7 +708,7 @@ fn kernel_of(imp: &Importer, n: &Node, w: ValueId) -> R<Vec<i64>> {
 }
 
 /// Bias of shape `[m]` added over dim 1.
-fn add_channel_bias(imp: &mut Importer, y: ValueId, b: ValueId) -> R<ValueId> {
+pub(crate) fn add_channel_bias(imp: &mut Importer, y: ValueId, b: ValueId) -> R<ValueId> {
     let r = imp.rank(y);
     let m = imp.shape(y)[1].clone();
     let mut bs = vec![SymExpr::constant(1), m];
@@ -711,7 +718,16 @@ fn add_channel_bias(imp: &mut Importer, y: ValueId, b: ValueId) -> R<ValueId> {
 }
 
 fn conv(imp: &mut Importer, n: &Node) -> R<ValueId> {
-    let (x, w) = (n.input(0)?, n.input(1)?);
+    let y = conv_of(imp, n, n.input(0)?, n.input(1)?)?;
+    match n.opt_input(2) {
+        Some(b) => add_channel_bias(imp, y, b),
+        None => Ok(y),
+    }
+}
+
+/// The convolution of `x` by `w` with the node's geometry attributes, no bias
+/// (also the quantized convolutions', on their zero-point-shifted operands).
+pub(crate) fn conv_of(imp: &mut Importer, n: &Node, x: ValueId, w: ValueId) -> R<ValueId> {
     if imp.rank(x) < 3 || imp.rank(w) != imp.rank(x) {
         return Err(format!(
             "Conv needs input and weight of equal rank >= 3, got {} and {}",
@@ -731,11 +747,7 @@ fn conv(imp: &mut Importer, n: &Node) -> R<ValueId> {
             .map_err(|e| format!("input channels {} != group {group} x {}: {e}", xs[1], imp.shape(w)[1]))?;
     }
     let attrs = ConvAttrs { strides, dilations, pads_begin, pads_end, group };
-    let y = imp.emit(Op::Conv(attrs), vec![x, w], None)?;
-    match n.opt_input(2) {
-        Some(b) => add_channel_bias(imp, y, b),
-        None => Ok(y),
-    }
+    imp.emit(Op::Conv(attrs), vec![x, w], None)
 }
 
 fn conv_transpose(imp: &mut Importer, n: &Node) -> R<ValueId> {

@@ -111,3 +111,14 @@ pub fn attr_string(name: &str, v: &str) -> AttributeProto {
         ..Default::default()
     }
 }
+
+/// An 8-bit tensor (`data_type::INT8` or `UINT8`) of raw bytes.
+pub fn byte_tensor(name: &str, elem: i32, dims: &[i64], vals: &[u8]) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(elem),
+        raw_data: Some(vals.to_vec().into()),
+        ..Default::default()
+    }
+}

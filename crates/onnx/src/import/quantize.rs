@@ -1,0 +1,386 @@
+//! The quantization operators of the ONNX standard, split into primitives with
+//! the standard's arithmetic: a quantized operand is widened to i32 and its zero
+//! point subtracted, contractions accumulate in i32 (exact), and a result is
+//! quantized by dividing by its scale, rounding half to even, adding the zero
+//! point and saturating to the type's range. Scales and zero points are per
+//! tensor, per axis or per block of an axis (gathered along it).
+//!
+//! Element types: int8 and uint8 quantized values (int32 for a dequantized
+//! bias), float and float16 scales. The loader rejects the others by name.
+
+use ir::{BinaryOp as B, DType, Op, ReduceOp, UnaryOp as U, ValueId};
+use sym::SymExpr;
+
+use super::indexing::iota;
+use super::ops::{add_channel_bias, conv_of, matmul};
+use super::{norm_axis, Importer, Node, R};
+
+/// `x` dequantized: `(x - zero_point) · scale` in f32, in the scale's type (or
+/// `output_dtype`, opset 23).
+pub(crate) fn dequantize_linear(imp: &mut Importer, n: &Node) -> R<ValueId> {
+    let (x, scale) = (n.input(0)?, n.input(1)?);
+    let xt = imp.ty(x).dtype;
+    if !matches!(xt, DType::I8 | DType::U8 | DType::I32) {
+        return Err(format!("DequantizeLinear of {xt} is not supported (int8, uint8 and int32 are)"));
+    }
+    let out = match n.int("output_dtype", 0) {
+        0 => imp.ty(scale).dtype,
+        code => output_type(code)?,
+    };
+    let (axis, block) = (n.int("axis", 1), n.int("block_size", 0));
+    let mut y = imp.cast(x, DType::F32)?;
+    if let Some(zp) = n.opt_input(2) {
+        same_type(imp, zp, x, "x_zero_point", "x")?;
+        let zp = imp.cast(zp, DType::F32)?;
+        let zp = along(imp, zp, x, axis, block, "x_zero_point")?;
+        y = imp.binary(B::Sub, y, zp)?;
+    }
+    let s = imp.cast(scale, DType::F32)?;
+    let s = along(imp, s, x, axis, block, "x_scale")?;
+    let y = imp.binary(B::Mul, y, s)?;
+    imp.cast(y, out)
+}
+
+/// `x` quantized: `saturate(round(x / scale) + zero_point)`, in the zero
+/// point's type (else `output_dtype`, else uint8).
+pub(crate) fn quantize_linear(imp: &mut Importer, n: &Node) -> R<ValueId> {
+    let (x, scale, zp) = (n.input(0)?, n.input(1)?, n.opt_input(2));
+    let out = match (zp, n.int("output_dtype", 0)) {
+        (Some(zp), 0) => imp.ty(zp).dtype,
+        (Some(zp), code) => {
+            let dt = output_type(code)?;
+            if imp.ty(zp).dtype != dt {
+                return Err(format!("output_dtype is {dt} but y_zero_point is {}", imp.ty(zp).dtype));
+            }
+            dt
+        }
+        (None, 0) => DType::U8,
+        (None, code) => output_type(code)?,
+    };
+    if !matches!(out, DType::I8 | DType::U8) {
+        return Err(format!("QuantizeLinear to {out} is not supported (int8 and uint8 are)"));
+    }
+    nonzero_scale(imp, scale, "y_scale")?;
+    // The division is in the common type of `x` and the scale (numpy's), or in
+    // `precision` where the node names one (opset 23).
+    let common = match n.int("precision", 0) {
+        0 if imp.ty(x).dtype == imp.ty(scale).dtype => imp.ty(x).dtype,
+        0 => DType::F32,
+        code => output_type(code)?,
+    };
+    let (axis, block) = (n.int("axis", 1), n.int("block_size", 0));
+    let xv = imp.cast(x, common)?;
+    let s = imp.cast(scale, common)?;
+    let s = along(imp, s, x, axis, block, "y_scale")?;
+    let q = imp.binary(B::Div, xv, s)?;
+    let q = imp.unary(U::Round, q)?;
+    let mut q = imp.cast(q, DType::I32)?;
+    if let Some(zp) = zp {
+        let zp = imp.cast(zp, DType::I32)?;
+        let zp = along(imp, zp, x, axis, block, "y_zero_point")?;
+        q = imp.binary(B::Add, q, zp)?;
+    }
+    saturate(imp, q, out)
+}
+
+/// ONNX `DynamicQuantizeLinear`: uint8 `y`, its scale and zero point from the
+/// range of `x` widened to include 0.
+pub(crate) fn dynamic_quantize_linear(imp: &mut Importer, n: &Node) -> R<Vec<ValueId>> {
+    let x = n.input(0)?;
+    if imp.ty(x).dtype != DType::F32 {
+        return Err(format!("DynamicQuantizeLinear of {} is not supported (float is)", imp.ty(x).dtype));
+    }
+    let axes: Vec<usize> = (0..imp.rank(x)).collect();
+    let (hi, lo) = if axes.is_empty() {
+        (x, x)
+    } else {
+        (imp.reduce(ReduceOp::Max, x, axes.clone(), false)?, imp.reduce(ReduceOp::Min, x, axes, false)?)
+    };
+    let hi = imp.binary_scalar(B::Max, hi, 0.0)?;
+    let lo = imp.binary_scalar(B::Min, lo, 0.0)?;
+    // An all-zero `x` has scale 1/255 (the standard's), not 0.
+    let range = imp.binary(B::Sub, hi, lo)?;
+    let empty = imp.binary(B::Equal, hi, lo)?;
+    let one = imp.scalar(DType::F32, 1.0)?;
+    let range = imp.select(empty, one, range)?;
+    let scale = imp.binary_scalar(B::Div, range, 255.0)?;
+    let zero = imp.scalar(DType::F32, 0.0)?;
+    let lo_q = imp.binary(B::Div, lo, scale)?;
+    let zp = imp.binary(B::Sub, zero, lo_q)?;
+    let zp = clamp_f32(imp, zp, 0.0, 255.0)?;
+    let zp = imp.unary(U::Round, zp)?;
+    let q = imp.binary(B::Div, x, scale)?;
+    let q = imp.unary(U::Round, q)?;
+    let q = imp.binary(B::Add, q, zp)?;
+    let q = clamp_f32(imp, q, 0.0, 255.0)?;
+    let y = imp.cast(q, DType::U8)?;
+    let zp = imp.cast(zp, DType::U8)?;
+    Ok(vec![y, scale, zp])
+}
+
+/// ONNX `MatMulInteger`: `(a - a_zero_point) · (b - b_zero_point)` in i32; the
+/// zero points per tensor, per row of `a`, per column of `b`.
+pub(crate) fn matmul_integer(imp: &mut Importer, n: &Node) -> R<ValueId> {
+    let a = shifted(imp, n.input(0)?, n.opt_input(2), "a", Along::Rows)?;
+    let b = shifted(imp, n.input(1)?, n.opt_input(3), "b", Along::Last)?;
+    matmul(imp, a, b)
+}
+
+/// ONNX `ConvInteger`: the convolution of `x - x_zero_point` by `w -
+/// w_zero_point` (per output channel or per tensor) in i32: the padding reads 0
+/// after the shift, i.e. the zero point before it, as the standard has it.
+pub(crate) fn conv_integer(imp: &mut Importer, n: &Node) -> R<ValueId> {
+    let x = shifted(imp, n.input(0)?, n.opt_input(2), "x", Along::None)?;
+    let w = shifted(imp, n.input(1)?, n.opt_input(3), "w", Along::First)?;
+    conv_of(imp, n, x, w)
+}
+
+/// ONNX `QLinearMatMul`: the i32 product of the shifted operands requantized by
+/// `a_scale · b_scale / y_scale` (f32) to `y`'s zero point and type.
+pub(crate) fn qlinear_matmul(imp: &mut Importer, n: &Node) -> R<ValueId> {
+    let a = shifted(imp, n.input(0)?, n.opt_input(2), "a", Along::Rows)?;
+    let b = shifted(imp, n.input(3)?, n.opt_input(5), "b", Along::Last)?;
+    let acc = matmul(imp, a, b)?;
+    let sa = per_rows(imp, n.input(1)?)?;
+    let scale = scale_product(imp, sa, n.input(4)?, n.input(6)?)?;
+    requantize(imp, acc, scale, n.opt_input(7), imp.ty(n.input(0)?).dtype)
+}
+
+/// ONNX `QLinearConv`: the i32 convolution of the shifted operands plus the
+/// i32 bias, requantized by `x_scale · w_scale / y_scale` (per output channel
+/// where `w_scale` is).
+pub(crate) fn qlinear_conv(imp: &mut Importer, n: &Node) -> R<ValueId> {
+    let x = shifted(imp, n.input(0)?, n.opt_input(2), "x", Along::None)?;
+    let w = shifted(imp, n.input(3)?, n.opt_input(5), "w", Along::First)?;
+    let mut acc = conv_of(imp, n, x, w)?;
+    if let Some(bias) = n.opt_input(8) {
+        if imp.ty(bias).dtype != DType::I32 {
+            return Err(format!("the bias B is {}, QLinearConv's must be int32", imp.ty(bias).dtype));
+        }
+        acc = add_channel_bias(imp, acc, bias)?;
+    }
+    // A per-channel weight scale runs along the output's channels.
+    let ws = n.input(4)?;
+    let ws = if per_tensor(imp, ws) {
+        ws
+    } else {
+        let r = imp.rank(acc);
+        let mut dims = vec![SymExpr::constant(1); r];
+        dims[1] = imp.shape(acc)[1].clone();
+        checked_len(imp, ws, &dims[1], "w_scale", "the output channels")?;
+        imp.reshape(ws, dims)?
+    };
+    let scale = scale_product(imp, n.input(1)?, ws, n.input(6)?)?;
+    requantize(imp, acc, scale, n.opt_input(7), imp.ty(n.input(0)?).dtype)
+}
+
+// ------------------------------------------------------------------ helpers
+
+/// `acc` (i32) times `scale` (f32, broadcasting), plus the zero point, rounded
+/// half to even and saturated to the zero point's type (else `fallback`).
+fn requantize(
+    imp: &mut Importer,
+    acc: ValueId,
+    scale: ValueId,
+    zp: Option<ValueId>,
+    fallback: DType,
+) -> R<ValueId> {
+    let out = zp.map(|z| imp.ty(z).dtype).unwrap_or(fallback);
+    if !matches!(out, DType::I8 | DType::U8) {
+        return Err(format!("a quantized result of {out} is not supported (int8 and uint8 are)"));
+    }
+    let acc = imp.cast(acc, DType::F32)?;
+    let mut y = imp.binary(B::Mul, acc, scale)?;
+    if let Some(zp) = zp {
+        if !per_tensor(imp, zp) {
+            return Err("y_zero_point must have one element".into());
+        }
+        let zp = scalar_of(imp, zp)?;
+        let zp = imp.cast(zp, DType::F32)?;
+        y = imp.binary(B::Add, y, zp)?;
+    }
+    let y = imp.unary(U::Round, y)?;
+    let (lo, hi) = range_of(out);
+    let y = clamp_f32(imp, y, lo as f64, hi as f64)?;
+    imp.cast(y, out)
+}
+
+/// `sa · sb / sy` in the scales' type, then f32; `sy` must not be zero.
+fn scale_product(imp: &mut Importer, sa: ValueId, sb: ValueId, sy: ValueId) -> R<ValueId> {
+    nonzero_scale(imp, sy, "y_scale")?;
+    if !per_tensor(imp, sy) {
+        return Err("y_scale must have one element".into());
+    }
+    let sy = scalar_of(imp, sy)?;
+    let p = imp.binary(B::Mul, sa, sb)?;
+    let p = imp.binary(B::Div, p, sy)?;
+    imp.cast(p, DType::F32)
+}
+
+/// Where a zero point that is not one element runs along its operand.
+#[derive(Clone, Copy)]
+enum Along {
+    /// Per tensor only.
+    None,
+    /// The rows of a matmul's `a` (its second-last axis).
+    Rows,
+    /// The last axis (the columns of a matmul's `b`).
+    Last,
+    /// The first axis (a convolution weight's output channels).
+    First,
+}
+
+/// `x` widened to i32 with its zero point subtracted.
+fn shifted(imp: &mut Importer, x: ValueId, zp: Option<ValueId>, name: &str, along: Along) -> R<ValueId> {
+    if !matches!(imp.ty(x).dtype, DType::I8 | DType::U8) {
+        return Err(format!("{name} is {}; int8 and uint8 are supported", imp.ty(x).dtype));
+    }
+    let xi = imp.cast(x, DType::I32)?;
+    let Some(zp) = zp else { return Ok(xi) };
+    let what = format!("{name}_zero_point");
+    same_type(imp, zp, x, &what, name)?;
+    let zp = imp.cast(zp, DType::I32)?;
+    let zp = if per_tensor(imp, zp) {
+        scalar_of(imp, zp)?
+    } else {
+        let (r, xs) = (imp.rank(x), imp.shape(x));
+        let axis = match along {
+            Along::None => return Err(format!("{what} must have one element")),
+            Along::Rows if r >= 2 => r - 2,
+            Along::Rows => return Err(format!("{what} per row needs {name} of rank 2 or more")),
+            Along::Last => r - 1,
+            Along::First => 0,
+        };
+        checked_len(imp, zp, &xs[axis], &what, &format!("axis {axis} of {name}"))?;
+        let mut dims = vec![SymExpr::constant(1); r - axis];
+        dims[0] = xs[axis].clone();
+        imp.reshape(zp, dims)?
+    };
+    imp.binary(B::Sub, xi, zp)
+}
+
+/// A matmul `a`'s scale, per row where it has more than one element.
+fn per_rows(imp: &mut Importer, s: ValueId) -> R<ValueId> {
+    if per_tensor(imp, s) {
+        return scalar_of(imp, s);
+    }
+    let m = imp.shape(s)[0].clone();
+    imp.reshape(s, vec![m, SymExpr::constant(1)])
+}
+
+/// `p` (a scale or a zero point of `x`) broadcast to `x`'s shape: one element
+/// for the tensor, a 1-D run along `axis`, or blocks of `block` along it.
+fn along(imp: &mut Importer, p: ValueId, x: ValueId, axis: i64, block: i64, what: &str) -> R<ValueId> {
+    let xs = imp.shape(x);
+    if per_tensor(imp, p) {
+        let p = scalar_of(imp, p)?;
+        return imp.expand_to(p, &xs);
+    }
+    let a = norm_axis(axis, xs.len()).map_err(|e| format!("{what}: {e}"))?;
+    if block < 0 {
+        return Err(format!("block_size must not be negative, got {block}"));
+    }
+    if block == 0 {
+        if imp.rank(p) != 1 {
+            return Err(format!("{what} must be one element or 1-D along axis {a}, got {}", imp.ty(p)));
+        }
+        checked_len(imp, p, &xs[a], what, &format!("axis {a} of the input"))?;
+        let mut dims = vec![SymExpr::constant(1); xs.len()];
+        dims[a] = xs[a].clone();
+        let p = imp.reshape(p, dims)?;
+        return imp.expand_to(p, &xs);
+    }
+    // Blocked (opset 21): `p` has `x`'s shape but ceil(d / block) along `axis`.
+    let ps = imp.shape(p);
+    if ps.len() != xs.len() {
+        return Err(format!(
+            "{what} {} must have the input's rank {} for blocked quantization",
+            imp.ty(p),
+            xs.len()
+        ));
+    }
+    if let (Some(d), Some(nb)) = (xs[a].as_const(), ps[a].as_const()) {
+        if (d + block - 1) / block != nb {
+            return Err(format!(
+                "{what} has {nb} blocks along axis {a}, but {d} elements in blocks of {block} make {}",
+                (d + block - 1) / block
+            ));
+        }
+    }
+    let idx = iota(imp, std::slice::from_ref(&xs[a]), 0)?;
+    let idx = imp.binary_scalar(B::Div, idx, block as f64)?;
+    let p = imp.emit(Op::Gather { axis: a }, vec![p, idx], None)?;
+    let ps = imp.shape(p);
+    let shape = imp.broadcast_shapes(&[ps, xs.clone()]).map_err(|e| format!("{what}: {e}"))?;
+    let p = imp.expand_to(p, &shape)?;
+    imp.reshape(p, xs)
+}
+
+/// Whether `p` has exactly one element (a scalar or a 1-element tensor).
+fn per_tensor(imp: &Importer, p: ValueId) -> bool {
+    imp.shape(p).iter().all(|d| d.as_const() == Some(1))
+}
+
+/// A one-element `p` as a rank-0 value.
+fn scalar_of(imp: &mut Importer, p: ValueId) -> R<ValueId> {
+    imp.reshape(p, vec![])
+}
+
+/// A 1-D `p` must have `len` elements.
+fn checked_len(imp: &mut Importer, p: ValueId, len: &SymExpr, what: &str, of: &str) -> R<()> {
+    let ps = imp.shape(p);
+    if ps.len() != 1 {
+        return Err(format!("{what} must be one element or 1-D, got {}", imp.ty(p)));
+    }
+    if let (Some(have), Some(want)) = (ps[0].as_const(), len.as_const()) {
+        if have != want {
+            return Err(format!("{what} has {have} elements but {of} has {want}"));
+        }
+    }
+    imp.env().equate(&ps[0], len).map_err(|e| format!("{what} does not run along {of}: {e}"))
+}
+
+/// A zero point's type must be its operand's.
+fn same_type(imp: &Importer, zp: ValueId, x: ValueId, what: &str, of: &str) -> R<()> {
+    let (zt, xt) = (imp.ty(zp).dtype, imp.ty(x).dtype);
+    if zt != xt {
+        return Err(format!("{what} is {zt} but {of} is {xt}: they must have one type"));
+    }
+    Ok(())
+}
+
+/// A constant scale with a zero element would divide by zero.
+fn nonzero_scale(imp: &Importer, s: ValueId, what: &str) -> R<()> {
+    if let Some(vals) = imp.const_f64(s) {
+        if let Some(i) = vals.iter().position(|v| *v == 0.0 || !v.is_finite()) {
+            return Err(format!("{what} element {i} is {}: a scale must be finite and nonzero", vals[i]));
+        }
+    }
+    Ok(())
+}
+
+/// An `output_dtype` or `precision` attribute's type.
+fn output_type(code: i64) -> R<DType> {
+    crate::load::dtype_of(code as i32)
+        .ok_or_else(|| format!("element type {} is not supported", crate::load::dtype_name(code as i32)))
+}
+
+fn range_of(dt: DType) -> (i64, i64) {
+    match dt {
+        DType::I8 => (i8::MIN as i64, i8::MAX as i64),
+        _ => (0, 255),
+    }
+}
+
+/// `x` (i32) saturated to `out`'s range, then narrowed to it.
+fn saturate(imp: &mut Importer, x: ValueId, out: DType) -> R<ValueId> {
+    let (lo, hi) = range_of(out);
+    let x = imp.binary_scalar(B::Max, x, lo as f64)?;
+    let x = imp.binary_scalar(B::Min, x, hi as f64)?;
+    imp.cast(x, out)
+}
+
+fn clamp_f32(imp: &mut Importer, x: ValueId, lo: f64, hi: f64) -> R<ValueId> {
+    let x = imp.binary_scalar(B::Max, x, lo)?;
+    imp.binary_scalar(B::Min, x, hi)
+}
