@@ -14,6 +14,8 @@ round and 5% in the next): the table gives the median of the rounds' first calls
 Systems (--systems, default every one that is available):
 
   anyshape       `anyshape bench --json`, compiled once per round
+  anyshape-bf16  the same with `--precision bf16` (contractions in bf16; only when
+                 asked for: AVX-512 BF16 machines)
   onnxruntime    CPU provider, all graph optimizations, intra-op threads = --threads
                  (alias: ort)
   openvino       CPU, f32, INFERENCE_NUM_THREADS = --threads, when installed
@@ -70,7 +72,8 @@ ROOT = os.path.dirname(HERE)
 # bench/profile.py would shadow the standard library's profile module (cProfile imports
 # it; torch._dynamo imports cProfile): nothing is imported from bench/, so drop it.
 sys.path = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
-ALL_SYSTEMS = ["anyshape", "onnxruntime", "openvino", "torch", "torch.compile"]
+ALL_SYSTEMS = ["anyshape", "onnxruntime", "openvino", "torch", "torch.compile", "anyshape-bf16"]
+OPT_IN = ("anyshape-bf16",)
 ALIASES = {"ort": "onnxruntime", "ov": "openvino", "eager": "torch", "compile": "torch.compile"}
 TORCH_SYSTEMS = ("torch", "torch.compile")
 SETTLE_S = 0.1
@@ -198,10 +201,10 @@ def bench_openvino(path, shapes, threads, runs):
     return out
 
 
-def bench_anyshape(path, shapes, threads, runs, binary):
+def bench_anyshape(path, shapes, threads, runs, binary, extra=()):
     if not os.access(binary, os.X_OK):
         raise FileNotFoundError(f"no anyshape binary at {binary} (cargo build --release, or --anyshape PATH)")
-    cmd = [binary, "bench", path, "--threads", str(threads), "--runs", str(runs), "--json"]
+    cmd = [binary, "bench", path, "--threads", str(threads), "--runs", str(runs), "--json", *extra]
     if PAUSE_MS is not None:
         cmd += ["--pause", str(PAUSE_MS)]
     for s in shapes:
@@ -269,7 +272,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--anyshape", default=os.path.join(ROOT, "target", "release", "anyshape"))
-    ap.add_argument("--systems", default=",".join(ALL_SYSTEMS),
+    ap.add_argument("--systems", default=",".join(n for n in ALL_SYSTEMS if n not in OPT_IN),
                     help="comma-separated, in table order (default: %(default)s; aliases ort, ov, eager, compile)")
     ap.add_argument("--torch-model", help="architecture for the torch systems (default: the model file's folder name)")
     ap.add_argument("--torch-seed", type=int, default=0, help="seed of the torch model's random init (default 0)")
@@ -297,6 +300,10 @@ def main():
     for name in wanted:
         if name == "anyshape":
             runners[name] = lambda: bench_anyshape(a.model, shapes, a.threads, a.runs, a.anyshape)
+        elif name == "anyshape-bf16":
+            runners[name] = lambda: bench_anyshape(
+                a.model, shapes, a.threads, a.runs, a.anyshape, ["--precision", "bf16"]
+            )
         elif name == "onnxruntime":
             runners[name] = lambda: bench_ort(a.model, shapes, a.threads, a.runs)
         elif name == "openvino":

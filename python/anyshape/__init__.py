@@ -58,7 +58,9 @@ class InferenceSession:
     interpreter instead of compiling (slow: the oracle that tests compare with).
     ``device``: ``"cpu"``, ``"cuda"`` (NVIDIA GPU 0, through the driver; matmuls
     on the CUDA cores so far: correct, not yet fast) or ``"gpu-emulator"`` (the
-    GPU's kernels on this machine's threads: slow, for tests).
+    GPU's kernels on this machine's threads: slow, for tests). ``precision``:
+    what a CPU model's contractions multiply in, ``"f32"`` or ``"bf16"`` (weights
+    stored as bf16, AVX-512 BF16 products summed in f32; the rest f32).
     """
 
     def __init__(
@@ -69,9 +71,16 @@ class InferenceSession:
         interpret: bool = False,
         pool: Optional[ThreadPool] = None,
         device: str = "cpu",
+        precision: str = "f32",
     ) -> None:
         self._session = _Session(
-            str(path), dict(dims) if dims is not None else None, threads, interpret, pool, str(device)
+            str(path),
+            dict(dims) if dims is not None else None,
+            threads,
+            interpret,
+            pool,
+            str(device),
+            str(precision),
         )
         self._inputs = [NodeArg(*i) for i in self._session.inputs()]
         self._outputs = [NodeArg(*o) for o in self._session.outputs()]

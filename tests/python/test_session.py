@@ -154,6 +154,33 @@ def test_bad_models_and_options_are_clear_errors(tmp_path):
         anyshape.InferenceSession(str(garbage))
     with pytest.raises(anyshape.InvalidArgument, match="threads"):
         anyshape.InferenceSession(os.path.join(ROOT, "bert", "model.onnx"), threads=0)
+    with pytest.raises(anyshape.InvalidArgument, match="precision='f8'"):
+        anyshape.InferenceSession(os.path.join(ROOT, "bert", "model.onnx"), precision="f8")
+    with pytest.raises(anyshape.InvalidArgument, match="precision"):
+        anyshape.InferenceSession(os.path.join(ROOT, "bert", "model.onnx"), interpret=True, precision="bf16")
+
+
+def _has_avx512_bf16():
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return False
+    return " avx512_bf16" in flags
+
+
+def test_bf16_precision_stays_near_onnxruntime():
+    path = os.path.join(ROOT, "bert", "model.onnx")
+    if not _has_avx512_bf16():
+        # Without AVX-512 BF16 the request is an error that says what is missing.
+        with pytest.raises(Exception, match="BF16"):
+            anyshape.InferenceSession(path, threads=2, precision="bf16")
+        return
+    sess = anyshape.InferenceSession(path, threads=2, precision="bf16")
+    outputs = [o.name for o in sess.get_outputs()]
+    for feeds, want in cases("bert"):
+        for n, g in zip(outputs, sess.run(None, feeds)):
+            scale = float(np.abs(want[n]).max())
+            assert float(np.abs(g - want[n]).max()) < 1e-2 * scale, n
 
 
 def _field(num, payload):

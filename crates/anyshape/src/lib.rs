@@ -281,6 +281,17 @@ impl Model {
         let start = std::time::Instant::now();
         let plan = self.lower_with(opts)?;
         tracing::info!("lowered in {:.0} ms", start.elapsed().as_secs_f64() * 1e3);
+        // Integer contractions (a quantized model's) have no kernel family yet.
+        let integer = (self.graph.nodes.iter())
+            .filter(|n| matches!(n.op, ir::Op::MatMul { .. } | ir::Op::Conv(_)))
+            .filter(|n| !self.graph.ty(n.output).dtype.is_float())
+            .count();
+        if integer > 0 {
+            tracing::warn!(
+                "{integer} integer contractions run as loop programs (exact, but far slower than the f32 \
+                 contraction engine: no int8 kernels yet)"
+            );
+        }
         let host = kernels::Target::detect();
         let target = match opts.isa {
             Isa::Host => host,
@@ -295,6 +306,10 @@ impl Model {
             }
         };
         let threads = pool.threads();
+        let elem = opts.precision.elem();
+        target.check_elem(elem).map_err(|e| {
+            codegen::CodegenError::Unsupported(format!("precision {:?}: {e}", opts.precision))
+        })?;
         // One kernel family per epilogue the matmuls fuse.
         let mut epilogues: Vec<plan::Epilogue> = Vec::new();
         for s in &plan.steps {
@@ -318,7 +333,7 @@ impl Model {
         // them at the same time, disturbing one another, and pick from its own
         // noisy figures.
         if !epilogues.is_empty() {
-            let (mut rec, _) = codegen::tuning::record(cache.as_deref(), &target, kernels::ElemType::F32)?;
+            let (mut rec, _) = codegen::tuning::record(cache.as_deref(), &target, elem)?;
             codegen::tuning::machine_model(cache.as_deref(), &target, &pool, &mut rec);
         }
         let progress: Option<codegen::ProgressFn> =
@@ -331,6 +346,7 @@ impl Model {
                     let (target, pool, cache, objects) = (&target, &pool, &cache, &objects);
                     s.spawn(move || {
                         let mut b = codegen::Contraction::builder(target, pool)
+                            .elem(elem)
                             .epilogue(*e)
                             .cache(cache.as_deref())
                             .objects(objects);
@@ -488,6 +504,27 @@ pub fn default_cache_dir() -> Option<std::path::PathBuf> {
     codegen::tuning::default_cache_dir()
 }
 
+/// What the contractions multiply in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// f32 everywhere: the model's own arithmetic.
+    #[default]
+    F32,
+    /// Products of a weight (and the packed activation products) in bf16 with
+    /// f32 accumulation (AVX-512 BF16's `vdpbf16ps`), the weights stored packed
+    /// as bf16 (half the bytes); everything else f32, fused attention included.
+    Bf16,
+}
+
+impl Precision {
+    fn elem(self) -> kernels::ElemType {
+        match self {
+            Precision::F32 => kernels::ElemType::F32,
+            Precision::Bf16 => kernels::ElemType::Bf16,
+        }
+    }
+}
+
 /// The instruction set generated code may use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Isa {
@@ -507,6 +544,7 @@ pub struct CompileOptions {
     threads: Option<usize>,
     pool: Option<std::sync::Arc<kernels::ThreadPool>>,
     isa: Isa,
+    precision: Precision,
     cache_dir: Option<std::path::PathBuf>,
     fuse_attention: bool,
     key_chunks: KeyChunks,
@@ -522,6 +560,7 @@ impl std::fmt::Debug for CompileOptions {
             .field("threads", &self.threads)
             .field("pool", &self.pool.as_ref().map(|p| p.threads()))
             .field("isa", &self.isa)
+            .field("precision", &self.precision)
             .field("cache_dir", &self.cache_dir)
             .field("fuse_attention", &self.fuse_attention)
             .field("key_chunks", &self.key_chunks)
@@ -539,6 +578,7 @@ impl Default for CompileOptions {
             threads: None,
             pool: None,
             isa: Isa::Host,
+            precision: Precision::F32,
             cache_dir: None,
             fuse_attention: true,
             key_chunks: KeyChunks::Auto,
@@ -553,6 +593,12 @@ impl Default for CompileOptions {
 impl CompileOptions {
     pub fn new() -> CompileOptions {
         CompileOptions::default()
+    }
+    /// What the contractions multiply in (default f32). [`Precision::Bf16`]
+    /// needs AVX-512 BF16; compiling for a machine without it is an error.
+    pub fn precision(mut self, p: Precision) -> CompileOptions {
+        self.precision = p;
+        self
     }
     /// Threads of the model's pool (default: the machine's).
     pub fn threads(mut self, n: usize) -> CompileOptions {

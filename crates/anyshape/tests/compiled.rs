@@ -408,3 +408,69 @@ fn outputs_handed_back_serve_the_next_calls() {
         cm.recycle(got);
     }
 }
+
+/// `Precision::Bf16`: the contraction families multiply in bf16 (weights packed
+/// as bf16 once, f32 accumulation) and the rest stays f32. Against the f32
+/// interpreter at random shapes, BERT and ResNet stay within what bf16's 8-bit
+/// significand explains (each product's operands rounded by up to 2^-9,
+/// relative); the answers differ from the f32 model's, so bf16 really ran. A
+/// machine without AVX-512 BF16 gets an error saying so.
+#[test]
+fn bf16_precision_stays_near_the_f32_model() {
+    let opts = CompileOptions::new().threads(2).canaries(true).precision(anyshape::Precision::Bf16);
+    let bert = Model::load(fixture("bert").join("model.onnx"), &LoadOptions::new()).expect("loads");
+    if !kernels::testing::bf16() {
+        let Err(err) = bert.compile(&opts) else { panic!("bf16 compiled without AVX-512 BF16") };
+        let err = err.to_string();
+        assert!(err.contains("BF16"), "{err}");
+        return;
+    }
+    let f32_model = &compiled("bert").1;
+    let cm = bert.compile(&opts).expect("compiles");
+    assert!(cm.kernels_text().contains("micro-kernels in bf16"), "{}", cm.kernels_text());
+    let mut worst = 0.0f64;
+    let mut differs = false;
+    for (i, (batch, seq)) in
+        [(1, 1), (1, 2), (2, 7), (1, 13), (3, 17), (1, 33), (2, 64)].into_iter().enumerate()
+    {
+        let mut rng = Rng(900 + i as u64);
+        let inputs = inputs_for(&bert, &[("batch", batch), ("seq", seq)], &mut rng);
+        let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let want = bert.interpret(&named).expect("interpreter");
+        let plain = f32_model.run(&named).expect("f32 runs");
+        for (((_, g), (_, w)), (_, p)) in cm.run(&named).expect("runs").iter().zip(&want).zip(&plain) {
+            let e = max_rel_err(g, w);
+            assert!(e < 1e-2, "batch {batch} seq {seq}: {e}");
+            worst = worst.max(e);
+            differs |= max_rel_err(g, p) > 1e-4;
+        }
+    }
+    assert!(differs, "the bf16 model gives the f32 model's answers: it did not multiply in bf16");
+    println!("bert bf16: largest error relative to the output's largest value {worst:.1e}");
+    // Its artifact keeps the bf16 kernels and weights: the same answers, loaded.
+    let path = std::env::temp_dir().join(format!("anyshape-bf16-{}.anyshape", std::process::id()));
+    let cm = bert.compile(&opts.clone().canaries(false)).expect("compiles");
+    cm.save(&path).expect("saves");
+    let loaded = CompiledModel::load(&path, &anyshape::ArtifactOptions::new().threads(2)).expect("loads");
+    let _ = std::fs::remove_file(&path);
+    assert!(loaded.kernels_text().contains("micro-kernels in bf16"));
+    let mut rng = Rng(999);
+    let inputs = inputs_for(&bert, &[("batch", 2), ("seq", 19)], &mut rng);
+    let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let (a, b) = (cm.run(&named).expect("runs"), loaded.run(&named).expect("the artifact runs"));
+    for ((_, x), (_, y)) in a.iter().zip(&b) {
+        assert_eq!(x.elems(), y.elems(), "the artifact answers differently");
+    }
+    let resnet = Model::load(fixture("resnet").join("model.onnx"), &LoadOptions::new()).expect("loads");
+    let cm = resnet.compile(&opts).expect("compiles");
+    for (i, (h, w)) in [(17, 23), (1, 1), (32, 32)].into_iter().enumerate() {
+        let mut rng = Rng(950 + i as u64);
+        let inputs = inputs_for(&resnet, &[("batch", 1 + i % 2), ("height", h), ("width", w)], &mut rng);
+        let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let want = resnet.interpret(&named).expect("interpreter");
+        for ((_, got), (_, want)) in cm.run(&named).expect("runs").iter().zip(&want) {
+            let e = max_rel_err(got, want);
+            assert!(e < 1e-2, "resnet {h}x{w}: {e}");
+        }
+    }
+}

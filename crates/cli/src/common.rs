@@ -282,6 +282,33 @@ fn preview(t: &Tensor) -> String {
     format!("[{}{}]", head.join(", "), if v.len() > 6 { ", …" } else { "" })
 }
 
+/// `--precision`, for every command that compiles a model for the CPU.
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct PrecisionArg {
+    /// What the contractions multiply in: `f32`, or `bf16` (weights stored as
+    /// bf16, products with AVX-512 BF16 and f32 accumulation; everything else
+    /// f32).
+    #[arg(long, value_enum, default_value_t = PrecisionName::F32)]
+    pub precision: PrecisionName,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrecisionName {
+    F32,
+    Bf16,
+}
+
+impl PrecisionArg {
+    // `anyshape-rt` shares this file and compiles no model.
+    #[allow(dead_code)]
+    pub fn get(self) -> anyshape::Precision {
+        match self.precision {
+            PrecisionName::F32 => anyshape::Precision::F32,
+            PrecisionName::Bf16 => anyshape::Precision::Bf16,
+        }
+    }
+}
+
 /// `--key-chunks`, for every command that runs a model or an artifact.
 #[derive(clap::Args, Clone, Copy, Debug)]
 pub struct KeyChunksArg {

@@ -53,6 +53,8 @@ enum Command {
         /// With `--device cuda`: the GPUs the kernels are for.
         #[arg(long, value_enum, default_value_t = devices::GpuArchArg::Sm80)]
         gpu_arch: devices::GpuArchArg,
+        #[command(flatten)]
+        precision: common::PrecisionArg,
     },
     /// Run a model on inputs from .npy files or inline values.
     Run {
@@ -78,6 +80,8 @@ enum Command {
         threads: Option<usize>,
         #[command(flatten)]
         chunks: common::KeyChunksArg,
+        #[command(flatten)]
+        precision: common::PrecisionArg,
         /// Where the model runs: `cpu`, `cuda` (NVIDIA GPU 0), or `gpu-emulator`
         /// (the GPU's kernels on this machine's threads).
         #[arg(long, value_enum, default_value_t = devices::DeviceArg::Cpu)]
@@ -246,17 +250,33 @@ fn main() -> ExitCode {
 
 fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run { model, inputs, shapes, output_dir, dims, interpret, threads, chunks, device } => {
-            run(model, inputs, shapes, output_dir, dims, interpret, threads, chunks.key_chunks, device)
+        Command::Run {
+            model,
+            inputs,
+            shapes,
+            output_dir,
+            dims,
+            interpret,
+            threads,
+            chunks,
+            precision,
+            device,
+        } => {
+            let options =
+                RunOptions { threads, key_chunks: chunks.key_chunks, precision: precision.get(), device };
+            run(model, inputs, shapes, output_dir, dims, interpret, options)
         }
         Command::Bench(args) => model_bench::bench(args),
-        Command::Compile { model, output, dims, device, gpu_arch, .. }
+        Command::Compile { model, output, dims, device, gpu_arch, precision, .. }
             if device != devices::DeviceArg::Cpu =>
         {
+            if precision.get() != anyshape::Precision::F32 {
+                bail!(UserError("--precision applies to CPU code; the GPU's contractions are bf16".into()));
+            }
             compile_gpu(model, output, dims, gpu_arch)
         }
-        Command::Compile { model, output, dims, threads, isa, .. } => {
-            compile(model, output, dims, threads, isa)
+        Command::Compile { model, output, dims, threads, isa, precision, .. } => {
+            compile(model, output, dims, threads, isa, precision.get())
         }
         Command::Inspect { model, .. } if anyshape::gpu::is_gpu_artifact(&model) => {
             bail!(UserError(format!(
@@ -377,6 +397,14 @@ fn sym_range(r: &str) -> Option<Range> {
 }
 
 #[allow(clippy::too_many_arguments)]
+/// How `anyshape run` compiles and runs.
+struct RunOptions {
+    threads: Option<usize>,
+    key_chunks: anyshape::KeyChunks,
+    precision: anyshape::Precision,
+    device: devices::DeviceArg,
+}
+
 fn run(
     model_path: PathBuf,
     inputs: Vec<String>,
@@ -384,10 +412,17 @@ fn run(
     output_dir: Option<PathBuf>,
     dims: Vec<String>,
     interpret: bool,
-    threads: Option<usize>,
-    key_chunks: anyshape::KeyChunks,
-    device: devices::DeviceArg,
+    options: RunOptions,
 ) -> Result<()> {
+    let RunOptions { threads, key_chunks, precision, device } = options;
+    let compiles_here = !interpret && device == devices::DeviceArg::Cpu && !runtime::is_artifact(&model_path);
+    if precision != anyshape::Precision::F32 && !compiles_here {
+        bail!(UserError(
+            "--precision applies when compiling an ONNX model for the CPU (not to an artifact, --interpret \
+             or a GPU)"
+                .into()
+        ));
+    }
     if anyshape::gpu::is_gpu_artifact(&model_path) {
         if interpret || !dims.is_empty() {
             bail!(UserError("a GPU artifact runs as compiled (no --interpret or --dim)".into()));
@@ -422,7 +457,7 @@ fn run(
         tracing::info!("running on {}", gm.device_name());
         gm.run(&named).map_err(anyshape::Error::from)?
     } else {
-        let mut opts = anyshape::CompileOptions::new().key_chunks(key_chunks);
+        let mut opts = anyshape::CompileOptions::new().key_chunks(key_chunks).precision(precision);
         if let Some(t) = threads {
             opts = opts.threads(t);
         }
@@ -511,6 +546,7 @@ fn compile(
     dims: Vec<String>,
     threads: Option<usize>,
     isa: IsaArg,
+    precision: anyshape::Precision,
 ) -> Result<()> {
     let start = std::time::Instant::now();
     let model = load(&model_path, &dims)?;
@@ -518,7 +554,7 @@ fn compile(
         IsaArg::Host => anyshape::Isa::Host,
         IsaArg::Avx2 => anyshape::Isa::Avx2,
     };
-    let mut opts = anyshape::CompileOptions::new().isa(isa);
+    let mut opts = anyshape::CompileOptions::new().isa(isa).precision(precision);
     if let Some(t) = threads {
         opts = opts.threads(t);
     }

@@ -42,6 +42,8 @@ pub struct BenchArgs {
     unfused_attention: bool,
     #[command(flatten)]
     chunks: crate::common::KeyChunksArg,
+    #[command(flatten)]
+    precision: crate::common::PrecisionArg,
     /// Compile every module with LLVM instead of taking its object from the
     /// object cache (a cold compile; the objects are not stored either)
     #[arg(long)]
@@ -155,10 +157,16 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     let start = Instant::now();
     let (cm, what) = if runtime::is_artifact(&a.model) {
-        if !a.dims.is_empty() || a.unfused_attention || a.no_object_cache || a.no_measured_dispatch {
+        let precision = a.precision.precision != crate::common::PrecisionName::F32;
+        if !a.dims.is_empty()
+            || a.unfused_attention
+            || a.no_object_cache
+            || a.no_measured_dispatch
+            || precision
+        {
             bail!(UserError(
-                "--dim, --unfused-attention, --no-object-cache and --no-measured-dispatch apply when \
-                 compiling an ONNX model; an artifact is compiled already"
+                "--dim, --unfused-attention, --no-object-cache, --no-measured-dispatch and --precision apply \
+                 when compiling an ONNX model; an artifact is compiled already"
                     .into()
             ));
         }
@@ -172,7 +180,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             .fuse_attention(!a.unfused_attention)
             .key_chunks(a.chunks.key_chunks)
             .object_cache(!a.no_object_cache)
-            .measured_dispatch(!a.no_measured_dispatch);
+            .measured_dispatch(!a.no_measured_dispatch)
+            .precision(a.precision.get());
         if let Some(t) = a.threads {
             opts = opts.threads(t);
         }

@@ -26,7 +26,7 @@ fn kernels_and_dispatch_stages() {
     let m = bert();
     let (code, out, err) = anyshape(&["inspect", &m, "--stage", "kernels", "--threads", "2"]);
     assert_eq!(code, Some(0), "{err}");
-    assert!(out.contains("contraction family, epilogue") && out.contains("direct kernels: "), "{out}");
+    assert!(out.contains("contraction family, epilogue") && out.contains("direct kernels in f32: "), "{out}");
     assert!(out.contains("loop programs: ") && out.contains("threads: 2"), "{out}");
 
     let (code, out, err) = anyshape(&[

@@ -61,9 +61,9 @@ struct Refined {
 /// The cache file's name; version 2 measures the best of every thread count
 /// too, version 6 at 8-64 rows too, in turns, ties to the fewest passes, version 7
 /// with direct kernels that ask the next panel over their K loop (an older
-/// file is left alone and measured again).
-fn path(dir: &Path, threads: usize) -> PathBuf {
-    dir.join(format!("refined-v7-f32-{threads}t.json"))
+/// file is left alone and measured again); one file per element type.
+fn path(dir: &Path, elem: kernels::ElemType, threads: usize) -> PathBuf {
+    dir.join(format!("refined-v7-{}-{threads}t.json", elem.name()))
 }
 
 fn key(e: &Epilogue) -> String {
@@ -82,7 +82,7 @@ pub fn refine(
     let threads = pool.threads();
     let machine = crate::tuning::machine_key(d.target());
     let mut cached: Refined = dir
-        .and_then(|dir| std::fs::read(path(dir, threads)).ok())
+        .and_then(|dir| std::fs::read(path(dir, d.family().elem(), threads)).ok())
         .and_then(|b| serde_json::from_slice(&b).ok())
         .filter(|r: &Refined| r.machine == machine && r.threads == threads)
         .unwrap_or_else(|| Refined { machine, threads, entries: Vec::new() });
@@ -115,7 +115,7 @@ pub fn refine(
         }
     }
     if let (true, Some(dir)) = (measured, dir) {
-        crate::tuning::store_json(&path(dir, threads), &cached, "the measured dispatch");
+        crate::tuning::store_json(&path(dir, d.family().elem(), threads), &cached, "the measured dispatch");
     }
     Ok(TunedSchedules { threads, elem: d.family().elem(), classes })
 }

@@ -289,8 +289,11 @@ impl Session {
     /// `interpret`: run on the reference interpreter instead (slow; the oracle
     /// tests compare with). `device`: `"cpu"`, `"cuda"` (NVIDIA GPU 0) or
     /// `"gpu-emulator"` (the GPU's kernels on this machine's threads).
+    /// `precision`: what a CPU model's contractions multiply in, `"f32"` or
+    /// `"bf16"` (weights stored as bf16, AVX-512 BF16 products, f32 sums).
     #[new]
-    #[pyo3(signature = (path, dims = None, threads = None, interpret = false, pool = None, device = "cpu"))]
+    #[pyo3(signature = (path, dims = None, threads = None, interpret = false, pool = None, device = "cpu", precision = "f32"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         path: std::path::PathBuf,
@@ -299,9 +302,24 @@ impl Session {
         interpret: bool,
         pool: Option<Bound<'_, ThreadPool>>,
         device: &str,
+        precision: &str,
     ) -> PyResult<Self> {
         if !matches!(device, "cpu" | "cuda" | "gpu-emulator") {
             return Err(invalid(format!("device='{device}': expected 'cpu', 'cuda' or 'gpu-emulator'")));
+        }
+        let precision = match precision {
+            "f32" => anyshape::Precision::F32,
+            "bf16" => anyshape::Precision::Bf16,
+            other => return Err(invalid(format!("precision='{other}': expected 'f32' or 'bf16'"))),
+        };
+        if precision != anyshape::Precision::F32
+            && (device != "cpu" || interpret || anyshape::is_artifact(&path))
+        {
+            return Err(invalid(
+                "precision applies when compiling an ONNX model for the CPU (not to an artifact, interpret \
+                 or a GPU)"
+                    .into(),
+            ));
         }
         if device != "cpu"
             && (interpret || threads.is_some() || pool.is_some() || anyshape::is_artifact(&path))
@@ -371,7 +389,7 @@ impl Session {
             }
             load = load.dim(&name, lo, hi);
         }
-        let mut opts = CompileOptions::new();
+        let mut opts = CompileOptions::new().precision(precision);
         if let Some(t) = threads {
             opts = opts.threads(t);
         }

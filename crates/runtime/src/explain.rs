@@ -24,13 +24,13 @@ impl CompiledModel<crate::Cpu> {
                 .iter()
                 .map(|v| format!("{}x{} ({:.1})", v.kernel.mr, v.kernel.nr, v.gflops))
                 .collect();
-            let _ = writeln!(s, "  micro-kernels (GFLOP/s, 1 thread): {}", tiles.join(", "));
+            let _ = writeln!(s, "  micro-kernels in {} (GFLOP/s, 1 thread): {}", f.elem(), tiles.join(", "));
             let direct: Vec<String> = f
                 .direct_variants()
                 .iter()
                 .map(|v| format!("{}x{} ({:.1})", v.kernel.mr, v.kernel.nr, v.gflops))
                 .collect();
-            let _ = writeln!(s, "  direct kernels: {}", direct.join(", "));
+            let _ = writeln!(s, "  direct kernels in f32: {}", direct.join(", "));
             let m = d.machine();
             let _ = writeln!(
                 s,
