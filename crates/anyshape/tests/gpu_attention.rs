@@ -110,7 +110,7 @@ fn model(text: &str) -> Model {
     Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Random inputs (`Lcg::unit` moved up by one) at the dims given; a padding mask of 0 and -10000
+/// Random inputs in [-1, 1) at the dims given; a padding mask of 0 and -10000
 /// (the last keys padded), a left mask of -inf over up to two thirds of the
 /// keys (one key stays).
 fn inputs(m: &Model, dims: &[(&str, usize)], seed: u64) -> Vec<(String, Tensor)> {
@@ -130,7 +130,7 @@ fn inputs(m: &Model, dims: &[(&str, usize)], seed: u64) -> Vec<(String, Tensor)>
                     let pad = rng.next() as usize % (2 * keys / 3 + 1);
                     Elems::F32((0..n).map(|i| if i % keys < pad { f32::NEG_INFINITY } else { 0.0 }).collect())
                 }
-                _ => Elems::F32((0..n).map(|_| rng.unit() + 1.0).collect()),
+                _ => Elems::F32((0..n).map(|_| rng.unit() / 2.0).collect()),
             };
             (info.name, Tensor::new(shape, elems).expect("tensor"))
         })

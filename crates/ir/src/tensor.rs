@@ -126,6 +126,22 @@ pub enum Elems {
     Bool(Vec<bool>),
 }
 
+/// `$body` with `$v` bound to the vector of whichever variant `$e` is.
+macro_rules! each_vec {
+    ($e:expr, $v:ident => $body:expr) => {
+        match $e {
+            Elems::F32($v) => $body,
+            Elems::F64($v) => $body,
+            Elems::F16($v) => $body,
+            Elems::I8($v) => $body,
+            Elems::U8($v) => $body,
+            Elems::I32($v) => $body,
+            Elems::I64($v) => $body,
+            Elems::Bool($v) => $body,
+        }
+    };
+}
+
 impl Elems {
     pub fn dtype(&self) -> DType {
         match self {
@@ -140,19 +156,30 @@ impl Elems {
         }
     }
     pub fn len(&self) -> usize {
-        match self {
-            Elems::F32(v) => v.len(),
-            Elems::F64(v) => v.len(),
-            Elems::F16(v) => v.len(),
-            Elems::I8(v) => v.len(),
-            Elems::U8(v) => v.len(),
-            Elems::I32(v) => v.len(),
-            Elems::I64(v) => v.len(),
-            Elems::Bool(v) => v.len(),
-        }
+        each_vec!(self, v => v.len())
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+    /// The elements the vector has room for without growing.
+    pub fn capacity(&self) -> usize {
+        each_vec!(self, v => v.capacity())
+    }
+    /// The bytes of the room [`Elems::capacity`] counts.
+    pub fn capacity_bytes(&self) -> usize {
+        self.capacity().saturating_mul(self.dtype().size())
+    }
+    /// The bytes of the elements.
+    pub fn byte_len(&self) -> usize {
+        each_vec!(self, v => std::mem::size_of_val(v.as_slice()))
+    }
+    /// Keep the first `n` elements (the memory stays).
+    pub fn truncate(&mut self, n: usize) {
+        each_vec!(self, v => v.truncate(n))
+    }
+    /// The first element's address, for code that writes the elements in place.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        each_vec!(self, v => v.as_mut_ptr().cast::<u8>())
     }
 }
 

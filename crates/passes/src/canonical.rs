@@ -313,24 +313,27 @@ impl Pass for HoistMatMulScale {
         "hoist-matmul-scale"
     }
     fn run(&self, g: &mut Graph) -> Result<usize, PassError> {
-        let mut n = 0;
-        let mut i = 0;
-        while i < g.nodes.len() {
-            let node = g.nodes[i].clone();
-            let out = g.ty(node.output).clone();
-            if !matches!(node.op, Op::MatMul { .. }) || out.dtype != ir::DType::F32 {
-                i += 1;
+        // Every product's operands are found on one analysis of the graph: an
+        // operand read once belongs to one product, so the rewrites are
+        // independent. They are applied last to first, so that the nodes each
+        // inserts leave the positions of the ones before it as they were.
+        let p = Producers::of(g);
+        let uses = g.use_counts();
+        let mut found = Vec::new();
+        for (i, node) in g.nodes.iter().enumerate() {
+            if !matches!(node.op, Op::MatMul { .. }) || g.ty(node.output).dtype != ir::DType::F32 {
                 continue;
             }
-            let p = Producers::of(g);
-            let uses = g.use_counts();
             let (a, b) = (node.inputs[0], node.inputs[1]);
             let (sa, sb) = (Self::scaled(g, &p, &uses, a), Self::scaled(g, &p, &uses, b));
             let scale = sa.map_or(1.0, |s| s.1) * sb.map_or(1.0, |s| s.1);
-            if (sa.is_none() && sb.is_none()) || !scale.is_finite() {
-                i += 1;
-                continue;
+            if (sa.is_some() || sb.is_some()) && scale.is_finite() {
+                found.push((i, [sa.map_or(a, |s| s.0), sb.map_or(b, |s| s.0)], scale));
             }
+        }
+        for &(i, inputs, scale) in found.iter().rev() {
+            let node = g.nodes[i].clone();
+            let out = g.ty(node.output).clone();
             // `[1, …, 1]` scale, broadcast to the output, times the unscaled product.
             let ones = vec![1usize; out.rank()];
             let t = ir::Tensor::new(ones, ir::Elems::F32(vec![scale as f32]))
@@ -339,14 +342,11 @@ impl Pass for HoistMatMulScale {
             let hint = g.name(node.output).to_string();
             let c = g.insert_node(i, Op::Constant(data.clone()), vec![], &format!("{hint}.scale"), data.ty());
             let cb = g.insert_node(i + 1, Op::Broadcast, vec![c], &format!("{hint}.scale"), out.clone());
-            let inputs = vec![sa.map_or(a, |s| s.0), sb.map_or(b, |s| s.0)];
-            let mm = g.insert_node(i + 2, node.op.clone(), inputs, &format!("{hint}.unscaled"), out);
+            let mm = g.insert_node(i + 2, node.op.clone(), inputs.to_vec(), &format!("{hint}.unscaled"), out);
             let old = &mut g.nodes[i + 3];
             old.op = Op::Binary(BinaryOp::Mul);
             old.inputs = vec![mm, cb];
-            n += 1;
-            i += 4;
         }
-        Ok(n)
+        Ok(found.len())
     }
 }

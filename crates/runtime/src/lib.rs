@@ -343,7 +343,14 @@ impl<B: Backend> CompiledModel<B> {
                 fresh.push(false);
                 continue;
             }
-            let e = large.then(|| zeros(buf.dtype, recycle::room(n)).map(|e| truncated(e, n))).flatten();
+            let e = large
+                .then(|| {
+                    zeros(buf.dtype, recycle::room(n)).map(|mut e| {
+                        e.truncate(n);
+                        e
+                    })
+                })
+                .flatten();
             outs.push(e.or_else(|| zeros(buf.dtype, n)).ok_or_else(|| {
                 RunError::Shape(format!(
                     "output '{}' at this shape has {} elements of {}: more than can be allocated",
@@ -355,14 +362,13 @@ impl<B: Backend> CompiledModel<B> {
         // Large new outputs are fresh zero pages: faulted in at once, a slice per
         // thread, rather than a trap per page inside the kernels that write them
         // (a decoder's step returns its whole KV cache).
-        let out_bytes: usize =
-            outs.iter().zip(&fresh).filter(|(_, f)| **f).map(|(e, _)| elems_bytes(e)).sum();
+        let out_bytes: usize = outs.iter().zip(&fresh).filter(|(_, f)| **f).map(|(e, _)| e.byte_len()).sum();
         if out_bytes >= POPULATE_OUTPUTS && !self.canaries {
             let regions: Vec<(usize, usize)> = outs
                 .iter_mut()
                 .zip(&fresh)
                 .filter(|(_, f)| **f)
-                .map(|(e, _)| (elems_mut_ptr(e) as usize, elems_bytes(e)))
+                .map(|(e, _)| (e.as_mut_ptr() as usize, e.byte_len()))
                 .collect();
             let pool = self.backend.pool();
             pool.run(&|i| {
@@ -384,7 +390,7 @@ impl<B: Backend> CompiledModel<B> {
                 // SAFETY: as for a temporary: with canaries the shape plan placed the
                 // outputs in the arena.
                 BufferKind::Output(_) if self.canaries => unsafe { arena.as_mut_ptr().add(sp.offset[i]) },
-                BufferKind::Output(k) => elems_mut_ptr(&mut outs[*k]),
+                BufferKind::Output(k) => outs[*k].as_mut_ptr(),
                 BufferKind::Constant(_) => {
                     self.backend.constant(&self.plan, i).unwrap_or(std::ptr::null()) as *mut u8
                 }
@@ -401,9 +407,7 @@ impl<B: Backend> CompiledModel<B> {
                 let n = sp.numel[*b] * self.plan.buffers[*b].dtype.size();
                 // SAFETY: the output's `n` bytes at its arena offset (the shape plan
                 // placed it there), copied into its own, distinct, allocation.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(ptrs[*b] as *const u8, elems_mut_ptr(&mut outs[k]), n)
-                };
+                unsafe { std::ptr::copy_nonoverlapping(ptrs[*b] as *const u8, outs[k].as_mut_ptr(), n) };
             }
         }
         self.arenas.lock().unwrap_or_else(|e| e.into_inner()).push(arena);
@@ -531,49 +535,8 @@ fn zeros(dt: DType, n: usize) -> Option<Elems> {
 }
 
 /// `e`'s first `n` elements (its capacity kept).
-fn truncated(mut e: Elems, n: usize) -> Elems {
-    match &mut e {
-        Elems::F32(v) => v.truncate(n),
-        Elems::F64(v) => v.truncate(n),
-        Elems::F16(v) => v.truncate(n),
-        Elems::I8(v) => v.truncate(n),
-        Elems::U8(v) => v.truncate(n),
-        Elems::I32(v) => v.truncate(n),
-        Elems::I64(v) => v.truncate(n),
-        Elems::Bool(v) => v.truncate(n),
-    }
-    e
-}
-
 /// Outputs of at least this many bytes in all are faulted in before the steps run.
 const POPULATE_OUTPUTS: usize = 1 << 20;
-
-fn elems_bytes(e: &Elems) -> usize {
-    use std::mem::size_of_val as bytes;
-    match e {
-        Elems::F32(v) => bytes(v.as_slice()),
-        Elems::F64(v) => bytes(v.as_slice()),
-        Elems::F16(v) => bytes(v.as_slice()),
-        Elems::I8(v) => bytes(v.as_slice()),
-        Elems::U8(v) => bytes(v.as_slice()),
-        Elems::I32(v) => bytes(v.as_slice()),
-        Elems::I64(v) => bytes(v.as_slice()),
-        Elems::Bool(v) => bytes(v.as_slice()),
-    }
-}
-
-fn elems_mut_ptr(e: &mut Elems) -> *mut u8 {
-    match e {
-        Elems::F32(v) => v.as_mut_ptr() as *mut u8,
-        Elems::F64(v) => v.as_mut_ptr() as *mut u8,
-        Elems::F16(v) => v.as_mut_ptr() as *mut u8,
-        Elems::I8(v) => v.as_mut_ptr() as *mut u8,
-        Elems::U8(v) => v.as_mut_ptr(),
-        Elems::I32(v) => v.as_mut_ptr() as *mut u8,
-        Elems::I64(v) => v.as_mut_ptr() as *mut u8,
-        Elems::Bool(v) => v.as_mut_ptr() as *mut u8,
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -35,7 +35,7 @@ impl Recycler {
     /// Whether a tensor like `t` is worth handing back (small ones the allocator
     /// reuses itself).
     pub fn keeps(t: &Tensor) -> bool {
-        capacity_bytes(t.elems()) >= KEEP_BYTES
+        t.elems().capacity_bytes() >= KEEP_BYTES
     }
 
     /// Keep `t`'s elements for a later call's output of the same dtype.
@@ -56,14 +56,14 @@ impl Pool {
     }
 
     fn give(&self, e: Elems) {
-        if capacity_bytes(&e) < KEEP_BYTES {
+        if e.capacity_bytes() < KEEP_BYTES {
             return;
         }
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         free.push(e);
         if free.len() > self.limit {
             // The smallest goes: the outputs only grow from call to call of a decoder.
-            if let Some(i) = (0..free.len()).min_by_key(|i| capacity_bytes(&free[*i])) {
+            if let Some(i) = (0..free.len()).min_by_key(|i| free[*i].capacity_bytes()) {
                 free.swap_remove(i);
             }
         }
@@ -74,8 +74,8 @@ impl Pool {
     pub(crate) fn take(&self, dt: DType, n: usize) -> Option<Elems> {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         let i = (0..free.len())
-            .filter(|i| free[*i].dtype() == dt && capacity(&free[*i]) >= n)
-            .min_by_key(|i| capacity(&free[*i]))?;
+            .filter(|i| free[*i].dtype() == dt && free[*i].capacity() >= n)
+            .min_by_key(|i| free[*i].capacity())?;
         let mut e = free.swap_remove(i);
         drop(free);
         macro_rules! fit {
@@ -101,23 +101,6 @@ impl Pool {
 /// for the outputs that grow from call to call.
 pub(crate) fn room(n: usize) -> usize {
     n.saturating_add(n / 8)
-}
-
-fn capacity(e: &Elems) -> usize {
-    match e {
-        Elems::F32(v) => v.capacity(),
-        Elems::F64(v) => v.capacity(),
-        Elems::F16(v) => v.capacity(),
-        Elems::I8(v) => v.capacity(),
-        Elems::U8(v) => v.capacity(),
-        Elems::I32(v) => v.capacity(),
-        Elems::I64(v) => v.capacity(),
-        Elems::Bool(v) => v.capacity(),
-    }
-}
-
-fn capacity_bytes(e: &Elems) -> usize {
-    capacity(e).saturating_mul(e.dtype().size())
 }
 
 #[cfg(test)]

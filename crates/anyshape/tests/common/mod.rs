@@ -16,9 +16,9 @@ impl Lcg {
         self.0 = self.0.wrapping_mul(Self::A).wrapping_add(Self::C);
         (self.0 >> 33) as u32
     }
-    /// A float in [-2, 2).
+    /// A float in [-2, 2) (`next` gives 31 bits).
     pub fn unit(&mut self) -> f32 {
-        self.next() as f32 / u32::MAX as f32 * 4.0 - 2.0
+        self.next() as f32 / (1u64 << 31) as f32 * 4.0 - 2.0
     }
 }
 

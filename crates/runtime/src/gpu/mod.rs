@@ -33,7 +33,7 @@ use plan::{BufId, BufferKind, ModelPlan, StepKind};
 use sym::{Bindings, ShapeEnv};
 
 use crate::shape::{extent, AttentionTasks, MatMulShape, ShapePlan, StepShape};
-use crate::{elems_mut_ptr, zeros, RunError};
+use crate::{zeros, RunError};
 pub use attention::AttentionChoice;
 use attention::AttentionLaunch;
 pub use matmul::GemmChoice;
@@ -733,9 +733,7 @@ impl<D: Device> GpuModel<D> {
             })?;
             if n > 0 {
                 // SAFETY: `elems` holds `n` elements of the buffer's dtype.
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(elems_mut_ptr(&mut elems), n * buf.dtype.size())
-                };
+                let dst = unsafe { std::slice::from_raw_parts_mut(elems.as_mut_ptr(), n * buf.dtype.size()) };
                 // SAFETY: the layout gave the output these bytes at its offset.
                 unsafe { self.device.download(stream, ptr(b)?, dst)? };
             }
