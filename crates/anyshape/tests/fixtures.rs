@@ -27,6 +27,18 @@ fn npy_files(dir: &Path) -> Vec<(String, PathBuf)> {
     v
 }
 
+/// The folders under `root` that hold a `model.onnx`, sorted.
+fn models_in(root: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("model.onnx").is_file())
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    names
+}
+
 fn rel_l2(got: &Tensor, want: &Tensor) -> f64 {
     let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
     let num: f64 = g.iter().zip(&w).map(|(a, b)| (a - b) * (a - b)).sum();
@@ -39,15 +51,15 @@ fn check_model(name: &str) {
 }
 
 fn check_in(root: &Path, name: &str, compiled: bool) {
-    check_within(root, name, compiled, "expected", 1e-4);
+    check_within(root, name, compiled, &[("expected", 1e-4)]);
 }
 
 /// Every case of fixture `name` under `root` against ONNX Runtime's outputs, on
-/// the interpreter, and compiled (canary margins on) when `compiled`: relative
-/// L2 error below `tolerance` from the outputs in each case's folder `folder`.
-/// Returns the largest error seen.
-fn check_within(root: &Path, name: &str, compiled: bool, folder: &str, tolerance: f64) -> f64 {
-    let mut worst = 0.0f64;
+/// the interpreter, and compiled (canary margins on) when `compiled`: for each
+/// `(folder, tolerance)`, relative L2 error below `tolerance` from the outputs in
+/// each case's folder `folder`. Returns the largest error seen per folder.
+fn check_within(root: &Path, name: &str, compiled: bool, against: &[(&str, f64)]) -> Vec<f64> {
+    let mut worst = vec![0.0f64; against.len()];
     let dir = root.join(name);
     let model =
         Model::load(dir.join("model.onnx"), &LoadOptions::new()).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -75,24 +87,26 @@ fn check_within(root: &Path, name: &str, compiled: bool, folder: &str, tolerance
             let got = cm.run(&named).unwrap_or_else(|e| panic!("{name}/{}: compiled: {e}", case.display()));
             runs.push(("compiled", got));
         }
-        let expected = npy_files(&case.join(folder));
-        assert!(!expected.is_empty());
-        for (how, outputs) in runs {
-            for (out, path) in &expected {
-                let want = npy::read(path).expect("expected npy");
-                let got = &outputs
-                    .iter()
-                    .find(|(n, _)| n == out)
-                    .unwrap_or_else(|| panic!("{name}: no output {out}"))
-                    .1;
-                assert_eq!(got.shape(), want.shape(), "{name}/{} ({how}): {out} shape", case.display());
-                let err = rel_l2(got, &want);
-                assert!(
-                    err < tolerance,
-                    "{name}/{} ({how}): {out} relative L2 error {err:e}",
-                    case.display()
-                );
-                worst = worst.max(err);
+        for (&(folder, tolerance), worst) in against.iter().zip(&mut worst) {
+            let expected = npy_files(&case.join(folder));
+            assert!(!expected.is_empty(), "{name}/{}: no outputs in {folder}", case.display());
+            for (how, outputs) in &runs {
+                for (out, path) in &expected {
+                    let want = npy::read(path).expect("expected npy");
+                    let got = &outputs
+                        .iter()
+                        .find(|(n, _)| n == out)
+                        .unwrap_or_else(|| panic!("{name}: no output {out}"))
+                        .1;
+                    assert_eq!(got.shape(), want.shape(), "{name}/{} ({how}): {out} shape", case.display());
+                    let err = rel_l2(got, &want);
+                    assert!(
+                        err < tolerance,
+                        "{name}/{} ({how}): {out} relative L2 error {err:e} from {folder}",
+                        case.display()
+                    );
+                    *worst = worst.max(err);
+                }
             }
         }
     }
@@ -113,17 +127,11 @@ fn check_within(root: &Path, name: &str, compiled: bool, folder: &str, tolerance
 #[test]
 fn quantized_models_match_onnxruntime() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures-quantized");
-    let mut names: Vec<String> = std::fs::read_dir(&root)
-        .expect("tests/fixtures-quantized")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("model.onnx").is_file())
-        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .collect();
-    names.sort();
+    let names = models_in(&root);
     assert!(names.len() >= 6, "fixtures: {names:?}");
     for name in names {
-        let exact = check_within(&root, &name, true, "exact", 1e-5);
-        let fused = check_within(&root, &name, true, "expected", 3e-2);
+        let worst = check_within(&root, &name, true, &[("exact", 1e-5), ("expected", 3e-2)]);
+        let (exact, fused) = (worst[0], worst[1]);
         println!("{name}: relative L2 {exact:.1e} from the operator-by-operator run, {fused:.1e} from the fused one");
     }
 }
@@ -133,13 +141,7 @@ fn quantized_models_match_onnxruntime() {
 #[test]
 fn current_exports_match_onnxruntime() {
     let root = fixtures_current();
-    let mut names: Vec<String> = std::fs::read_dir(&root)
-        .expect("tests/fixtures-current")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("model.onnx").is_file())
-        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .collect();
-    names.sort();
+    let names = models_in(&root);
     assert!(names.len() >= 24, "fixtures: {names:?}");
     for name in names {
         check_in(&root, &name, true);
