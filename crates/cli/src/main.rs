@@ -242,8 +242,14 @@ pub(crate) use common::UserError;
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        // Warnings (a damaged cache, code that runs slower than it could) show
+        // unless RUST_LOG says otherwise.
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     common::main_with(dispatch, |e| e.downcast_ref::<anyshape::Error>().is_some_and(|e| e.is_user_error()))
 }

@@ -27,7 +27,8 @@ fn tmp(name: &str) -> PathBuf {
 fn assert_user_error(out: &Output, fragments: &[&str]) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "stderr: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    // (warnings the compile logs are not part of the error)
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty() && !l.contains(" WARN ")).collect();
     assert_eq!(lines.len(), 1, "expected one line, got: {err}");
     for f in fragments {
         assert!(lines[0].contains(f), "`{f}` not in: {}", lines[0]);
@@ -432,4 +433,29 @@ fn a_gpu_artifact_compiles_and_runs_without_the_compiler() {
     }
     assert_user_error(&anyshape(&["run", &art, "--interpret"]), &["GPU artifact"]);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A quantized model runs (exactly), and the compile says on stderr that its
+/// integer contractions are loop programs, slower than they will be.
+#[test]
+fn quantized_model_runs_and_warns_that_its_contractions_are_loops() {
+    let case = root().join("tests/fixtures-quantized/bert_int8/case1");
+    let input = |n: &str| format!("{n}={}", case.join(format!("{n}.npy")).display());
+    let model = root().join("tests/fixtures-quantized/bert_int8/model.onnx");
+    let (ids, mask, types) = (input("input_ids"), input("attention_mask"), input("token_type_ids"));
+    let out = anyshape(&[
+        "run",
+        model.to_str().expect("path"),
+        "--input",
+        &ids,
+        "--input",
+        &mask,
+        "--input",
+        &types,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stderr: {err}");
+    assert!(err.contains("WARN") && err.contains("integer contractions run as loop programs"), "{err}");
+    assert!(!err.contains('\u{1b}'), "no terminal colours when stderr is not a terminal: {err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("last_hidden_state: f32 [1, 7, 32]"));
 }
