@@ -281,15 +281,17 @@ impl Model {
         let start = std::time::Instant::now();
         let plan = self.lower_with(opts)?;
         tracing::info!("lowered in {:.0} ms", start.elapsed().as_secs_f64() * 1e3);
-        // Integer contractions (a quantized model's) have no kernel family yet.
+        // Integer contractions that did not move to floats exactly
+        // (`passes::IntegerMatMulAsFloat`) have no kernel family yet.
         let integer = (self.graph.nodes.iter())
             .filter(|n| matches!(n.op, ir::Op::MatMul { .. } | ir::Op::Conv(_)))
             .filter(|n| !self.graph.ty(n.output).dtype.is_float())
             .count();
         if integer > 0 {
             tracing::warn!(
-                "{integer} integer contractions run as loop programs (exact, but far slower than the f32 \
-                 contraction engine: no int8 kernels yet)"
+                "{integer} integer contractions run as loop programs (exact, but far slower than the \
+                 contraction engine): their operands are not known to be 8-bit values, or they are too deep \
+                 for f32 sums to stay exact"
             );
         }
         let host = kernels::Target::detect();

@@ -864,3 +864,63 @@ fn large_outputs_are_faulted_in_and_whole() {
         }
     }
 }
+
+/// A quantized matmul, `(u8 - zero point) · i8` in i32, deep enough (K = 700:
+/// 700 · 255 · 128 > 2^24) that it runs on floats as two contractions of the
+/// activation's base-16 digits: compiled, it equals the exact integer sum, at the
+/// extremes (every activation 255 against a column of -128, sums past 2^24) and
+/// on random values, at 1, primes and one past a tile of rows.
+#[test]
+fn integer_contractions_run_exactly_on_floats() {
+    const K: usize = 700;
+    let text = format!(
+        "graph {{
+  sym m param 1..
+  input %a: u8[m, {K}]
+  input %w: i8[{K}, 5]
+  input %za: u8[]
+  %ai: i32[m, {K}] = cast %a
+  %zi: i32[] = cast %za
+  %z1: i32[1, 1] = reshape %zi
+  %zb: i32[m, {K}] = broadcast %z1
+  %as: i32[m, {K}] = sub %ai, %zb
+  %wi: i32[{K}, 5] = cast %w
+  %y: i32[m, 5] = matmul %as, %wi
+  output %y
+}}
+"
+    );
+    let m = model(&text, true, None);
+    let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
+    assert!(plan.contains("matmul") && plan.contains("y.digits"), "not the digits' contraction:\n{plan}");
+    let cm = m.compile(&CompileOptions::new().threads(2).canaries(true)).expect("compiles");
+    for (i, rows) in [1usize, 2, 7, 17, 65].into_iter().enumerate() {
+        let mut rng = Lcg::new(70 + i as u64);
+        let mut a: Vec<u8> = (0..rows * K).map(|_| rng.next() as u8).collect();
+        let mut w: Vec<i8> = (0..K * 5).map(|_| rng.next() as i8).collect();
+        a[..K].fill(255);
+        for k in 0..K {
+            w[k * 5] = -128;
+            w[k * 5 + 1] = 127;
+        }
+        let za = if i % 2 == 0 { 0u8 } else { rng.next() as u8 };
+        let want: Vec<i32> = (0..rows * 5)
+            .map(|x| {
+                let (r, c) = (x / 5, x % 5);
+                let s: i64 = (0..K).map(|k| (a[r * K + k] as i64 - za as i64) * w[k * 5 + c] as i64).sum();
+                s as i32
+            })
+            .collect();
+        if za == 0 {
+            assert!(want[0].unsigned_abs() > 1 << 24, "the extremes reach past 2^24: {}", want[0]);
+        }
+        let ins = [
+            ("a", Tensor::new(vec![rows, K], Elems::U8(a)).expect("a")),
+            ("w", Tensor::new(vec![K, 5], Elems::I8(w)).expect("w")),
+            ("za", Tensor::new(vec![], Elems::U8(vec![za])).expect("za")),
+        ];
+        let got = cm.run(&ins).expect("runs");
+        assert_eq!(got[0].1.elems(), &Elems::I32(want.clone()), "rows {rows}");
+        assert_eq!(m.interpret(&ins).expect("interprets")[0].1.elems(), &Elems::I32(want), "rows {rows}");
+    }
+}

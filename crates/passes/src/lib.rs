@@ -12,6 +12,7 @@ mod canonical;
 mod conv;
 mod fusion;
 mod gemm;
+mod integer;
 mod layout;
 mod pattern;
 
@@ -24,6 +25,7 @@ pub use canonical::{Cse, Dce, FoldConstants, HoistMatMulScale, SimplifyAlgebra, 
 pub use conv::ConvAsMatMul;
 pub use fusion::{fuse, print_plan, FusionGroup, FusionPlan, GroupKind};
 pub use gemm::{BatchEqualShapes, MergeSharedOperand};
+pub use integer::IntegerMatMulAsFloat;
 pub use layout::SinkTransposes;
 
 /// Errors from running passes.
@@ -157,6 +159,7 @@ pub fn canonicalization() -> Vec<Box<dyn Pass>> {
         Box::new(FoldConstants::default()),
         Box::new(SimplifyAlgebra),
         Box::new(HoistMatMulScale),
+        Box::new(IntegerMatMulAsFloat),
         Box::new(Cse),
         Box::new(Dce),
     ]

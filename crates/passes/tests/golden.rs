@@ -1,8 +1,8 @@
 //! Golden before → after tests, one or more per pass, through the IR text form.
 
 use anyshape_passes::{
-    ConvAsMatMul, Cse, Dce, EliminateBroadcasts, FoldConstants, HoistMatMulScale, Pass, Pipeline,
-    SimplifyAlgebra, SimplifyShapes, SinkTransposes,
+    ConvAsMatMul, Cse, Dce, EliminateBroadcasts, FoldConstants, HoistMatMulScale, IntegerMatMulAsFloat, Pass,
+    Pipeline, SimplifyAlgebra, SimplifyShapes, SinkTransposes,
 };
 
 fn parse(text: &str) -> ir::Graph {
@@ -596,6 +596,68 @@ fn transposes_sink_through_bias_activation_and_residual() {
   %s: f32[n, 2, h, h] = transpose[perm=[0, 3, 1, 2]] %s.nhwc
   %s.replaced: f32[n, 2, h, h] = add %r.nchw, %bt
   output %s
+}
+",
+    );
+}
+
+/// Integer matmuls of 8-bit values on floats: 40 deep, one f32 product cast
+/// back (40 · 255 · 128 < 2^24); 600 deep, the activation's base-16 digits
+/// stacked along the rows, one f32 product, its halves summed in i32.
+#[test]
+fn integer_matmuls_run_on_floats() {
+    check(
+        &IntegerMatMulAsFloat,
+        "graph {
+  sym m param 1..
+  input %a: u8[m, 40]
+  input %w: i8[40, 3]
+  input %b: u8[m, 600]
+  input %v: i8[600, 3]
+  %ai: i32[m, 40] = cast %a
+  %wi: i32[40, 3] = cast %w
+  %small: i32[m, 3] = matmul %ai, %wi
+  %bi: i32[m, 600] = cast %b
+  %vi: i32[600, 3] = cast %v
+  %deep: i32[m, 3] = matmul %bi, %vi
+  output %small, %deep
+}
+",
+        "graph {
+  sym m param 1..
+  input %a: u8[m, 40]
+  input %w: i8[40, 3]
+  input %b: u8[m, 600]
+  input %v: i8[600, 3]
+  %ai: i32[m, 40] = cast %a
+  %wi: i32[40, 3] = cast %w
+  %small.a: f32[m, 40] = cast %ai
+  %small.b: f32[40, 3] = cast %wi
+  %small.f32: f32[m, 3] = matmul %small.a, %small.b
+  %small: i32[m, 3] = cast %small.f32
+  %bi: i32[m, 600] = cast %b
+  %vi: i32[600, 3] = cast %v
+  %deep.a: f32[m, 600] = cast %bi
+  %deep.b: f32[600, 3] = cast %vi
+  %deep.sixteenth: f32[1, 1] = constant [0.0625]
+  %deep.sixteenth_1: f32[m, 600] = broadcast %deep.sixteenth
+  %deep.a.q: f32[m, 600] = mul %deep.a, %deep.sixteenth_1
+  %deep.a.hi: f32[m, 600] = floor %deep.a.q
+  %deep.sixteen: f32[1, 1] = constant [16.0]
+  %deep.sixteen_1: f32[m, 600] = broadcast %deep.sixteen
+  %deep.a.hi16: f32[m, 600] = mul %deep.a.hi, %deep.sixteen_1
+  %deep.a.lo: f32[m, 600] = sub %deep.a, %deep.a.hi16
+  %deep.digits: f32[2*m, 600] = concat[axis=0] %deep.a.hi, %deep.a.lo
+  %deep.digits.f32: f32[2*m, 3] = matmul %deep.digits, %deep.b
+  %deep.hi: f32[m, 3] = slice[0: 0 step 1] %deep.digits.f32
+  %deep.lo: f32[m, 3] = slice[0: m step 1] %deep.digits.f32
+  %deep.hi.i32: i32[m, 3] = cast %deep.hi
+  %deep.lo.i32: i32[m, 3] = cast %deep.lo
+  %deep.sixteen.i32: i32[1, 1] = constant [16]
+  %deep.sixteen.i32_1: i32[m, 3] = broadcast %deep.sixteen.i32
+  %deep.hi16: i32[m, 3] = mul %deep.hi.i32, %deep.sixteen.i32_1
+  %deep: i32[m, 3] = add %deep.hi16, %deep.lo.i32
+  output %small, %deep
 }
 ",
     );

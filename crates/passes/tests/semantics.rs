@@ -147,6 +147,7 @@ fn each_pass_alone_keeps_the_meaning() {
         Box::new(FoldConstants::default()),
         Box::new(SimplifyAlgebra),
         Box::new(HoistMatMulScale),
+        Box::new(IntegerMatMulAsFloat),
         Box::new(Cse),
         Box::new(Dce),
         Box::new(EliminateBroadcasts),

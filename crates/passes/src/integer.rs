@@ -1,0 +1,221 @@
+//! Integer contractions on the f32 contraction engine, exactly.
+//!
+//! A quantized model's matmuls and convolutions multiply i32 values that
+//! come from 8-bit ones (`cast(u8) - zero_point`, an int8 weight): each
+//! operand's range is known from the graph. An f32 sum of integer products
+//! is exact while every partial sum stays below 2^24 in magnitude, whatever
+//! the order of the additions (each is then an integer f32 holds exactly):
+//! that holds when `K · max|a| · max|b| < 2^24`. Where it does, the
+//! contraction runs in f32 and is cast back; where it holds only for `a`
+//! split into its high and low base-16 digits (`a = 16·hi + lo`, `lo` in
+//! 0..16), it runs as two f32 contractions `16·(hi·b) + lo·b`, summed in i32.
+//! Otherwise (a depth that is symbolic or too long) it is left as it is.
+
+use std::sync::Arc;
+
+use ir::{BinaryOp, ConstData, DType, Graph, Op, TensorType, UnaryOp, ValueId};
+
+use crate::pattern::Producers;
+use crate::{Pass, PassError};
+
+/// The largest magnitude every partial sum of an exact f32 contraction stays
+/// below: 2^24, past which f32 no longer holds every integer.
+const EXACT: i64 = 1 << 24;
+
+pub struct IntegerMatMulAsFloat;
+
+/// How a contraction runs on floats.
+#[derive(Clone, Copy)]
+enum Plan {
+    /// One f32 contraction of the operands.
+    Whole,
+    /// `a` split into base-16 digits: two f32 contractions.
+    Digits,
+}
+
+impl IntegerMatMulAsFloat {
+    fn plan(g: &Graph, p: &Producers, node: &ir::Node) -> Option<Plan> {
+        if !matches!(node.op, Op::MatMul { .. } | Op::Conv(_)) {
+            return None;
+        }
+        let (a, b) = (node.inputs[0], node.inputs[1]);
+        if g.ty(node.output).dtype != DType::I32 || g.ty(a).dtype != DType::I32 || g.ty(b).dtype != DType::I32
+        {
+            return None;
+        }
+        let depth = match &node.op {
+            Op::MatMul { transpose_a, .. } => {
+                let s = &g.ty(a).shape;
+                s[s.len() - if *transpose_a { 2 } else { 1 }].as_const()?
+            }
+            // A convolution's depth: input channels of a group times the taps.
+            Op::Conv(_) => g.ty(b).shape[1..].iter().map(|d| d.as_const()).product::<Option<i64>>()?,
+            _ => return None,
+        };
+        let (ma, mb) = (magnitude(g, p, a, 0)?, magnitude(g, p, b, 0)?);
+        let fits = |ma: i64| depth.checked_mul(ma).and_then(|x| x.checked_mul(mb)).is_some_and(|x| x < EXACT);
+        if fits(ma) {
+            Some(Plan::Whole)
+        } else if fits(15.max((ma + 15) / 16)) {
+            Some(Plan::Digits)
+        } else {
+            None
+        }
+    }
+}
+
+/// The largest `|x|` of an integer value `v`, where the graph bounds it: an
+/// 8-bit value widened, a constant, sums and differences of such, and views
+/// of them.
+fn magnitude(g: &Graph, p: &Producers, v: ValueId, depth: usize) -> Option<i64> {
+    let (lo, hi) = range(g, p, v, depth)?;
+    Some(lo.abs().max(hi.abs()))
+}
+
+fn range(g: &Graph, p: &Producers, v: ValueId, depth: usize) -> Option<(i64, i64)> {
+    if depth > 16 {
+        return None;
+    }
+    let node = p.node(g, v)?;
+    let of = |i: usize| range(g, p, node.inputs[i], depth + 1);
+    match &node.op {
+        Op::Cast => match g.ty(node.inputs[0]).dtype {
+            DType::I8 => Some((i8::MIN as i64, i8::MAX as i64)),
+            DType::U8 => Some((0, u8::MAX as i64)),
+            DType::Bool => Some((0, 1)),
+            DType::I32 | DType::I64 => of(0),
+            _ => None,
+        },
+        Op::Broadcast | Op::Reshape | Op::Transpose { .. } | Op::Slice { .. } => of(0),
+        Op::Binary(BinaryOp::Add) => {
+            let ((la, ha), (lb, hb)) = (of(0)?, of(1)?);
+            Some((la.checked_add(lb)?, ha.checked_add(hb)?))
+        }
+        Op::Binary(BinaryOp::Sub) => {
+            let ((la, ha), (lb, hb)) = (of(0)?, of(1)?);
+            Some((la.checked_sub(hb)?, ha.checked_sub(lb)?))
+        }
+        Op::Constant(c) if c.numel() > 0 && c.numel() <= 1 << 22 => {
+            let vals = c.to_tensor().to_i64_vec()?;
+            Some((*vals.iter().min()?, *vals.iter().max()?))
+        }
+        _ => None,
+    }
+}
+
+impl Pass for IntegerMatMulAsFloat {
+    fn name(&self) -> &'static str {
+        "integer-matmul-as-float"
+    }
+    fn run(&self, g: &mut Graph) -> Result<usize, PassError> {
+        let p = Producers::of(g);
+        let found: Vec<(usize, Plan)> =
+            g.nodes.iter().enumerate().filter_map(|(i, n)| Some((i, Self::plan(g, &p, n)?))).collect();
+        // Last to first: the nodes inserted before one leave the positions of
+        // the ones before it as they were.
+        for &(i, plan) in found.iter().rev() {
+            let node = g.nodes[i].clone();
+            let (a, b) = (node.inputs[0], node.inputs[1]);
+            let out = g.ty(node.output).clone();
+            let mut ins = Inserter { at: i, hint: g.name(node.output).to_string() };
+            let float = |t: &TensorType| TensorType::new(DType::F32, t.shape.clone());
+            let (ta, tb, tout) = (float(g.ty(a)), float(g.ty(b)), float(&out));
+            let af = ins.add(g, Op::Cast, vec![a], "a", ta.clone());
+            let bf = ins.add(g, Op::Cast, vec![b], "b", tb);
+            let (op, inputs) = match plan {
+                Plan::Whole => {
+                    let c = ins.add(g, node.op.clone(), vec![af, bf], "f32", tout);
+                    (Op::Cast, vec![c])
+                }
+                Plan::Digits => {
+                    let mul = Op::Binary(BinaryOp::Mul);
+                    let sixteenth = ins.splat(g, ir::Elems::F32(vec![1.0 / 16.0]), &ta, "sixteenth")?;
+                    let q = ins.add(g, mul.clone(), vec![af, sixteenth], "a.q", ta.clone());
+                    let hi = ins.add(g, Op::Unary(UnaryOp::Floor), vec![q], "a.hi", ta.clone());
+                    let sixteen = ins.splat(g, ir::Elems::F32(vec![16.0]), &ta, "sixteen")?;
+                    let hi16 = ins.add(g, mul.clone(), vec![hi, sixteen], "a.hi16", ta.clone());
+                    let lo = ins.add(g, Op::Binary(BinaryOp::Sub), vec![af, hi16], "a.lo", ta);
+                    let (chi, clo) = both_digits(g, &mut ins, &node.op, [hi, lo], bf, &tout)?;
+                    let ihi = ins.add(g, Op::Cast, vec![chi], "hi.i32", out.clone());
+                    let ilo = ins.add(g, Op::Cast, vec![clo], "lo.i32", out.clone());
+                    let k16 = ins.splat(g, ir::Elems::I32(vec![16]), &out, "sixteen.i32")?;
+                    let ihi16 = ins.add(g, mul, vec![ihi, k16], "hi16", out.clone());
+                    (Op::Binary(BinaryOp::Add), vec![ihi16, ilo])
+                }
+            };
+            let at = ins.at;
+            let old = &mut g.nodes[at];
+            old.op = op;
+            old.inputs = inputs;
+        }
+        Ok(found.len())
+    }
+}
+
+/// The contractions of both digits of `a` with `b`: one contraction of the
+/// digits stacked along the rows (a matmul's M, a convolution's batch), so
+/// that `b` (a weight) is read once, then its two halves; two contractions
+/// where the rows are not `a`'s own axis (a transposed `a`).
+fn both_digits(
+    g: &mut Graph,
+    ins: &mut Inserter,
+    op: &Op,
+    [hi, lo]: [ValueId; 2],
+    b: ValueId,
+    out: &TensorType,
+) -> Result<(ValueId, ValueId), PassError> {
+    let (ta, r) = (g.ty(hi).clone(), g.ty(hi).rank());
+    let axis = match op {
+        Op::MatMul { transpose_a: false, .. } => r - 2,
+        Op::Conv(_) => 0,
+        _ => {
+            let chi = ins.add(g, op.clone(), vec![hi, b], "hi", out.clone());
+            return Ok((chi, ins.add(g, op.clone(), vec![lo, b], "lo", out.clone())));
+        }
+    };
+    let twice = |t: &TensorType, axis: usize| -> Result<TensorType, PassError> {
+        let mut shape = t.shape.clone();
+        shape[axis] = shape[axis]
+            .try_mul(&sym::SymExpr::constant(2))
+            .map_err(|e| PassError::Failed { pass: "integer-matmul-as-float", msg: e.to_string() })?;
+        Ok(TensorType::new(t.dtype, shape))
+    };
+    let stacked = ins.add(g, Op::Concat { axis }, vec![hi, lo], "digits", twice(&ta, axis)?);
+    let out_axis = if matches!(op, Op::Conv(_)) { 0 } else { out.rank() - 2 };
+    let both = ins.add(g, op.clone(), vec![stacked, b], "digits.f32", twice(out, out_axis)?);
+    let rows = out.shape[out_axis].clone();
+    let half =
+        |start: sym::SymExpr| Op::Slice { axes: vec![ir::SliceAxis { axis: out_axis, start, step: 1 }] };
+    let chi = ins.add(g, half(sym::SymExpr::constant(0)), vec![both], "hi", out.clone());
+    let clo = ins.add(g, half(rows), vec![both], "lo", out.clone());
+    Ok((chi, clo))
+}
+
+/// Nodes inserted one after another before a node, named after its output.
+struct Inserter {
+    at: usize,
+    hint: String,
+}
+
+impl Inserter {
+    fn add(&mut self, g: &mut Graph, op: Op, inputs: Vec<ValueId>, name: &str, ty: TensorType) -> ValueId {
+        let v = g.insert_node(self.at, op, inputs, &format!("{}.{name}", self.hint), ty);
+        self.at += 1;
+        v
+    }
+
+    /// The one value of `x` broadcast to `ty`.
+    fn splat(
+        &mut self,
+        g: &mut Graph,
+        x: ir::Elems,
+        ty: &TensorType,
+        name: &str,
+    ) -> Result<ValueId, PassError> {
+        let t = ir::Tensor::new(vec![1; ty.rank()], x)
+            .map_err(|e| PassError::Failed { pass: "integer-matmul-as-float", msg: e.to_string() })?;
+        let data = Arc::new(ConstData::from_tensor(&t));
+        let c = self.add(g, Op::Constant(data.clone()), vec![], name, data.ty());
+        Ok(self.add(g, Op::Broadcast, vec![c], name, ty.clone()))
+    }
+}
