@@ -866,8 +866,8 @@ fn large_outputs_are_faulted_in_and_whole() {
 }
 
 /// A quantized matmul, `(u8 - zero point) · i8` in i32, deep enough (K = 700:
-/// 700 · 255 · 128 > 2^24) that it runs on floats as two contractions of the
-/// activation's base-16 digits: compiled, it equals the exact integer sum, at the
+/// 700 · 255 · 128 > 2^24) that it runs on floats in two chunks of K (512 and
+/// 188 deep): compiled, it equals the exact integer sum, at the
 /// extremes (every activation 255 against a column of -128, sums past 2^24) and
 /// on random values, at 1, primes and one past a tile of rows.
 #[test]
@@ -892,7 +892,7 @@ fn integer_contractions_run_exactly_on_floats() {
     );
     let m = model(&text, true, None);
     let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
-    assert!(plan.contains("matmul") && plan.contains("y.digits"), "not the digits' contraction:\n{plan}");
+    assert!(plan.contains("matmul") && plan.contains("y.k1"), "not in chunks of K:\n{plan}");
     let cm = m.compile(&CompileOptions::new().threads(2).canaries(true)).expect("compiles");
     for (i, rows) in [1usize, 2, 7, 17, 65].into_iter().enumerate() {
         let mut rng = Lcg::new(70 + i as u64);
@@ -922,5 +922,72 @@ fn integer_contractions_run_exactly_on_floats() {
         let got = cm.run(&ins).expect("runs");
         assert_eq!(got[0].1.elems(), &Elems::I32(want.clone()), "rows {rows}");
         assert_eq!(m.interpret(&ins).expect("interprets")[0].1.elems(), &Elems::I32(want), "rows {rows}");
+    }
+}
+
+/// A quantized 3×3 convolution of 64 channels (576 deep: 576 · 255 · 128 >
+/// 2^24), padded by one: on floats as the activation's base-16 digits stacked
+/// along the batch, compiled, equal to the exact integer sums (the padding
+/// reads the zero point: 0 after the shift, in both digits), at the extremes
+/// and on random values, for 1 and 2 images of odd sizes.
+#[test]
+fn integer_convolutions_run_exactly_on_floats() {
+    let text = "graph {
+  sym n param 1..
+  sym h param 1..
+  input %x: u8[n, 64, h, h]
+  input %k: i8[3, 64, 3, 3]
+  input %zx: u8[]
+  %xi: i32[n, 64, h, h] = cast %x
+  %zi: i32[] = cast %zx
+  %z1: i32[1, 1, 1, 1] = reshape %zi
+  %zb: i32[n, 64, h, h] = broadcast %z1
+  %xs: i32[n, 64, h, h] = sub %xi, %zb
+  %ki: i32[3, 64, 3, 3] = cast %k
+  %y: i32[n, 3, h, h] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], group=1] %xs, %ki
+  output %y
+}
+";
+    let m = model(text, true, None);
+    let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
+    assert!(plan.contains("y.digits"), "not as digits:\n{plan}");
+    let cm = m.compile(&CompileOptions::new().threads(2).canaries(true)).expect("compiles");
+    for (i, (n, h)) in [(1usize, 5usize), (2, 3), (1, 1)].into_iter().enumerate() {
+        let mut rng = Lcg::new(90 + i as u64);
+        let mut x: Vec<u8> = (0..n * 64 * h * h).map(|_| rng.next() as u8).collect();
+        let mut k: Vec<i8> = (0..3 * 64 * 9).map(|_| rng.next() as i8).collect();
+        x[..64 * h * h].fill(255);
+        k[..64 * 9].fill(-128);
+        let zx = if i == 0 { 0u8 } else { rng.next() as u8 };
+        let at = |b: usize, c: usize, r: i64, s: i64| -> i64 {
+            if r < 0 || s < 0 || r >= h as i64 || s >= h as i64 {
+                return 0;
+            }
+            x[((b * 64 + c) * h + r as usize) * h + s as usize] as i64 - zx as i64
+        };
+        let mut want = Vec::with_capacity(n * 3 * h * h);
+        for b in 0..n {
+            for o in 0..3 {
+                for r in 0..h as i64 {
+                    for s in 0..h as i64 {
+                        let mut sum = 0i64;
+                        for c in 0..64 {
+                            for (dr, ds) in (0..9).map(|t| (t / 3, t % 3)) {
+                                let w = k[((o * 64 + c) * 3 + dr as usize) * 3 + ds as usize] as i64;
+                                sum += at(b, c, r + dr - 1, s + ds - 1) * w;
+                            }
+                        }
+                        want.push(sum as i32);
+                    }
+                }
+            }
+        }
+        let ins = [
+            ("x", Tensor::new(vec![n, 64, h, h], Elems::U8(x)).expect("x")),
+            ("k", Tensor::new(vec![3, 64, 3, 3], Elems::I8(k)).expect("k")),
+            ("zx", Tensor::new(vec![], Elems::U8(vec![zx])).expect("zx")),
+        ];
+        let got = cm.run(&ins).expect("runs");
+        assert_eq!(got[0].1.elems(), &Elems::I32(want), "n {n} h {h}");
     }
 }

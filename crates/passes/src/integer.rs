@@ -6,10 +6,13 @@
 //! is exact while every partial sum stays below 2^24 in magnitude, whatever
 //! the order of the additions (each is then an integer f32 holds exactly):
 //! that holds when `K · max|a| · max|b| < 2^24`. Where it does, the
-//! contraction runs in f32 and is cast back; where it holds only for `a`
-//! split into its high and low base-16 digits (`a = 16·hi + lo`, `lo` in
-//! 0..16), it runs as two f32 contractions `16·(hi·b) + lo·b`, summed in i32.
-//! Otherwise (a depth that is symbolic or too long) it is left as it is.
+//! contraction runs in f32 and is cast back. A deeper matmul runs as f32
+//! products of chunks of K short enough to be exact, summed in i32 (as many
+//! multiplies as before, the weight's chunks each read once); a deeper
+//! convolution splits `a` into its base-16 digits (`a = 16·hi + lo`, `lo` in
+//! 0..16), stacked along the batch for one f32 convolution, `16·hi + lo`
+//! summed in i32. Otherwise (a symbolic depth, unbounded operands) it is left
+//! as it is.
 
 use std::sync::Arc;
 
@@ -31,7 +34,12 @@ enum Plan {
     Whole,
     /// `a` split into base-16 digits: two f32 contractions.
     Digits,
+    /// A matmul's K in chunks of this many depths, an f32 product each.
+    Chunks(i64),
 }
+
+/// At most this many chunks of K: deeper products stay as they are.
+const MAX_CHUNKS: i64 = 16;
 
 impl IntegerMatMulAsFloat {
     fn plan(g: &Graph, p: &Producers, node: &ir::Node) -> Option<Plan> {
@@ -55,12 +63,14 @@ impl IntegerMatMulAsFloat {
         let (ma, mb) = (magnitude(g, p, a, 0)?, magnitude(g, p, b, 0)?);
         let fits = |ma: i64| depth.checked_mul(ma).and_then(|x| x.checked_mul(mb)).is_some_and(|x| x < EXACT);
         if fits(ma) {
-            Some(Plan::Whole)
-        } else if fits(15.max((ma + 15) / 16)) {
-            Some(Plan::Digits)
-        } else {
-            None
+            return Some(Plan::Whole);
         }
+        if matches!(node.op, Op::MatMul { .. }) {
+            // The longest exact chunk, rounded down to whole vectors of 16.
+            let chunk = (EXACT - 1) / ma.checked_mul(mb)?.max(1) / 16 * 16;
+            return (chunk >= 16 && (depth + chunk - 1) / chunk <= MAX_CHUNKS).then_some(Plan::Chunks(chunk));
+        }
+        fits(15.max((ma + 15) / 16)).then_some(Plan::Digits)
     }
 }
 
@@ -126,6 +136,53 @@ impl Pass for IntegerMatMulAsFloat {
                 Plan::Whole => {
                     let c = ins.add(g, node.op.clone(), vec![af, bf], "f32", tout);
                     (Op::Cast, vec![c])
+                }
+                Plan::Chunks(chunk) => {
+                    let Op::MatMul { transpose_a, transpose_b } = node.op else {
+                        return Err(PassError::Failed {
+                            pass: self.name(),
+                            msg: "chunks of a convolution".into(),
+                        });
+                    };
+                    let (ra, rb) = (g.ty(a).rank(), g.ty(b).rank());
+                    let ka = if transpose_a { ra - 2 } else { ra - 1 };
+                    let kb = if transpose_b { rb - 1 } else { rb - 2 };
+                    let depth = g.ty(a).shape[ka].as_const().unwrap_or(0);
+                    let mut parts = Vec::new();
+                    for (n, start) in (0..depth).step_by(chunk as usize).enumerate() {
+                        let len = chunk.min(depth - start);
+                        let mut piece = |g: &mut Graph, v: ValueId, axis: usize, name: &str| {
+                            let mut ty = g.ty(v).clone();
+                            ty.shape[axis] = sym::SymExpr::constant(len);
+                            let axes =
+                                vec![ir::SliceAxis { axis, start: sym::SymExpr::constant(start), step: 1 }];
+                            ins.add(g, Op::Slice { axes }, vec![v], name, ty)
+                        };
+                        let pa = piece(g, af, ka, &format!("a.k{n}"));
+                        let pb = piece(g, bf, kb, &format!("b.k{n}"));
+                        let c = ins.add(g, node.op.clone(), vec![pa, pb], &format!("k{n}"), tout.clone());
+                        parts.push(ins.add(g, Op::Cast, vec![c], &format!("k{n}.i32"), out.clone()));
+                    }
+                    // The partial products summed in i32, the last sum the node itself.
+                    // (two chunks at least: one would have been exact whole)
+                    let (Some((&last, rest)), Some(&first)) = (parts.split_last(), parts.first()) else {
+                        return Err(PassError::Failed {
+                            pass: self.name(),
+                            msg: "a contraction of no depth".into(),
+                        });
+                    };
+                    if rest.is_empty() {
+                        return Err(PassError::Failed {
+                            pass: self.name(),
+                            msg: "one chunk of depth".into(),
+                        });
+                    }
+                    let mut sum = first;
+                    for (n, &p) in rest.iter().enumerate().skip(1) {
+                        let add = Op::Binary(BinaryOp::Add);
+                        sum = ins.add(g, add, vec![sum, p], &format!("k{n}.sum"), out.clone());
+                    }
+                    (Op::Binary(BinaryOp::Add), vec![sum, last])
                 }
                 Plan::Digits => {
                     let mul = Op::Binary(BinaryOp::Mul);

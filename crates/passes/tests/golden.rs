@@ -601,9 +601,11 @@ fn transposes_sink_through_bias_activation_and_residual() {
     );
 }
 
-/// Integer matmuls of 8-bit values on floats: 40 deep, one f32 product cast
-/// back (40 · 255 · 128 < 2^24); 600 deep, the activation's base-16 digits
-/// stacked along the rows, one f32 product, its halves summed in i32.
+/// Integer contractions of 8-bit values on floats: a matmul 40 deep, one f32
+/// product cast back (40 · 255 · 128 < 2^24); 600 deep, chunks of 512 and 88
+/// depths, their products summed in i32; a convolution 576 deep (64 channels
+/// × 3 × 3), the activation's base-16 digits stacked along the batch for one
+/// f32 convolution, `16·hi + lo` summed in i32.
 #[test]
 fn integer_matmuls_run_on_floats() {
     check(
@@ -614,13 +616,18 @@ fn integer_matmuls_run_on_floats() {
   input %w: i8[40, 3]
   input %b: u8[m, 600]
   input %v: i8[600, 3]
+  input %x: u8[m, 64, 3, 3]
+  input %k: i8[2, 64, 3, 3]
   %ai: i32[m, 40] = cast %a
   %wi: i32[40, 3] = cast %w
   %small: i32[m, 3] = matmul %ai, %wi
   %bi: i32[m, 600] = cast %b
   %vi: i32[600, 3] = cast %v
   %deep: i32[m, 3] = matmul %bi, %vi
-  output %small, %deep
+  %xi: i32[m, 64, 3, 3] = cast %x
+  %ki: i32[2, 64, 3, 3] = cast %k
+  %conv: i32[m, 2, 1, 1] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], group=1] %xi, %ki
+  output %small, %deep, %conv
 }
 ",
         "graph {
@@ -629,6 +636,8 @@ fn integer_matmuls_run_on_floats() {
   input %w: i8[40, 3]
   input %b: u8[m, 600]
   input %v: i8[600, 3]
+  input %x: u8[m, 64, 3, 3]
+  input %k: i8[2, 64, 3, 3]
   %ai: i32[m, 40] = cast %a
   %wi: i32[40, 3] = cast %w
   %small.a: f32[m, 40] = cast %ai
@@ -639,25 +648,38 @@ fn integer_matmuls_run_on_floats() {
   %vi: i32[600, 3] = cast %v
   %deep.a: f32[m, 600] = cast %bi
   %deep.b: f32[600, 3] = cast %vi
-  %deep.sixteenth: f32[1, 1] = constant [0.0625]
-  %deep.sixteenth_1: f32[m, 600] = broadcast %deep.sixteenth
-  %deep.a.q: f32[m, 600] = mul %deep.a, %deep.sixteenth_1
-  %deep.a.hi: f32[m, 600] = floor %deep.a.q
-  %deep.sixteen: f32[1, 1] = constant [16.0]
-  %deep.sixteen_1: f32[m, 600] = broadcast %deep.sixteen
-  %deep.a.hi16: f32[m, 600] = mul %deep.a.hi, %deep.sixteen_1
-  %deep.a.lo: f32[m, 600] = sub %deep.a, %deep.a.hi16
-  %deep.digits: f32[2*m, 600] = concat[axis=0] %deep.a.hi, %deep.a.lo
-  %deep.digits.f32: f32[2*m, 3] = matmul %deep.digits, %deep.b
-  %deep.hi: f32[m, 3] = slice[0: 0 step 1] %deep.digits.f32
-  %deep.lo: f32[m, 3] = slice[0: m step 1] %deep.digits.f32
-  %deep.hi.i32: i32[m, 3] = cast %deep.hi
-  %deep.lo.i32: i32[m, 3] = cast %deep.lo
-  %deep.sixteen.i32: i32[1, 1] = constant [16]
-  %deep.sixteen.i32_1: i32[m, 3] = broadcast %deep.sixteen.i32
-  %deep.hi16: i32[m, 3] = mul %deep.hi.i32, %deep.sixteen.i32_1
-  %deep: i32[m, 3] = add %deep.hi16, %deep.lo.i32
-  output %small, %deep
+  %deep.a.k0: f32[m, 512] = slice[1: 0 step 1] %deep.a
+  %deep.b.k0: f32[512, 3] = slice[0: 0 step 1] %deep.b
+  %deep.k0: f32[m, 3] = matmul %deep.a.k0, %deep.b.k0
+  %deep.k0.i32: i32[m, 3] = cast %deep.k0
+  %deep.a.k1: f32[m, 88] = slice[1: 512 step 1] %deep.a
+  %deep.b.k1: f32[88, 3] = slice[0: 512 step 1] %deep.b
+  %deep.k1: f32[m, 3] = matmul %deep.a.k1, %deep.b.k1
+  %deep.k1.i32: i32[m, 3] = cast %deep.k1
+  %deep: i32[m, 3] = add %deep.k0.i32, %deep.k1.i32
+  %xi: i32[m, 64, 3, 3] = cast %x
+  %ki: i32[2, 64, 3, 3] = cast %k
+  %conv.a: f32[m, 64, 3, 3] = cast %xi
+  %conv.b: f32[2, 64, 3, 3] = cast %ki
+  %conv.sixteenth: f32[1, 1, 1, 1] = constant [0.0625]
+  %conv.sixteenth_1: f32[m, 64, 3, 3] = broadcast %conv.sixteenth
+  %conv.a.q: f32[m, 64, 3, 3] = mul %conv.a, %conv.sixteenth_1
+  %conv.a.hi: f32[m, 64, 3, 3] = floor %conv.a.q
+  %conv.sixteen: f32[1, 1, 1, 1] = constant [16.0]
+  %conv.sixteen_1: f32[m, 64, 3, 3] = broadcast %conv.sixteen
+  %conv.a.hi16: f32[m, 64, 3, 3] = mul %conv.a.hi, %conv.sixteen_1
+  %conv.a.lo: f32[m, 64, 3, 3] = sub %conv.a, %conv.a.hi16
+  %conv.digits: f32[2*m, 64, 3, 3] = concat[axis=0] %conv.a.hi, %conv.a.lo
+  %conv.digits.f32: f32[2*m, 2, 1, 1] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], group=1] %conv.digits, %conv.b
+  %conv.hi: f32[m, 2, 1, 1] = slice[0: 0 step 1] %conv.digits.f32
+  %conv.lo: f32[m, 2, 1, 1] = slice[0: m step 1] %conv.digits.f32
+  %conv.hi.i32: i32[m, 2, 1, 1] = cast %conv.hi
+  %conv.lo.i32: i32[m, 2, 1, 1] = cast %conv.lo
+  %conv.sixteen.i32: i32[1, 1, 1, 1] = constant [16]
+  %conv.sixteen.i32_1: i32[m, 2, 1, 1] = broadcast %conv.sixteen.i32
+  %conv.hi16: i32[m, 2, 1, 1] = mul %conv.hi.i32, %conv.sixteen.i32_1
+  %conv: i32[m, 2, 1, 1] = add %conv.hi16, %conv.lo.i32
+  output %small, %deep, %conv
 }
 ",
     );
