@@ -991,3 +991,33 @@ fn integer_convolutions_run_exactly_on_floats() {
         assert_eq!(got[0].1.elems(), &Elems::I32(want), "n {n} h {h}");
     }
 }
+
+/// A reduction of the whole input used by every point (a dynamic
+/// quantization's range): computed once per call before the rows, not once
+/// per row; a call with no rows computes nothing. Against the interpreter at
+/// no rows, one point, primes and rows split over both threads.
+#[test]
+fn a_whole_input_reduction_in_a_nest_of_rows() {
+    let text = "graph {
+  sym n param 0..
+  sym m param 1..
+  input %x: f32[n, m]
+  %mx: f32[] = reduce_max[axes=[0, 1], keep_dims=false] %x
+  %m1: f32[1, 1] = reshape %mx
+  %mb: f32[n, m] = broadcast %m1
+  %q: f32[n, m] = div %x, %mb
+  %y: f32[n, m] = round %q
+  output %y
+}
+";
+    let m = model(text, true, None);
+    let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
+    assert!(
+        plan.contains("max(i2 < d1, i3 < d2") && plan.contains("round(div(%0[i0, i1], t0))"),
+        "the reduction is not in the rows' program:\n{plan}"
+    );
+    for (i, (n, len)) in [(0, 5), (1, 1), (3, 17), (7, 64), (5_001, 3), (2, 40_003)].into_iter().enumerate() {
+        compare_from(&m, &[("n", n), ("m", len)], 200 + i as u64, 3.0)
+            .unwrap_or_else(|e| panic!("n={n} m={len}: {e}"));
+    }
+}

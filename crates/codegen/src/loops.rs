@@ -338,6 +338,12 @@ fn build_program(
         let exts: Vec<IntValue<'static>> =
             outer.iter().map(|(_, ext)| Ok(g.emit(*ext, false)?.into_int_value())).collect::<R<_>>()?;
         let first: Vec<V> = first.into_iter().map(V::from).collect();
+        // What depends on no loop variable at all (a reduction of the whole
+        // input: a dynamic quantization's range) once per call, before the
+        // rows, rather than once per row. The call has a row (checked below),
+        // so this computes nothing the rows would not have.
+        let loop_vars = outer.iter().fold(inner_var.map_or(0, |v| 1u64 << v), |m, (v, _)| m | 1u64 << v);
+        g.hoist(&values, loop_vars, false)?;
         g.for_loop(row_lo, row_hi, 1, first, &mut |g, r, at_row| {
             for ((v, _), val) in outer.iter().zip(&at_row) {
                 g.vars.insert(*v, val.into_int_value());
@@ -427,6 +433,15 @@ fn build_program(
         })?;
         Ok(())
     };
+    // A call without rows returns at once: the nest computes what no row
+    // depends on before its rows.
+    let (work, empty) = (ctx.append_basic_block(f, "rows"), ctx.append_basic_block(f, "no.rows"));
+    let any = bld.build_int_compare(IntPredicate::SLT, row_lo, row_hi, "any.rows").map_err(llvm)?;
+    bld.build_conditional_branch(any, work, empty).map_err(llvm)?;
+    bld.position_at_end(empty);
+    let st = bld.build_load(i64t, status, "st").map_err(llvm)?;
+    bld.build_return(Some(&st)).map_err(llvm)?;
+    bld.position_at_end(work);
     in_versions(&mut g, f, &p.schedules.guards, &mut |g| nest(g))?;
     let st = bld.build_load(i64t, status, "st").map_err(llvm)?;
     bld.build_return(Some(&st)).map_err(llvm)?;
