@@ -1021,3 +1021,28 @@ fn a_whole_input_reduction_in_a_nest_of_rows() {
             .unwrap_or_else(|e| panic!("n={n} m={len}: {e}"));
     }
 }
+
+/// A softmax over the one row of a `[1, m]` input (a classifier's last step):
+/// its reductions read no loop variable, and a long row keeps its terms in a
+/// row scratch that the reductions fill as they are computed, so they stay in
+/// the row. Against the interpreter at short and long rows.
+#[test]
+fn a_single_rows_softmax_with_its_scratch() {
+    let text = "graph {
+  sym m param 1..
+  input %x: f32[1, m]
+  %mx: f32[1, 1] = reduce_max[axes=[1], keep_dims=true] %x
+  %mb: f32[1, m] = broadcast %mx
+  %d: f32[1, m] = sub %x, %mb
+  %e: f32[1, m] = exp %d
+  %s: f32[1, 1] = reduce_sum[axes=[1], keep_dims=true] %e
+  %sb: f32[1, m] = broadcast %s
+  %y: f32[1, m] = div %e, %sb
+  output %y
+}
+";
+    let m = model(text, true, None);
+    for (i, len) in [1usize, 17, 1000, 4097, 40_000].into_iter().enumerate() {
+        compare(&m, &[("m", len)], 300 + i as u64).unwrap_or_else(|e| panic!("m={len}: {e}"));
+    }
+}

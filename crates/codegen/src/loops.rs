@@ -341,9 +341,12 @@ fn build_program(
         // What depends on no loop variable at all (a reduction of the whole
         // input: a dynamic quantization's range) once per call, before the
         // rows, rather than once per row. The call has a row (checked below),
-        // so this computes nothing the rows would not have.
-        let loop_vars = outer.iter().fold(inner_var.map_or(0, |v| 1u64 << v), |m, (v, _)| m | 1u64 << v);
-        g.hoist(&values, loop_vars, false)?;
+        // so this computes nothing the rows would not have. Not with a row
+        // scratch: a row's reductions fill it as they are computed.
+        if scratch.is_none() {
+            let loop_vars = outer.iter().fold(inner_var.map_or(0, |v| 1u64 << v), |m, (v, _)| m | 1u64 << v);
+            g.hoist(&values, loop_vars, false)?;
+        }
         g.for_loop(row_lo, row_hi, 1, first, &mut |g, r, at_row| {
             for ((v, _), val) in outer.iter().zip(&at_row) {
                 g.vars.insert(*v, val.into_int_value());
