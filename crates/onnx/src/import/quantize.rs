@@ -107,13 +107,12 @@ pub(crate) fn dynamic_quantize_linear(imp: &mut Importer, n: &Node) -> R<Vec<Val
     let zero = imp.scalar(DType::F32, 0.0)?;
     let lo_q = imp.binary(B::Div, lo, scale)?;
     let zp = imp.binary(B::Sub, zero, lo_q)?;
-    let zp = clamp_f32(imp, zp, 0.0, 255.0)?;
+    let zp = clamp(imp, zp, 0.0, 255.0)?;
     let zp = imp.unary(U::Round, zp)?;
     let q = imp.binary(B::Div, x, scale)?;
     let q = imp.unary(U::Round, q)?;
     let q = imp.binary(B::Add, q, zp)?;
-    let q = clamp_f32(imp, q, 0.0, 255.0)?;
-    let y = imp.cast(q, DType::U8)?;
+    let y = saturate(imp, q, DType::U8)?;
     let zp = imp.cast(zp, DType::U8)?;
     Ok(vec![y, scale, zp])
 }
@@ -164,11 +163,8 @@ pub(crate) fn qlinear_conv(imp: &mut Importer, n: &Node) -> R<ValueId> {
     let ws = if per_tensor(imp, ws) {
         ws
     } else {
-        let r = imp.rank(acc);
-        let mut dims = vec![SymExpr::constant(1); r];
-        dims[1] = imp.shape(acc)[1].clone();
-        checked_len(imp, ws, &dims[1], "w_scale", "the output channels")?;
-        imp.reshape(ws, dims)?
+        let (channels, rank) = (imp.shape(acc)[1].clone(), imp.rank(acc));
+        laid_along(imp, ws, &channels, 1, rank, "w_scale", "the output channels")?
     };
     let scale = scale_product(imp, n.input(1)?, ws, n.input(6)?)?;
     requantize(imp, acc, scale, n.opt_input(7), imp.ty(n.input(0)?).dtype)
@@ -200,9 +196,7 @@ fn requantize(
         y = imp.binary(B::Add, y, zp)?;
     }
     let y = imp.unary(U::Round, y)?;
-    let (lo, hi) = range_of(out);
-    let y = clamp_f32(imp, y, lo as f64, hi as f64)?;
-    imp.cast(y, out)
+    saturate(imp, y, out)
 }
 
 /// `sa · sb / sy` in the scales' type, then f32; `sy` must not be zero.
@@ -251,10 +245,7 @@ fn shifted(imp: &mut Importer, x: ValueId, zp: Option<ValueId>, name: &str, alon
             Along::Last => r - 1,
             Along::First => 0,
         };
-        checked_len(imp, zp, &xs[axis], &what, &format!("axis {axis} of {name}"))?;
-        let mut dims = vec![SymExpr::constant(1); r - axis];
-        dims[0] = xs[axis].clone();
-        imp.reshape(zp, dims)?
+        laid_along(imp, zp, &xs[axis], axis, r, &what, &format!("axis {axis} of {name}"))?
     };
     imp.binary(B::Sub, xi, zp)
 }
@@ -265,7 +256,7 @@ fn per_rows(imp: &mut Importer, s: ValueId) -> R<ValueId> {
         return scalar_of(imp, s);
     }
     let m = imp.shape(s)[0].clone();
-    imp.reshape(s, vec![m, SymExpr::constant(1)])
+    laid_along(imp, s, &m, 0, 2, "a_scale", "the rows of a")
 }
 
 /// `p` (a scale or a zero point of `x`) broadcast to `x`'s shape: one element
@@ -284,10 +275,7 @@ fn along(imp: &mut Importer, p: ValueId, x: ValueId, axis: i64, block: i64, what
         if imp.rank(p) != 1 {
             return Err(format!("{what} must be one element or 1-D along axis {a}, got {}", imp.ty(p)));
         }
-        checked_len(imp, p, &xs[a], what, &format!("axis {a} of the input"))?;
-        let mut dims = vec![SymExpr::constant(1); xs.len()];
-        dims[a] = xs[a].clone();
-        let p = imp.reshape(p, dims)?;
+        let p = laid_along(imp, p, &xs[a], a, xs.len(), what, &format!("axis {a} of the input"))?;
         return imp.expand_to(p, &xs);
     }
     // Blocked (opset 21): `p` has `x`'s shape but ceil(d / block) along `axis`.
@@ -324,6 +312,23 @@ fn per_tensor(imp: &Importer, p: ValueId) -> bool {
 /// A one-element `p` as a rank-0 value.
 fn scalar_of(imp: &mut Importer, p: ValueId) -> R<ValueId> {
     imp.reshape(p, vec![])
+}
+
+/// A 1-D `p` of `len` elements reshaped to lie along `axis` of a rank-`rank`
+/// value (1 along every other axis), ready to broadcast.
+fn laid_along(
+    imp: &mut Importer,
+    p: ValueId,
+    len: &SymExpr,
+    axis: usize,
+    rank: usize,
+    what: &str,
+    of: &str,
+) -> R<ValueId> {
+    checked_len(imp, p, len, what, of)?;
+    let mut dims = vec![SymExpr::constant(1); rank];
+    dims[axis] = len.clone();
+    imp.reshape(p, dims)
 }
 
 /// A 1-D `p` must have `len` elements.
@@ -372,15 +377,15 @@ fn range_of(dt: DType) -> (i64, i64) {
     }
 }
 
-/// `x` (i32) saturated to `out`'s range, then narrowed to it.
+/// `x` (i32 or f32) saturated to `out`'s range, then narrowed to it.
 fn saturate(imp: &mut Importer, x: ValueId, out: DType) -> R<ValueId> {
     let (lo, hi) = range_of(out);
-    let x = imp.binary_scalar(B::Max, x, lo as f64)?;
-    let x = imp.binary_scalar(B::Min, x, hi as f64)?;
+    let x = clamp(imp, x, lo as f64, hi as f64)?;
     imp.cast(x, out)
 }
 
-fn clamp_f32(imp: &mut Importer, x: ValueId, lo: f64, hi: f64) -> R<ValueId> {
+/// `x` clamped to `lo..=hi` (in its own type).
+fn clamp(imp: &mut Importer, x: ValueId, lo: f64, hi: f64) -> R<ValueId> {
     let x = imp.binary_scalar(B::Max, x, lo)?;
     imp.binary_scalar(B::Min, x, hi)
 }
