@@ -41,6 +41,7 @@ export ANYSHAPE_REQUIRE_PTXAS=1
 flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
 if [[ " $flags " == *" avx2 "* && " $flags " == *" fma "* ]]; then export ANYSHAPE_REQUIRE_AVX2=1; fi
 if [[ " $flags " == *" avx512_bf16 "* ]]; then export ANYSHAPE_REQUIRE_BF16=1; fi
+if [[ " $flags " == *" avx512_vnni "* || " $flags " == *" avx_vnni "* ]]; then export ANYSHAPE_REQUIRE_VNNI=1; fi
 if [[ " $flags " == *" f16c "* ]]; then export ANYSHAPE_REQUIRE_F16C=1; fi
 
 cargo test --workspace --locked

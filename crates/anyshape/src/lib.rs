@@ -312,17 +312,22 @@ impl Model {
         target.check_elem(elem).map_err(|e| {
             codegen::CodegenError::Unsupported(format!("precision {:?}: {e}", opts.precision))
         })?;
-        // One kernel family per epilogue the matmuls fuse.
-        let mut epilogues: Vec<plan::Epilogue> = Vec::new();
+        // One kernel family per epilogue the matmuls fuse and type they multiply in:
+        // 8-bit integer operands in u8s8 where the target has VNNI.
+        let u8s8 = opts.u8s8 && target.check_elem(kernels::ElemType::U8S8).is_ok();
+        let mut families: Vec<(plan::Epilogue, kernels::ElemType)> = Vec::new();
         for s in &plan.steps {
-            let e = match &s.kind {
-                plan::StepKind::MatMul(m) => m.epilogue.function(),
+            let f = match &s.kind {
+                plan::StepKind::MatMul(m) if m.u8s8 && u8s8 => {
+                    (m.epilogue.function(), kernels::ElemType::U8S8)
+                }
+                plan::StepKind::MatMul(m) => (m.epilogue.function(), elem),
                 // Fused attention's products run on the plain family's direct kernels.
-                plan::StepKind::Attention(_) => plan::Epilogue::default(),
+                plan::StepKind::Attention(_) => (plan::Epilogue::default(), elem),
                 plan::StepKind::Loop { .. } => continue,
             };
-            if !epilogues.contains(&e) {
-                epilogues.push(e);
+            if !families.contains(&f) {
+                families.push(f);
             }
         }
         let cache = opts.cache_dir.clone().or_else(codegen::tuning::default_cache_dir);
@@ -334,22 +339,28 @@ impl Model {
         // compile side by side: on a first compile each would otherwise measure
         // them at the same time, disturbing one another, and pick from its own
         // noisy figures.
-        if !epilogues.is_empty() {
-            let (mut rec, _) = codegen::tuning::record(cache.as_deref(), &target, elem)?;
+        let mut elems: Vec<kernels::ElemType> = Vec::new();
+        for &(_, e) in &families {
+            if !elems.contains(&e) {
+                elems.push(e);
+            }
+        }
+        for &e in &elems {
+            let (mut rec, _) = codegen::tuning::record(cache.as_deref(), &target, e)?;
             codegen::tuning::machine_model(cache.as_deref(), &target, &pool, &mut rec);
         }
         let progress: Option<codegen::ProgressFn> =
             opts.progress.as_deref().map(|p| p as codegen::ProgressFn);
         // The loop programs and the contraction families compile at the same time.
-        let (programs, families) = std::thread::scope(|s| {
-            let families: Vec<_> = epilogues
+        let (programs, compiled) = std::thread::scope(|s| {
+            let compiled: Vec<_> = families
                 .iter()
-                .map(|e| {
+                .map(|&(e, elem)| {
                     let (target, pool, cache, objects) = (&target, &pool, &cache, &objects);
                     s.spawn(move || {
                         let mut b = codegen::Contraction::builder(target, pool)
                             .elem(elem)
-                            .epilogue(*e)
+                            .epilogue(e)
                             .cache(cache.as_deref())
                             .objects(objects);
                         if let Some(p) = progress {
@@ -367,11 +378,11 @@ impl Model {
                 &objects,
                 progress.unwrap_or(&|_| {}),
             );
-            let families: Vec<_> = families
+            let compiled: Vec<_> = compiled
                 .into_iter()
                 .map(|h| h.join().unwrap_or_else(|_| Err(codegen::CodegenError::Llvm("panicked".into()))))
                 .collect();
-            (programs, families)
+            (programs, compiled)
         });
         tracing::info!(
             "generated code in {:.0} ms: {} modules from the object cache, {} compiled",
@@ -384,11 +395,17 @@ impl Model {
         let splits = (0..programs.len()).map(|i| programs.split(i)).collect();
         let mut code = programs.into_images();
         let mut dispatchers = Vec::with_capacity(families.len());
-        for (e, c) in epilogues.into_iter().zip(families) {
+        for ((e, elem), c) in families.into_iter().zip(compiled) {
             let (d, images) = c?.into_parts();
             code.extend(images);
             let d = match opts.measured_dispatch {
-                true => self.measured(d, &pool, e, &plan, cache.as_deref())?,
+                true => self.measured(
+                    d,
+                    &pool,
+                    (e, elem == kernels::ElemType::U8S8, u8s8),
+                    &plan,
+                    cache.as_deref(),
+                )?,
                 false => d,
             };
             dispatchers.push((e, d));
@@ -411,6 +428,10 @@ impl Model {
             },
             code_target: {
                 let (cpu, features) = codegen::code_target(&target);
+                let features = match elems.contains(&kernels::ElemType::U8S8) {
+                    true => codegen::features_for(kernels::ElemType::U8S8, &features),
+                    false => features,
+                };
                 runtime::CodeTarget::new(&cpu, &features)
             },
         };
@@ -455,7 +476,7 @@ impl Model {
         &self,
         d: kernels::Dispatcher,
         pool: &kernels::ThreadPool,
-        e: plan::Epilogue,
+        (e, u8s8_family, u8s8): (plan::Epilogue, bool, bool),
         plan: &plan::ModelPlan,
         cache: Option<&Path>,
     ) -> Result<kernels::Dispatcher, Error> {
@@ -465,7 +486,9 @@ impl Model {
         for st in &plan.steps {
             let plan::StepKind::MatMul(mm) = &st.kind else { continue };
             // A convolution's taps are never a tuned class's row-major A.
-            if !mm.weight || mm.taps.is_some() || mm.epilogue.function() != e {
+            // The weights this family multiplies (with its epilogue, in its type).
+            let family = mm.epilogue.function() == e && (mm.u8s8 && u8s8) == u8s8_family;
+            if !mm.weight || mm.taps.is_some() || !family {
                 continue;
             }
             let (Some(k), Some(n)) = (fixed(mm.k), fixed(mm.n)) else { continue };
@@ -547,6 +570,7 @@ pub struct CompileOptions {
     pool: Option<std::sync::Arc<kernels::ThreadPool>>,
     isa: Isa,
     precision: Precision,
+    u8s8: bool,
     cache_dir: Option<std::path::PathBuf>,
     fuse_attention: bool,
     key_chunks: KeyChunks,
@@ -563,6 +587,7 @@ impl std::fmt::Debug for CompileOptions {
             .field("pool", &self.pool.as_ref().map(|p| p.threads()))
             .field("isa", &self.isa)
             .field("precision", &self.precision)
+            .field("u8s8", &self.u8s8)
             .field("cache_dir", &self.cache_dir)
             .field("fuse_attention", &self.fuse_attention)
             .field("key_chunks", &self.key_chunks)
@@ -581,6 +606,7 @@ impl Default for CompileOptions {
             pool: None,
             isa: Isa::Host,
             precision: Precision::F32,
+            u8s8: true,
             cache_dir: None,
             fuse_attention: true,
             key_chunks: KeyChunks::Auto,
@@ -600,6 +626,13 @@ impl CompileOptions {
     /// needs AVX-512 BF16; compiling for a machine without it is an error.
     pub fn precision(mut self, p: Precision) -> CompileOptions {
         self.precision = p;
+        self
+    }
+    /// Multiply a quantized model's 8-bit-integer contractions with the u8s8
+    /// family (VNNI's `vpdpbusd`) where the target has it (default on; off, or
+    /// without VNNI, they run exactly on the [`precision`](Self::precision) family).
+    pub fn u8s8(mut self, on: bool) -> CompileOptions {
+        self.u8s8 = on;
         self
     }
     /// Threads of the model's pool (default: the machine's).

@@ -993,9 +993,11 @@ fn integer_convolutions_run_exactly_on_floats() {
 }
 
 /// A reduction of the whole input used by every point (a dynamic
-/// quantization's range): computed once per call before the rows, not once
-/// per row; a call with no rows computes nothing. Against the interpreter at
-/// no rows, one point, primes and rows split over both threads.
+/// quantization's range): stored once per call by a program of its own (its
+/// reduction split over the threads), which the rows' program reads, not
+/// reduced again per row or per part of the rows; a call with no rows
+/// computes nothing. Against the interpreter at no rows, one point, primes
+/// and rows split over both threads.
 #[test]
 fn a_whole_input_reduction_in_a_nest_of_rows() {
     let text = "graph {
@@ -1013,8 +1015,8 @@ fn a_whole_input_reduction_in_a_nest_of_rows() {
     let m = model(text, true, None);
     let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
     assert!(
-        plan.contains("max(i2 < d1, i3 < d2") && plan.contains("round(div(%0[i0, i1], t0))"),
-        "the reduction is not in the rows' program:\n{plan}"
+        plan.contains("max(i0 < d2, i1 < d3") && plan.contains("round(div(%0[i0, i1], %1[]))"),
+        "the rows do not read a stored reduction:\n{plan}"
     );
     for (i, (n, len)) in [(0, 5), (1, 1), (3, 17), (7, 64), (5_001, 3), (2, 40_003)].into_iter().enumerate() {
         compare_from(&m, &[("n", n), ("m", len)], 200 + i as u64, 3.0)
@@ -1044,5 +1046,132 @@ fn a_single_rows_softmax_with_its_scratch() {
     let m = model(text, true, None);
     for (i, len) in [1usize, 17, 1000, 4097, 40_000].into_iter().enumerate() {
         compare(&m, &[("m", len)], 300 + i as u64).unwrap_or_else(|e| panic!("m={len}: {e}"));
+    }
+}
+
+/// Float-to-integer casts in vectors (the lanes converted together, not one by
+/// one) keep the interpreter's saturation: out-of-range values go to the type's
+/// ends, NaN to zero, values just under and past 2^31 and 2^63 included, for
+/// every integer type, over vectors and their tails.
+#[test]
+fn float_to_integer_casts_saturate_in_vectors() {
+    let text = "graph {
+  sym n param 1..100
+  input %x: f32[n]
+  %i: i32[n] = cast %x
+  %b: i8[n] = cast %x
+  %u: u8[n] = cast %x
+  %l: i64[n] = cast %x
+  output %i, %b, %u, %l
+}
+";
+    let m = model(text, false, None);
+    let cm = m.compile(&CompileOptions::new().threads(2).canaries(true)).expect("compiles");
+    let special = [
+        0.0,
+        -0.0,
+        0.5,
+        -0.5,
+        1.9,
+        -1.9,
+        127.9,
+        128.0,
+        -128.9,
+        -129.0,
+        255.0,
+        255.9,
+        256.0,
+        -1.0,
+        2_147_483_520.0,
+        2_147_483_648.0,
+        -2_147_483_648.0,
+        -2_147_483_904.0,
+        3e10,
+        -3e10,
+        9.223_371_5e18,
+        9.223_372e18,
+        -9.223_372e18,
+        1e30,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+    ];
+    for n in [1usize, 7, 16, 17, 28, 45, 97] {
+        let x: Vec<f32> = (0..n).map(|i| special[(i * 5) % special.len()]).collect();
+        let ins = [("x", Tensor::new(vec![n], Elems::F32(x)).expect("x"))];
+        let (got, want) = (cm.run(&ins).expect("runs"), m.interpret(&ins).expect("interprets"));
+        for ((name, g), (_, w)) in got.iter().zip(&want) {
+            assert_eq!(g.elems(), w.elems(), "{name} at n {n}");
+        }
+    }
+}
+
+/// A matmul of a dynamically quantized activation (`u8 - zero point`) by an
+/// int8 weight: the zero point moves out (`x·B - z·colsum(B)`), so both operands
+/// are 8-bit integers, multiplied by the u8s8 family where the machine has VNNI
+/// and by the f32 family otherwise (and with `u8s8(false)`), equal to the exact
+/// integer sums in every case: 300 deep in one product, 700 deep in chunks of
+/// K (the extremes past 2^24 included).
+#[test]
+fn quantized_activations_by_int8_weights_move_their_zero_point_out() {
+    for k in [300usize, 700] {
+        let text = format!(
+            "graph {{
+  sym m param 1..
+  input %a: u8[m, {k}]
+  input %za: u8[]
+  %w: i8[{k}, 5] = constant @w8
+  %ai: i32[m, {k}] = cast %a
+  %zi: i32[] = cast %za
+  %z1: i32[1, 1] = reshape %zi
+  %zb: i32[m, {k}] = broadcast %z1
+  %as: i32[m, {k}] = sub %ai, %zb
+  %wi: i32[{k}, 5] = cast %w
+  %y: i32[m, 5] = matmul %as, %wi
+  output %y
+}}
+"
+        );
+        let mut rng = Lcg::new(k as u64);
+        let mut w: Vec<i8> = (0..k * 5).map(|_| rng.next() as i8).collect();
+        for r in 0..k {
+            w[r * 5] = -128;
+            w[r * 5 + 1] = 127;
+        }
+        let weight = Tensor::new(vec![k, 5], Elems::I8(w.clone())).expect("w");
+        let bind =
+            |name: &str| (name == "w8").then(|| std::sync::Arc::new(ir::ConstData::from_tensor(&weight)));
+        let g = ir::parse_graph(&text, &bind).unwrap_or_else(|e| panic!("{e}"));
+        let m = Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"));
+        let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
+        assert!(plan.contains("(u8·s8)"), "no u8·s8 product at K {k}:\n{plan}");
+        let vnni = kernels::Target::detect().check_elem(kernels::ElemType::U8S8).is_ok();
+        for on in [true, false] {
+            let cm = m.compile(&CompileOptions::new().threads(2).canaries(true).u8s8(on)).expect("compiles");
+            let kinds = cm.kernels_text();
+            assert_eq!(kinds.contains("micro-kernels in u8s8"), on && vnni, "{kinds}");
+            for (i, rows) in [1usize, 2, 7, 17, 65].into_iter().enumerate() {
+                let mut a: Vec<u8> = (0..rows * k).map(|_| rng.next() as u8).collect();
+                a[..k].fill(255);
+                let za = if i % 2 == 0 { 0u8 } else { rng.next() as u8 };
+                let want: Vec<i32> = (0..rows * 5)
+                    .map(|x| {
+                        let (r, c) = (x / 5, x % 5);
+                        let s: i64 =
+                            (0..k).map(|p| (a[r * k + p] as i64 - za as i64) * w[p * 5 + c] as i64).sum();
+                        s as i32
+                    })
+                    .collect();
+                let ins = [
+                    ("a", Tensor::new(vec![rows, k], Elems::U8(a)).expect("a")),
+                    ("za", Tensor::new(vec![], Elems::U8(vec![za])).expect("za")),
+                ];
+                let got = cm.run(&ins).expect("runs");
+                assert_eq!(got[0].1.elems(), &Elems::I32(want.clone()), "K {k} rows {rows} u8s8 {on}");
+                let interpreted = m.interpret(&ins).expect("interprets");
+                assert_eq!(interpreted[0].1.elems(), &Elems::I32(want), "K {k} rows {rows}");
+            }
+        }
     }
 }

@@ -290,6 +290,11 @@ pub struct PrecisionArg {
     /// f32).
     #[arg(long, value_enum, default_value_t = PrecisionName::F32)]
     pub precision: PrecisionName,
+    /// Multiply a quantized model's 8-bit contractions in the precision's
+    /// family, not with the u8s8 kernels (VNNI) it takes where the machine
+    /// has them: to measure what they gain.
+    #[arg(long)]
+    pub no_u8s8: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -306,6 +311,18 @@ impl PrecisionArg {
             PrecisionName::F32 => anyshape::Precision::F32,
             PrecisionName::Bf16 => anyshape::Precision::Bf16,
         }
+    }
+
+    /// Whether these are the defaults (f32, u8s8 kernels where the machine has them).
+    #[allow(dead_code)]
+    pub fn is_default(self) -> bool {
+        self.precision == PrecisionName::F32 && !self.no_u8s8
+    }
+
+    /// `opts` with this precision and choice of 8-bit kernels.
+    #[allow(dead_code)]
+    pub fn apply(self, opts: anyshape::CompileOptions) -> anyshape::CompileOptions {
+        opts.precision(self.get()).u8s8(!self.no_u8s8)
     }
 }
 

@@ -268,21 +268,22 @@ fn dispatch(cli: Cli) -> Result<()> {
             precision,
             device,
         } => {
-            let options =
-                RunOptions { threads, key_chunks: chunks.key_chunks, precision: precision.get(), device };
+            let options = RunOptions { threads, key_chunks: chunks.key_chunks, precision, device };
             run(model, inputs, shapes, output_dir, dims, interpret, options)
         }
         Command::Bench(args) => model_bench::bench(args),
         Command::Compile { model, output, dims, device, gpu_arch, precision, .. }
             if device != devices::DeviceArg::Cpu =>
         {
-            if precision.get() != anyshape::Precision::F32 {
-                bail!(UserError("--precision applies to CPU code; the GPU's contractions are bf16".into()));
+            if !precision.is_default() {
+                bail!(UserError(
+                    "--precision and --no-u8s8 apply to CPU code; the GPU's contractions are bf16".into()
+                ));
             }
             compile_gpu(model, output, dims, gpu_arch)
         }
         Command::Compile { model, output, dims, threads, isa, precision, .. } => {
-            compile(model, output, dims, threads, isa, precision.get())
+            compile(model, output, dims, threads, isa, precision)
         }
         Command::Inspect { model, .. } if anyshape::gpu::is_gpu_artifact(&model) => {
             bail!(UserError(format!(
@@ -407,7 +408,7 @@ fn sym_range(r: &str) -> Option<Range> {
 struct RunOptions {
     threads: Option<usize>,
     key_chunks: anyshape::KeyChunks,
-    precision: anyshape::Precision,
+    precision: common::PrecisionArg,
     device: devices::DeviceArg,
 }
 
@@ -422,10 +423,10 @@ fn run(
 ) -> Result<()> {
     let RunOptions { threads, key_chunks, precision, device } = options;
     let compiles_here = !interpret && device == devices::DeviceArg::Cpu && !runtime::is_artifact(&model_path);
-    if precision != anyshape::Precision::F32 && !compiles_here {
+    if !precision.is_default() && !compiles_here {
         bail!(UserError(
-            "--precision applies when compiling an ONNX model for the CPU (not to an artifact, --interpret \
-             or a GPU)"
+            "--precision and --no-u8s8 apply when compiling an ONNX model for the CPU (not to an artifact, \
+             --interpret or a GPU)"
                 .into()
         ));
     }
@@ -463,7 +464,7 @@ fn run(
         tracing::info!("running on {}", gm.device_name());
         gm.run(&named).map_err(anyshape::Error::from)?
     } else {
-        let mut opts = anyshape::CompileOptions::new().key_chunks(key_chunks).precision(precision);
+        let mut opts = precision.apply(anyshape::CompileOptions::new().key_chunks(key_chunks));
         if let Some(t) = threads {
             opts = opts.threads(t);
         }
@@ -552,7 +553,7 @@ fn compile(
     dims: Vec<String>,
     threads: Option<usize>,
     isa: IsaArg,
-    precision: anyshape::Precision,
+    precision: common::PrecisionArg,
 ) -> Result<()> {
     let start = std::time::Instant::now();
     let model = load(&model_path, &dims)?;
@@ -560,7 +561,7 @@ fn compile(
         IsaArg::Host => anyshape::Isa::Host,
         IsaArg::Avx2 => anyshape::Isa::Avx2,
     };
-    let mut opts = anyshape::CompileOptions::new().isa(isa).precision(precision);
+    let mut opts = precision.apply(anyshape::CompileOptions::new().isa(isa));
     if let Some(t) = threads {
         opts = opts.threads(t);
     }

@@ -157,7 +157,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     let start = Instant::now();
     let (cm, what) = if runtime::is_artifact(&a.model) {
-        let precision = a.precision.precision != crate::common::PrecisionName::F32;
+        let precision = !a.precision.is_default();
         if !a.dims.is_empty()
             || a.unfused_attention
             || a.no_object_cache
@@ -165,7 +165,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             || precision
         {
             bail!(UserError(
-                "--dim, --unfused-attention, --no-object-cache, --no-measured-dispatch and --precision apply \
+                "--dim, --unfused-attention, --no-object-cache, --no-measured-dispatch, --precision and \
+                 --no-u8s8 apply \
                  when compiling an ONNX model; an artifact is compiled already"
                     .into()
             ));
@@ -176,12 +177,13 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         )
     } else {
         let model = crate::load(&a.model, &a.dims)?;
-        let mut opts = CompileOptions::new()
-            .fuse_attention(!a.unfused_attention)
-            .key_chunks(a.chunks.key_chunks)
-            .object_cache(!a.no_object_cache)
-            .measured_dispatch(!a.no_measured_dispatch)
-            .precision(a.precision.get());
+        let mut opts = a.precision.apply(
+            CompileOptions::new()
+                .fuse_attention(!a.unfused_attention)
+                .key_chunks(a.chunks.key_chunks)
+                .object_cache(!a.no_object_cache)
+                .measured_dispatch(!a.no_measured_dispatch),
+        );
         if let Some(t) = a.threads {
             opts = opts.threads(t);
         }

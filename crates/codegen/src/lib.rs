@@ -363,6 +363,18 @@ fn cpu_and_features(t: &Target) -> (String, String) {
     }
 }
 
+/// The features code multiplying in `elem` needs beyond `features`: AVX-VNNI
+/// for u8s8 on an AVX2 target (an AVX-512 target's host features have VNNI), so
+/// that only code that uses it asks a machine for it.
+pub fn features_for(elem: ElemType, features: &str) -> String {
+    if elem == ElemType::U8S8 && !features.contains("vnni") {
+        let sep = if features.is_empty() { "" } else { "," };
+        format!("{features}{sep}+avxvnni")
+    } else {
+        features.to_string()
+    }
+}
+
 /// Set the target CPU and features, and the vector width LLVM must use, on `f`.
 pub(crate) fn target_attributes(
     ctx: &'static Context,
@@ -393,6 +405,11 @@ fn build_microkernel(
     let (f32t, i64t) = (ctx.f32_type(), ctx.i64_type());
     let ptr = ctx.ptr_type(AddressSpace::default());
     let vt = f32t.vec_type(w as u32);
+    // The accumulators: f32 lanes, or i32 lanes for u8s8 (converted at the store).
+    let acc_t = match elem {
+        ElemType::U8S8 => ctx.i32_type().vec_type(w as u32),
+        _ => vt,
+    };
     let nv = nr / w;
     let fn_type = ctx.void_type().fn_type(
         &[
@@ -411,7 +428,7 @@ fn build_microkernel(
         false,
     );
     let f = module.add_function(name, fn_type, None);
-    target_attributes(ctx, f, cpu, features, w);
+    target_attributes(ctx, f, cpu, &features_for(elem, features), w);
     let noalias =
         ctx.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("noalias"), 0);
     for i in 1..=3 {
@@ -523,7 +540,7 @@ fn build_microkernel(
     let k_phi = bld.build_phi(i64t, "k").map_err(llvm)?;
     let mut acc_phis = Vec::with_capacity(mr * nv);
     for i in 0..mr * nv {
-        acc_phis.push(bld.build_phi(vt, &format!("acc{i}")).map_err(llvm)?);
+        acc_phis.push(bld.build_phi(acc_t, &format!("acc{i}")).map_err(llvm)?);
     }
     let k = k_phi.as_basic_value().into_int_value();
     let more = bld.build_int_compare(IntPredicate::SLT, k, kc, "more").map_err(llvm)?;
@@ -550,6 +567,8 @@ fn build_microkernel(
             });
             (bt, dp)
         }
+        // u8 words of A against s8 words of B, into i32 lanes.
+        ElemType::U8S8 => (acc_t, vpdpbusd(ctx, module, w)),
         ElemType::F16 => return Err(f16_on_cpu()),
     };
     let gep = |base, idx: IntValue<'static>, n: &str| {
@@ -588,7 +607,7 @@ fn build_microkernel(
                 let acc = accs[i * nv + v];
                 let args = match elem {
                     ElemType::F32 => [splat.into(), (*bv).into(), acc.into()],
-                    ElemType::Bf16 => [acc.into(), splat.into(), (*bv).into()],
+                    ElemType::Bf16 | ElemType::U8S8 => [acc.into(), splat.into(), (*bv).into()],
                     ElemType::F16 => return Err(f16_on_cpu()),
                 };
                 let r = bld.build_call(mul, &args, "mul").map_err(llvm)?;
@@ -633,7 +652,7 @@ fn build_microkernel(
     let uk_phi = bld.build_phi(i64t, "k.u").map_err(llvm)?;
     let mut uacc_phis = Vec::with_capacity(mr * nv);
     for i in 0..mr * nv {
-        uacc_phis.push(bld.build_phi(vt, &format!("acc.u{i}")).map_err(llvm)?);
+        uacc_phis.push(bld.build_phi(acc_t, &format!("acc.u{i}")).map_err(llvm)?);
     }
     let uk = uk_phi.as_basic_value().into_int_value();
     let uk_end = bld.build_int_add(uk, c_i64(K_UNROLL), "k.u.end").map_err(llvm)?;
@@ -647,7 +666,7 @@ fn build_microkernel(
     }
     bld.build_unconditional_branch(u_header).map_err(llvm)?;
 
-    let zero = vt.const_zero();
+    let zero = acc_t.const_zero();
     uk_phi.add_incoming(&[(&c_i64(0), kpre), (&uk_end, u_body)]);
     for (phi, nx) in uacc_phis.iter().zip(&uaccs) {
         phi.add_incoming(&[(&zero, kpre), (nx, u_body)]);
@@ -660,6 +679,15 @@ fn build_microkernel(
     // k.done: the tile's values (C added when accumulating), then the epilogue
     // (when compiled in and asked for), then the store.
     bld.position_at_end(done);
+    // The tile's sums as f32 (u8s8's i32 sums converted: exact below 2^24).
+    let mut sums = Vec::with_capacity(mr * nv);
+    for p in &acc_phis[..mr * nv] {
+        let acc = p.as_basic_value().into_vector_value();
+        sums.push(match elem {
+            ElemType::U8S8 => bld.build_signed_int_to_float(acc, vt, "acc.f32").map_err(llvm)?,
+            _ => acc,
+        });
+    }
     let bit = |b: u64, n: &str| -> Result<_, CodegenError> {
         let masked = bld.build_and(flags, c_i64(b as usize), n).map_err(llvm)?;
         bld.build_int_compare(IntPredicate::NE, masked, c_i64(0), n).map_err(llvm)
@@ -677,12 +705,9 @@ fn build_microkernel(
         for v in 0..nv {
             let old = bld.build_load(vt, c_ptr(i, v)?, "c").map_err(llvm)?;
             set_align(&old, 4);
-            let acc = acc_phis[i * nv + v].as_basic_value().into_vector_value();
-            summed.push(bld.build_float_add(old.into_vector_value(), acc, "sum").map_err(llvm)?);
+            summed.push(bld.build_float_add(old.into_vector_value(), sums[i * nv + v], "sum").map_err(llvm)?);
         }
     }
-    let sums: Vec<VectorValue<'static>> =
-        acc_phis[..mr * nv].iter().map(|p| p.as_basic_value().into_vector_value()).collect();
     let vals = join_tile(&bld, vt, (add_c, &summed), (set_c, &sums), merge)?;
     let store = |vals: &[VectorValue<'static>]| -> Result<(), CodegenError> {
         for i in 0..mr {
@@ -741,6 +766,22 @@ fn build_microkernel(
     bld.position_at_end(ret);
     bld.build_return(None).map_err(llvm)?;
     Ok(())
+}
+
+/// `llvm.x86.avx512.vpdpbusd.{128·w/4}`: each i32 lane plus the four products of
+/// its unsigned bytes of the second operand with the signed bytes of the third
+/// (AVX512-VNNI on 512-bit vectors; on 256-bit ones, AVX-VNNI's VEX form where
+/// the target has no AVX-512).
+pub(crate) fn vpdpbusd(
+    ctx: &'static Context,
+    module: &Module<'static>,
+    w: usize,
+) -> inkwell::values::FunctionValue<'static> {
+    let name = format!("llvm.x86.avx512.vpdpbusd.{}", w * 32);
+    module.get_function(&name).unwrap_or_else(|| {
+        let it = ctx.i32_type().vec_type(w as u32);
+        module.add_function(&name, it.fn_type(&[it.into(), it.into(), it.into()], false), None)
+    })
 }
 
 /// A call asking the line at `at` into L2 (read access, locality 2, data cache).

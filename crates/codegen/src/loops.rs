@@ -1418,6 +1418,61 @@ impl Gen<'_> {
         }
     }
 
+    /// `llvm.fpto[su]i.sat`'s result (out-of-range values saturate, NaN is
+    /// zero) from operations that stay vectors: LLVM 19 takes the intrinsic
+    /// apart into one scalar conversion per lane on x86. The value is clamped
+    /// in its float type to the largest float the integer type holds, converted,
+    /// and the two cases a clamp cannot say (past that float, NaN) selected.
+    fn float_to_int_sat(&self, a: V, from: DType, to: DType) -> R<V> {
+        let b = self.bld;
+        let nb = int_bits(to) as u32;
+        let (lo, hi): (i128, i128) = match to != DType::U8 {
+            true => (-(1i128 << (nb - 1)), (1i128 << (nb - 1)) - 1),
+            false => (0, (1i128 << nb) - 1),
+        };
+        // The largest float of `from` at most `hi` (`hi` itself where it fits).
+        let hi_f = match from {
+            DType::F32 => {
+                let f = hi as f32;
+                if f as i128 > hi {
+                    f32::from_bits(f.to_bits() - 1) as f64
+                } else {
+                    f as f64
+                }
+            }
+            _ => {
+                let f = hi as f64;
+                if f as i128 > hi {
+                    f64::from_bits(f.to_bits() - 1)
+                } else {
+                    f
+                }
+            }
+        };
+        let (lo, nb) = (lo as f64, nb as i32);
+        let clamped = {
+            let below = fcmp(b, FloatPredicate::OLT, a, self.float_like(a, lo)?)?;
+            let x = select(b, below, self.float_like(a, lo)?, a)?;
+            let above = fcmp(b, FloatPredicate::OGT, x, self.float_like(a, hi_f)?)?;
+            select(b, above, self.float_like(a, hi_f)?, x)?
+        };
+        // Narrow types convert through i32 (exact: the value is already in range).
+        let wide = if nb < 32 { DType::I32 } else { to };
+        let wt = self.lty(wide, true).into_vector_type();
+        let mut r: V =
+            b.build_float_to_signed_int(clamped.into_vector_value(), wt, "cvt").map_err(llvm)?.into();
+        if nb < 32 {
+            let tt = self.lty(to, true).into_vector_type();
+            r = b.build_int_truncate(r.into_vector_value(), tt, "narrow").map_err(llvm)?.into();
+        }
+        if (hi_f as i128) < hi {
+            let past = fcmp(b, FloatPredicate::OGT, a, self.float_like(a, hi_f)?)?;
+            r = select(b, past, self.int_like(r, hi as i64)?, r)?;
+        }
+        let nan = fcmp(b, FloatPredicate::UNO, a, a)?;
+        select(b, nan, self.zero_like(r)?, r)
+    }
+
     fn float_like(&self, a: V, x: f64) -> R<V> {
         let s: V = self.scalar_type(a).into_float_type().const_float(x).into();
         if a.is_vector_value() {
@@ -1574,6 +1629,9 @@ impl Gen<'_> {
             (true, false) if to == DType::Bool => {
                 let z = self.zero_like(a)?;
                 fcmp(b, FloatPredicate::UNE, a, z)?
+            }
+            (true, false) if vec && matches!(from, DType::F32 | DType::F64) => {
+                self.float_to_int_sat(a, from, to)?
             }
             (true, false) => {
                 let name = if to == DType::U8 { "llvm.fptoui.sat" } else { "llvm.fptosi.sat" };

@@ -159,7 +159,7 @@ fn build_packer(
         Rows::ByAddress => vec![ptr.into(), i64t.into(), ptr.into()],
     };
     let f = module.add_function(name, ctx.void_type().fn_type(&params, false), None);
-    target_attributes(ctx, f, cpu, features, l);
+    target_attributes(ctx, f, cpu, &crate::features_for(elem, features), l);
     let noalias =
         ctx.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("noalias"), 0);
     let last = params.len() as u32 - 1;
@@ -241,11 +241,16 @@ fn build_packer(
     }
     let shift = c_i64(depths.trailing_zeros() as usize);
     let nfull = bld.build_right_shift(kc, shift, false, "nfull").map_err(llvm)?;
-    // One block of a row's depths as `l` words: the f32 values themselves, or
-    // `2l` values rounded to bf16 and paired up (a bit cast: the pairs are adjacent).
+    // One block of a row's depths as `l` words: the f32 values themselves,
+    // `2l` values rounded to bf16 and paired up (a bit cast: the pairs are
+    // adjacent), or `4l` values as bytes in fours.
     let bt = ctx.bf16_type().vec_type(depths as u32);
-    let wide_mask: Vec<_> = (0..depths).map(|j| i32t.const_int(j as u64, false)).collect();
-    let wide_mask = VectorType::const_vector(&wide_mask);
+    let first = |n: usize| {
+        let m: Vec<_> = (0..n).map(|j| i32t.const_int(j as u64, false)).collect();
+        VectorType::const_vector(&m)
+    };
+    // Two blocks of `l` depths side by side, and two such pairs.
+    let (wide_mask, quad_mask) = (first(2 * l), first(4 * l));
     let to_words = |parts: &[VectorValue<'static>]| -> Result<VectorValue<'static>, CodegenError> {
         match elem {
             ElemType::F32 => Ok(parts[0]),
@@ -253,6 +258,19 @@ fn build_packer(
                 let wide = bld.build_shuffle_vector(parts[0], parts[1], wide_mask, "wide").map_err(llvm)?;
                 let half = bld.build_float_trunc(wide, bt, "bf16").map_err(llvm)?;
                 Ok(bld.build_bit_cast(half, vt, "words").map_err(llvm)?.into_vector_value())
+            }
+            ElemType::U8S8 => {
+                // Four blocks of depths in order, each value's low byte (u8 or s8
+                // alike: the values are integers in either byte's range).
+                let lo = bld.build_shuffle_vector(parts[0], parts[1], wide_mask, "lo").map_err(llvm)?;
+                let hi = bld.build_shuffle_vector(parts[2], parts[3], wide_mask, "hi").map_err(llvm)?;
+                let all = bld.build_shuffle_vector(lo, hi, quad_mask, "all").map_err(llvm)?;
+                let ints =
+                    bld.build_float_to_signed_int(all, i32t.vec_type(4 * l as u32), "ints").map_err(llvm)?;
+                let bytes = bld
+                    .build_int_truncate(ints, ctx.i8_type().vec_type(4 * l as u32), "bytes")
+                    .map_err(llvm)?;
+                Ok(bld.build_bit_cast(bytes, vt, "words").map_err(llvm)?.into_vector_value())
             }
             ElemType::F16 => Err(crate::f16_on_cpu()),
         }

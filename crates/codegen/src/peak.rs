@@ -1,7 +1,8 @@
 //! Measured peak FMA throughput: a generated loop of independent vector FMAs
 //! (enough accumulators to cover FMA latency on every port, no memory traffic),
 //! timed on every thread of a pool. The denominator of "fraction of peak". The
-//! bf16 peak is the same loop of `vdpbf16ps` (two products per f32 lane).
+//! bf16 peak is the same loop of `vdpbf16ps` (two products per f32 lane), the
+//! u8s8 one of `vpdpbusd` (four per i32 lane).
 
 use std::time::Instant;
 
@@ -30,7 +31,7 @@ pub fn measure_peak_gflops(t: &Target, pool: &ThreadPool, millis: u64) -> Result
 }
 
 /// Peak GFLOP/s of `t`'s multiply-adds in `elem` (a bf16 pair product and its
-/// add count as 4 flops per lane), with `pool`'s threads.
+/// add count as 4 flops per lane, a u8s8 quad as 8), with `pool`'s threads.
 pub fn measure_peak_gflops_of(
     t: &Target,
     elem: ElemType,
@@ -44,10 +45,15 @@ pub fn measure_peak_gflops_of(
     let jit = jit_function(t, name, &crate::ObjectCache::none(), |ctx, module, cpu, features| {
         let (f32t, i64t) = (ctx.f32_type(), ctx.i64_type());
         let vt = f32t.vec_type(w as u32);
+        // The accumulators: f32 lanes, or i32 for u8s8.
+        let at = match elem {
+            ElemType::U8S8 => ctx.i32_type().vec_type(w as u32),
+            _ => vt,
+        };
         let fn_type =
             ctx.void_type().fn_type(&[i64t.into(), ctx.ptr_type(AddressSpace::default()).into()], false);
         let f = module.add_function(name, fn_type, None);
-        target_attributes(ctx, f, cpu, features, w);
+        target_attributes(ctx, f, cpu, &crate::features_for(elem, features), w);
         let iters = f.get_nth_param(0).ok_or_else(|| llvm("param"))?.into_int_value();
         let sink = f.get_nth_param(1).ok_or_else(|| llvm("param"))?.into_pointer_value();
         let bld = ctx.create_builder();
@@ -62,7 +68,7 @@ pub fn measure_peak_gflops_of(
         bld.position_at_end(head);
         let i = bld.build_phi(i64t, "i").map_err(llvm)?;
         let accs: Vec<_> = (0..chains)
-            .map(|c| bld.build_phi(vt, &format!("a{c}")))
+            .map(|c| bld.build_phi(at, &format!("a{c}")))
             .collect::<Result<_, _>>()
             .map_err(llvm)?;
         let more = bld
@@ -92,6 +98,12 @@ pub fn measure_peak_gflops_of(
                     |v: f64| inkwell::types::VectorType::const_vector(&vec![bt.const_float(v); 2 * w]);
                 (dp, splat(1.0 / 1024.0), splat(1.0 / 1024.0))
             }
+            ElemType::U8S8 => {
+                // acc += four products of 1 · 1 per lane: wraps after 2^29 calls, harmlessly.
+                let ones = vec![ctx.i32_type().const_int(0x0101_0101, false); w];
+                let ones = inkwell::types::VectorType::const_vector(&ones);
+                (crate::vpdpbusd(ctx, module, w), ones, ones)
+            }
             ElemType::F16 => return Err(crate::f16_on_cpu()),
         };
         let mut next = Vec::new();
@@ -109,14 +121,20 @@ pub fn measure_peak_gflops_of(
         bld.build_unconditional_branch(head).map_err(llvm)?;
         i.add_incoming(&[(&i64t.const_zero(), entry), (&i_next, body)]);
         for (a, n) in accs.iter().zip(&next) {
-            a.add_incoming(&[(&vt.const_zero(), entry), (n, body)]);
+            a.add_incoming(&[(&at.const_zero(), entry), (n, body)]);
         }
         bld.position_at_end(done);
         // Sum the chains into the sink so that nothing is dead.
         let mut total = accs[0].as_basic_value().into_vector_value();
         for a in &accs[1..] {
-            total = bld.build_float_add(total, a.as_basic_value().into_vector_value(), "t").map_err(llvm)?;
+            let a = a.as_basic_value().into_vector_value();
+            total = match elem {
+                ElemType::U8S8 => bld.build_int_add(total, a, "t"),
+                _ => bld.build_float_add(total, a, "t"),
+            }
+            .map_err(llvm)?;
         }
+        let total = bld.build_bit_cast(total, vt, "sink.bits").map_err(llvm)?;
         let st = bld.build_store(sink, total).map_err(llvm)?;
         st.set_alignment(4).map_err(llvm)?;
         bld.build_return(None).map_err(llvm)?;

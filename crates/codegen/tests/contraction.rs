@@ -291,3 +291,159 @@ fn bf16_contractions_match_the_rounded_reference() {
     assert!(differs.get(), "every result equals the f32 product: the kernels did not multiply in bf16");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The u8s8 family (VNNI) on operands that hold 8-bit integers (A 0..=255, B
+/// -128..=127, a quantized model's): exact against the integer product wherever
+/// the sums stay below 2^24 (within two f32 roundings of it otherwise: blocks of K
+/// meet in f32), on both ISA paths the machine has, at shapes with 1, primes,
+/// odd depths (zero bytes padded into the last word), one past a block, B as an
+/// activation (row-major, transposed), transposed A, a batch, and a weight
+/// pre-packed as bytes with bias, residual and GELU fused. The kernels must be
+/// VNNI's: their code holds `vpdpbusd`.
+#[test]
+fn u8s8_contractions_are_exact_on_8_bit_integers() {
+    use kernels::ElemType;
+    use proptest::prelude::*;
+    if !kernels::testing::vnni() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("anyshape-u8s8-{}", std::process::id()));
+    let pool = ThreadPool::new(2);
+    for t in targets().into_iter().filter(|t| t.check_elem(ElemType::U8S8).is_ok()) {
+        let build = |ep: Epilogue| {
+            Contraction::builder(&t, &pool).elem(ElemType::U8S8).epilogue(ep).cache(Some(&dir)).build()
+        };
+        let plain = build(Epilogue::default()).expect("compile");
+        // Scaled down: the reference GELU's series holds for moderate arguments.
+        let scale = 2f32.powi(-20);
+        let ep = Epilogue { scale: Some(scale), bias: true, residual: true, activation: Activation::Gelu };
+        let fused = build(ep).expect("compile");
+        assert_eq!(plain.family().elem(), ElemType::U8S8);
+        let asm = plain.kernels()[0].asm();
+        assert!(asm.contains("vpdpbusd"), "no vpdpbusd in the u8s8 kernel:\n{asm}");
+        let kc = plain
+            .dispatcher()
+            .schedule(&kernels::Problem {
+                batch: 1,
+                m: 64,
+                n: 64,
+                k: 4096,
+                a: kernels::ALayout::RowMajor,
+                b: kernels::BLayout::NMajor,
+            })
+            .expect("schedule")
+            .blocking
+            .kc;
+        let case = |m: usize, n: usize, k: usize, seed: usize| -> Result<(), TestCaseError> {
+            let val = |i: usize, s: usize| (i * 7919 + s * 104_729) % 1_000_003;
+            let a: Vec<f32> = (0..m * k).map(|i| (val(i, seed) % 256) as f32).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| (val(i, seed + 1) % 256) as f32 - 128.0).collect();
+            let bias: Vec<f32> = (0..n).map(|j| (j % 7) as f32 * 0.1 - 0.3).collect();
+            let res: Vec<f32> = (0..m * n).map(|i| (i % 5) as f32 * 0.2 - 0.4).collect();
+            let exact = |i: usize, j: usize| {
+                (0..k).map(|p| a[i * k + p] as i64 * b[p * n + j] as i64).sum::<i64>() as f64
+            };
+            let tol = |i: usize, j: usize| {
+                let size = (0..k).map(|p| (a[i * k + p] * b[p * n + j]).abs() as f64).sum::<f64>();
+                if size < (1u64 << 24) as f64 {
+                    0.0
+                } else {
+                    size * 2f64.powi(-23)
+                }
+            };
+            let am = MatRef::row_major(&a, m, k).unwrap();
+            let at: Vec<f32> = (0..m * k).map(|x| a[(x % m) * k + x / m]).collect();
+            let atm = MatRef::row_major(&at, k, m).unwrap().t();
+            let bm = MatRef::row_major(&b, k, n).unwrap();
+            let bt: Vec<f32> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
+            let btm = MatRef::row_major(&bt, n, k).unwrap().t();
+            for (what, av, bv) in [("A·B", am, bm), ("A·Bt", am, btm), ("At·B", atm, bm)] {
+                let mut c = vec![f32::NAN; m * n];
+                let cv = MatMut::new(&mut c, m, n, n).unwrap();
+                let s =
+                    plain.matmul(&pool, av, BOperand::Plain(bv), cv, &EpilogueArgs::default()).expect("run");
+                for i in 0..m {
+                    for j in 0..n {
+                        let (got, want) = (c[i * n + j] as f64, exact(i, j));
+                        prop_assert!(
+                            (got - want).abs() <= tol(i, j),
+                            "{} {} {}x{}x{} [{},{}]: {} vs {}",
+                            what,
+                            s,
+                            m,
+                            n,
+                            k,
+                            i,
+                            j,
+                            got,
+                            want
+                        );
+                    }
+                }
+            }
+            let mut c = vec![f32::NAN; 2 * m * n];
+            let (c0, c1) = c.split_at_mut(m * n);
+            let mut cv = [MatMut::new(c0, m, n, n).unwrap(), MatMut::new(c1, m, n, n).unwrap()];
+            let args = EpilogueArgs::default();
+            let s = plain
+                .batched(&pool, &[am, am], &[BOperand::Plain(btm), BOperand::Plain(btm)], &mut cv, &args)
+                .expect("run");
+            for e in 0..2 {
+                for i in 0..m {
+                    for j in 0..n {
+                        let got = c[e * m * n + i * n + j] as f64;
+                        prop_assert!((got - exact(i, j)).abs() <= tol(i, j), "batch {}", s);
+                    }
+                }
+            }
+            // A weight pre-packed as bytes, with the epilogue fused.
+            let packed = fused.pack_weight(bm, &[1, 16, 128]).expect("pack");
+            prop_assert_eq!(packed.elem, ElemType::U8S8);
+            let mut c = vec![f32::NAN; m * n];
+            let args = EpilogueArgs {
+                bias: Some(&bias),
+                residual: Some(MatRef::row_major(&res, m, n).unwrap()),
+                ..EpilogueArgs::default()
+            };
+            let cv = MatMut::new(&mut c, m, n, n).unwrap();
+            let s = fused.matmul(&pool, am, BOperand::Packed(&packed), cv, &args).expect("run");
+            for i in 0..m {
+                for j in 0..n {
+                    let w = gelu(scale as f64 * exact(i, j) + bias[j] as f64 + res[i * n + j] as f64);
+                    prop_assert!(
+                        (c[i * n + j] as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()) + scale as f64 * tol(i, j),
+                        "fused {} {}x{}x{} [{},{}]: {} vs {}",
+                        s,
+                        m,
+                        n,
+                        k,
+                        i,
+                        j,
+                        c[i * n + j],
+                        w
+                    );
+                }
+            }
+            Ok(())
+        };
+        for (m, n, k) in [
+            (1, 1, 1),
+            (1, 97, 33),
+            (7, 50, 3),
+            (13, 129, 17),
+            (17, 31, 301),
+            (3, 17, kc + 1),
+            (33, 65, 2 * kc - 1),
+            (5, 33, 4 * kc + 5),
+        ] {
+            case(m, n, k, 0).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(24));
+        runner
+            .run(&(1usize..70, 1usize..140, 1usize..(2 * kc + 3), 0usize..1000), |(m, n, k, seed)| {
+                case(m, n, k, seed)
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

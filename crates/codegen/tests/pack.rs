@@ -3,7 +3,8 @@
 //! width, depths around the vector width, strided sources, and canaries on both
 //! sides of the panel and around the source rows' ends; for every element type
 //! the target has (bf16 words checked bit for bit against round-to-nearest-even,
-//! with depths missing from the last pair zero); the same over rows given by
+//! with depths missing from the last pair zero; u8s8 words as the low bytes of
+//! integral values, four depths to a word); the same over rows given by
 //! address (a convolution's taps), null rows read as zeros.
 
 use anyshape_codegen::compile_packers;
@@ -34,12 +35,20 @@ fn word(elem: ElemType, src: &[f32], at: usize, left: usize) -> u32 {
             let hi = if left > 1 { u32::from(elem.half_bits(src[at + 1])) } else { 0 };
             u32::from(elem.half_bits(src[at])) | hi << 16
         }
+        // The low byte of each integral value, depths low first.
+        ElemType::U8S8 => {
+            (0..left.min(4)).map(|j| (src[at + j] as i32 as u32 & 0xff) << (8 * j)).fold(0, |a, b| a | b)
+        }
     }
 }
 
 /// A source value: varied magnitudes and signs, most not representable in bf16
-/// (so rounding is exercised, ties included), and now and then a denormal.
-fn value(x: usize) -> f32 {
+/// (so rounding is exercised, ties included), and now and then a denormal; for
+/// u8s8 an integer of either byte's range (-128..=255), the only values it packs.
+fn value(elem: ElemType, x: usize) -> f32 {
+    if elem == ElemType::U8S8 {
+        return ((x * 7919) % 384) as f32 - 128.0;
+    }
     if x % 97 == 13 {
         return f32::from_bits(1 + x as u32);
     }
@@ -66,7 +75,7 @@ fn check(
     // The source: `rows` rows of `ld`, the last one ending exactly `kc` elements in
     // (a routine reading past it would read the trailing canaries into the panel).
     let len = (rows - 1) * ld + kc;
-    let mut src: Vec<f32> = (0..len + 32).map(|x| if x < len { value(x) } else { CANARY }).collect();
+    let mut src: Vec<f32> = (0..len + 32).map(|x| if x < len { value(elem, x) } else { CANARY }).collect();
     for i in 0..rows {
         for x in &mut src[i * ld + kc..((i + 1) * ld).min(len)] {
             *x = CANARY;
@@ -118,7 +127,7 @@ fn check_rows(
     let p = packers.get_rows(w).expect("compiled width");
     let (g, kw, ld) = (elem.k_group(), elem.words(kc), kc + 5);
     let len = (rows - 1) * ld + kc;
-    let mut src: Vec<f32> = (0..len + 32).map(|x| if x < len { value(x) } else { CANARY }).collect();
+    let mut src: Vec<f32> = (0..len + 32).map(|x| if x < len { value(elem, x) } else { CANARY }).collect();
     for i in 0..rows {
         for x in &mut src[i * ld + kc..((i + 1) * ld).min(len)] {
             *x = CANARY;

@@ -18,7 +18,7 @@ use crate::{KernelError, Target};
 pub use plan::{bf16_bits, ElemType};
 
 /// The element types the CPU families multiply in (f16 is the GPU's only).
-pub const CPU_ELEM_TYPES: [ElemType; 2] = [ElemType::F32, ElemType::Bf16];
+pub const CPU_ELEM_TYPES: [ElemType; 3] = [ElemType::F32, ElemType::Bf16, ElemType::U8S8];
 
 impl Target {
     /// Whether this target can run kernels of type `e`; the error says what it lacks.
@@ -29,8 +29,16 @@ impl Target {
             ElemType::Bf16 => Err(KernelError::Shape(
                 "bf16 kernels need AVX-512 BF16 (vdpbf16ps), which this target lacks".into(),
             )),
+            // 512-bit `vpdpbusd` with AVX-512, the VEX form on 256-bit vectors without.
+            ElemType::U8S8 if self.isa.avx512f && self.isa.avx512vnni => Ok(()),
+            ElemType::U8S8 if !self.isa.avx512f && self.isa.avxvnni => Ok(()),
+            ElemType::U8S8 => Err(KernelError::Shape(
+                "u8s8 kernels need VNNI (vpdpbusd: AVX512-VNNI, or AVX-VNNI on an AVX2 target), which this \
+                 target lacks"
+                    .into(),
+            )),
             ElemType::F16 => {
-                Err(KernelError::Shape("the CPU kernel families have no f16 form (f32, bf16)".into()))
+                Err(KernelError::Shape("the CPU kernel families have no f16 form (f32, bf16, u8s8)".into()))
             }
         }
     }
@@ -45,6 +53,12 @@ pub(crate) fn word(e: ElemType, vals: &[f32]) -> u32 {
             let at = |i: usize| vals.get(i).map_or(0, |v| u32::from(e.half_bits(*v)));
             at(0) | at(1) << 16
         }
+        // The low byte of each integral value: u8 and s8 alike (as the generated
+        // packing's `fptosi` then truncation).
+        ElemType::U8S8 => {
+            let at = |i: usize| vals.get(i).map_or(0, |v| (*v as i32 as u32) & 0xff);
+            at(0) | at(1) << 8 | at(2) << 16 | at(3) << 24
+        }
     }
 }
 
@@ -58,6 +72,8 @@ mod tests {
         assert_eq!(word(ElemType::Bf16, &[1.0]), 0x3f80, "a missing depth is zero");
         assert_eq!(word(ElemType::F32, &[1.5]), 1.5f32.to_bits());
         assert_eq!(word(ElemType::F16, &[1.0, 1.0]), 0x3c00_3c00);
+        assert_eq!(word(ElemType::U8S8, &[255.0, -1.0, 7.0]), 0x0007_ffff);
+        assert_eq!(word(ElemType::U8S8, &[-128.0, 0.0, 0.0, 200.0]), 0xc800_0080);
     }
 
     #[test]

@@ -11,6 +11,9 @@ pub struct Isa {
     pub avx512f: bool,
     pub avx512bf16: bool,
     pub avx512vnni: bool,
+    /// VEX-encoded VNNI (`vpdpbusd` on 256-bit vectors without AVX-512).
+    #[serde(default)]
+    pub avxvnni: bool,
 }
 
 /// The machine, as the kernels see it.
@@ -73,12 +76,13 @@ fn detect_isa() -> Isa {
         avx512f: std::arch::is_x86_feature_detected!("avx512f"),
         avx512bf16: std::arch::is_x86_feature_detected!("avx512bf16"),
         avx512vnni: std::arch::is_x86_feature_detected!("avx512vnni"),
+        avxvnni: std::arch::is_x86_feature_detected!("avxvnni"),
     }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
 fn detect_isa() -> Isa {
-    Isa { avx2: false, fma: false, avx512f: false, avx512bf16: false, avx512vnni: false }
+    Isa { avx2: false, fma: false, avx512f: false, avx512bf16: false, avx512vnni: false, avxvnni: false }
 }
 
 /// Size of the data (or unified) cache of `level` of CPU 0, from sysfs.

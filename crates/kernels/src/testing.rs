@@ -1,7 +1,7 @@
 //! For tests that need something this machine may lack (an instruction set, a
 //! tool): they run, or say why they skip; and where the environment says the
 //! machine has it (`scripts/test.sh` sets `ANYSHAPE_REQUIRE_AVX2`,
-//! `ANYSHAPE_REQUIRE_BF16`, `ANYSHAPE_REQUIRE_F16C` from the CPU's flags and
+//! `ANYSHAPE_REQUIRE_BF16`, `ANYSHAPE_REQUIRE_VNNI`, `ANYSHAPE_REQUIRE_F16C` from the CPU's flags and
 //! `ANYSHAPE_REQUIRE_PTXAS` once it installed ptxas), a skip is a failure: a
 //! test cannot pass without checking anything on a machine that could run it.
 
@@ -29,5 +29,14 @@ pub fn bf16() -> bool {
         "ANYSHAPE_REQUIRE_BF16",
         crate::Target::detect().check_elem(crate::ElemType::Bf16).is_ok(),
         "AVX-512 BF16",
+    )
+}
+
+/// VNNI (`vpdpbusd`), for the u8s8 contraction family.
+pub fn vnni() -> bool {
+    require(
+        "ANYSHAPE_REQUIRE_VNNI",
+        crate::Target::detect().check_elem(crate::ElemType::U8S8).is_ok(),
+        "VNNI (AVX512-VNNI or AVX-VNNI)",
     )
 }

@@ -7,7 +7,7 @@
 //! a loop program over the values it must store, each computed by inlining
 //! its producers back to buffers.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use ir::{BinaryOp, DType, Graph, Op, UnaryOp, ValueId};
 use passes::{FusionGroup, FusionPlan, GroupKind};
@@ -334,13 +334,71 @@ impl<'g> Lowering<'g> {
             }
             self.plan.steps.push(Step { group: gi, kind: StepKind::MatMul(Box::new(step)) });
         }
-        let pending: Vec<(ValueId, BufId)> = self
+        let mut pending: Vec<(ValueId, BufId)> = self
             .stored(group)
             .into_iter()
             .filter(|v| !avail.contains_key(v) && !self.views.contains_key(v))
             .map(|v| (v, self.buffer_of[&v]))
             .collect();
+        for v in self.whole_reductions(group) {
+            if !avail.contains_key(&v) && !pending.iter().any(|p| p.0 == v) {
+                pending.push((v, self.temp(v)?));
+            }
+        }
         self.flush(gi, group, &mut part, &mut avail, pending)
+    }
+
+    /// The single values of `group` computed from reductions of whole tensors
+    /// that larger values of the group read (a dynamic quantization's scale and
+    /// zero point, read by the quantized tensor): stored once by the group's
+    /// program of single values, so that the larger program loads them instead
+    /// of reducing the whole input again in each of its parts.
+    fn whole_reductions(&self, group: &FusionGroup) -> Vec<ValueId> {
+        let g = self.g;
+        let single = |v: ValueId| g.ty(v).shape.iter().all(|d| d.as_const() == Some(1));
+        let inside: HashSet<usize> = group.nodes.iter().copied().collect();
+        // `derived`: values that depend on a reduction in the group; `reduced`:
+        // single values from reductions of values that do not (a reduction of
+        // recomputed reductions, a softmax over pooled means, stays in the
+        // program that recomputes them, in one order).
+        let (mut derived, mut reduced): (HashSet<ValueId>, HashSet<ValueId>) = Default::default();
+        for &n in &group.nodes {
+            let node = &g.nodes[n];
+            let from_derived = node.inputs.iter().any(|v| derived.contains(v));
+            let only_reduced = node.inputs.iter().all(|v| !derived.contains(v) || reduced.contains(v));
+            let whole = match node.op {
+                Op::Reduce { .. } => !from_derived,
+                _ => from_derived && only_reduced,
+            };
+            if single(node.output) && whole {
+                reduced.insert(node.output);
+            }
+            if from_derived || matches!(node.op, Op::Reduce { .. }) {
+                derived.insert(node.output);
+            }
+        }
+        let mut out = Vec::new();
+        for &n in &group.nodes {
+            let node = &g.nodes[n];
+            if single(node.output) {
+                continue;
+            }
+            for &v in &node.inputs {
+                // Under its reshapes (read through them as views of it).
+                let mut v = v;
+                while let Some(p) = self.producers[v.index()].filter(|p| inside.contains(p)) {
+                    match g.nodes[p].op {
+                        Op::Reshape if reduced.contains(&g.nodes[p].inputs[0]) => v = g.nodes[p].inputs[0],
+                        _ => break,
+                    }
+                }
+                let made_here = self.producers[v.index()].is_some_and(|p| inside.contains(&p));
+                if made_here && reduced.contains(&v) && !out.contains(&v) {
+                    out.push(v);
+                }
+            }
+        }
+        out
     }
 
     /// What `group` writes: its outputs and the values its outputs are views of.
@@ -434,6 +492,8 @@ impl<'g> Lowering<'g> {
                 None => classes.push(vec![(v, b)]),
             }
         }
+        // Single values first: a larger program then reads those it needs.
+        classes.sort_by_key(|c| !self.g.ty(c[0].0).shape.iter().all(|d| d.as_const() == Some(1)));
         for class in classes {
             let name =
                 format!("g{gi}_{}{}", group.kind, if *part > 0 { format!("_{part}") } else { String::new() });
@@ -815,6 +875,9 @@ impl<'g> Lowering<'g> {
             b,
             c: cv,
             weight,
+            u8s8: weight
+                && eight_bit(g, node.inputs[0], (0, 255))
+                && eight_bit(g, node.inputs[1], (-128, 127)),
             epilogue: MatEpilogue::default(),
         })
     }
@@ -1119,4 +1182,10 @@ fn as_gelu_tanh(x: &plan::Exprs, e: E) -> Option<E> {
 fn is_backbone(g: &Graph, node: &ir::Node) -> bool {
     matches!(node.op, Op::MatMul { .. })
         && node.inputs.iter().chain([&node.output]).all(|v| g.ty(*v).dtype == DType::F32)
+}
+
+/// Whether f32 value `v` holds integers within `lo..=hi` by the graph's bounds
+/// (`passes::value_range`).
+fn eight_bit(g: &Graph, v: ValueId, (lo, hi): (i64, i64)) -> bool {
+    g.ty(v).dtype == ir::DType::F32 && passes::value_range(g, v).is_some_and(|(a, b)| lo <= a && b <= hi)
 }

@@ -2,7 +2,8 @@
 //! its two row reductions computed per row), a softmax whose row sum's terms
 //! are kept for the store (the row scratch), a contraction whose epilogue
 //! splits heads, an element-wise group with a gather, a convolution's taps
-//! read in place, and a concat along rows whose choice is made once per row.
+//! read in place, a concat along rows whose choice is made once per row, and a
+//! whole input's reduction stored once for the larger program that reads it.
 
 fn lowered(text: &str) -> String {
     let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
@@ -369,4 +370,61 @@ group 0: elementwise
                   and(less_eq(0, sub(add(i2, i4), 1)), less(sub(add(i2, i4), 1), d2))) tested at a \
                   vector's two ends along i2, i4: plain loads inside, masked at the border\n";
     assert!(pool.contains(border), "the output's columns and the window's: got:\n{pool}");
+}
+
+/// A dynamic quantization: the whole input's range (two reductions to single
+/// values) gives a scale that both a single output and the quantized tensor
+/// read. The single values' program stores the scale once; the tensor's
+/// program loads it instead of reducing the whole input again in each part.
+#[test]
+fn a_whole_input_scale_is_stored_once() {
+    let got = lowered(
+        r#"graph {
+  sym n param 1..
+  input %x: f32[n, 8]
+  %hi: f32[] = reduce_max[axes=[0, 1], keep_dims=false] %x
+  %lo: f32[] = reduce_min[axes=[0, 1], keep_dims=false] %x
+  %w: f32[] = sub %hi, %lo
+  %c: f32[] = constant 0.5
+  %ws: f32[] = mul %w, %c
+  %s1: f32[1, 1] = reshape %w
+  %sb: f32[n, 8] = broadcast %s1
+  %q: f32[n, 8] = div %x, %sb
+  %r: f32[n, 8] = round %q
+  output %ws, %r
+}
+"#,
+    );
+    let want = r#"dims:
+  d0 = 8*n
+  d1 = 1
+  d2 = n
+buffers:
+  b0: f32[n, 8] "x" (input 0)
+  b1: f32[] "c" (constant)
+  b2: f32[] "ws" (output 0)
+  b3: f32[n, 8] "r" (output 1)
+  b4: f32[] "w" (temp, steps 0..=1)
+p0: program g0_stitch
+  %0: in f32[d2, 8] "x"
+  %1: out f32[] "ws"
+  %2: out f32[] "w"
+  gpu: a thread per point (rows of 8, under a warp)
+  for :
+    t0: f32 = max(i0 < d2, i1 < 8: %0[i0, i1])
+    t1: f32 = min(i2 < d2, i3 < 8: %0[i2, i3])
+    t2: f32 = sub(t0, t1)
+    %1[·] = mul(t2, 0.5)
+    %2[·] = t2
+p1: program g0_stitch_1
+  %0: in f32[d2, 8] "x"
+  %1: in f32[] "w"
+  %2: out f32[d2, 8] "r"
+  for i0 < d2, i1 < 8:
+    %2[·] = round(div(%0[i0, i1], %1[]))
+group 0: stitch
+  loop p0(b0, b2, b4)
+  loop p1(b0, b4, b3)
+"#;
+    assert_eq!(got, want, "got:\n{got}");
 }

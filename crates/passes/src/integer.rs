@@ -13,6 +13,13 @@
 //! 0..16), stacked along the batch for one f32 convolution, `16·hi + lo`
 //! summed in i32. Otherwise (a symbolic depth, unbounded operands) it is left
 //! as it is.
+//!
+//! A matmul of `x - z` (x 8-bit unsigned, `z` one zero point for the whole
+//! tensor: dynamic quantization's activation) by an int8 weight first moves
+//! the zero point out, `(x - z)·B = x·B - z·colsum(B)`, the column sums a
+//! constant: the contraction's operands are then 8-bit integers on both
+//! sides (u8 by s8), which the u8s8 kernel family multiplies exactly, and
+//! the f32 engine as exactly as before.
 
 use std::sync::Arc;
 
@@ -41,6 +48,71 @@ enum Plan {
 /// At most this many chunks of K: deeper products stay as they are.
 const MAX_CHUNKS: i64 = 16;
 
+/// A matmul's A as `views(x - z)`: `x` holds 8-bit unsigned integers, `z`
+/// is one value (`single`) broadcast, and `views` the view nodes from A down
+/// to the subtraction (outermost first).
+struct Offset {
+    views: Vec<usize>,
+    x: ValueId,
+    single: ValueId,
+}
+
+impl Offset {
+    fn of(g: &Graph, p: &Producers, node: &ir::Node) -> Option<Offset> {
+        let Op::MatMul { transpose_b: false, .. } = node.op else { return None };
+        let b = node.inputs[1];
+        if !is_constant(g, p, b) || range(g, p, b, 0).is_none_or(|(lo, hi)| lo < -128 || hi > 127) {
+            return None;
+        }
+        let (mut v, mut views) = (node.inputs[0], Vec::new());
+        loop {
+            let i = p.index(g, v)?;
+            let n = &g.nodes[i];
+            match n.op {
+                Op::Reshape | Op::Transpose { .. } | Op::Slice { .. } if n.inputs.len() == 1 => {
+                    views.push(i);
+                    v = n.inputs[0];
+                }
+                Op::Binary(BinaryOp::Sub) => {
+                    let (x, z) = (n.inputs[0], n.inputs[1]);
+                    let unsigned = range(g, p, x, 0).is_some_and(|(lo, hi)| lo >= 0 && hi <= 255);
+                    let single = single_value(g, p, z)?;
+                    return (unsigned && g.ty(single).dtype == DType::I32).then_some(Offset {
+                        views,
+                        x,
+                        single,
+                    });
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// Whether `v` is a constant, or a cast of one.
+fn is_constant(g: &Graph, p: &Producers, v: ValueId) -> bool {
+    match p.node(g, v).map(|n| (&n.op, n.inputs.first())) {
+        Some((Op::Constant(_), _)) => true,
+        Some((Op::Cast, Some(&x))) => is_constant(g, p, x),
+        _ => false,
+    }
+}
+
+/// The one-element value `v` broadcasts (through reshapes), if it is one.
+fn single_value(g: &Graph, p: &Producers, v: ValueId) -> Option<ValueId> {
+    let mut v = v;
+    loop {
+        if g.ty(v).shape.iter().all(|d| d.as_const() == Some(1)) {
+            return Some(v);
+        }
+        let n = p.node(g, v)?;
+        match n.op {
+            Op::Broadcast | Op::Reshape if n.inputs.len() == 1 => v = n.inputs[0],
+            _ => return None,
+        }
+    }
+}
+
 impl IntegerMatMulAsFloat {
     fn plan(g: &Graph, p: &Producers, node: &ir::Node) -> Option<Plan> {
         if !matches!(node.op, Op::MatMul { .. } | Op::Conv(_)) {
@@ -60,7 +132,11 @@ impl IntegerMatMulAsFloat {
             Op::Conv(_) => g.ty(b).shape[1..].iter().map(|d| d.as_const()).product::<Option<i64>>()?,
             _ => return None,
         };
-        let (ma, mb) = (magnitude(g, p, a, 0)?, magnitude(g, p, b, 0)?);
+        let ma = match Offset::of(g, p, node) {
+            Some(_) => 255,
+            None => magnitude(g, p, a, 0)?,
+        };
+        let mb = magnitude(g, p, b, 0)?;
         let fits = |ma: i64| depth.checked_mul(ma).and_then(|x| x.checked_mul(mb)).is_some_and(|x| x < EXACT);
         if fits(ma) {
             return Some(Plan::Whole);
@@ -72,6 +148,15 @@ impl IntegerMatMulAsFloat {
         }
         fits(15.max((ma + 15) / 16)).then_some(Plan::Digits)
     }
+}
+
+/// The integers `v` holds, `(lowest, highest)`, where the graph bounds them:
+/// 8-bit values widened (to a wider integer or to f32), integral constants,
+/// sums and differences of such, concatenations and views of them. The
+/// lowering asks it of a matmul's f32 operands: 8-bit integers in both are
+/// what the u8s8 contraction family multiplies exactly.
+pub fn value_range(g: &Graph, v: ValueId) -> Option<(i64, i64)> {
+    range(g, &Producers::of(g), v, 0)
 }
 
 /// The largest `|x|` of an integer value `v`, where the graph bounds it: an
@@ -88,6 +173,10 @@ fn range(g: &Graph, p: &Producers, v: ValueId, depth: usize) -> Option<(i64, i64
     }
     let node = p.node(g, v)?;
     let of = |i: usize| range(g, p, node.inputs[i], depth + 1);
+    // f32 sums of integers stay exact below 2^24.
+    let exact = |(lo, hi): (i64, i64)| {
+        (g.ty(v).dtype != DType::F32 || (lo.abs() < EXACT && hi.abs() < EXACT)).then_some((lo, hi))
+    };
     match &node.op {
         Op::Cast => match g.ty(node.inputs[0]).dtype {
             DType::I8 => Some((i8::MIN as i64, i8::MAX as i64)),
@@ -99,11 +188,28 @@ fn range(g: &Graph, p: &Producers, v: ValueId, depth: usize) -> Option<(i64, i64
         Op::Broadcast | Op::Reshape | Op::Transpose { .. } | Op::Slice { .. } => of(0),
         Op::Binary(BinaryOp::Add) => {
             let ((la, ha), (lb, hb)) = (of(0)?, of(1)?);
-            Some((la.checked_add(lb)?, ha.checked_add(hb)?))
+            exact((la.checked_add(lb)?, ha.checked_add(hb)?))
         }
         Op::Binary(BinaryOp::Sub) => {
             let ((la, ha), (lb, hb)) = (of(0)?, of(1)?);
-            Some((la.checked_sub(hb)?, ha.checked_sub(lb)?))
+            exact((la.checked_sub(hb)?, ha.checked_sub(lb)?))
+        }
+        Op::Concat { .. } => {
+            let parts = (0..node.inputs.len()).map(of).collect::<Option<Vec<_>>>()?;
+            Some((parts.iter().map(|r| r.0).min()?, parts.iter().map(|r| r.1).max()?))
+        }
+        // Integral floats, as integers (a folded cast of an integer weight), read
+        // in place: the first fraction ends the scan of a float weight.
+        Op::Constant(c) if c.numel() > 0 && c.ty().dtype == DType::F32 => {
+            let mut r = (i64::MAX, i64::MIN);
+            for w in c.bytes().chunks_exact(4) {
+                let x = f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                if x.fract() != 0.0 || x.abs() >= EXACT as f32 {
+                    return None;
+                }
+                r = (r.0.min(x as i64), r.1.max(x as i64));
+            }
+            Some(r)
         }
         Op::Constant(c) if c.numel() > 0 && c.numel() <= 1 << 22 => {
             let vals = c.to_tensor().to_i64_vec()?;
@@ -124,10 +230,23 @@ impl Pass for IntegerMatMulAsFloat {
         // Last to first: the nodes inserted before one leave the positions of
         // the ones before it as they were.
         for &(i, plan) in found.iter().rev() {
+            let offset = Offset::of(g, &p, &g.nodes[i]);
             let node = g.nodes[i].clone();
             let (a, b) = (node.inputs[0], node.inputs[1]);
             let out = g.ty(node.output).clone();
             let mut ins = Inserter { at: i, hint: g.name(node.output).to_string() };
+            // With the zero point moved out, A is the unsigned values under the same views.
+            let a = match &offset {
+                Some(o) => {
+                    let mut a = o.x;
+                    for &v in o.views.iter().rev() {
+                        let (op, ty) = (g.nodes[v].op.clone(), g.ty(g.nodes[v].output).clone());
+                        a = ins.add(g, op, vec![a], "u8", ty);
+                    }
+                    a
+                }
+                None => a,
+            };
             let float = |t: &TensorType| TensorType::new(DType::F32, t.shape.clone());
             let (ta, tb, tout) = (float(g.ty(a)), float(g.ty(b)), float(&out));
             let af = ins.add(g, Op::Cast, vec![a], "a", ta.clone());
@@ -200,6 +319,14 @@ impl Pass for IntegerMatMulAsFloat {
                     (Op::Binary(BinaryOp::Add), vec![ihi16, ilo])
                 }
             };
+            let (op, inputs) = match &offset {
+                Some(o) => {
+                    let product = ins.add(g, op, inputs, "u8s8", out.clone());
+                    let moved = zero_point_times_column_sums(g, &mut ins, o.single, b, &out)?;
+                    (Op::Binary(BinaryOp::Sub), vec![product, moved])
+                }
+                None => (op, inputs),
+            };
             let at = ins.at;
             let old = &mut g.nodes[at];
             old.op = op;
@@ -207,6 +334,42 @@ impl Pass for IntegerMatMulAsFloat {
         }
         Ok(found.len())
     }
+}
+
+/// `z · colsum(b)` broadcast to `out` (i32): the zero point's share of `(x - z)·b`,
+/// `b` a `[.., K, N]` constant (its sums fold), `z` one value.
+fn zero_point_times_column_sums(
+    g: &mut Graph,
+    ins: &mut Inserter,
+    z: ValueId,
+    b: ValueId,
+    out: &TensorType,
+) -> Result<ValueId, PassError> {
+    let tb = g.ty(b).clone();
+    let r = tb.rank();
+    let mut sums_shape = tb.shape.clone();
+    sums_shape[r - 2] = sym::SymExpr::constant(1);
+    let sums_ty = TensorType::new(DType::I32, sums_shape);
+    let sums = ins.add(
+        g,
+        Op::Reduce { op: ir::ReduceOp::Sum, axes: vec![r - 2], keep_dims: true },
+        vec![b],
+        "colsum",
+        sums_ty.clone(),
+    );
+    let one = TensorType::new(DType::I32, vec![sym::SymExpr::constant(1); r]);
+    let z = ins.add(g, Op::Reshape, vec![z], "zp", one);
+    let z = ins.add(g, Op::Broadcast, vec![z], "zp", sums_ty.clone());
+    let moved = ins.add(g, Op::Binary(BinaryOp::Mul), vec![z, sums], "zp.colsum", sums_ty);
+    // Rank up to the output's (a weight of lower rank broadcasts over its batch).
+    let lead = out.rank().checked_sub(r).ok_or_else(|| PassError::Failed {
+        pass: "integer-matmul-as-float",
+        msg: "a weight of higher rank than the product".into(),
+    })?;
+    let mut shape = vec![sym::SymExpr::constant(1); lead];
+    shape.extend(g.ty(moved).shape.iter().cloned());
+    let moved = ins.add(g, Op::Reshape, vec![moved], "zp.colsum", TensorType::new(DType::I32, shape));
+    Ok(ins.add(g, Op::Broadcast, vec![moved], "zp.colsum", out.clone()))
 }
 
 /// The contractions of both digits of `a` with `b`: one contraction of the

@@ -25,7 +25,7 @@ pub use canonical::{Cse, Dce, FoldConstants, HoistMatMulScale, SimplifyAlgebra, 
 pub use conv::ConvAsMatMul;
 pub use fusion::{fuse, print_plan, FusionGroup, FusionPlan, GroupKind};
 pub use gemm::{BatchEqualShapes, MergeSharedOperand};
-pub use integer::IntegerMatMulAsFloat;
+pub use integer::{value_range, IntegerMatMulAsFloat};
 pub use layout::SinkTransposes;
 
 /// Errors from running passes.

@@ -14,6 +14,10 @@ impl Producers {
     pub fn op<'g>(&self, g: &'g Graph, v: ValueId) -> Option<&'g Op> {
         self.0.get(v.index()).copied().flatten().map(|i| &g.nodes[i].op)
     }
+    /// The index of `v`'s producer in `g.nodes`.
+    pub fn index(&self, _g: &Graph, v: ValueId) -> Option<usize> {
+        self.0.get(v.index()).copied().flatten()
+    }
     pub fn node<'g>(&self, g: &'g Graph, v: ValueId) -> Option<&'g ir::Node> {
         self.0.get(v.index()).copied().flatten().map(|i| &g.nodes[i])
     }

@@ -684,3 +684,54 @@ fn integer_matmuls_run_on_floats() {
 ",
     );
 }
+
+/// A dynamically quantized activation (`u8 - z`, one zero point) by an int8
+/// weight: the zero point moves out, `x·W - z·colsum(W)`, the column sums a
+/// reduction of the constant (folded later), so that the product's operands
+/// are 8-bit integers on both sides.
+#[test]
+fn a_zero_point_moves_out_of_an_int8_product() {
+    check(
+        &IntegerMatMulAsFloat,
+        "graph {
+  sym m param 1..
+  input %a: u8[m, 4]
+  input %z: u8[]
+  %w: i8[4, 2] = constant [1, -2, 3, -4, 127, -128, 0, 5]
+  %ai: i32[m, 4] = cast %a
+  %zi: i32[] = cast %z
+  %z1: i32[1, 1] = reshape %zi
+  %zb: i32[m, 4] = broadcast %z1
+  %as: i32[m, 4] = sub %ai, %zb
+  %wi: i32[4, 2] = cast %w
+  %y: i32[m, 2] = matmul %as, %wi
+  output %y
+}
+",
+        "graph {
+  sym m param 1..
+  input %a: u8[m, 4]
+  input %z: u8[]
+  %w: i8[4, 2] = constant [1, -2, 3, -4, 127, -128, 0, 5]
+  %ai: i32[m, 4] = cast %a
+  %zi: i32[] = cast %z
+  %z1: i32[1, 1] = reshape %zi
+  %zb: i32[m, 4] = broadcast %z1
+  %as: i32[m, 4] = sub %ai, %zb
+  %wi: i32[4, 2] = cast %w
+  %y.a: f32[m, 4] = cast %ai
+  %y.b: f32[4, 2] = cast %wi
+  %y.f32: f32[m, 2] = matmul %y.a, %y.b
+  %y.u8s8: i32[m, 2] = cast %y.f32
+  %y.colsum: i32[1, 2] = reduce_sum[axes=[0], keep_dims=true] %wi
+  %y.zp: i32[1, 1] = reshape %z1
+  %y.zp_1: i32[1, 2] = broadcast %y.zp
+  %y.zp.colsum: i32[1, 2] = mul %y.zp_1, %y.colsum
+  %y.zp.colsum_1: i32[1, 2] = reshape %y.zp.colsum
+  %y.zp.colsum_2: i32[m, 2] = broadcast %y.zp.colsum_1
+  %y: i32[m, 2] = sub %y.u8s8, %y.zp.colsum_2
+  output %y
+}
+",
+    );
+}

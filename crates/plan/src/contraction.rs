@@ -6,12 +6,13 @@
 
 use std::fmt;
 
-/// The element type a contraction multiplies in; accumulation is always f32.
+/// The element type a contraction multiplies in; the result is f32.
 ///
 /// Packed operands are sequences of 32-bit words, and a word holds
 /// [`ElemType::k_group`] consecutive depths of one row of A (or one column of
-/// B): one f32, or a pair of 16-bit values (what AVX-512 BF16's `vdpbf16ps` and
-/// the tensor cores' `mma` take in one register).
+/// B): one f32, a pair of 16-bit values (what AVX-512 BF16's `vdpbf16ps` and
+/// the tensor cores' `mma` take in one register), or four bytes (VNNI's
+/// `vpdpbusd`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 pub enum ElemType {
     /// IEEE single precision: one depth per word.
@@ -21,16 +22,22 @@ pub enum ElemType {
     Bf16,
     /// IEEE half precision (rounded to nearest even), two depths per word.
     F16,
+    /// 8-bit integers, four depths per word: A's unsigned (0..=255), B's signed
+    /// (-128..=127), products summed in i32 and converted to f32 at the store.
+    /// Exact for operands that hold such integers (a quantized model's), which
+    /// is the only use: packing keeps the low byte of an integral value.
+    U8S8,
 }
 
 impl ElemType {
-    pub const ALL: [ElemType; 3] = [ElemType::F32, ElemType::Bf16, ElemType::F16];
+    pub const ALL: [ElemType; 4] = [ElemType::F32, ElemType::Bf16, ElemType::F16, ElemType::U8S8];
 
     /// Consecutive depths in one 32-bit panel word.
     pub fn k_group(self) -> usize {
         match self {
             ElemType::F32 => 1,
             ElemType::Bf16 | ElemType::F16 => 2,
+            ElemType::U8S8 => 4,
         }
     }
 
@@ -44,6 +51,7 @@ impl ElemType {
             ElemType::F32 => "f32",
             ElemType::Bf16 => "bf16",
             ElemType::F16 => "f16",
+            ElemType::U8S8 => "u8s8",
         }
     }
 
@@ -52,20 +60,21 @@ impl ElemType {
         kc.div_ceil(self.k_group())
     }
 
-    /// `x` as this type represents it (what packing keeps of an operand).
+    /// `x` as this type represents it (what packing keeps of an operand; for
+    /// u8s8, of an integral operand in either byte's range).
     pub fn round(self, x: f32) -> f32 {
         match self {
-            ElemType::F32 => x,
+            ElemType::F32 | ElemType::U8S8 => x,
             ElemType::Bf16 => f32::from_bits(u32::from(bf16_bits(x)) << 16),
             ElemType::F16 => half::f16::from_f32(x).to_f32(),
         }
     }
 
     /// The 16-bit pattern of `x` in this type (the low half of the f32 bits for
-    /// f32, which no caller packs as a half word).
+    /// f32 and u8s8, which no caller packs as a half word).
     pub fn half_bits(self, x: f32) -> u16 {
         match self {
-            ElemType::F32 => x.to_bits() as u16,
+            ElemType::F32 | ElemType::U8S8 => x.to_bits() as u16,
             ElemType::Bf16 => bf16_bits(x),
             ElemType::F16 => half::f16::from_f32(x).to_bits(),
         }
@@ -85,7 +94,8 @@ impl std::str::FromStr for ElemType {
             "f32" | "fp32" | "float" => Ok(ElemType::F32),
             "bf16" | "bfloat16" => Ok(ElemType::Bf16),
             "f16" | "fp16" | "half" => Ok(ElemType::F16),
-            _ => Err(format!("unknown element type `{s}` (f32, bf16, f16)")),
+            "u8s8" => Ok(ElemType::U8S8),
+            _ => Err(format!("unknown element type `{s}` (f32, bf16, f16, u8s8)")),
         }
     }
 }

@@ -173,8 +173,11 @@ impl ReduceKernel {
     /// What the generator assumes of a reduction: 16-bit outputs.
     pub fn check(&self) -> Result<(), KernelError> {
         let bad = |why: String| KernelError::Invalid { name: self.name(), why };
-        if self.elem == ElemType::F32 {
-            return Err(bad("the reduction stores bf16 or f16 (the family's outputs), not f32".into()));
+        if !matches!(self.elem, ElemType::Bf16 | ElemType::F16) {
+            return Err(bad(format!(
+                "the reduction stores bf16 or f16 (the family's outputs), not {}",
+                self.elem
+            )));
         }
         Ok(())
     }
@@ -403,8 +406,11 @@ impl GemmKernel {
         if self.persistent && (!self.tma || self.split_k) {
             return bad("persistent kernels are TMA kernels over whole products (not split-K)".into());
         }
-        if self.elem == ElemType::F32 {
-            return bad("GPU kernels multiply bf16 or f16 operands (f32 accumulation), not f32".into());
+        if !matches!(self.elem, ElemType::Bf16 | ElemType::F16) {
+            return bad(format!(
+                "GPU kernels multiply bf16 or f16 operands (f32 accumulation), not {}",
+                self.elem
+            ));
         }
         if !matches!(self.b, BLayout::KMajor | BLayout::NMajor) {
             return bad(format!("GPU kernels read a contiguous B (nt or nn), not {:?}", self.b));

@@ -159,6 +159,10 @@ pub struct MatMulStep {
     pub c: View,
     /// `B` is a constant read the same by every batch entry: packed once at compile time.
     pub weight: bool,
+    /// A holds integers in 0..=255 and B in -128..=127 (a quantized model's
+    /// operands, bounded by the graph): the u8s8 family multiplies them exactly.
+    #[serde(default)]
+    pub u8s8: bool,
     /// The group's epilogue, when the engine's tile epilogue computes it.
     pub epilogue: MatEpilogue,
 }

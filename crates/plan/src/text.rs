@@ -237,12 +237,13 @@ fn a_view(m: &crate::model::MatMulStep) -> String {
 fn matmul(m: &crate::model::MatMulStep) -> String {
     let batch: Vec<String> = m.batch.iter().map(|d| format!("d{d}")).collect();
     format!(
-        "[{}] m d{} n d{} k d{}{}: A {} · B {} → C {}{}",
+        "[{}] m d{} n d{} k d{}{}{}: A {} · B {} → C {}{}",
         batch.join(", "),
         m.m,
         m.n,
         m.k,
         if m.weight { " (weight)" } else { "" },
+        if m.u8s8 { " (u8·s8)" } else { "" },
         a_view(m),
         view(&m.b),
         view(&m.c),

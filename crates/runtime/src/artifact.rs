@@ -149,7 +149,7 @@ fn detected(name: &str) -> Option<bool> {
             "avx512ifma" => "avx512ifma", "avx512vbmi" => "avx512vbmi", "avx512vbmi2" => "avx512vbmi2",
             "avx512vnni" => "avx512vnni", "avx512bitalg" => "avx512bitalg",
             "avx512vpopcntdq" => "avx512vpopcntdq", "avx512bf16" => "avx512bf16",
-            "avx512fp16" => "avx512fp16", "fxsr" => "fxsr", "ermsb" => "ermsb",
+            "avx512fp16" => "avx512fp16", "fxsr" => "fxsr", "ermsb" => "ermsb", "avxvnni" => "avxvnni",
         }
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -212,15 +212,21 @@ impl Cpu {
         Ok(())
     }
 
+    /// The family of a matmul: of its epilogue, and u8s8 for 8-bit operands
+    /// where the model has that family (its other family otherwise).
     pub(crate) fn dispatcher(&self, mm: &plan::MatMulStep) -> Result<&Dispatcher, RunError> {
-        self.dispatcher_for(mm.epilogue.function())
+        let e = mm.epilogue.function();
+        mm.u8s8.then(|| self.family(e, true)).flatten().map_or_else(|| self.dispatcher_for(e), Ok)
+    }
+
+    /// The family of epilogue `e` in u8s8 or in the model's other type.
+    fn family(&self, e: Epilogue, u8s8: bool) -> Option<&Dispatcher> {
+        let is_u8s8 = |d: &Dispatcher| d.family().elem() == kernels::ElemType::U8S8;
+        self.dispatchers.iter().find(|(k, d)| *k == e && is_u8s8(d) == u8s8).map(|(_, d)| d)
     }
 
     fn dispatcher_for(&self, e: Epilogue) -> Result<&Dispatcher, RunError> {
-        self.dispatchers
-            .iter()
-            .find(|(k, _)| *k == e)
-            .map(|(_, d)| d)
+        self.family(e, false)
             .ok_or_else(|| RunError::Internal(format!("no contraction engine for the epilogue {e:?}")))
     }
 
