@@ -58,7 +58,11 @@ fn run(cm: &CompiledModel, ins: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
 /// Compile the fixture `name`, save it, load it back; every shape of `shapes`
 /// gives the same bits from both and the interpreter's values.
 fn round_trip(name: &str, shapes: &[Vec<(&str, usize)>]) -> (CompiledModel, PathBuf) {
-    let model = Model::load(fixture(name), &LoadOptions::new()).expect("loads");
+    round_trip_of(fixture(name), name, shapes)
+}
+
+fn round_trip_of(file: PathBuf, name: &str, shapes: &[Vec<(&str, usize)>]) -> (CompiledModel, PathBuf) {
+    let model = Model::load(file, &LoadOptions::new()).expect("loads");
     let cm = model.compile(&CompileOptions::new().threads(2)).expect("compiles");
     let path = scratch(&format!("{name}.anyshape"));
     cm.save(&path).expect("saves");
@@ -98,6 +102,20 @@ fn bert_artifact_round_trips() {
         .map(|&(b, s)| vec![("batch", b), ("seq", s)])
         .collect();
     let (_, path) = round_trip("bert", &shapes);
+    std::fs::remove_file(path).ok();
+}
+
+/// A dynamically quantized BERT: its u8s8 family (where the machine has VNNI)
+/// and its weights packed as bytes travel in the artifact.
+#[test]
+fn quantized_bert_artifact_round_trips() {
+    let file =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures-quantized/bert_int8/model.onnx");
+    let shapes: Vec<Vec<(&str, usize)>> =
+        [(1, 1), (2, 7), (1, 17), (3, 33)].iter().map(|&(b, s)| vec![("batch", b), ("seq", s)]).collect();
+    let (loaded, path) = round_trip_of(file, "bert_int8", &shapes);
+    let vnni = kernels::Target::detect().check_elem(kernels::ElemType::U8S8).is_ok();
+    assert_eq!(loaded.kernels_text().contains("micro-kernels in u8s8"), vnni);
     std::fs::remove_file(path).ok();
 }
 
