@@ -334,50 +334,79 @@ impl<'g> Lowering<'g> {
             }
             self.plan.steps.push(Step { group: gi, kind: StepKind::MatMul(Box::new(step)) });
         }
-        let mut pending: Vec<(ValueId, BufId)> = self
+        let pending: Vec<(ValueId, BufId)> = self
             .stored(group)
             .into_iter()
             .filter(|v| !avail.contains_key(v) && !self.views.contains_key(v))
             .map(|v| (v, self.buffer_of[&v]))
             .collect();
-        for v in self.whole_reductions(group) {
-            if !avail.contains_key(&v) && !pending.iter().any(|p| p.0 == v) {
-                pending.push((v, self.temp(v)?));
+        let stored: Vec<ValueId> = pending.iter().map(|p| p.0).collect();
+        let (singles, first) = self.whole_reductions(group, &stored);
+        // The stored values the single values' reductions read, then those,
+        // then the rest.
+        let (early, rest): (Vec<_>, Vec<_>) = pending.into_iter().partition(|p| first.contains(&p.0));
+        self.flush(gi, group, &mut part, &mut avail, early)?;
+        // With them, the group's other single values: one program of them all.
+        let single = |v: ValueId| self.g.ty(v).shape.iter().all(|d| d.as_const() == Some(1));
+        let (mut once, rest): (Vec<_>, Vec<_>) = match singles.is_empty() {
+            true => (Vec::new(), rest),
+            false => rest.into_iter().partition(|p| single(p.0)),
+        };
+        for v in singles {
+            if !avail.contains_key(&v) && !once.iter().any(|p| p.0 == v) {
+                once.push((v, self.temp(v)?));
             }
         }
-        self.flush(gi, group, &mut part, &mut avail, pending)
+        self.flush(gi, group, &mut part, &mut avail, once)?;
+        self.flush(gi, group, &mut part, &mut avail, rest)
     }
 
     /// The single values of `group` computed from reductions of whole tensors
     /// that larger values of the group read (a dynamic quantization's scale and
     /// zero point, read by the quantized tensor): stored once by the group's
     /// program of single values, so that the larger program loads them instead
-    /// of reducing the whole input again in each of its parts.
-    fn whole_reductions(&self, group: &FusionGroup) -> Vec<ValueId> {
+    /// of reducing the whole input again in each of its parts. With them, the
+    /// values among `stored` that their reductions read (a layer norm's output
+    /// that is then quantized): those are stored first, by a program of their
+    /// own, and the reductions read them back.
+    fn whole_reductions(&self, group: &FusionGroup, stored: &[ValueId]) -> (Vec<ValueId>, Vec<ValueId>) {
         let g = self.g;
         let single = |v: ValueId| g.ty(v).shape.iter().all(|d| d.as_const() == Some(1));
         let inside: HashSet<usize> = group.nodes.iter().copied().collect();
         // `derived`: values that depend on a reduction in the group; `reduced`:
-        // single values from reductions of values that do not (a reduction of
-        // recomputed reductions, a softmax over pooled means, stays in the
-        // program that recomputes them, in one order).
-        let (mut derived, mut reduced): (HashSet<ValueId>, HashSet<ValueId>) = Default::default();
+        // single values from reductions of values that do not, or that the group
+        // stores (`first`, per value: those it reads); a reduction of recomputed
+        // reductions (a softmax over pooled means) stays in the program that
+        // recomputes them, in one order.
+        let mut derived: HashSet<ValueId> = HashSet::new();
+        let mut reduced: HashMap<ValueId, Vec<ValueId>> = HashMap::new();
         for &n in &group.nodes {
             let node = &g.nodes[n];
-            let from_derived = node.inputs.iter().any(|v| derived.contains(v));
-            let only_reduced = node.inputs.iter().all(|v| !derived.contains(v) || reduced.contains(v));
-            let whole = match node.op {
-                Op::Reduce { .. } => !from_derived,
-                _ => from_derived && only_reduced,
+            let is_derived = |v: &ValueId| derived.contains(v);
+            let from_derived = node.inputs.iter().any(is_derived);
+            let first: Option<Vec<ValueId>> = match node.op {
+                Op::Reduce { .. } => match node.inputs[0] {
+                    v if !is_derived(&v) => Some(Vec::new()),
+                    v if stored.contains(&v) => Some(vec![v]),
+                    _ => None,
+                },
+                _ if from_derived => node
+                    .inputs
+                    .iter()
+                    .filter(|v| is_derived(v))
+                    .map(|v| reduced.get(v).cloned())
+                    .collect::<Option<Vec<_>>>()
+                    .map(|f| f.concat()),
+                _ => None,
             };
-            if single(node.output) && whole {
-                reduced.insert(node.output);
+            if let Some(first) = first.filter(|_| single(node.output)) {
+                reduced.insert(node.output, first);
             }
             if from_derived || matches!(node.op, Op::Reduce { .. }) {
                 derived.insert(node.output);
             }
         }
-        let mut out = Vec::new();
+        let (mut out, mut first) = (Vec::new(), Vec::new());
         for &n in &group.nodes {
             let node = &g.nodes[n];
             if single(node.output) {
@@ -388,17 +417,20 @@ impl<'g> Lowering<'g> {
                 let mut v = v;
                 while let Some(p) = self.producers[v.index()].filter(|p| inside.contains(p)) {
                     match g.nodes[p].op {
-                        Op::Reshape if reduced.contains(&g.nodes[p].inputs[0]) => v = g.nodes[p].inputs[0],
+                        Op::Reshape if reduced.contains_key(&g.nodes[p].inputs[0]) => {
+                            v = g.nodes[p].inputs[0]
+                        }
                         _ => break,
                     }
                 }
                 let made_here = self.producers[v.index()].is_some_and(|p| inside.contains(&p));
-                if made_here && reduced.contains(&v) && !out.contains(&v) {
+                if let Some(f) = reduced.get(&v).filter(|_| made_here && !out.contains(&v)) {
                     out.push(v);
+                    first.extend(f.iter().filter(|u| !first.contains(*u)).copied().collect::<Vec<_>>());
                 }
             }
         }
-        out
+        (out, first)
     }
 
     /// What `group` writes: its outputs and the values its outputs are views of.

@@ -3,7 +3,8 @@
 //! are kept for the store (the row scratch), a contraction whose epilogue
 //! splits heads, an element-wise group with a gather, a convolution's taps
 //! read in place, a concat along rows whose choice is made once per row, and a
-//! whole input's reduction stored once for the larger program that reads it.
+//! whole input's reduction stored once for the larger program that reads it
+//! (after the stored tensor it reduces, where it reduces one).
 
 fn lowered(text: &str) -> String {
     let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
@@ -425,6 +426,65 @@ p1: program g0_stitch_1
 group 0: stitch
   loop p0(b0, b2, b4)
   loop p1(b0, b4, b3)
+"#;
+    assert_eq!(got, want, "got:\n{got}");
+}
+
+/// A dynamic quantization of a normalized tensor (BERT's layer norm, then
+/// its quantization): the normalized rows are stored first, the whole range's
+/// reductions read them back once, and the quantized tensor reads both.
+#[test]
+fn a_stored_tensor_is_reduced_after_it_is_stored() {
+    let got = lowered(
+        r#"graph {
+  sym n param 1..
+  input %x: f32[n, 8]
+  %m: f32[n, 1] = reduce_mean[axes=[1], keep_dims=true] %x
+  %mb: f32[n, 8] = broadcast %m
+  %d: f32[n, 8] = sub %x, %mb
+  %hi: f32[] = reduce_max[axes=[0, 1], keep_dims=false] %d
+  %s1: f32[1, 1] = reshape %hi
+  %sb: f32[n, 8] = broadcast %s1
+  %q: f32[n, 8] = div %d, %sb
+  %r: f32[n, 8] = round %q
+  output %d, %r
+}
+"#,
+    );
+    let want = r#"dims:
+  d0 = 8*n
+  d1 = n
+  d2 = 1
+buffers:
+  b0: f32[n, 8] "x" (input 0)
+  b1: f32[n, 8] "d" (output 0)
+  b2: f32[n, 8] "r" (output 1)
+  b3: f32[] "hi" (temp, steps 1..=2)
+p0: program g0_stitch
+  %0: in f32[d1, 8] "x"
+  %1: out f32[d1, 8] "d"
+  gpu: a thread per point (rows of 8, under a warp)
+  for i0 < d1, i1 < 8:
+    t0: f32 = sum(i2 < 8: %0[i0, i2])
+    %1[·] = sub(%0[i0, i1], div(t0, cast<f32>(8)))
+p1: program g0_stitch_1
+  %0: in f32[d1, 8] "d"
+  %1: out f32[] "hi"
+  one point's reduction splits over threads along i1 < 8
+  gpu: a thread per point (rows of 8, under a warp)
+  for :
+    t0: f32 = max(i0 < d1, i1 < 8: %0[i0, i1])
+    %1[·] = t0
+p2: program g0_stitch_2
+  %0: in f32[d1, 8] "d"
+  %1: in f32[] "hi"
+  %2: out f32[d1, 8] "r"
+  for i0 < d1, i1 < 8:
+    %2[·] = round(div(%0[i0, i1], %1[]))
+group 0: stitch
+  loop p0(b0, b1)
+  loop p1(b1, b3)
+  loop p2(b1, b3, b2)
 "#;
     assert_eq!(got, want, "got:\n{got}");
 }

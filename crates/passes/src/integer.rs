@@ -5,7 +5,8 @@
 //! operand's range is known from the graph. An f32 sum of integer products
 //! is exact while every partial sum stays below 2^24 in magnitude, whatever
 //! the order of the additions (each is then an integer f32 holds exactly):
-//! that holds when `K · max|a| · max|b| < 2^24`. Where it does, the
+//! that holds when `K · max|a| · max|b| < 2^24`, or, for a constant weight,
+//! when `max|a|` times each column's sum of magnitudes is. Where it does, the
 //! contraction runs in f32 and is cast back. A deeper matmul runs as f32
 //! products of chunks of K short enough to be exact, summed in i32 (as many
 //! multiplies as before, the weight's chunks each read once); a deeper
@@ -35,14 +36,14 @@ const EXACT: i64 = 1 << 24;
 pub struct IntegerMatMulAsFloat;
 
 /// How a contraction runs on floats.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Plan {
     /// One f32 contraction of the operands.
     Whole,
     /// `a` split into base-16 digits: two f32 contractions.
     Digits,
-    /// A matmul's K in chunks of this many depths, an f32 product each.
-    Chunks(i64),
+    /// A matmul's K in chunks (first depth, depths), an f32 product each.
+    Chunks(Vec<(i64, i64)>),
 }
 
 /// At most this many chunks of K: deeper products stay as they are.
@@ -141,10 +142,21 @@ impl IntegerMatMulAsFloat {
         if fits(ma) {
             return Some(Plan::Whole);
         }
-        if matches!(node.op, Op::MatMul { .. }) {
+        if let Op::MatMul { transpose_b, .. } = node.op {
+            // A constant weight bounds each column's sums by its own magnitudes.
+            if let Some(chunks) = weight_chunks(g, p, b, transpose_b, depth, ma) {
+                return match chunks.len() {
+                    1 => Some(Plan::Whole),
+                    n => (n as i64 <= MAX_CHUNKS).then_some(Plan::Chunks(chunks)),
+                };
+            }
             // The longest exact chunk, rounded down to whole vectors of 16.
             let chunk = (EXACT - 1) / ma.checked_mul(mb)?.max(1) / 16 * 16;
-            return (chunk >= 16 && (depth + chunk - 1) / chunk <= MAX_CHUNKS).then_some(Plan::Chunks(chunk));
+            if chunk < 16 || (depth + chunk - 1) / chunk > MAX_CHUNKS {
+                return None;
+            }
+            let chunks = (0..depth).step_by(chunk as usize).map(|s| (s, chunk.min(depth - s))).collect();
+            return Some(Plan::Chunks(chunks));
         }
         fits(15.max((ma + 15) / 16)).then_some(Plan::Digits)
     }
@@ -157,6 +169,66 @@ impl IntegerMatMulAsFloat {
 /// what the u8s8 contraction family multiplies exactly.
 pub fn value_range(g: &Graph, v: ValueId) -> Option<(i64, i64)> {
     range(g, &Producers::of(g), v, 0)
+}
+
+/// The chunks of K (first depth, depths) over which a matmul by the constant
+/// weight `b` sums exactly in f32, its other operand at most `ma` in
+/// magnitude: every partial sum of a column stays below `ma` times the sum of
+/// that column's magnitudes over the chunk, kept under 2^24. Chunks end on
+/// multiples of 16 where they can. `None` when `b` is not a constant (or too
+/// large to read), or one depth alone is too much.
+fn weight_chunks(
+    g: &Graph,
+    p: &Producers,
+    b: ValueId,
+    transpose_b: bool,
+    depth: i64,
+    ma: i64,
+) -> Option<Vec<(i64, i64)>> {
+    let mut v = b;
+    let data = loop {
+        match &p.node(g, v)?.op {
+            Op::Constant(c) if c.numel() <= 1 << 24 => break c.to_tensor().to_i64_vec()?,
+            Op::Cast if g.ty(p.node(g, v)?.inputs[0]).dtype.is_int() => v = p.node(g, v)?.inputs[0],
+            _ => return None,
+        }
+    };
+    let shape = &g.ty(b).shape;
+    let r = shape.len();
+    let dims: Vec<usize> = shape.iter().map(|d| d.as_const().map(|x| x as usize)).collect::<Option<_>>()?;
+    let (k, n) = if transpose_b { (dims[r - 1], dims[r - 2]) } else { (dims[r - 2], dims[r - 1]) };
+    let batch = data.len() / (k * n).max(1);
+    if k as i64 != depth || batch * k * n != data.len() {
+        return None;
+    }
+    // |b| at depth `d` of column `c` of batch entry `e`.
+    let at = |e: usize, d: usize, c: usize| {
+        let i = if transpose_b { c * k + d } else { d * n + c };
+        data[e * k * n + i].unsigned_abs() as i64
+    };
+    let limit = (EXACT - 1) / ma.max(1);
+    let (mut chunks, mut start, mut sums) = (Vec::new(), 0usize, vec![0i64; batch * n]);
+    let mut d = 0;
+    while d < k {
+        let over = (0..batch * n).any(|j| sums[j] + at(j / n, d, j % n) > limit);
+        if over {
+            if d == start {
+                return None;
+            }
+            // End on a multiple of 16 where the chunk is longer than that.
+            let end = if d / 16 * 16 > start { d / 16 * 16 } else { d };
+            chunks.push((start as i64, (end - start) as i64));
+            (start, d) = (end, end);
+            sums.iter_mut().for_each(|s| *s = 0);
+            continue;
+        }
+        for (j, s) in sums.iter_mut().enumerate() {
+            *s += at(j / n, d, j % n);
+        }
+        d += 1;
+    }
+    chunks.push((start as i64, (k - start) as i64));
+    Some(chunks)
 }
 
 /// The largest `|x|` of an integer value `v`, where the graph bounds it: an
@@ -229,7 +301,7 @@ impl Pass for IntegerMatMulAsFloat {
             g.nodes.iter().enumerate().filter_map(|(i, n)| Some((i, Self::plan(g, &p, n)?))).collect();
         // Last to first: the nodes inserted before one leave the positions of
         // the ones before it as they were.
-        for &(i, plan) in found.iter().rev() {
+        for (i, plan) in found.iter().rev().cloned() {
             let offset = Offset::of(g, &p, &g.nodes[i]);
             let node = g.nodes[i].clone();
             let (a, b) = (node.inputs[0], node.inputs[1]);
@@ -256,7 +328,7 @@ impl Pass for IntegerMatMulAsFloat {
                     let c = ins.add(g, node.op.clone(), vec![af, bf], "f32", tout);
                     (Op::Cast, vec![c])
                 }
-                Plan::Chunks(chunk) => {
+                Plan::Chunks(chunks) => {
                     let Op::MatMul { transpose_a, transpose_b } = node.op else {
                         return Err(PassError::Failed {
                             pass: self.name(),
@@ -266,10 +338,8 @@ impl Pass for IntegerMatMulAsFloat {
                     let (ra, rb) = (g.ty(a).rank(), g.ty(b).rank());
                     let ka = if transpose_a { ra - 2 } else { ra - 1 };
                     let kb = if transpose_b { rb - 1 } else { rb - 2 };
-                    let depth = g.ty(a).shape[ka].as_const().unwrap_or(0);
                     let mut parts = Vec::new();
-                    for (n, start) in (0..depth).step_by(chunk as usize).enumerate() {
-                        let len = chunk.min(depth - start);
+                    for (n, &(start, len)) in chunks.iter().enumerate() {
                         let mut piece = |g: &mut Graph, v: ValueId, axis: usize, name: &str| {
                             let mut ty = g.ty(v).clone();
                             ty.shape[axis] = sym::SymExpr::constant(len);

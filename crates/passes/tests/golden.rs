@@ -735,3 +735,38 @@ fn a_zero_point_moves_out_of_an_int8_product() {
 ",
     );
 }
+
+/// A constant int8 weight bounds each column's sums by its own magnitudes:
+/// 600 depths of magnitudes up to 2 against u8 stay one product whatever the
+/// type's extremes say (600 · 255 · 2 < 2^24); a weight of 127s is cut where
+/// a column's sums would pass the limit (after 518 depths), on a multiple of 16.
+#[test]
+fn a_constant_weight_sets_its_own_chunks() {
+    let rewrite = |vals: &[i64]| {
+        let text = format!(
+            "graph {{
+  sym m param 1..
+  input %a: u8[m, 600]
+  %w: i8[600, 2] = constant [{}]
+  %ai: i32[m, 600] = cast %a
+  %wi: i32[600, 2] = cast %w
+  %y: i32[m, 2] = matmul %ai, %wi
+  output %y
+}}
+",
+            vals.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ")
+        );
+        let mut g = ir::parse_graph(&text, &|_| None).expect("parses");
+        IntegerMatMulAsFloat.run(&mut g).expect("runs");
+        ir::print_graph(&g)
+    };
+    let small: Vec<i64> = (0..1200).map(|i| i % 5 - 2).collect();
+    let out = rewrite(&small);
+    assert!(out.contains("%y.f32: f32[m, 2] = matmul %y.a, %y.b") && !out.contains("slice"), "{out}");
+    let mut big = vec![127i64; 1200];
+    big[2] = -2;
+    let out = rewrite(&big);
+    assert!(out.contains("%y.a.k0: f32[m, 512] = slice[1: 0 step 1] %y.a"), "{out}");
+    assert!(out.contains("%y.a.k1: f32[m, 88] = slice[1: 512 step 1] %y.a"), "{out}");
+    assert!(!out.contains("y.a.k2"), "{out}");
+}
