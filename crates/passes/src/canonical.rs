@@ -45,6 +45,10 @@ pub struct FoldConstants {
     pub max_elements: usize,
 }
 
+/// The largest cast of a constant [`FoldConstants`] folds (a 50,257 × 768
+/// vocabulary is 38.6M elements).
+const MAX_CAST_ELEMENTS: usize = 1 << 27;
+
 impl Default for FoldConstants {
     fn default() -> Self {
         // Large enough for pre-transposed or pre-scaled weights (BERT's FFN: 2.4M).
@@ -66,7 +70,13 @@ impl Pass for FoldConstants {
             }
             let ty = g.ty(node.output).clone();
             let Some(shape) = ty.const_shape() else { continue };
-            if shape.iter().map(|d| *d as usize).product::<usize>() > self.max_elements {
+            // A cast of a constant is the weight itself in another type (an int8
+            // LM head widened for its product): folded whatever its size, within reason.
+            let max = match node.op {
+                Op::Cast => self.max_elements.max(MAX_CAST_ELEMENTS),
+                _ => self.max_elements,
+            };
+            if shape.iter().map(|d| *d as usize).product::<usize>() > max {
                 continue;
             }
             let p = Producers::of(g);

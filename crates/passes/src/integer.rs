@@ -175,8 +175,8 @@ pub fn value_range(g: &Graph, v: ValueId) -> Option<(i64, i64)> {
 /// weight `b` sums exactly in f32, its other operand at most `ma` in
 /// magnitude: every partial sum of a column stays below `ma` times the sum of
 /// that column's magnitudes over the chunk, kept under 2^24. Chunks end on
-/// multiples of 16 where they can. `None` when `b` is not a constant (or too
-/// large to read), or one depth alone is too much.
+/// multiples of 16 where they can. `None` when `b` is not a constant of 8- or
+/// 32-bit integers, or one depth alone is too much.
 fn weight_chunks(
     g: &Graph,
     p: &Producers,
@@ -188,23 +188,25 @@ fn weight_chunks(
     let mut v = b;
     let data = loop {
         match &p.node(g, v)?.op {
-            Op::Constant(c) if c.numel() <= 1 << 24 => break c.to_tensor().to_i64_vec()?,
+            Op::Constant(c) => break c.clone(),
             Op::Cast if g.ty(p.node(g, v)?.inputs[0]).dtype.is_int() => v = p.node(g, v)?.inputs[0],
             _ => return None,
         }
     };
+    // The weight's integers read in place (an LM head's are tens of millions).
+    let (bytes, value, len) = (data.bytes(), integers(&data)?, data.numel());
     let shape = &g.ty(b).shape;
     let r = shape.len();
     let dims: Vec<usize> = shape.iter().map(|d| d.as_const().map(|x| x as usize)).collect::<Option<_>>()?;
     let (k, n) = if transpose_b { (dims[r - 1], dims[r - 2]) } else { (dims[r - 2], dims[r - 1]) };
-    let batch = data.len() / (k * n).max(1);
-    if k as i64 != depth || batch * k * n != data.len() {
+    let batch = len / (k * n).max(1);
+    if k as i64 != depth || batch * k * n != len {
         return None;
     }
     // |b| at depth `d` of column `c` of batch entry `e`.
     let at = |e: usize, d: usize, c: usize| {
         let i = if transpose_b { c * k + d } else { d * n + c };
-        data[e * k * n + i].unsigned_abs() as i64
+        value(bytes, e * k * n + i).abs()
     };
     let limit = (EXACT - 1) / ma.max(1);
     let (mut chunks, mut start, mut sums) = (Vec::new(), 0usize, vec![0i64; batch * n]);
@@ -229,6 +231,30 @@ fn weight_chunks(
     }
     chunks.push((start as i64, (k - start) as i64));
     Some(chunks)
+}
+
+/// Element `i` of an integer constant, read from its little-endian bytes in
+/// place (a weight's are tens of millions): 8-, 32- and 64-bit integers, bools.
+fn integers(c: &ConstData) -> Option<fn(&[u8], usize) -> i64> {
+    Some(match c.ty().dtype {
+        DType::I8 => |b, i| b[i] as i8 as i64,
+        DType::U8 | DType::Bool => |b, i| b[i] as i64,
+        DType::I32 => |b, i| i32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]) as i64,
+        DType::I64 => |b, i| {
+            let w: [u8; 8] = [
+                b[8 * i],
+                b[8 * i + 1],
+                b[8 * i + 2],
+                b[8 * i + 3],
+                b[8 * i + 4],
+                b[8 * i + 5],
+                b[8 * i + 6],
+                b[8 * i + 7],
+            ];
+            i64::from_le_bytes(w)
+        },
+        _ => return None,
+    })
 }
 
 /// The largest `|x|` of an integer value `v`, where the graph bounds it: an
@@ -283,9 +309,14 @@ fn range(g: &Graph, p: &Producers, v: ValueId, depth: usize) -> Option<(i64, i64
             }
             Some(r)
         }
-        Op::Constant(c) if c.numel() > 0 && c.numel() <= 1 << 22 => {
-            let vals = c.to_tensor().to_i64_vec()?;
-            Some((*vals.iter().min()?, *vals.iter().max()?))
+        Op::Constant(c) if c.numel() > 0 => {
+            let ints = integers(c)?;
+            let mut r = (i64::MAX, i64::MIN);
+            for i in 0..c.numel() {
+                let x = ints(c.bytes(), i);
+                r = (r.0.min(x), r.1.max(x));
+            }
+            Some(r)
         }
         _ => None,
     }

@@ -770,3 +770,27 @@ fn a_constant_weight_sets_its_own_chunks() {
     assert!(out.contains("%y.a.k1: f32[m, 88] = slice[1: 512 step 1] %y.a"), "{out}");
     assert!(!out.contains("y.a.k2"), "{out}");
 }
+
+/// A cast of a constant folds past the size other folds stop at: it is the
+/// weight itself in another type (an int8 LM head widened for its product).
+#[test]
+fn casts_of_large_constants_fold() {
+    let mut g = ir::parse_graph(
+        "graph {
+  input %x: f32[8]
+  %w: i8[8] = constant [1, -2, 3, -4, 5, -6, 7, -8]
+  %wi: i32[8] = cast %w
+  %wf: f32[8] = cast %wi
+  %two: f32[8] = add %wf, %wf
+  %y: f32[8] = mul %x, %two
+  output %y
+}
+",
+        &|_| None,
+    )
+    .expect("parses");
+    FoldConstants { max_elements: 4 }.run(&mut g).expect("runs");
+    let out = ir::print_graph(&g);
+    assert!(out.contains("%wf: f32[8] = constant [1.0, -2.0, 3.0"), "{out}");
+    assert!(out.contains("%two: f32[8] = add %wf, %wf"), "an add of 8 folded past the limit of 4:\n{out}");
+}
