@@ -19,6 +19,9 @@ class Session:
         threads: Optional[int] = ...,
         interpret: bool = ...,
         pool: Optional[ThreadPool] = ...,
+        device: str = ...,
+        precision: str = ...,
+        u8s8: bool = ...,
     ) -> None: ...
     def inputs(self) -> List[Tuple[str, List[Union[int, str]], str]]: ...
     def outputs(self) -> List[Tuple[str, List[Union[int, str]], str]]: ...

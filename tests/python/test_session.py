@@ -371,3 +371,23 @@ def test_a_gpu_session_saves_a_gpu_artifact(tmp_path):
         raise
     except anyshape.AnyshapeError as e:
         assert "no NVIDIA driver" in str(e) or "no CUDA device" in str(e), e
+
+
+def test_int8_kernels_are_exact_either_way():
+    """A dynamically quantized BERT on the u8s8 kernels (where the machine has
+    VNNI) and on the f32 ones: the same bits, both at ONNX Runtime's
+    operator-by-operator outputs."""
+    folder = os.path.join(ROOT, "..", "fixtures-quantized", "bert_int8")
+    path = os.path.join(folder, "model.onnx")
+    with_kernels = anyshape.InferenceSession(path, threads=2)
+    without = anyshape.InferenceSession(path, threads=2, u8s8=False)
+    case = os.path.join(folder, "case1")
+    names = [i.name for i in with_kernels.get_inputs()]
+    feeds = {n: np.load(os.path.join(case, n + ".npy")) for n in names}
+    got, plain = with_kernels.run(None, feeds), without.run(None, feeds)
+    for o, g, p in zip(with_kernels.get_outputs(), got, plain):
+        assert np.array_equal(g, p), o.name
+        want = np.load(os.path.join(case, "exact", o.name + ".npy"))
+        assert np.linalg.norm(g - want) <= 1e-5 * np.linalg.norm(want), o.name
+    with pytest.raises(anyshape.InvalidArgument, match="u8s8"):
+        anyshape.InferenceSession(path, interpret=True, u8s8=False)
