@@ -128,6 +128,74 @@ fn compiled_contractions_match_the_reference() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Every element of C (`m × n`) within `tol(i, j)` of `want(i, j)`.
+fn all_close(
+    c: &[f32],
+    (m, n, k): (usize, usize, usize),
+    what: &str,
+    want: impl Fn(usize, usize) -> f64,
+    tol: impl Fn(usize, usize) -> f64,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    for i in 0..m {
+        for j in 0..n {
+            let (got, w) = (c[i * n + j] as f64, want(i, j));
+            proptest::prop_assert!(
+                (got - w).abs() <= tol(i, j),
+                "{} {}x{}x{} [{},{}]: {} vs {}",
+                what,
+                m,
+                n,
+                k,
+                i,
+                j,
+                got,
+                w
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Awkward extents: 1, primes, odd depths, one past a block of `kc`.
+fn awkward_shapes(kc: usize) -> [(usize, usize, usize); 7] {
+    [(1, 1, 1), (1, 97, 33), (7, 50, 3), (13, 129, 17), (17, 31, 301), (3, 17, kc + 1), (33, 65, 2 * kc - 1)]
+}
+
+/// `plain`'s product of `a` (`m × k`) and `b` (`k × n`) with B an activation
+/// (row-major, then transposed), A transposed, and as a batch of two equal
+/// entries: `check` judges each result (its form, the schedule that ran, C).
+#[allow(clippy::too_many_arguments)]
+fn every_operand_form(
+    plain: &Contraction,
+    pool: &ThreadPool,
+    a: &[f32],
+    b: &[f32],
+    (m, n, k): (usize, usize, usize),
+    mut check: impl FnMut(&str, &kernels::Schedule, &[f32]) -> Result<(), proptest::test_runner::TestCaseError>,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    let am = MatRef::row_major(a, m, k).unwrap();
+    let at: Vec<f32> = (0..m * k).map(|x| a[(x % m) * k + x / m]).collect();
+    let atm = MatRef::row_major(&at, k, m).unwrap().t();
+    let bm = MatRef::row_major(b, k, n).unwrap();
+    let bt: Vec<f32> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
+    let btm = MatRef::row_major(&bt, n, k).unwrap().t();
+    for (what, av, bv) in [("A·B", am, bm), ("A·Bt", am, btm), ("At·B", atm, bm)] {
+        let mut c = vec![f32::NAN; m * n];
+        let cv = MatMut::new(&mut c, m, n, n).unwrap();
+        let s = plain.matmul(pool, av, BOperand::Plain(bv), cv, &EpilogueArgs::default()).expect("run");
+        check(what, &s, &c)?;
+    }
+    let mut c = vec![f32::NAN; 2 * m * n];
+    let (c0, c1) = c.split_at_mut(m * n);
+    let mut cv = [MatMut::new(c0, m, n, n).unwrap(), MatMut::new(c1, m, n, n).unwrap()];
+    let args = EpilogueArgs::default();
+    let s = plain
+        .batched(pool, &[am, am], &[BOperand::Plain(btm), BOperand::Plain(btm)], &mut cv, &args)
+        .expect("run");
+    check("batch 0", &s, &c[..m * n])?;
+    check("batch 1", &s, &c[m * n..])
+}
+
 /// The bf16 family (AVX-512 BF16) against the product of the operands rounded to
 /// bf16, accumulated in f64: random shapes with 1, primes, odd depths (a zero
 /// padded into the last pair), depths past a block, activation and transposed B,
@@ -184,53 +252,15 @@ fn bf16_contractions_match_the_rounded_reference() {
             kernels::Operands::Direct => exact(i, j),
             kernels::Operands::Packed => want(i, j),
         };
-        let am = MatRef::row_major(&a, m, k).unwrap();
-        let at: Vec<f32> = (0..m * k).map(|x| a[(x % m) * k + x / m]).collect();
-        let atm = MatRef::row_major(&at, k, m).unwrap().t();
-        let bm = MatRef::row_major(&b, k, n).unwrap();
-        let bt: Vec<f32> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
-        let btm = MatRef::row_major(&bt, n, k).unwrap().t();
-        // Activation B (row-major, then transposed), A row-major then transposed.
-        for (what, av, bv) in [("A·B", am, bm), ("A·Bt", am, btm), ("At·B", atm, bm)] {
-            let mut c = vec![f32::NAN; m * n];
-            let cv = MatMut::new(&mut c, m, n, n).unwrap();
-            let s = plain.matmul(&pool, av, BOperand::Plain(bv), cv, &EpilogueArgs::default()).expect("run");
+        every_operand_form(&plain, &pool, &a, &b, (m, n, k), |what, s, c| {
             for i in 0..m {
                 for j in 0..n {
-                    let got = c[i * n + j] as f64;
-                    prop_assert!(
-                        (got - reference(&s, i, j)).abs() <= tol(i, j),
-                        "{} {} {}x{}x{} [{},{}]: {} vs {}",
-                        what,
-                        s,
-                        m,
-                        n,
-                        k,
-                        i,
-                        j,
-                        got,
-                        reference(&s, i, j)
-                    );
-                    differs.set(differs.get() || (got - exact(i, j)).abs() > tol(i, j));
+                    differs.set(differs.get() || (c[i * n + j] as f64 - exact(i, j)).abs() > tol(i, j));
                 }
             }
-        }
-        // A batch of two.
-        let mut c = vec![f32::NAN; 2 * m * n];
-        let (c0, c1) = c.split_at_mut(m * n);
-        let mut cv = [MatMut::new(c0, m, n, n).unwrap(), MatMut::new(c1, m, n, n).unwrap()];
-        let args = EpilogueArgs::default();
-        let s = plain
-            .batched(&pool, &[am, am], &[BOperand::Plain(btm), BOperand::Plain(btm)], &mut cv, &args)
-            .expect("run");
-        for e in 0..2 {
-            for i in 0..m {
-                for j in 0..n {
-                    let got = c[e * m * n + i * n + j] as f64;
-                    prop_assert!((got - reference(&s, i, j)).abs() <= tol(i, j), "batch {}", s);
-                }
-            }
-        }
+            all_close(c, (m, n, k), &format!("{what} {s}"), |i, j| reference(s, i, j), tol)
+        })?;
+        let (am, bm) = (MatRef::row_major(&a, m, k).unwrap(), MatRef::row_major(&b, k, n).unwrap());
         // A weight pre-packed as bf16, with the epilogue fused.
         let packed = fused.pack_weight(bm, &[1, 16, 128]).expect("pack");
         prop_assert_eq!(packed.elem, ElemType::Bf16);
@@ -251,35 +281,11 @@ fn bf16_contractions_match_the_rounded_reference() {
         };
         let cv = MatMut::new(&mut c, m, n, n).unwrap();
         let s = fused.matmul(&pool, am, BOperand::Packed(&packed), cv, &args).expect("run");
-        for i in 0..m {
-            for j in 0..n {
-                let w = gelu(want(i, j) + bias[j] as f64 + res[i * n + j] as f64);
-                prop_assert!(
-                    (c[i * n + j] as f64 - w).abs() <= 2.0 * tol(i, j),
-                    "fused {} {}x{}x{} [{},{}]: {} vs {}",
-                    s,
-                    m,
-                    n,
-                    k,
-                    i,
-                    j,
-                    c[i * n + j],
-                    w
-                );
-            }
-        }
+        let w = |i: usize, j: usize| gelu(want(i, j) + bias[j] as f64 + res[i * n + j] as f64);
+        all_close(&c, (m, n, k), &format!("fused {s}"), w, |i, j| 2.0 * tol(i, j))?;
         Ok(())
     };
-    // Awkward extents by hand: 1, primes, odd depths, one past a block.
-    for (m, n, k) in [
-        (1, 1, 1),
-        (1, 97, 33),
-        (7, 50, 3),
-        (13, 129, 17),
-        (17, 31, 301),
-        (3, 17, kc + 1),
-        (33, 65, 2 * kc - 1),
-    ] {
+    for (m, n, k) in awkward_shapes(kc) {
         case(m, n, k, 0).unwrap_or_else(|e| panic!("{e}"));
     }
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(24));
@@ -351,51 +357,10 @@ fn u8s8_contractions_are_exact_on_8_bit_integers() {
                     size * 2f64.powi(-23)
                 }
             };
-            let am = MatRef::row_major(&a, m, k).unwrap();
-            let at: Vec<f32> = (0..m * k).map(|x| a[(x % m) * k + x / m]).collect();
-            let atm = MatRef::row_major(&at, k, m).unwrap().t();
-            let bm = MatRef::row_major(&b, k, n).unwrap();
-            let bt: Vec<f32> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
-            let btm = MatRef::row_major(&bt, n, k).unwrap().t();
-            for (what, av, bv) in [("A·B", am, bm), ("A·Bt", am, btm), ("At·B", atm, bm)] {
-                let mut c = vec![f32::NAN; m * n];
-                let cv = MatMut::new(&mut c, m, n, n).unwrap();
-                let s =
-                    plain.matmul(&pool, av, BOperand::Plain(bv), cv, &EpilogueArgs::default()).expect("run");
-                for i in 0..m {
-                    for j in 0..n {
-                        let (got, want) = (c[i * n + j] as f64, exact(i, j));
-                        prop_assert!(
-                            (got - want).abs() <= tol(i, j),
-                            "{} {} {}x{}x{} [{},{}]: {} vs {}",
-                            what,
-                            s,
-                            m,
-                            n,
-                            k,
-                            i,
-                            j,
-                            got,
-                            want
-                        );
-                    }
-                }
-            }
-            let mut c = vec![f32::NAN; 2 * m * n];
-            let (c0, c1) = c.split_at_mut(m * n);
-            let mut cv = [MatMut::new(c0, m, n, n).unwrap(), MatMut::new(c1, m, n, n).unwrap()];
-            let args = EpilogueArgs::default();
-            let s = plain
-                .batched(&pool, &[am, am], &[BOperand::Plain(btm), BOperand::Plain(btm)], &mut cv, &args)
-                .expect("run");
-            for e in 0..2 {
-                for i in 0..m {
-                    for j in 0..n {
-                        let got = c[e * m * n + i * n + j] as f64;
-                        prop_assert!((got - exact(i, j)).abs() <= tol(i, j), "batch {}", s);
-                    }
-                }
-            }
+            every_operand_form(&plain, &pool, &a, &b, (m, n, k), |what, s, c| {
+                all_close(c, (m, n, k), &format!("{what} {s}"), exact, tol)
+            })?;
+            let (am, bm) = (MatRef::row_major(&a, m, k).unwrap(), MatRef::row_major(&b, k, n).unwrap());
             // A weight pre-packed as bytes, with the epilogue fused.
             let packed = fused.pack_weight(bm, &[1, 16, 128]).expect("pack");
             prop_assert_eq!(packed.elem, ElemType::U8S8);
@@ -407,35 +372,14 @@ fn u8s8_contractions_are_exact_on_8_bit_integers() {
             };
             let cv = MatMut::new(&mut c, m, n, n).unwrap();
             let s = fused.matmul(&pool, am, BOperand::Packed(&packed), cv, &args).expect("run");
-            for i in 0..m {
-                for j in 0..n {
-                    let w = gelu(scale as f64 * exact(i, j) + bias[j] as f64 + res[i * n + j] as f64);
-                    prop_assert!(
-                        (c[i * n + j] as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()) + scale as f64 * tol(i, j),
-                        "fused {} {}x{}x{} [{},{}]: {} vs {}",
-                        s,
-                        m,
-                        n,
-                        k,
-                        i,
-                        j,
-                        c[i * n + j],
-                        w
-                    );
-                }
-            }
+            let w = |i: usize, j: usize| {
+                gelu(scale as f64 * exact(i, j) + bias[j] as f64 + res[i * n + j] as f64)
+            };
+            let t = |i: usize, j: usize| 1e-5 * (1.0 + w(i, j).abs()) + scale as f64 * tol(i, j);
+            all_close(&c, (m, n, k), &format!("fused {s}"), w, t)?;
             Ok(())
         };
-        for (m, n, k) in [
-            (1, 1, 1),
-            (1, 97, 33),
-            (7, 50, 3),
-            (13, 129, 17),
-            (17, 31, 301),
-            (3, 17, kc + 1),
-            (33, 65, 2 * kc - 1),
-            (5, 33, 4 * kc + 5),
-        ] {
+        for (m, n, k) in awkward_shapes(kc).into_iter().chain([(5, 33, 4 * kc + 5)]) {
             case(m, n, k, 0).unwrap_or_else(|e| panic!("{e}"));
         }
         let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(24));
