@@ -347,10 +347,9 @@ impl<'g> Lowering<'g> {
         let (early, rest): (Vec<_>, Vec<_>) = pending.into_iter().partition(|p| first.contains(&p.0));
         self.flush(gi, group, &mut part, &mut avail, early)?;
         // With them, the group's other single values: one program of them all.
-        let single = |v: ValueId| self.g.ty(v).shape.iter().all(|d| d.as_const() == Some(1));
         let (mut once, rest): (Vec<_>, Vec<_>) = match singles.is_empty() {
             true => (Vec::new(), rest),
-            false => rest.into_iter().partition(|p| single(p.0)),
+            false => rest.into_iter().partition(|p| self.single(p.0)),
         };
         for v in singles {
             if !avail.contains_key(&v) && !once.iter().any(|p| p.0 == v) {
@@ -371,7 +370,7 @@ impl<'g> Lowering<'g> {
     /// own, and the reductions read them back.
     fn whole_reductions(&self, group: &FusionGroup, stored: &[ValueId]) -> (Vec<ValueId>, Vec<ValueId>) {
         let g = self.g;
-        let single = |v: ValueId| g.ty(v).shape.iter().all(|d| d.as_const() == Some(1));
+        let single = |v: ValueId| self.single(v);
         let inside: HashSet<usize> = group.nodes.iter().copied().collect();
         // `derived`: values that depend on a reduction in the group; `reduced`:
         // single values from reductions of values that do not, or that the group
@@ -426,11 +425,20 @@ impl<'g> Lowering<'g> {
                 let made_here = self.producers[v.index()].is_some_and(|p| inside.contains(&p));
                 if let Some(f) = reduced.get(&v).filter(|_| made_here && !out.contains(&v)) {
                     out.push(v);
-                    first.extend(f.iter().filter(|u| !first.contains(*u)).copied().collect::<Vec<_>>());
+                    for u in f {
+                        if !first.contains(u) {
+                            first.push(*u);
+                        }
+                    }
                 }
             }
         }
         (out, first)
+    }
+
+    /// Whether `v` is one value (every dim 1, or none).
+    fn single(&self, v: ValueId) -> bool {
+        self.g.ty(v).shape.iter().all(|d| d.as_const() == Some(1))
     }
 
     /// What `group` writes: its outputs and the values its outputs are views of.
@@ -525,7 +533,7 @@ impl<'g> Lowering<'g> {
             }
         }
         // Single values first: a larger program then reads those it needs.
-        classes.sort_by_key(|c| !self.g.ty(c[0].0).shape.iter().all(|d| d.as_const() == Some(1)));
+        classes.sort_by_key(|c| !self.single(c[0].0));
         for class in classes {
             let name =
                 format!("g{gi}_{}{}", group.kind, if *part > 0 { format!("_{part}") } else { String::new() });
