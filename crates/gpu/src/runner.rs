@@ -146,8 +146,8 @@ fn encode_map(elem: ElemType, ptr: u64, s: &MapSpec) -> Result<TensorMap, GpuErr
     let dtype = match elem {
         ElemType::Bf16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         ElemType::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        ElemType::F32 => {
-            return Err(GpuError::Plan("TMA maps of f32 operands: the family's are 16-bit".into()))
+        ElemType::F32 | ElemType::U8S8 => {
+            return Err(GpuError::Plan(format!("TMA maps of {elem} operands: the family's are 16-bit")))
         }
     };
     // One batch entry: its stride is never read; any multiple of 16 bytes past the rows.
