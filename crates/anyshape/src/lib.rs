@@ -315,13 +315,14 @@ impl Model {
         // One kernel family per epilogue the matmuls fuse and type they multiply in:
         // 8-bit integer operands in u8s8 where the target has VNNI.
         let u8s8 = opts.u8s8 && target.check_elem(kernels::ElemType::U8S8).is_ok();
+        let family_of = |m: &plan::MatMulStep| {
+            let of = if m.u8s8 && u8s8 { kernels::ElemType::U8S8 } else { elem };
+            (m.epilogue.function(), of)
+        };
         let mut families: Vec<(plan::Epilogue, kernels::ElemType)> = Vec::new();
         for s in &plan.steps {
             let f = match &s.kind {
-                plan::StepKind::MatMul(m) if m.u8s8 && u8s8 => {
-                    (m.epilogue.function(), kernels::ElemType::U8S8)
-                }
-                plan::StepKind::MatMul(m) => (m.epilogue.function(), elem),
+                plan::StepKind::MatMul(m) => family_of(m),
                 // Fused attention's products run on the plain family's direct kernels.
                 plan::StepKind::Attention(_) => (plan::Epilogue::default(), elem),
                 plan::StepKind::Loop { .. } => continue,
@@ -395,20 +396,16 @@ impl Model {
         let splits = (0..programs.len()).map(|i| programs.split(i)).collect();
         let mut code = programs.into_images();
         let mut dispatchers = Vec::with_capacity(families.len());
-        for ((e, elem), c) in families.into_iter().zip(compiled) {
+        for (family, c) in families.into_iter().zip(compiled) {
             let (d, images) = c?.into_parts();
             code.extend(images);
             let d = match opts.measured_dispatch {
-                true => self.measured(
-                    d,
-                    &pool,
-                    (e, elem == kernels::ElemType::U8S8, u8s8),
-                    &plan,
-                    cache.as_deref(),
-                )?,
+                true => {
+                    self.measured(d, &pool, family.0, |m| family_of(m) == family, &plan, cache.as_deref())?
+                }
                 false => d,
             };
-            dispatchers.push((e, d));
+            dispatchers.push((family.0, d));
         }
         let io = |v: &[IoInfo]| v.iter().map(|i| (i.name.clone(), i.ty.clone())).collect();
         let parts = runtime::ModelParts {
@@ -470,13 +467,14 @@ fn release_folded(imported: &Graph, rewritten: &Graph) {
 const MEASURED_MAX_BYTES: usize = 64 << 20;
 
 impl Model {
-    /// `d` with a tuned table measured for the weights of `plan` its epilogue
-    /// `e` multiplies (see `codegen::refine`).
+    /// `d` with a tuned table measured for the weights of `plan` it multiplies
+    /// (`in_family`: its epilogue `e`, its type; see `codegen::refine`).
     fn measured(
         &self,
         d: kernels::Dispatcher,
         pool: &kernels::ThreadPool,
-        (e, u8s8_family, u8s8): (plan::Epilogue, bool, bool),
+        e: plan::Epilogue,
+        in_family: impl Fn(&plan::MatMulStep) -> bool,
         plan: &plan::ModelPlan,
         cache: Option<&Path>,
     ) -> Result<kernels::Dispatcher, Error> {
@@ -487,8 +485,7 @@ impl Model {
             let plan::StepKind::MatMul(mm) = &st.kind else { continue };
             // A convolution's taps are never a tuned class's row-major A.
             // The weights this family multiplies (with its epilogue, in its type).
-            let family = mm.epilogue.function() == e && (mm.u8s8 && u8s8) == u8s8_family;
-            if !mm.weight || mm.taps.is_some() || !family {
+            if !mm.weight || mm.taps.is_some() || !in_family(mm) {
                 continue;
             }
             let (Some(k), Some(n)) = (fixed(mm.k), fixed(mm.n)) else { continue };

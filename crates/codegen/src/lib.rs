@@ -405,11 +405,7 @@ fn build_microkernel(
     let (f32t, i64t) = (ctx.f32_type(), ctx.i64_type());
     let ptr = ctx.ptr_type(AddressSpace::default());
     let vt = f32t.vec_type(w as u32);
-    // The accumulators: f32 lanes, or i32 lanes for u8s8 (converted at the store).
-    let acc_t = match elem {
-        ElemType::U8S8 => ctx.i32_type().vec_type(w as u32),
-        _ => vt,
-    };
+    let acc_t = accumulator_type(ctx, elem, w);
     let nv = nr / w;
     let fn_type = ctx.void_type().fn_type(
         &[
@@ -766,6 +762,19 @@ fn build_microkernel(
     bld.position_at_end(ret);
     bld.build_return(None).map_err(llvm)?;
     Ok(())
+}
+
+/// The vector a kernel of `elem` accumulates in (`w` lanes): f32, or i32 for
+/// u8s8 (its sums converted to f32 at the store).
+pub(crate) fn accumulator_type(
+    ctx: &'static Context,
+    elem: ElemType,
+    w: usize,
+) -> inkwell::types::VectorType<'static> {
+    match elem {
+        ElemType::U8S8 => ctx.i32_type().vec_type(w as u32),
+        _ => ctx.f32_type().vec_type(w as u32),
+    }
 }
 
 /// `llvm.x86.avx512.vpdpbusd.{128·w/4}`: each i32 lane plus the four products of

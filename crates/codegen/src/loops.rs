@@ -1430,31 +1430,18 @@ impl Gen<'_> {
             true => (-(1i128 << (nb - 1)), (1i128 << (nb - 1)) - 1),
             false => (0, (1i128 << nb) - 1),
         };
-        // The largest float of `from` at most `hi` (`hi` itself where it fits).
-        let hi_f = match from {
-            DType::F32 => {
-                let f = hi as f32;
-                if f as i128 > hi {
-                    f32::from_bits(f.to_bits() - 1) as f64
-                } else {
-                    f as f64
-                }
-            }
-            _ => {
-                let f = hi as f64;
-                if f as i128 > hi {
-                    f64::from_bits(f.to_bits() - 1)
-                } else {
-                    f
-                }
-            }
+        // The largest float of `from` at most `hi`: `hi` itself where its bits fit
+        // the significand, else the float just below `hi + 1` (a power of two).
+        let significand = if from == DType::F32 { 24 } else { 53 };
+        let hi_f = match 128 - hi.leading_zeros() <= significand {
+            true => hi as f64,
+            false => (hi + 1) as f64 * (1.0 - 2f64.powi(-(significand as i32))),
         };
-        let (lo, nb) = (lo as f64, nb as i32);
+        let lo = lo as f64;
+        let (lo_v, hi_v) = (self.float_like(a, lo)?, self.float_like(a, hi_f)?);
         let clamped = {
-            let below = fcmp(b, FloatPredicate::OLT, a, self.float_like(a, lo)?)?;
-            let x = select(b, below, self.float_like(a, lo)?, a)?;
-            let above = fcmp(b, FloatPredicate::OGT, x, self.float_like(a, hi_f)?)?;
-            select(b, above, self.float_like(a, hi_f)?, x)?
+            let x = select(b, fcmp(b, FloatPredicate::OLT, a, lo_v)?, lo_v, a)?;
+            select(b, fcmp(b, FloatPredicate::OGT, x, hi_v)?, hi_v, x)?
         };
         // Narrow types convert through i32 (exact: the value is already in range).
         let wide = if nb < 32 { DType::I32 } else { to };
@@ -1466,7 +1453,7 @@ impl Gen<'_> {
             r = b.build_int_truncate(r.into_vector_value(), tt, "narrow").map_err(llvm)?.into();
         }
         if (hi_f as i128) < hi {
-            let past = fcmp(b, FloatPredicate::OGT, a, self.float_like(a, hi_f)?)?;
+            let past = fcmp(b, FloatPredicate::OGT, a, hi_v)?;
             r = select(b, past, self.int_like(r, hi as i64)?, r)?;
         }
         let nan = fcmp(b, FloatPredicate::UNO, a, a)?;

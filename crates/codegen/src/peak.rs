@@ -45,11 +45,7 @@ pub fn measure_peak_gflops_of(
     let jit = jit_function(t, name, &crate::ObjectCache::none(), |ctx, module, cpu, features| {
         let (f32t, i64t) = (ctx.f32_type(), ctx.i64_type());
         let vt = f32t.vec_type(w as u32);
-        // The accumulators: f32 lanes, or i32 for u8s8.
-        let at = match elem {
-            ElemType::U8S8 => ctx.i32_type().vec_type(w as u32),
-            _ => vt,
-        };
+        let at = crate::accumulator_type(ctx, elem, w);
         let fn_type =
             ctx.void_type().fn_type(&[i64t.into(), ctx.ptr_type(AddressSpace::default()).into()], false);
         let f = module.add_function(name, fn_type, None);

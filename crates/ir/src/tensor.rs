@@ -96,6 +96,10 @@ impl TensorType {
     pub fn const_shape(&self) -> Option<Vec<i64>> {
         self.shape.iter().map(|d| d.as_const()).collect()
     }
+    /// Whether the value has exactly one element (a scalar, or every dim 1).
+    pub fn is_one_element(&self) -> bool {
+        self.shape.iter().all(|d| d.as_const() == Some(1))
+    }
 }
 
 impl fmt::Display for TensorType {

@@ -349,7 +349,7 @@ impl<'g> Lowering<'g> {
         // With them, the group's other single values: one program of them all.
         let (mut once, rest): (Vec<_>, Vec<_>) = match singles.is_empty() {
             true => (Vec::new(), rest),
-            false => rest.into_iter().partition(|p| self.single(p.0)),
+            false => rest.into_iter().partition(|p| self.g.ty(p.0).is_one_element()),
         };
         for v in singles {
             if !avail.contains_key(&v) && !once.iter().any(|p| p.0 == v) {
@@ -370,7 +370,7 @@ impl<'g> Lowering<'g> {
     /// own, and the reductions read them back.
     fn whole_reductions(&self, group: &FusionGroup, stored: &[ValueId]) -> (Vec<ValueId>, Vec<ValueId>) {
         let g = self.g;
-        let single = |v: ValueId| self.single(v);
+        let single = |v: ValueId| g.ty(v).is_one_element();
         let inside: HashSet<usize> = group.nodes.iter().copied().collect();
         // `derived`: values that depend on a reduction in the group; `reduced`:
         // single values from reductions of values that do not, or that the group
@@ -434,11 +434,6 @@ impl<'g> Lowering<'g> {
             }
         }
         (out, first)
-    }
-
-    /// Whether `v` is one value (every dim 1, or none).
-    fn single(&self, v: ValueId) -> bool {
-        self.g.ty(v).shape.iter().all(|d| d.as_const() == Some(1))
     }
 
     /// What `group` writes: its outputs and the values its outputs are views of.
@@ -533,7 +528,7 @@ impl<'g> Lowering<'g> {
             }
         }
         // Single values first: a larger program then reads those it needs.
-        classes.sort_by_key(|c| !self.single(c[0].0));
+        classes.sort_by_key(|c| !self.g.ty(c[0].0).is_one_element());
         for class in classes {
             let name =
                 format!("g{gi}_{}{}", group.kind, if *part > 0 { format!("_{part}") } else { String::new() });

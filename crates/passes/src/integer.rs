@@ -36,7 +36,6 @@ const EXACT: i64 = 1 << 24;
 pub struct IntegerMatMulAsFloat;
 
 /// How a contraction runs on floats.
-#[derive(Clone)]
 enum Plan {
     /// One f32 contraction of the operands.
     Whole,
@@ -44,6 +43,13 @@ enum Plan {
     Digits,
     /// A matmul's K in chunks (first depth, depths), an f32 product each.
     Chunks(Vec<(i64, i64)>),
+}
+
+/// A contraction that runs on floats: how, and the zero point moved out of
+/// its A first.
+struct Rewrite {
+    plan: Plan,
+    offset: Option<Offset>,
 }
 
 /// At most this many chunks of K: deeper products stay as they are.
@@ -59,10 +65,11 @@ struct Offset {
 }
 
 impl Offset {
-    fn of(g: &Graph, p: &Producers, node: &ir::Node) -> Option<Offset> {
+    /// The offset form of `node`'s A, when `node` multiplies it by a constant
+    /// (its range, `b_range`, checked by the caller) that holds int8 values.
+    fn of(g: &Graph, p: &Producers, node: &ir::Node, (lo, hi): (i64, i64)) -> Option<Offset> {
         let Op::MatMul { transpose_b: false, .. } = node.op else { return None };
-        let b = node.inputs[1];
-        if !is_constant(g, p, b) || range(g, p, b, 0).is_none_or(|(lo, hi)| lo < -128 || hi > 127) {
+        if lo < -128 || hi > 127 || constant_under_casts(g, p, node.inputs[1]).is_none() {
             return None;
         }
         let (mut v, mut views) = (node.inputs[0], Vec::new());
@@ -90,12 +97,13 @@ impl Offset {
     }
 }
 
-/// Whether `v` is a constant, or a cast of one.
-fn is_constant(g: &Graph, p: &Producers, v: ValueId) -> bool {
-    match p.node(g, v).map(|n| (&n.op, n.inputs.first())) {
-        Some((Op::Constant(_), _)) => true,
-        Some((Op::Cast, Some(&x))) => is_constant(g, p, x),
-        _ => false,
+/// The data of the constant `v` is, or is a cast (or casts) of.
+fn constant_under_casts(g: &Graph, p: &Producers, v: ValueId) -> Option<Arc<ConstData>> {
+    let n = p.node(g, v)?;
+    match &n.op {
+        Op::Constant(c) => Some(c.clone()),
+        Op::Cast => constant_under_casts(g, p, n.inputs[0]),
+        _ => None,
     }
 }
 
@@ -103,7 +111,7 @@ fn is_constant(g: &Graph, p: &Producers, v: ValueId) -> bool {
 fn single_value(g: &Graph, p: &Producers, v: ValueId) -> Option<ValueId> {
     let mut v = v;
     loop {
-        if g.ty(v).shape.iter().all(|d| d.as_const() == Some(1)) {
+        if g.ty(v).is_one_element() {
             return Some(v);
         }
         let n = p.node(g, v)?;
@@ -115,7 +123,7 @@ fn single_value(g: &Graph, p: &Producers, v: ValueId) -> Option<ValueId> {
 }
 
 impl IntegerMatMulAsFloat {
-    fn plan(g: &Graph, p: &Producers, node: &ir::Node) -> Option<Plan> {
+    fn plan(g: &Graph, p: &Producers, node: &ir::Node) -> Option<Rewrite> {
         if !matches!(node.op, Op::MatMul { .. } | Op::Conv(_)) {
             return None;
         }
@@ -133,32 +141,40 @@ impl IntegerMatMulAsFloat {
             Op::Conv(_) => g.ty(b).shape[1..].iter().map(|d| d.as_const()).product::<Option<i64>>()?,
             _ => return None,
         };
-        let ma = match Offset::of(g, p, node) {
+        let b_range = range(g, p, b, 0)?;
+        let offset = Offset::of(g, p, node, b_range);
+        let ma = match offset {
             Some(_) => 255,
             None => magnitude(g, p, a, 0)?,
         };
-        let mb = magnitude(g, p, b, 0)?;
+        let mb = b_range.0.abs().max(b_range.1.abs());
         let fits = |ma: i64| depth.checked_mul(ma).and_then(|x| x.checked_mul(mb)).is_some_and(|x| x < EXACT);
-        if fits(ma) {
-            return Some(Plan::Whole);
-        }
-        if let Op::MatMul { transpose_b, .. } = node.op {
-            // A constant weight bounds each column's sums by its own magnitudes.
-            if let Some(chunks) = weight_chunks(g, p, b, transpose_b, depth, ma) {
-                return match chunks.len() {
-                    1 => Some(Plan::Whole),
-                    n => (n as i64 <= MAX_CHUNKS).then_some(Plan::Chunks(chunks)),
-                };
+        let plan = if fits(ma) {
+            Plan::Whole
+        } else if let Op::MatMul { transpose_b, .. } = node.op {
+            // A constant weight bounds each column's sums by its own magnitudes;
+            // otherwise the longest exact chunk, rounded down to whole vectors of 16.
+            let chunks = match weight_chunks(g, p, b, transpose_b, depth, ma) {
+                Some(chunks) => chunks,
+                None => {
+                    let chunk = (EXACT - 1) / ma.checked_mul(mb)?.max(1) / 16 * 16;
+                    if chunk < 16 {
+                        return None;
+                    }
+                    (0..depth).step_by(chunk as usize).map(|s| (s, chunk.min(depth - s))).collect()
+                }
+            };
+            match chunks.len() as i64 {
+                1 => Plan::Whole,
+                n if n <= MAX_CHUNKS => Plan::Chunks(chunks),
+                _ => return None,
             }
-            // The longest exact chunk, rounded down to whole vectors of 16.
-            let chunk = (EXACT - 1) / ma.checked_mul(mb)?.max(1) / 16 * 16;
-            if chunk < 16 || (depth + chunk - 1) / chunk > MAX_CHUNKS {
-                return None;
-            }
-            let chunks = (0..depth).step_by(chunk as usize).map(|s| (s, chunk.min(depth - s))).collect();
-            return Some(Plan::Chunks(chunks));
-        }
-        fits(15.max((ma + 15) / 16)).then_some(Plan::Digits)
+        } else if fits(15.max((ma + 15) / 16)) {
+            Plan::Digits
+        } else {
+            return None;
+        };
+        Some(Rewrite { plan, offset })
     }
 }
 
@@ -185,15 +201,8 @@ fn weight_chunks(
     depth: i64,
     ma: i64,
 ) -> Option<Vec<(i64, i64)>> {
-    let mut v = b;
-    let data = loop {
-        match &p.node(g, v)?.op {
-            Op::Constant(c) => break c.clone(),
-            Op::Cast if g.ty(p.node(g, v)?.inputs[0]).dtype.is_int() => v = p.node(g, v)?.inputs[0],
-            _ => return None,
-        }
-    };
     // The weight's integers read in place (an LM head's are tens of millions).
+    let data = constant_under_casts(g, p, b)?;
     let (bytes, value, len) = (data.bytes(), integers(&data)?, data.numel());
     let shape = &g.ty(b).shape;
     let r = shape.len();
@@ -328,12 +337,12 @@ impl Pass for IntegerMatMulAsFloat {
     }
     fn run(&self, g: &mut Graph) -> Result<usize, PassError> {
         let p = Producers::of(g);
-        let found: Vec<(usize, Plan)> =
+        let found: Vec<(usize, Rewrite)> =
             g.nodes.iter().enumerate().filter_map(|(i, n)| Some((i, Self::plan(g, &p, n)?))).collect();
+        let count = found.len();
         // Last to first: the nodes inserted before one leave the positions of
-        // the ones before it as they were.
-        for (i, plan) in found.iter().rev().cloned() {
-            let offset = Offset::of(g, &p, &g.nodes[i]);
+        // the ones before it (an offset's views among them) as they were.
+        for (i, Rewrite { plan, offset }) in found.into_iter().rev() {
             let node = g.nodes[i].clone();
             let (a, b) = (node.inputs[0], node.inputs[1]);
             let out = g.ty(node.output).clone();
@@ -433,7 +442,7 @@ impl Pass for IntegerMatMulAsFloat {
             old.op = op;
             old.inputs = inputs;
         }
-        Ok(found.len())
+        Ok(count)
     }
 }
 

@@ -216,7 +216,10 @@ impl Cpu {
     /// where the model has that family (its other family otherwise).
     pub(crate) fn dispatcher(&self, mm: &plan::MatMulStep) -> Result<&Dispatcher, RunError> {
         let e = mm.epilogue.function();
-        mm.u8s8.then(|| self.family(e, true)).flatten().map_or_else(|| self.dispatcher_for(e), Ok)
+        match self.family(e, true) {
+            Some(d) if mm.u8s8 => Ok(d),
+            _ => self.dispatcher_for(e),
+        }
     }
 
     /// The family of epilogue `e` in u8s8 or in the model's other type.

@@ -306,7 +306,7 @@ fn along(imp: &mut Importer, p: ValueId, x: ValueId, axis: i64, block: i64, what
 
 /// Whether `p` has exactly one element (a scalar or a 1-element tensor).
 fn per_tensor(imp: &Importer, p: ValueId) -> bool {
-    imp.shape(p).iter().all(|d| d.as_const() == Some(1))
+    imp.ty(p).is_one_element()
 }
 
 /// A one-element `p` as a rank-0 value.
