@@ -16,6 +16,8 @@ Systems (--systems, default every one that is available):
   anyshape       `anyshape bench --json`, compiled once per round
   anyshape-bf16  the same with `--precision bf16` (contractions in bf16; only when
                  asked for: AVX-512 BF16 machines)
+  anyshape-int8-float  a quantized model with `--int8 float` (its 8-bit products on
+                 the f32 family instead of the integer kernels; only when asked for)
   onnxruntime    CPU provider, all graph optimizations, intra-op threads = --threads
                  (alias: ort)
   openvino       CPU, f32, INFERENCE_NUM_THREADS = --threads, when installed
@@ -72,8 +74,16 @@ ROOT = os.path.dirname(HERE)
 # bench/profile.py would shadow the standard library's profile module (cProfile imports
 # it; torch._dynamo imports cProfile): nothing is imported from bench/, so drop it.
 sys.path = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
-ALL_SYSTEMS = ["anyshape", "onnxruntime", "openvino", "torch", "torch.compile", "anyshape-bf16"]
-OPT_IN = ("anyshape-bf16",)
+ALL_SYSTEMS = [
+    "anyshape",
+    "onnxruntime",
+    "openvino",
+    "torch",
+    "torch.compile",
+    "anyshape-bf16",
+    "anyshape-int8-float",
+]
+OPT_IN = ("anyshape-bf16", "anyshape-int8-float")
 ALIASES = {"ort": "onnxruntime", "ov": "openvino", "eager": "torch", "compile": "torch.compile"}
 TORCH_SYSTEMS = ("torch", "torch.compile")
 SETTLE_S = 0.1
@@ -303,6 +313,10 @@ def main():
         elif name == "anyshape-bf16":
             runners[name] = lambda: bench_anyshape(
                 a.model, shapes, a.threads, a.runs, a.anyshape, ["--precision", "bf16"]
+            )
+        elif name == "anyshape-int8-float":
+            runners[name] = lambda: bench_anyshape(
+                a.model, shapes, a.threads, a.runs, a.anyshape, ["--int8", "float"]
             )
         elif name == "onnxruntime":
             runners[name] = lambda: bench_ort(a.model, shapes, a.threads, a.runs)

@@ -61,9 +61,10 @@ class InferenceSession:
     GPU's kernels on this machine's threads: slow, for tests). ``precision``:
     what a CPU model's contractions multiply in, ``"f32"`` or ``"bf16"`` (weights
     stored as bf16, AVX-512 BF16 products summed in f32; the rest f32).
-    ``u8s8``: a quantized model's products of 8-bit values run on the u8s8
-    kernels (VNNI's ``vpdpbusd``, exact) where the machine has VNNI (default);
-    ``False`` keeps them on ``precision``'s kernels.
+    ``int8``: what a quantized model's products of 8-bit values multiply in:
+    ``"auto"`` (default: the u8s8 kernels, VNNI's ``vpdpbusd``, where the machine
+    has VNNI; the i16 ones, AVX2's ``vpmaddwd``, otherwise), ``"u8s8"``,
+    ``"i16"`` or ``"float"`` (``precision``'s kernels); all exact.
     """
 
     def __init__(
@@ -75,7 +76,7 @@ class InferenceSession:
         pool: Optional[ThreadPool] = None,
         device: str = "cpu",
         precision: str = "f32",
-        u8s8: bool = True,
+        int8: str = "auto",
     ) -> None:
         self._session = _Session(
             str(path),
@@ -85,7 +86,7 @@ class InferenceSession:
             pool,
             str(device),
             str(precision),
-            bool(u8s8),
+            str(int8),
         )
         self._inputs = [NodeArg(*i) for i in self._session.inputs()]
         self._outputs = [NodeArg(*o) for o in self._session.outputs()]

@@ -374,20 +374,22 @@ def test_a_gpu_session_saves_a_gpu_artifact(tmp_path):
 
 
 def test_int8_kernels_are_exact_either_way():
-    """A dynamically quantized BERT on the u8s8 kernels (where the machine has
-    VNNI) and on the f32 ones: the same bits, both at ONNX Runtime's
-    operator-by-operator outputs."""
+    """A dynamically quantized BERT on the integer kernels (u8s8 where the
+    machine has VNNI, i16 otherwise), on the i16 ones and on the f32 ones: the
+    same bits, all at ONNX Runtime's operator-by-operator outputs."""
     folder = os.path.join(ROOT, "..", "fixtures-quantized", "bert_int8")
     path = os.path.join(folder, "model.onnx")
-    with_kernels = anyshape.InferenceSession(path, threads=2)
-    without = anyshape.InferenceSession(path, threads=2, u8s8=False)
+    sessions = [anyshape.InferenceSession(path, threads=2, int8=k) for k in ("auto", "i16", "float")]
     case = os.path.join(folder, "case1")
-    names = [i.name for i in with_kernels.get_inputs()]
+    names = [i.name for i in sessions[0].get_inputs()]
     feeds = {n: np.load(os.path.join(case, n + ".npy")) for n in names}
-    got, plain = with_kernels.run(None, feeds), without.run(None, feeds)
-    for o, g, p in zip(with_kernels.get_outputs(), got, plain):
-        assert np.array_equal(g, p), o.name
+    got = [s.run(None, feeds) for s in sessions]
+    for i, o in enumerate(sessions[0].get_outputs()):
+        for other in got[1:]:
+            assert np.array_equal(got[0][i], other[i]), o.name
         want = np.load(os.path.join(case, "exact", o.name + ".npy"))
-        assert np.linalg.norm(g - want) <= 1e-5 * np.linalg.norm(want), o.name
-    with pytest.raises(anyshape.InvalidArgument, match="u8s8"):
-        anyshape.InferenceSession(path, interpret=True, u8s8=False)
+        assert np.linalg.norm(got[0][i] - want) <= 1e-5 * np.linalg.norm(want), o.name
+    with pytest.raises(anyshape.InvalidArgument, match="int8"):
+        anyshape.InferenceSession(path, interpret=True, int8="float")
+    with pytest.raises(anyshape.InvalidArgument, match="unknown int8"):
+        anyshape.InferenceSession(path, int8="int4")

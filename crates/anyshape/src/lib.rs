@@ -313,10 +313,17 @@ impl Model {
             codegen::CodegenError::Unsupported(format!("precision {:?}: {e}", opts.precision))
         })?;
         // One kernel family per epilogue the matmuls fuse and type they multiply in:
-        // 8-bit integer operands in u8s8 where the target has VNNI.
-        let u8s8 = opts.u8s8 && target.check_elem(kernels::ElemType::U8S8).is_ok();
+        // 8-bit integer operands in an integer type (u8s8 where the target has
+        // VNNI, i16 otherwise) unless asked not to.
+        let int8 = opts
+            .int8
+            .elem(&target)
+            .map_err(|e| codegen::CodegenError::Unsupported(format!("int8 kernels {:?}: {e}", opts.int8)))?;
         let family_of = |m: &plan::MatMulStep| {
-            let of = if m.u8s8 && u8s8 { kernels::ElemType::U8S8 } else { elem };
+            let of = match int8 {
+                Some(i) if m.u8s8 => i,
+                _ => elem,
+            };
             (m.epilogue.function(), of)
         };
         let mut families: Vec<(plan::Epilogue, kernels::ElemType)> = Vec::new();
@@ -547,6 +554,48 @@ impl Precision {
     }
 }
 
+/// What a quantized model's 8-bit integer contractions (those whose operands
+/// the graph bounds to u8 and s8 values) multiply in. Every choice is exact.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Int8 {
+    /// The fastest integer family of the target: u8s8 (VNNI's `vpdpbusd`, four
+    /// products a lane) where it has VNNI, i16 (AVX2's `vpmaddwd`, two) otherwise.
+    #[default]
+    Auto,
+    /// u8s8 (VNNI's `vpdpbusd`); compiling for a machine without VNNI is an error.
+    U8S8,
+    /// i16 (`vpmaddwd`) on any target: what a machine without VNNI runs.
+    I16,
+    /// The [`Precision`]'s float family (f32 sums of exact chunks of K).
+    Float,
+}
+
+impl Int8 {
+    /// The integer type for `target`, or none for the float family.
+    fn elem(self, target: &kernels::Target) -> Result<Option<kernels::ElemType>, kernels::KernelError> {
+        let u8s8 = kernels::ElemType::U8S8;
+        match self {
+            Int8::Auto if target.check_elem(u8s8).is_ok() => Ok(Some(u8s8)),
+            Int8::Auto | Int8::I16 => Ok(Some(kernels::ElemType::I16)),
+            Int8::U8S8 => target.check_elem(u8s8).map(|()| Some(u8s8)),
+            Int8::Float => Ok(None),
+        }
+    }
+}
+
+impl std::str::FromStr for Int8 {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Int8, String> {
+        match s {
+            "auto" => Ok(Int8::Auto),
+            "u8s8" => Ok(Int8::U8S8),
+            "i16" => Ok(Int8::I16),
+            "float" => Ok(Int8::Float),
+            _ => Err(format!("unknown int8 kernels `{s}` (auto, u8s8, i16, float)")),
+        }
+    }
+}
+
 /// The instruction set generated code may use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Isa {
@@ -567,7 +616,7 @@ pub struct CompileOptions {
     pool: Option<std::sync::Arc<kernels::ThreadPool>>,
     isa: Isa,
     precision: Precision,
-    u8s8: bool,
+    int8: Int8,
     cache_dir: Option<std::path::PathBuf>,
     fuse_attention: bool,
     key_chunks: KeyChunks,
@@ -584,7 +633,7 @@ impl std::fmt::Debug for CompileOptions {
             .field("pool", &self.pool.as_ref().map(|p| p.threads()))
             .field("isa", &self.isa)
             .field("precision", &self.precision)
-            .field("u8s8", &self.u8s8)
+            .field("int8", &self.int8)
             .field("cache_dir", &self.cache_dir)
             .field("fuse_attention", &self.fuse_attention)
             .field("key_chunks", &self.key_chunks)
@@ -603,7 +652,7 @@ impl Default for CompileOptions {
             pool: None,
             isa: Isa::Host,
             precision: Precision::F32,
-            u8s8: true,
+            int8: Int8::Auto,
             cache_dir: None,
             fuse_attention: true,
             key_chunks: KeyChunks::Auto,
@@ -625,11 +674,10 @@ impl CompileOptions {
         self.precision = p;
         self
     }
-    /// Multiply a quantized model's 8-bit-integer contractions with the u8s8
-    /// family (VNNI's `vpdpbusd`) where the target has it (default on; off, or
-    /// without VNNI, they run exactly on the [`precision`](Self::precision) family).
-    pub fn u8s8(mut self, on: bool) -> CompileOptions {
-        self.u8s8 = on;
+    /// What a quantized model's 8-bit integer contractions multiply in
+    /// (default [`Int8::Auto`]: u8s8 with VNNI, i16 without).
+    pub fn int8(mut self, int8: Int8) -> CompileOptions {
+        self.int8 = int8;
         self
     }
     /// Threads of the model's pool (default: the machine's).

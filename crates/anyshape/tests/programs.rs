@@ -8,7 +8,7 @@
 
 mod common;
 
-use anyshape::{CompileOptions, DType, Elems, LoadOptions, Model, Tensor};
+use anyshape::{CompileOptions, DType, Elems, Int8, LoadOptions, Model, Tensor};
 use common::{shape_at, Lcg};
 use proptest::prelude::*;
 
@@ -1109,10 +1109,10 @@ fn float_to_integer_casts_saturate_in_vectors() {
 
 /// A matmul of a dynamically quantized activation (`u8 - zero point`) by an
 /// int8 weight: the zero point moves out (`x·B - z·colsum(B)`), so both operands
-/// are 8-bit integers, multiplied by the u8s8 family where the machine has VNNI
-/// and by the f32 family otherwise (and with `u8s8(false)`), equal to the exact
-/// integer sums in every case: 300 deep in one product, 700 deep in chunks of
-/// K (the extremes past 2^24 included).
+/// are 8-bit integers, multiplied by the u8s8 family where the machine has VNNI,
+/// by the i16 one (always, and by default without VNNI) and by the f32 family
+/// (`Int8::Float`), equal to the exact integer sums in every case: 300 deep in
+/// one product, 700 deep in chunks of K (the extremes past 2^24 included).
 #[test]
 fn quantized_activations_by_int8_weights_move_their_zero_point_out() {
     for k in [300usize, 700] {
@@ -1147,10 +1147,25 @@ fn quantized_activations_by_int8_weights_move_their_zero_point_out() {
         let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
         assert!(plan.contains("(u8·s8)"), "no u8·s8 product at K {k}:\n{plan}");
         let vnni = kernels::Target::detect().check_elem(kernels::ElemType::U8S8).is_ok();
-        for on in [true, false] {
-            let cm = m.compile(&CompileOptions::new().threads(2).canaries(true).u8s8(on)).expect("compiles");
+        for int8 in [Int8::Auto, Int8::U8S8, Int8::I16, Int8::Float] {
+            let opts = CompileOptions::new().threads(2).canaries(true).int8(int8);
+            if int8 == Int8::U8S8 && !vnni {
+                let e = m.compile(&opts).err().expect("u8s8 without VNNI is refused").to_string();
+                assert!(e.contains("VNNI"), "{e}");
+                continue;
+            }
+            let cm = m.compile(&opts).expect("compiles");
             let kinds = cm.kernels_text();
-            assert_eq!(kinds.contains("micro-kernels in u8s8"), on && vnni, "{kinds}");
+            let want = match int8 {
+                Int8::Auto if vnni => Some("u8s8"),
+                Int8::U8S8 => Some("u8s8"),
+                Int8::Auto | Int8::I16 => Some("i16"),
+                Int8::Float => None,
+            };
+            for e in ["u8s8", "i16"] {
+                let has = kinds.contains(&format!("micro-kernels in {e}"));
+                assert_eq!(has, want == Some(e), "{int8:?}: {kinds}");
+            }
             for (i, rows) in [1usize, 2, 7, 17, 65].into_iter().enumerate() {
                 let mut a: Vec<u8> = (0..rows * k).map(|_| rng.next() as u8).collect();
                 a[..k].fill(255);
@@ -1168,7 +1183,7 @@ fn quantized_activations_by_int8_weights_move_their_zero_point_out() {
                     ("za", Tensor::new(vec![], Elems::U8(vec![za])).expect("za")),
                 ];
                 let got = cm.run(&ins).expect("runs");
-                assert_eq!(got[0].1.elems(), &Elems::I32(want.clone()), "K {k} rows {rows} u8s8 {on}");
+                assert_eq!(got[0].1.elems(), &Elems::I32(want.clone()), "K {k} rows {rows} {int8:?}");
                 let interpreted = m.interpret(&ins).expect("interprets");
                 assert_eq!(interpreted[0].1.elems(), &Elems::I32(want), "K {k} rows {rows}");
             }

@@ -290,11 +290,19 @@ pub struct PrecisionArg {
     /// f32).
     #[arg(long, value_enum, default_value_t = PrecisionName::F32)]
     pub precision: PrecisionName,
-    /// Multiply a quantized model's 8-bit contractions in the precision's
-    /// family, not with the u8s8 kernels (VNNI) it takes where the machine
-    /// has them: to measure what they gain.
-    #[arg(long)]
-    pub no_u8s8: bool,
+    /// What a quantized model's 8-bit contractions multiply in: `auto` (u8s8
+    /// with VNNI, i16 without), `u8s8` (VNNI's vpdpbusd), `i16` (AVX2's
+    /// vpmaddwd), or `float` (the precision's family): all exact.
+    #[arg(long, value_enum, default_value_t = Int8Name::Auto)]
+    pub int8: Int8Name,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Int8Name {
+    Auto,
+    U8s8,
+    I16,
+    Float,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -313,16 +321,22 @@ impl PrecisionArg {
         }
     }
 
-    /// Whether these are the defaults (f32, u8s8 kernels where the machine has them).
+    /// Whether these are the defaults (f32, the target's integer kernels).
     #[allow(dead_code)]
     pub fn is_default(self) -> bool {
-        self.precision == PrecisionName::F32 && !self.no_u8s8
+        self.precision == PrecisionName::F32 && self.int8 == Int8Name::Auto
     }
 
     /// `opts` with this precision and choice of 8-bit kernels.
     #[allow(dead_code)]
     pub fn apply(self, opts: anyshape::CompileOptions) -> anyshape::CompileOptions {
-        opts.precision(self.get()).u8s8(!self.no_u8s8)
+        let int8 = match self.int8 {
+            Int8Name::Auto => anyshape::Int8::Auto,
+            Int8Name::U8s8 => anyshape::Int8::U8S8,
+            Int8Name::I16 => anyshape::Int8::I16,
+            Int8Name::Float => anyshape::Int8::Float,
+        };
+        opts.precision(self.get()).int8(int8)
     }
 }
 

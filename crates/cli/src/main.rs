@@ -277,7 +277,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         {
             if !precision.is_default() {
                 bail!(UserError(
-                    "--precision and --no-u8s8 apply to CPU code; the GPU's contractions are bf16".into()
+                    "--precision and --int8 apply to CPU code; the GPU's contractions are bf16".into()
                 ));
             }
             compile_gpu(model, output, dims, gpu_arch)
@@ -425,7 +425,7 @@ fn run(
     let compiles_here = !interpret && device == devices::DeviceArg::Cpu && !runtime::is_artifact(&model_path);
     if !precision.is_default() && !compiles_here {
         bail!(UserError(
-            "--precision and --no-u8s8 apply when compiling an ONNX model for the CPU (not to an artifact, \
+            "--precision and --int8 apply when compiling an ONNX model for the CPU (not to an artifact, \
              --interpret or a GPU)"
                 .into()
         ));

@@ -166,8 +166,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         {
             bail!(UserError(
                 "--dim, --unfused-attention, --no-object-cache, --no-measured-dispatch, --precision and \
-                 --no-u8s8 apply \
-                 when compiling an ONNX model; an artifact is compiled already"
+                 --int8 apply when compiling an ONNX model; an artifact is compiled already"
                     .into()
             ));
         }

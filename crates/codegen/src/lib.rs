@@ -135,7 +135,7 @@ mod vmath;
 /// What every CPU emitter answers for f16, which `Target::check_elem` refuses
 /// before any of them runs.
 fn f16_on_cpu() -> CodegenError {
-    CodegenError::Unsupported("the CPU kernel families have no f16 form (f32, bf16)".into())
+    CodegenError::Unsupported("the CPU kernel families have no f16 form (f32, bf16, u8s8, i16)".into())
 }
 
 /// Compile an `mr × nr` f32 micro-kernel for `t` (`nr` a multiple of its lanes).
@@ -565,6 +565,8 @@ fn build_microkernel(
         }
         // u8 words of A against s8 words of B, into i32 lanes.
         ElemType::U8S8 => (acc_t, vpdpbusd(ctx, module, w)),
+        // Pairs of i16 into i32 lanes, then added to the accumulator.
+        ElemType::I16 => (ctx.i16_type().vec_type(2 * w as u32), pmaddwd(ctx, module, w)),
         ElemType::F16 => return Err(f16_on_cpu()),
     };
     let gep = |base, idx: IntValue<'static>, n: &str| {
@@ -601,17 +603,21 @@ fn build_microkernel(
             let splat = bld.build_bit_cast(splat, wt, "aw").map_err(llvm)?.into_vector_value();
             for (v, bv) in bvecs.iter().enumerate() {
                 let acc = accs[i * nv + v];
-                let args = match elem {
-                    ElemType::F32 => [splat.into(), (*bv).into(), acc.into()],
-                    ElemType::Bf16 | ElemType::U8S8 => [acc.into(), splat.into(), (*bv).into()],
+                let args: &[_] = match elem {
+                    ElemType::F32 => &[splat.into(), (*bv).into(), acc.into()],
+                    ElemType::Bf16 | ElemType::U8S8 => &[acc.into(), splat.into(), (*bv).into()],
+                    ElemType::I16 => &[splat.into(), (*bv).into()],
                     ElemType::F16 => return Err(f16_on_cpu()),
                 };
-                let r = bld.build_call(mul, &args, "mul").map_err(llvm)?;
+                let r = bld.build_call(mul, args, "mul").map_err(llvm)?;
                 let r = match r.try_as_basic_value() {
                     inkwell::values::ValueKind::Basic(v) => v,
                     inkwell::values::ValueKind::Instruction(_) => return Err(llvm("fma returned nothing")),
                 };
-                next.push(r);
+                next.push(match elem {
+                    ElemType::I16 => add_in_order(ctx, &bld, acc.into_vector_value(), r.into_vector_value())?,
+                    _ => r,
+                });
             }
         }
         Ok(next)
@@ -675,12 +681,14 @@ fn build_microkernel(
     // k.done: the tile's values (C added when accumulating), then the epilogue
     // (when compiled in and asked for), then the store.
     bld.position_at_end(done);
-    // The tile's sums as f32 (u8s8's i32 sums converted: exact below 2^24).
+    // The tile's sums as f32 (the integer types' i32 sums converted: exact below 2^24).
     let mut sums = Vec::with_capacity(mr * nv);
     for p in &acc_phis[..mr * nv] {
         let acc = p.as_basic_value().into_vector_value();
         sums.push(match elem {
-            ElemType::U8S8 => bld.build_signed_int_to_float(acc, vt, "acc.f32").map_err(llvm)?,
+            ElemType::U8S8 | ElemType::I16 => {
+                bld.build_signed_int_to_float(acc, vt, "acc.f32").map_err(llvm)?
+            }
             _ => acc,
         });
     }
@@ -765,16 +773,34 @@ fn build_microkernel(
 }
 
 /// The vector a kernel of `elem` accumulates in (`w` lanes): f32, or i32 for
-/// u8s8 (its sums converted to f32 at the store).
+/// the integer types (their sums converted to f32 at the store).
 pub(crate) fn accumulator_type(
     ctx: &'static Context,
     elem: ElemType,
     w: usize,
 ) -> inkwell::types::VectorType<'static> {
-    match elem {
-        ElemType::U8S8 => ctx.i32_type().vec_type(w as u32),
-        _ => ctx.f32_type().vec_type(w as u32),
+    match elem.is_integer() {
+        true => ctx.i32_type().vec_type(w as u32),
+        false => ctx.f32_type().vec_type(w as u32),
     }
+}
+
+/// `vpmaddwd` on `w` i32 lanes: each lane the sum of the products of its two
+/// signed 16-bit pairs (`llvm.x86.avx2.pmadd.wd`, or AVX-512BW's 512-bit form).
+pub(crate) fn pmaddwd(
+    ctx: &'static Context,
+    module: &Module<'static>,
+    w: usize,
+) -> inkwell::values::FunctionValue<'static> {
+    let name = match w {
+        16 => "llvm.x86.avx512.pmaddw.d.512",
+        _ => "llvm.x86.avx2.pmadd.wd",
+    };
+    module.get_function(name).unwrap_or_else(|| {
+        let ht = ctx.i16_type().vec_type(2 * w as u32);
+        let it = ctx.i32_type().vec_type(w as u32);
+        module.add_function(name, it.fn_type(&[ht.into(), ht.into()], false), None)
+    })
 }
 
 /// `llvm.x86.avx512.vpdpbusd.{128·w/4}`: each i32 lane plus the four products of
@@ -791,6 +817,28 @@ pub(crate) fn vpdpbusd(
         let it = ctx.i32_type().vec_type(w as u32);
         module.add_function(&name, it.fn_type(&[it.into(), it.into(), it.into()], false), None)
     })
+}
+
+/// `acc + x` on i32 lanes as one `vpaddd` that LLVM leaves where it is. As a
+/// plain `add` in an unrolled K loop, reassociation sums two steps' products
+/// before adding them to the accumulator, which keeps more vectors live than
+/// the register file holds: the tile spills.
+pub(crate) fn add_in_order(
+    ctx: &'static Context,
+    bld: &inkwell::builder::Builder<'static>,
+    acc: VectorValue<'static>,
+    x: VectorValue<'static>,
+) -> Result<BasicValueEnum<'static>, CodegenError> {
+    let it = acc.get_type();
+    let fty = it.fn_type(&[it.into(), it.into()], false);
+    // `v` reaches the 32 registers of AVX-512, `x` the 16 of AVX2.
+    let regs = if it.get_size() * 32 > 256 { "=v,v,v" } else { "=x,x,x" };
+    let asm = ctx.create_inline_asm(fty, "vpaddd $2, $1, $0".into(), regs.into(), false, false, None, false);
+    let sum = bld.build_indirect_call(fty, asm, &[acc.into(), x.into()], "acc").map_err(llvm)?;
+    match sum.try_as_basic_value() {
+        inkwell::values::ValueKind::Basic(v) => Ok(v),
+        inkwell::values::ValueKind::Instruction(_) => Err(llvm("vpaddd returned nothing")),
+    }
 }
 
 /// A call asking the line at `at` into L2 (read access, locality 2, data cache).

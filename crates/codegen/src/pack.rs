@@ -242,8 +242,8 @@ fn build_packer(
     let shift = c_i64(depths.trailing_zeros() as usize);
     let nfull = bld.build_right_shift(kc, shift, false, "nfull").map_err(llvm)?;
     // One block of a row's depths as `l` words: the f32 values themselves,
-    // `2l` values rounded to bf16 and paired up (a bit cast: the pairs are
-    // adjacent), or `4l` values as bytes in fours.
+    // `2l` values rounded to bf16 (or as i16) and paired up (a bit cast: the
+    // pairs are adjacent), or `4l` values as bytes in fours.
     let bt = ctx.bf16_type().vec_type(depths as u32);
     let first = |n: usize| {
         let m: Vec<_> = (0..n).map(|j| i32t.const_int(j as u64, false)).collect();
@@ -271,6 +271,16 @@ fn build_packer(
                     .build_int_truncate(ints, ctx.i8_type().vec_type(4 * l as u32), "bytes")
                     .map_err(llvm)?;
                 Ok(bld.build_bit_cast(bytes, vt, "words").map_err(llvm)?.into_vector_value())
+            }
+            ElemType::I16 => {
+                // Each integral value's low 16 bits, paired up as bf16's are.
+                let wide = bld.build_shuffle_vector(parts[0], parts[1], wide_mask, "wide").map_err(llvm)?;
+                let ints =
+                    bld.build_float_to_signed_int(wide, i32t.vec_type(2 * l as u32), "ints").map_err(llvm)?;
+                let halves = bld
+                    .build_int_truncate(ints, ctx.i16_type().vec_type(2 * l as u32), "i16")
+                    .map_err(llvm)?;
+                Ok(bld.build_bit_cast(halves, vt, "words").map_err(llvm)?.into_vector_value())
             }
             ElemType::F16 => Err(crate::f16_on_cpu()),
         }

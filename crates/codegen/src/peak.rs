@@ -2,7 +2,8 @@
 //! (enough accumulators to cover FMA latency on every port, no memory traffic),
 //! timed on every thread of a pool. The denominator of "fraction of peak". The
 //! bf16 peak is the same loop of `vdpbf16ps` (two products per f32 lane), the
-//! u8s8 one of `vpdpbusd` (four per i32 lane).
+//! u8s8 one of `vpdpbusd` (four per i32 lane), the i16 one of `vpmaddwd` and
+//! its add (two per i32 lane).
 
 use std::time::Instant;
 
@@ -31,7 +32,8 @@ pub fn measure_peak_gflops(t: &Target, pool: &ThreadPool, millis: u64) -> Result
 }
 
 /// Peak GFLOP/s of `t`'s multiply-adds in `elem` (a bf16 pair product and its
-/// add count as 4 flops per lane, a u8s8 quad as 8), with `pool`'s threads.
+/// add count as 4 flops per lane, a u8s8 quad as 8, an i16 pair as 4), with
+/// `pool`'s threads.
 pub fn measure_peak_gflops_of(
     t: &Target,
     elem: ElemType,
@@ -100,16 +102,35 @@ pub fn measure_peak_gflops_of(
                 let ones = inkwell::types::VectorType::const_vector(&ones);
                 (crate::vpdpbusd(ctx, module, w), ones, ones)
             }
+            ElemType::I16 => {
+                // acc += two products of 1 · 1 per lane, added: wraps harmlessly.
+                let ones = vec![ctx.i16_type().const_int(1, false); 2 * w];
+                let ones = inkwell::types::VectorType::const_vector(&ones);
+                (crate::pmaddwd(ctx, module, w), ones, ones)
+            }
             ElemType::F16 => return Err(crate::f16_on_cpu()),
         };
         let mut next = Vec::new();
         for a in &accs {
-            let r =
-                bld.build_call(fma, &[a.as_basic_value().into(), x.into(), y.into()], "f").map_err(llvm)?;
-            match r.try_as_basic_value() {
-                inkwell::values::ValueKind::Basic(v) => next.push(v),
+            let acc = a.as_basic_value();
+            let args: Vec<inkwell::values::BasicMetadataValueEnum> = match elem {
+                // The accumulator's own halves times ones, so that the product is
+                // not the same in every trip (and hoisted out of the loop).
+                ElemType::I16 => {
+                    vec![bld.build_bit_cast(acc, x.get_type(), "h").map_err(llvm)?.into(), y.into()]
+                }
+                _ => vec![acc.into(), x.into(), y.into()],
+            };
+            let r = match bld.build_call(fma, &args, "f").map_err(llvm)?.try_as_basic_value() {
+                inkwell::values::ValueKind::Basic(v) => v,
                 inkwell::values::ValueKind::Instruction(_) => return Err(llvm("fma returned nothing")),
-            }
+            };
+            next.push(match elem {
+                ElemType::I16 => {
+                    crate::add_in_order(ctx, &bld, acc.into_vector_value(), r.into_vector_value())?
+                }
+                _ => r,
+            });
         }
         let i_next = bld
             .build_int_add(i.as_basic_value().into_int_value(), i64t.const_int(1, false), "i1")
@@ -125,7 +146,7 @@ pub fn measure_peak_gflops_of(
         for a in &accs[1..] {
             let a = a.as_basic_value().into_vector_value();
             total = match elem {
-                ElemType::U8S8 => bld.build_int_add(total, a, "t"),
+                e if e.is_integer() => bld.build_int_add(total, a, "t"),
                 _ => bld.build_float_add(total, a, "t"),
             }
             .map_err(llvm)?;

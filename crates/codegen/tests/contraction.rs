@@ -299,34 +299,45 @@ fn bf16_contractions_match_the_rounded_reference() {
 }
 
 /// The u8s8 family (VNNI) on operands that hold 8-bit integers (A 0..=255, B
-/// -128..=127, a quantized model's): exact against the integer product wherever
-/// the sums stay below 2^24 (within two f32 roundings of it otherwise: blocks of K
-/// meet in f32), on both ISA paths the machine has, at shapes with 1, primes,
-/// odd depths (zero bytes padded into the last word), one past a block, B as an
-/// activation (row-major, transposed), transposed A, a batch, and a weight
-/// pre-packed as bytes with bias, residual and GELU fused. The kernels must be
-/// VNNI's: their code holds `vpdpbusd`.
+/// -128..=127, a quantized model's): see [`integer_contractions_are_exact`]. The
+/// kernels must be VNNI's: their code holds `vpdpbusd`.
 #[test]
 fn u8s8_contractions_are_exact_on_8_bit_integers() {
-    use kernels::ElemType;
-    use proptest::prelude::*;
     if !kernels::testing::vnni() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("anyshape-u8s8-{}", std::process::id()));
+    integer_contractions_are_exact(kernels::ElemType::U8S8, "vpdpbusd");
+}
+
+/// The i16 family (AVX2's `vpmaddwd`, what a machine without VNNI runs a
+/// quantized model's products on) on the same 8-bit operands.
+#[test]
+fn i16_contractions_are_exact_on_8_bit_integers() {
+    integer_contractions_are_exact(kernels::ElemType::I16, "vpmaddwd");
+}
+
+/// A family of integer type `elem` on operands that hold 8-bit integers: exact
+/// against the integer product wherever the sums stay below 2^24 (within two f32
+/// roundings of it otherwise: blocks of K meet in f32), on both ISA paths the
+/// machine has, at shapes with 1, primes, odd depths (zero padded into the last
+/// word), one past a block, B as an activation (row-major, transposed),
+/// transposed A, a batch, and a weight pre-packed in the type with bias, residual
+/// and GELU fused. The kernels' code must hold `instruction`.
+fn integer_contractions_are_exact(elem: kernels::ElemType, instruction: &str) {
+    use proptest::prelude::*;
+    let dir = std::env::temp_dir().join(format!("anyshape-{elem}-{}", std::process::id()));
     let pool = ThreadPool::new(2);
-    for t in targets().into_iter().filter(|t| t.check_elem(ElemType::U8S8).is_ok()) {
-        let build = |ep: Epilogue| {
-            Contraction::builder(&t, &pool).elem(ElemType::U8S8).epilogue(ep).cache(Some(&dir)).build()
-        };
+    for t in targets().into_iter().filter(|t| t.check_elem(elem).is_ok()) {
+        let build =
+            |ep: Epilogue| Contraction::builder(&t, &pool).elem(elem).epilogue(ep).cache(Some(&dir)).build();
         let plain = build(Epilogue::default()).expect("compile");
         // Scaled down: the reference GELU's series holds for moderate arguments.
         let scale = 2f32.powi(-20);
         let ep = Epilogue { scale: Some(scale), bias: true, residual: true, activation: Activation::Gelu };
         let fused = build(ep).expect("compile");
-        assert_eq!(plain.family().elem(), ElemType::U8S8);
+        assert_eq!(plain.family().elem(), elem);
         let asm = plain.kernels()[0].asm();
-        assert!(asm.contains("vpdpbusd"), "no vpdpbusd in the u8s8 kernel:\n{asm}");
+        assert!(asm.contains(instruction), "no {instruction} in the {elem} kernel:\n{asm}");
         let kc = plain
             .dispatcher()
             .schedule(&kernels::Problem {
@@ -363,7 +374,7 @@ fn u8s8_contractions_are_exact_on_8_bit_integers() {
             let (am, bm) = (MatRef::row_major(&a, m, k).unwrap(), MatRef::row_major(&b, k, n).unwrap());
             // A weight pre-packed as bytes, with the epilogue fused.
             let packed = fused.pack_weight(bm, &[1, 16, 128]).expect("pack");
-            prop_assert_eq!(packed.elem, ElemType::U8S8);
+            prop_assert_eq!(packed.elem, elem);
             let mut c = vec![f32::NAN; m * n];
             let args = EpilogueArgs {
                 bias: Some(&bias),

@@ -4,7 +4,8 @@
 //! sides of the panel and around the source rows' ends; for every element type
 //! the target has (bf16 words checked bit for bit against round-to-nearest-even,
 //! with depths missing from the last pair zero; u8s8 words as the low bytes of
-//! integral values, four depths to a word); the same over rows given by
+//! integral values, four depths to a word; i16 words as their low 16 bits, two
+//! to a word); the same over rows given by
 //! address (a convolution's taps), null rows read as zeros.
 
 use anyshape_codegen::compile_packers;
@@ -31,7 +32,7 @@ const WIDTHS: [usize; 14] = [1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 16, 32, 48, 64];
 fn word(elem: ElemType, src: &[f32], at: usize, left: usize) -> u32 {
     match elem {
         ElemType::F32 => src[at].to_bits(),
-        ElemType::Bf16 | ElemType::F16 => {
+        ElemType::Bf16 | ElemType::F16 | ElemType::I16 => {
             let hi = if left > 1 { u32::from(elem.half_bits(src[at + 1])) } else { 0 };
             u32::from(elem.half_bits(src[at])) | hi << 16
         }
@@ -44,9 +45,10 @@ fn word(elem: ElemType, src: &[f32], at: usize, left: usize) -> u32 {
 
 /// A source value: varied magnitudes and signs, most not representable in bf16
 /// (so rounding is exercised, ties included), and now and then a denormal; for
-/// u8s8 an integer of either byte's range (-128..=255), the only values it packs.
+/// the integer types an integer of either byte's range (-128..=255), the only
+/// values they pack.
 fn value(elem: ElemType, x: usize) -> f32 {
-    if elem == ElemType::U8S8 {
+    if elem.is_integer() {
         return ((x * 7919) % 384) as f32 - 128.0;
     }
     if x % 97 == 13 {

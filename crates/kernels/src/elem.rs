@@ -11,14 +11,15 @@
 //! last word are zero, DietCode's local padding along K. The drivers, the thread
 //! grid and the cost model only count words and bytes, so a new element type is a
 //! new word format, packing conversion and micro-kernel body (int8 with VNNI's
-//! `vpdpbusd` is a group of four), not a new driver. The type itself is
+//! `vpdpbusd` is a group of four; without VNNI, the same 8-bit values as 16-bit
+//! pairs for AVX2's `vpmaddwd`), not a new driver. The type itself is
 //! `plan`'s, shared with the GPU family; what is here is the CPU's part.
 
 use crate::{KernelError, Target};
 pub use plan::{bf16_bits, ElemType};
 
 /// The element types the CPU families multiply in (f16 is the GPU's only).
-pub const CPU_ELEM_TYPES: [ElemType; 3] = [ElemType::F32, ElemType::Bf16, ElemType::U8S8];
+pub const CPU_ELEM_TYPES: [ElemType; 4] = [ElemType::F32, ElemType::Bf16, ElemType::U8S8, ElemType::I16];
 
 impl Target {
     /// Whether this target can run kernels of type `e`; the error says what it lacks.
@@ -37,9 +38,11 @@ impl Target {
                  target lacks"
                     .into(),
             )),
-            ElemType::F16 => {
-                Err(KernelError::Shape("the CPU kernel families have no f16 form (f32, bf16, u8s8)".into()))
-            }
+            // `vpmaddwd`: AVX2 (and AVX-512BW, which every AVX-512 target here has).
+            ElemType::I16 => Ok(()),
+            ElemType::F16 => Err(KernelError::Shape(
+                "the CPU kernel families have no f16 form (f32, bf16, u8s8, i16)".into(),
+            )),
         }
     }
 }
@@ -49,7 +52,7 @@ impl Target {
 pub(crate) fn word(e: ElemType, vals: &[f32]) -> u32 {
     match e {
         ElemType::F32 => vals.first().map_or(0, |v| v.to_bits()),
-        ElemType::Bf16 | ElemType::F16 => {
+        ElemType::Bf16 | ElemType::F16 | ElemType::I16 => {
             let at = |i: usize| vals.get(i).map_or(0, |v| u32::from(e.half_bits(*v)));
             at(0) | at(1) << 16
         }
@@ -74,6 +77,8 @@ mod tests {
         assert_eq!(word(ElemType::F16, &[1.0, 1.0]), 0x3c00_3c00);
         assert_eq!(word(ElemType::U8S8, &[255.0, -1.0, 7.0]), 0x0007_ffff);
         assert_eq!(word(ElemType::U8S8, &[-128.0, 0.0, 0.0, 200.0]), 0xc800_0080);
+        assert_eq!(word(ElemType::I16, &[255.0, -128.0]), 0xff80_00ff);
+        assert_eq!(word(ElemType::I16, &[-1.0]), 0xffff);
     }
 
     #[test]

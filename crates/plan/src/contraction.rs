@@ -11,8 +11,8 @@ use std::fmt;
 /// Packed operands are sequences of 32-bit words, and a word holds
 /// [`ElemType::k_group`] consecutive depths of one row of A (or one column of
 /// B): one f32, a pair of 16-bit values (what AVX-512 BF16's `vdpbf16ps` and
-/// the tensor cores' `mma` take in one register), or four bytes (VNNI's
-/// `vpdpbusd`).
+/// the tensor cores' `mma` take in one register, or AVX2's `vpmaddwd` as
+/// 16-bit integers), or four bytes (VNNI's `vpdpbusd`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 pub enum ElemType {
     /// IEEE single precision: one depth per word.
@@ -27,16 +27,22 @@ pub enum ElemType {
     /// Exact for operands that hold such integers (a quantized model's), which
     /// is the only use: packing keeps the low byte of an integral value.
     U8S8,
+    /// 16-bit integers, two depths per word, products summed in i32
+    /// (`vpmaddwd`) and converted to f32 at the store: the 8-bit operands of a
+    /// quantized model on a machine without VNNI (u8 and s8 values both fit),
+    /// exact as u8s8 is. Packing keeps the low 16 bits of an integral value.
+    I16,
 }
 
 impl ElemType {
-    pub const ALL: [ElemType; 4] = [ElemType::F32, ElemType::Bf16, ElemType::F16, ElemType::U8S8];
+    pub const ALL: [ElemType; 5] =
+        [ElemType::F32, ElemType::Bf16, ElemType::F16, ElemType::U8S8, ElemType::I16];
 
     /// Consecutive depths in one 32-bit panel word.
     pub fn k_group(self) -> usize {
         match self {
             ElemType::F32 => 1,
-            ElemType::Bf16 | ElemType::F16 => 2,
+            ElemType::Bf16 | ElemType::F16 | ElemType::I16 => 2,
             ElemType::U8S8 => 4,
         }
     }
@@ -52,6 +58,7 @@ impl ElemType {
             ElemType::Bf16 => "bf16",
             ElemType::F16 => "f16",
             ElemType::U8S8 => "u8s8",
+            ElemType::I16 => "i16",
         }
     }
 
@@ -61,23 +68,33 @@ impl ElemType {
     }
 
     /// `x` as this type represents it (what packing keeps of an operand; for
-    /// u8s8, of an integral operand in either byte's range).
+    /// the integer types, of an integral operand in their range).
     pub fn round(self, x: f32) -> f32 {
         match self {
-            ElemType::F32 | ElemType::U8S8 => x,
+            ElemType::F32 | ElemType::U8S8 | ElemType::I16 => x,
             ElemType::Bf16 => f32::from_bits(u32::from(bf16_bits(x)) << 16),
             ElemType::F16 => half::f16::from_f32(x).to_f32(),
         }
     }
 
-    /// The 16-bit pattern of `x` in this type (the low half of the f32 bits for
-    /// f32 and u8s8, which no caller packs as a half word).
+    /// The 16-bit pattern of `x` in this type: an integral value's low 16 bits
+    /// for i16 (the low half of the f32 bits for f32 and u8s8, which no caller
+    /// packs as a half word).
     pub fn half_bits(self, x: f32) -> u16 {
         match self {
+            ElemType::I16 => x as i32 as u16,
             ElemType::F32 | ElemType::U8S8 => x.to_bits() as u16,
             ElemType::Bf16 => bf16_bits(x),
             ElemType::F16 => half::f16::from_f32(x).to_bits(),
         }
+    }
+}
+
+impl ElemType {
+    /// Whether products are summed in i32 (the integer types: exact for
+    /// integral operands in their range).
+    pub fn is_integer(self) -> bool {
+        matches!(self, ElemType::U8S8 | ElemType::I16)
     }
 }
 
@@ -95,7 +112,8 @@ impl std::str::FromStr for ElemType {
             "bf16" | "bfloat16" => Ok(ElemType::Bf16),
             "f16" | "fp16" | "half" => Ok(ElemType::F16),
             "u8s8" => Ok(ElemType::U8S8),
-            _ => Err(format!("unknown element type `{s}` (f32, bf16, f16, u8s8)")),
+            "i16" => Ok(ElemType::I16),
+            _ => Err(format!("unknown element type `{s}` (f32, bf16, f16, u8s8, i16)")),
         }
     }
 }
@@ -297,6 +315,10 @@ mod tests {
             assert_eq!(e.bytes() * e.k_group(), 4);
         }
         assert!("int4".parse::<ElemType>().is_err());
+        assert_eq!(ElemType::I16.words(7), 4);
+        assert_eq!(ElemType::I16.half_bits(-128.0), 0xff80);
+        assert_eq!(ElemType::I16.half_bits(255.0), 0x00ff);
+        assert!(ElemType::I16.is_integer() && ElemType::U8S8.is_integer() && !ElemType::Bf16.is_integer());
     }
 
     #[test]

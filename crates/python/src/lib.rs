@@ -291,10 +291,11 @@ impl Session {
     /// `"gpu-emulator"` (the GPU's kernels on this machine's threads).
     /// `precision`: what a CPU model's contractions multiply in, `"f32"` or
     /// `"bf16"` (weights stored as bf16, AVX-512 BF16 products, f32 sums).
-    /// `u8s8`: a quantized model's 8-bit products on the u8s8 kernels (VNNI)
-    /// where the machine has them (default); `False` keeps them on `precision`'s.
+    /// `int8`: what a quantized model's 8-bit products multiply in, `"auto"`
+    /// (u8s8 with VNNI, i16 without), `"u8s8"`, `"i16"` or `"float"`
+    /// (`precision`'s family); all exact.
     #[new]
-    #[pyo3(signature = (path, dims = None, threads = None, interpret = false, pool = None, device = "cpu", precision = "f32", u8s8 = true))]
+    #[pyo3(signature = (path, dims = None, threads = None, interpret = false, pool = None, device = "cpu", precision = "f32", int8 = "auto"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -305,7 +306,7 @@ impl Session {
         pool: Option<Bound<'_, ThreadPool>>,
         device: &str,
         precision: &str,
-        u8s8: bool,
+        int8: &str,
     ) -> PyResult<Self> {
         if !matches!(device, "cpu" | "cuda" | "gpu-emulator") {
             return Err(invalid(format!("device='{device}': expected 'cpu', 'cuda' or 'gpu-emulator'")));
@@ -315,11 +316,12 @@ impl Session {
             "bf16" => anyshape::Precision::Bf16,
             other => return Err(invalid(format!("precision='{other}': expected 'f32' or 'bf16'"))),
         };
-        if (precision != anyshape::Precision::F32 || !u8s8)
+        let int8: anyshape::Int8 = int8.parse().map_err(invalid)?;
+        if (precision != anyshape::Precision::F32 || int8 != anyshape::Int8::Auto)
             && (device != "cpu" || interpret || anyshape::is_artifact(&path))
         {
             return Err(invalid(
-                "precision and u8s8 apply when compiling an ONNX model for the CPU (not to an artifact, \
+                "precision and int8 apply when compiling an ONNX model for the CPU (not to an artifact, \
                  interpret or a GPU)"
                     .into(),
             ));
@@ -392,7 +394,7 @@ impl Session {
             }
             load = load.dim(&name, lo, hi);
         }
-        let mut opts = CompileOptions::new().precision(precision).u8s8(u8s8);
+        let mut opts = CompileOptions::new().precision(precision).int8(int8);
         if let Some(t) = threads {
             opts = opts.threads(t);
         }

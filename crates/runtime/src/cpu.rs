@@ -212,8 +212,8 @@ impl Cpu {
         Ok(())
     }
 
-    /// The family of a matmul: of its epilogue, and u8s8 for 8-bit operands
-    /// where the model has that family (its other family otherwise).
+    /// The family of a matmul: of its epilogue, and of an integer type (u8s8 or
+    /// i16) for 8-bit operands where the model has one (its other family otherwise).
     pub(crate) fn dispatcher(&self, mm: &plan::MatMulStep) -> Result<&Dispatcher, RunError> {
         let e = mm.epilogue.function();
         match self.family(e, true) {
@@ -222,10 +222,10 @@ impl Cpu {
         }
     }
 
-    /// The family of epilogue `e` in u8s8 or in the model's other type.
-    fn family(&self, e: Epilogue, u8s8: bool) -> Option<&Dispatcher> {
-        let is_u8s8 = |d: &Dispatcher| d.family().elem() == kernels::ElemType::U8S8;
-        self.dispatchers.iter().find(|(k, d)| *k == e && is_u8s8(d) == u8s8).map(|(_, d)| d)
+    /// The family of epilogue `e` in an integer type or in the model's other type.
+    fn family(&self, e: Epilogue, integer: bool) -> Option<&Dispatcher> {
+        let of_integers = |d: &Dispatcher| d.family().elem().is_integer();
+        self.dispatchers.iter().find(|(k, d)| *k == e && of_integers(d) == integer).map(|(_, d)| d)
     }
 
     fn dispatcher_for(&self, e: Epilogue) -> Result<&Dispatcher, RunError> {
