@@ -314,14 +314,17 @@ impl Model {
         })?;
         // One kernel family per epilogue the matmuls fuse and type they multiply in:
         // 8-bit integer operands in an integer type (u8s8 where the target has
-        // VNNI, i16 otherwise) unless asked not to.
+        // VNNI, i16 otherwise) unless asked not to;
         let int8 = opts
             .int8
             .elem(&target)
             .map_err(|e| codegen::CodegenError::Unsupported(format!("int8 kernels {:?}: {e}", opts.int8)))?;
+        // Other integer operands (a static quantization's signed activations) in
+        // i16. The runtime's `Cpu::dispatcher` takes the same families.
         let family_of = |m: &plan::MatMulStep| {
             let of = match int8 {
                 Some(i) if m.u8s8 => i,
+                Some(_) if m.i16 => kernels::ElemType::I16,
                 _ => elem,
             };
             (m.epilogue.function(), of)

@@ -1190,3 +1190,70 @@ fn quantized_activations_by_int8_weights_move_their_zero_point_out() {
         }
     }
 }
+
+/// A statically quantized product (QDQ: an int8 activation with a zero point
+/// and a per-tensor int8 weight, both dequantized, then an f32 matmul): both
+/// scales move to the product, which multiplies the integers on the i16 family
+/// (the activation is signed, so not u8s8 even with VNNI) unless asked for
+/// floats, and matches the interpreter's f32 product of the dequantized values
+/// to f32 rounding, at depths one K block and several deep and row counts with
+/// 1, primes and one past a tile.
+#[test]
+fn a_dequantized_product_multiplies_integers() {
+    for k in [96usize, 1000] {
+        let text = format!(
+            "graph {{
+  sym m param 1..
+  input %q: i8[m, {k}]
+  %w: i8[{k}, 7] = constant @w8
+  %zp: f32[1, 1] = constant [5.0]
+  %sa: f32[1, 1] = constant [0.0125]
+  %sw: f32[1, 1] = constant [0.003]
+  %qf: f32[m, {k}] = cast %q
+  %zb: f32[m, {k}] = broadcast %zp
+  %x: f32[m, {k}] = sub %qf, %zb
+  %sab: f32[m, {k}] = broadcast %sa
+  %a: f32[m, {k}] = mul %x, %sab
+  %wf: f32[{k}, 7] = cast %w
+  %swb: f32[{k}, 7] = broadcast %sw
+  %b: f32[{k}, 7] = mul %wf, %swb
+  %y: f32[m, 7] = matmul %a, %b
+  %r: f32[m, {k}] = neg %a
+  output %y, %r
+}}
+"
+        );
+        let mut rng = Lcg::new(k as u64 + 7);
+        let mut w: Vec<i8> = (0..k * 7).map(|_| rng.next() as i8).collect();
+        w[..7].copy_from_slice(&[-128, 127, -128, 127, 0, 1, -1]);
+        let weight = Tensor::new(vec![k, 7], Elems::I8(w)).expect("w");
+        let bind =
+            |name: &str| (name == "w8").then(|| std::sync::Arc::new(ir::ConstData::from_tensor(&weight)));
+        let g = ir::parse_graph(&text, &bind).unwrap_or_else(|e| panic!("{e}"));
+        let m = Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"));
+        let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
+        assert!(plan.contains("(weight) (i16)"), "no i16 product at K {k}:\n{plan}");
+        for int8 in [Int8::Auto, Int8::Float] {
+            let cm =
+                m.compile(&CompileOptions::new().threads(2).canaries(true).int8(int8)).expect("compiles");
+            let kinds = cm.kernels_text();
+            assert_eq!(kinds.contains("micro-kernels in i16"), int8 == Int8::Auto, "{int8:?}: {kinds}");
+            for rows in [1usize, 2, 7, 17, 65] {
+                let mut q: Vec<i8> = (0..rows * k).map(|_| rng.next() as i8).collect();
+                q[..k].fill(-128);
+                let ins = [("q", Tensor::new(vec![rows, k], Elems::I8(q)).expect("q"))];
+                let got = cm.run(&ins).expect("runs");
+                let want = m.interpret(&ins).expect("interprets");
+                for ((name, g), (_, w)) in got.iter().zip(&want) {
+                    let (Elems::F32(g), Elems::F32(w)) = (g.elems(), w.elems()) else {
+                        panic!("f32 outputs")
+                    };
+                    let norm = w.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+                    let err =
+                        g.iter().zip(w).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum::<f64>().sqrt();
+                    assert!(err <= 1e-6 * norm, "{name} K {k} rows {rows} {int8:?}: {err} of {norm}");
+                }
+            }
+        }
+    }
+}

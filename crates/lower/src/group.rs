@@ -911,8 +911,9 @@ impl<'g> Lowering<'g> {
             c: cv,
             weight,
             u8s8: weight
-                && eight_bit(g, node.inputs[0], (0, 255))
-                && eight_bit(g, node.inputs[1], (-128, 127)),
+                && integers_within(g, node.inputs[0], (0, 255))
+                && integers_within(g, node.inputs[1], (-128, 127)),
+            i16: weight && sixteen_bit_products(g, node.inputs[0], node.inputs[1], k),
             epilogue: MatEpilogue::default(),
         })
     }
@@ -1221,6 +1222,18 @@ fn is_backbone(g: &Graph, node: &ir::Node) -> bool {
 
 /// Whether f32 value `v` holds integers within `lo..=hi` by the graph's bounds
 /// (`passes::value_range`).
-fn eight_bit(g: &Graph, v: ValueId, (lo, hi): (i64, i64)) -> bool {
+fn integers_within(g: &Graph, v: ValueId, (lo, hi): (i64, i64)) -> bool {
     g.ty(v).dtype == ir::DType::F32 && passes::value_range(g, v).is_some_and(|(a, b)| lo <= a && b <= hi)
+}
+
+/// Whether f32 operands `a` and `b` hold integers within i16 (`vpmaddwd`'s
+/// one overflow, two products of -32768 by -32768, excluded) whose products
+/// summed over all of the constant depth `k` stay within i32.
+fn sixteen_bit_products(g: &Graph, a: ValueId, b: ValueId, k: &SymExpr) -> bool {
+    let i16_range = (-i64::from(i16::MAX), i64::from(i16::MAX));
+    let magnitude = |v| passes::value_range(g, v).map(|(lo, hi): (i64, i64)| lo.abs().max(hi.abs()));
+    let (Some(k), Some(ma), Some(mb)) = (k.as_const(), magnitude(a), magnitude(b)) else { return false };
+    integers_within(g, a, i16_range)
+        && integers_within(g, b, i16_range)
+        && ma.checked_mul(mb).and_then(|p| p.checked_mul(k)).is_some_and(|s| s <= i64::from(i32::MAX))
 }

@@ -287,15 +287,42 @@ impl Pass for Cse {
 /// product of the two then lands on the scores, where the softmax program
 /// applies it, and the keys stay a view the contraction reads (a grouped
 /// query's shared head, a cache) instead of a scaled copy. An operand's scale
-/// moves only when the product is its one reader.
+/// moves only when the product is its one reader, or when what it scales holds
+/// integers: a statically quantized model's dequantized activations and
+/// weights (this runs before constant folding, while a weight's scale is
+/// still a factor), whose products then multiply integers (the integer kernel
+/// families' operands) and scale the result once.
 pub struct HoistMatMulScale;
 
+/// A matmul operand's uniform scale: the operand is `x·s` (or `x/s`), or a
+/// view of it (a dequantized activation flattened, or sliced, for the product).
+struct Scaled {
+    x: ValueId,
+    s: f64,
+    /// The view the operand takes of `x·s`: the product then reads it of `x`.
+    view: Option<Op>,
+}
+
 impl HoistMatMulScale {
-    /// `(x, s)` when `v` is `x·s` or `x/s` for a uniform `s`, read once.
-    fn scaled(g: &Graph, p: &Producers, uses: &[usize], v: ValueId) -> Option<(ValueId, f64)> {
-        if uses[v.index()] != 1 || g.outputs.contains(&v) {
-            return None;
-        }
+    /// `v`'s uniform scale, when `v` (and what it reshapes) is read once, or
+    /// when `x` holds integers (a dequantized activation, which other readers
+    /// may keep reading scaled: the product then multiplies integers).
+    fn scaled(g: &Graph, p: &Producers, uses: &[usize], v: ValueId) -> Option<Scaled> {
+        let once = |v: ValueId| uses[v.index()] == 1 && !g.outputs.contains(&v);
+        let node = p.node(g, v)?;
+        let (inner, view) = match node.op {
+            Op::Reshape | Op::Slice { .. } | Op::Transpose { .. } if node.inputs.len() == 1 => {
+                (node.inputs[0], Some(node.op.clone()))
+            }
+            _ => (v, None),
+        };
+        let (x, s) = Self::factor(g, p, inner)?;
+        let alone = once(v) && once(inner);
+        (alone || crate::integer::integral(g, p, x)).then_some(Scaled { x, s, view })
+    }
+
+    /// `(x, s)` when `v` is `x·s` or `x/s` for a uniform `s`.
+    fn factor(g: &Graph, p: &Producers, v: ValueId) -> Option<(ValueId, f64)> {
         let node = p.node(g, v)?;
         let Op::Binary(b) = node.op else { return None };
         let (x, y) = (node.inputs[0], node.inputs[1]);
@@ -336,27 +363,42 @@ impl Pass for HoistMatMulScale {
             }
             let (a, b) = (node.inputs[0], node.inputs[1]);
             let (sa, sb) = (Self::scaled(g, &p, &uses, a), Self::scaled(g, &p, &uses, b));
-            let scale = sa.map_or(1.0, |s| s.1) * sb.map_or(1.0, |s| s.1);
+            let scale = sa.as_ref().map_or(1.0, |s| s.s) * sb.as_ref().map_or(1.0, |s| s.s);
             if (sa.is_some() || sb.is_some()) && scale.is_finite() {
-                found.push((i, [sa.map_or(a, |s| s.0), sb.map_or(b, |s| s.0)], scale));
+                found.push((i, [(a, sa), (b, sb)], scale));
             }
         }
-        for &(i, inputs, scale) in found.iter().rev() {
+        let count = found.len();
+        for (i, operands, scale) in found.into_iter().rev() {
             let node = g.nodes[i].clone();
             let out = g.ty(node.output).clone();
+            let hint = g.name(node.output).to_string();
+            // The unscaled operands (the operand's view of `x·s` taken of `x`).
+            let mut at = i;
+            let mut inputs = Vec::with_capacity(2);
+            for (v, scaled) in operands {
+                inputs.push(match scaled {
+                    None => v,
+                    Some(Scaled { x, view: None, .. }) => x,
+                    Some(Scaled { x, view: Some(op), .. }) => {
+                        at += 1;
+                        g.insert_node(at - 1, op, vec![x], &format!("{hint}.unscaled"), g.ty(v).clone())
+                    }
+                });
+            }
             // `[1, …, 1]` scale, broadcast to the output, times the unscaled product.
             let ones = vec![1usize; out.rank()];
             let t = ir::Tensor::new(ones, ir::Elems::F32(vec![scale as f32]))
                 .map_err(|e| PassError::Failed { pass: self.name(), msg: e.to_string() })?;
             let data = Arc::new(ConstData::from_tensor(&t));
-            let hint = g.name(node.output).to_string();
-            let c = g.insert_node(i, Op::Constant(data.clone()), vec![], &format!("{hint}.scale"), data.ty());
-            let cb = g.insert_node(i + 1, Op::Broadcast, vec![c], &format!("{hint}.scale"), out.clone());
-            let mm = g.insert_node(i + 2, node.op.clone(), inputs.to_vec(), &format!("{hint}.unscaled"), out);
-            let old = &mut g.nodes[i + 3];
+            let c =
+                g.insert_node(at, Op::Constant(data.clone()), vec![], &format!("{hint}.scale"), data.ty());
+            let cb = g.insert_node(at + 1, Op::Broadcast, vec![c], &format!("{hint}.scale"), out.clone());
+            let mm = g.insert_node(at + 2, node.op.clone(), inputs, &format!("{hint}.unscaled"), out);
+            let old = &mut g.nodes[at + 3];
             old.op = Op::Binary(BinaryOp::Mul);
             old.inputs = vec![mm, cb];
         }
-        Ok(found.len())
+        Ok(count)
     }
 }

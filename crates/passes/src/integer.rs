@@ -187,6 +187,11 @@ pub fn value_range(g: &Graph, v: ValueId) -> Option<(i64, i64)> {
     range(g, &Producers::of(g), v, 0)
 }
 
+/// Whether the graph bounds `v` to integers (as [`value_range`] does).
+pub(crate) fn integral(g: &Graph, p: &Producers, v: ValueId) -> bool {
+    range(g, p, v, 0).is_some()
+}
+
 /// The chunks of K (first depth, depths) over which a matmul by the constant
 /// weight `b` sums exactly in f32, its other operand at most `ma` in
 /// magnitude: every partial sum of a column stays below `ma` times the sum of

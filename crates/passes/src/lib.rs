@@ -156,9 +156,11 @@ impl Pipeline {
 pub fn canonicalization() -> Vec<Box<dyn Pass>> {
     vec![
         Box::new(SimplifyShapes),
+        // Before folding: a dequantized weight's scale moves out of its product
+        // while it is still a factor, so that the weight folds to integers.
+        Box::new(HoistMatMulScale),
         Box::new(FoldConstants::default()),
         Box::new(SimplifyAlgebra),
-        Box::new(HoistMatMulScale),
         Box::new(IntegerMatMulAsFloat),
         Box::new(Cse),
         Box::new(Dce),

@@ -75,6 +75,64 @@ fn fold_constants_evaluates_constant_subgraphs() {
     );
 }
 
+/// A statically quantized product: its dequantized activation (flattened for
+/// the product, and read by another node too) and its dequantized weight each
+/// leave their scale to the product, which then multiplies the integers
+/// (`x - zero point` and the int8 weight, which folding makes an integral
+/// constant). The other reader keeps the scaled activation.
+#[test]
+fn dequantized_operands_leave_their_scales_to_the_product() {
+    check(
+        &HoistMatMulScale,
+        "graph {
+  sym m param 1..
+  input %q: i8[m, 2, 3]
+  %w: i8[6, 2] = constant [1, -2, 3, -4, 5, -6, 7, -8, 9, -10, 11, -12]
+  %zp: f32[1, 1, 1] = constant [3.0]
+  %sa: f32[1, 1, 1] = constant [0.5]
+  %sw: f32[1, 1] = constant [0.25]
+  %qf: f32[m, 2, 3] = cast %q
+  %zb: f32[m, 2, 3] = broadcast %zp
+  %x: f32[m, 2, 3] = sub %qf, %zb
+  %sab: f32[m, 2, 3] = broadcast %sa
+  %a: f32[m, 2, 3] = mul %x, %sab
+  %a2: f32[m, 6] = reshape %a
+  %wf: f32[6, 2] = cast %w
+  %swb: f32[6, 2] = broadcast %sw
+  %b: f32[6, 2] = mul %wf, %swb
+  %y: f32[m, 2] = matmul %a2, %b
+  %r: f32[m, 2, 3] = exp %a
+  output %y, %r
+}
+",
+        "graph {
+  sym m param 1..
+  input %q: i8[m, 2, 3]
+  %w: i8[6, 2] = constant [1, -2, 3, -4, 5, -6, 7, -8, 9, -10, 11, -12]
+  %zp: f32[1, 1, 1] = constant [3.0]
+  %sa: f32[1, 1, 1] = constant [0.5]
+  %sw: f32[1, 1] = constant [0.25]
+  %qf: f32[m, 2, 3] = cast %q
+  %zb: f32[m, 2, 3] = broadcast %zp
+  %x: f32[m, 2, 3] = sub %qf, %zb
+  %sab: f32[m, 2, 3] = broadcast %sa
+  %a: f32[m, 2, 3] = mul %x, %sab
+  %a2: f32[m, 6] = reshape %a
+  %wf: f32[6, 2] = cast %w
+  %swb: f32[6, 2] = broadcast %sw
+  %b: f32[6, 2] = mul %wf, %swb
+  %y.unscaled: f32[m, 6] = reshape %x
+  %y.scale: f32[1, 1] = constant [0.125]
+  %y.scale_1: f32[m, 2] = broadcast %y.scale
+  %y.unscaled_1: f32[m, 2] = matmul %y.unscaled, %wf
+  %y: f32[m, 2] = mul %y.unscaled_1, %y.scale_1
+  %r: f32[m, 2, 3] = exp %a
+  output %y, %r
+}
+",
+    );
+}
+
 /// Decomposed scaled-dot-product attention scales Q and K by `sqrt(1/sqrt(d))`
 /// each: the two scales land on the scores, and the (repeated, transposed) keys
 /// stay a view. A scale read elsewhere too stays where it is.

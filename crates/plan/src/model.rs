@@ -163,6 +163,11 @@ pub struct MatMulStep {
     /// operands, bounded by the graph): the u8s8 family multiplies them exactly.
     #[serde(default)]
     pub u8s8: bool,
+    /// A and B hold integers of at most 16 bits whose products' sums over all
+    /// of K stay within i32 (a statically quantized model's signed activations
+    /// by its weights; implied by `u8s8`): the i16 family multiplies them.
+    #[serde(default)]
+    pub i16: bool,
     /// The group's epilogue, when the engine's tile epilogue computes it.
     pub epilogue: MatEpilogue,
 }

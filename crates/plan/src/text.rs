@@ -243,7 +243,11 @@ fn matmul(m: &crate::model::MatMulStep) -> String {
         m.n,
         m.k,
         if m.weight { " (weight)" } else { "" },
-        if m.u8s8 { " (u8·s8)" } else { "" },
+        match (m.u8s8, m.i16) {
+            (true, _) => " (u8·s8)",
+            (false, true) => " (i16)",
+            _ => "",
+        },
         a_view(m),
         view(&m.b),
         view(&m.c),

@@ -212,24 +212,29 @@ impl Cpu {
         Ok(())
     }
 
-    /// The family of a matmul: of its epilogue, and of an integer type (u8s8 or
-    /// i16) for 8-bit operands where the model has one (its other family otherwise).
+    /// The family of a matmul: of its epilogue, and of the integer type its
+    /// operands allow where the model has that family (u8s8 for 8-bit ones,
+    /// else i16), the model's other family otherwise.
     pub(crate) fn dispatcher(&self, mm: &plan::MatMulStep) -> Result<&Dispatcher, RunError> {
         let e = mm.epilogue.function();
-        match self.family(e, true) {
-            Some(d) if mm.u8s8 => Ok(d),
-            _ => self.dispatcher_for(e),
+        let of = |elem| self.dispatchers.iter().find(|(k, d)| *k == e && d.family().elem() == elem);
+        let integer = match (mm.u8s8, mm.i16) {
+            (true, _) => of(kernels::ElemType::U8S8).or_else(|| of(kernels::ElemType::I16)),
+            (false, true) => of(kernels::ElemType::I16),
+            (false, false) => None,
+        };
+        match integer {
+            Some((_, d)) => Ok(d),
+            None => self.dispatcher_for(e),
         }
     }
 
-    /// The family of epilogue `e` in an integer type or in the model's other type.
-    fn family(&self, e: Epilogue, integer: bool) -> Option<&Dispatcher> {
-        let of_integers = |d: &Dispatcher| d.family().elem().is_integer();
-        self.dispatchers.iter().find(|(k, d)| *k == e && of_integers(d) == integer).map(|(_, d)| d)
-    }
-
+    /// The family of epilogue `e` in the model's float type.
     fn dispatcher_for(&self, e: Epilogue) -> Result<&Dispatcher, RunError> {
-        self.family(e, false)
+        self.dispatchers
+            .iter()
+            .find(|(k, d)| *k == e && !d.family().elem().is_integer())
+            .map(|(_, d)| d)
             .ok_or_else(|| RunError::Internal(format!("no contraction engine for the epilogue {e:?}")))
     }
 

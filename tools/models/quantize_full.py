@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Quantize a full-size model made by export_full.py with ONNX Runtime's tools,
+in their default settings, for benchmarks (not committed: hundreds of MB).
+
+    python tools/models/quantize_full.py /work/models/bert-base/model.onnx --how dynamic
+    python tools/models/quantize_full.py /work/models/bert-base/model.onnx --how static
+
+`dynamic` is `quantize_dynamic(..., weight_type=QuantType.QInt8)` (DynamicQuantizeLinear
+and MatMulInteger), written to <model folder>-int8/model.onnx; `static` is
+`quantize_static` (QDQ format, int8 activations and weights per tensor), calibrated on
+8 seeded random inputs of --shape (token ids below --vocab for int64 inputs, ones for
+masks, standard normal for float inputs), written to <model folder>-qdq/model.onnx.
+"""
+
+import argparse
+import os
+
+import numpy as np
+import onnx
+
+
+def inputs_of(path, shape, vocab, rng):
+    feeds = {}
+    for i in onnx.load(path, load_external_data=False).graph.input:
+        t = i.type.tensor_type
+        dims = [shape.get(d.dim_param, d.dim_value or 1) for d in t.shape.dim]
+        if t.elem_type == onnx.TensorProto.INT64:
+            if "mask" in i.name:
+                feeds[i.name] = np.ones(dims, dtype=np.int64)
+            elif "type" in i.name:
+                feeds[i.name] = np.zeros(dims, dtype=np.int64)
+            else:
+                feeds[i.name] = rng.randint(0, vocab, size=dims).astype(np.int64)
+        else:
+            feeds[i.name] = rng.standard_normal(dims).astype(np.float32)
+    return feeds
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--how", choices=["dynamic", "static"], required=True)
+    ap.add_argument("--shape", default="batch=1,seq=128", help="calibration shape (static)")
+    ap.add_argument("--vocab", type=int, default=30522, help="token ids drawn below this (static)")
+    a = ap.parse_args()
+    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_dynamic, quantize_static
+
+    folder = os.path.dirname(os.path.abspath(a.model))
+    out_dir = folder + ("-int8" if a.how == "dynamic" else "-qdq")
+    os.makedirs(out_dir, exist_ok=True)
+    out = os.path.join(out_dir, "model.onnx")
+    if a.how == "dynamic":
+        quantize_dynamic(a.model, out, weight_type=QuantType.QInt8)
+    else:
+        shape = {k: int(v) for k, v in (p.split("=") for p in a.shape.split(","))}
+
+        class Reader(CalibrationDataReader):
+            def __init__(self):
+                rng = np.random.RandomState(4321)
+                self.feeds = iter([inputs_of(a.model, shape, a.vocab, rng) for _ in range(8)])
+
+            def get_next(self):
+                return next(self.feeds, None)
+
+        quantize_static(a.model, out, Reader())
+    print(f"{out} ({os.path.getsize(out) / 2**20:.1f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
