@@ -881,6 +881,7 @@ impl<'g> Lowering<'g> {
         let weight = matches!(self.plan.buffers[lb.buf].kind, BufferKind::Constant(_))
             && (0..r - 2).all(|d| lb.plain(d))
             && lb.dims[..r - 2].iter().all(|d| d.1.as_const() == Some(0) || d.0.as_const() == Some(1));
+        let taps_channels = taps.as_ref().map(|(t, _)| t.channels);
         let taps = taps.map(|(t, lay)| {
             let d = &lay.dims[t.lead..];
             (
@@ -900,6 +901,10 @@ impl<'g> Lowering<'g> {
             dilation: t.dilation,
             pad: t.pad,
         });
+        // Taps are packed a tap's channels at a time, which for a type of several
+        // depths a word is only fast when every tap's channels start a word (an
+        // RGB image's three do not: that product stays in floats).
+        let words_of_channels = |e: plan::ElemType| taps_channels.is_none_or(|c| c % e.k_group() as i64 == 0);
         Ok(MatMulStep {
             batch: refined.extents.iter().map(|e| slot(self, e)).collect(),
             m: slot(self, &out[r - 2]),
@@ -911,9 +916,12 @@ impl<'g> Lowering<'g> {
             c: cv,
             weight,
             u8s8: weight
+                && words_of_channels(plan::ElemType::U8S8)
                 && integers_within(g, node.inputs[0], (0, 255))
                 && integers_within(g, node.inputs[1], (-128, 127)),
-            i16: weight && sixteen_bit_products(g, node.inputs[0], node.inputs[1], k),
+            i16: weight
+                && words_of_channels(plan::ElemType::I16)
+                && sixteen_bit_products(g, node.inputs[0], node.inputs[1], k),
             epilogue: MatEpilogue::default(),
         })
     }

@@ -286,7 +286,8 @@ impl Pass for Cse {
 /// `sqrt(1/sqrt(d))` (PyTorch's decomposed scaled-dot-product attention); the
 /// product of the two then lands on the scores, where the softmax program
 /// applies it, and the keys stay a view the contraction reads (a grouped
-/// query's shared head, a cache) instead of a scaled copy. An operand's scale
+/// query's shared head, a cache) instead of a scaled copy. Convolutions' scales
+/// move the same way. An operand's scale
 /// moves only when the product is its one reader, or when what it scales holds
 /// integers: a statically quantized model's dequantized activations and
 /// weights (this runs before constant folding, while a weight's scale is
@@ -358,7 +359,10 @@ impl Pass for HoistMatMulScale {
         let uses = g.use_counts();
         let mut found = Vec::new();
         for (i, node) in g.nodes.iter().enumerate() {
-            if !matches!(node.op, Op::MatMul { .. }) || g.ty(node.output).dtype != ir::DType::F32 {
+            // A convolution is linear in each operand too (its zero padding
+            // scales to zero), and has no bias here (the import adds it after).
+            let product = matches!(node.op, Op::MatMul { .. } | Op::Conv(_)) && node.inputs.len() == 2;
+            if !product || g.ty(node.output).dtype != ir::DType::F32 {
                 continue;
             }
             let (a, b) = (node.inputs[0], node.inputs[1]);

@@ -180,7 +180,8 @@ impl IntegerMatMulAsFloat {
 
 /// The integers `v` holds, `(lowest, highest)`, where the graph bounds them:
 /// 8-bit values widened (to a wider integer or to f32), integral constants,
-/// sums and differences of such, concatenations and views of them. The
+/// sums and differences of such, concatenations, views and constant padding
+/// of them. The
 /// lowering asks it of a matmul's f32 operands: 8-bit integers in both are
 /// what the u8s8 contraction family multiplies exactly.
 pub fn value_range(g: &Graph, v: ValueId) -> Option<(i64, i64)> {
@@ -309,6 +310,11 @@ fn range(g: &Graph, p: &Producers, v: ValueId, depth: usize) -> Option<(i64, i64
         Op::Concat { .. } => {
             let parts = (0..node.inputs.len()).map(of).collect::<Option<Vec<_>>>()?;
             Some((parts.iter().map(|r| r.0).min()?, parts.iter().map(|r| r.1).max()?))
+        }
+        // A convolution's zero padding of its image.
+        Op::Pad { mode: ir::PadMode::Constant(z), .. } if z.fract() == 0.0 && z.abs() < EXACT as f64 => {
+            let (lo, hi) = of(0)?;
+            Some((lo.min(*z as i64), hi.max(*z as i64)))
         }
         // Integral floats, as integers (a folded cast of an integer weight), read
         // in place: the first fraction ends the scan of a float weight.
