@@ -314,7 +314,7 @@ impl Model {
         })?;
         // One kernel family per epilogue the matmuls fuse and type they multiply in:
         // 8-bit integer operands in an integer type (u8s8 where the target has
-        // VNNI, i16 otherwise) unless asked not to;
+        // VNNI, i16 otherwise) unless asked not to.
         let int8 = opts
             .int8
             .elem(&target)
@@ -557,8 +557,11 @@ impl Precision {
     }
 }
 
-/// What a quantized model's 8-bit integer contractions (those whose operands
-/// the graph bounds to u8 and s8 values) multiply in. Every choice is exact.
+/// What a quantized model's integer contractions multiply in: those whose
+/// operands the graph bounds to u8 and s8 values (a dynamic quantization's, a
+/// static one's after a ReLU) in the chosen family; those of other integers
+/// of at most 16 bits (a static quantization's signed activations) in i16,
+/// unless `Float`. The integer families are exact.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Int8 {
     /// The fastest integer family of the target: u8s8 (VNNI's `vpdpbusd`, four

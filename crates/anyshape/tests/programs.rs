@@ -1107,6 +1107,15 @@ fn float_to_integer_casts_saturate_in_vectors() {
     }
 }
 
+/// The model of graph `text` whose constant `@w8` is `weight`, and its plan's text.
+fn with_int8_weight(text: &str, weight: Tensor) -> (Model, String) {
+    let bind = |name: &str| (name == "w8").then(|| std::sync::Arc::new(ir::ConstData::from_tensor(&weight)));
+    let g = ir::parse_graph(text, &bind).unwrap_or_else(|e| panic!("{e}"));
+    let m = Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"));
+    let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
+    (m, plan)
+}
+
 /// A matmul of a dynamically quantized activation (`u8 - zero point`) by an
 /// int8 weight: the zero point moves out (`x·B - z·colsum(B)`), so both operands
 /// are 8-bit integers, multiplied by the u8s8 family where the machine has VNNI,
@@ -1139,12 +1148,7 @@ fn quantized_activations_by_int8_weights_move_their_zero_point_out() {
             w[r * 5] = -128;
             w[r * 5 + 1] = 127;
         }
-        let weight = Tensor::new(vec![k, 5], Elems::I8(w.clone())).expect("w");
-        let bind =
-            |name: &str| (name == "w8").then(|| std::sync::Arc::new(ir::ConstData::from_tensor(&weight)));
-        let g = ir::parse_graph(&text, &bind).unwrap_or_else(|e| panic!("{e}"));
-        let m = Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"));
-        let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
+        let (m, plan) = with_int8_weight(&text, Tensor::new(vec![k, 5], Elems::I8(w.clone())).expect("w"));
         assert!(plan.contains("(u8·s8)"), "no u8·s8 product at K {k}:\n{plan}");
         let vnni = kernels::Target::detect().check_elem(kernels::ElemType::U8S8).is_ok();
         for int8 in [Int8::Auto, Int8::U8S8, Int8::I16, Int8::Float] {
@@ -1226,12 +1230,7 @@ fn a_dequantized_product_multiplies_integers() {
         let mut rng = Lcg::new(k as u64 + 7);
         let mut w: Vec<i8> = (0..k * 7).map(|_| rng.next() as i8).collect();
         w[..7].copy_from_slice(&[-128, 127, -128, 127, 0, 1, -1]);
-        let weight = Tensor::new(vec![k, 7], Elems::I8(w)).expect("w");
-        let bind =
-            |name: &str| (name == "w8").then(|| std::sync::Arc::new(ir::ConstData::from_tensor(&weight)));
-        let g = ir::parse_graph(&text, &bind).unwrap_or_else(|e| panic!("{e}"));
-        let m = Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"));
-        let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
+        let (m, plan) = with_int8_weight(&text, Tensor::new(vec![k, 7], Elems::I8(w)).expect("w"));
         assert!(plan.contains("(weight) (i16)"), "no i16 product at K {k}:\n{plan}");
         for int8 in [Int8::Auto, Int8::Float] {
             let cm =

@@ -251,6 +251,14 @@ fn build_packer(
     };
     // Two blocks of `l` depths side by side, and two such pairs.
     let (wide_mask, quad_mask) = (first(2 * l), first(4 * l));
+    // Integral values as their low bits of `t` (one conversion, then a
+    // truncation), the vector read back as words.
+    let low_bits = |vals: VectorValue<'static>, t: inkwell::types::IntType<'static>| {
+        let n = vals.get_type().get_size();
+        let ints = bld.build_float_to_signed_int(vals, i32t.vec_type(n), "ints").map_err(llvm)?;
+        let narrow = bld.build_int_truncate(ints, t.vec_type(n), "narrow").map_err(llvm)?;
+        Ok::<_, CodegenError>(bld.build_bit_cast(narrow, vt, "words").map_err(llvm)?.into_vector_value())
+    };
     let to_words = |parts: &[VectorValue<'static>]| -> Result<VectorValue<'static>, CodegenError> {
         match elem {
             ElemType::F32 => Ok(parts[0]),
@@ -265,22 +273,12 @@ fn build_packer(
                 let lo = bld.build_shuffle_vector(parts[0], parts[1], wide_mask, "lo").map_err(llvm)?;
                 let hi = bld.build_shuffle_vector(parts[2], parts[3], wide_mask, "hi").map_err(llvm)?;
                 let all = bld.build_shuffle_vector(lo, hi, quad_mask, "all").map_err(llvm)?;
-                let ints =
-                    bld.build_float_to_signed_int(all, i32t.vec_type(4 * l as u32), "ints").map_err(llvm)?;
-                let bytes = bld
-                    .build_int_truncate(ints, ctx.i8_type().vec_type(4 * l as u32), "bytes")
-                    .map_err(llvm)?;
-                Ok(bld.build_bit_cast(bytes, vt, "words").map_err(llvm)?.into_vector_value())
+                low_bits(all, ctx.i8_type())
             }
             ElemType::I16 => {
                 // Each integral value's low 16 bits, paired up as bf16's are.
                 let wide = bld.build_shuffle_vector(parts[0], parts[1], wide_mask, "wide").map_err(llvm)?;
-                let ints =
-                    bld.build_float_to_signed_int(wide, i32t.vec_type(2 * l as u32), "ints").map_err(llvm)?;
-                let halves = bld
-                    .build_int_truncate(ints, ctx.i16_type().vec_type(2 * l as u32), "i16")
-                    .map_err(llvm)?;
-                Ok(bld.build_bit_cast(halves, vt, "words").map_err(llvm)?.into_vector_value())
+                low_bits(wide, ctx.i16_type())
             }
             ElemType::F16 => Err(crate::f16_on_cpu()),
         }

@@ -287,12 +287,12 @@ impl Pass for Cse {
 /// product of the two then lands on the scores, where the softmax program
 /// applies it, and the keys stay a view the contraction reads (a grouped
 /// query's shared head, a cache) instead of a scaled copy. Convolutions' scales
-/// move the same way. An operand's scale
-/// moves only when the product is its one reader, or when what it scales holds
-/// integers: a statically quantized model's dequantized activations and
-/// weights (this runs before constant folding, while a weight's scale is
-/// still a factor), whose products then multiply integers (the integer kernel
-/// families' operands) and scale the result once.
+/// move the same way. An operand's scale moves only when the product is its
+/// one reader, or when what it scales holds integers: a statically quantized
+/// model's dequantized activations and weights (this runs before constant
+/// folding, while a weight's scale is still a factor), whose products then
+/// multiply integers (the integer kernel families' operands) and scale the
+/// result once.
 pub struct HoistMatMulScale;
 
 /// A matmul operand's uniform scale: the operand is `x·s` (or `x/s`), or a

@@ -181,9 +181,9 @@ impl IntegerMatMulAsFloat {
 /// The integers `v` holds, `(lowest, highest)`, where the graph bounds them:
 /// 8-bit values widened (to a wider integer or to f32), integral constants,
 /// sums and differences of such, concatenations, views and constant padding
-/// of them. The
-/// lowering asks it of a matmul's f32 operands: 8-bit integers in both are
-/// what the u8s8 contraction family multiplies exactly.
+/// of them. The lowering asks it of a matmul's f32 operands: 8-bit integers
+/// in both are what the u8s8 contraction family multiplies exactly, 16-bit
+/// ones what the i16 family multiplies.
 pub fn value_range(g: &Graph, v: ValueId) -> Option<(i64, i64)> {
     range(g, &Producers::of(g), v, 0)
 }

@@ -41,8 +41,9 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// convention of the code it holds (3: direct kernels take runs; 4: and the lines
 /// they ask into L2; 5: matmul epilogues hold their program in the kernels' form;
 /// 6: programs record their border guards; 7: a GPU artifact records its fused
-/// attention kernels); a runtime reads only its own.
-pub const FORMAT_VERSION: u32 = 7;
+/// attention kernels; 8: integer families, u8s8 and i16, and the products
+/// marked for them); a runtime reads only its own.
+pub const FORMAT_VERSION: u32 = 8;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;
