@@ -313,20 +313,15 @@ impl Model {
             codegen::CodegenError::Unsupported(format!("precision {:?}: {e}", opts.precision))
         })?;
         // One kernel family per epilogue the matmuls fuse and type they multiply in:
-        // 8-bit integer operands in an integer type (u8s8 where the target has
-        // VNNI, i16 otherwise) unless asked not to.
+        // Integer operands in the first of their integer types the options and
+        // the target allow (`MatMulStep::integer_types`, which the runtime's
+        // dispatcher follows too).
         let int8 = opts
             .int8
-            .elem(&target)
+            .types(&target)
             .map_err(|e| codegen::CodegenError::Unsupported(format!("int8 kernels {:?}: {e}", opts.int8)))?;
-        // Other integer operands (a static quantization's signed activations) in
-        // i16. The runtime's `Cpu::dispatcher` takes the same families.
         let family_of = |m: &plan::MatMulStep| {
-            let of = match int8 {
-                Some(i) if m.u8s8 => i,
-                Some(_) if m.i16 => kernels::ElemType::I16,
-                _ => elem,
-            };
+            let of = m.integer_types().iter().copied().find(|t| int8.contains(t)).unwrap_or(elem);
             (m.epilogue.function(), of)
         };
         let mut families: Vec<(plan::Epilogue, kernels::ElemType)> = Vec::new();
@@ -577,14 +572,14 @@ pub enum Int8 {
 }
 
 impl Int8 {
-    /// The integer type for `target`, or none for the float family.
-    fn elem(self, target: &kernels::Target) -> Result<Option<kernels::ElemType>, kernels::KernelError> {
-        let u8s8 = kernels::ElemType::U8S8;
+    /// The integer types products may take on `target` (none: the float family).
+    fn types(self, target: &kernels::Target) -> Result<&'static [kernels::ElemType], kernels::KernelError> {
+        use kernels::ElemType::{I16, U8S8};
         match self {
-            Int8::Auto if target.check_elem(u8s8).is_ok() => Ok(Some(u8s8)),
-            Int8::Auto | Int8::I16 => Ok(Some(kernels::ElemType::I16)),
-            Int8::U8S8 => target.check_elem(u8s8).map(|()| Some(u8s8)),
-            Int8::Float => Ok(None),
+            Int8::Auto if target.check_elem(U8S8).is_ok() => Ok(&[U8S8, I16]),
+            Int8::Auto | Int8::I16 => Ok(&[I16]),
+            Int8::U8S8 => target.check_elem(U8S8).map(|()| &[U8S8, I16][..]),
+            Int8::Float => Ok(&[]),
         }
     }
 }

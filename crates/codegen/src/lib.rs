@@ -685,11 +685,9 @@ fn build_microkernel(
     let mut sums = Vec::with_capacity(mr * nv);
     for p in &acc_phis[..mr * nv] {
         let acc = p.as_basic_value().into_vector_value();
-        sums.push(match elem {
-            ElemType::U8S8 | ElemType::I16 => {
-                bld.build_signed_int_to_float(acc, vt, "acc.f32").map_err(llvm)?
-            }
-            _ => acc,
+        sums.push(match elem.is_integer() {
+            true => bld.build_signed_int_to_float(acc, vt, "acc.f32").map_err(llvm)?,
+            false => acc,
         });
     }
     let bit = |b: u64, n: &str| -> Result<_, CodegenError> {

@@ -38,6 +38,12 @@ impl ElemType {
     pub const ALL: [ElemType; 5] =
         [ElemType::F32, ElemType::Bf16, ElemType::F16, ElemType::U8S8, ElemType::I16];
 
+    /// Whether products are summed in i32 (the integer types: exact for
+    /// integral operands in their range).
+    pub fn is_integer(self) -> bool {
+        matches!(self, ElemType::U8S8 | ElemType::I16)
+    }
+
     /// Consecutive depths in one 32-bit panel word.
     pub fn k_group(self) -> usize {
         match self {
@@ -87,14 +93,6 @@ impl ElemType {
             ElemType::Bf16 => bf16_bits(x),
             ElemType::F16 => half::f16::from_f32(x).to_bits(),
         }
-    }
-}
-
-impl ElemType {
-    /// Whether products are summed in i32 (the integer types: exact for
-    /// integral operands in their range).
-    pub fn is_integer(self) -> bool {
-        matches!(self, ElemType::U8S8 | ElemType::I16)
     }
 }
 

@@ -172,6 +172,19 @@ pub struct MatMulStep {
     pub epilogue: MatEpilogue,
 }
 
+impl MatMulStep {
+    /// The integer types that multiply this product, best first (none: floats
+    /// only). The compile builds the first its options allow; the runtime takes
+    /// the first the model has.
+    pub fn integer_types(&self) -> &'static [crate::ElemType] {
+        match (self.u8s8, self.i16) {
+            (true, _) => &[crate::ElemType::U8S8, crate::ElemType::I16],
+            (false, true) => &[crate::ElemType::I16],
+            (false, false) => &[],
+        }
+    }
+}
+
 /// The most buffers a fused attention's softmax program may take (the runtime
 /// gives each task a table of them on its stack).
 pub const MAX_SOFTMAX_ARGS: usize = 16;

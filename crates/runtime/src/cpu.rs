@@ -212,19 +212,15 @@ impl Cpu {
         Ok(())
     }
 
-    /// The family of a matmul: of its epilogue, and of the integer type its
-    /// operands allow where the model has that family (u8s8 for 8-bit ones,
-    /// else i16), the model's other family otherwise.
+    /// The family of a matmul: of its epilogue, and of the first of its integer
+    /// types the model has a family of, the model's other family otherwise.
     pub(crate) fn dispatcher(&self, mm: &plan::MatMulStep) -> Result<&Dispatcher, RunError> {
         let e = mm.epilogue.function();
-        let of = |elem| self.dispatchers.iter().find(|(k, d)| *k == e && d.family().elem() == elem);
-        let integer = match (mm.u8s8, mm.i16) {
-            (true, _) => of(kernels::ElemType::U8S8).or_else(|| of(kernels::ElemType::I16)),
-            (false, true) => of(kernels::ElemType::I16),
-            (false, false) => None,
+        let of = |elem: &kernels::ElemType| {
+            self.dispatchers.iter().find(|(k, d)| *k == e && d.family().elem() == *elem).map(|(_, d)| d)
         };
-        match integer {
-            Some((_, d)) => Ok(d),
+        match mm.integer_types().iter().find_map(of) {
+            Some(d) => Ok(d),
             None => self.dispatcher_for(e),
         }
     }
