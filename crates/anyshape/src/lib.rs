@@ -560,12 +560,16 @@ impl Precision {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Int8 {
     /// The fastest integer family of the target: u8s8 (VNNI's `vpdpbusd`, four
-    /// products a lane) where it has VNNI, i16 (AVX2's `vpmaddwd`, two) otherwise.
+    /// products a lane) where it has VNNI, i16s8 (AVX2's `vpmaddwd`, two, on
+    /// weights of one byte a value) otherwise.
     #[default]
     Auto,
     /// u8s8 (VNNI's `vpdpbusd`); compiling for a machine without VNNI is an error.
     U8S8,
-    /// i16 (`vpmaddwd`) on any target: what a machine without VNNI runs.
+    /// i16s8 on any target: `vpmaddwd` on int8 weights kept as bytes (widened
+    /// as they load), i16 for weights that need more bits.
+    I16S8,
+    /// i16 (`vpmaddwd`, weights as 16-bit integers) on any target.
     I16,
     /// The [`Precision`]'s float family (f32 sums of exact chunks of K).
     Float,
@@ -574,11 +578,12 @@ pub enum Int8 {
 impl Int8 {
     /// The integer types products may take on `target` (none: the float family).
     fn types(self, target: &kernels::Target) -> Result<&'static [kernels::ElemType], kernels::KernelError> {
-        use kernels::ElemType::{I16, U8S8};
+        use kernels::ElemType::{I16, I16S8, U8S8};
         match self {
-            Int8::Auto if target.check_elem(U8S8).is_ok() => Ok(&[U8S8, I16]),
-            Int8::Auto | Int8::I16 => Ok(&[I16]),
-            Int8::U8S8 => target.check_elem(U8S8).map(|()| &[U8S8, I16][..]),
+            Int8::Auto if target.check_elem(U8S8).is_ok() => Ok(&[U8S8, I16S8, I16]),
+            Int8::Auto | Int8::I16S8 => Ok(&[I16S8, I16]),
+            Int8::I16 => Ok(&[I16]),
+            Int8::U8S8 => target.check_elem(U8S8).map(|()| &[U8S8, I16S8, I16][..]),
             Int8::Float => Ok(&[]),
         }
     }
@@ -590,9 +595,10 @@ impl std::str::FromStr for Int8 {
         match s {
             "auto" => Ok(Int8::Auto),
             "u8s8" => Ok(Int8::U8S8),
+            "i16s8" => Ok(Int8::I16S8),
             "i16" => Ok(Int8::I16),
             "float" => Ok(Int8::Float),
-            _ => Err(format!("unknown int8 kernels `{s}` (auto, u8s8, i16, float)")),
+            _ => Err(format!("unknown int8 kernels `{s}` (auto, u8s8, i16s8, i16, float)")),
         }
     }
 }

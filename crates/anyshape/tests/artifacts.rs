@@ -106,7 +106,7 @@ fn bert_artifact_round_trips() {
 }
 
 /// A dynamically quantized BERT: its integer family (u8s8 where the machine has
-/// VNNI, i16 otherwise) and its weights packed in that type travel in the artifact.
+/// VNNI, i16s8 otherwise) and its weights packed in that type travel in the artifact.
 #[test]
 fn quantized_bert_artifact_round_trips() {
     let file =
@@ -115,7 +115,7 @@ fn quantized_bert_artifact_round_trips() {
         [(1, 1), (2, 7), (1, 17), (3, 33)].iter().map(|&(b, s)| vec![("batch", b), ("seq", s)]).collect();
     let (loaded, path) = round_trip_of(file, "bert_int8", &shapes);
     let vnni = kernels::Target::detect().check_elem(kernels::ElemType::U8S8).is_ok();
-    let family = if vnni { "micro-kernels in u8s8" } else { "micro-kernels in i16" };
+    let family = if vnni { "micro-kernels in u8s8 " } else { "micro-kernels in i16s8 " };
     assert!(loaded.kernels_text().contains(family), "{}", loaded.kernels_text());
     std::fs::remove_file(path).ok();
 }

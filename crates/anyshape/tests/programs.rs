@@ -1151,7 +1151,7 @@ fn quantized_activations_by_int8_weights_move_their_zero_point_out() {
         let (m, plan) = with_int8_weight(&text, Tensor::new(vec![k, 5], Elems::I8(w.clone())).expect("w"));
         assert!(plan.contains("(u8·s8)"), "no u8·s8 product at K {k}:\n{plan}");
         let vnni = kernels::Target::detect().check_elem(kernels::ElemType::U8S8).is_ok();
-        for int8 in [Int8::Auto, Int8::U8S8, Int8::I16, Int8::Float] {
+        for int8 in [Int8::Auto, Int8::U8S8, Int8::I16S8, Int8::I16, Int8::Float] {
             let opts = CompileOptions::new().threads(2).canaries(true).int8(int8);
             if int8 == Int8::U8S8 && !vnni {
                 let e = m.compile(&opts).err().expect("u8s8 without VNNI is refused").to_string();
@@ -1163,11 +1163,12 @@ fn quantized_activations_by_int8_weights_move_their_zero_point_out() {
             let want = match int8 {
                 Int8::Auto if vnni => Some("u8s8"),
                 Int8::U8S8 => Some("u8s8"),
-                Int8::Auto | Int8::I16 => Some("i16"),
+                Int8::Auto | Int8::I16S8 => Some("i16s8"),
+                Int8::I16 => Some("i16"),
                 Int8::Float => None,
             };
-            for e in ["u8s8", "i16"] {
-                let has = kinds.contains(&format!("micro-kernels in {e}"));
+            for e in ["u8s8", "i16s8", "i16"] {
+                let has = kinds.contains(&format!("micro-kernels in {e} "));
                 assert_eq!(has, want == Some(e), "{int8:?}: {kinds}");
             }
             for (i, rows) in [1usize, 2, 7, 17, 65].into_iter().enumerate() {
@@ -1197,8 +1198,8 @@ fn quantized_activations_by_int8_weights_move_their_zero_point_out() {
 
 /// A statically quantized product (QDQ: an int8 activation with a zero point
 /// and a per-tensor int8 weight, both dequantized, then an f32 matmul): both
-/// scales move to the product, which multiplies the integers on the i16 family
-/// (the activation is signed, so not u8s8 even with VNNI) unless asked for
+/// scales move to the product, which multiplies the integers on the i16s8 family
+/// (the activation is signed, so not u8s8 even with VNNI; i16 when asked) unless asked for
 /// floats, and matches the interpreter's f32 product of the dequantized values
 /// to f32 rounding, at depths one K block and several deep and row counts with
 /// 1, primes and one past a tile.
@@ -1231,12 +1232,20 @@ fn a_dequantized_product_multiplies_integers() {
         let mut w: Vec<i8> = (0..k * 7).map(|_| rng.next() as i8).collect();
         w[..7].copy_from_slice(&[-128, 127, -128, 127, 0, 1, -1]);
         let (m, plan) = with_int8_weight(&text, Tensor::new(vec![k, 7], Elems::I8(w)).expect("w"));
-        assert!(plan.contains("(weight) (i16)"), "no i16 product at K {k}:\n{plan}");
-        for int8 in [Int8::Auto, Int8::Float] {
+        assert!(plan.contains("(weight) (i16·s8)"), "no i16·s8 product at K {k}:\n{plan}");
+        for int8 in [Int8::Auto, Int8::I16, Int8::Float] {
             let cm =
                 m.compile(&CompileOptions::new().threads(2).canaries(true).int8(int8)).expect("compiles");
             let kinds = cm.kernels_text();
-            assert_eq!(kinds.contains("micro-kernels in i16"), int8 == Int8::Auto, "{int8:?}: {kinds}");
+            let want = match int8 {
+                Int8::Auto => Some("i16s8"),
+                Int8::I16 => Some("i16"),
+                _ => None,
+            };
+            for e in ["i16s8", "i16"] {
+                let has = kinds.contains(&format!("micro-kernels in {e} "));
+                assert_eq!(has, want == Some(e), "{int8:?}: {kinds}");
+            }
             for rows in [1usize, 2, 7, 17, 65] {
                 let mut q: Vec<i8> = (0..rows * k).map(|_| rng.next() as i8).collect();
                 q[..k].fill(-128);

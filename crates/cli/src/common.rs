@@ -291,8 +291,9 @@ pub struct PrecisionArg {
     #[arg(long, value_enum, default_value_t = PrecisionName::F32)]
     pub precision: PrecisionName,
     /// What a quantized model's 8-bit contractions multiply in: `auto` (u8s8
-    /// with VNNI, i16 without), `u8s8` (VNNI's vpdpbusd), `i16` (AVX2's
-    /// vpmaddwd), or `float` (the precision's family): all exact.
+    /// with VNNI, i16s8 without), `u8s8` (VNNI's vpdpbusd), `i16s8` (AVX2's
+    /// vpmaddwd on int8 weights kept as bytes), `i16` (vpmaddwd, weights as
+    /// 16-bit integers), or `float` (the precision's family): all exact.
     #[arg(long, value_enum, default_value_t = Int8Name::Auto)]
     pub int8: Int8Name,
 }
@@ -301,6 +302,7 @@ pub struct PrecisionArg {
 pub enum Int8Name {
     Auto,
     U8s8,
+    I16s8,
     I16,
     Float,
 }
@@ -333,6 +335,7 @@ impl PrecisionArg {
         let int8 = match self.int8 {
             Int8Name::Auto => anyshape::Int8::Auto,
             Int8Name::U8s8 => anyshape::Int8::U8S8,
+            Int8Name::I16s8 => anyshape::Int8::I16S8,
             Int8Name::I16 => anyshape::Int8::I16,
             Int8Name::Float => anyshape::Int8::Float,
         };

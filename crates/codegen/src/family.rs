@@ -141,7 +141,12 @@ impl<'a> ContractionBuilder<'a> {
         if self.generated_packing {
             // A's heights also read a convolution's taps (rows by address).
             rows_widths.extend(tiles.iter().map(|t| t.mr));
-            widths.extend(tiles.iter().flat_map(|t| [t.mr, t.nr]));
+            widths.extend(tiles.iter().map(|t| t.mr));
+            // A transposed B's routine writes whole words (i16s8's B, a weight,
+            // is packed once by the portable loop).
+            if elem.b_word_bytes() == 4 {
+                widths.extend(tiles.iter().map(|t| t.nr));
+            }
             let direct_widths = direct_tiles.iter().map(|t| t.nr);
             match elem {
                 ElemType::F32 => widths.extend(direct_widths),
@@ -167,7 +172,7 @@ impl<'a> ContractionBuilder<'a> {
             |e: ElemType, w: usize| packers.iter().find_map(|p| p.get_rows(w).filter(|q| q.elem == e));
         let packers_of = |e: ElemType, mr: Option<usize>, nr: usize| Packers {
             a: mr.and_then(|w| find(e, w)),
-            bt: find(e, nr),
+            bt: find(e, nr).filter(|_| e.b_word_bytes() == 4),
             a_rows: mr.and_then(|w| find_rows(e, w)),
         };
         let mut jit = Vec::with_capacity(tiles.len());

@@ -474,10 +474,15 @@ fn build_microkernel(
         let up = bld.build_int_add(kc, c_i64(g - 1), "kc.up").map_err(llvm)?;
         bld.build_int_unsigned_div(up, c_i64(g), "kw").map_err(llvm)?
     };
-    // The next B panel's cache lines (`kw·NR` words, 16 to a line), a share per tile;
-    // none when `next_b` is null.
+    // The next B panel's cache lines (`kw·NR` words, 64 bytes to a line), a share
+    // per tile; none when `next_b` is null.
+    let b_words_per_line = 64 / elem.b_word_bytes();
     let lines = bld
-        .build_int_unsigned_div(bld.build_int_mul(kc, c_i64(nr), "bw").map_err(llvm)?, c_i64(16), "lines")
+        .build_int_unsigned_div(
+            bld.build_int_mul(kc, c_i64(nr), "bw").map_err(llvm)?,
+            c_i64(b_words_per_line),
+            "lines",
+        )
         .map_err(llvm)?;
     let has_next = bld.build_is_not_null(next_b, "has.next").map_err(llvm)?;
     let lines = bld.build_select(has_next, lines, c_i64(0), "lines").map_err(llvm)?.into_int_value();
@@ -543,8 +548,8 @@ fn build_microkernel(
     bld.build_conditional_branch(more, body, done).map_err(llvm)?;
 
     // k.body: B vectors, one broadcast of A per row, FMAs (f32) or pair dot
-    // products (bf16). A panel word is 4 bytes whatever it holds, so panel
-    // addresses step in f32 units.
+    // products (bf16). An A panel word is 4 bytes whatever it holds, so A's
+    // addresses step in f32 units; B's in units of its word (i16s8's are 2 bytes).
     bld.position_at_end(body);
     // The word vectors the multiply takes: W f32, or 2W bf16 (W pairs).
     let (wt, mul) = match elem {
@@ -565,14 +570,22 @@ fn build_microkernel(
         }
         // u8 words of A against s8 words of B, into i32 lanes.
         ElemType::U8S8 => (acc_t, vpdpbusd(ctx, module, w)),
-        // Pairs of i16 into i32 lanes, then added to the accumulator.
-        ElemType::I16 => (ctx.i16_type().vec_type(2 * w as u32), pmaddwd(ctx, module, w)),
+        // Pairs of i16 into i32 lanes, then added to the accumulator (i16s8's B
+        // bytes widened to such pairs as they load).
+        ElemType::I16 | ElemType::I16S8 => (ctx.i16_type().vec_type(2 * w as u32), pmaddwd(ctx, module, w)),
         ElemType::F16 => return Err(f16_on_cpu()),
     };
     let gep = |base, idx: IntValue<'static>, n: &str| {
         // SAFETY (of the IR, not of Rust): indices stay inside the packed panels
         // and the C tile the ABI promises; the builder only records the address.
         unsafe { bld.build_in_bounds_gep(f32t, base, &[idx], n) }.map_err(llvm)
+    };
+    // B's word `idx` of the panel at `base`.
+    let b_word_t: inkwell::types::BasicTypeEnum =
+        if elem.b_word_bytes() == 2 { ctx.i16_type().into() } else { f32t.into() };
+    let b_gep = |base, idx: IntValue<'static>, n: &str| {
+        // SAFETY (of the IR): as `gep`, in units of B's word.
+        unsafe { bld.build_in_bounds_gep(b_word_t, base, &[idx], n) }.map_err(llvm)
     };
     // One step at `k`: B's vectors, one broadcast of A per row, the multiplies
     // into `accs`; the new accumulators.
@@ -584,10 +597,22 @@ fn build_microkernel(
         let mut bvecs: Vec<VectorValue> = Vec::with_capacity(nv);
         for v in 0..nv {
             let idx = bld.build_int_add(kb, c_i64(v * w), "bi").map_err(llvm)?;
-            let p = gep(b, idx, "bp")?;
-            let load = bld.build_load(wt, p, "b").map_err(llvm)?;
-            set_align(&load, 4);
-            bvecs.push(load.into_vector_value());
+            let p = b_gep(b, idx, "bp")?;
+            let vec = match elem {
+                // W byte pairs, sign-extended to the i16 pairs `vpmaddwd` takes
+                // (one `vpmovsxbw` from memory).
+                ElemType::I16S8 => {
+                    let load = bld.build_load(ctx.i8_type().vec_type(2 * w as u32), p, "b8").map_err(llvm)?;
+                    set_align(&load, 2);
+                    bld.build_int_s_extend(load.into_vector_value(), wt, "b").map_err(llvm)?
+                }
+                _ => {
+                    let load = bld.build_load(wt, p, "b").map_err(llvm)?;
+                    set_align(&load, 4);
+                    load.into_vector_value()
+                }
+            };
+            bvecs.push(vec);
         }
         let ka = bld.build_int_mul(k, c_i64(mr), "ka").map_err(llvm)?;
         let mut next = Vec::with_capacity(mr * nv);
@@ -606,7 +631,7 @@ fn build_microkernel(
                 let args: &[_] = match elem {
                     ElemType::F32 => &[splat.into(), (*bv).into(), acc.into()],
                     ElemType::Bf16 | ElemType::U8S8 => &[acc.into(), splat.into(), (*bv).into()],
-                    ElemType::I16 => &[splat.into(), (*bv).into()],
+                    ElemType::I16 | ElemType::I16S8 => &[splat.into(), (*bv).into()],
                     ElemType::F16 => return Err(f16_on_cpu()),
                 };
                 let r = bld.build_call(mul, args, "mul").map_err(llvm)?;
@@ -615,7 +640,9 @@ fn build_microkernel(
                     inkwell::values::ValueKind::Instruction(_) => return Err(llvm("fma returned nothing")),
                 };
                 next.push(match elem {
-                    ElemType::I16 => add_in_order(ctx, &bld, acc.into_vector_value(), r.into_vector_value())?,
+                    ElemType::I16 | ElemType::I16S8 => {
+                        add_in_order(ctx, &bld, acc.into_vector_value(), r.into_vector_value())?
+                    }
                     _ => r,
                 });
             }
@@ -623,15 +650,15 @@ fn build_microkernel(
         Ok(next)
     };
     let kb = bld.build_int_mul(k, c_i64(nr), "kb").map_err(llvm)?;
-    // A spread share: the lines of step `k` (NR/16 a step, as many as the step
+    // A spread share: the lines of step `k` (NR·word bytes/64 a step, as many as the step
     // reads of B); a step past the share prefetches its own B row again (in L1).
     bld.build_conditional_branch(spread, body_pf, body_main).map_err(llvm)?;
     bld.position_at_end(body_pf);
-    let per_k = (nr / 16).max(1);
+    let per_k = (nr / b_words_per_line).max(1);
     let first_line = bld
         .build_int_add(pf_lo, bld.build_int_mul(k, c_i64(per_k), "pf.k").map_err(llvm)?, "pf.l")
         .map_err(llvm)?;
-    let here = gep(b, kb, "pf.here")?;
+    let here = b_gep(b, kb, "pf.here")?;
     for u in 0..per_k {
         let l = bld.build_int_add(first_line, c_i64(u), "pf.lu").map_err(llvm)?;
         let inside = bld.build_int_compare(IntPredicate::ULT, l, pf_hi, "pf.in").map_err(llvm)?;

@@ -560,7 +560,7 @@ fn half(e: ElemType) -> Half {
     match e {
         ElemType::Bf16 => Half::Bf16,
         ElemType::F16 => Half::F16,
-        ElemType::F32 | ElemType::U8S8 | ElemType::I16 => {
+        ElemType::F32 | ElemType::U8S8 | ElemType::I16 | ElemType::I16S8 => {
             unreachable!("GemmKernel::check refuses other operands than 16-bit")
         }
     }

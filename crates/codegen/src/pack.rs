@@ -275,7 +275,9 @@ fn build_packer(
                 let all = bld.build_shuffle_vector(lo, hi, quad_mask, "all").map_err(llvm)?;
                 low_bits(all, ctx.i8_type())
             }
-            ElemType::I16 => {
+            // i16s8's A words are i16's (its B, a weight, is packed by the
+            // portable loop: no generated routine writes its byte pairs).
+            ElemType::I16 | ElemType::I16S8 => {
                 // Each integral value's low 16 bits, paired up as bf16's are.
                 let wide = bld.build_shuffle_vector(parts[0], parts[1], wide_mask, "wide").map_err(llvm)?;
                 low_bits(wide, ctx.i16_type())

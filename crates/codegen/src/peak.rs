@@ -32,7 +32,7 @@ pub fn measure_peak_gflops(t: &Target, pool: &ThreadPool, millis: u64) -> Result
 }
 
 /// Peak GFLOP/s of `t`'s multiply-adds in `elem` (a bf16 pair product and its
-/// add count as 4 flops per lane, a u8s8 quad as 8, an i16 pair as 4), with
+/// add count as 4 flops per lane, a u8s8 quad as 8, an i16 pair as 4, as i16s8's), with
 /// `pool`'s threads.
 pub fn measure_peak_gflops_of(
     t: &Target,
@@ -102,7 +102,8 @@ pub fn measure_peak_gflops_of(
                 let ones = inkwell::types::VectorType::const_vector(&ones);
                 (crate::vpdpbusd(ctx, module, w), ones, ones)
             }
-            ElemType::I16 => {
+            // i16s8's products are i16's (its bytes are widened as they load).
+            ElemType::I16 | ElemType::I16S8 => {
                 // acc += two products of 1 · 1 per lane, added: wraps harmlessly.
                 let ones = vec![ctx.i16_type().const_int(1, false); 2 * w];
                 let ones = inkwell::types::VectorType::const_vector(&ones);
@@ -116,7 +117,7 @@ pub fn measure_peak_gflops_of(
             let args: Vec<inkwell::values::BasicMetadataValueEnum> = match elem {
                 // The accumulator's own halves times ones, so that the product is
                 // not the same in every trip (and hoisted out of the loop).
-                ElemType::I16 => {
+                ElemType::I16 | ElemType::I16S8 => {
                     vec![bld.build_bit_cast(acc, x.get_type(), "h").map_err(llvm)?.into(), y.into()]
                 }
                 _ => vec![acc.into(), x.into(), y.into()],
@@ -126,7 +127,7 @@ pub fn measure_peak_gflops_of(
                 inkwell::values::ValueKind::Instruction(_) => return Err(llvm("fma returned nothing")),
             };
             next.push(match elem {
-                ElemType::I16 => {
+                ElemType::I16 | ElemType::I16S8 => {
                     crate::add_in_order(ctx, &bld, acc.into_vector_value(), r.into_vector_value())?
                 }
                 _ => r,

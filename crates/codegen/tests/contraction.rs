@@ -316,6 +316,14 @@ fn i16_contractions_are_exact_on_8_bit_integers() {
     integer_contractions_are_exact(kernels::ElemType::I16, "vpmaddwd");
 }
 
+/// The i16s8 family (B's bytes widened by `vpmovsxbw` as they load, then
+/// `vpmaddwd`) on the same 8-bit operands: B's panels, packed weights and
+/// activations alike, are byte pairs.
+#[test]
+fn i16s8_contractions_are_exact_on_8_bit_integers() {
+    integer_contractions_are_exact(kernels::ElemType::I16S8, "vpmovsxbw");
+}
+
 /// A family of integer type `elem` on operands that hold 8-bit integers: exact
 /// against the integer product wherever the sums stay below 2^24 (within two f32
 /// roundings of it otherwise: blocks of K meet in f32), on both ISA paths the

@@ -32,7 +32,7 @@ const WIDTHS: [usize; 14] = [1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 16, 32, 48, 64];
 fn word(elem: ElemType, src: &[f32], at: usize, left: usize) -> u32 {
     match elem {
         ElemType::F32 => src[at].to_bits(),
-        ElemType::Bf16 | ElemType::F16 | ElemType::I16 => {
+        ElemType::Bf16 | ElemType::F16 | ElemType::I16 | ElemType::I16S8 => {
             let hi = if left > 1 { u32::from(elem.half_bits(src[at + 1])) } else { 0 };
             u32::from(elem.half_bits(src[at])) | hi << 16
         }

@@ -12,7 +12,7 @@ pub fn to_bits(elem: ElemType, x: f32) -> u16 {
     match elem {
         ElemType::Bf16 => bf16::from_f32(x).to_bits(),
         ElemType::F16 => f16::from_f32(x).to_bits(),
-        ElemType::F32 | ElemType::U8S8 | ElemType::I16 => {
+        ElemType::F32 | ElemType::U8S8 | ElemType::I16 | ElemType::I16S8 => {
             unreachable!("GPU kernels' operands are 16-bit (GemmKernel::check refuses others)")
         }
     }
@@ -22,7 +22,7 @@ pub fn from_bits(elem: ElemType, b: u16) -> f32 {
     match elem {
         ElemType::Bf16 => bf16::from_bits(b).to_f32(),
         ElemType::F16 => f16::from_bits(b).to_f32(),
-        ElemType::F32 | ElemType::U8S8 | ElemType::I16 => {
+        ElemType::F32 | ElemType::U8S8 | ElemType::I16 | ElemType::I16S8 => {
             unreachable!("GPU kernels' operands are 16-bit (GemmKernel::check refuses others)")
         }
     }
@@ -127,7 +127,7 @@ pub fn close(elem: ElemType, got: f32, want: f64, scale: f64, approximate: bool)
     let ulp = match elem {
         ElemType::Bf16 => 2f64.powi(-8),
         ElemType::F16 => 2f64.powi(-11),
-        ElemType::F32 | ElemType::U8S8 | ElemType::I16 => 2f64.powi(-24),
+        ElemType::F32 | ElemType::U8S8 | ElemType::I16 | ElemType::I16S8 => 2f64.powi(-24),
     };
     let approx = if approximate { 2e-3 * scale } else { 0.0 };
     let tol = 2.0 * ulp * want.abs() + 1e-4 * scale + approx;

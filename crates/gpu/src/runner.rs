@@ -146,7 +146,7 @@ fn encode_map(elem: ElemType, ptr: u64, s: &MapSpec) -> Result<TensorMap, GpuErr
     let dtype = match elem {
         ElemType::Bf16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         ElemType::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        ElemType::F32 | ElemType::U8S8 | ElemType::I16 => {
+        ElemType::F32 | ElemType::U8S8 | ElemType::I16 | ElemType::I16S8 => {
             return Err(GpuError::Plan(format!("TMA maps of {elem} operands: the family's are 16-bit")))
         }
     };

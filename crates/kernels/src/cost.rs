@@ -134,7 +134,7 @@ impl MachineModel {
         let (mr, nr, kc) = (s.mr, s.nr, s.blocking.kc.max(1));
         // f32 in memory (operands, C); B's panels in the family's element type.
         let f = std::mem::size_of::<f32>() as f64;
-        let fb = fam.elem().bytes() as f64;
+        let fb = fam.elem().b_bytes() as f64;
         let rate = |h: usize| fam.get(h, nr).map_or(1e9, |v| v.gflops * 1e9);
         let tile = |h: usize| 2.0 * (h * nr * p.k) as f64 / rate(h);
         let g = s.grid;

@@ -19,7 +19,8 @@ use crate::{KernelError, Target};
 pub use plan::{bf16_bits, ElemType};
 
 /// The element types the CPU families multiply in (f16 is the GPU's only).
-pub const CPU_ELEM_TYPES: [ElemType; 4] = [ElemType::F32, ElemType::Bf16, ElemType::U8S8, ElemType::I16];
+pub const CPU_ELEM_TYPES: [ElemType; 5] =
+    [ElemType::F32, ElemType::Bf16, ElemType::U8S8, ElemType::I16, ElemType::I16S8];
 
 impl Target {
     /// Whether this target can run kernels of type `e`; the error says what it lacks.
@@ -38,21 +39,23 @@ impl Target {
                  target lacks"
                     .into(),
             )),
-            // `vpmaddwd`: AVX2 (and AVX-512BW, which every AVX-512 target here has).
-            ElemType::I16 => Ok(()),
+            // `vpmaddwd` and `vpmovsxbw`: AVX2 (and AVX-512BW, which every AVX-512
+            // target here has).
+            ElemType::I16 | ElemType::I16S8 => Ok(()),
             ElemType::F16 => Err(KernelError::Shape(
-                "the CPU kernel families have no f16 form (f32, bf16, u8s8, i16)".into(),
+                "the CPU kernel families have no f16 form (f32, bf16, u8s8, i16, i16s8)".into(),
             )),
         }
     }
 }
 
 /// The panel word of `vals` (the group's depths in order; missing depths are
-/// zero): the portable packing's conversion, bit for bit the generated one's.
+/// zero): the portable packing's conversion, bit for bit the generated one's
+/// (for i16s8, A's word: B's is [`b_word`]).
 pub(crate) fn word(e: ElemType, vals: &[f32]) -> u32 {
     match e {
         ElemType::F32 => vals.first().map_or(0, |v| v.to_bits()),
-        ElemType::Bf16 | ElemType::F16 | ElemType::I16 => {
+        ElemType::Bf16 | ElemType::F16 | ElemType::I16 | ElemType::I16S8 => {
             let at = |i: usize| vals.get(i).map_or(0, |v| u32::from(e.half_bits(*v)));
             at(0) | at(1) << 16
         }
@@ -62,6 +65,30 @@ pub(crate) fn word(e: ElemType, vals: &[f32]) -> u32 {
             let at = |i: usize| vals.get(i).map_or(0, |v| (*v as i32 as u32) & 0xff);
             at(0) | at(1) << 8 | at(2) << 16 | at(3) << 24
         }
+    }
+}
+
+/// B's panel word of `vals`, in the low [`ElemType::b_word_bytes`] bytes: A's
+/// word, except i16s8's pair of low bytes (s8 values).
+pub(crate) fn b_word(e: ElemType, vals: &[f32]) -> u32 {
+    match e {
+        ElemType::I16S8 => {
+            let at = |i: usize| vals.get(i).map_or(0, |v| (*v as i32 as u32) & 0xff);
+            at(0) | at(1) << 8
+        }
+        _ => word(e, vals),
+    }
+}
+
+/// Store B's word `value` as word `index` of a panel of `e` (two to a 32-bit
+/// element for i16s8).
+pub(crate) fn set_b_word(e: ElemType, panel: &mut [u32], index: usize, value: u32) {
+    match e.b_word_bytes() {
+        2 => {
+            let (at, shift) = (index / 2, 16 * (index % 2));
+            panel[at] = (panel[at] & !(0xffff << shift)) | (value & 0xffff) << shift;
+        }
+        _ => panel[index] = value,
     }
 }
 
@@ -79,6 +106,14 @@ mod tests {
         assert_eq!(word(ElemType::U8S8, &[-128.0, 0.0, 0.0, 200.0]), 0xc800_0080);
         assert_eq!(word(ElemType::I16, &[255.0, -128.0]), 0xff80_00ff);
         assert_eq!(word(ElemType::I16, &[-1.0]), 0xffff);
+        assert_eq!(word(ElemType::I16S8, &[255.0, -128.0]), 0xff80_00ff, "A's words are i16's");
+        assert_eq!(b_word(ElemType::I16S8, &[-1.0, 127.0]), 0x7fff);
+        assert_eq!(b_word(ElemType::I16S8, &[-128.0]), 0x80);
+        let mut panel = [0u32; 2];
+        for (i, v) in [0x7fffu32, 0x80, 0x1234].into_iter().enumerate() {
+            set_b_word(ElemType::I16S8, &mut panel, i, v);
+        }
+        assert_eq!(panel, [0x0080_7fff, 0x1234], "byte pairs, low half first");
     }
 
     #[test]

@@ -175,7 +175,8 @@ fn check_extent(len: usize, rows: usize, cols: usize, rs: usize, cs: usize) -> R
 }
 
 /// B packed once in the layout the driver reads: for each `kc` block of its rows,
-/// every `NR`-column panel (`words(kc) × NR` words of `elem`, zero-padded past
+/// every `NR`-column panel (`words(kc) × NR` B words of `elem`, in
+/// [`ElemType::b_panel_len`] 32-bit elements, zero-padded past
 /// `n` and past the block's depth). Weights are packed when they are known, so a
 /// contraction with a constant B never packs (or converts) it again.
 #[derive(Clone, Debug)]
@@ -238,11 +239,13 @@ impl PackedB {
 
     /// The words a weight of `k × n` packed for `nr` and `kc` as `elem` takes.
     pub fn len_of(k: usize, n: usize, nr: usize, kc: usize, elem: ElemType) -> Option<usize> {
-        let per_row = n.checked_next_multiple_of(nr)?;
+        let panels = n.checked_next_multiple_of(nr)? / nr.max(1);
         let kc = kc.max(1);
         let (full, rest) = (k / kc, k % kc);
-        let words = full.checked_mul(elem.words(kc))?.checked_add(elem.words(rest))?;
-        words.checked_mul(per_row)
+        // Each panel's length, checked before `b_panel_len` multiplies.
+        let panel = |d: usize| elem.words(d).checked_mul(nr)?.checked_mul(4).map(|_| elem.b_panel_len(d, nr));
+        let words = full.checked_mul(panel(kc)?)?.checked_add(if rest > 0 { panel(rest)? } else { 0 })?;
+        words.checked_mul(panels)
     }
 
     /// A weight packed earlier (by [`PackedB::of_elem`], its [`PackedB::words`]
@@ -278,16 +281,16 @@ impl PackedB {
     /// The panels of the block starting at row `pc` (a multiple of `kc`, `kcur`
     /// rows deep).
     pub(crate) fn block(&self, pc: usize, kcur: usize) -> &[u32] {
-        let per_row = self.n.div_ceil(self.nr) * self.nr;
-        let start = pc / self.kc.max(1) * self.elem.words(self.kc) * per_row;
-        &self.data.get()[start..start + self.elem.words(kcur) * per_row]
+        let panels = self.n.div_ceil(self.nr);
+        let start = pc / self.kc.max(1) * self.elem.b_panel_len(self.kc, self.nr) * panels;
+        &self.data.get()[start..start + self.elem.b_panel_len(kcur, self.nr) * panels]
     }
 
     /// Panel `j` of the block starting at row `pc` (`kcur` rows deep), where the
     /// weight has one.
     pub(crate) fn panel(&self, pc: usize, kcur: usize, j: usize) -> Option<&[u32]> {
-        let words = self.elem.words(kcur) * self.nr;
-        self.block(pc, kcur).get(j * words..(j + 1) * words)
+        let len = self.elem.b_panel_len(kcur, self.nr);
+        self.block(pc, kcur).get(j * len..(j + 1) * len)
     }
 }
 
@@ -943,10 +946,11 @@ fn band(
         pack_a(a, ic, mc, pc, kc, kern.mr, uk.elem, ap, kern.packers.a, kern.packers.a_rows);
         let (mr, nr) = (kern.mr, uk.nr);
         let (tile_words, full) = (kw * mr, mc / mr);
+        let b_len = uk.elem.b_panel_len(kc, nr);
         for jr in cols.clone() {
             let nv = nr.min(n - jr * nr);
             let jp = jr - first_panel;
-            let bpanel = bblock[jp * kw * nr..(jp + 1) * kw * nr].as_ptr();
+            let bpanel = bblock[jp * b_len..(jp + 1) * b_len].as_ptr();
             let col = jr * nr;
             // Full-width panels: one call for all the full tiles of the block (the row
             // loop runs in the kernel).
@@ -960,7 +964,7 @@ fn band(
                 // After the thread's last panel, its first panel of the next K block
                 // when the next step starts one (a weight's, read from memory there).
                 let next = if jr + 1 < cols.end {
-                    bblock[(jp + 1) * kw * nr..].as_ptr()
+                    bblock[(jp + 1) * b_len..].as_ptr()
                 } else {
                     next_block_panel(b, step + 1, cols.start)
                 };

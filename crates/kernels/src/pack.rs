@@ -9,9 +9,10 @@
 //! with vector loads and in-register transposes ([`Packer`]), and the scalar
 //! loops here are the portable path (kernels written in Rust, odd strides).
 //!
-//! Panels are 32-bit words ([`ElemType`]): packing converts the f32 operands to
-//! the family's element type, `k_group` depths to a word, and zero-fills the
-//! depths past `kc` in a panel's last word.
+//! Panels are words ([`ElemType`]): packing converts the f32 operands to the
+//! family's element type, `k_group` depths to a word, and zero-fills the depths
+//! past `kc` in a panel's last word. Panels are stored as 32-bit elements; a B
+//! panel of i16s8 holds two of its 16-bit words in each.
 
 use crate::{ElemType, Lines, MatRef};
 
@@ -107,15 +108,22 @@ fn interleave(
     }
 }
 
+/// Which operand a panel is of: B's words may differ from A's
+/// ([`ElemType::b_word_bytes`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    A,
+    B,
+}
+
 /// The word of depths `w·g ..` of line `i` (a row of A, a column of B) for the
 /// lines `0..count` of a panel, from `at(i, k)`: the portable loop for operands
 /// of any strides.
 fn gather(
     panel: &mut [u32],
-    width: usize,
-    count: usize,
-    kc: usize,
+    (width, count, kc): (usize, usize, usize),
     elem: ElemType,
+    side: Side,
     at: impl Fn(usize, usize) -> f32,
 ) {
     let g = elem.k_group();
@@ -126,7 +134,13 @@ fn gather(
             for (r, v) in vals[..depth].iter_mut().enumerate() {
                 *v = at(i, w * g + r);
             }
-            panel[w * width + i] = crate::elem::word(elem, &vals[..depth]);
+            match side {
+                Side::A => panel[w * width + i] = crate::elem::word(elem, &vals[..depth]),
+                Side::B => {
+                    let word = crate::elem::b_word(elem, &vals[..depth]);
+                    crate::elem::set_b_word(elem, panel, w * width + i, word);
+                }
+            }
         }
     }
 }
@@ -173,14 +187,15 @@ pub fn pack_a(
                 }
             }
         } else {
-            gather(panel, mr, rows, kc, elem, |i, k| a.at(r0 + i, p0 + k));
+            gather(panel, (mr, rows, kc), elem, Side::A, |i, k| a.at(r0 + i, p0 + k));
         }
     }
 }
 
 /// Pack depth `p0..p0+kc` and columns `j0..j0+n` of B into `NR`-column
-/// micro-panels of `elem` words, `out[panel][w·NR + j]`; columns past `n` are zero.
-/// A B stored transposed goes through `gen` when given.
+/// micro-panels of `elem`'s B words, `out[panel][w·NR + j]` (each panel
+/// [`ElemType::b_panel_len`] 32-bit elements); columns past `n` are zero. A B
+/// stored transposed goes through `gen` when given (B words of 32 bits).
 #[allow(clippy::too_many_arguments)]
 pub fn pack_b(
     b: &MatRef,
@@ -194,14 +209,18 @@ pub fn pack_b(
     gen: Option<Packer>,
 ) {
     let panels = n.div_ceil(nr);
-    let size = elem.words(kc) * nr;
+    let size = elem.b_panel_len(kc, nr);
     out.resize(panels * size);
-    let generated = b.cs != 1 && b.rs == 1 && gen.is_some_and(|p| p.width == nr && p.elem == elem);
+    let whole_words = elem.b_word_bytes() == 4;
+    let generated =
+        whole_words && b.cs != 1 && b.rs == 1 && gen.is_some_and(|p| p.width == nr && p.elem == elem);
     for pj in 0..panels {
         let panel = &mut out[pj * size..(pj + 1) * size];
         let cols = nr.min(n - pj * nr);
         let c0 = j0 + pj * nr;
-        if cols < nr && !generated {
+        // Half words are merged into what is there (and an odd count leaves the
+        // panel's last half): all of it starts at zero.
+        if (cols < nr && !generated) || !whole_words {
             panel.fill(0);
         }
         if b.cs == 1 && elem == ElemType::F32 {
@@ -225,14 +244,15 @@ pub fn pack_b(
                     for (r, v) in vals[..depth].iter_mut().enumerate() {
                         *v = b.data[rows[r] + j];
                     }
-                    panel[w * nr + j] = crate::elem::word(elem, &vals[..depth]);
+                    let word = crate::elem::b_word(elem, &vals[..depth]);
+                    crate::elem::set_b_word(elem, panel, w * nr + j, word);
                 }
             }
-        } else if b.rs == 1 {
+        } else if b.rs == 1 && whole_words {
             // Transposed B (attention's Kᵀ): each column is contiguous along k.
             interleave(b.data, c0 * b.cs + p0, b.cs, cols, kc, nr, elem, panel, gen);
         } else {
-            gather(panel, nr, cols, kc, elem, |j, k| b.at(p0 + k, c0 + j));
+            gather(panel, (nr, cols, kc), elem, Side::B, |j, k| b.at(p0 + k, c0 + j));
         }
     }
 }

@@ -281,3 +281,57 @@ fn packed_weights_start_a_cache_line() {
         }
     }
 }
+
+/// i16s8's B panels hold byte pairs (depth `2w` low, `2w + 1` high, the values'
+/// low bytes), two words to a 32-bit element, each panel
+/// `ElemType::b_panel_len` long and zero past `n` and `k`: whatever B's strides
+/// (row-major, transposed, a strided view), at odd widths and depths.
+#[test]
+fn i16s8_weights_pack_as_byte_pairs() {
+    let elem = ElemType::I16S8;
+    for (k, n, nr, kc) in [(1usize, 1usize, 8usize, 8usize), (7, 5, 5, 3), (33, 70, 16, 8), (64, 24, 24, 17)]
+    {
+        let value = |p: usize, j: usize| ((p * 31 + j * 17) % 256) as f32 - 128.0;
+        let rows: Vec<f32> = (0..k * n).map(|i| value(i / n, i % n)).collect();
+        let cols: Vec<f32> = (0..k * n).map(|i| value(i % k, i / k)).collect();
+        let wide: Vec<f32> = (0..k * 2 * n).map(|i| value(i / (2 * n), (i % (2 * n)) / 2)).collect();
+        let forms = [
+            ("row-major", MatRef::row_major(&rows, k, n).unwrap()),
+            ("transposed", MatRef::row_major(&cols, n, k).unwrap().t()),
+            ("strided", MatRef::new(&wide, k, n, 2 * n, 2).unwrap()),
+        ];
+        for (what, b) in forms {
+            let p = anyshape_kernels::PackedB::of_elem(b, nr, kc, elem);
+            assert_eq!(Some(p.words().len()), anyshape_kernels::PackedB::len_of(k, n, nr, kc, elem));
+            let halves: Vec<u16> = p.words().iter().flat_map(|w| [*w as u16, (*w >> 16) as u16]).collect();
+            let mut at = 0;
+            for pc in (0..k).step_by(kc) {
+                let depth = kc.min(k - pc);
+                let len = elem.b_panel_len(depth, nr) * 2;
+                for panel in 0..n.div_ceil(nr) {
+                    for w in 0..depth.div_ceil(2) {
+                        for j in 0..nr {
+                            let (col, p0) = (panel * nr + j, pc + 2 * w);
+                            let byte = |p: usize| {
+                                if col < n && p < pc + depth {
+                                    value(p, col) as i8 as u8 as u16
+                                } else {
+                                    0
+                                }
+                            };
+                            let want = byte(p0) | byte(p0 + 1) << 8;
+                            assert_eq!(
+                                halves[at + w * nr + j],
+                                want,
+                                "{what} {k}x{n} nr {nr} kc {kc}: word {w} col {col}"
+                            );
+                        }
+                    }
+                    assert!(halves[at + depth.div_ceil(2) * nr..at + len].iter().all(|h| *h == 0));
+                    at += len;
+                }
+            }
+            assert_eq!(at, halves.len());
+        }
+    }
+}

@@ -905,6 +905,10 @@ impl<'g> Lowering<'g> {
         // depths a word is only fast when every tap's channels start a word (an
         // RGB image's three do not: that product stays in floats).
         let words_of_channels = |e: plan::ElemType| taps_channels.is_none_or(|c| c % e.k_group() as i64 == 0);
+        let s8_weight = weight && integers_within(g, node.inputs[1], (-128, 127));
+        let i16 = weight
+            && words_of_channels(plan::ElemType::I16)
+            && sixteen_bit_products(g, node.inputs[0], node.inputs[1], k);
         Ok(MatMulStep {
             batch: refined.extents.iter().map(|e| slot(self, e)).collect(),
             m: slot(self, &out[r - 2]),
@@ -918,10 +922,9 @@ impl<'g> Lowering<'g> {
             u8s8: weight
                 && words_of_channels(plan::ElemType::U8S8)
                 && integers_within(g, node.inputs[0], (0, 255))
-                && integers_within(g, node.inputs[1], (-128, 127)),
-            i16: weight
-                && words_of_channels(plan::ElemType::I16)
-                && sixteen_bit_products(g, node.inputs[0], node.inputs[1], k),
+                && s8_weight,
+            i16,
+            i16s8: i16 && s8_weight,
             epilogue: MatEpilogue::default(),
         })
     }

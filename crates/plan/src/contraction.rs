@@ -8,11 +8,13 @@ use std::fmt;
 
 /// The element type a contraction multiplies in; the result is f32.
 ///
-/// Packed operands are sequences of 32-bit words, and a word holds
+/// Packed operands are sequences of words, and a word holds
 /// [`ElemType::k_group`] consecutive depths of one row of A (or one column of
 /// B): one f32, a pair of 16-bit values (what AVX-512 BF16's `vdpbf16ps` and
 /// the tensor cores' `mma` take in one register, or AVX2's `vpmaddwd` as
-/// 16-bit integers), or four bytes (VNNI's `vpdpbusd`).
+/// 16-bit integers), or four bytes (VNNI's `vpdpbusd`). A's words are 32 bits;
+/// B's are too except for [`ElemType::I16S8`], whose B words are byte pairs
+/// ([`ElemType::b_word_bytes`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 pub enum ElemType {
     /// IEEE single precision: one depth per word.
@@ -32,30 +34,54 @@ pub enum ElemType {
     /// quantized model on a machine without VNNI (u8 and s8 values both fit),
     /// exact as u8s8 is. Packing keeps the low 16 bits of an integral value.
     I16,
+    /// i16's products with B's pairs stored as bytes (-128..=127, the low
+    /// byte of an integral value) and widened to 16 bits as the kernel loads
+    /// them (`vpmovsxbw`): an int8 weight streamed at one byte a value, half
+    /// of i16's, on a machine without VNNI. A's words are i16's.
+    I16S8,
 }
 
 impl ElemType {
-    pub const ALL: [ElemType; 5] =
-        [ElemType::F32, ElemType::Bf16, ElemType::F16, ElemType::U8S8, ElemType::I16];
+    pub const ALL: [ElemType; 6] =
+        [ElemType::F32, ElemType::Bf16, ElemType::F16, ElemType::U8S8, ElemType::I16, ElemType::I16S8];
 
     /// Whether products are summed in i32 (the integer types: exact for
     /// integral operands in their range).
     pub fn is_integer(self) -> bool {
-        matches!(self, ElemType::U8S8 | ElemType::I16)
+        matches!(self, ElemType::U8S8 | ElemType::I16 | ElemType::I16S8)
     }
 
     /// Consecutive depths in one 32-bit panel word.
     pub fn k_group(self) -> usize {
         match self {
             ElemType::F32 => 1,
-            ElemType::Bf16 | ElemType::F16 | ElemType::I16 => 2,
+            ElemType::Bf16 | ElemType::F16 | ElemType::I16 | ElemType::I16S8 => 2,
             ElemType::U8S8 => 4,
         }
     }
 
-    /// Bytes of one element.
+    /// Bytes of one element of A.
     pub fn bytes(self) -> usize {
         4 / self.k_group()
+    }
+
+    /// Bytes of one word of a B panel: 4, or 2 for i16s8's byte pairs.
+    pub fn b_word_bytes(self) -> usize {
+        match self {
+            ElemType::I16S8 => 2,
+            _ => 4,
+        }
+    }
+
+    /// Bytes of one element of B.
+    pub fn b_bytes(self) -> usize {
+        self.b_word_bytes() / self.k_group()
+    }
+
+    /// The 32-bit words a B panel `nr` columns wide and `kc` deep takes (its
+    /// last word zero-filled where its byte pairs end halfway).
+    pub fn b_panel_len(self, kc: usize, nr: usize) -> usize {
+        (self.words(kc) * nr * self.b_word_bytes()).div_ceil(4)
     }
 
     pub fn name(self) -> &'static str {
@@ -65,6 +91,7 @@ impl ElemType {
             ElemType::F16 => "f16",
             ElemType::U8S8 => "u8s8",
             ElemType::I16 => "i16",
+            ElemType::I16S8 => "i16s8",
         }
     }
 
@@ -77,18 +104,18 @@ impl ElemType {
     /// the integer types, of an integral operand in their range).
     pub fn round(self, x: f32) -> f32 {
         match self {
-            ElemType::F32 | ElemType::U8S8 | ElemType::I16 => x,
+            ElemType::F32 | ElemType::U8S8 | ElemType::I16 | ElemType::I16S8 => x,
             ElemType::Bf16 => f32::from_bits(u32::from(bf16_bits(x)) << 16),
             ElemType::F16 => half::f16::from_f32(x).to_f32(),
         }
     }
 
     /// The 16-bit pattern of `x` in this type: an integral value's low 16 bits
-    /// for i16 (the low half of the f32 bits for f32 and u8s8, which no caller
+    /// for i16 and i16s8's A (the low half of the f32 bits for f32 and u8s8, which no caller
     /// packs as a half word).
     pub fn half_bits(self, x: f32) -> u16 {
         match self {
-            ElemType::I16 => x as i32 as u16,
+            ElemType::I16 | ElemType::I16S8 => x as i32 as u16,
             ElemType::F32 | ElemType::U8S8 => x.to_bits() as u16,
             ElemType::Bf16 => bf16_bits(x),
             ElemType::F16 => half::f16::from_f32(x).to_bits(),
@@ -111,7 +138,8 @@ impl std::str::FromStr for ElemType {
             "f16" | "fp16" | "half" => Ok(ElemType::F16),
             "u8s8" => Ok(ElemType::U8S8),
             "i16" => Ok(ElemType::I16),
-            _ => Err(format!("unknown element type `{s}` (f32, bf16, f16, u8s8, i16)")),
+            "i16s8" => Ok(ElemType::I16S8),
+            _ => Err(format!("unknown element type `{s}` (f32, bf16, f16, u8s8, i16, i16s8)")),
         }
     }
 }

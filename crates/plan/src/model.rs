@@ -168,6 +168,10 @@ pub struct MatMulStep {
     /// by its weights; implied by `u8s8`): the i16 family multiplies them.
     #[serde(default)]
     pub i16: bool,
+    /// `i16`, and B holds integers in -128..=127 (an int8 weight; implied by
+    /// `u8s8`): the i16s8 family multiplies them from B's bytes.
+    #[serde(default)]
+    pub i16s8: bool,
     /// The group's epilogue, when the engine's tile epilogue computes it.
     pub epilogue: MatEpilogue,
 }
@@ -177,10 +181,12 @@ impl MatMulStep {
     /// only). The compile builds the first its options allow; the runtime takes
     /// the first the model has.
     pub fn integer_types(&self) -> &'static [crate::ElemType] {
-        match (self.u8s8, self.i16) {
-            (true, _) => &[crate::ElemType::U8S8, crate::ElemType::I16],
-            (false, true) => &[crate::ElemType::I16],
-            (false, false) => &[],
+        use crate::ElemType::{I16, I16S8, U8S8};
+        match (self.u8s8, self.i16s8, self.i16) {
+            (true, _, _) => &[U8S8, I16S8, I16],
+            (false, true, _) => &[I16S8, I16],
+            (false, false, true) => &[I16],
+            (false, false, false) => &[],
         }
     }
 }

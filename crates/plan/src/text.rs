@@ -243,9 +243,10 @@ fn matmul(m: &crate::model::MatMulStep) -> String {
         m.n,
         m.k,
         if m.weight { " (weight)" } else { "" },
-        match (m.u8s8, m.i16) {
-            (true, _) => " (u8·s8)",
-            (false, true) => " (i16)",
+        match (m.u8s8, m.i16s8, m.i16) {
+            (true, _, _) => " (u8·s8)",
+            (false, true, _) => " (i16·s8)",
+            (false, false, true) => " (i16)",
             _ => "",
         },
         a_view(m),

@@ -292,7 +292,7 @@ impl Session {
     /// `precision`: what a CPU model's contractions multiply in, `"f32"` or
     /// `"bf16"` (weights stored as bf16, AVX-512 BF16 products, f32 sums).
     /// `int8`: what a quantized model's 8-bit products multiply in, `"auto"`
-    /// (u8s8 with VNNI, i16 without), `"u8s8"`, `"i16"` or `"float"`
+    /// (u8s8 with VNNI, i16s8 without), `"u8s8"`, `"i16s8"`, `"i16"` or `"float"`
     /// (`precision`'s family); all exact.
     #[new]
     #[pyo3(signature = (path, dims = None, threads = None, interpret = false, pool = None, device = "cpu", precision = "f32", int8 = "auto"))]

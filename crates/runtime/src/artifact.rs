@@ -42,8 +42,9 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// they ask into L2; 5: matmul epilogues hold their program in the kernels' form;
 /// 6: programs record their border guards; 7: a GPU artifact records its fused
 /// attention kernels; 8: integer families, u8s8 and i16, and the products
-/// marked for them); a runtime reads only its own.
-pub const FORMAT_VERSION: u32 = 8;
+/// marked for them; 9: and i16s8, whose weights are byte pairs); a runtime
+/// reads only its own.
+pub const FORMAT_VERSION: u32 = 9;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;
