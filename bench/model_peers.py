@@ -18,6 +18,8 @@ Systems (--systems, default every one that is available):
                  asked for: AVX-512 BF16 machines)
   anyshape-int8-float  a quantized model with `--int8 float` (its 8-bit products on
                  the f32 family instead of the integer kernels; only when asked for)
+  anyshape-int8-i16  a quantized model with `--int8 i16` (its int8 weights as 16-bit
+                 integers instead of bytes; only when asked for)
   onnxruntime    CPU provider, all graph optimizations, intra-op threads = --threads
                  (alias: ort)
   openvino       CPU, f32, INFERENCE_NUM_THREADS = --threads, when installed
@@ -82,8 +84,9 @@ ALL_SYSTEMS = [
     "torch.compile",
     "anyshape-bf16",
     "anyshape-int8-float",
+    "anyshape-int8-i16",
 ]
-OPT_IN = ("anyshape-bf16", "anyshape-int8-float")
+OPT_IN = ("anyshape-bf16", "anyshape-int8-float", "anyshape-int8-i16")
 ALIASES = {"ort": "onnxruntime", "ov": "openvino", "eager": "torch", "compile": "torch.compile"}
 TORCH_SYSTEMS = ("torch", "torch.compile")
 SETTLE_S = 0.1
@@ -317,6 +320,10 @@ def main():
         elif name == "anyshape-int8-float":
             runners[name] = lambda: bench_anyshape(
                 a.model, shapes, a.threads, a.runs, a.anyshape, ["--int8", "float"]
+            )
+        elif name == "anyshape-int8-i16":
+            runners[name] = lambda: bench_anyshape(
+                a.model, shapes, a.threads, a.runs, a.anyshape, ["--int8", "i16"]
             )
         elif name == "onnxruntime":
             runners[name] = lambda: bench_ort(a.model, shapes, a.threads, a.runs)

@@ -4,12 +4,15 @@ in their default settings, for benchmarks (not committed: hundreds of MB).
 
     python tools/models/quantize_full.py /work/models/bert-base/model.onnx --how dynamic
     python tools/models/quantize_full.py /work/models/bert-base/model.onnx --how static
+    python tools/models/quantize_full.py /work/models/resnet-50/model.onnx --how static --per-channel
 
 `dynamic` is `quantize_dynamic(..., weight_type=QuantType.QInt8)` (DynamicQuantizeLinear
 and MatMulInteger), written to <model folder>-int8/model.onnx; `static` is
 `quantize_static` (QDQ format, int8 activations and weights per tensor), calibrated on
 8 seeded random inputs of --shape (token ids below --vocab for int64 inputs, ones for
-masks, standard normal for float inputs), written to <model folder>-qdq/model.onnx.
+masks, standard normal for float inputs), written to <model folder>-qdq/model.onnx;
+`--per-channel` quantizes weights per output channel (`per_channel=True`), written to
+<model folder>-qdq-pc/model.onnx.
 """
 
 import argparse
@@ -42,11 +45,12 @@ def main():
     ap.add_argument("--how", choices=["dynamic", "static"], required=True)
     ap.add_argument("--shape", default="batch=1,seq=128", help="calibration shape (static)")
     ap.add_argument("--vocab", type=int, default=30522, help="token ids drawn below this (static)")
+    ap.add_argument("--per-channel", action="store_true", help="a weight scale per output channel (static)")
     a = ap.parse_args()
     from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_dynamic, quantize_static
 
     folder = os.path.dirname(os.path.abspath(a.model))
-    out_dir = folder + ("-int8" if a.how == "dynamic" else "-qdq")
+    out_dir = folder + ("-int8" if a.how == "dynamic" else "-qdq-pc" if a.per_channel else "-qdq")
     os.makedirs(out_dir, exist_ok=True)
     out = os.path.join(out_dir, "model.onnx")
     if a.how == "dynamic":
@@ -62,7 +66,7 @@ def main():
             def get_next(self):
                 return next(self.feeds, None)
 
-        quantize_static(a.model, out, Reader())
+        quantize_static(a.model, out, Reader(), per_channel=a.per_channel)
     print(f"{out} ({os.path.getsize(out) / 2**20:.1f} MiB)")
 
 

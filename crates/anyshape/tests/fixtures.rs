@@ -51,14 +51,25 @@ fn check_model(name: &str) {
 }
 
 fn check_in(root: &Path, name: &str, compiled: bool) {
-    check_within(root, name, compiled, &[("expected", 1e-4)]);
+    check_within(root, name, compiled, &[("expected", 1e-4, 0.0)]);
+}
+
+/// The elements of `got` that differ from `want` by more than `tolerance`
+/// relative to `want`'s largest magnitude.
+fn strays(got: &Tensor, want: &Tensor, tolerance: f64) -> usize {
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    let top = w.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    g.iter().zip(&w).filter(|(a, b)| (*a - *b).abs() > tolerance * top.max(1e-30)).count()
 }
 
 /// Every case of fixture `name` under `root` against ONNX Runtime's outputs, on
 /// the interpreter, and compiled (canary margins on) when `compiled`: for each
-/// `(folder, tolerance)`, relative L2 error below `tolerance` from the outputs in
-/// each case's folder `folder`. Returns the largest error seen per folder.
-fn check_within(root: &Path, name: &str, compiled: bool, against: &[(&str, f64)]) -> Vec<f64> {
+/// `(folder, tolerance, strays)`, relative L2 error below `tolerance` from the
+/// outputs in each case's folder `folder`, or else at most a fraction `strays`
+/// of an output's elements off by more than `tolerance` of its largest value
+/// (a quantized activation on the other side of a rounding boundary) and a
+/// relative L2 error below 5e-2. Returns the largest error seen per folder.
+fn check_within(root: &Path, name: &str, compiled: bool, against: &[(&str, f64, f64)]) -> Vec<f64> {
     let mut worst = vec![0.0f64; against.len()];
     let dir = root.join(name);
     let model =
@@ -87,7 +98,7 @@ fn check_within(root: &Path, name: &str, compiled: bool, against: &[(&str, f64)]
             let got = cm.run(&named).unwrap_or_else(|e| panic!("{name}/{}: compiled: {e}", case.display()));
             runs.push(("compiled", got));
         }
-        for (&(folder, tolerance), worst) in against.iter().zip(&mut worst) {
+        for (&(folder, tolerance, stray), worst) in against.iter().zip(&mut worst) {
             let expected = npy_files(&case.join(folder));
             assert!(!expected.is_empty(), "{name}/{}: no outputs in {folder}", case.display());
             for (how, outputs) in &runs {
@@ -100,11 +111,22 @@ fn check_within(root: &Path, name: &str, compiled: bool, against: &[(&str, f64)]
                         .1;
                     assert_eq!(got.shape(), want.shape(), "{name}/{} ({how}): {out} shape", case.display());
                     let err = rel_l2(got, &want);
-                    assert!(
-                        err < tolerance,
-                        "{name}/{} ({how}): {out} relative L2 error {err:e} from {folder}",
-                        case.display()
-                    );
+                    if err >= tolerance {
+                        let off = strays(got, &want, tolerance);
+                        let allowed = (stray * want.numel() as f64).floor() as usize;
+                        assert!(
+                            off <= allowed && err < 5e-2,
+                            "{name}/{} ({how}): {out} relative L2 error {err:e} from {folder}, {off} of {} \
+                             elements off (at most {allowed})",
+                            case.display(),
+                            want.numel()
+                        );
+                        println!(
+                            "{name}/{} ({how}): {out}: {off} of {} elements off",
+                            case.display(),
+                            want.numel()
+                        );
+                    }
                     *worst = worst.max(err);
                 }
             }
@@ -122,15 +144,20 @@ fn check_within(root: &Path, name: &str, compiled: bool, against: &[(&str, f64)]
 /// the quantized operators into kernels that round the dequantizing scales'
 /// products in another order; an activation that lands on the other side of a
 /// rounding boundary then moves by one quantization step, so `expected/`
-/// differs from `exact/` by up to 2.2e-2 relative L2 (bert_qdq at one token);
-/// anyshape must be within 3e-2 of it.
+/// differs from `exact/` by up to 2.2e-2 relative L2 (bert_qdq at one token)
+/// and 3.7e-2 (bert_qdq_pc's pooler output, a tanh of one token's features,
+/// quantized per channel); anyshape must be within 5e-2 of it. Against the
+/// operator-by-operator run, an activation may land on the other side of a
+/// rounding boundary too (bert_qdq_pc's last output at batch 2 × 16 tokens:
+/// one element of 1,024, by one step of its quantization): at most one
+/// element in 500 may.
 #[test]
 fn quantized_models_match_onnxruntime() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures-quantized");
     let names = models_in(&root);
-    assert!(names.len() >= 6, "fixtures: {names:?}");
+    assert!(names.len() >= 8, "fixtures: {names:?}");
     for name in names {
-        let worst = check_within(&root, &name, true, &[("exact", 1e-5), ("expected", 3e-2)]);
+        let worst = check_within(&root, &name, true, &[("exact", 1e-5, 2e-3), ("expected", 5e-2, 0.0)]);
         let (exact, fused) = (worst[0], worst[1]);
         println!("{name}: relative L2 {exact:.1e} from the operator-by-operator run, {fused:.1e} from the fused one");
     }
@@ -141,11 +168,19 @@ fn quantized_models_match_onnxruntime() {
 /// weight product of bert_qdq (signed activations by int8 weights: i16·s8)
 /// and every convolution of resnet_qdq but its RGB stem (activations after a
 /// ReLU: u8·s8; the stem's three channels a tap do not start the integer
-/// types' words) is marked for an integer family.
+/// types' words) is marked for an integer family; so are those of the same
+/// models quantized per channel (a weight scale per output column, which
+/// moves to the product's columns).
 #[test]
 fn static_quantized_products_multiply_integers() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures-quantized");
-    for (name, i16s8s, u8s8s, floats) in [("bert_qdq", 9, 0, 0), ("resnet_qdq", 0, 5, 1)] {
+    let models = [
+        ("bert_qdq", 9, 0, 0),
+        ("resnet_qdq", 0, 5, 1),
+        ("bert_qdq_pc", 9, 0, 0),
+        ("resnet_qdq_pc", 0, 5, 1),
+    ];
+    for (name, i16s8s, u8s8s, floats) in models {
         let m = Model::load(root.join(name).join("model.onnx"), &LoadOptions::new()).expect("loads");
         let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
         let weights: Vec<&str> = plan.lines().filter(|l| l.contains("(weight)")).collect();

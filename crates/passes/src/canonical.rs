@@ -292,23 +292,39 @@ impl Pass for Cse {
 /// model's dequantized activations and weights (this runs before constant
 /// folding, while a weight's scale is still a factor), whose products then
 /// multiply integers (the integer kernel families' operands) and scale the
-/// result once.
+/// result once. A weight's scale may also be one per output column (a
+/// per-channel quantized weight: along a matmul's columns, a convolution's
+/// output channels), which moves to the output's columns the same way.
 pub struct HoistMatMulScale;
 
-/// A matmul operand's uniform scale: the operand is `x·s` (or `x/s`), or a
-/// view of it (a dequantized activation flattened, or sliced, for the product).
+/// What scales an operand: one factor, or one per output column.
+#[derive(Clone, Debug)]
+enum Scale {
+    Uniform(f64),
+    Columns(Vec<f64>),
+}
+
+/// A matmul operand's scale: the operand is `x·s` (or `x/s`), or a view of it
+/// (a dequantized activation flattened, or sliced, for the product).
 struct Scaled {
     x: ValueId,
-    s: f64,
+    s: Scale,
     /// The view the operand takes of `x·s`: the product then reads it of `x`.
     view: Option<Op>,
 }
 
 impl HoistMatMulScale {
-    /// `v`'s uniform scale, when `v` (and what it reshapes) is read once, or
-    /// when `x` holds integers (a dequantized activation, which other readers
-    /// may keep reading scaled: the product then multiplies integers).
-    fn scaled(g: &Graph, p: &Producers, uses: &[usize], v: ValueId) -> Option<Scaled> {
+    /// `v`'s scale, when `v` (and what it reshapes) is read once, or when `x`
+    /// holds integers (a dequantized activation, which other readers may keep
+    /// reading scaled: the product then multiplies integers). `columns` is the
+    /// axis of `v` along the product's output columns, where a scale may vary.
+    fn scaled(
+        g: &Graph,
+        p: &Producers,
+        uses: &[usize],
+        v: ValueId,
+        columns: Option<usize>,
+    ) -> Option<Scaled> {
         let once = |v: ValueId| uses[v.index()] == 1 && !g.outputs.contains(&v);
         let node = p.node(g, v)?;
         let (inner, view) = match node.op {
@@ -317,13 +333,21 @@ impl HoistMatMulScale {
             }
             _ => (v, None),
         };
-        let (x, s) = Self::factor(g, p, inner)?;
+        // The column axis of what the view reads (a transpose moves it; other
+        // views keep only a uniform scale).
+        let columns = match &view {
+            None => columns,
+            Some(Op::Transpose { perm }) => columns.and_then(|a| perm.get(a).copied()),
+            Some(_) => None,
+        };
+        let (x, s) = Self::factor(g, p, inner, columns)?;
         let alone = once(v) && once(inner);
         (alone || crate::integer::integral(g, p, x)).then_some(Scaled { x, s, view })
     }
 
-    /// `(x, s)` when `v` is `x·s` or `x/s` for a uniform `s`.
-    fn factor(g: &Graph, p: &Producers, v: ValueId) -> Option<(ValueId, f64)> {
+    /// `(x, s)` when `v` is `x·s` or `x/s` for a uniform `s`, or `x·s` for an
+    /// `s` that varies along `columns` alone.
+    fn factor(g: &Graph, p: &Producers, v: ValueId, columns: Option<usize>) -> Option<(ValueId, Scale)> {
         let node = p.node(g, v)?;
         let Op::Binary(b) = node.op else { return None };
         let (x, y) = (node.inputs[0], node.inputs[1]);
@@ -333,16 +357,53 @@ impl HoistMatMulScale {
                 && a.rank() == t.rank()
                 && a.shape.iter().zip(&t.shape).all(|(a, b)| g.env.equal(a, b))
         };
-        let s = match b {
+        let along = |u: ValueId| columns.and_then(|a| along_axis(g, p, u, v, a)).map(Scale::Columns);
+        match b {
             BinaryOp::Mul => match (uniform(g, p, x), uniform(g, p, y)) {
-                (_, Some(s)) if same(x) => return Some((x, s)),
-                (Some(s), _) if same(y) => return Some((y, s)),
-                _ => return None,
+                (_, Some(s)) if same(x) => Some((x, Scale::Uniform(s))),
+                (Some(s), _) if same(y) => Some((y, Scale::Uniform(s))),
+                (None, None) => match (same(x).then(|| along(y)).flatten(), same(y)) {
+                    (Some(s), _) => Some((x, s)),
+                    (None, true) => along(x).map(|s| (y, s)),
+                    (None, false) => None,
+                },
+                _ => None,
             },
-            BinaryOp::Div if same(x) => 1.0 / uniform(g, p, y)?,
+            BinaryOp::Div if same(x) => Some((x, Scale::Uniform(1.0 / uniform(g, p, y)?))),
+            _ => None,
+        }
+    }
+}
+
+/// The values of `s`, a constant broadcast to `v`'s shape that varies along
+/// `axis` of `v` alone (1 along every other axis before the broadcast), in
+/// order along it.
+fn along_axis(g: &Graph, p: &Producers, s: ValueId, v: ValueId, axis: usize) -> Option<Vec<f64>> {
+    let (vt, mut u) = (g.ty(v), s);
+    while let Op::Broadcast = p.node(g, u)?.op {
+        u = p.node(g, u)?.inputs[0];
+    }
+    // `u`'s shape, aligned to `v`'s last axes as a broadcast aligns it.
+    let shape = &g.ty(u).shape;
+    let lead = vt.rank().checked_sub(shape.len())?;
+    let n = vt.shape.get(axis)?.as_const()?;
+    for (i, d) in shape.iter().enumerate() {
+        let want = if i + lead == axis { n } else { 1 };
+        if d.as_const() != Some(want) {
+            return None;
+        }
+    }
+    // A reshape keeps the order of the values.
+    let mut c = u;
+    loop {
+        let node = p.node(g, c)?;
+        match &node.op {
+            Op::Reshape => c = node.inputs[0],
+            Op::Constant(data) if data.numel() as i64 == n && n <= 1 << 20 => {
+                return Some(data.to_tensor().to_f64_vec());
+            }
             _ => return None,
-        };
-        Some((x, s))
+        }
     }
 }
 
@@ -366,14 +427,37 @@ impl Pass for HoistMatMulScale {
                 continue;
             }
             let (a, b) = (node.inputs[0], node.inputs[1]);
-            let (sa, sb) = (Self::scaled(g, &p, &uses, a), Self::scaled(g, &p, &uses, b));
-            let scale = sa.as_ref().map_or(1.0, |s| s.s) * sb.as_ref().map_or(1.0, |s| s.s);
-            if (sa.is_some() || sb.is_some()) && scale.is_finite() {
-                found.push((i, [(a, sa), (b, sb)], scale));
+            // Where B's output columns lie: a matmul's last axis (its second last
+            // when transposed), a convolution weight's first; the output's
+            // columns: its last axis, a convolution's channels.
+            let rb = g.ty(b).rank();
+            let (b_columns, out_columns) = match node.op {
+                Op::MatMul { transpose_b, .. } if rb >= 2 => {
+                    (Some(if transpose_b { rb - 2 } else { rb - 1 }), g.ty(node.output).rank() - 1)
+                }
+                Op::Conv(_) => (Some(0), 1),
+                _ => (None, 0),
+            };
+            let (sa, sb) = (Self::scaled(g, &p, &uses, a, None), Self::scaled(g, &p, &uses, b, b_columns));
+            // A's scale is uniform (it has no column axis).
+            let Some(ua) = (match sa.as_ref().map(|s| &s.s) {
+                None => Some(1.0),
+                Some(Scale::Uniform(u)) => Some(*u),
+                Some(Scale::Columns(_)) => None,
+            }) else {
+                continue;
+            };
+            let scale: Vec<f64> = match sb.as_ref().map(|s| &s.s) {
+                None => vec![ua],
+                Some(Scale::Uniform(u)) => vec![ua * u],
+                Some(Scale::Columns(cs)) => cs.iter().map(|c| c * ua).collect(),
+            };
+            if (sa.is_some() || sb.is_some()) && scale.iter().all(|s| s.is_finite()) {
+                found.push((i, [(a, sa), (b, sb)], scale, out_columns));
             }
         }
         let count = found.len();
-        for (i, operands, scale) in found.into_iter().rev() {
+        for (i, operands, scale, out_columns) in found.into_iter().rev() {
             let node = g.nodes[i].clone();
             let out = g.ty(node.output).clone();
             let hint = g.name(node.output).to_string();
@@ -390,9 +474,13 @@ impl Pass for HoistMatMulScale {
                     }
                 });
             }
-            // `[1, …, 1]` scale, broadcast to the output, times the unscaled product.
-            let ones = vec![1usize; out.rank()];
-            let t = ir::Tensor::new(ones, ir::Elems::F32(vec![scale as f32]))
+            // The `[1, …, 1]` scale (`[1, …, n, …, 1]` with one per column),
+            // broadcast to the output, times the unscaled product.
+            let mut dims = vec![1usize; out.rank()];
+            if scale.len() > 1 {
+                dims[out_columns] = scale.len();
+            }
+            let t = ir::Tensor::new(dims, ir::Elems::F32(scale.iter().map(|s| *s as f32).collect()))
                 .map_err(|e| PassError::Failed { pass: self.name(), msg: e.to_string() })?;
             let data = Arc::new(ConstData::from_tensor(&t));
             let c =

@@ -133,6 +133,103 @@ fn dequantized_operands_leave_their_scales_to_the_product() {
     );
 }
 
+/// A per-channel quantized weight's scales (one per output column: along a
+/// matmul weight's columns, through the transpose a `Gemm` with `transB` puts
+/// between, and along a convolution weight's output channels) move to the
+/// product's columns, times the activation's uniform scale; a scale that
+/// varies along the contracted axis stays.
+#[test]
+fn per_channel_weight_scales_move_to_the_columns() {
+    check(
+        &HoistMatMulScale,
+        "graph {
+  sym m param 1..
+  input %q: i8[m, 3]
+  input %img: i8[1, 3, m, m]
+  %w: i8[3, 2] = constant [1, -2, 3, -4, 5, -6]
+  %wt: i8[2, 3] = constant [1, -2, 3, -4, 5, -6]
+  %wc: i8[2, 3, 1, 1] = constant [1, -2, 3, -4, 5, -6]
+  %sa: f32[1, 1] = constant [0.5]
+  %sw: f32[2] = constant [0.25, 4.0]
+  %sk: f32[3, 1] = constant [1.0, 2.0, 3.0]
+  %qf: f32[m, 3] = cast %q
+  %sab: f32[m, 3] = broadcast %sa
+  %a: f32[m, 3] = mul %qf, %sab
+  %wf: f32[3, 2] = cast %w
+  %sw2: f32[1, 2] = reshape %sw
+  %swb: f32[3, 2] = broadcast %sw2
+  %b: f32[3, 2] = mul %wf, %swb
+  %y: f32[m, 2] = matmul %a, %b
+  %wtf: f32[2, 3] = cast %wt
+  %swt: f32[2, 1] = reshape %sw
+  %swtb: f32[2, 3] = broadcast %swt
+  %bt: f32[2, 3] = mul %swtb, %wtf
+  %btt: f32[3, 2] = transpose[perm=[1, 0]] %bt
+  %yt: f32[m, 2] = matmul %a, %btt
+  %skb: f32[3, 2] = broadcast %sk
+  %bk: f32[3, 2] = mul %wf, %skb
+  %yk: f32[m, 2] = matmul %a, %bk
+  %imf: f32[1, 3, m, m] = cast %img
+  %wcf: f32[2, 3, 1, 1] = cast %wc
+  %swc: f32[2, 1, 1, 1] = reshape %sw
+  %swcb: f32[2, 3, 1, 1] = broadcast %swc
+  %bc: f32[2, 3, 1, 1] = mul %wcf, %swcb
+  %c: f32[1, 2, m, m] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], group=1] %imf, %bc
+  output %y, %yt, %yk, %c
+}
+",
+        "graph {
+  sym m param 1..
+  input %q: i8[m, 3]
+  input %img: i8[1, 3, m, m]
+  %w: i8[3, 2] = constant [1, -2, 3, -4, 5, -6]
+  %wt: i8[2, 3] = constant [1, -2, 3, -4, 5, -6]
+  %wc: i8[2, 3, 1, 1] = constant [1, -2, 3, -4, 5, -6]
+  %sa: f32[1, 1] = constant [0.5]
+  %sw: f32[2] = constant [0.25, 4.0]
+  %sk: f32[3, 1] = constant [1.0, 2.0, 3.0]
+  %qf: f32[m, 3] = cast %q
+  %sab: f32[m, 3] = broadcast %sa
+  %a: f32[m, 3] = mul %qf, %sab
+  %wf: f32[3, 2] = cast %w
+  %sw2: f32[1, 2] = reshape %sw
+  %swb: f32[3, 2] = broadcast %sw2
+  %b: f32[3, 2] = mul %wf, %swb
+  %y.scale: f32[1, 2] = constant [0.125, 2.0]
+  %y.scale_1: f32[m, 2] = broadcast %y.scale
+  %y.unscaled: f32[m, 2] = matmul %qf, %wf
+  %y: f32[m, 2] = mul %y.unscaled, %y.scale_1
+  %wtf: f32[2, 3] = cast %wt
+  %swt: f32[2, 1] = reshape %sw
+  %swtb: f32[2, 3] = broadcast %swt
+  %bt: f32[2, 3] = mul %swtb, %wtf
+  %btt: f32[3, 2] = transpose[perm=[1, 0]] %bt
+  %yt.unscaled: f32[3, 2] = transpose[perm=[1, 0]] %wtf
+  %yt.scale: f32[1, 2] = constant [0.125, 2.0]
+  %yt.scale_1: f32[m, 2] = broadcast %yt.scale
+  %yt.unscaled_1: f32[m, 2] = matmul %qf, %yt.unscaled
+  %yt: f32[m, 2] = mul %yt.unscaled_1, %yt.scale_1
+  %skb: f32[3, 2] = broadcast %sk
+  %bk: f32[3, 2] = mul %wf, %skb
+  %yk.scale: f32[1, 1] = constant [0.5]
+  %yk.scale_1: f32[m, 2] = broadcast %yk.scale
+  %yk.unscaled: f32[m, 2] = matmul %qf, %bk
+  %yk: f32[m, 2] = mul %yk.unscaled, %yk.scale_1
+  %imf: f32[1, 3, m, m] = cast %img
+  %wcf: f32[2, 3, 1, 1] = cast %wc
+  %swc: f32[2, 1, 1, 1] = reshape %sw
+  %swcb: f32[2, 3, 1, 1] = broadcast %swc
+  %bc: f32[2, 3, 1, 1] = mul %wcf, %swcb
+  %c.scale: f32[1, 2, 1, 1] = constant [0.25, 4.0]
+  %c.scale_1: f32[1, 2, m, m] = broadcast %c.scale
+  %c.unscaled: f32[1, 2, m, m] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], group=1] %imf, %wcf
+  %c: f32[1, 2, m, m] = mul %c.unscaled, %c.scale_1
+  output %y, %yt, %yk, %c
+}
+",
+    );
+}
+
 /// Decomposed scaled-dot-product attention scales Q and K by `sqrt(1/sqrt(d))`
 /// each: the two scales land on the scores, and the (repeated, transposed) keys
 /// stay a view. A scale read elsewhere too stays where it is.
