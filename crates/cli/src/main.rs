@@ -653,14 +653,15 @@ fn inspect(model_path: PathBuf, stage: Stage, dims: Vec<String>, dump_llvm: Opti
         let r = model.rewrite_report();
         say!("# stage: rewrites");
         say_raw!("{}", model.ir_text_rewritten());
-        let mut per_pass: Vec<(&str, usize)> = Vec::new();
-        for (name, n, _) in &r.runs {
-            match per_pass.iter_mut().find(|(p, _)| p == name) {
-                Some(e) => e.1 += n,
-                None => per_pass.push((name, *n)),
+        let mut per_pass: Vec<(&str, usize, std::time::Duration)> = Vec::new();
+        for (name, n, t) in &r.runs {
+            match per_pass.iter_mut().find(|(p, _, _)| p == name) {
+                Some(e) => (e.1, e.2) = (e.1 + n, e.2 + *t),
+                None => per_pass.push((name, *n, *t)),
             }
         }
-        let passes: Vec<String> = per_pass.iter().map(|(p, n)| format!("{p} {n}")).collect();
+        let passes: Vec<String> =
+            per_pass.iter().map(|(p, n, t)| format!("{p} {n} ({:.0} ms)", t.as_secs_f64() * 1e3)).collect();
         say!(
             "# {} nodes before, {} after; rewrites: {}; {:.1} ms",
             r.nodes_before,

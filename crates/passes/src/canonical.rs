@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ir::{BinaryOp, ConstData, Graph, Op, TensorType, ValueId};
+use ir::{BinaryOp, ConstData, DType, Graph, Op, TensorType, ValueId};
 use sym::Bindings;
 
 use crate::pattern::{can_replace, constant, uniform, Producers};
@@ -63,6 +63,8 @@ impl Pass for FoldConstants {
     fn run(&self, g: &mut Graph) -> Result<usize, PassError> {
         let mut folded = 0;
         let bindings = Bindings::default();
+        // Folding rewrites nodes in place: the producers stay where they are.
+        let p = Producers::of(g);
         for i in 0..g.nodes.len() {
             let node = &g.nodes[i];
             if matches!(node.op, Op::Constant(_)) {
@@ -79,23 +81,57 @@ impl Pass for FoldConstants {
             if shape.iter().map(|d| *d as usize).product::<usize>() > max {
                 continue;
             }
-            let p = Producers::of(g);
             let Some(datas) = node.inputs.iter().map(|v| constant(g, &p, *v)).collect::<Option<Vec<_>>>()
             else {
                 continue;
             };
-            let ins: Vec<ir::Tensor> = datas.iter().map(|c| c.to_tensor()).collect();
-            let refs: Vec<&ir::Tensor> = ins.iter().collect();
-            // An op the interpreter cannot evaluate (or that fails on this data,
-            // like an out-of-range gather) stays as it is: the error belongs to run time.
-            let Ok(t) = reference::eval_op(&node.op, &refs, &ty, &g.env, &bindings) else { continue };
+            let data = match (&node.op, datas.as_slice()) {
+                (Op::Cast, [c]) => widened(c, ty.dtype),
+                _ => None,
+            };
+            let data = match data {
+                Some(d) => d,
+                None => {
+                    let ins: Vec<ir::Tensor> = datas.iter().map(|c| c.to_tensor()).collect();
+                    let refs: Vec<&ir::Tensor> = ins.iter().collect();
+                    // An op the interpreter cannot evaluate (or that fails on this data,
+                    // like an out-of-range gather) stays as it is: the error belongs to run time.
+                    let Ok(t) = reference::eval_op(&node.op, &refs, &ty, &g.env, &bindings) else { continue };
+                    ConstData::from_tensor(&t)
+                }
+            };
             let node = &mut g.nodes[i];
-            node.op = Op::Constant(Arc::new(ConstData::from_tensor(&t)));
+            node.op = Op::Constant(Arc::new(data));
             node.inputs.clear();
             folded += 1;
         }
         Ok(folded)
     }
+}
+
+/// `c` cast to `to` where that widens integers (i8, u8 or i32 to i32, i64 or
+/// f32; an i32 beyond 2^24 rounds to nearest even, as the interpreter's cast
+/// rounds): a weight's cast computed from its bytes, without the interpreter's
+/// 64-bit copies of it.
+fn widened(c: &ConstData, to: DType) -> Option<ConstData> {
+    fn each(c: &ConstData, f: &mut dyn FnMut(i32)) -> Option<()> {
+        let bytes = c.bytes();
+        match c.dtype {
+            DType::I8 => bytes.iter().for_each(|b| f(i32::from(*b as i8))),
+            DType::U8 => bytes.iter().for_each(|b| f(i32::from(*b))),
+            DType::I32 => bytes.chunks_exact(4).for_each(|w| f(i32::from_le_bytes([w[0], w[1], w[2], w[3]]))),
+            _ => return None,
+        }
+        Some(())
+    }
+    let mut out: Vec<u8> = Vec::with_capacity(c.numel() * to.size());
+    match to {
+        DType::I32 => each(c, &mut |x| out.extend_from_slice(&x.to_le_bytes()))?,
+        DType::I64 => each(c, &mut |x| out.extend_from_slice(&i64::from(x).to_le_bytes()))?,
+        DType::F32 => each(c, &mut |x| out.extend_from_slice(&(x as f32).to_le_bytes()))?,
+        _ => return None,
+    }
+    ConstData::from_bytes(to, c.shape.clone(), out.into()).ok()
 }
 
 /// Algebraic identities, each one line with the algebra it applies:
@@ -492,5 +528,35 @@ impl Pass for HoistMatMulScale {
             old.inputs = vec![mm, cb];
         }
         Ok(count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A weight's cast folded from its bytes gives the interpreter's bytes:
+    /// i8 and u8 at their bounds, and i32 past 2^24, where f32 rounds to even.
+    #[test]
+    fn widened_casts_are_the_interpreters() {
+        let env = sym::ShapeEnv::default();
+        let cases = [
+            ir::Tensor::new(vec![4], ir::Elems::I8(vec![-128, -1, 0, 127])),
+            ir::Tensor::new(vec![3], ir::Elems::U8(vec![0, 128, 255])),
+            ir::Tensor::new(vec![4], ir::Elems::I32(vec![i32::MIN, -16_777_217, 16_777_219, i32::MAX])),
+        ];
+        for t in cases {
+            let t = t.expect("tensor");
+            let c = ConstData::from_tensor(&t);
+            for to in [DType::I32, DType::I64, DType::F32] {
+                let ty = TensorType::fixed(to, &[t.numel() as i64]);
+                let want =
+                    reference::eval_op(&Op::Cast, &[&t], &ty, &env, &Bindings::default()).expect("cast");
+                let got = widened(&c, to).expect("widens");
+                assert!(got == ConstData::from_tensor(&want), "{:?} to {to}", t.dtype());
+            }
+        }
+        let f = ConstData::from_tensor(&ir::Tensor::new(vec![1], ir::Elems::F32(vec![1.5])).expect("f"));
+        assert!(widened(&f, DType::I32).is_none(), "floats go to the interpreter");
     }
 }
