@@ -67,30 +67,39 @@ if ldd target/debug/anyshape-rt | grep -i llvm; then
     echo "error: anyshape-rt links LLVM" >&2
     exit 1
 fi
-# The Python package (crates/python + python/anyshape), built in place (debug,
-# reusing the build above) into its own venv, and its tests.
+# The Python package (crates/python + python/anyshape), built once as a wheel
+# (debug) and installed into its own venv, and its tests.
 venvpy=.venv-py
 if ! "$venvpy/bin/python" -c "import pytest, numpy" 2>/dev/null || [ ! -x "$venvpy/bin/maturin" ]; then
     python3 -m venv "$venvpy"
     "$venvpy/bin/pip" install --quiet --disable-pip-version-check -r python/requirements-test.txt
 fi
-VIRTUAL_ENV="$PWD/$venvpy" "$venvpy/bin/maturin" develop --quiet --locked --features extension-module,llvm-dynamic
+wheels=target/wheels-test
+rm -rf "$wheels"
+VIRTUAL_ENV="$PWD/$venvpy" "$venvpy/bin/maturin" build --quiet --locked --features extension-module,llvm-dynamic \
+    --interpreter "$venvpy/bin/python" --auditwheel skip --out "$wheels"
+wheel=$(ls "$wheels"/anyshape-*.whl)
+"$venvpy/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheel"
 "$venvpy/bin/python" -m pytest -q tests/python
 # Serving on Ray Serve (python/anyshape/serve.py): a venv with ray[serve], the
-# package built into it the same way, and a local Ray instance on the loopback
-# address that the tests start and stop.
+# same wheel installed into it (one build for both: the package itself needs no
+# Ray), and a local Ray instance on the loopback address that the tests start
+# and stop.
 venvserve=.venv-serve
-if ! "$venvserve/bin/python" -c "import ray.serve, pytest, numpy, onnxruntime" 2>/dev/null || [ ! -x "$venvserve/bin/maturin" ]; then
+if ! "$venvserve/bin/python" -c "import ray.serve, pytest, numpy, onnxruntime" 2>/dev/null; then
     python3 -m venv "$venvserve"
     "$venvserve/bin/pip" install --quiet --disable-pip-version-check -r python/requirements-serve.txt
 fi
-VIRTUAL_ENV="$PWD/$venvserve" "$venvserve/bin/maturin" develop --quiet --locked --features extension-module,llvm-dynamic
+"$venvserve/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheel"
 RAY_USAGE_STATS_ENABLED=0 "$venvserve/bin/python" -m pytest -q -W ignore::DeprecationWarning tests/serve
 # The node tests, on the interpreter and compiled (canary margins on), and the CNN
 # models of onnx's `light` folder: all nine compiled against their expected
 # outputs, the fastest three also run on the interpreter (all nine: drop
 # --light-run; ~6 min in release).
-cargo run --locked --quiet -p anyshape-conformance -- "$data_dir/node" --expected tests/conformance/expected_failures.txt \
+# The runner as the workspace's tests built it (its own tests run it): `cargo run
+# -p` alone would build the compiler again with that package's features only.
+conformance=target/debug/anyshape-conformance
+"$conformance" "$data_dir/node" --expected tests/conformance/expected_failures.txt \
     --node-compiled --light "$data_dir/light" --light-run squeezenet,shufflenet,bvlc_alexnet --light-compiled
-cargo run --locked --quiet -p anyshape-conformance -- "$venv123/node-data/node" \
+"$conformance" "$venv123/node-data/node" \
     --expected tests/conformance/expected_failures_onnx123.txt --node-compiled
