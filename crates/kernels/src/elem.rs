@@ -51,7 +51,7 @@ impl Target {
 
 /// The panel word of `vals` (the group's depths in order; missing depths are
 /// zero): the portable packing's conversion, bit for bit the generated one's
-/// (for i16s8, A's word: B's is [`b_word`]).
+/// (for i16s8, A's word: B's is [`put_b_word`]'s).
 pub(crate) fn word(e: ElemType, vals: &[f32]) -> u32 {
     match e {
         ElemType::F32 => vals.first().map_or(0, |v| v.to_bits()),
@@ -68,27 +68,16 @@ pub(crate) fn word(e: ElemType, vals: &[f32]) -> u32 {
     }
 }
 
-/// B's panel word of `vals`, in the low [`ElemType::b_word_bytes`] bytes: A's
-/// word, except i16s8's pair of low bytes (s8 values).
-pub(crate) fn b_word(e: ElemType, vals: &[f32]) -> u32 {
+/// Store B's panel word of `vals` as word `index` of a panel of `e`: A's
+/// word, except i16s8's pair of low bytes (s8 values), two to a 32-bit element.
+pub(crate) fn put_b_word(e: ElemType, panel: &mut [u32], index: usize, vals: &[f32]) {
     match e {
         ElemType::I16S8 => {
             let at = |i: usize| vals.get(i).map_or(0, |v| (*v as i32 as u32) & 0xff);
-            at(0) | at(1) << 8
+            let (slot, shift) = (index / 2, 16 * (index % 2));
+            panel[slot] = (panel[slot] & !(0xffff << shift)) | (at(0) | at(1) << 8) << shift;
         }
-        _ => word(e, vals),
-    }
-}
-
-/// Store B's word `value` as word `index` of a panel of `e` (two to a 32-bit
-/// element for i16s8).
-pub(crate) fn set_b_word(e: ElemType, panel: &mut [u32], index: usize, value: u32) {
-    match e.b_word_bytes() {
-        2 => {
-            let (at, shift) = (index / 2, 16 * (index % 2));
-            panel[at] = (panel[at] & !(0xffff << shift)) | (value & 0xffff) << shift;
-        }
-        _ => panel[index] = value,
+        _ => panel[index] = word(e, vals),
     }
 }
 
@@ -107,11 +96,9 @@ mod tests {
         assert_eq!(word(ElemType::I16, &[255.0, -128.0]), 0xff80_00ff);
         assert_eq!(word(ElemType::I16, &[-1.0]), 0xffff);
         assert_eq!(word(ElemType::I16S8, &[255.0, -128.0]), 0xff80_00ff, "A's words are i16's");
-        assert_eq!(b_word(ElemType::I16S8, &[-1.0, 127.0]), 0x7fff);
-        assert_eq!(b_word(ElemType::I16S8, &[-128.0]), 0x80);
         let mut panel = [0u32; 2];
-        for (i, v) in [0x7fffu32, 0x80, 0x1234].into_iter().enumerate() {
-            set_b_word(ElemType::I16S8, &mut panel, i, v);
+        for (i, vals) in [&[-1.0, 127.0][..], &[-128.0], &[52.0, 18.0]].into_iter().enumerate() {
+            put_b_word(ElemType::I16S8, &mut panel, i, vals);
         }
         assert_eq!(panel, [0x0080_7fff, 0x1234], "byte pairs, low half first");
     }

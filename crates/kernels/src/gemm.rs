@@ -242,9 +242,10 @@ impl PackedB {
         let panels = n.checked_next_multiple_of(nr)? / nr.max(1);
         let kc = kc.max(1);
         let (full, rest) = (k / kc, k % kc);
-        // Each panel's length, checked before `b_panel_len` multiplies.
-        let panel = |d: usize| elem.words(d).checked_mul(nr)?.checked_mul(4).map(|_| elem.b_panel_len(d, nr));
-        let words = full.checked_mul(panel(kc)?)?.checked_add(if rest > 0 { panel(rest)? } else { 0 })?;
+        // A panel `d` deep (`ElemType::b_panel_len`, checked).
+        let panel =
+            |d: usize| Some(elem.words(d).checked_mul(nr)?.checked_mul(elem.b_word_bytes())?.div_ceil(4));
+        let words = full.checked_mul(panel(kc)?)?.checked_add(panel(rest)?)?;
         words.checked_mul(panels)
     }
 

@@ -136,10 +136,7 @@ fn gather(
             }
             match side {
                 Side::A => panel[w * width + i] = crate::elem::word(elem, &vals[..depth]),
-                Side::B => {
-                    let word = crate::elem::b_word(elem, &vals[..depth]);
-                    crate::elem::set_b_word(elem, panel, w * width + i, word);
-                }
+                Side::B => crate::elem::put_b_word(elem, panel, w * width + i, &vals[..depth]),
             }
         }
     }
@@ -244,8 +241,7 @@ pub fn pack_b(
                     for (r, v) in vals[..depth].iter_mut().enumerate() {
                         *v = b.data[rows[r] + j];
                     }
-                    let word = crate::elem::b_word(elem, &vals[..depth]);
-                    crate::elem::set_b_word(elem, panel, w * nr + j, word);
+                    crate::elem::put_b_word(elem, panel, w * nr + j, &vals[..depth]);
                 }
             }
         } else if b.rs == 1 && whole_words {
