@@ -56,15 +56,18 @@ class InferenceSession:
     ``threads``: the threads that run the model (default: every core; for an
     artifact, those it was compiled with). ``interpret``: run on the reference
     interpreter instead of compiling (slow: the oracle that tests compare with).
-    ``device``: ``"cpu"``, ``"cuda"`` (NVIDIA GPU 0, through the driver; matmuls
-    on the CUDA cores so far: correct, not yet fast) or ``"gpu-emulator"`` (the
-    GPU's kernels on this machine's threads: slow, for tests). ``precision``:
+    ``device``: ``"cpu"``, ``"cuda"`` (NVIDIA GPU 0, through the driver;
+    contractions on the tensor cores in bf16 with f32 results; not yet timed on
+    a GPU) or ``"gpu-emulator"`` (the GPU's kernels on this machine's threads:
+    slow, for tests); a GPU session's ``save`` writes an artifact with code for
+    Hopper and every other supported GPU (cubins where ptxas is found). ``precision``:
     what a CPU model's contractions multiply in, ``"f32"`` or ``"bf16"`` (weights
     stored as bf16, AVX-512 BF16 products summed in f32; the rest f32).
     ``int8``: what a quantized model's products of 8-bit values multiply in:
     ``"auto"`` (default: the u8s8 kernels, VNNI's ``vpdpbusd``, where the machine
-    has VNNI; the i16 ones, AVX2's ``vpmaddwd``, otherwise), ``"u8s8"``,
-    ``"i16"`` or ``"float"`` (``precision``'s kernels); all exact.
+    has VNNI; the i16s8 ones otherwise: AVX2's ``vpmaddwd`` on int8 weights kept
+    as bytes), ``"u8s8"``, ``"i16s8"``, ``"i16"`` (16-bit weights) or ``"float"``
+    (``precision``'s kernels); all exact.
     """
 
     def __init__(

@@ -8,12 +8,13 @@
 
 use std::alloc::Layout;
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use codegen::emulator::{HostKernelKind, HostKernels};
 pub use gpu_family::steps::StepTarget as GpuTarget;
 use plan::gemm::{Arch, GemmKernel};
-pub use runtime::gpu::artifact::{is_gpu_artifact, GpuArtifact, KernelRole};
+pub use runtime::gpu::artifact::{is_gpu_artifact, GpuArtifact, GpuCode, KernelRole};
 pub use runtime::gpu::cuda::CudaDevice;
 pub use runtime::gpu::{check_plan, Device, DevicePtr, GemmChoice, GpuKernels, GpuModel};
 use runtime::gpu::{KernelArg, KernelCode, LaunchDims, StreamId, DEVICE_ALIGN};
@@ -171,7 +172,7 @@ impl Model {
         // A model the GPU cannot run says so before any driver is asked for.
         check_plan(&plan)?;
         let target = target_of(ordinal)?;
-        let (code, kernels) = gpu_kernels(&plan, Text::Ptx, target)?;
+        let (code, kernels) = gpu_kernels(&plan, Text::Ptx, target, &HashMap::new())?;
         let code: Vec<KernelCode> = code.into_iter().map(|(c, _)| c).collect();
         let device = CudaDevice::open(ordinal, &code)?;
         self.gpu_model(plan, kernels, device)
@@ -216,33 +217,99 @@ impl Model {
     pub fn compile_host_gpu_for(&self, target: GpuTarget) -> Result<GpuModel<HostDevice>, Error> {
         let plan = self.lower_gpu()?;
         check_plan(&plan)?;
-        let (code, kernels) = gpu_kernels(&plan, Text::LlvmIr, target)?;
+        let (code, kernels) = gpu_kernels(&plan, Text::LlvmIr, target, &HashMap::new())?;
         let code: Vec<_> = code.into_iter().map(|(c, role)| (c.name, c.text, host_kind(role))).collect();
         let host = HostKernels::new(&code).map_err(codegen::CodegenError::Llvm)?;
         self.gpu_model(plan, kernels, HostDevice::new(host))
     }
 
-    /// The model compiled for NVIDIA GPUs as an artifact (PTX for `target`,
-    /// the plan, the weights): what `anyshape compile --device cuda` saves
-    /// and `anyshape-rt` runs where there is only the NVIDIA driver.
-    pub fn gpu_artifact(&self, target: GpuTarget) -> Result<GpuArtifact, Error> {
+    /// The model compiled for NVIDIA GPUs as an artifact: for each of
+    /// `opts`' targets its kernels' PTX (and cubins, where `opts` names
+    /// ptxas) and steps, the plan, the weights as the GPU reads them (the
+    /// GEMMs' in bf16): what `anyshape compile --device cuda` saves and
+    /// `anyshape-rt` runs where there is only the NVIDIA driver.
+    pub fn gpu_artifact(&self, opts: &GpuArtifactOptions) -> Result<GpuArtifact, Error> {
         let plan = self.lower_gpu()?;
         check_plan(&plan)?;
-        let (kernels, steps) = gpu_kernels(&plan, Text::Ptx, target)?;
+        let weights = runtime::gpu::pack_weights(&plan)?;
+        let mut code = Vec::with_capacity(opts.targets.len());
+        // All but the GEMMs are the same PTX for every target: made once.
+        let mut known = HashMap::new();
+        for &target in &opts.targets {
+            let (kernels, steps) = gpu_kernels(&plan, Text::Ptx, target, &known)?;
+            for (k, role) in &kernels {
+                if !matches!(role, KernelRole::Gemm(_)) {
+                    known.entry(k.name.clone()).or_insert_with(|| k.text.clone());
+                }
+            }
+            let arch = arch_name(target);
+            let (mut texts, roles): (Vec<KernelCode>, Vec<KernelRole>) = kernels.into_iter().unzip();
+            if let Some(ptxas) = &opts.ptxas {
+                crate::ptxas::assemble_all(ptxas, arch, &mut texts)?;
+            }
+            let kernels = texts.into_iter().zip(roles).collect();
+            code.push(GpuCode { arch: arch.into(), kernels, steps });
+        }
         let io = |v: Vec<crate::IoInfo>| v.into_iter().map(|i| (i.name, i.ty)).collect();
         Ok(GpuArtifact {
             plan,
             env: self.graph.env.clone(),
             inputs: io(self.inputs()),
             outputs: io(self.outputs()),
-            kernels,
-            steps,
-            arch: match target {
-                GpuTarget::Sm80 => "sm_80",
-                GpuTarget::Sm90a => "sm_90a",
-            }
-            .into(),
+            weights,
+            code,
         })
+    }
+}
+
+/// What a GPU artifact holds code for, and what assembles its cubins.
+/// By default: Hopper's kernels (sm_90a) and every supported GPU's (sm_80),
+/// PTX only.
+#[derive(Clone, Debug)]
+pub struct GpuArtifactOptions {
+    targets: Vec<GpuTarget>,
+    ptxas: Option<PathBuf>,
+}
+
+impl Default for GpuArtifactOptions {
+    fn default() -> Self {
+        GpuArtifactOptions { targets: vec![GpuTarget::Sm90a, GpuTarget::Sm80], ptxas: None }
+    }
+}
+
+impl GpuArtifactOptions {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The GPUs to hold code for (kept most specific first: a Hopper takes
+    /// sm_90a's code where there is some). An empty list keeps the default.
+    pub fn targets(mut self, targets: &[GpuTarget]) -> Self {
+        if !targets.is_empty() {
+            self.targets =
+                [GpuTarget::Sm90a, GpuTarget::Sm80].into_iter().filter(|t| targets.contains(t)).collect();
+        }
+        self
+    }
+
+    /// Assemble each kernel with this ptxas into cubins for its target
+    /// ([`crate::ptxas::find_ptxas`] finds the user's).
+    pub fn ptxas(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ptxas = Some(path.into());
+        self
+    }
+
+    /// The targets, most specific first.
+    pub fn target_list(&self) -> &[GpuTarget] {
+        &self.targets
+    }
+}
+
+/// The name ptxas and the artifact give `target`'s code.
+pub fn arch_name(target: GpuTarget) -> &'static str {
+    match target {
+        GpuTarget::Sm80 => "sm_80",
+        GpuTarget::Sm90a => "sm_90a",
     }
 }
 
@@ -293,12 +360,20 @@ fn host_kind(role: KernelRole) -> HostKernelKind {
     }
 }
 
-/// A GPU artifact's model on the host emulator: each kernel rebuilt from
-/// what the artifact says it is (the emulator runs LLVM IR, not PTX), run
-/// with the artifact's plan, weights and steps.
-pub fn host_model_of(a: GpuArtifact) -> Result<GpuModel<HostDevice>, Error> {
-    let mut code = Vec::with_capacity(a.kernels.len());
-    for (k, role) in &a.kernels {
+/// A GPU artifact's model on the host emulator: the code for `arch` (the
+/// first, most specific, where `None`), each kernel rebuilt from what the
+/// artifact says it is (the emulator runs LLVM IR, not PTX), run with the
+/// artifact's plan, weights and steps.
+pub fn host_model_of(mut a: GpuArtifact, arch: Option<&str>) -> Result<GpuModel<HostDevice>, Error> {
+    let at = match arch {
+        None => 0,
+        Some(arch) => a.code.iter().position(|c| c.arch == arch).ok_or_else(|| {
+            RunError::Device(format!("the artifact has no code for {arch}: it has {}", a.archs().join(", ")))
+        })?,
+    };
+    let c = a.code.swap_remove(at);
+    let mut code = Vec::with_capacity(c.kernels.len());
+    for (k, role) in &c.kernels {
         let ir = match role {
             KernelRole::Loop(i) => codegen::nvptx::program_ir(&a.plan.programs[*i], &k.name)?,
             KernelRole::OperandCopy => codegen::nvptx::operand_copy_ir(),
@@ -310,35 +385,39 @@ pub fn host_model_of(a: GpuArtifact) -> Result<GpuModel<HostDevice>, Error> {
         code.push((k.name.clone(), ir, host_kind(*role)));
     }
     let host = HostKernels::new(&code).map_err(codegen::CodegenError::Llvm)?;
-    Ok(GpuModel::new(a.plan, a.env, a.inputs, a.outputs, a.steps, HostDevice::new(host))?)
+    Ok(GpuModel::with_weights(a.plan, a.env, a.inputs, a.outputs, c.steps, a.weights, HostDevice::new(host))?)
 }
 
 /// Every kernel of `plan` for the GPU, in the device's index order (the loop
 /// programs, the operand copy, each distinct GEMM), with what it is, and
-/// which runs each step.
+/// which runs each step. `known`: texts, by kernel name, of kernels that
+/// are the same for every target (all but the GEMMs), made for another.
 fn gpu_kernels(
     plan: &plan::ModelPlan,
     text: Text,
     target: GpuTarget,
+    known: &HashMap<String, String>,
 ) -> Result<(Vec<(KernelCode, KernelRole)>, GpuKernels), Error> {
     let mut code = Vec::new();
     let mut kernels = GpuKernels::default();
     for (i, p) in plan.programs.iter().enumerate() {
         let name = format!("{}_gpu{i}", p.name);
-        let t = match text {
-            Text::Ptx => codegen::nvptx::program_ptx(p, &name)?,
-            Text::LlvmIr => codegen::nvptx::program_ir(p, &name)?,
+        let t = match (known.get(&name), text) {
+            (Some(t), _) => t.clone(),
+            (None, Text::Ptx) => codegen::nvptx::program_ptx(p, &name)?,
+            (None, Text::LlvmIr) => codegen::nvptx::program_ir(p, &name)?,
         };
         kernels.loops.push(code.len());
-        code.push((KernelCode { name, text: t, smem: 0 }, KernelRole::Loop(i)));
+        code.push((KernelCode { name, text: t, smem: 0, cubin: None }, KernelRole::Loop(i)));
     }
-    let copy = match text {
-        Text::Ptx => codegen::nvptx::operand_copy_ptx()?,
-        Text::LlvmIr => codegen::nvptx::operand_copy_ir(),
+    let copy = match (known.get(plan::gpu::OPERAND_COPY_KERNEL), text) {
+        (Some(t), _) => t.clone(),
+        (None, Text::Ptx) => codegen::nvptx::operand_copy_ptx()?,
+        (None, Text::LlvmIr) => codegen::nvptx::operand_copy_ir(),
     };
     kernels.operand_copy = code.len();
     let name = plan::gpu::OPERAND_COPY_KERNEL.to_string();
-    code.push((KernelCode { name, text: copy, smem: 0 }, KernelRole::OperandCopy));
+    code.push((KernelCode { name, text: copy, smem: 0, cubin: None }, KernelRole::OperandCopy));
     let mut index: HashMap<GemmKernel, usize> = HashMap::new();
     for list in step_lists(plan, target)? {
         let mut choices = Vec::new();
@@ -351,7 +430,7 @@ fn gpu_kernels(
                         Text::LlvmIr => codegen::nvptx::llvm_ir(&k)?,
                     };
                     code.push((
-                        KernelCode { name: k.name(), text: t, smem: k.smem_bytes() },
+                        KernelCode { name: k.name(), text: t, smem: k.smem_bytes(), cubin: None },
                         KernelRole::Gemm(k),
                     ));
                     index.insert(k, code.len() - 1);
@@ -378,12 +457,14 @@ fn gpu_kernels(
                 let name = plan::gpu::attention_kernel_name(online.program, head);
                 let p = &plan.programs[online.program];
                 let (s, l) = (a.scores_param as u32, online.logits_param as u32);
-                let t = match text {
-                    Text::Ptx => codegen::nvptx::attention_ptx(p, s, l, head, &name)?,
-                    Text::LlvmIr => codegen::nvptx::attention_ir(p, s, l, head, &name)?,
+                let t = match (known.get(&name), text) {
+                    (Some(t), _) => t.clone(),
+                    (None, Text::Ptx) => codegen::nvptx::attention_ptx(p, s, l, head, &name)?,
+                    (None, Text::LlvmIr) => codegen::nvptx::attention_ir(p, s, l, head, &name)?,
                 };
                 let role = KernelRole::Attention { program: online.program, scores: s, logits: l, head };
-                code.push((KernelCode { name, text: t, smem: plan::gpu::attention_smem(head) }, role));
+                let smem = plan::gpu::attention_smem(head);
+                code.push((KernelCode { name, text: t, smem, cubin: None }, role));
                 attention.insert((online.program, head), code.len() - 1);
                 code.len() - 1
             }
@@ -480,6 +561,6 @@ pub fn gemm_kernels(plan: &plan::ModelPlan, target: GpuTarget) -> Result<Vec<Gem
 /// Every kernel of `plan` for a GPU as PTX, `(name, PTX)`, in the device's
 /// order: the loop programs, the operand copy, each distinct GEMM.
 pub fn plan_ptx(plan: &plan::ModelPlan, target: GpuTarget) -> Result<Vec<(String, String)>, Error> {
-    let (code, _) = gpu_kernels(plan, Text::Ptx, target)?;
+    let (code, _) = gpu_kernels(plan, Text::Ptx, target, &HashMap::new())?;
     Ok(code.into_iter().map(|(c, _)| (c.name, c.text)).collect())
 }

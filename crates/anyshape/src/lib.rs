@@ -77,6 +77,9 @@ pub enum Error {
     Run(#[from] runtime::RunError),
     #[error(transparent)]
     Npy(#[from] runtime::npy::NpyError),
+    /// ptxas could not be run, or refused a kernel's PTX.
+    #[error("ptxas: {0}")]
+    Ptxas(String),
 }
 
 impl Error {
@@ -85,7 +88,10 @@ impl Error {
     pub fn is_user_error(&self) -> bool {
         !matches!(self, Error::Interpret(e) if e.is_internal())
             && !matches!(self, Error::Import(onnx::OnnxError::Internal(_)))
-            && !matches!(self, Error::Lower(lower::LowerError::Internal(_)) | Error::Codegen(_))
+            && !matches!(
+                self,
+                Error::Lower(lower::LowerError::Internal(_)) | Error::Codegen(_) | Error::Ptxas(_)
+            )
             && !matches!(self, Error::Run(e) if !e.is_user_error())
     }
 
@@ -524,6 +530,7 @@ pub use codegen::Progress;
 
 #[cfg(feature = "gpu")]
 pub mod gpu;
+pub mod ptxas;
 
 /// The tuning cache folder a compile uses when `CompileOptions::cache_dir` is not
 /// set: `$ANYSHAPE_CACHE_DIR`, else `$XDG_CACHE_HOME/anyshape`, else `~/.cache/anyshape`.

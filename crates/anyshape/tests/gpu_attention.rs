@@ -248,12 +248,13 @@ fn a_head_dimension_the_kernel_lacks_runs_unfused() {
 #[test]
 fn an_artifact_keeps_the_attention_kernel() {
     let m = model(CAUSAL);
-    let a = m.gpu_artifact(anyshape::gpu::GpuTarget::Sm90a).expect("an artifact");
+    let opts = anyshape::gpu::GpuArtifactOptions::new().targets(&[anyshape::gpu::GpuTarget::Sm90a]);
+    let a = m.gpu_artifact(&opts).expect("an artifact");
     let path = std::env::temp_dir().join(format!("anyshape-gpu-attention-{}.anyshape", std::process::id()));
     a.save(&path).expect("saves");
     let b = anyshape::gpu::GpuArtifact::load(&path).expect("loads");
     let _ = std::fs::remove_file(&path);
-    let heads: Vec<usize> = b
+    let heads: Vec<usize> = b.code[0]
         .kernels
         .iter()
         .filter_map(|(_, r)| match r {
@@ -262,7 +263,7 @@ fn an_artifact_keeps_the_attention_kernel() {
         })
         .collect();
     assert_eq!(heads, [32], "the artifact's attention kernels");
-    let gm = anyshape::gpu::host_model_of(b).expect("runs on the emulator");
+    let gm = anyshape::gpu::host_model_of(b, None).expect("runs on the emulator");
     compare(&m, &gm, &[vec![("b", 2), ("t", 70)]]);
 }
 

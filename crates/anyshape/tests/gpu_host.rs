@@ -297,29 +297,70 @@ fn hopper_kernels_run_a_weights_product() {
     }
 }
 
-/// A GPU artifact (`Model::gpu_artifact`: PTX, plan, weights) saved and
-/// loaded without the compiler: the same kernels, steps and weights, run on
-/// the emulator (its kernels rebuilt from what the artifact says each is)
-/// within the bf16 bound of the interpreter; a damaged file is an error
-/// naming what is wrong; on a machine without a GPU, opening it says so (the
-/// CLI's test does the same with the bundled BERT).
+/// A GPU artifact (`Model::gpu_artifact`: code for sm_90a and sm_80, the
+/// plan, the weights) saved and loaded without the compiler: the same
+/// kernels, cubins (ptxas from `ANYSHAPE_PTXAS`: every kernel of both
+/// architectures assembled) and steps; the weight kept only as the GEMMs'
+/// bf16 `[N, K]` (its f32 constant absent from the file); each
+/// architecture's code run on the emulator (its kernels rebuilt from what the
+/// artifact says each is) within the bf16 bound of the interpreter; a damaged
+/// file is an error naming what is wrong; on a machine without a GPU,
+/// opening it says so (the CLI's test does the same with the bundled BERT).
 #[test]
 fn a_gpu_artifact_round_trips() {
     let m = weight_model();
-    let a = m.gpu_artifact(anyshape::gpu::GpuTarget::Sm80).expect("an artifact");
+    let mut opts = anyshape::gpu::GpuArtifactOptions::new();
+    let ptxas = std::env::var("ANYSHAPE_PTXAS").ok();
+    if kernels::testing::require("ANYSHAPE_REQUIRE_PTXAS", ptxas.is_some(), "ptxas in ANYSHAPE_PTXAS") {
+        opts = opts.ptxas(ptxas.clone().expect("ptxas"));
+    }
+    let a = m.gpu_artifact(&opts).expect("an artifact");
     let path = std::env::temp_dir().join(format!("anyshape-gpu-artifact-{}.anyshape", std::process::id()));
     a.save(&path).expect("saves");
     assert!(anyshape::gpu::is_gpu_artifact(&path) && !runtime::is_artifact(&path));
     let b = anyshape::gpu::GpuArtifact::load(&path).expect("loads");
-    assert_eq!(b.arch, "sm_80");
-    assert_eq!(b.kernels.len(), a.kernels.len());
-    for ((x, rx), (y, ry)) in a.kernels.iter().zip(&b.kernels) {
-        assert!(x.name == y.name && x.text == y.text && x.smem == y.smem && rx == ry, "{}", x.name);
+    assert_eq!(b.archs(), ["sm_90a", "sm_80"]);
+    for (x, y) in a.code.iter().zip(&b.code) {
+        assert_eq!(x.kernels.len(), y.kernels.len());
+        for ((x, rx), (y, ry)) in x.kernels.iter().zip(&y.kernels) {
+            assert!(x.name == y.name && x.text == y.text && x.smem == y.smem && rx == ry, "{}", x.name);
+            assert_eq!(x.cubin, y.cubin, "{}", x.name);
+            if ptxas.is_some() {
+                let cubin = y.cubin.as_deref().unwrap_or_else(|| panic!("{}: no cubin", y.name));
+                assert_eq!(&cubin[..4], b"\x7fELF", "{}", y.name);
+            }
+        }
     }
-    let gm = anyshape::gpu::host_model_of(b).expect("runs on the emulator");
-    for (i, n) in [1usize, 37].into_iter().enumerate() {
-        compare_within(&m, &gm, &[("n", n)], i as u64, Some(BF16_L2));
+    // The sm_90a code differs where a Hopper's GEMMs do.
+    assert!(b.code[0].kernels.iter().zip(&b.code[1].kernels).any(|(x, y)| x.1 != y.1));
+    // The 256 x 256 weight: bf16 for the GEMMs, no f32 copy in the file.
+    assert_eq!(b.weights.len(), 1);
+    assert_eq!(b.weights[0].bytes.len(), 2 * 256 * 256);
+    assert_eq!(b.weights[0].bytes, a.weights[0].bytes);
+    let w = b.plan.buffers.iter().find(|x| x.name == "w");
+    assert!(
+        w.is_some_and(|w| matches!(w.kind, plan::BufferKind::Packed)),
+        "{:?}",
+        b.plan.buffers.iter().map(|x| (&x.name, &x.kind)).collect::<Vec<_>>()
+    );
+    // The weights section's length, from the header.
+    let file = std::fs::read(&path).expect("reads");
+    let weights = u64::from_le_bytes(file[40..48].try_into().expect("a header"));
+    assert!((2 * 256 * 256..4 * 256 * 256).contains(&weights), "{weights} bytes of weights");
+    for arch in ["sm_90a", "sm_80"] {
+        let gm = anyshape::gpu::host_model_of(b.clone(), Some(arch)).expect("runs on the emulator");
+        for (i, n) in [1usize, 37].into_iter().enumerate() {
+            compare_within(&m, &gm, &[("n", n)], i as u64, Some(BF16_L2));
+        }
     }
+    let e = anyshape::gpu::host_model_of(b.clone(), Some("sm_70")).err().expect("no such code").to_string();
+    assert!(e.contains("no code for sm_70"), "{e}");
+    // Only sm_80's code, no cubins: what a machine without ptxas writes.
+    let c = m
+        .gpu_artifact(&anyshape::gpu::GpuArtifactOptions::new().targets(&[anyshape::gpu::GpuTarget::Sm80]))
+        .expect("an artifact");
+    assert_eq!(c.archs(), ["sm_80"]);
+    assert!(c.code[0].kernels.iter().all(|(k, _)| k.cubin.is_none()));
     match anyshape::gpu::GpuArtifact::load(&path).expect("loads").open(0) {
         Ok(_) => eprintln!("this machine has a GPU: the artifact opened"),
         Err(e) => {

@@ -43,12 +43,13 @@ impl<D: anyshape::gpu::Device> GpuRun for anyshape::gpu::GpuModel<D> {
 
 /// A GPU artifact (`compile --device cuda`) opened on `device`: GPU 0
 /// through the driver (`cuda`, or `cpu`: the artifact holds GPU code), or the
-/// emulator with its kernels rebuilt from what the artifact says each is.
+/// emulator with its kernels rebuilt from what the artifact says each is
+/// (its first architecture's).
 pub fn open_gpu_artifact(path: &std::path::Path, device: DeviceArg) -> Result<Box<dyn GpuRun>> {
     let a = anyshape::gpu::GpuArtifact::load(path).map_err(runtime::RunError::from)?;
     Ok(match device {
         DeviceArg::Cuda | DeviceArg::Cpu => Box::new(a.open(0)?),
-        DeviceArg::GpuEmulator => Box::new(anyshape::gpu::host_model_of(a)?),
+        DeviceArg::GpuEmulator => Box::new(anyshape::gpu::host_model_of(a, None)?),
     })
 }
 
@@ -57,8 +58,10 @@ pub fn open_gpu_artifact(path: &std::path::Path, device: DeviceArg) -> Result<Bo
 pub enum GpuArchArg {
     /// Every supported NVIDIA GPU (sm_80 and later): mma.sync and GEMV kernels.
     #[default]
+    #[value(name = "sm_80", alias = "sm80")]
     Sm80,
     /// Hopper only (H100, H200): the weights' products may take wgmma kernels.
+    #[value(name = "sm_90a", alias = "sm90a")]
     Sm90a,
 }
 

@@ -50,9 +50,16 @@ enum Command {
         /// where there is only the NVIDIA driver).
         #[arg(long, value_enum, default_value_t = devices::DeviceArg::Cpu)]
         device: devices::DeviceArg,
-        /// With `--device cuda`: the GPUs the kernels are for.
-        #[arg(long, value_enum, default_value_t = devices::GpuArchArg::Sm80)]
-        gpu_arch: devices::GpuArchArg,
+        /// With `--device cuda`: the GPUs the artifact holds kernels for (a
+        /// Hopper runs sm_90a's, every other GPU from sm_80 on sm_80's).
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "sm_90a,sm_80")]
+        gpu_arch: Vec<devices::GpuArchArg>,
+        /// With `--device cuda`: the ptxas that assembles each kernel into a
+        /// cubin (default: `ANYSHAPE_PTXAS`, else `ptxas` on PATH or in
+        /// /usr/local/cuda; without one the artifact holds PTX only, which
+        /// the driver assembles when the artifact is loaded).
+        #[arg(long)]
+        ptxas: Option<PathBuf>,
         #[command(flatten)]
         precision: common::PrecisionArg,
     },
@@ -272,7 +279,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             run(model, inputs, shapes, output_dir, dims, interpret, options)
         }
         Command::Bench(args) => model_bench::bench(args),
-        Command::Compile { model, output, dims, device, gpu_arch, precision, .. }
+        Command::Compile { model, output, dims, device, gpu_arch, ptxas, precision, .. }
             if device != devices::DeviceArg::Cpu =>
         {
             if !precision.is_default() {
@@ -280,7 +287,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                     "--precision and --int8 apply to CPU code; the GPU's contractions are bf16".into()
                 ));
             }
-            compile_gpu(model, output, dims, gpu_arch)
+            compile_gpu(model, output, dims, &gpu_arch, ptxas)
         }
         Command::Compile { model, output, dims, threads, isa, precision, .. } => {
             compile(model, output, dims, threads, isa, precision)
@@ -579,25 +586,40 @@ fn compile(
     Ok(())
 }
 
-/// `compile --device cuda`: a GPU artifact (PTX for `arch`, the plan, the weights).
+/// `compile --device cuda`: a GPU artifact (PTX and, with ptxas, cubins for
+/// each of `archs`; the plan; the weights).
 fn compile_gpu(
     model_path: PathBuf,
     output: PathBuf,
     dims: Vec<String>,
-    arch: devices::GpuArchArg,
+    archs: &[devices::GpuArchArg],
+    ptxas: Option<PathBuf>,
 ) -> Result<()> {
     let start = std::time::Instant::now();
     let model = load(&model_path, &dims)?;
-    let a = model.gpu_artifact(arch.target())?;
+    let targets: Vec<_> = archs.iter().map(|a| a.target()).collect();
+    let mut opts = anyshape::gpu::GpuArtifactOptions::new().targets(&targets);
+    match ptxas.or_else(anyshape::ptxas::find_ptxas) {
+        Some(p) => opts = opts.ptxas(p),
+        None => eprintln!(
+            "no ptxas (--ptxas, ANYSHAPE_PTXAS, PATH): the artifact holds PTX only, which the driver \
+             assembles when it loads the artifact"
+        ),
+    }
+    let a = model.gpu_artifact(&opts)?;
     let compiled = start.elapsed();
     a.save(&output).map_err(runtime::RunError::from)?;
     let size = std::fs::metadata(&output).map(|m| m.len()).unwrap_or(0);
+    let code: Vec<String> = a
+        .code
+        .iter()
+        .map(|c| format!("{} kernels for {} ({} cubins)", c.kernels.len(), c.arch, c.cubins()))
+        .collect();
     say!(
-        "wrote {} ({:.1} MB, {} kernels for {}): compiled in {:.1} s, saved in {:.2} s",
+        "wrote {} ({:.1} MB, {}): compiled in {:.1} s, saved in {:.2} s",
         output.display(),
         size as f64 / 1e6,
-        a.kernels.len(),
-        a.arch,
+        code.join(", "),
         compiled.as_secs_f64(),
         (start.elapsed() - compiled).as_secs_f64()
     );

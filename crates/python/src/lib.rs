@@ -75,10 +75,11 @@ enum Engine {
     GpuEmulator(Box<anyshape::gpu::GpuModel<anyshape::gpu::HostDevice>>, GpuSource),
 }
 
-/// What a GPU session saves: the model and the GPUs its kernels are for (the
-/// artifact built when saved), or the artifact it was loaded from.
+/// What a GPU session saves: the model (an artifact for Hopper and every
+/// other supported GPU built when saved, with cubins where ptxas is found),
+/// or the artifact it was loaded from.
 enum GpuSource {
-    Model(Box<Model>, anyshape::gpu::GpuTarget),
+    Model(Box<Model>),
     Artifact(Box<anyshape::gpu::GpuArtifact>),
 }
 
@@ -348,7 +349,10 @@ impl Session {
                 let engine = if device == "cuda" {
                     Engine::Cuda(Box::new(a.open(0).map_err(to_py)?), source)
                 } else {
-                    Engine::GpuEmulator(Box::new(anyshape::gpu::host_model_of(a).map_err(to_py)?), source)
+                    Engine::GpuEmulator(
+                        Box::new(anyshape::gpu::host_model_of(a, None).map_err(to_py)?),
+                        source,
+                    )
                 };
                 Ok(Session { engine, inputs, outputs })
             });
@@ -407,15 +411,14 @@ impl Session {
             let io = |m: &Model| (io_list(m.inputs()), io_list(m.outputs()));
             if device == "cuda" {
                 let (inputs, outputs) = io(&model);
-                let target = anyshape::gpu::target_of(0).map_err(to_py)?;
                 let gm = model.compile_gpu(0).map_err(to_py)?;
-                let engine = Engine::Cuda(Box::new(gm), GpuSource::Model(Box::new(model), target));
+                let engine = Engine::Cuda(Box::new(gm), GpuSource::Model(Box::new(model)));
                 return Ok(Session { engine, inputs, outputs });
             }
             if device == "gpu-emulator" {
                 let (inputs, outputs) = io(&model);
                 let gm = model.compile_host_gpu().map_err(to_py)?;
-                let source = GpuSource::Model(Box::new(model), anyshape::gpu::GpuTarget::Sm80);
+                let source = GpuSource::Model(Box::new(model));
                 let engine = Engine::GpuEmulator(Box::new(gm), source);
                 return Ok(Session { engine, inputs, outputs });
             }
@@ -437,7 +440,13 @@ impl Session {
             }
             Engine::Cuda(_, source) | Engine::GpuEmulator(_, source) => py.detach(|| {
                 let saved = match source {
-                    GpuSource::Model(m, target) => m.gpu_artifact(*target).map_err(to_py)?.save(&path),
+                    GpuSource::Model(m) => {
+                        let mut opts = anyshape::gpu::GpuArtifactOptions::new();
+                        if let Some(p) = anyshape::ptxas::find_ptxas() {
+                            opts = opts.ptxas(p);
+                        }
+                        m.gpu_artifact(&opts).map_err(to_py)?.save(&path)
+                    }
                     GpuSource::Artifact(a) => a.save(&path),
                 };
                 saved.map_err(|e| to_py(runtime_error(e)))

@@ -42,9 +42,10 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// they ask into L2; 5: matmul epilogues hold their program in the kernels' form;
 /// 6: programs record their border guards; 7: a GPU artifact records its fused
 /// attention kernels; 8: integer families, u8s8 and i16, and the products
-/// marked for them; 9: and i16s8, whose weights are byte pairs); a runtime
-/// reads only its own.
-pub const FORMAT_VERSION: u32 = 9;
+/// marked for them; 9: and i16s8, whose weights are byte pairs; 10: a GPU
+/// artifact holds code for several GPUs, cubins, and its GEMMs' weights in
+/// bf16); a runtime reads only its own.
+pub const FORMAT_VERSION: u32 = 10;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;
@@ -635,7 +636,7 @@ impl AsRef<[u8]> for MappedArtifact {
 }
 
 /// A window of shared bytes, as `Bytes`' owner.
-struct Window(Arc<dyn AsRef<[u8]> + Send + Sync>, std::ops::Range<usize>);
+pub(crate) struct Window(pub Arc<dyn AsRef<[u8]> + Send + Sync>, pub std::ops::Range<usize>);
 
 impl AsRef<[u8]> for Window {
     fn as_ref(&self) -> &[u8] {

@@ -110,7 +110,16 @@ fn dispatch(cli: Cli) -> Result<()> {
                     say(format!("{kind} {name}: {} [{}]", ty.dtype, dims.join(", ")));
                 }
             }
-            say(format!("code for NVIDIA GPUs ({}): {} kernels", a.arch, a.kernels.len()));
+            for c in &a.code {
+                say(format!(
+                    "code for NVIDIA GPUs ({}): {} kernels, {} of them with a cubin",
+                    c.arch,
+                    c.kernels.len(),
+                    c.cubins()
+                ));
+            }
+            let bytes: usize = a.weights.iter().map(|w| w.bytes.len()).sum();
+            say(format!("{} weights in bf16 for the GEMMs: {:.1} MB", a.weights.len(), bytes as f64 / 1e6));
         }
         Command::Run { artifact, inputs, output_dir, threads, chunks } => {
             let cm = load_artifact(&artifact, threads)?.with_key_chunks(chunks.key_chunks);

@@ -1,13 +1,16 @@
 //! GPU artifacts: a model compiled for NVIDIA GPUs saved to one file and run
 //! without the compiler (`anyshape compile --device cuda`, `anyshape-rt`).
 //! The CPU artifact's container (`crate::artifact`: header, hashed metadata
-//! and code, page-aligned weights) with its own magic, `ANYSHGPU`; the
-//! metadata holds the plan, the kernels (each its symbol, its shared memory
-//! and what it is: a loop program's, the operand copy, a GEMM of the family,
-//! so that a host emulator can rebuild it), which runs each step, and the
-//! GPUs the code is for; the code is each kernel's PTX (the driver assembles
-//! it for the device at load); the weights are the plan's constants, made
-//! bf16 for the GEMMs when the model is loaded.
+//! and code, page-aligned weights) with its own magic, `ANYSHGPU`. The
+//! metadata holds the plan and, for each GPU architecture the model was
+//! compiled for (sm_90a: Hopper's wgmma kernels; sm_80: every supported GPU),
+//! its kernels (each its symbol, its shared memory and what it is: a loop
+//! program's, the operand copy, a GEMM of the family, an attention kernel,
+//! so that a host emulator can rebuild it) and which runs each step. The code
+//! is each kernel's PTX and, where ptxas was at hand when it was compiled,
+//! its cubin (the driver loads it without assembling anything). The weights
+//! are what the GPU reads: the GEMMs' weights as bf16 `[N, K]`, the other
+//! constants as they are; a constant only contractions read is not kept f32.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -18,14 +21,17 @@ use plan::{BufferKind, ModelPlan};
 use serde::{Deserialize, Serialize};
 use sym::ShapeEnv;
 
-use super::{GpuKernels, KernelCode};
+use super::{read_unpacked, GpuKernels, GpuWeight, KernelCode};
 use crate::artifact::ArtifactError;
 use crate::artifact::{
-    io, malformed, plan_meta, plan_of, range, write_sections, Blob, MappedArtifact, Parsed, PlanMeta,
+    io, malformed, plan_meta, plan_of, range, write_sections, Blob, MappedArtifact, Parsed, PlanMeta, Window,
 };
 
 /// The magic a GPU artifact starts with.
 pub const GPU_MAGIC: &[u8; 8] = b"ANYSHGPU";
+
+/// The architectures a GPU artifact's code may be for.
+pub const GPU_ARCHS: [&str; 2] = ["sm_90a", "sm_80"];
 
 /// What a kernel of a GPU model is.
 // A model has a few dozen kernels: a boxed GEMM would save nothing worth a
@@ -52,11 +58,27 @@ pub struct GpuArtifact {
     pub env: ShapeEnv,
     pub inputs: Vec<(String, TensorType)>,
     pub outputs: Vec<(String, TensorType)>,
+    /// The GEMMs' weights ([`super::pack_weights`]).
+    pub weights: Vec<GpuWeight>,
+    /// The code for each architecture, the most specific first.
+    pub code: Vec<GpuCode>,
+}
+
+/// A model's code for one GPU architecture.
+#[derive(Clone, Debug)]
+pub struct GpuCode {
+    /// `"sm_90a"` (Hopper) or `"sm_80"` (every supported GPU).
+    pub arch: String,
     /// Every kernel, in the device's order, and what it is.
     pub kernels: Vec<(KernelCode, KernelRole)>,
     pub steps: GpuKernels,
-    /// The GPUs the code is for: `"sm_80"` (every supported GPU) or `"sm_90a"` (Hopper).
-    pub arch: String,
+}
+
+impl GpuCode {
+    /// How many of its kernels have a cubin.
+    pub fn cubins(&self) -> usize {
+        self.kernels.iter().filter(|(k, _)| k.cubin.is_some()).count()
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -66,17 +88,50 @@ struct KernelMeta {
     role: KernelRole,
     /// Its PTX: a range of the code section.
     code: (u64, u64),
+    /// Its cubin, if any: a range of the code section.
+    cubin: Option<(u64, u64)>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CodeMeta {
+    arch: String,
+    kernels: Vec<KernelMeta>,
+    steps: GpuKernels,
 }
 
 #[derive(Serialize, Deserialize)]
 struct GpuMeta {
-    arch: String,
     env: ShapeEnv,
     inputs: Vec<(String, TensorType)>,
     outputs: Vec<(String, TensorType)>,
     plan: PlanMeta,
-    kernels: Vec<KernelMeta>,
-    steps: GpuKernels,
+    /// Each packed weight: the step that reads it first, its bytes.
+    weights: Vec<(usize, Blob)>,
+    code: Vec<CodeMeta>,
+}
+
+/// Which of `archs` (an artifact's, most specific first) a GPU of compute
+/// capability `cc` runs, and whether their cubins are for it: sm_90a's
+/// only on a Hopper (9.0); sm_80's on any GPU from 8.0 on, its cubins on
+/// 8.x (newer GPUs have the driver assemble its PTX).
+pub fn code_for(archs: &[&str], cc: (i32, i32)) -> Result<(usize, bool), String> {
+    if cc == (9, 0) {
+        if let Some(i) = archs.iter().position(|a| *a == "sm_90a") {
+            return Ok((i, true));
+        }
+    }
+    if cc >= (8, 0) {
+        if let Some(i) = archs.iter().position(|a| *a == "sm_80") {
+            return Ok((i, cc.0 == 8));
+        }
+    }
+    Err(format!(
+        "the artifact's kernels are for {}; this GPU is sm_{}{}: compile it for {}",
+        archs.join(" and "),
+        cc.0,
+        cc.1,
+        if cc == (9, 0) { "sm_90a or sm_80" } else { "sm_80" }
+    ))
 }
 
 /// Whether the file at `path` is a GPU artifact.
@@ -87,33 +142,58 @@ pub fn is_gpu_artifact(path: &Path) -> bool {
 }
 
 impl GpuArtifact {
+    /// The architectures it holds code for, most specific first.
+    pub fn archs(&self) -> Vec<&str> {
+        self.code.iter().map(|c| c.arch.as_str()).collect()
+    }
+
     /// Save at `path` (written to a temporary file beside it and renamed).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<(), ArtifactError> {
         let path = path.as_ref();
-        let mut code = Vec::new();
-        let mut kernels = Vec::with_capacity(self.kernels.len());
-        for (k, role) in &self.kernels {
-            kernels.push(KernelMeta {
-                name: k.name.clone(),
-                smem: k.smem,
-                role: *role,
-                code: (code.len() as u64, k.text.len() as u64),
-            });
-            code.extend_from_slice(k.text.as_bytes());
+        let mut bytes = Vec::new();
+        let mut put = |b: &[u8]| {
+            let at = (bytes.len() as u64, b.len() as u64);
+            bytes.extend_from_slice(b);
+            at
+        };
+        let mut code = Vec::with_capacity(self.code.len());
+        for c in &self.code {
+            let mut kernels = Vec::with_capacity(c.kernels.len());
+            for (k, role) in &c.kernels {
+                kernels.push(KernelMeta {
+                    name: k.name.clone(),
+                    smem: k.smem,
+                    role: *role,
+                    code: put(k.text.as_bytes()),
+                    cubin: k.cubin.as_deref().map(&mut put),
+                });
+            }
+            code.push(CodeMeta { arch: c.arch.clone(), kernels, steps: c.steps.clone() });
         }
+        let read = read_unpacked(&self.plan);
         let mut blobs: Vec<Option<Blob>> = vec![None; self.plan.buffers.len()];
         let mut order: Vec<(Blob, &[u8])> = Vec::new();
         let mut at = 0u64;
+        let mut blob = |b: &[u8]| {
+            at = at.next_multiple_of(64);
+            let blob = Blob { offset: at, len: b.len() as u64 };
+            at += blob.len;
+            blob
+        };
+        let mut weights = Vec::with_capacity(self.weights.len());
+        for w in &self.weights {
+            let b = blob(&w.bytes);
+            weights.push((w.step, b));
+            order.push((b, &w.bytes));
+        }
         for (i, b) in self.plan.buffers.iter().enumerate() {
             match &b.kind {
-                BufferKind::Constant(c) => {
-                    at = at.next_multiple_of(64);
-                    let blob = Blob { offset: at, len: c.bytes().len() as u64 };
-                    at += blob.len;
-                    blobs[i] = Some(blob);
-                    order.push((blob, c.bytes()));
+                BufferKind::Constant(c) if read[i] => {
+                    let at = blob(c.bytes());
+                    blobs[i] = Some(at);
+                    order.push((at, c.bytes()));
                 }
-                BufferKind::Packed => {
+                BufferKind::Packed if read[i] => {
                     return Err(ArtifactError::Unsupported(format!(
                         "weight '{}' is kept only packed for the CPU",
                         b.name
@@ -123,13 +203,12 @@ impl GpuArtifact {
             }
         }
         let meta = GpuMeta {
-            arch: self.arch.clone(),
             env: self.env.clone(),
             inputs: self.inputs.clone(),
             outputs: self.outputs.clone(),
             plan: plan_meta(&self.plan, &blobs),
-            kernels,
-            steps: self.steps.clone(),
+            weights,
+            code,
         };
         let meta = postcard::to_stdvec(&meta).map_err(malformed)?;
         let tmp =
@@ -137,7 +216,7 @@ impl GpuArtifact {
         let write = || -> Result<(), ArtifactError> {
             let file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
             let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-            write_sections(&mut out, &tmp, GPU_MAGIC, &meta, &code, &order)?;
+            write_sections(&mut out, &tmp, GPU_MAGIC, &meta, &bytes, &order)?;
             drop(out);
             std::fs::rename(&tmp, path).map_err(io(path))
         };
@@ -167,80 +246,143 @@ impl GpuArtifact {
             Ok(r.start + parsed.weights_at..r.end + parsed.weights_at)
         };
         let plan = plan_of(meta.plan, &bytes, &window)?;
-        let mut kernels = Vec::with_capacity(meta.kernels.len());
-        for k in meta.kernels {
-            let r = range(k.code.0, k.code.1, parsed.code.len())?;
-            let text = std::str::from_utf8(&parsed.code[r]).map_err(malformed)?.to_string();
-            if let KernelRole::Loop(i) | KernelRole::Attention { program: i, .. } = k.role {
-                if i >= plan.programs.len() {
-                    return Err(malformed(format!(
-                        "kernel {} is loop program {i} of {}",
-                        k.name,
-                        plan.programs.len()
-                    )));
-                }
+        let mut weights = Vec::with_capacity(meta.weights.len());
+        for (step, b) in meta.weights {
+            if step >= plan.steps.len() {
+                return Err(malformed(format!("a weight of step {step} of {}", plan.steps.len())));
             }
-            kernels.push((KernelCode { name: k.name, text, smem: k.smem }, k.role));
+            let data = bytes::Bytes::from_owner(Window(bytes.clone(), window(b)?));
+            weights.push(GpuWeight { step, bytes: data });
         }
-        let n = kernels.len();
-        let s = &meta.steps;
-        let bad_index = s
-            .loops
-            .iter()
-            .chain([&s.operand_copy])
-            .chain(s.matmuls.iter().flatten().map(|c| &c.index))
-            .chain(s.attentions.iter().flatten().map(|c| &c.index))
-            .any(|&i| i >= n);
-        if bad_index
-            || s.loops.len() != plan.programs.len()
-            || s.matmuls.len() != plan.steps.len()
-            || s.attentions.len() != plan.steps.len()
-        {
-            return Err(malformed("the steps' kernels do not match the kernels and the plan"));
+        if meta.code.is_empty() {
+            return Err(malformed("no code for any GPU"));
         }
-        for c in s.matmuls.iter().flatten() {
-            if kernels[c.index].1 != KernelRole::Gemm(c.kernel) {
-                return Err(malformed(format!("kernel {} is not the GEMM {}", c.index, c.kernel)));
+        let mut code = Vec::with_capacity(meta.code.len());
+        for c in meta.code {
+            if !GPU_ARCHS.contains(&c.arch.as_str()) || code.iter().any(|d: &GpuCode| d.arch == c.arch) {
+                return Err(malformed(format!("code for {}", c.arch)));
             }
+            let kernels = kernels_of(c.kernels, parsed.code, &plan)?;
+            check_steps(&c.steps, &kernels, &plan)?;
+            code.push(GpuCode { arch: c.arch, kernels, steps: c.steps });
         }
-        for c in s.attentions.iter().flatten() {
-            if !matches!(kernels[c.index].1, KernelRole::Attention { head, .. } if head == c.head) {
+        Ok(GpuArtifact { plan, env: meta.env, inputs: meta.inputs, outputs: meta.outputs, weights, code })
+    }
+}
+
+/// The kernels `list` describes, their PTX and cubins read from `code`.
+fn kernels_of(
+    list: Vec<KernelMeta>,
+    code: &[u8],
+    plan: &ModelPlan,
+) -> Result<Vec<(KernelCode, KernelRole)>, ArtifactError> {
+    let mut kernels = Vec::with_capacity(list.len());
+    for k in list {
+        let r = range(k.code.0, k.code.1, code.len())?;
+        let text = std::str::from_utf8(&code[r]).map_err(malformed)?.to_string();
+        let cubin = match k.cubin {
+            Some((at, len)) => Some(code[range(at, len, code.len())?].to_vec()),
+            None => None,
+        };
+        if let KernelRole::Loop(i) | KernelRole::Attention { program: i, .. } = k.role {
+            if i >= plan.programs.len() {
                 return Err(malformed(format!(
-                    "kernel {} is not an attention kernel of head {}",
-                    c.index, c.head
+                    "kernel {} is loop program {i} of {}",
+                    k.name,
+                    plan.programs.len()
                 )));
             }
         }
-        if meta.arch != "sm_80" && meta.arch != "sm_90a" {
-            return Err(malformed(format!("code for {}", meta.arch)));
-        }
-        Ok(GpuArtifact {
-            plan,
-            env: meta.env,
-            inputs: meta.inputs,
-            outputs: meta.outputs,
-            kernels,
-            steps: meta.steps,
-            arch: meta.arch,
-        })
+        kernels.push((KernelCode { name: k.name, text, smem: k.smem, cubin }, k.role));
     }
+    Ok(kernels)
+}
+
+/// That `s`'s indices are of `kernels`, of the kinds its steps need.
+fn check_steps(
+    s: &GpuKernels,
+    kernels: &[(KernelCode, KernelRole)],
+    plan: &ModelPlan,
+) -> Result<(), ArtifactError> {
+    let n = kernels.len();
+    let bad_index = s
+        .loops
+        .iter()
+        .chain([&s.operand_copy])
+        .chain(s.matmuls.iter().flatten().map(|c| &c.index))
+        .chain(s.attentions.iter().flatten().map(|c| &c.index))
+        .any(|&i| i >= n);
+    if bad_index
+        || s.loops.len() != plan.programs.len()
+        || s.matmuls.len() != plan.steps.len()
+        || s.attentions.len() != plan.steps.len()
+    {
+        return Err(malformed("the steps' kernels do not match the kernels and the plan"));
+    }
+    for c in s.matmuls.iter().flatten() {
+        if kernels[c.index].1 != KernelRole::Gemm(c.kernel) {
+            return Err(malformed(format!("kernel {} is not the GEMM {}", c.index, c.kernel)));
+        }
+    }
+    for c in s.attentions.iter().flatten() {
+        if !matches!(kernels[c.index].1, KernelRole::Attention { head, .. } if head == c.head) {
+            return Err(malformed(format!(
+                "kernel {} is not an attention kernel of head {}",
+                c.index, c.head
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(feature = "cuda")]
 impl GpuArtifact {
-    /// The model on NVIDIA GPU `ordinal`: its kernels loaded (the driver
-    /// assembles the PTX), its weights uploaded. Code for sm_90a on another
-    /// GPU is an error saying so.
-    pub fn open(self, ordinal: usize) -> Result<super::GpuModel<super::cuda::CudaDevice>, crate::RunError> {
+    /// The model on NVIDIA GPU `ordinal`: the code for its architecture
+    /// ([`code_for`]) loaded (cubins where they are for it, else the PTX,
+    /// which the driver assembles), its weights uploaded. A GPU none of the
+    /// code is for is an error saying which to compile for.
+    pub fn open(
+        mut self,
+        ordinal: usize,
+    ) -> Result<super::GpuModel<super::cuda::CudaDevice>, crate::RunError> {
         let cc = super::cuda::CudaDevice::compute_capability(ordinal)?;
-        if self.arch == "sm_90a" && cc != (9, 0) {
-            return Err(crate::RunError::Device(format!(
-                "the artifact's kernels are for sm_90a (Hopper); GPU {ordinal} is sm_{}{}: compile it for sm_80",
-                cc.0, cc.1
-            )));
-        }
-        let code: Vec<KernelCode> = self.kernels.into_iter().map(|(c, _)| c).collect();
+        let (at, cubins) = code_for(&self.archs(), cc).map_err(crate::RunError::Device)?;
+        let c = self.code.swap_remove(at);
+        let code: Vec<KernelCode> = c
+            .kernels
+            .into_iter()
+            .map(|(k, _)| KernelCode { cubin: k.cubin.filter(|_| cubins), ..k })
+            .collect();
         let device = super::cuda::CudaDevice::open(ordinal, &code)?;
-        super::GpuModel::new(self.plan, self.env, self.inputs, self.outputs, self.steps, device)
+        super::GpuModel::with_weights(
+            self.plan,
+            self.env,
+            self.inputs,
+            self.outputs,
+            c.steps,
+            self.weights,
+            device,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::code_for;
+
+    #[test]
+    fn each_gpu_gets_the_code_for_it() {
+        let both = ["sm_90a", "sm_80"];
+        assert_eq!(code_for(&both, (9, 0)), Ok((0, true)));
+        assert_eq!(code_for(&both, (8, 0)), Ok((1, true)));
+        assert_eq!(code_for(&both, (8, 9)), Ok((1, true)));
+        // A newer GPU than the cubins: the sm_80 PTX, assembled by the driver.
+        assert_eq!(code_for(&both, (10, 0)), Ok((1, false)));
+        assert_eq!(code_for(&["sm_80"], (9, 0)), Ok((0, false)));
+        let e = code_for(&["sm_90a"], (8, 6)).unwrap_err();
+        assert!(e.contains("sm_90a") && e.contains("sm_86") && e.contains("compile it for sm_80"), "{e}");
+        let e = code_for(&["sm_90a"], (12, 0)).unwrap_err();
+        assert!(e.contains("sm_120"), "{e}");
+        assert!(code_for(&both, (7, 5)).is_err());
     }
 }

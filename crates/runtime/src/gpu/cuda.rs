@@ -34,9 +34,10 @@ fn driver(what: &str) -> impl Fn(result::DriverError) -> RunError + '_ {
 }
 
 impl CudaDevice {
-    /// GPU `ordinal`, with `kernels` (PTX, in index order) loaded (the driver
-    /// assembles the PTX for the device), each allowed the dynamic shared
-    /// memory it asks for.
+    /// GPU `ordinal`, with `kernels` (in index order) loaded: a kernel's cubin
+    /// where it has one (the caller checked that it is for this GPU), else its
+    /// PTX (the driver assembles it), each allowed the dynamic shared memory
+    /// it asks for.
     pub fn open(ordinal: usize, kernels: &[KernelCode]) -> Result<CudaDevice, RunError> {
         // SAFETY: only asks the dynamic loader whether libcuda can be opened.
         if !unsafe { sys::is_culib_present() } {
@@ -64,8 +65,19 @@ impl CudaDevice {
         let stream = ctx.new_stream().map_err(driver("a stream"))?;
         let mut modules = Vec::with_capacity(kernels.len());
         let mut funcs = Vec::with_capacity(kernels.len());
+        // Cubins the driver refused (one newer than it): their PTX is assembled
+        // instead, and the device's name says how many.
+        let mut refused = Vec::new();
         for k in kernels {
-            let m = ctx.load_module(Ptx::from_src(k.text.as_str())).map_err(driver(&k.name))?;
+            let cubin = k.cubin.as_ref().map(|c| ctx.load_module(Ptx::from_binary(c.clone())));
+            let m = match cubin {
+                Some(Ok(m)) => m,
+                Some(Err(e)) => {
+                    refused.push(format!("{}: {e:?}", k.name));
+                    ctx.load_module(Ptx::from_src(k.text.as_str())).map_err(driver(&k.name))?
+                }
+                None => ctx.load_module(Ptx::from_src(k.text.as_str())).map_err(driver(&k.name))?,
+            };
             let f = m.load_function(&k.name).map_err(driver(&k.name))?;
             if k.smem > 0 {
                 let bytes = i32::try_from(k.smem).unwrap_or(i32::MAX);
@@ -80,7 +92,15 @@ impl CudaDevice {
             streams: std::sync::Mutex::new(vec![stream]),
             funcs,
             _modules: modules,
-            name: format!("{name} (sm_{}{})", cc.0, cc.1),
+            name: match refused.first() {
+                None => format!("{name} (sm_{}{})", cc.0, cc.1),
+                Some(first) => format!(
+                    "{name} (sm_{}{}; the driver refused {} cubins, their PTX assembled instead: {first})",
+                    cc.0,
+                    cc.1,
+                    refused.len()
+                ),
+            },
             cc,
         })
     }

@@ -214,16 +214,27 @@ pub(super) fn launches(
     Ok(out)
 }
 
+/// Dim slot `slot` of `plan`, a constant as a weight's extents and view are.
+fn weight_const(plan: &ModelPlan, step: usize, slot: u32, what: &str) -> Result<usize, RunError> {
+    plan.dims
+        .exprs()
+        .get(slot as usize)
+        .and_then(|e| e.as_const())
+        .and_then(|v| usize::try_from(v).ok())
+        .ok_or_else(|| RunError::Device(format!("step {step}: the weight's {what} is not a constant")))
+}
+
+/// The bytes of weight `mm.b` packed ([`pack_weight`]).
+pub(super) fn packed_len(plan: &ModelPlan, step: usize, mm: &MatMulStep) -> Result<usize, RunError> {
+    let (n, k) = (weight_const(plan, step, mm.n, "columns")?, weight_const(plan, step, mm.k, "depth")?);
+    n.checked_mul(k)
+        .and_then(|x| x.checked_mul(2))
+        .ok_or_else(|| RunError::Internal(format!("step {step}: a weight of {n} x {k}")))
+}
+
 /// Weight `mm.b` (a constant) as bf16 `[N, K]`: what every shape's GEMMs read.
 pub(super) fn pack_weight(plan: &ModelPlan, step: usize, mm: &MatMulStep) -> Result<Vec<u16>, RunError> {
-    let konst = |slot: u32, what: &str| -> Result<usize, RunError> {
-        plan.dims
-            .exprs()
-            .get(slot as usize)
-            .and_then(|e| e.as_const())
-            .and_then(|v| usize::try_from(v).ok())
-            .ok_or_else(|| RunError::Device(format!("step {step}: the weight's {what} is not a constant")))
-    };
+    let konst = |slot: u32, what: &str| weight_const(plan, step, slot, what);
     let (n, k) = (konst(mm.n, "columns")?, konst(mm.k, "depth")?);
     let (off, rs, cs) =
         (konst(mm.b.offset, "offset")?, konst(mm.b.rs, "row stride")?, konst(mm.b.cs, "column stride")?);

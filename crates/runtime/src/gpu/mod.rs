@@ -68,12 +68,79 @@ pub struct LaunchDims {
 }
 
 /// A kernel's code as the device loads it: its symbol, its text (PTX for a
-/// GPU), and the dynamic shared memory its launches ask for.
+/// GPU), the dynamic shared memory its launches ask for, and where ptxas
+/// assembled it, the cubin (which the driver loads without assembling the
+/// PTX; the device that opens it checks that it is for its architecture).
 #[derive(Clone, Debug)]
 pub struct KernelCode {
     pub name: String,
     pub text: String,
     pub smem: usize,
+    pub cubin: Option<Vec<u8>>,
+}
+
+/// A weight as the GEMMs read it: bf16 `[N, K]` (little-endian words),
+/// made once from the constant that contraction step `step` (the first to
+/// read it) multiplies by.
+#[derive(Clone)]
+pub struct GpuWeight {
+    pub step: usize,
+    pub bytes: bytes::Bytes,
+}
+
+impl std::fmt::Debug for GpuWeight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuWeight {{ step: {}, {} bytes }}", self.step, self.bytes.len())
+    }
+}
+
+/// Which packed weight a contraction step reads: its constant, the view of
+/// it and its extents (steps with the same key share one).
+type PackKey = (BufId, u32, u32, u32, u32, u32);
+
+fn pack_key(mm: &plan::MatMulStep) -> PackKey {
+    (mm.b.buf, mm.b.offset, mm.b.rs, mm.b.cs, mm.n, mm.k)
+}
+
+/// `plan`'s weights as the GEMMs read them, one per distinct weight view,
+/// in the order of the steps that first read them.
+pub fn pack_weights(plan: &ModelPlan) -> Result<Vec<GpuWeight>, RunError> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for (i, st) in plan.steps.iter().enumerate() {
+        let StepKind::MatMul(mm) = &st.kind else { continue };
+        if !mm.weight || !seen.insert(pack_key(mm)) {
+            continue;
+        }
+        let words = matmul::pack_weight(plan, i, mm)?;
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        out.push(GpuWeight { step: i, bytes: bytes.into() });
+    }
+    Ok(out)
+}
+
+/// Which of `plan`'s buffers a GPU reads other than as a packed weight (a
+/// constant that only contractions multiply by needs only its packed form).
+pub fn read_unpacked(plan: &ModelPlan) -> Vec<bool> {
+    let mut read = vec![false; plan.buffers.len()];
+    for st in &plan.steps {
+        match &st.kind {
+            StepKind::Loop { args, .. } => args.iter().for_each(|b| read[*b] = true),
+            StepKind::MatMul(mm) => {
+                read[mm.a.buf] = true;
+                read[mm.b.buf] |= !mm.weight;
+                for b in mm.epilogue.bias.iter().chain(&mm.epilogue.residual) {
+                    read[*b] = true;
+                }
+            }
+            StepKind::Attention(a) => {
+                for b in a.touched() {
+                    read[b] = true;
+                }
+            }
+        }
+    }
+    read
 }
 
 /// Which of the device's kernels run a plan's steps: each loop program's,
@@ -229,6 +296,28 @@ impl<D: Device> GpuModel<D> {
         kernels: GpuKernels,
         device: D,
     ) -> Result<GpuModel<D>, RunError> {
+        if let Some(b) = plan.buffers.iter().find(|b| matches!(b.kind, BufferKind::Packed)) {
+            return Err(RunError::Device(format!(
+                "weight '{}' is kept only packed for the CPU: an artifact's model runs on the CPU",
+                b.name
+            )));
+        }
+        let weights = pack_weights(&plan)?;
+        GpuModel::with_weights(plan, env, inputs, outputs, kernels, weights, device)
+    }
+
+    /// As [`GpuModel::new`], with the weights already packed ([`pack_weights`]'s,
+    /// as a GPU artifact keeps them): a constant that only contractions read
+    /// may be absent from the plan (`BufferKind::Packed`).
+    pub fn with_weights(
+        plan: ModelPlan,
+        env: ShapeEnv,
+        inputs: Vec<(String, TensorType)>,
+        outputs: Vec<(String, TensorType)>,
+        kernels: GpuKernels,
+        weights: Vec<GpuWeight>,
+        device: D,
+    ) -> Result<GpuModel<D>, RunError> {
         if kernels.loops.len() != plan.programs.len()
             || kernels.matmuls.len() != plan.steps.len()
             || kernels.attentions.len() != plan.steps.len()
@@ -243,6 +332,17 @@ impl<D: Device> GpuModel<D> {
             )));
         }
         check_plan(&plan)?;
+        for (i, st) in plan.steps.iter().enumerate() {
+            let empty = match &st.kind {
+                StepKind::MatMul(_) => kernels.matmuls[i].is_empty(),
+                StepKind::Attention(_) => kernels.attentions[i].is_none(),
+                StepKind::Loop { .. } => false,
+            };
+            if empty {
+                return Err(RunError::Internal(format!("step {i}: no kernel runs it")));
+            }
+        }
+        let read = read_unpacked(&plan);
         let mut m = GpuModel {
             constants: vec![None; plan.buffers.len()],
             packed_of: vec![None; plan.steps.len()],
@@ -257,55 +357,43 @@ impl<D: Device> GpuModel<D> {
             failed: Mutex::new(None),
             device,
         };
-        // Constants read other than as a packed weight keep their f32 copy.
-        let mut read = vec![false; m.plan.buffers.len()];
-        for (i, st) in m.plan.steps.iter().enumerate() {
-            match &st.kind {
-                StepKind::Loop { args, .. } => args.iter().for_each(|b| read[*b] = true),
-                StepKind::MatMul(mm) => {
-                    if m.kernels.matmuls[i].is_empty() {
-                        return Err(RunError::Internal(format!("step {i}: no GEMM kernel")));
-                    }
-                    read[mm.a.buf] = true;
-                    read[mm.b.buf] |= !mm.weight;
-                    for b in mm.epilogue.bias.iter().chain(&mm.epilogue.residual) {
-                        read[*b] = true;
-                    }
-                }
-                StepKind::Attention(a) => {
-                    if m.kernels.attentions[i].is_none() {
-                        return Err(RunError::Internal(format!("step {i}: no attention kernel")));
-                    }
-                    for b in a.touched() {
-                        read[b] = true;
-                    }
-                }
-            }
-        }
-        let mut packs: HashMap<(BufId, u32, u32, u32, u32, u32), usize> = HashMap::new();
+        // Each distinct weight view is the next of `weights`, made from the
+        // step that reads it first.
+        let mut weights = weights.into_iter();
+        let mut packs: HashMap<PackKey, usize> = HashMap::new();
         for i in 0..m.plan.steps.len() {
             let StepKind::MatMul(mm) = &m.plan.steps[i].kind else { continue };
             if !mm.weight {
                 continue;
             }
-            let key = (mm.b.buf, mm.b.offset, mm.b.rs, mm.b.cs, mm.n, mm.k);
+            let key = pack_key(mm);
             if let Some(&w) = packs.get(&key) {
                 m.packed_of[i] = Some(w);
                 continue;
             }
-            let words = matmul::pack_weight(&m.plan, i, mm)?;
-            // SAFETY: the u16 words' bytes are read once, while `words` lives.
-            let bytes = unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, 2 * words.len()) };
-            let p = m.device.alloc(bytes.len().max(1))?;
+            let w = weights.next().filter(|w| w.step == i).ok_or_else(|| {
+                RunError::Internal(format!("step {i}: its packed weight is not the next one given"))
+            })?;
+            let want = matmul::packed_len(&m.plan, i, mm)?;
+            if w.bytes.len() != want {
+                return Err(RunError::Internal(format!(
+                    "step {i}: a packed weight of {} bytes, {want} expected",
+                    w.bytes.len()
+                )));
+            }
+            let p = m.device.alloc(w.bytes.len().max(1))?;
             m.packed.push(p);
-            // SAFETY: `p` is a fresh allocation of at least `bytes.len()` bytes.
-            unsafe { m.device.upload(0, p, bytes)? };
+            // SAFETY: `p` is a fresh allocation of at least `w.bytes.len()` bytes.
+            unsafe { m.device.upload(0, p, &w.bytes)? };
             packs.insert(key, m.packed.len() - 1);
             m.packed_of[i] = Some(m.packed.len() - 1);
         }
+        if weights.next().is_some() {
+            return Err(RunError::Internal("more packed weights than the plan's steps read".into()));
+        }
         for (i, b) in m.plan.buffers.iter().enumerate() {
             match &b.kind {
-                BufferKind::Constant(_) if !read[i] => {}
+                BufferKind::Constant(_) | BufferKind::Packed if !read[i] => {}
                 BufferKind::Constant(c) => {
                     let bytes = c.bytes();
                     let p = m.device.alloc(bytes.len().max(1))?;
@@ -315,7 +403,7 @@ impl<D: Device> GpuModel<D> {
                 }
                 BufferKind::Packed => {
                     return Err(RunError::Device(format!(
-                        "weight '{}' is kept only packed for the CPU: an artifact's model runs on the CPU",
+                        "weight '{}' is kept only packed, but a GPU kernel reads it as it is",
                         b.name
                     )))
                 }
