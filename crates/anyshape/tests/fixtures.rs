@@ -150,14 +150,20 @@ fn check_within(root: &Path, name: &str, compiled: bool, against: &[(&str, f64, 
 /// operator-by-operator run, an activation may land on the other side of a
 /// rounding boundary too (bert_qdq_pc's last output at batch 2 × 16 tokens:
 /// one element of 1,024, by one step of its quantization): at most one
-/// element in 500 may.
+/// element in 500 may. int16 activations (bert_qdq_a16) have steps of 2^-16
+/// of their range, and the compiled model multiplies the unscaled values of
+/// an operand read once (its scale hoisted to the product's output) in
+/// another f32 order than the operator-by-operator run, which moves an
+/// activation near a rounding boundary by one such step (13 elements of
+/// 1,024 in one case, 1.1e-5 relative L2): for them the bound is 1e-4.
 #[test]
 fn quantized_models_match_onnxruntime() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures-quantized");
     let names = models_in(&root);
-    assert!(names.len() >= 8, "fixtures: {names:?}");
+    assert!(names.len() >= 10, "fixtures: {names:?}");
     for name in names {
-        let worst = check_within(&root, &name, true, &[("exact", 1e-5, 2e-3), ("expected", 5e-2, 0.0)]);
+        let exact = if name.ends_with("_a16") { 1e-4 } else { 1e-5 };
+        let worst = check_within(&root, &name, true, &[("exact", exact, 2e-3), ("expected", 5e-2, 0.0)]);
         let (exact, fused) = (worst[0], worst[1]);
         println!("{name}: relative L2 {exact:.1e} from the operator-by-operator run, {fused:.1e} from the fused one");
     }

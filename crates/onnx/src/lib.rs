@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use import::{import_model, symbol_name, ImportOptions, DIM_MAX, OPSETS};
-pub use load::{decode_model, dtype_of, read_model, read_model_mapped, tensor_data, ExternalData, FileMap};
+pub use load::{
+    decode_model, dtype_of, held_dtype_of, read_model, read_model_mapped, tensor_data, ExternalData, FileMap,
+    Narrow,
+};
 
 /// Errors from loading and importing a model. Each names what is wrong and where.
 #[derive(Debug, Clone, thiserror::Error)]

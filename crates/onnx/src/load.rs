@@ -188,6 +188,123 @@ pub fn dtype_of(code: i32) -> Option<DType> {
     })
 }
 
+/// An ONNX integer type narrower than the IR's, whose values anyshape holds
+/// in a wider type: int16 and uint16 in i32; int4, uint4, int2 and uint2
+/// unpacked, a value a byte, in i8 or u8. Only the quantization operators
+/// and data movement take such values (the importer checks), so no
+/// arithmetic can leave the narrow type's range unnoticed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Narrow {
+    I16,
+    U16,
+    I4,
+    U4,
+    I2,
+    U2,
+}
+
+impl Narrow {
+    /// The narrow type of ONNX element type `code`, if it is one.
+    pub fn of(code: i32) -> Option<Narrow> {
+        Some(match code {
+            dt::INT16 => Narrow::I16,
+            dt::UINT16 => Narrow::U16,
+            dt::INT4 => Narrow::I4,
+            dt::UINT4 => Narrow::U4,
+            dt::INT2 => Narrow::I2,
+            dt::UINT2 => Narrow::U2,
+            _ => return None,
+        })
+    }
+
+    /// The IR type its values are held in.
+    pub fn held(self) -> DType {
+        match self {
+            Narrow::I16 | Narrow::U16 => DType::I32,
+            Narrow::I4 | Narrow::I2 => DType::I8,
+            Narrow::U4 | Narrow::U2 => DType::U8,
+        }
+    }
+
+    /// Its values' range (a quantization saturates to it).
+    pub fn range(self) -> (i64, i64) {
+        match self {
+            Narrow::I16 => (i16::MIN as i64, i16::MAX as i64),
+            Narrow::U16 => (0, u16::MAX as i64),
+            Narrow::I4 => (-8, 7),
+            Narrow::U4 => (0, 15),
+            Narrow::I2 => (-2, 1),
+            Narrow::U2 => (0, 3),
+        }
+    }
+
+    /// Bits a value takes in a tensor's bytes.
+    fn bits(self) -> usize {
+        match self {
+            Narrow::I16 | Narrow::U16 => 16,
+            Narrow::I4 | Narrow::U4 => 4,
+            Narrow::I2 | Narrow::U2 => 2,
+        }
+    }
+
+    fn signed(self) -> bool {
+        matches!(self, Narrow::I16 | Narrow::I4 | Narrow::I2)
+    }
+
+    /// ONNX's name of it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Narrow::I16 => "INT16",
+            Narrow::U16 => "UINT16",
+            Narrow::I4 => "INT4",
+            Narrow::U4 => "UINT4",
+            Narrow::I2 => "INT2",
+            Narrow::U2 => "UINT2",
+        }
+    }
+
+    /// Element `i` of `bytes` (ONNX's packing: little-endian 16-bit words;
+    /// 4- and 2-bit values packed into bytes from the least significant bits).
+    fn value(self, bytes: &[u8], i: usize) -> i64 {
+        let bits = self.bits();
+        let raw = if bits == 16 {
+            u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]) as i64
+        } else {
+            let per = 8 / bits;
+            ((bytes[i / per] >> ((i % per) * bits)) & ((1u8 << bits) - 1)) as i64
+        };
+        if self.signed() && raw >= 1 << (bits - 1) {
+            raw - (1 << bits)
+        } else {
+            raw
+        }
+    }
+
+    /// `n` values packed as ONNX packs them in `bytes`, held in [`Narrow::held`]'s bytes.
+    fn unpack(self, bytes: &[u8], n: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(n * self.held().size());
+        for i in 0..n {
+            let v = self.value(bytes, i);
+            match self.held() {
+                DType::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
+                _ => out.push(v as u8),
+            }
+        }
+        out
+    }
+
+    /// Bytes `n` packed values take.
+    fn packed_len(self, n: usize) -> usize {
+        (n * self.bits()).div_ceil(8)
+    }
+}
+
+/// The IR type an ONNX element type's values are held in: its own, or a
+/// narrow integer type's wider one ([`Narrow`]).
+pub fn held_dtype_of(code: i32) -> Option<DType> {
+    dtype_of(code).or_else(|| Narrow::of(code).map(Narrow::held))
+}
+
 /// Name of an ONNX element type, for messages.
 pub fn dtype_name(code: i32) -> String {
     match code {
@@ -227,6 +344,9 @@ pub fn dtype_name(code: i32) -> String {
 pub fn tensor_data(t: &TensorProto, ext: &mut ExternalData) -> Result<ConstData, OnnxError> {
     let name = t.name.clone().unwrap_or_default();
     let code = t.data_type.unwrap_or(0);
+    if let Some(narrow) = Narrow::of(code) {
+        return narrow_data(t, ext, narrow);
+    }
     let dtype = dtype_of(code).ok_or_else(|| OnnxError::UnsupportedDType {
         what: format!("tensor '{name}'"),
         dtype: dtype_name(code),
@@ -286,4 +406,35 @@ pub fn tensor_data(t: &TensorProto, ext: &mut ExternalData) -> Result<ConstData,
         )));
     }
     ConstData::from_bytes(dtype, shape, Bytes::from(out)).map_err(data_err)
+}
+
+/// A tensor of a narrow integer type ([`Narrow`]) decoded into the type that
+/// holds it: raw (or external) bytes packed as ONNX packs them, or
+/// `int32_data` (a value an entry for 16 bits; a packed byte an entry for 4
+/// and 2 bits).
+fn narrow_data(t: &TensorProto, ext: &mut ExternalData, narrow: Narrow) -> Result<ConstData, OnnxError> {
+    let name = t.name.clone().unwrap_or_default();
+    let mut shape = Vec::with_capacity(t.dims.len());
+    for d in &t.dims {
+        let d = usize::try_from(*d)
+            .map_err(|_| OnnxError::Malformed(format!("tensor '{name}' has a negative dim {d}")))?;
+        shape.push(d);
+    }
+    let n = ir::checked_numel(&shape).map_err(|e| OnnxError::Malformed(format!("tensor '{name}': {e}")))?;
+    let packed: Vec<u8> = match (t.data_location, &t.raw_data) {
+        (Some(1), _) => ext.window(t, &name)?.to_vec(),
+        (_, Some(raw)) => raw.to_vec(),
+        _ if narrow.bits() == 16 => t.int32_data.iter().flat_map(|v| (*v as u16).to_le_bytes()).collect(),
+        _ => t.int32_data.iter().map(|v| *v as u8).collect(),
+    };
+    let want = narrow.packed_len(n);
+    if packed.len() != want {
+        return Err(OnnxError::Malformed(format!(
+            "tensor '{name}' ({}) has shape {shape:?} ({n} elements, {want} bytes packed) but {} bytes",
+            narrow.name(),
+            packed.len()
+        )));
+    }
+    ConstData::from_bytes(narrow.held(), shape, Bytes::from(narrow.unpack(&packed, n)))
+        .map_err(|e| OnnxError::Malformed(format!("tensor '{name}': {e}")))
 }

@@ -226,4 +226,10 @@ pub mod data_type {
     pub const BOOL: i32 = 9;
     pub const FLOAT16: i32 = 10;
     pub const DOUBLE: i32 = 11;
+    pub const UINT16: i32 = 4;
+    pub const INT16: i32 = 5;
+    pub const UINT4: i32 = 21;
+    pub const INT4: i32 = 22;
+    pub const UINT2: i32 = 25;
+    pub const INT2: i32 = 26;
 }

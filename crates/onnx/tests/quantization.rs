@@ -5,7 +5,7 @@
 
 mod common;
 
-use anyshape_onnx::proto::data_type::{FLOAT, INT8, UINT8};
+use anyshape_onnx::proto::data_type::{FLOAT, INT16, INT4, INT8, UINT4, UINT8};
 use anyshape_onnx::{import_bytes, ImportOptions};
 use common::*;
 use ir::{Elems, Tensor};
@@ -158,12 +158,111 @@ fn bad_quantization_parameters_are_errors_naming_the_node() {
     assert!(err.contains("DequantizeLinear_y") && err.contains("u8") && err.contains("i8"), "{err}");
     // A type anyshape lacks is named as such.
     let m = model(
-        vec![node("QuantizeLinear", &["x", "s"], &["q"], vec![attr_int("output_dtype", 5)])],
+        vec![node("QuantizeLinear", &["x", "s"], &["q"], vec![attr_int("output_dtype", 17)])],
         x(),
         &["q"],
         vec![f32_tensor("s", &[], &[1.0])],
         21,
     );
     let err = import(&m).unwrap_err();
-    assert!(err.contains("QuantizeLinear_q") && err.contains("INT16"), "{err}");
+    assert!(err.contains("QuantizeLinear_q") && err.contains("FLOAT8E4M3FN"), "{err}");
+}
+
+/// int16 and int4 (ONNX's narrow integer types, held in i32 and i8): a
+/// quantization saturates to the narrow range (int16's ±32767 not i32's;
+/// int4's -8..=7 not int8's, uint4's 0..=15 through `output_dtype`), zero
+/// points decoded from `int32_data` (a 16-bit value an entry) and from raw
+/// bytes (two 4-bit values a byte, the first in the low bits); an int4
+/// weight of odd length with blocked scales dequantizes element by element.
+#[test]
+fn narrow_integer_types_are_held_wider_and_saturate_to_their_range() {
+    let int16_zp = anyshape_onnx::proto::TensorProto {
+        name: Some("z16".into()),
+        data_type: Some(INT16),
+        int32_data: vec![-3],
+        ..Default::default()
+    };
+    // z4 = [1, -2]: 1 in the low bits, -2 (0xE) in the high ones.
+    let m = model(
+        vec![
+            node("QuantizeLinear", &["x", "s", "z16"], &["q16"], vec![]),
+            node("DequantizeLinear", &["q16", "s", "z16"], &["y16"], vec![]),
+            node("QuantizeLinear", &["x2", "s2", "z4"], &["q4"], vec![attr_int("axis", 1)]),
+            node("DequantizeLinear", &["q4", "s2", "z4"], &["y4"], vec![attr_int("axis", 1)]),
+            node("QuantizeLinear", &["x", "s"], &["u4"], vec![attr_int("output_dtype", UINT4 as i64)]),
+            node(
+                "DequantizeLinear",
+                &["w4", "sw"],
+                &["w"],
+                vec![attr_int("axis", 0), attr_int("block_size", 2)],
+            ),
+        ],
+        vec![value_info("x", FLOAT, &[Dim::P("n")]), value_info("x2", FLOAT, &[Dim::P("m"), Dim::V(2)])],
+        &["q16", "y16", "q4", "y4", "u4", "w"],
+        vec![
+            f32_tensor("s", &[], &[0.5]),
+            int16_zp,
+            f32_tensor("s2", &[2], &[1.0, 2.0]),
+            byte_tensor("z4", INT4, &[2], &[0xE1]),
+            // w4 = [7, -8, 3, -1, 5]: bytes 0x87, 0xF3, 0x05.
+            byte_tensor("w4", INT4, &[5], &[0x87, 0xF3, 0x05]),
+            f32_tensor("sw", &[3], &[1.0, 10.0, 100.0]),
+        ],
+        21,
+    );
+    let g = import(&m).expect("import");
+    let x = f32s(&[4], &[1.25, -1.25, 20000.0, -20000.0]);
+    let x2 = f32s(&[3, 2], &[3.0, 3.0, 100.0, -100.0, -5.0, 5.0]);
+    let out = run(&g, &[("x", x), ("x2", x2)]);
+    // x / 0.5 - 3: 2.5 → 2, -2.5 → -2; ±40000 saturates at int16's range.
+    let q16 = vec![-1, -5, 32767, -32768];
+    assert_eq!(out[0].elems(), &Elems::I32(q16.clone()));
+    let y16: Vec<f32> = q16.iter().map(|q| (*q as f32 + 3.0) * 0.5).collect();
+    assert_eq!(out[1].elems(), &Elems::F32(y16));
+    // Column 0: x + 1 in -8..=7; column 1: x / 2 - 2 (1.5 → 2) in -8..=7.
+    let q4: Vec<i8> = vec![4, 0, 7, -8, -4, 0];
+    assert_eq!(out[2].elems(), &Elems::I8(q4.clone()));
+    let y4: Vec<f32> =
+        q4.iter().enumerate().map(|(i, q)| (*q as f32 - [1.0, -2.0][i % 2]) * [1.0, 2.0][i % 2]).collect();
+    assert_eq!(out[3].elems(), &Elems::F32(y4));
+    // x / 0.5 into uint4: 2.5 → 2, -2.5 → 0 (saturated), then 15 and 0.
+    assert_eq!(out[4].elems(), &Elems::U8(vec![2, 0, 15, 0]));
+    assert_eq!(out[5].elems(), &Elems::F32(vec![7.0, -8.0, 30.0, -10.0, 500.0]));
+}
+
+/// Arithmetic on a narrow type's values, whose result could leave its range
+/// (and would not wrap as the narrow type does), is refused naming the node
+/// and the type; a packed tensor of the wrong length is malformed.
+#[test]
+fn arithmetic_on_narrow_types_is_refused_by_name() {
+    let m = model(
+        vec![node("Add", &["a", "b"], &["c"], vec![])],
+        vec![value_info("a", INT16, &[Dim::V(2)]), value_info("b", INT16, &[Dim::V(2)])],
+        &["c"],
+        vec![],
+        13,
+    );
+    let err = import(&m).unwrap_err();
+    assert!(err.contains("Add") && err.contains("INT16") && err.contains("'a'"), "{err}");
+    // Max keeps the range: imported, held as i32.
+    let m = model(
+        vec![node("Max", &["a", "b"], &["c"], vec![])],
+        vec![value_info("a", INT16, &[Dim::V(2)]), value_info("b", INT16, &[Dim::V(2)])],
+        &["c"],
+        vec![],
+        13,
+    );
+    let g = import(&m).expect("Max of int16");
+    let t = |v: Vec<i32>| Tensor::new(vec![2], Elems::I32(v)).expect("tensor");
+    let out = run(&g, &[("a", t(vec![-32768, 5])), ("b", t(vec![3, 32767]))]);
+    assert_eq!(out[0].elems(), &Elems::I32(vec![3, 32767]));
+    let m = model(
+        vec![node("DequantizeLinear", &["w4", "s"], &["w"], vec![])],
+        vec![],
+        &["w"],
+        vec![byte_tensor("w4", INT4, &[5], &[0x87, 0xF3]), f32_tensor("s", &[], &[1.0])],
+        21,
+    );
+    let err = import(&m).unwrap_err();
+    assert!(err.contains("w4") && err.contains("INT4") && err.contains("3 bytes"), "{err}");
 }

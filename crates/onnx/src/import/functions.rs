@@ -112,6 +112,7 @@ impl Importer {
         for t in &g.initializer {
             let data = crate::load::tensor_data(t, &mut self.ext)?;
             let v = self.constant(data);
+            self.mark_narrow(v, t.data_type.unwrap_or(0));
             self.vals.insert(map(&t.name.clone().unwrap_or_default()), v);
         }
         // A nested branch reads this one's values by their new names too.

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use ir::{ConstData, DType, Graph, Op, TensorType, ValueId};
 use sym::{Range, ShapeEnv, SymExpr, SymOrigin};
 
-use crate::load::{dtype_name, dtype_of, tensor_data, ExternalData};
+use crate::load::{dtype_name, dtype_of, held_dtype_of, tensor_data, ExternalData, Narrow};
 use crate::proto::{self, type_proto, AttributeProto, ModelProto, NodeProto};
 use crate::OnnxError;
 
@@ -105,6 +105,8 @@ pub(crate) struct Importer {
     inline_calls: usize,
     /// What the graph's inputs say of their `dim_param`s ([`DimParams`]).
     dim_params: DimParams,
+    /// Values of an ONNX integer type narrower than the one holding them.
+    narrow: HashMap<ValueId, Narrow>,
 }
 
 /// The graph inputs' `dim_param`s, read before any is declared: the plain
@@ -286,6 +288,7 @@ pub fn import_model_with(
         inline_depth: 0,
         inline_calls: 0,
         dim_params: DimParams::scan(graph),
+        narrow: HashMap::new(),
     };
     imp.import_graph(graph, &opts.frozen)?;
     ir::verify(&imp.g)
@@ -326,6 +329,7 @@ impl Importer {
             let data = tensor_data(t, &mut self.ext)?;
             self.hint = name.clone();
             let v = self.constant(data);
+            self.mark_narrow(v, t.data_type.unwrap_or(0));
             self.g.rename(v, &name);
             self.vals.insert(name, v);
         }
@@ -361,6 +365,10 @@ impl Importer {
                 }
                 None => self.g.add_input(&name, ty),
             };
+            if let Some(type_proto::Value::TensorType(t)) = vi.r#type.as_ref().and_then(|t| t.value.as_ref())
+            {
+                self.mark_narrow(v, t.elem_type.unwrap_or(0));
+            }
             self.vals.insert(name, v);
         }
         // Worklist: a node is converted once all its inputs are defined.
@@ -469,7 +477,7 @@ impl Importer {
             }
         };
         let code = t.elem_type.unwrap_or(0);
-        let dtype = dtype_of(code).ok_or_else(|| OnnxError::UnsupportedDType {
+        let dtype = held_dtype_of(code).ok_or_else(|| OnnxError::UnsupportedDType {
             what: format!("input '{name}'"),
             dtype: dtype_name(code),
         })?;
@@ -530,8 +538,13 @@ impl Importer {
                 (None, "to") => 0,
                 (None, _) => continue,
             };
-            // 0 (unset) is the default for all but Cast's `to`.
-            if (code != 0 || *attr == "to") && dtype_of(code).is_none() {
+            // 0 (unset) is the default for all but Cast's `to`; a quantization
+            // may be to a narrow integer type.
+            let quantized = op_type == "QuantizeLinear" && *attr == "output_dtype";
+            if (code != 0 || *attr == "to")
+                && dtype_of(code).is_none()
+                && !(quantized && Narrow::of(code).is_some())
+            {
                 return Err(OnnxError::UnsupportedDType {
                     what: format!("node '{name}' ({op_type}, attribute {attr})"),
                     dtype: dtype_name(code),
@@ -555,6 +568,7 @@ impl Importer {
             }
             return Ok(());
         }
+        let narrow_in = self.narrow_inputs(&op_type, &node_ctx)?;
         let outs = match ops::convert(self, &op_type, &node_ctx) {
             Ok(Some(outs)) => outs,
             Ok(None) => {
@@ -567,12 +581,21 @@ impl Importer {
             }
             Err(msg) => return Err(OnnxError::Node { node: name, op: op_type, msg }),
         };
+        let narrow_out = match op_type.as_str() {
+            "QuantizeLinear" => quantize::narrow_output(self, &node_ctx),
+            "Constant" => node_ctx.tensor("value").and_then(|t| Narrow::of(t.data_type.unwrap_or(0))),
+            "Shape" | "Size" => None,
+            _ => narrow_in,
+        };
         for (i, out_name) in node.output.iter().enumerate() {
             if out_name.is_empty() {
                 continue;
             }
             match outs.get(i) {
                 Some(v) => {
+                    if let Some(k) = narrow_out {
+                        self.narrow.insert(*v, k);
+                    }
                     self.vals.insert(out_name.clone(), *v);
                 }
                 None => {
@@ -585,6 +608,83 @@ impl Importer {
             }
         }
         Ok(())
+    }
+
+    /// Record that `v` holds values of ONNX element type `code`, if it is a
+    /// narrow integer type ([`Narrow`]).
+    pub(crate) fn mark_narrow(&mut self, v: ValueId, code: i32) {
+        if let Some(k) = Narrow::of(code) {
+            self.narrow.insert(v, k);
+        }
+    }
+
+    /// The narrow integer type `v` holds, if any.
+    pub(crate) fn narrow_of(&self, v: ValueId) -> Option<Narrow> {
+        self.narrow.get(&v).copied()
+    }
+
+    /// The narrow integer type the outputs of a node of `op` hold, from its
+    /// inputs' (data movement and range-keeping operations: the maximum, a
+    /// remainder, a select); `None` for a node whose outputs are no narrow
+    /// type (a quantization's are found from its zero point, a cast's and a
+    /// comparison's are wider types). Operations whose results could leave
+    /// a narrow type's range, and so would not wrap as it does, are refused
+    /// as that type being unsupported.
+    fn narrow_inputs(&self, op: &str, n: &Node) -> Result<Option<Narrow>, OnnxError> {
+        let mut narrow = None;
+        for (i, v) in n.inputs.iter().enumerate() {
+            let Some(k) = v.and_then(|v| self.narrow_of(v)) else { continue };
+            let keeps = matches!(
+                op,
+                "Identity"
+                    | "Reshape"
+                    | "Flatten"
+                    | "Squeeze"
+                    | "Unsqueeze"
+                    | "Transpose"
+                    | "Concat"
+                    | "Split"
+                    | "Slice"
+                    | "Gather"
+                    | "GatherElements"
+                    | "GatherND"
+                    | "Expand"
+                    | "Tile"
+                    | "Max"
+                    | "Min"
+                    | "Mod"
+                    | "Where"
+            );
+            let widens = matches!(
+                op,
+                "QuantizeLinear"
+                    | "DequantizeLinear"
+                    | "Shape"
+                    | "Size"
+                    | "Cast"
+                    | "Equal"
+                    | "Less"
+                    | "Greater"
+                    | "LessOrEqual"
+                    | "GreaterOrEqual"
+            ) || (op == "CastLike" && i == 0);
+            if !(keeps || widens) {
+                return Err(OnnxError::UnsupportedDType {
+                    what: format!(
+                        "node '{}' ({op}) input '{}' (held as {}: only data movement, quantization, casts, \
+                         comparisons, Max, Min, Mod and Where take it)",
+                        node_name(n.proto),
+                        self.g.name(v.expect("a narrow input")),
+                        k.held()
+                    ),
+                    dtype: k.name().into(),
+                });
+            }
+            if keeps {
+                narrow = Some(k);
+            }
+        }
+        Ok(narrow)
     }
 
     fn is_defined(&self, name: &str) -> bool {

@@ -6,7 +6,10 @@
 //! tensor, per axis or per block of an axis (gathered along it).
 //!
 //! Element types: int8 and uint8 quantized values (int32 for a dequantized
-//! bias), float and float16 scales. The loader rejects the others by name.
+//! bias), and the narrow integer types held in wider ones (`load::Narrow`:
+//! int16 and uint16 in i32, int4, uint4, int2 and uint2 in i8 and u8; a
+//! quantization saturates to the narrow type's range); float and float16
+//! scales. The loader rejects the others by name.
 
 use ir::{BinaryOp as B, DType, Op, ReduceOp, UnaryOp as U, ValueId};
 use sym::SymExpr;
@@ -14,6 +17,7 @@ use sym::SymExpr;
 use super::indexing::iota;
 use super::ops::{add_channel_bias, conv_of, matmul};
 use super::{norm_axis, Importer, Node, R};
+use crate::load::Narrow;
 
 /// `x` dequantized: `(x - zero_point) · scale` in f32, in the scale's type (or
 /// `output_dtype`, opset 23).
@@ -31,6 +35,14 @@ pub(crate) fn dequantize_linear(imp: &mut Importer, n: &Node) -> R<ValueId> {
     let mut y = imp.cast(x, DType::F32)?;
     if let Some(zp) = n.opt_input(2) {
         same_type(imp, zp, x, "x_zero_point", "x")?;
+        if imp.narrow_of(zp) != imp.narrow_of(x) {
+            let name = |v| imp.narrow_of(v).map_or(imp.ty(v).dtype.to_string(), |k| k.name().to_string());
+            return Err(format!(
+                "x_zero_point is {} but x is {}: they must have one type",
+                name(zp),
+                name(x)
+            ));
+        }
         let zp = imp.cast(zp, DType::F32)?;
         let zp = along(imp, zp, x, axis, block, "x_zero_point")?;
         y = imp.binary(B::Sub, y, zp)?;
@@ -45,20 +57,26 @@ pub(crate) fn dequantize_linear(imp: &mut Importer, n: &Node) -> R<ValueId> {
 /// point's type (else `output_dtype`, else uint8).
 pub(crate) fn quantize_linear(imp: &mut Importer, n: &Node) -> R<ValueId> {
     let (x, scale, zp) = (n.input(0)?, n.input(1)?, n.opt_input(2));
-    let out = match (zp, n.int("output_dtype", 0)) {
-        (Some(zp), 0) => imp.ty(zp).dtype,
+    let (out, narrow) = match (zp, n.int("output_dtype", 0)) {
+        (Some(zp), 0) => (imp.ty(zp).dtype, imp.narrow_of(zp)),
         (Some(zp), code) => {
-            let dt = output_type(code)?;
-            if imp.ty(zp).dtype != dt {
-                return Err(format!("output_dtype is {dt} but y_zero_point is {}", imp.ty(zp).dtype));
+            let (dt, narrow) = quantized_type(code)?;
+            if imp.ty(zp).dtype != dt || imp.narrow_of(zp) != narrow {
+                return Err(format!(
+                    "output_dtype is {} but y_zero_point is {}",
+                    crate::load::dtype_name(code as i32),
+                    imp.narrow_of(zp).map_or(imp.ty(zp).dtype.to_string(), |k| k.name().to_string())
+                ));
             }
-            dt
+            (dt, narrow)
         }
-        (None, 0) => DType::U8,
-        (None, code) => output_type(code)?,
+        (None, 0) => (DType::U8, None),
+        (None, code) => quantized_type(code)?,
     };
-    if !matches!(out, DType::I8 | DType::U8) {
-        return Err(format!("QuantizeLinear to {out} is not supported (int8 and uint8 are)"));
+    if narrow.is_none() && !matches!(out, DType::I8 | DType::U8) {
+        return Err(format!(
+            "QuantizeLinear to {out} is not supported (int8, uint8, int16, uint16, int4, uint4, int2 and uint2 are)"
+        ));
     }
     nonzero_scale(imp, scale, "y_scale")?;
     // The division is in the common type of `x` and the scale (numpy's), or in
@@ -80,7 +98,25 @@ pub(crate) fn quantize_linear(imp: &mut Importer, n: &Node) -> R<ValueId> {
         let zp = along(imp, zp, x, axis, block, "y_zero_point")?;
         q = imp.binary(B::Add, q, zp)?;
     }
-    saturate(imp, q, out)
+    saturate_to(imp, q, out, narrow.map_or(range_of(out), Narrow::range))
+}
+
+/// The narrow integer type a `QuantizeLinear` node's output holds: its zero
+/// point's, else its `output_dtype`'s.
+pub(crate) fn narrow_output(imp: &Importer, n: &Node) -> Option<Narrow> {
+    match n.opt_input(2) {
+        Some(zp) => imp.narrow_of(zp),
+        None => Narrow::of(n.int("output_dtype", 0) as i32),
+    }
+}
+
+/// The type a quantization to ONNX element type `code` holds its values in,
+/// and the narrow type it is, if it is one.
+fn quantized_type(code: i64) -> R<(DType, Option<Narrow>)> {
+    match Narrow::of(code as i32) {
+        Some(k) => Ok((k.held(), Some(k))),
+        None => Ok((output_type(code)?, None)),
+    }
 }
 
 /// ONNX `DynamicQuantizeLinear`: uint8 `y`, its scale and zero point from the
@@ -379,7 +415,11 @@ fn range_of(dt: DType) -> (i64, i64) {
 
 /// `x` (i32 or f32) saturated to `out`'s range, then narrowed to it.
 fn saturate(imp: &mut Importer, x: ValueId, out: DType) -> R<ValueId> {
-    let (lo, hi) = range_of(out);
+    saturate_to(imp, x, out, range_of(out))
+}
+
+/// `x` (i32 or f32) saturated to `lo..=hi`, then cast to `out` (which holds it).
+fn saturate_to(imp: &mut Importer, x: ValueId, out: DType, (lo, hi): (i64, i64)) -> R<ValueId> {
     let x = clamp(imp, x, lo as f64, hi as f64)?;
     imp.cast(x, out)
 }
