@@ -17,7 +17,7 @@ use plan::gemm::{Arch, GemmKernel};
 pub use runtime::gpu::artifact::{is_gpu_artifact, GpuArtifact, GpuCode, KernelRole};
 pub use runtime::gpu::cuda::CudaDevice;
 pub use runtime::gpu::{check_plan, Device, DevicePtr, GemmChoice, GpuKernels, GpuModel};
-use runtime::gpu::{KernelArg, KernelCode, LaunchDims, StreamId, DEVICE_ALIGN};
+use runtime::gpu::{KernelArg, KernelCode, Launch, LaunchDims, StreamId, DEVICE_ALIGN};
 use runtime::RunError;
 
 use crate::{Error, Model};
@@ -38,6 +38,8 @@ pub struct HostDevice {
     limit: std::sync::atomic::AtomicUsize,
     /// Streams handed out.
     streams: std::sync::atomic::AtomicUsize,
+    /// Graphs run ([`Device::launch_graph`]).
+    graph_launches: std::sync::atomic::AtomicUsize,
 }
 
 impl HostDevice {
@@ -47,7 +49,14 @@ impl HostDevice {
             allocs: Mutex::new(HashMap::new()),
             limit: usize::MAX.into(),
             streams: 0.into(),
+            graph_launches: 0.into(),
         }
+    }
+
+    /// Captured graphs run so far (calls that replayed a shape's recorded
+    /// launches as one).
+    pub fn graph_launches(&self) -> usize {
+        self.graph_launches.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Streams handed out to callers (one per caller that ran at once with
@@ -69,6 +78,23 @@ impl HostDevice {
 }
 
 impl Device for HostDevice {
+    /// The launches themselves: a replay runs them in order, as a GPU runs a
+    /// captured graph.
+    type Graph = Vec<Launch>;
+
+    unsafe fn capture(&self, _: StreamId, launches: &[Launch]) -> Result<Option<Vec<Launch>>, RunError> {
+        Ok(Some(launches.to_vec()))
+    }
+
+    unsafe fn launch_graph(&self, stream: StreamId, graph: &Vec<Launch>) -> Result<(), RunError> {
+        self.graph_launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for l in graph {
+            // SAFETY: the caller's contract for the graph is each launch's.
+            unsafe { self.launch(stream, l.kernel, l.dims, &l.args)? };
+        }
+        Ok(())
+    }
+
     fn name(&self) -> String {
         "host emulator".into()
     }

@@ -297,6 +297,39 @@ fn hopper_kernels_run_a_weights_product() {
     }
 }
 
+/// A call's work at a shape is recorded once per caller's memory and
+/// replayed: its first call launches the kernels one by one, its second
+/// captures them as a graph, later ones run the graph; new input values
+/// (the same shape) give the interpreter's outputs each time, a new shape
+/// records anew (its first call no graph), and shapes alternate without
+/// mixing their recordings.
+#[test]
+fn a_shapes_launches_are_recorded_and_replayed_as_a_graph() {
+    let m = weight_model();
+    let gm = m.compile_host_gpu().expect("compiles");
+    let graphs = || gm.device().graph_launches();
+    for (call, n) in [37usize, 37, 37].into_iter().enumerate() {
+        compare_within(&m, &gm, &[("n", n)], call as u64, Some(BF16_L2));
+    }
+    assert_eq!(graphs(), 2, "calls 2 and 3 at 37 rows run the graph");
+    compare_within(&m, &gm, &[("n", 1)], 7, Some(BF16_L2));
+    assert_eq!(graphs(), 2, "a new shape's first call launches one by one");
+    for (call, n) in [37usize, 1, 37, 1].into_iter().enumerate() {
+        compare_within(&m, &gm, &[("n", n)], 10 + call as u64, Some(BF16_L2));
+    }
+    assert_eq!(graphs(), 6);
+    // The memory grows for a larger shape: what was recorded in the old is dropped.
+    compare_within(&m, &gm, &[("n", 300)], 20, Some(BF16_L2));
+    compare_within(&m, &gm, &[("n", 37)], 21, Some(BF16_L2));
+    assert_eq!(graphs(), 6, "37 rows recorded anew in the new memory");
+    let block = model(BLOCK);
+    let gb = block.compile_host_gpu().expect("compiles");
+    for seed in 0..3 {
+        compare_within(&block, &gb, &[("b", 2), ("s", 17)], seed, None);
+    }
+    assert_eq!(gb.device().graph_launches(), 2);
+}
+
 /// A GPU artifact (`Model::gpu_artifact`: code for sm_90a and sm_80, the
 /// plan, the weights) saved and loaded without the compiler: the same
 /// kernels, cubins (ptxas from `ANYSHAPE_PTXAS`: every kernel of both

@@ -12,7 +12,7 @@ use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{result, CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 
-use super::{Device, DevicePtr, KernelArg, KernelCode, LaunchDims, StreamId};
+use super::{Device, DevicePtr, KernelArg, KernelCode, Launch, LaunchDims, StreamId};
 use crate::RunError;
 
 /// The oldest GPUs the kernels run on (their PTX targets sm_80).
@@ -124,7 +124,50 @@ impl CudaDevice {
     }
 }
 
+/// A call's launches captured as a CUDA graph (instantiated), run on the
+/// stream it was captured on.
+pub struct CudaGraphExec(cudarc::driver::CudaGraph);
+
+// SAFETY: the graph's handles are driver objects that any thread may use
+// with the context bound (cudarc's `launch` binds it first); a graph is run
+// by one call at a time (its slot's).
+unsafe impl Send for CudaGraphExec {}
+
 impl Device for CudaDevice {
+    type Graph = CudaGraphExec;
+
+    unsafe fn capture(
+        &self,
+        stream: StreamId,
+        launches: &[Launch],
+    ) -> Result<Option<CudaGraphExec>, RunError> {
+        let s = self.stream(stream)?;
+        // Thread-local: other callers' streams go on meanwhile.
+        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(driver("capturing a graph"))?;
+        let mut failed = None;
+        for l in launches {
+            // SAFETY: the caller's contract (each launch's arguments are what its
+            // kernel's ABI asks, whenever the graph runs); capturing runs nothing.
+            if let Err(e) = unsafe { self.launch(stream, l.kernel, l.dims, &l.args) } {
+                failed = Some(e);
+                break;
+            }
+        }
+        // The capture ends whatever happened, so the stream is usable again.
+        let graph = s.end_capture(sys::CUgraphInstantiate_flags_enum(0));
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        Ok(graph.map_err(driver("instantiating a graph"))?.map(CudaGraphExec))
+    }
+
+    unsafe fn launch_graph(&self, stream: StreamId, graph: &CudaGraphExec) -> Result<(), RunError> {
+        // The graph runs on the stream it was captured on: the caller's.
+        let _ = self.stream(stream)?;
+        graph.0.launch().map_err(driver("launching a graph"))
+    }
+
     fn name(&self) -> String {
         self.name.clone()
     }

@@ -206,6 +206,33 @@ pub trait Device: Send + Sync {
         dims: LaunchDims,
         args: &[KernelArg],
     ) -> Result<(), RunError>;
+
+    /// What [`Device::capture`] makes: launches the device replays as one
+    /// (a CUDA graph: one submission instead of one per kernel).
+    type Graph: Send;
+
+    /// `launches` captured on `stream` as one graph, not run; `None` where
+    /// the device has no graphs (its calls replay the launches one by one).
+    ///
+    /// # Safety
+    /// As [`Device::launch`] for each launch, whenever the graph runs.
+    unsafe fn capture(&self, stream: StreamId, launches: &[Launch]) -> Result<Option<Self::Graph>, RunError>;
+
+    /// `graph` run on `stream` (the stream it was captured on), after every
+    /// launch and copy before it there.
+    ///
+    /// # Safety
+    /// As [`Device::capture`]: the memory its launches use is live and holds
+    /// what they read.
+    unsafe fn launch_graph(&self, stream: StreamId, graph: &Self::Graph) -> Result<(), RunError>;
+}
+
+/// A kernel launch of a call: what [`Device::launch`] is given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    pub kernel: usize,
+    pub dims: LaunchDims,
+    pub args: Vec<KernelArg>,
 }
 
 /// Whether the GPU backend runs every step of `plan` (an error naming the
@@ -239,10 +266,28 @@ struct CallLayout {
     bytes: usize,
 }
 
-/// A caller's stream and the device memory its calls use (address, bytes).
-struct CallSlot {
+/// A caller's stream, the device memory its calls use (address, bytes),
+/// and the work of its calls at the last shapes it ran (most recent last).
+struct CallSlot<G> {
     stream: StreamId,
     memory: Option<(DevicePtr, usize)>,
+    recorded: Vec<Recorded<G>>,
+}
+
+/// The shapes whose calls a slot keeps recorded.
+const RECORDED_SHAPES: usize = 8;
+
+/// A call's work at one shape in one slot's memory, made on its first call
+/// and replayed by later ones (nothing of it depends on the inputs' values):
+/// the words of the tables (uploaded on every call, which clears the status
+/// words and the attention's split counters) and the launches, which the
+/// second call captures as one graph where the device has graphs.
+struct Recorded<G> {
+    shape: Arc<GpuShape>,
+    words: Vec<u64>,
+    launches: Vec<Launch>,
+    graph: Option<G>,
+    calls: usize,
 }
 
 /// A shape's plan, the call's memory layout, each loop step's blocks and each
@@ -273,7 +318,7 @@ pub struct GpuModel<D: Device> {
     shapes: RwLock<HashMap<Vec<i64>, Arc<GpuShape>>>,
     /// What calls run on: a stream each and its device memory (address,
     /// bytes), kept for the next call; concurrent calls each take their own.
-    slots: Mutex<Vec<CallSlot>>,
+    slots: Mutex<Vec<CallSlot<D::Graph>>>,
     /// What went wrong on the device in an earlier call (a copy or a launch:
     /// a fault leaves the device's context unusable), refusing later calls.
     failed: Mutex<Option<String>>,
@@ -593,7 +638,7 @@ impl<D: Device> GpuModel<D> {
         let taken = self.slots.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut slot = match taken {
             Some(s) => s,
-            None => CallSlot { stream: self.device.new_stream()?, memory: None },
+            None => CallSlot { stream: self.device.new_stream()?, memory: None, recorded: Vec::new() },
         };
         let out = self.run_on(inputs, &shape, &mut slot);
         self.slots.lock().unwrap_or_else(|e| e.into_inner()).push(slot);
@@ -604,11 +649,13 @@ impl<D: Device> GpuModel<D> {
     fn run_on<T: TensorData>(
         &self,
         inputs: &[(&str, T)],
-        shape: &GpuShape,
-        slot: &mut CallSlot,
+        shape: &Arc<GpuShape>,
+        slot: &mut CallSlot<D::Graph>,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let memory = &mut slot.memory;
         if memory.is_none_or(|(_, bytes)| bytes < shape.layout.bytes) {
+            // What was recorded in the old memory goes with it.
+            slot.recorded.clear();
             if let Some((p, _)) = memory.take() {
                 // SAFETY: every launch that used it completed (the last call on
                 // this slot downloaded its outputs after them).
@@ -626,21 +673,17 @@ impl<D: Device> GpuModel<D> {
             *memory = Some((p, bytes));
         }
         let base = memory.map(|(p, _)| p).ok_or_else(|| RunError::Internal("no device memory".into()))?;
-        let out = self.run_in(inputs, shape, base, slot.stream);
+        let out = self.run_in(inputs, shape, base, slot);
         if let Err(RunError::Device(why)) = &out {
             *self.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
         }
         out
     }
 
-    /// A call at `shape` in the device memory at `base`.
-    fn run_in<T: TensorData>(
-        &self,
-        inputs: &[(&str, T)],
-        shape: &GpuShape,
-        base: DevicePtr,
-        stream: StreamId,
-    ) -> Result<Vec<(String, Tensor)>, RunError> {
+    /// The words of a call's tables at `shape` in the memory at `base` (each
+    /// loop step's buffer table, the dims, the cleared status words, the
+    /// operand copies' descriptors, each attention's tables) and its launches.
+    fn record(&self, shape: &GpuShape, base: DevicePtr) -> Result<(Vec<u64>, Vec<Launch>), RunError> {
         let (sp, layout) = (&shape.sp, &shape.layout);
         let ptr = |i: usize| -> Result<DevicePtr, RunError> {
             match (self.constants[i], layout.buffers[i]) {
@@ -649,24 +692,6 @@ impl<D: Device> GpuModel<D> {
                 _ => Err(RunError::Internal(format!("buffer {i} has no device memory"))),
             }
         };
-        for (i, b) in self.plan.buffers.iter().enumerate() {
-            if let BufferKind::Input(k) = b.kind {
-                let t = &inputs
-                    .iter()
-                    .find(|(n, _)| *n == self.inputs[k].0)
-                    .ok_or_else(|| RunError::Internal(format!("input '{}' is missing", self.inputs[k].0)))?
-                    .1;
-                let bytes = sp.numel[i] * b.dtype.size();
-                if bytes == 0 {
-                    // An empty tensor (a KV cache's first step): nothing to copy.
-                    continue;
-                }
-                // SAFETY: a bound input holds `numel` elements of its dtype.
-                let src = unsafe { std::slice::from_raw_parts(TensorData::as_ptr(t), bytes) };
-                // SAFETY: the layout gave the input `bytes` bytes at its offset.
-                unsafe { self.device.upload(stream, ptr(i)?, src)? };
-            }
-        }
         // The buffer tables, the dims and the (cleared) status words, at once.
         let mut words: Vec<u64> = Vec::with_capacity((layout.bytes - layout.tables) / 8);
         let mut table_at = Vec::with_capacity(self.plan.steps.len());
@@ -711,10 +736,6 @@ impl<D: Device> GpuModel<D> {
             words.push(counters);
             words.extend(a.words.iter().map(|w| *w as u64));
         }
-        // SAFETY: the words are plain integers; their bytes are read once.
-        let bytes = unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, 8 * words.len()) };
-        // SAFETY: the layout reserved the tables, dims and status words from `tables`.
-        unsafe { self.device.upload(stream, base + layout.tables as u64, bytes)? };
         let resolve = |at: At| -> Result<KernelArg, RunError> {
             Ok(KernelArg::Ptr(match at {
                 At::Buffer(b, off) => ptr(b)? + off as u64,
@@ -724,6 +745,7 @@ impl<D: Device> GpuModel<D> {
             }))
         };
         let mut copy = 0;
+        let mut launches = Vec::new();
         for (i, st) in self.plan.steps.iter().enumerate() {
             match &st.kind {
                 StepKind::Loop { program, .. } => {
@@ -734,10 +756,10 @@ impl<D: Device> GpuModel<D> {
                     ]
                     .map(KernelArg::Ptr);
                     let dims = LaunchDims { grid: [shape.blocks[i], 1, 1], threads: LOOP_THREADS, smem: 0 };
-                    // SAFETY: the table holds every buffer of the program, each sized for
+                    // Sound to launch: the table holds every buffer of the program, each sized for
                     // this shape; the dims are the plan's at this shape; the status word
                     // is the step's own.
-                    unsafe { self.device.launch(stream, self.kernels.loops[*program], dims, &args)? };
+                    launches.push(Launch { kernel: self.kernels.loops[*program], dims, args: args.to_vec() });
                 }
                 StepKind::MatMul(_) => {
                     let mm = &shape.matmuls[i];
@@ -746,11 +768,15 @@ impl<D: Device> GpuModel<D> {
                         let args = [resolve(c.src)?, resolve(c.dst)?, desc];
                         copy += 1;
                         let dims = LaunchDims { grid: [c.blocks, 1, 1], threads: LOOP_THREADS, smem: 0 };
-                        // SAFETY: the descriptor's entries, rows, columns and strides
+                        // Sound to launch: the descriptor's entries, rows, columns and strides
                         // stay inside the source buffer at this shape (the plan's view
                         // of it), and the destination is the scratch the layout sized
                         // for this step's operands.
-                        unsafe { self.device.launch(stream, self.kernels.operand_copy, dims, &args)? };
+                        launches.push(Launch {
+                            kernel: self.kernels.operand_copy,
+                            dims,
+                            args: args.to_vec(),
+                        });
                     }
                     for g in &mm.gemms {
                         let mut args = Vec::with_capacity(14);
@@ -760,12 +786,12 @@ impl<D: Device> GpuModel<D> {
                         args.extend(g.ints.map(KernelArg::I32));
                         args.extend(g.strides.map(KernelArg::I64));
                         let dims = LaunchDims { grid: g.grid, threads: g.threads, smem: g.smem };
-                        // SAFETY: `gpu::kernel::ABI`'s arguments: bf16 A and B laid out
+                        // Sound to launch: `gpu::kernel::ABI`'s arguments: bf16 A and B laid out
                         // as M, N, K, the leading dimensions and batch strides say
                         // (the copies' output or a packed weight), C's view and the
                         // epilogue's f32 buffers sized for this shape; the kernel
                         // accepted the problem.
-                        unsafe { self.device.launch(stream, g.kernel, dims, &args)? };
+                        launches.push(Launch { kernel: g.kernel, dims, args });
                     }
                 }
                 StepKind::Attention(_) => {
@@ -778,15 +804,107 @@ impl<D: Device> GpuModel<D> {
                         threads: plan::gpu::ATTENTION_THREADS,
                         smem: a.smem,
                     };
-                    // SAFETY: the buffer table holds the online program's buffers at
+                    // Sound to launch: the buffer table holds the online program's buffers at
                     // this shape (null for the tiles it never touches), the dim table
                     // is this shape's with its chunk the whole row, the descriptor's
                     // views and offsets stay inside Q, K, V and O (the plan's views of
                     // them at this shape), and the status word is the step's own.
-                    unsafe { self.device.launch(stream, a.kernel, dims, &args)? };
+                    launches.push(Launch { kernel: a.kernel, dims, args: args.to_vec() });
                 }
             }
         }
+        Ok((words, launches))
+    }
+
+    /// `rec`'s tables uploaded and its launches run on `stream`: one by one
+    /// on its first call, captured as a graph on its second (where the
+    /// device has graphs), the graph run from then on.
+    fn replay(
+        &self,
+        rec: &mut Recorded<D::Graph>,
+        base: DevicePtr,
+        stream: StreamId,
+    ) -> Result<(), RunError> {
+        let tables = base + rec.shape.layout.tables as u64;
+        // SAFETY: the words are plain integers; their bytes are read once.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(rec.words.as_ptr() as *const u8, 8 * rec.words.len()) };
+        // SAFETY: the layout reserved the tables, dims and status words from `tables`.
+        unsafe { self.device.upload(stream, tables, bytes)? };
+        rec.calls += 1;
+        if rec.graph.is_none() && rec.calls == 2 {
+            // SAFETY: the launches were recorded for this shape in this memory
+            // (see `record`), which stays the slot's while the record is kept.
+            rec.graph = unsafe { self.device.capture(stream, &rec.launches)? };
+        }
+        match &rec.graph {
+            // SAFETY: as for its launches, below.
+            Some(g) => unsafe { self.device.launch_graph(stream, g) },
+            None => {
+                for l in &rec.launches {
+                    // SAFETY: each launch's arguments were made by `record` for
+                    // this shape in this memory: the tables it uploaded above,
+                    // buffers and scratch the layout sized, packed weights (each
+                    // comment there says what its kernel's ABI asks).
+                    unsafe { self.device.launch(stream, l.kernel, l.dims, &l.args)? };
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A call at `shape` in the device memory at `base`, on `slot`'s stream:
+    /// the inputs uploaded, the shape's recorded work (made now if this slot
+    /// has none for it) replayed, the status words and outputs downloaded.
+    fn run_in<T: TensorData>(
+        &self,
+        inputs: &[(&str, T)],
+        shape: &Arc<GpuShape>,
+        base: DevicePtr,
+        slot: &mut CallSlot<D::Graph>,
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
+        let (sp, layout, stream) = (&shape.sp, &shape.layout, slot.stream);
+        let ptr = |i: usize| -> Result<DevicePtr, RunError> {
+            match (self.constants[i], layout.buffers[i]) {
+                (Some(p), _) => Ok(p),
+                (None, Some(off)) => Ok(base + off as u64),
+                _ => Err(RunError::Internal(format!("buffer {i} has no device memory"))),
+            }
+        };
+        for (i, b) in self.plan.buffers.iter().enumerate() {
+            if let BufferKind::Input(k) = b.kind {
+                let t = &inputs
+                    .iter()
+                    .find(|(n, _)| *n == self.inputs[k].0)
+                    .ok_or_else(|| RunError::Internal(format!("input '{}' is missing", self.inputs[k].0)))?
+                    .1;
+                let bytes = sp.numel[i] * b.dtype.size();
+                if bytes == 0 {
+                    // An empty tensor (a KV cache's first step): nothing to copy.
+                    continue;
+                }
+                // SAFETY: a bound input holds `numel` elements of its dtype.
+                let src = unsafe { std::slice::from_raw_parts(TensorData::as_ptr(t), bytes) };
+                // SAFETY: the layout gave the input `bytes` bytes at its offset.
+                unsafe { self.device.upload(stream, ptr(i)?, src)? };
+            }
+        }
+        let at = match slot.recorded.iter().position(|r| Arc::ptr_eq(&r.shape, shape)) {
+            Some(at) => at,
+            None => {
+                if slot.recorded.len() == RECORDED_SHAPES {
+                    slot.recorded.remove(0);
+                }
+                let (words, launches) = self.record(shape, base)?;
+                slot.recorded.push(Recorded { shape: shape.clone(), words, launches, graph: None, calls: 0 });
+                slot.recorded.len() - 1
+            }
+        };
+        // The most recently used last.
+        let mut rec = slot.recorded.remove(at);
+        let ran = self.replay(&mut rec, base, stream);
+        slot.recorded.push(rec);
+        ran?;
         let mut status = vec![0u8; 8 * self.plan.steps.len()];
         // SAFETY: the status words lie in the call's memory.
         unsafe { self.device.download(stream, base + layout.status as u64, &mut status)? };
