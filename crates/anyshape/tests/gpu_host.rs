@@ -330,6 +330,35 @@ fn a_shapes_launches_are_recorded_and_replayed_as_a_graph() {
     assert_eq!(gb.device().graph_launches(), 2);
 }
 
+/// Outputs handed back (`GpuModel::recycle`) are what a later call's
+/// outputs are downloaded into: the same memory, the interpreter's values.
+#[test]
+fn recycled_outputs_take_later_calls_outputs() {
+    let m = weight_model();
+    let gm = m.compile_host_gpu().expect("compiles");
+    let call = |n: usize, seed: u64| {
+        let ins = inputs(&m, &[("n", n)], seed);
+        let named: Vec<(&str, Tensor)> = ins.iter().map(|(a, t)| (a.as_str(), t.clone())).collect();
+        let got = gm.run(&named).expect("runs");
+        let want = m.interpret(&named).expect("interprets");
+        let err = rel_l2(&got[0].1.to_f64_vec(), &want[0].1.to_f64_vec());
+        assert!(err < BF16_L2, "{n} rows: relative L2 error {err:e}");
+        got
+    };
+    let at = |outs: &[(String, Tensor)]| match outs[0].1.elems() {
+        Elems::F32(v) => v.as_ptr() as usize,
+        e => panic!("{:?}", e.dtype()),
+    };
+    // 300 x 256 f32: large enough to keep.
+    let first = call(300, 1);
+    let before = at(&first);
+    gm.recycle(first);
+    let second = call(290, 2);
+    assert_eq!(at(&second), before, "the handed-back buffer holds the next output");
+    let third = call(300, 3);
+    assert_ne!(at(&third), before, "taken once");
+}
+
 /// A GPU artifact (`Model::gpu_artifact`: code for sm_90a and sm_80, the
 /// plan, the weights) saved and loaded without the compiler: the same
 /// kernels, cubins (ptxas from `ANYSHAPE_PTXAS`: every kernel of both

@@ -530,7 +530,9 @@ impl Session {
             let t = t.ok_or_else(|| AnyshapeError::new_err(format!("output {i} is missing")))?;
             arrays.push(match &self.engine {
                 Engine::Compiled(m) => recycled_array_of(py, t, &m.recycler())?,
-                _ => array_of(py, t)?,
+                Engine::Cuda(m, _) => recycled_array_of(py, t, &m.recycler())?,
+                Engine::GpuEmulator(m, _) => recycled_array_of(py, t, &m.recycler())?,
+                Engine::Interpreted(_) => array_of(py, t)?,
             });
         }
         Ok(arrays)

@@ -322,6 +322,9 @@ pub struct GpuModel<D: Device> {
     /// What went wrong on the device in an earlier call (a copy or a launch:
     /// a fault leaves the device's context unusable), refusing later calls.
     failed: Mutex<Option<String>>,
+    /// Outputs handed back ([`GpuModel::recycle`]), which later calls'
+    /// outputs are downloaded into.
+    recycled: Arc<crate::recycle::Pool>,
     device: D,
 }
 
@@ -377,6 +380,7 @@ impl<D: Device> GpuModel<D> {
             )));
         }
         check_plan(&plan)?;
+        let outputs_len = outputs.len();
         for (i, st) in plan.steps.iter().enumerate() {
             let empty = match &st.kind {
                 StepKind::MatMul(_) => kernels.matmuls[i].is_empty(),
@@ -400,6 +404,7 @@ impl<D: Device> GpuModel<D> {
             shapes: RwLock::new(HashMap::new()),
             slots: Mutex::new(Vec::new()),
             failed: Mutex::new(None),
+            recycled: crate::recycle::Pool::new(outputs_len),
             device,
         };
         // Each distinct weight view is the next of `weights`, made from the
@@ -460,6 +465,20 @@ impl<D: Device> GpuModel<D> {
 
     pub fn inputs(&self) -> &[(String, TensorType)] {
         &self.inputs
+    }
+
+    /// Hand a call's outputs back once they are no longer needed: a later
+    /// call's outputs of the same dtype are downloaded into their memory (as
+    /// [`crate::CompiledModel::recycle`]: a decoder's KV cache is large).
+    pub fn recycle(&self, outputs: impl IntoIterator<Item = (String, Tensor)>) {
+        let r = self.recycled.recycler();
+        outputs.into_iter().for_each(|(_, t)| r.give(t));
+    }
+
+    /// A handle that hands outputs back to this model ([`GpuModel::recycle`])
+    /// from wherever they end up (the Python package's arrays, when freed).
+    pub fn recycler(&self) -> crate::Recycler {
+        self.recycled.recycler()
     }
 
     pub fn outputs(&self) -> &[(String, TensorType)] {
@@ -934,7 +953,21 @@ impl<D: Device> GpuModel<D> {
                 .collect::<Result<_, _>>()
                 .map_err(|e| RunError::Internal(format!("output '{}': {e}", buf.name)))?;
             let n = sp.numel[b];
-            let mut elems = zeros(buf.dtype, n).ok_or_else(|| {
+            // A large output reuses a buffer handed back, or is made with room
+            // to grow (see `crate::recycle`).
+            let large = n.saturating_mul(buf.dtype.size()) >= crate::recycle::KEEP_BYTES;
+            let reused = large.then(|| self.recycled.take(buf.dtype, n)).flatten();
+            let roomy = || {
+                large
+                    .then(|| zeros(buf.dtype, crate::recycle::room(n)))
+                    .flatten()
+                    .map(|mut e| {
+                        e.truncate(n);
+                        e
+                    })
+                    .or_else(|| zeros(buf.dtype, n))
+            };
+            let mut elems = reused.or_else(roomy).ok_or_else(|| {
                 RunError::Shape(format!("output '{}' of {n} elements could not be allocated", buf.name))
             })?;
             if n > 0 {
