@@ -470,6 +470,20 @@ impl ConstData {
         Ok(c)
     }
 
+    /// The same data under another shape of as many elements (a reshape's
+    /// result: no copy; a file-mapped constant stays mapped).
+    pub fn reshaped(&self, shape: Vec<usize>) -> Result<ConstData, IrError> {
+        if checked_numel(&shape)? != self.numel() {
+            return Err(IrError::Data(format!(
+                "{:?} has not the {} elements of {:?}",
+                shape,
+                self.numel(),
+                self.shape
+            )));
+        }
+        Ok(ConstData { dtype: self.dtype, shape, bytes: self.bytes.clone(), file: self.file.clone() })
+    }
+
     /// Whether the bytes are a window into a file mapping.
     pub fn is_mapped(&self) -> bool {
         self.file.is_some()

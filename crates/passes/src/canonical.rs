@@ -65,6 +65,11 @@ impl Pass for FoldConstants {
         let bindings = Bindings::default();
         // Folding rewrites nodes in place: the producers stay where they are.
         let p = Producers::of(g);
+        // A constant a fold leaves unread gives its data up at once (a model's
+        // weights are folded one after another: each intermediate copy goes
+        // before the next is made), its node removed when the sweep ends.
+        let mut uses = g.use_counts();
+        let mut dropped = false;
         for i in 0..g.nodes.len() {
             let node = &g.nodes[i];
             if matches!(node.op, Op::Constant(_)) {
@@ -86,6 +91,9 @@ impl Pass for FoldConstants {
                 continue;
             };
             let data = match (&node.op, datas.as_slice()) {
+                (op, [c, ..]) if keeps(op, &datas, ty.dtype) => {
+                    c.reshaped(shape.iter().map(|d| *d as usize).collect()).ok()
+                }
                 (Op::Cast, [c]) => widened(c, ty.dtype),
                 _ => None,
             };
@@ -102,10 +110,50 @@ impl Pass for FoldConstants {
             };
             let node = &mut g.nodes[i];
             node.op = Op::Constant(Arc::new(data));
-            node.inputs.clear();
+            let inputs = std::mem::take(&mut node.inputs);
+            drop(datas);
+            for v in inputs {
+                uses[v.index()] -= 1;
+                let Some(j) = p.index(g, v) else { continue };
+                if uses[v.index()] == 0 && !g.outputs.contains(&v) {
+                    if let Op::Constant(c) = &g.nodes[j].op {
+                        // Nothing reads it: its data may go (the node is dead).
+                        let empty = ConstData::from_bytes(c.dtype, vec![0], bytes::Bytes::new());
+                        if let Ok(empty) = empty {
+                            g.nodes[j].op = Op::Constant(Arc::new(empty));
+                            dropped = true;
+                        }
+                    }
+                }
+            }
             folded += 1;
         }
+        if dropped {
+            g.remove_dead_nodes();
+        }
         Ok(folded)
+    }
+}
+
+/// Whether `op` of constants `datas` (to `dtype`) gives the first one's
+/// values as they are, so that its fold shares that data instead of copying
+/// it: a reshape, a cast to its own type, an integer `x ± 0` or `x · 1` (a
+/// weight's zero point of 0) of an operand the result's size.
+fn keeps(op: &Op, datas: &[Arc<ConstData>], dtype: DType) -> bool {
+    let integer = matches!(dtype, DType::I8 | DType::U8 | DType::I32 | DType::I64);
+    let all = |c: &ConstData, v: u8| {
+        let size = c.dtype.size();
+        c.bytes().chunks_exact(size).all(|w| w[0] == v && w[1..].iter().all(|b| *b == 0))
+    };
+    match (op, datas) {
+        (Op::Reshape, [_]) => true,
+        (Op::Cast, [c]) => c.dtype == dtype,
+        (Op::Binary(b), [x, y]) if integer && x.dtype == dtype && x.numel() >= y.numel() => match b {
+            BinaryOp::Add | BinaryOp::Sub => all(y, 0),
+            BinaryOp::Mul => all(y, 1),
+            _ => false,
+        },
+        _ => false,
     }
 }
 
@@ -558,5 +606,49 @@ mod tests {
         }
         let f = ConstData::from_tensor(&ir::Tensor::new(vec![1], ir::Elems::F32(vec![1.5])).expect("f"));
         assert!(widened(&f, DType::I32).is_none(), "floats go to the interpreter");
+    }
+
+    /// A fold that keeps its operand's values (a reshape, an integer zero
+    /// point of 0 subtracted, a product by 1) shares the operand's bytes; one
+    /// that changes them (a zero point of 2, a float `x - 0`) computes anew,
+    /// and both give the interpreter's values; the constants the folds leave
+    /// unread are removed.
+    #[test]
+    fn folds_that_keep_the_values_share_the_bytes() {
+        let text = r#"graph {
+  %w: i32[2, 3] = constant [1, -2, 3, 4, -5, 6]
+  %z: i32[2, 3] = constant [0, 0, 0, 0, 0, 0]
+  %t: i32[2, 3] = constant [2, 2, 2, 2, 2, 2]
+  %o: i32[2, 3] = constant [1, 1, 1, 1, 1, 1]
+  %f: f32[2, 3] = constant [1, 2, 3, 4, 5, 6]
+  %fz: f32[2, 3] = constant [0, 0, 0, 0, 0, 0]
+  %a: i32[2, 3] = sub %w, %z
+  %b: i32[3, 2] = reshape %a
+  %c: i32[2, 3] = mul %w, %o
+  %d: i32[2, 3] = sub %w, %t
+  %e: f32[2, 3] = sub %f, %fz
+  output %b, %c, %d, %e
+}
+"#;
+        let mut g = ir::parse_graph(text, &|_| None).expect("parses");
+        let want = reference::run(&g, &[]).expect("runs");
+        let data = |g: &Graph, name: &str| {
+            let n = g.nodes.iter().find(|n| g.name(n.output) == name).expect(name);
+            match &n.op {
+                Op::Constant(c) => c.clone(),
+                op => panic!("{name}: {op:?}"),
+            }
+        };
+        let w = data(&g, "w");
+        FoldConstants::default().run(&mut g).expect("folds");
+        for (name, shared) in [("b", true), ("c", true), ("d", false), ("e", false)] {
+            let same = data(&g, name).bytes().as_ptr() == w.bytes().as_ptr();
+            assert_eq!(same, shared, "{name}");
+        }
+        assert_eq!(data(&g, "b").shape, [3, 2]);
+        // What the folds left unread is gone: only the outputs' constants remain.
+        assert_eq!(g.nodes.len(), 4, "{g}");
+        let got = reference::run(&g, &[]).expect("runs");
+        assert_eq!(got, want);
     }
 }
