@@ -324,11 +324,6 @@ impl GpuArtifactOptions {
         self.ptxas = Some(path.into());
         self
     }
-
-    /// The targets, most specific first.
-    pub fn target_list(&self) -> &[GpuTarget] {
-        &self.targets
-    }
 }
 
 /// The name ptxas and the artifact give `target`'s code.

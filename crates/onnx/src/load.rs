@@ -351,13 +351,7 @@ pub fn tensor_data(t: &TensorProto, ext: &mut ExternalData) -> Result<ConstData,
         what: format!("tensor '{name}'"),
         dtype: dtype_name(code),
     })?;
-    let mut shape = Vec::with_capacity(t.dims.len());
-    for d in &t.dims {
-        let d = usize::try_from(*d)
-            .map_err(|_| OnnxError::Malformed(format!("tensor '{name}' has a negative dim {d}")))?;
-        shape.push(d);
-    }
-    let n = ir::checked_numel(&shape).map_err(|e| OnnxError::Malformed(format!("tensor '{name}': {e}")))?;
+    let (shape, n) = shape_of(t, &name)?;
     let data_err = |e: ir::IrError| OnnxError::Malformed(format!("tensor '{name}': {e}"));
     let window = match (t.data_location, &t.raw_data) {
         (Some(1), _) => Some(ext.window(t, &name)?),
@@ -408,12 +402,8 @@ pub fn tensor_data(t: &TensorProto, ext: &mut ExternalData) -> Result<ConstData,
     ConstData::from_bytes(dtype, shape, Bytes::from(out)).map_err(data_err)
 }
 
-/// A tensor of a narrow integer type ([`Narrow`]) decoded into the type that
-/// holds it: raw (or external) bytes packed as ONNX packs them, or
-/// `int32_data` (a value an entry for 16 bits; a packed byte an entry for 4
-/// and 2 bits).
-fn narrow_data(t: &TensorProto, ext: &mut ExternalData, narrow: Narrow) -> Result<ConstData, OnnxError> {
-    let name = t.name.clone().unwrap_or_default();
+/// A tensor proto's shape and element count, checked.
+fn shape_of(t: &TensorProto, name: &str) -> Result<(Vec<usize>, usize), OnnxError> {
     let mut shape = Vec::with_capacity(t.dims.len());
     for d in &t.dims {
         let d = usize::try_from(*d)
@@ -421,6 +411,16 @@ fn narrow_data(t: &TensorProto, ext: &mut ExternalData, narrow: Narrow) -> Resul
         shape.push(d);
     }
     let n = ir::checked_numel(&shape).map_err(|e| OnnxError::Malformed(format!("tensor '{name}': {e}")))?;
+    Ok((shape, n))
+}
+
+/// A tensor of a narrow integer type ([`Narrow`]) decoded into the type that
+/// holds it: raw (or external) bytes packed as ONNX packs them, or
+/// `int32_data` (a value an entry for 16 bits; a packed byte an entry for 4
+/// and 2 bits).
+fn narrow_data(t: &TensorProto, ext: &mut ExternalData, narrow: Narrow) -> Result<ConstData, OnnxError> {
+    let name = t.name.clone().unwrap_or_default();
+    let (shape, n) = shape_of(t, &name)?;
     let packed: Vec<u8> = match (t.data_location, &t.raw_data) {
         (Some(1), _) => ext.window(t, &name)?.to_vec(),
         (_, Some(raw)) => raw.to_vec(),

@@ -583,7 +583,9 @@ impl Importer {
         };
         let narrow_out = match op_type.as_str() {
             "QuantizeLinear" => quantize::narrow_output(self, &node_ctx),
-            "Constant" => node_ctx.tensor("value").and_then(|t| Narrow::of(t.data_type.unwrap_or(0))),
+            "Constant" | "ConstantOfShape" => {
+                node_ctx.tensor("value").and_then(|t| Narrow::of(t.data_type.unwrap_or(0)))
+            }
             "Shape" | "Size" => None,
             _ => narrow_in,
         };

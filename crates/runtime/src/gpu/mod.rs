@@ -699,18 +699,22 @@ impl<D: Device> GpuModel<D> {
         out
     }
 
+    /// Where buffer `i` lies in a call at `layout` in the memory at `base`
+    /// (a constant where the model uploaded it).
+    fn buffer_at(&self, layout: &CallLayout, base: DevicePtr, i: usize) -> Result<DevicePtr, RunError> {
+        match (self.constants[i], layout.buffers[i]) {
+            (Some(p), _) => Ok(p),
+            (None, Some(off)) => Ok(base + off as u64),
+            _ => Err(RunError::Internal(format!("buffer {i} has no device memory"))),
+        }
+    }
+
     /// The words of a call's tables at `shape` in the memory at `base` (each
     /// loop step's buffer table, the dims, the cleared status words, the
     /// operand copies' descriptors, each attention's tables) and its launches.
     fn record(&self, shape: &GpuShape, base: DevicePtr) -> Result<(Vec<u64>, Vec<Launch>), RunError> {
         let (sp, layout) = (&shape.sp, &shape.layout);
-        let ptr = |i: usize| -> Result<DevicePtr, RunError> {
-            match (self.constants[i], layout.buffers[i]) {
-                (Some(p), _) => Ok(p),
-                (None, Some(off)) => Ok(base + off as u64),
-                _ => Err(RunError::Internal(format!("buffer {i} has no device memory"))),
-            }
-        };
+        let ptr = |i: usize| self.buffer_at(layout, base, i);
         // The buffer tables, the dims and the (cleared) status words, at once.
         let mut words: Vec<u64> = Vec::with_capacity((layout.bytes - layout.tables) / 8);
         let mut table_at = Vec::with_capacity(self.plan.steps.len());
@@ -854,7 +858,11 @@ impl<D: Device> GpuModel<D> {
         if rec.graph.is_none() && rec.calls == 2 {
             // SAFETY: the launches were recorded for this shape in this memory
             // (see `record`), which stays the slot's while the record is kept.
-            rec.graph = unsafe { self.device.capture(stream, &rec.launches)? };
+            match unsafe { self.device.capture(stream, &rec.launches) } {
+                Ok(g) => rec.graph = g,
+                // The launches still run, one by one; the log says why.
+                Err(e) => tracing::warn!("a call's launches could not be captured as a graph ({e})"),
+            }
         }
         match &rec.graph {
             // SAFETY: as for its launches, below.
@@ -883,13 +891,7 @@ impl<D: Device> GpuModel<D> {
         slot: &mut CallSlot<D::Graph>,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let (sp, layout, stream) = (&shape.sp, &shape.layout, slot.stream);
-        let ptr = |i: usize| -> Result<DevicePtr, RunError> {
-            match (self.constants[i], layout.buffers[i]) {
-                (Some(p), _) => Ok(p),
-                (None, Some(off)) => Ok(base + off as u64),
-                _ => Err(RunError::Internal(format!("buffer {i} has no device memory"))),
-            }
-        };
+        let ptr = |i: usize| self.buffer_at(layout, base, i);
         for (i, b) in self.plan.buffers.iter().enumerate() {
             if let BufferKind::Input(k) = b.kind {
                 let t = &inputs
