@@ -172,19 +172,19 @@ fn quantized_models_match_onnxruntime() {
 /// The statically quantized models' products multiply integers: the scales
 /// of their dequantized operands move to the products' outputs, so every
 /// weight product of bert_qdq (signed activations by int8 weights: i16·s8)
-/// and every convolution of resnet_qdq but its RGB stem (activations after a
-/// ReLU: u8·s8; the stem's three channels a tap do not start the integer
-/// types' words) is marked for an integer family; so are those of the same
-/// models quantized per channel (a weight scale per output column, which
-/// moves to the product's columns).
+/// and every convolution of resnet_qdq (activations after a ReLU: u8·s8; the
+/// RGB stem's signed image, its three channels a tap padded with a zero
+/// fourth to fill the integer types' words: i16·s8) is marked for an integer
+/// family; so are those of the same models quantized per channel (a weight
+/// scale per output column, which moves to the product's columns).
 #[test]
 fn static_quantized_products_multiply_integers() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures-quantized");
     let models = [
         ("bert_qdq", 9, 0, 0),
-        ("resnet_qdq", 0, 5, 1),
+        ("resnet_qdq", 1, 5, 0),
         ("bert_qdq_pc", 9, 0, 0),
-        ("resnet_qdq_pc", 0, 5, 1),
+        ("resnet_qdq_pc", 1, 5, 0),
     ];
     for (name, i16s8s, u8s8s, floats) in models {
         let m = Model::load(root.join(name).join("model.onnx"), &LoadOptions::new()).expect("loads");

@@ -200,8 +200,14 @@ fn rewrite(g: &mut Graph, at: usize) -> Result<(), String> {
         return Err(format!("{k} output channels in {} groups", c.group));
     }
     // Per group: `ch` channels in, `mg` out (groups joined when they are narrow).
-    let (w, groups, ch) = widen_groups(g, at)?;
+    let (w, groups, ch0) = widen_groups(g, at)?;
     let mg = k / groups;
+    // A product of integers whose taps' channels would not fill the integer
+    // kernels' words (an RGB image's three) takes a zero channel or more.
+    let ch = match groups == 1 && ch0 % CHANNEL_WORD != 0 && integer_operands(g, x, w) {
+        true => (ch0 + CHANNEL_WORD - 1) / CHANNEL_WORD * CHANNEL_WORD,
+        false => ch0,
+    };
     // After the joined weight, when one was made.
     let at = if w == node.inputs[1] { at } else { at + 1 };
     let ConvDims { n, h, w: wd, oh, ow, dt, out: ys } = conv_dims(g, x, y);
@@ -229,8 +235,19 @@ fn rewrite(g: &mut Graph, at: usize) -> Result<(), String> {
         Op::Transpose { perm: vec![0, 2, 3, 1] },
         vec![x],
         "nhwc",
-        ty(vec![n.clone(), h.clone(), wd.clone(), konst(groups * ch)]),
+        ty(vec![n.clone(), h.clone(), wd.clone(), konst(groups * ch0)]),
     );
+    let zero = || (konst(0), konst(0));
+    let (xt, w) = if ch == ch0 {
+        (xt, w)
+    } else {
+        let more = (konst(0), konst(ch - ch0));
+        let pad = |pads| Op::Pad { pads, mode: ir::PadMode::Constant(0.0) };
+        let t = ty(vec![n.clone(), h.clone(), wd.clone(), konst(ch)]);
+        let xt = insert(g, pad(vec![zero(), zero(), zero(), more.clone()]), vec![xt], "channels", t);
+        let t = ty(vec![konst(k), konst(ch), konst(kh), konst(kw)]);
+        (xt, insert(g, pad(vec![zero(), more, zero(), zero()]), vec![w], "weight.channels", t))
+    };
     // Several groups: the image as `[G, n, h, w, C/G]`, one matmul per group.
     let image = if groups > 1 {
         let split = vec![n.clone(), h.clone(), wd.clone(), konst(groups), konst(ch)];
@@ -285,6 +302,21 @@ fn rewrite(g: &mut Graph, at: usize) -> Result<(), String> {
     let out = insert(g, Op::Transpose { perm: vec![0, 3, 1, 2] }, vec![nhwc], "out", ty(ys));
     g.replace_uses(y, out);
     Ok(())
+}
+
+/// The channels a tap of a product of integers is padded to a multiple of:
+/// the depths of the integer kernels' widest word (u8·s8: four bytes).
+const CHANNEL_WORD: i64 = 4;
+
+/// Whether the graph bounds image `x` and weight `w` to 16-bit integers (a
+/// statically quantized convolution's operands, their scales moved out):
+/// the integer kernel families' operands.
+fn integer_operands(g: &Graph, x: ValueId, w: ValueId) -> bool {
+    let i16 = |v| {
+        crate::integer::value_range(g, v)
+            .is_some_and(|(lo, hi)| lo >= i16::MIN as i64 && hi <= i16::MAX as i64)
+    };
+    i16(w) && i16(x)
 }
 
 /// Output channels per group below which groups are joined (AVX-512's f32

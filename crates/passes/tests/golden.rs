@@ -947,3 +947,51 @@ fn casts_of_large_constants_fold() {
     assert!(out.contains("%wf: f32[8] = constant [1.0, -2.0, 3.0"), "{out}");
     assert!(out.contains("%two: f32[8] = add %wf, %wf"), "an add of 8 folded past the limit of 4:\n{out}");
 }
+
+#[test]
+fn an_integer_images_three_channels_are_padded_to_a_word() {
+    // An image of integers (a quantized model's, its scale moved out) by an
+    // integer weight: its three channels take a zero fourth, and the weight a
+    // zero input channel, so that a tap's channels fill the integer kernels'
+    // four-byte words; the product is the same.
+    let before = "graph {
+  sym n param 1..8
+  sym h param 2..64
+  input %q: u8[n, 3, h, h]
+  %x: f32[n, 3, h, h] = cast %q
+  %p: f32[2, 3, 1, 1] = constant [1.0, -2.0, 3.0, 4.0, 5.0, -6.0]
+  %z: f32[n, 2, h, h] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], group=1] %x, %p
+  output %z
+}
+";
+    check(
+        &ConvAsMatMul,
+        before,
+        "graph {
+  sym n param 1..8
+  sym h param 2..64
+  input %q: u8[n, 3, h, h]
+  %x: f32[n, 3, h, h] = cast %q
+  %p: f32[2, 3, 1, 1] = constant [1.0, -2.0, 3.0, 4.0, 5.0, -6.0]
+  %z.nhwc: f32[n, h, h, 3] = transpose[perm=[0, 2, 3, 1]] %x
+  %z.channels: f32[n, h, h, 4] = pad[pads=[(0, 0), (0, 0), (0, 0), (0, 1)], mode=constant(0.0)] %z.nhwc
+  %z.weight.channels: f32[2, 4, 1, 1] = pad[pads=[(0, 0), (0, 1), (0, 0), (0, 0)], mode=constant(0.0)] %p
+  %z.col: f32[1, h*h*n, 4] = reshape %z.channels
+  %z.weight.hwck: f32[1, 1, 4, 2] = transpose[perm=[2, 3, 1, 0]] %z.weight.channels
+  %z.weight: f32[1, 4, 2] = reshape %z.weight.hwck
+  %z.matmul: f32[1, h*h*n, 2] = matmul %z.col, %z.weight
+  %z.out.nhwc: f32[n, h, h, 2] = reshape %z.matmul
+  %z: f32[n, 2, h, h] = transpose[perm=[0, 3, 1, 2]] %z.out.nhwc
+  %z.replaced: f32[n, 2, h, h] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], group=1] %x, %p
+  output %z
+}
+",
+    );
+    // The interpreter's values before and after, at 2 images of 5 x 5.
+    let mut g = parse(before);
+    let q: Vec<u8> = (0..2 * 3 * 25).map(|i| (i * 37 % 256) as u8).collect();
+    let q = ir::Tensor::new(vec![2, 3, 5, 5], ir::Elems::U8(q)).expect("an image");
+    let want = reference::run(&g, &[("q", q.clone())]).expect("runs");
+    ConvAsMatMul.run(&mut g).expect("rewrites");
+    assert_eq!(reference::run(&g, &[("q", q)]).expect("runs"), want);
+}
