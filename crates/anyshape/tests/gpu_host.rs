@@ -308,26 +308,20 @@ fn a_shapes_launches_are_recorded_and_replayed_as_a_graph() {
     let m = weight_model();
     let gm = m.compile_host_gpu().expect("compiles");
     let graphs = || gm.device().graph_launches();
-    for (call, n) in [37usize, 37, 37].into_iter().enumerate() {
+    for (call, n) in [66usize, 66, 66].into_iter().enumerate() {
         compare_within(&m, &gm, &[("n", n)], call as u64, Some(BF16_L2));
     }
-    assert_eq!(graphs(), 2, "calls 2 and 3 at 37 rows run the graph");
+    assert_eq!(graphs(), 2, "calls 2 and 3 at 66 rows run the graph");
     compare_within(&m, &gm, &[("n", 1)], 7, Some(BF16_L2));
     assert_eq!(graphs(), 2, "a new shape's first call launches one by one");
-    for (call, n) in [37usize, 1, 37, 1].into_iter().enumerate() {
+    for (call, n) in [66usize, 1, 66, 1].into_iter().enumerate() {
         compare_within(&m, &gm, &[("n", n)], 10 + call as u64, Some(BF16_L2));
     }
     assert_eq!(graphs(), 6);
     // The memory grows for a larger shape: what was recorded in the old is dropped.
-    compare_within(&m, &gm, &[("n", 300)], 20, Some(BF16_L2));
-    compare_within(&m, &gm, &[("n", 37)], 21, Some(BF16_L2));
-    assert_eq!(graphs(), 6, "37 rows recorded anew in the new memory");
-    let block = model(BLOCK);
-    let gb = block.compile_host_gpu().expect("compiles");
-    for seed in 0..3 {
-        compare_within(&block, &gb, &[("b", 2), ("s", 17)], seed, None);
-    }
-    assert_eq!(gb.device().graph_launches(), 2);
+    compare_within(&m, &gm, &[("n", 70)], 20, Some(BF16_L2));
+    compare_within(&m, &gm, &[("n", 66)], 21, Some(BF16_L2));
+    assert_eq!(graphs(), 6, "66 rows recorded anew in the new memory");
 }
 
 /// Outputs handed back (`GpuModel::recycle`) are what a later call's
@@ -349,13 +343,13 @@ fn recycled_outputs_take_later_calls_outputs() {
         Elems::F32(v) => v.as_ptr() as usize,
         e => panic!("{:?}", e.dtype()),
     };
-    // 300 x 256 f32: large enough to keep.
-    let first = call(300, 1);
+    // 70 x 256 f32: large enough to keep.
+    let first = call(70, 1);
     let before = at(&first);
     gm.recycle(first);
-    let second = call(290, 2);
+    let second = call(66, 2);
     assert_eq!(at(&second), before, "the handed-back buffer holds the next output");
-    let third = call(300, 3);
+    let third = call(70, 3);
     assert_ne!(at(&third), before, "taken once");
 }
 
@@ -411,7 +405,7 @@ fn a_gpu_artifact_round_trips() {
     assert!((2 * 256 * 256..4 * 256 * 256).contains(&weights), "{weights} bytes of weights");
     for arch in ["sm_90a", "sm_80"] {
         let gm = anyshape::gpu::host_model_of(b.clone(), Some(arch)).expect("runs on the emulator");
-        for (i, n) in [1usize, 37].into_iter().enumerate() {
+        for (i, n) in [1usize, 66].into_iter().enumerate() {
             compare_within(&m, &gm, &[("n", n)], i as u64, Some(BF16_L2));
         }
     }
