@@ -5,6 +5,8 @@ in their default settings, for benchmarks (not committed: hundreds of MB).
     python tools/models/quantize_full.py /work/models/bert-base/model.onnx --how dynamic
     python tools/models/quantize_full.py /work/models/bert-base/model.onnx --how static
     python tools/models/quantize_full.py /work/models/resnet-50/model.onnx --how static --per-channel
+    python tools/models/quantize_full.py /work/models/bert-base/model.onnx --how static-int16
+    python tools/models/quantize_full.py /work/models/gpt2-lm/model.onnx --how weight-int4
 
 `dynamic` is `quantize_dynamic(..., weight_type=QuantType.QInt8)` (DynamicQuantizeLinear
 and MatMulInteger), written to <model folder>-int8/model.onnx; `static` is
@@ -12,7 +14,10 @@ and MatMulInteger), written to <model folder>-int8/model.onnx; `static` is
 8 seeded random inputs of --shape (token ids below --vocab for int64 inputs, ones for
 masks, standard normal for float inputs), written to <model folder>-qdq/model.onnx;
 `--per-channel` quantizes weights per output channel (`per_channel=True`), written to
-<model folder>-qdq-pc/model.onnx.
+<model folder>-qdq-pc/model.onnx; `static-int16` is `quantize_static` with int16
+activations (`activation_type=QuantType.QInt16`, int8 weights), written to <model
+folder>-qdq-a16/model.onnx; `weight-int4` is `MatMulNBitsQuantizer` in its QDQ format
+(uint4 MatMul weights in blocks of 32, DequantizeLinear), written to <model folder>-w4/.
 """
 
 import argparse
@@ -42,7 +47,7 @@ def inputs_of(path, shape, vocab, rng):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
-    ap.add_argument("--how", choices=["dynamic", "static"], required=True)
+    ap.add_argument("--how", choices=["dynamic", "static", "static-int16", "weight-int4"], required=True)
     ap.add_argument("--shape", default="batch=1,seq=128", help="calibration shape (static)")
     ap.add_argument("--vocab", type=int, default=30522, help="token ids drawn below this (static)")
     ap.add_argument("--per-channel", action="store_true", help="a weight scale per output channel (static)")
@@ -50,11 +55,23 @@ def main():
     from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_dynamic, quantize_static
 
     folder = os.path.dirname(os.path.abspath(a.model))
-    out_dir = folder + ("-int8" if a.how == "dynamic" else "-qdq-pc" if a.per_channel else "-qdq")
+    suffix = {"dynamic": "-int8", "static-int16": "-qdq-a16", "weight-int4": "-w4"}.get(a.how)
+    out_dir = folder + (suffix or ("-qdq-pc" if a.per_channel else "-qdq"))
     os.makedirs(out_dir, exist_ok=True)
     out = os.path.join(out_dir, "model.onnx")
     if a.how == "dynamic":
         quantize_dynamic(a.model, out, weight_type=QuantType.QInt8)
+    elif a.how == "weight-int4":
+        from onnxruntime.quantization import QuantFormat
+        from onnxruntime.quantization.matmul_nbits_quantizer import (
+            DefaultWeightOnlyQuantConfig,
+            MatMulNBitsQuantizer,
+        )
+
+        config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=False, quant_format=QuantFormat.QDQ)
+        q = MatMulNBitsQuantizer(onnx.load(a.model), algo_config=config)
+        q.process()
+        q.model.save_model_to_file(out, use_external_data_format=False)
     else:
         shape = {k: int(v) for k, v in (p.split("=") for p in a.shape.split(","))}
 
@@ -66,7 +83,8 @@ def main():
             def get_next(self):
                 return next(self.feeds, None)
 
-        quantize_static(a.model, out, Reader(), per_channel=a.per_channel)
+        activations = QuantType.QInt16 if a.how == "static-int16" else QuantType.QUInt8
+        quantize_static(a.model, out, Reader(), per_channel=a.per_channel, activation_type=activations)
     print(f"{out} ({os.path.getsize(out) / 2**20:.1f} MiB)")
 
 
