@@ -329,8 +329,8 @@ impl GpuArtifactOptions {
 /// The name ptxas and the artifact give `target`'s code.
 pub fn arch_name(target: GpuTarget) -> &'static str {
     match target {
-        GpuTarget::Sm80 => "sm_80",
-        GpuTarget::Sm90a => "sm_90a",
+        GpuTarget::Sm80 => Arch::Sm80.sm(),
+        GpuTarget::Sm90a => Arch::Sm90a.sm(),
     }
 }
 

@@ -53,7 +53,7 @@ pub enum Arch {
 
 impl Arch {
     /// The name ptxas and LLVM use (`-arch`, `-mcpu`).
-    pub fn sm(self) -> &'static str {
+    pub const fn sm(self) -> &'static str {
         match self {
             Arch::Sm80 | Arch::Simt | Arch::Gemv => "sm_80",
             Arch::Sm90a => "sm_90a",

@@ -337,27 +337,14 @@ impl<B: Backend> CompiledModel<B> {
             let (buf, n) = (&self.plan.buffers[*b], sp.numel[*b]);
             // A large output reuses a buffer handed back, or is made with room to
             // grow (see `recycle`).
-            let large = n.saturating_mul(buf.dtype.size()) >= recycle::KEEP_BYTES && !self.canaries;
-            if let Some(e) = large.then(|| self.recycled.take(buf.dtype, n)).flatten() {
-                outs.push(e);
-                fresh.push(false);
-                continue;
-            }
-            let e = large
-                .then(|| {
-                    zeros(buf.dtype, recycle::room(n)).map(|mut e| {
-                        e.truncate(n);
-                        e
-                    })
-                })
-                .flatten();
-            outs.push(e.or_else(|| zeros(buf.dtype, n)).ok_or_else(|| {
+            let (e, new) = self.recycled.output(buf.dtype, n, !self.canaries).ok_or_else(|| {
                 RunError::Shape(format!(
                     "output '{}' at this shape has {} elements of {}: more than can be allocated",
                     buf.name, n, buf.dtype
                 ))
-            })?);
-            fresh.push(true);
+            })?;
+            outs.push(e);
+            fresh.push(new);
         }
         // Large new outputs are fresh zero pages: faulted in at once, a slice per
         // thread, rather than a trap per page inside the kernels that write them

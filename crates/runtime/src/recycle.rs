@@ -97,6 +97,23 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// An output of `n` elements of `dt`, and whether its memory is new: a
+    /// large one (when `reuse`) from a buffer handed back, or made with
+    /// room to grow; `None` when it cannot be allocated.
+    pub(crate) fn output(&self, dt: DType, n: usize, reuse: bool) -> Option<(Elems, bool)> {
+        let large = reuse && n.saturating_mul(dt.size()) >= KEEP_BYTES;
+        if let Some(e) = large.then(|| self.take(dt, n)).flatten() {
+            return Some((e, false));
+        }
+        let roomy = large.then(|| crate::zeros(dt, room(n))).flatten().map(|mut e| {
+            e.truncate(n);
+            e
+        });
+        roomy.or_else(|| crate::zeros(dt, n)).map(|e| (e, true))
+    }
+}
+
 /// Elements a new output of `n` elements is made with room for: an eighth more,
 /// for the outputs that grow from call to call.
 pub(crate) fn room(n: usize) -> usize {

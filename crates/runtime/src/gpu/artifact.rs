@@ -16,7 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ir::TensorType;
-use plan::gemm::GemmKernel;
+use plan::gemm::{Arch, GemmKernel};
 use plan::{BufferKind, ModelPlan};
 use serde::{Deserialize, Serialize};
 use sym::ShapeEnv;
@@ -31,7 +31,11 @@ use crate::artifact::{
 pub const GPU_MAGIC: &[u8; 8] = b"ANYSHGPU";
 
 /// The architectures a GPU artifact's code may be for.
-pub const GPU_ARCHS: [&str; 2] = ["sm_90a", "sm_80"];
+pub const GPU_ARCHS: [&str; 2] = [HOPPER, EVERY_GPU];
+
+/// The code a Hopper (9.0) runs, and the code every supported GPU runs.
+const HOPPER: &str = Arch::Sm90a.sm();
+const EVERY_GPU: &str = Arch::Sm80.sm();
 
 /// What a kernel of a GPU model is.
 // A model has a few dozen kernels: a boxed GEMM would save nothing worth a
@@ -116,12 +120,12 @@ struct GpuMeta {
 /// 8.x (newer GPUs have the driver assemble its PTX).
 pub fn code_for(archs: &[&str], cc: (i32, i32)) -> Result<(usize, bool), String> {
     if cc == (9, 0) {
-        if let Some(i) = archs.iter().position(|a| *a == "sm_90a") {
+        if let Some(i) = archs.iter().position(|a| *a == HOPPER) {
             return Ok((i, true));
         }
     }
     if cc >= (8, 0) {
-        if let Some(i) = archs.iter().position(|a| *a == "sm_80") {
+        if let Some(i) = archs.iter().position(|a| *a == EVERY_GPU) {
             return Ok((i, cc.0 == 8));
         }
     }
@@ -130,7 +134,7 @@ pub fn code_for(archs: &[&str], cc: (i32, i32)) -> Result<(usize, bool), String>
         archs.join(" and "),
         cc.0,
         cc.1,
-        if cc == (9, 0) { "sm_90a or sm_80" } else { "sm_80" }
+        if cc == (9, 0) { GPU_ARCHS.join(" or ") } else { EVERY_GPU.to_string() }
     ))
 }
 

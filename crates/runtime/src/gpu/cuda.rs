@@ -69,14 +69,14 @@ impl CudaDevice {
         // instead, and the device's name says how many.
         let mut refused = Vec::new();
         for k in kernels {
-            let cubin = k.cubin.as_ref().map(|c| ctx.load_module(Ptx::from_binary(c.clone())));
-            let m = match cubin {
+            let m = match k.cubin.as_ref().map(|c| ctx.load_module(Ptx::from_binary(c.clone()))) {
                 Some(Ok(m)) => m,
-                Some(Err(e)) => {
-                    refused.push(format!("{}: {e:?}", k.name));
+                cubin => {
+                    if let Some(Err(e)) = cubin {
+                        refused.push(format!("{}: {e:?}", k.name));
+                    }
                     ctx.load_module(Ptx::from_src(k.text.as_str())).map_err(driver(&k.name))?
                 }
-                None => ctx.load_module(Ptx::from_src(k.text.as_str())).map_err(driver(&k.name))?,
             };
             let f = m.load_function(&k.name).map_err(driver(&k.name))?;
             if k.smem > 0 {

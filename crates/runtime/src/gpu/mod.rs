@@ -33,7 +33,7 @@ use plan::{BufId, BufferKind, ModelPlan, StepKind};
 use sym::{Bindings, ShapeEnv};
 
 use crate::shape::{extent, AttentionTasks, MatMulShape, ShapePlan, StepShape};
-use crate::{zeros, RunError};
+use crate::RunError;
 pub use attention::AttentionChoice;
 use attention::AttentionLaunch;
 pub use matmul::GemmChoice;
@@ -957,19 +957,7 @@ impl<D: Device> GpuModel<D> {
             let n = sp.numel[b];
             // A large output reuses a buffer handed back, or is made with room
             // to grow (see `crate::recycle`).
-            let large = n.saturating_mul(buf.dtype.size()) >= crate::recycle::KEEP_BYTES;
-            let reused = large.then(|| self.recycled.take(buf.dtype, n)).flatten();
-            let roomy = || {
-                large
-                    .then(|| zeros(buf.dtype, crate::recycle::room(n)))
-                    .flatten()
-                    .map(|mut e| {
-                        e.truncate(n);
-                        e
-                    })
-                    .or_else(|| zeros(buf.dtype, n))
-            };
-            let mut elems = reused.or_else(roomy).ok_or_else(|| {
+            let (mut elems, _) = self.recycled.output(buf.dtype, n, true).ok_or_else(|| {
                 RunError::Shape(format!("output '{}' of {n} elements could not be allocated", buf.name))
             })?;
             if n > 0 {
