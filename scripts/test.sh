@@ -44,13 +44,14 @@ if [[ " $flags " == *" avx512_bf16 "* ]]; then export ANYSHAPE_REQUIRE_BF16=1; f
 if [[ " $flags " == *" avx512_vnni "* || " $flags " == *" avx_vnni "* ]]; then export ANYSHAPE_REQUIRE_VNNI=1; fi
 if [[ " $flags " == *" f16c "* ]]; then export ANYSHAPE_REQUIRE_F16C=1; fi
 
+# One build for every crate's tests, the GPU runner included (anyshape's `gpu`
+# feature turns on anyshape-gpu's `cuda`: cudarc, loaded at run time, which builds
+# and fails cleanly without a GPU); the Python module's build below reuses it.
 cargo test --workspace --locked
-# The GPU runner (cudarc, loaded at run time: it builds and fails cleanly without a
-# GPU) and the whole GPU family as shipped, assembled for sm_90a: a register spill or a
+# The whole GPU family as shipped, assembled for sm_90a: a register spill or a
 # ptxas warning (wgmma serialization) fails (codegen's nvptx test assembles the
 # families for sm_80 too). Running the kernels needs a GPU
 # (scripts/gpu-dist.sh, then bench/gpu/device.sh on the GPU machine).
-cargo test --locked -p anyshape-gpu --features cuda
 target/debug/anyshape gpu-kernels --out target/gpu-kernels --ptxas "$ptxas" --arch sm_90a > target/gpu-kernels.log
 tail -1 target/gpu-kernels.log
 if ldd target/debug/anyshape-gpu | grep -i llvm; then
