@@ -120,6 +120,24 @@ fn quantized_bert_artifact_round_trips() {
     std::fs::remove_file(path).ok();
 }
 
+/// A weight-only quantized BERT (uint4 codes in groups of 32 rows): its
+/// weights packed from their codes, and so they travel in the artifact.
+#[test]
+fn weight_coded_bert_artifact_round_trips() {
+    let file =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures-quantized/bert_w4/model.onnx");
+    let shapes: Vec<Vec<(&str, usize)>> =
+        [(1, 1), (2, 7), (1, 17), (3, 33)].iter().map(|&(b, s)| vec![("batch", b), ("seq", s)]).collect();
+    let (loaded, path) = round_trip_of(file, "bert_w4", &shapes);
+    let text = loaded.kernels_text();
+    let line = text.lines().find(|l| l.starts_with("packed weights:")).unwrap_or_default().to_string();
+    let counts: Vec<usize> =
+        line.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
+    // All but the pooler's (a `Gemm`, which the quantizer leaves in f32).
+    assert!(counts.len() == 2 && counts[0] > 1 && counts[1] == counts[0] - 1, "{text}");
+    std::fs::remove_file(path).ok();
+}
+
 #[test]
 fn gpt2_artifact_round_trips() {
     let shapes: Vec<Vec<(&str, usize)>> =

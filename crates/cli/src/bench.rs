@@ -71,6 +71,14 @@ pub struct BenchMatmulArgs {
     /// over them, as at compile time when M is a symbol).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 16, 128, 1024])]
     pack_for: Vec<usize>,
+    /// B a weight-only quantized weight of this many bits a value (4 or 8):
+    /// unsigned codes with a scale and a zero point per `--group` rows of K
+    /// and per column, dequantized panel by panel for the f32 kernels.
+    #[arg(long, value_parser = ["4", "8"])]
+    weight_bits: Option<String>,
+    /// Rows of K that share a scale with --weight-bits (0: one per column).
+    #[arg(long, default_value_t = 32)]
+    group: usize,
     /// Also measure every candidate schedule and report each model's regret
     /// against the best one measured.
     #[arg(long)]
@@ -342,7 +350,30 @@ fn bench_shape(
     };
     // One matmul: B is a weight, packed once (outside the timed runs) for the row
     // counts it will meet. A batch: both operands are activations.
-    if batch == 1 {
+    if let Some(bits) = &args.weight_bits {
+        if batch != 1 || args.bt || tile.is_some() || args.kc.is_some() {
+            return Err(UserError(
+                "--weight-bits takes one product, B not transposed, no --tile or --kc".into(),
+            )
+            .into());
+        }
+        let bits: u32 = bits.parse()?;
+        let group = if args.group == 0 { k.max(1) } else { args.group };
+        let groups = k.div_ceil(group);
+        let codes: Vec<u8> = (0..k * n).map(|i| (i * 7 % (1 << bits)) as u8).collect();
+        let zero_points: Vec<u8> = (0..groups * n).map(|i| (i % (1 << bits)) as u8).collect();
+        let scales: Vec<f32> = (0..groups * n).map(|i| (i % 5 + 1) as f32 * 1e-3).collect();
+        let w = kernels::QuantizedWeight {
+            k,
+            n,
+            bits,
+            codes: kernels::Codes::U8(&codes),
+            group,
+            scales: &scales,
+            zero_points: Some(kernels::Codes::U8(&zero_points)),
+        };
+        ops.packed = Some(d.pack_quantized_weight(&w, &args.pack_for)?);
+    } else if batch == 1 {
         let bv = b_view(&ops.b, 0, k, n, args.bt)?;
         let elem = d.family().elem();
         ops.packed = Some(match (tile, args.kc) {
@@ -415,7 +446,7 @@ fn bench_shape(
     // Cold: the weight's copies in turn, each found in memory by its call.
     let copies: Vec<PackedB> = match packed.as_ref() {
         Some(p) if args.cold => {
-            let bytes = (p.k * p.n * d.family().elem().bytes()).max(1);
+            let bytes = (p.words().len() * 4).max(1);
             let count = (d.machine().l3 * 3 / 2 / bytes + 1).clamp(2, 64);
             (1..count).map(|_| p.clone()).collect()
         }

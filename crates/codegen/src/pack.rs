@@ -20,7 +20,7 @@ use inkwell::module::Module;
 use inkwell::types::VectorType;
 use inkwell::values::{BasicMetadataValueEnum, BasicValueEnum, IntValue, PointerValue, VectorValue};
 use inkwell::{AddressSpace, IntPredicate};
-use kernels::{ElemType, PackFn, Packer, RowsPackFn, RowsPacker, Target};
+use kernels::{DequantFn, Dequantizer, ElemType, PackFn, Packer, RowsPackFn, RowsPacker, Target};
 
 use crate::{jit_module, llvm, set_align, target_attributes, CodegenError};
 
@@ -29,6 +29,7 @@ use crate::{jit_module, llvm, set_align, target_attributes, CodegenError};
 pub struct JitPackers {
     packers: Vec<Packer>,
     rows: Vec<RowsPacker>,
+    dequantizers: Vec<Dequantizer>,
     ir: crate::OptimizedIr,
     // Owns the machine code the packers point into; only dropped.
     _image: kernels::CodeImage,
@@ -50,6 +51,10 @@ impl JitPackers {
     /// The routine over rows given by address writing panels `width` wide, if compiled.
     pub fn get_rows(&self, width: usize) -> Option<RowsPacker> {
         self.rows.iter().copied().find(|p| p.width == width)
+    }
+    /// The dequantizer of `bits`-bit codes in rows `width` wide, if compiled.
+    pub fn get_dequantizer(&self, width: usize, bits: u32) -> Option<Dequantizer> {
+        self.dequantizers.iter().copied().find(|d| d.width == width && d.bits == bits)
     }
     /// The optimized LLVM IR.
     pub fn ir(&self) -> &str {
@@ -102,6 +107,14 @@ pub fn compile_packers_cached(
     }
     let name = |w: usize| format!("pack_{elem}_w{w}");
     let rows_name = |w: usize| format!("pack_{elem}_w{w}_rows");
+    // f32 families dequantize weight codes for each panel width of 8 columns or more.
+    let dequant: Vec<(usize, u32)> = match elem {
+        ElemType::F32 => {
+            widths.iter().filter(|&&w| w.is_multiple_of(8)).flat_map(|&w| [(w, 4), (w, 8)]).collect()
+        }
+        _ => Vec::new(),
+    };
+    let dequant_name = |(w, bits): (usize, u32)| format!("dequant_u{bits}_w{w}");
     let (image, ir) = jit_module(t, "packers", cache, |ctx, module, cpu, features| {
         for &w in &widths {
             build_packer(ctx, module, &name(w), (w, elem), l, Rows::Strided, cpu, features)?;
@@ -109,10 +122,13 @@ pub fn compile_packers_cached(
         for &w in &rows_widths {
             build_packer(ctx, module, &rows_name(w), (w, elem), l, Rows::ByAddress, cpu, features)?;
         }
+        for &d in &dequant {
+            build_dequantizer(ctx, module, &dequant_name(d), d, cpu, features, l)?;
+        }
         Ok(())
     })?;
     // SAFETY (for the entries below): each name was just generated with exactly the
-    // `PackFn` or `RowsPackFn` signature and the C calling convention; the image that
+    // `PackFn`, `RowsPackFn` or `DequantFn` signature and the C calling convention; the image that
     // holds them lives in the returned value.
     let entry_err = |e: kernels::ImageError| llvm(e.to_string());
     let mut packers = Vec::with_capacity(widths.len());
@@ -125,7 +141,97 @@ pub fn compile_packers_cached(
         let func: RowsPackFn = unsafe { image.entry(&rows_name(w)) }.map_err(entry_err)?;
         rows.push(RowsPacker { width: w, elem, func });
     }
-    Ok(JitPackers { packers, rows, ir, _image: image })
+    let mut dequantizers = Vec::with_capacity(dequant.len());
+    for &(w, bits) in &dequant {
+        let func: DequantFn = unsafe { image.entry(&dequant_name((w, bits))) }.map_err(entry_err)?;
+        dequantizers.push(Dequantizer { width: w, bits, func });
+    }
+    Ok(JitPackers { packers, rows, dequantizers, ir, _image: image })
+}
+
+/// A dequantizing routine ([`DequantFn`]) for rows `width` wide of `bits`-bit
+/// codes: per row one load of its codes (4 bits: the low halves, then the
+/// high halves, joined into one vector of `width` bytes), widened to f32 and
+/// one FMA with the group's scales and offsets, kept in registers across the
+/// rows, and one store.
+fn build_dequantizer(
+    ctx: &'static Context,
+    module: &Module<'static>,
+    name: &str,
+    (width, bits): (usize, u32),
+    cpu: &str,
+    features: &str,
+    lanes: usize,
+) -> Result<(), CodegenError> {
+    let (f32t, i64t, i8t, i32t) = (ctx.f32_type(), ctx.i64_type(), ctx.i8_type(), ctx.i32_type());
+    let ptr = ctx.ptr_type(AddressSpace::default());
+    let w = width as u32;
+    let (fv, bv) = (f32t.vec_type(w), i8t.vec_type(w));
+    let params: Vec<inkwell::types::BasicMetadataTypeEnum> =
+        vec![ptr.into(), ptr.into(), ptr.into(), i64t.into(), ptr.into()];
+    let f = module.add_function(name, ctx.void_type().fn_type(&params, false), None);
+    target_attributes(ctx, f, cpu, features, lanes);
+    let p = |i: u32| f.get_nth_param(i).ok_or_else(|| llvm("param"));
+    let (codes, scale, offset) =
+        (p(0)?.into_pointer_value(), p(1)?.into_pointer_value(), p(2)?.into_pointer_value());
+    let (rows, out) = (p(3)?.into_int_value(), p(4)?.into_pointer_value());
+    let fma = Intrinsic::find("llvm.fma")
+        .and_then(|i| i.get_declaration(module, &[fv.into()]))
+        .ok_or_else(|| llvm("no llvm.fma for the vector type"))?;
+    let bld = ctx.create_builder();
+    let entry = ctx.append_basic_block(f, "entry");
+    let body = ctx.append_basic_block(f, "row");
+    let exit = ctx.append_basic_block(f, "exit");
+    bld.position_at_end(entry);
+    let s = bld.build_load(fv, scale, "scale").map_err(llvm)?;
+    set_align(&s, 4);
+    let o = bld.build_load(fv, offset, "offset").map_err(llvm)?;
+    set_align(&o, 4);
+    let any = bld.build_int_compare(IntPredicate::SGT, rows, i64t.const_zero(), "any").map_err(llvm)?;
+    bld.build_conditional_branch(any, body, exit).map_err(llvm)?;
+    bld.position_at_end(body);
+    let r = bld.build_phi(i64t, "r").map_err(llvm)?;
+    r.add_incoming(&[(&i64t.const_zero(), entry)]);
+    let ri = r.as_basic_value().into_int_value();
+    let row_bytes = i64t.const_int(width as u64 * bits as u64 / 8, false);
+    let at = bld.build_int_mul(ri, row_bytes, "at").map_err(llvm)?;
+    // SAFETY (of the IR, not of Rust): row `r < rows` of the codes, as the ABI promises.
+    let src = unsafe { bld.build_in_bounds_gep(i8t, codes, &[at], "src") }.map_err(llvm)?;
+    let bytes = if bits == 8 {
+        let v = bld.build_load(bv, src, "codes").map_err(llvm)?;
+        set_align(&v, 1);
+        v.into_vector_value()
+    } else {
+        let half = i8t.vec_type(w / 2);
+        let v = bld.build_load(half, src, "pairs").map_err(llvm)?;
+        set_align(&v, 1);
+        let v = v.into_vector_value();
+        let splat = |x: u64| VectorType::const_vector(&vec![i8t.const_int(x, false); width / 2]);
+        let lo = bld.build_and(v, splat(15), "lo").map_err(llvm)?;
+        let hi = bld.build_right_shift(v, splat(4), false, "hi").map_err(llvm)?;
+        let order: Vec<_> = (0..width).map(|j| i32t.const_int(j as u64, false)).collect();
+        bld.build_shuffle_vector(lo, hi, VectorType::const_vector(&order), "codes").map_err(llvm)?
+    };
+    let wide = bld.build_int_z_extend(bytes, i32t.vec_type(w), "wide").map_err(llvm)?;
+    let vals = bld.build_unsigned_int_to_float(wide, fv, "vals").map_err(llvm)?;
+    let args: [BasicMetadataValueEnum; 3] = [vals.into(), s.into(), o.into()];
+    let y = bld.build_call(fma, &args, "y").map_err(llvm)?;
+    let y = match y.try_as_basic_value() {
+        inkwell::values::ValueKind::Basic(v) => v,
+        inkwell::values::ValueKind::Instruction(_) => return Err(llvm("llvm.fma returned nothing")),
+    };
+    let at = bld.build_int_mul(ri, i64t.const_int(width as u64, false), "out.at").map_err(llvm)?;
+    // SAFETY (of the IR, not of Rust): row `r < rows` of the `rows × width` output.
+    let dst = unsafe { bld.build_in_bounds_gep(f32t, out, &[at], "dst") }.map_err(llvm)?;
+    let st = bld.build_store(dst, y).map_err(llvm)?;
+    st.set_alignment(4).map_err(llvm)?;
+    let next = bld.build_int_add(ri, i64t.const_int(1, false), "next").map_err(llvm)?;
+    r.add_incoming(&[(&next, body)]);
+    let more = bld.build_int_compare(IntPredicate::SLT, next, rows, "more").map_err(llvm)?;
+    bld.build_conditional_branch(more, body, exit).map_err(llvm)?;
+    bld.position_at_end(exit);
+    bld.build_return(None).map_err(llvm)?;
+    Ok(())
 }
 
 /// How a packing routine finds its source rows.

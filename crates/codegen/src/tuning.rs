@@ -255,6 +255,7 @@ pub fn machine_model(
         a: jit.as_ref().and_then(|j| j.get(8)),
         bt: jit.as_ref().and_then(|j| j.get(2 * t.f32_lanes)),
         a_rows: None,
+        dequant: [None, None],
     };
     let mut m = tune::calibrate::measure(t, pool, packers, elem);
     m.peak_gflops = peak(pool, 200);

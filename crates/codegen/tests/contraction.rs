@@ -410,3 +410,95 @@ fn integer_contractions_are_exact(elem: kernels::ElemType, instruction: &str) {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Weight-only quantized weights (4- and 8-bit codes, signed and unsigned,
+/// with and without zero points, groups of 32 rows, of 7, and one per column)
+/// multiplied by f32 activations through the f32 family, with bias and GELU
+/// fused: against the product of the dequantized weight in f64, at shapes with
+/// 1, primes, odd depths, one past a K block and groups that straddle blocks;
+/// both drivers (direct, for a few rows, and packed panels) must take part.
+#[test]
+fn quantized_weights_match_their_dequantized_product() {
+    use kernels::{Codes, Operands, QuantizedWeight};
+    use proptest::prelude::*;
+    let dir = std::env::temp_dir().join(format!("anyshape-quantized-{}", std::process::id()));
+    let pool = ThreadPool::new(2);
+    for t in targets() {
+        let ep = Epilogue { bias: true, activation: Activation::Gelu, ..Default::default() };
+        let fused = Contraction::builder(&t, &pool).epilogue(ep).cache(Some(&dir)).build().expect("compile");
+        let seen = std::cell::RefCell::new(std::collections::HashSet::new());
+        let kc = std::cell::Cell::new(0);
+        let case = |m: usize, n: usize, k: usize, form: usize, seed: usize| -> Result<(), TestCaseError> {
+            let (bits, signed, zero, group) =
+                ([4, 8][form % 2], form / 2 % 2 == 1, form / 4 % 2 == 1, [32, 7, k][form / 8 % 3]);
+            let val = |i: usize, s: usize| (i * 7919 + s * 104_729) % 1_000_003;
+            let levels = 1usize << bits;
+            let least = if signed { -(levels as i32 / 2) } else { 0 };
+            let groups = k.div_ceil(group);
+            let codes: Vec<i32> = (0..k * n).map(|i| (val(i, seed) % levels) as i32 + least).collect();
+            let zps: Vec<i32> = (0..groups * n).map(|i| (val(i, seed + 2) % levels) as i32 + least).collect();
+            // Weights within ±1/4 (the reference GELU's series holds for moderate sums).
+            let unit = 1.0 / (64 * levels) as f32;
+            let scales: Vec<f32> =
+                (0..groups * n).map(|i| ((val(i, seed + 3) % 17) as f32 + 1.0) * unit).collect();
+            let a: Vec<f32> = (0..m * k).map(|i| ((val(i, seed + 1) % 13) as f32 - 6.0) / 8.0).collect();
+            let bias: Vec<f32> = (0..n).map(|j| (j % 7) as f32 * 0.1 - 0.3).collect();
+            let ((ci, cu), (zi, zu)) = (i8s_u8s(&codes), i8s_u8s(&zps));
+            fn pick<'a>(signed: bool, i: &'a [i8], u: &'a [u8]) -> Codes<'a> {
+                if signed {
+                    Codes::I8(i)
+                } else {
+                    Codes::U8(u)
+                }
+            }
+            let w = QuantizedWeight {
+                k,
+                n,
+                bits,
+                codes: pick(signed, &ci, &cu),
+                group,
+                scales: &scales,
+                zero_points: zero.then(|| pick(signed, &zi, &zu)),
+            };
+            let packed = fused.pack_quantized_weight(&w, &[1, 16, 128]).expect("pack");
+            kc.set(packed.kc);
+            let weight = |p: usize, j: usize| {
+                let g = (p / group) * n + j;
+                (codes[p * n + j] - if zero { zps[g] } else { 0 }) as f64 * scales[g] as f64
+            };
+            let want = |i: usize, j: usize| {
+                gelu((0..k).map(|p| a[i * k + p] as f64 * weight(p, j)).sum::<f64>() + bias[j] as f64)
+            };
+            let mut c = vec![f32::NAN; m * n];
+            let args = EpilogueArgs { bias: Some(&bias), ..EpilogueArgs::default() };
+            let cv = MatMut::new(&mut c, m, n, n).unwrap();
+            let am = MatRef::row_major(&a, m, k).unwrap();
+            let s = fused.matmul(&pool, am, BOperand::Packed(&packed), cv, &args).expect("run");
+            seen.borrow_mut().insert(s.operands == Operands::Direct);
+            let what = format!("{bits}-bit signed {signed} zero points {zero} groups of {group}: {s}");
+            all_close(&c, (m, n, k), &what, want, |i, j| 1e-4 * (1.0 + want(i, j).abs()))
+        };
+        case(1, 8, 8, 0, 0).unwrap_or_else(|e| panic!("{e}"));
+        let kc = kc.get();
+        let shapes = awkward_shapes(kc).into_iter().chain([(64, 40, 2 * kc + 40), (200, 24, 3 * kc + 1)]);
+        for (x, (m, n, k)) in shapes.enumerate() {
+            for form in 0..24 {
+                case(m, n, k, form, x).unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(32));
+        runner
+            .run(
+                &(1usize..70, 1usize..70, 1usize..(2 * kc + 3), 0usize..24, 0usize..1000),
+                |(m, n, k, f, s)| case(m, n, k, f, s),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        let seen = seen.into_inner();
+        assert_eq!(seen.len(), 2, "both drivers: {seen:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn i8s_u8s(v: &[i32]) -> (Vec<i8>, Vec<u8>) {
+    (v.iter().map(|&x| x as i8).collect(), v.iter().map(|&x| x as u8).collect())
+}

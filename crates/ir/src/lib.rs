@@ -16,7 +16,7 @@ pub use infer::infer;
 pub use op::{BinaryOp, ConvAttrs, Op, PadMode, PoolAttrs, PoolKind, ReduceOp, SliceAxis, UnaryOp};
 pub use tensor::{
     checked_numel, f16_to_f32, f64_to_f16, ConstData, DType, Elems, MappedFile, Tensor, TensorData,
-    TensorType, TensorView, ViewElement,
+    TensorType, TensorView, ViewElement, WeightCodes,
 };
 pub use text::{parse_graph, print_graph, weight_table, INLINE_MAX};
 pub use verify::verify;

@@ -435,6 +435,28 @@ pub struct ConstData {
     bytes: Bytes,
     /// The file mapping `bytes` is a window into, if any.
     file: Option<Arc<dyn MappedFile>>,
+    /// The quantized weight these f32 values dequantize, if any.
+    codes: Option<Arc<WeightCodes>>,
+}
+
+/// A 2-D `[k, n]` f32 constant's source, when it is a weight-only quantized
+/// weight's dequantization (ONNX's `DequantizeLinear` of constant int4 or
+/// int8 codes, blocked along K or one scale per column): element `(r, c)` is
+/// `(codes[r, c] − zero_points[r / group, c]) · scales[r / group, c]`. The
+/// values stay what every consumer reads; a backend may multiply the codes
+/// instead.
+#[derive(Clone, Debug)]
+pub struct WeightCodes {
+    /// `[k, n]`, i8 or u8 (int4 and uint4 held in them).
+    pub codes: ConstData,
+    /// 4 or 8.
+    pub bits: u32,
+    /// Rows of K that share a scale.
+    pub group: usize,
+    /// `[k.div_ceil(group), n]`.
+    pub scales: Vec<f32>,
+    /// As `scales`, of the codes' type.
+    pub zero_points: Option<ConstData>,
 }
 
 impl PartialEq for ConstData {
@@ -454,7 +476,7 @@ impl ConstData {
                 bytes.len()
             )));
         }
-        Ok(ConstData { dtype, shape, bytes, file: None })
+        Ok(ConstData { dtype, shape, bytes, file: None, codes: None })
     }
 
     /// [`ConstData::from_bytes`] for a window into a read-only file mapping,
@@ -481,7 +503,37 @@ impl ConstData {
                 self.shape
             )));
         }
-        Ok(ConstData { dtype: self.dtype, shape, bytes: self.bytes.clone(), file: self.file.clone() })
+        // The codes describe the values as `[k, n]`: kept under that shape only.
+        let codes = self.codes.clone().filter(|_| shape == self.shape);
+        Ok(ConstData { dtype: self.dtype, shape, bytes: self.bytes.clone(), file: self.file.clone(), codes })
+    }
+
+    /// These f32 values (`[k, n]`) as the dequantization of `codes`.
+    pub fn with_codes(mut self, codes: WeightCodes) -> Result<ConstData, IrError> {
+        let [k, n] = self.shape[..] else {
+            return Err(IrError::Data(format!("weight codes of a {:?} constant (2-D only)", self.shape)));
+        };
+        let groups = k.div_ceil(codes.group.max(1));
+        let fits =
+            |c: &ConstData, rows: usize| matches!(c.dtype, DType::I8 | DType::U8) && c.shape == [rows, n];
+        if self.dtype != DType::F32
+            || !fits(&codes.codes, k)
+            || codes.zero_points.as_ref().is_some_and(|z| !fits(z, groups) || z.dtype != codes.codes.dtype)
+            || codes.scales.len() != groups * n
+            || !matches!(codes.bits, 4 | 8)
+        {
+            return Err(IrError::Data(format!(
+                "weight codes that do not describe an f32{:?} constant",
+                self.shape
+            )));
+        }
+        self.codes = Some(Arc::new(codes));
+        Ok(self)
+    }
+
+    /// The quantized weight these values dequantize, if known.
+    pub fn weight_codes(&self) -> Option<&WeightCodes> {
+        self.codes.as_deref()
     }
 
     /// Whether the bytes are a window into a file mapping.
@@ -511,7 +563,13 @@ impl ConstData {
             Elems::I64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
             Elems::Bool(v) => v.iter().for_each(|x| out.push(*x as u8)),
         }
-        ConstData { dtype: t.dtype(), shape: t.shape().to_vec(), bytes: Bytes::from(out), file: None }
+        ConstData {
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+            bytes: Bytes::from(out),
+            file: None,
+            codes: None,
+        }
     }
 
     pub fn bytes(&self) -> &Bytes {

@@ -84,6 +84,8 @@ enum BSource<'a> {
     /// Packed f32 panels (a weight, or this thread's copy of a strided
     /// activation), the first panel being `first`.
     Panels(&'a [u32], usize),
+    /// A quantized weight's panels, each dequantized as it is reached.
+    Quantized(&'a crate::PackedB),
 }
 
 /// Rows `rows` × column panels `cols` of `C = A · B` (`C += A · B` with
@@ -147,6 +149,7 @@ fn direct_block(
     for pc in (0..k).step_by(plan.kc) {
         let kc = plan.kc.min(k - pc);
         let src = match b {
+            BOperand::Packed(p) if p.codes.is_some() => BSource::Quantized(p),
             BOperand::Packed(p) => BSource::Panels(p.block(pc, kc), 0),
             BOperand::Plain(bm) if bm.cs == 1 || bm.cols == 1 => {
                 BSource::InPlace(&bm.data[pc * bm.rs..], bm.rs)
@@ -180,6 +183,10 @@ fn direct_block(
                 BSource::InPlace(d, ld) => (d[col..].as_ptr(), ld),
                 // f32 words: the panel's bits are its values.
                 BSource::Panels(d, first) => (d[(jr - first) * kc * nr..].as_ptr().cast::<f32>(), nr),
+                BSource::Quantized(p) => {
+                    p.dequantize_panel((pc, kc, jr), &main.packers, &mut ws.deq);
+                    (ws.deq.as_ptr().cast::<f32>(), nr)
+                }
             };
             let bias = ep.bias.map_or(std::ptr::null(), |b| b[col..].as_ptr());
             if let Some((t, _)) = a.taps {

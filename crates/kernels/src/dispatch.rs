@@ -289,6 +289,26 @@ impl Dispatcher {
         self.pack_in(b, self.weight_layout(b.rows, b.cols, rows)?)
     }
 
+    /// Pack a weight-only quantized weight ([`crate::QuantizedWeight`]) once, in
+    /// the layout [`Dispatcher::pack_weight`] would give its f32 values; f32
+    /// families only (its panels are dequantized to f32).
+    pub fn pack_quantized_weight(
+        &self,
+        w: &crate::QuantizedWeight,
+        rows: &[usize],
+    ) -> Result<PackedB, KernelError> {
+        if self.family.elem() != crate::ElemType::F32 {
+            return Err(KernelError::Shape(format!(
+                "a quantized weight is multiplied by f32 kernels, not {}",
+                self.family.elem()
+            )));
+        }
+        match self.weight_layout(w.k, w.n, rows)? {
+            BLayout::Packed { nr, kc } => PackedB::quantized(w, nr, kc),
+            _ => Err(KernelError::Shape("an empty kernel family".into())),
+        }
+    }
+
     /// `b` packed in `layout` (a [`BLayout::Packed`] from this dispatcher).
     fn pack_in(&self, b: MatRef, layout: BLayout) -> Result<PackedB, KernelError> {
         match layout {

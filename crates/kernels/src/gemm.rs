@@ -12,6 +12,7 @@
 //! Operands are strided views, so a transposed operand costs nothing: its
 //! transpose is folded into packing (the contraction's prologue).
 
+use crate::codes::{CodeLayout, QuantizedWeight};
 use crate::pack::{pack_a, pack_b, Packers};
 use crate::taps::ConvTaps;
 use crate::{ElemType, KernelError, Lines, Target};
@@ -186,6 +187,10 @@ pub struct PackedB {
     pub nr: usize,
     pub kc: usize,
     pub elem: ElemType,
+    /// The words are integer codes and their groups' scales (a weight-only
+    /// quantized weight, [`PackedB::quantized`]; `elem` is f32, what its
+    /// panels are dequantized to).
+    pub codes: Option<CodeLayout>,
     data: Words,
 }
 
@@ -234,7 +239,43 @@ impl PackedB {
             pack_b(&b, pc, kc.min(k - pc), 0, n, nr, elem, &mut panel, None);
             data.extend_from_slice(&panel);
         }
-        PackedB { k, n, nr, kc, elem, data: Words::Owned(data) }
+        PackedB { k, n, nr, kc, elem, codes: None, data: Words::Owned(data) }
+    }
+
+    /// A weight-only quantized weight packed for f32 kernels of width `nr`
+    /// (a multiple of 8) in blocks `kc` deep: each panel its codes and its
+    /// groups' scales ([`CodeLayout`]), dequantized by the drivers as they
+    /// reach it.
+    pub fn quantized(w: &QuantizedWeight, nr: usize, kc: usize) -> Result<PackedB, KernelError> {
+        w.check()?;
+        if nr == 0 || !nr.is_multiple_of(8) || kc == 0 {
+            return Err(KernelError::Shape(format!(
+                "a quantized weight is packed in panels of a multiple of 8 columns, not {nr} (KC {kc})"
+            )));
+        }
+        let layout = CodeLayout { bits: w.bits, group: w.group };
+        let panels = w.n.div_ceil(nr);
+        let total = PackedB::quantized_len_of(w.k, w.n, nr, kc, layout).ok_or_else(|| {
+            KernelError::Shape(format!("a quantized {}x{} weight too large to pack", w.k, w.n))
+        })?;
+        let mut data = Lines::<u32>::with_len(total);
+        let mut at = 0;
+        for (pc, kcur) in (0..w.k).step_by(kc).map(|pc| (pc, kc.min(w.k - pc))) {
+            let len = layout.panel_len(pc, kcur, nr);
+            for j in 0..panels {
+                layout.pack_panel(w, pc, kcur, j * nr, nr, &mut data[at..at + len]);
+                at += len;
+            }
+        }
+        Ok(PackedB {
+            k: w.k,
+            n: w.n,
+            nr,
+            kc,
+            elem: ElemType::F32,
+            codes: Some(layout),
+            data: Words::Owned(data),
+        })
     }
 
     /// The words a weight of `k × n` packed for `nr` and `kc` as `elem` takes.
@@ -247,6 +288,61 @@ impl PackedB {
             |d: usize| Some(elem.words(d).checked_mul(nr)?.checked_mul(elem.b_word_bytes())?.div_ceil(4));
         let words = full.checked_mul(panel(kc)?)?.checked_add(panel(rest)?)?;
         words.checked_mul(panels)
+    }
+
+    /// The words a quantized `k × n` weight packed for `nr` and `kc` in
+    /// `layout` takes ([`PackedB::quantized`]).
+    pub fn quantized_len_of(k: usize, n: usize, nr: usize, kc: usize, layout: CodeLayout) -> Option<usize> {
+        if kc == 0 || layout.group == 0 {
+            return None;
+        }
+        let panels = n.checked_next_multiple_of(nr)? / nr.max(1);
+        let mut words = 0usize;
+        for pc in (0..k).step_by(kc) {
+            let kcur = kc.min(k - pc);
+            let groups = layout.groups_of(pc, kcur).len();
+            let codes = kcur.checked_mul(nr)?.checked_mul(layout.bits as usize)? / 32;
+            let len = groups.checked_mul(2 * nr)?.checked_add(codes)?;
+            words = words.checked_add(len.checked_mul(panels)?)?;
+        }
+        Some(words)
+    }
+
+    /// A quantized weight packed earlier (by [`PackedB::quantized`], its
+    /// words kept as little-endian bytes) read in place from `bytes[range]`,
+    /// as [`PackedB::from_shared`] reads an f32 one.
+    pub fn quantized_from_shared(
+        (k, n, nr, kc): (usize, usize, usize, usize),
+        layout: CodeLayout,
+        bytes: SharedBytes,
+        range: std::ops::Range<usize>,
+    ) -> Result<PackedB, KernelError> {
+        let bad = |why: &str| {
+            KernelError::Shape(format!(
+                "a packed quantized {k}x{n} weight (NR {nr}, KC {kc}, {layout:?}): {why}"
+            ))
+        };
+        if nr == 0 || !nr.is_multiple_of(8) || !matches!(layout.bits, 4 | 8) {
+            return Err(bad("panels that are no multiple of 8 columns, or codes of neither 4 nor 8 bits"));
+        }
+        let words =
+            PackedB::quantized_len_of(k, n, nr, kc, layout).ok_or_else(|| bad("too large or empty"))?;
+        let window = (*bytes).as_ref().get(range.clone()).ok_or_else(|| bad("outside its file"))?;
+        if Some(window.len()) != words.checked_mul(4) {
+            return Err(bad(&format!("{} bytes, its packing takes {words} words", window.len())));
+        }
+        if bytemuck::try_cast_slice::<u8, u32>(window).is_err() {
+            return Err(bad("not aligned to 4 bytes"));
+        }
+        Ok(PackedB {
+            k,
+            n,
+            nr,
+            kc,
+            elem: ElemType::F32,
+            codes: Some(layout),
+            data: Words::Shared(bytes, range),
+        })
     }
 
     /// A weight packed earlier (by [`PackedB::of_elem`], its [`PackedB::words`]
@@ -271,7 +367,7 @@ impl PackedB {
         if bytemuck::try_cast_slice::<u8, u32>(window).is_err() {
             return Err(bad("not aligned to 4 bytes"));
         }
-        Ok(PackedB { k, n, nr, kc, elem, data: Words::Shared(bytes, range) })
+        Ok(PackedB { k, n, nr, kc, elem, codes: None, data: Words::Shared(bytes, range) })
     }
 
     /// The packed words, panel after panel (what an artifact stores).
@@ -283,15 +379,58 @@ impl PackedB {
     /// rows deep).
     pub(crate) fn block(&self, pc: usize, kcur: usize) -> &[u32] {
         let panels = self.n.div_ceil(self.nr);
-        let start = pc / self.kc.max(1) * self.elem.b_panel_len(self.kc, self.nr) * panels;
-        &self.data.get()[start..start + self.elem.b_panel_len(kcur, self.nr) * panels]
+        let start = match self.codes {
+            // Blocks differ in the groups they meet: the sum of those before.
+            Some(l) => (0..pc)
+                .step_by(self.kc.max(1))
+                .map(|p| l.panel_len(p, self.kc.min(self.k - p), self.nr) * panels)
+                .sum(),
+            None => pc / self.kc.max(1) * self.elem.b_panel_len(self.kc, self.nr) * panels,
+        };
+        &self.data.get()[start..start + self.panel_len(pc, kcur) * panels]
+    }
+
+    /// Words of a panel of the block starting at row `pc`, `kcur` rows deep.
+    fn panel_len(&self, pc: usize, kcur: usize) -> usize {
+        match self.codes {
+            Some(l) => l.panel_len(pc, kcur, self.nr),
+            None => self.elem.b_panel_len(kcur, self.nr),
+        }
     }
 
     /// Panel `j` of the block starting at row `pc` (`kcur` rows deep), where the
-    /// weight has one.
+    /// weight has one: its words as stored (codes and scales for a quantized
+    /// weight).
     pub(crate) fn panel(&self, pc: usize, kcur: usize, j: usize) -> Option<&[u32]> {
-        let len = self.elem.b_panel_len(kcur, self.nr);
+        let len = self.panel_len(pc, kcur);
         self.block(pc, kcur).get(j * len..(j + 1) * len)
+    }
+
+    /// Panel `j` of the block starting at row `pc` (`kcur` rows deep) as f32
+    /// words in `out` (`kcur × nr`), when the weight is quantized; false
+    /// (`out` untouched) when it is not, or has no such panel.
+    /// `packers`' dequantizer does it where it has one for the weight's codes.
+    pub(crate) fn dequantize_panel(
+        &self,
+        (pc, kcur, j): (usize, usize, usize),
+        packers: &Packers,
+        out: &mut Lines<u32>,
+    ) -> bool {
+        let (Some(l), Some(panel)) = (self.codes, self.panel(pc, kcur, j)) else { return false };
+        // The codes are the stream from memory now: the panel after this one (the
+        // next of the block, or the next block's first) is asked for while this
+        // one is dequantized and multiplied.
+        let words = self.data.get();
+        let next = panel.as_ptr_range().end as usize - words.as_ptr() as usize;
+        for line in
+            words.get(next / 4..(next / 4 + panel.len()).min(words.len())).unwrap_or(&[]).iter().step_by(16)
+        {
+            crate::prefetch::to_l1(line);
+        }
+        out.resize(kcur * self.nr);
+        let generated = packers.dequantizer(self.nr, l.bits);
+        l.dequantize(panel, (pc, kcur, self.nr), generated, bytemuck::cast_slice_mut(&mut out[..]));
+        true
     }
 }
 
@@ -759,6 +898,8 @@ impl CPtr {
 pub(crate) struct Workspace {
     a: Lines<u32>,
     pub(crate) b: Lines<u32>,
+    /// The panel of a quantized weight being multiplied, dequantized.
+    pub(crate) deq: Lines<u32>,
     scratch: Vec<f32>,
     bias: Vec<f32>,
     res: Vec<f32>,
@@ -874,7 +1015,7 @@ fn band(
         return;
     }
     ws.b_kept = None;
-    let Workspace { a: ap, b: bp, scratch, bias: ebias, res: eres, .. } = ws;
+    let Workspace { a: ap, b: bp, deq, scratch, bias: ebias, res: eres, .. } = ws;
     scratch.resize(uk.mr * uk.nr, 0.0);
     // Edge tiles read the epilogue's data from padded copies, never past the operands.
     ebias.resize(uk.nr, 0.0);
@@ -951,7 +1092,12 @@ fn band(
         for jr in cols.clone() {
             let nv = nr.min(n - jr * nr);
             let jp = jr - first_panel;
-            let bpanel = bblock[jp * b_len..(jp + 1) * b_len].as_ptr();
+            // A quantized weight's panel is dequantized here, into L1.
+            let quantized = match b {
+                BOperand::Packed(p) => p.dequantize_panel((pc, kc, jr), &uk.packers, deq),
+                BOperand::Plain(_) => false,
+            };
+            let bpanel = if quantized { deq.as_ptr() } else { bblock[jp * b_len..(jp + 1) * b_len].as_ptr() };
             let col = jr * nr;
             // Full-width panels: one call for all the full tiles of the block (the row
             // loop runs in the kernel).
@@ -965,7 +1111,12 @@ fn band(
                 // After the thread's last panel, its first panel of the next K block
                 // when the next step starts one (a weight's, read from memory there).
                 let next = if jr + 1 < cols.end {
-                    bblock[(jp + 1) * b_len..].as_ptr()
+                    match b {
+                        BOperand::Packed(p) if quantized => {
+                            p.panel(pc, kc, jr + 1).map_or(std::ptr::null(), |d| d.as_ptr())
+                        }
+                        _ => bblock[(jp + 1) * b_len..].as_ptr(),
+                    }
                 } else {
                     next_block_panel(b, step + 1, cols.start)
                 };

@@ -11,6 +11,7 @@
 //! categorizing and searching are the `tune` crate's, at compile time).
 
 pub mod attention;
+pub mod codes;
 pub mod cost;
 pub mod direct;
 pub mod dispatch;
@@ -31,6 +32,7 @@ pub mod tuned;
 pub use attention::{
     attention, attention_block, online_blocks, online_pays, AttentionPlan, ChunkStep, Softmax, SoftmaxStep,
 };
+pub use codes::{CodeLayout, Codes, QuantizedWeight};
 pub use cost::{CostModel, MachineModel};
 pub use direct::{direct_rows, DirectKernel, DirectKernelFn, DirectPlan};
 pub use dispatch::Dispatcher;
@@ -42,7 +44,7 @@ pub use gemm::{
 };
 pub use image::{CodeImage, ImageError};
 pub use lines::Lines;
-pub use pack::{PackFn, Packer, Packers};
+pub use pack::{DequantFn, Dequantizer, PackFn, Packer, Packers};
 pub use pool::{Parts, ThreadPool};
 pub use schedule::{
     ALayout, BLayout, DirectVariant, KernelFamily, KernelVariant, Operands, Problem, Schedule,

@@ -16,7 +16,7 @@
 
 use crate::{ElemType, Lines, MatRef};
 
-pub use plan::abi::PackFn;
+pub use plan::abi::{DequantFn, PackFn};
 
 /// A generated packing routine, the width of the panels it writes and the
 /// element type it converts to.
@@ -25,6 +25,15 @@ pub struct Packer {
     pub width: usize,
     pub elem: ElemType,
     pub func: PackFn,
+}
+
+/// A generated dequantizing routine ([`DequantFn`]): the width of the rows
+/// it writes and the bits of the codes it reads.
+#[derive(Clone, Copy, Debug)]
+pub struct Dequantizer {
+    pub width: usize,
+    pub bits: u32,
+    pub func: DequantFn,
 }
 
 /// The generated packs a kernel's driver uses, when it has them: `a` (width
@@ -36,6 +45,17 @@ pub struct Packers {
     pub bt: Option<Packer>,
     /// A's routine over rows given by address (a convolution's taps).
     pub a_rows: Option<crate::taps::RowsPacker>,
+    /// The dequantizers of 4- and 8-bit weight codes (width `NR`, f32
+    /// kernels): without them a quantized weight's panels are dequantized
+    /// by portable loops.
+    pub dequant: [Option<Dequantizer>; 2],
+}
+
+impl Packers {
+    /// The dequantizer of `bits`-bit codes `width` wide, if generated.
+    pub fn dequantizer(&self, width: usize, bits: u32) -> Option<Dequantizer> {
+        self.dequant.iter().flatten().copied().find(|d| d.width == width && d.bits == bits)
+    }
 }
 
 impl Packers {

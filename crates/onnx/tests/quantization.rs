@@ -266,3 +266,104 @@ fn arithmetic_on_narrow_types_is_refused_by_name() {
     let err = import(&m).unwrap_err();
     assert!(err.contains("w4") && err.contains("INT4") && err.contains("3 bytes"), "{err}");
 }
+
+/// A constant 2-D weight of int4 codes dequantized in blocks of 2 rows
+/// (the last one short), with zero points: imported as its f32 values, as the
+/// standard's arithmetic gives them, carrying its codes, scales and zero
+/// points for the backends that multiply the codes; a weight of uint8
+/// codes in blocks too; an 8-bit weight with a scale per column, and a
+/// weight given as an input (not a constant), keep the decomposition.
+#[test]
+fn constant_quantized_weights_carry_their_codes() {
+    // int4 [3, 2] = [[1, -2], [7, -8], [0, 3]], two nibbles a byte, low first.
+    let codes4: [i8; 6] = [1, -2, 7, -8, 0, 3];
+    let pack = |v: &[i8]| -> Vec<u8> {
+        v.chunks(2).map(|p| (p[0] as u8 & 15) | ((p.get(1).copied().unwrap_or(0) as u8 & 15) << 4)).collect()
+    };
+    let m = model(
+        vec![node(
+            "DequantizeLinear",
+            &["w", "s", "z"],
+            &["y"],
+            vec![attr_int("axis", 0), attr_int("block_size", 2)],
+        )],
+        vec![],
+        &["y"],
+        vec![
+            byte_tensor("w", INT4, &[3, 2], &pack(&codes4)),
+            f32_tensor("s", &[2, 2], &[0.5, 0.25, 2.0, 1.0]),
+            byte_tensor("z", INT4, &[2, 2], &pack(&[1, -1, 0, 2])),
+        ],
+        21,
+    );
+    let g = import(&m).expect("import");
+    let want: Vec<f32> = vec![0.0, -0.25, 3.0, -1.75, 0.0, 1.0];
+    assert_eq!(run(&g, &[])[0].elems(), &Elems::F32(want));
+    let consts: Vec<&ir::ConstData> = g
+        .nodes
+        .iter()
+        .filter_map(|n| match &n.op {
+            ir::Op::Constant(c) => Some(c.as_ref()),
+            _ => None,
+        })
+        .collect();
+    let w = consts.iter().find_map(|c| c.weight_codes()).expect("a constant with its codes");
+    assert_eq!((w.bits, w.group, w.scales.clone()), (4, 2, vec![0.5, 0.25, 2.0, 1.0]));
+    assert_eq!(w.codes.to_tensor().elems(), &Elems::I8(codes4.to_vec()));
+    assert_eq!(
+        w.zero_points.as_ref().map(|z| z.to_tensor().elems().clone()),
+        Some(Elems::I8(vec![1, -1, 0, 2]))
+    );
+
+    // uint8 codes in blocks of one row.
+    let m = model(
+        vec![node(
+            "DequantizeLinear",
+            &["w", "s"],
+            &["y"],
+            vec![attr_int("axis", 0), attr_int("block_size", 1)],
+        )],
+        vec![],
+        &["y"],
+        vec![
+            byte_tensor("w", UINT8, &[2, 2], &[10, 20, 30, 40]),
+            f32_tensor("s", &[2, 2], &[0.5, 0.25, 1.0, 2.0]),
+        ],
+        21,
+    );
+    let g = import(&m).expect("import");
+    assert_eq!(run(&g, &[])[0].elems(), &Elems::F32(vec![5.0, 5.0, 30.0, 80.0]));
+    let w = g
+        .nodes
+        .iter()
+        .find_map(|n| match &n.op {
+            ir::Op::Constant(c) => c.weight_codes().cloned(),
+            _ => None,
+        })
+        .expect("codes");
+    assert_eq!((w.bits, w.group, w.zero_points.is_none()), (8, 1, true));
+
+    // int8 codes with one scale per column keep the decomposition (the
+    // integer products take them where the activation is quantized too).
+    let m = model(
+        vec![node("DequantizeLinear", &["w", "s"], &["y"], vec![attr_int("axis", 1)])],
+        vec![],
+        &["y"],
+        vec![byte_tensor("w", UINT8, &[2, 2], &[10, 20, 30, 40]), f32_tensor("s", &[2], &[0.5, 0.25])],
+        21,
+    );
+    let g = import(&m).expect("import");
+    assert_eq!(run(&g, &[])[0].elems(), &Elems::F32(vec![5.0, 5.0, 15.0, 10.0]));
+    assert!(g.nodes.iter().all(|n| !matches!(&n.op, ir::Op::Constant(c) if c.weight_codes().is_some())));
+
+    // Codes given as an input: the decomposition, no constant with codes.
+    let m = model(
+        vec![node("DequantizeLinear", &["w", "s"], &["y"], vec![attr_int("axis", 1)])],
+        vec![value_info("w", UINT8, &[Dim::V(2), Dim::V(2)])],
+        &["y"],
+        vec![f32_tensor("s", &[2], &[0.5, 0.25])],
+        21,
+    );
+    let g = import(&m).expect("import");
+    assert!(g.nodes.iter().all(|n| !matches!(&n.op, ir::Op::Constant(c) if c.weight_codes().is_some())));
+}

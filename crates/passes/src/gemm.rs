@@ -104,6 +104,47 @@ mod bytes_concat {
     use ir::ConstData;
 
     pub(super) fn concat_columns(ws: &[Arc<ConstData>]) -> Result<ConstData, String> {
+        let merged = concat_plain(ws)?;
+        // Weights quantized alike keep their codes, concatenated the same way.
+        match merged_codes(ws) {
+            Some(codes) => merged.with_codes(codes).map_err(|e| e.to_string()),
+            None => Ok(merged),
+        }
+    }
+
+    /// The weight codes of `ws` side by side, when every one has codes of the
+    /// same width, groups and types.
+    fn merged_codes(ws: &[Arc<ConstData>]) -> Option<ir::WeightCodes> {
+        let codes: Vec<&ir::WeightCodes> = ws.iter().map(|w| w.weight_codes()).collect::<Option<_>>()?;
+        let first = codes.first()?;
+        let alike = |c: &&ir::WeightCodes| {
+            (c.bits, c.group, c.codes.dtype, c.zero_points.is_some())
+                == (first.bits, first.group, first.codes.dtype, first.zero_points.is_some())
+        };
+        if !codes.iter().all(alike) {
+            return None;
+        }
+        let side = |parts: Vec<Arc<ConstData>>| concat_plain(&parts).ok();
+        let all_codes = side(codes.iter().map(|c| Arc::new(c.codes.clone())).collect())?;
+        let zero_points = match first.zero_points {
+            Some(_) => {
+                Some(side(codes.iter().filter_map(|c| c.zero_points.clone().map(Arc::new)).collect())?)
+            }
+            None => None,
+        };
+        let groups = first.scales.len() / codes[0].codes.shape[1].max(1);
+        let mut scales = Vec::with_capacity(codes.iter().map(|c| c.scales.len()).sum());
+        for g in 0..groups {
+            for c in &codes {
+                let n = c.codes.shape[1];
+                scales.extend_from_slice(c.scales.get(g * n..(g + 1) * n)?);
+            }
+        }
+        Some(ir::WeightCodes { codes: all_codes, bits: first.bits, group: first.group, scales, zero_points })
+    }
+
+    /// Rows of 2-D constants side by side, bytes only.
+    fn concat_plain(ws: &[Arc<ConstData>]) -> Result<ConstData, String> {
         let first = ws.first().ok_or("no weights")?;
         let (rows, size) = (first.shape[0], first.dtype.size());
         let cols: usize = ws.iter().map(|w| w.shape[1]).sum();

@@ -112,6 +112,15 @@ pub type PackFn = unsafe extern "C" fn(src: *const f32, ld: i64, rows: i64, kc: 
 /// a row of zeros), into `dst` as [`PackFn`] does.
 pub type RowsPackFn = unsafe extern "C" fn(rows: *const *const f32, kc: i64, dst: *mut u32);
 
+/// The generated dequantizing ABI (a weight-only quantized weight's panel,
+/// one group of rows at a time): `rows` rows of `width` unsigned codes from
+/// `codes` (8 bits: a byte each; 4 bits: byte `p` of a row holds column `p`
+/// in its low half and column `p + width/2` in its high half), each column
+/// `j`'s value `code · scale[j] + offset[j]`, into `out` (`rows × width`
+/// f32, row after row).
+pub type DequantFn =
+    unsafe extern "C" fn(codes: *const u8, scale: *const f32, offset: *const f32, rows: i64, out: *mut f32);
+
 /// A generated function's type: one signature of this ABI. Every function
 /// pointer the runtime calls is made from an address by
 /// [`EntryFn::from_address`], for the JIT and the artifact loader alike.
@@ -153,4 +162,5 @@ entry_fns!(
     DirectKernelFn => "direct kernel",
     PackFn => "packer",
     RowsPackFn => "rows packer",
+    DequantFn => "dequantizer",
 );

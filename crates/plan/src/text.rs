@@ -283,7 +283,11 @@ pub fn print_plan(p: &ModelPlan) -> String {
         let kind = match &b.kind {
             BufferKind::Input(k) => format!("input {k}"),
             BufferKind::Output(k) => format!("output {k}"),
-            BufferKind::Constant(_) => "constant".to_string(),
+            BufferKind::Constant(c) => match c.weight_codes() {
+                // A weight-only quantized weight's values: its codes go with them.
+                Some(w) => format!("constant ({}-bit codes, groups of {})", w.bits, w.group),
+                None => "constant".to_string(),
+            },
             BufferKind::Packed => "packed weight".to_string(),
             BufferKind::Temp if b.first > b.last => "temp, unused".to_string(),
             BufferKind::Temp => format!("temp, steps {}..={}", b.first, b.last),

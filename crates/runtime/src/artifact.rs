@@ -45,7 +45,7 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// marked for them; 9: and i16s8, whose weights are byte pairs; 10: a GPU
 /// artifact holds code for several GPUs, cubins, and its GEMMs' weights in
 /// bf16); a runtime reads only its own.
-pub const FORMAT_VERSION: u32 = 10;
+pub const FORMAT_VERSION: u32 = 11;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;
@@ -242,6 +242,8 @@ struct PackersMeta {
     a: Option<PackerMeta>,
     bt: Option<PackerMeta>,
     a_rows: Option<PackerMeta>,
+    /// The dequantizers of weight codes: width, bits and entry.
+    dequant: Vec<(usize, u32, Entry)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -274,6 +276,8 @@ struct PackedMeta {
     nr: usize,
     kc: usize,
     elem: ElemType,
+    /// A weight-only quantized weight's codes: their bits and group.
+    codes: Option<(u32, usize)>,
     at: Blob,
 }
 
@@ -451,7 +455,15 @@ impl CompiledModel<crate::Cpu> {
                         let bytes: &[u8] = bytemuck::cast_slice(p.words());
                         let blob = place(bytes.len());
                         order.push((blob, bytes));
-                        Some(PackedMeta { k: p.k, n: p.n, nr: p.nr, kc: p.kc, elem: p.elem, at: blob })
+                        Some(PackedMeta {
+                            k: p.k,
+                            n: p.n,
+                            nr: p.nr,
+                            kc: p.kc,
+                            elem: p.elem,
+                            codes: p.codes.map(|c| (c.bits, c.group)),
+                            at: blob,
+                        })
                     }
                 });
             }
@@ -558,8 +570,18 @@ impl CompiledModel<crate::Cpu> {
             .into_iter()
             .map(|p| {
                 p.map(|p| {
-                    PackedB::from_shared((p.k, p.n, p.nr, p.kc, p.elem), bytes.clone(), window(p.at)?)
-                        .map_err(malformed)
+                    match p.codes {
+                        Some((bits, group)) => PackedB::quantized_from_shared(
+                            (p.k, p.n, p.nr, p.kc),
+                            kernels::CodeLayout { bits, group },
+                            bytes.clone(),
+                            window(p.at)?,
+                        ),
+                        None => {
+                            PackedB::from_shared((p.k, p.n, p.nr, p.kc, p.elem), bytes.clone(), window(p.at)?)
+                        }
+                    }
+                    .map_err(malformed)
                 })
                 .transpose()
             })
@@ -809,6 +831,12 @@ fn dispatcher_meta(e: Epilogue, d: &Dispatcher, syms: &Symbols) -> Result<Dispat
                     })
                 })
                 .transpose()?,
+            dequant: p
+                .dequant
+                .iter()
+                .flatten()
+                .map(|d| Ok((d.width, d.bits, syms.entry(d.func as usize, "dequantizer")?)))
+                .collect::<Result<_, ArtifactError>>()?,
         })
     };
     let f = d.family();
@@ -876,7 +904,12 @@ fn dispatcher_of(d: DispatcherMeta, threads: usize, entries: &Entries) -> Result
                 Ok::<_, ArtifactError>(kernels::RowsPacker { width: r.width, elem: r.elem, func: f })
             })
             .transpose()?;
-        Ok(Packers { a: packer(&p.a)?, bt: packer(&p.bt)?, a_rows })
+        let mut dequant = [None, None];
+        for (slot, (width, bits, func)) in dequant.iter_mut().zip(&p.dequant) {
+            let f = unsafe { entries.get(func)? };
+            *slot = Some(kernels::Dequantizer { width: *width, bits: *bits, func: f });
+        }
+        Ok(Packers { a: packer(&p.a)?, bt: packer(&p.bt)?, a_rows, dequant })
     };
     let variants = d
         .variants

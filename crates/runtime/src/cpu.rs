@@ -165,9 +165,20 @@ impl Cpu {
             let off = fixed(mm.b.offset)?;
             let view = MatRef::new(&data[off.min(len)..], k, n, fixed(mm.b.rs)?, fixed(mm.b.cs)?)
                 .map_err(|e| RunError::Internal(e.to_string()))?;
-            let packed = match mm.taps.as_ref().and_then(|t| t.overlapping_row(k)) {
-                Some(row) => d.pack_conv_weight(view, &PACK_ROWS, row),
-                None => d.pack_weight(view, &PACK_ROWS),
+            // A weight-only quantized weight read whole, row-major: its codes, for
+            // an f32 family (which dequantizes them panel by panel).
+            let codes = c.weight_codes().filter(|_| {
+                mm.taps.is_none()
+                    && off == 0
+                    && c.shape == [k, n]
+                    && fixed(mm.b.rs).ok() == Some(n)
+                    && fixed(mm.b.cs).ok() == Some(1)
+                    && d.family().elem() == kernels::ElemType::F32
+            });
+            let packed = match (codes, mm.taps.as_ref().and_then(|t| t.overlapping_row(k))) {
+                (Some(wc), _) => d.pack_quantized_weight(&quantized_weight(wc, k, n), &PACK_ROWS),
+                (None, Some(row)) => d.pack_conv_weight(view, &PACK_ROWS, row),
+                (None, None) => d.pack_weight(view, &PACK_ROWS),
             };
             out.push(Some(packed.map_err(|e| RunError::Internal(e.to_string()))?));
             if reads[mm.b.buf].packed_only() {
@@ -800,4 +811,24 @@ unsafe fn call_part(
 /// generator assumed.
 unsafe fn call(f: LoopFn, s: Shared, b: usize, e: usize) -> i64 {
     f(s.args, s.dims, b as i64, e as i64)
+}
+
+/// The kernels' view of a constant's weight codes (`[k, n]`, checked by
+/// [`ir::ConstData::with_codes`]).
+fn quantized_weight(wc: &ir::WeightCodes, k: usize, n: usize) -> kernels::QuantizedWeight<'_> {
+    fn codes(c: &ir::ConstData) -> kernels::Codes<'_> {
+        match c.dtype {
+            DType::I8 => kernels::Codes::I8(bytemuck::cast_slice(&c.bytes()[..])),
+            _ => kernels::Codes::U8(&c.bytes()[..]),
+        }
+    }
+    kernels::QuantizedWeight {
+        k,
+        n,
+        bits: wc.bits,
+        codes: codes(&wc.codes),
+        group: wc.group,
+        scales: &wc.scales,
+        zero_points: wc.zero_points.as_ref().map(codes),
+    }
 }

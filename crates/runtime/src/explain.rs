@@ -41,6 +41,17 @@ impl CompiledModel<crate::Cpu> {
                 m.dram_bw / 1e9
             );
         }
+        let packed: Vec<&kernels::PackedB> = self.backend.packed.iter().flatten().collect();
+        let coded: Vec<String> = packed
+            .iter()
+            .filter_map(|p| {
+                p.codes.map(|c| format!("{}x{} ({}-bit, groups of {})", p.k, p.n, c.bits, c.group))
+            })
+            .collect();
+        let _ = writeln!(s, "packed weights: {}, from weight codes: {}", packed.len(), coded.len());
+        if !coded.is_empty() {
+            let _ = writeln!(s, "  weight codes: {}", coded.join(", "));
+        }
         let _ = writeln!(s, "loop programs: {}", self.plan.programs.len());
         for (i, p) in self.plan.programs.iter().enumerate() {
             let _ =

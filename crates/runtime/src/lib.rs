@@ -180,6 +180,16 @@ impl CompiledModel<Cpu> {
         } = parts;
         let code = CpuCode { loops, splits, dispatchers, pool, code, code_stats, code_target };
         let backend = Cpu::new(&plan, code, packed)?;
+        // A constant read only as a packed weight is not kept: its packed form
+        // is what runs (a folded one, such as a quantized weight's dequantized
+        // values, would otherwise stay resident beside it).
+        let reads = cpu::reads(&plan);
+        let mut plan = plan;
+        for (b, r) in plan.buffers.iter_mut().zip(reads) {
+            if r.packed_only() && matches!(b.kind, BufferKind::Constant(_)) {
+                b.kind = BufferKind::Packed;
+            }
+        }
         CompiledModel::with_backend(plan, env, inputs, outputs, canaries, backend)
     }
 

@@ -805,6 +805,11 @@ impl Importer {
         k.iter().map(|e| e.as_const().ok_or_else(|| format!("{what} must be a constant, got {e}"))).collect()
     }
 
+    /// An input's constant data, when it is a constant.
+    pub(crate) fn const_data(&self, v: ValueId) -> Option<Arc<ConstData>> {
+        self.consts.get(&v).cloned()
+    }
+
     /// Constant data of an input as f64 (`None` when not a constant).
     pub(crate) fn const_f64(&self, v: ValueId) -> Option<Vec<f64>> {
         if let Some(c) = self.consts.get(&v) {

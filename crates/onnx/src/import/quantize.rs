@@ -11,7 +11,7 @@
 //! quantization saturates to the narrow type's range); float and float16
 //! scales. The loader rejects the others by name.
 
-use ir::{BinaryOp as B, DType, Op, ReduceOp, UnaryOp as U, ValueId};
+use ir::{BinaryOp as B, ConstData, DType, Op, ReduceOp, UnaryOp as U, ValueId};
 use sym::SymExpr;
 
 use super::indexing::iota;
@@ -32,6 +32,11 @@ pub(crate) fn dequantize_linear(imp: &mut Importer, n: &Node) -> R<ValueId> {
         code => output_type(code)?,
     };
     let (axis, block) = (n.int("axis", 1), n.int("block_size", 0));
+    if out == DType::F32 {
+        if let Some(w) = dequantized_weight(imp, n, axis, block)? {
+            return Ok(imp.constant(w));
+        }
+    }
     let mut y = imp.cast(x, DType::F32)?;
     if let Some(zp) = n.opt_input(2) {
         same_type(imp, zp, x, "x_zero_point", "x")?;
@@ -51,6 +56,93 @@ pub(crate) fn dequantize_linear(imp: &mut Importer, n: &Node) -> R<ValueId> {
     let s = along(imp, s, x, axis, block, "x_scale")?;
     let y = imp.binary(B::Mul, y, s)?;
     imp.cast(y, out)
+}
+
+/// A constant 2-D weight of int4 or uint4 codes dequantized along its rows
+/// (blocks of `block` rows, `axis` 0), per column (`axis` 1) or per tensor,
+/// or of int8 or uint8 codes in blocks of rows, with constant scales and zero
+/// points: its f32 values,
+/// computed here as the decomposition would, carrying its codes
+/// ([`ir::WeightCodes`]) for the backends that multiply them. `None` for
+/// every other `DequantizeLinear`.
+fn dequantized_weight(imp: &mut Importer, n: &Node, axis: i64, block: i64) -> R<Option<ConstData>> {
+    let (x, scale, zp) = (n.input(0)?, n.input(1)?, n.opt_input(2));
+    let bits = match imp.narrow_of(x) {
+        None => 8,
+        Some(Narrow::I4 | Narrow::U4) => 4,
+        Some(_) => return Ok(None),
+    };
+    // An 8-bit weight with one scale per column or per tensor keeps the
+    // decomposition: the scale moves past the product, whose operands are then
+    // integers (passes::integer) where the activation is quantized too.
+    if bits == 8 && block == 0 {
+        return Ok(None);
+    }
+    let Some(codes) = imp.const_data(x) else { return Ok(None) };
+    let (Some(s), true) = (imp.const_data(scale), zp.is_none_or(|z| imp.const_data(z).is_some())) else {
+        return Ok(None);
+    };
+    // A zero point of another (narrow) type is the decomposition's error to give.
+    if zp.is_some_and(|z| imp.narrow_of(z) != imp.narrow_of(x)) {
+        return Ok(None);
+    }
+    let zps = zp.and_then(|z| imp.const_data(z));
+    let (&[k, cols], DType::F32) = (&codes.shape[..], s.dtype) else { return Ok(None) };
+    if !matches!(codes.dtype, DType::I8 | DType::U8) || zps.as_ref().is_some_and(|z| z.dtype != codes.dtype) {
+        return Ok(None);
+    }
+    let one = s.numel() == 1 && zps.as_ref().is_none_or(|z| z.numel() == 1);
+    let group = match (norm_axis(axis, 2), block) {
+        _ if one => k,
+        (Ok(1), 0) if s.shape == [cols] && zps.as_ref().is_none_or(|z| z.shape == [cols]) => k,
+        (Ok(0), b) if b > 0 => {
+            let groups = k.div_ceil(b as usize);
+            if s.shape != [groups, cols] || zps.as_ref().is_some_and(|z| z.shape != [groups, cols]) {
+                return Ok(None);
+            }
+            b as usize
+        }
+        _ => return Ok(None),
+    };
+    let groups = k.div_ceil(group);
+    let widen =
+        |c: &ConstData| -> Vec<f32> { c.to_tensor().to_f64_vec().into_iter().map(|v| v as f32).collect() };
+    let per_group = |v: Vec<f32>| -> Vec<f32> {
+        if v.len() == 1 {
+            vec![v[0]; groups * cols]
+        } else {
+            v
+        }
+    };
+    let scales = per_group(widen(&s));
+    let zero = zps.as_ref().map(|z| per_group(widen(z)));
+    let q = widen(&codes);
+    let mut vals = Vec::with_capacity(k * cols);
+    for r in 0..k {
+        for c in 0..cols {
+            let g = r / group * cols + c;
+            vals.push((q[r * cols + c] - zero.as_ref().map_or(0.0, |z| z[g])) * scales[g]);
+        }
+    }
+    let t = ir::Tensor::new(vec![k, cols], ir::Elems::F32(vals)).map_err(|e| e.to_string())?;
+    let zero_points = match (&zps, zero) {
+        (Some(z), Some(_)) if z.numel() == 1 => {
+            let v = z.to_tensor().to_f64_vec()[0];
+            Some(ConstData::from_tensor(
+                &match z.dtype {
+                    DType::I8 => {
+                        ir::Tensor::new(vec![groups, cols], ir::Elems::I8(vec![v as i8; groups * cols]))
+                    }
+                    _ => ir::Tensor::new(vec![groups, cols], ir::Elems::U8(vec![v as u8; groups * cols])),
+                }
+                .map_err(|e| e.to_string())?,
+            ))
+        }
+        (Some(z), Some(_)) => Some(z.reshaped(vec![groups, cols]).map_err(|e| e.to_string())?),
+        _ => None,
+    };
+    let w = ir::WeightCodes { codes: codes.as_ref().clone(), bits, group, scales, zero_points };
+    Ok(Some(ConstData::from_tensor(&t).with_codes(w).map_err(|e| e.to_string())?))
 }
 
 /// `x` quantized: `saturate(round(x / scale) + zero_point)`, in the zero
