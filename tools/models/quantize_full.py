@@ -17,7 +17,9 @@ masks, standard normal for float inputs), written to <model folder>-qdq/model.on
 <model folder>-qdq-pc/model.onnx; `static-int16` is `quantize_static` with int16
 activations (`activation_type=QuantType.QInt16`, int8 weights), written to <model
 folder>-qdq-a16/model.onnx; `weight-int4` is `MatMulNBitsQuantizer` in its QDQ format
-(uint4 MatMul weights in blocks of 32, DequantizeLinear), written to <model folder>-w4/.
+(uint4 MatMul weights in blocks of 32, DequantizeLinear), written to <model folder>-w4/;
+`weight-int4-nbits` the same quantizer's default form (ONNX Runtime's `MatMulNBits`
+contrib operator), written to <model folder>-nbits/.
 """
 
 import argparse
@@ -47,7 +49,7 @@ def inputs_of(path, shape, vocab, rng):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
-    ap.add_argument("--how", choices=["dynamic", "static", "static-int16", "weight-int4"], required=True)
+    ap.add_argument("--how", choices=["dynamic", "static", "static-int16", "weight-int4", "weight-int4-nbits"], required=True)
     ap.add_argument("--shape", default="batch=1,seq=128", help="calibration shape (static)")
     ap.add_argument("--vocab", type=int, default=30522, help="token ids drawn below this (static)")
     ap.add_argument("--per-channel", action="store_true", help="a weight scale per output channel (static)")
@@ -55,20 +57,23 @@ def main():
     from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_dynamic, quantize_static
 
     folder = os.path.dirname(os.path.abspath(a.model))
-    suffix = {"dynamic": "-int8", "static-int16": "-qdq-a16", "weight-int4": "-w4"}.get(a.how)
+    suffix = {"dynamic": "-int8", "static-int16": "-qdq-a16", "weight-int4": "-w4", "weight-int4-nbits": "-nbits"}.get(
+        a.how
+    )
     out_dir = folder + (suffix or ("-qdq-pc" if a.per_channel else "-qdq"))
     os.makedirs(out_dir, exist_ok=True)
     out = os.path.join(out_dir, "model.onnx")
     if a.how == "dynamic":
         quantize_dynamic(a.model, out, weight_type=QuantType.QInt8)
-    elif a.how == "weight-int4":
+    elif a.how in ("weight-int4", "weight-int4-nbits"):
         from onnxruntime.quantization import QuantFormat
         from onnxruntime.quantization.matmul_nbits_quantizer import (
             DefaultWeightOnlyQuantConfig,
             MatMulNBitsQuantizer,
         )
 
-        config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=False, quant_format=QuantFormat.QDQ)
+        fmt = QuantFormat.QDQ if a.how == "weight-int4" else QuantFormat.QOperator
+        config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=False, quant_format=fmt)
         q = MatMulNBitsQuantizer(onnx.load(a.model), algo_config=config)
         q.process()
         q.model.save_model_to_file(out, use_external_data_format=False)

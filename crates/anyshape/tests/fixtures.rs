@@ -200,20 +200,24 @@ fn static_quantized_products_multiply_integers() {
 /// A weight-only quantized model's weights (`MatMulNBitsQuantizer`'s QDQ
 /// form: uint4 codes in groups of 32 rows) reach the plan with their codes,
 /// merged ones too (the attention's Q, K and V weights side by side), so that
-/// the f32 family multiplies them from their codes.
+/// the f32 family multiplies them from their codes. The same quantizer's
+/// default form, ONNX Runtime's `MatMulNBits` contrib operator (codes packed
+/// two to a byte along K), likewise.
 #[test]
 fn weight_codes_reach_the_plan() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures-quantized");
-    let m = Model::load(root.join("bert_w4").join("model.onnx"), &LoadOptions::new()).expect("loads");
-    let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
-    let coded = plan.lines().filter(|l| l.contains("constant (4-bit codes, groups of 32)")).count();
-    let weights = plan.lines().filter(|l| l.contains("(weight)")).count();
-    // Every product but the pooler's `Gemm` (the quantizer takes `MatMul`s only).
-    assert!(
-        weights > 1 && coded == weights - 1,
-        "{coded} coded constants, {weights} weight products:\n{plan}"
-    );
-    assert!(plan.contains("\"/model/pooler/dense/Gemm_output_0\" (constant)\n"), "{plan}");
+    for name in ["bert_w4", "bert_nbits"] {
+        let m = Model::load(root.join(name).join("model.onnx"), &LoadOptions::new()).expect("loads");
+        let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
+        let coded = plan.lines().filter(|l| l.contains("constant (4-bit codes, groups of 32)")).count();
+        let weights = plan.lines().filter(|l| l.contains("(weight)")).count();
+        // Every product but the pooler's `Gemm` (the quantizer takes `MatMul`s only).
+        assert!(
+            weights > 1 && coded == weights - 1,
+            "{name}: {coded} coded constants, {weights} weight products:\n{plan}"
+        );
+        assert!(plan.contains("\"/model/pooler/dense/Gemm_output_0\" (constant)\n"), "{name}: {plan}");
+    }
 }
 
 /// Every model of tests/fixtures-current (both exporters of the current

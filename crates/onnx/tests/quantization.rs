@@ -367,3 +367,68 @@ fn constant_quantized_weights_carry_their_codes() {
     let g = import(&m).expect("import");
     assert!(g.nodes.iter().all(|n| !matches!(&n.op, ir::Op::Constant(c) if c.weight_codes().is_some())));
 }
+
+/// ONNX Runtime's `MatMulNBits` (com.microsoft): a 4-bit weight `[N = 2, K =
+/// 16]` in one block, codes packed low half first along K, with packed zero
+/// points and a bias: `A · dequant(B)ᵀ + bias` on the interpreter, the weight
+/// a constant carrying its codes. Two-bit codes, a `g_idx`, and the operator
+/// outside its domain are errors naming the node.
+#[test]
+fn matmul_nbits_imports_as_a_coded_weight() {
+    let contrib = |mut n: anyshape_onnx::proto::NodeProto| {
+        n.domain = Some("com.microsoft".into());
+        n
+    };
+    // Column 0: codes 0..15 along K, zero point 8, scale 0.5; column 1: all 3, zero point 1, scale 2.
+    let col0: Vec<u8> = (0..8).map(|p| (2 * p) as u8 | ((2 * p + 1) as u8) << 4).collect();
+    let col1 = vec![0x33u8; 8];
+    let b: Vec<u8> = col0.iter().chain(&col1).copied().collect();
+    let attrs = |bits: i64| {
+        vec![attr_int("K", 16), attr_int("N", 2), attr_int("bits", bits), attr_int("block_size", 16)]
+    };
+    let m = model(
+        vec![contrib(node("MatMulNBits", &["a", "b", "s", "z", "", "bias"], &["y"], attrs(4)))],
+        vec![value_info("a", FLOAT, &[Dim::V(1), Dim::V(16)])],
+        &["y"],
+        vec![
+            byte_tensor("b", UINT8, &[2, 1, 8], &b),
+            f32_tensor("s", &[2], &[0.5, 2.0]),
+            byte_tensor("z", UINT8, &[2], &[8, 1]),
+            f32_tensor("bias", &[2], &[0.25, -1.0]),
+        ],
+        21,
+    );
+    let g = import(&m).expect("import");
+    let a: Vec<f32> = (0..16).map(|i| (i % 3) as f32 - 1.0).collect();
+    let w0: f32 = (0..16).map(|i| a[i] * (i as f32 - 8.0) * 0.5).sum();
+    let w1: f32 = a.iter().map(|x| x * (3.0 - 1.0) * 2.0).sum();
+    assert_eq!(run(&g, &[("a", f32s(&[1, 16], &a))])[0].elems(), &Elems::F32(vec![w0 + 0.25, w1 - 1.0]));
+    let codes = g
+        .nodes
+        .iter()
+        .find_map(|n| match &n.op {
+            ir::Op::Constant(c) => c.weight_codes().cloned(),
+            _ => None,
+        })
+        .expect("a weight with its codes");
+    assert_eq!((codes.bits, codes.group, codes.codes.shape.clone()), (4, 16, vec![16, 2]));
+
+    let err = import(&model(
+        vec![contrib(node("MatMulNBits", &["a", "b", "s"], &["y"], attrs(2)))],
+        vec![value_info("a", FLOAT, &[Dim::V(1), Dim::V(16)])],
+        &["y"],
+        vec![byte_tensor("b", UINT8, &[2, 1, 4], &[0; 8]), f32_tensor("s", &[2], &[1.0, 1.0])],
+        21,
+    ))
+    .unwrap_err();
+    assert!(err.contains("MatMulNBits_y") && err.contains("2-bit codes"), "{err}");
+    let err = import(&model(
+        vec![node("MatMulNBits", &["a", "b", "s"], &["y"], attrs(4))],
+        vec![value_info("a", FLOAT, &[Dim::V(1), Dim::V(16)])],
+        &["y"],
+        vec![byte_tensor("b", UINT8, &[2, 1, 8], &b), f32_tensor("s", &[2], &[1.0, 1.0])],
+        21,
+    ))
+    .unwrap_err();
+    assert!(err.contains("unsupported operator ::MatMulNBits (node 'MatMulNBits_y'"), "{err}");
+}

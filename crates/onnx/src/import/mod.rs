@@ -518,7 +518,10 @@ impl Importer {
         if let Some(f) = self.functions.get(&(domain.clone(), op_type.clone())).cloned() {
             return self.inline_call(node, &f);
         }
-        if !(domain.is_empty() || domain == "ai.onnx") {
+        // ONNX Runtime's contrib operators that anyshape imports.
+        let contrib = op_type == "MatMulNBits";
+        let standard = domain.is_empty() || domain == "ai.onnx";
+        if contrib != (domain == "com.microsoft") || !(standard || contrib) {
             return Err(OnnxError::UnsupportedOp { op: op_type, domain, node: name, opset: self.opset });
         }
         if op_type == "If" {

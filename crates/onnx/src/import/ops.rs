@@ -287,6 +287,7 @@ pub(crate) fn convert(imp: &mut Importer, op: &str, n: &Node) -> R<Option<Vec<Va
         "DequantizeLinear" => one(quantize::dequantize_linear(imp, n)),
         "DynamicQuantizeLinear" => quantize::dynamic_quantize_linear(imp, n).map(Some),
         "MatMulInteger" => one(quantize::matmul_integer(imp, n)),
+        "MatMulNBits" => one(quantize::matmul_nbits(imp, n)),
         "ConvInteger" => one(quantize::conv_integer(imp, n)),
         "QLinearMatMul" => one(quantize::qlinear_matmul(imp, n)),
         "QLinearConv" => one(quantize::qlinear_conv(imp, n)),

@@ -145,6 +145,119 @@ fn dequantized_weight(imp: &mut Importer, n: &Node, axis: i64, block: i64) -> R<
     Ok(Some(ConstData::from_tensor(&t).with_codes(w).map_err(|e| e.to_string())?))
 }
 
+/// ONNX Runtime's `MatMulNBits` (com.microsoft): `A · dequant(B)ᵀ (+ bias)`,
+/// B `[N, K / block_size, block_size · bits / 8]` bytes of codes packed low
+/// bits first along K, a scale per block and column, zero points packed the
+/// same way (default `2^(bits − 1)`) or floats. A constant weight of 4- or
+/// 8-bit codes becomes the f32 `[K, N]` weight carrying its codes (as a
+/// blocked `DequantizeLinear`'s does), then a MatMul.
+pub(crate) fn matmul_nbits(imp: &mut Importer, n: &Node) -> R<ValueId> {
+    let (k, cols, bits, block) = (n.int("K", 0), n.int("N", 0), n.int("bits", 4), n.int("block_size", 0));
+    if k <= 0 || cols <= 0 {
+        return Err(format!("K {k} and N {cols} must be positive"));
+    }
+    if bits != 4 && bits != 8 {
+        return Err(format!("{bits}-bit codes are not supported (4 and 8 are)"));
+    }
+    if block < 16 || block & (block - 1) != 0 {
+        return Err(format!("block_size {block} must be a power of two of at least 16"));
+    }
+    if n.opt_input(4).is_some_and(|g| imp.shape(g).iter().any(|d| d.as_const() != Some(0))) {
+        return Err("g_idx (a permutation of K's blocks) is not supported".into());
+    }
+    let (k, cols, bits, block) = (k as usize, cols as usize, bits as u32, block as usize);
+    let (a, b, s) = (n.input(0)?, n.input(1)?, n.input(2)?);
+    let (Some(codes), Some(scales)) = (imp.const_data(b), imp.const_data(s)) else {
+        return Err("B and its scales must be constants (initializers)".into());
+    };
+    let blocks = k.div_ceil(block);
+    let blob = block * bits as usize / 8;
+    if codes.dtype != DType::U8 || codes.shape != [cols, blocks, blob] {
+        return Err(format!("B must be uint8 [{cols}, {blocks}, {blob}], got {}", codes.ty()));
+    }
+    if scales.dtype != DType::F32 || scales.numel() != cols * blocks {
+        return Err(format!(
+            "scales must be {} f32 values (N × K's blocks), got {}",
+            cols * blocks,
+            scales.ty()
+        ));
+    }
+    if imp.shape(a).last().and_then(|d| d.as_const()) != Some(k as i64) {
+        return Err(format!("A's last dimension must be K = {k}, A is {}", imp.ty(a)));
+    }
+    let bytes = codes.bytes();
+    let code = |c: usize, r: usize| -> u8 {
+        let at = (c * blocks + r / block) * blob * 8 + (r % block) * bits as usize;
+        (bytes[at / 8] >> (at % 8)) & ((1u16 << bits) - 1) as u8
+    };
+    let scale = scales.to_tensor().to_f64_vec();
+    // Zero points: packed codes (uint8), floats, or the middle of the range.
+    let zp = match n.opt_input(3) {
+        None => None,
+        Some(z) => Some(imp.const_data(z).ok_or("zero_points must be a constant (an initializer)")?),
+    };
+    let per_row = (blocks * bits as usize).div_ceil(8);
+    let zero: Vec<f64> = match &zp {
+        None => vec![f64::from(1u32 << (bits - 1)); cols * blocks],
+        Some(z) if z.dtype == DType::U8 && z.numel() == cols * per_row => (0..cols * blocks)
+            .map(|i| {
+                let (c, j) = (i / blocks, i % blocks);
+                let at = c * per_row * 8 + j * bits as usize;
+                f64::from((z.bytes()[at / 8] >> (at % 8)) & ((1u16 << bits) - 1) as u8)
+            })
+            .collect(),
+        Some(z) if z.dtype == DType::F32 && z.numel() == cols * blocks => z.to_tensor().to_f64_vec(),
+        Some(z) => {
+            return Err(format!(
+                "zero_points must be {} packed uint8 or {} f32, got {}",
+                cols * per_row,
+                cols * blocks,
+                z.ty()
+            ))
+        }
+    };
+    let mut w = Vec::with_capacity(k * cols);
+    let mut u = Vec::with_capacity(k * cols);
+    for r in 0..k {
+        for c in 0..cols {
+            let g = c * blocks + r / block;
+            let q = code(c, r);
+            u.push(q);
+            w.push(((f64::from(q) - zero[g]) as f32) * scale[g] as f32);
+        }
+    }
+    let values = ConstData::from_tensor(
+        &ir::Tensor::new(vec![k, cols], ir::Elems::F32(w)).map_err(|e| e.to_string())?,
+    );
+    // Integer zero points carry the codes; float ones (not codes) keep f32 values only.
+    let integral = zero.iter().all(|z| z.fract() == 0.0 && (0.0..f64::from(1u32 << bits)).contains(z));
+    let weight = if integral {
+        let by_block = |v: &dyn Fn(usize, usize) -> f64| -> Vec<f64> {
+            (0..blocks).flat_map(|j| (0..cols).map(move |c| (j, c))).map(|(j, c)| v(j, c)).collect()
+        };
+        let zps = by_block(&|j, c| zero[c * blocks + j]).into_iter().map(|z| z as u8).collect();
+        let u8s = |shape: Vec<usize>, v: Vec<u8>| -> R<ConstData> {
+            Ok(ConstData::from_tensor(&ir::Tensor::new(shape, ir::Elems::U8(v)).map_err(|e| e.to_string())?))
+        };
+        let codes = ir::WeightCodes {
+            codes: u8s(vec![k, cols], u)?,
+            bits,
+            group: block,
+            scales: by_block(&|j, c| scale[c * blocks + j]).into_iter().map(|x| x as f32).collect(),
+            zero_points: Some(u8s(vec![blocks, cols], zps)?),
+        };
+        values.with_codes(codes).map_err(|e| e.to_string())?
+    } else {
+        values
+    };
+    let w = imp.constant(weight);
+    let y = matmul(imp, a, w)?;
+    match n.opt_input(5) {
+        Some(bias) => imp.binary(B::Add, y, bias),
+        None => Ok(y),
+    }
+}
+
 /// `x` quantized: `saturate(round(x / scale) + zero_point)`, in the zero
 /// point's type (else `output_dtype`, else uint8).
 pub(crate) fn quantize_linear(imp: &mut Importer, n: &Node) -> R<ValueId> {
