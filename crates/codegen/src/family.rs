@@ -173,11 +173,15 @@ impl<'a> ContractionBuilder<'a> {
         let find_dequant = |e: ElemType, w: usize, bits: u32| {
             packers.iter().filter(|_| e == ElemType::F32).find_map(|p| p.get_dequantizer(w, bits))
         };
+        let find_dot = |e: ElemType, w: usize, bits: u32| {
+            packers.iter().filter(|_| e == ElemType::F32).find_map(|p| p.get_code_dot(w, bits))
+        };
         let packers_of = |e: ElemType, mr: Option<usize>, nr: usize| Packers {
             a: mr.and_then(|w| find(e, w)),
             bt: find(e, nr).filter(|_| e.b_word_bytes() == 4),
             a_rows: mr.and_then(|w| find_rows(e, w)),
             dequant: [find_dequant(e, nr, 4), find_dequant(e, nr, 8)],
+            dots: [find_dot(e, nr, 4), find_dot(e, nr, 8)],
         };
         let mut jit = Vec::with_capacity(tiles.len());
         let mut variants = Vec::with_capacity(tiles.len());

@@ -20,7 +20,9 @@ use inkwell::module::Module;
 use inkwell::types::VectorType;
 use inkwell::values::{BasicMetadataValueEnum, BasicValueEnum, IntValue, PointerValue, VectorValue};
 use inkwell::{AddressSpace, IntPredicate};
-use kernels::{DequantFn, Dequantizer, ElemType, PackFn, Packer, RowsPackFn, RowsPacker, Target};
+use kernels::{
+    CodeDot, CodeDotFn, DequantFn, Dequantizer, ElemType, PackFn, Packer, RowsPackFn, RowsPacker, Target,
+};
 
 use crate::{jit_module, llvm, set_align, target_attributes, CodegenError};
 
@@ -30,6 +32,7 @@ pub struct JitPackers {
     packers: Vec<Packer>,
     rows: Vec<RowsPacker>,
     dequantizers: Vec<Dequantizer>,
+    dots: Vec<CodeDot>,
     ir: crate::OptimizedIr,
     // Owns the machine code the packers point into; only dropped.
     _image: kernels::CodeImage,
@@ -55,6 +58,10 @@ impl JitPackers {
     /// The dequantizer of `bits`-bit codes in rows `width` wide, if compiled.
     pub fn get_dequantizer(&self, width: usize, bits: u32) -> Option<Dequantizer> {
         self.dequantizers.iter().copied().find(|d| d.width == width && d.bits == bits)
+    }
+    /// The product of a row with `bits`-bit codes `width` wide, if compiled.
+    pub fn get_code_dot(&self, width: usize, bits: u32) -> Option<CodeDot> {
+        self.dots.iter().copied().find(|d| d.width == width && d.bits == bits)
     }
     /// The optimized LLVM IR.
     pub fn ir(&self) -> &str {
@@ -115,6 +122,7 @@ pub fn compile_packers_cached(
         _ => Vec::new(),
     };
     let dequant_name = |(w, bits): (usize, u32)| format!("dequant_u{bits}_w{w}");
+    let dot_name = |(w, bits): (usize, u32)| format!("code_dot_u{bits}_w{w}");
     let (image, ir) = jit_module(t, "packers", cache, |ctx, module, cpu, features| {
         for &w in &widths {
             build_packer(ctx, module, &name(w), (w, elem), l, Rows::Strided, cpu, features)?;
@@ -122,13 +130,14 @@ pub fn compile_packers_cached(
         for &w in &rows_widths {
             build_packer(ctx, module, &rows_name(w), (w, elem), l, Rows::ByAddress, cpu, features)?;
         }
-        for &d in &dequant {
-            build_dequantizer(ctx, module, &dequant_name(d), d, cpu, features, l)?;
+        for &(w, bits) in &dequant {
+            build_dequantizer(ctx, module, &dequant_name((w, bits)), (w, bits, false), cpu, features, l)?;
+            build_dequantizer(ctx, module, &dot_name((w, bits)), (w, bits, true), cpu, features, l)?;
         }
         Ok(())
     })?;
     // SAFETY (for the entries below): each name was just generated with exactly the
-    // `PackFn`, `RowsPackFn` or `DequantFn` signature and the C calling convention; the image that
+    // `PackFn`, `RowsPackFn`, `DequantFn` or `CodeDotFn` signature and the C calling convention; the image that
     // holds them lives in the returned value.
     let entry_err = |e: kernels::ImageError| llvm(e.to_string());
     let mut packers = Vec::with_capacity(widths.len());
@@ -142,11 +151,14 @@ pub fn compile_packers_cached(
         rows.push(RowsPacker { width: w, elem, func });
     }
     let mut dequantizers = Vec::with_capacity(dequant.len());
+    let mut dots = Vec::with_capacity(dequant.len());
     for &(w, bits) in &dequant {
         let func: DequantFn = unsafe { image.entry(&dequant_name((w, bits))) }.map_err(entry_err)?;
         dequantizers.push(Dequantizer { width: w, bits, func });
+        let func: CodeDotFn = unsafe { image.entry(&dot_name((w, bits))) }.map_err(entry_err)?;
+        dots.push(CodeDot { width: w, bits, func });
     }
-    Ok(JitPackers { packers, rows, dequantizers, ir, _image: image })
+    Ok(JitPackers { packers, rows, dequantizers, dots, ir, _image: image })
 }
 
 /// A dequantizing routine ([`DequantFn`]) for rows `width` wide of `bits`-bit
@@ -154,24 +166,34 @@ pub fn compile_packers_cached(
 /// high halves, joined into one vector of `width` bytes), widened to f32 and
 /// one FMA with the group's scales and offsets, kept in registers across the
 /// rows, and one store.
+/// With `dot`, the routine is the product of a row with the codes instead
+/// ([`CodeDotFn`]): per row one FMA of the widened codes by the row's value
+/// into accumulators kept in registers, added to `acc` at the end.
+#[allow(clippy::too_many_arguments)]
 fn build_dequantizer(
     ctx: &'static Context,
     module: &Module<'static>,
     name: &str,
-    (width, bits): (usize, u32),
+    (width, bits, dot): (usize, u32, bool),
     cpu: &str,
     features: &str,
     lanes: usize,
 ) -> Result<(), CodegenError> {
-    let (f32t, i64t, i8t, i32t) = (ctx.f32_type(), ctx.i64_type(), ctx.i8_type(), ctx.i32_type());
+    let (f32t, i64t, i8t) = (ctx.f32_type(), ctx.i64_type(), ctx.i8_type());
     let ptr = ctx.ptr_type(AddressSpace::default());
     let w = width as u32;
-    let (fv, bv) = (f32t.vec_type(w), i8t.vec_type(w));
-    let params: Vec<inkwell::types::BasicMetadataTypeEnum> =
-        vec![ptr.into(), ptr.into(), ptr.into(), i64t.into(), ptr.into()];
+    let fv = f32t.vec_type(w);
+    let params: Vec<inkwell::types::BasicMetadataTypeEnum> = if dot {
+        vec![ptr.into(), ptr.into(), i64t.into(), ptr.into()]
+    } else {
+        vec![ptr.into(), ptr.into(), ptr.into(), i64t.into(), ptr.into()]
+    };
     let f = module.add_function(name, ctx.void_type().fn_type(&params, false), None);
     target_attributes(ctx, f, cpu, features, lanes);
     let p = |i: u32| f.get_nth_param(i).ok_or_else(|| llvm("param"));
+    if dot {
+        return build_code_dot(ctx, module, f, (width, bits), &p);
+    }
     let (codes, scale, offset) =
         (p(0)?.into_pointer_value(), p(1)?.into_pointer_value(), p(2)?.into_pointer_value());
     let (rows, out) = (p(3)?.into_int_value(), p(4)?.into_pointer_value());
@@ -197,23 +219,7 @@ fn build_dequantizer(
     let at = bld.build_int_mul(ri, row_bytes, "at").map_err(llvm)?;
     // SAFETY (of the IR, not of Rust): row `r < rows` of the codes, as the ABI promises.
     let src = unsafe { bld.build_in_bounds_gep(i8t, codes, &[at], "src") }.map_err(llvm)?;
-    let bytes = if bits == 8 {
-        let v = bld.build_load(bv, src, "codes").map_err(llvm)?;
-        set_align(&v, 1);
-        v.into_vector_value()
-    } else {
-        let half = i8t.vec_type(w / 2);
-        let v = bld.build_load(half, src, "pairs").map_err(llvm)?;
-        set_align(&v, 1);
-        let v = v.into_vector_value();
-        let splat = |x: u64| VectorType::const_vector(&vec![i8t.const_int(x, false); width / 2]);
-        let lo = bld.build_and(v, splat(15), "lo").map_err(llvm)?;
-        let hi = bld.build_right_shift(v, splat(4), false, "hi").map_err(llvm)?;
-        let order: Vec<_> = (0..width).map(|j| i32t.const_int(j as u64, false)).collect();
-        bld.build_shuffle_vector(lo, hi, VectorType::const_vector(&order), "codes").map_err(llvm)?
-    };
-    let wide = bld.build_int_z_extend(bytes, i32t.vec_type(w), "wide").map_err(llvm)?;
-    let vals = bld.build_unsigned_int_to_float(wide, fv, "vals").map_err(llvm)?;
+    let vals = widened_codes(ctx, &bld, src, (width, bits))?;
     let args: [BasicMetadataValueEnum; 3] = [vals.into(), s.into(), o.into()];
     let y = bld.build_call(fma, &args, "y").map_err(llvm)?;
     let y = match y.try_as_basic_value() {
@@ -232,6 +238,98 @@ fn build_dequantizer(
     bld.position_at_end(exit);
     bld.build_return(None).map_err(llvm)?;
     Ok(())
+}
+
+/// The body of a [`CodeDotFn`] routine (see [`build_dequantizer`]).
+fn build_code_dot(
+    ctx: &'static Context,
+    module: &Module<'static>,
+    f: inkwell::values::FunctionValue<'static>,
+    (width, bits): (usize, u32),
+    p: &dyn Fn(u32) -> Result<BasicValueEnum<'static>, CodegenError>,
+) -> Result<(), CodegenError> {
+    let (f32t, i64t, i8t, i32t) = (ctx.f32_type(), ctx.i64_type(), ctx.i8_type(), ctx.i32_type());
+    let w = width as u32;
+    let fv = f32t.vec_type(w);
+    let (codes, a) = (p(0)?.into_pointer_value(), p(1)?.into_pointer_value());
+    let (rows, acc) = (p(2)?.into_int_value(), p(3)?.into_pointer_value());
+    let fma = Intrinsic::find("llvm.fma")
+        .and_then(|i| i.get_declaration(module, &[fv.into()]))
+        .ok_or_else(|| llvm("no llvm.fma for the vector type"))?;
+    let bld = ctx.create_builder();
+    let entry = ctx.append_basic_block(f, "entry");
+    let body = ctx.append_basic_block(f, "row");
+    let done = ctx.append_basic_block(f, "done");
+    let exit = ctx.append_basic_block(f, "exit");
+    bld.position_at_end(entry);
+    let any = bld.build_int_compare(IntPredicate::SGT, rows, i64t.const_zero(), "any").map_err(llvm)?;
+    bld.build_conditional_branch(any, body, exit).map_err(llvm)?;
+    bld.position_at_end(body);
+    let r = bld.build_phi(i64t, "r").map_err(llvm)?;
+    r.add_incoming(&[(&i64t.const_zero(), entry)]);
+    let sum = bld.build_phi(fv, "sum").map_err(llvm)?;
+    sum.add_incoming(&[(&fv.const_zero(), entry)]);
+    let ri = r.as_basic_value().into_int_value();
+    let at =
+        bld.build_int_mul(ri, i64t.const_int(width as u64 * bits as u64 / 8, false), "at").map_err(llvm)?;
+    // SAFETY (of the IR, not of Rust): row `r < rows` of the codes and value `r` of
+    // the row, as the ABI promises.
+    let src = unsafe { bld.build_in_bounds_gep(i8t, codes, &[at], "src") }.map_err(llvm)?;
+    let ap = unsafe { bld.build_in_bounds_gep(f32t, a, &[ri], "ap") }.map_err(llvm)?;
+    let vals = widened_codes(ctx, &bld, src, (width, bits))?;
+    let x = bld.build_load(f32t, ap, "x").map_err(llvm)?.into_float_value();
+    let one = bld.build_insert_element(fv.get_poison(), x, i32t.const_zero(), "x1").map_err(llvm)?;
+    let xs =
+        bld.build_shuffle_vector(one, fv.get_poison(), i32t.vec_type(w).const_zero(), "xs").map_err(llvm)?;
+    let args: [BasicMetadataValueEnum; 3] = [vals.into(), xs.into(), sum.as_basic_value().into()];
+    let y = match bld.build_call(fma, &args, "y").map_err(llvm)?.try_as_basic_value() {
+        inkwell::values::ValueKind::Basic(v) => v,
+        inkwell::values::ValueKind::Instruction(_) => return Err(llvm("llvm.fma returned nothing")),
+    };
+    let next = bld.build_int_add(ri, i64t.const_int(1, false), "next").map_err(llvm)?;
+    r.add_incoming(&[(&next, body)]);
+    sum.add_incoming(&[(&y, body)]);
+    let more = bld.build_int_compare(IntPredicate::SLT, next, rows, "more").map_err(llvm)?;
+    bld.build_conditional_branch(more, body, done).map_err(llvm)?;
+    bld.position_at_end(done);
+    let old = bld.build_load(fv, acc, "acc").map_err(llvm)?;
+    set_align(&old, 4);
+    let total = bld.build_float_add(old.into_vector_value(), y.into_vector_value(), "total").map_err(llvm)?;
+    let st = bld.build_store(acc, total).map_err(llvm)?;
+    st.set_alignment(4).map_err(llvm)?;
+    bld.build_unconditional_branch(exit).map_err(llvm)?;
+    bld.position_at_end(exit);
+    bld.build_return(None).map_err(llvm)?;
+    Ok(())
+}
+
+/// One row of `width` unsigned `bits`-bit codes at `src` (laid out as
+/// [`DequantFn`] reads them) as a vector of f32: one load (4 bits: the low
+/// halves, then the high halves, joined), widened and converted.
+fn widened_codes(
+    ctx: &'static Context,
+    bld: &inkwell::builder::Builder<'static>,
+    src: PointerValue<'static>,
+    (width, bits): (usize, u32),
+) -> Result<VectorValue<'static>, CodegenError> {
+    let (f32t, i8t, i32t) = (ctx.f32_type(), ctx.i8_type(), ctx.i32_type());
+    let w = width as u32;
+    let bytes = if bits == 8 {
+        let v = bld.build_load(i8t.vec_type(w), src, "codes").map_err(llvm)?;
+        set_align(&v, 1);
+        v.into_vector_value()
+    } else {
+        let v = bld.build_load(i8t.vec_type(w / 2), src, "pairs").map_err(llvm)?;
+        set_align(&v, 1);
+        let v = v.into_vector_value();
+        let splat = |x: u64| VectorType::const_vector(&vec![i8t.const_int(x, false); width / 2]);
+        let lo = bld.build_and(v, splat(15), "lo").map_err(llvm)?;
+        let hi = bld.build_right_shift(v, splat(4), false, "hi").map_err(llvm)?;
+        let order: Vec<_> = (0..width).map(|j| i32t.const_int(j as u64, false)).collect();
+        bld.build_shuffle_vector(lo, hi, VectorType::const_vector(&order), "codes").map_err(llvm)?
+    };
+    let wide = bld.build_int_z_extend(bytes, i32t.vec_type(w), "wide").map_err(llvm)?;
+    bld.build_unsigned_int_to_float(wide, f32t.vec_type(w), "vals").map_err(llvm)
 }
 
 /// How a packing routine finds its source rows.

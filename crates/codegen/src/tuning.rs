@@ -256,6 +256,7 @@ pub fn machine_model(
         bt: jit.as_ref().and_then(|j| j.get(2 * t.f32_lanes)),
         a_rows: None,
         dequant: [None, None],
+        dots: [None, None],
     };
     let mut m = tune::calibrate::measure(t, pool, packers, elem);
     m.peak_gflops = peak(pool, 200);

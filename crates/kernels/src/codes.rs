@@ -175,6 +175,14 @@ impl CodeLayout {
         }
     }
 
+    /// A packed panel's scales, offsets (`ng` groups of `nr` each) and codes.
+    fn parts<'p>(&self, panel: &'p [u32], ng: usize, nr: usize) -> (&'p [f32], &'p [f32], &'p [u8]) {
+        let (params, codes) = panel.split_at(2 * ng * nr);
+        let params: &[f32] = bytemuck::cast_slice(params);
+        let (scales, offsets) = params.split_at(ng * nr);
+        (scales, offsets, bytemuck::cast_slice(codes))
+    }
+
     /// The f32 panel (`kcur × nr`, row after row, as [`crate::pack::pack_b`]
     /// packs an f32 weight) of a packed panel of rows `pc..pc + kcur`.
     /// With `generated`, each group's rows go through that routine.
@@ -186,11 +194,7 @@ impl CodeLayout {
         out: &mut [f32],
     ) {
         let groups = self.groups_of(pc, kcur);
-        let ng = groups.len();
-        let (params, codes) = panel.split_at(2 * ng * nr);
-        let params: &[f32] = bytemuck::cast_slice(params);
-        let (scales, offsets) = params.split_at(ng * nr);
-        let bytes: &[u8] = bytemuck::cast_slice(codes);
+        let (scales, offsets, bytes) = self.parts(panel, groups.len(), nr);
         let half = nr / 2;
         let mut r = 0;
         for (gi, g) in groups.clone().enumerate() {
@@ -230,6 +234,45 @@ impl CodeLayout {
                 }
                 r += 1;
             }
+        }
+    }
+}
+
+impl CodeLayout {
+    /// Adds to `out` (`nr` wide) one row of A (`a`: its depths `pc..pc +
+    /// kcur`) times a packed panel of rows `pc..pc + kcur`: per group, `dot`
+    /// sums the row by the unsigned codes, then `out[j] += scale[j] · sum[j]
+    /// + offset[j] · Σ a` (the codes' value is `code · scale + offset`).
+    pub(crate) fn dot_row(
+        &self,
+        panel: &[u32],
+        (pc, kcur, nr): (usize, usize, usize),
+        dot: crate::CodeDot,
+        a: &[f32],
+        sums: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let groups = self.groups_of(pc, kcur);
+        let (scales, offsets, bytes) = self.parts(panel, groups.len(), nr);
+        let row_bytes = nr * self.bits as usize / 8;
+        let mut r = 0;
+        for (gi, g) in groups.enumerate() {
+            let end = ((g + 1) * self.group).min(pc + kcur) - pc;
+            let sums = &mut sums[..nr];
+            sums.fill(0.0);
+            let codes = &bytes[r * row_bytes..end * row_bytes];
+            let a = &a[r..end];
+            // SAFETY: the routine reads `end − r` rows of `nr` codes (`row_bytes` each:
+            // exactly `codes`) and as many values of A (exactly `a`), and adds into
+            // `nr` f32 (exactly `sums`), as its ABI says and its width and bits
+            // (checked by the caller) make it.
+            unsafe { (dot.func)(codes.as_ptr(), a.as_ptr(), (end - r) as i64, sums.as_mut_ptr()) };
+            let total: f32 = a.iter().sum();
+            let (s, o) = (&scales[gi * nr..(gi + 1) * nr], &offsets[gi * nr..(gi + 1) * nr]);
+            for (((v, &sum), &s), &o) in out.iter_mut().zip(sums.iter()).zip(s).zip(o) {
+                *v += s * sum + o * total;
+            }
+            r = end;
         }
     }
 }

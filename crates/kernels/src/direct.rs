@@ -179,6 +179,23 @@ fn direct_block(
         for jr in cols.clone() {
             let col = jr * nr;
             let ncols = nr.min(n - col);
+            if let (BSource::Quantized(p), 1, None) = (&src, rows.len(), a.taps) {
+                let scratch = (&mut ws.dot_sums, &mut ws.dot_out);
+                let one = plan.kernel_for(1);
+                if code_dot_row(
+                    p,
+                    (pc, kc, jr),
+                    (rows.start, col, ncols),
+                    a,
+                    (cptr, ldc),
+                    flags,
+                    ep,
+                    one,
+                    scratch,
+                ) {
+                    continue;
+                }
+            }
             let (bp, ldb) = match src {
                 BSource::InPlace(d, ld) => (d[col..].as_ptr(), ld),
                 // f32 words: the panel's bits are its values.
@@ -272,6 +289,82 @@ fn direct_block(
             }
         }
     }
+}
+
+/// Zeros a kernel multiplies when it only applies its epilogue (the widest
+/// direct tile's row, and one value of A).
+static ZEROS: [f32; 128] = [0.0; 128];
+
+/// One row of A times panel `jr` of a quantized weight's block at `pc`, from
+/// the codes (no dequantized panel): the row's products into C's columns
+/// `col..col + ncols` (`=` on the first K block unless accumulating, `+=`
+/// after), then, with the last block, the epilogue applied in place by the
+/// kernel multiplying zeros. False (nothing done) without the routine.
+#[allow(clippy::too_many_arguments)]
+fn code_dot_row(
+    p: &crate::PackedB,
+    (pc, kc, jr): (usize, usize, usize),
+    (row, col, ncols): (usize, usize, usize),
+    a: &MatRef,
+    (cptr, ldc): (CPtr, usize),
+    flags: i64,
+    ep: &EpilogueArgs,
+    main: &crate::DirectKernel,
+    (sums, out): (&mut Vec<f32>, &mut Vec<f32>),
+) -> bool {
+    let nr = main.nr;
+    // `main` writes as many rows of C as it is high: one.
+    if nr > ZEROS.len() || main.mr != 1 {
+        return false;
+    }
+    let Some(arow) = a.data.get(row * a.rs + pc..row * a.rs + pc + kc) else { return false };
+    out.clear();
+    out.resize(nr, 0.0);
+    if !p.dot_panel((pc, kc, jr), &main.packers, arow, sums, out) {
+        return false;
+    }
+    // SAFETY: row `row` and columns `col..col + ncols` are inside C (checked
+    // shapes: `ncols` stops at N) and this thread's alone (disjoint rows or panels).
+    unsafe {
+        let c = cptr.get().add(row * ldc + col);
+        for (j, v) in out[..ncols].iter().enumerate() {
+            *c.add(j) = if flags & ACCUMULATE != 0 { *c.add(j) + v } else { *v };
+        }
+    }
+    if flags & APPLY_EPILOGUE != 0 {
+        let bias = ep.bias.map_or(std::ptr::null(), |b| b[col..].as_ptr());
+        let (res, ldr) = match ep.residual {
+            Some(r) => (r.data[row * r.rs + col..].as_ptr(), r.rs),
+            None => (std::ptr::null(), 0),
+        };
+        // SAFETY: as a tile's call in `direct_block`: the kernel reads one value of
+        // A and one row of B (`ZEROS`, at least `nr` wide), the bias and residual at
+        // columns < ncols only, and writes C's row `row` at columns `col..col +
+        // ncols` (inside C, this thread's alone): the zero product added to C
+        // (ACCUMULATE), then the epilogue.
+        unsafe {
+            (main.func)(
+                1,
+                ZEROS.as_ptr(),
+                1,
+                ZEROS.as_ptr(),
+                nr as i64,
+                cptr.get().add(row * ldc + col),
+                ldc as i64,
+                ncols as i64,
+                ACCUMULATE | APPLY_EPILOGUE,
+                bias,
+                res,
+                ldr as i64,
+                1,
+                0,
+                0,
+                std::ptr::null(),
+                0,
+            );
+        }
+    }
+    true
 }
 
 /// Ask for A's rows `rows` at depths `pc..pc + kc` to be brought into L1, one

@@ -409,6 +409,40 @@ impl PackedB {
     /// Panel `j` of the block starting at row `pc` (`kcur` rows deep) as f32
     /// words in `out` (`kcur × nr`), when the weight is quantized; false
     /// (`out` untouched) when it is not, or has no such panel.
+    /// Adds to `out` (`nr` wide) one row of A (`a`: depths `pc..pc + kcur`)
+    /// times panel `j` of the block starting at row `pc`, from the codes
+    /// themselves with `packers`' product routine; false (nothing done) when
+    /// the weight is not quantized or `packers` has no such routine.
+    pub(crate) fn dot_panel(
+        &self,
+        (pc, kcur, j): (usize, usize, usize),
+        packers: &Packers,
+        a: &[f32],
+        sums: &mut Vec<f32>,
+        out: &mut [f32],
+    ) -> bool {
+        let Some(l) = self.codes else { return false };
+        let (Some(dot), Some(panel)) = (packers.code_dot(self.nr, l.bits), self.panel(pc, kcur, j)) else {
+            return false;
+        };
+        self.prefetch_after(panel);
+        sums.resize(self.nr, 0.0);
+        l.dot_row(panel, (pc, kcur, self.nr), dot, a, sums, out);
+        true
+    }
+
+    /// The codes are the stream from memory: the panel after `panel` (the next
+    /// of its block, or the next block's first) is asked for while this one is
+    /// multiplied.
+    fn prefetch_after(&self, panel: &[u32]) {
+        let words = self.data.get();
+        let next = (panel.as_ptr_range().end as usize - words.as_ptr() as usize) / 4;
+        let ahead = words.get(next..(next + panel.len()).min(words.len())).unwrap_or(&[]);
+        for line in ahead.iter().step_by(16) {
+            crate::prefetch::to_l1(line);
+        }
+    }
+
     /// `packers`' dequantizer does it where it has one for the weight's codes.
     pub(crate) fn dequantize_panel(
         &self,
@@ -417,16 +451,7 @@ impl PackedB {
         out: &mut Lines<u32>,
     ) -> bool {
         let (Some(l), Some(panel)) = (self.codes, self.panel(pc, kcur, j)) else { return false };
-        // The codes are the stream from memory now: the panel after this one (the
-        // next of the block, or the next block's first) is asked for while this
-        // one is dequantized and multiplied.
-        let words = self.data.get();
-        let next = panel.as_ptr_range().end as usize - words.as_ptr() as usize;
-        for line in
-            words.get(next / 4..(next / 4 + panel.len()).min(words.len())).unwrap_or(&[]).iter().step_by(16)
-        {
-            crate::prefetch::to_l1(line);
-        }
+        self.prefetch_after(panel);
         out.resize(kcur * self.nr);
         let generated = packers.dequantizer(self.nr, l.bits);
         l.dequantize(panel, (pc, kcur, self.nr), generated, bytemuck::cast_slice_mut(&mut out[..]));
@@ -892,6 +917,10 @@ impl CPtr {
     }
 }
 
+/// Zeros a kernel multiplies when it only applies its epilogue: a panel of
+/// A and of B one deep, as wide as any tile.
+pub(crate) static ZEROS: [u32; 128] = [0; 128];
+
 /// A thread's packing buffers and edge tiles, kept between calls so that small
 /// contractions (attention's per-head products) allocate nothing.
 #[derive(Default)]
@@ -900,6 +929,9 @@ pub(crate) struct Workspace {
     pub(crate) b: Lines<u32>,
     /// The panel of a quantized weight being multiplied, dequantized.
     pub(crate) deq: Lines<u32>,
+    /// A row's products with a quantized panel: per group, and the sum.
+    pub(crate) dot_sums: Vec<f32>,
+    pub(crate) dot_out: Vec<f32>,
     scratch: Vec<f32>,
     bias: Vec<f32>,
     res: Vec<f32>,
@@ -1015,7 +1047,7 @@ fn band(
         return;
     }
     ws.b_kept = None;
-    let Workspace { a: ap, b: bp, deq, scratch, bias: ebias, res: eres, .. } = ws;
+    let Workspace { a: ap, b: bp, deq, dot_sums, dot_out, scratch, bias: ebias, res: eres, .. } = ws;
     scratch.resize(uk.mr * uk.nr, 0.0);
     // Edge tiles read the epilogue's data from padded copies, never past the operands.
     ebias.resize(uk.nr, 0.0);
@@ -1092,6 +1124,45 @@ fn band(
         for jr in cols.clone() {
             let nv = nr.min(n - jr * nr);
             let jp = jr - first_panel;
+            // One row by a quantized weight: multiplied from the codes (no panel
+            // dequantized), then the epilogue as an edge tile's, of a zero product.
+            if let (BOperand::Packed(p), 1, true) = (b, mc, a.cs == 1 && !a.is_taps()) {
+                let (col, arow) = (jr * nr, &a.data[ic * a.rs + pc..ic * a.rs + pc + kc]);
+                dot_out.clear();
+                dot_out.resize(nr, 0.0);
+                if p.dot_panel((pc, kc, jr), &uk.packers, arow, dot_sums, dot_out) {
+                    // SAFETY: row `ic` and columns `col..col + nv` are inside C (checked
+                    // shapes) and this thread's alone; the kernel writes only `scratch`
+                    // (MR × NR), of which the row's part is copied in and out, and reads
+                    // one zero panel of A and of B (`ZEROS`: K of 1, at least MR and NR
+                    // wide).
+                    unsafe {
+                        let tile = cptr.get().add(ic * ldc + col);
+                        for (j, v) in dot_out[..nv].iter().enumerate() {
+                            *tile.add(j) = if flags & ACCUMULATE != 0 { *tile.add(j) + v } else { *v };
+                        }
+                        if flags & APPLY_EPILOGUE != 0 && mr <= ZEROS.len() && nr <= ZEROS.len() {
+                            std::ptr::copy_nonoverlapping(tile, scratch.as_mut_ptr(), nv);
+                            fill_edge_epilogue(ep, uk, ic, col, 1, nv, ebias, eres);
+                            (kern.func)(
+                                1,
+                                ZEROS.as_ptr().cast(),
+                                ZEROS.as_ptr().cast(),
+                                scratch.as_mut_ptr(),
+                                nr as i64,
+                                ACCUMULATE | APPLY_EPILOGUE,
+                                ebias.as_ptr(),
+                                eres.as_ptr(),
+                                nr as i64,
+                                1,
+                                std::ptr::null(),
+                            );
+                            std::ptr::copy_nonoverlapping(scratch.as_ptr(), tile, nv);
+                        }
+                    }
+                    continue;
+                }
+            }
             // A quantized weight's panel is dequantized here, into L1.
             let quantized = match b {
                 BOperand::Packed(p) => p.dequantize_panel((pc, kc, jr), &uk.packers, deq),

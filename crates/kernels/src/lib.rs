@@ -44,7 +44,7 @@ pub use gemm::{
 };
 pub use image::{CodeImage, ImageError};
 pub use lines::Lines;
-pub use pack::{DequantFn, Dequantizer, PackFn, Packer, Packers};
+pub use pack::{CodeDot, CodeDotFn, DequantFn, Dequantizer, PackFn, Packer, Packers};
 pub use pool::{Parts, ThreadPool};
 pub use schedule::{
     ALayout, BLayout, DirectVariant, KernelFamily, KernelVariant, Operands, Problem, Schedule,

@@ -16,7 +16,7 @@
 
 use crate::{ElemType, Lines, MatRef};
 
-pub use plan::abi::{DequantFn, PackFn};
+pub use plan::abi::{CodeDotFn, DequantFn, PackFn};
 
 /// A generated packing routine, the width of the panels it writes and the
 /// element type it converts to.
@@ -36,6 +36,15 @@ pub struct Dequantizer {
     pub func: DequantFn,
 }
 
+/// A generated routine multiplying a row of A by codes ([`CodeDotFn`]): the
+/// width of the rows and the bits of the codes it reads.
+#[derive(Clone, Copy, Debug)]
+pub struct CodeDot {
+    pub width: usize,
+    pub bits: u32,
+    pub func: CodeDotFn,
+}
+
 /// The generated packs a kernel's driver uses, when it has them: `a` (width
 /// `MR`) for a row-major A, `bt` (width `NR`) for a B stored transposed. Direct
 /// kernels read A in place and use `bt` only.
@@ -49,12 +58,20 @@ pub struct Packers {
     /// kernels): without them a quantized weight's panels are dequantized
     /// by portable loops.
     pub dequant: [Option<Dequantizer>; 2],
+    /// Their products with one row of A (4 and 8 bits): a product of one row
+    /// multiplies the codes directly, no dequantized panel.
+    pub dots: [Option<CodeDot>; 2],
 }
 
 impl Packers {
     /// The dequantizer of `bits`-bit codes `width` wide, if generated.
     pub fn dequantizer(&self, width: usize, bits: u32) -> Option<Dequantizer> {
         self.dequant.iter().flatten().copied().find(|d| d.width == width && d.bits == bits)
+    }
+
+    /// The product of a row with `bits`-bit codes `width` wide, if generated.
+    pub fn code_dot(&self, width: usize, bits: u32) -> Option<CodeDot> {
+        self.dots.iter().flatten().copied().find(|d| d.width == width && d.bits == bits)
     }
 }
 

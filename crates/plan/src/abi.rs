@@ -121,6 +121,13 @@ pub type RowsPackFn = unsafe extern "C" fn(rows: *const *const f32, kc: i64, dst
 pub type DequantFn =
     unsafe extern "C" fn(codes: *const u8, scale: *const f32, offset: *const f32, rows: i64, out: *mut f32);
 
+/// The generated ABI that multiplies one row of A by codes (a weight-only
+/// quantized weight's panel, one group of rows at a time, codes laid out as
+/// [`DequantFn`] reads them): `acc[j] += Σ_r a[r] · code[r][j]` over `rows`
+/// rows, `j < width`, the codes as unsigned integers; the group's scales and
+/// offsets are the caller's to apply.
+pub type CodeDotFn = unsafe extern "C" fn(codes: *const u8, a: *const f32, rows: i64, acc: *mut f32);
+
 /// A generated function's type: one signature of this ABI. Every function
 /// pointer the runtime calls is made from an address by
 /// [`EntryFn::from_address`], for the JIT and the artifact loader alike.
@@ -163,4 +170,5 @@ entry_fns!(
     PackFn => "packer",
     RowsPackFn => "rows packer",
     DequantFn => "dequantizer",
+    CodeDotFn => "code dot",
 );

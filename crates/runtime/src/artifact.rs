@@ -244,6 +244,8 @@ struct PackersMeta {
     a_rows: Option<PackerMeta>,
     /// The dequantizers of weight codes: width, bits and entry.
     dequant: Vec<(usize, u32, Entry)>,
+    /// The products of a row with weight codes: width, bits and entry.
+    dots: Vec<(usize, u32, Entry)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -837,6 +839,12 @@ fn dispatcher_meta(e: Epilogue, d: &Dispatcher, syms: &Symbols) -> Result<Dispat
                 .flatten()
                 .map(|d| Ok((d.width, d.bits, syms.entry(d.func as usize, "dequantizer")?)))
                 .collect::<Result<_, ArtifactError>>()?,
+            dots: p
+                .dots
+                .iter()
+                .flatten()
+                .map(|d| Ok((d.width, d.bits, syms.entry(d.func as usize, "code dot")?)))
+                .collect::<Result<_, ArtifactError>>()?,
         })
     };
     let f = d.family();
@@ -909,7 +917,12 @@ fn dispatcher_of(d: DispatcherMeta, threads: usize, entries: &Entries) -> Result
             let f = unsafe { entries.get(func)? };
             *slot = Some(kernels::Dequantizer { width: *width, bits: *bits, func: f });
         }
-        Ok(Packers { a: packer(&p.a)?, bt: packer(&p.bt)?, a_rows, dequant })
+        let mut dots = [None, None];
+        for (slot, (width, bits, func)) in dots.iter_mut().zip(&p.dots) {
+            let f = unsafe { entries.get(func)? };
+            *slot = Some(kernels::CodeDot { width: *width, bits: *bits, func: f });
+        }
+        Ok(Packers { a: packer(&p.a)?, bt: packer(&p.bt)?, a_rows, dequant, dots })
     };
     let variants = d
         .variants
