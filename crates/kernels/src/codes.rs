@@ -236,9 +236,7 @@ impl CodeLayout {
             }
         }
     }
-}
 
-impl CodeLayout {
     /// Adds to `out` (`nr` wide) one row of A (`a`: its depths `pc..pc +
     /// kcur`) times a packed panel of rows `pc..pc + kcur`: per group, `dot`
     /// sums the row by the unsigned codes, then `out[j] += scale[j] · sum[j]

@@ -406,9 +406,6 @@ impl PackedB {
         self.block(pc, kcur).get(j * len..(j + 1) * len)
     }
 
-    /// Panel `j` of the block starting at row `pc` (`kcur` rows deep) as f32
-    /// words in `out` (`kcur × nr`), when the weight is quantized; false
-    /// (`out` untouched) when it is not, or has no such panel.
     /// Adds to `out` (`nr` wide) one row of A (`a`: depths `pc..pc + kcur`)
     /// times panel `j` of the block starting at row `pc`, from the codes
     /// themselves with `packers`' product routine; false (nothing done) when
@@ -443,7 +440,10 @@ impl PackedB {
         }
     }
 
-    /// `packers`' dequantizer does it where it has one for the weight's codes.
+    /// Panel `j` of the block starting at row `pc` (`kcur` rows deep) as f32
+    /// words in `out` (`kcur × nr`), when the weight is quantized; false
+    /// (`out` untouched) when it is not, or has no such panel. `packers`'
+    /// dequantizer does it where it has one for the weight's codes.
     pub(crate) fn dequantize_panel(
         &self,
         (pc, kcur, j): (usize, usize, usize),
