@@ -131,8 +131,8 @@ pub fn compile_packers_cached(
             build_packer(ctx, module, &rows_name(w), (w, elem), l, Rows::ByAddress, cpu, features)?;
         }
         for &(w, bits) in &dequant {
-            build_dequantizer(ctx, module, &dequant_name((w, bits)), (w, bits, false), cpu, features, l)?;
-            build_dequantizer(ctx, module, &dot_name((w, bits)), (w, bits, true), cpu, features, l)?;
+            build_dequantizer(ctx, module, &dequant_name((w, bits)), (w, bits), (cpu, features, l))?;
+            build_code_dot(ctx, module, &dot_name((w, bits)), (w, bits), (cpu, features, l))?;
         }
         Ok(())
     })?;
@@ -161,28 +161,17 @@ pub fn compile_packers_cached(
     Ok(JitPackers { packers, rows, dequantizers, dots, ir, _image: image })
 }
 
-/// A dequantizing routine ([`DequantFn`]) for rows `width` wide of `bits`-bit
-/// codes: per row one load of its codes (4 bits: the low halves, then the
-/// high halves, joined into one vector of `width` bytes), widened to f32 and
-/// one FMA with the group's scales and offsets, kept in registers across the
-/// rows, and one store.
-/// With `dot`, the routine is the product of a row with the codes instead
-/// ([`CodeDotFn`]): per row one FMA of the widened codes by the row's value
-/// into accumulators kept in registers, added to `acc` at the end.
-#[allow(clippy::too_many_arguments)]
-fn build_dequantizer(
+/// A function of one of the code routines' signatures ([`DequantFn`], or
+/// with `dot` [`CodeDotFn`]), for this target.
+fn declare_code_routine(
     ctx: &'static Context,
     module: &Module<'static>,
     name: &str,
-    (width, bits, dot): (usize, u32, bool),
-    cpu: &str,
-    features: &str,
-    lanes: usize,
-) -> Result<(), CodegenError> {
-    let (f32t, i64t, i8t) = (ctx.f32_type(), ctx.i64_type(), ctx.i8_type());
+    dot: bool,
+    (cpu, features, lanes): (&str, &str, usize),
+) -> inkwell::values::FunctionValue<'static> {
     let ptr = ctx.ptr_type(AddressSpace::default());
-    let w = width as u32;
-    let fv = f32t.vec_type(w);
+    let i64t = ctx.i64_type();
     let params: Vec<inkwell::types::BasicMetadataTypeEnum> = if dot {
         vec![ptr.into(), ptr.into(), i64t.into(), ptr.into()]
     } else {
@@ -190,10 +179,25 @@ fn build_dequantizer(
     };
     let f = module.add_function(name, ctx.void_type().fn_type(&params, false), None);
     target_attributes(ctx, f, cpu, features, lanes);
+    f
+}
+
+/// A dequantizing routine ([`DequantFn`]) for rows `width` wide of `bits`-bit
+/// codes: per row one load of its codes (4 bits: the low halves, then the
+/// high halves, joined into one vector of `width` bytes), widened to f32 and
+/// one FMA with the group's scales and offsets, kept in registers across the
+/// rows, and one store.
+fn build_dequantizer(
+    ctx: &'static Context,
+    module: &Module<'static>,
+    name: &str,
+    (width, bits): (usize, u32),
+    target: (&str, &str, usize),
+) -> Result<(), CodegenError> {
+    let (f32t, i64t, i8t) = (ctx.f32_type(), ctx.i64_type(), ctx.i8_type());
+    let fv = f32t.vec_type(width as u32);
+    let f = declare_code_routine(ctx, module, name, false, target);
     let p = |i: u32| f.get_nth_param(i).ok_or_else(|| llvm("param"));
-    if dot {
-        return build_code_dot(ctx, module, f, (width, bits), &p);
-    }
     let (codes, scale, offset) =
         (p(0)?.into_pointer_value(), p(1)?.into_pointer_value(), p(2)?.into_pointer_value());
     let (rows, out) = (p(3)?.into_int_value(), p(4)?.into_pointer_value());
@@ -240,17 +244,22 @@ fn build_dequantizer(
     Ok(())
 }
 
-/// The body of a [`CodeDotFn`] routine (see [`build_dequantizer`]).
+/// A routine multiplying a row by codes ([`CodeDotFn`]), rows `width` wide
+/// of `bits`-bit codes read as [`build_dequantizer`]'s: per row one FMA of
+/// the widened codes by the row's value into accumulators kept in registers,
+/// added to `acc` at the end.
 fn build_code_dot(
     ctx: &'static Context,
     module: &Module<'static>,
-    f: inkwell::values::FunctionValue<'static>,
+    name: &str,
     (width, bits): (usize, u32),
-    p: &dyn Fn(u32) -> Result<BasicValueEnum<'static>, CodegenError>,
+    target: (&str, &str, usize),
 ) -> Result<(), CodegenError> {
     let (f32t, i64t, i8t, i32t) = (ctx.f32_type(), ctx.i64_type(), ctx.i8_type(), ctx.i32_type());
     let w = width as u32;
     let fv = f32t.vec_type(w);
+    let f = declare_code_routine(ctx, module, name, true, target);
+    let p = |i: u32| f.get_nth_param(i).ok_or_else(|| llvm("param"));
     let (codes, a) = (p(0)?.into_pointer_value(), p(1)?.into_pointer_value());
     let (rows, acc) = (p(2)?.into_int_value(), p(3)?.into_pointer_value());
     let fma = Intrinsic::find("llvm.fma")

@@ -231,6 +231,8 @@ fn direct_block(
             let tiles = (rows.len() / main.mr).max(1);
             let spread = rows.len() >= 4;
             let ahead: &[u32] = match b {
+                // A quantized weight's next panel was asked for as this one was dequantized.
+                BOperand::Packed(p) if p.codes.is_some() => None,
                 BOperand::Packed(p) if spread && jr + 1 < cols.end => p.panel(pc, kc, jr + 1),
                 BOperand::Packed(p) if spread && pc + kc < k => {
                     p.panel(pc + kc, plan.kc.min(k - pc - kc), cols.start)

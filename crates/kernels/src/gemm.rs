@@ -191,6 +191,9 @@ pub struct PackedB {
     /// quantized weight, [`PackedB::quantized`]; `elem` is f32, what its
     /// panels are dequantized to).
     pub codes: Option<CodeLayout>,
+    /// Where each K block of a quantized weight starts (words; one more entry,
+    /// the total): its blocks differ in the groups they meet.
+    starts: Vec<usize>,
     data: Words,
 }
 
@@ -239,7 +242,7 @@ impl PackedB {
             pack_b(&b, pc, kc.min(k - pc), 0, n, nr, elem, &mut panel, None);
             data.extend_from_slice(&panel);
         }
-        PackedB { k, n, nr, kc, elem, codes: None, data: Words::Owned(data) }
+        PackedB { k, n, nr, kc, elem, codes: None, starts: Vec::new(), data: Words::Owned(data) }
     }
 
     /// A weight-only quantized weight packed for f32 kernels of width `nr`
@@ -255,10 +258,10 @@ impl PackedB {
         }
         let layout = CodeLayout { bits: w.bits, group: w.group };
         let panels = w.n.div_ceil(nr);
-        let total = PackedB::quantized_len_of(w.k, w.n, nr, kc, layout).ok_or_else(|| {
+        let starts = PackedB::quantized_starts(w.k, w.n, nr, kc, layout).ok_or_else(|| {
             KernelError::Shape(format!("a quantized {}x{} weight too large to pack", w.k, w.n))
         })?;
-        let mut data = Lines::<u32>::with_len(total);
+        let mut data = Lines::<u32>::with_len(starts.last().copied().unwrap_or(0));
         let mut at = 0;
         for (pc, kcur) in (0..w.k).step_by(kc).map(|pc| (pc, kc.min(w.k - pc))) {
             let len = layout.panel_len(pc, kcur, nr);
@@ -274,6 +277,7 @@ impl PackedB {
             kc,
             elem: ElemType::F32,
             codes: Some(layout),
+            starts,
             data: Words::Owned(data),
         })
     }
@@ -293,19 +297,24 @@ impl PackedB {
     /// The words a quantized `k × n` weight packed for `nr` and `kc` in
     /// `layout` takes ([`PackedB::quantized`]).
     pub fn quantized_len_of(k: usize, n: usize, nr: usize, kc: usize, layout: CodeLayout) -> Option<usize> {
+        PackedB::quantized_starts(k, n, nr, kc, layout)?.last().copied()
+    }
+
+    /// Where each K block of such a weight starts, and (last) its words.
+    fn quantized_starts(k: usize, n: usize, nr: usize, kc: usize, layout: CodeLayout) -> Option<Vec<usize>> {
         if kc == 0 || layout.group == 0 {
             return None;
         }
         let panels = n.checked_next_multiple_of(nr)? / nr.max(1);
-        let mut words = 0usize;
+        let mut starts = vec![0usize];
         for pc in (0..k).step_by(kc) {
             let kcur = kc.min(k - pc);
             let groups = layout.groups_of(pc, kcur).len();
             let codes = kcur.checked_mul(nr)?.checked_mul(layout.bits as usize)? / 32;
             let len = groups.checked_mul(2 * nr)?.checked_add(codes)?;
-            words = words.checked_add(len.checked_mul(panels)?)?;
+            starts.push(starts.last()?.checked_add(len.checked_mul(panels)?)?);
         }
-        Some(words)
+        Some(starts)
     }
 
     /// A quantized weight packed earlier (by [`PackedB::quantized`], its
@@ -325,8 +334,9 @@ impl PackedB {
         if nr == 0 || !nr.is_multiple_of(8) || !matches!(layout.bits, 4 | 8) {
             return Err(bad("panels that are no multiple of 8 columns, or codes of neither 4 nor 8 bits"));
         }
-        let words =
-            PackedB::quantized_len_of(k, n, nr, kc, layout).ok_or_else(|| bad("too large or empty"))?;
+        let starts =
+            PackedB::quantized_starts(k, n, nr, kc, layout).ok_or_else(|| bad("too large or empty"))?;
+        let words = starts.last().copied().unwrap_or(0);
         let window = (*bytes).as_ref().get(range.clone()).ok_or_else(|| bad("outside its file"))?;
         if Some(window.len()) != words.checked_mul(4) {
             return Err(bad(&format!("{} bytes, its packing takes {words} words", window.len())));
@@ -341,6 +351,7 @@ impl PackedB {
             kc,
             elem: ElemType::F32,
             codes: Some(layout),
+            starts,
             data: Words::Shared(bytes, range),
         })
     }
@@ -367,7 +378,7 @@ impl PackedB {
         if bytemuck::try_cast_slice::<u8, u32>(window).is_err() {
             return Err(bad("not aligned to 4 bytes"));
         }
-        Ok(PackedB { k, n, nr, kc, elem, codes: None, data: Words::Shared(bytes, range) })
+        Ok(PackedB { k, n, nr, kc, elem, codes: None, starts: Vec::new(), data: Words::Shared(bytes, range) })
     }
 
     /// The packed words, panel after panel (what an artifact stores).
@@ -380,11 +391,7 @@ impl PackedB {
     pub(crate) fn block(&self, pc: usize, kcur: usize) -> &[u32] {
         let panels = self.n.div_ceil(self.nr);
         let start = match self.codes {
-            // Blocks differ in the groups they meet: the sum of those before.
-            Some(l) => (0..pc)
-                .step_by(self.kc.max(1))
-                .map(|p| l.panel_len(p, self.kc.min(self.k - p), self.nr) * panels)
-                .sum(),
+            Some(_) => self.starts[pc / self.kc.max(1)],
             None => pc / self.kc.max(1) * self.elem.b_panel_len(self.kc, self.nr) * panels,
         };
         &self.data.get()[start..start + self.panel_len(pc, kcur) * panels]
@@ -1183,9 +1190,8 @@ fn band(
                 // when the next step starts one (a weight's, read from memory there).
                 let next = if jr + 1 < cols.end {
                     match b {
-                        BOperand::Packed(p) if quantized => {
-                            p.panel(pc, kc, jr + 1).map_or(std::ptr::null(), |d| d.as_ptr())
-                        }
+                        // Asked for already, as this panel was dequantized.
+                        BOperand::Packed(_) if quantized => std::ptr::null(),
                         _ => bblock[(jp + 1) * b_len..].as_ptr(),
                     }
                 } else {

@@ -105,8 +105,14 @@ fn dequantized_weight(imp: &mut Importer, n: &Node, axis: i64, block: i64) -> R<
         _ => return Ok(None),
     };
     let groups = k.div_ceil(group);
-    let widen =
-        |c: &ConstData| -> Vec<f32> { c.to_tensor().to_f64_vec().into_iter().map(|v| v as f32).collect() };
+    // Straight from the bytes: an LM head's codes are tens of millions.
+    let widen = |c: &ConstData| -> Vec<f32> {
+        match c.dtype {
+            DType::I8 => c.bytes().iter().map(|&b| f32::from(b as i8)).collect(),
+            DType::U8 => c.bytes().iter().map(|&b| f32::from(b)).collect(),
+            _ => c.bytes().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+        }
+    };
     let per_group = |v: Vec<f32>| -> Vec<f32> {
         if v.len() == 1 {
             vec![v[0]; groups * cols]
