@@ -23,6 +23,8 @@ Systems (--systems, default every one that is available):
   onnxruntime    CPU provider, all graph optimizations, intra-op threads = --threads
                  (alias: ort)
   openvino       CPU, f32, INFERENCE_NUM_THREADS = --threads, when installed
+  openvino-bf16  the same with INFERENCE_PRECISION_HINT = bf16 (checked to be in
+                 effect; only when asked for: the peer of anyshape-bf16)
   torch          PyTorch eager under torch.inference_mode(), torch.set_num_threads(--threads)
   torch.compile  torch.compile(model, dynamic=True) (inductor), same threads and mode
 
@@ -85,8 +87,9 @@ ALL_SYSTEMS = [
     "anyshape-bf16",
     "anyshape-int8-float",
     "anyshape-int8-i16",
+    "openvino-bf16",
 ]
-OPT_IN = ("anyshape-bf16", "anyshape-int8-float", "anyshape-int8-i16")
+OPT_IN = ("anyshape-bf16", "anyshape-int8-float", "anyshape-int8-i16", "openvino-bf16")
 ALIASES = {"ort": "onnxruntime", "ov": "openvino", "eager": "torch", "compile": "torch.compile"}
 TORCH_SYSTEMS = ("torch", "torch.compile")
 SETTLE_S = 0.1
@@ -197,15 +200,20 @@ def bench_ort(path, shapes, threads, runs):
     return out
 
 
-def bench_openvino(path, shapes, threads, runs):
+def bench_openvino(path, shapes, threads, runs, precision="f32"):
     import openvino as ov
 
     core = ov.Core()
     t = time.perf_counter()
     compiled = core.compile_model(
-        core.read_model(path), "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"}
+        core.read_model(path), "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": precision}
     )
     compile_ms = (time.perf_counter() - t) * 1e3
+    # OpenVINO falls back to f32 where the CPU lacks the precision: a bf16 figure
+    # counts only when the compiled model says it is in effect.
+    in_effect = str(compiled.get_property("INFERENCE_PRECISION_HINT")).lower()
+    if {"f32": "float32", "bf16": "bfloat16"}[precision] not in in_effect:
+        raise RuntimeError(f"openvino runs {in_effect}, not {precision}, on this CPU")
     req = compiled.create_infer_request()
     out = []
     for s in shapes:
@@ -332,6 +340,13 @@ def main():
                 import openvino  # noqa: F401
 
                 runners[name] = lambda: bench_openvino(a.model, shapes, a.threads, a.runs)
+            except ImportError:
+                skipped[name] = "openvino not installed"
+        elif name == "openvino-bf16":
+            try:
+                import openvino  # noqa: F401
+
+                runners[name] = lambda: bench_openvino(a.model, shapes, a.threads, a.runs, "bf16")
             except ImportError:
                 skipped[name] = "openvino not installed"
 
