@@ -208,7 +208,7 @@ impl Model {
     /// GEMM family runs, and fused attention where the attention kernel
     /// takes it ([`gpu_attention_unsupported`]; the others unfused).
     pub fn lower_gpu(&self) -> Result<plan::ModelPlan, Error> {
-        let lo = lower::LowerOptions { fuse_attention: true, matmul_steps: true };
+        let lo = lower::LowerOptions { fuse_attention: true, matmul_steps: true, column_scales: false };
         let mut plan = lower::lower_with(&self.graph, &self.fusion_plan(), &lo)?;
         lower::unfuse_attention(&mut plan, |p, a| gpu_attention_unsupported(p, a).is_none());
         Ok(plan)
@@ -507,12 +507,18 @@ fn step_lists(plan: &plan::ModelPlan, target: GpuTarget) -> Result<Vec<Vec<(Gemm
     let konst = |slot: u32| plan.dims.exprs().get(slot as usize).and_then(|e| e.as_const());
     let mut memo = HashMap::new();
     let mut out = Vec::with_capacity(plan.steps.len());
-    for st in &plan.steps {
+    for (i, st) in plan.steps.iter().enumerate() {
         let plan::StepKind::MatMul(mm) = &st.kind else {
             out.push(Vec::new());
             continue;
         };
         let e = mm.epilogue.function();
+        if e.column_scale {
+            return Err(Error::from(RunError::Device(format!(
+                "step {i}: a contraction whose epilogue scales each column (a quantized \
+                 product's dequantization) is not built for the GPU"
+            ))));
+        }
         let fixed = match (konst(mm.n), konst(mm.k)) {
             (Some(n), Some(k)) if mm.weight && mm.batch.is_empty() => Some((n as usize, k as usize)),
             _ => None,

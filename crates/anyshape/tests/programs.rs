@@ -162,6 +162,31 @@ const EPILOGUE: &str = r#"graph {
 }
 "#;
 
+/// A product dequantized as a quantized model's is: its columns scaled by a
+/// run-time scale times a constant per column, less a computed offset per
+/// column, then a residual and an activation. The column terms are computed
+/// first, by a program over the columns, and the kernel applies the rest.
+const COLUMN_SCALE_EPILOGUE: &str = r#"graph {
+  sym m param 1..70
+  input %x: f32[m, 8]
+  input %r: f32[m, 5]
+  input %s: f32[1, 1]
+  %w: f32[8, 5] = constant [0.1, -0.2, 0.3, -0.4, 0.5, 0.6, -0.7, 0.8, -0.9, 1.0, -0.1, 0.2, -0.3, 0.4, -0.5, -0.6, 0.7, -0.8, 0.9, -1.0, 0.15, -0.25, 0.35, -0.45, 0.55, 0.65, -0.75, 0.85, -0.95, 1.05, -0.15, 0.25, -0.35, 0.45, -0.55, -0.65, 0.75, -0.85, 0.95, -1.05]
+  %cs: f32[1, 5] = constant [0.5, 1.5, -0.25, 2.0, 0.75]
+  %y: f32[m, 5] = matmul %x, %w
+  %sb: f32[1, 5] = broadcast %s
+  %k: f32[1, 5] = mul %sb, %cs
+  %kb: f32[m, 5] = broadcast %k
+  %p: f32[m, 5] = mul %y, %kb
+  %z: f32[1, 5] = sub %cs, %sb
+  %zb: f32[m, 5] = broadcast %z
+  %a: f32[m, 5] = sub %p, %zb
+  %q: f32[m, 5] = add %a, %r
+  %o: f32[m, 5] = tanh %q
+  output %o
+}
+"#;
+
 /// GPT-2's GELU, `0.5·y·(1 + tanh(√(2/π)·(y + 0.044715·y³)))` with the cube as
 /// `pow(y, 3)`, after a matmul and its bias: the epilogue fuses into the kernel.
 const GELU_TANH_EPILOGUE: &str = r#"graph {
@@ -547,6 +572,20 @@ proptest! {
         let plan = anyshape::inspect::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
         prop_assert!(plan.contains("epilogue scale 0.5 + bias b"), "not fused:\n{}", plan);
         prop_assert!(plan.contains(" + residual b") && plan.contains(" + relu"), "not fused:\n{}", plan);
+        compare(&model, &[("m", m)], seed)?;
+    }
+
+    #[test]
+    fn matmul_with_computed_column_scales(m in size(1, 70), seed in 0u64..1000) {
+        let model = model(COLUMN_SCALE_EPILOGUE, true, None);
+        let plan = anyshape::inspect::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
+        prop_assert!(
+            plan.contains("epilogue column scale b") && plan.contains(" + bias b") && plan.contains(" + residual b") && plan.contains(" + tanh"),
+            "not fused:\n{}", plan
+        );
+        // The column terms' program runs before the product; nothing after it.
+        let steps: Vec<&str> = plan.lines().filter(|l| l.starts_with("  loop") || l.starts_with("  matmul")).collect();
+        prop_assert!(steps.last().is_some_and(|l| l.starts_with("  matmul")), "a step after the matmul:\n{}", plan);
         compare(&model, &[("m", m)], seed)?;
     }
 

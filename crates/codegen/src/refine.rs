@@ -186,6 +186,7 @@ fn measure(
         let av = MatRef::row_major(&a[..m * k], m, k).map_err(kerr)?;
         let rv = MatRef::row_major(&residual[..m * n], m, n).map_err(kerr)?;
         let ep = EpilogueArgs {
+            column_scale: epilogue.column_scale.then_some(&bias[..]),
             bias: epilogue.bias.then_some(&bias[..]),
             residual: epilogue.residual.then_some(rv),
             residuals: &[],

@@ -225,15 +225,21 @@ impl VMath<'_> {
 
     /// The activation of `x`.
     /// A kernel's epilogue on the vector `y` of row `i`, columns `col..col + W`:
-    /// `act(scale · y + bias[col] + residual[i, col])`, reading the bias from `bias`
-    /// and the residual from `res` (row stride `ldr`) with `load(base, index)`,
-    /// which each kernel form does its own way (plain, or masked at N's edge).
+    /// `act(scale · column_scale[col] · y + bias[col] + residual[i, col])`,
+    /// reading the column scales from `cscale`, the bias from `bias` and the
+    /// residual from `res` (row stride `ldr`) with `load(base, index)`, which
+    /// each kernel form does its own way (plain, or masked at N's edge).
     #[allow(clippy::too_many_arguments)]
     pub fn epilogue(
         &self,
         e: &plan::Epilogue,
         mut y: V,
-        (bias, res, ldr): (PointerValue<'static>, PointerValue<'static>, IntValue<'static>),
+        (cscale, bias, res, ldr): (
+            PointerValue<'static>,
+            PointerValue<'static>,
+            PointerValue<'static>,
+            IntValue<'static>,
+        ),
         (i, col): (usize, usize),
         load: &dyn Fn(PointerValue<'static>, IntValue<'static>) -> R,
     ) -> R {
@@ -241,6 +247,9 @@ impl VMath<'_> {
         let c = |x: usize| i64t.const_int(x as u64, false);
         if let Some(sc) = e.scale {
             y = self.mul(y, self.splat(sc as f64))?;
+        }
+        if e.column_scale {
+            y = self.mul(y, load(cscale, c(col))?)?;
         }
         if e.bias {
             y = self.add(y, load(bias, c(col))?)?;

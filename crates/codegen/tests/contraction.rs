@@ -345,7 +345,13 @@ fn integer_contractions_are_exact(elem: kernels::ElemType, instruction: &str) {
         let plain = build(Epilogue::default()).expect("compile");
         // Scaled down: the reference GELU's series holds for moderate arguments.
         let scale = 2f32.powi(-20);
-        let ep = Epilogue { scale: Some(scale), bias: true, residual: true, activation: Activation::Gelu };
+        let ep = Epilogue {
+            scale: Some(scale),
+            bias: true,
+            residual: true,
+            activation: Activation::Gelu,
+            ..Default::default()
+        };
         let fused = build(ep).expect("compile");
         assert_eq!(plain.family().elem(), elem);
         let asm = plain.kernels()[0].asm();

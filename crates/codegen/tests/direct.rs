@@ -34,6 +34,7 @@ fn epilogues() -> Vec<Epilogue> {
         Epilogue { residual: true, activation: Activation::Relu, ..Default::default() },
         Epilogue { scale: Some(0.125), activation: Activation::Tanh, ..Default::default() },
         Epilogue { bias: true, activation: Activation::Pointwise(silu()), ..Default::default() },
+        Epilogue { column_scale: true, bias: true, residual: true, ..Default::default() },
     ]
 }
 
@@ -63,8 +64,8 @@ enum BForm {
     Prepacked,
 }
 
-fn reference(e: &Epilogue, acc: f64, bias: f64, res: f64) -> f64 {
-    let y = acc * e.scale.unwrap_or(1.0) as f64 + bias + res;
+fn reference(e: &Epilogue, acc: f64, (cscale, bias, res): (f64, f64, f64)) -> f64 {
+    let y = acc * e.scale.unwrap_or(1.0) as f64 * cscale + bias + res;
     e.activation.apply(y as f32) as f64
 }
 
@@ -121,6 +122,7 @@ fn direct_kernels_match_the_reference() {
                             let b: Vec<f32> =
                                 (0..batch * k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 6.0).collect();
                             let bias: Vec<f32> = (0..n).map(|j| (j % 7) as f32 * 0.1 - 0.3).collect();
+                            let cscale: Vec<f32> = (0..n).map(|j| 0.5 + (j % 5) as f32 * 0.25).collect();
                             let res: Vec<f32> = (0..m * n).map(|i| (i % 5) as f32 * 0.2 - 0.4).collect();
                             let canary = 1234.5f32;
                             let stride = m * ldc + 8;
@@ -167,6 +169,7 @@ fn direct_kernels_match_the_reference() {
                                 rest = tail;
                             }
                             let args = EpilogueArgs {
+                                column_scale: ep.column_scale.then_some(&cscale[..]),
                                 bias: ep.bias.then_some(&bias[..]),
                                 residual: ep.residual.then(|| MatRef::row_major(&res, m, n).expect("res")),
                                 ..EpilogueArgs::default()
@@ -197,8 +200,11 @@ fn direct_kernels_match_the_reference() {
                                         let want = reference(
                                             &ep,
                                             acc,
-                                            if ep.bias { bias[j] as f64 } else { 0.0 },
-                                            if ep.residual { res[i * n + j] as f64 } else { 0.0 },
+                                            (
+                                                if ep.column_scale { cscale[j] as f64 } else { 1.0 },
+                                                if ep.bias { bias[j] as f64 } else { 0.0 },
+                                                if ep.residual { res[i * n + j] as f64 } else { 0.0 },
+                                            ),
                                         );
                                         prop_assert!(
                                             (got as f64 - want).abs() < 1e-3 * (1.0 + want.abs()),
@@ -275,7 +281,11 @@ fn direct_plans_are_checked() {
 fn runs_are_summed_in_registers() {
     for (isa, t) in targets() {
         let w = t.f32_lanes;
-        for ep in [Epilogue::default(), Epilogue { bias: true, residual: true, ..Default::default() }] {
+        for ep in [
+            Epilogue::default(),
+            Epilogue { bias: true, residual: true, ..Default::default() },
+            Epilogue { column_scale: true, residual: true, ..Default::default() },
+        ] {
             let (jit, _) = kernels(&t, 2 * w, ep);
             let mut runner = TestRunner::new(Config { cases: 32, ..Config::default() });
             runner
@@ -302,6 +312,7 @@ fn runs_are_summed_in_registers() {
                         let b: Vec<f32> =
                             (0..runs * b_run + kc * ldb).map(|i| ((i * 5 % 11) as f32 - 5.0) / 6.0).collect();
                         let bias: Vec<f32> = (0..nr).map(|j| j as f32 * 0.1 - 0.4).collect();
+                        let cscale: Vec<f32> = (0..nr).map(|j| 0.5 + (j % 5) as f32 * 0.25).collect();
                         let res: Vec<f32> = (0..mr * ldc).map(|i| (i % 5) as f32 * 0.2 - 0.4).collect();
                         let canary = 1234.5f32;
                         let start = 0.5f32;
@@ -338,6 +349,7 @@ fn runs_are_summed_in_registers() {
                                 // its end: a hint, never read) change nothing.
                                 b.as_ptr(),
                                 lines as i64,
+                                cscale.as_ptr(),
                             )
                         };
                         for i in 0..mr {
@@ -360,7 +372,9 @@ fn runs_are_summed_in_registers() {
                                 let want = if ep.is_identity() {
                                     acc
                                 } else {
-                                    reference(&ep, acc, bias[j] as f64, res[i * ldc + j] as f64)
+                                    let s = if ep.column_scale { cscale[j] as f64 } else { 1.0 };
+                                    let bias = if ep.bias { bias[j] as f64 } else { 0.0 };
+                                    reference(&ep, acc, (s, bias, res[i * ldc + j] as f64))
                                 };
                                 prop_assert!(
                                     (got as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()),

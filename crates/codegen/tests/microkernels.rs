@@ -176,13 +176,33 @@ fn epilogues_compute_correctly() {
     let pool = ThreadPool::new(2);
     for (name, t) in targets() {
         let variants = [
-            Epilogue { scale: None, bias: true, residual: false, activation: Activation::None },
-            Epilogue { scale: Some(0.5), bias: true, residual: true, activation: Activation::Relu },
-            Epilogue { scale: Some(-2.0), bias: false, residual: true, activation: Activation::None },
-            Epilogue { scale: None, bias: false, residual: false, activation: Activation::Relu },
-            Epilogue { scale: None, bias: true, residual: false, activation: Activation::Gelu },
-            Epilogue { scale: Some(0.25), bias: true, residual: false, activation: Activation::GeluTanh },
-            Epilogue { scale: None, bias: false, residual: true, activation: Activation::Tanh },
+            Epilogue { bias: true, ..Default::default() },
+            Epilogue {
+                scale: Some(0.5),
+                bias: true,
+                residual: true,
+                activation: Activation::Relu,
+                ..Default::default()
+            },
+            Epilogue { scale: Some(-2.0), residual: true, ..Default::default() },
+            Epilogue { activation: Activation::Relu, ..Default::default() },
+            Epilogue { bias: true, activation: Activation::Gelu, ..Default::default() },
+            Epilogue {
+                scale: Some(0.25),
+                bias: true,
+                activation: Activation::GeluTanh,
+                ..Default::default()
+            },
+            Epilogue { residual: true, activation: Activation::Tanh, ..Default::default() },
+            // A quantized product's dequantization: scales per column, then the rest.
+            Epilogue {
+                column_scale: true,
+                bias: true,
+                residual: true,
+                activation: Activation::Gelu,
+                ..Default::default()
+            },
+            Epilogue { scale: Some(0.5), column_scale: true, ..Default::default() },
         ];
         let programs = pointwise_programs().map(|p| Epilogue {
             bias: true,
@@ -212,10 +232,12 @@ fn epilogues_compute_correctly() {
                 let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
                 let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
                 let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.25 - 1.0).collect();
+                let cscale: Vec<f32> = (0..n).map(|j| 0.5 + (j % 7) as f32 * 0.125).collect();
                 let res: Vec<f32> = (0..m * n).map(|i| (i % 5) as f32 - 2.0).collect();
                 let packed = PackedB::new(MatRef::row_major(&b, k, n).unwrap(), uk.nr, kc);
                 let mut c = vec![f32::NAN; m * n];
                 let args = EpilogueArgs {
+                    column_scale: ep.column_scale.then_some(&cscale[..]),
                     bias: ep.bias.then_some(&bias[..]),
                     residual: ep.residual.then(|| MatRef::row_major(&res, m, n).unwrap()),
                     ..EpilogueArgs::default()
@@ -235,6 +257,9 @@ fn epilogues_compute_correctly() {
                 for i in 0..m {
                     for j in 0..n {
                         let mut y = want[i * n + j] * ep.scale.unwrap_or(1.0) as f64;
+                        if ep.column_scale {
+                            y *= cscale[j] as f64;
+                        }
                         if ep.bias {
                             y += bias[j] as f64;
                         }

@@ -1100,6 +1100,7 @@ mod on_the_host {
                 bias: true,
                 residual: x % 2 == 0,
                 activation: Activation::Pointwise(p),
+                ..Epilogue::NONE
             };
             if rounds(&e) {
                 // Discontinuous: `pointwise_programs_compute_the_cpus_formulas` checks it on
@@ -1340,7 +1341,7 @@ mod on_the_host {
             k8 in 1usize..40,
             seed: u64,
         ) {
-            let e = Epilogue { scale: scale.then_some(-0.375), bias, residual, activation };
+            let e = Epilogue { scale: scale.then_some(-0.375), bias, residual, activation, ..Epilogue::NONE };
             let kernels = candidates::gemv_family(ElemType::Bf16, e);
             let one = Cover::one(Choice { kernel: 0, splits: 1 });
             host_cover(&kernels, &one, Problem::nt(1, m, n, 8 * k8), (0, 1), seed)?;

@@ -206,8 +206,9 @@ fn direct_block(
                 }
             };
             let bias = ep.bias.map_or(std::ptr::null(), |b| b[col..].as_ptr());
+            let scale = ep.column_scale.map_or(std::ptr::null(), |s| s[col..].as_ptr());
             if let Some((t, _)) = a.taps {
-                let panel = crate::taps::Panel { b: bp, ldb, c: cptr, ldc, col, ncols, bias };
+                let panel = crate::taps::Panel { b: bp, ldb, c: cptr, ldc, col, ncols, scale, bias };
                 crate::taps::direct_taps(plan, &t, a.data, (pc, kc), rows.clone(), &panel, ep, accumulate);
                 continue;
             }
@@ -262,8 +263,8 @@ fn direct_block(
                 // SAFETY: the kernel reads A's rows row..row+MR (all < m: `kernel_for`
                 // picks a height that fits) at depths pc..pc+kc (< k, unit stride,
                 // checked), B's rows pc..pc+kc at columns col..col+ncols (in place,
-                // inside the checked view, or inside the packed panels), the bias and the
-                // residual at columns < ncols only (masked), and writes C's tile
+                // inside the checked view, or inside the packed panels), the column scales,
+                // bias and residual at columns < ncols only (masked), and writes C's tile
                 // (rows row..row+MR, columns col..col+ncols), which is inside C (checked
                 // shapes) and this thread's alone (disjoint entries, rows or panels).
                 unsafe {
@@ -285,6 +286,7 @@ fn direct_block(
                         0,
                         next,
                         share as i64,
+                        scale,
                     );
                 }
                 row += kern.mr;
@@ -335,12 +337,13 @@ fn code_dot_row(
     }
     if flags & APPLY_EPILOGUE != 0 {
         let bias = ep.bias.map_or(std::ptr::null(), |b| b[col..].as_ptr());
+        let scale = ep.column_scale.map_or(std::ptr::null(), |s| s[col..].as_ptr());
         let (res, ldr) = match ep.residual {
             Some(r) => (r.data[row * r.rs + col..].as_ptr(), r.rs),
             None => (std::ptr::null(), 0),
         };
         // SAFETY: as a tile's call in `direct_block`: the kernel reads one value of
-        // A and one row of B (`ZEROS`, at least `nr` wide), the bias and residual at
+        // A and one row of B (`ZEROS`, at least `nr` wide), the scales, bias and residual at
         // columns < ncols only, and writes C's row `row` at columns `col..col +
         // ncols` (inside C, this thread's alone): the zero product added to C
         // (ACCUMULATE), then the epilogue.
@@ -363,6 +366,7 @@ fn code_dot_row(
                 0,
                 std::ptr::null(),
                 0,
+                scale,
             );
         }
     }

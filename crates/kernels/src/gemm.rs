@@ -38,11 +38,12 @@ pub struct MicroKernel {
     pub packers: Packers,
 }
 
-/// The data an epilogue reads: a bias of `n` values, a row-major residual `m × n`;
-/// for a batch, `residuals` gives each entry its own residual instead (a
-/// convolution's shortcut over a batch of images).
+/// The data an epilogue reads: column scales and a bias of `n` values each, a
+/// row-major residual `m × n`; for a batch, `residuals` gives each entry its own
+/// residual instead (a convolution's shortcut over a batch of images).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EpilogueArgs<'a> {
+    pub column_scale: Option<&'a [f32]>,
     pub bias: Option<&'a [f32]>,
     pub residual: Option<MatRef<'a>>,
     pub residuals: &'a [MatRef<'a>],
@@ -52,7 +53,7 @@ impl<'a> EpilogueArgs<'a> {
     /// The arguments entry `e` of a batch reads.
     fn entry(&self, e: usize) -> EpilogueArgs<'a> {
         match self.residuals.get(e) {
-            Some(r) => EpilogueArgs { bias: self.bias, residual: Some(*r), residuals: &[] },
+            Some(r) => EpilogueArgs { residual: Some(*r), residuals: &[], ..*self },
             None => *self,
         }
     }
@@ -940,6 +941,7 @@ pub(crate) struct Workspace {
     pub(crate) dot_sums: Vec<f32>,
     pub(crate) dot_out: Vec<f32>,
     scratch: Vec<f32>,
+    cscale: Vec<f32>,
     bias: Vec<f32>,
     res: Vec<f32>,
     /// Fused attention's score and probability tiles.
@@ -974,7 +976,10 @@ thread_local! {
 
 /// The epilogue data must match what the kernel was compiled to read.
 fn check_epilogue(e: &Epilogue, ep: &EpilogueArgs, m: usize, n: usize) -> Result<(), KernelError> {
-    if e.bias != ep.bias.is_some() || e.residual != ep.residual.is_some() {
+    if e.column_scale != ep.column_scale.is_some()
+        || e.bias != ep.bias.is_some()
+        || e.residual != ep.residual.is_some()
+    {
         return Err(KernelError::Shape(format!(
             "the kernel's epilogue {e:?} does not match the arguments given"
         )));
@@ -982,6 +987,11 @@ fn check_epilogue(e: &Epilogue, ep: &EpilogueArgs, m: usize, n: usize) -> Result
     if let Some(b) = ep.bias {
         if b.len() < n {
             return Err(KernelError::Shape(format!("bias of {} values for {n} columns", b.len())));
+        }
+    }
+    if let Some(s) = ep.column_scale {
+        if s.len() < n {
+            return Err(KernelError::Shape(format!("column scales of {} values for {n} columns", s.len())));
         }
     }
     if let Some(r) = ep.residual {
@@ -998,6 +1008,9 @@ fn check_epilogue(e: &Epilogue, ep: &EpilogueArgs, m: usize, n: usize) -> Result
 /// The epilogue of one element, in Rust (for K = 0, where no kernel runs).
 fn apply_scalar(e: &Epilogue, ep: &EpilogueArgs, i: usize, j: usize, acc: f32) -> f32 {
     let mut y = acc * e.scale.unwrap_or(1.0);
+    if let Some(s) = ep.column_scale {
+        y *= s[j];
+    }
     if let Some(b) = ep.bias {
         y += b[j];
     }
@@ -1007,7 +1020,8 @@ fn apply_scalar(e: &Epilogue, ep: &EpilogueArgs, i: usize, j: usize, acc: f32) -
     e.activation.apply(y)
 }
 
-/// Padded copies of the bias and residual of an edge tile (`mv × nv` valid).
+/// Padded copies of the column scales, bias and residual of an edge tile (`mv ×
+/// nv` valid).
 #[allow(clippy::too_many_arguments)]
 fn fill_edge_epilogue(
     ep: &EpilogueArgs,
@@ -1016,9 +1030,12 @@ fn fill_edge_epilogue(
     col: usize,
     mv: usize,
     nv: usize,
-    bias: &mut [f32],
-    res: &mut [f32],
+    (cscale, bias, res): (&mut [f32], &mut [f32], &mut [f32]),
 ) {
+    if let Some(s) = ep.column_scale {
+        cscale.fill(0.0);
+        cscale[..nv].copy_from_slice(&s[col..col + nv]);
+    }
     if let Some(b) = ep.bias {
         bias.fill(0.0);
         bias[..nv].copy_from_slice(&b[col..col + nv]);
@@ -1054,17 +1071,30 @@ fn band(
         return;
     }
     ws.b_kept = None;
-    let Workspace { a: ap, b: bp, deq, dot_sums, dot_out, scratch, bias: ebias, res: eres, .. } = ws;
+    let Workspace {
+        a: ap,
+        b: bp,
+        deq,
+        dot_sums,
+        dot_out,
+        scratch,
+        cscale: escale,
+        bias: ebias,
+        res: eres,
+        ..
+    } = ws;
     scratch.resize(uk.mr * uk.nr, 0.0);
     // Edge tiles read the epilogue's data from padded copies, never past the operands.
+    escale.resize(uk.nr, 0.0);
     ebias.resize(uk.nr, 0.0);
     eres.resize(uk.mr * uk.nr, 0.0);
-    // A full tile reads bias and residual in place.
-    let ep_full = |row: usize, col: usize| -> (*const f32, *const f32, i64) {
+    // A full tile reads column scales, bias and residual in place.
+    let ep_full = |row: usize, col: usize| -> (*const f32, *const f32, *const f32, i64) {
+        let scale = ep.column_scale.map_or(std::ptr::null(), |s| s[col..].as_ptr());
         let bias = ep.bias.map_or(std::ptr::null(), |b| b[col..].as_ptr());
         match ep.residual {
-            Some(r) => (bias, r.data[row * r.rs + col..].as_ptr(), r.rs as i64),
-            None => (bias, std::ptr::null(), 0),
+            Some(r) => (scale, bias, r.data[row * r.rs + col..].as_ptr(), r.rs as i64),
+            None => (scale, bias, std::ptr::null(), 0),
         }
     };
     // The cache blocks: `kc`-deep slices of K and `mc`-row blocks of each segment.
@@ -1150,7 +1180,7 @@ fn band(
                         }
                         if flags & APPLY_EPILOGUE != 0 && mr <= ZEROS.len() && nr <= ZEROS.len() {
                             std::ptr::copy_nonoverlapping(tile, scratch.as_mut_ptr(), nv);
-                            fill_edge_epilogue(ep, uk, ic, col, 1, nv, ebias, eres);
+                            fill_edge_epilogue(ep, uk, ic, col, 1, nv, (escale, ebias, eres));
                             (kern.func)(
                                 1,
                                 ZEROS.as_ptr().cast(),
@@ -1163,6 +1193,7 @@ fn band(
                                 nr as i64,
                                 1,
                                 std::ptr::null(),
+                                escale.as_ptr(),
                             );
                             std::ptr::copy_nonoverlapping(scratch.as_ptr(), tile, nv);
                         }
@@ -1180,7 +1211,7 @@ fn band(
             // Full-width panels: one call for all the full tiles of the block (the row
             // loop runs in the kernel).
             let first_edge = if nv == nr {
-                let (bias, res, ldr) = ep_full(ic, col);
+                let (scale, bias, res, ldr) = ep_full(ic, col);
                 // The next panel of B (this one's neighbour in memory) is asked into L2 by
                 // the kernel, a share per tile spread over its K loop: with few tiles a
                 // panel (a short M, streaming a weight) its lines arrive while this
@@ -1217,6 +1248,7 @@ fn band(
                             ldr,
                             full as i64,
                             next,
+                            scale,
                         );
                     }
                 }
@@ -1242,7 +1274,7 @@ fn band(
                         );
                     }
                     if flags & APPLY_EPILOGUE != 0 {
-                        fill_edge_epilogue(ep, uk, row, col, mv, nv, ebias, eres);
+                        fill_edge_epilogue(ep, uk, row, col, mv, nv, (escale, ebias, eres));
                     }
                     (kern.func)(
                         kc as i64,
@@ -1256,6 +1288,7 @@ fn band(
                         nr as i64,
                         1,
                         std::ptr::null(),
+                        escale.as_ptr(),
                     );
                     for r in 0..mv {
                         std::ptr::copy_nonoverlapping(scratch.as_ptr().add(r * nr), tile.add(r * ldc), nv);

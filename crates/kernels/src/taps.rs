@@ -326,6 +326,7 @@ pub(crate) struct Panel {
     pub ldc: usize,
     pub col: usize,
     pub ncols: usize,
+    pub scale: *const f32,
     pub bias: *const f32,
 }
 
@@ -501,6 +502,7 @@ fn direct_tile(
                 (run * panel.ldb) as i64,
                 std::ptr::null(),
                 0,
+                panel.scale,
             )
         }
     };

@@ -127,6 +127,45 @@ impl<'a> Builder<'a> {
         (self.args[p as usize], self.values[p as usize])
     }
 
+    /// Every parameter's model buffer and value, in order.
+    pub fn args(&self) -> Vec<(BufId, ValueId)> {
+        self.args.iter().copied().zip(self.values.iter().copied()).collect()
+    }
+
+    /// The program over `space` (its variables `vars`, from [`Builder::vars`])
+    /// storing each of `stores` (f32 `value`, into new buffer `buf` of the
+    /// space's shape, named `name`, computed for the graph's `for_value`): terms
+    /// of another program moved into one of their own, not values of the graph.
+    pub fn program_storing(
+        mut self,
+        name: String,
+        space: &[SymExpr],
+        vars: Vec<E>,
+        stores: Vec<(String, BufId, ValueId, E)>,
+    ) -> (LoopProgram, Vec<BufId>) {
+        let ext = self.syms(space);
+        let mut out = Vec::with_capacity(stores.len());
+        for (pname, buf, for_value, value) in stores {
+            let shape = ext.clone();
+            self.params.push(Param { name: pname, dtype: DType::F32, shape, written: true });
+            self.args.push(buf);
+            self.values.push(for_value);
+            out.push(Store { param: self.params.len() as u32 - 1, value });
+        }
+        let mut program = LoopProgram {
+            name,
+            exprs: self.x,
+            params: self.params,
+            space: ext,
+            vars,
+            stores: out,
+            checks: self.checks,
+            schedules: Default::default(),
+        };
+        crate::schedules::analyze(&mut program);
+        (program, self.args)
+    }
+
     /// The program's variables over `space`.
     pub fn vars(&mut self, space: &[SymExpr], v: ValueId) -> R<Vec<E>> {
         let ext = self.syms(space);

@@ -14,6 +14,7 @@ use passes::{FusionGroup, FusionPlan, GroupKind};
 use sym::SymExpr;
 
 use crate::build::{match_groups, Builder};
+use crate::hoist;
 use crate::LowerError;
 use plan::{
     Activation, BufId, Buffer, BufferKind, GroupSteps, MatEpilogue, MatMulStep, ModelPlan, Node, Pointwise,
@@ -115,6 +116,8 @@ pub(crate) struct Lowering<'g> {
     view_sources: std::collections::HashSet<ValueId>,
     /// Matmuls as contraction steps (else as sums of products in loop programs).
     matmul_steps: bool,
+    /// Epilogues may scale columns by computed values (see [`crate::hoist`]).
+    column_scales: bool,
 }
 
 impl<'g> Lowering<'g> {
@@ -123,9 +126,10 @@ impl<'g> Lowering<'g> {
         self.matmul_steps && is_backbone(self.g, node)
     }
 
-    pub fn new(g: &'g Graph, matmul_steps: bool) -> Lowering<'g> {
+    pub fn new(g: &'g Graph, opts: &crate::LowerOptions) -> Lowering<'g> {
         Lowering {
-            matmul_steps,
+            matmul_steps: opts.matmul_steps,
+            column_scales: opts.column_scales,
             g,
             plan: ModelPlan::default(),
             buffer_of: HashMap::new(),
@@ -326,7 +330,8 @@ impl<'g> Lowering<'g> {
                 let v = rest[0];
                 // A batch of products (a convolution over images) shares its bias and
                 // activation; its residual is read per entry, at the output's offsets.
-                if let Some(e) = self.fold_epilogue(out, v, &avail)? {
+                let integral = node.inputs.iter().all(|x| integers_within(g, *x, (i64::MIN, i64::MAX)));
+                if let Some(e) = self.fold_epilogue(gi, out, v, &avail, integral)? {
                     step.c.buf = self.buffer_of[&v];
                     step.epilogue = e;
                     avail.insert(v, self.buffer_of[&v]);
@@ -570,6 +575,12 @@ impl<'g> Lowering<'g> {
         }
         let b = Builder::new(g, &mut self.plan.dims, avail);
         let (program, args) = b.program(name, &space, outs)?;
+        self.add_program_step(gi, program, args);
+        Ok(())
+    }
+
+    /// A step running `program` on `args` (its code shared with an identical one).
+    fn add_program_step(&mut self, gi: usize, program: plan::LoopProgram, args: Vec<BufId>) {
         let key = plan::print_program(&program, false);
         let index = match self.programs.get(&key) {
             Some(i) => *i,
@@ -580,7 +591,6 @@ impl<'g> Lowering<'g> {
             }
         };
         self.plan.steps.push(Step { group: gi, kind: StepKind::Loop { program: index, args } });
-        Ok(())
     }
 
     /// The strided layout of `v` when it is a view of a buffer in `avail`.
@@ -930,12 +940,18 @@ impl<'g> Lowering<'g> {
     }
 
     /// The epilogue computing `v` from the matmul output `c`, when it is
-    /// `act(scale·c + bias[col] + residual)` over `c`'s row-major positions.
+    /// `act(scale·c + bias[col] + residual)` over `c`'s row-major positions, or
+    /// (with column scales) an affine function of `c` whose coefficient and
+    /// terms vary along the columns only: those are then computed first, by a
+    /// program over the columns (see [`crate::hoist`]). `integral`: the
+    /// product's operands hold integers.
     fn fold_epilogue(
         &mut self,
+        gi: usize,
         c: ValueId,
         v: ValueId,
         avail: &HashMap<ValueId, BufId>,
+        integral: bool,
     ) -> R<Option<MatEpilogue>> {
         let g = self.g;
         let (cs, vs) = (&g.ty(c).shape, &g.ty(v).shape);
@@ -962,13 +978,112 @@ impl<'g> Lowering<'g> {
         }
         // Any other element-wise function of such a sum: the topmost sum
         // becomes the program's input.
-        let Some((core, e)) = find_sum(&mut b, value, &mut |b, e| sum(b, e)) else { return Ok(None) };
-        let mut program = Pointwise::empty();
-        let mut seen = HashMap::new();
-        if pointwise(&b.x, value, core, &mut program, &mut seen).is_none() {
+        if let Some((core, e)) = find_sum(&mut b, value, &mut |b, e| sum(b, e)) {
+            let mut program = Pointwise::empty();
+            let mut seen = HashMap::new();
+            if pointwise(&b.x, value, core, &mut program, &mut seen).is_some() {
+                return Ok(Some(MatEpilogue { activation: Activation::Pointwise(program), ..e }));
+            }
+        }
+        // An affine function of the accumulator with computed column terms.
+        if !self.column_scales {
             return Ok(None);
         }
-        Ok(Some(MatEpilogue { activation: Activation::Pointwise(program), ..e }))
+        let Some(&col) = vars.last() else { return Ok(None) };
+        if c_idx.last() != Some(&col) {
+            return Ok(None);
+        }
+        let site =
+            hoist::Site { c_buf: *c_buf, c_idx: &c_idx, vars: &vars, vs, col_mask: b.x.free(col), integral };
+        let (act, aff) = match hoist::affine(&mut b, g, inner, &site) {
+            Some(a) => (act, a),
+            None => {
+                let Some((core, a)) = find_sum(&mut b, value, &mut |b, e| hoist::affine(b, g, e, &site))
+                else {
+                    return Ok(None);
+                };
+                let mut program = Pointwise::empty();
+                if pointwise(&b.x, value, core, &mut program, &mut HashMap::new()).is_none() {
+                    return Ok(None);
+                }
+                (Activation::Pointwise(program), a)
+            }
+        };
+        if !aff.acc {
+            return Ok(None);
+        }
+        let mut ep = MatEpilogue { activation: act, residual: aff.residual, ..MatEpilogue::default() };
+        // What the kernel reads as it is, and what a program computes first.
+        let mut stores: Vec<(&str, E)> = Vec::new();
+        match aff.coef {
+            None => {}
+            Some(k) => match b.x.as_float(k) {
+                Some(k) => ep.scale = Some(k as f32),
+                None => stores.push(("column scales", k)),
+            },
+        }
+        let bias_load = |b: &Builder, e: E| -> Option<BufId> {
+            let Node::Load { buf, index, guard: None } = b.x.node(e) else { return None };
+            let (arg, holds) = b.arg(*buf);
+            let shape = b.shape_of(holds);
+            let lead = shape.len().saturating_sub(1);
+            (index.last() == Some(&col)
+                && index[..lead].iter().all(|i| b.x.as_int(*i) == Some(0))
+                && shape[..lead].iter().all(|d| d.as_const() == Some(1)))
+            .then_some(arg)
+        };
+        match aff.cols[..] {
+            [] => {}
+            [one] if bias_load(&b, one).is_some() => ep.bias = bias_load(&b, one),
+            ref many => {
+                let total = many[1..].iter().fold(many[0], |t, x| b.x.add(t, *x));
+                stores.push(("column bias", total));
+            }
+        }
+        if stores.is_empty() {
+            return Ok(Some(ep));
+        }
+        // The column terms' program, over the output's last dim.
+        let (x, args) = (b.x.clone(), b.args());
+        let col_var = match x.node(col) {
+            Node::Var(i) => Some(*i),
+            _ => None,
+        };
+        drop(b);
+        let n = vs[vs.len() - 1].clone();
+        let numel = self.plan.dims.slot(&g.env.normalize(&n));
+        let mut hb = Builder::new(g, &mut self.plan.dims, avail);
+        let hv = hb.vars(std::slice::from_ref(&n), v)?;
+        let mut memo = HashMap::new();
+        let mut copied = Vec::new();
+        for (what, e) in &stores {
+            let Some(e) = hoist::copy(&x, &args, &mut hb, *e, (col_var, hv[0]), &mut memo) else {
+                return Ok(None);
+            };
+            copied.push((*what, e));
+        }
+        let mut buffered = Vec::new();
+        for (what, e) in copied {
+            self.plan.buffers.push(Buffer {
+                name: format!("{}.{what}", g.name(v)),
+                dtype: DType::F32,
+                shape: vec![n.clone()],
+                numel,
+                kind: BufferKind::Temp,
+                first: 0,
+                last: 0,
+            });
+            let buf = self.plan.buffers.len() - 1;
+            match what {
+                "column scales" => ep.column_scale = Some(buf),
+                _ => ep.bias = Some(buf),
+            }
+            buffered.push((format!("{}.{what}", g.name(v)), buf, v, e));
+        }
+        let (program, args) =
+            hb.program_storing(format!("g{gi}_columns"), std::slice::from_ref(&n), hv, buffered);
+        self.add_program_step(gi, program, args);
+        Ok(Some(ep))
     }
 }
 
@@ -1118,7 +1233,7 @@ struct TapGeometry {
 /// Whether `a` and `b` hold as many elements in the same row-major order with
 /// dims only split or merged: every group of dims with equal products has a
 /// single dim on one side.
-fn same_order(env: &sym::ShapeEnv, a: &[SymExpr], b: &[SymExpr]) -> bool {
+pub(crate) fn same_order(env: &sym::ShapeEnv, a: &[SymExpr], b: &[SymExpr]) -> bool {
     match match_groups(env, a, b) {
         Some(groups) => groups.iter().all(|(x, y)| {
             let real = |r: &std::ops::Range<usize>, s: &[SymExpr]| {

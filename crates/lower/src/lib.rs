@@ -20,6 +20,7 @@
 pub mod attention;
 mod build;
 mod group;
+mod hoist;
 pub mod schedules;
 pub mod versions;
 
@@ -47,11 +48,16 @@ pub struct LowerOptions {
     /// groups' element-wise operations (the GPU's until its GEMM family runs
     /// a model's contractions).
     pub matmul_steps: bool,
+    /// A contraction's epilogue may scale its columns by values computed per
+    /// call, and add a bias computed per call, by a program over the columns
+    /// run first (a quantized product's dequantization); the CPU's
+    /// kernels read column scales, the GPU family's do not.
+    pub column_scales: bool,
 }
 
 impl Default for LowerOptions {
     fn default() -> Self {
-        LowerOptions { fuse_attention: true, matmul_steps: true }
+        LowerOptions { fuse_attention: true, matmul_steps: true, column_scales: true }
     }
 }
 
@@ -66,7 +72,7 @@ pub fn lower_with(
     fusion: &passes::FusionPlan,
     opts: &LowerOptions,
 ) -> Result<ModelPlan, LowerError> {
-    let mut plan = group::Lowering::new(g, opts.matmul_steps).run(fusion)?;
+    let mut plan = group::Lowering::new(g, opts).run(fusion)?;
     if opts.fuse_attention {
         fuse_attention(&mut plan);
     }

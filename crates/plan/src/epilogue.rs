@@ -42,13 +42,19 @@ impl Activation {
 }
 
 /// An element-wise expression applied to each output tile while it is in
-/// registers: `y = act(scale · acc + bias[col] + residual[row, col])` (a dense
-/// layer's bias and GELU, a residual add, ResNet's `relu(conv + identity)`).
-/// Kernels are compiled and cached per epilogue, so two are equal when they
-/// compute the same thing: the scale compares by its bits.
+/// registers: `y = act(scale · column_scale[col] · acc + bias[col] +
+/// residual[row, col])` (a dense layer's bias and GELU, a residual add,
+/// ResNet's `relu(conv + identity)`, a quantized product's dequantization:
+/// its scales per column, computed per call when they come from the
+/// activation's dynamic quantization). Kernels are compiled and cached per
+/// epilogue, so two are equal when they compute the same thing: the scale
+/// compares by its bits.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Epilogue {
     pub scale: Option<f32>,
+    /// Multiply by a vector of `n` values read at the column (before the bias).
+    #[serde(default)]
+    pub column_scale: bool,
     pub bias: bool,
     pub residual: bool,
     pub activation: Activation,
@@ -56,15 +62,20 @@ pub struct Epilogue {
 
 impl Epilogue {
     /// The identity: the accumulator as it is.
-    pub const NONE: Epilogue =
-        Epilogue { scale: None, bias: false, residual: false, activation: Activation::None };
+    pub const NONE: Epilogue = Epilogue {
+        scale: None,
+        column_scale: false,
+        bias: false,
+        residual: false,
+        activation: Activation::None,
+    };
 
     pub fn is_identity(&self) -> bool {
         *self == Epilogue::NONE
     }
 
-    fn key(&self) -> (Option<u32>, bool, bool, Activation) {
-        (self.scale.map(f32::to_bits), self.bias, self.residual, self.activation)
+    fn key(&self) -> (Option<u32>, bool, bool, bool, Activation) {
+        (self.scale.map(f32::to_bits), self.column_scale, self.bias, self.residual, self.activation)
     }
 }
 
@@ -86,6 +97,9 @@ impl std::hash::Hash for Epilogue {
 #[derive(Clone, Copy, Debug, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct MatEpilogue {
     pub scale: Option<f32>,
+    /// A vector of `n` values the accumulator is multiplied by.
+    #[serde(default)]
+    pub column_scale: Option<BufId>,
     /// A vector of `n` values.
     pub bias: Option<BufId>,
     /// A dense tensor in the output's row-major order.
@@ -102,6 +116,7 @@ impl MatEpilogue {
     pub fn function(&self) -> Epilogue {
         Epilogue {
             scale: self.scale,
+            column_scale: self.column_scale.is_some(),
             bias: self.bias.is_some(),
             residual: self.residual.is_some(),
             activation: self.activation,

@@ -62,12 +62,15 @@ impl Arch {
 }
 
 /// The kernel name's suffix for epilogue `e` (empty for none): `_s<bits>` for
-/// a scale, `_bias`, `_res`, then the activation (`_relu`, `_gelue`,
+/// a scale, `_cs` for column scales, `_bias`, `_res`, then the activation (`_relu`, `_gelue`,
 /// `_gelut`, `_tanh`; `_pw<fingerprint>` for an element-wise program).
 pub fn epilogue_suffix(e: &Epilogue) -> String {
     let mut s = String::new();
     if let Some(k) = e.scale {
         s.push_str(&format!("_s{:08x}", k.to_bits()));
+    }
+    if e.column_scale {
+        s.push_str("_cs");
     }
     if e.bias {
         s.push_str("_bias");

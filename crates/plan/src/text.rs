@@ -200,6 +200,9 @@ fn epilogue(e: &crate::MatEpilogue) -> String {
     if let Some(k) = e.scale {
         parts.push(format!("scale {k:?}"));
     }
+    if let Some(b) = e.column_scale {
+        parts.push(format!("column scale b{b}"));
+    }
     if let Some(b) = e.bias {
         parts.push(format!("bias b{b}"));
     }

@@ -44,8 +44,9 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// attention kernels; 8: integer families, u8s8 and i16, and the products
 /// marked for them; 9: and i16s8, whose weights are byte pairs; 10: a GPU
 /// artifact holds code for several GPUs, cubins, and its GEMMs' weights in
-/// bf16); a runtime reads only its own.
-pub const FORMAT_VERSION: u32 = 11;
+/// bf16; 11: weight-only codes; 12: kernels read column scales); a runtime reads
+/// only its own.
+pub const FORMAT_VERSION: u32 = 12;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;
@@ -990,7 +991,12 @@ fn validate(plan: &ModelPlan, inputs: usize, outputs: usize) -> Result<(), Strin
         view(&m.a)?;
         view(&m.b)?;
         view(&m.c)?;
-        m.epilogue.bias.into_iter().chain(m.epilogue.residual).try_for_each(buf)?;
+        m.epilogue
+            .column_scale
+            .into_iter()
+            .chain(m.epilogue.bias)
+            .chain(m.epilogue.residual)
+            .try_for_each(buf)?;
         if let Some(t) = &m.taps {
             t.image.iter().chain(&t.strides).chain(&t.out).copied().try_for_each(slot)?;
         }

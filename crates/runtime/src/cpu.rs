@@ -383,6 +383,12 @@ impl Cpu {
             Some(bb) => Some(whole(bb).get(..ms.n).ok_or_else(|| RunError::Internal("a short bias".into()))?),
             None => None,
         };
+        let column_scale = match mm.epilogue.column_scale {
+            Some(sb) => {
+                Some(whole(sb).get(..ms.n).ok_or_else(|| RunError::Internal("short column scales".into()))?)
+            }
+            None => None,
+        };
         // The residual has the output's layout: one view per entry, at C's offsets.
         let mut residuals = Vec::new();
         if let Some(rb) = mm.epilogue.residual {
@@ -391,8 +397,8 @@ impl Cpu {
             }
         }
         let ep = match residuals.as_slice() {
-            [one] => EpilogueArgs { bias, residual: Some(*one), residuals: &[] },
-            many => EpilogueArgs { bias, residual: None, residuals: many },
+            [one] => EpilogueArgs { column_scale, bias, residual: Some(*one), residuals: &[] },
+            many => EpilogueArgs { column_scale, bias, residual: None, residuals: many },
         };
         d.batched(&self.pool, &a, &b, &mut c, &ep).map_err(shape_err)?;
         Ok(())
@@ -667,7 +673,7 @@ pub(crate) fn reads(plan: &ModelPlan) -> Vec<Reads> {
             r[mm.b.buf].engine = true;
         }
         let e = &mm.epilogue;
-        for b in [Some(mm.a.buf), Some(mm.c.buf), e.bias, e.residual].into_iter().flatten() {
+        for b in [Some(mm.a.buf), Some(mm.c.buf), e.column_scale, e.bias, e.residual].into_iter().flatten() {
             r[b].engine = true;
         }
     };

@@ -27,6 +27,7 @@ macro_rules! rust_kernel {
             _ldr: i64,
             tiles: i64,
             _next_b: *const u32,
+            _column_scale: *const f32,
         ) {
             const MR: usize = $mr;
             const NR: usize = $nr;
@@ -76,6 +77,7 @@ macro_rules! rust_direct_kernel {
             b_run: i64,
             _next: *const f32,
             _lines: i64,
+            _column_scale: *const f32,
         ) {
             const MR: usize = $mr;
             const NR: usize = $nr;

@@ -129,7 +129,8 @@ pub fn read_unpacked(plan: &ModelPlan) -> Vec<bool> {
             StepKind::MatMul(mm) => {
                 read[mm.a.buf] = true;
                 read[mm.b.buf] |= !mm.weight;
-                for b in mm.epilogue.bias.iter().chain(&mm.epilogue.residual) {
+                for b in mm.epilogue.column_scale.iter().chain(&mm.epilogue.bias).chain(&mm.epilogue.residual)
+                {
                     read[*b] = true;
                 }
             }
