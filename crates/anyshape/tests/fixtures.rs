@@ -220,6 +220,30 @@ fn weight_codes_reach_the_plan() {
     }
 }
 
+/// A dynamically quantized model's products write their dequantized output
+/// themselves: `(acc − z·colsum)·s` (with the bias, GELU or residual after it)
+/// is an epilogue with column scales, its column terms computed first, and no
+/// loop program reads the product's output again. A merged product with
+/// several outputs (BERT's QKV) is the exception.
+#[test]
+fn dynamic_quantized_products_dequantize_in_their_epilogue() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures-quantized");
+    for (name, merged) in [("gpt2_int8", false), ("bert_int8", true), ("minilm_int8", true)] {
+        let m = Model::load(root.join(name).join("model.onnx"), &LoadOptions::new()).expect("loads");
+        let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
+        let integer: Vec<&str> =
+            plan.lines().filter(|l| l.contains("matmul") && l.contains("(u8·s8)")).collect();
+        let scaled = integer.iter().filter(|l| l.contains("epilogue column scale b")).count();
+        let want = if merged { integer.len() * 2 / 3 } else { integer.len() };
+        assert!(
+            !integer.is_empty() && scaled >= want,
+            "{name}: {scaled} of {} integer products dequantize in their epilogue:\n{plan}",
+            integer.len()
+        );
+        assert!(plan.contains("_columns\n"), "{name}: no program of column terms:\n{plan}");
+    }
+}
+
 /// Every model of tests/fixtures-current (both exporters of the current
 /// toolchain), interpreted and compiled.
 #[test]

@@ -347,9 +347,15 @@ impl<'g> Lowering<'g> {
             .collect();
         let stored: Vec<ValueId> = pending.iter().map(|p| p.0).collect();
         let (singles, first) = self.whole_reductions(group, &stored);
-        // The stored values the single values' reductions read, then those,
-        // then the rest.
-        let (early, rest): (Vec<_>, Vec<_>) = pending.into_iter().partition(|p| first.contains(&p.0));
+        // The stored values the single values' reductions read (and the values
+        // they read that the group would not store otherwise), then those, then
+        // the rest.
+        let (mut early, rest): (Vec<_>, Vec<_>) = pending.into_iter().partition(|p| first.contains(&p.0));
+        for v in first {
+            if !avail.contains_key(&v) && !early.iter().any(|p| p.0 == v) {
+                early.push((v, self.temp(v)?));
+            }
+        }
         self.flush(gi, group, &mut part, &mut avail, early)?;
         // With them, the group's other single values: one program of them all.
         let (mut once, rest): (Vec<_>, Vec<_>) = match singles.is_empty() {
@@ -370,9 +376,11 @@ impl<'g> Lowering<'g> {
     /// zero point, read by the quantized tensor): stored once by the group's
     /// program of single values, so that the larger program loads them instead
     /// of reducing the whole input again in each of its parts. With them, the
-    /// values among `stored` that their reductions read (a layer norm's output
-    /// that is then quantized): those are stored first, by a program of their
-    /// own, and the reductions read them back.
+    /// values that their reductions read when those come from reductions
+    /// themselves (a layer norm's output that is then quantized, whether the
+    /// group stores it or not): those are stored first, by a program of their
+    /// own, and the reductions read them back instead of computing the layer
+    /// norm again.
     fn whole_reductions(&self, group: &FusionGroup, stored: &[ValueId]) -> (Vec<ValueId>, Vec<ValueId>) {
         let g = self.g;
         let single = |v: ValueId| g.ty(v).is_one_element();
@@ -391,7 +399,7 @@ impl<'g> Lowering<'g> {
             let first: Option<Vec<ValueId>> = match node.op {
                 Op::Reduce { .. } => match node.inputs[0] {
                     v if !is_derived(&v) => Some(Vec::new()),
-                    v if stored.contains(&v) => Some(vec![v]),
+                    v if stored.contains(&v) || !single(v) => Some(vec![v]),
                     _ => None,
                 },
                 _ if from_derived => node
@@ -998,14 +1006,16 @@ impl<'g> Lowering<'g> {
         let (act, aff) = match hoist::affine(&mut b, g, inner, &site) {
             Some(a) => (act, a),
             None => {
-                let Some((core, a)) = find_sum(&mut b, value, &mut |b, e| hoist::affine(b, g, e, &site))
-                else {
-                    return Ok(None);
-                };
-                let mut program = Pointwise::empty();
-                if pointwise(&b.x, value, core, &mut program, &mut HashMap::new()).is_none() {
-                    return Ok(None);
-                }
+                // The topmost such function that the rest is a program of (GELU's
+                // `0.5·x` is affine, but its `tanh` reads `x` itself).
+                let mut found = Vec::new();
+                let mut is_affine = |b: &mut Builder, e: E| hoist::affine(b, g, e, &site);
+                all_sums(&mut b, value, &mut is_affine, &mut found, &mut HashSet::new());
+                let mut fits = found.into_iter().filter_map(|(core, a)| {
+                    let mut program = Pointwise::empty();
+                    pointwise(&b.x, value, core, &mut program, &mut HashMap::new()).map(|_| (program, a))
+                });
+                let Some((program, a)) = fits.next() else { return Ok(None) };
                 (Activation::Pointwise(program), a)
             }
         };
@@ -1167,6 +1177,36 @@ fn find_sum<T>(
         _ => vec![],
     };
     children.into_iter().find_map(|c| find_sum(b, c, is_sum))
+}
+
+/// Every node of `e`, root first, through the element-wise operations a
+/// [`Pointwise`] program has, for which `is_sum` gives something (not below
+/// one that does), with that.
+fn all_sums<T>(
+    b: &mut Builder,
+    e: E,
+    is_sum: &mut dyn FnMut(&mut Builder, E) -> Option<T>,
+    out: &mut Vec<(E, T)>,
+    seen: &mut HashSet<E>,
+) {
+    if !seen.insert(e) {
+        return;
+    }
+    if b.x.dtype(e) == DType::F32 {
+        if let Some(t) = is_sum(b, e) {
+            out.push((e, t));
+            return;
+        }
+    }
+    let children = match b.x.node(e) {
+        Node::Unary(_, a) => vec![*a],
+        Node::Binary(_, a, b) => vec![*a, *b],
+        Node::Select(c, a, b) => vec![*c, *a, *b],
+        _ => vec![],
+    };
+    for c in children {
+        all_sums(b, c, is_sum, out, seen);
+    }
 }
 
 /// Append the program computing `e` from `input` to `program` (each node once:
