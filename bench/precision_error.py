@@ -4,9 +4,10 @@
     python bench/precision_error.py /work/models/bert-base/model.onnx \
         --shape batch=1,seq=128 [--shape ...] [--precision bf16] [--seed 0]
 
-Runs `anyshape run` twice on the same seeded random inputs (token ids below
---vocab for int64 inputs, ones for masks, zeros for token types, standard normal
-for float inputs), once with `--precision f32` and once with `--precision`, and
+Runs `anyshape run` twice on the same seeded random inputs (those
+tools/models/quantize_full.py calibrates with: token ids below --vocab for int64
+inputs, ones for masks, zeros for token types, standard normal for float
+inputs), once with `--precision f32` and once with `--precision`, and
 prints per output the relative L2 error (||a - b|| / ||a||), the largest
 absolute difference and, for 2-D and 3-D outputs, the cosine similarity of each
 row's (first token's) vectors, worst first.
@@ -19,27 +20,11 @@ import sys
 import tempfile
 
 import numpy as np
-import onnx
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-
-def feeds_for(path, shape, vocab, rng):
-    feeds = {}
-    for i in onnx.load(path, load_external_data=False).graph.input:
-        t = i.type.tensor_type
-        dims = [shape.get(d.dim_param, d.dim_value or 1) for d in t.shape.dim]
-        if t.elem_type == onnx.TensorProto.INT64:
-            if "mask" in i.name:
-                feeds[i.name] = np.ones(dims, dtype=np.int64)
-            elif "type" in i.name:
-                feeds[i.name] = np.zeros(dims, dtype=np.int64)
-            else:
-                feeds[i.name] = rng.integers(0, vocab, dims).astype(np.int64)
-        else:
-            feeds[i.name] = rng.standard_normal(dims).astype(np.float32)
-    return feeds
+sys.path.insert(0, os.path.join(ROOT, "tools", "models"))
+from quantize_full import inputs_of  # noqa: E402  (the calibration's seeded inputs)
 
 
 def run(binary, model, files, precision, threads, out):
@@ -62,14 +47,14 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--anyshape", default=os.path.join(ROOT, "target", "release", "anyshape"))
     a = ap.parse_args()
-    rng = np.random.default_rng(a.seed)
+    rng = np.random.RandomState(a.seed)
     print("| shape | output | relative L2 | largest abs. difference | lowest row cosine |")
     print("|---|---|---|---|---|")
     for s in a.shape:
         shape = {k: int(v) for k, v in (kv.split("=") for kv in s.split(","))}
         with tempfile.TemporaryDirectory() as tmp:
             files = {}
-            for name, x in feeds_for(a.model, shape, a.vocab, rng).items():
+            for name, x in inputs_of(a.model, shape, a.vocab, rng).items():
                 files[name] = os.path.join(tmp, f"{name}.npy")
                 np.save(files[name], x)
             want = run(a.anyshape, a.model, files, "f32", a.threads, os.path.join(tmp, "f32"))

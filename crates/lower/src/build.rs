@@ -108,18 +108,30 @@ impl<'a> Builder<'a> {
             let param = self.param(v, buf, true);
             stores.push(Store { param, value });
         }
+        Ok(self.finish(name, ext, vars, stores))
+    }
+
+    /// The program of what was built, its schedules analyzed, and the model
+    /// buffer of each of its parameters.
+    fn finish(
+        self,
+        name: String,
+        space: Vec<E>,
+        vars: Vec<E>,
+        stores: Vec<Store>,
+    ) -> (LoopProgram, Vec<BufId>) {
         let mut program = LoopProgram {
             name,
             exprs: self.x,
             params: self.params,
-            space: ext,
+            space,
             vars,
             stores,
             checks: self.checks,
             schedules: Default::default(),
         };
         crate::schedules::analyze(&mut program);
-        Ok((program, self.args))
+        (program, self.args)
     }
 
     /// The model buffer and the value of parameter `p`.
@@ -152,18 +164,7 @@ impl<'a> Builder<'a> {
             self.values.push(for_value);
             out.push(Store { param: self.params.len() as u32 - 1, value });
         }
-        let mut program = LoopProgram {
-            name,
-            exprs: self.x,
-            params: self.params,
-            space: ext,
-            vars,
-            stores: out,
-            checks: self.checks,
-            schedules: Default::default(),
-        };
-        crate::schedules::analyze(&mut program);
-        (program, self.args)
+        self.finish(name, ext, vars, out)
     }
 
     /// The program's variables over `space`.
