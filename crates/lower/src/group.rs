@@ -1035,16 +1035,11 @@ impl<'g> Lowering<'g> {
         let bias_load = |b: &Builder, e: E| -> Option<BufId> {
             let Node::Load { buf, index, guard: None } = b.x.node(e) else { return None };
             let (arg, holds) = b.arg(*buf);
-            let shape = b.shape_of(holds);
-            let lead = shape.len().saturating_sub(1);
-            (index.last() == Some(&col)
-                && index[..lead].iter().all(|i| b.x.as_int(*i) == Some(0))
-                && shape[..lead].iter().all(|d| d.as_const() == Some(1)))
-            .then_some(arg)
+            column_vector(b, index, holds, col).then_some(arg)
         };
         match aff.cols[..] {
             [] => {}
-            [one] if bias_load(&b, one).is_some() => ep.bias = bias_load(&b, one),
+            [one] if let Some(arg) = bias_load(&b, one) => ep.bias = Some(arg),
             ref many => {
                 let total = many[1..].iter().fold(many[0], |t, x| b.x.add(t, *x));
                 stores.push(("column bias", total));
@@ -1136,26 +1131,38 @@ fn sum_of_loads(
             ep.scale = scale.map(|k| k as f32);
         } else if scale.is_some() {
             return None;
-        } else if ep.bias.is_none() && {
-            // A vector along the columns: `[n]`, or `[1, …, 1, n]` read at `[0, …, 0, col]`.
-            let shape = b.shape_of(holds);
-            let lead = shape.len().saturating_sub(1);
-            !index.is_empty()
-                && index.last() == c_idx.last()
-                && index[..lead].iter().all(|i| b.x.as_int(*i) == Some(0))
-                && shape[..lead].iter().all(|d| d.as_const() == Some(1))
-        } {
+        } else if ep.bias.is_none() && c_idx.last().is_some_and(|col| column_vector(b, &index, holds, *col)) {
             ep.bias = Some(arg);
-        } else if ep.residual.is_none() && same_order(&g.env, b.shape_of(holds), vs) && {
-            let want = b.reshape_index(vs, b.shape_of(holds), vars);
-            index == want
-        } {
+        } else if ep.residual.is_none() && output_shaped(b, g, &index, holds, (vs, vars)) {
             ep.residual = Some(arg);
         } else {
             return None;
         }
     }
     have_c.then_some(ep)
+}
+
+/// Whether a load of `holds` at `index` reads a vector along the columns: `[n]`,
+/// or `[1, …, 1, n]` read at `[0, …, 0, col]`.
+pub(crate) fn column_vector(b: &Builder, index: &[E], holds: ValueId, col: E) -> bool {
+    let shape = b.shape_of(holds);
+    let lead = shape.len().saturating_sub(1);
+    index.last() == Some(&col)
+        && index[..lead].iter().all(|i| b.x.as_int(*i) == Some(0))
+        && shape[..lead].iter().all(|d| d.as_const() == Some(1))
+}
+
+/// Whether a load of `holds` at `index` reads it in the order of the output
+/// (shape `vs`, variables `vars`): a residual.
+pub(crate) fn output_shaped(
+    b: &mut Builder,
+    g: &Graph,
+    index: &[E],
+    holds: ValueId,
+    (vs, vars): (&[SymExpr], &[E]),
+) -> bool {
+    let shape = b.shape_of(holds);
+    same_order(&g.env, shape, vs) && index == b.reshape_index(vs, shape, vars)
 }
 
 /// The first node of `e`, root first, through the element-wise operations a
@@ -1273,7 +1280,7 @@ struct TapGeometry {
 /// Whether `a` and `b` hold as many elements in the same row-major order with
 /// dims only split or merged: every group of dims with equal products has a
 /// single dim on one side.
-pub(crate) fn same_order(env: &sym::ShapeEnv, a: &[SymExpr], b: &[SymExpr]) -> bool {
+fn same_order(env: &sym::ShapeEnv, a: &[SymExpr], b: &[SymExpr]) -> bool {
     match match_groups(env, a, b) {
         Some(groups) => groups.iter().all(|(x, y)| {
             let real = |r: &std::ops::Range<usize>, s: &[SymExpr]| {

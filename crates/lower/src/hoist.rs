@@ -106,12 +106,8 @@ pub(crate) fn affine(b: &mut Builder, g: &Graph, e: E, s: &Site) -> Option<Affin
             if arg == s.c_buf && index == s.c_idx {
                 return Some(Affine::acc());
             }
-            let shape = b.shape_of(holds);
-            if crate::group::same_order(&g.env, shape, s.vs) && index == b.reshape_index(s.vs, shape, s.vars)
-            {
-                return Some(Affine { residual: Some(arg), ..Affine::default() });
-            }
-            None
+            crate::group::output_shaped(b, g, &index, holds, (s.vs, s.vars))
+                .then(|| Affine { residual: Some(arg), ..Affine::default() })
         }
         Node::Binary(BinaryOp::Add, p, q) => affine(b, g, p, s)?.plus(affine(b, g, q, s)?),
         Node::Binary(BinaryOp::Sub, p, q) => {

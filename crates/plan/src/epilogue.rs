@@ -112,6 +112,11 @@ impl MatEpilogue {
         *self == MatEpilogue::default()
     }
 
+    /// The buffers it reads: column scales, bias, residual (those it has).
+    pub fn buffers(&self) -> impl Iterator<Item = BufId> {
+        self.column_scale.into_iter().chain(self.bias).chain(self.residual)
+    }
+
     /// The function a kernel is built for (which operands it reads, not where).
     pub fn function(&self) -> Epilogue {
         Epilogue {

@@ -320,9 +320,7 @@ impl ModelPlan {
                 StepKind::Loop { args, .. } => args.clone(),
                 StepKind::MatMul(m) => {
                     let mut v = vec![m.a.buf, m.b.buf, m.c.buf];
-                    v.extend(
-                        m.epilogue.column_scale.iter().chain(&m.epilogue.bias).chain(&m.epilogue.residual),
-                    );
+                    v.extend(m.epilogue.buffers());
                     v
                 }
                 StepKind::Attention(a) => a.touched(),

@@ -991,12 +991,7 @@ fn validate(plan: &ModelPlan, inputs: usize, outputs: usize) -> Result<(), Strin
         view(&m.a)?;
         view(&m.b)?;
         view(&m.c)?;
-        m.epilogue
-            .column_scale
-            .into_iter()
-            .chain(m.epilogue.bias)
-            .chain(m.epilogue.residual)
-            .try_for_each(buf)?;
+        m.epilogue.buffers().try_for_each(buf)?;
         if let Some(t) = &m.taps {
             t.image.iter().chain(&t.strides).chain(&t.out).copied().try_for_each(slot)?;
         }

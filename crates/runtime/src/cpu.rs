@@ -10,7 +10,7 @@ use kernels::{
     ALayout, BLayout, BOperand, CodeImage, Dispatcher, EpilogueArgs, MatMut, MatRef, PackedB, Problem,
     ThreadPool,
 };
-use plan::{BufferKind, Epilogue, FinishFn, LoopFn, ModelPlan, PartFn, StepKind};
+use plan::{BufId, BufferKind, Epilogue, FinishFn, LoopFn, ModelPlan, PartFn, StepKind};
 
 use crate::backend::Backend;
 use crate::shape::{self, LoopLaunch, ShapePlan, StepShape};
@@ -379,16 +379,15 @@ impl Cpu {
             });
         }
         let mut c = output_views(ptrs, sp, mm.c.buf, ms)?;
-        let bias = match mm.epilogue.bias {
-            Some(bb) => Some(whole(bb).get(..ms.n).ok_or_else(|| RunError::Internal("a short bias".into()))?),
-            None => None,
-        };
-        let column_scale = match mm.epilogue.column_scale {
-            Some(sb) => {
-                Some(whole(sb).get(..ms.n).ok_or_else(|| RunError::Internal("short column scales".into()))?)
+        // The bias and the column scales: `n` values each.
+        let vector = |b: Option<BufId>, what: &str| match b {
+            Some(b) => {
+                whole(b).get(..ms.n).map(Some).ok_or_else(|| RunError::Internal(format!("a short {what}")))
             }
-            None => None,
+            None => Ok(None),
         };
+        let bias = vector(mm.epilogue.bias, "bias")?;
+        let column_scale = vector(mm.epilogue.column_scale, "column scale vector")?;
         // The residual has the output's layout: one view per entry, at C's offsets.
         let mut residuals = Vec::new();
         if let Some(rb) = mm.epilogue.residual {
@@ -672,8 +671,7 @@ pub(crate) fn reads(plan: &ModelPlan) -> Vec<Reads> {
         } else {
             r[mm.b.buf].engine = true;
         }
-        let e = &mm.epilogue;
-        for b in [Some(mm.a.buf), Some(mm.c.buf), e.column_scale, e.bias, e.residual].into_iter().flatten() {
+        for b in [mm.a.buf, mm.c.buf].into_iter().chain(mm.epilogue.buffers()) {
             r[b].engine = true;
         }
     };

@@ -129,9 +129,8 @@ pub fn read_unpacked(plan: &ModelPlan) -> Vec<bool> {
             StepKind::MatMul(mm) => {
                 read[mm.a.buf] = true;
                 read[mm.b.buf] |= !mm.weight;
-                for b in mm.epilogue.column_scale.iter().chain(&mm.epilogue.bias).chain(&mm.epilogue.residual)
-                {
-                    read[*b] = true;
+                for b in mm.epilogue.buffers() {
+                    read[b] = true;
                 }
             }
             StepKind::Attention(a) => {
