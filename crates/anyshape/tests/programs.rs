@@ -298,6 +298,30 @@ const CONV_TAPS: &str = r#"graph {
 }
 "#;
 
+/// Pools and reductions between convolutions, as in a ResNet: the max pool
+/// and the average pool run channels-last, the global mean and max and the
+/// channel reductions reduce the channels-last layout (the last of them,
+/// whose kept dims would come out of order, stays a reduction of the view).
+const POOLS_BETWEEN_CONVS: &str = r#"graph {
+  sym h param 1..19
+  sym w param 1..21
+  input %img: f32[2, 17, h, w]
+  %k1: f32[24, 17, 3, 3] = constant @k1
+  %c1: f32[2, 24, h, w] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], group=1] %img, %k1
+  %r1: f32[2, 24, h, w] = relu %c1
+  %mp: f32[2, 24, (h-1)/2+1, (w-1)/2+1] = max_pool[kernel=[3, 3], strides=[2, 2], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1]] %r1
+  %k3: f32[5, 24, 1, 1] = constant @k3
+  %c3: f32[2, 5, (h-1)/2+1, (w-1)/2+1] = conv[strides=[1, 1], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], group=1] %mp, %k3
+  %ap: f32[2, 5, (h-1)/2+1, (w-1)/2+1] = avg_pool[kernel=[3, 3], strides=[1, 1], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], count_include_pad=false] %c3
+  %gap: f32[2, 5, 1, 1] = reduce_mean[axes=[2, 3], keep_dims=true] %ap
+  %gmax: f32[2, 5] = reduce_max[axes=[2, 3], keep_dims=false] %c3
+  %cmax: f32[2, 1, (h-1)/2+1, (w-1)/2+1] = reduce_max[axes=[1], keep_dims=true] %c3
+  %csum: f32[2, (h-1)/2+1, (w-1)/2+1] = reduce_sum[axes=[1], keep_dims=false] %c3
+  %wsum: f32[2, 5, (h-1)/2+1] = reduce_sum[axes=[3], keep_dims=false] %c3
+  output %ap, %gap, %gmax, %cmax, %csum, %wsum
+}
+"#;
+
 /// Grouped convolutions: depthwise (multiplier 1 and 2: sums of products); 3
 /// groups of 3 outputs (joined into one product, block-diagonal) with
 /// dilation and uneven pads; 2 groups of 16 outputs (a product per group,
@@ -524,6 +548,37 @@ proptest! {
         prop_assert_eq!(taps, 4, "the taps are not read in place:\n{}", plan);
         prop_assert!(!plan.contains(".col\""), "a column matrix is stored:\n{}", plan);
         compare(&model, &[("h", h), ("w", w)], seed)?;
+    }
+
+    #[test]
+    fn pools_and_reductions_run_channels_last(h in size(1, 19), w in size(1, 21), seed in 0u64..1000) {
+        let (rewritten, written) = (model(POOLS_BETWEEN_CONVS, true, None), model(POOLS_BETWEEN_CONVS, false, None));
+        let ir = rewritten.ir_text_rewritten();
+        let live = |what: &str| ir.lines().filter(|l| l.contains(what)).count();
+        prop_assert_eq!(live("channels_last=true"), 2, "{}", ir);
+        prop_assert_eq!(live("reduce_mean[axes=[1, 2], keep_dims=true]"), 1, "{}", ir);
+        prop_assert_eq!(live("reduce_max[axes=[1, 2], keep_dims=false]"), 1, "{}", ir);
+        prop_assert_eq!(live("reduce_max[axes=[3], keep_dims=true]"), 1, "{}", ir);
+        prop_assert_eq!(live("reduce_sum[axes=[3], keep_dims=false]"), 2, "{}", ir);
+        // The pools' layout is the products': no loop program transposes a product.
+        let plan = anyshape::inspect::print_plan(&rewritten.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
+        let windows = plan.lines().filter(|l| l.starts_with("group") && l.ends_with("window")).count();
+        prop_assert_eq!(windows, 2, "{}", plan);
+        compare(&rewritten, &[("h", h), ("w", w)], seed)?;
+        // And the rewrite keeps the model's values: the compiled model against
+        // the interpreter on the graph as written.
+        let dims = [("h", h), ("w", w)];
+        let cm = rewritten.compile(&CompileOptions::new().threads(2)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let ins = inputs(&rewritten, &dims, seed);
+        let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let want = written.interpret(&named).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let got = cm.run(&named).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        for ((name, g), (_, w)) in got.iter().zip(&want) {
+            prop_assert_eq!(g.shape(), w.shape(), "{}", name);
+            for (a, b) in g.to_f64_vec().iter().zip(&w.to_f64_vec()) {
+                prop_assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{:?}: {} {} against {}", dims, name, a, b);
+            }
+        }
     }
 
     #[test]

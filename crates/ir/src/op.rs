@@ -132,6 +132,21 @@ pub struct PoolAttrs {
     pub dilations: Vec<i64>,
     pub pads_begin: Vec<i64>,
     pub pads_end: Vec<i64>,
+    /// The channels are the last dim (`[n, spatial…, c]`), not the second
+    /// (ONNX's `[n, c, spatial…]`): a pool between channels-last convolutions
+    /// then reads and writes their layout (`SinkTransposes`).
+    pub channels_last: bool,
+}
+
+impl PoolAttrs {
+    /// The axis of the channels and the first spatial axis in a tensor of `rank`.
+    pub fn axes(&self, rank: usize) -> (usize, usize) {
+        if self.channels_last {
+            (rank - 1, 1)
+        } else {
+            (1, 2)
+        }
+    }
 }
 
 /// A primitive operation. Inputs are listed per variant.

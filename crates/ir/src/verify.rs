@@ -305,7 +305,8 @@ fn check_pool(p: &PoolAttrs, x: &TensorType, out: &TensorType, env: &ShapeEnv) -
     all_at_least("dilations", &p.dilations, 1)?;
     all_at_least("pads_begin", &p.pads_begin, 0)?;
     all_at_least("pads_end", &p.pads_end, 0)?;
-    if !env.equal(&x.shape[0], &out.shape[0]) || !env.equal(&x.shape[1], &out.shape[1]) {
+    let (c, _) = p.axes(x.rank());
+    if !env.equal(&x.shape[0], &out.shape[0]) || !env.equal(&x.shape[c], &out.shape[c]) {
         return Err(format!("batch and channel dims of {x} and {out} differ"));
     }
     Ok(())

@@ -373,9 +373,13 @@ impl Builder {
                     dilations: vec![1; sp],
                     pads_begin: vec![(c >> 3) as i64 % 2; sp],
                     pads_end: vec![0; sp],
+                    channels_last: (c >> 4) & 1 == 1,
                 };
-                let mut shape = t.shape[..2].to_vec();
-                shape.extend((0..sp).map(|i| self.dim(b >> (i + 2))));
+                let (_, first) = attrs.axes(t.rank());
+                let mut shape = t.shape.clone();
+                for i in 0..sp {
+                    shape[first + i] = self.dim(b >> (i + 2));
+                }
                 self.push(Op::Pool(attrs), &[v], TensorType::new(t.dtype, shape), c);
             }
             18 => {

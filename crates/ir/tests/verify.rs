@@ -298,6 +298,7 @@ fn pool_rules() {
             dilations: vec![1, 1],
             pads_begin: vec![0, 0],
             pads_end: vec![0, 0],
+            channels_last: false,
         })
     };
     let (n, h) = (sym("n"), sym("h"));

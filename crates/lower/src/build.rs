@@ -687,7 +687,9 @@ impl<'a> Builder<'a> {
     ) -> R<E> {
         let xs = self.shape(xv);
         let sp = xs.len() - 2;
-        let mut xi = vec![idx[0], idx[1]];
+        // The input's index: the output's batch and channel, the taps' positions.
+        let (_, first) = p.axes(xs.len());
+        let mut xi = idx.to_vec();
         let mut vars = Vec::new();
         let mut inside = self.bool_const(true);
         // Inside the input or its explicit padding (not past it, where ceil mode
@@ -696,15 +698,15 @@ impl<'a> Builder<'a> {
         for d in 0..sp {
             let ke = self.x.int(p.kernel[d]);
             let k = self.x.var(ke).ok_or_else(|| too_many(self.g, v))?;
-            let n = self.sym(&xs[2 + d]);
-            let (q, ok) = self.tap(idx[2 + d], k, p.strides[d], p.dilations[d], p.pads_begin[d], n);
+            let n = self.sym(&xs[first + d]);
+            let (q, ok) = self.tap(idx[first + d], k, p.strides[d], p.dilations[d], p.pads_begin[d], n);
             inside = self.x.and(inside, ok);
             let (lo, hi) = (self.x.int(-p.pads_begin[d]), self.x.int(p.pads_end[d]));
             let end = self.x.add(n, hi);
             let (c1, c2) = (self.x.le(lo, q), self.x.lt(q, end));
             let within = self.x.and(c1, c2);
             padded = self.x.and(padded, within);
-            xi.push(q);
+            xi[first + d] = q;
             vars.push(k);
         }
         let gd = self.and_guard(guard, inside);

@@ -1,17 +1,22 @@
 //! Layout propagation: the channels-first view of a channels-last value
 //! (`transpose[0, 3, 1, 2]`, what [`ConvAsMatMul`](crate::ConvAsMatMul) puts
-//! after every convolution) is moved below the element-wise ops that read it:
+//! after every convolution) is moved below the ops that read it:
 //!
 //! ```text
 //! op(T(a), T(b), c)  →  T(op(a, b, T⁻¹(c)))      T = transpose[0, 3, 1, 2]
+//! pool(T(a))         →  T(pool_channels_last(a))
+//! reduce(T(a), axes) →  T(reduce(a, T(axes)))      (or no T where the kept dims keep their order)
 //! ```
 //!
-//! when every input is such a transpose or cheap to transpose (a constant,
-//! folded, or a broadcast of one: a bias). The op then runs channels-last, and
-//! the transpose reaches the next convolution, whose channels-last input
-//! `transpose[0, 2, 3, 1]` cancels it (`SimplifyAlgebra` merges the two into
-//! an identity and drops it). A ResNet's bias, ReLU and residual adds all run
-//! on the matmuls' own layout, where the contraction's epilogue absorbs them.
+//! for element-wise ops whose every input is such a transpose or cheap to
+//! transpose (a constant, folded, or a broadcast of one: a bias), for pools and
+//! for reductions. The op then runs channels-last, and the transpose reaches
+//! the next convolution, whose channels-last input `transpose[0, 2, 3, 1]`
+//! cancels it (`SimplifyAlgebra` merges the two into an identity and drops
+//! it). A ResNet's bias, ReLU and residual adds all run on the matmuls' own
+//! layout, where the contraction's epilogue absorbs them; its max pool and
+//! global average pool read that layout with the channels innermost (read
+//! channels-first, each vector of a window gathers one value a pixel).
 
 use ir::{Graph, Op, TensorType, ValueId};
 
@@ -53,8 +58,19 @@ enum Source {
     Shared(ValueId),
 }
 
-/// The first live element-wise node whose inputs all come channels-last.
-fn next(g: &Graph) -> Option<(usize, Vec<Source>)> {
+/// What a node becomes channels-last.
+enum Plan {
+    /// An element-wise op: how each input is reached channels-last.
+    Elementwise(Vec<Source>),
+    /// A pool of a channels-first view: the pool channels-last.
+    Pool(ir::PoolAttrs),
+    /// A reduction of a channels-first view: the same dims reduced
+    /// channels-last; `transposed` when the kept dims need the view back.
+    Reduce { axes: Vec<usize>, transposed: bool },
+}
+
+/// The first live node that can run channels-last.
+fn next(g: &Graph) -> Option<(usize, Plan)> {
     let p = Producers::of(g);
     let uses = g.use_counts();
     let is_view = |v: ValueId| matches!(p.op(g, v), Some(Op::Transpose { perm }) if perm[..] == TO_NCHW);
@@ -66,12 +82,24 @@ fn next(g: &Graph) -> Option<(usize, Vec<Source>)> {
         })
     };
     g.nodes.iter().enumerate().find_map(|(i, n)| {
-        let elementwise = matches!(n.op, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast);
-        if !elementwise || uses[n.output.index()] == 0 || g.ty(n.output).rank() != 4 {
+        if uses[n.output.index()] == 0 || g.ty(n.output).rank() > 4 || !n.inputs.iter().any(|v| is_view(*v)) {
             return None;
         }
-        if !n.inputs.iter().any(|v| is_view(*v)) {
-            return None;
+        match &n.op {
+            Op::Pool(a) if !a.channels_last => {
+                return Some((i, Plan::Pool(ir::PoolAttrs { channels_last: true, ..a.clone() })));
+            }
+            Op::Reduce { axes, keep_dims, .. } => {
+                // Dim j of the view is dim TO_NCHW[j] of its input.
+                let mut moved: Vec<usize> = axes.iter().map(|&j| TO_NCHW[j]).collect();
+                moved.sort_unstable();
+                let kept: Vec<usize> = (0..4).filter(|j| !axes.contains(j)).map(|j| TO_NCHW[j]).collect();
+                let in_order = kept.windows(2).all(|w| w[0] < w[1]);
+                return (*keep_dims || in_order)
+                    .then_some((i, Plan::Reduce { axes: moved, transposed: *keep_dims }));
+            }
+            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast if g.ty(n.output).rank() == 4 => {}
+            _ => return None,
         }
         let plan: Option<Vec<Source>> = n
             .inputs
@@ -91,7 +119,7 @@ fn next(g: &Graph) -> Option<(usize, Vec<Source>)> {
                 }
             })
             .collect();
-        plan.map(|plan| (i, plan))
+        plan.map(|plan| (i, Plan::Elementwise(plan)))
     })
 }
 
@@ -100,7 +128,7 @@ fn nhwc(ty: &TensorType) -> TensorType {
     TensorType::new(ty.dtype, TO_NHWC.iter().map(|&d| ty.shape[d].clone()).collect())
 }
 
-fn rewrite(g: &mut Graph, at: usize, plan: &[Source]) {
+fn rewrite(g: &mut Graph, at: usize, plan: &Plan) {
     let node = g.nodes[at].clone();
     let name = g.name(node.output).to_string();
     let mut pos = at;
@@ -110,24 +138,46 @@ fn rewrite(g: &mut Graph, at: usize, plan: &[Source]) {
         v
     };
     let to_nhwc = || Op::Transpose { perm: TO_NHWC.to_vec() };
-    let mut inputs = Vec::with_capacity(plan.len());
-    for (k, (s, &v)) in plan.iter().zip(&node.inputs).enumerate() {
-        inputs.push(match *s {
-            Source::Untransposed(a) => a,
-            Source::Constant(c) | Source::Shared(c) => {
-                let t = nhwc(g.ty(c));
-                insert(g, to_nhwc(), vec![c], &format!("in{k}.nhwc"), t)
-            }
-            Source::Broadcast { constant } => {
-                let t = nhwc(g.ty(constant));
-                let c = insert(g, to_nhwc(), vec![constant], &format!("in{k}.nhwc"), t);
-                let t = nhwc(g.ty(v));
-                insert(g, Op::Broadcast, vec![c], &format!("in{k}.nhwc.broadcast"), t)
-            }
-        });
-    }
+    let to_nchw = || Op::Transpose { perm: TO_NCHW.to_vec() };
     let out_ty = g.ty(node.output).clone();
-    let inner = insert(g, node.op.clone(), inputs, "nhwc", nhwc(&out_ty));
-    let out = insert(g, Op::Transpose { perm: TO_NCHW.to_vec() }, vec![inner], "nchw", out_ty);
+    let untransposed = |g: &Graph| g.nodes.iter().find(|n| n.output == node.inputs[0]).map(|n| n.inputs[0]);
+    let out = match plan {
+        Plan::Elementwise(sources) => {
+            let mut inputs = Vec::with_capacity(sources.len());
+            for (k, (s, &v)) in sources.iter().zip(&node.inputs).enumerate() {
+                inputs.push(match *s {
+                    Source::Untransposed(a) => a,
+                    Source::Constant(c) | Source::Shared(c) => {
+                        let t = nhwc(g.ty(c));
+                        insert(g, to_nhwc(), vec![c], &format!("in{k}.nhwc"), t)
+                    }
+                    Source::Broadcast { constant } => {
+                        let t = nhwc(g.ty(constant));
+                        let c = insert(g, to_nhwc(), vec![constant], &format!("in{k}.nhwc"), t);
+                        let t = nhwc(g.ty(v));
+                        insert(g, Op::Broadcast, vec![c], &format!("in{k}.nhwc.broadcast"), t)
+                    }
+                });
+            }
+            let inner = insert(g, node.op.clone(), inputs, "nhwc", nhwc(&out_ty));
+            insert(g, to_nchw(), vec![inner], "nchw", out_ty)
+        }
+        Plan::Pool(attrs) => {
+            let a = untransposed(g).expect("the pool reads a transpose");
+            let inner = insert(g, Op::Pool(attrs.clone()), vec![a], "nhwc", nhwc(&out_ty));
+            insert(g, to_nchw(), vec![inner], "nchw", out_ty)
+        }
+        Plan::Reduce { axes, transposed } => {
+            let a = untransposed(g).expect("the reduction reads a transpose");
+            let Op::Reduce { op, keep_dims, .. } = node.op else { unreachable!("planned for a reduction") };
+            let op = Op::Reduce { op, axes: axes.clone(), keep_dims };
+            if *transposed {
+                let inner = insert(g, op, vec![a], "nhwc", nhwc(&out_ty));
+                insert(g, to_nchw(), vec![inner], "nchw", out_ty)
+            } else {
+                insert(g, op, vec![a], "nhwc", out_ty)
+            }
+        }
+    };
     g.replace_uses(node.output, out);
 }

@@ -754,6 +754,46 @@ fn transposes_sink_through_bias_activation_and_residual() {
     );
 }
 
+#[test]
+fn transposes_sink_through_pools_and_reductions() {
+    // A max pool and a global mean of a channels-last value seen channels-first
+    // run channels-last; so does a channel sum whose kept dims stay in order;
+    // a sum along the width (kept dims n, c, h: out of order channels-last)
+    // stays where it is.
+    check(
+        &SinkTransposes,
+        "graph {
+  sym n param 1..8
+  sym h param 2..64
+  input %a: f32[n, h, h, 3]
+  %at: f32[n, 3, h, h] = transpose[perm=[0, 3, 1, 2]] %a
+  %mp: f32[n, 3, h/2, h/2] = max_pool[kernel=[2, 2], strides=[2, 2], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0]] %at
+  %gap: f32[n, 3, 1, 1] = reduce_mean[axes=[2, 3], keep_dims=true] %at
+  %cs: f32[n, h, h] = reduce_sum[axes=[1], keep_dims=false] %at
+  %ws: f32[n, 3, h] = reduce_sum[axes=[3], keep_dims=false] %at
+  output %mp, %gap, %cs, %ws
+}
+",
+        "graph {
+  sym n param 1..8
+  sym h param 2..64
+  input %a: f32[n, h, h, 3]
+  %at: f32[n, 3, h, h] = transpose[perm=[0, 3, 1, 2]] %a
+  %mp.nhwc: f32[n, h/2, h/2, 3] = max_pool[kernel=[2, 2], strides=[2, 2], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0], channels_last=true] %a
+  %mp: f32[n, 3, h/2, h/2] = transpose[perm=[0, 3, 1, 2]] %mp.nhwc
+  %mp.replaced: f32[n, 3, h/2, h/2] = max_pool[kernel=[2, 2], strides=[2, 2], dilations=[1, 1], pads_begin=[0, 0], pads_end=[0, 0]] %at
+  %gap.nhwc: f32[n, 1, 1, 3] = reduce_mean[axes=[1, 2], keep_dims=true] %a
+  %gap: f32[n, 3, 1, 1] = transpose[perm=[0, 3, 1, 2]] %gap.nhwc
+  %gap.replaced: f32[n, 3, 1, 1] = reduce_mean[axes=[2, 3], keep_dims=true] %at
+  %cs: f32[n, h, h] = reduce_sum[axes=[3], keep_dims=false] %a
+  %cs.replaced: f32[n, h, h] = reduce_sum[axes=[1], keep_dims=false] %at
+  %ws: f32[n, 3, h] = reduce_sum[axes=[3], keep_dims=false] %at
+  output %mp, %gap, %cs, %ws
+}
+",
+    );
+}
+
 /// Integer contractions of 8-bit values on floats: a matmul 40 deep, one f32
 /// product cast back (40 · 255 · 128 < 2^24); 600 deep, chunks of 512 and 88
 /// depths, their products summed in i32; a convolution 576 deep (64 channels

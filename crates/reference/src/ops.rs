@@ -62,6 +62,7 @@ pub(crate) fn eval(op: &Op, ins: &[&Tensor], dtype: DType, out: &[usize], cx: &C
         }
         Op::Conv(a) => compute::conv(ins[0], ins[1], a),
         Op::ConvTranspose(a) => compute::conv_transpose(ins[0], ins[1], a, out),
+        Op::Pool(p) if p.channels_last => channels_last_pool(ins[0], p, out),
         Op::Pool(p) => compute::pool(ins[0], p, out),
         Op::CumSum { axis, exclusive, reverse } => compute::cumsum(ins[0], *axis, *exclusive, *reverse),
     }
@@ -197,6 +198,21 @@ fn broadcast(x: &Tensor, out: &[usize]) -> R<Tensor> {
     let st = strides(s);
     let map = index_map(out, |i| Ok((0..s.len()).map(|d| if s[d] == 1 { 0 } else { i[d] * st[d] }).sum()))?;
     tensor(out.to_vec(), take(&[x.elems()], &map)?)
+}
+
+/// A channels-last pool as the standard's: its input moved channels-first,
+/// pooled, and the result moved back.
+fn channels_last_pool(x: &Tensor, p: &ir::PoolAttrs, out: &[usize]) -> R<Tensor> {
+    let r = x.shape().len();
+    if r < 3 || out.len() != r {
+        bail!("a channels-last pool of {:?} to {out:?} needs rank >= 3 on both", x.shape());
+    }
+    // [n, c, spatial…] from [n, spatial…, c], and back.
+    let to_first: Vec<usize> = [0, r - 1].into_iter().chain(1..r - 1).collect();
+    let to_last: Vec<usize> = [0].into_iter().chain(2..r).chain([1]).collect();
+    let out_first: Vec<usize> = to_first.iter().map(|&d| out[d]).collect();
+    let first = ir::PoolAttrs { channels_last: false, ..p.clone() };
+    transpose(&compute::pool(&transpose(x, &to_first)?, &first, &out_first)?, &to_last)
 }
 
 fn transpose(x: &Tensor, perm: &[usize]) -> R<Tensor> {

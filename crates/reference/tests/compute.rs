@@ -193,6 +193,7 @@ fn pool(kind: PoolKind, k: i64, s: i64, pb: i64, pe: i64) -> Op {
         dilations: vec![1],
         pads_begin: vec![pb],
         pads_end: vec![pe],
+        channels_last: false,
     })
 }
 
@@ -246,10 +247,36 @@ fn avg_pool_2d() {
         dilations: vec![1, 1],
         pads_begin: vec![1, 1],
         pads_end: vec![0, 0],
+        channels_last: false,
     });
     // Windows: rows {-1,0} / {1,2}, cols {-1,0} / {1,2}; each counts 4 positions.
     let got = eval_to(op, &[x], DType::F32, &[1, 1, 2, 2]);
     assert_eq!(f32s(&got), [1.0 / 4.0, 5.0 / 4.0, 11.0 / 4.0, 28.0 / 4.0]);
+}
+
+/// A channels-last pool is the channels-first pool of the transposed input,
+/// transposed back.
+#[test]
+fn channels_last_pools() {
+    // [1, 2 (h), 3 (w), 2 (c)]: channel 0 holds 0..6, channel 1 its negatives.
+    let v: Vec<f32> = (0..6).flat_map(|i| [i as f32, -(i as f32)]).collect();
+    let x = f32t(&[1, 2, 3, 2], &v);
+    let op = |kind| {
+        Op::Pool(PoolAttrs {
+            kind,
+            kernel: vec![2, 2],
+            strides: vec![1, 1],
+            dilations: vec![1, 1],
+            pads_begin: vec![0, 0],
+            pads_end: vec![0, 1],
+            channels_last: true,
+        })
+    };
+    // Windows over w: {0, 1}, {1, 2}, {2} and the pad.
+    let got = eval_to(op(PoolKind::Max), &[&x], DType::F32, &[1, 1, 3, 2]);
+    assert_eq!(f32s(&got), [4.0, 0.0, 5.0, -1.0, 5.0, -2.0]);
+    let got = eval_to(op(PoolKind::Avg { count_include_pad: false }), &[&x], DType::F32, &[1, 1, 3, 2]);
+    assert_eq!(f32s(&got), [2.0, -2.0, 3.0, -3.0, 3.5, -3.5]);
 }
 
 #[test]

@@ -245,7 +245,8 @@ fn make_op(name: &str, attrs: Option<&str>) -> Result<Op, String> {
             } else {
                 PoolKind::Avg { count_include_pad: boolean(a.take("count_include_pad")?)? }
             };
-            Op::Pool(PoolAttrs { kind, kernel, strides, dilations, pads_begin, pads_end })
+            let channels_last = a.take_opt("channels_last").map(boolean).transpose()?.unwrap_or(false);
+            Op::Pool(PoolAttrs { kind, kernel, strides, dilations, pads_begin, pads_end, channels_last })
         }
         "cumsum" => Op::CumSum {
             axis: a.num("axis")?,
@@ -449,6 +450,12 @@ impl<'a> Attrs<'a> {
             .position(|(k, _)| *k == key)
             .ok_or_else(|| format!("missing attribute `{key}`"))?;
         Ok(self.items.remove(i).1)
+    }
+
+    /// An attribute that may be left out.
+    fn take_opt(&mut self, key: &str) -> Option<&'a str> {
+        let i = self.items.iter().position(|(k, _)| *k == key)?;
+        Some(self.items.remove(i).1)
     }
 
     fn num<T: FromStr>(&mut self, key: &str) -> Result<T, String> {

@@ -141,6 +141,9 @@ fn write_op(f: &mut fmt::Formatter<'_>, g: &Graph, n: &Node) -> fmt::Result {
             if let PoolKind::Avg { count_include_pad } = p.kind {
                 write!(f, ", count_include_pad={count_include_pad}")?;
             }
+            if p.channels_last {
+                f.write_str(", channels_last=true")?;
+            }
             f.write_str("]")?;
         }
         Op::CumSum { axis, exclusive, reverse } => {

@@ -140,6 +140,7 @@ pub fn kitchen_sink() -> Graph {
             dilations: vec![1, 1],
             pads_begin: vec![pad; 2],
             pads_end: vec![pad; 2],
+            channels_last: false,
         })
     };
     let mp = g.add_node(pool(PoolKind::Max, 2, 2, 0), vec![conv], "mp", pool_ty.clone());

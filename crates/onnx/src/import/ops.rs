@@ -553,6 +553,7 @@ fn lrn(imp: &mut Importer, n: &Node) -> R<ValueId> {
         dilations: vec![1, 1],
         pads_begin: vec![before, 0],
         pads_end: vec![after, 0],
+        channels_last: false,
     };
     let ty = TensorType::new(imp.ty(x).dtype, imp.shape(as_image));
     let mean = imp.emit(Op::Pool(attrs), vec![as_image], Some(ty))?;
@@ -872,7 +873,7 @@ fn pool_of(imp: &mut Importer, n: &Node, x: ValueId, kind: PoolKind) -> R<ValueI
         }
         shape.push(o);
     }
-    let attrs = PoolAttrs { kind, kernel, strides, dilations, pads_begin, pads_end };
+    let attrs = PoolAttrs { kind, kernel, strides, dilations, pads_begin, pads_end, channels_last: false };
     let ty = TensorType::new(imp.ty(x).dtype, shape);
     imp.emit(Op::Pool(attrs), vec![x], Some(ty))
 }
