@@ -208,7 +208,12 @@ impl Model {
     /// GEMM family runs, and fused attention where the attention kernel
     /// takes it ([`gpu_attention_unsupported`]; the others unfused).
     pub fn lower_gpu(&self) -> Result<plan::ModelPlan, Error> {
-        let lo = lower::LowerOptions { fuse_attention: true, matmul_steps: true, column_scales: false };
+        let lo = lower::LowerOptions {
+            fuse_attention: true,
+            matmul_steps: true,
+            column_scales: false,
+            epilogue_params: false,
+        };
         let mut plan = lower::lower_with(&self.graph, &self.fusion_plan(), &lo)?;
         lower::unfuse_attention(&mut plan, |p, a| gpu_attention_unsupported(p, a).is_none());
         Ok(plan)
@@ -517,6 +522,11 @@ fn step_lists(plan: &plan::ModelPlan, target: GpuTarget) -> Result<Vec<Vec<(Gemm
             return Err(Error::from(RunError::Device(format!(
                 "step {i}: a contraction whose epilogue scales each column (a quantized \
                  product's dequantization) is not built for the GPU"
+            ))));
+        }
+        if !mm.epilogue.params.values().is_empty() {
+            return Err(Error::from(RunError::Device(format!(
+                "step {i}: a contraction whose epilogue takes parameters is not built for the GPU"
             ))));
         }
         let fixed = match (konst(mm.n), konst(mm.k)) {

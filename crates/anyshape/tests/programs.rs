@@ -610,10 +610,11 @@ proptest! {
         let model = model(POINTWISE_EPILOGUES, true, None);
         let plan = anyshape::inspect::print_plan(&model.lower().map_err(|e| TestCaseError::fail(e.to_string()))?);
         for want in [
-            "+ min(max(x, 0.0), 6.0)",
+            // The programs' constants are parameters of their kernels.
+            "+ min(max(x, p0), p1) with 0.0, 6.0",
             "+ mul(x, sigmoid(x))",
-            "+ div(mul(x, min(max(add(x, 3.0), 0.0), 6.0)), 6.0)",
-            "epilogue select(less(x, 0.0), mul(x, 0.1), x)",
+            "+ div(mul(x, min(max(add(x, p0), p1), p2)), p2) with 3.0, 0.0, 6.0",
+            "epilogue select(less(x, p0), mul(x, p1), x) with 0.0, 0.1",
         ] {
             prop_assert!(plan.contains(want), "{} not fused:\n{}", want, plan);
         }
@@ -1357,5 +1358,80 @@ fn a_dequantized_product_multiplies_integers() {
                 }
             }
         }
+    }
+}
+
+/// A statically quantized product (u8 activations less their zero point, s8
+/// weights) whose output is quantized again, as a QDQ model stores it:
+/// divided by the output's scale, rounded, its zero point added, clamped to
+/// u8. The requantization is the product's epilogue, its scales parameters
+/// of the kernel (not constants compiled into it); the codes equal the
+/// interpreter's at every row count.
+#[test]
+fn a_requantized_product_stores_its_codes_from_the_epilogue() {
+    for (k, zp) in [(96usize, 0), (1000, 7)] {
+        let text = format!(
+            "graph {{
+  sym m param 1..
+  input %q: u8[m, {k}]
+  %w: i8[{k}, 7] = constant @w8
+  %zp: f32[1, 1] = constant [{zp}.0]
+  %sa: f32[1, 1] = constant [0.0125]
+  %sw: f32[1, 1] = constant [0.003]
+  %qf: f32[m, {k}] = cast %q
+  %zb: f32[m, {k}] = broadcast %zp
+  %x: f32[m, {k}] = sub %qf, %zb
+  %sab: f32[m, {k}] = broadcast %sa
+  %a: f32[m, {k}] = mul %x, %sab
+  %wf: f32[{k}, 7] = cast %w
+  %swb: f32[{k}, 7] = broadcast %sw
+  %b: f32[{k}, 7] = mul %wf, %swb
+  %y: f32[m, 7] = matmul %a, %b
+  %so: f32[1, 1] = constant [0.011]
+  %sob: f32[m, 7] = broadcast %so
+  %d: f32[m, 7] = div %y, %sob
+  %rd: f32[m, 7] = round %d
+  %ri: i32[m, 7] = cast %rd
+  %zo: i32[1, 1] = constant [3]
+  %zob: i32[m, 7] = broadcast %zo
+  %rz: i32[m, 7] = add %ri, %zob
+  %lo: i32[1, 1] = constant [0]
+  %lob: i32[m, 7] = broadcast %lo
+  %hi: i32[1, 1] = constant [255]
+  %hib: i32[m, 7] = broadcast %hi
+  %c0: i32[m, 7] = max %rz, %lob
+  %c1: i32[m, 7] = min %c0, %hib
+  %u: u8[m, 7] = cast %c1
+  %codes: f32[m, 7] = cast %u
+  output %codes
+}}
+"
+        );
+        let mut rng = Lcg::new(k as u64 + 11);
+        let mut w: Vec<i8> = (0..k * 7).map(|_| rng.next() as i8).collect();
+        w[..7].copy_from_slice(&[-128, 127, -128, 127, 0, 1, -1]);
+        let (m, plan) = with_int8_weight(&text, Tensor::new(vec![k, 7], Elems::I8(w)).expect("w"));
+        let product = plan.lines().find(|l| l.contains("matmul")).unwrap_or_default();
+        assert!(
+            product.contains("integer(round(") && product.contains(" with "),
+            "the requantization is not the product's parameterized epilogue:\n{product}"
+        );
+        // (The input's widening to f32 before the product is a loop program.)
+        let after = plan.split_once("  matmul").map_or("", |(_, rest)| rest);
+        assert!(!after.contains("  loop"), "a loop program is left after the product:\n{plan}");
+        let cm = m.compile(&CompileOptions::new().threads(2).canaries(true)).expect("compiles");
+        let mut seen = Vec::new();
+        for rows in [1usize, 2, 7, 17, 65] {
+            let q: Vec<u8> = (0..rows * k).map(|_| rng.next() as u8).collect();
+            let ins = [("q", Tensor::new(vec![rows, k], Elems::U8(q)).expect("q"))];
+            let got = cm.run(&ins).expect("runs");
+            let want = m.interpret(&ins).expect("interprets");
+            let (Elems::F32(g), Elems::F32(w)) = (got[0].1.elems(), want[0].1.elems()) else {
+                panic!("f32 outputs")
+            };
+            assert_eq!(g, w, "K {k} zero point {zp} rows {rows}");
+            seen.extend_from_slice(w);
+        }
+        assert!(seen.contains(&0.0) && seen.contains(&255.0), "clamps untested: {seen:?}");
     }
 }

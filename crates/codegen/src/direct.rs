@@ -95,6 +95,7 @@ fn build_direct(
         ptr.into(),  // next
         i64t.into(), // lines
         ptr.into(),  // column scales
+        ptr.into(),  // the epilogue program's parameters
     ];
     let f = module.add_function(name, ctx.void_type().fn_type(&params, false), None);
     target_attributes(ctx, f, cpu, features, w);
@@ -110,7 +111,7 @@ fn build_direct(
     let (bias, res, ldr) = (p(9)?.into_pointer_value(), p(10)?.into_pointer_value(), p(11)?.into_int_value());
     let (runs, a_run, b_run) = (p(12)?.into_int_value(), p(13)?.into_int_value(), p(14)?.into_int_value());
     let (next_b, pf_lines) = (p(15)?.into_pointer_value(), p(16)?.into_int_value());
-    let cscale = p(17)?.into_pointer_value();
+    let (cscale, params) = (p(17)?.into_pointer_value(), p(18)?.into_pointer_value());
 
     let intr = |n: &str, tys: &[inkwell::types::BasicTypeEnum<'static>]| {
         Intrinsic::find(n)
@@ -396,7 +397,8 @@ fn build_direct(
     for i in 0..mr {
         for (v, mask) in masks.iter().enumerate() {
             let load = |base, idx| masked_load(gep(base, idx, "ep")?, *mask);
-            let y = vm.epilogue(epilogue, out[i * nv + v], (cscale, bias, res, ldr), (i, v * w), &load)?;
+            let y =
+                vm.epilogue(epilogue, out[i * nv + v], (cscale, bias, res, ldr, params), (i, v * w), &load)?;
             out[i * nv + v] = y;
         }
     }
@@ -457,6 +459,7 @@ pub fn time_direct_kernel(uk: &DirectKernel, t: &Target) -> f64 {
                     0,
                     std::ptr::null(),
                     0,
+                    std::ptr::null(),
                     std::ptr::null(),
                 )
             };

@@ -421,6 +421,7 @@ fn build_microkernel(
             i64t.into(),
             ptr.into(),
             ptr.into(),
+            ptr.into(),
         ],
         false,
     );
@@ -443,6 +444,7 @@ fn build_microkernel(
     let tiles = f.get_nth_param(9).ok_or_else(|| llvm("param"))?.into_int_value();
     let next_b = f.get_nth_param(10).ok_or_else(|| llvm("param"))?.into_pointer_value();
     let cscale = f.get_nth_param(11).ok_or_else(|| llvm("param"))?.into_pointer_value();
+    let params = f.get_nth_param(12).ok_or_else(|| llvm("param"))?.into_pointer_value();
 
     let bld = ctx.create_builder();
     let entry = ctx.append_basic_block(f, "entry");
@@ -769,7 +771,8 @@ fn build_microkernel(
                 set_align(&x, 4);
                 Ok(x.into_vector_value())
             };
-            let y = vm.epilogue(epilogue, out[i * nv + v], (cscale, bias, res, ldr), (i, v * w), &load)?;
+            let y =
+                vm.epilogue(epilogue, out[i * nv + v], (cscale, bias, res, ldr, params), (i, v * w), &load)?;
             out[i * nv + v] = y;
         }
     }
@@ -1004,6 +1007,7 @@ pub fn time_microkernel(uk: &MicroKernel, t: &Target) -> f64 {
                     std::ptr::null(),
                     0,
                     1,
+                    std::ptr::null(),
                     std::ptr::null(),
                     std::ptr::null(),
                 )

@@ -755,6 +755,10 @@ impl Ir {
             let r = match *op {
                 PwOp::Input => x.to_string(),
                 PwOp::Const(bits) => float_lit(f32::from_bits(bits)),
+                // GPU plans keep an epilogue's constants in its program
+                // (`LowerOptions::epilogue_params`), and a GPU build refuses a
+                // plan with parameters before any kernel is made.
+                PwOp::Param(_) => unreachable!("a GPU epilogue with parameters"),
                 PwOp::Unary(u, a) => {
                     let a = v[a as usize].clone();
                     self.pw_unary(u, &a)
@@ -762,6 +766,15 @@ impl Ir {
                 PwOp::Binary(b, p, q) => {
                     let (a, c) = (v[p as usize].clone(), v[q as usize].clone());
                     self.pw_binary(b, &a, &c)
+                }
+                PwOp::Integer { x, offset, lo, hi } => {
+                    // `fptosi.sat` saturates and takes NaN to 0, as PTX's `cvt.rzi.sat` does.
+                    let x = v[x as usize].clone();
+                    let i = self.v(format!("call i32 @llvm.fptosi.sat.i32.f32(float {x})"));
+                    let i = self.v(format!("add i32 {i}, {offset}"));
+                    let i = self.v(format!("call i32 @llvm.smax.i32(i32 {i}, i32 {lo})"));
+                    let i = self.v(format!("call i32 @llvm.smin.i32(i32 {i}, i32 {hi})"));
+                    self.v(format!("sitofp i32 {i} to float"))
                 }
                 PwOp::Select(cmp, a, b, t, f) => {
                     let pred = match cmp {
@@ -803,6 +816,7 @@ impl Ir {
             PwUnary::Relu => self.activation(Activation::Relu, a),
             PwUnary::Floor => self.v(format!("call float @llvm.floor.f32(float {a})")),
             PwUnary::Ceil => self.v(format!("call float @llvm.ceil.f32(float {a})")),
+            PwUnary::Round => self.v(format!("call float @llvm.roundeven.f32(float {a})")),
         }
     }
 
@@ -2146,4 +2160,8 @@ declare float @llvm.fabs.f32(float)
 declare float @llvm.sqrt.f32(float)
 declare float @llvm.floor.f32(float)
 declare float @llvm.ceil.f32(float)
+declare float @llvm.roundeven.f32(float)
+declare i32 @llvm.fptosi.sat.i32.f32(float)
+declare i32 @llvm.smax.i32(i32, i32)
+declare i32 @llvm.smin.i32(i32, i32)
 ";

@@ -190,6 +190,7 @@ fn measure(
             bias: epilogue.bias.then_some(&bias[..]),
             residual: epilogue.residual.then_some(rv),
             residuals: &[],
+            params: &[1.0; plan::MAX_POINTWISE_PARAMS],
         };
         // The candidates take turns, a round each, and keep their best round: a slow
         // phase of the machine then falls on every candidate, not on one.

@@ -116,6 +116,50 @@ impl VMath<'_> {
         self.select_lt(self.splat(hi), x, self.splat(hi), x)
     }
 
+    /// `base[i]` in every lane.
+    fn broadcast_load(&self, base: PointerValue<'static>, i: u64) -> R {
+        let (f32t, i64t) = (self.ctx.f32_type(), self.ctx.i64_type());
+        // SAFETY (of the generated code): the caller passes `params` with every
+        // parameter the program reads.
+        let at = unsafe { self.bld.build_in_bounds_gep(f32t, base, &[i64t.const_int(i, false)], "") }
+            .map_err(llvm)?;
+        let v = self.bld.build_load(f32t, at, "").map_err(llvm)?;
+        let one =
+            self.bld.build_insert_element(self.vt.get_poison(), v, i64t.const_zero(), "").map_err(llvm)?;
+        let zeros = VectorType::const_vector(&vec![self.ctx.i32_type().const_zero(); self.lanes]);
+        self.bld.build_shuffle_vector(one, self.vt.get_poison(), zeros, "").map_err(llvm)
+    }
+
+    /// [`PwOp::Integer`]: `f32(clamp(i32(x) + offset, lo, hi))`, the conversion
+    /// saturating (NaN to 0) by a clamp in f32 and selects (LLVM 19 would take
+    /// `llvm.fptosi.sat` apart into a conversion per lane).
+    fn integer(&self, x: V, offset: i32, lo: i32, hi: i32) -> R {
+        let b = self.bld;
+        let it = self.ctx.i32_type();
+        let iv = it.vec_type(self.lanes as u32);
+        let ints = |v: i32| VectorType::const_vector(&vec![it.const_int(v as i64 as u64, true); self.lanes]);
+        // The largest f32 under 2^31; past it the conversion saturates.
+        let top = 2_147_483_520.0;
+        let low = self.splat(-2_147_483_648.0);
+        let clamped = self.select_lt(x, low, low, x)?;
+        let clamped = self.select_lt(self.splat(top), clamped, self.splat(top), clamped)?;
+        let mut i = b.build_float_to_signed_int(clamped, iv, "").map_err(llvm)?;
+        let past = b.build_float_compare(FloatPredicate::OGT, x, self.splat(top), "").map_err(llvm)?;
+        i = b.build_select(past, ints(i32::MAX), i, "").map_err(llvm)?.into_vector_value();
+        let nan = b.build_float_compare(FloatPredicate::UNO, x, x, "").map_err(llvm)?;
+        i = b.build_select(nan, ints(0), i, "").map_err(llvm)?.into_vector_value();
+        i = b.build_int_add(i, ints(offset), "").map_err(llvm)?;
+        let int_op = |name: &str, a: V, c: V| -> R {
+            let f = Intrinsic::find(name)
+                .and_then(|f| f.get_declaration(self.module, &[iv.into()]))
+                .ok_or_else(|| llvm(format!("no {name} for the vector type")))?;
+            self.call_vector(f, &[a.into(), c.into()], name)
+        };
+        i = int_op("llvm.smax", i, ints(lo))?;
+        i = int_op("llvm.smin", i, ints(hi))?;
+        b.build_signed_int_to_float(i, self.vt, "").map_err(llvm)
+    }
+
     /// `e^x`: `x = n·ln2 + r` with `n = ⌊x·log2(e) + ½⌋` (so `|r| ≤ ln2/2`, `r`
     /// by two FMAs with ln2 split in a high and a low part), `e^r` by its
     /// degree-6 Taylor polynomial in Horner form on FMAs (relative error ≈ 1e-7
@@ -234,11 +278,12 @@ impl VMath<'_> {
         &self,
         e: &plan::Epilogue,
         mut y: V,
-        (cscale, bias, res, ldr): (
+        (cscale, bias, res, ldr, params): (
             PointerValue<'static>,
             PointerValue<'static>,
             PointerValue<'static>,
             IntValue<'static>,
+            PointerValue<'static>,
         ),
         (i, col): (usize, usize),
         load: &dyn Fn(PointerValue<'static>, IntValue<'static>) -> R,
@@ -259,7 +304,10 @@ impl VMath<'_> {
             let idx = self.bld.build_int_add(row, c(col), "ri").map_err(llvm)?;
             y = self.add(y, load(res, idx)?)?;
         }
-        self.activation(e.activation, y)
+        match e.activation {
+            Activation::Pointwise(p) => self.pointwise(&p, y, Some(params)),
+            act => self.activation(act, y),
+        }
     }
 
     pub fn activation(&self, act: Activation, x: V) -> R {
@@ -280,19 +328,25 @@ impl VMath<'_> {
                 self.mul(half_x(self)?, self.add(self.splat(1.0), t)?)
             }
             Activation::Tanh => self.tanh(x),
-            Activation::Pointwise(p) => self.pointwise(&p, x),
+            Activation::Pointwise(p) => self.pointwise(&p, x, None),
         }
     }
 
     /// A [`Pointwise`] program on `x`, one instruction (or inline polynomial)
-    /// per operation, with the semantics of [`Pointwise::eval`].
-    pub fn pointwise(&self, p: &Pointwise, x: V) -> R {
+    /// per operation, with the semantics of [`Pointwise::eval_with`]: its
+    /// parameters read from `params` (each broadcast to the lanes).
+    pub fn pointwise(&self, p: &Pointwise, x: V, params: Option<PointerValue<'static>>) -> R {
         let mut v: Vec<V> = Vec::with_capacity(p.ops().len());
         for op in p.ops() {
             let g = |i: u8| v[i as usize];
             let r = match *op {
                 PwOp::Input => x,
                 PwOp::Const(bits) => self.splat(f32::from_bits(bits) as f64),
+                PwOp::Param(i) => {
+                    let params =
+                        params.ok_or_else(|| llvm("a program's parameter with no parameters given"))?;
+                    self.broadcast_load(params, i as u64)?
+                }
                 PwOp::Unary(u, a) => {
                     let a = g(a);
                     match u {
@@ -308,6 +362,7 @@ impl VMath<'_> {
                         PwUnary::Relu => self.activation(Activation::Relu, a)?,
                         PwUnary::Floor => self.floor(a)?,
                         PwUnary::Ceil => self.intrinsic("llvm.ceil", &[a])?,
+                        PwUnary::Round => self.intrinsic("llvm.roundeven", &[a])?,
                     }
                 }
                 PwOp::Binary(b, p, q) => {
@@ -321,6 +376,7 @@ impl VMath<'_> {
                         PwBinary::Min => self.intrinsic("llvm.minimum", &[a, c])?,
                     }
                 }
+                PwOp::Integer { x, offset, lo, hi } => self.integer(g(x), offset, lo, hi)?,
                 PwOp::Select(cmp, a, b, t, f) => {
                     let pred = match cmp {
                         PwCmp::Less => FloatPredicate::OLT,

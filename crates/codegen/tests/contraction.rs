@@ -353,6 +353,13 @@ fn integer_contractions_are_exact(elem: kernels::ElemType, instruction: &str) {
             ..Default::default()
         };
         let fused = build(ep).expect("compile");
+        // A static quantization's store: the product scaled, divided by the
+        // output's scale, rounded, its zero point added, clamped to u8; the
+        // two scales given when it runs.
+        let (requantize, params) = requantizing_program();
+        let requantized =
+            build(Epilogue { activation: Activation::Pointwise(requantize), ..Default::default() })
+                .expect("compile");
         assert_eq!(plain.family().elem(), elem);
         let asm = plain.kernels()[0].asm();
         assert!(asm.contains(instruction), "no {instruction} in the {elem} kernel:\n{asm}");
@@ -406,6 +413,15 @@ fn integer_contractions_are_exact(elem: kernels::ElemType, instruction: &str) {
             };
             let t = |i: usize, j: usize| 1e-5 * (1.0 + w(i, j).abs()) + scale as f64 * tol(i, j);
             all_close(&c, (m, n, k), &format!("fused {s}"), w, t)?;
+            // Exactly the program's value where the product is exact in f32
+            // (anything in 0..=255 past that).
+            let packed = requantized.pack_weight(bm, &[1, 16, 128]).expect("pack");
+            let args = EpilogueArgs { params: &params, ..EpilogueArgs::default() };
+            let cv = MatMut::new(&mut c, m, n, n).unwrap();
+            let s = requantized.matmul(&pool, am, BOperand::Packed(&packed), cv, &args).expect("run");
+            let w = |i: usize, j: usize| requantize.eval_with(exact(i, j) as f32, &params) as f64;
+            let t = |i: usize, j: usize| if tol(i, j) == 0.0 { 0.0 } else { 256.0 };
+            all_close(&c, (m, n, k), &format!("requantized {s}"), w, t)?;
             Ok(())
         };
         for (m, n, k) in awkward_shapes(kc).into_iter().chain([(5, 33, 4 * kc + 5)]) {
@@ -419,6 +435,20 @@ fn integer_contractions_are_exact(elem: kernels::ElemType, instruction: &str) {
             .unwrap_or_else(|e| panic!("{e}"));
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `integer(round(x·p0 / p1), 3, 0..=255)` and values of its parameters that
+/// put the products of 8-bit integers across the u8 range.
+fn requantizing_program() -> (plan::Pointwise, [f32; 2]) {
+    use plan::{PwBinary, PwOp, PwUnary};
+    let mut p = plan::Pointwise::empty();
+    let x = p.push(PwOp::Input).unwrap();
+    let (p0, p1) = (p.push(PwOp::Param(0)).unwrap(), p.push(PwOp::Param(1)).unwrap());
+    let scaled = p.push(PwOp::Binary(PwBinary::Mul, x, p0)).unwrap();
+    let q = p.push(PwOp::Binary(PwBinary::Div, scaled, p1)).unwrap();
+    let r = p.push(PwOp::Unary(PwUnary::Round, q)).unwrap();
+    p.push(PwOp::Integer { x: r, offset: 3, lo: 0, hi: 255 }).unwrap();
+    (p, [2f32.powi(-12), 0.37])
 }
 
 /// Weight-only quantized weights (4- and 8-bit codes, signed and unsigned,

@@ -35,7 +35,25 @@ fn epilogues() -> Vec<Epilogue> {
         Epilogue { scale: Some(0.125), activation: Activation::Tanh, ..Default::default() },
         Epilogue { bias: true, activation: Activation::Pointwise(silu()), ..Default::default() },
         Epilogue { column_scale: true, bias: true, residual: true, ..Default::default() },
+        Epilogue { bias: true, activation: Activation::Pointwise(with_params()), ..Default::default() },
     ]
+}
+
+/// The values of [`with_params`]'s parameters.
+const PARAMS: [f32; 2] = [0.75, -0.5];
+
+/// `p0·x·σ(x) + p1`: a program whose constants are given when it runs.
+fn with_params() -> plan::Pointwise {
+    use plan::{PwBinary, PwOp, PwUnary};
+    let mut p = plan::Pointwise::empty();
+    let x = p.push(PwOp::Input).expect("room");
+    let p0 = p.push(PwOp::Param(0)).expect("room");
+    let s = p.push(PwOp::Unary(PwUnary::Sigmoid, x)).expect("room");
+    let xs = p.push(PwOp::Binary(PwBinary::Mul, x, s)).expect("room");
+    let scaled = p.push(PwOp::Binary(PwBinary::Mul, p0, xs)).expect("room");
+    let p1 = p.push(PwOp::Param(1)).expect("room");
+    p.push(PwOp::Binary(PwBinary::Add, scaled, p1)).expect("room");
+    p
 }
 
 /// `x·σ(x)`: an epilogue program rather than a named activation.
@@ -66,7 +84,7 @@ enum BForm {
 
 fn reference(e: &Epilogue, acc: f64, (cscale, bias, res): (f64, f64, f64)) -> f64 {
     let y = acc * e.scale.unwrap_or(1.0) as f64 * cscale + bias + res;
-    e.activation.apply(y as f32) as f64
+    e.activation.apply_with(y as f32, &PARAMS) as f64
 }
 
 #[test]
@@ -172,6 +190,7 @@ fn direct_kernels_match_the_reference() {
                                 column_scale: ep.column_scale.then_some(&cscale[..]),
                                 bias: ep.bias.then_some(&bias[..]),
                                 residual: ep.residual.then(|| MatRef::row_major(&res, m, n).expect("res")),
+                                params: &PARAMS,
                                 ..EpilogueArgs::default()
                             };
                             let plan = Plan::Direct(DirectPlan { kernels: &variants, kc, mc, grid });
@@ -285,6 +304,11 @@ fn runs_are_summed_in_registers() {
             Epilogue::default(),
             Epilogue { bias: true, residual: true, ..Default::default() },
             Epilogue { column_scale: true, residual: true, ..Default::default() },
+            Epilogue {
+                residual: true,
+                activation: Activation::Pointwise(with_params()),
+                ..Default::default()
+            },
         ] {
             let (jit, _) = kernels(&t, 2 * w, ep);
             let mut runner = TestRunner::new(Config { cases: 32, ..Config::default() });
@@ -350,6 +374,7 @@ fn runs_are_summed_in_registers() {
                                 b.as_ptr(),
                                 lines as i64,
                                 cscale.as_ptr(),
+                                PARAMS.as_ptr(),
                             )
                         };
                         for i in 0..mr {

@@ -509,7 +509,12 @@ fn row_reductions_take_warp_schedules_where_rows_are_long() {
         &|_| None,
     )
     .expect("parses");
-    let lo = lower::LowerOptions { fuse_attention: false, matmul_steps: false, column_scales: false };
+    let lo = lower::LowerOptions {
+        fuse_attention: false,
+        matmul_steps: false,
+        column_scales: false,
+        epilogue_params: false,
+    };
     let plan = lower::lower_with(&g, &passes::fuse(&g), &lo).expect("lowers");
     assert_eq!(plan.programs.len(), 1);
     assert!(plan.programs[0].schedules.row_reduction.is_some());

@@ -287,6 +287,7 @@ fn direct_block(
                         next,
                         share as i64,
                         scale,
+                        ep.params_ptr(),
                     );
                 }
                 row += kern.mr;
@@ -367,6 +368,7 @@ fn code_dot_row(
                 std::ptr::null(),
                 0,
                 scale,
+                ep.params_ptr(),
             );
         }
     }

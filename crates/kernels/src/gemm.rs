@@ -47,9 +47,20 @@ pub struct EpilogueArgs<'a> {
     pub bias: Option<&'a [f32]>,
     pub residual: Option<MatRef<'a>>,
     pub residuals: &'a [MatRef<'a>],
+    /// The values of the epilogue program's parameters.
+    pub params: &'a [f32],
 }
 
 impl<'a> EpilogueArgs<'a> {
+    /// The parameters as the kernels take them (null for none).
+    pub(crate) fn params_ptr(&self) -> *const f32 {
+        if self.params.is_empty() {
+            std::ptr::null()
+        } else {
+            self.params.as_ptr()
+        }
+    }
+
     /// The arguments entry `e` of a batch reads.
     fn entry(&self, e: usize) -> EpilogueArgs<'a> {
         match self.residuals.get(e) {
@@ -976,9 +987,14 @@ thread_local! {
 
 /// The epilogue data must match what the kernel was compiled to read.
 fn check_epilogue(e: &Epilogue, ep: &EpilogueArgs, m: usize, n: usize) -> Result<(), KernelError> {
+    let params = match e.activation {
+        plan::Activation::Pointwise(p) => p.params(),
+        _ => 0,
+    };
     if e.column_scale != ep.column_scale.is_some()
         || e.bias != ep.bias.is_some()
         || e.residual != ep.residual.is_some()
+        || ep.params.len() < params
     {
         return Err(KernelError::Shape(format!(
             "the kernel's epilogue {e:?} does not match the arguments given"
@@ -1017,7 +1033,7 @@ fn apply_scalar(e: &Epilogue, ep: &EpilogueArgs, i: usize, j: usize, acc: f32) -
     if let Some(r) = ep.residual {
         y += r.at(i, j);
     }
-    e.activation.apply(y)
+    e.activation.apply_with(y, ep.params)
 }
 
 /// Padded copies of the column scales, bias and residual of an edge tile (`mv ×
@@ -1194,6 +1210,7 @@ fn band(
                                 1,
                                 std::ptr::null(),
                                 escale.as_ptr(),
+                                ep.params_ptr(),
                             );
                             std::ptr::copy_nonoverlapping(scratch.as_ptr(), tile, nv);
                         }
@@ -1249,6 +1266,7 @@ fn band(
                             full as i64,
                             next,
                             scale,
+                            ep.params_ptr(),
                         );
                     }
                 }
@@ -1289,6 +1307,7 @@ fn band(
                         1,
                         std::ptr::null(),
                         escale.as_ptr(),
+                        ep.params_ptr(),
                     );
                     for r in 0..mv {
                         std::ptr::copy_nonoverlapping(scratch.as_ptr().add(r * nr), tile.add(r * ldc), nv);

@@ -503,6 +503,7 @@ fn direct_tile(
                 std::ptr::null(),
                 0,
                 panel.scale,
+                ep.params_ptr(),
             )
         }
     };

@@ -118,6 +118,8 @@ pub(crate) struct Lowering<'g> {
     matmul_steps: bool,
     /// Epilogues may scale columns by computed values (see [`crate::hoist`]).
     column_scales: bool,
+    /// Epilogue programs take their constants as parameters.
+    epilogue_params: bool,
 }
 
 impl<'g> Lowering<'g> {
@@ -130,6 +132,7 @@ impl<'g> Lowering<'g> {
         Lowering {
             matmul_steps: opts.matmul_steps,
             column_scales: opts.column_scales,
+            epilogue_params: opts.epilogue_params,
             g,
             plan: ModelPlan::default(),
             buffer_of: HashMap::new(),
@@ -961,6 +964,22 @@ impl<'g> Lowering<'g> {
         avail: &HashMap<ValueId, BufId>,
         integral: bool,
     ) -> R<Option<MatEpilogue>> {
+        let folded = self.fold_epilogue_function(gi, c, v, avail, integral)?;
+        Ok(match folded {
+            Some(e) if self.epilogue_params => Some(parameterized(e)),
+            other => other,
+        })
+    }
+
+    /// [`Self::fold_epilogue`], its program's constants in the program.
+    fn fold_epilogue_function(
+        &mut self,
+        gi: usize,
+        c: ValueId,
+        v: ValueId,
+        avail: &HashMap<ValueId, BufId>,
+        integral: bool,
+    ) -> R<Option<MatEpilogue>> {
         let g = self.g;
         let (cs, vs) = (&g.ty(c).shape, &g.ty(v).shape);
         if g.ty(v).dtype != DType::F32 || !same_order(&g.env, cs, vs) {
@@ -1178,7 +1197,7 @@ fn find_sum<T>(
         }
     }
     let children = match b.x.node(e) {
-        Node::Unary(_, a) => vec![*a],
+        Node::Unary(_, a) | Node::Cast(a) => vec![*a],
         Node::Binary(_, a, b) => vec![*a, *b],
         Node::Select(c, a, b) => vec![*c, *a, *b],
         _ => vec![],
@@ -1206,7 +1225,7 @@ fn all_sums<T>(
         }
     }
     let children = match b.x.node(e) {
-        Node::Unary(_, a) => vec![*a],
+        Node::Unary(_, a) | Node::Cast(a) => vec![*a],
         Node::Binary(_, a, b) => vec![*a, *b],
         Node::Select(c, a, b) => vec![*c, *a, *b],
         _ => vec![],
@@ -1234,6 +1253,8 @@ fn pointwise(
         PwOp::Input
     } else if x.dtype(e) != DType::F32 {
         return None;
+    } else if let Some((f, offset, lo, hi)) = stored_integer(x, e) {
+        PwOp::Integer { x: pointwise(x, f, input, program, seen)?, offset, lo, hi }
     } else if let Some(k) = x.as_float(e) {
         PwOp::Const((k as f32).to_bits())
     } else {
@@ -1261,6 +1282,89 @@ fn pointwise(
     let i = program.push(op)?;
     seen.insert(e, i);
     Some(i)
+}
+
+/// `e` with its program's constants (and its scale, where nothing is added
+/// after it) as parameters: the kernels of epilogues that differ only in
+/// those are then one (a quantized model's layers, each with its scales).
+fn parameterized(e: MatEpilogue) -> MatEpilogue {
+    let Activation::Pointwise(p) = e.activation else { return e };
+    let plain = e.column_scale.is_none() && e.bias.is_none() && e.residual.is_none();
+    let scale = e.scale.filter(|_| plain);
+    let Some((program, values)) = p.parameterized(scale) else { return e };
+    let Some(params) = plan::EpilogueParams::new(&values) else { return e };
+    MatEpilogue {
+        scale: if scale.is_some() { None } else { e.scale },
+        activation: Activation::Pointwise(program),
+        params,
+        ..e
+    }
+}
+
+/// `e`, an f32 made of an integer, as `f32(clamp(i32(f) + offset, lo, hi))`
+/// of an f32 `f` ([`PwOp::Integer`]): a quantization's store,
+/// `cast<f32>(cast<u8>(min(max(cast<i32>(f) + zero_point, 0), 255)))`, or
+/// `f` cast straight to an 8-bit type (saturating to its range). The clamps
+/// compose in any order; a narrowing cast needs them inside its type (it
+/// would wrap past them).
+fn stored_integer(x: &plan::Exprs, e: E) -> Option<(E, i32, i32, i32)> {
+    let Node::Cast(a) = *x.node(e) else { return None };
+    let range = |dt: DType| match dt {
+        DType::U8 => Some((0, 255)),
+        DType::I8 => Some((-128, 127)),
+        DType::I32 => Some((i32::MIN, i32::MAX)),
+        _ => None,
+    };
+    let (tlo, thi) = range(x.dtype(a))?;
+    let mut v = a;
+    if let Node::Cast(inner) = *x.node(v) {
+        match x.dtype(inner) {
+            // Saturating to the type's range is saturating to i32, then clamping.
+            DType::F32 => return Some((inner, 0, tlo, thi)),
+            DType::I32 => v = inner,
+            _ => return None,
+        }
+    }
+    // The clamps, outermost first, applied innermost first.
+    let mut clamps = Vec::new();
+    let constant = |c: E| x.as_int(c).and_then(|k| i32::try_from(k).ok());
+    loop {
+        match *x.node(v) {
+            Node::Binary(op @ (BinaryOp::Max | BinaryOp::Min), p, q) if x.dtype(v) == DType::I32 => {
+                let (k, rest) = match (constant(p), constant(q)) {
+                    (_, Some(k)) => (k, p),
+                    (Some(k), None) => (k, q),
+                    _ => return None,
+                };
+                clamps.push((op, k));
+                v = rest;
+            }
+            _ => break,
+        }
+    }
+    let (mut lo, mut hi) = (i32::MIN, i32::MAX);
+    for (op, k) in clamps.into_iter().rev() {
+        (lo, hi) = if op == BinaryOp::Max { (lo.max(k), hi.max(k)) } else { (lo.min(k), hi.min(k)) };
+    }
+    if lo < tlo || hi > thi {
+        return None;
+    }
+    // `cast<i32>(f) + offset`, the offset on either side, or subtracted.
+    let (f, offset) = match *x.node(v) {
+        Node::Binary(BinaryOp::Add, p, q) if constant(q).is_some() => (p, constant(q)?),
+        Node::Binary(BinaryOp::Add, p, q) if constant(p).is_some() => (q, constant(p)?),
+        Node::Binary(BinaryOp::Sub, p, q) => (p, constant(q)?.checked_neg()?),
+        _ => (v, 0),
+    };
+    // (A bare `cast<f32>(cast<i32>(acc))` is left to `hoist`, which knows
+    // when the accumulator already holds an integer.)
+    let bare = (offset, lo, hi) == (0, i32::MIN, i32::MAX);
+    match *x.node(f) {
+        Node::Cast(f) if x.dtype(f) == DType::F32 && x.dtype(v) == DType::I32 && !bare => {
+            Some((f, offset, lo, hi))
+        }
+        _ => None,
+    }
 }
 
 /// A convolution's taps: the image they read (`[n, h, w, C]`), and the rest of

@@ -53,11 +53,16 @@ pub struct LowerOptions {
     /// run first (a quantized product's dequantization); the CPU's
     /// kernels read column scales, the GPU family's do not.
     pub column_scales: bool,
+    /// A contraction's epilogue program takes its constants as parameters
+    /// (`plan::PwOp::Param`), so that layers that differ only in their
+    /// constants (a quantized model's scales) share their kernels; the CPU's
+    /// kernels read parameters, the GPU family's do not.
+    pub epilogue_params: bool,
 }
 
 impl Default for LowerOptions {
     fn default() -> Self {
-        LowerOptions { fuse_attention: true, matmul_steps: true, column_scales: true }
+        LowerOptions { fuse_attention: true, matmul_steps: true, column_scales: true, epilogue_params: true }
     }
 }
 

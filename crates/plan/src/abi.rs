@@ -51,7 +51,9 @@ pub type FinishFn = unsafe extern "C" fn(
 /// tile's K loop at the rate it reads B (a burst at the tile's start stalls on
 /// the miss buffers), so that the next call's first tile does not wait on L3 or
 /// DRAM (a hint: it is never read). `column_scale`: `NR` values, read by an
-/// epilogue with column scales (like the bias; otherwise not read).
+/// epilogue with column scales (like the bias; otherwise not read). `params`:
+/// the values of the epilogue program's parameters (read only by a program
+/// that has some).
 pub type MicroKernelFn = unsafe extern "C" fn(
     kc: i64,
     a: *const u32,
@@ -65,14 +67,15 @@ pub type MicroKernelFn = unsafe extern "C" fn(
     tiles: i64,
     next_b: *const u32,
     column_scale: *const f32,
+    params: *const f32,
 );
 
 /// The direct micro-kernel ABI: `C[0..MR, 0..ncols] (+)= A · B` where A's element
 /// `(i, k)` is `a[i·lda + k]` and B's `(k, j)` is `b[k·ldb + j]`; C is row-major
 /// with row stride `ldc`. Lanes at or past `ncols` (`1 ≤ ncols`) are neither read
 /// nor written: B's loads, C's loads and stores, the column scales, the bias and
-/// the residual are masked. `flags`, `bias`, `res`, `ldr` and `column_scale` are
-/// as in [`MicroKernelFn`].
+/// the residual are masked. `flags`, `bias`, `res`, `ldr`, `column_scale` and
+/// `params` are as in [`MicroKernelFn`].
 ///
 /// K is `runs ≥ 1` runs of `kc` steps, summed in registers: run `r` reads A at
 /// `a + r·a_run` and B at `b + r·b_run` (elements), the layout above from there. A
@@ -102,6 +105,7 @@ pub type DirectKernelFn = unsafe extern "C" fn(
     next: *const f32,
     lines: i64,
     column_scale: *const f32,
+    params: *const f32,
 );
 
 /// The generated packing ABI: interleave `rows ≤ width` rows of an f32 source

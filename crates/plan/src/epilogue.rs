@@ -7,6 +7,9 @@ use crate::model::BufId;
 use crate::Pointwise;
 
 /// The activation of an epilogue.
+// A program is kept inline (a few hundred bytes): an epilogue is a `Copy`
+// value that kernels are keyed by, and a model has a few of them.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Activation {
     #[default]
@@ -24,6 +27,11 @@ pub enum Activation {
 impl Activation {
     /// The activation of one value, with the formulas the generated code uses.
     pub fn apply(self, x: f32) -> f32 {
+        self.apply_with(x, &[])
+    }
+
+    /// [`Self::apply`] with the program's parameters.
+    pub fn apply_with(self, x: f32, params: &[f32]) -> f32 {
         match self {
             Activation::None => x,
             Activation::Relu => {
@@ -36,7 +44,7 @@ impl Activation {
             Activation::Gelu => 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2)),
             Activation::GeluTanh => 0.5 * x * (1.0 + tanh(GELU_C * (x + 0.044715 * x * x * x))),
             Activation::Tanh => tanh(x),
-            Activation::Pointwise(p) => p.eval(x),
+            Activation::Pointwise(p) => p.eval_with(x, params),
         }
     }
 }
@@ -105,6 +113,30 @@ pub struct MatEpilogue {
     /// A dense tensor in the output's row-major order.
     pub residual: Option<BufId>,
     pub activation: Activation,
+    /// The values of the activation's parameters ([`crate::PwOp::Param`]).
+    #[serde(default)]
+    pub params: EpilogueParams,
+}
+
+/// The parameters of an epilogue's program, kept with the step that runs it.
+#[derive(Clone, Copy, Debug, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+pub struct EpilogueParams {
+    values: [f32; crate::MAX_POINTWISE_PARAMS],
+    len: u8,
+}
+
+impl EpilogueParams {
+    /// `None` past [`crate::MAX_POINTWISE_PARAMS`] values.
+    pub fn new(values: &[f32]) -> Option<EpilogueParams> {
+        let mut p = EpilogueParams::default();
+        p.values.get_mut(..values.len())?.copy_from_slice(values);
+        p.len = values.len() as u8;
+        Some(p)
+    }
+
+    pub fn values(&self) -> &[f32] {
+        &self.values[..self.len as usize]
+    }
 }
 
 impl MatEpilogue {

@@ -38,7 +38,8 @@ mod text;
 pub use abi::{DirectKernelFn, EntryFn, FinishFn, LoopFn, MicroKernelFn, PackFn, PartFn, RowsPackFn};
 pub use contraction::{bf16_bits, ALayout, BLayout, ElemType, Problem};
 pub use epilogue::{
-    erf, tanh, Activation, Epilogue, MatEpilogue, ERF_A, ERF_P, ERF_SERIES, GELU_C, TANH_SERIES,
+    erf, tanh, Activation, Epilogue, EpilogueParams, MatEpilogue, ERF_A, ERF_P, ERF_SERIES, GELU_C,
+    TANH_SERIES,
 };
 pub use expr::{Combine, Exprs, Node, E};
 pub use group::GroupKind;
@@ -46,7 +47,7 @@ pub use model::{
     AttentionStep, BufId, Buffer, BufferKind, DimTable, GroupSteps, MatMulStep, ModelPlan, OnlineSoftmax,
     Step, StepKind, Taps, View, MAX_SOFTMAX_ARGS,
 };
-pub use pointwise::{Pointwise, PwBinary, PwCmp, PwOp, PwUnary, MAX_POINTWISE_OPS};
+pub use pointwise::{Pointwise, PwBinary, PwCmp, PwOp, PwUnary, MAX_POINTWISE_OPS, MAX_POINTWISE_PARAMS};
 pub use program::{
     BorderGuard, LoopProgram, OnePointWhy, Param, RowScratch, Schedules, SplitReduction, Store,
     UNSWITCH_DEPTH,

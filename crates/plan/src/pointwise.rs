@@ -21,6 +21,9 @@ use crate::epilogue::{erf, tanh};
 /// The most operations in one program.
 pub const MAX_POINTWISE_OPS: usize = 24;
 
+/// The most parameters one program reads.
+pub const MAX_POINTWISE_PARAMS: usize = 8;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum PwUnary {
     Neg,
@@ -35,6 +38,8 @@ pub enum PwUnary {
     Relu,
     Floor,
     Ceil,
+    /// To the nearest integer, halves to even (ONNX's `Round`).
+    Round,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -75,6 +80,7 @@ impl PwUnary {
             UnaryOp::Relu => PwUnary::Relu,
             UnaryOp::Floor => PwUnary::Floor,
             UnaryOp::Ceil => PwUnary::Ceil,
+            UnaryOp::Round => PwUnary::Round,
             _ => return None,
         })
     }
@@ -116,10 +122,30 @@ pub enum PwOp {
     Input,
     /// An f32 constant, by its bits.
     Const(u32),
+    /// Parameter `i`: a constant given when the program runs, so that
+    /// programs that differ only in their constants (a model's quantized
+    /// layers, each with its scales) share one compiled kernel.
+    Param(u8),
     Unary(PwUnary, u8),
     Binary(PwBinary, u8, u8),
     /// `cmp(a, b) ? then : else`.
     Select(PwCmp, u8, u8, u8, u8),
+    /// A value made an integer and back, as a quantization stores it:
+    /// `f32(clamp(i32(x) + offset, lo, hi))`, `x` truncated to an i32
+    /// (saturating, NaN to 0), the offset (a zero point) added in wrapping i32
+    /// arithmetic, then clamped to `lo..=hi` (the stored type's range).
+    Integer {
+        x: u8,
+        offset: i32,
+        lo: i32,
+        hi: i32,
+    },
+}
+
+/// [`PwOp::Integer`] of one value.
+pub fn integer(x: f32, offset: i32, lo: i32, hi: i32) -> f32 {
+    // `as` saturates and takes NaN to 0.
+    (x as i32).wrapping_add(offset).max(lo).min(hi) as f32
 }
 
 /// A program of up to [`MAX_POINTWISE_OPS`] operations; its value is the last.
@@ -149,9 +175,11 @@ impl Pointwise {
         let earlier = |i: u8| i < n;
         let ok = match op {
             PwOp::Input | PwOp::Const(_) => true,
+            PwOp::Param(i) => (i as usize) < MAX_POINTWISE_PARAMS,
             PwOp::Unary(_, a) => earlier(a),
             PwOp::Binary(_, a, b) => earlier(a) && earlier(b),
             PwOp::Select(_, a, b, t, f) => [a, b, t, f].into_iter().all(earlier),
+            PwOp::Integer { x, lo, hi, .. } => earlier(x) && lo <= hi,
         };
         if !ok || n as usize >= MAX_POINTWISE_OPS {
             return None;
@@ -175,16 +203,66 @@ impl Pointwise {
             .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
     }
 
-    /// The program applied to one value.
+    /// The parameters it reads: one past the highest index (0: none).
+    pub fn params(&self) -> usize {
+        self.ops()
+            .iter()
+            .filter_map(|op| if let PwOp::Param(i) = op { Some(*i as usize + 1) } else { None })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The program with its constants made parameters (in order of
+    /// appearance), `x` first multiplied by parameter `scale` where given, and
+    /// the values of those parameters; `None` when they are too many.
+    pub fn parameterized(&self, scale: Option<f32>) -> Option<(Pointwise, Vec<f32>)> {
+        let (mut out, mut values) = (Pointwise::empty(), Vec::new());
+        let mut at = [0u8; MAX_POINTWISE_OPS];
+        let mut param = |out: &mut Pointwise, v: f32| {
+            values.push(v);
+            out.push(PwOp::Param(u8::try_from(values.len() - 1).ok()?))
+        };
+        for (i, op) in self.ops().iter().enumerate() {
+            let m = |j: u8| at[j as usize];
+            at[i] = match *op {
+                PwOp::Input => {
+                    let x = out.push(PwOp::Input)?;
+                    match scale {
+                        Some(s) => {
+                            let p = param(&mut out, s)?;
+                            out.push(PwOp::Binary(PwBinary::Mul, x, p))?
+                        }
+                        None => x,
+                    }
+                }
+                PwOp::Const(bits) => param(&mut out, f32::from_bits(bits))?,
+                PwOp::Param(_) => return None,
+                PwOp::Unary(u, a) => out.push(PwOp::Unary(u, m(a)))?,
+                PwOp::Binary(b, p, q) => out.push(PwOp::Binary(b, m(p), m(q)))?,
+                PwOp::Select(c, a, b, t, f) => out.push(PwOp::Select(c, m(a), m(b), m(t), m(f)))?,
+                PwOp::Integer { x, offset, lo, hi } => out.push(PwOp::Integer { x: m(x), offset, lo, hi })?,
+            };
+        }
+        (values.len() <= MAX_POINTWISE_PARAMS).then_some((out, values))
+    }
+
+    /// The program applied to one value (its parameters, if any, NaN).
     pub fn eval(&self, x: f32) -> f32 {
+        self.eval_with(x, &[])
+    }
+
+    /// The program applied to one value with the parameters `params`.
+    pub fn eval_with(&self, x: f32, params: &[f32]) -> f32 {
         let mut v = [0.0f32; MAX_POINTWISE_OPS];
         for (i, op) in self.ops().iter().enumerate() {
             let g = |j: u8| v[j as usize];
             v[i] = match *op {
                 PwOp::Input => x,
                 PwOp::Const(bits) => f32::from_bits(bits),
+                PwOp::Param(i) => params.get(i as usize).copied().unwrap_or(f32::NAN),
                 PwOp::Unary(u, a) => unary(u, g(a)),
                 PwOp::Binary(b, p, q) => binary(b, g(p), g(q)),
+                PwOp::Integer { x, offset, lo, hi } => integer(g(x), offset, lo, hi),
                 PwOp::Select(c, p, q, t, f) => {
                     let (a, b) = (g(p), g(q));
                     let holds = match c {
@@ -226,6 +304,7 @@ fn unary(u: PwUnary, a: f32) -> f32 {
         }
         PwUnary::Floor => a.floor(),
         PwUnary::Ceil => a.ceil(),
+        PwUnary::Round => a.round_ties_even(),
     }
 }
 
@@ -258,8 +337,12 @@ impl fmt::Display for Pointwise {
             match p.ops[i as usize] {
                 PwOp::Input => "x".into(),
                 PwOp::Const(bits) => format!("{:?}", f32::from_bits(bits)),
+                PwOp::Param(i) => format!("p{i}"),
                 PwOp::Unary(u, a) => format!("{}({})", name(&u), expr(p, a)),
                 PwOp::Binary(b, x, y) => format!("{}({}, {})", name(&b), expr(p, x), expr(p, y)),
+                PwOp::Integer { x, offset, lo, hi } => {
+                    format!("integer({}, {offset}, {lo}..={hi})", expr(p, x))
+                }
                 PwOp::Select(c, a, b, t, e) => {
                     format!(
                         "select({}({}, {}), {}, {})",
@@ -306,6 +389,29 @@ mod tests {
         assert_eq!(s.to_string(), "mul(x, sigmoid(x))");
         assert!((s.eval(1.0) - 0.731_058_6).abs() < 1e-6);
         assert_eq!(Pointwise::default().eval(2.5), 2.5);
+    }
+
+    /// A quantization's store: round half to even, to an integer with its zero
+    /// point, clamped to u8; truncation, saturation and NaN as Rust's `as`,
+    /// the zero point's add wrapping as the interpreter's i32 does.
+    #[test]
+    fn integers_as_a_quantization_stores_them() {
+        let mut p = Pointwise::empty();
+        let x = p.push(PwOp::Input).unwrap();
+        let r = p.push(PwOp::Unary(PwUnary::Round, x)).unwrap();
+        p.push(PwOp::Integer { x: r, offset: 134, lo: 0, hi: 255 }).unwrap();
+        assert_eq!(p.to_string(), "integer(round(x), 134, 0..=255)");
+        let cases =
+            [(0.5, 134.0), (1.5, 136.0), (-2.5, 132.0), (-134.6, 0.0), (200.0, 255.0), (f32::NAN, 134.0)];
+        for (v, want) in cases {
+            assert_eq!(p.eval(v), want, "{v}");
+        }
+        assert_eq!(integer(f32::INFINITY, 0, i32::MIN, i32::MAX), 2_147_483_648.0);
+        assert_eq!(integer(-7.9, 0, -100, 100), -7.0, "truncates");
+        assert_eq!(integer(3e9, 1, 0, 255), 0.0, "i32::MAX + 1 wraps");
+        let mut bad = Pointwise::empty();
+        let x = bad.push(PwOp::Input).unwrap();
+        assert_eq!(bad.push(PwOp::Integer { x, offset: 0, lo: 1, hi: 0 }), None, "an empty range");
     }
 
     #[test]

@@ -214,7 +214,12 @@ fn epilogue(e: &crate::MatEpilogue) -> String {
         crate::Activation::Pointwise(p) => parts.push(p.to_string()),
         a => parts.push(format!("{a:?}").to_lowercase()),
     }
-    format!(", epilogue {}", parts.join(" + "))
+    let params = e.params.values();
+    let params = match params.is_empty() {
+        true => String::new(),
+        false => format!(" with {}", params.iter().map(|v| format!("{v:?}")).collect::<Vec<_>>().join(", ")),
+    };
+    format!(", epilogue {}{params}", parts.join(" + "))
 }
 
 /// A's view, or the taps it reads: `taps b3+d0 image [d1, d2, d3, d4] strides

@@ -44,9 +44,9 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// attention kernels; 8: integer families, u8s8 and i16, and the products
 /// marked for them; 9: and i16s8, whose weights are byte pairs; 10: a GPU
 /// artifact holds code for several GPUs, cubins, and its GEMMs' weights in
-/// bf16; 11: weight-only codes; 12: kernels read column scales); a runtime reads
-/// only its own.
-pub const FORMAT_VERSION: u32 = 12;
+/// bf16; 11: weight-only codes; 12: kernels read column scales; 13: and their
+/// epilogue programs' parameters); a runtime reads only its own.
+pub const FORMAT_VERSION: u32 = 13;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;

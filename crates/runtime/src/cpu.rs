@@ -388,6 +388,7 @@ impl Cpu {
         };
         let bias = vector(mm.epilogue.bias, "bias")?;
         let column_scale = vector(mm.epilogue.column_scale, "column scale vector")?;
+        let params = mm.epilogue.params.values();
         // The residual has the output's layout: one view per entry, at C's offsets.
         let mut residuals = Vec::new();
         if let Some(rb) = mm.epilogue.residual {
@@ -396,8 +397,8 @@ impl Cpu {
             }
         }
         let ep = match residuals.as_slice() {
-            [one] => EpilogueArgs { column_scale, bias, residual: Some(*one), residuals: &[] },
-            many => EpilogueArgs { column_scale, bias, residual: None, residuals: many },
+            [one] => EpilogueArgs { column_scale, bias, residual: Some(*one), residuals: &[], params },
+            many => EpilogueArgs { column_scale, bias, residual: None, residuals: many, params },
         };
         d.batched(&self.pool, &a, &b, &mut c, &ep).map_err(shape_err)?;
         Ok(())

@@ -28,6 +28,7 @@ macro_rules! rust_kernel {
             tiles: i64,
             _next_b: *const u32,
             _column_scale: *const f32,
+            _params: *const f32,
         ) {
             const MR: usize = $mr;
             const NR: usize = $nr;
@@ -78,6 +79,7 @@ macro_rules! rust_direct_kernel {
             _next: *const f32,
             _lines: i64,
             _column_scale: *const f32,
+            _params: *const f32,
         ) {
             const MR: usize = $mr;
             const NR: usize = $nr;
