@@ -336,7 +336,7 @@ impl<'g> Lowering<'g> {
                 let integral = node.inputs.iter().all(|x| integers_within(g, *x, (i64::MIN, i64::MAX)));
                 if let Some(e) = self.fold_epilogue(gi, out, v, &avail, integral)? {
                     step.c.buf = self.buffer_of[&v];
-                    step.epilogue = e;
+                    step.epilogue = if self.epilogue_params { parameterized(e) } else { e };
                     avail.insert(v, self.buffer_of[&v]);
                 }
             }
@@ -964,22 +964,6 @@ impl<'g> Lowering<'g> {
         avail: &HashMap<ValueId, BufId>,
         integral: bool,
     ) -> R<Option<MatEpilogue>> {
-        let folded = self.fold_epilogue_function(gi, c, v, avail, integral)?;
-        Ok(match folded {
-            Some(e) if self.epilogue_params => Some(parameterized(e)),
-            other => other,
-        })
-    }
-
-    /// [`Self::fold_epilogue`], its program's constants in the program.
-    fn fold_epilogue_function(
-        &mut self,
-        gi: usize,
-        c: ValueId,
-        v: ValueId,
-        avail: &HashMap<ValueId, BufId>,
-        integral: bool,
-    ) -> R<Option<MatEpilogue>> {
         let g = self.g;
         let (cs, vs) = (&g.ty(c).shape, &g.ty(v).shape);
         if g.ty(v).dtype != DType::F32 || !same_order(&g.env, cs, vs) {
@@ -1319,8 +1303,10 @@ fn stored_integer(x: &plan::Exprs, e: E) -> Option<(E, i32, i32, i32)> {
     let mut v = a;
     if let Node::Cast(inner) = *x.node(v) {
         match x.dtype(inner) {
-            // Saturating to the type's range is saturating to i32, then clamping.
-            DType::F32 => return Some((inner, 0, tlo, thi)),
+            // Saturating to an 8-bit type's range is saturating to i32, then
+            // clamping (a bare `cast<i32>` is left to `hoist`, below).
+            DType::F32 if tlo != i32::MIN => return Some((inner, 0, tlo, thi)),
+            DType::F32 => return None,
             DType::I32 => v = inner,
             _ => return None,
         }
