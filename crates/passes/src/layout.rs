@@ -5,18 +5,23 @@
 //! ```text
 //! op(T(a), T(b), c)  →  T(op(a, b, T⁻¹(c)))      T = transpose[0, 3, 1, 2]
 //! pool(T(a))         →  T(pool_channels_last(a))
-//! reduce(T(a), axes) →  T(reduce(a, T(axes)))      (or no T where the kept dims keep their order)
 //! ```
 //!
 //! for element-wise ops whose every input is such a transpose or cheap to
-//! transpose (a constant, folded, or a broadcast of one: a bias), for pools and
-//! for reductions. The op then runs channels-last, and the transpose reaches
+//! transpose (a constant, folded, or a broadcast of one: a bias), and for
+//! pools. The op then runs channels-last, and the transpose reaches
 //! the next convolution, whose channels-last input `transpose[0, 2, 3, 1]`
 //! cancels it (`SimplifyAlgebra` merges the two into an identity and drops
 //! it). A ResNet's bias, ReLU and residual adds all run on the matmuls' own
-//! layout, where the contraction's epilogue absorbs them; its max pool and
-//! global average pool read that layout with the channels innermost (read
-//! channels-first, each vector of a window gathers one value a pixel).
+//! layout, where the contraction's epilogue absorbs them; its max pool reads
+//! that layout with the channels innermost (read channels-first, each vector
+//! of a window gathers one value a pixel).
+//!
+//! Reductions stay where they are: a global mean reduced channels-last puts
+//! the channels across the vector lanes, where a row's last channels (past a
+//! multiple of the lanes) are summed in another order than the rest, and a
+//! softmax over the means (SqueezeNet's head) turns that one-ulp difference
+//! between equal means into a different output.
 
 use ir::{Graph, Op, TensorType, ValueId};
 
@@ -64,9 +69,6 @@ enum Plan {
     Elementwise(Vec<Source>),
     /// A pool of a channels-first view: the pool channels-last.
     Pool(ir::PoolAttrs),
-    /// A reduction of a channels-first view: the same dims reduced
-    /// channels-last; `transposed` when the kept dims need the view back.
-    Reduce { axes: Vec<usize>, transposed: bool },
 }
 
 /// The first live node that can run channels-last.
@@ -88,15 +90,6 @@ fn next(g: &Graph) -> Option<(usize, Plan)> {
         match &n.op {
             Op::Pool(a) if !a.channels_last => {
                 return Some((i, Plan::Pool(ir::PoolAttrs { channels_last: true, ..a.clone() })));
-            }
-            Op::Reduce { axes, keep_dims, .. } => {
-                // Dim j of the view is dim TO_NCHW[j] of its input.
-                let mut moved: Vec<usize> = axes.iter().map(|&j| TO_NCHW[j]).collect();
-                moved.sort_unstable();
-                let kept: Vec<usize> = (0..4).filter(|j| !axes.contains(j)).map(|j| TO_NCHW[j]).collect();
-                let in_order = kept.windows(2).all(|w| w[0] < w[1]);
-                return (*keep_dims || in_order)
-                    .then_some((i, Plan::Reduce { axes: moved, transposed: *keep_dims }));
             }
             Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast if g.ty(n.output).rank() == 4 => {}
             _ => return None,
@@ -166,17 +159,6 @@ fn rewrite(g: &mut Graph, at: usize, plan: &Plan) {
             let a = untransposed(g).expect("the pool reads a transpose");
             let inner = insert(g, Op::Pool(attrs.clone()), vec![a], "nhwc", nhwc(&out_ty));
             insert(g, to_nchw(), vec![inner], "nchw", out_ty)
-        }
-        Plan::Reduce { axes, transposed } => {
-            let a = untransposed(g).expect("the reduction reads a transpose");
-            let Op::Reduce { op, keep_dims, .. } = node.op else { unreachable!("planned for a reduction") };
-            let op = Op::Reduce { op, axes: axes.clone(), keep_dims };
-            if *transposed {
-                let inner = insert(g, op, vec![a], "nhwc", nhwc(&out_ty));
-                insert(g, to_nchw(), vec![inner], "nchw", out_ty)
-            } else {
-                insert(g, op, vec![a], "nhwc", out_ty)
-            }
         }
     };
     g.replace_uses(node.output, out);
