@@ -1454,9 +1454,9 @@ fn a_channels_last_global_mean_of_one_image() {
     }
 }
 
-/// A softmax over a global mean of a channels-last image, seen channels-first
-/// (SqueezeNet's head): the mean reduces the channels-last layout and the
-/// softmax reads it through the view. Against the interpreter on the graph as
+/// A softmax over a global mean of a product's channels-last output, seen
+/// channels-first (SqueezeNet's head; the mean is not moved below the view,
+/// see `passes::SinkTransposes`). Against the interpreter on the graph as
 /// written.
 #[test]
 fn a_softmax_over_a_channels_last_global_mean() {
