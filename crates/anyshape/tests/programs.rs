@@ -1199,6 +1199,31 @@ fn float_to_integer_casts_saturate_in_vectors() {
 }
 
 /// The model of graph `text` whose constant `@w8` is `weight`, and its plan's text.
+/// The head of a graph whose `%y` is the product of a quantized activation
+/// `%q` (`input` type, `K = k`, its zero point `zp`) by the int8 weight `@w8`
+/// (`k × 7`), both dequantized by a scale: `%a · %b`.
+fn dequantized_product(k: usize, input: &str, zp: i32) -> String {
+    format!(
+        "graph {{
+  sym m param 1..
+  input %q: {input}[m, {k}]
+  %w: i8[{k}, 7] = constant @w8
+  %zp: f32[1, 1] = constant [{zp}.0]
+  %sa: f32[1, 1] = constant [0.0125]
+  %sw: f32[1, 1] = constant [0.003]
+  %qf: f32[m, {k}] = cast %q
+  %zb: f32[m, {k}] = broadcast %zp
+  %x: f32[m, {k}] = sub %qf, %zb
+  %sab: f32[m, {k}] = broadcast %sa
+  %a: f32[m, {k}] = mul %x, %sab
+  %wf: f32[{k}, 7] = cast %w
+  %swb: f32[{k}, 7] = broadcast %sw
+  %b: f32[{k}, 7] = mul %wf, %swb
+  %y: f32[m, 7] = matmul %a, %b
+"
+    )
+}
+
 fn with_int8_weight(text: &str, weight: Tensor) -> (Model, String) {
     let bind = |name: &str| (name == "w8").then(|| std::sync::Arc::new(ir::ConstData::from_tensor(&weight)));
     let g = ir::parse_graph(text, &bind).unwrap_or_else(|e| panic!("{e}"));
@@ -1298,26 +1323,11 @@ fn quantized_activations_by_int8_weights_move_their_zero_point_out() {
 fn a_dequantized_product_multiplies_integers() {
     for k in [96usize, 1000] {
         let text = format!(
-            "graph {{
-  sym m param 1..
-  input %q: i8[m, {k}]
-  %w: i8[{k}, 7] = constant @w8
-  %zp: f32[1, 1] = constant [5.0]
-  %sa: f32[1, 1] = constant [0.0125]
-  %sw: f32[1, 1] = constant [0.003]
-  %qf: f32[m, {k}] = cast %q
-  %zb: f32[m, {k}] = broadcast %zp
-  %x: f32[m, {k}] = sub %qf, %zb
-  %sab: f32[m, {k}] = broadcast %sa
-  %a: f32[m, {k}] = mul %x, %sab
-  %wf: f32[{k}, 7] = cast %w
-  %swb: f32[{k}, 7] = broadcast %sw
-  %b: f32[{k}, 7] = mul %wf, %swb
-  %y: f32[m, 7] = matmul %a, %b
-  %r: f32[m, {k}] = neg %a
+            "{}  %r: f32[m, {k}] = neg %a
   output %y, %r
 }}
-"
+",
+            dequantized_product(k, "i8", 5)
         );
         let mut rng = Lcg::new(k as u64 + 7);
         let mut w: Vec<i8> = (0..k * 7).map(|_| rng.next() as i8).collect();
@@ -1367,23 +1377,7 @@ fn a_dequantized_product_multiplies_integers() {
 fn a_requantized_product_stores_its_codes_from_the_epilogue() {
     for (k, zp) in [(96usize, 0), (1000, 7)] {
         let text = format!(
-            "graph {{
-  sym m param 1..
-  input %q: u8[m, {k}]
-  %w: i8[{k}, 7] = constant @w8
-  %zp: f32[1, 1] = constant [{zp}.0]
-  %sa: f32[1, 1] = constant [0.0125]
-  %sw: f32[1, 1] = constant [0.003]
-  %qf: f32[m, {k}] = cast %q
-  %zb: f32[m, {k}] = broadcast %zp
-  %x: f32[m, {k}] = sub %qf, %zb
-  %sab: f32[m, {k}] = broadcast %sa
-  %a: f32[m, {k}] = mul %x, %sab
-  %wf: f32[{k}, 7] = cast %w
-  %swb: f32[{k}, 7] = broadcast %sw
-  %b: f32[{k}, 7] = mul %wf, %swb
-  %y: f32[m, 7] = matmul %a, %b
-  %so: f32[1, 1] = constant [0.011]
+            "{}  %so: f32[1, 1] = constant [0.011]
   %sob: f32[m, 7] = broadcast %so
   %d: f32[m, 7] = div %y, %sob
   %rd: f32[m, 7] = round %d
@@ -1401,7 +1395,8 @@ fn a_requantized_product_stores_its_codes_from_the_epilogue() {
   %codes: f32[m, 7] = cast %u
   output %codes
 }}
-"
+",
+            dequantized_product(k, "u8", zp)
         );
         let mut rng = Lcg::new(k as u64 + 11);
         let mut w: Vec<i8> = (0..k * 7).map(|_| rng.next() as i8).collect();

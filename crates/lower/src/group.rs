@@ -1026,13 +1026,14 @@ impl<'g> Lowering<'g> {
             return Ok(None);
         }
         let mut ep = MatEpilogue { activation: act, residual: aff.residual, ..MatEpilogue::default() };
-        // What the kernel reads as it is, and what a program computes first.
-        let mut stores: Vec<(&str, E)> = Vec::new();
+        // What the kernel reads as it is, and what a program computes first:
+        // the column scales, then the bias (either may be absent).
+        let (mut scales, mut bias): (Option<E>, Option<E>) = (None, None);
         match aff.coef {
             None => {}
             Some(k) => match b.x.as_float(k) {
                 Some(k) => ep.scale = Some(k as f32),
-                None => stores.push(("column scales", k)),
+                None => scales = Some(k),
             },
         }
         let bias_load = |b: &Builder, e: E| -> Option<BufId> {
@@ -1043,12 +1044,9 @@ impl<'g> Lowering<'g> {
         match aff.cols[..] {
             [] => {}
             [one] if let Some(arg) = bias_load(&b, one) => ep.bias = Some(arg),
-            ref many => {
-                let total = many[1..].iter().fold(many[0], |t, x| b.x.add(t, *x));
-                stores.push(("column bias", total));
-            }
+            ref many => bias = Some(many[1..].iter().fold(many[0], |t, x| b.x.add(t, *x))),
         }
-        if stores.is_empty() {
+        if scales.is_none() && bias.is_none() {
             return Ok(Some(ep));
         }
         // The column terms' program, over the output's last dim.
@@ -1064,16 +1062,18 @@ impl<'g> Lowering<'g> {
         let hv = hb.vars(std::slice::from_ref(&n), v)?;
         let mut memo = HashMap::new();
         let mut copied = Vec::new();
-        for (what, e) in &stores {
-            let Some(e) = hoist::copy(&x, &args, &mut hb, *e, (col_var, hv[0]), &mut memo) else {
+        for (what, e, is_scale) in [("column scales", scales, true), ("column bias", bias, false)] {
+            let Some(e) = e else { continue };
+            let Some(e) = hoist::copy(&x, &args, &mut hb, e, (col_var, hv[0]), &mut memo) else {
                 return Ok(None);
             };
-            copied.push((*what, e));
+            copied.push((what, e, is_scale));
         }
         let mut buffered = Vec::new();
-        for (what, e) in copied {
+        for (what, e, is_scale) in copied {
+            let name = format!("{}.{what}", g.name(v));
             self.plan.buffers.push(Buffer {
-                name: format!("{}.{what}", g.name(v)),
+                name: name.clone(),
                 dtype: DType::F32,
                 shape: vec![n.clone()],
                 numel,
@@ -1082,11 +1082,9 @@ impl<'g> Lowering<'g> {
                 last: 0,
             });
             let buf = self.plan.buffers.len() - 1;
-            match what {
-                "column scales" => ep.column_scale = Some(buf),
-                _ => ep.bias = Some(buf),
-            }
-            buffered.push((format!("{}.{what}", g.name(v)), buf, v, e));
+            let slot = if is_scale { &mut ep.column_scale } else { &mut ep.bias };
+            *slot = Some(buf);
+            buffered.push((name, buf, v, e));
         }
         let (program, args) =
             hb.program_storing(format!("g{gi}_columns"), std::slice::from_ref(&n), hv, buffered);
@@ -1180,13 +1178,19 @@ fn find_sum<T>(
             return Some((e, t));
         }
     }
-    let children = match b.x.node(e) {
+    let children = program_operands(&b.x, e);
+    children.into_iter().find_map(|c| find_sum(b, c, is_sum))
+}
+
+/// The operands of `e` where it is an element-wise operation (or a cast) an
+/// epilogue's search for its core looks through.
+fn program_operands(x: &plan::Exprs, e: E) -> Vec<E> {
+    match x.node(e) {
         Node::Unary(_, a) | Node::Cast(a) => vec![*a],
         Node::Binary(_, a, b) => vec![*a, *b],
         Node::Select(c, a, b) => vec![*c, *a, *b],
         _ => vec![],
-    };
-    children.into_iter().find_map(|c| find_sum(b, c, is_sum))
+    }
 }
 
 /// Every node of `e`, root first, through the element-wise operations a
@@ -1208,12 +1212,7 @@ fn all_sums<T>(
             return;
         }
     }
-    let children = match b.x.node(e) {
-        Node::Unary(_, a) | Node::Cast(a) => vec![*a],
-        Node::Binary(_, a, b) => vec![*a, *b],
-        Node::Select(c, a, b) => vec![*c, *a, *b],
-        _ => vec![],
-    };
+    let children = program_operands(&b.x, e);
     for c in children {
         all_sums(b, c, is_sum, out, seen);
     }

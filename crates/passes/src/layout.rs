@@ -67,8 +67,9 @@ enum Source {
 enum Plan {
     /// An element-wise op: how each input is reached channels-last.
     Elementwise(Vec<Source>),
-    /// A pool of a channels-first view: the pool channels-last.
-    Pool(ir::PoolAttrs),
+    /// A pool of a channels-first view: the pool channels-last, of the
+    /// view's input.
+    Pool(ir::PoolAttrs, ValueId),
 }
 
 /// The first live node that can run channels-last.
@@ -89,7 +90,8 @@ fn next(g: &Graph) -> Option<(usize, Plan)> {
         }
         match &n.op {
             Op::Pool(a) if !a.channels_last => {
-                return Some((i, Plan::Pool(ir::PoolAttrs { channels_last: true, ..a.clone() })));
+                let input = p.node(g, n.inputs[0])?.inputs[0];
+                return Some((i, Plan::Pool(ir::PoolAttrs { channels_last: true, ..a.clone() }, input)));
             }
             Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast if g.ty(n.output).rank() == 4 => {}
             _ => return None,
@@ -133,7 +135,6 @@ fn rewrite(g: &mut Graph, at: usize, plan: &Plan) {
     let to_nhwc = || Op::Transpose { perm: TO_NHWC.to_vec() };
     let to_nchw = || Op::Transpose { perm: TO_NCHW.to_vec() };
     let out_ty = g.ty(node.output).clone();
-    let untransposed = |g: &Graph| g.nodes.iter().find(|n| n.output == node.inputs[0]).map(|n| n.inputs[0]);
     let out = match plan {
         Plan::Elementwise(sources) => {
             let mut inputs = Vec::with_capacity(sources.len());
@@ -155,9 +156,8 @@ fn rewrite(g: &mut Graph, at: usize, plan: &Plan) {
             let inner = insert(g, node.op.clone(), inputs, "nhwc", nhwc(&out_ty));
             insert(g, to_nchw(), vec![inner], "nchw", out_ty)
         }
-        Plan::Pool(attrs) => {
-            let a = untransposed(g).expect("the pool reads a transpose");
-            let inner = insert(g, Op::Pool(attrs.clone()), vec![a], "nhwc", nhwc(&out_ty));
+        Plan::Pool(attrs, a) => {
+            let inner = insert(g, Op::Pool(attrs.clone()), vec![*a], "nhwc", nhwc(&out_ty));
             insert(g, to_nchw(), vec![inner], "nchw", out_ty)
         }
     };
