@@ -316,8 +316,8 @@ fn measured_dispatch_is_cached_and_matches_the_interpreter() {
     let opts = CompileOptions::new().threads(2).canaries(true).measured_dispatch(true);
     let cm = model.compile(&opts).expect("compiles");
     let dir = anyshape::default_cache_dir().expect("a cache folder");
-    let text =
-        std::fs::read_to_string(dir.join("refined-v7-f32-2t.json")).expect("the measurements are cached");
+    let file = codegen::refine::path(&dir, kernels::ElemType::F32, 2);
+    let text = std::fs::read_to_string(&file).expect("the measurements are cached");
     assert!(text.contains("\"table\""), "{text}");
     let mut rng = Rng(5);
     for (batch, seq) in [(1, 1), (1, 2), (2, 2), (1, 5), (1, 8), (1, 13), (1, 29), (3, 7)] {

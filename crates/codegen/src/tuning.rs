@@ -44,9 +44,11 @@ pub struct TuningRecord {
 }
 
 impl TuningRecord {
-    /// The one-thread model's peak, 0 when the record has none.
+    /// What one thread reaches: the higher of the one-thread model's peak and the
+    /// fastest measured tile (0 when the record has neither).
     pub fn single_peak(&self) -> f64 {
-        self.models.iter().find(|m| m.threads == 1).map_or(0.0, |m| m.peak_gflops)
+        let model = self.models.iter().find(|m| m.threads == 1).map_or(0.0, |m| m.peak_gflops);
+        self.tiles.iter().map(|t| t.gflops).fold(model, f64::max)
     }
 }
 
@@ -86,8 +88,23 @@ pub fn default_cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("anyshape"))
 }
 
+/// What ends the names of a build's measurement files: `-debug` for a build with
+/// debug assertions (the test suite's), nothing for a release build. A debug
+/// build's bandwidth probes and contraction drivers are unoptimized code: what it
+/// measures is not what a release build runs at, and when both wrote the same
+/// files, the test suite's compiles left a release build a machine model of 3 GB/s
+/// L2 reads and a measured dispatch that ran BERT-base's feed-forward products at
+/// 23 to 64 rows on one thread.
+pub fn build_suffix() -> &'static str {
+    if cfg!(debug_assertions) {
+        "-debug"
+    } else {
+        ""
+    }
+}
+
 fn record_path(dir: &Path, t: &Target, elem: ElemType) -> PathBuf {
-    dir.join(format!("tiles-{elem}-{}lanes.json", t.f32_lanes))
+    dir.join(format!("tiles-{elem}-{}lanes{}.json", t.f32_lanes, build_suffix()))
 }
 
 /// The stored record of `elem` kernels for this machine, if there is a valid one.
@@ -197,13 +214,24 @@ pub fn record(dir: Option<&Path>, t: &Target, elem: ElemType) -> Result<(TuningR
     }
 }
 
-/// Whether a multi-thread model's peak is what its threads can give: at least 3/4 of
-/// the threads times one thread's peak. A model measured while another process held
-/// a core fails it, and so do the bandwidths measured beside its peak: such a model
-/// misprices every schedule (a 2-thread peak of 179 GFLOP/s beside a 1-thread one of
-/// 274 was cached while a build ran, and steered a whole model's dispatch).
+/// Whether a model's peak is what its threads can give, at least 3/4 of the threads
+/// times one thread's peak (`single_peak`: the fastest measured tile at least),
+/// and whether its L2 reads are at least a quarter of its packing's rate (packing
+/// reads and writes the same caches). A model measured while another process held
+/// a core fails the first, and so do the bandwidths measured beside its peak: such
+/// a model misprices every schedule (a 2-thread peak of 179 GFLOP/s beside a
+/// 1-thread one of 274 was cached while a build ran, and steered a whole model's
+/// dispatch; a 1-thread peak of 116 beside tiles measured at 219 priced every
+/// one-thread schedule at twice its time). A debug build's probes fail the second
+/// by construction (unoptimized loops) and are not checked.
 pub fn plausible(m: &MachineModel, single_peak: f64) -> bool {
-    m.threads <= 1 || single_peak <= 0.0 || m.peak_gflops >= 0.75 * single_peak * m.threads as f64
+    let peak = single_peak <= 0.0 || m.peak_gflops >= 0.75 * single_peak * m.threads.max(1) as f64;
+    peak && (cfg!(debug_assertions) || plausible_reads(m))
+}
+
+/// Whether `m`'s L2 reads are at least a quarter of its packing's rate.
+pub fn plausible_reads(m: &MachineModel) -> bool {
+    m.l2_bw >= 0.25 * m.pack_a_bw
 }
 
 /// The record's model for `threads` if it can be used at time `now` (Unix seconds):
@@ -334,6 +362,18 @@ mod tests {
         }
     }
 
+    /// A debug build keeps its measurements in files of its own.
+    #[test]
+    fn a_debug_build_measures_into_its_own_files() {
+        let t = Target::detect();
+        let name = record_path(Path::new("/c"), &t, ElemType::F32);
+        let refined = crate::refine::path(Path::new("/c"), ElemType::F32, 2);
+        for p in [name, refined] {
+            let stem = p.file_stem().unwrap().to_string_lossy().into_owned();
+            assert_eq!(stem.ends_with("-debug"), cfg!(debug_assertions), "{stem}");
+        }
+    }
+
     /// The cache this machine held: a 2-thread peak of 179 GFLOP/s beside a 1-thread
     /// peak of 274, calibrated while a build held a core. Without a suspect mark (a
     /// cache written before it existed) it is measured again; marked, it is used
@@ -354,6 +394,19 @@ mod tests {
         assert_eq!(cached_model(&record(vec![model(2, 178.7)], vec![]), 2, 0), Some(model(2, 178.7)));
         assert!(plausible(&model(2, 0.75 * 2.0 * 273.8), 273.8));
         assert!(!plausible(&model(2, 0.74 * 2.0 * 273.8), 273.8));
+        // A one-thread peak under 3/4 of the fastest tile the record measured (116
+        // GFLOP/s beside tiles of 219 on a Zen 5) is measured again too.
+        let mut slow_single = record(vec![model(2, 447.0), model(1, 115.7)], vec![]);
+        slow_single.tiles = vec![TileMeasurement { mr: 9, nr: 32, gflops: 218.7 }];
+        assert_eq!(cached_model(&slow_single, 1, 0), None);
+        assert_eq!(cached_model(&slow_single, 2, 0), Some(model(2, 447.0)));
+        assert!(!plausible(&model(2, 0.74 * 2.0 * 218.7), slow_single.single_peak()));
+        // L2 read at 3.7 GB/s beside packing at 45 GB/s: the probes of a debug build
+        // (or a stolen core), never a release build's on a quiet machine.
+        let starved = MachineModel { l2_bw: 3.7e9, pack_a_bw: 4.5e10, ..model(1, 219.0) };
+        assert!(!plausible_reads(&starved));
+        assert!(plausible_reads(&model(1, 219.0)));
+        assert_eq!(plausible(&starved, 219.0), cfg!(debug_assertions));
         // Old caches (no `suspect` field) still load.
         let json = r#"{"machine": "m", "tiles": [], "models": []}"#;
         assert!(serde_json::from_str::<TuningRecord>(json).unwrap().suspect.is_empty());

@@ -22,11 +22,8 @@ fn classes_of_another_family_are_measured_again() {
     let w = [WeightClass { k, n, layout }];
     let first = refine(&c, &pool, Epilogue::default(), &w, Some(&dir)).expect("measured");
     first.check(&c).expect("usable");
-    let file = std::fs::read_dir(&dir)
-        .expect("cache folder")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.file_name().is_some_and(|f| f.to_string_lossy().starts_with("refined-v7")))
-        .expect("the measured dispatch's file");
+    let file = anyshape_codegen::refine::path(&dir, kernels::ElemType::F32, 2);
+    assert!(file.exists(), "the measured dispatch's file {}", file.display());
 
     // A kernel of a tile no family has, picked at the table's first row (a
     // measured class may hold no kernel at all: the model's pick won every row).
