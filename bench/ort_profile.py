@@ -20,6 +20,15 @@ import numpy as np
 import onnxruntime as ort
 
 
+def dim_value(d, dims):
+    """A dim at the given symbols: a number, a symbol, or an expression of symbols."""
+    if not isinstance(d, str):
+        return d
+    if d in dims:
+        return int(dims[d])
+    return int(eval(d, {"__builtins__": {}}, {k: int(v) for k, v in dims.items()}))  # noqa: S307
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -37,9 +46,13 @@ def main():
     s = ort.InferenceSession(a.model, so, providers=["CPUExecutionProvider"])
     feeds = {}
     for i in s.get_inputs():
-        shape = [int(dims[d]) if isinstance(d, str) else d for d in i.shape]
+        # A dim may be an expression of symbols (optimum's mask:
+        # 'past_sequence_length + sequence_length').
+        shape = [dim_value(d, dims) for d in i.shape]
         if "float" in i.type:
             feeds[i.name] = np.random.rand(*shape).astype(np.float32)
+        elif "mask" in i.name:
+            feeds[i.name] = np.ones(shape, dtype=np.int64)
         else:
             feeds[i.name] = np.zeros(shape, dtype=np.int64)
     for _ in range(2 + a.runs):
