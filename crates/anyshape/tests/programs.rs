@@ -1491,3 +1491,29 @@ fn a_softmax_over_a_channels_last_global_mean() {
         }
     }
 }
+
+/// A channels-last product's rows read back as an NCHW image: the unit axis at
+/// 0 and the row index whole (no division per element), against the
+/// interpreter at random images (the skip input gives the image's dims).
+const ROWS_AS_IMAGE: &str = r#"graph {
+  sym n param 1..
+  sym h param 1..
+  sym w param 1..
+  input %x: f32[1, n*h*w, 5]
+  input %skip: f32[n, 5, h, w]
+  %r: f32[n, h, w, 5] = reshape %x
+  %t: f32[n, 5, h, w] = transpose[perm=[0, 3, 1, 2]] %r
+  %s: f32[n, 5, h, w] = add %t, %skip
+  %y: f32[n, 5, h, w] = relu %s
+  output %y
+}
+"#;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 10, ..ProptestConfig::default() })]
+
+    #[test]
+    fn rows_read_as_an_image(n in size(1, 4), h in size(1, 17), w in size(1, 17), seed in 0u64..1000) {
+        compare(&model(ROWS_AS_IMAGE, false, None), &[("n", n), ("h", h), ("w", w)], seed)?;
+    }
+}

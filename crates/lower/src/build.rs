@@ -194,10 +194,19 @@ impl<'a> Builder<'a> {
                 let l = self.x.mul(lin, ext);
                 lin = self.x.add(l, idx[d]);
             }
-            let first = tr.start;
+            // An axis of extent 1 is at 0; the outermost other one takes the
+            // quotient whole (an in-bounds position is below the group's size),
+            // so that no division is left where none is needed: a [n, h, w]
+            // position read as [1, n·h·w] is the linear position itself, not a
+            // division and a remainder per element (ResNet's NCHW output from its
+            // channels-last products: one per lane of its innermost loop).
+            let unit = |d: usize| env.equal(&to[d], &SymExpr::constant(1));
+            let first = tr.clone().find(|&d| !unit(d)).unwrap_or(tr.start);
             for d in tr.rev() {
                 if d == first {
                     out[d] = lin;
+                } else if unit(d) {
+                    out[d] = self.x.int(0);
                 } else {
                     let ext = self.sym(&to[d]);
                     out[d] = self.x.rem(lin, ext);

@@ -488,3 +488,25 @@ group 0: stitch
 "#;
     assert_eq!(got, want, "got:\n{got}");
 }
+
+/// A channels-last product's rows read back as an NCHW image (ResNet's output):
+/// `[1, n·h·w, 4]` at `[n, h, w, 4]` is the linear position itself, with no
+/// division or remainder per element (the unit axis is at 0, the row whole).
+#[test]
+fn rows_read_as_an_image_need_no_division() {
+    let got = lowered(
+        r#"graph {
+  sym n param 1..
+  sym h param 1..
+  sym w param 1..
+  input %x: f32[1, n*h*w, 4]
+  %r: f32[n, h, w, 4] = reshape %x
+  %t: f32[n, 4, h, w] = transpose[perm=[0, 3, 1, 2]] %r
+  %y: f32[n, 4, h, w] = relu %t
+  output %y
+}
+"#,
+    );
+    assert!(!got.contains("div(") && !got.contains("mod("), "got:\n{got}");
+    assert!(got.contains("%0[0, add(mul(add(mul(i0, "), "got:\n{got}");
+}
