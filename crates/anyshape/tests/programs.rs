@@ -1517,3 +1517,31 @@ proptest! {
         compare(&model(ROWS_AS_IMAGE, false, None), &[("n", n), ("h", h), ("w", w)], seed)?;
     }
 }
+
+/// Codes a product reads and their scaled copy a later add reads (a quantized
+/// residual block's shape): the copy computed by the add's group from the
+/// codes, against the interpreter at random row counts.
+const SCALED_COPY_READ_LATER: &str = r#"graph {
+  sym n param 1..
+  input %x: f32[n, 6]
+  input %w1: f32[6, 5]
+  input %w2: f32[5, 5]
+  %h: f32[n, 5] = matmul %x, %w1
+  %codes: f32[n, 5] = round %h
+  %s: f32[1, 1] = constant [0.37]
+  %sb: f32[n, 5] = broadcast %s
+  %copy: f32[n, 5] = mul %codes, %sb
+  %h2: f32[n, 5] = matmul %codes, %w2
+  %sum: f32[n, 5] = add %h2, %copy
+  output %sum
+}
+"#;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 10, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_scaled_copy_read_later(n in size(1, 70), seed in 0u64..1000) {
+        compare(&model(SCALED_COPY_READ_LATER, false, None), &[("n", n)], seed)?;
+    }
+}

@@ -8,7 +8,9 @@
 //!    of its producer (it is where a dense epilogue ends and a stitch begins);
 //!    a pad takes no computation before it, and joins its readers' group when
 //!    they all ended in one (a convolution's taps: the padded image is never
-//!    written);
+//!    written); a constant's scaling of a value a contraction reads is left to
+//!    its readers to compute (a quantized activation's dequantized copy is
+//!    never written beside its codes);
 //! 2. compute-intensive: a contraction (or pooling window) takes its layout-only
 //!    prologue (transpose, reshape, cast, broadcast, pad, and a convolution's
 //!    taps, slices joined by a concat: folded into operand
@@ -270,6 +272,37 @@ impl<'g> Partition<'g> {
                 .all(|c| matches!(class(&self.g.nodes[*c].op), Class::Window | Class::Contraction))
     }
 
+    /// Whether node `n` is better computed by its readers than beside its input
+    /// `v`: an element-wise `v ⊕ constant` (the constant broadcast or not) whose
+    /// readers are all element-wise or layout ops and no model output, of a `v`
+    /// a contraction reads (through layout ops: so `v` is written whatever
+    /// `n`'s group).
+    fn recomputed_by_readers(&self, n: usize, v: ValueId) -> bool {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let constant = |u: ValueId| match self.producer[u.index()] {
+            Some(q) if self.is_constant(q) => true,
+            Some(q) => {
+                matches!(g.nodes[q].op, Op::Broadcast)
+                    && self.producer[g.nodes[q].inputs[0].index()].is_some_and(|c| self.is_constant(c))
+            }
+            None => false,
+        };
+        let scaling = matches!(node.op, Op::Binary(_))
+            && node.inputs.iter().filter(|u| **u == v).count() == 1
+            && node.inputs.iter().all(|u| *u == v || constant(*u));
+        let readers = &self.consumers[node.output.index()];
+        scaling
+            && !g.outputs.contains(&node.output)
+            && !readers.is_empty()
+            && readers.iter().all(|c| loopish(class(&g.nodes[*c].op)))
+            && self.consumers[v.index()].iter().any(|c| {
+                let op = &g.nodes[*c].op;
+                class(op) == Class::Contraction
+                    || (is_operand_layout(op) && self.feeds_only_contractions(g.nodes[*c].output))
+            })
+    }
+
     /// Whether `v` reaches only contractions and windows, through layout ops
     /// (reshapes, transposes, pads, slices, concatenations: a grouped
     /// convolution's image as `[G, n, h, w, C/G]` and its taps), and no model
@@ -372,6 +405,15 @@ fn fuse_elementwise(p: &mut Partition) {
                 && !p.same_numel(&p.numel(v), &p.numel(node.output))
                 && p.outputs(rq).into_iter().any(|o| o != v)
             {
+                continue;
+            }
+            // A constant's scaling of a value a contraction reads (written for it
+            // anyway) stays out of that value's group, for its readers to join and
+            // compute where they read: a quantized activation's dequantized copy
+            // (`codes·scale`, which a residual add reads) is not written beside
+            // the codes, and the group left writes one tensor, which the
+            // contraction before it can take as its epilogue.
+            if !exclusive && p.recomputed_by_readers(n, v) {
                 continue;
             }
             // Only into the single consumer group, or over the same space (then the

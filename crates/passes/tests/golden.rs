@@ -1027,3 +1027,42 @@ fn an_integer_images_three_channels_are_padded_to_a_word() {
     ConvAsMatMul.run(&mut g).expect("rewrites");
     assert_eq!(reference::run(&g, &[("q", q)]).expect("runs"), want);
 }
+
+/// A quantized residual block's shape: codes (`round`) that the next product
+/// reads, and their dequantized copy (`codes·scale`) that a later add reads.
+/// The copy is computed where the add reads it, from the codes, not written
+/// beside them: the first group writes one tensor and is the first product's
+/// epilogue, the add joins the second product's.
+#[test]
+fn a_scaled_copy_of_a_products_operand_is_computed_by_its_reader() {
+    let g = parse(
+        "graph {
+  sym rows param 1..
+  input %x: f32[rows, 4]
+  input %w1: f32[4, 4]
+  input %w2: f32[4, 4]
+  %h: f32[rows, 4] = matmul %x, %w1
+  %codes: f32[rows, 4] = round %h
+  %s: f32[1, 1] = constant [0.5]
+  %sb: f32[rows, 4] = broadcast %s
+  %copy: f32[rows, 4] = mul %codes, %sb
+  %h2: f32[rows, 4] = matmul %codes, %w2
+  %sum: f32[rows, 4] = add %h2, %copy
+  output %sum
+}
+",
+    );
+    let plan = anyshape_passes::fuse(&g);
+    assert_eq!(
+        anyshape_passes::print_plan(&g, &plan),
+        "group 0: contraction over [rows, 4]
+  ops: matmul round
+  inputs: %x, %w1
+  outputs: %codes
+group 1: contraction over [rows, 4]
+  ops: broadcast mul matmul add
+  inputs: %s, %codes, %w2
+  outputs: %sum
+"
+    );
+}
