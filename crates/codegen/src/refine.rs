@@ -60,10 +60,10 @@ struct Refined {
 
 /// The cache file's name; version 2 measures the best of every thread count
 /// too, version 6 at 8-64 rows too, in turns, ties to the fewest passes, version 7
-/// with direct kernels that ask the next panel over their K loop, version 8 in a
-/// debug build's own file (`tuning::build_suffix`; a version 7 file may hold
-/// a debug build's picks) (an older file is left alone and measured again); one
-/// file per element type.
+/// with direct kernels that ask the next panel over their K loop, version 8 since
+/// a debug build keeps a file of its own (`tuning::build_suffix`: a version 7 file
+/// may hold a debug build's picks). An older file is left alone and measured
+/// again; one file per element type.
 pub fn path(dir: &Path, elem: kernels::ElemType, threads: usize) -> PathBuf {
     dir.join(format!("refined-v8-{}-{threads}t{}.json", elem.name(), crate::tuning::build_suffix()))
 }

@@ -272,11 +272,11 @@ impl<'g> Partition<'g> {
                 .all(|c| matches!(class(&self.g.nodes[*c].op), Class::Window | Class::Contraction))
     }
 
-    /// Whether node `n` is better computed by its readers than beside its input
-    /// `v`: an element-wise `v ⊕ constant` (the constant broadcast or not) whose
-    /// readers are all element-wise or layout ops and no model output, of a `v`
-    /// a contraction reads (through layout ops: so `v` is written whatever
-    /// `n`'s group).
+    /// Whether node `n` is better computed by its reader than beside its input
+    /// `v`: an element-wise `v ⊕ constant` (the constant broadcast or not), no
+    /// model output, read by one element-wise node (whose group it then joins),
+    /// of a `v` a contraction reads (through layout ops: so `v` is written
+    /// whatever `n`'s group).
     fn recomputed_by_readers(&self, n: usize, v: ValueId) -> bool {
         let g = self.g;
         let node = &g.nodes[n];
@@ -294,8 +294,7 @@ impl<'g> Partition<'g> {
         let readers = &self.consumers[node.output.index()];
         scaling
             && !g.outputs.contains(&node.output)
-            && !readers.is_empty()
-            && readers.iter().all(|c| loopish(class(&g.nodes[*c].op)))
+            && matches!(readers[..], [r] if class(&g.nodes[r].op) == Class::Elementwise)
             && self.consumers[v.index()].iter().any(|c| {
                 let op = &g.nodes[*c].op;
                 class(op) == Class::Contraction
