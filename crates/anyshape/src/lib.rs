@@ -473,9 +473,10 @@ fn release_folded(imported: &Graph, rewritten: &Graph) {
 }
 
 /// The weights measured for dispatch: those whose matmul's rows may be few
-/// (below `codegen::refine::MODEL_FROM`) and whose size lets a few copies be
-/// measured (at most 64 MB).
-const MEASURED_MAX_BYTES: usize = 64 << 20;
+/// (below `codegen::refine::MODEL_FROM`) and whose size lets a copy be measured
+/// (at most 256 MB: a tied LM head of 50k words, whose products at a few dozen
+/// rows the model ranks as poorly as the layers').
+const MEASURED_MAX_BYTES: usize = 256 << 20;
 
 impl Model {
     /// `d` with a tuned table measured for the weights of `plan` it multiplies

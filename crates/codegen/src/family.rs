@@ -25,8 +25,8 @@ pub fn family_tiles(measured: &[TileMeasurement]) -> Vec<TileMeasurement> {
 }
 
 /// The direct kernels of a family: per width, the main height is the highest
-/// within 3% of the fastest (a direct kernel pads nothing, and a higher tile
-/// covers small products in fewer calls), with the heights 1, 2, 4, 8 and half
+/// within [`kernels::DIRECT_TIE`] of the fastest (a direct kernel pads nothing, and
+/// a higher tile covers small products in fewer calls and passes over B), with the heights 1, 2, 4, 8 and half
 /// the main one below it: any remainder is covered in a few calls.
 pub fn direct_family_tiles(measured: &[TileMeasurement]) -> Vec<TileMeasurement> {
     pick_heights(measured, true)
@@ -40,7 +40,8 @@ fn pick_heights(measured: &[TileMeasurement], direct: bool) -> Vec<TileMeasureme
     for nr in widths {
         let of_width: Vec<&TileMeasurement> = measured.iter().filter(|m| m.nr == nr).collect();
         let top = of_width.iter().map(|m| m.gflops).fold(0.0, f64::max);
-        let tied = of_width.iter().filter(|m| m.gflops >= 0.97 * top).map(|m| m.mr);
+        let tie = if direct { kernels::DIRECT_TIE } else { 0.03 };
+        let tied = of_width.iter().filter(|m| m.gflops >= (1.0 - tie) * top).map(|m| m.mr);
         let Some(main) = (if direct { tied.max() } else { tied.min() }) else {
             continue;
         };
@@ -288,5 +289,37 @@ impl std::ops::Deref for Contraction {
     type Target = Dispatcher;
     fn deref(&self) -> &Dispatcher {
         &self.dispatcher
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tile(mr: usize, nr: usize, gflops: f64) -> TileMeasurement {
+        TileMeasurement { mr, nr, gflops }
+    }
+
+    /// The rates this Zen 5 measured for the 48-wide tiles: the direct family takes
+    /// the tallest within `DIRECT_TIE` (9 rows, 3.6% below 4x48), the packed one the
+    /// lowest within 3% (3 rows; the packed 9x48 tied with it).
+    #[test]
+    fn a_direct_family_keeps_the_tallest_tile_within_its_tie() {
+        let direct: Vec<TileMeasurement> = [83.1, 145.3, 184.0, 208.9, 192.9, 189.6, 199.0, 202.6, 201.3]
+            .iter()
+            .enumerate()
+            .map(|(i, &g)| tile(i + 1, 48, g))
+            .collect();
+        let heights = |tiles: Vec<TileMeasurement>| tiles.iter().map(|t| t.mr).collect::<Vec<_>>();
+        assert_eq!(heights(direct_family_tiles(&direct)), vec![1, 2, 4, 8, 9]);
+        let packed: Vec<TileMeasurement> = [82.0, 145.3, 211.3, 199.3, 207.7, 212.7, 211.0, 210.0, 211.2]
+            .iter()
+            .enumerate()
+            .map(|(i, &g)| tile(i + 1, 48, g))
+            .collect();
+        assert_eq!(heights(family_tiles(&packed)), vec![1, 2, 3]);
+        // A tile more than the tie below the fastest is no main height.
+        let slow = vec![tile(1, 32, 80.0), tile(4, 32, 200.0), tile(12, 32, 185.0)];
+        assert_eq!(heights(direct_family_tiles(&slow)), vec![1, 4]);
     }
 }

@@ -24,16 +24,24 @@ use serde::{Deserialize, Serialize};
 use crate::CodegenError;
 
 /// The row counts measured.
-pub const ROWS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+pub const ROWS: [usize; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 /// From here on the model's own choice (a table row that picks nothing). A row
 /// count takes the nearest table row in log M (the 8-row pick serves 6-11 rows, the
-/// 16-row pick 12-22, ..., the 64-row pick 46-64). Up to 64 rows the measured picks
+/// 16-row pick 12-22, ..., the 512-row pick 363-724). Up to 64 rows the measured picks
 /// (direct 8x48 or 4x48 tiles where the model takes packed ones) beat the model's
 /// inside BERT-base and GPT-2: 8 tokens 3-21% faster, 12-16 tokens 10-17%, 24-32
 /// tokens 6-10%, 48 tokens 4%, 64 level. (Session 10 found 32-row picks slower inside
 /// BERT, measured one candidate after another; taking turns and the tie rule below
-/// made them faster.)
-pub const MODEL_FROM: usize = 65;
+/// made them faster.) At 128-512 rows the model still ranks direct tiles against
+/// packed ones within its error (BERT-base's weights at 200-512 rows: packed 3x48
+/// picked, direct 8x48 or 9x48 measured 5-18% faster), so those are measured too;
+/// from about a thousand rows on the two are within a few percent.
+pub const MODEL_FROM: usize = 725;
+/// The largest product measured (floating-point operations of one call): past it
+/// the row count is the model's, so that a weight as large as a 50k-word LM head
+/// is measured at a few dozen rows (where the model misses most) in seconds, not
+/// at hundreds of rows in half a minute.
+const MAX_FLOPS: f64 = 4e9;
 /// Macro-kernels measured per row count: the model's best ones.
 const CANDIDATES: usize = 6;
 /// Rounds each candidate is timed in, in turns (its best round counts).
@@ -62,10 +70,10 @@ struct Refined {
 /// too, version 6 at 8-64 rows too, in turns, ties to the fewest passes, version 7
 /// with direct kernels that ask the next panel over their K loop, version 8 since
 /// a debug build keeps a file of its own (`tuning::build_suffix`: a version 7 file
-/// may hold a debug build's picks). An older file is left alone and measured
-/// again; one file per element type.
+/// may hold a debug build's picks), version 9 at 128, 256 and 512 rows too. An older
+/// file is left alone and measured again; one file per element type.
 pub fn path(dir: &Path, elem: kernels::ElemType, threads: usize) -> PathBuf {
-    dir.join(format!("refined-v8-{}-{threads}t{}.json", elem.name(), crate::tuning::build_suffix()))
+    dir.join(format!("refined-v9-{}-{threads}t{}.json", elem.name(), crate::tuning::build_suffix()))
 }
 
 fn key(e: &Epilogue) -> String {
@@ -122,6 +130,12 @@ pub fn refine(
     Ok(TunedSchedules { threads, elem: d.family().elem(), classes })
 }
 
+/// Whether a `k × n` weight is measured at `m` rows (its product within
+/// [`MAX_FLOPS`]); the model picks at the others.
+fn measured_at(m: usize, k: usize, n: usize) -> bool {
+    2.0 * (m * k * n) as f64 <= MAX_FLOPS
+}
+
 /// Measure one weight class at [`ROWS`].
 fn measure(
     d: &Dispatcher,
@@ -149,6 +163,10 @@ fn measure(
     let mut kernels: Vec<MacroKernel> = Vec::new();
     let mut table = Vec::new();
     for &m in &ROWS {
+        if !measured_at(m, k, n) {
+            table.push(TunedRow { m, pick: None });
+            continue;
+        }
         let p = Problem { batch: 1, m, n, k, a: ALayout::RowMajor, b: w.layout };
         let model = d.choose(&p).map_err(kerr)?;
         // The model's ranking, one schedule per macro-kernel, as the table would
@@ -178,6 +196,21 @@ fn measure(
         for (_, s) in &ranked {
             let threads = s.grid.threads();
             if tried.iter().any(|(_, t)| t.grid.threads() == threads) {
+                continue;
+            }
+            let mk = MacroKernel::pinned(s);
+            if let Some(inst) = mk.instantiate(d, &p) {
+                tried.push((mk, inst));
+            }
+        }
+        // And the best of every register tile (with its operand access) still
+        // missing: at a hundred rows and more the model's few best are often one
+        // packed tile in several grids and blocks, while a taller direct tile, which
+        // reads the weight fewer times, is what the model ranks worst against
+        // measurement.
+        for (_, s) in &ranked {
+            let tile = |t: &Schedule| (t.operands, t.mr);
+            if tried.iter().any(|(_, t)| tile(t) == tile(s)) {
                 continue;
             }
             let mk = MacroKernel::pinned(s);
@@ -237,4 +270,19 @@ fn measure(
     }
     table.push(TunedRow { m: MODEL_FROM, pick: None });
     Ok(TunedClass { batch: 1, n, k, a: ALayout::RowMajor, b: w.layout, kernels, table })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// BERT-base's weights are measured at every row count; a 50k-word LM head
+    /// only up to a few dozen rows.
+    #[test]
+    fn a_large_weight_is_measured_at_few_rows_only() {
+        let rows = |k, n| ROWS.iter().copied().filter(|&m| measured_at(m, k, n)).collect::<Vec<_>>();
+        assert_eq!(rows(3072, 768), ROWS.to_vec());
+        assert_eq!(rows(768, 50257), vec![1, 2, 4, 8, 16, 32]);
+        assert!(*ROWS.last().unwrap() < MODEL_FROM);
+    }
 }

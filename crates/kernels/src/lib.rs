@@ -47,7 +47,7 @@ pub use lines::Lines;
 pub use pack::{CodeDot, CodeDotFn, DequantFn, Dequantizer, PackFn, Packer, Packers};
 pub use pool::{Parts, ThreadPool};
 pub use schedule::{
-    ALayout, BLayout, DirectVariant, KernelFamily, KernelVariant, Operands, Problem, Schedule,
+    ALayout, BLayout, DirectVariant, KernelFamily, KernelVariant, Operands, Problem, Schedule, DIRECT_TIE,
 };
 pub use taps::{ConvTaps, RowsPackFn, RowsPacker};
 pub use target::{Isa, Target};
