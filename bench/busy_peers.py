@@ -141,7 +141,8 @@ def main():
         binaries[name] = path
     systems = []
     for s in a.systems.split(","):
-        systems += list(binaries) if s == "anyshape" else [s]
+        # "anyshape" names every --anyshape build; each system runs once a round.
+        systems += [n for n in (list(binaries) if s == "anyshape" else [s]) if n not in systems]
     conditions = a.conditions.split(",")
     for c in conditions:
         if c not in ("quiet", "busy", "two"):

@@ -76,6 +76,28 @@ pub fn path(dir: &Path, elem: kernels::ElemType, threads: usize) -> PathBuf {
     dir.join(format!("refined-v9-{}-{threads}t{}.json", elem.name(), crate::tuning::build_suffix()))
 }
 
+/// Remove the measured dispatch of `elem` kernels (every thread count) from the
+/// cache folder: its picks were measured beside a tile record that is being
+/// replaced (`tuning::fresh_record`).
+pub fn forget(dir: &Path, elem: kernels::ElemType) {
+    // This build's files of `elem`: `path(dir, elem, threads)` for any thread count.
+    let prefix = format!("refined-v9-{}-", elem.name());
+    let suffix = format!("t{}.json", crate::tuning::build_suffix());
+    let stale = |name: &str| {
+        name.strip_prefix(&prefix)
+            .and_then(|rest| rest.strip_suffix(&suffix))
+            .is_some_and(|threads| threads.parse::<usize>().is_ok())
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        if e.file_name().to_str().is_some_and(stale) {
+            if let Err(err) = std::fs::remove_file(e.path()) {
+                tracing::warn!("cannot remove {}: {err}", e.path().display());
+            }
+        }
+    }
+}
+
 fn key(e: &Epilogue) -> String {
     format!("{e:?}")
 }

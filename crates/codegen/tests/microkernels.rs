@@ -404,3 +404,66 @@ fn tuning_cache_round_trip() {
     assert!(tuning::load(&dir, &t, ElemType::F32).is_none());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A record this machine outruns (a slow phase's, or another machine's of the same
+/// CPU) is measured again, its measured dispatch forgotten, and its tiles keep the
+/// best of old and new; a record it does not outrun is kept.
+#[test]
+fn a_record_the_machine_outruns_is_measured_again() {
+    use anyshape_codegen::tuning;
+    let t = Target::detect();
+    if !kernels::testing::require("ANYSHAPE_REQUIRE_AVX2", t.supported(), "AVX2 + FMA") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("anyshape-outrun-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (measured, cached) = tuning::fresh_record(Some(&dir), &t, ElemType::F32).expect("measure");
+    assert!(!cached, "an empty folder is measured");
+    // Rates far above what any tile runs at: kept, whatever the machine's phase.
+    let mut fast = measured.clone();
+    for m in fast.tiles.iter_mut().chain(fast.direct.iter_mut()) {
+        m.gflops *= 4.0;
+    }
+    let file = std::fs::read_dir(&dir).expect("dir").next().expect("file").expect("entry").path();
+    std::fs::write(&file, serde_json::to_string(&fast).expect("json")).expect("write");
+    let (kept, cached) = tuning::fresh_record(Some(&dir), &t, ElemType::F32).expect("read");
+    assert!(cached, "a record above the machine is kept");
+    // (JSON keeps a rate to its last bit or so.)
+    let same = |a: &[anyshape_codegen::TileMeasurement], b: &[anyshape_codegen::TileMeasurement]| {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(x, y)| (x.mr, x.nr) == (y.mr, y.nr) && (x.gflops - y.gflops).abs() <= 1e-9 * y.gflops)
+    };
+    assert!(same(&kept.tiles, &fast.tiles), "the record kept as it was");
+    // A tenth of the rates (and a measured dispatch beside them): measured again.
+    let mut slow = measured.clone();
+    for m in slow.tiles.iter_mut().chain(slow.direct.iter_mut()) {
+        m.gflops /= 10.0;
+    }
+    std::fs::write(&file, serde_json::to_string(&slow).expect("json")).expect("write");
+    let refined = anyshape_codegen::refine::path(&dir, ElemType::F32, 2);
+    let other_type = anyshape_codegen::refine::path(&dir, ElemType::Bf16, 2);
+    for f in [&refined, &other_type] {
+        std::fs::write(f, "{}").expect("write");
+    }
+    let (again, cached) = tuning::fresh_record(Some(&dir), &t, ElemType::F32).expect("measure again");
+    assert!(!cached, "a record the machine outruns is measured again");
+    assert!(!refined.exists(), "its measured dispatch is forgotten");
+    assert!(other_type.exists(), "another element type's is not");
+    let stored = tuning::load(&dir, &t, ElemType::F32).expect("stored");
+    assert!(same(&stored.tiles, &again.tiles), "the new record stored");
+    for (new, old) in again.tiles.iter().zip(&slow.tiles) {
+        assert_eq!((new.mr, new.nr), (old.mr, old.nr));
+        assert!(
+            new.gflops >= old.gflops,
+            "{}x{}: {} under the old {}",
+            new.mr,
+            new.nr,
+            new.gflops,
+            old.gflops
+        );
+    }
+    assert!(stored.models.is_empty(), "the machine models are calibrated again");
+    let _ = std::fs::remove_dir_all(&dir);
+}
