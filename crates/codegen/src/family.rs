@@ -25,9 +25,10 @@ pub fn family_tiles(measured: &[TileMeasurement]) -> Vec<TileMeasurement> {
 }
 
 /// The direct kernels of a family: per width, the main height is the highest
-/// within [`kernels::DIRECT_TIE`] of the fastest (a direct kernel pads nothing, and
-/// a higher tile covers small products in fewer calls and passes over B), with the heights 1, 2, 4, 8 and half
-/// the main one below it: any remainder is covered in a few calls.
+/// within [`kernels::DIRECT_TIE`] of the fastest (a direct kernel pads nothing,
+/// and a higher tile covers small products in fewer calls and passes over B),
+/// with the heights 1, 2, 4, 8 and half the main one below it: any remainder is
+/// covered in a few calls.
 pub fn direct_family_tiles(measured: &[TileMeasurement]) -> Vec<TileMeasurement> {
     pick_heights(measured, true)
 }

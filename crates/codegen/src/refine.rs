@@ -32,10 +32,11 @@ pub const ROWS: [usize; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 /// inside BERT-base and GPT-2: 8 tokens 3-21% faster, 12-16 tokens 10-17%, 24-32
 /// tokens 6-10%, 48 tokens 4%, 64 level. (Session 10 found 32-row picks slower inside
 /// BERT, measured one candidate after another; taking turns and the tie rule below
-/// made them faster.) At 128-512 rows the model still ranks direct tiles against
-/// packed ones within its error (BERT-base's weights at 200-512 rows: packed 3x48
-/// picked, direct 8x48 or 9x48 measured 5-18% faster), so those are measured too;
-/// from about a thousand rows on the two are within a few percent.
+/// made them faster.) At 128-512 rows the model ranks direct tiles against packed
+/// ones within its error: priced from a record of a slow phase it took packed 3x48
+/// for BERT-base's weights at 200-512 rows where direct 8x48 or 9x48 measured 5-18%
+/// faster (with a fresh record its picks there measured best), so those rows are
+/// measured too; from about a thousand rows on the two are within a few percent.
 pub const MODEL_FROM: usize = 725;
 /// The largest product measured (floating-point operations of one call): past it
 /// the row count is the model's, so that a weight as large as a 50k-word LM head

@@ -188,9 +188,10 @@ impl KernelFamily {
 /// How far below the fastest direct tile of a width a taller one may measure and
 /// still be a main height. A direct tile's rate is measured with its B panel in L1,
 /// where a taller tile gains nothing; in a product B comes from L2 or memory once
-/// per band of rows, so a taller tile reads it fewer times. At 3% BERT-base's
-/// direct 8x48 (3.0% below 4x48 as measured) fell out of the family and its
-/// products of 8-64 rows ran packed 3x48 or direct 4x48, 10-16% slower as a whole model.
+/// per band of rows, so a taller tile reads it fewer times. At 3%, with a record
+/// measured in a slow phase, BERT-base's direct 8x48 (3.0% below 4x48) fell out of
+/// the family and its products of 8-64 rows ran packed 3x48 or direct 4x48: the
+/// model 10-16% slower than with 8x48 kept.
 pub const DIRECT_TIE: f64 = 0.05;
 
 /// The depth of a cache block for an `mr × nr` tile of `elem`: an A and a B
