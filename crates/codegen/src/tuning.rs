@@ -241,7 +241,10 @@ pub fn fresh_record(
     if !cached {
         return Ok((rec, cached));
     }
-    let jit = compile_microkernel_with(t, elem, top.mr, top.nr, Epilogue::default())?;
+    // From the object cache where the folder has one (an LLVM compile of the tile
+    // costs more than timing it); its own, so the model's module counts are unchanged.
+    let objects = dir.map_or_else(crate::ObjectCache::none, crate::ObjectCache::in_dir);
+    let jit = crate::compile_microkernel_cached(t, elem, top.mr, top.nr, Epilogue::default(), &objects)?;
     let now = time_microkernel(&jit.kernel(), t);
     if now <= OUTRUN * top.gflops {
         return Ok((rec, true));
