@@ -36,7 +36,9 @@ pub const ROWS: [usize; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 /// ones within its error: priced from a record of a slow phase it took packed 3x48
 /// for BERT-base's weights at 200-512 rows where direct 8x48 or 9x48 measured 5-18%
 /// faster (with a fresh record its picks there measured best), so those rows are
-/// measured too; from about a thousand rows on the two are within a few percent.
+/// measured too. From about a thousand rows on the model's pick measured within 4%
+/// of the best for three of four such products (the fourth, 1,024×768×3072, 21%
+/// off, alone and with that record): left to the model for now.
 pub const MODEL_FROM: usize = 725;
 /// The largest product measured (floating-point operations of one call): past it
 /// the row count is the model's, so that a weight as large as a 50k-word LM head
