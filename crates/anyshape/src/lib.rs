@@ -358,15 +358,7 @@ impl Model {
             }
         }
         for &e in &elems {
-            // A debug build (the test suite: hundreds of compiles at once on a loaded
-            // machine, timing nothing) keeps its record as it is: checking it would
-            // measure again at every faster moment and remove measured dispatch files
-            // other compiles are reading.
-            let (mut rec, _) = if cfg!(debug_assertions) {
-                codegen::tuning::record(cache.as_deref(), &target, e)?
-            } else {
-                codegen::tuning::fresh_record(cache.as_deref(), &target, e)?
-            };
+            let (mut rec, _) = codegen::tuning::checked_record(cache.as_deref(), &target, e)?;
             codegen::tuning::machine_model(cache.as_deref(), &target, &pool, &mut rec);
         }
         let progress: Option<codegen::ProgressFn> =

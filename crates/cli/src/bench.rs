@@ -217,12 +217,9 @@ pub fn bench_matmul(args: BenchMatmulArgs) -> Result<()> {
     let cache = args.cache_dir.clone().or_else(codegen::tuning::default_cache_dir);
     let keep = args.kernels.as_deref().map(|f| crate::samples::load_kernel_list(f, elem)).transpose()?;
     let start = Instant::now();
-    // The tile record checked against this machine first, as a model's compile does
-    // (`tuning::fresh_record`; release builds only, as there): a stale record would
-    // price every schedule wrongly.
-    if !cfg!(debug_assertions) {
-        codegen::tuning::fresh_record(cache.as_deref(), &target, elem)?;
-    }
+    // The tile record checked against this machine first, as a model's compile does:
+    // a stale record would price every schedule wrongly.
+    codegen::tuning::checked_record(cache.as_deref(), &target, elem)?;
     let contraction = codegen::Contraction::builder(&target, &pool)
         .model(model.unwrap_or_default())
         .cache(cache.as_deref())

@@ -41,7 +41,7 @@ fn pick_heights(measured: &[TileMeasurement], direct: bool) -> Vec<TileMeasureme
     for nr in widths {
         let of_width: Vec<&TileMeasurement> = measured.iter().filter(|m| m.nr == nr).collect();
         let top = of_width.iter().map(|m| m.gflops).fold(0.0, f64::max);
-        let tie = if direct { kernels::DIRECT_TIE } else { 0.03 };
+        let tie = if direct { kernels::DIRECT_TIE } else { kernels::PACKED_TIE };
         let tied = of_width.iter().filter(|m| m.gflops >= (1.0 - tie) * top).map(|m| m.mr);
         let Some(main) = (if direct { tied.max() } else { tied.min() }) else {
             continue;

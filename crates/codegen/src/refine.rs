@@ -76,7 +76,12 @@ struct Refined {
 /// may hold a debug build's picks), version 9 at 128, 256 and 512 rows too. An older
 /// file is left alone and measured again; one file per element type.
 pub fn path(dir: &Path, elem: kernels::ElemType, threads: usize) -> PathBuf {
-    dir.join(format!("refined-v9-{}-{threads}t{}.json", elem.name(), crate::tuning::build_suffix()))
+    dir.join(format!("{}{threads}t{}.json", file_prefix(elem), crate::tuning::build_suffix()))
+}
+
+/// What every [`path`] of `elem` begins with (the thread count follows).
+fn file_prefix(elem: kernels::ElemType) -> String {
+    format!("refined-v9-{}-", elem.name())
 }
 
 /// Remove the measured dispatch of `elem` kernels (every thread count) from the
@@ -84,7 +89,7 @@ pub fn path(dir: &Path, elem: kernels::ElemType, threads: usize) -> PathBuf {
 /// replaced (`tuning::fresh_record`).
 pub fn forget(dir: &Path, elem: kernels::ElemType) {
     // This build's files of `elem`: `path(dir, elem, threads)` for any thread count.
-    let prefix = format!("refined-v9-{}-", elem.name());
+    let prefix = file_prefix(elem);
     let suffix = format!("t{}.json", crate::tuning::build_suffix());
     let stale = |name: &str| {
         name.strip_prefix(&prefix)
@@ -161,6 +166,26 @@ fn measured_at(m: usize, k: usize, n: usize) -> bool {
     2.0 * (m * k * n) as f64 <= MAX_FLOPS
 }
 
+/// Add to `tried` the model's best schedule (in `ranked` order) of every value of
+/// `key` that no schedule in `tried` has yet.
+fn add_best_of_each<K: PartialEq>(
+    d: &Dispatcher,
+    p: &Problem,
+    ranked: &[(f64, Schedule)],
+    tried: &mut Vec<(MacroKernel, Schedule)>,
+    key: impl Fn(&Schedule) -> K,
+) {
+    for (_, s) in ranked {
+        if tried.iter().any(|(_, t)| key(t) == key(s)) {
+            continue;
+        }
+        let mk = MacroKernel::pinned(s);
+        if let Some(inst) = mk.instantiate(d, p) {
+            tried.push((mk, inst));
+        }
+    }
+}
+
 /// Measure one weight class at [`ROWS`].
 fn measure(
     d: &Dispatcher,
@@ -218,31 +243,13 @@ fn measure(
         // And the best of every thread count the model's best few lack: the
         // fork-join cost and the share of bandwidth one thread gets are what the
         // model knows least about at a few rows, so both sides are measured.
-        for (_, s) in &ranked {
-            let threads = s.grid.threads();
-            if tried.iter().any(|(_, t)| t.grid.threads() == threads) {
-                continue;
-            }
-            let mk = MacroKernel::pinned(s);
-            if let Some(inst) = mk.instantiate(d, &p) {
-                tried.push((mk, inst));
-            }
-        }
+        add_best_of_each(d, &p, &ranked, &mut tried, |s| s.grid.threads());
         // And the best of every register tile (with its operand access) still
         // missing: at a hundred rows and more the model's few best are often one
         // packed tile in several grids and blocks, while a taller direct tile, which
         // reads the weight fewer times, is what the model ranks worst against
         // measurement.
-        for (_, s) in &ranked {
-            let tile = |t: &Schedule| (t.operands, t.mr);
-            if tried.iter().any(|(_, t)| tile(t) == tile(s)) {
-                continue;
-            }
-            let mk = MacroKernel::pinned(s);
-            if let Some(inst) = mk.instantiate(d, &p) {
-                tried.push((mk, inst));
-            }
-        }
+        add_best_of_each(d, &p, &ranked, &mut tried, |s| (s.operands, s.mr));
         let av = MatRef::row_major(&a[..m * k], m, k).map_err(kerr)?;
         let rv = MatRef::row_major(&residual[..m * n], m, n).map_err(kerr)?;
         let ep = EpilogueArgs {

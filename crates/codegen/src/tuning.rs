@@ -235,12 +235,10 @@ pub fn fresh_record(
     elem: ElemType,
 ) -> Result<(TuningRecord, bool), CodegenError> {
     let (rec, cached) = record(dir, t, elem)?;
-    let Some(top) = rec.tiles.iter().copied().max_by(|a, b| a.gflops.total_cmp(&b.gflops)) else {
+    let top = rec.tiles.iter().copied().max_by(|a, b| a.gflops.total_cmp(&b.gflops));
+    let (true, Some(top)) = (cached, top) else {
         return Ok((rec, cached));
     };
-    if !cached {
-        return Ok((rec, cached));
-    }
     // From the object cache where the folder has one (an LLVM compile of the tile
     // costs more than timing it); its own, so the model's module counts are unchanged.
     let objects = dir.map_or_else(crate::ObjectCache::none, crate::ObjectCache::in_dir);
@@ -273,6 +271,23 @@ pub fn fresh_record(
         store(dir, t, &fresh);
     }
     Ok((fresh, false))
+}
+
+/// The record a compile (or a benchmark) starts from: [`fresh_record`] in a release
+/// build; in a debug build (the test suite: hundreds of compiles at once on a loaded
+/// machine, timing nothing) [`record`] as it is, since checking it would measure
+/// again at every faster moment and remove measured dispatch files other compiles
+/// are reading.
+pub fn checked_record(
+    dir: Option<&Path>,
+    t: &Target,
+    elem: ElemType,
+) -> Result<(TuningRecord, bool), CodegenError> {
+    if cfg!(debug_assertions) {
+        record(dir, t, elem)
+    } else {
+        fresh_record(dir, t, elem)
+    }
 }
 
 /// Whether a model's peak is what its threads can give, at least 3/4 of the threads

@@ -48,6 +48,7 @@ pub use pack::{CodeDot, CodeDotFn, DequantFn, Dequantizer, PackFn, Packer, Packe
 pub use pool::{Parts, ThreadPool};
 pub use schedule::{
     ALayout, BLayout, DirectVariant, KernelFamily, KernelVariant, Operands, Problem, Schedule, DIRECT_TIE,
+    PACKED_TIE,
 };
 pub use taps::{ConvTaps, RowsPackFn, RowsPacker};
 pub use target::{Isa, Target};

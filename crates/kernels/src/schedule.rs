@@ -181,9 +181,13 @@ impl KernelFamily {
     pub fn best_height(&self, nr: usize) -> Option<usize> {
         let of_width = || self.variants.iter().filter(move |v| v.kernel.nr == nr);
         let top = of_width().map(|v| v.gflops).fold(0.0, f64::max);
-        of_width().filter(|v| v.gflops >= 0.97 * top).map(|v| v.kernel.mr).min()
+        of_width().filter(|v| v.gflops >= (1.0 - PACKED_TIE) * top).map(|v| v.kernel.mr).min()
     }
 }
+
+/// How far below the fastest packed tile of a width another may measure and still
+/// tie with it (the measurement's noise); ties go to the lower tile, which pads less.
+pub const PACKED_TIE: f64 = 0.03;
 
 /// How far below the fastest direct tile of a width a taller one may measure and
 /// still be a main height. A direct tile's rate is measured with its B panel in L1,
