@@ -1692,6 +1692,40 @@ impl Gen<'_> {
         self.constant(dt, if dt.is_float() { f.to_bits() } else { i as u64 })
     }
 
+    /// x86's `maxps`/`minps` of `ty` (f32 vectors of 8 or 16 lanes on a CPU):
+    /// `x > a ? x : a` in one instruction that LLVM does not fold with the NaN
+    /// rule's select, so a window's chain of maxima is two instructions a step.
+    fn x86_extreme(&self, ty: BasicTypeEnum<'static>) -> Option<(&'static str, &'static str)> {
+        let v = ty.is_vector_type().then(|| ty.into_vector_type())?;
+        if self.device
+            || !v.get_element_type().is_float_type()
+            || v.get_element_type().into_float_type() != self.ctx.f32_type()
+        {
+            return None;
+        }
+        match v.get_size() {
+            16 if self.features.contains("+avx512f") => {
+                Some(("llvm.x86.avx512.max.ps.512", "llvm.x86.avx512.min.ps.512"))
+            }
+            8 if self.features.contains("+avx") => {
+                Some(("llvm.x86.avx.max.ps.256", "llvm.x86.avx.min.ps.256"))
+            }
+            _ => None,
+        }
+    }
+
+    fn x86_fn(&self, name: &str, ty: BasicTypeEnum<'static>) -> R<FunctionValue<'static>> {
+        if let Some(f) = self.module.get_function(name) {
+            return Ok(f);
+        }
+        let v = ty.into_vector_type();
+        let mut params: Vec<inkwell::types::BasicMetadataTypeEnum> = vec![v.into(), v.into()];
+        if v.get_size() == 16 {
+            params.push(self.ctx.i32_type().into());
+        }
+        Ok(self.module.add_function(name, v.fn_type(&params, false), None))
+    }
+
     fn combine(&self, c: Combine, a: V, x: V, dt: DType) -> R<V> {
         let b = self.bld;
         let ty = a.get_type();
@@ -1699,6 +1733,17 @@ impl Gen<'_> {
         Ok(match (c, dt.is_float()) {
             (Combine::Sum, true) => float_op(b, BinaryOp::Add, a, x)?,
             (Combine::Prod, true) => float_op(b, BinaryOp::Mul, a, x)?,
+            (Combine::Max | Combine::Min, true) if self.x86_extreme(ty).is_some() => {
+                let name = self.x86_extreme(ty).map(|(max, min)| if c == Combine::Max { max } else { min });
+                let f = self.x86_fn(name.unwrap_or_default(), ty)?;
+                let mut args: Vec<BasicMetadataValueEnum> = vec![x.into(), a.into()];
+                if ty.into_vector_type().get_size() == 16 {
+                    args.push(self.ctx.i32_type().const_int(4, false).into());
+                }
+                let kept = self.call(f, &args)?;
+                let nan = fcmp(b, FloatPredicate::UNO, x, x)?;
+                select(b, nan, x, kept)?
+            }
             (Combine::Max, true) => nan_extreme(b, FloatPredicate::OGT, a, x)?,
             (Combine::Min, true) => nan_extreme(b, FloatPredicate::OLT, a, x)?,
             (Combine::Sum, false) => int_op(b, BinaryOp::Add, a, x, unsigned)?,
