@@ -213,6 +213,7 @@ impl Model {
             matmul_steps: true,
             column_scales: false,
             epilogue_params: false,
+            u8_codes: false,
         };
         let mut plan = lower::lower_with(&self.graph, &self.fusion_plan(), &lo)?;
         lower::unfuse_attention(&mut plan, |p, a| gpu_attention_unsupported(p, a).is_none());

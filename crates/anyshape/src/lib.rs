@@ -174,6 +174,17 @@ pub struct IoInfo {
     pub ty: TensorType,
 }
 
+/// The machine `opts` compile for: the host, or its AVX2 subset.
+fn target_of(opts: &CompileOptions) -> Result<kernels::Target, codegen::CodegenError> {
+    let host = kernels::Target::detect();
+    match opts.isa {
+        Isa::Host => Ok(host),
+        Isa::Avx2 => host.avx2_only().ok_or_else(|| {
+            codegen::CodegenError::Unsupported("AVX2 code needs a machine with AVX2 and FMA".into())
+        }),
+    }
+}
+
 impl Model {
     /// Load an ONNX model file.
     pub fn load(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Model, Error> {
@@ -276,7 +287,14 @@ impl Model {
 
     /// [`Model::lower`] as [`Model::compile`] lowers with `opts`.
     pub fn lower_with(&self, opts: &CompileOptions) -> Result<plan::ModelPlan, Error> {
-        let lo = lower::LowerOptions { fuse_attention: opts.fuse_attention, ..Default::default() };
+        // Quantized activations are stored as u8 codes where the u8s8 kernels
+        // multiply them (they pack their words as they lie); other families
+        // would read them a byte at a time.
+        let u8_codes = target_of(opts)
+            .ok()
+            .and_then(|t| opts.int8.types(&t).ok())
+            .is_some_and(|types| types.first() == Some(&kernels::ElemType::U8S8));
+        let lo = lower::LowerOptions { fuse_attention: opts.fuse_attention, u8_codes, ..Default::default() };
         Ok(lower::lower_with(&self.graph, &self.fusion_plan(), &lo)?)
     }
 
@@ -300,13 +318,7 @@ impl Model {
                  for f32 sums to stay exact"
             );
         }
-        let host = kernels::Target::detect();
-        let target = match opts.isa {
-            Isa::Host => host,
-            Isa::Avx2 => host.avx2_only().ok_or_else(|| {
-                codegen::CodegenError::Unsupported("AVX2 code needs a machine with AVX2 and FMA".into())
-            })?,
-        };
+        let target = target_of(opts)?;
         let pool = match &opts.pool {
             Some(p) => p.clone(),
             None => {

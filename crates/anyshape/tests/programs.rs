@@ -1312,6 +1312,73 @@ fn quantized_activations_by_int8_weights_move_their_zero_point_out() {
     }
 }
 
+/// A statically quantized activation (`cast<f32>` of its u8 codes) that a loop
+/// program writes, read by a product with an int8 weight (its A) and by an
+/// element-wise reader, is stored a byte a code where the u8s8 family takes it
+/// (a machine with VNNI): the loop stores the codes, the reader widens them as
+/// it loads, and the product reads them as they lie. Every family (u8s8 by the
+/// words of the codes, the others byte by byte) gives the interpreter's values
+/// exactly, at row counts with 1, primes and one past a tile, and depths that
+/// do (64) and do not (30) fill whole words.
+#[test]
+fn quantized_activations_are_stored_as_codes() {
+    for k in [64usize, 30] {
+        let text = format!(
+            "graph {{
+  sym m param 1..
+  input %x: f32[m, {k}]
+  %w: i8[{k}, 5] = constant @w8
+  %s: f32[1, 1] = constant [0.05]
+  %sb: f32[m, {k}] = broadcast %s
+  %xs: f32[m, {k}] = div %x, %sb
+  %xr: f32[m, {k}] = round %xs
+  %xi: i32[m, {k}] = cast %xr
+  %z: i32[1, 1] = constant [3]
+  %zb: i32[m, {k}] = broadcast %z
+  %xz: i32[m, {k}] = add %xi, %zb
+  %lo: i32[1, 1] = constant [0]
+  %lob: i32[m, {k}] = broadcast %lo
+  %hi: i32[1, 1] = constant [255]
+  %hib: i32[m, {k}] = broadcast %hi
+  %c0: i32[m, {k}] = max %xz, %lob
+  %c1: i32[m, {k}] = min %c0, %hib
+  %q: u8[m, {k}] = cast %c1
+  %qf: f32[m, {k}] = cast %q
+  %wf: f32[{k}, 5] = cast %w
+  %y: f32[m, 5] = matmul %qf, %wf
+  %t: f32[1, 1] = constant [0.5]
+  %tb: f32[m, {k}] = broadcast %t
+  %e: f32[m, {k}] = mul %qf, %tb
+  %e2: f32[m, {k}] = sqrt %e
+  output %y, %e2
+}}
+"
+        );
+        let mut rng = Lcg::new(k as u64 + 3);
+        let w: Vec<i8> = (0..k * 5).map(|_| rng.next() as i8).collect();
+        let (m, plan) = with_int8_weight(&text, Tensor::new(vec![k, 5], Elems::I8(w)).expect("w"));
+        let vnni = kernels::Target::detect().check_elem(kernels::ElemType::U8S8).is_ok();
+        assert_eq!(
+            plan.contains(&format!("u8[m, {k}] \"qf\"")),
+            vnni,
+            "codes stored where u8s8 runs:\n{plan}"
+        );
+        for int8 in [Int8::Auto, Int8::I16S8, Int8::I16, Int8::Float] {
+            let cm =
+                m.compile(&CompileOptions::new().threads(2).canaries(true).int8(int8)).expect("compiles");
+            for rows in [1usize, 2, 7, 17, 65] {
+                let x: Vec<f32> = (0..rows * k).map(|_| rng.unit() * 14.0 - 1.0).collect();
+                let ins = [("x", Tensor::new(vec![rows, k], Elems::F32(x)).expect("x"))];
+                let got = cm.run(&ins).expect("runs");
+                let want = m.interpret(&ins).expect("interprets");
+                for ((name, g), (_, w)) in got.iter().zip(&want) {
+                    assert_eq!(g.elems(), w.elems(), "{name}: K {k} rows {rows} {int8:?}");
+                }
+            }
+        }
+    }
+}
+
 /// A statically quantized product (QDQ: an int8 activation with a zero point
 /// and a per-tensor int8 weight, both dequantized, then an f32 matmul): both
 /// scales move to the product, which multiplies the integers on the i16s8 family

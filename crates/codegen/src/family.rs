@@ -140,6 +140,9 @@ impl<'a> ContractionBuilder<'a> {
         // One packing routine per panel width: A's heights, and B's widths, in the
         // family's type; the direct kernels' B panels are f32 in every family.
         let (mut widths, mut f32_widths, mut rows_widths) = (Vec::new(), Vec::new(), Vec::new());
+        // u8s8's A from 8-bit codes in memory: their 4-byte words copied as f32
+        // lanes, by rows and by address.
+        let mut f32_rows_widths = Vec::new();
         if self.generated_packing {
             // A's heights also read a convolution's taps (rows by address).
             rows_widths.extend(tiles.iter().map(|t| t.mr));
@@ -154,6 +157,10 @@ impl<'a> ContractionBuilder<'a> {
                 ElemType::F32 => widths.extend(direct_widths),
                 _ => f32_widths.extend(direct_widths),
             }
+            if elem == ElemType::U8S8 {
+                f32_widths.extend(tiles.iter().map(|t| t.mr));
+                f32_rows_widths.extend(tiles.iter().map(|t| t.mr));
+            }
         }
         let report = |p: crate::Progress| {
             if let Some(f) = self.progress {
@@ -166,7 +173,13 @@ impl<'a> ContractionBuilder<'a> {
         let mut packers = vec![compile_packers_cached(target, elem, &widths, &rows_widths, objects)?];
         report(crate::Progress::Done);
         if !f32_widths.is_empty() {
-            packers.push(compile_packers_cached(target, ElemType::F32, &f32_widths, &[], objects)?);
+            packers.push(compile_packers_cached(
+                target,
+                ElemType::F32,
+                &f32_widths,
+                &f32_rows_widths,
+                objects,
+            )?);
             report(crate::Progress::Done);
         }
         let find = |e: ElemType, w: usize| packers.iter().find_map(|p| p.get(w).filter(|q| q.elem == e));
@@ -184,6 +197,8 @@ impl<'a> ContractionBuilder<'a> {
             a_rows: mr.and_then(|w| find_rows(e, w)),
             dequant: [find_dequant(e, nr, 4), find_dequant(e, nr, 8)],
             dots: [find_dot(e, nr, 4), find_dot(e, nr, 8)],
+            a_words: mr.filter(|_| e == ElemType::U8S8).and_then(|w| find(ElemType::F32, w)),
+            a_rows_words: mr.filter(|_| e == ElemType::U8S8).and_then(|w| find_rows(ElemType::F32, w)),
         };
         let mut jit = Vec::with_capacity(tiles.len());
         let mut variants = Vec::with_capacity(tiles.len());

@@ -361,6 +361,8 @@ pub fn machine_model(
         a_rows: None,
         dequant: [None, None],
         dots: [None, None],
+        a_words: None,
+        a_rows_words: None,
     };
     let mut m = tune::calibrate::measure(t, pool, packers, elem);
     m.peak_gflops = peak(pool, 200);

@@ -333,8 +333,9 @@ fn i16s8_contractions_are_exact_on_8_bit_integers() {
 /// roundings of it otherwise: blocks of K meet in f32), on both ISA paths the
 /// machine has, at shapes with 1, primes, odd depths (zero padded into the last
 /// word), one past a block, B as an activation (row-major, transposed),
-/// transposed A, a batch, and a weight pre-packed in the type with bias, residual
-/// and GELU fused. The kernels' code must hold `instruction`.
+/// transposed A, A as 8-bit codes in memory (aligned rows, odd rows, an odd
+/// offset, transposed), a batch, and a weight pre-packed in the type with bias,
+/// residual and GELU fused. The kernels' code must hold `instruction`.
 fn integer_contractions_are_exact(elem: kernels::ElemType, instruction: &str) {
     use proptest::prelude::*;
     let dir = std::env::temp_dir().join(format!("anyshape-{elem}-{}", std::process::id()));
@@ -397,6 +398,32 @@ fn integer_contractions_are_exact(elem: kernels::ElemType, instruction: &str) {
                 all_close(c, (m, n, k), &format!("{what} {s}"), exact, tol)
             })?;
             let (am, bm) = (MatRef::row_major(&a, m, k).unwrap(), MatRef::row_major(&b, k, n).unwrap());
+            // A as 8-bit codes in memory (a quantized model's stored activations):
+            // rows a multiple of 4 bytes apart (u8s8 copies their words), one
+            // byte past that (byte by byte), a view at an odd offset, transposed.
+            for (what, pad, offset, transposed) in
+                [("codes", 0, 0, false), ("codes rs+4", 4, 0, false), ("codes rs+1", 1, 0, false)]
+                    .into_iter()
+                    .chain([("codes at 3", 0, 3, false), ("codes transposed", 0, 0, true)])
+            {
+                let (rows, cols) = if transposed { (k, m) } else { (m, k) };
+                let rs = cols + pad;
+                let mut bytes = vec![0xa5u8; offset + rows * rs];
+                for i in 0..m {
+                    for p in 0..k {
+                        let (r, c) = if transposed { (p, i) } else { (i, p) };
+                        bytes[offset + r * rs + c] = a[i * k + p] as u8;
+                    }
+                }
+                let codes = MatRef::of_codes(&bytes[offset..], rows, cols, rs, 1).unwrap();
+                let codes = if transposed { codes.t() } else { codes };
+                let mut c = vec![f32::NAN; m * n];
+                let cv = MatMut::new(&mut c, m, n, n).unwrap();
+                let s = plain
+                    .matmul(&pool, codes, BOperand::Plain(bm), cv, &EpilogueArgs::default())
+                    .expect("run");
+                all_close(&c, (m, n, k), &format!("{what} {s}"), exact, tol)?;
+            }
             // A weight pre-packed as bytes, with the epilogue fused.
             let packed = fused.pack_weight(bm, &[1, 16, 128]).expect("pack");
             prop_assert_eq!(packed.elem, elem);

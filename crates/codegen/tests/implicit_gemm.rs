@@ -258,6 +258,121 @@ fn implicit_gemm_matches_the_convolution() {
     }
 }
 
+/// A convolution's taps over an image of 8-bit codes (`MatRef::taps_of_codes`,
+/// a quantized model's stored activation) by int8 weights, exactly: through
+/// the u8s8 family (words copied as they lie where channels and pixel strides
+/// are multiples of 4, byte by byte otherwise) and the i16 family (byte by
+/// byte), with the generated packing and the portable loops, at ResNet's
+/// shapes scaled down and random geometries (gaps between pixels, padding,
+/// strides, dilations), between canaries.
+#[test]
+fn taps_of_codes_match_the_integer_convolution() {
+    let dir = std::env::temp_dir().join(format!("anyshape-code-taps-{}", std::process::id()));
+    let pool = ThreadPool::new(2);
+    let mut elems = vec![kernels::ElemType::I16];
+    if kernels::testing::vnni() {
+        elems.push(kernels::ElemType::U8S8);
+    }
+    for t in targets() {
+        for &elem in elems.iter().filter(|e| t.check_elem(**e).is_ok()) {
+            for generated in [true, false] {
+                let c = Contraction::builder(&t, &pool)
+                    .cache(Some(&dir))
+                    .elem(elem)
+                    .generated_packing(generated)
+                    .build()
+                    .expect("compile");
+                let fixed = [
+                    ((1, 7, 7, 16), (3, 3, 1, 1, 1, 1), 0, 8),
+                    ((2, 5, 6, 16), (3, 3, 2, 1, 1, 0), 4, 5),
+                    ((1, 9, 9, 32), (1, 1, 2, 1, 0, 0), 0, 33),
+                    ((1, 6, 11, 8), (3, 3, 2, 1, 1, 1), 0, 40),
+                    ((1, 5, 6, 12), (3, 3, 1, 1, 1, 1), 3, 35),
+                    ((2, 13, 13, 3), (7, 7, 2, 1, 3, 2), 0, 16),
+                ];
+                for (img, conv, gap, k) in fixed {
+                    check_codes(&c, &pool, geometry(img, conv, gap), k)
+                        .unwrap_or_else(|e| panic!("{elem} generated {generated}: {e}"));
+                }
+                let cases = (
+                    (1usize..=2, 1usize..=11, 1usize..=11, 1usize..=40),
+                    (1usize..=3, 1usize..=3, 1usize..=2, 1usize..=2, 0usize..=2, 0usize..=2),
+                    0usize..=4,
+                    1usize..=70,
+                );
+                let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(24));
+                runner
+                    .run(&cases, |(img, conv, gap, k)| check_codes(&c, &pool, geometry(img, conv, gap), k))
+                    .unwrap_or_else(|e| panic!("{elem} generated {generated}: {e}"));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One convolution over codes at `t` with `k` outputs, weights packed and
+/// not, against the exact integer convolution.
+fn check_codes(c: &Contraction, pool: &ThreadPool, t: ConvTaps, k: usize) -> Result<(), TestCaseError> {
+    let [sn, sy, sx] = t.strides;
+    let len = (t.batch - 1) * sn + (t.height - 1) * sy + (t.width - 1) * sx + t.channels;
+    // Canary bytes around the image and in the gaps between pixels.
+    let mut img = vec![0xc3u8; len + 2 * MARGIN];
+    let at = |b: usize, y: usize, x: usize, ch: usize| MARGIN + b * sn + y * sy + x * sx + ch;
+    for b in 0..t.batch {
+        for y in 0..t.height {
+            for x in 0..t.width {
+                for ch in 0..t.channels {
+                    img[at(b, y, x, ch)] = ((b * 131 + y * 37 + x * 73 + ch * 51) % 256) as u8;
+                }
+            }
+        }
+    }
+    let (rows, depth) = t.dims().unwrap();
+    let w: Vec<f32> = (0..depth * k).map(|i| ((i * 113 % 256) as f32) - 128.0).collect();
+    let fail = |e: kernels::KernelError| TestCaseError::fail(e.to_string());
+    let a = MatRef::taps_of_codes(&img[MARGIN..MARGIN + len], t).map_err(fail)?;
+    let bm = MatRef::row_major(&w, depth, k).unwrap();
+    let packed = c.pack_weight(bm, &[rows]).map_err(fail)?;
+    for b in [BOperand::Plain(bm), BOperand::Packed(&packed)] {
+        let mut out = vec![CANARY; rows * k + 2 * MARGIN];
+        let cv = MatMut::new(&mut out[MARGIN..MARGIN + rows * k], rows, k, k).unwrap();
+        let s = c.matmul(pool, a, b, cv, &EpilogueArgs::default()).map_err(fail)?;
+        prop_assert!(
+            out[..MARGIN].iter().chain(&out[MARGIN + rows * k..]).all(|&x| x == CANARY),
+            "canary hit"
+        );
+        for r in 0..rows {
+            let (bi, y, x) = (r / (t.out[0] * t.out[1]), r / t.out[1] % t.out[0], r % t.out[1]);
+            for o in 0..k {
+                let (mut want, mut size) = (0i64, 0i64);
+                for i in 0..t.kernel[0] {
+                    for j in 0..t.kernel[1] {
+                        let iy = (y * t.stride[0] + i * t.dilation[0]) as i64 - t.pad[0] as i64;
+                        let ix = (x * t.stride[1] + j * t.dilation[1]) as i64 - t.pad[1] as i64;
+                        if iy < 0 || ix < 0 || iy >= t.height as i64 || ix >= t.width as i64 {
+                            continue;
+                        }
+                        for ch in 0..t.channels {
+                            let v = i64::from(img[at(bi, iy as usize, ix as usize, ch)]);
+                            let term = v * w[((i * t.kernel[1] + j) * t.channels + ch) * k + o] as i64;
+                            want += term;
+                            size += term.abs();
+                        }
+                    }
+                }
+                // Exact while every partial sum is (K blocks meet in f32).
+                let tol = if size < 1 << 24 { 0.0 } else { size as f64 * 2f64.powi(-23) };
+                let got = out[MARGIN + r * k + o] as f64;
+                prop_assert!(
+                    (got - want as f64).abs() <= tol,
+                    "{s}: {t:?} k {k}: [{r}, {o}] {got} vs {want}"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A view whose image does not fit its buffer, and a transposed one, are refused.
 #[test]
 fn bad_taps_are_errors() {

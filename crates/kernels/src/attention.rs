@@ -279,8 +279,15 @@ pub fn attention(
                     failed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(msg);
                     continue;
                 }
-                let pb =
-                    MatRef { data: &probs[..n * keys], rows: n, cols: keys, rs: keys, cs: 1, taps: None };
+                let pb = MatRef {
+                    data: &probs[..n * keys],
+                    codes: None,
+                    rows: n,
+                    cols: keys,
+                    rs: keys,
+                    cs: 1,
+                    taps: None,
+                };
                 let cols = 0..dv.div_ceil(onr);
                 direct_band(
                     &plan.output,
@@ -420,7 +427,7 @@ fn online_task(
             at += len;
             continue;
         }
-        let pb = MatRef { data: p, rows: n, cols: len, rs: len, cs: 1, taps: None };
+        let pb = MatRef { data: p, codes: None, rows: n, cols: len, rs: len, cs: 1, taps: None };
         let vc = BOperand::Plain(rows_of(t.v, at..at + len));
         direct_band(
             &plan.output,

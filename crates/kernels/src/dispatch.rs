@@ -31,6 +31,9 @@ pub struct Dispatcher {
     memo: RwLock<HashMap<Problem, Schedule>>,
     /// Single-thread direct schedules of fused attention's tasks, per problem.
     task_memo: RwLock<HashMap<Problem, Schedule>>,
+    /// The packed schedules of problems whose A is 8-bit codes and whose
+    /// schedule reads A in place (which direct kernels cannot: they read f32).
+    codes_memo: RwLock<HashMap<Problem, Schedule>>,
     /// At most one tree per operand layout (a handful: a linear scan).
     trees: Vec<DecisionTree>,
     /// Macro-kernels measured by the Bayesian search, per class of problems.
@@ -46,6 +49,7 @@ impl Dispatcher {
             model,
             memo: RwLock::new(HashMap::new()),
             task_memo: RwLock::new(HashMap::new()),
+            codes_memo: RwLock::new(HashMap::new()),
             trees: Vec::new(),
             tuned: None,
         }
@@ -149,6 +153,23 @@ impl Dispatcher {
         Ok(s)
     }
 
+    /// The schedule of `p` when its A is 8-bit codes (`a_codes`): the
+    /// problem's schedule, or where that reads A in place, the best packed one
+    /// (memoized too). The problem's layouts are its floats' (what the
+    /// measured dispatch was measured for).
+    pub fn schedule_of(&self, p: &Problem, a_codes: bool) -> Result<Schedule, KernelError> {
+        let s = self.schedule(p)?;
+        if !a_codes || s.operands != Operands::Direct {
+            return Ok(s);
+        }
+        if let Some(s) = self.codes_memo.read().unwrap_or_else(|e| e.into_inner()).get(p) {
+            return Ok(*s);
+        }
+        let s = self.choose_where(self.model, p, |s| s.operands == Operands::Packed)?;
+        self.codes_memo.write().unwrap_or_else(|e| e.into_inner()).insert(*p, s);
+        Ok(s)
+    }
+
     /// The schedule of one task of a fused kernel (a block of fused attention's
     /// rows): the model's best among the direct schedules on one thread (the
     /// fused kernel's threads split the tasks), memoized per problem.
@@ -219,6 +240,7 @@ impl Dispatcher {
         tuned.check(&self)?;
         self.tuned = Some(tuned);
         self.memo.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        self.codes_memo.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
         Ok(self)
     }
 
@@ -398,7 +420,7 @@ impl Dispatcher {
                 pool.threads()
             )));
         }
-        let s = self.schedule(&p)?;
+        let s = self.schedule_of(&p, a.iter().any(MatRef::is_codes))?;
         execute(pool, &self.plan(&s)?, a, b, c, ep)?;
         Ok(s)
     }
@@ -424,11 +446,13 @@ impl Dispatcher {
                 return Err(KernelError::Shape("the entries of a batch differ in shape or layout".into()));
             }
         }
-        let a_layout = if a.iter().all(a_in_place) {
+        // Codes have their floats' layouts (`schedule_of` keeps them packed).
+        let as_floats: Vec<MatRef> = a.iter().map(|m| MatRef { codes: None, ..*m }).collect();
+        let a_layout = if as_floats.iter().all(a_in_place) {
             ALayout::RowMajor
         } else {
             match a0.taps {
-                Some((t, false)) if a.iter().all(crate::direct::taps_in_place) => t.layout(),
+                Some((t, false)) if as_floats.iter().all(crate::direct::taps_in_place) => t.layout(),
                 _ => ALayout::Strided,
             }
         };

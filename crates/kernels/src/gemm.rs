@@ -99,6 +99,11 @@ impl Blocking {
 #[derive(Clone, Copy, Debug)]
 pub struct MatRef<'a> {
     pub(crate) data: &'a [f32],
+    /// An A operand of 8-bit unsigned codes instead (`data` empty): element
+    /// `(i, j)` is the byte at `i·rs + j·cs` (or at its tap), as the value it
+    /// holds. A quantized model's activations stored a byte each: packing
+    /// for the u8s8 kernels copies their 4-byte words as they lie.
+    pub(crate) codes: Option<&'a [u8]>,
     pub rows: usize,
     pub cols: usize,
     pub(crate) rs: usize,
@@ -118,14 +123,37 @@ impl<'a> MatRef<'a> {
         cs: usize,
     ) -> Result<MatRef<'a>, KernelError> {
         check_extent(data.len(), rows, cols, rs, cs)?;
-        Ok(MatRef { data, rows, cols, rs, cs, taps: None })
+        Ok(MatRef { data, codes: None, rows, cols, rs, cs, taps: None })
+    }
+    /// `codes[i·rs + j·cs]` as A's element `(i, j)` (see [`MatRef::codes`]);
+    /// every index must be in bounds.
+    pub fn of_codes(
+        codes: &'a [u8],
+        rows: usize,
+        cols: usize,
+        rs: usize,
+        cs: usize,
+    ) -> Result<MatRef<'a>, KernelError> {
+        check_extent(codes.len(), rows, cols, rs, cs)?;
+        Ok(MatRef { data: &[], codes: Some(codes), rows, cols, rs, cs, taps: None })
+    }
+    /// The taps of a convolution over a channels-last image of 8-bit codes
+    /// (strides and channels in bytes).
+    pub fn taps_of_codes(codes: &'a [u8], taps: ConvTaps) -> Result<MatRef<'a>, KernelError> {
+        taps.check(codes.len())?;
+        let (rows, cols) = taps.dims()?;
+        Ok(MatRef { data: &[], codes: Some(codes), rows, cols, rs: 0, cs: 0, taps: Some((taps, false)) })
+    }
+    /// Whether this view reads 8-bit codes.
+    pub fn is_codes(&self) -> bool {
+        self.codes.is_some()
     }
     /// The taps of a convolution over the channels-last image in `data`, as the
     /// A operand of its GEMM (implicit GEMM): packing reads the image.
     pub fn taps(data: &'a [f32], taps: ConvTaps) -> Result<MatRef<'a>, KernelError> {
         taps.check(data.len())?;
         let (rows, cols) = taps.dims()?;
-        Ok(MatRef { data, rows, cols, rs: 0, cs: 0, taps: Some((taps, false)) })
+        Ok(MatRef { data, codes: None, rows, cols, rs: 0, cs: 0, taps: Some((taps, false)) })
     }
     /// Whether this view reads a convolution's taps.
     pub fn is_taps(&self) -> bool {
@@ -141,6 +169,13 @@ impl<'a> MatRef<'a> {
         MatRef { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs, taps, ..self }
     }
     pub(crate) fn at(&self, i: usize, j: usize) -> f32 {
+        if let Some(codes) = self.codes {
+            return match self.taps {
+                Some((t, false)) => t.code_at(codes, i, j),
+                Some((t, true)) => t.code_at(codes, j, i),
+                None => f32::from(codes[i * self.rs + j * self.cs]),
+            };
+        }
         match self.taps {
             Some((t, false)) => t.at(self.data, i, j),
             Some((t, true)) => t.at(self.data, j, i),
@@ -1170,7 +1205,7 @@ fn band(
         };
         let last = pc + kc == k && !uk.epilogue.is_identity();
         let flags = if pc > 0 { ACCUMULATE } else { 0 } | if last { APPLY_EPILOGUE } else { 0 };
-        pack_a(a, ic, mc, pc, kc, kern.mr, uk.elem, ap, kern.packers.a, kern.packers.a_rows);
+        pack_a(a, ic, mc, pc, kc, kern.mr, uk.elem, ap, &kern.packers);
         let (mr, nr) = (kern.mr, uk.nr);
         let (tile_words, full) = (kw * mr, mc / mr);
         let b_len = uk.elem.b_panel_len(kc, nr);
@@ -1179,7 +1214,7 @@ fn band(
             let jp = jr - first_panel;
             // One row by a quantized weight: multiplied from the codes (no panel
             // dequantized), then the epilogue as an edge tile's, of a zero product.
-            if let (BOperand::Packed(p), 1, true) = (b, mc, a.cs == 1 && !a.is_taps()) {
+            if let (BOperand::Packed(p), 1, true) = (b, mc, a.cs == 1 && !a.is_taps() && !a.is_codes()) {
                 let (col, arow) = (jr * nr, &a.data[ic * a.rs + pc..ic * a.rs + pc + kc]);
                 dot_out.clear();
                 dot_out.resize(nr, 0.0);

@@ -61,6 +61,11 @@ pub struct Packers {
     /// Their products with one row of A (4 and 8 bits): a product of one row
     /// multiplies the codes directly, no dequantized panel.
     pub dots: [Option<CodeDot>; 2],
+    /// A's routines over 32-bit words as they lie (f32 panels, `MR` wide), by
+    /// rows and by address: the u8s8 kernels' A words from 8-bit codes in
+    /// memory (four consecutive depths' bytes, one word).
+    pub a_words: Option<Packer>,
+    pub a_rows_words: Option<crate::taps::RowsPacker>,
 }
 
 impl Packers {
@@ -181,7 +186,7 @@ fn gather(
 
 /// Pack rows `i0..i0+m` and depth `p0..p0+kc` of A into `MR`-row micro-panels of
 /// `elem` words, `out[panel][w·MR + i]`; rows past `m` are zero (local padding). A
-/// row-major A goes through `gen` when given.
+/// row-major A goes through the generated routines of `packers` when given.
 #[allow(clippy::too_many_arguments)]
 pub fn pack_a(
     a: &MatRef,
@@ -192,9 +197,12 @@ pub fn pack_a(
     mr: usize,
     elem: ElemType,
     out: &mut Lines<u32>,
-    gen: Option<Packer>,
-    gen_rows: Option<crate::taps::RowsPacker>,
+    packers: &Packers,
 ) {
+    let (gen, gen_rows) = (packers.a, packers.a_rows);
+    if let Some(codes) = a.codes {
+        return pack_codes(a, codes, (i0, m, p0, kc), mr, elem, out, packers);
+    }
     if let Some((t, false)) = a.taps {
         return crate::taps::pack_taps(a.data, &t, i0, m, p0, kc, mr, elem, out, gen_rows);
     }
@@ -222,6 +230,101 @@ pub fn pack_a(
             }
         } else {
             gather(panel, (mr, rows, kc), elem, Side::A, |i, k| a.at(r0 + i, p0 + k));
+        }
+    }
+}
+
+/// [`pack_a`] of a view of 8-bit codes. For the u8s8 kernels, whose A words
+/// are four consecutive depths' bytes, a row-major A (or a convolution's taps
+/// over whole words of channels) is copied a word at a time as it lies; any
+/// other view, or type, goes element by element.
+fn pack_codes(
+    a: &MatRef,
+    codes: &[u8],
+    (i0, m, p0, kc): (usize, usize, usize, usize),
+    mr: usize,
+    elem: ElemType,
+    out: &mut Lines<u32>,
+    packers: &Packers,
+) {
+    let panels = m.div_ceil(mr);
+    let size = elem.words(kc) * mr;
+    out.resize(panels * size);
+    let words = elem == ElemType::U8S8 && p0.is_multiple_of(4) && kc.is_multiple_of(4);
+    match a.taps {
+        Some((t, false)) if words && mr <= MAX_CODE_ROWS && t.in_words().is_some() => {
+            let gen = packers.a_rows_words.filter(|p| p.width == mr && p.elem == ElemType::F32);
+            crate::taps::pack_code_taps(codes, &t, i0, m, (p0, kc), mr, &mut out[..], gen);
+        }
+        None if words && a.cs == 1 && mr <= MAX_CODE_ROWS => {
+            let gen = packers.a_words.filter(|p| p.width == mr && p.elem == ElemType::F32);
+            let aligned = a.rs.is_multiple_of(4) && (codes.as_ptr() as usize).is_multiple_of(4);
+            let mut rows_at = [std::ptr::null::<u8>(); MAX_CODE_ROWS];
+            for pi in 0..panels {
+                let rows = mr.min(m - pi * mr);
+                let r0 = i0 + pi * mr;
+                let panel = &mut out[pi * size..(pi + 1) * size];
+                match gen {
+                    Some(p) if aligned && rows > 0 => {
+                        let start = r0 * a.rs + p0;
+                        let last = (r0 + rows - 1) * a.rs + p0 + kc;
+                        assert!(last <= codes.len() && panel.len() == kc / 4 * mr);
+                        // SAFETY: the routine reads `kc / 4` words from each of `rows`
+                        // rows starting at `start + i·rs` bytes, all inside `codes`
+                        // (asserted), 4-byte aligned (the buffer, `rs` and `p0` are),
+                        // and writes exactly `kc / 4 · mr` words, the whole of `panel`.
+                        unsafe {
+                            (p.func)(
+                                codes.as_ptr().add(start).cast::<f32>(),
+                                (a.rs / 4) as i64,
+                                rows as i64,
+                                (kc / 4) as i64,
+                                panel.as_mut_ptr(),
+                            );
+                        }
+                    }
+                    _ => {
+                        for (i, at) in rows_at[..rows].iter_mut().enumerate() {
+                            let start = (r0 + i) * a.rs + p0;
+                            *at = codes[start..start + kc].as_ptr();
+                        }
+                        copy_words(&rows_at[..rows], kc / 4, mr, panel);
+                    }
+                }
+            }
+        }
+        _ => {
+            for pi in 0..panels {
+                let panel = &mut out[pi * size..(pi + 1) * size];
+                let rows = mr.min(m - pi * mr);
+                if rows < mr {
+                    panel.fill(0);
+                }
+                let r0 = i0 + pi * mr;
+                gather(panel, (mr, rows, kc), elem, Side::A, |i, k| a.at(r0 + i, p0 + k));
+            }
+        }
+    }
+}
+
+/// The most rows of a panel of codes copied a word at a time (a register
+/// tile is at most 16 high).
+pub(crate) const MAX_CODE_ROWS: usize = 32;
+
+/// `panel[w·mr + i]` = word `w` of row `i` (its bytes `4w..4w + 4` from
+/// `rows[i]`, null: zeros), for `words` words; rows past `rows.len()` are zero.
+pub(crate) fn copy_words(rows: &[*const u8], words: usize, mr: usize, panel: &mut [u32]) {
+    assert!(rows.len() <= mr && panel.len() >= words * mr);
+    for w in 0..words {
+        let out = &mut panel[w * mr..(w + 1) * mr];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = match rows.get(i) {
+                // SAFETY: every non-null row pointer starts `4·words` readable bytes
+                // (the callers take it from a slice of that length, or a checked
+                // taps run), and `4w + 4 ≤ 4·words`; the read is unaligned.
+                Some(r) if !r.is_null() => unsafe { r.add(4 * w).cast::<u32>().read_unaligned() },
+                _ => 0,
+            };
         }
     }
 }

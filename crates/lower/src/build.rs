@@ -20,6 +20,10 @@ pub(crate) struct Builder<'a> {
     dims: &'a mut DimTable,
     /// Values held in buffers (readable by loads), and their buffers.
     avail: &'a HashMap<ValueId, BufId>,
+    /// Buffers stored in a narrower type than the values they hold (a
+    /// quantized activation's u8 codes of its f32 value): loaded and widened,
+    /// stored narrow.
+    narrowed: &'a HashMap<BufId, DType>,
     pub x: Exprs,
     params: Vec<Param>,
     /// The model buffer of each parameter.
@@ -34,11 +38,17 @@ pub(crate) struct Builder<'a> {
 type R<T> = Result<T, LowerError>;
 
 impl<'a> Builder<'a> {
-    pub fn new(g: &'a Graph, dims: &'a mut DimTable, avail: &'a HashMap<ValueId, BufId>) -> Builder<'a> {
+    pub fn new(
+        g: &'a Graph,
+        dims: &'a mut DimTable,
+        avail: &'a HashMap<ValueId, BufId>,
+        narrowed: &'a HashMap<BufId, DType>,
+    ) -> Builder<'a> {
         Builder {
             g,
             dims,
             avail,
+            narrowed,
             x: Exprs::default(),
             params: Vec::new(),
             args: Vec::new(),
@@ -80,7 +90,8 @@ impl<'a> Builder<'a> {
             return *p;
         }
         let shape = self.syms(&self.g.ty(v).shape.clone());
-        self.params.push(Param { name: self.g.name(v).to_string(), dtype: self.dtype(v), shape, written });
+        let dtype = self.narrowed.get(&buf).copied().unwrap_or_else(|| self.dtype(v));
+        self.params.push(Param { name: self.g.name(v).to_string(), dtype, shape, written });
         self.args.push(buf);
         self.values.push(v);
         self.param_of.insert(buf, self.params.len() as u32 - 1);
@@ -104,7 +115,12 @@ impl<'a> Builder<'a> {
         let mut stores = Vec::new();
         for &(v, buf) in outs {
             let idx = self.reshape_index(space, self.shape(v), &vars);
-            let value = self.value_at(v, &idx, None)?;
+            // A narrowed buffer stores the narrow value `v` widens.
+            let stored = match self.narrowed.get(&buf) {
+                Some(&dt) => self.narrow_source(v, dt)?,
+                None => v,
+            };
+            let value = self.value_at(stored, &idx, None)?;
             let param = self.param(v, buf, true);
             stores.push(Store { param, value });
         }
@@ -165,6 +181,19 @@ impl<'a> Builder<'a> {
             out.push(Store { param: self.params.len() as u32 - 1, value });
         }
         self.finish(name, ext, vars, out)
+    }
+
+    /// The value of type `dt` that `v` is a widening cast of (what a narrowed
+    /// buffer of `v` stores).
+    fn narrow_source(&self, v: ValueId, dt: DType) -> R<ValueId> {
+        let g = self.g;
+        match g.producers()[v.index()].map(|p| &g.nodes[p]) {
+            Some(n) if matches!(n.op, Op::Cast) && self.dtype(n.inputs[0]) == dt => Ok(n.inputs[0]),
+            _ => Err(LowerError::Internal(format!(
+                "'{}' is stored as {dt:?} but is no cast of one",
+                g.name(v)
+            ))),
+        }
     }
 
     /// The program's variables over `space`.
@@ -251,6 +280,10 @@ impl<'a> Builder<'a> {
         }
         if let Some(&buf) = self.avail.get(&v) {
             let p = self.param(v, buf, false);
+            if let Some(&narrow) = self.narrowed.get(&buf) {
+                let l = self.x.load(p, narrow, idx.to_vec(), guard);
+                return Ok(self.x.cast(l, dt));
+            }
             return Ok(self.x.load(p, dt, idx.to_vec(), guard));
         }
         let Some(p) = producer else {

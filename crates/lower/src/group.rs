@@ -120,6 +120,11 @@ pub(crate) struct Lowering<'g> {
     column_scales: bool,
     /// Epilogue programs take their constants as parameters.
     epilogue_params: bool,
+    /// Quantized activations may be stored as u8 codes ([`crate::LowerOptions::u8_codes`]).
+    u8_codes: bool,
+    /// Buffers stored narrower than their values (u8 codes of f32 values):
+    /// programs load them widened and store the narrow value.
+    narrowed: HashMap<BufId, DType>,
 }
 
 impl<'g> Lowering<'g> {
@@ -133,6 +138,8 @@ impl<'g> Lowering<'g> {
             matmul_steps: opts.matmul_steps,
             column_scales: opts.column_scales,
             epilogue_params: opts.epilogue_params,
+            u8_codes: opts.u8_codes,
+            narrowed: HashMap::new(),
             g,
             plan: ModelPlan::default(),
             buffer_of: HashMap::new(),
@@ -584,7 +591,15 @@ impl<'g> Lowering<'g> {
                 }
             }
         }
-        let b = Builder::new(g, &mut self.plan.dims, avail);
+        if self.u8_codes {
+            for &(v, b) in outs {
+                if matches!(self.plan.buffers[b].kind, BufferKind::Temp) && narrowable(g, v) {
+                    self.plan.buffers[b].dtype = DType::U8;
+                    self.narrowed.insert(b, DType::U8);
+                }
+            }
+        }
+        let b = Builder::new(g, &mut self.plan.dims, avail, &self.narrowed);
         let (program, args) = b.program(name, &space, outs)?;
         self.add_program_step(gi, program, args);
         Ok(())
@@ -969,7 +984,7 @@ impl<'g> Lowering<'g> {
         if g.ty(v).dtype != DType::F32 || !same_order(&g.env, cs, vs) {
             return Ok(None);
         }
-        let mut b = Builder::new(g, &mut self.plan.dims, avail);
+        let mut b = Builder::new(g, &mut self.plan.dims, avail, &self.narrowed);
         let vars = b.vars(vs, v)?;
         let value = b.value_at(v, &vars, None)?;
         let c_idx = b.reshape_index(vs, cs, &vars);
@@ -1058,7 +1073,7 @@ impl<'g> Lowering<'g> {
         drop(b);
         let n = vs[vs.len() - 1].clone();
         let numel = self.plan.dims.slot(&g.env.normalize(&n));
-        let mut hb = Builder::new(g, &mut self.plan.dims, avail);
+        let mut hb = Builder::new(g, &mut self.plan.dims, avail, &self.narrowed);
         let hv = hb.vars(std::slice::from_ref(&n), v)?;
         let mut memo = HashMap::new();
         let mut copied = Vec::new();
@@ -1477,6 +1492,63 @@ fn as_gelu_tanh(x: &plan::Exprs, e: E) -> Option<E> {
 }
 
 /// An f32 matmul: the contraction engine's work.
+/// Whether `v` may be stored as u8 codes ([`crate::LowerOptions::u8_codes`]):
+/// a widening `cast<f32>` of a u8 value, no model output, and every reader,
+/// through layout ops, either computes in a loop program (which loads it
+/// widened) or is the A of a product by a constant (which the u8s8 kernels
+/// read as codes). A product's B, or the A of a product by another value
+/// (attention's), is read as f32 values as they lie.
+pub(crate) fn narrowable(g: &Graph, v: ValueId) -> bool {
+    let producers = g.producers();
+    let cast_of_u8 = producers[v.index()].is_some_and(|p| {
+        let n = &g.nodes[p];
+        matches!(n.op, Op::Cast) && g.ty(n.inputs[0]).dtype == DType::U8 && g.ty(v).dtype == DType::F32
+    });
+    if !cast_of_u8 {
+        return false;
+    }
+    let mut readers: HashMap<ValueId, Vec<(usize, usize)>> = HashMap::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        for (k, u) in n.inputs.iter().enumerate() {
+            readers.entry(*u).or_default().push((i, k));
+        }
+    }
+    let constant = |u: ValueId| {
+        let mut u = u;
+        loop {
+            match producers[u.index()].map(|p| &g.nodes[p]) {
+                Some(n) if matches!(n.op, Op::Constant(_)) => return true,
+                Some(n) if matches!(n.op, Op::Cast | Op::Reshape | Op::Transpose { .. }) => u = n.inputs[0],
+                _ => return false,
+            }
+        }
+    };
+    let mut todo = vec![v];
+    let mut seen = HashSet::new();
+    while let Some(u) = todo.pop() {
+        if !seen.insert(u) {
+            continue;
+        }
+        if g.outputs.contains(&u) {
+            return false;
+        }
+        for &(r, k) in readers.get(&u).map_or(&[][..], |r| &r[..]) {
+            let n = &g.nodes[r];
+            match &n.op {
+                Op::Reshape
+                | Op::Transpose { .. }
+                | Op::Slice { .. }
+                | Op::Pad { .. }
+                | Op::Concat { .. } => todo.push(n.output),
+                Op::MatMul { .. } if k != 0 || !constant(n.inputs[1]) => return false,
+                Op::Conv(_) | Op::ConvTranspose(_) => return false,
+                _ => {}
+            }
+        }
+    }
+    true
+}
+
 fn is_backbone(g: &Graph, node: &ir::Node) -> bool {
     matches!(node.op, Op::MatMul { .. })
         && node.inputs.iter().chain([&node.output]).all(|v| g.ty(*v).dtype == DType::F32)

@@ -58,11 +58,23 @@ pub struct LowerOptions {
     /// constants (a quantized model's scales) share their kernels; the CPU's
     /// kernels read parameters, the GPU family's do not.
     pub epilogue_params: bool,
+    /// A quantized activation that a loop program writes (`cast<f32>` of a
+    /// `u8` value) is stored a byte a code, and read as such: widened by the
+    /// loop programs that load it, read as it lies by the contractions whose A
+    /// it is (the CPU's u8s8 kernels pack its 4-byte words). Only where every
+    /// reader takes codes (see `group::narrowable`); the GPU's plans keep f32.
+    pub u8_codes: bool,
 }
 
 impl Default for LowerOptions {
     fn default() -> Self {
-        LowerOptions { fuse_attention: true, matmul_steps: true, column_scales: true, epilogue_params: true }
+        LowerOptions {
+            fuse_attention: true,
+            matmul_steps: true,
+            column_scales: true,
+            epilogue_params: true,
+            u8_codes: true,
+        }
     }
 }
 

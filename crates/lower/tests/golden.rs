@@ -4,7 +4,8 @@
 //! splits heads, an element-wise group with a gather, a convolution's taps
 //! read in place, a concat along rows whose choice is made once per row, and a
 //! whole input's reduction stored once for the larger program that reads it
-//! (after the stored tensor it reduces, where it reduces one).
+//! (after the stored tensor it reduces, where it reduces one), and a quantized
+//! activation stored as its u8 codes.
 
 fn lowered(text: &str) -> String {
     let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
@@ -509,4 +510,64 @@ fn rows_read_as_an_image_need_no_division() {
     );
     assert!(!got.contains("div(") && !got.contains("mod("), "got:\n{got}");
     assert!(got.contains("%0[0, add(mul(add(mul(i0, "), "got:\n{got}");
+}
+
+/// A quantized activation (`cast<f32>` of u8 codes) that a loop program
+/// writes and a product by a constant reads as its A is stored as its codes
+/// (`LowerOptions::u8_codes`): the buffer is `u8`, the program stores the codes
+/// and the element-wise reader loads them widened. Without the option (the
+/// GPU's plans) it is stored as f32.
+#[test]
+fn a_quantized_activation_is_stored_as_codes() {
+    let text = r#"graph {
+  sym n param 1..
+  input %x: f32[n, 8]
+  %w: f32[8, 4] = constant [-3, 0, 3, -1, 2, -2, 1, -3, 0, 3, -1, 2, -2, 1, -3, 0, 3, -1, 2, -2, 1, -3, 0, 3, -1, 2, -2, 1, -3, 0, 3, -1]
+  %r: f32[n, 8] = round %x
+  %i: i32[n, 8] = cast %r
+  %q: u8[n, 8] = cast %i
+  %qf: f32[n, 8] = cast %q
+  %y: f32[n, 4] = matmul %qf, %w
+  %e: f32[n, 8] = sqrt %qf
+  output %y, %e
+}
+"#;
+    let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    let fusion = passes::fuse(&g);
+    let with = |u8_codes: bool| {
+        let opts = lower::LowerOptions { u8_codes, ..Default::default() };
+        plan::print_plan(&lower::lower_with(&g, &fusion, &opts).unwrap_or_else(|e| panic!("{e}")))
+    };
+    let got = with(true);
+    let want = r#"dims:
+  d0 = 8*n
+  d1 = 32
+  d2 = 4*n
+  d3 = n
+  d4 = 0
+  d5 = 8
+  d6 = 1
+  d7 = 4
+buffers:
+  b0: f32[n, 8] "x" (input 0)
+  b1: f32[8, 4] "w" (constant)
+  b2: f32[n, 4] "y" (output 0)
+  b3: f32[n, 8] "e" (output 1)
+  b4: u8[n, 8] "qf" (temp, steps 0..=1)
+p0: program g0_elementwise
+  %0: in f32[d3, 8] "x"
+  %1: out u8[d3, 8] "qf"
+  %2: out f32[d3, 8] "e"
+  for i0 < d3, i1 < 8:
+    t0: u8 = cast<u8>(cast<i32>(round(%0[i0, i1])))
+    %1[·] = t0
+    %2[·] = sqrt(cast<f32>(t0))
+group 0: elementwise
+  loop p0(b0, b4, b3)
+group 1: contraction
+  matmul [] m d3 n d7 k d5 (weight) (u8·s8): A b4+d4 strides [] d5 d6 · B b1+d4 strides [] d7 d6 → C b2+d4 strides [] d7 d6
+"#;
+    assert_eq!(got, want, "got:\n{got}");
+    let floats = with(false);
+    assert!(floats.contains("b4: f32[n, 8] \"qf\"") && !floats.contains("u8[n, 8]"), "{floats}");
 }

@@ -45,8 +45,9 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// marked for them; 9: and i16s8, whose weights are byte pairs; 10: a GPU
 /// artifact holds code for several GPUs, cubins, and its GEMMs' weights in
 /// bf16; 11: weight-only codes; 12: kernels read column scales; 13: and their
-/// epilogue programs' parameters); a runtime reads only its own.
-pub const FORMAT_VERSION: u32 = 13;
+/// epilogue programs' parameters; 14: quantized activations stored as u8
+/// codes, and A's word packers); a runtime reads only its own.
+pub const FORMAT_VERSION: u32 = 14;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;
@@ -247,6 +248,11 @@ struct PackersMeta {
     dequant: Vec<(usize, u32, Entry)>,
     /// The products of a row with weight codes: width, bits and entry.
     dots: Vec<(usize, u32, Entry)>,
+    /// A's word packers (u8s8 from codes in memory), by rows and by address.
+    #[serde(default)]
+    a_words: Option<PackerMeta>,
+    #[serde(default)]
+    a_rows_words: Option<PackerMeta>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -820,20 +826,19 @@ fn dispatcher_meta(e: Epilogue, d: &Dispatcher, syms: &Symbols) -> Result<Dispat
         })
         .transpose()
     };
+    let rows_packer = |p: Option<kernels::RowsPacker>| -> Result<Option<PackerMeta>, ArtifactError> {
+        p.map(|r| {
+            Ok(PackerMeta { width: r.width, elem: r.elem, func: syms.entry(r.func as usize, "taps packer")? })
+        })
+        .transpose()
+    };
     let packers = |p: &Packers| -> Result<PackersMeta, ArtifactError> {
         Ok(PackersMeta {
             a: packer(p.a)?,
             bt: packer(p.bt)?,
-            a_rows: p
-                .a_rows
-                .map(|r| {
-                    Ok::<_, ArtifactError>(PackerMeta {
-                        width: r.width,
-                        elem: r.elem,
-                        func: syms.entry(r.func as usize, "taps packer")?,
-                    })
-                })
-                .transpose()?,
+            a_rows: rows_packer(p.a_rows)?,
+            a_words: packer(p.a_words)?,
+            a_rows_words: rows_packer(p.a_rows_words)?,
             dequant: p
                 .dequant
                 .iter()
@@ -923,7 +928,23 @@ fn dispatcher_of(d: DispatcherMeta, threads: usize, entries: &Entries) -> Result
             let f = unsafe { entries.get(func)? };
             *slot = Some(kernels::CodeDot { width: *width, bits: *bits, func: f });
         }
-        Ok(Packers { a: packer(&p.a)?, bt: packer(&p.bt)?, a_rows, dequant, dots })
+        let rows_packer = |r: &Option<PackerMeta>| {
+            r.as_ref()
+                .map(|r| {
+                    let f = unsafe { entries.get(&r.func)? };
+                    Ok::<_, ArtifactError>(kernels::RowsPacker { width: r.width, elem: r.elem, func: f })
+                })
+                .transpose()
+        };
+        Ok(Packers {
+            a: packer(&p.a)?,
+            bt: packer(&p.bt)?,
+            a_rows,
+            dequant,
+            dots,
+            a_words: packer(&p.a_words)?,
+            a_rows_words: rows_packer(&p.a_rows_words)?,
+        })
     };
     let variants = d
         .variants

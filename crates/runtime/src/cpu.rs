@@ -348,6 +348,7 @@ impl Cpu {
 
     fn run_matmul(
         &self,
+        plan: &ModelPlan,
         step: usize,
         mm: &plan::MatMulStep,
         ms: &shape::MatMulShape,
@@ -360,7 +361,14 @@ impl Cpu {
         let d = self.dispatcher(mm)?;
         let shape_err = |e: kernels::KernelError| RunError::Internal(e.to_string());
         let whole = |b: usize| f32s(ptrs, sp, b);
-        let a_all = whole(mm.a.buf);
+        // A quantized model's activations may be stored a byte a code (`lower`'s
+        // narrowed buffers): A then reads them as they lie.
+        let codes = match plan.buffers[mm.a.buf].dtype {
+            DType::U8 => Some(bytes(ptrs, sp, mm.a.buf)),
+            DType::F32 => None,
+            other => return Err(RunError::Internal(format!("a matmul's A of {other:?}"))),
+        };
+        let a_all = if codes.is_some() { &[][..] } else { whole(mm.a.buf) };
         // A packed weight's own bytes are not read (nor aligned: see `reads`).
         let b_all = match &self.packed[step] {
             Some(_) => &[][..],
@@ -369,9 +377,16 @@ impl Cpu {
         let mut a = Vec::with_capacity(ms.entries.len());
         let mut b = Vec::with_capacity(ms.entries.len());
         for e in &ms.entries {
-            a.push(match ms.taps {
-                Some(t) => MatRef::taps(a_all.get(e[0]..).unwrap_or(&[]), t).map_err(shape_err)?,
-                None => view(a_all, e[0], ms.m, ms.k, ms.rs[0], ms.cs[0])?,
+            a.push(match (ms.taps, codes) {
+                (Some(t), None) => MatRef::taps(a_all.get(e[0]..).unwrap_or(&[]), t).map_err(shape_err)?,
+                (None, None) => view(a_all, e[0], ms.m, ms.k, ms.rs[0], ms.cs[0])?,
+                (Some(t), Some(c)) => {
+                    MatRef::taps_of_codes(c.get(e[0]..).unwrap_or(&[]), t).map_err(shape_err)?
+                }
+                (None, Some(c)) => {
+                    MatRef::of_codes(c.get(e[0]..).unwrap_or(&[]), ms.m, ms.k, ms.rs[0], ms.cs[0])
+                        .map_err(shape_err)?
+                }
             });
             b.push(match &self.packed[step] {
                 Some(p) => BOperand::Packed(p),
@@ -627,7 +642,7 @@ impl Backend for Cpu {
                     }
                 }
             }
-            (StepKind::MatMul(mm), StepShape::MatMul(ms)) => self.run_matmul(step, mm, ms, sp, ptrs),
+            (StepKind::MatMul(mm), StepShape::MatMul(ms)) => self.run_matmul(plan, step, mm, ms, sp, ptrs),
             (StepKind::Attention(a), StepShape::Attention(at)) => self.run_attention(plan, a, at, sp, ptrs),
             _ => Err(RunError::Internal("a step and its shape disagree".into())),
         }
@@ -697,6 +712,14 @@ fn f32s<'a>(ptrs: &[*mut u8], sp: &'a ShapePlan, b: usize) -> &'a [f32] {
     // constant or arena block of this call, aligned), alive for the call; a step
     // only reads its operands this way, and no operand of a step is its output.
     unsafe { std::slice::from_raw_parts(ptrs[b] as *const f32, sp.numel[b]) }
+}
+
+/// Buffer `b` as bytes (a buffer of u8 codes).
+fn bytes<'a>(ptrs: &[*mut u8], sp: &'a ShapePlan, b: usize) -> &'a [u8] {
+    // SAFETY: buffer `b` holds `numel` u8 values at `ptrs[b]` (an input, output,
+    // constant or arena block of this call), alive for the call; a step only reads
+    // its operands this way, and no operand of a step is its output.
+    unsafe { std::slice::from_raw_parts(ptrs[b] as *const u8, sp.numel[b]) }
 }
 
 /// Each batch entry's output block of buffer `c` (row-major, at the entries'

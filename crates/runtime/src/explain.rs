@@ -107,13 +107,18 @@ impl CompiledModel<crate::Cpu> {
                         let _ = writeln!(s, "matmul {}x{}x{}: empty", ms.m, ms.n, ms.k);
                         continue;
                     }
-                    let sched = d.schedule(&p).map_err(internal)?;
+                    let codes = self.plan.buffers[mm.a.buf].dtype == ir::DType::U8;
+                    let sched = d.schedule_of(&p, codes).map_err(internal)?;
                     let e = mm.epilogue.function();
                     let ep = if e.is_identity() { String::new() } else { format!(", epilogue {e:?}") };
                     let _ = writeln!(
                         s,
-                        "matmul {} x [{}x{}x{}] (A {a:?}, B {b:?}): {sched}{ep}",
-                        p.batch, p.m, p.n, p.k
+                        "matmul {} x [{}x{}x{}] (A {a:?}{}, B {b:?}): {sched}{ep}",
+                        p.batch,
+                        p.m,
+                        p.n,
+                        p.k,
+                        if codes { " of u8 codes" } else { "" }
                     );
                 }
                 (StepKind::Attention(at), StepShape::Attention(shape)) => {

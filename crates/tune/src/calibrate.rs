@@ -100,7 +100,10 @@ pub fn measure(target: &Target, pool: &ThreadPool, packers: Packers, elem: ElemT
     // `src` holds `m·k` values: every view below is in bounds.
     let view = |rows, cols, rs, cs| MatRef::new(&src, rows, cols, rs, cs).expect("in bounds by construction");
     let av = view(m, k, k, 1);
-    let pack_a_bw = pack_rate(|| pack_a(&av, 0, m, 0, k, mr, elem, &mut out, packers.a, None), m * k);
+    let pack_a_bw = pack_rate(
+        || pack_a(&av, 0, m, 0, k, mr, elem, &mut out, &Packers { a: packers.a, ..Packers::default() }),
+        m * k,
+    );
     let bv = view(m, k, k, 1);
     let pack_b_bw = pack_rate(|| pack_b(&bv, 0, m, 0, k, nr, elem, &mut out, None), m * k);
     let bt = view(k, m, 1, k);
