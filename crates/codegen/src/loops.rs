@@ -281,6 +281,32 @@ fn build_split(
     Ok(())
 }
 
+/// The fewest points of a row's tail that run as one masked vector (fewer go
+/// a point at a time: a vector's gathers and reductions cost every lane).
+const MASKED_TAIL_MIN: u64 = 4;
+
+/// Whether a row's tail may run as one vector with its lanes past the row
+/// masked off (rather than a point at a time): every lane computes then, so no
+/// integer division may take a divisor that a masked-off lane could make zero
+/// (one that depends on a loop variable or on a load).
+fn masked_tail(p: &LoopProgram) -> bool {
+    let x = &p.exprs;
+    let invariant = |e: E| {
+        let mut todo = vec![e];
+        while let Some(e) = todo.pop() {
+            match x.node(e) {
+                Node::Var(_) | Node::Load { .. } | Node::Reduce { .. } => return false,
+                n => todo.extend(n.children()),
+            }
+        }
+        true
+    };
+    (0..x.len()).all(|i| match x.node(E(i as u32)) {
+        Node::Binary(BinaryOp::Div | BinaryOp::Mod, _, c) if !x.dtype(*c).is_float() => invariant(*c),
+        _ => true,
+    })
+}
+
 fn build_program(
     ctx: &'static Context,
     module: &Module<'static>,
@@ -373,7 +399,8 @@ fn build_program(
                             })
                             .map(|_| ())
                         };
-                        // Points across the lanes, then a scalar tail.
+                        // Points across the lanes, then the row's tail: one vector
+                        // with the lanes past the row masked off, or a scalar loop.
                         let lanes = |g: &mut Gen| -> R<()> {
                             let (done, _) =
                                 g.for_loop(in_lo, in_hi, g.w as u64, vec![], &mut |g, iv, _| {
@@ -388,7 +415,43 @@ fn build_program(
                                     g.lane = None;
                                     r.map(|_| vec![])
                                 })?;
-                            points(g, done)
+                            let one = p.inner().is_some_and(|i| p.exprs.as_int(p.space[i]) == Some(1));
+                            if scratch.is_some() || g.w == 1 || g.device || one || !masked_tail(p) {
+                                return points(g, done);
+                            }
+                            // A tail of a few points goes a point at a time.
+                            let left = g.bld.build_int_sub(in_hi, done, "left").map_err(llvm)?;
+                            let few = i64t.const_int(MASKED_TAIL_MIN, false);
+                            let masked = g
+                                .bld
+                                .build_int_compare(IntPredicate::SGE, left, few, "masked")
+                                .map_err(llvm)?;
+                            g.if_else(
+                                masked,
+                                &mut |g| {
+                                    g.vars.insert(v, done);
+                                    g.lane = Some(v);
+                                    let iota: Vec<IntValue> =
+                                        (0..g.w).map(|i| i64t.const_int(i as u64, false)).collect();
+                                    let first = g.splat(done.into())?.into_vector_value();
+                                    let lanes = g
+                                        .bld
+                                        .build_int_add(first, VectorType::const_vector(&iota), "lane")
+                                        .map_err(llvm)?;
+                                    let hi = g.splat(in_hi.into())?.into_vector_value();
+                                    let inside = g
+                                        .bld
+                                        .build_int_compare(IntPredicate::SLT, lanes, hi, "inside")
+                                        .map_err(llvm)?;
+                                    g.tail = Some(inside);
+                                    let at = g.bld.build_int_add(base, done, "at").map_err(llvm)?;
+                                    let r = g.stores(p, at, true);
+                                    g.tail = None;
+                                    g.lane = None;
+                                    r
+                                },
+                                &mut |g| points(g, done),
+                            )
                         };
                         match row_reduction {
                             _ if p.schedules.points_one_at_a_time.is_some() => points(g, in_lo)?,
@@ -585,6 +648,9 @@ pub(crate) struct Gen<'a> {
     warp_lane: Option<IntValue<'static>>,
     /// In a warp-shared reduction: its last variable, and the lane (`i32`).
     reduce_lanes: Option<(u32, IntValue<'static>)>,
+    /// In a row's last, partial vector: the lanes inside the row. Every vector
+    /// load is masked by it, and the stores and checks too.
+    tail: Option<VectorValue<'static>>,
 }
 
 impl<'a> Gen<'a> {
@@ -630,6 +696,7 @@ impl<'a> Gen<'a> {
             device,
             warp_lane: None,
             reduce_lanes: None,
+            tail: None,
         };
         // The buffers, the dims the program reads, and each buffer's strides.
         for i in 0..p.params.len() {
@@ -856,6 +923,11 @@ impl Gen<'_> {
         let bad = if ok.is_vector_value() {
             let v = ok.into_vector_value();
             let n = b.build_not(v, "bad").map_err(llvm)?;
+            // Lanes past a row's end check nothing.
+            let n = match self.tail {
+                Some(t) => b.build_and(n, t, "bad").map_err(llvm)?,
+                None => n,
+            };
             let bits = b
                 .build_bit_cast(
                     n,
@@ -943,8 +1015,15 @@ impl Gen<'_> {
         basic(self.bld.build_call(f, args, "").map_err(llvm)?)
     }
 
+    /// A call of a function that returns nothing.
+    fn call_void(&self, f: FunctionValue<'static>, args: &[BasicMetadataValueEnum<'static>]) -> R<()> {
+        self.bld.build_call(f, args, "").map_err(llvm)?;
+        Ok(())
+    }
+
     fn load(&mut self, buf: u32, index: &[E], guard: Option<E>, dt: DType, vec: bool) -> R<V> {
-        if let Some(g) = guard.filter(|g| vec && self.is_vec(*g, vec) && self.border_guard(*g)) {
+        let tail = vec && self.tail.is_some();
+        if let Some(g) = guard.filter(|g| !tail && vec && self.is_vec(*g, vec) && self.border_guard(*g)) {
             // `lower` found the guard a border's range checks along the lanes
             // (`plan::BorderGuard`): the interior takes a plain load and only the
             // border vectors a masked one.
@@ -1066,7 +1145,7 @@ impl Gen<'_> {
         // A contiguous or stride-2 load needs only lane 0's offset: computed as a
         // scalar, it folds into the load's address (as a vector whose first lane
         // is extracted, LLVM kept vector adds and moves for every load).
-        let first_only = vec && (contiguous || (stride2 && guard.is_none()));
+        let first_only = vec && (contiguous || (stride2 && guard.is_none() && self.tail.is_none()));
         let off = self.offset(buf, index, vec && !first_only)?;
         let first_of = |off: V| -> R<IntValue<'static>> {
             Ok(if off.is_vector_value() {
@@ -1080,6 +1159,14 @@ impl Gen<'_> {
         let mask = match guard {
             Some(gd) => Some(self.emit_as(gd, vec)?),
             None => None,
+        };
+        // A row's partial last vector reads its lanes inside the row only.
+        let mask = match (self.tail.filter(|_| vec), mask) {
+            (Some(t), Some(m)) => {
+                Some(self.bld.build_and(t, m.into_vector_value(), "in").map_err(llvm)?.into())
+            }
+            (Some(t), None) => Some(t.into()),
+            (None, m) => m,
         };
         let raw: V = if !vec {
             let off = off.into_int_value();
@@ -1206,8 +1293,19 @@ impl Gen<'_> {
             // SAFETY (of the IR): `at` is a position of the nest, inside the buffer.
             let ptr =
                 unsafe { self.bld.build_gep(mt, self.bufs[st.param as usize], &[at], "st") }.map_err(llvm)?;
-            let s = self.bld.build_store(ptr, v).map_err(llvm)?;
-            s.set_alignment(dt.size() as u32).map_err(llvm)?;
+            match self.tail.filter(|_| vec) {
+                // A row's partial last vector: its lanes inside the row only.
+                Some(inside) => {
+                    let vt = v.get_type();
+                    let f = self.intrinsic("llvm.masked.store", &[vt, self.ptr_type()])?;
+                    let align = self.ctx.i32_type().const_int(dt_bytes(dt), false);
+                    self.call_void(f, &[v.into(), ptr.into(), align.into(), inside.into()])?;
+                }
+                None => {
+                    let s = self.bld.build_store(ptr, v).map_err(llvm)?;
+                    s.set_alignment(dt.size() as u32).map_err(llvm)?;
+                }
+            }
         }
         Ok(())
     }
@@ -1703,13 +1801,10 @@ impl Gen<'_> {
         {
             return None;
         }
+        // A CPU's loop programs need AVX2 (8 lanes) or AVX-512 (16).
         match v.get_size() {
-            16 if self.features.contains("+avx512f") => {
-                Some(("llvm.x86.avx512.max.ps.512", "llvm.x86.avx512.min.ps.512"))
-            }
-            8 if self.features.contains("+avx") => {
-                Some(("llvm.x86.avx.max.ps.256", "llvm.x86.avx.min.ps.256"))
-            }
+            16 => Some(("llvm.x86.avx512.max.ps.512", "llvm.x86.avx512.min.ps.512")),
+            8 => Some(("llvm.x86.avx.max.ps.256", "llvm.x86.avx.min.ps.256")),
             _ => None,
         }
     }

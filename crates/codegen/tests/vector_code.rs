@@ -47,3 +47,37 @@ fn exp_scales_with_vscalefps_where_avx512_has_it() {
         assert!(!code.contains("call"), "exp calls out:\n{code}");
     }
 }
+
+/// A row's tail of a few lanes or more runs as one vector whose lanes past the
+/// row are masked off (a masked store: AVX-512's `{%k}`, AVX2's `vmaskmovps`),
+/// not a point at a time; and a maximum taken per lane (a column's, as a
+/// window's over its taps) steps with `maxps`, its NaN rule off the chain.
+#[test]
+fn a_rows_tail_is_a_masked_vector_and_maxima_step_with_maxps() {
+    let host = Target::detect();
+    if !host.supported() {
+        return;
+    }
+    let text = r#"graph {
+  sym n param 1..
+  sym m param 1..
+  input %x: f32[n, m]
+  %r: f32[n, m] = sqrt %x
+  %c: f32[m] = reduce_max[axes=[0], keep_dims=false] %x
+  output %r, %c
+}
+"#;
+    let g = ir::parse_graph(text, &|_| None).expect("parses");
+    let plan = lower::lower(&g, &passes::fuse(&g)).expect("lowers");
+    let code = |t: &Target| compile_programs(t, &plan.programs, "t", 1).expect("compiles").asm();
+    if host.isa.avx512f {
+        let c = code(&host);
+        assert!(c.contains("vmovups\t%zmm") && c.contains("{%k"), "no masked store:\n{c}");
+        assert!(c.contains("vmaxps\t%zmm"), "no maxps:\n{c}");
+    }
+    if let Some(t) = host.avx2_only() {
+        let c = code(&t);
+        assert!(c.contains("vmaskmovps"), "no masked store:\n{c}");
+        assert!(c.contains("vmaxps\t%ymm"), "no maxps:\n{c}");
+    }
+}
