@@ -1379,6 +1379,44 @@ fn quantized_activations_are_stored_as_codes() {
     }
 }
 
+/// A convolution of an unsigned quantized image with a zero point (`x - 109`,
+/// a QDQ model's RGB stem) through its zero padding: the zero point moves out
+/// of the product (`passes::MoveZeroPointOut`: the image padded with 109, the
+/// product less `109·colsum(W)`), so the product is u8·s8 where it was
+/// i16·s8; every family gives the interpreter's values exactly, at image sizes
+/// with 1, primes and a stride's remainder.
+#[test]
+fn a_zero_point_moves_out_of_a_padded_convolution() {
+    let text = "graph {
+  sym h param 1..
+  sym w param 1..
+  input %x: u8[1, 3, h, w]
+  %w8: i8[8, 3, 3, 3] = constant @w8
+  %wf: f32[8, 3, 3, 3] = cast %w8
+  %xf: f32[1, 3, h, w] = cast %x
+  %z: f32[1, 1, 1, 1] = constant [109.0]
+  %zb: f32[1, 3, h, w] = broadcast %z
+  %xs: f32[1, 3, h, w] = sub %xf, %zb
+  %y: f32[1, 8, (h-1)/2+1, (w-1)/2+1] = conv[strides=[2, 2], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], group=1] %xs, %wf
+  output %y
+}
+";
+    let mut rng = Lcg::new(109);
+    let w: Vec<i8> = (0..8 * 27).map(|_| rng.next() as i8).collect();
+    let (m, plan) = with_int8_weight(text, Tensor::new(vec![8, 3, 3, 3], Elems::I8(w)).expect("w"));
+    assert!(plan.contains("(u8·s8)") && !plan.contains("(i16"), "the zero point stays in:\n{plan}");
+    for int8 in [Int8::Auto, Int8::I16S8, Int8::Float] {
+        let cm = m.compile(&CompileOptions::new().threads(2).canaries(true).int8(int8)).expect("compiles");
+        for (h, w) in [(1usize, 1usize), (2, 7), (5, 5), (13, 8), (17, 23)] {
+            let x: Vec<u8> = (0..3 * h * w).map(|_| rng.next() as u8).collect();
+            let ins = [("x", Tensor::new(vec![1, 3, h, w], Elems::U8(x)).expect("x"))];
+            let got = cm.run(&ins).expect("runs");
+            let want = m.interpret(&ins).expect("interprets");
+            assert_eq!(got[0].1.elems(), want[0].1.elems(), "{h}x{w} {int8:?}");
+        }
+    }
+}
+
 /// A statically quantized product (QDQ: an int8 activation with a zero point
 /// and a per-tensor int8 weight, both dequantized, then an f32 matmul): both
 /// scales move to the product, which multiplies the integers on the i16s8 family

@@ -252,9 +252,19 @@ fn pack_codes(
     out.resize(panels * size);
     let words = elem == ElemType::U8S8 && p0.is_multiple_of(4) && kc.is_multiple_of(4);
     match a.taps {
-        Some((t, false)) if words && mr <= MAX_CODE_ROWS && t.in_words().is_some() => {
+        Some((t, false))
+            if words && (codes.as_ptr() as usize).is_multiple_of(4) && t.in_words().is_some() =>
+        {
+            // The image's 4-byte words as the f32 lanes they are packed as: its
+            // taps over words (a quarter of the channels and strides) packed as
+            // an f32 A's, bits copied as they lie (runs of adjacent taps merged).
+            let wt = t.in_words().unwrap_or(t);
+            // SAFETY: `codes` starts 4-byte aligned (checked) and its first
+            // `len / 4` words are initialized bytes, which any f32 bit pattern
+            // may hold; the slice borrows `codes` for its lifetime.
+            let words = unsafe { std::slice::from_raw_parts(codes.as_ptr().cast::<f32>(), codes.len() / 4) };
             let gen = packers.a_rows_words.filter(|p| p.width == mr && p.elem == ElemType::F32);
-            crate::taps::pack_code_taps(codes, &t, i0, m, (p0, kc), mr, &mut out[..], gen);
+            crate::taps::pack_taps(words, &wt, i0, m, p0 / 4, kc / 4, mr, ElemType::F32, out, gen);
         }
         None if words && a.cs == 1 && mr <= MAX_CODE_ROWS => {
             let gen = packers.a_words.filter(|p| p.width == mr && p.elem == ElemType::F32);

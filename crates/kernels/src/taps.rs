@@ -239,64 +239,6 @@ pub(crate) fn pack_taps(
     }
 }
 
-/// [`pack_taps`] over an image of 8-bit codes for the u8s8 kernels (channels,
-/// strides, `p0` and `kc` multiples of 4; `mr` at most
-/// [`crate::pack::MAX_CODE_ROWS`]): each row's word of four depths is four
-/// consecutive channels of one tap, copied as it lies (zero in the padding
-/// and past `m`).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn pack_code_taps(
-    codes: &[u8],
-    t: &ConvTaps,
-    i0: usize,
-    m: usize,
-    (p0, kc): (usize, usize),
-    mr: usize,
-    out: &mut [u32],
-    gen: Option<RowsPacker>,
-) {
-    let size = kc / 4 * mr;
-    let mut pixels = [None; crate::pack::MAX_CODE_ROWS];
-    let mut rows = [std::ptr::null::<u8>(); crate::pack::MAX_CODE_ROWS];
-    let mut px = t.pixel(i0);
-    for (pi, panel) in out.chunks_exact_mut(size).enumerate() {
-        let n = mr.min(m - pi * mr);
-        for p in &mut pixels[..n] {
-            *p = Some(px);
-            px = px.next(t);
-        }
-        let mut k = p0;
-        while k < p0 + kc {
-            let (tap, c0) = (k / t.channels, k % t.channels);
-            // The rest of this tap's channels (or of the block).
-            let len = (t.channels - c0).min(p0 + kc - k);
-            for (r, p) in rows[..n].iter_mut().zip(&pixels[..n]) {
-                *r = match p.and_then(|p| t.source(p, tap / t.kernel[1], tap % t.kernel[1])) {
-                    // The tap's channels `c0..c0 + len` of one pixel, inside the image
-                    // (`ConvTaps::check` bounded every pixel's channels by `codes`).
-                    Some(s) => codes[s + c0..s + c0 + len].as_ptr(),
-                    None => std::ptr::null(),
-                };
-            }
-            let at = (k - p0) / 4 * mr;
-            match gen {
-                Some(g) => {
-                    rows[n..mr].fill(std::ptr::null());
-                    assert!(panel.len() >= at + len / 4 * mr);
-                    // SAFETY: each non-null pointer starts `len` bytes (`len / 4`
-                    // words, 4-byte aligned: the image's strides and `c0` are
-                    // multiples of 4) of one pixel's channels inside `codes`; rows
-                    // past `n` are null (zeros). The routine writes `len / 4 · mr`
-                    // words from `at`, inside the panel (asserted).
-                    unsafe { (g.func)(rows.as_ptr().cast(), (len / 4) as i64, panel[at..].as_mut_ptr()) };
-                }
-                None => crate::pack::copy_words(&rows[..n], len / 4, mr, &mut panel[at..]),
-            }
-            k += len;
-        }
-    }
-}
-
 /// Where a row's taps start: the image element of its pixel's tap `(0, 0)`
 /// (channel 0) and that tap's coordinates, which may lie in the padding.
 #[derive(Clone, Copy, Default)]

@@ -115,12 +115,18 @@ impl<'a> Builder<'a> {
         let mut stores = Vec::new();
         for &(v, buf) in outs {
             let idx = self.reshape_index(space, self.shape(v), &vars);
-            // A narrowed buffer stores the narrow value `v` widens.
-            let stored = match self.narrowed.get(&buf) {
-                Some(&dt) => self.narrow_source(v, dt)?,
-                None => v,
+            // A narrowed buffer stores the narrow value `v` widens, or `v` cast
+            // to its type (integers in its range: exact).
+            let value = match self.narrowed.get(&buf) {
+                Some(&dt) => match self.narrow_source(v, dt) {
+                    Some(u) => self.value_at(u, &idx, None)?,
+                    None => {
+                        let wide = self.value_at(v, &idx, None)?;
+                        self.x.cast(wide, dt)
+                    }
+                },
+                None => self.value_at(v, &idx, None)?,
             };
-            let value = self.value_at(stored, &idx, None)?;
             let param = self.param(v, buf, true);
             stores.push(Store { param, value });
         }
@@ -183,16 +189,12 @@ impl<'a> Builder<'a> {
         self.finish(name, ext, vars, out)
     }
 
-    /// The value of type `dt` that `v` is a widening cast of (what a narrowed
-    /// buffer of `v` stores).
-    fn narrow_source(&self, v: ValueId, dt: DType) -> R<ValueId> {
+    /// The value of type `dt` that `v` is a widening cast of, if it is one.
+    fn narrow_source(&self, v: ValueId, dt: DType) -> Option<ValueId> {
         let g = self.g;
         match g.producers()[v.index()].map(|p| &g.nodes[p]) {
-            Some(n) if matches!(n.op, Op::Cast) && self.dtype(n.inputs[0]) == dt => Ok(n.inputs[0]),
-            _ => Err(LowerError::Internal(format!(
-                "'{}' is stored as {dt:?} but is no cast of one",
-                g.name(v)
-            ))),
+            Some(n) if matches!(n.op, Op::Cast) && self.dtype(n.inputs[0]) == dt => Some(n.inputs[0]),
+            _ => None,
         }
     }
 

@@ -804,11 +804,13 @@ impl<'g> Lowering<'g> {
             return None;
         }
         // Zero padding before the image's rows and columns (after them, the output's
-        // extent decides what is read, all of it zero).
+        // extent decides what is read, all of it zero). Padding by another value
+        // (a zero point moved out of the product, `passes::MoveZeroPointOut`) is
+        // part of the image, which is stored padded.
         let mut img = image?;
         let mut pad = [0i64; 2];
         if let Some(p) = made(img) {
-            if let Op::Pad { pads, mode: ir::PadMode::Constant(z) } = &p.op {
+            if let Op::Pad { pads, mode: ir::PadMode::Constant(z @ 0.0) } = &p.op {
                 let konst = |e: &SymExpr| e.as_const().filter(|v| *v >= 0);
                 let spatial = |d: usize| d == lead + 1 || d == lead + 2;
                 let ok = *z == 0.0
@@ -1493,18 +1495,17 @@ fn as_gelu_tanh(x: &plan::Exprs, e: E) -> Option<E> {
 
 /// An f32 matmul: the contraction engine's work.
 /// Whether `v` may be stored as u8 codes ([`crate::LowerOptions::u8_codes`]):
-/// a widening `cast<f32>` of a u8 value, no model output, and every reader,
+/// f32 values that the graph bounds to integers in 0..=255 (a widening
+/// `cast<f32>` of a u8 value, or views and constant padding of one), no model
+/// output, and every reader,
 /// through layout ops, either computes in a loop program (which loads it
 /// widened) or is the A of a product by a constant (which the u8s8 kernels
 /// read as codes). A product's B, or the A of a product by another value
 /// (attention's), is read as f32 values as they lie.
 pub(crate) fn narrowable(g: &Graph, v: ValueId) -> bool {
     let producers = g.producers();
-    let cast_of_u8 = producers[v.index()].is_some_and(|p| {
-        let n = &g.nodes[p];
-        matches!(n.op, Op::Cast) && g.ty(n.inputs[0]).dtype == DType::U8 && g.ty(v).dtype == DType::F32
-    });
-    if !cast_of_u8 {
+    let codes = g.ty(v).dtype == DType::F32 && integers_within(g, v, (0, 255));
+    if !codes {
         return false;
     }
     let mut readers: HashMap<ValueId, Vec<(usize, usize)>> = HashMap::new();

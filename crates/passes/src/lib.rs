@@ -14,6 +14,7 @@ mod fusion;
 mod gemm;
 mod integer;
 mod layout;
+mod offset;
 mod pattern;
 
 use std::time::{Duration, Instant};
@@ -27,6 +28,7 @@ pub use fusion::{fuse, print_plan, FusionGroup, FusionPlan, GroupKind};
 pub use gemm::{BatchEqualShapes, MergeSharedOperand};
 pub use integer::{value_range, IntegerMatMulAsFloat};
 pub use layout::SinkTransposes;
+pub use offset::MoveZeroPointOut;
 
 /// Errors from running passes.
 #[derive(Debug, thiserror::Error)]
@@ -162,6 +164,7 @@ pub fn canonicalization() -> Vec<Box<dyn Pass>> {
         Box::new(FoldConstants::default()),
         Box::new(SimplifyAlgebra),
         Box::new(IntegerMatMulAsFloat),
+        Box::new(MoveZeroPointOut),
         Box::new(Cse),
         Box::new(Dce),
     ]

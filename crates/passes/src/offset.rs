@@ -1,0 +1,238 @@
+//! A dequantized activation's zero point moved out of its product: a matmul
+//! by a constant weight whose A is layout ops (views, padding, the taps of a
+//! convolution) over `x - z`, with `x` holding 8-bit unsigned integers and
+//! `z` one integral value (a statically quantized model's activation with a
+//! zero point: its RGB stem, read through the convolution's zero padding),
+//! becomes
+//!
+//! ```text
+//! A(x - z)·W  →  A'(x)·W - z·colsum(W)
+//! ```
+//!
+//! where `A'` is the same layout ops over `x`, each constant padding `c` now
+//! padding with `c + z` (the padded value `c` of `A` is `(c + z) - z`). Its
+//! operands are then 8-bit unsigned integers by an int8 weight: the u8s8
+//! kernels' product, where the signed values `x - z` took the i16 family's.
+//! Only where both products sum exactly in f32 (every partial sum below
+//! 2^24), so that the rewrite changes no value.
+
+use std::sync::Arc;
+
+use ir::{BinaryOp, ConstData, DType, Graph, Op, PadMode, TensorType, ValueId};
+
+use crate::integer::value_range;
+use crate::pattern::Producers;
+use crate::{Pass, PassError};
+
+/// The largest magnitude every partial sum of an exact f32 contraction stays below.
+const EXACT: i64 = 1 << 24;
+
+pub struct MoveZeroPointOut;
+
+impl Pass for MoveZeroPointOut {
+    fn name(&self) -> &'static str {
+        "move-zero-point-out"
+    }
+    fn run(&self, g: &mut Graph) -> Result<usize, PassError> {
+        let mut done = 0;
+        // One product at a time: a rewrite inserts nodes and shifts indices.
+        while let Some((at, z)) = next(g) {
+            rewrite(g, at, z)?;
+            done += 1;
+        }
+        Ok(done)
+    }
+}
+
+/// The first matmul to rewrite, and its zero point (a one-element constant).
+fn next(g: &Graph) -> Option<(usize, ValueId)> {
+    let p = Producers::of(g);
+    g.nodes.iter().enumerate().find_map(|(i, n)| {
+        let Op::MatMul { transpose_a: false, transpose_b: false } = n.op else { return None };
+        let (a, b) = (n.inputs[0], n.inputs[1]);
+        if g.ty(n.output).dtype != DType::F32 || !constant_under_casts(g, &p, b) {
+            return None;
+        }
+        let mut z = None;
+        let (lo, hi) = stripped_range(g, &p, a, &mut z, 0)?;
+        let z = z?;
+        let (wlo, whi) = value_range(g, b)?;
+        let depth = g.ty(a).shape.last()?.as_const()?;
+        let mw = wlo.abs().max(whi.abs());
+        let ma = lo.abs().max(hi.abs());
+        let exact = depth.checked_mul(ma.max(255)).and_then(|x| x.checked_mul(mw)).is_some_and(|x| x < EXACT);
+        (lo >= 0 && hi <= 255 && exact).then_some((i, z))
+    })
+}
+
+/// The range of the values `v` holds with the zero point added back (its
+/// layout ops over `x - z`, `x`'s range and each padding's value plus `z`),
+/// recording `z` (every `x - z` must subtract the same one); `None` when `v`
+/// is anything else.
+fn stripped_range(
+    g: &Graph,
+    p: &Producers,
+    v: ValueId,
+    z: &mut Option<ValueId>,
+    depth: usize,
+) -> Option<(i64, i64)> {
+    if depth > 64 {
+        return None;
+    }
+    let n = p.node(g, v)?;
+    match &n.op {
+        Op::Binary(BinaryOp::Sub) => {
+            let zv = zero_point(g, p, n.inputs[1])?;
+            let want = *z.get_or_insert(zv);
+            if constant_value(g, p, want)? != constant_value(g, p, zv)? {
+                return None;
+            }
+            value_range(g, n.inputs[0])
+        }
+        Op::Reshape | Op::Transpose { .. } | Op::Slice { .. } if n.inputs.len() == 1 => {
+            stripped_range(g, p, n.inputs[0], z, depth + 1)
+        }
+        Op::Concat { .. } => {
+            let mut r = (i64::MAX, i64::MIN);
+            for &u in &n.inputs {
+                let (lo, hi) = stripped_range(g, p, u, z, depth + 1)?;
+                r = (r.0.min(lo), r.1.max(hi));
+            }
+            Some(r)
+        }
+        Op::Pad { mode: PadMode::Constant(c), .. } if c.fract() == 0.0 => {
+            let (lo, hi) = stripped_range(g, p, n.inputs[0], z, depth + 1)?;
+            let filled = *c as i64 + constant_value(g, p, (*z)?)?;
+            Some((lo.min(filled), hi.max(filled)))
+        }
+        _ => None,
+    }
+}
+
+/// The one-element integral f32 constant `v` broadcasts (through reshapes).
+fn zero_point(g: &Graph, p: &Producers, v: ValueId) -> Option<ValueId> {
+    let mut v = v;
+    loop {
+        let n = p.node(g, v)?;
+        match n.op {
+            Op::Constant(_) if g.ty(v).is_one_element() && g.ty(v).dtype == DType::F32 => {
+                return constant_value(g, p, v).map(|_| v);
+            }
+            Op::Broadcast | Op::Reshape => v = n.inputs[0],
+            _ => return None,
+        }
+    }
+}
+
+/// The integral value of the one-element f32 constant `v`.
+fn constant_value(g: &Graph, p: &Producers, v: ValueId) -> Option<i64> {
+    let Op::Constant(c) = &p.node(g, v)?.op else { return None };
+    if c.ty().dtype != DType::F32 || c.numel() != 1 {
+        return None;
+    }
+    let w = c.bytes().get(..4)?;
+    let x = f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+    (x.fract() == 0.0 && x.abs() < 256.0).then_some(x as i64)
+}
+
+fn constant_under_casts(g: &Graph, p: &Producers, v: ValueId) -> bool {
+    match p.node(g, v).map(|n| (&n.op, n.inputs.first())) {
+        Some((Op::Constant(_), _)) => true,
+        Some((Op::Cast, Some(u))) => constant_under_casts(g, p, *u),
+        _ => false,
+    }
+}
+
+/// Matmul `at` as `A'(x)·W - z·colsum(W)`.
+fn rewrite(g: &mut Graph, at: usize, z: ValueId) -> Result<(), PassError> {
+    let node = g.nodes[at].clone();
+    let (a, w) = (node.inputs[0], node.inputs[1]);
+    let zval = {
+        let p = Producers::of(g);
+        constant_value(g, &p, z).ok_or_else(|| failed("a zero point that is no integer"))?
+    };
+    let mut ins = Inserter { at, hint: g.name(node.output).to_string() };
+    let x = strip(g, &mut ins, a, zval, 0)?;
+    let out = g.ty(node.output).clone();
+    let product = ins.add(g, node.op.clone(), vec![x, w], "u8", out.clone());
+    // z·colsum(W), `[.., 1, N]`, broadcast to the product's shape.
+    let tw = g.ty(w).clone();
+    let r = tw.rank();
+    let mut sums_shape = tw.shape.clone();
+    sums_shape[r - 2] = sym::SymExpr::constant(1);
+    let sums_ty = TensorType::new(DType::F32, sums_shape);
+    let sum = Op::Reduce { op: ir::ReduceOp::Sum, axes: vec![r - 2], keep_dims: true };
+    let sums = ins.add(g, sum, vec![w], "colsum", sums_ty.clone());
+    let zt =
+        ir::Tensor::new(vec![1; r], ir::Elems::F32(vec![zval as f32])).map_err(|e| failed(&e.to_string()))?;
+    let zc = Arc::new(ConstData::from_tensor(&zt));
+    let zc = ins.add(g, Op::Constant(zc.clone()), vec![], "zp", zc.ty());
+    let zb = ins.add(g, Op::Broadcast, vec![zc], "zp", sums_ty.clone());
+    let moved = ins.add(g, Op::Binary(BinaryOp::Mul), vec![zb, sums], "zp.colsum", sums_ty);
+    let lead = out.rank().checked_sub(r).ok_or_else(|| failed("a weight of higher rank than the product"))?;
+    let mut shape = vec![sym::SymExpr::constant(1); lead];
+    shape.extend(g.ty(moved).shape.iter().cloned());
+    let moved = ins.add(g, Op::Reshape, vec![moved], "zp.colsum", TensorType::new(DType::F32, shape));
+    let moved = ins.add(g, Op::Broadcast, vec![moved], "zp.colsum", out);
+    let old = &mut g.nodes[ins.at];
+    old.op = Op::Binary(BinaryOp::Sub);
+    old.inputs = vec![product, moved];
+    Ok(())
+}
+
+/// `v` (layout ops over `x - z`) rebuilt over `x`, each padding by `c + z`.
+fn strip(g: &mut Graph, ins: &mut Inserter, v: ValueId, z: i64, depth: usize) -> Result<ValueId, PassError> {
+    let p = Producers::of(g);
+    let n = p.node(g, v).ok_or_else(|| failed("an operand without its producer"))?.clone();
+    if depth > 64 {
+        return Err(failed("layout ops nested too deep"));
+    }
+    let ty = g.ty(v).clone();
+    let name = format!("{}.u8", g.name(v));
+    match &n.op {
+        Op::Binary(BinaryOp::Sub) => Ok(n.inputs[0]),
+        Op::Pad { pads, mode: PadMode::Constant(c) } => {
+            let x = strip(g, ins, n.inputs[0], z, depth + 1)?;
+            let op = Op::Pad { pads: pads.clone(), mode: PadMode::Constant(c + z as f64) };
+            Ok(ins.add_named(g, op, vec![x], &name, ty))
+        }
+        op @ (Op::Reshape | Op::Transpose { .. } | Op::Slice { .. } | Op::Concat { .. }) => {
+            let mut inputs = Vec::with_capacity(n.inputs.len());
+            for &u in &n.inputs {
+                inputs.push(strip(g, ins, u, z, depth + 1)?);
+            }
+            Ok(ins.add_named(g, op.clone(), inputs, &name, ty))
+        }
+        _ => Err(failed("an operand that is no layout of x - z")),
+    }
+}
+
+fn failed(msg: &str) -> PassError {
+    PassError::Failed { pass: "move-zero-point-out", msg: msg.into() }
+}
+
+/// Nodes inserted one after another before a node.
+struct Inserter {
+    at: usize,
+    hint: String,
+}
+
+impl Inserter {
+    fn add(&mut self, g: &mut Graph, op: Op, inputs: Vec<ValueId>, name: &str, ty: TensorType) -> ValueId {
+        let hint = format!("{}.{name}", self.hint);
+        self.add_named(g, op, inputs, &hint, ty)
+    }
+
+    fn add_named(
+        &mut self,
+        g: &mut Graph,
+        op: Op,
+        inputs: Vec<ValueId>,
+        name: &str,
+        ty: TensorType,
+    ) -> ValueId {
+        let v = g.insert_node(self.at, op, inputs, name, ty);
+        self.at += 1;
+        v
+    }
+}
