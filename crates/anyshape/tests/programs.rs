@@ -1379,6 +1379,48 @@ fn quantized_activations_are_stored_as_codes() {
     }
 }
 
+/// A dynamic quantization's `round(x / scale)` with the scale computed per
+/// call (a divisor the same for every row): the compiled division is the
+/// interpreter's, exactly, in the vectors of a row and in its masked tail (a
+/// reciprocal's product, one ulp off, moved values across a rounding
+/// boundary), at row lengths with 1, primes and one past a vector.
+#[test]
+fn a_quantizing_division_is_exact_in_every_lane() {
+    let text = "graph {
+  sym n param 1..
+  sym m param 1..
+  input %x: f32[n, m]
+  %a: f32[n, m] = abs %x
+  %mx: f32[] = reduce_max[axes=[0, 1], keep_dims=false] %a
+  %c: f32[] = constant 127.0
+  %s: f32[] = div %mx, %c
+  %s1: f32[1, 1] = reshape %s
+  %sb: f32[n, m] = broadcast %s1
+  %q: f32[n, m] = div %x, %sb
+  %r: f32[n, m] = round %q
+  output %r
+}
+";
+    let m = model(text, false, None);
+    let cm = m.compile(&CompileOptions::new().threads(2).canaries(true)).expect("compiles");
+    let mut rng = Lcg::new(127);
+    for (n, k) in [(1usize, 1usize), (3, 7), (2, 16), (4, 17), (5, 31), (2, 67), (3, 130)] {
+        for _ in 0..20 {
+            // Values a half step from a rounding boundary (the scale fixed by the
+            // first, the largest): where the two quotients differ by an ulp.
+            let s = 100.0f32 / 127.0;
+            let mut x: Vec<f32> = (0..n * k)
+                .map(|_| ((rng.next() % 240) as f32 - 119.5) * s * (1.0 + rng.unit() * 1e-7))
+                .collect();
+            x[0] = 100.0;
+            let ins = [("x", Tensor::new(vec![n, k], Elems::F32(x)).expect("x"))];
+            let got = cm.run(&ins).expect("runs");
+            let want = m.interpret(&ins).expect("interprets");
+            assert_eq!(got[0].1.elems(), want[0].1.elems(), "{n}x{k}");
+        }
+    }
+}
+
 /// A convolution of an unsigned quantized image with a zero point (`x - 109`,
 /// a QDQ model's RGB stem) through its zero padding: the zero point moves out
 /// of the product (`passes::MoveZeroPointOut`: the image padded with 109, the

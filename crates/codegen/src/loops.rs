@@ -281,6 +281,19 @@ fn build_split(
     Ok(())
 }
 
+/// Whether `p` rounds floats to integers (a quantization: `round`, or a cast
+/// from a float to an integer type), where a quotient one ulp off the
+/// division's moves a value across a rounding boundary: its divisions stay
+/// divisions in every lane (the interpreter's values, exactly).
+fn rounds_to_integers(p: &LoopProgram) -> bool {
+    let x = &p.exprs;
+    (0..x.len()).any(|i| match *x.node(E(i as u32)) {
+        Node::Unary(UnaryOp::Round, _) => true,
+        Node::Cast(a) => x.dtype(a).is_float() && !x.dtype(E(i as u32)).is_float(),
+        _ => false,
+    })
+}
+
 /// The fewest points of a row's tail that run as one masked vector (fewer go
 /// a point at a time: a vector's gathers and reductions cost every lane).
 const MASKED_TAIL_MIN: u64 = 4;
@@ -651,6 +664,9 @@ pub(crate) struct Gen<'a> {
     /// In a row's last, partial vector: the lanes inside the row. Every vector
     /// load is masked by it, and the stores and checks too.
     tail: Option<VectorValue<'static>>,
+    /// A division by a divisor the same for the whole row stays a division
+    /// (see [`rounds_to_integers`]); else one reciprocal a row, a multiply a vector.
+    exact_division: bool,
 }
 
 impl<'a> Gen<'a> {
@@ -697,6 +713,7 @@ impl<'a> Gen<'a> {
             warp_lane: None,
             reduce_lanes: None,
             tail: None,
+            exact_division: rounds_to_integers(p),
         };
         // The buffers, the dims the program reads, and each buffer's strides.
         for i in 0..p.params.len() {
@@ -860,6 +877,7 @@ impl Gen<'_> {
                 let in_dt = x.dtype(a);
                 let nonneg = x.known_nonneg(a) && x.known_nonneg(c);
                 if op == BinaryOp::Div
+                    && !self.exact_division
                     && matches!(in_dt, DType::F32 | DType::F64)
                     && self.is_vec(a, vec)
                     && !self.is_vec(c, vec)
