@@ -31,7 +31,7 @@ use crate::{Pass, PassError};
 
 /// The largest magnitude every partial sum of an exact f32 contraction stays
 /// below: 2^24, past which f32 no longer holds every integer.
-const EXACT: i64 = 1 << 24;
+pub(crate) const EXACT: i64 = 1 << 24;
 
 pub struct IntegerMatMulAsFloat;
 
@@ -98,7 +98,7 @@ impl Offset {
 }
 
 /// The data of the constant `v` is, or is a cast (or casts) of.
-fn constant_under_casts(g: &Graph, p: &Producers, v: ValueId) -> Option<Arc<ConstData>> {
+pub(crate) fn constant_under_casts(g: &Graph, p: &Producers, v: ValueId) -> Option<Arc<ConstData>> {
     let n = p.node(g, v)?;
     match &n.op {
         Op::Constant(c) => Some(c.clone()),
@@ -457,9 +457,10 @@ impl Pass for IntegerMatMulAsFloat {
     }
 }
 
-/// `z · colsum(b)` broadcast to `out` (i32): the zero point's share of `(x - z)·b`,
-/// `b` a `[.., K, N]` constant (its sums fold), `z` one value.
-fn zero_point_times_column_sums(
+/// `z · colsum(b)` broadcast to `out` (of `out`'s type, as `z` and `b`): the
+/// zero point's share of `(x - z)·b`, `b` a `[.., K, N]` constant (its sums
+/// fold), `z` one value.
+pub(crate) fn zero_point_times_column_sums(
     g: &mut Graph,
     ins: &mut Inserter,
     z: ValueId,
@@ -470,7 +471,7 @@ fn zero_point_times_column_sums(
     let r = tb.rank();
     let mut sums_shape = tb.shape.clone();
     sums_shape[r - 2] = sym::SymExpr::constant(1);
-    let sums_ty = TensorType::new(DType::I32, sums_shape);
+    let sums_ty = TensorType::new(out.dtype, sums_shape);
     let sums = ins.add(
         g,
         Op::Reduce { op: ir::ReduceOp::Sum, axes: vec![r - 2], keep_dims: true },
@@ -478,7 +479,7 @@ fn zero_point_times_column_sums(
         "colsum",
         sums_ty.clone(),
     );
-    let one = TensorType::new(DType::I32, vec![sym::SymExpr::constant(1); r]);
+    let one = TensorType::new(out.dtype, vec![sym::SymExpr::constant(1); r]);
     let z = ins.add(g, Op::Reshape, vec![z], "zp", one);
     let z = ins.add(g, Op::Broadcast, vec![z], "zp", sums_ty.clone());
     let moved = ins.add(g, Op::Binary(BinaryOp::Mul), vec![z, sums], "zp.colsum", sums_ty);
@@ -489,7 +490,7 @@ fn zero_point_times_column_sums(
     })?;
     let mut shape = vec![sym::SymExpr::constant(1); lead];
     shape.extend(g.ty(moved).shape.iter().cloned());
-    let moved = ins.add(g, Op::Reshape, vec![moved], "zp.colsum", TensorType::new(DType::I32, shape));
+    let moved = ins.add(g, Op::Reshape, vec![moved], "zp.colsum", TensorType::new(out.dtype, shape));
     Ok(ins.add(g, Op::Broadcast, vec![moved], "zp.colsum", out.clone()))
 }
 
@@ -533,20 +534,40 @@ fn both_digits(
 }
 
 /// Nodes inserted one after another before a node, named after its output.
-struct Inserter {
-    at: usize,
-    hint: String,
+pub(crate) struct Inserter {
+    pub(crate) at: usize,
+    pub(crate) hint: String,
 }
 
 impl Inserter {
-    fn add(&mut self, g: &mut Graph, op: Op, inputs: Vec<ValueId>, name: &str, ty: TensorType) -> ValueId {
-        let v = g.insert_node(self.at, op, inputs, &format!("{}.{name}", self.hint), ty);
+    pub(crate) fn add(
+        &mut self,
+        g: &mut Graph,
+        op: Op,
+        inputs: Vec<ValueId>,
+        name: &str,
+        ty: TensorType,
+    ) -> ValueId {
+        let hint = format!("{}.{name}", self.hint);
+        self.add_named(g, op, inputs, &hint, ty)
+    }
+
+    /// A node whose output is named `name` itself.
+    pub(crate) fn add_named(
+        &mut self,
+        g: &mut Graph,
+        op: Op,
+        inputs: Vec<ValueId>,
+        name: &str,
+        ty: TensorType,
+    ) -> ValueId {
+        let v = g.insert_node(self.at, op, inputs, name, ty);
         self.at += 1;
         v
     }
 
     /// The one value of `x` broadcast to `ty`.
-    fn splat(
+    pub(crate) fn splat(
         &mut self,
         g: &mut Graph,
         x: ir::Elems,

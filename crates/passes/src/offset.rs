@@ -16,16 +16,11 @@
 //! Only where both products sum exactly in f32 (every partial sum below
 //! 2^24), so that the rewrite changes no value.
 
-use std::sync::Arc;
+use ir::{BinaryOp, DType, Graph, Op, PadMode, ValueId};
 
-use ir::{BinaryOp, ConstData, DType, Graph, Op, PadMode, TensorType, ValueId};
-
-use crate::integer::value_range;
+use crate::integer::{constant_under_casts, value_range, zero_point_times_column_sums, Inserter, EXACT};
 use crate::pattern::Producers;
 use crate::{Pass, PassError};
-
-/// The largest magnitude every partial sum of an exact f32 contraction stays below.
-const EXACT: i64 = 1 << 24;
 
 pub struct MoveZeroPointOut;
 
@@ -50,7 +45,7 @@ fn next(g: &Graph) -> Option<(usize, ValueId)> {
     g.nodes.iter().enumerate().find_map(|(i, n)| {
         let Op::MatMul { transpose_a: false, transpose_b: false } = n.op else { return None };
         let (a, b) = (n.inputs[0], n.inputs[1]);
-        if g.ty(n.output).dtype != DType::F32 || !constant_under_casts(g, &p, b) {
+        if g.ty(n.output).dtype != DType::F32 || constant_under_casts(g, &p, b).is_none() {
             return None;
         }
         let mut z = None;
@@ -135,14 +130,6 @@ fn constant_value(g: &Graph, p: &Producers, v: ValueId) -> Option<i64> {
     (x.fract() == 0.0 && x.abs() < 256.0).then_some(x as i64)
 }
 
-fn constant_under_casts(g: &Graph, p: &Producers, v: ValueId) -> bool {
-    match p.node(g, v).map(|n| (&n.op, n.inputs.first())) {
-        Some((Op::Constant(_), _)) => true,
-        Some((Op::Cast, Some(u))) => constant_under_casts(g, p, *u),
-        _ => false,
-    }
-}
-
 /// Matmul `at` as `A'(x)·W - z·colsum(W)`.
 fn rewrite(g: &mut Graph, at: usize, z: ValueId) -> Result<(), PassError> {
     let node = g.nodes[at].clone();
@@ -155,25 +142,7 @@ fn rewrite(g: &mut Graph, at: usize, z: ValueId) -> Result<(), PassError> {
     let x = strip(g, &mut ins, a, zval, 0)?;
     let out = g.ty(node.output).clone();
     let product = ins.add(g, node.op.clone(), vec![x, w], "u8", out.clone());
-    // z·colsum(W), `[.., 1, N]`, broadcast to the product's shape.
-    let tw = g.ty(w).clone();
-    let r = tw.rank();
-    let mut sums_shape = tw.shape.clone();
-    sums_shape[r - 2] = sym::SymExpr::constant(1);
-    let sums_ty = TensorType::new(DType::F32, sums_shape);
-    let sum = Op::Reduce { op: ir::ReduceOp::Sum, axes: vec![r - 2], keep_dims: true };
-    let sums = ins.add(g, sum, vec![w], "colsum", sums_ty.clone());
-    let zt =
-        ir::Tensor::new(vec![1; r], ir::Elems::F32(vec![zval as f32])).map_err(|e| failed(&e.to_string()))?;
-    let zc = Arc::new(ConstData::from_tensor(&zt));
-    let zc = ins.add(g, Op::Constant(zc.clone()), vec![], "zp", zc.ty());
-    let zb = ins.add(g, Op::Broadcast, vec![zc], "zp", sums_ty.clone());
-    let moved = ins.add(g, Op::Binary(BinaryOp::Mul), vec![zb, sums], "zp.colsum", sums_ty);
-    let lead = out.rank().checked_sub(r).ok_or_else(|| failed("a weight of higher rank than the product"))?;
-    let mut shape = vec![sym::SymExpr::constant(1); lead];
-    shape.extend(g.ty(moved).shape.iter().cloned());
-    let moved = ins.add(g, Op::Reshape, vec![moved], "zp.colsum", TensorType::new(DType::F32, shape));
-    let moved = ins.add(g, Op::Broadcast, vec![moved], "zp.colsum", out);
+    let moved = zero_point_times_column_sums(g, &mut ins, z, w, &out)?;
     let old = &mut g.nodes[ins.at];
     old.op = Op::Binary(BinaryOp::Sub);
     old.inputs = vec![product, moved];
@@ -209,30 +178,4 @@ fn strip(g: &mut Graph, ins: &mut Inserter, v: ValueId, z: i64, depth: usize) ->
 
 fn failed(msg: &str) -> PassError {
     PassError::Failed { pass: "move-zero-point-out", msg: msg.into() }
-}
-
-/// Nodes inserted one after another before a node.
-struct Inserter {
-    at: usize,
-    hint: String,
-}
-
-impl Inserter {
-    fn add(&mut self, g: &mut Graph, op: Op, inputs: Vec<ValueId>, name: &str, ty: TensorType) -> ValueId {
-        let hint = format!("{}.{name}", self.hint);
-        self.add_named(g, op, inputs, &hint, ty)
-    }
-
-    fn add_named(
-        &mut self,
-        g: &mut Graph,
-        op: Op,
-        inputs: Vec<ValueId>,
-        name: &str,
-        ty: TensorType,
-    ) -> ValueId {
-        let v = g.insert_node(self.at, op, inputs, name, ty);
-        self.at += 1;
-        v
-    }
 }
