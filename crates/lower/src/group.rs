@@ -810,11 +810,10 @@ impl<'g> Lowering<'g> {
         let mut img = image?;
         let mut pad = [0i64; 2];
         if let Some(p) = made(img) {
-            if let Op::Pad { pads, mode: ir::PadMode::Constant(z @ 0.0) } = &p.op {
+            if let Op::Pad { pads, mode: ir::PadMode::Constant(0.0) } = &p.op {
                 let konst = |e: &SymExpr| e.as_const().filter(|v| *v >= 0);
                 let spatial = |d: usize| d == lead + 1 || d == lead + 2;
-                let ok = *z == 0.0
-                    && pads.len() == 4 + lead
+                let ok = pads.len() == 4 + lead
                     && (0..pads.len()).all(|d| match spatial(d) {
                         true => konst(&pads[d].0).is_some() && konst(&pads[d].1).is_some(),
                         false => konst(&pads[d].0) == Some(0) && konst(&pads[d].1) == Some(0),
@@ -1493,15 +1492,13 @@ fn as_gelu_tanh(x: &plan::Exprs, e: E) -> Option<E> {
     None
 }
 
-/// An f32 matmul: the contraction engine's work.
 /// Whether `v` may be stored as u8 codes ([`crate::LowerOptions::u8_codes`]):
 /// f32 values that the graph bounds to integers in 0..=255 (a widening
 /// `cast<f32>` of a u8 value, or views and constant padding of one), no model
-/// output, and every reader,
-/// through layout ops, either computes in a loop program (which loads it
-/// widened) or is the A of a product by a constant (which the u8s8 kernels
-/// read as codes). A product's B, or the A of a product by another value
-/// (attention's), is read as f32 values as they lie.
+/// output, and every reader, through layout ops, either computes in a loop
+/// program (which loads it widened) or is the A of a product by a constant
+/// (which the u8s8 kernels read as codes). A product's B, or the A of a
+/// product by another value (attention's), is read as f32 values as they lie.
 pub(crate) fn narrowable(g: &Graph, v: ValueId) -> bool {
     let producers = g.producers();
     let codes = g.ty(v).dtype == DType::F32 && integers_within(g, v, (0, 255));
@@ -1550,6 +1547,7 @@ pub(crate) fn narrowable(g: &Graph, v: ValueId) -> bool {
     true
 }
 
+/// An f32 matmul: the contraction engine's work.
 fn is_backbone(g: &Graph, node: &ir::Node) -> bool {
     matches!(node.op, Op::MatMul { .. })
         && node.inputs.iter().chain([&node.output]).all(|v| g.ty(*v).dtype == DType::F32)
