@@ -389,13 +389,23 @@ fn prefetch_rows(a: &MatRef, rows: std::ops::Range<usize>, pc: usize, kc: usize)
 /// Whether direct kernels can read this convolution's taps where they lie
 /// (see [`crate::ConvTaps::adjacent`]).
 pub fn taps_in_place(a: &MatRef) -> bool {
-    !a.is_codes() && a.taps.is_some_and(|(t, transposed)| !transposed && t.adjacent())
+    !a.is_codes() && adjacent_taps(a)
+}
+
+/// Whether `a` is a convolution's taps whose kernel rows are runs (codes or not).
+pub(crate) fn adjacent_taps(a: &MatRef) -> bool {
+    a.taps.is_some_and(|(t, transposed)| !transposed && t.adjacent())
 }
 
 /// Whether a direct kernel can read this A where it lies (floats: codes are
 /// packed).
 pub fn a_in_place(a: &MatRef) -> bool {
-    !a.is_taps() && !a.is_codes() && crate::ALayout::of(a.cs, a.cols) == crate::ALayout::RowMajor
+    !a.is_codes() && row_major(a)
+}
+
+/// Whether `a` is a plain matrix with rows contiguous along K (codes or not).
+pub(crate) fn row_major(a: &MatRef) -> bool {
+    !a.is_taps() && crate::ALayout::of(a.cs, a.cols) == crate::ALayout::RowMajor
 }
 
 /// Whether a direct kernel can read this B where it lies (a pre-packed B is read

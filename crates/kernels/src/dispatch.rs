@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::RwLock;
 
 use crate::cost::{rule_grid, CostModel, MachineModel};
-use crate::direct::{a_in_place, b_in_place, DirectPlan};
+use crate::direct::{b_in_place, DirectPlan};
 use crate::gemm::{execute, BOperand, EpilogueArgs, LoopOrder, MatMut, MatRef, PackedB, PackedPlan, Plan};
 use crate::schedule::{candidates, ALayout, BLayout, KernelFamily, Operands, Problem, Schedule};
 use crate::tree::{DecisionTree, Node, TreeOptions};
@@ -447,12 +447,11 @@ impl Dispatcher {
             }
         }
         // Codes have their floats' layouts (`schedule_of` keeps them packed).
-        let as_floats: Vec<MatRef> = a.iter().map(|m| MatRef { codes: None, ..*m }).collect();
-        let a_layout = if as_floats.iter().all(a_in_place) {
+        let a_layout = if a.iter().all(crate::direct::row_major) {
             ALayout::RowMajor
         } else {
             match a0.taps {
-                Some((t, false)) if as_floats.iter().all(crate::direct::taps_in_place) => t.layout(),
+                Some((t, false)) if a.iter().all(crate::direct::adjacent_taps) => t.layout(),
                 _ => ALayout::Strided,
             }
         };
