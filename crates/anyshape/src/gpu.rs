@@ -214,6 +214,7 @@ impl Model {
             column_scales: false,
             epilogue_params: false,
             u8_codes: false,
+            codes_depth: lower::CodesDepth::NONE,
         };
         let mut plan = lower::lower_with(&self.graph, &self.fusion_plan(), &lo)?;
         lower::unfuse_attention(&mut plan, |p, a| gpu_attention_unsupported(p, a).is_none());

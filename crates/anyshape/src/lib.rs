@@ -290,11 +290,25 @@ impl Model {
         // Quantized activations are stored as u8 codes where the u8s8 kernels
         // multiply them (they pack their words as they lie); other families
         // would read them a byte at a time.
-        let u8_codes = target_of(opts)
-            .ok()
-            .and_then(|t| opts.int8.types(&t).ok())
+        // A weight's product stores them too where one cache block takes its K.
+        let target = target_of(opts).ok();
+        let u8_codes = target
+            .as_ref()
+            .and_then(|t| opts.int8.types(t).ok())
             .is_some_and(|types| types.first() == Some(&kernels::ElemType::U8S8));
-        let lo = lower::LowerOptions { fuse_attention: opts.fuse_attention, u8_codes, ..Default::default() };
+        let codes_depth = match (&target, u8_codes) {
+            (Some(t), true) => {
+                let (rows, taps) = kernels::schedule::one_block_depth(t, kernels::ElemType::U8S8);
+                lower::CodesDepth { rows, taps }
+            }
+            _ => lower::CodesDepth::NONE,
+        };
+        let lo = lower::LowerOptions {
+            fuse_attention: opts.fuse_attention,
+            u8_codes,
+            codes_depth,
+            ..Default::default()
+        };
         Ok(lower::lower_with(&self.graph, &self.fusion_plan(), &lo)?)
     }
 
@@ -502,6 +516,11 @@ impl Model {
         plan: &plan::ModelPlan,
         cache: Option<&Path>,
     ) -> Result<kernels::Dispatcher, Error> {
+        // A family storing codes runs packed, in one K block: the model's
+        // schedules, no measured table (its tuned layouts would cut K).
+        if e.codes {
+            return Ok(d);
+        }
         let dims = plan.dims.exprs();
         let fixed = |s: u32| dims[s as usize].as_const().and_then(|v| usize::try_from(v).ok());
         let mut weights = Vec::new();

@@ -1379,6 +1379,79 @@ fn quantized_activations_are_stored_as_codes() {
     }
 }
 
+/// A product by an int8 weight whose epilogue requantizes (round, clamp to
+/// u8) and whose output only the next int8 product reads stores its C as
+/// codes where the u8s8 family runs and one K block takes its depth (30, 64;
+/// 700 is deeper than an L1 block: floats): every family gives the
+/// interpreter's values exactly, at rows with 1, primes and one past a tile
+/// and a width (37) with an edge panel.
+#[test]
+fn a_requantizing_product_stores_codes() {
+    let target = kernels::Target::detect();
+    let vnni = target.check_elem(kernels::ElemType::U8S8).is_ok();
+    let depth = kernels::schedule::one_block_depth(&target, kernels::ElemType::U8S8).0;
+    for k in [64usize, 30, 700] {
+        let text = format!(
+            "graph {{
+  sym m param 1..
+  input %a: u8[m, {k}]
+  %w: i8[{k}, 37] = constant @w8
+  %v: i8[37, 3] = constant @v8
+  %af: f32[m, {k}] = cast %a
+  %wf: f32[{k}, 37] = cast %w
+  %y: f32[m, 37] = matmul %af, %wf
+  %s: f32[1, 1] = constant [0.0013]
+  %sb: f32[m, 37] = broadcast %s
+  %ys: f32[m, 37] = mul %y, %sb
+  %yr: f32[m, 37] = round %ys
+  %yi: i32[m, 37] = cast %yr
+  %z: i32[1, 1] = constant [100]
+  %zb: i32[m, 37] = broadcast %z
+  %yz: i32[m, 37] = add %yi, %zb
+  %lo: i32[1, 1] = constant [0]
+  %lob: i32[m, 37] = broadcast %lo
+  %hi: i32[1, 1] = constant [255]
+  %hib: i32[m, 37] = broadcast %hi
+  %c0: i32[m, 37] = max %yz, %lob
+  %c1: i32[m, 37] = min %c0, %hib
+  %yq: u8[m, 37] = cast %c1
+  %yf: f32[m, 37] = cast %yq
+  %vf: f32[37, 3] = cast %v
+  %out: f32[m, 3] = matmul %yf, %vf
+  output %out
+}}
+"
+        );
+        let mut rng = Lcg::new(k as u64 + 11);
+        let w: Vec<i8> = (0..k * 37).map(|_| rng.next() as i8).collect();
+        let v: Vec<i8> = (0..37 * 3).map(|_| rng.next() as i8).collect();
+        let (w, v) = (
+            Tensor::new(vec![k, 37], Elems::I8(w)).expect("w"),
+            Tensor::new(vec![37, 3], Elems::I8(v)).expect("v"),
+        );
+        let bind = |name: &str| match name {
+            "w8" => Some(std::sync::Arc::new(ir::ConstData::from_tensor(&w))),
+            "v8" => Some(std::sync::Arc::new(ir::ConstData::from_tensor(&v))),
+            _ => None,
+        };
+        let g = ir::parse_graph(&text, &bind).unwrap_or_else(|e| panic!("{e}"));
+        let m = Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"));
+        let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
+        assert_eq!(plan.contains("stored as u8 codes"), vnni && k <= depth, "K {k}:\n{plan}");
+        for int8 in [Int8::Auto, Int8::I16S8, Int8::I16, Int8::Float] {
+            let cm =
+                m.compile(&CompileOptions::new().threads(2).canaries(true).int8(int8)).expect("compiles");
+            for rows in [1usize, 2, 7, 17, 65] {
+                let a: Vec<u8> = (0..rows * k).map(|_| rng.next() as u8).collect();
+                let ins = [("a", Tensor::new(vec![rows, k], Elems::U8(a)).expect("a"))];
+                let got = cm.run(&ins).expect("runs");
+                let want = m.interpret(&ins).expect("interprets");
+                assert_eq!(got[0].1.elems(), want[0].1.elems(), "K {k} rows {rows} {int8:?}");
+            }
+        }
+    }
+}
+
 /// A dynamic quantization's `round(x / scale)` with the scale computed per
 /// call (a divisor the same for every row): the compiled division is the
 /// interpreter's, exactly, in the vectors of a row and in its masked tail (a

@@ -23,7 +23,7 @@ use inkwell::targets::{
     CodeModel, FileType, InitializationConfig, RelocMode, Target as LlvmTarget, TargetMachine,
 };
 use inkwell::values::{BasicValue, BasicValueEnum, FloatValue, IntValue, VectorValue};
-use inkwell::{AddressSpace, IntPredicate, OptimizationLevel};
+use inkwell::{AddressSpace, FloatPredicate, IntPredicate, OptimizationLevel};
 use kernels::{CodeImage, DirectKernel, ElemType, MicroKernel, MicroKernelFn, Target};
 use plan::Epilogue;
 
@@ -725,12 +725,24 @@ fn build_microkernel(
         let masked = bld.build_and(flags, c_i64(b as usize), n).map_err(llvm)?;
         bld.build_int_compare(IntPredicate::NE, masked, c_i64(0), n).map_err(llvm)
     };
-    let add = bit(kernels::ACCUMULATE as u64, "add")?;
-    bld.build_conditional_branch(add, add_c, set_c).map_err(llvm)?;
+    // A tile of codes is never added to (its product is one K block) and always
+    // ends in the epilogue, whose values it stores a byte each.
+    let codes = epilogue.codes;
+    if codes {
+        bld.build_unconditional_branch(set_c).map_err(llvm)?;
+    } else {
+        let add = bit(kernels::ACCUMULATE as u64, "add")?;
+        bld.build_conditional_branch(add, add_c, set_c).map_err(llvm)?;
+    }
+    let i8t = ctx.i8_type();
     let c_ptr = |i: usize, v: usize| -> Result<_, CodegenError> {
         let row = bld.build_int_mul(c_i64(i), ldc, "row").map_err(llvm)?;
         let idx = bld.build_int_add(row, c_i64(v * w), "ci").map_err(llvm)?;
-        gep(c, idx, "cp")
+        match codes {
+            // SAFETY (of the IR): as `gep`, in the tile of bytes the ABI promises.
+            true => unsafe { bld.build_in_bounds_gep(i8t, c, &[idx], "cp") }.map_err(llvm),
+            false => gep(c, idx, "cp"),
+        }
     };
     bld.position_at_end(add_c);
     let mut summed = Vec::with_capacity(mr * nv);
@@ -753,6 +765,8 @@ fn build_microkernel(
     };
     if epilogue.is_identity() {
         bld.build_unconditional_branch(plain).map_err(llvm)?;
+    } else if codes {
+        bld.build_unconditional_branch(epi).map_err(llvm)?;
     } else {
         let apply = bit(kernels::APPLY_EPILOGUE as u64, "apply")?;
         bld.build_conditional_branch(apply, epi, plain).map_err(llvm)?;
@@ -776,7 +790,33 @@ fn build_microkernel(
             out[i * nv + v] = y;
         }
     }
-    store(&out)?;
+    if codes {
+        // Integers in 0..=255 by the compiler's bounds, clamped to that range
+        // (NaN to 0: a defined byte whatever the value) by compares and selects,
+        // which become `vmaxps`/`vminps` (`llvm.fptoui.sat` to bytes scalarizes),
+        // then truncated (exact) and narrowed (`vpmovdb`).
+        let (it, bt) = (ctx.i32_type().vec_type(w as u32), i8t.vec_type(w as u32));
+        let splat = |x: f64| {
+            let c = f32t.const_float(x);
+            inkwell::types::VectorType::const_vector(&vec![c; w])
+        };
+        let (lo, hi) = (splat(0.0), splat(255.0));
+        for i in 0..mr {
+            for v in 0..nv {
+                let x = out[i * nv + v];
+                let pos = bld.build_float_compare(FloatPredicate::OGT, x, lo, "pos").map_err(llvm)?;
+                let x = bld.build_select(pos, x, lo, "lo").map_err(llvm)?.into_vector_value();
+                let below = bld.build_float_compare(FloatPredicate::OLT, x, hi, "below").map_err(llvm)?;
+                let x = bld.build_select(below, x, hi, "hi").map_err(llvm)?.into_vector_value();
+                let n = bld.build_float_to_signed_int(x, it, "code").map_err(llvm)?;
+                let b = bld.build_int_truncate(n, bt, "byte").map_err(llvm)?;
+                let st = bld.build_store(c_ptr(i, v)?, b).map_err(llvm)?;
+                st.set_alignment(1).map_err(llvm)?;
+            }
+        }
+    } else {
+        store(&out)?;
+    }
     bld.build_unconditional_branch(exit).map_err(llvm)?;
     bld.position_at_end(exit);
     bld.build_unconditional_branch(tile_latch).map_err(llvm)?;
@@ -789,7 +829,12 @@ fn build_microkernel(
         unsafe { bld.build_gep(f32t, base, &[by], n) }.map_err(llvm)
     };
     let a_next = step(a, bld.build_int_mul(kc, c_i64(mr), "a.step").map_err(llvm)?, "a.next")?;
-    let c_next = step(c, bld.build_int_mul(ldc, c_i64(mr), "c.step").map_err(llvm)?, "c.next")?;
+    let c_step = bld.build_int_mul(ldc, c_i64(mr), "c.step").map_err(llvm)?;
+    let c_next = match codes {
+        // SAFETY (of the IR): as `step`, over bytes.
+        true => unsafe { bld.build_gep(i8t, c, &[c_step], "c.next") }.map_err(llvm)?,
+        false => step(c, c_step, "c.next")?,
+    };
     let r_next = step(res, bld.build_int_mul(ldr, c_i64(mr), "r.step").map_err(llvm)?, "res.next")?;
     let again = bld.build_int_compare(IntPredicate::SLT, t_next, tiles, "again").map_err(llvm)?;
     bld.build_conditional_branch(again, tile_head, ret).map_err(llvm)?;

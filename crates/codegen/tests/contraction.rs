@@ -361,6 +361,13 @@ fn integer_contractions_are_exact(elem: kernels::ElemType, instruction: &str) {
         let requantized =
             build(Epilogue { activation: Activation::Pointwise(requantize), ..Default::default() })
                 .expect("compile");
+        // The same, its C stored as 8-bit codes.
+        let to_codes = build(Epilogue {
+            activation: Activation::Pointwise(requantize),
+            codes: true,
+            ..Default::default()
+        })
+        .expect("compile");
         assert_eq!(plain.family().elem(), elem);
         let asm = plain.kernels()[0].asm();
         assert!(asm.contains(instruction), "no {instruction} in the {elem} kernel:\n{asm}");
@@ -449,8 +456,43 @@ fn integer_contractions_are_exact(elem: kernels::ElemType, instruction: &str) {
             let w = |i: usize, j: usize| requantize.eval_with(exact(i, j) as f32, &params) as f64;
             let t = |i: usize, j: usize| if tol(i, j) == 0.0 { 0.0 } else { 256.0 };
             all_close(&c, (m, n, k), &format!("requantized {s}"), w, t)?;
+            // Stored as codes: a weight packed in one K block, A as floats and as
+            // codes; every byte the program's value (the edge tiles' too, and
+            // nothing written past C's columns: rows are `n + 3` bytes apart).
+            let packed = to_codes.pack_weight(bm, &[1, 16, 128]).expect("pack");
+            prop_assert_eq!(packed.kc, k.max(1));
+            let bytes: Vec<u8> = a.iter().map(|v| *v as u8).collect();
+            for (what, a_in) in [("floats", am), ("codes", MatRef::of_codes(&bytes, m, k, k, 1).unwrap())] {
+                let mut out = vec![0xa5u8; m * (n + 3)];
+                let cv = MatMut::of_codes(&mut out, m, n, n + 3).unwrap();
+                let s = to_codes.matmul(&pool, a_in, BOperand::Packed(&packed), cv, &args).expect("run");
+                let got: Vec<f32> = (0..m * n).map(|x| out[x / n * (n + 3) + x % n] as f32).collect();
+                all_close(&got, (m, n, k), &format!("stored as codes, A {what}: {s}"), w, t)?;
+                prop_assert!((0..m).all(|i| out[i * (n + 3) + n..(i + 1) * (n + 3)] == [0xa5; 3]));
+            }
             Ok(())
         };
+        // Codes keep no partial sums: a product deeper than its K block (an
+        // activation B, packed in blocks of at most 1024) is an error, not a
+        // wrong result.
+        {
+            let (m, n, k) = (9, 20, 2000);
+            let (a, b) = (vec![1.0f32; m * k], vec![1.0f32; k * n]);
+            let mut out = vec![0u8; m * n];
+            let cv = MatMut::of_codes(&mut out, m, n, n).unwrap();
+            let args = EpilogueArgs { params: &params, ..EpilogueArgs::default() };
+            let am = MatRef::row_major(&a, m, k).unwrap();
+            let e = to_codes
+                .matmul(&pool, am, BOperand::Plain(MatRef::row_major(&b, k, n).unwrap()), cv, &args)
+                .expect_err("a deep product storing codes is refused");
+            assert!(e.to_string().contains("one K block"), "{e}");
+            // And a float C for kernels that store codes, or codes for float kernels.
+            let mut c = vec![0.0f32; m * n];
+            let cv = MatMut::new(&mut c, m, n, n).unwrap();
+            let packed = to_codes.pack_weight(MatRef::row_major(&b, k, n).unwrap(), &[16]).expect("pack");
+            let e = to_codes.matmul(&pool, am, BOperand::Packed(&packed), cv, &args).expect_err("floats");
+            assert!(e.to_string().contains("C is floats"), "{e}");
+        }
         for (m, n, k) in awkward_shapes(kc).into_iter().chain([(5, 33, 4 * kc + 5)]) {
             case(m, n, k, 0).unwrap_or_else(|e| panic!("{e}"));
         }

@@ -28,8 +28,14 @@ const MARGIN: usize = 37;
 
 /// The epilogue the tests compile in besides none: everything a convolution's
 /// group puts there in ResNet (bias, the residual, ReLU).
-const EPILOGUE: Epilogue =
-    Epilogue { scale: None, column_scale: false, bias: true, residual: true, activation: Activation::Relu };
+const EPILOGUE: Epilogue = Epilogue {
+    scale: None,
+    column_scale: false,
+    bias: true,
+    residual: true,
+    activation: Activation::Relu,
+    codes: false,
+};
 
 /// One convolution: `t`'s geometry with `k` output channels, with the
 /// dispatcher's schedule and every direct candidate (taps read in place, when a

@@ -191,21 +191,30 @@ pub fn attention(
         }
         _ => return Err(KernelError::Shape("an attention plan's chunk does not match its softmax".into())),
     };
+    if o.iter().any(MatMut::is_codes) {
+        return Err(KernelError::Shape("fused attention writes floats, an output is codes".into()));
+    }
     if rows == 0 || dv == 0 {
         return Ok(());
     }
     if keys == 0 {
         // The product with an empty V is zero (no softmax step runs).
         for m in o.iter_mut() {
+            let ldc = m.ldc;
+            let data = m.floats()?;
             for i in 0..rows {
-                m.data[i * m.ldc..i * m.ldc + dv].fill(0.0);
+                data[i * ldc..i * ldc + dv].fill(0.0);
             }
         }
         return Ok(());
     }
     let blocks = rows.div_ceil(plan.block);
     let tasks = entries * blocks;
-    let outs: Vec<(CPtr, usize)> = o.iter_mut().map(|m| (CPtr(m.data.as_mut_ptr()), m.ldc)).collect();
+    let mut outs: Vec<(CPtr, usize)> = Vec::with_capacity(o.len());
+    for m in o.iter_mut() {
+        let ldc = m.ldc;
+        outs.push((CPtr(m.floats()?.as_mut_ptr()), ldc));
+    }
     let parallel = pool.threads() > 1 && tasks > 1;
     let queue = crate::Parts::new(tasks, if parallel { pool.threads() } else { 1 });
     let failed: Mutex<Option<String>> = Mutex::new(None);

@@ -153,13 +153,13 @@ impl Dispatcher {
         Ok(s)
     }
 
-    /// The schedule of `p` when its A is 8-bit codes (`a_codes`): the
-    /// problem's schedule, or where that reads A in place, the best packed one
-    /// (memoized too). The problem's layouts are its floats' (what the
+    /// The schedule of `p` when its A is 8-bit codes (`a_codes`), or its C
+    /// (the family stores codes): the problem's schedule, or where that reads
+    /// A in place, the best packed one (memoized too). The problem's layouts are its floats' (what the
     /// measured dispatch was measured for).
     pub fn schedule_of(&self, p: &Problem, a_codes: bool) -> Result<Schedule, KernelError> {
         let s = self.schedule(p)?;
-        if !a_codes || s.operands != Operands::Direct {
+        if !(a_codes || self.family.stores_codes()) || s.operands != Operands::Direct {
             return Ok(s);
         }
         if let Some(s) = self.codes_memo.read().unwrap_or_else(|e| e.into_inner()).get(p) {
@@ -356,6 +356,7 @@ impl Dispatcher {
         row: usize,
     ) -> Result<BLayout, KernelError> {
         match self.weight_layout(k, n, rows)? {
+            l if self.family.stores_codes() => Ok(l),
             BLayout::Packed { nr, kc } => Ok(BLayout::Packed {
                 nr,
                 kc: crate::schedule::taps_kc(&self.target, self.family.elem(), nr, row, k).unwrap_or(kc),
@@ -368,6 +369,18 @@ impl Dispatcher {
     /// tuned one when a search tuned this weight, else the tile width and depth the
     /// model predicts best over them.
     pub fn weight_layout(&self, k: usize, n: usize, rows: &[usize]) -> Result<BLayout, KernelError> {
+        let layout = self.cache_layout(k, n, rows)?;
+        match layout {
+            // A family storing codes keeps no partial sums: one K block.
+            BLayout::Packed { nr, .. } if self.family.stores_codes() => {
+                Ok(BLayout::Packed { nr, kc: k.max(1) })
+            }
+            l => Ok(l),
+        }
+    }
+
+    /// [`Dispatcher::weight_layout`] by the caches alone.
+    fn cache_layout(&self, k: usize, n: usize, rows: &[usize]) -> Result<BLayout, KernelError> {
         if let Some(l) = self.tuned.as_ref().and_then(|t| t.weight_layout(k, n)) {
             return Ok(l);
         }

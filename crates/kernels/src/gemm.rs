@@ -186,19 +186,80 @@ impl<'a> MatRef<'a> {
 
 /// A row-major output matrix (row stride `ldc`, contiguous columns).
 pub struct MatMut<'a> {
-    pub(crate) data: &'a mut [f32],
+    pub(crate) data: CData<'a>,
     pub rows: usize,
     pub cols: usize,
     pub(crate) ldc: usize,
 }
 
+/// What C's elements are: floats, or 8-bit codes (written by kernels whose
+/// epilogue stores codes, [`plan::Epilogue::codes`]).
+pub(crate) enum CData<'a> {
+    F32(&'a mut [f32]),
+    Codes(&'a mut [u8]),
+}
+
 impl<'a> MatMut<'a> {
     pub fn new(data: &'a mut [f32], rows: usize, cols: usize, ldc: usize) -> Result<MatMut<'a>, KernelError> {
-        check_extent(data.len(), rows, cols, ldc, 1)?;
+        Self::check(data.len(), rows, cols, ldc)?;
+        Ok(MatMut { data: CData::F32(data), rows, cols, ldc })
+    }
+
+    /// A matrix of 8-bit codes, for a kernel whose epilogue stores codes.
+    pub fn of_codes(
+        data: &'a mut [u8],
+        rows: usize,
+        cols: usize,
+        ldc: usize,
+    ) -> Result<MatMut<'a>, KernelError> {
+        Self::check(data.len(), rows, cols, ldc)?;
+        Ok(MatMut { data: CData::Codes(data), rows, cols, ldc })
+    }
+
+    fn check(len: usize, rows: usize, cols: usize, ldc: usize) -> Result<(), KernelError> {
+        check_extent(len, rows, cols, ldc, 1)?;
         if cols > ldc && rows > 1 {
             return Err(KernelError::Shape(format!("row stride {ldc} is less than {cols} columns")));
         }
-        Ok(MatMut { data, rows, cols, ldc })
+        Ok(())
+    }
+
+    pub fn is_codes(&self) -> bool {
+        matches!(self.data, CData::Codes(_))
+    }
+
+    /// The floats, for the float-only paths (fused attention's outputs).
+    pub(crate) fn floats(&mut self) -> Result<&mut [f32], KernelError> {
+        match &mut self.data {
+            CData::F32(d) => Ok(d),
+            CData::Codes(_) => Err(KernelError::Shape("this product writes floats, C is codes".into())),
+        }
+    }
+
+    /// The first element's address, as the kernels' ABI takes C (for codes,
+    /// the kernels address it in bytes).
+    fn ptr(&mut self) -> CPtr {
+        match &mut self.data {
+            CData::F32(d) => CPtr(d.as_mut_ptr()),
+            CData::Codes(d) => CPtr(d.as_mut_ptr().cast()),
+        }
+    }
+
+    /// Store `v` at element `(i, j)` (as a code: saturated to 0..=255).
+    fn set(&mut self, i: usize, j: usize, v: f32) {
+        match &mut self.data {
+            CData::F32(d) => d[i * self.ldc + j] = v,
+            CData::Codes(d) => d[i * self.ldc + j] = v as u8,
+        }
+    }
+
+    /// A reborrow of the same view.
+    fn reborrow(&mut self) -> MatMut<'_> {
+        let data = match &mut self.data {
+            CData::F32(d) => CData::F32(d),
+            CData::Codes(d) => CData::Codes(d),
+        };
+        MatMut { data, rows: self.rows, cols: self.cols, ldc: self.ldc }
     }
 }
 
@@ -698,6 +759,28 @@ fn run_plan(
             _ => {}
         }
         check_epilogue(&epilogue, &ep.entry(0), a.rows, n)?;
+        if c.is_codes() != epilogue.codes {
+            return Err(KernelError::Shape(format!(
+                "C is {}, the kernels store {}",
+                if c.is_codes() { "codes" } else { "floats" },
+                if epilogue.codes { "codes" } else { "floats" }
+            )));
+        }
+        if epilogue.codes {
+            // Codes keep no partial sums: the product is one K block, packed.
+            match plan {
+                Plan::Packed(p) if k <= p.blocking.kc => {}
+                Plan::Packed(p) => {
+                    return Err(KernelError::Shape(format!(
+                        "a product stored as codes runs in one K block: K {k} is deeper than KC {}",
+                        p.blocking.kc
+                    )))
+                }
+                Plan::Direct(_) => {
+                    return Err(KernelError::Shape("direct kernels store floats, C is codes".into()))
+                }
+            }
+        }
     }
     for e in 1..ep.residuals.len() {
         check_epilogue(&epilogue, &ep.entry(e), a[e].rows, b[e].dims().1)?;
@@ -708,11 +791,11 @@ fn run_plan(
         if a[e].cols == 0 || c.rows == 0 || c.cols == 0 {
             for i in 0..c.rows {
                 for j in 0..c.cols {
-                    c.data[i * c.ldc + j] = apply_scalar(&epilogue, &ep.entry(e), i, j, 0.0);
+                    c.set(i, j, apply_scalar(&epilogue, &ep.entry(e), i, j, 0.0));
                 }
             }
         } else {
-            work.push((e, CPtr(c.data.as_mut_ptr()), c.ldc));
+            work.push((e, c.ptr(), c.ldc));
         }
     }
     let per_group = grid.rows * grid.cols;
@@ -885,8 +968,7 @@ pub fn gemm(
         order: LoopOrder::KOuter,
         grid: ThreadGrid::SINGLE,
     });
-    let c = MatMut { data: &mut *c.data, ..*c };
-    run_plan(None, &plan, &[a], &[BOperand::Plain(b)], &mut [c], &EpilogueArgs::default())
+    run_plan(None, &plan, &[a], &[BOperand::Plain(b)], &mut [c.reborrow()], &EpilogueArgs::default())
 }
 
 /// `C = A · B` on every thread of `pool`, B an activation (each thread packs the
@@ -1135,6 +1217,15 @@ fn band(
         ..
     } = ws;
     scratch.resize(uk.mr * uk.nr, 0.0);
+    // C's element `(row, col)`: a float, or a byte of codes (`codes`), which the
+    // kernels address in bytes (checked by `run_plan`: one K block).
+    let codes = uk.epilogue.codes;
+    let c_at = |row: usize, col: usize| -> *mut f32 {
+        match codes {
+            true => cptr.get().cast::<u8>().wrapping_add(row * ldc + col).cast(),
+            false => cptr.get().wrapping_add(row * ldc + col),
+        }
+    };
     // Edge tiles read the epilogue's data from padded copies, never past the operands.
     escale.resize(uk.nr, 0.0);
     ebias.resize(uk.nr, 0.0);
@@ -1214,7 +1305,9 @@ fn band(
             let jp = jr - first_panel;
             // One row by a quantized weight: multiplied from the codes (no panel
             // dequantized), then the epilogue as an edge tile's, of a zero product.
-            if let (BOperand::Packed(p), 1, true) = (b, mc, a.cs == 1 && !a.is_taps() && !a.is_codes()) {
+            if let (BOperand::Packed(p), 1, true) =
+                (b, mc, a.cs == 1 && !a.is_taps() && !a.is_codes() && !codes)
+            {
                 let (col, arow) = (jr * nr, &a.data[ic * a.rs + pc..ic * a.rs + pc + kc]);
                 dot_out.clear();
                 dot_out.resize(nr, 0.0);
@@ -1292,7 +1385,7 @@ fn band(
                             kc as i64,
                             ap.as_ptr(),
                             bpanel,
-                            cptr.get().add(ic * ldc + col),
+                            c_at(ic, col),
                             ldc as i64,
                             flags,
                             bias,
@@ -1317,9 +1410,10 @@ fn band(
                 // SAFETY: rows row..row+mv and columns col..col+nv are inside C (checked
                 // shapes) and this thread's alone; the kernel writes only `scratch`
                 // (MR × NR), and exactly the tile's part of it is copied in and out.
+                // Codes are written, never read (no K block adds to them), a byte each.
                 unsafe {
-                    let tile = cptr.get().add(row * ldc + col);
-                    for r in 0..mv {
+                    let tile = c_at(row, col);
+                    for r in (0..mv).filter(|_| !codes) {
                         std::ptr::copy_nonoverlapping(
                             tile.add(r * ldc),
                             scratch.as_mut_ptr().add(r * nr),
@@ -1345,7 +1439,18 @@ fn band(
                         ep.params_ptr(),
                     );
                     for r in 0..mv {
-                        std::ptr::copy_nonoverlapping(scratch.as_ptr().add(r * nr), tile.add(r * ldc), nv);
+                        match codes {
+                            true => std::ptr::copy_nonoverlapping(
+                                scratch.as_ptr().cast::<u8>().add(r * nr),
+                                tile.cast::<u8>().add(r * ldc),
+                                nv,
+                            ),
+                            false => std::ptr::copy_nonoverlapping(
+                                scratch.as_ptr().add(r * nr),
+                                tile.add(r * ldc),
+                                nv,
+                            ),
+                        }
                     }
                 }
             }

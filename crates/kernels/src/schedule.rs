@@ -135,6 +135,11 @@ impl KernelFamily {
     pub fn elem(&self) -> ElemType {
         self.variants[0].kernel.elem
     }
+    /// Whether its kernels store C as 8-bit codes ([`plan::Epilogue::codes`]):
+    /// its products run packed, in one K block.
+    pub fn stores_codes(&self) -> bool {
+        self.variants[0].kernel.epilogue.codes
+    }
     pub fn direct_variants(&self) -> &[DirectVariant] {
         &self.direct
     }
@@ -202,6 +207,17 @@ pub const DIRECT_TIE: f64 = 0.05;
 /// micro-panel fill about 80% of L1 (Vortex's utilization band), a multiple of 8.
 pub fn kc_for(t: &Target, elem: ElemType, mr: usize, nr: usize) -> usize {
     Blocking::for_target(t, elem, mr, nr).kc
+}
+
+/// The deepest K that one cache block of any main tile of `elem` on `t` takes
+/// whole, by A's kind (row-major, a convolution's taps): the L1 depth of the
+/// widest tile (4 rows of 4 vectors, the least of the tiles' depths), and
+/// [`taps_kc`]'s budget at that width. A product storing codes
+/// ([`plan::Epilogue::codes`]) must be that shallow.
+pub fn one_block_depth(t: &Target, elem: ElemType) -> (usize, usize) {
+    let nr = 4 * t.f32_lanes.max(1);
+    let taps = t.l2 / 8 / (nr * elem.bytes());
+    (kc_for(t, elem, 4, nr), taps)
 }
 
 /// The depth of the K blocks of a weight whose A is a convolution's overlapping

@@ -122,6 +122,7 @@ pub(crate) struct Lowering<'g> {
     epilogue_params: bool,
     /// Quantized activations may be stored as u8 codes ([`crate::LowerOptions::u8_codes`]).
     u8_codes: bool,
+    codes_depth: crate::CodesDepth,
     /// Buffers stored narrower than their values (u8 codes of f32 values):
     /// programs load them widened and store the narrow value.
     narrowed: HashMap<BufId, DType>,
@@ -139,6 +140,7 @@ impl<'g> Lowering<'g> {
             column_scales: opts.column_scales,
             epilogue_params: opts.epilogue_params,
             u8_codes: opts.u8_codes,
+            codes_depth: opts.codes_depth,
             narrowed: HashMap::new(),
             g,
             plan: ModelPlan::default(),
@@ -342,9 +344,27 @@ impl<'g> Lowering<'g> {
                 // activation; its residual is read per entry, at the output's offsets.
                 let integral = node.inputs.iter().all(|x| integers_within(g, *x, (i64::MIN, i64::MAX)));
                 if let Some(e) = self.fold_epilogue(gi, out, v, &avail, integral)? {
-                    step.c.buf = self.buffer_of[&v];
+                    let c = self.buffer_of[&v];
+                    step.c.buf = c;
                     step.epilogue = if self.epilogue_params { parameterized(e) } else { e };
-                    avail.insert(v, self.buffer_of[&v]);
+                    // Codes of a weight's product that one K block computes, which
+                    // only programs and products by constants read: a byte each.
+                    let depth = match step.taps {
+                        Some(_) => self.codes_depth.taps,
+                        None => self.codes_depth.rows,
+                    };
+                    let k = self.plan.dims.exprs()[step.k as usize].as_const();
+                    if self.u8_codes
+                        && step.weight
+                        && k.is_some_and(|k| k <= depth as i64)
+                        && matches!(self.plan.buffers[c].kind, BufferKind::Temp)
+                        && narrowable(g, v)
+                    {
+                        self.plan.buffers[c].dtype = DType::U8;
+                        self.narrowed.insert(c, DType::U8);
+                        step.epilogue.codes = true;
+                    }
+                    avail.insert(v, c);
                 }
             }
             self.plan.steps.push(Step { group: gi, kind: StepKind::MatMul(Box::new(step)) });

@@ -58,12 +58,32 @@ pub struct LowerOptions {
     /// constants (a quantized model's scales) share their kernels; the CPU's
     /// kernels read parameters, the GPU family's do not.
     pub epilogue_params: bool,
-    /// A quantized activation that a loop program writes (`cast<f32>` of a
-    /// `u8` value) is stored a byte a code, and read as such: widened by the
+    /// A quantized activation that a loop program or a weight's product
+    /// writes (`cast<f32>` of a `u8` value, an epilogue ending in a
+    /// quantization) is stored a byte a code, and read as such: widened by the
     /// loop programs that load it, read as it lies by the contractions whose A
     /// it is (the CPU's u8s8 kernels pack its 4-byte words). Only where every
     /// reader takes codes (see `group::narrowable`); the GPU's plans keep f32.
     pub u8_codes: bool,
+    /// How deep a weight's product may be to store its C as codes: such a
+    /// product runs in one K block (a byte keeps no partial sum), so only
+    /// where one block of the kernels' takes all of K.
+    pub codes_depth: CodesDepth,
+}
+
+/// The deepest K a product storing codes may have ([`LowerOptions::codes_depth`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CodesDepth {
+    /// A row-major (or strided) A: the depth of an L1 block of the kernels.
+    pub rows: usize,
+    /// A convolution's taps: the depth of a block of whole kernel rows (an
+    /// L2 budget).
+    pub taps: usize,
+}
+
+impl CodesDepth {
+    /// No product stores codes.
+    pub const NONE: CodesDepth = CodesDepth { rows: 0, taps: 0 };
 }
 
 impl Default for LowerOptions {
@@ -74,6 +94,7 @@ impl Default for LowerOptions {
             column_scales: true,
             epilogue_params: true,
             u8_codes: true,
+            codes_depth: CodesDepth::NONE,
         }
     }
 }

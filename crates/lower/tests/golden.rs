@@ -571,3 +571,85 @@ group 1: contraction
     let floats = with(false);
     assert!(floats.contains("b4: f32[n, 8] \"qf\"") && !floats.contains("u8[n, 8]"), "{floats}");
 }
+
+/// A product by a constant whose epilogue quantizes (its values integers in
+/// 0..=255) and whose only reader is the A of another such product stores its
+/// C as codes where one K block takes its depth (`LowerOptions::codes_depth`):
+/// the buffer is `u8` and the epilogue says so. Deeper than the block, or
+/// without the option, C stays f32.
+#[test]
+fn a_quantizing_products_output_is_stored_as_codes() {
+    let text = r#"graph {
+  sym n param 1..
+  input %x: f32[n, 8]
+  %w: f32[8, 4] = constant [-3, 0, 3, -1, 2, -2, 1, -3, 0, 3, -1, 2, -2, 1, -3, 0, 3, -1, 2, -2, 1, -3, 0, 3, -1, 2, -2, 1, -3, 0, 3, -1]
+  %v: f32[4, 2] = constant [1, -1, 2, -2, 3, -3, 4, -4]
+  %r: f32[n, 8] = round %x
+  %i: i32[n, 8] = cast %r
+  %q: u8[n, 8] = cast %i
+  %qf: f32[n, 8] = cast %q
+  %y: f32[n, 4] = matmul %qf, %w
+  %s: f32[1, 1] = constant [0.25]
+  %sb: f32[n, 4] = broadcast %s
+  %ys: f32[n, 4] = mul %y, %sb
+  %yr: f32[n, 4] = round %ys
+  %yi: i32[n, 4] = cast %yr
+  %lo: i32[1, 1] = constant [0]
+  %lob: i32[n, 4] = broadcast %lo
+  %hi: i32[1, 1] = constant [255]
+  %hib: i32[n, 4] = broadcast %hi
+  %c0: i32[n, 4] = max %yi, %lob
+  %c1: i32[n, 4] = min %c0, %hib
+  %yq: u8[n, 4] = cast %c1
+  %yf: f32[n, 4] = cast %yq
+  %z: f32[n, 2] = matmul %yf, %v
+  output %z
+}
+"#;
+    let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    let fusion = passes::fuse(&g);
+    let with = |u8_codes: bool, rows: usize| {
+        let codes_depth = lower::CodesDepth { rows, taps: rows };
+        let opts = lower::LowerOptions { u8_codes, codes_depth, ..Default::default() };
+        plan::print_plan(&lower::lower_with(&g, &fusion, &opts).unwrap_or_else(|e| panic!("{e}")))
+    };
+    let got = with(true, 8);
+    let want = r#"dims:
+  d0 = 8*n
+  d1 = 32
+  d2 = 8
+  d3 = 1
+  d4 = 2*n
+  d5 = 4*n
+  d6 = n
+  d7 = 0
+  d8 = 4
+  d9 = 2
+buffers:
+  b0: f32[n, 8] "x" (input 0)
+  b1: f32[8, 4] "w" (constant)
+  b2: f32[4, 2] "v" (constant)
+  b3: f32[1, 1] "s" (constant)
+  b4: i32[1, 1] "lo" (constant)
+  b5: i32[1, 1] "hi" (constant)
+  b6: f32[n, 2] "z" (output 0)
+  b7: u8[n, 8] "qf" (temp, steps 0..=1)
+  b8: u8[n, 4] "yf" (temp, steps 1..=2)
+  b9: f32[n, 4] "y" (temp, unused)
+p0: program g0_elementwise
+  %0: in f32[d6, 8] "x"
+  %1: out u8[d6, 8] "qf"
+  for i0 < d6, i1 < 8:
+    %1[·] = cast<u8>(cast<i32>(round(%0[i0, i1])))
+group 0: elementwise
+  loop p0(b0, b7)
+group 1: contraction
+  matmul [] m d6 n d8 k d2 (weight) (u8·s8): A b7+d7 strides [] d2 d3 · B b1+d7 strides [] d8 d3 → C b8+d7 strides [] d8 d3, epilogue integer(round(mul(x, p0)), 0, 0..=255) with 0.25, stored as u8 codes
+group 2: contraction
+  matmul [] m d6 n d9 k d8 (weight) (u8·s8): A b8+d7 strides [] d8 d3 · B b2+d7 strides [] d9 d3 → C b6+d7 strides [] d9 d3
+"#;
+    assert_eq!(got, want, "got:\n{got}");
+    for floats in [with(true, 7), with(false, 8)] {
+        assert!(!floats.contains("stored as u8 codes") && floats.contains("f32[n, 4] \"yf\""), "{floats}");
+    }
+}

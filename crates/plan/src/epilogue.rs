@@ -66,6 +66,12 @@ pub struct Epilogue {
     pub bias: bool,
     pub residual: bool,
     pub activation: Activation,
+    /// C is 8-bit codes: each value (an integer in 0..=255, which the compiler
+    /// proved of the activation's output) is stored as one byte, where the next
+    /// product reads it as its A. Such a product is computed in one K block
+    /// (there is no partial sum to keep in a byte).
+    #[serde(default)]
+    pub codes: bool,
 }
 
 impl Epilogue {
@@ -76,14 +82,22 @@ impl Epilogue {
         bias: false,
         residual: false,
         activation: Activation::None,
+        codes: false,
     };
 
     pub fn is_identity(&self) -> bool {
         *self == Epilogue::NONE
     }
 
-    fn key(&self) -> (Option<u32>, bool, bool, bool, Activation) {
-        (self.scale.map(f32::to_bits), self.column_scale, self.bias, self.residual, self.activation)
+    fn key(&self) -> (Option<u32>, bool, bool, bool, Activation, bool) {
+        (
+            self.scale.map(f32::to_bits),
+            self.column_scale,
+            self.bias,
+            self.residual,
+            self.activation,
+            self.codes,
+        )
     }
 }
 
@@ -116,6 +130,9 @@ pub struct MatEpilogue {
     /// The values of the activation's parameters ([`crate::PwOp::Param`]).
     #[serde(default)]
     pub params: EpilogueParams,
+    /// C is stored as 8-bit codes ([`Epilogue::codes`]).
+    #[serde(default)]
+    pub codes: bool,
 }
 
 /// The parameters of an epilogue's program, kept with the step that runs it.
@@ -157,6 +174,7 @@ impl MatEpilogue {
             bias: self.bias.is_some(),
             residual: self.residual.is_some(),
             activation: self.activation,
+            codes: self.codes,
         }
     }
 }

@@ -219,7 +219,8 @@ fn epilogue(e: &crate::MatEpilogue) -> String {
         true => String::new(),
         false => format!(" with {}", params.iter().map(|v| format!("{v:?}")).collect::<Vec<_>>().join(", ")),
     };
-    format!(", epilogue {}{params}", parts.join(" + "))
+    let codes = if e.codes { ", stored as u8 codes" } else { "" };
+    format!(", epilogue {}{params}{codes}", parts.join(" + "))
 }
 
 /// A's view, or the taps it reads: `taps b3+d0 image [d1, d2, d3, d4] strides

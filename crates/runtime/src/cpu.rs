@@ -393,7 +393,7 @@ impl Cpu {
                 None => BOperand::Plain(view(b_all, e[1], ms.k, ms.n, ms.rs[1], ms.cs[1])?),
             });
         }
-        let mut c = output_views(ptrs, sp, mm.c.buf, ms)?;
+        let mut c = output_views(ptrs, sp, mm.c.buf, ms, plan.buffers[mm.c.buf].dtype == DType::U8)?;
         // The bias and the column scales: `n` values each.
         let vector = |b: Option<BufId>, what: &str| match b {
             Some(b) => {
@@ -461,7 +461,7 @@ impl Cpu {
             kt.push(BOperand::Plain(view(k_all, se[1], ss.k, ss.n, ss.rs[1], ss.cs[1])?));
             v.push(BOperand::Plain(view(v_all, oe[1], os.k, os.n, os.rs[1], os.cs[1])?));
         }
-        let mut o = output_views(ptrs, sp, a.output.c.buf, os)?;
+        let mut o = output_views(ptrs, sp, a.output.c.buf, os, false)?;
         let tasks_plan = kernels::AttentionPlan {
             block: tasks.block,
             chunk: tasks.chunk,
@@ -723,12 +723,14 @@ fn bytes<'a>(ptrs: &[*mut u8], sp: &'a ShapePlan, b: usize) -> &'a [u8] {
 }
 
 /// Each batch entry's output block of buffer `c` (row-major, at the entries'
-/// C offsets), checked to lie inside the buffer.
+/// C offsets), checked to lie inside the buffer: of 8-bit codes (`codes`, a
+/// buffer of u8) or f32 values.
 fn output_views<'a>(
     ptrs: &[*mut u8],
     sp: &'a ShapePlan,
     c: usize,
     ms: &shape::MatMulShape,
+    codes: bool,
 ) -> Result<Vec<MatMut<'a>>, RunError> {
     let len = (ms.m - 1) * ms.rs[2] + ms.n;
     let mut out = Vec::with_capacity(ms.entries.len());
@@ -736,11 +738,20 @@ fn output_views<'a>(
         if e[2] + len > sp.numel[c] || ms.cs[2] != 1 {
             return Err(RunError::Internal("a matmul output outside its buffer".into()));
         }
+        let internal = |e: kernels::KernelError| RunError::Internal(e.to_string());
         // SAFETY: the entries' blocks are disjoint row-major blocks of buffer `c`
-        // (checked in bounds above), alive for the call, which no operand of the
-        // step reads.
-        let block = unsafe { std::slice::from_raw_parts_mut((ptrs[c] as *mut f32).add(e[2]), len) };
-        out.push(MatMut::new(block, ms.m, ms.n, ms.rs[2]).map_err(|e| RunError::Internal(e.to_string()))?);
+        // (checked in bounds above) of `numel` values of its type (bytes for
+        // codes), alive for the call, which no operand of the step reads.
+        out.push(match codes {
+            true => {
+                let block = unsafe { std::slice::from_raw_parts_mut(ptrs[c].add(e[2]), len) };
+                MatMut::of_codes(block, ms.m, ms.n, ms.rs[2]).map_err(internal)?
+            }
+            false => {
+                let block = unsafe { std::slice::from_raw_parts_mut((ptrs[c] as *mut f32).add(e[2]), len) };
+                MatMut::new(block, ms.m, ms.n, ms.rs[2]).map_err(internal)?
+            }
+        });
     }
     Ok(out)
 }

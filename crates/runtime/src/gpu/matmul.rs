@@ -158,6 +158,11 @@ pub(super) fn launches(
     let runs: Vec<(usize, usize)> =
         if even { vec![(0, entries)] } else { (0..entries).map(|e| (e, 1)).collect() };
     let ldc = s.rs[2];
+    if mm.epilogue.codes {
+        return Err(RunError::Device(format!(
+            "step {step}: a product storing its output as u8 codes is not on the GPU (its plans keep f32)"
+        )));
+    }
     let residual = mm.epilogue.residual;
     if residual.is_some() && (ldc != n || (entries > 1 && (!even || sc != m * n))) {
         return Err(RunError::Device(format!(
