@@ -16,6 +16,7 @@ mod integer;
 mod layout;
 mod offset;
 mod pattern;
+mod pool;
 
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,7 @@ pub use gemm::{BatchEqualShapes, MergeSharedOperand};
 pub use integer::{value_range, IntegerMatMulAsFloat};
 pub use layout::SinkTransposes;
 pub use offset::MoveZeroPointOut;
+pub use pool::ScaleOutOfMaxPool;
 
 /// Errors from running passes.
 #[derive(Debug, thiserror::Error)]
@@ -165,6 +167,7 @@ pub fn canonicalization() -> Vec<Box<dyn Pass>> {
         Box::new(SimplifyAlgebra),
         Box::new(IntegerMatMulAsFloat),
         Box::new(MoveZeroPointOut),
+        Box::new(ScaleOutOfMaxPool),
         Box::new(Cse),
         Box::new(Dce),
     ]

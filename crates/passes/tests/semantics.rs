@@ -233,3 +233,52 @@ fn a_zero_point_moved_out_keeps_the_values() {
         assert_eq!(run(&before, &ins), run(&after, &ins), "{h}x{w}");
     }
 }
+
+/// A max pool of a positive scaling (a dequantized activation's scale) takes
+/// the scaling after it, and the values stay bit for bit (negative values,
+/// zeros of both signs, infinities, NaN and the padding included); a negative
+/// scale is left alone.
+#[test]
+fn a_scale_moved_out_of_a_max_pool_keeps_the_values() {
+    for (scale, moved) in [("0.0006204194", 1), ("3.5", 1), ("-0.5", 0)] {
+        let text = format!(
+            "graph {{
+  sym h param 1..
+  sym w param 1..
+  input %x: f32[1, h, w, 4]
+  %s: f32[1, 1, 1, 1] = constant [{scale}]
+  %sb: f32[1, h, w, 4] = broadcast %s
+  %d: f32[1, h, w, 4] = mul %x, %sb
+  %y: f32[1, (h-1)/2+1, (w-1)/2+1, 4] = max_pool[kernel=[3, 3], strides=[2, 2], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], channels_last=true] %d
+  output %y
+}}
+"
+        );
+        let before = ir::parse_graph(&text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+        let mut after = before.clone();
+        let report = Pipeline::standard().verify(true).run(&mut after).expect("pipeline");
+        assert_eq!(report.rewrites("scale-out-of-max-pool"), moved, "scale {scale}: {report:?}");
+        let mut state = 11u32;
+        let special = [0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40, -3e38];
+        for (h, w) in [(1usize, 1usize), (2, 7), (5, 5), (13, 8)] {
+            let x: Vec<f32> = (0..h * w * 4)
+                .map(|i| {
+                    state = state.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                    match (state >> 16) % 9 {
+                        0 => special[i % special.len()],
+                        r => ((state >> 8) % 512) as f32 - 256.0 + r as f32 * 0.125,
+                    }
+                })
+                .collect();
+            let ins = vec![("x".to_string(), Tensor::new(vec![1, h, w, 4], Elems::F32(x)).unwrap())];
+            let (b, a) = (run(&before, &ins), run(&after, &ins));
+            let bits = |t: &[(String, Tensor)]| match t[0].1.elems() {
+                Elems::F32(v) => {
+                    v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect::<Vec<_>>()
+                }
+                _ => panic!("f32 output"),
+            };
+            assert_eq!(bits(&b), bits(&a), "scale {scale}, {h}x{w}");
+        }
+    }
+}
