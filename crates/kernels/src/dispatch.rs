@@ -155,8 +155,8 @@ impl Dispatcher {
 
     /// The schedule of `p` when its A is 8-bit codes (`a_codes`), or its C
     /// (the family stores codes): the problem's schedule, or where that reads
-    /// A in place, the best packed one (memoized too). The problem's layouts are its floats' (what the
-    /// measured dispatch was measured for).
+    /// A in place, the best packed one (memoized too). The problem's layouts
+    /// are its floats' (what the measured dispatch was measured for).
     pub fn schedule_of(&self, p: &Problem, a_codes: bool) -> Result<Schedule, KernelError> {
         let s = self.schedule(p)?;
         if !(a_codes || self.family.stores_codes()) || s.operands != Operands::Direct {

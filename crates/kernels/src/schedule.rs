@@ -209,11 +209,11 @@ pub fn kc_for(t: &Target, elem: ElemType, mr: usize, nr: usize) -> usize {
     Blocking::for_target(t, elem, mr, nr).kc
 }
 
-/// The deepest K that one cache block of any main tile of `elem` on `t` takes
-/// whole, by A's kind (row-major, a convolution's taps): the L1 depth of the
-/// widest tile (4 rows of 4 vectors, the least of the tiles' depths), and
-/// [`taps_kc`]'s budget at that width. A product storing codes
-/// ([`plan::Epilogue::codes`]) must be that shallow.
+/// How deep a product storing codes ([`plan::Epilogue::codes`], which runs
+/// in one K block) may be and keep its usual speed, by A's kind (row-major, a
+/// convolution's taps): the L1 depth of a 4-row tile of 4 vectors (the widest
+/// tile at a family's usual height), and [`taps_kc`]'s budget at that width.
+/// Deeper, its weight's B panels outgrow the caches they are sized for.
 pub fn one_block_depth(t: &Target, elem: ElemType) -> (usize, usize) {
     let nr = 4 * t.f32_lanes.max(1);
     let taps = t.l2 / 8 / (nr * elem.bytes());
