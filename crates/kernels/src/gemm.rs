@@ -1413,12 +1413,14 @@ fn band(
                 // Codes are written, never read (no K block adds to them), a byte each.
                 unsafe {
                     let tile = c_at(row, col);
-                    for r in (0..mv).filter(|_| !codes) {
-                        std::ptr::copy_nonoverlapping(
-                            tile.add(r * ldc),
-                            scratch.as_mut_ptr().add(r * nr),
-                            nv,
-                        );
+                    if !codes {
+                        for r in 0..mv {
+                            std::ptr::copy_nonoverlapping(
+                                tile.add(r * ldc),
+                                scratch.as_mut_ptr().add(r * nr),
+                                nv,
+                            );
+                        }
                     }
                     if flags & APPLY_EPILOGUE != 0 {
                         fill_edge_epilogue(ep, uk, row, col, mv, nv, (escale, ebias, eres));
