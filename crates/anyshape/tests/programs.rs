@@ -1198,6 +1198,99 @@ fn float_to_integer_casts_saturate_in_vectors() {
     }
 }
 
+/// Quantizations in loop programs (`cast<i32>`, a zero point's add, clamps,
+/// the narrowing cast), which the code generator computes in f32: the
+/// interpreter's integers, bit for bit, for u8 and i8 codes with zero points
+/// of either sign or none, bounds past f32's exact integers (i32 arithmetic),
+/// at NaN, the infinities, signed zeros, halves, and where the saturated
+/// integer plus the zero point wraps past i32 (2^31 minus the zero point and
+/// its neighbours), over vectors and their tails.
+#[test]
+fn quantizations_in_loops_are_the_interpreters_integers() {
+    // (zero point, lo, hi, the narrow type the codes are cast to)
+    let forms = [
+        (0, 0, 255, "u8"),
+        (134, 0, 255, "u8"),
+        (-7, -128, 127, "i8"),
+        (9, -128, 127, "i8"),
+        (0, -100, 100, "i32"),
+        (-3, 20_000_000, 30_000_000, "i32"),
+    ];
+    let mut text =
+        String::from("graph {\n  sym n param 1..100\n  input %x: f32[n]\n  %xi: i32[n] = cast %x\n");
+    let mut outs = Vec::new();
+    for (i, (z, lo, hi, ty)) in forms.iter().enumerate() {
+        text += &format!(
+            "  %z{i}: i32[1] = constant [{z}]
+  %zb{i}: i32[n] = broadcast %z{i}
+  %s{i}: i32[n] = add %xi, %zb{i}
+  %lo{i}: i32[1] = constant [{lo}]
+  %lob{i}: i32[n] = broadcast %lo{i}
+  %hi{i}: i32[1] = constant [{hi}]
+  %hib{i}: i32[n] = broadcast %hi{i}
+  %a{i}: i32[n] = max %s{i}, %lob{i}
+  %c{i}: i32[n] = min %a{i}, %hib{i}
+  %q{i}: {ty}[n] = cast %c{i}
+  %f{i}: f32[n] = cast %q{i}
+"
+        );
+        outs.push(format!("%q{i}"));
+        outs.push(format!("%f{i}"));
+    }
+    text += &format!("  output {}\n}}\n", outs.join(", "));
+    let m = model(&text, false, None);
+    let cm = m.compile(&CompileOptions::new().threads(2).canaries(true)).expect("compiles");
+    let mut special = vec![
+        0.0,
+        -0.0,
+        0.4,
+        -0.4,
+        0.5,
+        -0.5,
+        1.9,
+        -1.9,
+        127.9,
+        -128.9,
+        255.0,
+        255.9,
+        -1.0,
+        16_777_215.0,
+        16_777_217.0,
+        -16_777_217.0,
+        25_000_000.0,
+        2_147_483_520.0,
+        2_147_483_648.0,
+        -2_147_483_648.0,
+        -2_147_483_904.0,
+        3e10,
+        -3e10,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+    ];
+    for (z, ..) in forms {
+        for edge in [2_147_483_648.0f64 - f64::from(z), -2_147_483_648.0 - f64::from(z)] {
+            let e = edge as f32;
+            special.extend([e, e.next_up(), e.next_down()]);
+        }
+    }
+    for n in [1usize, 7, 16, 17, 45, 97] {
+        for shift in [0, 1, 2] {
+            let x: Vec<f32> = (0..n).map(|i| special[(i * 5 + shift * n) % special.len()]).collect();
+            let ins = [("x", Tensor::new(vec![n], Elems::F32(x)).expect("x"))];
+            let (got, want) = (cm.run(&ins).expect("runs"), m.interpret(&ins).expect("interprets"));
+            for ((name, g), (_, w)) in got.iter().zip(&want) {
+                let bits = |t: &Tensor| match t.elems() {
+                    Elems::F32(v) => v.iter().map(|f| f.to_bits().to_string()).collect::<Vec<_>>(),
+                    _ => vec![format!("{:?}", t.elems())],
+                };
+                assert_eq!(bits(g), bits(w), "{name} at n {n}, shift {shift}");
+            }
+        }
+    }
+}
+
 /// The model of graph `text` whose constant `@w8` is `weight`, and its plan's text.
 /// The head of a graph whose `%y` is the product of a quantized activation
 /// `%q` (`input` type, `K = k`, its zero point `zp`) by the int8 weight `@w8`
@@ -1444,6 +1537,117 @@ fn a_requantizing_product_stores_codes() {
             for rows in [1usize, 2, 7, 17, 65] {
                 let a: Vec<u8> = (0..rows * k).map(|_| rng.next() as u8).collect();
                 let ins = [("a", Tensor::new(vec![rows, k], Elems::U8(a)).expect("a"))];
+                let got = cm.run(&ins).expect("runs");
+                let want = m.interpret(&ins).expect("interprets");
+                assert_eq!(got[0].1.elems(), want[0].1.elems(), "K {k} rows {rows} {int8:?}");
+            }
+        }
+    }
+}
+
+/// A residual block's sum of two requantized products (ResNet's, in QDQ
+/// form): each product stores its own quantization as u8 codes from its
+/// epilogue, where the u8s8 kernels take the product in one K block, and the
+/// program that dequantizes, adds and quantizes the sum reads those codes,
+/// not the products' f32 outputs; the interpreter's values exactly, by every
+/// int8 family, at rows 1, 2, 7, 17 and 65, K 64 (codes) and 700 (too deep:
+/// f32 outputs).
+#[test]
+fn a_residual_sum_reads_its_products_codes() {
+    let target = kernels::Target::detect();
+    let vnni = target.check_elem(kernels::ElemType::U8S8).is_ok();
+    let depth = kernels::schedule::one_block_depth(&target, kernels::ElemType::U8S8).0;
+    let requantized = |i: usize, y: &str, s: f32, z: i32, t: f32| {
+        format!(
+            "  %s{i}: f32[1, 1] = constant [{s}]
+  %sb{i}: f32[m, 37] = broadcast %s{i}
+  %ys{i}: f32[m, 37] = mul {y}, %sb{i}
+  %yr{i}: f32[m, 37] = round %ys{i}
+  %yi{i}: i32[m, 37] = cast %yr{i}
+  %z{i}: i32[1, 1] = constant [{z}]
+  %zb{i}: i32[m, 37] = broadcast %z{i}
+  %yz{i}: i32[m, 37] = add %yi{i}, %zb{i}
+  %lo{i}: i32[1, 1] = constant [0]
+  %lob{i}: i32[m, 37] = broadcast %lo{i}
+  %hi{i}: i32[1, 1] = constant [255]
+  %hib{i}: i32[m, 37] = broadcast %hi{i}
+  %c{i}: i32[m, 37] = max %yz{i}, %lob{i}
+  %d{i}: i32[m, 37] = min %c{i}, %hib{i}
+  %q{i}: u8[m, 37] = cast %d{i}
+  %qf{i}: f32[m, 37] = cast %q{i}
+  %zf{i}: f32[1, 1] = constant [{z}.0]
+  %zfb{i}: f32[m, 37] = broadcast %zf{i}
+  %qz{i}: f32[m, 37] = sub %qf{i}, %zfb{i}
+  %t{i}: f32[1, 1] = constant [{t}]
+  %tb{i}: f32[m, 37] = broadcast %t{i}
+  %dq{i}: f32[m, 37] = mul %qz{i}, %tb{i}
+"
+        )
+    };
+    for k in [64usize, 700] {
+        let text = format!(
+            "graph {{
+  sym m param 1..
+  input %a: u8[m, {k}]
+  input %b: u8[m, {k}]
+  %w: i8[{k}, 37] = constant @w8
+  %v: i8[{k}, 37] = constant @v8
+  %af: f32[m, {k}] = cast %a
+  %bf: f32[m, {k}] = cast %b
+  %wf: f32[{k}, 37] = cast %w
+  %vf: f32[{k}, 37] = cast %v
+  %y0: f32[m, 37] = matmul %af, %wf
+  %y1: f32[m, 37] = matmul %bf, %vf
+{}{}  %sum: f32[m, 37] = add %dq0, %dq1
+  %so: f32[1, 1] = constant [0.37]
+  %sob: f32[m, 37] = broadcast %so
+  %o: f32[m, 37] = div %sum, %sob
+  %or: f32[m, 37] = round %o
+  %oi: i32[m, 37] = cast %or
+  %olo: i32[1, 1] = constant [0]
+  %olob: i32[m, 37] = broadcast %olo
+  %ohi: i32[1, 1] = constant [255]
+  %ohib: i32[m, 37] = broadcast %ohi
+  %oc: i32[m, 37] = max %oi, %olob
+  %od: i32[m, 37] = min %oc, %ohib
+  %out: u8[m, 37] = cast %od
+  output %out
+}}
+",
+            requantized(0, "%y0", 0.0013, 134, 0.21),
+            requantized(1, "%y1", 0.0021, 9, 0.17)
+        );
+        let mut rng = Lcg::new(k as u64 + 5);
+        let mut weight = || {
+            let w: Vec<i8> = (0..k * 37).map(|_| rng.next() as i8).collect();
+            Tensor::new(vec![k, 37], Elems::I8(w)).expect("weight")
+        };
+        let (w, v) = (weight(), weight());
+        let bind = |name: &str| match name {
+            "w8" => Some(std::sync::Arc::new(ir::ConstData::from_tensor(&w))),
+            "v8" => Some(std::sync::Arc::new(ir::ConstData::from_tensor(&v))),
+            _ => None,
+        };
+        let g = ir::parse_graph(&text, &bind).unwrap_or_else(|e| panic!("{e}"));
+        let m = Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"));
+        let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
+        let codes = vnni && k <= depth;
+        assert_eq!(plan.matches("stored as u8 codes").count(), if codes { 2 } else { 0 }, "K {k}:\n{plan}");
+        let sum = plan
+            .split("program")
+            .find(|p| p.lines().any(|l| l.contains(": out u8[") && l.ends_with("\"out\"")))
+            .unwrap_or_default();
+        assert_eq!(sum.matches(": in u8[").count(), if codes { 2 } else { 0 }, "K {k}:\n{plan}");
+        let mut rng = Lcg::new(k as u64 + 17);
+        for int8 in [Int8::Auto, Int8::I16S8, Int8::I16, Int8::Float] {
+            let cm =
+                m.compile(&CompileOptions::new().threads(2).canaries(true).int8(int8)).expect("compiles");
+            for rows in [1usize, 2, 7, 17, 65] {
+                let mut codes = || {
+                    let a: Vec<u8> = (0..rows * k).map(|_| rng.next() as u8).collect();
+                    Tensor::new(vec![rows, k], Elems::U8(a)).expect("codes")
+                };
+                let ins = [("a", codes()), ("b", codes())];
                 let got = cm.run(&ins).expect("runs");
                 let want = m.interpret(&ins).expect("interprets");
                 assert_eq!(got[0].1.elems(), want[0].1.elems(), "K {k} rows {rows} {int8:?}");

@@ -281,6 +281,20 @@ fn build_split(
     Ok(())
 }
 
+/// The quantization that cast `e` completes ([`plan::Exprs::stored_integer`]:
+/// `f32(clamp(i32(f) + offset, lo, hi))` of an f32 `f`), where `e`'s type
+/// holds every integer of `lo..=hi`.
+fn quantized(x: &plan::Exprs, e: E) -> Option<(E, i32, i32, i32)> {
+    let (f, offset, lo, hi) = x.stored_integer(e)?;
+    let holds = match x.dtype(e) {
+        DType::F32 | DType::I32 => true,
+        DType::U8 => 0 <= lo && hi <= 255,
+        DType::I8 => -128 <= lo && hi <= 127,
+        _ => false,
+    };
+    holds.then_some((f, offset, lo, hi))
+}
+
 /// Whether `p` rounds floats to integers (a quantization: `round`, or a cast
 /// from a float to an integer type), where a quotient one ulp off the
 /// division's moves a value across a rounding boundary: its divisions stay
@@ -907,6 +921,26 @@ impl Gen<'_> {
                 let (a, d) = (self.emit_as(a, vec)?, self.emit_as(d, vec)?);
                 select(b, cv, a, d)?
             }
+            // A quantization's integer, computed in f32 (see `VMath::integer`)
+            // and converted once, exactly: it lies inside the cast's type.
+            Node::Cast(_) if let Some((f, offset, lo, hi)) = quantized(x, e) => {
+                let v = self.emit_as(f, vec)?;
+                let r = self.integer_f32(v, offset, lo, hi)?;
+                match dt {
+                    DType::F32 => r,
+                    _ => {
+                        let i = if vec {
+                            let iv = self.lty(DType::I32, true).into_vector_type();
+                            b.build_float_to_signed_int(r.into_vector_value(), iv, "q").map_err(llvm)?.into()
+                        } else {
+                            let i =
+                                b.build_float_to_signed_int(r.into_float_value(), self.ctx.i32_type(), "q");
+                            V::from(i.map_err(llvm)?)
+                        };
+                        self.cast(i, DType::I32, dt)?
+                    }
+                }
+            }
             Node::Cast(a) => {
                 let from = x.dtype(a);
                 let a = self.emit_as(a, vec)?;
@@ -1468,6 +1502,26 @@ impl Gen<'_> {
                 let abs = self.call(self.intrinsic("llvm.fabs", &[ty])?, &[a.into()])?;
                 fcmp(b, FloatPredicate::OEQ, abs, fconst(f64::INFINITY)?)?
             }
+        })
+    }
+
+    /// [`plan::PwOp::Integer`]'s value of f32 `a` (a vector or one value).
+    fn integer_f32(&self, a: V, offset: i32, lo: i32, hi: i32) -> R<V> {
+        let scalar = !a.is_vector_value();
+        let i32t = self.ctx.i32_type();
+        let v = if scalar {
+            let vt1 = self.ctx.f32_type().vec_type(1);
+            self.bld.build_insert_element(vt1.get_poison(), a, i32t.const_zero(), "v1").map_err(llvm)?
+        } else {
+            a.into_vector_value()
+        };
+        let lanes = v.get_type().get_size() as usize;
+        let m = VMath::new(self.ctx, self.module, self.bld, v.get_type(), lanes, self.features);
+        let r = m.integer(v, offset, lo, hi)?;
+        Ok(if scalar {
+            self.bld.build_extract_element(r, i32t.const_zero(), "s").map_err(llvm)?
+        } else {
+            r.into()
         })
     }
 

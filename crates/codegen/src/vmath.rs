@@ -130,10 +130,57 @@ impl VMath<'_> {
         self.bld.build_shuffle_vector(one, self.vt.get_poison(), zeros, "").map_err(llvm)
     }
 
-    /// [`PwOp::Integer`]: `f32(clamp(i32(x) + offset, lo, hi))`, the conversion
-    /// saturating (NaN to 0) by a clamp in f32 and selects (LLVM 19 would take
-    /// `llvm.fptosi.sat` apart into a conversion per lane).
-    fn integer(&self, x: V, offset: i32, lo: i32, hi: i32) -> R {
+    /// [`PwOp::Integer`]: `f32(clamp(i32(x) + offset, lo, hi))`, the
+    /// conversion saturating (NaN to 0), the add wrapping. Where the offset
+    /// and the bounds are within ±2^24, computed in f32, exactly:
+    /// `clamp(trunc(x) + offset, lo, hi)` (a sum past 2^24 may round, but
+    /// monotonically, and only where the clamp then takes a bound), with the
+    /// two cases that differ selected apart: a NaN (`clamp(offset, lo, hi)`),
+    /// and a sum that wraps past i32 (`lo` above, `hi` below). The common
+    /// quantization (offset 0, `lo` 0) is two instructions after the `trunc`.
+    pub fn integer(&self, x: V, offset: i32, lo: i32, hi: i32) -> R {
+        const EXACT: i64 = 1 << 24;
+        if [offset, lo, hi].iter().any(|v| i64::from(*v).abs() > EXACT) {
+            return self.integer_in_i32(x, offset, lo, hi);
+        }
+        let b = self.bld;
+        let (flo, fhi) = (self.splat(lo.into()), self.splat(hi.into()));
+        let t = self.intrinsic("llvm.trunc", &[x])?;
+        // A -0.0 is +0.0 after adding +0.0; a clamp at a `lo` of 0 or more
+        // turns it into `lo` anyway.
+        let s = if offset == 0 && lo >= 0 { t } else { self.add(t, self.splat(offset.into()))? };
+        // `s > lo ? s : lo` (a NaN takes `lo`), then `c < hi ? c : hi`.
+        let above = b.build_float_compare(FloatPredicate::OGT, s, flo, "").map_err(llvm)?;
+        let c = b.build_select(above, s, flo, "").map_err(llvm)?.into_vector_value();
+        let mut c = self.select_lt(c, fhi, c, fhi)?;
+        // The saturated integer plus the offset wraps past i32 where
+        // `trunc(x) >= 2^31 - offset` (to negative: `lo`) or
+        // `trunc(x) < -2^31 - offset` (to positive: `hi`).
+        match offset.signum() {
+            1 => {
+                let at = least_f32_from(2_147_483_648.0 - f64::from(offset));
+                let past = b.build_float_compare(FloatPredicate::OGE, t, self.splat(at), "").map_err(llvm)?;
+                c = b.build_select(past, flo, c, "").map_err(llvm)?.into_vector_value();
+            }
+            -1 => {
+                let at = least_f32_from(-2_147_483_648.0 - f64::from(offset));
+                let past = b.build_float_compare(FloatPredicate::OLT, t, self.splat(at), "").map_err(llvm)?;
+                c = b.build_select(past, fhi, c, "").map_err(llvm)?.into_vector_value();
+            }
+            _ => {}
+        }
+        let nan_value = offset.clamp(lo, hi);
+        if nan_value != lo {
+            let nan = b.build_float_compare(FloatPredicate::UNO, x, x, "").map_err(llvm)?;
+            c = b.build_select(nan, self.splat(nan_value.into()), c, "").map_err(llvm)?.into_vector_value();
+        }
+        Ok(c)
+    }
+
+    /// [`Self::integer`] in i32 arithmetic: the conversion saturating by a
+    /// clamp in f32 and selects (LLVM 19 would take `llvm.fptosi.sat` apart
+    /// into a conversion per lane).
+    fn integer_in_i32(&self, x: V, offset: i32, lo: i32, hi: i32) -> R {
         let b = self.bld;
         let it = self.ctx.i32_type();
         let iv = it.vec_type(self.lanes as u32);
@@ -393,4 +440,12 @@ impl VMath<'_> {
         }
         Ok(v.last().copied().unwrap_or(x))
     }
+}
+
+/// The least f32 at or above `a` (so that `t >= a` is `t >= least_f32_from(a)`
+/// for every f32 `t`, and `t < a` is `t < least_f32_from(a)`).
+fn least_f32_from(a: f64) -> f64 {
+    let f = a as f32;
+    let f = if f64::from(f) < a { f.next_up() } else { f };
+    f64::from(f)
 }

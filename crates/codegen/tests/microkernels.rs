@@ -316,6 +316,94 @@ fn epilogues_compute_correctly() {
     }
 }
 
+/// A quantization's integer in the epilogue (`PwOp::Integer`, computed in
+/// f32 where its offset and bounds allow): `plan::integer`'s value bit for
+/// bit at NaN, the infinities, signed zeros, halves, f32's last exact
+/// integers, and where the saturated integer plus the offset wraps past i32,
+/// for offsets of either sign or none and bounds of u8, i8 and past 2^24 (i32
+/// arithmetic). A zero product (K = 1, A zero) plus the residual is the
+/// residual, exactly (at K = 0 the driver applies the epilogue in Rust).
+#[test]
+fn integer_epilogues_are_the_contracts_integers() {
+    use kernels::{gemm_packed, EpilogueArgs, PackedB, ThreadPool};
+    use plan::{Activation, Epilogue, Pointwise, PwOp};
+    let pool = ThreadPool::new(2);
+    let forms = [
+        (0, 0, 255),
+        (134, 0, 255),
+        (-7, -128, 127),
+        (9, -128, 127),
+        (0, -100, 100),
+        (-3, 20_000_000, 30_000_000),
+    ];
+    let mut special = vec![
+        0.0f32,
+        -0.0,
+        0.4,
+        -0.4,
+        0.5,
+        -1.9,
+        127.9,
+        -128.9,
+        255.9,
+        16_777_217.0,
+        -16_777_217.0,
+        25_000_000.0,
+        2_147_483_520.0,
+        2_147_483_648.0,
+        -2_147_483_904.0,
+        3e10,
+        -3e10,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ];
+    for (z, ..) in forms {
+        for edge in [2_147_483_648.0f64 - f64::from(z), -2_147_483_648.0 - f64::from(z)] {
+            let e = edge as f32;
+            special.extend([e, e.next_up(), e.next_down()]);
+        }
+    }
+    for (name, t) in targets() {
+        for (offset, lo, hi) in forms {
+            let mut p = Pointwise::empty();
+            let x = p.push(PwOp::Input).expect("input");
+            p.push(PwOp::Integer { x, offset, lo, hi }).expect("integer");
+            let ep = Epilogue { residual: true, activation: Activation::Pointwise(p), ..Default::default() };
+            let jit = anyshape_codegen::compile_microkernel_with(&t, ElemType::F32, 4, 2 * t.f32_lanes, ep)
+                .expect("compile");
+            let (m, n) = (3, 2 * t.f32_lanes + 3);
+            let res: Vec<f32> = (0..m * n).map(|i| special[i % special.len()]).collect();
+            let ones = vec![1.0f32; n];
+            let packed = PackedB::new(MatRef::row_major(&ones, 1, n).unwrap(), jit.kernel().nr, 4);
+            let mut c = vec![f32::NAN; m * n];
+            let args = EpilogueArgs {
+                residual: Some(MatRef::row_major(&res, m, n).unwrap()),
+                ..EpilogueArgs::default()
+            };
+            gemm_packed(
+                &pool,
+                &jit.kernel(),
+                None,
+                &Blocking { kc: 4, mc: 4, nc: 2 * jit.kernel().nr },
+                MatRef::row_major(&[0.0; 3], m, 1).unwrap(),
+                &packed,
+                MatMut::new(&mut c, m, n, n).unwrap(),
+                &args,
+            )
+            .expect("gemm");
+            for (r, got) in res.iter().zip(&c) {
+                let want = plan::integer(*r, offset, lo, hi);
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{name} integer(x, {offset}, {lo}..={hi}) of {r}: {got}"
+                );
+            }
+        }
+    }
+}
+
 /// erf in f64 by its Taylor series (|x| < 3) or its asymptote beyond.
 fn erf64(x: f64) -> f64 {
     if x.abs() > 3.0 {

@@ -126,6 +126,11 @@ pub(crate) struct Lowering<'g> {
     /// Buffers stored narrower than their values (u8 codes of f32 values):
     /// programs load them widened and store the narrow value.
     narrowed: HashMap<BufId, DType>,
+    /// The group of every node.
+    group_of: Vec<usize>,
+    /// Values of a later group that a product's epilogue stores (the codes
+    /// its output quantizes to), which that group then reads.
+    stored_early: HashMap<ValueId, BufId>,
 }
 
 impl<'g> Lowering<'g> {
@@ -142,6 +147,8 @@ impl<'g> Lowering<'g> {
             u8_codes: opts.u8_codes,
             codes_depth: opts.codes_depth,
             narrowed: HashMap::new(),
+            group_of: vec![usize::MAX; g.nodes.len()],
+            stored_early: HashMap::new(),
             g,
             plan: ModelPlan::default(),
             buffer_of: HashMap::new(),
@@ -176,6 +183,11 @@ impl<'g> Lowering<'g> {
     /// Lower every group of `fusion`.
     pub fn run(mut self, fusion: &FusionPlan) -> R<ModelPlan> {
         let g = self.g;
+        for (gi, group) in fusion.groups.iter().enumerate() {
+            for &n in &group.nodes {
+                self.group_of[n] = gi;
+            }
+        }
         for (i, &v) in g.inputs.iter().enumerate() {
             let b = self.add_buffer(v, BufferKind::Input(i))?;
             self.buffer_of.insert(v, b);
@@ -284,6 +296,12 @@ impl<'g> Lowering<'g> {
                 .ok_or_else(|| LowerError::Internal(format!("group input '{}' has no buffer", g.name(*v))))?;
             avail.insert(held, b);
         }
+        for &n in &group.nodes {
+            let v = g.nodes[n].output;
+            if let Some(&b) = self.stored_early.get(&v) {
+                avail.insert(v, b);
+            }
+        }
         let mut part = 0;
         for &n in &group.nodes {
             let node = &g.nodes[n];
@@ -338,33 +356,52 @@ impl<'g> Lowering<'g> {
                 .filter(|v| !avail.contains_key(v) && !self.views.contains_key(v))
                 .collect();
             let last = !group.nodes.iter().any(|m| *m > n && self.backbone(&g.nodes[*m]));
-            if last && rest.len() == 1 && !group.outputs.contains(&out) && !self.view_sources.contains(&out) {
+            // A batch of products (a convolution over images) shares its bias and
+            // activation; its residual is read per entry, at the output's offsets.
+            let integral = node.inputs.iter().all(|x| integers_within(g, *x, (i64::MIN, i64::MAX)));
+            let private = !group.outputs.contains(&out) && !self.view_sources.contains(&out);
+            let mut folded = false;
+            if last && rest.len() == 1 && private {
                 let v = rest[0];
-                // A batch of products (a convolution over images) shares its bias and
-                // activation; its residual is read per entry, at the output's offsets.
-                let integral = node.inputs.iter().all(|x| integers_within(g, *x, (i64::MIN, i64::MAX)));
                 if let Some(e) = self.fold_epilogue(gi, out, v, &avail, integral)? {
                     let c = self.buffer_of[&v];
                     step.c.buf = c;
                     step.epilogue = if self.epilogue_params { parameterized(e) } else { e };
-                    // Codes of a weight's product that one K block computes, which
-                    // only programs and products by constants read: a byte each.
-                    let depth = match step.taps {
-                        Some(_) => self.codes_depth.taps,
-                        None => self.codes_depth.rows,
-                    };
-                    let k = self.plan.dims.exprs()[step.k as usize].as_const();
-                    if self.u8_codes
-                        && step.weight
-                        && k.is_some_and(|k| k <= depth as i64)
-                        && matches!(self.plan.buffers[c].kind, BufferKind::Temp)
-                        && narrowable(g, v)
-                    {
+                    if matches!(self.plan.buffers[c].kind, BufferKind::Temp) && self.codes_fit(&step, v) {
                         self.plan.buffers[c].dtype = DType::U8;
                         self.narrowed.insert(c, DType::U8);
                         step.epilogue.codes = true;
                     }
                     avail.insert(v, c);
+                    folded = true;
+                }
+            }
+            // Else the quantization of the product's output that the rest of the
+            // group, or the one later group reading it, computes first (a
+            // residual block's sum of two dequantized products): the product
+            // stores those codes, and the program reads them instead.
+            let later = !private && !self.view_sources.contains(&out) && !g.outputs.contains(&out);
+            let codes = match (folded, private) {
+                (false, true) => self.codes_of(out, gi),
+                (false, false) if later => self.reader_group(out).and_then(|r| self.codes_of(out, r)),
+                _ => None,
+            };
+            if let Some(u) = codes.filter(|u| self.codes_fit(&step, *u)) {
+                if let Some(e) = self.fold_epilogue(gi, out, u, &avail, integral)? {
+                    let c = self.temp(u)?;
+                    self.plan.buffers[c].dtype = DType::U8;
+                    self.narrowed.insert(c, DType::U8);
+                    step.c.buf = c;
+                    step.epilogue = if self.epilogue_params { parameterized(e) } else { e };
+                    step.epilogue.codes = true;
+                    // (A later group's product output stays listed: nothing reads
+                    // it now, and nothing is to compute it.)
+                    if private {
+                        avail.remove(&out);
+                        avail.insert(u, c);
+                    } else {
+                        self.stored_early.insert(u, c);
+                    }
                 }
             }
             self.plan.steps.push(Step { group: gi, kind: StepKind::MatMul(Box::new(step)) });
@@ -399,6 +436,69 @@ impl<'g> Lowering<'g> {
         }
         self.flush(gi, group, &mut part, &mut avail, once)?;
         self.flush(gi, group, &mut part, &mut avail, rest)
+    }
+
+    /// Whether `step`, a product whose epilogue computes `v`, may store `v` as
+    /// u8 codes: a weight's product that one K block computes (a byte keeps
+    /// no partial sum) of a value that only programs and products by
+    /// constants read ([`narrowable`]).
+    fn codes_fit(&self, step: &MatMulStep, v: ValueId) -> bool {
+        let depth = match step.taps {
+            Some(_) => self.codes_depth.taps,
+            None => self.codes_depth.rows,
+        };
+        let k = self.plan.dims.exprs()[step.k as usize].as_const();
+        self.u8_codes && step.weight && k.is_some_and(|k| k <= depth as i64) && narrowable(self.g, v)
+    }
+
+    /// The one group (another than the producer's) that reads value `v`.
+    fn reader_group(&self, v: ValueId) -> Option<usize> {
+        let g = self.g;
+        let producer = self.producers[v.index()].map(|p| self.group_of[p]);
+        let mut groups =
+            g.nodes.iter().enumerate().filter(|(_, n)| n.inputs.contains(&v)).map(|(i, _)| self.group_of[i]);
+        let first = groups.next()?;
+        (groups.all(|r| r == first) && Some(first) != producer).then_some(first)
+    }
+
+    /// The last value of the chain of element-wise operations (and views)
+    /// from product output `c` inside group `gi`, each the one reader of the
+    /// one before and reading nothing else but constants, that holds codes
+    /// (integers in 0..=255 by the graph's bounds): a quantization of `c`
+    /// alone, which the product's epilogue can compute.
+    fn codes_of(&self, c: ValueId, gi: usize) -> Option<ValueId> {
+        let g = self.g;
+        let constant = |u: ValueId| {
+            let mut u = u;
+            loop {
+                match self.producers[u.index()].map(|p| &g.nodes[p]) {
+                    Some(n) if matches!(n.op, Op::Constant(_)) => return true,
+                    Some(n) if matches!(n.op, Op::Cast | Op::Reshape | Op::Broadcast) => u = n.inputs[0],
+                    _ => return false,
+                }
+            }
+        };
+        let (mut at, mut found) = (c, None);
+        loop {
+            let mut readers = g.nodes.iter().enumerate().filter(|(_, n)| n.inputs.contains(&at));
+            let (Some((r, node)), None) = (readers.next(), readers.next()) else { break };
+            let pointwise = matches!(
+                node.op,
+                Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::Reshape | Op::Broadcast
+            );
+            if !pointwise || self.group_of[r] != gi || !node.inputs.iter().all(|i| *i == at || constant(*i)) {
+                break;
+            }
+            at = node.output;
+            if g.outputs.contains(&at) || self.buffer_of.contains_key(&at) || self.view_sources.contains(&at)
+            {
+                break;
+            }
+            if integers_within(g, at, (0, 255)) {
+                found = Some(at);
+            }
+        }
+        found
     }
 
     /// The single values of `group` computed from reductions of whole tensors
@@ -1272,7 +1372,7 @@ fn pointwise(
         PwOp::Input
     } else if x.dtype(e) != DType::F32 {
         return None;
-    } else if let Some((f, offset, lo, hi)) = stored_integer(x, e) {
+    } else if let Some((f, offset, lo, hi)) = x.stored_integer(e) {
         PwOp::Integer { x: pointwise(x, f, input, program, seen)?, offset, lo, hi }
     } else if let Some(k) = x.as_float(e) {
         PwOp::Const((k as f32).to_bits())
@@ -1317,74 +1417,6 @@ fn parameterized(e: MatEpilogue) -> MatEpilogue {
         activation: Activation::Pointwise(program),
         params,
         ..e
-    }
-}
-
-/// `e`, an f32 made of an integer, as `f32(clamp(i32(f) + offset, lo, hi))`
-/// of an f32 `f` ([`PwOp::Integer`]): a quantization's store,
-/// `cast<f32>(cast<u8>(min(max(cast<i32>(f) + zero_point, 0), 255)))`, or
-/// `f` cast straight to an 8-bit type (saturating to its range). The clamps
-/// compose in any order; a narrowing cast needs them inside its type (it
-/// would wrap past them).
-fn stored_integer(x: &plan::Exprs, e: E) -> Option<(E, i32, i32, i32)> {
-    let Node::Cast(a) = *x.node(e) else { return None };
-    let range = |dt: DType| match dt {
-        DType::U8 => Some((0, 255)),
-        DType::I8 => Some((-128, 127)),
-        DType::I32 => Some((i32::MIN, i32::MAX)),
-        _ => None,
-    };
-    let (tlo, thi) = range(x.dtype(a))?;
-    let mut v = a;
-    if let Node::Cast(inner) = *x.node(v) {
-        match x.dtype(inner) {
-            // Saturating to an 8-bit type's range is saturating to i32, then
-            // clamping (a bare `cast<i32>` is left to `hoist`, below).
-            DType::F32 if tlo != i32::MIN => return Some((inner, 0, tlo, thi)),
-            DType::F32 => return None,
-            DType::I32 => v = inner,
-            _ => return None,
-        }
-    }
-    // The clamps, outermost first, applied innermost first.
-    let mut clamps = Vec::new();
-    let constant = |c: E| x.as_int(c).and_then(|k| i32::try_from(k).ok());
-    loop {
-        match *x.node(v) {
-            Node::Binary(op @ (BinaryOp::Max | BinaryOp::Min), p, q) if x.dtype(v) == DType::I32 => {
-                let (k, rest) = match (constant(p), constant(q)) {
-                    (_, Some(k)) => (k, p),
-                    (Some(k), None) => (k, q),
-                    _ => return None,
-                };
-                clamps.push((op, k));
-                v = rest;
-            }
-            _ => break,
-        }
-    }
-    let (mut lo, mut hi) = (i32::MIN, i32::MAX);
-    for (op, k) in clamps.into_iter().rev() {
-        (lo, hi) = if op == BinaryOp::Max { (lo.max(k), hi.max(k)) } else { (lo.min(k), hi.min(k)) };
-    }
-    if lo < tlo || hi > thi {
-        return None;
-    }
-    // `cast<i32>(f) + offset`, the offset on either side, or subtracted.
-    let (f, offset) = match *x.node(v) {
-        Node::Binary(BinaryOp::Add, p, q) if constant(q).is_some() => (p, constant(q)?),
-        Node::Binary(BinaryOp::Add, p, q) if constant(p).is_some() => (q, constant(p)?),
-        Node::Binary(BinaryOp::Sub, p, q) => (p, constant(q)?.checked_neg()?),
-        _ => (v, 0),
-    };
-    // (A bare `cast<f32>(cast<i32>(acc))` is left to `hoist`, which knows
-    // when the accumulator already holds an integer.)
-    let bare = (offset, lo, hi) == (0, i32::MIN, i32::MAX);
-    match *x.node(f) {
-        Node::Cast(f) if x.dtype(f) == DType::F32 && x.dtype(v) == DType::I32 && !bare => {
-            Some((f, offset, lo, hi))
-        }
-        _ => None,
     }
 }
 

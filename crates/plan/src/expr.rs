@@ -285,6 +285,77 @@ impl Exprs {
     pub fn float(&mut self, dtype: DType, f: f64) -> E {
         self.constant(dtype, f, f as i64)
     }
+    /// `e`, an f32 made of an integer, as `f32(clamp(i32(f) + offset, lo, hi))`
+    /// of an f32 `f` (`PwOp::Integer`): a quantization's store,
+    /// `cast<f32>(cast<u8>(min(max(cast<i32>(f) + zero_point, 0), 255)))`, or
+    /// `f` cast straight to an 8-bit type (saturating to its range). The clamps
+    /// compose in any order; a narrowing cast needs them inside its type (it
+    /// would wrap past them).
+    /// (For an `e` of another type, its value is that integer only where
+    /// the type holds `lo..=hi`: the caller checks.)
+    pub fn stored_integer(&self, e: E) -> Option<(E, i32, i32, i32)> {
+        let x = self;
+        let Node::Cast(a) = *x.node(e) else { return None };
+        let range = |dt: DType| match dt {
+            DType::U8 => Some((0, 255)),
+            DType::I8 => Some((-128, 127)),
+            DType::I32 => Some((i32::MIN, i32::MAX)),
+            _ => None,
+        };
+        let (tlo, thi) = range(x.dtype(a))?;
+        let mut v = a;
+        if let Node::Cast(inner) = *x.node(v) {
+            match x.dtype(inner) {
+                // Saturating to an 8-bit type's range is saturating to i32, then
+                // clamping (a bare `cast<i32>` is left to `hoist`, below).
+                DType::F32 if tlo != i32::MIN => return Some((inner, 0, tlo, thi)),
+                DType::F32 => return None,
+                DType::I32 => v = inner,
+                _ => return None,
+            }
+        }
+        // The clamps, outermost first, applied innermost first.
+        let mut clamps = Vec::new();
+        let constant = |c: E| x.as_int(c).and_then(|k| i32::try_from(k).ok());
+        loop {
+            match *x.node(v) {
+                Node::Binary(op @ (BinaryOp::Max | BinaryOp::Min), p, q) if x.dtype(v) == DType::I32 => {
+                    let (k, rest) = match (constant(p), constant(q)) {
+                        (_, Some(k)) => (k, p),
+                        (Some(k), None) => (k, q),
+                        _ => return None,
+                    };
+                    clamps.push((op, k));
+                    v = rest;
+                }
+                _ => break,
+            }
+        }
+        let (mut lo, mut hi) = (i32::MIN, i32::MAX);
+        for (op, k) in clamps.into_iter().rev() {
+            (lo, hi) = if op == BinaryOp::Max { (lo.max(k), hi.max(k)) } else { (lo.min(k), hi.min(k)) };
+        }
+        if lo < tlo || hi > thi {
+            return None;
+        }
+        // `cast<i32>(f) + offset`, the offset on either side, or subtracted.
+        let (f, offset) = match *x.node(v) {
+            Node::Binary(BinaryOp::Add, p, q) if constant(q).is_some() => (p, constant(q)?),
+            Node::Binary(BinaryOp::Add, p, q) if constant(p).is_some() => (q, constant(p)?),
+            Node::Binary(BinaryOp::Sub, p, q) => (p, constant(q)?.checked_neg()?),
+            _ => (v, 0),
+        };
+        // (A bare `cast<f32>(cast<i32>(acc))` is left to `hoist`, which knows
+        // when the accumulator already holds an integer.)
+        let bare = (offset, lo, hi) == (0, i32::MIN, i32::MAX);
+        match *x.node(f) {
+            Node::Cast(f) if x.dtype(f) == DType::F32 && x.dtype(v) == DType::I32 && !bare => {
+                Some((f, offset, lo, hi))
+            }
+            _ => None,
+        }
+    }
+
     /// The value of an integer constant.
     pub fn as_int(&self, e: E) -> Option<i64> {
         match self.node(e) {

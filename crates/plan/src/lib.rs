@@ -47,7 +47,9 @@ pub use model::{
     AttentionStep, BufId, Buffer, BufferKind, DimTable, GroupSteps, MatMulStep, ModelPlan, OnlineSoftmax,
     Step, StepKind, Taps, View, MAX_SOFTMAX_ARGS,
 };
-pub use pointwise::{Pointwise, PwBinary, PwCmp, PwOp, PwUnary, MAX_POINTWISE_OPS, MAX_POINTWISE_PARAMS};
+pub use pointwise::{
+    integer, Pointwise, PwBinary, PwCmp, PwOp, PwUnary, MAX_POINTWISE_OPS, MAX_POINTWISE_PARAMS,
+};
 pub use program::{
     BorderGuard, LoopProgram, OnePointWhy, Param, RowScratch, Schedules, SplitReduction, Store,
     UNSWITCH_DEPTH,
