@@ -1405,6 +1405,67 @@ fn quantized_activations_by_int8_weights_move_their_zero_point_out() {
     }
 }
 
+/// A dynamic quantization's codes widened to i32 for an integer product by an
+/// int8 weight (`MatMulInteger`'s form: the zero point subtracted, the batch
+/// merged into rows): the quantizing program stores them a byte a code and
+/// the product reads those bytes as its A (no program copies them into a
+/// second buffer), where the u8s8 family is the machine's; the interpreter's
+/// values exactly, by every int8 family, at rows 1, 2, 7, 17 and 65.
+#[test]
+fn integer_codes_widened_for_a_product_are_read_in_place() {
+    let text = "graph {
+  sym m param 1..
+  sym n param 1..
+  input %x: f32[m, n, 64]
+  %w: i8[64, 7] = constant @w8
+  %ax: f32[m, n, 64] = abs %x
+  %mx: f32[] = reduce_max[axes=[0, 1, 2], keep_dims=false] %ax
+  %d: f32[] = constant 127.0
+  %s: f32[] = div %mx, %d
+  %s2: f32[1, 1, 1] = reshape %s
+  %sb: f32[m, n, 64] = broadcast %s2
+  %q: f32[m, n, 64] = div %x, %sb
+  %r: f32[m, n, 64] = round %q
+  %z: f32[1, 1, 1] = constant [128.0]
+  %zb: f32[m, n, 64] = broadcast %z
+  %rz: f32[m, n, 64] = add %r, %zb
+  %lo: f32[1, 1, 1] = constant [0.0]
+  %lob: f32[m, n, 64] = broadcast %lo
+  %hi: f32[1, 1, 1] = constant [255.0]
+  %hib: f32[m, n, 64] = broadcast %hi
+  %c0: f32[m, n, 64] = max %rz, %lob
+  %c1: f32[m, n, 64] = min %c0, %hib
+  %u: u8[m, n, 64] = cast %c1
+  %ui: i32[m, n, 64] = cast %u
+  %zi: i32[1, 1, 1] = constant [128]
+  %zib: i32[m, n, 64] = broadcast %zi
+  %as: i32[m, n, 64] = sub %ui, %zib
+  %wi: i32[64, 7] = cast %w
+  %a2: i32[m*n, 64] = reshape %as
+  %y: i32[m*n, 7] = matmul %a2, %wi
+  output %y
+}
+";
+    let mut rng = Lcg::new(23);
+    let w: Vec<i8> = (0..64 * 7).map(|_| rng.next() as i8).collect();
+    let (m, plan) = with_int8_weight(text, Tensor::new(vec![64, 7], Elems::I8(w)).expect("w"));
+    let vnni = kernels::Target::detect().check_elem(kernels::ElemType::U8S8).is_ok();
+    let programs: Vec<&str> = plan.split("program").skip(1).collect();
+    let stores_codes = programs.iter().filter(|p| p.contains(": out u8[")).count();
+    let copies = programs.iter().filter(|p| p.contains(": in u8[") && p.contains(": out u8[")).count();
+    assert_eq!((stores_codes, copies), (usize::from(vnni), 0), "codes stored once:\n{plan}");
+    for int8 in [Int8::Auto, Int8::I16S8, Int8::I16, Int8::Float] {
+        let cm = m.compile(&CompileOptions::new().threads(2).canaries(true).int8(int8)).expect("compiles");
+        for rows in [1usize, 2, 7, 17, 65] {
+            let x: Vec<f32> = (0..rows * 3 * 64).map(|_| rng.unit() * 3.0).collect();
+            let ins = [("x", Tensor::new(vec![rows, 3, 64], Elems::F32(x)).expect("x"))];
+            let got = cm.run(&ins).expect("runs");
+            let want = m.interpret(&ins).expect("interprets");
+            assert_eq!(got[0].1.elems(), want[0].1.elems(), "rows {rows} {int8:?}");
+        }
+    }
+}
+
 /// A statically quantized activation (`cast<f32>` of its u8 codes) that a loop
 /// program writes, read by a product with an int8 weight (its A) and by an
 /// element-wise reader, is stored a byte a code where the u8s8 family takes it

@@ -310,7 +310,7 @@ impl<'g> Lowering<'g> {
             }
             // Operands that are not views of a buffer are computed first, and B
             // when its batch is factored other than A's (see `operand_views`).
-            let views: Vec<Option<Layout>> = node.inputs.iter().map(|v| self.layout(*v, &avail)).collect();
+            let views = [self.a_layout(node, &avail), self.layout(node.inputs[1], &avail)];
             let fits = match &views[..] {
                 [Some(la), Some(lb)] if la.matrix() && lb.matrix() => {
                     let lc = self.layout(node.output, &HashMap::from([(node.output, 0)]));
@@ -741,6 +741,22 @@ impl<'g> Lowering<'g> {
 
     /// The strided layout of `v` when it is a view of a buffer in `avail`.
     fn layout(&self, v: ValueId, avail: &HashMap<ValueId, BufId>) -> Option<Layout> {
+        self.layout_in(v, avail, false)
+    }
+
+    /// The layout of `node`'s A: with a weight as B (whose kernels read codes
+    /// as A), a widening of u8 codes to f32 (a buffer of u8 values, or of
+    /// integer codes stored narrowed: a dynamic quantization's) is a view of
+    /// the codes, not a copy.
+    fn a_layout(&self, node: &ir::Node, avail: &HashMap<ValueId, BufId>) -> Option<Layout> {
+        let weight = self
+            .layout(node.inputs[1], avail)
+            .is_some_and(|l| matches!(self.plan.buffers[l.buf].kind, BufferKind::Constant(_)));
+        self.layout_in(node.inputs[0], avail, weight && self.u8_codes)
+    }
+
+    /// [`Self::layout`], through widenings of codes where `codes`.
+    fn layout_in(&self, v: ValueId, avail: &HashMap<ValueId, BufId>, codes: bool) -> Option<Layout> {
         let g = self.g;
         let ty = g.ty(v);
         if let Some(&buf) = avail.get(&v).or_else(|| self.constant_buffer(v)) {
@@ -756,7 +772,13 @@ impl<'g> Lowering<'g> {
         let node = &g.nodes[self.producers[v.index()]?];
         let mut l = match &node.op {
             Op::Reshape | Op::Transpose { .. } | Op::Broadcast | Op::Slice { .. } => {
-                self.layout(node.inputs[0], avail)?
+                self.layout_in(node.inputs[0], avail, codes)?
+            }
+            Op::Cast if codes && ty.dtype == DType::F32 => {
+                let from = g.ty(node.inputs[0]).dtype;
+                let l = self.layout_in(node.inputs[0], avail, codes)?;
+                let bytes = self.plan.buffers[l.buf].dtype == DType::U8;
+                return (bytes && matches!(from, DType::U8 | DType::I32)).then_some(l);
             }
             _ => return None,
         };
@@ -993,7 +1015,7 @@ impl<'g> Lowering<'g> {
         };
         let missing =
             || LowerError::Internal(format!("an operand of '{}' is not a view", g.name(node.output)));
-        let (la, taps) = match self.layout(node.inputs[0], avail).filter(|l| l.matrix()) {
+        let (la, taps) = match self.a_layout(node, avail).filter(|l| l.matrix()) {
             Some(l) => (l, None),
             None => {
                 let t = self.taps(node, avail).ok_or_else(missing)?;
@@ -1545,15 +1567,20 @@ fn as_gelu_tanh(x: &plan::Exprs, e: E) -> Option<E> {
 }
 
 /// Whether `v` may be stored as u8 codes ([`crate::LowerOptions::u8_codes`]):
-/// f32 values that the graph bounds to integers in 0..=255 (a widening
-/// `cast<f32>` of a u8 value, or views and constant padding of one), no model
-/// output, and every reader, through layout ops, either computes in a loop
-/// program (which loads it widened) or is the A of a product by a constant
-/// (which the u8s8 kernels read as codes). A product's B, or the A of a
+/// f32 or i32 values that the graph bounds to integers in 0..=255 (a widening
+/// `cast<f32>` of a u8 value, or views and constant padding of one; a dynamic
+/// quantization's codes widened to i32 for `MatMulInteger`), no model
+/// output, and every reader, through layout ops and widenings to f32, either
+/// computes in a loop program (which loads it widened) or is the A of a
+/// product by a constant (which the u8s8 kernels read as codes). A product's B, or the A of a
 /// product by another value (attention's), is read as f32 values as they lie.
 pub(crate) fn narrowable(g: &Graph, v: ValueId) -> bool {
     let producers = g.producers();
-    let codes = g.ty(v).dtype == DType::F32 && integers_within(g, v, (0, 255));
+    let codes = match g.ty(v).dtype {
+        DType::F32 => integers_within(g, v, (0, 255)),
+        DType::I32 => passes::value_range(g, v).is_some_and(|(lo, hi)| 0 <= lo && hi <= 255),
+        _ => false,
+    };
     if !codes {
         return false;
     }
@@ -1590,6 +1617,8 @@ pub(crate) fn narrowable(g: &Graph, v: ValueId) -> bool {
                 | Op::Slice { .. }
                 | Op::Pad { .. }
                 | Op::Concat { .. } => todo.push(n.output),
+                // A widening to f32 may be read as the codes it widens.
+                Op::Cast if g.ty(n.output).dtype == DType::F32 => todo.push(n.output),
                 Op::MatMul { .. } if k != 0 || !constant(n.inputs[1]) => return false,
                 Op::Conv(_) | Op::ConvTranspose(_) => return false,
                 _ => {}
