@@ -266,11 +266,13 @@ fn implicit_gemm_matches_the_convolution() {
 
 /// A convolution's taps over an image of 8-bit codes (`MatRef::taps_of_codes`,
 /// a quantized model's stored activation) by int8 weights, exactly: through
-/// the u8s8 family (words copied as they lie where channels and pixel strides
-/// are multiples of 4, byte by byte otherwise) and the i16 family (byte by
-/// byte), with the generated packing and the portable loops, at ResNet's
-/// shapes scaled down and random geometries (gaps between pixels, padding,
-/// strides, dilations), between canaries.
+/// the u8s8 family (words copied as they lie where the image starts a word
+/// and channels and pixel strides are multiples of 4, byte by byte
+/// otherwise) and the i16 family (byte by byte), with the generated packing
+/// and the portable loops, at ResNet's shapes scaled down (its stem over an
+/// image stored padded: every panel's taps inside) and random geometries
+/// (gaps between pixels, padding, strides, dilations, K blocks starting
+/// inside a kernel row), between canaries.
 #[test]
 fn taps_of_codes_match_the_integer_convolution() {
     let dir = std::env::temp_dir().join(format!("anyshape-code-taps-{}", std::process::id()));
@@ -295,10 +297,18 @@ fn taps_of_codes_match_the_integer_convolution() {
                     ((1, 6, 11, 8), (3, 3, 2, 1, 1, 1), 0, 40),
                     ((1, 5, 6, 12), (3, 3, 1, 1, 1, 1), 3, 35),
                     ((2, 13, 13, 3), (7, 7, 2, 1, 3, 2), 0, 16),
+                    // A quantized RGB stem over its image stored padded (channels
+                    // taken up to a word): every panel's taps inside the image.
+                    ((2, 21, 23, 4), (7, 7, 2, 1, 0, 0), 0, 64),
+                    // Kernel rows deeper than a K block: blocks start inside a row.
+                    ((1, 4, 5, 1024), (3, 3, 1, 1, 0, 0), 0, 8),
                 ];
                 for (img, conv, gap, k) in fixed {
-                    check_codes(&c, &pool, geometry(img, conv, gap), k)
-                        .unwrap_or_else(|e| panic!("{elem} generated {generated}: {e}"));
+                    for aligned in [true, false] {
+                        check_codes(&c, &pool, geometry(img, conv, gap), k, aligned).unwrap_or_else(|e| {
+                            panic!("{elem} generated {generated} aligned {aligned}: {e}")
+                        });
+                    }
                 }
                 let cases = (
                     (1usize..=2, 1usize..=11, 1usize..=11, 1usize..=40),
@@ -308,7 +318,9 @@ fn taps_of_codes_match_the_integer_convolution() {
                 );
                 let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(24));
                 runner
-                    .run(&cases, |(img, conv, gap, k)| check_codes(&c, &pool, geometry(img, conv, gap), k))
+                    .run(&cases, |(img, conv, gap, k)| {
+                        check_codes(&c, &pool, geometry(img, conv, gap), k, k % 2 == 0)
+                    })
                     .unwrap_or_else(|e| panic!("{elem} generated {generated}: {e}"));
             }
         }
@@ -317,13 +329,23 @@ fn taps_of_codes_match_the_integer_convolution() {
 }
 
 /// One convolution over codes at `t` with `k` outputs, weights packed and
-/// not, against the exact integer convolution.
-fn check_codes(c: &Contraction, pool: &ThreadPool, t: ConvTaps, k: usize) -> Result<(), TestCaseError> {
+/// not, against the exact integer convolution; the image starting on a
+/// 4-byte boundary (`aligned`: the u8s8 family then copies its words) or one
+/// past it (byte by byte).
+fn check_codes(
+    c: &Contraction,
+    pool: &ThreadPool,
+    t: ConvTaps,
+    k: usize,
+    aligned: bool,
+) -> Result<(), TestCaseError> {
     let [sn, sy, sx] = t.strides;
     let len = (t.batch - 1) * sn + (t.height - 1) * sy + (t.width - 1) * sx + t.channels;
     // Canary bytes around the image and in the gaps between pixels.
-    let mut img = vec![0xc3u8; len + 2 * MARGIN];
-    let at = |b: usize, y: usize, x: usize, ch: usize| MARGIN + b * sn + y * sy + x * sx + ch;
+    let mut img = vec![0xc3u8; len + 2 * MARGIN + 4];
+    let base = (MARGIN..MARGIN + 4).find(|b| (img.as_ptr() as usize + b).is_multiple_of(4)).unwrap_or(MARGIN)
+        + usize::from(!aligned);
+    let at = |b: usize, y: usize, x: usize, ch: usize| base + b * sn + y * sy + x * sx + ch;
     for b in 0..t.batch {
         for y in 0..t.height {
             for x in 0..t.width {
@@ -336,7 +358,7 @@ fn check_codes(c: &Contraction, pool: &ThreadPool, t: ConvTaps, k: usize) -> Res
     let (rows, depth) = t.dims().unwrap();
     let w: Vec<f32> = (0..depth * k).map(|i| ((i * 113 % 256) as f32) - 128.0).collect();
     let fail = |e: kernels::KernelError| TestCaseError::fail(e.to_string());
-    let a = MatRef::taps_of_codes(&img[MARGIN..MARGIN + len], t).map_err(fail)?;
+    let a = MatRef::taps_of_codes(&img[base..base + len], t).map_err(fail)?;
     let bm = MatRef::row_major(&w, depth, k).unwrap();
     let packed = c.pack_weight(bm, &[rows]).map_err(fail)?;
     for b in [BOperand::Plain(bm), BOperand::Packed(&packed)] {

@@ -277,6 +277,8 @@ fn pack_generated(
     let mut origins = [Origin::default(); MAX_ROWS];
     let mut ptrs = [std::ptr::null::<f32>(); MAX_ROWS];
     let mut px = t.pixel(i0);
+    // The extent of a kernel's taps from its tap (0, 0), less one.
+    let (span_y, span_x) = ((t.kernel[0] as isize - 1) * dh, (t.kernel[1] as isize - 1) * dw);
     for (pi, panel) in out.chunks_exact_mut(size).enumerate() {
         let rows = mr.min(m - pi * mr);
         for o in &mut origins[..rows] {
@@ -284,6 +286,28 @@ fn pack_generated(
             px = px.next(t);
         }
         ptrs[rows..mr].fill(std::ptr::null());
+        // A panel whose rows' taps all lie inside the image (every panel of an
+        // image stored padded, as a quantized RGB stem's): each kernel row is
+        // one run per row, addressed without the checks below.
+        let inside = |o: &Origin| o.y >= 0 && o.y + span_y < h && o.x >= 0 && o.x + span_x < w;
+        if adjacent && origins[..rows].iter().all(inside) {
+            let mut k = p0;
+            while k < p0 + kc {
+                let (tap, c0) = (k / t.channels, k % t.channels);
+                let (i, j) = (tap / t.kernel[1], tap % t.kernel[1]);
+                let len = ((t.kernel[1] - j) * t.channels - c0).min(p0 + kc - k);
+                let shift = i as isize * dh * sy + j as isize * sx + c0 as isize;
+                for (ptr, o) in ptrs.iter_mut().zip(&origins[..rows]) {
+                    *ptr = data.as_ptr().wrapping_offset(o.offset + shift);
+                }
+                let at = (k - p0) / g * mr;
+                // SAFETY: as below, with every run inside the image: the row's taps
+                // `j..kw` of kernel row `i` (their pixels checked inside above).
+                unsafe { (gen.func)(ptrs.as_ptr(), len as i64, panel[at..].as_mut_ptr()) };
+                k += len;
+            }
+            continue;
+        }
         let mut k = p0;
         while k < p0 + kc {
             let (tap, c0) = (k / t.channels, k % t.channels);
