@@ -1318,7 +1318,15 @@ fn dequantized_product(k: usize, input: &str, zp: i32) -> String {
 }
 
 fn with_int8_weight(text: &str, weight: Tensor) -> (Model, String) {
-    let bind = |name: &str| (name == "w8").then(|| std::sync::Arc::new(ir::ConstData::from_tensor(&weight)));
+    with_weights(text, &[("w8", weight)])
+}
+
+/// The model of graph `text` whose constants `@NAME` are the named tensors, and its plan's text.
+fn with_weights(text: &str, weights: &[(&str, Tensor)]) -> (Model, String) {
+    let bind = |name: &str| {
+        let (_, t) = weights.iter().find(|(n, _)| *n == name)?;
+        Some(std::sync::Arc::new(ir::ConstData::from_tensor(t)))
+    };
     let g = ir::parse_graph(text, &bind).unwrap_or_else(|e| panic!("{e}"));
     let m = Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"));
     let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
@@ -1579,18 +1587,13 @@ fn a_requantizing_product_stores_codes() {
         let mut rng = Lcg::new(k as u64 + 11);
         let w: Vec<i8> = (0..k * 37).map(|_| rng.next() as i8).collect();
         let v: Vec<i8> = (0..37 * 3).map(|_| rng.next() as i8).collect();
-        let (w, v) = (
-            Tensor::new(vec![k, 37], Elems::I8(w)).expect("w"),
-            Tensor::new(vec![37, 3], Elems::I8(v)).expect("v"),
+        let (m, plan) = with_weights(
+            &text,
+            &[
+                ("w8", Tensor::new(vec![k, 37], Elems::I8(w)).expect("w")),
+                ("v8", Tensor::new(vec![37, 3], Elems::I8(v)).expect("v")),
+            ],
         );
-        let bind = |name: &str| match name {
-            "w8" => Some(std::sync::Arc::new(ir::ConstData::from_tensor(&w))),
-            "v8" => Some(std::sync::Arc::new(ir::ConstData::from_tensor(&v))),
-            _ => None,
-        };
-        let g = ir::parse_graph(&text, &bind).unwrap_or_else(|e| panic!("{e}"));
-        let m = Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"));
-        let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
         assert_eq!(plan.contains("stored as u8 codes"), vnni && k <= depth, "K {k}:\n{plan}");
         for int8 in [Int8::Auto, Int8::I16S8, Int8::I16, Int8::Float] {
             let cm =
@@ -1683,15 +1686,7 @@ fn a_residual_sum_reads_its_products_codes() {
             let w: Vec<i8> = (0..k * 37).map(|_| rng.next() as i8).collect();
             Tensor::new(vec![k, 37], Elems::I8(w)).expect("weight")
         };
-        let (w, v) = (weight(), weight());
-        let bind = |name: &str| match name {
-            "w8" => Some(std::sync::Arc::new(ir::ConstData::from_tensor(&w))),
-            "v8" => Some(std::sync::Arc::new(ir::ConstData::from_tensor(&v))),
-            _ => None,
-        };
-        let g = ir::parse_graph(&text, &bind).unwrap_or_else(|e| panic!("{e}"));
-        let m = Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"));
-        let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
+        let (m, plan) = with_weights(&text, &[("w8", weight()), ("v8", weight())]);
         let codes = vnni && k <= depth;
         assert_eq!(plan.matches("stored as u8 codes").count(), if codes { 2 } else { 0 }, "K {k}:\n{plan}");
         let sum = plan

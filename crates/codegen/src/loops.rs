@@ -1507,26 +1507,25 @@ impl Gen<'_> {
 
     /// [`plan::PwOp::Integer`]'s value of f32 `a` (a vector or one value).
     fn integer_f32(&self, a: V, offset: i32, lo: i32, hi: i32) -> R<V> {
-        let scalar = !a.is_vector_value();
-        let i32t = self.ctx.i32_type();
-        let v = if scalar {
-            let vt1 = self.ctx.f32_type().vec_type(1);
-            self.bld.build_insert_element(vt1.get_poison(), a, i32t.const_zero(), "v1").map_err(llvm)?
-        } else {
-            a.into_vector_value()
-        };
-        let lanes = v.get_type().get_size() as usize;
-        let m = VMath::new(self.ctx, self.module, self.bld, v.get_type(), lanes, self.features);
-        let r = m.integer(v, offset, lo, hi)?;
-        Ok(if scalar {
-            self.bld.build_extract_element(r, i32t.const_zero(), "s").map_err(llvm)?
-        } else {
-            r.into()
-        })
+        self.with_vmath(a, |m, v| m.integer(v, offset, lo, hi))
     }
 
     /// f32 `exp`, `tanh`, `erf` and `sigmoid` by the inline polynomials.
     fn vmath_f32(&self, op: UnaryOp, a: V) -> R<V> {
+        self.with_vmath(a, |m, v| match op {
+            UnaryOp::Exp => m.exp(v),
+            UnaryOp::Tanh => m.tanh(v),
+            UnaryOp::Erf => m.erf(v),
+            _ => m.sigmoid(v),
+        })
+    }
+
+    /// `f` of f32 `a` by [`VMath`] at `a`'s width (one value as a vector of one).
+    fn with_vmath(
+        &self,
+        a: V,
+        f: impl FnOnce(&VMath, VectorValue<'static>) -> Result<VectorValue<'static>, CodegenError>,
+    ) -> R<V> {
         let scalar = !a.is_vector_value();
         let i32t = self.ctx.i32_type();
         let v = if scalar {
@@ -1537,12 +1536,7 @@ impl Gen<'_> {
         };
         let lanes = v.get_type().get_size() as usize;
         let m = VMath::new(self.ctx, self.module, self.bld, v.get_type(), lanes, self.features);
-        let r = match op {
-            UnaryOp::Exp => m.exp(v)?,
-            UnaryOp::Tanh => m.tanh(v)?,
-            UnaryOp::Erf => m.erf(v)?,
-            _ => m.sigmoid(v)?,
-        };
+        let r = f(&m, v)?;
         Ok(if scalar {
             self.bld.build_extract_element(r, i32t.const_zero(), "s").map_err(llvm)?
         } else {
