@@ -128,6 +128,8 @@ pub(crate) struct Lowering<'g> {
     narrowed: HashMap<BufId, DType>,
     /// The group of every node.
     group_of: Vec<usize>,
+    /// The nodes reading each value.
+    readers: Vec<Vec<usize>>,
     /// Values of a later group that a product's epilogue stores (the codes
     /// its output quantizes to), which that group then reads.
     stored_early: HashMap<ValueId, BufId>,
@@ -148,6 +150,17 @@ impl<'g> Lowering<'g> {
             codes_depth: opts.codes_depth,
             narrowed: HashMap::new(),
             group_of: vec![usize::MAX; g.nodes.len()],
+            readers: {
+                let mut r = vec![Vec::new(); g.num_values()];
+                for (i, n) in g.nodes.iter().enumerate() {
+                    for v in &n.inputs {
+                        if r[v.index()].last() != Some(&i) {
+                            r[v.index()].push(i);
+                        }
+                    }
+                }
+                r
+            },
             stored_early: HashMap::new(),
             g,
             plan: ModelPlan::default(),
@@ -453,10 +466,8 @@ impl<'g> Lowering<'g> {
 
     /// The one group (another than the producer's) that reads value `v`.
     fn reader_group(&self, v: ValueId) -> Option<usize> {
-        let g = self.g;
         let producer = self.producers[v.index()].map(|p| self.group_of[p]);
-        let mut groups =
-            g.nodes.iter().enumerate().filter(|(_, n)| n.inputs.contains(&v)).map(|(i, _)| self.group_of[i]);
+        let mut groups = self.readers[v.index()].iter().map(|r| self.group_of[*r]);
         let first = groups.next()?;
         (groups.all(|r| r == first) && Some(first) != producer).then_some(first)
     }
@@ -479,9 +490,8 @@ impl<'g> Lowering<'g> {
             }
         };
         let (mut at, mut found) = (c, None);
-        loop {
-            let mut readers = g.nodes.iter().enumerate().filter(|(_, n)| n.inputs.contains(&at));
-            let (Some((r, node)), None) = (readers.next(), readers.next()) else { break };
+        while let [r] = self.readers[at.index()][..] {
+            let node = &g.nodes[r];
             let pointwise = matches!(
                 node.op,
                 Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast | Op::Reshape | Op::Broadcast

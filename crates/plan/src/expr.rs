@@ -294,18 +294,17 @@ impl Exprs {
     /// (For an `e` of another type, its value is that integer only where
     /// the type holds `lo..=hi`: the caller checks.)
     pub fn stored_integer(&self, e: E) -> Option<(E, i32, i32, i32)> {
-        let x = self;
-        let Node::Cast(a) = *x.node(e) else { return None };
+        let Node::Cast(a) = *self.node(e) else { return None };
         let range = |dt: DType| match dt {
             DType::U8 => Some((0, 255)),
             DType::I8 => Some((-128, 127)),
             DType::I32 => Some((i32::MIN, i32::MAX)),
             _ => None,
         };
-        let (tlo, thi) = range(x.dtype(a))?;
+        let (tlo, thi) = range(self.dtype(a))?;
         let mut v = a;
-        if let Node::Cast(inner) = *x.node(v) {
-            match x.dtype(inner) {
+        if let Node::Cast(inner) = *self.node(v) {
+            match self.dtype(inner) {
                 // Saturating to an 8-bit type's range is saturating to i32, then
                 // clamping (a bare `cast<i32>` is left to `hoist`, below).
                 DType::F32 if tlo != i32::MIN => return Some((inner, 0, tlo, thi)),
@@ -316,10 +315,10 @@ impl Exprs {
         }
         // The clamps, outermost first, applied innermost first.
         let mut clamps = Vec::new();
-        let constant = |c: E| x.as_int(c).and_then(|k| i32::try_from(k).ok());
+        let constant = |c: E| self.as_int(c).and_then(|k| i32::try_from(k).ok());
         loop {
-            match *x.node(v) {
-                Node::Binary(op @ (BinaryOp::Max | BinaryOp::Min), p, q) if x.dtype(v) == DType::I32 => {
+            match *self.node(v) {
+                Node::Binary(op @ (BinaryOp::Max | BinaryOp::Min), p, q) if self.dtype(v) == DType::I32 => {
                     let (k, rest) = match (constant(p), constant(q)) {
                         (_, Some(k)) => (k, p),
                         (Some(k), None) => (k, q),
@@ -339,7 +338,7 @@ impl Exprs {
             return None;
         }
         // `cast<i32>(f) + offset`, the offset on either side, or subtracted.
-        let (f, offset) = match *x.node(v) {
+        let (f, offset) = match *self.node(v) {
             Node::Binary(BinaryOp::Add, p, q) if constant(q).is_some() => (p, constant(q)?),
             Node::Binary(BinaryOp::Add, p, q) if constant(p).is_some() => (q, constant(p)?),
             Node::Binary(BinaryOp::Sub, p, q) => (p, constant(q)?.checked_neg()?),
@@ -348,8 +347,8 @@ impl Exprs {
         // (A bare `cast<f32>(cast<i32>(acc))` is left to `hoist`, which knows
         // when the accumulator already holds an integer.)
         let bare = (offset, lo, hi) == (0, i32::MIN, i32::MAX);
-        match *x.node(f) {
-            Node::Cast(f) if x.dtype(f) == DType::F32 && x.dtype(v) == DType::I32 && !bare => {
+        match *self.node(f) {
+            Node::Cast(f) if self.dtype(f) == DType::F32 && self.dtype(v) == DType::I32 && !bare => {
                 Some((f, offset, lo, hi))
             }
             _ => None,
