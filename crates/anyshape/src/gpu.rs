@@ -535,13 +535,18 @@ fn step_lists(plan: &plan::ModelPlan, target: GpuTarget) -> Result<Vec<Vec<(Gemm
             (Some(n), Some(k)) if mm.weight && mm.batch.is_empty() => Some((n as usize, k as usize)),
             _ => None,
         };
-        out.push(match fixed {
+        let list = match fixed {
             Some((n, k)) => memo
                 .entry((e, n, k))
                 .or_insert_with(|| steps::weight_step_kernels(&model, e, (1, n, k)))
                 .clone(),
             None => steps::fixed_step_kernels(e),
-        });
+        };
+        // An f32 view whose columns are adjacent is read in place by every
+        // kernel of the list (its rows at any stride): no copy launch.
+        let f32_view =
+            mm.taps.is_none() && konst(mm.a.cs) == Some(1) && plan.buffers[mm.a.buf].dtype == ir::DType::F32;
+        out.push(if f32_view { steps::reading_f32_a(list) } else { list });
     }
     Ok(out)
 }

@@ -249,6 +249,46 @@ fn contraction_steps_run_on_the_gemm_family() {
     assert!(used.iter().all(|(_, k)| k.iter().all(|k| k.contains("_c32"))), "{used:?}");
 }
 
+/// A contraction's f32 A is read in place (no copy launch), whatever its row
+/// stride: a dense input by the aligned kernels, a slice of one starting a
+/// column in (rows 41 apart) by the covers; an activation B (every B here)
+/// is still copied K-major. Against the interpreter at one row, primes, one past a tile.
+#[test]
+fn f32_operands_are_read_in_place() {
+    let m = model(
+        r#"graph {
+  sym n param 1..
+  input %a: f32[n, 40]
+  input %x: f32[n, 41]
+  input %w: f32[40, 33]
+  input %v: f32[40, n]
+  %c: f32[n, 33] = matmul %a, %w
+  %xs: f32[n, 40] = slice[1: 1 step 1] %x
+  %d: f32[n, 33] = matmul %xs, %w
+  %e: f32[n, n] = matmul %a, %v
+  output %c, %d, %e
+}
+"#,
+    );
+    let gm = m.compile_host_gpu().expect("compiles for the GPU");
+    for (i, n) in [1usize, 7, 17, 65].into_iter().enumerate() {
+        compare_within(&m, &gm, &[("n", n)], i as u64, Some(BF16_L2));
+        let ins = inputs(&m, &[("n", n)], 9);
+        let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let used = gm.gemms_at(&named).expect("plans");
+        assert_eq!(used.len(), 3, "{used:?}");
+        assert!(used.iter().all(|(_, k)| k.iter().all(|k| k.contains("_a32_c32"))), "{used:?}");
+        let copies = gm.copies_at(&named).expect("plans");
+        // A in place everywhere: one copy a step, its activation B's (a copy
+        // of A too would make two).
+        assert!(copies.iter().all(|(_, c)| *c == 1), "n = {n}: {copies:?}");
+        // The slice's rows (41 apart, starting a column in) take a cover from
+        // where GEMV (which needs aligned rows) would run.
+        let sliced = &used[1].1[0];
+        assert!(sliced.starts_with("gemm_ua_") || sliced.starts_with("gemm_simt_"), "n = {n}: {used:?}");
+    }
+}
+
 /// `tanh(x · W + b)` with a 256×256 weight and a bias (constants).
 fn weight_model() -> Model {
     let w: Vec<f32> = (0..256 * 256).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 4096.0).collect();
@@ -283,7 +323,8 @@ fn weight_model() -> Model {
 
 /// A Hopper's kernels (`GpuTarget::Sm90a`) on the emulator: at 1600 rows a
 /// 256×256 weight with a bias and tanh takes a wgmma tile (the wave model's
-/// pick from the H200 profile), one row GEMV, and both match the interpreter.
+/// pick from the H200 profile), one row GEMV, both reading the input in place
+/// (no copy launch), and both match the interpreter.
 #[test]
 fn hopper_kernels_run_a_weights_product() {
     let m = weight_model();
@@ -293,6 +334,9 @@ fn hopper_kernels_run_a_weights_product() {
         let named: Vec<(&str, Tensor)> = ins.iter().map(|(a, t)| (a.as_str(), t.clone())).collect();
         let used = gm.gemms_at(&named).expect("plans");
         assert!(used.iter().all(|(_, k)| k[0].starts_with(kernel)), "{n} rows: {used:?}");
+        // The input read in place, the weight packed at load: no copy launch.
+        let copies = gm.copies_at(&named).expect("plans");
+        assert!(copies.iter().all(|(_, c)| *c == 0), "{n} rows: {copies:?}");
         compare_within(&m, &gm, &[("n", n)], n as u64, Some(BF16_L2));
     }
 }
@@ -522,6 +566,12 @@ fn bundled_models_match_onnx_runtime_through_the_gpu_backend() {
                 .collect();
             let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
             let got = gm.run(&named).unwrap_or_else(|e| panic!("{name}/{}: {e}", case.display()));
+            if name.ends_with("bert") || name.ends_with("gpt2") {
+                // Every contraction reads its f32 A in place and multiplies a
+                // packed weight: no operand copy is launched.
+                let copies = gm.copies_at(&named).expect("plans");
+                assert!(copies.iter().all(|(_, c)| *c == 0), "{name}/{stem}: {copies:?}");
+            }
             for (out, path) in npy_files(&case.join("expected")) {
                 let want = anyshape::npy::read(&path).expect("expected npy");
                 let g = &got.iter().find(|(n, _)| *n == out).unwrap_or_else(|| panic!("{name}: no {out}")).1;

@@ -29,6 +29,14 @@
 //! kernels (any family) run a share of K's steps per `z` block and store f32
 //! partial sums; a reduction kernel sums the shares and applies the epilogue.
 //! Blocks are rasterized in groups of tile rows for L2 reuse.
+//!
+//! A kernel with an f32 A (`a_f32`: a model's activation, read in place where a
+//! copy kernel would first write it as bf16) loads each of its A chunks as two
+//! 16-byte loads before the current step's products and rounds (`cvt.rn`) and
+//! stores them to shared memory after them, into the buffer the step's barrier
+//! has seen every warp finish: the loads' latency overlaps the products, as
+//! `cp.async`'s does; the element-by-element cover loads and rounds each value;
+//! GEMV and SIMT kernels multiply the f32 values as they are.
 
 mod attention;
 mod operand;
@@ -136,6 +144,18 @@ struct Copy {
     /// An N-major B's chunk: its first column (an unaligned kernel guards each
     /// element by N there; a K-major chunk's elements are guarded by K).
     n_first: Option<String>,
+}
+
+/// An f32 A's chunk in registers across a step's products: its two 16-byte
+/// loads, whether it holds the operand's values (else zeros are stored), its
+/// byte offset in shared memory, and whether the chunk exists (a partial
+/// round's).
+struct Staged {
+    lo: String,
+    hi: String,
+    ok: String,
+    off: String,
+    guard: Option<String>,
 }
 
 /// Where two adjacent values of a fragment land in C (see `Gen::spot`).
@@ -279,7 +299,7 @@ fn simt_ir(k: &GemmKernel) -> String {
     let row0 = g.v(format!("add i32 {row0}, {ty}"));
     let col0 = g.v(format!("mul i32 {bx}, {}", k.bn));
     let col0 = g.v(format!("add i32 {col0}, {tx}"));
-    let (a_base, b_base, oc) = g.batch_entry(&bz);
+    let (a_base, b_base, oc) = g.batch_entry(k, &bz);
     let last_m = g.v("add i32 %M, -1");
     let last_n = g.v("add i32 %N, -1");
     let lda = g.v("sext i32 %lda to i64");
@@ -292,7 +312,7 @@ fn simt_ir(k: &GemmKernel) -> String {
         let read = g.v(format!("select i1 {inside}, i32 {r}, i32 {last_m}"));
         let read64 = g.v(format!("zext i32 {read} to i64"));
         let off = g.v(format!("mul i64 {read64}, {lda}"));
-        let at = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {a_base}, i64 {off}"));
+        let at = g.v(format!("getelementptr inbounds {}, ptr addrspace(1) {a_base}, i64 {off}", a_step(k)));
         rows.push((r, inside, at));
     }
     let mut cols = Vec::new();
@@ -315,7 +335,8 @@ fn simt_ir(k: &GemmKernel) -> String {
     g.block("kloop");
     let head = g.body.len();
     let kk = g.v("add i64 %kk, 0");
-    let avals: Vec<String> = rows.iter().map(|(_, _, at)| g.load_f32(k.elem, at, &kk)).collect();
+    let a_elem = if k.a_f32 { ElemType::F32 } else { k.elem };
+    let avals: Vec<String> = rows.iter().map(|(_, _, at)| g.load_f32(a_elem, at, &kk)).collect();
     let brow = match major(k.b) {
         Major::K => kk.clone(),
         Major::N => g.v(format!("mul i64 {kk}, {ldb}")),
@@ -394,7 +415,7 @@ fn gemv_ir(k: &GemmKernel) -> String {
     let last_n = g.v("add i32 %N, -1");
     let n_read = g.v(format!("select i1 {n_in}, i32 {n}, i32 {last_n}"));
     let m0 = g.v(format!("mul i32 {by}, {}", k.bm));
-    let (a_base, b_base, oc) = g.batch_entry(&bz);
+    let (a_base, b_base, oc) = g.batch_entry(k, &bz);
     let lda = g.v("sext i32 %lda to i64");
     let ldb = g.v("sext i32 %ldb to i64");
     let n64 = g.v(format!("zext i32 {n_read} to i64"));
@@ -408,7 +429,7 @@ fn gemv_ir(k: &GemmKernel) -> String {
         let read = g.v(format!("select i1 {inside}, i32 {r}, i32 {last_m}"));
         let read64 = g.v(format!("zext i32 {read} to i64"));
         let off = g.v(format!("mul i64 {read64}, {lda}"));
-        rows.push(g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {a_base}, i64 {off}")));
+        rows.push(g.v(format!("getelementptr inbounds {}, ptr addrspace(1) {a_base}, i64 {off}", a_step(k))));
     }
     let lane64 = g.v(format!("zext i32 {lane} to i64"));
     let k0 = g.v(format!("mul i64 {lane64}, 8"));
@@ -425,13 +446,21 @@ fn gemv_ir(k: &GemmKernel) -> String {
         let x = g.v(format!("load {v8}, ptr addrspace(1) {p}, align 16"));
         g.v(format!("fpext {v8} {x} to <8 x float>"))
     };
+    // An f32 A's chunk: 8 values, two 16-byte loads.
+    let at_a = |g: &mut Ir, base: &str, kj: &str| -> String {
+        if !k.a_f32 {
+            return at(g, base, kj);
+        }
+        let p = g.v(format!("getelementptr inbounds float, ptr addrspace(1) {base}, i64 {kj}"));
+        g.v(format!("load <8 x float>, ptr addrspace(1) {p}, align 16"))
+    };
     let mut chunks = Vec::new();
     for j in 0..unroll {
         let kj = g.v(format!("add i64 %kk, {}", j * gpu::kernel::GEMV_STEP));
         let live = g.v(format!("icmp slt i64 {kj}, {kn}"));
         let kj = g.v(format!("select i1 {live}, i64 {kj}, i64 {k0}"));
         let b = at(&mut g, &b_col, &kj);
-        let a: Vec<String> = rows.iter().map(|row| at(&mut g, row, &kj)).collect();
+        let a: Vec<String> = rows.iter().map(|row| at_a(&mut g, row, &kj)).collect();
         chunks.push((live, b, a));
     }
     let mut phis = String::new();
@@ -584,6 +613,15 @@ fn c_ty(c: ElemType) -> &'static str {
 }
 
 /// The type C's addresses step by: `float`, or `i16` for either 16-bit type.
+/// The type A's pointers step by: f32 for an f32 A, else 16-bit.
+fn a_step(k: &GemmKernel) -> &'static str {
+    if k.a_f32 {
+        "float"
+    } else {
+        "i16"
+    }
+}
+
 fn c_step(c: ElemType) -> &'static str {
     match c {
         ElemType::F32 => "float",
@@ -680,18 +718,22 @@ impl Ir {
 
     /// Batch entry `bz`'s A and B (pointers at their batch strides) and C's offset
     /// (elements, C's batch stride).
-    fn batch_entry(&mut self, bz: &str) -> (String, String, String) {
+    fn batch_entry(&mut self, k: &GemmKernel, bz: &str) -> (String, String, String) {
         let bz64 = self.v(format!("zext i32 {bz} to i64"));
         let oa = self.v(format!("mul i64 {bz64}, %sa"));
         let ob = self.v(format!("mul i64 {bz64}, %sb"));
         let oc = self.v(format!("mul i64 {bz64}, %sc"));
-        let a = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %A, i64 {oa}"));
+        let a = self.v(format!("getelementptr inbounds {}, ptr addrspace(1) %A, i64 {oa}", a_step(k)));
         let b = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %B, i64 {ob}"));
         (a, b, oc)
     }
 
     /// The 16-bit element `off` (i64) past `base`, widened to f32.
     fn load_f32(&mut self, elem: ElemType, base: &str, off: &str) -> String {
+        if elem == ElemType::F32 {
+            let p = self.v(format!("getelementptr inbounds float, ptr addrspace(1) {base}, i64 {off}"));
+            return self.v(format!("load float, ptr addrspace(1) {p}, align 4"));
+        }
         let e = elem_ty(elem);
         let p = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) {base}, i64 {off}"));
         let x = self.v(format!("load {e}, ptr addrspace(1) {p}, align 2"));
@@ -1070,7 +1112,7 @@ impl Gen {
         let oa = self.v(format!("mul i64 {bz64}, %sa"));
         let ob = self.v(format!("mul i64 {bz64}, %sb"));
         let oc = self.v(format!("mul i64 {bz64}, %sc"));
-        let a_base = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %A, i64 {oa}"));
+        let a_base = self.v(format!("getelementptr inbounds {}, ptr addrspace(1) %A, i64 {oa}", a_step(&k)));
         let b_base = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %B, i64 {ob}"));
         let st = c_step(k.c_type());
         let c_base = self.v(format!("getelementptr inbounds {st}, ptr addrspace(1) %C, i64 {oc}"));
@@ -1104,15 +1146,25 @@ impl Gen {
         let mut a = Vec::new();
         for j in 0..ca.div_ceil(threads) {
             let i = self.v(format!("add i32 {}, {}", ix.tid, j * threads));
+            let ty = a_step(&self.k);
+            if self.stages_a() && ca % threads != 0 {
+                // A partial round's threads past the tile take chunk `i mod ca`
+                // again: the same loads, and the same values stored, as the
+                // chunk's own thread (no branch, so that the loads stay ahead
+                // of the products: see `Gen::staged_loads`).
+                let i = self.v(format!("urem i32 {i}, {ca}"));
+                a.push(self.kmajor_copy(&i, None, (&ix.m0, "%M"), (&ix.a_base, "%lda", ty)));
+                continue;
+            }
             let guard = (ca % threads != 0).then(|| self.v(format!("icmp ult i32 {i}, {ca}")));
-            a.push(self.kmajor_copy(&i, guard, (&ix.m0, "%M"), (&ix.a_base, "%lda")));
+            a.push(self.kmajor_copy(&i, guard, (&ix.m0, "%M"), (&ix.a_base, "%lda", ty)));
         }
         let mut b = Vec::new();
         for j in 0..cb.div_ceil(threads) {
             let i = self.v(format!("add i32 {}, {}", ix.tid, j * threads));
             let guard = (cb % threads != 0).then(|| self.v(format!("icmp ult i32 {i}, {cb}")));
             match major(k.b) {
-                Major::K => b.push(self.kmajor_copy(&i, guard, (&ix.n0, "%N"), (&ix.b_base, "%ldb"))),
+                Major::K => b.push(self.kmajor_copy(&i, guard, (&ix.n0, "%N"), (&ix.b_base, "%ldb", "i16"))),
                 Major::N => {
                     let chunks = k.bn / 8;
                     let krow = self.v(format!("udiv i32 {i}, {chunks}"));
@@ -1121,7 +1173,7 @@ impl Gen {
                     let gn = self.v(format!("add i32 {}, {c8}", ix.n0));
                     let nok = self.v(format!("icmp slt i32 {gn}, %N"));
                     let ok = self.and_guard(&nok, &guard);
-                    let g = self.row_ptr(&ix.b_base, &krow, "%ldb", &gn);
+                    let g = self.row_ptr(&ix.b_base, &krow, "%ldb", &gn, "i16");
                     let ldb64 = self.v("sext i32 %ldb to i64");
                     let step = self.v(format!("mul i64 {ldb64}, {}", k.bk()));
                     let soff = self.swizzled(&krow, &c, k.bn * 2, 7, 0);
@@ -1134,13 +1186,13 @@ impl Gen {
 
     /// Chunk `i` of a K-major tile (A, or a K-major B): row `i / (bk/8)` of the
     /// operand from `origin` (inside while below `extent`), 8 elements of K at chunk
-    /// `i mod (bk/8)`, read from `base` with row stride `ld`.
+    /// `i mod (bk/8)`, read from `base` (elements of type `ty`) with row stride `ld`.
     fn kmajor_copy(
         &mut self,
         i: &str,
         guard: Option<String>,
         (origin, extent): (&str, &str),
-        (base, ld): (&str, &str),
+        (base, ld, ty): (&str, &str, &str),
     ) -> Copy {
         let per_row = self.k.bk() / 8;
         let row = self.v(format!("udiv i32 {i}, {per_row}"));
@@ -1149,7 +1201,7 @@ impl Gen {
         let rok = self.v(format!("icmp slt i32 {grow}, {extent}"));
         let ok = self.and_guard(&rok, &guard);
         let k0 = self.v(format!("shl i32 {c}, 3"));
-        let g = self.row_ptr(base, &grow, ld, &k0);
+        let g = self.row_ptr(base, &grow, ld, &k0, ty);
         let soff = self.kmajor_offset(&row, &c);
         Copy { g, step: format!("{}", self.k.bk()), ok, k0, soff, guard, n_first: None }
     }
@@ -1174,7 +1226,9 @@ impl Gen {
 
     /// One K step's copies into the slot of step `kt`: a copy outside the operand
     /// reads 0 bytes and zero-fills; a chunk past a partial round's tile is skipped.
-    fn load_tile(&mut self, copies: &(Vec<Copy>, Vec<Copy>), kt: &str, k_first: &str) {
+    /// With `staged`, an f32 A's aligned chunks are left to [`Gen::staged_loads`]
+    /// and [`Gen::staged_stores`].
+    fn load_tile(&mut self, copies: &(Vec<Copy>, Vec<Copy>), kt: &str, k_first: &str, staged: bool) {
         let (a_bytes, _) = self.k.stage_bytes();
         let base = self.slot_base(kt);
         let bk = self.k.bk();
@@ -1182,6 +1236,9 @@ impl Gen {
         let ktk = self.v(format!("mul i32 {step}, {bk}"));
         let kt64 = self.v(format!("zext i32 {step} to i64"));
         for (which, list) in [(0usize, &copies.0), (1, &copies.1)] {
+            if which == 0 && staged && self.stages_a() {
+                continue;
+            }
             for cp in list.iter() {
                 let skip = cp.guard.as_ref().map(|in_tile| {
                     let (go, next) = (self.fresh("cp.go"), self.fresh("cp.next"));
@@ -1193,7 +1250,9 @@ impl Gen {
                 let kok = self.v(format!("icmp slt i32 {kk}, %K"));
                 let ok = self.v(format!("and i1 {kok}, {}", cp.ok));
                 let adv = self.v(format!("mul i64 {kt64}, {}", cp.step));
-                let raw = self.v(format!("getelementptr i16, ptr addrspace(1) {}, i64 {adv}", cp.g));
+                let f32_chunk = which == 0 && self.k.a_f32;
+                let ty = if f32_chunk { "float" } else { "i16" };
+                let raw = self.v(format!("getelementptr {ty}, ptr addrspace(1) {}, i64 {adv}", cp.g));
                 let fallback = if which == 0 { "%A" } else { "%B" };
                 let src =
                     self.v(format!("select i1 {ok}, ptr addrspace(1) {raw}, ptr addrspace(1) {fallback}"));
@@ -1206,7 +1265,9 @@ impl Gen {
                 let off = self.v(format!("add i32 {base}, {tile}"));
                 let dst = self.smem_ptr(&off);
                 if self.k.unaligned {
-                    self.element_copy(cp, (&raw, &ok, &kk), fallback, &dst);
+                    self.element_copy(cp, (&raw, &ok, &kk), fallback, &dst, f32_chunk);
+                } else if f32_chunk {
+                    self.rounded_chunk(&src, &ok, &dst);
                 } else {
                     self.emit(format!(
                         "call void @llvm.nvvm.cp.async.cg.shared.global.16.s(ptr addrspace(3) {dst}, ptr addrspace(1) {src}, i32 {size})"
@@ -1225,7 +1286,16 @@ impl Gen {
     /// contiguous dimension; zeros past them, the load then reading the operand's
     /// first element) and stored to `dst` 16 bytes at once. `raw` is the chunk's
     /// address this step and `kk` its first K index (a K-major chunk's index there).
-    fn element_copy(&mut self, cp: &Copy, (raw, ok, kk): (&str, &str, &str), fallback: &str, dst: &str) {
+    /// With `f32`, the chunk's elements are f32 (an f32 A's), each rounded to
+    /// the operands' type.
+    fn element_copy(
+        &mut self,
+        cp: &Copy,
+        (raw, ok, kk): (&str, &str, &str),
+        fallback: &str,
+        dst: &str,
+        f32: bool,
+    ) {
         let (first, extent) = match &cp.n_first {
             Some(n) => (n.as_str(), "%N"),
             None => (kk, "%K"),
@@ -1235,13 +1305,51 @@ impl Gen {
             let at = self.v(format!("add i32 {first}, {e}"));
             let inside = self.v(format!("icmp slt i32 {at}, {extent}"));
             let live = self.v(format!("and i1 {ok}, {inside}"));
-            let p = self.v(format!("getelementptr i16, ptr addrspace(1) {raw}, i64 {e}"));
+            let ty = if f32 { "float" } else { "i16" };
+            let p = self.v(format!("getelementptr {ty}, ptr addrspace(1) {raw}, i64 {e}"));
             let p = self.v(format!("select i1 {live}, ptr addrspace(1) {p}, ptr addrspace(1) {fallback}"));
-            let x = self.v(format!("load i16, ptr addrspace(1) {p}, align 2"));
+            let x = if f32 {
+                let x = self.v(format!("load float, ptr addrspace(1) {p}, align 4"));
+                let h = elem_ty(self.k.elem);
+                let x = self.v(format!("fptrunc float {x} to {h}"));
+                self.v(format!("bitcast {h} {x} to i16"))
+            } else {
+                self.v(format!("load i16, ptr addrspace(1) {p}, align 2"))
+            };
             let x = self.v(format!("select i1 {live}, i16 {x}, i16 0"));
             v = self.v(format!("insertelement <8 x i16> {v}, i16 {x}, i32 {e}"));
         }
         self.emit(format!("store <8 x i16> {v}, ptr addrspace(3) {dst}, align 16"));
+    }
+
+    /// An f32 A's aligned chunk: 8 values at `src` (two 16-byte loads; `ok`
+    /// false: zeros, `src` then the operand's start) rounded to the operands'
+    /// type and stored to `dst` 16 bytes at once, where the other chunks are
+    /// `cp.async` copies.
+    fn rounded_chunk(&mut self, src: &str, ok: &str, dst: &str) {
+        let lo = self.v(format!("load <4 x float>, ptr addrspace(1) {src}, align 16"));
+        let p = self.v(format!("getelementptr float, ptr addrspace(1) {src}, i64 4"));
+        let hi = self.v(format!("load <4 x float>, ptr addrspace(1) {p}, align 16"));
+        let x = self.v(format!(
+            "shufflevector <4 x float> {lo}, <4 x float> {hi}, <8 x i32> <i32 0, i32 1, i32 2, i32 3, i32 4, i32 5, i32 6, i32 7>"
+        ));
+        self.round_and_store(&x, ok, dst);
+    }
+
+    /// 8 f32 values `x` rounded to the operands' type and stored to `dst` (zeros
+    /// where `ok` is false).
+    fn round_and_store(&mut self, x: &str, ok: &str, dst: &str) {
+        let h = elem_ty(self.k.elem);
+        // Rounded a value at a time (`cvt.rn`), as the emulator rewrites them.
+        let mut b = "zeroinitializer".to_string();
+        for e in 0..8 {
+            let f = self.v(format!("extractelement <8 x float> {x}, i32 {e}"));
+            let r = self.v(format!("fptrunc float {f} to {h}"));
+            let i = self.v(format!("bitcast {h} {r} to i16"));
+            b = self.v(format!("insertelement <8 x i16> {b}, i16 {i}, i32 {e}"));
+        }
+        let z = self.v(format!("select i1 {ok}, <8 x i16> {b}, <8 x i16> zeroinitializer"));
+        self.emit(format!("store <8 x i16> {z}, ptr addrspace(3) {dst}, align 16"));
     }
 
     /// The first `ahead` steps in flight, a group committed for each (empty past
@@ -1253,7 +1361,7 @@ impl Gen {
             let (go, next) = (self.fresh("pro.load"), self.fresh("pro.next"));
             self.emit(format!("br i1 {has}, label %{go}, label %{next}"));
             self.block(&go);
-            self.load_tile(copies, &s.to_string(), &ix.k_first);
+            self.load_tile(copies, &s.to_string(), &ix.k_first, false);
             self.emit(format!("br label %{next}"));
             self.block(&next);
             self.emit("call void @llvm.nvvm.cp.async.commit.group()");
@@ -1269,14 +1377,15 @@ impl Gen {
     /// later groups may stay in flight), make them visible (to wgmma's async proxy
     /// too, with `async_proxy`) and wait for every thread; then issue the copies of
     /// step `%kt + ahead` (into the buffer every thread has finished reading) and
-    /// commit them. Returns the byte offset of step `%kt`'s buffer.
+    /// commit them, and an f32 A's loads for that step ([`Gen::staged_loads`]).
+    /// Returns the byte offset of step `%kt`'s buffer and those loads.
     fn loop_head(
         &mut self,
         ix: &Ix,
         copies: &(Vec<Copy>, Vec<Copy>),
         ahead: usize,
         async_proxy: bool,
-    ) -> String {
+    ) -> (String, Vec<Staged>) {
         self.emit(format!("call void @llvm.nvvm.cp.async.wait.group(i32 {})", ahead - 1));
         if async_proxy {
             self.emit("call void asm sideeffect \"fence.proxy.async.shared::cta;\", \"~{memory}\"()");
@@ -1286,11 +1395,93 @@ impl Gen {
         let has = self.v(format!("icmp slt i32 {pf}, {}", ix.kt_n));
         self.emit(format!("br i1 {has}, label %loop.load, label %loop.mma"));
         self.block("loop.load");
-        self.load_tile(copies, &pf, &ix.k_first);
+        self.load_tile(copies, &pf, &ix.k_first, true);
         self.emit("br label %loop.mma");
         self.block("loop.mma");
         self.emit("call void @llvm.nvvm.cp.async.commit.group()");
-        self.slot_base("%kt")
+        let staged =
+            if self.stages_a() { self.staged_loads(copies, &pf, &has, &ix.k_first) } else { Vec::new() };
+        (self.slot_base("%kt"), staged)
+    }
+
+    /// The staged stores after a step's products, then the block the loop's
+    /// back edge leaves from (`loop.mma` when nothing is staged).
+    fn staged_latch(&mut self, staged: &[Staged]) -> String {
+        if staged.is_empty() {
+            return "loop.mma".into();
+        }
+        self.staged_stores(staged);
+        self.emit("br label %loop.latch");
+        self.block("loop.latch");
+        "loop.latch".into()
+    }
+
+    /// Whether an f32 A's chunks go through registers across a step's products
+    /// (the aligned kernels; an element-by-element cover loads them in place).
+    fn stages_a(&self) -> bool {
+        self.k.a_f32 && !self.k.unaligned
+    }
+
+    /// An f32 A's loads of step `kt`'s chunks (`has`: the step exists), issued
+    /// before the current step's products so that their latency overlaps them,
+    /// where `cp.async` would copy 16-bit chunks asynchronously; a load outside
+    /// the operand reads its start and is stored as zeros.
+    fn staged_loads(
+        &mut self,
+        copies: &(Vec<Copy>, Vec<Copy>),
+        kt: &str,
+        has: &str,
+        k_first: &str,
+    ) -> Vec<Staged> {
+        let base = self.slot_base(kt);
+        let bk = self.k.bk();
+        let step = self.v(format!("add i32 {kt}, {k_first}"));
+        let ktk = self.v(format!("mul i32 {step}, {bk}"));
+        let kt64 = self.v(format!("zext i32 {step} to i64"));
+        let mut out = Vec::new();
+        for cp in &copies.0 {
+            let kk = self.v(format!("add i32 {}, {ktk}", cp.k0));
+            let kok = self.v(format!("icmp slt i32 {kk}, %K"));
+            let ok = self.v(format!("and i1 {kok}, {}", cp.ok));
+            let ok = self.v(format!("and i1 {ok}, {has}"));
+            let ok = self.and_guard(&ok, &cp.guard);
+            let adv = self.v(format!("mul i64 {kt64}, {}", cp.step));
+            let raw = self.v(format!("getelementptr float, ptr addrspace(1) {}, i64 {adv}", cp.g));
+            let src = self.v(format!("select i1 {ok}, ptr addrspace(1) {raw}, ptr addrspace(1) %A"));
+            let lo = self.v(format!("load <4 x float>, ptr addrspace(1) {src}, align 16"));
+            let p = self.v(format!("getelementptr float, ptr addrspace(1) {src}, i64 4"));
+            let hi = self.v(format!("load <4 x float>, ptr addrspace(1) {p}, align 16"));
+            let off = self.v(format!("add i32 {base}, {}", cp.soff));
+            out.push(Staged { lo, hi, ok, off, guard: cp.guard.clone() });
+        }
+        out
+    }
+
+    /// The staged loads rounded and stored to their step's buffer after the
+    /// current step's products: that buffer is the one read a step before the
+    /// barrier at this step's top (or two with a wgmma group in flight), so
+    /// every thread is done with it, and the next step's barrier publishes the
+    /// stores. A step past the last stores zeros that nothing reads; a chunk
+    /// past a partial round's tile is not stored.
+    fn staged_stores(&mut self, staged: &[Staged]) {
+        for st in staged {
+            let x = self.v(format!(
+                "shufflevector <4 x float> {}, <4 x float> {}, <8 x i32> <i32 0, i32 1, i32 2, i32 3, i32 4, i32 5, i32 6, i32 7>",
+                st.lo, st.hi
+            ));
+            let skip = st.guard.as_ref().map(|in_tile| {
+                let (go, next) = (self.fresh("st.go"), self.fresh("st.next"));
+                self.emit(format!("br i1 {in_tile}, label %{go}, label %{next}"));
+                self.block(&go);
+                next
+            });
+            let dst = self.smem_ptr(&st.off);
+            self.round_and_store(&x, &st.ok, &dst);
+            if let Some(next) = skip {
+                self.emit(format!("br label %{next}"));
+                self.block(&next);
+            }
+        }
     }
 
     /// Closes the loop: its phis (k step and accumulators) placed at its head, now
@@ -1395,7 +1586,7 @@ impl Gen {
         let head = self.body.len();
         let accs = k.accumulators();
         let acc_names: Vec<String> = (0..accs).map(|i| format!("%acc{i}")).collect();
-        let base = self.loop_head(ix, copies, k.stages - 1, false);
+        let (base, staged) = self.loop_head(ix, copies, k.stages - 1, false);
         let mut cur: Vec<String> = acc_names.clone();
         let ntiles = wn / 8;
         for kk in 0..2 {
@@ -1444,10 +1635,11 @@ impl Gen {
                 }
             }
         }
+        let latch = self.staged_latch(&staged);
         let kt1 = self.v("add i32 %kt, 1");
         let again = self.v(format!("icmp slt i32 {kt1}, {}", ix.kt_n));
         self.emit(format!("br i1 {again}, label %loop, label %epilogue"));
-        self.close_loop(head, &pre, &kt1, "loop.mma", &acc_names, &cur);
+        self.close_loop(head, &pre, &kt1, &latch, &acc_names, &cur);
 
         // The accumulators leave the loop from its latch (the only way out).
         self.block("epilogue");
@@ -1487,13 +1679,14 @@ impl Gen {
         let head = self.body.len();
         let accs = k.accumulators();
         let acc_names: Vec<String> = (0..accs).map(|i| format!("%acc{i}")).collect();
-        let base = self.loop_head(ix, copies, ahead, true);
+        let (base, staged) = self.loop_head(ix, copies, ahead, true);
         let at = self.v(format!("add i32 {smem0}, {base}"));
         let cur = self.wgmma_products(&at, &wg_a, &acc_names, usize::from(k.overlap));
+        let latch = self.staged_latch(&staged);
         let kt1 = self.v("add i32 %kt, 1");
         let again = self.v(format!("icmp slt i32 {kt1}, {}", ix.kt_n));
         self.emit(format!("br i1 {again}, label %loop, label %epilogue"));
-        self.close_loop(head, &pre, &kt1, "loop.mma", &acc_names, &cur);
+        self.close_loop(head, &pre, &kt1, &latch, &acc_names, &cur);
         self.block("epilogue");
         self.wgmma_frags(ix, cur, k.overlap)
     }
@@ -2109,14 +2302,14 @@ impl Gen {
         }
     }
 
-    /// A pointer to `base[row · ld + col]` (i64 arithmetic).
-    fn row_ptr(&mut self, base: &str, row: &str, ld: &str, col: &str) -> String {
+    /// A pointer to `base[row · ld + col]` (i64 arithmetic), elements of type `ty`.
+    fn row_ptr(&mut self, base: &str, row: &str, ld: &str, col: &str, ty: &str) -> String {
         let r = self.v(format!("sext i32 {row} to i64"));
         let l = self.v(format!("sext i32 {ld} to i64"));
         let rl = self.v(format!("mul i64 {r}, {l}"));
         let c = self.v(format!("sext i32 {col} to i64"));
         let off = self.v(format!("add i64 {rl}, {c}"));
-        self.v(format!("getelementptr i16, ptr addrspace(1) {base}, i64 {off}"))
+        self.v(format!("getelementptr {ty}, ptr addrspace(1) {base}, i64 {off}"))
     }
 
     /// Byte offset of 16-byte chunk `c` of row `row` in a tile of `row_bytes`-byte

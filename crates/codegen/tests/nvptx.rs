@@ -147,6 +147,7 @@ fn an_invalid_kernel_is_an_error_not_a_panic() {
         persistent: false,
         unaligned: false,
         c_f32: false,
+        a_f32: false,
     };
     let e = nvptx::llvm_ir(&bad).unwrap_err().to_string();
     assert!(e.contains("warp tile 24x32"), "{e}");
@@ -183,6 +184,7 @@ fn golden_ptx() {
         persistent: false,
         unaligned: false,
         c_f32: false,
+        a_f32: false,
     };
     golden("gemm_bf16_nt_16x64_w1x4_s4.ptx", &nvptx::ptx(&small).unwrap());
     let nn = GemmKernel {
@@ -197,6 +199,12 @@ fn golden_ptx() {
     golden("gemm_wgo_bf16_nt_64x128_w4x1_s4.ptx", &nvptx::ptx(&wgo).unwrap());
     let wgt = GemmKernel { tma: true, ..wg };
     golden("gemm_wgt_bf16_nt_64x128_w4x1_s4.ptx", &nvptx::ptx(&wgt).unwrap());
+    // A model's step reading its f32 A in place: A's chunks loaded, rounded
+    // (`cvt.rn.bf16`) and stored to shared memory, B's still `cp.async`.
+    let a32 = GemmKernel { a_f32: true, c_f32: true, ..small };
+    let text = nvptx::ptx(&a32).unwrap();
+    assert!(text.contains("cvt.rn.bf16") && text.contains("cp.async"), "{text}");
+    golden("gemm_bf16_nt_16x64_w1x4_s4_a32_c32.ptx", &text);
 }
 
 /// The warp-specialized TMA kernels: the producer's loop holds one wait for an
@@ -321,6 +329,15 @@ fn ptxas_accepts_every_family_kernel() {
         kernels.extend(candidates::tma_family(ElemType::Bf16, e).into_iter().take(1));
         kernels.extend(candidates::simt_family(ElemType::Bf16, e).into_iter().take(1));
     }
+    // An f32 A read in place (a model's steps): every tile of the families a
+    // model's plan launches, rounding A as it is staged.
+    let e = Epilogue { bias: true, residual: true, ..Epilogue::NONE };
+    let f32_a = |fam: Vec<GemmKernel>| fam.into_iter().map(|k| GemmKernel { a_f32: true, c_f32: true, ..k });
+    kernels.extend(f32_a(candidates::family(ElemType::Bf16, BLayout::KMajor, e)));
+    kernels.extend(f32_a(candidates::wgmma_family(ElemType::Bf16, e)));
+    kernels.extend(f32_a(candidates::gemv_family(ElemType::Bf16, e)));
+    kernels.extend(f32_a(candidates::unaligned_family(ElemType::Bf16, e)));
+    kernels.extend(f32_a(candidates::simt_family(ElemType::Bf16, e)));
     kernels.extend(candidates::unaligned_family(ElemType::F16, Epilogue::NONE));
     kernels.extend(candidates::unaligned_family(
         ElemType::Bf16,
@@ -560,11 +577,35 @@ mod on_the_host {
         };
         let (bias_in, res_in) = if k.c_f32 { (wide(&bias), wide(&res)) } else { (bias.clone(), res.clone()) };
         let cw = if k.c_f32 { 2 } else { 1 };
+        // An f32 A (`a_f32`): each value's f32; for the tensor-core kernels, which
+        // round it to bf16 as they stage it, with low bits (never a tie) that the
+        // rounding to nearest must drop or carry: the oracle reads the rounded
+        // values (GEMV and SIMT kernels multiply the f32 values as they are).
+        let aw = if k.a_f32 { 2 } else { 1 };
+        let noise = k.a_f32 && k.elem == ElemType::Bf16 && matches!(k.arch, Arch::Sm80 | Arch::Sm90a);
+        let mut a = a;
+        let a_in: Vec<u16> = if k.a_f32 {
+            a.iter_mut()
+                .enumerate()
+                .flat_map(|(i, x)| {
+                    let mut w = reference::from_bits(k.elem, *x).to_bits();
+                    if noise {
+                        let low = ((i as u32).wrapping_mul(2_654_435_761) >> 16) | 1;
+                        w |= low;
+                        // Past half an ulp the magnitude rounds up a step.
+                        *x += u16::from(low > 0x8000);
+                    }
+                    [w as u16, (w >> 16) as u16]
+                })
+                .collect()
+        } else {
+            a.clone()
+        };
         // C between two margins of canaries, 16-byte aligned where it starts.
         let margin = 16;
         let c_len = 2 * margin + p.batch * sc;
         let (a16, b16, mut c16) =
-            (host::aligned(&a), host::aligned(&b), host::aligned(&vec![CANARY; cw * c_len]));
+            (host::aligned(&a_in), host::aligned(&b), host::aligned(&vec![CANARY; cw * c_len]));
         let ldb = k.b.extent(&p).1;
         let pieces = cover.pieces(kernels, &p);
         let rows: usize = pieces.iter().map(|x| x.problem.m).sum();
@@ -572,7 +613,9 @@ mod on_the_host {
         for piece in pieces {
             let (pk, q) = (&kernels[piece.choice.kernel], piece.problem);
             prop_assert!(!pk.split_k, "{}: host_split_k runs it", pk);
-            prop_assert!(pk.elem == k.elem && pk.b == k.b && pk.epilogue == k.epilogue);
+            prop_assert!(
+                pk.elem == k.elem && pk.b == k.b && pk.epilogue == k.epilogue && pk.a_f32 == k.a_f32
+            );
             let ee = engine(&ctx, &nvptx::llvm_ir(pk).unwrap(), &pk.name())?;
             // The piece's rows start `first_row` rows into A, C and the residual.
             let (ra, rc) = (piece.first_row * lda, piece.first_row * ldc);
@@ -648,7 +691,7 @@ mod on_the_host {
             // SAFETY: the offsets lie inside the buffers (checked above).
             let at = unsafe {
                 Ptrs(
-                    (a16.as_ptr() as *const u16).add(ra),
+                    (a16.as_ptr() as *const u16).add(aw * ra),
                     b16.as_ptr() as *const u16,
                     (c16.as_mut_ptr() as *mut u16).add(cw * (margin + rc)),
                     bias_in.as_ptr(),
@@ -1147,6 +1190,43 @@ mod on_the_host {
         );
     }
 
+    /// Kernels reading an f32 A in place (`a_f32`: a model's activation, no copy
+    /// launch), storing an f32 C, in each family a model's plan launches: SIMT,
+    /// GEMV, mma.sync (both B layouts), element-by-element and wgmma; A's values
+    /// carry low bits that rounding to bf16 drops; one past a tile, a batch, A's
+    /// rows at a stride past K (odd for the covers), one row, K of one step.
+    #[test]
+    fn f32_a_on_the_host() {
+        let e = EPILOGUES[2];
+        let first = |fam: Vec<GemmKernel>| GemmKernel { c_f32: true, a_f32: true, ..fam[0] };
+        let kernels = f32_a_kernels(e);
+        for (x, k) in kernels.iter().enumerate() {
+            assert!(k.check().is_ok() && k.name().contains("_a32_c32"), "{k}");
+            let n = if k.b == BLayout::NMajor { 72 } else { 67 };
+            let one = Cover::one(Choice { kernel: x, splits: 1 });
+            host_cover(&kernels, &one, Problem::nt(2, k.bm + 1, n, 72), (8, 1), x as u64).unwrap();
+            host_cover(&kernels, &one, Problem::nt(1, 1, n, 8), (4, 0), x as u64).unwrap();
+            if k.is_cover() {
+                host_cover(&kernels, &one, Problem::nt(2, 13, 19, 37), (3, 1), x as u64).unwrap();
+            }
+        }
+        let tma = first(candidates::tma_family(ElemType::Bf16, Epilogue::NONE));
+        assert!(tma.check().is_err(), "TMA copies 16-bit tiles");
+    }
+
+    /// One kernel an f32 A of each family a model's plan launches.
+    fn f32_a_kernels(e: Epilogue) -> Vec<GemmKernel> {
+        let first = |fam: Vec<GemmKernel>| GemmKernel { c_f32: true, a_f32: true, ..fam[0] };
+        vec![
+            first(candidates::simt_family(ElemType::Bf16, e)),
+            first(candidates::gemv_family(ElemType::Bf16, e)),
+            first(candidates::family(ElemType::Bf16, BLayout::KMajor, e)),
+            first(candidates::family(ElemType::Bf16, BLayout::NMajor, e)),
+            first(candidates::unaligned_family(ElemType::Bf16, e)),
+            first(candidates::wgmma_family(ElemType::Bf16, e)),
+        ]
+    }
+
     /// f16 kernels of each family on the host (where the CPU converts f16 with F16C):
     /// the SIMT, GEMV, mma.sync (both B layouts), element-by-element, wgmma and TMA
     /// kernels, one past a tile with a batch.
@@ -1281,6 +1361,27 @@ mod on_the_host {
             let kernels = candidates::unaligned_family(ElemType::Bf16, EPILOGUES[2]);
             let one = Cover::one(Choice { kernel: which, splits: 1 });
             host_cover(&kernels, &one, Problem::nt(batch, m, n, k), (lda_pad, ldc_pad), seed)?;
+        }
+
+        #[test]
+        fn f32_a_kernels_at_random_shapes(
+            which in 0usize..6,
+            batch in 1usize..3,
+            m in prop_oneof![1usize..20, 60usize..70, Just(129)],
+            n in 1usize..140,
+            k8 in 1usize..13,
+            odd_k in 0usize..8,
+            lda_pad4 in 0usize..3,
+            ldc_pad in 0usize..3,
+            seed: u64,
+        ) {
+            let kernels = f32_a_kernels(EPILOGUES[2]);
+            let kk = &kernels[which];
+            // The covers take any K and stride; the others K and lda in 8s and 4s.
+            let (k, lda_pad) = if kk.is_cover() { (8 * k8 - odd_k, lda_pad4 + odd_k) } else { (8 * k8, 4 * lda_pad4) };
+            let n = if kk.b == BLayout::NMajor { 8 * n.div_ceil(8) } else { n };
+            let one = Cover::one(Choice { kernel: which, splits: 1 });
+            host_cover(&kernels, &one, Problem::nt(batch, m, n, k.max(1)), (lda_pad, ldc_pad), seed)?;
         }
 
         #[test]

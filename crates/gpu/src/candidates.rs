@@ -129,6 +129,7 @@ fn plain(
         persistent: false,
         unaligned: false,
         c_f32: false,
+        a_f32: false,
     }
 }
 

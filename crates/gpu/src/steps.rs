@@ -1,7 +1,9 @@
 //! The kernels a model's contraction steps are given, and which of them runs
 //! each shape. A step multiplies bf16 operands (its weight packed K-major
-//! once, its activations copied so) into an f32 C with its epilogue
-//! (`GemmKernel::c_f32`). Its choices are a list tried in order, each kernel
+//! once, an activation B copied so) into an f32 C with its epilogue
+//! (`GemmKernel::c_f32`); an A whose view has adjacent columns is read in
+//! place as f32 and rounded as it is staged ([`reading_f32_a`]), others
+//! (a convolution's taps, a transposed view) are copied too. Its choices are a list tried in order, each kernel
 //! with the most rows (M) it is taken for: the runtime takes the first that
 //! accepts the product, so the list is a decision tree over M that costs a
 //! few comparisons a call (BladeDISC §5.2.2).
@@ -50,6 +52,12 @@ pub fn profile(text: &str) -> Result<Record, ReplayError> {
 /// A kernel of the family, made a model step's: its epilogue, f32 C.
 fn for_step(k: GemmKernel, epilogue: Epilogue) -> GemmKernel {
     GemmKernel { epilogue, c_f32: true, ..k }
+}
+
+/// A step's list made to read an f32 A in place (`GemmKernel::a_f32`): the
+/// same kernels and bounds, each rounding A as it stages it.
+pub fn reading_f32_a(list: Vec<(GemmKernel, usize)>) -> Vec<(GemmKernel, usize)> {
+    list.into_iter().map(|(k, most)| (GemmKernel { a_f32: true, ..k }, most)).collect()
 }
 
 /// The covers every list ends with: any K, then any start of C.

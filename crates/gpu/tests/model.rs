@@ -30,6 +30,7 @@ fn mma(bm: usize, bn: usize, warps_m: usize, warps_n: usize) -> GemmKernel {
         persistent: false,
         unaligned: false,
         c_f32: false,
+        a_f32: false,
     }
 }
 

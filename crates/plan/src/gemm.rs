@@ -155,6 +155,16 @@ pub struct GemmKernel {
     /// not through shared memory.
     #[serde(default)]
     pub c_f32: bool,
+    /// A is f32 (a model's activation read in place, any row stride `lda`),
+    /// rounded to the operands' 16-bit type as a stage is staged (a GEMV or
+    /// SIMT kernel multiplies its f32 values as they are): no copy kernel
+    /// writes a bf16 A first. A stage's A chunks are then loaded into
+    /// registers and stored to shared memory by each thread, where `cp.async`
+    /// copies 16-bit chunks; the aligned kernels' 16-byte loads need A's
+    /// start, `lda` and batch stride multiples of 4 (the runner's checks).
+    /// Not a TMA kernel's (its copies cannot convert).
+    #[serde(default)]
+    pub a_f32: bool,
 }
 
 /// The second launch of a split-K product: `C[m, n] = epilogue(Σ_s W[s, m, n])`,
@@ -218,7 +228,7 @@ impl GemmKernel {
     /// The symbol in the PTX and the cubin's file stem.
     pub fn name(&self) -> String {
         format!(
-            "gemm_{}{}_{}_{}x{}_w{}x{}_s{}{}{}{}",
+            "gemm_{}{}_{}_{}x{}_w{}x{}_s{}{}{}{}{}",
             match (self.arch, self.overlap, self.tma, self.persistent) {
                 (Arch::Sm80, ..) if self.unaligned => "ua_",
                 (Arch::Sm80, ..) => "",
@@ -237,6 +247,7 @@ impl GemmKernel {
             self.warps_n,
             self.stages,
             if self.split_k { "_sk" } else { "" },
+            if self.a_f32 { "_a32" } else { "" },
             if self.c_f32 { "_c32" } else { "" },
             epilogue_suffix(&self.epilogue)
         )
@@ -402,6 +413,9 @@ impl GemmKernel {
         }
         if self.unaligned && (self.arch != Arch::Sm80 || self.split_k) {
             return bad("element-by-element loads are an mma.sync kernel's, without split-K".into());
+        }
+        if self.a_f32 && self.tma {
+            return bad("a TMA kernel's copies move 16-bit tiles: its A cannot be f32".into());
         }
         if self.persistent && self.c_f32 {
             return bad("a persistent kernel stages 16-bit tiles of C, not f32".into());

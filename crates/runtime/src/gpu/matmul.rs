@@ -1,11 +1,14 @@
 //! A plan's contraction steps on the GEMM family. Weights (a matmul's
 //! constant B) are converted to bf16 and laid out K-major (`[N, K]`) once,
 //! when the model is made, and stay on the device. Per shape, each step
-//! becomes: its A (and an activation B) copied to bf16 dense operands by the
-//! operand copy kernel (`plan::gpu::OperandCopy`: a strided view, or a
-//! convolution's taps written as the column matrix), then the first of its
-//! kernel choices that takes the product, storing f32 C with the step's
-//! epilogue (`GemmKernel::c_f32`) into C's view.
+//! becomes: the first of its kernel choices that takes the product, storing
+//! f32 C with the step's epilogue (`GemmKernel::c_f32`) into C's view,
+//! after the copies its operands need: none for an A that the kernels read
+//! in place (`GemmKernel::a_f32`: an f32 view with adjacent columns, at any
+//! row stride; the aligned kernels need it 16-byte aligned, the covers
+//! not), else A copied to a bf16 dense operand by the operand copy kernel
+//! (`plan::gpu::OperandCopy`: a strided view, or a convolution's taps
+//! written as the column matrix); an activation B is copied K-major.
 
 use plan::gemm::{Arch, GemmKernel};
 use plan::gpu::{OperandCopy, LOOP_MAX_BLOCKS, LOOP_THREADS};
@@ -110,7 +113,43 @@ pub(super) fn launches(
     let a_elems = entries.checked_mul(m).and_then(|x| x.checked_mul(k)).ok_or_else(over)?;
     let b_elems = entries.checked_mul(n).and_then(|x| x.checked_mul(k)).ok_or_else(over)?;
     let mut out = MatMulLaunches::default();
-    // A: a view, or a convolution's taps, as bf16 `[entries, m, k]`.
+    // Kernels with an f32 A read it in place: a view with unit column stride,
+    // its rows `lda` apart, its entries evenly apart (else one launch an
+    // entry); the aligned ones' 16-byte loads need its start, `lda` and
+    // batch stride multiples of 4.
+    let in_place = s.taps.is_none() && s.cs[0] == 1 && choices.iter().any(|c| c.kernel.a_f32);
+    let a0 = s.entries[0][0];
+    let sa = if entries > 1 { s.entries[1][0].wrapping_sub(a0) } else { m * s.rs[0] };
+    let a_even = s.entries.iter().enumerate().all(|(e, x)| x[0] == a0.wrapping_add(e.wrapping_mul(sa)));
+    let a_aligned = in_place && s.rs[0].is_multiple_of(4) && s.entries.iter().all(|x| x[0].is_multiple_of(4));
+    let takes = |c: &GemmChoice, m: usize, p: &Problem, c_even: bool| {
+        m <= c.max_m
+            && c.kernel.accepts(p).is_ok()
+            && (c_even || matches!(c.kernel.arch, Arch::Simt | Arch::Gemv))
+            && (!c.kernel.a_f32 || (in_place && (a_aligned || c.kernel.is_cover())))
+    };
+    // C's entries (and an in-place A's): one launch over an even stride, else
+    // one an entry.
+    let c0 = s.entries[0][2];
+    let sc = if entries > 1 { s.entries[1][2].wrapping_sub(c0) } else { m * s.rs[2] };
+    let c_even = s.entries.iter().enumerate().all(|(e, x)| x[2] == c0.wrapping_add(e.wrapping_mul(sc)));
+    let even = c_even && (!in_place || a_even);
+    let runs: Vec<(usize, usize)> =
+        if even { vec![(0, entries)] } else { (0..entries).map(|e| (e, 1)).collect() };
+    let mut picked = Vec::with_capacity(runs.len());
+    for &(first, count) in &runs {
+        let p = Problem::nt(count, m, n, k);
+        // Paired f32 stores need an even start (the kernels check the strides).
+        let c_even = s.entries[first][2].is_multiple_of(2);
+        let choice = choices
+            .iter()
+            .find(|c| takes(c, m, &p, c_even))
+            .ok_or_else(|| RunError::Device(format!("step {step}: no GPU kernel of this model takes {p}")))?;
+        picked.push(*choice);
+    }
+    // A: a view, or a convolution's taps, as bf16 `[entries, m, k]`, unless
+    // every launch reads it in place.
+    let a_copied = picked.iter().any(|c| !c.kernel.a_f32);
     let a_copy = match &s.taps {
         Some(t) => OperandCopy::Taps {
             rows: m,
@@ -125,14 +164,16 @@ pub(super) fn launches(
         },
         None => OperandCopy::View { rows: m, cols: k, rs: s.rs[0], cs: s.cs[0], transposed: false },
     };
-    let offsets: Vec<usize> = s.entries.iter().map(|e| e[0]).collect();
-    out.copies.push(CopyLaunch {
-        src: At::Buffer(mm.a.buf, 0),
-        dst: At::Scratch(0),
-        words: a_copy.descriptor(&offsets),
-        blocks: copy_blocks(a_elems),
-    });
-    out.scratch = round_up(2 * a_elems);
+    if a_copied {
+        let offsets: Vec<usize> = s.entries.iter().map(|e| e[0]).collect();
+        out.copies.push(CopyLaunch {
+            src: At::Buffer(mm.a.buf, 0),
+            dst: At::Scratch(0),
+            words: a_copy.descriptor(&offsets),
+            blocks: copy_blocks(a_elems),
+        });
+        out.scratch = round_up(2 * a_elems);
+    }
     // B: the packed weight, or the activation made K-major `[entries, n, k]`.
     let (b_at, sb) = match packed {
         Some(w) => (At::Packed(w), 0),
@@ -150,13 +191,6 @@ pub(super) fn launches(
             (At::Scratch(at), n * k)
         }
     };
-    let a_at = At::Scratch(0);
-    // C's entries: one launch over an even stride, else one an entry.
-    let c0 = s.entries[0][2];
-    let sc = if entries > 1 { s.entries[1][2].wrapping_sub(c0) } else { m * s.rs[2] };
-    let even = s.entries.iter().enumerate().all(|(e, x)| x[2] == c0.wrapping_add(e.wrapping_mul(sc)));
-    let runs: Vec<(usize, usize)> =
-        if even { vec![(0, entries)] } else { (0..entries).map(|e| (e, 1)).collect() };
     let ldc = s.rs[2];
     if mm.epilogue.codes {
         return Err(RunError::Device(format!(
@@ -164,25 +198,21 @@ pub(super) fn launches(
         )));
     }
     let residual = mm.epilogue.residual;
-    if residual.is_some() && (ldc != n || (entries > 1 && (!even || sc != m * n))) {
+    if residual.is_some() && (ldc != n || (entries > 1 && (!c_even || sc != m * n))) {
         return Err(RunError::Device(format!(
             "step {step}: a residual added to a strided output (row stride {ldc} for {n} columns) is not on the GPU yet"
         )));
     }
-    for (first, count) in runs {
+    for (&(first, count), choice) in runs.iter().zip(&picked) {
         let c_off = s.entries[first][2];
-        let p = Problem::nt(count, m, n, k);
-        // Paired f32 stores need an even start (the kernels check the strides).
-        let c_even = c_off.is_multiple_of(2);
-        let choice = choices
-            .iter()
-            .find(|c| {
-                m <= c.max_m
-                    && c.kernel.accepts(&p).is_ok()
-                    && (c_even || matches!(c.kernel.arch, Arch::Simt | Arch::Gemv))
-            })
-            .ok_or_else(|| RunError::Device(format!("step {step}: no GPU kernel of this model takes {p}")))?;
         let kk = &choice.kernel;
+        // A: in place (f32, the entry's offset, its row and batch strides), or
+        // the copy's bf16 `[entries, m, k]`.
+        let (a_at, lda, sa) = if kk.a_f32 {
+            (At::Buffer(mm.a.buf, 4 * s.entries[first][0]), s.rs[0], sa)
+        } else {
+            (At::Scratch(2 * first * m * k), k, m * k)
+        };
         let grid = [n.div_ceil(kk.bn), m.div_ceil(kk.bm), count];
         let grid = grid.map(|g| u32::try_from(g).unwrap_or(u32::MAX));
         let bytes = |elems: usize| elems * 4;
@@ -192,10 +222,7 @@ pub(super) fn launches(
             threads: kk.threads() as u32,
             smem: kk.smem_bytes() as u32,
             ptrs: [
-                match a_at {
-                    At::Scratch(o) => At::Scratch(o + 2 * first * m * k),
-                    x => x,
-                },
+                a_at,
                 match b_at {
                     At::Scratch(o) => At::Scratch(o + 2 * first * n * k),
                     x => x,
@@ -208,11 +235,11 @@ pub(super) fn launches(
                 i32_of(m, "M")?,
                 i32_of(n, "N")?,
                 i32_of(k, "K")?,
-                i32_of(k, "K")?,
+                i32_of(lda, "A's row stride")?,
                 i32_of(k, "K")?,
                 i32_of(ldc, "C's row stride")?,
             ],
-            strides: [(m * k) as i64, sb as i64, sc as i64],
+            strides: [sa as i64, sb as i64, sc as i64],
             name: kk.name(),
         });
     }

@@ -625,6 +625,20 @@ impl<D: Device> GpuModel<D> {
             .collect())
     }
 
+    /// The operand copies each contraction step launches for `inputs`' shape
+    /// (step index, copies: an A or activation B written as bf16 first),
+    /// planning the shape if it is new.
+    pub fn copies_at<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<Vec<(usize, usize)>, RunError> {
+        let shape = self.shape(inputs)?;
+        Ok(shape
+            .matmuls
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| !m.gemms.is_empty())
+            .map(|(i, m)| (i, m.copies.len()))
+            .collect())
+    }
+
     /// How each fused attention step runs at `inputs`' shape (step index,
     /// blocks launched, the ways its keys are split), planning the shape if
     /// it is new.
