@@ -2,11 +2,12 @@
 //! each shape. A step multiplies bf16 operands (its weight packed K-major
 //! once, an activation B copied so) into an f32 C with its epilogue
 //! (`GemmKernel::c_f32`); an A whose view has adjacent columns is read in
-//! place as f32 and rounded as it is staged ([`reading_f32_a`]), others
-//! (a convolution's taps, a transposed view) are copied too. Its choices are a list tried in order, each kernel
-//! with the most rows (M) it is taken for: the runtime takes the first that
-//! accepts the product, so the list is a decision tree over M that costs a
-//! few comparisons a call (BladeDISC §5.2.2).
+//! place as f32 and rounded as it is staged ([`reading_f32_a`]), others (a
+//! convolution's taps, a transposed view) are copied too. Its choices are a
+//! list tried in order, each kernel with the most rows (M) it is taken for:
+//! the runtime takes the first that accepts the product, so the list is a
+//! decision tree over M that costs a few comparisons a call (BladeDISC
+//! §5.2.2).
 //!
 //! For a weight (N and K fixed by the model) the list is TSCompiler's wave
 //! model distilled over M (§6): the model, built from a device profile (the
