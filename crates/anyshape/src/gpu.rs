@@ -16,7 +16,7 @@ pub use gpu_family::steps::StepTarget as GpuTarget;
 use plan::gemm::{Arch, GemmKernel};
 pub use runtime::gpu::artifact::{is_gpu_artifact, GpuArtifact, GpuCode, KernelRole};
 pub use runtime::gpu::cuda::CudaDevice;
-pub use runtime::gpu::{check_plan, Device, DevicePtr, GemmChoice, GpuKernels, GpuModel};
+pub use runtime::gpu::{check_plan, Device, DevicePtr, DeviceTensor, GemmChoice, GpuKernels, GpuModel};
 use runtime::gpu::{KernelArg, KernelCode, Launch, LaunchDims, StreamId, DEVICE_ALIGN};
 use runtime::RunError;
 
@@ -131,6 +131,13 @@ impl Device for HostDevice {
     unsafe fn upload(&self, _: StreamId, dst: DevicePtr, src: &[u8]) -> Result<(), RunError> {
         // SAFETY: the caller's contract: `dst` has `src.len()` bytes of one allocation.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+        Ok(())
+    }
+
+    unsafe fn copy(&self, _: StreamId, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<(), RunError> {
+        // SAFETY: the caller's contract: both ranges of `bytes` lie in memory of
+        // this process (the emulator's device memory is the host's), apart.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes) };
         Ok(())
     }
 

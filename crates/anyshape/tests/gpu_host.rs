@@ -341,6 +341,88 @@ fn hopper_kernels_run_a_weights_product() {
     }
 }
 
+/// Tensors in device memory the caller owns (a framework's GPU tensors):
+/// `run_device` reads the inputs and writes each output where it is given,
+/// on the device, bit for bit what `run` returns through the host; an output
+/// of the wrong shape or type, one missing, one the model lacks, or an input
+/// of the wrong type is an error naming it, its tensor left untouched, and
+/// the model goes on.
+#[test]
+fn device_tensors_are_read_and_written_in_place() {
+    use anyshape::gpu::{Device, DeviceTensor};
+    let m = weight_model();
+    let gm = m.compile_host_gpu().expect("compiles");
+    let dev = gm.device();
+    let bytes_of = |t: &Tensor| {
+        // SAFETY: a tensor's elements are `numel · size` bytes at its pointer.
+        unsafe { std::slice::from_raw_parts(ir::TensorData::as_ptr(t), t.numel() * t.dtype().size()) }
+            .to_vec()
+    };
+    for n in [1usize, 7, 65] {
+        let ins = inputs(&m, &[("n", n)], n as u64);
+        let named: Vec<(&str, Tensor)> = ins.iter().map(|(a, t)| (a.as_str(), t.clone())).collect();
+        let want = gm.run(&named).expect("runs");
+        let mut dins = Vec::new();
+        for (name, t) in &ins {
+            let b = bytes_of(t);
+            let p = dev.alloc(b.len()).expect("device memory");
+            // SAFETY: `p` holds `b.len()` bytes of a live allocation.
+            unsafe { dev.upload(0, p, &b).expect("uploads") };
+            dins.push((name.as_str(), DeviceTensor { ptr: p, dtype: t.dtype(), shape: t.shape().to_vec() }));
+        }
+        let shapes = gm.output_shapes(&dins).expect("plans");
+        assert_eq!(shapes.len(), want.len());
+        let mut douts = Vec::new();
+        for (name, dtype, shape) in &shapes {
+            let t = DeviceTensor { ptr: 0, dtype: *dtype, shape: shape.clone() };
+            let p = dev.alloc(t.bytes().unwrap()).expect("device memory");
+            douts.push((name.as_str(), DeviceTensor { ptr: p, ..t }));
+        }
+        // SAFETY: every tensor was allocated on this device with its bytes; the
+        // outputs are apart from each other and from the inputs.
+        unsafe { gm.run_device(&dins, &douts) }.expect("runs on device tensors");
+        for ((name, t), (wname, w)) in douts.iter().zip(&want) {
+            assert_eq!(name, wname);
+            let mut got = vec![0u8; t.bytes().unwrap()];
+            // SAFETY: the output's bytes lie in its allocation.
+            unsafe { dev.download(0, t.ptr, &mut got).expect("downloads") };
+            assert_eq!(got, bytes_of(w), "{name} at n = {n}");
+        }
+        // Bad tensors: errors naming them, the outputs untouched.
+        let poison = |t: &DeviceTensor| {
+            let b = vec![0xA5u8; t.bytes().unwrap()];
+            // SAFETY: as above.
+            unsafe { dev.upload(0, t.ptr, &b).expect("uploads") };
+            b
+        };
+        let kept = poison(&douts[0].1);
+        let mut wrong = douts.clone();
+        wrong[0].1.shape[0] += 1;
+        // SAFETY: as above (the call refuses before writing).
+        let e = unsafe { gm.run_device(&dins, &wrong) }.unwrap_err().to_string();
+        assert!(e.contains(douts[0].0) && e.contains("is f32"), "{e}");
+        let e = unsafe { gm.run_device(&dins, &douts[1..]) }.unwrap_err().to_string();
+        assert!(e.contains(douts[0].0) && e.contains("given once"), "{e}");
+        let mut extra = douts.clone();
+        extra.push(("nonesuch", douts[0].1.clone()));
+        let e = unsafe { gm.run_device(&dins, &extra) }.unwrap_err().to_string();
+        assert!(e.contains("no output 'nonesuch'"), "{e}");
+        let mut bad_in = dins.clone();
+        bad_in[0].1.dtype = ir::DType::I64;
+        let e = unsafe { gm.run_device(&bad_in, &douts) }.unwrap_err().to_string();
+        assert!(e.contains(dins[0].0), "{e}");
+        let mut got = vec![0u8; kept.len()];
+        // SAFETY: as above.
+        unsafe { dev.download(0, douts[0].1.ptr, &mut got).expect("downloads") };
+        assert_eq!(got, kept, "a refused call wrote an output");
+        assert_eq!(gm.run(&named).expect("still runs")[0].1, want[0].1);
+        for (_, t) in dins.iter().chain(&douts) {
+            // SAFETY: allocated above, freed once, no launch uses it now.
+            unsafe { dev.free(t.ptr) };
+        }
+    }
+}
+
 /// A call's work at a shape is recorded once per caller's memory and
 /// replayed: its first call launches the kernels one by one, its second
 /// captures them as a graph, later ones run the graph; new input values

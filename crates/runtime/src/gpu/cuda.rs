@@ -212,6 +212,23 @@ impl Device for CudaDevice {
         s.synchronize().map_err(driver("a copy to the GPU"))
     }
 
+    unsafe fn copy(
+        &self,
+        stream: StreamId,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+    ) -> Result<(), RunError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let s = self.stream(stream)?;
+        // SAFETY: the caller's contract (both ranges in device memory, apart).
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, s.cu_stream()) }
+            .map_err(driver("a copy on the GPU (or a kernel before it failed)"))?;
+        s.synchronize().map_err(driver("a kernel or a copy on the GPU"))
+    }
+
     unsafe fn download(&self, stream: StreamId, src: DevicePtr, dst: &mut [u8]) -> Result<(), RunError> {
         if dst.is_empty() {
             return Ok(());

@@ -27,7 +27,7 @@ pub mod matmul;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
-use ir::{Tensor, TensorData, TensorType};
+use ir::{DType, Tensor, TensorData, TensorType};
 use plan::gpu::{loop_blocks, LOOP_THREADS};
 use plan::{BufId, BufferKind, ModelPlan, StepKind};
 use sym::{Bindings, ShapeEnv};
@@ -46,6 +46,41 @@ pub type DevicePtr = u64;
 /// it on the same stream ([`Device::new_stream`]); stream 0 is the device's
 /// own, which the weights are uploaded on.
 pub type StreamId = usize;
+
+/// A tensor in device memory that the caller owns (a framework's GPU
+/// tensor): its address on the model's device, its element type and its
+/// row-major shape. [`GpuModel::run_device`] reads inputs and writes outputs
+/// given so, without a copy through the host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceTensor {
+    pub ptr: DevicePtr,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+impl DeviceTensor {
+    /// Its bytes, `None` past the address space.
+    pub fn bytes(&self) -> Option<usize> {
+        self.shape.iter().try_fold(self.dtype.size(), |acc, &d| acc.checked_mul(d))
+    }
+}
+
+/// A device tensor's type and shape for binding the model's symbols (which
+/// reads nothing else: its elements are on the device).
+struct Described<'a>(&'a DeviceTensor);
+
+impl TensorData for Described<'_> {
+    fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.0.shape
+    }
+    fn as_ptr(&self) -> *const u8 {
+        // Never read: binding takes only the type and the shape.
+        std::ptr::null()
+    }
+}
 
 /// Where device allocations start (the widest vector access and more).
 pub const DEVICE_ALIGN: usize = 256;
@@ -182,6 +217,20 @@ pub trait Device: Send + Sync {
     /// `dst .. dst + src.len()` lies inside one live allocation of this device
     /// that no other stream uses meanwhile.
     unsafe fn upload(&self, stream: StreamId, dst: DevicePtr, src: &[u8]) -> Result<(), RunError>;
+
+    /// Copy `bytes` of device memory from `src` to `dst` on `stream`, after
+    /// every launch and copy before it there, complete when this returns.
+    ///
+    /// # Safety
+    /// Both ranges lie inside live allocations of this device (or memory the
+    /// device may address) and do not overlap.
+    unsafe fn copy(
+        &self,
+        stream: StreamId,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+    ) -> Result<(), RunError>;
 
     /// Copy device memory at `src` into `dst` after every launch before it on
     /// `stream`, complete when this returns.
@@ -678,10 +727,117 @@ impl<D: Device> GpuModel<D> {
         out
     }
 
+    /// The outputs' names, element types and shapes for inputs in device
+    /// memory of these types and shapes (what [`GpuModel::run_device`] is
+    /// to be given), planning the shape if it is new.
+    pub fn output_shapes(
+        &self,
+        inputs: &[(&str, DeviceTensor)],
+    ) -> Result<Vec<(String, DType, Vec<usize>)>, RunError> {
+        let described: Vec<(&str, Described)> = inputs.iter().map(|(n, t)| (*n, Described(t))).collect();
+        let shape = self.shape(&described)?;
+        self.plan
+            .outputs
+            .iter()
+            .enumerate()
+            .map(|(k, &b)| {
+                Ok((self.outputs[k].0.clone(), self.plan.buffers[b].dtype, self.output_shape(&shape, b)?))
+            })
+            .collect()
+    }
+
+    /// A call whose inputs and outputs are in device memory the caller owns
+    /// (a framework's GPU tensors): the inputs are copied on the device into
+    /// the call's memory, the model runs, and each output is copied on the
+    /// device to the tensor given for it, of the type and shape
+    /// [`GpuModel::output_shapes`] says (anything else is an error naming
+    /// it, before anything runs). Complete when it returns; no copy goes
+    /// through the host. The outputs are written only after the call ran
+    /// without error.
+    ///
+    /// # Safety
+    /// Every tensor's `ptr` addresses the bytes its type and shape say in
+    /// memory this model's device may read (inputs) and write (outputs),
+    /// live for the call; no output overlaps another tensor given, and no
+    /// other work uses the outputs meanwhile.
+    pub unsafe fn run_device(
+        &self,
+        inputs: &[(&str, DeviceTensor)],
+        outputs: &[(&str, DeviceTensor)],
+    ) -> Result<(), RunError> {
+        if let Some(why) = self.failed.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            return Err(RunError::Device(format!(
+                "the GPU failed in an earlier call ({why}); this model is unusable: load it again"
+            )));
+        }
+        let described: Vec<(&str, Described)> = inputs.iter().map(|(n, t)| (*n, Described(t))).collect();
+        let shape = self.shape(&described)?;
+        for (n, t) in inputs {
+            if t.bytes().is_none() {
+                return Err(RunError::Shape(format!(
+                    "input '{n}' of shape {:?} overflows the address space",
+                    t.shape
+                )));
+            }
+        }
+        // Each output given once, of the type and shape this call makes.
+        let mut to = Vec::with_capacity(self.plan.outputs.len());
+        for (k, &b) in self.plan.outputs.iter().enumerate() {
+            let name = &self.outputs[k].0;
+            let mut given = outputs.iter().filter(|(n, _)| n == name);
+            let (Some((_, t)), None) = (given.next(), given.next()) else {
+                return Err(RunError::Shape(format!(
+                    "output '{name}' must be given once (a device tensor to write)"
+                )));
+            };
+            let (dtype, want) = (self.plan.buffers[b].dtype, self.output_shape(&shape, b)?);
+            if t.dtype != dtype || t.shape != want {
+                return Err(RunError::Shape(format!(
+                    "output '{name}' is {dtype} {want:?} for these inputs; the tensor given is {} {:?}",
+                    t.dtype, t.shape
+                )));
+            }
+            to.push((b, t.ptr));
+        }
+        if let Some((n, _)) = outputs.iter().find(|(n, _)| !self.outputs.iter().any(|(o, _)| o == n)) {
+            return Err(RunError::Shape(format!("the model has no output '{n}'")));
+        }
+        let taken = self.slots.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut slot = match taken {
+            Some(s) => s,
+            None => CallSlot { stream: self.device.new_stream()?, memory: None, recorded: Vec::new() },
+        };
+        let io: Io<'_, Tensor> = Io::OnDevice { inputs, outputs: &to };
+        let out = self.call(io, &shape, &mut slot).map(|_| ());
+        self.slots.lock().unwrap_or_else(|e| e.into_inner()).push(slot);
+        out
+    }
+
+    /// Output buffer `b`'s shape at `shape`.
+    fn output_shape(&self, shape: &GpuShape, b: usize) -> Result<Vec<usize>, RunError> {
+        let buf = &self.plan.buffers[b];
+        buf.shape
+            .iter()
+            .map(|e| self.env.eval(e, &shape.bindings).map(|v| v as usize))
+            .collect::<Result<_, _>>()
+            .map_err(|e| RunError::Internal(format!("output '{}': {e}", buf.name)))
+    }
+
     /// A call on `slot`'s stream, in its memory (grown for this shape).
     fn run_on<T: TensorData>(
         &self,
         inputs: &[(&str, T)],
+        shape: &Arc<GpuShape>,
+        slot: &mut CallSlot<D::Graph>,
+    ) -> Result<Vec<(String, Tensor)>, RunError> {
+        self.call(Io::Host(inputs), shape, slot)
+    }
+
+    /// A call on `slot`'s stream, in its memory (grown for this shape), its
+    /// inputs and outputs where `io` says.
+    fn call<T: TensorData>(
+        &self,
+        io: Io<'_, T>,
         shape: &Arc<GpuShape>,
         slot: &mut CallSlot<D::Graph>,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
@@ -697,16 +853,14 @@ impl<D: Device> GpuModel<D> {
             let bytes = shape.layout.bytes;
             let p = self.device.alloc(bytes).map_err(|e| match e {
                 RunError::Device(why) => {
-                    let shapes: Vec<String> =
-                        inputs.iter().map(|(n, t)| format!("{n} {:?}", TensorData::shape(t))).collect();
-                    RunError::Device(format!("{why} (a call's memory for inputs {})", shapes.join(", ")))
+                    RunError::Device(format!("{why} (a call's memory for inputs {})", io.shapes().join(", ")))
                 }
                 e => e,
             })?;
             *memory = Some((p, bytes));
         }
         let base = memory.map(|(p, _)| p).ok_or_else(|| RunError::Internal("no device memory".into()))?;
-        let out = self.run_in(inputs, shape, base, slot);
+        let out = self.run_in(io, shape, base, slot);
         if let Err(RunError::Device(why)) = &out {
             *self.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
         }
@@ -899,7 +1053,7 @@ impl<D: Device> GpuModel<D> {
     /// has none for it) replayed, the status words and outputs downloaded.
     fn run_in<T: TensorData>(
         &self,
-        inputs: &[(&str, T)],
+        io: Io<'_, T>,
         shape: &Arc<GpuShape>,
         base: DevicePtr,
         slot: &mut CallSlot<D::Graph>,
@@ -908,20 +1062,29 @@ impl<D: Device> GpuModel<D> {
         let ptr = |i: usize| self.buffer_at(layout, base, i);
         for (i, b) in self.plan.buffers.iter().enumerate() {
             if let BufferKind::Input(k) = b.kind {
-                let t = &inputs
-                    .iter()
-                    .find(|(n, _)| *n == self.inputs[k].0)
-                    .ok_or_else(|| RunError::Internal(format!("input '{}' is missing", self.inputs[k].0)))?
-                    .1;
+                let name = &self.inputs[k].0;
+                let missing = || RunError::Internal(format!("input '{name}' is missing"));
                 let bytes = sp.numel[i] * b.dtype.size();
                 if bytes == 0 {
                     // An empty tensor (a KV cache's first step): nothing to copy.
                     continue;
                 }
-                // SAFETY: a bound input holds `numel` elements of its dtype.
-                let src = unsafe { std::slice::from_raw_parts(TensorData::as_ptr(t), bytes) };
-                // SAFETY: the layout gave the input `bytes` bytes at its offset.
-                unsafe { self.device.upload(stream, ptr(i)?, src)? };
+                match io {
+                    Io::Host(inputs) => {
+                        let t = &inputs.iter().find(|(n, _)| n == name).ok_or_else(missing)?.1;
+                        // SAFETY: a bound input holds `numel` elements of its dtype.
+                        let src = unsafe { std::slice::from_raw_parts(TensorData::as_ptr(t), bytes) };
+                        // SAFETY: the layout gave the input `bytes` bytes at its offset.
+                        unsafe { self.device.upload(stream, ptr(i)?, src)? };
+                    }
+                    Io::OnDevice { inputs, .. } => {
+                        let t = &inputs.iter().find(|(n, _)| n == name).ok_or_else(missing)?.1;
+                        // SAFETY: the caller's contract (`run_device`): the bound input's
+                        // `bytes` lie at its address; the layout gave the copy's
+                        // destination these bytes at its offset.
+                        unsafe { self.device.copy(stream, ptr(i)?, t.ptr, bytes)? };
+                    }
+                }
             }
         }
         let at = match slot.recorded.iter().position(|r| Arc::ptr_eq(&r.shape, shape)) {
@@ -959,15 +1122,21 @@ impl<D: Device> GpuModel<D> {
                 }
             }
         }
+        if let Io::OnDevice { outputs, .. } = io {
+            for &(b, to) in outputs {
+                let bytes = sp.numel[b] * self.plan.buffers[b].dtype.size();
+                if bytes > 0 {
+                    // SAFETY: the layout gave the output these bytes at its offset; the
+                    // caller's contract (`run_device`) gives `to` as many, its own.
+                    unsafe { self.device.copy(stream, to, ptr(b)?, bytes)? };
+                }
+            }
+            return Ok(Vec::new());
+        }
         let mut out = Vec::with_capacity(self.plan.outputs.len());
         for (k, &b) in self.plan.outputs.iter().enumerate() {
             let buf = &self.plan.buffers[b];
-            let shape: Vec<usize> = buf
-                .shape
-                .iter()
-                .map(|e| self.env.eval(e, &shape.bindings).map(|v| v as usize))
-                .collect::<Result<_, _>>()
-                .map_err(|e| RunError::Internal(format!("output '{}': {e}", buf.name)))?;
+            let shape = self.output_shape(shape, b)?;
             let n = sp.numel[b];
             // A large output reuses a buffer handed back, or is made with room
             // to grow (see `crate::recycle`).
@@ -984,6 +1153,34 @@ impl<D: Device> GpuModel<D> {
             out.push((self.outputs[k].0.clone(), t));
         }
         Ok(out)
+    }
+}
+
+/// Where a call's inputs come from and its outputs go: host tensors (the
+/// outputs made as new ones), or device memory the caller owns (each output
+/// buffer with the address it is copied to).
+enum Io<'a, T> {
+    Host(&'a [(&'a str, T)]),
+    OnDevice { inputs: &'a [(&'a str, DeviceTensor)], outputs: &'a [(BufId, DevicePtr)] },
+}
+
+impl<T> Clone for Io<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Io<'_, T> {}
+
+impl<T: TensorData> Io<'_, T> {
+    /// The inputs' names and shapes, for messages.
+    fn shapes(&self) -> Vec<String> {
+        match self {
+            Io::Host(inputs) => {
+                inputs.iter().map(|(n, t)| format!("{n} {:?}", TensorData::shape(t))).collect()
+            }
+            Io::OnDevice { inputs, .. } => inputs.iter().map(|(n, t)| format!("{n} {:?}", t.shape)).collect(),
+        }
     }
 }
 
