@@ -711,18 +711,33 @@ impl<D: Device> GpuModel<D> {
     /// device fails (a kernel fault) is reported, and every later call is
     /// refused with it: the device's context is lost, the process is not.
     pub fn run<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<Vec<(String, Tensor)>, RunError> {
-        if let Some(why) = self.failed.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            return Err(RunError::Device(format!(
-                "the GPU failed in an earlier call ({why}); this model is unusable: load it again"
-            )));
-        }
+        self.usable()?;
         let shape = self.shape(inputs)?;
+        self.on_slot(|slot| self.call(Io::Host(inputs), &shape, slot))
+    }
+
+    /// An error once a call has failed on the device (the model is unusable).
+    fn usable(&self) -> Result<(), RunError> {
+        match self.failed.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            Some(why) => Err(RunError::Device(format!(
+                "the GPU failed in an earlier call ({why}); this model is unusable: load it again"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// `f` on a call slot of its own (a stream and memory), taken from those
+    /// kept for later calls or made, and kept again after.
+    fn on_slot<R>(
+        &self,
+        f: impl FnOnce(&mut CallSlot<D::Graph>) -> Result<R, RunError>,
+    ) -> Result<R, RunError> {
         let taken = self.slots.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut slot = match taken {
             Some(s) => s,
             None => CallSlot { stream: self.device.new_stream()?, memory: None, recorded: Vec::new() },
         };
-        let out = self.run_on(inputs, &shape, &mut slot);
+        let out = f(&mut slot);
         self.slots.lock().unwrap_or_else(|e| e.into_inner()).push(slot);
         out
     }
@@ -765,11 +780,7 @@ impl<D: Device> GpuModel<D> {
         inputs: &[(&str, DeviceTensor)],
         outputs: &[(&str, DeviceTensor)],
     ) -> Result<(), RunError> {
-        if let Some(why) = self.failed.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            return Err(RunError::Device(format!(
-                "the GPU failed in an earlier call ({why}); this model is unusable: load it again"
-            )));
-        }
+        self.usable()?;
         let described: Vec<(&str, Described)> = inputs.iter().map(|(n, t)| (*n, Described(t))).collect();
         let shape = self.shape(&described)?;
         for (n, t) in inputs {
@@ -802,15 +813,8 @@ impl<D: Device> GpuModel<D> {
         if let Some((n, _)) = outputs.iter().find(|(n, _)| !self.outputs.iter().any(|(o, _)| o == n)) {
             return Err(RunError::Shape(format!("the model has no output '{n}'")));
         }
-        let taken = self.slots.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let mut slot = match taken {
-            Some(s) => s,
-            None => CallSlot { stream: self.device.new_stream()?, memory: None, recorded: Vec::new() },
-        };
         let io: Io<'_, Tensor> = Io::OnDevice { inputs, outputs: &to };
-        let out = self.call(io, &shape, &mut slot).map(|_| ());
-        self.slots.lock().unwrap_or_else(|e| e.into_inner()).push(slot);
-        out
+        self.on_slot(|slot| self.call(io, &shape, slot)).map(|_| ())
     }
 
     /// Output buffer `b`'s shape at `shape`.
@@ -821,16 +825,6 @@ impl<D: Device> GpuModel<D> {
             .map(|e| self.env.eval(e, &shape.bindings).map(|v| v as usize))
             .collect::<Result<_, _>>()
             .map_err(|e| RunError::Internal(format!("output '{}': {e}", buf.name)))
-    }
-
-    /// A call on `slot`'s stream, in its memory (grown for this shape).
-    fn run_on<T: TensorData>(
-        &self,
-        inputs: &[(&str, T)],
-        shape: &Arc<GpuShape>,
-        slot: &mut CallSlot<D::Graph>,
-    ) -> Result<Vec<(String, Tensor)>, RunError> {
-        self.call(Io::Host(inputs), shape, slot)
     }
 
     /// A call on `slot`'s stream, in its memory (grown for this shape), its
