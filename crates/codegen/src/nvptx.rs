@@ -147,15 +147,14 @@ struct Copy {
 }
 
 /// An f32 A's chunk in registers across a step's products: its two 16-byte
-/// loads, whether it holds the operand's values (else zeros are stored), its
-/// byte offset in shared memory, and whether the chunk exists (a partial
-/// round's).
+/// loads, whether it holds the operand's values (else zeros are stored), and
+/// its byte offset in shared memory. Every thread has one (a partial round's
+/// extra threads repeat a chunk: see `Gen::copies`).
 struct Staged {
     lo: String,
     hi: String,
     ok: String,
     off: String,
-    guard: Option<String>,
 }
 
 /// Where two adjacent values of a fragment land in C (see `Gen::spot`).
@@ -1444,7 +1443,6 @@ impl Gen {
             let kok = self.v(format!("icmp slt i32 {kk}, %K"));
             let ok = self.v(format!("and i1 {kok}, {}", cp.ok));
             let ok = self.v(format!("and i1 {ok}, {has}"));
-            let ok = self.and_guard(&ok, &cp.guard);
             let adv = self.v(format!("mul i64 {kt64}, {}", cp.step));
             let raw = self.v(format!("getelementptr float, ptr addrspace(1) {}, i64 {adv}", cp.g));
             let src = self.v(format!("select i1 {ok}, ptr addrspace(1) {raw}, ptr addrspace(1) %A"));
@@ -1452,7 +1450,7 @@ impl Gen {
             let p = self.v(format!("getelementptr float, ptr addrspace(1) {src}, i64 4"));
             let hi = self.v(format!("load <4 x float>, ptr addrspace(1) {p}, align 16"));
             let off = self.v(format!("add i32 {base}, {}", cp.soff));
-            out.push(Staged { lo, hi, ok, off, guard: cp.guard.clone() });
+            out.push(Staged { lo, hi, ok, off });
         }
         out
     }
@@ -1461,26 +1459,15 @@ impl Gen {
     /// current step's products: that buffer is the one read a step before the
     /// barrier at this step's top (or two with a wgmma group in flight), so
     /// every thread is done with it, and the next step's barrier publishes the
-    /// stores. A step past the last stores zeros that nothing reads; a chunk
-    /// past a partial round's tile is not stored.
+    /// stores. A step past the last stores zeros that nothing reads.
     fn staged_stores(&mut self, staged: &[Staged]) {
         for st in staged {
             let x = self.v(format!(
                 "shufflevector <4 x float> {}, <4 x float> {}, <8 x i32> <i32 0, i32 1, i32 2, i32 3, i32 4, i32 5, i32 6, i32 7>",
                 st.lo, st.hi
             ));
-            let skip = st.guard.as_ref().map(|in_tile| {
-                let (go, next) = (self.fresh("st.go"), self.fresh("st.next"));
-                self.emit(format!("br i1 {in_tile}, label %{go}, label %{next}"));
-                self.block(&go);
-                next
-            });
             let dst = self.smem_ptr(&st.off);
             self.round_and_store(&x, &st.ok, &dst);
-            if let Some(next) = skip {
-                self.emit(format!("br label %{next}"));
-                self.block(&next);
-            }
         }
     }
 
