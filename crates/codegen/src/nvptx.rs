@@ -1230,10 +1230,7 @@ impl Gen {
     fn load_tile(&mut self, copies: &(Vec<Copy>, Vec<Copy>), kt: &str, k_first: &str, staged: bool) {
         let (a_bytes, _) = self.k.stage_bytes();
         let base = self.slot_base(kt);
-        let bk = self.k.bk();
-        let step = self.v(format!("add i32 {kt}, {k_first}"));
-        let ktk = self.v(format!("mul i32 {step}, {bk}"));
-        let kt64 = self.v(format!("zext i32 {step} to i64"));
+        let terms = self.step_terms(kt, k_first);
         for (which, list) in [(0usize, &copies.0), (1, &copies.1)] {
             if which == 0 && staged && self.stages_a() {
                 continue;
@@ -1245,13 +1242,9 @@ impl Gen {
                     self.block(&go);
                     next
                 });
-                let kk = self.v(format!("add i32 {}, {ktk}", cp.k0));
-                let kok = self.v(format!("icmp slt i32 {kk}, %K"));
-                let ok = self.v(format!("and i1 {kok}, {}", cp.ok));
-                let adv = self.v(format!("mul i64 {kt64}, {}", cp.step));
                 let f32_chunk = which == 0 && self.k.a_f32;
                 let ty = if f32_chunk { "float" } else { "i16" };
-                let raw = self.v(format!("getelementptr {ty}, ptr addrspace(1) {}, i64 {adv}", cp.g));
+                let (kk, ok, raw) = self.chunk_at(cp, &terms, ty, None);
                 let fallback = if which == 0 { "%A" } else { "%B" };
                 let src =
                     self.v(format!("select i1 {ok}, ptr addrspace(1) {raw}, ptr addrspace(1) {fallback}"));
@@ -1278,6 +1271,45 @@ impl Gen {
                 }
             }
         }
+    }
+
+    /// Step `kt`'s terms for its chunks' addresses (the step counted from
+    /// `k_first`): its first K index and the step as i64.
+    fn step_terms(&mut self, kt: &str, k_first: &str) -> (String, String) {
+        let bk = self.k.bk();
+        let step = self.v(format!("add i32 {kt}, {k_first}"));
+        let ktk = self.v(format!("mul i32 {step}, {bk}"));
+        let kt64 = self.v(format!("zext i32 {step} to i64"));
+        (ktk, kt64)
+    }
+
+    /// Chunk `cp` at a step (its [`Gen::step_terms`]): its first K index,
+    /// whether it lies inside the operand (and `also`, where given), and its
+    /// address, elements of type `ty`.
+    fn chunk_at(
+        &mut self,
+        cp: &Copy,
+        (ktk, kt64): &(String, String),
+        ty: &str,
+        also: Option<&str>,
+    ) -> (String, String, String) {
+        let kk = self.v(format!("add i32 {}, {ktk}", cp.k0));
+        let kok = self.v(format!("icmp slt i32 {kk}, %K"));
+        let mut ok = self.v(format!("and i1 {kok}, {}", cp.ok));
+        if let Some(also) = also {
+            ok = self.v(format!("and i1 {ok}, {also}"));
+        }
+        let adv = self.v(format!("mul i64 {kt64}, {}", cp.step));
+        let raw = self.v(format!("getelementptr {ty}, ptr addrspace(1) {}, i64 {adv}", cp.g));
+        (kk, ok, raw)
+    }
+
+    /// The two 16-byte loads of an f32 chunk at `src`.
+    fn f32_chunk_loads(&mut self, src: &str) -> (String, String) {
+        let lo = self.v(format!("load <4 x float>, ptr addrspace(1) {src}, align 16"));
+        let p = self.v(format!("getelementptr float, ptr addrspace(1) {src}, i64 4"));
+        let hi = self.v(format!("load <4 x float>, ptr addrspace(1) {p}, align 16"));
+        (lo, hi)
     }
 
     /// An unaligned kernel's chunk: its 8 elements loaded one by one (a 16-bit load
@@ -1326,9 +1358,7 @@ impl Gen {
     /// type and stored to `dst` 16 bytes at once, where the other chunks are
     /// `cp.async` copies.
     fn rounded_chunk(&mut self, src: &str, ok: &str, dst: &str) {
-        let lo = self.v(format!("load <4 x float>, ptr addrspace(1) {src}, align 16"));
-        let p = self.v(format!("getelementptr float, ptr addrspace(1) {src}, i64 4"));
-        let hi = self.v(format!("load <4 x float>, ptr addrspace(1) {p}, align 16"));
+        let (lo, hi) = self.f32_chunk_loads(src);
         let x = self.v(format!(
             "shufflevector <4 x float> {lo}, <4 x float> {hi}, <8 x i32> <i32 0, i32 1, i32 2, i32 3, i32 4, i32 5, i32 6, i32 7>"
         ));
@@ -1433,22 +1463,12 @@ impl Gen {
         k_first: &str,
     ) -> Vec<Staged> {
         let base = self.slot_base(kt);
-        let bk = self.k.bk();
-        let step = self.v(format!("add i32 {kt}, {k_first}"));
-        let ktk = self.v(format!("mul i32 {step}, {bk}"));
-        let kt64 = self.v(format!("zext i32 {step} to i64"));
+        let terms = self.step_terms(kt, k_first);
         let mut out = Vec::new();
         for cp in &copies.0 {
-            let kk = self.v(format!("add i32 {}, {ktk}", cp.k0));
-            let kok = self.v(format!("icmp slt i32 {kk}, %K"));
-            let ok = self.v(format!("and i1 {kok}, {}", cp.ok));
-            let ok = self.v(format!("and i1 {ok}, {has}"));
-            let adv = self.v(format!("mul i64 {kt64}, {}", cp.step));
-            let raw = self.v(format!("getelementptr float, ptr addrspace(1) {}, i64 {adv}", cp.g));
+            let (_, ok, raw) = self.chunk_at(cp, &terms, "float", Some(has));
             let src = self.v(format!("select i1 {ok}, ptr addrspace(1) {raw}, ptr addrspace(1) %A"));
-            let lo = self.v(format!("load <4 x float>, ptr addrspace(1) {src}, align 16"));
-            let p = self.v(format!("getelementptr float, ptr addrspace(1) {src}, i64 4"));
-            let hi = self.v(format!("load <4 x float>, ptr addrspace(1) {p}, align 16"));
+            let (lo, hi) = self.f32_chunk_loads(&src);
             let off = self.v(format!("add i32 {base}, {}", cp.soff));
             out.push(Staged { lo, hi, ok, off });
         }

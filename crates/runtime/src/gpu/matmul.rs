@@ -118,9 +118,7 @@ pub(super) fn launches(
     // entry); the aligned ones' 16-byte loads need its start, `lda` and
     // batch stride multiples of 4.
     let in_place = s.taps.is_none() && s.cs[0] == 1 && choices.iter().any(|c| c.kernel.a_f32);
-    let a0 = s.entries[0][0];
-    let sa = if entries > 1 { s.entries[1][0].wrapping_sub(a0) } else { m * s.rs[0] };
-    let a_even = s.entries.iter().enumerate().all(|(e, x)| x[0] == a0.wrapping_add(e.wrapping_mul(sa)));
+    let (sa, a_even) = entry_stride(s, 0);
     let a_aligned = in_place && s.rs[0].is_multiple_of(4) && s.entries.iter().all(|x| x[0].is_multiple_of(4));
     let takes = |c: &GemmChoice, m: usize, p: &Problem, c_even: bool| {
         m <= c.max_m
@@ -130,9 +128,7 @@ pub(super) fn launches(
     };
     // C's entries (and an in-place A's): one launch over an even stride, else
     // one an entry.
-    let c0 = s.entries[0][2];
-    let sc = if entries > 1 { s.entries[1][2].wrapping_sub(c0) } else { m * s.rs[2] };
-    let c_even = s.entries.iter().enumerate().all(|(e, x)| x[2] == c0.wrapping_add(e.wrapping_mul(sc)));
+    let (sc, c_even) = entry_stride(s, 2);
     let even = c_even && (!in_place || a_even);
     let runs: Vec<(usize, usize)> =
         if even { vec![(0, entries)] } else { (0..entries).map(|e| (e, 1)).collect() };
@@ -149,22 +145,21 @@ pub(super) fn launches(
     }
     // A: a view, or a convolution's taps, as bf16 `[entries, m, k]`, unless
     // every launch reads it in place.
-    let a_copied = picked.iter().any(|c| !c.kernel.a_f32);
-    let a_copy = match &s.taps {
-        Some(t) => OperandCopy::Taps {
-            rows: m,
-            cols: k,
-            out: t.out,
-            image: [t.height, t.width, t.channels],
-            kernel_width: t.kernel[1],
-            stride: t.stride,
-            dilation: t.dilation,
-            pad: t.pad,
-            strides: t.strides,
-        },
-        None => OperandCopy::View { rows: m, cols: k, rs: s.rs[0], cs: s.cs[0], transposed: false },
-    };
-    if a_copied {
+    if picked.iter().any(|c| !c.kernel.a_f32) {
+        let a_copy = match &s.taps {
+            Some(t) => OperandCopy::Taps {
+                rows: m,
+                cols: k,
+                out: t.out,
+                image: [t.height, t.width, t.channels],
+                kernel_width: t.kernel[1],
+                stride: t.stride,
+                dilation: t.dilation,
+                pad: t.pad,
+                strides: t.strides,
+            },
+            None => OperandCopy::View { rows: m, cols: k, rs: s.rs[0], cs: s.cs[0], transposed: false },
+        };
         let offsets: Vec<usize> = s.entries.iter().map(|e| e[0]).collect();
         out.copies.push(CopyLaunch {
             src: At::Buffer(mm.a.buf, 0),
@@ -244,6 +239,17 @@ pub(super) fn launches(
         });
     }
     Ok(out)
+}
+
+/// Operand `x`'s (0: A, 2: C) distance between batch entries (elements;
+/// one entry: its rows' extent) and whether every entry lies that far on
+/// from the one before.
+fn entry_stride(s: &MatMulShape, x: usize) -> (usize, bool) {
+    let e = &s.entries;
+    let first = e[0][x];
+    let stride = if e.len() > 1 { e[1][x].wrapping_sub(first) } else { s.m * s.rs[x] };
+    let even = e.iter().enumerate().all(|(i, y)| y[x] == first.wrapping_add(i.wrapping_mul(stride)));
+    (stride, even)
 }
 
 /// Dim slot `slot` of `plan`, a constant as a weight's extents and view are.

@@ -664,27 +664,30 @@ impl<D: Device> GpuModel<D> {
         &self,
         inputs: &[(&str, T)],
     ) -> Result<Vec<(usize, Vec<String>)>, RunError> {
-        let shape = self.shape(inputs)?;
-        Ok(shape
-            .matmuls
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| !m.gemms.is_empty())
-            .map(|(i, m)| (i, m.gemms.iter().map(|g| g.name.clone()).collect()))
-            .collect())
+        self.contractions_at(inputs, |m| m.gemms.iter().map(|g| g.name.clone()).collect())
     }
 
     /// The operand copies each contraction step launches for `inputs`' shape
     /// (step index, copies: an A or activation B written as bf16 first),
     /// planning the shape if it is new.
     pub fn copies_at<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<Vec<(usize, usize)>, RunError> {
+        self.contractions_at(inputs, |m| m.copies.len())
+    }
+
+    /// `f` of each contraction step's launches at `inputs`' shape that
+    /// launches a GEMM (step index, what `f` says).
+    fn contractions_at<T: TensorData, R>(
+        &self,
+        inputs: &[(&str, T)],
+        f: impl Fn(&MatMulLaunches) -> R,
+    ) -> Result<Vec<(usize, R)>, RunError> {
         let shape = self.shape(inputs)?;
         Ok(shape
             .matmuls
             .iter()
             .enumerate()
             .filter(|(_, m)| !m.gemms.is_empty())
-            .map(|(i, m)| (i, m.copies.len()))
+            .map(|(i, m)| (i, f(m)))
             .collect())
     }
 
