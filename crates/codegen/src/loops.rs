@@ -668,7 +668,8 @@ pub(crate) struct Gen<'a> {
     reduce_range: Option<(u32, IntValue<'static>, IntValue<'static>)>,
     /// The stored values where a row-level branch chose them (see `unswitch`).
     overrides: Vec<E>,
-    /// Code for a GPU (NVPTX): scalar, element-aligned loads.
+    /// Code for a GPU (NVPTX): vectors only for quads, accesses aligned to
+    /// their element or to the whole vector.
     device: bool,
     /// On a GPU, while a warp shares the reductions computed now: the calling
     /// lane (0-31); each reduction's last variable is split among the lanes.
@@ -687,8 +688,10 @@ impl<'a> Gen<'a> {
     /// The generator of `p`'s code at the builder's position: the buffers'
     /// pointers loaded from the table at `bufs`, the dims the program reads
     /// from `dims`, every buffer's strides computed, the error status cleared.
-    /// On a `device` (NVPTX) every value is a scalar, loads are aligned to
-    /// their element, and math without a GPU form is an error.
+    /// On a `device` (NVPTX) vectors are a quad's (`lanes` = 4): a vector
+    /// access is one wide access where its address is aligned to it, else
+    /// element by element; math with a GPU form of its own goes lane by lane,
+    /// and math without one is an error.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         ctx: &'static Context,
@@ -1193,7 +1196,8 @@ impl Gen<'_> {
         // elements, which its allocations align.
         let elem_align = if self.device { dt_bytes(dt) as u32 } else { 1 };
         let align = i32t.const_int(elem_align as u64, false);
-        let (contiguous, stride2) = (step == Some(1), step == Some(2));
+        // (A GPU gathers a stride-2 load: its two overlapping vectors are not aligned.)
+        let (contiguous, stride2) = (step == Some(1), step == Some(2) && !self.device);
         // A contiguous or stride-2 load needs only lane 0's offset: computed as a
         // scalar, it folds into the load's address (as a vector whose first lane
         // is extracted, LLVM kept vector adds and moves for every load).
@@ -1277,6 +1281,30 @@ impl Gen<'_> {
             let at = unsafe { b.build_gep(mt, base, &[first], "at") }.map_err(llvm)?;
             let vt = vec_of(mt, self.w);
             match mask {
+                None if self.device => {
+                    let (aligned, wide) = self.alignment_test(at, dt)?;
+                    let mut whole = |g: &mut Self| -> R<V> {
+                        let v = g.bld.build_load(vt, at, "vld").map_err(llvm)?;
+                        crate::set_align(&v, wide);
+                        Ok(v)
+                    };
+                    // Element by element (not one vector load aligned to its
+                    // element, which LLVM would merge with the other side's).
+                    let mut each = |g: &mut Self| -> R<V> {
+                        let mut v = poison(vt);
+                        for l in 0..g.w {
+                            let i = i32t.const_int(l as u64, false);
+                            let off = g.ctx.i64_type().const_int(l as u64, false);
+                            // SAFETY (of the IR): the lanes' indices are in bounds.
+                            let p = unsafe { g.bld.build_gep(mt, at, &[off], "el") }.map_err(llvm)?;
+                            let x = g.bld.build_load(mt, p, "ld").map_err(llvm)?;
+                            crate::set_align(&x, dt_bytes(dt) as u32);
+                            v = g.bld.build_insert_element(v, x, i, "lv").map_err(llvm)?;
+                        }
+                        Ok(v.into())
+                    };
+                    self.choose(aligned, &mut whole, &mut each)?
+                }
                 None => {
                     let v = b.build_load(vt, at, "vld").map_err(llvm)?;
                     crate::set_align(&v, 1);
@@ -1353,6 +1381,29 @@ impl Gen<'_> {
                     let align = self.ctx.i32_type().const_int(dt_bytes(dt), false);
                     self.call_void(f, &[v.into(), ptr.into(), align.into(), inside.into()])?;
                 }
+                None if self.device && vec => {
+                    let (aligned, wide) = self.alignment_test(ptr, dt)?;
+                    let mut whole = |g: &mut Self| -> R<()> {
+                        let s = g.bld.build_store(ptr, v).map_err(llvm)?;
+                        s.set_alignment(wide).map_err(llvm)
+                    };
+                    let mut each = |g: &mut Self| -> R<()> {
+                        let i64t = g.ctx.i64_type();
+                        for l in 0..g.w {
+                            let i = g.ctx.i32_type().const_int(l as u64, false);
+                            let x =
+                                g.bld.build_extract_element(v.into_vector_value(), i, "sl").map_err(llvm)?;
+                            // SAFETY (of the IR): the lanes' positions are inside the buffer.
+                            let p =
+                                unsafe { g.bld.build_gep(mt, ptr, &[i64t.const_int(l as u64, false)], "el") }
+                                    .map_err(llvm)?;
+                            let s = g.bld.build_store(p, x).map_err(llvm)?;
+                            s.set_alignment(dt_bytes(dt) as u32).map_err(llvm)?;
+                        }
+                        Ok(())
+                    };
+                    self.if_else(aligned, &mut whole, &mut each)?;
+                }
                 None => {
                     let s = self.bld.build_store(ptr, v).map_err(llvm)?;
                     s.set_alignment(dt.size() as u32).map_err(llvm)?;
@@ -1360,6 +1411,21 @@ impl Gen<'_> {
             }
         }
         Ok(())
+    }
+
+    /// On a GPU, whether a vector access of `dt`s at `ptr` may be one wide
+    /// access: its address aligned to the whole vector (16 bytes at most;
+    /// that alignment is the second value). Else each element goes alone.
+    /// The branch goes the same way for a warp's threads where their rows
+    /// are aligned alike.
+    fn alignment_test(&self, ptr: PointerValue<'static>, dt: DType) -> R<(IntValue<'static>, u32)> {
+        let i64t = self.ctx.i64_type();
+        let wide = (self.w as u64 * dt_bytes(dt)).min(16);
+        let addr = self.bld.build_ptr_to_int(ptr, i64t, "addr").map_err(llvm)?;
+        let low = self.bld.build_and(addr, i64t.const_int(wide - 1, false), "low").map_err(llvm)?;
+        let aligned =
+            self.bld.build_int_compare(IntPredicate::EQ, low, i64t.const_zero(), "aligned").map_err(llvm)?;
+        Ok((aligned, wide as u32))
     }
 
     /// `cond ? a : d` as vectors, computing only the side taken.
@@ -1432,7 +1498,7 @@ impl Gen<'_> {
 
     fn unary(&mut self, op: UnaryOp, a: V, dt: DType) -> R<V> {
         if self.device {
-            if let Some(v) = self.device_unary(op, a, dt)? {
+            if let Some(v) = self.lanewise(a, None, &mut |g, x, _| g.device_unary(op, x, dt))? {
                 return Ok(v);
             }
         }
@@ -1648,8 +1714,16 @@ impl Gen<'_> {
         let unsigned = matches!(dt, DType::U8 | DType::Bool);
         if dt.is_float() {
             return Ok(match op {
-                BinaryOp::Pow if self.device => self.device_pow(a, c, dt)?,
-                BinaryOp::Mod if self.device => self.device_fmod(a, c, dt)?,
+                BinaryOp::Pow | BinaryOp::Mod if self.device => {
+                    let f = |g: &mut Self, x: V, y: Option<V>| -> R<Option<V>> {
+                        let y = y.ok_or_else(|| llvm("a binary operation without its operand"))?;
+                        match op {
+                            BinaryOp::Pow => g.device_pow(x, y, dt).map(Some),
+                            _ => g.device_fmod(x, y, dt).map(Some),
+                        }
+                    };
+                    self.lanewise(a, Some(c), &mut { f })?.ok_or_else(|| llvm("no device form"))?
+                }
                 BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Mod => {
                     float_op(b, op, a, c)?
                 }
@@ -2068,6 +2142,50 @@ impl Gen<'_> {
         Ok(self.module.add_function(name, ty, None))
     }
 
+    /// A warp lane's share of a reduction along `v` up to `hi`, in vectors of
+    /// the width (a GPU's 16-byte loads of f32): the lane takes the `w` terms
+    /// from `w·lane`, then every `32·w`th on, as long as a whole vector fits;
+    /// its lanes combined, then the last `hi mod w` terms one a lane.
+    #[allow(clippy::too_many_arguments)]
+    fn warp_quads(
+        &mut self,
+        c: Combine,
+        v: u32,
+        body: E,
+        dt: DType,
+        lane: IntValue<'static>,
+        hi: IntValue<'static>,
+        acc: V,
+    ) -> R<V> {
+        let (w, warp) = (self.w as u64, plan::gpu::WARP as u64);
+        let (b, i64t) = (self.bld, self.ctx.i64_type());
+        let lane64 = b.build_int_z_extend(lane, i64t, "lane64").map_err(llvm)?;
+        let lo = b.build_int_mul(lane64, i64t.const_int(w, false), "quad").map_err(llvm)?;
+        // `iv + 32·w <= hi - w + 32·w` is `iv + w <= hi`.
+        let bound = b.build_int_add(hi, i64t.const_int(warp * w - w, false), "qbound").map_err(llvm)?;
+        let saved = self.lane.replace(v);
+        let vinit = self.splat(self.identity(c, dt)?)?;
+        let res = self.for_loop(lo, bound, warp * w, vec![vinit], &mut |g, iv, accs| {
+            g.vars.insert(v, iv);
+            let x = g.emit_as(body, true)?;
+            Ok(vec![g.combine(c, accs[0], x, dt)?])
+        });
+        self.lane = saved;
+        let h = self.horizontal(c, res?.1[0], dt)?;
+        let acc = self.combine(c, acc, h, dt)?;
+        // The terms past the last whole vector: one a lane.
+        let b = self.bld;
+        let whole = b.build_and(hi, i64t.const_int(!(w - 1), true), "whole").map_err(llvm)?;
+        let first = b.build_int_add(whole, lane64, "rest").map_err(llvm)?;
+        let bound = b.build_int_add(hi, i64t.const_int(warp - 1, false), "rbound").map_err(llvm)?;
+        let out = self.for_loop(first, bound, warp, vec![acc], &mut |g, iv, accs| {
+            g.vars.insert(v, iv);
+            let x = g.emit_as(body, false)?;
+            Ok(vec![g.combine(c, accs[0], x, dt)?])
+        })?;
+        Ok(out.1[0])
+    }
+
     fn reduce_level(&mut self, c: Combine, vars: &[u32], body: E, dt: DType, vec: bool, acc: V) -> R<V> {
         let (v, rest) = (vars[0], &vars[1..]);
         let (zero, hi) = match self.reduce_range {
@@ -2079,6 +2197,9 @@ impl Gen<'_> {
             }
         };
         if let Some((_, lane)) = self.reduce_lanes.filter(|(lv, _)| *lv == v && rest.is_empty()) {
+            if !vec && self.w > 1 && self.x.free(body) & (1u64 << v) != 0 && !self.x.reduction_on(body, v) {
+                return self.warp_quads(c, v, body, dt, lane, hi, acc);
+            }
             // A warp's lane: terms `lane, lane + 32, …` (`iv + 32 <= hi + 31`
             // is `iv < hi`).
             let w = plan::gpu::WARP as u64;
@@ -2104,8 +2225,11 @@ impl Gen<'_> {
         // A reduction inside the body that depends on `v` would be summed in
         // order per lane, unlike its copy computed at a point (along its own
         // last axis, see `plan::OnePointWhy::NestedReduction`): `v` loops.
-        let vectorize =
-            !vec && self.x.free(body) & (1u64 << v) != 0 && self.w > 1 && !self.x.reduction_on(body, v);
+        let vectorize = !vec
+            && !self.device
+            && self.x.free(body) & (1u64 << v) != 0
+            && self.w > 1
+            && !self.x.reduction_on(body, v);
         if !vectorize && self.scratch.is_some_and(|s| s.0 == body) {
             // The scratch needs every term stored: not on this path.
             return Err(llvm("a row scratch on a reduction that is not vectorized"));

@@ -262,7 +262,7 @@ fn geometry(p: &LoopProgram, dims: &[i64], cap: usize) -> (GpuLoopSchedule, usiz
         p.space[..inner_at.unwrap_or(p.space.len())].iter().map(|e| extent(p, *e, dims)).product();
     let row_len = p.gpu_warp_schedule().map_or(1, |(_, e)| extent(p, e, dims) as i64);
     let s = p.gpu_schedule(row_len);
-    (s, loop_blocks(s, rows, inner).min(cap))
+    (s, loop_blocks(s, rows, inner, p.gpu_quads(s).is_some()).min(cap))
 }
 
 /// Bytes of a buffer aligned to 16 (as a device allocation is).
@@ -592,4 +592,82 @@ fn ptxas_accepts_every_loop_kernel() {
     }
     assert!(assembled >= 14, "{assembled} kernels assembled");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Rows a whole number of quads long (4 adjacent points a thread, or a
+/// warp's lane, in 16-byte accesses) and not: loads one element off their
+/// vector's alignment (a slice from 1), rows of `m + 1` (aligned only every
+/// fourth row), broadcasts, a gather, f32 math by polynomial and by the
+/// GPU's scalar forms (lane by lane), integers, bools, f16, and a layer
+/// norm whose rows a warp shares where they are long.
+const QUADS: &str = r#"graph {
+  sym n param 1..
+  sym m param 1..
+  input %x: f32[n, m+1]
+  input %b: f32[m]
+  input %table: f32[7, m]
+  input %ids: i64[n]
+  input %k: i64[n, m]
+  input %h: f16[n, m]
+  %xs: f32[n, m] = slice[1: 1 step 1] %x
+  %xe: f32[n, m] = slice[1: 0 step 1] %x
+  %b2: f32[1, m] = reshape %b
+  %bb: f32[n, m] = broadcast %b2
+  %emb: f32[n, m] = gather[axis=0] %table, %ids
+  %s: f32[n, m] = add %xs, %bb
+  %t: f32[n, m] = mul %s, %xe
+  %u: f32[n, m] = add %t, %emb
+  %e: f32[n, m] = exp %u
+  %sn: f32[n, m] = sin %xs
+  %k2: i64[n, m] = mul %k, %k
+  %c: bool[n, m] = less %xs, %bb
+  %he: f16[n, m] = tanh %h
+  %mean: f32[n, 1] = reduce_mean[axes=[1], keep_dims=true] %u
+  %meanb: f32[n, m] = broadcast %mean
+  %dev: f32[n, m] = sub %u, %meanb
+  %sq: f32[n, m] = mul %dev, %dev
+  %var: f32[n, 1] = reduce_mean[axes=[1], keep_dims=true] %sq
+  %eps: f32[] = constant 0.00001
+  %eps2: f32[1, 1] = reshape %eps
+  %epsb: f32[n, 1] = broadcast %eps2
+  %ve: f32[n, 1] = add %var, %epsb
+  %rs: f32[n, 1] = sqrt %ve
+  %inv: f32[n, 1] = reciprocal %rs
+  %invb: f32[n, m] = broadcast %inv
+  %ln: f32[n, m] = mul %dev, %invb
+  output %e, %sn, %k2, %c, %he, %ln
+}
+"#;
+
+#[test]
+fn quads_match_the_interpreter_at_any_row_length() {
+    let shapes: &[&[i64]] =
+        &[&[1, 1], &[3, 4], &[2, 5], &[5, 32], &[3, 33], &[2, 36], &[4, 128], &[3, 131], &[2, 772], &[1, 3]];
+    check("qd", QUADS, &["n", "m"], shapes, false);
+}
+
+/// The quads' accesses are 16-byte vector instructions in the PTX (loads
+/// where aligned, stores): f32 element-wise programs, the i64 product (two
+/// 16-byte halves a quad), and the layer norm's warp-shared reductions.
+#[test]
+fn quads_take_16_byte_accesses() {
+    let (_, plan) = planned(QUADS);
+    let wide = |ptx: &str, op: &str, ty: &str| {
+        ptx.contains(&format!("{op}.{ty}")) || ptx.contains(&format!("{op}.global.{ty}"))
+    };
+    let (mut f32s, mut i64s, mut warp_rows) = (0, 0, 0);
+    for (i, p) in plan.programs.iter().enumerate() {
+        assert!(p.gpu_quads(GpuLoopSchedule::Points).is_some(), "p{i} takes no quads");
+        let ptx = program_ptx(p, &format!("qd_p{i}")).expect("PTX");
+        if wide(&ptx, "ld", "v4.f32") && wide(&ptx, "st", "v4.f32") {
+            f32s += 1;
+            if ptx.contains("shfl.sync.bfly") {
+                warp_rows += 1;
+            }
+        }
+        if wide(&ptx, "ld", "v2.u64") && wide(&ptx, "st", "v2.u64") {
+            i64s += 1;
+        }
+    }
+    assert!(f32s >= 2 && i64s == 1 && warp_rows == 1, "{f32s} f32, {i64s} i64, {warp_rows} warp rows");
 }

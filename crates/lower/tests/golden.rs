@@ -42,6 +42,7 @@ p0: program g0_stitch
   %0: in f32[d1, 8] "x"
   %1: out f32[d1, 8] "y"
   gpu: a thread per point (rows of 8, under a warp)
+  gpu: quads (4 adjacent points a thread or lane, vector accesses where aligned)
   for i0 < d1, i1 < 8:
     t0: f32 = sum(i2 < 8: %0[i0, i2])
     t1: f32 = cast<f32>(8)
@@ -86,6 +87,7 @@ buffers:
 p0: program g0_contraction
   %0: in f32[d7, 8] "y"
   %1: out f32[2, d7, 4] "t"
+  gpu: quads (4 adjacent points a thread or lane, vector accesses where aligned)
   for i0 < 2, i1 < d7, i2 < 4:
     %1[·] = %0[i1, add(mul(i0, 4), i2)]
 group 0: contraction
@@ -124,6 +126,7 @@ p0: program g0_elementwise
   %1: in f32[d2, d3] "z"
   %2: out f32[d2, 8] "y"
   versions on: equal(d3, 1)
+  gpu: quads (4 adjacent points a thread or lane, vector accesses where aligned)
   for i0 < d2, i1 < 8:
     %2[·] = mul(%0[i0, i1], %1[i0, select(equal(d3, 1), 0, i1)])
 group 0: elementwise
@@ -220,6 +223,7 @@ p0: program g0_attention
   %1: in f32[d11, 1, d9] "mask"
   %2: out f32[d11, d12, d9] "p"
   gpu: a warp per row where d9 >= 32, else a thread per point
+  gpu: quads (4 adjacent points a thread or lane, vector accesses where aligned) where d9 % 4 == 0
   for i0 < d11, i1 < d12, i2 < d9:
     t0: f32 = max(i3 < d9: add(div(%0[i0, i1, i3], 2.0), %1[i0, 0, i3]))
     t1: f32 = sum(i4 < d9: exp(sub(add(div(%0[i0, i1, i4], 2.0), %1[i0, 0, i4]), t0)))
@@ -232,6 +236,7 @@ p1: program g0_attention_online
   %3: in f32[d11, d12] "running max"
   %4: out f32[d11, d12, d14] "logits"
   gpu: a warp per row where d14 >= 32, else a thread per point
+  gpu: quads (4 adjacent points a thread or lane, vector accesses where aligned) where d14 % 4 == 0
   for i0 < d11, i1 < d12, i2 < d14:
     t0: f32 = add(div(%0[i0, i1, i2], 2.0), %1[i0, 0, add(d13, i2)])
     t1: f32 = max(i3 < d14: add(div(%0[i0, i1, i3], 2.0), %1[i0, 0, add(d13, i3)]))
@@ -312,6 +317,7 @@ p0: program g0_elementwise
   %1: in f32[3, 8] "b"
   %2: out f32[d3, 8] "c"
   unswitched: the stored value's choice among 2 alternatives is made once per row
+  gpu: quads (4 adjacent points a thread or lane, vector accesses where aligned)
   for i0 < d3, i1 < 8:
     t0: bool = less(i0, d4)
     %2[·] = select(t0, exp(%0[i0, i1] if t0), %1[sub(i0, d4), i1] if less_eq(d4, i0))
@@ -350,6 +356,7 @@ p0: program g0_elementwise
   %0: in f32[d2, d4] "x"
   %1: out f32[d2, d3] "p"
   border: and(less_eq(0, sub(i1, 2)), less(sub(i1, 2), d4)) tested at a vector's two ends along i1: plain loads inside, masked at the border
+  gpu: quads (4 adjacent points a thread or lane, vector accesses where aligned) where d3 % 4 == 0
   for i0 < d2, i1 < d3:
     t0: i64 = sub(i1, 2)
     t1: bool = and(less_eq(0, t0), less(t0, d4))
@@ -422,6 +429,7 @@ p1: program g0_stitch_1
   %0: in f32[d2, 8] "x"
   %1: in f32[] "w"
   %2: out f32[d2, 8] "r"
+  gpu: quads (4 adjacent points a thread or lane, vector accesses where aligned)
   for i0 < d2, i1 < 8:
     %2[·] = round(div(%0[i0, i1], %1[]))
 group 0: stitch
@@ -465,6 +473,7 @@ p0: program g0_stitch
   %0: in f32[d1, 8] "x"
   %1: out f32[d1, 8] "d"
   gpu: a thread per point (rows of 8, under a warp)
+  gpu: quads (4 adjacent points a thread or lane, vector accesses where aligned)
   for i0 < d1, i1 < 8:
     t0: f32 = sum(i2 < 8: %0[i0, i2])
     %1[·] = sub(%0[i0, i1], div(t0, cast<f32>(8)))
@@ -480,6 +489,7 @@ p2: program g0_stitch_2
   %0: in f32[d1, 8] "d"
   %1: in f32[] "hi"
   %2: out f32[d1, 8] "r"
+  gpu: quads (4 adjacent points a thread or lane, vector accesses where aligned)
   for i0 < d1, i1 < 8:
     %2[·] = round(div(%0[i0, i1], %1[]))
 group 0: stitch
@@ -558,6 +568,7 @@ p0: program g0_elementwise
   %0: in f32[d3, 8] "x"
   %1: out u8[d3, 8] "qf"
   %2: out f32[d3, 8] "e"
+  gpu: quads (4 adjacent points a thread or lane, vector accesses where aligned)
   for i0 < d3, i1 < 8:
     t0: u8 = cast<u8>(cast<i32>(round(%0[i0, i1])))
     %1[·] = t0
@@ -639,6 +650,7 @@ buffers:
 p0: program g0_elementwise
   %0: in f32[d6, 8] "x"
   %1: out u8[d6, 8] "qf"
+  gpu: quads (4 adjacent points a thread or lane, vector accesses where aligned)
   for i0 < d6, i1 < 8:
     %1[·] = cast<u8>(cast<i32>(round(%0[i0, i1])))
 group 0: elementwise

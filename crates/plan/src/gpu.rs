@@ -17,6 +17,11 @@ pub const WARP: u32 = 32;
 /// computed by each point's thread.
 pub const WARP_ROW_MIN: i64 = WARP as i64;
 
+/// Adjacent points of a row that a loop kernel's thread (a warp's lane, in a
+/// warp's schedules) takes at once where the row's length is a multiple of
+/// it: 16-byte loads and stores of f32.
+pub const QUAD: u32 = 4;
+
 /// The most blocks a loop kernel is launched with (each then takes several
 /// units in turn).
 pub const LOOP_MAX_BLOCKS: usize = 1 << 16;
@@ -97,6 +102,27 @@ impl LoopProgram {
         }
     }
 
+    /// The row length (the innermost variable's extent) whose multiples of
+    /// [`QUAD`] let schedule `s` take [`QUAD`] adjacent points at once (vector
+    /// loads where a load's address is aligned to the vector, aligned vector
+    /// stores, a point's values that do not depend on the innermost variable
+    /// once for all four); at other lengths each thread (or lane) takes one.
+    /// `None`: never (a warp per point, a reduction whose extent varies
+    /// along the row or is nested in another's body, a constant length that
+    /// is no multiple of [`QUAD`]). The kernel picks per call; the runtime
+    /// sizes the grid by the same rule ([`loop_blocks`]).
+    pub fn gpu_quads(&self, s: GpuLoopSchedule) -> Option<E> {
+        self.inner_var()?;
+        let ext = self.space[self.inner()?];
+        if s == GpuLoopSchedule::WarpPoints
+            || self.schedules.points_one_at_a_time.is_some()
+            || self.exprs.as_int(ext).is_some_and(|c| c % QUAD as i64 != 0)
+        {
+            return None;
+        }
+        Some(ext)
+    }
+
     /// Whether a load inside `e` reads consecutive elements at consecutive
     /// values of the innermost variable (its last index is that variable,
     /// plus terms that do not depend on it).
@@ -152,9 +178,10 @@ impl LoopProgram {
 /// points under `schedule`: one thread a point, or one warp a row or point,
 /// at most [`LOOP_MAX_BLOCKS`] (at least one, so that an empty nest still
 /// launches validly).
-pub fn loop_blocks(schedule: GpuLoopSchedule, rows: usize, inner: usize) -> usize {
+pub fn loop_blocks(schedule: GpuLoopSchedule, rows: usize, inner: usize, quads: bool) -> usize {
+    let per_thread = if quads && inner.is_multiple_of(QUAD as usize) { QUAD as usize } else { 1 };
     let threads = match schedule {
-        GpuLoopSchedule::Points => rows.saturating_mul(inner),
+        GpuLoopSchedule::Points => rows.saturating_mul(inner) / per_thread,
         GpuLoopSchedule::WarpRows => rows.saturating_mul(WARP as usize),
         GpuLoopSchedule::WarpPoints => rows.saturating_mul(inner).saturating_mul(WARP as usize),
     };
@@ -167,11 +194,15 @@ mod tests {
 
     #[test]
     fn blocks_cover_the_units_and_stay_bounded() {
-        assert_eq!(loop_blocks(GpuLoopSchedule::Points, 3, 100), 2);
-        assert_eq!(loop_blocks(GpuLoopSchedule::WarpRows, 9, 768), 2);
-        assert_eq!(loop_blocks(GpuLoopSchedule::WarpPoints, 8, 1), 1);
-        assert_eq!(loop_blocks(GpuLoopSchedule::Points, 0, 7), 1);
-        assert_eq!(loop_blocks(GpuLoopSchedule::Points, usize::MAX, 2), LOOP_MAX_BLOCKS);
+        assert_eq!(loop_blocks(GpuLoopSchedule::Points, 3, 100, false), 2);
+        assert_eq!(loop_blocks(GpuLoopSchedule::WarpRows, 9, 768, true), 2);
+        assert_eq!(loop_blocks(GpuLoopSchedule::WarpPoints, 8, 1, false), 1);
+        assert_eq!(loop_blocks(GpuLoopSchedule::Points, 0, 7, true), 1);
+        // Four points a thread where the row is a multiple of four, else one.
+        assert_eq!(loop_blocks(GpuLoopSchedule::Points, 10, 1024, true), 10);
+        assert_eq!(loop_blocks(GpuLoopSchedule::Points, 10, 1024, false), 40);
+        assert_eq!(loop_blocks(GpuLoopSchedule::Points, 10, 1023, true), 40);
+        assert_eq!(loop_blocks(GpuLoopSchedule::Points, usize::MAX, 2, false), LOOP_MAX_BLOCKS);
     }
 
     #[test]

@@ -82,6 +82,13 @@ pub fn print_program(p: &LoopProgram, names: bool) -> String {
             }
         };
     }
+    if let Some(len) = p.gpu_quads(crate::gpu::GpuLoopSchedule::Points) {
+        let quads = "quads (4 adjacent points a thread or lane, vector accesses where aligned)";
+        let _ = match p.exprs.as_int(len) {
+            Some(_) => writeln!(s, "  gpu: {quads}"),
+            None => writeln!(s, "  gpu: {quads} where {} % 4 == 0", expr(&p.exprs, len, &HashMap::new())),
+        };
+    }
     let _ = writeln!(s, "  for {}:", space.join(", "));
     // Shared and reducing subexpressions get a name, in dependence order.
     let mut uses = vec![0usize; p.exprs.len()];

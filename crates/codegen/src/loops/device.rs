@@ -13,6 +13,16 @@
 //!   least a warp long at this call: the row's reductions shared by the lanes
 //!   (every 32nd term each, then butterfly shuffles), then the row's points.
 //!
+//! Where a call's rows are a whole number of quads (`plan::gpu::QUAD`
+//! adjacent points; `LoopProgram::gpu_quads`), a thread (or a warp's lane)
+//! takes a quad at once: the expression code in vectors of four along the
+//! innermost variable, so a contiguous load is one 16-byte load of f32 where
+//! its address is aligned (a slice's may not be: then element by element),
+//! a store one 16-byte store, and what does not depend on the innermost
+//! variable is computed once for the four. A warp's shared reductions take
+//! quads of terms at any length (the terms past the last whole quad one a
+//! lane).
+//!
 //! Each version of a multi-versioned program (`plan::Schedules::guards`) is a
 //! nest of its own, picked at the kernel's start by the guards' values.
 
@@ -24,7 +34,7 @@ use inkwell::module::Module;
 use inkwell::targets::{TargetData, TargetTriple};
 use inkwell::values::{IntValue, PointerValue};
 use inkwell::{AddressSpace, AtomicOrdering, IntPredicate};
-use plan::gpu::{GpuLoopSchedule, LOOP_THREADS, WARP, WARP_ROW_MIN};
+use plan::gpu::{GpuLoopSchedule, LOOP_THREADS, QUAD, WARP, WARP_ROW_MIN};
 use plan::{LoopProgram, Node, E};
 
 use super::{Gen, R};
@@ -112,7 +122,7 @@ fn build(ctx: &'static Context, module: &Module<'static>, name: &str, p: &LoopPr
     let bld = ctx.create_builder();
     bld.position_at_end(ctx.append_basic_block(f, "entry"));
     let status_out = param(2)?;
-    let mut g = Gen::new(ctx, module, &bld, p, (param(0)?, param(1)?), 1, "", true)?;
+    let mut g = Gen::new(ctx, module, &bld, p, (param(0)?, param(1)?), QUAD as usize, "", true)?;
 
     let b = &bld;
     let tid = sreg(ctx, module, b, "tid.x")?;
@@ -135,14 +145,14 @@ fn build(ctx: &'static Context, module: &Module<'static>, name: &str, p: &LoopPr
     let nest = |g: &mut Gen| -> R<()> {
         let shape = Shape::of(g, p)?;
         let Some((warp, len)) = p.gpu_warp_schedule() else {
-            return points(g, p, &grid, &shape);
+            return any_points(g, p, &grid, &shape);
         };
         let len = g.emit(len, false)?.into_int_value();
         let long = g
             .bld
             .build_int_compare(IntPredicate::SGE, len, i64t.const_int(WARP_ROW_MIN as u64, false), "long")
             .map_err(llvm)?;
-        g.if_else(long, &mut |g| warps(g, p, &grid, &shape, warp), &mut |g| points(g, p, &grid, &shape))
+        g.if_else(long, &mut |g| warps(g, p, &grid, &shape, warp), &mut |g| any_points(g, p, &grid, &shape))
     };
     // One nest per version, as on the CPU: the guards' values pick it.
     super::in_versions(&mut g, f, &p.schedules.guards, &mut |g| nest(g))?;
@@ -263,6 +273,45 @@ fn stride_loop(
     Ok(())
 }
 
+/// Whether this call's rows are a whole number of quads ([`QUAD`] adjacent
+/// points), where `s` takes them at all (`LoopProgram::gpu_quads`).
+fn quad_rows(g: &Gen, p: &LoopProgram, shape: &Shape, s: GpuLoopSchedule) -> R<Option<IntValue<'static>>> {
+    if p.gpu_quads(s).is_none() {
+        return Ok(None);
+    }
+    let i64t = g.ctx.i64_type();
+    let rest =
+        g.bld.build_and(shape.inner_ext, i64t.const_int(QUAD as u64 - 1, false), "qrest").map_err(llvm)?;
+    Ok(Some(g.bld.build_int_compare(IntPredicate::EQ, rest, i64t.const_zero(), "quads").map_err(llvm)?))
+}
+
+/// A thread per quad where the rows are made of them, else per point.
+fn any_points(g: &mut Gen, p: &LoopProgram, grid: &Grid, shape: &Shape) -> R<()> {
+    match quad_rows(g, p, shape, GpuLoopSchedule::Points)? {
+        Some(whole) => {
+            g.if_else(whole, &mut |g| quads(g, p, grid, shape), &mut |g| points(g, p, grid, shape))
+        }
+        None => points(g, p, grid, shape),
+    }
+}
+
+/// A thread per quad: the quad's points as vectors along the innermost
+/// variable (the rows are a whole number of quads).
+fn quads(g: &mut Gen, p: &LoopProgram, grid: &Grid, shape: &Shape) -> R<()> {
+    let v = shape.inner.ok_or_else(|| llvm("quads without an innermost variable"))?;
+    let i64t = g.ctx.i64_type();
+    let q = i64t.const_int(QUAD as u64, false);
+    let units = g.bld.build_int_unsigned_div(shape.points, q, "quads").map_err(llvm)?;
+    stride_loop(g, grid.thread, units, grid.threads, &mut |g, u| {
+        let i = g.bld.build_int_mul(u, q, "first").map_err(llvm)?;
+        shape.bind_point(g, i)?;
+        g.lane = Some(v);
+        let r = g.stores(p, i, true);
+        g.lane = None;
+        r
+    })
+}
+
 /// A thread per point.
 fn points(g: &mut Gen, p: &LoopProgram, grid: &Grid, shape: &Shape) -> R<()> {
     stride_loop(g, grid.thread, shape.points, grid.threads, &mut |g, i| {
@@ -287,14 +336,29 @@ fn warps(g: &mut Gen, p: &LoopProgram, grid: &Grid, shape: &Shape, schedule: Gpu
             g.warp_lane = None;
             hoisted?;
             let base = g.bld.build_int_mul(r, shape.inner_ext, "base").map_err(llvm)?;
-            let w = i64t.const_int(WARP as u64, false);
-            stride_loop(g, lane64, shape.inner_ext, w, &mut |g, iv| {
-                if let Some(v) = shape.inner {
-                    g.vars.insert(v, iv);
+            // The row's points: a quad a lane where the row is made of them.
+            let by = |g: &mut Gen, per: u32| -> R<()> {
+                let step = i64t.const_int(WARP as u64 * per as u64, false);
+                let first =
+                    g.bld.build_int_mul(lane64, i64t.const_int(per as u64, false), "l0").map_err(llvm)?;
+                let lane = if per > 1 { shape.inner } else { None };
+                stride_loop(g, first, shape.inner_ext, step, &mut |g, iv| {
+                    if let Some(v) = shape.inner {
+                        g.vars.insert(v, iv);
+                    }
+                    let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
+                    g.lane = lane;
+                    let r = g.stores(p, at, lane.is_some());
+                    g.lane = None;
+                    r
+                })
+            };
+            match quad_rows(g, p, shape, GpuLoopSchedule::WarpRows)? {
+                Some(whole) if shape.inner.is_some() => {
+                    g.if_else(whole, &mut |g| by(g, QUAD), &mut |g| by(g, 1))
                 }
-                let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
-                g.stores(p, at, false)
-            })
+                _ => by(g, 1),
+            }
         }),
         GpuLoopSchedule::WarpPoints => stride_loop(g, grid.warp, shape.points, grid.warps, &mut |g, i| {
             shape.bind_point(g, i)?;

@@ -599,7 +599,9 @@ impl<D: Device> GpuModel<D> {
                 Some((_, e)) => extent(p, e, &sp.dims)? as i64,
                 None => 1,
             };
-            out.push(loop_blocks(p.gpu_schedule(row_len), *rows, *inner) as u32);
+            let schedule = p.gpu_schedule(row_len);
+            let quads = p.gpu_quads(schedule).is_some();
+            out.push(loop_blocks(schedule, *rows, *inner, quads) as u32);
         }
         Ok(out)
     }
