@@ -28,7 +28,7 @@ opset); ``AnyshapeError`` for the rest.
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -119,3 +119,34 @@ class InferenceSession:
             raise InvalidArgument(f"input_feed must be a mapping of input names to arrays, got {type(input_feed).__name__}")
         names = None if output_names is None else [str(n) for n in output_names]
         return self._session.run(names, dict(input_feed))
+
+    def output_shapes(self, input_feed: Mapping[str, Any]) -> Dict[str, Tuple[List[int], str]]:
+        """For a GPU session's ``run_device``: each output's shape and numpy
+        dtype name for these device-tensor feeds (read for their shapes and
+        dtypes only), so that the caller can allocate the outputs::
+
+            shapes = sess.output_shapes(feeds)
+            outs = {n: torch.empty(s, dtype=getattr(torch, t), device="cuda") for n, (s, t) in shapes.items()}
+        """
+        if not isinstance(input_feed, Mapping):
+            raise InvalidArgument(f"input_feed must be a mapping of input names to tensors, got {type(input_feed).__name__}")
+        return {n: (list(shape), dtype) for n, shape, dtype in self._session.output_shapes(dict(input_feed))}
+
+    def run_device(self, input_feed: Mapping[str, Any], output_feed: Mapping[str, Any]) -> None:
+        """Run a GPU session on tensors in GPU memory, writing its outputs into
+        tensors in GPU memory: no copy through the host. With ``device="cuda"``
+        the tensors are any objects with ``__cuda_array_interface__`` (PyTorch's
+        CUDA tensors, CuPy arrays, Numba's device arrays) on this session's GPU;
+        with ``device="gpu-emulator"`` numpy arrays (the emulator's device
+        memory is this process's). ``input_feed``: every input by name,
+        C-contiguous, of the model's dtype. ``output_feed``: every output by
+        name, C-contiguous, writable, of the shape and dtype ``output_shapes``
+        gives, overlapping no other tensor given. The work queued on a
+        tensor's stream (the interface's ``stream``) is waited for before the
+        run; the outputs are complete when this returns. Do not use the outputs
+        from other work while it runs. Errors (a wrong shape, a tensor in
+        host memory or on another GPU) are raised before anything is written.
+        """
+        if not isinstance(input_feed, Mapping) or not isinstance(output_feed, Mapping):
+            raise InvalidArgument("input_feed and output_feed must be mappings of names to tensors")
+        self._session.run_device(dict(input_feed), dict(output_feed))

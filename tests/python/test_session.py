@@ -394,3 +394,81 @@ def test_int8_kernels_are_exact_either_way():
         anyshape.InferenceSession(path, interpret=True, int8="float")
     with pytest.raises(anyshape.InvalidArgument, match="unknown int8"):
         anyshape.InferenceSession(path, int8="int4")
+
+
+def test_device_tensors_run_in_place_on_a_gpu_session():
+    """run_device reads its inputs from device tensors and writes its outputs
+    into the caller's: on the emulator (device memory is this process's)
+    numpy arrays by __array_interface__, bit for bit what run returns;
+    output_shapes says what to allocate."""
+    sess = anyshape.InferenceSession(os.path.join(ROOT, "bert", "model.onnx"), device="gpu-emulator")
+    names = [o.name for o in sess.get_outputs()]
+    for feeds, _ in list(cases("bert"))[:2]:
+        want = sess.run(None, feeds)
+        shapes = sess.output_shapes(feeds)
+        assert list(shapes) == names
+        outs = {n: np.full(s, np.nan, dtype=t) for n, (s, t) in shapes.items()}
+        assert sess.run_device(feeds, outs) is None
+        for n, w in zip(names, want):
+            assert outs[n].shape == w.shape and np.array_equal(outs[n], w), n
+
+
+def test_device_tensors_that_do_not_fit_are_refused_before_anything_is_written():
+    """Wrong output shapes or dtypes, a missing or unknown output, read-only
+    or overlapping outputs, non-contiguous inputs, objects with no array
+    interface and CPU sessions: InvalidArgument naming the tensor, outputs
+    untouched."""
+    path = os.path.join(ROOT, "bert", "model.onnx")
+    sess = anyshape.InferenceSession(path, device="gpu-emulator")
+    # The case with the most tokens (a strided view of it is not contiguous).
+    feeds = max((f for f, _ in cases("bert")), key=lambda f: next(iter(f.values())).size)
+    shapes = sess.output_shapes(feeds)
+    first, (shape, dtype) = next(iter(shapes.items()))
+
+    def fresh():
+        return {n: np.full(s, 7.0, dtype=t) for n, (s, t) in shapes.items()}
+
+    def refused(match, feeds=feeds, outs=None):
+        outs = fresh() if outs is None else outs
+        before = {n: a.copy() for n, a in outs.items()}
+        with pytest.raises(anyshape.InvalidArgument, match=match):
+            sess.run_device(feeds, outs)
+        for n, a in outs.items():
+            assert np.array_equal(a, before[n]), n
+
+    bad = fresh()
+    bad[first] = np.zeros([d + 1 for d in shape], dtype=dtype)
+    refused(f"output '{first}'", outs=bad)
+    bad = fresh()
+    bad[first] = np.zeros(shape, dtype=np.float64)
+    refused(f"output '{first}'", outs=bad)
+    bad = fresh()
+    del bad[first]
+    refused(f"output '{first}' must be given once", outs=bad)
+    refused("'nope' is not an output", outs={**fresh(), "nope": np.zeros(1, np.float32)})
+    bad = fresh()
+    bad[first].setflags(write=False)
+    refused(f"output '{first}' is read-only", outs=bad)
+    # An output sharing bytes with an input.
+    name, value = next(iter(feeds.items()))
+    bad = fresh()
+    n_out = bad[first].nbytes
+    raw = np.zeros(n_out + value.nbytes, dtype=np.uint8)
+    bad[first] = raw[:n_out].view(dtype).reshape(shape)
+    shared = raw[n_out - 8 : n_out - 8 + value.nbytes].view(value.dtype).reshape(value.shape)
+    shared[...] = value
+    refused(f"output '{first}' overlaps input '{name}'", feeds={**feeds, name: shared}, outs=bad)
+    wide = np.zeros((value.shape[0], value.shape[1] * 2), dtype=value.dtype)
+    wide[:, ::2] = value
+    refused(f"input '{name}': not C-contiguous", feeds={**feeds, name: wide[:, ::2]})
+    refused(f"input '{name}': expected dtype", feeds={**feeds, name: value.astype(np.int32)})
+    refused(f"input '{name}': expected a numpy array", feeds={**feeds, name: value.tolist()})
+    cpu = anyshape.InferenceSession(path, threads=2)
+    with pytest.raises(anyshape.InvalidArgument, match="need a GPU session"):
+        cpu.run_device(feeds, fresh())
+    with pytest.raises(anyshape.InvalidArgument, match="need a GPU session"):
+        cpu.output_shapes(feeds)
+    # The session is usable after every refusal.
+    outs = fresh()
+    sess.run_device(feeds, outs)
+    assert all(np.isfinite(a).all() for a in outs.values())

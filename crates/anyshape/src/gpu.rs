@@ -134,6 +134,20 @@ impl Device for HostDevice {
         Ok(())
     }
 
+    /// The emulator's device memory is this process's: any non-null address
+    /// (the caller vouches for its bytes, as for a host array).
+    fn check_foreign(&self, what: &str, ptr: DevicePtr, bytes: usize) -> Result<(), RunError> {
+        if ptr == 0 && bytes > 0 {
+            return Err(RunError::Shape(format!("{what} has a null address")));
+        }
+        Ok(())
+    }
+
+    /// Every copy and launch here completes before it returns.
+    unsafe fn wait_foreign(&self, _: u64) -> Result<(), RunError> {
+        Ok(())
+    }
+
     unsafe fn copy(&self, _: StreamId, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<(), RunError> {
         // SAFETY: the caller's contract: both ranges of `bytes` lie in memory of
         // this process (the emulator's device memory is the host's), apart.

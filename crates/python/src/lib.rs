@@ -537,6 +537,235 @@ impl Session {
         }
         Ok(arrays)
     }
+
+    /// The outputs' `(name, shape, dtype)` for feeds of device tensors (a
+    /// GPU session's `run_device`), planning the shape if it is new.
+    #[pyo3(signature = (feeds))]
+    fn output_shapes(&self, feeds: &Bound<'_, PyDict>) -> PyResult<Vec<(String, Vec<usize>, String)>> {
+        match &self.engine {
+            Engine::Cuda(m, _) => output_shapes_on(m, &self.inputs, feeds, CUDA_INTERFACE),
+            Engine::GpuEmulator(m, _) => output_shapes_on(m, &self.inputs, feeds, HOST_INTERFACE),
+            _ => Err(not_a_gpu_session()),
+        }
+    }
+
+    /// Run on device tensors (`feeds`: input name → tensor) into device
+    /// tensors (`outputs`: output name → tensor, every output once, of the
+    /// shape `output_shapes` says): no copy through the host.
+    #[pyo3(signature = (feeds, outputs))]
+    fn run_device(
+        &self,
+        py: Python<'_>,
+        feeds: &Bound<'_, PyDict>,
+        outputs: &Bound<'_, PyDict>,
+    ) -> PyResult<()> {
+        let io = (self.inputs.as_slice(), self.outputs.as_slice());
+        match &self.engine {
+            Engine::Cuda(m, _) => run_device_on(py, m, io, feeds, outputs, CUDA_INTERFACE),
+            Engine::GpuEmulator(m, _) => run_device_on(py, m, io, feeds, outputs, HOST_INTERFACE),
+            _ => Err(not_a_gpu_session()),
+        }
+    }
+}
+
+/// A model input's or output's name and type.
+type Io = (String, TensorType);
+
+/// The array interface a GPU session reads device tensors by: CUDA's
+/// (`__cuda_array_interface__`: PyTorch, CuPy, Numba) on a GPU, numpy's on
+/// the emulator, whose device memory is this process's.
+const CUDA_INTERFACE: &str = "__cuda_array_interface__";
+const HOST_INTERFACE: &str = "__array_interface__";
+
+/// A tensor a caller hands in by its array interface: where its bytes are,
+/// the stream that writes them (CUDA's interface, version 3), and whether
+/// it may be written.
+struct Foreign {
+    tensor: anyshape::gpu::DeviceTensor,
+    stream: Option<u64>,
+    readonly: bool,
+}
+
+/// The element type of an array interface's `typestr` (little-endian or
+/// one byte).
+fn dtype_of(typestr: &str) -> Option<DType> {
+    let (order, code) = typestr.split_at_checked(1)?;
+    if !matches!(order, "<" | "|" | "=") || (order == "=" && cfg!(target_endian = "big")) {
+        return None;
+    }
+    Some(match code {
+        "f4" => DType::F32,
+        "f8" => DType::F64,
+        "f2" => DType::F16,
+        "i1" => DType::I8,
+        "u1" => DType::U8,
+        "i4" => DType::I32,
+        "i8" => DType::I64,
+        "b1" => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// `value`'s tensor by its array interface `key` (`what` names it in errors:
+/// `input 'x'`): C-contiguous, unmasked, of a type the runtime knows.
+fn foreign(what: &str, value: &Bound<'_, PyAny>, key: &str) -> PyResult<Foreign> {
+    let bad = |why: String| invalid(format!("{what}: {why}"));
+    let iface = value.getattr(key).map_err(|_| {
+        let device = if key == CUDA_INTERFACE { "a CUDA tensor (PyTorch, CuPy)" } else { "a numpy array" };
+        bad(format!("expected {device} with {key}, got {}", type_name(value)))
+    })?;
+    let d = iface.cast::<PyDict>().map_err(|_| bad(format!("{key} is not a dict")))?;
+    let item =
+        |k: &str| -> PyResult<Option<Bound<'_, PyAny>>> { Ok(d.get_item(k)?.filter(|v| !v.is_none())) };
+    let need = |k: &str| item(k)?.ok_or_else(|| bad(format!("{key} has no '{k}'")));
+    let shape: Vec<usize> =
+        need("shape")?.extract().map_err(|_| bad("its shape is not a tuple of sizes".into()))?;
+    let typestr: String =
+        need("typestr")?.extract().map_err(|_| bad("its typestr is not a string".into()))?;
+    let dtype = dtype_of(&typestr)
+        .ok_or_else(|| bad(format!("its element type {typestr} is not one anyshape takes")))?;
+    let (ptr, readonly): (u64, bool) =
+        need("data")?.extract().map_err(|_| bad("its data is not (address, read-only)".into()))?;
+    if let Some(strides) = item("strides")? {
+        let strides: Vec<i64> = strides.extract().map_err(|_| bad("its strides are not integers".into()))?;
+        let mut want = vec![0i64; shape.len()];
+        let mut step = dtype.size() as i64;
+        for (w, &n) in want.iter_mut().zip(&shape).rev() {
+            *w = step;
+            step = step.saturating_mul(n as i64);
+        }
+        // A dim of one element may have any stride.
+        if strides.iter().zip(&want).zip(&shape).any(|((s, w), &n)| s != w && n > 1) {
+            return Err(bad(format!("not C-contiguous (strides {strides:?}): pass a contiguous copy")));
+        }
+    }
+    if item("mask")?.is_some() {
+        return Err(bad("masked arrays are not taken".into()));
+    }
+    let stream = match item("stream")? {
+        Some(s) => Some(s.extract::<u64>().map_err(|_| bad("its stream is not a stream handle".into()))?),
+        None => None,
+    };
+    Ok(Foreign { tensor: anyshape::gpu::DeviceTensor { ptr, dtype, shape }, stream, readonly })
+}
+
+/// The feeds as device tensors of the model's inputs: each input once, of
+/// its element type.
+fn foreign_feeds(
+    inputs: &[(String, TensorType)],
+    feeds: &Bound<'_, PyDict>,
+    key: &str,
+) -> PyResult<Vec<(String, Foreign)>> {
+    let mut out = Vec::with_capacity(inputs.len());
+    for (k, v) in feeds.iter() {
+        let name: String = k.extract().map_err(|_| invalid("feed names must be strings".into()))?;
+        let Some((_, ty)) = inputs.iter().find(|(n, _)| *n == name) else {
+            let known: Vec<&str> = inputs.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(invalid(format!("'{name}' is not an input of the model (its inputs: {known:?})")));
+        };
+        let f = foreign(&format!("input '{name}'"), &v, key)?;
+        if f.tensor.dtype != ty.dtype {
+            return Err(invalid(format!(
+                "input '{name}': expected dtype {}, got {}",
+                numpy_name(ty.dtype),
+                numpy_name(f.tensor.dtype)
+            )));
+        }
+        out.push((name, f));
+    }
+    if let Some((missing, _)) = inputs.iter().find(|(i, _)| !out.iter().any(|(n, _)| n == i)) {
+        return Err(invalid(format!("input '{missing}' is missing from the feeds")));
+    }
+    Ok(out)
+}
+
+fn not_a_gpu_session() -> PyErr {
+    invalid(
+        "device tensors need a GPU session: device=\"cuda\" (or \"gpu-emulator\", with numpy arrays)".into(),
+    )
+}
+
+/// The outputs' `(name, shape, dtype)` for the device-tensor feeds.
+fn output_shapes_on<D: anyshape::gpu::Device>(
+    m: &anyshape::gpu::GpuModel<D>,
+    inputs: &[(String, TensorType)],
+    feeds: &Bound<'_, PyDict>,
+    key: &str,
+) -> PyResult<Vec<(String, Vec<usize>, String)>> {
+    let ins = foreign_feeds(inputs, feeds, key)?;
+    let ins: Vec<(&str, anyshape::gpu::DeviceTensor)> =
+        ins.iter().map(|(n, f)| (n.as_str(), f.tensor.clone())).collect();
+    let shapes = m.output_shapes(&ins).map_err(to_py)?;
+    Ok(shapes.into_iter().map(|(n, dt, shape)| (n, shape, numpy_name(dt).to_string())).collect())
+}
+
+/// A call on device tensors: checked (the device's memory, no output
+/// overlapping another tensor, outputs writable), the writers' streams
+/// waited for, then `GpuModel::run_device` without the GIL.
+fn run_device_on<D: anyshape::gpu::Device + Sync>(
+    py: Python<'_>,
+    m: &anyshape::gpu::GpuModel<D>,
+    io: (&[Io], &[Io]),
+    feeds: &Bound<'_, PyDict>,
+    outputs: &Bound<'_, PyDict>,
+    key: &str,
+) -> PyResult<()> {
+    let ins = foreign_feeds(io.0, feeds, key)?;
+    let mut outs = Vec::with_capacity(outputs.len());
+    for (k, v) in outputs.iter() {
+        let name: String = k.extract().map_err(|_| invalid("output names must be strings".into()))?;
+        if !io.1.iter().any(|(n, _)| *n == name) {
+            let known: Vec<&str> = io.1.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(invalid(format!("'{name}' is not an output of the model (its outputs: {known:?})")));
+        }
+        let f = foreign(&format!("output '{name}'"), &v, key)?;
+        if f.readonly {
+            return Err(invalid(format!("output '{name}' is read-only")));
+        }
+        outs.push((name, f));
+    }
+    let all: Vec<(String, &Foreign)> = ins
+        .iter()
+        .map(|(n, f)| (format!("input '{n}'"), f))
+        .chain(outs.iter().map(|(n, f)| (format!("output '{n}'"), f)))
+        .collect();
+    let mut ranges = Vec::with_capacity(all.len());
+    for (what, f) in &all {
+        let bytes = f.tensor.bytes().ok_or_else(|| invalid(format!("{what} overflows the address space")))?;
+        m.device().check_foreign(what, f.tensor.ptr, bytes).map_err(to_py)?;
+        ranges.push((f.tensor.ptr, f.tensor.ptr.saturating_add(bytes as u64)));
+    }
+    // An output shares no byte with any other tensor given.
+    for (i, (what, _)) in all.iter().enumerate().skip(ins.len()) {
+        let (lo, hi) = ranges[i];
+        let overlaps = |j: usize| j != i && lo < hi && lo < ranges[j].1 && ranges[j].0 < hi;
+        if let Some(j) = (0..all.len()).find(|&j| overlaps(j)) {
+            return Err(invalid(format!("{what} overlaps {}", all[j].0)));
+        }
+    }
+    let mut streams: Vec<u64> = all.iter().filter_map(|(_, f)| f.stream).collect();
+    streams.sort_unstable();
+    streams.dedup();
+    let ins: Vec<(&str, anyshape::gpu::DeviceTensor)> =
+        ins.iter().map(|(n, f)| (n.as_str(), f.tensor.clone())).collect();
+    let outs: Vec<(&str, anyshape::gpu::DeviceTensor)> =
+        outs.iter().map(|(n, f)| (n.as_str(), f.tensor.clone())).collect();
+    py.detach(|| {
+        for s in &streams {
+            // SAFETY: the stream is what the tensor's array interface names as
+            // the one its writes are queued on (a stream of its framework's
+            // context on this device, or a default stream's handle).
+            unsafe { m.device().wait_foreign(*s) }?;
+        }
+        // SAFETY: each tensor's address, type and shape come from its array
+        // interface, whose object the feeds and outputs dicts keep alive for
+        // the call; each was found in this device's memory, the outputs are
+        // writable and overlap no other tensor given, and the work that wrote
+        // them is done. That no other work uses the outputs meanwhile is the
+        // caller's part (documented in `InferenceSession.run_device`).
+        unsafe { m.run_device(&ins, &outs) }
+    })
+    .map_err(to_py)
 }
 
 /// A pool of threads that sessions may share (`InferenceSession(..., pool=p)`):

@@ -229,6 +229,40 @@ impl Device for CudaDevice {
         s.synchronize().map_err(driver("a kernel or a copy on the GPU"))
     }
 
+    fn check_foreign(&self, what: &str, ptr: DevicePtr, bytes: usize) -> Result<(), RunError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let mut ordinal: i32 = -1;
+        // SAFETY: the attribute is an `int`, written to `ordinal`; the driver
+        // only looks the address up (an unknown one is an error, not a fault).
+        let asked = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut ordinal as *mut i32).cast::<c_void>(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                ptr,
+            )
+        }
+        .result();
+        match asked {
+            Ok(()) if ordinal == self.ctx.ordinal() as i32 => Ok(()),
+            Ok(()) => Err(RunError::Shape(format!(
+                "{what} is in the memory of GPU {ordinal}; this session runs on GPU {}",
+                self.ctx.ordinal()
+            ))),
+            Err(_) => Err(RunError::Shape(format!("{what} is not in GPU memory (address {ptr:#x})"))),
+        }
+    }
+
+    unsafe fn wait_foreign(&self, stream: u64) -> Result<(), RunError> {
+        self.bind()?;
+        // SAFETY: the caller's contract: a live stream of this context, or the
+        // driver's handles of the default streams.
+        unsafe { result::stream::synchronize(stream as sys::CUstream) }
+            .map_err(driver("waiting for the caller's stream"))
+    }
+
     unsafe fn download(&self, stream: StreamId, src: DevicePtr, dst: &mut [u8]) -> Result<(), RunError> {
         if dst.is_empty() {
             return Ok(());

@@ -232,6 +232,18 @@ pub trait Device: Send + Sync {
         bytes: usize,
     ) -> Result<(), RunError>;
 
+    /// Whether `bytes` at `ptr`, memory a caller hands in (a framework's
+    /// tensor), are memory of this device; else an error naming `what`.
+    fn check_foreign(&self, what: &str, ptr: DevicePtr, bytes: usize) -> Result<(), RunError>;
+
+    /// Wait until the work queued on `stream`, a stream of the caller's
+    /// (a driver handle, or 1 and 2: the legacy and the per-thread default
+    /// stream), is done: what wrote a foreign tensor before it is read.
+    ///
+    /// # Safety
+    /// `stream` is 1, 2 or a live stream of this device's context.
+    unsafe fn wait_foreign(&self, stream: u64) -> Result<(), RunError>;
+
     /// Copy device memory at `src` into `dst` after every launch before it on
     /// `stream`, complete when this returns.
     ///
