@@ -40,6 +40,8 @@ pub struct HostDevice {
     streams: std::sync::atomic::AtomicUsize,
     /// Graphs run ([`Device::launch_graph`]).
     graph_launches: std::sync::atomic::AtomicUsize,
+    /// Allocations made ([`Device::alloc`]).
+    allocations: std::sync::atomic::AtomicUsize,
 }
 
 impl HostDevice {
@@ -50,7 +52,14 @@ impl HostDevice {
             limit: usize::MAX.into(),
             streams: 0.into(),
             graph_launches: 0.into(),
+            allocations: 0.into(),
         }
+    }
+
+    /// Allocations made so far (the weights', then each caller's memory as
+    /// it grows).
+    pub fn allocations(&self) -> usize {
+        self.allocations.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Captured graphs run so far (calls that replayed a shape's recorded
@@ -112,6 +121,7 @@ impl Device for HostDevice {
             return Err(RunError::Device(format!("out of device memory: {bytes} bytes asked for")));
         }
         self.allocs.lock().unwrap_or_else(|e| e.into_inner()).insert(p as DevicePtr, layout);
+        self.allocations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(p as DevicePtr)
     }
 

@@ -444,10 +444,34 @@ fn a_shapes_launches_are_recorded_and_replayed_as_a_graph() {
         compare_within(&m, &gm, &[("n", n)], 10 + call as u64, Some(BF16_L2));
     }
     assert_eq!(graphs(), 6);
-    // The memory grows for a larger shape: what was recorded in the old is dropped.
-    compare_within(&m, &gm, &[("n", 70)], 20, Some(BF16_L2));
+    // The memory grows for a much larger shape: what was recorded in the old
+    // is dropped.
+    compare_within(&m, &gm, &[("n", 400)], 20, Some(BF16_L2));
     compare_within(&m, &gm, &[("n", 66)], 21, Some(BF16_L2));
     assert_eq!(graphs(), 6, "66 rows recorded anew in the new memory");
+}
+
+/// Shapes that grow a step a call (a decoder's cache) move the call's memory
+/// a logarithmic number of times (it grows by half at least), each call
+/// correct; the recordings of the shapes before survive where it did not
+/// move.
+#[test]
+fn growing_shapes_move_the_memory_rarely() {
+    let m = weight_model();
+    let gm = m.compile_host_gpu().expect("compiles");
+    compare_within(&m, &gm, &[("n", 8)], 0, Some(BF16_L2));
+    let before = gm.device().allocations();
+    for n in 9..=16 {
+        compare_within(&m, &gm, &[("n", n)], n as u64, Some(BF16_L2));
+    }
+    let moves = gm.device().allocations() - before;
+    assert!((1..=3).contains(&moves), "8 growing shapes moved the memory {moves} times");
+    // 15 rows was recorded in the memory 16 runs in (it did not move since):
+    // its second and third calls run its graph.
+    let graphs = gm.device().graph_launches();
+    compare_within(&m, &gm, &[("n", 15)], 100, Some(BF16_L2));
+    compare_within(&m, &gm, &[("n", 15)], 101, Some(BF16_L2));
+    assert_eq!(gm.device().graph_launches(), graphs + 2, "calls 2 and 3 at 15 rows run its graph");
 }
 
 /// Outputs handed back (`GpuModel::recycle`) are what a later call's

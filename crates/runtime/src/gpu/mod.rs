@@ -9,7 +9,7 @@
 //! of its own (concurrent calls each take one, kept for later calls) and one
 //! device allocation for the call's temporaries, inputs, outputs, each loop
 //! step's buffer table, the dim table and a status word per step, kept and
-//! reused, grown only when a larger shape comes; the inputs and the tables
+//! reused, grown (by half at least) only when a larger shape comes; the inputs and the tables
 //! uploaded in two copies; each loop step launched over the blocks
 //! `plan::gpu::loop_blocks` gives at this shape; the status words and the
 //! outputs downloaded. Weights are uploaded once, when the model is made.
@@ -856,19 +856,28 @@ impl<D: Device> GpuModel<D> {
         if memory.is_none_or(|(_, bytes)| bytes < shape.layout.bytes) {
             // What was recorded in the old memory goes with it.
             slot.recorded.clear();
+            // Grown by half at least, so that shapes growing one step a call (a
+            // decoder's cache) move the memory (and drop the recordings) a
+            // logarithmic number of times; exactly what this shape needs where
+            // the device has no more.
+            let bytes = shape.layout.bytes;
+            let grown = memory.map_or(bytes, |(_, old)| bytes.max(old.saturating_add(old / 2)));
             if let Some((p, _)) = memory.take() {
                 // SAFETY: every launch that used it completed (the last call on
                 // this slot downloaded its outputs after them).
                 unsafe { self.device.free(p) };
             }
-            let bytes = shape.layout.bytes;
-            let p = self.device.alloc(bytes).map_err(|e| match e {
+            let got = match self.device.alloc(grown) {
+                Err(_) if grown > bytes => self.device.alloc(bytes).map(|p| (p, bytes)),
+                r => r.map(|p| (p, grown)),
+            };
+            let got = got.map_err(|e| match e {
                 RunError::Device(why) => {
                     RunError::Device(format!("{why} (a call's memory for inputs {})", io.shapes().join(", ")))
                 }
                 e => e,
             })?;
-            *memory = Some((p, bytes));
+            *memory = Some(got);
         }
         let base = memory.map(|(p, _)| p).ok_or_else(|| RunError::Internal("no device memory".into()))?;
         let out = self.run_in(io, shape, base, slot);
