@@ -17,6 +17,7 @@ mod backend;
 mod cpu;
 mod explain;
 pub mod gpu;
+mod memo;
 pub mod npy;
 mod recycle;
 mod shape;
@@ -31,14 +32,14 @@ pub use artifact::{
 };
 
 use arena::Arena;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 use ir::{DType, Elems, Tensor, TensorData, TensorType, TensorView};
 use kernels::{CodeImage, Dispatcher, PackedB, ThreadPool};
 use plan::{BufferKind, Epilogue, FinishFn, LoopFn, ModelPlan, PartFn};
 use sym::ShapeEnv;
 
+pub use memo::SHAPES_KEPT;
 use shape::ShapePlan;
 pub use shape::MAX_ELEMS;
 
@@ -142,7 +143,7 @@ pub struct CompiledModel<B: Backend = Cpu> {
     /// Each output's dims: a constant, or a slot of the dim table.
     out_dims: Vec<Vec<Result<usize, u32>>>,
     canaries: bool,
-    shapes: RwLock<HashMap<Vec<i64>, Arc<ShapePlan>>>,
+    shapes: memo::ShapeMemo<ShapePlan>,
     arenas: Mutex<Vec<Arena>>,
     /// Output buffers handed back, for later calls' outputs.
     recycled: Arc<recycle::Pool>,
@@ -197,7 +198,7 @@ impl CompiledModel<Cpu> {
     /// are planned again).
     pub fn with_key_chunks(mut self, k: KeyChunks) -> CompiledModel {
         self.backend.key_chunks = k;
-        self.shapes.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        self.shapes.clear();
         self
     }
 
@@ -230,7 +231,7 @@ impl<B: Backend> CompiledModel<B> {
             outputs,
             out_dims: Vec::new(),
             canaries,
-            shapes: RwLock::new(HashMap::new()),
+            shapes: memo::ShapeMemo::new(memo::SHAPES_KEPT),
             arenas: Mutex::new(Vec::new()),
             recycled: recycle::Pool::new(outputs_len),
             backend,
@@ -248,9 +249,9 @@ impl<B: Backend> CompiledModel<B> {
     pub fn plan(&self) -> &ModelPlan {
         &self.plan
     }
-    /// Input-shape signatures planned so far.
+    /// Input-shape signatures planned and kept (at most [`SHAPES_KEPT`]).
     pub fn shapes_planned(&self) -> usize {
-        self.shapes.read().unwrap_or_else(|e| e.into_inner()).len()
+        self.shapes.len()
     }
     pub fn threads(&self) -> usize {
         self.backend.pool().threads()
@@ -259,8 +260,8 @@ impl<B: Backend> CompiledModel<B> {
     fn shape_plan<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<Arc<ShapePlan>, RunError> {
         let expected: Vec<(&str, &TensorType)> = self.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let (b, key) = ir::bind_inputs(&self.env, &expected, inputs)?;
-        if let Some(p) = self.shapes.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return Ok(p.clone());
+        if let Some(p) = self.shapes.get(&key) {
+            return Ok(p);
         }
         let choose = |ss: &shape::MatMulShape, os: &shape::MatMulShape, on: bool| {
             self.backend.attention_tasks(ss, os, on).map(Some)
@@ -275,7 +276,7 @@ impl<B: Backend> CompiledModel<B> {
             self.backend.pool().threads(),
         )?);
         tracing::debug!("planned a shape in {:.3} ms", start.elapsed().as_secs_f64() * 1e3);
-        self.shapes.write().unwrap_or_else(|e| e.into_inner()).insert(key, p.clone());
+        self.shapes.insert(key, p.clone());
         Ok(p)
     }
 

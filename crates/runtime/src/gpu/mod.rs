@@ -25,7 +25,7 @@ pub mod cuda;
 pub mod matmul;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 use ir::{DType, Tensor, TensorData, TensorType};
 use plan::gpu::{loop_blocks, LOOP_THREADS};
@@ -376,7 +376,7 @@ pub struct GpuModel<D: Device> {
     packed_of: Vec<Option<usize>>,
     /// Weights as bf16 `[N, K]` on the device.
     packed: Vec<DevicePtr>,
-    shapes: RwLock<HashMap<Vec<i64>, Arc<GpuShape>>>,
+    shapes: crate::memo::ShapeMemo<GpuShape>,
     /// What calls run on: a stream each and its device memory (address,
     /// bytes), kept for the next call; concurrent calls each take their own.
     slots: Mutex<Vec<CallSlot<D::Graph>>>,
@@ -462,7 +462,7 @@ impl<D: Device> GpuModel<D> {
             inputs,
             outputs,
             kernels,
-            shapes: RwLock::new(HashMap::new()),
+            shapes: crate::memo::ShapeMemo::new(crate::memo::SHAPES_KEPT),
             slots: Mutex::new(Vec::new()),
             failed: Mutex::new(None),
             recycled: crate::recycle::Pool::new(outputs_len),
@@ -556,14 +556,14 @@ impl<D: Device> GpuModel<D> {
 
     /// Input-shape signatures planned so far.
     pub fn shapes_planned(&self) -> usize {
-        self.shapes.read().unwrap_or_else(|e| e.into_inner()).len()
+        self.shapes.len()
     }
 
     fn shape<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<Arc<GpuShape>, RunError> {
         let expected: Vec<(&str, &TensorType)> = self.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let (b, key) = ir::bind_inputs(&self.env, &expected, inputs)?;
-        if let Some(s) = self.shapes.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return Ok(s.clone());
+        if let Some(s) = self.shapes.get(&key) {
+            return Ok(s);
         }
         // The attention kernel's geometry is its own: no CPU tasks.
         let no_tasks = |_: &MatMulShape,
@@ -592,7 +592,7 @@ impl<D: Device> GpuModel<D> {
         }
         let layout = self.layout(&sp, &matmuls, &attentions)?;
         let s = Arc::new(GpuShape { sp, layout, blocks, matmuls, attentions, bindings: b });
-        self.shapes.write().unwrap_or_else(|e| e.into_inner()).insert(key, s.clone());
+        self.shapes.insert(key, s.clone());
         Ok(s)
     }
 
