@@ -1715,14 +1715,14 @@ impl Gen<'_> {
         if dt.is_float() {
             return Ok(match op {
                 BinaryOp::Pow | BinaryOp::Mod if self.device => {
-                    let f = |g: &mut Self, x: V, y: Option<V>| -> R<Option<V>> {
+                    let mut f = |g: &mut Self, x: V, y: Option<V>| -> R<Option<V>> {
                         let y = y.ok_or_else(|| llvm("a binary operation without its operand"))?;
                         match op {
                             BinaryOp::Pow => g.device_pow(x, y, dt).map(Some),
                             _ => g.device_fmod(x, y, dt).map(Some),
                         }
                     };
-                    self.lanewise(a, Some(c), &mut { f })?.ok_or_else(|| llvm("no device form"))?
+                    self.lanewise(a, Some(c), &mut f)?.ok_or_else(|| llvm("no device form"))?
                 }
                 BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Mod => {
                     float_op(b, op, a, c)?
