@@ -1498,7 +1498,7 @@ impl Gen<'_> {
 
     fn unary(&mut self, op: UnaryOp, a: V, dt: DType) -> R<V> {
         if self.device {
-            if let Some(v) = self.lanewise(a, None, &mut |g, x, _| g.device_unary(op, x, dt))? {
+            if let Some(v) = self.lanewise(a, None, |g: &mut Self, x, _| g.device_unary(op, x, dt))? {
                 return Ok(v);
             }
         }
@@ -1611,29 +1611,49 @@ impl Gen<'_> {
     }
 
     /// A C library function of one `double` (or `float`), applied lane by lane.
-    fn libm(&self, name: &str, a: V, dt: DType) -> R<V> {
+    fn libm(&mut self, name: &str, a: V, dt: DType) -> R<V> {
         let f64t = self.ctx.f64_type();
         let f = self
             .module
             .get_function(name)
             .unwrap_or_else(|| self.module.add_function(name, f64t.fn_type(&[f64t.into()], false), None));
-        let one = |s: V| -> R<V> {
-            let d = self.cast(s, dt, DType::F64)?;
-            let r = self.call(f, &[d.into()])?;
-            self.cast(r, DType::F64, dt)
+        let one = |g: &mut Self, s: V, _: Option<V>| -> R<Option<V>> {
+            let d = g.cast(s, dt, DType::F64)?;
+            let r = g.call(f, &[d.into()])?;
+            g.cast(r, DType::F64, dt).map(Some)
         };
+        self.lanewise(a, None, one)?.ok_or_else(|| llvm(format!("no {name} of {dt:?}")))
+    }
+
+    /// `f` of `a` (and `c`), lane by lane where they are vectors (a C
+    /// library call; a GPU's math forms, which are scalar code); `None`
+    /// where `f` has no form for them.
+    fn lanewise<F>(&mut self, a: V, c: Option<V>, mut f: F) -> R<Option<V>>
+    where
+        F: FnMut(&mut Self, V, Option<V>) -> R<Option<V>>,
+    {
         if !a.is_vector_value() {
-            return one(a);
+            return f(self, a, c);
         }
         let v = a.into_vector_value();
-        let mut out: V = poison(v.get_type().into()).into();
+        let mut out: Option<VectorValue<'static>> = None;
         for i in 0..v.get_type().get_size() {
-            let idx = self.ctx.i32_type().const_int(i as u64, false);
-            let s = self.bld.build_extract_element(v, idx, "l").map_err(llvm)?;
-            let r = one(s)?;
-            out = self.bld.build_insert_element(out.into_vector_value(), r, idx, "r").map_err(llvm)?.into();
+            let at = self.ctx.i32_type().const_int(i as u64, false);
+            let x = self.bld.build_extract_element(v, at, "lx").map_err(llvm)?;
+            let y = match c {
+                Some(c) if c.is_vector_value() => {
+                    Some(self.bld.build_extract_element(c.into_vector_value(), at, "ly").map_err(llvm)?)
+                }
+                other => other,
+            };
+            let Some(r) = f(self, x, y)? else { return Ok(None) };
+            let acc = match out {
+                Some(acc) => acc,
+                None => vector_of(r, v.get_type().get_size())?,
+            };
+            out = Some(self.bld.build_insert_element(acc, r, at, "lr").map_err(llvm)?);
         }
-        Ok(out)
+        Ok(out.map(V::from))
     }
 
     fn zero_like(&self, a: V) -> R<V> {
@@ -1715,14 +1735,14 @@ impl Gen<'_> {
         if dt.is_float() {
             return Ok(match op {
                 BinaryOp::Pow | BinaryOp::Mod if self.device => {
-                    let mut f = |g: &mut Self, x: V, y: Option<V>| -> R<Option<V>> {
+                    let f = |g: &mut Self, x: V, y: Option<V>| -> R<Option<V>> {
                         let y = y.ok_or_else(|| llvm("a binary operation without its operand"))?;
                         match op {
                             BinaryOp::Pow => g.device_pow(x, y, dt).map(Some),
                             _ => g.device_fmod(x, y, dt).map(Some),
                         }
                     };
-                    self.lanewise(a, Some(c), &mut f)?.ok_or_else(|| llvm("no device form"))?
+                    self.lanewise(a, Some(c), f)?.ok_or_else(|| llvm("no device form"))?
                 }
                 BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div | BinaryOp::Mod => {
                     float_op(b, op, a, c)?
@@ -2519,4 +2539,13 @@ fn icmp(b: &Builder<'static>, p: IntPredicate, x: V, y: V) -> R<V> {
     } else {
         b.build_int_compare(p, x.into_int_value(), y.into_int_value(), "c").map_err(llvm)?.into()
     })
+}
+
+/// A poison vector of `n` values of `r`'s type.
+fn vector_of(r: V, n: u32) -> R<VectorValue<'static>> {
+    match r.get_type() {
+        BasicTypeEnum::FloatType(t) => Ok(t.vec_type(n).get_poison()),
+        BasicTypeEnum::IntType(t) => Ok(t.vec_type(n).get_poison()),
+        t => Err(llvm(format!("no vector of {t:?}"))),
+    }
 }

@@ -476,29 +476,16 @@ impl Session {
         let mut named = Vec::with_capacity(self.inputs.len());
         for (key, value) in feeds.iter() {
             let name: String = key.extract().map_err(|_| invalid("feed names must be strings".into()))?;
-            let Some((input, ty)) = self.inputs.iter().find(|(n, _)| *n == name) else {
-                let known: Vec<&str> = self.inputs.iter().map(|(n, _)| n.as_str()).collect();
-                return Err(invalid(format!(
-                    "'{name}' is not an input of the model (its inputs: {known:?})"
-                )));
-            };
+            let (input, ty) = &self.inputs[position_in(&self.inputs, &name, "input")?];
             let (shape, held) = hold(&name, &value, ty.dtype)?;
             named.push((input.clone(), shape, held));
         }
-        if let Some((missing, _)) = self.inputs.iter().find(|(i, _)| !named.iter().any(|(n, _, _)| n == i)) {
-            return Err(invalid(format!("input '{missing}' is missing from the feeds")));
-        }
+        all_fed(&self.inputs, |i| named.iter().any(|(n, _, _)| n == i))?;
         let wanted: Vec<usize> = match &output_names {
             None => (0..self.outputs.len()).collect(),
-            Some(names) => names
-                .iter()
-                .map(|n| {
-                    self.outputs.iter().position(|(o, _)| o == n).ok_or_else(|| {
-                        let known: Vec<&str> = self.outputs.iter().map(|(o, _)| o.as_str()).collect();
-                        invalid(format!("'{n}' is not an output of the model (its outputs: {known:?})"))
-                    })
-                })
-                .collect::<PyResult<_>>()?,
+            Some(names) => {
+                names.iter().map(|n| position_in(&self.outputs, n, "output")).collect::<PyResult<_>>()?
+            }
         };
         // The model runs without the GIL: other Python threads (and other runs of
         // this session, each with its own arena) go on meanwhile.
@@ -570,6 +557,23 @@ impl Session {
 
 /// A model input's or output's name and type.
 type Io = (String, TensorType);
+
+/// Where `name` is among the model's inputs or outputs (`kind`), or an
+/// error listing them.
+fn position_in(io: &[Io], name: &str, kind: &str) -> PyResult<usize> {
+    io.iter().position(|(n, _)| n == name).ok_or_else(|| {
+        let known: Vec<&str> = io.iter().map(|(n, _)| n.as_str()).collect();
+        invalid(format!("'{name}' is not an {kind} of the model (its {kind}s: {known:?})"))
+    })
+}
+
+/// An error naming the first of `inputs` that is not `fed`.
+fn all_fed(inputs: &[Io], fed: impl Fn(&str) -> bool) -> PyResult<()> {
+    match inputs.iter().find(|(i, _)| !fed(i)) {
+        Some((missing, _)) => Err(invalid(format!("input '{missing}' is missing from the feeds"))),
+        None => Ok(()),
+    }
+}
 
 /// The array interface a GPU session reads device tensors by: CUDA's
 /// (`__cuda_array_interface__`: PyTorch, CuPy, Numba) on a GPU, numpy's on
@@ -659,10 +663,7 @@ fn foreign_feeds(
     let mut out = Vec::with_capacity(inputs.len());
     for (k, v) in feeds.iter() {
         let name: String = k.extract().map_err(|_| invalid("feed names must be strings".into()))?;
-        let Some((_, ty)) = inputs.iter().find(|(n, _)| *n == name) else {
-            let known: Vec<&str> = inputs.iter().map(|(n, _)| n.as_str()).collect();
-            return Err(invalid(format!("'{name}' is not an input of the model (its inputs: {known:?})")));
-        };
+        let (_, ty) = &inputs[position_in(inputs, &name, "input")?];
         let f = foreign(&format!("input '{name}'"), &v, key)?;
         if f.tensor.dtype != ty.dtype {
             return Err(invalid(format!(
@@ -673,9 +674,7 @@ fn foreign_feeds(
         }
         out.push((name, f));
     }
-    if let Some((missing, _)) = inputs.iter().find(|(i, _)| !out.iter().any(|(n, _)| n == i)) {
-        return Err(invalid(format!("input '{missing}' is missing from the feeds")));
-    }
+    all_fed(inputs, |i| out.iter().any(|(n, _)| n == i))?;
     Ok(out)
 }
 
@@ -714,10 +713,7 @@ fn run_device_on<D: anyshape::gpu::Device + Sync>(
     let mut outs = Vec::with_capacity(outputs.len());
     for (k, v) in outputs.iter() {
         let name: String = k.extract().map_err(|_| invalid("output names must be strings".into()))?;
-        if !io.1.iter().any(|(n, _)| *n == name) {
-            let known: Vec<&str> = io.1.iter().map(|(n, _)| n.as_str()).collect();
-            return Err(invalid(format!("'{name}' is not an output of the model (its outputs: {known:?})")));
-        }
+        position_in(io.1, &name, "output")?;
         let f = foreign(&format!("output '{name}'"), &v, key)?;
         if f.readonly {
             return Err(invalid(format!("output '{name}' is read-only")));

@@ -328,38 +328,40 @@ fn warps(g: &mut Gen, p: &LoopProgram, grid: &Grid, shape: &Shape, schedule: Gpu
     let lane = grid.lane;
     let lane64 = g.bld.build_int_z_extend(lane, i64t, "lane64").map_err(llvm)?;
     match schedule {
-        GpuLoopSchedule::WarpRows => stride_loop(g, grid.warp, shape.rows, grid.warps, &mut |g, r| {
-            shape.bind_row(g, r)?;
-            let mask = shape.inner.map_or(0, |v| 1u64 << v);
-            g.warp_lane = Some(lane);
-            let hoisted = g.hoist(&values, mask, false);
-            g.warp_lane = None;
-            hoisted?;
-            let base = g.bld.build_int_mul(r, shape.inner_ext, "base").map_err(llvm)?;
-            // The row's points: a quad a lane where the row is made of them.
-            let by = |g: &mut Gen, per: u32| -> R<()> {
-                let step = i64t.const_int(WARP as u64 * per as u64, false);
-                let first =
-                    g.bld.build_int_mul(lane64, i64t.const_int(per as u64, false), "l0").map_err(llvm)?;
-                let lane = if per > 1 { shape.inner } else { None };
-                stride_loop(g, first, shape.inner_ext, step, &mut |g, iv| {
-                    if let Some(v) = shape.inner {
-                        g.vars.insert(v, iv);
-                    }
-                    let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
-                    g.lane = lane;
-                    let r = g.stores(p, at, lane.is_some());
-                    g.lane = None;
-                    r
-                })
-            };
-            match quad_rows(g, p, shape, GpuLoopSchedule::WarpRows)? {
-                Some(whole) if shape.inner.is_some() => {
-                    g.if_else(whole, &mut |g| by(g, QUAD), &mut |g| by(g, 1))
+        GpuLoopSchedule::WarpRows => {
+            // Whether the rows are made of quads: the same for the whole call.
+            let whole = quad_rows(g, p, shape, GpuLoopSchedule::WarpRows)?;
+            stride_loop(g, grid.warp, shape.rows, grid.warps, &mut |g, r| {
+                shape.bind_row(g, r)?;
+                let mask = shape.inner.map_or(0, |v| 1u64 << v);
+                g.warp_lane = Some(lane);
+                let hoisted = g.hoist(&values, mask, false);
+                g.warp_lane = None;
+                hoisted?;
+                let base = g.bld.build_int_mul(r, shape.inner_ext, "base").map_err(llvm)?;
+                // The row's points: a quad a lane where the row is made of them.
+                let by = |g: &mut Gen, per: u32| -> R<()> {
+                    let step = i64t.const_int(WARP as u64 * per as u64, false);
+                    let first =
+                        g.bld.build_int_mul(lane64, i64t.const_int(per as u64, false), "l0").map_err(llvm)?;
+                    let lane = if per > 1 { shape.inner } else { None };
+                    stride_loop(g, first, shape.inner_ext, step, &mut |g, iv| {
+                        if let Some(v) = shape.inner {
+                            g.vars.insert(v, iv);
+                        }
+                        let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
+                        g.lane = lane;
+                        let r = g.stores(p, at, lane.is_some());
+                        g.lane = None;
+                        r
+                    })
+                };
+                match whole {
+                    Some(whole) => g.if_else(whole, &mut |g| by(g, QUAD), &mut |g| by(g, 1)),
+                    None => by(g, 1),
                 }
-                _ => by(g, 1),
-            }
-        }),
+            })
+        }
         GpuLoopSchedule::WarpPoints => stride_loop(g, grid.warp, shape.points, grid.warps, &mut |g, i| {
             shape.bind_point(g, i)?;
             g.warp_lane = Some(lane);

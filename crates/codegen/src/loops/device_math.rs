@@ -6,8 +6,7 @@
 //! [-π/4, π/4]; `fmod` exactly in f64. What has no form here is an error
 //! naming it, never code that cannot be assembled.
 
-use inkwell::types::BasicTypeEnum;
-use inkwell::values::{FloatValue, IntValue, VectorValue};
+use inkwell::values::{FloatValue, IntValue};
 use inkwell::FloatPredicate;
 use ir::{DType, UnaryOp};
 
@@ -24,38 +23,7 @@ const COS: [f64; 3] = [4.166_664_568_298_827e-2, -1.388_731_625_493_765e-3, 2.44
 const PIO2_HI: f64 = 1.570_796_310_901_641_8;
 const PIO2_LO: f64 = 1.589_325_477_352_819_6e-8;
 
-/// A scalar form applied to one lane's values (see [`Gen::lanewise`]).
-type LaneFn<'f, 'a> = dyn FnMut(&mut Gen<'a>, V, Option<V>) -> R<Option<V>> + 'f;
-
-impl<'a> Gen<'a> {
-    /// `f` of `a` (and `c`), lane by lane where they are vectors (a GPU's
-    /// vector mode: the forms here are scalar code); `None` where `f` has
-    /// no form for them.
-    pub(super) fn lanewise(&mut self, a: V, c: Option<V>, f: &mut LaneFn<'_, 'a>) -> R<Option<V>> {
-        if !a.is_vector_value() {
-            return f(self, a, c);
-        }
-        let v = a.into_vector_value();
-        let mut out: Option<VectorValue<'static>> = None;
-        for i in 0..v.get_type().get_size() {
-            let at = self.ctx.i32_type().const_int(i as u64, false);
-            let x = self.bld.build_extract_element(v, at, "lx").map_err(llvm)?;
-            let y = match c {
-                Some(c) if c.is_vector_value() => {
-                    Some(self.bld.build_extract_element(c.into_vector_value(), at, "ly").map_err(llvm)?)
-                }
-                other => other,
-            };
-            let Some(r) = f(self, x, y)? else { return Ok(None) };
-            let acc = match out {
-                Some(acc) => acc,
-                None => vector_of(r, v.get_type().get_size())?,
-            };
-            out = Some(self.bld.build_insert_element(acc, r, at, "lr").map_err(llvm)?);
-        }
-        Ok(out.map(V::from))
-    }
-
+impl Gen<'_> {
     /// The GPU's form of `op` where it is not the CPU's code (`None`).
     pub(super) fn device_unary(&mut self, op: UnaryOp, a: V, dt: DType) -> R<Option<V>> {
         use UnaryOp::*;
@@ -239,14 +207,5 @@ impl<'a> Gen<'a> {
 
     fn to_f16(&self, a: FloatValue<'static>) -> R<V> {
         Ok(self.bld.build_float_trunc(a, self.ctx.f16_type(), "h").map_err(llvm)?.into())
-    }
-}
-
-/// A poison vector of `n` values of `r`'s type.
-fn vector_of(r: V, n: u32) -> R<VectorValue<'static>> {
-    match r.get_type() {
-        BasicTypeEnum::FloatType(t) => Ok(t.vec_type(n).get_poison()),
-        BasicTypeEnum::IntType(t) => Ok(t.vec_type(n).get_poison()),
-        t => Err(llvm(format!("no vector of {t:?}"))),
     }
 }
