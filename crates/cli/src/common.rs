@@ -139,6 +139,9 @@ pub fn ms(d: Duration) -> f64 {
 /// the median of calls that each follow an idle pause (a server between
 /// sporadic requests).
 pub struct Timing {
+    /// Planning the shape (its first call's part before running).
+    pub plan_ms: f64,
+    /// The first call at the shape, its planning included.
     pub first_ms: f64,
     pub median_ms: f64,
     pub runs: usize,
@@ -148,14 +151,14 @@ pub struct Timing {
 impl Timing {
     /// One line of text, or one JSON object (`ready_ms`: compile or load time).
     pub fn report(&self, shape: &[(String, usize)], json: bool, ready_ms: f64) -> String {
-        let Timing { first_ms, median_ms, runs, after_pause } = self;
+        let Timing { plan_ms, first_ms, median_ms, runs, after_pause } = self;
         if json {
             let fields: Vec<String> = shape.iter().map(|(k, v)| format!("\"{k}\": {v}")).collect();
             let pause = after_pause.map_or(String::new(), |(p, t)| {
                 format!(", \"pause_ms\": {:.1}, \"after_pause_ms\": {t:.4}", ms(p))
             });
             format!(
-                "{{\"shape\": {{{}}}, \"first_call_ms\": {first_ms:.4}, \"median_ms\": {median_ms:.4}{pause}, \"compile_ms\": {ready_ms:.1}}}",
+                "{{\"shape\": {{{}}}, \"plan_ms\": {plan_ms:.4}, \"first_call_ms\": {first_ms:.4}, \"median_ms\": {median_ms:.4}{pause}, \"compile_ms\": {ready_ms:.1}}}",
                 fields.join(", ")
             )
         } else {
@@ -164,15 +167,15 @@ impl Timing {
                 format!(", after a {:.0} ms pause {t:.3} ms (median)", ms(p))
             });
             format!(
-                "{}: first call {first_ms:.3} ms, median {median_ms:.3} ms over {runs} runs{pause}",
+                "{}: first call {first_ms:.3} ms (planning {plan_ms:.3} ms), median {median_ms:.3} ms over {runs} runs{pause}",
                 s.join(",")
             )
         }
     }
 }
 
-/// Time the first call on `named`, then `runs` warm calls, then (with `pause`)
-/// `runs` calls each made after sleeping that long.
+/// Time planning `named`'s shape, the first call on it, then `runs` warm
+/// calls, then (with `pause`) `runs` calls each made after sleeping that long.
 pub fn time_calls(
     cm: &CompiledModel,
     named: &[(&str, Tensor)],
@@ -181,12 +184,21 @@ pub fn time_calls(
 ) -> Result<Timing> {
     // Each call's outputs handed back, as a caller that is done with them does
     // (the Python package's arrays do when freed).
-    time_runs(&|| cm.run(named).map(|outs| cm.recycle(outs)).map_err(Into::into), runs, pause)
+    let plan = || cm.plan_shape(named).map_err(Into::into);
+    time_runs(&plan, &|| cm.run(named).map(|outs| cm.recycle(outs)).map_err(Into::into), runs, pause)
 }
 
-/// [`time_calls`] of any model: `call` runs it once on the shape's inputs.
-pub fn time_runs(call: &dyn Fn() -> Result<()>, runs: usize, pause: Option<Duration>) -> Result<Timing> {
+/// [`time_calls`] of any model: `plan` plans the shape, `call` runs it once
+/// on the shape's inputs.
+pub fn time_runs(
+    plan: &dyn Fn() -> Result<()>,
+    call: &dyn Fn() -> Result<()>,
+    runs: usize,
+    pause: Option<Duration>,
+) -> Result<Timing> {
     let t0 = Instant::now();
+    plan()?;
+    let plan_ms = ms(t0.elapsed());
     call()?;
     let first_ms = ms(t0.elapsed());
     let timed = |before: &dyn Fn()| -> Result<f64> {
@@ -205,7 +217,7 @@ pub fn time_runs(call: &dyn Fn() -> Result<()>, runs: usize, pause: Option<Durat
         Some(p) => Some((p, timed(&|| std::thread::sleep(p))?)),
         None => None,
     };
-    Ok(Timing { first_ms, median_ms, runs: runs.max(1), after_pause })
+    Ok(Timing { plan_ms, first_ms, median_ms, runs: runs.max(1), after_pause })
 }
 
 /// `--pause MS`, checked.

@@ -24,6 +24,7 @@ pub trait GpuRun {
     fn run(&self, inputs: &[(&str, Tensor)])
         -> std::result::Result<Vec<(String, Tensor)>, runtime::RunError>;
     fn device_name(&self) -> String;
+    fn plan_shape(&self, inputs: &[(&str, Tensor)]) -> std::result::Result<(), runtime::RunError>;
 }
 
 impl<D: anyshape::gpu::Device> GpuRun for anyshape::gpu::GpuModel<D> {
@@ -38,6 +39,9 @@ impl<D: anyshape::gpu::Device> GpuRun for anyshape::gpu::GpuModel<D> {
     }
     fn device_name(&self) -> String {
         self.device().name()
+    }
+    fn plan_shape(&self, inputs: &[(&str, Tensor)]) -> std::result::Result<(), runtime::RunError> {
+        anyshape::gpu::GpuModel::plan_shape(self, inputs)
     }
 }
 

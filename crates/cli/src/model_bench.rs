@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use anyshape::{CompileOptions, Tensor};
 
-use crate::common::{ms, parse_shape, pause_arg, synthetic_inputs, time_calls};
+use crate::common::{ms, parse_shape, pause_arg, synthetic_inputs, time_calls, time_runs};
 use crate::UserError;
 
 #[derive(clap::Args)]
@@ -239,18 +239,9 @@ fn bench_gpu(a: &BenchArgs, shapes: &[Vec<(String, usize)>]) -> Result<()> {
     for shape in shapes {
         let data = synthetic_inputs(gm.inputs(), shape)?;
         let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-        let t0 = Instant::now();
-        gm.run(&named).map_err(anyshape::Error::from)?;
-        let first = ms(t0.elapsed());
-        let mut times = Vec::with_capacity(a.runs.max(1));
-        for _ in 0..a.runs.max(1) {
-            let t = Instant::now();
-            gm.run(&named).map_err(anyshape::Error::from)?;
-            times.push(ms(t.elapsed()));
-        }
-        times.sort_by(f64::total_cmp);
-        let s: Vec<String> = shape.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        say!("{}: first call {first:.3} ms, median {:.3} ms", s.join(","), times[times.len() / 2]);
+        let plan = || gm.plan_shape(&named).map_err(|e| anyshape::Error::from(e).into());
+        let call = || gm.run(&named).map(|_| ()).map_err(|e| anyshape::Error::from(e).into());
+        say!("{}", time_runs(&plan, &call, a.runs, None)?.report(shape, false, 0.0));
     }
     Ok(())
 }

@@ -96,10 +96,7 @@ impl LoopProgram {
     /// The schedule at a shape where the length [`LoopProgram::gpu_warp_schedule`]
     /// names is `row_len`.
     pub fn gpu_schedule(&self, row_len: i64) -> GpuLoopSchedule {
-        match self.gpu_warp_schedule() {
-            Some((s, _)) if row_len >= WARP_ROW_MIN => s,
-            _ => GpuLoopSchedule::Points,
-        }
+        schedule_at(self.gpu_warp_schedule(), row_len)
     }
 
     /// The row length (the innermost variable's extent) whose multiples of
@@ -171,6 +168,16 @@ impl LoopProgram {
         }
         out.sort();
         out
+    }
+}
+
+/// The schedule of a program whose warp schedule is `warp`
+/// ([`LoopProgram::gpu_warp_schedule`], which a runtime reads once) where the
+/// length it names is `row_len`.
+pub fn schedule_at(warp: Option<(GpuLoopSchedule, E)>, row_len: i64) -> GpuLoopSchedule {
+    match warp {
+        Some((s, _)) if row_len >= WARP_ROW_MIN => s,
+        _ => GpuLoopSchedule::Points,
     }
 }
 

@@ -257,6 +257,13 @@ impl<B: Backend> CompiledModel<B> {
         self.backend.pool().threads()
     }
 
+    /// Plan the shape of `inputs` without running (kept as a call's plan
+    /// is): a server warms the shapes it expects before traffic comes, and
+    /// a benchmark times planning apart from the call.
+    pub fn plan_shape<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<(), RunError> {
+        self.shape_plan(inputs).map(|_| ())
+    }
+
     fn shape_plan<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<Arc<ShapePlan>, RunError> {
         let expected: Vec<(&str, &TensorType)> = self.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let (b, key) = ir::bind_inputs(&self.env, &expected, inputs)?;

@@ -166,7 +166,9 @@ impl ShapePlan {
             .collect::<Result<Vec<i64>, _>>()?;
         let mut numel = Vec::with_capacity(plan.buffers.len());
         for buf in &plan.buffers {
-            let n = usize_of(dims[buf.numel as usize], &format!("the size of '{}'", buf.name))?;
+            let v = dims[buf.numel as usize];
+            let n = usize::try_from(v)
+                .map_err(|_| RunError::Shape(format!("the size of '{}' is {v}, not a size", buf.name)))?;
             if n > MAX_ELEMS || n.checked_mul(buf.dtype.size()).is_none() {
                 return Err(RunError::Shape(format!(
                     "'{}' would have {n} elements, more than the {MAX_ELEMS} allowed",
@@ -279,21 +281,38 @@ fn matmul_shape(mm: &plan::MatMulStep, dims: &[i64]) -> Result<MatMulShape, RunE
         mm.batch.iter().map(|s| usize_of(d(*s), "a batch extent")).collect::<Result<_, _>>()?;
     let count = ext.iter().product::<usize>();
     let views = [&mm.a, &mm.b, &mm.c];
-    let mut entries = Vec::with_capacity(count);
-    for e in 0..count {
-        let mut rest = e;
-        let mut off = [0usize; 3];
+    let mut off = [0usize; 3];
+    for (j, v) in views.iter().enumerate() {
+        off[j] = usize_of(d(v.offset), "a view offset")?;
+    }
+    let mut strides = Vec::with_capacity(ext.len());
+    for bd in 0..ext.len() {
+        let mut st = [0usize; 3];
         for (j, v) in views.iter().enumerate() {
-            off[j] = usize_of(d(v.offset), "a view offset")?;
+            st[j] = usize_of(d(v.batch[bd]), "a batch stride")?;
         }
+        strides.push(st);
+    }
+    // Entry `e`'s offsets: the view's plus each batch index times its
+    // stride, the last batch dim fastest; stepped through like an odometer
+    // (wrapping as the sums they equal would in release builds).
+    let mut entries = Vec::with_capacity(count);
+    let mut at = vec![0usize; ext.len()];
+    for _ in 0..count {
+        entries.push(off);
         for bd in (0..ext.len()).rev() {
-            let i = rest % ext[bd];
-            rest /= ext[bd];
-            for (j, v) in views.iter().enumerate() {
-                off[j] += i * usize_of(d(v.batch[bd]), "a batch stride")?;
+            at[bd] += 1;
+            if at[bd] < ext[bd] {
+                for j in 0..3 {
+                    off[j] = off[j].wrapping_add(strides[bd][j]);
+                }
+                break;
+            }
+            at[bd] = 0;
+            for j in 0..3 {
+                off[j] = off[j].wrapping_sub(strides[bd][j].wrapping_mul(ext[bd] - 1));
             }
         }
-        entries.push(off);
     }
     let s = |x: u32| usize_of(d(x), "a stride");
     let taps = match &mm.taps {
@@ -374,7 +393,64 @@ fn place(blocks: &[Block]) -> (Vec<usize>, usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::{place, Block};
+    use super::{matmul_shape, place, Block};
+
+    /// Each batch entry's offsets are the views' plus the batch indices
+    /// times their strides (the last batch dim fastest), over every count of
+    /// batch dims and extents of 1.
+    #[test]
+    fn batch_entries_are_the_views_strided_offsets() {
+        // Slots: 0-2 extents, 3-5 offsets, 6.. strides (A, B, C per dim).
+        for ext in [vec![], vec![5], vec![3, 1], vec![2, 3, 4], vec![1, 7, 1]] {
+            let nd = ext.len();
+            let mut dims: Vec<i64> = ext.iter().map(|&e| e as i64).collect();
+            dims.resize(3, 1);
+            dims.extend([11, 0, 7]);
+            for bd in 0..nd {
+                for j in 0..3 {
+                    dims.push(((bd + 1) * 100 + j * 13 + 1) as i64);
+                }
+            }
+            let rest = dims.len() as u32;
+            dims.extend([2, 3, 4]);
+            let view = |buf: usize, j: usize| plan::View {
+                buf,
+                offset: 3 + j as u32,
+                batch: (0..nd).map(|bd| (6 + 3 * bd + j) as u32).collect(),
+                rs: rest,
+                cs: rest + 1,
+            };
+            let mm = plan::MatMulStep {
+                batch: (0..nd as u32).collect(),
+                m: rest,
+                n: rest + 1,
+                k: rest + 2,
+                a: view(0, 0),
+                taps: None,
+                b: view(1, 1),
+                c: view(2, 2),
+                weight: false,
+                u8s8: false,
+                i16: false,
+                i16s8: false,
+                epilogue: Default::default(),
+            };
+            let s = matmul_shape(&mm, &dims).unwrap();
+            let count: usize = ext.iter().product();
+            assert_eq!(s.entries.len(), count, "{ext:?}");
+            for (e, got) in s.entries.iter().enumerate() {
+                let (mut rest, mut want) = (e, [11usize, 0, 7]);
+                for bd in (0..nd).rev() {
+                    let i = rest % ext[bd];
+                    rest /= ext[bd];
+                    for (j, w) in want.iter_mut().enumerate() {
+                        *w += i * dims[6 + 3 * bd + j] as usize;
+                    }
+                }
+                assert_eq!(*got, want, "{ext:?} entry {e}");
+            }
+        }
+    }
 
     /// The most bytes live at any one step.
     fn most_live(blocks: &[Block]) -> usize {

@@ -98,8 +98,9 @@ fn dispatch(cli: Cli) -> Result<()> {
             for shape in &shapes {
                 let data = synthetic_inputs(gm.inputs(), shape)?;
                 let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+                let plan = || gm.plan_shape(&named).map_err(Into::into);
                 let call = || gm.run(&named).map(|_| ()).map_err(Into::into);
-                say(time_runs(&call, runs, None)?.report(shape, json, load_ms));
+                say(time_runs(&plan, &call, runs, None)?.report(shape, json, load_ms));
             }
         }
         Command::Info { artifact } if is_gpu_artifact(&artifact) => {

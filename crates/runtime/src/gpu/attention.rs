@@ -40,8 +40,9 @@ pub struct AttentionLaunch {
     pub row_blocks: usize,
     pub splits: usize,
     pub partials: usize,
-    /// The kernel's dim table.
-    pub dims: Vec<i64>,
+    /// The kernel's dim table: the shape's with these slots set (its chunk
+    /// the whole row of keys); steps whose slots say the same share a copy.
+    pub dims: [(usize, i64); 2],
     /// Its buffer table: the online program's parameters, `None` for the
     /// tiles it never reads (the scores, probabilities, running maxima and the
     /// logits it stores).
@@ -58,12 +59,12 @@ impl AttentionLaunch {
 }
 
 /// What step `i`, fused attention `a` run by kernel `choice`, launches at
-/// shape `s` whose dim table is `dims`.
+/// shape `s` whose dim table has `dims_len` slots.
 pub fn launch(
     i: usize,
     a: &AttentionStep,
     s: &AttentionShape,
-    dims: &[i64],
+    dims_len: usize,
     choice: AttentionChoice,
 ) -> Result<AttentionLaunch, RunError> {
     let bad = |why: String| RunError::Internal(format!("step {i} (fused attention): {why}"));
@@ -93,7 +94,8 @@ pub fn launch(
     let units = row_blocks.saturating_mul(splits);
     let blocks = units.clamp(1, LOOP_MAX_BLOCKS) as u32;
     let w = |x: usize| x as i64;
-    let mut words = vec![
+    let mut words = Vec::with_capacity(ATTENTION_HEADER - ATTENTION_POINTERS + 4 * sc.entries.len());
+    words.extend([
         w(lq),
         w(lk),
         w(qblocks),
@@ -108,14 +110,14 @@ pub fn launch(
         w(out.cs[1]),
         w(out.rs[2]),
         w(out.cs[2]),
-    ];
+    ]);
     debug_assert_eq!(ATTENTION_POINTERS + words.len(), ATTENTION_HEADER);
     for (se, oe) in sc.entries.iter().zip(&out.entries) {
         words.extend([w(se[0]), w(se[1]), w(oe[1]), w(oe[2])]);
     }
-    let mut dims = dims.to_vec();
-    for (slot, v) in [(online.offset_slot, 0), (online.len_slot, w(lk))] {
-        *dims.get_mut(slot as usize).ok_or_else(|| bad(format!("no dim slot {slot}")))? = v;
+    let dims = [(online.offset_slot as usize, 0), (online.len_slot as usize, w(lk))];
+    if let Some((slot, _)) = dims.iter().find(|(slot, _)| *slot >= dims_len) {
+        return Err(bad(format!("no dim slot {slot}")));
     }
     let mut table: Vec<Option<BufId>> = a
         .args
@@ -136,4 +138,16 @@ pub fn launch(
         table,
         operands: [a.scores.a.buf, a.scores.b.buf, a.output.b.buf, a.output.c.buf],
     })
+}
+
+/// The distinct dim tables of `launches` (by the slots each sets), in the
+/// order of their first use.
+pub fn dim_tables<'a>(launches: impl IntoIterator<Item = &'a AttentionLaunch>) -> Vec<[(usize, i64); 2]> {
+    let mut out: Vec<[(usize, i64); 2]> = Vec::new();
+    for a in launches {
+        if !out.contains(&a.dims) {
+            out.push(a.dims);
+        }
+    }
+    out
 }

@@ -60,8 +60,9 @@ pub(super) struct GemmLaunch {
     pub ints: [i32; 6],
     /// The batch strides of A, B and C (elements).
     pub strides: [i64; 3],
-    /// Which choice ran (for messages and tests).
-    pub name: String,
+    /// Which of the step's choices runs (named only where asked: messages
+    /// and tests).
+    pub choice: usize,
 }
 
 /// A matmul step at one shape: its copies, then its GEMMs.
@@ -139,13 +140,13 @@ pub(super) fn launches(
         let c_even = s.entries[first][2].is_multiple_of(2);
         let choice = choices
             .iter()
-            .find(|c| takes(c, m, &p, c_even))
+            .position(|c| takes(c, m, &p, c_even))
             .ok_or_else(|| RunError::Device(format!("step {step}: no GPU kernel of this model takes {p}")))?;
-        picked.push(*choice);
+        picked.push(choice);
     }
     // A: a view, or a convolution's taps, as bf16 `[entries, m, k]`, unless
     // every launch reads it in place.
-    if picked.iter().any(|c| !c.kernel.a_f32) {
+    if picked.iter().any(|&c| !choices[c].kernel.a_f32) {
         let a_copy = match &s.taps {
             Some(t) => OperandCopy::Taps {
                 rows: m,
@@ -198,9 +199,9 @@ pub(super) fn launches(
             "step {step}: a residual added to a strided output (row stride {ldc} for {n} columns) is not on the GPU yet"
         )));
     }
-    for (&(first, count), choice) in runs.iter().zip(&picked) {
+    for (&(first, count), &choice) in runs.iter().zip(&picked) {
         let c_off = s.entries[first][2];
-        let kk = &choice.kernel;
+        let kk = &choices[choice].kernel;
         // A: in place (f32, the entry's offset, its row and batch strides), or
         // the copy's bf16 `[entries, m, k]`.
         let (a_at, lda, sa) = if kk.a_f32 {
@@ -212,7 +213,7 @@ pub(super) fn launches(
         let grid = grid.map(|g| u32::try_from(g).unwrap_or(u32::MAX));
         let bytes = |elems: usize| elems * 4;
         out.gemms.push(GemmLaunch {
-            kernel: choice.index,
+            kernel: choices[choice].index,
             grid,
             threads: kk.threads() as u32,
             smem: kk.smem_bytes() as u32,
@@ -235,7 +236,7 @@ pub(super) fn launches(
                 i32_of(ldc, "C's row stride")?,
             ],
             strides: [sa as i64, sb as i64, sc as i64],
-            name: kk.name(),
+            choice,
         });
     }
     Ok(out)

@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use ir::{DType, Tensor, TensorData, TensorType};
-use plan::gpu::{loop_blocks, LOOP_THREADS};
+use plan::gpu::{loop_blocks, schedule_at, GpuLoopSchedule, LOOP_THREADS};
 use plan::{BufId, BufferKind, ModelPlan, StepKind};
 use sym::{Bindings, ShapeEnv};
 
@@ -377,6 +377,9 @@ pub struct GpuModel<D: Device> {
     /// Weights as bf16 `[N, K]` on the device.
     packed: Vec<DevicePtr>,
     shapes: crate::memo::ShapeMemo<GpuShape>,
+    /// Each loop program's schedule rule, read once here rather than from
+    /// its expressions at every new shape.
+    schedules: Vec<LoopScheduleRule>,
     /// What calls run on: a stream each and its device memory (address,
     /// bytes), kept for the next call; concurrent calls each take their own.
     slots: Mutex<Vec<CallSlot<D::Graph>>>,
@@ -387,6 +390,27 @@ pub struct GpuModel<D: Device> {
     /// outputs are downloaded into.
     recycled: Arc<crate::recycle::Pool>,
     device: D,
+}
+
+/// What picks a loop kernel's schedule at a shape: the warp schedule it
+/// takes where the row named is long enough, and whether each schedule
+/// takes quads ([`plan::gpu::QUAD`]).
+#[derive(Clone, Copy, Debug)]
+struct LoopScheduleRule {
+    warp: Option<(GpuLoopSchedule, plan::E)>,
+    quads_points: bool,
+    quads_warp: bool,
+}
+
+impl LoopScheduleRule {
+    fn of(p: &plan::LoopProgram) -> LoopScheduleRule {
+        let warp = p.gpu_warp_schedule();
+        LoopScheduleRule {
+            warp,
+            quads_points: p.gpu_quads(GpuLoopSchedule::Points).is_some(),
+            quads_warp: warp.is_some_and(|(s, _)| p.gpu_quads(s).is_some()),
+        }
+    }
 }
 
 fn round_up(x: usize) -> usize {
@@ -453,6 +477,7 @@ impl<D: Device> GpuModel<D> {
             }
         }
         let read = read_unpacked(&plan);
+        let schedules = plan.programs.iter().map(LoopScheduleRule::of).collect();
         let mut m = GpuModel {
             constants: vec![None; plan.buffers.len()],
             packed_of: vec![None; plan.steps.len()],
@@ -463,6 +488,7 @@ impl<D: Device> GpuModel<D> {
             outputs,
             kernels,
             shapes: crate::memo::ShapeMemo::new(crate::memo::SHAPES_KEPT),
+            schedules,
             slots: Mutex::new(Vec::new()),
             failed: Mutex::new(None),
             recycled: crate::recycle::Pool::new(outputs_len),
@@ -559,6 +585,12 @@ impl<D: Device> GpuModel<D> {
         self.shapes.len()
     }
 
+    /// Plan the shape of `inputs` without running (kept as a call's plan
+    /// is): what a call at a new shape does before its first launch.
+    pub fn plan_shape<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<(), RunError> {
+        self.shape(inputs).map(|_| ())
+    }
+
     fn shape<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<Arc<GpuShape>, RunError> {
         let expected: Vec<(&str, &TensorType)> = self.inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let (b, key) = ir::bind_inputs(&self.env, &expected, inputs)?;
@@ -585,7 +617,7 @@ impl<D: Device> GpuModel<D> {
         for (i, (st, step)) in self.plan.steps.iter().zip(&sp.steps).enumerate() {
             attentions.push(match (&st.kind, step, self.kernels.attentions[i]) {
                 (StepKind::Attention(a), StepShape::Attention(s), Some(choice)) => {
-                    Some(attention::launch(i, a, s, &sp.dims, choice)?)
+                    Some(attention::launch(i, a, s, sp.dims.len(), choice)?)
                 }
                 _ => None,
             });
@@ -606,13 +638,13 @@ impl<D: Device> GpuModel<D> {
                 out.push(0);
                 continue;
             };
-            let p = &self.plan.programs[*program];
-            let row_len = match p.gpu_warp_schedule() {
-                Some((_, e)) => extent(p, e, &sp.dims)? as i64,
+            let rule = &self.schedules[*program];
+            let row_len = match rule.warp {
+                Some((_, e)) => extent(&self.plan.programs[*program], e, &sp.dims)? as i64,
                 None => 1,
             };
-            let schedule = p.gpu_schedule(row_len);
-            let quads = p.gpu_quads(schedule).is_some();
+            let schedule = schedule_at(rule.warp, row_len);
+            let quads = if schedule == GpuLoopSchedule::Points { rule.quads_points } else { rule.quads_warp };
             out.push(loop_blocks(schedule, *rows, *inner, quads) as u32);
         }
         Ok(out)
@@ -657,8 +689,9 @@ impl<D: Device> GpuModel<D> {
             + attentions
                 .iter()
                 .flatten()
-                .map(|a| a.table.len() + a.dims.len() + a.descriptor_len() + a.row_blocks)
-                .sum::<usize>();
+                .map(|a| a.table.len() + a.descriptor_len() + a.row_blocks)
+                .sum::<usize>()
+            + attention::dim_tables(attentions.iter().flatten()).len() * sp.dims.len();
         let scratch = round_up(descs + 8 * words);
         // The contractions' operands and the split attentions' partials take
         // turns in one scratch region (the steps run one after another).
@@ -678,7 +711,16 @@ impl<D: Device> GpuModel<D> {
         &self,
         inputs: &[(&str, T)],
     ) -> Result<Vec<(usize, Vec<String>)>, RunError> {
-        self.contractions_at(inputs, |m| m.gemms.iter().map(|g| g.name.clone()).collect())
+        let shape = self.shape(inputs)?;
+        Ok(shape
+            .matmuls
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| !m.gemms.is_empty())
+            .map(|(i, m)| {
+                (i, m.gemms.iter().map(|g| self.kernels.matmuls[i][g.choice].kernel.name()).collect())
+            })
+            .collect())
     }
 
     /// The operand copies each contraction step launches for `inputs`' shape
@@ -924,6 +966,8 @@ impl<D: Device> GpuModel<D> {
         }
         // Each fused attention's buffer table, dim table and descriptor.
         let mut attention_at = vec![[0usize; 3]; self.plan.steps.len()];
+        // Each distinct attention dim table once (the steps share their slots).
+        let mut dim_tables: Vec<([(usize, i64); 2], usize)> = Vec::new();
         for (i, a) in shape.attentions.iter().enumerate() {
             let Some(a) = a else { continue };
             attention_at[i][0] = layout.tables + 8 * words.len();
@@ -933,8 +977,19 @@ impl<D: Device> GpuModel<D> {
                     None => 0,
                 });
             }
-            attention_at[i][1] = layout.tables + 8 * words.len();
-            words.extend(a.dims.iter().map(|d| *d as u64));
+            attention_at[i][1] = match dim_tables.iter().find(|(d, _)| *d == a.dims) {
+                Some(&(_, at)) => at,
+                None => {
+                    let at = layout.tables + 8 * words.len();
+                    let start = words.len();
+                    words.extend(sp.dims.iter().map(|d| *d as u64));
+                    for (slot, v) in a.dims {
+                        words[start + slot] = v as u64;
+                    }
+                    dim_tables.push((a.dims, at));
+                    at
+                }
+            };
             // The split counters, zero at the launch.
             let counters = base + (layout.tables + 8 * words.len()) as u64;
             words.extend(std::iter::repeat_n(0, a.row_blocks));
