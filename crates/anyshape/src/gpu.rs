@@ -40,6 +40,8 @@ pub struct HostDevice {
     streams: std::sync::atomic::AtomicUsize,
     /// Graphs run ([`Device::launch_graph`]).
     graph_launches: std::sync::atomic::AtomicUsize,
+    /// Graphs updated in place ([`Device::update_graph`]).
+    graph_updates: std::sync::atomic::AtomicUsize,
     /// Allocations made ([`Device::alloc`]).
     allocations: std::sync::atomic::AtomicUsize,
 }
@@ -52,6 +54,7 @@ impl HostDevice {
             limit: usize::MAX.into(),
             streams: 0.into(),
             graph_launches: 0.into(),
+            graph_updates: 0.into(),
             allocations: 0.into(),
         }
     }
@@ -66,6 +69,11 @@ impl HostDevice {
     /// launches as one).
     pub fn graph_launches(&self) -> usize {
         self.graph_launches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Graphs updated in place to run a new shape's launches.
+    pub fn graph_updates(&self) -> usize {
+        self.graph_updates.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Streams handed out to callers (one per caller that ran at once with
@@ -93,6 +101,20 @@ impl Device for HostDevice {
 
     unsafe fn capture(&self, _: StreamId, launches: &[Launch]) -> Result<Option<Vec<Launch>>, RunError> {
         Ok(Some(launches.to_vec()))
+    }
+
+    unsafe fn update_graph(
+        &self,
+        _: StreamId,
+        graph: &mut Vec<Launch>,
+        launches: &[Launch],
+    ) -> Result<bool, RunError> {
+        if graph.len() != launches.len() || graph.iter().zip(launches).any(|(a, b)| a.kernel != b.kernel) {
+            return Ok(false);
+        }
+        graph.clone_from_slice(launches);
+        self.graph_updates.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(true)
     }
 
     unsafe fn launch_graph(&self, stream: StreamId, graph: &Vec<Launch>) -> Result<(), RunError> {

@@ -447,8 +447,48 @@ fn a_shapes_launches_are_recorded_and_replayed_as_a_graph() {
     // The memory grows for a much larger shape: what was recorded in the old
     // is dropped.
     compare_within(&m, &gm, &[("n", 400)], 20, Some(BF16_L2));
+    assert_eq!(graphs(), 6, "a new shape after a repeated one launches one by one");
     compare_within(&m, &gm, &[("n", 66)], 21, Some(BF16_L2));
-    assert_eq!(graphs(), 6, "66 rows recorded anew in the new memory");
+    assert_eq!(graphs(), 7, "66 rows recorded anew in the new memory, a graph at once after a new shape");
+}
+
+/// A new shape right after another (a decoder's steps, each at a longer
+/// cache) runs as a graph from its first call: the second such shape
+/// captures one, each later one updates it in place (the same kernels in
+/// the same order, new grids and arguments), every call the interpreter's
+/// outputs; a shape met before still replays its own recording.
+#[test]
+fn new_shapes_in_a_row_update_one_graph_in_place() {
+    let m = weight_model();
+    let gm = m.compile_host_gpu().expect("compiles");
+    let dev = gm.device();
+    // Memory for the largest shape first, so that none of the rest moves it.
+    compare_within(&m, &gm, &[("n", 64)], 0, Some(BF16_L2));
+    compare_within(&m, &gm, &[("n", 64)], 1, Some(BF16_L2));
+    // Seven, so that 64 rows' recording stays (a slot keeps eight shapes').
+    let rows: Vec<usize> = (9..=15).collect();
+    let kernels = |n: usize| {
+        let ins = inputs(&m, &[("n", n)], 0);
+        let named: Vec<(&str, Tensor)> = ins.iter().map(|(a, t)| (a.as_str(), t.clone())).collect();
+        gm.gemms_at(&named).expect("plans")
+    };
+    assert!(rows.iter().all(|&n| kernels(n) == kernels(rows[0])), "one GEMM kernel for these rows");
+    let (graphs, updates) = (dev.graph_launches(), dev.graph_updates());
+    for (i, &n) in rows.iter().enumerate() {
+        compare_within(&m, &gm, &[("n", n)], 10 + i as u64, Some(BF16_L2));
+        // The first new shape after a repeated one launches one by one.
+        assert_eq!(dev.graph_launches() - graphs, i, "{n} rows");
+        assert_eq!(dev.graph_updates() - updates, i.saturating_sub(1), "{n} rows");
+    }
+    // 64 rows again: its own recording and graph, nothing updated.
+    let (graphs, updates) = (dev.graph_launches(), dev.graph_updates());
+    compare_within(&m, &gm, &[("n", 64)], 50, Some(BF16_L2));
+    assert_eq!((dev.graph_launches(), dev.graph_updates()), (graphs + 1, updates));
+    // A shape whose graph went to the next one (12 rows) is captured anew
+    // on its second call, correct.
+    compare_within(&m, &gm, &[("n", 12)], 51, Some(BF16_L2));
+    compare_within(&m, &gm, &[("n", 12)], 52, Some(BF16_L2));
+    assert_eq!((dev.graph_launches(), dev.graph_updates()), (graphs + 3, updates));
 }
 
 /// Shapes that grow a step a call (a decoder's cache) move the call's memory

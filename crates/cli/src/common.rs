@@ -49,18 +49,41 @@ pub fn main_with<C: clap::Parser>(
     }
 }
 
-/// `SYM=N,SYM=N`.
-pub fn parse_shape(s: &str) -> Result<Vec<(String, usize)>> {
-    s.split(',')
-        .map(|kv| {
-            let (k, v) = kv
-                .split_once('=')
-                .ok_or_else(|| UserError(format!("--shape `{s}`: expected SYM=N,SYM=N")))?;
-            let v: usize =
-                v.trim().parse().map_err(|_| UserError(format!("--shape `{s}`: `{v}` is not a size")))?;
-            Ok((k.trim().to_string(), v))
-        })
-        .collect()
+/// `SYM=N,SYM=LO..HI`: every shape it names (a range: each value from LO
+/// to HI, the last symbol's fastest), as a benchmark's `--shape` takes.
+pub fn parse_shapes(s: &str) -> Result<Vec<Vec<(String, usize)>>> {
+    let mut shapes: Vec<Vec<(String, usize)>> = vec![Vec::new()];
+    for kv in s.split(',') {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| UserError(format!("--shape `{s}`: expected SYM=N,SYM=LO..HI")))?;
+        let size = |x: &str| {
+            x.trim().parse::<usize>().map_err(|_| UserError(format!("--shape `{s}`: `{x}` is not a size")))
+        };
+        let values: Vec<usize> = match v.split_once("..") {
+            Some((lo, hi)) => {
+                let (lo, hi) = (size(lo)?, size(hi)?);
+                if lo > hi || hi - lo >= 100_000 {
+                    bail!(UserError(format!(
+                        "--shape `{s}`: {lo}..{hi} is no range of at most 100000 sizes"
+                    )));
+                }
+                (lo..=hi).collect()
+            }
+            None => vec![size(v)?],
+        };
+        shapes = shapes
+            .into_iter()
+            .flat_map(|sh| {
+                values.iter().map(move |&x| {
+                    let mut sh = sh.clone();
+                    sh.push((k.trim().to_string(), x));
+                    sh
+                })
+            })
+            .collect();
+    }
+    Ok(shapes)
 }
 
 /// Inputs for a benchmark at `shape` (values of the model's symbols): token
@@ -186,6 +209,37 @@ pub fn time_calls(
     // (the Python package's arrays do when freed).
     let plan = || cm.plan_shape(named).map_err(Into::into);
     time_runs(&plan, &|| cm.run(named).map(|outs| cm.recycle(outs)).map_err(Into::into), runs, pause)
+}
+
+/// A model run on named inputs.
+pub type RunOn<'a> = dyn Fn(&[(&str, Tensor)]) -> Result<()> + 'a;
+
+/// Each of `shapes` called once, in order, each call the first at its shape
+/// (a decoder's steps, each at a longer cache): `run` runs the model on the
+/// shape's synthetic inputs (made before the clock starts). A line per
+/// shape, then the median call.
+pub fn time_once(
+    inputs: &[(String, TensorType)],
+    shapes: &[Vec<(String, usize)>],
+    run: &RunOn<'_>,
+) -> Result<()> {
+    let feeds: Vec<Vec<(String, Tensor)>> =
+        shapes.iter().map(|sh| synthetic_inputs(inputs, sh)).collect::<Result<_>>()?;
+    let mut times = Vec::with_capacity(shapes.len());
+    for (shape, feed) in shapes.iter().zip(&feeds) {
+        let named: Vec<(&str, Tensor)> = feed.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let t = Instant::now();
+        run(&named)?;
+        let t = ms(t.elapsed());
+        let s: Vec<String> = shape.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        say(format!("{}: one call {t:.3} ms", s.join(",")));
+        times.push(t);
+    }
+    times.sort_by(f64::total_cmp);
+    if let Some(m) = times.get(times.len() / 2) {
+        say(format!("{} shapes called once each, in order: median {m:.3} ms a call", times.len()));
+    }
+    Ok(())
 }
 
 /// [`time_calls`] of any model: `plan` plans the shape, `call` runs it once

@@ -9,16 +9,23 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use anyshape::{CompileOptions, Tensor};
 
-use crate::common::{ms, parse_shape, pause_arg, synthetic_inputs, time_calls, time_runs};
+use crate::common::{ms, parse_shapes, pause_arg, synthetic_inputs, time_calls, time_once, time_runs};
 use crate::UserError;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// The ONNX model file, or an artifact from `anyshape compile`.
     model: PathBuf,
-    /// A shape to time: values of the model's symbols, e.g. batch=1,seq=17 (repeatable).
+    /// A shape to time: values of the model's symbols, e.g. batch=1,seq=17
+    /// (repeatable); a range (seq=100..131) stands for each of its values.
     #[arg(long = "shape", value_name = "SYM=N,...", required = true)]
     shapes: Vec<String>,
+    /// Call each shape once, in the order given, with no warm calls: each
+    /// call the first at its shape, its input made before the clock starts
+    /// (a decoder's steps, each at a longer cache). Reports each call and
+    /// the median.
+    #[arg(long)]
+    once: bool,
     /// Declare the range of a symbolic dim: NAME=LO..HI.
     #[arg(long = "dim", value_name = "NAME=LO..HI")]
     dims: Vec<String>,
@@ -150,8 +157,12 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize, 
 }
 
 pub fn bench(a: BenchArgs) -> Result<()> {
-    let shapes: Vec<Vec<(String, usize)>> = a.shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
+    let shapes: Vec<Vec<(String, usize)>> =
+        a.shapes.iter().map(|s| parse_shapes(s)).collect::<Result<Vec<_>>>()?.concat();
     let pause = pause_arg(a.pause)?;
+    if a.once && (a.profile || a.json || a.pause.is_some()) {
+        bail!(UserError("--once times single calls: no --profile, --json or --pause with it".into()));
+    }
     if a.device != crate::devices::DeviceArg::Cpu || anyshape::gpu::is_gpu_artifact(&a.model) {
         return bench_gpu(&a, &shapes);
     }
@@ -201,6 +212,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         };
         say!("{what} in {ready_ms:.0} ms ({} threads{cache})", cm.threads());
     }
+    if a.once {
+        let run = |named: &[(&str, Tensor)]| -> Result<()> {
+            cm.run(named).map(|outs| cm.recycle(outs)).map_err(|e| anyshape::Error::from(e).into())
+        };
+        return time_once(cm.inputs(), &shapes, &run);
+    }
     for shape in &shapes {
         let data = synthetic_inputs(cm.inputs(), shape)?;
         let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
@@ -236,6 +253,12 @@ fn bench_gpu(a: &BenchArgs, shapes: &[Vec<(String, usize)>]) -> Result<()> {
         say!("compiled for {} in {:.0} ms", gm.device_name(), ms(start.elapsed()));
         gm
     };
+    if a.once {
+        let run = |named: &[(&str, Tensor)]| -> Result<()> {
+            gm.run(named).map(|_| ()).map_err(|e| anyshape::Error::from(e).into())
+        };
+        return time_once(gm.inputs(), shapes, &run);
+    }
     for shape in shapes {
         let data = synthetic_inputs(gm.inputs(), shape)?;
         let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
@@ -255,7 +278,8 @@ pub fn inspect_compiled(
     shapes: &[String],
     threads: Option<usize>,
 ) -> Result<()> {
-    let shapes: Vec<Vec<(String, usize)>> = shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
+    let shapes: Vec<Vec<(String, usize)>> =
+        shapes.iter().map(|s| parse_shapes(s)).collect::<Result<Vec<_>>>()?.concat();
     if dispatch && shapes.is_empty() {
         bail!(UserError("--stage dispatch needs --shape SYM=N,... (the shape to show)".into()));
     }
@@ -300,7 +324,8 @@ pub fn inspect_artifact(
             "an artifact keeps the stages programs, kernels and dispatch, not {stage} (inspect the ONNX model)"
         )));
     }
-    let shapes: Vec<Vec<(String, usize)>> = shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
+    let shapes: Vec<Vec<(String, usize)>> =
+        shapes.iter().map(|s| parse_shapes(s)).collect::<Result<Vec<_>>>()?.concat();
     if stage == "dispatch" && shapes.is_empty() {
         bail!(UserError("--stage dispatch needs --shape SYM=N,... (the shape to show)".into()));
     }

@@ -93,6 +93,22 @@ fn compile_then_run_without_the_compiler() {
     let bench =
         ok(&run(anyshape, &["bench", &art.to_string_lossy(), "--shape", "batch=1,seq=5", "--runs", "2"]));
     assert!(bench.contains("loaded the artifact"), "{bench}");
+    // A range of shapes, each called once in order (a decoder's steps);
+    // the planning reported within a first call.
+    for bin in [rt, anyshape] {
+        let once = ok(&run(bin, &["bench", &art.to_string_lossy(), "--shape", "batch=1,seq=3..5", "--once"]));
+        for line in ["batch=1,seq=3: one call", "batch=1,seq=4: one call", "batch=1,seq=5: one call"] {
+            assert!(once.contains(line), "{once}");
+        }
+        assert!(once.contains("3 shapes called once each, in order: median"), "{once}");
+        let args = ["bench", &art.to_string_lossy(), "--shape", "batch=1,seq=3", "--runs", "2"];
+        assert!(ok(&run(bin, &args)).contains("ms (planning "), "planning");
+        assert_user_error(
+            &run(bin, &["bench", &art.to_string_lossy(), "--shape", "batch=1,seq=5..3"]),
+            "5..3",
+        );
+        assert_user_error(&run(bin, &[&args[..], &["--once", "--json"]].concat()), "--once");
+    }
     // Calls after an idle pause, timed on their own.
     for bin in [rt, anyshape] {
         let args =

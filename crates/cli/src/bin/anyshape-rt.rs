@@ -17,7 +17,7 @@ use ir::Tensor;
 #[path = "../common.rs"]
 mod common;
 
-use common::{load_artifact, ms, parse_shape, say, synthetic_inputs, time_calls, time_runs};
+use common::{load_artifact, ms, parse_shapes, say, synthetic_inputs, time_calls, time_once, time_runs};
 use runtime::gpu::artifact::is_gpu_artifact;
 
 #[derive(Parser)]
@@ -49,7 +49,8 @@ enum Command {
     /// median of warm calls, on synthetic inputs.
     Bench {
         artifact: PathBuf,
-        /// A shape to time: values of the model's symbols, e.g. batch=1,seq=17 (repeatable).
+        /// A shape to time: values of the model's symbols, e.g. batch=1,seq=17
+        /// (repeatable); a range (seq=100..131) stands for each of its values.
         #[arg(long = "shape", value_name = "SYM=N,...", required = true)]
         shapes: Vec<String>,
         /// Threads (default: those the artifact was compiled with).
@@ -58,6 +59,11 @@ enum Command {
         /// Warm calls timed per shape (the median is reported).
         #[arg(long, default_value_t = 20)]
         runs: usize,
+        /// Call each shape once, in the order given, with no warm calls (a
+        /// decoder's steps, each the first call at its shape): each call's
+        /// time and the median.
+        #[arg(long)]
+        once: bool,
         /// Print one JSON object per shape.
         #[arg(long)]
         json: bool,
@@ -83,9 +89,8 @@ fn dispatch(cli: Cli) -> Result<()> {
                 say(line);
             }
         }
-        Command::Bench { artifact, shapes, runs, json, .. } if is_gpu_artifact(&artifact) => {
-            let shapes: Vec<Vec<(String, usize)>> =
-                shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
+        Command::Bench { artifact, shapes, runs, json, once, pause, .. } if is_gpu_artifact(&artifact) => {
+            let shapes = bench_shapes(&shapes, once, json || pause.is_some())?;
             let start = Instant::now();
             let gm = open_gpu_artifact(&artifact)?;
             let load_ms = ms(start.elapsed());
@@ -94,6 +99,10 @@ fn dispatch(cli: Cli) -> Result<()> {
                     "loaded the artifact on {} in {load_ms:.0} ms",
                     runtime::gpu::Device::name(gm.device())
                 ));
+            }
+            if once {
+                let run = |named: &[(&str, Tensor)]| gm.run(named).map(|_| ()).map_err(Into::into);
+                return time_once(gm.inputs(), &shapes, &run);
             }
             for shape in &shapes {
                 let data = synthetic_inputs(gm.inputs(), shape)?;
@@ -128,15 +137,18 @@ fn dispatch(cli: Cli) -> Result<()> {
                 say(line);
             }
         }
-        Command::Bench { artifact, shapes, threads, runs, json, chunks, pause } => {
+        Command::Bench { artifact, shapes, threads, runs, json, chunks, pause, once } => {
+            let shapes = bench_shapes(&shapes, once, json || pause.is_some())?;
             let pause = common::pause_arg(pause)?;
-            let shapes: Vec<Vec<(String, usize)>> =
-                shapes.iter().map(|s| parse_shape(s)).collect::<Result<_>>()?;
             let start = Instant::now();
             let cm = load_artifact(&artifact, threads)?.with_key_chunks(chunks.key_chunks);
             let load_ms = ms(start.elapsed());
             if !json {
                 say(format!("loaded the artifact in {load_ms:.0} ms ({} threads)", cm.threads()));
+            }
+            if once {
+                let run = |named: &[(&str, Tensor)]| cm.run(named).map(|o| cm.recycle(o)).map_err(Into::into);
+                return time_once(cm.inputs(), &shapes, &run);
             }
             for shape in &shapes {
                 let data = synthetic_inputs(cm.inputs(), shape)?;
@@ -176,4 +188,13 @@ fn run_gpu_on_npy<D: runtime::gpu::Device>(
     let tensors = common::npy_inputs(inputs)?;
     let named: Vec<(&str, Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     common::write_outputs(&gm.run(&named)?, dir)
+}
+
+/// `bench`'s `--shape`s, ranges expanded; `--once` times single calls
+/// (`other`: an option it does not take was given).
+fn bench_shapes(shapes: &[String], once: bool, other: bool) -> Result<Vec<Vec<(String, usize)>>> {
+    if once && other {
+        anyhow::bail!(common::UserError("--once times single calls: no --json or --pause with it".into()));
+    }
+    Ok(shapes.iter().map(|s| parse_shapes(s)).collect::<Result<Vec<_>>>()?.concat())
 }

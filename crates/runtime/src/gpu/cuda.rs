@@ -168,6 +168,55 @@ impl Device for CudaDevice {
         graph.0.launch().map_err(driver("launching a graph"))
     }
 
+    unsafe fn update_graph(
+        &self,
+        stream: StreamId,
+        graph: &mut CudaGraphExec,
+        launches: &[Launch],
+    ) -> Result<bool, RunError> {
+        let s = self.stream(stream)?;
+        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(driver("capturing a graph"))?;
+        let mut failed = None;
+        for l in launches {
+            // SAFETY: the caller's contract, as in `capture`; capturing runs nothing.
+            if let Err(e) = unsafe { self.launch(stream, l.kernel, l.dims, &l.args) } {
+                failed = Some(e);
+                break;
+            }
+        }
+        // SAFETY: the stream is capturing (begun above); the capture ends
+        // whatever happened, so the stream is usable again.
+        let captured = unsafe { result::stream::end_capture(s.cu_stream()) };
+        let g = match (captured, failed) {
+            (Ok(g), Some(e)) => {
+                if !g.is_null() {
+                    // SAFETY: a graph the capture made, destroyed once.
+                    let _ = unsafe { result::graph::destroy(g) };
+                }
+                return Err(e);
+            }
+            (Err(e), _) => return Err(driver("capturing a graph")(e)),
+            (Ok(g), None) if g.is_null() => return Ok(false),
+            (Ok(g), None) => g,
+        };
+        // SAFETY: the exec is the graph's own (live while `graph` is); `g` is
+        // the captured graph, read by the update and destroyed once after it;
+        // `info` is plain data the driver writes.
+        let updated = unsafe {
+            let mut info: sys::CUgraphExecUpdateResultInfo = std::mem::zeroed();
+            let r = sys::cuGraphExecUpdate_v2(graph.0.cu_graph_exec(), g, &mut info);
+            let _ = result::graph::destroy(g);
+            r
+        };
+        match updated {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            // The update was refused (not performed); the caller drops the graph.
+            sys::CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE => Ok(false),
+            e => Err(driver("updating a graph")(result::DriverError(e))),
+        }
+    }
+
     fn name(&self) -> String {
         self.name.clone()
     }

@@ -286,6 +286,21 @@ pub trait Device: Send + Sync {
     /// As [`Device::capture`]: the memory its launches use is live and holds
     /// what they read.
     unsafe fn launch_graph(&self, stream: StreamId, graph: &Self::Graph) -> Result<(), RunError>;
+
+    /// `graph` (captured on `stream`) made to run `launches` instead, in
+    /// place: the same kernels in the same order, their grids and arguments
+    /// new (a CUDA graph's exec update, much cheaper than a new graph).
+    /// `Ok(false)` where the device cannot (another sequence of kernels); the
+    /// graph is then not to be run again.
+    ///
+    /// # Safety
+    /// As [`Device::capture`] for `launches`.
+    unsafe fn update_graph(
+        &self,
+        stream: StreamId,
+        graph: &mut Self::Graph,
+        launches: &[Launch],
+    ) -> Result<bool, RunError>;
 }
 
 /// A kernel launch of a call: what [`Device::launch`] is given.
@@ -328,11 +343,13 @@ struct CallLayout {
 }
 
 /// A caller's stream, the device memory its calls use (address, bytes),
-/// and the work of its calls at the last shapes it ran (most recent last).
+/// the work of its calls at the last shapes it ran (most recent last), and
+/// whether its last call was the first at its shape.
 struct CallSlot<G> {
     stream: StreamId,
     memory: Option<(DevicePtr, usize)>,
     recorded: Vec<Recorded<G>>,
+    last_new: bool,
 }
 
 /// The shapes whose calls a slot keeps recorded.
@@ -794,7 +811,12 @@ impl<D: Device> GpuModel<D> {
         let taken = self.slots.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut slot = match taken {
             Some(s) => s,
-            None => CallSlot { stream: self.device.new_stream()?, memory: None, recorded: Vec::new() },
+            None => CallSlot {
+                stream: self.device.new_stream()?,
+                memory: None,
+                recorded: Vec::new(),
+                last_new: false,
+            },
         };
         let out = f(&mut slot);
         self.slots.lock().unwrap_or_else(|e| e.into_inner()).push(slot);
@@ -1082,9 +1104,45 @@ impl<D: Device> GpuModel<D> {
         Ok((words, launches))
     }
 
+    /// A graph of `launches` (a new shape's, in the memory of `previous`,
+    /// the shape of the call before, itself new): `previous`'s graph
+    /// updated in place where it runs the same kernels in the same order
+    /// (it is taken: a shape met once is not likely met again), else a new
+    /// capture. `None` where the device has no graphs or capturing failed
+    /// (the launches then run one by one; the log says why).
+    fn graph_for_new_shape(
+        &self,
+        previous: Option<&mut Recorded<D::Graph>>,
+        launches: &[Launch],
+        stream: StreamId,
+    ) -> Result<Option<D::Graph>, RunError> {
+        let same_kernels = |p: &Recorded<D::Graph>| {
+            p.launches.len() == launches.len()
+                && p.launches.iter().zip(launches).all(|(a, b)| a.kernel == b.kernel)
+        };
+        if let Some(mut g) = previous.filter(|p| same_kernels(p)).and_then(|p| p.graph.take()) {
+            // SAFETY: the launches were recorded for this shape in this slot's
+            // memory (see `record`), which stays the slot's while the record is
+            // kept (the graph goes with it).
+            if unsafe { self.device.update_graph(stream, &mut g, launches)? } {
+                return Ok(Some(g));
+            }
+        }
+        // SAFETY: as above.
+        match unsafe { self.device.capture(stream, launches) } {
+            Ok(g) => Ok(g),
+            Err(e) => {
+                tracing::warn!("a call's launches could not be captured as a graph ({e})");
+                Ok(None)
+            }
+        }
+    }
+
     /// `rec`'s tables uploaded and its launches run on `stream`: one by one
     /// on its first call, captured as a graph on its second (where the
-    /// device has graphs), the graph run from then on.
+    /// device has graphs), the graph run from then on; a new shape right
+    /// after another runs as a graph from its first call
+    /// ([`GpuModel::graph_for_new_shape`]).
     fn replay(
         &self,
         rec: &mut Recorded<D::Graph>,
@@ -1163,13 +1221,22 @@ impl<D: Device> GpuModel<D> {
             }
         }
         let at = match slot.recorded.iter().position(|r| Arc::ptr_eq(&r.shape, shape)) {
-            Some(at) => at,
+            Some(at) => {
+                slot.last_new = false;
+                at
+            }
             None => {
+                let (words, launches) = self.record(shape, base)?;
+                let mut rec = Recorded { shape: shape.clone(), words, launches, graph: None, calls: 0 };
+                if std::mem::replace(&mut slot.last_new, true) {
+                    // A new shape after a new shape (a decoder's steps, each
+                    // at a longer cache): run as a graph from the first call.
+                    rec.graph = self.graph_for_new_shape(slot.recorded.last_mut(), &rec.launches, stream)?;
+                }
                 if slot.recorded.len() == RECORDED_SHAPES {
                     slot.recorded.remove(0);
                 }
-                let (words, launches) = self.record(shape, base)?;
-                slot.recorded.push(Recorded { shape: shape.clone(), words, launches, graph: None, calls: 0 });
+                slot.recorded.push(rec);
                 slot.recorded.len() - 1
             }
         };
