@@ -491,6 +491,38 @@ fn new_shapes_in_a_row_update_one_graph_in_place() {
     assert_eq!((dev.graph_launches(), dev.graph_updates()), (graphs + 3, updates));
 }
 
+/// A caller keeps the recordings of eight shapes: a new shape after a
+/// repeated one, where the oldest recording goes, takes that shape's graph
+/// (updated in place) and runs it from its first call.
+#[test]
+fn a_new_shape_takes_the_graph_of_the_recording_it_replaces() {
+    let m = weight_model();
+    let gm = m.compile_host_gpu().expect("compiles");
+    let dev = gm.device();
+    let rows: Vec<usize> = (9..=18).collect();
+    let kernels = |n: usize| {
+        let ins = inputs(&m, &[("n", n)], 0);
+        let named: Vec<(&str, Tensor)> = ins.iter().map(|(a, t)| (a.as_str(), t.clone())).collect();
+        gm.gemms_at(&named).expect("plans")
+    };
+    assert!(rows.iter().all(|&n| kernels(n) == kernels(rows[0])), "one GEMM kernel for these rows");
+    // Memory for the largest first (and its graph), then seven more shapes,
+    // the last called twice (the call before the ninth shape is no new one).
+    compare_within(&m, &gm, &[("n", 18)], 0, Some(BF16_L2));
+    compare_within(&m, &gm, &[("n", 18)], 1, Some(BF16_L2));
+    for &n in &rows[..7] {
+        compare_within(&m, &gm, &[("n", n)], n as u64, Some(BF16_L2));
+    }
+    compare_within(&m, &gm, &[("n", 15)], 99, Some(BF16_L2));
+    let (graphs, updates) = (dev.graph_launches(), dev.graph_updates());
+    // The ninth shape replaces 18 rows' recording and takes its graph.
+    compare_within(&m, &gm, &[("n", 16)], 200, Some(BF16_L2));
+    assert_eq!((dev.graph_launches(), dev.graph_updates()), (graphs + 1, updates + 1));
+    // 18 rows again: recorded anew, after a new shape, whose graph it takes.
+    compare_within(&m, &gm, &[("n", 18)], 201, Some(BF16_L2));
+    assert_eq!((dev.graph_launches(), dev.graph_updates()), (graphs + 2, updates + 2));
+}
+
 /// Shapes that grow a step a call (a decoder's cache) move the call's memory
 /// a logarithmic number of times (it grows by half at least), each call
 /// correct; the recordings of the shapes before survive where it did not

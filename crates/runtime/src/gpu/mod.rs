@@ -1104,14 +1104,17 @@ impl<D: Device> GpuModel<D> {
         Ok((words, launches))
     }
 
-    /// A graph of `launches` (a new shape's, in the memory of `previous`,
-    /// the shape of the call before, itself new): `previous`'s graph
-    /// updated in place where it runs the same kernels in the same order
-    /// (it is taken: a shape met once is not likely met again), else a new
-    /// capture. `None` where the device has no graphs or capturing failed
-    /// (the launches then run one by one; the log says why).
+    /// A graph for a new shape's `launches` in this slot's memory, from the
+    /// graph of a shape whose recording goes: `evicted` (the slot keeps no
+    /// more shapes) or, where `previous` is given (the call before was at a
+    /// new shape too: a decoder's steps), that shape's (met once, not likely
+    /// met again), updated in place where it runs the same kernels in the
+    /// same order; else, after a new shape, a new capture. `None`: the
+    /// launches run one by one (no donor and no run of new shapes, a device
+    /// without graphs, or a capture that failed: the log says why).
     fn graph_for_new_shape(
         &self,
+        evicted: Option<&mut Recorded<D::Graph>>,
         previous: Option<&mut Recorded<D::Graph>>,
         launches: &[Launch],
         stream: StreamId,
@@ -1120,13 +1123,21 @@ impl<D: Device> GpuModel<D> {
             p.launches.len() == launches.len()
                 && p.launches.iter().zip(launches).all(|(a, b)| a.kernel == b.kernel)
         };
-        if let Some(mut g) = previous.filter(|p| same_kernels(p)).and_then(|p| p.graph.take()) {
+        let after_new = previous.is_some();
+        for donor in [evicted, previous].into_iter().flatten() {
+            if !same_kernels(donor) {
+                continue;
+            }
+            let Some(mut g) = donor.graph.take() else { continue };
             // SAFETY: the launches were recorded for this shape in this slot's
             // memory (see `record`), which stays the slot's while the record is
             // kept (the graph goes with it).
             if unsafe { self.device.update_graph(stream, &mut g, launches)? } {
                 return Ok(Some(g));
             }
+        }
+        if !after_new {
+            return Ok(None);
         }
         // SAFETY: as above.
         match unsafe { self.device.capture(stream, launches) } {
@@ -1141,8 +1152,8 @@ impl<D: Device> GpuModel<D> {
     /// `rec`'s tables uploaded and its launches run on `stream`: one by one
     /// on its first call, captured as a graph on its second (where the
     /// device has graphs), the graph run from then on; a new shape right
-    /// after another runs as a graph from its first call
-    /// ([`GpuModel::graph_for_new_shape`]).
+    /// after another, or in the place of a shape whose graph goes, runs as a
+    /// graph from its first call ([`GpuModel::graph_for_new_shape`]).
     fn replay(
         &self,
         rec: &mut Recorded<D::Graph>,
@@ -1228,14 +1239,15 @@ impl<D: Device> GpuModel<D> {
             None => {
                 let (words, launches) = self.record(shape, base)?;
                 let mut rec = Recorded { shape: shape.clone(), words, launches, graph: None, calls: 0 };
-                if std::mem::replace(&mut slot.last_new, true) {
-                    // A new shape after a new shape (a decoder's steps, each
-                    // at a longer cache): run as a graph from the first call.
-                    rec.graph = self.graph_for_new_shape(slot.recorded.last_mut(), &rec.launches, stream)?;
-                }
-                if slot.recorded.len() == RECORDED_SHAPES {
-                    slot.recorded.remove(0);
-                }
+                let mut evicted = (slot.recorded.len() == RECORDED_SHAPES).then(|| slot.recorded.remove(0));
+                // After a new shape (a decoder's steps, each at a longer
+                // cache), or in the place of a shape whose graph goes: run as
+                // a graph from the first call.
+                let previous = match std::mem::replace(&mut slot.last_new, true) {
+                    true => slot.recorded.last_mut(),
+                    false => None,
+                };
+                rec.graph = self.graph_for_new_shape(evicted.as_mut(), previous, &rec.launches, stream)?;
                 slot.recorded.push(rec);
                 slot.recorded.len() - 1
             }
