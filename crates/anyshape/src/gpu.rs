@@ -599,7 +599,10 @@ fn step_lists(plan: &plan::ModelPlan, target: GpuTarget) -> Result<Vec<Vec<(Gemm
         // kernel of the list (its rows at any stride): no copy launch.
         let f32_view =
             mm.taps.is_none() && konst(mm.a.cs) == Some(1) && plan.buffers[mm.a.buf].dtype == ir::DType::F32;
-        out.push(if f32_view { steps::reading_f32_a(list) } else { list });
+        let list = if f32_view { steps::reading_f32_a(list) } else { list };
+        // An activation B with its K adjacent: read in place at few rows.
+        let f32_b = !mm.weight && konst(mm.b.rs) == Some(1) && plan.buffers[mm.b.buf].dtype == ir::DType::F32;
+        out.push(if f32_b { steps::reading_f32_b(list) } else { list });
     }
     Ok(out)
 }

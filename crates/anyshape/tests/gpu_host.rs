@@ -289,6 +289,45 @@ fn f32_operands_are_read_in_place() {
     }
 }
 
+/// An activation B whose K is adjacent (attention's keys, `q · kᵀ`) is read
+/// in place as f32 by the GEMV kernels at up to 8 rows (a decode step: no
+/// copy of the whole cache); a misaligned one (a slice a column in, rows 66
+/// apart) and more rows go through the bf16 copy. Against the interpreter
+/// at one row, a prime, the GEMV's last and one past it, keys 1, 7 and 67.
+#[test]
+fn an_f32_b_is_read_in_place_at_few_rows() {
+    let m = model(
+        r#"graph {
+  sym m param 1..
+  sym t param 1..
+  input %q: f32[3, m, 64]
+  input %kc: f32[3, t, 64]
+  input %kw: f32[3, t, 66]
+  %kt: f32[3, 64, t] = transpose[perm=[0, 2, 1]] %kc
+  %s: f32[3, m, t] = matmul %q, %kt
+  %ks: f32[3, t, 64] = slice[2: 1 step 1] %kw
+  %kst: f32[3, 64, t] = transpose[perm=[0, 2, 1]] %ks
+  %s2: f32[3, m, t] = matmul %q, %kst
+  output %s, %s2
+}
+"#,
+    );
+    let gm = m.compile_host_gpu().expect("compiles for the GPU");
+    for (i, (rows, keys)) in [(1usize, 7usize), (3, 67), (8, 1), (9, 7)].into_iter().enumerate() {
+        compare_within(&m, &gm, &[("m", rows), ("t", keys)], i as u64, Some(BF16_L2));
+        let ins = inputs(&m, &[("m", rows), ("t", keys)], 9);
+        let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let used = gm.gemms_at(&named).expect("plans");
+        let copies = gm.copies_at(&named).expect("plans");
+        assert_eq!((used.len(), copies.len()), (2, 2), "{used:?} {copies:?}");
+        let in_place = rows <= 8;
+        assert_eq!(used[0].1[0].contains("_b32"), in_place, "{rows} rows: {used:?}");
+        assert_eq!(copies[0].1, usize::from(!in_place), "{rows} rows: {copies:?}");
+        assert!(!used[1].1[0].contains("_b32"), "{rows} rows, misaligned: {used:?}");
+        assert_eq!(copies[1].1, 1, "{rows} rows, misaligned: {copies:?}");
+    }
+}
+
 /// `tanh(x · W + b)` with a 256×256 weight and a bias (constants).
 fn weight_model() -> Model {
     let w: Vec<f32> = (0..256 * 256).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 4096.0).collect();

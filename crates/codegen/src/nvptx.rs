@@ -324,7 +324,7 @@ fn simt_ir(k: &GemmKernel) -> String {
         let at = match major(k.b) {
             Major::K => {
                 let off = g.v(format!("mul i64 {read64}, {ldb}"));
-                g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {b_base}, i64 {off}"))
+                g.v(format!("getelementptr inbounds {}, ptr addrspace(1) {b_base}, i64 {off}", b_step(k)))
             }
             Major::N => g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {b_base}, i64 {read64}")),
         };
@@ -340,7 +340,8 @@ fn simt_ir(k: &GemmKernel) -> String {
         Major::K => kk.clone(),
         Major::N => g.v(format!("mul i64 {kk}, {ldb}")),
     };
-    let bvals: Vec<String> = cols.iter().map(|(_, _, at)| g.load_f32(k.elem, at, &brow)).collect();
+    let b_elem = if k.b_f32 { ElemType::F32 } else { k.elem };
+    let bvals: Vec<String> = cols.iter().map(|(_, _, at)| g.load_f32(b_elem, at, &brow)).collect();
     let mut phis = String::new();
     let mut accs = Vec::new();
     for (i, a) in avals.iter().enumerate() {
@@ -419,7 +420,7 @@ fn gemv_ir(k: &GemmKernel) -> String {
     let ldb = g.v("sext i32 %ldb to i64");
     let n64 = g.v(format!("zext i32 {n_read} to i64"));
     let b_off = g.v(format!("mul i64 {n64}, {ldb}"));
-    let b_col = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {b_base}, i64 {b_off}"));
+    let b_col = g.v(format!("getelementptr inbounds {}, ptr addrspace(1) {b_base}, i64 {b_off}", b_step(k)));
     let last_m = g.v("add i32 %M, -1");
     let mut rows = Vec::new();
     for i in 0..k.bm {
@@ -445,9 +446,9 @@ fn gemv_ir(k: &GemmKernel) -> String {
         let x = g.v(format!("load {v8}, ptr addrspace(1) {p}, align 16"));
         g.v(format!("fpext {v8} {x} to <8 x float>"))
     };
-    // An f32 A's chunk: 8 values, two 16-byte loads.
-    let at_a = |g: &mut Ir, base: &str, kj: &str| -> String {
-        if !k.a_f32 {
+    // An f32 operand's chunk: 8 values, two 16-byte loads.
+    let at_f32 = |g: &mut Ir, base: &str, kj: &str, f32: bool| -> String {
+        if !f32 {
             return at(g, base, kj);
         }
         let p = g.v(format!("getelementptr inbounds float, ptr addrspace(1) {base}, i64 {kj}"));
@@ -458,8 +459,8 @@ fn gemv_ir(k: &GemmKernel) -> String {
         let kj = g.v(format!("add i64 %kk, {}", j * gpu::kernel::GEMV_STEP));
         let live = g.v(format!("icmp slt i64 {kj}, {kn}"));
         let kj = g.v(format!("select i1 {live}, i64 {kj}, i64 {k0}"));
-        let b = at(&mut g, &b_col, &kj);
-        let a: Vec<String> = rows.iter().map(|row| at_a(&mut g, row, &kj)).collect();
+        let b = at_f32(&mut g, &b_col, &kj, k.b_f32);
+        let a: Vec<String> = rows.iter().map(|row| at_f32(&mut g, row, &kj, k.a_f32)).collect();
         chunks.push((live, b, a));
     }
     let mut phis = String::new();
@@ -621,6 +622,15 @@ fn a_step(k: &GemmKernel) -> &'static str {
     }
 }
 
+/// The type B's pointers step by: f32 for an f32 B, else 16-bit.
+fn b_step(k: &GemmKernel) -> &'static str {
+    if k.b_f32 {
+        "float"
+    } else {
+        "i16"
+    }
+}
+
 fn c_step(c: ElemType) -> &'static str {
     match c {
         ElemType::F32 => "float",
@@ -723,7 +733,7 @@ impl Ir {
         let ob = self.v(format!("mul i64 {bz64}, %sb"));
         let oc = self.v(format!("mul i64 {bz64}, %sc"));
         let a = self.v(format!("getelementptr inbounds {}, ptr addrspace(1) %A, i64 {oa}", a_step(k)));
-        let b = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %B, i64 {ob}"));
+        let b = self.v(format!("getelementptr inbounds {}, ptr addrspace(1) %B, i64 {ob}", b_step(k)));
         (a, b, oc)
     }
 

@@ -148,6 +148,7 @@ fn an_invalid_kernel_is_an_error_not_a_panic() {
         unaligned: false,
         c_f32: false,
         a_f32: false,
+        b_f32: false,
     };
     let e = nvptx::llvm_ir(&bad).unwrap_err().to_string();
     assert!(e.contains("warp tile 24x32"), "{e}");
@@ -185,6 +186,7 @@ fn golden_ptx() {
         unaligned: false,
         c_f32: false,
         a_f32: false,
+        b_f32: false,
     };
     golden("gemm_bf16_nt_16x64_w1x4_s4.ptx", &nvptx::ptx(&small).unwrap());
     let nn = GemmKernel {
@@ -338,6 +340,12 @@ fn ptxas_accepts_every_family_kernel() {
     kernels.extend(f32_a(candidates::gemv_family(ElemType::Bf16, e)));
     kernels.extend(f32_a(candidates::unaligned_family(ElemType::Bf16, e)));
     kernels.extend(f32_a(candidates::simt_family(ElemType::Bf16, e)));
+    // An f32 B read in place too (activations' products at few rows).
+    let f32_b = |fam: Vec<GemmKernel>| {
+        fam.into_iter().map(|k| GemmKernel { a_f32: true, b_f32: true, c_f32: true, ..k })
+    };
+    kernels.extend(f32_b(candidates::gemv_family(ElemType::Bf16, e)));
+    kernels.extend(f32_b(candidates::simt_family(ElemType::Bf16, e)).filter(|k| k.b == BLayout::KMajor));
     kernels.extend(candidates::unaligned_family(ElemType::F16, Epilogue::NONE));
     kernels.extend(candidates::unaligned_family(
         ElemType::Bf16,
@@ -601,11 +609,13 @@ mod on_the_host {
         } else {
             a.clone()
         };
+        // An f32 B (`b_f32`, GEMV and SIMT kernels): each value's f32, multiplied as it is.
+        let b_in = if k.b_f32 { wide(&b) } else { b.clone() };
         // C between two margins of canaries, 16-byte aligned where it starts.
         let margin = 16;
         let c_len = 2 * margin + p.batch * sc;
         let (a16, b16, mut c16) =
-            (host::aligned(&a_in), host::aligned(&b), host::aligned(&vec![CANARY; cw * c_len]));
+            (host::aligned(&a_in), host::aligned(&b_in), host::aligned(&vec![CANARY; cw * c_len]));
         let ldb = k.b.extent(&p).1;
         let pieces = cover.pieces(kernels, &p);
         let rows: usize = pieces.iter().map(|x| x.problem.m).sum();
@@ -614,7 +624,11 @@ mod on_the_host {
             let (pk, q) = (&kernels[piece.choice.kernel], piece.problem);
             prop_assert!(!pk.split_k, "{}: host_split_k runs it", pk);
             prop_assert!(
-                pk.elem == k.elem && pk.b == k.b && pk.epilogue == k.epilogue && pk.a_f32 == k.a_f32
+                pk.elem == k.elem
+                    && pk.b == k.b
+                    && pk.epilogue == k.epilogue
+                    && pk.a_f32 == k.a_f32
+                    && pk.b_f32 == k.b_f32
             );
             let ee = engine(&ctx, &nvptx::llvm_ir(pk).unwrap(), &pk.name())?;
             // The piece's rows start `first_row` rows into A, C and the residual.
@@ -1212,6 +1226,42 @@ mod on_the_host {
         }
         let tma = first(candidates::tma_family(ElemType::Bf16, Epilogue::NONE));
         assert!(tma.check().is_err(), "TMA copies 16-bit tiles");
+    }
+
+    /// Kernels reading an f32 B in place (`b_f32`: a model's activation, K-major,
+    /// such as attention's keys at a decode step): GEMV and SIMT, with an f32 A
+    /// or a 16-bit one; one past a tile, a batch, one row, K of one step, and
+    /// for SIMT odd extents. Other families refuse an f32 B.
+    #[test]
+    fn f32_b_on_the_host() {
+        let e = EPILOGUES[2];
+        let with =
+            |fam: Vec<GemmKernel>, a_f32: bool| GemmKernel { c_f32: true, a_f32, b_f32: true, ..fam[0] };
+        let mut kernels = Vec::new();
+        for a_f32 in [false, true] {
+            kernels.push(with(candidates::gemv_family(ElemType::Bf16, e), a_f32));
+            kernels.push(with(candidates::simt_family(ElemType::Bf16, e), a_f32));
+        }
+        for (x, k) in kernels.iter().enumerate() {
+            assert!(k.check().is_ok() && k.name().contains("_b32_c32"), "{k}");
+            let one = Cover::one(Choice { kernel: x, splits: 1 });
+            host_cover(&kernels, &one, Problem::nt(2, k.bm + 1, 67, 72), (8, 1), x as u64).unwrap();
+            host_cover(&kernels, &one, Problem::nt(1, 1, 67, 8), (4, 0), x as u64).unwrap();
+            if k.is_cover() {
+                host_cover(&kernels, &one, Problem::nt(2, 13, 19, 37), (3, 1), x as u64).unwrap();
+            }
+        }
+        for fam in [
+            candidates::family(ElemType::Bf16, BLayout::KMajor, e),
+            candidates::unaligned_family(ElemType::Bf16, e),
+            candidates::wgmma_family(ElemType::Bf16, e),
+        ] {
+            assert!(with(fam, true).check().is_err(), "only GEMV and SIMT kernels read an f32 B");
+        }
+        let n_major = candidates::simt_family(ElemType::Bf16, e).into_iter().find(|k| k.b == BLayout::NMajor);
+        if let Some(k) = n_major {
+            assert!(GemmKernel { b_f32: true, ..k }.check().is_err(), "an f32 B is K-major");
+        }
     }
 
     /// One kernel an f32 A of each family a model's plan launches.

@@ -130,6 +130,7 @@ fn plain(
         unaligned: false,
         c_f32: false,
         a_f32: false,
+        b_f32: false,
     }
 }
 

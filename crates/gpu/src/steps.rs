@@ -1,6 +1,7 @@
 //! The kernels a model's contraction steps are given, and which of them runs
 //! each shape. A step multiplies bf16 operands (its weight packed K-major
-//! once, an activation B copied so) into an f32 C with its epilogue
+//! once, an activation B copied so, or at few rows read in place as f32
+//! where its K is adjacent: [`reading_f32_b`]) into an f32 C with its epilogue
 //! (`GemmKernel::c_f32`); an A whose view has adjacent columns is read in
 //! place as f32 and rounded as it is staged ([`reading_f32_a`]), others (a
 //! convolution's taps, a transposed view) are copied too. Its choices are a
@@ -59,6 +60,23 @@ fn for_step(k: GemmKernel, epilogue: Epilogue) -> GemmKernel {
 /// same kernels and bounds, each rounding A as it stages it.
 pub fn reading_f32_a(list: Vec<(GemmKernel, usize)>) -> Vec<(GemmKernel, usize)> {
     list.into_iter().map(|(k, most)| (GemmKernel { a_f32: true, ..k }, most)).collect()
+}
+
+/// A step's list made to read an f32 B in place where it can (a product
+/// of activations whose B has its K adjacent: attention's keys): each GEMV
+/// kernel of the list preceded by its f32-B twin (the same rows), which the
+/// runtime takes where B's view allows (else the twin after it, over a
+/// bf16 copy). The few rows GEMV takes are where the copy would cost most
+/// against the product (a decode step: the whole cache rewritten a token).
+pub fn reading_f32_b(list: Vec<(GemmKernel, usize)>) -> Vec<(GemmKernel, usize)> {
+    let mut out = Vec::with_capacity(list.len() + 2);
+    for (k, most) in list {
+        if k.arch == Arch::Gemv && k.b == BLayout::KMajor {
+            out.push((GemmKernel { b_f32: true, ..k }, most));
+        }
+        out.push((k, most));
+    }
+    out
 }
 
 /// The covers every list ends with: any K, then any start of C.

@@ -165,6 +165,13 @@ pub struct GemmKernel {
     /// Not a TMA kernel's (its copies cannot convert).
     #[serde(default)]
     pub a_f32: bool,
+    /// B is f32 and K-major (a model's activation read in place: attention's
+    /// keys at a decode step, whose copy as bf16 would rewrite the whole
+    /// cache every token): a GEMV or SIMT kernel's only, which multiply its
+    /// f32 values as they are; the GEMV's 16-byte loads need B's start,
+    /// `ldb` and batch stride multiples of 4 (the runner's checks).
+    #[serde(default)]
+    pub b_f32: bool,
 }
 
 /// The second launch of a split-K product: `C[m, n] = epilogue(Σ_s W[s, m, n])`,
@@ -228,7 +235,7 @@ impl GemmKernel {
     /// The symbol in the PTX and the cubin's file stem.
     pub fn name(&self) -> String {
         format!(
-            "gemm_{}{}_{}_{}x{}_w{}x{}_s{}{}{}{}{}",
+            "gemm_{}{}_{}_{}x{}_w{}x{}_s{}{}{}{}{}{}",
             match (self.arch, self.overlap, self.tma, self.persistent) {
                 (Arch::Sm80, ..) if self.unaligned => "ua_",
                 (Arch::Sm80, ..) => "",
@@ -248,6 +255,7 @@ impl GemmKernel {
             self.stages,
             if self.split_k { "_sk" } else { "" },
             if self.a_f32 { "_a32" } else { "" },
+            if self.b_f32 { "_b32" } else { "" },
             if self.c_f32 { "_c32" } else { "" },
             epilogue_suffix(&self.epilogue)
         )
@@ -410,6 +418,9 @@ impl GemmKernel {
         }
         if self.tma && (self.arch != Arch::Sm90a || self.overlap) {
             return bad("TMA kernels are wgmma kernels with their own pipeline (not `overlap`)".into());
+        }
+        if self.b_f32 && (self.b != BLayout::KMajor || !matches!(self.arch, Arch::Gemv | Arch::Simt)) {
+            return bad("an f32 B is read by GEMV and SIMT kernels, K-major".into());
         }
         if self.unaligned && (self.arch != Arch::Sm80 || self.split_k) {
             return bad("element-by-element loads are an mma.sync kernel's, without split-K".into());

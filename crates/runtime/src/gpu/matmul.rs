@@ -121,16 +121,25 @@ pub(super) fn launches(
     let in_place = s.taps.is_none() && s.cs[0] == 1 && choices.iter().any(|c| c.kernel.a_f32);
     let (sa, a_even) = entry_stride(s, 0);
     let a_aligned = in_place && s.rs[0].is_multiple_of(4) && s.entries.iter().all(|x| x[0].is_multiple_of(4));
+    // Kernels with an f32 B (an activation, K-major: its K adjacent) read it
+    // in place at the rows they take; the GEMV's 16-byte loads need its
+    // start, `ldb` and batch stride multiples of 4.
+    let b_in_place =
+        packed.is_none() && s.rs[1] == 1 && choices.iter().any(|c| c.kernel.b_f32 && m <= c.max_m);
+    let (sb_entry, b_even) = entry_stride(s, 1);
+    let b_aligned =
+        b_in_place && s.cs[1].is_multiple_of(4) && s.entries.iter().all(|x| x[1].is_multiple_of(4));
     let takes = |c: &GemmChoice, m: usize, p: &Problem, c_even: bool| {
         m <= c.max_m
             && c.kernel.accepts(p).is_ok()
             && (c_even || matches!(c.kernel.arch, Arch::Simt | Arch::Gemv))
             && (!c.kernel.a_f32 || (in_place && (a_aligned || c.kernel.is_cover())))
+            && (!c.kernel.b_f32 || (b_in_place && (b_aligned || c.kernel.arch == Arch::Simt)))
     };
-    // C's entries (and an in-place A's): one launch over an even stride, else
-    // one an entry.
+    // C's entries (and an in-place A's and B's): one launch over an even
+    // stride, else one an entry.
     let (sc, c_even) = entry_stride(s, 2);
-    let even = c_even && (!in_place || a_even);
+    let even = c_even && (!in_place || a_even) && (!b_in_place || b_even);
     let runs: Vec<(usize, usize)> =
         if even { vec![(0, entries)] } else { (0..entries).map(|e| (e, 1)).collect() };
     let mut picked = Vec::with_capacity(runs.len());
@@ -170,9 +179,11 @@ pub(super) fn launches(
         });
         out.scratch = round_up(2 * a_elems);
     }
-    // B: the packed weight, or the activation made K-major `[entries, n, k]`.
+    // B: the packed weight, the activation made K-major `[entries, n, k]`,
+    // or (kernels with an f32 B, only) the activation in place.
     let (b_at, sb) = match packed {
         Some(w) => (At::Packed(w), 0),
+        None if picked.iter().all(|&c| choices[c].kernel.b_f32) => (At::Null, 0),
         None => {
             let at = out.scratch;
             let offsets: Vec<usize> = s.entries.iter().map(|e| e[1]).collect();
@@ -209,6 +220,17 @@ pub(super) fn launches(
         } else {
             (At::Scratch(2 * first * m * k), k, m * k)
         };
+        // B: in place (f32, the entry's offset, its columns `ldb` apart), or
+        // the packed weight or copy (bf16, `ldb` = K).
+        let (b_at, ldb, sb) = if kk.b_f32 {
+            (At::Buffer(mm.b.buf, 4 * s.entries[first][1]), s.cs[1], sb_entry)
+        } else {
+            let at = match b_at {
+                At::Scratch(o) => At::Scratch(o + 2 * first * n * k),
+                x => x,
+            };
+            (at, k, sb)
+        };
         let grid = [n.div_ceil(kk.bn), m.div_ceil(kk.bm), count];
         let grid = grid.map(|g| u32::try_from(g).unwrap_or(u32::MAX));
         let bytes = |elems: usize| elems * 4;
@@ -219,10 +241,7 @@ pub(super) fn launches(
             smem: kk.smem_bytes() as u32,
             ptrs: [
                 a_at,
-                match b_at {
-                    At::Scratch(o) => At::Scratch(o + 2 * first * n * k),
-                    x => x,
-                },
+                b_at,
                 At::Buffer(mm.c.buf, bytes(c_off)),
                 mm.epilogue.bias.map_or(At::Null, |b| At::Buffer(b, 0)),
                 residual.map_or(At::Null, |r| At::Buffer(r, bytes(first * m * n))),
@@ -232,7 +251,7 @@ pub(super) fn launches(
                 i32_of(n, "N")?,
                 i32_of(k, "K")?,
                 i32_of(lda, "A's row stride")?,
-                i32_of(k, "K")?,
+                i32_of(ldb, "B's row stride")?,
                 i32_of(ldc, "C's row stride")?,
             ],
             strides: [sa as i64, sb as i64, sc as i64],
