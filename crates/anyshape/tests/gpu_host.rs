@@ -292,8 +292,9 @@ fn f32_operands_are_read_in_place() {
 /// An activation B whose K is adjacent (attention's keys, `q · kᵀ`) is read
 /// in place as f32 by the GEMV kernels at up to 8 rows (a decode step: no
 /// copy of the whole cache); a misaligned one (a slice a column in, rows 66
-/// apart) and more rows go through the bf16 copy. Against the interpreter
-/// at one row, a prime, the GEMV's last and one past it, keys 1, 7 and 67.
+/// apart), more rows and an N-major B (its values, `p · v`) go through the
+/// bf16 copy. Against the interpreter at one row, a prime, the GEMV's last
+/// and one past it, keys 1, 7 and 67.
 #[test]
 fn an_f32_b_is_read_in_place_at_few_rows() {
     let m = model(
@@ -308,7 +309,10 @@ fn an_f32_b_is_read_in_place_at_few_rows() {
   %ks: f32[3, t, 64] = slice[2: 1 step 1] %kw
   %kst: f32[3, 64, t] = transpose[perm=[0, 2, 1]] %ks
   %s2: f32[3, m, t] = matmul %q, %kst
-  output %s, %s2
+  input %p: f32[3, m, t]
+  input %v: f32[3, t, 64]
+  %o: f32[3, m, 64] = matmul %p, %v
+  output %s, %s2, %o
 }
 "#,
     );
@@ -319,12 +323,13 @@ fn an_f32_b_is_read_in_place_at_few_rows() {
         let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
         let used = gm.gemms_at(&named).expect("plans");
         let copies = gm.copies_at(&named).expect("plans");
-        assert_eq!((used.len(), copies.len()), (2, 2), "{used:?} {copies:?}");
+        assert_eq!((used.len(), copies.len()), (3, 3), "{used:?} {copies:?}");
         let in_place = rows <= 8;
         assert_eq!(used[0].1[0].contains("_b32"), in_place, "{rows} rows: {used:?}");
         assert_eq!(copies[0].1, usize::from(!in_place), "{rows} rows: {copies:?}");
         assert!(!used[1].1[0].contains("_b32"), "{rows} rows, misaligned: {used:?}");
         assert_eq!(copies[1].1, 1, "{rows} rows, misaligned: {copies:?}");
+        assert_eq!(copies[2].1, 1, "{rows} rows, values: {copies:?}");
     }
 }
 

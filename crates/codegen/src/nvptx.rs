@@ -326,7 +326,9 @@ fn simt_ir(k: &GemmKernel) -> String {
                 let off = g.v(format!("mul i64 {read64}, {ldb}"));
                 g.v(format!("getelementptr inbounds {}, ptr addrspace(1) {b_base}, i64 {off}", b_step(k)))
             }
-            Major::N => g.v(format!("getelementptr inbounds i16, ptr addrspace(1) {b_base}, i64 {read64}")),
+            Major::N => {
+                g.v(format!("getelementptr inbounds {}, ptr addrspace(1) {b_base}, i64 {read64}", b_step(k)))
+            }
         };
         cols.push((c, inside, at));
     }

@@ -345,7 +345,7 @@ fn ptxas_accepts_every_family_kernel() {
         fam.into_iter().map(|k| GemmKernel { a_f32: true, b_f32: true, c_f32: true, ..k })
     };
     kernels.extend(f32_b(candidates::gemv_family(ElemType::Bf16, e)));
-    kernels.extend(f32_b(candidates::simt_family(ElemType::Bf16, e)).filter(|k| k.b == BLayout::KMajor));
+    kernels.extend(f32_b(candidates::simt_family(ElemType::Bf16, e)));
     kernels.extend(candidates::unaligned_family(ElemType::F16, Epilogue::NONE));
     kernels.extend(candidates::unaligned_family(
         ElemType::Bf16,
@@ -1228,19 +1228,26 @@ mod on_the_host {
         assert!(tma.check().is_err(), "TMA copies 16-bit tiles");
     }
 
-    /// Kernels reading an f32 B in place (`b_f32`: a model's activation, K-major,
-    /// such as attention's keys at a decode step): GEMV and SIMT, with an f32 A
-    /// or a 16-bit one; one past a tile, a batch, one row, K of one step, and
-    /// for SIMT odd extents. Other families refuse an f32 B.
+    /// Kernels reading an f32 B in place (`b_f32`: a model's activation, such
+    /// as attention's keys or values at a decode step): GEMV (K-major) and
+    /// SIMT (either layout), with an f32 A or a 16-bit one; one past a tile, a
+    /// batch, one row, K of one step, and for SIMT odd extents. Other families
+    /// (and an N-major GEMV) refuse an f32 B.
     #[test]
     fn f32_b_on_the_host() {
         let e = EPILOGUES[2];
         let with =
             |fam: Vec<GemmKernel>, a_f32: bool| GemmKernel { c_f32: true, a_f32, b_f32: true, ..fam[0] };
         let mut kernels = Vec::new();
+        let simt_n = |a_f32| {
+            let fam = candidates::simt_family(ElemType::Bf16, e);
+            let k = fam.into_iter().find(|k| k.b == BLayout::NMajor).expect("an N-major SIMT kernel");
+            GemmKernel { c_f32: true, a_f32, b_f32: true, ..k }
+        };
         for a_f32 in [false, true] {
             kernels.push(with(candidates::gemv_family(ElemType::Bf16, e), a_f32));
             kernels.push(with(candidates::simt_family(ElemType::Bf16, e), a_f32));
+            kernels.push(simt_n(a_f32));
         }
         for (x, k) in kernels.iter().enumerate() {
             assert!(k.check().is_ok() && k.name().contains("_b32_c32"), "{k}");
@@ -1258,10 +1265,9 @@ mod on_the_host {
         ] {
             assert!(with(fam, true).check().is_err(), "only GEMV and SIMT kernels read an f32 B");
         }
-        let n_major = candidates::simt_family(ElemType::Bf16, e).into_iter().find(|k| k.b == BLayout::NMajor);
-        if let Some(k) = n_major {
-            assert!(GemmKernel { b_f32: true, ..k }.check().is_err(), "an f32 B is K-major");
-        }
+        let n_gemv = candidates::gemv_family(ElemType::Bf16, e).into_iter().next().expect("a GEMV kernel");
+        let n_gemv = GemmKernel { b: BLayout::NMajor, b_f32: true, ..n_gemv };
+        assert!(n_gemv.check().is_err(), "a GEMV kernel's f32 B is K-major");
     }
 
     /// One kernel an f32 A of each family a model's plan launches.

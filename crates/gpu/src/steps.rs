@@ -66,8 +66,11 @@ pub fn reading_f32_a(list: Vec<(GemmKernel, usize)>) -> Vec<(GemmKernel, usize)>
 /// of activations whose B has its K adjacent: attention's keys): each GEMV
 /// kernel of the list preceded by its f32-B twin (the same rows), which the
 /// runtime takes where B's view allows (else the twin after it, over a
-/// bf16 copy). The few rows GEMV takes are where the copy would cost most
+/// bf16 copy). The few rows GEMV takes are where the copy costs most
 /// against the product (a decode step: the whole cache rewritten a token).
+/// An N-major B (attention's values) is still copied: the SIMT kernel that
+/// could read it in place walks K in one thread, which a long cache makes
+/// slower than the copy and a GEMV, and no measurement says where it pays.
 pub fn reading_f32_b(list: Vec<(GemmKernel, usize)>) -> Vec<(GemmKernel, usize)> {
     let mut out = Vec::with_capacity(list.len() + 2);
     for (k, most) in list {

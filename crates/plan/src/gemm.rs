@@ -165,11 +165,12 @@ pub struct GemmKernel {
     /// Not a TMA kernel's (its copies cannot convert).
     #[serde(default)]
     pub a_f32: bool,
-    /// B is f32 and K-major (a model's activation read in place: attention's
-    /// keys at a decode step, whose copy as bf16 would rewrite the whole
-    /// cache every token): a GEMV or SIMT kernel's only, which multiply its
-    /// f32 values as they are; the GEMV's 16-byte loads need B's start,
-    /// `ldb` and batch stride multiples of 4 (the runner's checks).
+    /// B is f32 (a model's activation read in place: attention's keys or
+    /// values at a decode step, whose copy as bf16 would rewrite the whole
+    /// cache every token): a GEMV kernel's (K-major) or a SIMT kernel's
+    /// (either layout) only, which multiply its f32 values as they are; the
+    /// GEMV's 16-byte loads need B's start, `ldb` and batch stride multiples
+    /// of 4 (the runner's checks).
     #[serde(default)]
     pub b_f32: bool,
 }
@@ -419,8 +420,9 @@ impl GemmKernel {
         if self.tma && (self.arch != Arch::Sm90a || self.overlap) {
             return bad("TMA kernels are wgmma kernels with their own pipeline (not `overlap`)".into());
         }
-        if self.b_f32 && (self.b != BLayout::KMajor || !matches!(self.arch, Arch::Gemv | Arch::Simt)) {
-            return bad("an f32 B is read by GEMV and SIMT kernels, K-major".into());
+        if self.b_f32 && !(self.arch == Arch::Simt || (self.arch == Arch::Gemv && self.b == BLayout::KMajor))
+        {
+            return bad("an f32 B is read by SIMT kernels and K-major GEMV kernels".into());
         }
         if self.unaligned && (self.arch != Arch::Sm80 || self.split_k) {
             return bad("element-by-element loads are an mma.sync kernel's, without split-K".into());
