@@ -124,6 +124,52 @@ impl CudaDevice {
     }
 }
 
+impl CudaDevice {
+    /// `launches` captured on `stream` (thread-local: other callers' streams
+    /// go on meanwhile), the capture ended by `end` whatever happened, so
+    /// that the stream is usable again; a launch's error first.
+    ///
+    /// # Safety
+    /// As [`Device::capture`] for each launch.
+    unsafe fn captured<R>(
+        &self,
+        stream: StreamId,
+        launches: &[Launch],
+        end: impl FnOnce(&Arc<CudaStream>) -> Result<R, result::DriverError>,
+    ) -> Result<Result<R, result::DriverError>, RunError> {
+        let s = self.stream(stream)?;
+        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(driver("capturing a graph"))?;
+        let mut failed = None;
+        for l in launches {
+            // SAFETY: the caller's contract (each launch's arguments are what its
+            // kernel's ABI asks, whenever the graph runs); capturing runs nothing.
+            if let Err(e) = unsafe { self.launch(stream, l.kernel, l.dims, &l.args) } {
+                failed = Some(e);
+                break;
+            }
+        }
+        let ended = end(&s);
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(ended),
+        }
+    }
+}
+
+/// A captured graph not instantiated (what an exec update reads),
+/// destroyed when dropped.
+struct RawGraph(sys::CUgraph);
+
+impl Drop for RawGraph {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: a graph a capture made, owned here, destroyed once.
+            let _ = unsafe { result::graph::destroy(self.0) };
+        }
+    }
+}
+
 /// A call's launches captured as a CUDA graph (instantiated), run on the
 /// stream it was captured on.
 pub struct CudaGraphExec(cudarc::driver::CudaGraph);
@@ -141,24 +187,10 @@ impl Device for CudaDevice {
         stream: StreamId,
         launches: &[Launch],
     ) -> Result<Option<CudaGraphExec>, RunError> {
-        let s = self.stream(stream)?;
-        // Thread-local: other callers' streams go on meanwhile.
-        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(driver("capturing a graph"))?;
-        let mut failed = None;
-        for l in launches {
-            // SAFETY: the caller's contract (each launch's arguments are what its
-            // kernel's ABI asks, whenever the graph runs); capturing runs nothing.
-            if let Err(e) = unsafe { self.launch(stream, l.kernel, l.dims, &l.args) } {
-                failed = Some(e);
-                break;
-            }
-        }
-        // The capture ends whatever happened, so the stream is usable again.
-        let graph = s.end_capture(sys::CUgraphInstantiate_flags_enum(0));
-        if let Some(e) = failed {
-            return Err(e);
-        }
+        // SAFETY: the caller's contract, passed on.
+        let graph = unsafe {
+            self.captured(stream, launches, |s| s.end_capture(sys::CUgraphInstantiate_flags_enum(0)))
+        }?;
         Ok(graph.map_err(driver("instantiating a graph"))?.map(CudaGraphExec))
     }
 
@@ -174,40 +206,22 @@ impl Device for CudaDevice {
         graph: &mut CudaGraphExec,
         launches: &[Launch],
     ) -> Result<bool, RunError> {
-        let s = self.stream(stream)?;
-        s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(driver("capturing a graph"))?;
-        let mut failed = None;
-        for l in launches {
-            // SAFETY: the caller's contract, as in `capture`; capturing runs nothing.
-            if let Err(e) = unsafe { self.launch(stream, l.kernel, l.dims, &l.args) } {
-                failed = Some(e);
-                break;
-            }
-        }
-        // SAFETY: the stream is capturing (begun above); the capture ends
-        // whatever happened, so the stream is usable again.
-        let captured = unsafe { result::stream::end_capture(s.cu_stream()) };
-        let g = match (captured, failed) {
-            (Ok(g), Some(e)) => {
-                if !g.is_null() {
-                    // SAFETY: a graph the capture made, destroyed once.
-                    let _ = unsafe { result::graph::destroy(g) };
-                }
-                return Err(e);
-            }
-            (Err(e), _) => return Err(driver("capturing a graph")(e)),
-            (Ok(g), None) if g.is_null() => return Ok(false),
-            (Ok(g), None) => g,
+        // SAFETY: the stream is capturing when `end` runs (it ends the capture
+        // begun by `captured`); the graph it makes is this function's, destroyed
+        // when `RawGraph` drops.
+        let end = |s: &Arc<CudaStream>| unsafe { result::stream::end_capture(s.cu_stream()) }.map(RawGraph);
+        // SAFETY: the caller's contract, passed on.
+        let g = match unsafe { self.captured(stream, launches, end) }? {
+            Err(e) => return Err(driver("capturing a graph")(e)),
+            Ok(g) if g.0.is_null() => return Ok(false),
+            Ok(g) => g,
         };
         // SAFETY: the exec is the graph's own (live while `graph` is); `g` is
-        // the captured graph, read by the update and destroyed once after it;
-        // `info` is plain data the driver writes.
+        // the captured graph, which the update reads; `info` is plain data the
+        // driver writes.
         let updated = unsafe {
             let mut info: sys::CUgraphExecUpdateResultInfo = std::mem::zeroed();
-            let r = sys::cuGraphExecUpdate_v2(graph.0.cu_graph_exec(), g, &mut info);
-            let _ = result::graph::destroy(g);
-            r
+            sys::cuGraphExecUpdate_v2(graph.0.cu_graph_exec(), g.0, &mut info)
         };
         match updated {
             sys::CUresult::CUDA_SUCCESS => Ok(true),

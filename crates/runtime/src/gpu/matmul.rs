@@ -139,7 +139,11 @@ pub(super) fn launches(
     // C's entries (and an in-place A's and B's): one launch over an even
     // stride, else one an entry.
     let (sc, c_even) = entry_stride(s, 2);
-    let even = c_even && (!in_place || a_even) && (!b_in_place || b_even);
+    // (B's evenness matters only where an f32-B kernel can take it.)
+    let b_taken = b_in_place
+        && (b_aligned
+            || choices.iter().any(|c| c.kernel.b_f32 && c.kernel.arch == Arch::Simt && m <= c.max_m));
+    let even = c_even && (!in_place || a_even) && (!b_taken || b_even);
     let runs: Vec<(usize, usize)> =
         if even { vec![(0, entries)] } else { (0..entries).map(|e| (e, 1)).collect() };
     let mut picked = Vec::with_capacity(runs.len());

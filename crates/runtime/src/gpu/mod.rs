@@ -728,31 +728,24 @@ impl<D: Device> GpuModel<D> {
         &self,
         inputs: &[(&str, T)],
     ) -> Result<Vec<(usize, Vec<String>)>, RunError> {
-        let shape = self.shape(inputs)?;
-        Ok(shape
-            .matmuls
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| !m.gemms.is_empty())
-            .map(|(i, m)| {
-                (i, m.gemms.iter().map(|g| self.kernels.matmuls[i][g.choice].kernel.name()).collect())
-            })
-            .collect())
+        self.contractions_at(inputs, |i, m| {
+            m.gemms.iter().map(|g| self.kernels.matmuls[i][g.choice].kernel.name()).collect()
+        })
     }
 
     /// The operand copies each contraction step launches for `inputs`' shape
     /// (step index, copies: an A or activation B written as bf16 first),
     /// planning the shape if it is new.
     pub fn copies_at<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<Vec<(usize, usize)>, RunError> {
-        self.contractions_at(inputs, |m| m.copies.len())
+        self.contractions_at(inputs, |_, m| m.copies.len())
     }
 
-    /// `f` of each contraction step's launches at `inputs`' shape that
-    /// launches a GEMM (step index, what `f` says).
+    /// `f` of each contraction step (its index) and its launches at
+    /// `inputs`' shape that launches a GEMM (step index, what `f` says).
     fn contractions_at<T: TensorData, R>(
         &self,
         inputs: &[(&str, T)],
-        f: impl Fn(&MatMulLaunches) -> R,
+        f: impl Fn(usize, &MatMulLaunches) -> R,
     ) -> Result<Vec<(usize, R)>, RunError> {
         let shape = self.shape(inputs)?;
         Ok(shape
@@ -760,7 +753,7 @@ impl<D: Device> GpuModel<D> {
             .iter()
             .enumerate()
             .filter(|(_, m)| !m.gemms.is_empty())
-            .map(|(i, m)| (i, f(m)))
+            .map(|(i, m)| (i, f(i, m)))
             .collect())
     }
 
@@ -1132,8 +1125,11 @@ impl<D: Device> GpuModel<D> {
             // SAFETY: the launches were recorded for this shape in this slot's
             // memory (see `record`), which stays the slot's while the record is
             // kept (the graph goes with it).
-            if unsafe { self.device.update_graph(stream, &mut g, launches)? } {
-                return Ok(Some(g));
+            match unsafe { self.device.update_graph(stream, &mut g, launches) } {
+                Ok(true) => return Ok(Some(g)),
+                // The graph is dropped; the launches still run (the log says why).
+                Ok(false) => {}
+                Err(e) => tracing::warn!("a graph could not be updated to a new shape's launches ({e})"),
             }
         }
         if !after_new {
