@@ -216,17 +216,16 @@ pub type RunOn<'a> = dyn Fn(&[(&str, Tensor)]) -> Result<()> + 'a;
 
 /// Each of `shapes` called once, in order, each call the first at its shape
 /// (a decoder's steps, each at a longer cache): `run` runs the model on the
-/// shape's synthetic inputs (made before the clock starts). A line per
-/// shape, then the median call.
+/// shape's synthetic inputs (each made before its call's clock starts). A
+/// line per shape, then the median call.
 pub fn time_once(
     inputs: &[(String, TensorType)],
     shapes: &[Vec<(String, usize)>],
     run: &RunOn<'_>,
 ) -> Result<()> {
-    let feeds: Vec<Vec<(String, Tensor)>> =
-        shapes.iter().map(|sh| synthetic_inputs(inputs, sh)).collect::<Result<_>>()?;
     let mut times = Vec::with_capacity(shapes.len());
-    for (shape, feed) in shapes.iter().zip(&feeds) {
+    for shape in shapes {
+        let feed = synthetic_inputs(inputs, shape)?;
         let named: Vec<(&str, Tensor)> = feed.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
         let t = Instant::now();
         run(&named)?;
