@@ -109,7 +109,7 @@ impl Device for HostDevice {
         graph: &mut Vec<Launch>,
         launches: &[Launch],
     ) -> Result<bool, RunError> {
-        if graph.len() != launches.len() || graph.iter().zip(launches).any(|(a, b)| a.kernel != b.kernel) {
+        if !runtime::gpu::same_kernels(graph, launches) {
             return Ok(false);
         }
         graph.clone_from_slice(launches);

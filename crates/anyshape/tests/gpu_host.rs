@@ -496,6 +496,20 @@ fn a_shapes_launches_are_recorded_and_replayed_as_a_graph() {
     assert_eq!(graphs(), 7, "66 rows recorded anew in the new memory, a graph at once after a new shape");
 }
 
+/// Whether the GEMM kernels `gm` launches are the same at every `n` of `rows`.
+fn one_gemm_kernel(
+    m: &Model,
+    gm: &anyshape::gpu::GpuModel<anyshape::gpu::HostDevice>,
+    rows: &[usize],
+) -> bool {
+    let kernels = |n: usize| {
+        let ins = inputs(m, &[("n", n)], 0);
+        let named: Vec<(&str, Tensor)> = ins.iter().map(|(a, t)| (a.as_str(), t.clone())).collect();
+        gm.gemms_at(&named).expect("plans")
+    };
+    rows.iter().all(|&n| kernels(n) == kernels(rows[0]))
+}
+
 /// A new shape right after another (a decoder's steps, each at a longer
 /// cache) runs as a graph from its first call: the second such shape
 /// captures one, each later one updates it in place (the same kernels in
@@ -511,12 +525,7 @@ fn new_shapes_in_a_row_update_one_graph_in_place() {
     compare_within(&m, &gm, &[("n", 64)], 1, Some(BF16_L2));
     // Seven, so that 64 rows' recording stays (a slot keeps eight shapes').
     let rows: Vec<usize> = (9..=15).collect();
-    let kernels = |n: usize| {
-        let ins = inputs(&m, &[("n", n)], 0);
-        let named: Vec<(&str, Tensor)> = ins.iter().map(|(a, t)| (a.as_str(), t.clone())).collect();
-        gm.gemms_at(&named).expect("plans")
-    };
-    assert!(rows.iter().all(|&n| kernels(n) == kernels(rows[0])), "one GEMM kernel for these rows");
+    assert!(one_gemm_kernel(&m, &gm, &rows), "one GEMM kernel for these rows");
     let (graphs, updates) = (dev.graph_launches(), dev.graph_updates());
     for (i, &n) in rows.iter().enumerate() {
         compare_within(&m, &gm, &[("n", n)], 10 + i as u64, Some(BF16_L2));
@@ -544,12 +553,7 @@ fn a_new_shape_takes_the_graph_of_the_recording_it_replaces() {
     let gm = m.compile_host_gpu().expect("compiles");
     let dev = gm.device();
     let rows: Vec<usize> = (9..=18).collect();
-    let kernels = |n: usize| {
-        let ins = inputs(&m, &[("n", n)], 0);
-        let named: Vec<(&str, Tensor)> = ins.iter().map(|(a, t)| (a.as_str(), t.clone())).collect();
-        gm.gemms_at(&named).expect("plans")
-    };
-    assert!(rows.iter().all(|&n| kernels(n) == kernels(rows[0])), "one GEMM kernel for these rows");
+    assert!(one_gemm_kernel(&m, &gm, &rows), "one GEMM kernel for these rows");
     // Memory for the largest first (and its graph), then seven more shapes,
     // the last called twice (the call before the ninth shape is no new one).
     compare_within(&m, &gm, &[("n", 18)], 0, Some(BF16_L2));

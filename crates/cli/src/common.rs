@@ -49,6 +49,11 @@ pub fn main_with<C: clap::Parser>(
     }
 }
 
+/// Every shape a list of `--shape` arguments names ([`parse_shapes`] each).
+pub fn parse_shape_args(args: &[String]) -> Result<Vec<Vec<(String, usize)>>> {
+    Ok(args.iter().map(|s| parse_shapes(s)).collect::<Result<Vec<_>>>()?.concat())
+}
+
 /// `SYM=N,SYM=LO..HI`: every shape it names (a range: each value from LO
 /// to HI, the last symbol's fastest), as a benchmark's `--shape` takes.
 pub fn parse_shapes(s: &str) -> Result<Vec<Vec<(String, usize)>>> {

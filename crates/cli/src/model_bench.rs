@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use anyshape::{CompileOptions, Tensor};
 
-use crate::common::{ms, parse_shapes, pause_arg, synthetic_inputs, time_calls, time_once, time_runs};
+use crate::common::{ms, parse_shape_args, pause_arg, synthetic_inputs, time_calls, time_once, time_runs};
 use crate::UserError;
 
 #[derive(clap::Args)]
@@ -157,8 +157,7 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize, 
 }
 
 pub fn bench(a: BenchArgs) -> Result<()> {
-    let shapes: Vec<Vec<(String, usize)>> =
-        a.shapes.iter().map(|s| parse_shapes(s)).collect::<Result<Vec<_>>>()?.concat();
+    let shapes = parse_shape_args(&a.shapes)?;
     let pause = pause_arg(a.pause)?;
     if a.once && (a.profile || a.json || a.pause.is_some()) {
         bail!(UserError("--once times single calls: no --profile, --json or --pause with it".into()));
@@ -278,8 +277,7 @@ pub fn inspect_compiled(
     shapes: &[String],
     threads: Option<usize>,
 ) -> Result<()> {
-    let shapes: Vec<Vec<(String, usize)>> =
-        shapes.iter().map(|s| parse_shapes(s)).collect::<Result<Vec<_>>>()?.concat();
+    let shapes = parse_shape_args(shapes)?;
     if dispatch && shapes.is_empty() {
         bail!(UserError("--stage dispatch needs --shape SYM=N,... (the shape to show)".into()));
     }
@@ -324,8 +322,7 @@ pub fn inspect_artifact(
             "an artifact keeps the stages programs, kernels and dispatch, not {stage} (inspect the ONNX model)"
         )));
     }
-    let shapes: Vec<Vec<(String, usize)>> =
-        shapes.iter().map(|s| parse_shapes(s)).collect::<Result<Vec<_>>>()?.concat();
+    let shapes = parse_shape_args(shapes)?;
     if stage == "dispatch" && shapes.is_empty() {
         bail!(UserError("--stage dispatch needs --shape SYM=N,... (the shape to show)".into()));
     }

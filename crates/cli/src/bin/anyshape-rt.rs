@@ -17,7 +17,7 @@ use ir::Tensor;
 #[path = "../common.rs"]
 mod common;
 
-use common::{load_artifact, ms, parse_shapes, say, synthetic_inputs, time_calls, time_once, time_runs};
+use common::{load_artifact, ms, parse_shape_args, say, synthetic_inputs, time_calls, time_once, time_runs};
 use runtime::gpu::artifact::is_gpu_artifact;
 
 #[derive(Parser)]
@@ -196,5 +196,5 @@ fn bench_shapes(shapes: &[String], once: bool, other: bool) -> Result<Vec<Vec<(S
     if once && other {
         anyhow::bail!(common::UserError("--once times single calls: no --json or --pause with it".into()));
     }
-    Ok(shapes.iter().map(|s| parse_shapes(s)).collect::<Result<Vec<_>>>()?.concat())
+    parse_shape_args(shapes)
 }

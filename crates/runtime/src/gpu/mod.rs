@@ -311,6 +311,12 @@ pub struct Launch {
     pub args: Vec<KernelArg>,
 }
 
+/// Whether `a` and `b` launch the same kernels in the same order (what a
+/// graph updated in place from one to the other keeps).
+pub fn same_kernels(a: &[Launch], b: &[Launch]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.kernel == y.kernel)
+}
+
 /// Whether the GPU backend runs every step of `plan` (an error naming the
 /// first it does not): a fused attention needs an online softmax program.
 pub fn check_plan(plan: &ModelPlan) -> Result<(), RunError> {
@@ -1112,13 +1118,9 @@ impl<D: Device> GpuModel<D> {
         launches: &[Launch],
         stream: StreamId,
     ) -> Result<Option<D::Graph>, RunError> {
-        let same_kernels = |p: &Recorded<D::Graph>| {
-            p.launches.len() == launches.len()
-                && p.launches.iter().zip(launches).all(|(a, b)| a.kernel == b.kernel)
-        };
         let after_new = previous.is_some();
         for donor in [evicted, previous].into_iter().flatten() {
-            if !same_kernels(donor) {
+            if !same_kernels(&donor.launches, launches) {
                 continue;
             }
             let Some(mut g) = donor.graph.take() else { continue };
