@@ -413,6 +413,15 @@ pub fn gpu_attention_unsupported(plan: &plan::ModelPlan, a: &plan::AttentionStep
     )
 }
 
+/// How `target`'s attention kernel of head dimension `head` multiplies:
+/// Hopper's `wgmma` where its tiles take the head, else `mma.sync`.
+pub fn attention_mma(target: GpuTarget, head: usize) -> plan::gpu::AttentionMma {
+    match target {
+        GpuTarget::Sm90a if plan::gpu::attention_wgmma_ok(head) => plan::gpu::AttentionMma::Wgmma,
+        _ => plan::gpu::AttentionMma::Sync,
+    }
+}
+
 /// What a kernel is given to a device as.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Text {
@@ -459,9 +468,14 @@ pub fn host_model_of(mut a: GpuArtifact, arch: Option<&str>) -> Result<GpuModel<
             KernelRole::Loop(i) => codegen::nvptx::program_ir(&a.plan.programs[*i], &k.name)?,
             KernelRole::OperandCopy => codegen::nvptx::operand_copy_ir(),
             KernelRole::Gemm(g) => codegen::nvptx::llvm_ir(g)?,
-            KernelRole::Attention { program, scores, logits, head } => {
-                codegen::nvptx::attention_ir(&a.plan.programs[*program], *scores, *logits, *head, &k.name)?
-            }
+            KernelRole::Attention { program, scores, logits, head, mma } => codegen::nvptx::attention_ir(
+                &a.plan.programs[*program],
+                *scores,
+                *logits,
+                *head,
+                *mma,
+                &k.name,
+            )?,
         };
         code.push((k.name.clone(), ir, host_kind(*role)));
     }
@@ -535,15 +549,16 @@ fn gpu_kernels(
         let at = match attention.get(&(online.program, head)) {
             Some(&i) => i,
             None => {
-                let name = plan::gpu::attention_kernel_name(online.program, head);
+                let mma = attention_mma(target, head);
+                let name = plan::gpu::attention_kernel_name(online.program, head, mma);
                 let p = &plan.programs[online.program];
                 let (s, l) = (a.scores_param as u32, online.logits_param as u32);
                 let t = match (known.get(&name), text) {
                     (Some(t), _) => t.clone(),
-                    (None, Text::Ptx) => codegen::nvptx::attention_ptx(p, s, l, head, &name)?,
-                    (None, Text::LlvmIr) => codegen::nvptx::attention_ir(p, s, l, head, &name)?,
+                    (None, Text::Ptx) => codegen::nvptx::attention_ptx(p, s, l, head, mma, &name)?,
+                    (None, Text::LlvmIr) => codegen::nvptx::attention_ir(p, s, l, head, mma, &name)?,
                 };
-                let role = KernelRole::Attention { program: online.program, scores: s, logits: l, head };
+                let role = KernelRole::Attention { program: online.program, scores: s, logits: l, head, mma };
                 let smem = plan::gpu::attention_smem(head);
                 code.push((KernelCode { name, text: t, smem, cubin: None }, role));
                 attention.insert((online.program, head), code.len() - 1);
@@ -627,20 +642,26 @@ pub fn gemm_choices_text(plan: &plan::ModelPlan, target: GpuTarget) -> Result<St
     Ok(s)
 }
 
-/// The attention kernel each fused attention step of `plan` runs, a line a
-/// step: its kernel, head dimension and logits program, its geometry.
-pub fn attention_text(plan: &plan::ModelPlan) -> String {
-    use plan::gpu::{ATTENTION_KEYS, ATTENTION_ROWS, ATTENTION_THREADS};
+/// The attention kernel each fused attention step of `plan` runs on
+/// `target`, a line a step: its kernel, head dimension and logits program,
+/// its geometry, how it multiplies.
+pub fn attention_text(plan: &plan::ModelPlan, target: GpuTarget) -> String {
+    use plan::gpu::{AttentionMma, ATTENTION_KEYS, ATTENTION_ROWS, ATTENTION_THREADS};
     let mut s = String::new();
     for (i, st) in plan.steps.iter().enumerate() {
         let plan::StepKind::Attention(a) = &st.kind else { continue };
         let (Some(online), Some(head)) = (&a.online, a.head(&plan.dims)) else { continue };
+        let mma = attention_mma(target, head);
         s.push_str(&format!(
             "step {i} (group {}): {}: {ATTENTION_ROWS} query rows a block of {ATTENTION_THREADS} threads, \
-             keys {ATTENTION_KEYS} at a time, logits of p{} per score, mma.sync in bf16\n",
+             keys {ATTENTION_KEYS} at a time, logits of p{} per score, {} in bf16\n",
             st.group,
-            plan::gpu::attention_kernel_name(online.program, head),
-            online.program
+            plan::gpu::attention_kernel_name(online.program, head, mma),
+            online.program,
+            match mma {
+                AttentionMma::Sync => "mma.sync",
+                AttentionMma::Wgmma => "wgmma (S = Q·Kᵀ from shared memory, O += P·V with P in registers)",
+            }
         ));
     }
     s

@@ -12,8 +12,10 @@
 
 mod common;
 
+use anyshape::gpu::GpuTarget;
 use anyshape::{Elems, LoadOptions, Model, Tensor};
 use common::{shape_at, Lcg};
+use plan::gpu::AttentionMma;
 
 /// `softmax(Q·Kᵀ/4 + mask)·V` over `b × 3` heads of depth `D`, queries `q`, keys `k`.
 fn padding_mask(d: usize) -> String {
@@ -235,6 +237,50 @@ fn long_keys_split_among_blocks_and_combine() {
     eprintln!("split keys, head 16: relative L2 error at most {worst:.2e}");
 }
 
+/// Compile `m` for an emulated Hopper, check its attention steps take the
+/// `wgmma` kernel, and compare it with the interpreter at each of `shapes`.
+fn check_hopper(m: &Model, shapes: &[Vec<(&str, usize)>]) -> f64 {
+    let plan = m.lower_gpu().expect("lower");
+    let text = anyshape::gpu::attention_text(&plan, GpuTarget::Sm90a);
+    assert!(!text.is_empty() && text.lines().all(|l| l.contains("_wgmma: ")), "{text}");
+    let gm = m.compile_host_gpu_for(GpuTarget::Sm90a).unwrap_or_else(|e| panic!("{e}"));
+    compare(m, &gm, shapes)
+}
+
+/// Hopper's attention kernel (`wgmma`: `S = Q·Kᵀ` from the swizzled Q and K
+/// tiles, `O += P·V` with P from the score registers and Vᵀ from its tile)
+/// on the emulator: heads 64 and 128 (one and two swizzle slabs), a padding
+/// mask with cross attention, leading keys masked out, and keys split among
+/// blocks (1 and 3 queries against 520 and 1100 keys).
+#[test]
+fn hopper_attention_runs_on_wgmma() {
+    for d in [64, 128] {
+        let m = model(&padding_mask(d));
+        let mut shapes = Vec::new();
+        for (i, &q) in LENGTHS.iter().enumerate() {
+            let k = LENGTHS[(i * 5 + 2) % LENGTHS.len()];
+            shapes.push(vec![("b", 1 + i % 2), ("q", q), ("k", k)]);
+        }
+        shapes.push(vec![("b", 1), ("q", 1), ("k", 520)]);
+        shapes.push(vec![("b", 1), ("q", 3), ("k", 1100)]);
+        let worst = check_hopper(&m, &shapes);
+        eprintln!("wgmma, padding mask, head {d}: relative L2 error at most {worst:.2e}");
+    }
+    let m = model(LEFT_PADDED);
+    let shapes: Vec<_> = [1, 17, 65, 131].iter().map(|&t| vec![("b", 2), ("t", t)]).collect();
+    let worst = check_hopper(&m, &shapes);
+    eprintln!("wgmma, leading keys masked, head 64: relative L2 error at most {worst:.2e}");
+}
+
+/// Heads `wgmma`'s tiles do not take (not a multiple of 64) keep `mma.sync`
+/// on a Hopper.
+#[test]
+fn hopper_keeps_mma_sync_for_narrow_heads() {
+    let plan = model(CAUSAL).lower_gpu().expect("lower");
+    let text = anyshape::gpu::attention_text(&plan, GpuTarget::Sm90a);
+    assert!(text.contains("_d32: ") && text.contains("mma.sync"), "{text}");
+}
+
 #[test]
 fn a_head_dimension_the_kernel_lacks_runs_unfused() {
     let m = model(&padding_mask(20));
@@ -265,6 +311,26 @@ fn an_artifact_keeps_the_attention_kernel() {
     assert_eq!(heads, [32], "the artifact's attention kernels");
     let gm = anyshape::gpu::host_model_of(b, None).expect("runs on the emulator");
     compare(&m, &gm, &[vec![("b", 2), ("t", 70)]]);
+
+    // A head of 64: Hopper's code holds the wgmma kernel, every GPU's mma.sync's.
+    let m = model(LEFT_PADDED);
+    let a = m.gpu_artifact(&anyshape::gpu::GpuArtifactOptions::new()).expect("an artifact");
+    a.save(&path).expect("saves");
+    let b = anyshape::gpu::GpuArtifact::load(&path).expect("loads");
+    let _ = std::fs::remove_file(&path);
+    for (code, want) in b.code.iter().zip([AttentionMma::Wgmma, AttentionMma::Sync]) {
+        let forms: Vec<AttentionMma> = code
+            .kernels
+            .iter()
+            .filter_map(|(_, r)| match r {
+                anyshape::gpu::KernelRole::Attention { mma, .. } => Some(*mma),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(forms, [want], "{}", code.arch);
+    }
+    let gm = anyshape::gpu::host_model_of(b, Some("sm_90a")).expect("runs on the emulator");
+    compare(&m, &gm, &[vec![("b", 2), ("t", 70)]]);
 }
 
 /// Bytes a thread may spill at heads wider than 64: ptxas gives those 255
@@ -284,7 +350,11 @@ fn every_head_dimension_assembles_for_hopper() {
     let ptxas = ptxas.unwrap_or_default();
     let tmp = std::env::temp_dir().join(format!("anyshape-attention-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).expect("temp dir");
-    for d in (16..=plan::gpu::ATTENTION_MAX_HEAD).step_by(16) {
+    let forms = (16..=plan::gpu::ATTENTION_MAX_HEAD).step_by(16).flat_map(|d| {
+        let wgmma = plan::gpu::attention_wgmma_ok(d).then_some((d, AttentionMma::Wgmma));
+        std::iter::once((d, AttentionMma::Sync)).chain(wgmma)
+    });
+    for (d, mma) in forms {
         let plan = model(&padding_mask(d)).lower_gpu().expect("lower");
         let a = plan
             .steps
@@ -295,15 +365,17 @@ fn every_head_dimension_assembles_for_hopper() {
             })
             .unwrap_or_else(|| panic!("head {d}: attention not fused"));
         let online = a.online.as_ref().expect("online softmax");
-        let name = plan::gpu::attention_kernel_name(online.program, d);
+        let name = plan::gpu::attention_kernel_name(online.program, d, mma);
         let ptx = codegen::nvptx::attention_ptx(
             &plan.programs[online.program],
             a.scores_param as u32,
             online.logits_param as u32,
             d,
+            mma,
             &name,
         )
         .unwrap_or_else(|e| panic!("head {d}: {e}"));
+        assert_eq!(ptx.contains("wgmma.mma_async"), mma == AttentionMma::Wgmma, "{name}");
         let file = tmp.join(format!("{name}.ptx"));
         std::fs::write(&file, &ptx).expect("write");
         let out = std::process::Command::new(&ptxas)
@@ -312,7 +384,7 @@ fn every_head_dimension_assembles_for_hopper() {
             .output()
             .expect("ptxas runs");
         let log = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "head {d}: {log}");
+        assert!(out.status.success(), "{name}: {log}");
         let spilled: usize = log
             .split(" bytes spill stores")
             .next()
@@ -320,9 +392,9 @@ fn every_head_dimension_assembles_for_hopper() {
             .and_then(|n| n.parse().ok())
             .unwrap_or(0);
         let most = if d <= 64 { 0 } else { MOST_SPILL_WIDE };
-        assert!(spilled <= most, "head {d}: {spilled} bytes spilled (at most {most}): {log}");
+        assert!(spilled <= most, "{name}: {spilled} bytes spilled (at most {most}): {log}");
         eprintln!(
-            "head {d}: {}",
+            "{name}: {}",
             log.lines().filter(|l| l.contains("registers")).collect::<Vec<_>>().join("; ")
         );
     }

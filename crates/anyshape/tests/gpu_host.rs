@@ -858,11 +858,20 @@ fn every_bundled_model_compiles_to_ptx() {
             let plan::StepKind::Attention(a) = &st.kind else { continue };
             let online = a.online.as_ref().expect("the GPU fuses only online softmax");
             let head = a.head(&plan.dims).expect("a constant head");
-            if seen.insert((online.program, head)) {
-                let name = plan::gpu::attention_kernel_name(online.program, head);
+            if !seen.insert((online.program, head)) {
+                continue;
+            }
+            // `mma.sync`'s, and Hopper's `wgmma` where it takes the head.
+            let mut forms = vec![plan::gpu::AttentionMma::Sync];
+            if plan::gpu::attention_wgmma_ok(head) {
+                forms.push(plan::gpu::AttentionMma::Wgmma);
+            }
+            for mma in forms {
+                let name = plan::gpu::attention_kernel_name(online.program, head, mma);
                 let (sp, lp) = (a.scores_param as u32, online.logits_param as u32);
-                let ptx = codegen::nvptx::attention_ptx(&plan.programs[online.program], sp, lp, head, &name)
-                    .unwrap_or_else(|e| panic!("{} {name}: {e}", dir.display()));
+                let ptx =
+                    codegen::nvptx::attention_ptx(&plan.programs[online.program], sp, lp, head, mma, &name)
+                        .unwrap_or_else(|e| panic!("{} {name}: {e}", dir.display()));
                 texts.push((name.clone(), name, ptx));
                 attentions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }

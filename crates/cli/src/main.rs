@@ -773,10 +773,12 @@ fn inspect_gpu(model_path: PathBuf, dims: Vec<String>, dump_llvm: Option<PathBuf
     say_raw!("{}", anyshape::inspect::print_plan(&plan));
     say!("# GEMM kernels of each contraction step, tried in order (bf16 operands, f32 C):");
     say_raw!("{}", anyshape::gpu::gemm_choices_text(&plan, anyshape::gpu::GpuTarget::Sm80)?);
-    let attention = anyshape::gpu::attention_text(&plan);
+    let attention = anyshape::gpu::attention_text(&plan, anyshape::gpu::GpuTarget::Sm80);
     if !attention.is_empty() {
         say!("# the attention kernel of each fused attention step (the others unfused):");
         say_raw!("{attention}");
+        say!("# on a Hopper (sm_90a):");
+        say_raw!("{}", anyshape::gpu::attention_text(&plan, anyshape::gpu::GpuTarget::Sm90a));
     }
     let warp = plan.programs.iter().filter(|p| p.gpu_warp_schedule().is_some()).count();
     let matmuls = plan.steps.iter().filter(|s| s.kind.name() == "matmul").count();

@@ -298,17 +298,21 @@ fn wgmma_for_host(t: &str) -> String {
     let nacc = rest[..rest.find('}').unwrap_or(0)].matches("float").count();
     let shape = &rest[rest.find("m64n").unwrap_or(0) + 4..];
     let bn: usize = shape[..shape.find('k').unwrap_or(0)].parse().unwrap_or(0);
-    let kind = i32::from(!rest.contains(".f32.bf16.bf16"));
+    // A in registers (`{d…}, {a0, a1, a2, a3}, b-desc`): four words and B's
+    // descriptor a step; else A's and B's descriptors.
+    let a_regs = rest.contains("}, {$");
+    let kind = i32::from(!rest.contains(".f32.bf16.bf16")) | if a_regs { WGMMA_A_REGS } else { 0 };
     let steps = rest.matches("wgmma.mma_async").count();
+    let operands = if a_regs { 5 * steps } else { 2 * steps };
     let args = call_args(rest);
     let mut s = String::new();
-    for (j, a) in args.iter().take(2 * steps).enumerate() {
+    for (j, a) in args.iter().take(operands).enumerate() {
         s.push_str(&format!(
             "  {lhs}.d{j} = getelementptr i64, ptr %host.wgmma, i64 {j}\n  store {a}, ptr {lhs}.d{j}\n"
         ));
     }
-    let scale = args[2 * steps];
-    for (i, a) in args.iter().skip(2 * steps + 1).enumerate() {
+    let scale = args[operands];
+    for (i, a) in args.iter().skip(operands + 1).enumerate() {
         s.push_str(&format!(
             "  {lhs}.a{i} = getelementptr float, ptr %host.wgmma, i64 {}\n  store {a}, ptr {lhs}.a{i}\n",
             128 + i
@@ -813,10 +817,33 @@ extern "C" fn host_wgmma(scratch: *mut u8, kind: i32, bn: i32, steps: i32, scale
     let (block, w, l) = with_lane(|l| (l.block.clone(), l.warp, l.lane));
     block.warpgroups[w / 4].wait();
     let (smem, w) = (block.smem, w % 4);
-    let elem = if kind == 0 { ElemType::Bf16 } else { ElemType::F16 };
+    let elem = if kind & 1 == 0 { ElemType::Bf16 } else { ElemType::F16 };
     let (bn, steps) = (bn as usize, steps as usize);
-    // SAFETY: the rewritten statement stored 2·steps descriptors and bn/2 floats there.
-    let descs = unsafe { std::slice::from_raw_parts(scratch as *const u64, 2 * steps) };
+    let a_regs = kind & WGMMA_A_REGS != 0;
+    let operands = if a_regs { 5 * steps } else { 2 * steps };
+    // SAFETY: the rewritten statement stored `operands` words and bn/2 floats there.
+    let words = unsafe { std::slice::from_raw_parts(scratch as *const u64, operands) };
+    // A in registers: the warp's lanes exchange their four words a step (two
+    // to an operand slot), laid out as `mma.sync`'s m16k16 A fragment over the
+    // warp's 16 rows.
+    let lanes_a = if a_regs {
+        assert!(steps <= 6, "{steps} steps of A in registers");
+        let mut mine = [0u64; 12];
+        for s in 0..steps {
+            for r in 0..4 {
+                mine[(4 * s + r) / 2] |= (words[5 * s + r] & 0xffff_ffff) << (32 * (r % 2));
+            }
+        }
+        Some(exchange(mine).0)
+    } else {
+        None
+    };
+    let a_reg = |s: usize, row: usize, k: usize| -> f32 {
+        let all = lanes_a.as_ref().expect("A in registers");
+        let (lane, reg) = ((row % 8) * 4 + (k % 8) / 2, 4 * s + row / 8 + 2 * (k / 8));
+        let word = all[lane][reg / 2] >> (32 * (reg % 2));
+        reference::from_bits(elem, (word >> (16 * (k % 2))) as u16)
+    };
     // SAFETY: as above; the floats start at float 128 (byte 512) of the 1536 bytes.
     let acc = unsafe { std::slice::from_raw_parts_mut((scratch as *mut f32).add(128), bn / 2) };
     if scale == 0 {
@@ -833,16 +860,23 @@ extern "C" fn host_wgmma(scratch: *mut u8, kind: i32, bn: i32, steps: i32, scale
     };
     let (g, t) = (l / 4, l % 4);
     for s in 0..steps {
-        let (da, db) = (descs[2 * s], descs[2 * s + 1]);
         for (i, d) in acc.iter_mut().enumerate() {
             let (j, h) = (i / 4, i % 4);
             let (row, col) = (16 * w + g + 8 * (h / 2), 8 * j + 2 * t + h % 2);
             for k in 0..16 {
-                *d += at(da, row, k) * at(db, col, k);
+                let (a, b) = if a_regs {
+                    (a_reg(s, row % 16, k), at(words[5 * s + 4], col, k))
+                } else {
+                    (at(words[2 * s], row, k), at(words[2 * s + 1], col, k))
+                };
+                *d += a * b;
             }
         }
     }
 }
+
+/// `host_wgmma`'s kind bit for A in registers (bit 0: f16, else bf16).
+const WGMMA_A_REGS: i32 = 2;
 
 /// The block the host threads of a launch are running, and its index.
 type RunningBlock = (Arc<Block>, (usize, usize, usize));

@@ -6,6 +6,7 @@
 
 use crate::expr::{Node, E};
 use crate::program::LoopProgram;
+use serde::{Deserialize, Serialize};
 
 /// Threads of a loop kernel's block.
 pub const LOOP_THREADS: u32 = 256;
@@ -322,7 +323,8 @@ impl OperandCopy {
 /// Fused attention on a GPU (FlashAttention-2's schedule): a block of
 /// [`ATTENTION_THREADS`] threads takes [`ATTENTION_ROWS`] query rows of one
 /// batch entry (a warp 16 of them) against every key, a chunk of
-/// [`ATTENTION_KEYS`] keys at a time: `S = Q·Kᵀ` by `mma.sync` into registers,
+/// [`ATTENTION_KEYS`] keys at a time: `S = Q·Kᵀ` by `mma.sync` (or Hopper's
+/// `wgmma`, [`AttentionMma`]) into registers,
 /// the model's logits of `S` (its scale and masks: the step's online softmax
 /// program, evaluated per element), the online softmax's running maxima and
 /// sums, `O += P·V` with `P` in bf16 from the same registers. Q, K and V are
@@ -400,8 +402,28 @@ pub fn attention_pitch(d: usize) -> usize {
     2 * d + 16
 }
 
-/// The attention kernel's symbol for head dimension `d` and the step's
-/// online program `program`.
-pub fn attention_kernel_name(program: usize, d: usize) -> String {
-    format!("attention_p{program}_d{d}")
+/// How an attention kernel multiplies its tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AttentionMma {
+    /// `mma.sync` m16n8k16 (sm_80 on), operands from registers by `ldmatrix`.
+    Sync,
+    /// Hopper's warpgroup MMA (sm_90a): `S = Q·Kᵀ` with both from shared
+    /// memory, `O += P·V` with P from the score registers and Vᵀ from shared
+    /// memory; heads in whole 128-byte swizzle atoms ([`attention_wgmma_ok`]).
+    Wgmma,
+}
+
+/// Whether Hopper's attention kernel takes head dimension `d`: Q, K and Vᵀ
+/// lie in shared memory in 128-byte swizzle atoms (64 bf16 along the head).
+pub fn attention_wgmma_ok(d: usize) -> bool {
+    d > 0 && d.is_multiple_of(64) && d <= ATTENTION_MAX_HEAD
+}
+
+/// The attention kernel's symbol for head dimension `d`, the step's online
+/// program `program` and the kernel's multiplication.
+pub fn attention_kernel_name(program: usize, d: usize, mma: AttentionMma) -> String {
+    match mma {
+        AttentionMma::Sync => format!("attention_p{program}_d{d}"),
+        AttentionMma::Wgmma => format!("attention_p{program}_d{d}_wgmma"),
+    }
 }

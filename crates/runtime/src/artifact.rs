@@ -48,7 +48,7 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// epilogue programs' parameters; 14: quantized activations stored as u8
 /// codes, and A's word packers; 15: kernels storing C as codes; 16: a GPU
 /// artifact's GEMMs reading an f32 A in place); a runtime reads only its own.
-pub const FORMAT_VERSION: u32 = 16;
+pub const FORMAT_VERSION: u32 = 17;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;

@@ -11,6 +11,15 @@
 //! m16k16 A fragment). The score tile never leaves registers. Keys past the
 //! last and rows past the last are masked; the output is divided by the
 //! row's sum at the end (zero for a row of no keys).
+//!
+//! On a Hopper (`AttentionMma::Wgmma`, heads a multiple of 64) the block is
+//! one warpgroup and the two products are `wgmma`s: Q and K lie in shared
+//! memory as its 128-byte swizzled K-major operands and `S = Q·Kᵀ` reads
+//! both through descriptors; V is stored transposed (Vᵀ, K-major along the
+//! keys) and `O += P·V` takes P's bf16 fragments from the score registers
+//! (a warp's m16k16 A fragment is `mma.sync`'s). Both accumulators come back
+//! in the m16n8 fragments' order, so the softmax between them is shared.
+//! Each product is waited for before the softmax reads it.
 
 use std::fmt::Write as _;
 
@@ -18,13 +27,31 @@ use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::context::Context;
 use inkwell::memory_buffer::MemoryBuffer;
 use inkwell::module::Linkage;
-use plan::gpu::{attention_pitch, ATTENTION_KEYS, ATTENTION_MAX_HEAD, ATTENTION_ROWS, ATTENTION_THREADS};
+use plan::gpu::{
+    attention_pitch, attention_wgmma_ok, AttentionMma, ATTENTION_KEYS, ATTENTION_MAX_HEAD, ATTENTION_ROWS,
+    ATTENTION_THREADS,
+};
 use plan::LoopProgram;
 
-use super::{Arch, Ir};
+use super::{Arch, Ir, DESC_SW128_KMAJOR};
 use crate::{llvm, CodegenError};
 
 type R<T> = Result<T, CodegenError>;
+
+/// A `wgmma` product's A: per K step its descriptor (beside B's), or its
+/// four registers of an m16k16 fragment a warp (beside B's descriptor).
+enum WgmmaA<'a> {
+    Shared(&'a [(String, String)]),
+    Registers(&'a [([String; 4], String)]),
+}
+
+/// Chunks of four columns a thread of [`Kernel::load_chunks`] loads before
+/// storing them (registers: four each).
+const CHUNKS_IN_FLIGHT: usize = 4;
+
+/// The first metadata number of the loops' identifiers (above the kernel's
+/// annotations).
+const LOOP_METADATA: usize = 100;
 
 /// Minus infinity as LLVM IR writes a float.
 const NEG_INF: &str = "0xFFF0000000000000";
@@ -35,20 +62,32 @@ pub fn attention_head_ok(d: usize) -> bool {
 }
 
 /// The LLVM IR (an NVPTX module, as text) of attention kernel `name` for
-/// head dimension `d`, whose logits are those online softmax program `p`
-/// stores in its parameter `logits` from its scores (parameter `scores`).
-/// Parameters: the program's buffer table, a dim table (the program's chunk
-/// offset 0, its chunk the whole row of keys), the descriptor
-/// (`plan::gpu::ATTENTION_HEADER`).
-pub fn attention_ir(p: &LoopProgram, scores: u32, logits: u32, d: usize, name: &str) -> R<String> {
+/// head dimension `d`, multiplying by `mma`, whose logits are those online
+/// softmax program `p` stores in its parameter `logits` from its scores
+/// (parameter `scores`). Parameters: the program's buffer table, a dim
+/// table (the program's chunk offset 0, its chunk the whole row of keys),
+/// the descriptor (`plan::gpu::ATTENTION_HEADER`).
+pub fn attention_ir(
+    p: &LoopProgram,
+    scores: u32,
+    logits: u32,
+    d: usize,
+    mma: AttentionMma,
+    name: &str,
+) -> R<String> {
     if !attention_head_ok(d) {
         return Err(CodegenError::Unsupported(format!(
             "attention with head dimension {d} (the kernel takes multiples of 16 up to {ATTENTION_MAX_HEAD})"
         )));
     }
+    if mma == AttentionMma::Wgmma && !attention_wgmma_ok(d) {
+        return Err(CodegenError::Unsupported(format!(
+            "wgmma attention with head dimension {d} (it takes multiples of 64 up to {ATTENTION_MAX_HEAD})"
+        )));
+    }
     let fname = format!("{name}_logits");
     let logits_text = crate::loops::device::logits_ir(p, scores, logits, &fname)?;
-    let kernel_text = kernel_ir(d, name, &fname);
+    let kernel_text = kernel_ir(d, mma, name, &fname);
     let ctx = Context::create();
     let parse = |text: &str, what: &str| {
         let buf = MemoryBuffer::create_from_memory_range_copy(text.as_bytes(), what);
@@ -66,10 +105,21 @@ pub fn attention_ir(p: &LoopProgram, scores: u32, logits: u32, d: usize, name: &
     Ok(module.print_to_string().to_string())
 }
 
-/// PTX (`.target sm_80`, which ptxas also assembles for sm_90a) of
-/// [`attention_ir`]'s kernel, at O3.
-pub fn attention_ptx(p: &LoopProgram, scores: u32, logits: u32, d: usize, name: &str) -> R<String> {
-    super::compile(&attention_ir(p, scores, logits, d, name)?, name, Arch::Sm80)
+/// PTX of [`attention_ir`]'s kernel, at O3: `.target sm_80` (which ptxas
+/// also assembles for sm_90a) for `mma.sync`, `sm_90a` for `wgmma`.
+pub fn attention_ptx(
+    p: &LoopProgram,
+    scores: u32,
+    logits: u32,
+    d: usize,
+    mma: AttentionMma,
+    name: &str,
+) -> R<String> {
+    let arch = match mma {
+        AttentionMma::Sync => Arch::Sm80,
+        AttentionMma::Wgmma => Arch::Sm90a,
+    };
+    super::compile(&attention_ir(p, scores, logits, d, mma, name)?, name, arch)
 }
 
 /// The descriptor's words the kernel reads by name (see `ATTENTION_HEADER`).
@@ -89,16 +139,34 @@ struct Desc {
     strides: [String; 8],
 }
 
-/// A tile of shared memory: its first byte and rows of `attention_pitch(d)` bytes.
+/// A tile of shared memory: its first byte and how its elements lie there.
 struct Tile {
     base: usize,
+    layout: Layout,
+}
+
+/// Where element (row, column) of a 64-row tile lies in shared memory.
+#[derive(Clone, Copy, PartialEq)]
+enum Layout {
+    /// Rows of `attention_pitch(d)` bytes (`ldmatrix` reads them without
+    /// bank conflicts).
+    Padded,
+    /// `wgmma`'s K-major operand: the columns in slabs of 64 (128 bytes a
+    /// row, 64 rows a slab), 16-byte chunks swizzled in 1024-byte atoms.
+    Swizzled,
+    /// The same, transposed: element (row, column) at (column, row) of a
+    /// swizzled tile of `d` rows and 64 columns (Vᵀ, K-major for `P·V`).
+    SwizzledT,
 }
 
 struct Kernel {
     ir: Ir,
     d: usize,
     pitch: usize,
+    mma: AttentionMma,
     logits: String,
+    /// Metadata of the loops LLVM may not unroll.
+    loops: Vec<String>,
 }
 
 impl std::ops::Deref for Kernel {
@@ -114,15 +182,26 @@ impl std::ops::DerefMut for Kernel {
     }
 }
 
-fn kernel_ir(d: usize, name: &str, logits: &str) -> String {
-    let mut k = Kernel { ir: Ir::default(), d, pitch: attention_pitch(d), logits: logits.to_string() };
+fn kernel_ir(d: usize, mma: AttentionMma, name: &str, logits: &str) -> String {
+    let mut k = Kernel {
+        ir: Ir::default(),
+        d,
+        pitch: attention_pitch(d),
+        mma,
+        logits: logits.to_string(),
+        loops: Vec::new(),
+    };
     k.generate();
-    let about = format!("fused attention, head dimension {d}");
+    let about = match mma {
+        AttentionMma::Sync => format!("fused attention, head dimension {d}"),
+        AttentionMma::Wgmma => format!("fused attention by wgmma, head dimension {d}"),
+    };
     // Narrow heads: one block an SM at least, so that ptxas does not aim at
     // more and cap the registers at 128 (spilling the tiles); wide heads need
     // ptxas's own choice (which is then 255 registers, where telling it one
     // block makes it schedule for more and spill).
     let extra: Vec<String> = if d <= 64 { vec!["!\"minctasm\", i32 1".into()] } else { Vec::new() };
+    let loops = std::mem::take(&mut k.loops);
     let mut text = k.ir.module(
         name,
         ATTENTION_THREADS as usize,
@@ -133,6 +212,9 @@ fn kernel_ir(d: usize, name: &str, logits: &str) -> String {
     );
     let _ = writeln!(text, "declare float @{logits}(ptr, ptr, ptr, i64, i64, i64, float)");
     let _ = writeln!(text, "declare void @llvm.nvvm.membar.gl()");
+    for l in loops {
+        let _ = writeln!(text, "{l}");
+    }
     text
 }
 
@@ -195,6 +277,83 @@ impl Kernel {
         self.v(format!("bitcast <2 x bfloat> {v1} to i32"))
     }
 
+    /// Makes the block's stores to shared memory visible to `wgmma` (the
+    /// async proxy reads its operands); nothing for `mma.sync`.
+    fn async_proxy_fence(&mut self) {
+        if self.mma == AttentionMma::Wgmma {
+            self.emit("call void asm sideeffect \"fence.proxy.async.shared::cta;\", \"~{memory}\"()");
+        }
+    }
+
+    /// A `wgmma` descriptor of the 128-byte swizzled K-major operand at byte
+    /// `at` of the tiles (`smem0`: the shared window's address of `@smem`).
+    fn descriptor(&mut self, smem0: &str, at: usize) -> String {
+        let a = self.v(format!("add i32 {smem0}, {at}"));
+        let field = self.v(format!("lshr i32 {a}, 4"));
+        let low = self.v(format!("and i32 {field}, 16383"));
+        let low64 = self.v(format!("zext i32 {low} to i64"));
+        self.v(format!("or i64 {low64}, {DESC_SW128_KMAJOR}"))
+    }
+
+    /// `acc + A·B` by `wgmma.mma_async` m64n{n}k16 steps (bf16, f32
+    /// accumulators in the m16n8 fragments' order), waited for: B from shared
+    /// memory, A too or from registers (see [`WgmmaA`]).
+    fn wgmma(&mut self, n: usize, a: WgmmaA, acc: &[String]) -> Vec<String> {
+        let nacc = acc.len();
+        let d_list = (0..nacc).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
+        let mut operands: Vec<String> = Vec::new();
+        let mut constraints: Vec<&str> = Vec::new();
+        let mut text = String::from("{\\0A.reg .pred p;\\0A");
+        let mut steps = Vec::new();
+        match a {
+            WgmmaA::Shared(descs) => {
+                for (da, db) in descs {
+                    let at = nacc + operands.len();
+                    steps.push(format!("${at}, ${}, p, 1, 1, 0, 0", at + 1));
+                    operands.extend([format!("i64 {da}"), format!("i64 {db}")]);
+                    constraints.extend(["l", "l"]);
+                }
+            }
+            WgmmaA::Registers(regs) => {
+                for (ra, db) in regs {
+                    let at = nacc + operands.len();
+                    steps.push(format!(
+                        "{{${at}, ${}, ${}, ${}}}, ${}, p, 1, 1, 0",
+                        at + 1,
+                        at + 2,
+                        at + 3,
+                        at + 4
+                    ));
+                    operands.extend(ra.iter().map(|r| format!("i32 {r}")));
+                    operands.push(format!("i64 {db}"));
+                    constraints.extend(["r", "r", "r", "r", "l"]);
+                }
+            }
+        }
+        let scale_at = nacc + operands.len();
+        text.push_str(&format!("setp.ne.b32 p, ${scale_at}, 0;\\0Awgmma.fence.sync.aligned;\\0A"));
+        for step in &steps {
+            text.push_str(&format!(
+                "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{d_list}}}, {step};\\0A"
+            ));
+        }
+        text.push_str("wgmma.commit_group.sync.aligned;\\0Awgmma.wait_group.sync.aligned 0;\\0A}");
+        let outs = vec!["=f"; nacc].join(",");
+        let tied = (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+        let sty = format!("{{{}}}", vec!["float"; nacc].join(", "));
+        let args: Vec<String> = operands
+            .into_iter()
+            .chain(std::iter::once("i32 1".to_string()))
+            .chain(acc.iter().map(|x| format!("float {x}")))
+            .collect();
+        let r = self.v(format!(
+            "call {sty} asm sideeffect \"{text}\", \"{outs},{},r,{tied},~{{memory}}\"({})",
+            constraints.join(","),
+            args.join(", ")
+        ));
+        (0..nacc).map(|i| self.v(format!("extractvalue {sty} {r}, {i}"))).collect()
+    }
+
     fn ldmatrix(&mut self, off: &str, trans: bool) -> [String; 4] {
         let p = self.smem(off);
         let t = if trans { "trans." } else { "" };
@@ -218,6 +377,34 @@ impl Kernel {
         }
     }
 
+    /// Byte offset of element (`row`, `col`) (i32 values) of `tile`.
+    fn element_at(&mut self, tile: &Tile, row: &str, col: &str) -> String {
+        let o = match tile.layout {
+            Layout::Padded => {
+                let pitch = self.pitch;
+                let rb = self.v(format!("mul i32 {row}, {pitch}"));
+                let cb = self.v(format!("shl i32 {col}, 1"));
+                self.v(format!("add i32 {rb}, {cb}"))
+            }
+            Layout::Swizzled | Layout::SwizzledT => {
+                let (r, c) = if tile.layout == Layout::Swizzled { (row, col) } else { (col, row) };
+                // Slab c / 64 of 64 rows, row r's 128 bytes, the 16-byte chunk
+                // XOR the row's place in its 8-row atom.
+                let slab = self.v(format!("lshr i32 {c}, 6"));
+                let so = self.v(format!("shl i32 {slab}, 13"));
+                let ro = self.v(format!("shl i32 {r}, 7"));
+                let c64 = self.v(format!("and i32 {c}, 63"));
+                let co = self.v(format!("shl i32 {c64}, 1"));
+                let o = self.v(format!("add i32 {so}, {ro}"));
+                let o = self.v(format!("add i32 {o}, {co}"));
+                let r8 = self.v(format!("and i32 {r}, 7"));
+                let x = self.v(format!("shl i32 {r8}, 4"));
+                self.v(format!("xor i32 {o}, {x}"))
+            }
+        };
+        self.v(format!("add i32 {o}, {}", tile.base))
+    }
+
     /// Byte offset of 16-byte chunk `chunk` of row `row` (i32 values) in `tile`.
     fn at(&mut self, tile: &Tile, row: &str, chunk: &str) -> String {
         let pitch = self.pitch;
@@ -229,8 +416,10 @@ impl Kernel {
 
     /// Rows `first..first + 64` (those below `limit`; zeros past it) of an f32
     /// matrix at `base` with strides `rs`, `cs` (i64 elements), rounded to bf16
-    /// into `tile`: the block's threads take its elements in turn, a row's
-    /// adjacent columns by adjacent threads. `first < limit`.
+    /// into `tile`. Where the columns are adjacent and the start and rows
+    /// 16-byte aligned, by [`Kernel::load_chunks`]; else the block's threads
+    /// take its elements in turn, a row's adjacent columns by adjacent
+    /// threads. `first < limit`.
     fn load_tile(
         &mut self,
         label: &str,
@@ -243,7 +432,19 @@ impl Kernel {
         let total = ATTENTION_ROWS.max(ATTENTION_KEYS) * d;
         let pre = self.fresh(&format!("{label}.pre"));
         let (head, exit) = (self.fresh(&format!("{label}.el")), self.fresh(&format!("{label}.done")));
-        self.emit(format!("br label %{pre}"));
+        let chunks = self.fresh(&format!("{label}.chunks"));
+        let adjacent = self.v(format!("icmp eq i64 {cs}, 1"));
+        let rs_low = self.v(format!("and i64 {rs}, 3"));
+        let rows_even = self.v(format!("icmp eq i64 {rs_low}, 0"));
+        let at = self.v(format!("ptrtoint ptr {base} to i64"));
+        let at_low = self.v(format!("and i64 {at}, 15"));
+        let start_even = self.v(format!("icmp eq i64 {at_low}, 0"));
+        let ok = self.v(format!("and i1 {adjacent}, {rows_even}"));
+        let ok = self.v(format!("and i1 {ok}, {start_even}"));
+        self.emit(format!("br i1 {ok}, label %{chunks}, label %{pre}"));
+        self.block(&chunks);
+        self.load_chunks(tile, base, (first, limit), rs);
+        self.emit(format!("br label %{exit}"));
         self.block(&pre);
         self.emit(format!("br label %{head}"));
         self.block(&head);
@@ -263,11 +464,7 @@ impl Kernel {
         let x = self.v(format!("load float, ptr {p}, align 4"));
         let x = self.v(format!("select i1 {ok}, float {x}, float 0.0"));
         let h = self.v(format!("fptrunc float {x} to bfloat"));
-        let pitch = self.pitch;
-        let rb = self.v(format!("mul i32 {row}, {pitch}"));
-        let cb = self.v(format!("shl i32 {col}, 1"));
-        let o = self.v(format!("add i32 {rb}, {cb}"));
-        let o = self.v(format!("add i32 {o}, {}", tile.base));
+        let o = self.element_at(tile, &row, &col);
         let sp = self.smem(&o);
         self.emit(format!("store bfloat {h}, ptr addrspace(3) {sp}, align 2"));
         let next = self.v(format!("add i32 {e}, {ATTENTION_THREADS}"));
@@ -275,6 +472,91 @@ impl Kernel {
         self.emit(format!("br i1 {more}, label %{head}, label %{exit}"));
         self.body.insert_str(at, &format!("  {e} = phi i32 [ %tid, %{pre} ], [ {next}, %{head} ]\n"));
         self.block(&exit);
+    }
+
+    /// [`Kernel::load_tile`] of a matrix whose columns are adjacent, its
+    /// start and rows 16-byte aligned: each thread takes `d / 8` chunks of
+    /// four columns (`ld.global.v4.f32`), a few loaded before any is stored,
+    /// so that their latencies overlap. A loop whose rounds LLVM may not
+    /// unroll: unrolled, each chunk's loop-invariant offsets would be hoisted
+    /// out of the chunks of keys and held in registers the output
+    /// accumulators need (spilling at a head of 128).
+    fn load_chunks(&mut self, tile: &Tile, base: &str, (first, limit): (&str, &str), rs: &str) {
+        let d = self.d;
+        let per_row = d / 4;
+        let each = ATTENTION_ROWS.max(ATTENTION_KEYS) * per_row / ATTENTION_THREADS as usize;
+        let batch = if each.is_multiple_of(CHUNKS_IN_FLIGHT) { CHUNKS_IN_FLIGHT } else { 2 };
+        let (pre, round, done) =
+            (self.fresh("chunks.pre"), self.fresh("chunks.round"), self.fresh("chunks.done"));
+        self.emit(format!("br label %{pre}"));
+        self.block(&pre);
+        self.emit(format!("br label %{round}"));
+        self.block(&round);
+        let it = self.fresh("%it");
+        let at = self.body.len();
+        let first_chunk = self.v(format!("mul i32 {it}, {}", batch * ATTENTION_THREADS as usize));
+        let first_chunk = self.v(format!("add i32 {first_chunk}, %tid"));
+        {
+            let mut loaded = Vec::with_capacity(batch);
+            for j in 0..batch {
+                let c = self.v(format!("add i32 {first_chunk}, {}", j * ATTENTION_THREADS as usize));
+                let row = self.v(format!("udiv i32 {c}, {per_row}"));
+                let ch = self.v(format!("urem i32 {c}, {per_row}"));
+                let r64 = self.v(format!("zext i32 {row} to i64"));
+                let grow = self.v(format!("add i64 {first}, {r64}"));
+                let ok = self.v(format!("icmp slt i64 {grow}, {limit}"));
+                let safe = self.v(format!("select i1 {ok}, i64 {grow}, i64 {first}"));
+                let ro = self.v(format!("mul i64 {safe}, {rs}"));
+                let c4 = self.v(format!("shl i32 {ch}, 2"));
+                let c64 = self.v(format!("zext i32 {c4} to i64"));
+                let off = self.v(format!("add i64 {ro}, {c64}"));
+                let p = self.v(format!("getelementptr float, ptr {base}, i64 {off}"));
+                let x = self.v(format!("load <4 x float>, ptr {p}, align 16"));
+                let x = self.v(format!("select i1 {ok}, <4 x float> {x}, <4 x float> zeroinitializer"));
+                loaded.push((row, c4, x));
+            }
+            for (row, col, x) in loaded {
+                let xs: [String; 4] =
+                    std::array::from_fn(|j| self.v(format!("extractelement <4 x float> {x}, i32 {j}")));
+                if tile.layout == Layout::SwizzledT {
+                    // Four rows of Vᵀ: an element each.
+                    for (j, xj) in xs.iter().enumerate() {
+                        let cj = self.v(format!("add i32 {col}, {j}"));
+                        let o = self.element_at(tile, &row, &cj);
+                        let sp = self.smem(&o);
+                        let h = self.v(format!("fptrunc float {xj} to bfloat"));
+                        self.emit(format!("store bfloat {h}, ptr addrspace(3) {sp}, align 2"));
+                    }
+                } else {
+                    // Four adjacent columns: 8 bytes of one 16-byte chunk.
+                    let lo = self.pack(&xs[0], &xs[1]);
+                    let hi = self.pack(&xs[2], &xs[3]);
+                    let v0 = self.v(format!("insertelement <2 x i32> poison, i32 {lo}, i32 0"));
+                    let v1 = self.v(format!("insertelement <2 x i32> {v0}, i32 {hi}, i32 1"));
+                    let o = self.element_at(tile, &row, &col);
+                    let sp = self.smem(&o);
+                    self.emit(format!("store <2 x i32> {v1}, ptr addrspace(3) {sp}, align 8"));
+                }
+            }
+        }
+        let next = self.v(format!("add i32 {it}, 1"));
+        let more = self.v(format!("icmp ult i32 {next}, {}", each / batch));
+        let id = self.no_unroll();
+        self.emit(format!("br i1 {more}, label %{round}, label %{done}, !llvm.loop {id}"));
+        self.body.insert_str(at, &format!("  {it} = phi i32 [ 0, %{pre} ], [ {next}, %{round} ]\n"));
+        self.block(&done);
+    }
+
+    /// A fresh loop identifier (metadata, defined at the module's end) that
+    /// tells LLVM not to unroll the loop.
+    fn no_unroll(&mut self) -> String {
+        let id = LOOP_METADATA + 2 * self.loops.len();
+        self.loops.push(format!(
+            "!{id} = distinct !{{!{id}, !{}}}\n!{} = !{{!\"llvm.loop.unroll.disable\"}}",
+            id + 1,
+            id + 1
+        ));
+        format!("!{id}")
     }
 
     /// A split's partial results: each row's maximum and sum (written by the
@@ -413,10 +695,26 @@ impl Kernel {
 
     fn generate(&mut self) {
         let d = self.d;
-        let (tq, tk, tv) = {
+        let wgmma = self.mma == AttentionMma::Wgmma;
+        let (tq, tk, tv) = if wgmma {
+            // 1024-byte aligned (a swizzle atom's): `d` is a multiple of 64.
+            let tile = ATTENTION_ROWS.max(ATTENTION_KEYS) * 2 * d;
+            let sw = Layout::Swizzled;
+            (
+                Tile { base: 0, layout: sw },
+                Tile { base: tile, layout: sw },
+                Tile { base: 2 * tile, layout: Layout::SwizzledT },
+            )
+        } else {
             let tile = ATTENTION_ROWS.max(ATTENTION_KEYS) * self.pitch;
-            (Tile { base: 0 }, Tile { base: tile }, Tile { base: 2 * tile })
+            let pad = Layout::Padded;
+            (
+                Tile { base: 0, layout: pad },
+                Tile { base: tile, layout: pad },
+                Tile { base: 2 * tile, layout: pad },
+            )
         };
+        let smem0 = self.v("ptrtoint ptr addrspace(3) @smem to i32");
         self.emit("%tid = call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
         let bid = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
         let warp = self.v("lshr i32 %tid, 5");
@@ -472,6 +770,7 @@ impl Kernel {
         // The block's Q tile (each warp reads the fragments of its 16 rows).
         let qbase = bases[0].clone();
         self.load_tile("q", &tq, &qbase, (&q0, &desc.lq), (&qs_r, &qs_c));
+        self.async_proxy_fence();
         self.emit("call void @llvm.nvvm.barrier0()");
         let l16 = self.v(format!("and i32 {lane}, 15"));
         let hi = self.v(format!("lshr i32 {lane}, 4"));
@@ -531,28 +830,42 @@ impl Kernel {
         let (kbase, vbase) = (bases[1].clone(), bases[2].clone());
         self.load_tile("k", &tk, &kbase, (&k0, &desc.lk), (&ks_k, &ks_c));
         self.load_tile("v", &tv, &vbase, (&k0, &desc.lk), (&vs_k, &vs_c));
+        self.async_proxy_fence();
         self.emit("call void @llvm.nvvm.barrier0()");
-        // S = Q·Kᵀ, eight m16n8 tiles of keys; Q's fragments read from the
-        // tile each chunk (registers held across the chunks would spill at the
-        // widest heads).
-        let mut qf = Vec::new();
-        for ks in 0..d / 16 {
-            let c = self.v(format!("add i32 {hi}, {}", 2 * ks));
-            let off = self.at(&tq, &arow, &c);
-            qf.push(self.ldmatrix(&off, false));
-        }
         let nt = ATTENTION_KEYS / 8;
         let mut s: Vec<[String; 4]> =
             (0..nt).map(|_| ["0.0", "0.0", "0.0", "0.0"].map(String::from)).collect();
-        for (ks, a) in qf.iter().enumerate() {
-            for np in 0..nt / 2 {
-                let row = self.v(format!("add i32 {krow}, {}", np * 16));
-                let c = self.v(format!("add i32 {mid1}, {}", 2 * ks));
-                let off = self.at(&tk, &row, &c);
-                let x = self.ldmatrix(&off, false);
-                let (b0, b1) = ([x[0].clone(), x[1].clone()], [x[2].clone(), x[3].clone()]);
-                self.mma(a, &b0, &mut s[2 * np]);
-                self.mma(a, &b1, &mut s[2 * np + 1]);
+        if wgmma {
+            // S = Q·Kᵀ: m64n64k16 steps along the head, both from their tiles.
+            let descs: Vec<(String, String)> = (0..d / 16)
+                .map(|ks| {
+                    let at = (ks / 4) * ATTENTION_ROWS * 128 + (ks % 4) * 32;
+                    (self.descriptor(&smem0, tq.base + at), self.descriptor(&smem0, tk.base + at))
+                })
+                .collect();
+            let acc: Vec<String> = s.iter().flatten().cloned().collect();
+            let out = self.wgmma(ATTENTION_KEYS, WgmmaA::Shared(&descs), &acc);
+            s = out.chunks(4).map(|c| std::array::from_fn(|e| c[e].clone())).collect();
+        } else {
+            // S = Q·Kᵀ, eight m16n8 tiles of keys; Q's fragments read from the
+            // tile each chunk (registers held across the chunks would spill at
+            // the widest heads).
+            let mut qf = Vec::new();
+            for ks in 0..d / 16 {
+                let c = self.v(format!("add i32 {hi}, {}", 2 * ks));
+                let off = self.at(&tq, &arow, &c);
+                qf.push(self.ldmatrix(&off, false));
+            }
+            for (ks, a) in qf.iter().enumerate() {
+                for np in 0..nt / 2 {
+                    let row = self.v(format!("add i32 {krow}, {}", np * 16));
+                    let c = self.v(format!("add i32 {mid1}, {}", 2 * ks));
+                    let off = self.at(&tk, &row, &c);
+                    let x = self.ldmatrix(&off, false);
+                    let (b0, b1) = ([x[0].clone(), x[1].clone()], [x[2].clone(), x[3].clone()]);
+                    self.mma(a, &b0, &mut s[2 * np]);
+                    self.mma(a, &b1, &mut s[2 * np + 1]);
+                }
             }
         }
         // The logits (minus infinity past the keys and rows). A whole chunk
@@ -636,22 +949,37 @@ impl Kernel {
         for ot in &o_in {
             o.push(std::array::from_fn(|e| self.v(format!("fmul float {}, {}", ot[e], alpha[e >> 1]))));
         }
+        let mut frags = Vec::with_capacity(nt / 2);
         for ks in 0..nt / 2 {
             let (pa, pb) = (&p[2 * ks], &p[2 * ks + 1]);
-            let a = [
+            frags.push([
                 self.pack(&pa[0], &pa[1]),
                 self.pack(&pa[2], &pa[3]),
                 self.pack(&pb[0], &pb[1]),
                 self.pack(&pb[2], &pb[3]),
-            ];
+            ]);
+        }
+        if wgmma {
+            // O += P·V: m64n{d}k16 steps along the keys, P's fragments (an
+            // m16k16 A fragment a warp) from registers, Vᵀ from its tile.
+            let steps: Vec<([String; 4], String)> = frags
+                .iter()
+                .enumerate()
+                .map(|(ks, a)| (a.clone(), self.descriptor(&smem0, tv.base + ks * 32)))
+                .collect();
+            let acc: Vec<String> = o.iter().flatten().cloned().collect();
+            let out = self.wgmma(d, WgmmaA::Registers(&steps), &acc);
+            o = out.chunks(4).map(|c| std::array::from_fn(|e| c[e].clone())).collect();
+        }
+        for (ks, a) in frags.iter().enumerate().filter(|_| !wgmma) {
             for dp in 0..d / 16 {
                 let row = self.v(format!("add i32 {vrow}, {}", ks * 16));
                 let c = self.v(format!("add i32 {hi}, {}", 2 * dp));
                 let off = self.at(&tv, &row, &c);
                 let xv = self.ldmatrix(&off, true);
                 let (b0, b1) = ([xv[0].clone(), xv[1].clone()], [xv[2].clone(), xv[3].clone()]);
-                self.mma(&a, &b0, &mut o[2 * dp]);
-                self.mma(&a, &b1, &mut o[2 * dp + 1]);
+                self.mma(a, &b0, &mut o[2 * dp]);
+                self.mma(a, &b1, &mut o[2 * dp + 1]);
             }
         }
         self.emit("br label %chunk.latch");

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use ir::TensorType;
 use plan::gemm::{Arch, GemmKernel};
+use plan::gpu::AttentionMma;
 use plan::{BufferKind, ModelPlan};
 use serde::{Deserialize, Serialize};
 use sym::ShapeEnv;
@@ -51,8 +52,8 @@ pub enum KernelRole {
     Gemm(GemmKernel),
     /// The fused attention kernel of head dimension `head` whose logits are
     /// what online softmax program `program` stores in its parameter
-    /// `logits` from its scores (parameter `scores`).
-    Attention { program: usize, scores: u32, logits: u32, head: usize },
+    /// `logits` from its scores (parameter `scores`), multiplying by `mma`.
+    Attention { program: usize, scores: u32, logits: u32, head: usize, mma: AttentionMma },
 }
 
 /// A model compiled for NVIDIA GPUs, as an artifact holds it.
