@@ -259,7 +259,9 @@ impl Model {
 
     /// The plan the GPU runs: loop programs, contraction steps that the
     /// GEMM family runs, and fused attention where the attention kernel
-    /// takes it ([`gpu_attention_unsupported`]; the others unfused).
+    /// takes it ([`gpu_attention_unsupported`]; the others unfused), each
+    /// writing its heads merged where a copy merged them
+    /// ([`lower::fold_head_merges`]).
     pub fn lower_gpu(&self) -> Result<plan::ModelPlan, Error> {
         let lo = lower::LowerOptions {
             fuse_attention: true,
@@ -271,6 +273,7 @@ impl Model {
         };
         let mut plan = lower::lower_with(&self.graph, &self.fusion_plan(), &lo)?;
         lower::unfuse_attention(&mut plan, |p, a| gpu_attention_unsupported(p, a).is_none());
+        lower::fold_head_merges(&mut plan);
         Ok(plan)
     }
 

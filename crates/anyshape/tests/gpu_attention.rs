@@ -237,6 +237,81 @@ fn long_keys_split_among_blocks_and_combine() {
     eprintln!("split keys, head 16: relative L2 error at most {worst:.2e}");
 }
 
+/// Attention of depth `d` over 3 heads whose output is merged
+/// (`[b, 3, q, d] → [b, q, 3·d]`) and projected by a weight: the head merge
+/// a BERT layer has before its output projection.
+fn head_merge(d: usize) -> String {
+    let w: Vec<String> =
+        (0..3 * d * 8).map(|i| format!("{:.3}", ((i * 37 % 17) as f32 - 8.0) / 16.0)).collect();
+    format!(
+        r#"graph {{
+  sym b param 1..3
+  sym q param 1..200
+  sym k param 1..2000
+  input %qs: f32[b, 3, q, {d}]
+  input %kt: f32[b, 3, {d}, k]
+  input %v: f32[b, 3, k, {d}]
+  input %mask: f32[b, 1, 1, k]
+  %s: f32[b, 3, q, k] = matmul %qs, %kt
+  %quarter: f32[1, 1, 1, 1] = constant [4.0]
+  %qb: f32[b, 3, q, k] = broadcast %quarter
+  %ss: f32[b, 3, q, k] = div %s, %qb
+  %mb: f32[b, 3, q, k] = broadcast %mask
+  %sm: f32[b, 3, q, k] = add %ss, %mb
+  %mx: f32[b, 3, q, 1] = reduce_max[axes=[3], keep_dims=true] %sm
+  %mxb: f32[b, 3, q, k] = broadcast %mx
+  %sh: f32[b, 3, q, k] = sub %sm, %mxb
+  %ex: f32[b, 3, q, k] = exp %sh
+  %sum: f32[b, 3, q, 1] = reduce_sum[axes=[3], keep_dims=true] %ex
+  %sumb: f32[b, 3, q, k] = broadcast %sum
+  %p: f32[b, 3, q, k] = div %ex, %sumb
+  %o: f32[b, 3, q, {d}] = matmul %p, %v
+  %t: f32[b, q, 3, {d}] = transpose[perm=[0, 2, 1, 3]] %o
+  %m: f32[b*q, {hd}] = reshape %t
+  %w: f32[{hd}, 8] = constant [{w}]
+  %y: f32[b*q, 8] = matmul %m, %w
+  output %y
+}}
+"#,
+        hd = 3 * d,
+        w = w.join(", ")
+    )
+}
+
+/// A head merge after the attention (the copy BERT's output projection
+/// reads) is written by the attention kernel itself on the GPU: its output
+/// view strided into the merged layout, no copy step; the CPU's plan keeps
+/// the copy (its attention writes each entry's rows as one block). Both
+/// forms (`mma.sync`, Hopper's `wgmma`) against the interpreter.
+#[test]
+fn head_merges_are_written_by_the_attention() {
+    for d in [16, 64] {
+        let m = model(&head_merge(d));
+        let plan = m.lower_gpu().expect("lower");
+        let kinds: Vec<&str> = plan.steps.iter().map(|s| s.kind.name()).collect();
+        assert_eq!(kinds, ["attention", "matmul"], "head {d}: {}", anyshape::inspect::print_plan(&plan));
+        let (plan::StepKind::Attention(a), plan::StepKind::MatMul(mm)) =
+            (&plan.steps[0].kind, &plan.steps[1].kind)
+        else {
+            unreachable!()
+        };
+        assert_eq!(a.output.c.buf, mm.a.buf, "the projection reads what the attention writes");
+        let cpu = m.lower().expect("lower");
+        assert!(cpu.steps.iter().any(|s| s.kind.name() == "loop"), "the CPU keeps the copy");
+        let mut shapes = Vec::new();
+        for (i, &q) in LENGTHS.iter().enumerate() {
+            shapes.push(vec![("b", 1 + i % 3), ("q", q), ("k", LENGTHS[(i + 3) % LENGTHS.len()])]);
+        }
+        let gm = m.compile_host_gpu().unwrap_or_else(|e| panic!("{e}"));
+        let worst = compare(&m, &gm, &shapes);
+        eprintln!("head merge, head {d}: relative L2 error at most {worst:.2e}");
+        if plan::gpu::attention_wgmma_ok(d) {
+            let worst = check_hopper(&m, &shapes);
+            eprintln!("head merge, wgmma, head {d}: relative L2 error at most {worst:.2e}");
+        }
+    }
+}
+
 /// Compile `m` for an emulated Hopper, check its attention steps take the
 /// `wgmma` kernel, and compare it with the interpreter at each of `shapes`.
 fn check_hopper(m: &Model, shapes: &[Vec<(&str, usize)>]) -> f64 {

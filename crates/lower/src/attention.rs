@@ -429,3 +429,156 @@ pub fn unfuse_attention(plan: &mut ModelPlan, keep: impl Fn(&ModelPlan, &Attenti
     }
     split
 }
+
+/// Folds each head merge into the attention before it: an attention step
+/// whose output only a permuting copy reads (`[b, h, s, d] → [b, s, h·d]`
+/// before the output projection) writes the copy's layout itself, its
+/// output view strided into the copy's buffer, and the copy is dropped.
+/// For a backend whose attention writes through any strides (the GPU's
+/// kernel: a launch and a pass over the output fewer a layer); the CPU's
+/// attention writes each entry's rows as one block, so its plan keeps the
+/// copy. Returns how many copies were dropped.
+pub fn fold_head_merges(plan: &mut ModelPlan) -> usize {
+    let mut dropped = vec![false; plan.steps.len()];
+    for i in 0..plan.steps.len() {
+        let Some((j, y, strides)) = head_merge(plan, i) else { continue };
+        let slots: Vec<u32> = strides.iter().map(|s| plan.dims.slot(s)).collect();
+        let StepKind::Attention(a) = &mut plan.steps[i].kind else { continue };
+        let c = &mut a.output.c;
+        let n = slots.len();
+        (c.buf, c.batch, c.rs, c.cs) = (y, slots[..n - 2].to_vec(), slots[n - 2], slots[n - 1]);
+        dropped[j] = true;
+    }
+    let count = dropped.iter().filter(|d| **d).count();
+    if count == 0 {
+        return 0;
+    }
+    let mut steps = Vec::with_capacity(plan.steps.len() - count);
+    let mut remap = vec![0usize; plan.steps.len() + 1];
+    for (i, st) in plan.steps.iter().enumerate() {
+        remap[i] = steps.len();
+        if !dropped[i] {
+            steps.push(st.clone());
+        }
+    }
+    remap[plan.steps.len()] = steps.len();
+    replace_steps(plan, steps, &remap);
+    count
+}
+
+/// The buffers step `s` reads or writes.
+fn touched(s: &Step) -> Vec<usize> {
+    match &s.kind {
+        StepKind::Loop { args, .. } => args.clone(),
+        StepKind::MatMul(m) => {
+            let mut v = vec![m.a.buf, m.b.buf, m.c.buf];
+            v.extend(m.epilogue.buffers());
+            v
+        }
+        StepKind::Attention(a) => a.touched(),
+    }
+}
+
+/// For attention step `i`, the copy step that alone reads its output, the
+/// copy's buffer and the strides (batch…, rows, columns) at which the
+/// output lies there, when the copy only permutes: one store of a load of
+/// the output at the nest's variables in another order, into a temporary
+/// first written there.
+fn head_merge(plan: &ModelPlan, i: usize) -> Option<(usize, usize, Vec<sym::SymExpr>)> {
+    let StepKind::Attention(a) = &plan.steps[i].kind else { return None };
+    let x = a.output.c.buf;
+    if !matches!(plan.buffers[x].kind, BufferKind::Temp) {
+        return None;
+    }
+    let readers: Vec<usize> =
+        (0..plan.steps.len()).filter(|&j| j != i && touched(&plan.steps[j]).contains(&x)).collect();
+    let [j] = readers[..] else { return None };
+    let StepKind::Loop { program, args } = &plan.steps[j].kind else { return None };
+    let prog = &plan.programs[*program];
+    if j < i || args.len() != 2 || prog.stores.len() != 1 || args[0] == args[1] {
+        return None;
+    }
+    let out = prog.stores[0].param as usize;
+    let (y, inp) = (args[out], 1 - out);
+    if args[inp] != x || prog.params[inp].written || !matches!(plan.buffers[y].kind, BufferKind::Temp) {
+        return None;
+    }
+    // The copy's output is first written by the copy, touched by nothing before it.
+    if (0..j).any(|k| touched(&plan.steps[k]).contains(&y)) {
+        return None;
+    }
+    let Node::Load { buf, index, guard: None } = prog.exprs.node(prog.stores[0].value) else { return None };
+    if *buf as usize != inp || prog.params[inp].dtype != prog.params[out].dtype {
+        return None;
+    }
+    let sym = |e: E, plan: &ModelPlan| -> Option<sym::SymExpr> {
+        match prog.exprs.node(e) {
+            Node::Dim(s) => Some(plan.dims.exprs()[*s as usize].clone()),
+            Node::Const(c) => Some(sym::SymExpr::constant(*c as i64)),
+            _ => None,
+        }
+    };
+    // The output's dims (`[batch…, m, n]`) are the copy's input's, and its
+    // view is their dense row-major layout.
+    let c = &a.output.c;
+    let dims: Vec<u32> = a.output.batch.iter().copied().chain([a.output.m, a.output.n]).collect();
+    let shape = &prog.params[inp].shape;
+    if shape.len() != dims.len() || index.len() != dims.len() {
+        return None;
+    }
+    let ext: Vec<sym::SymExpr> = dims.iter().map(|s| plan.dims.exprs()[*s as usize].clone()).collect();
+    for (e, want) in shape.iter().zip(&ext) {
+        if sym(*e, plan).as_ref() != Some(want) {
+            return None;
+        }
+    }
+    let slot = |s: u32| &plan.dims.exprs()[s as usize];
+    let mut dense = sym::SymExpr::constant(1);
+    let strides: Vec<u32> = c.batch.iter().copied().chain([c.rs, c.cs]).collect();
+    for (k, st) in strides.iter().enumerate().rev() {
+        if *slot(*st) != dense && ext[k].as_const() != Some(1) {
+            return None;
+        }
+        dense = dense.try_mul(&ext[k]).ok()?;
+    }
+    if slot(c.offset).as_const() != Some(0) {
+        return None;
+    }
+    // The copy's nest: each input dim read at one nest variable (or at 0,
+    // an extent of 1), each variable at most once; the store at the nest's
+    // row-major position.
+    let nest: Vec<Option<sym::SymExpr>> = prog.space.iter().map(|e| sym(*e, plan)).collect();
+    if nest.iter().any(Option::is_none) {
+        return None;
+    }
+    let nest: Vec<sym::SymExpr> = nest.into_iter().flatten().collect();
+    let mut used = vec![false; nest.len()];
+    let mut new_strides = Vec::with_capacity(dims.len());
+    for (k, e) in index.iter().enumerate() {
+        let stride = match prog.exprs.node(*e) {
+            Node::Const(0) if ext[k].as_const() == Some(1) => sym::SymExpr::constant(0),
+            node @ Node::Var(_) => {
+                let pos = prog.vars.iter().position(|v| prog.exprs.node(*v) == node)?;
+                if used[pos] || nest[pos] != ext[k] {
+                    return None;
+                }
+                used[pos] = true;
+                let mut s = sym::SymExpr::constant(1);
+                for later in &nest[pos + 1..] {
+                    s = s.try_mul(later).ok()?;
+                }
+                s
+            }
+            _ => return None,
+        };
+        new_strides.push(stride);
+    }
+    // Every point of the nest is stored once: the unread variables are 1 wide.
+    if used.iter().zip(&nest).any(|(u, e)| !u && e.as_const() != Some(1)) {
+        return None;
+    }
+    if new_strides.last()?.as_const() != Some(1) {
+        return None;
+    }
+    Some((j, y, new_strides))
+}

@@ -24,7 +24,7 @@ mod hoist;
 pub mod schedules;
 pub mod versions;
 
-pub use attention::{fuse_attention, unfuse_attention};
+pub use attention::{fold_head_merges, fuse_attention, unfuse_attention};
 pub use schedules::analyze;
 
 use plan::ModelPlan;
