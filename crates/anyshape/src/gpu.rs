@@ -14,6 +14,7 @@ use std::sync::Mutex;
 use codegen::emulator::{HostKernelKind, HostKernels};
 pub use gpu_family::steps::StepTarget as GpuTarget;
 use plan::gemm::{Arch, GemmKernel};
+pub use plan::gpu::KernelLaunch;
 pub use runtime::gpu::artifact::{is_gpu_artifact, GpuArtifact, GpuCode, KernelRole};
 pub use runtime::gpu::cuda::CudaDevice;
 pub use runtime::gpu::{check_plan, Device, DevicePtr, DeviceTensor, GemmChoice, GpuKernels, GpuModel};
@@ -251,7 +252,8 @@ impl Model {
         // A model the GPU cannot run says so before any driver is asked for.
         check_plan(&plan)?;
         let target = target_of(ordinal)?;
-        let (code, kernels) = gpu_kernels(&plan, Text::Ptx, target, &HashMap::new())?;
+        let text = Text::Ptx(kernel_launch(target, false));
+        let (code, kernels) = gpu_kernels(&plan, text, target, &HashMap::new())?;
         let code: Vec<KernelCode> = code.into_iter().map(|(c, _)| c).collect();
         let device = CudaDevice::open(ordinal, &code)?;
         self.gpu_model(plan, kernels, device)
@@ -322,10 +324,13 @@ impl Model {
         check_plan(&plan)?;
         let weights = runtime::gpu::pack_weights(&plan)?;
         let mut code = Vec::with_capacity(opts.targets.len());
-        // All but the GEMMs are the same PTX for every target: made once.
-        let mut known = HashMap::new();
+        // All but the GEMMs are the same PTX for every target launching its
+        // kernels alike: made once.
+        let mut known: HashMap<KernelLaunch, HashMap<String, String>> = HashMap::new();
         for &target in &opts.targets {
-            let (kernels, steps) = gpu_kernels(&plan, Text::Ptx, target, &known)?;
+            let launch = kernel_launch(target, opts.ordered);
+            let known = known.entry(launch).or_default();
+            let (kernels, steps) = gpu_kernels(&plan, Text::Ptx(launch), target, known)?;
             for (k, role) in &kernels {
                 if !matches!(role, KernelRole::Gemm(_)) {
                     known.entry(k.name.clone()).or_insert_with(|| k.text.clone());
@@ -358,11 +363,12 @@ impl Model {
 pub struct GpuArtifactOptions {
     targets: Vec<GpuTarget>,
     ptxas: Option<PathBuf>,
+    ordered: bool,
 }
 
 impl Default for GpuArtifactOptions {
     fn default() -> Self {
-        GpuArtifactOptions { targets: vec![GpuTarget::Sm90a, GpuTarget::Sm80], ptxas: None }
+        GpuArtifactOptions { targets: vec![GpuTarget::Sm90a, GpuTarget::Sm80], ptxas: None, ordered: false }
     }
 }
 
@@ -378,6 +384,14 @@ impl GpuArtifactOptions {
             self.targets =
                 [GpuTarget::Sm90a, GpuTarget::Sm80].into_iter().filter(|t| targets.contains(t)).collect();
         }
+        self
+    }
+
+    /// Launch Hopper's kernels each after the one before (`true`) instead of
+    /// as programmatic dependents (the default; [`kernel_launch`]): to
+    /// measure what dependent launches save.
+    pub fn ordered_launches(mut self, ordered: bool) -> Self {
+        self.ordered = ordered;
         self
     }
 
@@ -428,10 +442,44 @@ pub fn attention_mma(target: GpuTarget, head: usize) -> plan::gpu::AttentionMma 
 /// What a kernel is given to a device as.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Text {
-    /// PTX (the driver assembles it).
-    Ptx,
+    /// PTX (the driver assembles it), for kernels launched so.
+    Ptx(KernelLaunch),
     /// The NVPTX module's LLVM IR (the emulator runs it).
     LlvmIr,
+}
+
+impl Text {
+    /// How the device launches the kernels given so.
+    fn launch(self) -> KernelLaunch {
+        match self {
+            Text::Ptx(l) => l,
+            Text::LlvmIr => KernelLaunch::Ordered,
+        }
+    }
+
+    /// Kernel `name`'s text: its IR (`ir`), its PTX for an ordered launch
+    /// (`ptx`), or its IR compiled for a dependent one.
+    fn of(
+        self,
+        name: &str,
+        ir: impl FnOnce() -> Result<String, codegen::CodegenError>,
+        ptx: impl FnOnce() -> Result<String, codegen::CodegenError>,
+    ) -> Result<String, Error> {
+        Ok(match self {
+            Text::LlvmIr => ir()?,
+            Text::Ptx(KernelLaunch::Ordered) => ptx()?,
+            Text::Ptx(KernelLaunch::Dependent) => codegen::nvptx::dependent_ptx(&ir()?, name)?,
+        })
+    }
+}
+
+/// How `target`'s kernels are launched: dependent launches on a Hopper
+/// (unless `ordered`), else each after the one before.
+pub fn kernel_launch(target: GpuTarget, ordered: bool) -> KernelLaunch {
+    match target {
+        GpuTarget::Sm90a if !ordered => KernelLaunch::Dependent,
+        _ => KernelLaunch::Ordered,
+    }
 }
 
 /// The kernels NVIDIA GPU `ordinal` takes: a Hopper's (sm_90: wgmma too), or
@@ -498,24 +546,29 @@ fn gpu_kernels(
 ) -> Result<(Vec<(KernelCode, KernelRole)>, GpuKernels), Error> {
     let mut code = Vec::new();
     let mut kernels = GpuKernels::default();
+    let launch = text.launch();
+    let kernel =
+        |name: String, text: String, smem: usize| KernelCode { name, text, smem, cubin: None, launch };
     for (i, p) in plan.programs.iter().enumerate() {
         let name = format!("{}_gpu{i}", p.name);
-        let t = match (known.get(&name), text) {
-            (Some(t), _) => t.clone(),
-            (None, Text::Ptx) => codegen::nvptx::program_ptx(p, &name)?,
-            (None, Text::LlvmIr) => codegen::nvptx::program_ir(p, &name)?,
+        let t = match known.get(&name) {
+            Some(t) => t.clone(),
+            None => text.of(
+                &name,
+                || codegen::nvptx::program_ir(p, &name),
+                || codegen::nvptx::program_ptx(p, &name),
+            )?,
         };
         kernels.loops.push(code.len());
-        code.push((KernelCode { name, text: t, smem: 0, cubin: None }, KernelRole::Loop(i)));
+        code.push((kernel(name, t, 0), KernelRole::Loop(i)));
     }
-    let copy = match (known.get(plan::gpu::OPERAND_COPY_KERNEL), text) {
-        (Some(t), _) => t.clone(),
-        (None, Text::Ptx) => codegen::nvptx::operand_copy_ptx()?,
-        (None, Text::LlvmIr) => codegen::nvptx::operand_copy_ir(),
+    let name = plan::gpu::OPERAND_COPY_KERNEL.to_string();
+    let copy = match known.get(&name) {
+        Some(t) => t.clone(),
+        None => text.of(&name, || Ok(codegen::nvptx::operand_copy_ir()), codegen::nvptx::operand_copy_ptx)?,
     };
     kernels.operand_copy = code.len();
-    let name = plan::gpu::OPERAND_COPY_KERNEL.to_string();
-    code.push((KernelCode { name, text: copy, smem: 0, cubin: None }, KernelRole::OperandCopy));
+    code.push((kernel(name, copy, 0), KernelRole::OperandCopy));
     let mut index: HashMap<GemmKernel, usize> = HashMap::new();
     for list in step_lists(plan, target)? {
         let mut choices = Vec::new();
@@ -523,14 +576,8 @@ fn gpu_kernels(
             let at = match index.get(&k) {
                 Some(&i) => i,
                 None => {
-                    let t = match text {
-                        Text::Ptx => codegen::nvptx::ptx(&k)?,
-                        Text::LlvmIr => codegen::nvptx::llvm_ir(&k)?,
-                    };
-                    code.push((
-                        KernelCode { name: k.name(), text: t, smem: k.smem_bytes(), cubin: None },
-                        KernelRole::Gemm(k),
-                    ));
+                    let t = text.of(&k.name(), || codegen::nvptx::llvm_ir(&k), || codegen::nvptx::ptx(&k))?;
+                    code.push((kernel(k.name(), t, k.smem_bytes()), KernelRole::Gemm(k)));
                     index.insert(k, code.len() - 1);
                     code.len() - 1
                 }
@@ -556,14 +603,16 @@ fn gpu_kernels(
                 let name = plan::gpu::attention_kernel_name(online.program, head, mma);
                 let p = &plan.programs[online.program];
                 let (s, l) = (a.scores_param as u32, online.logits_param as u32);
-                let t = match (known.get(&name), text) {
-                    (Some(t), _) => t.clone(),
-                    (None, Text::Ptx) => codegen::nvptx::attention_ptx(p, s, l, head, mma, &name)?,
-                    (None, Text::LlvmIr) => codegen::nvptx::attention_ir(p, s, l, head, mma, &name)?,
+                let t = match known.get(&name) {
+                    Some(t) => t.clone(),
+                    None => text.of(
+                        &name,
+                        || codegen::nvptx::attention_ir(p, s, l, head, mma, &name),
+                        || codegen::nvptx::attention_ptx(p, s, l, head, mma, &name),
+                    )?,
                 };
                 let role = KernelRole::Attention { program: online.program, scores: s, logits: l, head, mma };
-                let smem = plan::gpu::attention_smem(head);
-                code.push((KernelCode { name, text: t, smem, cubin: None }, role));
+                code.push((kernel(name, t, plan::gpu::attention_smem(head)), role));
                 attention.insert((online.program, head), code.len() - 1);
                 code.len() - 1
             }
@@ -685,6 +734,6 @@ pub fn gemm_kernels(plan: &plan::ModelPlan, target: GpuTarget) -> Result<Vec<Gem
 /// Every kernel of `plan` for a GPU as PTX, `(name, PTX)`, in the device's
 /// order: the loop programs, the operand copy, each distinct GEMM.
 pub fn plan_ptx(plan: &plan::ModelPlan, target: GpuTarget) -> Result<Vec<(String, String)>, Error> {
-    let (code, _) = gpu_kernels(plan, Text::Ptx, target, &HashMap::new())?;
+    let (code, _) = gpu_kernels(plan, Text::Ptx(kernel_launch(target, false)), target, &HashMap::new())?;
     Ok(code.into_iter().map(|(c, _)| (c.name, c.text)).collect())
 }

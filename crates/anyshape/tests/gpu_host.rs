@@ -623,6 +623,26 @@ fn recycled_outputs_take_later_calls_outputs() {
     assert_ne!(at(&third), before, "taken once");
 }
 
+/// The instructions of a PTX kernel's body before its first
+/// `griddepcontrol.wait` that touch memory (any but its parameters), or
+/// `None` where it has none.
+fn memory_before_wait(ptx: &str) -> Option<Vec<&str>> {
+    let body = &ptx[ptx.find(".entry").expect("a kernel")..];
+    let at = body.find("griddepcontrol.wait")?;
+    Some(
+        body[..at]
+            .lines()
+            .map(str::trim)
+            .filter(|l| {
+                ["ld.", "st.", "atom", "red.", "cp.", "bar.", "wgmma", "mbarrier", "ldmatrix"]
+                    .iter()
+                    .any(|p| l.starts_with(p))
+                    && !l.starts_with("ld.param")
+            })
+            .collect(),
+    )
+}
+
 /// A GPU artifact (`Model::gpu_artifact`: code for sm_90a and sm_80, the
 /// plan, the weights) saved and loaded without the compiler: the same
 /// kernels, cubins (ptxas from `ANYSHAPE_PTXAS`: every kernel of both
@@ -659,6 +679,45 @@ fn a_gpu_artifact_round_trips() {
     }
     // The sm_90a code differs where a Hopper's GEMMs do.
     assert!(b.code[0].kernels.iter().zip(&b.code[1].kernels).any(|(x, y)| x.1 != y.1));
+    // A Hopper's kernels are launched as programmatic dependents, each waiting
+    // for the kernel before it as its first instruction; every GPU's in order.
+    for (code, launch) in
+        b.code.iter().zip([anyshape::gpu::KernelLaunch::Dependent, anyshape::gpu::KernelLaunch::Ordered])
+    {
+        for (k, _) in &code.kernels {
+            assert_eq!(k.launch, launch, "{} {}", code.arch, k.name);
+            let before = memory_before_wait(&k.text);
+            match launch {
+                anyshape::gpu::KernelLaunch::Dependent => {
+                    assert_eq!(
+                        before,
+                        Some(vec![]),
+                        "{} {}: memory touched before the wait",
+                        code.arch,
+                        k.name
+                    )
+                }
+                anyshape::gpu::KernelLaunch::Ordered => assert_eq!(before, None, "{}", k.name),
+            }
+            assert_eq!(
+                k.text.contains("griddepcontrol"),
+                launch == anyshape::gpu::KernelLaunch::Dependent,
+                "{}",
+                k.name
+            );
+        }
+    }
+    let ordered = m
+        .gpu_artifact(&anyshape::gpu::GpuArtifactOptions::new().ordered_launches(true))
+        .expect("an artifact");
+    assert!(
+        ordered
+            .code
+            .iter()
+            .flat_map(|c| &c.kernels)
+            .all(|(k, _)| k.launch == anyshape::gpu::KernelLaunch::Ordered
+                && !k.text.contains("griddepcontrol"))
+    );
     // The 256 x 256 weight: bf16 for the GEMMs, no f32 copy in the file.
     assert_eq!(b.weights.len(), 1);
     assert_eq!(b.weights[0].bytes.len(), 2 * 256 * 256);
@@ -927,4 +986,29 @@ fn every_bundled_model_compiles_to_ptx() {
         gemms.len()
     );
     assert!(attentions > 0, "no model's attention was fused for the GPU");
+}
+
+/// A GPU artifact of the bundled BERT (loop kernels, its fused attention,
+/// the GEMMs of a Hopper's lists, the operand copy): every sm_90a kernel is
+/// launched as a programmatic dependent and touches no memory before its
+/// `griddepcontrol.wait`; with `ANYSHAPE_PTXAS` each assembles for sm_90a.
+#[test]
+fn a_hoppers_kernels_wait_for_the_kernel_before() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/bert");
+    let m = Model::load(root.join("model.onnx"), &LoadOptions::new()).expect("loads");
+    let mut opts = anyshape::gpu::GpuArtifactOptions::new().targets(&[anyshape::gpu::GpuTarget::Sm90a]);
+    let ptxas = std::env::var("ANYSHAPE_PTXAS").ok();
+    if kernels::testing::require("ANYSHAPE_REQUIRE_PTXAS", ptxas.is_some(), "ptxas in ANYSHAPE_PTXAS") {
+        opts = opts.ptxas(ptxas.clone().expect("ptxas"));
+    }
+    let a = m.gpu_artifact(&opts).expect("an artifact");
+    let kernels = &a.code[0].kernels;
+    assert!(kernels.iter().any(|(_, r)| matches!(r, anyshape::gpu::KernelRole::Attention { .. })));
+    for (k, _) in kernels {
+        assert_eq!(k.launch, anyshape::gpu::KernelLaunch::Dependent, "{}", k.name);
+        assert_eq!(memory_before_wait(&k.text), Some(vec![]), "{}", k.name);
+        if ptxas.is_some() {
+            assert!(k.cubin.is_some(), "{}: not assembled", k.name);
+        }
+    }
 }

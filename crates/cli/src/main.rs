@@ -60,6 +60,10 @@ enum Command {
         /// the driver assembles when the artifact is loaded).
         #[arg(long)]
         ptxas: Option<PathBuf>,
+        /// With `--device cuda`: launch a Hopper's kernels each after the one
+        /// before, not as programmatic dependents (to measure what those save).
+        #[arg(long)]
+        ordered_launches: bool,
         #[command(flatten)]
         precision: common::PrecisionArg,
     },
@@ -279,15 +283,23 @@ fn dispatch(cli: Cli) -> Result<()> {
             run(model, inputs, shapes, output_dir, dims, interpret, options)
         }
         Command::Bench(args) => model_bench::bench(args),
-        Command::Compile { model, output, dims, device, gpu_arch, ptxas, precision, .. }
-            if device != devices::DeviceArg::Cpu =>
-        {
+        Command::Compile {
+            model,
+            output,
+            dims,
+            device,
+            gpu_arch,
+            ptxas,
+            ordered_launches,
+            precision,
+            ..
+        } if device != devices::DeviceArg::Cpu => {
             if !precision.is_default() {
                 bail!(UserError(
                     "--precision and --int8 apply to CPU code; the GPU's contractions are bf16".into()
                 ));
             }
-            compile_gpu(model, output, dims, &gpu_arch, ptxas)
+            compile_gpu(model, output, dims, &gpu_arch, ptxas, ordered_launches)
         }
         Command::Compile { model, output, dims, threads, isa, precision, .. } => {
             compile(model, output, dims, threads, isa, precision)
@@ -594,11 +606,13 @@ fn compile_gpu(
     dims: Vec<String>,
     archs: &[devices::GpuArchArg],
     ptxas: Option<PathBuf>,
+    ordered_launches: bool,
 ) -> Result<()> {
     let start = std::time::Instant::now();
     let model = load(&model_path, &dims)?;
     let targets: Vec<_> = archs.iter().map(|a| a.target()).collect();
-    let mut opts = anyshape::gpu::GpuArtifactOptions::new().targets(&targets);
+    let mut opts =
+        anyshape::gpu::GpuArtifactOptions::new().targets(&targets).ordered_launches(ordered_launches);
     match ptxas.or_else(anyshape::ptxas::find_ptxas) {
         Some(p) => opts = opts.ptxas(p),
         None => eprintln!(

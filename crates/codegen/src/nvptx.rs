@@ -79,6 +79,26 @@ pub fn llvm_ir(k: &GemmKernel) -> Result<String, CodegenError> {
 /// Compiles an NVPTX module's IR text to PTX, at O3, for `arch` (`.target sm_80`
 /// or `sm_90a`).
 pub fn compile(ir: &str, name: &str, arch: Arch) -> Result<String, CodegenError> {
+    compile_module(ir, name, arch, false)
+}
+
+/// Compiles kernel `name`'s module (IR text, any of the family's or the
+/// loop programs') to PTX for sm_90a, launched as a programmatic dependent
+/// (`plan::gpu::KernelLaunch::Dependent`): its first instructions wait for
+/// the grid before it on the stream (`griddepcontrol.wait`: complete, its
+/// memory visible) and then let the grid after it launch
+/// (`griddepcontrol.launch_dependents`, which takes effect once every block
+/// has issued it: all of this grid's blocks are then running). Every kernel
+/// of a call waits before touching memory, so the call computes what an
+/// ordered stream does; the next kernel's launch overlaps this one's run.
+pub fn dependent_ptx(ir: &str, name: &str) -> Result<String, CodegenError> {
+    compile_module(ir, name, Arch::Sm90a, true)
+}
+
+/// The instructions a dependent launch's kernel starts with (see [`dependent_ptx`]).
+pub const DEPENDENT_PROLOGUE: &str = "griddepcontrol.wait; griddepcontrol.launch_dependents;";
+
+fn compile_module(ir: &str, name: &str, arch: Arch, dependent: bool) -> Result<String, CodegenError> {
     Target::initialize_nvptx(&InitializationConfig::default());
     let triple = TargetTriple::create(TRIPLE);
     let target = Target::from_triple(&triple).map_err(llvm)?;
@@ -96,6 +116,28 @@ pub fn compile(ir: &str, name: &str, arch: Arch) -> Result<String, CodegenError>
     let buf = MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), name);
     let module = ctx.create_module_from_ir(buf).map_err(|e| CodegenError::Llvm(format!("{name}: {e}")))?;
     module.verify().map_err(|e| CodegenError::Llvm(format!("{name}: {e}")))?;
+    if dependent {
+        let f = module
+            .get_function(name)
+            .ok_or_else(|| CodegenError::Llvm(format!("{name}: no kernel of that name in its module")))?;
+        let first = f
+            .get_first_basic_block()
+            .and_then(|b| b.get_first_instruction())
+            .ok_or_else(|| CodegenError::Llvm(format!("{name}: an empty kernel")))?;
+        let builder = ctx.create_builder();
+        builder.position_before(&first);
+        let ty = ctx.void_type().fn_type(&[], false);
+        let asm = ctx.create_inline_asm(
+            ty,
+            DEPENDENT_PROLOGUE.into(),
+            "~{memory}".into(),
+            true,
+            false,
+            None,
+            false,
+        );
+        builder.build_indirect_call(ty, asm, &[], "").map_err(llvm)?;
+    }
     module.run_passes("default<O3>", &tm, PassBuilderOptions::create()).map_err(llvm)?;
     let out = tm.write_to_memory_buffer(&module, FileType::Assembly).map_err(llvm)?;
     String::from_utf8(out.as_slice().to_vec()).map_err(llvm)

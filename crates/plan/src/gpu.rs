@@ -402,6 +402,19 @@ pub fn attention_pitch(d: usize) -> usize {
     2 * d + 16
 }
 
+/// How a kernel follows the one before it on its stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum KernelLaunch {
+    /// After the kernel before it has finished (any GPU).
+    #[default]
+    Ordered,
+    /// Hopper's programmatic dependent launch: launched while the kernel
+    /// before it runs, the kernel first waits for it (`griddepcontrol.wait`)
+    /// and then lets the kernel after it launch; so the launches overlap the
+    /// kernels while each kernel's work still follows its predecessor's.
+    Dependent,
+}
+
 /// How an attention kernel multiplies its tiles.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum AttentionMma {

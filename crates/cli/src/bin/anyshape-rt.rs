@@ -121,11 +121,18 @@ fn dispatch(cli: Cli) -> Result<()> {
                 }
             }
             for c in &a.code {
+                let dependent =
+                    c.kernels.iter().filter(|(k, _)| k.launch == plan::gpu::KernelLaunch::Dependent).count();
                 say(format!(
-                    "code for NVIDIA GPUs ({}): {} kernels, {} of them with a cubin",
+                    "code for NVIDIA GPUs ({}): {} kernels, {} of them with a cubin, {}",
                     c.arch,
                     c.kernels.len(),
-                    c.cubins()
+                    c.cubins(),
+                    match dependent {
+                        0 => "each launched after the one before".to_string(),
+                        n if n == c.kernels.len() => "launched as programmatic dependents".to_string(),
+                        n => format!("{n} launched as programmatic dependents"),
+                    }
                 ));
             }
             let bytes: usize = a.weights.iter().map(|w| w.bytes.len()).sum();

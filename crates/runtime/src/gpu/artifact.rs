@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use ir::TensorType;
 use plan::gemm::{Arch, GemmKernel};
-use plan::gpu::AttentionMma;
+use plan::gpu::{AttentionMma, KernelLaunch};
 use plan::{BufferKind, ModelPlan};
 use serde::{Deserialize, Serialize};
 use sym::ShapeEnv;
@@ -91,6 +91,7 @@ struct KernelMeta {
     name: String,
     smem: usize,
     role: KernelRole,
+    launch: KernelLaunch,
     /// Its PTX: a range of the code section.
     code: (u64, u64),
     /// Its cubin, if any: a range of the code section.
@@ -169,6 +170,7 @@ impl GpuArtifact {
                     name: k.name.clone(),
                     smem: k.smem,
                     role: *role,
+                    launch: k.launch,
                     code: put(k.text.as_bytes()),
                     cubin: k.cubin.as_deref().map(&mut put),
                 });
@@ -298,7 +300,7 @@ fn kernels_of(
                 )));
             }
         }
-        kernels.push((KernelCode { name: k.name, text, smem: k.smem, cubin }, k.role));
+        kernels.push((KernelCode { name: k.name, text, smem: k.smem, cubin, launch: k.launch }, k.role));
     }
     Ok(kernels)
 }

@@ -12,6 +12,8 @@ use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{result, CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 
+use plan::gpu::KernelLaunch;
+
 use super::{Device, DevicePtr, KernelArg, KernelCode, Launch, LaunchDims, StreamId};
 use crate::RunError;
 
@@ -24,9 +26,18 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     streams: std::sync::Mutex<Vec<Arc<CudaStream>>>,
     funcs: Vec<CudaFunction>,
+    /// How each kernel is launched.
+    launches: Vec<KernelLaunch>,
     _modules: Vec<Arc<CudaModule>>,
     name: String,
     cc: (i32, i32),
+}
+
+/// A launch attribute's value with every field zero.
+fn zeroed_attribute() -> sys::CUlaunchAttributeValue {
+    // SAFETY: a C union of integers, structs of integers and pointers: all
+    // zero bytes is a valid value of each.
+    unsafe { std::mem::zeroed() }
 }
 
 fn driver(what: &str) -> impl Fn(result::DriverError) -> RunError + '_ {
@@ -58,6 +69,14 @@ impl CudaDevice {
                 "{name} is sm_{}{}: the kernels need sm_{}{} or newer",
                 cc.0, cc.1, MIN_COMPUTE_CAPABILITY.0, MIN_COMPUTE_CAPABILITY.1
             )));
+        }
+        if let Some(k) = kernels.iter().find(|k| k.launch == KernelLaunch::Dependent) {
+            if cc.0 < 9 {
+                return Err(RunError::Device(format!(
+                    "{name} is sm_{}{}: kernel {} is built for dependent launches, which need sm_90 or newer",
+                    cc.0, cc.1, k.name
+                )));
+            }
         }
         // SAFETY: every copy and launch goes on the one stream, so cudarc's
         // per-buffer events (which order uses across streams) order nothing here.
@@ -91,6 +110,7 @@ impl CudaDevice {
             ctx,
             streams: std::sync::Mutex::new(vec![stream]),
             funcs,
+            launches: kernels.iter().map(|k| k.launch).collect(),
             _modules: modules,
             name: match refused.first() {
                 None => format!("{name} (sm_{}{})", cc.0, cc.1),
@@ -358,6 +378,36 @@ impl Device for CudaDevice {
             })
             .collect();
         let mut params: Vec<*mut c_void> = vals.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
+        if self.launches.get(kernel) == Some(&KernelLaunch::Dependent) {
+            // A programmatic dependent: launched while the kernel before it
+            // runs; its code waits for that kernel before touching memory.
+            let mut value: sys::CUlaunchAttributeValue = zeroed_attribute();
+            value.programmaticStreamSerializationAllowed = 1;
+            let mut attr = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value,
+            };
+            let config = sys::CUlaunchConfig {
+                gridDimX: dims.grid[0],
+                gridDimY: dims.grid[1],
+                gridDimZ: dims.grid[2],
+                blockDimX: dims.threads,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: dims.smem,
+                hStream: s.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as for the plain launch below; `config` and its attribute
+            // live until the call returns (the driver copies them).
+            return unsafe {
+                sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
+            }
+            .result()
+            .map_err(driver(&format!("launching kernel {kernel} (dependent)")));
+        }
         // SAFETY: the caller's contract (the kernel's ABI: device pointers into live
         // allocations, integers of the declared types); the parameter values are
         // copied by the driver when the launch is enqueued.

@@ -112,6 +112,9 @@ pub struct KernelCode {
     pub text: String,
     pub smem: usize,
     pub cubin: Option<Vec<u8>>,
+    /// How the device launches it (a dependent launch's kernel waits for
+    /// the one before it itself: `codegen::nvptx::dependent_ptx`).
+    pub launch: plan::gpu::KernelLaunch,
 }
 
 /// A weight as the GEMMs read it: bf16 `[N, K]` (little-endian words),
