@@ -2,8 +2,9 @@
 bundled fixtures against ONNX Runtime's recorded outputs, then BERT-base
 (random weights from a fixed seed, exported here by this machine's PyTorch
 and transformers) against PyTorch fp32 on the same weights, and timed
-beside PyTorch eager (fp32 and bf16) in the same run. Prints one JSON line
-per result.
+beside PyTorch eager (fp32 and bf16) in the same run (its kernels launched
+as programmatic dependents and in order); then a GPT-2 decode step with its
+KV cache, checked and timed the same way. Prints one JSON line per result.
 
     python3 models.py ANYSHAPE FIXTURES OUTDIR [BUDGET_S]
 """
@@ -110,12 +111,15 @@ class Wrap(torch.nn.Module):
         return o.last_hidden_state, o.pooler_output
 
 
+# Wrappers are made in training mode, and the export restores a wrapper's mode
+# to its children: eval() first, or the reference below runs with dropout.
 torch.onnx.export(
-    Wrap(m), (ids, mask), onnx_path, input_names=["input_ids", "attention_mask"],
+    Wrap(m).eval(), (ids, mask), onnx_path, input_names=["input_ids", "attention_mask"],
     output_names=["last_hidden_state", "pooler_output"],
     dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}},
     opset_version=17, dynamo=False,
 )
+m.eval()
 say(exported=onnx_path, mb=round(os.path.getsize(onnx_path) / 1e6, 1))
 p = subprocess.run([anyshape, "inspect", onnx_path, "--stage", "programs", "--device", "cuda"],
                    capture_output=True, text=True, timeout=120)
@@ -198,3 +202,121 @@ for dtype in [torch.float32, torch.bfloat16]:
                 ts.append((time.perf_counter() - t0) * 1e3)
         ts.sort()
         say(peer="pytorch-eager", dtype=str(dtype), shape=[b, s], median_ms=round(ts[len(ts) // 2], 3))
+
+# 3. GPT-2 with its LM head, one decode step with a KV cache (the decode
+# target): exported here by the TorchScript exporter (inputs input_ids
+# [batch, seq], attention_mask [batch, total], past_key_<l>/past_value_<l>
+# [batch, 12, past, 64]; outputs logits and present_*), checked against
+# PyTorch fp32 at past 128, then timed by anyshape-rt at past 128 and 1024,
+# batch 1 and 8 (each shape's warm calls: one CUDA graph a call), beside
+# PyTorch eager bf16 on the same step.
+def gpt2_decode():
+    from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    gcfg = GPT2Config()
+    gcfg._attn_implementation = "eager"
+    g = GPT2LMHeadModel(gcfg).eval()
+    layers, heads, hd = gcfg.n_layer, gcfg.n_head, gcfg.n_embd // gcfg.n_head
+
+    def presents(cache):
+        out = []
+        for l in range(layers):
+            if hasattr(cache, "layers"):
+                out += [cache.layers[l].keys, cache.layers[l].values]
+            else:
+                out += [cache[l][0], cache[l][1]]
+        return out
+
+    class Step(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask, *past):
+            cache = DynamicCache()
+            for l in range(layers):
+                cache.update(past[2 * l], past[2 * l + 1], l)
+            # The new tokens' positions from the mask (a traced cache length
+            # would be the export example's constant).
+            pos = (attention_mask.long().cumsum(-1) - 1)[:, -input_ids.shape[1]:]
+            o = self.m(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, past_key_values=cache,
+                       use_cache=True)
+            return (o.logits, *presents(o.past_key_values))
+
+    def example(b, past, device="cpu", dtype=torch.float32):
+        ids = torch.randint(0, gcfg.vocab_size, (b, 1), device=device)
+        mask = torch.ones((b, past + 1), dtype=torch.long, device=device)
+        kv = [torch.randn(b, heads, past, hd, device=device, dtype=dtype) for _ in range(2 * layers)]
+        return ids, mask, kv
+
+    path = os.path.join(out, "gpt2-step.onnx")
+    names = [f"past_{k}_{l}" for l in range(layers) for k in ("key", "value")]
+    outs = ["logits"] + [f"present_{k}_{l}" for l in range(layers) for k in ("key", "value")]
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"}}
+    axes.update({n: {0: "batch", 2: "past"} for n in names})
+    axes.update({n: {0: "batch", 2: "total"} for n in outs[1:]})
+    axes["logits"] = {0: "batch", 1: "seq"}
+    ids, mask, kv = example(1, 5)
+    with torch.no_grad():
+        torch.onnx.export(Step(g).eval(), (ids, mask, *kv), path, input_names=["input_ids", "attention_mask"] + names,
+                          output_names=outs, dynamic_axes=axes, opset_version=17, dynamo=False)
+    g.eval()
+    say(exported=path, mb=round(os.path.getsize(path) / 1e6, 1))
+    # Correctness at past 128, batch 2: logits and the last layer's values.
+    ids, mask, kv = example(2, 128)
+    d = os.path.join(out, "gpt2-step-2x128")
+    os.makedirs(d, exist_ok=True)
+    inputs = {}
+    for n, t in [("input_ids", ids), ("attention_mask", mask)] + list(zip(names, kv)):
+        np.save(os.path.join(d, f"{n}.npy"), t.numpy())
+        inputs[n] = os.path.join(d, f"{n}.npy")
+    gc = g.cuda()
+    with torch.no_grad():
+        want = Step(gc)(ids.cuda(), mask.cuda(), *[t.cuda() for t in kv])
+    p, secs = run_anyshape(path, inputs, d, 300)
+    if p.returncode != 0:
+        say(model="gpt2-step", error=p.stderr.strip()[-400:])
+        return
+    got = np.load(os.path.join(d, "logits.npy"))
+    got_v = np.load(os.path.join(d, f"present_value_{layers - 1}.npy"))
+    say(model="gpt2-step", shape=[2, 1, 128], seconds=round(secs, 2),
+        rel_l2_logits_vs_torch_fp32=rel_l2(got, want[0].float().cpu().numpy()),
+        rel_l2_last_values_vs_torch_fp32=rel_l2(got_v, want[-1].float().cpu().numpy()))
+    art = os.path.join(out, "gpt2-step.anyshape")
+    p = subprocess.run([anyshape, "compile", path, "--device", "cuda", "-o", art],
+                       capture_output=True, text=True, timeout=max(30, budget - (time.time() - t_start)))
+    say(gpu_artifact=art, compile=p.stdout.strip()[-300:], error=p.stderr.strip()[-300:])
+    if p.returncode == 0 and os.path.exists(rt):
+        shapes = []
+        for b in (1, 8):
+            for past in (128, 1024):
+                shapes += ["--shape", f"batch={b},seq=1,past={past},total={past + 1}"]
+        p = subprocess.run([rt, "bench", art, *shapes, "--runs", "50", "--json"], capture_output=True, text=True,
+                           timeout=max(30, budget - (time.time() - t_start)))
+        say(anyshape_rt_gpt2_decode=p.stdout.strip().splitlines()[-5:], stderr=p.stderr.strip()[-300:])
+    gb = g.to(torch.bfloat16).cuda()
+    step = Step(gb)
+    for b in (1, 8):
+        for past in (128, 1024):
+            ids, mask, kv = example(b, past, "cuda", torch.bfloat16)
+            with torch.no_grad():
+                for _ in range(3):
+                    step(ids, mask, *kv)
+                torch.cuda.synchronize()
+                ts = []
+                for _ in range(20):
+                    t0 = time.perf_counter()
+                    step(ids, mask, *kv)
+                    torch.cuda.synchronize()
+                    ts.append((time.perf_counter() - t0) * 1e3)
+            ts.sort()
+            say(peer="pytorch-eager", model="gpt2-step", dtype="bf16", shape=[b, 1, past],
+                median_ms=round(ts[len(ts) // 2], 3))
+
+
+if time.time() - t_start < budget:
+    try:
+        gpt2_decode()
+    except Exception as e:  # the rest of the run's records stand
+        say(model="gpt2-step", error=repr(e)[-400:])
