@@ -172,6 +172,25 @@ if time.time() - t_start < budget:
             [rt, "bench", art, "--shape", "batch=1,seq=100..131", "--once"],
             capture_output=True, text=True, timeout=max(30, budget - (time.time() - t_start)))
         say(anyshape_rt_new_shapes=p.stdout.strip().splitlines()[-4:], stderr=p.stderr.strip()[-300:])
+# Peak device memory at seq 512 (issue 37's report): anyshape's own allocations
+# (weights, constants, the call's memory) in a process of its own, and
+# PyTorch eager's max_memory_allocated for the same forward in bf16.
+if time.time() - t_start < budget and os.path.exists(os.path.join(out, "bert-base.anyshape")) and os.path.exists(rt):
+    p = subprocess.run([rt, "bench", os.path.join(out, "bert-base.anyshape"), "--shape", "batch=1,seq=512",
+                        "--runs", "20", "--json"], capture_output=True, text=True,
+                       timeout=max(30, budget - (time.time() - t_start)))
+    say(anyshape_rt_bert_512_memory=p.stdout.strip().splitlines()[-1:], stderr=p.stderr.strip()[-300:])
+    mb = m.to(torch.bfloat16).cuda()
+    ids = torch.randint(0, cfg.vocab_size, (1, 512), device="cuda")
+    mask = torch.ones((1, 512), dtype=torch.long, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad():
+        mb(ids, mask)
+    torch.cuda.synchronize()
+    say(peer="pytorch-eager", dtype="bf16", shape=[1, 512],
+        peak_mib=round(torch.cuda.max_memory_allocated() / 2**20, 1))
+    m = m.float()
 # The same artifact with a Hopper's kernels launched each after the one before
 # (`--ordered-launches`) instead of as programmatic dependents: what those save.
 if time.time() - t_start < budget:

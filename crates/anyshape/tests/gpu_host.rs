@@ -586,6 +586,12 @@ fn growing_shapes_move_the_memory_rarely() {
     }
     let moves = gm.device().allocations() - before;
     assert!((1..=3).contains(&moves), "8 growing shapes moved the memory {moves} times");
+    // The memory it holds: the weight in bf16 and the bias (f32, read by the
+    // epilogue), one call's memory for at least 16 rows in and out.
+    let held = gm.device_memory();
+    assert!(held.weights >= 2 * 256 * 256 && held.weights <= 2 * 256 * 256 + 4 * 256 + 64, "{held:?}");
+    assert!(held.calls >= 2 * 16 * 256 * 4, "{held:?}");
+    assert!(held.peak >= held.weights + held.calls, "{held:?}");
     // 15 rows was recorded in the memory 16 runs in (it did not move since):
     // its second and third calls run its graph.
     let graphs = gm.device().graph_launches();

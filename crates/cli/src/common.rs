@@ -202,6 +202,26 @@ impl Timing {
     }
 }
 
+/// A GPU shape's `report` with the device memory its model holds after the
+/// shape's calls (`peak`: the most so far, shapes before it included).
+pub fn with_device_memory(report: String, json: bool, m: runtime::gpu::DeviceMemory) -> String {
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    match (json, report.strip_suffix('}')) {
+        (true, Some(head)) => format!(
+            "{head}, \"device_peak_mib\": {:.1}, \"device_weights_mib\": {:.1}, \"device_calls_mib\": {:.1}}}",
+            mib(m.peak),
+            mib(m.weights),
+            mib(m.calls)
+        ),
+        _ => format!(
+            "{report}; device memory {:.1} MiB at most (weights {:.1} MiB, calls {:.1} MiB)",
+            mib(m.peak),
+            mib(m.weights),
+            mib(m.calls)
+        ),
+    }
+}
+
 /// Time planning `named`'s shape, the first call on it, then `runs` warm
 /// calls, then (with `pause`) `runs` calls each made after sleeping that long.
 pub fn time_calls(

@@ -25,6 +25,7 @@ pub trait GpuRun {
         -> std::result::Result<Vec<(String, Tensor)>, runtime::RunError>;
     fn device_name(&self) -> String;
     fn plan_shape(&self, inputs: &[(&str, Tensor)]) -> std::result::Result<(), runtime::RunError>;
+    fn device_memory(&self) -> runtime::gpu::DeviceMemory;
 }
 
 impl<D: anyshape::gpu::Device> GpuRun for anyshape::gpu::GpuModel<D> {
@@ -42,6 +43,9 @@ impl<D: anyshape::gpu::Device> GpuRun for anyshape::gpu::GpuModel<D> {
     }
     fn plan_shape(&self, inputs: &[(&str, Tensor)]) -> std::result::Result<(), runtime::RunError> {
         anyshape::gpu::GpuModel::plan_shape(self, inputs)
+    }
+    fn device_memory(&self) -> runtime::gpu::DeviceMemory {
+        anyshape::gpu::GpuModel::device_memory(self)
     }
 }
 

@@ -263,7 +263,8 @@ fn bench_gpu(a: &BenchArgs, shapes: &[Vec<(String, usize)>]) -> Result<()> {
         let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
         let plan = || gm.plan_shape(&named).map_err(|e| anyshape::Error::from(e).into());
         let call = || gm.run(&named).map(|_| ()).map_err(|e| anyshape::Error::from(e).into());
-        say!("{}", time_runs(&plan, &call, a.runs, None)?.report(shape, false, 0.0));
+        let report = time_runs(&plan, &call, a.runs, None)?.report(shape, false, 0.0);
+        say!("{}", crate::common::with_device_memory(report, false, gm.device_memory()));
     }
     Ok(())
 }

@@ -109,7 +109,8 @@ fn dispatch(cli: Cli) -> Result<()> {
                 let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
                 let plan = || gm.plan_shape(&named).map_err(Into::into);
                 let call = || gm.run(&named).map(|_| ()).map_err(Into::into);
-                say(time_runs(&plan, &call, runs, None)?.report(shape, json, load_ms));
+                let report = time_runs(&plan, &call, runs, None)?.report(shape, json, load_ms);
+                say(common::with_device_memory(report, json, gm.device_memory()));
             }
         }
         Command::Info { artifact } if is_gpu_artifact(&artifact) => {

@@ -25,6 +25,7 @@ pub mod cuda;
 pub mod matmul;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ir::{DType, Tensor, TensorData, TensorType};
@@ -415,7 +416,25 @@ pub struct GpuModel<D: Device> {
     /// Outputs handed back ([`GpuModel::recycle`]), which later calls'
     /// outputs are downloaded into.
     recycled: Arc<crate::recycle::Pool>,
+    /// Device memory held: the uploaded weights and constants, every call
+    /// slot's memory, and the most both have held at once.
+    weight_bytes: usize,
+    call_bytes: AtomicUsize,
+    peak_bytes: AtomicUsize,
     device: D,
+}
+
+/// The device memory a [`GpuModel`] holds (bytes of its own allocations; the
+/// driver's context and a CUDA graph's own memory aside).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// The weights (bf16 for the GEMMs) and other constants, uploaded once.
+    pub weights: usize,
+    /// The calls' memory now (activations, inputs, outputs, scratch): one
+    /// block a concurrent caller, sized by the largest shape it ran.
+    pub calls: usize,
+    /// The most the two have added up to.
+    pub peak: usize,
 }
 
 /// What picks a loop kernel's schedule at a shape: the warp schedule it
@@ -518,6 +537,9 @@ impl<D: Device> GpuModel<D> {
             slots: Mutex::new(Vec::new()),
             failed: Mutex::new(None),
             recycled: crate::recycle::Pool::new(outputs_len),
+            weight_bytes: 0,
+            call_bytes: AtomicUsize::new(0),
+            peak_bytes: AtomicUsize::new(0),
             device,
         };
         // Each distinct weight view is the next of `weights`, made from the
@@ -545,6 +567,7 @@ impl<D: Device> GpuModel<D> {
                 )));
             }
             let p = m.device.alloc(w.bytes.len().max(1))?;
+            m.weight_bytes += w.bytes.len().max(1);
             m.packed.push(p);
             // SAFETY: `p` is a fresh allocation of at least `w.bytes.len()` bytes.
             unsafe { m.device.upload(0, p, &w.bytes)? };
@@ -560,6 +583,7 @@ impl<D: Device> GpuModel<D> {
                 BufferKind::Constant(c) => {
                     let bytes = c.bytes();
                     let p = m.device.alloc(bytes.len().max(1))?;
+                    m.weight_bytes += bytes.len().max(1);
                     m.constants[i] = Some(p);
                     // SAFETY: `p` is a fresh allocation of at least `bytes.len()` bytes.
                     unsafe { m.device.upload(0, p, bytes)? };
@@ -600,6 +624,16 @@ impl<D: Device> GpuModel<D> {
 
     pub fn plan(&self) -> &ModelPlan {
         &self.plan
+    }
+
+    /// The device memory it holds ([`DeviceMemory`]).
+    pub fn device_memory(&self) -> DeviceMemory {
+        let calls = self.call_bytes.load(Ordering::Relaxed);
+        DeviceMemory {
+            weights: self.weight_bytes,
+            calls,
+            peak: self.peak_bytes.load(Ordering::Relaxed).max(self.weight_bytes + calls),
+        }
     }
 
     pub fn device(&self) -> &D {
@@ -928,10 +962,11 @@ impl<D: Device> GpuModel<D> {
             // the device has no more.
             let bytes = shape.layout.bytes;
             let grown = memory.map_or(bytes, |(_, old)| bytes.max(old.saturating_add(old / 2)));
-            if let Some((p, _)) = memory.take() {
+            if let Some((p, old)) = memory.take() {
                 // SAFETY: every launch that used it completed (the last call on
                 // this slot downloaded its outputs after them).
                 unsafe { self.device.free(p) };
+                self.call_bytes.fetch_sub(old, Ordering::Relaxed);
             }
             let got = match self.device.alloc(grown) {
                 Err(_) if grown > bytes => self.device.alloc(bytes).map(|p| (p, bytes)),
@@ -943,6 +978,8 @@ impl<D: Device> GpuModel<D> {
                 }
                 e => e,
             })?;
+            let held = self.call_bytes.fetch_add(got.1, Ordering::Relaxed) + got.1;
+            self.peak_bytes.fetch_max(self.weight_bytes + held, Ordering::Relaxed);
             *memory = Some(got);
         }
         let base = memory.map(|(p, _)| p).ok_or_else(|| RunError::Internal("no device memory".into()))?;
