@@ -564,6 +564,16 @@ fn check(
 /// P·V N-major), and three products with K = 100, which only the SIMT kernels take.
 fn sweep() -> Vec<Problem> {
     let mut out = Vec::new();
+    // The short products first (attention's, both B layouts; K not a multiple
+    // of 8, which only the SIMT kernels take), so that a run cut short by its
+    // time limit still covers every layout.
+    for t in [16, 64, 128, 384, 512] {
+        out.push(Problem::nt(12, t, t, 64));
+        out.push(Problem::nn(12, t, 64, t));
+    }
+    for m in [1, 383, 2048] {
+        out.push(Problem::nt(1, m, 768, 100));
+    }
     let nk = [
         (768, 768),
         (2304, 768),
@@ -582,14 +592,6 @@ fn sweep() -> Vec<Problem> {
         }
     }
     out.push(Problem::nt(1, 8192, 8192, 8192));
-    for t in [16, 64, 128, 384, 512] {
-        out.push(Problem::nt(12, t, t, 64));
-        out.push(Problem::nn(12, t, 64, t));
-    }
-    // K not a multiple of 8: only the SIMT kernels take it.
-    for m in [1, 383, 2048] {
-        out.push(Problem::nt(1, m, 768, 100));
-    }
     out
 }
 
@@ -610,11 +612,11 @@ fn measured_covers(model: &WaveModel, p: &Problem) -> Vec<Cover> {
 
 /// Device operands for a timed product: random values (never zeros: tensor cores
 /// run faster on them), contiguous.
-fn timed_operands(gpu: &Gpu, rng: &mut StdRng, p: &Problem) -> Result<DeviceOperands, GpuError> {
-    let a = random_bits(rng, ElemType::Bf16, p.batch * p.m * p.k);
-    let bb = random_bits(rng, ElemType::Bf16, p.batch * p.n * p.k);
+fn timed_operands(gpu: &Gpu, pool: &mut RandomPool, p: &Problem) -> Result<DeviceOperands, GpuError> {
+    let a = pool.take(p.batch * p.m * p.k);
+    let bb = pool.take(p.batch * p.n * p.k);
     let c = vec![0u16; p.batch * p.m * p.n];
-    let bias = random_bits(rng, ElemType::Bf16, p.n);
+    let bias = pool.take(p.n);
     Ok(DeviceOperands {
         a: gpu.upload(&a)?,
         b: gpu.upload(&bb)?,
@@ -632,11 +634,40 @@ fn timed_operands(gpu: &Gpu, rng: &mut StdRng, p: &Problem) -> Result<DeviceOper
     })
 }
 
+/// Random bf16 values for the timed operands, made once and handed out in
+/// turn (cycling): the times do not depend on the values, and drawing each
+/// product's operands anew (hundreds of millions of values over the
+/// calibration and the sweep) took a large share of the bench's time.
+struct RandomPool {
+    values: Vec<u16>,
+    next: usize,
+}
+
+impl RandomPool {
+    /// Values a pool holds (prime, so that operands do not repeat in step).
+    const LEN: usize = (1 << 22) + 15;
+
+    fn new(rng: &mut StdRng) -> RandomPool {
+        RandomPool { values: random_bits(rng, ElemType::Bf16, Self::LEN), next: 0 }
+    }
+
+    /// The next `n` values.
+    fn take(&mut self, n: usize) -> Vec<u16> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let run = (n - out.len()).min(self.values.len() - self.next);
+            out.extend_from_slice(&self.values[self.next..self.next + run]);
+            self.next = (self.next + run) % self.values.len();
+        }
+        out
+    }
+}
+
 /// The wave model's calibration of one kernel (the measured lowest level): its
 /// time at four K (short, two long whose difference gives the cost of a K step and
 /// the rest the fixed cost, and the longest) on a grid of exactly four full waves,
 /// on a grid of one block an SM, and on a grid of a few blocks (most SMs idle).
-fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<KernelRate, GpuError> {
+fn calibrate(gpu: &Gpu, l: &Loaded, pool: &mut RandomPool, reps: usize) -> Result<KernelRate, GpuError> {
     let k = &l.kernel;
     let occ = occupancy(k, l.regs, &gpu.limits).max(1);
     let sms = gpu.limits.sms;
@@ -654,7 +685,7 @@ fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<Ker
         let mut t = [0.0; 4];
         for (x, &kk) in [k0, k1, k2, k3].iter().enumerate() {
             let p = Problem::nt(1, mt * k.bm, nt * k.bn, kk).with_b(k.b);
-            let mut ops = timed_operands(gpu, rng, &p)?;
+            let mut ops = timed_operands(gpu, pool, &p)?;
             let mut w = gpu.alloc_f32(if k.split_k { p.m * p.n } else { 1 })?;
             t[x] = gpu.time(reps, 10, || run_choice(gpu, l, None, (&p, 0), 1, &mut ops, &mut w))?.0;
         }
@@ -691,11 +722,11 @@ fn calibrate(gpu: &Gpu, l: &Loaded, rng: &mut StdRng, reps: usize) -> Result<Ker
 fn calibrate_reduce(
     gpu: &Gpu,
     r: &LoadedReducer,
-    rng: &mut StdRng,
+    pool: &mut RandomPool,
     reps: usize,
 ) -> Result<ReduceRate, GpuError> {
     let p = Problem::nt(1, 1, 8192, 64);
-    let mut ops = timed_operands(gpu, rng, &p)?;
+    let mut ops = timed_operands(gpu, pool, &p)?;
     let mut t = [0.0; 2];
     for (x, splits) in [REDUCE_CHUNK, 2 * REDUCE_CHUNK].into_iter().enumerate() {
         let w = gpu.alloc_f32(splits * p.m * p.n)?;
@@ -756,6 +787,9 @@ fn bench(
     });
     say!("bench on {} (sm_{}{}), {} SMs", gpu.name, gpu.cc.0, gpu.cc.1, gpu.limits.sms);
     let mut rng = StdRng::seed_from_u64(7);
+    let mut pool = RandomPool::new(&mut rng);
+    let started = std::time::Instant::now();
+    let at = || format!("[{:.1} s]", started.elapsed().as_secs_f64());
     let mut out = json
         .map(|p| std::fs::File::create(p).map_err(|e| GpuError::Plan(format!("{}: {e}", p.display()))))
         .transpose()?;
@@ -763,7 +797,7 @@ fn bench(
         // The limits the model used, for `replay`.
         let _ = writeln!(f, "{}", json!({"device": gpu.limits}));
     }
-    let reduce = reducer.map(|r| calibrate_reduce(&gpu, r, &mut rng, reps)).transpose()?;
+    let reduce = reducer.map(|r| calibrate_reduce(&gpu, r, &mut pool, reps)).transpose()?;
     if let Some(r) = reduce {
         say!(
             "calibrated the split-K reduction: {:.2} us + {:.2} us a further chunk of {REDUCE_CHUNK} shares",
@@ -789,9 +823,10 @@ fn bench(
             .collect();
         let mut rates = Vec::new();
         for l in &fam {
-            let r = calibrate(&gpu, l, &mut rng, reps)?;
+            let r = calibrate(&gpu, l, &mut pool, reps)?;
             say!(
-                "calibrated {:<40} regs {:>3} occupancy {:>2}: a wave {:.2} us + {:.3} us a K step ({:.2} us at {} steps); alone {:.2} us + {:.3} us ({:.2} us); {FEW_BLOCKS} SMs busy {:.2} us + {:.3} us ({:.2} us)",
+                "{} calibrated {:<40} regs {:>3} occupancy {:>2}: a wave {:.2} us + {:.3} us a K step ({:.2} us at {} steps); alone {:.2} us + {:.3} us ({:.2} us); {FEW_BLOCKS} SMs busy {:.2} us + {:.3} us ({:.2} us)",
+                at(),
                 r.name,
                 r.regs,
                 r.occupancy,
@@ -823,7 +858,7 @@ fn bench(
     for p in problems {
         let layout = p.b;
         let Some((_, fam, model)) = models.iter().find(|(l, _, _)| *l == layout) else { continue };
-        let mut ops = timed_operands(&gpu, &mut rng, &p)?;
+        let mut ops = timed_operands(&gpu, &mut pool, &p)?;
         let covers = measured_covers(model, &p);
         let most = covers.iter().map(|c| workspace_len(&model.kernels, c, &p)).max().unwrap_or(1);
         let mut w = gpu.alloc_f32(most)?;
@@ -856,7 +891,8 @@ fn bench(
         regrets_tree.push(tt / best_t - 1.0);
         let tf = |t: f64| p.flops() / t / 1e12;
         say!(
-            "{:<4} {:<18} best {:<36} {:>9.2} us {:>7.1} TF/s | model {:<36} {:>9.2} us (predicted {:>9.2}) regret {:>5.1}% | tree regret {:>5.1}%",
+            "{} {:<4} {:<18} best {:<36} {:>9.2} us {:>7.1} TF/s | model {:<36} {:>9.2} us (predicted {:>9.2}) regret {:>5.1}% | tree regret {:>5.1}%",
+            at(),
             layout.tag(),
             p.to_string(),
             model.describe_cover(&best, &p),
@@ -1053,4 +1089,24 @@ fn replay_record(
         }
     }
     Ok(unmeasured == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pool hands out its values in turn, cycling past its end, at any length.
+    #[test]
+    fn the_random_pool_cycles_through_its_values() {
+        let mut pool = RandomPool::new(&mut StdRng::seed_from_u64(1));
+        let len = RandomPool::LEN;
+        let first = pool.take(10);
+        assert_eq!(first, pool.values[..10]);
+        let long = pool.take(len + 5);
+        assert_eq!(long.len(), len + 5);
+        assert_eq!(long[..len - 10], pool.values[10..]);
+        assert_eq!(long[len - 10..], pool.values[..15]);
+        assert_eq!(pool.take(0), Vec::<u16>::new());
+        assert_eq!(pool.take(3), pool.values[15..18]);
+    }
 }
