@@ -132,6 +132,15 @@ class InferenceSession:
             raise InvalidArgument(f"input_feed must be a mapping of input names to tensors, got {type(input_feed).__name__}")
         return {n: (list(shape), dtype) for n, shape, dtype in self._session.output_shapes(dict(input_feed))}
 
+    def device_memory(self) -> Dict[str, int]:
+        """A GPU session's device memory, in bytes: ``weights`` (uploaded once:
+        the contractions' weights in bf16 and other constants), ``calls`` (the
+        calls' memory now: one block a concurrent caller, sized by the largest
+        shape it ran) and ``peak`` (the most both have held at once). The
+        session's own allocations: the driver's context and CUDA graphs' memory
+        aside. Like ``torch.cuda.max_memory_allocated`` for comparing."""
+        return dict(self._session.device_memory())
+
     def run_device(self, input_feed: Mapping[str, Any], output_feed: Mapping[str, Any]) -> None:
         """Run a GPU session on tensors in GPU memory, writing its outputs into
         tensors in GPU memory: no copy through the host. With ``device="cuda"``

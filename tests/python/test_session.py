@@ -326,6 +326,12 @@ def test_the_gpu_emulator_matches_onnxruntime():
         for g, (name, w) in zip(got, want.items()):
             err = np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-30)
             assert err < 3e-2, (name, err)
+    # The device memory it holds: its weights, a call's memory, the peak of both.
+    held = sess.device_memory()
+    assert set(held) == {"weights", "calls", "peak"}, held
+    assert held["weights"] > 0 and held["calls"] > 0 and held["peak"] >= held["weights"] + held["calls"], held
+    with pytest.raises(anyshape.InvalidArgument, match="need a GPU session"):
+        anyshape.InferenceSession(os.path.join(ROOT, "gpt2", "model.onnx"), threads=2).device_memory()
 
 
 def test_gpu_devices_say_what_they_need(tmp_path):

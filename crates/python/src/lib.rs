@@ -532,8 +532,20 @@ impl Session {
         match &self.engine {
             Engine::Cuda(m, _) => output_shapes_on(m, &self.inputs, feeds, CUDA_INTERFACE),
             Engine::GpuEmulator(m, _) => output_shapes_on(m, &self.inputs, feeds, HOST_INTERFACE),
-            _ => Err(not_a_gpu_session()),
+            _ => Err(not_a_gpu_session("device tensors")),
         }
+    }
+
+    /// The device memory a GPU session holds, in bytes: `{"weights": …,
+    /// "calls": …, "peak": …}` (weights and constants uploaded once, the
+    /// calls' memory now, the most both have held at once).
+    fn device_memory(&self) -> PyResult<std::collections::HashMap<&'static str, usize>> {
+        let m = match &self.engine {
+            Engine::Cuda(m, _) => m.device_memory(),
+            Engine::GpuEmulator(m, _) => m.device_memory(),
+            _ => return Err(not_a_gpu_session("device memory figures")),
+        };
+        Ok([("weights", m.weights), ("calls", m.calls), ("peak", m.peak)].into_iter().collect())
     }
 
     /// Run on device tensors (`feeds`: input name → tensor) into device
@@ -550,7 +562,7 @@ impl Session {
         match &self.engine {
             Engine::Cuda(m, _) => run_device_on(py, m, io, feeds, outputs, CUDA_INTERFACE),
             Engine::GpuEmulator(m, _) => run_device_on(py, m, io, feeds, outputs, HOST_INTERFACE),
-            _ => Err(not_a_gpu_session()),
+            _ => Err(not_a_gpu_session("device tensors")),
         }
     }
 }
@@ -678,10 +690,8 @@ fn foreign_feeds(
     Ok(out)
 }
 
-fn not_a_gpu_session() -> PyErr {
-    invalid(
-        "device tensors need a GPU session: device=\"cuda\" (or \"gpu-emulator\", with numpy arrays)".into(),
-    )
+fn not_a_gpu_session(what: &str) -> PyErr {
+    invalid(format!("{what} need a GPU session: device=\"cuda\" (or \"gpu-emulator\", with numpy arrays)"))
 }
 
 /// The outputs' `(name, shape, dtype)` for the device-tensor feeds.
