@@ -800,12 +800,19 @@ fn run_plan(
     }
     let per_group = grid.rows * grid.cols;
     // Each thread's region of the grid in `subs` parts, taken dynamically: on a
-    // busy machine the running threads take a descheduled one's parts.
+    // busy machine the running threads take a descheduled one's parts. Each
+    // part packs its operands again (a column part A's rows, a row part reads
+    // B's panels again), so on a quiet machine a region is only halved.
     let subs = match pool {
-        Some(_) if grid.threads() > 1 => {
+        Some(pool) if grid.threads() > 1 => {
             let work: f64 =
                 work.iter().map(|&(e, _, _)| part_work(a[e].rows, b[e].dims().1, a[e].cols)).sum();
-            subs_of(work / grid.threads() as f64)
+            let subs = subs_of(work / grid.threads() as f64);
+            if pool.contended() {
+                subs
+            } else {
+                subs.min(QUIET_SUBS)
+            }
         }
         _ => 1,
     };
@@ -864,6 +871,11 @@ const PART_WORK: f64 = 2e6;
 
 /// The most parts one thread's region of a product is split into.
 pub const MAX_SUBS: usize = 8;
+
+/// The most parts on a machine whose threads all run
+/// ([`crate::ThreadPool::contended`] false): more parts pack the same
+/// operands again for parts that nobody takes over (BENCHMARKS.md, session 44).
+pub const QUIET_SUBS: usize = 2;
 
 /// The work of an `m × n × k` product for splitting it into parts: its flops,
 /// a product of fewer than 16 rows counted as 16 (such products stream their

@@ -7,7 +7,11 @@
 //! and every thread that joined has left, **without waiting for a thread
 //! that never joined**. On a busy machine a worker the OS has not scheduled
 //! yet then costs nothing (the running threads take its parts), and one
-//! descheduled in the middle of a part delays only that part. `run(f)` calls
+//! descheduled in the middle of a part delays only that part. The pool
+//! remembers whether recent jobs had a thread start late (another took the
+//! first part of its share: [`ThreadPool::contended`]), so that kernels
+//! whose finer parts repeat work (a product's parts each pack operands)
+//! split finely only on a busy machine. `run(f)` calls
 //! `f(i)` once on every thread (calibration, populating per-thread state).
 //! Workers spin briefly on a generation counter before parking, so
 //! back-to-back kernels (a model's layers) pay microseconds, not a thread
@@ -239,7 +243,16 @@ pub struct ThreadPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
     turn: Mutex<()>,
+    /// How often a thread of a recent job started late (see
+    /// [`ThreadPool::contended`]): raised by [`CONTENDED_STEP`] for a job
+    /// whose parts moved, lowered by one for one whose did not.
+    contention: AtomicUsize,
 }
+
+/// What a job whose parts moved between threads adds to the pool's
+/// contention, and the most it holds: four quiet jobs undo one that moved.
+const CONTENDED_STEP: usize = 4;
+const CONTENDED_MAX: usize = 16;
 
 impl std::fmt::Debug for ThreadPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -276,7 +289,7 @@ impl ThreadPool {
                     .expect("spawning a pool thread")
             })
             .collect();
-        ThreadPool { shared, workers, turn: Mutex::new(()) }
+        ThreadPool { shared, workers, turn: Mutex::new(()), contention: AtomicUsize::new(0) }
     }
 
     pub fn threads(&self) -> usize {
@@ -309,6 +322,20 @@ impl ThreadPool {
                 f(p);
             }
         });
+        let c = self.contention.load(Ordering::Relaxed);
+        let next = if parts.moved() { (c + CONTENDED_STEP).min(CONTENDED_MAX) } else { c.saturating_sub(1) };
+        self.contention.store(next, Ordering::Relaxed);
+    }
+
+    /// Whether a recent job's parts moved between threads: a thread took the
+    /// first part of another's share, which on a quiet machine (every thread
+    /// running and joining at once) does not happen. Kernels whose finer parts
+    /// cost work of their own (a product's parts each pack their operands
+    /// again) split finely only then: a descheduled thread's share is then
+    /// taken over in small steps, and on a quiet machine nothing is done
+    /// twice.
+    pub fn contended(&self) -> bool {
+        self.contention.load(Ordering::Relaxed) > 0
     }
 
     /// Call `f(me)` on the caller (`me` = 0) and on every worker that joins
@@ -392,6 +419,10 @@ pub struct Parts {
     /// The shares of more threads.
     heap: Vec<Share>,
     threads: usize,
+    /// Whether a thread took the first part of another's share: that thread
+    /// had not started (not running, or late), which the parts the last
+    /// threads take from each other as they finish do not say.
+    moved: AtomicBool,
 }
 
 /// Threads whose shares [`Parts`] holds in place.
@@ -403,19 +434,29 @@ const INLINE_SHARES: usize = 16;
 #[repr(align(64))]
 struct Share {
     next: AtomicUsize,
+    start: usize,
     end: usize,
 }
 
 impl Parts {
     pub fn new(n: usize, threads: usize) -> Parts {
         let t = threads.max(1);
-        let share = |i: usize| Share { next: AtomicUsize::new(n * i / t), end: n * (i + 1) / t };
-        let inline =
-            std::array::from_fn(
-                |i| if i < t { share(i) } else { Share { next: AtomicUsize::new(0), end: 0 } },
-            );
+        let share =
+            |i: usize| Share { next: AtomicUsize::new(n * i / t), start: n * i / t, end: n * (i + 1) / t };
+        let inline = std::array::from_fn(|i| {
+            if i < t {
+                share(i)
+            } else {
+                Share { next: AtomicUsize::new(0), start: 0, end: 0 }
+            }
+        });
         let heap = if t > INLINE_SHARES { (0..t).map(share).collect() } else { Vec::new() };
-        Parts { inline, heap, threads: t }
+        Parts { inline, heap, threads: t, moved: AtomicBool::new(false) }
+    }
+
+    /// Whether a thread took the first part of another thread's share.
+    pub fn moved(&self) -> bool {
+        self.moved.load(Ordering::Relaxed)
     }
 
     fn shares(&self) -> &[Share] {
@@ -438,6 +479,9 @@ impl Parts {
                 return None;
             }
             let t = share.next.fetch_add(1, Ordering::Relaxed);
+            if t == share.start && d > 0 {
+                self.moved.store(true, Ordering::Relaxed);
+            }
             (t < share.end).then_some(t)
         })
     }
@@ -526,6 +570,37 @@ impl Drop for ThreadPool {
 
 #[cfg(test)]
 mod tests {
+
+    /// A thread taking the first part of another's share (that thread had
+    /// not started) marks the parts moved; taking the last parts of a
+    /// share its owner is working through does not.
+    #[test]
+    fn parts_move_only_when_a_share_was_not_started() {
+        let parts = Parts::new(4, 2);
+        assert_eq!((parts.take(1), parts.take(0), parts.take(0)), (Some(2), Some(0), Some(1)));
+        assert_eq!(parts.take(0), Some(3));
+        assert!(!parts.moved(), "the last part of a started share");
+        assert_eq!(parts.take(0), None);
+        let parts = Parts::new(4, 2);
+        assert_eq!((parts.take(0), parts.take(0), parts.take(0)), (Some(0), Some(1), Some(2)));
+        assert!(parts.moved(), "thread 1's share taken before it started");
+    }
+
+    /// The pool's contention rises with a job whose parts moved and decays
+    /// over the jobs after it whose parts did not.
+    #[test]
+    fn contention_decays_over_quiet_jobs() {
+        let pool = ThreadPool::new(1);
+        assert!(!pool.contended());
+        // One thread, shares of two threads: it takes the second share's first part.
+        pool.run_parts(&Parts::new(4, 2), &|_| {});
+        assert!(pool.contended());
+        for _ in 0..CONTENDED_STEP {
+            pool.run_parts(&Parts::new(4, 1), &|_| {});
+        }
+        assert!(!pool.contended());
+    }
+
     use super::*;
 
     /// The CPUs this thread may run on.
