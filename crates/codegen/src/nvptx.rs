@@ -939,6 +939,41 @@ impl Ir {
 
     /// `e^x` as `2^(x·log2 e)` by `ex2.approx` (+inf past the range, 0 below it,
     /// NaN for NaN).
+    /// A `wgmma` descriptor of the 128-byte swizzled K-major operand at
+    /// shared address `addr` (i32): its bits 4-17 and [`DESC_SW128_KMAJOR`].
+    fn sw128_descriptor(&mut self, addr: &str) -> String {
+        let field = self.v(format!("lshr i32 {addr}, 4"));
+        let low = self.v(format!("and i32 {field}, 16383"));
+        let low64 = self.v(format!("zext i32 {low} to i64"));
+        self.v(format!("or i64 {low64}, {DESC_SW128_KMAJOR}"))
+    }
+
+    /// The inline-asm call of `wgmma` PTX `text` (whose `$i` are the
+    /// accumulators, then `operands` with `constraints`, then the scale, 1):
+    /// the accumulators `acc` updated, in order.
+    fn wgmma_call(
+        &mut self,
+        text: &str,
+        operands: Vec<String>,
+        constraints: &str,
+        acc: &[String],
+    ) -> Vec<String> {
+        let nacc = acc.len();
+        let outs = vec!["=f"; nacc].join(",");
+        let tied = (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+        let sty = format!("{{{}}}", vec!["float"; nacc].join(", "));
+        let args: Vec<String> = operands
+            .into_iter()
+            .chain(std::iter::once("i32 1".to_string()))
+            .chain(acc.iter().map(|a| format!("float {a}")))
+            .collect();
+        let r = self.v(format!(
+            "call {sty} asm sideeffect \"{text}\", \"{outs},{constraints},r,{tied},~{{memory}}\"({})",
+            args.join(", ")
+        ));
+        (0..nacc).map(|i| self.v(format!("extractvalue {sty} {r}, {i}"))).collect()
+    }
+
     fn exp(&mut self, x: &str) -> String {
         let l = self.v(format!("fmul float {x}, {}", float_lit(std::f32::consts::LOG2_E)));
         self.v(format!("call float asm \"ex2.approx.f32 $0, $1;\", \"=f,f\"(float {l})"))
@@ -1995,10 +2030,7 @@ impl Gen {
         let b_at = self.v(format!("add i32 {at}, {a_bytes}"));
         let desc = |g: &mut Gen, addr: &str, step: usize| -> String {
             let off = g.v(format!("add i32 {addr}, {}", step * 32));
-            let field = g.v(format!("lshr i32 {off}, 4"));
-            let low = g.v(format!("and i32 {field}, 16383"));
-            let low64 = g.v(format!("zext i32 {low} to i64"));
-            g.v(format!("or i64 {low64}, {DESC_SW128_KMAJOR}"))
+            g.sw128_descriptor(&off)
         };
         let mut descs = Vec::new();
         for step in 0..k.bk() / 16 {
@@ -2027,21 +2059,8 @@ impl Gen {
         text.push_str(&format!(
             "wgmma.commit_group.sync.aligned;\\0Awgmma.wait_group.sync.aligned {in_flight};\\0A}}"
         ));
-        let outs = vec!["=f"; nacc].join(",");
         let ins = vec!["l"; descs.len()].join(",");
-        let tied = (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
-        let sty = format!("{{{}}}", vec!["float"; nacc].join(", "));
-        let args: Vec<String> = descs
-            .iter()
-            .cloned()
-            .chain(std::iter::once("i32 1".to_string()))
-            .chain(acc.iter().map(|a| format!("float {a}")))
-            .collect();
-        let r = self.v(format!(
-            "call {sty} asm sideeffect \"{text}\", \"{outs},{ins},r,{tied},~{{memory}}\"({})",
-            args.join(", ")
-        ));
-        (0..nacc).map(|i| self.v(format!("extractvalue {sty} {r}, {i}"))).collect()
+        self.wgmma_call(&text, descs, &ins, acc)
     }
 
     /// A warpgroup's accumulators after its loop (a group still in flight with

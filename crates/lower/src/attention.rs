@@ -466,19 +466,6 @@ pub fn fold_head_merges(plan: &mut ModelPlan) -> usize {
     count
 }
 
-/// The buffers step `s` reads or writes.
-fn touched(s: &Step) -> Vec<usize> {
-    match &s.kind {
-        StepKind::Loop { args, .. } => args.clone(),
-        StepKind::MatMul(m) => {
-            let mut v = vec![m.a.buf, m.b.buf, m.c.buf];
-            v.extend(m.epilogue.buffers());
-            v
-        }
-        StepKind::Attention(a) => a.touched(),
-    }
-}
-
 /// For attention step `i`, the copy step that alone reads its output, the
 /// copy's buffer and the strides (batch…, rows, columns) at which the
 /// output lies there, when the copy only permutes: one store of a load of
@@ -491,7 +478,7 @@ fn head_merge(plan: &ModelPlan, i: usize) -> Option<(usize, usize, Vec<sym::SymE
         return None;
     }
     let readers: Vec<usize> =
-        (0..plan.steps.len()).filter(|&j| j != i && touched(&plan.steps[j]).contains(&x)).collect();
+        (0..plan.steps.len()).filter(|&j| j != i && plan.steps[j].kind.touched().contains(&x)).collect();
     let [j] = readers[..] else { return None };
     let StepKind::Loop { program, args } = &plan.steps[j].kind else { return None };
     let prog = &plan.programs[*program];
@@ -504,7 +491,7 @@ fn head_merge(plan: &ModelPlan, i: usize) -> Option<(usize, usize, Vec<sym::SymE
         return None;
     }
     // The copy's output is first written by the copy, touched by nothing before it.
-    if (0..j).any(|k| touched(&plan.steps[k]).contains(&y)) {
+    if (0..j).any(|k| plan.steps[k].kind.touched().contains(&y)) {
         return None;
     }
     let Node::Load { buf, index, guard: None } = prog.exprs.node(prog.stores[0].value) else { return None };

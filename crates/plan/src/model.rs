@@ -270,6 +270,19 @@ pub enum StepKind {
 }
 
 impl StepKind {
+    /// The buffers the step reads or writes.
+    pub fn touched(&self) -> Vec<BufId> {
+        match self {
+            StepKind::Loop { args, .. } => args.clone(),
+            StepKind::MatMul(m) => {
+                let mut v = vec![m.a.buf, m.b.buf, m.c.buf];
+                v.extend(m.epilogue.buffers());
+                v
+            }
+            StepKind::Attention(a) => a.touched(),
+        }
+    }
+
     /// A short name of the kind (profiles group time by it).
     pub fn name(&self) -> &'static str {
         match self {
@@ -316,16 +329,7 @@ impl ModelPlan {
             b.last = 0;
         }
         for (i, s) in self.steps.iter().enumerate() {
-            let touched: Vec<BufId> = match &s.kind {
-                StepKind::Loop { args, .. } => args.clone(),
-                StepKind::MatMul(m) => {
-                    let mut v = vec![m.a.buf, m.b.buf, m.c.buf];
-                    v.extend(m.epilogue.buffers());
-                    v
-                }
-                StepKind::Attention(a) => a.touched(),
-            };
-            for b in touched {
+            for b in s.kind.touched() {
                 let buf = &mut self.buffers[b];
                 buf.first = buf.first.min(i);
                 buf.last = buf.last.max(i);

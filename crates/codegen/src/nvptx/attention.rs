@@ -33,7 +33,7 @@ use plan::gpu::{
 };
 use plan::LoopProgram;
 
-use super::{Arch, Ir, DESC_SW128_KMAJOR};
+use super::{Arch, Ir};
 use crate::{llvm, CodegenError};
 
 type R<T> = Result<T, CodegenError>;
@@ -289,10 +289,7 @@ impl Kernel {
     /// `at` of the tiles (`smem0`: the shared window's address of `@smem`).
     fn descriptor(&mut self, smem0: &str, at: usize) -> String {
         let a = self.v(format!("add i32 {smem0}, {at}"));
-        let field = self.v(format!("lshr i32 {a}, 4"));
-        let low = self.v(format!("and i32 {field}, 16383"));
-        let low64 = self.v(format!("zext i32 {low} to i64"));
-        self.v(format!("or i64 {low64}, {DESC_SW128_KMAJOR}"))
+        self.sw128_descriptor(&a)
     }
 
     /// `acc + A·B` by `wgmma.mma_async` m64n{n}k16 steps (bf16, f32
@@ -338,20 +335,7 @@ impl Kernel {
             ));
         }
         text.push_str("wgmma.commit_group.sync.aligned;\\0Awgmma.wait_group.sync.aligned 0;\\0A}");
-        let outs = vec!["=f"; nacc].join(",");
-        let tied = (0..nacc).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
-        let sty = format!("{{{}}}", vec!["float"; nacc].join(", "));
-        let args: Vec<String> = operands
-            .into_iter()
-            .chain(std::iter::once("i32 1".to_string()))
-            .chain(acc.iter().map(|x| format!("float {x}")))
-            .collect();
-        let r = self.v(format!(
-            "call {sty} asm sideeffect \"{text}\", \"{outs},{},r,{tied},~{{memory}}\"({})",
-            constraints.join(","),
-            args.join(", ")
-        ));
-        (0..nacc).map(|i| self.v(format!("extractvalue {sty} {r}, {i}"))).collect()
+        self.wgmma_call(&text, operands, &constraints.join(","), acc)
     }
 
     fn ldmatrix(&mut self, off: &str, trans: bool) -> [String; 4] {
@@ -414,6 +398,16 @@ impl Kernel {
         self.v(format!("add i32 {o}, {}", tile.base))
     }
 
+    /// Whether row `first + row` (`row` i32) is below `limit`, and the row
+    /// read: it, or `first` past the limit (whose values are then dropped).
+    fn clamped_row(&mut self, first: &str, limit: &str, row: &str) -> (String, String) {
+        let r64 = self.v(format!("zext i32 {row} to i64"));
+        let grow = self.v(format!("add i64 {first}, {r64}"));
+        let ok = self.v(format!("icmp slt i64 {grow}, {limit}"));
+        let safe = self.v(format!("select i1 {ok}, i64 {grow}, i64 {first}"));
+        (ok, safe)
+    }
+
     /// Rows `first..first + 64` (those below `limit`; zeros past it) of an f32
     /// matrix at `base` with strides `rs`, `cs` (i64 elements), rounded to bf16
     /// into `tile`. Where the columns are adjacent and the start and rows
@@ -452,10 +446,7 @@ impl Kernel {
         let at = self.body.len();
         let row = self.v(format!("udiv i32 {e}, {d}"));
         let col = self.v(format!("urem i32 {e}, {d}"));
-        let r64 = self.v(format!("zext i32 {row} to i64"));
-        let grow = self.v(format!("add i64 {first}, {r64}"));
-        let ok = self.v(format!("icmp slt i64 {grow}, {limit}"));
-        let safe = self.v(format!("select i1 {ok}, i64 {grow}, i64 {first}"));
+        let (ok, safe) = self.clamped_row(first, limit, &row);
         let c64 = self.v(format!("zext i32 {col} to i64"));
         let ro = self.v(format!("mul i64 {safe}, {rs}"));
         let co = self.v(format!("mul i64 {c64}, {cs}"));
@@ -496,47 +487,42 @@ impl Kernel {
         let at = self.body.len();
         let first_chunk = self.v(format!("mul i32 {it}, {}", batch * ATTENTION_THREADS as usize));
         let first_chunk = self.v(format!("add i32 {first_chunk}, %tid"));
-        {
-            let mut loaded = Vec::with_capacity(batch);
-            for j in 0..batch {
-                let c = self.v(format!("add i32 {first_chunk}, {}", j * ATTENTION_THREADS as usize));
-                let row = self.v(format!("udiv i32 {c}, {per_row}"));
-                let ch = self.v(format!("urem i32 {c}, {per_row}"));
-                let r64 = self.v(format!("zext i32 {row} to i64"));
-                let grow = self.v(format!("add i64 {first}, {r64}"));
-                let ok = self.v(format!("icmp slt i64 {grow}, {limit}"));
-                let safe = self.v(format!("select i1 {ok}, i64 {grow}, i64 {first}"));
-                let ro = self.v(format!("mul i64 {safe}, {rs}"));
-                let c4 = self.v(format!("shl i32 {ch}, 2"));
-                let c64 = self.v(format!("zext i32 {c4} to i64"));
-                let off = self.v(format!("add i64 {ro}, {c64}"));
-                let p = self.v(format!("getelementptr float, ptr {base}, i64 {off}"));
-                let x = self.v(format!("load <4 x float>, ptr {p}, align 16"));
-                let x = self.v(format!("select i1 {ok}, <4 x float> {x}, <4 x float> zeroinitializer"));
-                loaded.push((row, c4, x));
-            }
-            for (row, col, x) in loaded {
-                let xs: [String; 4] =
-                    std::array::from_fn(|j| self.v(format!("extractelement <4 x float> {x}, i32 {j}")));
-                if tile.layout == Layout::SwizzledT {
-                    // Four rows of Vᵀ: an element each.
-                    for (j, xj) in xs.iter().enumerate() {
-                        let cj = self.v(format!("add i32 {col}, {j}"));
-                        let o = self.element_at(tile, &row, &cj);
-                        let sp = self.smem(&o);
-                        let h = self.v(format!("fptrunc float {xj} to bfloat"));
-                        self.emit(format!("store bfloat {h}, ptr addrspace(3) {sp}, align 2"));
-                    }
-                } else {
-                    // Four adjacent columns: 8 bytes of one 16-byte chunk.
-                    let lo = self.pack(&xs[0], &xs[1]);
-                    let hi = self.pack(&xs[2], &xs[3]);
-                    let v0 = self.v(format!("insertelement <2 x i32> poison, i32 {lo}, i32 0"));
-                    let v1 = self.v(format!("insertelement <2 x i32> {v0}, i32 {hi}, i32 1"));
-                    let o = self.element_at(tile, &row, &col);
+        let mut loaded = Vec::with_capacity(batch);
+        for j in 0..batch {
+            let c = self.v(format!("add i32 {first_chunk}, {}", j * ATTENTION_THREADS as usize));
+            let row = self.v(format!("udiv i32 {c}, {per_row}"));
+            let ch = self.v(format!("urem i32 {c}, {per_row}"));
+            let (ok, safe) = self.clamped_row(first, limit, &row);
+            let ro = self.v(format!("mul i64 {safe}, {rs}"));
+            let c4 = self.v(format!("shl i32 {ch}, 2"));
+            let c64 = self.v(format!("zext i32 {c4} to i64"));
+            let off = self.v(format!("add i64 {ro}, {c64}"));
+            let p = self.v(format!("getelementptr float, ptr {base}, i64 {off}"));
+            let x = self.v(format!("load <4 x float>, ptr {p}, align 16"));
+            let x = self.v(format!("select i1 {ok}, <4 x float> {x}, <4 x float> zeroinitializer"));
+            loaded.push((row, c4, x));
+        }
+        for (row, col, x) in loaded {
+            let xs: [String; 4] =
+                std::array::from_fn(|j| self.v(format!("extractelement <4 x float> {x}, i32 {j}")));
+            if tile.layout == Layout::SwizzledT {
+                // Four rows of Vᵀ: an element each.
+                for (j, xj) in xs.iter().enumerate() {
+                    let cj = self.v(format!("add i32 {col}, {j}"));
+                    let o = self.element_at(tile, &row, &cj);
                     let sp = self.smem(&o);
-                    self.emit(format!("store <2 x i32> {v1}, ptr addrspace(3) {sp}, align 8"));
+                    let h = self.v(format!("fptrunc float {xj} to bfloat"));
+                    self.emit(format!("store bfloat {h}, ptr addrspace(3) {sp}, align 2"));
                 }
+            } else {
+                // Four adjacent columns: 8 bytes of one 16-byte chunk.
+                let lo = self.pack(&xs[0], &xs[1]);
+                let hi = self.pack(&xs[2], &xs[3]);
+                let v0 = self.v(format!("insertelement <2 x i32> poison, i32 {lo}, i32 0"));
+                let v1 = self.v(format!("insertelement <2 x i32> {v0}, i32 {hi}, i32 1"));
+                let o = self.element_at(tile, &row, &col);
+                let sp = self.smem(&o);
+                self.emit(format!("store <2 x i32> {v1}, ptr addrspace(3) {sp}, align 8"));
             }
         }
         let next = self.v(format!("add i32 {it}, 1"));
