@@ -802,13 +802,16 @@ fn run_plan(
     // Each thread's region of the grid in `subs` parts, taken dynamically: on a
     // busy machine the running threads take a descheduled one's parts. Each
     // part packs its operands again (a column part A's rows, a row part reads
-    // B's panels again), so on a quiet machine a region is only halved.
+    // B's panels again), so on a quiet machine a region is only halved; but
+    // a product of few rows streams its weights, and its parts repeat only
+    // A's few rows.
     let subs = match pool {
         Some(pool) if grid.threads() > 1 => {
+            let streams = work.iter().all(|&(e, _, _)| a[e].rows < STREAMING_ROWS);
             let work: f64 =
                 work.iter().map(|&(e, _, _)| part_work(a[e].rows, b[e].dims().1, a[e].cols)).sum();
             let subs = subs_of(work / grid.threads() as f64);
-            if pool.contended() {
+            if pool.contended() || streams {
                 subs
             } else {
                 subs.min(QUIET_SUBS)
@@ -877,11 +880,14 @@ pub const MAX_SUBS: usize = 8;
 /// operands again for parts that nobody takes over (BENCHMARKS.md, session 44).
 pub const QUIET_SUBS: usize = 2;
 
+/// Rows below which a product streams its weights, at memory's speed, not
+/// the multiply-adds'.
+const STREAMING_ROWS: usize = 16;
+
 /// The work of an `m × n × k` product for splitting it into parts: its flops,
-/// a product of fewer than 16 rows counted as 16 (such products stream their
-/// weights, at memory's speed, not the multiply-adds').
+/// a product of fewer than [`STREAMING_ROWS`] rows counted as that many.
 pub fn part_work(m: usize, n: usize, k: usize) -> f64 {
-    2.0 * m.max(16) as f64 * n as f64 * k as f64
+    2.0 * m.max(STREAMING_ROWS) as f64 * n as f64 * k as f64
 }
 
 /// Parts a thread's region of `work` is split into.
