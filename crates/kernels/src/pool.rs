@@ -322,9 +322,11 @@ impl ThreadPool {
                 f(p);
             }
         });
-        let c = self.contention.load(Ordering::Relaxed);
-        let next = if parts.moved() { (c + CONTENDED_STEP).min(CONTENDED_MAX) } else { c.saturating_sub(1) };
-        self.contention.store(next, Ordering::Relaxed);
+        // One update (concurrent callers' jobs each count).
+        let moved = parts.moved();
+        let _ = self.contention.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+            Some(if moved { (c + CONTENDED_STEP).min(CONTENDED_MAX) } else { c.saturating_sub(1) })
+        });
     }
 
     /// Whether a recent job's parts moved between threads: a thread took the
