@@ -7,6 +7,11 @@ as programmatic dependents and in order); then a GPT-2 decode step with its
 KV cache, checked and timed the same way. Prints one JSON line per result.
 
     python3 models.py ANYSHAPE FIXTURES OUTDIR [BUDGET_S]
+
+SECTIONS (comma-separated, default all) picks what runs: fixtures,
+bert-check, bert-bench, bert-rt, bert-new-shapes, bert-memory, bert-ordered,
+bert-eager, gpt2, profile (each artifact's launches timed one by one:
+`anyshape-rt bench --profile`).
 """
 import json, os, subprocess, sys, time
 
@@ -15,6 +20,12 @@ import numpy as np
 anyshape, fixtures, out = sys.argv[1], sys.argv[2], sys.argv[3]
 budget = float(sys.argv[4]) if len(sys.argv) > 4 else 240.0
 t_start = time.time()
+sections = os.environ.get("SECTIONS", "").split(",") if os.environ.get("SECTIONS") else None
+
+
+def on(section):
+    return sections is None or section in sections
+
 os.makedirs(out, exist_ok=True)
 
 
@@ -32,11 +43,18 @@ def run_anyshape(model, inputs, outdir, timeout):
     args += [f"--input={k}={v}" for k, v in inputs.items()]
     t0 = time.time()
     p = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    return p, time.time() - t0
+    secs = time.time() - t0
+    if p.returncode != 0:
+        # Again with every launch waited for, so that a kernel that faults
+        # is named (the first error may only say that a later copy failed).
+        env = dict(os.environ, ANYSHAPE_GPU_SYNC="1")
+        q = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+        say(rerun_with_sync=model, exit=q.returncode, error=q.stderr.strip()[-600:])
+    return p, secs
 
 
 # 1. The bundled fixtures (small BERT and GPT-2) against ONNX Runtime's outputs.
-for name in ["bert", "gpt2"]:
+for name in (["bert", "gpt2"] if on("fixtures") else []):
     d = os.path.join(fixtures, name)
     for case in sorted(c for c in os.listdir(d) if c.startswith("case")):
         cd = os.path.join(d, case)
@@ -64,7 +82,7 @@ for name in ["bert", "gpt2"]:
 # with sm_80's code alone (on a Hopper the driver assembles its PTX).
 rt = os.path.join(os.path.dirname(anyshape), "anyshape-rt")
 d = os.path.join(fixtures, "bert")
-for tag, archs in [("both", []), ("sm80", ["--gpu-arch", "sm_80"])]:
+for tag, archs in ([("both", []), ("sm80", ["--gpu-arch", "sm_80"])] if on("fixtures") else []):
     art = os.path.join(out, f"bert-{tag}.anyshape")
     p = subprocess.run([anyshape, "compile", os.path.join(d, "model.onnx"), "--device", "cuda", *archs, "-o", art],
                        capture_output=True, text=True, timeout=120)
@@ -80,6 +98,9 @@ for tag, archs in [("both", []), ("sm80", ["--gpu-arch", "sm_80"])]:
         p = subprocess.run(args, capture_output=True, text=True, timeout=60)
         if p.returncode != 0:
             say(artifact=tag, case=case, error=p.stderr.strip()[-300:])
+            q = subprocess.run(args, capture_output=True, text=True, timeout=60,
+                               env=dict(os.environ, ANYSHAPE_GPU_SYNC="1"))
+            say(artifact=tag, case=case, rerun_with_sync=q.returncode, error=q.stderr.strip()[-600:])
             continue
         errs = {f[:-4]: rel_l2(np.load(os.path.join(od, f)), np.load(os.path.join(cd, "expected", f)))
                 for f in os.listdir(os.path.join(cd, "expected"))}
@@ -125,7 +146,7 @@ p = subprocess.run([anyshape, "inspect", onnx_path, "--stage", "programs", "--de
                    capture_output=True, text=True, timeout=120)
 say(gemm_choices=[l for l in p.stdout.splitlines() if l.startswith("step ")][:6])
 mc = m.cuda()
-for b, s in [(1, 8), (1, 128)]:
+for b, s in ([(1, 8), (1, 128)] if on("bert-check") else []):
     ids = torch.randint(0, cfg.vocab_size, (b, s))
     mask = torch.ones((b, s), dtype=torch.long)
     d = os.path.join(out, f"bert-base-{b}x{s}")
@@ -147,7 +168,7 @@ for b, s in [(1, 8), (1, 128)]:
     say(model="bert-base", shape=[b, s], seconds=round(secs, 2), rel_l2_vs_torch_fp32=rel_l2(got, want))
 
 # Timing: anyshape's warm calls (host to host) and PyTorch eager on the device.
-if time.time() - t_start < budget:
+if time.time() - t_start < budget and on("bert-bench"):
     p = subprocess.run(
         [anyshape, "bench", onnx_path, "--device", "cuda", "--shape", "batch=1,seq=128", "--shape", "batch=1,seq=8",
          "--runs", "10"], capture_output=True, text=True, timeout=max(30, budget - (time.time() - t_start)))
@@ -155,7 +176,7 @@ if time.time() - t_start < budget:
 # BERT-base as a GPU artifact (cubins where ptxas is found) run by anyshape-rt:
 # the load (kernels and weights), each shape's first call (recorded) and warm
 # calls (from the second, one CUDA graph a call).
-if time.time() - t_start < budget:
+if time.time() - t_start < budget and (on("bert-rt") or on("profile")):
     art = os.path.join(out, "bert-base.anyshape")
     p = subprocess.run([anyshape, "compile", onnx_path, "--device", "cuda", "-o", art],
                        capture_output=True, text=True, timeout=max(30, budget - (time.time() - t_start)))
@@ -165,9 +186,16 @@ if time.time() - t_start < budget:
             [rt, "bench", art, "--shape", "batch=1,seq=1", "--shape", "batch=1,seq=128", "--shape", "batch=8,seq=128",
              "--runs", "50", "--json"], capture_output=True, text=True, timeout=max(30, budget - (time.time() - t_start)))
         say(anyshape_rt_bench=p.stdout.strip().splitlines()[-3:], stderr=p.stderr.strip()[-300:])
+    # Where each shape's time goes: every launch timed alone.
+    if p.returncode == 0 and os.path.exists(rt) and on("profile") and time.time() - t_start < budget:
+        for shape in ["batch=1,seq=1", "batch=1,seq=128", "batch=8,seq=128"]:
+            q = subprocess.run([rt, "bench", art, "--shape", shape, "--runs", "5", "--profile", "--top", "12"],
+                               capture_output=True, text=True, timeout=max(30, budget - (time.time() - t_start)))
+            say(anyshape_rt_profile=shape, stderr=q.stderr.strip()[-300:])
+            print(q.stdout, file=sys.stderr, flush=True)
     # A new shape every call, as a decoder's steps are (seq 100 to 131, each
     # once): from the second on, one CUDA graph updated in place a call.
-    if p.returncode == 0 and os.path.exists(rt) and time.time() - t_start < budget:
+    if p.returncode == 0 and os.path.exists(rt) and time.time() - t_start < budget and on("bert-new-shapes"):
         p = subprocess.run(
             [rt, "bench", art, "--shape", "batch=1,seq=100..131", "--once"],
             capture_output=True, text=True, timeout=max(30, budget - (time.time() - t_start)))
@@ -175,7 +203,8 @@ if time.time() - t_start < budget:
 # Peak device memory at seq 512 (issue 37's report): anyshape's own allocations
 # (weights, constants, the call's memory) in a process of its own, and
 # PyTorch eager's max_memory_allocated for the same forward in bf16.
-if time.time() - t_start < budget and os.path.exists(os.path.join(out, "bert-base.anyshape")) and os.path.exists(rt):
+if (time.time() - t_start < budget and os.path.exists(os.path.join(out, "bert-base.anyshape"))
+        and os.path.exists(rt) and on("bert-memory")):
     p = subprocess.run([rt, "bench", os.path.join(out, "bert-base.anyshape"), "--shape", "batch=1,seq=512",
                         "--runs", "20", "--json"], capture_output=True, text=True,
                        timeout=max(30, budget - (time.time() - t_start)))
@@ -193,7 +222,7 @@ if time.time() - t_start < budget and os.path.exists(os.path.join(out, "bert-bas
     m = m.float()
 # The same artifact with a Hopper's kernels launched each after the one before
 # (`--ordered-launches`) instead of as programmatic dependents: what those save.
-if time.time() - t_start < budget:
+if time.time() - t_start < budget and on("bert-ordered"):
     art_ordered = os.path.join(out, "bert-base-ordered.anyshape")
     p = subprocess.run([anyshape, "compile", onnx_path, "--device", "cuda", "--ordered-launches", "-o", art_ordered],
                        capture_output=True, text=True, timeout=max(30, budget - (time.time() - t_start)))
@@ -204,7 +233,7 @@ if time.time() - t_start < budget:
              "--shape", "batch=8,seq=128", "--runs", "50", "--json"],
             capture_output=True, text=True, timeout=max(30, budget - (time.time() - t_start)))
         say(anyshape_rt_bench_ordered=p.stdout.strip().splitlines()[-3:], stderr=p.stderr.strip()[-300:])
-for dtype in [torch.float32, torch.bfloat16]:
+for dtype in ([torch.float32, torch.bfloat16] if on("bert-eager") else []):
     md = m.to(dtype).cuda()
     for b, s in [(1, 8), (1, 128)]:
         ids = torch.randint(0, cfg.vocab_size, (b, s), device="cuda")
@@ -226,7 +255,8 @@ for dtype in [torch.float32, torch.bfloat16]:
 # target): exported here by the TorchScript exporter (inputs input_ids
 # [batch, seq], attention_mask [batch, total], past_key_<l>/past_value_<l>
 # [batch, 12, past, 64]; outputs logits and present_*), checked against
-# PyTorch fp32 at past 128, then timed by anyshape-rt at past 128 and 1024,
+# PyTorch fp32 at past 128, then timed by anyshape-rt at past 128 and 1000
+# (GPT-2 has 1024 positions),
 # batch 1 and 8 (each shape's warm calls: one CUDA graph a call), beside
 # PyTorch eager bf16 on the same step.
 def gpt2_decode():
@@ -309,15 +339,22 @@ def gpt2_decode():
     if p.returncode == 0 and os.path.exists(rt):
         shapes = []
         for b in (1, 8):
-            for past in (128, 1024):
+            for past in (128, 1000):
                 shapes += ["--shape", f"batch={b},seq=1,past={past},total={past + 1}"]
         p = subprocess.run([rt, "bench", art, *shapes, "--runs", "50", "--json"], capture_output=True, text=True,
                            timeout=max(30, budget - (time.time() - t_start)))
         say(anyshape_rt_gpt2_decode=p.stdout.strip().splitlines()[-5:], stderr=p.stderr.strip()[-300:])
+        if on("profile") and time.time() - t_start < budget:
+            for shape in ["batch=1,seq=1,past=128,total=129", "batch=8,seq=1,past=1000,total=1001"]:
+                q = subprocess.run([rt, "bench", art, "--shape", shape, "--runs", "5", "--profile", "--top", "12"],
+                                   capture_output=True, text=True,
+                                   timeout=max(30, budget - (time.time() - t_start)))
+                say(anyshape_rt_profile=shape, stderr=q.stderr.strip()[-300:])
+                print(q.stdout, file=sys.stderr, flush=True)
     gb = g.to(torch.bfloat16).cuda()
     step = Step(gb)
     for b in (1, 8):
-        for past in (128, 1024):
+        for past in (128, 1000):
             ids, mask, kv = example(b, past, "cuda", torch.bfloat16)
             with torch.no_grad():
                 for _ in range(3):
@@ -334,7 +371,7 @@ def gpt2_decode():
                 median_ms=round(ts[len(ts) // 2], 3))
 
 
-if time.time() - t_start < budget:
+if time.time() - t_start < budget and (on("gpt2") or on("profile")):
     try:
         gpt2_decode()
     except Exception as e:  # the rest of the run's records stand

@@ -131,6 +131,22 @@ impl Device for HostDevice {
         "host emulator".into()
     }
 
+    fn kernel_name(&self, kernel: usize) -> String {
+        self.kernels.name(kernel).map_or_else(|| format!("#{kernel}"), str::to_string)
+    }
+
+    /// Host time: each launch completes before it returns.
+    unsafe fn time_launches(&self, stream: StreamId, launches: &[Launch]) -> Result<Vec<f64>, RunError> {
+        let mut secs = Vec::with_capacity(launches.len());
+        for l in launches {
+            let start = std::time::Instant::now();
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.launch(stream, l.kernel, l.dims, &l.args)? };
+            secs.push(start.elapsed().as_secs_f64());
+        }
+        Ok(secs)
+    }
+
     fn alloc(&self, bytes: usize) -> Result<DevicePtr, RunError> {
         let oom = || RunError::Device(format!("out of device memory: {bytes} bytes asked for"));
         let limit = self.limit.load(std::sync::atomic::Ordering::Relaxed);

@@ -1018,3 +1018,34 @@ fn a_hoppers_kernels_wait_for_the_kernel_before() {
         }
     }
 }
+
+/// A profiled call runs every launch alone and times it: its outputs are
+/// a plain call's, each launch names its step and kernel (one per launch
+/// the shape records), and the recording's graph is neither used nor
+/// disturbed (the next plain calls capture and replay it as usual).
+#[test]
+fn a_profiled_call_times_each_launch_and_keeps_the_outputs() {
+    let m = weight_model();
+    let gm = m.compile_host_gpu().expect("compiles");
+    let ins = inputs(&m, &[("n", 66)], 3);
+    let named: Vec<(&str, Tensor)> = ins.iter().map(|(a, t)| (a.as_str(), t.clone())).collect();
+    let plain = gm.run(&named).expect("runs");
+    for _ in 0..2 {
+        let (outs, p) = gm.run_profiled(&named).expect("profiles");
+        assert_eq!(outs, plain, "a profiled call's outputs are a plain call's");
+        assert!(!p.launches.is_empty());
+        let steps = gm.plan().steps.len();
+        for l in &p.launches {
+            assert!(l.step < steps, "launch of step {} in a plan of {steps}", l.step);
+            assert!(l.seconds > 0.0, "{l:?}");
+            assert!(l.kernel.starts_with("gemm_") || l.kernel.starts_with('g'), "{l:?}");
+        }
+        assert!(p.launches.windows(2).all(|w| w[0].step <= w[1].step), "launches in step order");
+        let sum: f64 = p.launches.iter().map(|l| l.seconds).sum();
+        assert!(p.total.as_secs_f64() >= sum, "the call {:?} holds its launches {sum}", p.total);
+    }
+    assert_eq!(gm.device().graph_launches(), 0, "profiled calls run no graph");
+    compare_within(&m, &gm, &[("n", 66)], 4, Some(BF16_L2));
+    compare_within(&m, &gm, &[("n", 66)], 5, Some(BF16_L2));
+    assert_eq!(gm.device().graph_launches(), 2, "plain calls 2 and 3 at the shape run its graph");
+}

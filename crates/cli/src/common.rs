@@ -456,3 +456,91 @@ pub fn parse_key_chunks(s: &str) -> std::result::Result<runtime::KeyChunks, Stri
         },
     }
 }
+
+/// `bench --profile` on a GPU, from `profiles` (one per call): each
+/// kernel's median device time a call (its launches summed), the launches'
+/// sum and the host's time for the profiled call, then the `top` slowest
+/// launches with the step each runs.
+pub fn gpu_profile_lines(
+    plan: &plan::ModelPlan,
+    profiles: &[runtime::gpu::GpuProfile],
+    top: usize,
+) -> Vec<String> {
+    let Some(first) = profiles.first() else { return Vec::new() };
+    let ms = |s: f64| s * 1e3;
+    let med = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    // Each kernel's total a call, and each launch's time (the launches are
+    // the same in every call at one shape).
+    let mut kernels: Vec<(&str, usize)> = Vec::new();
+    for l in &first.launches {
+        match kernels.iter_mut().find(|(k, _)| *k == l.kernel) {
+            Some((_, n)) => *n += 1,
+            None => kernels.push((&l.kernel, 1)),
+        }
+    }
+    let per_kernel: Vec<f64> = kernels
+        .iter()
+        .map(|(k, _)| {
+            med(profiles
+                .iter()
+                .map(|p| p.launches.iter().filter(|l| l.kernel == *k).map(|l| ms(l.seconds)).sum())
+                .collect())
+        })
+        .collect();
+    let sum = med(profiles.iter().map(|p| p.launches.iter().map(|l| ms(l.seconds)).sum()).collect());
+    let host = med(profiles.iter().map(|p| ms(p.total.as_secs_f64())).collect());
+    let mut order: Vec<usize> = (0..kernels.len()).collect();
+    order.sort_by(|&a, &b| per_kernel[b].total_cmp(&per_kernel[a]));
+    let mut lines = vec![format!("  {:<60} {:>8} {:>10} {:>6}", "kernel", "launches", "ms a call", "share")];
+    for k in order {
+        lines.push(format!(
+            "  {:<60} {:>8} {:>10.4} {:>5.1}%",
+            kernels[k].0,
+            kernels[k].1,
+            per_kernel[k],
+            100.0 * per_kernel[k] / sum.max(1e-12)
+        ));
+    }
+    lines.push(format!(
+        "  {} launches, each alone: {sum:.4} ms on the device; the profiled call {host:.4} ms on the host",
+        first.launches.len()
+    ));
+    if top > 0 {
+        let mut launches: Vec<(f64, usize)> = (0..first.launches.len())
+            .map(|i| {
+                (med(profiles.iter().filter_map(|p| p.launches.get(i)).map(|l| ms(l.seconds)).collect()), i)
+            })
+            .collect();
+        launches.sort_by(|a, b| b.0.total_cmp(&a.0));
+        lines.push("  slowest launches:".into());
+        for (t, i) in launches.into_iter().take(top) {
+            let l = &first.launches[i];
+            lines.push(format!(
+                "  {t:9.4} ms  step {:<4} {:<40} {}",
+                l.step,
+                step_text(plan, l.step),
+                l.kernel
+            ));
+        }
+    }
+    lines
+}
+
+/// Step `i` of `plan` in a few words: its loop program's name, or its
+/// contraction's extents, or "attention".
+pub fn step_text(plan: &plan::ModelPlan, i: usize) -> String {
+    match plan.steps.get(i).map(|s| &s.kind) {
+        Some(plan::StepKind::Loop { program, .. }) => {
+            plan.programs.get(*program).map_or_else(|| "?".into(), |p| p.name.clone())
+        }
+        Some(plan::StepKind::MatMul(m)) => {
+            let d = |slot: u32| plan.dims.exprs().get(slot as usize).map_or("?".into(), |e| e.to_string());
+            format!("matmul m={} n={} k={} (batch {})", d(m.m), d(m.n), d(m.k), m.batch.len())
+        }
+        Some(plan::StepKind::Attention(_)) => "attention".into(),
+        None => "?".into(),
+    }
+}

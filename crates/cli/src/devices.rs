@@ -26,6 +26,12 @@ pub trait GpuRun {
     fn device_name(&self) -> String;
     fn plan_shape(&self, inputs: &[(&str, Tensor)]) -> std::result::Result<(), runtime::RunError>;
     fn device_memory(&self) -> runtime::gpu::DeviceMemory;
+    #[allow(clippy::type_complexity)]
+    fn run_profiled(
+        &self,
+        inputs: &[(&str, Tensor)],
+    ) -> std::result::Result<(Vec<(String, Tensor)>, runtime::gpu::GpuProfile), runtime::RunError>;
+    fn plan(&self) -> &plan::ModelPlan;
 }
 
 impl<D: anyshape::gpu::Device> GpuRun for anyshape::gpu::GpuModel<D> {
@@ -46,6 +52,15 @@ impl<D: anyshape::gpu::Device> GpuRun for anyshape::gpu::GpuModel<D> {
     }
     fn device_memory(&self) -> runtime::gpu::DeviceMemory {
         anyshape::gpu::GpuModel::device_memory(self)
+    }
+    fn run_profiled(
+        &self,
+        inputs: &[(&str, Tensor)],
+    ) -> std::result::Result<(Vec<(String, Tensor)>, runtime::gpu::GpuProfile), runtime::RunError> {
+        anyshape::gpu::GpuModel::run_profiled(self, inputs)
+    }
+    fn plan(&self) -> &plan::ModelPlan {
+        anyshape::gpu::GpuModel::plan(self)
     }
 }
 

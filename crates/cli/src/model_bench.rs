@@ -236,10 +236,8 @@ fn bench_gpu(a: &BenchArgs, shapes: &[Vec<(String, usize)>]) -> Result<()> {
     if runtime::is_artifact(&a.model) {
         bail!(UserError("--device runs an ONNX model compiled here; an artifact holds CPU code".into()));
     }
-    if a.profile || a.pause.is_some() || a.unfused_attention || a.json {
-        bail!(UserError(
-            "--profile, --pause, --unfused-attention and --json are for --device cpu so far".into()
-        ));
+    if a.pause.is_some() || a.unfused_attention || a.json {
+        bail!(UserError("--pause, --unfused-attention and --json are for --device cpu so far".into()));
     }
     let start = Instant::now();
     let gm = if anyshape::gpu::is_gpu_artifact(&a.model) {
@@ -264,6 +262,15 @@ fn bench_gpu(a: &BenchArgs, shapes: &[Vec<(String, usize)>]) -> Result<()> {
         let plan = || gm.plan_shape(&named).map_err(|e| anyshape::Error::from(e).into());
         let call = || gm.run(&named).map(|_| ()).map_err(|e| anyshape::Error::from(e).into());
         let report = time_runs(&plan, &call, a.runs, None)?.report(shape, false, 0.0);
+        if a.profile {
+            let profiles = (0..a.runs.max(1))
+                .map(|_| gm.run_profiled(&named).map(|(_, p)| p))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(anyshape::Error::from)?;
+            for line in crate::common::gpu_profile_lines(gm.plan(), &profiles, a.top) {
+                say!("{line}");
+            }
+        }
         say!("{}", crate::common::with_device_memory(report, false, gm.device_memory()));
     }
     Ok(())

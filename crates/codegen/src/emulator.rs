@@ -998,6 +998,7 @@ enum HostEntry {
 /// code (the engines, then the context they were made in).
 pub struct HostKernels {
     entries: Vec<HostEntry>,
+    names: Vec<String>,
     _engines: Vec<ExecutionEngine<'static>>,
     // Dropped last: the engines' code and values belong to it.
     _ctx: Box<Context>,
@@ -1042,7 +1043,13 @@ impl HostKernels {
             });
             engines.push(ee);
         }
-        Ok(HostKernels { entries, _engines: engines, _ctx: ctx })
+        let names = kernels.iter().map(|(n, _, _)| n.clone()).collect();
+        Ok(HostKernels { entries, names, _engines: engines, _ctx: ctx })
+    }
+
+    /// Kernel `k`'s name.
+    pub fn name(&self, k: usize) -> Option<&str> {
+        self.names.get(k).map(String::as_str)
     }
 
     pub fn len(&self) -> usize {

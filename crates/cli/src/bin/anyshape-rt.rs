@@ -72,6 +72,13 @@ enum Command {
         /// Also time --runs calls that each follow this many milliseconds of idle sleep.
         #[arg(long, value_name = "MS")]
         pause: Option<f64>,
+        /// A GPU artifact: also run --runs calls with each launch timed alone on
+        /// the device, and print each kernel's share.
+        #[arg(long)]
+        profile: bool,
+        /// With --profile, also list the N slowest launches and their steps.
+        #[arg(long, default_value_t = 0)]
+        top: usize,
     },
     /// The artifact's inputs and outputs with their symbolic shapes.
     Info { artifact: PathBuf },
@@ -89,8 +96,13 @@ fn dispatch(cli: Cli) -> Result<()> {
                 say(line);
             }
         }
-        Command::Bench { artifact, shapes, runs, json, once, pause, .. } if is_gpu_artifact(&artifact) => {
-            let shapes = bench_shapes(&shapes, once, json || pause.is_some())?;
+        Command::Bench { artifact, shapes, runs, json, once, pause, profile, top, .. }
+            if is_gpu_artifact(&artifact) =>
+        {
+            let shapes = bench_shapes(&shapes, once, json || pause.is_some() || profile)?;
+            if profile && json {
+                anyhow::bail!(common::UserError("--profile prints a table: no --json with it".into()));
+            }
             let start = Instant::now();
             let gm = open_gpu_artifact(&artifact)?;
             let load_ms = ms(start.elapsed());
@@ -110,6 +122,14 @@ fn dispatch(cli: Cli) -> Result<()> {
                 let plan = || gm.plan_shape(&named).map_err(Into::into);
                 let call = || gm.run(&named).map(|_| ()).map_err(Into::into);
                 let report = time_runs(&plan, &call, runs, None)?.report(shape, json, load_ms);
+                if profile {
+                    let profiles = (0..runs.max(1))
+                        .map(|_| gm.run_profiled(&named).map(|(_, p)| p))
+                        .collect::<std::result::Result<Vec<_>, _>>()?;
+                    for line in common::gpu_profile_lines(gm.plan(), &profiles, top) {
+                        say(line);
+                    }
+                }
                 say(common::with_device_memory(report, json, gm.device_memory()));
             }
         }
@@ -145,7 +165,13 @@ fn dispatch(cli: Cli) -> Result<()> {
                 say(line);
             }
         }
-        Command::Bench { artifact, shapes, threads, runs, json, chunks, pause, once } => {
+        Command::Bench { artifact, shapes, threads, runs, json, chunks, pause, once, profile, .. } => {
+            if profile {
+                anyhow::bail!(common::UserError(
+                    "anyshape-rt bench --profile is for GPU artifacts; `anyshape bench --profile` profiles a CPU artifact"
+                        .into()
+                ));
+            }
             let shapes = bench_shapes(&shapes, once, json || pause.is_some())?;
             let pause = common::pause_arg(pause)?;
             let start = Instant::now();
@@ -202,7 +228,9 @@ fn run_gpu_on_npy<D: runtime::gpu::Device>(
 /// (`other`: an option it does not take was given).
 fn bench_shapes(shapes: &[String], once: bool, other: bool) -> Result<Vec<Vec<(String, usize)>>> {
     if once && other {
-        anyhow::bail!(common::UserError("--once times single calls: no --json or --pause with it".into()));
+        anyhow::bail!(common::UserError(
+            "--once times single calls: no --json, --pause or --profile with it".into()
+        ));
     }
     parse_shape_args(shapes)
 }

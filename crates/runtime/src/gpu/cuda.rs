@@ -28,6 +28,12 @@ pub struct CudaDevice {
     funcs: Vec<CudaFunction>,
     /// How each kernel is launched.
     launches: Vec<KernelLaunch>,
+    /// Each kernel's name, for errors.
+    names: Vec<String>,
+    /// Wait for each launch made outside a graph capture, so that a kernel
+    /// that faults is named (`ANYSHAPE_GPU_SYNC=1`: a debugging aid that
+    /// costs a round trip per launch).
+    sync_each: bool,
     _modules: Vec<Arc<CudaModule>>,
     name: String,
     cc: (i32, i32),
@@ -111,6 +117,8 @@ impl CudaDevice {
             streams: std::sync::Mutex::new(vec![stream]),
             funcs,
             launches: kernels.iter().map(|k| k.launch).collect(),
+            names: kernels.iter().map(|k| k.name.clone()).collect(),
+            sync_each: std::env::var_os("ANYSHAPE_GPU_SYNC").is_some_and(|v| v != "0"),
             _modules: modules,
             name: match refused.first() {
                 None => format!("{name} (sm_{}{})", cc.0, cc.1),
@@ -130,6 +138,25 @@ impl CudaDevice {
     /// is no driver or no such device.
     pub fn compute_capability(ordinal: usize) -> Result<(i32, i32), RunError> {
         Ok(CudaDevice::open(ordinal, &[])?.cc)
+    }
+
+    fn name_of(&self, kernel: usize) -> String {
+        self.names.get(kernel).cloned().unwrap_or_else(|| format!("#{kernel}"))
+    }
+
+    /// With `sync_each`, the launch just made on `s` waited for, unless `s`
+    /// is capturing a graph (where waiting is not allowed and nothing ran).
+    fn waited(&self, s: &CudaStream, kernel: usize) -> Result<(), RunError> {
+        if !self.sync_each {
+            return Ok(());
+        }
+        // SAFETY: `s` is a live stream of this context.
+        let capturing = unsafe { result::stream::is_capturing(s.cu_stream()) }
+            .map_err(driver("asking whether a stream captures"))?;
+        if capturing != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Ok(());
+        }
+        s.synchronize().map_err(driver(&format!("kernel {} failed", self.name_of(kernel))))
     }
 
     fn bind(&self) -> Result<(), RunError> {
@@ -253,6 +280,30 @@ impl Device for CudaDevice {
 
     fn name(&self) -> String {
         self.name.clone()
+    }
+
+    fn kernel_name(&self, kernel: usize) -> String {
+        self.name_of(kernel)
+    }
+
+    unsafe fn time_launches(&self, stream: StreamId, launches: &[Launch]) -> Result<Vec<f64>, RunError> {
+        let s = self.stream(stream)?;
+        let event =
+            || self.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver("an event"));
+        let mut marks = vec![event()?];
+        marks[0].record(&s).map_err(driver("recording an event"))?;
+        for l in launches {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { self.launch(stream, l.kernel, l.dims, &l.args)? };
+            let e = event()?;
+            e.record(&s).map_err(driver("recording an event"))?;
+            marks.push(e);
+        }
+        s.synchronize().map_err(driver("a kernel on the GPU"))?;
+        marks
+            .windows(2)
+            .map(|w| w[0].elapsed_ms(&w[1]).map(|ms| f64::from(ms) / 1e3).map_err(driver("timing a launch")))
+            .collect()
     }
 
     fn alloc(&self, bytes: usize) -> Result<DevicePtr, RunError> {
@@ -406,7 +457,8 @@ impl Device for CudaDevice {
                 sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
             }
             .result()
-            .map_err(driver(&format!("launching kernel {kernel} (dependent)")));
+            .map_err(driver(&format!("launching kernel {} (dependent)", self.name_of(kernel))))
+            .and_then(|()| self.waited(&s, kernel));
         }
         // SAFETY: the caller's contract (the kernel's ABI: device pointers into live
         // allocations, integers of the declared types); the parameter values are
@@ -421,6 +473,7 @@ impl Device for CudaDevice {
                 &mut params,
             )
         }
-        .map_err(driver(&format!("launching kernel {kernel}")))
+        .map_err(driver(&format!("launching kernel {}", self.name_of(kernel))))?;
+        self.waited(&s, kernel)
     }
 }

@@ -305,11 +305,24 @@ pub trait Device: Send + Sync {
         graph: &mut Self::Graph,
         launches: &[Launch],
     ) -> Result<bool, RunError>;
+
+    /// `launches` run on `stream` one at a time, each timed alone: the
+    /// seconds each took on the device, complete when this returns. What a
+    /// profile reads; nothing overlaps, so the sum exceeds a graph's time.
+    ///
+    /// # Safety
+    /// As [`Device::launch`] for each launch.
+    unsafe fn time_launches(&self, stream: StreamId, launches: &[Launch]) -> Result<Vec<f64>, RunError>;
+
+    /// Kernel `kernel`'s name, for profiles and messages.
+    fn kernel_name(&self, kernel: usize) -> String;
 }
 
-/// A kernel launch of a call: what [`Device::launch`] is given.
+/// A kernel launch of a call: what [`Device::launch`] is given, and the
+/// plan step it runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Launch {
+    pub step: usize,
     pub kernel: usize,
     pub dims: LaunchDims,
     pub args: Vec<KernelArg>,
@@ -422,6 +435,23 @@ pub struct GpuModel<D: Device> {
     call_bytes: AtomicUsize,
     peak_bytes: AtomicUsize,
     device: D,
+}
+
+/// A call profiled by [`GpuModel::run_profiled`]: each launch's device
+/// time, and the whole call's on the host (inputs in, outputs out).
+#[derive(Clone, Debug)]
+pub struct GpuProfile {
+    pub launches: Vec<LaunchTime>,
+    pub total: std::time::Duration,
+}
+
+/// One launch of a profiled call: the plan step it runs, its kernel, and
+/// the seconds it took on the device.
+#[derive(Clone, Debug)]
+pub struct LaunchTime {
+    pub step: usize,
+    pub kernel: String,
+    pub seconds: f64,
 }
 
 /// The device memory a [`GpuModel`] holds (bytes of its own allocations; the
@@ -825,7 +855,24 @@ impl<D: Device> GpuModel<D> {
     pub fn run<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<Vec<(String, Tensor)>, RunError> {
         self.usable()?;
         let shape = self.shape(inputs)?;
-        self.on_slot(|slot| self.call(Io::Host(inputs), &shape, slot))
+        self.on_slot(|slot| self.call(Io::Host(inputs), &shape, slot, None))
+    }
+
+    /// As [`GpuModel::run`], with every launch run alone and timed on the
+    /// device ([`Device::time_launches`]): where a call's time goes. The
+    /// launches' sum exceeds a plain call's device time (nothing overlaps,
+    /// no graph); the host's time is the whole call's.
+    pub fn run_profiled<T: TensorData>(
+        &self,
+        inputs: &[(&str, T)],
+    ) -> Result<(Vec<(String, Tensor)>, GpuProfile), RunError> {
+        self.usable()?;
+        let start = std::time::Instant::now();
+        let shape = self.shape(inputs)?;
+        let mut timed = Vec::new();
+        let outs = self.on_slot(|slot| self.call(Io::Host(inputs), &shape, slot, Some(&mut timed)))?;
+        let total = start.elapsed();
+        Ok((outs, GpuProfile { launches: timed, total }))
     }
 
     /// An error once a call has failed on the device (the model is unusable).
@@ -931,7 +978,7 @@ impl<D: Device> GpuModel<D> {
             return Err(RunError::Shape(format!("the model has no output '{n}'")));
         }
         let io: Io<'_, Tensor> = Io::OnDevice { inputs, outputs: &to };
-        self.on_slot(|slot| self.call(io, &shape, slot)).map(|_| ())
+        self.on_slot(|slot| self.call(io, &shape, slot, None)).map(|_| ())
     }
 
     /// Output buffer `b`'s shape at `shape`.
@@ -951,6 +998,7 @@ impl<D: Device> GpuModel<D> {
         io: Io<'_, T>,
         shape: &Arc<GpuShape>,
         slot: &mut CallSlot<D::Graph>,
+        timed: Option<&mut Vec<LaunchTime>>,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let memory = &mut slot.memory;
         if memory.is_none_or(|(_, bytes)| bytes < shape.layout.bytes) {
@@ -983,7 +1031,7 @@ impl<D: Device> GpuModel<D> {
             *memory = Some(got);
         }
         let base = memory.map(|(p, _)| p).ok_or_else(|| RunError::Internal("no device memory".into()))?;
-        let out = self.run_in(io, shape, base, slot);
+        let out = self.run_in(io, shape, base, slot, timed);
         if let Err(RunError::Device(why)) = &out {
             *self.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
         }
@@ -1086,7 +1134,12 @@ impl<D: Device> GpuModel<D> {
                     // Sound to launch: the table holds every buffer of the program, each sized for
                     // this shape; the dims are the plan's at this shape; the status word
                     // is the step's own.
-                    launches.push(Launch { kernel: self.kernels.loops[*program], dims, args: args.to_vec() });
+                    launches.push(Launch {
+                        step: i,
+                        kernel: self.kernels.loops[*program],
+                        dims,
+                        args: args.to_vec(),
+                    });
                 }
                 StepKind::MatMul(_) => {
                     let mm = &shape.matmuls[i];
@@ -1100,6 +1153,7 @@ impl<D: Device> GpuModel<D> {
                         // of it), and the destination is the scratch the layout sized
                         // for this step's operands.
                         launches.push(Launch {
+                            step: i,
                             kernel: self.kernels.operand_copy,
                             dims,
                             args: args.to_vec(),
@@ -1118,7 +1172,7 @@ impl<D: Device> GpuModel<D> {
                         // (the copies' output or a packed weight), C's view and the
                         // epilogue's f32 buffers sized for this shape; the kernel
                         // accepted the problem.
-                        launches.push(Launch { kernel: g.kernel, dims, args });
+                        launches.push(Launch { step: i, kernel: g.kernel, dims, args });
                     }
                 }
                 StepKind::Attention(_) => {
@@ -1136,7 +1190,7 @@ impl<D: Device> GpuModel<D> {
                     // is this shape's with its chunk the whole row, the descriptor's
                     // views and offsets stay inside Q, K, V and O (the plan's views of
                     // them at this shape), and the status word is the step's own.
-                    launches.push(Launch { kernel: a.kernel, dims, args: args.to_vec() });
+                    launches.push(Launch { step: i, kernel: a.kernel, dims, args: args.to_vec() });
                 }
             }
         }
@@ -1192,11 +1246,14 @@ impl<D: Device> GpuModel<D> {
     /// device has graphs), the graph run from then on; a new shape right
     /// after another, or in the place of a shape whose graph goes, runs as a
     /// graph from its first call ([`GpuModel::graph_for_new_shape`]).
+    /// With `timed`, the launches run one at a time instead, each timed
+    /// ([`GpuModel::run_profiled`]), and the graph is left as it was.
     fn replay(
         &self,
         rec: &mut Recorded<D::Graph>,
         base: DevicePtr,
         stream: StreamId,
+        timed: Option<&mut Vec<LaunchTime>>,
     ) -> Result<(), RunError> {
         let tables = base + rec.shape.layout.tables as u64;
         // SAFETY: the words are plain integers; their bytes are read once.
@@ -1204,6 +1261,16 @@ impl<D: Device> GpuModel<D> {
             unsafe { std::slice::from_raw_parts(rec.words.as_ptr() as *const u8, 8 * rec.words.len()) };
         // SAFETY: the layout reserved the tables, dims and status words from `tables`.
         unsafe { self.device.upload(stream, tables, bytes)? };
+        if let Some(timed) = timed {
+            // SAFETY: as for the launches one by one, below.
+            let secs = unsafe { self.device.time_launches(stream, &rec.launches)? };
+            timed.extend(rec.launches.iter().zip(secs).map(|(l, seconds)| LaunchTime {
+                step: l.step,
+                kernel: self.device.kernel_name(l.kernel),
+                seconds,
+            }));
+            return Ok(());
+        }
         rec.calls += 1;
         if rec.graph.is_none() && rec.calls == 2 {
             // SAFETY: the launches were recorded for this shape in this memory
@@ -1239,6 +1306,7 @@ impl<D: Device> GpuModel<D> {
         shape: &Arc<GpuShape>,
         base: DevicePtr,
         slot: &mut CallSlot<D::Graph>,
+        timed: Option<&mut Vec<LaunchTime>>,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let (sp, layout, stream) = (&shape.sp, &shape.layout, slot.stream);
         let ptr = |i: usize| self.buffer_at(layout, base, i);
@@ -1292,7 +1360,7 @@ impl<D: Device> GpuModel<D> {
         };
         // The most recently used last.
         let mut rec = slot.recorded.remove(at);
-        let ran = self.replay(&mut rec, base, stream);
+        let ran = self.replay(&mut rec, base, stream, timed);
         slot.recorded.push(rec);
         ran?;
         let mut status = vec![0u8; 8 * self.plan.steps.len()];
