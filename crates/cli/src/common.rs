@@ -544,3 +544,25 @@ pub fn step_text(plan: &plan::ModelPlan, i: usize) -> String {
         None => "?".into(),
     }
 }
+
+/// `bench --on-device`: [`time_runs`] over calls whose inputs (uploaded
+/// once) and outputs stay in device memory, as a server holding its
+/// tensors on the GPU calls the model (nothing copied through the host).
+pub fn time_on_device<D: runtime::gpu::Device>(
+    gm: &runtime::gpu::GpuModel<D>,
+    named: &[(&str, Tensor)],
+    runs: usize,
+) -> Result<Timing> {
+    let io = std::cell::RefCell::new(gm.device_io(named)?);
+    let plan = || gm.plan_shape(named).map_err(Into::into);
+    let call = || io.borrow_mut().run().map_err(Into::into);
+    time_runs(&plan, &call, runs, None)
+}
+
+/// A timing report marked as made with `--on-device`.
+pub fn on_device_report(report: String, json: bool) -> String {
+    match (json, report.strip_suffix('}')) {
+        (true, Some(head)) => format!("{head}, \"io\": \"device\"}}"),
+        _ => format!("{report}; inputs and outputs on the device"),
+    }
+}

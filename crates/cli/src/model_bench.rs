@@ -69,6 +69,11 @@ pub struct BenchArgs {
     /// their median.
     #[arg(long, value_name = "MS")]
     pause: Option<f64>,
+    /// On a GPU: time calls whose inputs (uploaded once) and outputs stay in
+    /// device memory, as a server holding its tensors there (a decoder's KV
+    /// cache) calls the model, instead of copies through the host.
+    #[arg(long)]
+    on_device: bool,
     /// Where the model runs: `cpu`, `cuda` (NVIDIA GPU 0), or `gpu-emulator`
     /// (the GPU's kernels on this machine's threads: correct, not fast).
     #[arg(long, value_enum, default_value_t = crate::devices::DeviceArg::Cpu)]
@@ -159,11 +164,16 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize, 
 pub fn bench(a: BenchArgs) -> Result<()> {
     let shapes = parse_shape_args(&a.shapes)?;
     let pause = pause_arg(a.pause)?;
-    if a.once && (a.profile || a.json || a.pause.is_some()) {
-        bail!(UserError("--once times single calls: no --profile, --json or --pause with it".into()));
+    if a.once && (a.profile || a.json || a.pause.is_some() || a.on_device) {
+        bail!(UserError(
+            "--once times single calls: no --profile, --json, --pause or --on-device with it".into()
+        ));
     }
     if a.device != crate::devices::DeviceArg::Cpu || anyshape::gpu::is_gpu_artifact(&a.model) {
         return bench_gpu(&a, &shapes);
+    }
+    if a.on_device {
+        bail!(UserError("--on-device is for a GPU (--device cuda or gpu-emulator)".into()));
     }
     let start = Instant::now();
     let (cm, what) = if runtime::is_artifact(&a.model) {
@@ -261,7 +271,12 @@ fn bench_gpu(a: &BenchArgs, shapes: &[Vec<(String, usize)>]) -> Result<()> {
         let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
         let plan = || gm.plan_shape(&named).map_err(|e| anyshape::Error::from(e).into());
         let call = || gm.run(&named).map(|_| ()).map_err(|e| anyshape::Error::from(e).into());
-        let report = time_runs(&plan, &call, a.runs, None)?.report(shape, false, 0.0);
+        let report = if a.on_device {
+            let t = gm.time_on_device(&named, a.runs)?;
+            crate::common::on_device_report(t.report(shape, false, 0.0), false)
+        } else {
+            time_runs(&plan, &call, a.runs, None)?.report(shape, false, 0.0)
+        };
         if a.profile {
             let profiles = (0..a.runs.max(1))
                 .map(|_| gm.run_profiled(&named).map(|(_, p)| p))

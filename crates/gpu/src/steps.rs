@@ -56,10 +56,19 @@ fn for_step(k: GemmKernel, epilogue: Epilogue) -> GemmKernel {
     GemmKernel { epilogue, c_f32: true, ..k }
 }
 
-/// A step's list made to read an f32 A in place (`GemmKernel::a_f32`): the
-/// same kernels and bounds, each rounding A as it stages it.
+/// A step's list made to read an f32 A in place (`GemmKernel::a_f32`)
+/// where that pays: the GEMV and SIMT kernels (which multiply its f32
+/// values as they load them) and the covers. The tensor-core tiles keep a
+/// bf16 A, copied first: in place, each stage's A goes through registers
+/// (no `cp.async` converts), and waiting for those loads made them several
+/// times slower than over a copy (BENCHMARKS.md, GPU profile).
 pub fn reading_f32_a(list: Vec<(GemmKernel, usize)>) -> Vec<(GemmKernel, usize)> {
-    list.into_iter().map(|(k, most)| (GemmKernel { a_f32: true, ..k }, most)).collect()
+    list.into_iter()
+        .map(|(k, most)| {
+            let in_place = matches!(k.arch, Arch::Gemv | Arch::Simt) || k.is_cover();
+            (GemmKernel { a_f32: in_place, ..k }, most)
+        })
+        .collect()
 }
 
 /// A step's list made to read an f32 B in place where it can (a product

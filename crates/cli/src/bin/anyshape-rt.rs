@@ -79,6 +79,10 @@ enum Command {
         /// With --profile, also list the N slowest launches and their steps.
         #[arg(long, default_value_t = 0)]
         top: usize,
+        /// A GPU artifact: time calls whose inputs (uploaded once) and outputs
+        /// stay in device memory (a server holding its tensors on the GPU).
+        #[arg(long)]
+        on_device: bool,
     },
     /// The artifact's inputs and outputs with their symbolic shapes.
     Info { artifact: PathBuf },
@@ -96,10 +100,13 @@ fn dispatch(cli: Cli) -> Result<()> {
                 say(line);
             }
         }
-        Command::Bench { artifact, shapes, runs, json, once, pause, profile, top, .. }
+        Command::Bench { artifact, shapes, runs, json, once, pause, profile, top, on_device, .. }
             if is_gpu_artifact(&artifact) =>
         {
-            let shapes = bench_shapes(&shapes, once, json || pause.is_some() || profile)?;
+            let shapes = bench_shapes(&shapes, once, json || pause.is_some() || profile || on_device)?;
+            if on_device && pause.is_some() {
+                anyhow::bail!(common::UserError("--on-device times warm calls: no --pause with it".into()));
+            }
             if profile && json {
                 anyhow::bail!(common::UserError("--profile prints a table: no --json with it".into()));
             }
@@ -121,7 +128,12 @@ fn dispatch(cli: Cli) -> Result<()> {
                 let named: Vec<(&str, Tensor)> = data.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
                 let plan = || gm.plan_shape(&named).map_err(Into::into);
                 let call = || gm.run(&named).map(|_| ()).map_err(Into::into);
-                let report = time_runs(&plan, &call, runs, None)?.report(shape, json, load_ms);
+                let report = if on_device {
+                    let t = common::time_on_device(&gm, &named, runs)?;
+                    common::on_device_report(t.report(shape, json, load_ms), json)
+                } else {
+                    time_runs(&plan, &call, runs, None)?.report(shape, json, load_ms)
+                };
                 if profile {
                     let profiles = (0..runs.max(1))
                         .map(|_| gm.run_profiled(&named).map(|(_, p)| p))
@@ -165,10 +177,22 @@ fn dispatch(cli: Cli) -> Result<()> {
                 say(line);
             }
         }
-        Command::Bench { artifact, shapes, threads, runs, json, chunks, pause, once, profile, .. } => {
-            if profile {
+        Command::Bench {
+            artifact,
+            shapes,
+            threads,
+            runs,
+            json,
+            chunks,
+            pause,
+            once,
+            profile,
+            on_device,
+            ..
+        } => {
+            if profile || on_device {
                 anyhow::bail!(common::UserError(
-                    "anyshape-rt bench --profile is for GPU artifacts; `anyshape bench --profile` profiles a CPU artifact"
+                    "anyshape-rt bench --profile and --on-device are for GPU artifacts; `anyshape bench --profile` profiles a CPU artifact"
                         .into()
                 ));
             }
@@ -229,7 +253,7 @@ fn run_gpu_on_npy<D: runtime::gpu::Device>(
 fn bench_shapes(shapes: &[String], once: bool, other: bool) -> Result<Vec<Vec<(String, usize)>>> {
     if once && other {
         anyhow::bail!(common::UserError(
-            "--once times single calls: no --json, --pause or --profile with it".into()
+            "--once times single calls: no --json, --pause, --profile or --on-device with it".into()
         ));
     }
     parse_shape_args(shapes)

@@ -1455,3 +1455,91 @@ impl<D: Device> Drop for GpuModel<D> {
         }
     }
 }
+
+/// Inputs and outputs of calls at one shape, held in device memory of their
+/// own ([`GpuModel::device_io`]): how a server that keeps its tensors on the
+/// GPU (a decoder's KV cache) calls the model, with nothing copied through
+/// the host. Freed when dropped.
+pub struct DeviceIo<'m, D: Device> {
+    model: &'m GpuModel<D>,
+    inputs: Vec<(String, DeviceTensor)>,
+    outputs: Vec<(String, DeviceTensor)>,
+}
+
+impl<D: Device> GpuModel<D> {
+    /// `inputs` uploaded once into device memory allocated for them, and
+    /// device memory for the outputs at their shape: [`DeviceIo::run`]
+    /// then calls the model on them (what `bench --on-device` times).
+    pub fn device_io<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<DeviceIo<'_, D>, RunError> {
+        let mut io = DeviceIo { model: self, inputs: Vec::new(), outputs: Vec::new() };
+        for (name, t) in inputs {
+            let dt = DeviceTensor { ptr: 0, dtype: t.dtype(), shape: t.shape().to_vec() };
+            let bytes = dt.bytes().ok_or_else(|| {
+                RunError::Shape(format!("input '{name}' of shape {:?} overflows the address space", dt.shape))
+            })?;
+            let ptr = self.device.alloc(bytes)?;
+            io.inputs.push((name.to_string(), DeviceTensor { ptr, ..dt }));
+            // SAFETY: a tensor's `bytes` bytes from its start; the allocation has
+            // as many and is this call's alone.
+            let src = unsafe { std::slice::from_raw_parts(TensorData::as_ptr(t), bytes) };
+            // SAFETY: `ptr` was allocated above with `bytes` bytes; stream 0 is the
+            // device's own, and the copy completes before this returns.
+            unsafe { self.device.upload(0, ptr, src)? };
+        }
+        let named: Vec<(&str, DeviceTensor)> =
+            io.inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        for (name, dtype, shape) in self.output_shapes(&named)? {
+            let dt = DeviceTensor { ptr: 0, dtype, shape };
+            let ptr = self.device.alloc(dt.bytes().unwrap_or(0))?;
+            io.outputs.push((name, DeviceTensor { ptr, ..dt }));
+        }
+        Ok(io)
+    }
+}
+
+impl<D: Device> DeviceIo<'_, D> {
+    /// One call on the inputs in device memory, its outputs written to theirs.
+    pub fn run(&mut self) -> Result<(), RunError> {
+        fn named(v: &[(String, DeviceTensor)]) -> Vec<(&str, DeviceTensor)> {
+            v.iter().map(|(n, t)| (n.as_str(), t.clone())).collect()
+        }
+        // SAFETY: every tensor is an allocation of the model's device of the
+        // bytes its type and shape say (made by `device_io`), owned here and
+        // live until this is dropped; no two overlap, and `&mut self` keeps
+        // any other call off the outputs meanwhile.
+        unsafe { self.model.run_device(&named(&self.inputs), &named(&self.outputs)) }
+    }
+
+    /// The outputs of the last call, copied to the host.
+    pub fn outputs(&self) -> Result<Vec<(String, Tensor)>, RunError> {
+        let mut out = Vec::with_capacity(self.outputs.len());
+        for (name, t) in &self.outputs {
+            let n: usize = t.shape.iter().product();
+            let (mut elems, _) = self.model.recycled.output(t.dtype, n, false).ok_or_else(|| {
+                RunError::Shape(format!("output '{name}' of {n} elements could not be allocated"))
+            })?;
+            let bytes = n * t.dtype.size();
+            if bytes > 0 {
+                // SAFETY: `elems` holds `n` elements of the output's dtype.
+                let dst = unsafe { std::slice::from_raw_parts_mut(elems.as_mut_ptr(), bytes) };
+                // SAFETY: the output's allocation holds these bytes (`device_io`).
+                unsafe { self.model.device.download(0, t.ptr, dst)? };
+            }
+            out.push((
+                name.clone(),
+                Tensor::new(t.shape.clone(), elems).map_err(|e| RunError::Internal(e.to_string()))?,
+            ));
+        }
+        Ok(out)
+    }
+}
+
+impl<D: Device> Drop for DeviceIo<'_, D> {
+    fn drop(&mut self) {
+        for (_, t) in self.inputs.iter().chain(&self.outputs) {
+            // SAFETY: allocated by `device_io` on this device, freed once; `free`
+            // waits for the device's work first.
+            unsafe { self.model.device.free(t.ptr) };
+        }
+    }
+}
