@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use codegen::emulator::{HostKernelKind, HostKernels};
 pub use gpu_family::steps::StepTarget as GpuTarget;
-use plan::gemm::{Arch, GemmKernel};
+use plan::gemm::{Arch, GemmKernel, ReduceKernel};
 pub use plan::gpu::KernelLaunch;
 pub use runtime::gpu::artifact::{is_gpu_artifact, GpuArtifact, GpuCode, KernelRole};
 pub use runtime::gpu::cuda::CudaDevice;
@@ -230,6 +230,27 @@ impl Device for HostDevice {
             let shape = (blocks, dims.threads as usize, dims.smem as usize);
             return unsafe { self.kernels.launch_loop(kernel, shape, args) }.map_err(RunError::Device);
         }
+        if let [w, c, bias, res, KernelArg::I32(m), KernelArg::I32(n), KernelArg::I32(ldc), KernelArg::I32(shares), KernelArg::I64(stride)] =
+            args
+        {
+            let ptrs = [ptr(w)?, ptr(c)?, ptr(bias)?, ptr(res)?];
+            // SAFETY: the caller's contract (`ReduceKernel`'s ABI, live host memory).
+            return unsafe {
+                self.kernels.launch_reduce(
+                    kernel,
+                    dims.grid[0] as usize,
+                    ptrs,
+                    [*m, *n, *ldc, *shares],
+                    *stride,
+                )
+            }
+            .map_err(RunError::Device);
+        }
+        // A split-K GEMM's last argument is its `kper` (a whole product's, C's batch stride).
+        let (args, kper) = match args {
+            [rest @ .., KernelArg::I32(kper)] => (rest, Some(*kper)),
+            _ => (args, None),
+        };
         let [a, b, c, bias, res, ints @ .., sa, sb, sc] = args else { return Err(bad()) };
         let ptrs = [ptr(a)?, ptr(b)?, ptr(c)?, ptr(bias)?, ptr(res)?];
         let int = |a: &KernelArg| match a {
@@ -243,16 +264,18 @@ impl Device for HostDevice {
         let ints: [i32; 6] =
             ints.iter().map(int).collect::<Result<Vec<_>, _>>()?.try_into().map_err(|_| bad())?;
         let grid = dims.grid.map(|g| g as usize);
-        // SAFETY: the caller's contract (`gpu::kernel::ABI`, live host memory).
-        unsafe {
-            self.kernels.launch_gemm(
-                kernel,
-                (grid[0], grid[1], grid[2]),
-                (dims.threads as usize, dims.smem as usize),
-                ptrs,
-                ints,
-                [wide(sa)?, wide(sb)?, wide(sc)?],
-            )
+        let (grid, block, strides) = (
+            (grid[0], grid[1], grid[2]),
+            (dims.threads as usize, dims.smem as usize),
+            [wide(sa)?, wide(sb)?, wide(sc)?],
+        );
+        match kper {
+            // SAFETY: the caller's contract (`gpu::kernel::ABI` and `kper`, live host memory).
+            Some(kper) => unsafe {
+                self.kernels.launch_split_gemm(kernel, grid, block, ptrs, ints, strides, kper)
+            },
+            // SAFETY: the caller's contract (`gpu::kernel::ABI`, live host memory).
+            None => unsafe { self.kernels.launch_gemm(kernel, grid, block, ptrs, ints, strides) },
         }
         .map_err(RunError::Device)
     }
@@ -513,7 +536,9 @@ fn host_kind(role: KernelRole) -> HostKernelKind {
         KernelRole::Loop(_) | KernelRole::OperandCopy | KernelRole::Attention { .. } => {
             HostKernelKind::Pointers
         }
+        KernelRole::Gemm(k) if k.split_k => HostKernelKind::SplitGemm,
         KernelRole::Gemm(k) => HostKernelKind::Gemm { threads_apart: k.arch == Arch::Simt },
+        KernelRole::Reduce(_) => HostKernelKind::Reduce,
     }
 }
 
@@ -535,6 +560,7 @@ pub fn host_model_of(mut a: GpuArtifact, arch: Option<&str>) -> Result<GpuModel<
             KernelRole::Loop(i) => codegen::nvptx::program_ir(&a.plan.programs[*i], &k.name)?,
             KernelRole::OperandCopy => codegen::nvptx::operand_copy_ir(),
             KernelRole::Gemm(g) => codegen::nvptx::llvm_ir(g)?,
+            KernelRole::Reduce(r) => codegen::nvptx::reduce_ir(r)?,
             KernelRole::Attention { program, scores, logits, head, mma } => codegen::nvptx::attention_ir(
                 &a.plan.programs[*program],
                 *scores,
@@ -586,9 +612,11 @@ fn gpu_kernels(
     kernels.operand_copy = code.len();
     code.push((kernel(name, copy, 0), KernelRole::OperandCopy));
     let mut index: HashMap<GemmKernel, usize> = HashMap::new();
-    for list in step_lists(plan, target)? {
+    let mut reductions: HashMap<ReduceKernel, usize> = HashMap::new();
+    for (i, list) in step_lists(plan, target)?.into_iter().enumerate() {
         let mut choices = Vec::new();
-        for (k, max_m) in list {
+        for e in list {
+            let k = e.kernel;
             let at = match index.get(&k) {
                 Some(&i) => i,
                 None => {
@@ -598,7 +626,37 @@ fn gpu_kernels(
                     code.len() - 1
                 }
             };
-            choices.push(GemmChoice { kernel: k, index: at, max_m });
+            // A split-K kernel's reduction applies the step's epilogue into its f32 C.
+            let split = match (k.split_k, &plan.steps[i].kind) {
+                (true, plan::StepKind::MatMul(mm)) => {
+                    let reduce = ReduceKernel { elem: k.elem, epilogue: mm.epilogue.function(), c_f32: true };
+                    let index = match reductions.get(&reduce) {
+                        Some(&i) => i,
+                        None => {
+                            let name = reduce.name();
+                            let t = match known.get(&name) {
+                                Some(t) => t.clone(),
+                                None => text.of(
+                                    &name,
+                                    || codegen::nvptx::reduce_ir(&reduce),
+                                    || codegen::nvptx::reduce_ptx(&reduce),
+                                )?,
+                            };
+                            code.push((kernel(name, t, 0), KernelRole::Reduce(reduce)));
+                            reductions.insert(reduce, code.len() - 1);
+                            code.len() - 1
+                        }
+                    };
+                    Some(runtime::gpu::SplitChoice { splits: e.splits, reduce, index })
+                }
+                (true, _) => {
+                    return Err(
+                        RunError::Internal(format!("step {i}: a split-K kernel for no product")).into()
+                    )
+                }
+                (false, _) => None,
+            };
+            choices.push(GemmChoice { kernel: k, index: at, max_m: e.most, split });
         }
         kernels.matmuls.push(choices);
     }
@@ -642,7 +700,10 @@ fn gpu_kernels(
 /// most rows it takes (empty for a step that is no contraction): a weight
 /// with fixed N and K gets the wave model's pick per M (from the H200
 /// profile), a product of activations fixed bounds.
-fn step_lists(plan: &plan::ModelPlan, target: GpuTarget) -> Result<Vec<Vec<(GemmKernel, usize)>>, Error> {
+fn step_lists(
+    plan: &plan::ModelPlan,
+    target: GpuTarget,
+) -> Result<Vec<Vec<gpu_family::steps::StepKernel>>, Error> {
     use gpu_family::steps;
     let bad = |e: gpu_family::replay::ReplayError| RunError::Internal(format!("the GPU profile: {e}"));
     let profile = steps::profile(steps::H200_PROFILE).map_err(bad)?;
@@ -701,9 +762,17 @@ pub fn gemm_choices_text(plan: &plan::ModelPlan, target: GpuTarget) -> Result<St
         }
         let choices: Vec<String> = list
             .into_iter()
-            .map(
-                |(k, most)| if most == usize::MAX { k.name() } else { format!("{} (M <= {most})", k.name()) },
-            )
+            .map(|e| {
+                let name = match e.splits {
+                    1 => e.kernel.name(),
+                    s => format!("{}x{s}", e.kernel.name()),
+                };
+                if e.most == usize::MAX {
+                    name
+                } else {
+                    format!("{name} (M <= {})", e.most)
+                }
+            })
             .collect();
         s.push_str(&format!("step {i} (group {}): {}\n", st.group, choices.join(", ")));
     }
@@ -739,9 +808,9 @@ pub fn attention_text(plan: &plan::ModelPlan, target: GpuTarget) -> String {
 /// `target`, in the order the device gets them.
 pub fn gemm_kernels(plan: &plan::ModelPlan, target: GpuTarget) -> Result<Vec<GemmKernel>, Error> {
     let mut out: Vec<GemmKernel> = Vec::new();
-    for (k, _) in step_lists(plan, target)?.into_iter().flatten() {
-        if !out.contains(&k) {
-            out.push(k);
+    for e in step_lists(plan, target)?.into_iter().flatten() {
+        if !out.contains(&e.kernel) {
+            out.push(e.kernel);
         }
     }
     Ok(out)

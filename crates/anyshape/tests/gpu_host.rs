@@ -1099,3 +1099,62 @@ fn device_io_calls_give_the_host_calls_outputs() {
         assert_eq!(gm.device().bytes_live(), live, "the inputs' and outputs' memory is freed");
     }
 }
+
+/// `x · W + b + r` with a 2048×64 weight: a hundred rows or two against a
+/// long K leave most SMs idle with one tile a block (GEMV takes fewer), and
+/// the wave model picks a split-K kernel (its shares into the call's
+/// scratch, then the reduction with the bias and the residual into the f32
+/// output). Against the interpreter at rows 97, a prime, and 200, on both
+/// targets, the shares kernel followed by its reduction in the launches.
+#[test]
+fn few_rows_against_a_long_k_run_split_k_with_the_reduction() {
+    let w: Vec<f32> = (0..2048 * 64).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 8192.0).collect();
+    let b: Vec<f32> = (0..64).map(|i| (i as f32 - 32.0) / 64.0).collect();
+    let weights = |name: &str| {
+        let (shape, v) = match name {
+            "w" => (vec![2048, 64], w.clone()),
+            "b" => (vec![64], b.clone()),
+            _ => return None,
+        };
+        Some(std::sync::Arc::new(ir::ConstData::from_tensor(&Tensor::new(shape, Elems::F32(v)).ok()?)))
+    };
+    let g = ir::parse_graph(
+        r#"graph {
+  sym n param 1..
+  input %x: f32[n, 2048]
+  input %r: f32[n, 64]
+  %w: f32[2048, 64] = constant @w
+  %b: f32[64] = constant @b
+  %y: f32[n, 64] = matmul %x, %w
+  %b2: f32[1, 64] = reshape %b
+  %bb: f32[n, 64] = broadcast %b2
+  %z: f32[n, 64] = add %y, %bb
+  %o: f32[n, 64] = add %z, %r
+  output %o
+}
+"#,
+        &weights,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let m = Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"));
+    for target in [anyshape::gpu::GpuTarget::Sm80, anyshape::gpu::GpuTarget::Sm90a] {
+        let gm = m.compile_host_gpu_for(target).expect("compiles");
+        for (i, n) in [97usize, 127, 200].into_iter().enumerate() {
+            compare_within(&m, &gm, &[("n", n)], i as u64, Some(BF16_L2));
+            let ins = inputs(&m, &[("n", n)], 5);
+            let named: Vec<(&str, Tensor)> = ins.iter().map(|(a, t)| (a.as_str(), t.clone())).collect();
+            let used = gm.gemms_at(&named).expect("plans");
+            assert_eq!(used.len(), 1, "{used:?}");
+            let k = &used[0].1[0];
+            assert!(
+                k.contains("_sk")
+                    && k.rsplit_once('x').is_some_and(|(_, s)| s.parse::<usize>().is_ok_and(|s| s > 1)),
+                "{target:?} {n} rows: {used:?}"
+            );
+            let (_, p) = gm.run_profiled(&named).expect("profiles");
+            let names: Vec<&str> = p.launches.iter().map(|l| l.kernel.as_str()).collect();
+            let at = names.iter().position(|k| k.contains("_sk")).expect("the shares' launch");
+            assert!(names.get(at + 1).is_some_and(|r| r.starts_with("splitk_reduce_bf16_c32")), "{names:?}");
+        }
+    }
+}

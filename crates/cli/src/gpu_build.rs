@@ -47,8 +47,8 @@ const EPILOGUES: [Epilogue; 5] = [
 pub fn reducers() -> Vec<ReduceKernel> {
     let mut out = Vec::new();
     for elem in [ElemType::Bf16, ElemType::F16] {
-        out.push(ReduceKernel { elem, epilogue: Epilogue::NONE });
-        out.extend(EPILOGUES.iter().map(|&epilogue| ReduceKernel { elem, epilogue }));
+        out.push(ReduceKernel { elem, epilogue: Epilogue::NONE, c_f32: false });
+        out.extend(EPILOGUES.iter().map(|&epilogue| ReduceKernel { elem, epilogue, c_f32: false }));
     }
     out
 }

@@ -986,12 +986,59 @@ pub enum HostKernelKind {
     /// A GEMM of the family (`gpu::kernel::ABI`); `threads_apart`: it uses no
     /// warp-wide operation (a SIMT kernel), so its threads run one after another.
     Gemm { threads_apart: bool },
+    /// A split-K GEMM: the ABI and `kper`.
+    SplitGemm,
+    /// A split-K reduction (`ReduceKernel`'s arguments), its threads apart.
+    Reduce,
 }
+
+/// A split-K GEMM's entry on the host: the ABI, `kper`, the four indices.
+pub type SplitGemm = unsafe extern "C" fn(
+    *const u16,
+    *const u16,
+    *mut u16,
+    *const u16,
+    *const u16,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i64,
+    i64,
+    i64,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+);
+
+/// A split-K reduction's entry on the host: W, C, bias, residual, M, N,
+/// ldc, the shares, their stride, the four indices.
+pub type Reduce = unsafe extern "C" fn(
+    *const f32,
+    *mut u8,
+    *const u8,
+    *const u8,
+    i32,
+    i32,
+    i32,
+    i32,
+    i64,
+    i32,
+    i32,
+    i32,
+    i32,
+);
 
 #[derive(Clone, Copy)]
 enum HostEntry {
     Pointers(LoopKernel),
     Gemm(Gemm, bool),
+    SplitGemm(SplitGemm),
+    Reduce(Reduce),
 }
 
 /// Kernels compiled for the host, each an index, with what owns their
@@ -1039,6 +1086,15 @@ impl HostKernels {
                 // SAFETY: as `gemm_entry`: `gpu::kernel::ABI` plus the four indices.
                 HostKernelKind::Gemm { threads_apart } => {
                     HostEntry::Gemm(unsafe { std::mem::transmute::<usize, Gemm>(addr) }, *threads_apart)
+                }
+                // SAFETY: `for_host` compiled the split-K ABI (`kper` last) plus the
+                // four indices, which is `SplitGemm`.
+                HostKernelKind::SplitGemm => {
+                    HostEntry::SplitGemm(unsafe { std::mem::transmute::<usize, SplitGemm>(addr) })
+                }
+                // SAFETY: `reduce_ir`'s parameters plus the four indices: `Reduce`.
+                HostKernelKind::Reduce => {
+                    HostEntry::Reduce(unsafe { std::mem::transmute::<usize, Reduce>(addr) })
                 }
             });
             engines.push(ee);
@@ -1109,7 +1165,7 @@ impl HostKernels {
         strides: [i64; 3],
     ) -> Result<(), String> {
         let Some(HostEntry::Gemm(f, apart)) = self.entries.get(k).copied() else {
-            return Err(format!("kernel {k} is not a GEMM"));
+            return Err(format!("kernel {k} is not a whole-product GEMM"));
         };
         let thread = |tid: usize, x: usize, y: usize, z: usize| {
             let [m, n, kk, lda, ldb, ldc] = ints;
@@ -1149,6 +1205,98 @@ impl HostKernels {
             }
         } else {
             run_blocks(grid, threads, smem, thread);
+        }
+        Ok(())
+    }
+
+    /// Run split-K GEMM `k` as [`HostKernels::launch_gemm`] runs a GEMM, its
+    /// `z` over the shares, `kper` its steps a share.
+    ///
+    /// # Safety
+    /// As [`HostKernels::launch_gemm`], C the workspace of `grid.2` shares.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn launch_split_gemm(
+        &self,
+        k: usize,
+        grid: (usize, usize, usize),
+        (threads, smem): (usize, usize),
+        ptrs: [u64; 5],
+        ints: [i32; 6],
+        strides: [i64; 3],
+        kper: i32,
+    ) -> Result<(), String> {
+        let Some(HostEntry::SplitGemm(f)) = self.entries.get(k).copied() else {
+            return Err(format!("kernel {k} is not a split-K GEMM"));
+        };
+        run_blocks(grid, threads, smem, |tid, x, y, z| {
+            let [m, n, kk, lda, ldb, ldc] = ints;
+            // SAFETY: the caller's contract; each thread runs the kernel once.
+            unsafe {
+                f(
+                    ptrs[0] as *const u16,
+                    ptrs[1] as *const u16,
+                    ptrs[2] as *mut u16,
+                    ptrs[3] as *const u16,
+                    ptrs[4] as *const u16,
+                    m,
+                    n,
+                    kk,
+                    lda,
+                    ldb,
+                    ldc,
+                    strides[0],
+                    strides[1],
+                    strides[2],
+                    kper,
+                    tid as i32,
+                    x as i32,
+                    y as i32,
+                    z as i32,
+                )
+            }
+        });
+        Ok(())
+    }
+
+    /// Run reduction `k` over `blocks` blocks of its threads, one after another.
+    ///
+    /// # Safety
+    /// `ptrs` are the shares, C, the bias and the residual, in host memory,
+    /// as `ReduceKernel`'s ABI asks for `ints` (M, N, ldc, shares) and the
+    /// shares' `stride`; nothing else touches C meanwhile.
+    pub unsafe fn launch_reduce(
+        &self,
+        k: usize,
+        blocks: usize,
+        ptrs: [u64; 4],
+        ints: [i32; 4],
+        stride: i64,
+    ) -> Result<(), String> {
+        let Some(HostEntry::Reduce(f)) = self.entries.get(k).copied() else {
+            return Err(format!("kernel {k} is not a split-K reduction"));
+        };
+        let [m, n, ldc, shares] = ints;
+        for b in 0..blocks {
+            for t in 0..gpu::ReduceKernel::THREADS {
+                // SAFETY: the caller's contract; each thread runs the kernel once.
+                unsafe {
+                    f(
+                        ptrs[0] as *const f32,
+                        ptrs[1] as *mut u8,
+                        ptrs[2] as *const u8,
+                        ptrs[3] as *const u8,
+                        m,
+                        n,
+                        ldc,
+                        shares,
+                        stride,
+                        t as i32,
+                        b as i32,
+                        0,
+                        0,
+                    )
+                }
+            }
         }
         Ok(())
     }

@@ -302,7 +302,7 @@ pub fn reduce_ir(r: &ReduceKernel) -> Result<String, CodegenError> {
     let ldc64 = g.v("sext i32 %ldc to i64");
     let row = g.v(format!("mul i64 {m}, {ldc64}"));
     let ci = g.v(format!("add i64 {row}, {n}"));
-    g.store_c(r.elem, r.epilogue, &acc, &n32, &ci);
+    g.store_c(r.c_type(), r.epilogue, &acc, &n32, &ci);
     g.emit("br label %done");
     g.block("done");
     g.emit("ret void");

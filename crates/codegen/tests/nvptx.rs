@@ -105,7 +105,7 @@ fn split_k_kernels_write_f32_shares_and_reductions_apply_the_epilogue() {
             nvptx::compile(&ir, &k.name(), k.arch).unwrap();
         }
         for epilogue in all_epilogues() {
-            let r = ReduceKernel { elem, epilogue };
+            let r = ReduceKernel { elem, epilogue, c_f32: false };
             let ir = nvptx::reduce_ir(&r).unwrap();
             assert!(ir.contains("phi float"), "{r}: sums the shares");
             assert_eq!(
@@ -441,7 +441,7 @@ mod on_the_host {
     /// `C[m, n] = Σ_s W[s, m, n] (+ bias[n]) (+ residual[m, n])` through the
     /// generated reduction, `C` with a row stride `ldc` and canaries past each row.
     fn reduce(epilogue: Epilogue, m: usize, n: usize, splits: usize, seed: u64) -> Result<(), TestCaseError> {
-        let r = ReduceKernel { elem: ElemType::Bf16, epilogue };
+        let r = ReduceKernel { elem: ElemType::Bf16, epilogue, c_f32: false };
         let name = r.name();
         let ctx = Context::create();
         let ee = engine(&ctx, &nvptx::reduce_ir(&r).map_err(|e| TestCaseError::fail(e.to_string()))?, &name)?;
@@ -507,6 +507,97 @@ mod on_the_host {
         Epilogue { bias: true, ..Epilogue::NONE },
         Epilogue { bias: true, residual: true, ..Epilogue::NONE },
     ];
+
+    /// As `Reduce`, C, the bias and the residual f32 (a model step's reduction).
+    type ReduceF32 = unsafe extern "C" fn(
+        *const f32,
+        *mut f32,
+        *const f32,
+        *const f32,
+        i32,
+        i32,
+        i32,
+        i32,
+        i64,
+        i32,
+        i32,
+        i32,
+        i32,
+    );
+
+    /// A model step's reduction (`c_f32`): f32 C, bias and residual, the sum
+    /// and epilogue unrounded; C with a row stride and canaries past each row.
+    #[test]
+    fn a_model_steps_reduction_stores_f32() {
+        let tanh = Epilogue { bias: true, residual: true, activation: Activation::Tanh, ..Epilogue::NONE };
+        for e in EPILOGUES.into_iter().chain([tanh]) {
+            for (m, n, splits) in [(1, 5, 2), (3, 37, 9), (17, 64, 3)] {
+                let r = ReduceKernel { elem: ElemType::Bf16, epilogue: e, c_f32: true };
+                assert!(r.check().is_ok() && r.name().contains("_c32"), "{r}");
+                let name = r.name();
+                let ctx = Context::create();
+                let ee = engine(&ctx, &nvptx::reduce_ir(&r).unwrap(), &name).unwrap();
+                // SAFETY: the signature is the kernel's parameter list (`reduce_ir`,
+                // C, bias and residual f32) plus the four indices `for_host` appended.
+                let f = unsafe { ee.get_function::<ReduceF32>(&name) }.unwrap();
+                let mut rnd = values(m as u64 * 31 + splits as u64);
+                let (ldc, sw) = (n + 3, m * n + 5);
+                let w: Vec<f32> = (0..splits * sw).map(|_| rnd()).collect();
+                let bias: Vec<f32> = (0..n).map(|_| rnd()).collect();
+                let res: Vec<f32> = (0..m * ldc).map(|_| rnd()).collect();
+                let canary = f32::from_bits(0x7fc0_0321);
+                let mut c = vec![canary; m * ldc];
+                let threads = ReduceKernel::THREADS;
+                for block in 0..(m * n).div_ceil(threads) {
+                    for t in 0..threads {
+                        // SAFETY: W holds `splits` shares of `sw ≥ m·n` values, C and the
+                        // residual `m` rows of `ldc ≥ n`, bias `n`: every index the kernel
+                        // forms for thread `block·THREADS + t` is inside them.
+                        unsafe {
+                            f.call(
+                                w.as_ptr(),
+                                c.as_mut_ptr(),
+                                bias.as_ptr(),
+                                res.as_ptr(),
+                                m as i32,
+                                n as i32,
+                                ldc as i32,
+                                splits as i32,
+                                sw as i64,
+                                t as i32,
+                                block as i32,
+                                0,
+                                0,
+                            )
+                        };
+                    }
+                }
+                for i in 0..m {
+                    for j in 0..n {
+                        let mut x: f64 = (0..splits).map(|s| f64::from(w[s * sw + i * n + j])).sum();
+                        if e.bias {
+                            x += f64::from(bias[j]);
+                        }
+                        if e.residual {
+                            x += f64::from(res[i * ldc + j]);
+                        }
+                        if e.activation == Activation::Tanh {
+                            x = x.tanh();
+                        }
+                        let got = f64::from(c[i * ldc + j]);
+                        assert!(
+                            (got - x).abs() <= 1e-5 * (1.0 + x.abs()),
+                            "{name} {m}x{n}/{splits} ({i}, {j}): {got} for {x}"
+                        );
+                    }
+                    assert!(
+                        c[i * ldc + n..(i + 1) * ldc].iter().all(|x| x.to_bits() == canary.to_bits()),
+                        "{name}: row {i}'s padding written"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn the_reduction_at_every_split_count_of_the_bench_and_one_past_a_chunk() {
@@ -1096,6 +1187,7 @@ mod on_the_host {
                 let r = ReduceKernel {
                     elem,
                     epilogue: Epilogue { activation: Activation::Pointwise(p), ..Epilogue::NONE },
+                    c_f32: false,
                 };
                 let name = r.name();
                 let ctx = Context::create();

@@ -51,8 +51,30 @@ pub fn profile(text: &str) -> Result<Record, ReplayError> {
     Record::parse(text)
 }
 
-/// A kernel of the family, made a model step's: its epilogue, f32 C.
+/// An entry of a step's list: a kernel, the shares of K it runs in (1: the
+/// whole product; more: a split-K kernel writes f32 partial sums and a
+/// reduction launch sums them into C through the step's epilogue), and the
+/// most rows (M) it is taken for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepKernel {
+    pub kernel: GemmKernel,
+    pub splits: usize,
+    pub most: usize,
+}
+
+impl StepKernel {
+    /// A whole-product kernel's entry.
+    pub fn whole(kernel: GemmKernel, most: usize) -> StepKernel {
+        StepKernel { kernel, splits: 1, most }
+    }
+}
+
+/// A kernel of the family, made a model step's: its epilogue, f32 C (a
+/// split-K kernel's stay with the reduction).
 fn for_step(k: GemmKernel, epilogue: Epilogue) -> GemmKernel {
+    if k.split_k {
+        return k;
+    }
     GemmKernel { epilogue, c_f32: true, ..k }
 }
 
@@ -62,11 +84,11 @@ fn for_step(k: GemmKernel, epilogue: Epilogue) -> GemmKernel {
 /// bf16 A, copied first: in place, each stage's A goes through registers
 /// (no `cp.async` converts), and waiting for those loads made them several
 /// times slower than over a copy (BENCHMARKS.md, GPU profile).
-pub fn reading_f32_a(list: Vec<(GemmKernel, usize)>) -> Vec<(GemmKernel, usize)> {
+pub fn reading_f32_a(list: Vec<StepKernel>) -> Vec<StepKernel> {
     list.into_iter()
-        .map(|(k, most)| {
-            let in_place = matches!(k.arch, Arch::Gemv | Arch::Simt) || k.is_cover();
-            (GemmKernel { a_f32: in_place, ..k }, most)
+        .map(|e| {
+            let in_place = matches!(e.kernel.arch, Arch::Gemv | Arch::Simt) || e.kernel.is_cover();
+            StepKernel { kernel: GemmKernel { a_f32: in_place, ..e.kernel }, ..e }
         })
         .collect()
 }
@@ -80,49 +102,48 @@ pub fn reading_f32_a(list: Vec<(GemmKernel, usize)>) -> Vec<(GemmKernel, usize)>
 /// An N-major B (attention's values) is still copied: the SIMT kernel that
 /// could read it in place walks K in one thread, which a long cache makes
 /// slower than the copy and a GEMV, and no measurement says where it pays.
-pub fn reading_f32_b(list: Vec<(GemmKernel, usize)>) -> Vec<(GemmKernel, usize)> {
+pub fn reading_f32_b(list: Vec<StepKernel>) -> Vec<StepKernel> {
     let mut out = Vec::with_capacity(list.len() + 2);
-    for (k, most) in list {
-        if k.arch == Arch::Gemv && k.b == BLayout::KMajor {
-            out.push((GemmKernel { b_f32: true, ..k }, most));
+    for e in list {
+        if e.kernel.arch == Arch::Gemv && e.kernel.b == BLayout::KMajor {
+            out.push(StepKernel { kernel: GemmKernel { b_f32: true, ..e.kernel }, ..e });
         }
-        out.push((k, most));
+        out.push(e);
     }
     out
 }
 
 /// The covers every list ends with: any K, then any start of C.
-fn covers(epilogue: Epilogue) -> Vec<(GemmKernel, usize)> {
+fn covers(epilogue: Epilogue) -> Vec<StepKernel> {
     let tile = |fam: Vec<GemmKernel>, bm, bn| {
         fam.into_iter().find(|k| (k.bm, k.bn) == (bm, bn) && k.b == BLayout::KMajor)
     };
     let mut out = Vec::new();
     out.extend(tile(unaligned_family(ElemType::Bf16, epilogue), 64, 128));
     out.extend(tile(simt_family(ElemType::Bf16, epilogue), 64, 64));
-    out.into_iter().map(|k| (for_step(k, epilogue), usize::MAX)).collect()
+    out.into_iter().map(|k| StepKernel::whole(for_step(k, epilogue), usize::MAX)).collect()
 }
 
 /// A product of activations: GEMV kernels for one row and up to 8,
 /// mma.sync tiles of 32×64 up to 64 rows and 64×128 beyond, the covers.
-pub fn fixed_step_kernels(epilogue: Epilogue) -> Vec<(GemmKernel, usize)> {
+pub fn fixed_step_kernels(epilogue: Epilogue) -> Vec<StepKernel> {
     let gemv = gemv_family(ElemType::Bf16, epilogue);
     let mut out = Vec::new();
     for (bm, most) in [(1, 1), (8, 8)] {
-        out.extend(gemv.iter().find(|k| k.bm == bm).map(|k| (for_step(*k, epilogue), most)));
+        out.extend(gemv.iter().find(|k| k.bm == bm).map(|k| StepKernel::whole(for_step(*k, epilogue), most)));
     }
     let mma = || family(ElemType::Bf16, BLayout::KMajor, epilogue);
     let tile = |bm, bn| mma().into_iter().find(|k| (k.bm, k.bn) == (bm, bn));
-    out.extend(tile(32, 64).map(|k| (for_step(k, epilogue), 64)));
-    out.extend(tile(64, 128).map(|k| (for_step(k, epilogue), usize::MAX)));
+    out.extend(tile(32, 64).map(|k| StepKernel::whole(for_step(k, epilogue), 64)));
+    out.extend(tile(64, 128).map(|k| StepKernel::whole(for_step(k, epilogue), usize::MAX)));
     out.extend(covers(epilogue));
     out
 }
 
 /// The wave model of `profile` over the kernels a step may take on
-/// `target`: the mma.sync tiles and GEMV kernels it calibrated for a K-major
-/// B (and on sm_90a the cp.async-fed wgmma kernels), whole products only
-/// (no split-K: its reduction is a second launch the runtime does not make
-/// yet).
+/// `target`: the mma.sync tiles, their split-K forms and the GEMV kernels
+/// it calibrated for a K-major B (and on sm_90a the cp.async-fed wgmma
+/// kernels and theirs).
 pub fn step_model(profile: &Record, target: StepTarget) -> Result<WaveModel, ReplayError> {
     let all = plain_family(ElemType::Bf16);
     let m = profile.model(BLayout::KMajor, &all)?;
@@ -134,7 +155,7 @@ pub fn step_model(profile: &Record, target: StepTarget) -> Result<WaveModel, Rep
                 Arch::Sm90a => target == StepTarget::Sm90a && !k.tma,
                 Arch::Simt => false,
             };
-            arch && !k.split_k && !k.is_cover()
+            arch && !k.is_cover()
         })
         .collect();
     Ok(WaveModel {
@@ -153,18 +174,18 @@ pub fn weight_step_kernels(
     model: &WaveModel,
     epilogue: Epilogue,
     (batch, n, k): (usize, usize, usize),
-) -> Vec<(GemmKernel, usize)> {
-    let mut out: Vec<(GemmKernel, usize)> = Vec::new();
+) -> Vec<StepKernel> {
+    let mut out: Vec<StepKernel> = Vec::new();
     for m in 1..=M_DISTILLED {
         let Some((c, _)) = model.choose(&Problem::nt(batch, m, n, k)) else { break };
         let kernel = for_step(model.kernels[c.kernel], epilogue);
         match out.last_mut() {
-            Some((last, most)) if *last == kernel => *most = m,
-            _ => out.push((kernel, m)),
+            Some(last) if last.kernel == kernel && last.splits == c.splits => last.most = m,
+            _ => out.push(StepKernel { kernel, splits: c.splits, most: m }),
         }
     }
     if let Some(last) = out.last_mut() {
-        last.1 = usize::MAX;
+        last.most = usize::MAX;
     }
     out.extend(covers(epilogue));
     out
@@ -183,14 +204,15 @@ mod tests {
         let model = step_model(&profile(H200_PROFILE).expect("the profile parses"), StepTarget::Sm80)
             .expect("a model");
         assert!(model.kernels.iter().any(|k| k.arch == Arch::Gemv));
-        assert!(model.kernels.iter().all(|k| matches!(k.arch, Arch::Sm80 | Arch::Gemv) && !k.split_k));
+        assert!(model.kernels.iter().all(|k| matches!(k.arch, Arch::Sm80 | Arch::Gemv)));
+        assert!(model.kernels.iter().any(|k| k.split_k));
         let e = Epilogue { bias: true, ..Epilogue::NONE };
         for (n, k) in [(768, 768), (2304, 768), (3072, 768), (768, 3072)] {
             let list = weight_step_kernels(&model, e, (1, n, k));
             let pick = |m: usize| {
                 list.iter()
-                    .find(|(kk, most)| m <= *most && kk.accepts(&Problem::nt(1, m, n, k)).is_ok())
-                    .map(|x| x.0)
+                    .find(|e| m <= e.most && e.kernel.accepts(&Problem::nt(1, m, n, k)).is_ok())
+                    .map(|x| x.kernel)
             };
             let one = pick(1).expect("one row");
             assert_eq!(one.arch, Arch::Gemv, "{n}x{k}: {one}");
@@ -198,9 +220,15 @@ mod tests {
             let big = pick(4096).expect("4096 rows");
             assert_eq!(big.arch, Arch::Sm80, "{n}x{k}: {big}");
             assert!(pick(100_000).is_some());
-            let bounds: Vec<usize> = list.iter().map(|x| x.1).collect();
+            let bounds: Vec<usize> = list.iter().map(|x| x.most).collect();
             assert!(bounds.windows(2).take(list.len() - 3).all(|w| w[0] < w[1]), "{bounds:?}");
-            assert!(list[list.len() - 2].0.unaligned && list[list.len() - 1].0.arch == Arch::Simt);
+            assert!(list[list.len() - 2].kernel.unaligned && list[list.len() - 1].kernel.arch == Arch::Simt);
+            // Split-K entries: their kernel writes the shares (no epilogue, f32
+            // partial sums); the step's epilogue is the reduction's.
+            for x in list.iter().filter(|x| x.kernel.split_k) {
+                assert!(x.splits > 1 && x.kernel.epilogue == Epilogue::NONE && !x.kernel.c_f32, "{x:?}");
+                assert!(x.kernel.check().is_ok());
+            }
         }
         // K not a multiple of 8: only the covers.
         let odd = weight_step_kernels(&model, e, (1, 64, 37));
@@ -216,11 +244,29 @@ mod tests {
             let list = weight_step_kernels(&model, Epilogue::NONE, (1, n, k));
             let at = |m: usize| {
                 list.iter()
-                    .find(|(kk, most)| m <= *most && kk.accepts(&Problem::nt(1, m, n, k)).is_ok())
-                    .map(|x| x.0)
+                    .find(|e| m <= e.most && e.kernel.accepts(&Problem::nt(1, m, n, k)).is_ok())
+                    .map(|x| x.kernel)
             };
             assert_eq!(at(1).map(|k| k.arch), Some(Arch::Gemv));
             assert_eq!(at(4096).map(|k| k.arch), Some(Arch::Sm90a), "{n}x{k}: {list:?}");
+        }
+    }
+
+    /// A few rows against a long K (BERT-base's second feed-forward product
+    /// at 8 to 128 rows): one tile a block leaves most SMs idle, and the
+    /// model picks a split-K kernel, as the H200 sweep measured best there.
+    #[test]
+    fn few_rows_against_a_long_k_split_k() {
+        for target in [StepTarget::Sm80, StepTarget::Sm90a] {
+            let model = step_model(&profile(H200_PROFILE).expect("parses"), target).expect("a model");
+            let list =
+                weight_step_kernels(&model, Epilogue { residual: true, ..Epilogue::NONE }, (1, 768, 3072));
+            for m in [16, 64, 127] {
+                let e = list.iter().find(|e| m <= e.most).expect("an entry");
+                assert!(e.kernel.split_k && e.splits > 1, "{target:?} {m} rows: {e:?}");
+            }
+            let e = list.iter().find(|e| 4096 <= e.most).expect("an entry");
+            assert!(!e.kernel.split_k && e.splits == 1, "{target:?} 4096 rows: {e:?}");
         }
     }
 
@@ -228,9 +274,9 @@ mod tests {
     fn activations_get_fixed_bounds() {
         let list = fixed_step_kernels(Epilogue::NONE);
         assert_eq!(
-            list.iter().map(|x| x.1).collect::<Vec<_>>(),
+            list.iter().map(|x| x.most).collect::<Vec<_>>(),
             [1, 8, 64, usize::MAX, usize::MAX, usize::MAX]
         );
-        assert!(list.iter().all(|(k, _)| k.c_f32 && k.check().is_ok()));
+        assert!(list.iter().all(|x| x.kernel.c_f32 && x.kernel.check().is_ok() && x.splits == 1));
     }
 }

@@ -580,7 +580,7 @@ fn every_epilogue_has_a_gpu_form_and_a_name_of_its_own() {
     assert_eq!(names.len(), forms.len(), "{names:?}");
     for epilogue in forms {
         GemmKernel { epilogue, ..k }.check().expect("a GPU form");
-        gpu::ReduceKernel { elem: ElemType::Bf16, epilogue }.check().expect("a GPU form");
+        gpu::ReduceKernel { elem: ElemType::Bf16, epilogue, c_f32: false }.check().expect("a GPU form");
     }
 }
 

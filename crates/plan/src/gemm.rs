@@ -182,16 +182,34 @@ pub struct GemmKernel {
 pub struct ReduceKernel {
     pub elem: ElemType,
     pub epilogue: Epilogue,
+    /// C, the bias and the residual are f32 (a model's step, as
+    /// `GemmKernel::c_f32`); otherwise of the operands' 16-bit type.
+    #[serde(default)]
+    pub c_f32: bool,
 }
 
 impl ReduceKernel {
     pub const THREADS: usize = 256;
 
     pub fn name(&self) -> String {
-        format!("splitk_reduce_{}{}", self.elem.name(), epilogue_suffix(&self.epilogue))
+        format!(
+            "splitk_reduce_{}{}{}",
+            self.elem.name(),
+            if self.c_f32 { "_c32" } else { "" },
+            epilogue_suffix(&self.epilogue)
+        )
     }
 
-    /// What the generator assumes of a reduction: 16-bit outputs.
+    /// The type of C, the bias and the residual.
+    pub fn c_type(&self) -> ElemType {
+        if self.c_f32 {
+            ElemType::F32
+        } else {
+            self.elem
+        }
+    }
+
+    /// What the generator assumes of a reduction: a 16-bit family's shares.
     pub fn check(&self) -> Result<(), KernelError> {
         let bad = |why: String| KernelError::Invalid { name: self.name(), why };
         if !matches!(self.elem, ElemType::Bf16 | ElemType::F16) {

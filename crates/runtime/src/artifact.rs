@@ -47,8 +47,10 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// bf16; 11: weight-only codes; 12: kernels read column scales; 13: and their
 /// epilogue programs' parameters; 14: quantized activations stored as u8
 /// codes, and A's word packers; 15: kernels storing C as codes; 16: a GPU
-/// artifact's GEMMs reading an f32 A in place); a runtime reads only its own.
-pub const FORMAT_VERSION: u32 = 17;
+/// artifact's GEMMs reading an f32 A in place; 17: attention kernels by
+/// wgmma and dependent launches; 18: split-K GEMMs and their reductions);
+/// a runtime reads only its own.
+pub const FORMAT_VERSION: u32 = 18;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;

@@ -50,6 +50,8 @@ pub enum KernelRole {
     OperandCopy,
     /// A kernel of the GEMM family.
     Gemm(GemmKernel),
+    /// The reduction of a split-K GEMM's shares.
+    Reduce(plan::gemm::ReduceKernel),
     /// The fused attention kernel of head dimension `head` whose logits are
     /// what online softmax program `program` stores in its parameter
     /// `logits` from its scores (parameter `scores`), multiplying by `mma`.
@@ -329,6 +331,15 @@ fn check_steps(
     for c in s.matmuls.iter().flatten() {
         if kernels[c.index].1 != KernelRole::Gemm(c.kernel) {
             return Err(malformed(format!("kernel {} is not the GEMM {}", c.index, c.kernel)));
+        }
+        if let Some(split) = &c.split {
+            let fits = split.splits >= 1 && c.kernel.split_k;
+            if !fits || kernels.get(split.index).map(|k| &k.1) != Some(&KernelRole::Reduce(split.reduce)) {
+                return Err(malformed(format!(
+                    "kernel {} is not the reduction {}",
+                    split.index, split.reduce
+                )));
+            }
         }
     }
     for c in s.attentions.iter().flatten() {

@@ -8,9 +8,12 @@
 //! row stride; the aligned kernels need it 16-byte aligned, the covers
 //! not), else A copied to a bf16 dense operand by the operand copy kernel
 //! (`plan::gpu::OperandCopy`: a strided view, or a convolution's taps
-//! written as the column matrix); an activation B is copied K-major.
+//! written as the column matrix); an activation B is copied K-major. A
+//! split-K choice writes its shares of K as f32 partial sums into the
+//! call's scratch, and a second launch (`ReduceKernel`) sums them into C
+//! through the step's epilogue.
 
-use plan::gemm::{Arch, GemmKernel};
+use plan::gemm::{Arch, GemmKernel, ReduceKernel};
 use plan::gpu::{OperandCopy, LOOP_MAX_BLOCKS, LOOP_THREADS};
 use plan::{bf16_bits, BufId, BufferKind, MatMulStep, ModelPlan, Problem};
 
@@ -18,12 +21,34 @@ use crate::shape::MatMulShape;
 use crate::RunError;
 
 /// A kernel that may run a matmul step: its description, its index among
-/// the device's kernels, and the most rows (M) it is chosen for.
+/// the device's kernels, and the most rows (M) it is chosen for; a split-K
+/// kernel's shares of K and its reduction (the kernel and its index).
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GemmChoice {
     pub kernel: GemmKernel,
     pub index: usize,
     pub max_m: usize,
+    #[serde(default)]
+    pub split: Option<SplitChoice>,
+}
+
+/// How a split-K choice runs: in `splits` shares of K (fewer where the last
+/// would have none), summed by `reduce` (the device's kernel `index`).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SplitChoice {
+    pub splits: usize,
+    pub reduce: ReduceKernel,
+    pub index: usize,
+}
+
+impl GemmChoice {
+    /// Its name: the kernel's, with `xS` for S shares of K.
+    pub fn name(&self) -> String {
+        match self.split {
+            Some(s) => format!("{}x{}", self.kernel.name(), s.splits),
+            None => self.kernel.name(),
+        }
+    }
 }
 
 /// Where a launch's pointer argument points, resolved per call.
@@ -63,6 +88,23 @@ pub(super) struct GemmLaunch {
     /// Which of the step's choices runs (named only where asked: messages
     /// and tests).
     pub choice: usize,
+    /// A split-K kernel's steps of K a share (its last argument).
+    pub kper: Option<i32>,
+    /// A split-K kernel's second launch.
+    pub reduce: Option<ReduceLaunch>,
+}
+
+/// The reduction of a split-K product: `ReduceKernel`'s arguments.
+#[derive(Clone, Debug)]
+pub(super) struct ReduceLaunch {
+    pub kernel: usize,
+    pub blocks: u32,
+    /// The shares (f32), C, bias, residual.
+    pub ptrs: [At; 4],
+    /// M, N, ldc, shares.
+    pub ints: [i32; 4],
+    /// The shares' stride (elements).
+    pub stride: i64,
 }
 
 /// A matmul step at one shape: its copies, then its GEMMs.
@@ -132,6 +174,7 @@ pub(super) fn launches(
     let takes = |c: &GemmChoice, m: usize, p: &Problem, c_even: bool| {
         m <= c.max_m
             && c.kernel.accepts(p).is_ok()
+            && (c.split.is_none() || (p.batch == 1 && entries == 1))
             && (c_even || matches!(c.kernel.arch, Arch::Simt | Arch::Gemv))
             && (!c.kernel.a_f32 || (in_place && (a_aligned || c.kernel.is_cover())))
             && (!c.kernel.b_f32 || (b_in_place && (b_aligned || c.kernel.arch == Arch::Simt)))
@@ -235,34 +278,73 @@ pub(super) fn launches(
             };
             (at, k, sb)
         };
-        let grid = [n.div_ceil(kk.bn), m.div_ceil(kk.bm), count];
-        let grid = grid.map(|g| u32::try_from(g).unwrap_or(u32::MAX));
         let bytes = |elems: usize| elems * 4;
-        out.gemms.push(GemmLaunch {
-            kernel: choices[choice].index,
-            grid,
-            threads: kk.threads() as u32,
-            smem: kk.smem_bytes() as u32,
-            ptrs: [
-                a_at,
-                b_at,
-                At::Buffer(mm.c.buf, bytes(c_off)),
-                mm.epilogue.bias.map_or(At::Null, |b| At::Buffer(b, 0)),
-                residual.map_or(At::Null, |r| At::Buffer(r, bytes(first * m * n))),
-            ],
-            ints: [
+        let c_at = At::Buffer(mm.c.buf, bytes(c_off));
+        let bias = mm.epilogue.bias.map_or(At::Null, |b| At::Buffer(b, 0));
+        let res = residual.map_or(At::Null, |r| At::Buffer(r, bytes(first * m * n)));
+        let ints = |ldc: usize| -> Result<[i32; 6], RunError> {
+            Ok([
                 i32_of(m, "M")?,
                 i32_of(n, "N")?,
                 i32_of(k, "K")?,
                 i32_of(lda, "A's row stride")?,
                 i32_of(ldb, "B's row stride")?,
                 i32_of(ldc, "C's row stride")?,
-            ],
-            strides: [sa as i64, sb as i64, sc as i64],
-            choice,
-        });
+            ])
+        };
+        let launch = match choices[choice].split {
+            None => GemmLaunch {
+                kernel: choices[choice].index,
+                grid: grid_of([n.div_ceil(kk.bn), m.div_ceil(kk.bm), count]),
+                threads: kk.threads() as u32,
+                smem: kk.smem_bytes() as u32,
+                ptrs: [a_at, b_at, c_at, bias, res],
+                ints: ints(ldc)?,
+                strides: [sa as i64, sb as i64, sc as i64],
+                choice,
+                kper: None,
+                reduce: None,
+            },
+            // The shares `[shares, m, n]` (f32) in the scratch after the
+            // copies', then their sum into C through the epilogue.
+            Some(split) => {
+                let (per, shares) = kk.split_plan(k, split.splits);
+                let w = At::Scratch(out.scratch);
+                let mn = m.checked_mul(n).ok_or_else(over)?;
+                out.scratch += round_up(mn.checked_mul(4 * shares).ok_or_else(over)?);
+                GemmLaunch {
+                    kernel: choices[choice].index,
+                    grid: grid_of([n.div_ceil(kk.bn), m.div_ceil(kk.bm), shares]),
+                    threads: kk.threads() as u32,
+                    smem: kk.smem_bytes() as u32,
+                    ptrs: [a_at, b_at, w, At::Null, At::Null],
+                    ints: ints(n)?,
+                    strides: [0, 0, mn as i64],
+                    choice,
+                    kper: Some(i32_of(per, "K steps a share")?),
+                    reduce: Some(ReduceLaunch {
+                        kernel: split.index,
+                        blocks: grid_of([mn.div_ceil(ReduceKernel::THREADS), 1, 1])[0],
+                        ptrs: [w, c_at, bias, res],
+                        ints: [
+                            i32_of(m, "M")?,
+                            i32_of(n, "N")?,
+                            i32_of(ldc, "C's row stride")?,
+                            shares as i32,
+                        ],
+                        stride: mn as i64,
+                    }),
+                }
+            }
+        };
+        out.gemms.push(launch);
     }
     Ok(out)
+}
+
+/// A grid's extents as the driver takes them.
+fn grid_of(g: [usize; 3]) -> [u32; 3] {
+    g.map(|g| u32::try_from(g).unwrap_or(u32::MAX))
 }
 
 /// Operand `x`'s (0: A, 2: C) distance between batch entries (elements;

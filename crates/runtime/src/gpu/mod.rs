@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ir::{DType, Tensor, TensorData, TensorType};
+use plan::gemm::ReduceKernel;
 use plan::gpu::{loop_blocks, schedule_at, GpuLoopSchedule, LOOP_THREADS};
 use plan::{BufId, BufferKind, ModelPlan, StepKind};
 use sym::{Bindings, ShapeEnv};
@@ -37,8 +38,8 @@ use crate::shape::{extent, AttentionTasks, MatMulShape, ShapePlan, StepShape};
 use crate::RunError;
 pub use attention::AttentionChoice;
 use attention::AttentionLaunch;
-pub use matmul::GemmChoice;
 use matmul::{At, MatMulLaunches};
+pub use matmul::{GemmChoice, SplitChoice};
 
 /// An address in a device's memory.
 pub type DevicePtr = u64;
@@ -802,7 +803,7 @@ impl<D: Device> GpuModel<D> {
         inputs: &[(&str, T)],
     ) -> Result<Vec<(usize, Vec<String>)>, RunError> {
         self.contractions_at(inputs, |i, m| {
-            m.gemms.iter().map(|g| self.kernels.matmuls[i][g.choice].kernel.name()).collect()
+            m.gemms.iter().map(|g| self.kernels.matmuls[i][g.choice].name()).collect()
         })
     }
 
@@ -1166,13 +1167,34 @@ impl<D: Device> GpuModel<D> {
                         }
                         args.extend(g.ints.map(KernelArg::I32));
                         args.extend(g.strides.map(KernelArg::I64));
+                        args.extend(g.kper.map(KernelArg::I32));
                         let dims = LaunchDims { grid: g.grid, threads: g.threads, smem: g.smem };
                         // Sound to launch: `gpu::kernel::ABI`'s arguments: bf16 A and B laid out
                         // as M, N, K, the leading dimensions and batch strides say
                         // (the copies' output or a packed weight), C's view and the
                         // epilogue's f32 buffers sized for this shape; the kernel
-                        // accepted the problem.
+                        // accepted the problem. A split-K kernel's C is its shares'
+                        // scratch (one `[M, N]` slice a share, C's batch stride
+                        // apart, sized by the layout), `kper` its steps a share.
                         launches.push(Launch { step: i, kernel: g.kernel, dims, args });
+                        if let Some(r) = &g.reduce {
+                            let mut args = Vec::with_capacity(9);
+                            for p in r.ptrs {
+                                args.push(resolve(p)?);
+                            }
+                            args.extend(r.ints.map(KernelArg::I32));
+                            args.push(KernelArg::I64(r.stride));
+                            let dims = LaunchDims {
+                                grid: [r.blocks, 1, 1],
+                                threads: ReduceKernel::THREADS as u32,
+                                smem: 0,
+                            };
+                            // Sound to launch: `ReduceKernel`'s arguments: the shares the
+                            // launch before wrote (`ints[3]` slices `stride` apart), C's
+                            // view (rows `ldc` apart) and the epilogue's f32 buffers at
+                            // this shape; one thread an element of `M·N`.
+                            launches.push(Launch { step: i, kernel: r.kernel, dims, args });
+                        }
                     }
                 }
                 StepKind::Attention(_) => {
