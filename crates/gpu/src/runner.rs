@@ -33,6 +33,11 @@ fn drv<E: std::fmt::Debug>(e: E) -> GpuError {
     GpuError::Driver(format!("{e:?}"))
 }
 
+/// Replays [`Gpu::time`] makes at least.
+pub const MIN_REPS: usize = 3;
+/// Device seconds of replays after which [`Gpu::time`] makes no more.
+pub const TIME_BUDGET_S: f64 = 4e-3;
+
 /// An open device: its context, one stream, and the limits the wave model needs.
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
@@ -553,11 +558,14 @@ impl Gpu {
     }
 
     /// Device seconds per call of `f`: `per_graph` calls captured into a CUDA graph,
-    /// the graph replayed `reps` times between two events, the median replay over
-    /// `per_graph` (so that the host's launch cost, which the graph removes, is not
-    /// counted; the same method times cuBLAS in bench/gpu/cublas.py). Where the
-    /// capture fails, back-to-back launches between the events instead; the second
-    /// value says which (`true`: the graph).
+    /// the graph replayed up to `reps` times between two events, the median replay
+    /// over `per_graph` (so that the host's launch cost, which the graph removes, is
+    /// not counted; the same method times cuBLAS in bench/gpu/cublas.py). Replays
+    /// stop early once [`MIN_REPS`] of them have taken [`TIME_BUDGET_S`] of device
+    /// time: a long product's replays vary little, and the sweep's hundreds of
+    /// choices fit a device call only so. Where the capture fails, back-to-back
+    /// launches between the events instead; the second value says which (`true`:
+    /// the graph).
     pub fn time(
         &self,
         reps: usize,
@@ -597,12 +605,18 @@ impl Gpu {
         };
         run()?;
         let mut times = Vec::with_capacity(reps);
+        let mut spent = 0.0;
         for _ in 0..reps.max(1) {
             let start = self.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv)?;
             run()?;
             let end = self.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(drv)?;
             end.synchronize().map_err(drv)?;
-            times.push(start.elapsed_ms(&end).map_err(drv)? as f64 * 1e-3 / per_graph as f64);
+            let replay = start.elapsed_ms(&end).map_err(drv)? as f64 * 1e-3;
+            times.push(replay / per_graph as f64);
+            spent += replay;
+            if times.len() >= MIN_REPS && spent >= TIME_BUDGET_S {
+                break;
+            }
         }
         times.sort_by(f64::total_cmp);
         Ok((times[times.len() / 2], used_graph))

@@ -61,7 +61,8 @@ enum Cmd {
     Bench {
         #[arg(long)]
         dir: PathBuf,
-        /// Timed launches per measurement (median).
+        /// Timed replays per measurement at most (median): fewer, at least 3,
+        /// once they have taken 4 ms of device time (a long product's).
         #[arg(long, default_value_t = 15)]
         reps: usize,
         /// Device memory bandwidth for the model's floor, GB/s.
