@@ -269,15 +269,10 @@ impl Device for HostDevice {
             (dims.threads as usize, dims.smem as usize),
             [wide(sa)?, wide(sb)?, wide(sc)?],
         );
-        match kper {
-            // SAFETY: the caller's contract (`gpu::kernel::ABI` and `kper`, live host memory).
-            Some(kper) => unsafe {
-                self.kernels.launch_split_gemm(kernel, grid, block, ptrs, ints, strides, kper)
-            },
-            // SAFETY: the caller's contract (`gpu::kernel::ABI`, live host memory).
-            None => unsafe { self.kernels.launch_gemm(kernel, grid, block, ptrs, ints, strides) },
-        }
-        .map_err(RunError::Device)
+        // SAFETY: the caller's contract (`gpu::kernel::ABI`, a split-K kernel's
+        // `kper`, live host memory).
+        unsafe { self.kernels.launch_gemm(kernel, grid, block, ptrs, ints, strides, kper) }
+            .map_err(RunError::Device)
     }
 }
 

@@ -138,17 +138,7 @@ fn profile(cm: &anyshape::CompiledModel, named: &[(&str, Tensor)], runs: usize, 
         steps.sort_by(|a, b| b.0.total_cmp(&a.0));
         say!("  slowest steps (GB/s: the bytes of the step's buffers over its time):");
         for (m, i) in steps.into_iter().take(top) {
-            let st = &plan.steps[i];
-            let what = match &st.kind {
-                anyshape::inspect::StepKind::Loop { program, .. } => plan.programs[*program].name.clone(),
-                anyshape::inspect::StepKind::MatMul(m) => {
-                    let d = |slot: u32| {
-                        plan.dims.exprs().get(slot as usize).map_or("?".into(), |e| e.to_string())
-                    };
-                    format!("matmul m={} n={} k={} (batch {})", d(m.m), d(m.n), d(m.k), m.batch.len())
-                }
-                anyshape::inspect::StepKind::Attention(_) => "attention".to_string(),
-            };
+            let what = crate::common::step_text(plan, i);
             // Bytes per ns = GB/s.
             let gbs = bytes[i] as f64 / (m * 1e6);
             say!(

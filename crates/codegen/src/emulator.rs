@@ -992,11 +992,12 @@ pub enum HostKernelKind {
     Reduce,
 }
 
-/// A split-K GEMM's entry on the host: the ABI, `kper`, the four indices.
+/// A split-K GEMM's entry on the host: the ABI with C the f32 workspace,
+/// `kper`, the four indices.
 pub type SplitGemm = unsafe extern "C" fn(
     *const u16,
     *const u16,
-    *mut u16,
+    *mut f32,
     *const u16,
     *const u16,
     i32,
@@ -1150,11 +1151,14 @@ impl HostKernels {
 
     /// Run GEMM kernel `k` over every block of `grid`, `threads` a block with
     /// `smem` bytes of shared memory: A, B, C, bias and residual (`ptrs`),
-    /// M, N, K and the leading dimensions (`ints`), the batch strides.
+    /// M, N, K and the leading dimensions (`ints`), the batch strides; a
+    /// split-K kernel with `kper` (its steps a share; `z` over the shares, C
+    /// the f32 workspace).
     ///
     /// # Safety
     /// The arguments are what `gpu::kernel::ABI` asks for at this problem, in
     /// host memory, and nothing else touches C meanwhile.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn launch_gemm(
         &self,
         k: usize,
@@ -1163,34 +1167,49 @@ impl HostKernels {
         ptrs: [u64; 5],
         ints: [i32; 6],
         strides: [i64; 3],
+        kper: Option<i32>,
     ) -> Result<(), String> {
-        let Some(HostEntry::Gemm(f, apart)) = self.entries.get(k).copied() else {
-            return Err(format!("kernel {k} is not a whole-product GEMM"));
+        let entry = self.entries.get(k).copied();
+        let apart = match (entry, kper) {
+            (Some(HostEntry::Gemm(_, apart)), None) => apart,
+            (Some(HostEntry::SplitGemm(_)), Some(_)) => false,
+            _ => return Err(format!("kernel {k} is not a GEMM taking these arguments")),
         };
+        let [m, n, kk, lda, ldb, ldc] = ints;
+        let [sa, sb, sc] = strides;
         let thread = |tid: usize, x: usize, y: usize, z: usize| {
-            let [m, n, kk, lda, ldb, ldc] = ints;
+            let (t, x, y, z) = (tid as i32, x as i32, y as i32, z as i32);
+            let (a, b, bias, res) =
+                (ptrs[0] as *const u16, ptrs[1] as *const u16, ptrs[3] as *const u16, ptrs[4] as *const u16);
             // SAFETY: the caller's contract; each thread runs the kernel once.
             unsafe {
-                f(
-                    ptrs[0] as *const u16,
-                    ptrs[1] as *const u16,
-                    ptrs[2] as *mut u16,
-                    ptrs[3] as *const u16,
-                    ptrs[4] as *const u16,
-                    m,
-                    n,
-                    kk,
-                    lda,
-                    ldb,
-                    ldc,
-                    strides[0],
-                    strides[1],
-                    strides[2],
-                    tid as i32,
-                    x as i32,
-                    y as i32,
-                    z as i32,
-                )
+                match (entry, kper) {
+                    (Some(HostEntry::Gemm(f, _)), _) => f(
+                        a,
+                        b,
+                        ptrs[2] as *mut u16,
+                        bias,
+                        res,
+                        m,
+                        n,
+                        kk,
+                        lda,
+                        ldb,
+                        ldc,
+                        sa,
+                        sb,
+                        sc,
+                        t,
+                        x,
+                        y,
+                        z,
+                    ),
+                    (Some(HostEntry::SplitGemm(f)), Some(kper)) => {
+                        let c = ptrs[2] as *mut f32;
+                        f(a, b, c, bias, res, m, n, kk, lda, ldb, ldc, sa, sb, sc, kper, t, x, y, z)
+                    }
+                    _ => {}
+                }
             }
         };
         if apart {
@@ -1206,55 +1225,6 @@ impl HostKernels {
         } else {
             run_blocks(grid, threads, smem, thread);
         }
-        Ok(())
-    }
-
-    /// Run split-K GEMM `k` as [`HostKernels::launch_gemm`] runs a GEMM, its
-    /// `z` over the shares, `kper` its steps a share.
-    ///
-    /// # Safety
-    /// As [`HostKernels::launch_gemm`], C the workspace of `grid.2` shares.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn launch_split_gemm(
-        &self,
-        k: usize,
-        grid: (usize, usize, usize),
-        (threads, smem): (usize, usize),
-        ptrs: [u64; 5],
-        ints: [i32; 6],
-        strides: [i64; 3],
-        kper: i32,
-    ) -> Result<(), String> {
-        let Some(HostEntry::SplitGemm(f)) = self.entries.get(k).copied() else {
-            return Err(format!("kernel {k} is not a split-K GEMM"));
-        };
-        run_blocks(grid, threads, smem, |tid, x, y, z| {
-            let [m, n, kk, lda, ldb, ldc] = ints;
-            // SAFETY: the caller's contract; each thread runs the kernel once.
-            unsafe {
-                f(
-                    ptrs[0] as *const u16,
-                    ptrs[1] as *const u16,
-                    ptrs[2] as *mut u16,
-                    ptrs[3] as *const u16,
-                    ptrs[4] as *const u16,
-                    m,
-                    n,
-                    kk,
-                    lda,
-                    ldb,
-                    ldc,
-                    strides[0],
-                    strides[1],
-                    strides[2],
-                    kper,
-                    tid as i32,
-                    x as i32,
-                    y as i32,
-                    z as i32,
-                )
-            }
-        });
         Ok(())
     }
 

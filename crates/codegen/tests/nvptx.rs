@@ -992,29 +992,8 @@ mod on_the_host {
         }
     }
 
-    /// A split-K kernel's entry on the host: the ABI with C the f32 workspace, `kper`,
-    /// then the four indices.
-    type SplitGemm = unsafe extern "C" fn(
-        *const u16,
-        *const u16,
-        *mut f32,
-        *const u16,
-        *const u16,
-        i32,
-        i32,
-        i32,
-        i32,
-        i32,
-        i32,
-        i64,
-        i64,
-        i64,
-        i32,
-        i32,
-        i32,
-        i32,
-        i32,
-    );
+    /// A split-K kernel's entry on the host (the emulator's).
+    use host::SplitGemm;
 
     /// Split-K mma.sync kernel `k` on `p` (one product) in `splits` shares of K, as
     /// `Gpu::launch_split` launches it: each share's f32 partial product into its
