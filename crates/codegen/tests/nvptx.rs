@@ -386,6 +386,47 @@ fn ptxas_accepts_every_family_kernel() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// With `ANYSHAPE_PTXAS`, the split-K reductions assemble for sm_90a and sm_80
+/// with no spill and no warning: the family's (16-bit C) and a model step's
+/// (f32 C, bias and residual), with the epilogues a model's steps carry.
+#[test]
+fn ptxas_accepts_the_reductions() {
+    let ptxas = std::env::var("ANYSHAPE_PTXAS").ok();
+    if !kernels::testing::require("ANYSHAPE_REQUIRE_PTXAS", ptxas.is_some(), "ptxas in ANYSHAPE_PTXAS") {
+        return;
+    }
+    let ptxas = ptxas.unwrap_or_default();
+    let dir = std::env::temp_dir().join(format!("anyshape-ptxas-reduce-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let epilogues = [
+        Epilogue::NONE,
+        Epilogue { bias: true, residual: true, ..Epilogue::NONE },
+        Epilogue { bias: true, activation: Activation::Gelu, ..Epilogue::NONE },
+        Epilogue { scale: Some(0.5), residual: true, ..Epilogue::NONE },
+    ];
+    for epilogue in epilogues {
+        for c_f32 in [false, true] {
+            let r = ReduceKernel { elem: ElemType::Bf16, epilogue, c_f32 };
+            let ptx_path = dir.join(format!("{}.ptx", r.name()));
+            std::fs::write(&ptx_path, nvptx::reduce_ptx(&r).unwrap()).unwrap();
+            for arch in ["sm_90a", "sm_80"] {
+                let out = std::process::Command::new(&ptxas)
+                    .args(["-v", "-arch", arch])
+                    .arg(&ptx_path)
+                    .arg("-o")
+                    .arg(dir.join(format!("{}.{arch}.cubin", r.name())))
+                    .output()
+                    .unwrap();
+                let text = String::from_utf8_lossy(&out.stderr).to_string();
+                assert!(out.status.success(), "{r} {arch}: {text}");
+                let report = PtxasReport::parse(&text, &r.name()).unwrap();
+                assert!(report.problems().is_empty(), "{r} {arch}: {:?}", report.problems());
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// Kernels run on the host (`host`): the split-K reduction and the SIMT GEMMs a
 /// thread at a time, the GEMV, mma.sync, wgmma and TMA GEMMs a block at a time with
 /// the device's operations emulated.
