@@ -267,7 +267,7 @@ fn contraction_steps_run_on_the_gemm_family() {
 /// the tensor-core tiles take a bf16 copy. An activation B (every B here)
 /// is still copied K-major. Against the interpreter at one row, primes, one past a tile.
 #[test]
-fn f32_operands_are_read_in_place() {
+fn f32_a_is_read_in_place_by_gemv_and_copied_for_tiles() {
     let m = model(
         r#"graph {
   sym n param 1..
