@@ -5,7 +5,11 @@
 # linked `anyshape` (it compiles here, without LLVM installed) runs the bundled
 # fixtures with --device cuda against ONNX Runtime's outputs, then BERT-base
 # exported by this machine's PyTorch, compared with PyTorch fp32 and timed
-# beside PyTorch eager. Results: OUTDIR/models.jsonl.
+# beside PyTorch eager. Results: OUTDIR/models.jsonl (OUTDIR/models.log holds
+# the profiles). OUTDIR/models also gets the exported models and artifacts
+# (over 1 GB): through the device tool, point OUTDIR outside $OUT and copy the
+# two files back, e.g. `SECTIONS=bert-rt,profile bash dist/gpu/models.sh /tmp/m;
+# cp /tmp/m/models.jsonl /tmp/m/models.log $OUT/` (SECTIONS: models.py's header).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: models.sh OUTDIR}
