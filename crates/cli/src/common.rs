@@ -566,3 +566,37 @@ pub fn on_device_report(report: String, json: bool) -> String {
         _ => format!("{report}; inputs and outputs on the device"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runtime::gpu::{GpuProfile, LaunchTime};
+
+    /// Each kernel's launches summed a call, the median over calls, the
+    /// kernels by time, the launches' sum beside the host's time, and the
+    /// slowest launches with their steps.
+    #[test]
+    fn a_gpu_profile_sums_each_kernels_launches_and_lists_the_slowest() {
+        let call = |scale: f64| GpuProfile {
+            launches: vec![
+                LaunchTime { step: 0, kernel: "k_a".into(), seconds: 1e-3 * scale },
+                LaunchTime { step: 1, kernel: "k_b".into(), seconds: 3e-3 * scale },
+                LaunchTime { step: 2, kernel: "k_a".into(), seconds: 2.5e-3 * scale },
+            ],
+            total: Duration::from_secs_f64(7e-3 * scale),
+        };
+        let lines = gpu_profile_lines(&plan::ModelPlan::default(), &[call(1.0), call(2.0), call(1.5)], 2);
+        let words = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        assert_eq!(words(&lines[1])[..3], ["k_a", "2", "5.2500"], "{lines:?}");
+        assert_eq!(words(&lines[2])[..3], ["k_b", "1", "4.5000"], "{lines:?}");
+        assert!(
+            lines[3].contains("3 launches, each alone: 9.7500 ms") && lines[3].contains("10.5000 ms"),
+            "{lines:?}"
+        );
+        assert_eq!(lines[4].trim(), "slowest launches:");
+        assert_eq!(words(&lines[5])[..4], ["4.5000", "ms", "step", "1"], "{lines:?}");
+        assert_eq!(words(&lines[6])[..4], ["3.7500", "ms", "step", "2"], "{lines:?}");
+        assert_eq!(lines.len(), 7);
+        assert!(gpu_profile_lines(&plan::ModelPlan::default(), &[], 3).is_empty());
+    }
+}
