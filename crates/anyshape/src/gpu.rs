@@ -215,41 +215,40 @@ impl Device for HostDevice {
         _: StreamId,
         kernel: usize,
         dims: LaunchDims,
-        args: &[KernelArg],
+        all: &[KernelArg],
     ) -> Result<(), RunError> {
-        let bad = || RunError::Internal(format!("kernel {kernel}: arguments {args:?}"));
+        let bad = || RunError::Internal(format!("kernel {kernel}: arguments {all:?}"));
         let ptr = |a: &KernelArg| match a {
             KernelArg::Ptr(p) => Ok(*p),
             _ => Err(bad()),
         };
-        if let [a, b, c] = args {
-            let args = [ptr(a)?, ptr(b)?, ptr(c)?];
-            let blocks = dims.grid[0].min(EMULATED_BLOCKS) as usize;
-            // SAFETY: the caller's contract (three pointers as the kernel's ABI
-            // asks, live host memory).
-            let shape = (blocks, dims.threads as usize, dims.smem as usize);
-            return unsafe { self.kernels.launch_loop(kernel, shape, args) }.map_err(RunError::Device);
-        }
-        if let [w, c, bias, res, KernelArg::I32(m), KernelArg::I32(n), KernelArg::I32(ldc), KernelArg::I32(shares), KernelArg::I64(stride)] =
-            args
-        {
-            let ptrs = [ptr(w)?, ptr(c)?, ptr(bias)?, ptr(res)?];
-            // SAFETY: the caller's contract (`ReduceKernel`'s ABI, live host memory).
-            return unsafe {
-                self.kernels.launch_reduce(
-                    kernel,
-                    dims.grid[0] as usize,
-                    ptrs,
-                    [*m, *n, *ldc, *shares],
-                    *stride,
-                )
+        let kind =
+            self.kernels.kind(kernel).ok_or_else(|| RunError::Internal(format!("no kernel {kernel}")))?;
+        let (args, kper) = match (kind, all) {
+            (HostKernelKind::Pointers, [a, b, c]) => {
+                let args = [ptr(a)?, ptr(b)?, ptr(c)?];
+                let blocks = dims.grid[0].min(EMULATED_BLOCKS) as usize;
+                let shape = (blocks, dims.threads as usize, dims.smem as usize);
+                // SAFETY: the caller's contract (three pointers as the kernel's ABI
+                // asks, live host memory).
+                return unsafe { self.kernels.launch_loop(kernel, shape, args) }.map_err(RunError::Device);
             }
-            .map_err(RunError::Device);
-        }
-        // A split-K GEMM's last argument is its `kper` (a whole product's, C's batch stride).
-        let (args, kper) = match args {
-            [rest @ .., KernelArg::I32(kper)] => (rest, Some(*kper)),
-            _ => (args, None),
+            (
+                HostKernelKind::Reduce,
+                [w, c, bias, res, KernelArg::I32(m), KernelArg::I32(n), KernelArg::I32(ldc), KernelArg::I32(shares), KernelArg::I64(stride)],
+            ) => {
+                let ptrs = [ptr(w)?, ptr(c)?, ptr(bias)?, ptr(res)?];
+                let ints = [*m, *n, *ldc, *shares];
+                // SAFETY: the caller's contract (`ReduceKernel`'s ABI, live host memory).
+                return unsafe {
+                    self.kernels.launch_reduce(kernel, dims.grid[0] as usize, ptrs, ints, *stride)
+                }
+                .map_err(RunError::Device);
+            }
+            (HostKernelKind::Gemm { .. }, _) => (all, None),
+            // A split-K GEMM's last argument is its `kper`.
+            (HostKernelKind::SplitGemm, [rest @ .., KernelArg::I32(kper)]) => (rest, Some(*kper)),
+            _ => return Err(bad()),
         };
         let [a, b, c, bias, res, ints @ .., sa, sb, sc] = args else { return Err(bad()) };
         let ptrs = [ptr(a)?, ptr(b)?, ptr(c)?, ptr(bias)?, ptr(res)?];
@@ -758,10 +757,7 @@ pub fn gemm_choices_text(plan: &plan::ModelPlan, target: GpuTarget) -> Result<St
         let choices: Vec<String> = list
             .into_iter()
             .map(|e| {
-                let name = match e.splits {
-                    1 => e.kernel.name(),
-                    s => format!("{}x{s}", e.kernel.name()),
-                };
+                let name = e.kernel.name_split(e.splits);
                 if e.most == usize::MAX {
                     name
                 } else {

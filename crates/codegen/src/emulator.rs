@@ -1113,6 +1113,16 @@ impl HostKernels {
         self.entries.len()
     }
 
+    /// How kernel `k` is called.
+    pub fn kind(&self, k: usize) -> Option<HostKernelKind> {
+        Some(match self.entries.get(k)? {
+            HostEntry::Pointers(_) => HostKernelKind::Pointers,
+            HostEntry::Gemm(_, apart) => HostKernelKind::Gemm { threads_apart: *apart },
+            HostEntry::SplitGemm(_) => HostKernelKind::SplitGemm,
+            HostEntry::Reduce(_) => HostKernelKind::Reduce,
+        })
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

@@ -439,22 +439,6 @@ mod on_the_host {
     use plan::{Pointwise, PwBinary, PwOp, PwUnary};
     use proptest::prelude::*;
 
-    type Reduce = unsafe extern "C" fn(
-        *const f32,
-        *mut u16,
-        *const u16,
-        *const u16,
-        i32,
-        i32,
-        i32,
-        i32,
-        i64,
-        i32,
-        i32,
-        i32,
-        i32,
-    );
-
     /// The module of `ir` (a kernel named `name`), made for the host and compiled.
     fn engine<'c>(ctx: &'c Context, ir: &str, name: &str) -> Result<ExecutionEngine<'c>, TestCaseError> {
         host::engine(ctx, ir, name).map_err(TestCaseError::fail)
@@ -479,29 +463,52 @@ mod on_the_host {
 
     const CANARY: u16 = 0x7fc1;
 
-    /// `C[m, n] = Σ_s W[s, m, n] (+ bias[n]) (+ residual[m, n])` through the
-    /// generated reduction, `C` with a row stride `ldc` and canaries past each row.
-    fn reduce(epilogue: Epilogue, m: usize, n: usize, splits: usize, seed: u64) -> Result<(), TestCaseError> {
-        let r = ReduceKernel { elem: ElemType::Bf16, epilogue, c_f32: false };
+    /// `C[m, n] = act(Σ_s W[s, m, n] (+ bias[n]) (+ residual[m, n]))` through
+    /// the generated reduction `r`, `C` (16-bit, or f32 with `r.c_f32`, as the
+    /// bias and the residual) with a row stride `ldc` and canaries past each row.
+    fn reduce(r: ReduceKernel, m: usize, n: usize, splits: usize, seed: u64) -> Result<(), TestCaseError> {
         let name = r.name();
         let ctx = Context::create();
         let ee = engine(&ctx, &nvptx::reduce_ir(&r).map_err(|e| TestCaseError::fail(e.to_string()))?, &name)?;
         // SAFETY: the signature is the kernel's parameter list (`reduce_ir`) plus the
-        // four indices `for_host` appended.
-        let f = unsafe { ee.get_function::<Reduce>(&name) }.unwrap();
+        // four indices `for_host` appended: the emulator's `Reduce`.
+        let f = unsafe { ee.get_function::<host::Reduce>(&name) }.unwrap();
+        // C's type as bytes, and its values read back as f32.
+        let store = |x: f32| -> Vec<u8> {
+            if r.c_f32 {
+                x.to_le_bytes().to_vec()
+            } else {
+                bf16(x).to_le_bytes().to_vec()
+            }
+        };
+        let size = if r.c_f32 { 4 } else { 2 };
+        let load = |b: &[u8], i: usize| -> f32 {
+            let at = &b[i * size..(i + 1) * size];
+            if r.c_f32 {
+                f32::from_le_bytes([at[0], at[1], at[2], at[3]])
+            } else {
+                f32_of(u16::from_le_bytes([at[0], at[1]]))
+            }
+        };
         let mut rnd = values(seed);
         let ldc = n + 3;
         let sw = m * n + 5;
         let w: Vec<f32> = (0..splits.max(1) * sw).map(|_| rnd()).collect();
-        let bias: Vec<u16> = (0..n).map(|_| bf16(rnd())).collect();
-        let res: Vec<u16> = (0..m * ldc).map(|_| bf16(rnd())).collect();
-        let mut c = vec![CANARY; m * ldc];
+        let bias: Vec<u8> = (0..n).flat_map(|_| store(rnd())).collect();
+        let res: Vec<u8> = (0..m * ldc).flat_map(|_| store(rnd())).collect();
+        let canary = if r.c_f32 {
+            f32::from_bits(0x7fc0_0321).to_le_bytes().to_vec()
+        } else {
+            CANARY.to_le_bytes().to_vec()
+        };
+        let mut c: Vec<u8> = (0..m * ldc).flat_map(|_| canary.clone()).collect();
         let threads = ReduceKernel::THREADS;
         for block in 0..(m * n).div_ceil(threads) {
             for t in 0..threads {
                 // SAFETY: W holds `splits` shares of `sw ≥ m·n` values, C and the residual
-                // `m` rows of `ldc ≥ n`, bias `n`: every index the kernel forms for
-                // thread `block·THREADS + t` (nothing past `m·n`) is inside them.
+                // `m` rows of `ldc ≥ n` elements of C's type, bias `n`: every index the
+                // kernel forms for thread `block·THREADS + t` (nothing past `m·n`) is
+                // inside them.
                 unsafe {
                     f.call(
                         w.as_ptr(),
@@ -521,24 +528,28 @@ mod on_the_host {
                 };
             }
         }
+        let tolerance = if r.c_f32 { 1e-5 } else { 1e-2 };
         for i in 0..m {
             for j in 0..n {
-                let mut want: f32 = (0..splits).map(|s| w[s * sw + i * n + j]).sum();
-                if epilogue.bias {
-                    want += f32_of(bias[j]);
+                let mut want: f64 = (0..splits).map(|s| f64::from(w[s * sw + i * n + j])).sum();
+                if r.epilogue.bias {
+                    want += f64::from(load(&bias, j));
                 }
-                if epilogue.residual {
-                    want += f32_of(res[i * ldc + j]);
+                if r.epilogue.residual {
+                    want += f64::from(load(&res, i * ldc + j));
                 }
-                let got = f32_of(c[i * ldc + j]);
+                let want = reference::activation(r.epilogue.activation, want);
+                let got = f64::from(load(&c, i * ldc + j));
                 prop_assert!(
-                    (got - want).abs() <= 1e-2 * (1.0 + want.abs()),
+                    (got - want).abs() <= tolerance * (1.0 + want.abs()),
                     "{name} {m}x{n} splits {splits} at ({i}, {j}): {got} for {want}"
                 );
             }
-            for j in n..ldc {
-                prop_assert_eq!(c[i * ldc + j], CANARY, "row {} col {} written", i, j);
-            }
+            let padding = &c[(i * ldc + n) * size..(i + 1) * ldc * size];
+            prop_assert!(
+                padding.chunks(size).all(|x| x == canary.as_slice()),
+                "{name}: row {i}'s padding written"
+            );
         }
         Ok(())
     }
@@ -549,23 +560,6 @@ mod on_the_host {
         Epilogue { bias: true, residual: true, ..Epilogue::NONE },
     ];
 
-    /// As `Reduce`, C, the bias and the residual f32 (a model step's reduction).
-    type ReduceF32 = unsafe extern "C" fn(
-        *const f32,
-        *mut f32,
-        *const f32,
-        *const f32,
-        i32,
-        i32,
-        i32,
-        i32,
-        i64,
-        i32,
-        i32,
-        i32,
-        i32,
-    );
-
     /// A model step's reduction (`c_f32`): f32 C, bias and residual, the sum
     /// and epilogue unrounded; C with a row stride and canaries past each row.
     #[test]
@@ -575,67 +569,7 @@ mod on_the_host {
             for (m, n, splits) in [(1, 5, 2), (3, 37, 9), (17, 64, 3)] {
                 let r = ReduceKernel { elem: ElemType::Bf16, epilogue: e, c_f32: true };
                 assert!(r.check().is_ok() && r.name().contains("_c32"), "{r}");
-                let name = r.name();
-                let ctx = Context::create();
-                let ee = engine(&ctx, &nvptx::reduce_ir(&r).unwrap(), &name).unwrap();
-                // SAFETY: the signature is the kernel's parameter list (`reduce_ir`,
-                // C, bias and residual f32) plus the four indices `for_host` appended.
-                let f = unsafe { ee.get_function::<ReduceF32>(&name) }.unwrap();
-                let mut rnd = values(m as u64 * 31 + splits as u64);
-                let (ldc, sw) = (n + 3, m * n + 5);
-                let w: Vec<f32> = (0..splits * sw).map(|_| rnd()).collect();
-                let bias: Vec<f32> = (0..n).map(|_| rnd()).collect();
-                let res: Vec<f32> = (0..m * ldc).map(|_| rnd()).collect();
-                let canary = f32::from_bits(0x7fc0_0321);
-                let mut c = vec![canary; m * ldc];
-                let threads = ReduceKernel::THREADS;
-                for block in 0..(m * n).div_ceil(threads) {
-                    for t in 0..threads {
-                        // SAFETY: W holds `splits` shares of `sw ≥ m·n` values, C and the
-                        // residual `m` rows of `ldc ≥ n`, bias `n`: every index the kernel
-                        // forms for thread `block·THREADS + t` is inside them.
-                        unsafe {
-                            f.call(
-                                w.as_ptr(),
-                                c.as_mut_ptr(),
-                                bias.as_ptr(),
-                                res.as_ptr(),
-                                m as i32,
-                                n as i32,
-                                ldc as i32,
-                                splits as i32,
-                                sw as i64,
-                                t as i32,
-                                block as i32,
-                                0,
-                                0,
-                            )
-                        };
-                    }
-                }
-                for i in 0..m {
-                    for j in 0..n {
-                        let mut x: f64 = (0..splits).map(|s| f64::from(w[s * sw + i * n + j])).sum();
-                        if e.bias {
-                            x += f64::from(bias[j]);
-                        }
-                        if e.residual {
-                            x += f64::from(res[i * ldc + j]);
-                        }
-                        if e.activation == Activation::Tanh {
-                            x = x.tanh();
-                        }
-                        let got = f64::from(c[i * ldc + j]);
-                        assert!(
-                            (got - x).abs() <= 1e-5 * (1.0 + x.abs()),
-                            "{name} {m}x{n}/{splits} ({i}, {j}): {got} for {x}"
-                        );
-                    }
-                    assert!(
-                        c[i * ldc + n..(i + 1) * ldc].iter().all(|x| x.to_bits() == canary.to_bits()),
-                        "{name}: row {i}'s padding written"
-                    );
-                }
+                reduce(r, m, n, splits, m as u64 * 31 + splits as u64).unwrap();
             }
         }
     }
@@ -644,7 +578,14 @@ mod on_the_host {
     fn the_reduction_at_every_split_count_of_the_bench_and_one_past_a_chunk() {
         for splits in [1, 2, 3, 7, 8, 9, 12, 16, 17] {
             for e in EPILOGUES {
-                reduce(e, 3, 37, splits, splits as u64).unwrap();
+                reduce(
+                    ReduceKernel { elem: ElemType::Bf16, epilogue: e, c_f32: false },
+                    3,
+                    37,
+                    splits,
+                    splits as u64,
+                )
+                .unwrap();
             }
         }
     }
@@ -1214,7 +1155,7 @@ mod on_the_host {
                 let ee = engine(&ctx, &nvptx::reduce_ir(&r).unwrap(), &name).unwrap();
                 // SAFETY: the signature is the kernel's parameter list (`reduce_ir`) plus
                 // the four indices `for_host` appended.
-                let f = unsafe { ee.get_function::<Reduce>(&name) }.unwrap();
+                let f = unsafe { ee.get_function::<host::Reduce>(&name) }.unwrap();
                 let mut c = vec![CANARY; n + 1];
                 let none: [u16; 1] = [0];
                 for block in 0..n.div_ceil(ReduceKernel::THREADS) {
@@ -1224,9 +1165,9 @@ mod on_the_host {
                         unsafe {
                             f.call(
                                 xs.as_ptr(),
-                                c.as_mut_ptr(),
-                                none.as_ptr(),
-                                none.as_ptr(),
+                                c.as_mut_ptr().cast::<u8>(),
+                                none.as_ptr().cast::<u8>(),
+                                none.as_ptr().cast::<u8>(),
                                 1,
                                 n as i32,
                                 n as i32,
@@ -1637,7 +1578,7 @@ mod on_the_host {
 
         #[test]
         fn the_reduction_at_random_shapes_and_splits(m in 1usize..20, n in 1usize..300, splits in 1usize..40, e in 0usize..3, seed: u64) {
-            reduce(EPILOGUES[e], m, n, splits, seed)?;
+            reduce(ReduceKernel { elem: ElemType::Bf16, epilogue: EPILOGUES[e], c_f32: false }, m, n, splits, seed)?;
         }
 
         #[test]

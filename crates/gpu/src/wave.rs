@@ -185,12 +185,7 @@ impl Choice {
     /// The choice as text: its kernel's name (of `kernels`, which it indexes), with
     /// `xS` for S splits.
     pub fn name(&self, kernels: &[GemmKernel]) -> String {
-        let name = kernels[self.kernel].name();
-        if self.splits > 1 {
-            format!("{name}x{}", self.splits)
-        } else {
-            name
-        }
+        kernels[self.kernel].name_split(self.splits)
     }
 }
 

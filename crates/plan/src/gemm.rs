@@ -280,6 +280,15 @@ impl GemmKernel {
         )
     }
 
+    /// The kernel's name run in `splits` shares of K: `xS` appended for more
+    /// than one (how covers, choices and step lists print a split-K choice).
+    pub fn name_split(&self, splits: usize) -> String {
+        match splits {
+            0 | 1 => self.name(),
+            s => format!("{}x{s}", self.name()),
+        }
+    }
+
     /// The type of C, the bias and the residual (a split-K kernel's workspace is
     /// f32 whatever this says).
     pub fn c_type(&self) -> ElemType {

@@ -44,10 +44,7 @@ pub struct SplitChoice {
 impl GemmChoice {
     /// Its name: the kernel's, with `xS` for S shares of K.
     pub fn name(&self) -> String {
-        match self.split {
-            Some(s) => format!("{}x{}", self.kernel.name(), s.splits),
-            None => self.kernel.name(),
-        }
+        self.kernel.name_split(self.split.map_or(1, |s| s.splits))
     }
 }
 
