@@ -140,10 +140,6 @@ impl CudaDevice {
         Ok(CudaDevice::open(ordinal, &[])?.cc)
     }
 
-    fn name_of(&self, kernel: usize) -> String {
-        self.names.get(kernel).cloned().unwrap_or_else(|| format!("#{kernel}"))
-    }
-
     /// With `sync_each`, the launch just made on `s` waited for, unless `s`
     /// is capturing a graph (where waiting is not allowed and nothing ran).
     fn waited(&self, s: &CudaStream, kernel: usize) -> Result<(), RunError> {
@@ -156,7 +152,7 @@ impl CudaDevice {
         if capturing != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
             return Ok(());
         }
-        s.synchronize().map_err(driver(&format!("kernel {} failed", self.name_of(kernel))))
+        s.synchronize().map_err(|e| driver(&format!("kernel {} failed", self.kernel_name(kernel)))(e))
     }
 
     fn bind(&self) -> Result<(), RunError> {
@@ -283,7 +279,7 @@ impl Device for CudaDevice {
     }
 
     fn kernel_name(&self, kernel: usize) -> String {
-        self.name_of(kernel)
+        self.names.get(kernel).cloned().unwrap_or_else(|| format!("#{kernel}"))
     }
 
     unsafe fn time_launches(&self, stream: StreamId, launches: &[Launch]) -> Result<Vec<f64>, RunError> {
@@ -457,7 +453,7 @@ impl Device for CudaDevice {
                 sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut())
             }
             .result()
-            .map_err(driver(&format!("launching kernel {} (dependent)", self.name_of(kernel))))
+            .map_err(|e| driver(&format!("launching kernel {} (dependent)", self.kernel_name(kernel)))(e))
             .and_then(|()| self.waited(&s, kernel));
         }
         // SAFETY: the caller's contract (the kernel's ABI: device pointers into live
@@ -473,7 +469,8 @@ impl Device for CudaDevice {
                 &mut params,
             )
         }
-        .map_err(driver(&format!("launching kernel {}", self.name_of(kernel))))?;
+        // The message is made only on an error: launches are the run path.
+        .map_err(|e| driver(&format!("launching kernel {}", self.kernel_name(kernel)))(e))?;
         self.waited(&s, kernel)
     }
 }
