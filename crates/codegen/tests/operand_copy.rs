@@ -3,7 +3,8 @@
 //! broadcast entries, a stride of 0) and a convolution's taps (padding,
 //! stride, dilation, several images), written as bf16 (round to nearest
 //! even) dense `[entries, rows, cols]` or `[entries, cols, rows]`, at shapes
-//! of 1, primes and past a block; with ptxas where the wheel's is at hand.
+//! of 1, primes and past a block, including the rows-of-four form (four
+//! elements a thread); with ptxas where the wheel's is at hand.
 #![cfg(feature = "nvptx")]
 
 use anyshape_codegen::emulator::{HostKernelKind, HostKernels};
@@ -126,6 +127,59 @@ proptest! {
             }
         }
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Row-major views whose columns, row stride and offsets are multiples
+    /// of four take the rows-of-four form (16-byte loads from a 16-byte
+    /// aligned source), with as many threads as groups of four or fewer.
+    #[test]
+    fn rows_of_four(
+        rows in prop::sample::select(vec![1usize, 2, 7, 31, 33]),
+        quads in prop::sample::select(vec![1usize, 3, 16, 17]),
+        entries in 1usize..4,
+        pad in 0usize..3,
+        blocks in 1usize..4,
+    ) {
+        let host = kernels();
+        let cols = 4 * quads;
+        let rs = cols + 4 * pad;
+        let span = (rows - 1) * rs + cols;
+        let offsets: Vec<usize> = (0..entries).map(|e| 4 + e * (span + 4 * pad)).collect();
+        let copy = OperandCopy::View { rows, cols, rs, cs: 1, transposed: false };
+        prop_assert_eq!(copy.descriptor(&offsets)[0], OperandCopy::ROWS4);
+        // The source's start 16-byte aligned, as the device's buffers are.
+        let quad_words: Vec<[f32; 4]> =
+            (0..(offsets[entries - 1] + span).div_ceil(4)).map(|q| std::array::from_fn(|j| value(4 * q + j))).collect();
+        let src: &[f32] = quad_words.as_flattened();
+        let got = run(&host, src, &copy, &offsets, blocks);
+        for (e, off) in offsets.iter().enumerate() {
+            for r in 0..rows {
+                for c in 0..cols {
+                    let want = plan::bf16_bits(src[off + r * rs + c]);
+                    prop_assert_eq!(got[(e * rows + r) * cols + c], want, "entry {} ({}, {})", e, r, c);
+                }
+            }
+        }
+    }
+}
+
+/// Views that break a condition of the rows-of-four form keep the form
+/// that reads an element a thread.
+#[test]
+fn views_off_four_read_an_element_a_thread() {
+    let view = |cols, rs, cs, transposed| OperandCopy::View { rows: 3, cols, rs, cs, transposed };
+    assert_eq!(view(8, 8, 1, false).descriptor(&[0, 32])[0], OperandCopy::ROWS4);
+    assert_eq!(view(6, 8, 1, false).descriptor(&[0])[0], 0, "columns");
+    assert_eq!(view(8, 10, 1, false).descriptor(&[0])[0], 0, "row stride");
+    assert_eq!(view(8, 8, 1, false).descriptor(&[0, 2])[0], 0, "an offset");
+    assert_eq!(view(8, 1, 3, false).descriptor(&[0])[0], 0, "column stride");
+    assert_eq!(view(8, 8, 1, true).descriptor(&[0])[0], 1, "transposed");
+    let words = view(8, 8, 1, false).descriptor(&[0, 32]);
+    assert_eq!(OperandCopy::work_items(&words), 2 * 3 * 8 / 4);
+    assert_eq!(OperandCopy::work_items(&view(6, 8, 1, false).descriptor(&[0])), 3 * 6);
 }
 
 /// The kernel's PTX assembles for sm_90a and sm_80 without spills, where the

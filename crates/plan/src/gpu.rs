@@ -263,11 +263,16 @@ pub enum OperandCopy {
 pub const OPERAND_COPY_KERNEL: &str = "operand_copy_bf16";
 
 /// Words of the descriptor before the entries' offsets: the form (0 a view,
-/// 1 a transposed view, 2 taps), the entries, rows, columns, then the form's
-/// own words ([`OperandCopy::descriptor`]).
+/// 1 a transposed view, 2 taps, [`OperandCopy::ROWS4`] a view four elements
+/// a thread), the entries, rows, columns, then the form's own words
+/// ([`OperandCopy::descriptor`]).
 pub const OPERAND_COPY_HEADER: usize = 19;
 
 impl OperandCopy {
+    /// The descriptor's form of a view copied four elements a thread
+    /// ([`OperandCopy::descriptor`] picks it where it applies).
+    pub const ROWS4: i64 = 3;
+
     /// Rows and columns of one entry as the source lays it out.
     pub fn extent(&self) -> (usize, usize) {
         match *self {
@@ -287,7 +292,15 @@ impl OperandCopy {
         w[3] = cols as i64;
         match *self {
             OperandCopy::View { rs, cs, transposed, .. } => {
-                w[0] = transposed as i64;
+                // Rows of four adjacent elements, each 16-byte aligned (the
+                // source's start is), under 2³¹ elements: read four at a time.
+                let rows4 = !transposed
+                    && cs == 1
+                    && cols.is_multiple_of(4)
+                    && rs.is_multiple_of(4)
+                    && offsets.iter().all(|o| o.is_multiple_of(4))
+                    && offsets.len().checked_mul(rows * cols).is_some_and(|n| n <= i32::MAX as usize);
+                w[0] = if rows4 { Self::ROWS4 } else { transposed as i64 };
                 w[4] = rs as i64;
                 w[5] = cs as i64;
             }
@@ -317,6 +330,17 @@ impl OperandCopy {
         }
         w.extend(offsets.iter().map(|&o| o as i64));
         w
+    }
+
+    /// The threads' units of work descriptor `words` asks for: its
+    /// elements, or groups of four in [`OperandCopy::ROWS4`] form.
+    pub fn work_items(words: &[i64]) -> usize {
+        let n = words.get(1..4).map_or(0, |w| w.iter().map(|&x| x.max(0) as usize).product());
+        if words.first() == Some(&Self::ROWS4) {
+            n / 4
+        } else {
+            n
+        }
     }
 }
 

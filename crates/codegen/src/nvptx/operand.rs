@@ -5,7 +5,7 @@
 //! descriptor says the form, so one kernel serves every step and shape.
 
 use super::Ir;
-use plan::gpu::{LOOP_THREADS, OPERAND_COPY_HEADER, OPERAND_COPY_KERNEL};
+use plan::gpu::{OperandCopy, LOOP_THREADS, OPERAND_COPY_HEADER, OPERAND_COPY_KERNEL};
 
 /// The kernel's LLVM IR (NVPTX). Parameters: the source (f32), the
 /// destination (bf16), the descriptor (i64 words).
@@ -34,7 +34,62 @@ pub fn operand_copy_ir() -> String {
     let transposed = g.v(format!("icmp eq i64 {form}, 1"));
     // A view's strides, or the taps' geometry (read once, before the loop).
     let w: Vec<String> = (4..OPERAND_COPY_HEADER).map(|i| word(&mut g, i)).collect();
-    g.emit("br label %head");
+    let rows4 = g.v(format!("icmp eq i64 {form}, {}", OperandCopy::ROWS4));
+    g.emit(format!("br i1 {rows4}, label %rows4_setup, label %head"));
+
+    // Rows of four: a row-major view whose columns, row stride and offsets
+    // are multiples of four, under 2³¹ elements in all: a thread four
+    // adjacent elements a turn (one 16-byte load, one 8-byte store), its
+    // indices in 32 bits (a 64-bit division is a long software routine).
+    g.block("rows4_setup");
+    let t32 = g.v(format!("trunc i64 {total} to i32"));
+    let chunks = g.v(format!("lshr i32 {t32}, 2"));
+    let c32 = g.v(format!("trunc i64 {cols} to i32"));
+    let quads = g.v(format!("lshr i32 {c32}, 2"));
+    let r32 = g.v(format!("trunc i64 {rows} to i32"));
+    let per4 = g.v(format!("mul i32 {r32}, {quads}"));
+    let first32 = g.v(format!("trunc i64 {first} to i32"));
+    let stride32 = g.v(format!("trunc i64 {stride} to i32"));
+    g.emit("br label %rows4_head");
+    g.block("rows4_head");
+    let head4 = g.body.len();
+    let more4 = g.v(format!("icmp slt i32 %q, {chunks}"));
+    g.emit(format!("br i1 {more4}, label %rows4_body, label %done"));
+    g.block("rows4_body");
+    let e4 = g.v(format!("udiv i32 %q, {per4}"));
+    let in_e = g.v(format!("mul i32 {e4}, {per4}"));
+    let rem4 = g.v(format!("sub i32 %q, {in_e}"));
+    let row4 = g.v(format!("udiv i32 {rem4}, {quads}"));
+    let in_row = g.v(format!("mul i32 {row4}, {quads}"));
+    let quad = g.v(format!("sub i32 {rem4}, {in_row}"));
+    let e64 = g.v(format!("zext i32 {e4} to i64"));
+    let at4 = g.v(format!("add i64 {e64}, {OPERAND_COPY_HEADER}"));
+    let base4 = word_at(&mut g, &at4);
+    let row64 = g.v(format!("zext i32 {row4} to i64"));
+    let quad64 = g.v(format!("zext i32 {quad} to i64"));
+    let roff = g.v(format!("mul i64 {row64}, {}", w[0]));
+    let coff = g.v(format!("shl i64 {quad64}, 2"));
+    let off4 = g.v(format!("add i64 {roff}, {coff}"));
+    let off4 = g.v(format!("add i64 {off4}, {base4}"));
+    let sp4 = g.v(format!("getelementptr inbounds float, ptr addrspace(1) %src, i64 {off4}"));
+    let x4 = g.v(format!("load <4 x float>, ptr addrspace(1) {sp4}, align 16"));
+    // Element by element (a vector conversion is a library call on the
+    // host emulator; NVPTX pairs them into `cvt.rn.bf16x2.f32` either way).
+    let mut h4 = "poison".to_string();
+    for j in 0..4 {
+        let x = g.v(format!("extractelement <4 x float> {x4}, i32 {j}"));
+        let h = g.v(format!("fptrunc float {x} to bfloat"));
+        h4 = g.v(format!("insertelement <4 x bfloat> {h4}, bfloat {h}, i32 {j}"));
+    }
+    let q64 = g.v("zext i32 %q to i64");
+    let d4 = g.v(format!("getelementptr inbounds <4 x i16>, ptr addrspace(1) %dst, i64 {q64}"));
+    g.emit(format!("store <4 x bfloat> {h4}, ptr addrspace(1) {d4}, align 8"));
+    let next4 = g.v(format!("add i32 %q, {stride32}"));
+    g.emit("br label %rows4_head");
+    g.body.insert_str(
+        head4,
+        &format!("  %q = phi i32 [ {first32}, %rows4_setup ], [ {next4}, %rows4_body ]\n"),
+    );
 
     g.block("head");
     let head = g.body.len();

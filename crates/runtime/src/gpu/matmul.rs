@@ -215,11 +215,12 @@ pub(super) fn launches(
             None => OperandCopy::View { rows: m, cols: k, rs: s.rs[0], cs: s.cs[0], transposed: false },
         };
         let offsets: Vec<usize> = s.entries.iter().map(|e| e[0]).collect();
+        let words = a_copy.descriptor(&offsets);
         out.copies.push(CopyLaunch {
             src: At::Buffer(mm.a.buf, 0),
             dst: At::Scratch(0),
-            words: a_copy.descriptor(&offsets),
-            blocks: copy_blocks(a_elems),
+            blocks: copy_blocks(OperandCopy::work_items(&words)),
+            words,
         });
         out.scratch = round_up(2 * a_elems);
     }
@@ -232,11 +233,12 @@ pub(super) fn launches(
             let at = out.scratch;
             let offsets: Vec<usize> = s.entries.iter().map(|e| e[1]).collect();
             let copy = OperandCopy::View { rows: k, cols: n, rs: s.rs[1], cs: s.cs[1], transposed: true };
+            let words = copy.descriptor(&offsets);
             out.copies.push(CopyLaunch {
                 src: At::Buffer(mm.b.buf, 0),
                 dst: At::Scratch(at),
-                words: copy.descriptor(&offsets),
-                blocks: copy_blocks(b_elems),
+                blocks: copy_blocks(OperandCopy::work_items(&words)),
+                words,
             });
             out.scratch += round_up(2 * b_elems);
             (At::Scratch(at), n * k)
