@@ -45,6 +45,8 @@ pub struct HostDevice {
     graph_updates: std::sync::atomic::AtomicUsize,
     /// Allocations made ([`Device::alloc`]).
     allocations: std::sync::atomic::AtomicUsize,
+    /// Copies within device memory ([`Device::copy`]).
+    copies: std::sync::atomic::AtomicUsize,
 }
 
 impl HostDevice {
@@ -57,7 +59,14 @@ impl HostDevice {
             graph_launches: 0.into(),
             graph_updates: 0.into(),
             allocations: 0.into(),
+            copies: 0.into(),
         }
+    }
+
+    /// Copies made within device memory so far (device tensors' inputs
+    /// and outputs a call did not read or write in place).
+    pub fn copies(&self) -> usize {
+        self.copies.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Allocations made so far (the weights', then each caller's memory as
@@ -125,6 +134,14 @@ impl Device for HostDevice {
             unsafe { self.launch(stream, l.kernel, l.dims, &l.args)? };
         }
         Ok(())
+    }
+
+    /// Host time: the graph's launches complete before it returns.
+    unsafe fn time_graph(&self, stream: StreamId, graph: &Vec<Launch>) -> Result<f64, RunError> {
+        let start = std::time::Instant::now();
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.launch_graph(stream, graph)? };
+        Ok(start.elapsed().as_secs_f64())
     }
 
     fn name(&self) -> String {
@@ -198,6 +215,7 @@ impl Device for HostDevice {
     }
 
     unsafe fn copy(&self, _: StreamId, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<(), RunError> {
+        self.copies.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: the caller's contract: both ranges of `bytes` lie in memory of
         // this process (the emulator's device memory is the host's), apart.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes) };

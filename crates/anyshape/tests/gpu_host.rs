@@ -415,7 +415,8 @@ fn hopper_kernels_run_a_weights_product() {
 /// on the device, bit for bit what `run` returns through the host; an output
 /// of the wrong shape or type, one missing, one the model lacks, or an input
 /// of the wrong type is an error naming it, its tensor left untouched, and
-/// the model goes on.
+/// the model goes on. Calls again on the same tensors (read and written in
+/// place) and an output given over an input's memory give the same bytes.
 #[test]
 fn device_tensors_are_read_and_written_in_place() {
     use anyshape::gpu::{Device, DeviceTensor};
@@ -457,6 +458,41 @@ fn device_tensors_are_read_and_written_in_place() {
             unsafe { dev.download(0, t.ptr, &mut got).expect("downloads") };
             assert_eq!(got, bytes_of(w), "{name} at n = {n}");
         }
+        // Again on the same tensors: read and written in place from the
+        // second call, the same bytes.
+        for _ in 0..2 {
+            // SAFETY: as above.
+            unsafe { gm.run_device(&dins, &douts) }.expect("runs on device tensors");
+        }
+        for ((name, t), (_, w)) in douts.iter().zip(&want) {
+            let mut got = vec![0u8; t.bytes().unwrap()];
+            // SAFETY: the output's bytes lie in its allocation.
+            unsafe { dev.download(0, t.ptr, &mut got).expect("downloads") };
+            assert_eq!(got, bytes_of(w), "{name} at n = {n}, in place");
+        }
+        // An output given over an input's memory (an in-place update): the
+        // input is read before the output is written, call after call.
+        let (_, first_in) = ins.iter().find(|(_, t)| t.dtype() == ir::DType::F32).expect("an f32 input");
+        let over =
+            dev.alloc(bytes_of(first_in).len().max(douts[0].1.bytes().unwrap())).expect("device memory");
+        let mut dins_over = dins.clone();
+        let at =
+            dins.iter().position(|(_, t)| t.shape == first_in.shape() && t.dtype == ir::DType::F32).unwrap();
+        dins_over[at].1.ptr = over;
+        let mut douts_over = douts.clone();
+        douts_over[0].1.ptr = over;
+        for _ in 0..2 {
+            // SAFETY: `over` holds the input's bytes and the output's; the
+            // input is uploaded again before each call.
+            unsafe { dev.upload(0, over, &bytes_of(first_in)).expect("uploads") };
+            unsafe { gm.run_device(&dins_over, &douts_over) }.expect("runs on device tensors");
+            let mut got = vec![0u8; douts[0].1.bytes().unwrap()];
+            // SAFETY: as above.
+            unsafe { dev.download(0, over, &mut got).expect("downloads") };
+            assert_eq!(got, bytes_of(&want[0].1), "{} over an input at n = {n}", douts[0].0);
+        }
+        // SAFETY: allocated above, freed once, no launch uses it now.
+        unsafe { dev.free(over) };
         // Bad tensors: errors naming them, the outputs untouched.
         let poison = |t: &DeviceTensor| {
             let b = vec![0xA5u8; t.bytes().unwrap()];
@@ -1079,8 +1115,9 @@ fn a_profiled_call_times_each_launch_and_keeps_the_outputs() {
 }
 
 /// Calls on inputs and outputs held in device memory (`device_io`, what
-/// `bench --on-device` times) give a host call's outputs, call after call,
-/// and the memory is freed with them.
+/// `bench --on-device` times) give a host call's outputs, call after call
+/// (from the second, read and written in place, with no copies), a timed
+/// call says how long its graph took, and the memory is freed with them.
 #[test]
 fn device_io_calls_give_the_host_calls_outputs() {
     let m = weight_model();
@@ -1091,10 +1128,22 @@ fn device_io_calls_give_the_host_calls_outputs() {
         let want = gm.run(&named).expect("runs");
         let live = gm.device().bytes_live();
         let mut io = gm.device_io(&named).expect("allocates");
-        for _ in 0..3 {
+        for call in 0..3 {
+            let copies = gm.device().copies();
             io.run().expect("runs on the device");
             assert_eq!(io.outputs().expect("downloads"), want, "n = {n}");
+            // The first call copies the tensors in and out; later calls on the
+            // same tensors read and write them in place.
+            let made = gm.device().copies() - copies;
+            assert_eq!(made == 0, call > 0, "n = {n}, call {call}: {made} copies");
         }
+        // Timed calls replay the shape's graph (recorded by now) and say
+        // how long it took; their outputs are the same.
+        let graphs = gm.device().graph_launches();
+        let secs = io.run_timed().expect("runs on the device").expect("a graph ran");
+        assert!(secs > 0.0 && secs.is_finite(), "{secs}");
+        assert_eq!(gm.device().graph_launches(), graphs + 1);
+        assert_eq!(io.outputs().expect("downloads"), want, "n = {n}");
         drop(io);
         assert_eq!(gm.device().bytes_live(), live, "the inputs' and outputs' memory is freed");
     }

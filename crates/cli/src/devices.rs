@@ -32,7 +32,11 @@ pub trait GpuRun {
         inputs: &[(&str, Tensor)],
     ) -> std::result::Result<(Vec<(String, Tensor)>, runtime::gpu::GpuProfile), runtime::RunError>;
     fn plan(&self) -> &plan::ModelPlan;
-    fn time_on_device(&self, inputs: &[(&str, Tensor)], runs: usize) -> Result<crate::common::Timing>;
+    fn time_on_device(
+        &self,
+        inputs: &[(&str, Tensor)],
+        runs: usize,
+    ) -> Result<(crate::common::Timing, Option<f64>)>;
 }
 
 impl<D: anyshape::gpu::Device> GpuRun for anyshape::gpu::GpuModel<D> {
@@ -63,7 +67,11 @@ impl<D: anyshape::gpu::Device> GpuRun for anyshape::gpu::GpuModel<D> {
     fn plan(&self) -> &plan::ModelPlan {
         anyshape::gpu::GpuModel::plan(self)
     }
-    fn time_on_device(&self, inputs: &[(&str, Tensor)], runs: usize) -> Result<crate::common::Timing> {
+    fn time_on_device(
+        &self,
+        inputs: &[(&str, Tensor)],
+        runs: usize,
+    ) -> Result<(crate::common::Timing, Option<f64>)> {
         crate::common::time_on_device(self, inputs, runs)
     }
 }

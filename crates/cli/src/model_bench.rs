@@ -262,8 +262,8 @@ fn bench_gpu(a: &BenchArgs, shapes: &[Vec<(String, usize)>]) -> Result<()> {
         let plan = || gm.plan_shape(&named).map_err(|e| anyshape::Error::from(e).into());
         let call = || gm.run(&named).map(|_| ()).map_err(|e| anyshape::Error::from(e).into());
         let report = if a.on_device {
-            let t = gm.time_on_device(&named, a.runs)?;
-            crate::common::on_device_report(t.report(shape, false, 0.0), false)
+            let (t, graph_ms) = gm.time_on_device(&named, a.runs)?;
+            crate::common::on_device_report(t.report(shape, false, 0.0), false, graph_ms)
         } else {
             time_runs(&plan, &call, a.runs, None)?.report(shape, false, 0.0)
         };

@@ -129,8 +129,8 @@ fn dispatch(cli: Cli) -> Result<()> {
                 let plan = || gm.plan_shape(&named).map_err(Into::into);
                 let call = || gm.run(&named).map(|_| ()).map_err(Into::into);
                 let report = if on_device {
-                    let t = common::time_on_device(&gm, &named, runs)?;
-                    common::on_device_report(t.report(shape, json, load_ms), json)
+                    let (t, graph_ms) = common::time_on_device(&gm, &named, runs)?;
+                    common::on_device_report(t.report(shape, json, load_ms), json, graph_ms)
                 } else {
                     time_runs(&plan, &call, runs, None)?.report(shape, json, load_ms)
                 };

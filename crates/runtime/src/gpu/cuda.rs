@@ -302,6 +302,18 @@ impl Device for CudaDevice {
             .collect()
     }
 
+    unsafe fn time_graph(&self, stream: StreamId, graph: &CudaGraphExec) -> Result<f64, RunError> {
+        let s = self.stream(stream)?;
+        let event =
+            || self.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver("an event"));
+        let (start, end) = (event()?, event()?);
+        start.record(&s).map_err(driver("recording an event"))?;
+        graph.0.launch().map_err(driver("launching a graph"))?;
+        end.record(&s).map_err(driver("recording an event"))?;
+        s.synchronize().map_err(driver("a kernel on the GPU"))?;
+        start.elapsed_ms(&end).map(|ms| f64::from(ms) / 1e3).map_err(driver("timing a graph"))
+    }
+
     fn alloc(&self, bytes: usize) -> Result<DevicePtr, RunError> {
         self.bind()?;
         // SAFETY: a plain allocation on the bound context (cuMemAlloc aligns to

@@ -315,6 +315,14 @@ pub trait Device: Send + Sync {
     /// As [`Device::launch`] for each launch.
     unsafe fn time_launches(&self, stream: StreamId, launches: &[Launch]) -> Result<Vec<f64>, RunError>;
 
+    /// `graph` launched on `stream` and timed on the device (between marks
+    /// recorded before and after it): its seconds, complete when this
+    /// returns. A call's device time, without the host's part.
+    ///
+    /// # Safety
+    /// As [`Device::launch_graph`].
+    unsafe fn time_graph(&self, stream: StreamId, graph: &Self::Graph) -> Result<f64, RunError>;
+
     /// Kernel `kernel`'s name, for profiles and messages.
     fn kernel_name(&self, kernel: usize) -> String;
 }
@@ -374,7 +382,13 @@ struct CallSlot<G> {
     memory: Option<(DevicePtr, usize)>,
     recorded: Vec<Recorded<G>>,
     last_new: bool,
+    /// The device tensors the last call could have bound ([`Bound`]).
+    last_bound: Bound,
 }
+
+/// Buffers a call reads or writes in the caller's device memory (inputs and
+/// outputs given as device tensors), with their addresses.
+type Bound = Vec<(BufId, DevicePtr)>;
 
 /// The shapes whose calls a slot keeps recorded.
 const RECORDED_SHAPES: usize = 8;
@@ -386,6 +400,8 @@ const RECORDED_SHAPES: usize = 8;
 /// second call captures as one graph where the device has graphs.
 struct Recorded<G> {
     shape: Arc<GpuShape>,
+    /// The buffers bound to the caller's device memory in these launches.
+    bound: Bound,
     words: Vec<u64>,
     launches: Vec<Launch>,
     graph: Option<G>,
@@ -856,7 +872,7 @@ impl<D: Device> GpuModel<D> {
     pub fn run<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<Vec<(String, Tensor)>, RunError> {
         self.usable()?;
         let shape = self.shape(inputs)?;
-        self.on_slot(|slot| self.call(Io::Host(inputs), &shape, slot, None))
+        self.on_slot(|slot| self.call(Io::Host(inputs), &shape, slot, Timing::Off))
     }
 
     /// As [`GpuModel::run`], with every launch run alone and timed on the
@@ -871,7 +887,8 @@ impl<D: Device> GpuModel<D> {
         let start = std::time::Instant::now();
         let shape = self.shape(inputs)?;
         let mut timed = Vec::new();
-        let outs = self.on_slot(|slot| self.call(Io::Host(inputs), &shape, slot, Some(&mut timed)))?;
+        let outs =
+            self.on_slot(|slot| self.call(Io::Host(inputs), &shape, slot, Timing::EachLaunch(&mut timed)))?;
         let total = start.elapsed();
         Ok((outs, GpuProfile { launches: timed, total }))
     }
@@ -900,6 +917,7 @@ impl<D: Device> GpuModel<D> {
                 memory: None,
                 recorded: Vec::new(),
                 last_new: false,
+                last_bound: Bound::new(),
             },
         };
         let out = f(&mut slot);
@@ -945,6 +963,20 @@ impl<D: Device> GpuModel<D> {
         inputs: &[(&str, DeviceTensor)],
         outputs: &[(&str, DeviceTensor)],
     ) -> Result<(), RunError> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.run_device_with(inputs, outputs, Timing::Off) }
+    }
+
+    /// [`GpuModel::run_device`], measuring what `timing` asks.
+    ///
+    /// # Safety
+    /// As [`GpuModel::run_device`].
+    unsafe fn run_device_with(
+        &self,
+        inputs: &[(&str, DeviceTensor)],
+        outputs: &[(&str, DeviceTensor)],
+        timing: Timing<'_>,
+    ) -> Result<(), RunError> {
         self.usable()?;
         let described: Vec<(&str, Described)> = inputs.iter().map(|(n, t)| (*n, Described(t))).collect();
         let shape = self.shape(&described)?;
@@ -979,7 +1011,24 @@ impl<D: Device> GpuModel<D> {
             return Err(RunError::Shape(format!("the model has no output '{n}'")));
         }
         let io: Io<'_, Tensor> = Io::OnDevice { inputs, outputs: &to };
-        self.on_slot(|slot| self.call(io, &shape, slot, None)).map(|_| ())
+        self.on_slot(|slot| self.call(io, &shape, slot, timing)).map(|_| ())
+    }
+
+    /// As [`GpuModel::run_device`], also returning the seconds the call's
+    /// graph took on the device ([`Device::time_graph`]); `None` for a call
+    /// that ran its launches one by one (a shape's first calls).
+    ///
+    /// # Safety
+    /// As [`GpuModel::run_device`].
+    pub unsafe fn run_device_timed(
+        &self,
+        inputs: &[(&str, DeviceTensor)],
+        outputs: &[(&str, DeviceTensor)],
+    ) -> Result<Option<f64>, RunError> {
+        let mut secs = None;
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.run_device_with(inputs, outputs, Timing::Graph(&mut secs))? };
+        Ok(secs)
     }
 
     /// Output buffer `b`'s shape at `shape`.
@@ -999,7 +1048,7 @@ impl<D: Device> GpuModel<D> {
         io: Io<'_, T>,
         shape: &Arc<GpuShape>,
         slot: &mut CallSlot<D::Graph>,
-        timed: Option<&mut Vec<LaunchTime>>,
+        timed: Timing<'_>,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let memory = &mut slot.memory;
         if memory.is_none_or(|(_, bytes)| bytes < shape.layout.bytes) {
@@ -1039,6 +1088,44 @@ impl<D: Device> GpuModel<D> {
         out
     }
 
+    /// The inputs and outputs of a call on device tensors that its kernels
+    /// can read and write where the caller holds them, with no copies: each
+    /// aligned as the call's own memory is ([`DEVICE_ALIGN`]), not empty, an
+    /// output given for one output buffer alone; none where any two of the
+    /// tensors overlap (an output written over an input the kernels still
+    /// read: they are copied then, as before).
+    fn bindable(
+        &self,
+        sp: &ShapePlan,
+        inputs: &[(&str, DeviceTensor)],
+        outputs: &[(BufId, DevicePtr)],
+    ) -> Bound {
+        let mut bound = Bound::new();
+        let bytes = |b: BufId| sp.numel[b] * self.plan.buffers[b].dtype.size();
+        for (i, b) in self.plan.buffers.iter().enumerate() {
+            if let BufferKind::Input(k) = b.kind {
+                let name = &self.inputs[k].0;
+                if let Some((_, t)) = inputs.iter().find(|(n, _)| n == name) {
+                    bound.push((i, t.ptr));
+                }
+            }
+        }
+        for &(b, to) in outputs {
+            let once = outputs.iter().filter(|(x, _)| *x == b).count() == 1;
+            if once && matches!(self.plan.buffers[b].kind, BufferKind::Output(_)) {
+                bound.push((b, to));
+            }
+        }
+        bound.retain(|&(b, p)| bytes(b) > 0 && p % DEVICE_ALIGN as u64 == 0);
+        let ranges: Vec<(u64, u64)> = bound.iter().map(|&(b, p)| (p, p + bytes(b) as u64)).collect();
+        let overlap =
+            ranges.iter().enumerate().any(|(i, a)| ranges[..i].iter().any(|b| a.0 < b.1 && b.0 < a.1));
+        if overlap {
+            bound.clear();
+        }
+        bound
+    }
+
     /// Where buffer `i` lies in a call at `layout` in the memory at `base`
     /// (a constant where the model uploaded it).
     fn buffer_at(&self, layout: &CallLayout, base: DevicePtr, i: usize) -> Result<DevicePtr, RunError> {
@@ -1051,10 +1138,19 @@ impl<D: Device> GpuModel<D> {
 
     /// The words of a call's tables at `shape` in the memory at `base` (each
     /// loop step's buffer table, the dims, the cleared status words, the
-    /// operand copies' descriptors, each attention's tables) and its launches.
-    fn record(&self, shape: &GpuShape, base: DevicePtr) -> Result<(Vec<u64>, Vec<Launch>), RunError> {
+    /// operand copies' descriptors, each attention's tables) and its launches;
+    /// the buffers in `bound` at the caller's addresses.
+    fn record(
+        &self,
+        shape: &GpuShape,
+        base: DevicePtr,
+        bound: &Bound,
+    ) -> Result<(Vec<u64>, Vec<Launch>), RunError> {
         let (sp, layout) = (&shape.sp, &shape.layout);
-        let ptr = |i: usize| self.buffer_at(layout, base, i);
+        let ptr = |i: usize| match bound.iter().find(|(b, _)| *b == i) {
+            Some(&(_, p)) => Ok(p),
+            None => self.buffer_at(layout, base, i),
+        };
         // The buffer tables, the dims and the (cleared) status words, at once.
         let mut words: Vec<u64> = Vec::with_capacity((layout.bytes - layout.tables) / 8);
         let mut table_at = Vec::with_capacity(self.plan.steps.len());
@@ -1275,7 +1371,7 @@ impl<D: Device> GpuModel<D> {
         rec: &mut Recorded<D::Graph>,
         base: DevicePtr,
         stream: StreamId,
-        timed: Option<&mut Vec<LaunchTime>>,
+        timed: Timing<'_>,
     ) -> Result<(), RunError> {
         let tables = base + rec.shape.layout.tables as u64;
         // SAFETY: the words are plain integers; their bytes are read once.
@@ -1283,7 +1379,7 @@ impl<D: Device> GpuModel<D> {
             unsafe { std::slice::from_raw_parts(rec.words.as_ptr() as *const u8, 8 * rec.words.len()) };
         // SAFETY: the layout reserved the tables, dims and status words from `tables`.
         unsafe { self.device.upload(stream, tables, bytes)? };
-        if let Some(timed) = timed {
+        if let Timing::EachLaunch(timed) = timed {
             // SAFETY: as for the launches one by one, below.
             let secs = unsafe { self.device.time_launches(stream, &rec.launches)? };
             timed.extend(rec.launches.iter().zip(secs).map(|(l, seconds)| LaunchTime {
@@ -1303,10 +1399,15 @@ impl<D: Device> GpuModel<D> {
                 Err(e) => tracing::warn!("a call's launches could not be captured as a graph ({e})"),
             }
         }
-        match &rec.graph {
+        match (&rec.graph, timed) {
             // SAFETY: as for its launches, below.
-            Some(g) => unsafe { self.device.launch_graph(stream, g) },
-            None => {
+            (Some(g), Timing::Graph(secs)) => {
+                *secs = Some(unsafe { self.device.time_graph(stream, g)? });
+                Ok(())
+            }
+            // SAFETY: as for its launches, below.
+            (Some(g), _) => unsafe { self.device.launch_graph(stream, g) },
+            (None, _) => {
                 for l in &rec.launches {
                     // SAFETY: each launch's arguments were made by `record` for
                     // this shape in this memory: the tables it uploaded above,
@@ -1328,11 +1429,25 @@ impl<D: Device> GpuModel<D> {
         shape: &Arc<GpuShape>,
         base: DevicePtr,
         slot: &mut CallSlot<D::Graph>,
-        timed: Option<&mut Vec<LaunchTime>>,
+        timed: Timing<'_>,
     ) -> Result<Vec<(String, Tensor)>, RunError> {
         let (sp, layout, stream) = (&shape.sp, &shape.layout, slot.stream);
         let ptr = |i: usize| self.buffer_at(layout, base, i);
+        // Tensors the previous call on this slot also gave are bound (a
+        // caller that keeps its tensors replays one recording); new ones are
+        // copied, so that fresh tensors each call do not record each call.
+        let bindable = match io {
+            Io::OnDevice { inputs, outputs } => self.bindable(sp, inputs, outputs),
+            Io::Host(_) => Bound::new(),
+        };
+        let bound = if bindable == slot.last_bound { bindable.clone() } else { Bound::new() };
+        slot.last_bound = bindable;
+        let in_place: Vec<BufId> = bound.iter().map(|(b, _)| *b).collect();
         for (i, b) in self.plan.buffers.iter().enumerate() {
+            if in_place.contains(&i) {
+                // Read where the caller holds it.
+                continue;
+            }
             if let BufferKind::Input(k) = b.kind {
                 let name = &self.inputs[k].0;
                 let missing = || RunError::Internal(format!("input '{name}' is missing"));
@@ -1359,14 +1474,15 @@ impl<D: Device> GpuModel<D> {
                 }
             }
         }
-        let at = match slot.recorded.iter().position(|r| Arc::ptr_eq(&r.shape, shape)) {
+        let at = match slot.recorded.iter().position(|r| Arc::ptr_eq(&r.shape, shape) && r.bound == bound) {
             Some(at) => {
                 slot.last_new = false;
                 at
             }
             None => {
-                let (words, launches) = self.record(shape, base)?;
-                let mut rec = Recorded { shape: shape.clone(), words, launches, graph: None, calls: 0 };
+                let (words, launches) = self.record(shape, base, &bound)?;
+                let mut rec =
+                    Recorded { shape: shape.clone(), bound, words, launches, graph: None, calls: 0 };
                 let mut evicted = (slot.recorded.len() == RECORDED_SHAPES).then(|| slot.recorded.remove(0));
                 // After a new shape (a decoder's steps, each at a longer
                 // cache), or in the place of a shape whose graph goes: run as
@@ -1407,7 +1523,7 @@ impl<D: Device> GpuModel<D> {
         if let Io::OnDevice { outputs, .. } = io {
             for &(b, to) in outputs {
                 let bytes = sp.numel[b] * self.plan.buffers[b].dtype.size();
-                if bytes > 0 {
+                if bytes > 0 && !in_place.contains(&b) {
                     // SAFETY: the layout gave the output these bytes at its offset; the
                     // caller's contract (`run_device`) gives `to` as many, its own.
                     unsafe { self.device.copy(stream, to, ptr(b)?, bytes)? };
@@ -1478,6 +1594,17 @@ impl<D: Device> Drop for GpuModel<D> {
     }
 }
 
+/// What a call measures on the device besides running.
+enum Timing<'a> {
+    /// Nothing: a plain call.
+    Off,
+    /// Every launch alone ([`Device::time_launches`]), in place of the graph.
+    EachLaunch(&'a mut Vec<LaunchTime>),
+    /// The call's graph between two marks ([`Device::time_graph`]); left
+    /// `None` by a call that runs no graph.
+    Graph(&'a mut Option<f64>),
+}
+
 /// Inputs and outputs of calls at one shape, held in device memory of their
 /// own ([`GpuModel::device_io`]): how a server that keeps its tensors on the
 /// GPU (a decoder's KV cache) calls the model, with nothing copied through
@@ -1522,14 +1649,19 @@ impl<D: Device> GpuModel<D> {
 impl<D: Device> DeviceIo<'_, D> {
     /// One call on the inputs in device memory, its outputs written to theirs.
     pub fn run(&mut self) -> Result<(), RunError> {
-        fn named(v: &[(String, DeviceTensor)]) -> Vec<(&str, DeviceTensor)> {
-            v.iter().map(|(n, t)| (n.as_str(), t.clone())).collect()
-        }
         // SAFETY: every tensor is an allocation of the model's device of the
         // bytes its type and shape say (made by `device_io`), owned here and
         // live until this is dropped; no two overlap, and `&mut self` keeps
         // any other call off the outputs meanwhile.
         unsafe { self.model.run_device(&named(&self.inputs), &named(&self.outputs)) }
+    }
+
+    /// As [`DeviceIo::run`], also returning the seconds the call's graph
+    /// took on the device (`None` for a shape's first calls, run launch by
+    /// launch).
+    pub fn run_timed(&mut self) -> Result<Option<f64>, RunError> {
+        // SAFETY: as for `run`.
+        unsafe { self.model.run_device_timed(&named(&self.inputs), &named(&self.outputs)) }
     }
 
     /// The outputs of the last call, copied to the host.
@@ -1554,6 +1686,11 @@ impl<D: Device> DeviceIo<'_, D> {
         }
         Ok(out)
     }
+}
+
+/// Device tensors by name, as the model's calls take them.
+fn named(v: &[(String, DeviceTensor)]) -> Vec<(&str, DeviceTensor)> {
+    v.iter().map(|(n, t)| (n.as_str(), t.clone())).collect()
 }
 
 impl<D: Device> Drop for DeviceIo<'_, D> {
