@@ -386,6 +386,43 @@ fn an_artifact_keeps_the_attention_kernel() {
     compare(&m, &gm, &[vec![("b", 2), ("t", 70)]]);
 }
 
+/// The logits' reads of the buffer and dim tables are invariant loads from
+/// tables the kernel declares aligned and dereferenceable, so that they are
+/// hoisted out of the chunks of keys (with the mask's row address), and the
+/// PTX loads each table word once where the IR's chunk loop would repeat it.
+#[test]
+fn the_logits_table_reads_are_hoisted_out_of_the_chunks() {
+    let plan = model(&padding_mask(64)).lower_gpu().expect("lower");
+    let a = plan
+        .steps
+        .iter()
+        .find_map(|s| match &s.kind {
+            plan::StepKind::Attention(a) => Some(a),
+            _ => None,
+        })
+        .expect("attention fused");
+    let online = a.online.as_ref().expect("online softmax");
+    for mma in [AttentionMma::Sync, AttentionMma::Wgmma] {
+        let name = plan::gpu::attention_kernel_name(online.program, 64, mma);
+        let args = (&plan.programs[online.program], a.scores_param as u32, online.logits_param as u32);
+        let ir = codegen::nvptx::attention_ir(args.0, args.1, args.2, 64, mma, &name).expect("IR");
+        assert!(ir.contains("ptr align 8 dereferenceable("), "{name}: the tables' parameters");
+        assert!(ir.contains("!invariant.load"), "{name}: the logits' table loads");
+        let ptx = codegen::nvptx::attention_ptx(args.0, args.1, args.2, 64, mma, &name).expect("PTX");
+        // The logits' table words: read by `ld.global` (the tables are the
+        // kernel's first two parameters), each once.
+        let table_loads: Vec<&str> = ptx
+            .lines()
+            .filter(|l| l.contains("ld.global") && l.contains(".u64") && !l.contains("%rd1+"))
+            .collect();
+        let mut words = table_loads.iter().map(|l| l.split('[').nth(1).unwrap_or("")).collect::<Vec<_>>();
+        let all = words.len();
+        words.sort();
+        words.dedup();
+        assert_eq!(words.len(), all, "{name}: a table word loaded twice: {table_loads:#?}");
+    }
+}
+
 /// Bytes a thread may spill at heads wider than 64: ptxas gives those 255
 /// registers (the output accumulators of a 128-wide head are 64 of them) and,
 /// depending on its scheduling, stores a few words on the stack (L1).

@@ -740,6 +740,7 @@ impl<'a> Gen<'a> {
                     .map_err(llvm)?;
             let b = bld.build_load(ptr, at, "buf").map_err(llvm)?;
             crate::set_align(&b, 8);
+            g.invariant(&b);
             g.bufs.push(b.into_pointer_value());
         }
         for n in 0..p.exprs.len() {
@@ -751,6 +752,7 @@ impl<'a> Gen<'a> {
                 .map_err(llvm)?;
                 let v = bld.build_load(i64t, at, "dim").map_err(llvm)?;
                 crate::set_align(&v, 8);
+                g.invariant(&v);
                 g.dims.insert(*slot, v.into_int_value());
             }
         }
@@ -763,6 +765,21 @@ impl<'a> Gen<'a> {
             g.strides.push(strides);
         }
         Ok(g)
+    }
+
+    /// On a device, load `v` (a buffer table's pointer or a dim) marked
+    /// invariant: the runtime writes the tables before a launch and no
+    /// kernel writes them, so where the program is inlined into a loop
+    /// with barriers (attention's chunks of keys) the load is hoisted out
+    /// of the loop instead of repeated after each barrier.
+    fn invariant(&self, v: &BasicValueEnum<'static>) {
+        if !self.device {
+            return;
+        }
+        if let Some(i) = v.as_instruction_value() {
+            let kind = self.ctx.get_kind_id("invariant.load");
+            let _ = i.set_metadata(self.ctx.metadata_node(&[]), kind);
+        }
     }
 }
 

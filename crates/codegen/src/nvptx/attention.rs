@@ -87,7 +87,17 @@ pub fn attention_ir(
     }
     let fname = format!("{name}_logits");
     let logits_text = crate::loops::device::logits_ir(p, scores, logits, &fname)?;
-    let kernel_text = kernel_ir(d, mma, name, &fname);
+    // The tables' bytes the program reads (its buffers' pointers, the dim
+    // slots it names): dereferenceable, so that their invariant loads
+    // (`loops::Gen::invariant`) are hoisted out of the chunks of keys.
+    let slots = (0..p.exprs.len())
+        .filter_map(|n| match p.exprs.node(plan::E(n as u32)) {
+            plan::Node::Dim(slot) => Some(*slot as usize + 1),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    let kernel_text = kernel_ir(d, mma, name, &fname, (8 * p.params.len(), 8 * slots));
     let ctx = Context::create();
     let parse = |text: &str, what: &str| {
         let buf = MemoryBuffer::create_from_memory_range_copy(text.as_bytes(), what);
@@ -182,7 +192,7 @@ impl std::ops::DerefMut for Kernel {
     }
 }
 
-fn kernel_ir(d: usize, mma: AttentionMma, name: &str, logits: &str) -> String {
+fn kernel_ir(d: usize, mma: AttentionMma, name: &str, logits: &str, (bufs, dims): (usize, usize)) -> String {
     let mut k = Kernel {
         ir: Ir::default(),
         d,
@@ -207,7 +217,11 @@ fn kernel_ir(d: usize, mma: AttentionMma, name: &str, logits: &str) -> String {
         ATTENTION_THREADS as usize,
         &about,
         true,
-        "ptr %bufs, ptr %dims, ptr %desc",
+        &format!(
+            "ptr align 8 dereferenceable({}) %bufs, ptr align 8 dereferenceable({}) %dims, ptr %desc",
+            bufs.max(8),
+            dims.max(8)
+        ),
         &extra,
     );
     let _ = writeln!(text, "declare float @{logits}(ptr, ptr, ptr, i64, i64, i64, float)");
