@@ -47,6 +47,8 @@ pub struct HostDevice {
     allocations: std::sync::atomic::AtomicUsize,
     /// Copies within device memory ([`Device::copy`]).
     copies: std::sync::atomic::AtomicUsize,
+    /// Copies from the host ([`Device::upload`]).
+    uploads: std::sync::atomic::AtomicUsize,
 }
 
 impl HostDevice {
@@ -60,7 +62,14 @@ impl HostDevice {
             graph_updates: 0.into(),
             allocations: 0.into(),
             copies: 0.into(),
+            uploads: 0.into(),
         }
+    }
+
+    /// Copies from the host so far (inputs, and a call's tables where the
+    /// memory does not hold them already).
+    pub fn uploads(&self) -> usize {
+        self.uploads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Copies made within device memory so far (device tensors' inputs
@@ -195,6 +204,7 @@ impl Device for HostDevice {
     }
 
     unsafe fn upload(&self, _: StreamId, dst: DevicePtr, src: &[u8]) -> Result<(), RunError> {
+        self.uploads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: the caller's contract: `dst` has `src.len()` bytes of one allocation.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
         Ok(())

@@ -171,17 +171,20 @@ fn concurrent_calls_each_take_their_own_stream() {
 }
 
 /// A gather index out of range is found by the kernel and reported with the
-/// model's message; the model stays usable.
+/// model's message; the model stays usable (the next call at the shape
+/// clears the status word the bad one left).
 #[test]
 fn a_bad_index_is_an_error_and_the_model_stays_usable() {
     let m = model(BLOCK);
     let gm = m.compile_host_gpu().expect("compiles");
+    compare(&m, &gm, &[("b", 1), ("s", 3)], 3);
     let mut ins = inputs(&m, &[("b", 1), ("s", 3)], 1);
     ins[0].1 = Tensor::new(vec![1, 3], Elems::I64(vec![0, 7, 1])).expect("ids");
     let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
     let e = gm.run(&named).expect_err("index 7 of 5 rows").to_string();
     assert!(e.contains("index") || e.contains("range"), "{e}");
     compare(&m, &gm, &[("b", 1), ("s", 3)], 2);
+    compare(&m, &gm, &[("b", 1), ("s", 3)], 4);
 }
 
 /// Out of device memory (the emulator given a device's size): the error names
@@ -1116,8 +1119,9 @@ fn a_profiled_call_times_each_launch_and_keeps_the_outputs() {
 
 /// Calls on inputs and outputs held in device memory (`device_io`, what
 /// `bench --on-device` times) give a host call's outputs, call after call
-/// (from the second, read and written in place, with no copies), a timed
-/// call says how long its graph took, and the memory is freed with them.
+/// (from the second, read and written in place, with no copies; from the
+/// third, nothing uploaded), a timed call says how long its graph took, and
+/// the memory is freed with them.
 #[test]
 fn device_io_calls_give_the_host_calls_outputs() {
     let m = weight_model();
@@ -1128,14 +1132,19 @@ fn device_io_calls_give_the_host_calls_outputs() {
         let want = gm.run(&named).expect("runs");
         let live = gm.device().bytes_live();
         let mut io = gm.device_io(&named).expect("allocates");
-        for call in 0..3 {
-            let copies = gm.device().copies();
+        for call in 0..4 {
+            let (copies, uploads) = (gm.device().copies(), gm.device().uploads());
             io.run().expect("runs on the device");
+            let uploaded = gm.device().uploads() - uploads;
             assert_eq!(io.outputs().expect("downloads"), want, "n = {n}");
-            // The first call copies the tensors in and out; later calls on the
-            // same tensors read and write them in place.
+            // The first call copies the tensors in and out (replaying the host
+            // call's launches, their tables still in place); later calls on
+            // the same tensors read and write them in place. The second's
+            // launches (bound to them) are recorded anew, their tables
+            // uploaded; from the third nothing comes from the host.
             let made = gm.device().copies() - copies;
             assert_eq!(made == 0, call > 0, "n = {n}, call {call}: {made} copies");
+            assert_eq!(uploaded > 0, call == 1, "n = {n}, call {call}: {uploaded} uploads");
         }
         // Timed calls replay the shape's graph (recorded by now) and say
         // how long it took; their outputs are the same.

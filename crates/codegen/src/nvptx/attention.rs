@@ -613,6 +613,11 @@ impl Kernel {
         let last = self.v(format!("icmp eq i64 {old}, {last_split}"));
         let word = self.v(format!("zext i1 {last} to i32"));
         self.emit(format!("store i32 {word}, ptr addrspace(3) {flag}, align 4"));
+        // The last split sets the counter back to zero (every split has
+        // counted): the next launch finds it as the runtime first wrote it.
+        self.emit(format!("br i1 {last}, label %partial.reset, label %partial.counted"));
+        self.block("partial.reset");
+        self.emit(format!("store atomic i64 0, ptr {cp} monotonic, align 8"));
         self.emit("br label %partial.counted");
         self.block("partial.counted");
         self.emit("call void @llvm.nvvm.barrier0()");

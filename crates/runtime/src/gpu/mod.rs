@@ -384,6 +384,10 @@ struct CallSlot<G> {
     last_new: bool,
     /// The device tensors the last call could have bound ([`Bound`]).
     last_bound: Bound,
+    /// The record whose tables lie in the memory as uploaded (its status
+    /// words zero), if any; and the next record's id.
+    tables: Option<u64>,
+    next_id: u64,
 }
 
 /// Buffers a call reads or writes in the caller's device memory (inputs and
@@ -395,10 +399,14 @@ const RECORDED_SHAPES: usize = 8;
 
 /// A call's work at one shape in one slot's memory, made on its first call
 /// and replayed by later ones (nothing of it depends on the inputs' values):
-/// the words of the tables (uploaded on every call, which clears the status
-/// words and the attention's split counters) and the launches, which the
-/// second call captures as one graph where the device has graphs.
+/// the words of the tables (uploaded unless the slot's previous call left
+/// them in place: the same record, every status word still zero, and the
+/// attention's split counters set back to zero by their last splits) and
+/// the launches, which the second call captures as one graph where the
+/// device has graphs.
 struct Recorded<G> {
+    /// Which record of its slot this is (its tables' identity).
+    id: u64,
     shape: Arc<GpuShape>,
     /// The buffers bound to the caller's device memory in these launches.
     bound: Bound,
@@ -918,6 +926,8 @@ impl<D: Device> GpuModel<D> {
                 recorded: Vec::new(),
                 last_new: false,
                 last_bound: Bound::new(),
+                tables: None,
+                next_id: 0,
             },
         };
         let out = f(&mut slot);
@@ -1359,7 +1369,8 @@ impl<D: Device> GpuModel<D> {
         }
     }
 
-    /// `rec`'s tables uploaded and its launches run on `stream`: one by one
+    /// `rec`'s tables uploaded (unless `in_place`: the memory holds them as
+    /// uploaded) and its launches run on `stream`: one by one
     /// on its first call, captured as a graph on its second (where the
     /// device has graphs), the graph run from then on; a new shape right
     /// after another, or in the place of a shape whose graph goes, runs as a
@@ -1372,13 +1383,16 @@ impl<D: Device> GpuModel<D> {
         base: DevicePtr,
         stream: StreamId,
         timed: Timing<'_>,
+        in_place: bool,
     ) -> Result<(), RunError> {
-        let tables = base + rec.shape.layout.tables as u64;
-        // SAFETY: the words are plain integers; their bytes are read once.
-        let bytes =
-            unsafe { std::slice::from_raw_parts(rec.words.as_ptr() as *const u8, 8 * rec.words.len()) };
-        // SAFETY: the layout reserved the tables, dims and status words from `tables`.
-        unsafe { self.device.upload(stream, tables, bytes)? };
+        if !in_place {
+            let tables = base + rec.shape.layout.tables as u64;
+            // SAFETY: the words are plain integers; their bytes are read once.
+            let bytes =
+                unsafe { std::slice::from_raw_parts(rec.words.as_ptr() as *const u8, 8 * rec.words.len()) };
+            // SAFETY: the layout reserved the tables, dims and status words from `tables`.
+            unsafe { self.device.upload(stream, tables, bytes)? };
+        }
         if let Timing::EachLaunch(timed) = timed {
             // SAFETY: as for the launches one by one, below.
             let secs = unsafe { self.device.time_launches(stream, &rec.launches)? };
@@ -1481,8 +1495,10 @@ impl<D: Device> GpuModel<D> {
             }
             None => {
                 let (words, launches) = self.record(shape, base, &bound)?;
+                slot.next_id += 1;
+                let id = slot.next_id;
                 let mut rec =
-                    Recorded { shape: shape.clone(), bound, words, launches, graph: None, calls: 0 };
+                    Recorded { id, shape: shape.clone(), bound, words, launches, graph: None, calls: 0 };
                 let mut evicted = (slot.recorded.len() == RECORDED_SHAPES).then(|| slot.recorded.remove(0));
                 // After a new shape (a decoder's steps, each at a longer
                 // cache), or in the place of a shape whose graph goes: run as
@@ -1498,7 +1514,9 @@ impl<D: Device> GpuModel<D> {
         };
         // The most recently used last.
         let mut rec = slot.recorded.remove(at);
-        let ran = self.replay(&mut rec, base, stream, timed);
+        let tables_kept = slot.tables.take() == Some(rec.id);
+        let id = rec.id;
+        let ran = self.replay(&mut rec, base, stream, timed, tables_kept);
         slot.recorded.push(rec);
         ran?;
         let mut status = vec![0u8; 8 * self.plan.steps.len()];
@@ -1519,6 +1537,10 @@ impl<D: Device> GpuModel<D> {
                     return Err(RunError::Kernel(msg));
                 }
             }
+        }
+        if status.iter().all(|&b| b == 0) {
+            // The next call of this record finds its tables as uploaded.
+            slot.tables = Some(id);
         }
         if let Io::OnDevice { outputs, .. } = io {
             for &(b, to) in outputs {
