@@ -389,6 +389,14 @@ fn an_artifact_keeps_the_attention_kernel() {
     compare(&m, &gm, &[vec![("b", 2), ("t", 70)]]);
 }
 
+/// The plan's first fused attention step.
+fn attention_step(plan: &plan::ModelPlan) -> Option<&plan::AttentionStep> {
+    plan.steps.iter().find_map(|s| match &s.kind {
+        plan::StepKind::Attention(a) => Some(&**a),
+        _ => None,
+    })
+}
+
 /// The logits' reads of the buffer and dim tables are invariant loads from
 /// tables the kernel declares aligned and dereferenceable, so that they are
 /// hoisted out of the chunks of keys (with the mask's row address), and the
@@ -396,14 +404,7 @@ fn an_artifact_keeps_the_attention_kernel() {
 #[test]
 fn the_logits_table_reads_are_hoisted_out_of_the_chunks() {
     let plan = model(&padding_mask(64)).lower_gpu().expect("lower");
-    let a = plan
-        .steps
-        .iter()
-        .find_map(|s| match &s.kind {
-            plan::StepKind::Attention(a) => Some(a),
-            _ => None,
-        })
-        .expect("attention fused");
+    let a = attention_step(&plan).expect("attention fused");
     let online = a.online.as_ref().expect("online softmax");
     for mma in [AttentionMma::Sync, AttentionMma::Wgmma] {
         let name = plan::gpu::attention_kernel_name(online.program, 64, mma);
@@ -449,14 +450,7 @@ fn every_head_dimension_assembles_for_hopper() {
     });
     for (d, mma) in forms {
         let plan = model(&padding_mask(d)).lower_gpu().expect("lower");
-        let a = plan
-            .steps
-            .iter()
-            .find_map(|s| match &s.kind {
-                plan::StepKind::Attention(a) => Some(a),
-                _ => None,
-            })
-            .unwrap_or_else(|| panic!("head {d}: attention not fused"));
+        let a = attention_step(&plan).unwrap_or_else(|| panic!("head {d}: attention not fused"));
         let online = a.online.as_ref().expect("online softmax");
         let name = plan::gpu::attention_kernel_name(online.program, d, mma);
         let ptx = codegen::nvptx::attention_ptx(

@@ -1369,8 +1369,8 @@ impl<D: Device> GpuModel<D> {
         }
     }
 
-    /// `rec`'s tables uploaded (unless `in_place`: the memory holds them as
-    /// uploaded) and its launches run on `stream`: one by one
+    /// `rec`'s tables uploaded (unless `tables_kept`: the memory holds them
+    /// as uploaded) and its launches run on `stream`: one by one
     /// on its first call, captured as a graph on its second (where the
     /// device has graphs), the graph run from then on; a new shape right
     /// after another, or in the place of a shape whose graph goes, runs as a
@@ -1383,9 +1383,9 @@ impl<D: Device> GpuModel<D> {
         base: DevicePtr,
         stream: StreamId,
         timed: Timing<'_>,
-        in_place: bool,
+        tables_kept: bool,
     ) -> Result<(), RunError> {
-        if !in_place {
+        if !tables_kept {
             let tables = base + rec.shape.layout.tables as u64;
             // SAFETY: the words are plain integers; their bytes are read once.
             let bytes =
@@ -1414,8 +1414,8 @@ impl<D: Device> GpuModel<D> {
             }
         }
         match (&rec.graph, timed) {
-            // SAFETY: as for its launches, below.
             (Some(g), Timing::Graph(secs)) => {
+                // SAFETY: as for its launches, below.
                 *secs = Some(unsafe { self.device.time_graph(stream, g)? });
                 Ok(())
             }
