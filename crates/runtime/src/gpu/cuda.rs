@@ -165,6 +165,11 @@ impl CudaDevice {
         let streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
         streams.get(id).cloned().ok_or_else(|| RunError::Internal(format!("no stream {id}")))
     }
+
+    /// A timing mark (a CUDA event) on this device's context.
+    fn event(&self) -> Result<cudarc::driver::CudaEvent, RunError> {
+        self.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver("an event"))
+    }
 }
 
 impl CudaDevice {
@@ -284,14 +289,12 @@ impl Device for CudaDevice {
 
     unsafe fn time_launches(&self, stream: StreamId, launches: &[Launch]) -> Result<Vec<f64>, RunError> {
         let s = self.stream(stream)?;
-        let event =
-            || self.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver("an event"));
-        let mut marks = vec![event()?];
+        let mut marks = vec![self.event()?];
         marks[0].record(&s).map_err(driver("recording an event"))?;
         for l in launches {
             // SAFETY: the caller's contract, passed on.
             unsafe { self.launch(stream, l.kernel, l.dims, &l.args)? };
-            let e = event()?;
+            let e = self.event()?;
             e.record(&s).map_err(driver("recording an event"))?;
             marks.push(e);
         }
@@ -304,9 +307,7 @@ impl Device for CudaDevice {
 
     unsafe fn time_graph(&self, stream: StreamId, graph: &CudaGraphExec) -> Result<f64, RunError> {
         let s = self.stream(stream)?;
-        let event =
-            || self.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(driver("an event"));
-        let (start, end) = (event()?, event()?);
+        let (start, end) = (self.event()?, self.event()?);
         start.record(&s).map_err(driver("recording an event"))?;
         graph.0.launch().map_err(driver("launching a graph"))?;
         end.record(&s).map_err(driver("recording an event"))?;

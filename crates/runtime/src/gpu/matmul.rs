@@ -122,9 +122,16 @@ fn i32_of(x: usize, what: &str) -> Result<i32, RunError> {
         .map_err(|_| RunError::Shape(format!("{what} {x} exceeds the GPU kernels' 32-bit extents")))
 }
 
-/// Blocks of the copy kernel for `elems` elements (grid-stride past the cap).
-fn copy_blocks(elems: usize) -> u32 {
-    elems.div_ceil(LOOP_THREADS as usize).clamp(1, LOOP_MAX_BLOCKS) as u32
+impl CopyLaunch {
+    /// `copy` of the entries at `offsets` from `src` to `dst`: its
+    /// descriptor, and a thread a unit of its work (grid-stride past the
+    /// cap on blocks).
+    fn new(copy: &OperandCopy, offsets: &[usize], src: At, dst: At) -> CopyLaunch {
+        let words = copy.descriptor(offsets);
+        let units = OperandCopy::work_items(&words);
+        let blocks = units.div_ceil(LOOP_THREADS as usize).clamp(1, LOOP_MAX_BLOCKS) as u32;
+        CopyLaunch { src, dst, words, blocks }
+    }
 }
 
 /// The launches of matmul step `mm` at shape `s`, its B packed as weight
@@ -215,13 +222,7 @@ pub(super) fn launches(
             None => OperandCopy::View { rows: m, cols: k, rs: s.rs[0], cs: s.cs[0], transposed: false },
         };
         let offsets: Vec<usize> = s.entries.iter().map(|e| e[0]).collect();
-        let words = a_copy.descriptor(&offsets);
-        out.copies.push(CopyLaunch {
-            src: At::Buffer(mm.a.buf, 0),
-            dst: At::Scratch(0),
-            blocks: copy_blocks(OperandCopy::work_items(&words)),
-            words,
-        });
+        out.copies.push(CopyLaunch::new(&a_copy, &offsets, At::Buffer(mm.a.buf, 0), At::Scratch(0)));
         out.scratch = round_up(2 * a_elems);
     }
     // B: the packed weight, the activation made K-major `[entries, n, k]`,
@@ -233,13 +234,7 @@ pub(super) fn launches(
             let at = out.scratch;
             let offsets: Vec<usize> = s.entries.iter().map(|e| e[1]).collect();
             let copy = OperandCopy::View { rows: k, cols: n, rs: s.rs[1], cs: s.cs[1], transposed: true };
-            let words = copy.descriptor(&offsets);
-            out.copies.push(CopyLaunch {
-                src: At::Buffer(mm.b.buf, 0),
-                dst: At::Scratch(at),
-                blocks: copy_blocks(OperandCopy::work_items(&words)),
-                words,
-            });
+            out.copies.push(CopyLaunch::new(&copy, &offsets, At::Buffer(mm.b.buf, 0), At::Scratch(at)));
             out.scratch += round_up(2 * b_elems);
             (At::Scratch(at), n * k)
         }
