@@ -324,7 +324,9 @@ impl Model {
     /// GEMM family runs, and fused attention where the attention kernel
     /// takes it ([`gpu_attention_unsupported`]; the others unfused), each
     /// writing its heads merged where a copy merged them
-    /// ([`lower::fold_head_merges`]).
+    /// ([`lower::fold_head_merges`]), and the loop programs whose output a
+    /// contraction reads as its A storing it in bf16 too
+    /// ([`lower::bf16_operands`]).
     pub fn lower_gpu(&self) -> Result<plan::ModelPlan, Error> {
         let lo = lower::LowerOptions {
             fuse_attention: true,
@@ -337,6 +339,7 @@ impl Model {
         let mut plan = lower::lower_with(&self.graph, &self.fusion_plan(), &lo)?;
         lower::unfuse_attention(&mut plan, |p, a| gpu_attention_unsupported(p, a).is_none());
         lower::fold_head_merges(&mut plan);
+        lower::bf16_operands(&mut plan);
         Ok(plan)
     }
 

@@ -314,6 +314,51 @@ fn f32_a_is_read_in_place_by_gemv_and_copied_for_tiles() {
     }
 }
 
+/// A loop program whose output a contraction reads as A also stores it in
+/// bf16 (`lower::bf16_operands`), and the tensor-core tiles read that copy
+/// in place: no copy launch of A. Its f32 output stays for its other reader
+/// (here a product with itself). A slice of such an output four columns in
+/// (rows 68 apart: not 16-byte aligned in bf16) is copied for a tile as
+/// before. Against the interpreter at one row, primes, one past a tile.
+#[test]
+fn a_producers_bf16_copy_is_read_by_the_tiles() {
+    let m = model(
+        r#"graph {
+  sym n param 1..
+  input %x: f32[n, 64]
+  input %w: f32[64, 48]
+  input %x2: f32[n, 68]
+  %t: f32[n, 64] = tanh %x
+  %c: f32[n, 48] = matmul %t, %w
+  %sq: f32[n, 64] = mul %t, %t
+  %t2: f32[n, 68] = tanh %x2
+  %ts: f32[n, 64] = slice[1: 4 step 1] %t2
+  %d: f32[n, 48] = matmul %ts, %w
+  output %c, %sq, %d
+}
+"#,
+    );
+    let gm = m.compile_host_gpu().expect("compiles for the GPU");
+    let text = plan::print_plan(gm.plan());
+    assert_eq!(text.matches("(as bf16 in b").count(), 2, "{text}");
+    assert!(text.contains("bf16["), "{text}");
+    for (i, n) in [1usize, 7, 17, 65, 129].into_iter().enumerate() {
+        compare_within(&m, &gm, &[("n", n)], i as u64, Some(BF16_L2));
+        let ins = inputs(&m, &[("n", n)], 9);
+        let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        let used = gm.gemms_at(&named).expect("plans");
+        let copies = gm.copies_at(&named).expect("plans");
+        assert_eq!(used.len(), 2, "{used:?}");
+        let a = a_copies(&used);
+        // B (an input) is copied K-major; A only for the misaligned slice's tile.
+        assert_eq!(copies[0].1, 1, "n = {n}: {used:?} {copies:?}");
+        assert_eq!(copies[1].1, 1 + a[1], "n = {n}: {used:?} {copies:?}");
+        if n >= 65 {
+            assert_eq!((a[0], a[1]), (1, 1), "n = {n}: tiles take both: {used:?}");
+        }
+    }
+}
+
 /// An activation B whose K is adjacent (attention's keys, `q · kᵀ`) is read
 /// in place as f32 by the GEMV kernels at up to 8 rows (a decode step: no
 /// copy of the whole cache); a misaligned one (a slice a column in, rows 66
@@ -923,11 +968,21 @@ fn bundled_models_match_onnx_runtime_through_the_gpu_backend() {
             let got = gm.run(&named).unwrap_or_else(|e| panic!("{name}/{}: {e}", case.display()));
             if name.ends_with("bert") || name.ends_with("gpt2") {
                 // Every contraction multiplies a packed weight; its f32 A is
-                // read in place but by a tile, which takes a bf16 copy.
+                // read in place but by a tile, which reads the bf16 copy that
+                // A's producer writes (a layer norm's) or else copies A.
                 let copies = gm.copies_at(&named).expect("plans");
                 let used = gm.gemms_at(&named).expect("plans");
                 let got: Vec<usize> = copies.iter().map(|(_, c)| *c).collect();
-                assert_eq!(got, a_copies(&used), "{name}/{stem}: {copies:?} {used:?}");
+                let written = |step: usize| matches!(&gm.plan().steps[step].kind, plan::StepKind::MatMul(m) if m.a_bf16.is_some());
+                let want: Vec<usize> = used
+                    .iter()
+                    .zip(a_copies(&used))
+                    .map(|((i, _), c)| if written(*i) { 0 } else { c })
+                    .collect();
+                assert_eq!(got, want, "{name}/{stem}: {copies:?} {used:?}");
+                // The layer norms write their outputs in bf16 too, for the
+                // products they feed (at least a layer's QKV and FC1).
+                assert!(used.iter().filter(|(i, _)| written(*i)).count() >= 2, "{name}/{stem}: {used:?}");
             }
             for (out, path) in npy_files(&case.join("expected")) {
                 let want = anyshape::npy::read(&path).expect("expected npy");

@@ -657,6 +657,7 @@ fn inline_tensor(name: &str, values: &str, shape: Option<Vec<usize>>, dtype: DTy
         DType::U8 => Elems::U8(vals.iter().map(|v| *v as u8).collect()),
         DType::Bool => Elems::Bool(vals.iter().map(|v| *v != 0.0).collect()),
         DType::F16 => bail!(UserError(format!("input '{name}' is f16: give it as a .npy file"))),
+        DType::BF16 => bail!(UserError(format!("input '{name}' is bf16, which is not taken as an input"))),
     };
     Tensor::new(shape, elems).map_err(|e| UserError(format!("input '{name}': {e}")).into())
 }

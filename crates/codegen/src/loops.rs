@@ -794,6 +794,8 @@ impl Gen<'_> {
             DType::F32 => self.ctx.f32_type().into(),
             DType::F64 => self.ctx.f64_type().into(),
             DType::F16 => self.ctx.f16_type().into(),
+            // Its bits: converted by integer arithmetic ([`Gen::f32_to_bf16`]).
+            DType::BF16 => self.ctx.i16_type().into(),
             DType::I8 | DType::U8 => self.ctx.i8_type().into(),
             DType::I32 => self.ctx.i32_type().into(),
             DType::I64 => self.ctx.i64_type().into(),
@@ -982,6 +984,7 @@ impl Gen<'_> {
             DType::F32 => self.ctx.f32_type().const_float(f).into(),
             DType::F64 => self.ctx.f64_type().const_float(f).into(),
             DType::F16 => self.ctx.f16_type().const_float(f).into(),
+            DType::BF16 => self.ctx.i16_type().const_int(ir::f32_to_bf16(f as f32) as u64, false).into(),
             DType::I8 | DType::U8 => self.ctx.i8_type().const_int(i as u64, true).into(),
             DType::I32 => self.ctx.i32_type().const_int(i as u64, true).into(),
             DType::I64 => self.ctx.i64_type().const_int(i as u64, true).into(),
@@ -1857,6 +1860,70 @@ impl Gen<'_> {
         self.cast_float(r, f16t, false)
     }
 
+    /// An i32 constant, a vector of it when `vec`.
+    fn i32_const(&self, c: u32, vec: bool) -> R<V> {
+        let v = V::from(self.ctx.i32_type().const_int(c as u64, false));
+        if vec {
+            self.splat(v)
+        } else {
+            Ok(v)
+        }
+    }
+
+    /// f32 → bf16 (its bits, an i16), rounded to nearest even, a NaN kept a
+    /// quiet NaN (`ir::f32_to_bf16`): integer arithmetic, alike on every
+    /// target (x86 rounds to bf16 only through a library call that generated
+    /// code cannot make, and the host emulator runs the GPU's code on x86).
+    fn f32_to_bf16(&self, a: V) -> R<V> {
+        let b = self.bld;
+        let vec = a.is_vector_value();
+        let (i32t, i16t) = (self.lty(DType::I32, vec), self.lty(DType::BF16, vec));
+        let bits = b.build_bit_cast(a, i32t, "bits").map_err(llvm)?;
+        let high = self.shift_right(bits, 16)?;
+        let lsb = int_op(b, BinaryOp::And, high, self.i32_const(1, vec)?, true)?;
+        let r = int_op(b, BinaryOp::Add, bits, self.i32_const(0x7fff, vec)?, true)?;
+        let r = int_op(b, BinaryOp::Add, r, lsb, true)?;
+        let rounded = self.shift_right(r, 16)?;
+        let quiet = int_op(b, BinaryOp::Or, high, self.i32_const(0x40, vec)?, true)?;
+        let nan = fcmp(b, FloatPredicate::UNO, a, a)?;
+        let h = select(b, nan, quiet, rounded)?;
+        Ok(if vec {
+            b.build_int_truncate(h.into_vector_value(), i16t.into_vector_type(), "bf").map_err(llvm)?.into()
+        } else {
+            b.build_int_truncate(h.into_int_value(), i16t.into_int_type(), "bf").map_err(llvm)?.into()
+        })
+    }
+
+    /// bf16 bits (an i16) → f32.
+    fn bf16_to_f32(&self, a: V) -> R<V> {
+        let b = self.bld;
+        let vec = a.is_vector_value();
+        let (i32t, f32t) = (self.lty(DType::I32, vec), self.lty(DType::F32, vec));
+        let wide = self.zext(a, i32t)?;
+        let sixteen = self.i32_const(16, vec)?;
+        let bits: V = if vec {
+            b.build_left_shift(wide.into_vector_value(), sixteen.into_vector_value(), "hi")
+                .map_err(llvm)?
+                .into()
+        } else {
+            b.build_left_shift(wide.into_int_value(), sixteen.into_int_value(), "hi").map_err(llvm)?.into()
+        };
+        b.build_bit_cast(bits, f32t, "f").map_err(llvm)
+    }
+
+    /// `x >> n`, logical, of an i32 (or a vector of them).
+    fn shift_right(&self, x: V, n: u32) -> R<V> {
+        let b = self.bld;
+        let n = self.i32_const(n, x.is_vector_value())?;
+        Ok(if x.is_vector_value() {
+            b.build_right_shift(x.into_vector_value(), n.into_vector_value(), false, "sr")
+                .map_err(llvm)?
+                .into()
+        } else {
+            b.build_right_shift(x.into_int_value(), n.into_int_value(), false, "sr").map_err(llvm)?.into()
+        })
+    }
+
     /// A float conversion, scalar or vector (`ext`: widening).
     fn cast_float(&self, a: V, t: BasicTypeEnum<'static>, ext: bool) -> R<V> {
         let b = self.bld;
@@ -1879,6 +1946,14 @@ impl Gen<'_> {
         let tt = self.lty(to, vec);
         if from == to {
             return Ok(a);
+        }
+        if to == DType::BF16 {
+            let f = self.cast(a, from, DType::F32)?;
+            return self.f32_to_bf16(f);
+        }
+        if from == DType::BF16 {
+            let f = self.bf16_to_f32(a)?;
+            return self.cast(f, DType::F32, to);
         }
         let ff = from.is_float();
         let tf = to.is_float();

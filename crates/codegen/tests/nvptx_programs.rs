@@ -279,6 +279,7 @@ fn decode(dt: DType, b: &[u8]) -> Vec<f64> {
                 DType::F32 => f32::from_le_bytes(at.try_into().unwrap()) as f64,
                 DType::F64 => f64::from_le_bytes(at.try_into().unwrap()),
                 DType::F16 => ir::f16_to_f32(u16::from_le_bytes(at.try_into().unwrap())) as f64,
+                DType::BF16 => ir::bf16_to_f32(u16::from_le_bytes(at.try_into().unwrap())) as f64,
                 DType::I32 => i32::from_le_bytes(at.try_into().unwrap()) as f64,
                 DType::I64 => i64::from_le_bytes(at.try_into().unwrap()) as f64,
                 DType::I8 => at[0] as i8 as f64,
@@ -434,7 +435,11 @@ fn check(what: &str, text: &str, names: &[&str], shapes: &[&[i64]], specials: bo
             assert_eq!(out.len(), w.len(), "{what} {vals:?}: {name}");
             // f16 results may differ from the interpreter's by a rounding (an ulp
             // is 2^-10 relative); f32 ones by a sum's order.
-            let tol = if plan.buffers[*b].dtype == DType::F16 { 2e-3 } else { 1e-4 };
+            let tol = match plan.buffers[*b].dtype {
+                DType::F16 => 2e-3,
+                DType::BF16 => 0.0,
+                _ => 1e-4,
+            };
             for (i, (a, b)) in out.iter().zip(&w).enumerate() {
                 let ok = a == b || (a - b).abs() <= tol * (1.0 + b.abs()) || (a.is_nan() && b.is_nan());
                 assert!(ok, "{what} {vals:?}: {name}[{i}] = {a}, the interpreter says {b}");
@@ -447,6 +452,49 @@ fn check(what: &str, text: &str, names: &[&str], shapes: &[&[i64]], specials: bo
 fn element_wise_programs_match_the_interpreter() {
     let shapes: &[&[i64]] = &[&[1, 1], &[3, 7], &[2, 33], &[5, 32], &[1, 257], &[17, 13]];
     check("ew", ELEMENTWISE, &["n", "m"], shapes, false);
+}
+
+/// A bf16 store (a contraction operand's copy, `lower::bf16_operands`)
+/// rounds to nearest even and keeps NaNs, as the interpreter does: bit for
+/// bit (a rounding apart would be 2⁻⁸, past the tolerance), infinities,
+/// NaNs and signed zeros among the inputs, rows of quads and not.
+#[test]
+fn bf16_stores_round_as_the_interpreter_does() {
+    let text = "graph {\n  sym n param 1..\n  sym m param 1..\n  input %x: f32[n, m]\n  \
+                %y: bf16[n, m] = cast %x\n  output %y\n}\n";
+    let shapes: &[&[i64]] = &[&[1, 1], &[3, 7], &[2, 64], &[5, 33], &[1, 257]];
+    check("bf", text, &["n", "m"], shapes, true);
+    // Ties (to the even side, down and up), a NaN whose payload is in its
+    // low half only (not infinity), the largest finite value (rounds up to
+    // infinity), a subnormal, signed zeros.
+    let bits: [u32; 12] = [
+        0x3f80_8000,
+        0x3f81_8000,
+        0xbf80_8000,
+        0x3f80_8001,
+        0x7f80_0001,
+        0xff80_0001,
+        0x7fc0_0000,
+        0x7f7f_ffff,
+        0x0000_8001,
+        0x8000_0000,
+        0x0000_0000,
+        0x7f80_0000,
+    ];
+    let (g, plan) = planned(text);
+    let ctx = Context::create();
+    let k = kernels(&ctx, &plan, "bf_special");
+    let mut syms = sym::Bindings::default();
+    syms.insert("n", 3);
+    syms.insert("m", 4);
+    let x: Vec<f32> = bits.iter().map(|b| f32::from_bits(*b)).collect();
+    let ins = vec![("x".to_string(), Tensor::new(vec![3, 4], ir::Elems::F32(x.clone())).expect("a tensor"))];
+    let got = run(&g, &plan, &k, &syms, &ins, 1).expect("runs");
+    for (i, (v, x)) in got[0].iter().zip(&x).enumerate() {
+        let want = ir::bf16_to_f32(ir::f32_to_bf16(*x));
+        let same = (want.is_nan() && v.is_nan()) || (*v as f32).to_bits() == want.to_bits();
+        assert!(same, "{:#010x} → {v}, want {want} ({i})", x.to_bits());
+    }
 }
 
 #[test]

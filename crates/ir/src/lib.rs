@@ -15,8 +15,8 @@ pub use graph::{Graph, Node, Value, ValueId};
 pub use infer::infer;
 pub use op::{BinaryOp, ConvAttrs, Op, PadMode, PoolAttrs, PoolKind, ReduceOp, SliceAxis, UnaryOp};
 pub use tensor::{
-    checked_numel, f16_to_f32, f64_to_f16, ConstData, DType, Elems, MappedFile, Tensor, TensorData,
-    TensorType, TensorView, ViewElement, WeightCodes,
+    bf16_to_f32, checked_numel, f16_to_f32, f32_to_bf16, f64_to_f16, ConstData, DType, Elems, MappedFile,
+    Tensor, TensorData, TensorType, TensorView, ViewElement, WeightCodes,
 };
 pub use text::{parse_graph, print_graph, weight_table, INLINE_MAX};
 pub use verify::verify;

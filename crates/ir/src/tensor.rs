@@ -19,6 +19,10 @@ pub enum DType {
     I32,
     I64,
     Bool,
+    /// bfloat16: f32's exponent, 8 bits of significand. Only the GPU plan's
+    /// contraction operands hold it (a producer's copy of its output that a
+    /// tensor-core product reads); no model's own tensor has it.
+    BF16,
 }
 
 impl DType {
@@ -27,7 +31,7 @@ impl DType {
         match self {
             DType::F64 | DType::I64 => 8,
             DType::F32 | DType::I32 => 4,
-            DType::F16 => 2,
+            DType::F16 | DType::BF16 => 2,
             DType::I8 | DType::U8 | DType::Bool => 1,
         }
     }
@@ -36,6 +40,7 @@ impl DType {
             DType::F32 => "f32",
             DType::F64 => "f64",
             DType::F16 => "f16",
+            DType::BF16 => "bf16",
             DType::I8 => "i8",
             DType::U8 => "u8",
             DType::I32 => "i32",
@@ -48,6 +53,7 @@ impl DType {
             "f32" => DType::F32,
             "f64" => DType::F64,
             "f16" => DType::F16,
+            "bf16" => DType::BF16,
             "i8" => DType::I8,
             "u8" => DType::U8,
             "i32" => DType::I32,
@@ -57,7 +63,7 @@ impl DType {
         })
     }
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::F64 | DType::F16)
+        matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
     }
     pub fn is_int(self) -> bool {
         matches!(self, DType::I8 | DType::U8 | DType::I32 | DType::I64)
@@ -123,6 +129,8 @@ pub enum Elems {
     F64(Vec<f64>),
     /// Half floats are kept as raw IEEE binary16 bits.
     F16(Vec<u16>),
+    /// bfloat16 as its raw bits (the high half of an f32's).
+    BF16(Vec<u16>),
     I8(Vec<i8>),
     U8(Vec<u8>),
     I32(Vec<i32>),
@@ -137,6 +145,7 @@ macro_rules! each_vec {
             Elems::F32($v) => $body,
             Elems::F64($v) => $body,
             Elems::F16($v) => $body,
+            Elems::BF16($v) => $body,
             Elems::I8($v) => $body,
             Elems::U8($v) => $body,
             Elems::I32($v) => $body,
@@ -152,6 +161,7 @@ impl Elems {
             Elems::F32(_) => DType::F32,
             Elems::F64(_) => DType::F64,
             Elems::F16(_) => DType::F16,
+            Elems::BF16(_) => DType::BF16,
             Elems::I8(_) => DType::I8,
             Elems::U8(_) => DType::U8,
             Elems::I32(_) => DType::I32,
@@ -250,6 +260,7 @@ fn decode(dtype: DType, shape: &[usize], b: &[u8]) -> Tensor {
         DType::F32 => Elems::F32(chunks(b, f32::from_le_bytes)),
         DType::F64 => Elems::F64(chunks(b, f64::from_le_bytes)),
         DType::F16 => Elems::F16(chunks(b, u16::from_le_bytes)),
+        DType::BF16 => Elems::BF16(chunks(b, u16::from_le_bytes)),
         DType::I8 => Elems::I8(b.iter().map(|x| *x as i8).collect()),
         DType::U8 => Elems::U8(b.to_vec()),
         DType::I32 => Elems::I32(chunks(b, i32::from_le_bytes)),
@@ -282,7 +293,7 @@ impl TensorData for Tensor {
         match &self.elems {
             Elems::F32(v) => v.as_ptr() as *const u8,
             Elems::F64(v) => v.as_ptr() as *const u8,
-            Elems::F16(v) => v.as_ptr() as *const u8,
+            Elems::F16(v) | Elems::BF16(v) => v.as_ptr() as *const u8,
             Elems::I8(v) => v.as_ptr() as *const u8,
             Elems::U8(v) => v.as_ptr(),
             Elems::I32(v) => v.as_ptr() as *const u8,
@@ -336,6 +347,7 @@ impl Tensor {
             Elems::F32(v) => v.iter().map(|x| *x as f64).collect(),
             Elems::F64(v) => v.clone(),
             Elems::F16(v) => v.iter().map(|x| f16_to_f32(*x) as f64).collect(),
+            Elems::BF16(v) => v.iter().map(|x| bf16_to_f32(*x) as f64).collect(),
             Elems::I8(v) => v.iter().map(|x| *x as f64).collect(),
             Elems::U8(v) => v.iter().map(|x| *x as f64).collect(),
             Elems::I32(v) => v.iter().map(|x| *x as f64).collect(),
@@ -385,6 +397,20 @@ pub fn f64_to_f16(x: f64) -> u16 {
     // 10 fraction bits; a carry out of the fraction correctly bumps the exponent.
     let frac = ((a / f64::powi(2.0, e) - 1.0) * 1024.0).round_ties_even() as u16;
     sign | ((((e + 15) as u16) << 10) + frac)
+}
+
+/// The bfloat16 nearest `x` (ties to even; a NaN stays a quiet NaN).
+pub fn f32_to_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// Decode bfloat16 bits.
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
 }
 
 /// Decode IEEE binary16 bits.
@@ -556,7 +582,7 @@ impl ConstData {
         match t.elems() {
             Elems::F32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
             Elems::F64(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            Elems::F16(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Elems::F16(v) | Elems::BF16(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
             Elems::I8(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
             Elems::U8(v) => out.extend_from_slice(v),
             Elems::I32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),

@@ -1115,6 +1115,7 @@ impl<'g> Lowering<'g> {
             i16,
             i16s8: i16 && s8_weight,
             epilogue: MatEpilogue::default(),
+            a_bf16: None,
         })
     }
 

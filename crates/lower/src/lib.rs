@@ -21,10 +21,12 @@ pub mod attention;
 mod build;
 mod group;
 mod hoist;
+mod operands;
 pub mod schedules;
 pub mod versions;
 
 pub use attention::{fold_head_merges, fuse_attention, unfuse_attention};
+pub use operands::bf16_operands;
 pub use schedules::analyze;
 
 use plan::ModelPlan;

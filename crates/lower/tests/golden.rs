@@ -5,7 +5,8 @@
 //! read in place, a concat along rows whose choice is made once per row, and a
 //! whole input's reduction stored once for the larger program that reads it
 //! (after the stored tensor it reduces, where it reduces one), and a quantized
-//! activation stored as its u8 codes.
+//! activation stored as its u8 codes; and, in the GPU's plans, a product's A
+//! stored in bf16 by its producer.
 
 fn lowered(text: &str) -> String {
     let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
@@ -664,4 +665,75 @@ group 2: contraction
     for floats in [with(true, 7), with(false, 8)] {
         assert!(!floats.contains("stored as u8 codes") && floats.contains("f32[n, 4] \"yf\""), "{floats}");
     }
+}
+
+/// The GPU's plans: a program whose output a contraction reads as its A
+/// also stores it as bf16 (`lower::bf16_operands`), and the product names
+/// that buffer. Two steps share the tanh program but only one feeds a
+/// product: that one takes a copy of the program with the second store;
+/// the other keeps the original. A product of an input keeps its A.
+#[test]
+fn a_products_producer_stores_its_a_in_bf16() {
+    let g = ir::parse_graph(
+        r#"graph {
+  sym n param 1..
+  input %x: f32[n, 8]
+  input %y: f32[n, 8]
+  input %w: f32[8, 16]
+  %t: f32[n, 8] = tanh %x
+  %c: f32[n, 16] = matmul %t, %w
+  %u: f32[n, 8] = tanh %y
+  %d: f32[n, 16] = matmul %x, %w
+  output %c, %u, %d
+}
+"#,
+        &|_| None,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut plan = lower::lower(&g, &passes::fuse(&g)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(lower::bf16_operands(&mut plan), 1);
+    let got = plan::print_plan(&plan);
+    let want = r#"dims:
+  d0 = 8*n
+  d1 = 128
+  d2 = 16*n
+  d3 = n
+  d4 = 0
+  d5 = 8
+  d6 = 1
+  d7 = 16
+buffers:
+  b0: f32[n, 8] "x" (input 0)
+  b1: f32[n, 8] "y" (input 1)
+  b2: f32[8, 16] "w" (input 2)
+  b3: f32[n, 16] "c" (output 0)
+  b4: f32[n, 8] "u" (output 1)
+  b5: f32[n, 16] "d" (output 2)
+  b6: f32[n, 8] "t" (temp, steps 0..=1)
+  b7: bf16[n, 8] "t.bf16" (temp, steps 0..=1)
+p0: program g0_elementwise
+  %0: in f32[d3, 8] "x"
+  %1: out f32[d3, 8] "t"
+  gpu: quads (4 adjacent points a thread or lane, vector accesses where aligned)
+  for i0 < d3, i1 < 8:
+    %1[·] = tanh(%0[i0, i1])
+p1: program g0_elementwise_bf16
+  %0: in f32[d3, 8] "x"
+  %1: out f32[d3, 8] "t"
+  %2: out bf16[d3, 8] "t_bf16"
+  gpu: quads (4 adjacent points a thread or lane, vector accesses where aligned)
+  for i0 < d3, i1 < 8:
+    t0: f32 = tanh(%0[i0, i1])
+    %1[·] = t0
+    %2[·] = cast<bf16>(t0)
+group 0: elementwise
+  loop p1(b0, b6, b7)
+group 1: contraction
+  matmul [] m d3 n d7 k d5: A b6+d4 strides [] d5 d6 (as bf16 in b7) · B b2+d4 strides [] d7 d6 → C b3+d4 strides [] d7 d6
+group 2: elementwise
+  loop p0(b1, b4)
+group 3: contraction
+  matmul [] m d3 n d7 k d5: A b0+d4 strides [] d5 d6 · B b2+d4 strides [] d7 d6 → C b5+d4 strides [] d7 d6
+"#;
+    assert_eq!(got, want, "got:\n{got}");
 }

@@ -385,7 +385,7 @@ pub fn tensor_data(t: &TensorProto, ext: &mut ExternalData) -> Result<ConstData,
             t.int32_data.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
             t.int32_data.len()
         }
-        DType::F16 => {
+        DType::F16 | DType::BF16 => {
             t.int32_data.iter().for_each(|v| out.extend_from_slice(&(*v as u16).to_le_bytes()));
             t.int32_data.len()
         }

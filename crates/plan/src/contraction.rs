@@ -148,14 +148,10 @@ impl std::str::FromStr for ElemType {
 /// (NaN stays a quiet NaN of the same sign; the instruction treats denormal
 /// inputs as zero, and so does this).
 pub fn bf16_bits(x: f32) -> u16 {
-    let b = x.to_bits();
-    if x.is_nan() {
-        return ((b >> 16) | 0x40) as u16;
-    }
     // Denormals in, signed zero out (DAZ).
-    let b = if b & 0x7f80_0000 == 0 { b & 0x8000_0000 } else { b };
-    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1));
-    (rounded >> 16) as u16
+    let b = x.to_bits();
+    let daz = if b & 0x7f80_0000 == 0 { f32::from_bits(b & 0x8000_0000) } else { x };
+    ir::f32_to_bf16(daz)
 }
 
 /// One contraction instance: `batch` independent `C[m×n] = A[m×k] · B[k×n]`,

@@ -174,6 +174,12 @@ pub struct MatMulStep {
     pub i16s8: bool,
     /// The group's epilogue, when the engine's tile epilogue computes it.
     pub epilogue: MatEpilogue,
+    /// A bf16 buffer that A's producer writes beside A, value for value
+    /// (`lower::bf16_operands`, GPU plans only): kernels reading bf16 A read
+    /// A's view there (two bytes an element) instead of a copy of it made
+    /// before the product.
+    #[serde(default)]
+    pub a_bf16: Option<BufId>,
 }
 
 impl MatMulStep {
@@ -276,6 +282,7 @@ impl StepKind {
             StepKind::Loop { args, .. } => args.clone(),
             StepKind::MatMul(m) => {
                 let mut v = vec![m.a.buf, m.b.buf, m.c.buf];
+                v.extend(m.a_bf16);
                 v.extend(m.epilogue.buffers());
                 v
             }

@@ -233,7 +233,12 @@ fn epilogue(e: &crate::MatEpilogue) -> String {
 /// A's view, or the taps it reads: `taps b3+d0 image [d1, d2, d3, d4] strides
 /// [d5, d6, d7] out [d8, d9] kernel 3x3 stride 1x1 dilation 1x1 pad 1x1`.
 fn a_view(m: &crate::model::MatMulStep) -> String {
-    let Some(t) = &m.taps else { return view(&m.a) };
+    let Some(t) = &m.taps else {
+        return match m.a_bf16 {
+            Some(b) => format!("{} (as bf16 in b{b})", view(&m.a)),
+            None => view(&m.a),
+        };
+    };
     let slots = |s: &[u32]| s.iter().map(|d| format!("d{d}")).collect::<Vec<_>>().join(", ");
     let pair = |p: [usize; 2]| format!("{}x{}", p[0], p[1]);
     format!(

@@ -121,6 +121,8 @@ fn numpy_name(dt: DType) -> &'static str {
         DType::F32 => "float32",
         DType::F64 => "float64",
         DType::F16 => "float16",
+        // (numpy has none; no model's input or output is one.)
+        DType::BF16 => "bfloat16",
         DType::I8 => "int8",
         DType::U8 => "uint8",
         DType::I32 => "int32",
@@ -196,6 +198,7 @@ fn hold<'py>(name: &str, value: &Bound<'py, PyAny>, want: DType) -> PyResult<(Ve
             let bits = value.call_method1("view", ("uint16",))?;
             Held::F16(borrow!(bits, u16))
         }
+        DType::BF16 => return Err(invalid(format!("input '{name}' is bf16, which numpy has no type for"))),
         DType::I8 => Held::I8(borrow!(value, i8)),
         DType::U8 => Held::U8(borrow!(value, u8)),
         DType::I32 => Held::I32(borrow!(value, i32)),
@@ -228,7 +231,7 @@ impl Drop for OutputMemory {
 /// A compiled model's output as a numpy array, its elements handed back to the
 /// model when the array is freed (when the model keeps such outputs).
 fn recycled_array_of(py: Python<'_>, t: Tensor, recycler: &anyshape::Recycler) -> PyResult<Py<PyAny>> {
-    if !anyshape::Recycler::keeps(&t) {
+    if !anyshape::Recycler::keeps(&t) || t.dtype() == DType::BF16 {
         return array_of(py, t);
     }
     let shape = numpy::ndarray::IxDyn(t.shape());
@@ -248,6 +251,7 @@ fn recycled_array_of(py: Python<'_>, t: Tensor, recycler: &anyshape::Recycler) -
         Elems::F32(v) => lend!(v),
         Elems::F64(v) => lend!(v),
         Elems::F16(v) => lend!(v).call_method1("view", ("float16",))?,
+        Elems::BF16(_) => return Err(AnyshapeError::new_err("internal error: a bf16 output lent as it is")),
         Elems::I8(v) => lend!(v),
         Elems::U8(v) => lend!(v),
         Elems::I32(v) => lend!(v),
@@ -273,6 +277,8 @@ fn array_of(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
             let a = PyArray1::from_vec(py, v).reshape(shape)?;
             a.call_method1("view", ("float16",))?.unbind()
         }
+        // numpy has no bfloat16: the f32 values they are.
+        Elems::BF16(v) => give!(v.iter().map(|x| f32::from_bits((*x as u32) << 16)).collect::<Vec<f32>>()),
         Elems::I8(v) => give!(v),
         Elems::U8(v) => give!(v),
         Elems::I32(v) => give!(v),

@@ -1015,6 +1015,7 @@ fn validate(plan: &ModelPlan, inputs: usize, outputs: usize) -> Result<(), Strin
         view(&m.a)?;
         view(&m.b)?;
         view(&m.c)?;
+        m.a_bf16.into_iter().try_for_each(buf)?;
         m.epilogue.buffers().try_for_each(buf)?;
         if let Some(t) = &m.taps {
             t.image.iter().chain(&t.strides).chain(&t.out).copied().try_for_each(slot)?;

@@ -531,6 +531,7 @@ fn zeros(dt: DType, n: usize) -> Option<Elems> {
         DType::F32 => Elems::F32(z(n).ok()?),
         DType::F64 => Elems::F64(z(n).ok()?),
         DType::F16 => Elems::F16(z(n).ok()?),
+        DType::BF16 => Elems::BF16(z(n).ok()?),
         DType::I8 => Elems::I8(z(n).ok()?),
         DType::U8 => Elems::U8(z(n).ok()?),
         DType::I32 => Elems::I32(z(n).ok()?),

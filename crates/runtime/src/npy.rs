@@ -94,6 +94,11 @@ pub fn write(path: &Path, t: &Tensor) -> Result<(), Error> {
             out.extend(v.iter().copied()).map_err(|e| err(path, e))?;
             out.finish().map_err(|e| err(path, e))?;
         }
+        // numpy has no bfloat16: written as the f32 values they are.
+        Elems::BF16(v) => {
+            let f: Vec<f32> = v.iter().map(|x| ir::bf16_to_f32(*x)).collect();
+            put!(f, f32)
+        }
         Elems::I8(v) => put!(v, i8),
         Elems::U8(v) => put!(v, u8),
         Elems::I32(v) => put!(v, i32),

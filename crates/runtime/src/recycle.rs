@@ -86,7 +86,7 @@ impl Pool {
         match &mut e {
             Elems::F32(v) => fit!(v, 0.0),
             Elems::F64(v) => fit!(v, 0.0),
-            Elems::F16(v) => fit!(v, 0),
+            Elems::F16(v) | Elems::BF16(v) => fit!(v, 0),
             Elems::I8(v) => fit!(v, 0),
             Elems::U8(v) => fit!(v, 0),
             Elems::I32(v) => fit!(v, 0),

@@ -434,6 +434,7 @@ mod tests {
                 i16: false,
                 i16s8: false,
                 epilogue: Default::default(),
+                a_bf16: None,
             };
             let s = matmul_shape(&mm, &dims).unwrap();
             let count: usize = ext.iter().product();

@@ -351,6 +351,7 @@ fn parse_const(c: &mut Cur<'_>, ty: &TensorType, weights: Weights<'_>) -> Result
                 .and_then(|h| u16::from_str_radix(h, 16).ok())
                 .ok_or_else(|| format!("f16 elements are raw bits like `0x3c00`, found `{}`", snippet(s)))
         })?),
+        DType::BF16 => return Err("bf16 constants are not written in the text form".into()),
         DType::I8 => Elems::I8(all(&toks, num)?),
         DType::U8 => Elems::U8(all(&toks, num)?),
         DType::I32 => Elems::I32(all(&toks, num)?),

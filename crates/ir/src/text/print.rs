@@ -197,7 +197,7 @@ fn write_const(f: &mut fmt::Formatter<'_>, g: &Graph, out: ValueId, c: &ConstDat
     let item = |f: &mut fmt::Formatter<'_>, i: usize| match e {
         Elems::F32(v) => write!(f, "{:?}", v[i]),
         Elems::F64(v) => write!(f, "{:?}", v[i]),
-        Elems::F16(v) => write!(f, "{:#06x}", v[i]),
+        Elems::F16(v) | Elems::BF16(v) => write!(f, "{:#06x}", v[i]),
         Elems::I8(v) => write!(f, "{}", v[i]),
         Elems::U8(v) => write!(f, "{}", v[i]),
         Elems::I32(v) => write!(f, "{}", v[i]),

@@ -962,6 +962,7 @@ pub(crate) fn int_const(dtype: DType, shape: &[i64], vals: &[i64]) -> R<ConstDat
         DType::F32 => ir::Elems::F32(vals.iter().map(|v| *v as f32).collect()),
         DType::F64 => ir::Elems::F64(vals.iter().map(|v| *v as f64).collect()),
         DType::F16 => ir::Elems::F16(vals.iter().map(|v| ir::f64_to_f16(*v as f64)).collect()),
+        DType::BF16 => ir::Elems::BF16(vals.iter().map(|v| ir::f32_to_bf16(*v as f32)).collect()),
     };
     let shape: Vec<usize> = shape.iter().map(|d| *d as usize).collect();
     Ok(ConstData::from_tensor(&ir::Tensor::new(shape, t).map_err(|e| e.to_string())?))
@@ -978,6 +979,7 @@ pub(crate) fn scalar_data(dtype: DType, x: f64) -> R<ConstData> {
         DType::U8 => ir::Elems::U8(vec![x as u8]),
         DType::Bool => ir::Elems::Bool(vec![x != 0.0]),
         DType::F16 => ir::Elems::F16(vec![ir::f64_to_f16(x)]),
+        DType::BF16 => ir::Elems::BF16(vec![ir::f32_to_bf16(x as f32)]),
     };
     Ok(ConstData::from_tensor(&ir::Tensor::new(vec![], e).map_err(|e| e.to_string())?))
 }

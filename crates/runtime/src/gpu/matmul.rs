@@ -6,7 +6,9 @@
 //! after the copies its operands need: none for an A that the kernels read
 //! in place (`GemmKernel::a_f32`: an f32 view with adjacent columns, at any
 //! row stride; the aligned kernels need it 16-byte aligned, the covers
-//! not), else A copied to a bf16 dense operand by the operand copy kernel
+//! not), else its bf16 copy that A's producer writes beside it
+//! (`MatMulStep::a_bf16`) where there is one and its rows are aligned, else
+//! A copied to a bf16 dense operand by the operand copy kernel
 //! (`plan::gpu::OperandCopy`: a strided view, or a convolution's taps
 //! written as the column matrix); an activation B is copied K-major. A
 //! split-K choice writes its shares of K as f32 partial sums into the
@@ -166,6 +168,17 @@ pub(super) fn launches(
     // batch stride multiples of 4.
     let in_place = s.taps.is_none() && s.cs[0] == 1 && choices.iter().any(|c| c.kernel.a_f32);
     let (sa, a_even) = entry_stride(s, 0);
+    // A's bf16 copy that its producer writes (`MatMulStep::a_bf16`): read in
+    // place by the kernels that read bf16 A, where its rows and entries start
+    // 16 bytes apart (the aligned kernels' copies) and its entries are
+    // evenly apart (one launch takes them all).
+    let a16 = mm.a_bf16.filter(|_| {
+        s.taps.is_none()
+            && s.cs[0] == 1
+            && s.rs[0].is_multiple_of(8)
+            && s.entries.iter().all(|x| x[0].is_multiple_of(8))
+            && (entries == 1 || a_even)
+    });
     let a_aligned = in_place && s.rs[0].is_multiple_of(4) && s.entries.iter().all(|x| x[0].is_multiple_of(4));
     // Kernels with an f32 B (an activation, K-major: its K adjacent) read it
     // in place at the rows they take; the GEMV's 16-byte loads need its
@@ -205,8 +218,8 @@ pub(super) fn launches(
         picked.push(choice);
     }
     // A: a view, or a convolution's taps, as bf16 `[entries, m, k]`, unless
-    // every launch reads it in place.
-    if picked.iter().any(|&c| !choices[c].kernel.a_f32) {
+    // every launch reads it in place (f32, or its producer's bf16 copy).
+    if a16.is_none() && picked.iter().any(|&c| !choices[c].kernel.a_f32) {
         let a_copy = match &s.taps {
             Some(t) => OperandCopy::Taps {
                 rows: m,
@@ -254,12 +267,12 @@ pub(super) fn launches(
     for (&(first, count), &choice) in runs.iter().zip(&picked) {
         let c_off = s.entries[first][2];
         let kk = &choices[choice].kernel;
-        // A: in place (f32, the entry's offset, its row and batch strides), or
-        // the copy's bf16 `[entries, m, k]`.
-        let (a_at, lda, sa) = if kk.a_f32 {
-            (At::Buffer(mm.a.buf, 4 * s.entries[first][0]), s.rs[0], sa)
-        } else {
-            (At::Scratch(2 * first * m * k), k, m * k)
+        // A: in place (f32, or the producer's bf16 copy: the entry's offset,
+        // its row and batch strides), or the copy's bf16 `[entries, m, k]`.
+        let (a_at, lda, sa) = match a16 {
+            _ if kk.a_f32 => (At::Buffer(mm.a.buf, 4 * s.entries[first][0]), s.rs[0], sa),
+            Some(b) => (At::Buffer(b, 2 * s.entries[first][0]), s.rs[0], sa),
+            None => (At::Scratch(2 * first * m * k), k, m * k),
         };
         // B: in place (f32, the entry's offset, its columns `ldb` apart), or
         // the packed weight or copy (bf16, `ldb` = K).

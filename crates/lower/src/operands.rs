@@ -1,0 +1,170 @@
+//! Contraction operands written in the kernels' element type by their
+//! producer (GPU plans). The GPU's tensor-core kernels read A as bf16; an A
+//! that a loop program writes as f32 would be copied to bf16 before each
+//! product (a launch that reads and writes A again). Instead the program
+//! stores `cast<bf16>` of the same value into a second buffer, beside the
+//! f32 one that other readers (a residual, a GEMV) keep reading.
+
+use std::collections::{HashMap, HashSet};
+
+use ir::DType;
+use plan::{BufId, Buffer, BufferKind, ModelPlan, Param, StepKind, Store};
+
+/// For every contraction step whose A is a temporary that one loop program
+/// writes (once, with nothing else writing it) and whose rows are contiguous
+/// (not a convolution's taps): a bf16 buffer beside A that the program also
+/// stores, named in the step as [`plan::MatMulStep::a_bf16`]. Steps reading
+/// the same A share the buffer; a program shared by other steps that do not
+/// need the store is copied. Returns the buffers added.
+pub fn bf16_operands(plan: &mut ModelPlan) -> usize {
+    // A's buffer → its writer (step, parameter), for each A that qualifies.
+    let mut mirrored: HashMap<BufId, (usize, usize)> = HashMap::new();
+    for st in &plan.steps {
+        let StepKind::MatMul(m) = &st.kind else { continue };
+        let unit_columns = plan.dims.exprs().get(m.a.cs as usize).and_then(|e| e.as_const()) == Some(1);
+        if m.taps.is_some() || !unit_columns || mirrored.contains_key(&m.a.buf) {
+            continue;
+        }
+        if let Some(w) = loop_writer(plan, m.a.buf) {
+            mirrored.insert(m.a.buf, w);
+        }
+    }
+    if mirrored.is_empty() {
+        return 0;
+    }
+    // The loop steps that get a store, by program: a program all of whose
+    // steps store the same parameter's copy is changed in place.
+    let mut wanted: HashMap<usize, HashSet<(usize, usize)>> = HashMap::new();
+    for &(step, param) in mirrored.values() {
+        let StepKind::Loop { program, .. } = &plan.steps[step].kind else { continue };
+        wanted.entry(*program).or_default().insert((step, param));
+    }
+    // The steps that run `program` (`None`: a fused attention's, whose
+    // arguments must stay as they are).
+    let users = |plan: &ModelPlan, program: usize| -> Vec<Option<usize>> {
+        (0..plan.steps.len())
+            .filter_map(|j| match &plan.steps[j].kind {
+                StepKind::Loop { program: p, .. } if *p == program => Some(Some(j)),
+                StepKind::Attention(a)
+                    if a.softmax == program || a.online.as_ref().is_some_and(|o| o.program == program) =>
+                {
+                    Some(None)
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    // (program, parameter) → the program that also stores the copy.
+    let mut with_copy: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut order: Vec<BufId> = mirrored.keys().copied().collect();
+    order.sort_unstable();
+    let mut copies: HashMap<BufId, BufId> = HashMap::new();
+    for a in order {
+        let (step, param) = mirrored[&a];
+        let StepKind::Loop { program, .. } = &plan.steps[step].kind else { continue };
+        let program = *program;
+        let target = match with_copy.get(&(program, param)) {
+            Some(&t) => t,
+            None => {
+                let all_alike = users(plan, program)
+                    .iter()
+                    .all(|j| j.is_some_and(|j| wanted[&program].contains(&(j, param))))
+                    && wanted[&program].iter().all(|(_, p)| *p == param);
+                let p = with_store(&plan.programs[program], param);
+                let t = if all_alike {
+                    plan.programs[program] = p;
+                    program
+                } else {
+                    plan.programs.push(p);
+                    plan.programs.len() - 1
+                };
+                with_copy.insert((program, param), t);
+                t
+            }
+        };
+        let src = &plan.buffers[a];
+        let copy = Buffer {
+            name: format!("{}.bf16", src.name),
+            dtype: DType::BF16,
+            shape: src.shape.clone(),
+            numel: src.numel,
+            kind: BufferKind::Temp,
+            first: 0,
+            last: 0,
+        };
+        plan.buffers.push(copy);
+        let b = plan.buffers.len() - 1;
+        copies.insert(a, b);
+        if let StepKind::Loop { program, args } = &mut plan.steps[step].kind {
+            *program = target;
+            args.push(b);
+        }
+    }
+    for st in &mut plan.steps {
+        if let StepKind::MatMul(m) = &mut st.kind {
+            if m.taps.is_none() {
+                m.a_bf16 = copies.get(&m.a.buf).copied().or(m.a_bf16);
+            }
+        }
+    }
+    plan.compute_lifetimes();
+    copies.len()
+}
+
+/// The loop step and its parameter that write `buf`, when `buf` is a
+/// temporary written by that step alone, in one store, of f32 values.
+fn loop_writer(plan: &ModelPlan, buf: BufId) -> Option<(usize, usize)> {
+    if !matches!(plan.buffers[buf].kind, BufferKind::Temp) || plan.buffers[buf].dtype != DType::F32 {
+        return None;
+    }
+    let mut writers = Vec::new();
+    for (j, st) in plan.steps.iter().enumerate() {
+        match &st.kind {
+            StepKind::Loop { program, args } => {
+                let p = &plan.programs[*program];
+                let bound: Vec<usize> = (0..args.len()).filter(|&k| args[k] == buf).collect();
+                match bound[..] {
+                    [] => {}
+                    [k] if p.params[k].written => {
+                        if p.stores.iter().filter(|s| s.param as usize == k).count() != 1 {
+                            return None;
+                        }
+                        writers.push((j, k));
+                    }
+                    [_] => {}
+                    // Read and written by one step, or bound twice.
+                    _ => return None,
+                }
+            }
+            StepKind::MatMul(m) if m.c.buf == buf => return None,
+            StepKind::Attention(a) if a.output.c.buf == buf => return None,
+            _ => {}
+        }
+    }
+    match writers[..] {
+        [w] => Some(w),
+        _ => None,
+    }
+}
+
+/// `p` with one more parameter, a bf16 buffer of parameter `param`'s shape,
+/// and a store of `cast<bf16>` of the value `param` stores (its schedules
+/// found again).
+fn with_store(p: &plan::LoopProgram, param: usize) -> plan::LoopProgram {
+    let mut q = p.clone();
+    let src = &p.params[param];
+    q.params.push(Param {
+        name: format!("{}_bf16", src.name),
+        dtype: DType::BF16,
+        shape: src.shape.clone(),
+        written: true,
+    });
+    let value = p.stores.iter().find(|s| s.param as usize == param).map(|s| s.value);
+    if let Some(value) = value {
+        let narrow = q.exprs.cast(value, DType::BF16);
+        q.stores.push(Store { param: (q.params.len() - 1) as u32, value: narrow });
+    }
+    q.name = format!("{}_bf16", p.name);
+    crate::schedules::analyze(&mut q);
+    q
+}
