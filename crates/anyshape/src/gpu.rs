@@ -324,9 +324,10 @@ impl Model {
     /// GEMM family runs, and fused attention where the attention kernel
     /// takes it ([`gpu_attention_unsupported`]; the others unfused), each
     /// writing its heads merged where a copy merged them
-    /// ([`lower::fold_head_merges`]), and the loop programs whose output a
-    /// contraction reads as its A storing it in bf16 too
-    /// ([`lower::bf16_operands`]).
+    /// ([`lower::fold_head_merges`]); the products whose output only other
+    /// products read storing it in bf16 ([`lower::bf16_products`]), and the
+    /// loop programs whose output a product reads as its A storing it in
+    /// bf16 too ([`lower::bf16_operands`]).
     pub fn lower_gpu(&self) -> Result<plan::ModelPlan, Error> {
         let lo = lower::LowerOptions {
             fuse_attention: true,
@@ -339,6 +340,7 @@ impl Model {
         let mut plan = lower::lower_with(&self.graph, &self.fusion_plan(), &lo)?;
         lower::unfuse_attention(&mut plan, |p, a| gpu_attention_unsupported(p, a).is_none());
         lower::fold_head_merges(&mut plan);
+        lower::bf16_products(&mut plan);
         lower::bf16_operands(&mut plan);
         Ok(plan)
     }
@@ -586,14 +588,14 @@ pub fn host_model_of(mut a: GpuArtifact, arch: Option<&str>) -> Result<GpuModel<
             KernelRole::OperandCopy => codegen::nvptx::operand_copy_ir(),
             KernelRole::Gemm(g) => codegen::nvptx::llvm_ir(g)?,
             KernelRole::Reduce(r) => codegen::nvptx::reduce_ir(r)?,
-            KernelRole::Attention { program, scores, logits, head, mma } => codegen::nvptx::attention_ir(
-                &a.plan.programs[*program],
-                *scores,
-                *logits,
-                *head,
-                *mma,
-                &k.name,
-            )?,
+            KernelRole::Attention { program, scores, logits, head, mma, out_bf16 } => {
+                codegen::nvptx::attention_ir(
+                    &a.plan.programs[*program],
+                    (*scores, *logits),
+                    (*head, *mma, *out_bf16),
+                    &k.name,
+                )?
+            }
         };
         code.push((k.name.clone(), ir, host_kind(*role)));
     }
@@ -654,7 +656,8 @@ fn gpu_kernels(
             // A split-K kernel's reduction applies the step's epilogue into its f32 C.
             let split = match (k.split_k, &plan.steps[i].kind) {
                 (true, plan::StepKind::MatMul(mm)) => {
-                    let reduce = ReduceKernel { elem: k.elem, epilogue: mm.epilogue.function(), c_f32: true };
+                    let c_f32 = plan.buffers[mm.c.buf].dtype != ir::DType::BF16;
+                    let reduce = ReduceKernel { elem: k.elem, epilogue: mm.epilogue.function(), c_f32 };
                     let index = match reductions.get(&reduce) {
                         Some(&i) => i,
                         None => {
@@ -686,7 +689,7 @@ fn gpu_kernels(
         kernels.matmuls.push(choices);
     }
     // Each fused attention's kernel (one per online program and head dimension).
-    let mut attention: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut attention: HashMap<(usize, usize, bool), usize> = HashMap::new();
     for st in &plan.steps {
         let plan::StepKind::Attention(a) = &st.kind else {
             kernels.attentions.push(None);
@@ -695,24 +698,33 @@ fn gpu_kernels(
         let (Some(online), Some(head)) = (&a.online, a.head(&plan.dims)) else {
             return Err(RunError::Internal("a fused attention the GPU does not take".into()).into());
         };
-        let at = match attention.get(&(online.program, head)) {
+        // Stored in bf16 where only products read it (`lower::bf16_products`).
+        let out_bf16 = plan.buffers[a.output.c.buf].dtype == ir::DType::BF16;
+        let at = match attention.get(&(online.program, head, out_bf16)) {
             Some(&i) => i,
             None => {
                 let mma = attention_mma(target, head);
-                let name = plan::gpu::attention_kernel_name(online.program, head, mma);
+                let name = plan::gpu::attention_kernel_name(online.program, head, mma, out_bf16);
                 let p = &plan.programs[online.program];
                 let (s, l) = (a.scores_param as u32, online.logits_param as u32);
                 let t = match known.get(&name) {
                     Some(t) => t.clone(),
                     None => text.of(
                         &name,
-                        || codegen::nvptx::attention_ir(p, s, l, head, mma, &name),
-                        || codegen::nvptx::attention_ptx(p, s, l, head, mma, &name),
+                        || codegen::nvptx::attention_ir(p, (s, l), (head, mma, out_bf16), &name),
+                        || codegen::nvptx::attention_ptx(p, (s, l), (head, mma, out_bf16), &name),
                     )?,
                 };
-                let role = KernelRole::Attention { program: online.program, scores: s, logits: l, head, mma };
+                let role = KernelRole::Attention {
+                    program: online.program,
+                    scores: s,
+                    logits: l,
+                    head,
+                    mma,
+                    out_bf16,
+                };
                 code.push((kernel(name, t, plan::gpu::attention_smem(head)), role));
-                attention.insert((online.program, head), code.len() - 1);
+                attention.insert((online.program, head, out_bf16), code.len() - 1);
                 code.len() - 1
             }
         };
@@ -769,6 +781,10 @@ fn step_lists(
         let f32_view =
             mm.taps.is_none() && konst(mm.a.cs) == Some(1) && plan.buffers[mm.a.buf].dtype == ir::DType::F32;
         let list = if f32_view { steps::reading_f32_a(list) } else { list };
+        // A bf16 C (`lower::bf16_products`: only products read it, as their
+        // A) is stored as such, its f32 accumulators rounded in the epilogue.
+        let list =
+            if plan.buffers[mm.c.buf].dtype == ir::DType::BF16 { steps::storing_bf16_c(list) } else { list };
         // An activation B with its K adjacent: read in place at few rows.
         let f32_b = !mm.weight && konst(mm.b.rs) == Some(1) && plan.buffers[mm.b.buf].dtype == ir::DType::F32;
         out.push(if f32_b { steps::reading_f32_b(list) } else { list });
@@ -811,16 +827,18 @@ pub fn attention_text(plan: &plan::ModelPlan, target: GpuTarget) -> String {
         let plan::StepKind::Attention(a) = &st.kind else { continue };
         let (Some(online), Some(head)) = (&a.online, a.head(&plan.dims)) else { continue };
         let mma = attention_mma(target, head);
+        let out_bf16 = plan.buffers[a.output.c.buf].dtype == ir::DType::BF16;
         s.push_str(&format!(
             "step {i} (group {}): {}: {ATTENTION_ROWS} query rows a block of {ATTENTION_THREADS} threads, \
-             keys {ATTENTION_KEYS} at a time, logits of p{} per score, {} in bf16\n",
+             keys {ATTENTION_KEYS} at a time, logits of p{} per score, {} in bf16, output {}\n",
             st.group,
-            plan::gpu::attention_kernel_name(online.program, head, mma),
+            plan::gpu::attention_kernel_name(online.program, head, mma, out_bf16),
             online.program,
             match mma {
                 AttentionMma::Sync => "mma.sync",
                 AttentionMma::Wgmma => "wgmma (S = Q·Kᵀ from shared memory, O += P·V with P in registers)",
-            }
+            },
+            if out_bf16 { "bf16" } else { "f32" }
         ));
     }
     s

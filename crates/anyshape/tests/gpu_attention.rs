@@ -262,8 +262,10 @@ fn head_merge(d: usize) -> String {
 /// A head merge after the attention (the copy BERT's output projection
 /// reads) is written by the attention kernel itself on the GPU: its output
 /// view strided into the merged layout, no copy step; the CPU's plan keeps
-/// the copy (its attention writes each entry's rows as one block). Both
-/// forms (`mma.sync`, Hopper's `wgmma`) against the interpreter.
+/// the copy (its attention writes each entry's rows as one block). Only the
+/// projection reads it, so it is stored in bf16 (`lower::bf16_products`)
+/// and read in place, by both the whole-row and the split-key (combining)
+/// stores. Both forms (`mma.sync`, Hopper's `wgmma`) against the interpreter.
 #[test]
 fn head_merges_are_written_by_the_attention() {
     for d in [16, 64] {
@@ -277,13 +279,26 @@ fn head_merges_are_written_by_the_attention() {
             unreachable!()
         };
         assert_eq!(a.output.c.buf, mm.a.buf, "the projection reads what the attention writes");
+        assert_eq!(plan.buffers[mm.a.buf].dtype, ir::DType::BF16, "head {d}: the attention stores bf16");
         let cpu = m.lower().expect("lower");
         assert!(cpu.steps.iter().any(|s| s.kind.name() == "loop"), "the CPU keeps the copy");
         let mut shapes = Vec::new();
         for (i, &q) in LENGTHS.iter().enumerate() {
             shapes.push(vec![("b", 1 + i % 3), ("q", q), ("k", LENGTHS[(i + 3) % LENGTHS.len()])]);
         }
+        // Keys split among blocks (2 and 4 splits), combined into the output.
+        shapes.push(vec![("b", 1), ("q", 1), ("k", 520)]);
+        shapes.push(vec![("b", 1), ("q", 3), ("k", 1100)]);
         let gm = m.compile_host_gpu().unwrap_or_else(|e| panic!("{e}"));
+        let named_at = |dims: &[(&str, usize)]| {
+            let ins = inputs(&m, dims, 1);
+            gm.attentions_at(&ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect::<Vec<_>>())
+                .expect("plans")
+        };
+        assert_eq!(named_at(&[("b", 1), ("q", 3), ("k", 1100)])[0].2, 4, "head {d}: split keys");
+        let ins = inputs(&m, &[("b", 2), ("q", 65), ("k", 17)], 1);
+        let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+        assert!(gm.copies_at(&named).expect("plans").iter().all(|(_, c)| *c == 0), "head {d}: a copy of A");
         let worst = compare(&m, &gm, &shapes);
         eprintln!("head merge, head {d}: relative L2 error at most {worst:.2e}");
         if plan::gpu::attention_wgmma_ok(d) {
@@ -298,7 +313,10 @@ fn head_merges_are_written_by_the_attention() {
 fn check_hopper(m: &Model, shapes: &[Vec<(&str, usize)>]) -> f64 {
     let plan = m.lower_gpu().expect("lower");
     let text = anyshape::gpu::attention_text(&plan, GpuTarget::Sm90a);
-    assert!(!text.is_empty() && text.lines().all(|l| l.contains("_wgmma: ")), "{text}");
+    assert!(
+        !text.is_empty() && text.lines().all(|l| l.contains("_wgmma: ") || l.contains("_wgmma_o16: ")),
+        "{text}"
+    );
     let gm = m.compile_host_gpu_for(GpuTarget::Sm90a).unwrap_or_else(|e| panic!("{e}"));
     compare(m, &gm, shapes)
 }
@@ -407,12 +425,12 @@ fn the_logits_table_reads_are_hoisted_out_of_the_chunks() {
     let a = attention_step(&plan).expect("attention fused");
     let online = a.online.as_ref().expect("online softmax");
     for mma in [AttentionMma::Sync, AttentionMma::Wgmma] {
-        let name = plan::gpu::attention_kernel_name(online.program, 64, mma);
-        let args = (&plan.programs[online.program], a.scores_param as u32, online.logits_param as u32);
-        let ir = codegen::nvptx::attention_ir(args.0, args.1, args.2, 64, mma, &name).expect("IR");
+        let name = plan::gpu::attention_kernel_name(online.program, 64, mma, false);
+        let args = (&plan.programs[online.program], (a.scores_param as u32, online.logits_param as u32));
+        let ir = codegen::nvptx::attention_ir(args.0, args.1, (64, mma, false), &name).expect("IR");
         assert!(ir.contains("ptr align 8 dereferenceable("), "{name}: the tables' parameters");
         assert!(ir.contains("!invariant.load"), "{name}: the logits' table loads");
-        let ptx = codegen::nvptx::attention_ptx(args.0, args.1, args.2, 64, mma, &name).expect("PTX");
+        let ptx = codegen::nvptx::attention_ptx(args.0, args.1, (64, mma, false), &name).expect("PTX");
         // The logits' table words: read by `ld.global` (the tables are the
         // kernel's first two parameters), each once.
         let table_loads: Vec<&str> = ptx
@@ -434,7 +452,8 @@ const MOST_SPILL_WIDE: usize = 64;
 
 /// The kernel at every head dimension it is built for assembles for sm_90a
 /// (ptxas, from `ANYSHAPE_PTXAS`): without spilling registers up to a head of
-/// 64 (BERT's, GPT-2's, ViT's), a few words at most beyond.
+/// 64 (BERT's, GPT-2's, ViT's), a few words at most beyond; at 64 also
+/// storing its output in bf16.
 #[test]
 fn every_head_dimension_assembles_for_hopper() {
     let ptxas = std::env::var("ANYSHAPE_PTXAS").ok();
@@ -446,19 +465,20 @@ fn every_head_dimension_assembles_for_hopper() {
     std::fs::create_dir_all(&tmp).expect("temp dir");
     let forms = (16..=plan::gpu::ATTENTION_MAX_HEAD).step_by(16).flat_map(|d| {
         let wgmma = plan::gpu::attention_wgmma_ok(d).then_some((d, AttentionMma::Wgmma));
-        std::iter::once((d, AttentionMma::Sync)).chain(wgmma)
+        let bf16 = [(d, AttentionMma::Sync, true), (d, AttentionMma::Wgmma, true)]
+            .into_iter()
+            .filter(move |_| d == 64);
+        std::iter::once((d, AttentionMma::Sync)).chain(wgmma).map(|(d, m)| (d, m, false)).chain(bf16)
     });
-    for (d, mma) in forms {
+    for (d, mma, out_bf16) in forms {
         let plan = model(&padding_mask(d)).lower_gpu().expect("lower");
         let a = attention_step(&plan).unwrap_or_else(|| panic!("head {d}: attention not fused"));
         let online = a.online.as_ref().expect("online softmax");
-        let name = plan::gpu::attention_kernel_name(online.program, d, mma);
+        let name = plan::gpu::attention_kernel_name(online.program, d, mma, out_bf16);
         let ptx = codegen::nvptx::attention_ptx(
             &plan.programs[online.program],
-            a.scores_param as u32,
-            online.logits_param as u32,
-            d,
-            mma,
+            (a.scores_param as u32, online.logits_param as u32),
+            (d, mma, out_bf16),
             &name,
         )
         .unwrap_or_else(|e| panic!("head {d}: {e}"));

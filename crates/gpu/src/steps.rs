@@ -93,6 +93,13 @@ pub fn reading_f32_a(list: Vec<StepKernel>) -> Vec<StepKernel> {
         .collect()
 }
 
+/// A step's list made to store its C in bf16 (a product whose output only
+/// other products read, as their bf16 A): each kernel's C, bias and
+/// residual of the operands' type.
+pub fn storing_bf16_c(list: Vec<StepKernel>) -> Vec<StepKernel> {
+    list.into_iter().map(|e| StepKernel { kernel: GemmKernel { c_f32: false, ..e.kernel }, ..e }).collect()
+}
+
 /// A step's list made to read an f32 B in place where it can (a product
 /// of activations whose B has its K adjacent: attention's keys): each GEMV
 /// kernel of the list preceded by its f32-B twin (the same rows), which the

@@ -26,7 +26,7 @@ pub mod schedules;
 pub mod versions;
 
 pub use attention::{fold_head_merges, fuse_attention, unfuse_attention};
-pub use operands::bf16_operands;
+pub use operands::{bf16_operands, bf16_products};
 pub use schedules::analyze;
 
 use plan::ModelPlan;

@@ -168,3 +168,98 @@ fn with_store(p: &plan::LoopProgram, param: usize) -> plan::LoopProgram {
     crate::schedules::analyze(&mut q);
     q
 }
+
+/// For every contraction or fused attention step whose output C is a
+/// temporary that only contractions read, each as its A at a view whose rows and start are
+/// 16-byte aligned in bf16 (constant strides and offset, multiples of 8;
+/// a depth of a multiple of 8): C's buffer made bf16, so that the product
+/// stores bf16 (its f32 accumulators rounded once, in its epilogue) and its
+/// readers' tensor-core kernels read it in place, where an f32 C would be
+/// copied to bf16 before each of them. The step's bias, a constant, is
+/// given as a bf16 constant (the kernels read a bf16 C's bias in C's type);
+/// a step adding a residual keeps f32. Returns the buffers made bf16.
+pub fn bf16_products(plan: &mut ModelPlan) -> usize {
+    let konst = |plan: &ModelPlan, slot: u32| plan.dims.exprs().get(slot as usize).and_then(|e| e.as_const());
+    let aligned = |plan: &ModelPlan, slot: u32| konst(plan, slot).is_some_and(|v| v % 8 == 0);
+    let mut narrowed = Vec::new();
+    for p in 0..plan.steps.len() {
+        // The output, and whether the step can store it in bf16.
+        let (x, ok) = match &plan.steps[p].kind {
+            StepKind::MatMul(m) => {
+                let e = &m.epilogue;
+                let bias_const = e.bias.is_none_or(|b| {
+                    matches!(plan.buffers[b].kind, BufferKind::Constant(_))
+                        && plan.buffers[b].dtype == DType::F32
+                });
+                (m.c.buf, e.residual.is_none() && e.column_scale.is_none() && !e.codes && bias_const)
+            }
+            // The fused attention's output (its kernel stores either type).
+            StepKind::Attention(a) => (a.output.c.buf, true),
+            StepKind::Loop { .. } => continue,
+        };
+        if !ok || !matches!(plan.buffers[x].kind, BufferKind::Temp) || plan.buffers[x].dtype != DType::F32 {
+            continue;
+        }
+        let mut readers = 0;
+        let only_products = plan.steps.iter().enumerate().all(|(j, st)| {
+            if j == p || !st.kind.touched().contains(&x) {
+                return true;
+            }
+            let StepKind::MatMul(r) = &st.kind else { return false };
+            readers += 1;
+            r.a.buf == x
+                && r.b.buf != x
+                && r.c.buf != x
+                && r.a_bf16.is_none()
+                && r.taps.is_none()
+                && !r.epilogue.buffers().any(|b| b == x)
+                && konst(plan, r.a.cs) == Some(1)
+                && aligned(plan, r.a.rs)
+                && aligned(plan, r.a.offset)
+                && aligned(plan, r.k)
+                && r.a.batch.iter().all(|s| aligned(plan, *s))
+        });
+        if only_products && readers > 0 {
+            narrowed.push(p);
+        }
+    }
+    let mut bf16_of: HashMap<BufId, BufId> = HashMap::new();
+    for &p in &narrowed {
+        let (x, bias) = match &plan.steps[p].kind {
+            StepKind::MatMul(m) => (m.c.buf, m.epilogue.bias),
+            StepKind::Attention(a) => (a.output.c.buf, None),
+            StepKind::Loop { .. } => continue,
+        };
+        plan.buffers[x].dtype = DType::BF16;
+        let Some(b) = bias else { continue };
+        let nb = match bf16_of.get(&b) {
+            Some(&nb) => nb,
+            None => {
+                let BufferKind::Constant(c) = &plan.buffers[b].kind else { continue };
+                let t = c.to_tensor();
+                let bits: Vec<u16> = t.to_f64_vec().iter().map(|v| ir::f32_to_bf16(*v as f32)).collect();
+                let Ok(t) = ir::Tensor::new(t.shape().to_vec(), ir::Elems::BF16(bits)) else { continue };
+                let src = &plan.buffers[b];
+                let copy = Buffer {
+                    name: format!("{}.bf16", src.name),
+                    dtype: DType::BF16,
+                    shape: src.shape.clone(),
+                    numel: src.numel,
+                    kind: BufferKind::Constant(std::sync::Arc::new(ir::ConstData::from_tensor(&t))),
+                    first: 0,
+                    last: 0,
+                };
+                plan.buffers.push(copy);
+                bf16_of.insert(b, plan.buffers.len() - 1);
+                plan.buffers.len() - 1
+            }
+        };
+        if let StepKind::MatMul(m) = &mut plan.steps[p].kind {
+            m.epilogue.bias = Some(nb);
+        }
+    }
+    if !narrowed.is_empty() {
+        plan.compute_lifetimes();
+    }
+    narrowed.len()
+}

@@ -457,10 +457,12 @@ pub fn attention_wgmma_ok(d: usize) -> bool {
 }
 
 /// The attention kernel's symbol for head dimension `d`, the step's online
-/// program `program` and the kernel's multiplication.
-pub fn attention_kernel_name(program: usize, d: usize, mma: AttentionMma) -> String {
+/// program `program`, the kernel's multiplication and its output's type
+/// (`_o16`: bf16).
+pub fn attention_kernel_name(program: usize, d: usize, mma: AttentionMma, out_bf16: bool) -> String {
+    let o = if out_bf16 { "_o16" } else { "" };
     match mma {
-        AttentionMma::Sync => format!("attention_p{program}_d{d}"),
-        AttentionMma::Wgmma => format!("attention_p{program}_d{d}_wgmma"),
+        AttentionMma::Sync => format!("attention_p{program}_d{d}{o}"),
+        AttentionMma::Wgmma => format!("attention_p{program}_d{d}_wgmma{o}"),
     }
 }

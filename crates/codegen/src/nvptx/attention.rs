@@ -66,13 +66,12 @@ pub fn attention_head_ok(d: usize) -> bool {
 /// softmax program `p` stores in its parameter `logits` from its scores
 /// (parameter `scores`). Parameters: the program's buffer table, a dim
 /// table (the program's chunk offset 0, its chunk the whole row of keys),
-/// the descriptor (`plan::gpu::ATTENTION_HEADER`).
+/// the descriptor (`plan::gpu::ATTENTION_HEADER`). `out_bf16`: the output
+/// is stored in bf16 (else f32).
 pub fn attention_ir(
     p: &LoopProgram,
-    scores: u32,
-    logits: u32,
-    d: usize,
-    mma: AttentionMma,
+    (scores, logits): (u32, u32),
+    (d, mma, out_bf16): (usize, AttentionMma, bool),
     name: &str,
 ) -> R<String> {
     if !attention_head_ok(d) {
@@ -97,7 +96,7 @@ pub fn attention_ir(
         })
         .max()
         .unwrap_or(0);
-    let kernel_text = kernel_ir(d, mma, name, &fname, (8 * p.params.len(), 8 * slots));
+    let kernel_text = kernel_ir((d, mma, out_bf16), name, &fname, (8 * p.params.len(), 8 * slots));
     let ctx = Context::create();
     let parse = |text: &str, what: &str| {
         let buf = MemoryBuffer::create_from_memory_range_copy(text.as_bytes(), what);
@@ -119,17 +118,15 @@ pub fn attention_ir(
 /// also assembles for sm_90a) for `mma.sync`, `sm_90a` for `wgmma`.
 pub fn attention_ptx(
     p: &LoopProgram,
-    scores: u32,
-    logits: u32,
-    d: usize,
-    mma: AttentionMma,
+    (scores, logits): (u32, u32),
+    (d, mma, out_bf16): (usize, AttentionMma, bool),
     name: &str,
 ) -> R<String> {
     let arch = match mma {
         AttentionMma::Sync => Arch::Sm80,
         AttentionMma::Wgmma => Arch::Sm90a,
     };
-    super::compile(&attention_ir(p, scores, logits, d, mma, name)?, name, arch)
+    super::compile(&attention_ir(p, (scores, logits), (d, mma, out_bf16), name)?, name, arch)
 }
 
 /// The descriptor's words the kernel reads by name (see `ATTENTION_HEADER`).
@@ -175,6 +172,9 @@ struct Kernel {
     pitch: usize,
     mma: AttentionMma,
     logits: String,
+    /// The output is stored in bf16 (only contractions read it, as their A:
+    /// `lower::bf16_products`); else f32.
+    out_bf16: bool,
     /// Metadata of the loops LLVM may not unroll.
     loops: Vec<String>,
 }
@@ -192,13 +192,19 @@ impl std::ops::DerefMut for Kernel {
     }
 }
 
-fn kernel_ir(d: usize, mma: AttentionMma, name: &str, logits: &str, (bufs, dims): (usize, usize)) -> String {
+fn kernel_ir(
+    (d, mma, out_bf16): (usize, AttentionMma, bool),
+    name: &str,
+    logits: &str,
+    (bufs, dims): (usize, usize),
+) -> String {
     let mut k = Kernel {
         ir: Ir::default(),
         d,
         pitch: attention_pitch(d),
         mma,
         logits: logits.to_string(),
+        out_bf16,
         loops: Vec::new(),
     };
     k.generate();
@@ -233,6 +239,19 @@ fn kernel_ir(d: usize, mma: AttentionMma, name: &str, logits: &str, (bufs, dims)
 }
 
 impl Kernel {
+    /// An output value `y` (f32) stored at element `off` past `base`, in the
+    /// output's type.
+    fn store_output(&mut self, y: &str, base: &str, off: &str) {
+        if self.out_bf16 {
+            let h = self.v(format!("fptrunc float {y} to bfloat"));
+            let p = self.v(format!("getelementptr i16, ptr {base}, i64 {off}"));
+            self.emit(format!("store bfloat {h}, ptr {p}, align 2"));
+        } else {
+            let p = self.v(format!("getelementptr float, ptr {base}, i64 {off}"));
+            self.emit(format!("store float {y}, ptr {p}, align 4"));
+        }
+    }
+
     fn word(&mut self, i: usize) -> String {
         let p = self.v(format!("getelementptr inbounds i64, ptr %desc, i64 {i}"));
         self.v(format!("load i64, ptr {p}, align 8"))
@@ -690,8 +709,7 @@ impl Kernel {
         let ro = self.v(format!("mul i64 {grow}, {os_r}"));
         let co = self.v(format!("mul i64 {c64}, {os_c}"));
         let o = self.v(format!("add i64 {ro}, {co}"));
-        let p = self.v(format!("getelementptr float, ptr {obase}, i64 {o}"));
-        self.emit(format!("store float {y}, ptr {p}, align 4"));
+        self.store_output(&y, obase, &o);
         self.emit("br label %comb.latch");
         self.block("comb.latch");
         self.emit(format!("%ce.next = add i32 %ce, {ATTENTION_THREADS}"));
@@ -768,7 +786,9 @@ impl Kernel {
             let w = self.v(format!("add i64 {first}, {i}"));
             let wp = self.v(format!("getelementptr inbounds i64, ptr %desc, i64 {w}"));
             let off = self.v(format!("load i64, ptr {wp}, align 8"));
-            bases.push(self.v(format!("getelementptr float, ptr {p}, i64 {off}")));
+            // (The output's elements are bf16's where it is stored so.)
+            let elem = if i == 3 && self.out_bf16 { "i16" } else { "float" };
+            bases.push(self.v(format!("getelementptr {elem}, ptr {p}, i64 {off}")));
         }
         let [qs_r, qs_c, ks_k, ks_c, vs_k, vs_c, os_r, os_c] = desc.strides.clone();
 
@@ -1036,8 +1056,7 @@ impl Kernel {
                 let (yes, next) = (self.fresh("store"), self.fresh("stored"));
                 self.emit(format!("br i1 {rok}, label %{yes}, label %{next}"));
                 self.block(&yes);
-                let ptr = self.v(format!("getelementptr float, ptr {obase}, i64 {off}"));
-                self.emit(format!("store float {y}, ptr {ptr}, align 4"));
+                self.store_output(&y, &obase, &off);
                 self.emit(format!("br label %{next}"));
                 self.block(&next);
             }

@@ -55,7 +55,16 @@ pub enum KernelRole {
     /// The fused attention kernel of head dimension `head` whose logits are
     /// what online softmax program `program` stores in its parameter
     /// `logits` from its scores (parameter `scores`), multiplying by `mma`.
-    Attention { program: usize, scores: u32, logits: u32, head: usize, mma: AttentionMma },
+    Attention {
+        program: usize,
+        scores: u32,
+        logits: u32,
+        head: usize,
+        mma: AttentionMma,
+        /// The output is stored in bf16.
+        #[serde(default)]
+        out_bf16: bool,
+    },
 }
 
 /// A model compiled for NVIDIA GPUs, as an artifact holds it.

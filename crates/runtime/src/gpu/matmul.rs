@@ -15,6 +15,7 @@
 //! call's scratch, and a second launch (`ReduceKernel`) sums them into C
 //! through the step's epilogue.
 
+use ir::DType;
 use plan::gemm::{Arch, GemmKernel, ReduceKernel};
 use plan::gpu::{OperandCopy, LOOP_MAX_BLOCKS, LOOP_THREADS};
 use plan::{bf16_bits, BufId, BufferKind, MatMulStep, ModelPlan, Problem};
@@ -139,6 +140,7 @@ impl CopyLaunch {
 /// The launches of matmul step `mm` at shape `s`, its B packed as weight
 /// `packed` when it is one.
 pub(super) fn launches(
+    plan: &ModelPlan,
     step: usize,
     mm: &MatMulStep,
     s: &MatMulShape,
@@ -179,6 +181,13 @@ pub(super) fn launches(
             && s.entries.iter().all(|x| x[0].is_multiple_of(8))
             && (entries == 1 || a_even)
     });
+    // A bf16 buffer (a product's output that only products read,
+    // `lower::bf16_products`): read in place by every kernel, the aligned
+    // ones where its rows and entries start 16 bytes apart (the plan makes
+    // them so), the covers anywhere.
+    let a_bf16 = plan.buffers[mm.a.buf].dtype == DType::BF16;
+    let a16_aligned = s.rs[0].is_multiple_of(8) && s.entries.iter().all(|x| x[0].is_multiple_of(8));
+    let c_bytes = plan.buffers[mm.c.buf].dtype.size();
     let a_aligned = in_place && s.rs[0].is_multiple_of(4) && s.entries.iter().all(|x| x[0].is_multiple_of(4));
     // Kernels with an f32 B (an activation, K-major: its K adjacent) read it
     // in place at the rows they take; the GEMV's 16-byte loads need its
@@ -194,6 +203,7 @@ pub(super) fn launches(
             && (c.split.is_none() || (p.batch == 1 && entries == 1))
             && (c_even || matches!(c.kernel.arch, Arch::Simt | Arch::Gemv))
             && (!c.kernel.a_f32 || (in_place && (a_aligned || c.kernel.is_cover())))
+            && (!a_bf16 || a16_aligned || c.kernel.is_cover())
             && (!c.kernel.b_f32 || (b_in_place && (b_aligned || c.kernel.arch == Arch::Simt)))
     };
     // C's entries (and an in-place A's and B's): one launch over an even
@@ -203,7 +213,7 @@ pub(super) fn launches(
     let b_taken = b_in_place
         && (b_aligned
             || choices.iter().any(|c| c.kernel.b_f32 && c.kernel.arch == Arch::Simt && m <= c.max_m));
-    let even = c_even && (!in_place || a_even) && (!b_taken || b_even);
+    let even = c_even && (!(in_place || a_bf16) || a_even) && (!b_taken || b_even);
     let runs: Vec<(usize, usize)> =
         if even { vec![(0, entries)] } else { (0..entries).map(|e| (e, 1)).collect() };
     let mut picked = Vec::with_capacity(runs.len());
@@ -219,7 +229,7 @@ pub(super) fn launches(
     }
     // A: a view, or a convolution's taps, as bf16 `[entries, m, k]`, unless
     // every launch reads it in place (f32, or its producer's bf16 copy).
-    if a16.is_none() && picked.iter().any(|&c| !choices[c].kernel.a_f32) {
+    if a16.is_none() && !a_bf16 && picked.iter().any(|&c| !choices[c].kernel.a_f32) {
         let a_copy = match &s.taps {
             Some(t) => OperandCopy::Taps {
                 rows: m,
@@ -271,6 +281,7 @@ pub(super) fn launches(
         // its row and batch strides), or the copy's bf16 `[entries, m, k]`.
         let (a_at, lda, sa) = match a16 {
             _ if kk.a_f32 => (At::Buffer(mm.a.buf, 4 * s.entries[first][0]), s.rs[0], sa),
+            _ if a_bf16 => (At::Buffer(mm.a.buf, 2 * s.entries[first][0]), s.rs[0], sa),
             Some(b) => (At::Buffer(b, 2 * s.entries[first][0]), s.rs[0], sa),
             None => (At::Scratch(2 * first * m * k), k, m * k),
         };
@@ -286,7 +297,7 @@ pub(super) fn launches(
             (at, k, sb)
         };
         let bytes = |elems: usize| elems * 4;
-        let c_at = At::Buffer(mm.c.buf, bytes(c_off));
+        let c_at = At::Buffer(mm.c.buf, c_bytes * c_off);
         let bias = mm.epilogue.bias.map_or(At::Null, |b| At::Buffer(b, 0));
         let res = residual.map_or(At::Null, |r| At::Buffer(r, bytes(first * m * n)));
         let ints = |ldc: usize| -> Result<[i32; 6], RunError> {

@@ -723,7 +723,7 @@ impl<D: Device> GpuModel<D> {
         for (i, (st, step)) in self.plan.steps.iter().zip(&sp.steps).enumerate() {
             matmuls.push(match (&st.kind, step) {
                 (StepKind::MatMul(mm), StepShape::MatMul(s)) => {
-                    matmul::launches(i, mm, s, &self.kernels.matmuls[i], self.packed_of[i])?
+                    matmul::launches(&self.plan, i, mm, s, &self.kernels.matmuls[i], self.packed_of[i])?
                 }
                 _ => MatMulLaunches::default(),
             });
