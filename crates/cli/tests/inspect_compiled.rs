@@ -75,13 +75,13 @@ fn the_gpus_plan_and_its_ptx() {
     assert!(out.contains("matmul ["), "no contraction step in the GPU's plan:\n{out}");
     assert!(out.contains("gemm_gemv_bf16_nt_1x4") && out.contains("(M <= 5)"), "{out}");
     assert!(
-        out.contains("attention_p6_d16: 64 query rows a block") && out.contains("2 fused attentions"),
+        out.contains("attention_p6_d16_o16: 64 query rows a block") && out.contains("2 fused attentions"),
         "{out}"
     );
     let ptx = std::fs::read_to_string(dir.join("programs.ptx")).expect("programs.ptx");
     let kernels = ptx.matches(".entry").count();
     assert!(ptx.contains(".entry operand_copy_bf16(") && ptx.contains("mma.sync.aligned.m16n8k16"), "{ptx}");
-    assert!(ptx.contains(".entry attention_p6_d16("), "no attention kernel in the PTX");
+    assert!(ptx.contains(".entry attention_p6_d16_o16("), "no attention kernel in the PTX");
     assert!(kernels >= 5 && out.contains(&format!("({kernels} kernels)")), "{kernels} kernels:\n{out}");
     let _ = std::fs::remove_dir_all(&dir);
     let (code, _, err) = anyshape(&["inspect", &m, "--stage", "fusion", "--device", "cuda"]);

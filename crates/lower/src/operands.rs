@@ -224,42 +224,51 @@ pub fn bf16_products(plan: &mut ModelPlan) -> usize {
         }
     }
     let mut bf16_of: HashMap<BufId, BufId> = HashMap::new();
+    let mut count = 0;
     for &p in &narrowed {
         let (x, bias) = match &plan.steps[p].kind {
             StepKind::MatMul(m) => (m.c.buf, m.epilogue.bias),
             StepKind::Attention(a) => (a.output.c.buf, None),
             StepKind::Loop { .. } => continue,
         };
-        plan.buffers[x].dtype = DType::BF16;
-        let Some(b) = bias else { continue };
-        let nb = match bf16_of.get(&b) {
-            Some(&nb) => nb,
-            None => {
-                let BufferKind::Constant(c) = &plan.buffers[b].kind else { continue };
-                let t = c.to_tensor();
-                let bits: Vec<u16> = t.to_f64_vec().iter().map(|v| ir::f32_to_bf16(*v as f32)).collect();
-                let Ok(t) = ir::Tensor::new(t.shape().to_vec(), ir::Elems::BF16(bits)) else { continue };
-                let src = &plan.buffers[b];
-                let copy = Buffer {
-                    name: format!("{}.bf16", src.name),
-                    dtype: DType::BF16,
-                    shape: src.shape.clone(),
-                    numel: src.numel,
-                    kind: BufferKind::Constant(std::sync::Arc::new(ir::ConstData::from_tensor(&t))),
-                    first: 0,
-                    last: 0,
-                };
-                plan.buffers.push(copy);
-                bf16_of.insert(b, plan.buffers.len() - 1);
-                plan.buffers.len() - 1
-            }
+        // The bias in bf16 first: a step whose bias cannot be made so keeps f32.
+        let nb = match bias {
+            None => None,
+            Some(b) => match bf16_of.get(&b) {
+                Some(&nb) => Some(nb),
+                None => {
+                    let Some(copy) = bf16_constant(&plan.buffers[b]) else { continue };
+                    plan.buffers.push(copy);
+                    bf16_of.insert(b, plan.buffers.len() - 1);
+                    Some(plan.buffers.len() - 1)
+                }
+            },
         };
+        plan.buffers[x].dtype = DType::BF16;
         if let StepKind::MatMul(m) = &mut plan.steps[p].kind {
-            m.epilogue.bias = Some(nb);
+            m.epilogue.bias = nb;
         }
+        count += 1;
     }
-    if !narrowed.is_empty() {
+    if count > 0 {
         plan.compute_lifetimes();
     }
-    narrowed.len()
+    count
+}
+
+/// A constant's values rounded to bf16, as a constant buffer of its shape.
+fn bf16_constant(src: &Buffer) -> Option<Buffer> {
+    let BufferKind::Constant(c) = &src.kind else { return None };
+    let t = c.to_tensor();
+    let bits: Vec<u16> = t.to_f64_vec().iter().map(|v| ir::f32_to_bf16(*v as f32)).collect();
+    let t = ir::Tensor::new(t.shape().to_vec(), ir::Elems::BF16(bits)).ok()?;
+    Some(Buffer {
+        name: format!("{}.bf16", src.name),
+        dtype: DType::BF16,
+        shape: src.shape.clone(),
+        numel: src.numel,
+        kind: BufferKind::Constant(std::sync::Arc::new(ir::ConstData::from_tensor(&t))),
+        first: 0,
+        last: 0,
+    })
 }
