@@ -405,19 +405,31 @@ fn an_f32_b_is_read_in_place_at_few_rows() {
     }
 }
 
+/// A model of graph `text` whose `constant @name` values are `consts`'
+/// (name, shape, values).
+fn with_constants(text: &str, consts: &[(&str, Vec<usize>, Vec<f32>)]) -> Model {
+    let weights = |name: &str| {
+        let (_, shape, v) = consts.iter().find(|(n, _, _)| *n == name)?;
+        Some(std::sync::Arc::new(ir::ConstData::from_tensor(
+            &Tensor::new(shape.clone(), Elems::F32(v.clone())).ok()?,
+        )))
+    };
+    let g = ir::parse_graph(text, &weights).unwrap_or_else(|e| panic!("{e}"));
+    Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A weight of `rows`×`cols` values in [-0.5, 0.5) scaled by `scale`, and a
+/// bias of `cols` values in [-1, 1).
+fn weight_and_bias(rows: usize, cols: usize, scale: f32) -> (Vec<f32>, Vec<f32>) {
+    let w = (0..rows * cols).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / scale).collect();
+    let b = (0..cols).map(|i| (i as f32 - (cols / 2) as f32) / cols as f32).collect();
+    (w, b)
+}
+
 /// `tanh(x · W + b)` with a 256×256 weight and a bias (constants).
 fn weight_model() -> Model {
-    let w: Vec<f32> = (0..256 * 256).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 4096.0).collect();
-    let b: Vec<f32> = (0..256).map(|i| (i as f32 - 128.0) / 256.0).collect();
-    let weights = |name: &str| {
-        let (shape, v) = match name {
-            "w" => (vec![256, 256], w.clone()),
-            "b" => (vec![256], b.clone()),
-            _ => return None,
-        };
-        Some(std::sync::Arc::new(ir::ConstData::from_tensor(&Tensor::new(shape, Elems::F32(v)).ok()?)))
-    };
-    let g = ir::parse_graph(
+    let (w, b) = weight_and_bias(256, 256, 4096.0);
+    with_constants(
         r#"graph {
   sym n param 1..
   input %x: f32[n, 256]
@@ -431,10 +443,8 @@ fn weight_model() -> Model {
   output %g
 }
 "#,
-        &weights,
+        &[("w", vec![256, 256], w), ("b", vec![256], b)],
     )
-    .unwrap_or_else(|e| panic!("{e}"));
-    Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A Hopper's kernels (`GpuTarget::Sm90a`) on the emulator: at 1600 rows a
@@ -1226,17 +1236,8 @@ fn device_io_calls_give_the_host_calls_outputs() {
 /// targets, the shares kernel followed by its reduction in the launches.
 #[test]
 fn few_rows_against_a_long_k_run_split_k_with_the_reduction() {
-    let w: Vec<f32> = (0..2048 * 64).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 8192.0).collect();
-    let b: Vec<f32> = (0..64).map(|i| (i as f32 - 32.0) / 64.0).collect();
-    let weights = |name: &str| {
-        let (shape, v) = match name {
-            "w" => (vec![2048, 64], w.clone()),
-            "b" => (vec![64], b.clone()),
-            _ => return None,
-        };
-        Some(std::sync::Arc::new(ir::ConstData::from_tensor(&Tensor::new(shape, Elems::F32(v)).ok()?)))
-    };
-    let g = ir::parse_graph(
+    let (w, b) = weight_and_bias(2048, 64, 8192.0);
+    let m = with_constants(
         r#"graph {
   sym n param 1..
   input %x: f32[n, 2048]
@@ -1251,10 +1252,8 @@ fn few_rows_against_a_long_k_run_split_k_with_the_reduction() {
   output %o
 }
 "#,
-        &weights,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let m = Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"));
+        &[("w", vec![2048, 64], w), ("b", vec![64], b)],
+    );
     for target in [anyshape::gpu::GpuTarget::Sm80, anyshape::gpu::GpuTarget::Sm90a] {
         let gm = m.compile_host_gpu_for(target).expect("compiles");
         for (i, n) in [97usize, 127, 200].into_iter().enumerate() {
@@ -1286,21 +1285,9 @@ fn few_rows_against_a_long_k_run_split_k_with_the_reduction() {
 /// and 257, on both targets.
 #[test]
 fn a_products_bf16_output_is_the_next_products_a() {
-    let w1: Vec<f32> = (0..2048 * 64).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 8192.0).collect();
-    let b1: Vec<f32> = (0..64).map(|i| (i as f32 - 32.0) / 64.0).collect();
-    let w2: Vec<f32> = (0..64 * 48).map(|i| ((i * 4999 % 811) as f32 - 405.0) / 1024.0).collect();
-    let b2: Vec<f32> = (0..48).map(|i| (i as f32 - 20.0) / 48.0).collect();
-    let weights = |name: &str| {
-        let (shape, v) = match name {
-            "w1" => (vec![2048, 64], w1.clone()),
-            "b1" => (vec![64], b1.clone()),
-            "w2" => (vec![64, 48], w2.clone()),
-            "b2" => (vec![48], b2.clone()),
-            _ => return None,
-        };
-        Some(std::sync::Arc::new(ir::ConstData::from_tensor(&Tensor::new(shape, Elems::F32(v)).ok()?)))
-    };
-    let g = ir::parse_graph(
+    let (w1, b1) = weight_and_bias(2048, 64, 8192.0);
+    let (w2, b2) = weight_and_bias(64, 48, 1024.0);
+    let m = with_constants(
         r#"graph {
   sym n param 1..
   input %x: f32[n, 2048]
@@ -1320,10 +1307,8 @@ fn a_products_bf16_output_is_the_next_products_a() {
   output %ob
 }
 "#,
-        &weights,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let m = Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"));
+        &[("w1", vec![2048, 64], w1), ("b1", vec![64], b1), ("w2", vec![64, 48], w2), ("b2", vec![48], b2)],
+    );
     for target in [anyshape::gpu::GpuTarget::Sm80, anyshape::gpu::GpuTarget::Sm90a] {
         let gm = m.compile_host_gpu_for(target).expect("compiles");
         let text = plan::print_plan(gm.plan());
