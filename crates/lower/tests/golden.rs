@@ -6,7 +6,8 @@
 //! whole input's reduction stored once for the larger program that reads it
 //! (after the stored tensor it reduces, where it reduces one), and a quantized
 //! activation stored as its u8 codes; and, in the GPU's plans, a product's A
-//! stored in bf16 by its producer.
+//! stored in bf16 by its producer, and a product read only by products
+//! storing bf16.
 
 fn lowered(text: &str) -> String {
     let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
@@ -734,6 +735,80 @@ group 2: elementwise
   loop p0(b1, b4)
 group 3: contraction
   matmul [] m d3 n d7 k d5: A b0+d4 strides [] d5 d6 · B b2+d4 strides [] d7 d6 → C b5+d4 strides [] d7 d6
+"#;
+    assert_eq!(got, want, "got:\n{got}");
+}
+
+/// The GPU's plans: a product whose output only another product reads, as
+/// its A, stores it in bf16 (`lower::bf16_products`): the buffer is bf16 and
+/// the step's bias a bf16 constant. A product adding a residual keeps f32.
+#[test]
+fn a_product_read_only_by_products_stores_bf16() {
+    let list = |n: usize| (0..n).map(|i| format!("{}", (i % 7) as f32 / 4.0)).collect::<Vec<_>>().join(", ");
+    let text = format!(
+        r#"graph {{
+  sym n param 1..
+  input %x: f32[n, 8]
+  input %r: f32[n, 16]
+  %w: f32[8, 16] = constant [{}]
+  %b: f32[1, 16] = constant [{}]
+  %v: f32[16, 8] = constant [{}]
+  %y: f32[n, 16] = matmul %x, %w
+  %bb: f32[n, 16] = broadcast %b
+  %h: f32[n, 16] = add %y, %bb
+  %o: f32[n, 8] = matmul %h, %v
+  %y2: f32[n, 16] = matmul %x, %w
+  %res: f32[n, 16] = add %y2, %r
+  %o2: f32[n, 8] = matmul %res, %v
+  output %o, %o2
+}}
+"#,
+        list(128),
+        list(16),
+        list(128)
+    );
+    let g = ir::parse_graph(&text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    let lo = lower::LowerOptions {
+        fuse_attention: true,
+        matmul_steps: true,
+        column_scales: false,
+        epilogue_params: false,
+        u8_codes: false,
+        codes_depth: lower::CodesDepth::NONE,
+    };
+    let mut plan = lower::lower_with(&g, &passes::fuse(&g), &lo).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(lower::bf16_products(&mut plan), 1);
+    let got = plan::print_plan(&plan);
+    let want = r#"dims:
+  d0 = 8*n
+  d1 = 16*n
+  d2 = 128
+  d3 = 16
+  d4 = 0
+  d5 = 8
+  d6 = 1
+  d7 = n
+buffers:
+  b0: f32[n, 8] "x" (input 0)
+  b1: f32[n, 16] "r" (input 1)
+  b2: f32[8, 16] "w" (constant)
+  b3: f32[1, 16] "b" (constant)
+  b4: f32[16, 8] "v" (constant)
+  b5: f32[n, 8] "o" (output 0)
+  b6: f32[n, 8] "o2" (output 1)
+  b7: bf16[n, 16] "h" (temp, steps 0..=1)
+  b8: f32[n, 16] "res" (temp, steps 2..=3)
+  b9: f32[n, 16] "y" (temp, unused)
+  b10: f32[n, 16] "y2" (temp, unused)
+  b11: bf16[1, 16] "b.bf16" (constant)
+group 0: contraction
+  matmul [] m d7 n d3 k d5 (weight): A b0+d4 strides [] d5 d6 · B b2+d4 strides [] d3 d6 → C b7+d4 strides [] d3 d6, epilogue bias b11
+group 1: contraction
+  matmul [] m d7 n d5 k d3 (weight): A b7+d4 strides [] d3 d6 · B b4+d4 strides [] d5 d6 → C b5+d4 strides [] d5 d6
+group 2: contraction
+  matmul [] m d7 n d3 k d5 (weight): A b0+d4 strides [] d5 d6 · B b2+d4 strides [] d3 d6 → C b8+d4 strides [] d3 d6, epilogue residual b1
+group 3: contraction
+  matmul [] m d7 n d5 k d3 (weight): A b8+d4 strides [] d3 d6 · B b4+d4 strides [] d5 d6 → C b6+d4 strides [] d5 d6
 "#;
     assert_eq!(got, want, "got:\n{got}");
 }
