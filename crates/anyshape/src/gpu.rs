@@ -329,15 +329,7 @@ impl Model {
     /// loop programs whose output a product reads as its A storing it in
     /// bf16 too ([`lower::bf16_operands`]).
     pub fn lower_gpu(&self) -> Result<plan::ModelPlan, Error> {
-        let lo = lower::LowerOptions {
-            fuse_attention: true,
-            matmul_steps: true,
-            column_scales: false,
-            epilogue_params: false,
-            u8_codes: false,
-            codes_depth: lower::CodesDepth::NONE,
-        };
-        let mut plan = lower::lower_with(&self.graph, &self.fusion_plan(), &lo)?;
+        let mut plan = lower::lower_with(&self.graph, &self.fusion_plan(), &lower::LowerOptions::gpu())?;
         lower::unfuse_attention(&mut plan, |p, a| gpu_attention_unsupported(p, a).is_none());
         lower::fold_head_merges(&mut plan);
         lower::bf16_products(&mut plan);

@@ -101,6 +101,22 @@ impl Default for LowerOptions {
     }
 }
 
+impl LowerOptions {
+    /// What the GPU's plans take: fused attention and contraction steps, their
+    /// epilogues' constants in the program, f32 activations (the GEMM family
+    /// reads no column scales, parameters or codes).
+    pub fn gpu() -> Self {
+        LowerOptions {
+            fuse_attention: true,
+            matmul_steps: true,
+            column_scales: false,
+            epilogue_params: false,
+            u8_codes: false,
+            codes_depth: CodesDepth::NONE,
+        }
+    }
+}
+
 /// Lower a rewritten graph cut into fusion groups.
 pub fn lower(g: &ir::Graph, fusion: &passes::FusionPlan) -> Result<ModelPlan, LowerError> {
     lower_with(g, fusion, &LowerOptions::default())

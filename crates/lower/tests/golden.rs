@@ -768,15 +768,8 @@ fn a_product_read_only_by_products_stores_bf16() {
         list(128)
     );
     let g = ir::parse_graph(&text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
-    let lo = lower::LowerOptions {
-        fuse_attention: true,
-        matmul_steps: true,
-        column_scales: false,
-        epilogue_params: false,
-        u8_codes: false,
-        codes_depth: lower::CodesDepth::NONE,
-    };
-    let mut plan = lower::lower_with(&g, &passes::fuse(&g), &lo).unwrap_or_else(|e| panic!("{e}"));
+    let opts = lower::LowerOptions::gpu();
+    let mut plan = lower::lower_with(&g, &passes::fuse(&g), &opts).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(lower::bf16_products(&mut plan), 1);
     let got = plan::print_plan(&plan);
     let want = r#"dims:
