@@ -1879,11 +1879,11 @@ impl Gen<'_> {
         let vec = a.is_vector_value();
         let (i32t, i16t) = (self.lty(DType::I32, vec), self.lty(DType::BF16, vec));
         let bits = b.build_bit_cast(a, i32t, "bits").map_err(llvm)?;
-        let high = self.shift_right(bits, 16)?;
+        let high = self.shift(bits, 16, false)?;
         let lsb = int_op(b, BinaryOp::And, high, self.i32_const(1, vec)?, true)?;
         let r = int_op(b, BinaryOp::Add, bits, self.i32_const(0x7fff, vec)?, true)?;
         let r = int_op(b, BinaryOp::Add, r, lsb, true)?;
-        let rounded = self.shift_right(r, 16)?;
+        let rounded = self.shift(r, 16, false)?;
         let quiet = int_op(b, BinaryOp::Or, high, self.i32_const(0x40, vec)?, true)?;
         let nan = fcmp(b, FloatPredicate::UNO, a, a)?;
         let h = select(b, nan, quiet, rounded)?;
@@ -1900,27 +1900,25 @@ impl Gen<'_> {
         let vec = a.is_vector_value();
         let (i32t, f32t) = (self.lty(DType::I32, vec), self.lty(DType::F32, vec));
         let wide = self.zext(a, i32t)?;
-        let sixteen = self.i32_const(16, vec)?;
-        let bits: V = if vec {
-            b.build_left_shift(wide.into_vector_value(), sixteen.into_vector_value(), "hi")
-                .map_err(llvm)?
-                .into()
-        } else {
-            b.build_left_shift(wide.into_int_value(), sixteen.into_int_value(), "hi").map_err(llvm)?.into()
-        };
+        let bits = self.shift(wide, 16, true)?;
         b.build_bit_cast(bits, f32t, "f").map_err(llvm)
     }
 
-    /// `x >> n`, logical, of an i32 (or a vector of them).
-    fn shift_right(&self, x: V, n: u32) -> R<V> {
+    /// `x << n` (`left`) or `x >> n` (logical) of an i32, or a vector of them.
+    fn shift(&self, x: V, n: u32, left: bool) -> R<V> {
         let b = self.bld;
         let n = self.i32_const(n, x.is_vector_value())?;
+        macro_rules! go {
+            ($x:expr, $n:expr) => {
+                if left { b.build_left_shift($x, $n, "sl") } else { b.build_right_shift($x, $n, false, "sr") }
+                    .map_err(llvm)?
+                    .into()
+            };
+        }
         Ok(if x.is_vector_value() {
-            b.build_right_shift(x.into_vector_value(), n.into_vector_value(), false, "sr")
-                .map_err(llvm)?
-                .into()
+            go!(x.into_vector_value(), n.into_vector_value())
         } else {
-            b.build_right_shift(x.into_int_value(), n.into_int_value(), false, "sr").map_err(llvm)?.into()
+            go!(x.into_int_value(), n.into_int_value())
         })
     }
 

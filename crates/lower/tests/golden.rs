@@ -16,6 +16,16 @@ fn lowered(text: &str) -> String {
     plan::print_plan(&plan)
 }
 
+/// `text` lowered as the GPU's plans are, then `rewrite` (which must change
+/// `changed` buffers): the plan's text.
+fn lowered_for_gpu(text: &str, rewrite: fn(&mut plan::ModelPlan) -> usize, changed: usize) -> String {
+    let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    let opts = lower::LowerOptions::gpu();
+    let mut plan = lower::lower_with(&g, &passes::fuse(&g), &opts).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(rewrite(&mut plan), changed);
+    plan::print_plan(&plan)
+}
+
 #[test]
 fn layer_norm_is_one_stitch_program() {
     let got = lowered(
@@ -675,7 +685,7 @@ group 2: contraction
 /// the other keeps the original. A product of an input keeps its A.
 #[test]
 fn a_products_producer_stores_its_a_in_bf16() {
-    let g = ir::parse_graph(
+    let got = lowered_for_gpu(
         r#"graph {
   sym n param 1..
   input %x: f32[n, 8]
@@ -688,12 +698,9 @@ fn a_products_producer_stores_its_a_in_bf16() {
   output %c, %u, %d
 }
 "#,
-        &|_| None,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let mut plan = lower::lower(&g, &passes::fuse(&g)).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(lower::bf16_operands(&mut plan), 1);
-    let got = plan::print_plan(&plan);
+        lower::bf16_operands,
+        1,
+    );
     let want = r#"dims:
   d0 = 8*n
   d1 = 128
@@ -767,11 +774,7 @@ fn a_product_read_only_by_products_stores_bf16() {
         list(16),
         list(128)
     );
-    let g = ir::parse_graph(&text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
-    let opts = lower::LowerOptions::gpu();
-    let mut plan = lower::lower_with(&g, &passes::fuse(&g), &opts).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(lower::bf16_products(&mut plan), 1);
-    let got = plan::print_plan(&plan);
+    let got = lowered_for_gpu(&text, lower::bf16_products, 1);
     let want = r#"dims:
   d0 = 8*n
   d1 = 16*n

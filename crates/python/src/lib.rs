@@ -278,7 +278,7 @@ fn array_of(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
             a.call_method1("view", ("float16",))?.unbind()
         }
         // numpy has no bfloat16: the f32 values they are.
-        Elems::BF16(v) => give!(v.iter().map(|x| f32::from_bits((*x as u32) << 16)).collect::<Vec<f32>>()),
+        Elems::BF16(v) => give!(v.iter().map(|x| ir::bf16_to_f32(*x)).collect::<Vec<f32>>()),
         Elems::I8(v) => give!(v),
         Elems::U8(v) => give!(v),
         Elems::I32(v) => give!(v),

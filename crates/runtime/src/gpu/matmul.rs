@@ -170,23 +170,18 @@ pub(super) fn launches(
     // batch stride multiples of 4.
     let in_place = s.taps.is_none() && s.cs[0] == 1 && choices.iter().any(|c| c.kernel.a_f32);
     let (sa, a_even) = entry_stride(s, 0);
-    // A's bf16 copy that its producer writes (`MatMulStep::a_bf16`): read in
-    // place by the kernels that read bf16 A, where its rows and entries start
-    // 16 bytes apart (the aligned kernels' copies) and its entries are
-    // evenly apart (one launch takes them all).
-    let a16 = mm.a_bf16.filter(|_| {
-        s.taps.is_none()
-            && s.cs[0] == 1
-            && s.rs[0].is_multiple_of(8)
-            && s.entries.iter().all(|x| x[0].is_multiple_of(8))
-            && (entries == 1 || a_even)
-    });
-    // A bf16 buffer (a product's output that only products read,
-    // `lower::bf16_products`): read in place by every kernel, the aligned
-    // ones where its rows and entries start 16 bytes apart (the plan makes
-    // them so), the covers anywhere.
-    let a_bf16 = plan.buffers[mm.a.buf].dtype == DType::BF16;
-    let a16_aligned = s.rs[0].is_multiple_of(8) && s.entries.iter().all(|x| x[0].is_multiple_of(8));
+    // A in bf16, read in place by the kernels that read bf16 A: A's own
+    // buffer where it is bf16 (a product's output that only products read,
+    // `lower::bf16_products`; the aligned kernels where its rows and entries
+    // start 16 bytes apart, which the plan makes so, the covers anywhere),
+    // else the copy its producer writes beside it (`MatMulStep::a_bf16`)
+    // where they start so and its entries are evenly apart (one launch).
+    let a16_aligned = s.taps.is_none()
+        && s.cs[0] == 1
+        && s.rs[0].is_multiple_of(8)
+        && s.entries.iter().all(|x| x[0].is_multiple_of(8));
+    let a_is_bf16 = plan.buffers[mm.a.buf].dtype == DType::BF16;
+    let a16 = if a_is_bf16 { Some(mm.a.buf) } else { mm.a_bf16.filter(|_| a16_aligned && a_even) };
     let c_bytes = plan.buffers[mm.c.buf].dtype.size();
     let a_aligned = in_place && s.rs[0].is_multiple_of(4) && s.entries.iter().all(|x| x[0].is_multiple_of(4));
     // Kernels with an f32 B (an activation, K-major: its K adjacent) read it
@@ -203,7 +198,7 @@ pub(super) fn launches(
             && (c.split.is_none() || (p.batch == 1 && entries == 1))
             && (c_even || matches!(c.kernel.arch, Arch::Simt | Arch::Gemv))
             && (!c.kernel.a_f32 || (in_place && (a_aligned || c.kernel.is_cover())))
-            && (!a_bf16 || a16_aligned || c.kernel.is_cover())
+            && (!a_is_bf16 || a16_aligned || c.kernel.is_cover())
             && (!c.kernel.b_f32 || (b_in_place && (b_aligned || c.kernel.arch == Arch::Simt)))
     };
     // C's entries (and an in-place A's and B's): one launch over an even
@@ -213,7 +208,7 @@ pub(super) fn launches(
     let b_taken = b_in_place
         && (b_aligned
             || choices.iter().any(|c| c.kernel.b_f32 && c.kernel.arch == Arch::Simt && m <= c.max_m));
-    let even = c_even && (!(in_place || a_bf16) || a_even) && (!b_taken || b_even);
+    let even = c_even && (!(in_place || a16.is_some()) || a_even) && (!b_taken || b_even);
     let runs: Vec<(usize, usize)> =
         if even { vec![(0, entries)] } else { (0..entries).map(|e| (e, 1)).collect() };
     let mut picked = Vec::with_capacity(runs.len());
@@ -229,7 +224,7 @@ pub(super) fn launches(
     }
     // A: a view, or a convolution's taps, as bf16 `[entries, m, k]`, unless
     // every launch reads it in place (f32, or its producer's bf16 copy).
-    if a16.is_none() && !a_bf16 && picked.iter().any(|&c| !choices[c].kernel.a_f32) {
+    if a16.is_none() && picked.iter().any(|&c| !choices[c].kernel.a_f32) {
         let a_copy = match &s.taps {
             Some(t) => OperandCopy::Taps {
                 rows: m,
@@ -277,11 +272,10 @@ pub(super) fn launches(
     for (&(first, count), &choice) in runs.iter().zip(&picked) {
         let c_off = s.entries[first][2];
         let kk = &choices[choice].kernel;
-        // A: in place (f32, or the producer's bf16 copy: the entry's offset,
-        // its row and batch strides), or the copy's bf16 `[entries, m, k]`.
+        // A: in place (f32, or in bf16: the entry's offset, its row and
+        // batch strides), or the copy's bf16 `[entries, m, k]`.
         let (a_at, lda, sa) = match a16 {
             _ if kk.a_f32 => (At::Buffer(mm.a.buf, 4 * s.entries[first][0]), s.rs[0], sa),
-            _ if a_bf16 => (At::Buffer(mm.a.buf, 2 * s.entries[first][0]), s.rs[0], sa),
             Some(b) => (At::Buffer(b, 2 * s.entries[first][0]), s.rs[0], sa),
             None => (At::Scratch(2 * first * m * k), k, m * k),
         };
