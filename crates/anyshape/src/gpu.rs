@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use codegen::emulator::{HostKernelKind, HostKernels};
 pub use gpu_family::steps::StepTarget as GpuTarget;
-use plan::gemm::{Arch, GemmKernel, ReduceKernel};
+use plan::gemm::{Arch, GemmKernel};
 pub use plan::gpu::KernelLaunch;
 pub use runtime::gpu::artifact::{is_gpu_artifact, GpuArtifact, GpuCode, KernelRole};
 pub use runtime::gpu::cuda::CudaDevice;
@@ -261,21 +261,12 @@ impl Device for HostDevice {
                 // asks, live host memory).
                 return unsafe { self.kernels.launch_loop(kernel, shape, args) }.map_err(RunError::Device);
             }
-            (
-                HostKernelKind::Reduce,
-                [w, c, bias, res, KernelArg::I32(m), KernelArg::I32(n), KernelArg::I32(ldc), KernelArg::I32(shares), KernelArg::I64(stride)],
-            ) => {
-                let ptrs = [ptr(w)?, ptr(c)?, ptr(bias)?, ptr(res)?];
-                let ints = [*m, *n, *ldc, *shares];
-                // SAFETY: the caller's contract (`ReduceKernel`'s ABI, live host memory).
-                return unsafe {
-                    self.kernels.launch_reduce(kernel, dims.grid[0] as usize, ptrs, ints, *stride)
-                }
-                .map_err(RunError::Device);
-            }
             (HostKernelKind::Gemm { .. }, _) => (all, None),
-            // A split-K GEMM's last argument is its `kper`.
-            (HostKernelKind::SplitGemm, [rest @ .., KernelArg::I32(kper)]) => (rest, Some(*kper)),
+            // A folding split-K GEMM's last arguments: `kper`, the workspace
+            // and the tiles' counters.
+            (HostKernelKind::FoldGemm, [rest @ .., KernelArg::I32(kper), w, cnt]) => {
+                (rest, Some((*kper, [ptr(w)?, ptr(cnt)?])))
+            }
             _ => return Err(bad()),
         };
         let [a, b, c, bias, res, ints @ .., sa, sb, sc] = args else { return Err(bad()) };
@@ -296,8 +287,8 @@ impl Device for HostDevice {
             (dims.threads as usize, dims.smem as usize),
             [wide(sa)?, wide(sb)?, wide(sc)?],
         );
-        // SAFETY: the caller's contract (`gpu::kernel::ABI`, a split-K kernel's
-        // `kper`, live host memory).
+        // SAFETY: the caller's contract (`gpu::kernel::ABI`, a folding split-K
+        // kernel's `kper`, workspace and zeroed counters, live host memory).
         unsafe { self.kernels.launch_gemm(kernel, grid, block, ptrs, ints, strides, kper) }
             .map_err(RunError::Device)
     }
@@ -555,9 +546,8 @@ fn host_kind(role: KernelRole) -> HostKernelKind {
         KernelRole::Loop(_) | KernelRole::OperandCopy | KernelRole::Attention { .. } => {
             HostKernelKind::Pointers
         }
-        KernelRole::Gemm(k) if k.split_k => HostKernelKind::SplitGemm,
+        KernelRole::Gemm(k) if k.split_k => HostKernelKind::FoldGemm,
         KernelRole::Gemm(k) => HostKernelKind::Gemm { threads_apart: k.arch == Arch::Simt },
-        KernelRole::Reduce(_) => HostKernelKind::Reduce,
     }
 }
 
@@ -579,7 +569,6 @@ pub fn host_model_of(mut a: GpuArtifact, arch: Option<&str>) -> Result<GpuModel<
             KernelRole::Loop(i) => codegen::nvptx::program_ir(&a.plan.programs[*i], &k.name)?,
             KernelRole::OperandCopy => codegen::nvptx::operand_copy_ir(),
             KernelRole::Gemm(g) => codegen::nvptx::llvm_ir(g)?,
-            KernelRole::Reduce(r) => codegen::nvptx::reduce_ir(r)?,
             KernelRole::Attention { program, scores, logits, head, mma, out_bf16 } => {
                 codegen::nvptx::attention_ir(
                     &a.plan.programs[*program],
@@ -631,8 +620,7 @@ fn gpu_kernels(
     kernels.operand_copy = code.len();
     code.push((kernel(name, copy, 0), KernelRole::OperandCopy));
     let mut index: HashMap<GemmKernel, usize> = HashMap::new();
-    let mut reductions: HashMap<ReduceKernel, usize> = HashMap::new();
-    for (i, list) in step_lists(plan, target)?.into_iter().enumerate() {
+    for list in step_lists(plan, target)? {
         let mut choices = Vec::new();
         for e in list {
             let k = e.kernel;
@@ -645,38 +633,7 @@ fn gpu_kernels(
                     code.len() - 1
                 }
             };
-            // A split-K kernel's reduction applies the step's epilogue into its f32 C.
-            let split = match (k.split_k, &plan.steps[i].kind) {
-                (true, plan::StepKind::MatMul(mm)) => {
-                    let c_f32 = plan.buffers[mm.c.buf].dtype != ir::DType::BF16;
-                    let reduce = ReduceKernel { elem: k.elem, epilogue: mm.epilogue.function(), c_f32 };
-                    let index = match reductions.get(&reduce) {
-                        Some(&i) => i,
-                        None => {
-                            let name = reduce.name();
-                            let t = match known.get(&name) {
-                                Some(t) => t.clone(),
-                                None => text.of(
-                                    &name,
-                                    || codegen::nvptx::reduce_ir(&reduce),
-                                    || codegen::nvptx::reduce_ptx(&reduce),
-                                )?,
-                            };
-                            code.push((kernel(name, t, 0), KernelRole::Reduce(reduce)));
-                            reductions.insert(reduce, code.len() - 1);
-                            code.len() - 1
-                        }
-                    };
-                    Some(runtime::gpu::SplitChoice { splits: e.splits, reduce, index })
-                }
-                (true, _) => {
-                    return Err(
-                        RunError::Internal(format!("step {i}: a split-K kernel for no product")).into()
-                    )
-                }
-                (false, _) => None,
-            };
-            choices.push(GemmChoice { kernel: k, index: at, max_m: e.most, split });
+            choices.push(GemmChoice { kernel: k, index: at, max_m: e.most, splits: e.splits });
         }
         kernels.matmuls.push(choices);
     }

@@ -1230,12 +1230,13 @@ fn device_io_calls_give_the_host_calls_outputs() {
 
 /// `x · W + b + r` with a 2048×64 weight: a hundred rows or two against a
 /// long K leave most SMs idle with one tile a block (GEMV takes fewer), and
-/// the wave model picks a split-K kernel (its shares into the call's
-/// scratch, then the reduction with the bias and the residual into the f32
-/// output). Against the interpreter at rows 97, a prime, and 200, on both
-/// targets, the shares kernel followed by its reduction in the launches.
+/// the wave model picks a split-K kernel that folds its shares (each into
+/// the call's scratch, the last block of a tile summing them with the bias
+/// and the residual into the f32 output). Against the interpreter at rows
+/// 97, a prime, and 200, on both targets, one launch for the product, each
+/// shape twice (the tiles' counters set back to zero by the first call).
 #[test]
-fn few_rows_against_a_long_k_run_split_k_with_the_reduction() {
+fn few_rows_against_a_long_k_run_split_k_folding_its_shares() {
     let (w, b) = weight_and_bias(2048, 64, 8192.0);
     let m = with_constants(
         r#"graph {
@@ -1264,14 +1265,15 @@ fn few_rows_against_a_long_k_run_split_k_with_the_reduction() {
             assert_eq!(used.len(), 1, "{used:?}");
             let k = &used[0].1[0];
             assert!(
-                k.contains("_sk")
+                k.contains("_skf")
                     && k.rsplit_once('x').is_some_and(|(_, s)| s.parse::<usize>().is_ok_and(|s| s > 1)),
                 "{target:?} {n} rows: {used:?}"
             );
             let (_, p) = gm.run_profiled(&named).expect("profiles");
             let names: Vec<&str> = p.launches.iter().map(|l| l.kernel.as_str()).collect();
-            let at = names.iter().position(|k| k.contains("_sk")).expect("the shares' launch");
-            assert!(names.get(at + 1).is_some_and(|r| r.starts_with("splitk_reduce_bf16_c32")), "{names:?}");
+            assert_eq!(names.iter().filter(|k| k.contains("_skf")).count(), 1, "{names:?}");
+            assert!(names.iter().all(|k| !k.contains("reduce")), "{names:?}");
+            compare_within(&m, &gm, &[("n", n)], 10 + i as u64, Some(BF16_L2));
         }
     }
 }
@@ -1279,8 +1281,8 @@ fn few_rows_against_a_long_k_run_split_k_with_the_reduction() {
 /// `tanh(x · W1 + b1) · W2 + b2`: the first product's output is read only
 /// by the second, as its A, so it is stored in bf16 (`lower::bf16_products`:
 /// its bias a bf16 constant) and the second product's kernels read it in
-/// place, no copy at any row count: GEMV at one row, a split-K kernel with
-/// its reduction storing bf16 at a hundred rows or two against the long
+/// place, no copy at any row count: GEMV at one row, a split-K kernel
+/// folding its shares into bf16 at a hundred rows or two against the long
 /// K, the tiles past them. Against the interpreter at rows 1, 7, 97, 200
 /// and 257, on both targets.
 #[test]
@@ -1331,9 +1333,9 @@ fn a_products_bf16_output_is_the_next_products_a() {
             assert_eq!(copies[1].1, 0, "{target:?} {n}: {copies:?}");
             let (_, p) = gm.run_profiled(&named).expect("profiles");
             let names: Vec<&str> = p.launches.iter().map(|l| l.kernel.as_str()).collect();
-            if let Some(at) = names.iter().position(|k| k.contains("_sk")) {
-                let reduce = names.get(at + 1).copied().unwrap_or_default();
-                assert!(reduce.starts_with("splitk_reduce_bf16") && !reduce.contains("_c32"), "{names:?}");
+            if let Some(sk) = names.iter().find(|k| k.contains("_sk")) {
+                assert!(sk.contains("_skf") && !sk.contains("_c32"), "{names:?}");
+                assert!(names.iter().all(|k| !k.contains("reduce")), "{names:?}");
             } else {
                 assert!(!(97..=200).contains(&n), "{target:?} {n}: no split-K: {names:?}");
             }

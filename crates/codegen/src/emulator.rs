@@ -986,10 +986,9 @@ pub enum HostKernelKind {
     /// A GEMM of the family (`gpu::kernel::ABI`); `threads_apart`: it uses no
     /// warp-wide operation (a SIMT kernel), so its threads run one after another.
     Gemm { threads_apart: bool },
-    /// A split-K GEMM: the ABI and `kper`.
-    SplitGemm,
-    /// A split-K reduction (`ReduceKernel`'s arguments), its threads apart.
-    Reduce,
+    /// A split-K GEMM that folds its shares (`GemmKernel::fold`): the ABI,
+    /// `kper`, the workspace and the tiles' counters.
+    FoldGemm,
 }
 
 /// A split-K GEMM's entry on the host: the ABI with C the f32 workspace,
@@ -1034,12 +1033,37 @@ pub type Reduce = unsafe extern "C" fn(
     i32,
 );
 
+/// A folding split-K GEMM's entry on the host: the ABI, `kper`, the
+/// workspace, the tiles' counters, the four indices.
+pub type FoldGemm = unsafe extern "C" fn(
+    *const u16,
+    *const u16,
+    *mut u8,
+    *const u8,
+    *const u8,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i64,
+    i64,
+    i64,
+    i32,
+    *mut f32,
+    *mut i64,
+    i32,
+    i32,
+    i32,
+    i32,
+);
+
 #[derive(Clone, Copy)]
 enum HostEntry {
     Pointers(LoopKernel),
     Gemm(Gemm, bool),
-    SplitGemm(SplitGemm),
-    Reduce(Reduce),
+    FoldGemm(FoldGemm),
 }
 
 /// Kernels compiled for the host, each an index, with what owns their
@@ -1088,14 +1112,10 @@ impl HostKernels {
                 HostKernelKind::Gemm { threads_apart } => {
                     HostEntry::Gemm(unsafe { std::mem::transmute::<usize, Gemm>(addr) }, *threads_apart)
                 }
-                // SAFETY: `for_host` compiled the split-K ABI (`kper` last) plus the
-                // four indices, which is `SplitGemm`.
-                HostKernelKind::SplitGemm => {
-                    HostEntry::SplitGemm(unsafe { std::mem::transmute::<usize, SplitGemm>(addr) })
-                }
-                // SAFETY: `reduce_ir`'s parameters plus the four indices: `Reduce`.
-                HostKernelKind::Reduce => {
-                    HostEntry::Reduce(unsafe { std::mem::transmute::<usize, Reduce>(addr) })
+                // SAFETY: `for_host` compiled the folding split-K ABI (`kper`, the
+                // workspace and the counters last) plus the four indices: `FoldGemm`.
+                HostKernelKind::FoldGemm => {
+                    HostEntry::FoldGemm(unsafe { std::mem::transmute::<usize, FoldGemm>(addr) })
                 }
             });
             engines.push(ee);
@@ -1118,8 +1138,7 @@ impl HostKernels {
         Some(match self.entries.get(k)? {
             HostEntry::Pointers(_) => HostKernelKind::Pointers,
             HostEntry::Gemm(_, apart) => HostKernelKind::Gemm { threads_apart: *apart },
-            HostEntry::SplitGemm(_) => HostKernelKind::SplitGemm,
-            HostEntry::Reduce(_) => HostKernelKind::Reduce,
+            HostEntry::FoldGemm(_) => HostKernelKind::FoldGemm,
         })
     }
 
@@ -1162,12 +1181,14 @@ impl HostKernels {
     /// Run GEMM kernel `k` over every block of `grid`, `threads` a block with
     /// `smem` bytes of shared memory: A, B, C, bias and residual (`ptrs`),
     /// M, N, K and the leading dimensions (`ints`), the batch strides; a
-    /// split-K kernel with `kper` (its steps a share; `z` over the shares, C
-    /// the f32 workspace).
+    /// folding split-K kernel with `fold`: `kper` (its steps a share; `z`
+    /// over the shares), the workspace and the tiles' counters.
     ///
     /// # Safety
     /// The arguments are what `gpu::kernel::ABI` asks for at this problem, in
-    /// host memory, and nothing else touches C meanwhile.
+    /// host memory (a folding kernel's workspace and counters sized by
+    /// `GemmKernel::fold_space`, the counters zero), and nothing else touches
+    /// C meanwhile.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn launch_gemm(
         &self,
@@ -1177,12 +1198,12 @@ impl HostKernels {
         ptrs: [u64; 5],
         ints: [i32; 6],
         strides: [i64; 3],
-        kper: Option<i32>,
+        fold: Option<(i32, [u64; 2])>,
     ) -> Result<(), String> {
         let entry = self.entries.get(k).copied();
-        let apart = match (entry, kper) {
+        let apart = match (entry, fold) {
             (Some(HostEntry::Gemm(_, apart)), None) => apart,
-            (Some(HostEntry::SplitGemm(_)), Some(_)) => false,
+            (Some(HostEntry::FoldGemm(_)), Some(_)) => false,
             _ => return Err(format!("kernel {k} is not a GEMM taking these arguments")),
         };
         let [m, n, kk, lda, ldb, ldc] = ints;
@@ -1193,7 +1214,7 @@ impl HostKernels {
                 (ptrs[0] as *const u16, ptrs[1] as *const u16, ptrs[3] as *const u16, ptrs[4] as *const u16);
             // SAFETY: the caller's contract; each thread runs the kernel once.
             unsafe {
-                match (entry, kper) {
+                match (entry, fold) {
                     (Some(HostEntry::Gemm(f, _)), _) => f(
                         a,
                         b,
@@ -1214,9 +1235,10 @@ impl HostKernels {
                         y,
                         z,
                     ),
-                    (Some(HostEntry::SplitGemm(f)), Some(kper)) => {
-                        let c = ptrs[2] as *mut f32;
-                        f(a, b, c, bias, res, m, n, kk, lda, ldb, ldc, sa, sb, sc, kper, t, x, y, z)
+                    (Some(HostEntry::FoldGemm(f)), Some((kper, [w, cnt]))) => {
+                        let (c, bias, res) = (ptrs[2] as *mut u8, bias as *const u8, res as *const u8);
+                        let (w, cnt) = (w as *mut f32, cnt as *mut i64);
+                        f(a, b, c, bias, res, m, n, kk, lda, ldb, ldc, sa, sb, sc, kper, w, cnt, t, x, y, z)
                     }
                     _ => {}
                 }
@@ -1234,49 +1256,6 @@ impl HostKernels {
             }
         } else {
             run_blocks(grid, threads, smem, thread);
-        }
-        Ok(())
-    }
-
-    /// Run reduction `k` over `blocks` blocks of its threads, one after another.
-    ///
-    /// # Safety
-    /// `ptrs` are the shares, C, the bias and the residual, in host memory,
-    /// as `ReduceKernel`'s ABI asks for `ints` (M, N, ldc, shares) and the
-    /// shares' `stride`; nothing else touches C meanwhile.
-    pub unsafe fn launch_reduce(
-        &self,
-        k: usize,
-        blocks: usize,
-        ptrs: [u64; 4],
-        ints: [i32; 4],
-        stride: i64,
-    ) -> Result<(), String> {
-        let Some(HostEntry::Reduce(f)) = self.entries.get(k).copied() else {
-            return Err(format!("kernel {k} is not a split-K reduction"));
-        };
-        let [m, n, ldc, shares] = ints;
-        for b in 0..blocks {
-            for t in 0..gpu::ReduceKernel::THREADS {
-                // SAFETY: the caller's contract; each thread runs the kernel once.
-                unsafe {
-                    f(
-                        ptrs[0] as *const f32,
-                        ptrs[1] as *mut u8,
-                        ptrs[2] as *const u8,
-                        ptrs[3] as *const u8,
-                        m,
-                        n,
-                        ldc,
-                        shares,
-                        stride,
-                        t as i32,
-                        b as i32,
-                        0,
-                        0,
-                    )
-                }
-            }
         }
         Ok(())
     }

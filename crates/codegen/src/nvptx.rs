@@ -169,6 +169,9 @@ struct Ix {
     k_first: String,
     /// The batch entry (TMA's third coordinate; 0 for a split-K block).
     batch: String,
+    /// A folding split-K block's tile (`by·gx + bx`), split (`z`) and K's
+    /// steps (`GemmKernel::fold`).
+    fold: Option<[String; 3]>,
 }
 
 /// One thread's 16-byte copy of a stage: the global pointer at K step 0, the
@@ -1175,9 +1178,16 @@ impl Gen {
         let steps = self.v(format!("udiv i32 {kr}, {bk}"));
         if k.split_k {
             // `z` is the split: steps [z·kper, min(steps, (z+1)·kper)) into its f32
-            // slice of the workspace (the runner leaves no split without work).
-            let oc = self.v(format!("mul i64 {bz64}, %sc"));
-            let c_base = self.v(format!("getelementptr inbounds float, ptr addrspace(1) %C, i64 {oc}"));
+            // slice of the workspace (the runner leaves no split without work); a
+            // folding kernel's C and residual are the product's own.
+            let (c_base, r_base, fold) = if k.fold {
+                let r_base = k.epilogue.residual.then(|| "%res".to_string());
+                (String::from("%C"), r_base, Some([pid.clone(), bz.clone(), steps.clone()]))
+            } else {
+                let oc = self.v(format!("mul i64 {bz64}, %sc"));
+                let c_base = self.v(format!("getelementptr inbounds float, ptr addrspace(1) %C, i64 {oc}"));
+                (c_base, None, None)
+            };
             let k_first = self.v(format!("mul i32 {bz}, %kper"));
             let left = self.v(format!("sub i32 {steps}, {k_first}"));
             let fewer = self.v(format!("icmp ult i32 {left}, %kper"));
@@ -1191,10 +1201,11 @@ impl Gen {
                 a_base: "%A".into(),
                 b_base: "%B".into(),
                 c_base,
-                r_base: None,
+                r_base,
                 kt_n,
                 k_first,
                 batch: "0".into(),
+                fold,
             };
         }
         let oa = self.v(format!("mul i64 {bz64}, %sa"));
@@ -1221,6 +1232,7 @@ impl Gen {
             kt_n: steps,
             k_first: "0".into(),
             batch: bz,
+            fold: None,
         }
     }
 
@@ -2104,11 +2116,19 @@ impl Gen {
         let parity = self.v(format!("and i32 {strides}, 1"));
         let even = self.v(format!("icmp eq i32 {parity}, 0"));
         let ldc64 = self.v("sext i32 %ldc to i64");
+        let folded;
+        let frags = match &ix.fold {
+            Some(fold) => {
+                folded = self.fold_shares(fold, frags);
+                &folded
+            }
+            None => frags,
+        };
         for f in frags {
             for half in 0..2 {
                 let s = self.spot(f, half, &r1, &c1, &ldc64);
                 let vals = [f.vals[half * 2].clone(), f.vals[half * 2 + 1].clone()];
-                if k.split_k {
+                if k.split_k && !k.fold {
                     self.store_two("float", 4, ix, &s, &vals, &even);
                     continue;
                 }
@@ -2117,6 +2137,133 @@ impl Gen {
             }
         }
         self.emit("ret void");
+    }
+
+    /// A folding split-K block's shares (`GemmKernel::fold`): its fragments
+    /// written to its share of the workspace (fragment `j` of thread `t` at
+    /// `(j·threads + t)·4`, 16 bytes, so a warp writes whole lines), made
+    /// visible device-wide, then counted done on its tile's counter by thread
+    /// 0. Every block but the tile's last returns; the last sets the counter
+    /// back to zero and sums the tile's shares in split order from zero, as
+    /// the reduction kernel does (the same bits): `GemmKernel::fold_chunk`
+    /// shares at a time, every fragment of the chunk loaded before the first
+    /// add (one memory latency a chunk), a share past the last reloading the
+    /// last (in bounds) and adding zero. Returns the sums as the fragments
+    /// the epilogue stores.
+    fn fold_shares(&mut self, [tile, split, steps]: &[String; 3], frags: &[Frag]) -> Vec<Frag> {
+        let threads = self.k.threads();
+        let share = 4 * threads * frags.len();
+        let tid = self.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
+        let tid64 = self.v(format!("zext i32 {tid} to i64"));
+        let lane_at = self.v(format!("mul i64 {tid64}, 4"));
+        let kp = self.v("add i32 %kper, -1");
+        let st = self.v(format!("add i32 {steps}, {kp}"));
+        let splits = self.v(format!("udiv i32 {st}, %kper"));
+        let tile64 = self.v(format!("zext i32 {tile} to i64"));
+        let splits64 = self.v(format!("zext i32 {splits} to i64"));
+        let first = self.v(format!("mul i64 {tile64}, {splits64}"));
+        // Fragment `j`'s 16 bytes in share `s` of this tile.
+        let at = |g: &mut Gen, s64: &str, j: usize| {
+            let sh = g.v(format!("add i64 {first}, {s64}"));
+            let base = g.v(format!("mul i64 {sh}, {share}"));
+            let o = g.v(format!("add i64 {base}, {lane_at}"));
+            let o = g.v(format!("add i64 {o}, {}", 4 * threads * j));
+            g.v(format!("getelementptr inbounds float, ptr addrspace(1) %W, i64 {o}"))
+        };
+        let own = self.v(format!("zext i32 {split} to i64"));
+        for (j, f) in frags.iter().enumerate() {
+            let p = at(self, &own, j);
+            let mut v = "poison".to_string();
+            for (e, x) in f.vals.iter().enumerate() {
+                v = self.v(format!("insertelement <4 x float> {v}, float {x}, i32 {e}"));
+            }
+            self.emit(format!("store <4 x float> {v}, ptr addrspace(1) {p}, align 16"));
+        }
+        // The share is visible device-wide before it is counted; the stage
+        // buffers are idle once every thread is here, and the first word
+        // tells the block whether it is the tile's last.
+        self.emit("call void @llvm.nvvm.membar.gl()");
+        self.emit("call void @llvm.nvvm.barrier0()");
+        let (count, counted, reset) =
+            (self.fresh("fold.count"), self.fresh("fold.counted"), self.fresh("fold.reset"));
+        let t0 = self.v(format!("icmp eq i32 {tid}, 0"));
+        self.emit(format!("br i1 {t0}, label %{count}, label %{counted}"));
+        self.block(&count);
+        let cp = self.v(format!("getelementptr inbounds i64, ptr addrspace(1) %cnt, i64 {tile64}"));
+        let old = self.v(format!("atomicrmw add ptr addrspace(1) {cp}, i64 1 monotonic"));
+        let last_split = self.v(format!("add i64 {splits64}, -1"));
+        let last = self.v(format!("icmp eq i64 {old}, {last_split}"));
+        let word = self.v(format!("zext i1 {last} to i32"));
+        self.emit(format!("store i32 {word}, ptr addrspace(3) @smem, align 4"));
+        // Every split has counted: the next launch finds the counter zero.
+        self.emit(format!("br i1 {last}, label %{reset}, label %{counted}"));
+        self.block(&reset);
+        self.emit(format!("store atomic i64 0, ptr addrspace(1) {cp} monotonic, align 8"));
+        self.emit(format!("br label %{counted}"));
+        self.block(&counted);
+        self.emit("call void @llvm.nvvm.barrier0()");
+        let word = self.v("load i32, ptr addrspace(3) @smem, align 4");
+        let last = self.v(format!("icmp ne i32 {word}, 0"));
+        let (sum, done) = (self.fresh("fold.sum"), self.fresh("fold.done"));
+        self.emit(format!("br i1 {last}, label %{sum}, label %{done}"));
+        self.block(&done);
+        self.emit("ret void");
+        self.block(&sum);
+        // The other blocks' shares, now that their counts are seen.
+        self.emit("call void @llvm.nvvm.membar.gl()");
+        let (head, body, out) = (self.fresh("fold.head"), self.fresh("fold.body"), self.fresh("fold.out"));
+        self.emit(format!("br label %{head}"));
+        self.block(&head);
+        let s = self.fresh("%fold.s");
+        let accs: Vec<String> = (0..frags.len()).map(|j| format!("{s}.acc{j}")).collect();
+        let phis_at = self.body.len();
+        let more = self.v(format!("icmp ult i32 {s}, {splits}"));
+        self.emit(format!("br i1 {more}, label %{body}, label %{out}"));
+        self.block(&body);
+        let last_share = self.v(format!("add i32 {splits}, -1"));
+        let chunk = self.k.fold_chunk();
+        let mut loaded = Vec::with_capacity(chunk);
+        for c in 0..chunk {
+            let sc = self.v(format!("add i32 {s}, {c}"));
+            let live = self.v(format!("icmp ult i32 {sc}, {splits}"));
+            let at_s = self.v(format!("select i1 {live}, i32 {sc}, i32 {last_share}"));
+            let s64 = self.v(format!("zext i32 {at_s} to i64"));
+            // Volatile: from L2, not from lines this SM's L1 may hold from
+            // before another block wrote them (the workspace is every step's).
+            let xs: Vec<String> = (0..frags.len())
+                .map(|j| {
+                    let p = at(self, &s64, j);
+                    self.v(format!("load volatile <4 x float>, ptr addrspace(1) {p}, align 16"))
+                })
+                .collect();
+            loaded.push((live, xs));
+        }
+        let mut sums = accs.clone();
+        for (live, xs) in &loaded {
+            for (a, x) in sums.iter_mut().zip(xs) {
+                let x = self.v(format!("select i1 {live}, <4 x float> {x}, <4 x float> zeroinitializer"));
+                *a = self.v(format!("fadd <4 x float> {a}, {x}"));
+            }
+        }
+        let next = self.v(format!("add i32 {s}, {chunk}"));
+        self.emit(format!("br label %{head}"));
+        let mut phis = format!("  {s} = phi i32 [ 0, %{sum} ], [ {next}, %{body} ]\n");
+        for (a, x) in accs.iter().zip(&sums) {
+            phis.push_str(&format!(
+                "  {a} = phi <4 x float> [ zeroinitializer, %{sum} ], [ {x}, %{body} ]\n"
+            ));
+        }
+        self.body.insert_str(phis_at, &phis);
+        self.block(&out);
+        frags
+            .iter()
+            .zip(&accs)
+            .map(|(f, a)| Frag {
+                row: f.row.clone(),
+                col: f.col.clone(),
+                vals: std::array::from_fn(|e| self.v(format!("extractelement <4 x float> {a}, i32 {e}"))),
+            })
+            .collect()
     }
 
     /// A TMA kernel's epilogue through shared memory: each thread applies the
@@ -2347,7 +2494,11 @@ impl Gen {
             "ptr addrspace(1) readonly {align}%A, ptr addrspace(1) readonly {align}%B, \
              ptr addrspace(1) %C, ptr addrspace(1) readonly %bias, ptr addrspace(1) readonly %res, \
              i32 %M, i32 %N, i32 %K, i32 %lda, i32 %ldb, i32 %ldc, i64 %sa, i64 %sb, i64 %sc{}{}{}",
-            if k.split_k { ", i32 %kper" } else { "" },
+            match (k.split_k, k.fold) {
+                (true, true) => ", i32 %kper, ptr addrspace(1) align 16 %W, ptr addrspace(1) %cnt",
+                (true, false) => ", i32 %kper",
+                _ => "",
+            },
             if k.persistent { ", i32 %batch" } else { "" },
             if k.tma {
                 ", ptr byval([16 x i64]) align 64 %tmA, ptr byval([16 x i64]) align 64 %tmB"
@@ -2419,6 +2570,7 @@ declare i32 @llvm.nvvm.read.ptx.sreg.ctaid.z()
 declare i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()
 declare i32 @llvm.nvvm.read.ptx.sreg.nctaid.y()
 declare void @llvm.nvvm.barrier0()
+declare void @llvm.nvvm.membar.gl()
 declare void @llvm.nvvm.cp.async.cg.shared.global.16.s(ptr addrspace(3), ptr addrspace(1), i32)
 declare void @llvm.nvvm.cp.async.commit.group()
 declare void @llvm.nvvm.cp.async.wait.group(i32 immarg)

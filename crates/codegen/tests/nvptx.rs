@@ -119,6 +119,49 @@ fn split_k_kernels_write_f32_shares_and_reductions_apply_the_epilogue() {
     }
 }
 
+/// The split-K kernels of the family that a model step takes (not TMA),
+/// folding their shares themselves with `epilogue` into C (f32 where
+/// `c_f32`, else bf16).
+fn fold_family(epilogue: Epilogue, c_f32: bool) -> Vec<GemmKernel> {
+    candidates::split_k_family(ElemType::Bf16)
+        .into_iter()
+        .filter(|k| !k.tma)
+        .map(|k| GemmKernel { fold: true, epilogue, c_f32, ..k })
+        .collect()
+}
+
+/// A folding split-K kernel takes its workspace and counters after `kper`,
+/// counts its tiles' shares with an atomic add, sums them in a loop of
+/// `<4 x float>` adds, and stores C of its own type through the epilogue;
+/// LLVM's NVPTX target builds each form. A TMA kernel or an unsplit one
+/// cannot fold.
+#[test]
+fn folding_split_k_kernels_count_and_sum_their_shares() {
+    let e = Epilogue { bias: true, residual: true, activation: Activation::GeluTanh, ..Epilogue::NONE };
+    for c_f32 in [true, false] {
+        let family = fold_family(e, c_f32);
+        assert!(family.iter().any(|k| k.arch == Arch::Sm90a) && family.iter().any(|k| k.arch == Arch::Sm80));
+        for k in family {
+            k.check().unwrap();
+            assert!(k.name().contains("_skf"), "{k}");
+            let ir = nvptx::llvm_ir(&k).unwrap();
+            assert!(ir.contains("i32 %kper, ptr addrspace(1) align 16 %W, ptr addrspace(1) %cnt"), "{k}");
+            assert!(ir.contains("atomicrmw add") && ir.contains("phi <4 x float>"), "{k}");
+            assert_eq!(ir.contains("fptrunc float"), !c_f32, "{k}: C's type");
+            nvptx::compile(&ir, &k.name(), k.arch).unwrap();
+        }
+    }
+    let sk = candidates::split_k_family(ElemType::Bf16);
+    let tma = sk.iter().find(|k| k.tma).expect("a TMA split-K kernel");
+    assert!(GemmKernel { fold: true, ..*tma }.check().is_err());
+    let whole = candidates::family(ElemType::Bf16, BLayout::KMajor, Epilogue::NONE)[0];
+    assert!(GemmKernel { fold: true, ..whole }.check().is_err());
+    assert!(
+        GemmKernel { epilogue: e, ..sk[0] }.check().is_err(),
+        "an unfolded split-K kernel has no epilogue"
+    );
+}
+
 #[test]
 fn the_whole_candidate_space_lowers() {
     // The space is what the family is drawn from: every member must be buildable.
@@ -143,6 +186,7 @@ fn an_invalid_kernel_is_an_error_not_a_panic() {
         epilogue: Epilogue::NONE,
         overlap: false,
         split_k: false,
+        fold: false,
         tma: false,
         persistent: false,
         unaligned: false,
@@ -181,6 +225,7 @@ fn golden_ptx() {
         epilogue: Epilogue::NONE,
         overlap: false,
         split_k: false,
+        fold: false,
         tma: false,
         persistent: false,
         unaligned: false,
@@ -319,6 +364,9 @@ fn ptxas_accepts_every_family_kernel() {
         Epilogue { bias: true, activation: Activation::GeluTanh, ..Epilogue::NONE },
     ));
     kernels.extend(candidates::split_k_family(ElemType::Bf16));
+    kernels.extend(fold_family(Epilogue { bias: true, residual: true, ..Epilogue::NONE }, true));
+    kernels
+        .extend(fold_family(Epilogue { bias: true, activation: Activation::Gelu, ..Epilogue::NONE }, false));
     kernels.extend(candidates::simt_family(ElemType::F16, Epilogue::NONE));
     kernels.extend(candidates::simt_family(
         ElemType::Bf16,
@@ -1068,6 +1116,139 @@ mod on_the_host {
             let n = if k.b == BLayout::NMajor { 72 } else { 67 };
             for (m, splits) in [(1, 1), (1, 3), (k.bm + 1, 2), (7, 5)] {
                 host_split_k(k, Problem::nt(1, m, n, 240), splits, x as u64).unwrap();
+            }
+        }
+    }
+
+    /// Folding split-K kernel `k` on `p` (one product) in `splits` shares of
+    /// K, as the runtime launches it: C with rows `n + 3` apart (f32 or bf16,
+    /// as the bias and the residual), canaries in its rows' padding, the
+    /// workspace of `GemmKernel::fold_space` and zeroed counters, each with a
+    /// canary past it. Against the oracle; every counter zero again after.
+    fn host_fold(k: &GemmKernel, p: Problem, splits: usize, seed: u64) -> Result<(), TestCaseError> {
+        let p = p.with_b(k.b);
+        let name = k.name_split(splits);
+        let ctx = Context::create();
+        let ee = engine(&ctx, &nvptx::llvm_ir(k).unwrap(), &k.name())?;
+        let addr = ee.get_function_address(&k.name()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        // SAFETY: the JIT compiled the folding split-K ABI (`kper`, the
+        // workspace and the counters last) plus the four indices (`for_host`),
+        // which is `FoldGemm`; `ee` outlives every call below.
+        let f: host::FoldGemm = unsafe { std::mem::transmute::<usize, host::FoldGemm>(addr) };
+        let (per, splits) = k.split_plan(p.k, splits);
+        let mut rnd = values(seed);
+        let a: Vec<u16> = (0..p.m * p.k).map(|_| bf16(rnd())).collect();
+        let b: Vec<u16> = (0..p.n * p.k).map(|_| bf16(rnd())).collect();
+        let bias: Vec<u16> = (0..p.n).map(|_| bf16(rnd())).collect();
+        let ldc = p.n + 3;
+        // The residual at C's index; bf16 values, so that the f32 forms hold
+        // what the oracle adds.
+        let res: Vec<u16> = (0..p.m * ldc).map(|_| bf16(rnd())).collect();
+        let dense: Vec<u16> = (0..p.m * p.n).map(|i| res[(i / p.n) * ldc + i % p.n]).collect();
+        let size = k.c_type().bytes();
+        let widen = |v: &[u16]| -> Vec<u8> {
+            if size == 4 {
+                v.iter().flat_map(|&h| f32_of(h).to_le_bytes()).collect()
+            } else {
+                v.iter().flat_map(|&h| h.to_le_bytes()).collect()
+            }
+        };
+        let (bias_c, res_c) = (widen(&bias), widen(&res));
+        let canary = [0xa5u8; 4];
+        let mut c: Vec<u8> = canary.iter().copied().cycle().take(p.m * ldc * size).collect();
+        let (floats, tiles) = k.fold_space(&p, splits);
+        let w_canary = f32::from_bits(0x7fc0_0123);
+        let mut w = vec![w_canary; floats + 4];
+        let mut cnt = vec![0i64; tiles + 1];
+        cnt[tiles] = 77;
+        let (a16, b16) = (host::aligned(&a), host::aligned(&b));
+        let (ldb, zero) = (k.b.extent(&p).1, 0i64);
+        let at = [
+            a16.as_ptr() as usize,
+            b16.as_ptr() as usize,
+            c.as_mut_ptr() as usize,
+            bias_c.as_ptr() as usize,
+            res_c.as_ptr() as usize,
+            w.as_mut_ptr() as usize,
+            cnt.as_mut_ptr() as usize,
+        ];
+        host::run_blocks(
+            (p.n.div_ceil(k.bn), p.m.div_ceil(k.bm), splits),
+            k.threads(),
+            k.smem_bytes(),
+            |t, x, y, z| {
+                // SAFETY: A is `[M, K]`, B `[N, K]` or `[K, N]`, C and the
+                // residual `M` rows `ldc` apart of C's type, the bias `N`, the
+                // workspace and counters as `fold_space` sizes them; each block
+                // reads its share of K, writes its share's slice and its tile's
+                // counter, and its tile's last block reads the tile's shares and
+                // writes C inside M and N.
+                unsafe {
+                    f(
+                        at[0] as *const u16,
+                        at[1] as *const u16,
+                        at[2] as *mut u8,
+                        at[3] as *const u8,
+                        at[4] as *const u8,
+                        p.m as i32,
+                        p.n as i32,
+                        p.k as i32,
+                        p.k as i32,
+                        ldb as i32,
+                        ldc as i32,
+                        zero,
+                        zero,
+                        zero,
+                        per as i32,
+                        at[5] as *mut f32,
+                        at[6] as *mut i64,
+                        t as i32,
+                        x as i32,
+                        y as i32,
+                        z as i32,
+                    )
+                }
+            },
+        );
+        let o = Operands { elem: k.elem, a: &a, b: &b, bias: &bias, residual: &dense };
+        let want = reference::gemm(&p, &k.epilogue, &o);
+        let approximate = gpu::epilogue_approximate(&k.epilogue);
+        let elem = if size == 4 { ElemType::F32 } else { ElemType::Bf16 };
+        for i in 0..p.m {
+            for j in 0..p.n {
+                let at = (i * ldc + j) * size;
+                let got = if size == 4 {
+                    f32::from_le_bytes(c[at..at + 4].try_into().unwrap())
+                } else {
+                    f32_of(u16::from_le_bytes([c[at], c[at + 1]]))
+                };
+                let want = want[i * p.n + j];
+                prop_assert!(
+                    reference::close(elem, got, want, 1.0, approximate),
+                    "{name} {p}: ({i}, {j}) {got} for {want}"
+                );
+            }
+            let pad = &c[(i * ldc + p.n) * size..(i + 1) * ldc * size];
+            prop_assert!(pad.iter().all(|&x| x == 0xa5), "{name}: row {i}'s padding written");
+        }
+        prop_assert!(cnt[..tiles].iter().all(|&x| x == 0), "{name}: counters {:?}", &cnt[..tiles]);
+        prop_assert!(cnt[tiles] == 77 && w[floats..].iter().all(|x| x.to_bits() == w_canary.to_bits()));
+        Ok(())
+    }
+
+    /// The folding forms of the split-K kernels a model step takes (mma.sync
+    /// and cp.async-fed wgmma tiles, both B layouts where built) on the host:
+    /// one row, a prime and one past a tile, in 2 to 5 shares of K (a share
+    /// of a step and a half) and in 11 (past a chunk of 8, and not a multiple
+    /// of it), with a bias, a residual and GELU (tanh form) into f32 and into
+    /// bf16 C.
+    #[test]
+    fn folding_split_k_kernels_sum_their_shares_into_c() {
+        let e = Epilogue { bias: true, residual: true, activation: Activation::GeluTanh, ..Epilogue::NONE };
+        for (x, k) in fold_family(e, true).into_iter().chain(fold_family(e, false)).enumerate() {
+            let n = if k.b == BLayout::NMajor { 72 } else { 67 };
+            for (m, depth, splits) in [(1, 240, 3), (k.bm + 1, 240, 2), (7, 240, 5), (3, 640, 11)] {
+                host_fold(&k, Problem::nt(1, m, n, depth), splits, x as u64).unwrap();
             }
         }
     }

@@ -125,6 +125,7 @@ fn plain(
         epilogue,
         overlap: false,
         split_k: false,
+        fold: false,
         tma: false,
         persistent: false,
         unaligned: false,

@@ -52,9 +52,9 @@ pub fn profile(text: &str) -> Result<Record, ReplayError> {
 }
 
 /// An entry of a step's list: a kernel, the shares of K it runs in (1: the
-/// whole product; more: a split-K kernel writes f32 partial sums and a
-/// reduction launch sums them into C through the step's epilogue), and the
-/// most rows (M) it is taken for.
+/// whole product; more: a split-K kernel whose last block of each tile sums
+/// the tile's f32 shares into C through the step's epilogue,
+/// `GemmKernel::fold`), and the most rows (M) it is taken for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StepKernel {
     pub kernel: GemmKernel,
@@ -69,12 +69,8 @@ impl StepKernel {
     }
 }
 
-/// A kernel of the family, made a model step's: its epilogue, f32 C (a
-/// split-K kernel's stay with the reduction).
+/// A kernel of the family, made a model step's: its epilogue, f32 C.
 fn for_step(k: GemmKernel, epilogue: Epilogue) -> GemmKernel {
-    if k.split_k {
-        return k;
-    }
     GemmKernel { epilogue, c_f32: true, ..k }
 }
 
@@ -150,7 +146,9 @@ pub fn fixed_step_kernels(epilogue: Epilogue) -> Vec<StepKernel> {
 /// The wave model of `profile` over the kernels a step may take on
 /// `target`: the mma.sync tiles, their split-K forms and the GEMV kernels
 /// it calibrated for a K-major B (and on sm_90a the cp.async-fed wgmma
-/// kernels and theirs).
+/// kernels and theirs). A step's split-K kernels fold their shares
+/// themselves (`GemmKernel::fold`: no reduction launch), at the rates the
+/// calibration measured for their shares.
 pub fn step_model(profile: &Record, target: StepTarget) -> Result<WaveModel, ReplayError> {
     let all = plain_family(ElemType::Bf16);
     let m = profile.model(BLayout::KMajor, &all)?;
@@ -167,7 +165,7 @@ pub fn step_model(profile: &Record, target: StepTarget) -> Result<WaveModel, Rep
         .collect();
     Ok(WaveModel {
         device: m.device,
-        kernels: keep.iter().map(|&i| m.kernels[i]).collect(),
+        kernels: keep.iter().map(|&i| GemmKernel { fold: m.kernels[i].split_k, ..m.kernels[i] }).collect(),
         rates: keep.iter().map(|&i| m.rates[i].clone()).collect(),
         reduce: m.reduce,
     })
@@ -230,10 +228,10 @@ mod tests {
             let bounds: Vec<usize> = list.iter().map(|x| x.most).collect();
             assert!(bounds.windows(2).take(list.len() - 3).all(|w| w[0] < w[1]), "{bounds:?}");
             assert!(list[list.len() - 2].kernel.unaligned && list[list.len() - 1].kernel.arch == Arch::Simt);
-            // Split-K entries: their kernel writes the shares (no epilogue, f32
-            // partial sums); the step's epilogue is the reduction's.
+            // Split-K entries fold their shares themselves, with the step's
+            // epilogue into its f32 C.
             for x in list.iter().filter(|x| x.kernel.split_k) {
-                assert!(x.splits > 1 && x.kernel.epilogue == Epilogue::NONE && !x.kernel.c_f32, "{x:?}");
+                assert!(x.splits > 1 && x.kernel.fold && x.kernel.epilogue == e && x.kernel.c_f32, "{x:?}");
                 assert!(x.kernel.check().is_ok());
             }
         }

@@ -228,7 +228,9 @@ impl WaveModel {
     /// makes a smaller tile win at some M (TSCompiler §6, FTuner). A split-K choice
     /// runs `splits` times the blocks on a share of K's steps, then the reduction,
     /// which reads the f32 partial sums once, and costs its launch and a latency a
-    /// chunk of shares ([`ReduceRate`]). The calibration timed whole launches, so
+    /// chunk of shares ([`ReduceRate`]); a folding one (`GemmKernel::fold`) no
+    /// launch, but a latency for its count and for each chunk of shares its
+    /// last blocks read. The calibration timed whole launches, so
     /// its rates hold a launch's share of their grid's waves ([`calibration_grids`]):
     /// that is taken out, and the product's own launch added once (one partial wave
     /// was priced two launches before; on session 14's H100 record the regret went
@@ -267,9 +269,15 @@ impl WaveModel {
         if k.split_k {
             let partials = (splits * p.m * p.n * 4 + p.m * p.n * 2) as f64;
             t += partials / self.device.bandwidth
-                + match self.reduce {
-                    Some(r) => r.fixed + r.per_chunk * (splits.div_ceil(REDUCE_CHUNK) - 1) as f64,
-                    None => self.device.launch,
+                + match (k.fold, self.reduce) {
+                    // A folding kernel's last block of a tile waits for its
+                    // count and then for each chunk of shares it loads: a
+                    // memory latency each (the reduction's measured latency
+                    // a chunk), no launch.
+                    (true, Some(r)) => r.per_chunk * (1 + splits.div_ceil(k.fold_chunk())) as f64,
+                    (true, None) => 0.0,
+                    (false, Some(r)) => r.fixed + r.per_chunk * (splits.div_ceil(REDUCE_CHUNK) - 1) as f64,
+                    (false, None) => self.device.launch,
                 };
         }
         t

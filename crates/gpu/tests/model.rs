@@ -26,6 +26,7 @@ fn mma(bm: usize, bn: usize, warps_m: usize, warps_n: usize) -> GemmKernel {
         epilogue: Epilogue::NONE,
         overlap: false,
         split_k: false,
+        fold: false,
         tma: false,
         persistent: false,
         unaligned: false,

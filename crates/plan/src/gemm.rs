@@ -125,6 +125,17 @@ pub struct GemmKernel {
     /// against a long K, where the tiles alone would not fill the SMs. Batch 1.
     #[serde(default)]
     pub split_k: bool,
+    /// Split-K only: the kernel folds its shares itself, with no second launch.
+    /// Each block writes its share of its tile to the workspace (`W`, in its
+    /// threads' fragment order: `[tiles, splits, bm·bn]` f32) and counts itself
+    /// done on its tile's counter; the last of a tile's blocks to count sums the
+    /// tile's shares in split order (as a [`ReduceKernel`] does, so the sums are
+    /// the same bits), sets the counter back to zero and stores C through the
+    /// epilogue, C of `c_type()` as an unsplit kernel's. Two more arguments,
+    /// after `kper`: the workspace and the tiles' counters (i64, zero at the
+    /// launch, zero again after it). Not a TMA kernel's.
+    #[serde(default)]
+    pub fold: bool,
     /// wgmma only, warp-specialized: a producer warpgroup streams each stage's A and
     /// B tiles with TMA (`cp.async.bulk.tensor`, the hardware zero-filling whatever
     /// lies past M, N or K) into `stages` buffers, each guarded by a pair of
@@ -242,7 +253,9 @@ pub enum KernelError {
 /// `y` over M tiles (blocks rasterized in groups of 8 tile rows), `z` over the batch.
 /// Dynamic shared memory: `smem_bytes()`. A split-K kernel takes one more argument,
 /// `kper` (i32, K steps a split), `z` runs over the splits, and C is the f32 workspace
-/// with the split stride in C's batch stride. A TMA kernel ([`GemmKernel::tma`])
+/// with the split stride in C's batch stride; a folding one ([`GemmKernel::fold`])
+/// keeps C as the unsplit kernels' and takes the workspace and the tiles' counters
+/// (pointers) after `kper`. A TMA kernel ([`GemmKernel::tma`])
 /// takes two more, last: A's and B's tensor maps, by value (128 bytes each,
 /// 64-byte aligned; `[batch, rows, K]` in boxes of a stage's tile); a persistent
 /// one the batch (i32) before them, and its grid is `x` alone, at most one block
@@ -272,7 +285,11 @@ impl GemmKernel {
             self.warps_m,
             self.warps_n,
             self.stages,
-            if self.split_k { "_sk" } else { "" },
+            match (self.split_k, self.fold) {
+                (true, true) => "_skf",
+                (true, false) => "_sk",
+                _ => "",
+            },
             if self.a_f32 { "_a32" } else { "" },
             if self.b_f32 { "_b32" } else { "" },
             if self.c_f32 { "_c32" } else { "" },
@@ -289,8 +306,8 @@ impl GemmKernel {
         }
     }
 
-    /// The type of C, the bias and the residual (a split-K kernel's workspace is
-    /// f32 whatever this says).
+    /// The type of C, the bias and the residual (an unfolded split-K kernel's C is
+    /// its f32 workspace whatever this says).
     pub fn c_type(&self) -> ElemType {
         if self.c_f32 {
             ElemType::F32
@@ -472,7 +489,10 @@ impl GemmKernel {
         if !matches!(self.b, BLayout::KMajor | BLayout::NMajor) {
             return bad(format!("GPU kernels read a contiguous B (nt or nn), not {:?}", self.b));
         }
-        if self.split_k && (self.epilogue != Epilogue::NONE || self.c_f32) {
+        if self.fold && (!self.split_k || self.tma) {
+            return bad("a kernel that folds its shares is a split-K kernel, not a TMA one".into());
+        }
+        if self.split_k && !self.fold && (self.epilogue != Epilogue::NONE || self.c_f32) {
             return bad(
                 "a split-K kernel writes f32 partial sums: its epilogue and C's type are the reduction's"
                     .into(),
@@ -632,6 +652,23 @@ impl GemmKernel {
     /// Thread blocks a launch runs (per split for a split-K kernel).
     pub fn blocks(&self, p: &Problem) -> usize {
         p.m.div_ceil(self.bm) * p.n.div_ceil(self.bn) * p.batch
+    }
+
+    /// Shares a folding split-K kernel's last block of a tile loads at once
+    /// (each share's fragments: [`GemmKernel::accumulators`] floats a thread):
+    /// as many as keep 128 more floats a thread live (the accumulators are
+    /// stored by then), at most 8 (as the reduction kernel's chunk), at least
+    /// one.
+    pub fn fold_chunk(&self) -> usize {
+        (128 / self.accumulators().max(1)).clamp(1, 8)
+    }
+
+    /// A folding split-K kernel's workspace on `p` in `splits` shares (f32
+    /// elements: every tile's shares, whole tiles) and its counters (one a
+    /// tile).
+    pub fn fold_space(&self, p: &Problem, splits: usize) -> (usize, usize) {
+        let tiles = self.blocks(p);
+        (tiles * splits * self.bm * self.bn, tiles)
     }
 }
 

@@ -49,9 +49,10 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// codes, and A's word packers; 15: kernels storing C as codes; 16: a GPU
 /// artifact's GEMMs reading an f32 A in place; 17: attention kernels by
 /// wgmma and dependent launches; 18: split-K GEMMs and their reductions; 19:
-/// bf16 buffers, a GPU plan's operands its producers write in bf16);
-/// a runtime reads only its own.
-pub const FORMAT_VERSION: u32 = 19;
+/// bf16 buffers, a GPU plan's operands its producers write in bf16; 20:
+/// split-K GEMMs that fold their shares themselves); a runtime reads only
+/// its own.
+pub const FORMAT_VERSION: u32 = 20;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;

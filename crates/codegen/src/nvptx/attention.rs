@@ -231,7 +231,6 @@ fn kernel_ir(
         &extra,
     );
     let _ = writeln!(text, "declare float @{logits}(ptr, ptr, ptr, i64, i64, i64, float)");
-    let _ = writeln!(text, "declare void @llvm.nvvm.membar.gl()");
     for l in loops {
         let _ = writeln!(text, "{l}");
     }

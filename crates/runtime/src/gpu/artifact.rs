@@ -50,8 +50,6 @@ pub enum KernelRole {
     OperandCopy,
     /// A kernel of the GEMM family.
     Gemm(GemmKernel),
-    /// The reduction of a split-K GEMM's shares.
-    Reduce(plan::gemm::ReduceKernel),
     /// The fused attention kernel of head dimension `head` whose logits are
     /// what online softmax program `program` stores in its parameter
     /// `logits` from its scores (parameter `scores`), multiplying by `mma`.
@@ -341,14 +339,11 @@ fn check_steps(
         if kernels[c.index].1 != KernelRole::Gemm(c.kernel) {
             return Err(malformed(format!("kernel {} is not the GEMM {}", c.index, c.kernel)));
         }
-        if let Some(split) = &c.split {
-            let fits = split.splits >= 1 && c.kernel.split_k;
-            if !fits || kernels.get(split.index).map(|k| &k.1) != Some(&KernelRole::Reduce(split.reduce)) {
-                return Err(malformed(format!(
-                    "kernel {} is not the reduction {}",
-                    split.index, split.reduce
-                )));
-            }
+        // A split-K choice folds its shares itself in at least two; a
+        // whole-product one runs in one.
+        let fits = if c.kernel.split_k { c.kernel.fold && c.splits >= 2 } else { c.splits == 1 };
+        if !fits {
+            return Err(malformed(format!("GEMM {} cannot run in {} shares of K", c.kernel, c.splits)));
         }
     }
     for c in s.attentions.iter().flatten() {

@@ -11,12 +11,13 @@
 //! A copied to a bf16 dense operand by the operand copy kernel
 //! (`plan::gpu::OperandCopy`: a strided view, or a convolution's taps
 //! written as the column matrix); an activation B is copied K-major. A
-//! split-K choice writes its shares of K as f32 partial sums into the
-//! call's scratch, and a second launch (`ReduceKernel`) sums them into C
-//! through the step's epilogue.
+//! split-K choice's blocks write their shares of K as f32 partial sums into
+//! the call's scratch, and the last block of each tile sums the tile's
+//! shares into C through the step's epilogue (`GemmKernel::fold`: one
+//! launch, its tiles' counters in the call's tables).
 
 use ir::DType;
-use plan::gemm::{Arch, GemmKernel, ReduceKernel};
+use plan::gemm::{Arch, GemmKernel};
 use plan::gpu::{OperandCopy, LOOP_MAX_BLOCKS, LOOP_THREADS};
 use plan::{bf16_bits, BufId, BufferKind, MatMulStep, ModelPlan, Problem};
 
@@ -24,30 +25,21 @@ use crate::shape::MatMulShape;
 use crate::RunError;
 
 /// A kernel that may run a matmul step: its description, its index among
-/// the device's kernels, and the most rows (M) it is chosen for; a split-K
-/// kernel's shares of K and its reduction (the kernel and its index).
+/// the device's kernels, the most rows (M) it is chosen for, and the shares
+/// of K a split-K kernel runs in (fewer where the last would have none; 1
+/// for a whole-product kernel).
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GemmChoice {
     pub kernel: GemmKernel,
     pub index: usize,
     pub max_m: usize,
-    #[serde(default)]
-    pub split: Option<SplitChoice>,
-}
-
-/// How a split-K choice runs: in `splits` shares of K (fewer where the last
-/// would have none), summed by `reduce` (the device's kernel `index`).
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct SplitChoice {
     pub splits: usize,
-    pub reduce: ReduceKernel,
-    pub index: usize,
 }
 
 impl GemmChoice {
     /// Its name: the kernel's, with `xS` for S shares of K.
     pub fn name(&self) -> String {
-        self.kernel.name_split(self.split.map_or(1, |s| s.splits))
+        self.kernel.name_split(self.splits)
     }
 }
 
@@ -88,23 +80,18 @@ pub(super) struct GemmLaunch {
     /// Which of the step's choices runs (named only where asked: messages
     /// and tests).
     pub choice: usize,
-    /// A split-K kernel's steps of K a share (its last argument).
-    pub kper: Option<i32>,
-    /// A split-K kernel's second launch.
-    pub reduce: Option<ReduceLaunch>,
+    /// A split-K kernel's last arguments.
+    pub fold: Option<FoldArgs>,
 }
 
-/// The reduction of a split-K product: `ReduceKernel`'s arguments.
-#[derive(Clone, Debug)]
-pub(super) struct ReduceLaunch {
-    pub kernel: usize,
-    pub blocks: u32,
-    /// The shares (f32), C, bias, residual.
-    pub ptrs: [At; 4],
-    /// M, N, ldc, shares.
-    pub ints: [i32; 4],
-    /// The shares' stride (elements).
-    pub stride: i64,
+/// A folding split-K launch's arguments past the ABI's: its steps of K a
+/// share, its workspace, and its tiles (a counter each, which the call's
+/// tables hold, zero).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct FoldArgs {
+    pub kper: i32,
+    pub workspace: At,
+    pub tiles: usize,
 }
 
 /// A matmul step at one shape: its copies, then its GEMMs.
@@ -195,7 +182,7 @@ pub(super) fn launches(
     let takes = |c: &GemmChoice, m: usize, p: &Problem, c_even: bool| {
         m <= c.max_m
             && c.kernel.accepts(p).is_ok()
-            && (c.split.is_none() || (p.batch == 1 && entries == 1))
+            && (!c.kernel.split_k || (p.batch == 1 && entries == 1))
             && (c_even || matches!(c.kernel.arch, Arch::Simt | Arch::Gemv))
             && (!c.kernel.a_f32 || (in_place && (a_aligned || c.kernel.is_cover())))
             && (!a_is_bf16 || a16_aligned || c.kernel.is_cover())
@@ -304,51 +291,32 @@ pub(super) fn launches(
                 i32_of(ldc, "C's row stride")?,
             ])
         };
-        let launch = match choices[choice].split {
-            None => GemmLaunch {
-                kernel: choices[choice].index,
-                grid: grid_of([n.div_ceil(kk.bn), m.div_ceil(kk.bm), count]),
-                threads: kk.threads() as u32,
-                smem: kk.smem_bytes() as u32,
-                ptrs: [a_at, b_at, c_at, bias, res],
-                ints: ints(ldc)?,
-                strides: [sa as i64, sb as i64, sc as i64],
-                choice,
-                kper: None,
-                reduce: None,
-            },
-            // The shares `[shares, m, n]` (f32) in the scratch after the
-            // copies', then their sum into C through the epilogue.
-            Some(split) => {
-                let (per, shares) = kk.split_plan(k, split.splits);
-                let w = At::Scratch(out.scratch);
-                let mn = m.checked_mul(n).ok_or_else(over)?;
-                out.scratch += round_up(mn.checked_mul(4 * shares).ok_or_else(over)?);
-                GemmLaunch {
-                    kernel: choices[choice].index,
-                    grid: grid_of([n.div_ceil(kk.bn), m.div_ceil(kk.bm), shares]),
-                    threads: kk.threads() as u32,
-                    smem: kk.smem_bytes() as u32,
-                    ptrs: [a_at, b_at, w, At::Null, At::Null],
-                    ints: ints(n)?,
-                    strides: [0, 0, mn as i64],
-                    choice,
-                    kper: Some(i32_of(per, "K steps a share")?),
-                    reduce: Some(ReduceLaunch {
-                        kernel: split.index,
-                        blocks: grid_of([mn.div_ceil(ReduceKernel::THREADS), 1, 1])[0],
-                        ptrs: [w, c_at, bias, res],
-                        ints: [
-                            i32_of(m, "M")?,
-                            i32_of(n, "N")?,
-                            i32_of(ldc, "C's row stride")?,
-                            shares as i32,
-                        ],
-                        stride: mn as i64,
-                    }),
-                }
-            }
+        let mut launch = GemmLaunch {
+            kernel: choices[choice].index,
+            grid: grid_of([n.div_ceil(kk.bn), m.div_ceil(kk.bm), count]),
+            threads: kk.threads() as u32,
+            smem: kk.smem_bytes() as u32,
+            ptrs: [a_at, b_at, c_at, bias, res],
+            ints: ints(ldc)?,
+            strides: [sa as i64, sb as i64, sc as i64],
+            choice,
+            fold: None,
         };
+        // Split-K: the grid's `z` over the shares, whose partial sums the
+        // workspace in the scratch after the copies' holds; one product
+        // (its batch strides unused).
+        if kk.split_k {
+            if !kk.fold {
+                return Err(RunError::Internal(format!("step {step}: split-K kernel {kk} does not fold")));
+            }
+            let (per, shares) = kk.split_plan(k, choices[choice].splits);
+            let (floats, tiles) = kk.fold_space(&Problem::nt(1, m, n, k), shares);
+            let workspace = At::Scratch(out.scratch);
+            out.scratch += round_up(floats.checked_mul(4).ok_or_else(over)?);
+            launch.grid[2] = grid_of([shares, 1, 1])[0];
+            launch.strides = [0, 0, 0];
+            launch.fold = Some(FoldArgs { kper: i32_of(per, "K steps a share")?, workspace, tiles });
+        }
         out.gemms.push(launch);
     }
     Ok(out)

@@ -29,7 +29,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ir::{DType, Tensor, TensorData, TensorType};
-use plan::gemm::ReduceKernel;
 use plan::gpu::{loop_blocks, schedule_at, GpuLoopSchedule, LOOP_THREADS};
 use plan::{BufId, BufferKind, ModelPlan, StepKind};
 use sym::{Bindings, ShapeEnv};
@@ -38,8 +37,8 @@ use crate::shape::{extent, AttentionTasks, MatMulShape, ShapePlan, StepShape};
 use crate::RunError;
 pub use attention::AttentionChoice;
 use attention::AttentionLaunch;
+pub use matmul::GemmChoice;
 use matmul::{At, MatMulLaunches};
-pub use matmul::{GemmChoice, SplitChoice};
 
 /// An address in a device's memory.
 pub type DevicePtr = u64;
@@ -801,6 +800,7 @@ impl<D: Device> GpuModel<D> {
         let status = dims + 8 * sp.dims.len();
         let descs = status + 8 * self.plan.steps.len();
         let words: usize = matmuls.iter().flat_map(|m| &m.copies).map(|c| c.words.len()).sum::<usize>()
+            + matmuls.iter().flat_map(|m| &m.gemms).filter_map(|g| g.fold).map(|f| f.tiles).sum::<usize>()
             + attentions
                 .iter()
                 .flatten()
@@ -1180,6 +1180,12 @@ impl<D: Device> GpuModel<D> {
             desc_at.push(layout.tables + 8 * words.len());
             words.extend(c.words.iter().map(|w| *w as u64));
         }
+        // Each folding split-K launch's tile counters, zero at the launch.
+        let mut counters_at = Vec::new();
+        for f in shape.matmuls.iter().flat_map(|m| &m.gemms).filter_map(|g| g.fold) {
+            counters_at.push(layout.tables + 8 * words.len());
+            words.extend(std::iter::repeat_n(0, f.tiles));
+        }
         // Each fused attention's buffer table, dim table and descriptor.
         let mut attention_at = vec![[0usize; 3]; self.plan.steps.len()];
         // Each distinct attention dim table once (the steps share their slots).
@@ -1226,7 +1232,7 @@ impl<D: Device> GpuModel<D> {
                 At::Null => 0,
             }))
         };
-        let mut copy = 0;
+        let (mut copy, mut fold) = (0, 0);
         let mut launches = Vec::new();
         for (i, st) in self.plan.steps.iter().enumerate() {
             match &st.kind {
@@ -1273,34 +1279,22 @@ impl<D: Device> GpuModel<D> {
                         }
                         args.extend(g.ints.map(KernelArg::I32));
                         args.extend(g.strides.map(KernelArg::I64));
-                        args.extend(g.kper.map(KernelArg::I32));
+                        if let Some(f) = g.fold {
+                            args.push(KernelArg::I32(f.kper));
+                            args.push(resolve(f.workspace)?);
+                            args.push(KernelArg::Ptr(base + counters_at[fold] as u64));
+                            fold += 1;
+                        }
                         let dims = LaunchDims { grid: g.grid, threads: g.threads, smem: g.smem };
                         // Sound to launch: `gpu::kernel::ABI`'s arguments: bf16 A and B laid out
                         // as M, N, K, the leading dimensions and batch strides say
                         // (the copies' output or a packed weight), C's view and the
                         // epilogue's f32 buffers sized for this shape; the kernel
-                        // accepted the problem. A split-K kernel's C is its shares'
-                        // scratch (one `[M, N]` slice a share, C's batch stride
-                        // apart, sized by the layout), `kper` its steps a share.
+                        // accepted the problem. A split-K kernel's `kper` is its
+                        // steps a share, its workspace the scratch the layout sized
+                        // by `GemmKernel::fold_space`, its counters a word a tile in
+                        // the tables, zero (each tile's last block sets it back).
                         launches.push(Launch { step: i, kernel: g.kernel, dims, args });
-                        if let Some(r) = &g.reduce {
-                            let mut args = Vec::with_capacity(9);
-                            for p in r.ptrs {
-                                args.push(resolve(p)?);
-                            }
-                            args.extend(r.ints.map(KernelArg::I32));
-                            args.push(KernelArg::I64(r.stride));
-                            let dims = LaunchDims {
-                                grid: [r.blocks, 1, 1],
-                                threads: ReduceKernel::THREADS as u32,
-                                smem: 0,
-                            };
-                            // Sound to launch: `ReduceKernel`'s arguments: the shares the
-                            // launch before wrote (`ints[3]` slices `stride` apart), C's
-                            // view (rows `ldc` apart) and the epilogue's f32 buffers at
-                            // this shape; one thread an element of `M·N`.
-                            launches.push(Launch { step: i, kernel: r.kernel, dims, args });
-                        }
                     }
                 }
                 StepKind::Attention(_) => {
