@@ -26,7 +26,7 @@ if ldd "$out/anyshape-rt" | grep -qi llvm; then
     echo "error: anyshape-rt links LLVM" >&2
     exit 1
 fi
-cp bench/gpu/device.sh bench/gpu/cublas.py bench/gpu/models.sh bench/gpu/models.py "$out/"
+cp bench/gpu/device.sh bench/gpu/cublas.py bench/gpu/models.sh bench/gpu/models.py bench/gpu/torch_peers.py "$out/"
 if ldd "$out/anyshape-gpu" | grep -qi llvm; then
     echo "error: anyshape-gpu links LLVM" >&2
     exit 1

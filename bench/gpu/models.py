@@ -10,12 +10,18 @@ KV cache, checked and timed the same way. Prints one JSON line per result.
 
 SECTIONS (comma-separated, default all) picks what runs: fixtures,
 bert-check, bert-bench, bert-rt, bert-new-shapes, bert-memory, bert-ordered,
-bert-eager, gpt2, profile (each artifact's launches timed one by one:
-`anyshape-rt bench --profile`).
+bert-eager, bert-peers (every target shape: anyshape-rt's first and warm
+calls on device tensors beside PyTorch eager, `torch.compile(dynamic=True)`
+and `mode="reduce-overhead"`, all bf16; `torch_peers.py`), gpt2, vit and
+resnet (ViT-base and ResNet-50 exported here: checked against PyTorch fp32,
+timed beside PyTorch eager bf16), profile (each artifact's launches timed one
+by one: `anyshape-rt bench --profile`).
 """
 import json, os, subprocess, sys, time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 anyshape, fixtures, out = sys.argv[1], sys.argv[2], sys.argv[3]
 budget = float(sys.argv[4]) if len(sys.argv) > 4 else 240.0
@@ -112,6 +118,8 @@ if time.time() - t_start > budget:
     sys.exit(0)
 import torch
 from transformers import BertConfig, BertModel
+
+import torch_peers
 
 torch.manual_seed(0)
 cfg = BertConfig()
@@ -258,6 +266,35 @@ for dtype in ([torch.float32, torch.bfloat16] if on("bert-eager") else []):
         ts.sort()
         say(peer="pytorch-eager", dtype=str(dtype), shape=[b, s], median_ms=round(ts[len(ts) // 2], 3))
 
+# Every target shape of BERT-base (batch 1 at seq 1-512, and 8x128): the
+# artifact's first call and warm calls on device tensors (`anyshape-rt bench
+# --on-device`), then each PyTorch mode in bf16 on the same shapes, its first
+# call at each shape (a compiled mode compiles there) and warm median.
+def left():
+    return budget - (time.time() - t_start)
+
+
+if on("bert-peers") and left() > 0:
+    art = os.path.join(out, "bert-base.anyshape")
+    if not os.path.exists(art):
+        p = subprocess.run([anyshape, "compile", onnx_path, "--device", "cuda", "-o", art],
+                           capture_output=True, text=True, timeout=max(30, left()))
+        say(gpu_artifact=art, compile=p.stdout.strip()[-300:], error=p.stderr.strip()[-300:])
+    if os.path.exists(art) and os.path.exists(rt):
+        shapes = []
+        for b, s in torch_peers.BERT_SHAPES:
+            shapes += ["--shape", f"batch={b},seq={s}"]
+        p = subprocess.run([rt, "bench", art, *shapes, "--runs", "50", "--json", "--on-device"],
+                           capture_output=True, text=True, timeout=max(30, left()))
+        say(anyshape_rt_bert_shapes=p.stdout.strip().splitlines()[-len(torch_peers.BERT_SHAPES):],
+            stderr=p.stderr.strip()[-300:])
+    mb = m.to(torch.bfloat16).cuda()
+    make = lambda shape: (torch.randint(0, cfg.vocab_size, shape, device="cuda"),
+                          torch.ones(shape, dtype=torch.long, device="cuda"))
+    for r in torch_peers.peers(mb, make, torch_peers.BERT_SHAPES, "cuda", deadline=t_start + budget):
+        say(model="bert-base", dtype="bf16", **r)
+    m = m.float()
+
 # 3. GPT-2 with its LM head, one decode step with a KV cache (the decode
 # target): exported here by the TorchScript exporter (inputs input_ids
 # [batch, seq], attention_mask [batch, total], past_key_<l>/past_value_<l>
@@ -385,3 +422,52 @@ if time.time() - t_start < budget and (on("gpt2") or on("profile")):
         gpt2_decode()
     except Exception as e:  # the rest of the run's records stand
         say(model="gpt2-step", error=repr(e)[-400:])
+
+
+# 4. ViT-base/16 and ResNet-50 (transformers' default configurations, random
+# weights from a fixed seed), exported here with a dynamic batch: checked
+# against PyTorch fp32 at batch 1 and 2 (`anyshape run --device cuda`), then
+# their artifacts timed by anyshape-rt on device tensors at batch 1 and 8
+# beside PyTorch eager bf16.
+def vision(kind):
+    model = torch_peers.vision(kind)
+    path = os.path.join(out, f"{kind}.onnx")
+    outs = ["last_hidden_state", "pooler_output"]
+    axes = {n: {0: "batch"} for n in ["pixel_values"] + outs}
+    torch_peers.export(model, (torch_peers.image(1),), path, ["pixel_values"], outs, axes)
+    say(exported=path, mb=round(os.path.getsize(path) / 1e6, 1))
+    mc = model.cuda()
+    for b in (1, 2):
+        x = torch_peers.image(b)
+        d = os.path.join(out, f"{kind}-{b}")
+        os.makedirs(d, exist_ok=True)
+        np.save(os.path.join(d, "pixel_values.npy"), x.numpy())
+        with torch.no_grad():
+            want = [t.float().cpu().numpy() for t in mc(x.cuda())]
+        p, secs = run_anyshape(path, {"pixel_values": os.path.join(d, "pixel_values.npy")}, d,
+                               max(30, min(300, left())))
+        if p.returncode != 0:
+            say(model=kind, batch=b, error=p.stderr.strip()[-400:])
+            return
+        errs = {n: rel_l2(np.load(os.path.join(d, f"{n}.npy")).reshape(w.shape), w) for n, w in zip(outs, want)}
+        say(model=kind, batch=b, seconds=round(secs, 2), rel_l2_vs_torch_fp32=errs)
+    art = os.path.join(out, f"{kind}.anyshape")
+    p = subprocess.run([anyshape, "compile", path, "--device", "cuda", "-o", art],
+                       capture_output=True, text=True, timeout=max(30, left()))
+    say(gpu_artifact=art, compile=p.stdout.strip()[-300:], error=p.stderr.strip()[-300:])
+    if p.returncode == 0 and os.path.exists(rt) and left() > 0:
+        p = subprocess.run([rt, "bench", art, "--shape", "batch=1", "--shape", "batch=8", "--runs", "30", "--json",
+                            "--on-device"], capture_output=True, text=True, timeout=max(30, left()))
+        say(anyshape_rt_bench=kind, out=p.stdout.strip().splitlines()[-2:], stderr=p.stderr.strip()[-300:])
+    mb = model.to(torch.bfloat16).cuda()
+    make = lambda shape: (torch_peers.image(shape[0], "cuda", torch.bfloat16),)
+    for r in torch_peers.peers(mb, make, [(1,), (8,)], "cuda", modes=["eager"], deadline=t_start + budget):
+        say(model=kind, dtype="bf16", **r)
+
+
+for kind in ["vit", "resnet"]:
+    if on(kind) and left() > 0:
+        try:
+            vision(kind)
+        except Exception as e:  # the rest of the run's records stand
+            say(model=kind, error=repr(e)[-400:])

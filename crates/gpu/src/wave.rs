@@ -273,7 +273,8 @@ impl WaveModel {
                     // A folding kernel's last block of a tile waits for its
                     // count and then for each chunk of shares it loads: a
                     // memory latency each (the reduction's measured latency
-                    // a chunk), no launch.
+                    // a chunk), no launch; a record from before the
+                    // reduction was measured prices its bytes alone.
                     (true, Some(r)) => r.per_chunk * (1 + splits.div_ceil(k.fold_chunk())) as f64,
                     (true, None) => 0.0,
                     (false, Some(r)) => r.fixed + r.per_chunk * (splits.div_ceil(REDUCE_CHUNK) - 1) as f64,
