@@ -302,9 +302,9 @@ pub(super) fn launches(
             choice,
             fold: None,
         };
-        // Split-K: the grid's `z` over the shares, whose partial sums the
-        // workspace in the scratch after the copies' holds; one product
-        // (its batch strides unused).
+        // Split-K: the grid's `z` runs over the shares, whose partial sums
+        // go to a workspace in the scratch after the copies' operands; one
+        // product (its batch strides unused).
         if kk.split_k {
             if !kk.fold {
                 return Err(RunError::Internal(format!("step {step}: split-K kernel {kk} does not fold")));
