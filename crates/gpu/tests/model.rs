@@ -629,6 +629,31 @@ fn a_measured_reduction_prices_each_further_chunk_of_shares() {
     }
 }
 
+/// A folding split-K kernel (`GemmKernel::fold`) is priced without the
+/// reduction's launch: its bytes, then a measured latency for its count and
+/// for each chunk of shares its last blocks load (`fold_chunk` of them: 8 for
+/// the 16×64 tile's 8 accumulators a thread).
+#[test]
+fn a_folding_split_k_kernel_pays_a_latency_a_chunk_and_no_launch() {
+    let (mut m, sk) = model_with_split_k();
+    let fold = GemmKernel { fold: true, ..sk };
+    assert_eq!(fold.fold_chunk(), 8);
+    m.kernels[2] = fold;
+    let p = Problem::nt(1, 1, 768, 4096);
+    let at = |m: &WaveModel, splits| m.predict(Choice { kernel: 2, splits }, &p);
+    let bytes: Vec<f64> = [8, 12, 16].iter().map(|&s| at(&m, s)).collect();
+    m.reduce = Some(gpu::ReduceRate { fixed: 2.0e-6, per_chunk: 0.5e-6 });
+    for (i, chunks) in [(0, 1.0), (1, 2.0), (2, 2.0)] {
+        let want = bytes[i] + (1.0 + chunks) * 0.5e-6;
+        assert!((at(&m, [8, 12, 16][i]) - want).abs() < 1e-12, "{} shares", [8, 12, 16][i]);
+    }
+    // Against the same kernel unfolded: the reduction's `fixed` less a latency.
+    let unfolded = WaveModel { kernels: vec![m.kernels[0], m.kernels[1], sk], ..m.clone() };
+    let gap = unfolded.predict(Choice { kernel: 2, splits: 8 }, &p) - at(&m, 8);
+    assert!((gap - (2.0e-6 - 2.0 * 0.5e-6)).abs() < 1e-12, "{gap}");
+    assert!(m.describe(Choice { kernel: 2, splits: 8 }).ends_with("_skfx8"));
+}
+
 #[test]
 fn simt_kernels_take_any_k_and_are_offered_only_where_no_tensor_core_kernel_is() {
     let simt = candidates::simt_family(ElemType::Bf16, Epilogue::NONE);
