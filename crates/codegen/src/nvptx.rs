@@ -2119,7 +2119,7 @@ impl Gen {
         let folded;
         let frags = match &ix.fold {
             Some(fold) => {
-                folded = self.fold_shares(fold, frags);
+                folded = self.fold_shares(&ix.tid, fold, frags);
                 &folded
             }
             None => frags,
@@ -2150,10 +2150,9 @@ impl Gen {
     /// add (one memory latency a chunk), a share past the last reloading the
     /// last (in bounds) and adding zero. Returns the sums as the fragments
     /// the epilogue stores.
-    fn fold_shares(&mut self, [tile, split, steps]: &[String; 3], frags: &[Frag]) -> Vec<Frag> {
+    fn fold_shares(&mut self, tid: &str, [tile, split, steps]: &[String; 3], frags: &[Frag]) -> Vec<Frag> {
         let threads = self.k.threads();
         let share = 4 * threads * frags.len();
-        let tid = self.v("call i32 @llvm.nvvm.read.ptx.sreg.tid.x()");
         let tid64 = self.v(format!("zext i32 {tid} to i64"));
         let lane_at = self.v(format!("mul i64 {tid64}, 4"));
         let kp = self.v("add i32 %kper, -1");
@@ -2162,15 +2161,19 @@ impl Gen {
         let tile64 = self.v(format!("zext i32 {tile} to i64"));
         let splits64 = self.v(format!("zext i32 {splits} to i64"));
         let first = self.v(format!("mul i64 {tile64}, {splits64}"));
-        // Fragment `j`'s 16 bytes in share `s` of this tile.
-        let at = |g: &mut Gen, s64: &str, j: usize| {
+        // This thread's first fragment in share `s` of this tile; fragment `j`
+        // lies `4·threads·j` floats on.
+        let share_at = |g: &mut Gen, s64: &str| {
             let sh = g.v(format!("add i64 {first}, {s64}"));
             let base = g.v(format!("mul i64 {sh}, {share}"));
             let o = g.v(format!("add i64 {base}, {lane_at}"));
-            let o = g.v(format!("add i64 {o}, {}", 4 * threads * j));
             g.v(format!("getelementptr inbounds float, ptr addrspace(1) %W, i64 {o}"))
         };
+        let at = |g: &mut Gen, base: &str, j: usize| {
+            g.v(format!("getelementptr inbounds float, ptr addrspace(1) {base}, i64 {}", 4 * threads * j))
+        };
         let own = self.v(format!("zext i32 {split} to i64"));
+        let own = share_at(self, &own);
         for (j, f) in frags.iter().enumerate() {
             let p = at(self, &own, j);
             let mut v = "poison".to_string();
@@ -2228,11 +2231,12 @@ impl Gen {
             let live = self.v(format!("icmp ult i32 {sc}, {splits}"));
             let at_s = self.v(format!("select i1 {live}, i32 {sc}, i32 {last_share}"));
             let s64 = self.v(format!("zext i32 {at_s} to i64"));
+            let base = share_at(self, &s64);
             // Volatile: from L2, not from lines this SM's L1 may hold from
             // before another block wrote them (the workspace is every step's).
             let xs: Vec<String> = (0..frags.len())
                 .map(|j| {
-                    let p = at(self, &s64, j);
+                    let p = at(self, &base, j);
                     self.v(format!("load volatile <4 x float>, ptr addrspace(1) {p}, align 16"))
                 })
                 .collect();
