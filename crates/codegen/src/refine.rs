@@ -73,7 +73,8 @@ struct Refined {
 /// too, version 6 at 8-64 rows too, in turns, ties to the fewest passes, version 7
 /// with direct kernels that ask the next panel over their K loop, version 8 since
 /// a debug build keeps a file of its own (`tuning::build_suffix`: a version 7 file
-/// may hold a debug build's picks), version 9 at 128, 256 and 512 rows too. An older
+/// may hold a debug build's picks), version 9 at 128, 256 and 512 rows too, version 10
+/// with weights packed whole read in either depth (ties to the L1 blocks). An older
 /// file is left alone and measured again; one file per element type.
 pub fn path(dir: &Path, elem: kernels::ElemType, threads: usize) -> PathBuf {
     dir.join(format!("{}{threads}t{}.json", file_prefix(elem), crate::tuning::build_suffix()))
@@ -81,7 +82,7 @@ pub fn path(dir: &Path, elem: kernels::ElemType, threads: usize) -> PathBuf {
 
 /// What every [`path`] of `elem` begins with (the thread count follows).
 fn file_prefix(elem: kernels::ElemType) -> String {
-    format!("refined-v9-{}-", elem.name())
+    format!("refined-v10-{}-", elem.name())
 }
 
 /// Remove the measured dispatch of `elem` kernels (every thread count) from the
@@ -250,6 +251,10 @@ fn measure(
         // reads the weight fewer times, is what the model ranks worst against
         // measurement.
         add_best_of_each(d, &p, &ranked, &mut tried, |s| (s.operands, s.mr));
+        // And the best of every K block depth a weight packed whole is read in
+        // (`BLayout::serves`): the model prices the passes over C that its one
+        // block saves, not its B panel's overflow of L1, which a few rows feel.
+        add_best_of_each(d, &p, &ranked, &mut tried, |s| (s.operands, s.blocking.kc));
         let av = MatRef::row_major(&a[..m * k], m, k).map_err(kerr)?;
         let rv = MatRef::row_major(&residual[..m * n], m, n).map_err(kerr)?;
         let ep = EpilogueArgs {
@@ -283,11 +288,22 @@ fn measure(
             Operands::Direct => m.div_ceil(mk.mr.max(1)),
             Operands::Packed => m.div_ceil(mk.mc.max(1)),
         };
+        // Then the L1 blocks before a whole weight's one block: alone they
+        // tie at a few dozen rows, inside a model the one block was slower
+        // (BERT-base at 23 tokens: its 23x3072x768 products 6-12%).
+        let elem = d.family().elem();
+        let one_block = |mk: &MacroKernel| {
+            mk.kc >= k && k > kernels::schedule::kc_for(d.target(), elem, mk.mr, mk.nr) * 3 / 2
+        };
         let best = tried
             .iter()
             .zip(&secs)
             .filter(|(_, &t)| t <= fastest * (1.0 + TIE))
-            .min_by(|a, b| passes(&a.0 .0).cmp(&passes(&b.0 .0)).then(a.1.total_cmp(b.1)))
+            .min_by(|a, b| {
+                (passes(&a.0 .0), one_block(&a.0 .0))
+                    .cmp(&(passes(&b.0 .0), one_block(&b.0 .0)))
+                    .then(a.1.total_cmp(b.1))
+            })
             .map(|((mk, _), &t)| (t, *mk));
         let pick = match best {
             Some((_, mk)) if mk != MacroKernel::pinned(&model) => {

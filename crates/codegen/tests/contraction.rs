@@ -638,3 +638,99 @@ fn quantized_weights_match_their_dequantized_product() {
 fn i8s_u8s(v: &[i32]) -> (Vec<i8>, Vec<u8>) {
     (v.iter().map(|&x| x as i8).collect(), v.iter().map(|&x| x as u8).collect())
 }
+
+/// A weight packed whole (one K block, each panel contiguous along K) is read
+/// by every candidate schedule of its problem, packed and direct: in its one
+/// block, and in the shallower L1 blocks as windows of its panels, with bias,
+/// residual and GELU in the kernels. f32 on both ISA paths and bf16 where the
+/// CPU has it, every tile width of the family, at depths just past one and a
+/// half blocks, past two and a prime; 1 to 33 rows, odd widths. The shallower
+/// blocks must be among the schedules run, or the test proves nothing.
+#[test]
+fn a_weight_packed_whole_is_read_in_blocks_of_any_depth() {
+    use kernels::{ElemType, PackedB, Problem};
+    let dir = std::env::temp_dir().join(format!("anyshape-whole-{}", std::process::id()));
+    let pool = ThreadPool::new(2);
+    let ep = Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Default::default() };
+    let mut families = Vec::new();
+    for t in targets() {
+        families
+            .push(Contraction::builder(&t, &pool).epilogue(ep).cache(Some(&dir)).build().expect("compile"));
+    }
+    if kernels::testing::bf16() {
+        let t = Target::detect();
+        let bf16 = Contraction::builder(&t, &pool).elem(ElemType::Bf16).epilogue(ep).cache(Some(&dir));
+        families.push(bf16.build().expect("compile"));
+    }
+    for fused in &families {
+        let d = fused.dispatcher();
+        let elem = d.family().elem();
+        let r = |x: f32| elem.round(x) as f64;
+        let (mut shallow, mut whole) = (0, 0);
+        for nr in d.family().widths() {
+            let mr = d.family().best_height(nr).expect("a height");
+            let kc = kernels::schedule::kc_for(d.target(), elem, mr, nr);
+            for k in [kc * 3 / 2 + 1, 2 * kc + 7, 2 * kc + 53] {
+                for (m, n) in [(1, 2 * nr + 3), (7, 50), (13, nr + 1), (33, 17)] {
+                    let norm = 1.0 / (977.0 * (k as f32).sqrt());
+                    let val = |i: usize, s: usize| (((i * 7919 + s * 104_729) % 2003) as f32 - 1001.0) * norm;
+                    let a: Vec<f32> = (0..m * k).map(|i| val(i, m)).collect();
+                    let b: Vec<f32> = (0..k * n).map(|i| val(i, n + 1)).collect();
+                    let bias: Vec<f32> = (0..n).map(|j| (j % 7) as f32 * 0.1 - 0.3).collect();
+                    let res: Vec<f32> = (0..m * n).map(|i| (i % 5) as f32 * 0.2 - 0.4).collect();
+                    let (am, bm) =
+                        (MatRef::row_major(&a, m, k).unwrap(), MatRef::row_major(&b, k, n).unwrap());
+                    let packed = PackedB::of_elem(bm, nr, k, elem);
+                    let p = Problem {
+                        batch: 1,
+                        m,
+                        n,
+                        k,
+                        a: kernels::ALayout::RowMajor,
+                        b: kernels::BLayout::Packed { nr, kc: k },
+                    };
+                    let args = EpilogueArgs {
+                        bias: Some(&bias),
+                        residual: Some(MatRef::row_major(&res, m, n).unwrap()),
+                        ..EpilogueArgs::default()
+                    };
+                    // Each element's value and tolerance (a bf16 weight has no
+                    // direct kernels: every schedule multiplies in the family's type).
+                    let want: Vec<(f64, f64)> = (0..m * n)
+                        .map(|x| {
+                            let (i, j) = (x / n, x % n);
+                            let dot = (0..k).map(|q| r(a[i * k + q]) * r(b[q * n + j])).sum::<f64>();
+                            let scale =
+                                (0..k).map(|q| (a[i * k + q] * b[q * n + j]).abs() as f64).sum::<f64>();
+                            (gelu(dot + bias[j] as f64 + res[x] as f64), 2e-5 * (1.0 + scale))
+                        })
+                        .collect();
+                    for s in d.candidates(&p) {
+                        if s.blocking.kc < k {
+                            shallow += 1;
+                        } else {
+                            whole += 1;
+                        }
+                        let mut c = vec![f32::NAN; m * n];
+                        let cv = MatMut::new(&mut c, m, n, n).unwrap();
+                        let plan = d.plan(&s).expect("plan");
+                        kernels::execute(&pool, &plan, &[am], &[BOperand::Packed(&packed)], &mut [cv], &args)
+                            .unwrap_or_else(|e| panic!("{elem} {s} {m}x{n}x{k}: {e}"));
+                        for i in 0..m {
+                            for j in 0..n {
+                                let (got, w) = (c[i * n + j] as f64, want[i * n + j]);
+                                assert!(
+                                    (got - w.0).abs() <= w.1,
+                                    "{elem} {s} {m}x{n}x{k} [{i},{j}]: {got} vs {}",
+                                    w.0
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(shallow > 0 && whole > 0, "{elem}: {shallow} schedules in shallower blocks, {whole} whole");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

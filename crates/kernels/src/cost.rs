@@ -173,6 +173,18 @@ impl MachineModel {
                     + if cover_block { 1.0 } else { 0.0 };
                 let l2_half = self.l2 as f64 / 2.0;
                 let c_block = |r: usize| (r * cols * nr) as f64 * f;
+                // Where C comes back from between K blocks: L2 when the thread's
+                // block fits half of it, L3 when every thread's does half of that,
+                // else memory (a vocabulary's LM head at hundreds of rows: 62 MB).
+                let c_level = |bytes: f64| {
+                    if bytes <= l2_half {
+                        self.l2_bw
+                    } else if bytes * active <= self.l3 as f64 / 2.0 {
+                        self.l3_bw
+                    } else {
+                        self.dram_bw / active
+                    }
+                };
                 let (load_b, pack_b, c_bw) = match s.order {
                     LoopOrder::KOuter => {
                         // A slice of B is read (or packed) once per thread, then re-read
@@ -180,16 +192,14 @@ impl MachineModel {
                         let b_block_fits = (kc * cols * nr) as f64 * fb <= l2_half;
                         let reread = if b_block_fits { self.l2_bw } else { b_src };
                         let load = b_bytes / b_src + (mblocks - 1.0) * b_bytes / reread;
-                        let c_bw = if c_block(rows) <= l2_half { self.l2_bw } else { self.l3_bw };
-                        (load, b_src_bytes, c_bw)
+                        (load, b_src_bytes, c_level(c_block(rows)))
                     }
                     LoopOrder::MOuter => {
                         // All of the thread's B per row block; C stays in L2.
                         let b_fits = b_bytes <= l2_half;
                         let reread = if b_fits { self.l2_bw } else { b_src };
                         let load = b_bytes / b_src + (mblocks - 1.0) * b_bytes / reread;
-                        let c_bw = if c_block(mc) <= l2_half { self.l2_bw } else { self.l3_bw };
-                        (load, mblocks * b_src_bytes, c_bw)
+                        (load, mblocks * b_src_bytes, c_level(c_block(mc)))
                     }
                 };
                 // Packing reads A where it lies: at packing's rate from the caches,

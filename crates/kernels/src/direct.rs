@@ -10,7 +10,7 @@
 //! are covered exactly by kernels of several heights (FTuner's combination,
 //! greedily: the main height, then the largest height that fits what is left).
 
-use crate::gemm::{BOperand, CPtr, EpilogueArgs, KeptB, MatRef, ThreadGrid, Workspace};
+use crate::gemm::{BOperand, BlockPanels, CPtr, EpilogueArgs, KeptB, MatRef, ThreadGrid, Workspace};
 use crate::pack::{pack_b, Packers};
 use crate::{ElemType, KernelError, ACCUMULATE, APPLY_EPILOGUE};
 use plan::Epilogue;
@@ -83,7 +83,7 @@ enum BSource<'a> {
     InPlace(&'a [f32], usize),
     /// Packed f32 panels (a weight, or this thread's copy of a strided
     /// activation), the first panel being `first`.
-    Panels(&'a [u32], usize),
+    Panels(BlockPanels<'a>, usize),
     /// A quantized weight's panels, each dequantized as it is reached.
     Quantized(&'a crate::PackedB),
 }
@@ -171,7 +171,7 @@ fn direct_block(
                     pack_b(bm, pc, kc, j0, width, nr, ElemType::F32, &mut ws.b, main.packers.bt);
                     ws.b_kept = ws.keep_b.then_some(key);
                 }
-                BSource::Panels(&ws.b, cols.start)
+                BSource::Panels(BlockPanels::packed(&ws.b, kc * nr, cols.len()), cols.start)
             }
         };
         let last = pc + kc == k && !epilogue.is_identity();
@@ -199,7 +199,7 @@ fn direct_block(
             let (bp, ldb) = match src {
                 BSource::InPlace(d, ld) => (d[col..].as_ptr(), ld),
                 // f32 words: the panel's bits are its values.
-                BSource::Panels(d, first) => (d[(jr - first) * kc * nr..].as_ptr().cast::<f32>(), nr),
+                BSource::Panels(d, first) => (d.at(jr - first).as_ptr().cast::<f32>(), nr),
                 BSource::Quantized(p) => {
                     p.dequantize_panel((pc, kc, jr), &main.packers, &mut ws.deq);
                     (ws.deq.as_ptr().cast::<f32>(), nr)

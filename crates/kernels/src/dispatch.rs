@@ -22,6 +22,14 @@ use crate::tree::{DecisionTree, Node, TreeOptions};
 use crate::tuned::TunedSchedules;
 use crate::{KernelError, Target, ThreadPool};
 
+/// How much cheaper, by the model, a weight packed whole must be at one of the
+/// row counts it is packed for than in its L1 blocks to be packed whole. The
+/// model prices the passes over C its one block saves, not the B panel's
+/// overflow of L1: GPT-2's 50,257-word LM head (priced 4-5% cheaper whole from
+/// 512 rows, measured 20% faster at 308) passes; BERT's layers (priced 1-2%
+/// cheaper, measured level or slower inside the model) do not.
+pub const WHOLE_GAIN: f64 = 0.03;
+
 /// Chooses and runs the schedule of one contraction, for any shape.
 pub struct Dispatcher {
     target: Target,
@@ -268,8 +276,10 @@ impl Dispatcher {
         if s.operands == Operands::Direct && !matches!(a, ALayout::RowMajor | ALayout::Taps { .. }) {
             return bad("reads A in place, which is not row-major");
         }
+        // A tree's leaves serve every K of the layout: a packed layout is taken
+        // as whole (its depth K's) here, and `execute` checks each call's K.
         if let BLayout::Packed { nr, kc } = b {
-            if s.nr != nr || s.blocking.kc != kc {
+            if !b.serves(s.nr, s.blocking.kc, kc) {
                 return bad(&format!("does not fit B packed for NR {nr} and KC {kc}"));
             }
         }
@@ -326,6 +336,13 @@ impl Dispatcher {
             )));
         }
         match self.weight_layout(w.k, w.n, rows)? {
+            // Codes are read in their own blocks only (`PackedB::serves`): a
+            // weight the layout packs whole is packed in the L1 blocks instead.
+            BLayout::Packed { nr, kc } if kc >= w.k => {
+                let mr = self.family.best_height(nr).unwrap_or(1);
+                let l1 = crate::schedule::kc_for(&self.target, self.family.elem(), mr, nr);
+                PackedB::quantized(w, nr, if w.k > l1 { l1 } else { kc })
+            }
             BLayout::Packed { nr, kc } => PackedB::quantized(w, nr, kc),
             _ => Err(KernelError::Shape("an empty kernel family".into())),
         }
@@ -385,19 +402,36 @@ impl Dispatcher {
             return Ok(l);
         }
         let mut best: Option<(f64, usize, usize)> = None;
+        let elem = self.family.elem();
         for nr in self.family.widths() {
             let Some(mr) = self.family.best_height(nr) else { continue };
-            let kc = crate::schedule::kc_for(&self.target, self.family.elem(), mr, nr);
-            let layout = BLayout::Packed { nr, kc };
-            let mut total = 0.0;
-            for &m in rows {
-                let p = Problem { batch: 1, m: m.max(1), n, k, a: ALayout::RowMajor, b: layout };
-                let s = self.choose(&p)?;
-                // Relative cost: each row count weighs the same whatever its size.
-                total += self.model.cost(&self.machine, &self.family, &p, &s) / p.flops().max(1.0);
+            let kc = crate::schedule::kc_for(&self.target, elem, mr, nr);
+            // The model's cost of each row count in `depth`-deep blocks.
+            let costs = |depth: usize| -> Result<Vec<f64>, KernelError> {
+                let layout = BLayout::Packed { nr, kc: depth };
+                rows.iter()
+                    .map(|&m| {
+                        let p = Problem { batch: 1, m: m.max(1), n, k, a: ALayout::RowMajor, b: layout };
+                        let s = self.choose(&p)?;
+                        // Relative cost: each row count weighs the same whatever its size.
+                        Ok(self.model.cost(&self.machine, &self.family, &p, &s) / p.flops().max(1.0))
+                    })
+                    .collect()
+            };
+            let l1 = costs(kc)?;
+            let mut pick = (l1.iter().sum::<f64>(), kc);
+            // Packed whole, where its panels are shallow enough
+            // ([`crate::schedule::whole_depth`]), a call may run in either
+            // depth: taken where its one block gains at some row count
+            // ([`WHOLE_GAIN`]), the passes over a C that outgrows the caches.
+            if let Some(depth) = crate::schedule::whole_depth(&self.target, elem, nr, k).filter(|_| k > kc) {
+                let whole = costs(depth)?;
+                if whole.iter().zip(&l1).any(|(w, b)| *w <= (1.0 - WHOLE_GAIN) * b) {
+                    pick = (whole.iter().sum(), depth);
+                }
             }
-            if best.is_none_or(|(t, _, _)| total < t) {
-                best = Some((total, nr, kc));
+            if best.is_none_or(|(t, _, _)| pick.0 < t) {
+                best = Some((pick.0, nr, pick.1));
             }
         }
         let (_, nr, kc) = best.ok_or_else(|| KernelError::Shape("an empty kernel family".into()))?;

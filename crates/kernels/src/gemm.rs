@@ -16,7 +16,7 @@ use crate::codes::{CodeLayout, QuantizedWeight};
 use crate::pack::{pack_a, pack_b, Packers};
 use crate::taps::ConvTaps;
 use crate::{ElemType, KernelError, Lines, Target};
-use plan::Epilogue;
+use plan::{BLayout, Epilogue};
 
 pub use plan::abi::MicroKernelFn;
 
@@ -305,6 +305,45 @@ pub struct PackedB {
     data: Words,
 }
 
+/// The panels of one K block of a packed weight as a call reads them: panel
+/// `j` is `len` words at `j · stride`. A block of the packing has its panels
+/// back to back (`stride == len`); a shallower block of a weight packed whole
+/// is a window of each of its panels.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BlockPanels<'a> {
+    words: &'a [u32],
+    stride: usize,
+    len: usize,
+    panels: usize,
+}
+
+impl<'a> BlockPanels<'a> {
+    /// `panels` panels of `len` words each, back to back at the start of `words`.
+    pub(crate) fn packed(words: &'a [u32], len: usize, panels: usize) -> BlockPanels<'a> {
+        BlockPanels { words, stride: len, len, panels }
+    }
+
+    /// Panel `j`, where there is one.
+    pub(crate) fn panel(&self, j: usize) -> Option<&'a [u32]> {
+        if j >= self.panels {
+            return None;
+        }
+        self.words.get(j * self.stride..j * self.stride + self.len)
+    }
+
+    /// Panel `j` of those the block has (its index checked as a slice's).
+    pub(crate) fn at(&self, j: usize) -> &'a [u32] {
+        assert!(j < self.panels, "panel {j} of a block of {}", self.panels);
+        &self.words[j * self.stride..j * self.stride + self.len]
+    }
+
+    /// Where panel `j` starts, with every word of the block after it (what a
+    /// kernel's prefetch of the next panel is given: only asked for, never read).
+    pub(crate) fn from(&self, j: usize) -> &'a [u32] {
+        self.words.get(j * self.stride..).unwrap_or(&[])
+    }
+}
+
 /// The bytes a packed weight may live in when it is not its own: a window of a
 /// memory-mapped compiled artifact (read in place, never copied on load).
 pub type SharedBytes = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;
@@ -494,15 +533,37 @@ impl PackedB {
         self.data.get()
     }
 
-    /// The panels of the block starting at row `pc` (a multiple of `kc`, `kcur`
-    /// rows deep).
-    pub(crate) fn block(&self, pc: usize, kcur: usize) -> &[u32] {
+    /// Whether kernels may read this weight in K blocks `kc` deep
+    /// ([`BLayout::serves`]): a quantized weight only in its own blocks.
+    pub fn serves(&self, kc: usize) -> bool {
+        let layout = BLayout::Packed { nr: self.nr, kc: self.kc };
+        match self.codes {
+            Some(_) => kc == self.kc,
+            None => layout.serves(self.nr, kc, self.k),
+        }
+    }
+
+    /// The panels of the K block a call runs starting at row `pc`, `kcur`
+    /// rows deep: a block of the packing (`pc` a multiple of `kc`), or a window
+    /// of every panel of a weight packed whole ([`PackedB::serves`]).
+    pub(crate) fn block(&self, pc: usize, kcur: usize) -> BlockPanels<'_> {
         let panels = self.n.div_ceil(self.nr);
+        let kc = self.kc.max(1);
+        // The packing's block holding row `pc`, and how deep it is.
+        let (base, depth) = (pc / kc * kc, kc.min(self.k - pc / kc * kc));
         let start = match self.codes {
-            Some(_) => self.starts[pc / self.kc.max(1)],
-            None => pc / self.kc.max(1) * self.elem.b_panel_len(self.kc, self.nr) * panels,
+            Some(_) => self.starts[pc / kc],
+            None => pc / kc * self.elem.b_panel_len(kc, self.nr) * panels,
         };
-        &self.data.get()[start..start + self.panel_len(pc, kcur) * panels]
+        let stride = self.panel_len(base, depth);
+        let words = &self.data.get()[start..start + stride * panels];
+        // Rows `base..pc` of each panel come first: whole words (`serves`).
+        let skip = match self.codes {
+            Some(_) => 0,
+            None => self.elem.b_panel_len(pc - base, self.nr),
+        };
+        let len = if pc == base && kcur == depth { stride } else { self.panel_len(pc, kcur) };
+        BlockPanels { words: &words[skip..], stride, len, panels }
     }
 
     /// Words of a panel of the block starting at row `pc`, `kcur` rows deep.
@@ -517,8 +578,7 @@ impl PackedB {
     /// weight has one: its words as stored (codes and scales for a quantized
     /// weight).
     pub(crate) fn panel(&self, pc: usize, kcur: usize, j: usize) -> Option<&[u32]> {
-        let len = self.panel_len(pc, kcur);
-        self.block(pc, kcur).get(j * len..(j + 1) * len)
+        self.block(pc, kcur).panel(j)
     }
 
     /// Adds to `out` (`nr` wide) one row of A (`a`: depths `pc..pc + kcur`)
@@ -738,13 +798,13 @@ fn run_plan(
                     pb.elem
                 )));
             }
-            (Plan::Packed(p), BOperand::Packed(pb)) if pb.nr != nr || pb.kc != p.blocking.kc => {
+            (Plan::Packed(p), BOperand::Packed(pb)) if pb.nr != nr || !pb.serves(p.blocking.kc) => {
                 return Err(KernelError::Shape(format!(
                     "B is packed for NR {} and KC {}, the plan has a {mr}x{nr} kernel and KC {}",
                     pb.nr, pb.kc, p.blocking.kc
                 )));
             }
-            (Plan::Direct(p), BOperand::Packed(pb)) if pb.nr != nr || pb.kc != p.kc => {
+            (Plan::Direct(p), BOperand::Packed(pb)) if pb.nr != nr || !pb.serves(p.kc) => {
                 return Err(KernelError::Shape(format!(
                     "B is packed for NR {} and KC {}, the plan has direct kernels of width {nr} and KC {}",
                     pb.nr, pb.kc, p.kc
@@ -1300,7 +1360,7 @@ fn band(
         let (pc, (kern, ic, mc)) = (ki * blk.kc, mblock(mi));
         let kc = blk.kc.min(k - pc);
         let kw = uk.elem.words(kc);
-        let (bblock, first_panel): (&[u32], usize) = match b {
+        let (bblock, first_panel) = match b {
             BOperand::Packed(p) => (p.block(pc, kc), 0),
             BOperand::Plain(bm) => {
                 if b_packed_for != Some(ki) {
@@ -1309,7 +1369,7 @@ fn band(
                     pack_b(bm, pc, kc, j0, width, uk.nr, uk.elem, bp, uk.packers.bt);
                     b_packed_for = Some(ki);
                 }
-                (bp, cols.start)
+                (BlockPanels::packed(bp, uk.elem.b_panel_len(kc, uk.nr), cols.len()), cols.start)
             }
         };
         let last = pc + kc == k && !uk.epilogue.is_identity();
@@ -1317,7 +1377,6 @@ fn band(
         pack_a(a, ic, mc, pc, kc, kern.mr, uk.elem, ap, &kern.packers);
         let (mr, nr) = (kern.mr, uk.nr);
         let (tile_words, full) = (kw * mr, mc / mr);
-        let b_len = uk.elem.b_panel_len(kc, nr);
         for jr in cols.clone() {
             let nv = nr.min(n - jr * nr);
             let jp = jr - first_panel;
@@ -1369,7 +1428,7 @@ fn band(
                 BOperand::Packed(p) => p.dequantize_panel((pc, kc, jr), &uk.packers, deq),
                 BOperand::Plain(_) => false,
             };
-            let bpanel = if quantized { deq.as_ptr() } else { bblock[jp * b_len..(jp + 1) * b_len].as_ptr() };
+            let bpanel = if quantized { deq.as_ptr() } else { bblock.at(jp).as_ptr() };
             let col = jr * nr;
             // Full-width panels: one call for all the full tiles of the block (the row
             // loop runs in the kernel).
@@ -1386,7 +1445,7 @@ fn band(
                     match b {
                         // Asked for already, as this panel was dequantized.
                         BOperand::Packed(_) if quantized => std::ptr::null(),
-                        _ => bblock[(jp + 1) * b_len..].as_ptr(),
+                        _ => bblock.from(jp + 1).as_ptr(),
                     }
                 } else {
                     next_block_panel(b, step + 1, cols.start)
@@ -1481,6 +1540,49 @@ fn band(
 #[cfg(test)]
 mod tests {
     use super::{sub_region, subs_of, MAX_SUBS};
+
+    /// A shallower block of a weight packed whole is a window of every panel:
+    /// panel `j` of the block at depth `pc` holds rows `pc..pc + kcur` of the
+    /// packing's panel `j`, for f32 and for bf16's pairs; a quantized weight
+    /// serves its own blocks only.
+    #[test]
+    fn blocks_of_a_weight_packed_whole_are_windows_of_its_panels() {
+        use super::{MatRef, PackedB};
+        use crate::ElemType;
+        let (k, n, nr) = (41, 37, 16);
+        let b: Vec<f32> = (0..k * n).map(|i| i as f32).collect();
+        let bm = MatRef::row_major(&b, k, n).unwrap();
+        for elem in [ElemType::F32, ElemType::Bf16] {
+            let whole = PackedB::of_elem(bm, nr, k, elem);
+            assert!(whole.serves(k) && whole.serves(16) && whole.serves(8) && !whole.serves(12));
+            for kc in [8, 16, 24] {
+                let blocked = PackedB::of_elem(bm, nr, kc, elem);
+                assert!(!blocked.serves(k) && blocked.serves(kc));
+                for pc in (0..k).step_by(kc) {
+                    let kcur = kc.min(k - pc);
+                    for j in 0..n.div_ceil(nr) {
+                        let (w, b) = (whole.panel(pc, kcur, j).unwrap(), blocked.panel(pc, kcur, j).unwrap());
+                        assert_eq!(w, b, "{elem} kc {kc}: block {pc}, panel {j}");
+                        assert_eq!(whole.block(pc, kcur).at(j), b);
+                    }
+                    assert!(whole.panel(pc, kcur, n.div_ceil(nr)).is_none());
+                }
+            }
+        }
+        let codes: Vec<u8> = (0..k * n).map(|i| (i % 251) as u8).collect();
+        let scales = vec![0.5f32; k.div_ceil(8) * n];
+        let w = crate::QuantizedWeight {
+            k,
+            n,
+            bits: 8,
+            codes: crate::Codes::U8(&codes),
+            group: 8,
+            scales: &scales,
+            zero_points: None,
+        };
+        let quantized = PackedB::quantized(&w, nr, k).unwrap();
+        assert!(quantized.serves(k) && !quantized.serves(16) && !quantized.serves(8));
+    }
 
     /// A region's parts cover it exactly, each in whole units (rows) or panels,
     /// along the axis the rule says.

@@ -220,6 +220,17 @@ pub fn one_block_depth(t: &Target, elem: ElemType) -> (usize, usize) {
     (kc_for(t, elem, 4, nr), taps)
 }
 
+/// The depth a `k`-deep weight of `elem` is packed in when packed whole (one
+/// K block, [`plan::BLayout::serves`]), where its `nr`-wide panels are shallow
+/// enough: within an eighth of L2, as [`taps_kc`]'s blocks (deeper, a panel
+/// re-read for every row tile comes from farther than L2 keeps it). `None`
+/// for a family storing codes, whose weights are packed whole anyway.
+pub fn whole_depth(t: &Target, elem: ElemType, nr: usize, k: usize) -> Option<usize> {
+    let budget = t.l2 / 16 / (nr.max(1) * elem.bytes());
+    let float = matches!(elem, ElemType::F32 | ElemType::Bf16 | ElemType::F16);
+    (float && k >= 1 && k <= budget).then_some(k)
+}
+
 /// The depth of the K blocks of a weight whose A is a convolution's overlapping
 /// taps, `row` deep per kernel row (`kw · C`): whole kernel rows, as many as keep
 /// the block's `nr`-wide B panel within an eighth of L2. A direct tile then sums
@@ -258,6 +269,21 @@ pub fn balanced_block(extent: usize, block: usize, unit: usize) -> usize {
     } else {
         block
     }
+}
+
+/// Whether a weight packed `packed` deep is also read in the L1 blocks
+/// (`l1_kc` deep) of a tile: when it is packed whole ([`BLayout::serves`]),
+/// K is well deeper than those blocks, A is a matrix and C floats. One block
+/// writes C once where the L1 blocks write it once per block, a pass over C
+/// that outweighs the B panel's overflow of L1 when C is large (a vocabulary's
+/// LM head at hundreds of rows); with a few rows the L1 blocks are faster, so
+/// both are candidates and the shape picks.
+fn shallower_blocks(fam: &KernelFamily, p: &Problem, nr: usize, packed: usize, l1_kc: usize) -> bool {
+    packed >= p.k
+        && p.k > l1_kc * 3 / 2
+        && !fam.stores_codes()
+        && matches!(p.a, ALayout::RowMajor | ALayout::Strided)
+        && p.b.serves(nr, l1_kc, p.k)
 }
 
 /// FTuner's padding threshold: a tile whose padded work exceeds the least padded
@@ -299,6 +325,7 @@ pub fn candidates(t: &Target, threads: usize, fam: &KernelFamily, p: &Problem) -
         // deeper; MC a multiple of MR from L2.
         let base = Blocking::for_target(t, fam.elem(), mr, nr);
         let kcs: Vec<usize> = match p.b {
+            BLayout::Packed { kc, .. } if shallower_blocks(fam, p, nr, kc, base.kc) => vec![kc, base.kc],
             BLayout::Packed { kc, .. } => vec![kc],
             _ if p.k <= base.kc * 3 / 2 => vec![p.k.max(1)],
             _ => vec![base.kc],
@@ -392,13 +419,16 @@ fn direct_candidates(
         let tallest = if matches!(p.a, ALayout::Taps { .. }) { usize::MAX } else { tallest };
         for mr in of_width.iter().map(|v| v.kernel.mr).filter(|&h| h <= tallest) {
             let base = Blocking::for_target(t, ElemType::F32, mr, nr);
-            let kc = match p.b {
-                BLayout::Packed { kc, .. } => kc,
-                _ if p.k <= base.kc * 3 / 2 => p.k.max(1),
-                _ => base.kc,
+            let kcs = match p.b {
+                BLayout::Packed { kc, .. } if shallower_blocks(fam, p, nr, kc, base.kc) => vec![kc, base.kc],
+                BLayout::Packed { kc, .. } => vec![kc],
+                _ if p.k <= base.kc * 3 / 2 => vec![p.k.max(1)],
+                _ => vec![base.kc],
             };
-            let blocking = Blocking { kc, mc: mr, nc: base.nc };
-            for grid in grids(threads, p, mr, nr) {
+            let blockings = kcs.iter().map(|&kc| Blocking { kc, mc: mr, nc: base.nc });
+            for (blocking, grid) in
+                blockings.flat_map(|b| grids(threads, p, mr, nr).into_iter().map(move |g| (b, g)))
+            {
                 // Threads split a convolution's pixels, not its columns, unless its
                 // weights outweigh its taps (N > M: the 7×7 and 14×14 layers of a
                 // ResNet): a thread with a share of the columns reads all of the

@@ -55,7 +55,8 @@ impl MacroKernel {
     /// The schedule this macro-kernel gives `p`: the model's best thread grid and
     /// cover among the candidates with this tile and operand access, with this
     /// one's blocks and loop order. `None` when no candidate has the tile (its
-    /// padding was filtered out) or a pre-packed B was packed for another depth.
+    /// padding was filtered out) or a pre-packed B cannot be read in its blocks
+    /// ([`BLayout::serves`]).
     pub fn instantiate(&self, d: &Dispatcher, p: &Problem) -> Option<Schedule> {
         if self.mr == 0
             || self.kc == 0
@@ -63,10 +64,8 @@ impl MacroKernel {
         {
             return None;
         }
-        if let BLayout::Packed { nr, kc } = p.b {
-            if (nr, kc) != (self.nr, self.kc) {
-                return None;
-            }
+        if !p.b.serves(self.nr, self.kc, p.k) {
+            return None;
         }
         let same = |s: &Schedule| {
             s.mr == self.mr
@@ -200,7 +199,7 @@ impl TunedSchedules {
                     return bad(format!("{mk} is not a kernel of this family"));
                 }
                 if let BLayout::Packed { nr, kc } = c.b {
-                    if (nr, kc) != (mk.nr, mk.kc) {
+                    if !c.b.serves(mk.nr, mk.kc, c.k) {
                         return bad(format!("{mk} does not read the class's weight layout {nr}x{kc}"));
                     }
                 }

@@ -387,3 +387,53 @@ fn a_cover_block_is_one_more_pass_over_b() {
         "a cover row {one_more_row} against a band {one_more_band} over {bands}"
     );
 }
+
+/// A weight whose C outgrows the caches (a vocabulary's LM head) is packed whole
+/// where its panels are shallow enough, and its products run in its one block
+/// at many rows (one pass over C) and may run in the L1 blocks at a few; a
+/// weight whose panels would be too deep keeps the L1 blocks. Every candidate
+/// over a weight packed whole computes the product.
+#[test]
+fn a_weight_whose_c_outgrows_the_caches_is_packed_whole() {
+    use anyshape_kernels::schedule::{kc_for, whole_depth};
+    let f32 = anyshape_kernels::ElemType::F32;
+    let target = anyshape_kernels::Target { l2: 64 << 10, l3: 256 << 10, ..common::small_target() };
+    let machine = anyshape_kernels::MachineModel { l2: target.l2, l3: target.l3, ..common::fixed_machine(2) };
+    let d = Dispatcher::new(target.clone(), common::test_family(), machine, CostModel::Hierarchical);
+    let k = 96;
+    let kc = kc_for(&target, f32, d.family().best_height(8).unwrap(), 8);
+    assert!(kc * 3 / 2 < k && whole_depth(&target, f32, 8, k) == Some(k), "KC {kc}: K {k} must be deeper");
+    let rows = [1, 8, 64, 512];
+    let wide = d.weight_layout(k, 20_000, &rows).unwrap();
+    assert!(wide.packed_whole(k), "{wide:?}");
+    // Panels too deep for the budget: the L1 blocks, however wide.
+    let too_deep = 4 * target.l2 / 16 / 4;
+    assert!(
+        whole_depth(&target, f32, 4, too_deep).is_none() && whole_depth(&target, f32, 8, too_deep).is_none()
+    );
+    let blocked = d.weight_layout(too_deep, 20_000, &rows).unwrap();
+    assert!(!blocked.packed_whole(too_deep), "{blocked:?}");
+    let at =
+        |m: usize| d.choose(&Problem { batch: 1, m, n: 20_000, k, a: ALayout::RowMajor, b: wide }).unwrap();
+    assert_eq!(at(512).blocking.kc, k, "{}", at(512));
+    let (m, n) = (13, 37);
+    let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+    let b: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 13) as f32 - 6.0).collect();
+    let BLayout::Packed { nr, .. } = wide else { unreachable!() };
+    let packed = PackedB::new(MatRef::row_major(&b, k, n).unwrap(), nr, k);
+    let p = Problem { batch: 1, m, n, k, a: ALayout::RowMajor, b: BLayout::Packed { nr, kc: k } };
+    let want = naive(&a, &b, m, k, n);
+    let pool = ThreadPool::new(2);
+    let mut depths = Vec::new();
+    for s in d.candidates(&p) {
+        depths.push(s.blocking.kc);
+        let mut c = vec![f32::NAN; m * n];
+        let cv = MatMut::new(&mut c, m, n, n).unwrap();
+        let plan = d.plan(&s).unwrap();
+        let a = MatRef::row_major(&a, m, k).unwrap();
+        execute(&pool, &plan, &[a], &[BOperand::Packed(&packed)], &mut [cv], &EpilogueArgs::default())
+            .unwrap();
+        assert_eq!(c, want, "{s}");
+    }
+    assert!(depths.contains(&k) && depths.iter().any(|&d| d < k), "{depths:?}");
+}

@@ -240,6 +240,28 @@ impl BLayout {
         !matches!(self, BLayout::Packed { .. })
     }
 
+    /// Whether a `k`-deep B in this layout can be read by kernels of width `nr`
+    /// in K blocks `kc` deep: an activation by any (its threads pack it); a
+    /// packed weight by its own width and depth, and, when packed whole (one
+    /// block as deep as K, each panel contiguous along K), in shallower blocks
+    /// too, each a window of every panel: the depth a call runs in is then the
+    /// schedule's, chosen per shape, not the weight's. The shallower blocks start
+    /// at multiples of 8, whole words of every element type's K groups.
+    pub fn serves(self, nr: usize, kc: usize, k: usize) -> bool {
+        match self {
+            BLayout::Packed { nr: width, kc: depth } => {
+                width == nr && (depth == kc || (depth >= k && (kc >= k || (kc > 0 && kc.is_multiple_of(8)))))
+            }
+            _ => true,
+        }
+    }
+
+    /// Whether this is a weight packed whole: one K block as deep as `k`
+    /// ([`BLayout::serves`] shallower blocks).
+    pub fn packed_whole(self, k: usize) -> bool {
+        matches!(self, BLayout::Packed { kc, .. } if kc >= k)
+    }
+
     /// The BLAS-style name used in kernel names: `nt` (B K-major), `nn`
     /// (N-major), `ns` (strided), `np` (packed panels).
     pub fn tag(self) -> &'static str {
@@ -326,6 +348,24 @@ mod tests {
         assert_eq!(ElemType::F16.round(1.0 + 3.0 / 2048.0), 1.0 + 2.0 / 1024.0);
         assert_eq!(ElemType::F16.half_bits(1.0), 0x3c00);
         assert_eq!(ElemType::F16.round(70000.0), f32::INFINITY, "past f16's range");
+    }
+
+    /// A packed weight serves its own blocks; packed whole, shallower ones too,
+    /// in multiples of 8; an activation any.
+    #[test]
+    fn a_weight_packed_whole_serves_shallower_blocks() {
+        let whole = BLayout::Packed { nr: 16, kc: 768 };
+        assert!(whole.serves(16, 768, 768) && whole.serves(16, 320, 768) && whole.serves(16, 8, 768));
+        assert!(whole.serves(16, 1024, 768), "a block deeper than K is the whole");
+        assert!(!whole.serves(16, 324, 768), "blocks start at multiples of 8");
+        assert!(!whole.serves(32, 320, 768), "another width");
+        assert!(!whole.serves(16, 0, 768));
+        let blocked = BLayout::Packed { nr: 16, kc: 320 };
+        assert!(
+            blocked.serves(16, 320, 768) && !blocked.serves(16, 160, 768) && !blocked.serves(16, 768, 768)
+        );
+        assert!(blocked.packed_whole(320) && !blocked.packed_whole(768) && whole.packed_whole(768));
+        assert!(BLayout::NMajor.serves(48, 7, 5) && !BLayout::NMajor.packed_whole(5));
     }
 
     #[test]
