@@ -50,9 +50,9 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// artifact's GEMMs reading an f32 A in place; 17: attention kernels by
 /// wgmma and dependent launches; 18: split-K GEMMs and their reductions; 19:
 /// bf16 buffers, a GPU plan's operands its producers write in bf16; 20:
-/// split-K GEMMs that fold their shares themselves); a runtime reads only
-/// its own.
-pub const FORMAT_VERSION: u32 = 20;
+/// split-K GEMMs that fold their shares themselves; 21: CPU weights packed
+/// whole, read in shallower blocks too); a runtime reads only its own.
+pub const FORMAT_VERSION: u32 = 21;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;
