@@ -643,9 +643,10 @@ fn i8s_u8s(v: &[i32]) -> (Vec<i8>, Vec<u8>) {
 /// by every candidate schedule of its problem, packed and direct: in its one
 /// block, and in the shallower L1 blocks as windows of its panels, with bias,
 /// residual and GELU in the kernels. f32 on both ISA paths and bf16 where the
-/// CPU has it, every tile width of the family, at depths just past one and a
-/// half blocks, past two and a prime; 1 to 33 rows, odd widths. The shallower
-/// blocks must be among the schedules run, or the test proves nothing.
+/// CPU has it, every tile width of the family, at odd depths just past one and
+/// a half blocks and past two (a last block of 7 or 53 rows, a padded pair in
+/// bf16); 1 to 33 rows, odd widths. The shallower blocks must be among the
+/// schedules run, or the test proves nothing.
 #[test]
 fn a_weight_packed_whole_is_read_in_blocks_of_any_depth() {
     use kernels::{ElemType, PackedB, Problem};
