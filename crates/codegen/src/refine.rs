@@ -293,7 +293,11 @@ fn measure(
         // (BERT-base at 23 tokens: its 23x3072x768 products 6-12%).
         let elem = d.family().elem();
         let one_block = |mk: &MacroKernel| {
-            mk.kc >= k && k > kernels::schedule::kc_for(d.target(), elem, mk.mr, mk.nr) * 3 / 2
+            mk.kc >= k
+                && !kernels::schedule::one_block_suffices(
+                    k,
+                    kernels::schedule::kc_for(d.target(), elem, mk.mr, mk.nr),
+                )
         };
         let best = tried
             .iter()

@@ -335,14 +335,9 @@ impl Dispatcher {
                 self.family.elem()
             )));
         }
-        match self.weight_layout(w.k, w.n, rows)? {
-            // Codes are read in their own blocks only (`PackedB::serves`): a
-            // weight the layout packs whole is packed in the L1 blocks instead.
-            BLayout::Packed { nr, kc } if kc >= w.k => {
-                let mr = self.family.best_height(nr).unwrap_or(1);
-                let l1 = crate::schedule::kc_for(&self.target, self.family.elem(), mr, nr);
-                PackedB::quantized(w, nr, if w.k > l1 { l1 } else { kc })
-            }
+        // Codes are read in their own blocks only (`PackedB::serves`): never
+        // packed whole.
+        match self.cache_layout(w.k, w.n, rows, false)? {
             BLayout::Packed { nr, kc } => PackedB::quantized(w, nr, kc),
             _ => Err(KernelError::Shape("an empty kernel family".into())),
         }
@@ -386,7 +381,7 @@ impl Dispatcher {
     /// tuned one when a search tuned this weight, else the tile width and depth the
     /// model predicts best over them.
     pub fn weight_layout(&self, k: usize, n: usize, rows: &[usize]) -> Result<BLayout, KernelError> {
-        let layout = self.cache_layout(k, n, rows)?;
+        let layout = self.cache_layout(k, n, rows, true)?;
         match layout {
             // A family storing codes keeps no partial sums: one K block.
             BLayout::Packed { nr, .. } if self.family.stores_codes() => {
@@ -397,15 +392,21 @@ impl Dispatcher {
     }
 
     /// [`Dispatcher::weight_layout`] by the caches alone.
-    fn cache_layout(&self, k: usize, n: usize, rows: &[usize]) -> Result<BLayout, KernelError> {
-        if let Some(l) = self.tuned.as_ref().and_then(|t| t.weight_layout(k, n)) {
+    /// `whole`: whether it may be packed whole (a quantized weight's codes may
+    /// not, `PackedB::serves`).
+    fn cache_layout(&self, k: usize, n: usize, rows: &[usize], whole: bool) -> Result<BLayout, KernelError> {
+        let deeper_than_l1 = |l: &BLayout| match *l {
+            BLayout::Packed { nr, kc } => kc >= k && self.l1_depth(nr).is_some_and(|l1| k > l1),
+            _ => false,
+        };
+        let tuned = self.tuned.as_ref().and_then(|t| t.weight_layout(k, n));
+        if let Some(l) = tuned.filter(|l| whole || !deeper_than_l1(l)) {
             return Ok(l);
         }
         let mut best: Option<(f64, usize, usize)> = None;
         let elem = self.family.elem();
         for nr in self.family.widths() {
-            let Some(mr) = self.family.best_height(nr) else { continue };
-            let kc = crate::schedule::kc_for(&self.target, elem, mr, nr);
+            let Some(kc) = self.l1_depth(nr) else { continue };
             // The model's cost of each row count in `depth`-deep blocks.
             let costs = |depth: usize| -> Result<Vec<f64>, KernelError> {
                 let layout = BLayout::Packed { nr, kc: depth };
@@ -424,7 +425,9 @@ impl Dispatcher {
             // ([`crate::schedule::whole_depth`]), a call may run in either
             // depth: taken where its one block gains at some row count
             // ([`WHOLE_GAIN`]), the passes over a C that outgrows the caches.
-            if let Some(depth) = crate::schedule::whole_depth(&self.target, elem, nr, k).filter(|_| k > kc) {
+            let whole_depth =
+                crate::schedule::whole_depth(&self.target, elem, nr, k).filter(|_| whole && k > kc);
+            if let Some(depth) = whole_depth {
                 let whole = costs(depth)?;
                 if whole.iter().zip(&l1).any(|(w, b)| *w <= (1.0 - WHOLE_GAIN) * b) {
                     pick = (whole.iter().sum(), depth);
@@ -436,6 +439,12 @@ impl Dispatcher {
         }
         let (_, nr, kc) = best.ok_or_else(|| KernelError::Shape("an empty kernel family".into()))?;
         Ok(BLayout::Packed { nr, kc })
+    }
+
+    /// The L1-deep K blocks of width `nr`'s main tile, where the family has one.
+    fn l1_depth(&self, nr: usize) -> Option<usize> {
+        let mr = self.family.best_height(nr)?;
+        Some(crate::schedule::kc_for(&self.target, self.family.elem(), mr, nr))
     }
 
     /// `C = epilogue(A · B)`, on `pool`, with the memoized schedule for this shape.

@@ -333,8 +333,7 @@ impl<'a> BlockPanels<'a> {
 
     /// Panel `j` of those the block has (its index checked as a slice's).
     pub(crate) fn at(&self, j: usize) -> &'a [u32] {
-        assert!(j < self.panels, "panel {j} of a block of {}", self.panels);
-        &self.words[j * self.stride..j * self.stride + self.len]
+        self.panel(j).unwrap_or_else(|| panic!("panel {j} of a block of {}", self.panels))
     }
 
     /// Where panel `j` starts, with every word of the block after it (what a
@@ -562,8 +561,7 @@ impl PackedB {
             Some(_) => 0,
             None => self.elem.b_panel_len(pc - base, self.nr),
         };
-        let len = if pc == base && kcur == depth { stride } else { self.panel_len(pc, kcur) };
-        BlockPanels { words: &words[skip..], stride, len, panels }
+        BlockPanels { words: &words[skip..], stride, len: self.panel_len(pc, kcur), panels }
     }
 
     /// Words of a panel of the block starting at row `pc`, `kcur` rows deep.

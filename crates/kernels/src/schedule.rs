@@ -271,6 +271,12 @@ pub fn balanced_block(extent: usize, block: usize, unit: usize) -> usize {
     }
 }
 
+/// Whether K is barely deeper than a tile's L1 blocks (`l1_kc`), at most
+/// half a block more: one block then, not two with a short second one.
+pub fn one_block_suffices(k: usize, l1_kc: usize) -> bool {
+    k <= l1_kc * 3 / 2
+}
+
 /// Whether a weight packed `packed` deep is also read in the L1 blocks
 /// (`l1_kc` deep) of a tile: when it is packed whole ([`BLayout::serves`]),
 /// K is well deeper than those blocks, A is a matrix and C floats. One block
@@ -280,7 +286,7 @@ pub fn balanced_block(extent: usize, block: usize, unit: usize) -> usize {
 /// both are candidates and the shape picks.
 fn shallower_blocks(fam: &KernelFamily, p: &Problem, nr: usize, packed: usize, l1_kc: usize) -> bool {
     packed >= p.k
-        && p.k > l1_kc * 3 / 2
+        && !one_block_suffices(p.k, l1_kc)
         && !fam.stores_codes()
         && matches!(p.a, ALayout::RowMajor | ALayout::Strided)
         && p.b.serves(nr, l1_kc, p.k)
@@ -327,7 +333,7 @@ pub fn candidates(t: &Target, threads: usize, fam: &KernelFamily, p: &Problem) -
         let kcs: Vec<usize> = match p.b {
             BLayout::Packed { kc, .. } if shallower_blocks(fam, p, nr, kc, base.kc) => vec![kc, base.kc],
             BLayout::Packed { kc, .. } => vec![kc],
-            _ if p.k <= base.kc * 3 / 2 => vec![p.k.max(1)],
+            _ if one_block_suffices(p.k, base.kc) => vec![p.k.max(1)],
             _ => vec![base.kc],
         };
         for kc in kcs {
@@ -422,7 +428,7 @@ fn direct_candidates(
             let kcs = match p.b {
                 BLayout::Packed { kc, .. } if shallower_blocks(fam, p, nr, kc, base.kc) => vec![kc, base.kc],
                 BLayout::Packed { kc, .. } => vec![kc],
-                _ if p.k <= base.kc * 3 / 2 => vec![p.k.max(1)],
+                _ if one_block_suffices(p.k, base.kc) => vec![p.k.max(1)],
                 _ => vec![base.kc],
             };
             let blockings = kcs.iter().map(|&kc| Blocking { kc, mc: mr, nc: base.nc });
