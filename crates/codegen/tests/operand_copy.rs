@@ -3,8 +3,9 @@
 //! broadcast entries, a stride of 0) and a convolution's taps (padding,
 //! stride, dilation, several images), written as bf16 (round to nearest
 //! even) dense `[entries, rows, cols]` or `[entries, cols, rows]`, at shapes
-//! of 1, primes and past a block, including the rows-of-four form (four
-//! elements a thread); with ptxas where the wheel's is at hand.
+//! of 1, primes and past a block, including the rows-of-four and
+//! taps-of-four forms (four elements a thread); with ptxas where the wheel's
+//! is at hand.
 #![cfg(feature = "nvptx")]
 
 use anyshape_codegen::emulator::{HostKernelKind, HostKernels};
@@ -164,6 +165,98 @@ proptest! {
             }
         }
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Taps whose channels, image strides and offset come in fours take the
+    /// taps-of-four form (a tap's four channels a thread, 16-byte loads from
+    /// a 16-byte aligned source): padding, stride, dilation, several images,
+    /// against the element-a-thread form's result and the plain definition.
+    #[test]
+    fn taps_of_four(
+        images in 1usize..3,
+        (h, w) in (1usize..8, 1usize..8),
+        channels in prop::sample::select(vec![4usize, 8, 12]),
+        (kh, kw) in (1usize..4, 1usize..4),
+        (sh, sw) in (1usize..3, 1usize..3),
+        (dh, dw) in (1usize..3, 1usize..3),
+        (ph, pw) in (0usize..3, 0usize..3),
+        pad in 0usize..2,
+        blocks in 1usize..4,
+    ) {
+        let (eh, ew) = ((kh - 1) * dh + 1, (kw - 1) * dw + 1);
+        prop_assume!(h + 2 * ph >= eh && w + 2 * pw >= ew);
+        let (oh, ow) = ((h + 2 * ph - eh) / sh + 1, (w + 2 * pw - ew) / sw + 1);
+        let host = kernels();
+        // Channels last, pixels, rows and images apart by fours.
+        let s_pix = channels + 4 * pad;
+        let s_row = s_pix * w + 4 * pad;
+        let s_img = s_row * h + 4;
+        let quad_words: Vec<[f32; 4]> =
+            (0..(images * s_img + 8).div_ceil(4)).map(|q| std::array::from_fn(|j| value(4 * q + j))).collect();
+        let src: &[f32] = quad_words.as_flattened();
+        let (rows, cols) = (images * oh * ow, kh * kw * channels);
+        let copy = OperandCopy::Taps {
+            rows,
+            cols,
+            out: [oh, ow],
+            image: [h, w, channels],
+            kernel_width: kw,
+            stride: [sh, sw],
+            dilation: [dh, dw],
+            pad: [ph, pw],
+            strides: [s_img, s_row, s_pix],
+        };
+        prop_assert_eq!(copy.descriptor(&[4])[0], OperandCopy::TAPS4);
+        let got = run(&host, src, &copy, &[4], blocks);
+        for b in 0..images {
+            for y in 0..oh {
+                for x in 0..ow {
+                    for i in 0..kh {
+                        for j in 0..kw {
+                            for c in 0..channels {
+                                let (iy, ix) = ((y * sh + i * dh) as isize - ph as isize, (x * sw + j * dw) as isize - pw as isize);
+                                let inside = (0..h as isize).contains(&iy) && (0..w as isize).contains(&ix);
+                                let v = if inside {
+                                    src[4 + b * s_img + iy as usize * s_row + ix as usize * s_pix + c]
+                                } else {
+                                    0.0
+                                };
+                                let at = ((b * oh + y) * ow + x) * cols + (i * kw + j) * channels + c;
+                                prop_assert_eq!(got[at], plan::bf16_bits(v), "pixel ({}, {}, {}) tap ({}, {}) channel {}", b, y, x, i, j, c);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Taps that break a condition of the taps-of-four form keep the form that
+/// reads an element a thread.
+#[test]
+fn taps_off_four_read_an_element_a_thread() {
+    let taps = |channels, s_pix| OperandCopy::Taps {
+        rows: 4,
+        cols: 9 * channels,
+        out: [2, 2],
+        image: [2, 2, channels],
+        kernel_width: 3,
+        stride: [1, 1],
+        dilation: [1, 1],
+        pad: [1, 1],
+        strides: [4 * s_pix, 2 * s_pix, s_pix],
+    };
+    assert_eq!(taps(8, 8).descriptor(&[0, 64])[0], OperandCopy::TAPS4);
+    assert_eq!(taps(3, 4).descriptor(&[0])[0], 2, "channels");
+    assert_eq!(taps(8, 10).descriptor(&[0])[0], 2, "a stride");
+    assert_eq!(taps(8, 8).descriptor(&[2])[0], 2, "an offset");
+    let words = taps(8, 8).descriptor(&[0, 64]);
+    assert_eq!(OperandCopy::work_items(&words), 2 * 4 * 72 / 4);
+    assert_eq!(OperandCopy::work_items(&taps(3, 4).descriptor(&[0])), 4 * 27);
 }
 
 /// Views that break a condition of the rows-of-four form keep the form

@@ -264,7 +264,8 @@ pub const OPERAND_COPY_KERNEL: &str = "operand_copy_bf16";
 
 /// Words of the descriptor before the entries' offsets: the form (0 a view,
 /// 1 a transposed view, 2 taps, [`OperandCopy::ROWS4`] a view four elements
-/// a thread), the entries, rows, columns, then the form's own words
+/// a thread, [`OperandCopy::TAPS4`] taps four channels a thread), the
+/// entries, rows, columns, then the form's own words
 /// ([`OperandCopy::descriptor`]).
 pub const OPERAND_COPY_HEADER: usize = 19;
 
@@ -272,6 +273,11 @@ impl OperandCopy {
     /// The descriptor's form of a view copied four elements a thread
     /// ([`OperandCopy::descriptor`] picks it where it applies).
     pub const ROWS4: i64 = 3;
+
+    /// The descriptor's form of taps copied four channels a thread (one
+    /// tap's, adjacent in the image), with 32-bit index arithmetic
+    /// ([`OperandCopy::descriptor`] picks it where it applies).
+    pub const TAPS4: i64 = 4;
 
     /// Rows and columns of one entry as the source lays it out.
     pub fn extent(&self) -> (usize, usize) {
@@ -305,7 +311,15 @@ impl OperandCopy {
                 w[5] = cs as i64;
             }
             OperandCopy::Taps { out, image, kernel_width, stride, dilation, pad, strides, .. } => {
-                w[0] = 2;
+                // Channels and the image's strides in fours, each group of four
+                // 16-byte aligned (the source's start is), under 2³¹ elements in
+                // all (the indices' arithmetic in 32 bits; the source's offsets
+                // in 64): a tap's four adjacent channels at a time.
+                let taps4 = image[2].is_multiple_of(4)
+                    && strides.iter().all(|s| s.is_multiple_of(4))
+                    && offsets.iter().all(|o| o.is_multiple_of(4))
+                    && offsets.len().checked_mul(rows * cols).is_some_and(|n| n <= i32::MAX as usize);
+                w[0] = if taps4 { Self::TAPS4 } else { 2 };
                 let taps = [
                     out[0],
                     out[1],
@@ -333,10 +347,11 @@ impl OperandCopy {
     }
 
     /// The threads' units of work descriptor `words` asks for: its
-    /// elements, or groups of four in [`OperandCopy::ROWS4`] form.
+    /// elements, or groups of four in [`OperandCopy::ROWS4`] and
+    /// [`OperandCopy::TAPS4`] forms.
     pub fn work_items(words: &[i64]) -> usize {
         let n = words.get(1..4).map_or(0, |w| w.iter().map(|&x| x.max(0) as usize).product());
-        if words.first() == Some(&Self::ROWS4) {
+        if matches!(words.first(), Some(&Self::ROWS4 | &Self::TAPS4)) {
             n / 4
         } else {
             n

@@ -51,8 +51,9 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// wgmma and dependent launches; 18: split-K GEMMs and their reductions; 19:
 /// bf16 buffers, a GPU plan's operands its producers write in bf16; 20:
 /// split-K GEMMs that fold their shares themselves; 21: CPU weights packed
-/// whole, read in shallower blocks too); a runtime reads only its own.
-pub const FORMAT_VERSION: u32 = 21;
+/// whole, read in shallower blocks too; 22: a GPU artifact's operand copy
+/// taking taps four channels a thread); a runtime reads only its own.
+pub const FORMAT_VERSION: u32 = 22;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;

@@ -35,7 +35,11 @@ pub fn operand_copy_ir() -> String {
     // A view's strides, or the taps' geometry (read once, before the loop).
     let w: Vec<String> = (4..OPERAND_COPY_HEADER).map(|i| word(&mut g, i)).collect();
     let rows4 = g.v(format!("icmp eq i64 {form}, {}", OperandCopy::ROWS4));
-    g.emit(format!("br i1 {rows4}, label %rows4_setup, label %head"));
+    g.emit(format!("br i1 {rows4}, label %rows4_setup, label %pick"));
+    g.block("pick");
+    let taps4 = g.v(format!("icmp eq i64 {form}, {}", OperandCopy::TAPS4));
+    g.emit(format!("br i1 {taps4}, label %taps4_setup, label %head"));
+    taps_of_four(&mut g, &w, [&total, &rows, &cols], [&first, &stride]);
 
     // Rows of four: a row-major view whose columns, row stride and offsets
     // are multiples of four, under 2³¹ elements in all: a thread four
@@ -167,7 +171,7 @@ pub fn operand_copy_ir() -> String {
     g.emit(format!("store bfloat {h}, ptr addrspace(1) {dp}, align 2"));
     let next = g.v(format!("add i64 %i, {stride}"));
     g.emit("br label %head");
-    g.body.insert_str(head, &format!("  %i = phi i64 [ {first}, %entry ], [ {next}, %store ]\n"));
+    g.body.insert_str(head, &format!("  %i = phi i64 [ {first}, %pick ], [ {next}, %store ]\n"));
 
     g.block("done");
     g.emit("ret void");
@@ -179,6 +183,100 @@ pub fn operand_copy_ir() -> String {
         "ptr addrspace(1) readonly %src, ptr addrspace(1) %dst, ptr addrspace(1) readonly %desc",
         &[],
     )
+}
+
+/// The taps-of-four form ([`OperandCopy::TAPS4`]): a thread four adjacent
+/// columns of a row, channels `c..c + 4` of one tap (the channels come in
+/// fours), one 16-byte load (or zeros, the tap outside the image) and one
+/// 8-byte store a turn; the row's and column's coordinates in 32 bits (a
+/// 64-bit division is a long software routine), the source's offset in 64.
+/// Blocks `taps4_setup` (entered from `pick`) to `done`.
+fn taps_of_four(g: &mut Ir, w: &[String], [total, rows, cols]: [&str; 3], [first, stride]: [&str; 2]) {
+    g.block("taps4_setup");
+    let t32 = g.v(format!("trunc i64 {total} to i32"));
+    let chunks = g.v(format!("lshr i32 {t32}, 2"));
+    let c32 = g.v(format!("trunc i64 {cols} to i32"));
+    let quads = g.v(format!("lshr i32 {c32}, 2"));
+    let r32 = g.v(format!("trunc i64 {rows} to i32"));
+    let per4 = g.v(format!("mul i32 {r32}, {quads}"));
+    let first32 = g.v(format!("trunc i64 {first} to i32"));
+    let stride32 = g.v(format!("trunc i64 {stride} to i32"));
+    // The geometry (the taps' words: `oh, ow, H, W, C, kw, sh, sw, dh, dw, ph,
+    // pw`) in 32 bits; the image's strides stay 64-bit.
+    let geo: Vec<String> = w[..12].iter().map(|x| g.v(format!("trunc i64 {x} to i32"))).collect();
+    let [oh, ow, hh, ww, cc, kw, sh, sw, dh, dw, ph, pw] = std::array::from_fn(|i| geo[i].clone());
+    let (s_img, s_row, s_pix) = (&w[12], &w[13], &w[14]);
+    g.emit("br label %taps4_head");
+
+    g.block("taps4_head");
+    let head = g.body.len();
+    let more = g.v(format!("icmp slt i32 %qt, {chunks}"));
+    g.emit(format!("br i1 {more}, label %taps4_body, label %done"));
+
+    g.block("taps4_body");
+    let e = g.v(format!("udiv i32 %qt, {per4}"));
+    let in_e = g.v(format!("mul i32 {e}, {per4}"));
+    let rem = g.v(format!("sub i32 %qt, {in_e}"));
+    let r = g.v(format!("udiv i32 {rem}, {quads}"));
+    let in_row = g.v(format!("mul i32 {r}, {quads}"));
+    let d4 = g.v(format!("sub i32 {rem}, {in_row}"));
+    let d = g.v(format!("shl i32 {d4}, 2"));
+    // Row (b, y, x), column (i, j, c).
+    let t = g.v(format!("udiv i32 {r}, {ow}"));
+    let tw = g.v(format!("mul i32 {t}, {ow}"));
+    let x = g.v(format!("sub i32 {r}, {tw}"));
+    let b = g.v(format!("udiv i32 {t}, {oh}"));
+    let bh = g.v(format!("mul i32 {b}, {oh}"));
+    let y = g.v(format!("sub i32 {t}, {bh}"));
+    let tap = g.v(format!("udiv i32 {d}, {cc}"));
+    let tc = g.v(format!("mul i32 {tap}, {cc}"));
+    let c = g.v(format!("sub i32 {d}, {tc}"));
+    let i = g.v(format!("udiv i32 {tap}, {kw}"));
+    let ik = g.v(format!("mul i32 {i}, {kw}"));
+    let j = g.v(format!("sub i32 {tap}, {ik}"));
+    let coord = |g: &mut Ir, o: &str, s: &str, k: &str, dl: &str, pd: &str| {
+        let a = g.v(format!("mul i32 {o}, {s}"));
+        let bb = g.v(format!("mul i32 {k}, {dl}"));
+        let a = g.v(format!("add i32 {a}, {bb}"));
+        g.v(format!("sub i32 {a}, {pd}"))
+    };
+    let iy = coord(g, &y, &sh, &i, &dh, &ph);
+    let ix = coord(g, &x, &sw, &j, &dw, &pw);
+    // Unsigned comparisons: a coordinate before the image wraps past its extent.
+    let in_y = g.v(format!("icmp ult i32 {iy}, {hh}"));
+    let in_x = g.v(format!("icmp ult i32 {ix}, {ww}"));
+    let inside = g.v(format!("and i1 {in_y}, {in_x}"));
+    let e64 = g.v(format!("zext i32 {e} to i64"));
+    let at = g.v(format!("add i64 {e64}, {OPERAND_COPY_HEADER}"));
+    let base = word_at(g, &at);
+    let wide = |g: &mut Ir, v: &str| g.v(format!("zext i32 {v} to i64"));
+    let (b64, iy64, ix64, c64) = (wide(g, &b), wide(g, &iy), wide(g, &ix), wide(g, &c));
+    let o1 = g.v(format!("mul i64 {b64}, {s_img}"));
+    let o2 = g.v(format!("mul i64 {iy64}, {s_row}"));
+    let o3 = g.v(format!("mul i64 {ix64}, {s_pix}"));
+    let o = g.v(format!("add i64 {o1}, {o2}"));
+    let o = g.v(format!("add i64 {o}, {o3}"));
+    let o = g.v(format!("add i64 {o}, {c64}"));
+    let o = g.v(format!("add i64 {o}, {base}"));
+    // Outside the image the load reads the entry's first four (in bounds).
+    let o = g.v(format!("select i1 {inside}, i64 {o}, i64 {base}"));
+    let p = g.v(format!("getelementptr inbounds float, ptr addrspace(1) %src, i64 {o}"));
+    let x4 = g.v(format!("load <4 x float>, ptr addrspace(1) {p}, align 16"));
+    let x4 = g.v(format!("select i1 {inside}, <4 x float> {x4}, <4 x float> zeroinitializer"));
+    // Element by element, as the rows of four (see there).
+    let mut h4 = "poison".to_string();
+    for k in 0..4 {
+        let v = g.v(format!("extractelement <4 x float> {x4}, i32 {k}"));
+        let h = g.v(format!("fptrunc float {v} to bfloat"));
+        h4 = g.v(format!("insertelement <4 x bfloat> {h4}, bfloat {h}, i32 {k}"));
+    }
+    let q64 = g.v("zext i32 %qt to i64");
+    let dp = g.v(format!("getelementptr inbounds <4 x i16>, ptr addrspace(1) %dst, i64 {q64}"));
+    g.emit(format!("store <4 x bfloat> {h4}, ptr addrspace(1) {dp}, align 8"));
+    let next = g.v(format!("add i32 %qt, {stride32}"));
+    g.emit("br label %taps4_head");
+    g.body
+        .insert_str(head, &format!("  %qt = phi i32 [ {first32}, %taps4_setup ], [ {next}, %taps4_body ]\n"));
 }
 
 /// Descriptor word `at` (an i64 value).
