@@ -297,3 +297,39 @@ fn a_decoders_first_step_takes_an_empty_cache() {
         check_in(&fixtures_current(), name, true);
     }
 }
+
+/// `bench --profile`'s bytes a step reads count a packed weight as packed:
+/// an int8 model's weight products read a byte a weight value (not the four
+/// of the f32 constant the plan names), so their GB/s are the codes' rate.
+#[test]
+fn a_packed_weight_counts_its_packed_bytes() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures-quantized");
+    let m = Model::load(root.join("bert_int8").join("model.onnx"), &LoadOptions::new()).expect("loads");
+    let cm = m.compile(&anyshape::CompileOptions::new().threads(2)).expect("compiles");
+    let inputs: Vec<(String, Tensor)> = npy_files(&root.join("bert_int8").join("case0"))
+        .into_iter()
+        .map(|(n, p)| (n, npy::read(&p).expect("input npy")))
+        .collect();
+    let named: Vec<(&str, Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let bytes = cm.step_bytes(&named).expect("bytes");
+    let plan = cm.plan();
+    let mut products = 0;
+    for (i, step) in plan.steps.iter().enumerate() {
+        let plan::StepKind::MatMul(mm) = &step.kind else { continue };
+        if !(mm.weight && mm.u8s8) {
+            continue;
+        }
+        let b = &plan.buffers[mm.b.buf];
+        let values: i64 =
+            b.shape.iter().map(|d| d.as_const().expect("a weight's dims are constants")).product();
+        let values = values as usize;
+        // A and C are a few rows; the codes a byte each (panels padded to the tile).
+        assert!(
+            bytes[i] >= values && bytes[i] < 2 * values,
+            "step {i}: {} bytes for {values} weights",
+            bytes[i]
+        );
+        products += 1;
+    }
+    assert!(products > 0, "no int8 weight product in bert_int8");
+}

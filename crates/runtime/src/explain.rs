@@ -152,7 +152,8 @@ impl CompiledModel<crate::Cpu> {
     }
 
     /// Bytes each step's buffers hold at the shape of `inputs`: the distinct
-    /// buffers a loop program reads and writes, a matmul's A, B and C, fused
+    /// buffers a loop program reads and writes, a matmul's A, B and C (a
+    /// packed weight as packed: its codes, bf16 or f32 words), fused
     /// attention's Q, K, V and output. A lower bound on the memory traffic a
     /// memory-bound step needs (its GB/s in `bench --profile --top`).
     pub fn step_bytes(&self, inputs: &[(&str, Tensor)]) -> Result<Vec<usize>, RunError> {
@@ -167,9 +168,13 @@ impl CompiledModel<crate::Cpu> {
             .plan
             .steps
             .iter()
-            .map(|st| match &st.kind {
+            .enumerate()
+            .map(|(i, st)| match &st.kind {
                 StepKind::Loop { args, .. } => sum(args.clone()),
-                StepKind::MatMul(m) => sum(vec![m.a.buf, m.b.buf, m.c.buf]),
+                StepKind::MatMul(m) => match self.backend.packed.get(i).and_then(Option::as_ref) {
+                    Some(w) => sum(vec![m.a.buf, m.c.buf]) + 4 * w.words().len(),
+                    None => sum(vec![m.a.buf, m.b.buf, m.c.buf]),
+                },
                 StepKind::Attention(a) => {
                     sum(vec![a.scores.a.buf, a.scores.b.buf, a.output.b.buf, a.output.c.buf])
                 }
