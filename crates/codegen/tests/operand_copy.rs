@@ -39,6 +39,40 @@ fn run(host: &HostKernels, src: &[f32], copy: &OperandCopy, offsets: &[usize], b
     dst
 }
 
+/// A convolution's taps as the plain definition lays them out, in bf16:
+/// row `(b, y, x)`, column `(i, j, c)`, zero outside the image (`src` starts
+/// at the entry).
+fn plain_taps(src: &[f32], copy: &OperandCopy) -> Vec<u16> {
+    let &OperandCopy::Taps {
+        rows,
+        cols,
+        out: [oh, ow],
+        image: [h, w, channels],
+        kernel_width: kw,
+        stride: [sh, sw],
+        dilation: [dh, dw],
+        pad: [ph, pw],
+        strides: [s_img, s_row, s_pix],
+    } = copy
+    else {
+        panic!("not taps: {copy:?}")
+    };
+    let mut out = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        let (b, y, x) = (r / (oh * ow), r / ow % oh, r % ow);
+        for d in 0..cols {
+            let (tap, c) = (d / channels, d % channels);
+            let (i, j) = (tap / kw, tap % kw);
+            let iy = (y * sh + i * dh) as isize - ph as isize;
+            let ix = (x * sw + j * dw) as isize - pw as isize;
+            let inside = (0..h as isize).contains(&iy) && (0..w as isize).contains(&ix);
+            let v = if inside { src[b * s_img + iy as usize * s_row + ix as usize * s_pix + c] } else { 0.0 };
+            out.push(plan::bf16_bits(v));
+        }
+    }
+    out
+}
+
 fn value(i: usize) -> f32 {
     ((i * 7919 % 1009) as f32 - 504.0) / 97.0
 }
@@ -106,27 +140,9 @@ proptest! {
             strides: [s_img, s_row, s_pix],
         };
         let got = run(&host, &src, &copy, &[2], 2);
-        for b in 0..images {
-            for y in 0..oh {
-                for x in 0..ow {
-                    for i in 0..kh {
-                        for j in 0..kw {
-                            for c in 0..channels {
-                                let (iy, ix) = ((y * sh + i * dh) as isize - ph as isize, (x * sw + j * dw) as isize - pw as isize);
-                                let inside = (0..h as isize).contains(&iy) && (0..w as isize).contains(&ix);
-                                let v = if inside {
-                                    src[2 + b * s_img + iy as usize * s_row + ix as usize * s_pix + c]
-                                } else {
-                                    0.0
-                                };
-                                let at = ((b * oh + y) * ow + x) * cols + (i * kw + j) * channels + c;
-                                prop_assert_eq!(got[at], plan::bf16_bits(v), "pixel ({}, {}, {}) tap ({}, {}) channel {}", b, y, x, i, j, c);
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        let want = plain_taps(&src[2..], &copy);
+        let wrong = got.iter().zip(&want).position(|(g, w)| g != w);
+        prop_assert!(wrong.is_none(), "element {:?} of {:?}: {:?}", wrong, copy, wrong.map(|i| (got[i], want[i])));
     }
 }
 
@@ -211,27 +227,9 @@ proptest! {
         };
         prop_assert_eq!(copy.descriptor(&[4])[0], OperandCopy::TAPS4);
         let got = run(&host, src, &copy, &[4], blocks);
-        for b in 0..images {
-            for y in 0..oh {
-                for x in 0..ow {
-                    for i in 0..kh {
-                        for j in 0..kw {
-                            for c in 0..channels {
-                                let (iy, ix) = ((y * sh + i * dh) as isize - ph as isize, (x * sw + j * dw) as isize - pw as isize);
-                                let inside = (0..h as isize).contains(&iy) && (0..w as isize).contains(&ix);
-                                let v = if inside {
-                                    src[4 + b * s_img + iy as usize * s_row + ix as usize * s_pix + c]
-                                } else {
-                                    0.0
-                                };
-                                let at = ((b * oh + y) * ow + x) * cols + (i * kw + j) * channels + c;
-                                prop_assert_eq!(got[at], plan::bf16_bits(v), "pixel ({}, {}, {}) tap ({}, {}) channel {}", b, y, x, i, j, c);
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        let want = plain_taps(&src[4..], &copy);
+        let wrong = got.iter().zip(&want).position(|(g, w)| g != w);
+        prop_assert!(wrong.is_none(), "element {:?} of {:?}: {:?}", wrong, copy, wrong.map(|i| (got[i], want[i])));
     }
 }
 

@@ -77,17 +77,7 @@ pub fn operand_copy_ir() -> String {
     let off4 = g.v(format!("add i64 {off4}, {base4}"));
     let sp4 = g.v(format!("getelementptr inbounds float, ptr addrspace(1) %src, i64 {off4}"));
     let x4 = g.v(format!("load <4 x float>, ptr addrspace(1) {sp4}, align 16"));
-    // Element by element (a vector conversion is a library call on the
-    // host emulator; NVPTX pairs them into `cvt.rn.bf16x2.f32` either way).
-    let mut h4 = "poison".to_string();
-    for j in 0..4 {
-        let x = g.v(format!("extractelement <4 x float> {x4}, i32 {j}"));
-        let h = g.v(format!("fptrunc float {x} to bfloat"));
-        h4 = g.v(format!("insertelement <4 x bfloat> {h4}, bfloat {h}, i32 {j}"));
-    }
-    let q64 = g.v("zext i32 %q to i64");
-    let d4 = g.v(format!("getelementptr inbounds <4 x i16>, ptr addrspace(1) %dst, i64 {q64}"));
-    g.emit(format!("store <4 x bfloat> {h4}, ptr addrspace(1) {d4}, align 8"));
+    store_quad(&mut g, &x4, "%q");
     let next4 = g.v(format!("add i32 %q, {stride32}"));
     g.emit("br label %rows4_head");
     g.body.insert_str(
@@ -263,20 +253,27 @@ fn taps_of_four(g: &mut Ir, w: &[String], [total, rows, cols]: [&str; 3], [first
     let p = g.v(format!("getelementptr inbounds float, ptr addrspace(1) %src, i64 {o}"));
     let x4 = g.v(format!("load <4 x float>, ptr addrspace(1) {p}, align 16"));
     let x4 = g.v(format!("select i1 {inside}, <4 x float> {x4}, <4 x float> zeroinitializer"));
-    // Element by element, as the rows of four (see there).
-    let mut h4 = "poison".to_string();
-    for k in 0..4 {
-        let v = g.v(format!("extractelement <4 x float> {x4}, i32 {k}"));
-        let h = g.v(format!("fptrunc float {v} to bfloat"));
-        h4 = g.v(format!("insertelement <4 x bfloat> {h4}, bfloat {h}, i32 {k}"));
-    }
-    let q64 = g.v("zext i32 %qt to i64");
-    let dp = g.v(format!("getelementptr inbounds <4 x i16>, ptr addrspace(1) %dst, i64 {q64}"));
-    g.emit(format!("store <4 x bfloat> {h4}, ptr addrspace(1) {dp}, align 8"));
+    store_quad(g, &x4, "%qt");
     let next = g.v(format!("add i32 %qt, {stride32}"));
     g.emit("br label %taps4_head");
     g.body
         .insert_str(head, &format!("  %qt = phi i32 [ {first32}, %taps4_setup ], [ {next}, %taps4_body ]\n"));
+}
+
+/// Four f32 values `x4` stored as bf16 at quad `q` (an i32) of the
+/// destination: converted element by element (a vector conversion is a
+/// library call on the host emulator; NVPTX pairs them into
+/// `cvt.rn.bf16x2.f32` either way), one 8-byte store.
+fn store_quad(g: &mut Ir, x4: &str, q: &str) {
+    let mut h4 = "poison".to_string();
+    for j in 0..4 {
+        let x = g.v(format!("extractelement <4 x float> {x4}, i32 {j}"));
+        let h = g.v(format!("fptrunc float {x} to bfloat"));
+        h4 = g.v(format!("insertelement <4 x bfloat> {h4}, bfloat {h}, i32 {j}"));
+    }
+    let q64 = g.v(format!("zext i32 {q} to i64"));
+    let dp = g.v(format!("getelementptr inbounds <4 x i16>, ptr addrspace(1) %dst, i64 {q64}"));
+    g.emit(format!("store <4 x bfloat> {h4}, ptr addrspace(1) {dp}, align 8"));
 }
 
 /// Descriptor word `at` (an i64 value).
