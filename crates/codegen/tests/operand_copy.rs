@@ -20,10 +20,14 @@ fn kernels() -> HostKernels {
 
 /// The copy by the kernel: `dst` of `elems` bf16 words, the grid `blocks`.
 fn run(host: &HostKernels, src: &[f32], copy: &OperandCopy, offsets: &[usize], blocks: usize) -> Vec<u16> {
+    run_words(host, src, copy, &copy.descriptor(offsets), blocks)
+}
+
+/// [`run`] of the descriptor `desc` (its form word perhaps changed).
+fn run_words(host: &HostKernels, src: &[f32], copy: &OperandCopy, desc: &[i64], blocks: usize) -> Vec<u16> {
     let (rows, cols) = copy.extent();
-    let elems = offsets.len() * rows * cols;
+    let elems = desc[1] as usize * rows * cols;
     let mut dst = vec![0xffffu16; elems.max(1) + 8];
-    let desc = copy.descriptor(offsets);
     // SAFETY: the descriptor's offsets, rows, columns and strides stay inside
     // `src` (each case's `src` is sized for them), `dst` holds every element.
     unsafe {
@@ -139,10 +143,18 @@ proptest! {
             pad: [ph, pw],
             strides: [s_img, s_row, s_pix],
         };
-        let got = run(&host, &src, &copy, &[2], 2);
+        // An element a thread in 32-bit indices (the descriptor's pick at
+        // these sizes), and in 64-bit ones (its pick past 2³¹ elements).
+        let words = copy.descriptor(&[2]);
+        prop_assert_eq!(words[0], OperandCopy::TAPS32);
         let want = plain_taps(&src[2..], &copy);
-        let wrong = got.iter().zip(&want).position(|(g, w)| g != w);
-        prop_assert!(wrong.is_none(), "element {:?} of {:?}: {:?}", wrong, copy, wrong.map(|i| (got[i], want[i])));
+        for form in [OperandCopy::TAPS32, 2] {
+            let mut words = words.clone();
+            words[0] = form;
+            let got = run_words(&host, &src, &copy, &words, 2);
+            let wrong = got.iter().zip(&want).position(|(g, w)| g != w);
+            prop_assert!(wrong.is_none(), "form {}: element {:?} of {:?}: {:?}", form, wrong, copy, wrong.map(|i| (got[i], want[i])));
+        }
     }
 }
 
@@ -233,8 +245,8 @@ proptest! {
     }
 }
 
-/// Taps that break a condition of the taps-of-four form keep the form that
-/// reads an element a thread.
+/// Taps that break a condition of the taps-of-four form take the form that
+/// reads an element a thread (in 32-bit indices below 2³¹ elements).
 #[test]
 fn taps_off_four_read_an_element_a_thread() {
     let taps = |channels, s_pix| OperandCopy::Taps {
@@ -249,9 +261,9 @@ fn taps_off_four_read_an_element_a_thread() {
         strides: [4 * s_pix, 2 * s_pix, s_pix],
     };
     assert_eq!(taps(8, 8).descriptor(&[0, 64])[0], OperandCopy::TAPS4);
-    assert_eq!(taps(3, 4).descriptor(&[0])[0], 2, "channels");
-    assert_eq!(taps(8, 10).descriptor(&[0])[0], 2, "a stride");
-    assert_eq!(taps(8, 8).descriptor(&[2])[0], 2, "an offset");
+    assert_eq!(taps(3, 4).descriptor(&[0])[0], OperandCopy::TAPS32, "channels");
+    assert_eq!(taps(8, 10).descriptor(&[0])[0], OperandCopy::TAPS32, "a stride");
+    assert_eq!(taps(8, 8).descriptor(&[2])[0], OperandCopy::TAPS32, "an offset");
     let words = taps(8, 8).descriptor(&[0, 64]);
     assert_eq!(OperandCopy::work_items(&words), 2 * 4 * 72 / 4);
     assert_eq!(OperandCopy::work_items(&taps(3, 4).descriptor(&[0])), 4 * 27);

@@ -264,7 +264,8 @@ pub const OPERAND_COPY_KERNEL: &str = "operand_copy_bf16";
 
 /// Words of the descriptor before the entries' offsets: the form (0 a view,
 /// 1 a transposed view, 2 taps, [`OperandCopy::ROWS4`] a view four elements
-/// a thread, [`OperandCopy::TAPS4`] taps four channels a thread), the
+/// a thread, [`OperandCopy::TAPS4`] taps four channels a thread,
+/// [`OperandCopy::TAPS32`] taps an element a thread in 32-bit indices), the
 /// entries, rows, columns, then the form's own words
 /// ([`OperandCopy::descriptor`]).
 pub const OPERAND_COPY_HEADER: usize = 19;
@@ -278,6 +279,12 @@ impl OperandCopy {
     /// tap's, adjacent in the image), with 32-bit index arithmetic
     /// ([`OperandCopy::descriptor`] picks it where it applies).
     pub const TAPS4: i64 = 4;
+
+    /// The descriptor's form of taps copied an element a thread with 32-bit
+    /// index arithmetic (under 2³¹ elements; [`OperandCopy::descriptor`]
+    /// picks it where the taps-of-four form does not apply); form 2 does
+    /// the same in 64 bits.
+    pub const TAPS32: i64 = 5;
 
     /// Rows and columns of one entry as the source lays it out.
     pub fn extent(&self) -> (usize, usize) {
@@ -315,11 +322,15 @@ impl OperandCopy {
                 // 16-byte aligned (the source's start is), under 2³¹ elements in
                 // all (the indices' arithmetic in 32 bits; the source's offsets
                 // in 64): a tap's four adjacent channels at a time.
-                let taps4 = image[2].is_multiple_of(4)
+                let narrow = offsets.len().checked_mul(rows * cols).is_some_and(|n| n <= i32::MAX as usize);
+                let fours = image[2].is_multiple_of(4)
                     && strides.iter().all(|s| s.is_multiple_of(4))
-                    && offsets.iter().all(|o| o.is_multiple_of(4))
-                    && offsets.len().checked_mul(rows * cols).is_some_and(|n| n <= i32::MAX as usize);
-                w[0] = if taps4 { Self::TAPS4 } else { 2 };
+                    && offsets.iter().all(|o| o.is_multiple_of(4));
+                w[0] = match (narrow, fours) {
+                    (true, true) => Self::TAPS4,
+                    (true, false) => Self::TAPS32,
+                    (false, _) => 2,
+                };
                 let taps = [
                     out[0],
                     out[1],

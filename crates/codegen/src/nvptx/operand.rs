@@ -38,8 +38,13 @@ pub fn operand_copy_ir() -> String {
     g.emit(format!("br i1 {rows4}, label %rows4_setup, label %pick"));
     g.block("pick");
     let taps4 = g.v(format!("icmp eq i64 {form}, {}", OperandCopy::TAPS4));
-    g.emit(format!("br i1 {taps4}, label %taps4_setup, label %head"));
-    taps_of_four(&mut g, &w, [&total, &rows, &cols], [&first, &stride]);
+    g.emit(format!("br i1 {taps4}, label %taps4_setup, label %pick32"));
+    g.block("pick32");
+    let taps1 = g.v(format!("icmp eq i64 {form}, {}", OperandCopy::TAPS32));
+    g.emit(format!("br i1 {taps1}, label %taps1_setup, label %head"));
+    for lanes in [4, 1] {
+        narrow_taps(&mut g, lanes, &w, [&total, &rows, &cols], [&first, &stride]);
+    }
 
     // Rows of four: a row-major view whose columns, row stride and offsets
     // are multiples of four, under 2³¹ elements in all: a thread four
@@ -161,7 +166,7 @@ pub fn operand_copy_ir() -> String {
     g.emit(format!("store bfloat {h}, ptr addrspace(1) {dp}, align 2"));
     let next = g.v(format!("add i64 %i, {stride}"));
     g.emit("br label %head");
-    g.body.insert_str(head, &format!("  %i = phi i64 [ {first}, %pick ], [ {next}, %store ]\n"));
+    g.body.insert_str(head, &format!("  %i = phi i64 [ {first}, %pick32 ], [ {next}, %store ]\n"));
 
     g.block("done");
     g.emit("ret void");
@@ -175,18 +180,31 @@ pub fn operand_copy_ir() -> String {
     )
 }
 
-/// The taps-of-four form ([`OperandCopy::TAPS4`]): a thread four adjacent
-/// columns of a row, channels `c..c + 4` of one tap (the channels come in
-/// fours), one 16-byte load (or zeros, the tap outside the image) and one
-/// 8-byte store a turn; the row's and column's coordinates in 32 bits (a
-/// 64-bit division is a long software routine), the source's offset in 64.
-/// Blocks `taps4_setup` (entered from `pick`) to `done`.
-fn taps_of_four(g: &mut Ir, w: &[String], [total, rows, cols]: [&str; 3], [first, stride]: [&str; 2]) {
-    g.block("taps4_setup");
+/// The taps' forms in 32-bit index arithmetic (a 64-bit division is a long
+/// software routine; the source's offset stays 64-bit): `lanes` 4, the
+/// taps-of-four form ([`OperandCopy::TAPS4`]: a thread four adjacent
+/// columns of a row, channels `c..c + 4` of one tap, one 16-byte load or
+/// zeros, one 8-byte store a turn), or 1 ([`OperandCopy::TAPS32`]: an element
+/// a thread). Blocks `taps{lanes}_setup` to `done`.
+fn narrow_taps(
+    g: &mut Ir,
+    lanes: u32,
+    w: &[String],
+    [total, rows, cols]: [&str; 3],
+    [first, stride]: [&str; 2],
+) {
+    let (setup, head_bb, body, q) = (
+        format!("taps{lanes}_setup"),
+        format!("taps{lanes}_head"),
+        format!("taps{lanes}_body"),
+        format!("%qt{lanes}"),
+    );
+    let shift = lanes.trailing_zeros();
+    g.block(&setup);
     let t32 = g.v(format!("trunc i64 {total} to i32"));
-    let chunks = g.v(format!("lshr i32 {t32}, 2"));
+    let chunks = g.v(format!("lshr i32 {t32}, {shift}"));
     let c32 = g.v(format!("trunc i64 {cols} to i32"));
-    let quads = g.v(format!("lshr i32 {c32}, 2"));
+    let quads = g.v(format!("lshr i32 {c32}, {shift}"));
     let r32 = g.v(format!("trunc i64 {rows} to i32"));
     let per4 = g.v(format!("mul i32 {r32}, {quads}"));
     let first32 = g.v(format!("trunc i64 {first} to i32"));
@@ -196,21 +214,21 @@ fn taps_of_four(g: &mut Ir, w: &[String], [total, rows, cols]: [&str; 3], [first
     let geo: Vec<String> = w[..12].iter().map(|x| g.v(format!("trunc i64 {x} to i32"))).collect();
     let [oh, ow, hh, ww, cc, kw, sh, sw, dh, dw, ph, pw] = std::array::from_fn(|i| geo[i].clone());
     let (s_img, s_row, s_pix) = (&w[12], &w[13], &w[14]);
-    g.emit("br label %taps4_head");
+    g.emit(format!("br label %{head_bb}"));
 
-    g.block("taps4_head");
+    g.block(&head_bb);
     let head = g.body.len();
-    let more = g.v(format!("icmp slt i32 %qt, {chunks}"));
-    g.emit(format!("br i1 {more}, label %taps4_body, label %done"));
+    let more = g.v(format!("icmp slt i32 {q}, {chunks}"));
+    g.emit(format!("br i1 {more}, label %{body}, label %done"));
 
-    g.block("taps4_body");
-    let e = g.v(format!("udiv i32 %qt, {per4}"));
+    g.block(&body);
+    let e = g.v(format!("udiv i32 {q}, {per4}"));
     let in_e = g.v(format!("mul i32 {e}, {per4}"));
-    let rem = g.v(format!("sub i32 %qt, {in_e}"));
+    let rem = g.v(format!("sub i32 {q}, {in_e}"));
     let r = g.v(format!("udiv i32 {rem}, {quads}"));
     let in_row = g.v(format!("mul i32 {r}, {quads}"));
     let d4 = g.v(format!("sub i32 {rem}, {in_row}"));
-    let d = g.v(format!("shl i32 {d4}, 2"));
+    let d = g.v(format!("shl i32 {d4}, {shift}"));
     // Row (b, y, x), column (i, j, c).
     let t = g.v(format!("udiv i32 {r}, {ow}"));
     let tw = g.v(format!("mul i32 {t}, {ow}"));
@@ -248,16 +266,24 @@ fn taps_of_four(g: &mut Ir, w: &[String], [total, rows, cols]: [&str; 3], [first
     let o = g.v(format!("add i64 {o}, {o3}"));
     let o = g.v(format!("add i64 {o}, {c64}"));
     let o = g.v(format!("add i64 {o}, {base}"));
-    // Outside the image the load reads the entry's first four (in bounds).
+    // Outside the image the load reads the entry's first values (in bounds).
     let o = g.v(format!("select i1 {inside}, i64 {o}, i64 {base}"));
     let p = g.v(format!("getelementptr inbounds float, ptr addrspace(1) %src, i64 {o}"));
-    let x4 = g.v(format!("load <4 x float>, ptr addrspace(1) {p}, align 16"));
-    let x4 = g.v(format!("select i1 {inside}, <4 x float> {x4}, <4 x float> zeroinitializer"));
-    store_quad(g, &x4, "%qt");
-    let next = g.v(format!("add i32 %qt, {stride32}"));
-    g.emit("br label %taps4_head");
-    g.body
-        .insert_str(head, &format!("  %qt = phi i32 [ {first32}, %taps4_setup ], [ {next}, %taps4_body ]\n"));
+    if lanes == 4 {
+        let x4 = g.v(format!("load <4 x float>, ptr addrspace(1) {p}, align 16"));
+        let x4 = g.v(format!("select i1 {inside}, <4 x float> {x4}, <4 x float> zeroinitializer"));
+        store_quad(g, &x4, &q);
+    } else {
+        let x = g.v(format!("load float, ptr addrspace(1) {p}, align 4"));
+        let x = g.v(format!("select i1 {inside}, float {x}, float 0.0"));
+        let h = g.v(format!("fptrunc float {x} to bfloat"));
+        let q64 = g.v(format!("zext i32 {q} to i64"));
+        let dp = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %dst, i64 {q64}"));
+        g.emit(format!("store bfloat {h}, ptr addrspace(1) {dp}, align 2"));
+    }
+    let next = g.v(format!("add i32 {q}, {stride32}"));
+    g.emit(format!("br label %{head_bb}"));
+    g.body.insert_str(head, &format!("  {q} = phi i32 [ {first32}, %{setup} ], [ {next}, %{body} ]\n"));
 }
 
 /// Four f32 values `x4` stored as bf16 at quad `q` (an i32) of the
