@@ -318,10 +318,11 @@ impl OperandCopy {
                 w[5] = cs as i64;
             }
             OperandCopy::Taps { out, image, kernel_width, stride, dilation, pad, strides, .. } => {
-                // Channels and the image's strides in fours, each group of four
-                // 16-byte aligned (the source's start is), under 2³¹ elements in
-                // all (the indices' arithmetic in 32 bits; the source's offsets
-                // in 64): a tap's four adjacent channels at a time.
+                // Under 2³¹ elements in all, the indices' arithmetic in 32 bits
+                // (the source's offsets stay 64-bit); with the channels, the
+                // image's strides and the offsets in fours (each group of four
+                // 16-byte aligned, as the source's start is), a tap's four
+                // adjacent channels at a time.
                 let narrow = offsets.len().checked_mul(rows * cols).is_some_and(|n| n <= i32::MAX as usize);
                 let fours = image[2].is_multiple_of(4)
                     && strides.iter().all(|s| s.is_multiple_of(4))
