@@ -101,13 +101,28 @@ proptest! {
         let offsets: Vec<usize> = (0..entries).map(|e| 3 + e * (span + pad)).collect();
         let src: Vec<f32> = (0..offsets[entries - 1] + span).map(value).collect();
         let copy = OperandCopy::View { rows, cols, rs, cs, transposed };
-        let got = run(&host, &src, &copy, &offsets, blocks);
-        for (e, off) in offsets.iter().enumerate() {
-            for r in 0..rows {
-                for c in 0..cols {
-                    let at = if transposed { (e * cols + c) * rows + r } else { (e * rows + r) * cols + c };
-                    let want = plan::bf16_bits(src[off + r * rs + c * cs]);
-                    prop_assert_eq!(got[at], want, "entry {} ({}, {})", e, r, c);
+        // An element a thread in 32-bit indices (the descriptor's pick at
+        // these sizes, but for the rows of four), and in 64-bit ones (its
+        // pick past 2³¹ elements).
+        let words = copy.descriptor(&offsets);
+        let forms = match words[0] {
+            OperandCopy::ROWS4 => vec![OperandCopy::ROWS4],
+            form => {
+                prop_assert_eq!(form, OperandCopy::VIEW32);
+                vec![OperandCopy::VIEW32, transposed as i64]
+            }
+        };
+        for form in forms {
+            let mut words = words.clone();
+            words[0] = form;
+            let got = run_words(&host, &src, &copy, &words, blocks);
+            for (e, off) in offsets.iter().enumerate() {
+                for r in 0..rows {
+                    for c in 0..cols {
+                        let at = if transposed { (e * cols + c) * rows + r } else { (e * rows + r) * cols + c };
+                        let want = plan::bf16_bits(src[off + r * rs + c * cs]);
+                        prop_assert_eq!(got[at], want, "form {} entry {} ({}, {})", form, e, r, c);
+                    }
                 }
             }
         }
@@ -269,17 +284,18 @@ fn taps_off_four_read_an_element_a_thread() {
     assert_eq!(OperandCopy::work_items(&taps(3, 4).descriptor(&[0])), 4 * 27);
 }
 
-/// Views that break a condition of the rows-of-four form keep the form
-/// that reads an element a thread.
+/// Views that break a condition of the rows-of-four form take the form
+/// that reads an element a thread (in 32-bit indices below 2³¹ elements).
 #[test]
 fn views_off_four_read_an_element_a_thread() {
     let view = |cols, rs, cs, transposed| OperandCopy::View { rows: 3, cols, rs, cs, transposed };
     assert_eq!(view(8, 8, 1, false).descriptor(&[0, 32])[0], OperandCopy::ROWS4);
-    assert_eq!(view(6, 8, 1, false).descriptor(&[0])[0], 0, "columns");
-    assert_eq!(view(8, 10, 1, false).descriptor(&[0])[0], 0, "row stride");
-    assert_eq!(view(8, 8, 1, false).descriptor(&[0, 2])[0], 0, "an offset");
-    assert_eq!(view(8, 1, 3, false).descriptor(&[0])[0], 0, "column stride");
-    assert_eq!(view(8, 8, 1, true).descriptor(&[0])[0], 1, "transposed");
+    assert_eq!(view(6, 8, 1, false).descriptor(&[0])[0], OperandCopy::VIEW32, "columns");
+    assert_eq!(view(8, 10, 1, false).descriptor(&[0])[0], OperandCopy::VIEW32, "row stride");
+    assert_eq!(view(8, 8, 1, false).descriptor(&[0, 2])[0], OperandCopy::VIEW32, "an offset");
+    assert_eq!(view(8, 1, 3, false).descriptor(&[0])[0], OperandCopy::VIEW32, "column stride");
+    let transposed = view(8, 8, 1, true).descriptor(&[0]);
+    assert_eq!((transposed[0], transposed[6]), (OperandCopy::VIEW32, 1), "transposed");
     let words = view(8, 8, 1, false).descriptor(&[0, 32]);
     assert_eq!(OperandCopy::work_items(&words), 2 * 3 * 8 / 4);
     assert_eq!(OperandCopy::work_items(&view(6, 8, 1, false).descriptor(&[0])), 3 * 6);

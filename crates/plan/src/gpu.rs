@@ -265,7 +265,8 @@ pub const OPERAND_COPY_KERNEL: &str = "operand_copy_bf16";
 /// Words of the descriptor before the entries' offsets: the form (0 a view,
 /// 1 a transposed view, 2 taps, [`OperandCopy::ROWS4`] a view four elements
 /// a thread, [`OperandCopy::TAPS4`] taps four channels a thread,
-/// [`OperandCopy::TAPS32`] taps an element a thread in 32-bit indices), the
+/// [`OperandCopy::TAPS32`] taps an element a thread in 32-bit indices,
+/// [`OperandCopy::VIEW32`] a view likewise), the
 /// entries, rows, columns, then the form's own words
 /// ([`OperandCopy::descriptor`]).
 pub const OPERAND_COPY_HEADER: usize = 19;
@@ -285,6 +286,12 @@ impl OperandCopy {
     /// picks it where the taps-of-four form does not apply); form 2 does
     /// the same in 64 bits.
     pub const TAPS32: i64 = 5;
+
+    /// The descriptor's form of a view (word 6: transposed or not) copied an
+    /// element a thread with 32-bit index arithmetic (under 2³¹ elements,
+    /// where the rows-of-four form does not apply); forms 0 and 1 do the
+    /// same in 64 bits.
+    pub const VIEW32: i64 = 6;
 
     /// Rows and columns of one entry as the source lays it out.
     pub fn extent(&self) -> (usize, usize) {
@@ -307,15 +314,21 @@ impl OperandCopy {
             OperandCopy::View { rs, cs, transposed, .. } => {
                 // Rows of four adjacent elements, each 16-byte aligned (the
                 // source's start is), under 2³¹ elements: read four at a time.
+                // Else an element a thread, in 32-bit indices under 2³¹.
+                let narrow = offsets.len().checked_mul(rows * cols).is_some_and(|n| n <= i32::MAX as usize);
                 let rows4 = !transposed
                     && cs == 1
                     && cols.is_multiple_of(4)
                     && rs.is_multiple_of(4)
-                    && offsets.iter().all(|o| o.is_multiple_of(4))
-                    && offsets.len().checked_mul(rows * cols).is_some_and(|n| n <= i32::MAX as usize);
-                w[0] = if rows4 { Self::ROWS4 } else { transposed as i64 };
+                    && offsets.iter().all(|o| o.is_multiple_of(4));
+                w[0] = match (narrow, rows4) {
+                    (true, true) => Self::ROWS4,
+                    (true, false) => Self::VIEW32,
+                    (false, _) => transposed as i64,
+                };
                 w[4] = rs as i64;
                 w[5] = cs as i64;
+                w[6] = transposed as i64;
             }
             OperandCopy::Taps { out, image, kernel_width, stride, dilation, pad, strides, .. } => {
                 // Under 2³¹ elements in all, the indices' arithmetic in 32 bits

@@ -52,8 +52,8 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// bf16 buffers, a GPU plan's operands its producers write in bf16; 20:
 /// split-K GEMMs that fold their shares themselves; 21: CPU weights packed
 /// whole, read in shallower blocks too; 22: a GPU artifact's operand copy
-/// taking taps four channels a thread, or an element a thread in 32-bit
-/// indices); a runtime reads only its own.
+/// taking taps four channels a thread, taps and views an element a thread
+/// in 32-bit indices); a runtime reads only its own.
 pub const FORMAT_VERSION: u32 = 22;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";

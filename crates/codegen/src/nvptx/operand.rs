@@ -41,10 +41,14 @@ pub fn operand_copy_ir() -> String {
     g.emit(format!("br i1 {taps4}, label %taps4_setup, label %pick32"));
     g.block("pick32");
     let taps1 = g.v(format!("icmp eq i64 {form}, {}", OperandCopy::TAPS32));
-    g.emit(format!("br i1 {taps1}, label %taps1_setup, label %head"));
+    g.emit(format!("br i1 {taps1}, label %taps1_setup, label %pickv"));
+    g.block("pickv");
+    let view1 = g.v(format!("icmp eq i64 {form}, {}", OperandCopy::VIEW32));
+    g.emit(format!("br i1 {view1}, label %view32_setup, label %head"));
     for lanes in [4, 1] {
         narrow_taps(&mut g, lanes, &w, [&total, &rows, &cols], [&first, &stride]);
     }
+    narrow_view(&mut g, &w, [&total, &rows, &cols], [&first, &stride]);
 
     // Rows of four: a row-major view whose columns, row stride and offsets
     // are multiples of four, under 2³¹ elements in all: a thread four
@@ -166,7 +170,7 @@ pub fn operand_copy_ir() -> String {
     g.emit(format!("store bfloat {h}, ptr addrspace(1) {dp}, align 2"));
     let next = g.v(format!("add i64 %i, {stride}"));
     g.emit("br label %head");
-    g.body.insert_str(head, &format!("  %i = phi i64 [ {first}, %pick32 ], [ {next}, %store ]\n"));
+    g.body.insert_str(head, &format!("  %i = phi i64 [ {first}, %pickv ], [ {next}, %store ]\n"));
 
     g.block("done");
     g.emit("ret void");
@@ -284,6 +288,59 @@ fn narrow_taps(
     let next = g.v(format!("add i32 {q}, {stride32}"));
     g.emit(format!("br label %{head_bb}"));
     g.body.insert_str(head, &format!("  {q} = phi i32 [ {first32}, %{setup} ], [ {next}, %{body} ]\n"));
+}
+
+/// A view an element a thread in 32-bit index arithmetic
+/// ([`OperandCopy::VIEW32`]; the source's offset stays 64-bit): the
+/// destination's order `[rows, cols]`, or `[cols, rows]` where word 6 says
+/// transposed. Blocks `view32_setup` to `done`.
+fn narrow_view(g: &mut Ir, w: &[String], [total, rows, cols]: [&str; 3], [first, stride]: [&str; 2]) {
+    g.block("view32_setup");
+    let t32 = g.v(format!("trunc i64 {total} to i32"));
+    let c32 = g.v(format!("trunc i64 {cols} to i32"));
+    let r32 = g.v(format!("trunc i64 {rows} to i32"));
+    let per = g.v(format!("mul i32 {r32}, {c32}"));
+    let transposed = g.v(format!("icmp ne i64 {}, 0", w[2]));
+    let inner = g.v(format!("select i1 {transposed}, i32 {r32}, i32 {c32}"));
+    let first32 = g.v(format!("trunc i64 {first} to i32"));
+    let stride32 = g.v(format!("trunc i64 {stride} to i32"));
+    g.emit("br label %view32_head");
+
+    g.block("view32_head");
+    let head = g.body.len();
+    let more = g.v(format!("icmp slt i32 %qv, {t32}"));
+    g.emit(format!("br i1 {more}, label %view32_body, label %done"));
+
+    g.block("view32_body");
+    let e = g.v(format!("udiv i32 %qv, {per}"));
+    let in_e = g.v(format!("mul i32 {e}, {per}"));
+    let rem = g.v(format!("sub i32 %qv, {in_e}"));
+    let q = g.v(format!("udiv i32 {rem}, {inner}"));
+    let qi = g.v(format!("mul i32 {q}, {inner}"));
+    let r = g.v(format!("sub i32 {rem}, {qi}"));
+    let row = g.v(format!("select i1 {transposed}, i32 {r}, i32 {q}"));
+    let col = g.v(format!("select i1 {transposed}, i32 {q}, i32 {r}"));
+    let e64 = g.v(format!("zext i32 {e} to i64"));
+    let at = g.v(format!("add i64 {e64}, {OPERAND_COPY_HEADER}"));
+    let base = word_at(g, &at);
+    let row64 = g.v(format!("zext i32 {row} to i64"));
+    let col64 = g.v(format!("zext i32 {col} to i64"));
+    let o1 = g.v(format!("mul i64 {row64}, {}", w[0]));
+    let o2 = g.v(format!("mul i64 {col64}, {}", w[1]));
+    let o = g.v(format!("add i64 {o1}, {o2}"));
+    let o = g.v(format!("add i64 {o}, {base}"));
+    let p = g.v(format!("getelementptr inbounds float, ptr addrspace(1) %src, i64 {o}"));
+    let x = g.v(format!("load float, ptr addrspace(1) {p}, align 4"));
+    let h = g.v(format!("fptrunc float {x} to bfloat"));
+    let q64 = g.v("zext i32 %qv to i64");
+    let dp = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %dst, i64 {q64}"));
+    g.emit(format!("store bfloat {h}, ptr addrspace(1) {dp}, align 2"));
+    let next = g.v(format!("add i32 %qv, {stride32}"));
+    g.emit("br label %view32_head");
+    g.body.insert_str(
+        head,
+        &format!("  %qv = phi i32 [ {first32}, %view32_setup ], [ {next}, %view32_body ]\n"),
+    );
 }
 
 /// Four f32 values `x4` stored as bf16 at quad `q` (an i32) of the
