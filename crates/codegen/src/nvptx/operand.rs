@@ -222,7 +222,8 @@ fn narrow_taps(
 
     g.block(&head_bb);
     let head = g.body.len();
-    let more = g.v(format!("icmp slt i32 {q}, {chunks}"));
+    // Unsigned: past the last unit, `q` plus the grid's stride may pass 2³¹.
+    let more = g.v(format!("icmp ult i32 {q}, {chunks}"));
     g.emit(format!("br i1 {more}, label %{body}, label %done"));
 
     g.block(&body);
@@ -308,7 +309,8 @@ fn narrow_view(g: &mut Ir, w: &[String], [total, rows, cols]: [&str; 3], [first,
 
     g.block("view32_head");
     let head = g.body.len();
-    let more = g.v(format!("icmp slt i32 %qv, {t32}"));
+    // Unsigned, as in the taps' forms.
+    let more = g.v(format!("icmp ult i32 %qv, {t32}"));
     g.emit(format!("br i1 {more}, label %view32_body, label %done"));
 
     g.block("view32_body");
