@@ -20,15 +20,7 @@ import os
 
 import numpy as np
 import openvino as ov
-
-
-def dim_value(d, dims):
-    """A dim at the given symbols: a number, a symbol, or an expression of symbols."""
-    if not isinstance(d, str):
-        return d
-    if d in dims:
-        return int(dims[d])
-    return int(eval(d, {"__builtins__": {}}, {k: int(v) for k, v in dims.items()}))  # noqa: S307
+from ort_profile import dim_value  # a dim at the given symbols (bench/ort_profile.py)
 
 
 def main():

@@ -77,6 +77,17 @@ fn plain_taps(src: &[f32], copy: &OperandCopy) -> Vec<u16> {
     out
 }
 
+/// The first element where `got` and `want` differ, with both values.
+fn first_wrong(got: &[u16], want: &[u16]) -> Option<(usize, u16, u16)> {
+    got.iter().zip(want).position(|(g, w)| g != w).map(|i| (i, got[i], want[i]))
+}
+
+/// [`value`]s `0..len` (at least) in 16-byte aligned groups of four, as the
+/// device's buffers start.
+fn aligned_values(len: usize) -> Vec<[f32; 4]> {
+    (0..len.div_ceil(4)).map(|q| std::array::from_fn(|j| value(4 * q + j))).collect()
+}
+
 fn value(i: usize) -> f32 {
     ((i * 7919 % 1009) as f32 - 504.0) / 97.0
 }
@@ -166,9 +177,8 @@ proptest! {
         for form in [OperandCopy::TAPS32, 2] {
             let mut words = words.clone();
             words[0] = form;
-            let got = run_words(&host, &src, &copy, &words, 2);
-            let wrong = got.iter().zip(&want).position(|(g, w)| g != w);
-            prop_assert!(wrong.is_none(), "form {}: element {:?} of {:?}: {:?}", form, wrong, copy, wrong.map(|i| (got[i], want[i])));
+            let wrong = first_wrong(&run_words(&host, &src, &copy, &words, 2), &want);
+            prop_assert!(wrong.is_none(), "form {}: (element, got, want) {:?} of {:?}", form, wrong, copy);
         }
     }
 }
@@ -195,8 +205,7 @@ proptest! {
         let copy = OperandCopy::View { rows, cols, rs, cs: 1, transposed: false };
         prop_assert_eq!(copy.descriptor(&offsets)[0], OperandCopy::ROWS4);
         // The source's start 16-byte aligned, as the device's buffers are.
-        let quad_words: Vec<[f32; 4]> =
-            (0..(offsets[entries - 1] + span).div_ceil(4)).map(|q| std::array::from_fn(|j| value(4 * q + j))).collect();
+        let quad_words = aligned_values(offsets[entries - 1] + span);
         let src: &[f32] = quad_words.as_flattened();
         let got = run(&host, src, &copy, &offsets, blocks);
         for (e, off) in offsets.iter().enumerate() {
@@ -237,8 +246,7 @@ proptest! {
         let s_pix = channels + 4 * pad;
         let s_row = s_pix * w + 4 * pad;
         let s_img = s_row * h + 4;
-        let quad_words: Vec<[f32; 4]> =
-            (0..(images * s_img + 8).div_ceil(4)).map(|q| std::array::from_fn(|j| value(4 * q + j))).collect();
+        let quad_words = aligned_values(images * s_img + 8);
         let src: &[f32] = quad_words.as_flattened();
         let (rows, cols) = (images * oh * ow, kh * kw * channels);
         let copy = OperandCopy::Taps {
@@ -253,10 +261,8 @@ proptest! {
             strides: [s_img, s_row, s_pix],
         };
         prop_assert_eq!(copy.descriptor(&[4])[0], OperandCopy::TAPS4);
-        let got = run(&host, src, &copy, &[4], blocks);
-        let want = plain_taps(&src[4..], &copy);
-        let wrong = got.iter().zip(&want).position(|(g, w)| g != w);
-        prop_assert!(wrong.is_none(), "element {:?} of {:?}: {:?}", wrong, copy, wrong.map(|i| (got[i], want[i])));
+        let wrong = first_wrong(&run(&host, src, &copy, &[4], blocks), &plain_taps(&src[4..], &copy));
+        prop_assert!(wrong.is_none(), "(element, got, want) {:?} of {:?}", wrong, copy);
     }
 }
 

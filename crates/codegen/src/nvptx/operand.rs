@@ -45,54 +45,12 @@ pub fn operand_copy_ir() -> String {
     g.block("pickv");
     let view1 = g.v(format!("icmp eq i64 {form}, {}", OperandCopy::VIEW32));
     g.emit(format!("br i1 {view1}, label %view32_setup, label %head"));
+    // The 32-bit forms (see `loop32`).
+    rows_of_four(&mut g, &w, &total, [&rows, &cols], [&first, &stride]);
     for lanes in [4, 1] {
-        narrow_taps(&mut g, lanes, &w, [&total, &rows, &cols], [&first, &stride]);
+        narrow_taps(&mut g, lanes, &w, &total, [&rows, &cols], [&first, &stride]);
     }
-    narrow_view(&mut g, &w, [&total, &rows, &cols], [&first, &stride]);
-
-    // Rows of four: a row-major view whose columns, row stride and offsets
-    // are multiples of four, under 2³¹ elements in all: a thread four
-    // adjacent elements a turn (one 16-byte load, one 8-byte store), its
-    // indices in 32 bits (a 64-bit division is a long software routine).
-    g.block("rows4_setup");
-    let t32 = g.v(format!("trunc i64 {total} to i32"));
-    let chunks = g.v(format!("lshr i32 {t32}, 2"));
-    let c32 = g.v(format!("trunc i64 {cols} to i32"));
-    let quads = g.v(format!("lshr i32 {c32}, 2"));
-    let r32 = g.v(format!("trunc i64 {rows} to i32"));
-    let per4 = g.v(format!("mul i32 {r32}, {quads}"));
-    let first32 = g.v(format!("trunc i64 {first} to i32"));
-    let stride32 = g.v(format!("trunc i64 {stride} to i32"));
-    g.emit("br label %rows4_head");
-    g.block("rows4_head");
-    let head4 = g.body.len();
-    let more4 = g.v(format!("icmp slt i32 %q, {chunks}"));
-    g.emit(format!("br i1 {more4}, label %rows4_body, label %done"));
-    g.block("rows4_body");
-    let e4 = g.v(format!("udiv i32 %q, {per4}"));
-    let in_e = g.v(format!("mul i32 {e4}, {per4}"));
-    let rem4 = g.v(format!("sub i32 %q, {in_e}"));
-    let row4 = g.v(format!("udiv i32 {rem4}, {quads}"));
-    let in_row = g.v(format!("mul i32 {row4}, {quads}"));
-    let quad = g.v(format!("sub i32 {rem4}, {in_row}"));
-    let e64 = g.v(format!("zext i32 {e4} to i64"));
-    let at4 = g.v(format!("add i64 {e64}, {OPERAND_COPY_HEADER}"));
-    let base4 = word_at(&mut g, &at4);
-    let row64 = g.v(format!("zext i32 {row4} to i64"));
-    let quad64 = g.v(format!("zext i32 {quad} to i64"));
-    let roff = g.v(format!("mul i64 {row64}, {}", w[0]));
-    let coff = g.v(format!("shl i64 {quad64}, 2"));
-    let off4 = g.v(format!("add i64 {roff}, {coff}"));
-    let off4 = g.v(format!("add i64 {off4}, {base4}"));
-    let sp4 = g.v(format!("getelementptr inbounds float, ptr addrspace(1) %src, i64 {off4}"));
-    let x4 = g.v(format!("load <4 x float>, ptr addrspace(1) {sp4}, align 16"));
-    store_quad(&mut g, &x4, "%q");
-    let next4 = g.v(format!("add i32 %q, {stride32}"));
-    g.emit("br label %rows4_head");
-    g.body.insert_str(
-        head4,
-        &format!("  %q = phi i32 [ {first32}, %rows4_setup ], [ {next4}, %rows4_body ]\n"),
-    );
+    narrow_view(&mut g, &w, &total, [&rows, &cols], [&first, &stride]);
 
     g.block("head");
     let head = g.body.len();
@@ -184,56 +142,113 @@ pub fn operand_copy_ir() -> String {
     )
 }
 
-/// The taps' forms in 32-bit index arithmetic (a 64-bit division is a long
-/// software routine; the source's offset stays 64-bit): `lanes` 4, the
-/// taps-of-four form ([`OperandCopy::TAPS4`]: a thread four adjacent
-/// columns of a row, channels `c..c + 4` of one tap, one 16-byte load or
-/// zeros, one 8-byte store a turn), or 1 ([`OperandCopy::TAPS32`]: an element
-/// a thread). Blocks `taps{lanes}_setup` to `done`.
+/// A 32-bit loop's unit ([`loop32`]): its index `q` (i32), its entry's
+/// offset into the source (i64), its row and first column in the
+/// destination's order (i32).
+struct Unit {
+    q: String,
+    base: String,
+    row: String,
+    col: String,
+}
+
+/// A grid-stride loop in 32-bit index arithmetic (a 64-bit division is a
+/// long software routine; the source's offsets stay 64-bit) over the
+/// destination's units of `1 << shift` adjacent columns, its `[rows, cols]`
+/// (i64) given by `dims` in the loop's setup block. The units are compared
+/// unsigned: past the last, `q` plus the grid's stride may pass 2³¹. Blocks
+/// `{name}_setup`, `{name}_head` and `{name}_body` (which `body` fills with
+/// a unit's copy), then `done`.
+fn loop32(
+    g: &mut Ir,
+    name: &str,
+    shift: u32,
+    total: &str,
+    [first, stride]: [&str; 2],
+    dims: impl FnOnce(&mut Ir) -> [String; 2],
+    body: impl FnOnce(&mut Ir, &Unit),
+) {
+    let (setup, head_bb, body_bb, q) =
+        (format!("{name}_setup"), format!("{name}_head"), format!("{name}_body"), format!("%q_{name}"));
+    g.block(&setup);
+    let [rows, cols] = dims(g);
+    let t32 = g.v(format!("trunc i64 {total} to i32"));
+    let units = g.v(format!("lshr i32 {t32}, {shift}"));
+    let c32 = g.v(format!("trunc i64 {cols} to i32"));
+    let per_row = g.v(format!("lshr i32 {c32}, {shift}"));
+    let r32 = g.v(format!("trunc i64 {rows} to i32"));
+    let per_entry = g.v(format!("mul i32 {r32}, {per_row}"));
+    let first32 = g.v(format!("trunc i64 {first} to i32"));
+    let stride32 = g.v(format!("trunc i64 {stride} to i32"));
+    g.emit(format!("br label %{head_bb}"));
+
+    g.block(&head_bb);
+    let head = g.body.len();
+    let more = g.v(format!("icmp ult i32 {q}, {units}"));
+    g.emit(format!("br i1 {more}, label %{body_bb}, label %done"));
+
+    g.block(&body_bb);
+    let e = g.v(format!("udiv i32 {q}, {per_entry}"));
+    let in_e = g.v(format!("mul i32 {e}, {per_entry}"));
+    let rem = g.v(format!("sub i32 {q}, {in_e}"));
+    let row = g.v(format!("udiv i32 {rem}, {per_row}"));
+    let in_row = g.v(format!("mul i32 {row}, {per_row}"));
+    let unit = g.v(format!("sub i32 {rem}, {in_row}"));
+    let col = g.v(format!("shl i32 {unit}, {shift}"));
+    let e64 = g.v(format!("zext i32 {e} to i64"));
+    let at = g.v(format!("add i64 {e64}, {OPERAND_COPY_HEADER}"));
+    let base = word_at(g, &at);
+    body(g, &Unit { q: q.clone(), base, row, col });
+    let next = g.v(format!("add i32 {q}, {stride32}"));
+    g.emit(format!("br label %{head_bb}"));
+    g.body.insert_str(head, &format!("  {q} = phi i32 [ {first32}, %{setup} ], [ {next}, %{body_bb} ]\n"));
+}
+
+/// Rows of four ([`OperandCopy::ROWS4`]): a row-major view whose columns,
+/// row stride and offsets are multiples of four, under 2³¹ elements in all:
+/// a thread four adjacent elements a turn (one 16-byte load, one 8-byte
+/// store). Blocks `rows4_*`.
+fn rows_of_four(g: &mut Ir, w: &[String], total: &str, [rows, cols]: [&str; 2], starts: [&str; 2]) {
+    let dims = |_: &mut Ir| [rows.to_string(), cols.to_string()];
+    loop32(g, "rows4", 2, total, starts, dims, |g, u| {
+        let row64 = g.v(format!("zext i32 {} to i64", u.row));
+        let col64 = g.v(format!("zext i32 {} to i64", u.col));
+        let roff = g.v(format!("mul i64 {row64}, {}", w[0]));
+        let off = g.v(format!("add i64 {roff}, {col64}"));
+        let off = g.v(format!("add i64 {off}, {}", u.base));
+        let p = g.v(format!("getelementptr inbounds float, ptr addrspace(1) %src, i64 {off}"));
+        let x4 = g.v(format!("load <4 x float>, ptr addrspace(1) {p}, align 16"));
+        store_quad(g, &x4, &u.q);
+    });
+}
+
+/// The taps' 32-bit forms: `lanes` 4, the taps-of-four form
+/// ([`OperandCopy::TAPS4`]: a thread four adjacent columns of a row,
+/// channels `c..c + 4` of one tap, one 16-byte load or zeros, one 8-byte
+/// store a turn), or 1 ([`OperandCopy::TAPS32`]: an element a thread).
+/// Blocks `taps{lanes}_*`.
 fn narrow_taps(
     g: &mut Ir,
     lanes: u32,
     w: &[String],
-    [total, rows, cols]: [&str; 3],
-    [first, stride]: [&str; 2],
+    total: &str,
+    [rows, cols]: [&str; 2],
+    starts: [&str; 2],
 ) {
-    let (setup, head_bb, body, q) = (
-        format!("taps{lanes}_setup"),
-        format!("taps{lanes}_head"),
-        format!("taps{lanes}_body"),
-        format!("%qt{lanes}"),
-    );
-    let shift = lanes.trailing_zeros();
-    g.block(&setup);
-    let t32 = g.v(format!("trunc i64 {total} to i32"));
-    let chunks = g.v(format!("lshr i32 {t32}, {shift}"));
-    let c32 = g.v(format!("trunc i64 {cols} to i32"));
-    let quads = g.v(format!("lshr i32 {c32}, {shift}"));
-    let r32 = g.v(format!("trunc i64 {rows} to i32"));
-    let per4 = g.v(format!("mul i32 {r32}, {quads}"));
-    let first32 = g.v(format!("trunc i64 {first} to i32"));
-    let stride32 = g.v(format!("trunc i64 {stride} to i32"));
+    let dims = |_: &mut Ir| [rows.to_string(), cols.to_string()];
+    loop32(g, &format!("taps{lanes}"), lanes.trailing_zeros(), total, starts, dims, |g, u| {
+        taps_unit(g, lanes, w, u)
+    });
+}
+
+/// A unit of [`narrow_taps`]: its row `(b, y, x)` and columns `(i, j, c..c + lanes)`.
+fn taps_unit(g: &mut Ir, lanes: u32, w: &[String], u: &Unit) {
     // The geometry (the taps' words: `oh, ow, H, W, C, kw, sh, sw, dh, dw, ph,
     // pw`) in 32 bits; the image's strides stay 64-bit.
     let geo: Vec<String> = w[..12].iter().map(|x| g.v(format!("trunc i64 {x} to i32"))).collect();
     let [oh, ow, hh, ww, cc, kw, sh, sw, dh, dw, ph, pw] = std::array::from_fn(|i| geo[i].clone());
     let (s_img, s_row, s_pix) = (&w[12], &w[13], &w[14]);
-    g.emit(format!("br label %{head_bb}"));
-
-    g.block(&head_bb);
-    let head = g.body.len();
-    // Unsigned: past the last unit, `q` plus the grid's stride may pass 2³¹.
-    let more = g.v(format!("icmp ult i32 {q}, {chunks}"));
-    g.emit(format!("br i1 {more}, label %{body}, label %done"));
-
-    g.block(&body);
-    let e = g.v(format!("udiv i32 {q}, {per4}"));
-    let in_e = g.v(format!("mul i32 {e}, {per4}"));
-    let rem = g.v(format!("sub i32 {q}, {in_e}"));
-    let r = g.v(format!("udiv i32 {rem}, {quads}"));
-    let in_row = g.v(format!("mul i32 {r}, {quads}"));
-    let d4 = g.v(format!("sub i32 {rem}, {in_row}"));
-    let d = g.v(format!("shl i32 {d4}, {shift}"));
+    let (r, d, base, q) = (&u.row, &u.col, &u.base, &u.q);
     // Row (b, y, x), column (i, j, c).
     let t = g.v(format!("udiv i32 {r}, {ow}"));
     let tw = g.v(format!("mul i32 {t}, {ow}"));
@@ -259,9 +274,6 @@ fn narrow_taps(
     let in_y = g.v(format!("icmp ult i32 {iy}, {hh}"));
     let in_x = g.v(format!("icmp ult i32 {ix}, {ww}"));
     let inside = g.v(format!("and i1 {in_y}, {in_x}"));
-    let e64 = g.v(format!("zext i32 {e} to i64"));
-    let at = g.v(format!("add i64 {e64}, {OPERAND_COPY_HEADER}"));
-    let base = word_at(g, &at);
     let wide = |g: &mut Ir, v: &str| g.v(format!("zext i32 {v} to i64"));
     let (b64, iy64, ix64, c64) = (wide(g, &b), wide(g, &iy), wide(g, &ix), wide(g, &c));
     let o1 = g.v(format!("mul i64 {b64}, {s_img}"));
@@ -277,7 +289,7 @@ fn narrow_taps(
     if lanes == 4 {
         let x4 = g.v(format!("load <4 x float>, ptr addrspace(1) {p}, align 16"));
         let x4 = g.v(format!("select i1 {inside}, <4 x float> {x4}, <4 x float> zeroinitializer"));
-        store_quad(g, &x4, &q);
+        store_quad(g, &x4, q);
     } else {
         let x = g.v(format!("load float, ptr addrspace(1) {p}, align 4"));
         let x = g.v(format!("select i1 {inside}, float {x}, float 0.0"));
@@ -286,63 +298,35 @@ fn narrow_taps(
         let dp = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %dst, i64 {q64}"));
         g.emit(format!("store bfloat {h}, ptr addrspace(1) {dp}, align 2"));
     }
-    let next = g.v(format!("add i32 {q}, {stride32}"));
-    g.emit(format!("br label %{head_bb}"));
-    g.body.insert_str(head, &format!("  {q} = phi i32 [ {first32}, %{setup} ], [ {next}, %{body} ]\n"));
 }
 
 /// A view an element a thread in 32-bit index arithmetic
-/// ([`OperandCopy::VIEW32`]; the source's offset stays 64-bit): the
-/// destination's order `[rows, cols]`, or `[cols, rows]` where word 6 says
-/// transposed. Blocks `view32_setup` to `done`.
-fn narrow_view(g: &mut Ir, w: &[String], [total, rows, cols]: [&str; 3], [first, stride]: [&str; 2]) {
-    g.block("view32_setup");
-    let t32 = g.v(format!("trunc i64 {total} to i32"));
-    let c32 = g.v(format!("trunc i64 {cols} to i32"));
-    let r32 = g.v(format!("trunc i64 {rows} to i32"));
-    let per = g.v(format!("mul i32 {r32}, {c32}"));
-    let transposed = g.v(format!("icmp ne i64 {}, 0", w[2]));
-    let inner = g.v(format!("select i1 {transposed}, i32 {r32}, i32 {c32}"));
-    let first32 = g.v(format!("trunc i64 {first} to i32"));
-    let stride32 = g.v(format!("trunc i64 {stride} to i32"));
-    g.emit("br label %view32_head");
-
-    g.block("view32_head");
-    let head = g.body.len();
-    // Unsigned, as in the taps' forms.
-    let more = g.v(format!("icmp ult i32 %qv, {t32}"));
-    g.emit(format!("br i1 {more}, label %view32_body, label %done"));
-
-    g.block("view32_body");
-    let e = g.v(format!("udiv i32 %qv, {per}"));
-    let in_e = g.v(format!("mul i32 {e}, {per}"));
-    let rem = g.v(format!("sub i32 %qv, {in_e}"));
-    let q = g.v(format!("udiv i32 {rem}, {inner}"));
-    let qi = g.v(format!("mul i32 {q}, {inner}"));
-    let r = g.v(format!("sub i32 {rem}, {qi}"));
-    let row = g.v(format!("select i1 {transposed}, i32 {r}, i32 {q}"));
-    let col = g.v(format!("select i1 {transposed}, i32 {q}, i32 {r}"));
-    let e64 = g.v(format!("zext i32 {e} to i64"));
-    let at = g.v(format!("add i64 {e64}, {OPERAND_COPY_HEADER}"));
-    let base = word_at(g, &at);
-    let row64 = g.v(format!("zext i32 {row} to i64"));
-    let col64 = g.v(format!("zext i32 {col} to i64"));
-    let o1 = g.v(format!("mul i64 {row64}, {}", w[0]));
-    let o2 = g.v(format!("mul i64 {col64}, {}", w[1]));
-    let o = g.v(format!("add i64 {o1}, {o2}"));
-    let o = g.v(format!("add i64 {o}, {base}"));
-    let p = g.v(format!("getelementptr inbounds float, ptr addrspace(1) %src, i64 {o}"));
-    let x = g.v(format!("load float, ptr addrspace(1) {p}, align 4"));
-    let h = g.v(format!("fptrunc float {x} to bfloat"));
-    let q64 = g.v("zext i32 %qv to i64");
-    let dp = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %dst, i64 {q64}"));
-    g.emit(format!("store bfloat {h}, ptr addrspace(1) {dp}, align 2"));
-    let next = g.v(format!("add i32 %qv, {stride32}"));
-    g.emit("br label %view32_head");
-    g.body.insert_str(
-        head,
-        &format!("  %qv = phi i32 [ {first32}, %view32_setup ], [ {next}, %view32_body ]\n"),
-    );
+/// ([`OperandCopy::VIEW32`]): the destination's order `[rows, cols]`, or
+/// `[cols, rows]` where word 6 says transposed. Blocks `view32_*`.
+fn narrow_view(g: &mut Ir, w: &[String], total: &str, [rows, cols]: [&str; 2], starts: [&str; 2]) {
+    let transposed = "%view32_transposed";
+    let dims = |g: &mut Ir| {
+        g.emit(format!("{transposed} = icmp ne i64 {}, 0", w[2]));
+        let out_rows = g.v(format!("select i1 {transposed}, i64 {cols}, i64 {rows}"));
+        let out_cols = g.v(format!("select i1 {transposed}, i64 {rows}, i64 {cols}"));
+        [out_rows, out_cols]
+    };
+    loop32(g, "view32", 0, total, starts, dims, |g, u| {
+        let row = g.v(format!("select i1 {transposed}, i32 {}, i32 {}", u.col, u.row));
+        let col = g.v(format!("select i1 {transposed}, i32 {}, i32 {}", u.row, u.col));
+        let row64 = g.v(format!("zext i32 {row} to i64"));
+        let col64 = g.v(format!("zext i32 {col} to i64"));
+        let o1 = g.v(format!("mul i64 {row64}, {}", w[0]));
+        let o2 = g.v(format!("mul i64 {col64}, {}", w[1]));
+        let o = g.v(format!("add i64 {o1}, {o2}"));
+        let o = g.v(format!("add i64 {o}, {}", u.base));
+        let p = g.v(format!("getelementptr inbounds float, ptr addrspace(1) %src, i64 {o}"));
+        let x = g.v(format!("load float, ptr addrspace(1) {p}, align 4"));
+        let h = g.v(format!("fptrunc float {x} to bfloat"));
+        let q64 = g.v(format!("zext i32 {} to i64", u.q));
+        let dp = g.v(format!("getelementptr inbounds i16, ptr addrspace(1) %dst, i64 {q64}"));
+        g.emit(format!("store bfloat {h}, ptr addrspace(1) {dp}, align 2"));
+    });
 }
 
 /// Four f32 values `x4` stored as bf16 at quad `q` (an i32) of the
