@@ -252,6 +252,14 @@ impl Device for HostDevice {
         };
         let kind =
             self.kernels.kind(kernel).ok_or_else(|| RunError::Internal(format!("no kernel {kernel}")))?;
+        // A taps kernel's last argument: its descriptor.
+        let (all, taps) = match (kind, all) {
+            (
+                HostKernelKind::Gemm { taps: true, .. } | HostKernelKind::FoldGemm { taps: true },
+                [rest @ .., desc],
+            ) => (rest, Some(ptr(desc)?)),
+            _ => (all, None),
+        };
         let (args, kper) = match (kind, all) {
             (HostKernelKind::Pointers, [a, b, c]) => {
                 let args = [ptr(a)?, ptr(b)?, ptr(c)?];
@@ -264,7 +272,7 @@ impl Device for HostDevice {
             (HostKernelKind::Gemm { .. }, _) => (all, None),
             // A folding split-K GEMM's last arguments: `kper`, the workspace
             // and the tiles' counters.
-            (HostKernelKind::FoldGemm, [rest @ .., KernelArg::I32(kper), w, cnt]) => {
+            (HostKernelKind::FoldGemm { .. }, [rest @ .., KernelArg::I32(kper), w, cnt]) => {
                 (rest, Some((*kper, [ptr(w)?, ptr(cnt)?])))
             }
             _ => return Err(bad()),
@@ -288,8 +296,9 @@ impl Device for HostDevice {
             [wide(sa)?, wide(sb)?, wide(sc)?],
         );
         // SAFETY: the caller's contract (`gpu::kernel::ABI`, a folding split-K
-        // kernel's `kper`, workspace and zeroed counters, live host memory).
-        unsafe { self.kernels.launch_gemm(kernel, grid, block, ptrs, ints, strides, kper) }
+        // kernel's `kper`, workspace and zeroed counters, a taps kernel's
+        // descriptor, live host memory).
+        unsafe { self.kernels.launch_gemm(kernel, grid, block, ptrs, ints, strides, kper, taps) }
             .map_err(RunError::Device)
     }
 }
@@ -546,8 +555,8 @@ fn host_kind(role: KernelRole) -> HostKernelKind {
         KernelRole::Loop(_) | KernelRole::OperandCopy | KernelRole::Attention { .. } => {
             HostKernelKind::Pointers
         }
-        KernelRole::Gemm(k) if k.split_k => HostKernelKind::FoldGemm,
-        KernelRole::Gemm(k) => HostKernelKind::Gemm { threads_apart: k.arch == Arch::Simt },
+        KernelRole::Gemm(k) if k.split_k => HostKernelKind::FoldGemm { taps: k.a_taps },
+        KernelRole::Gemm(k) => HostKernelKind::Gemm { threads_apart: k.arch == Arch::Simt, taps: k.a_taps },
     }
 }
 
@@ -730,6 +739,11 @@ fn step_lists(
         let f32_view =
             mm.taps.is_none() && konst(mm.a.cs) == Some(1) && plan.buffers[mm.a.buf].dtype == ir::DType::F32;
         let list = if f32_view { steps::reading_f32_a(list) } else { list };
+        // A convolution over a bf16 image (`lower::bf16_products`, or the copy
+        // its producer writes beside it: `lower::bf16_operands`): its tiles'
+        // taps twins read the taps in place (implicit GEMM).
+        let bf16_image = plan.buffers[mm.a.buf].dtype == ir::DType::BF16 || mm.a_bf16.is_some();
+        let list = if mm.taps.is_some() && bf16_image { steps::reading_taps(list) } else { list };
         // A bf16 C (`lower::bf16_products`: only products read it, as their
         // A) is stored as such, its f32 accumulators rounded in the epilogue.
         let list =

@@ -994,6 +994,40 @@ fn bundled_models_match_onnx_runtime_through_the_gpu_backend() {
                 assert!(used.iter().all(|(i, _)| bf16_a(*i)), "{name}/{stem}: {used:?}");
                 assert!(copies.iter().all(|(_, c)| *c == 0), "{name}/{stem}: {copies:?} {used:?}");
             }
+            if name.ends_with("resnet") {
+                // Implicit GEMM: a convolution over an image that its producer
+                // stores in bf16 (a product whose output only products read;
+                // its channels a multiple of 8) reads its taps in place (a
+                // `_taps` kernel, no copy launch). The others (the stem's RGB
+                // image, a residual sum's f32 output) are copied as the column
+                // matrix.
+                let copies = gm.copies_at(&named).expect("plans");
+                let used = gm.gemms_at(&named).expect("plans");
+                let p = gm.plan();
+                let image = |step: usize| match &p.steps[step].kind {
+                    plan::StepKind::MatMul(m) if m.taps.is_some() => {
+                        Some(m.a_bf16.is_some() || p.buffers[m.a.buf].dtype == ir::DType::BF16)
+                    }
+                    _ => None,
+                };
+                let (mut in_place, mut copied) = (0, 0);
+                for (i, kernels) in &used {
+                    match image(*i) {
+                        Some(true) => {
+                            assert!(
+                                kernels.iter().all(|k| k.contains("_taps")),
+                                "{name}/{stem}: step {i} {kernels:?}"
+                            );
+                            in_place += 1;
+                        }
+                        Some(false) => copied += 1,
+                        None => {}
+                    }
+                }
+                assert!(in_place >= 3 && copied >= 1, "{name}/{stem}: {used:?}");
+                let launches: usize = copies.iter().map(|(_, c)| c).sum();
+                assert_eq!(launches, copied, "{name}/{stem}: {copies:?} {used:?}");
+            }
             for (out, path) in npy_files(&case.join("expected")) {
                 let want = anyshape::npy::read(&path).expect("expected npy");
                 let g = &got.iter().find(|(n, _)| *n == out).unwrap_or_else(|| panic!("{name}: no {out}")).1;

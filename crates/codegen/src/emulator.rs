@@ -984,12 +984,66 @@ pub enum HostKernelKind {
     /// its units taken grid-stride.
     Pointers,
     /// A GEMM of the family (`gpu::kernel::ABI`); `threads_apart`: it uses no
-    /// warp-wide operation (a SIMT kernel), so its threads run one after another.
-    Gemm { threads_apart: bool },
+    /// warp-wide operation (a SIMT kernel), so its threads run one after another;
+    /// `taps`: a convolution's taps kernel (`GemmKernel::a_taps`), its
+    /// descriptor's pointer last.
+    Gemm { threads_apart: bool, taps: bool },
     /// A split-K GEMM that folds its shares (`GemmKernel::fold`): the ABI,
-    /// `kper`, the workspace and the tiles' counters.
-    FoldGemm,
+    /// `kper`, the workspace and the tiles' counters (and a taps kernel's
+    /// descriptor).
+    FoldGemm { taps: bool },
 }
+
+/// A taps kernel's entry on the host (`GemmKernel::a_taps`): the ABI, the
+/// taps' descriptor, the four indices.
+pub type TapsGemm = unsafe extern "C" fn(
+    *const u16,
+    *const u16,
+    *mut u16,
+    *const u16,
+    *const u16,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i64,
+    i64,
+    i64,
+    *const i64,
+    i32,
+    i32,
+    i32,
+    i32,
+);
+
+/// A folding split-K taps kernel's entry on the host: the ABI, `kper`, the
+/// workspace, the tiles' counters, the taps' descriptor, the four indices.
+pub type TapsFoldGemm = unsafe extern "C" fn(
+    *const u16,
+    *const u16,
+    *mut u8,
+    *const u8,
+    *const u8,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i32,
+    i64,
+    i64,
+    i64,
+    i32,
+    *mut f32,
+    *mut i64,
+    *const i64,
+    i32,
+    i32,
+    i32,
+    i32,
+);
 
 /// A split-K GEMM's entry on the host: the ABI with C the f32 workspace,
 /// `kper`, the four indices.
@@ -1064,6 +1118,8 @@ enum HostEntry {
     Pointers(LoopKernel),
     Gemm(Gemm, bool),
     FoldGemm(FoldGemm),
+    TapsGemm(TapsGemm),
+    TapsFoldGemm(TapsFoldGemm),
 }
 
 /// Kernels compiled for the host, each an index, with what owns their
@@ -1109,13 +1165,23 @@ impl HostKernels {
                     HostEntry::Pointers(unsafe { std::mem::transmute::<usize, LoopKernel>(addr) })
                 }
                 // SAFETY: as `gemm_entry`: `gpu::kernel::ABI` plus the four indices.
-                HostKernelKind::Gemm { threads_apart } => {
+                HostKernelKind::Gemm { threads_apart, taps: false } => {
                     HostEntry::Gemm(unsafe { std::mem::transmute::<usize, Gemm>(addr) }, *threads_apart)
+                }
+                // SAFETY: `for_host` compiled the ABI, the taps' descriptor pointer
+                // and the four indices: `TapsGemm` (a taps kernel is never SIMT).
+                HostKernelKind::Gemm { taps: true, .. } => {
+                    HostEntry::TapsGemm(unsafe { std::mem::transmute::<usize, TapsGemm>(addr) })
                 }
                 // SAFETY: `for_host` compiled the folding split-K ABI (`kper`, the
                 // workspace and the counters last) plus the four indices: `FoldGemm`.
-                HostKernelKind::FoldGemm => {
+                HostKernelKind::FoldGemm { taps: false } => {
                     HostEntry::FoldGemm(unsafe { std::mem::transmute::<usize, FoldGemm>(addr) })
+                }
+                // SAFETY: as `FoldGemm`, the taps' descriptor after the counters:
+                // `TapsFoldGemm`.
+                HostKernelKind::FoldGemm { taps: true } => {
+                    HostEntry::TapsFoldGemm(unsafe { std::mem::transmute::<usize, TapsFoldGemm>(addr) })
                 }
             });
             engines.push(ee);
@@ -1137,8 +1203,10 @@ impl HostKernels {
     pub fn kind(&self, k: usize) -> Option<HostKernelKind> {
         Some(match self.entries.get(k)? {
             HostEntry::Pointers(_) => HostKernelKind::Pointers,
-            HostEntry::Gemm(_, apart) => HostKernelKind::Gemm { threads_apart: *apart },
-            HostEntry::FoldGemm(_) => HostKernelKind::FoldGemm,
+            HostEntry::Gemm(_, apart) => HostKernelKind::Gemm { threads_apart: *apart, taps: false },
+            HostEntry::FoldGemm(_) => HostKernelKind::FoldGemm { taps: false },
+            HostEntry::TapsGemm(_) => HostKernelKind::Gemm { threads_apart: false, taps: true },
+            HostEntry::TapsFoldGemm(_) => HostKernelKind::FoldGemm { taps: true },
         })
     }
 
@@ -1182,12 +1250,14 @@ impl HostKernels {
     /// `smem` bytes of shared memory: A, B, C, bias and residual (`ptrs`),
     /// M, N, K and the leading dimensions (`ints`), the batch strides; a
     /// folding split-K kernel with `fold`: `kper` (its steps a share; `z`
-    /// over the shares), the workspace and the tiles' counters.
+    /// over the shares), the workspace and the tiles' counters; a taps kernel
+    /// with `taps`, its descriptor.
     ///
     /// # Safety
     /// The arguments are what `gpu::kernel::ABI` asks for at this problem, in
     /// host memory (a folding kernel's workspace and counters sized by
-    /// `GemmKernel::fold_space`, the counters zero), and nothing else touches
+    /// `GemmKernel::fold_space`, the counters zero; a taps kernel's
+    /// descriptor that of taps inside A's image), and nothing else touches
     /// C meanwhile.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn launch_gemm(
@@ -1199,13 +1269,17 @@ impl HostKernels {
         ints: [i32; 6],
         strides: [i64; 3],
         fold: Option<(i32, [u64; 2])>,
+        taps: Option<u64>,
     ) -> Result<(), String> {
         let entry = self.entries.get(k).copied();
-        let apart = match (entry, fold) {
-            (Some(HostEntry::Gemm(_, apart)), None) => apart,
-            (Some(HostEntry::FoldGemm(_)), Some(_)) => false,
+        let apart = match (entry, fold, taps) {
+            (Some(HostEntry::Gemm(_, apart)), None, None) => apart,
+            (Some(HostEntry::FoldGemm(_)), Some(_), None) => false,
+            (Some(HostEntry::TapsGemm(_)), None, Some(_)) => false,
+            (Some(HostEntry::TapsFoldGemm(_)), Some(_), Some(_)) => false,
             _ => return Err(format!("kernel {k} is not a GEMM taking these arguments")),
         };
+        let desc = taps.unwrap_or(0);
         let [m, n, kk, lda, ldb, ldc] = ints;
         let [sa, sb, sc] = strides;
         let thread = |tid: usize, x: usize, y: usize, z: usize| {
@@ -1239,6 +1313,58 @@ impl HostKernels {
                         let (c, bias, res) = (ptrs[2] as *mut u8, bias as *const u8, res as *const u8);
                         let (w, cnt) = (w as *mut f32, cnt as *mut i64);
                         f(a, b, c, bias, res, m, n, kk, lda, ldb, ldc, sa, sb, sc, kper, w, cnt, t, x, y, z)
+                    }
+                    (Some(HostEntry::TapsGemm(f)), _) => {
+                        let c = ptrs[2] as *mut u16;
+                        f(
+                            a,
+                            b,
+                            c,
+                            bias,
+                            res,
+                            m,
+                            n,
+                            kk,
+                            lda,
+                            ldb,
+                            ldc,
+                            sa,
+                            sb,
+                            sc,
+                            desc as *const i64,
+                            t,
+                            x,
+                            y,
+                            z,
+                        )
+                    }
+                    (Some(HostEntry::TapsFoldGemm(f)), Some((kper, [w, cnt]))) => {
+                        let (c, bias, res) = (ptrs[2] as *mut u8, bias as *const u8, res as *const u8);
+                        let (w, cnt) = (w as *mut f32, cnt as *mut i64);
+                        f(
+                            a,
+                            b,
+                            c,
+                            bias,
+                            res,
+                            m,
+                            n,
+                            kk,
+                            lda,
+                            ldb,
+                            ldc,
+                            sa,
+                            sb,
+                            sc,
+                            kper,
+                            w,
+                            cnt,
+                            desc as *const i64,
+                            t,
+                            x,
+                            y,
+                            z,
+                        )
                     }
                     _ => {}
                 }

@@ -37,6 +37,14 @@
 //! has seen every warp finish: the loads' latency overlaps the products, as
 //! `cp.async`'s does; the element-by-element cover loads and rounds each value;
 //! GEMV and SIMT kernels multiply the f32 values as they are.
+//!
+//! A taps kernel (`a_taps`: implicit GEMM, the mma.sync and cp.async-fed wgmma
+//! kernels) reads a convolution's taps from a bf16 channels-last image: each
+//! A chunk's row is an output pixel, found once (its image and its first image
+//! row and column, from the descriptor's geometry); per step the chunk's column
+//! names a tap and 8 of its channels, and `cp.async` copies them from the image,
+//! zero-filling where the tap lies in the padding, as past M or K. So the
+//! column matrix is never written.
 
 mod attention;
 mod operand;
@@ -189,6 +197,33 @@ struct Copy {
     /// An N-major B's chunk: its first column (an unaligned kernel guards each
     /// element by N there; a K-major chunk's elements are guarded by K).
     n_first: Option<String>,
+    /// A taps kernel's chunk of A (`GemmKernel::a_taps`): its output pixel's
+    /// first image row and column (`y·sh − ph`, `x·sw − pw`); `g` is then the
+    /// pixel's origin in the image and `step` unused (see `Gen::chunk_at`).
+    taps: Option<(String, String)>,
+}
+
+/// A taps kernel's geometry (`GemmKernel::a_taps`), loaded from its
+/// descriptor once: the output's width and pixels an image, the image's
+/// height, width and channels, the kernel's width, the strides, dilations
+/// and padding (i32), and the image's strides between images, rows and
+/// pixels, a dilated tap row's and column's (i64, elements).
+struct TapsGeometry {
+    ow: String,
+    ohw: String,
+    h: String,
+    w: String,
+    c: String,
+    kw: String,
+    sh: String,
+    sw: String,
+    dh: String,
+    dw: String,
+    ph: String,
+    pw: String,
+    s_img: String,
+    s_row: String,
+    s_pix: String,
 }
 
 /// An f32 A's chunk in registers across a step's products: its two 16-byte
@@ -596,6 +631,8 @@ struct Ir {
 struct Gen {
     k: GemmKernel,
     ir: Ir,
+    /// A taps kernel's geometry, once [`Gen::copies`] has loaded it.
+    taps: Option<TapsGeometry>,
 }
 
 impl std::ops::Deref for Gen {
@@ -1098,7 +1135,7 @@ impl Ir {
 
 impl Gen {
     fn new(k: GemmKernel) -> Gen {
-        Gen { k, ir: Ir::default() }
+        Gen { k, ir: Ir::default(), taps: None }
     }
 
     /// `x % stages · stage_bytes` as an i32 byte offset.
@@ -1243,10 +1280,18 @@ impl Gen {
         let k = self.k;
         let threads = k.threads();
         let (ca, cb) = k.chunks();
+        if k.a_taps {
+            self.taps = Some(self.taps_geometry());
+        }
         let mut a = Vec::new();
         for j in 0..ca.div_ceil(threads) {
             let i = self.v(format!("add i32 {}, {}", ix.tid, j * threads));
             let ty = a_step(&self.k);
+            if k.a_taps {
+                let guard = (ca % threads != 0).then(|| self.v(format!("icmp ult i32 {i}, {ca}")));
+                a.push(self.taps_copy(&i, guard, ix));
+                continue;
+            }
             if self.stages_a() && ca % threads != 0 {
                 // A partial round's threads past the tile take chunk `i mod ca`
                 // again: the same loads, and the same values stored, as the
@@ -1277,7 +1322,7 @@ impl Gen {
                     let ldb64 = self.v("sext i32 %ldb to i64");
                     let step = self.v(format!("mul i64 {ldb64}, {}", k.bk()));
                     let soff = self.swizzled(&krow, &c, k.bn * 2, 7, 0);
-                    b.push(Copy { g, step, ok, k0: krow, soff, guard, n_first: Some(gn) });
+                    b.push(Copy { g, step, ok, k0: krow, soff, guard, n_first: Some(gn), taps: None });
                 }
             }
         }
@@ -1303,7 +1348,66 @@ impl Gen {
         let k0 = self.v(format!("shl i32 {c}, 3"));
         let g = self.row_ptr(base, &grow, ld, &k0, ty);
         let soff = self.kmajor_offset(&row, &c);
-        Copy { g, step: format!("{}", self.k.bk()), ok, k0, soff, guard, n_first: None }
+        Copy { g, step: format!("{}", self.k.bk()), ok, k0, soff, guard, n_first: None, taps: None }
+    }
+
+    /// A taps kernel's geometry from its descriptor (`%taps`: the words of
+    /// `plan::gpu::OperandCopy::descriptor` for the taps, from word 4 on:
+    /// `oh, ow, H, W, C, kw, sh, sw, dh, dw, ph, pw`, then the image's
+    /// strides).
+    fn taps_geometry(&mut self) -> TapsGeometry {
+        let word = |g: &mut Gen, i: usize, wide: bool| {
+            let p = g.v(format!("getelementptr i64, ptr addrspace(1) %taps, i64 {}", 4 + i));
+            let x = g.v(format!("load i64, ptr addrspace(1) {p}, align 8"));
+            if wide {
+                x
+            } else {
+                g.v(format!("trunc i64 {x} to i32"))
+            }
+        };
+        let oh = word(self, 0, false);
+        let ow = word(self, 1, false);
+        let ohw = self.v(format!("mul i32 {oh}, {ow}"));
+        let [h, w, c, kw, sh, sw, dh, dw, ph, pw] = std::array::from_fn(|i| word(self, 2 + i, false));
+        let [s_img, s_row, s_pix] = std::array::from_fn(|i| word(self, 12 + i, true));
+        TapsGeometry { ow, ohw, h, w, c, kw, sh, sw, dh, dw, ph, pw, s_img, s_row, s_pix }
+    }
+
+    /// Chunk `i` of a taps kernel's A tile: row `i / (bk/8)` an output pixel
+    /// (`b, y, x` of `m0` plus the row; inside while below M), 8 channels of
+    /// one tap at chunk `i mod (bk/8)` of each step (`Gen::chunk_at` finds the
+    /// tap), from the pixel's origin in the image at `ix.a_base`.
+    fn taps_copy(&mut self, i: &str, guard: Option<String>, ix: &Ix) -> Copy {
+        let per_row = self.k.bk() / 8;
+        let row = self.v(format!("udiv i32 {i}, {per_row}"));
+        let c = self.v(format!("urem i32 {i}, {per_row}"));
+        let grow = self.v(format!("add i32 {}, {row}", ix.m0));
+        let rok = self.v(format!("icmp slt i32 {grow}, %M"));
+        let ok = self.and_guard(&rok, &guard);
+        let k0 = self.v(format!("shl i32 {c}, 3"));
+        let t = self.taps.as_ref().expect("the taps' geometry is loaded first");
+        let (ohw, ow, sh, sw, ph, pw) =
+            (t.ohw.clone(), t.ow.clone(), t.sh.clone(), t.sw.clone(), t.ph.clone(), t.pw.clone());
+        let (s_img, s_row, s_pix) = (t.s_img.clone(), t.s_row.clone(), t.s_pix.clone());
+        let img = self.v(format!("udiv i32 {grow}, {ohw}"));
+        let pix = self.v(format!("urem i32 {grow}, {ohw}"));
+        let y = self.v(format!("udiv i32 {pix}, {ow}"));
+        let x = self.v(format!("urem i32 {pix}, {ow}"));
+        let ys = self.v(format!("mul i32 {y}, {sh}"));
+        let y0 = self.v(format!("sub i32 {ys}, {ph}"));
+        let xs = self.v(format!("mul i32 {x}, {sw}"));
+        let x0 = self.v(format!("sub i32 {xs}, {pw}"));
+        let img64 = self.v(format!("zext i32 {img} to i64"));
+        let y64 = self.v(format!("sext i32 {y0} to i64"));
+        let x64 = self.v(format!("sext i32 {x0} to i64"));
+        let oi = self.v(format!("mul i64 {img64}, {s_img}"));
+        let oy = self.v(format!("mul i64 {y64}, {s_row}"));
+        let ox = self.v(format!("mul i64 {x64}, {s_pix}"));
+        let oiy = self.v(format!("add i64 {oi}, {oy}"));
+        let off = self.v(format!("add i64 {oiy}, {ox}"));
+        let g = self.v(format!("getelementptr i16, ptr addrspace(1) {}, i64 {off}", ix.a_base));
+        let soff = self.kmajor_offset(&row, &c);
+        Copy { g, step: "0".into(), ok, k0, soff, guard, n_first: None, taps: Some((y0, x0)) }
     }
 
     fn and_guard(&mut self, ok: &str, guard: &Option<String>) -> String {
@@ -1399,6 +1503,38 @@ impl Gen {
         let mut ok = self.v(format!("and i1 {kok}, {}", cp.ok));
         if let Some(also) = also {
             ok = self.v(format!("and i1 {ok}, {also}"));
+        }
+        if let Some((y0, x0)) = &cp.taps {
+            // Column `kk` is channel `kk mod C` of tap `(i, j)`, `kk / C = i·kw + j`,
+            // at image row `y0 + i·dh` and column `x0 + j·dw`: zeros outside the image.
+            let t = self.taps.as_ref().expect("the taps' geometry is loaded first");
+            let (c, kw, dh, dw, h, w) =
+                (t.c.clone(), t.kw.clone(), t.dh.clone(), t.dw.clone(), t.h.clone(), t.w.clone());
+            let (s_row, s_pix) = (t.s_row.clone(), t.s_pix.clone());
+            let tap = self.v(format!("udiv i32 {kk}, {c}"));
+            let tc = self.v(format!("mul i32 {tap}, {c}"));
+            let ch = self.v(format!("sub i32 {kk}, {tc}"));
+            let i = self.v(format!("udiv i32 {tap}, {kw}"));
+            let ikw = self.v(format!("mul i32 {i}, {kw}"));
+            let j = self.v(format!("sub i32 {tap}, {ikw}"));
+            let di = self.v(format!("mul i32 {i}, {dh}"));
+            let dj = self.v(format!("mul i32 {j}, {dw}"));
+            let yi = self.v(format!("add i32 {y0}, {di}"));
+            let xj = self.v(format!("add i32 {x0}, {dj}"));
+            // Unsigned: a row or column above the image (negative) is past it too.
+            let yin = self.v(format!("icmp ult i32 {yi}, {h}"));
+            let xin = self.v(format!("icmp ult i32 {xj}, {w}"));
+            let inside = self.v(format!("and i1 {yin}, {xin}"));
+            ok = self.v(format!("and i1 {ok}, {inside}"));
+            let di64 = self.v(format!("zext i32 {di} to i64"));
+            let dj64 = self.v(format!("zext i32 {dj} to i64"));
+            let ch64 = self.v(format!("zext i32 {ch} to i64"));
+            let oy = self.v(format!("mul i64 {di64}, {s_row}"));
+            let ox = self.v(format!("mul i64 {dj64}, {s_pix}"));
+            let oyx = self.v(format!("add i64 {oy}, {ox}"));
+            let off = self.v(format!("add i64 {oyx}, {ch64}"));
+            let raw = self.v(format!("getelementptr {ty}, ptr addrspace(1) {}, i64 {off}", cp.g));
+            return (kk, ok, raw);
         }
         let adv = self.v(format!("mul i64 {kt64}, {}", cp.step));
         let raw = self.v(format!("getelementptr {ty}, ptr addrspace(1) {}, i64 {adv}", cp.g));
@@ -2506,6 +2642,8 @@ impl Gen {
             if k.persistent { ", i32 %batch" } else { "" },
             if k.tma {
                 ", ptr byval([16 x i64]) align 64 %tmA, ptr byval([16 x i64]) align 64 %tmB"
+            } else if k.a_taps {
+                ", ptr addrspace(1) readonly align 8 %taps"
             } else {
                 ""
             }

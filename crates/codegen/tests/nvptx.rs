@@ -193,6 +193,7 @@ fn an_invalid_kernel_is_an_error_not_a_panic() {
         c_f32: false,
         a_f32: false,
         b_f32: false,
+        a_taps: false,
     };
     let e = nvptx::llvm_ir(&bad).unwrap_err().to_string();
     assert!(e.contains("warp tile 24x32"), "{e}");
@@ -232,6 +233,7 @@ fn golden_ptx() {
         c_f32: false,
         a_f32: false,
         b_f32: false,
+        a_taps: false,
     };
     golden("gemm_bf16_nt_16x64_w1x4_s4.ptx", &nvptx::ptx(&small).unwrap());
     let nn = GemmKernel {
@@ -394,6 +396,12 @@ fn ptxas_accepts_every_family_kernel() {
     };
     kernels.extend(f32_b(candidates::gemv_family(ElemType::Bf16, e)));
     kernels.extend(f32_b(candidates::simt_family(ElemType::Bf16, e)));
+    // A convolution's taps read in place (implicit GEMM): every tile a model's
+    // convolution may take, and the folding split-K forms.
+    let taps = |k: GemmKernel| GemmKernel { a_taps: true, c_f32: true, ..k };
+    kernels.extend(candidates::family(ElemType::Bf16, BLayout::KMajor, e).into_iter().map(taps));
+    kernels.extend(candidates::wgmma_family(ElemType::Bf16, e).into_iter().filter(|k| !k.tma).map(taps));
+    kernels.extend(fold_family(e, true).into_iter().map(taps));
     kernels.extend(candidates::unaligned_family(ElemType::F16, Epilogue::NONE));
     kernels.extend(candidates::unaligned_family(
         ElemType::Bf16,

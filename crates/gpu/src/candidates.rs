@@ -132,6 +132,7 @@ fn plain(
         c_f32: false,
         a_f32: false,
         b_f32: false,
+        a_taps: false,
     }
 }
 

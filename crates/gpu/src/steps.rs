@@ -89,6 +89,27 @@ pub fn reading_f32_a(list: Vec<StepKernel>) -> Vec<StepKernel> {
         .collect()
 }
 
+/// A step's list made to read a convolution's taps in place (implicit
+/// GEMM, `GemmKernel::a_taps`) from a bf16 image (one that its producer
+/// stores in bf16, or beside its f32 copy): each tensor-core tile of the
+/// list preceded by its taps twin (the same rows), which the runtime takes
+/// where the image's geometry allows (else the tile after it, over the
+/// column matrix that the operand copy writes). The twins read each tap
+/// with `cp.async` as the tiles read a copied A, so the column matrix (nine
+/// times a 3×3 convolution's image, in bf16) is never written.
+pub fn reading_taps(list: Vec<StepKernel>) -> Vec<StepKernel> {
+    let mut out = Vec::with_capacity(2 * list.len());
+    for e in list {
+        let k = e.kernel;
+        let tile = matches!(k.arch, Arch::Sm80 | Arch::Sm90a) && !k.is_cover() && !k.tma && !k.a_f32;
+        if tile {
+            out.push(StepKernel { kernel: GemmKernel { a_taps: true, ..k }, ..e });
+        }
+        out.push(e);
+    }
+    out
+}
+
 /// A step's list made to store its C in bf16 (a product whose output only
 /// other products read, as their bf16 A): each kernel's C, bias and
 /// residual of the operands' type.
@@ -273,6 +294,39 @@ mod tests {
             let e = list.iter().find(|e| 4096 <= e.most).expect("an entry");
             assert!(!e.kernel.split_k && e.splits == 1, "{target:?} 4096 rows: {e:?}");
         }
+    }
+
+    /// A convolution's list: each tensor-core tile preceded by its taps
+    /// twin, GEMV and the covers left as they are; every twin is a valid
+    /// kernel that takes the taps and only them.
+    #[test]
+    fn convolutions_get_taps_twins_of_their_tiles() {
+        let model = step_model(&profile(H200_PROFILE).expect("parses"), StepTarget::Sm90a).expect("a model");
+        let e = Epilogue { bias: true, activation: crate::kernel::Activation::Relu, ..Epilogue::NONE };
+        let plain = weight_step_kernels(&model, e, (1, 64, 576));
+        let list = reading_taps(plain.clone());
+        let twins: Vec<&StepKernel> = list.iter().filter(|x| x.kernel.a_taps).collect();
+        let tiles = plain
+            .iter()
+            .filter(|x| matches!(x.kernel.arch, Arch::Sm80 | Arch::Sm90a) && !x.kernel.is_cover());
+        assert_eq!(twins.len(), tiles.count());
+        assert!(!twins.is_empty());
+        for (i, x) in list.iter().enumerate() {
+            if x.kernel.a_taps {
+                let next = list[i + 1];
+                assert_eq!(GemmKernel { a_taps: true, ..next.kernel }, x.kernel);
+                assert_eq!((x.most, x.splits), (next.most, next.splits));
+                assert!(x.kernel.check().is_ok(), "{}", x.kernel);
+                let taps = Problem {
+                    a: crate::kernel::ALayout::Taps { width: 8, interior: 6, reads: 9 },
+                    ..Problem::nt(1, 640, 64, 576)
+                };
+                assert!(x.kernel.accepts(&taps).is_ok() && next.kernel.accepts(&taps).is_err());
+            }
+        }
+        // The last twin takes any M, so a bf16 image always has a kernel.
+        assert_eq!(twins.last().map(|x| x.most), Some(usize::MAX));
+        assert_eq!(list.len(), plain.len() + twins.len());
     }
 
     #[test]

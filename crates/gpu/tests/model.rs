@@ -33,6 +33,7 @@ fn mma(bm: usize, bn: usize, warps_m: usize, warps_n: usize) -> GemmKernel {
         c_f32: false,
         a_f32: false,
         b_f32: false,
+        a_taps: false,
     }
 }
 

@@ -11,8 +11,9 @@ use ir::DType;
 use plan::{BufId, Buffer, BufferKind, ModelPlan, Param, StepKind, Store};
 
 /// For every contraction step whose A is a temporary that one loop program
-/// writes (once, with nothing else writing it) and whose rows are contiguous
-/// (not a convolution's taps): a bf16 buffer beside A that the program also
+/// writes (once, with nothing else writing it) and whose rows are contiguous,
+/// or a convolution's taps whose channels and strides are multiples of 8
+/// ([`taps_aligned`]): a bf16 buffer beside A that the program also
 /// stores, named in the step as [`plan::MatMulStep::a_bf16`]. Steps reading
 /// the same A share the buffer; a program shared by other steps that do not
 /// need the store is copied. Returns the buffers added.
@@ -22,7 +23,11 @@ pub fn bf16_operands(plan: &mut ModelPlan) -> usize {
     for st in &plan.steps {
         let StepKind::MatMul(m) = &st.kind else { continue };
         let unit_columns = plan.dims.exprs().get(m.a.cs as usize).and_then(|e| e.as_const()) == Some(1);
-        if m.taps.is_some() || !unit_columns || mirrored.contains_key(&m.a.buf) {
+        let readable = match &m.taps {
+            None => unit_columns,
+            Some(t) => taps_aligned(plan, t),
+        };
+        if !readable || mirrored.contains_key(&m.a.buf) {
             continue;
         }
         if let Some(w) = loop_writer(plan, m.a.buf) {
@@ -102,7 +107,11 @@ pub fn bf16_operands(plan: &mut ModelPlan) -> usize {
     }
     for st in &mut plan.steps {
         if let StepKind::MatMul(m) = &mut st.kind {
-            if m.taps.is_none() {
+            let readable = match &m.taps {
+                None => true,
+                Some(t) => taps_aligned_in(&plan.dims, t),
+            };
+            if readable {
                 m.a_bf16 = copies.get(&m.a.buf).copied().or(m.a_bf16);
             }
         }
@@ -172,7 +181,9 @@ fn with_store(p: &plan::LoopProgram, param: usize) -> plan::LoopProgram {
 /// For every contraction or fused attention step whose output C is a
 /// temporary that only contractions read, each as its A at a view whose rows and start are
 /// 16-byte aligned in bf16 (constant strides and offset, multiples of 8;
-/// a depth of a multiple of 8): C's buffer made bf16, so that the product
+/// a depth of a multiple of 8), or as a convolution's taps whose channels
+/// and strides are multiples of 8 ([`taps_aligned`]: the GPU's taps kernels
+/// read them in place): C's buffer made bf16, so that the product
 /// stores bf16 (its f32 accumulators rounded once, in its epilogue) and its
 /// readers' tensor-core kernels read it in place, where an f32 C would be
 /// copied to bf16 before each of them. The step's bias, a constant, is
@@ -207,14 +218,16 @@ pub fn bf16_products(plan: &mut ModelPlan) -> usize {
             }
             let StepKind::MatMul(r) = &st.kind else { return false };
             readers += 1;
+            let view = match &r.taps {
+                None => konst(plan, r.a.cs) == Some(1) && aligned(plan, r.a.rs),
+                Some(t) => taps_aligned(plan, t),
+            };
             r.a.buf == x
                 && r.b.buf != x
                 && r.c.buf != x
                 && r.a_bf16.is_none()
-                && r.taps.is_none()
                 && !r.epilogue.buffers().any(|b| b == x)
-                && konst(plan, r.a.cs) == Some(1)
-                && aligned(plan, r.a.rs)
+                && view
                 && aligned(plan, r.a.offset)
                 && aligned(plan, r.k)
                 && r.a.batch.iter().all(|s| aligned(plan, *s))
@@ -254,6 +267,23 @@ pub fn bf16_products(plan: &mut ModelPlan) -> usize {
         plan.compute_lifetimes();
     }
     count
+}
+
+/// Whether a convolution's taps can be read from a bf16 image 16 bytes at a
+/// time (the GPU's taps kernels, `GemmKernel::a_taps`): its channels and
+/// the image's strides are multiples of 8 (each 16-byte chunk 8 channels of
+/// one tap, every pixel's start aligned).
+fn taps_aligned(plan: &ModelPlan, t: &plan::Taps) -> bool {
+    taps_aligned_in(&plan.dims, t)
+}
+
+fn taps_aligned_in(dims: &plan::DimTable, t: &plan::Taps) -> bool {
+    let eights = |slot: u32| {
+        dims.exprs()
+            .get(slot as usize)
+            .is_some_and(|e| e.try_rem(8).ok().and_then(|r| r.as_const()) == Some(0))
+    };
+    eights(t.image[3]) && t.strides.iter().all(|&s| eights(s))
 }
 
 /// A constant's values rounded to bf16, as a constant buffer of its shape.

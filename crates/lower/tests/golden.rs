@@ -808,3 +808,76 @@ group 3: contraction
 "#;
     assert_eq!(got, want, "got:\n{got}");
 }
+
+/// The 2×2 convolution of `convolution_taps_are_read_from_the_image` over an
+/// image that a loop program writes (`tanh`), `c` channels.
+fn convolution_over_a_program(c: usize) -> String {
+    let k = 4 * c;
+    format!(
+        r#"graph {{
+  sym h param 1..
+  sym w param 1..
+  input %x0: f32[1, h, w, {c}]
+  input %k: f32[1, {k}, 8]
+  %x: f32[1, h, w, {c}] = tanh %x0
+  %p: f32[1, h+1, w+1, {c}] = pad[pads=[(0, 0), (1, 0), (1, 0), (0, 0)], mode=constant(0)] %x
+  %t0: f32[1, h, w, {c}] = slice[1: 0 step 1, 2: 0 step 1] %p
+  %t1: f32[1, h, w, {c}] = slice[1: 0 step 1, 2: 1 step 1] %p
+  %t2: f32[1, h, w, {c}] = slice[1: 1 step 1, 2: 0 step 1] %p
+  %t3: f32[1, h, w, {c}] = slice[1: 1 step 1, 2: 1 step 1] %p
+  %f0: f32[1, h, w, 1, {c}] = reshape %t0
+  %f1: f32[1, h, w, 1, {c}] = reshape %t1
+  %f2: f32[1, h, w, 1, {c}] = reshape %t2
+  %f3: f32[1, h, w, 1, {c}] = reshape %t3
+  %cat: f32[1, h, w, 4, {c}] = concat[axis=3] %f0, %f1, %f2, %f3
+  %col: f32[1, h*w, {k}] = reshape %cat
+  %y: f32[1, h*w, 8] = matmul %col, %k
+  output %y
+}}
+"#
+    )
+}
+
+/// The GPU's plans: a convolution whose image a loop program writes, its
+/// channels a multiple of 8, gets the image in bf16 beside the f32 one
+/// (`lower::bf16_operands`), which the taps kernels read in place; with 12
+/// channels (a 16-byte chunk would straddle two taps) it does not.
+#[test]
+fn a_convolutions_image_is_written_in_bf16_for_its_taps() {
+    let got = lowered_for_gpu(&convolution_over_a_program(16), lower::bf16_operands, 1);
+    let want = r#"dims:
+  d0 = 16*h*w
+  d1 = 512
+  d2 = 8*h*w
+  d3 = h
+  d4 = w
+  d5 = 0
+  d6 = 8
+  d7 = 1
+  d8 = 16
+  d9 = 16*w
+  d10 = h*w
+  d11 = 64
+buffers:
+  b0: f32[1, h, w, 16] "x0" (input 0)
+  b1: f32[1, 64, 8] "k" (input 1)
+  b2: f32[1, h*w, 8] "y" (output 0)
+  b3: f32[1, h, w, 16] "x" (temp, steps 0..=1)
+  b4: bf16[1, h, w, 16] "x.bf16" (temp, steps 0..=1)
+p0: program g0_elementwise_bf16
+  %0: in f32[1, d3, d4, 16] "x0"
+  %1: out f32[1, d3, d4, 16] "x"
+  %2: out bf16[1, d3, d4, 16] "x_bf16"
+  gpu: quads (4 adjacent points a thread or lane, vector accesses where aligned)
+  for 0 < 1, i0 < d3, i1 < d4, i2 < 16:
+    t0: f32 = tanh(%0[0, i0, i1, i2])
+    %1[·] = t0
+    %2[·] = cast<bf16>(t0)
+group 0: elementwise
+  loop p0(b0, b3, b4)
+group 1: contraction
+  matmul [d7] m d10 n d6 k d11: A taps b3+d5 image [d7, d3, d4, d8] strides [d0, d9, d8] out [d3, d4] kernel 2x2 stride 1x1 dilation 1x1 pad 1x1 (image as bf16 in b4) · B b1+d5 strides [d1] d6 d7 → C b2+d5 strides [d2] d6 d7
+"#;
+    assert_eq!(got, want, "got:\n{got}");
+    lowered_for_gpu(&convolution_over_a_program(12), lower::bf16_operands, 0);
+}

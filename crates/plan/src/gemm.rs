@@ -184,6 +184,19 @@ pub struct GemmKernel {
     /// of 4 (the runner's checks).
     #[serde(default)]
     pub b_f32: bool,
+    /// A is a convolution's taps over a bf16 channels-last image (implicit
+    /// GEMM): row `(b, y, x)` an output pixel, column `(i, j, c)` channel `c`
+    /// of tap `(i, j)`, as [`crate::gpu::OperandCopy::Taps`] lays them out.
+    /// Each 16-byte chunk of a stage's A (8 channels of one tap) is copied
+    /// by `cp.async` from the image where the tap lies inside it and
+    /// zero-filled where it lies in the padding, so no column matrix is
+    /// written. The geometry is the taps' operand-copy descriptor
+    /// ([`crate::gpu::OperandCopy::descriptor`]), a pointer argument after
+    /// the others; the image's channels, strides and start are multiples of
+    /// 8 (the runner's checks). An mma.sync or cp.async-fed wgmma kernel's,
+    /// over 16-bit operands (not TMA, not element by element, not f32 A).
+    #[serde(default)]
+    pub a_taps: bool,
 }
 
 /// The second launch of a split-K product: `C[m, n] = epilogue(Σ_s W[s, m, n])`,
@@ -290,7 +303,13 @@ impl GemmKernel {
                 (true, false) => "_sk",
                 _ => "",
             },
-            if self.a_f32 { "_a32" } else { "" },
+            if self.a_f32 {
+                "_a32"
+            } else if self.a_taps {
+                "_taps"
+            } else {
+                ""
+            },
             if self.b_f32 { "_b32" } else { "" },
             if self.c_f32 { "_c32" } else { "" },
             epilogue_suffix(&self.epilogue)
@@ -471,6 +490,11 @@ impl GemmKernel {
         if self.unaligned && (self.arch != Arch::Sm80 || self.split_k) {
             return bad("element-by-element loads are an mma.sync kernel's, without split-K".into());
         }
+        if self.a_taps
+            && (self.tma || self.unaligned || self.a_f32 || !matches!(self.arch, Arch::Sm80 | Arch::Sm90a))
+        {
+            return bad("taps are read by the mma.sync and cp.async-fed wgmma kernels' 16-byte copies".into());
+        }
         if self.a_f32 && self.tma {
             return bad("a TMA kernel's copies move 16-bit tiles: its A cannot be f32".into());
         }
@@ -606,8 +630,10 @@ impl GemmKernel {
         if p.m == 0 || p.n == 0 || p.k == 0 || p.batch == 0 {
             return Err(format!("empty product {p}"));
         }
-        if p.a != ALayout::RowMajor {
-            return Err(format!("{p}: GPU kernels read A row-major, not {:?}", p.a));
+        match (p.a, self.a_taps) {
+            (ALayout::RowMajor, false) | (ALayout::Taps { .. }, true) => {}
+            (a, false) => return Err(format!("{p}: this kernel reads A row-major, not {a:?}")),
+            (a, true) => return Err(format!("{p}: this kernel reads a convolution's taps, not {a:?}")),
         }
         if p.b != self.b {
             return Err(format!("{p}: B is {}, this kernel reads it {}", p.b.tag(), self.b.tag()));

@@ -241,8 +241,9 @@ fn a_view(m: &crate::model::MatMulStep) -> String {
     };
     let slots = |s: &[u32]| s.iter().map(|d| format!("d{d}")).collect::<Vec<_>>().join(", ");
     let pair = |p: [usize; 2]| format!("{}x{}", p[0], p[1]);
+    let bf16 = m.a_bf16.map(|b| format!(" (image as bf16 in b{b})")).unwrap_or_default();
     format!(
-        "taps b{}+d{} image [{}] strides [{}] out [{}] kernel {} stride {} dilation {} pad {}",
+        "taps b{}+d{} image [{}] strides [{}] out [{}] kernel {} stride {} dilation {} pad {}{bf16}",
         m.a.buf,
         m.a.offset,
         slots(&t.image),

@@ -53,8 +53,10 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// split-K GEMMs that fold their shares themselves; 21: CPU weights packed
 /// whole, read in shallower blocks too; 22: a GPU artifact's operand copy
 /// taking taps four channels a thread, taps and views an element a thread
-/// in 32-bit indices); a runtime reads only its own.
-pub const FORMAT_VERSION: u32 = 22;
+/// in 32-bit indices; 23: a GPU artifact's GEMMs reading a convolution's
+/// taps from a bf16 image, their descriptor a last argument); a runtime
+/// reads only its own.
+pub const FORMAT_VERSION: u32 = 23;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;

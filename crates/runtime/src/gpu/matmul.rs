@@ -6,7 +6,9 @@
 //! after the copies its operands need: none for an A that the kernels read
 //! in place (`GemmKernel::a_f32`: an f32 view with adjacent columns, at any
 //! row stride; the aligned kernels need it 16-byte aligned, the covers
-//! not), else its bf16 copy that A's producer writes beside it
+//! not; `GemmKernel::a_taps`: a convolution's taps over a bf16 image whose
+//! channels, strides and start are multiples of 8), else its bf16 copy that
+//! A's producer writes beside it
 //! (`MatMulStep::a_bf16`) where there is one and its rows are aligned, else
 //! A copied to a bf16 dense operand by the operand copy kernel
 //! (`plan::gpu::OperandCopy`: a strided view, or a convolution's taps
@@ -19,7 +21,7 @@
 use ir::DType;
 use plan::gemm::{Arch, GemmKernel};
 use plan::gpu::{OperandCopy, LOOP_MAX_BLOCKS, LOOP_THREADS};
-use plan::{bf16_bits, BufId, BufferKind, MatMulStep, ModelPlan, Problem};
+use plan::{bf16_bits, ALayout, BufId, BufferKind, MatMulStep, ModelPlan, Problem};
 
 use crate::shape::MatMulShape;
 use crate::RunError;
@@ -82,6 +84,9 @@ pub(super) struct GemmLaunch {
     pub choice: usize,
     /// A split-K kernel's last arguments.
     pub fold: Option<FoldArgs>,
+    /// A taps kernel's descriptor (`OperandCopy::descriptor` of its taps),
+    /// which the call's tables hold; its pointer is the last argument.
+    pub taps: Option<Vec<i64>>,
 }
 
 /// A folding split-K launch's arguments past the ABI's: its steps of K a
@@ -168,7 +173,36 @@ pub(super) fn launches(
         && s.rs[0].is_multiple_of(8)
         && s.entries.iter().all(|x| x[0].is_multiple_of(8));
     let a_is_bf16 = plan.buffers[mm.a.buf].dtype == DType::BF16;
-    let a16 = if a_is_bf16 { Some(mm.a.buf) } else { mm.a_bf16.filter(|_| a16_aligned && a_even) };
+    let a16 = if s.taps.is_some() {
+        None
+    } else if a_is_bf16 {
+        Some(mm.a.buf)
+    } else {
+        mm.a_bf16.filter(|_| a16_aligned && a_even)
+    };
+    // A convolution's taps over a bf16 image (the buffer itself, or the copy
+    // its producer writes beside it), read in place by the taps kernels
+    // (implicit GEMM) where the image's channels, strides and start are
+    // multiples of 8 (each 16-byte chunk 8 channels of one tap) and its
+    // entries evenly apart. An image only in bf16 is read by them alone
+    // (the operand copy reads f32).
+    let taps_image = s.taps.as_ref().and_then(|t| {
+        let image = if a_is_bf16 { mm.a.buf } else { mm.a_bf16? };
+        let aligned = t.channels.is_multiple_of(8)
+            && t.strides.iter().all(|x| x.is_multiple_of(8))
+            && s.entries.iter().all(|x| x[0].is_multiple_of(8));
+        (aligned && a_even).then_some(image)
+    });
+    if s.taps.is_some() && a_is_bf16 && taps_image.is_none() {
+        return Err(RunError::Internal(format!(
+            "step {step}: a convolution over a bf16 image whose channels, strides or start are not multiples of 8"
+        )));
+    }
+    let taps_layout = s.taps.as_ref().map(|t| ALayout::Taps {
+        width: t.out[1],
+        interior: 0,
+        reads: (t.kernel[0] * t.kernel[1] / (t.stride[0] * t.stride[1]).max(1)).max(1),
+    });
     let c_bytes = plan.buffers[mm.c.buf].dtype.size();
     let a_aligned = in_place && s.rs[0].is_multiple_of(4) && s.entries.iter().all(|x| x[0].is_multiple_of(4));
     // Kernels with an f32 B (an activation, K-major: its K adjacent) read it
@@ -180,12 +214,19 @@ pub(super) fn launches(
     let b_aligned =
         b_in_place && s.cs[1].is_multiple_of(4) && s.entries.iter().all(|x| x[1].is_multiple_of(4));
     let takes = |c: &GemmChoice, m: usize, p: &Problem, c_even: bool| {
+        let taps = match (c.kernel.a_taps, taps_layout) {
+            (true, Some(a)) if taps_image.is_some() => Some(Problem { a, ..*p }),
+            (true, _) => return false,
+            // The column matrix is copied from an f32 image only.
+            (false, Some(_)) if a_is_bf16 => return false,
+            (false, _) => None,
+        };
         m <= c.max_m
-            && c.kernel.accepts(p).is_ok()
+            && c.kernel.accepts(taps.as_ref().unwrap_or(p)).is_ok()
             && (!c.kernel.split_k || (p.batch == 1 && entries == 1))
             && (c_even || matches!(c.kernel.arch, Arch::Simt | Arch::Gemv))
             && (!c.kernel.a_f32 || (in_place && (a_aligned || c.kernel.is_cover())))
-            && (!a_is_bf16 || a16_aligned || c.kernel.is_cover())
+            && (!a_is_bf16 || a16_aligned || c.kernel.is_cover() || c.kernel.a_taps)
             && (!c.kernel.b_f32 || (b_in_place && (b_aligned || c.kernel.arch == Arch::Simt)))
     };
     // C's entries (and an in-place A's and B's): one launch over an even
@@ -195,7 +236,8 @@ pub(super) fn launches(
     let b_taken = b_in_place
         && (b_aligned
             || choices.iter().any(|c| c.kernel.b_f32 && c.kernel.arch == Arch::Simt && m <= c.max_m));
-    let even = c_even && (!(in_place || a16.is_some()) || a_even) && (!b_taken || b_even);
+    let even =
+        c_even && (!(in_place || a16.is_some() || taps_image.is_some()) || a_even) && (!b_taken || b_even);
     let runs: Vec<(usize, usize)> =
         if even { vec![(0, entries)] } else { (0..entries).map(|e| (e, 1)).collect() };
     let mut picked = Vec::with_capacity(runs.len());
@@ -211,19 +253,9 @@ pub(super) fn launches(
     }
     // A: a view, or a convolution's taps, as bf16 `[entries, m, k]`, unless
     // every launch reads it in place (f32, or its producer's bf16 copy).
-    if a16.is_none() && picked.iter().any(|&c| !choices[c].kernel.a_f32) {
-        let a_copy = match &s.taps {
-            Some(t) => OperandCopy::Taps {
-                rows: m,
-                cols: k,
-                out: t.out,
-                image: [t.height, t.width, t.channels],
-                kernel_width: t.kernel[1],
-                stride: t.stride,
-                dilation: t.dilation,
-                pad: t.pad,
-                strides: t.strides,
-            },
+    if a16.is_none() && picked.iter().any(|&c| !choices[c].kernel.a_f32 && !choices[c].kernel.a_taps) {
+        let a_copy = match a_taps_copy(s, m, k) {
+            Some(t) => t,
             None => OperandCopy::View { rows: m, cols: k, rs: s.rs[0], cs: s.cs[0], transposed: false },
         };
         let offsets: Vec<usize> = s.entries.iter().map(|e| e[0]).collect();
@@ -261,10 +293,12 @@ pub(super) fn launches(
         let kk = &choices[choice].kernel;
         // A: in place (f32, or in bf16: the entry's offset, its row and
         // batch strides), or the copy's bf16 `[entries, m, k]`.
-        let (a_at, lda, sa) = match a16 {
+        let (a_at, lda, sa) = match (a16, taps_image) {
             _ if kk.a_f32 => (At::Buffer(mm.a.buf, 4 * s.entries[first][0]), s.rs[0], sa),
-            Some(b) => (At::Buffer(b, 2 * s.entries[first][0]), s.rs[0], sa),
-            None => (At::Scratch(2 * first * m * k), k, m * k),
+            // The image (its geometry in the descriptor; `lda` unused).
+            (_, Some(image)) if kk.a_taps => (At::Buffer(image, 2 * s.entries[first][0]), 0, sa),
+            (Some(b), _) => (At::Buffer(b, 2 * s.entries[first][0]), s.rs[0], sa),
+            (None, _) => (At::Scratch(2 * first * m * k), k, m * k),
         };
         // B: in place (f32, the entry's offset, its columns `ldb` apart), or
         // the packed weight or copy (bf16, `ldb` = K).
@@ -301,7 +335,11 @@ pub(super) fn launches(
             strides: [sa as i64, sb as i64, sc as i64],
             choice,
             fold: None,
+            taps: None,
         };
+        if kk.a_taps {
+            launch.taps = a_taps_copy(s, m, k).map(|t| t.descriptor(&[]));
+        }
         // Split-K: the grid's `z` runs over the shares, whose partial sums
         // go to a workspace in the scratch after the copies' operands; one
         // product (its batch strides unused).
@@ -320,6 +358,21 @@ pub(super) fn launches(
         out.gemms.push(launch);
     }
     Ok(out)
+}
+
+/// A convolution's taps as A (`m × k`), if A is taps.
+fn a_taps_copy(s: &MatMulShape, m: usize, k: usize) -> Option<OperandCopy> {
+    s.taps.as_ref().map(|t| OperandCopy::Taps {
+        rows: m,
+        cols: k,
+        out: t.out,
+        image: [t.height, t.width, t.channels],
+        kernel_width: t.kernel[1],
+        stride: t.stride,
+        dilation: t.dilation,
+        pad: t.pad,
+        strides: t.strides,
+    })
 }
 
 /// A grid's extents as the driver takes them.

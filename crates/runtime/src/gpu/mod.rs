@@ -801,6 +801,12 @@ impl<D: Device> GpuModel<D> {
         let descs = status + 8 * self.plan.steps.len();
         let words: usize = matmuls.iter().flat_map(|m| &m.copies).map(|c| c.words.len()).sum::<usize>()
             + matmuls.iter().flat_map(|m| &m.gemms).filter_map(|g| g.fold).map(|f| f.tiles).sum::<usize>()
+            + matmuls
+                .iter()
+                .flat_map(|m| &m.gemms)
+                .filter_map(|g| g.taps.as_ref())
+                .map(Vec::len)
+                .sum::<usize>()
             + attentions
                 .iter()
                 .flatten()
@@ -1186,6 +1192,12 @@ impl<D: Device> GpuModel<D> {
             counters_at.push(layout.tables + 8 * words.len());
             words.extend(std::iter::repeat_n(0, f.tiles));
         }
+        // Each taps kernel's descriptor (implicit GEMM).
+        let mut taps_at = Vec::new();
+        for t in shape.matmuls.iter().flat_map(|m| &m.gemms).filter_map(|g| g.taps.as_ref()) {
+            taps_at.push(layout.tables + 8 * words.len());
+            words.extend(t.iter().map(|w| *w as u64));
+        }
         // Each fused attention's buffer table, dim table and descriptor.
         let mut attention_at = vec![[0usize; 3]; self.plan.steps.len()];
         // Each distinct attention dim table once (the steps share their slots).
@@ -1232,7 +1244,7 @@ impl<D: Device> GpuModel<D> {
                 At::Null => 0,
             }))
         };
-        let (mut copy, mut fold) = (0, 0);
+        let (mut copy, mut fold, mut taps) = (0, 0, 0);
         let mut launches = Vec::new();
         for (i, st) in self.plan.steps.iter().enumerate() {
             match &st.kind {
@@ -1285,6 +1297,10 @@ impl<D: Device> GpuModel<D> {
                             args.push(KernelArg::Ptr(base + counters_at[fold] as u64));
                             fold += 1;
                         }
+                        if g.taps.is_some() {
+                            args.push(KernelArg::Ptr(base + taps_at[taps] as u64));
+                            taps += 1;
+                        }
                         let dims = LaunchDims { grid: g.grid, threads: g.threads, smem: g.smem };
                         // Sound to launch: `gpu::kernel::ABI`'s arguments: bf16 A and B laid out
                         // as M, N, K, the leading dimensions and batch strides say
@@ -1293,7 +1309,9 @@ impl<D: Device> GpuModel<D> {
                         // accepted the problem. A split-K kernel's `kper` is its
                         // steps a share, its workspace the scratch the layout sized
                         // by `GemmKernel::fold_space`, its counters a word a tile in
-                        // the tables, zero (each tile's last block sets it back).
+                        // the tables, zero (each tile's last block sets it back). A
+                        // taps kernel's descriptor, in the tables, holds the taps'
+                        // geometry at this shape, inside A's image.
                         launches.push(Launch { step: i, kernel: g.kernel, dims, args });
                     }
                 }

@@ -1,0 +1,247 @@
+//! Implicit GEMM on the GPU (`GemmKernel::a_taps`): the tensor-core kernels
+//! reading a convolution's taps straight from a bf16 channels-last image
+//! (`cp.async` from each tap, zero-filled in the padding), run on the host
+//! emulator against the oracle over the column matrix the plain definition
+//! writes. Geometries of 1, primes and one past a tile: padding, strides,
+//! dilation, two images, padded pixels, an image that starts inside its
+//! buffer; an mma.sync, a wgmma and a folding split-K kernel. (ptxas
+//! assembles the taps tiles in `nvptx.rs`'s `ptxas_accepts_every_family_kernel`.)
+#![cfg(feature = "nvptx")]
+
+use anyshape_codegen::emulator::{self as host, HostKernelKind, HostKernels};
+use anyshape_codegen::nvptx;
+use gpu::reference::{self, Operands};
+use gpu::{candidates, ALayout, Activation, Arch, BLayout, ElemType, Epilogue, GemmKernel, Problem};
+use plan::gpu::OperandCopy;
+
+/// One convolution: images, height, width, channels, kernel, stride,
+/// dilation, padding (the same along both axes), outputs N, and the pixel
+/// stride's padding past the channels (elements).
+#[derive(Clone, Copy, Debug)]
+struct Conv {
+    batch: usize,
+    h: usize,
+    w: usize,
+    c: usize,
+    kernel: [usize; 2],
+    stride: usize,
+    dilation: usize,
+    pad: usize,
+    n: usize,
+    pixel_pad: usize,
+}
+
+impl Conv {
+    fn out(&self) -> [usize; 2] {
+        let o = |x: usize, k: usize| (x + 2 * self.pad - self.dilation * (k - 1) - 1) / self.stride + 1;
+        [o(self.h, self.kernel[0]), o(self.w, self.kernel[1])]
+    }
+
+    fn taps(&self) -> OperandCopy {
+        let [oh, ow] = self.out();
+        let s_pix = self.c + self.pixel_pad;
+        OperandCopy::Taps {
+            rows: self.batch * oh * ow,
+            cols: self.kernel[0] * self.kernel[1] * self.c,
+            out: [oh, ow],
+            image: [self.h, self.w, self.c],
+            kernel_width: self.kernel[1],
+            stride: [self.stride; 2],
+            dilation: [self.dilation; 2],
+            pad: [self.pad; 2],
+            strides: [self.h * self.w * s_pix, self.w * s_pix, s_pix],
+        }
+    }
+}
+
+fn bf16(x: f32) -> u16 {
+    plan::bf16_bits(x)
+}
+
+fn value(i: usize) -> f32 {
+    ((i * 7919 % 1009) as f32 - 504.0) / 397.0
+}
+
+/// The column matrix of `copy`'s taps over `image` (from element `start`),
+/// zeros outside the image: what the taps kernels must read.
+fn column_matrix(image: &[u16], start: usize, copy: &OperandCopy) -> Vec<u16> {
+    let &OperandCopy::Taps {
+        rows,
+        cols,
+        out: [oh, ow],
+        image: [h, w, channels],
+        kernel_width: kw,
+        stride: [sh, sw],
+        dilation: [dh, dw],
+        pad: [ph, pw],
+        strides: [s_img, s_row, s_pix],
+    } = copy
+    else {
+        panic!("not taps: {copy:?}")
+    };
+    let mut out = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        let (b, y, x) = (r / (oh * ow), r / ow % oh, r % ow);
+        for d in 0..cols {
+            let (tap, c) = (d / channels, d % channels);
+            let (i, j) = (tap / kw, tap % kw);
+            let iy = (y * sh + i * dh) as isize - ph as isize;
+            let ix = (x * sw + j * dw) as isize - pw as isize;
+            let inside = (0..h as isize).contains(&iy) && (0..w as isize).contains(&ix);
+            out.push(if inside {
+                image[start + b * s_img + iy as usize * s_row + ix as usize * s_pix + c]
+            } else {
+                0
+            });
+        }
+    }
+    out
+}
+
+/// Kernel `k` (a taps kernel, f32 C) on convolution `conv` against the
+/// oracle; `splits` shares of K for a folding split-K kernel.
+fn check(host: &HostKernels, index: usize, k: &GemmKernel, conv: Conv, splits: usize) {
+    let copy = conv.taps();
+    let (m, kk) = copy.extent();
+    let n = conv.n;
+    let p = Problem {
+        a: ALayout::Taps { width: conv.out()[1], interior: 0, reads: 1 },
+        ..Problem::nt(1, m, n, kk)
+    };
+    k.accepts(&p).unwrap_or_else(|e| panic!("{k}: {e}"));
+    // The image starts 8 elements into its buffer (16 bytes, as the runner
+    // requires), its pixels `pixel_pad` apart past their channels; NaN bits
+    // in the padding, which the kernel must never read.
+    let start = 8;
+    let OperandCopy::Taps { strides: [s_img, ..], .. } = copy else { unreachable!() };
+    let len = start + conv.batch * s_img + 8;
+    let image: Vec<u16> = (0..len).map(|i| bf16(value(i))).collect();
+    let mut image = image;
+    for (i, x) in image.iter_mut().enumerate() {
+        let at = i.wrapping_sub(start);
+        if i < start || at >= conv.batch * s_img || at % (conv.c + conv.pixel_pad) >= conv.c {
+            *x = 0x7fc1;
+        }
+    }
+    let b: Vec<u16> = (0..n * kk).map(|i| bf16(value(3 * i + 1))).collect();
+    let bias: Vec<f32> = (0..n).map(|j| value(j + 5)).collect();
+    let bias16: Vec<u16> = bias.iter().map(|&x| bf16(x)).collect();
+    let bias: Vec<f32> = bias16.iter().map(|&x| f32::from_bits((x as u32) << 16)).collect();
+    let desc = copy.descriptor(&[0]);
+    let (image16, b16) = (host::aligned(&image), host::aligned(&b));
+    let mut c = vec![f32::NAN; m * n + 4];
+    let (per, shares) = if k.split_k { k.split_plan(kk, splits) } else { (0, 1) };
+    let (floats, tiles) = if k.split_k { k.fold_space(&p, shares) } else { (0, 0) };
+    let mut w = vec![0f32; floats + 1];
+    let mut cnt = vec![0i64; tiles + 1];
+    let a = image16.as_ptr() as u64 + 2 * start as u64;
+    let ptrs = [a, b16.as_ptr() as u64, c.as_mut_ptr() as u64, bias.as_ptr() as u64, 0];
+    let ints = [m as i32, n as i32, kk as i32, 0, kk as i32, n as i32];
+    let fold = k.split_k.then_some((per as i32, [w.as_mut_ptr() as u64, cnt.as_mut_ptr() as u64]));
+    let grid = (n.div_ceil(k.bn), m.div_ceil(k.bm), shares);
+    // SAFETY: A is the image the descriptor's geometry stays inside, B
+    // `[N, K]`, C `M × N` f32 (rows `n` apart) with the bias `N` f32; a
+    // folding kernel's workspace and zeroed counters as `fold_space` sizes
+    // them.
+    unsafe {
+        host.launch_gemm(
+            index,
+            grid,
+            (k.threads(), k.smem_bytes()),
+            ptrs,
+            ints,
+            [0; 3],
+            fold,
+            Some(desc.as_ptr() as u64),
+        )
+    }
+    .unwrap_or_else(|e| panic!("{k}: {e}"));
+    assert!(cnt.iter().all(|&x| x == 0), "{k}: the tiles' counters are left zero");
+    let a = column_matrix(&image, start, &copy);
+    let o = Operands { elem: ElemType::Bf16, a: &a, b: &b, bias: &bias16, residual: &[] };
+    let want = reference::gemm(&Problem::nt(1, m, n, kk), &k.epilogue, &o);
+    let scale = (kk as f64).sqrt();
+    for i in 0..m {
+        for j in 0..n {
+            let (got, want) = (c[i * n + j], want[i * n + j]);
+            assert!(
+                reference::close(ElemType::F32, got, want, scale, false),
+                "{k} {conv:?}: ({i}, {j}) {got} for {want}"
+            );
+        }
+    }
+    assert!(c[m * n..].iter().all(|x| x.is_nan()), "{k}: written past C");
+}
+
+#[test]
+fn taps_kernels_read_a_convolutions_taps_in_place() {
+    let epi = Epilogue { bias: true, activation: Activation::Relu, ..Epilogue::NONE };
+    let taps = |k: GemmKernel| GemmKernel { a_taps: true, c_f32: true, ..k };
+    let mma = candidates::family(ElemType::Bf16, BLayout::KMajor, epi);
+    let tile = |bm, bn| mma.iter().copied().find(|k| (k.bm, k.bn) == (bm, bn)).expect("a tile");
+    let wgmma = candidates::wgmma_family(ElemType::Bf16, epi)
+        .into_iter()
+        .find(|k| !k.tma && k.bm == 64 && k.bn == 128)
+        .expect("a wgmma tile");
+    let split = GemmKernel { split_k: true, fold: true, ..tile(32, 64) };
+    let kernels: Vec<GemmKernel> = [tile(64, 64), tile(16, 64), wgmma, split].into_iter().map(taps).collect();
+    for k in &kernels {
+        k.check().unwrap_or_else(|e| panic!("{e}"));
+        assert!(k.name().contains("_taps"), "{k}");
+    }
+    let compiled: Vec<(String, String, HostKernelKind)> = kernels
+        .iter()
+        .map(|k| {
+            let kind = if k.split_k {
+                HostKernelKind::FoldGemm { taps: true }
+            } else {
+                HostKernelKind::Gemm { threads_apart: false, taps: true }
+            };
+            (k.name(), nvptx::llvm_ir(k).expect("generates"), kind)
+        })
+        .collect();
+    let host = HostKernels::new(&compiled).expect("compiles for the host");
+    let conv = |batch, h, w, c, kernel, stride, dilation, pad, n, pixel_pad| Conv {
+        batch,
+        h,
+        w,
+        c,
+        kernel,
+        stride,
+        dilation,
+        pad,
+        n,
+        pixel_pad,
+    };
+    let cases = [
+        conv(1, 1, 1, 8, [1, 1], 1, 1, 0, 8, 0),
+        conv(2, 7, 5, 16, [3, 3], 1, 1, 1, 24, 0),
+        conv(1, 9, 11, 8, [3, 3], 2, 1, 1, 72, 8),
+        conv(1, 7, 7, 24, [3, 3], 1, 2, 2, 16, 0),
+        conv(2, 8, 8, 64, [1, 1], 2, 1, 0, 40, 0),
+        conv(1, 13, 13, 32, [3, 3], 1, 1, 1, 66, 8),
+        conv(1, 5, 3, 8, [1, 3], 1, 1, 1, 8, 0),
+    ];
+    for (i, k) in kernels.iter().enumerate() {
+        for case in cases {
+            check(&host, i, k, case, 3);
+        }
+    }
+}
+
+/// A taps kernel refuses a row-major A, and a plain one the taps.
+#[test]
+fn taps_kernels_take_only_taps() {
+    let k = candidates::family(ElemType::Bf16, BLayout::KMajor, Epilogue::NONE)[0];
+    let taps = GemmKernel { a_taps: true, ..k };
+    let rows = Problem::nt(1, 64, 64, 64);
+    let conv = Problem { a: ALayout::Taps { width: 8, interior: 6, reads: 9 }, ..rows };
+    assert!(k.accepts(&rows).is_ok() && k.accepts(&conv).is_err());
+    assert!(taps.accepts(&conv).is_ok() && taps.accepts(&rows).is_err());
+    // Not the cover's, nor a TMA kernel's, nor with an f32 A.
+    assert!(GemmKernel { unaligned: true, ..taps }.check().is_err());
+    assert!(GemmKernel { a_f32: true, ..taps }.check().is_err());
+    let tma = candidates::tma_family(ElemType::Bf16, Epilogue::NONE)[0];
+    assert!(GemmKernel { a_taps: true, ..tma }.check().is_err());
+    assert!(GemmKernel { a_taps: true, arch: Arch::Simt, ..k }.check().is_err());
+}
