@@ -927,14 +927,83 @@ fn npy_files(dir: &std::path::Path) -> Vec<(String, std::path::PathBuf)> {
     v
 }
 
+/// The shapes [`bundled_models_match_onnx_runtime_through_the_gpu_backend`]
+/// runs fixture `name` at against the interpreter.
+fn random_shapes(name: &str) -> Vec<Vec<(&'static str, usize)>> {
+    let text = |b, s| vec![("batch", b), ("seq", s)];
+    match name.rsplit('/').next() {
+        Some("bert") => vec![text(1, 1), text(3, 11), text(5, 13), text(1, 64)],
+        Some("gpt2") => vec![text(1, 1), text(3, 11), text(5, 13)],
+        Some("vit") => vec![vec![("batch", 3)]],
+        Some("resnet") => {
+            vec![
+                vec![("batch", 1), ("height", 29), ("width", 31)],
+                vec![("batch", 2), ("height", 17), ("width", 8)],
+            ]
+        }
+        Some("llama_step") => {
+            let step = |b, s, past| vec![("batch", b), ("seq", s), ("past", past), ("total", past + s)];
+            vec![step(1, 1, 0), step(2, 3, 13), step(1, 1, 65)]
+        }
+        _ => panic!("no shapes for {name}"),
+    }
+}
+
+/// Fixture `name` at `dims`, inputs drawn at random (token ids inside every
+/// fixture's vocabulary, masks of ones but a second row's last token, values
+/// in [-2, 2)), through the GPU backend and the interpreter: each output
+/// within [`MODEL_L2`].
+fn compare_fixture<D: anyshape::gpu::Device>(
+    model: &Model,
+    gm: &anyshape::gpu::GpuModel<D>,
+    name: &str,
+    dims: &[(&str, usize)],
+) {
+    let mut rng = Lcg::new(dims.iter().map(|d| d.1 as u64).sum());
+    let ins: Vec<(String, Tensor)> = model
+        .inputs()
+        .into_iter()
+        .map(|info| {
+            let shape = shape_at(&info.ty, dims);
+            let n: usize = shape.iter().product();
+            let elems = match (info.ty.dtype, info.name.as_str()) {
+                (anyshape::DType::I64, "attention_mask") => {
+                    let row = *shape.last().unwrap_or(&1);
+                    // The second row's last token masked (a padded batch).
+                    Elems::I64(
+                        (0..n).map(|i| i64::from(!(i / row.max(1) == 1 && i % row == row - 1))).collect(),
+                    )
+                }
+                (anyshape::DType::I64, "input_ids") => {
+                    Elems::I64((0..n).map(|_| (rng.next() % 50 + 1) as i64).collect())
+                }
+                (anyshape::DType::I64, _) => Elems::I64(vec![0; n]),
+                _ => Elems::F32((0..n).map(|_| rng.unit()).collect()),
+            };
+            (info.name, Tensor::new(shape, elems).expect("tensor"))
+        })
+        .collect();
+    let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let want = model.interpret(&named).unwrap_or_else(|e| panic!("{name} {dims:?}: interpreter: {e}"));
+    let got = gm.run(&named).unwrap_or_else(|e| panic!("{name} {dims:?}: gpu: {e}"));
+    assert_eq!(got.len(), want.len(), "{name} {dims:?}");
+    for ((out, g), (_, w)) in got.iter().zip(&want) {
+        assert_eq!(g.shape(), w.shape(), "{name} {dims:?}: {out}");
+        let err = rel_l2(&g.to_f64_vec(), &w.to_f64_vec());
+        eprintln!("{name} {dims:?}: {out} relative L2 error {err:.2e}");
+        assert!(err < MODEL_L2, "{name} {dims:?}: {out} relative L2 error {err:e}");
+    }
+}
+
 /// A whole model's outputs with bf16 contractions against f32 ones: each
 /// layer's products are off by about [`BF16_L2`]'s 0.4% and the layers add
 /// up (normalizations keep it from growing).
 const MODEL_L2: f64 = 3e-2;
 
-/// The bundled models (ONNX Runtime's outputs at the recorded shapes)
-/// through the GPU backend on the emulator: relative L2 error below
-/// [`MODEL_L2`] (bf16 contractions against ONNX Runtime's f32).
+/// The bundled models (ONNX Runtime's outputs at the recorded shapes, and
+/// the interpreter's at [`random_shapes`]) through the GPU backend on the
+/// emulator: relative L2 error below [`MODEL_L2`] (bf16 contractions against
+/// f32).
 #[test]
 fn bundled_models_match_onnx_runtime_through_the_gpu_backend() {
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests");
@@ -957,6 +1026,15 @@ fn bundled_models_match_onnx_runtime_through_the_gpu_backend() {
         let model = Model::load(dir.join("model.onnx"), &LoadOptions::new())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let gm = model.compile_host_gpu().unwrap_or_else(|e| panic!("{name}: {e}"));
+        // Shapes no recorded case has, against the interpreter: one row and
+        // one token, primes, one past a tile's rows (a product's M of 33 and 65:
+        // past the 32- and 64-row tiles), images of prime sides, an empty and a
+        // filled cache.
+        for dims in random_shapes(name) {
+            let start = std::time::Instant::now();
+            compare_fixture(&model, &gm, name, &dims);
+            eprintln!("{name} {dims:?}: {:.2} s", start.elapsed().as_secs_f64());
+        }
         let mut cases: Vec<_> = std::fs::read_dir(&dir)
             .expect("fixture dir")
             .filter_map(|e| e.ok().map(|e| e.path()))
