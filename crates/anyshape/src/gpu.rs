@@ -252,54 +252,36 @@ impl Device for HostDevice {
         };
         let kind =
             self.kernels.kind(kernel).ok_or_else(|| RunError::Internal(format!("no kernel {kernel}")))?;
-        // A taps kernel's last argument: its descriptor.
-        let (all, taps) = match (kind, all) {
-            (
-                HostKernelKind::Gemm { taps: true, .. } | HostKernelKind::FoldGemm { taps: true },
-                [rest @ .., desc],
-            ) => (rest, Some(ptr(desc)?)),
-            _ => (all, None),
-        };
-        let (args, kper) = match (kind, all) {
+        match (kind, all) {
             (HostKernelKind::Pointers, [a, b, c]) => {
                 let args = [ptr(a)?, ptr(b)?, ptr(c)?];
                 let blocks = dims.grid[0].min(EMULATED_BLOCKS) as usize;
                 let shape = (blocks, dims.threads as usize, dims.smem as usize);
                 // SAFETY: the caller's contract (three pointers as the kernel's ABI
                 // asks, live host memory).
-                return unsafe { self.kernels.launch_loop(kernel, shape, args) }.map_err(RunError::Device);
+                unsafe { self.kernels.launch_loop(kernel, shape, args) }.map_err(RunError::Device)
             }
-            (HostKernelKind::Gemm { .. }, _) => (all, None),
-            // A folding split-K GEMM's last arguments: `kper`, the workspace
-            // and the tiles' counters.
-            (HostKernelKind::FoldGemm { .. }, [rest @ .., KernelArg::I32(kper), w, cnt]) => {
-                (rest, Some((*kper, [ptr(w)?, ptr(cnt)?])))
+            (HostKernelKind::Args { .. }, _) => {
+                // A word an argument, in the kernel's parameters' order (an i32
+                // its word's low half).
+                let words: Vec<u64> = all
+                    .iter()
+                    .map(|a| match *a {
+                        KernelArg::Ptr(p) => p,
+                        KernelArg::I32(x) => x as u32 as u64,
+                        KernelArg::I64(x) => x as u64,
+                    })
+                    .collect();
+                let grid = dims.grid.map(|g| g as usize);
+                let block = (dims.threads as usize, dims.smem as usize);
+                // SAFETY: the caller's contract (`gpu::kernel::ABI`, a folding
+                // split-K kernel's `kper`, workspace and zeroed counters, a taps
+                // kernel's descriptor, live host memory).
+                unsafe { self.kernels.launch_args(kernel, (grid[0], grid[1], grid[2]), block, &words) }
+                    .map_err(RunError::Device)
             }
-            _ => return Err(bad()),
-        };
-        let [a, b, c, bias, res, ints @ .., sa, sb, sc] = args else { return Err(bad()) };
-        let ptrs = [ptr(a)?, ptr(b)?, ptr(c)?, ptr(bias)?, ptr(res)?];
-        let int = |a: &KernelArg| match a {
-            KernelArg::I32(x) => Ok(*x),
             _ => Err(bad()),
-        };
-        let wide = |a: &KernelArg| match a {
-            KernelArg::I64(x) => Ok(*x),
-            _ => Err(bad()),
-        };
-        let ints: [i32; 6] =
-            ints.iter().map(int).collect::<Result<Vec<_>, _>>()?.try_into().map_err(|_| bad())?;
-        let grid = dims.grid.map(|g| g as usize);
-        let (grid, block, strides) = (
-            (grid[0], grid[1], grid[2]),
-            (dims.threads as usize, dims.smem as usize),
-            [wide(sa)?, wide(sb)?, wide(sc)?],
-        );
-        // SAFETY: the caller's contract (`gpu::kernel::ABI`, a folding split-K
-        // kernel's `kper`, workspace and zeroed counters, a taps kernel's
-        // descriptor, live host memory).
-        unsafe { self.kernels.launch_gemm(kernel, grid, block, ptrs, ints, strides, kper, taps) }
-            .map_err(RunError::Device)
+        }
     }
 }
 
@@ -555,8 +537,7 @@ fn host_kind(role: KernelRole) -> HostKernelKind {
         KernelRole::Loop(_) | KernelRole::OperandCopy | KernelRole::Attention { .. } => {
             HostKernelKind::Pointers
         }
-        KernelRole::Gemm(k) if k.split_k => HostKernelKind::FoldGemm { taps: k.a_taps },
-        KernelRole::Gemm(k) => HostKernelKind::Gemm { threads_apart: k.arch == Arch::Simt, taps: k.a_taps },
+        KernelRole::Gemm(k) => HostKernelKind::Args { threads_apart: k.arch == Arch::Simt },
     }
 }
 

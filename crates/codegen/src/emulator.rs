@@ -362,6 +362,7 @@ const HOST_ATTRS: u32 = 4242;
 pub fn for_host(ir: &str, name: &str) -> String {
     let extra: Vec<String> = SREGS.iter().map(|r| format!("i32 %host.{r}")).collect();
     let mut out = String::new();
+    let mut params: Vec<String> = Vec::new();
     for line in ir.lines() {
         if line.starts_with("target ") || line.starts_with("@smem = ") {
             continue;
@@ -372,6 +373,9 @@ pub fn for_host(ir: &str, name: &str) -> String {
             if line.contains(", ptr %tmA") && !line.contains("i32 %batch") {
                 line = line.replace(", ptr %tmA", ", i32 %host.batch, ptr %tmA");
             }
+            let open = line.find('(').map_or(0, |i| i + 1);
+            let close = line.rfind(')').unwrap_or(line.len());
+            params = line[open..close].split(", ").filter(|p| !p.is_empty()).map(str::to_string).collect();
             // f16 converted by F16C instructions, not by library calls the JIT cannot
             // resolve (the tests that run f16 kernels ask the CPU for F16C first).
             out.push_str(&line.replace(") {", &format!(", {}) #{HOST_ATTRS} {{", extra.join(", "))));
@@ -394,9 +398,39 @@ pub fn for_host(ir: &str, name: &str) -> String {
             out.push('\n');
         }
     }
+    out.push_str(&args_entry(name, &params));
     out.push_str(HOST_DECLS);
     out.push_str(&format!("attributes #{HOST_ATTRS} = {{ \"target-features\"=\"+f16c\" }}\n"));
     out
+}
+
+/// `<name>.args`: kernel `name` (its host parameters `params`, the four
+/// indices not among them) called with its arguments read from an array of
+/// 64-bit words ([`ArgsKernel`]): a pointer's address, an integer's value
+/// (an i32 its word's low half).
+fn args_entry(name: &str, params: &[String]) -> String {
+    let mut body = String::new();
+    let mut args = Vec::new();
+    for (i, p) in params.iter().enumerate() {
+        let ty = p.split_whitespace().next().unwrap_or("ptr");
+        body.push_str(&format!("  %w{i} = getelementptr i64, ptr %host.words, i64 {i}\n"));
+        match ty {
+            "ptr" => body.push_str(&format!("  %a{i} = load ptr, ptr %w{i}, align 8\n")),
+            "i64" => body.push_str(&format!("  %a{i} = load i64, ptr %w{i}, align 8\n")),
+            _ => {
+                body.push_str(&format!("  %v{i} = load i64, ptr %w{i}, align 8\n"));
+                body.push_str(&format!("  %a{i} = trunc i64 %v{i} to {ty}\n"));
+            }
+        }
+        args.push(format!("{ty} %a{i}"));
+    }
+    let idx: Vec<String> = SREGS.iter().map(|r| format!("i32 %host.{r}")).collect();
+    let call: Vec<String> = args.into_iter().chain(idx.iter().cloned()).collect();
+    format!(
+        "define void @\"{name}.args\"(ptr %host.words, {}) {{\nentry:\n{body}  call void @{name}({})\n  ret void\n}}\n",
+        idx.join(", "),
+        call.join(", "),
+    )
 }
 
 /// Kernel `name` of `ir`, made for the host and compiled; the harness's functions
@@ -983,67 +1017,17 @@ pub enum HostKernelKind {
     /// status word; the operand copy's source, destination and descriptor),
     /// its units taken grid-stride.
     Pointers,
-    /// A GEMM of the family (`gpu::kernel::ABI`); `threads_apart`: it uses no
-    /// warp-wide operation (a SIMT kernel), so its threads run one after another;
-    /// `taps`: a convolution's taps kernel (`GemmKernel::a_taps`), its
-    /// descriptor's pointer last.
-    Gemm { threads_apart: bool, taps: bool },
-    /// A split-K GEMM that folds its shares (`GemmKernel::fold`): the ABI,
-    /// `kper`, the workspace and the tiles' counters (and a taps kernel's
-    /// descriptor).
-    FoldGemm { taps: bool },
+    /// Any parameters, given as words ([`HostKernels::launch_args`]: a GEMM
+    /// of the family, whatever its ABI's last arguments); `threads_apart`: it
+    /// uses no warp-wide operation (a SIMT kernel), so its threads run one
+    /// after another.
+    Args { threads_apart: bool },
 }
 
-/// A taps kernel's entry on the host (`GemmKernel::a_taps`): the ABI, the
-/// taps' descriptor, the four indices.
-pub type TapsGemm = unsafe extern "C" fn(
-    *const u16,
-    *const u16,
-    *mut u16,
-    *const u16,
-    *const u16,
-    i32,
-    i32,
-    i32,
-    i32,
-    i32,
-    i32,
-    i64,
-    i64,
-    i64,
-    *const i64,
-    i32,
-    i32,
-    i32,
-    i32,
-);
-
-/// A folding split-K taps kernel's entry on the host: the ABI, `kper`, the
-/// workspace, the tiles' counters, the taps' descriptor, the four indices.
-pub type TapsFoldGemm = unsafe extern "C" fn(
-    *const u16,
-    *const u16,
-    *mut u8,
-    *const u8,
-    *const u8,
-    i32,
-    i32,
-    i32,
-    i32,
-    i32,
-    i32,
-    i64,
-    i64,
-    i64,
-    i32,
-    *mut f32,
-    *mut i64,
-    *const i64,
-    i32,
-    i32,
-    i32,
-    i32,
-);
+/// A kernel's entry through its words ([`for_host`]'s `<name>.args`): the
+/// kernel's arguments, a 64-bit word each (a pointer's address, an
+/// integer's value), then the four indices.
+pub type ArgsKernel = unsafe extern "C" fn(*const u64, i32, i32, i32, i32);
 
 /// A split-K GEMM's entry on the host: the ABI with C the f32 workspace,
 /// `kper`, the four indices.
@@ -1116,10 +1100,7 @@ pub type FoldGemm = unsafe extern "C" fn(
 #[derive(Clone, Copy)]
 enum HostEntry {
     Pointers(LoopKernel),
-    Gemm(Gemm, bool),
-    FoldGemm(FoldGemm),
-    TapsGemm(TapsGemm),
-    TapsFoldGemm(TapsFoldGemm),
+    Args(ArgsKernel, bool),
 }
 
 /// Kernels compiled for the host, each an index, with what owns their
@@ -1157,31 +1138,19 @@ impl HostKernels {
         let mut entries = Vec::with_capacity(kernels.len());
         for (name, ir, kind) in kernels {
             let ee = engine(ctx_ref, ir, name)?;
-            let addr = ee.get_function_address(name).map_err(|e| format!("{name}: {e}"))?;
             entries.push(match kind {
                 // SAFETY: `for_host` compiled `name` with three pointer parameters
                 // plus the four indices, which is `LoopKernel`; its engine is kept.
                 HostKernelKind::Pointers => {
+                    let addr = ee.get_function_address(name).map_err(|e| format!("{name}: {e}"))?;
                     HostEntry::Pointers(unsafe { std::mem::transmute::<usize, LoopKernel>(addr) })
                 }
-                // SAFETY: as `gemm_entry`: `gpu::kernel::ABI` plus the four indices.
-                HostKernelKind::Gemm { threads_apart, taps: false } => {
-                    HostEntry::Gemm(unsafe { std::mem::transmute::<usize, Gemm>(addr) }, *threads_apart)
-                }
-                // SAFETY: `for_host` compiled the ABI, the taps' descriptor pointer
-                // and the four indices: `TapsGemm` (a taps kernel is never SIMT).
-                HostKernelKind::Gemm { taps: true, .. } => {
-                    HostEntry::TapsGemm(unsafe { std::mem::transmute::<usize, TapsGemm>(addr) })
-                }
-                // SAFETY: `for_host` compiled the folding split-K ABI (`kper`, the
-                // workspace and the counters last) plus the four indices: `FoldGemm`.
-                HostKernelKind::FoldGemm { taps: false } => {
-                    HostEntry::FoldGemm(unsafe { std::mem::transmute::<usize, FoldGemm>(addr) })
-                }
-                // SAFETY: as `FoldGemm`, the taps' descriptor after the counters:
-                // `TapsFoldGemm`.
-                HostKernelKind::FoldGemm { taps: true } => {
-                    HostEntry::TapsFoldGemm(unsafe { std::mem::transmute::<usize, TapsFoldGemm>(addr) })
+                // SAFETY: `for_host` compiled `<name>.args`, which takes the
+                // kernel's arguments as words plus the four indices: `ArgsKernel`.
+                HostKernelKind::Args { threads_apart } => {
+                    let entry = format!("{name}.args");
+                    let addr = ee.get_function_address(&entry).map_err(|e| format!("{entry}: {e}"))?;
+                    HostEntry::Args(unsafe { std::mem::transmute::<usize, ArgsKernel>(addr) }, *threads_apart)
                 }
             });
             engines.push(ee);
@@ -1203,10 +1172,7 @@ impl HostKernels {
     pub fn kind(&self, k: usize) -> Option<HostKernelKind> {
         Some(match self.entries.get(k)? {
             HostEntry::Pointers(_) => HostKernelKind::Pointers,
-            HostEntry::Gemm(_, apart) => HostKernelKind::Gemm { threads_apart: *apart, taps: false },
-            HostEntry::FoldGemm(_) => HostKernelKind::FoldGemm { taps: false },
-            HostEntry::TapsGemm(_) => HostKernelKind::Gemm { threads_apart: false, taps: true },
-            HostEntry::TapsFoldGemm(_) => HostKernelKind::FoldGemm { taps: true },
+            HostEntry::Args(_, apart) => HostKernelKind::Args { threads_apart: *apart },
         })
     }
 
@@ -1246,129 +1212,30 @@ impl HostKernels {
         Ok(())
     }
 
-    /// Run GEMM kernel `k` over every block of `grid`, `threads` a block with
-    /// `smem` bytes of shared memory: A, B, C, bias and residual (`ptrs`),
-    /// M, N, K and the leading dimensions (`ints`), the batch strides; a
-    /// folding split-K kernel with `fold`: `kper` (its steps a share; `z`
-    /// over the shares), the workspace and the tiles' counters; a taps kernel
-    /// with `taps`, its descriptor.
+    /// Run kernel `k` of [`HostKernelKind::Args`] over every block of `grid`,
+    /// `threads` a block with `smem` bytes of shared memory each, its
+    /// arguments `args` (a word each, in its parameters' order).
     ///
     /// # Safety
-    /// The arguments are what `gpu::kernel::ABI` asks for at this problem, in
-    /// host memory (a folding kernel's workspace and counters sized by
-    /// `GemmKernel::fold_space`, the counters zero; a taps kernel's
-    /// descriptor that of taps inside A's image), and nothing else touches
-    /// C meanwhile.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn launch_gemm(
+    /// `args` are what the kernel's ABI asks for (a GEMM's `gpu::kernel::ABI`
+    /// at this problem, a folding split-K kernel's workspace and zeroed
+    /// counters, a taps kernel's descriptor), their pointers into host memory,
+    /// and nothing else touches what the kernel writes meanwhile.
+    pub unsafe fn launch_args(
         &self,
         k: usize,
         grid: (usize, usize, usize),
         (threads, smem): (usize, usize),
-        ptrs: [u64; 5],
-        ints: [i32; 6],
-        strides: [i64; 3],
-        fold: Option<(i32, [u64; 2])>,
-        taps: Option<u64>,
+        args: &[u64],
     ) -> Result<(), String> {
-        let entry = self.entries.get(k).copied();
-        let apart = match (entry, fold, taps) {
-            (Some(HostEntry::Gemm(_, apart)), None, None) => apart,
-            (Some(HostEntry::FoldGemm(_)), Some(_), None) => false,
-            (Some(HostEntry::TapsGemm(_)), None, Some(_)) => false,
-            (Some(HostEntry::TapsFoldGemm(_)), Some(_), Some(_)) => false,
-            _ => return Err(format!("kernel {k} is not a GEMM taking these arguments")),
+        let Some(HostEntry::Args(entry, apart)) = self.entries.get(k).copied() else {
+            return Err(format!("kernel {k} does not take its arguments as words"));
         };
-        let desc = taps.unwrap_or(0);
-        let [m, n, kk, lda, ldb, ldc] = ints;
-        let [sa, sb, sc] = strides;
+        let words = args.as_ptr() as usize;
         let thread = |tid: usize, x: usize, y: usize, z: usize| {
-            let (t, x, y, z) = (tid as i32, x as i32, y as i32, z as i32);
-            let (a, b, bias, res) =
-                (ptrs[0] as *const u16, ptrs[1] as *const u16, ptrs[3] as *const u16, ptrs[4] as *const u16);
-            // SAFETY: the caller's contract; each thread runs the kernel once.
-            unsafe {
-                match (entry, fold) {
-                    (Some(HostEntry::Gemm(f, _)), _) => f(
-                        a,
-                        b,
-                        ptrs[2] as *mut u16,
-                        bias,
-                        res,
-                        m,
-                        n,
-                        kk,
-                        lda,
-                        ldb,
-                        ldc,
-                        sa,
-                        sb,
-                        sc,
-                        t,
-                        x,
-                        y,
-                        z,
-                    ),
-                    (Some(HostEntry::FoldGemm(f)), Some((kper, [w, cnt]))) => {
-                        let (c, bias, res) = (ptrs[2] as *mut u8, bias as *const u8, res as *const u8);
-                        let (w, cnt) = (w as *mut f32, cnt as *mut i64);
-                        f(a, b, c, bias, res, m, n, kk, lda, ldb, ldc, sa, sb, sc, kper, w, cnt, t, x, y, z)
-                    }
-                    (Some(HostEntry::TapsGemm(f)), _) => {
-                        let c = ptrs[2] as *mut u16;
-                        f(
-                            a,
-                            b,
-                            c,
-                            bias,
-                            res,
-                            m,
-                            n,
-                            kk,
-                            lda,
-                            ldb,
-                            ldc,
-                            sa,
-                            sb,
-                            sc,
-                            desc as *const i64,
-                            t,
-                            x,
-                            y,
-                            z,
-                        )
-                    }
-                    (Some(HostEntry::TapsFoldGemm(f)), Some((kper, [w, cnt]))) => {
-                        let (c, bias, res) = (ptrs[2] as *mut u8, bias as *const u8, res as *const u8);
-                        let (w, cnt) = (w as *mut f32, cnt as *mut i64);
-                        f(
-                            a,
-                            b,
-                            c,
-                            bias,
-                            res,
-                            m,
-                            n,
-                            kk,
-                            lda,
-                            ldb,
-                            ldc,
-                            sa,
-                            sb,
-                            sc,
-                            kper,
-                            w,
-                            cnt,
-                            desc as *const i64,
-                            t,
-                            x,
-                            y,
-                            z,
-                        )
-                    }
-                    _ => {}
-                }
-            }
+            // SAFETY: the caller's contract; `args` outlives every thread, which
+            // runs the kernel once.
+            unsafe { entry(words as *const u64, tid as i32, x as i32, y as i32, z as i32) }
         };
         if apart {
             for z in 0..grid.2 {

@@ -135,27 +135,23 @@ fn check(host: &HostKernels, index: usize, k: &GemmKernel, conv: Conv, splits: u
     let mut w = vec![0f32; floats + 1];
     let mut cnt = vec![0i64; tiles + 1];
     let a = image16.as_ptr() as u64 + 2 * start as u64;
-    let ptrs = [a, b16.as_ptr() as u64, c.as_mut_ptr() as u64, bias.as_ptr() as u64, 0];
-    let ints = [m as i32, n as i32, kk as i32, 0, kk as i32, n as i32];
-    let fold = k.split_k.then_some((per as i32, [w.as_mut_ptr() as u64, cnt.as_mut_ptr() as u64]));
+    // The ABI's words: A, B, C, the bias, the residual; M, N, K, lda, ldb,
+    // ldc; the batch strides; a folding kernel's `kper`, workspace and
+    // counters; the taps' descriptor.
+    let mut args = vec![a, b16.as_ptr() as u64, c.as_mut_ptr() as u64, bias.as_ptr() as u64, 0];
+    args.extend([m, n, kk, 0, kk, n].map(|x| x as u64));
+    args.extend([0, 0, 0]);
+    if k.split_k {
+        args.extend([per as u64, w.as_mut_ptr() as u64, cnt.as_mut_ptr() as u64]);
+    }
+    args.push(desc.as_ptr() as u64);
     let grid = (n.div_ceil(k.bn), m.div_ceil(k.bm), shares);
     // SAFETY: A is the image the descriptor's geometry stays inside, B
     // `[N, K]`, C `M × N` f32 (rows `n` apart) with the bias `N` f32; a
     // folding kernel's workspace and zeroed counters as `fold_space` sizes
     // them.
-    unsafe {
-        host.launch_gemm(
-            index,
-            grid,
-            (k.threads(), k.smem_bytes()),
-            ptrs,
-            ints,
-            [0; 3],
-            fold,
-            Some(desc.as_ptr() as u64),
-        )
-    }
-    .unwrap_or_else(|e| panic!("{k}: {e}"));
+    unsafe { host.launch_args(index, grid, (k.threads(), k.smem_bytes()), &args) }
+        .unwrap_or_else(|e| panic!("{k}: {e}"));
     assert!(cnt.iter().all(|&x| x == 0), "{k}: the tiles' counters are left zero");
     let a = column_matrix(&image, start, &copy);
     let o = Operands { elem: ElemType::Bf16, a: &a, b: &b, bias: &bias16, residual: &[] };
@@ -192,12 +188,7 @@ fn taps_kernels_read_a_convolutions_taps_in_place() {
     let compiled: Vec<(String, String, HostKernelKind)> = kernels
         .iter()
         .map(|k| {
-            let kind = if k.split_k {
-                HostKernelKind::FoldGemm { taps: true }
-            } else {
-                HostKernelKind::Gemm { threads_apart: false, taps: true }
-            };
-            (k.name(), nvptx::llvm_ir(k).expect("generates"), kind)
+            (k.name(), nvptx::llvm_ir(k).expect("generates"), HostKernelKind::Args { threads_apart: false })
         })
         .collect();
     let host = HostKernels::new(&compiled).expect("compiles for the host");
