@@ -729,6 +729,9 @@ fn step_lists(
         // A) is stored as such, its f32 accumulators rounded in the epilogue.
         let list =
             if plan.buffers[mm.c.buf].dtype == ir::DType::BF16 { steps::storing_bf16_c(list) } else { list };
+        // A bf16 copy of an f32 C beside it, which its reading products take
+        // as their A (`lower::bf16_operands`).
+        let list = if mm.c_bf16.is_some() { steps::storing_c16_copy(list) } else { list };
         // An activation B with its K adjacent: read in place at few rows.
         let f32_b = !mm.weight && konst(mm.b.rs) == Some(1) && plan.buffers[mm.b.buf].dtype == ir::DType::F32;
         out.push(if f32_b { steps::reading_f32_b(list) } else { list });

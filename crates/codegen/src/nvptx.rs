@@ -171,6 +171,9 @@ struct Ix {
     a_base: String,
     b_base: String,
     c_base: String,
+    /// Where a kernel storing a 16-bit copy of C (`GemmKernel::c16_copy`)
+    /// stores it: C's batch entry in `%C16`.
+    c16_base: Option<String>,
     r_base: Option<String>,
     /// The block's K steps (a split-K block's share), from step `k_first`.
     kt_n: String,
@@ -453,7 +456,10 @@ fn simt_ir(k: &GemmKernel) -> String {
         let row = g.v(format!("mul i64 {r64}, {ldc}"));
         let at = g.v(format!("add i64 {row}, {c64}"));
         let at = g.v(format!("add i64 {at}, {oc}"));
-        g.store_c(k.c_type(), k.epilogue, &acc, c, &at);
+        let y = g.store_c(k.c_type(), k.epilogue, &acc, c, &at);
+        if k.c16_copy {
+            g.store_copy16(k.elem, &y, &at);
+        }
         g.emit(format!("br label %{next}"));
         g.block(&next);
     }
@@ -463,9 +469,7 @@ fn simt_ir(k: &GemmKernel) -> String {
         k.threads(),
         &format!("a {tm}x{tn} tile of C a thread, f32 FMAs"),
         false,
-        "ptr addrspace(1) readonly %A, ptr addrspace(1) readonly %B, ptr addrspace(1) %C, \
-         ptr addrspace(1) readonly %bias, ptr addrspace(1) readonly %res, i32 %M, i32 %N, i32 %K, \
-         i32 %lda, i32 %ldb, i32 %ldc, i64 %sa, i64 %sb, i64 %sc",
+        &plain_params(k),
         &[],
     )
 }
@@ -481,6 +485,17 @@ fn simt_ir(k: &GemmKernel) -> String {
 /// N read the last one and are not stored. K, lda and the batch strides are
 /// multiples of 8 (`GemmKernel::accepts`, the runner's checks): each chunk is one
 /// aligned 16-byte load inside K.
+/// A SIMT or GEMV kernel's parameters: `gpu::kernel::ABI`, then a 16-bit
+/// copy's C (`GemmKernel::c16_copy`).
+fn plain_params(k: &GemmKernel) -> String {
+    let copy = if k.c16_copy { ", ptr addrspace(1) %C16" } else { "" };
+    format!(
+        "ptr addrspace(1) readonly %A, ptr addrspace(1) readonly %B, ptr addrspace(1) %C, \
+         ptr addrspace(1) readonly %bias, ptr addrspace(1) readonly %res, i32 %M, i32 %N, i32 %K, \
+         i32 %lda, i32 %ldb, i32 %ldc, i64 %sa, i64 %sb, i64 %sc{copy}"
+    )
+}
+
 fn gemv_ir(k: &GemmKernel) -> String {
     let mut g = Ir::default();
     let e = elem_ty(k.elem);
@@ -600,7 +615,10 @@ fn gemv_ir(k: &GemmKernel) -> String {
     let nn = g.v(format!("zext i32 {n} to i64"));
     let ci = g.v(format!("add i64 {row}, {nn}"));
     let ci = g.v(format!("add i64 {ci}, {oc}"));
-    g.store_c(k.c_type(), k.epilogue, &y, &n, &ci);
+    let stored = g.store_c(k.c_type(), k.epilogue, &y, &n, &ci);
+    if k.c16_copy {
+        g.store_copy16(k.elem, &stored, &ci);
+    }
     g.emit("br label %done");
     g.block("done");
     g.emit("ret void");
@@ -609,9 +627,7 @@ fn gemv_ir(k: &GemmKernel) -> String {
         k.threads(),
         &format!("a warp a column, {} rows, warp shuffles", k.bm),
         false,
-        "ptr addrspace(1) readonly %A, ptr addrspace(1) readonly %B, ptr addrspace(1) %C, \
-         ptr addrspace(1) readonly %bias, ptr addrspace(1) readonly %res, i32 %M, i32 %N, i32 %K, \
-         i32 %lda, i32 %ldb, i32 %ldc, i64 %sa, i64 %sb, i64 %sc",
+        &plain_params(k),
         &[],
     )
 }
@@ -781,13 +797,24 @@ impl Ir {
 
     /// One f32 value `y` through `epi` (the bias at column `n`, the residual at C's
     /// index `ci`), rounded to C's type `c` and stored at `C[ci]`.
-    fn store_c(&mut self, c: ElemType, epi: Epilogue, y: &str, n: &str, ci: &str) {
+    /// Returns the value stored.
+    fn store_c(&mut self, c: ElemType, epi: Epilogue, y: &str, n: &str, ci: &str) -> String {
         let res = epi.residual.then(|| ("%res".to_string(), ci.to_string()));
         let y = self.epilogue_value(c, epi, y, n, res.as_ref());
         let h = self.round_c(c, &y);
         let (t, st) = (c_ty(c), c_step(c));
         let cp = self.v(format!("getelementptr inbounds {st}, ptr addrspace(1) %C, i64 {ci}"));
         self.emit(format!("store {t} {h}, ptr addrspace(1) {cp}, align {}", c.bytes()));
+        h
+    }
+
+    /// An f32 value `y` rounded to `elem` (16-bit) and stored at `C16[ci]`
+    /// (`GemmKernel::c16_copy`).
+    fn store_copy16(&mut self, elem: ElemType, y: &str, ci: &str) {
+        let h = elem_ty(elem);
+        let r = self.v(format!("fptrunc float {y} to {h}"));
+        let cp = self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %C16, i64 {ci}"));
+        self.emit(format!("store {h} {r}, ptr addrspace(1) {cp}, align 2"));
     }
 
     /// An f32 value as C's type `c` (rounded to a 16-bit type, or as it is).
@@ -1225,6 +1252,7 @@ impl Gen {
                 let c_base = self.v(format!("getelementptr inbounds float, ptr addrspace(1) %C, i64 {oc}"));
                 (c_base, None, None)
             };
+            let c16_base = k.c16_copy.then(|| "%C16".to_string());
             let k_first = self.v(format!("mul i32 {bz}, %kper"));
             let left = self.v(format!("sub i32 {steps}, {k_first}"));
             let fewer = self.v(format!("icmp ult i32 {left}, %kper"));
@@ -1238,6 +1266,7 @@ impl Gen {
                 a_base: "%A".into(),
                 b_base: "%B".into(),
                 c_base,
+                c16_base,
                 r_base,
                 kt_n,
                 k_first,
@@ -1256,6 +1285,9 @@ impl Gen {
             .epilogue
             .residual
             .then(|| self.v(format!("getelementptr inbounds {st}, ptr addrspace(1) %res, i64 {oc}")));
+        let c16_base = k
+            .c16_copy
+            .then(|| self.v(format!("getelementptr inbounds i16, ptr addrspace(1) %C16, i64 {oc}")));
         Ix {
             tid,
             warp,
@@ -1265,6 +1297,7 @@ impl Gen {
             a_base,
             b_base,
             c_base,
+            c16_base,
             r_base,
             kt_n: steps,
             k_first: "0".into(),
@@ -2265,11 +2298,19 @@ impl Gen {
                 let s = self.spot(f, half, &r1, &c1, &ldc64);
                 let vals = [f.vals[half * 2].clone(), f.vals[half * 2 + 1].clone()];
                 if k.split_k && !k.fold {
-                    self.store_two("float", 4, ix, &s, &vals, &even);
+                    self.store_two("float", 4, &ix.c_base, &s, &vals, &even);
                     continue;
                 }
                 let out = self.rounded_pair(ix, &s, &vals);
-                self.store_two(c_ty(c), c.bytes(), ix, &s, &out, &even);
+                self.store_two(c_ty(c), c.bytes(), &ix.c_base, &s, &out, &even);
+                if let Some(base) = &ix.c16_base {
+                    let h = elem_ty(k.elem);
+                    let copy = out.clone().map(|y| {
+                        let r = self.v(format!("fptrunc float {y} to {h}"));
+                        self.v(format!("bitcast {h} {r} to i16"))
+                    });
+                    self.store_two("i16", 2, base, &s, &copy, &even);
+                }
             }
         }
         self.emit("ret void");
@@ -2589,7 +2630,7 @@ impl Gen {
     /// Stores two adjacent values of type `ty` (`size` bytes each) at `s`: in one
     /// store of twice the size where both are inside C and the strides keep it
     /// aligned, else one at a time, each predicated.
-    fn store_two(&mut self, ty: &str, size: usize, ix: &Ix, s: &Spot, v: &[String; 2], even: &str) {
+    fn store_two(&mut self, ty: &str, size: usize, base: &str, s: &Spot, v: &[String; 2], even: &str) {
         let elem = if ty == "float" { "float" } else { "i16" };
         let pair_ok = self.v(format!("and i1 {}, {even}", s.in1));
         let (pair, single, st0, chk1, st1, next) = (
@@ -2600,8 +2641,7 @@ impl Gen {
             self.fresh("st.1"),
             self.fresh("st.next"),
         );
-        let p0 =
-            self.v(format!("getelementptr inbounds {elem}, ptr addrspace(1) {}, i64 {}", ix.c_base, s.idx));
+        let p0 = self.v(format!("getelementptr inbounds {elem}, ptr addrspace(1) {base}, i64 {}", s.idx));
         self.emit(format!("br i1 {pair_ok}, label %{pair}, label %{single}"));
         self.block(&pair);
         let v2a = self.v(format!("insertelement <2 x {ty}> poison, {ty} {}, i32 0", v[0]));
@@ -2647,7 +2687,7 @@ impl Gen {
             } else {
                 ""
             }
-        );
+        ) + if k.c16_copy { ", ptr addrspace(1) %C16" } else { "" };
         // A TMA kernel's tensor maps are kernel parameters read in place (`grid_constant`:
         // their generic address is taken with `cvta.param`, not a local copy's); one
         // block an SM at least fixes the register count a block starts with, which

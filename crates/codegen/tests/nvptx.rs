@@ -194,6 +194,7 @@ fn an_invalid_kernel_is_an_error_not_a_panic() {
         a_f32: false,
         b_f32: false,
         a_taps: false,
+        c16_copy: false,
     };
     let e = nvptx::llvm_ir(&bad).unwrap_err().to_string();
     assert!(e.contains("warp tile 24x32"), "{e}");
@@ -234,6 +235,7 @@ fn golden_ptx() {
         a_f32: false,
         b_f32: false,
         a_taps: false,
+        c16_copy: false,
     };
     golden("gemm_bf16_nt_16x64_w1x4_s4.ptx", &nvptx::ptx(&small).unwrap());
     let nn = GemmKernel {
@@ -402,6 +404,15 @@ fn ptxas_accepts_every_family_kernel() {
     kernels.extend(candidates::family(ElemType::Bf16, BLayout::KMajor, e).into_iter().map(taps));
     kernels.extend(candidates::wgmma_family(ElemType::Bf16, e).into_iter().filter(|k| !k.tma).map(taps));
     kernels.extend(fold_family(e, true).into_iter().map(taps));
+    // A 16-bit copy of C stored beside it: every kind of kernel a step's list holds.
+    let copy = |k: GemmKernel| GemmKernel { c16_copy: true, c_f32: true, ..k };
+    kernels.extend(candidates::family(ElemType::Bf16, BLayout::KMajor, e).into_iter().take(2).map(copy));
+    kernels
+        .extend(candidates::wgmma_family(ElemType::Bf16, e).into_iter().filter(|k| !k.tma).take(2).map(copy));
+    kernels.extend(fold_family(e, true).into_iter().take(2).map(copy));
+    kernels.extend(candidates::unaligned_family(ElemType::Bf16, e).into_iter().take(1).map(copy));
+    kernels.extend(candidates::gemv_family(ElemType::Bf16, e).into_iter().map(copy));
+    kernels.extend(candidates::simt_family(ElemType::Bf16, e).into_iter().take(1).map(copy));
     kernels.extend(candidates::unaligned_family(ElemType::F16, Epilogue::NONE));
     kernels.extend(candidates::unaligned_family(
         ElemType::Bf16,

@@ -133,6 +133,7 @@ fn plain(
         a_f32: false,
         b_f32: false,
         a_taps: false,
+        c16_copy: false,
     }
 }
 

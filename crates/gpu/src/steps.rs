@@ -110,6 +110,14 @@ pub fn reading_taps(list: Vec<StepKernel>) -> Vec<StepKernel> {
     out
 }
 
+/// A step's list made to store a 16-bit copy of its f32 C beside it
+/// (`GemmKernel::c16_copy`: a product whose output other products read as
+/// their A while the rest of the model reads it in f32): every kernel of
+/// the list, so that whichever runs writes the copy its readers take.
+pub fn storing_c16_copy(list: Vec<StepKernel>) -> Vec<StepKernel> {
+    list.into_iter().map(|e| StepKernel { kernel: GemmKernel { c16_copy: true, ..e.kernel }, ..e }).collect()
+}
+
 /// A step's list made to store its C in bf16 (a product whose output only
 /// other products read, as their bf16 A): each kernel's C, bias and
 /// residual of the operands' type.

@@ -34,6 +34,7 @@ fn mma(bm: usize, bn: usize, warps_m: usize, warps_n: usize) -> GemmKernel {
         a_f32: false,
         b_f32: false,
         a_taps: false,
+        c16_copy: false,
     }
 }
 

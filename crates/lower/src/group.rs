@@ -1116,6 +1116,7 @@ impl<'g> Lowering<'g> {
             i16s8: i16 && s8_weight,
             epilogue: MatEpilogue::default(),
             a_bf16: None,
+            c_bf16: None,
         })
     }
 

@@ -3,7 +3,9 @@
 //! that a loop program writes as f32 would be copied to bf16 before each
 //! product (a launch that reads and writes A again). Instead the program
 //! stores `cast<bf16>` of the same value into a second buffer, beside the
-//! f32 one that other readers (a residual, a GEMV) keep reading.
+//! f32 one that other readers (a residual, a GEMV) keep reading; a
+//! contraction's A that another contraction writes in f32 (a residual sum)
+//! is stored so by that contraction's epilogue.
 
 use std::collections::{HashMap, HashSet};
 
@@ -11,15 +13,18 @@ use ir::DType;
 use plan::{BufId, Buffer, BufferKind, ModelPlan, Param, StepKind, Store};
 
 /// For every contraction step whose A is a temporary that one loop program
-/// writes (once, with nothing else writing it) and whose rows are contiguous,
+/// or one contraction (its epilogue: [`plan::MatMulStep::c_bf16`]) writes
+/// (once, with nothing else writing it) and whose rows are contiguous,
 /// or a convolution's taps whose channels and strides are multiples of 8
-/// ([`taps_aligned`]): a bf16 buffer beside A that the program also
+/// ([`taps_aligned`]): a bf16 buffer beside A that the writer also
 /// stores, named in the step as [`plan::MatMulStep::a_bf16`]. Steps reading
 /// the same A share the buffer; a program shared by other steps that do not
 /// need the store is copied. Returns the buffers added.
 pub fn bf16_operands(plan: &mut ModelPlan) -> usize {
-    // A's buffer → its writer (step, parameter), for each A that qualifies.
+    // A's buffer → its writer (step, parameter), for each A that qualifies;
+    // or the product that writes it.
     let mut mirrored: HashMap<BufId, (usize, usize)> = HashMap::new();
+    let mut stored: HashMap<BufId, usize> = HashMap::new();
     for st in &plan.steps {
         let StepKind::MatMul(m) = &st.kind else { continue };
         let unit_columns = plan.dims.exprs().get(m.a.cs as usize).and_then(|e| e.as_const()) == Some(1);
@@ -27,14 +32,16 @@ pub fn bf16_operands(plan: &mut ModelPlan) -> usize {
             None => unit_columns,
             Some(t) => taps_aligned(plan, t),
         };
-        if !readable || mirrored.contains_key(&m.a.buf) {
+        if !readable || mirrored.contains_key(&m.a.buf) || stored.contains_key(&m.a.buf) {
             continue;
         }
         if let Some(w) = loop_writer(plan, m.a.buf) {
             mirrored.insert(m.a.buf, w);
+        } else if let Some(w) = product_writer(plan, m.a.buf) {
+            stored.insert(m.a.buf, w);
         }
     }
-    if mirrored.is_empty() {
+    if mirrored.is_empty() && stored.is_empty() {
         return 0;
     }
     // The loop steps that get a store, by program: a program all of whose
@@ -64,6 +71,16 @@ pub fn bf16_operands(plan: &mut ModelPlan) -> usize {
     let mut order: Vec<BufId> = mirrored.keys().copied().collect();
     order.sort_unstable();
     let mut copies: HashMap<BufId, BufId> = HashMap::new();
+    // A product's copy: stored by its epilogue (`MatMulStep::c_bf16`).
+    let mut products: Vec<(BufId, usize)> = stored.into_iter().collect();
+    products.sort_unstable();
+    for (a, step) in products {
+        let b = push_bf16_twin(plan, a);
+        copies.insert(a, b);
+        if let StepKind::MatMul(m) = &mut plan.steps[step].kind {
+            m.c_bf16 = Some(b);
+        }
+    }
     for a in order {
         let (step, param) = mirrored[&a];
         let StepKind::Loop { program, .. } = &plan.steps[step].kind else { continue };
@@ -87,18 +104,7 @@ pub fn bf16_operands(plan: &mut ModelPlan) -> usize {
                 t
             }
         };
-        let src = &plan.buffers[a];
-        let copy = Buffer {
-            name: format!("{}.bf16", src.name),
-            dtype: DType::BF16,
-            shape: src.shape.clone(),
-            numel: src.numel,
-            kind: BufferKind::Temp,
-            first: 0,
-            last: 0,
-        };
-        plan.buffers.push(copy);
-        let b = plan.buffers.len() - 1;
+        let b = push_bf16_twin(plan, a);
         copies.insert(a, b);
         if let StepKind::Loop { program, args } = &mut plan.steps[step].kind {
             *program = target;
@@ -118,6 +124,51 @@ pub fn bf16_operands(plan: &mut ModelPlan) -> usize {
     }
     plan.compute_lifetimes();
     copies.len()
+}
+
+/// A new bf16 temporary of buffer `a`'s shape; its index.
+fn push_bf16_twin(plan: &mut ModelPlan, a: BufId) -> BufId {
+    let src = &plan.buffers[a];
+    let copy = Buffer {
+        name: format!("{}.bf16", src.name),
+        dtype: DType::BF16,
+        shape: src.shape.clone(),
+        numel: src.numel,
+        kind: BufferKind::Temp,
+        first: 0,
+        last: 0,
+    };
+    plan.buffers.push(copy);
+    plan.buffers.len() - 1
+}
+
+/// The contraction step that writes `buf`, when `buf` is an f32 temporary
+/// that step alone writes (as its C, in f32: not codes), so that its
+/// epilogue can store a bf16 copy beside it.
+fn product_writer(plan: &ModelPlan, buf: BufId) -> Option<usize> {
+    if !matches!(plan.buffers[buf].kind, BufferKind::Temp) || plan.buffers[buf].dtype != DType::F32 {
+        return None;
+    }
+    let mut writer = None;
+    for (j, st) in plan.steps.iter().enumerate() {
+        match &st.kind {
+            StepKind::MatMul(m) if m.c.buf == buf => {
+                if writer.is_some() || m.epilogue.codes || m.c_bf16.is_some() {
+                    return None;
+                }
+                writer = Some(j);
+            }
+            StepKind::Loop { program, args } => {
+                let p = &plan.programs[*program];
+                if args.iter().enumerate().any(|(k, &b)| b == buf && p.params[k].written) {
+                    return None;
+                }
+            }
+            StepKind::Attention(a) if a.output.c.buf == buf => return None,
+            _ => {}
+        }
+    }
+    writer
 }
 
 /// The loop step and its parameter that write `buf`, when `buf` is a
@@ -180,7 +231,7 @@ fn with_store(p: &plan::LoopProgram, param: usize) -> plan::LoopProgram {
 
 /// For every contraction or fused attention step whose output C is a
 /// temporary that only contractions read, each as its A at a view whose rows and start are
-/// 16-byte aligned in bf16 (constant strides and offset, multiples of 8;
+/// 16-byte aligned in bf16 (strides and offset multiples of 8 at every shape;
 /// a depth of a multiple of 8), or as a convolution's taps whose channels
 /// and strides are multiples of 8 ([`taps_aligned`]: the GPU's taps kernels
 /// read them in place): C's buffer made bf16, so that the product
@@ -191,7 +242,7 @@ fn with_store(p: &plan::LoopProgram, param: usize) -> plan::LoopProgram {
 /// a step adding a residual keeps f32. Returns the buffers made bf16.
 pub fn bf16_products(plan: &mut ModelPlan) -> usize {
     let konst = |plan: &ModelPlan, slot: u32| plan.dims.exprs().get(slot as usize).and_then(|e| e.as_const());
-    let aligned = |plan: &ModelPlan, slot: u32| konst(plan, slot).is_some_and(|v| v % 8 == 0);
+    let aligned = |plan: &ModelPlan, slot: u32| multiple_of_8(&plan.dims, slot);
     let mut narrowed = Vec::new();
     for p in 0..plan.steps.len() {
         // The output, and whether the step can store it in bf16.
@@ -278,12 +329,13 @@ fn taps_aligned(plan: &ModelPlan, t: &plan::Taps) -> bool {
 }
 
 fn taps_aligned_in(dims: &plan::DimTable, t: &plan::Taps) -> bool {
-    let eights = |slot: u32| {
-        dims.exprs()
-            .get(slot as usize)
-            .is_some_and(|e| e.try_rem(8).ok().and_then(|r| r.as_const()) == Some(0))
-    };
-    eights(t.image[3]) && t.strides.iter().all(|&s| eights(s))
+    multiple_of_8(dims, t.image[3]) && t.strides.iter().all(|&s| multiple_of_8(dims, s))
+}
+
+/// Whether dim slot `slot` is a multiple of 8 at every shape (a constant,
+/// or an expression such as `64·w`).
+fn multiple_of_8(dims: &plan::DimTable, slot: u32) -> bool {
+    dims.exprs().get(slot as usize).is_some_and(|e| e.try_rem(8).ok().and_then(|r| r.as_const()) == Some(0))
 }
 
 /// A constant's values rounded to bf16, as a constant buffer of its shape.

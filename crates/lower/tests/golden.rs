@@ -881,3 +881,58 @@ group 1: contraction
     assert_eq!(got, want, "got:\n{got}");
     lowered_for_gpu(&convolution_over_a_program(12), lower::bf16_operands, 0);
 }
+
+/// The GPU's plans: a product's f32 output that a loop reads and another
+/// product takes as its A gets a bf16 copy that the first product's
+/// epilogue stores beside it (`MatMulStep::c_bf16`), the second reading it.
+#[test]
+fn a_products_output_read_by_a_product_and_a_loop_is_stored_twice() {
+    let list = |n: usize| (0..n).map(|i| format!("{}", (i % 7) as f32 / 4.0)).collect::<Vec<_>>().join(", ");
+    let text = format!(
+        r#"graph {{
+  sym n param 1..
+  input %x: f32[n, 8]
+  %w: f32[8, 16] = constant [{}]
+  %v: f32[16, 8] = constant [{}]
+  %h: f32[n, 16] = matmul %x, %w
+  %o: f32[n, 8] = matmul %h, %v
+  %t: f32[n, 16] = tanh %h
+  output %o, %t
+}}
+"#,
+        list(128),
+        list(128)
+    );
+    let got = lowered_for_gpu(&text, lower::bf16_operands, 1);
+    let want = r#"dims:
+  d0 = 8*n
+  d1 = 128
+  d2 = 16*n
+  d3 = 0
+  d4 = 8
+  d5 = 1
+  d6 = 16
+  d7 = n
+buffers:
+  b0: f32[n, 8] "x" (input 0)
+  b1: f32[8, 16] "w" (constant)
+  b2: f32[16, 8] "v" (constant)
+  b3: f32[n, 8] "o" (output 0)
+  b4: f32[n, 16] "t" (output 1)
+  b5: f32[n, 16] "h" (temp, steps 0..=2)
+  b6: bf16[n, 16] "h.bf16" (temp, steps 0..=1)
+p0: program g2_elementwise
+  %0: in f32[d7, 16] "h"
+  %1: out f32[d7, 16] "t"
+  gpu: quads (4 adjacent points a thread or lane, vector accesses where aligned)
+  for i0 < d7, i1 < 16:
+    %1[·] = tanh(%0[i0, i1])
+group 0: contraction
+  matmul [] m d7 n d6 k d4 (weight): A b0+d3 strides [] d4 d5 · B b1+d3 strides [] d6 d5 → C b5+d3 strides [] d6 d5 (also as bf16 in b6)
+group 1: contraction
+  matmul [] m d7 n d4 k d6 (weight): A b5+d3 strides [] d6 d5 (as bf16 in b6) · B b2+d3 strides [] d4 d5 → C b3+d3 strides [] d4 d5
+group 2: elementwise
+  loop p0(b5, b4)
+"#;
+    assert_eq!(got, want, "got:\n{got}");
+}

@@ -197,6 +197,14 @@ pub struct GemmKernel {
     /// over 16-bit operands (not TMA, not element by element, not f32 A).
     #[serde(default)]
     pub a_taps: bool,
+    /// C (f32, `c_f32`) is also stored rounded to the operands' 16-bit type
+    /// into a second buffer laid out as C (`%C16`, a pointer argument after
+    /// the others): a product whose output other products read as their A,
+    /// while the rest of the model reads the f32 values (a residual sum that
+    /// the next residual block's convolutions take). Not a TMA kernel's, nor
+    /// an unfolded split-K kernel's (its C is the partial sums).
+    #[serde(default)]
+    pub c16_copy: bool,
 }
 
 /// The second launch of a split-K product: `C[m, n] = epilogue(Σ_s W[s, m, n])`,
@@ -280,7 +288,7 @@ impl GemmKernel {
     /// The symbol in the PTX and the cubin's file stem.
     pub fn name(&self) -> String {
         format!(
-            "gemm_{}{}_{}_{}x{}_w{}x{}_s{}{}{}{}{}{}",
+            "gemm_{}{}_{}_{}x{}_w{}x{}_s{}{}{}{}{}{}{}",
             match (self.arch, self.overlap, self.tma, self.persistent) {
                 (Arch::Sm80, ..) if self.unaligned => "ua_",
                 (Arch::Sm80, ..) => "",
@@ -312,6 +320,7 @@ impl GemmKernel {
             },
             if self.b_f32 { "_b32" } else { "" },
             if self.c_f32 { "_c32" } else { "" },
+            if self.c16_copy { "_c16" } else { "" },
             epilogue_suffix(&self.epilogue)
         )
     }
@@ -494,6 +503,12 @@ impl GemmKernel {
             && (self.tma || self.unaligned || self.a_f32 || !matches!(self.arch, Arch::Sm80 | Arch::Sm90a))
         {
             return bad("taps are read by the mma.sync and cp.async-fed wgmma kernels' 16-byte copies".into());
+        }
+        if self.c16_copy && (!self.c_f32 || self.tma || (self.split_k && !self.fold)) {
+            return bad(
+                "a 16-bit copy of C is stored beside an f32 C, not by a TMA kernel or unfolded split-K"
+                    .into(),
+            );
         }
         if self.a_f32 && self.tma {
             return bad("a TMA kernel's copies move 16-bit tiles: its A cannot be f32".into());

@@ -180,6 +180,11 @@ pub struct MatMulStep {
     /// before the product.
     #[serde(default)]
     pub a_bf16: Option<BufId>,
+    /// A bf16 buffer laid out as C's that the product also stores, value for
+    /// value (`lower::bf16_operands`, GPU plans only): the `a_bf16` of the
+    /// products reading C as their A, while the rest of the model reads C.
+    #[serde(default)]
+    pub c_bf16: Option<BufId>,
 }
 
 impl MatMulStep {
@@ -283,6 +288,7 @@ impl StepKind {
             StepKind::MatMul(m) => {
                 let mut v = vec![m.a.buf, m.b.buf, m.c.buf];
                 v.extend(m.a_bf16);
+                v.extend(m.c_bf16);
                 v.extend(m.epilogue.buffers());
                 v
             }

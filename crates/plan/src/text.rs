@@ -273,7 +273,10 @@ fn matmul(m: &crate::model::MatMulStep) -> String {
         },
         a_view(m),
         view(&m.b),
-        view(&m.c),
+        match m.c_bf16 {
+            Some(b) => format!("{} (also as bf16 in b{b})", view(&m.c)),
+            None => view(&m.c),
+        },
         epilogue(&m.epilogue)
     )
 }

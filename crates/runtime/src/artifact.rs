@@ -54,8 +54,9 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// whole, read in shallower blocks too; 22: a GPU artifact's operand copy
 /// taking taps four channels a thread, taps and views an element a thread
 /// in 32-bit indices; 23: a GPU artifact's GEMMs reading a convolution's
-/// taps from a bf16 image, their descriptor a last argument); a runtime
-/// reads only its own.
+/// taps from a bf16 image, their descriptor an argument, and storing a
+/// bf16 copy of C, its buffer the last argument); a runtime reads only its
+/// own.
 pub const FORMAT_VERSION: u32 = 23;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
@@ -1021,7 +1022,7 @@ fn validate(plan: &ModelPlan, inputs: usize, outputs: usize) -> Result<(), Strin
         view(&m.a)?;
         view(&m.b)?;
         view(&m.c)?;
-        m.a_bf16.into_iter().try_for_each(buf)?;
+        m.a_bf16.into_iter().chain(m.c_bf16).try_for_each(buf)?;
         m.epilogue.buffers().try_for_each(buf)?;
         if let Some(t) = &m.taps {
             t.image.iter().chain(&t.strides).chain(&t.out).copied().try_for_each(slot)?;

@@ -435,6 +435,7 @@ mod tests {
                 i16s8: false,
                 epilogue: Default::default(),
                 a_bf16: None,
+                c_bf16: None,
             };
             let s = matmul_shape(&mm, &dims).unwrap();
             let count: usize = ext.iter().product();

@@ -85,8 +85,12 @@ pub(super) struct GemmLaunch {
     /// A split-K kernel's last arguments.
     pub fold: Option<FoldArgs>,
     /// A taps kernel's descriptor (`OperandCopy::descriptor` of its taps),
-    /// which the call's tables hold; its pointer is the last argument.
+    /// which the call's tables hold; its pointer is an argument after the
+    /// others.
     pub taps: Option<Vec<i64>>,
+    /// Where a kernel storing a 16-bit copy of C stores it (C's entry in
+    /// the step's `c_bf16`): the last argument.
+    pub c16: Option<At>,
 }
 
 /// A folding split-K launch's arguments past the ABI's: its steps of K a
@@ -336,7 +340,16 @@ pub(super) fn launches(
             choice,
             fold: None,
             taps: None,
+            c16: None,
         };
+        if kk.c16_copy {
+            let copy = mm.c_bf16.ok_or_else(|| {
+                RunError::Internal(format!(
+                    "step {step}: kernel {kk} stores a copy of C the plan has no buffer for"
+                ))
+            })?;
+            launch.c16 = Some(At::Buffer(copy, 2 * c_off));
+        }
         if kk.a_taps {
             launch.taps = a_taps_copy(s, m, k).map(|t| t.descriptor(&[]));
         }

@@ -1301,6 +1301,9 @@ impl<D: Device> GpuModel<D> {
                             args.push(KernelArg::Ptr(base + taps_at[taps] as u64));
                             taps += 1;
                         }
+                        if let Some(c16) = g.c16 {
+                            args.push(resolve(c16)?);
+                        }
                         let dims = LaunchDims { grid: g.grid, threads: g.threads, smem: g.smem };
                         // Sound to launch: `gpu::kernel::ABI`'s arguments: bf16 A and B laid out
                         // as M, N, K, the leading dimensions and batch strides say
@@ -1311,7 +1314,8 @@ impl<D: Device> GpuModel<D> {
                         // by `GemmKernel::fold_space`, its counters a word a tile in
                         // the tables, zero (each tile's last block sets it back). A
                         // taps kernel's descriptor, in the tables, holds the taps'
-                        // geometry at this shape, inside A's image.
+                        // geometry at this shape, inside A's image. A 16-bit copy of C
+                        // goes to the step's bf16 buffer laid out as C's.
                         launches.push(Launch { step: i, kernel: g.kernel, dims, args });
                     }
                 }

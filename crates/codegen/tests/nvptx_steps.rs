@@ -1,11 +1,18 @@
-//! Implicit GEMM on the GPU (`GemmKernel::a_taps`): the tensor-core kernels
-//! reading a convolution's taps straight from a bf16 channels-last image
-//! (`cp.async` from each tap, zero-filled in the padding), run on the host
-//! emulator against the oracle over the column matrix the plain definition
-//! writes. Geometries of 1, primes and one past a tile: padding, strides,
-//! dilation, two images, padded pixels, an image that starts inside its
-//! buffer; an mma.sync, a wgmma and a folding split-K kernel. (ptxas
-//! assembles the taps tiles in `nvptx.rs`'s `ptxas_accepts_every_family_kernel`.)
+//! The GEMM forms a model's steps take on the GPU, run on the host emulator
+//! against the oracle.
+//!
+//! Implicit GEMM (`GemmKernel::a_taps`): the tensor-core kernels reading a
+//! convolution's taps straight from a bf16 channels-last image (`cp.async`
+//! from each tap, zero-filled in the padding), against the oracle over the
+//! column matrix the plain definition writes. Geometries of 1, primes and
+//! one past a tile: padding, strides, dilation, two images, padded pixels,
+//! an image that starts inside its buffer; an mma.sync, a wgmma and a
+//! folding split-K kernel. (ptxas assembles the taps tiles in `nvptx.rs`'s
+//! `ptxas_accepts_every_family_kernel`.)
+//!
+//! A 16-bit copy of C beside the f32 one (`GemmKernel::c16_copy`): every
+//! kind of kernel a step's list holds stores both, the copy each value of C
+//! rounded, nothing past C's columns.
 #![cfg(feature = "nvptx")]
 
 use anyshape_codegen::emulator::{self as host, HostKernelKind, HostKernels};
@@ -235,4 +242,98 @@ fn taps_kernels_take_only_taps() {
     let tma = candidates::tma_family(ElemType::Bf16, Epilogue::NONE)[0];
     assert!(GemmKernel { a_taps: true, ..tma }.check().is_err());
     assert!(GemmKernel { a_taps: true, arch: Arch::Simt, ..k }.check().is_err());
+}
+
+/// Every kind of kernel a model step's list holds, storing f32 C through a
+/// bias and a residual and its 16-bit copy beside it (`c16_copy`): C against
+/// the oracle, the copy each value of C rounded to bf16, the rows' padding
+/// in both untouched.
+#[test]
+fn kernels_store_a_16_bit_copy_of_c_beside_it() {
+    let epi = Epilogue { bias: true, residual: true, activation: Activation::Relu, ..Epilogue::NONE };
+    let mma = candidates::family(ElemType::Bf16, BLayout::KMajor, epi);
+    let tile = |bm, bn| mma.iter().copied().find(|k| (k.bm, k.bn) == (bm, bn)).expect("a tile");
+    let wgmma = candidates::wgmma_family(ElemType::Bf16, epi)
+        .into_iter()
+        .find(|k| !k.tma && k.bm == 64 && k.bn == 128)
+        .expect("a wgmma tile");
+    let first = |fam: Vec<GemmKernel>| fam[0];
+    let kernels: Vec<GemmKernel> = [
+        tile(64, 64),
+        wgmma,
+        GemmKernel { split_k: true, fold: true, ..tile(32, 64) },
+        first(candidates::unaligned_family(ElemType::Bf16, epi)),
+        candidates::gemv_family(ElemType::Bf16, epi).into_iter().find(|k| k.bm == 8).expect("GEMV"),
+        first(candidates::simt_family(ElemType::Bf16, epi)),
+    ]
+    .into_iter()
+    .map(|k| GemmKernel { c_f32: true, c16_copy: true, ..k })
+    .collect();
+    let compiled: Vec<(String, String, HostKernelKind)> = kernels
+        .iter()
+        .map(|k| {
+            k.check().unwrap_or_else(|e| panic!("{e}"));
+            assert!(k.name().ends_with("_c32_c16_bias_res_relu"), "{k}");
+            let kind = HostKernelKind::Args { threads_apart: k.arch == Arch::Simt };
+            (k.name(), nvptx::llvm_ir(k).expect("generates"), kind)
+        })
+        .collect();
+    let host = HostKernels::new(&compiled).expect("compiles for the host");
+    for (index, k) in kernels.iter().enumerate() {
+        let (m, n, kk) = if k.arch == Arch::Gemv { (7, 72, 96) } else { (37, 72, 96) };
+        let p = Problem::nt(1, m, n, kk);
+        k.accepts(&p).unwrap_or_else(|e| panic!("{k}: {e}"));
+        let ldc = n + 3;
+        let a: Vec<u16> = (0..m * kk).map(|i| bf16(value(i))).collect();
+        let b: Vec<u16> = (0..n * kk).map(|i| bf16(value(3 * i + 1))).collect();
+        let bias16: Vec<u16> = (0..n).map(|j| bf16(value(j + 5))).collect();
+        let res16: Vec<u16> = (0..m * ldc).map(|i| bf16(value(7 * i + 2))).collect();
+        let widen = |v: &[u16]| -> Vec<f32> { v.iter().map(|&x| f32::from_bits((x as u32) << 16)).collect() };
+        let (bias, res) = (widen(&bias16), widen(&res16));
+        let dense: Vec<u16> = (0..m * n).map(|i| res16[(i / n) * ldc + i % n]).collect();
+        let mut c = vec![f32::NAN; m * ldc + 4];
+        let mut c16 = vec![0x7fc1u16; m * ldc + 4];
+        let (per, shares) = if k.split_k { k.split_plan(kk, 3) } else { (0, 1) };
+        let (floats, tiles) = if k.split_k { k.fold_space(&p, shares) } else { (0, 0) };
+        let mut w = vec![0f32; floats + 1];
+        let mut cnt = vec![0i64; tiles + 1];
+        let (a16, b16) = (host::aligned(&a), host::aligned(&b));
+        let mut args = vec![
+            a16.as_ptr() as u64,
+            b16.as_ptr() as u64,
+            c.as_mut_ptr() as u64,
+            bias.as_ptr() as u64,
+            res.as_ptr() as u64,
+        ];
+        args.extend([m, n, kk, kk, kk, ldc].map(|x| x as u64));
+        args.extend([0, 0, 0]);
+        if k.split_k {
+            args.extend([per as u64, w.as_mut_ptr() as u64, cnt.as_mut_ptr() as u64]);
+        }
+        args.push(c16.as_mut_ptr() as u64);
+        let grid = (n.div_ceil(k.bn), m.div_ceil(k.bm), shares);
+        // SAFETY: A `[M, K]`, B `[N, K]` (bf16), C, the residual and the copy
+        // `M` rows `ldc` apart, the bias `N` (f32); a folding kernel's
+        // workspace and zeroed counters as `fold_space` sizes them.
+        unsafe { host.launch_args(index, grid, (k.threads(), k.smem_bytes()), &args) }
+            .unwrap_or_else(|e| panic!("{k}: {e}"));
+        let o = Operands { elem: ElemType::Bf16, a: &a, b: &b, bias: &bias16, residual: &dense };
+        let want = reference::gemm(&p, &k.epilogue, &o);
+        let scale = (kk as f64).sqrt();
+        for i in 0..m {
+            for j in 0..ldc {
+                let (got, copy) = (c[i * ldc + j], c16[i * ldc + j]);
+                if j >= n {
+                    assert!(got.is_nan() && copy == 0x7fc1, "{k}: ({i}, {j}) written past C's columns");
+                    continue;
+                }
+                let want = want[i * n + j];
+                assert!(
+                    reference::close(ElemType::F32, got, want, scale, false),
+                    "{k}: ({i}, {j}) {got} for {want}"
+                );
+                assert_eq!(copy, bf16(got), "{k}: ({i}, {j}) the copy of {got}");
+            }
+        }
+    }
 }
