@@ -227,6 +227,10 @@ struct TapsGeometry {
     s_img: String,
     s_row: String,
     s_pix: String,
+    /// Division by the channels and by the kernel's width as a multiplication
+    /// ([`Gen::divisor`]): every chunk divides its column by both each step.
+    by_c: (String, String),
+    by_kw: (String, String),
 }
 
 /// An f32 A's chunk in registers across a step's products: its two 16-byte
@@ -1403,7 +1407,37 @@ impl Gen {
         let ohw = self.v(format!("mul i32 {oh}, {ow}"));
         let [h, w, c, kw, sh, sw, dh, dw, ph, pw] = std::array::from_fn(|i| word(self, 2 + i, false));
         let [s_img, s_row, s_pix] = std::array::from_fn(|i| word(self, 12 + i, true));
-        TapsGeometry { ow, ohw, h, w, c, kw, sh, sw, dh, dw, ph, pw, s_img, s_row, s_pix }
+        let by_c = self.divisor(&c);
+        let by_kw = self.divisor(&kw);
+        TapsGeometry { ow, ohw, h, w, c, kw, sh, sw, dh, dw, ph, pw, s_img, s_row, s_pix, by_c, by_kw }
+    }
+
+    /// The multiplier and shift that divide by `d` (1 ≤ d < 2³¹) any `x` below
+    /// 2³¹ (Granlund and Montgomery): `p = 31 + ⌈log₂ d⌉`, `m = ⌈2^p / d⌉`
+    /// (below 2³², so `x·m` fits 64 bits), `x / d = (x·m) >> p`. Found once
+    /// a thread, so that a step's divisions are a wide multiplication and a
+    /// shift each, where a 32-bit division is a routine of about twenty
+    /// instructions on the GPU.
+    fn divisor(&mut self, d: &str) -> (String, String) {
+        let less = self.v(format!("sub i32 {d}, 1"));
+        let lz = self.v(format!("call i32 @llvm.ctlz.i32(i32 {less}, i1 false)"));
+        let log = self.v(format!("sub i32 32, {lz}"));
+        let p = self.v(format!("add i32 {log}, 31"));
+        let p64 = self.v(format!("zext i32 {p} to i64"));
+        let pow = self.v(format!("shl i64 1, {p64}"));
+        let d64 = self.v(format!("zext i32 {d} to i64"));
+        let up = self.v(format!("add i64 {pow}, {d64}"));
+        let up = self.v(format!("sub i64 {up}, 1"));
+        let m = self.v(format!("udiv i64 {up}, {d64}"));
+        (m, p64)
+    }
+
+    /// `x / d` (x below 2³¹) by `d`'s [`Gen::divisor`].
+    fn divide(&mut self, x: &str, (m, p): &(String, String)) -> String {
+        let x64 = self.v(format!("zext i32 {x} to i64"));
+        let wide = self.v(format!("mul i64 {x64}, {m}"));
+        let q = self.v(format!("lshr i64 {wide}, {p}"));
+        self.v(format!("trunc i64 {q} to i32"))
     }
 
     /// Chunk `i` of a taps kernel's A tile: row `i / (bk/8)` an output pixel
@@ -1544,10 +1578,11 @@ impl Gen {
             let (c, kw, dh, dw, h, w) =
                 (t.c.clone(), t.kw.clone(), t.dh.clone(), t.dw.clone(), t.h.clone(), t.w.clone());
             let (s_row, s_pix) = (t.s_row.clone(), t.s_pix.clone());
-            let tap = self.v(format!("udiv i32 {kk}, {c}"));
+            let (by_c, by_kw) = (t.by_c.clone(), t.by_kw.clone());
+            let tap = self.divide(&kk, &by_c);
             let tc = self.v(format!("mul i32 {tap}, {c}"));
             let ch = self.v(format!("sub i32 {kk}, {tc}"));
-            let i = self.v(format!("udiv i32 {tap}, {kw}"));
+            let i = self.divide(&tap, &by_kw);
             let ikw = self.v(format!("mul i32 {i}, {kw}"));
             let j = self.v(format!("sub i32 {tap}, {ikw}"));
             let di = self.v(format!("mul i32 {i}, {dh}"));
@@ -2761,6 +2796,7 @@ declare { i32, i32, i32, i32 } @llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.trans.b1
 declare { float, float, float, float } @llvm.nvvm.mma.m16n8k16.row.col.bf16(i32, i32, i32, i32, i32, i32, float, float, float, float)
 declare { float, float, float, float } @llvm.nvvm.mma.m16n8k16.row.col.f32.f32(<2 x half>, <2 x half>, <2 x half>, <2 x half>, <2 x half>, <2 x half>, float, float, float, float)
 declare float @llvm.fma.f32(float, float, float)
+declare i32 @llvm.ctlz.i32(i32, i1 immarg)
 declare float @llvm.nvvm.shfl.sync.bfly.f32(i32, float, i32, i32)
 declare float @llvm.vector.reduce.fadd.v8f32(float, <8 x float>)
 declare float @llvm.fabs.f32(float)

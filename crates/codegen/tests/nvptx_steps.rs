@@ -191,6 +191,15 @@ fn taps_kernels_read_a_convolutions_taps_in_place() {
     for k in &kernels {
         k.check().unwrap_or_else(|e| panic!("{e}"));
         assert!(k.name().contains("_taps"), "{k}");
+        // The main loop divides by multiplications (`Gen::divisor`), never by
+        // a division routine.
+        let ir = nvptx::llvm_ir(k).expect("generates");
+        let start = ir.find("\nloop:").expect("a main loop");
+        let end = ir[start..].find("\nepilogue:").map_or(ir.len(), |e| start + e);
+        assert!(
+            !ir[start..end].contains("udiv") && !ir[start..end].contains("urem"),
+            "{k}: a division in the loop"
+        );
     }
     let compiled: Vec<(String, String, HostKernelKind)> = kernels
         .iter()
@@ -219,6 +228,9 @@ fn taps_kernels_read_a_convolutions_taps_in_place() {
         conv(2, 8, 8, 64, [1, 1], 2, 1, 0, 40, 0),
         conv(1, 13, 13, 32, [3, 3], 1, 1, 1, 66, 8),
         conv(1, 5, 3, 8, [1, 3], 1, 1, 1, 8, 0),
+        // Divisors that are no powers of two (the channels, the kernel's width).
+        conv(1, 11, 13, 40, [5, 5], 1, 1, 2, 16, 8),
+        conv(1, 9, 9, 8, [7, 7], 2, 1, 3, 8, 0),
     ];
     for (i, k) in kernels.iter().enumerate() {
         for case in cases {
@@ -334,6 +346,31 @@ fn kernels_store_a_16_bit_copy_of_c_beside_it() {
                 );
                 assert_eq!(copy, bf16(got), "{k}: ({i}, {j}) the copy of {got}");
             }
+        }
+    }
+}
+
+/// The taps kernels divide a column by the channels and a tap by the kernel's
+/// width as `(x·m) >> p`, `p = 31 + ⌈log₂ d⌉`, `m = ⌈2^p / d⌉` (`Gen::divisor`):
+/// exact for every `x` below 2³¹, as these columns and taps are (K < 2³¹).
+#[test]
+fn the_taps_divisions_by_multiplication_are_exact_below_2_31() {
+    // As the kernel computes them: `ctlz` of `d - 1` in 32 bits (32 for 0).
+    let divide = |x: u64, d: u64| {
+        let p = 31 + 32 - ((d - 1) as u32).leading_zeros() as u64;
+        let m = (1u64 << p).div_ceil(d);
+        assert!(m < 1 << 32, "{d}: multiplier {m}");
+        (x * m) >> p
+    };
+    let mut x = 0x1234_5678u64;
+    for d in (1..=5000).chain([65_535, 1 << 20, (1 << 31) - 1]) {
+        for edge in [0, 1, d - 1, d, d + 1, (1 << 31) - 1, (1 << 31) - d] {
+            assert_eq!(divide(edge, d), edge / d, "{edge} / {d}");
+        }
+        for _ in 0..64 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let v = (x >> 33) & ((1 << 31) - 1);
+            assert_eq!(divide(v, d), v / d, "{v} / {d}");
         }
     }
 }
