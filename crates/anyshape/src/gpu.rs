@@ -262,16 +262,8 @@ impl Device for HostDevice {
                 unsafe { self.kernels.launch_loop(kernel, shape, args) }.map_err(RunError::Device)
             }
             (HostKernelKind::Args { .. }, _) => {
-                // A word an argument, in the kernel's parameters' order (an i32
-                // its word's low half).
-                let words: Vec<u64> = all
-                    .iter()
-                    .map(|a| match *a {
-                        KernelArg::Ptr(p) => p,
-                        KernelArg::I32(x) => x as u32 as u64,
-                        KernelArg::I64(x) => x as u64,
-                    })
-                    .collect();
+                // A word an argument, in the kernel's parameters' order.
+                let words: Vec<u64> = all.iter().map(KernelArg::word).collect();
                 let grid = dims.grid.map(|g| g as usize);
                 let block = (dims.threads as usize, dims.smem as usize);
                 // SAFETY: the caller's contract (`gpu::kernel::ABI`, a folding

@@ -20,6 +20,7 @@ use anyshape_codegen::nvptx;
 use gpu::reference::{self, Operands};
 use gpu::{candidates, ALayout, Activation, Arch, BLayout, ElemType, Epilogue, GemmKernel, Problem};
 use plan::gpu::OperandCopy;
+mod taps;
 
 /// One convolution: images, height, width, channels, kernel, stride,
 /// dilation, padding (the same along both axes), outputs N, and the pixel
@@ -69,40 +70,41 @@ fn value(i: usize) -> f32 {
     ((i * 7919 % 1009) as f32 - 504.0) / 397.0
 }
 
-/// The column matrix of `copy`'s taps over `image` (from element `start`),
-/// zeros outside the image: what the taps kernels must read.
-fn column_matrix(image: &[u16], start: usize, copy: &OperandCopy) -> Vec<u16> {
-    let &OperandCopy::Taps {
-        rows,
-        cols,
-        out: [oh, ow],
-        image: [h, w, channels],
-        kernel_width: kw,
-        stride: [sh, sw],
-        dilation: [dh, dw],
-        pad: [ph, pw],
-        strides: [s_img, s_row, s_pix],
-    } = copy
-    else {
-        panic!("not taps: {copy:?}")
-    };
-    let mut out = Vec::with_capacity(rows * cols);
-    for r in 0..rows {
-        let (b, y, x) = (r / (oh * ow), r / ow % oh, r % ow);
-        for d in 0..cols {
-            let (tap, c) = (d / channels, d % channels);
-            let (i, j) = (tap / kw, tap % kw);
-            let iy = (y * sh + i * dh) as isize - ph as isize;
-            let ix = (x * sw + j * dw) as isize - pw as isize;
-            let inside = (0..h as isize).contains(&iy) && (0..w as isize).contains(&ix);
-            out.push(if inside {
-                image[start + b * s_img + iy as usize * s_row + ix as usize * s_pix + c]
-            } else {
-                0
-            });
-        }
+/// A kernel's shares of K as the runtime launches it: a folding split-K
+/// kernel's steps a share, workspace and zeroed counters
+/// (`GemmKernel::fold_space`); one share and nothing else for another.
+struct Shares {
+    per: usize,
+    count: usize,
+    workspace: Vec<f32>,
+    counters: Vec<i64>,
+}
+
+impl Shares {
+    fn new(k: &GemmKernel, p: &Problem, splits: usize) -> Shares {
+        let (per, count) = if k.split_k { k.split_plan(p.k, splits) } else { (0, 1) };
+        let (floats, tiles) = if k.split_k { k.fold_space(p, count) } else { (0, 0) };
+        Shares { per, count, workspace: vec![0.0; floats + 1], counters: vec![0; tiles + 1] }
     }
-    out
+
+    /// The kernel's words: A, B, C, the bias and the residual (`ptrs`); M,
+    /// N, K, lda, ldb, ldc (`ints`); batch strides of zero; a folding
+    /// kernel's `kper`, workspace and counters; then `last` (a taps
+    /// kernel's descriptor, a copy's C).
+    fn words(&mut self, k: &GemmKernel, ptrs: [u64; 5], ints: [usize; 6], last: u64) -> Vec<u64> {
+        let mut args = ptrs.to_vec();
+        args.extend(ints.map(|x| x as u64));
+        args.extend([0, 0, 0]);
+        if k.split_k {
+            args.extend([
+                self.per as u64,
+                self.workspace.as_mut_ptr() as u64,
+                self.counters.as_mut_ptr() as u64,
+            ]);
+        }
+        args.push(last);
+        args
+    }
 }
 
 /// Kernel `k` (a taps kernel, f32 C) on convolution `conv` against the
@@ -137,30 +139,19 @@ fn check(host: &HostKernels, index: usize, k: &GemmKernel, conv: Conv, splits: u
     let desc = copy.descriptor(&[0]);
     let (image16, b16) = (host::aligned(&image), host::aligned(&b));
     let mut c = vec![f32::NAN; m * n + 4];
-    let (per, shares) = if k.split_k { k.split_plan(kk, splits) } else { (0, 1) };
-    let (floats, tiles) = if k.split_k { k.fold_space(&p, shares) } else { (0, 0) };
-    let mut w = vec![0f32; floats + 1];
-    let mut cnt = vec![0i64; tiles + 1];
+    let mut shares = Shares::new(k, &p, splits);
     let a = image16.as_ptr() as u64 + 2 * start as u64;
-    // The ABI's words: A, B, C, the bias, the residual; M, N, K, lda, ldb,
-    // ldc; the batch strides; a folding kernel's `kper`, workspace and
-    // counters; the taps' descriptor.
-    let mut args = vec![a, b16.as_ptr() as u64, c.as_mut_ptr() as u64, bias.as_ptr() as u64, 0];
-    args.extend([m, n, kk, 0, kk, n].map(|x| x as u64));
-    args.extend([0, 0, 0]);
-    if k.split_k {
-        args.extend([per as u64, w.as_mut_ptr() as u64, cnt.as_mut_ptr() as u64]);
-    }
-    args.push(desc.as_ptr() as u64);
-    let grid = (n.div_ceil(k.bn), m.div_ceil(k.bm), shares);
+    let ptrs = [a, b16.as_ptr() as u64, c.as_mut_ptr() as u64, bias.as_ptr() as u64, 0];
+    let args = shares.words(k, ptrs, [m, n, kk, 0, kk, n], desc.as_ptr() as u64);
+    let grid = (n.div_ceil(k.bn), m.div_ceil(k.bm), shares.count);
     // SAFETY: A is the image the descriptor's geometry stays inside, B
     // `[N, K]`, C `M × N` f32 (rows `n` apart) with the bias `N` f32; a
     // folding kernel's workspace and zeroed counters as `fold_space` sizes
     // them.
     unsafe { host.launch_args(index, grid, (k.threads(), k.smem_bytes()), &args) }
         .unwrap_or_else(|e| panic!("{k}: {e}"));
-    assert!(cnt.iter().all(|&x| x == 0), "{k}: the tiles' counters are left zero");
-    let a = column_matrix(&image, start, &copy);
+    assert!(shares.counters.iter().all(|&x| x == 0), "{k}: the tiles' counters are left zero");
+    let a = taps::column_matrix(&image, start, &copy, 0);
     let o = Operands { elem: ElemType::Bf16, a: &a, b: &b, bias: &bias16, residual: &[] };
     let want = reference::gemm(&Problem::nt(1, m, n, kk), &k.epilogue, &o);
     let scale = (kk as f64).sqrt();
@@ -305,25 +296,17 @@ fn kernels_store_a_16_bit_copy_of_c_beside_it() {
         let dense: Vec<u16> = (0..m * n).map(|i| res16[(i / n) * ldc + i % n]).collect();
         let mut c = vec![f32::NAN; m * ldc + 4];
         let mut c16 = vec![0x7fc1u16; m * ldc + 4];
-        let (per, shares) = if k.split_k { k.split_plan(kk, 3) } else { (0, 1) };
-        let (floats, tiles) = if k.split_k { k.fold_space(&p, shares) } else { (0, 0) };
-        let mut w = vec![0f32; floats + 1];
-        let mut cnt = vec![0i64; tiles + 1];
+        let mut shares = Shares::new(k, &p, 3);
         let (a16, b16) = (host::aligned(&a), host::aligned(&b));
-        let mut args = vec![
+        let ptrs = [
             a16.as_ptr() as u64,
             b16.as_ptr() as u64,
             c.as_mut_ptr() as u64,
             bias.as_ptr() as u64,
             res.as_ptr() as u64,
         ];
-        args.extend([m, n, kk, kk, kk, ldc].map(|x| x as u64));
-        args.extend([0, 0, 0]);
-        if k.split_k {
-            args.extend([per as u64, w.as_mut_ptr() as u64, cnt.as_mut_ptr() as u64]);
-        }
-        args.push(c16.as_mut_ptr() as u64);
-        let grid = (n.div_ceil(k.bn), m.div_ceil(k.bm), shares);
+        let args = shares.words(k, ptrs, [m, n, kk, kk, kk, ldc], c16.as_mut_ptr() as u64);
+        let grid = (n.div_ceil(k.bn), m.div_ceil(k.bm), shares.count);
         // SAFETY: A `[M, K]`, B `[N, K]` (bf16), C, the residual and the copy
         // `M` rows `ldc` apart, the bias `N` (f32); a folding kernel's
         // workspace and zeroed counters as `fold_space` sizes them.

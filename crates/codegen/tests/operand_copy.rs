@@ -12,6 +12,7 @@ use anyshape_codegen::emulator::{HostKernelKind, HostKernels};
 use anyshape_codegen::nvptx;
 use plan::gpu::{OperandCopy, OPERAND_COPY_KERNEL};
 use proptest::prelude::*;
+mod taps;
 
 fn kernels() -> HostKernels {
     let k = (OPERAND_COPY_KERNEL.to_string(), nvptx::operand_copy_ir(), HostKernelKind::Pointers);
@@ -43,38 +44,10 @@ fn run_words(host: &HostKernels, src: &[f32], copy: &OperandCopy, desc: &[i64], 
     dst
 }
 
-/// A convolution's taps as the plain definition lays them out, in bf16:
-/// row `(b, y, x)`, column `(i, j, c)`, zero outside the image (`src` starts
-/// at the entry).
+/// A convolution's taps as the plain definition lays them out, in bf16
+/// (`src` starts at the entry).
 fn plain_taps(src: &[f32], copy: &OperandCopy) -> Vec<u16> {
-    let &OperandCopy::Taps {
-        rows,
-        cols,
-        out: [oh, ow],
-        image: [h, w, channels],
-        kernel_width: kw,
-        stride: [sh, sw],
-        dilation: [dh, dw],
-        pad: [ph, pw],
-        strides: [s_img, s_row, s_pix],
-    } = copy
-    else {
-        panic!("not taps: {copy:?}")
-    };
-    let mut out = Vec::with_capacity(rows * cols);
-    for r in 0..rows {
-        let (b, y, x) = (r / (oh * ow), r / ow % oh, r % ow);
-        for d in 0..cols {
-            let (tap, c) = (d / channels, d % channels);
-            let (i, j) = (tap / kw, tap % kw);
-            let iy = (y * sh + i * dh) as isize - ph as isize;
-            let ix = (x * sw + j * dw) as isize - pw as isize;
-            let inside = (0..h as isize).contains(&iy) && (0..w as isize).contains(&ix);
-            let v = if inside { src[b * s_img + iy as usize * s_row + ix as usize * s_pix + c] } else { 0.0 };
-            out.push(plan::bf16_bits(v));
-        }
-    }
-    out
+    taps::column_matrix(src, 0, copy, 0.0).into_iter().map(plan::bf16_bits).collect()
 }
 
 /// The first element where `got` and `want` differ, with both values.

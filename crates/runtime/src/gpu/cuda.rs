@@ -429,14 +429,7 @@ impl Device for CudaDevice {
         let f = self.funcs.get(kernel).ok_or_else(|| RunError::Internal(format!("no kernel {kernel}")))?;
         // Each value in its own 8 bytes; the driver reads a parameter's size from
         // its address (an i32 is the low 4 bytes: x86-64 and aarch64 are little-endian).
-        let mut vals: Vec<u64> = args
-            .iter()
-            .map(|a| match *a {
-                KernelArg::Ptr(p) => p,
-                KernelArg::I32(x) => x as u32 as u64,
-                KernelArg::I64(x) => x as u64,
-            })
-            .collect();
+        let mut vals: Vec<u64> = args.iter().map(KernelArg::word).collect();
         let mut params: Vec<*mut c_void> = vals.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
         if self.launches.get(kernel) == Some(&KernelLaunch::Dependent) {
             // A programmatic dependent: launched while the kernel before it

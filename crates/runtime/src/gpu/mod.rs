@@ -94,6 +94,18 @@ pub enum KernelArg {
     I64(i64),
 }
 
+impl KernelArg {
+    /// The argument in a 64-bit word (an i32 in the low half), as the driver
+    /// and the host emulator read a kernel's parameters.
+    pub fn word(&self) -> u64 {
+        match *self {
+            KernelArg::Ptr(p) => p,
+            KernelArg::I32(x) => x as u32 as u64,
+            KernelArg::I64(x) => x as u64,
+        }
+    }
+}
+
 /// A launch's geometry: blocks in x, y and z, threads a block, and the bytes
 /// of dynamic shared memory a block gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
