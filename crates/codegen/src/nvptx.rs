@@ -210,7 +210,7 @@ struct Copy {
 /// descriptor once: the output's width and pixels an image, the image's
 /// height, width and channels, the kernel's width, the strides, dilations
 /// and padding (i32), and the image's strides between images, rows and
-/// pixels, a dilated tap row's and column's (i64, elements).
+/// pixels (i64, elements).
 struct TapsGeometry {
     ow: String,
     ohw: String,
@@ -478,17 +478,6 @@ fn simt_ir(k: &GemmKernel) -> String {
     )
 }
 
-/// The LLVM IR of a GEMV kernel (`Arch::Gemv`, ABI `gpu::kernel::ABI`, a K-major
-/// B): block `(x, y, z)` computes rows `y·bm ..` of C's columns `x·bn ..` in batch
-/// entry `z`, warp `w` column `x·bn + w`. Lane `l` takes K's 16-byte chunks `l`,
-/// `l + 32`, …: each chunk of B's column (a row of `[N, K]`: the warp reads 512
-/// contiguous bytes a step) is loaded once and multiplied into the same chunk of
-/// each of the block's rows of A, 8 f32 partial sums a row. After the loop a lane
-/// adds its 8, a butterfly of warp shuffles adds the 32 lanes' (every lane then
-/// holds every row's sum), and lane `i` stores row `i`. Rows and columns past M and
-/// N read the last one and are not stored. K, lda and the batch strides are
-/// multiples of 8 (`GemmKernel::accepts`, the runner's checks): each chunk is one
-/// aligned 16-byte load inside K.
 /// A SIMT or GEMV kernel's parameters: `gpu::kernel::ABI`, then a 16-bit
 /// copy's C (`GemmKernel::c16_copy`).
 fn plain_params(k: &GemmKernel) -> String {
@@ -500,6 +489,17 @@ fn plain_params(k: &GemmKernel) -> String {
     )
 }
 
+/// The LLVM IR of a GEMV kernel (`Arch::Gemv`, ABI `gpu::kernel::ABI`, a K-major
+/// B): block `(x, y, z)` computes rows `y·bm ..` of C's columns `x·bn ..` in batch
+/// entry `z`, warp `w` column `x·bn + w`. Lane `l` takes K's 16-byte chunks `l`,
+/// `l + 32`, …: each chunk of B's column (a row of `[N, K]`: the warp reads 512
+/// contiguous bytes a step) is loaded once and multiplied into the same chunk of
+/// each of the block's rows of A, 8 f32 partial sums a row. After the loop a lane
+/// adds its 8, a butterfly of warp shuffles adds the 32 lanes' (every lane then
+/// holds every row's sum), and lane `i` stores row `i`. Rows and columns past M and
+/// N read the last one and are not stored. K, lda and the batch strides are
+/// multiples of 8 (`GemmKernel::accepts`, the runner's checks): each chunk is one
+/// aligned 16-byte load inside K.
 fn gemv_ir(k: &GemmKernel) -> String {
     let mut g = Ir::default();
     let e = elem_ty(k.elem);
@@ -1429,6 +1429,10 @@ impl Gen {
         let up = self.v(format!("add i64 {pow}, {d64}"));
         let up = self.v(format!("sub i64 {up}, 1"));
         let m = self.v(format!("udiv i64 {up}, {d64}"));
+        // Below 2³²: said so, so that the product is one 32 × 32 → 64-bit
+        // multiplication (`mul.wide.u32`).
+        let m32 = self.v(format!("trunc i64 {m} to i32"));
+        let m = self.v(format!("zext i32 {m32} to i64"));
         (m, p64)
     }
 
