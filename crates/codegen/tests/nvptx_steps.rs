@@ -70,6 +70,18 @@ fn value(i: usize) -> f32 {
     ((i * 7919 % 1009) as f32 - 504.0) / 397.0
 }
 
+/// The family's `bm × bn` mma.sync tile (K-major B) with epilogue `epi`.
+fn mma_tile(epi: Epilogue, bm: usize, bn: usize) -> GemmKernel {
+    let fam = candidates::family(ElemType::Bf16, BLayout::KMajor, epi);
+    fam.into_iter().find(|k| (k.bm, k.bn) == (bm, bn)).expect("a tile")
+}
+
+/// The family's cp.async-fed 64 × 128 wgmma tile with epilogue `epi`.
+fn wgmma_tile(epi: Epilogue) -> GemmKernel {
+    let fam = candidates::wgmma_family(ElemType::Bf16, epi);
+    fam.into_iter().find(|k| !k.tma && k.bm == 64 && k.bn == 128).expect("a wgmma tile")
+}
+
 /// A kernel's shares of K as the runtime launches it: a folding split-K
 /// kernel's steps a share, workspace and zeroed counters
 /// (`GemmKernel::fold_space`); one share and nothing else for another.
@@ -171,12 +183,8 @@ fn check(host: &HostKernels, index: usize, k: &GemmKernel, conv: Conv, splits: u
 fn taps_kernels_read_a_convolutions_taps_in_place() {
     let epi = Epilogue { bias: true, activation: Activation::Relu, ..Epilogue::NONE };
     let taps = |k: GemmKernel| GemmKernel { a_taps: true, c_f32: true, ..k };
-    let mma = candidates::family(ElemType::Bf16, BLayout::KMajor, epi);
-    let tile = |bm, bn| mma.iter().copied().find(|k| (k.bm, k.bn) == (bm, bn)).expect("a tile");
-    let wgmma = candidates::wgmma_family(ElemType::Bf16, epi)
-        .into_iter()
-        .find(|k| !k.tma && k.bm == 64 && k.bn == 128)
-        .expect("a wgmma tile");
+    let tile = |bm, bn| mma_tile(epi, bm, bn);
+    let wgmma = wgmma_tile(epi);
     let split = GemmKernel { split_k: true, fold: true, ..tile(32, 64) };
     let kernels: Vec<GemmKernel> = [tile(64, 64), tile(16, 64), wgmma, split].into_iter().map(taps).collect();
     for k in &kernels {
@@ -254,12 +262,8 @@ fn taps_kernels_take_only_taps() {
 #[test]
 fn kernels_store_a_16_bit_copy_of_c_beside_it() {
     let epi = Epilogue { bias: true, residual: true, activation: Activation::Relu, ..Epilogue::NONE };
-    let mma = candidates::family(ElemType::Bf16, BLayout::KMajor, epi);
-    let tile = |bm, bn| mma.iter().copied().find(|k| (k.bm, k.bn) == (bm, bn)).expect("a tile");
-    let wgmma = candidates::wgmma_family(ElemType::Bf16, epi)
-        .into_iter()
-        .find(|k| !k.tma && k.bm == 64 && k.bn == 128)
-        .expect("a wgmma tile");
+    let tile = |bm, bn| mma_tile(epi, bm, bn);
+    let wgmma = wgmma_tile(epi);
     let first = |fam: Vec<GemmKernel>| fam[0];
     let kernels: Vec<GemmKernel> = [
         tile(64, 64),
