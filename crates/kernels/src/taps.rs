@@ -104,12 +104,17 @@ impl ConvTaps {
         (lo, hi)
     }
 
+    /// How often the taps read each image value they touch: `kh·kw / (sh·sw)`,
+    /// at least 1.
+    pub fn reads(&self) -> usize {
+        ((self.kernel[0] * self.kernel[1]) / (self.stride[0] * self.stride[1]).max(1)).max(1)
+    }
+
     /// The layout the dispatcher sees for these taps as A.
     pub fn layout(&self) -> crate::ALayout {
         if self.adjacent() {
             let (x_lo, x_hi) = self.interior_along(1);
-            let reads = (self.kernel[0] * self.kernel[1]) / (self.stride[0] * self.stride[1]).max(1);
-            crate::ALayout::Taps { width: self.out[1], interior: x_hi - x_lo, reads: reads.max(1) }
+            crate::ALayout::Taps { width: self.out[1], interior: x_hi - x_lo, reads: self.reads() }
         } else {
             crate::ALayout::Strided
         }

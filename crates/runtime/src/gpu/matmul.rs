@@ -202,11 +202,10 @@ pub(super) fn launches(
             "step {step}: a convolution over a bf16 image whose channels, strides or start are not multiples of 8"
         )));
     }
-    let taps_layout = s.taps.as_ref().map(|t| ALayout::Taps {
-        width: t.out[1],
-        interior: 0,
-        reads: (t.kernel[0] * t.kernel[1] / (t.stride[0] * t.stride[1]).max(1)).max(1),
-    });
+    // The GPU's taps kernels take any taps (a dilated row too), so the
+    // layout is taps whatever the CPU's direct kernels would make of it.
+    let taps_layout =
+        s.taps.as_ref().map(|t| ALayout::Taps { width: t.out[1], interior: 0, reads: t.reads() });
     let c_bytes = plan.buffers[mm.c.buf].dtype.size();
     let a_aligned = in_place && s.rs[0].is_multiple_of(4) && s.entries.iter().all(|x| x[0].is_multiple_of(4));
     // Kernels with an f32 B (an activation, K-major: its K adjacent) read it
