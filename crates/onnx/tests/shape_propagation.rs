@@ -253,6 +253,49 @@ fn slice_with_computed_bound_learns_a_range() {
     assert!(err.to_string().contains("seq = 65") && err.to_string().contains("1..64"), "{err}");
 }
 
+/// A slice from `total - seq` to the end (a causal mask's rows for the new
+/// tokens, as GPT-2's TorchScript export takes them): the bound's sign is not
+/// known from the ranges, so it is taken as not negative, which binding then
+/// checks, naming the node.
+#[test]
+fn slice_bound_of_unknown_sign_is_assumed_and_checked() {
+    let m = model(
+        vec![
+            node("Shape", &["mask"], &["ms"], vec![]),
+            node("Gather", &["ms", "zero"], &["total"], vec![attr_int("axis", 0)]),
+            node("Shape", &["x"], &["xs"], vec![]),
+            node("Gather", &["xs", "zero"], &["seq"], vec![attr_int("axis", 0)]),
+            node("Sub", &["total", "seq"], &["start"], vec![]),
+            node("Unsqueeze", &["start", "zero1"], &["start1"], vec![]),
+            node("Unsqueeze", &["total", "zero1"], &["end1"], vec![]),
+            node("Slice", &["mask", "start1", "end1", "zero1"], &["rows"], vec![]),
+            node("Add", &["x", "rows"], &["y"], vec![]),
+        ],
+        vec![
+            value_info("mask", FLOAT, &[Dim::P("total"), Dim::V(2)]),
+            value_info("x", FLOAT, &[Dim::P("seq"), Dim::V(2)]),
+        ],
+        &["y"],
+        vec![i64_tensor("zero", &[], &[0]), i64_tensor("zero1", &[1], &[0])],
+        17,
+    );
+    let g = import(&m);
+    let t = text(&g);
+    assert!(t.contains("assert -seq+total in 0.."), "{t}");
+    assert!(t.contains("%rows: f32[seq, 2] = slice[0: -seq+total step 1] %mask"), "{t}");
+    let mask = Tensor::new(vec![5, 2], Elems::F32((0..10).map(|i| i as f32).collect())).expect("mask");
+    let out = reference::run(&g, &[("mask", mask), ("x", f32s(&[3, 2]))]).expect("run");
+    let Elems::F32(y) = out[0].1.elems() else { panic!("f32 output") };
+    let x = f32s(&[3, 2]);
+    let Elems::F32(x) = x.elems() else { panic!("f32 input") };
+    let want: Vec<f32> = x.iter().zip(4..).map(|(a, b)| a + b as f32).collect();
+    assert_eq!(y, &want);
+    let err = reference::run(&g, &[("mask", f32s(&[2, 2])), ("x", f32s(&[3, 2]))])
+        .expect_err("a bound of -1 would read from the end");
+    let msg = err.to_string();
+    assert!(msg.contains("node 'Slice_rows'") && msg.contains("taken as not negative"), "{msg}");
+}
+
 /// Numpy broadcasting: `[n, 1] + [m]` is `[n, m]`; `[n] + [m]` records `m == n`.
 #[test]
 fn broadcasting_records_sibling_constraints() {

@@ -608,6 +608,15 @@ impl ShapeEnv {
         }
     }
 
+    /// Assume that `e` lies in `r`, a fact the model implies but the ranges do
+    /// not prove (a slice bound `total - seq` that ONNX would also read from
+    /// the end were it negative): later queries use it, and binding checks it,
+    /// so a call that breaks it is refused with `why` rather than computed
+    /// under the wrong reading.
+    pub fn assume(&mut self, e: &SymExpr, r: Range, why: &str) -> Result<(), SymError> {
+        self.restrict(e, r, 1, why)
+    }
+
     /// Record that `dim` broadcasts to `to`: at run time it equals `to` or 1
     /// (checked when shapes are bound). Nothing is recorded when that is
     /// already known.
@@ -662,7 +671,14 @@ impl ShapeEnv {
     /// A range containing every value `e` can take (interval arithmetic; bounds
     /// saturate at `i64::MIN`/`i64::MAX`, which stand for unbounded).
     pub fn range(&self, e: &SymExpr) -> Range {
-        self.range_normalized(&self.normalize(e))
+        let e = self.normalize(e);
+        let r = self.range_normalized(&e);
+        // A range recorded for the expression itself (`assume`, or an
+        // eliminated symbol's range carried by its value).
+        self.constraints.iter().fold(r, |r, c| match c {
+            Constraint::InRange(x, q, _) if *x == e && !r.intersect(q).is_empty() => r.intersect(q),
+            _ => r,
+        })
     }
 
     /// Interval arithmetic, tightened by relaxing each top-level `x/c` and `x%c`

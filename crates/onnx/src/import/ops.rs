@@ -5,11 +5,11 @@ use ir::{
     BinaryOp as B, ConvAttrs, DType, Op, PadMode, PoolAttrs, PoolKind, ReduceOp, SliceAxis, TensorType,
     UnaryOp as U, ValueId,
 };
-use sym::SymExpr;
+use sym::{Range, SymExpr};
 
 use super::{
-    attr_tensor, einsum, indexing, norm_axis, quantize, resize, scalar_data, shaping, transformer, Importer,
-    Node, DIM_MAX, R,
+    attr_tensor, einsum, indexing, node_name, norm_axis, quantize, resize, scalar_data, shaping, transformer,
+    Importer, Node, DIM_MAX, R,
 };
 
 /// Convert one node; `Ok(None)` when the operator is not supported.
@@ -1177,11 +1177,9 @@ fn slice(imp: &mut Importer, n: &Node) -> R<ValueId> {
             return Err("slice step 0".into());
         }
         let dim = s[axis].clone();
-        let (start, end) = if step > 0 {
-            (clamp_bound(imp, &starts[i], &dim, 0)?, clamp_bound(imp, &ends[i], &dim, 0)?)
-        } else {
-            (clamp_bound(imp, &starts[i], &dim, -1)?, clamp_bound(imp, &ends[i], &dim, -1)?)
-        };
+        let shift = if step > 0 { 0 } else { -1 };
+        let (start, end) =
+            (clamp_bound(imp, n, &starts[i], &dim, shift)?, clamp_bound(imp, n, &ends[i], &dim, shift)?);
         // len = max(0, ceil((end - start) / step))
         let span =
             if step > 0 { end.try_sub(&start) } else { start.try_sub(&end) }.map_err(|e| e.to_string())?;
@@ -1214,7 +1212,7 @@ fn simplify_max0(imp: &mut Importer, e: SymExpr) -> SymExpr {
 /// A slice bound resolved against `dim`: negative values count from the end, then
 /// clamped to `[0, dim]` (`lo_shift = 0`, positive steps) or `[-1, dim-1]`
 /// (`lo_shift = -1`, negative steps).
-fn clamp_bound(imp: &mut Importer, b: &SymExpr, dim: &SymExpr, lo_shift: i64) -> R<SymExpr> {
+fn clamp_bound(imp: &mut Importer, n: &Node, b: &SymExpr, dim: &SymExpr, lo_shift: i64) -> R<SymExpr> {
     let e = |r: Result<SymExpr, sym::SymError>| r.map_err(|e| e.to_string());
     let lo = SymExpr::constant(lo_shift);
     let hi = e(dim.try_add(&lo))?;
@@ -1231,9 +1229,14 @@ fn clamp_bound(imp: &mut Importer, b: &SymExpr, dim: &SymExpr, lo_shift: i64) ->
             } else if r.lo >= 0 {
                 b.clone()
             } else {
-                return Err(format!(
-                    "slice bound {b} may be negative or not; anyshape needs its sign known at compile time"
-                ));
+                // Either sign is possible by the ranges alone: the bound is read
+                // as counting from the start (a difference of dims such as
+                // `total - seq`, the model's intent), and binding refuses a
+                // call where it is negative.
+                let why =
+                    format!("node '{}' (Slice): its bound {b} is taken as not negative", node_name(n.proto));
+                imp.env().assume(b, Range::at_least(0), &why).map_err(|e| e.to_string())?;
+                b.clone()
             }
         }
     };
