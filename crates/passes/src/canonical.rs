@@ -462,7 +462,7 @@ impl HoistMatMulScale {
 /// The values of `s`, a constant broadcast to `v`'s shape that varies along
 /// `axis` of `v` alone (1 along every other axis before the broadcast), in
 /// order along it.
-fn along_axis(g: &Graph, p: &Producers, s: ValueId, v: ValueId, axis: usize) -> Option<Vec<f64>> {
+pub(crate) fn along_axis(g: &Graph, p: &Producers, s: ValueId, v: ValueId, axis: usize) -> Option<Vec<f64>> {
     let (vt, mut u) = (g.ty(v), s);
     while let Op::Broadcast = p.node(g, u)?.op {
         u = p.node(g, u)?.inputs[0];

@@ -7,6 +7,7 @@
 //! understand leaves it alone. Passes decide from `ShapeEnv` facts only, never
 //! from example shapes.
 
+mod affine;
 mod broadcast;
 mod canonical;
 mod conv;
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use ir::Graph;
 
+pub use affine::FoldAffineIntoMatMul;
 pub use broadcast::{BroadcastGuard, EliminateBroadcasts};
 pub use canonical::{Cse, Dce, FoldConstants, HoistMatMulScale, SimplifyAlgebra, SimplifyShapes};
 pub use conv::ConvAsMatMul;
@@ -165,6 +167,7 @@ pub fn canonicalization() -> Vec<Box<dyn Pass>> {
         Box::new(HoistMatMulScale),
         Box::new(FoldConstants::default()),
         Box::new(SimplifyAlgebra),
+        Box::new(FoldAffineIntoMatMul),
         Box::new(IntegerMatMulAsFloat),
         Box::new(MoveZeroPointOut),
         Box::new(ScaleOutOfMaxPool),

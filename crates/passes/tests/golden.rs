@@ -1,8 +1,8 @@
 //! Golden before → after tests, one or more per pass, through the IR text form.
 
 use anyshape_passes::{
-    ConvAsMatMul, Cse, Dce, EliminateBroadcasts, FoldConstants, HoistMatMulScale, IntegerMatMulAsFloat, Pass,
-    Pipeline, SimplifyAlgebra, SimplifyShapes, SinkTransposes,
+    ConvAsMatMul, Cse, Dce, EliminateBroadcasts, FoldAffineIntoMatMul, FoldConstants, HoistMatMulScale,
+    IntegerMatMulAsFloat, Pass, Pipeline, SimplifyAlgebra, SimplifyShapes, SinkTransposes,
 };
 
 fn parse(text: &str) -> ir::Graph {
@@ -1065,4 +1065,70 @@ group 1: contraction over [rows, 4]
   outputs: %sum
 "
     );
+}
+
+/// A layer norm's affine step (`γ`, `β` along the features) moves into the
+/// one product that reads it through a flattening reshape: the rows of `W`
+/// scaled by `γ`, `β·W` added to the product; the other product, whose A is
+/// also read by a non-product, keeps its operand. The values stay the
+/// interpreter's, to f32 rounding.
+#[test]
+fn a_norms_affine_step_moves_into_its_product() {
+    const BEFORE: &str = "graph {
+  sym n param 1..
+  input %x: f32[n, 3, 4]
+  %g: f32[1, 1, 4] = constant [0.5, 2.0, -1.0, 1.5]
+  %gb: f32[n, 3, 4] = broadcast %g
+  %b: f32[1, 1, 4] = constant [0.25, 0.0, -0.5, 1.0]
+  %bb: f32[n, 3, 4] = broadcast %b
+  %s: f32[n, 3, 4] = mul %x, %gb
+  %a: f32[n, 3, 4] = add %s, %bb
+  %r: f32[3*n, 4] = reshape %a
+  %w: f32[4, 2] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+  %y: f32[3*n, 2] = matmul %r, %w
+  %t: f32[n, 3, 4] = add %x, %bb
+  %rt: f32[3*n, 4] = reshape %t
+  %u: f32[3*n, 2] = matmul %rt, %w
+  %v: f32[n, 3, 4] = neg %t
+  output %y, %u, %v
+}
+";
+    const AFTER: &str = "graph {
+  sym n param 1..
+  input %x: f32[n, 3, 4]
+  %g: f32[1, 1, 4] = constant [0.5, 2.0, -1.0, 1.5]
+  %gb: f32[n, 3, 4] = broadcast %g
+  %b: f32[1, 1, 4] = constant [0.25, 0.0, -0.5, 1.0]
+  %bb: f32[n, 3, 4] = broadcast %b
+  %s: f32[n, 3, 4] = mul %x, %gb
+  %a: f32[n, 3, 4] = add %s, %bb
+  %r: f32[3*n, 4] = reshape %x
+  %w: f32[4, 2] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+  %y.weight: f32[4, 2] = constant [0.5, 1.0, 6.0, 8.0, -5.0, -6.0, 10.5, 12.0]
+  %y.bias: f32[1, 2] = constant [4.75, 5.5]
+  %y.bias_1: f32[3*n, 2] = broadcast %y.bias
+  %y.product: f32[3*n, 2] = matmul %r, %y.weight
+  %y: f32[3*n, 2] = add %y.product, %y.bias_1
+  %t: f32[n, 3, 4] = add %x, %bb
+  %rt: f32[3*n, 4] = reshape %t
+  %u: f32[3*n, 2] = matmul %rt, %w
+  %v: f32[n, 3, 4] = neg %t
+  output %y, %u, %v
+}
+";
+    check(&FoldAffineIntoMatMul, BEFORE, AFTER);
+    let x = ir::Tensor::new(
+        vec![2, 3, 4],
+        ir::Elems::F32((0..24).map(|i| (i % 7) as f32 * 0.75 - 2.0).collect()),
+    )
+    .expect("x");
+    let before = reference::run(&parse(BEFORE), &[("x", x.clone())]).expect("before");
+    let after = reference::run(&parse(AFTER), &[("x", x)]).expect("after");
+    for ((name, b), (_, a)) in before.iter().zip(&after) {
+        let (b, a) = (b.to_f64_vec(), a.to_f64_vec());
+        assert!(
+            b.iter().zip(&a).all(|(b, a)| (b - a).abs() <= 1e-5 * b.abs().max(1.0)),
+            "{name}: {b:?} {a:?}"
+        );
+    }
 }
