@@ -499,7 +499,9 @@ fn plain_params(k: &GemmKernel) -> String {
 /// holds every row's sum), and lane `i` stores row `i`. Rows and columns past M and
 /// N read the last one and are not stored. K, lda and the batch strides are
 /// multiples of 8 (`GemmKernel::accepts`, the runner's checks): each chunk is one
-/// aligned 16-byte load inside K.
+/// aligned 16-byte load inside K. A normalizing kernel (`GemmKernel::norm`) also
+/// sums each row's chunks less the row's first value, their squares, and B's
+/// chunks, through the same butterflies, and scales each row's sum by its norm.
 fn gemv_ir(k: &GemmKernel) -> String {
     let mut g = Ir::default();
     let e = elem_ty(k.elem);
@@ -532,6 +534,20 @@ fn gemv_ir(k: &GemmKernel) -> String {
         let off = g.v(format!("mul i64 {read64}, {lda}"));
         rows.push(g.v(format!("getelementptr inbounds {}, ptr addrspace(1) {a_base}, i64 {off}", a_step(k))));
     }
+    // A normalizing kernel's shift of each row (its first value, K >= 1;
+    // zero for an RMS norm), as 8 lanes.
+    let centered = k.norm.is_some_and(|n| n.centered);
+    let shifts: Vec<String> = rows
+        .iter()
+        .map(|row| {
+            if !centered {
+                return String::new();
+            }
+            let x0 = g.v(format!("load float, ptr addrspace(1) {row}, align 4"));
+            let v = g.v(format!("insertelement <8 x float> poison, float {x0}, i32 0"));
+            g.v(format!("shufflevector <8 x float> {v}, <8 x float> poison, <8 x i32> zeroinitializer"))
+        })
+        .collect();
     let lane64 = g.v(format!("zext i32 {lane} to i64"));
     let k0 = g.v(format!("mul i64 {lane64}, 8"));
     let kn = g.v("sext i32 %K to i64");
@@ -564,18 +580,39 @@ fn gemv_ir(k: &GemmKernel) -> String {
         let a: Vec<String> = rows.iter().map(|row| at_f32(&mut g, row, &kj, k.a_f32)).collect();
         chunks.push((live, b, a));
     }
-    let mut phis = String::new();
-    let mut accs: Vec<String> = (0..rows.len()).map(|i| format!("%acc.{i}")).collect();
+    // The accumulators: each row's products; with a norm, each row's sum of
+    // (shifted) values and of their squares, and B's column sum.
+    let rows_n = rows.len();
+    let mut names: Vec<String> = (0..rows_n).map(|i| format!("%acc.{i}")).collect();
+    if k.norm.is_some() {
+        names.extend((0..rows_n).map(|i| format!("%sx.{i}")));
+        names.extend((0..rows_n).map(|i| format!("%sxx.{i}")));
+        names.push("%colsum".to_string());
+    }
+    let mut accs = names.clone();
     for (live, b, a) in &chunks {
         let b = g.v(format!("select i1 {live}, <8 x float> {b}, <8 x float> zeroinitializer"));
+        if k.norm.is_some() {
+            accs[3 * rows_n] = g.v(format!("fadd contract <8 x float> {}, {b}", accs[3 * rows_n]));
+        }
         for (i, a) in a.iter().enumerate() {
-            let prod = g.v(format!("fmul contract <8 x float> {a}, {b}"));
+            let x = if centered { g.v(format!("fsub <8 x float> {a}, {}", shifts[i])) } else { a.clone() };
+            if k.norm.is_some() {
+                // A chunk past K reloaded the first: it adds nothing.
+                let xz = g.v(format!("select i1 {live}, <8 x float> {x}, <8 x float> zeroinitializer"));
+                accs[rows_n + i] = g.v(format!("fadd contract <8 x float> {}, {xz}", accs[rows_n + i]));
+                let sq = g.v(format!("fmul contract <8 x float> {xz}, {xz}"));
+                accs[2 * rows_n + i] =
+                    g.v(format!("fadd contract <8 x float> {}, {sq}", accs[2 * rows_n + i]));
+            }
+            let prod = g.v(format!("fmul contract <8 x float> {x}, {b}"));
             accs[i] = g.v(format!("fadd contract <8 x float> {}, {prod}", accs[i]));
         }
     }
-    for (i, acc) in accs.iter().enumerate() {
+    let mut phis = String::new();
+    for (name, acc) in names.iter().zip(&accs) {
         phis.push_str(&format!(
-            "  %acc.{i} = phi <8 x float> [ zeroinitializer, %entry ], [ {acc}, %kloop ]\n"
+            "  {name} = phi <8 x float> [ zeroinitializer, %entry ], [ {acc}, %kloop ]\n"
         ));
     }
     let next = accs;
@@ -599,6 +636,31 @@ fn gemv_ir(k: &GemmKernel) -> String {
             x = g.v(format!("fadd float {x}, {y}"));
         }
         sums.push(x);
+    }
+    if let Some(norm) = k.norm {
+        // rstd·(Σ(x - x₀)·b - (mean - x₀)·Σb), mean - x₀ = Σ(x - x₀)/K (an RMS
+        // norm: rstd·Σx·b).
+        let kf = g.v("sitofp i32 %K to float");
+        let eps = f32::from_bits(norm.eps);
+        let sb = sums[3 * rows_n].clone();
+        for i in 0..rows_n {
+            let ms = g.v(format!("fdiv float {}, {kf}", sums[2 * rows_n + i]));
+            let (var, dot) = if norm.centered {
+                let mean = g.v(format!("fdiv float {}, {kf}", sums[rows_n + i]));
+                let m2 = g.v(format!("fmul float {mean}, {mean}"));
+                let var = g.v(format!("fsub float {ms}, {m2}"));
+                let var = g.v(format!("call float @llvm.maxnum.f32(float {var}, float 0.0)"));
+                let shift = g.v(format!("fmul float {mean}, {sb}"));
+                (var, g.v(format!("fsub float {}, {shift}", sums[i])))
+            } else {
+                (ms, sums[i].clone())
+            };
+            let ve = g.v(format!("fadd float {var}, {}", float_lit(eps)));
+            let sq = g.v(format!("call float @llvm.sqrt.f32(float {ve})"));
+            let rstd = g.v(format!("fdiv float 1.0, {sq}"));
+            sums[i] = g.v(format!("fmul float {rstd}, {dot}"));
+        }
+        sums.truncate(rows_n);
     }
     // Lane i stores row i.
     let mut y = sums[0].clone();
@@ -629,7 +691,11 @@ fn gemv_ir(k: &GemmKernel) -> String {
     g.module(
         &k.name(),
         k.threads(),
-        &format!("a warp a column, {} rows, warp shuffles", k.bm),
+        &format!(
+            "a warp a column, {} rows, warp shuffles{}",
+            k.bm,
+            if k.norm.is_some() { ", the rows normalized" } else { "" }
+        ),
         false,
         &plain_params(k),
         &[],
@@ -2805,6 +2871,7 @@ declare float @llvm.nvvm.shfl.sync.bfly.f32(i32, float, i32, i32)
 declare float @llvm.vector.reduce.fadd.v8f32(float, <8 x float>)
 declare float @llvm.fabs.f32(float)
 declare float @llvm.sqrt.f32(float)
+declare float @llvm.maxnum.f32(float, float)
 declare float @llvm.floor.f32(float)
 declare float @llvm.ceil.f32(float)
 declare float @llvm.roundeven.f32(float)

@@ -195,6 +195,7 @@ fn an_invalid_kernel_is_an_error_not_a_panic() {
         b_f32: false,
         a_taps: false,
         c16_copy: false,
+        norm: None,
     };
     let e = nvptx::llvm_ir(&bad).unwrap_err().to_string();
     assert!(e.contains("warp tile 24x32"), "{e}");
@@ -236,6 +237,7 @@ fn golden_ptx() {
         b_f32: false,
         a_taps: false,
         c16_copy: false,
+        norm: None,
     };
     golden("gemm_bf16_nt_16x64_w1x4_s4.ptx", &nvptx::ptx(&small).unwrap());
     let nn = GemmKernel {
@@ -413,6 +415,16 @@ fn ptxas_accepts_every_family_kernel() {
     kernels.extend(candidates::unaligned_family(ElemType::Bf16, e).into_iter().take(1).map(copy));
     kernels.extend(candidates::gemv_family(ElemType::Bf16, e).into_iter().map(copy));
     kernels.extend(candidates::simt_family(ElemType::Bf16, e).into_iter().take(1).map(copy));
+    // Normalizing GEMVs (a layer norm's rows, an RMS norm's).
+    for norm in [
+        gpu::RowNorm { centered: true, eps: 1e-5f32.to_bits() },
+        gpu::RowNorm { centered: false, eps: 1e-6f32.to_bits() },
+    ] {
+        let normalizing = move |k: GemmKernel| GemmKernel { a_f32: true, c_f32: true, norm: Some(norm), ..k };
+        kernels.extend(
+            candidates::gemv_family(ElemType::Bf16, e).into_iter().filter(|k| k.bm <= 4).map(normalizing),
+        );
+    }
     kernels.extend(candidates::unaligned_family(ElemType::F16, Epilogue::NONE));
     kernels.extend(candidates::unaligned_family(
         ElemType::Bf16,

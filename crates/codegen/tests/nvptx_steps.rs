@@ -13,12 +13,16 @@
 //! A 16-bit copy of C beside the f32 one (`GemmKernel::c16_copy`): every
 //! kind of kernel a step's list holds stores both, the copy each value of C
 //! rounded, nothing past C's columns.
+//!
+//! Normalizing GEMVs (`GemmKernel::norm`): a layer norm's or an RMS norm's
+//! rows multiplied from the norm's input, against the norm then the product
+//! in f64, at rows whose mean is far from zero.
 #![cfg(feature = "nvptx")]
 
 use anyshape_codegen::emulator::{self as host, HostKernelKind, HostKernels};
 use anyshape_codegen::nvptx;
 use gpu::reference::{self, Operands};
-use gpu::{candidates, ALayout, Activation, Arch, BLayout, ElemType, Epilogue, GemmKernel, Problem};
+use gpu::{candidates, ALayout, Activation, Arch, BLayout, ElemType, Epilogue, GemmKernel, Problem, RowNorm};
 use plan::gpu::OperandCopy;
 mod taps;
 
@@ -360,4 +364,104 @@ fn the_taps_divisions_by_multiplication_are_exact_below_2_31() {
             assert_eq!(divide(v, d), v / d, "{v} / {d}");
         }
     }
+}
+
+/// Every GEMV of the family up to 4 rows (8 would spill), normalizing its f32 A's rows as a layer norm
+/// (ε 1e-5) and as an RMS norm (ε 1e-6), through a bias and a residual: C
+/// against the norm computed in f64 (two passes) then the product, at M of
+/// 1, a prime and one past a block's rows, K of 8 (one chunk) to 1000 (a
+/// partial step), and rows around 100 with a spread of a few units, where
+/// a sum of squares less the squared mean would lose the variance in f32.
+#[test]
+fn gemv_kernels_normalize_their_rows() {
+    let epi = Epilogue { bias: true, residual: true, ..Epilogue::NONE };
+    let norms = [
+        RowNorm { centered: true, eps: 1e-5f32.to_bits() },
+        RowNorm { centered: false, eps: 1e-6f32.to_bits() },
+    ];
+    let kernels: Vec<GemmKernel> = norms
+        .iter()
+        .flat_map(|&norm| {
+            candidates::gemv_family(ElemType::Bf16, epi)
+                .into_iter()
+                .filter(|k| k.bm <= 4)
+                .map(move |k| GemmKernel { a_f32: true, c_f32: true, norm: Some(norm), ..k })
+        })
+        .collect();
+    let compiled: Vec<(String, String, HostKernelKind)> = kernels
+        .iter()
+        .map(|k| {
+            k.check().unwrap_or_else(|e| panic!("{e}"));
+            let kind = HostKernelKind::Args { threads_apart: false };
+            (k.name(), nvptx::llvm_ir(k).expect("generates"), kind)
+        })
+        .collect();
+    assert!(compiled[0].0.contains("_a32_ln3727c5ac"), "{}", compiled[0].0);
+    let host = HostKernels::new(&compiled).expect("compiles for the host");
+    for (index, k) in kernels.iter().enumerate() {
+        let norm = k.norm.expect("normalizing");
+        let eps = f32::from_bits(norm.eps) as f64;
+        for (m, n, kk) in [(1, 72, 8), (k.bm + 1, 37, 96), (5, 64, 1000)] {
+            let p = Problem::nt(1, m, n, kk);
+            k.accepts(&p).unwrap_or_else(|e| panic!("{k}: {e}"));
+            let (lda, ldc) = (kk + 8, n + 3);
+            let offset = if norm.centered { 100.0 } else { 0.0 };
+            let a: Vec<f32> = (0..m * lda).map(|i| offset + 3.0 * value(i)).collect();
+            let b: Vec<u16> = (0..n * kk).map(|i| bf16(value(3 * i + 1))).collect();
+            let bias: Vec<f32> = (0..n).map(|j| value(j + 5)).collect();
+            let res: Vec<f32> = (0..m * ldc).map(|i| value(7 * i + 2)).collect();
+            let mut c = vec![f32::NAN; m * ldc + 4];
+            let mut shares = Shares::new(k, &p, 1);
+            let (a32, b16) = (aligned_f32(&a), host::aligned(&b));
+            let ptrs = [
+                a32.as_ptr() as u64,
+                b16.as_ptr() as u64,
+                c.as_mut_ptr() as u64,
+                bias.as_ptr() as u64,
+                res.as_ptr() as u64,
+            ];
+            let args = shares.words(k, ptrs, [m, n, kk, lda, kk, ldc], 0);
+            let grid = (n.div_ceil(k.bn), m.div_ceil(k.bm), 1);
+            // SAFETY: A `M` f32 rows `lda` apart, B `[N, K]` bf16, C and the
+            // residual `M` rows `ldc` apart, the bias `N` (f32).
+            unsafe { host.launch_args(index, grid, (k.threads(), k.smem_bytes()), &args) }
+                .unwrap_or_else(|e| panic!("{k}: {e}"));
+            for i in 0..m {
+                let row: Vec<f64> = a[i * lda..i * lda + kk].iter().map(|&x| x as f64).collect();
+                let mean = if norm.centered { row.iter().sum::<f64>() / kk as f64 } else { 0.0 };
+                let var = row.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / kk as f64;
+                let rstd = 1.0 / (var + eps).sqrt();
+                for j in 0..ldc {
+                    let got = c[i * ldc + j];
+                    if j >= n {
+                        assert!(got.is_nan(), "{k}: ({i}, {j}) written past C's columns");
+                        continue;
+                    }
+                    let dot: f64 = (0..kk)
+                        .map(|l| (row[l] - mean) * rstd * f32::from_bits((b[j * kk + l] as u32) << 16) as f64)
+                        .sum();
+                    let want = dot + bias[j] as f64 + res[i * ldc + j] as f64;
+                    let tol = 2e-4 * (kk as f64).sqrt() + 1e-5 * want.abs();
+                    assert!(
+                        (got as f64 - want).abs() <= tol,
+                        "{k} at {m}x{n}x{kk}: ({i}, {j}) {got} for {want}"
+                    );
+                }
+            }
+        }
+    }
+    let plain = candidates::gemv_family(ElemType::Bf16, epi)[0];
+    let norm = Some(norms[0]);
+    assert!(GemmKernel { norm, ..plain }.check().is_err(), "a normalizing GEMV reads an f32 A");
+    assert!(GemmKernel { norm, a_f32: true, ..mma_tile(epi, 64, 64) }.check().is_err(), "GEMV only");
+    let eight = candidates::gemv_family(ElemType::Bf16, epi).into_iter().find(|k| k.bm == 8).expect("8 rows");
+    assert!(GemmKernel { norm, a_f32: true, ..eight }.check().is_err(), "at most 4 rows");
+}
+
+/// `v`'s values in 16-byte aligned storage (four a word, little-endian), as
+/// the kernels' vector loads need.
+fn aligned_f32(v: &[f32]) -> Vec<u128> {
+    v.chunks(4)
+        .map(|c| c.iter().enumerate().fold(0u128, |w, (i, x)| w | (x.to_bits() as u128) << (32 * i)))
+        .collect()
 }

@@ -134,6 +134,7 @@ fn plain(
         b_f32: false,
         a_taps: false,
         c16_copy: false,
+        norm: None,
     }
 }
 

@@ -24,7 +24,7 @@ pub mod runner;
 pub use cover::{Cover, Piece, Split};
 pub use kernel::{
     epilogue_approximate, epilogue_suffix, ALayout, Activation, Arch, BLayout, ElemType, Epilogue,
-    GemmKernel, KernelError, Problem, ReduceKernel, BK,
+    GemmKernel, KernelError, Problem, ReduceKernel, RowNorm, BK,
 };
 pub use manifest::{Manifest, ManifestEntry, ReducerEntry};
 pub use tree::MTree;

@@ -35,6 +35,7 @@ fn mma(bm: usize, bn: usize, warps_m: usize, warps_n: usize) -> GemmKernel {
         b_f32: false,
         a_taps: false,
         c16_copy: false,
+        norm: None,
     }
 }
 

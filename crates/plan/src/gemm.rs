@@ -205,6 +205,33 @@ pub struct GemmKernel {
     /// an unfolded split-K kernel's (its C is the partial sums).
     #[serde(default)]
     pub c16_copy: bool,
+    /// GEMV only, over an f32 A: A's rows are normalized as they are
+    /// multiplied, `C = norm(A)·Bᵀ` where `norm(x) = (x - mean(x)) /
+    /// sqrt(var(x) + ε)` over K (a layer norm, its affine step already in B
+    /// and the bias: `passes::FoldAffineIntoMatMul`) or `x / sqrt(mean(x²) +
+    /// ε)` (an RMS norm). The lanes add each row's values and squares, less
+    /// its first value (so that a large mean does not cancel), beside its
+    /// products, and B's column sums beside those; after the butterflies,
+    /// `C = rstd·(Σ(x - x₀)·b - (mean - x₀)·Σb)`. So a decode step's norm
+    /// needs no launch of its own: the product reads the norm's input. K ≥ 1.
+    #[serde(default)]
+    pub norm: Option<RowNorm>,
+}
+
+/// How a normalizing GEMV normalizes A's rows ([`GemmKernel::norm`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RowNorm {
+    /// The mean is subtracted (a layer norm); else an RMS norm.
+    pub centered: bool,
+    /// ε, as its f32 bits.
+    pub eps: u32,
+}
+
+impl RowNorm {
+    /// The kernel name's part: `_ln` or `_rms`, then ε's bits in hex.
+    pub fn tag(&self) -> String {
+        format!("_{}{:08x}", if self.centered { "ln" } else { "rms" }, self.eps)
+    }
 }
 
 /// The second launch of a split-K product: `C[m, n] = epilogue(Σ_s W[s, m, n])`,
@@ -288,7 +315,7 @@ impl GemmKernel {
     /// The symbol in the PTX and the cubin's file stem.
     pub fn name(&self) -> String {
         format!(
-            "gemm_{}{}_{}_{}x{}_w{}x{}_s{}{}{}{}{}{}{}",
+            "gemm_{}{}_{}_{}x{}_w{}x{}_s{}{}{}{}{}{}{}{}",
             match (self.arch, self.overlap, self.tma, self.persistent) {
                 (Arch::Sm80, ..) if self.unaligned => "ua_",
                 (Arch::Sm80, ..) => "",
@@ -318,6 +345,7 @@ impl GemmKernel {
             } else {
                 ""
             },
+            self.norm.map(|n| n.tag()).unwrap_or_default(),
             if self.b_f32 { "_b32" } else { "" },
             if self.c_f32 { "_c32" } else { "" },
             if self.c16_copy { "_c16" } else { "" },
@@ -509,6 +537,10 @@ impl GemmKernel {
                 "a 16-bit copy of C is stored beside an f32 C, not by a TMA kernel or unfolded split-K"
                     .into(),
             );
+        }
+        if self.norm.is_some() && (self.arch != Arch::Gemv || !self.a_f32 || self.bm > 4) {
+            // Three sums a row: eight rows would spill.
+            return bad("rows are normalized by a GEMV kernel of at most 4 rows over an f32 A".into());
         }
         if self.a_f32 && self.tma {
             return bad("a TMA kernel's copies move 16-bit tiles: its A cannot be f32".into());
