@@ -301,13 +301,16 @@ impl Model {
     /// ([`lower::fold_head_merges`]); the products whose output only other
     /// products read storing it in bf16 ([`lower::bf16_products`]), and the
     /// loop programs whose output a product reads as its A storing it in
-    /// bf16 too ([`lower::bf16_operands`]).
+    /// bf16 too ([`lower::bf16_operands`]); the row norms whose output one
+    /// product alone reads named in it ([`lower::normalized_operands`]), so
+    /// that its normalizing GEMVs read the norm's input.
     pub fn lower_gpu(&self) -> Result<plan::ModelPlan, Error> {
         let mut plan = lower::lower_with(&self.graph, &self.fusion_plan(), &lower::LowerOptions::gpu())?;
         lower::unfuse_attention(&mut plan, |p, a| gpu_attention_unsupported(p, a).is_none());
         lower::fold_head_merges(&mut plan);
         lower::bf16_products(&mut plan);
         lower::bf16_operands(&mut plan);
+        lower::normalized_operands(&mut plan);
         Ok(plan)
     }
 
@@ -724,6 +727,12 @@ fn step_lists(
         // A bf16 copy of an f32 C beside it, which its reading products take
         // as their A (`lower::bf16_operands`).
         let list = if mm.c_bf16.is_some() { steps::storing_c16_copy(list) } else { list };
+        // A row norm's product (`lower::normalized_operands`): its GEMVs of
+        // few rows normalize the norm's input themselves.
+        let list = match &mm.a_norm {
+            Some(n) if f32_view => steps::normalizing(list, n.norm),
+            _ => list,
+        };
         // An activation B with its K adjacent: read in place at few rows.
         let f32_b = !mm.weight && konst(mm.b.rs) == Some(1) && plan.buffers[mm.b.buf].dtype == ir::DType::F32;
         out.push(if f32_b { steps::reading_f32_b(list) } else { list });

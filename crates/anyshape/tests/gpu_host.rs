@@ -952,13 +952,13 @@ fn random_shapes(name: &str) -> Vec<Vec<(&'static str, usize)>> {
 /// Fixture `name` at `dims`, inputs drawn at random (token ids inside every
 /// fixture's vocabulary, masks of ones but a second row's last token, values
 /// in [-2, 2)), through the GPU backend and the interpreter: each output
-/// within [`MODEL_L2`].
+/// within [`MODEL_L2`]. Returns the inputs.
 fn compare_fixture<D: anyshape::gpu::Device>(
     model: &Model,
     gm: &anyshape::gpu::GpuModel<D>,
     name: &str,
     dims: &[(&str, usize)],
-) {
+) -> Vec<(String, Tensor)> {
     let mut rng = Lcg::new(dims.iter().map(|d| d.1 as u64).sum());
     let ins: Vec<(String, Tensor)> = model
         .inputs()
@@ -992,6 +992,44 @@ fn compare_fixture<D: anyshape::gpu::Device>(
         let err = rel_l2(&g.to_f64_vec(), &w.to_f64_vec());
         eprintln!("{name} {dims:?}: {out} relative L2 error {err:.2e}");
         assert!(err < MODEL_L2, "{name} {dims:?}: {out} relative L2 error {err:e}");
+    }
+    ins
+}
+
+/// At one row, every product whose A is a row norm (`MatMulStep::a_norm`:
+/// GPT-2's `ln_1`, `ln_2`) runs a normalizing GEMV
+/// and its norm's step is not launched; past the 16 rows any GEMV takes,
+/// every norm is.
+fn check_norms_skipped<D: anyshape::gpu::Device>(
+    gm: &anyshape::gpu::GpuModel<D>,
+    name: &str,
+    dims: &[(&str, usize)],
+    ins: &[(String, Tensor)],
+) {
+    let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let p = gm.plan();
+    let norms: Vec<(usize, usize)> = p
+        .steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, st)| match &st.kind {
+            plan::StepKind::MatMul(m) => m.a_norm.as_ref().map(|n| (i, n.step)),
+            _ => None,
+        })
+        .collect();
+    let rows = dims.iter().filter(|(d, _)| matches!(*d, "batch" | "seq")).map(|d| d.1).product::<usize>();
+    let skipped = gm.skipped_at(&named).expect("plans");
+    let used = gm.gemms_at(&named).expect("plans");
+    if rows == 1 {
+        assert!(norms.len() >= 4, "{name}: {norms:?}");
+        for (product, norm) in &norms {
+            let kernels = &used.iter().find(|(i, _)| i == product).expect("launched").1;
+            assert!(kernels.iter().all(|k| k.contains("_ln") || k.contains("_rms")), "{name}: {kernels:?}");
+            assert!(skipped.contains(norm), "{name} {dims:?}: step {norm} launched: {skipped:?}");
+        }
+        assert_eq!(skipped.len(), norms.len(), "{name} {dims:?}");
+    } else if rows > 16 {
+        assert!(skipped.is_empty(), "{name} {dims:?}: {skipped:?}");
     }
 }
 
@@ -1032,7 +1070,10 @@ fn bundled_models_match_onnx_runtime_through_the_gpu_backend() {
         // filled cache.
         for dims in random_shapes(name) {
             let start = std::time::Instant::now();
-            compare_fixture(&model, &gm, name, &dims);
+            let ins = compare_fixture(&model, &gm, name, &dims);
+            if name.ends_with("gpt2") {
+                check_norms_skipped(&gm, name, &dims, &ins);
+            }
             eprintln!("{name} {dims:?}: {:.2} s", start.elapsed().as_secs_f64());
         }
         let mut cases: Vec<_> = std::fs::read_dir(&dir)

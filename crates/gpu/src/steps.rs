@@ -22,7 +22,7 @@
 //! ([`StepTarget::Sm90a`]) the weights' lists also take the wgmma kernels.
 
 use crate::candidates::{family, gemv_family, plain_family, simt_family, unaligned_family};
-use crate::kernel::{Arch, BLayout, ElemType, Epilogue, GemmKernel, Problem};
+use crate::kernel::{Arch, BLayout, ElemType, Epilogue, GemmKernel, Problem, RowNorm};
 use crate::replay::{Record, ReplayError};
 use crate::wave::WaveModel;
 
@@ -116,6 +116,24 @@ pub fn reading_taps(list: Vec<StepKernel>) -> Vec<StepKernel> {
 /// the list, so that whichever runs writes the copy its readers take.
 pub fn storing_c16_copy(list: Vec<StepKernel>) -> Vec<StepKernel> {
     list.into_iter().map(|e| StepKernel { kernel: GemmKernel { c16_copy: true, ..e.kernel }, ..e }).collect()
+}
+
+/// A row norm's product's list (`plan::MatMulStep::a_norm`): its GEMVs of
+/// at most 4 rows over an f32 A normalize the norm's input as they multiply
+/// it (`GemmKernel::norm`), so the runtime skips the norm's launch at the
+/// rows they take; the other kernels read the norm's output.
+pub fn normalizing(list: Vec<StepKernel>, norm: RowNorm) -> Vec<StepKernel> {
+    list.into_iter()
+        .map(|e| {
+            let k = e.kernel;
+            let takes = k.arch == Arch::Gemv && k.a_f32 && k.bm <= 4;
+            if takes {
+                StepKernel { kernel: GemmKernel { norm: Some(norm), ..k }, ..e }
+            } else {
+                e
+            }
+        })
+        .collect()
 }
 
 /// A step's list made to store its C in bf16 (a product whose output only

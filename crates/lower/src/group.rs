@@ -1117,6 +1117,7 @@ impl<'g> Lowering<'g> {
             epilogue: MatEpilogue::default(),
             a_bf16: None,
             c_bf16: None,
+            a_norm: None,
         })
     }
 

@@ -21,11 +21,13 @@ pub mod attention;
 mod build;
 mod group;
 mod hoist;
+mod norm;
 mod operands;
 pub mod schedules;
 pub mod versions;
 
 pub use attention::{fold_head_merges, fuse_attention, unfuse_attention};
+pub use norm::normalized_operands;
 pub use operands::{bf16_operands, bf16_products};
 pub use schedules::analyze;
 

@@ -936,3 +936,64 @@ group 2: elementwise
 "#;
     assert_eq!(got, want, "got:\n{got}");
 }
+
+/// The GPU's plans: a layer norm and an RMS norm (as the import splits them)
+/// whose outputs one weight's product alone reads are named in the product
+/// (`lower::normalized_operands`: its normalizing GEMVs read the norm's
+/// input and the norm's step is skipped); a norm whose output is also the
+/// model's output is not.
+#[test]
+fn a_products_row_norm_is_named_in_it() {
+    let list = |n: usize| (0..n).map(|i| format!("{}", (i % 7) as f32 / 4.0)).collect::<Vec<_>>().join(", ");
+    // `y` = the norm of `x`: centered (a layer norm) or not (an RMS norm).
+    let norm = |x: &str, y: &str, centered: bool| {
+        let (lines, d) = if centered {
+            (
+                format!(
+                    "  %{y}m: f32[n, 1] = reduce_mean[axes=[1], keep_dims=true] %{x}
+  %{y}mb: f32[n, 8] = broadcast %{y}m
+  %{y}d: f32[n, 8] = sub %{x}, %{y}mb
+"
+                ),
+                format!("%{y}d"),
+            )
+        } else {
+            (String::new(), format!("%{x}"))
+        };
+        format!(
+            "{lines}  %{y}sq: f32[n, 8] = mul {d}, {d}
+  %{y}v: f32[n, 1] = reduce_mean[axes=[1], keep_dims=true] %{y}sq
+  %{y}e: f32[1, 1] = constant [0.00001]
+  %{y}eb: f32[n, 1] = broadcast %{y}e
+  %{y}ve: f32[n, 1] = add %{y}v, %{y}eb
+  %{y}r: f32[n, 1] = sqrt %{y}ve
+  %{y}ri: f32[n, 1] = reciprocal %{y}r
+  %{y}rb: f32[n, 8] = broadcast %{y}ri
+  %{y}: f32[n, 8] = mul {d}, %{y}rb
+"
+        )
+    };
+    let text = format!(
+        "graph {{
+  sym n param 1..
+  input %x: f32[n, 8]
+  input %z: f32[n, 8]
+  input %u: f32[n, 8]
+  %w: f32[8, 16] = constant [{}]
+{}{}{}  %o1: f32[n, 16] = matmul %a, %w
+  %o2: f32[n, 16] = matmul %b, %w
+  %o3: f32[n, 16] = matmul %c, %w
+  output %o1, %o2, %o3, %c
+}}
+",
+        list(128),
+        norm("x", "a", true),
+        norm("z", "b", false),
+        norm("u", "c", true),
+    );
+    let got = lowered_for_gpu(&text, lower::normalized_operands, 2);
+    let named: Vec<&str> = got.lines().filter(|l| l.contains("which a normalizing GEMV skips")).collect();
+    assert_eq!(named.len(), 2, "{got}");
+    assert!(named[0].contains("(layer norm of b0 by step "), "{got}");
+    assert!(named[1].contains("(RMS norm of b1 by step "), "{got}");
+}

@@ -28,6 +28,18 @@ struct Affine {
     beta: Option<Vec<f64>>,
 }
 
+/// One product's rewrite: its node, the reshape it reads A through, the
+/// norm's output it reads instead, its new weight, `β·W`, and the bias add
+/// that takes `β·W` in (its value, the bias's operand, the bias's values).
+struct Edit {
+    node: usize,
+    reshape: Option<usize>,
+    n: ValueId,
+    w: Arc<ConstData>,
+    bias: Option<Vec<f64>>,
+    joins: Option<(ValueId, usize, Vec<f64>)>,
+}
+
 /// A product reading the affine value as A: its node, and the reshape it
 /// reads through (a node index), if any.
 struct Reader {
@@ -183,17 +195,40 @@ impl Pass for FoldAffineIntoMatMul {
                     Some(beta) => return Err(fail(format!("β has {} values for K = {kk}", beta.len()))),
                     None => None,
                 };
+                // A product whose one reader adds a bias along its columns
+                // takes `β·W` into that bias.
+                let o = node.output;
+                let joins = bias.as_ref().and_then(|_| {
+                    if uses[o.index()] != 1 || g.outputs.contains(&o) {
+                        return None;
+                    }
+                    let add = g.nodes.iter().find(|x| x.inputs.contains(&o))?;
+                    if add.op != Op::Binary(BinaryOp::Add) || g.ty(add.output).shape != g.ty(o).shape {
+                        return None;
+                    }
+                    let at = usize::from(add.inputs[0] == o);
+                    let last = g.ty(o).rank() - 1;
+                    let values = along_axis(g, &p, add.inputs[at], add.output, last)?;
+                    (values.len() == nn).then_some((add.output, at, values))
+                });
                 let w = ir::Tensor::new(
                     t.shape().to_vec(),
                     ir::Elems::F32(scaled.iter().map(|x| *x as f32).collect()),
                 )
                 .map_err(|e| fail(e.to_string()))?;
-                edits.push((r.node, r.reshape, affine.n, Arc::new(ConstData::from_tensor(&w)), bias));
+                edits.push(Edit {
+                    node: r.node,
+                    reshape: r.reshape,
+                    n: affine.n,
+                    w: Arc::new(ConstData::from_tensor(&w)),
+                    bias,
+                    joins,
+                });
             }
         }
-        edits.sort_by_key(|e| std::cmp::Reverse(e.0));
+        edits.sort_by_key(|e| std::cmp::Reverse(e.node));
         let count = edits.len();
-        for (i, reshape, n, w, bias) in edits {
+        for Edit { node: i, reshape, n, w, bias, joins } in edits {
             if let Some(j) = reshape {
                 g.nodes[j].inputs[0] = n;
             }
@@ -201,20 +236,31 @@ impl Pass for FoldAffineIntoMatMul {
             let hint = g.name(node.output).to_string();
             let wv = g.insert_node(i, Op::Constant(w.clone()), vec![], &format!("{hint}.weight"), w.ty());
             let a = if reshape.is_some() { node.inputs[0] } else { n };
-            let Some(bias) = bias else {
-                g.nodes[i + 1].inputs = vec![a, wv];
-                continue;
-            };
-            // `β·W` along the output's last axis, added to the product.
+            g.nodes[i + 1].inputs = vec![a, wv];
+            let Some(bias) = bias else { continue };
+            // `β·W` (plus the bias it joins) along the output's last axis.
             let out = g.ty(node.output).clone();
+            let b: Vec<f32> = match &joins {
+                Some((_, _, values)) => bias.iter().zip(values).map(|(x, v)| (x + v) as f32).collect(),
+                None => bias.iter().map(|x| *x as f32).collect(),
+            };
             let mut dims = vec![1usize; out.rank()];
-            let b: Vec<f32> = bias.into_iter().map(|x: f64| x as f32).collect();
             dims[out.rank() - 1] = b.len();
             let t = ir::Tensor::new(dims, ir::Elems::F32(b)).map_err(|e| fail(e.to_string()))?;
             let data = Arc::new(ConstData::from_tensor(&t));
             let c =
                 g.insert_node(i + 1, Op::Constant(data.clone()), vec![], &format!("{hint}.bias"), data.ty());
             let cb = g.insert_node(i + 2, Op::Broadcast, vec![c], &format!("{hint}.bias"), out.clone());
+            if let Some((add, at, _)) = joins {
+                // The add, found by its value (the nodes after `i` moved).
+                let add = g
+                    .nodes
+                    .iter_mut()
+                    .find(|x| x.output == add)
+                    .ok_or_else(|| fail("the bias's add left".into()))?;
+                add.inputs[at] = cb;
+                continue;
+            }
             let mm = g.insert_node(i + 3, node.op.clone(), vec![a, wv], &format!("{hint}.product"), out);
             let old = &mut g.nodes[i + 4];
             old.op = Op::Binary(BinaryOp::Add);

@@ -1132,3 +1132,45 @@ fn a_norms_affine_step_moves_into_its_product() {
         );
     }
 }
+
+/// `β·W` joins the bias the product's one reader already adds (GPT-2's
+/// projections have one): one add, of the bias plus `β·W`.
+#[test]
+fn a_norms_shift_joins_the_products_bias() {
+    const BEFORE: &str = "graph {
+  sym n param 1..
+  input %x: f32[n, 2]
+  %b: f32[1, 2] = constant [1.0, -1.0]
+  %bb: f32[n, 2] = broadcast %b
+  %a: f32[n, 2] = add %x, %bb
+  %w: f32[2, 3] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+  %y: f32[n, 3] = matmul %a, %w
+  %c: f32[1, 3] = constant [0.5, 0.25, 0.125]
+  %cb: f32[n, 3] = broadcast %c
+  %z: f32[n, 3] = add %cb, %y
+  output %z
+}
+";
+    const AFTER: &str = "graph {
+  sym n param 1..
+  input %x: f32[n, 2]
+  %b: f32[1, 2] = constant [1.0, -1.0]
+  %bb: f32[n, 2] = broadcast %b
+  %a: f32[n, 2] = add %x, %bb
+  %w: f32[2, 3] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+  %y.weight: f32[2, 3] = constant [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+  %y.bias: f32[1, 3] = constant [-2.5, -2.75, -2.875]
+  %y.bias_1: f32[n, 3] = broadcast %y.bias
+  %y: f32[n, 3] = matmul %x, %y.weight
+  %c: f32[1, 3] = constant [0.5, 0.25, 0.125]
+  %cb: f32[n, 3] = broadcast %c
+  %z: f32[n, 3] = add %y.bias_1, %y
+  output %z
+}
+";
+    check(&FoldAffineIntoMatMul, BEFORE, AFTER);
+    let x = ir::Tensor::new(vec![3, 2], ir::Elems::F32(vec![0.5, -1.0, 2.0, 0.0, -3.0, 1.5])).expect("x");
+    let before = reference::run(&parse(BEFORE), &[("x", x.clone())]).expect("before");
+    let after = reference::run(&parse(AFTER), &[("x", x)]).expect("after");
+    assert_eq!(before[0].1.to_f64_vec(), after[0].1.to_f64_vec());
+}

@@ -44,8 +44,8 @@ pub use epilogue::{
 pub use expr::{Combine, Exprs, Node, E};
 pub use group::GroupKind;
 pub use model::{
-    AttentionStep, BufId, Buffer, BufferKind, DimTable, GroupSteps, MatMulStep, ModelPlan, OnlineSoftmax,
-    Step, StepKind, Taps, View, MAX_SOFTMAX_ARGS,
+    AttentionStep, BufId, Buffer, BufferKind, DimTable, GroupSteps, MatMulStep, ModelPlan, NormalizedA,
+    OnlineSoftmax, Step, StepKind, Taps, View, MAX_SOFTMAX_ARGS,
 };
 pub use pointwise::{
     integer, Pointwise, PwBinary, PwCmp, PwOp, PwUnary, MAX_POINTWISE_OPS, MAX_POINTWISE_PARAMS,

@@ -185,6 +185,24 @@ pub struct MatMulStep {
     /// products reading C as their A, while the rest of the model reads C.
     #[serde(default)]
     pub c_bf16: Option<BufId>,
+    /// A is a row norm of another buffer (`lower::normalized_operands`, GPU
+    /// plans only): see [`NormalizedA`].
+    #[serde(default)]
+    pub a_norm: Option<NormalizedA>,
+}
+
+/// A product's A as the rows of buffer `x` normalized over K by loop step
+/// `step`, whose outputs (A, and its bf16 copy) only this product reads. A
+/// normalizing GEMV (`GemmKernel::norm`) reads `x` at A's view instead, and
+/// the step is skipped at the shapes where one runs the product: a decode
+/// step's norm costs no launch.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NormalizedA {
+    /// The norm's input, laid out as A's buffer.
+    pub x: BufId,
+    pub norm: crate::gemm::RowNorm,
+    /// The loop step that writes A.
+    pub step: usize,
 }
 
 impl MatMulStep {
@@ -289,6 +307,7 @@ impl StepKind {
                 let mut v = vec![m.a.buf, m.b.buf, m.c.buf];
                 v.extend(m.a_bf16);
                 v.extend(m.c_bf16);
+                v.extend(m.a_norm.as_ref().map(|n| n.x));
                 v.extend(m.epilogue.buffers());
                 v
             }

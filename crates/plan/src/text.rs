@@ -234,9 +234,18 @@ fn epilogue(e: &crate::MatEpilogue) -> String {
 /// [d5, d6, d7] out [d8, d9] kernel 3x3 stride 1x1 dilation 1x1 pad 1x1`.
 fn a_view(m: &crate::model::MatMulStep) -> String {
     let Some(t) = &m.taps else {
+        let norm = match &m.a_norm {
+            Some(n) => format!(
+                " ({} of b{} by step {}, which a normalizing GEMV skips)",
+                if n.norm.centered { "layer norm" } else { "RMS norm" },
+                n.x,
+                n.step
+            ),
+            None => String::new(),
+        };
         return match m.a_bf16 {
-            Some(b) => format!("{} (as bf16 in b{b})", view(&m.a)),
-            None => view(&m.a),
+            Some(b) => format!("{} (as bf16 in b{b}){norm}", view(&m.a)),
+            None => format!("{}{norm}", view(&m.a)),
         };
     };
     let slots = |s: &[u32]| s.iter().map(|d| format!("d{d}")).collect::<Vec<_>>().join(", ");

@@ -436,6 +436,7 @@ mod tests {
                 epilogue: Default::default(),
                 a_bf16: None,
                 c_bf16: None,
+                a_norm: None,
             };
             let s = matmul_shape(&mm, &dims).unwrap();
             let count: usize = ext.iter().product();

@@ -297,6 +297,13 @@ pub(super) fn launches(
         // A: in place (f32, or in bf16: the entry's offset, its row and
         // batch strides), or the copy's bf16 `[entries, m, k]`.
         let (a_at, lda, sa) = match (a16, taps_image) {
+            // A normalizing GEMV reads the norm's input, laid out as A.
+            _ if kk.norm.is_some() => {
+                let x = mm.a_norm.as_ref().map(|n| n.x).ok_or_else(|| {
+                    RunError::Internal(format!("step {step}: kernel {kk} normalizes an A that is no norm's"))
+                })?;
+                (At::Buffer(x, 4 * s.entries[first][0]), s.rs[0], sa)
+            }
             _ if kk.a_f32 => (At::Buffer(mm.a.buf, 4 * s.entries[first][0]), s.rs[0], sa),
             // The image (its geometry in the descriptor; `lda` unused).
             (_, Some(image)) if kk.a_taps => (At::Buffer(image, 2 * s.entries[first][0]), 0, sa),

@@ -433,6 +433,9 @@ struct GpuShape {
     sp: ShapePlan,
     layout: CallLayout,
     blocks: Vec<u32>,
+    /// The loop steps not launched at this shape: a row norm whose product
+    /// runs a normalizing GEMV, which reads the norm's input.
+    skipped: Vec<bool>,
     matmuls: Vec<MatMulLaunches>,
     attentions: Vec<Option<AttentionLaunch>>,
     bindings: Bindings,
@@ -748,10 +751,34 @@ impl<D: Device> GpuModel<D> {
                 _ => None,
             });
         }
+        let skipped = self.skipped(&matmuls)?;
         let layout = self.layout(&sp, &matmuls, &attentions)?;
-        let s = Arc::new(GpuShape { sp, layout, blocks, matmuls, attentions, bindings: b });
+        let s = Arc::new(GpuShape { sp, layout, blocks, skipped, matmuls, attentions, bindings: b });
         self.shapes.insert(key, s.clone());
         Ok(s)
+    }
+
+    /// Which loop steps a shape whose products launch `matmuls` skips: the
+    /// row norm of each product whose launches all normalize (none may
+    /// read the norm's output then).
+    fn skipped(&self, matmuls: &[MatMulLaunches]) -> Result<Vec<bool>, RunError> {
+        let mut skipped = vec![false; self.plan.steps.len()];
+        for (i, (st, m)) in self.plan.steps.iter().zip(matmuls).enumerate() {
+            let StepKind::MatMul(mm) = &st.kind else { continue };
+            let Some(n) = &mm.a_norm else { continue };
+            let choices = &self.kernels.matmuls[i];
+            let normalizing = m.gemms.iter().filter(|g| choices[g.choice].kernel.norm.is_some()).count();
+            if normalizing == 0 {
+                continue;
+            }
+            if normalizing != m.gemms.len() || m.copies.iter().any(|c| c.src == At::Buffer(mm.a.buf, 0)) {
+                return Err(RunError::Internal(format!(
+                    "step {i}: some of its launches normalize A's rows and others read the norm's"
+                )));
+            }
+            skipped[n.step] = true;
+        }
+        Ok(skipped)
     }
 
     /// Each loop step's blocks at shape `sp` (its schedule picked by its row's
@@ -854,6 +881,13 @@ impl<D: Device> GpuModel<D> {
     /// planning the shape if it is new.
     pub fn copies_at<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<Vec<(usize, usize)>, RunError> {
         self.contractions_at(inputs, |_, m| m.copies.len())
+    }
+
+    /// The loop steps `inputs`' shape skips (a row norm whose product runs a
+    /// normalizing GEMV), planning the shape if it is new.
+    pub fn skipped_at<T: TensorData>(&self, inputs: &[(&str, T)]) -> Result<Vec<usize>, RunError> {
+        let shape = self.shape(inputs)?;
+        Ok(shape.skipped.iter().enumerate().filter(|(_, s)| **s).map(|(i, _)| i).collect())
     }
 
     /// `f` of each contraction step (its index) and its launches at
@@ -1260,6 +1294,7 @@ impl<D: Device> GpuModel<D> {
         let mut launches = Vec::new();
         for (i, st) in self.plan.steps.iter().enumerate() {
             match &st.kind {
+                StepKind::Loop { .. } if shape.skipped[i] => {}
                 StepKind::Loop { program, .. } => {
                     let args = [
                         base + table_at[i] as u64,
