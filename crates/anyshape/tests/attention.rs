@@ -96,6 +96,38 @@ const LEFT_PADDED: &str = r#"graph {
 }
 "#;
 
+/// `LEFT_PADDED` with its softmax's NaNs made 0, as PyTorch's
+/// scaled-dot-product attention exports it (the optimum Llama's): rows whose
+/// every key is masked (`emask`: all of the second entry's keys) are 0.
+const NAN_GUARDED: &str = r#"graph {
+  sym b param 1..2
+  sym t param 1..200
+  input %qs: f32[b, 2, t, 8]
+  input %kt: f32[b, 2, 8, t]
+  input %v: f32[b, 2, t, 8]
+  input %emask: f32[b, 1, 1, t]
+  %s: f32[b, 2, t, t] = matmul %qs, %kt
+  %quarter: f32[1, 1, 1, 1] = constant [0.25]
+  %qb: f32[b, 2, t, t] = broadcast %quarter
+  %ss: f32[b, 2, t, t] = mul %s, %qb
+  %mb: f32[b, 2, t, t] = broadcast %emask
+  %sm: f32[b, 2, t, t] = add %ss, %mb
+  %mx: f32[b, 2, t, 1] = reduce_max[axes=[3], keep_dims=true] %sm
+  %mxb: f32[b, 2, t, t] = broadcast %mx
+  %sh: f32[b, 2, t, t] = sub %sm, %mxb
+  %ex: f32[b, 2, t, t] = exp %sh
+  %sum: f32[b, 2, t, 1] = reduce_sum[axes=[3], keep_dims=true] %ex
+  %sumb: f32[b, 2, t, t] = broadcast %sum
+  %p: f32[b, 2, t, t] = div %ex, %sumb
+  %nan: bool[b, 2, t, t] = is_nan %p
+  %zero: f32[1, 1, 1, 1] = constant [0.0]
+  %zb: f32[b, 2, t, t] = broadcast %zero
+  %pz: f32[b, 2, t, t] = select %nan, %zb, %p
+  %o: f32[b, 2, t, 8] = matmul %pz, %v
+  output %o
+}
+"#;
+
 fn model(text: &str) -> Model {
     let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
     Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"))
@@ -114,6 +146,14 @@ fn inputs(m: &Model, dims: &[(&str, usize)], seed: u64) -> Vec<(String, Tensor)>
                 let keys = *shape.last().expect("rank");
                 let keep = keys - (rng.next() as usize % keys.div_ceil(2));
                 Elems::F32((0..n).map(|i| if i % keys < keep { 0.0 } else { -10000.0 }).collect())
+            } else if info.name == "emask" {
+                // The first entry's first third of keys -inf, the second's all.
+                let keys = *shape.last().expect("rank");
+                Elems::F32(
+                    (0..n)
+                        .map(|i| if i >= keys || i % keys < keys / 3 { f32::NEG_INFINITY } else { 0.0 })
+                        .collect(),
+                )
             } else if info.name == "lmask" {
                 // -inf over up to two thirds of the keys, from the first; one key stays.
                 let keys = *shape.last().expect("rank");
@@ -204,6 +244,23 @@ fn online_softmax_with_leading_keys_masked_out() {
     for (i, &t) in LENGTHS.iter().enumerate() {
         check(&m, &refs, &[("b", 1 + i % 2), ("t", t)], 300 + i as u64);
     }
+}
+
+/// A softmax whose NaNs the model makes 0 fuses with online softmax
+/// (`OnlineSoftmax::nan_to_zero`): a fully masked row is 0 whole, in
+/// chunks and unfused, as the interpreter says.
+#[test]
+fn fully_masked_rows_of_a_nan_guarded_softmax_are_zero() {
+    let m = model(NAN_GUARDED);
+    let compiled = compile_all(&m);
+    let refs: Vec<(&str, &CompiledModel)> = compiled.iter().map(|(w, c)| (*w, c)).collect();
+    for (i, &t) in LENGTHS.iter().enumerate() {
+        check(&m, &refs, &[("b", 2), ("t", t)], 400 + i as u64);
+    }
+    let ins = inputs(&m, &[("b", 2), ("t", 13)], 1);
+    let named: Vec<(&str, Tensor)> = ins.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let want = m.interpret(&named).expect("interprets")[0].1.to_f64_vec();
+    assert!(want[want.len() / 2..].iter().all(|x| *x == 0.0), "the second entry's rows are 0");
 }
 
 /// Keys as a model holds them, `[b, heads, keys, depth]`, transposed into Kᵀ:

@@ -107,6 +107,21 @@ const LEFT_PADDED: &str = r#"graph {
 }
 "#;
 
+/// `LEFT_PADDED` with its softmax's NaNs made 0 (PyTorch's scaled-dot-product
+/// attention exported): `emask` masks a third of the first entry's keys and
+/// every key of the second's, whose rows the interpreter gives 0.
+fn nan_guarded() -> String {
+    LEFT_PADDED.replace("%lmask", "%emask").replace(
+        "  %o: f32[b, 2, t, 64] = matmul %p, %v\n",
+        "  %nan: bool[b, 2, t, t] = is_nan %p
+  %zero: f32[1, 1, 1, 1] = constant [0.0]
+  %zb: f32[b, 2, t, t] = broadcast %zero
+  %pz: f32[b, 2, t, t] = select %nan, %zb, %p
+  %o: f32[b, 2, t, 64] = matmul %pz, %v
+",
+    )
+}
+
 fn model(text: &str) -> Model {
     let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
     Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"))
@@ -128,6 +143,11 @@ fn inputs(m: &Model, dims: &[(&str, usize)], seed: u64) -> Vec<(String, Tensor)>
                     let keep = keys - (rng.next() as usize % keys.div_ceil(2));
                     Elems::F32((0..n).map(|i| if i % keys < keep { 0.0 } else { -10000.0 }).collect())
                 }
+                "emask" => Elems::F32(
+                    (0..n)
+                        .map(|i| if i >= keys || i % keys < keys / 3 { f32::NEG_INFINITY } else { 0.0 })
+                        .collect(),
+                ),
                 "lmask" => {
                     let pad = rng.next() as usize % (2 * keys / 3 + 1);
                     Elems::F32((0..n).map(|i| if i % keys < pad { f32::NEG_INFINITY } else { 0.0 }).collect())
@@ -214,6 +234,18 @@ fn leading_keys_masked_out_run_on_the_attention_kernel() {
     let shapes: Vec<_> = [1, 17, 65, 131].iter().map(|&t| vec![("b", 1), ("t", t)]).collect();
     let worst = check(&m, true, &shapes);
     eprintln!("leading keys masked, head 64: relative L2 error at most {worst:.2e}");
+}
+
+/// A softmax whose NaNs the model makes 0 runs on the attention kernel
+/// (`OnlineSoftmax::nan_to_zero`): a fully masked row is 0, as the
+/// interpreter says (a row that weighs nothing is the kernel's 0).
+#[test]
+fn a_nan_guarded_softmax_runs_on_the_attention_kernel() {
+    let m = model(&nan_guarded());
+    assert!(nan_guarded().contains("select %nan"), "the guard is in the model");
+    let shapes: Vec<_> = [1, 17, 65].iter().map(|&t| vec![("b", 2), ("t", t)]).collect();
+    let worst = check(&m, true, &shapes);
+    eprintln!("NaN-guarded softmax, fully masked rows, head 64: relative L2 error at most {worst:.2e}");
 }
 
 /// A decode step (one query row, or a few) against a long cache: the keys of

@@ -43,6 +43,10 @@ pub struct AttentionPlan<'k> {
     pub scores: DirectPlan<'k>,
     /// `O = P·V` for `block` rows: single-thread direct kernels.
     pub output: DirectPlan<'k>,
+    /// Online softmax gives a row that weighs nothing (every logit -inf)
+    /// 0, not NaN: the model makes its softmax's NaNs 0
+    /// (`plan::OnlineSoftmax::nan_to_zero`).
+    pub zero_empty_rows: bool,
 }
 
 /// The softmax step between the products: `(entry, first query row, rows,
@@ -453,9 +457,20 @@ fn online_task(
         at += len;
     }
     for (r, &sum) in l.iter().enumerate() {
-        scale_row(t, r, dv, 1.0 / sum);
+        if sum == 0.0 && plan.zero_empty_rows {
+            zero_row(t, r, dv);
+        } else {
+            scale_row(t, r, dv, 1.0 / sum);
+        }
     }
     Ok(())
+}
+
+/// Row `r` of a task's output block (its `dv` values) set to 0.
+fn zero_row(t: &Task, r: usize, dv: usize) {
+    // SAFETY: as `scale_row`'s: row r of this task's own output block.
+    let row = unsafe { std::slice::from_raw_parts_mut(t.o.get().add(r * t.ldo), dv) };
+    row.fill(0.0);
 }
 
 /// Row `r` of a task's output block (its `dv` values) times `by`.

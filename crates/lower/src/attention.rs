@@ -36,12 +36,14 @@ pub fn fuse_attention(plan: &mut ModelPlan) -> usize {
                 Some(plan.programs.len() - 1)
             });
             let params = plan.programs[a.softmax].params.len();
+            let nan_to_zero = nan_guarded(&plan.programs[a.softmax]).is_some();
             a.online = program.map(|program| OnlineSoftmax {
                 program,
                 max_param: params,
                 logits_param: params + 1,
                 offset_slot,
                 len_slot,
+                nan_to_zero,
             });
             remap[i + 1] = steps.len();
             remap[i + 2] = steps.len();
@@ -137,10 +139,22 @@ fn fusible(plan: &ModelPlan, i: usize) -> Option<AttentionStep> {
     })
 }
 
+/// `p` where program `prog`'s one store is `select(is_nan(p), 0, p)`.
+fn nan_guarded(prog: &LoopProgram) -> Option<E> {
+    let x = &prog.exprs;
+    let [store] = &prog.stores[..] else { return None };
+    let Node::Select(c, zero, p) = *x.node(store.value) else { return None };
+    let guarded = *x.node(c) == Node::Unary(UnaryOp::IsNaN, p)
+        && matches!(*x.node(zero), Node::Const(bits) if f64::from_bits(bits) == 0.0);
+    guarded.then_some(p)
+}
+
 /// The online-softmax program of softmax program `prog` (see [`OnlineSoftmax`])
 /// whose parameter `sp` is the scores, when its one store is
 /// `exp(l - max l) / sum exp(l - max l)` for logits `l` of the nest's point
-/// (the form the importer gives ONNX's Softmax); `None` otherwise.
+/// (the form the importer gives ONNX's Softmax), or that with its NaNs made
+/// 0 (`OnlineSoftmax::nan_to_zero`: the fused kernels give an empty row 0);
+/// `None` otherwise.
 ///
 /// The logits are rebuilt over a chunk of keys: the key variable `k` becomes
 /// `j` below the chunk's length (slot `len`); the scores, which the fused step
@@ -151,7 +165,9 @@ pub fn online_program(prog: &LoopProgram, sp: usize, offset: u32, len: u32) -> O
     let [store] = &prog.stores[..] else { return None };
     let k = prog.inner_var()?;
     let rank = prog.vars.len();
-    let Node::Binary(BinaryOp::Div, num, sum) = x.node(store.value) else { return None };
+    // A softmax whose NaNs the model makes 0 (`OnlineSoftmax::nan_to_zero`).
+    let value = nan_guarded(prog).unwrap_or(store.value);
+    let Node::Binary(BinaryOp::Div, num, sum) = x.node(value) else { return None };
     let Node::Unary(UnaryOp::Exp, shifted) = x.node(*num) else { return None };
     let Node::Binary(BinaryOp::Sub, logits, max) = x.node(*shifted) else { return None };
     let Node::Reduce { combine: Combine::Max, vars: mv, body: lmax } = x.node(*max) else { return None };

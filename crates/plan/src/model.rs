@@ -262,6 +262,12 @@ pub struct OnlineSoftmax {
     pub logits_param: usize,
     pub offset_slot: u32,
     pub len_slot: u32,
+    /// The model makes the softmax's NaN probabilities 0
+    /// (`select(is_nan(p), 0, p)`, PyTorch's scaled-dot-product attention
+    /// exported): a row whose every logit is -inf (fully masked) is 0
+    /// where a plain softmax gives NaN.
+    #[serde(default)]
+    pub nan_to_zero: bool,
 }
 
 impl AttentionStep {

@@ -56,8 +56,8 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// in 32-bit indices; 23: a GPU artifact's GEMMs reading a convolution's
 /// taps from a bf16 image, their descriptor an argument, and storing a
 /// bf16 copy of C, its buffer the last argument; 24: normalizing GEMVs, a
-/// product naming the row norm that writes its A); a runtime reads only its
-/// own.
+/// product naming the row norm that writes its A, online softmax of a
+/// NaN-guarded softmax); a runtime reads only its own.
 pub const FORMAT_VERSION: u32 = 24;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";

@@ -467,6 +467,7 @@ impl Cpu {
             chunk: tasks.chunk,
             scores: d.direct_plan(&tasks.scores).map_err(internal)?,
             output: d.direct_plan(&tasks.output).map_err(internal)?,
+            zero_empty_rows: a.online.as_ref().is_some_and(|o| o.nan_to_zero),
         };
         // The step's buffers, copied into each task's own table (on its stack).
         let nargs = a.args.len();
