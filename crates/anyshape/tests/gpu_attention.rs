@@ -340,6 +340,70 @@ fn head_merges_are_written_by_the_attention() {
     }
 }
 
+/// Grouped-query attention (6 query heads over 2 key and value heads, as a
+/// Llama's: the attention's batch `[b, 2, 3]`) whose output is merged to
+/// `[b·q, 96]` and projected: the merge folds into the attention too, its
+/// heads' two dims strided into the merged row.
+#[test]
+fn grouped_query_head_merges_are_written_by_the_attention() {
+    let w: Vec<String> = (0..96 * 8).map(|i| format!("{:.3}", ((i * 37 % 17) as f32 - 8.0) / 16.0)).collect();
+    let shared = |name: &str, to: &str| {
+        format!(
+            "  %{to}5: f32[b, 2, 1, k, 16] = reshape %{name}
+  %{to}x: f32[b, 2, 3, k, 16] = broadcast %{to}5
+  %{to}: f32[b, 6, k, 16] = reshape %{to}x
+"
+        )
+    };
+    let text = format!(
+        "graph {{
+  sym b param 1..3
+  sym q param 1..200
+  sym k param 1..1200
+  input %qs: f32[b, 6, q, 16]
+  input %keys: f32[b, 2, k, 16]
+  input %vals: f32[b, 2, k, 16]
+  input %mask: f32[b, 1, 1, k]
+{}{}  %kt: f32[b, 6, 16, k] = transpose[perm=[0, 1, 3, 2]] %kr
+  %s: f32[b, 6, q, k] = matmul %qs, %kt
+  %quarter: f32[1, 1, 1, 1] = constant [0.25]
+  %qb: f32[b, 6, q, k] = broadcast %quarter
+  %ss: f32[b, 6, q, k] = mul %s, %qb
+  %mb: f32[b, 6, q, k] = broadcast %mask
+  %sm: f32[b, 6, q, k] = add %ss, %mb
+  %mx: f32[b, 6, q, 1] = reduce_max[axes=[3], keep_dims=true] %sm
+  %mxb: f32[b, 6, q, k] = broadcast %mx
+  %sh: f32[b, 6, q, k] = sub %sm, %mxb
+  %ex: f32[b, 6, q, k] = exp %sh
+  %sum: f32[b, 6, q, 1] = reduce_sum[axes=[3], keep_dims=true] %ex
+  %sumb: f32[b, 6, q, k] = broadcast %sum
+  %p: f32[b, 6, q, k] = div %ex, %sumb
+  %o: f32[b, 6, q, 16] = matmul %p, %v
+  %t: f32[b, q, 6, 16] = transpose[perm=[0, 2, 1, 3]] %o
+  %m: f32[b*q, 96] = reshape %t
+  %w: f32[96, 8] = constant [{}]
+  %y: f32[b*q, 8] = matmul %m, %w
+  output %y
+}}
+",
+        shared("keys", "kr"),
+        shared("vals", "v"),
+        w.join(", ")
+    );
+    let m = model(&text);
+    let plan = m.lower_gpu().expect("lower");
+    let kinds: Vec<&str> = plan.steps.iter().map(|s| s.kind.name()).collect();
+    assert_eq!(kinds, ["attention", "matmul"], "{}", anyshape::inspect::print_plan(&plan));
+    let plan::StepKind::Attention(a) = &plan.steps[0].kind else { unreachable!() };
+    assert_eq!(a.output.batch.len(), 3, "the heads as [kv heads, group]");
+    let shapes: Vec<_> = [(1, 1, 17), (2, 13, 13), (1, 65, 131), (1, 3, 520)]
+        .iter()
+        .map(|&(b, q, k)| vec![("b", b), ("q", q), ("k", k)])
+        .collect();
+    let worst = check(&m, true, &shapes);
+    eprintln!("grouped-query head merge, head 16: relative L2 error at most {worst:.2e}");
+}
+
 /// Compile `m` for an emulated Hopper, check its attention steps take the
 /// `wgmma` kernel, and compare it with the interpreter at each of `shapes`.
 fn check_hopper(m: &Model, shapes: &[Vec<(&str, usize)>]) -> f64 {

@@ -448,7 +448,8 @@ pub fn unfuse_attention(plan: &mut ModelPlan, keep: impl Fn(&ModelPlan, &Attenti
 
 /// Folds each head merge into the attention before it: an attention step
 /// whose output only a permuting copy reads (`[b, h, s, d] → [b, s, h·d]`
-/// before the output projection) writes the copy's layout itself, its
+/// before the output projection; grouped-query heads `[b, kv, g, s, d]`
+/// too, whose `kv·g` the copy reads as one) writes the copy's layout itself, its
 /// output view strided into the copy's buffer, and the copy is dropped.
 /// For a backend whose attention writes through any strides (the GPU's
 /// kernel: a launch and a pass over the output fewer a layer); the CPU's
@@ -521,19 +522,34 @@ fn head_merge(plan: &ModelPlan, i: usize) -> Option<(usize, usize, Vec<sym::SymE
             _ => None,
         }
     };
-    // The output's dims (`[batch…, m, n]`) are the copy's input's, and its
-    // view is their dense row-major layout.
+    // The output's dims (`[batch…, m, n]`) are the copy's input's, or split
+    // them (grouped-query heads: the attention's `[kv heads, group]` the
+    // copy's heads), in order; its view is their dense row-major layout.
     let c = &a.output.c;
     let dims: Vec<u32> = a.output.batch.iter().copied().chain([a.output.m, a.output.n]).collect();
     let shape = &prog.params[inp].shape;
-    if shape.len() != dims.len() || index.len() != dims.len() {
+    if index.len() != shape.len() {
         return None;
     }
     let ext: Vec<sym::SymExpr> = dims.iter().map(|s| plan.dims.exprs()[*s as usize].clone()).collect();
-    for (e, want) in shape.iter().zip(&ext) {
-        if sym(*e, plan).as_ref() != Some(want) {
+    let input: Vec<sym::SymExpr> = shape.iter().map(|e| sym(*e, plan)).collect::<Option<_>>()?;
+    // `groups[k]`: the output dims that make input dim `k`.
+    let mut groups: Vec<std::ops::Range<usize>> = Vec::with_capacity(input.len());
+    let mut at = 0;
+    for want in &input {
+        let start = at;
+        let mut product = sym::SymExpr::constant(1);
+        while at < ext.len() && product != *want {
+            product = product.try_mul(&ext[at]).ok()?;
+            at += 1;
+        }
+        if product != *want || at == start {
             return None;
         }
+        groups.push(start..at);
+    }
+    if at != ext.len() {
+        return None;
     }
     let slot = |s: u32| &plan.dims.exprs()[s as usize];
     let mut dense = sym::SymExpr::constant(1);
@@ -559,10 +575,10 @@ fn head_merge(plan: &ModelPlan, i: usize) -> Option<(usize, usize, Vec<sym::SymE
     let mut new_strides = Vec::with_capacity(dims.len());
     for (k, e) in index.iter().enumerate() {
         let stride = match prog.exprs.node(*e) {
-            Node::Const(0) if ext[k].as_const() == Some(1) => sym::SymExpr::constant(0),
+            Node::Const(0) if input[k].as_const() == Some(1) => sym::SymExpr::constant(0),
             node @ Node::Var(_) => {
                 let pos = prog.vars.iter().position(|v| prog.exprs.node(*v) == node)?;
-                if used[pos] || nest[pos] != ext[k] {
+                if used[pos] || nest[pos] != input[k] {
                     return None;
                 }
                 used[pos] = true;
@@ -574,7 +590,15 @@ fn head_merge(plan: &ModelPlan, i: usize) -> Option<(usize, usize, Vec<sym::SymE
             }
             _ => return None,
         };
-        new_strides.push(stride);
+        // The output dims that split input dim `k`: strides of the inner ones'
+        // extents times `stride`, outer first.
+        for d in groups[k].clone() {
+            let mut s = stride.clone();
+            for inner in &ext[d + 1..groups[k].end] {
+                s = s.try_mul(inner).ok()?;
+            }
+            new_strides.push(s);
+        }
     }
     // Every point of the nest is stored once: the unread variables are 1 wide.
     if used.iter().zip(&nest).any(|(u, e)| !u && e.as_const() != Some(1)) {
