@@ -81,13 +81,15 @@ enum Mode<'s, 'a> {
 /// The most query rows of a task.
 const MAX_BLOCK: usize = 64;
 
-/// Whether online softmax pays over `keys` keys: when a full block of query
-/// rows would no longer keep its two whole-row tiles (scores, probabilities)
-/// in less than half of `l2`. Measured on the 2-core Zen 4 (1 MB L2), BERT's
-/// attention shape: whole rows 2-3% ahead at T = 256-768, chunks 2-9% ahead
-/// from T = 1024 on (BENCHMARKS.md, "Online softmax").
-pub fn online_pays(l2: usize, keys: usize) -> bool {
-    2 * 4 * keys * MAX_BLOCK >= l2 / 2
+/// Whether online softmax pays over `keys` keys for `rows` query rows: when a
+/// block of query rows (a full one, or all the rows where they are fewer:
+/// a decode step's one) would no longer keep its two whole-row tiles
+/// (scores, probabilities) in less than half of `l2`. Measured on the 2-core
+/// Zen 4 (1 MB L2), BERT's attention shape: whole rows 2-3% ahead at T =
+/// 256-768, chunks 2-9% ahead from T = 1024 on (BENCHMARKS.md, "Online
+/// softmax").
+pub fn online_pays(l2: usize, keys: usize, rows: usize) -> bool {
+    2 * 4 * keys * rows.clamp(1, MAX_BLOCK) >= l2 / 2
 }
 
 /// The query block and the key chunk for online softmax over `keys` keys: a

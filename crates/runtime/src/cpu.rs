@@ -419,15 +419,15 @@ impl Cpu {
         Ok(())
     }
 
-    /// Whether attention over `keys` keys takes them in chunks: `None` for whole
+    /// Whether attention of `rows` query rows over `keys` keys takes them in chunks: `None` for whole
     /// rows, `Some(None)` for chunks of the size the cache gives, `Some(Some(n))`
     /// for chunks of `n` keys (asked for); by default where `kernels::online_pays`.
-    fn plan_online(&self, keys: usize, l2: usize) -> Option<Option<usize>> {
+    fn plan_online(&self, keys: usize, rows: usize, l2: usize) -> Option<Option<usize>> {
         match self.key_chunks {
             KeyChunks::Never => None,
             KeyChunks::Always => Some(None),
             KeyChunks::Every(n) => Some(Some(n.max(1))),
-            KeyChunks::Auto => kernels::online_pays(l2, keys).then_some(None),
+            KeyChunks::Auto => kernels::online_pays(l2, keys, rows).then_some(None),
         }
     }
 
@@ -589,7 +589,7 @@ impl Backend for Cpu {
         let (l2, threads) = (d.target().l2, self.pool.threads());
         // Online softmax where the model's softmax has its form and the keys are
         // many (or where the caller asks for chunks).
-        let online = if online { self.plan_online(ss.n, l2) } else { None };
+        let online = if online { self.plan_online(ss.n, ss.m, l2) } else { None };
         let (block, chunk) = match online {
             Some(every) => {
                 let (block, chunk) =
