@@ -350,14 +350,17 @@ fn loopish(c: Class) -> bool {
     matches!(c, Class::Elementwise | Class::Injective)
 }
 
-/// 1. Producer into consumer, for element-wise and data-movement ops.
+/// 1. Producer into consumer, for element-wise and data-movement ops. A
+/// node's inputs are taken twice: a merge that a cycle refuses (an input
+/// whose group another input's group reads: `x·cos + rotate(x)·sin` with
+/// `x·cos` first) may go through once the other inputs have joined.
 fn fuse_elementwise(p: &mut Partition) {
     let g = p.g;
     for (n, node) in g.nodes.iter().enumerate() {
         if !loopish(class(&node.op)) {
             continue;
         }
-        for &v in &node.inputs {
+        for &v in node.inputs.iter().chain(&node.inputs) {
             let Some(q) = p.producer_node(v) else { continue };
             let rq = p.find(q);
             if !loopish(class(&g.nodes[q].op)) || p.kind[rq] != GroupKind::Elementwise {
@@ -621,12 +624,17 @@ fn fuse_horizontal(p: &mut Partition) {
                 groups.push(r);
             }
         }
+        // Each group with the first before it of its space (a decoder's key
+        // and value appends, over the cache, beside its queries' rotation).
         for i in 1..groups.len() {
-            let (a, b) = (p.find(groups[0]), p.find(groups[i]));
-            let (sa, sb) = (last_numel(p, a), last_numel(p, b));
-            if a != b && p.same_numel(&sa, &sb) && p.merge(a, b, GroupKind::Elementwise) {
-                let r = p.find(a);
-                p.horizontal[r] = true;
+            for j in 0..i {
+                let (a, b) = (p.find(groups[j]), p.find(groups[i]));
+                let (sa, sb) = (last_numel(p, a), last_numel(p, b));
+                if a != b && p.same_numel(&sa, &sb) && p.merge(a, b, GroupKind::Elementwise) {
+                    let r = p.find(a);
+                    p.horizontal[r] = true;
+                    break;
+                }
             }
         }
     }
