@@ -350,8 +350,9 @@ fn loopish(c: Class) -> bool {
     matches!(c, Class::Elementwise | Class::Injective)
 }
 
-/// 1. Producer into consumer, for element-wise and data-movement ops. A
-/// node's inputs are taken twice: a merge that a cycle refuses (an input
+/// 1. Producer into consumer, for element-wise and data-movement ops.
+///
+/// A node's inputs are taken twice: a merge that a cycle refuses (an input
 /// whose group another input's group reads: `x·cos + rotate(x)·sin` with
 /// `x·cos` first) may go through once the other inputs have joined.
 fn fuse_elementwise(p: &mut Partition) {
