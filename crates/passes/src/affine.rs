@@ -48,7 +48,7 @@ struct Reader {
 }
 
 impl FoldAffineIntoMatMul {
-    fn affine(g: &Graph, p: &Producers, v: ValueId) -> Option<Affine> {
+    fn affine(g: &Graph, p: &Producers, v: ValueId, uses: &[usize]) -> Option<Affine> {
         let last = g.ty(v).rank().checked_sub(1)?;
         let same = |u: ValueId| {
             let (a, t) = (g.ty(u), g.ty(v));
@@ -73,7 +73,6 @@ impl FoldAffineIntoMatMul {
             }
             None
         };
-        let uses = g.use_counts();
         let (inner, beta) = match split(v, BinaryOp::Add) {
             Some((x, b)) => (x, Some(b)),
             None => (v, None),
@@ -156,7 +155,7 @@ impl Pass for FoldAffineIntoMatMul {
             {
                 continue;
             }
-            let Some(affine) = Self::affine(g, &p, v) else { continue };
+            let Some(affine) = Self::affine(g, &p, v, &uses) else { continue };
             let Some(readers) = Self::readers(g, &p, v, &uses) else { continue };
             found.push((affine, readers));
         }
