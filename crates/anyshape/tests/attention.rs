@@ -100,15 +100,7 @@ const LEFT_PADDED: &str = r#"graph {
 /// scaled-dot-product attention exports it (the optimum Llama's): rows whose
 /// every key is masked (`emask`: all of the second entry's keys) are 0.
 fn nan_guarded() -> String {
-    LEFT_PADDED.replace("%lmask", "%emask").replace(
-        "  %o: f32[b, 2, t, 8] = matmul %p, %v\n",
-        "  %nan: bool[b, 2, t, t] = is_nan %p
-  %zero: f32[1, 1, 1, 1] = constant [0.0]
-  %zb: f32[b, 2, t, t] = broadcast %zero
-  %pz: f32[b, 2, t, t] = select %nan, %zb, %p
-  %o: f32[b, 2, t, 8] = matmul %pz, %v
-",
-    )
+    common::guard_softmax_nans(LEFT_PADDED, "[b, 2, t, t]")
 }
 
 fn model(text: &str) -> Model {
@@ -130,13 +122,7 @@ fn inputs(m: &Model, dims: &[(&str, usize)], seed: u64) -> Vec<(String, Tensor)>
                 let keep = keys - (rng.next() as usize % keys.div_ceil(2));
                 Elems::F32((0..n).map(|i| if i % keys < keep { 0.0 } else { -10000.0 }).collect())
             } else if info.name == "emask" {
-                // The first entry's first third of keys -inf, the second's all.
-                let keys = *shape.last().expect("rank");
-                Elems::F32(
-                    (0..n)
-                        .map(|i| if i >= keys || i % keys < keys / 3 { f32::NEG_INFINITY } else { 0.0 })
-                        .collect(),
-                )
+                Elems::F32(common::empty_rows_mask(n, *shape.last().expect("rank")))
             } else if info.name == "lmask" {
                 // -inf over up to two thirds of the keys, from the first; one key stays.
                 let keys = *shape.last().expect("rank");

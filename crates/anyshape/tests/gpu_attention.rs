@@ -111,15 +111,7 @@ const LEFT_PADDED: &str = r#"graph {
 /// attention exported): `emask` masks a third of the first entry's keys and
 /// every key of the second's, whose rows the interpreter gives 0.
 fn nan_guarded() -> String {
-    LEFT_PADDED.replace("%lmask", "%emask").replace(
-        "  %o: f32[b, 2, t, 64] = matmul %p, %v\n",
-        "  %nan: bool[b, 2, t, t] = is_nan %p
-  %zero: f32[1, 1, 1, 1] = constant [0.0]
-  %zb: f32[b, 2, t, t] = broadcast %zero
-  %pz: f32[b, 2, t, t] = select %nan, %zb, %p
-  %o: f32[b, 2, t, 64] = matmul %pz, %v
-",
-    )
+    common::guard_softmax_nans(LEFT_PADDED, "[b, 2, t, t]")
 }
 
 fn model(text: &str) -> Model {
@@ -143,11 +135,7 @@ fn inputs(m: &Model, dims: &[(&str, usize)], seed: u64) -> Vec<(String, Tensor)>
                     let keep = keys - (rng.next() as usize % keys.div_ceil(2));
                     Elems::F32((0..n).map(|i| if i % keys < keep { 0.0 } else { -10000.0 }).collect())
                 }
-                "emask" => Elems::F32(
-                    (0..n)
-                        .map(|i| if i >= keys || i % keys < keys / 3 { f32::NEG_INFINITY } else { 0.0 })
-                        .collect(),
-                ),
+                "emask" => Elems::F32(common::empty_rows_mask(n, keys)),
                 "lmask" => {
                     let pad = rng.next() as usize % (2 * keys / 3 + 1);
                     Elems::F32((0..n).map(|i| if i % keys < pad { f32::NEG_INFINITY } else { 0.0 }).collect())

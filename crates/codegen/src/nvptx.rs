@@ -537,15 +537,14 @@ fn gemv_ir(k: &GemmKernel) -> String {
     // A normalizing kernel's shift of each row (its first value, K >= 1;
     // zero for an RMS norm), as 8 lanes.
     let centered = k.norm.is_some_and(|n| n.centered);
-    let shifts: Vec<String> = rows
+    let shifts: Vec<Option<String>> = rows
         .iter()
         .map(|row| {
-            if !centered {
-                return String::new();
-            }
-            let x0 = g.v(format!("load float, ptr addrspace(1) {row}, align 4"));
-            let v = g.v(format!("insertelement <8 x float> poison, float {x0}, i32 0"));
-            g.v(format!("shufflevector <8 x float> {v}, <8 x float> poison, <8 x i32> zeroinitializer"))
+            centered.then(|| {
+                let x0 = g.v(format!("load float, ptr addrspace(1) {row}, align 4"));
+                let v = g.v(format!("insertelement <8 x float> poison, float {x0}, i32 0"));
+                g.v(format!("shufflevector <8 x float> {v}, <8 x float> poison, <8 x i32> zeroinitializer"))
+            })
         })
         .collect();
     let lane64 = g.v(format!("zext i32 {lane} to i64"));
@@ -596,7 +595,10 @@ fn gemv_ir(k: &GemmKernel) -> String {
             accs[3 * rows_n] = g.v(format!("fadd contract <8 x float> {}, {b}", accs[3 * rows_n]));
         }
         for (i, a) in a.iter().enumerate() {
-            let x = if centered { g.v(format!("fsub <8 x float> {a}, {}", shifts[i])) } else { a.clone() };
+            let x = match &shifts[i] {
+                Some(shift) => g.v(format!("fsub <8 x float> {a}, {shift}")),
+                None => a.clone(),
+            };
             if k.norm.is_some() {
                 // A chunk past K reloaded the first: it adds nothing.
                 let xz = g.v(format!("select i1 {live}, <8 x float> {x}, <8 x float> zeroinitializer"));

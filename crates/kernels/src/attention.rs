@@ -470,18 +470,20 @@ fn online_task(
 
 /// Row `r` of a task's output block (its `dv` values) set to 0.
 fn zero_row(t: &Task, r: usize, dv: usize) {
-    // SAFETY: as `scale_row`'s: row r of this task's own output block.
-    let row = unsafe { std::slice::from_raw_parts_mut(t.o.get().add(r * t.ldo), dv) };
-    row.fill(0.0);
+    on_output_row(t, r, dv, |row| row.fill(0.0));
 }
 
 /// Row `r` of a task's output block (its `dv` values) times `by`.
 fn scale_row(t: &Task, r: usize, dv: usize, by: f32) {
+    on_output_row(t, r, dv, |row| row.iter_mut().for_each(|x| *x *= by));
+}
+
+/// `f` of row `r` of a task's output block: its `dv` values.
+fn on_output_row(t: &Task, r: usize, dv: usize, f: impl FnOnce(&mut [f32])) {
     // SAFETY: row r < the block's rows of the task's output (this task's alone:
     // tasks are disjoint (entry, block) pairs), `dv` values inside the output
     // whose shape `attention` checked.
-    let row = unsafe { std::slice::from_raw_parts_mut(t.o.get().add(r * t.ldo), dv) };
-    row.iter_mut().for_each(|x| *x *= by);
+    f(unsafe { std::slice::from_raw_parts_mut(t.o.get().add(r * t.ldo), dv) })
 }
 
 /// The largest value of a row (16 lanes, so that it vectorizes).

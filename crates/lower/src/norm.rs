@@ -8,7 +8,9 @@
 
 use ir::{BinaryOp, DType, UnaryOp};
 use plan::gemm::RowNorm;
-use plan::{BufferKind, Combine, LoopProgram, ModelPlan, Node, NormalizedA, StepKind, E};
+use plan::{Combine, LoopProgram, ModelPlan, Node, NormalizedA, StepKind, E};
+
+use crate::operands::{loop_writer, slot_const};
 
 /// Names, in each product step whose A a row norm writes, the norm's input
 /// and step ([`plan::MatMulStep::a_norm`]): where A's view is its buffer's
@@ -16,7 +18,7 @@ use plan::{BufferKind, Combine, LoopProgram, ModelPlan, Node, NormalizedA, StepK
 /// writes A (and its bf16 copy, if any) and the product alone reads them.
 /// Returns the products named.
 pub fn normalized_operands(plan: &mut ModelPlan) -> usize {
-    let konst = |plan: &ModelPlan, slot: u32| plan.dims.exprs().get(slot as usize).and_then(|e| e.as_const());
+    let konst = |plan: &ModelPlan, slot: u32| slot_const(&plan.dims, slot);
     let mut found = Vec::new();
     for (j, st) in plan.steps.iter().enumerate() {
         let StepKind::MatMul(m) = &st.kind else { continue };
@@ -27,14 +29,14 @@ pub fn normalized_operands(plan: &mut ModelPlan) -> usize {
             && konst(plan, m.a.cs) == Some(1)
             && k.is_some()
             && konst(plan, m.a.rs) == k;
-        if !whole_rows || m.a_norm.is_some() || plan.buffers[m.a.buf].dtype != DType::F32 {
+        if !whole_rows || m.a_norm.is_some() {
             continue;
         }
-        let a = m.a.buf;
-        let copy = m.a_bf16;
-        let Some((w, program, args)) = writer(plan, a) else { continue };
-        let p = &plan.programs[program];
-        let Some(out) = args.iter().position(|&b| b == a) else { continue };
+        let (a, copy) = (m.a.buf, m.a_bf16);
+        // The one loop step writing A (an f32 temporary), in one store.
+        let Some((w, out)) = loop_writer(plan, a) else { continue };
+        let StepKind::Loop { program, args } = &plan.steps[w].kind else { continue };
+        let p = &plan.programs[*program];
         let Some((input, norm)) = recognize(p, out, k.unwrap_or(0)) else { continue };
         // What the norm's step writes: A, and A's bf16 copy.
         let writes_only_a =
@@ -58,32 +60,6 @@ pub fn normalized_operands(plan: &mut ModelPlan) -> usize {
         plan.compute_lifetimes();
     }
     count
-}
-
-/// The loop step that writes temporary `buf`, alone: its index, program and
-/// arguments.
-fn writer(plan: &ModelPlan, buf: plan::BufId) -> Option<(usize, usize, Vec<plan::BufId>)> {
-    if !matches!(plan.buffers[buf].kind, BufferKind::Temp) {
-        return None;
-    }
-    let mut found = None;
-    for (j, st) in plan.steps.iter().enumerate() {
-        match &st.kind {
-            StepKind::Loop { program, args } => {
-                let p = &plan.programs[*program];
-                if args.iter().enumerate().any(|(i, &b)| b == buf && p.params[i].written) {
-                    if found.is_some() {
-                        return None;
-                    }
-                    found = Some((j, *program, args.clone()));
-                }
-            }
-            StepKind::MatMul(m) if m.c.buf == buf => return None,
-            StepKind::Attention(a) if a.output.c.buf == buf => return None,
-            _ => {}
-        }
-    }
-    found
 }
 
 /// Whether program `p` stores into parameter `out` a row norm of one input

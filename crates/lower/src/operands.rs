@@ -27,7 +27,7 @@ pub fn bf16_operands(plan: &mut ModelPlan) -> usize {
     let mut stored: HashMap<BufId, usize> = HashMap::new();
     for st in &plan.steps {
         let StepKind::MatMul(m) = &st.kind else { continue };
-        let unit_columns = plan.dims.exprs().get(m.a.cs as usize).and_then(|e| e.as_const()) == Some(1);
+        let unit_columns = slot_const(&plan.dims, m.a.cs) == Some(1);
         let readable = match &m.taps {
             None => unit_columns,
             Some(t) => taps_aligned(plan, t),
@@ -173,7 +173,7 @@ fn product_writer(plan: &ModelPlan, buf: BufId) -> Option<usize> {
 
 /// The loop step and its parameter that write `buf`, when `buf` is a
 /// temporary written by that step alone, in one store, of f32 values.
-fn loop_writer(plan: &ModelPlan, buf: BufId) -> Option<(usize, usize)> {
+pub(crate) fn loop_writer(plan: &ModelPlan, buf: BufId) -> Option<(usize, usize)> {
     if !matches!(plan.buffers[buf].kind, BufferKind::Temp) || plan.buffers[buf].dtype != DType::F32 {
         return None;
     }
@@ -241,7 +241,7 @@ fn with_store(p: &plan::LoopProgram, param: usize) -> plan::LoopProgram {
 /// given as a bf16 constant (the kernels read a bf16 C's bias in C's type);
 /// a step adding a residual keeps f32. Returns the buffers made bf16.
 pub fn bf16_products(plan: &mut ModelPlan) -> usize {
-    let konst = |plan: &ModelPlan, slot: u32| plan.dims.exprs().get(slot as usize).and_then(|e| e.as_const());
+    let konst = |plan: &ModelPlan, slot: u32| slot_const(&plan.dims, slot);
     let aligned = |plan: &ModelPlan, slot: u32| multiple_of_8(&plan.dims, slot);
     let mut narrowed = Vec::new();
     for p in 0..plan.steps.len() {
@@ -330,6 +330,11 @@ fn taps_aligned(plan: &ModelPlan, t: &plan::Taps) -> bool {
 
 fn taps_aligned_in(dims: &plan::DimTable, t: &plan::Taps) -> bool {
     multiple_of_8(dims, t.image[3]) && t.strides.iter().all(|&s| multiple_of_8(dims, s))
+}
+
+/// Dim slot `slot`'s value where it is a constant.
+pub(crate) fn slot_const(dims: &plan::DimTable, slot: u32) -> Option<i64> {
+    dims.exprs().get(slot as usize).and_then(|e| e.as_const())
 }
 
 /// Whether dim slot `slot` is a multiple of 8 at every shape (a constant,

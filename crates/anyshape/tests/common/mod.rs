@@ -29,3 +29,30 @@ pub fn shape_at(ty: &TensorType, dims: &[(&str, usize)]) -> Vec<usize> {
         .map(|d| d.eval(&|s| dims.iter().find(|(n, _)| *n == s).map(|x| x.1 as i64)).expect("dim") as usize)
         .collect()
 }
+
+/// `graph` with the softmax `%p` (of type `p_ty`, `[b, h, q, k]`) that `%o`
+/// multiplies made NaN-free as PyTorch's scaled-dot-product attention
+/// exports it (`select(is_nan(p), 0, p)`), and its mask `%lmask` renamed
+/// `%emask` (see [`empty_rows_mask`]).
+#[allow(dead_code)] // Not every test binary guards a softmax.
+pub fn guard_softmax_nans(graph: &str, p_ty: &str) -> String {
+    let guard = format!(
+        "  %nan: bool{p_ty} = is_nan %p
+  %zero: f32[1, 1, 1, 1] = constant [0.0]
+  %zb: f32{p_ty} = broadcast %zero
+  %pz: f32{p_ty} = select %nan, %zb, %p
+"
+    );
+    let at = graph.find("  %o: ").expect("an output %o");
+    let (head, tail) = graph.split_at(at);
+    format!("{head}{guard}{}", tail.replacen("matmul %p, %v", "matmul %pz, %v", 1))
+        .replace("%lmask", "%emask")
+}
+
+/// An additive mask of `n` values over rows of `keys`: -inf over the first
+/// third of the first row's keys and every key of the later rows (whose
+/// attention rows are then empty), 0 elsewhere.
+#[allow(dead_code)] // Not every test binary guards a softmax.
+pub fn empty_rows_mask(n: usize, keys: usize) -> Vec<f32> {
+    (0..n).map(|i| if i >= keys || i % keys < keys / 3 { f32::NEG_INFINITY } else { 0.0 }).collect()
+}
