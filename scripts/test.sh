@@ -42,6 +42,7 @@ flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
 if [[ " $flags " == *" avx2 "* && " $flags " == *" fma "* ]]; then export ANYSHAPE_REQUIRE_AVX2=1; fi
 if [[ " $flags " == *" avx512_bf16 "* ]]; then export ANYSHAPE_REQUIRE_BF16=1; fi
 if [[ " $flags " == *" avx512_vnni "* || " $flags " == *" avx_vnni "* ]]; then export ANYSHAPE_REQUIRE_VNNI=1; fi
+if [[ " $flags " == *" amx_int8 "* && " $flags " == *" amx_bf16 "* && " $flags " == *" amx_tile "* ]]; then export ANYSHAPE_REQUIRE_AMX=1; fi
 if [[ " $flags " == *" f16c "* ]]; then export ANYSHAPE_REQUIRE_F16C=1; fi
 
 # One build for every crate's tests, the GPU runner included (anyshape's `gpu`

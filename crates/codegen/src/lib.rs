@@ -117,6 +117,7 @@ pub fn register_tiles(t: &Target) -> Vec<(usize, usize)> {
     out
 }
 
+mod amx;
 mod direct;
 #[cfg(feature = "nvptx")]
 pub mod emulator;
@@ -154,15 +155,21 @@ pub fn compile_microkernel_cached(
 ) -> Result<JitMicroKernel, CodegenError> {
     let w = check_tile(t, mr, nr)?;
     t.check_elem(elem).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
-    let name = format!("ukernel_{elem}_{mr}x{nr}{}", if epilogue.is_identity() { "" } else { "_epilogue" });
-    let jit = jit_function(t, &name, cache, |ctx, module, cpu, features| {
-        build_microkernel(ctx, module, &name, (mr, nr, w, elem), &epilogue, cpu, features)
+    let amx = t.amx_tile(elem, mr, nr);
+    let name = format!(
+        "ukernel_{elem}_{mr}x{nr}{}{}",
+        if amx { "_amx" } else { "" },
+        if epilogue.is_identity() { "" } else { "_epilogue" }
+    );
+    let jit = jit_function(t, &name, cache, |ctx, module, cpu, features| match amx {
+        true => amx::build_microkernel(ctx, module, &name, (mr, nr, w, elem), &epilogue, cpu, features),
+        false => build_microkernel(ctx, module, &name, (mr, nr, w, elem), &epilogue, cpu, features),
     })?;
     // SAFETY: `name` was just generated with exactly the `MicroKernelFn` signature
     // and the C calling convention; the image that holds it lives in the returned value.
     let func: MicroKernelFn = unsafe { jit.image.entry(&name) }.map_err(|e| llvm(e.to_string()))?;
     Ok(JitMicroKernel {
-        kernel: MicroKernel { mr, nr, elem, func, epilogue, packers: Default::default() },
+        kernel: MicroKernel { mr, nr, elem, func, epilogue, packers: Default::default(), amx },
         ir: jit.ir,
         _image: jit.image,
     })
@@ -564,14 +571,7 @@ fn build_microkernel(
                 .ok_or_else(|| llvm("no llvm.fma for the vector type"))?;
             (vt, fma)
         }
-        ElemType::Bf16 => {
-            let bt = ctx.bf16_type().vec_type(2 * w as u32);
-            let name = format!("llvm.x86.avx512bf16.dpbf16ps.{}", w * 32);
-            let dp = module.get_function(&name).unwrap_or_else(|| {
-                module.add_function(&name, vt.fn_type(&[vt.into(), bt.into(), bt.into()], false), None)
-            });
-            (bt, dp)
-        }
+        ElemType::Bf16 => (ctx.bf16_type().vec_type(2 * w as u32), dpbf16ps(ctx, module, w)),
         // u8 words of A against s8 words of B, into i32 lanes.
         ElemType::U8S8 => (acc_t, vpdpbusd(ctx, module, w)),
         // Pairs of i16 into i32 lanes, then added to the accumulator (i16s8's B
@@ -791,25 +791,9 @@ fn build_microkernel(
         }
     }
     if codes {
-        // Integers in 0..=255 by the compiler's bounds, clamped to that range
-        // (NaN to 0: a defined byte whatever the value) by compares and selects,
-        // which become `vmaxps`/`vminps` (`llvm.fptoui.sat` to bytes scalarizes),
-        // then truncated (exact) and narrowed (`vpmovdb`).
-        let (it, bt) = (ctx.i32_type().vec_type(w as u32), i8t.vec_type(w as u32));
-        let splat = |x: f64| {
-            let c = f32t.const_float(x);
-            inkwell::types::VectorType::const_vector(&vec![c; w])
-        };
-        let (lo, hi) = (splat(0.0), splat(255.0));
         for i in 0..mr {
             for v in 0..nv {
-                let x = out[i * nv + v];
-                let pos = bld.build_float_compare(FloatPredicate::OGT, x, lo, "pos").map_err(llvm)?;
-                let x = bld.build_select(pos, x, lo, "lo").map_err(llvm)?.into_vector_value();
-                let below = bld.build_float_compare(FloatPredicate::OLT, x, hi, "below").map_err(llvm)?;
-                let x = bld.build_select(below, x, hi, "hi").map_err(llvm)?.into_vector_value();
-                let n = bld.build_float_to_signed_int(x, it, "code").map_err(llvm)?;
-                let b = bld.build_int_truncate(n, bt, "byte").map_err(llvm)?;
+                let b = code_bytes(ctx, &bld, out[i * nv + v])?;
                 let st = bld.build_store(c_ptr(i, v)?, b).map_err(llvm)?;
                 st.set_alignment(1).map_err(llvm)?;
             }
@@ -845,6 +829,31 @@ fn build_microkernel(
     bld.position_at_end(ret);
     bld.build_return(None).map_err(llvm)?;
     Ok(())
+}
+
+/// The bytes a tile of codes stores for `x`: integers in 0..=255 by the
+/// compiler's bounds, clamped to that range (NaN to 0: a defined byte whatever
+/// the value) by compares and selects, which become `vmaxps`/`vminps`
+/// (`llvm.fptoui.sat` to bytes scalarizes), then truncated (exact) and
+/// narrowed (`vpmovdb`).
+pub(crate) fn code_bytes(
+    ctx: &'static Context,
+    bld: &inkwell::builder::Builder<'static>,
+    x: VectorValue<'static>,
+) -> Result<VectorValue<'static>, CodegenError> {
+    let w = x.get_type().get_size();
+    let (it, bt) = (ctx.i32_type().vec_type(w), ctx.i8_type().vec_type(w));
+    let splat = |v: f64| {
+        let c = ctx.f32_type().const_float(v);
+        inkwell::types::VectorType::const_vector(&vec![c; w as usize])
+    };
+    let (lo, hi) = (splat(0.0), splat(255.0));
+    let pos = bld.build_float_compare(FloatPredicate::OGT, x, lo, "pos").map_err(llvm)?;
+    let x = bld.build_select(pos, x, lo, "lo").map_err(llvm)?.into_vector_value();
+    let below = bld.build_float_compare(FloatPredicate::OLT, x, hi, "below").map_err(llvm)?;
+    let x = bld.build_select(below, x, hi, "hi").map_err(llvm)?.into_vector_value();
+    let n = bld.build_float_to_signed_int(x, it, "code").map_err(llvm)?;
+    bld.build_int_truncate(n, bt, "byte").map_err(llvm)
 }
 
 /// The vector a kernel of `elem` accumulates in (`w` lanes): f32, or i32 for
@@ -891,6 +900,20 @@ pub(crate) fn vpdpbusd(
     module.get_function(&name).unwrap_or_else(|| {
         let it = ctx.i32_type().vec_type(w as u32);
         module.add_function(&name, it.fn_type(&[it.into(), it.into(), it.into()], false), None)
+    })
+}
+
+/// `llvm.x86.avx512bf16.dpbf16ps.{32·w}`: each f32 lane plus the two products
+/// of its bf16 pairs of the second and third operands (AVX-512 BF16).
+pub(crate) fn dpbf16ps(
+    ctx: &'static Context,
+    module: &Module<'static>,
+    w: usize,
+) -> inkwell::values::FunctionValue<'static> {
+    let name = format!("llvm.x86.avx512bf16.dpbf16ps.{}", w * 32);
+    module.get_function(&name).unwrap_or_else(|| {
+        let (vt, bt) = (ctx.f32_type().vec_type(w as u32), ctx.bf16_type().vec_type(2 * w as u32));
+        module.add_function(&name, vt.fn_type(&[vt.into(), bt.into(), bt.into()], false), None)
     })
 }
 
@@ -1030,6 +1053,8 @@ pub(crate) fn gflops_of_calls(flops: usize, mut call: impl FnMut(usize)) -> f64 
 /// sized to a quarter of L1 so that only the register level is measured.
 pub fn time_microkernel(uk: &MicroKernel, t: &Target) -> f64 {
     let kw = (t.l1d / 4 / ((uk.mr + uk.nr) * 4)).clamp(16, 512);
+    // AMX kernels in whole steps of 16 words (their remainder is the vector loop's).
+    let kw = if uk.amx { kw / kernels::AMX_ROWS * kernels::AMX_ROWS } else { kw };
     let kc = kw * uk.elem.k_group();
     // Words of ordinary values in any element type (0.5 and 0.25 in f32; in bf16,
     // the same values and a zero): no overflow, no special values.

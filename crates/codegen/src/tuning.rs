@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use kernels::{ElemType, MachineModel, Packers, Target, ThreadPool};
+use kernels::{ElemType, MachineModel, Packers, Target, ThreadPool, AMX_TILES};
 use serde::{Deserialize, Serialize};
 
 use plan::Epilogue;
@@ -60,7 +60,7 @@ pub const RETRY_SUSPECT_AFTER: u64 = 600;
 
 /// The version of the kernel generator: a record measured with another version is
 /// measured again (changed kernels have changed rates).
-pub const GENERATOR: u32 = 11;
+pub const GENERATOR: u32 = 12;
 
 /// Timing passes over the whole family in [`measure`].
 pub const PASSES: usize = 3;
@@ -146,27 +146,37 @@ pub fn measure(
     progress: &dyn Fn(usize, usize),
 ) -> Result<TuningRecord, CodegenError> {
     let tiles = register_tiles(t);
-    let total = tiles.len() * (1 + PASSES);
-    let mut kernels = Vec::with_capacity(tiles.len());
-    for (i, &(mr, nr)) in tiles.iter().enumerate() {
+    // The packed kernels' tiles: the register tiles, and AMX's where the
+    // target multiplies `elem` in tiles (no direct form: those are f32).
+    let mut packed_tiles = tiles.clone();
+    packed_tiles
+        .extend(AMX_TILES.iter().filter(|&&(mr, nr)| t.amx_tile(elem, mr, nr) && !tiles.contains(&(mr, nr))));
+    let total = packed_tiles.len() * (1 + PASSES);
+    let mut kernels = Vec::with_capacity(packed_tiles.len());
+    for (i, &(mr, nr)) in packed_tiles.iter().enumerate() {
         let p = compile_microkernel_with(t, elem, mr, nr, Epilogue::default())?;
-        let d = compile_direct_kernel(t, mr, nr, Epilogue::default())?;
+        let d = match i < tiles.len() {
+            true => Some(compile_direct_kernel(t, mr, nr, Epilogue::default())?),
+            false => None,
+        };
         kernels.push((p, d));
         progress(i + 1, total);
     }
-    let (mut gp, mut gd) = (vec![0.0f64; tiles.len()], vec![0.0f64; tiles.len()]);
+    let (mut gp, mut gd) = (vec![0.0f64; packed_tiles.len()], vec![0.0f64; tiles.len()]);
     for pass in 0..PASSES {
         for (i, (p, d)) in kernels.iter().enumerate() {
             // The two forms of a tile in alternation, so that they share a phase.
             gp[i] = gp[i].max(time_microkernel(&p.kernel(), t));
-            gd[i] = gd[i].max(time_direct_kernel(&d.kernel(), t));
-            progress(tiles.len() * (1 + pass) + i + 1, total);
+            if let Some(d) = d {
+                gd[i] = gd[i].max(time_direct_kernel(&d.kernel(), t));
+            }
+            progress(packed_tiles.len() * (1 + pass) + i + 1, total);
         }
     }
-    let at = |g: &[f64]| -> Vec<TileMeasurement> {
+    let at = |tiles: &[(usize, usize)], g: &[f64]| -> Vec<TileMeasurement> {
         tiles.iter().zip(g).map(|(&(mr, nr), &gflops)| TileMeasurement { mr, nr, gflops }).collect()
     };
-    let (packed, direct) = (at(&gp), at(&gd));
+    let (packed, direct) = (at(&packed_tiles, &gp), at(&tiles, &gd));
     let record = TuningRecord {
         machine: machine_key(t),
         elem,

@@ -208,23 +208,45 @@ fn every_operand_form(
 /// rounding shows: a family that multiplied in f32 would fail.
 #[test]
 fn bf16_contractions_match_the_rounded_reference() {
+    if kernels::testing::bf16() {
+        bf16_contractions(None);
+    }
+}
+
+/// The bf16 family's AMX kernels alone (`tdpbf16ps`; the four tiles of 16
+/// and 32 rows and columns), as [`bf16_contractions_match_the_rounded_reference`].
+#[test]
+fn amx_bf16_contractions_match_the_rounded_reference() {
+    if !kernels::testing::amx() {
+        return;
+    }
+    let keep: Vec<_> = kernels::AMX_TILES
+        .iter()
+        .map(|&(mr, nr)| tune::categorize::KernelId { direct: false, mr, nr })
+        .collect();
+    bf16_contractions(Some(&keep));
+}
+
+fn bf16_contractions(keep: Option<&[tune::categorize::KernelId]>) {
     use kernels::ElemType;
     use proptest::prelude::*;
     let t = Target::detect();
-    if !kernels::testing::bf16() {
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("anyshape-bf16-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("anyshape-bf16-{}-{}", keep.is_some(), std::process::id()));
     let pool = ThreadPool::new(2);
     let build = |ep: Epilogue| {
-        Contraction::builder(&t, &pool).elem(ElemType::Bf16).epilogue(ep).cache(Some(&dir)).build()
+        Contraction::builder(&t, &pool).elem(ElemType::Bf16).epilogue(ep).cache(Some(&dir)).keep(keep).build()
     };
     let plain = build(Epilogue::default()).expect("compile");
     let ep = Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Default::default() };
     let fused = build(ep).expect("compile");
     assert_eq!(plain.family().elem(), ElemType::Bf16);
+    if keep.is_some() {
+        for k in plain.kernels() {
+            assert!(k.kernel().amx && k.asm().contains("tdpbf16ps"), "{}x{}", k.kernel().mr, k.kernel().nr);
+        }
+    }
     // Direct kernels (f32, for small activation products) are part of the family.
-    assert!(!plain.family().direct_variants().is_empty());
+    assert!(keep.is_some() || !plain.family().direct_variants().is_empty());
     let kc = plain.dispatcher().schedule(&kernels::Problem {
         batch: 1,
         m: 64,
@@ -310,14 +332,30 @@ fn u8s8_contractions_are_exact_on_8_bit_integers() {
     if !kernels::testing::vnni() {
         return;
     }
-    integer_contractions_are_exact(kernels::ElemType::U8S8, "vpdpbusd");
+    integer_contractions_are_exact(kernels::ElemType::U8S8, "vpdpbusd", None);
+}
+
+/// The u8s8 family's AMX kernels alone (the four tiles of 16 and 32 rows and
+/// columns), on the same operands and shapes: their tile loops take K's whole
+/// 64-byte steps, the vector loop the rest (odd depths, one past a step), and
+/// rows past a tile are padded in their A panels. Their code must hold `tdpbusd`.
+#[test]
+fn amx_u8s8_contractions_are_exact_on_8_bit_integers() {
+    if !kernels::testing::amx() {
+        return;
+    }
+    let keep: Vec<_> = kernels::AMX_TILES
+        .iter()
+        .map(|&(mr, nr)| tune::categorize::KernelId { direct: false, mr, nr })
+        .collect();
+    integer_contractions_are_exact(kernels::ElemType::U8S8, "tdpbusd", Some(&keep));
 }
 
 /// The i16 family (AVX2's `vpmaddwd`, what a machine without VNNI runs a
 /// quantized model's products on) on the same 8-bit operands.
 #[test]
 fn i16_contractions_are_exact_on_8_bit_integers() {
-    integer_contractions_are_exact(kernels::ElemType::I16, "vpmaddwd");
+    integer_contractions_are_exact(kernels::ElemType::I16, "vpmaddwd", None);
 }
 
 /// The i16s8 family (B's bytes widened by `vpmovsxbw` as they load, then
@@ -325,7 +363,7 @@ fn i16_contractions_are_exact_on_8_bit_integers() {
 /// activations alike, are byte pairs.
 #[test]
 fn i16s8_contractions_are_exact_on_8_bit_integers() {
-    integer_contractions_are_exact(kernels::ElemType::I16S8, "vpmovsxbw");
+    integer_contractions_are_exact(kernels::ElemType::I16S8, "vpmovsxbw", None);
 }
 
 /// A family of integer type `elem` on operands that hold 8-bit integers: exact
@@ -335,14 +373,22 @@ fn i16s8_contractions_are_exact_on_8_bit_integers() {
 /// word), one past a block, B as an activation (row-major, transposed),
 /// transposed A, A as 8-bit codes in memory (aligned rows, odd rows, an odd
 /// offset, transposed), a batch, and a weight pre-packed in the type with bias,
-/// residual and GELU fused. The kernels' code must hold `instruction`.
-fn integer_contractions_are_exact(elem: kernels::ElemType, instruction: &str) {
+/// residual and GELU fused. The kernels' code must hold `instruction`; `keep`
+/// restricts the family to those kernels.
+fn integer_contractions_are_exact(
+    elem: kernels::ElemType,
+    instruction: &str,
+    keep: Option<&[tune::categorize::KernelId]>,
+) {
     use proptest::prelude::*;
     let dir = std::env::temp_dir().join(format!("anyshape-{elem}-{}", std::process::id()));
     let pool = ThreadPool::new(2);
-    for t in targets().into_iter().filter(|t| t.check_elem(elem).is_ok()) {
-        let build =
-            |ep: Epilogue| Contraction::builder(&t, &pool).elem(elem).epilogue(ep).cache(Some(&dir)).build();
+    // AMX kernels exist on the host target only.
+    let amx = keep.is_some_and(|k| k.iter().any(|k| k.mr >= kernels::AMX_ROWS));
+    for t in targets().into_iter().filter(|t| t.check_elem(elem).is_ok() && (!amx || t.isa.amx_int8)) {
+        let build = |ep: Epilogue| {
+            Contraction::builder(&t, &pool).elem(elem).epilogue(ep).cache(Some(&dir)).keep(keep).build()
+        };
         let plain = build(Epilogue::default()).expect("compile");
         // Scaled down: the reference GELU's series holds for moderate arguments.
         let scale = 2f32.powi(-20);
@@ -369,8 +415,11 @@ fn integer_contractions_are_exact(elem: kernels::ElemType, instruction: &str) {
         })
         .expect("compile");
         assert_eq!(plain.family().elem(), elem);
-        let asm = plain.kernels()[0].asm();
-        assert!(asm.contains(instruction), "no {instruction} in the {elem} kernel:\n{asm}");
+        for k in plain.kernels() {
+            let asm = k.asm();
+            assert!(asm.contains(instruction), "no {instruction} in the {elem} kernel:\n{asm}");
+            assert!(k.kernel().amx || !amx, "{}x{} is no AMX kernel", k.kernel().mr, k.kernel().nr);
+        }
         let kc = plain
             .dispatcher()
             .schedule(&kernels::Problem {

@@ -36,6 +36,10 @@ pub struct MicroKernel {
     pub epilogue: Epilogue,
     /// Generated packs for its panels (none: the portable loops).
     pub packers: Packers,
+    /// It multiplies whole 64-byte steps of K with AMX tiles, which load A's
+    /// rows, so its A panels are laid out row by row (`[MR][words]`, see
+    /// [`crate::pack::panels_by_rows`]) instead of a word of each row at a time.
+    pub amx: bool,
 }
 
 /// The data an epilogue reads: column scales and a bias of `n` values each, a
@@ -87,6 +91,14 @@ impl Blocking {
     pub fn for_target(t: &Target, elem: ElemType, mr: usize, nr: usize) -> Blocking {
         let f = elem.bytes();
         let kc = (t.l1d * 4 / 5 / ((mr + nr) * f)).clamp(16, 1024) / 8 * 8;
+        // AMX keeps its accumulators and operand tiles in tile registers: the
+        // B panel alone is kept in L1 (two thirds of it) across the A panels,
+        // in whole 64-byte steps of K.
+        let step = crate::AMX_ROWS * elem.k_group();
+        let kc = match t.amx_tile(elem, mr, nr) {
+            true => (t.l1d * 2 / 3 / (nr * f)).clamp(step, 1024) / step * step,
+            false => kc,
+        };
         let mc = ((t.l2 / 2 / (kc * f)) / mr).max(1) * mr;
         let l3_share = (t.l3 / t.cores.max(1)).max(t.l2);
         let nc = ((l3_share / 2 / (kc * f)) / nr).max(1) * nr;
@@ -1138,6 +1150,8 @@ pub(crate) static ZEROS: [u32; 128] = [0; 128];
 #[derive(Default)]
 pub(crate) struct Workspace {
     a: Lines<u32>,
+    /// A's panels row by row, for AMX kernels.
+    a_rows: Lines<u32>,
     pub(crate) b: Lines<u32>,
     /// The panel of a quantized weight being multiplied, dequantized.
     pub(crate) deq: Lines<u32>,
@@ -1282,6 +1296,7 @@ fn band(
     ws.b_kept = None;
     let Workspace {
         a: ap,
+        a_rows,
         b: bp,
         deq,
         dot_sums,
@@ -1372,7 +1387,20 @@ fn band(
         };
         let last = pc + kc == k && !uk.epilogue.is_identity();
         let flags = if pc > 0 { ACCUMULATE } else { 0 } | if last { APPLY_EPILOGUE } else { 0 };
-        pack_a(a, ic, mc, pc, kc, kern.mr, uk.elem, ap, &kern.packers);
+        // AMX kernels read A's panels row by row: a row-major A of codes is
+        // copied so, anything else packed as usual and laid out again.
+        let ap: &[u32] = match kern.amx {
+            true if crate::pack::codes_by_rows(a, (ic, mc, pc, kc), kern.mr, a_rows) => a_rows,
+            true => {
+                pack_a(a, ic, mc, pc, kc, kern.mr, uk.elem, ap, &kern.packers);
+                crate::pack::panels_by_rows(ap, kw, kern.mr, a_rows);
+                a_rows
+            }
+            false => {
+                pack_a(a, ic, mc, pc, kc, kern.mr, uk.elem, ap, &kern.packers);
+                ap
+            }
+        };
         let (mr, nr) = (kern.mr, uk.nr);
         let (tile_words, full) = (kw * mr, mc / mr);
         for jr in cols.clone() {

@@ -234,6 +234,56 @@ pub fn pack_a(
     }
 }
 
+/// `panels` (A's panels of `kw` words, a word of each of `mr` rows at a
+/// time: `[kw][mr]`) laid out row by row into `out` (`[mr][kw]`, each row's
+/// words contiguous), as AMX tiles load A.
+pub fn panels_by_rows(panels: &[u32], kw: usize, mr: usize, out: &mut Lines<u32>) {
+    out.resize(panels.len());
+    let size = kw * mr;
+    if size == 0 {
+        return;
+    }
+    for (src, dst) in panels.chunks_exact(size).zip(out.chunks_exact_mut(size)) {
+        for (k, words) in src.chunks_exact(mr).enumerate() {
+            for (i, &w) in words.iter().enumerate() {
+                dst[i * kw + k] = w;
+            }
+        }
+    }
+}
+
+/// Rows `i0..i0+m` and depths `p0..p0+kc` of a row-major A of 8-bit codes as
+/// `mr`-row panels laid out row by row (as [`panels_by_rows`] lays out
+/// [`pack_a`]'s u8s8 panels: each row's bytes copied, zeros past `kc` in its
+/// last word and in the rows past `m`). False, writing nothing, for any other A.
+pub fn codes_by_rows(
+    a: &MatRef,
+    (i0, m, p0, kc): (usize, usize, usize, usize),
+    mr: usize,
+    out: &mut Lines<u32>,
+) -> bool {
+    let Some(codes) = a.codes else { return false };
+    if a.cs != 1 || a.taps.is_some() || mr == 0 {
+        return false;
+    }
+    let kw = kc.div_ceil(4);
+    out.resize(m.div_ceil(mr) * mr * kw);
+    for (r, row) in out.chunks_exact_mut(kw).enumerate() {
+        if r >= m {
+            row.fill(0);
+            continue;
+        }
+        // Four depths a word, the first in its low byte, as a packed word holds them.
+        let start = (i0 + r) * a.rs + p0;
+        for (w, four) in row.iter_mut().zip(codes[start..start + kc].chunks(4)) {
+            let mut bytes = [0u8; 4];
+            bytes[..four.len()].copy_from_slice(four);
+            *w = u32::from_le_bytes(bytes);
+        }
+    }
+    true
+}
+
 /// [`pack_a`] of a view of 8-bit codes. For the u8s8 kernels, whose A words
 /// are four consecutive depths' bytes, a row-major A (or a convolution's taps
 /// over whole words of channels) is copied a word at a time as it lies; any
@@ -400,5 +450,29 @@ pub fn pack_b(
         } else {
             gather(panel, (nr, cols, kc), elem, Side::B, |j, k| b.at(p0 + k, c0 + j));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_by_rows_lays_out_what_packing_then_by_rows_does() {
+        for (m, kc, mr, p0) in [(1, 1, 16, 0), (17, 67, 16, 4), (33, 64, 32, 0), (5, 130, 16, 8)] {
+            let (rows, cols) = (m + 3, kc + p0 + 5);
+            let codes: Vec<u8> = (0..rows * cols).map(|i| (i * 37 % 251) as u8).collect();
+            let a = MatRef::of_codes(&codes, rows, cols, cols, 1).unwrap();
+            let (mut packed, mut by_rows, mut direct) =
+                (Lines::default(), Lines::default(), Lines::default());
+            pack_a(&a, 2, m, p0, kc, mr, ElemType::U8S8, &mut packed, &Packers::default());
+            panels_by_rows(&packed, ElemType::U8S8.words(kc), mr, &mut by_rows);
+            assert!(codes_by_rows(&a, (2, m, p0, kc), mr, &mut direct));
+            assert_eq!(&by_rows[..], &direct[..], "{m}x{kc}, MR {mr}");
+            assert_eq!(direct[0] & 0xff, u32::from(codes[2 * cols + p0]), "depth 0 in the low byte");
+        }
+        let f = [0.0f32; 4];
+        let a = MatRef::row_major(&f, 2, 2).unwrap();
+        assert!(!codes_by_rows(&a, (0, 2, 0, 2), 16, &mut Lines::default()), "floats are packed");
     }
 }

@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use crate::ElemType;
+
 /// Instruction-set features that change the kernels we generate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Isa {
@@ -14,6 +16,13 @@ pub struct Isa {
     /// VEX-encoded VNNI (`vpdpbusd` on 256-bit vectors without AVX-512).
     #[serde(default)]
     pub avxvnni: bool,
+    /// AMX with its int8 products (`tdpbusd`), and the operating system's leave
+    /// to use its tile registers (on Linux a process asks for it once).
+    #[serde(default)]
+    pub amx_int8: bool,
+    /// AMX's bf16 products (`tdpbf16ps`), with the same leave.
+    #[serde(default)]
+    pub amx_bf16: bool,
 }
 
 /// The machine, as the kernels see it.
@@ -55,7 +64,14 @@ impl Target {
             return None;
         }
         Some(Target {
-            isa: Isa { avx512f: false, avx512bf16: false, avx512vnni: false, ..self.isa },
+            isa: Isa {
+                avx512f: false,
+                avx512bf16: false,
+                avx512vnni: false,
+                amx_int8: false,
+                amx_bf16: false,
+                ..self.isa
+            },
             f32_lanes: 8,
             vector_registers: 16,
             ..self.clone()
@@ -66,7 +82,35 @@ impl Target {
     pub fn supported(&self) -> bool {
         self.isa.avx2 && self.isa.fma
     }
+
+    /// Whether an `mr × nr` kernel multiplying `elem` on this target multiplies
+    /// with AMX tiles: u8s8 on an AMX-INT8 machine, bf16 on an AMX-BF16 one
+    /// (with AVX-512 and its BF16 for the depths past the tiles' steps), `mr`
+    /// and `nr` multiples of a tile's 16 rows and 16 columns of 32-bit sums,
+    /// its accumulator tiles and one A and one B tile per row and column of
+    /// them within the eight tile registers. Such a kernel reads its A panels
+    /// row by row ([`crate::MicroKernel::amx`]).
+    pub fn amx_tile(&self, elem: ElemType, mr: usize, nr: usize) -> bool {
+        let (tm, tn) = (mr / AMX_ROWS, nr / AMX_ROWS);
+        let isa = match elem {
+            ElemType::U8S8 => self.isa.amx_int8 && self.isa.avx512vnni,
+            ElemType::Bf16 => self.isa.amx_bf16 && self.isa.avx512bf16,
+            _ => false,
+        };
+        isa && self.isa.avx512f
+            && mr.is_multiple_of(AMX_ROWS)
+            && nr.is_multiple_of(AMX_ROWS)
+            && tm >= 1
+            && tn >= 1
+            && tm * tn + tm + tn <= 8
+    }
 }
+
+/// The rows of an AMX tile (and its columns of 32-bit values: 64 bytes a row).
+pub const AMX_ROWS: usize = 16;
+
+/// The tiles AMX kernels are generated in on an AMX target (`(mr, nr)`).
+pub const AMX_TILES: [(usize, usize); 4] = [(16, 16), (32, 16), (16, 32), (32, 32)];
 
 #[cfg(target_arch = "x86_64")]
 fn detect_isa() -> Isa {
@@ -77,12 +121,68 @@ fn detect_isa() -> Isa {
         avx512bf16: std::arch::is_x86_feature_detected!("avx512bf16"),
         avx512vnni: std::arch::is_x86_feature_detected!("avx512vnni"),
         avxvnni: std::arch::is_x86_feature_detected!("avxvnni"),
+        amx_int8: amx_usable().0,
+        amx_bf16: amx_usable().1,
     }
+}
+
+/// Whether AMX's int8 and bf16 products can run here: the CPU has AMX-TILE
+/// (CPUID leaf 7, EDX bit 24) and AMX-INT8 (bit 25) or AMX-BF16 (bit 22), the
+/// OS saves the tile state (XCR0 bits 17 and 18), and, on Linux, the process
+/// has leave to use it: asked for here (`ARCH_REQ_XCOMP_PERM` for the tile
+/// data; granting it again is a no-op), since a tile instruction without it
+/// faults (SIGILL).
+#[cfg(target_arch = "x86_64")]
+pub fn amx_usable() -> (bool, bool) {
+    // Leaf 7 counts only where the maximum leaf (leaf 0's EAX) reaches it.
+    let max_leaf = std::arch::x86_64::__cpuid(0).eax;
+    let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+    let bit = |b: u32| max_leaf >= 7 && edx & (1 << b) != 0;
+    let (int8, bf16) = (bit(25), bit(22));
+    if !bit(24) || !(int8 || bf16) || !std::arch::is_x86_feature_detected!("xsave") {
+        return (false, false);
+    }
+    // SAFETY: `xgetbv` needs OSXSAVE, which `xsave` detection implies (std
+    // checks that the OS enabled it); XCR0 is register 0.
+    let xcr0 = unsafe { std::arch::x86_64::_xgetbv(0) };
+    if xcr0 & (0b11 << 17) != 0b11 << 17 || !os_grants_tile_data() {
+        return (false, false);
+    }
+    (int8, bf16)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub fn amx_usable() -> (bool, bool) {
+    (false, false)
+}
+
+/// Linux's leave for this process to use the AMX tile data (feature 18).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn os_grants_tile_data() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: `arch_prctl` with this request only changes which extended states
+    // the process may use; it reads and writes no memory of ours.
+    unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+}
+
+#[cfg(all(target_arch = "x86_64", not(target_os = "linux")))]
+fn os_grants_tile_data() -> bool {
+    false
 }
 
 #[cfg(not(target_arch = "x86_64"))]
 fn detect_isa() -> Isa {
-    Isa { avx2: false, fma: false, avx512f: false, avx512bf16: false, avx512vnni: false, avxvnni: false }
+    Isa {
+        avx2: false,
+        fma: false,
+        avx512f: false,
+        avx512bf16: false,
+        avx512vnni: false,
+        avxvnni: false,
+        amx_int8: false,
+        amx_bf16: false,
+    }
 }
 
 /// Size of the data (or unified) cache of `level` of CPU 0, from sysfs.

@@ -1,7 +1,7 @@
 //! For tests that need something this machine may lack (an instruction set, a
 //! tool): they run, or say why they skip; and where the environment says the
 //! machine has it (`scripts/test.sh` sets `ANYSHAPE_REQUIRE_AVX2`,
-//! `ANYSHAPE_REQUIRE_BF16`, `ANYSHAPE_REQUIRE_VNNI`, `ANYSHAPE_REQUIRE_F16C` from the CPU's flags and
+//! `ANYSHAPE_REQUIRE_BF16`, `ANYSHAPE_REQUIRE_VNNI`, `ANYSHAPE_REQUIRE_AMX`, `ANYSHAPE_REQUIRE_F16C` from the CPU's flags and
 //! `ANYSHAPE_REQUIRE_PTXAS` once it installed ptxas), a skip is a failure: a
 //! test cannot pass without checking anything on a machine that could run it.
 
@@ -39,4 +39,11 @@ pub fn vnni() -> bool {
         crate::Target::detect().check_elem(crate::ElemType::U8S8).is_ok(),
         "VNNI (AVX512-VNNI or AVX-VNNI)",
     )
+}
+
+/// AMX-INT8 and AMX-BF16 with the OS's leave to use the tiles, for the u8s8
+/// and bf16 families' AMX kernels.
+pub fn amx() -> bool {
+    let isa = crate::Target::detect().isa;
+    require("ANYSHAPE_REQUIRE_AMX", isa.amx_int8 && isa.amx_bf16, "AMX-INT8 and AMX-BF16 (usable tiles)")
 }

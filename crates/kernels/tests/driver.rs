@@ -44,7 +44,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
     #[test]
     fn blocked_gemm_matches_naive(m in dims(), k in dims(), n in dims(), kc in 1usize..9, mcb in 1usize..4, ncb in 1usize..4, ta in any::<bool>()) {
-        let uk = MicroKernel { mr: 3, nr: 5, elem: ElemType::F32, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
+        let uk = MicroKernel { mr: 3, nr: 5, elem: ElemType::F32, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default(), amx: false };
         let blk = Blocking { kc, mc: 3 * mcb, nc: 5 * ncb };
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
@@ -78,6 +78,7 @@ fn bad_shapes_are_errors() {
         func: rust_kernel_3x5,
         epilogue: Default::default(),
         packers: Default::default(),
+        amx: false,
     };
     let blk = Blocking { kc: 4, mc: 3, nc: 5 };
     let a = vec![0.0; 6];
@@ -98,7 +99,7 @@ proptest! {
     #[test]
     fn parallel_gemm_matches_naive(m in dims(), k in dims(), n in dims(), threads in 1usize..4) {
         let pool = anyshape_kernels::ThreadPool::new(threads);
-        let uk = MicroKernel { mr: 3, nr: 5, elem: ElemType::F32, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
+        let uk = MicroKernel { mr: 3, nr: 5, elem: ElemType::F32, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default(), amx: false };
         let blk = Blocking { kc: 4, mc: 6, nc: 10 };
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
@@ -117,7 +118,7 @@ proptest! {
     #[test]
     fn prepacked_gemm_matches_naive(m in dims(), k in dims(), n in dims(), kc in 1usize..9, threads in 1usize..4, ta in any::<bool>(), cover in any::<bool>(), shared in any::<bool>()) {
         let pool = anyshape_kernels::ThreadPool::new(threads);
-        let uk = MicroKernel { mr: 3, nr: 5, elem: ElemType::F32, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
+        let uk = MicroKernel { mr: 3, nr: 5, elem: ElemType::F32, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default(), amx: false };
         let blk = Blocking { kc, mc: 6, nc: 10 };
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
@@ -140,7 +141,7 @@ proptest! {
         let mut c = vec![f32::NAN; m * ldc];
         let cv = MatMut::new(&mut c, m, n, ldc).expect("c");
         let av = if ta { MatRef::row_major(&a, k, m).unwrap().t() } else { MatRef::row_major(&a, m, k).unwrap() };
-        let small = MicroKernel { mr: 1, nr: 5, elem: ElemType::F32, func: rust_kernel_1x5, epilogue: Default::default(), packers: Default::default() };
+        let small = MicroKernel { mr: 1, nr: 5, elem: ElemType::F32, func: rust_kernel_1x5, epilogue: Default::default(), packers: Default::default(), amx: false };
         anyshape_kernels::gemm_packed(&pool, &uk, cover.then_some(&small), &blk, av, &packed, cv, &Default::default()).expect("gemm");
         let want = naive(&a, &b, m, k, n, ta);
         for i in 0..m {
@@ -160,7 +161,7 @@ proptest! {
     #[test]
     fn batched_gemm_matches_naive(batch in 1usize..6, m in dims(), k in dims(), n in dims(), threads in 1usize..4) {
         let pool = anyshape_kernels::ThreadPool::new(threads);
-        let uk = MicroKernel { mr: 3, nr: 5, elem: ElemType::F32, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default() };
+        let uk = MicroKernel { mr: 3, nr: 5, elem: ElemType::F32, func: rust_kernel_3x5, epilogue: Default::default(), packers: Default::default(), amx: false };
         let blk = Blocking { kc: 4, mc: 6, nc: 10 };
         let a: Vec<f32> = (0..batch * m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 4.0).collect();
         let b: Vec<f32> = (0..batch * k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
@@ -197,7 +198,7 @@ proptest! {
     #[test]
     fn bf16_words_through_the_driver(m in dims(), k in dims(), n in dims(), kc in 1usize..9, threads in 1usize..4, ta in any::<bool>(), b_form in 0usize..3, cover in any::<bool>()) {
         let pool = anyshape_kernels::ThreadPool::new(threads);
-        let kern = |mr, func| MicroKernel { mr, nr: 5, elem: ElemType::Bf16, func, epilogue: Default::default(), packers: Default::default() };
+        let kern = |mr, func| MicroKernel { mr, nr: 5, elem: ElemType::Bf16, func, epilogue: Default::default(), packers: Default::default(), amx: false };
         let (uk, small) = (kern(3, bf16_kernel_3x5), kern(1, bf16_kernel_1x5));
         let blk = Blocking { kc, mc: 6, nc: 10 };
         // Values bf16 cannot hold exactly: the rounding is part of what is checked.
@@ -242,6 +243,7 @@ fn packed_b_of_another_type_is_an_error() {
         func: bf16_kernel_3x5,
         epilogue: Default::default(),
         packers: Default::default(),
+        amx: false,
     };
     let b = vec![1.0f32; 8 * 5];
     let packed = anyshape_kernels::PackedB::new(MatRef::row_major(&b, 8, 5).unwrap(), 5, 4);

@@ -58,7 +58,7 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// bf16 copy of C, its buffer the last argument; 24: normalizing GEMVs, a
 /// product naming the row norm that writes its A, online softmax of a
 /// NaN-guarded softmax); a runtime reads only its own.
-pub const FORMAT_VERSION: u32 = 24;
+pub const FORMAT_VERSION: u32 = 25;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;
@@ -150,6 +150,17 @@ fn detected(name: &str) -> Option<bool> {
                 _ => None,
             }
         };
+    }
+    // AMX: the CPU's tiles and the OS's leave to use them (asked for here, as
+    // its code faults without it).
+    #[cfg(target_arch = "x86_64")]
+    if matches!(name, "amx-tile" | "amx-int8" | "amx-bf16") {
+        let (int8, bf16) = kernels::amx_usable();
+        return Some(match name {
+            "amx-int8" => int8,
+            "amx-bf16" => bf16,
+            _ => int8 || bf16,
+        });
     }
     #[cfg(target_arch = "x86_64")]
     {
@@ -275,6 +286,9 @@ struct KernelMeta {
     func: Entry,
     packers: PackersMeta,
     gflops: f64,
+    /// An AMX kernel, reading A's panels row by row.
+    #[serde(default)]
+    amx: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -878,6 +892,7 @@ fn dispatcher_meta(e: Epilogue, d: &Dispatcher, syms: &Symbols) -> Result<Dispat
                 func: syms.entry(k.func as usize, "micro-kernel")?,
                 packers: packers(&k.packers)?,
                 gflops: v.gflops,
+                amx: k.amx,
             })
         })
         .collect::<Result<_, ArtifactError>>()?;
@@ -892,6 +907,7 @@ fn dispatcher_meta(e: Epilogue, d: &Dispatcher, syms: &Symbols) -> Result<Dispat
                 elem: ElemType::F32,
                 epilogue: k.epilogue,
                 func: syms.entry(k.func as usize, "direct kernel")?,
+                amx: false,
                 packers: packers(&k.packers)?,
                 gflops: v.gflops,
             })
@@ -969,6 +985,7 @@ fn dispatcher_of(d: DispatcherMeta, threads: usize, entries: &Entries) -> Result
                 func: f,
                 epilogue: k.epilogue,
                 packers: packers(&k.packers)?,
+                amx: k.amx,
             };
             Ok(KernelVariant { kernel, gflops: k.gflops })
         })

@@ -22,7 +22,10 @@ impl CompiledModel<crate::Cpu> {
             let tiles: Vec<String> = f
                 .variants()
                 .iter()
-                .map(|v| format!("{}x{} ({:.1})", v.kernel.mr, v.kernel.nr, v.gflops))
+                .map(|v| {
+                    let amx = if v.kernel.amx { " amx" } else { "" };
+                    format!("{}x{}{amx} ({:.1})", v.kernel.mr, v.kernel.nr, v.gflops)
+                })
                 .collect();
             let _ = writeln!(s, "  micro-kernels in {} (GFLOP/s, 1 thread): {}", f.elem(), tiles.join(", "));
             let direct: Vec<String> = f

@@ -126,6 +126,7 @@ pub fn test_family() -> anyshape_kernels::KernelFamily {
             func,
             epilogue: Default::default(),
             packers: Default::default(),
+            amx: false,
         },
         gflops,
     };
