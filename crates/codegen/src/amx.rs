@@ -411,6 +411,72 @@ pub(crate) fn build_microkernel(
     Ok(())
 }
 
+/// Build `@name(i64 iters, ptr sink)` (`peak`'s loop): `iters` trips of four
+/// independent tile products of `elem` on operand tiles held in registers
+/// (`MR = NR = 32`, what a 32 × 32 kernel's steps multiply), a row of the
+/// first sum stored to `sink` (16 values). Returns the flops of a trip.
+pub(crate) fn build_peak_loop(
+    ctx: &'static Context,
+    module: &Module<'static>,
+    name: &str,
+    elem: ElemType,
+    cpu: &str,
+    features: &str,
+) -> Result<usize, CodegenError> {
+    let op = tile_product(elem);
+    let features = self::features(elem, &features_for(elem, features));
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "declare x86_amx @llvm.x86.tilezero.internal(i16, i16)
+declare x86_amx @llvm.x86.{op}.internal(i16, i16, i16, x86_amx, x86_amx, x86_amx)
+declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)
+
+define void @{name}(i64 %iters, ptr %sink) #0 {{
+entry:
+  %row = alloca [256 x i32], align 64"
+    );
+    for t in ["a0", "a1", "b0", "b1", "z00", "z01", "z10", "z11"] {
+        let _ = writeln!(s, "  %{t} = call x86_amx @llvm.x86.tilezero.internal(i16 16, i16 64)");
+    }
+    let _ = writeln!(s, "  br label %head\nhead:\n  %i = phi i64 [0, %entry], [%i.next, %body]");
+    let pairs = [("00", "a0", "b0"), ("01", "a0", "b1"), ("10", "a1", "b0"), ("11", "a1", "b1")];
+    for (c, ..) in pairs {
+        let _ = writeln!(s, "  %c{c} = phi x86_amx [%z{c}, %entry], [%n{c}, %body]");
+    }
+    let _ = writeln!(s, "  %more = icmp slt i64 %i, %iters\n  br i1 %more, label %body, label %done\nbody:");
+    for (c, a, b) in pairs {
+        let _ = writeln!(
+            s,
+            "  %n{c} = call x86_amx @llvm.x86.{op}.internal(i16 16, i16 64, i16 64, x86_amx %c{c}, x86_amx %{a}, \
+             x86_amx %{b})"
+        );
+    }
+    let _ = writeln!(
+        s,
+        "  %i.next = add i64 %i, 1
+  br label %head
+done:
+  call void @llvm.x86.tilestored64.internal(i16 16, i16 64, ptr %row, i64 64, x86_amx %c00)
+  call void @llvm.x86.tilestored64.internal(i16 16, i16 64, ptr %row, i64 64, x86_amx %c01)
+  call void @llvm.x86.tilestored64.internal(i16 16, i16 64, ptr %row, i64 64, x86_amx %c10)
+  call void @llvm.x86.tilestored64.internal(i16 16, i16 64, ptr %row, i64 64, x86_amx %c11)
+  %v = load <16 x i32>, ptr %row, align 64
+  store <16 x i32> %v, ptr %sink, align 4
+  ret void
+}}
+
+attributes #0 = {{ nounwind \"target-cpu\"=\"{cpu}\" \"target-features\"=\"{features}\" }}"
+    );
+    let buf = MemoryBuffer::create_from_memory_range_copy(s.as_bytes(), name);
+    let peak = ctx.create_module_from_ir(buf).map_err(|e| llvm(format!("AMX peak loop: {e}")))?;
+    peak.set_triple(&module.get_triple());
+    peak.set_data_layout(&module.get_data_layout());
+    module.link_in_module(peak).map_err(|e| llvm(format!("AMX peak loop: {e}")))?;
+    // Four products a trip, each 16 × 16 sums of 16 words of `k_group` depths.
+    Ok(4 * AMX_ROWS * AMX_ROWS * AMX_ROWS * elem.k_group() * 2)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

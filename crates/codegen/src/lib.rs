@@ -119,6 +119,9 @@ pub fn register_tiles(t: &Target) -> Vec<(usize, usize)> {
 
 mod amx;
 mod direct;
+
+/// The AMX tile whose steps the peak loop of an AMX family multiplies.
+const AMX_PEAK_TILE: (usize, usize) = (32, 32);
 #[cfg(feature = "nvptx")]
 pub mod emulator;
 mod family;

@@ -3,7 +3,8 @@
 //! timed on every thread of a pool. The denominator of "fraction of peak". The
 //! bf16 peak is the same loop of `vdpbf16ps` (two products per f32 lane), the
 //! u8s8 one of `vpdpbusd` (four per i32 lane), the i16 one of `vpmaddwd` and
-//! its add (two per i32 lane).
+//! its add (two per i32 lane); where a family multiplies in AMX tiles, a loop
+//! of their tile products (`amx`).
 
 use std::time::Instant;
 
@@ -44,7 +45,15 @@ pub fn measure_peak_gflops_of(
     let w = t.f32_lanes;
     let chains = chains(t, elem);
     let name = "fma_peak";
+    // Where the family multiplies in AMX tiles, their peak: the loop of tile
+    // products (its flops a trip), not the vectors'.
+    let amx = crate::AMX_PEAK_TILE;
+    let mut tile_flops = None;
     let jit = jit_function(t, name, &crate::ObjectCache::none(), |ctx, module, cpu, features| {
+        if t.amx_tile(elem, amx.0, amx.1) {
+            tile_flops = Some(crate::amx::build_peak_loop(ctx, module, name, elem, cpu, features)?);
+            return Ok(());
+        }
         let (f32t, i64t) = (ctx.f32_type(), ctx.i64_type());
         let vt = f32t.vec_type(w as u32);
         let at = crate::accumulator_type(ctx, elem, w);
@@ -182,7 +191,8 @@ pub fn measure_peak_gflops_of(
     // Best of three runs of a third of the time each: a slow phase of this machine
     // (a core taken away for a while) would otherwise set the peak.
     let iters = (iters / 3).max(1);
-    let flops = iters as f64 * (chains * w * 2 * elem.k_group()) as f64 * pool.threads() as f64;
+    let trip = tile_flops.unwrap_or(chains * w * 2 * elem.k_group());
+    let flops = iters as f64 * trip as f64 * pool.threads() as f64;
     let mut best: f64 = 0.0;
     for _ in 0..3 {
         let start = Instant::now();

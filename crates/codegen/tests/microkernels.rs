@@ -167,6 +167,22 @@ fn peak_is_measured_and_plausible() {
     assert!(peak > 1.0 && peak < 2.0 * 2.0 * 16.0 * 6.0, "{peak}");
 }
 
+/// Where the u8s8 and bf16 families multiply in AMX tiles, their peak is the
+/// tile products' loop: plausible for it (under 1024 multiply-adds of bytes,
+/// or 512 of bf16 pairs, a cycle at 6 GHz).
+#[test]
+fn amx_peaks_are_measured_and_plausible() {
+    if !kernels::testing::amx() {
+        return;
+    }
+    let t = Target::detect();
+    let pool = kernels::ThreadPool::new(1);
+    for (elem, per_cycle) in [(ElemType::U8S8, 2048.0), (ElemType::Bf16, 1024.0)] {
+        let peak = anyshape_codegen::peak::measure_peak_gflops_of(&t, elem, &pool, 20).expect("peak");
+        assert!(peak > 1.0 && peak < per_cycle * 6.0, "{elem}: {peak}");
+    }
+}
+
 /// The epilogue compiled into the kernel (`y = relu(scale·acc + bias + residual)`
 /// and its parts), applied once on the last K block, at edge-heavy shapes.
 #[test]
