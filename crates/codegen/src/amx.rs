@@ -16,14 +16,13 @@
 
 use std::fmt::Write;
 
-use inkwell::attributes::AttributeLoc;
 use inkwell::context::Context;
 use inkwell::memory_buffer::MemoryBuffer;
 use inkwell::module::Module;
 use inkwell::values::{BasicValueEnum, FunctionValue, IntValue, PointerValue, VectorValue};
 use inkwell::{AddressSpace, IntPredicate};
 
-use crate::{code_bytes, features_for, llvm, set_align, target_attributes, vmath, vpdpbusd, CodegenError};
+use crate::{code_bytes, features_for, llvm, set_align, vmath, vpdpbusd, CodegenError};
 use kernels::{ElemType, AMX_ROWS};
 use plan::Epilogue;
 
@@ -182,32 +181,7 @@ pub(crate) fn build_microkernel(
         false => crate::dpbf16ps(ctx, module, w),
     };
     let nv = nr / w;
-    let p = |t: inkwell::types::BasicMetadataTypeEnum<'static>| t;
-    let fn_type = ctx.void_type().fn_type(
-        &[
-            p(i64t.into()),
-            p(ptr.into()),
-            p(ptr.into()),
-            p(ptr.into()),
-            p(i64t.into()),
-            p(i64t.into()),
-            p(ptr.into()),
-            p(ptr.into()),
-            p(i64t.into()),
-            p(i64t.into()),
-            p(ptr.into()),
-            p(ptr.into()),
-            p(ptr.into()),
-        ],
-        false,
-    );
-    let f = module.add_function(name, fn_type, None);
-    target_attributes(ctx, f, cpu, features, w);
-    let noalias =
-        ctx.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("noalias"), 0);
-    for i in 1..=3 {
-        f.add_attribute(AttributeLoc::Param(i), noalias);
-    }
+    let f = crate::declare_microkernel(ctx, module, name, cpu, features, w);
     let param = |i: u32| f.get_nth_param(i).ok_or_else(|| llvm("param"));
     let kc = param(0)?.into_int_value();
     let (a0, b) = (param(1)?.into_pointer_value(), param(2)?.into_pointer_value());

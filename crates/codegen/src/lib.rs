@@ -417,31 +417,7 @@ fn build_microkernel(
     let vt = f32t.vec_type(w as u32);
     let acc_t = accumulator_type(ctx, elem, w);
     let nv = nr / w;
-    let fn_type = ctx.void_type().fn_type(
-        &[
-            i64t.into(),
-            ptr.into(),
-            ptr.into(),
-            ptr.into(),
-            i64t.into(),
-            i64t.into(),
-            ptr.into(),
-            ptr.into(),
-            i64t.into(),
-            i64t.into(),
-            ptr.into(),
-            ptr.into(),
-            ptr.into(),
-        ],
-        false,
-    );
-    let f = module.add_function(name, fn_type, None);
-    target_attributes(ctx, f, cpu, &features_for(elem, features), w);
-    let noalias =
-        ctx.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("noalias"), 0);
-    for i in 1..=3 {
-        f.add_attribute(AttributeLoc::Param(i), noalias);
-    }
+    let f = declare_microkernel(ctx, module, name, cpu, &features_for(elem, features), w);
     let kc = f.get_nth_param(0).ok_or_else(|| llvm("param"))?.into_int_value();
     let a = f.get_nth_param(1).ok_or_else(|| llvm("param"))?.into_pointer_value();
     let b = f.get_nth_param(2).ok_or_else(|| llvm("param"))?.into_pointer_value();
@@ -857,6 +833,32 @@ pub(crate) fn code_bytes(
     let x = bld.build_select(below, x, hi, "hi").map_err(llvm)?.into_vector_value();
     let n = bld.build_float_to_signed_int(x, it, "code").map_err(llvm)?;
     bld.build_int_truncate(n, bt, "byte").map_err(llvm)
+}
+
+/// Declare micro-kernel `name` with the `kernels::MicroKernelFn` signature
+/// (`kc, a, b, c, ldc, flags, bias, residual, ldr, tiles, next_b,
+/// column_scale, params`), for `cpu` and `features`, its panels and C not
+/// aliasing one another.
+pub(crate) fn declare_microkernel(
+    ctx: &'static Context,
+    module: &Module<'static>,
+    name: &str,
+    cpu: &str,
+    features: &str,
+    w: usize,
+) -> inkwell::values::FunctionValue<'static> {
+    let (i64t, ptr) = (ctx.i64_type(), ctx.ptr_type(AddressSpace::default()));
+    let (i, p): (inkwell::types::BasicMetadataTypeEnum, inkwell::types::BasicMetadataTypeEnum) =
+        (i64t.into(), ptr.into());
+    let fn_type = ctx.void_type().fn_type(&[i, p, p, p, i, i, p, p, i, i, p, p, p], false);
+    let f = module.add_function(name, fn_type, None);
+    target_attributes(ctx, f, cpu, features, w);
+    let noalias =
+        ctx.create_enum_attribute(inkwell::attributes::Attribute::get_named_enum_kind_id("noalias"), 0);
+    for i in 1..=3 {
+        f.add_attribute(AttributeLoc::Param(i), noalias);
+    }
+    f
 }
 
 /// The vector a kernel of `elem` accumulates in (`w` lanes): f32, or i32 for
