@@ -400,7 +400,13 @@ impl<'g> Lowering<'g> {
                 _ => None,
             };
             if let Some(u) = codes.filter(|u| self.codes_fit(&step, *u)) {
-                if let Some(e) = self.fold_epilogue(gi, out, u, &avail, integral)? {
+                // A later group's quantization reads that group's constants
+                // (a per-channel scale), held in buffers of their own.
+                let mut reach = avail.clone();
+                if !private {
+                    self.add_constants_read(u, &mut reach);
+                }
+                if let Some(e) = self.fold_epilogue(gi, out, u, &reach, integral)? {
                     let c = self.temp(u)?;
                     self.plan.buffers[c].dtype = DType::U8;
                     self.narrowed.insert(c, DType::U8);
@@ -465,6 +471,23 @@ impl<'g> Lowering<'g> {
     }
 
     /// The one group (another than the producer's) that reads value `v`.
+    /// Add to `avail` the constants that `v`'s expression reads, with their
+    /// buffers: the nodes computing `v` walked back to values in `avail`.
+    fn add_constants_read(&self, v: ValueId, avail: &mut HashMap<ValueId, BufId>) {
+        let mut stack = vec![v];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(u) = stack.pop() {
+            if avail.contains_key(&u) || !seen.insert(u) {
+                continue;
+            }
+            if let Some(&b) = self.constant_buffer(u) {
+                avail.insert(u, b);
+            } else if let Some(p) = self.producers[u.index()] {
+                stack.extend(self.g.nodes[p].inputs.iter().copied());
+            }
+        }
+    }
+
     fn reader_group(&self, v: ValueId) -> Option<usize> {
         let producer = self.producers[v.index()].map(|p| self.group_of[p]);
         let mut groups = self.readers[v.index()].iter().map(|r| self.group_of[*r]);
