@@ -243,7 +243,7 @@ pub(crate) fn build_microkernel(
     let a_phi = bld.build_phi(ptr, "a.t").map_err(llvm)?;
     let c_phi = bld.build_phi(ptr, "c.t").map_err(llvm)?;
     let r_phi = bld.build_phi(ptr, "res.t").map_err(llvm)?;
-    let (t, a) = (t_phi.as_basic_value().into_int_value(), a_phi.as_basic_value().into_pointer_value());
+    let a = a_phi.as_basic_value().into_pointer_value();
     let (c, res) = (c_phi.as_basic_value().into_pointer_value(), r_phi.as_basic_value().into_pointer_value());
     bld.build_call(tile_loop, &[a.into(), lda.into(), b.into(), steps.into(), scratch.into()], "")
         .map_err(llvm)?;
@@ -369,20 +369,10 @@ pub(crate) fn build_microkernel(
 
     // tile.latch: the next MR rows (A's next panel, C's and the residual's rows).
     bld.position_at_end(tile_latch);
-    let t_next = bld.build_int_add(t, c_i64(1), "t.next").map_err(llvm)?;
-    let a_next = gep(f32t.into(), a, bld.build_int_mul(kw, c_i64(mr), "a.step").map_err(llvm)?)?;
-    let c_step = bld.build_int_mul(ldc, c_i64(mr), "c.step").map_err(llvm)?;
-    let c_next = gep(if codes { i8t.into() } else { f32t.into() }, c, c_step)?;
-    let r_next = gep(f32t.into(), res, bld.build_int_mul(ldr, c_i64(mr), "r.step").map_err(llvm)?)?;
-    let again = bld.build_int_compare(IntPredicate::SLT, t_next, tiles, "again").map_err(llvm)?;
-    bld.build_conditional_branch(again, tile_head, ret).map_err(llvm)?;
-    t_phi.add_incoming(&[(&c_i64(0), entry), (&t_next, tile_latch)]);
-    a_phi.add_incoming(&[(&a0, entry), (&a_next, tile_latch)]);
-    c_phi.add_incoming(&[(&c0, entry), (&c_next, tile_latch)]);
-    r_phi.add_incoming(&[(&r0, entry), (&r_next, tile_latch)]);
-    bld.position_at_end(ret);
-    bld.build_return(None).map_err(llvm)?;
-    Ok(())
+    let a_words = bld.build_int_mul(kw, c_i64(mr), "a.step").map_err(llvm)?;
+    let phis = crate::TilePhis { t: t_phi, a: a_phi, c: c_phi, res: r_phi, first: (a0, c0, r0) };
+    let strides = crate::TileStrides { a_words, ldc, ldr, mr, codes, tiles };
+    crate::close_tile_loop(ctx, &bld, &phis, &strides, (entry, tile_latch, tile_head, ret))
 }
 
 /// Build `@name(i64 iters, ptr sink)` (`peak`'s loop): `iters` trips of four

@@ -15,6 +15,7 @@
 //! accumulators, the B vectors and the broadcast fit the register file.
 
 use inkwell::attributes::AttributeLoc;
+use inkwell::basic_block::BasicBlock;
 use inkwell::context::Context;
 use inkwell::intrinsics::Intrinsic;
 use inkwell::module::Module;
@@ -22,7 +23,7 @@ use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::{
     CodeModel, FileType, InitializationConfig, RelocMode, Target as LlvmTarget, TargetMachine,
 };
-use inkwell::values::{BasicValue, BasicValueEnum, FloatValue, IntValue, VectorValue};
+use inkwell::values::{BasicValue, BasicValueEnum, FloatValue, IntValue, PointerValue, VectorValue};
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate, OptimizationLevel};
 use kernels::{CodeImage, DirectKernel, ElemType, MicroKernel, MicroKernelFn, Target};
 use plan::Epilogue;
@@ -783,28 +784,75 @@ fn build_microkernel(
     bld.build_unconditional_branch(exit).map_err(llvm)?;
     bld.position_at_end(exit);
     bld.build_unconditional_branch(tile_latch).map_err(llvm)?;
-    // tile.latch: the next MR rows (A's next panel, C's and the residual's next rows).
+    // tile.latch: the next MR rows (A's next panel, C's and the residual's rows).
     bld.position_at_end(tile_latch);
+    let a_words = bld.build_int_mul(kc, c_i64(mr), "a.step").map_err(llvm)?;
+    let phis = TilePhis { t: t_phi, a: a_phi, c: c_phi, res: r_phi, first: (a0, c0, r0) };
+    let strides = TileStrides { a_words, ldc, ldr, mr, codes, tiles };
+    close_tile_loop(ctx, &bld, &phis, &strides, (entry, tile_latch, tile_head, ret))
+}
+
+/// The phis of a micro-kernel's loop over its tiles: the tile's index, its A
+/// panel, its C rows and residual rows, and their values on entry.
+pub(crate) struct TilePhis {
+    pub t: inkwell::values::PhiValue<'static>,
+    pub a: inkwell::values::PhiValue<'static>,
+    pub c: inkwell::values::PhiValue<'static>,
+    pub res: inkwell::values::PhiValue<'static>,
+    pub first: (PointerValue<'static>, PointerValue<'static>, PointerValue<'static>),
+}
+
+/// How far the next tile is: A's panel (`a_words` words), `mr` rows of C
+/// (`ldc` apart; bytes for codes) and of the residual (`ldr` apart); and the
+/// number of tiles.
+pub(crate) struct TileStrides {
+    pub a_words: IntValue<'static>,
+    pub ldc: IntValue<'static>,
+    pub ldr: IntValue<'static>,
+    pub mr: usize,
+    pub codes: bool,
+    pub tiles: IntValue<'static>,
+}
+
+/// The latch of a micro-kernel's loop over its tiles (block `latch`): the
+/// next tile's A panel, C rows and residual rows, back to `head` while tiles
+/// are left, else to `ret`, which returns.
+pub(crate) fn close_tile_loop(
+    ctx: &'static Context,
+    bld: &inkwell::builder::Builder<'static>,
+    phis: &TilePhis,
+    s: &TileStrides,
+    (entry, latch, head, ret): (
+        BasicBlock<'static>,
+        BasicBlock<'static>,
+        BasicBlock<'static>,
+        BasicBlock<'static>,
+    ),
+) -> Result<(), CodegenError> {
+    let (f32t, i8t, i64t) = (ctx.f32_type(), ctx.i8_type(), ctx.i64_type());
+    let c_i64 = |v: usize| i64t.const_int(v as u64, false);
+    let (t, a) = (phis.t.as_basic_value().into_int_value(), phis.a.as_basic_value().into_pointer_value());
+    let (c, res) =
+        (phis.c.as_basic_value().into_pointer_value(), phis.res.as_basic_value().into_pointer_value());
+    bld.position_at_end(latch);
     let t_next = bld.build_int_add(t, c_i64(1), "t.next").map_err(llvm)?;
-    let step = |base, by: IntValue<'static>, n: &str| {
-        // A plain (not in-bounds) step: past the last tile the pointer is not used,
-        // and the residual's may be null.
-        unsafe { bld.build_gep(f32t, base, &[by], n) }.map_err(llvm)
+    let step = |ty: inkwell::types::BasicTypeEnum<'static>, base, by: IntValue<'static>, n: &str| {
+        // SAFETY (of the IR): a plain (not in-bounds) step: past the last tile
+        // the pointer is not used, and the residual's may be null.
+        unsafe { bld.build_gep(ty, base, &[by], n) }.map_err(llvm)
     };
-    let a_next = step(a, bld.build_int_mul(kc, c_i64(mr), "a.step").map_err(llvm)?, "a.next")?;
-    let c_step = bld.build_int_mul(ldc, c_i64(mr), "c.step").map_err(llvm)?;
-    let c_next = match codes {
-        // SAFETY (of the IR): as `step`, over bytes.
-        true => unsafe { bld.build_gep(i8t, c, &[c_step], "c.next") }.map_err(llvm)?,
-        false => step(c, c_step, "c.next")?,
-    };
-    let r_next = step(res, bld.build_int_mul(ldr, c_i64(mr), "r.step").map_err(llvm)?, "res.next")?;
-    let again = bld.build_int_compare(IntPredicate::SLT, t_next, tiles, "again").map_err(llvm)?;
-    bld.build_conditional_branch(again, tile_head, ret).map_err(llvm)?;
-    t_phi.add_incoming(&[(&c_i64(0), entry), (&t_next, tile_latch)]);
-    a_phi.add_incoming(&[(&a0, entry), (&a_next, tile_latch)]);
-    c_phi.add_incoming(&[(&c0, entry), (&c_next, tile_latch)]);
-    r_phi.add_incoming(&[(&r0, entry), (&r_next, tile_latch)]);
+    let a_next = step(f32t.into(), a, s.a_words, "a.next")?;
+    let c_step = bld.build_int_mul(s.ldc, c_i64(s.mr), "c.step").map_err(llvm)?;
+    let c_next = step(if s.codes { i8t.into() } else { f32t.into() }, c, c_step, "c.next")?;
+    let r_step = bld.build_int_mul(s.ldr, c_i64(s.mr), "r.step").map_err(llvm)?;
+    let r_next = step(f32t.into(), res, r_step, "res.next")?;
+    let again = bld.build_int_compare(IntPredicate::SLT, t_next, s.tiles, "again").map_err(llvm)?;
+    bld.build_conditional_branch(again, head, ret).map_err(llvm)?;
+    let (a0, c0, r0) = phis.first;
+    phis.t.add_incoming(&[(&c_i64(0), entry), (&t_next, latch)]);
+    phis.a.add_incoming(&[(&a0, entry), (&a_next, latch)]);
+    phis.c.add_incoming(&[(&c0, entry), (&c_next, latch)]);
+    phis.res.add_incoming(&[(&r0, entry), (&r_next, latch)]);
     bld.position_at_end(ret);
     bld.build_return(None).map_err(llvm)?;
     Ok(())

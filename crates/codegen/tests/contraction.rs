@@ -220,11 +220,7 @@ fn amx_bf16_contractions_match_the_rounded_reference() {
     if !kernels::testing::amx() {
         return;
     }
-    let keep: Vec<_> = kernels::AMX_TILES
-        .iter()
-        .map(|&(mr, nr)| tune::categorize::KernelId { direct: false, mr, nr })
-        .collect();
-    bf16_contractions(Some(&keep));
+    bf16_contractions(Some(&amx_kernels()));
 }
 
 fn bf16_contractions(keep: Option<&[tune::categorize::KernelId]>) {
@@ -344,11 +340,12 @@ fn amx_u8s8_contractions_are_exact_on_8_bit_integers() {
     if !kernels::testing::amx() {
         return;
     }
-    let keep: Vec<_> = kernels::AMX_TILES
-        .iter()
-        .map(|&(mr, nr)| tune::categorize::KernelId { direct: false, mr, nr })
-        .collect();
-    integer_contractions_are_exact(kernels::ElemType::U8S8, "tdpbusd", Some(&keep));
+    integer_contractions_are_exact(kernels::ElemType::U8S8, "tdpbusd", Some(&amx_kernels()));
+}
+
+/// The kernels of the AMX tiles, for a family of them alone.
+fn amx_kernels() -> Vec<tune::categorize::KernelId> {
+    kernels::AMX_TILES.iter().map(|&(mr, nr)| tune::categorize::KernelId { direct: false, mr, nr }).collect()
 }
 
 /// The i16 family (AVX2's `vpmaddwd`, what a machine without VNNI runs a
