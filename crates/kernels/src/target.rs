@@ -114,6 +114,7 @@ pub const AMX_TILES: [(usize, usize); 4] = [(16, 16), (32, 16), (16, 32), (32, 3
 
 #[cfg(target_arch = "x86_64")]
 fn detect_isa() -> Isa {
+    let (amx_int8, amx_bf16) = amx_usable();
     Isa {
         avx2: std::arch::is_x86_feature_detected!("avx2"),
         fma: std::arch::is_x86_feature_detected!("fma"),
@@ -121,8 +122,8 @@ fn detect_isa() -> Isa {
         avx512bf16: std::arch::is_x86_feature_detected!("avx512bf16"),
         avx512vnni: std::arch::is_x86_feature_detected!("avx512vnni"),
         avxvnni: std::arch::is_x86_feature_detected!("avxvnni"),
-        amx_int8: amx_usable().0,
-        amx_bf16: amx_usable().1,
+        amx_int8,
+        amx_bf16,
     }
 }
 

@@ -57,7 +57,8 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// taps from a bf16 image, their descriptor an argument, and storing a
 /// bf16 copy of C, its buffer the last argument; 24: normalizing GEMVs, a
 /// product naming the row norm that writes its A, online softmax of a
-/// NaN-guarded softmax); a runtime reads only its own.
+/// NaN-guarded softmax; 25: AMX micro-kernels, whose A panels are laid out
+/// by rows); a runtime reads only its own.
 pub const FORMAT_VERSION: u32 = 25;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
