@@ -94,12 +94,7 @@ pub fn measure_peak_gflops_of(
             }
             ElemType::Bf16 => {
                 let bt = ctx.bf16_type();
-                let name = format!("llvm.x86.avx512bf16.dpbf16ps.{}", w * 32);
-                let fn_type = vt.fn_type(
-                    &[vt.into(), bt.vec_type(2 * w as u32).into(), bt.vec_type(2 * w as u32).into()],
-                    false,
-                );
-                let dp = module.add_function(&name, fn_type, None);
+                let dp = crate::dpbf16ps(ctx, module, w);
                 // acc += 2 · 2⁻¹⁰ · 2⁻¹⁰ per call: finite for any run.
                 let splat =
                     |v: f64| inkwell::types::VectorType::const_vector(&vec![bt.const_float(v); 2 * w]);

@@ -402,11 +402,15 @@ impl<'g> Lowering<'g> {
             if let Some(u) = codes.filter(|u| self.codes_fit(&step, *u)) {
                 // A later group's quantization reads that group's constants
                 // (a per-channel scale), held in buffers of their own.
-                let mut reach = avail.clone();
-                if !private {
-                    self.add_constants_read(u, &mut reach);
-                }
-                if let Some(e) = self.fold_epilogue(gi, out, u, &reach, integral)? {
+                let reach = match private {
+                    true => None,
+                    false => {
+                        let mut reach = avail.clone();
+                        self.add_constants_read(u, &mut reach);
+                        Some(reach)
+                    }
+                };
+                if let Some(e) = self.fold_epilogue(gi, out, u, reach.as_ref().unwrap_or(&avail), integral)? {
                     let c = self.temp(u)?;
                     self.plan.buffers[c].dtype = DType::U8;
                     self.narrowed.insert(c, DType::U8);
