@@ -277,19 +277,34 @@ fn implicit_gemm_matches_the_convolution() {
 fn taps_of_codes_match_the_integer_convolution() {
     let dir = std::env::temp_dir().join(format!("anyshape-code-taps-{}", std::process::id()));
     let pool = ThreadPool::new(2);
-    let mut elems = vec![kernels::ElemType::I16];
+    // The u8s8 family's AMX tiles alone too (their A panels packed row by row).
+    let amx: Vec<tune::categorize::KernelId> = kernels::AMX_TILES
+        .iter()
+        .map(|&(mr, nr)| tune::categorize::KernelId { direct: false, mr, nr })
+        .collect();
+    let mut elems = vec![(kernels::ElemType::I16, None)];
     if kernels::testing::vnni() {
-        elems.push(kernels::ElemType::U8S8);
+        elems.push((kernels::ElemType::U8S8, None));
+    }
+    if kernels::testing::amx() {
+        elems.push((kernels::ElemType::U8S8, Some(&amx[..])));
     }
     for t in targets() {
-        for &elem in elems.iter().filter(|e| t.check_elem(**e).is_ok()) {
+        for &(elem, keep) in elems.iter().filter(|e| t.check_elem(e.0).is_ok()) {
+            if keep.is_some() && !t.isa.amx_int8 {
+                continue;
+            }
             for generated in [true, false] {
                 let c = Contraction::builder(&t, &pool)
                     .cache(Some(&dir))
                     .elem(elem)
+                    .keep(keep)
                     .generated_packing(generated)
                     .build()
                     .expect("compile");
+                if keep.is_some() {
+                    assert!(c.kernels().iter().all(|k| k.kernel().amx), "AMX kernels only");
+                }
                 let fixed = [
                     ((1, 7, 7, 16), (3, 3, 1, 1, 1, 1), 0, 8),
                     ((2, 5, 6, 16), (3, 3, 2, 1, 1, 0), 4, 5),
@@ -306,7 +321,10 @@ fn taps_of_codes_match_the_integer_convolution() {
                 for (img, conv, gap, k) in fixed {
                     for aligned in [true, false] {
                         check_codes(&c, &pool, geometry(img, conv, gap), k, aligned).unwrap_or_else(|e| {
-                            panic!("{elem} generated {generated} aligned {aligned}: {e}")
+                            panic!(
+                                "{elem} (AMX alone: {}) generated {generated} aligned {aligned}: {e}",
+                                keep.is_some()
+                            )
                         });
                     }
                 }
@@ -321,7 +339,9 @@ fn taps_of_codes_match_the_integer_convolution() {
                     .run(&cases, |(img, conv, gap, k)| {
                         check_codes(&c, &pool, geometry(img, conv, gap), k, k % 2 == 0)
                     })
-                    .unwrap_or_else(|e| panic!("{elem} generated {generated}: {e}"));
+                    .unwrap_or_else(|e| {
+                        panic!("{elem} (AMX alone: {}) generated {generated}: {e}", keep.is_some())
+                    });
             }
         }
     }

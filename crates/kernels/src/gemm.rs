@@ -1387,10 +1387,10 @@ fn band(
         };
         let last = pc + kc == k && !uk.epilogue.is_identity();
         let flags = if pc > 0 { ACCUMULATE } else { 0 } | if last { APPLY_EPILOGUE } else { 0 };
-        // AMX kernels read A's panels row by row: a row-major A of codes is
-        // copied so, anything else packed as usual and laid out again.
+        // AMX kernels read A's panels row by row: a row-major A or taps is
+        // packed so in runs, anything else packed as usual and laid out again.
         let ap: &[u32] = match kern.amx {
-            true if crate::pack::codes_by_rows(a, (ic, mc, pc, kc), kern.mr, a_rows) => a_rows,
+            true if crate::pack::pack_a_rows(a, (ic, mc, pc, kc), kern.mr, uk.elem, a_rows) => a_rows,
             true => {
                 pack_a(a, ic, mc, pc, kc, kern.mr, uk.elem, ap, &kern.packers);
                 crate::pack::panels_by_rows(ap, kw, kern.mr, a_rows);

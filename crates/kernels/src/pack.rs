@@ -252,36 +252,108 @@ pub fn panels_by_rows(panels: &[u32], kw: usize, mr: usize, out: &mut Lines<u32>
     }
 }
 
-/// Rows `i0..i0+m` and depths `p0..p0+kc` of a row-major A of 8-bit codes as
-/// `mr`-row panels laid out row by row (as [`panels_by_rows`] lays out
-/// [`pack_a`]'s u8s8 panels: each row's bytes copied, zeros past `kc` in its
-/// last word and in the rows past `m`). False, writing nothing, for any other A.
-pub fn codes_by_rows(
+/// [`pack_a`] for AMX kernels, which load A's `mr`-row panels row by row
+/// (as [`panels_by_rows`] lays out [`pack_a`]'s panels): rows `i0..i0+m`,
+/// depths `p0..p0+kc` of a row-major A or a convolution's taps, each row's
+/// elements in runs (codes copied, f32 values converted as [`pack_a`] does:
+/// u8s8's low byte, bf16 rounded), zeros in the padding, past `kc` in a row's
+/// last word and in the rows past `m`. False, writing nothing, for another A
+/// (transposed, strided) or element type.
+pub fn pack_a_rows(
     a: &MatRef,
     (i0, m, p0, kc): (usize, usize, usize, usize),
     mr: usize,
+    elem: ElemType,
     out: &mut Lines<u32>,
 ) -> bool {
-    let Some(codes) = a.codes else { return false };
-    if a.cs != 1 || a.taps.is_some() || mr == 0 {
+    let taps = match a.taps {
+        Some((t, false)) => Some(t),
+        None if a.cs == 1 => None,
+        _ => return false,
+    };
+    if mr == 0 {
         return false;
     }
-    let kw = kc.div_ceil(4);
-    out.resize(m.div_ceil(mr) * mr * kw);
-    for (r, row) in out.chunks_exact_mut(kw).enumerate() {
-        if r >= m {
-            row.fill(0);
-            continue;
+    let kw = elem.words(kc);
+    let len = m.div_ceil(mr) * mr * kw;
+    // Element `k` of a row is at `k` of the row's `kw` words viewed as `T`s:
+    // the first depth of a word in its low bits, as packed words hold them on
+    // this little-endian target.
+    match (elem, a.codes) {
+        (ElemType::U8S8, Some(codes)) => {
+            out.resize(len);
+            rows_of(
+                codes,
+                taps,
+                a.rs,
+                (i0, m, p0, kc),
+                kw * 4,
+                bytemuck::cast_slice_mut(&mut out[..]),
+                |s, d| d.copy_from_slice(s),
+            );
         }
-        // Four depths a word, the first in its low byte, as a packed word holds them.
-        let start = (i0 + r) * a.rs + p0;
-        for (w, four) in row.iter_mut().zip(codes[start..start + kc].chunks(4)) {
-            let mut bytes = [0u8; 4];
-            bytes[..four.len()].copy_from_slice(four);
-            *w = u32::from_le_bytes(bytes);
+        (ElemType::U8S8, None) => {
+            out.resize(len);
+            let low_byte =
+                |s: &[f32], d: &mut [u8]| d.iter_mut().zip(s).for_each(|(d, v)| *d = *v as i32 as u8);
+            rows_of(
+                a.data,
+                taps,
+                a.rs,
+                (i0, m, p0, kc),
+                kw * 4,
+                bytemuck::cast_slice_mut(&mut out[..]),
+                low_byte,
+            );
         }
+        (ElemType::Bf16, None) => {
+            out.resize(len);
+            let bf16 = |s: &[f32], d: &mut [u16]| {
+                d.iter_mut().zip(s).for_each(|(d, v)| *d = ElemType::Bf16.half_bits(*v))
+            };
+            rows_of(
+                a.data,
+                taps,
+                a.rs,
+                (i0, m, p0, kc),
+                kw * 2,
+                bytemuck::cast_slice_mut(&mut out[..]),
+                bf16,
+            );
+        }
+        _ => return false,
     }
     true
+}
+
+/// The rows of [`pack_a_rows`], `row_len` elements apart in `out` (whose
+/// length is a whole number of them): `copy` converts each run of source
+/// elements into its place.
+fn rows_of<S: Copy, T: Copy + Default>(
+    src: &[S],
+    taps: Option<crate::taps::ConvTaps>,
+    rs: usize,
+    (i0, m, p0, kc): (usize, usize, usize, usize),
+    row_len: usize,
+    out: &mut [T],
+    copy: impl Fn(&[S], &mut [T]),
+) {
+    let (filled, rest) = out.split_at_mut(m * row_len);
+    rest.fill(T::default());
+    for (r, row) in filled.chunks_exact_mut(row_len).enumerate() {
+        row[kc..].fill(T::default());
+        let row = &mut row[..kc];
+        match &taps {
+            Some(t) => t.runs(i0 + r, p0, kc, |dst, at| match at {
+                Some(s) => copy(&src[s..s + dst.len()], &mut row[dst]),
+                None => row[dst].fill(T::default()),
+            }),
+            None => {
+                let start = (i0 + r) * rs + p0;
+                copy(&src[start..start + kc], row);
+            }
+        }
+    }
 }
 
 /// [`pack_a`] of a view of 8-bit codes. For the u8s8 kernels, whose A words
@@ -457,22 +529,81 @@ pub fn pack_b(
 mod tests {
     use super::*;
 
+    /// `pack_a_rows` against `pack_a` then `panels_by_rows`, into a buffer
+    /// that held other values.
+    fn rows_match(a: &MatRef, (i0, m, p0, kc): (usize, usize, usize, usize), mr: usize, elem: ElemType) {
+        let (mut packed, mut by_rows, mut direct) = (Lines::default(), Lines::default(), Lines::default());
+        pack_a(a, i0, m, p0, kc, mr, elem, &mut packed, &Packers::default());
+        panels_by_rows(&packed, elem.words(kc), mr, &mut by_rows);
+        direct.resize(by_rows.len() + 7);
+        direct.iter_mut().for_each(|w| *w = 0xdead_beef);
+        assert!(pack_a_rows(a, (i0, m, p0, kc), mr, elem, &mut direct));
+        assert_eq!(&by_rows[..], &direct[..], "{elem}: rows {i0}+{m}, depths {p0}+{kc}, MR {mr}");
+    }
+
     #[test]
-    fn codes_by_rows_lays_out_what_packing_then_by_rows_does() {
-        for (m, kc, mr, p0) in [(1, 1, 16, 0), (17, 67, 16, 4), (33, 64, 32, 0), (5, 130, 16, 8)] {
+    fn rows_of_a_row_major_a_lay_out_what_packing_then_by_rows_does() {
+        for (m, kc, mr, p0) in
+            [(1, 1, 16, 0), (17, 67, 16, 4), (33, 64, 32, 0), (5, 130, 16, 8), (3, 7, 16, 3)]
+        {
             let (rows, cols) = (m + 3, kc + p0 + 5);
             let codes: Vec<u8> = (0..rows * cols).map(|i| (i * 37 % 251) as u8).collect();
             let a = MatRef::of_codes(&codes, rows, cols, cols, 1).unwrap();
-            let (mut packed, mut by_rows, mut direct) =
-                (Lines::default(), Lines::default(), Lines::default());
-            pack_a(&a, 2, m, p0, kc, mr, ElemType::U8S8, &mut packed, &Packers::default());
-            panels_by_rows(&packed, ElemType::U8S8.words(kc), mr, &mut by_rows);
-            assert!(codes_by_rows(&a, (2, m, p0, kc), mr, &mut direct));
-            assert_eq!(&by_rows[..], &direct[..], "{m}x{kc}, MR {mr}");
+            rows_match(&a, (2, m, p0, kc), mr, ElemType::U8S8);
+            let mut direct = Lines::default();
+            assert!(pack_a_rows(&a, (2, m, p0, kc), mr, ElemType::U8S8, &mut direct));
             assert_eq!(direct[0] & 0xff, u32::from(codes[2 * cols + p0]), "depth 0 in the low byte");
+            let values: Vec<f32> = codes.iter().map(|&c| f32::from(c)).collect();
+            let a = MatRef::row_major(&values, rows, cols).unwrap();
+            rows_match(&a, (2, m, p0, kc), mr, ElemType::U8S8);
+            let values: Vec<f32> = (0..rows * cols).map(|i| (i as f32 * 0.37).sin() * 3.1).collect();
+            let a = MatRef::row_major(&values, rows, cols).unwrap();
+            rows_match(&a, (2, m, p0, kc), mr, ElemType::Bf16);
+            assert!(!pack_a_rows(&a, (2, m, p0, kc), mr, ElemType::F32, &mut direct), "no f32 rows");
         }
         let f = [0.0f32; 4];
-        let a = MatRef::row_major(&f, 2, 2).unwrap();
-        assert!(!codes_by_rows(&a, (0, 2, 0, 2), 16, &mut Lines::default()), "floats are packed");
+        let a = MatRef::new(&f, 2, 2, 1, 2).unwrap();
+        assert!(!pack_a_rows(&a, (0, 2, 0, 2), 16, ElemType::U8S8, &mut Lines::default()), "transposed A");
+    }
+
+    #[test]
+    fn rows_of_taps_lay_out_what_packing_then_by_rows_does() {
+        use crate::taps::ConvTaps;
+        // Channels of 3 and 4 (runs shorter than a word, and whole words), strides,
+        // dilation, padding on both sides; depth blocks that start mid-tap.
+        let cases = [
+            (7, 9, 3, [3, 3], [1, 1], [1, 1], [1, 1], (0, 27)),
+            (11, 6, 4, [7, 7], [2, 2], [1, 1], [3, 3], (4, 67)),
+            (5, 5, 64, [3, 3], [1, 1], [2, 1], [2, 1], (64, 320)),
+            (6, 8, 5, [1, 3], [1, 2], [1, 1], [0, 1], (2, 13)),
+        ];
+        for (h, w, ch, kernel, stride, dilation, pad, (p0, kc)) in cases {
+            let out = [0, 1].map(|d| {
+                let span = (kernel[d] - 1) * dilation[d] + 1;
+                ([h, w][d] + 2 * pad[d] - span) / stride[d] + 1
+            });
+            let t = ConvTaps {
+                batch: 2,
+                height: h,
+                width: w,
+                channels: ch,
+                strides: [h * w * ch, w * ch, ch],
+                out,
+                kernel,
+                stride,
+                dilation,
+                pad,
+            };
+            let codes: Vec<u8> = (0..2 * h * w * ch).map(|i| (i * 37 % 251 + 1) as u8).collect();
+            let values: Vec<f32> = codes.iter().map(|&c| f32::from(c) * 0.75 - 9.0).collect();
+            let (rows, depth) = t.dims().unwrap();
+            let kc = kc.min(depth - p0);
+            for (i0, m, mr) in [(0, rows, 16), (3, rows - 3, 32), (rows - 1, 1, 16)] {
+                rows_match(&MatRef::taps_of_codes(&codes, t).unwrap(), (i0, m, p0, kc), mr, ElemType::U8S8);
+                let a = MatRef::taps(&values, t).unwrap();
+                rows_match(&a, (i0, m, p0, kc), mr, ElemType::U8S8);
+                rows_match(&a, (i0, m, p0, kc), mr, ElemType::Bf16);
+            }
+        }
     }
 }

@@ -147,6 +147,37 @@ impl ConvTaps {
         self.source(p, tap / self.kernel[1], tap % self.kernel[1]).map_or(0.0, |s| f32::from(codes[s + c]))
     }
 
+    /// Depths `p0..p0+kc` of row `r` as runs: `run(depths - p0, image index)`
+    /// for each, the index of its first element, `None` in the padding.
+    /// Adjacent taps of a kernel row that all lie inside the image are one run.
+    pub(crate) fn runs(
+        &self,
+        r: usize,
+        p0: usize,
+        kc: usize,
+        mut run: impl FnMut(std::ops::Range<usize>, Option<usize>),
+    ) {
+        let (c, kwidth, px) = (self.channels, self.kernel[1], self.pixel(r));
+        let mut k = p0;
+        while k < p0 + kc {
+            let (tap, c0) = (k / c, k % c);
+            let (i, j) = (tap / kwidth, tap % kwidth);
+            let left = p0 + kc - k;
+            let mut len = (c - c0).min(left);
+            let at = self.source(px, i, j);
+            // Through the last tap of this kernel row the run reaches, when that
+            // one is inside the image too (so are all between).
+            if at.is_some() && self.adjacent() && len < left {
+                let wide = ((kwidth - j) * c - c0).min(left);
+                if self.source(px, i, j + (c0 + wide - 1) / c).is_some() {
+                    len = wide;
+                }
+            }
+            run(k - p0..k - p0 + len, at.map(|s| s + c0));
+            k += len;
+        }
+    }
+
     /// These taps counted in 4-byte words of an image of codes (channels and
     /// strides multiples of 4), when they are.
     pub(crate) fn in_words(&self) -> Option<ConvTaps> {
