@@ -1111,9 +1111,16 @@ pub fn time_microkernel(uk: &MicroKernel, t: &Target) -> f64 {
     let kc = kw * uk.elem.k_group();
     // Words of ordinary values in any element type (0.5 and 0.25 in f32; in bf16,
     // the same values and a zero): no overflow, no special values.
-    let a = vec![0.5f32.to_bits(); kw * uk.mr];
-    let b = vec![0.25f32.to_bits(); kw * uk.nr];
-    let mut c = vec![0.0f32; uk.mr * uk.nr];
+    // Panels start a cache line, as the driver's do (`Lines`): from a `Vec`'s
+    // 16-byte alignment every row of an AMX tile load spans two lines, and its
+    // rate depended on where the allocator put the panels (0.6x to 1x).
+    let filled = |len: usize, v: f32| {
+        let mut l = kernels::Lines::with_len(len);
+        l.fill(v.to_bits());
+        l
+    };
+    let (a, b) = (filled(kw * uk.mr, 0.5), filled(kw * uk.nr, 0.25));
+    let mut c = kernels::Lines::<f32>::with_len(uk.mr * uk.nr);
     let call = |n: usize| {
         for _ in 0..n {
             // SAFETY: the panels hold `kc·MR` and `kc·NR` floats and `c` a full MR × NR tile
