@@ -144,9 +144,14 @@ impl<'a> ContractionBuilder<'a> {
         // lanes, by rows and by address.
         let mut f32_rows_widths = Vec::new();
         if self.generated_packing {
-            // A's heights also read a convolution's taps (rows by address).
-            rows_widths.extend(tiles.iter().map(|t| t.mr));
-            widths.extend(tiles.iter().map(|t| t.mr));
+            // A's heights also read a convolution's taps (rows by address); an
+            // AMX tile's A is packed a row at a time.
+            let a_width = |t: &TileMeasurement| match target.amx_tile(elem, t.mr, t.nr) {
+                true => 1,
+                false => t.mr,
+            };
+            rows_widths.extend(tiles.iter().map(a_width));
+            widths.extend(tiles.iter().map(a_width));
             // A transposed B's routine writes whole words (i16s8's B, a weight,
             // is packed once by the portable loop).
             if elem.b_word_bytes() == 4 {
@@ -158,8 +163,10 @@ impl<'a> ContractionBuilder<'a> {
                 _ => f32_widths.extend(direct_widths),
             }
             if elem == ElemType::U8S8 {
-                f32_widths.extend(tiles.iter().map(|t| t.mr));
-                f32_rows_widths.extend(tiles.iter().map(|t| t.mr));
+                // (AMX tiles copy their codes' rows themselves.)
+                let vector = || tiles.iter().filter(|t| a_width(t) == t.mr).map(|t| t.mr);
+                f32_widths.extend(vector());
+                f32_rows_widths.extend(vector());
             }
         }
         let report = |p: crate::Progress| {
@@ -204,7 +211,8 @@ impl<'a> ContractionBuilder<'a> {
         let mut variants = Vec::with_capacity(tiles.len());
         for t in &tiles {
             let k = compile_microkernel_cached(target, elem, t.mr, t.nr, epilogue, objects)?;
-            let kernel = kernels::MicroKernel { packers: packers_of(elem, Some(t.mr), t.nr), ..k.kernel() };
+            let k0 = k.kernel();
+            let kernel = kernels::MicroKernel { packers: packers_of(elem, Some(k0.a_width()), t.nr), ..k0 };
             variants.push(KernelVariant { kernel, gflops: t.gflops });
             jit.push(k);
             report(crate::Progress::Done);

@@ -74,7 +74,8 @@ struct Refined {
 /// with direct kernels that ask the next panel over their K loop, version 8 since
 /// a debug build keeps a file of its own (`tuning::build_suffix`: a version 7 file
 /// may hold a debug build's picks), version 9 at 128, 256 and 512 rows too, version 10
-/// with weights packed whole read in either depth (ties to the L1 blocks). An older
+/// with weights packed whole read in either depth (ties to the L1 blocks), version 11
+/// with a u8s8 family's A as codes, packed schedules only. An older
 /// file is left alone and measured again; one file per element type.
 pub fn path(dir: &Path, elem: kernels::ElemType, threads: usize) -> PathBuf {
     dir.join(format!("{}{threads}t{}.json", file_prefix(elem), crate::tuning::build_suffix()))
@@ -82,7 +83,7 @@ pub fn path(dir: &Path, elem: kernels::ElemType, threads: usize) -> PathBuf {
 
 /// What every [`path`] of `elem` begins with (the thread count follows).
 fn file_prefix(elem: kernels::ElemType) -> String {
-    format!("refined-v10-{}-", elem.name())
+    format!("refined-v11-{}-", elem.name())
 }
 
 /// Remove the measured dispatch of `elem` kernels (every thread count) from the
@@ -208,6 +209,13 @@ fn measure(
     let packed: Vec<PackedB> = (0..copies).map(|_| PackedB::of_elem(bv, nr, kc, d.family().elem())).collect();
     let rows = *ROWS.last().unwrap_or(&1);
     let a: Vec<f32> = (0..rows * k).map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5).collect();
+    // A u8s8 product's A is a quantized activation's codes, read by packed
+    // schedules only (`Dispatcher::schedule_of`): measured so, since AMX tiles
+    // copy codes' rows and convert floats, at different speeds.
+    let elem = d.family().elem();
+    let codes: Vec<u8> = (0..rows * k).map(|i| ((i * 31) % 17) as u8).collect();
+    let a_codes = elem == kernels::ElemType::U8S8;
+    let measurable = |s: &Schedule| !a_codes || s.operands == Operands::Packed;
     let mut c = vec![0f32; rows * n];
     let bias = vec![0.25f32; n];
     let residual = vec![0.5f32; rows * n];
@@ -219,15 +227,22 @@ fn measure(
             continue;
         }
         let p = Problem { batch: 1, m, n, k, a: ALayout::RowMajor, b: w.layout };
-        let model = d.choose(&p).map_err(kerr)?;
         // The model's ranking, one schedule per macro-kernel, as the table would
         // instantiate it at run time.
         let mut ranked: Vec<(f64, Schedule)> = d
             .candidates(&p)
             .into_iter()
+            .filter(measurable)
             .map(|s| (d.model().cost(d.machine(), d.family(), &p, &s), s))
             .collect();
         ranked.sort_by(|x, y| x.0.total_cmp(&y.0));
+        let model = match a_codes {
+            true => ranked
+                .first()
+                .map(|r| r.1)
+                .ok_or_else(|| kerr(KernelError::Shape(format!("no packed schedule for {p:?}"))))?,
+            false => d.choose(&p).map_err(kerr)?,
+        };
         let mut tried: Vec<(MacroKernel, Schedule)> = vec![(MacroKernel::pinned(&model), model)];
         for (_, s) in &ranked {
             if tried.len() >= CANDIDATES {
@@ -255,7 +270,10 @@ fn measure(
         // (`BLayout::serves`): the model prices the passes over C that its one
         // block saves, not its B panel's overflow of L1, which a few rows feel.
         add_best_of_each(d, &p, &ranked, &mut tried, |s| (s.operands, s.blocking.kc));
-        let av = MatRef::row_major(&a[..m * k], m, k).map_err(kerr)?;
+        let av = match a_codes {
+            true => MatRef::of_codes(&codes[..m * k], m, k, k, 1).map_err(kerr)?,
+            false => MatRef::row_major(&a[..m * k], m, k).map_err(kerr)?,
+        };
         let rv = MatRef::row_major(&residual[..m * n], m, n).map_err(kerr)?;
         let ep = EpilogueArgs {
             column_scale: epilogue.column_scale.then_some(&bias[..]),
@@ -291,7 +309,6 @@ fn measure(
         // Then the L1 blocks before a whole weight's one block: alone they
         // tie at a few dozen rows, inside a model the one block was slower
         // (BERT-base at 23 tokens: its 23x3072x768 products 6-12%).
-        let elem = d.family().elem();
         let one_block = |mk: &MacroKernel| {
             mk.kc >= k
                 && !kernels::schedule::one_block_suffices(

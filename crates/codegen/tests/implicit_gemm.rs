@@ -101,7 +101,7 @@ fn check_with(
     let candidates = c.candidates(&problem);
     prop_assert_eq!(
         candidates.iter().any(|s| s.operands == Operands::Direct),
-        t.adjacent(),
+        t.adjacent() && !c.family().direct_variants().is_empty(),
         "direct schedules for taps {:?}",
         problem.a
     );
@@ -264,6 +264,59 @@ fn implicit_gemm_matches_the_convolution() {
     }
 }
 
+/// The bf16 family's AMX tiles alone on the same convolutions (their A, an
+/// f32 image's taps, packed a row at a time into bf16 pairs): the images'
+/// eighths and the weights' sixteenths are exact in bf16, so the products
+/// are the f32 convolution's within its tolerance.
+#[test]
+fn amx_bf16_implicit_gemm_matches_the_convolution() {
+    if !kernels::testing::amx() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("anyshape-implicit-amx-{}", std::process::id()));
+    let pool = ThreadPool::new(2);
+    let amx: Vec<tune::categorize::KernelId> = kernels::AMX_TILES
+        .iter()
+        .map(|&(mr, nr)| tune::categorize::KernelId { direct: false, mr, nr })
+        .collect();
+    for t in targets().into_iter().filter(|t| t.isa.amx_bf16) {
+        for (generated, epilogue) in [(true, EPILOGUE), (false, Epilogue::default())] {
+            let c = Contraction::builder(&t, &pool)
+                .cache(Some(&dir))
+                .elem(kernels::ElemType::Bf16)
+                .keep(Some(&amx))
+                .generated_packing(generated)
+                .epilogue(epilogue)
+                .build()
+                .expect("compile");
+            assert!(c.kernels().iter().all(|k| k.kernel().amx), "AMX kernels only");
+            let fixed = [
+                ((1, 7, 7, 16), (3, 3, 1, 1, 1, 1), 0, 8),
+                ((2, 5, 6, 17), (3, 3, 2, 1, 1, 0), 3, 5),
+                ((1, 9, 9, 32), (1, 1, 2, 1, 0, 0), 0, 33),
+                ((2, 13, 13, 3), (7, 7, 2, 1, 3, 2), 0, 16),
+                ((1, 20, 23, 16), (3, 3, 1, 1, 1, 1), 0, 33),
+                ((1, 5, 6, 160), (3, 3, 1, 1, 1, 1), 0, 35),
+            ];
+            for (img, conv, gap, k) in fixed {
+                check(&c, &pool, geometry(img, conv, gap), k, false)
+                    .unwrap_or_else(|e| panic!("generated packing {generated}: {e}"));
+            }
+            let cases = (
+                (1usize..=2, 1usize..=13, 1usize..=13, 1usize..=40),
+                (1usize..=3, 1usize..=3, 1usize..=2, 1usize..=2, 0usize..=2, 0usize..=2),
+                0usize..=3,
+                1usize..=70,
+            );
+            let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(16));
+            runner
+                .run(&cases, |(img, conv, gap, k)| check(&c, &pool, geometry(img, conv, gap), k, false))
+                .unwrap_or_else(|e| panic!("generated packing {generated}: {e}"));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A convolution's taps over an image of 8-bit codes (`MatRef::taps_of_codes`,
 /// a quantized model's stored activation) by int8 weights, exactly: through
 /// the u8s8 family (words copied as they lie where the image starts a word
@@ -272,7 +325,8 @@ fn implicit_gemm_matches_the_convolution() {
 /// and the portable loops, at ResNet's shapes scaled down (its stem over an
 /// image stored padded: every panel's taps inside) and random geometries
 /// (gaps between pixels, padding, strides, dilations, K blocks starting
-/// inside a kernel row), between canaries.
+/// inside a kernel row), between canaries; the fixed shapes also over the
+/// same integers as an f32 image.
 #[test]
 fn taps_of_codes_match_the_integer_convolution() {
     let dir = std::env::temp_dir().join(format!("anyshape-code-taps-{}", std::process::id()));
@@ -319,10 +373,15 @@ fn taps_of_codes_match_the_integer_convolution() {
                     ((1, 4, 5, 1024), (3, 3, 1, 1, 0, 0), 0, 8),
                 ];
                 for (img, conv, gap, k) in fixed {
-                    for aligned in [true, false] {
+                    // The same integers as an f32 image (packed through the
+                    // family's conversion), then as codes.
+                    check_codes(&c, &pool, geometry(img, conv, gap), k, Image::Floats).unwrap_or_else(|e| {
+                        panic!("{elem} (AMX alone: {}) generated {generated} f32 image: {e}", keep.is_some())
+                    });
+                    for aligned in [Image::Aligned, Image::Unaligned] {
                         check_codes(&c, &pool, geometry(img, conv, gap), k, aligned).unwrap_or_else(|e| {
                             panic!(
-                                "{elem} (AMX alone: {}) generated {generated} aligned {aligned}: {e}",
+                                "{elem} (AMX alone: {}) generated {generated} {aligned:?}: {e}",
                                 keep.is_some()
                             )
                         });
@@ -337,7 +396,8 @@ fn taps_of_codes_match_the_integer_convolution() {
                 let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(24));
                 runner
                     .run(&cases, |(img, conv, gap, k)| {
-                        check_codes(&c, &pool, geometry(img, conv, gap), k, k % 2 == 0)
+                        let image = [Image::Unaligned, Image::Aligned][k % 2];
+                        check_codes(&c, &pool, geometry(img, conv, gap), k, image)
                     })
                     .unwrap_or_else(|e| {
                         panic!("{elem} (AMX alone: {}) generated {generated}: {e}", keep.is_some())
@@ -348,17 +408,28 @@ fn taps_of_codes_match_the_integer_convolution() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// One convolution over codes at `t` with `k` outputs, weights packed and
-/// not, against the exact integer convolution; the image starting on a
-/// 4-byte boundary (`aligned`: the u8s8 family then copies its words) or one
-/// past it (byte by byte).
+/// How [`check_codes`] stores its image of 8-bit integers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Image {
+    /// Codes starting on a 4-byte boundary (the u8s8 family copies words).
+    Aligned,
+    /// Codes one past it (byte by byte).
+    Unaligned,
+    /// The same integers as f32 values.
+    Floats,
+}
+
+/// One convolution over 8-bit integers at `t` with `k` outputs, weights
+/// packed and not, against the exact integer convolution; the image stored
+/// as `image` says.
 fn check_codes(
     c: &Contraction,
     pool: &ThreadPool,
     t: ConvTaps,
     k: usize,
-    aligned: bool,
+    image: Image,
 ) -> Result<(), TestCaseError> {
+    let aligned = image == Image::Aligned;
     let [sn, sy, sx] = t.strides;
     let len = (t.batch - 1) * sn + (t.height - 1) * sy + (t.width - 1) * sx + t.channels;
     // Canary bytes around the image and in the gaps between pixels.
@@ -378,7 +449,11 @@ fn check_codes(
     let (rows, depth) = t.dims().unwrap();
     let w: Vec<f32> = (0..depth * k).map(|i| ((i * 113 % 256) as f32) - 128.0).collect();
     let fail = |e: kernels::KernelError| TestCaseError::fail(e.to_string());
-    let a = MatRef::taps_of_codes(&img[base..base + len], t).map_err(fail)?;
+    let floats: Vec<f32> = img[base..base + len].iter().map(|&v| f32::from(v)).collect();
+    let a = match image {
+        Image::Floats => MatRef::taps(&floats, t).map_err(fail)?,
+        _ => MatRef::taps_of_codes(&img[base..base + len], t).map_err(fail)?,
+    };
     let bm = MatRef::row_major(&w, depth, k).unwrap();
     let packed = c.pack_weight(bm, &[rows]).map_err(fail)?;
     for b in [BOperand::Plain(bm), BOperand::Packed(&packed)] {

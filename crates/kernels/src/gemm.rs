@@ -42,6 +42,18 @@ pub struct MicroKernel {
     pub amx: bool,
 }
 
+impl MicroKernel {
+    /// The height of the A panels its generated packers write: an AMX
+    /// kernel's A is packed a row at a time ([`crate::pack::pack_a_rows`]).
+    pub fn a_width(&self) -> usize {
+        if self.amx {
+            1
+        } else {
+            self.mr
+        }
+    }
+}
+
 /// The data an epilogue reads: column scales and a bias of `n` values each, a
 /// row-major residual `m × n`; for a batch, `residuals` gives each entry its own
 /// residual instead (a convolution's shortcut over a batch of images).
@@ -1014,10 +1026,10 @@ pub(crate) fn check_packed(p: &PackedPlan) -> Result<(usize, usize, Epilogue, El
             uk.mr, uk.nr
         )));
     }
-    uk.packers.check(uk.elem, Some(uk.mr), uk.nr)?;
+    uk.packers.check(uk.elem, Some(uk.a_width()), uk.nr)?;
     if let Some(s) = p.cover {
         check_cover(uk, s)?;
-        s.packers.check(s.elem, Some(s.mr), s.nr)?;
+        s.packers.check(s.elem, Some(s.a_width()), s.nr)?;
     }
     Ok((uk.mr, uk.nr, uk.epilogue, uk.elem))
 }
@@ -1390,7 +1402,17 @@ fn band(
         // AMX kernels read A's panels row by row: a row-major A or taps is
         // packed so in runs, anything else packed as usual and laid out again.
         let ap: &[u32] = match kern.amx {
-            true if crate::pack::pack_a_rows(a, (ic, mc, pc, kc), kern.mr, uk.elem, a_rows) => a_rows,
+            true if crate::pack::pack_a_rows(
+                a,
+                (ic, mc, pc, kc),
+                kern.mr,
+                uk.elem,
+                a_rows,
+                &kern.packers,
+            ) =>
+            {
+                a_rows
+            }
             true => {
                 pack_a(a, ic, mc, pc, kc, kern.mr, uk.elem, ap, &kern.packers);
                 crate::pack::panels_by_rows(ap, kw, kern.mr, a_rows);

@@ -254,74 +254,71 @@ pub fn panels_by_rows(panels: &[u32], kw: usize, mr: usize, out: &mut Lines<u32>
 
 /// [`pack_a`] for AMX kernels, which load A's `mr`-row panels row by row
 /// (as [`panels_by_rows`] lays out [`pack_a`]'s panels): rows `i0..i0+m`,
-/// depths `p0..p0+kc` of a row-major A or a convolution's taps, each row's
-/// elements in runs (codes copied, f32 values converted as [`pack_a`] does:
-/// u8s8's low byte, bf16 rounded), zeros in the padding, past `kc` in a row's
-/// last word and in the rows past `m`. False, writing nothing, for another A
-/// (transposed, strided) or element type.
+/// depths `p0..p0+kc` of a row-major A or a convolution's taps, zeros in the
+/// padding, past `kc` in a row's last word and in the rows past `m`. Codes are
+/// copied in runs; f32 values go through `packers`' routines one row wide
+/// where it has them (as [`pack_a`] converts them: u8s8's low byte, bf16
+/// rounded), else through runs converted here. False, writing nothing, for
+/// another A (transposed, strided) or element type.
 pub fn pack_a_rows(
     a: &MatRef,
     (i0, m, p0, kc): (usize, usize, usize, usize),
     mr: usize,
     elem: ElemType,
     out: &mut Lines<u32>,
+    packers: &Packers,
 ) -> bool {
     let taps = match a.taps {
         Some((t, false)) => Some(t),
         None if a.cs == 1 => None,
         _ => return false,
     };
-    if mr == 0 {
+    if mr == 0
+        || !matches!(elem, ElemType::U8S8 | ElemType::Bf16)
+        || (a.codes.is_some() && elem != ElemType::U8S8)
+    {
         return false;
     }
     let kw = elem.words(kc);
     let len = m.div_ceil(mr) * mr * kw;
+    let g = elem.k_group();
+    let one_row = |p: Option<(usize, ElemType)>| p == Some((1, elem));
+    let generated = a.codes.is_none()
+        && match taps {
+            Some(t) => {
+                one_row(packers.a_rows.map(|p| (p.width, p.elem)))
+                    && t.channels.is_multiple_of(g)
+                    && p0.is_multiple_of(g)
+            }
+            None => one_row(packers.a.map(|p| (p.width, p.elem))),
+        };
+    if generated {
+        // Panels one row high are rows; the rows past `m` are zeros.
+        pack_a(a, i0, m, p0, kc, 1, elem, out, packers);
+        out.resize(len);
+        return true;
+    }
+    out.resize(len);
     // Element `k` of a row is at `k` of the row's `kw` words viewed as `T`s:
     // the first depth of a word in its low bits, as packed words hold them on
     // this little-endian target.
+    let range = (i0, m, p0, kc);
     match (elem, a.codes) {
         (ElemType::U8S8, Some(codes)) => {
-            out.resize(len);
-            rows_of(
-                codes,
-                taps,
-                a.rs,
-                (i0, m, p0, kc),
-                kw * 4,
-                bytemuck::cast_slice_mut(&mut out[..]),
-                |s, d| d.copy_from_slice(s),
-            );
+            rows_of(codes, taps, a.rs, range, kw * 4, bytemuck::cast_slice_mut(&mut out[..]), |s, d| {
+                d.copy_from_slice(s)
+            })
         }
         (ElemType::U8S8, None) => {
-            out.resize(len);
             let low_byte =
                 |s: &[f32], d: &mut [u8]| d.iter_mut().zip(s).for_each(|(d, v)| *d = *v as i32 as u8);
-            rows_of(
-                a.data,
-                taps,
-                a.rs,
-                (i0, m, p0, kc),
-                kw * 4,
-                bytemuck::cast_slice_mut(&mut out[..]),
-                low_byte,
-            );
+            rows_of(a.data, taps, a.rs, range, kw * 4, bytemuck::cast_slice_mut(&mut out[..]), low_byte)
         }
-        (ElemType::Bf16, None) => {
-            out.resize(len);
-            let bf16 = |s: &[f32], d: &mut [u16]| {
-                d.iter_mut().zip(s).for_each(|(d, v)| *d = ElemType::Bf16.half_bits(*v))
-            };
-            rows_of(
-                a.data,
-                taps,
-                a.rs,
-                (i0, m, p0, kc),
-                kw * 2,
-                bytemuck::cast_slice_mut(&mut out[..]),
-                bf16,
-            );
+        _ => {
+            let bf16 =
+                |s: &[f32], d: &mut [u16]| d.iter_mut().zip(s).for_each(|(d, v)| *d = elem.half_bits(*v));
+            rows_of(a.data, taps, a.rs, range, kw * 2, bytemuck::cast_slice_mut(&mut out[..]), bf16)
         }
-        _ => return false,
     }
     true
 }
@@ -537,7 +534,7 @@ mod tests {
         panels_by_rows(&packed, elem.words(kc), mr, &mut by_rows);
         direct.resize(by_rows.len() + 7);
         direct.iter_mut().for_each(|w| *w = 0xdead_beef);
-        assert!(pack_a_rows(a, (i0, m, p0, kc), mr, elem, &mut direct));
+        assert!(pack_a_rows(a, (i0, m, p0, kc), mr, elem, &mut direct, &Packers::default()));
         assert_eq!(&by_rows[..], &direct[..], "{elem}: rows {i0}+{m}, depths {p0}+{kc}, MR {mr}");
     }
 
@@ -551,7 +548,7 @@ mod tests {
             let a = MatRef::of_codes(&codes, rows, cols, cols, 1).unwrap();
             rows_match(&a, (2, m, p0, kc), mr, ElemType::U8S8);
             let mut direct = Lines::default();
-            assert!(pack_a_rows(&a, (2, m, p0, kc), mr, ElemType::U8S8, &mut direct));
+            assert!(pack_a_rows(&a, (2, m, p0, kc), mr, ElemType::U8S8, &mut direct, &Packers::default()));
             assert_eq!(direct[0] & 0xff, u32::from(codes[2 * cols + p0]), "depth 0 in the low byte");
             let values: Vec<f32> = codes.iter().map(|&c| f32::from(c)).collect();
             let a = MatRef::row_major(&values, rows, cols).unwrap();
@@ -559,11 +556,17 @@ mod tests {
             let values: Vec<f32> = (0..rows * cols).map(|i| (i as f32 * 0.37).sin() * 3.1).collect();
             let a = MatRef::row_major(&values, rows, cols).unwrap();
             rows_match(&a, (2, m, p0, kc), mr, ElemType::Bf16);
-            assert!(!pack_a_rows(&a, (2, m, p0, kc), mr, ElemType::F32, &mut direct), "no f32 rows");
+            assert!(
+                !pack_a_rows(&a, (2, m, p0, kc), mr, ElemType::F32, &mut direct, &Packers::default()),
+                "no f32 rows"
+            );
         }
         let f = [0.0f32; 4];
         let a = MatRef::new(&f, 2, 2, 1, 2).unwrap();
-        assert!(!pack_a_rows(&a, (0, 2, 0, 2), 16, ElemType::U8S8, &mut Lines::default()), "transposed A");
+        assert!(
+            !pack_a_rows(&a, (0, 2, 0, 2), 16, ElemType::U8S8, &mut Lines::default(), &Packers::default()),
+            "transposed A"
+        );
     }
 
     #[test]
