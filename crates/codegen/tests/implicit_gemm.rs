@@ -216,6 +216,51 @@ fn geometry(
     }
 }
 
+/// The shapes of ResNet's layers, scaled down, and the edges: `(batch,
+/// height, width, channels), (kh, kw, stride, dilation, pad, end pad), gap
+/// between pixels, outputs`.
+type Shape = ((usize, usize, usize, usize), (usize, usize, usize, usize, usize, usize), usize, usize);
+const SHAPES: [Shape; 10] = [
+    ((1, 7, 7, 16), (3, 3, 1, 1, 1, 1), 0, 8),
+    ((2, 5, 6, 17), (3, 3, 2, 1, 1, 0), 3, 5),
+    ((1, 9, 9, 32), (1, 1, 2, 1, 0, 0), 0, 33),
+    ((1, 1, 1, 3), (3, 3, 1, 1, 1, 1), 1, 1),
+    ((1, 11, 4, 1), (2, 3, 1, 2, 2, 1), 0, 7),
+    // Taps read in place: every pixel an edge (a 7x7 kernel on a 3-wide
+    // image), a stride across an odd width, and ResNet's stem scaled down.
+    ((1, 3, 3, 4), (7, 7, 1, 1, 3, 3), 0, 17),
+    ((1, 6, 11, 8), (3, 3, 2, 1, 1, 1), 0, 40),
+    ((2, 13, 13, 3), (7, 7, 2, 1, 3, 2), 0, 16),
+    ((1, 20, 23, 16), (3, 3, 1, 1, 1, 1), 0, 33),
+    // Kernel rows 3 x 160 deep: blocks of whole rows cut K in several.
+    ((1, 5, 6, 160), (3, 3, 1, 1, 1, 1), 0, 35),
+];
+
+/// [`check`] at each of `fixed` (every candidate schedule when `all`), then
+/// at `random` drawn geometries with the dispatcher's schedule.
+fn check_convolutions(
+    c: &Contraction,
+    pool: &ThreadPool,
+    fixed: &[Shape],
+    all: bool,
+    random: u32,
+    what: &str,
+) {
+    for &(img, conv, gap, k) in fixed {
+        check(c, pool, geometry(img, conv, gap), k, all).unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+    let cases = (
+        (1usize..=2, 1usize..=13, 1usize..=13, 1usize..=40),
+        (1usize..=3, 1usize..=3, 1usize..=2, 1usize..=2, 0usize..=2, 0usize..=2),
+        0usize..=3,
+        1usize..=70,
+    );
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(random));
+    runner
+        .run(&cases, |(img, conv, gap, k)| check(c, pool, geometry(img, conv, gap), k, false))
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+}
+
 #[test]
 fn implicit_gemm_matches_the_convolution() {
     let dir = std::env::temp_dir().join(format!("anyshape-implicit-{}", std::process::id()));
@@ -230,36 +275,7 @@ fn implicit_gemm_matches_the_convolution() {
                 .epilogue(epilogue)
                 .build()
                 .expect("compile");
-            // The shapes of ResNet's layers, scaled down, and the edges.
-            let fixed = [
-                ((1, 7, 7, 16), (3, 3, 1, 1, 1, 1), 0, 8),
-                ((2, 5, 6, 17), (3, 3, 2, 1, 1, 0), 3, 5),
-                ((1, 9, 9, 32), (1, 1, 2, 1, 0, 0), 0, 33),
-                ((1, 1, 1, 3), (3, 3, 1, 1, 1, 1), 1, 1),
-                ((1, 11, 4, 1), (2, 3, 1, 2, 2, 1), 0, 7),
-                // Taps read in place: every pixel an edge (a 7x7 kernel on a 3-wide
-                // image), a stride across an odd width, and ResNet's stem scaled down.
-                ((1, 3, 3, 4), (7, 7, 1, 1, 3, 3), 0, 17),
-                ((1, 6, 11, 8), (3, 3, 2, 1, 1, 1), 0, 40),
-                ((2, 13, 13, 3), (7, 7, 2, 1, 3, 2), 0, 16),
-                ((1, 20, 23, 16), (3, 3, 1, 1, 1, 1), 0, 33),
-                // Kernel rows 3 x 160 deep: blocks of whole rows cut K in several.
-                ((1, 5, 6, 160), (3, 3, 1, 1, 1, 1), 0, 35),
-            ];
-            for (img, conv, gap, k) in fixed {
-                check(&c, &pool, geometry(img, conv, gap), k, true)
-                    .unwrap_or_else(|e| panic!("{generated}: {e}"));
-            }
-            let cases = (
-                (1usize..=2, 1usize..=13, 1usize..=13, 1usize..=40),
-                (1usize..=3, 1usize..=3, 1usize..=2, 1usize..=2, 0usize..=2, 0usize..=2),
-                0usize..=3,
-                1usize..=70,
-            );
-            let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(48));
-            runner
-                .run(&cases, |(img, conv, gap, k)| check(&c, &pool, geometry(img, conv, gap), k, false))
-                .unwrap_or_else(|e| panic!("generated packing {generated}: {e}"));
+            check_convolutions(&c, &pool, &SHAPES, true, 48, &format!("generated packing {generated}"));
         }
     }
 }
@@ -290,28 +306,8 @@ fn amx_bf16_implicit_gemm_matches_the_convolution() {
                 .build()
                 .expect("compile");
             assert!(c.kernels().iter().all(|k| k.kernel().amx), "AMX kernels only");
-            let fixed = [
-                ((1, 7, 7, 16), (3, 3, 1, 1, 1, 1), 0, 8),
-                ((2, 5, 6, 17), (3, 3, 2, 1, 1, 0), 3, 5),
-                ((1, 9, 9, 32), (1, 1, 2, 1, 0, 0), 0, 33),
-                ((2, 13, 13, 3), (7, 7, 2, 1, 3, 2), 0, 16),
-                ((1, 20, 23, 16), (3, 3, 1, 1, 1, 1), 0, 33),
-                ((1, 5, 6, 160), (3, 3, 1, 1, 1, 1), 0, 35),
-            ];
-            for (img, conv, gap, k) in fixed {
-                check(&c, &pool, geometry(img, conv, gap), k, false)
-                    .unwrap_or_else(|e| panic!("generated packing {generated}: {e}"));
-            }
-            let cases = (
-                (1usize..=2, 1usize..=13, 1usize..=13, 1usize..=40),
-                (1usize..=3, 1usize..=3, 1usize..=2, 1usize..=2, 0usize..=2, 0usize..=2),
-                0usize..=3,
-                1usize..=70,
-            );
-            let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(16));
-            runner
-                .run(&cases, |(img, conv, gap, k)| check(&c, &pool, geometry(img, conv, gap), k, false))
-                .unwrap_or_else(|e| panic!("generated packing {generated}: {e}"));
+            let what = format!("bf16 AMX, generated packing {generated}");
+            check_convolutions(&c, &pool, &SHAPES, false, 16, &what);
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
