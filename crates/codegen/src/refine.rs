@@ -236,12 +236,14 @@ fn measure(
             .map(|s| (d.model().cost(d.machine(), d.family(), &p, &s), s))
             .collect();
         ranked.sort_by(|x, y| x.0.total_cmp(&y.0));
-        let model = match a_codes {
-            true => ranked
-                .first()
-                .map(|r| r.1)
-                .ok_or_else(|| kerr(KernelError::Shape(format!("no packed schedule for {p:?}"))))?,
-            false => d.choose(&p).map_err(kerr)?,
+        let model = match (a_codes, ranked.first()) {
+            (false, _) => d.choose(&p).map_err(kerr)?,
+            (true, Some(r)) => r.1,
+            // Nothing to measure: the model picks at run time.
+            (true, None) => {
+                table.push(TunedRow { m, pick: None });
+                continue;
+            }
         };
         let mut tried: Vec<(MacroKernel, Schedule)> = vec![(MacroKernel::pinned(&model), model)];
         for (_, s) in &ranked {
