@@ -281,16 +281,10 @@ pub fn pack_a_rows(
     }
     let kw = elem.words(kc);
     let len = m.div_ceil(mr) * mr * kw;
-    let g = elem.k_group();
-    let one_row = |p: Option<(usize, ElemType)>| p == Some((1, elem));
     let generated = a.codes.is_none()
         && match taps {
-            Some(t) => {
-                one_row(packers.a_rows.map(|p| (p.width, p.elem)))
-                    && t.channels.is_multiple_of(g)
-                    && p0.is_multiple_of(g)
-            }
-            None => one_row(packers.a.map(|p| (p.width, p.elem))),
+            Some(t) => packers.a_rows.is_some_and(|p| p.fits(&t, p0, 1, elem)),
+            None => packers.a.is_some_and(|p| (p.width, p.elem) == (1, elem)),
         };
     if generated {
         // Panels one row high are rows; the rows past `m` are zeros.

@@ -221,6 +221,21 @@ pub struct RowsPacker {
     pub func: RowsPackFn,
 }
 
+impl RowsPacker {
+    /// Whether [`pack_taps`] packs depths from `p0` of taps `t` into `mr`-row
+    /// panels of `elem` with this routine (else the portable loop): its width
+    /// and type, and runs of channels that start a word (a bf16 pair never
+    /// spans two taps).
+    pub(crate) fn fits(&self, t: &ConvTaps, p0: usize, mr: usize, elem: crate::ElemType) -> bool {
+        let g = elem.k_group();
+        self.width == mr
+            && self.elem == elem
+            && mr <= MAX_ROWS
+            && t.channels.is_multiple_of(g)
+            && p0.is_multiple_of(g)
+    }
+}
+
 /// The widest panel the indirection is built for (a register tile is at most 16 high).
 const MAX_ROWS: usize = 32;
 
@@ -245,14 +260,7 @@ pub(crate) fn pack_taps(
     let size = elem.words(kc) * mr;
     out.resize(panels * size);
     let g = elem.k_group();
-    // A run of channels must start a word (a bf16 pair never spans two taps).
-    let gen = gen.filter(|p| {
-        p.width == mr
-            && p.elem == elem
-            && mr <= MAX_ROWS
-            && t.channels.is_multiple_of(g)
-            && p0.is_multiple_of(g)
-    });
+    let gen = gen.filter(|p| p.fits(t, p0, mr, elem));
     match gen {
         Some(gen) => pack_generated(data, t, i0, m, (p0, kc), (mr, size), g, out, gen),
         None => {
