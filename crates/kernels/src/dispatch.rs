@@ -403,24 +403,23 @@ impl Dispatcher {
         if let Some(l) = tuned.filter(|l| whole || !deeper_than_l1(l)) {
             return Ok(l);
         }
-        let mut best: Option<(f64, usize, usize)> = None;
+        // Each width's model costs per row count (relative: per flop) in its best depth.
+        let mut widths: Vec<(usize, usize, Vec<f64>)> = Vec::new();
         let elem = self.family.elem();
         for nr in self.family.widths() {
             let Some(kc) = self.l1_depth(nr) else { continue };
-            // The model's cost of each row count in `depth`-deep blocks.
             let costs = |depth: usize| -> Result<Vec<f64>, KernelError> {
                 let layout = BLayout::Packed { nr, kc: depth };
                 rows.iter()
                     .map(|&m| {
                         let p = Problem { batch: 1, m: m.max(1), n, k, a: ALayout::RowMajor, b: layout };
                         let s = self.choose(&p)?;
-                        // Relative cost: each row count weighs the same whatever its size.
                         Ok(self.model.cost(&self.machine, &self.family, &p, &s) / p.flops().max(1.0))
                     })
                     .collect()
             };
             let l1 = costs(kc)?;
-            let mut pick = (l1.iter().sum::<f64>(), kc);
+            let mut pick = (l1.clone(), kc);
             // Packed whole, where its panels are shallow enough
             // ([`crate::schedule::whole_depth`]), a call may run in either
             // depth: taken where its one block gains at some row count
@@ -430,11 +429,25 @@ impl Dispatcher {
             if let Some(depth) = whole_depth {
                 let whole = costs(depth)?;
                 if whole.iter().zip(&l1).any(|(w, b)| *w <= (1.0 - WHOLE_GAIN) * b) {
-                    pick = (whole.iter().sum(), depth);
+                    pick = (whole, depth);
                 }
             }
-            if best.is_none_or(|(t, _, _)| pick.0 < t) {
-                best = Some((pick.0, nr, pick.1));
+            widths.push((nr, pick.1, pick.0));
+        }
+        // The width whose costs are closest to each row count's best: the sum of
+        // the ratios, so that every row count weighs the same. (A sum of costs per
+        // flop would let the few-row counts, the dearest per flop, decide alone: a
+        // wide vector tile that wins by 1.7x at one row would beat a matrix-unit
+        // tile 2.4x faster at every count from 64 rows.)
+        let least = |i: usize| widths.iter().map(|w| w.2[i]).fold(f64::INFINITY, f64::min);
+        let regret = |costs: &[f64]| -> f64 {
+            costs.iter().enumerate().map(|(i, c)| c / least(i).max(f64::MIN_POSITIVE)).sum()
+        };
+        let mut best: Option<(f64, usize, usize)> = None;
+        for (nr, kc, costs) in &widths {
+            let r = regret(costs);
+            if best.is_none_or(|(t, _, _)| r < t) {
+                best = Some((r, *nr, *kc));
             }
         }
         let (_, nr, kc) = best.ok_or_else(|| KernelError::Shape("an empty kernel family".into()))?;

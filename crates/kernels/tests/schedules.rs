@@ -437,3 +437,53 @@ fn a_weight_whose_c_outgrows_the_caches_is_packed_whole() {
     }
     assert!(depths.contains(&k) && depths.iter().any(|&d| d < k), "{depths:?}");
 }
+
+/// A weight's tile width is the one closest to each row count's best, every
+/// row count weighing the same: a width whose one-row tile is 1.7x faster does
+/// not win over one whose tall tile is 1.5x faster at every larger count (as a
+/// vector tile against AMX tiles: a sum of costs per flop let the one-row
+/// count, the dearest per flop, decide).
+#[test]
+fn a_weight_takes_the_width_nearest_the_best_at_each_row_count() {
+    use anyshape_kernels::{KernelFamily, KernelVariant, MicroKernel};
+    rust_kernel!(t1x4, 1, 4);
+    rust_kernel!(t5x4, 5, 4);
+    rust_kernel!(t1x8, 1, 8);
+    rust_kernel!(t3x8, 3, 8);
+    let v = |mr, nr, func, gflops| KernelVariant {
+        kernel: MicroKernel {
+            mr,
+            nr,
+            elem: Default::default(),
+            func,
+            epilogue: Default::default(),
+            packers: Default::default(),
+            amx: false,
+        },
+        gflops,
+    };
+    let family = KernelFamily::new(vec![
+        v(1, 4, t1x4 as anyshape_kernels::MicroKernelFn, 10.0),
+        v(5, 4, t5x4, 60.0),
+        v(1, 8, t1x8, 17.0),
+        v(3, 8, t3x8, 40.0),
+    ])
+    .unwrap();
+    let d =
+        Dispatcher::new(common::small_target(), family, common::fixed_machine(1), CostModel::Hierarchical);
+    let (k, n) = (64, 64);
+    let rows = [1, 64, 512, 4096];
+    let cost = |m: usize, nr: usize| {
+        let layout = BLayout::Packed { nr, kc: k };
+        let p = Problem { batch: 1, m, n, k, a: ALayout::RowMajor, b: layout };
+        let s = d.choose(&p).unwrap();
+        CostModel::Hierarchical.cost(d.machine(), d.family(), &p, &s)
+    };
+    // The premise: width 8 wins at one row only.
+    assert!(cost(1, 8) < cost(1, 4), "one row: {} against {}", cost(1, 8), cost(1, 4));
+    for m in &rows[1..] {
+        assert!(cost(*m, 4) < cost(*m, 8), "{m} rows: {} against {}", cost(*m, 4), cost(*m, 8));
+    }
+    let BLayout::Packed { nr, .. } = d.weight_layout(k, n, &rows).unwrap() else { panic!("not packed") };
+    assert_eq!(nr, 4);
+}
