@@ -299,9 +299,7 @@ pub fn pack_a_rows(
     let range = (i0, m, p0, kc);
     match (elem, a.codes) {
         (ElemType::U8S8, Some(codes)) => {
-            rows_of(codes, taps, a.rs, range, kw * 4, bytemuck::cast_slice_mut(&mut out[..]), |s, d| {
-                d.copy_from_slice(s)
-            })
+            rows_of(codes, taps, a.rs, range, kw * 4, bytemuck::cast_slice_mut(&mut out[..]), copy_codes)
         }
         (ElemType::U8S8, None) => {
             let low_byte =
@@ -331,19 +329,44 @@ fn rows_of<S: Copy, T: Copy + Default>(
 ) {
     let (filled, rest) = out.split_at_mut(m * row_len);
     rest.fill(T::default());
-    for (r, row) in filled.chunks_exact_mut(row_len).enumerate() {
+    for row in filled.chunks_exact_mut(row_len) {
         row[kc..].fill(T::default());
-        let row = &mut row[..kc];
-        match &taps {
-            Some(t) => t.runs(i0 + r, p0, kc, |dst, at| match at {
+    }
+    match &taps {
+        Some(t) => t.rows_runs(i0, m, p0, kc, |r, dst, at| {
+            let row = &mut filled[r * row_len..r * row_len + kc];
+            match at {
                 Some(s) => copy(&src[s..s + dst.len()], &mut row[dst]),
                 None => row[dst].fill(T::default()),
-            }),
-            None => {
+            }
+        }),
+        None => {
+            for (r, row) in filled.chunks_exact_mut(row_len).enumerate() {
                 let start = (i0 + r) * rs + p0;
-                copy(&src[start..start + kc], row);
+                copy(&src[start..start + kc], &mut row[..kc]);
             }
         }
+    }
+}
+
+/// `d = s` for the short runs of codes a convolution's rows are made of: in
+/// 16-, 8- and 4-byte pieces (the last overlapping the one before), where a
+/// `memcpy` call would cost more than the copy.
+fn copy_codes(s: &[u8], d: &mut [u8]) {
+    fn pieces<const W: usize>(s: &[u8], d: &mut [u8]) {
+        let n = d.len();
+        let mut i = 0;
+        while i + W < n {
+            d[i..i + W].copy_from_slice(&s[i..i + W]);
+            i += W;
+        }
+        d[n - W..].copy_from_slice(&s[n - W..n]);
+    }
+    match d.len() {
+        n if n >= 16 => pieces::<16>(s, d),
+        n if n >= 8 => pieces::<8>(s, d),
+        n if n >= 4 => pieces::<4>(s, d),
+        _ => d.copy_from_slice(s),
     }
 }
 
@@ -567,12 +590,17 @@ mod tests {
     fn rows_of_taps_lay_out_what_packing_then_by_rows_does() {
         use crate::taps::ConvTaps;
         // Channels of 3 and 4 (runs shorter than a word, and whole words), strides,
-        // dilation, padding on both sides; depth blocks that start mid-tap.
+        // dilation, padding on both sides; depth blocks that start mid-tap; rows
+        // at the border and inside.
         let cases = [
             (7, 9, 3, [3, 3], [1, 1], [1, 1], [1, 1], (0, 27)),
             (11, 6, 4, [7, 7], [2, 2], [1, 1], [3, 3], (4, 67)),
             (5, 5, 64, [3, 3], [1, 1], [2, 1], [2, 1], (64, 320)),
             (6, 8, 5, [1, 3], [1, 2], [1, 1], [0, 1], (2, 13)),
+            // Pixels whose taps all lie inside (their runs found once): a stem's
+            // 7×7 over 4 channels, taps a column apart (dilated: not adjacent).
+            (20, 19, 4, [7, 7], [2, 2], [1, 1], [3, 3], (0, 196)),
+            (9, 10, 4, [3, 3], [1, 1], [1, 2], [1, 2], (8, 28)),
         ];
         for (h, w, ch, kernel, stride, dilation, pad, (p0, kc)) in cases {
             let out = [0, 1].map(|d| {

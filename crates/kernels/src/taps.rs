@@ -178,6 +178,50 @@ impl ConvTaps {
         }
     }
 
+    /// Rows `i0..i0+m`, depths `p0..p0+kc`, as runs: `run(row - i0, depths - p0,
+    /// image index)` as [`ConvTaps::runs`] gives them, row after row. The runs
+    /// of a pixel whose taps all lie inside the image are found once (they
+    /// stand at the same distances from its tap `(0, 0)` for every such pixel),
+    /// so most rows cost no division.
+    pub(crate) fn rows_runs(
+        &self,
+        i0: usize,
+        m: usize,
+        p0: usize,
+        kc: usize,
+        mut run: impl FnMut(usize, std::ops::Range<usize>, Option<usize>),
+    ) {
+        let (c, kwidth) = (self.channels, self.kernel[1]);
+        let [sn, sy, sx] = self.strides;
+        // An interior pixel's runs: adjacent taps of a kernel row merged.
+        let mut inner = Vec::new();
+        let mut k = p0;
+        while k < p0 + kc {
+            let (tap, c0) = (k / c, k % c);
+            let (i, j) = (tap / kwidth, tap % kwidth);
+            let whole = if self.adjacent() { (kwidth - j) * c } else { c };
+            let len = (whole - c0).min(p0 + kc - k);
+            inner.push((k - p0..k - p0 + len, i * self.dilation[0] * sy + j * self.dilation[1] * sx + c0));
+            k += len;
+        }
+        let ((ylo, yhi), (xlo, xhi)) = (self.interior_along(0), self.interior_along(1));
+        let mut px = self.pixel(i0);
+        for r in 0..m {
+            if (ylo..yhi).contains(&px.y) && (xlo..xhi).contains(&px.x) {
+                // Inside along both axes: its tap (0, 0) is in the image.
+                let origin = px.b * sn
+                    + (px.y * self.stride[0] - self.pad[0]) * sy
+                    + (px.x * self.stride[1] - self.pad[1]) * sx;
+                for (dst, shift) in &inner {
+                    run(r, dst.clone(), Some(origin + shift));
+                }
+            } else {
+                self.runs(i0 + r, p0, kc, |dst, at| run(r, dst, at));
+            }
+            px = px.next(self);
+        }
+    }
+
     /// These taps counted in 4-byte words of an image of codes (channels and
     /// strides multiples of 4), when they are.
     pub(crate) fn in_words(&self) -> Option<ConvTaps> {
