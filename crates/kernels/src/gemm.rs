@@ -1399,12 +1399,17 @@ fn band(
         };
         let last = pc + kc == k && !uk.epilogue.is_identity();
         let flags = if pc > 0 { ACCUMULATE } else { 0 } | if last { APPLY_EPILOGUE } else { 0 };
-        // AMX kernels read A's panels row by row: a row-major A or taps is
-        // packed so in runs, anything else packed as usual and laid out again.
+        let (mr, full) = (kern.mr, mc / kern.mr);
+        // AMX kernels read A's panels row by row, `kc` bytes of codes apart: a
+        // row-major A of codes whose rows lie so (one whole K block of whole
+        // words) is read in place, its full tiles at least (the rows past the
+        // last one are packed: a tile reads all of its rows).
+        let in_place = amx_rows_in_place(a, kern, (ic, pc, kc));
+        let packed_from = if in_place.is_some() { full * mr } else { 0 };
         let ap: &[u32] = match kern.amx {
             true if crate::pack::pack_a_rows(
                 a,
-                (ic, mc, pc, kc),
+                (ic + packed_from, mc - packed_from, pc, kc),
                 kern.mr,
                 uk.elem,
                 a_rows,
@@ -1414,7 +1419,8 @@ fn band(
                 a_rows
             }
             true => {
-                pack_a(a, ic, mc, pc, kc, kern.mr, uk.elem, ap, &kern.packers);
+                let rows = (ic + packed_from, mc - packed_from);
+                pack_a(a, rows.0, rows.1, pc, kc, kern.mr, uk.elem, ap, &kern.packers);
                 crate::pack::panels_by_rows(ap, kw, kern.mr, a_rows);
                 a_rows
             }
@@ -1423,8 +1429,15 @@ fn band(
                 ap
             }
         };
-        let (mr, nr) = (kern.mr, uk.nr);
-        let (tile_words, full) = (kw * mr, mc / mr);
+        let nr = uk.nr;
+        let tile_words = kw * mr;
+        // Tile `ir`'s A: in place, or in the packed panels (from `packed_from`).
+        let a_tile = |ir: usize| -> *const u32 {
+            match in_place {
+                Some(at) if ir < full => at.wrapping_add(ir * tile_words),
+                _ => ap[(ir * mr - packed_from) / mr * tile_words..].as_ptr(),
+            }
+        };
         for jr in cols.clone() {
             let nv = nr.min(n - jr * nr);
             let jp = jr - first_panel;
@@ -1502,13 +1515,15 @@ fn band(
                     // SAFETY: the tiles (rows ic..ic+full·MR, columns col..col+NR) are inside
                     // C (checked shapes: full row tiles, a full panel) and this thread's
                     // alone (disjoint entries, rows or panels); the A panels are the first
-                    // `full` of the packed block; the residual's rows are C's (checked), null
+                    // `full` of the packed block, or A's rows in place (`amx_rows_in_place`:
+                    // `full · MR` rows of `kc` bytes from row `ic`, inside A's codes); the
+                    // residual's rows are C's (checked), null
                     // when absent (never read then); `next` is B's next panel (of this K
                     // block or the next one), or null: only asked for, never read.
                     unsafe {
                         (kern.func)(
                             kc as i64,
-                            ap.as_ptr(),
+                            a_tile(0),
                             bpanel,
                             c_at(ic, col),
                             ldc as i64,
@@ -1530,11 +1545,11 @@ fn band(
             // Edge tiles (a short row tile, or a narrow last panel) go through `scratch`.
             for ir in first_edge..mc.div_ceil(mr) {
                 let mv = mr.min(mc - ir * mr);
-                let apanel = &ap[ir * tile_words..(ir + 1) * tile_words];
                 let row = ic + ir * mr;
                 // SAFETY: rows row..row+mv and columns col..col+nv are inside C (checked
                 // shapes) and this thread's alone; the kernel writes only `scratch`
-                // (MR × NR), and exactly the tile's part of it is copied in and out.
+                // (MR × NR), and exactly the tile's part of it is copied in and out; its A
+                // is a whole tile's (`a_tile`: a full one in place, else a packed panel).
                 // Codes are written, never read (no K block adds to them), a byte each.
                 unsafe {
                     let tile = c_at(row, col);
@@ -1552,7 +1567,7 @@ fn band(
                     }
                     (kern.func)(
                         kc as i64,
-                        apanel.as_ptr(),
+                        a_tile(ir),
                         bpanel,
                         scratch.as_mut_ptr(),
                         nr as i64,
@@ -1583,6 +1598,27 @@ fn band(
             }
         }
     }
+}
+
+/// Where an AMX kernel reads the rows of A from `ic` on in place: a row-major
+/// A of codes (one K block from depth 0, whole words) whose rows lie `kc` bytes
+/// apart as the kernel reads its panels' rows (`[MR][words]`, a tile after
+/// the other), 4-byte aligned.
+fn amx_rows_in_place(
+    a: &MatRef,
+    kern: &MicroKernel,
+    (ic, pc, kc): (usize, usize, usize),
+) -> Option<*const u32> {
+    let codes = a.codes?;
+    let fits = kern.amx
+        && kern.elem == ElemType::U8S8
+        && a.taps.is_none()
+        && a.cs == 1
+        && a.rs == kc
+        && pc == 0
+        && kc.is_multiple_of(4)
+        && (codes.as_ptr() as usize).is_multiple_of(4);
+    fits.then(|| codes[(ic * a.rs).min(codes.len())..].as_ptr().cast())
 }
 
 #[cfg(test)]
