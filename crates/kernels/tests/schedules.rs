@@ -445,24 +445,12 @@ fn a_weight_whose_c_outgrows_the_caches_is_packed_whole() {
 /// count, the dearest per flop, decide).
 #[test]
 fn a_weight_takes_the_width_nearest_the_best_at_each_row_count() {
-    use anyshape_kernels::{KernelFamily, KernelVariant, MicroKernel};
     rust_kernel!(t1x4, 1, 4);
     rust_kernel!(t5x4, 5, 4);
     rust_kernel!(t1x8, 1, 8);
     rust_kernel!(t3x8, 3, 8);
-    let v = |mr, nr, func, gflops| KernelVariant {
-        kernel: MicroKernel {
-            mr,
-            nr,
-            elem: Default::default(),
-            func,
-            epilogue: Default::default(),
-            packers: Default::default(),
-            amx: false,
-        },
-        gflops,
-    };
-    let family = KernelFamily::new(vec![
+    let v = common::variant;
+    let family = anyshape_kernels::KernelFamily::new(vec![
         v(1, 4, t1x4 as anyshape_kernels::MicroKernelFn, 10.0),
         v(5, 4, t5x4, 60.0),
         v(1, 8, t1x8, 17.0),

@@ -113,12 +113,16 @@ rust_direct_kernel!(d1x8, 1, 8);
 rust_direct_kernel!(d2x8, 2, 8);
 rust_direct_kernel!(d4x8, 4, 8);
 
-/// Two widths, packed and direct, odd heights; the rates are made up (only the
-/// ranking uses them).
+/// An `mr × nr` f32 kernel `func` of the made-up rate `gflops`.
 #[allow(dead_code)]
-pub fn test_family() -> anyshape_kernels::KernelFamily {
-    use anyshape_kernels::{DirectKernel, DirectVariant, KernelFamily, KernelVariant, MicroKernel};
-    let v = |mr, nr, func, gflops| KernelVariant {
+pub fn variant(
+    mr: usize,
+    nr: usize,
+    func: anyshape_kernels::MicroKernelFn,
+    gflops: f64,
+) -> anyshape_kernels::KernelVariant {
+    use anyshape_kernels::{KernelVariant, MicroKernel};
+    KernelVariant {
         kernel: MicroKernel {
             mr,
             nr,
@@ -129,7 +133,15 @@ pub fn test_family() -> anyshape_kernels::KernelFamily {
             amx: false,
         },
         gflops,
-    };
+    }
+}
+
+/// Two widths, packed and direct, odd heights; the rates are made up (only the
+/// ranking uses them).
+#[allow(dead_code)]
+pub fn test_family() -> anyshape_kernels::KernelFamily {
+    use anyshape_kernels::{DirectKernel, DirectVariant, KernelFamily};
+    let v = variant;
     let d = |mr, nr, func, gflops| DirectVariant {
         kernel: DirectKernel { mr, nr, func, epilogue: Default::default(), packers: Default::default() },
         gflops,
