@@ -249,16 +249,21 @@ fn check_convolutions(
     for &(img, conv, gap, k) in fixed {
         check(c, pool, geometry(img, conv, gap), k, all).unwrap_or_else(|e| panic!("{what}: {e}"));
     }
-    let cases = (
-        (1usize..=2, 1usize..=13, 1usize..=13, 1usize..=40),
-        (1usize..=3, 1usize..=3, 1usize..=2, 1usize..=2, 0usize..=2, 0usize..=2),
-        0usize..=3,
-        1usize..=70,
-    );
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(random));
     runner
-        .run(&cases, |(img, conv, gap, k)| check(c, pool, geometry(img, conv, gap), k, false))
+        .run(&drawn(13, 3), |(img, conv, gap, k)| check(c, pool, geometry(img, conv, gap), k, false))
         .unwrap_or_else(|e| panic!("{what}: {e}"));
+}
+
+/// Drawn geometries as [`SHAPES`] gives them: images of up to `side` pixels a
+/// side, gaps between pixels of up to `gap`.
+fn drawn(side: usize, gap: usize) -> impl Strategy<Value = Shape> {
+    (
+        (1usize..=2, 1usize..=side, 1usize..=side, 1usize..=40),
+        (1usize..=3, 1usize..=3, 1usize..=2, 1usize..=2, 0usize..=2, 0usize..=2),
+        0usize..=gap,
+        1usize..=70,
+    )
 }
 
 #[test]
@@ -383,15 +388,9 @@ fn taps_of_codes_match_the_integer_convolution() {
                         });
                     }
                 }
-                let cases = (
-                    (1usize..=2, 1usize..=11, 1usize..=11, 1usize..=40),
-                    (1usize..=3, 1usize..=3, 1usize..=2, 1usize..=2, 0usize..=2, 0usize..=2),
-                    0usize..=4,
-                    1usize..=70,
-                );
                 let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(24));
                 runner
-                    .run(&cases, |(img, conv, gap, k)| {
+                    .run(&drawn(11, 4), |(img, conv, gap, k)| {
                         let image = [Image::Unaligned, Image::Aligned][k % 2];
                         check_codes(&c, &pool, geometry(img, conv, gap), k, image)
                     })

@@ -1405,7 +1405,8 @@ fn band(
         // words) is read in place, its full tiles at least (the rows past the
         // last one are packed: a tile reads all of its rows).
         let in_place = amx_rows_in_place(a, kern, (ic, pc, kc));
-        let packed_from = if in_place.is_some() { full * mr } else { 0 };
+        let packed_tiles = if in_place.is_some() { full } else { 0 };
+        let packed_from = packed_tiles * mr;
         let ap: &[u32] = match kern.amx {
             true if crate::pack::pack_a_rows(
                 a,
@@ -1431,11 +1432,11 @@ fn band(
         };
         let nr = uk.nr;
         let tile_words = kw * mr;
-        // Tile `ir`'s A: in place, or in the packed panels (from `packed_from`).
+        // Tile `ir`'s A: in place, or in the packed panels (from tile `packed_tiles`).
         let a_tile = |ir: usize| -> *const u32 {
             match in_place {
                 Some(at) if ir < full => at.wrapping_add(ir * tile_words),
-                _ => ap[(ir * mr - packed_from) / mr * tile_words..].as_ptr(),
+                _ => ap[(ir - packed_tiles) * tile_words..].as_ptr(),
             }
         };
         for jr in cols.clone() {

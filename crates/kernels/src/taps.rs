@@ -178,6 +178,30 @@ impl ConvTaps {
         }
     }
 
+    /// Depths `p0..p0+kc` of a pixel whose taps all lie inside the image, as
+    /// runs: `(depths - p0, distance from the pixel's tap (0, 0))`, a kernel
+    /// row's taps one run where they are adjacent. The same for every such pixel.
+    pub(crate) fn interior_runs(
+        &self,
+        p0: usize,
+        kc: usize,
+    ) -> impl Iterator<Item = (std::ops::Range<usize>, usize)> + '_ {
+        let (c, kwidth) = (self.channels, self.kernel[1]);
+        let [_, sy, sx] = self.strides;
+        let mut k = p0;
+        std::iter::from_fn(move || {
+            (k < p0 + kc).then(|| {
+                let (tap, c0) = (k / c, k % c);
+                let (i, j) = (tap / kwidth, tap % kwidth);
+                let whole = if self.adjacent() { (kwidth - j) * c } else { c };
+                let len = (whole - c0).min(p0 + kc - k);
+                let run = (k - p0..k - p0 + len, i * self.dilation[0] * sy + j * self.dilation[1] * sx + c0);
+                k += len;
+                run
+            })
+        })
+    }
+
     /// Rows `i0..i0+m`, depths `p0..p0+kc`, as runs: `run(row - i0, depths - p0,
     /// image index)` as [`ConvTaps::runs`] gives them, row after row. The runs
     /// of a pixel whose taps all lie inside the image are found once (they
@@ -191,19 +215,8 @@ impl ConvTaps {
         kc: usize,
         mut run: impl FnMut(usize, std::ops::Range<usize>, Option<usize>),
     ) {
-        let (c, kwidth) = (self.channels, self.kernel[1]);
         let [sn, sy, sx] = self.strides;
-        // An interior pixel's runs: adjacent taps of a kernel row merged.
-        let mut inner = Vec::new();
-        let mut k = p0;
-        while k < p0 + kc {
-            let (tap, c0) = (k / c, k % c);
-            let (i, j) = (tap / kwidth, tap % kwidth);
-            let whole = if self.adjacent() { (kwidth - j) * c } else { c };
-            let len = (whole - c0).min(p0 + kc - k);
-            inner.push((k - p0..k - p0 + len, i * self.dilation[0] * sy + j * self.dilation[1] * sx + c0));
-            k += len;
-        }
+        let inner: Vec<_> = self.interior_runs(p0, kc).collect();
         let ((ylo, yhi), (xlo, xhi)) = (self.interior_along(0), self.interior_along(1));
         let mut px = self.pixel(i0);
         for r in 0..m {
@@ -379,20 +392,14 @@ fn pack_generated(
         // one run per row, addressed without the checks below.
         let inside = |o: &Origin| o.y >= 0 && o.y + span_y < h && o.x >= 0 && o.x + span_x < w;
         if adjacent && origins[..rows].iter().all(inside) {
-            let mut k = p0;
-            while k < p0 + kc {
-                let (tap, c0) = (k / t.channels, k % t.channels);
-                let (i, j) = (tap / t.kernel[1], tap % t.kernel[1]);
-                let len = ((t.kernel[1] - j) * t.channels - c0).min(p0 + kc - k);
-                let shift = i as isize * dh * sy + j as isize * sx + c0 as isize;
+            for (dst, shift) in t.interior_runs(p0, kc) {
                 for (ptr, o) in ptrs.iter_mut().zip(&origins[..rows]) {
-                    *ptr = data.as_ptr().wrapping_offset(o.offset + shift);
+                    *ptr = data.as_ptr().wrapping_offset(o.offset + shift as isize);
                 }
-                let at = (k - p0) / g * mr;
+                let at = dst.start / g * mr;
                 // SAFETY: as below, with every run inside the image: the row's taps
-                // `j..kw` of kernel row `i` (their pixels checked inside above).
-                unsafe { (gen.func)(ptrs.as_ptr(), len as i64, panel[at..].as_mut_ptr()) };
-                k += len;
+                // `j..kw` of a kernel row (their pixels checked inside above).
+                unsafe { (gen.func)(ptrs.as_ptr(), dst.len() as i64, panel[at..].as_mut_ptr()) };
             }
             continue;
         }
