@@ -222,7 +222,9 @@ pub(crate) fn build_microkernel(
     let steps = bld.build_int_unsigned_div(kw, c_i64(AMX_ROWS), "steps").map_err(llvm)?;
     let k0 = bld.build_int_mul(steps, c_i64(AMX_ROWS), "k.amx").map_err(llvm)?;
     let lda = bld.build_int_mul(kw, c_i64(4), "lda").map_err(llvm)?;
-    let scratch = bld.build_alloca(i32t.array_type((mr * nr) as u32), "sums").map_err(llvm)?;
+    // Two scratch tiles: a tile's sums are read from one while the next tile's
+    // products go to the other.
+    let scratch = bld.build_alloca(i32t.array_type((2 * mr * nr) as u32), "sums").map_err(llvm)?;
     let acc_elem: inkwell::types::BasicTypeEnum<'static> = if integer { i32t.into() } else { f32t.into() };
     scratch.as_instruction().ok_or_else(|| llvm("alloca"))?.set_alignment(64).map_err(llvm)?;
     let more_tiles = bld.build_int_compare(IntPredicate::SGT, tiles, c_i64(1), "tiles.gt1").map_err(llvm)?;
@@ -235,18 +237,40 @@ pub(crate) fn build_microkernel(
         let m = bld.build_and(flags, c_i64(kernels::APPLY_EPILOGUE as usize), "apply").map_err(llvm)?;
         bld.build_int_compare(IntPredicate::NE, m, c_i64(0), "apply").map_err(llvm)?
     };
+    // The first tile's whole steps.
+    let spare = gep(acc_elem, scratch, c_i64(mr * nr))?;
+    bld.build_call(tile_loop, &[a0.into(), lda.into(), b.into(), steps.into(), scratch.into()], "")
+        .map_err(llvm)?;
+    let a_words = bld.build_int_mul(kw, c_i64(mr), "a.step").map_err(llvm)?;
     bld.build_unconditional_branch(tile_head).map_err(llvm)?;
 
-    // tile.head: the tile's A panel, C rows and residual rows; its whole steps.
+    // tile.head: the tile's A panel, C rows and residual rows, the scratch tile
+    // holding its whole steps' sums and the spare one; the next tile's whole
+    // steps first, into the spare tile: the tile unit multiplies them while the
+    // vector units finish this tile (its rows depend on them no more).
     bld.position_at_end(tile_head);
     let t_phi = bld.build_phi(i64t, "t").map_err(llvm)?;
     let a_phi = bld.build_phi(ptr, "a.t").map_err(llvm)?;
     let c_phi = bld.build_phi(ptr, "c.t").map_err(llvm)?;
     let r_phi = bld.build_phi(ptr, "res.t").map_err(llvm)?;
+    let sums_phi = bld.build_phi(ptr, "sums.t").map_err(llvm)?;
+    let spare_phi = bld.build_phi(ptr, "spare.t").map_err(llvm)?;
     let a = a_phi.as_basic_value().into_pointer_value();
     let (c, res) = (c_phi.as_basic_value().into_pointer_value(), r_phi.as_basic_value().into_pointer_value());
-    bld.build_call(tile_loop, &[a.into(), lda.into(), b.into(), steps.into(), scratch.into()], "")
+    let (sums_t, spare_t) =
+        (sums_phi.as_basic_value().into_pointer_value(), spare_phi.as_basic_value().into_pointer_value());
+    let t = t_phi.as_basic_value().into_int_value();
+    let t_next = bld.build_int_add(t, c_i64(1), "t.ahead").map_err(llvm)?;
+    let ahead = bld.build_int_compare(IntPredicate::SLT, t_next, tiles, "ahead").map_err(llvm)?;
+    let (next_tile, rows) = (block("tile.ahead"), block("tile.rows"));
+    bld.build_conditional_branch(ahead, next_tile, rows).map_err(llvm)?;
+    bld.position_at_end(next_tile);
+    // SAFETY (of the IR): tile `t + 1` exists, so its A panel is inside A.
+    let a_next = unsafe { bld.build_gep(f32t, a, &[a_words], "a.ahead") }.map_err(llvm)?;
+    bld.build_call(tile_loop, &[a_next.into(), lda.into(), b.into(), steps.into(), spare_t.into()], "")
         .map_err(llvm)?;
+    bld.build_unconditional_branch(rows).map_err(llvm)?;
+    bld.position_at_end(rows);
     bld.build_unconditional_branch(row_head).map_err(llvm)?;
 
     // row.head: row `i`'s sums from the scratch tile.
@@ -257,7 +281,7 @@ pub(crate) fn build_microkernel(
     let c_off = bld.build_int_mul(i, ldc, "c.row").map_err(llvm)?;
     let c_row = gep(if codes { i8t.into() } else { f32t.into() }, c, c_off)?;
     let r_row = gep(f32t.into(), res, bld.build_int_mul(i, ldr, "r.row").map_err(llvm)?)?;
-    let s_row = gep(acc_elem, scratch, bld.build_int_mul(i, c_i64(nr), "s.row").map_err(llvm)?)?;
+    let s_row = gep(acc_elem, sums_t, bld.build_int_mul(i, c_i64(nr), "s.row").map_err(llvm)?)?;
     let mut start = Vec::with_capacity(nv);
     for v in 0..nv {
         let x = bld.build_load(acc_t, gep(acc_elem, s_row, c_i64(v * w))?, "sum").map_err(llvm)?;
@@ -330,7 +354,10 @@ pub(crate) fn build_microkernel(
     let store = |vals: &[VectorValue<'static>]| -> Result<(), CodegenError> {
         for (v, x) in vals.iter().enumerate() {
             let st = match codes {
-                true => bld.build_store(gep(i8t.into(), c_row, c_i64(v * w))?, code_bytes(ctx, &bld, *x)?),
+                true => bld.build_store(
+                    gep(i8t.into(), c_row, c_i64(v * w))?,
+                    code_bytes(ctx, &bld, *x, epilogue.makes_codes())?,
+                ),
                 false => bld.build_store(gep(f32t.into(), c_row, c_i64(v * w))?, *x),
             }
             .map_err(llvm)?;
@@ -350,26 +377,37 @@ pub(crate) fn build_microkernel(
     // y = act(scale · acc + bias[col] + residual[row, col]): this row's residual.
     bld.position_at_end(epi);
     let vm = vmath::VMath::new(ctx, module, &bld, vt, w, features);
+    let load = |base, idx| -> Result<VectorValue<'static>, CodegenError> {
+        let x = bld.build_load(vt, gep(f32t.into(), base, idx)?, "ep").map_err(llvm)?;
+        set_align(&x, 4);
+        Ok(x.into_vector_value())
+    };
+    let ptrs = (cscale, bias, r_row, ldr, params);
     let mut out = vals.clone();
     for (v, y) in out.iter_mut().enumerate() {
-        let load = |base, idx| -> Result<VectorValue<'static>, CodegenError> {
-            let x = bld.build_load(vt, gep(f32t.into(), base, idx)?, "ep").map_err(llvm)?;
-            set_align(&x, 4);
-            Ok(x.into_vector_value())
-        };
-        *y = vm.epilogue(epilogue, *y, (cscale, bias, r_row, ldr, params), (0, v * w), &load)?;
+        match codes {
+            true => {
+                let bytes = vm.epilogue_codes(epilogue, *y, ptrs, (0, v * w), &load)?;
+                let st = bld.build_store(gep(i8t.into(), c_row, c_i64(v * w))?, bytes).map_err(llvm)?;
+                st.set_alignment(1).map_err(llvm)?;
+            }
+            false => *y = vm.epilogue(epilogue, *y, ptrs, (0, v * w), &load)?,
+        }
     }
-    store(&out)?;
+    if !codes {
+        store(&out)?;
+    }
     bld.build_unconditional_branch(row_latch).map_err(llvm)?;
     bld.position_at_end(row_latch);
     let i_next = bld.build_int_add(i, c_i64(1), "i.next").map_err(llvm)?;
     let more_rows = bld.build_int_compare(IntPredicate::ULT, i_next, c_i64(mr), "more.rows").map_err(llvm)?;
     bld.build_conditional_branch(more_rows, row_head, tile_latch).map_err(llvm)?;
-    i_phi.add_incoming(&[(&c_i64(0), tile_head), (&i_next, row_latch)]);
+    i_phi.add_incoming(&[(&c_i64(0), rows), (&i_next, row_latch)]);
 
     // tile.latch: the next MR rows (A's next panel, C's and the residual's rows).
     bld.position_at_end(tile_latch);
-    let a_words = bld.build_int_mul(kw, c_i64(mr), "a.step").map_err(llvm)?;
+    sums_phi.add_incoming(&[(&scratch, entry), (&spare_t, tile_latch)]);
+    spare_phi.add_incoming(&[(&spare, entry), (&sums_t, tile_latch)]);
     let phis = crate::TilePhis { t: t_phi, a: a_phi, c: c_phi, res: r_phi, first: (a0, c0, r0) };
     let strides = crate::TileStrides { a_words, ldc, ldr, mr, codes, tiles };
     crate::close_tile_loop(ctx, &bld, &phis, &strides, (entry, tile_latch, tile_head, ret))

@@ -758,27 +758,26 @@ fn build_microkernel(
     bld.position_at_end(epi);
     let vm = vmath::VMath::new(ctx, module, &bld, vt, w, features);
     let mut out = vals.clone();
+    let load = |base, idx| -> Result<VectorValue<'static>, CodegenError> {
+        let x = bld.build_load(vt, gep(base, idx, "ep")?, "ep").map_err(llvm)?;
+        set_align(&x, 4);
+        Ok(x.into_vector_value())
+    };
+    let ptrs = (cscale, bias, res, ldr, params);
     for i in 0..mr {
         for v in 0..nv {
-            let load = |base, idx| -> Result<VectorValue<'static>, CodegenError> {
-                let x = bld.build_load(vt, gep(base, idx, "ep")?, "ep").map_err(llvm)?;
-                set_align(&x, 4);
-                Ok(x.into_vector_value())
-            };
-            let y =
-                vm.epilogue(epilogue, out[i * nv + v], (cscale, bias, res, ldr, params), (i, v * w), &load)?;
-            out[i * nv + v] = y;
-        }
-    }
-    if codes {
-        for i in 0..mr {
-            for v in 0..nv {
-                let b = code_bytes(ctx, &bld, out[i * nv + v])?;
-                let st = bld.build_store(c_ptr(i, v)?, b).map_err(llvm)?;
-                st.set_alignment(1).map_err(llvm)?;
+            let y = out[i * nv + v];
+            match codes {
+                true => {
+                    let b = vm.epilogue_codes(epilogue, y, ptrs, (i, v * w), &load)?;
+                    let st = bld.build_store(c_ptr(i, v)?, b).map_err(llvm)?;
+                    st.set_alignment(1).map_err(llvm)?;
+                }
+                false => out[i * nv + v] = vm.epilogue(epilogue, y, ptrs, (i, v * w), &load)?,
             }
         }
-    } else {
+    }
+    if !codes {
         store(&out)?;
     }
     bld.build_unconditional_branch(exit).map_err(llvm)?;
@@ -859,14 +858,16 @@ pub(crate) fn close_tile_loop(
 }
 
 /// The bytes a tile of codes stores for `x`: integers in 0..=255 by the
-/// compiler's bounds, clamped to that range (NaN to 0: a defined byte whatever
-/// the value) by compares and selects, which become `vmaxps`/`vminps`
-/// (`llvm.fptoui.sat` to bytes scalarizes), then truncated (exact) and
-/// narrowed (`vpmovdb`).
+/// compiler's bounds. Unless the epilogue's own last operation made them so
+/// (`in_range`: [`plan::Epilogue::makes_codes`]), clamped to that range (NaN
+/// to 0: a defined byte whatever the value) by compares and selects, which
+/// become `vmaxps`/`vminps` (`llvm.fptoui.sat` to bytes scalarizes); then
+/// truncated (exact) and narrowed (`vpmovdb`).
 pub(crate) fn code_bytes(
     ctx: &'static Context,
     bld: &inkwell::builder::Builder<'static>,
     x: VectorValue<'static>,
+    in_range: bool,
 ) -> Result<VectorValue<'static>, CodegenError> {
     let w = x.get_type().get_size();
     let (it, bt) = (ctx.i32_type().vec_type(w), ctx.i8_type().vec_type(w));
@@ -874,11 +875,16 @@ pub(crate) fn code_bytes(
         let c = ctx.f32_type().const_float(v);
         inkwell::types::VectorType::const_vector(&vec![c; w as usize])
     };
-    let (lo, hi) = (splat(0.0), splat(255.0));
-    let pos = bld.build_float_compare(FloatPredicate::OGT, x, lo, "pos").map_err(llvm)?;
-    let x = bld.build_select(pos, x, lo, "lo").map_err(llvm)?.into_vector_value();
-    let below = bld.build_float_compare(FloatPredicate::OLT, x, hi, "below").map_err(llvm)?;
-    let x = bld.build_select(below, x, hi, "hi").map_err(llvm)?.into_vector_value();
+    let x = match in_range {
+        true => x,
+        false => {
+            let (lo, hi) = (splat(0.0), splat(255.0));
+            let pos = bld.build_float_compare(FloatPredicate::OGT, x, lo, "pos").map_err(llvm)?;
+            let x = bld.build_select(pos, x, lo, "lo").map_err(llvm)?.into_vector_value();
+            let below = bld.build_float_compare(FloatPredicate::OLT, x, hi, "below").map_err(llvm)?;
+            bld.build_select(below, x, hi, "hi").map_err(llvm)?.into_vector_value()
+        }
+    };
     let n = bld.build_float_to_signed_int(x, it, "code").map_err(llvm)?;
     bld.build_int_truncate(n, bt, "byte").map_err(llvm)
 }

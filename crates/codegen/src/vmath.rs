@@ -28,6 +28,9 @@ pub(crate) struct VMath<'b> {
     /// Whether the target scales by powers of two in one instruction at this
     /// width (AVX-512's `vscalefps`), which `exp` then uses.
     scalef: bool,
+    /// Whether the target has AVX-512F (16-lane conversions with their own
+    /// rounding).
+    avx512: bool,
 }
 
 impl<'b> VMath<'b> {
@@ -40,7 +43,8 @@ impl<'b> VMath<'b> {
         lanes: usize,
         features: &str,
     ) -> VMath<'b> {
-        VMath { ctx, module, bld, vt, lanes, scalef: has_scalef(features, lanes) }
+        let avx512 = features.split(',').any(|t| t.trim() == "+avx512f");
+        VMath { ctx, module, bld, vt, lanes, scalef: has_scalef(features, lanes), avx512 }
     }
 }
 
@@ -128,6 +132,91 @@ impl VMath<'_> {
             self.bld.build_insert_element(self.vt.get_poison(), v, i64t.const_zero(), "").map_err(llvm)?;
         let zeros = VectorType::const_vector(&vec![self.ctx.i32_type().const_zero(); self.lanes]);
         self.bld.build_shuffle_vector(one, self.vt.get_poison(), zeros, "").map_err(llvm)
+    }
+
+    /// The bytes a store of codes writes for epilogue `e` of `y` (its values
+    /// integers in 0..=255, by the compiler's bounds). Where the epilogue ends
+    /// in a quantization (`integer(round(v), offset, lo, hi)`, a byte's
+    /// bounds) and the target converts 16 lanes with their own rounding
+    /// (AVX-512F), `v` is rounded and converted in one instruction and the
+    /// rest is done on integers ([`Self::quantized_bytes`]); otherwise the
+    /// epilogue's f32 values are narrowed ([`crate::code_bytes`]).
+    pub fn epilogue_codes(
+        &self,
+        e: &plan::Epilogue,
+        y: V,
+        ptrs: (
+            PointerValue<'static>,
+            PointerValue<'static>,
+            PointerValue<'static>,
+            IntValue<'static>,
+            PointerValue<'static>,
+        ),
+        at: (usize, usize),
+        load: &dyn Fn(PointerValue<'static>, IntValue<'static>) -> R,
+    ) -> R {
+        const EXACT: i32 = 1 << 24;
+        let fused = match e.activation {
+            Activation::Pointwise(p) if self.lanes == 16 && self.avx512 => {
+                p.quantization().filter(|&(_, offset, lo, hi)| lo >= 0 && hi <= 255 && offset.abs() <= EXACT)
+            }
+            _ => None,
+        };
+        match fused {
+            Some((v, offset, lo, hi)) => {
+                let e = plan::Epilogue { activation: Activation::Pointwise(v), ..*e };
+                let v = self.epilogue(&e, y, ptrs, at, load)?;
+                self.quantized_bytes(v, offset, lo, hi)
+            }
+            None => {
+                let y = self.epilogue(e, y, ptrs, at, load)?;
+                crate::code_bytes(self.ctx, self.bld, y, e.makes_codes())
+            }
+        }
+    }
+
+    /// The bytes of `integer(round(v), offset, lo, hi)` (16 lanes, AVX-512F;
+    /// `lo..=hi` within a byte's range, `|offset| <= 2^24`): `vcvtps2dq` with
+    /// its own round-to-nearest-even (`{rn-sae}`, whatever MXCSR says) makes
+    /// `round(v)` an i32 where it is one; a NaN lane is masked to 0 (as the
+    /// saturating conversion takes it); past i32 the instruction gives
+    /// `i32::MIN`, which after the wrapping add and the clamp is what the
+    /// saturated value gives (`lo` for a negative `v`; for a positive one with
+    /// `offset > 0`, whose saturated sum wraps, `lo` too), except for a
+    /// positive `v` with `offset <= 0`, which is first clamped below 2^31.
+    /// Then the offset is added (wrapping, as `integer` does), the sum clamped
+    /// in i32 and narrowed.
+    fn quantized_bytes(&self, v: V, offset: i32, lo: i32, hi: i32) -> R {
+        let b = self.bld;
+        let (it, i16t) = (self.ctx.i32_type(), self.ctx.i16_type());
+        let iv = it.vec_type(16);
+        let ints = |x: i32| VectorType::const_vector(&vec![it.const_int(x as i64 as u64, true); 16]);
+        // The largest f32 below 2^31.
+        let top = self.splat(2_147_483_520.0);
+        let v = match offset <= 0 {
+            true => self.select_lt(top, v, top, v)?,
+            false => v,
+        };
+        let ordered = b.build_float_compare(FloatPredicate::ORD, v, v, "").map_err(llvm)?;
+        let mask = b.build_bit_cast(ordered, i16t, "").map_err(llvm)?.into_int_value();
+        let name = "llvm.x86.avx512.mask.cvtps2dq.512";
+        let cvt = self.module.get_function(name).unwrap_or_else(|| {
+            let ft = iv.fn_type(&[self.vt.into(), iv.into(), i16t.into(), it.into()], false);
+            self.module.add_function(name, ft, None)
+        });
+        // Rounding 8: to nearest even, exceptions suppressed.
+        let args = [v.into(), ints(0).into(), mask.into(), it.const_int(8, false).into()];
+        let r = self.call_vector(cvt, &args, name)?;
+        let r = b.build_int_add(r, ints(offset), "").map_err(llvm)?;
+        let int_op = |name: &str, a: V, c: V| -> R {
+            let f = Intrinsic::find(name)
+                .and_then(|i| i.get_declaration(self.module, &[iv.into()]))
+                .ok_or_else(|| llvm(format!("no {name} for i32 vectors")))?;
+            self.call_vector(f, &[a.into(), c.into()], name)
+        };
+        let r = int_op("llvm.smax", r, ints(lo))?;
+        let r = int_op("llvm.smin", r, ints(hi))?;
+        b.build_int_truncate(r, self.ctx.i8_type().vec_type(16), "byte").map_err(llvm)
     }
 
     /// [`PwOp::Integer`]: `f32(clamp(i32(x) + offset, lo, hi))`, the

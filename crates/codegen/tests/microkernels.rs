@@ -338,7 +338,9 @@ fn epilogues_compute_correctly() {
 /// integers, and where the saturated integer plus the offset wraps past i32,
 /// for offsets of either sign or none and bounds of u8, i8 and past 2^24 (i32
 /// arithmetic). A zero product (K = 1, A zero) plus the residual is the
-/// residual, exactly (at K = 0 the driver applies the epilogue in Rust).
+/// residual, exactly (at K = 0 the driver applies the epilogue in Rust). The
+/// bounds of a byte also as a store of codes after rounding (a quantization's,
+/// converted on integers where the ISA allows).
 #[test]
 fn integer_epilogues_are_the_contracts_integers() {
     use kernels::{gemm_packed, EpilogueArgs, PackedB, ThreadPool};
@@ -347,6 +349,7 @@ fn integer_epilogues_are_the_contracts_integers() {
     let forms = [
         (0, 0, 255),
         (134, 0, 255),
+        (-7, 0, 255),
         (-7, -128, 127),
         (9, -128, 127),
         (0, -100, 100),
@@ -414,6 +417,38 @@ fn integer_epilogues_are_the_contracts_integers() {
                     got.to_bits(),
                     want.to_bits(),
                     "{name} integer(x, {offset}, {lo}..={hi}) of {r}: {got}"
+                );
+            }
+            // Stored as codes, after rounding (a quantization's store: AVX-512
+            // rounds and converts in one instruction, then works on integers).
+            if lo < 0 || hi > 255 {
+                continue;
+            }
+            let mut p = Pointwise::empty();
+            let x = p.push(PwOp::Input).expect("input");
+            let r = p.push(PwOp::Unary(plan::PwUnary::Round, x)).expect("round");
+            p.push(PwOp::Integer { x: r, offset, lo, hi }).expect("integer");
+            let ep = Epilogue { residual: true, activation: Activation::Pointwise(p), codes: true, ..ep };
+            let jit = anyshape_codegen::compile_microkernel_with(&t, ElemType::F32, 4, 2 * t.f32_lanes, ep)
+                .expect("compile");
+            let mut bytes = vec![0xa5u8; m * n];
+            gemm_packed(
+                &pool,
+                &jit.kernel(),
+                None,
+                &Blocking { kc: 4, mc: 4, nc: 2 * jit.kernel().nr },
+                MatRef::row_major(&[0.0; 3], m, 1).unwrap(),
+                &packed,
+                MatMut::of_codes(&mut bytes, m, n, n).unwrap(),
+                &args,
+            )
+            .expect("gemm");
+            for (r, got) in res.iter().zip(&bytes) {
+                let want = p.eval(*r);
+                assert_eq!(
+                    f32::from(*got),
+                    want,
+                    "{name} code of integer(round(x), {offset}, {lo}..={hi}) of {r}"
                 );
             }
         }

@@ -89,6 +89,16 @@ impl Epilogue {
         *self == Epilogue::NONE
     }
 
+    /// Whether every value the epilogue makes is an integer in 0..=255 by its
+    /// own last operation (a quantization's store), so that storing it as a
+    /// code needs no clamp.
+    pub fn makes_codes(&self) -> bool {
+        match self.activation {
+            Activation::Pointwise(p) => p.integer_bounds().is_some_and(|(lo, hi)| lo >= 0 && hi <= 255),
+            _ => false,
+        }
+    }
+
     fn key(&self) -> (Option<u32>, bool, bool, bool, Activation, bool) {
         (
             self.scale.map(f32::to_bits),
@@ -228,6 +238,7 @@ pub fn tanh(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{PwOp, PwUnary};
 
     #[test]
     fn formulas_are_accurate() {
@@ -244,6 +255,24 @@ mod tests {
         assert!(Activation::Relu.apply(f32::NAN).is_nan());
         assert!((Activation::Gelu.apply(1.0) - 0.841_344_7).abs() < 1e-6);
         assert!((Activation::GeluTanh.apply(1.0) - 0.841_192).abs() < 1e-5);
+    }
+
+    /// A store of codes skips its clamp only where the epilogue's own last
+    /// operation bounds every value (NaN and overflow included) to a byte's.
+    #[test]
+    fn codes_made_by_the_epilogue_itself() {
+        let quantize = |lo, hi| {
+            let mut p = Pointwise::empty();
+            let x = p.push(PwOp::Input).unwrap();
+            let r = p.push(PwOp::Unary(PwUnary::Round, x)).unwrap();
+            p.push(PwOp::Integer { x: r, offset: 3, lo, hi }).unwrap();
+            Epilogue { activation: Activation::Pointwise(p), codes: true, ..Epilogue::NONE }
+        };
+        assert!(quantize(0, 255).makes_codes());
+        assert!(quantize(10, 20).makes_codes());
+        assert!(!quantize(-128, 127).makes_codes(), "signed bounds");
+        assert!(!quantize(0, 256).makes_codes());
+        assert!(!Epilogue { activation: Activation::Relu, codes: true, ..Epilogue::NONE }.makes_codes());
     }
 
     /// erf by its Taylor series (|x| < 3) or its asymptotic complement, in f64.

@@ -194,6 +194,27 @@ impl Pointwise {
         &self.ops[..self.len as usize]
     }
 
+    /// The bounds of the program's value where its last operation is an
+    /// [`PwOp::Integer`] (`lo..=hi`, every value an integer: NaN and overflow
+    /// included), else `None`.
+    pub fn integer_bounds(&self) -> Option<(i32, i32)> {
+        match self.ops().last() {
+            Some(&PwOp::Integer { lo, hi, .. }) => Some((lo, hi)),
+            _ => None,
+        }
+    }
+
+    /// A quantization's store, taken apart: where the program ends in
+    /// `integer(round(y), offset, lo, hi)`, the program of `y` (its operations
+    /// up to `y`) and `(offset, lo, hi)`.
+    pub fn quantization(&self) -> Option<(Pointwise, i32, i32, i32)> {
+        let &PwOp::Integer { x, offset, lo, hi } = self.ops().last()? else { return None };
+        let PwOp::Unary(PwUnary::Round, y) = self.ops()[x as usize] else { return None };
+        let mut prefix = Pointwise { len: y + 1, ..*self };
+        prefix.ops[y as usize + 1..].fill(PwOp::Input);
+        Some((prefix, offset, lo, hi))
+    }
+
     /// A stable 64-bit key of the function the program computes (FNV-1a of
     /// its text form, which prints just what its value depends on): kernels
     /// compiled per program are named by it.
@@ -409,6 +430,13 @@ mod tests {
         assert_eq!(integer(f32::INFINITY, 0, i32::MIN, i32::MAX), 2_147_483_648.0);
         assert_eq!(integer(-7.9, 0, -100, 100), -7.0, "truncates");
         assert_eq!(integer(3e9, 1, 0, 255), 0.0, "i32::MAX + 1 wraps");
+        assert_eq!(p.integer_bounds(), Some((0, 255)));
+        let mut after = p;
+        after.push(PwOp::Unary(PwUnary::Neg, 2)).unwrap();
+        assert_eq!(after.integer_bounds(), None, "the value is the last operation's");
+        let (y, offset, lo, hi) = p.quantization().unwrap();
+        assert_eq!((y.to_string().as_str(), offset, lo, hi), ("x", 134, 0, 255));
+        assert_eq!(after.quantization(), None);
         let mut bad = Pointwise::empty();
         let x = bad.push(PwOp::Input).unwrap();
         assert_eq!(bad.push(PwOp::Integer { x, offset: 0, lo: 1, hi: 0 }), None, "an empty range");
