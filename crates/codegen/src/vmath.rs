@@ -190,7 +190,7 @@ impl VMath<'_> {
         let b = self.bld;
         let (it, i16t) = (self.ctx.i32_type(), self.ctx.i16_type());
         let iv = it.vec_type(16);
-        let ints = |x: i32| VectorType::const_vector(&vec![it.const_int(x as i64 as u64, true); 16]);
+        let ints = |x: i32| VectorType::const_vector(&[it.const_int(x as i64 as u64, true); 16]);
         // The largest f32 below 2^31.
         let top = self.splat(2_147_483_520.0);
         let v = match offset <= 0 {
