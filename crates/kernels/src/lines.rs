@@ -32,6 +32,16 @@ impl<T: Copy + Default> Lines<T> {
 
     /// `len` elements: the first `min(len, old len)` kept, the rest `T::default()`.
     pub fn resize(&mut self, len: usize) {
+        let kept = self.len.min(len);
+        self.resize_to_overwrite(len);
+        self.store[self.at + kept..self.at + len].fill(T::default());
+    }
+
+    /// `len` elements for a caller that writes every one of them: as
+    /// [`Self::resize`], but the elements past the old length keep whatever
+    /// values the storage holds (stale, never uninitialized), so that a large
+    /// buffer rewritten per call is not filled first.
+    pub fn resize_to_overwrite(&mut self, len: usize) {
         let slack = LINE / std::mem::size_of::<T>().max(1);
         let kept = self.len.min(len);
         if self.store.len() < len + slack {
@@ -44,7 +54,6 @@ impl<T: Copy + Default> Lines<T> {
         if at != self.at {
             self.store.copy_within(self.at..self.at + kept, at);
         }
-        self.store[at + kept..at + len].fill(T::default());
         self.at = at;
         self.len = len;
     }
@@ -113,6 +122,12 @@ mod tests {
         l.clear();
         l.extend_from_slice(&[7, 8, 9]);
         assert_eq!(&l[..], &[7, 8, 9]);
+        // A buffer to overwrite keeps its first elements and starts a line.
+        l.resize(10);
+        l.iter_mut().for_each(|v| *v = 5);
+        l.resize_to_overwrite(70_000);
+        assert_eq!((l.len(), &l[..10]), (70_000, &[5; 10][..]));
+        assert_eq!(l.as_ptr() as usize % LINE, 0);
         let big: Lines<u32> = Lines::with_len(100_000);
         let copy = big.clone();
         assert_eq!(&copy[..], &big[..]);

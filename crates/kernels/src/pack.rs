@@ -292,7 +292,9 @@ pub fn pack_a_rows(
         out.resize(len);
         return true;
     }
-    out.resize(len);
+    // `rows_of` writes every element (the rows past `m`, and past `kc` in a
+    // row, as zeros).
+    out.resize_to_overwrite(len);
     // Element `k` of a row is at `k` of the row's `kw` words viewed as `T`s:
     // the first depth of a word in its low bits, as packed words hold them on
     // this little-endian target.
