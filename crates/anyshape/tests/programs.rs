@@ -1204,7 +1204,8 @@ fn float_to_integer_casts_saturate_in_vectors() {
 /// of either sign or none, bounds past f32's exact integers (i32 arithmetic),
 /// at NaN, the infinities, signed zeros, halves, and where the saturated
 /// integer plus the zero point wraps past i32 (2^31 minus the zero point and
-/// its neighbours), over vectors and their tails.
+/// its neighbours), over vectors and their tails. The same after `round`
+/// (a quantization's: AVX-512 rounds and converts in one instruction).
 #[test]
 fn quantizations_in_loops_are_the_interpreters_integers() {
     // (zero point, lo, hi, the narrow type the codes are cast to)
@@ -1216,14 +1217,17 @@ fn quantizations_in_loops_are_the_interpreters_integers() {
         (0, -100, 100, "i32"),
         (-3, 20_000_000, 30_000_000, "i32"),
     ];
-    let mut text =
-        String::from("graph {\n  sym n param 1..100\n  input %x: f32[n]\n  %xi: i32[n] = cast %x\n");
+    let mut text = String::from(
+        "graph {\n  sym n param 1..100\n  input %x: f32[n]\n  %xi: i32[n] = cast %x\n  \
+         %xr: f32[n] = round %x\n  %xri: i32[n] = cast %xr\n",
+    );
     let mut outs = Vec::new();
-    for (i, (z, lo, hi, ty)) in forms.iter().enumerate() {
+    let rounded = forms.iter().map(|f| (f, "xri"));
+    for (i, ((z, lo, hi, ty), from)) in forms.iter().map(|f| (f, "xi")).chain(rounded).enumerate() {
         text += &format!(
             "  %z{i}: i32[1] = constant [{z}]
   %zb{i}: i32[n] = broadcast %z{i}
-  %s{i}: i32[n] = add %xi, %zb{i}
+  %s{i}: i32[n] = add %{from}, %zb{i}
   %lo{i}: i32[1] = constant [{lo}]
   %lob{i}: i32[n] = broadcast %lo{i}
   %hi{i}: i32[1] = constant [{hi}]

@@ -945,6 +945,18 @@ impl Gen<'_> {
             }
             // A quantization's integer, computed in f32 (see `VMath::integer`)
             // and converted once, exactly: it lies inside the cast's type.
+            // `round(g)` to an integer type where AVX-512 rounds and converts
+            // in one instruction (`VMath::quantized_ints`, the same values).
+            Node::Cast(_)
+                if let (true, Some((f, offset, lo, hi))) = (vec && dt != DType::F32, quantized(x, e))
+                    && let Node::Unary(UnaryOp::Round, g) = *x.node(f)
+                    && self.rounds_in_conversion(offset, lo, hi) =>
+            {
+                let v = self.emit_as(g, vec)?.into_vector_value();
+                let m = VMath::new(self.ctx, self.module, self.bld, v.get_type(), 16, self.features);
+                let i = m.quantized_ints(v, offset, lo, hi)?;
+                self.cast(i.into(), DType::I32, dt)?
+            }
             Node::Cast(_) if let Some((f, offset, lo, hi)) = quantized(x, e) => {
                 let v = self.emit_as(f, vec)?;
                 let r = self.integer_f32(v, offset, lo, hi)?;
@@ -1594,6 +1606,15 @@ impl Gen<'_> {
     /// [`plan::PwOp::Integer`]'s value of f32 `a` (a vector or one value).
     fn integer_f32(&self, a: V, offset: i32, lo: i32, hi: i32) -> R<V> {
         self.with_vmath(a, |m, v| m.integer(v, offset, lo, hi))
+    }
+
+    /// Whether f32 vectors here round to integers in one instruction
+    /// ([`VMath::rounds_in_conversion`]).
+    fn rounds_in_conversion(&self, offset: i32, lo: i32, hi: i32) -> bool {
+        let vt = self.lty(DType::F32, true).into_vector_type();
+        let lanes = vt.get_size() as usize;
+        VMath::new(self.ctx, self.module, self.bld, vt, lanes, self.features)
+            .rounds_in_conversion(offset, lo, hi)
     }
 
     /// f32 `exp`, `tanh`, `erf` and `sigmoid` by the inline polynomials.

@@ -155,18 +155,18 @@ impl VMath<'_> {
         at: (usize, usize),
         load: &dyn Fn(PointerValue<'static>, IntValue<'static>) -> R,
     ) -> R {
-        const EXACT: i32 = 1 << 24;
         let fused = match e.activation {
-            Activation::Pointwise(p) if self.lanes == 16 && self.avx512 => {
-                p.quantization().filter(|&(_, offset, lo, hi)| lo >= 0 && hi <= 255 && offset.abs() <= EXACT)
-            }
+            Activation::Pointwise(p) => p.quantization().filter(|&(_, offset, lo, hi)| {
+                lo >= 0 && hi <= 255 && self.rounds_in_conversion(offset, lo, hi)
+            }),
             _ => None,
         };
         match fused {
             Some((v, offset, lo, hi)) => {
                 let e = plan::Epilogue { activation: Activation::Pointwise(v), ..*e };
                 let v = self.epilogue(&e, y, ptrs, at, load)?;
-                self.quantized_bytes(v, offset, lo, hi)
+                let i = self.quantized_ints(v, offset, lo, hi)?;
+                self.bld.build_int_truncate(i, self.ctx.i8_type().vec_type(16), "byte").map_err(llvm)
             }
             None => {
                 let y = self.epilogue(e, y, ptrs, at, load)?;
@@ -175,18 +175,26 @@ impl VMath<'_> {
         }
     }
 
-    /// The bytes of `integer(round(v), offset, lo, hi)` (16 lanes, AVX-512F;
-    /// `lo..=hi` within a byte's range, `|offset| <= 2^24`): `vcvtps2dq` with
-    /// its own round-to-nearest-even (`{rn-sae}`, whatever MXCSR says) makes
+    /// Whether [`Self::quantized_ints`] applies at this width to `offset` and
+    /// `lo..=hi`: 16 lanes with AVX-512F, the three within ±2^24 (so that a
+    /// value past i32 lands on the bound the saturated one does).
+    pub fn rounds_in_conversion(&self, offset: i32, lo: i32, hi: i32) -> bool {
+        const NEAR: u32 = 1 << 24;
+        self.lanes == 16 && self.avx512 && [offset, lo, hi].iter().all(|v| v.unsigned_abs() <= NEAR)
+    }
+
+    /// The i32 values of `integer(round(v), offset, lo, hi)` (where
+    /// [`Self::rounds_in_conversion`]): `vcvtps2dq` with its own
+    /// round-to-nearest-even (`{rn-sae}`, whatever MXCSR says) makes
     /// `round(v)` an i32 where it is one; a NaN lane is masked to 0 (as the
     /// saturating conversion takes it); past i32 the instruction gives
     /// `i32::MIN`, which after the wrapping add and the clamp is what the
-    /// saturated value gives (`lo` for a negative `v`; for a positive one with
-    /// `offset > 0`, whose saturated sum wraps, `lo` too), except for a
-    /// positive `v` with `offset <= 0`, which is first clamped below 2^31.
-    /// Then the offset is added (wrapping, as `integer` does), the sum clamped
-    /// in i32 and narrowed.
-    fn quantized_bytes(&self, v: V, offset: i32, lo: i32, hi: i32) -> R {
+    /// saturated value gives (below i32 it is the saturated value; above,
+    /// `i32::MAX` plus a positive offset wraps below `lo` as `i32::MIN` plus
+    /// it does), except for a positive `v` with `offset <= 0`, which is first
+    /// clamped below 2^31. Then the offset is added (wrapping, as `integer`
+    /// does) and the sum clamped in i32.
+    pub fn quantized_ints(&self, v: V, offset: i32, lo: i32, hi: i32) -> R {
         let b = self.bld;
         let (it, i16t) = (self.ctx.i32_type(), self.ctx.i16_type());
         let iv = it.vec_type(16);
@@ -215,8 +223,7 @@ impl VMath<'_> {
             self.call_vector(f, &[a.into(), c.into()], name)
         };
         let r = int_op("llvm.smax", r, ints(lo))?;
-        let r = int_op("llvm.smin", r, ints(hi))?;
-        b.build_int_truncate(r, self.ctx.i8_type().vec_type(16), "byte").map_err(llvm)
+        int_op("llvm.smin", r, ints(hi))
     }
 
     /// [`PwOp::Integer`]: `f32(clamp(i32(x) + offset, lo, hi))`, the
