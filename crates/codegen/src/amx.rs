@@ -5,7 +5,9 @@
 //! a scratch tile; then row by row, the rest of K in vectors (`vpdpbusd`,
 //! `vdpbf16ps`), the conversion to f32, C added when accumulating, the
 //! epilogue and the store, as the vector kernels do (with only a row's
-//! vectors live).
+//! vectors live). The next tile's steps are issued before this tile's rows,
+//! into a second scratch tile, so that the tile unit works while the vector
+//! units store.
 //!
 //! `inkwell` has no `x86_amx` type, so the tile loop is written as LLVM IR
 //! text, parsed into the kernel's context, linked into its module and inlined
@@ -247,7 +249,7 @@ pub(crate) fn build_microkernel(
     // tile.head: the tile's A panel, C rows and residual rows, the scratch tile
     // holding its whole steps' sums and the spare one; the next tile's whole
     // steps first, into the spare tile: the tile unit multiplies them while the
-    // vector units finish this tile (its rows depend on them no more).
+    // vector units finish this tile (whose rows do not read them).
     bld.position_at_end(tile_head);
     let t_phi = bld.build_phi(i64t, "t").map_err(llvm)?;
     let a_phi = bld.build_phi(ptr, "a.t").map_err(llvm)?;

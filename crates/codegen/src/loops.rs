@@ -943,20 +943,22 @@ impl Gen<'_> {
                 let (a, d) = (self.emit_as(a, vec)?, self.emit_as(d, vec)?);
                 select(b, cv, a, d)?
             }
-            // A quantization's integer, computed in f32 (see `VMath::integer`)
-            // and converted once, exactly: it lies inside the cast's type.
-            // `round(g)` to an integer type where AVX-512 rounds and converts
-            // in one instruction (`VMath::quantized_ints`, the same values).
+            // A quantization's integer of `round(g)` where AVX-512 rounds and
+            // converts in one instruction (`VMath::quantized_ints`, the same
+            // values), then narrowed.
             Node::Cast(_)
                 if let (true, Some((f, offset, lo, hi))) = (vec && dt != DType::F32, quantized(x, e))
                     && let Node::Unary(UnaryOp::Round, g) = *x.node(f)
                     && self.rounds_in_conversion(offset, lo, hi) =>
             {
                 let v = self.emit_as(g, vec)?.into_vector_value();
-                let m = VMath::new(self.ctx, self.module, self.bld, v.get_type(), 16, self.features);
+                let lanes = v.get_type().get_size() as usize;
+                let m = VMath::new(self.ctx, self.module, self.bld, v.get_type(), lanes, self.features);
                 let i = m.quantized_ints(v, offset, lo, hi)?;
                 self.cast(i.into(), DType::I32, dt)?
             }
+            // A quantization's integer, computed in f32 (see `VMath::integer`)
+            // and converted once, exactly: it lies inside the cast's type.
             Node::Cast(_) if let Some((f, offset, lo, hi)) = quantized(x, e) => {
                 let v = self.emit_as(f, vec)?;
                 let r = self.integer_f32(v, offset, lo, hi)?;

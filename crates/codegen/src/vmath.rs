@@ -139,7 +139,7 @@ impl VMath<'_> {
     /// in a quantization (`integer(round(v), offset, lo, hi)`, a byte's
     /// bounds) and the target converts 16 lanes with their own rounding
     /// (AVX-512F), `v` is rounded and converted in one instruction and the
-    /// rest is done on integers ([`Self::quantized_bytes`]); otherwise the
+    /// rest is done on integers ([`Self::quantized_ints`]); otherwise the
     /// epilogue's f32 values are narrowed ([`crate::code_bytes`]).
     pub fn epilogue_codes(
         &self,

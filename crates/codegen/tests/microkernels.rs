@@ -395,22 +395,26 @@ fn integer_epilogues_are_the_contracts_integers() {
             let res: Vec<f32> = (0..m * n).map(|i| special[i % special.len()]).collect();
             let ones = vec![1.0f32; n];
             let packed = PackedB::new(MatRef::row_major(&ones, 1, n).unwrap(), jit.kernel().nr, 4);
-            let mut c = vec![f32::NAN; m * n];
             let args = EpilogueArgs {
                 residual: Some(MatRef::row_major(&res, m, n).unwrap()),
                 ..EpilogueArgs::default()
             };
-            gemm_packed(
-                &pool,
-                &jit.kernel(),
-                None,
-                &Blocking { kc: 4, mc: 4, nc: 2 * jit.kernel().nr },
-                MatRef::row_major(&[0.0; 3], m, 1).unwrap(),
-                &packed,
-                MatMut::new(&mut c, m, n, n).unwrap(),
-                &args,
-            )
-            .expect("gemm");
+            // A zero product (K = 1, A zero) through `jit`'s epilogue into `c`.
+            let run = |jit: &anyshape_codegen::JitMicroKernel, c: MatMut| {
+                gemm_packed(
+                    &pool,
+                    &jit.kernel(),
+                    None,
+                    &Blocking { kc: 4, mc: 4, nc: 2 * jit.kernel().nr },
+                    MatRef::row_major(&[0.0; 3], m, 1).unwrap(),
+                    &packed,
+                    c,
+                    &args,
+                )
+                .expect("gemm")
+            };
+            let mut c = vec![f32::NAN; m * n];
+            run(&jit, MatMut::new(&mut c, m, n, n).unwrap());
             for (r, got) in res.iter().zip(&c) {
                 let want = plan::integer(*r, offset, lo, hi);
                 assert_eq!(
@@ -432,17 +436,7 @@ fn integer_epilogues_are_the_contracts_integers() {
             let jit = anyshape_codegen::compile_microkernel_with(&t, ElemType::F32, 4, 2 * t.f32_lanes, ep)
                 .expect("compile");
             let mut bytes = vec![0xa5u8; m * n];
-            gemm_packed(
-                &pool,
-                &jit.kernel(),
-                None,
-                &Blocking { kc: 4, mc: 4, nc: 2 * jit.kernel().nr },
-                MatRef::row_major(&[0.0; 3], m, 1).unwrap(),
-                &packed,
-                MatMut::of_codes(&mut bytes, m, n, n).unwrap(),
-                &args,
-            )
-            .expect("gemm");
+            run(&jit, MatMut::of_codes(&mut bytes, m, n, n).unwrap());
             for (r, got) in res.iter().zip(&bytes) {
                 let want = p.eval(*r);
                 assert_eq!(
