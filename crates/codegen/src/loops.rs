@@ -947,7 +947,9 @@ impl Gen<'_> {
             // converts in one instruction (`VMath::quantized_ints`, the same
             // values), then narrowed.
             Node::Cast(_)
-                if let (true, Some((f, offset, lo, hi))) = (vec && dt != DType::F32, quantized(x, e))
+                if vec
+                    && dt != DType::F32
+                    && let Some((f, offset, lo, hi)) = quantized(x, e)
                     && let Node::Unary(UnaryOp::Round, g) = *x.node(f)
                     && self.rounds_in_conversion(offset, lo, hi) =>
             {

@@ -156,9 +156,9 @@ impl VMath<'_> {
         load: &dyn Fn(PointerValue<'static>, IntValue<'static>) -> R,
     ) -> R {
         let fused = match e.activation {
-            Activation::Pointwise(p) => p.quantization().filter(|&(_, offset, lo, hi)| {
-                lo >= 0 && hi <= 255 && self.rounds_in_conversion(offset, lo, hi)
-            }),
+            Activation::Pointwise(p) if e.makes_codes() => {
+                p.quantization().filter(|&(_, offset, lo, hi)| self.rounds_in_conversion(offset, lo, hi))
+            }
             _ => None,
         };
         match fused {
