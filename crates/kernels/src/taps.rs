@@ -216,8 +216,22 @@ impl ConvTaps {
         mut run: impl FnMut(usize, std::ops::Range<usize>, Option<usize>),
     ) {
         let [sn, sy, sx] = self.strides;
-        let inner: Vec<_> = self.interior_runs(p0, kc).collect();
-        let ((ylo, yhi), (xlo, xhi)) = (self.interior_along(0), self.interior_along(1));
+        // The interior runs, on the stack (this runs as a call packs A): a
+        // block of depths with more of them than fit goes pixel by pixel.
+        let mut inner: [(std::ops::Range<usize>, usize); INTERIOR_RUNS] = std::array::from_fn(|_| (0..0, 0));
+        let mut count = 0;
+        for r in self.interior_runs(p0, kc) {
+            if count == INTERIOR_RUNS {
+                count = usize::MAX;
+                break;
+            }
+            inner[count] = r;
+            count += 1;
+        }
+        let ((ylo, yhi), (xlo, xhi)) = match count {
+            usize::MAX => ((0, 0), (0, 0)),
+            _ => (self.interior_along(0), self.interior_along(1)),
+        };
         let mut px = self.pixel(i0);
         for r in 0..m {
             if (ylo..yhi).contains(&px.y) && (xlo..xhi).contains(&px.x) {
@@ -225,7 +239,7 @@ impl ConvTaps {
                 let origin = px.b * sn
                     + (px.y * self.stride[0] - self.pad[0]) * sy
                     + (px.x * self.stride[1] - self.pad[1]) * sx;
-                for (dst, shift) in &inner {
+                for (dst, shift) in &inner[..count] {
                     run(r, dst.clone(), Some(origin + shift));
                 }
             } else {
@@ -246,6 +260,10 @@ impl ConvTaps {
         })
     }
 }
+
+/// The most runs of an interior pixel [`ConvTaps::rows_runs`] keeps (a 7×7
+/// kernel over channels that are not adjacent in K has 49 a block).
+const INTERIOR_RUNS: usize = 64;
 
 /// An output pixel.
 #[derive(Clone, Copy, Debug)]
@@ -726,6 +744,47 @@ fn prefetch_next_tile(t: &ConvTaps, panel: &Panel, mr: usize, r: usize, shape: T
         let at = panel.c.get().wrapping_add(row * panel.ldc + panel.col);
         for j in (0..panel.ncols).step_by(16) {
             crate::prefetch::to_l1(at.wrapping_add(j));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every row's runs as [`ConvTaps::runs`] gives them, pixel by pixel: the
+    /// interior runs kept on the stack (a 3×3 kernel, adjacent channels or
+    /// not) and a kernel with more of them than [`INTERIOR_RUNS`] (9×9 over
+    /// channels that are not adjacent), at blocks of depths that start and
+    /// end inside a tap.
+    #[test]
+    fn rows_runs_are_each_rows_runs() {
+        for (kernel, channels, padded) in [(3, 8, false), (3, 5, true), (9, 3, true)] {
+            let (h, w) = (11, 13);
+            let pixel = if padded { channels + 1 } else { channels };
+            let t = ConvTaps {
+                batch: 2,
+                height: h,
+                width: w,
+                channels,
+                strides: [h * w * pixel, w * pixel, pixel],
+                out: [h, w],
+                kernel: [kernel, kernel],
+                stride: [1, 1],
+                dilation: [1, 1],
+                pad: [kernel / 2, kernel / 2],
+            };
+            let depth = kernel * kernel * channels;
+            for (p0, kc) in [(0, depth), (channels / 2 + 1, depth - channels), (1, 7)] {
+                let (i0, m) = (5, 2 * h * w - 9);
+                let mut got = Vec::new();
+                t.rows_runs(i0, m, p0, kc, |r, dst, at| got.push((r, dst, at)));
+                let mut want = Vec::new();
+                for r in 0..m {
+                    t.runs(i0 + r, p0, kc, |dst, at| want.push((r, dst, at)));
+                }
+                assert_eq!(got, want, "{kernel}x{kernel} over {channels} channels, depths {p0}+{kc}");
+            }
         }
     }
 }
