@@ -219,18 +219,18 @@ impl ConvTaps {
         // The interior runs, on the stack (this runs as a call packs A): a
         // block of depths with more of them than fit goes pixel by pixel.
         let mut inner: [(std::ops::Range<usize>, usize); INTERIOR_RUNS] = std::array::from_fn(|_| (0..0, 0));
-        let mut count = 0;
+        let (mut count, mut fits) = (0, true);
         for r in self.interior_runs(p0, kc) {
             if count == INTERIOR_RUNS {
-                count = usize::MAX;
+                fits = false;
                 break;
             }
             inner[count] = r;
             count += 1;
         }
-        let ((ylo, yhi), (xlo, xhi)) = match count {
-            usize::MAX => ((0, 0), (0, 0)),
-            _ => (self.interior_along(0), self.interior_along(1)),
+        let ((ylo, yhi), (xlo, xhi)) = match fits {
+            true => (self.interior_along(0), self.interior_along(1)),
+            false => ((0, 0), (0, 0)),
         };
         let mut px = self.pixel(i0);
         for r in 0..m {
@@ -262,7 +262,7 @@ impl ConvTaps {
 }
 
 /// The most runs of an interior pixel [`ConvTaps::rows_runs`] keeps (a 7×7
-/// kernel over channels that are not adjacent in K has 49 a block).
+/// kernel over channels that are not adjacent in K has 49 runs in a block).
 const INTERIOR_RUNS: usize = 64;
 
 /// An output pixel.
