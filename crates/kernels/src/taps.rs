@@ -219,16 +219,13 @@ impl ConvTaps {
         // The interior runs, on the stack (this runs as a call packs A): a
         // block of depths with more of them than fit goes pixel by pixel.
         let mut inner: [(std::ops::Range<usize>, usize); INTERIOR_RUNS] = std::array::from_fn(|_| (0..0, 0));
-        let (mut count, mut fits) = (0, true);
-        for r in self.interior_runs(p0, kc) {
-            if count == INTERIOR_RUNS {
-                fits = false;
-                break;
-            }
-            inner[count] = r;
+        let mut runs = self.interior_runs(p0, kc);
+        let mut count = 0;
+        for (slot, r) in inner.iter_mut().zip(&mut runs) {
+            *slot = r;
             count += 1;
         }
-        let ((ylo, yhi), (xlo, xhi)) = match fits {
+        let ((ylo, yhi), (xlo, xhi)) = match runs.next().is_none() {
             true => (self.interior_along(0), self.interior_along(1)),
             false => ((0, 0), (0, 0)),
         };
