@@ -91,6 +91,17 @@ body:
             "  %ta{i} = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, ptr %a{i}, i64 %lda)"
         );
     }
+    // B's column tiles: all loaded, then the products, where the tiles fit the
+    // eight tile registers so (`tm·tn + tm + tn`); for a wider tile (16×64: 4 + 1 +
+    // 4) each column's B tile just before its products (`tm·tn + tm + 1` live).
+    let product = |s: &mut String, i: usize, j: usize| {
+        let _ = writeln!(
+            s,
+            "  %n{i}{j} = call x86_amx @llvm.x86.{op}.internal(i16 16, i16 64, i16 64, x86_amx %c{i}{j}, \
+             x86_amx %ta{i}, x86_amx %tb{j})"
+        );
+    };
+    let all_b = tm * tn + tm + tn <= 8;
     for j in 0..tn {
         if j > 0 {
             let _ = writeln!(s, "  %b{j} = getelementptr inbounds i8, ptr %b0, i64 {}", j * 64);
@@ -99,14 +110,13 @@ body:
             s,
             "  %tb{j} = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, ptr %b{j}, i64 {row_bytes})"
         );
+        if !all_b {
+            (0..tm).for_each(|i| product(&mut s, i, j));
+        }
     }
-    tiles(&mut s, &|s, i, j| {
-        let _ = writeln!(
-            s,
-            "  %n{i}{j} = call x86_amx @llvm.x86.{op}.internal(i16 16, i16 64, i16 64, x86_amx %c{i}{j}, \
-             x86_amx %ta{i}, x86_amx %tb{j})"
-        );
-    });
+    if all_b {
+        tiles(&mut s, &|s, i, j| product(s, i, j));
+    }
     let _ = writeln!(s, "  %k.next = add i64 %k, 1\n  br label %head\ndone:");
     tiles(&mut s, &|s, i, j| {
         let off = i * AMX_ROWS * row_bytes + j * 64;
@@ -498,5 +508,32 @@ mod tests {
         m.verify().expect("and verifies");
         let ir = tile_loop_ir("t", ElemType::Bf16, 16, 32, "+avx512f");
         assert_eq!(ir.matches("tdpbf16ps.internal(i16 16").count(), 2);
+    }
+
+    /// A 16×64 tile needs four sums, A's tile and a B tile at a time (its four
+    /// B tiles at once would make nine of the eight tile registers): each
+    /// column's B tile is loaded after the previous column's product, and LLVM
+    /// configures and allocates the tiles of the loop it makes.
+    #[test]
+    fn a_wide_tile_loads_each_b_tile_just_before_its_products() {
+        let ir = tile_loop_ir("t", ElemType::U8S8, 16, 64, "+avx512f,+amx-tile,+amx-int8");
+        assert_eq!(ir.matches("tdpbusd.internal(i16 16").count(), 4);
+        assert_eq!(ir.matches("@llvm.x86.tileloadd64.internal(i16 16, i16 64, ptr %").count(), 5);
+        let at = |what: &str| ir.find(what).unwrap_or_else(|| panic!("no {what} in\n{ir}"));
+        for j in 1..4 {
+            assert!(
+                at(&format!("%n0{}", j - 1)) < at(&format!("%tb{j} =")),
+                "B tile {j} loaded early:\n{ir}"
+            );
+            assert!(at(&format!("%tb{j} =")) < at(&format!("%n0{j} =")));
+        }
+        // The narrower tiles keep their order: every B tile, then the products.
+        let ir = tile_loop_ir("t", ElemType::U8S8, 32, 32, "+avx512f");
+        assert!(ir.find("%tb1 =").unwrap() < ir.find("%n00 =").unwrap());
+        let ctx = Context::create();
+        let ir = tile_loop_ir("t", ElemType::U8S8, 16, 64, "+avx512f,+amx-tile,+amx-int8");
+        let buf = MemoryBuffer::create_from_memory_range_copy(ir.as_bytes(), "t");
+        let m = ctx.create_module_from_ir(buf).expect("the tile loop parses");
+        m.verify().expect("and verifies");
     }
 }

@@ -24,6 +24,18 @@ pub fn family_tiles(measured: &[TileMeasurement]) -> Vec<TileMeasurement> {
     pick_heights(measured, false)
 }
 
+/// The measured tiles as a family with `epilogue` ranks and prices them: one
+/// storing codes by each tile's rate storing codes where that was measured (an
+/// AMX u8s8 tile's, [`crate::time_codes_sweep`]), every other by its rate on
+/// L1's panels.
+pub fn rates_for(measured: &[TileMeasurement], epilogue: &Epilogue) -> Vec<TileMeasurement> {
+    let codes = |t: &TileMeasurement| epilogue.codes && t.codes_gflops > 0.0;
+    measured
+        .iter()
+        .map(|t| TileMeasurement { gflops: if codes(t) { t.codes_gflops } else { t.gflops }, ..*t })
+        .collect()
+}
+
 /// The direct kernels of a family: per width, the main height is the highest
 /// within [`kernels::DIRECT_TIE`] of the fastest (a direct kernel pads nothing,
 /// and a higher tile covers small products in fewer calls and passes over B),
@@ -132,7 +144,7 @@ impl<'a> ContractionBuilder<'a> {
         let kept = |direct: bool, t: &TileMeasurement| {
             keep.is_none_or(|k| k.contains(&KernelId { direct, mr: t.mr, nr: t.nr }))
         };
-        let mut tiles = family_tiles(&rec.tiles);
+        let mut tiles = family_tiles(&rates_for(&rec.tiles, &epilogue));
         tiles.retain(|t| kept(false, t));
         // The direct kernels: the same choice of heights per width, from their own rates.
         let mut direct_tiles = direct_family_tiles(&rec.direct);
@@ -321,7 +333,7 @@ mod tests {
     use super::*;
 
     fn tile(mr: usize, nr: usize, gflops: f64) -> TileMeasurement {
-        TileMeasurement { mr, nr, gflops }
+        TileMeasurement { mr, nr, gflops, codes_gflops: 0.0 }
     }
 
     /// The rates this Zen 5 measured for the 48-wide tiles: the direct family takes
@@ -345,5 +357,42 @@ mod tests {
         // A tile more than the tie below the fastest is no main height.
         let slow = vec![tile(1, 32, 80.0), tile(4, 32, 200.0), tile(12, 32, 185.0)];
         assert_eq!(heights(direct_family_tiles(&slow)), vec![1, 4]);
+    }
+
+    /// A family storing codes ranks and prices its tiles by their rates storing
+    /// codes where measured (this Emerald Rapids' AMX tiles: 32×32 first on L1's
+    /// panels, 16×64 and 16×32 ahead storing codes), every other family, and
+    /// every tile without that rate, by the rate on L1's panels.
+    #[test]
+    fn a_family_storing_codes_ranks_tiles_by_their_rate_storing_codes() {
+        let amx = |mr, nr, gflops, codes_gflops| TileMeasurement { mr, nr, gflops, codes_gflops };
+        let measured = vec![
+            tile(1, 32, 214.0),
+            tile(8, 32, 737.0),
+            amx(16, 32, 1626.0, 1870.0),
+            amx(32, 32, 2075.0, 1806.0),
+            tile(1, 64, 346.0),
+            tile(5, 64, 734.0),
+            amx(16, 64, 1435.0, 1989.0),
+        ];
+        let codes = Epilogue { codes: true, ..Epilogue::NONE };
+        let main = |tiles: Vec<TileMeasurement>, nr: usize| {
+            tiles
+                .iter()
+                .filter(|t| t.nr == nr)
+                .max_by(|a, b| a.gflops.total_cmp(&b.gflops))
+                .map(|t| (t.mr, t.gflops))
+        };
+        let by_codes = family_tiles(&rates_for(&measured, &codes));
+        assert_eq!(main(by_codes.clone(), 32), Some((16, 1870.0)));
+        assert_eq!(main(by_codes.clone(), 64), Some((16, 1989.0)));
+        assert!(!by_codes.iter().any(|t| (t.mr, t.nr) == (32, 32)), "16x32 is the main height of 32");
+        assert!(
+            by_codes.iter().any(|t| (t.mr, t.nr, t.gflops) == (1, 32, 214.0)),
+            "vector tiles keep their rate"
+        );
+        let plain = family_tiles(&rates_for(&measured, &Epilogue::NONE));
+        assert_eq!(main(plain.clone(), 32), Some((32, 2075.0)));
+        assert_eq!(main(plain, 64), Some((16, 1435.0)));
     }
 }

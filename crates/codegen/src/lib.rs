@@ -1064,6 +1064,12 @@ pub struct TileMeasurement {
     pub nr: usize,
     /// Single-thread GFLOP/s of the micro-kernel on L1-resident panels.
     pub gflops: f64,
+    /// An AMX u8s8 tile's single-thread GFLOP/s storing 8-bit codes, swept over
+    /// a C as the driver sweeps one, at [`CODES_DEPTH`] ([`time_codes_sweep`]); 0
+    /// where not measured. A family storing codes ranks and prices its tiles by
+    /// it (`family::rates_for`).
+    #[serde(default)]
+    pub codes_gflops: f64,
 }
 
 /// Vortex's measured lowest level: compile every register tile that fits the
@@ -1080,7 +1086,7 @@ pub fn select_microkernel(
     for (mr, nr) in register_tiles(t).into_iter().filter(|(mr, _)| *mr >= min_mr) {
         let jit = compile_microkernel(t, mr, nr)?;
         let gflops = time_microkernel(&jit.kernel(), t);
-        all.push(TileMeasurement { mr, nr, gflops });
+        all.push(TileMeasurement { mr, nr, gflops, codes_gflops: 0.0 });
     }
     let (mr, nr) = pick_tile(&all, min_mr)?;
     Ok((compile_microkernel(t, mr, nr)?, all))
@@ -1106,6 +1112,76 @@ pub(crate) fn gflops_of_calls(flops: usize, mut call: impl FnMut(usize)) -> f64 
     call(reps);
     let secs = start.elapsed().as_secs_f64();
     (flops * reps) as f64 / secs.max(1e-12) / 1e9
+}
+
+/// The depth [`time_codes_sweep`] measures a tile storing codes at for the
+/// tuning record (a bottleneck block's 1×1 products are 64-512 deep).
+pub const CODES_DEPTH: usize = 256;
+
+/// GFLOP/s of `uk`, a kernel whose epilogue stores 8-bit codes with a scale per
+/// column, at depth `k`, swept as the driver runs a product: per column panel
+/// of 256 columns one call over all the row tiles, the rows as many as make
+/// A 1 MiB (A's block stays in L2 across the panels, as the driver's blocks of
+/// rows do, while the lines of C a panel writes leave L1 before the next
+/// panel's kernels come back to them). An AMX kernel's sums go through the
+/// vector units row by row while its tile unit multiplies the next tile, and
+/// each row stores `NR` bytes: half a cache line for a 32-wide tile, whose
+/// other half the next panel writes. Neither shows in [`time_microkernel`]
+/// (one tile a call, its C of floats in L1). The best of a few sweeps; 0 for a
+/// kernel that does not store codes or a tile that does not divide the sweep.
+pub fn time_codes_sweep(uk: &MicroKernel, k: usize) -> f64 {
+    let n: usize = 256;
+    let m = ((1 << 20) / k.max(1)).clamp(64, 4096) / 32 * 32;
+    let (mr, nr) = (uk.mr, uk.nr);
+    if !m.is_multiple_of(mr) || !n.is_multiple_of(nr) || !uk.epilogue.codes || uk.elem != ElemType::U8S8 {
+        return 0.0;
+    }
+    let kw = k.div_ceil(4);
+    let words = |len: usize| {
+        let mut l = kernels::Lines::<u32>::with_len(0);
+        // Codes of 1 in every byte: sums far from i32's bounds.
+        l.extend_from_slice(&vec![0x0101_0101; len]);
+        l
+    };
+    // A's panels of every row tile one after another, B's of every column panel.
+    let (a, b) = (words(m * kw), words(n * kw));
+    let mut c = kernels::Lines::<u8>::with_len(m * n);
+    let scales = vec![1.0f32 / 64.0; n];
+    let mut sweep = || {
+        for j in 0..n / nr {
+            // SAFETY: A holds `m / mr` row tiles of `kw` words (`k` codes and
+            // up to 3 more) a row, B's panel `j` `kw` words of `nr` columns, C
+            // `m` rows of `n` codes (row stride `n`)
+            // of which the panel writes columns `j·nr..(j+1)·nr`, and `scales` a
+            // float per column from the panel's first: what the ABI lets the
+            // kernel touch for `m / mr` tiles with no bias or residual.
+            unsafe {
+                (uk.func)(
+                    k as i64,
+                    a.as_ptr(),
+                    b.as_ptr().add(j * nr * kw),
+                    c.as_mut_ptr().add(j * nr).cast(),
+                    n as i64,
+                    kernels::APPLY_EPILOGUE,
+                    std::ptr::null(),
+                    std::ptr::null(),
+                    0,
+                    (m / mr) as i64,
+                    std::ptr::null(),
+                    scales.as_ptr().add(j * nr),
+                    std::ptr::null(),
+                )
+            };
+        }
+    };
+    sweep();
+    let mut best = f64::MAX;
+    for _ in 0..8 {
+        let start = std::time::Instant::now();
+        sweep();
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    2.0 * (m * n * k) as f64 / best.max(1e-12) / 1e9
 }
 
 /// GFLOP/s of one micro-kernel called repeatedly on the same packed panels,

@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 use kernels::{ElemType, MachineModel, Packers, Target, ThreadPool, AMX_TILES};
 use serde::{Deserialize, Serialize};
 
-use plan::Epilogue;
+use plan::{Activation, Epilogue, Pointwise, PwOp, PwUnary};
 
 use crate::{
     compile_direct_kernel, compile_microkernel, compile_microkernel_with, pick_tile, register_tiles,
-    time_direct_kernel, time_microkernel, CodegenError, JitMicroKernel, TileMeasurement,
+    time_codes_sweep, time_direct_kernel, time_microkernel, CodegenError, JitMicroKernel, TileMeasurement,
+    CODES_DEPTH,
 };
 
 /// What is stored for one machine and vector width.
@@ -60,7 +61,7 @@ pub const RETRY_SUSPECT_AFTER: u64 = 600;
 
 /// The version of the kernel generator: a record measured with another version is
 /// measured again (changed kernels have changed rates).
-pub const GENERATOR: u32 = 13;
+pub const GENERATOR: u32 = 14;
 
 /// Timing passes over the whole family in [`measure`].
 pub const PASSES: usize = 3;
@@ -133,7 +134,8 @@ pub fn load(dir: &Path, t: &Target, elem: ElemType) -> Option<TuningRecord> {
 }
 
 /// Measure every register tile of `t` multiplying `elem`, as a packed-panel
-/// kernel and as a (f32) direct one (reporting progress: steps done, total), and
+/// kernel and as a (f32) direct one, and an AMX u8s8 tile also storing codes
+/// ([`time_codes_sweep`]) (reporting progress: steps done, total), and
 /// store the record. Every kernel is compiled first, then timed once per pass over
 /// all of them, [`PASSES`] passes, each keeping its best: this machine has phases
 /// of a second or more in which a core runs slower, and a tile timed only inside
@@ -159,24 +161,39 @@ pub fn measure(
             true => Some(compile_direct_kernel(t, mr, nr, Epilogue::default())?),
             false => None,
         };
-        kernels.push((p, d));
+        // An AMX u8s8 tile also as a static quantization's products run it: storing codes.
+        let codes = match elem == ElemType::U8S8 && t.amx_tile(elem, mr, nr) {
+            true => Some(compile_microkernel_with(t, elem, mr, nr, codes_epilogue())?),
+            false => None,
+        };
+        kernels.push((p, d, codes));
         progress(i + 1, total);
     }
-    let (mut gp, mut gd) = (vec![0.0f64; packed_tiles.len()], vec![0.0f64; tiles.len()]);
+    let n = packed_tiles.len();
+    let (mut gp, mut gd, mut gc) = (vec![0.0f64; n], vec![0.0f64; tiles.len()], vec![0.0f64; n]);
     for pass in 0..PASSES {
-        for (i, (p, d)) in kernels.iter().enumerate() {
-            // The two forms of a tile in alternation, so that they share a phase.
+        for (i, (p, d, codes)) in kernels.iter().enumerate() {
+            // The forms of a tile in alternation, so that they share a phase.
             gp[i] = gp[i].max(time_microkernel(&p.kernel(), t));
             if let Some(d) = d {
                 gd[i] = gd[i].max(time_direct_kernel(&d.kernel(), t));
             }
-            progress(packed_tiles.len() * (1 + pass) + i + 1, total);
+            if let Some(c) = codes {
+                gc[i] = gc[i].max(time_codes_sweep(&c.kernel(), CODES_DEPTH));
+            }
+            progress(n * (1 + pass) + i + 1, total);
         }
     }
-    let at = |tiles: &[(usize, usize)], g: &[f64]| -> Vec<TileMeasurement> {
-        tiles.iter().zip(g).map(|(&(mr, nr), &gflops)| TileMeasurement { mr, nr, gflops }).collect()
+    let at = |tiles: &[(usize, usize)], g: &[f64], codes: &[f64]| -> Vec<TileMeasurement> {
+        let codes = codes.iter().copied().chain(std::iter::repeat(0.0));
+        tiles
+            .iter()
+            .zip(g)
+            .zip(codes)
+            .map(|((&(mr, nr), &gflops), codes_gflops)| TileMeasurement { mr, nr, gflops, codes_gflops })
+            .collect()
     };
-    let (packed, direct) = (at(&packed_tiles, &gp), at(&tiles, &gd));
+    let (packed, direct) = (at(&packed_tiles, &gp, &gc), at(&tiles, &gd, &[]));
     let record = TuningRecord {
         machine: machine_key(t),
         elem,
@@ -190,6 +207,19 @@ pub fn measure(
         store(dir, t, &record);
     }
     Ok(record)
+}
+
+/// The epilogue [`time_codes_sweep`] times an AMX u8s8 tile with: a static
+/// quantization's store (a scale per column, rounded, clamped to u8's codes).
+fn codes_epilogue() -> Epilogue {
+    let mut p = Pointwise::empty();
+    // Three operations: well inside `MAX_POINTWISE_OPS`.
+    let quantized = p
+        .push(PwOp::Input)
+        .and_then(|x| p.push(PwOp::Unary(PwUnary::Round, x)))
+        .and_then(|r| p.push(PwOp::Integer { x: r, offset: 0, lo: 0, hi: 255 }));
+    debug_assert!(quantized.is_some());
+    Epilogue { column_scale: true, activation: Activation::Pointwise(p), codes: true, ..Epilogue::NONE }
 }
 
 /// Write `record` into the cache folder.
@@ -485,7 +515,7 @@ mod tests {
         // A one-thread peak under 3/4 of the fastest tile the record measured (116
         // GFLOP/s beside tiles of 219 on a Zen 5) is measured again too.
         let mut slow_single = record(vec![model(2, 447.0), model(1, 115.7)], vec![]);
-        slow_single.tiles = vec![TileMeasurement { mr: 9, nr: 32, gflops: 218.7 }];
+        slow_single.tiles = vec![TileMeasurement { mr: 9, nr: 32, gflops: 218.7, codes_gflops: 0.0 }];
         assert_eq!(cached_model(&slow_single, 1, 0), None);
         assert_eq!(cached_model(&slow_single, 2, 0), Some(model(2, 447.0)));
         assert!(!plausible(&model(2, 0.74 * 2.0 * 218.7), slow_single.single_peak()));

@@ -213,8 +213,8 @@ fn bf16_contractions_match_the_rounded_reference() {
     }
 }
 
-/// The bf16 family's AMX kernels alone (`tdpbf16ps`; the four tiles of 16
-/// and 32 rows and columns), as [`bf16_contractions_match_the_rounded_reference`].
+/// The bf16 family's AMX kernels alone (`tdpbf16ps`; the tiles of 16 and 32
+/// rows and columns, and 16×64), as [`bf16_contractions_match_the_rounded_reference`].
 #[test]
 fn amx_bf16_contractions_match_the_rounded_reference() {
     if !kernels::testing::amx() {
@@ -331,8 +331,8 @@ fn u8s8_contractions_are_exact_on_8_bit_integers() {
     integer_contractions_are_exact(kernels::ElemType::U8S8, "vpdpbusd", None);
 }
 
-/// The u8s8 family's AMX kernels alone (the four tiles of 16 and 32 rows and
-/// columns), on the same operands and shapes: their tile loops take K's whole
+/// The u8s8 family's AMX kernels alone (the tiles of 16 and 32 rows and
+/// columns, and 16×64), on the same operands and shapes: their tile loops take K's whole
 /// 64-byte steps, the vector loop the rest (odd depths, one past a step), and
 /// rows past a tile are padded in their A panels. Their code must hold `tdpbusd`.
 #[test]
@@ -341,6 +341,20 @@ fn amx_u8s8_contractions_are_exact_on_8_bit_integers() {
         return;
     }
     integer_contractions_are_exact(kernels::ElemType::U8S8, "tdpbusd", Some(&amx_kernels()));
+}
+
+/// The 16×64 AMX tile alone (four sums, each column's B tile loaded just
+/// before its products; a row's 64 codes one cache line), in both AMX
+/// families, as the two tests above: whichever widths the dispatcher would
+/// pick, every product runs on it.
+#[test]
+fn amx_16x64_tile_alone_is_exact() {
+    if !kernels::testing::amx() {
+        return;
+    }
+    let only = [tune::categorize::KernelId { direct: false, mr: 16, nr: 64 }];
+    integer_contractions_are_exact(kernels::ElemType::U8S8, "tdpbusd", Some(&only));
+    bf16_contractions(Some(&only));
 }
 
 /// The kernels of the AMX tiles, for a family of them alone.

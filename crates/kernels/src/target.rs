@@ -87,9 +87,10 @@ impl Target {
     /// with AMX tiles: u8s8 on an AMX-INT8 machine, bf16 on an AMX-BF16 one
     /// (with AVX-512 and its BF16 for the depths past the tiles' steps), `mr`
     /// and `nr` multiples of a tile's 16 rows and 16 columns of 32-bit sums,
-    /// its accumulator tiles and one A and one B tile per row and column of
-    /// them within the eight tile registers. Such a kernel reads its A panels
-    /// row by row ([`crate::MicroKernel::amx`]).
+    /// its accumulator tiles, an A tile per row of them and a B tile within
+    /// the eight tile registers (where a B tile per column would not fit, the
+    /// kernel loads each column's just before its products). Such a kernel
+    /// reads its A panels row by row ([`crate::MicroKernel::amx`]).
     pub fn amx_tile(&self, elem: ElemType, mr: usize, nr: usize) -> bool {
         let (tm, tn) = (mr / AMX_ROWS, nr / AMX_ROWS);
         let isa = match elem {
@@ -102,15 +103,16 @@ impl Target {
             && nr.is_multiple_of(AMX_ROWS)
             && tm >= 1
             && tn >= 1
-            && tm * tn + tm + tn <= 8
+            && tm * tn + tm < 8
     }
 }
 
 /// The rows of an AMX tile (and its columns of 32-bit values: 64 bytes a row).
 pub const AMX_ROWS: usize = 16;
 
-/// The tiles AMX kernels are generated in on an AMX target (`(mr, nr)`).
-pub const AMX_TILES: [(usize, usize); 4] = [(16, 16), (32, 16), (16, 32), (32, 32)];
+/// The tiles AMX kernels are generated in on an AMX target (`(mr, nr)`):
+/// 16×64 stores a row's 64 codes as one cache line.
+pub const AMX_TILES: [(usize, usize); 5] = [(16, 16), (32, 16), (16, 32), (32, 32), (16, 64)];
 
 #[cfg(target_arch = "x86_64")]
 fn detect_isa() -> Isa {
