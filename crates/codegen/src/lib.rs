@@ -1115,23 +1115,26 @@ pub(crate) fn gflops_of_calls(flops: usize, mut call: impl FnMut(usize)) -> f64 
 }
 
 /// The depth [`time_codes_sweep`] measures a tile storing codes at for the
-/// tuning record (a bottleneck block's 1×1 products are 64-512 deep).
+/// tuning record (a bottleneck block's 1×1 products are 64-1024 deep; at 256 a
+/// 64-wide tile measured 30-50% over the 32-wide ones, at 576 and deeper the
+/// three within 25% of each other, run to run in either order).
 pub const CODES_DEPTH: usize = 256;
 
 /// GFLOP/s of `uk`, a kernel whose epilogue stores 8-bit codes with a scale per
-/// column, at depth `k`, swept as the driver runs a product: per column panel
-/// of 256 columns one call over all the row tiles, the rows as many as make
-/// A 1 MiB (A's block stays in L2 across the panels, as the driver's blocks of
-/// rows do, while the lines of C a panel writes leave L1 before the next
-/// panel's kernels come back to them). An AMX kernel's sums go through the
-/// vector units row by row while its tile unit multiplies the next tile, and
-/// each row stores `NR` bytes: half a cache line for a 32-wide tile, whose
-/// other half the next panel writes. Neither shows in [`time_microkernel`]
-/// (one tile a call, its C of floats in L1). The best of a few sweeps; 0 for a
-/// kernel that does not store codes or a tile that does not divide the sweep.
+/// column, at depth `k`, swept as the driver runs a block of a product's rows:
+/// per column panel one call over all the row tiles. The rows are as many as
+/// make A 1 MiB (a block of rows the driver keeps in L2 across the panels), the
+/// columns as many as make C 4 MiB (larger than L2, as a block of a 1×1
+/// convolution's codes is: 16,384 rows by 256 columns at 8×224). Each row of a
+/// tile stores `NR` bytes: half a cache line for a 32-wide tile, whose other
+/// half the next panel writes after the line has left L2; a 64-wide tile
+/// writes whole lines. Neither that nor the vector units' epilogue working
+/// beside the next tile's products shows in [`time_microkernel`] (one tile a
+/// call, its C of floats in L1). The best of a few sweeps; 0 for a kernel that
+/// does not store codes or a tile that does not divide the sweep.
 pub fn time_codes_sweep(uk: &MicroKernel, k: usize) -> f64 {
-    let n: usize = 256;
-    let m = ((1 << 20) / k.max(1)).clamp(64, 4096) / 32 * 32;
+    let m = ((1 << 20) / k.max(1)).clamp(64, 16384) / 32 * 32;
+    let n = ((4 << 20) / m).clamp(256, 4096) / 64 * 64;
     let (mr, nr) = (uk.mr, uk.nr);
     if !m.is_multiple_of(mr) || !n.is_multiple_of(nr) || !uk.epilogue.codes || uk.elem != ElemType::U8S8 {
         return 0.0;
