@@ -183,6 +183,29 @@ fn amx_peaks_are_measured_and_plausible() {
     }
 }
 
+/// On an AMX machine the u8s8 tuning record holds, for each AMX tile and no
+/// other, a rate storing codes (`time_codes_sweep`, plausible as the peak's
+/// bound above); a kernel that stores floats has none to measure.
+#[test]
+fn amx_tiles_are_measured_storing_codes() {
+    use anyshape_codegen::{compile_microkernel_with, time_codes_sweep, tuning, CODES_DEPTH};
+    if !kernels::testing::amx() {
+        return;
+    }
+    let t = Target::detect();
+    let record = tuning::measure(None, &t, ElemType::U8S8, &|_, _| {}).expect("measure");
+    for tile in &record.tiles {
+        let amx = t.amx_tile(ElemType::U8S8, tile.mr, tile.nr);
+        let g = tile.codes_gflops;
+        assert!(!amx || (g > 1.0 && g < 2048.0 * 6.0), "{}x{}: {g}", tile.mr, tile.nr);
+        assert!(amx || g == 0.0, "{}x{} is no AMX tile: {g}", tile.mr, tile.nr);
+    }
+    assert!(record.tiles.iter().any(|m| (m.mr, m.nr) == (16, 64)), "no 16x64 tile measured");
+    let floats =
+        compile_microkernel_with(&t, ElemType::U8S8, 16, 64, plan::Epilogue::default()).expect("compile");
+    assert_eq!(time_codes_sweep(&floats.kernel(), CODES_DEPTH), 0.0);
+}
+
 /// The epilogue compiled into the kernel (`y = relu(scale·acc + bias + residual)`
 /// and its parts), applied once on the last K block, at edge-heavy shapes.
 #[test]
