@@ -1115,9 +1115,9 @@ pub(crate) fn gflops_of_calls(flops: usize, mut call: impl FnMut(usize)) -> f64 
 }
 
 /// The depth [`time_codes_sweep`] measures a tile storing codes at for the
-/// tuning record (a bottleneck block's 1×1 products are 64-1024 deep; at 256 a
-/// 64-wide tile measured 30-50% over the 32-wide ones, at 576 and deeper the
-/// three within 25% of each other, run to run in either order).
+/// tuning record: a bottleneck block's 1×1 products are 64-1024 deep, and
+/// deeper the wide tiles' rates storing codes come close (BENCHMARKS.md,
+/// session 58).
 pub const CODES_DEPTH: usize = 256;
 
 /// GFLOP/s of `uk`, a kernel whose epilogue stores 8-bit codes with a scale per

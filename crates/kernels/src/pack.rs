@@ -352,8 +352,10 @@ fn rows_of<S: Copy, T: Copy + Default>(
 }
 
 /// `d = s` for the short runs of codes a convolution's rows are made of: in
-/// 16-, 8- and 4-byte pieces (the last overlapping the one before), where a
-/// `memcpy` call would cost more than the copy.
+/// 64-, 16-, 8- and 4-byte pieces (the last overlapping the one before), where
+/// a `memcpy` call would cost more than the copy. A 3×3 kernel row of 64
+/// channels or more is a run of 192 bytes or more, copied with a bounds check
+/// and a branch a line, not four (BENCHMARKS.md, session 58).
 fn copy_codes(s: &[u8], d: &mut [u8]) {
     fn pieces<const W: usize>(s: &[u8], d: &mut [u8]) {
         let n = d.len();
@@ -365,6 +367,7 @@ fn copy_codes(s: &[u8], d: &mut [u8]) {
         d[n - W..].copy_from_slice(&s[n - W..n]);
     }
     match d.len() {
+        n if n >= 64 => pieces::<64>(s, d),
         n if n >= 16 => pieces::<16>(s, d),
         n if n >= 8 => pieces::<8>(s, d),
         n if n >= 4 => pieces::<4>(s, d),
