@@ -3,9 +3,9 @@
 //! its rate on L1's panels: `cargo run --release -p anyshape-codegen --example
 //! codes_sweep`. What the tuning record keeps is the rate at `CODES_DEPTH`.
 
-use anyshape_codegen::{compile_microkernel_with, time_codes_sweep, time_microkernel};
+use anyshape_codegen::{compile_microkernel_with, time_codes_sweep, time_microkernel, tuning};
 use kernels::{ElemType, Target, AMX_TILES};
-use plan::{Activation, Epilogue, Pointwise, PwOp, PwUnary};
+use plan::Epilogue;
 
 fn main() {
     let t = Target::detect();
@@ -13,14 +13,7 @@ fn main() {
         println!("this CPU has no AMX-INT8 tiles: nothing to measure");
         return;
     }
-    let mut p = Pointwise::empty();
-    let quantized = p
-        .push(PwOp::Input)
-        .and_then(|x| p.push(PwOp::Unary(PwUnary::Round, x)))
-        .and_then(|r| p.push(PwOp::Integer { x: r, offset: 0, lo: 0, hi: 255 }));
-    assert!(quantized.is_some());
-    let codes =
-        Epilogue { column_scale: true, activation: Activation::Pointwise(p), codes: true, ..Epilogue::NONE };
+    let codes = tuning::codes_epilogue();
     for &(mr, nr) in AMX_TILES.iter().filter(|&&(mr, nr)| t.amx_tile(ElemType::U8S8, mr, nr)) {
         let compile = |ep| compile_microkernel_with(&t, ElemType::U8S8, mr, nr, ep).expect("compile");
         let l1 = time_microkernel(&compile(Epilogue::default()).kernel(), &t);

@@ -1154,10 +1154,10 @@ pub fn time_codes_sweep(uk: &MicroKernel, k: usize) -> f64 {
         for j in 0..n / nr {
             // SAFETY: A holds `m / mr` row tiles of `kw` words (`k` codes and
             // up to 3 more) a row, B's panel `j` `kw` words of `nr` columns, C
-            // `m` rows of `n` codes (row stride `n`)
-            // of which the panel writes columns `j·nr..(j+1)·nr`, and `scales` a
-            // float per column from the panel's first: what the ABI lets the
-            // kernel touch for `m / mr` tiles with no bias or residual.
+            // `m` rows of `n` codes (row stride `n`) of which the panel writes
+            // columns `j·nr..(j+1)·nr`, and `scales` a float per column from
+            // the panel's first: what the ABI lets the kernel touch for
+            // `m / mr` tiles with no bias or residual.
             unsafe {
                 (uk.func)(
                     k as i64,

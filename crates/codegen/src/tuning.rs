@@ -211,7 +211,7 @@ pub fn measure(
 
 /// The epilogue [`time_codes_sweep`] times an AMX u8s8 tile with: a static
 /// quantization's store (a scale per column, rounded, clamped to u8's codes).
-fn codes_epilogue() -> Epilogue {
+pub fn codes_epilogue() -> Epilogue {
     let mut p = Pointwise::empty();
     // Three operations: well inside `MAX_POINTWISE_OPS`.
     let quantized = p
