@@ -25,7 +25,7 @@ use inkwell::values::{BasicValueEnum, FunctionValue, IntValue, PointerValue, Vec
 use inkwell::{AddressSpace, IntPredicate};
 
 use crate::{code_bytes, features_for, llvm, set_align, vmath, vpdpbusd, CodegenError};
-use kernels::{ElemType, AMX_ROWS};
+use kernels::{ElemType, AMX_ROWS, AMX_TILE_REGISTERS};
 use plan::Epilogue;
 
 /// The tile product of `elem` (u8s8 or bf16).
@@ -101,7 +101,7 @@ body:
              x86_amx %ta{i}, x86_amx %tb{j})"
         );
     };
-    let all_b = tm * tn + tm + tn <= 8;
+    let all_b = tm * tn + tm + tn <= AMX_TILE_REGISTERS;
     for j in 0..tn {
         if j > 0 {
             let _ = writeln!(s, "  %b{j} = getelementptr inbounds i8, ptr %b0, i64 {}", j * 64);

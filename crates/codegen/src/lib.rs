@@ -1141,9 +1141,9 @@ pub fn time_codes_sweep(uk: &MicroKernel, k: usize) -> f64 {
     }
     let kw = k.div_ceil(4);
     let words = |len: usize| {
-        let mut l = kernels::Lines::<u32>::with_len(0);
+        let mut l = kernels::Lines::<u32>::with_len(len);
         // Codes of 1 in every byte: sums far from i32's bounds.
-        l.extend_from_slice(&vec![0x0101_0101; len]);
+        l.fill(0x0101_0101);
         l
     };
     // A's panels of every row tile one after another, B's of every column panel.

@@ -51,7 +51,7 @@ pub use schedule::{
     PACKED_TIE,
 };
 pub use taps::{ConvTaps, RowsPackFn, RowsPacker};
-pub use target::{amx_usable, Isa, Target, AMX_ROWS, AMX_TILES};
+pub use target::{amx_usable, Isa, Target, AMX_ROWS, AMX_TILES, AMX_TILE_REGISTERS};
 pub use tree::{DecisionTree, RegretStats, TreeOptions};
 pub use tuned::{MacroKernel, TunedClass, TunedRow, TunedSchedules};
 

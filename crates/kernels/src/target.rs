@@ -103,12 +103,15 @@ impl Target {
             && nr.is_multiple_of(AMX_ROWS)
             && tm >= 1
             && tn >= 1
-            && tm * tn + tm < 8
+            && tm * tn + tm < AMX_TILE_REGISTERS
     }
 }
 
 /// The rows of an AMX tile (and its columns of 32-bit values: 64 bytes a row).
 pub const AMX_ROWS: usize = 16;
+
+/// The tile registers an AMX kernel's sums and operand tiles share.
+pub const AMX_TILE_REGISTERS: usize = 8;
 
 /// The tiles AMX kernels are generated in on an AMX target (`(mr, nr)`):
 /// 16×64 stores a row's 64 codes as one cache line.
