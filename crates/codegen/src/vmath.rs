@@ -303,15 +303,29 @@ impl VMath<'_> {
         b.build_signed_int_to_float(i, self.vt, "").map_err(llvm)
     }
 
+    /// Below this `e^x` is 0: `e^-87.33` is still a normal float (the least is
+    /// `e^-87.3365`), and every lane computed from an input clamped here is one.
+    const EXP_LEAST: f64 = -87.33;
+
     /// `e^x`: `x = n·ln2 + r` with `n = ⌊x·log2(e) + ½⌋` (so `|r| ≤ ln2/2`, `r`
     /// by two FMAs with ln2 split in a high and a low part), `e^r` by its
     /// degree-6 Taylor polynomial in Horner form on FMAs (relative error ≈ 1e-7
     /// there), and `2^n` applied as two powers of two `2^⌊n/2⌋·2^⌈n/2⌉`, each a
-    /// normal float, so that results overflow to +inf past ln(FLT_MAX) and
-    /// underflow gradually through the subnormals to 0 (with AVX-512, one
-    /// `vscalefps` does the same). NaN stays NaN.
+    /// normal float (with AVX-512, one `vscalefps`), so that results overflow to
+    /// +inf past ln(FLT_MAX). Results that would be subnormal are 0 (an error
+    /// under 1.2e-38), and no lane makes a subnormal on the way: Intel cores
+    /// take a microcode assist for each subnormal an instruction makes or reads,
+    /// which a masked softmax (every masked logit's `e^x`) paid on every call.
+    /// NaN stays NaN.
     pub fn exp(&self, x: V) -> R {
-        let xc = self.clamp(x, -104.0, 89.0)?;
+        let y = self.exp_normal(x)?;
+        // `x < EXP_LEAST` is false for NaN, which keeps `exp_normal`'s NaN.
+        self.select_lt(x, self.splat(Self::EXP_LEAST), self.splat(0.0), y)
+    }
+
+    /// `e^x` for `x ≥ EXP_LEAST` (below it, `e^EXP_LEAST`).
+    fn exp_normal(&self, x: V) -> R {
+        let xc = self.clamp(x, Self::EXP_LEAST, 89.0)?;
         let n = self.floor(self.fma(xc, self.splat(std::f64::consts::LOG2_E), self.splat(0.5))?)?;
         let r = self.fma(n, self.splat(-0.693_145_751_953_125), xc)?;
         let r = self.fma(n, self.splat(-1.428_606_765_330_187e-6), r)?;
@@ -407,7 +421,9 @@ impl VMath<'_> {
     /// `1 / (1 + e^{-x})`.
     pub fn sigmoid(&self, x: V) -> R {
         let e = self.exp(self.mul(x, self.splat(-1.0))?)?;
-        self.div(self.splat(1.0), self.add(self.splat(1.0), e)?)
+        let s = self.div(self.splat(1.0), self.add(self.splat(1.0), e)?)?;
+        // 0 where the quotient would be subnormal, as `exp` is.
+        self.select_lt(x, self.splat(Self::EXP_LEAST), self.splat(0.0), s)
     }
 
     /// The activation of `x`.
