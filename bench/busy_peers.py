@@ -166,6 +166,8 @@ def main():
         for s in systems:
             for c in conditions:
                 row[f"{s} {c} ms"] = med(s, c, i)
+                # Each round's median too: a machine whose speed swings shows it here.
+                row[f"{s} {c} ms by round"] = [r[0][i] for r in got[(s, c)]]
                 if c == "two":
                     row[f"{s} two calls/s"] = sum(1e3 / med(s, c, i, p) for p in range(2))
         rows.append(row)
