@@ -51,6 +51,10 @@ fn vector_math_over_the_whole_float_range() {
         xs.push(-x);
         bits += 4099;
     }
+    // Densely where `exp` and `sigmoid` leave the normal floats (e^-87.3365).
+    xs.extend((0..12_000).map(|i| -88.0 + i as f32 * 1e-4));
+    let edge = (-87.336_54f32).to_bits(); // ln(FLT_MIN), give or take an ulp
+    xs.extend((0..64).map(|d| f32::from_bits(edge - 32 + d)));
     xs.push(1.0); // an odd count: the last values run in the scalar tail
     let g = ir::parse_graph(GRAPH, &|_| None).expect("graph");
     let model = Model::from_ir(g, &LoadOptions::new()).expect("model");

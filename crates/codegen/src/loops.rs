@@ -955,7 +955,8 @@ impl Gen<'_> {
             {
                 let v = self.emit_as(g, vec)?.into_vector_value();
                 let lanes = v.get_type().get_size() as usize;
-                let m = VMath::new(self.ctx, self.module, self.bld, v.get_type(), lanes, self.features);
+                let m = VMath::new(self.ctx, self.module, self.bld, v.get_type(), lanes, self.features)
+                    .on_device(self.device);
                 let i = m.quantized_ints(v, offset, lo, hi)?;
                 self.cast(i.into(), DType::I32, dt)?
             }
@@ -1618,6 +1619,7 @@ impl Gen<'_> {
         let vt = self.lty(DType::F32, true).into_vector_type();
         let lanes = vt.get_size() as usize;
         VMath::new(self.ctx, self.module, self.bld, vt, lanes, self.features)
+            .on_device(self.device)
             .rounds_in_conversion(offset, lo, hi)
     }
 
@@ -1646,7 +1648,8 @@ impl Gen<'_> {
             a.into_vector_value()
         };
         let lanes = v.get_type().get_size() as usize;
-        let m = VMath::new(self.ctx, self.module, self.bld, v.get_type(), lanes, self.features);
+        let m = VMath::new(self.ctx, self.module, self.bld, v.get_type(), lanes, self.features)
+            .on_device(self.device);
         let r = f(&m, v)?;
         Ok(if scalar {
             self.bld.build_extract_element(r, i32t.const_zero(), "s").map_err(llvm)?

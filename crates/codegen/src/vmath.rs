@@ -31,6 +31,11 @@ pub(crate) struct VMath<'b> {
     /// Whether the target has AVX-512F (16-lane conversions with their own
     /// rounding).
     avx512: bool,
+    /// Whether results that would be subnormal are made 0 (`exp`, `sigmoid`):
+    /// on the CPU, whose cores (Intel's) take a microcode assist for each
+    /// subnormal an instruction makes or reads. A GPU takes them at full speed,
+    /// and the extra select costs registers there (spills at 64 a thread).
+    flush: bool,
 }
 
 impl<'b> VMath<'b> {
@@ -44,7 +49,12 @@ impl<'b> VMath<'b> {
         features: &str,
     ) -> VMath<'b> {
         let avx512 = features.split(',').any(|t| t.trim() == "+avx512f");
-        VMath { ctx, module, bld, vt, lanes, scalef: has_scalef(features, lanes), avx512 }
+        VMath { ctx, module, bld, vt, lanes, scalef: has_scalef(features, lanes), avx512, flush: true }
+    }
+
+    /// The same for a GPU kernel (`device`): subnormals kept.
+    pub fn on_device(self, device: bool) -> VMath<'b> {
+        VMath { flush: !device, ..self }
     }
 }
 
@@ -303,29 +313,37 @@ impl VMath<'_> {
         b.build_signed_int_to_float(i, self.vt, "").map_err(llvm)
     }
 
-    /// Below this `e^x` is 0: `e^-87.33` is still a normal float (the least is
-    /// `e^-87.3365`), and every lane computed from an input clamped here is one.
-    const EXP_LEAST: f64 = -87.33;
+    /// Below this `e^x` is 0 where subnormals are flushed: the least f32 whose
+    /// `e^x` is a normal float (the f32 below it is under ln(FLT_MIN)), and
+    /// the polynomial's value here is above 1, so that a lane clamped here
+    /// computes a normal float too.
+    const EXP_LEAST: f64 = -87.336_540_222_167_97;
+
+    /// Where subnormals are kept, `e^x` below this underflows to 0 anyway.
+    const EXP_UNDERFLOW: f64 = -104.0;
 
     /// `e^x`: `x = n·ln2 + r` with `n = ⌊x·log2(e) + ½⌋` (so `|r| ≤ ln2/2`, `r`
     /// by two FMAs with ln2 split in a high and a low part), `e^r` by its
     /// degree-6 Taylor polynomial in Horner form on FMAs (relative error ≈ 1e-7
     /// there), and `2^n` applied as two powers of two `2^⌊n/2⌋·2^⌈n/2⌉`, each a
     /// normal float (with AVX-512, one `vscalefps`), so that results overflow to
-    /// +inf past ln(FLT_MAX). Results that would be subnormal are 0 (an error
-    /// under 1.2e-38), and no lane makes a subnormal on the way: Intel cores
-    /// take a microcode assist for each subnormal an instruction makes or reads,
-    /// which a masked softmax (every masked logit's `e^x`) paid on every call.
-    /// NaN stays NaN.
+    /// +inf past ln(FLT_MAX). On the CPU, results that would be subnormal are 0
+    /// (an error under 1.2e-38) and no lane makes a subnormal on the way: Intel
+    /// cores take a microcode assist for each subnormal an instruction makes or
+    /// reads, which a masked softmax (every masked logit's `e^x`) paid on every
+    /// call. On a GPU they underflow gradually. NaN stays NaN.
     pub fn exp(&self, x: V) -> R {
-        let y = self.exp_normal(x)?;
-        // `x < EXP_LEAST` is false for NaN, which keeps `exp_normal`'s NaN.
+        if !self.flush {
+            return self.exp_from(x, Self::EXP_UNDERFLOW);
+        }
+        let y = self.exp_from(x, Self::EXP_LEAST)?;
+        // `x < EXP_LEAST` is false for NaN, which keeps `exp_from`'s NaN.
         self.select_lt(x, self.splat(Self::EXP_LEAST), self.splat(0.0), y)
     }
 
-    /// `e^x` for `x ≥ EXP_LEAST` (below it, `e^EXP_LEAST`).
-    fn exp_normal(&self, x: V) -> R {
-        let xc = self.clamp(x, Self::EXP_LEAST, 89.0)?;
+    /// `e^x` for `x ≥ least` (below it, `e^least`).
+    fn exp_from(&self, x: V, least: f64) -> R {
+        let xc = self.clamp(x, least, 89.0)?;
         let n = self.floor(self.fma(xc, self.splat(std::f64::consts::LOG2_E), self.splat(0.5))?)?;
         let r = self.fma(n, self.splat(-0.693_145_751_953_125), xc)?;
         let r = self.fma(n, self.splat(-1.428_606_765_330_187e-6), r)?;
@@ -422,6 +440,9 @@ impl VMath<'_> {
     pub fn sigmoid(&self, x: V) -> R {
         let e = self.exp(self.mul(x, self.splat(-1.0))?)?;
         let s = self.div(self.splat(1.0), self.add(self.splat(1.0), e)?)?;
+        if !self.flush {
+            return Ok(s);
+        }
         // 0 where the quotient would be subnormal, as `exp` is.
         self.select_lt(x, self.splat(Self::EXP_LEAST), self.splat(0.0), s)
     }
