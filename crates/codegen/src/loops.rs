@@ -954,10 +954,7 @@ impl Gen<'_> {
                     && self.rounds_in_conversion(offset, lo, hi) =>
             {
                 let v = self.emit_as(g, vec)?.into_vector_value();
-                let lanes = v.get_type().get_size() as usize;
-                let m = VMath::new(self.ctx, self.module, self.bld, v.get_type(), lanes, self.features)
-                    .on_device(self.device);
-                let i = m.quantized_ints(v, offset, lo, hi)?;
+                let i = self.vmath(v.get_type()).quantized_ints(v, offset, lo, hi)?;
                 self.cast(i.into(), DType::I32, dt)?
             }
             // A quantization's integer, computed in f32 (see `VMath::integer`)
@@ -1616,11 +1613,13 @@ impl Gen<'_> {
     /// Whether f32 vectors here round to integers in one instruction
     /// ([`VMath::rounds_in_conversion`]).
     fn rounds_in_conversion(&self, offset: i32, lo: i32, hi: i32) -> bool {
-        let vt = self.lty(DType::F32, true).into_vector_type();
+        self.vmath(self.lty(DType::F32, true).into_vector_type()).rounds_in_conversion(offset, lo, hi)
+    }
+
+    /// Vector math on `vt` for this kernel's target (a GPU kernel keeps subnormals).
+    fn vmath(&self, vt: inkwell::types::VectorType<'static>) -> VMath<'_> {
         let lanes = vt.get_size() as usize;
-        VMath::new(self.ctx, self.module, self.bld, vt, lanes, self.features)
-            .on_device(self.device)
-            .rounds_in_conversion(offset, lo, hi)
+        VMath::new(self.ctx, self.module, self.bld, vt, lanes, self.features).on_device(self.device)
     }
 
     /// f32 `exp`, `tanh`, `erf` and `sigmoid` by the inline polynomials.
@@ -1647,10 +1646,7 @@ impl Gen<'_> {
         } else {
             a.into_vector_value()
         };
-        let lanes = v.get_type().get_size() as usize;
-        let m = VMath::new(self.ctx, self.module, self.bld, v.get_type(), lanes, self.features)
-            .on_device(self.device);
-        let r = f(&m, v)?;
+        let r = f(&self.vmath(v.get_type()), v)?;
         Ok(if scalar {
             self.bld.build_extract_element(r, i32t.const_zero(), "s").map_err(llvm)?
         } else {

@@ -337,7 +337,16 @@ impl VMath<'_> {
             return self.exp_from(x, Self::EXP_UNDERFLOW);
         }
         let y = self.exp_from(x, Self::EXP_LEAST)?;
-        // `x < EXP_LEAST` is false for NaN, which keeps `exp_from`'s NaN.
+        self.flushed(x, y)
+    }
+
+    /// `y`, or 0 where `x < EXP_LEAST` when subnormals are flushed (`y` is
+    /// `e^x` or a function of it that would be subnormal there). The
+    /// comparison is false for NaN, which keeps `y`'s NaN.
+    fn flushed(&self, x: V, y: V) -> R {
+        if !self.flush {
+            return Ok(y);
+        }
         self.select_lt(x, self.splat(Self::EXP_LEAST), self.splat(0.0), y)
     }
 
@@ -440,11 +449,7 @@ impl VMath<'_> {
     pub fn sigmoid(&self, x: V) -> R {
         let e = self.exp(self.mul(x, self.splat(-1.0))?)?;
         let s = self.div(self.splat(1.0), self.add(self.splat(1.0), e)?)?;
-        if !self.flush {
-            return Ok(s);
-        }
-        // 0 where the quotient would be subnormal, as `exp` is.
-        self.select_lt(x, self.splat(Self::EXP_LEAST), self.splat(0.0), s)
+        self.flushed(x, s)
     }
 
     /// The activation of `x`.
