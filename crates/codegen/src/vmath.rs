@@ -333,10 +333,8 @@ impl VMath<'_> {
     /// reads, which a masked softmax (every masked logit's `e^x`) paid on every
     /// call. On a GPU they underflow gradually. NaN stays NaN.
     pub fn exp(&self, x: V) -> R {
-        if !self.flush {
-            return self.exp_from(x, Self::EXP_UNDERFLOW);
-        }
-        let y = self.exp_from(x, Self::EXP_LEAST)?;
+        let least = if self.flush { Self::EXP_LEAST } else { Self::EXP_UNDERFLOW };
+        let y = self.exp_from(x, least)?;
         self.flushed(x, y)
     }
 
