@@ -45,8 +45,9 @@ pub struct BenchMatmulArgs {
     #[arg(long)]
     avx2: bool,
     /// The element type the kernels multiply: f32, or bf16 (operands rounded to
-    /// bfloat16 when packed, f32 accumulation; needs AVX-512 BF16). Operands and
-    /// results are f32 in memory either way; the peak is the type's own.
+    /// bfloat16 when packed, f32 accumulation; needs AVX-512 BF16), or an integer
+    /// family (u8s8: A as 8-bit codes in memory, as a quantized model stores its
+    /// activations). Results are f32 in memory; the peak is the type's own.
     #[arg(long, default_value = "f32")]
     dtype: String,
     /// One JSON object per shape instead of a table.
@@ -83,6 +84,10 @@ pub struct BenchMatmulArgs {
     /// against the best one measured.
     #[arg(long)]
     exhaustive: bool,
+    /// Store C as 8-bit codes, as a statically quantized model's products do
+    /// (u8s8: a scale per column, rounded, clamped to 0..=255; one K block).
+    #[arg(long)]
+    codes: bool,
     /// A weight as a model's layer meets it: in memory, not in cache. Copies of
     /// the packed weight that overflow L3 one and a half times are taken in turn,
     /// one a call (as the measured dispatch does at compile time).
@@ -220,7 +225,12 @@ pub fn bench_matmul(args: BenchMatmulArgs) -> Result<()> {
     // The tile record checked against this machine first, as a model's compile does:
     // a stale record would price every schedule wrongly.
     codegen::tuning::checked_record(cache.as_deref(), &target, elem)?;
+    if args.codes && elem != kernels::ElemType::U8S8 {
+        bail!(UserError("--codes stores a u8s8 product's C: add --dtype u8s8".into()));
+    }
+    let epilogue = if args.codes { codegen::tuning::codes_epilogue() } else { plan::Epilogue::default() };
     let contraction = codegen::Contraction::builder(&target, &pool)
+        .epilogue(epilogue)
         .model(model.unwrap_or_default())
         .cache(cache.as_deref())
         .keep(keep.as_deref())
@@ -285,10 +295,13 @@ pub fn bench_matmul(args: BenchMatmulArgs) -> Result<()> {
     Ok(())
 }
 
-/// `HxWxC:KHxKW[:sS][:pP][:dD]`: a batch of one channels-last image, dense.
+/// `[Nx]HxWxC:KHxKW[:sS][:pP][:dD]`: a batch of `N` (default one) channels-last
+/// images, dense.
 fn parse_conv(spec: &str) -> Result<kernels::ConvTaps> {
     let bad = || {
-        UserError(format!("--conv `{spec}`: expected HxWxC:KHxKW[:sS][:pP][:dD], e.g. 56x56x64:3x3:s1:p1"))
+        UserError(format!(
+            "--conv `{spec}`: expected [Nx]HxWxC:KHxKW[:sS][:pP][:dD], e.g. 56x56x64:3x3:s1:p1 or 8x56x56x64:3x3:s1:p1"
+        ))
     };
     let nums = |s: &str| -> Result<Vec<usize>> {
         s.split('x').map(|v| v.parse::<usize>().map_err(|_| bad().into())).collect()
@@ -296,7 +309,12 @@ fn parse_conv(spec: &str) -> Result<kernels::ConvTaps> {
     let mut parts = spec.split(':');
     let image = nums(parts.next().ok_or_else(bad)?)?;
     let kernel = nums(parts.next().ok_or_else(bad)?)?;
-    let (&[h, w, c], &[kh, kw]) = (&image[..], &kernel[..]) else { bail!(bad()) };
+    let (images, image) = match image[..] {
+        [n, h, w, c] => (n, [h, w, c]),
+        [h, w, c] => (1, [h, w, c]),
+        _ => bail!(bad()),
+    };
+    let ([h, w, c], &[kh, kw]) = (image, &kernel[..]) else { bail!(bad()) };
     let (mut stride, mut pad, mut dilation) = (1, 0, 1);
     for p in parts {
         let (key, v) = p.split_at(p.len().min(1));
@@ -314,7 +332,7 @@ fn parse_conv(spec: &str) -> Result<kernels::ConvTaps> {
         Ok(room / stride.max(1) + 1)
     };
     let t = kernels::ConvTaps {
-        batch: 1,
+        batch: images,
         height: h,
         width: w,
         channels: c,
@@ -325,7 +343,7 @@ fn parse_conv(spec: &str) -> Result<kernels::ConvTaps> {
         dilation: [dilation; 2],
         pad: [pad; 2],
     };
-    t.check(h * w * c).map_err(|e| UserError(format!("--conv `{spec}`: {e}")))?;
+    t.check(images * h * w * c).map_err(|e| UserError(format!("--conv `{spec}`: {e}")))?;
     Ok(t)
 }
 
@@ -344,7 +362,7 @@ fn bench_shape(
 ) -> Result<()> {
     let batch = args.batch;
     let fill = |len: usize, p: usize| -> Vec<f32> { (0..len).map(|i| (i % p) as f32 * 0.01).collect() };
-    let a_len = conv.map_or(batch * m * k, |t| t.height * t.width * t.channels);
+    let a_len = conv.map_or(batch * m * k, |t| t.batch * t.height * t.width * t.channels);
     let mut ops = Operands {
         a: fill(a_len, 17),
         b: fill(batch * k * n, 13),
@@ -438,14 +456,45 @@ fn bench_shape(
     // Launch arguments once per shape; each timed call is the plan's contraction alone
     // (its plan, too, made before the timing).
     let Operands { a: a_data, b: b_data, c: c_data, packed } = &mut ops;
-    // A convolution's A is its taps over the image; otherwise A is row-major.
-    let (av, bv, mut cv) = match conv {
-        Some(t) => {
-            let (bv, cv) = b_and_c_views((b_data, c_data), packed.as_ref(), (batch, m, n, k), args.bt)?;
-            (vec![MatRef::taps(a_data, *t)?], bv, cv)
+    // A u8s8 product's A is a quantized activation's 8-bit codes, as a model
+    // stores it (words: the buffer starts on a 4-byte boundary).
+    let codes_of_a: Vec<u32> = match d.family().elem() {
+        kernels::ElemType::U8S8 if batch == 1 => {
+            let bytes: Vec<u8> = a_data.iter().map(|&v| (v * 100.0) as i32 as u8).collect();
+            let mut words = vec![0u32; bytes.len().div_ceil(4)];
+            bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..bytes.len()].copy_from_slice(&bytes);
+            words
         }
-        None => operand_views((a_data, b_data, c_data), packed.as_ref(), (batch, m, n, k), args.bt)?,
+        _ => Vec::new(),
     };
+    let codes =
+        (!codes_of_a.is_empty()).then(|| &bytemuck::cast_slice::<u32, u8>(&codes_of_a)[..a_data.len()]);
+    // A convolution's A is its taps over the image; otherwise A is row-major.
+    let (av, bv, mut cv) = match (conv, codes) {
+        (Some(t), codes) => {
+            let (bv, cv) = b_and_c_views((b_data, c_data), packed.as_ref(), (batch, m, n, k), args.bt)?;
+            let a = match codes {
+                Some(codes) => MatRef::taps_of_codes(codes, *t)?,
+                None => MatRef::taps(a_data, *t)?,
+            };
+            (vec![a], bv, cv)
+        }
+        (None, Some(codes)) => {
+            let (bv, cv) = b_and_c_views((b_data, c_data), packed.as_ref(), (batch, m, n, k), args.bt)?;
+            (vec![MatRef::of_codes(codes, m, k, k, 1)?], bv, cv)
+        }
+        (None, None) => operand_views((a_data, b_data, c_data), packed.as_ref(), (batch, m, n, k), args.bt)?,
+    };
+    // C as codes: a byte an element, scaled per column.
+    let mut c_codes = vec![0u8; if args.codes { batch * m * n } else { 0 }];
+    let scales = vec![1e-3f32; if args.codes { n } else { 0 }];
+    if args.codes {
+        cv = c_codes
+            .chunks_mut((m * n).max(1))
+            .map(|c| MatMut::of_codes(c, m, n, n))
+            .collect::<Result<_, _>>()?;
+    }
+    let ep = EpilogueArgs { column_scale: args.codes.then_some(&scales[..]), ..EpilogueArgs::default() };
     // Cold: the weight's copies in turn, each found in memory by its call.
     let copies: Vec<PackedB> = match packed.as_ref() {
         Some(p) if args.cold => {
@@ -465,7 +514,7 @@ fn bench_shape(
             0 => &bv,
             i => &cold[i - 1],
         };
-        execute(pool, plan, &av, b, &mut cv, &EpilogueArgs::default())?;
+        execute(pool, plan, &av, b, &mut cv, &ep)?;
         Ok(())
     };
     let chosen_plan = d.plan(&chosen)?;

@@ -1,7 +1,8 @@
 //! `anyshape bench-matmul`: the JSON it prints holds a measured rate, the chosen
 //! schedule, the dispatch times and (with --exhaustive) every model's regret; it
 //! dumps the kernels' IR and assembly; bad flags are user errors (exit 2);
-//! `--cold` takes copies of the weight in turn.
+//! `--cold` takes copies of the weight in turn; a u8s8 convolution of codes
+//! storing codes runs every candidate.
 
 use std::process::{Command, Output};
 
@@ -109,6 +110,41 @@ fn bf16_family_runs_and_reports_its_type() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A u8s8 convolution over codes storing codes (as a statically quantized
+/// model's products run), a batch of images: every candidate runs, the
+/// direct ones reading the codes in place, the packed ones copying them.
+#[test]
+fn u8s8_convolution_of_codes_storing_codes_runs_every_candidate() {
+    if !kernels::testing::vnni() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("anyshape-bench-u8s8-{}", std::process::id()));
+    let cache = dir.join("cache");
+    let out = anyshape(&[
+        "bench-matmul",
+        "--n",
+        "40",
+        "--conv",
+        "2x9x9x16:3x3:s1:p1",
+        "--dtype",
+        "u8s8",
+        "--codes",
+        "--exhaustive",
+        "--threads",
+        "2",
+        "--json",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text.lines().count(), 1, "{text}");
+    let l = text.lines().next().unwrap_or_default();
+    assert!(l.contains("\"dtype\": \"u8s8\"") && l.contains("\"m\": 162") && l.contains("\"k\": 144"), "{l}");
+    assert!(l.contains("\"candidates\": ") && l.contains("\"regret\""), "{l}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bad_flags_are_user_errors() {
     for (args, fragment) in [
@@ -119,6 +155,7 @@ fn bad_flags_are_user_errors() {
         (&["--hold", "NaN"][..], "--hold"),
         (&["--dtype", "int4"][..], "unknown element type"),
         (&["--dtype", "bf16", "--avx2"][..], "AVX-512 BF16"),
+        (&["--codes"][..], "--dtype u8s8"),
     ] {
         let mut all = vec!["bench-matmul", "--m", "4", "--n", "4", "--k", "4"];
         all.extend_from_slice(args);

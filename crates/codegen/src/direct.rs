@@ -4,6 +4,12 @@
 //! full panel's), one broadcast per row of A (row stride `lda`), and
 //! `MR · NR / W` fused multiply-adds; C's loads and stores, the bias and the
 //! residual are masked the same way, so no edge needs padding or a scratch tile.
+//!
+//! A u8s8 kernel steps over 32-bit words instead: A's word is four depths'
+//! 8-bit codes as they lie in memory (an activation of codes read in place),
+//! B's a packed weight's four signed bytes of a column, one `vpdpbusd` per
+//! row and vector into i32 sums, converted to f32 for the epilogue, which may
+//! store codes (a byte per element, masked as the floats are).
 
 use inkwell::attributes::AttributeLoc;
 use inkwell::context::Context;
@@ -14,11 +20,12 @@ use inkwell::values::{
     BasicMetadataValueEnum, BasicValueEnum, FunctionValue, IntValue, PointerValue, VectorValue,
 };
 use inkwell::{AddressSpace, IntPredicate};
-use kernels::{DirectKernel, DirectKernelFn, Target};
+use kernels::{DirectKernel, DirectKernelFn, ElemType, Target};
 use plan::Epilogue;
 
 use crate::{
-    jit_function, llvm, target_attributes, vmath, CodegenError, JitDirectKernel, JitKernel, ObjectCache,
+    jit_function, llvm, target_attributes, vmath, vpdpbusd, CodegenError, JitDirectKernel, JitKernel,
+    ObjectCache,
 };
 
 /// Compile an `mr × nr` direct f32 micro-kernel for `t` (`nr` a multiple of its
@@ -29,37 +36,58 @@ pub fn compile_direct_kernel(
     nr: usize,
     epilogue: Epilogue,
 ) -> Result<JitDirectKernel, CodegenError> {
-    compile_direct_kernel_cached(t, mr, nr, epilogue, &ObjectCache::none())
+    compile_direct_kernel_cached(t, ElemType::F32, mr, nr, epilogue, &ObjectCache::none())
 }
 
-/// [`compile_direct_kernel`] through `cache`.
+/// [`compile_direct_kernel`] multiplying `elem` (f32, or u8s8 words), through
+/// `cache`. A u8s8 kernel whose epilogue stores codes always applies it.
 pub fn compile_direct_kernel_cached(
     t: &Target,
+    elem: ElemType,
     mr: usize,
     nr: usize,
     epilogue: Epilogue,
     cache: &ObjectCache,
 ) -> Result<JitDirectKernel, CodegenError> {
     let w = crate::check_tile(t, mr, nr)?;
-    let name = format!("direct_f32_{mr}x{nr}{}", if epilogue.is_identity() { "" } else { "_epilogue" });
+    if !matches!(elem, ElemType::F32 | ElemType::U8S8) {
+        return Err(CodegenError::Unsupported(format!("direct kernels multiply f32 or u8s8, not {elem}")));
+    }
+    t.check_elem(elem).map_err(|e| CodegenError::Unsupported(e.to_string()))?;
+    if epilogue.codes && elem != ElemType::U8S8 {
+        return Err(CodegenError::Unsupported("direct f32 kernels store floats, not codes".into()));
+    }
+    let name = format!(
+        "direct_{}_{mr}x{nr}{}",
+        if elem == ElemType::U8S8 { "u8s8" } else { "f32" },
+        match (epilogue.is_identity(), epilogue.codes) {
+            (true, _) => "",
+            (false, false) => "_epilogue",
+            (false, true) => "_codes",
+        }
+    );
     let jit = jit_function(t, &name, cache, |ctx, module, cpu, features| {
-        build_direct(ctx, module, &name, (mr, nr, w), &epilogue, cpu, features)
+        build_direct(ctx, module, &name, (elem, mr, nr, w), &epilogue, cpu, features)
     })?;
     // SAFETY: `name` was just generated with exactly the `DirectKernelFn` signature
     // and the C calling convention; its image lives in the returned value.
     let func: DirectKernelFn = unsafe { jit.image.entry(&name) }.map_err(|e| llvm(e.to_string()))?;
     Ok(JitKernel {
-        kernel: DirectKernel { mr, nr, func, epilogue, packers: Default::default() },
+        kernel: DirectKernel { mr, nr, elem, func, epilogue, packers: Default::default() },
         ir: jit.ir,
         _image: jit.image,
     })
 }
 
-/// The intrinsics the kernel calls.
+/// The intrinsics the kernel calls: the multiply-add (`fma` on f32 lanes,
+/// `vpdpbusd` on i32 ones), masked loads of f32 and of the accumulator's
+/// lanes (B's words), masked stores of f32 and of bytes (codes).
 struct Intrinsics {
-    fma: FunctionValue<'static>,
+    mul: FunctionValue<'static>,
     load: FunctionValue<'static>,
+    load_b: FunctionValue<'static>,
     store: FunctionValue<'static>,
+    store_bytes: FunctionValue<'static>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -67,7 +95,7 @@ fn build_direct(
     ctx: &'static Context,
     module: &Module<'static>,
     name: &str,
-    (mr, nr, w): (usize, usize, usize),
+    (elem, mr, nr, w): (ElemType, usize, usize, usize),
     epilogue: &Epilogue,
     cpu: &str,
     features: &str,
@@ -75,6 +103,10 @@ fn build_direct(
     let (f32t, i64t, i32t) = (ctx.f32_type(), ctx.i64_type(), ctx.i32_type());
     let ptr = ctx.ptr_type(AddressSpace::default());
     let vt = f32t.vec_type(w as u32);
+    // The accumulators' and B's vectors: f32, or u8s8's i32 lanes.
+    let integer = elem == ElemType::U8S8;
+    let acc_t = crate::accumulator_type(ctx, elem, w);
+    let codes = epilogue.codes;
     let nv = nr / w;
     let params = [
         i64t.into(), // kc
@@ -118,10 +150,16 @@ fn build_direct(
             .and_then(|i| i.get_declaration(module, tys))
             .ok_or_else(|| llvm(format!("no {n} for the vector type")))
     };
+    let bytes_t = ctx.i8_type().vec_type(w as u32);
     let ii = Intrinsics {
-        fma: intr("llvm.fma", &[vt.into()])?,
+        mul: match integer {
+            true => vpdpbusd(ctx, module, w),
+            false => intr("llvm.fma", &[vt.into()])?,
+        },
         load: intr("llvm.masked.load", &[vt.into(), ptr.into()])?,
+        load_b: intr("llvm.masked.load", &[acc_t.into(), ptr.into()])?,
         store: intr("llvm.masked.store", &[vt.into(), ptr.into()])?,
+        store_bytes: intr("llvm.masked.store", &[bytes_t.into(), ptr.into()])?,
     };
 
     let bld = ctx.create_builder();
@@ -154,7 +192,17 @@ fn build_direct(
             .ok_or_else(|| llvm("masked.load returned nothing"))
     };
     let masked_store = |v: VectorValue<'static>, p: PointerValue<'static>, mask: VectorValue<'static>| {
-        call(ii.store, &[v.into(), p.into(), align.into(), mask.into()]).map(|_| ())
+        let store = if v.get_type() == bytes_t { ii.store_bytes } else { ii.store };
+        let align = if v.get_type() == bytes_t { i32t.const_int(1, false) } else { align };
+        call(store, &[v.into(), p.into(), align.into(), mask.into()]).map(|_| ())
+    };
+    // B's vector at `p`: f32 lanes, or the i32 lanes of u8s8's words.
+    let load_b = |p: PointerValue<'static>,
+                  mask: VectorValue<'static>|
+     -> Result<VectorValue<'static>, CodegenError> {
+        call(ii.load_b, &[p.into(), align.into(), mask.into(), acc_t.const_zero().into()])?
+            .map(BasicValueEnum::into_vector_value)
+            .ok_or_else(|| llvm("masked.load returned nothing"))
     };
 
     // entry: the column masks (lane j of vector v is live when v·W + j < ncols) and
@@ -202,18 +250,27 @@ fn build_direct(
         let mut bvecs = Vec::with_capacity(nv);
         for (v, mask) in masks.iter().enumerate() {
             let idx = bld.build_int_add(kb, c_i64(v * w), "bi").map_err(llvm)?;
-            bvecs.push(masked_load(gep(b, idx, "bp")?, *mask)?);
+            bvecs.push(load_b(gep(b, idx, "bp")?, *mask)?);
         }
         let mut next = Vec::with_capacity(mr * nv);
+        // A's element (a word of four codes for u8s8), broadcast.
+        let a_elem: inkwell::types::BasicTypeEnum = if integer { i32t.into() } else { f32t.into() };
         for (i, row) in rows.iter().enumerate() {
             let idx = bld.build_int_add(*row, k, "ai").map_err(llvm)?;
-            let s = bld.build_load(f32t, gep(a, idx, "ap")?, "a").map_err(llvm)?.into_float_value();
-            let one = bld.build_insert_element(vt.get_poison(), s, i32t.const_zero(), "a1").map_err(llvm)?;
-            let splat =
-                bld.build_shuffle_vector(one, vt.get_poison(), lanes_t.const_zero(), "abc").map_err(llvm)?;
+            let s = bld.build_load(a_elem, gep(a, idx, "ap")?, "a").map_err(llvm)?;
+            let one =
+                bld.build_insert_element(acc_t.get_poison(), s, i32t.const_zero(), "a1").map_err(llvm)?;
+            let splat = bld
+                .build_shuffle_vector(one, acc_t.get_poison(), lanes_t.const_zero(), "abc")
+                .map_err(llvm)?;
             for (v, bv) in bvecs.iter().enumerate() {
-                let r = call(ii.fma, &[splat.into(), (*bv).into(), accs[i * nv + v].into()])?;
-                next.push(r.ok_or_else(|| llvm("fma returned nothing"))?);
+                let acc = accs[i * nv + v];
+                let args: [BasicMetadataValueEnum<'static>; 3] = match integer {
+                    true => [acc.into(), splat.into(), (*bv).into()],
+                    false => [splat.into(), (*bv).into(), acc.into()],
+                };
+                let r = call(ii.mul, &args)?;
+                next.push(r.ok_or_else(|| llvm("the multiply-add returned nothing"))?);
             }
         }
         Ok(next)
@@ -242,7 +299,7 @@ fn build_direct(
         let bp_phi = bld.build_phi(ptr, "b.run").map_err(llvm)?;
         let mut carry = Vec::with_capacity(mr * nv);
         for i in 0..mr * nv {
-            carry.push(bld.build_phi(vt, &format!("carry{i}")).map_err(llvm)?);
+            carry.push(bld.build_phi(acc_t, &format!("carry{i}")).map_err(llvm)?);
         }
         let bases =
             (ap_phi.as_basic_value().into_pointer_value(), bp_phi.as_basic_value().into_pointer_value());
@@ -252,7 +309,7 @@ fn build_direct(
         let k_phi = bld.build_phi(i64t, "k").map_err(llvm)?;
         let mut acc_phis = Vec::with_capacity(sets * mr * nv);
         for i in 0..sets * mr * nv {
-            acc_phis.push(bld.build_phi(vt, &format!("acc{i}")).map_err(llvm)?);
+            acc_phis.push(bld.build_phi(acc_t, &format!("acc{i}")).map_err(llvm)?);
         }
         let k = k_phi.as_basic_value().into_int_value();
         let k_end = bld.build_int_add(k, c_i64(sets), "k.end").map_err(llvm)?;
@@ -288,7 +345,7 @@ fn build_direct(
         bld.build_unconditional_branch(header).map_err(llvm)?;
         k_phi.add_incoming(&[(&c_i64(0), run_header), (&k_end, body_main)]);
         for (x, (phi, nx)) in acc_phis.iter().zip(&next).enumerate() {
-            let init = if x < mr * nv { carry[x].as_basic_value() } else { vt.const_zero().into() };
+            let init = if x < mr * nv { carry[x].as_basic_value() } else { acc_t.const_zero().into() };
             phi.add_incoming(&[(&init, run_header), (nx, body_main)]);
         }
         // k.tail: the last steps, one at a time, into set 0.
@@ -296,7 +353,7 @@ fn build_direct(
         let kt_phi = bld.build_phi(i64t, "kt").map_err(llvm)?;
         let mut tail_phis = Vec::with_capacity(mr * nv);
         for i in 0..mr * nv {
-            tail_phis.push(bld.build_phi(vt, &format!("tacc{i}")).map_err(llvm)?);
+            tail_phis.push(bld.build_phi(acc_t, &format!("tacc{i}")).map_err(llvm)?);
         }
         let kt = kt_phi.as_basic_value().into_int_value();
         let more = bld.build_int_compare(IntPredicate::SLT, kt, kc, "tmore").map_err(llvm)?;
@@ -317,7 +374,10 @@ fn build_direct(
             let mut acc = tail_phis[x].as_basic_value().into_vector_value();
             for set in 1..sets {
                 let other = acc_phis[set * mr * nv + x].as_basic_value().into_vector_value();
-                acc = bld.build_float_add(acc, other, "sets").map_err(llvm)?;
+                acc = match integer {
+                    true => bld.build_int_add(acc, other, "sets").map_err(llvm)?,
+                    false => bld.build_float_add(acc, other, "sets").map_err(llvm)?,
+                };
             }
             sums.push(acc);
         }
@@ -333,7 +393,7 @@ fn build_direct(
         ap_phi.add_incoming(&[(&a, start), (&a_next, out)]);
         bp_phi.add_incoming(&[(&b, start), (&b_next, out)]);
         for (x, phi) in carry.iter().enumerate() {
-            phi.add_incoming(&[(&vt.const_zero(), start), (&sums[x], out)]);
+            phi.add_incoming(&[(&acc_t.const_zero(), start), (&sums[x], out)]);
         }
         Ok((out, sums))
     };
@@ -349,20 +409,36 @@ fn build_direct(
     // The tile's sums from whichever version ran (phis first in the block).
     let mut tile = Vec::with_capacity(mr * nv);
     for x in 0..mr * nv {
-        let phi = bld.build_phi(vt, &format!("tile{x}")).map_err(llvm)?;
+        let phi = bld.build_phi(acc_t, &format!("tile{x}")).map_err(llvm)?;
         phi.add_incoming(&[(&full_sums[x], full_out), (&part_sums[x], part_out)]);
         tile.push(phi.as_basic_value().into_vector_value());
+    }
+    // u8s8's i32 sums as f32 (exact below 2^24).
+    if integer {
+        for x in tile.iter_mut() {
+            *x = bld.build_signed_int_to_float(*x, vt, "acc.f32").map_err(llvm)?;
+        }
     }
     let bit = |b: i64, n: &str| -> Result<_, CodegenError> {
         let masked = bld.build_and(flags, c_i64(b as usize), n).map_err(llvm)?;
         bld.build_int_compare(IntPredicate::NE, masked, c_i64(0), n).map_err(llvm)
     };
-    let add = bit(kernels::ACCUMULATE, "add")?;
-    bld.build_conditional_branch(add, add_c, set_c).map_err(llvm)?;
+    // A tile of codes is never added to (its product is one K block) and
+    // always ends in the epilogue, whose values it stores a byte each.
+    if codes {
+        bld.build_unconditional_branch(set_c).map_err(llvm)?;
+    } else {
+        let add = bit(kernels::ACCUMULATE, "add")?;
+        bld.build_conditional_branch(add, add_c, set_c).map_err(llvm)?;
+    }
     let c_ptr = |i: usize, v: usize| -> Result<_, CodegenError> {
         let row = bld.build_int_mul(c_i64(i), ldc, "row").map_err(llvm)?;
         let idx = bld.build_int_add(row, c_i64(v * w), "ci").map_err(llvm)?;
-        gep(c, idx, "cp")
+        match codes {
+            // SAFETY (of the IR): as `gep`, in the tile of bytes the ABI promises.
+            true => unsafe { bld.build_in_bounds_gep(ctx.i8_type(), c, &[idx], "cp") }.map_err(llvm),
+            false => gep(c, idx, "cp"),
+        }
     };
     bld.position_at_end(add_c);
     let mut summed = Vec::with_capacity(mr * nv);
@@ -375,6 +451,8 @@ fn build_direct(
     let vals = crate::join_tile(&bld, vt, (add_c, &summed), (set_c, &tile), merge)?;
     if epilogue.is_identity() {
         bld.build_unconditional_branch(plain).map_err(llvm)?;
+    } else if codes {
+        bld.build_unconditional_branch(epi).map_err(llvm)?;
     } else {
         let apply = bit(kernels::APPLY_EPILOGUE, "apply")?;
         bld.build_conditional_branch(apply, epi, plain).map_err(llvm)?;
@@ -397,12 +475,19 @@ fn build_direct(
     for i in 0..mr {
         for (v, mask) in masks.iter().enumerate() {
             let load = |base, idx| masked_load(gep(base, idx, "ep")?, *mask);
-            let y =
-                vm.epilogue(epilogue, out[i * nv + v], (cscale, bias, res, ldr, params), (i, v * w), &load)?;
-            out[i * nv + v] = y;
+            let ptrs = (cscale, bias, res, ldr, params);
+            match codes {
+                true => {
+                    let b = vm.epilogue_codes(epilogue, out[i * nv + v], ptrs, (i, v * w), &load)?;
+                    masked_store(b, c_ptr(i, v)?, *mask)?;
+                }
+                false => out[i * nv + v] = vm.epilogue(epilogue, out[i * nv + v], ptrs, (i, v * w), &load)?,
+            }
         }
     }
-    store(&out)?;
+    if !codes {
+        store(&out)?;
+    }
     bld.build_unconditional_branch(exit).map_err(llvm)?;
     bld.position_at_end(exit);
     bld.build_return(None).map_err(llvm)?;
@@ -431,8 +516,11 @@ pub(crate) fn accumulator_sets(accs: usize, nv: usize, regs: usize) -> usize {
 
 /// GFLOP/s of one direct kernel called repeatedly on operands that stay in L1: A
 /// with rows `kc` apart, B row-major `NR` wide (full tiles, so no lane is masked).
+/// A u8s8 kernel's steps are words of four depths each (operations counted as
+/// an f32 kernel's: two a multiply-add). Kernels with no epilogue only.
 pub fn time_direct_kernel(uk: &DirectKernel, t: &Target) -> f64 {
     let kc = (t.l1d / 4 / ((uk.mr + uk.nr) * 4)).clamp(16, 512);
+    let depths = if uk.elem == ElemType::U8S8 { 4 } else { 1 };
     let a = vec![0.5f32; kc * uk.mr];
     let b = vec![0.25f32; kc * uk.nr];
     let mut c = vec![0.0f32; uk.mr * uk.nr];
@@ -465,5 +553,5 @@ pub fn time_direct_kernel(uk: &DirectKernel, t: &Target) -> f64 {
             };
         }
     };
-    crate::gflops_of_calls(2 * uk.mr * uk.nr * kc, call)
+    crate::gflops_of_calls(2 * uk.mr * uk.nr * kc * depths, call)
 }

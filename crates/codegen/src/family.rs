@@ -148,9 +148,11 @@ impl<'a> ContractionBuilder<'a> {
         tiles.retain(|t| kept(false, t));
         // The direct kernels: the same choice of heights per width, from their own rates.
         let mut direct_tiles = direct_family_tiles(&rec.direct);
-        direct_tiles.retain(|t| kept(true, t));
+        // f32 direct kernels store floats: a family storing codes has them in u8s8 only.
+        direct_tiles.retain(|t| kept(true, t) && (!epilogue.codes || direct_elem(elem) == ElemType::U8S8));
         // One packing routine per panel width: A's heights, and B's widths, in the
-        // family's type; the direct kernels' B panels are f32 in every family.
+        // family's type; the direct kernels' B panels are f32 in every family but
+        // u8s8 (whose direct kernels read a packed weight's words: no pack).
         let (mut widths, mut f32_widths, mut rows_widths) = (Vec::new(), Vec::new(), Vec::new());
         // u8s8's A from 8-bit codes in memory: their 4-byte words copied as f32
         // lanes, by rows and by address.
@@ -170,9 +172,10 @@ impl<'a> ContractionBuilder<'a> {
                 widths.extend(tiles.iter().map(|t| t.nr));
             }
             let direct_widths = direct_tiles.iter().map(|t| t.nr);
-            match elem {
-                ElemType::F32 => widths.extend(direct_widths),
-                _ => f32_widths.extend(direct_widths),
+            match direct_elem(elem) {
+                ElemType::F32 if elem == ElemType::F32 => widths.extend(direct_widths),
+                ElemType::F32 => f32_widths.extend(direct_widths),
+                _ => {}
             }
             if elem == ElemType::U8S8 {
                 // (AMX tiles copy their codes' rows themselves.)
@@ -231,10 +234,14 @@ impl<'a> ContractionBuilder<'a> {
         }
         let mut direct = Vec::with_capacity(direct_tiles.len());
         let mut direct_variants = Vec::with_capacity(direct_tiles.len());
+        let delem = direct_elem(elem);
         for t in &direct_tiles {
-            let k = compile_direct_kernel_cached(target, t.mr, t.nr, epilogue, objects)?;
-            let kernel =
-                kernels::DirectKernel { packers: packers_of(ElemType::F32, None, t.nr), ..k.kernel() };
+            let k = compile_direct_kernel_cached(target, delem, t.mr, t.nr, epilogue, objects)?;
+            let packers = match delem {
+                ElemType::F32 => packers_of(ElemType::F32, None, t.nr),
+                _ => Packers::default(),
+            };
+            let kernel = kernels::DirectKernel { packers, ..k.kernel() };
             direct_variants.push(DirectVariant { kernel, gflops: t.gflops });
             direct.push(k);
             report(crate::Progress::Done);
@@ -248,6 +255,15 @@ impl<'a> ContractionBuilder<'a> {
             direct,
             packers,
         })
+    }
+}
+
+/// The type a family of `elem`'s direct kernels multiply: u8s8's read codes
+/// and their weight's words; every other family's read floats (f32 kernels).
+pub fn direct_elem(elem: ElemType) -> ElemType {
+    match elem {
+        ElemType::U8S8 => ElemType::U8S8,
+        _ => ElemType::F32,
     }
 }
 

@@ -75,7 +75,8 @@ struct Refined {
 /// a debug build keeps a file of its own (`tuning::build_suffix`: a version 7 file
 /// may hold a debug build's picks), version 9 at 128, 256 and 512 rows too, version 10
 /// with weights packed whole read in either depth (ties to the L1 blocks), version 11
-/// with a u8s8 family's A as codes, packed schedules only. An older
+/// with a u8s8 family's A as codes, packed schedules only, version 12 with its
+/// direct kernels reading those codes in place. An older
 /// file is left alone and measured again; one file per element type.
 pub fn path(dir: &Path, elem: kernels::ElemType, threads: usize) -> PathBuf {
     dir.join(format!("{}{threads}t{}.json", file_prefix(elem), crate::tuning::build_suffix()))
@@ -83,7 +84,7 @@ pub fn path(dir: &Path, elem: kernels::ElemType, threads: usize) -> PathBuf {
 
 /// What every [`path`] of `elem` begins with (the thread count follows).
 fn file_prefix(elem: kernels::ElemType) -> String {
-    format!("refined-v11-{}-", elem.name())
+    format!("refined-v12-{}-", elem.name())
 }
 
 /// Remove the measured dispatch of `elem` kernels (every thread count) from the
@@ -209,13 +210,15 @@ fn measure(
     let packed: Vec<PackedB> = (0..copies).map(|_| PackedB::of_elem(bv, nr, kc, d.family().elem())).collect();
     let rows = *ROWS.last().unwrap_or(&1);
     let a: Vec<f32> = (0..rows * k).map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5).collect();
-    // A u8s8 product's A is a quantized activation's codes, read by packed
-    // schedules only (`Dispatcher::schedule_of`): measured so, since AMX tiles
-    // copy codes' rows and convert floats, at different speeds.
+    // A u8s8 product's A is a quantized activation's codes: measured so, since
+    // AMX tiles copy codes' rows and convert floats, at different speeds. Its
+    // direct schedules read them in place a word at a time
+    // (`Dispatcher::schedule_of`), where they start on a word.
     let elem = d.family().elem();
     let codes: Vec<u8> = (0..rows * k).map(|i| ((i * 31) % 17) as u8).collect();
     let a_codes = elem == kernels::ElemType::U8S8;
-    let measurable = |s: &Schedule| !a_codes || s.operands == Operands::Packed;
+    let words = (codes.as_ptr() as usize).is_multiple_of(4) && k.is_multiple_of(4);
+    let measurable = |s: &Schedule| !a_codes || s.operands == Operands::Packed || words;
     let mut c = vec![0f32; rows * n];
     let bias = vec![0.25f32; n];
     let residual = vec![0.5f32; rows * n];

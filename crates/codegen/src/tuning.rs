@@ -14,9 +14,8 @@ use serde::{Deserialize, Serialize};
 use plan::{Activation, Epilogue, Pointwise, PwOp, PwUnary};
 
 use crate::{
-    compile_direct_kernel, compile_microkernel, compile_microkernel_with, pick_tile, register_tiles,
-    time_codes_sweep, time_direct_kernel, time_microkernel, CodegenError, JitMicroKernel, TileMeasurement,
-    CODES_DEPTH,
+    compile_microkernel, compile_microkernel_with, pick_tile, register_tiles, time_codes_sweep,
+    time_direct_kernel, time_microkernel, CodegenError, JitMicroKernel, TileMeasurement, CODES_DEPTH,
 };
 
 /// What is stored for one machine and vector width.
@@ -31,7 +30,7 @@ pub struct TuningRecord {
     pub generator: u32,
     pub tiles: Vec<TileMeasurement>,
     /// The same tiles as direct kernels (operands read in place; f32 in every
-    /// family).
+    /// family but u8s8, [`crate::family::direct_elem`]).
     #[serde(default)]
     pub direct: Vec<TileMeasurement>,
     /// The calibrated analytical levels, one per thread count seen.
@@ -61,7 +60,7 @@ pub const RETRY_SUSPECT_AFTER: u64 = 600;
 
 /// The version of the kernel generator: a record measured with another version is
 /// measured again (changed kernels have changed rates).
-pub const GENERATOR: u32 = 14;
+pub const GENERATOR: u32 = 15;
 
 /// Timing passes over the whole family in [`measure`].
 pub const PASSES: usize = 3;
@@ -134,7 +133,7 @@ pub fn load(dir: &Path, t: &Target, elem: ElemType) -> Option<TuningRecord> {
 }
 
 /// Measure every register tile of `t` multiplying `elem`, as a packed-panel
-/// kernel and as a (f32) direct one, and an AMX u8s8 tile also storing codes
+/// kernel and as a direct one (f32, or u8s8 in that family), and an AMX u8s8 tile also storing codes
 /// ([`time_codes_sweep`]) (reporting progress: steps done, total), and
 /// store the record. Every kernel is compiled first, then timed once per pass over
 /// all of them, [`PASSES`] passes, each keeping its best: this machine has phases
@@ -158,7 +157,14 @@ pub fn measure(
     for (i, &(mr, nr)) in packed_tiles.iter().enumerate() {
         let p = compile_microkernel_with(t, elem, mr, nr, Epilogue::default())?;
         let d = match i < tiles.len() {
-            true => Some(compile_direct_kernel(t, mr, nr, Epilogue::default())?),
+            true => Some(crate::compile_direct_kernel_cached(
+                t,
+                crate::family::direct_elem(elem),
+                mr,
+                nr,
+                Epilogue::default(),
+                &crate::ObjectCache::none(),
+            )?),
             false => None,
         };
         // An AMX u8s8 tile also as a static quantization's products run it: storing codes.

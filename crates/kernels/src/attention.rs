@@ -181,8 +181,11 @@ pub fn attention(
             return Err(KernelError::Shape("attention reads Q in place: its rows must be contiguous".into()));
         }
     }
-    let (_, snr) = plan.scores.check()?;
-    let (_, onr) = plan.output.check()?;
+    let (_, snr, selem) = plan.scores.check()?;
+    let (_, onr, oelem) = plan.output.check()?;
+    if (selem, oelem) != (crate::ElemType::F32, crate::ElemType::F32) {
+        return Err(KernelError::Shape("attention's products run f32 direct kernels".into()));
+    }
     if plan.block == 0 || plan.chunk == Some(0) {
         return Err(KernelError::Shape("an attention block of 0 rows or a chunk of 0 keys".into()));
     }

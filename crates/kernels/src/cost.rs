@@ -19,7 +19,7 @@
 
 use crate::gemm::LoopOrder;
 use crate::schedule::{ALayout, BLayout, KernelFamily, Operands, Problem, Schedule};
-use crate::ThreadGrid;
+use crate::{ElemType, ThreadGrid};
 
 /// What the analytical levels know about the machine, measured by
 /// `tune::calibrate` and cached with the tuning record.
@@ -241,6 +241,10 @@ impl MachineModel {
     fn predict_direct(&self, fam: &KernelFamily, p: &Problem, s: &Schedule) -> f64 {
         let (mr, nr, kc) = (s.mr, s.nr, s.blocking.kc.max(1));
         let f = std::mem::size_of::<f32>() as f64;
+        // Bytes an element: u8s8 reads codes and a weight's bytes, and may
+        // store codes.
+        let u8s8 = fam.direct_variants().first().is_some_and(|v| v.kernel.elem == ElemType::U8S8);
+        let (fa, fc) = (if u8s8 { 1.0 } else { f }, if fam.stores_codes() { 1.0 } else { f });
         let kernels = fam.direct_from(mr, nr);
         let tile = |h: usize| {
             let rate = fam.direct_gflops(h, nr).unwrap_or(1.0) * 1e9;
@@ -255,7 +259,7 @@ impl MachineModel {
         // `reads` times, all but the first from cache.
         let reads = p.a.reads() as f64;
         let a_first = (p.m * p.k) as f64 / reads;
-        let total = p.batch as f64 * (a_first + (p.k * p.n + p.m * p.n) as f64) * f;
+        let total = p.batch as f64 * ((a_first + (p.k * p.n) as f64) * fa + (p.m * p.n) as f64 * fc);
         let src = self.level_bw(total, g.threads().max(1) as f64);
         let mut slowest: f64 = 0.0;
         let unit = crate::gemm::row_split_unit(matches!(p.a, ALayout::Taps { .. }), mr);
@@ -298,15 +302,15 @@ impl MachineModel {
                 // driver blocks the rows so that a block's A fits half of L2). A
                 // convolution's taps fetch the image values they touch; those its
                 // kernel rows and next output rows read again come from L1.
-                let a_bytes = (rows * p.k) as f64 * f / reads;
-                let b_bytes = (cols * nr * p.k) as f64 * f;
+                let a_bytes = (rows * p.k) as f64 * fa / reads;
+                let b_bytes = (cols * nr * p.k) as f64 * fa;
                 let load = (a_bytes + b_bytes) / src + (cols as f64 - 1.0) * a_bytes / self.l2_bw;
                 let pack_b = if matches!(p.b, BLayout::Strided | BLayout::KMajor) {
                     b_bytes / self.pack_bt_bw
                 } else {
                     0.0
                 };
-                let c_bytes = (rows * cols * nr) as f64 * f;
+                let c_bytes = (rows * cols * nr) as f64 * fc;
                 let c_time = c_bytes / src + c_bytes * 2.0 * (kblocks - 1.0) / self.l2_bw;
                 let t = compute.max(load) + OVERLAP_LOSS * compute.min(load) + pack_b + c_time;
                 slowest = slowest.max(t);

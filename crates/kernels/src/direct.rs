@@ -18,11 +18,15 @@ use plan::Epilogue;
 pub use plan::abi::DirectKernelFn;
 
 /// A direct micro-kernel, the tile it computes and the epilogue compiled into it.
-/// Direct kernels multiply f32 only: an operand read in place is not converted.
+/// An operand read in place is not converted: direct kernels multiply f32, or
+/// u8s8 (A's 8-bit codes read a 4-byte word of four depths at a time, B a
+/// u8s8 weight's packed panels; an epilogue that stores codes).
 #[derive(Clone, Copy, Debug)]
 pub struct DirectKernel {
     pub mr: usize,
     pub nr: usize,
+    /// F32 or U8S8.
+    pub elem: ElemType,
     pub func: DirectKernelFn,
     pub epilogue: Epilogue,
     /// Generated packs: `bt`, for a B stored transposed (A is read in place).
@@ -52,22 +56,41 @@ pub fn direct_rows(l2: usize, kc: usize, mr: usize) -> usize {
 }
 
 impl DirectPlan<'_> {
-    pub(crate) fn check(&self) -> Result<(usize, usize), KernelError> {
+    /// The main tile and the element type the kernels multiply.
+    pub(crate) fn check(&self) -> Result<(usize, usize, ElemType), KernelError> {
         let ks = self.kernels;
         let (Some(main), Some(low)) = (ks.first(), ks.last()) else {
             return Err(KernelError::Shape("a direct plan needs kernels".into()));
         };
         let sorted = ks.windows(2).all(|w| w[0].kernel.mr > w[1].kernel.mr);
-        let same =
-            ks.iter().all(|v| v.kernel.nr == main.kernel.nr && v.kernel.epilogue == main.kernel.epilogue);
+        let k0 = &main.kernel;
+        let same = ks
+            .iter()
+            .all(|v| (v.kernel.nr, v.kernel.elem, v.kernel.epilogue) == (k0.nr, k0.elem, k0.epilogue));
         if !sorted || !same || low.kernel.mr != 1 || self.kc == 0 || self.mc == 0 {
             return Err(KernelError::Shape(
-                "a direct plan takes kernels of one width and epilogue, highest first down to height 1"
+                "a direct plan takes kernels of one width, type and epilogue, highest first down to height 1"
                     .into(),
             ));
         }
-        main.kernel.packers.check(ElemType::F32, None, main.kernel.nr)?;
-        Ok((main.kernel.mr, main.kernel.nr))
+        if !matches!(k0.elem, ElemType::F32 | ElemType::U8S8)
+            || (k0.epilogue.codes && k0.elem != ElemType::U8S8)
+        {
+            return Err(KernelError::Shape(format!(
+                "direct kernels multiply f32 (storing floats) or u8s8, not {}{}",
+                k0.elem,
+                if k0.epilogue.codes { " storing codes" } else { "" }
+            )));
+        }
+        // u8s8 steps over words of four depths: K blocks of whole words.
+        if k0.elem == ElemType::U8S8 && !self.kc.is_multiple_of(4) {
+            return Err(KernelError::Shape(format!(
+                "u8s8 direct kernels take K blocks of whole words, not {}",
+                self.kc
+            )));
+        }
+        k0.packers.check(k0.elem, None, k0.nr)?;
+        Ok((k0.mr, k0.nr, k0.elem))
     }
 
     /// The kernel for the rows from `row` on, `left` of them: the main height while
@@ -108,6 +131,18 @@ pub(crate) fn direct_band(
     if rows.is_empty() || cols.is_empty() {
         return;
     }
+    // u8s8 kernels read A's codes as words (checked by `run_plan`).
+    let words;
+    let a = match plan.kernels[0].kernel.elem {
+        ElemType::U8S8 => match code_words(a) {
+            Some(w) => {
+                words = w;
+                &words
+            }
+            None => return,
+        },
+        _ => a,
+    };
     // Blocks of `mc` rows: each block's A stays in L2 across the column panels
     // and K blocks, and its C band across the K blocks. A convolution's blocks
     // are whole output rows (at least one), so that its edge pixels still go in
@@ -146,8 +181,20 @@ fn direct_block(
     let main = &plan.kernels[0].kernel;
     let (nr, epilogue) = (main.nr, main.epilogue);
     let (k, n) = b.dims();
+    // A's and the kernels' steps: depths, or u8s8's words of four (A is then
+    // its words' view, [`code_words`]; B's panels are addressed in depths).
+    let g = if main.elem == ElemType::U8S8 { 4 } else { 1 };
+    let codes = epilogue.codes;
+    // C's element `(row, col)`: a float, or a byte of codes.
+    let c_at = |row: usize, col: usize| -> *mut f32 {
+        match codes {
+            true => cptr.get().cast::<u8>().wrapping_add(row * ldc + col).cast(),
+            false => cptr.get().wrapping_add(row * ldc + col),
+        }
+    };
     for pc in (0..k).step_by(plan.kc) {
         let kc = plan.kc.min(k - pc);
+        let (pw, kw) = (pc / g, kc / g);
         let src = match b {
             BOperand::Packed(p) if p.codes.is_some() => BSource::Quantized(p),
             BOperand::Packed(p) => BSource::Panels(p.block(pc, kc), 0),
@@ -179,7 +226,7 @@ fn direct_block(
         for jr in cols.clone() {
             let col = jr * nr;
             let ncols = nr.min(n - col);
-            if let (BSource::Quantized(p), 1, None) = (&src, rows.len(), a.taps) {
+            if let (BSource::Quantized(p), 1, None, 1) = (&src, rows.len(), a.taps, g) {
                 let scratch = (&mut ws.dot_sums, &mut ws.dot_out);
                 let one = plan.kernel_for(1);
                 if code_dot_row(
@@ -208,8 +255,8 @@ fn direct_block(
             let bias = ep.bias.map_or(std::ptr::null(), |b| b[col..].as_ptr());
             let scale = ep.column_scale.map_or(std::ptr::null(), |s| s[col..].as_ptr());
             if let Some((t, _)) = a.taps {
-                let panel = crate::taps::Panel { b: bp, ldb, c: cptr, ldc, col, ncols, scale, bias };
-                crate::taps::direct_taps(plan, &t, a.data, (pc, kc), rows.clone(), &panel, ep, accumulate);
+                let panel = crate::taps::Panel { b: bp, ldb, c: cptr, ldc, codes, col, ncols, scale, bias };
+                crate::taps::direct_taps(plan, &t, a.data, (pw, kw), rows.clone(), &panel, ep, accumulate);
                 continue;
             }
             // The first column panel reads the block's rows from memory: each tile
@@ -249,32 +296,34 @@ fn direct_block(
             while row < rows.end {
                 let kern = plan.kernel_for(rows.end - row);
                 if fetch {
-                    prefetch_rows(a, row + kern.mr..(row + 2 * kern.mr).min(rows.end), pc, kc);
+                    prefetch_rows(a, row + kern.mr..(row + 2 * kern.mr).min(rows.end), pw, kw);
                 }
                 let share =
                     if kern.mr == main.mr || rows.len() < main.mr { per_tile.min(lines - asked) } else { 0 };
                 let next = ahead.get(asked * 16..).map_or(std::ptr::null(), |d| d.as_ptr().cast::<f32>());
                 asked += share;
-                let ap = a.data[row * a.rs + pc..].as_ptr();
+                let ap = a.data[row * a.rs + pw..].as_ptr();
                 let (res, ldr) = match ep.residual {
                     Some(r) => (r.data[row * r.rs + col..].as_ptr(), r.rs),
                     None => (std::ptr::null(), 0),
                 };
                 // SAFETY: the kernel reads A's rows row..row+MR (all < m: `kernel_for`
                 // picks a height that fits) at depths pc..pc+kc (< k, unit stride,
-                // checked), B's rows pc..pc+kc at columns col..col+ncols (in place,
+                // checked; u8s8: words pw..pw+kw of the words' view, the same bytes),
+                // B's rows pc..pc+kc at columns col..col+ncols (in place,
                 // inside the checked view, or inside the packed panels), the column scales,
                 // bias and residual at columns < ncols only (masked), and writes C's tile
                 // (rows row..row+MR, columns col..col+ncols), which is inside C (checked
-                // shapes) and this thread's alone (disjoint entries, rows or panels).
+                // shapes; bytes for codes) and this thread's alone (disjoint entries,
+                // rows or panels).
                 unsafe {
                     (kern.func)(
-                        kc as i64,
+                        kw as i64,
                         ap,
                         a.rs as i64,
                         bp,
                         ldb as i64,
-                        cptr.get().add(row * ldc + col),
+                        c_at(row, col),
                         ldc as i64,
                         ncols as i64,
                         flags,
@@ -397,10 +446,37 @@ pub(crate) fn adjacent_taps(a: &MatRef) -> bool {
     a.taps.is_some_and(|(t, transposed)| !transposed && t.adjacent())
 }
 
-/// Whether a direct kernel can read this A where it lies (floats: codes are
-/// packed).
+/// Whether an f32 direct kernel can read this A where it lies (floats: codes
+/// are packed, or read by u8s8 kernels: [`code_words_in_place`]).
 pub fn a_in_place(a: &MatRef) -> bool {
     !a.is_codes() && row_major(a)
+}
+
+/// Whether a u8s8 direct kernel can read this A where it lies: 8-bit codes
+/// whose 4-byte words each hold four depths of one row (the codes start on a
+/// word, K is whole words; a row-major A's rows whole words apart, or a
+/// convolution's adjacent taps over whole words of channels and pixels).
+pub fn code_words_in_place(a: &MatRef) -> bool {
+    let Some(codes) = a.codes else { return false };
+    let whole = (codes.as_ptr() as usize).is_multiple_of(4) && a.cols.is_multiple_of(4);
+    whole
+        && match a.taps {
+            Some((t, _)) => adjacent_taps(a) && t.in_words().is_some(),
+            None => row_major(a) && (a.rs.is_multiple_of(4) || a.rows == 1),
+        }
+}
+
+/// `a`'s codes as the f32 words a u8s8 direct kernel reads (where
+/// [`code_words_in_place`]): K, the row stride and the taps counted in words.
+pub(crate) fn code_words<'a>(a: &MatRef<'a>) -> Option<MatRef<'a>> {
+    let codes = a.codes.filter(|_| code_words_in_place(a))?;
+    // SAFETY: `codes` starts on a 4-byte boundary (checked) and its first
+    // `len / 4` words are initialized bytes, which any f32 bit pattern may
+    // hold; the slice borrows `codes` for its lifetime. Every word a view
+    // reads lies inside them: rows and taps end on whole words (checked).
+    let words = unsafe { std::slice::from_raw_parts(codes.as_ptr().cast::<f32>(), codes.len() / 4) };
+    let taps = a.taps.map(|(t, transposed)| (t.in_words().unwrap_or(t), transposed));
+    Some(MatRef { data: words, codes: None, rows: a.rows, cols: a.cols / 4, rs: a.rs / 4, cs: 1, taps })
 }
 
 /// Whether `a` is a plain matrix with rows contiguous along K (codes or not).

@@ -20,7 +20,7 @@ use crate::gemm::{execute, BOperand, EpilogueArgs, LoopOrder, MatMut, MatRef, Pa
 use crate::schedule::{candidates, ALayout, BLayout, KernelFamily, Operands, Problem, Schedule};
 use crate::tree::{DecisionTree, Node, TreeOptions};
 use crate::tuned::TunedSchedules;
-use crate::{KernelError, Target, ThreadPool};
+use crate::{ElemType, KernelError, Target, ThreadPool};
 
 /// How much cheaper, by the model, a weight packed whole must be at one of the
 /// row counts it is packed for than in its L1 blocks to be packed whole. The
@@ -161,13 +161,23 @@ impl Dispatcher {
         Ok(s)
     }
 
-    /// The schedule of `p` when its A is 8-bit codes (`a_codes`), or its C
-    /// (the family stores codes): the problem's schedule, or where that reads
-    /// A in place, the best packed one (memoized too). The problem's layouts
-    /// are its floats' (what the measured dispatch was measured for).
-    pub fn schedule_of(&self, p: &Problem, a_codes: bool) -> Result<Schedule, KernelError> {
+    /// The schedule of `p` when its A is 8-bit codes (`a_codes`; `a_words`:
+    /// readable in place a word of four depths at a time,
+    /// [`crate::direct::code_words_in_place`]), or its C (the family stores
+    /// codes): the problem's schedule, unless that reads A in place and the
+    /// family's direct kernels cannot (f32 ones read floats, u8s8 ones codes
+    /// in words), then the best packed one (memoized too). The problem's
+    /// layouts are its floats' (what the measured dispatch was measured for).
+    pub fn schedule_of(&self, p: &Problem, a_codes: bool, a_words: bool) -> Result<Schedule, KernelError> {
         let s = self.schedule(p)?;
-        if !(a_codes || self.family.stores_codes()) || s.operands != Operands::Direct {
+        if s.operands != Operands::Direct {
+            return Ok(s);
+        }
+        let readable = match self.family.direct_variants().first().map(|v| v.kernel.elem) {
+            Some(ElemType::U8S8) => a_codes && a_words,
+            _ => !(a_codes || self.family.stores_codes()),
+        };
+        if readable {
             return Ok(s);
         }
         if let Some(s) = self.codes_memo.read().unwrap_or_else(|e| e.into_inner()).get(p) {
@@ -296,7 +306,12 @@ impl Dispatcher {
             if kernels.is_empty() {
                 return Err(KernelError::Shape(format!("the family has no direct {}x{} kernel", s.mr, s.nr)));
             }
-            let mc = crate::direct::direct_rows(self.target.l2, s.blocking.kc, s.mr);
+            // A's rows in f32 words: u8s8's hold four depths each.
+            let words = match kernels[0].kernel.elem {
+                ElemType::U8S8 => s.blocking.kc.div_ceil(4),
+                _ => s.blocking.kc,
+            };
+            let mc = crate::direct::direct_rows(self.target.l2, words, s.mr);
             return Ok(Plan::Direct(DirectPlan { kernels, kc: s.blocking.kc, mc, grid: s.grid }));
         }
         let get = |mr: usize| {
@@ -489,7 +504,8 @@ impl Dispatcher {
                 pool.threads()
             )));
         }
-        let s = self.schedule_of(&p, a.iter().any(MatRef::is_codes))?;
+        let codes = a.iter().any(MatRef::is_codes);
+        let s = self.schedule_of(&p, codes, a.iter().all(crate::direct::code_words_in_place))?;
         execute(pool, &self.plan(&s)?, a, b, c, ep)?;
         Ok(s)
     }

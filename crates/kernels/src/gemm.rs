@@ -782,8 +782,8 @@ fn run_plan(
     let (mr, nr, epilogue, elem) = match plan {
         Plan::Packed(p) => check_packed(p)?,
         Plan::Direct(p) => {
-            let (mr, nr) = p.check()?;
-            (mr, nr, p.kernels[0].kernel.epilogue, ElemType::F32)
+            let (mr, nr, elem) = p.check()?;
+            (mr, nr, p.kernels[0].kernel.epilogue, elem)
         }
     };
     let threads = pool.map_or(1, |p| p.threads());
@@ -832,11 +832,25 @@ fn run_plan(
                     pb.nr, pb.kc, p.kc
                 )));
             }
-            (Plan::Direct(_), _) if !crate::direct::a_in_place(a) && !crate::direct::taps_in_place(a) => {
+            (Plan::Direct(_), _)
+                if elem == ElemType::F32
+                    && !crate::direct::a_in_place(a)
+                    && !crate::direct::taps_in_place(a) =>
+            {
                 return Err(KernelError::Shape(
                     "direct kernels read A in place: its rows must be contiguous along K, or adjacent taps"
                         .into(),
                 ));
+            }
+            (Plan::Direct(_), _) if elem == ElemType::U8S8 && !crate::direct::code_words_in_place(a) => {
+                return Err(KernelError::Shape(
+                    "u8s8 direct kernels read A's 8-bit codes in place a word of four depths at a time: \
+                     the codes must start on a word, K and the rows (or taps) be whole words"
+                        .into(),
+                ));
+            }
+            (Plan::Direct(_), BOperand::Plain(_)) if elem == ElemType::U8S8 => {
+                return Err(KernelError::Shape("u8s8 direct kernels read B from a packed weight".into()));
             }
             _ => {}
         }
@@ -858,8 +872,15 @@ fn run_plan(
                         p.blocking.kc
                     )))
                 }
+                Plan::Direct(p) if elem == ElemType::U8S8 && k <= p.kc => {}
+                Plan::Direct(p) if elem == ElemType::U8S8 => {
+                    return Err(KernelError::Shape(format!(
+                        "a product stored as codes runs in one K block: K {k} is deeper than KC {}",
+                        p.kc
+                    )))
+                }
                 Plan::Direct(_) => {
-                    return Err(KernelError::Shape("direct kernels store floats, C is codes".into()))
+                    return Err(KernelError::Shape("direct f32 kernels store floats, C is codes".into()))
                 }
             }
         }

@@ -109,15 +109,28 @@ impl KernelFamily {
     }
 
     /// This family with direct kernels too (same epilogue as the packed ones).
-    /// Direct kernels multiply f32 whatever the family's type (an operand read in
-    /// place is not converted): in a bf16 family they serve the small activation
-    /// products (attention's) where converting both operands costs more than the
-    /// product, at f32's accuracy; a weight packed as bf16 they do not read.
+    /// An operand read in place is not converted: a u8s8 family's direct
+    /// kernels multiply u8s8 (A's codes in place, B the weight packed for the
+    /// family), every other family's f32: in a bf16 family they serve the
+    /// small activation products (attention's) where converting both operands
+    /// costs more than the product, at f32's accuracy; a weight packed as bf16
+    /// they do not read.
     pub fn with_direct(mut self, mut direct: Vec<DirectVariant>) -> Result<KernelFamily, KernelError> {
         let ep = self.variants[0].kernel.epilogue;
+        let elem = match self.elem() {
+            ElemType::U8S8 => ElemType::U8S8,
+            _ => ElemType::F32,
+        };
         for v in &direct {
             if v.kernel.epilogue != ep {
                 return Err(KernelError::Shape("the kernels of a family share one epilogue".into()));
+            }
+            if v.kernel.elem != elem {
+                return Err(KernelError::Shape(format!(
+                    "a {} family's direct kernels multiply {elem}, not {}",
+                    self.elem(),
+                    v.kernel.elem
+                )));
             }
             if v.kernel.mr == 0 || v.kernel.nr == 0 || v.gflops.is_nan() || v.gflops <= 0.0 {
                 return Err(KernelError::Shape(format!(
@@ -397,12 +410,19 @@ fn direct_candidates(
     if !matches!(p.a, ALayout::RowMajor | ALayout::Taps { .. }) {
         return;
     }
+    // A u8s8 family's direct kernels read A's codes a word of four depths at a
+    // time and B from a weight packed for them.
+    let u8s8 = fam.direct_variants().first().is_some_and(|v| v.kernel.elem == ElemType::U8S8);
+    if u8s8 && (!matches!(p.b, BLayout::Packed { .. }) || !p.k.is_multiple_of(4)) {
+        return;
+    }
     let mut widths: Vec<usize> = fam.direct_variants().iter().map(|v| v.kernel.nr).collect();
     widths.dedup();
     for nr in widths {
         if let BLayout::Packed { nr: fixed, .. } = p.b {
             // A weight packed in another element type is not theirs to read.
-            if nr != fixed || fam.elem() != ElemType::F32 {
+            let theirs = if u8s8 { ElemType::U8S8 } else { ElemType::F32 };
+            if nr != fixed || fam.elem() != theirs {
                 continue;
             }
         }
@@ -433,13 +453,15 @@ fn direct_candidates(
             .unwrap_or(1);
         let tallest = if matches!(p.a, ALayout::Taps { .. }) { usize::MAX } else { tallest };
         for mr in of_width.iter().map(|v| v.kernel.mr).filter(|&h| h <= tallest) {
-            let base = Blocking::for_target(t, ElemType::F32, mr, nr);
-            let kcs = match p.b {
+            let base = Blocking::for_target(t, fam.elem(), mr, nr);
+            let mut kcs = match p.b {
                 BLayout::Packed { kc, .. } if shallower_blocks(fam, p, nr, kc, base.kc) => vec![kc, base.kc],
                 BLayout::Packed { kc, .. } => vec![kc],
                 _ if one_block_suffices(p.k, base.kc) => vec![p.k.max(1)],
                 _ => vec![base.kc],
             };
+            // u8s8: blocks of whole words; storing codes, one block.
+            kcs.retain(|&kc| !u8s8 || (kc.is_multiple_of(4) && (kc >= p.k || !fam.stores_codes())));
             let blockings = kcs.iter().map(|&kc| Blocking { kc, mc: mr, nc: base.nc });
             for (blocking, grid) in
                 blockings.flat_map(|b| grids(threads, p, mr, nr).into_iter().map(move |g| (b, g)))

@@ -476,10 +476,25 @@ pub(crate) struct Panel {
     pub ldb: usize,
     pub c: crate::gemm::CPtr,
     pub ldc: usize,
+    /// C holds 8-bit codes (its rows `ldc` bytes apart), not floats.
+    pub codes: bool,
     pub col: usize,
     pub ncols: usize,
     pub scale: *const f32,
     pub bias: *const f32,
+}
+
+impl Panel {
+    /// Where C's row `row` meets the panel (in bytes for codes). Computed
+    /// without `add`'s in-bounds promise: callers pass it to kernels whose
+    /// writes are inside C, or only hint it.
+    fn c_at(&self, row: usize) -> *mut f32 {
+        let at = row * self.ldc + self.col;
+        match self.codes {
+            true => self.c.get().cast::<u8>().wrapping_add(at).cast(),
+            false => self.c.get().wrapping_add(at),
+        }
+    }
 }
 
 /// The direct kernels over a convolution's adjacent taps (no packing, no column
@@ -642,7 +657,7 @@ fn direct_tile(
                 lda as i64,
                 panel.b.add((k0 - pc) * panel.ldb),
                 panel.ldb as i64,
-                panel.c.get().add(r * panel.ldc + panel.col),
+                panel.c_at(r),
                 (panel.ldc * pixels) as i64,
                 panel.ncols as i64,
                 flags,
@@ -737,10 +752,11 @@ fn prefetch_next_tile(t: &ConvTaps, panel: &Panel, mr: usize, r: usize, shape: T
         if row >= total {
             break;
         }
-        // Computed without `add`'s in-bounds promise: C's own lines, only hinted.
-        let at = panel.c.get().wrapping_add(row * panel.ldc + panel.col);
-        for j in (0..panel.ncols).step_by(16) {
-            crate::prefetch::to_l1(at.wrapping_add(j));
+        // C's own lines, only hinted.
+        let at = panel.c_at(row);
+        let per_line = if panel.codes { 64 } else { 16 };
+        for j in (0..panel.ncols).step_by(per_line) {
+            crate::prefetch::to_l1(at.cast::<u8>().wrapping_add(j * 64 / per_line));
         }
     }
 }

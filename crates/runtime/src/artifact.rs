@@ -58,8 +58,9 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// bf16 copy of C, its buffer the last argument; 24: normalizing GEMVs, a
 /// product naming the row norm that writes its A, online softmax of a
 /// NaN-guarded softmax; 25: AMX micro-kernels, whose A panels are laid out
-/// by rows); a runtime reads only its own.
-pub const FORMAT_VERSION: u32 = 25;
+/// by rows; 26: a u8s8 family's direct kernels, reading A's codes in place);
+/// a runtime reads only its own.
+pub const FORMAT_VERSION: u32 = 26;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;
@@ -905,7 +906,7 @@ fn dispatcher_meta(e: Epilogue, d: &Dispatcher, syms: &Symbols) -> Result<Dispat
             Ok(KernelMeta {
                 mr: k.mr,
                 nr: k.nr,
-                elem: ElemType::F32,
+                elem: k.elem,
                 epilogue: k.epilogue,
                 func: syms.entry(k.func as usize, "direct kernel")?,
                 amx: false,
@@ -999,6 +1000,7 @@ fn dispatcher_of(d: DispatcherMeta, threads: usize, entries: &Entries) -> Result
             let kernel = DirectKernel {
                 mr: k.mr,
                 nr: k.nr,
+                elem: k.elem,
                 func: f,
                 epilogue: k.epilogue,
                 packers: packers(&k.packers)?,

@@ -111,7 +111,14 @@ impl CompiledModel<crate::Cpu> {
                         continue;
                     }
                     let codes = self.plan.buffers[mm.a.buf].dtype == ir::DType::U8;
-                    let sched = d.schedule_of(&p, codes).map_err(internal)?;
+                    // The arena's buffers start on whole words; an A of codes is
+                    // read as words where K and its rows (or channels) are.
+                    let words = codes
+                        && ms.k % 4 == 0
+                        && ms.taps.map_or(ms.cs[0] == 1 && ms.rs[0] % 4 == 0, |t| {
+                            t.channels % 4 == 0 && t.strides.iter().all(|s| s % 4 == 0)
+                        });
+                    let sched = d.schedule_of(&p, codes, words).map_err(internal)?;
                     let e = mm.epilogue.function();
                     let ep = if e.is_identity() { String::new() } else { format!(", epilogue {e:?}") };
                     let _ = writeln!(

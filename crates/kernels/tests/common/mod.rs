@@ -143,7 +143,14 @@ pub fn test_family() -> anyshape_kernels::KernelFamily {
     use anyshape_kernels::{DirectKernel, DirectVariant, KernelFamily};
     let v = variant;
     let d = |mr, nr, func, gflops| DirectVariant {
-        kernel: DirectKernel { mr, nr, func, epilogue: Default::default(), packers: Default::default() },
+        kernel: DirectKernel {
+            mr,
+            nr,
+            elem: anyshape_kernels::ElemType::F32,
+            func,
+            epilogue: Default::default(),
+            packers: Default::default(),
+        },
         gflops,
     };
     KernelFamily::new(vec![
