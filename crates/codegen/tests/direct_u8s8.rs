@@ -388,3 +388,39 @@ fn u8s8_direct_plans_are_checked() {
     assert!(err(run(&plan(8), codes, BOperand::Plain(bm))).contains("packed"));
     assert!(err(run(&plan(6), codes, packed_b)).contains("whole words"));
 }
+
+/// A u8s8 K block whose panel is larger than half of L1 streams from L2 for
+/// every tile: over rows that make several tiles, no direct schedule has a
+/// main height below 4 there; over a panel that fits, or three rows, the low
+/// heights stay candidates.
+#[test]
+fn low_direct_tiles_do_not_stream_deep_u8s8_panels() {
+    let Some((_, t)) = targets().into_iter().next() else { return };
+    let dir = std::env::temp_dir().join(format!("anyshape-u8s8-direct-{}", std::process::id()));
+    let pool = ThreadPool::new(2);
+    let c = anyshape_codegen::Contraction::builder(&t, &pool)
+        .elem(ElemType::U8S8)
+        .cache(Some(&dir))
+        .build()
+        .expect("compile");
+    let nr = 2 * t.f32_lanes;
+    let taps = kernels::ALayout::Taps { width: 14, interior: 12, reads: 9 };
+    let problem = |m: usize, kc: usize| kernels::Problem {
+        batch: 1,
+        m,
+        n: 256,
+        k: 2304,
+        a: taps,
+        b: kernels::BLayout::Packed { nr, kc },
+    };
+    let direct_heights = |p: &kernels::Problem| -> Vec<usize> {
+        c.candidates(p).iter().filter(|s| s.operands == kernels::Operands::Direct).map(|s| s.mr).collect()
+    };
+    let deep = direct_heights(&problem(1568, 2304));
+    assert!(!deep.is_empty() && deep.iter().all(|&h| h >= 4), "{deep:?}");
+    let shallow = direct_heights(&problem(1568, 256));
+    assert!(shallow.contains(&2) && shallow.contains(&1), "{shallow:?}");
+    let few = direct_heights(&problem(3, 2304));
+    assert!(few.contains(&2), "{few:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -460,8 +460,20 @@ fn direct_candidates(
                 _ if one_block_suffices(p.k, base.kc) => vec![p.k.max(1)],
                 _ => vec![base.kc],
             };
-            // u8s8: blocks of whole words; storing codes, one block.
-            kcs.retain(|&kc| !u8s8 || (kc.is_multiple_of(4) && (kc >= p.k || !fam.stores_codes())));
+            // u8s8: blocks of whole words; storing codes, one block. A block's panel
+            // larger than half of L1 streams from L2 again for every tile, which a
+            // tile of fewer than 4 rows waits on (ResNet-50's 3×3 products of 256
+            // channels, a 72 KB panel: direct 2x32 ran 20-45% slower than 12x32,
+            // `bench-matmul --dtype u8s8 --conv --exhaustive`), and which the
+            // measured rates (panels in L1) do not price: no such main height where
+            // the rows make several tiles.
+            let streams = |kc: usize| kc.min(p.k) * nr > t.l1d / 2 && p.m >= 8;
+            kcs.retain(|&kc| {
+                !u8s8
+                    || (kc.is_multiple_of(4)
+                        && (kc >= p.k || !fam.stores_codes())
+                        && (mr >= 4 || !streams(kc)))
+            });
             let blockings = kcs.iter().map(|&kc| Blocking { kc, mc: mr, nc: base.nc });
             for (blocking, grid) in
                 blockings.flat_map(|b| grids(threads, p, mr, nr).into_iter().map(move |g| (b, g)))
