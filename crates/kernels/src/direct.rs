@@ -131,16 +131,17 @@ pub(crate) fn direct_band(
     if rows.is_empty() || cols.is_empty() {
         return;
     }
-    // u8s8 kernels read A's codes as words (checked by `run_plan`).
+    // u8s8 kernels read A's codes as words (`run_plan` checked that they can).
     let words;
     let a = match plan.kernels[0].kernel.elem {
-        ElemType::U8S8 => match code_words(a) {
-            Some(w) => {
-                words = w;
-                &words
-            }
-            None => return,
-        },
+        ElemType::U8S8 => {
+            let Some(w) = code_words(a) else {
+                debug_assert!(false, "u8s8 direct kernels over an A not in words");
+                return;
+            };
+            words = w;
+            &words
+        }
         _ => a,
     };
     // Blocks of `mc` rows: each block's A stays in L2 across the column panels

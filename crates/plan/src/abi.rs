@@ -86,6 +86,11 @@ pub type MicroKernelFn = unsafe extern "C" fn(
 /// kernel asks into L2, spread over its K loop at the rate it reads B (a
 /// weight's next panel while this one computes); none when `lines` is 0. Only
 /// asked for, never read: any address will do.
+///
+/// A u8s8 kernel's elements of A and B are 4-byte words (four depths' 8-bit
+/// codes of a row of A; four signed bytes of a column of a packed weight),
+/// `kc`, `lda`, `ldb`, `a_run` and `b_run` counting words; where its epilogue
+/// stores codes, C holds a byte an element (`ldc` in bytes).
 pub type DirectKernelFn = unsafe extern "C" fn(
     kc: i64,
     a: *const f32,
