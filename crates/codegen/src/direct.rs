@@ -184,25 +184,23 @@ fn build_direct(
         })
     };
     let align = i32t.const_int(4, false);
-    let masked_load = |p: PointerValue<'static>,
-                       mask: VectorValue<'static>|
+    // A masked load by `load` (f32 lanes, or the accumulator's), zero where masked off.
+    let masked = |load: FunctionValue<'static>,
+                  ty: VectorType<'static>,
+                  p: PointerValue<'static>,
+                  mask: VectorValue<'static>|
      -> Result<VectorValue<'static>, CodegenError> {
-        call(ii.load, &[p.into(), align.into(), mask.into(), vt.const_zero().into()])?
+        call(load, &[p.into(), align.into(), mask.into(), ty.const_zero().into()])?
             .map(BasicValueEnum::into_vector_value)
             .ok_or_else(|| llvm("masked.load returned nothing"))
     };
+    let masked_load = |p, mask| masked(ii.load, vt, p, mask);
+    // B's vector at `p`: f32 lanes, or the i32 lanes of u8s8's words.
+    let load_b = |p, mask| masked(ii.load_b, acc_t, p, mask);
     let masked_store = |v: VectorValue<'static>, p: PointerValue<'static>, mask: VectorValue<'static>| {
         let store = if v.get_type() == bytes_t { ii.store_bytes } else { ii.store };
         let align = if v.get_type() == bytes_t { i32t.const_int(1, false) } else { align };
         call(store, &[v.into(), p.into(), align.into(), mask.into()]).map(|_| ())
-    };
-    // B's vector at `p`: f32 lanes, or the i32 lanes of u8s8's words.
-    let load_b = |p: PointerValue<'static>,
-                  mask: VectorValue<'static>|
-     -> Result<VectorValue<'static>, CodegenError> {
-        call(ii.load_b, &[p.into(), align.into(), mask.into(), acc_t.const_zero().into()])?
-            .map(BasicValueEnum::into_vector_value)
-            .ok_or_else(|| llvm("masked.load returned nothing"))
     };
 
     // entry: the column masks (lane j of vector v is live when v·W + j < ncols) and

@@ -148,8 +148,9 @@ impl<'a> ContractionBuilder<'a> {
         tiles.retain(|t| kept(false, t));
         // The direct kernels: the same choice of heights per width, from their own rates.
         let mut direct_tiles = direct_family_tiles(&rec.direct);
+        let delem = kernels::schedule::direct_elem(elem);
         // f32 direct kernels store floats: a family storing codes has them in u8s8 only.
-        direct_tiles.retain(|t| kept(true, t) && (!epilogue.codes || direct_elem(elem) == ElemType::U8S8));
+        direct_tiles.retain(|t| kept(true, t) && (!epilogue.codes || delem == ElemType::U8S8));
         // One packing routine per panel width: A's heights, and B's widths, in the
         // family's type; the direct kernels' B panels are f32 in every family but
         // u8s8 (whose direct kernels read a packed weight's words: no pack).
@@ -172,7 +173,7 @@ impl<'a> ContractionBuilder<'a> {
                 widths.extend(tiles.iter().map(|t| t.nr));
             }
             let direct_widths = direct_tiles.iter().map(|t| t.nr);
-            match direct_elem(elem) {
+            match delem {
                 ElemType::F32 if elem == ElemType::F32 => widths.extend(direct_widths),
                 ElemType::F32 => f32_widths.extend(direct_widths),
                 _ => {}
@@ -234,7 +235,6 @@ impl<'a> ContractionBuilder<'a> {
         }
         let mut direct = Vec::with_capacity(direct_tiles.len());
         let mut direct_variants = Vec::with_capacity(direct_tiles.len());
-        let delem = direct_elem(elem);
         for t in &direct_tiles {
             let k = compile_direct_kernel_cached(target, delem, t.mr, t.nr, epilogue, objects)?;
             let packers = match delem {
@@ -255,15 +255,6 @@ impl<'a> ContractionBuilder<'a> {
             direct,
             packers,
         })
-    }
-}
-
-/// The type a family of `elem`'s direct kernels multiply: u8s8's read codes
-/// and their weight's words; every other family's read floats (f32 kernels).
-pub fn direct_elem(elem: ElemType) -> ElemType {
-    match elem {
-        ElemType::U8S8 => ElemType::U8S8,
-        _ => ElemType::F32,
     }
 }
 

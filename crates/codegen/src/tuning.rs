@@ -30,7 +30,7 @@ pub struct TuningRecord {
     pub generator: u32,
     pub tiles: Vec<TileMeasurement>,
     /// The same tiles as direct kernels (operands read in place; f32 in every
-    /// family but u8s8, [`crate::family::direct_elem`]).
+    /// family but u8s8, [`kernels::schedule::direct_elem`]).
     #[serde(default)]
     pub direct: Vec<TileMeasurement>,
     /// The calibrated analytical levels, one per thread count seen.
@@ -159,7 +159,7 @@ pub fn measure(
         let d = match i < tiles.len() {
             true => Some(crate::compile_direct_kernel_cached(
                 t,
-                crate::family::direct_elem(elem),
+                kernels::schedule::direct_elem(elem),
                 mr,
                 nr,
                 Epilogue::default(),

@@ -243,7 +243,7 @@ impl MachineModel {
         let f = std::mem::size_of::<f32>() as f64;
         // Bytes an element: u8s8 reads codes and a weight's bytes, and may
         // store codes.
-        let u8s8 = fam.direct_variants().first().is_some_and(|v| v.kernel.elem == ElemType::U8S8);
+        let u8s8 = fam.direct_elem() == ElemType::U8S8;
         let (fa, fc) = (if u8s8 { 1.0 } else { f }, if fam.stores_codes() { 1.0 } else { f });
         let kernels = fam.direct_from(mr, nr);
         let tile = |h: usize| {

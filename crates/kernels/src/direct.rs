@@ -186,13 +186,7 @@ fn direct_block(
     // its words' view, [`code_words`]; B's panels are addressed in depths).
     let g = if main.elem == ElemType::U8S8 { 4 } else { 1 };
     let codes = epilogue.codes;
-    // C's element `(row, col)`: a float, or a byte of codes.
-    let c_at = |row: usize, col: usize| -> *mut f32 {
-        match codes {
-            true => cptr.get().cast::<u8>().wrapping_add(row * ldc + col).cast(),
-            false => cptr.get().wrapping_add(row * ldc + col),
-        }
-    };
+    let c_at = |row: usize, col: usize| cptr.at(codes, row * ldc + col);
     for pc in (0..k).step_by(plan.kc) {
         let kc = plan.kc.min(k - pc);
         let (pw, kw) = (pc / g, kc / g);

@@ -173,8 +173,8 @@ impl Dispatcher {
         if s.operands != Operands::Direct {
             return Ok(s);
         }
-        let readable = match self.family.direct_variants().first().map(|v| v.kernel.elem) {
-            Some(ElemType::U8S8) => a_codes && a_words,
+        let readable = match self.family.direct_elem() {
+            ElemType::U8S8 => a_codes && a_words,
             _ => !(a_codes || self.family.stores_codes()),
         };
         if readable {

@@ -862,27 +862,16 @@ fn run_plan(
                 if epilogue.codes { "codes" } else { "floats" }
             )));
         }
-        if epilogue.codes {
-            // Codes keep no partial sums: the product is one K block, packed.
-            match plan {
-                Plan::Packed(p) if k <= p.blocking.kc => {}
-                Plan::Packed(p) => {
-                    return Err(KernelError::Shape(format!(
-                        "a product stored as codes runs in one K block: K {k} is deeper than KC {}",
-                        p.blocking.kc
-                    )))
-                }
-                Plan::Direct(p) if elem == ElemType::U8S8 && k <= p.kc => {}
-                Plan::Direct(p) if elem == ElemType::U8S8 => {
-                    return Err(KernelError::Shape(format!(
-                        "a product stored as codes runs in one K block: K {k} is deeper than KC {}",
-                        p.kc
-                    )))
-                }
-                Plan::Direct(_) => {
-                    return Err(KernelError::Shape("direct f32 kernels store floats, C is codes".into()))
-                }
-            }
+        // Codes keep no partial sums: the product is one K block (packed, or
+        // u8s8 direct: `DirectPlan::check` refuses f32 ones storing codes).
+        let kc = match plan {
+            Plan::Packed(p) => p.blocking.kc,
+            Plan::Direct(p) => p.kc,
+        };
+        if epilogue.codes && k > kc {
+            return Err(KernelError::Shape(format!(
+                "a product stored as codes runs in one K block: K {k} is deeper than KC {kc}"
+            )));
         }
     }
     for e in 1..ep.residuals.len() {
@@ -1172,6 +1161,16 @@ impl CPtr {
     pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
+
+    /// Element `at` of C: a float, or a byte of codes (`codes`), which the
+    /// kernels address in bytes. Computed without `add`'s in-bounds promise:
+    /// callers hand it to kernels whose writes stay inside C, or only hint it.
+    pub(crate) fn at(self, codes: bool, at: usize) -> *mut f32 {
+        match codes {
+            true => self.0.cast::<u8>().wrapping_add(at).cast(),
+            false => self.0.wrapping_add(at),
+        }
+    }
 }
 
 /// Zeros a kernel multiplies when it only applies its epilogue: a panel of
@@ -1344,12 +1343,7 @@ fn band(
     // C's element `(row, col)`: a float, or a byte of codes (`codes`), which the
     // kernels address in bytes (checked by `run_plan`: one K block).
     let codes = uk.epilogue.codes;
-    let c_at = |row: usize, col: usize| -> *mut f32 {
-        match codes {
-            true => cptr.get().cast::<u8>().wrapping_add(row * ldc + col).cast(),
-            false => cptr.get().wrapping_add(row * ldc + col),
-        }
-    };
+    let c_at = |row: usize, col: usize| cptr.at(codes, row * ldc + col);
     // Edge tiles read the epilogue's data from padded copies, never past the operands.
     escale.resize(uk.nr, 0.0);
     ebias.resize(uk.nr, 0.0);

@@ -61,6 +61,16 @@ impl std::fmt::Display for Schedule {
     }
 }
 
+/// The type the direct kernels of a family of `elem` multiply (an operand
+/// read in place is not converted): a u8s8 family's read codes and their
+/// weight's words; every other family's read floats (f32 kernels).
+pub fn direct_elem(elem: ElemType) -> ElemType {
+    match elem {
+        ElemType::U8S8 => ElemType::U8S8,
+        _ => ElemType::F32,
+    }
+}
+
 /// A compiled micro-kernel and its measured L0 throughput (DietCode's `f_local`).
 #[derive(Clone, Copy, Debug)]
 pub struct KernelVariant {
@@ -117,10 +127,7 @@ impl KernelFamily {
     /// they do not read.
     pub fn with_direct(mut self, mut direct: Vec<DirectVariant>) -> Result<KernelFamily, KernelError> {
         let ep = self.variants[0].kernel.epilogue;
-        let elem = match self.elem() {
-            ElemType::U8S8 => ElemType::U8S8,
-            _ => ElemType::F32,
-        };
+        let elem = self.direct_elem();
         for v in &direct {
             if v.kernel.epilogue != ep {
                 return Err(KernelError::Shape("the kernels of a family share one epilogue".into()));
@@ -147,6 +154,10 @@ impl KernelFamily {
     /// The element type every kernel of the family multiplies.
     pub fn elem(&self) -> ElemType {
         self.variants[0].kernel.elem
+    }
+    /// The element type its direct kernels multiply ([`direct_elem`]).
+    pub fn direct_elem(&self) -> ElemType {
+        direct_elem(self.elem())
     }
     /// Whether its kernels store C as 8-bit codes ([`plan::Epilogue::codes`]):
     /// its products run packed, in one K block.
@@ -412,7 +423,7 @@ fn direct_candidates(
     }
     // A u8s8 family's direct kernels read A's codes a word of four depths at a
     // time and B from a weight packed for them.
-    let u8s8 = fam.direct_variants().first().is_some_and(|v| v.kernel.elem == ElemType::U8S8);
+    let u8s8 = fam.direct_elem() == ElemType::U8S8;
     if u8s8 && (!matches!(p.b, BLayout::Packed { .. }) || !p.k.is_multiple_of(4)) {
         return;
     }

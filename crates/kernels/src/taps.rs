@@ -248,7 +248,7 @@ impl ConvTaps {
 
     /// These taps counted in 4-byte words of an image of codes (channels and
     /// strides multiples of 4), when they are.
-    pub(crate) fn in_words(&self) -> Option<ConvTaps> {
+    pub fn in_words(&self) -> Option<ConvTaps> {
         let four = |v: usize| v.is_multiple_of(4);
         (four(self.channels) && self.strides.iter().all(|s| four(*s))).then(|| ConvTaps {
             channels: self.channels / 4,
@@ -485,15 +485,9 @@ pub(crate) struct Panel {
 }
 
 impl Panel {
-    /// Where C's row `row` meets the panel (in bytes for codes). Computed
-    /// without `add`'s in-bounds promise: callers pass it to kernels whose
-    /// writes are inside C, or only hint it.
+    /// Where C's row `row` meets the panel (in bytes for codes).
     fn c_at(&self, row: usize) -> *mut f32 {
-        let at = row * self.ldc + self.col;
-        match self.codes {
-            true => self.c.get().cast::<u8>().wrapping_add(at).cast(),
-            false => self.c.get().wrapping_add(at),
-        }
+        self.c.at(self.codes, row * self.ldc + self.col)
     }
 }
 
@@ -753,10 +747,9 @@ fn prefetch_next_tile(t: &ConvTaps, panel: &Panel, mr: usize, r: usize, shape: T
             break;
         }
         // C's own lines, only hinted.
-        let at = panel.c_at(row);
-        let per_line = if panel.codes { 64 } else { 16 };
-        for j in (0..panel.ncols).step_by(per_line) {
-            crate::prefetch::to_l1(at.cast::<u8>().wrapping_add(j * 64 / per_line));
+        let (at, bytes) = (panel.c_at(row).cast::<u8>(), if panel.codes { 1 } else { 4 });
+        for line in (0..panel.ncols * bytes).step_by(64) {
+            crate::prefetch::to_l1(at.wrapping_add(line));
         }
     }
 }

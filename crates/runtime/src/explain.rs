@@ -115,9 +115,7 @@ impl CompiledModel<crate::Cpu> {
                     // read as words where K and its rows (or channels) are.
                     let words = codes
                         && ms.k % 4 == 0
-                        && ms.taps.map_or(ms.cs[0] == 1 && ms.rs[0] % 4 == 0, |t| {
-                            t.channels % 4 == 0 && t.strides.iter().all(|s| s % 4 == 0)
-                        });
+                        && ms.taps.map_or(ms.cs[0] == 1 && ms.rs[0] % 4 == 0, |t| t.in_words().is_some());
                     let sched = d.schedule_of(&p, codes, words).map_err(internal)?;
                     let e = mm.epilogue.function();
                     let ep = if e.is_identity() { String::new() } else { format!(", epilogue {e:?}") };
