@@ -691,6 +691,47 @@ fn an_outer_read_under_a_guard_along_the_lanes() {
     }
 }
 
+/// Bytes read across the lanes (a u8 and an i8 tensor transposed, one of them
+/// padded so that its reads are guarded) are gathered as the aligned words
+/// that hold them: every byte of a word, the sign of an i8, the pad's lanes
+/// masked, against the interpreter at 1, primes and one past 16 lanes (the
+/// rows' lengths put every byte of a word at lane 0 in turn).
+#[test]
+fn bytes_gathered_across_the_lanes() {
+    let text = r#"graph {
+  sym n param 1..
+  sym m param 1..
+  input %a: u8[n, m]
+  input %b: i8[n, m]
+  %at: u8[m, n] = transpose[perm=[1, 0]] %a
+  %bt: i8[m, n] = transpose[perm=[1, 0]] %b
+  %ap: u8[m, n+3] = pad[pads=[(0, 0), (1, 2)], mode=constant(7.0)] %at
+  %af: f32[m, n] = cast %at
+  %bf: f32[m, n] = cast %bt
+  %s: f32[m, n] = add %af, %bf
+  output %s, %ap, %bt
+}
+"#;
+    let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    let m = Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"));
+    let cm = m.compile(&CompileOptions::new().threads(2).canaries(true)).expect("compiles");
+    let mut rng = Lcg::new(5);
+    for (n, cols) in [(1usize, 1usize), (2, 3), (5, 17), (17, 5), (33, 7), (16, 16), (13, 31)] {
+        let a: Vec<u8> = (0..n * cols).map(|_| rng.next() as u8).collect();
+        let b: Vec<i8> = (0..n * cols).map(|_| rng.next() as i8).collect();
+        let ins = [
+            ("a", Tensor::new(vec![n, cols], Elems::U8(a)).expect("a")),
+            ("b", Tensor::new(vec![n, cols], Elems::I8(b)).expect("b")),
+        ];
+        let got = cm.run(&ins).expect("runs");
+        let want = m.interpret(&ins).expect("interprets");
+        for ((name, g), (_, w)) in got.iter().zip(&want) {
+            assert_eq!(g.shape(), w.shape(), "{name} at n {n} m {cols}");
+            assert_eq!(g.to_f64_vec(), w.to_f64_vec(), "{name} at n {n} m {cols}");
+        }
+    }
+}
+
 /// A dim declared to broadcast must be 1 or the dim it stretches to: any other
 /// value is rejected before a kernel runs, naming the rule.
 #[test]
@@ -1548,7 +1589,7 @@ fn quantized_activations_are_stored_as_codes() {
 /// A product by an int8 weight whose epilogue requantizes (round, clamp to
 /// u8) and whose output only the next int8 product reads stores its C as
 /// codes where the u8s8 family runs and one K block takes its depth (30, 64;
-/// 700 is deeper than an L1 block: floats): every family gives the
+/// 2100 is deeper than [`kernels::schedule::one_block_depth`]: floats): every family gives the
 /// interpreter's values exactly, at rows with 1, primes and one past a tile
 /// and a width (37) with an edge panel.
 #[test]
@@ -1556,7 +1597,7 @@ fn a_requantizing_product_stores_codes() {
     let target = kernels::Target::detect();
     let vnni = target.check_elem(kernels::ElemType::U8S8).is_ok();
     let depth = kernels::schedule::one_block_depth(&target, kernels::ElemType::U8S8).0;
-    for k in [64usize, 30, 700] {
+    for k in [64usize, 30, 2100] {
         let text = format!(
             "graph {{
   sym m param 1..
@@ -1618,7 +1659,7 @@ fn a_requantizing_product_stores_codes() {
 /// epilogue, where the u8s8 kernels take the product in one K block, and the
 /// program that dequantizes, adds and quantizes the sum reads those codes,
 /// not the products' f32 outputs; the interpreter's values exactly, by every
-/// int8 family, at rows 1, 2, 7, 17 and 65, K 64 (codes) and 700 (too deep:
+/// int8 family, at rows 1, 2, 7, 17 and 65, K 64 (codes) and 2100 (too deep:
 /// f32 outputs).
 #[test]
 fn a_residual_sum_reads_its_products_codes() {
@@ -1652,7 +1693,7 @@ fn a_residual_sum_reads_its_products_codes() {
 "
         )
     };
-    for k in [64usize, 700] {
+    for k in [64usize, 2100] {
         let text = format!(
             "graph {{
   sym m param 1..

@@ -1360,10 +1360,6 @@ impl Gen<'_> {
                 b.build_int_mul(off.into_vector_value(), size.into_vector_value(), "bytes").map_err(llvm)?;
             let basev = self.splat(basei.into())?.into_vector_value();
             let addrs = b.build_int_add(basev, bytes, "addrs").map_err(llvm)?;
-            let vt = vec_of(mt, self.w);
-            let pvt = vec_of(self.ptr_type(), self.w);
-            let ptrs = b.build_int_to_ptr(addrs, pvt.into_vector_type(), "ptrs").map_err(llvm)?;
-            let f = self.intrinsic("llvm.masked.gather", &[vt, pvt])?;
             let m: V = match mask {
                 Some(m) => m,
                 None => {
@@ -1371,12 +1367,48 @@ impl Gen<'_> {
                     VectorType::const_vector(&vec![t; self.w as usize]).into()
                 }
             };
-            self.call(f, &[ptrs.into(), align.into(), m.into(), const_zero(vt).into()])?
+            let pvt = vec_of(self.ptr_type(), self.w);
+            if dt_bytes(dt) == 1 && !self.device {
+                self.gather_bytes(addrs, m, mt)?
+            } else {
+                let vt = vec_of(mt, self.w);
+                let ptrs = b.build_int_to_ptr(addrs, pvt.into_vector_type(), "ptrs").map_err(llvm)?;
+                let f = self.intrinsic("llvm.masked.gather", &[vt, pvt])?;
+                self.call(f, &[ptrs.into(), align.into(), m.into(), const_zero(vt).into()])?
+            }
         };
         if dt == DType::Bool {
             return self.to_bool(raw);
         }
         Ok(raw)
+    }
+
+    /// Gather bytes at `addrs` (one i64 address a lane, `mask`'s lanes only)
+    /// as the aligned 4-byte words that hold them, each shifted down to its
+    /// byte: x86 gathers no bytes (LLVM loads them one lane at a time), and
+    /// it gathers words. A word never crosses a page, so it is readable
+    /// wherever its byte is.
+    fn gather_bytes(&self, addrs: VectorValue<'static>, mask: V, byte: BasicTypeEnum<'static>) -> R<V> {
+        let b = self.bld;
+        let i64t = self.ctx.i64_type();
+        let i32t = self.ctx.i32_type();
+        let down = self.splat(i64t.const_int(!3u64, false).into())?.into_vector_value();
+        let three = self.splat(i64t.const_int(3, false).into())?.into_vector_value();
+        let words = b.build_and(addrs, down, "words").map_err(llvm)?;
+        let within = b.build_and(addrs, three, "within").map_err(llvm)?;
+        let pvt = vec_of(self.ptr_type(), self.w);
+        let ptrs = b.build_int_to_ptr(words, pvt.into_vector_type(), "ptrs").map_err(llvm)?;
+        let wt = vec_of(i32t.into(), self.w);
+        let f = self.intrinsic("llvm.masked.gather", &[wt, pvt])?;
+        let align = i32t.const_int(4, false);
+        let got = self.call(f, &[ptrs.into(), align.into(), mask.into(), const_zero(wt).into()])?;
+        let wvt = wt.into_vector_type();
+        let within = b.build_int_truncate(within, wvt, "within32").map_err(llvm)?;
+        let eight = self.splat(i32t.const_int(8, false).into())?.into_vector_value();
+        let shift = b.build_int_mul(within, eight, "shift").map_err(llvm)?;
+        let v = b.build_right_shift(got.into_vector_value(), shift, false, "byte").map_err(llvm)?;
+        let bt = vec_of(byte, self.w).into_vector_type();
+        Ok(b.build_int_truncate(v, bt, "bytes").map_err(llvm)?.into())
     }
 
     fn ptr_type(&self) -> BasicTypeEnum<'static> {

@@ -235,22 +235,28 @@ pub fn kc_for(t: &Target, elem: ElemType, mr: usize, nr: usize) -> usize {
 
 /// How deep a product storing codes ([`plan::Epilogue::codes`], which runs
 /// in one K block) may be and keep its usual speed, by A's kind (row-major, a
-/// convolution's taps): the L1 depth of a 4-row tile of 4 vectors (the widest
-/// tile at a family's usual height), and [`taps_kc`]'s budget at that width.
-/// Deeper, its weight's B panels outgrow the caches they are sized for. On a
-/// target with AMX tiles of `elem`, both are at least the depth whose B panel
-/// of a 32-wide tile fills an eighth of L2 (tile loads take B from L2 at the
-/// tiles' rate; the row-major depth of L1 alone kept ResNet-50's 2048-deep
-/// products, and the 4608-deep taps of its last stage, storing f32).
+/// convolution's taps). Row-major: the L1 depth of a 4-row tile of 4 vectors
+/// (the widest tile at a family's usual height), or deeper, the depth whose B
+/// panel of 2 vectors (the width a u8s8 weight is usually packed in) fills L1.
+/// Taps: the depth whose B panel of 4 vectors fills a quarter of L2 (a
+/// direct tile reads its taps in place, and a taller one reads that panel
+/// from L2 once for more rows). Deeper, the panels outgrow the caches they
+/// are read from. Storing codes is worth some speed: their reader takes a
+/// quarter of the bytes and reads them in place, where it packs floats. On
+/// a target with AMX tiles of `elem`, both are at least the depth whose B
+/// panel of a 32-wide tile fills an eighth of L2 (tile loads take B from L2
+/// at the tiles' rate).
 pub fn one_block_depth(t: &Target, elem: ElemType) -> (usize, usize) {
-    let nr = 4 * t.f32_lanes.max(1);
-    let taps = t.l2 / 8 / (nr * elem.bytes());
+    let lanes = t.f32_lanes.max(1);
+    let nr = 4 * lanes;
+    let rows = kc_for(t, elem, 4, nr).max(t.l1d / (2 * lanes * elem.bytes()));
+    let taps = t.l2 / 4 / (nr * elem.bytes());
     let tile = 2 * crate::AMX_ROWS;
     let amx = match t.amx_tile(elem, tile, tile) {
         true => t.l2 / 8 / (tile * elem.bytes()),
         false => 0,
     };
-    (kc_for(t, elem, 4, nr).max(amx), taps.max(amx))
+    (rows.max(amx), taps.max(amx))
 }
 
 /// The depth a `k`-deep weight of `elem` is packed in when packed whole (one
