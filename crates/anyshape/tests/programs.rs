@@ -1589,7 +1589,7 @@ fn quantized_activations_are_stored_as_codes() {
 /// A product by an int8 weight whose epilogue requantizes (round, clamp to
 /// u8) and whose output only the next int8 product reads stores its C as
 /// codes where the u8s8 family runs and one K block takes its depth (30, 64;
-/// 2100 is deeper than [`kernels::schedule::one_block_depth`]: floats): every family gives the
+/// 16400 is deeper than [`kernels::schedule::one_block_depth`]: floats): every family gives the
 /// interpreter's values exactly, at rows with 1, primes and one past a tile
 /// and a width (37) with an edge panel.
 #[test]
@@ -1597,7 +1597,7 @@ fn a_requantizing_product_stores_codes() {
     let target = kernels::Target::detect();
     let vnni = target.check_elem(kernels::ElemType::U8S8).is_ok();
     let depth = kernels::schedule::one_block_depth(&target, kernels::ElemType::U8S8).0;
-    for k in [64usize, 30, 2100] {
+    for k in [64usize, 30, 16400] {
         let text = format!(
             "graph {{
   sym m param 1..
@@ -1659,7 +1659,7 @@ fn a_requantizing_product_stores_codes() {
 /// epilogue, where the u8s8 kernels take the product in one K block, and the
 /// program that dequantizes, adds and quantizes the sum reads those codes,
 /// not the products' f32 outputs; the interpreter's values exactly, by every
-/// int8 family, at rows 1, 2, 7, 17 and 65, K 64 (codes) and 2100 (too deep:
+/// int8 family, at rows 1, 2, 7, 17 and 65, K 64 (codes) and 16400 (too deep:
 /// f32 outputs).
 #[test]
 fn a_residual_sum_reads_its_products_codes() {
@@ -1693,7 +1693,7 @@ fn a_residual_sum_reads_its_products_codes() {
 "
         )
     };
-    for k in [64usize, 2100] {
+    for k in [64usize, 16400] {
         let text = format!(
             "graph {{
   sym m param 1..

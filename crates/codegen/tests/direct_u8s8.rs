@@ -363,7 +363,8 @@ fn u8s8_direct_plans_are_checked() {
 /// A u8s8 K block whose panel is larger than half of L1 streams from L2 for
 /// every tile: over rows that make several tiles, no direct schedule has a
 /// main height below 4 there; over a panel that fits, or three rows, the low
-/// heights stay candidates.
+/// heights stay candidates. Nor does the model pick a packed tile under 4
+/// rows over a panel larger than L1, unless no direct kernel reads A.
 #[test]
 fn low_direct_tiles_do_not_stream_deep_u8s8_panels() {
     let Some((_, t)) = targets().into_iter().next() else { return };
@@ -393,5 +394,30 @@ fn low_direct_tiles_do_not_stream_deep_u8s8_panels() {
     assert!(shallow.contains(&2) && shallow.contains(&1), "{shallow:?}");
     let few = direct_heights(&problem(3, 2304));
     assert!(few.contains(&2), "{few:?}");
+    // Packed tiles under 4 rows over a panel larger than L1: no pick where a
+    // direct one reads A, the pick where none does (A in floats); over a
+    // panel within L1 they stay candidates of the model.
+    let d = c.dispatcher();
+    // ResNet-50's 3×3 products at 7×7 of 8 images, one block deep (its
+    // weight's panel 147 KB), where the model ranked packed 2x32 first.
+    let seven = kernels::Problem {
+        m: 392,
+        n: 512,
+        k: 4608,
+        a: kernels::ALayout::Taps { width: 7, interior: 5, reads: 9 },
+        b: kernels::BLayout::Packed { nr, kc: 4608 },
+        ..problem(392, 4608)
+    };
+    assert!(nr * 2304 > t.l1d, "the panels outgrow L1");
+    for p in [problem(1568, 2304), seven] {
+        let waits = |s: &kernels::Schedule| s.operands == kernels::Operands::Packed && s.mr < 4;
+        let pick = d.choose(&p).expect("a pick");
+        assert!(!waits(&pick), "{pick:?}");
+        let floats = d.schedule_of(&p, false, false).expect("a packed pick");
+        assert_eq!(floats.operands, kernels::Operands::Packed, "{floats:?}");
+    }
+    let fits = problem(1568, 256);
+    let low = |s: &&kernels::Schedule| s.operands == kernels::Operands::Packed && s.mr < 4;
+    assert!(c.candidates(&fits).iter().any(|s| low(&s)), "packed low tiles over a panel in L1");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -100,9 +100,16 @@ impl Dispatcher {
         allowed: impl Fn(&Schedule) -> bool,
     ) -> Result<Schedule, KernelError> {
         let threads = self.machine.threads;
-        self.candidates(p)
+        let mut fits: Vec<Schedule> = self
+            .candidates(p)
             .into_iter()
             .filter(|s| allowed(s) && (model.ranks_grids() || s.grid == rule_grid(threads, p, s.mr, s.nr)))
+            .collect();
+        let waits = |s: &Schedule| crate::schedule::waits_on_panel(&self.target, &self.family, p, s);
+        if fits.iter().any(|s| !waits(s)) {
+            fits.retain(|s| !waits(s));
+        }
+        fits.into_iter()
             .map(|s| (model.cost(&self.machine, &self.family, p, &s), s))
             .min_by(|a, b| a.0.total_cmp(&b.0))
             .map(|(_, s)| s)

@@ -234,29 +234,23 @@ pub fn kc_for(t: &Target, elem: ElemType, mr: usize, nr: usize) -> usize {
 }
 
 /// How deep a product storing codes ([`plan::Epilogue::codes`], which runs
-/// in one K block) may be and keep its usual speed, by A's kind (row-major, a
-/// convolution's taps). Row-major: the L1 depth of a 4-row tile of 4 vectors
-/// (the widest tile at a family's usual height), or deeper, the depth whose B
-/// panel of 2 vectors (the width a u8s8 weight is usually packed in) fills L1.
-/// Taps: the depth whose B panel of 4 vectors fills a quarter of L2 (a
-/// direct tile reads its taps in place, and a taller one reads that panel
-/// from L2 once for more rows). Deeper, the panels outgrow the caches they
-/// are read from. Storing codes is worth some speed: their reader takes a
-/// quarter of the bytes and reads them in place, where it packs floats. On
-/// a target with AMX tiles of `elem`, both are at least the depth whose B
-/// panel of a 32-wide tile fills an eighth of L2 (tile loads take B from L2
-/// at the tiles' rate).
+/// in one K block) may be, by A's kind (row-major, a convolution's taps): the
+/// depth whose B panel of 2 vectors (the width a u8s8 weight is usually
+/// packed in) fills a quarter of L2, for both. Such a panel streams from L2
+/// for every row tile, which tiles of 4 rows and more take in their stride
+/// and lower ones do not ([`waits_on_panel`]); storing codes is worth it,
+/// their reader takes a quarter of the bytes and reads them in place where
+/// it would pack floats. On a target with AMX tiles of `elem`, both are at
+/// least the depth whose B panel of a 32-wide tile fills an eighth of L2
+/// (tile loads take B from L2 at the tiles' rate).
 pub fn one_block_depth(t: &Target, elem: ElemType) -> (usize, usize) {
-    let lanes = t.f32_lanes.max(1);
-    let nr = 4 * lanes;
-    let rows = kc_for(t, elem, 4, nr).max(t.l1d / (2 * lanes * elem.bytes()));
-    let taps = t.l2 / 4 / (nr * elem.bytes());
+    let deep = t.l2 / 4 / (2 * t.f32_lanes.max(1) * elem.bytes());
     let tile = 2 * crate::AMX_ROWS;
     let amx = match t.amx_tile(elem, tile, tile) {
         true => t.l2 / 8 / (tile * elem.bytes()),
         false => 0,
     };
-    (rows.max(amx), taps.max(amx))
+    (deep.max(amx), deep.max(amx))
 }
 
 /// The depth a `k`-deep weight of `elem` is packed in when packed whole (one
@@ -411,6 +405,22 @@ pub fn candidates(t: &Target, threads: usize, fam: &KernelFamily, p: &Problem) -
     }
     direct_candidates(t, threads, fam, p, least, &mut out);
     out
+}
+
+/// Whether `s` is a u8s8 packed tile of fewer than 4 rows whose K block's B
+/// panel outgrows L1 (with rows for several tiles): it waits on the panel
+/// streaming from L2 for every 2 rows, which the measured rates (panels in L1)
+/// do not price. A model picks one only where nothing else fits (ResNet-50's
+/// 3×3 products at 7×7, `bench-matmul --conv --exhaustive`: packed 2x32 ran
+/// 25-50% slower than direct 5x32 over 98-147 KB panels; at 32 KB, a strided
+/// 1×1's, it was 15% faster). It stays a candidate for A that the direct
+/// kernels cannot read.
+pub fn waits_on_panel(t: &Target, fam: &KernelFamily, p: &Problem, s: &Schedule) -> bool {
+    fam.elem() == ElemType::U8S8
+        && s.operands == Operands::Packed
+        && s.mr < 4
+        && s.blocking.kc.min(p.k) * s.nr > t.l1d
+        && p.m >= 8
 }
 
 /// The direct schedules (A read in place): per width whose direct heights go down
