@@ -411,10 +411,9 @@ pub fn candidates(t: &Target, threads: usize, fam: &KernelFamily, p: &Problem) -
 /// panel outgrows L1 (with rows for several tiles): it waits on the panel
 /// streaming from L2 for every 2 rows, which the measured rates (panels in L1)
 /// do not price. A model picks one only where nothing else fits (ResNet-50's
-/// 3×3 products at 7×7, `bench-matmul --conv --exhaustive`: packed 2x32 ran
-/// 25-50% slower than direct 5x32 over 98-147 KB panels; at 32 KB, a strided
-/// 1×1's, it was 15% faster). It stays a candidate for A that the direct
-/// kernels cannot read.
+/// 3×3 products at 7×7 ran packed 2x32 well behind direct 5x32; a strided
+/// 1×1's panel of L1's size did not: BENCHMARKS.md, session 62). It stays a
+/// candidate for A that the direct kernels cannot read.
 pub fn waits_on_panel(t: &Target, fam: &KernelFamily, p: &Problem, s: &Schedule) -> bool {
     fam.elem() == ElemType::U8S8
         && s.operands == Operands::Packed
