@@ -297,11 +297,8 @@ impl Model {
             .and_then(|t| opts.int8.types(t).ok())
             .is_some_and(|types| types.first() == Some(&kernels::ElemType::U8S8));
         let codes_depth = match (&target, u8_codes) {
-            (Some(t), true) => {
-                let (rows, taps) = kernels::schedule::one_block_depth(t, kernels::ElemType::U8S8);
-                lower::CodesDepth { rows, taps }
-            }
-            _ => lower::CodesDepth::NONE,
+            (Some(t), true) => kernels::schedule::one_block_depth(t, kernels::ElemType::U8S8),
+            _ => 0,
         };
         let lo = lower::LowerOptions {
             fuse_attention: opts.fuse_attention,

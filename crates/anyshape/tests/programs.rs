@@ -1596,7 +1596,7 @@ fn quantized_activations_are_stored_as_codes() {
 fn a_requantizing_product_stores_codes() {
     let target = kernels::Target::detect();
     let vnni = target.check_elem(kernels::ElemType::U8S8).is_ok();
-    let depth = kernels::schedule::one_block_depth(&target, kernels::ElemType::U8S8).0;
+    let depth = kernels::schedule::one_block_depth(&target, kernels::ElemType::U8S8);
     for k in [64usize, 30, 16400] {
         let text = format!(
             "graph {{
@@ -1665,7 +1665,7 @@ fn a_requantizing_product_stores_codes() {
 fn a_residual_sum_reads_its_products_codes() {
     let target = kernels::Target::detect();
     let vnni = target.check_elem(kernels::ElemType::U8S8).is_ok();
-    let depth = kernels::schedule::one_block_depth(&target, kernels::ElemType::U8S8).0;
+    let depth = kernels::schedule::one_block_depth(&target, kernels::ElemType::U8S8);
     let requantized = |i: usize, y: &str, s: f32, z: i32, t: f32| {
         format!(
             "  %s{i}: f32[1, 1] = constant [{s}]

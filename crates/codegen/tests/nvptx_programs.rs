@@ -563,7 +563,7 @@ fn row_reductions_take_warp_schedules_where_rows_are_long() {
         column_scales: false,
         epilogue_params: false,
         u8_codes: false,
-        codes_depth: lower::CodesDepth::NONE,
+        codes_depth: 0,
     };
     let plan = lower::lower_with(&g, &passes::fuse(&g), &lo).expect("lowers");
     assert_eq!(plan.programs.len(), 1);

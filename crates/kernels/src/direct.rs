@@ -453,11 +453,22 @@ pub fn a_in_place(a: &MatRef) -> bool {
 /// convolution's adjacent taps over whole words of channels and pixels).
 pub fn code_words_in_place(a: &MatRef) -> bool {
     let Some(codes) = a.codes else { return false };
-    let whole = (codes.as_ptr() as usize).is_multiple_of(4) && a.cols.is_multiple_of(4);
-    whole
+    (codes.as_ptr() as usize).is_multiple_of(4)
+        && whole_words(a.cols, a.rows, a.rs, a.taps.map(|(t, _)| t))
         && match a.taps {
-            Some((t, _)) => adjacent_taps(a) && t.in_words().is_some(),
-            None => row_major(a) && (a.rs.is_multiple_of(4) || a.rows == 1),
+            Some(_) => adjacent_taps(a),
+            None => row_major(a),
+        }
+}
+
+/// Whether the 8-bit codes of a `k`-deep A that start on a 4-byte word keep
+/// four depths of one row in each word: K whole words, and its `rows` rows
+/// whole words apart (`rs` bytes), or a convolution's channels and pixels.
+pub fn whole_words(k: usize, rows: usize, rs: usize, taps: Option<crate::ConvTaps>) -> bool {
+    k.is_multiple_of(4)
+        && match taps {
+            Some(t) => t.in_words().is_some(),
+            None => rs.is_multiple_of(4) || rows == 1,
         }
 }
 

@@ -160,7 +160,7 @@ impl KernelFamily {
         direct_elem(self.elem())
     }
     /// Whether its kernels store C as 8-bit codes ([`plan::Epilogue::codes`]):
-    /// its products run packed, in one K block.
+    /// its products run in one K block (packed, or u8s8 direct).
     pub fn stores_codes(&self) -> bool {
         self.variants[0].kernel.epilogue.codes
     }
@@ -234,23 +234,23 @@ pub fn kc_for(t: &Target, elem: ElemType, mr: usize, nr: usize) -> usize {
 }
 
 /// How deep a product storing codes ([`plan::Epilogue::codes`], which runs
-/// in one K block) may be, by A's kind (row-major, a convolution's taps): the
+/// in one K block) may be, whether A is a matrix or a convolution's taps: the
 /// depth whose B panel of 2 vectors (the width a u8s8 weight is usually
-/// packed in) fills a quarter of L2, for both. Such a panel streams from L2
+/// packed in) fills a quarter of L2. Such a panel streams from L2
 /// for every row tile, which tiles of 4 rows and more take in their stride
 /// and lower ones do not ([`waits_on_panel`]); storing codes is worth it,
 /// their reader takes a quarter of the bytes and reads them in place where
 /// it would pack floats. On a target with AMX tiles of `elem`, both are at
 /// least the depth whose B panel of a 32-wide tile fills an eighth of L2
 /// (tile loads take B from L2 at the tiles' rate).
-pub fn one_block_depth(t: &Target, elem: ElemType) -> (usize, usize) {
+pub fn one_block_depth(t: &Target, elem: ElemType) -> usize {
     let deep = t.l2 / 4 / (2 * t.f32_lanes.max(1) * elem.bytes());
     let tile = 2 * crate::AMX_ROWS;
     let amx = match t.amx_tile(elem, tile, tile) {
         true => t.l2 / 8 / (tile * elem.bytes()),
         false => 0,
     };
-    (deep.max(amx), deep.max(amx))
+    deep.max(amx)
 }
 
 /// The depth a `k`-deep weight of `elem` is packed in when packed whole (one
@@ -418,8 +418,14 @@ pub fn waits_on_panel(t: &Target, fam: &KernelFamily, p: &Problem, s: &Schedule)
     fam.elem() == ElemType::U8S8
         && s.operands == Operands::Packed
         && s.mr < 4
-        && s.blocking.kc.min(p.k) * s.nr > t.l1d
-        && p.m >= 8
+        && panel_outgrows(p, s.blocking.kc, s.nr, t.l1d)
+}
+
+/// Whether a `kc`-deep K block's B panel, `nr` wide (a byte an element: u8s8),
+/// is larger than `bytes`, over rows for several tiles: it streams from L2
+/// again for every row tile.
+fn panel_outgrows(p: &Problem, kc: usize, nr: usize, bytes: usize) -> bool {
+    kc.min(p.k) * nr > bytes && p.m >= 8
 }
 
 /// The direct schedules (A read in place): per width whose direct heights go down
@@ -493,12 +499,11 @@ fn direct_candidates(
             // `bench-matmul --dtype u8s8 --conv --exhaustive`), and which the
             // measured rates (panels in L1) do not price: no such main height where
             // the rows make several tiles.
-            let streams = |kc: usize| kc.min(p.k) * nr > t.l1d / 2 && p.m >= 8;
             kcs.retain(|&kc| {
                 !u8s8
                     || (kc.is_multiple_of(4)
                         && (kc >= p.k || !fam.stores_codes())
-                        && (mr >= 4 || !streams(kc)))
+                        && (mr >= 4 || !panel_outgrows(p, kc, nr, t.l1d / 2)))
             });
             let blockings = kcs.iter().map(|&kc| Blocking { kc, mc: mr, nc: base.nc });
             for (blocking, grid) in

@@ -122,7 +122,7 @@ pub(crate) struct Lowering<'g> {
     epilogue_params: bool,
     /// Quantized activations may be stored as u8 codes ([`crate::LowerOptions::u8_codes`]).
     u8_codes: bool,
-    codes_depth: crate::CodesDepth,
+    codes_depth: usize,
     /// Buffers stored narrower than their values (u8 codes of f32 values):
     /// programs load them widened and store the narrow value.
     narrowed: HashMap<BufId, DType>,
@@ -466,12 +466,11 @@ impl<'g> Lowering<'g> {
     /// no partial sum) of a value that only programs and products by
     /// constants read ([`narrowable`]).
     fn codes_fit(&self, step: &MatMulStep, v: ValueId) -> bool {
-        let depth = match step.taps {
-            Some(_) => self.codes_depth.taps,
-            None => self.codes_depth.rows,
-        };
         let k = self.plan.dims.exprs()[step.k as usize].as_const();
-        self.u8_codes && step.weight && k.is_some_and(|k| k <= depth as i64) && narrowable(self.g, v)
+        self.u8_codes
+            && step.weight
+            && k.is_some_and(|k| k <= self.codes_depth as i64)
+            && narrowable(self.g, v)
     }
 
     /// The one group (another than the producer's) that reads value `v`.

@@ -69,25 +69,10 @@ pub struct LowerOptions {
     /// it is (the CPU's u8s8 kernels pack its 4-byte words). Only where every
     /// reader takes codes (see `group::narrowable`); the GPU's plans keep f32.
     pub u8_codes: bool,
-    /// How deep a weight's product may be to store its C as codes: such a
-    /// product runs in one K block (a byte keeps no partial sum), so only
-    /// where one block of the kernels' takes all of K.
-    pub codes_depth: CodesDepth,
-}
-
-/// The deepest K a product storing codes may have ([`LowerOptions::codes_depth`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CodesDepth {
-    /// A row-major (or strided) A: the depth of an L1 block of the kernels.
-    pub rows: usize,
-    /// A convolution's taps: the depth of a block of whole kernel rows (an
-    /// L2 budget).
-    pub taps: usize,
-}
-
-impl CodesDepth {
-    /// No product stores codes.
-    pub const NONE: CodesDepth = CodesDepth { rows: 0, taps: 0 };
+    /// The deepest K a weight's product may have to store its C as codes
+    /// (0: none does): such a product runs in one K block (a byte keeps no
+    /// partial sum), so only where one block of the kernels' takes all of K.
+    pub codes_depth: usize,
 }
 
 impl Default for LowerOptions {
@@ -98,7 +83,7 @@ impl Default for LowerOptions {
             column_scales: true,
             epilogue_params: true,
             u8_codes: true,
-            codes_depth: CodesDepth::NONE,
+            codes_depth: 0,
         }
     }
 }
@@ -114,7 +99,7 @@ impl LowerOptions {
             column_scales: false,
             epilogue_params: false,
             u8_codes: false,
-            codes_depth: CodesDepth::NONE,
+            codes_depth: 0,
         }
     }
 }

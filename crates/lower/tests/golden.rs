@@ -632,8 +632,7 @@ fn a_quantizing_products_output_is_stored_as_codes() {
     let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
     let fusion = passes::fuse(&g);
     let with = |u8_codes: bool, rows: usize| {
-        let codes_depth = lower::CodesDepth { rows, taps: rows };
-        let opts = lower::LowerOptions { u8_codes, codes_depth, ..Default::default() };
+        let opts = lower::LowerOptions { u8_codes, codes_depth: rows, ..Default::default() };
         plan::print_plan(&lower::lower_with(&g, &fusion, &opts).unwrap_or_else(|e| panic!("{e}")))
     };
     let got = with(true, 8);

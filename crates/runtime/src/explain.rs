@@ -114,8 +114,8 @@ impl CompiledModel<crate::Cpu> {
                     // The arena's buffers start on whole words; an A of codes is
                     // read as words where K and its rows (or channels) are.
                     let words = codes
-                        && ms.k % 4 == 0
-                        && ms.taps.map_or(ms.cs[0] == 1 && ms.rs[0] % 4 == 0, |t| t.in_words().is_some());
+                        && (ms.taps.is_some() || ms.cs[0] == 1)
+                        && kernels::direct::whole_words(ms.k, ms.m, ms.rs[0], ms.taps);
                     let sched = d.schedule_of(&p, codes, words).map_err(internal)?;
                     let e = mm.epilogue.function();
                     let ep = if e.is_identity() { String::new() } else { format!(", epilogue {e:?}") };
