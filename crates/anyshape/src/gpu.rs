@@ -694,6 +694,12 @@ fn step_lists(
                  product's dequantization) is not built for the GPU"
             ))));
         }
+        if e.residual_in_program() || e.residual_codes {
+            return Err(Error::from(RunError::Device(format!(
+                "step {i}: a contraction whose epilogue program reads its residual (a quantized \
+                 residual block's sum) is not built for the GPU"
+            ))));
+        }
         if !mm.epilogue.params.values().is_empty() {
             return Err(Error::from(RunError::Device(format!(
                 "step {i}: a contraction whose epilogue takes parameters is not built for the GPU"

@@ -292,7 +292,9 @@ pub(crate) fn build_microkernel(
     let a_row = gep(f32t.into(), a, bld.build_int_mul(i, kw, "a.row").map_err(llvm)?)?;
     let c_off = bld.build_int_mul(i, ldc, "c.row").map_err(llvm)?;
     let c_row = gep(if codes { i8t.into() } else { f32t.into() }, c, c_off)?;
-    let r_row = gep(f32t.into(), res, bld.build_int_mul(i, ldr, "r.row").map_err(llvm)?)?;
+    let r_elem: inkwell::types::BasicTypeEnum =
+        if epilogue.residual_codes { i8t.into() } else { f32t.into() };
+    let r_row = gep(r_elem, res, bld.build_int_mul(i, ldr, "r.row").map_err(llvm)?)?;
     let s_row = gep(acc_elem, sums_t, bld.build_int_mul(i, c_i64(nr), "s.row").map_err(llvm)?)?;
     let mut start = Vec::with_capacity(nv);
     for v in 0..nv {
@@ -389,9 +391,21 @@ pub(crate) fn build_microkernel(
     // y = act(scale · acc + bias[col] + residual[row, col]): this row's residual.
     bld.position_at_end(epi);
     let vm = vmath::VMath::new(ctx, module, &bld, vt, w, features);
-    let load = |base, idx| -> Result<VectorValue<'static>, CodegenError> {
-        let x = bld.build_load(vt, gep(f32t.into(), base, idx)?, "ep").map_err(llvm)?;
-        set_align(&x, 4);
+    let load = |base, idx, bytes: bool| -> Result<VectorValue<'static>, CodegenError> {
+        let x = match bytes {
+            true => {
+                let x = bld
+                    .build_load(i8t.vec_type(w as u32), gep(i8t.into(), base, idx)?, "ep")
+                    .map_err(llvm)?;
+                set_align(&x, 1);
+                x
+            }
+            false => {
+                let x = bld.build_load(vt, gep(f32t.into(), base, idx)?, "ep").map_err(llvm)?;
+                set_align(&x, 4);
+                x
+            }
+        };
         Ok(x.into_vector_value())
     };
     let ptrs = (cscale, bias, r_row, ldr, params);
@@ -421,7 +435,8 @@ pub(crate) fn build_microkernel(
     sums_phi.add_incoming(&[(&scratch, entry), (&spare_t, tile_latch)]);
     spare_phi.add_incoming(&[(&spare, entry), (&sums_t, tile_latch)]);
     let phis = crate::TilePhis { t: t_phi, a: a_phi, c: c_phi, res: r_phi, first: (a0, c0, r0) };
-    let strides = crate::TileStrides { a_words, ldc, ldr, mr, codes, tiles };
+    let strides =
+        crate::TileStrides { a_words, ldc, ldr, mr, codes, residual_codes: epilogue.residual_codes, tiles };
     crate::close_tile_loop(ctx, &bld, &phis, &strides, (entry, tile_latch, tile_head, ret))
 }
 

@@ -88,6 +88,7 @@ struct Intrinsics {
     load_b: FunctionValue<'static>,
     store: FunctionValue<'static>,
     store_bytes: FunctionValue<'static>,
+    load_bytes: FunctionValue<'static>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -160,6 +161,7 @@ fn build_direct(
         load_b: intr("llvm.masked.load", &[acc_t.into(), ptr.into()])?,
         store: intr("llvm.masked.store", &[vt.into(), ptr.into()])?,
         store_bytes: intr("llvm.masked.store", &[bytes_t.into(), ptr.into()])?,
+        load_bytes: intr("llvm.masked.load", &[bytes_t.into(), ptr.into()])?,
     };
 
     let bld = ctx.create_builder();
@@ -472,7 +474,16 @@ fn build_direct(
     let mut out = vals.clone();
     for i in 0..mr {
         for (v, mask) in masks.iter().enumerate() {
-            let load = |base, idx| masked_load(gep(base, idx, "ep")?, *mask);
+            let load = |base, idx, bytes: bool| match bytes {
+                // SAFETY (of the IR): as `gep`, in the residual's rows of bytes.
+                true => masked(
+                    ii.load_bytes,
+                    bytes_t,
+                    unsafe { bld.build_in_bounds_gep(ctx.i8_type(), base, &[idx], "ep") }.map_err(llvm)?,
+                    *mask,
+                ),
+                false => masked_load(gep(base, idx, "ep")?, *mask),
+            };
             let ptrs = (cscale, bias, res, ldr, params);
             match codes {
                 true => {

@@ -758,9 +758,21 @@ fn build_microkernel(
     bld.position_at_end(epi);
     let vm = vmath::VMath::new(ctx, module, &bld, vt, w, features);
     let mut out = vals.clone();
-    let load = |base, idx| -> Result<VectorValue<'static>, CodegenError> {
-        let x = bld.build_load(vt, gep(base, idx, "ep")?, "ep").map_err(llvm)?;
-        set_align(&x, 4);
+    let load = |base, idx, bytes: bool| -> Result<VectorValue<'static>, CodegenError> {
+        let x = match bytes {
+            // SAFETY (of the IR): as `gep`, in the residual's tile of bytes.
+            true => {
+                let at = unsafe { bld.build_in_bounds_gep(i8t, base, &[idx], "ep") }.map_err(llvm)?;
+                let x = bld.build_load(i8t.vec_type(w as u32), at, "ep").map_err(llvm)?;
+                set_align(&x, 1);
+                x
+            }
+            false => {
+                let x = bld.build_load(vt, gep(base, idx, "ep")?, "ep").map_err(llvm)?;
+                set_align(&x, 4);
+                x
+            }
+        };
         Ok(x.into_vector_value())
     };
     let ptrs = (cscale, bias, res, ldr, params);
@@ -787,7 +799,8 @@ fn build_microkernel(
     bld.position_at_end(tile_latch);
     let a_words = bld.build_int_mul(kc, c_i64(mr), "a.step").map_err(llvm)?;
     let phis = TilePhis { t: t_phi, a: a_phi, c: c_phi, res: r_phi, first: (a0, c0, r0) };
-    let strides = TileStrides { a_words, ldc, ldr, mr, codes, tiles };
+    let strides =
+        TileStrides { a_words, ldc, ldr, mr, codes, residual_codes: epilogue.residual_codes, tiles };
     close_tile_loop(ctx, &bld, &phis, &strides, (entry, tile_latch, tile_head, ret))
 }
 
@@ -802,14 +815,15 @@ pub(crate) struct TilePhis {
 }
 
 /// How far the next tile is: A's panel (`a_words` words), `mr` rows of C
-/// (`ldc` apart; bytes for codes) and of the residual (`ldr` apart); and the
-/// number of tiles.
+/// (`ldc` apart; bytes for codes) and of the residual (`ldr` apart; bytes for
+/// codes); and the number of tiles.
 pub(crate) struct TileStrides {
     pub a_words: IntValue<'static>,
     pub ldc: IntValue<'static>,
     pub ldr: IntValue<'static>,
     pub mr: usize,
     pub codes: bool,
+    pub residual_codes: bool,
     pub tiles: IntValue<'static>,
 }
 
@@ -844,7 +858,7 @@ pub(crate) fn close_tile_loop(
     let c_step = bld.build_int_mul(s.ldc, c_i64(s.mr), "c.step").map_err(llvm)?;
     let c_next = step(if s.codes { i8t.into() } else { f32t.into() }, c, c_step, "c.next")?;
     let r_step = bld.build_int_mul(s.ldr, c_i64(s.mr), "r.step").map_err(llvm)?;
-    let r_next = step(f32t.into(), res, r_step, "res.next")?;
+    let r_next = step(if s.residual_codes { i8t.into() } else { f32t.into() }, res, r_step, "res.next")?;
     let again = bld.build_int_compare(IntPredicate::SLT, t_next, s.tiles, "again").map_err(llvm)?;
     bld.build_conditional_branch(again, head, ret).map_err(llvm)?;
     let (a0, c0, r0) = phis.first;

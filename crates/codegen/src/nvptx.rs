@@ -993,6 +993,8 @@ impl Ir {
                 // (`LowerOptions::epilogue_params`), and a GPU build refuses a
                 // plan with parameters before any kernel is made.
                 PwOp::Param(_) => unreachable!("a GPU epilogue with parameters"),
+                // Likewise a program reading its residual (`LowerOptions::residual_programs`).
+                PwOp::Residual => unreachable!("a GPU epilogue program reading its residual"),
                 PwOp::Unary(u, a) => {
                     let a = v[a as usize].clone();
                     self.pw_unary(u, &a)

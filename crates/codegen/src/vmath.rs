@@ -18,6 +18,10 @@ use crate::{llvm, CodegenError};
 type V = VectorValue<'static>;
 type R = Result<V, CodegenError>;
 
+/// How a kernel form loads an epilogue operand's vector at `(base, index)`:
+/// W f32 lanes, or (`bytes`) W bytes of codes, indexed in bytes.
+pub type EpilogueLoad<'a> = dyn Fn(PointerValue<'static>, IntValue<'static>, bool) -> R + 'a;
+
 /// Emits vector math for one vector type.
 pub(crate) struct VMath<'b> {
     pub ctx: &'static Context,
@@ -163,7 +167,7 @@ impl VMath<'_> {
             PointerValue<'static>,
         ),
         at: (usize, usize),
-        load: &dyn Fn(PointerValue<'static>, IntValue<'static>) -> R,
+        load: &EpilogueLoad,
     ) -> R {
         let fused = match e.activation {
             Activation::Pointwise(p) if e.makes_codes() => {
@@ -450,12 +454,13 @@ impl VMath<'_> {
         self.flushed(x, s)
     }
 
-    /// The activation of `x`.
     /// A kernel's epilogue on the vector `y` of row `i`, columns `col..col + W`:
     /// `act(scale · column_scale[col] · y + bias[col] + residual[i, col])`,
     /// reading the column scales from `cscale`, the bias from `bias` and the
-    /// residual from `res` (row stride `ldr`) with `load(base, index)`, which
-    /// each kernel form does its own way (plain, or masked at N's edge).
+    /// residual from `res` (row stride `ldr`; in bytes for codes) with
+    /// `load(base, index, bytes)`, which each kernel form does its own way
+    /// (plain, or masked at N's edge). A program reading the residual
+    /// ([`plan::PwOp::Residual`]) takes it as its operand instead of the sum.
     #[allow(clippy::too_many_arguments)]
     pub fn epilogue(
         &self,
@@ -469,7 +474,7 @@ impl VMath<'_> {
             PointerValue<'static>,
         ),
         (i, col): (usize, usize),
-        load: &dyn Fn(PointerValue<'static>, IntValue<'static>) -> R,
+        load: &EpilogueLoad,
     ) -> R {
         let i64t = self.ctx.i64_type();
         let c = |x: usize| i64t.const_int(x as u64, false);
@@ -477,18 +482,34 @@ impl VMath<'_> {
             y = self.mul(y, self.splat(sc as f64))?;
         }
         if e.column_scale {
-            y = self.mul(y, load(cscale, c(col))?)?;
+            y = self.mul(y, load(cscale, c(col), false)?)?;
         }
         if e.bias {
-            y = self.add(y, load(bias, c(col))?)?;
+            y = self.add(y, load(bias, c(col), false)?)?;
         }
+        let mut residual = None;
         if e.residual {
             let row = self.bld.build_int_mul(c(i), ldr, "rrow").map_err(llvm)?;
             let idx = self.bld.build_int_add(row, c(col), "ri").map_err(llvm)?;
-            y = self.add(y, load(res, idx)?)?;
+            let r = match e.residual_codes {
+                // A code's value is its byte's: widened, then converted exactly.
+                true => {
+                    let bytes = load(res, idx, true)?;
+                    let ints = self
+                        .bld
+                        .build_int_z_extend(bytes, self.ctx.i32_type().vec_type(self.lanes as u32), "r.i32")
+                        .map_err(llvm)?;
+                    self.bld.build_unsigned_int_to_float(ints, self.vt, "r.f32").map_err(llvm)?
+                }
+                false => load(res, idx, false)?,
+            };
+            match e.residual_in_program() {
+                true => residual = Some(r),
+                false => y = self.add(y, r)?,
+            }
         }
         match e.activation {
-            Activation::Pointwise(p) => self.pointwise(&p, y, Some(params)),
+            Activation::Pointwise(p) => self.pointwise_at(&p, y, residual, Some(params)),
             act => self.activation(act, y),
         }
     }
@@ -519,11 +540,25 @@ impl VMath<'_> {
     /// per operation, with the semantics of [`Pointwise::eval_with`]: its
     /// parameters read from `params` (each broadcast to the lanes).
     pub fn pointwise(&self, p: &Pointwise, x: V, params: Option<PointerValue<'static>>) -> R {
+        self.pointwise_at(p, x, None, params)
+    }
+
+    /// [`Self::pointwise`] with the residual it reads, if it reads one.
+    pub fn pointwise_at(
+        &self,
+        p: &Pointwise,
+        x: V,
+        residual: Option<V>,
+        params: Option<PointerValue<'static>>,
+    ) -> R {
         let mut v: Vec<V> = Vec::with_capacity(p.ops().len());
         for op in p.ops() {
             let g = |i: u8| v[i as usize];
             let r = match *op {
                 PwOp::Input => x,
+                PwOp::Residual => {
+                    residual.ok_or_else(|| llvm("a program reading a residual with none given"))?
+                }
                 PwOp::Const(bits) => self.splat(f32::from_bits(bits) as f64),
                 PwOp::Param(i) => {
                     let params =
@@ -559,7 +594,17 @@ impl VMath<'_> {
                         PwBinary::Min => self.intrinsic("llvm.minimum", &[a, c])?,
                     }
                 }
-                PwOp::Integer { x, offset, lo, hi } => self.integer(g(x), offset, lo, hi)?,
+                // A quantization's store inside the program (a residual block's
+                // product, dequantized again): rounded and converted in one
+                // instruction where it can be, the rest on integers, as the
+                // epilogue's last quantization (`epilogue_codes`).
+                PwOp::Integer { x, offset, lo, hi } => match p.ops()[x as usize] {
+                    PwOp::Unary(PwUnary::Round, y) if self.rounds_in_conversion(offset, lo, hi) => {
+                        let i = self.quantized_ints(g(y), offset, lo, hi)?;
+                        self.bld.build_signed_int_to_float(i, self.vt, "q.f32").map_err(llvm)?
+                    }
+                    _ => self.integer(g(x), offset, lo, hi)?,
+                },
                 PwOp::Select(cmp, a, b, t, f) => {
                     let pred = match cmp {
                         PwCmp::Less => FloatPredicate::OLT,

@@ -425,6 +425,17 @@ fn integer_contractions_are_exact(
             ..Default::default()
         })
         .expect("compile");
+        // A quantized residual block's sum stored as codes: the program reads
+        // the shortcut's codes as its residual.
+        let (block_sum, block_params) = residual_block_program();
+        let block = build(Epilogue {
+            residual: true,
+            residual_codes: true,
+            activation: Activation::Pointwise(block_sum),
+            codes: true,
+            ..Default::default()
+        })
+        .expect("compile");
         assert_eq!(plain.family().elem(), elem);
         for k in plain.kernels() {
             let asm = k.asm();
@@ -530,6 +541,35 @@ fn integer_contractions_are_exact(
                 all_close(&got, (m, n, k), &format!("stored as codes, A {what}: {s}"), w, t)?;
                 prop_assert!((0..m).all(|i| out[i * (n + 3) + n..(i + 1) * (n + 3)] == [0xa5; 3]));
             }
+            // The residual block's sum: the shortcut's codes `n + 5` bytes a row
+            // (no row on a word), read as they lie by every tile, edges too.
+            let packed = block.pack_weight(bm, &[1, 16, 128]).expect("pack");
+            let ldr = n + 5;
+            let shortcut: Vec<u8> = (0..m * ldr).map(|x| (val(x, seed + 2) % 256) as u8).collect();
+            let args = EpilogueArgs {
+                residual: Some(MatRef::of_codes(&shortcut, m, n, ldr, 1).unwrap()),
+                params: &block_params,
+                ..EpilogueArgs::default()
+            };
+            let w = |i: usize, j: usize| {
+                block_sum.eval_at(exact(i, j) as f32, f32::from(shortcut[i * ldr + j]), &block_params) as f64
+            };
+            for (what, a_in) in [("floats", am), ("codes", MatRef::of_codes(&bytes, m, k, k, 1).unwrap())] {
+                let mut out = vec![0xa5u8; m * (n + 3)];
+                let cv = MatMut::of_codes(&mut out, m, n, n + 3).unwrap();
+                let s = block.matmul(&pool, a_in, BOperand::Packed(&packed), cv, &args).expect("run");
+                let got: Vec<f32> = (0..m * n).map(|x| out[x / n * (n + 3) + x % n] as f32).collect();
+                all_close(&got, (m, n, k), &format!("residual block, A {what}: {s}"), w, t)?;
+                prop_assert!((0..m).all(|i| out[i * (n + 3) + n..(i + 1) * (n + 3)] == [0xa5; 3]));
+            }
+            // A residual of floats for kernels that read codes is refused.
+            let floats = vec![0.0f32; m * n];
+            let wrong = EpilogueArgs { residual: Some(MatRef::row_major(&floats, m, n).unwrap()), ..args };
+            let mut out = vec![0u8; m * n];
+            let cv = MatMut::of_codes(&mut out, m, n, n).unwrap();
+            let e =
+                block.matmul(&pool, am, BOperand::Packed(&packed), cv, &wrong).expect_err("float residual");
+            prop_assert!(e.to_string().contains("does not match"), "{}", e);
             Ok(())
         };
         // Codes keep no partial sums: a product deeper than its K block (an
@@ -578,6 +618,33 @@ fn requantizing_program() -> (plan::Pointwise, [f32; 2]) {
     let r = p.push(PwOp::Unary(PwUnary::Round, q)).unwrap();
     p.push(PwOp::Integer { x: r, offset: 3, lo: 0, hi: 255 }).unwrap();
     (p, [2f32.powi(-12), 0.37])
+}
+
+/// A quantized residual block's sum (QDQ ResNet's): the product requantized
+/// to its codes (zero point 7), both it and the shortcut's codes (the
+/// program's residual, zero point 110) dequantized and added, the sum
+/// quantized; the scales given when it runs.
+fn residual_block_program() -> (plan::Pointwise, [f32; 4]) {
+    use plan::{PwBinary, PwOp, PwUnary};
+    let mut p = plan::Pointwise::empty();
+    let mut push = |op| p.push(op).unwrap();
+    let x = push(PwOp::Input);
+    let (s0, s1, s2, s3) =
+        (push(PwOp::Param(0)), push(PwOp::Param(1)), push(PwOp::Param(2)), push(PwOp::Param(3)));
+    let scaled = push(PwOp::Binary(PwBinary::Mul, x, s0));
+    let r = push(PwOp::Unary(PwUnary::Round, scaled));
+    let q = push(PwOp::Integer { x: r, offset: 7, lo: 0, hi: 255 });
+    let (z0, z1) = (push(PwOp::Const(7f32.to_bits())), push(PwOp::Const(110f32.to_bits())));
+    let dq = push(PwOp::Binary(PwBinary::Sub, q, z0));
+    let dq = push(PwOp::Binary(PwBinary::Mul, dq, s1));
+    let res = push(PwOp::Residual);
+    let dr = push(PwOp::Binary(PwBinary::Sub, res, z1));
+    let dr = push(PwOp::Binary(PwBinary::Mul, dr, s2));
+    let sum = push(PwOp::Binary(PwBinary::Add, dq, dr));
+    let out = push(PwOp::Binary(PwBinary::Div, sum, s3));
+    let out = push(PwOp::Unary(PwUnary::Round, out));
+    push(PwOp::Integer { x: out, offset: 0, lo: 0, hi: 255 });
+    (p, [2f32.powi(-12), 0.02, 0.013, 0.031])
 }
 
 /// Weight-only quantized weights (4- and 8-bit codes, signed and unsigned,

@@ -36,7 +36,26 @@ fn epilogues() -> Vec<Epilogue> {
         Epilogue { bias: true, activation: Activation::Pointwise(silu()), ..Default::default() },
         Epilogue { column_scale: true, bias: true, residual: true, ..Default::default() },
         Epilogue { bias: true, activation: Activation::Pointwise(with_params()), ..Default::default() },
+        Epilogue {
+            residual: true,
+            activation: Activation::Pointwise(reads_residual()),
+            ..Default::default()
+        },
     ]
+}
+
+/// `x·σ(x) + p0·r`: a program reading the residual as its own operand.
+fn reads_residual() -> plan::Pointwise {
+    use plan::{PwBinary, PwOp, PwUnary};
+    let mut p = plan::Pointwise::empty();
+    let x = p.push(PwOp::Input).expect("room");
+    let s = p.push(PwOp::Unary(PwUnary::Sigmoid, x)).expect("room");
+    let xs = p.push(PwOp::Binary(PwBinary::Mul, x, s)).expect("room");
+    let r = p.push(PwOp::Residual).expect("room");
+    let p0 = p.push(PwOp::Param(0)).expect("room");
+    let pr = p.push(PwOp::Binary(PwBinary::Mul, r, p0)).expect("room");
+    p.push(PwOp::Binary(PwBinary::Add, xs, pr)).expect("room");
+    p
 }
 
 /// The values of [`with_params`]'s parameters.
@@ -83,8 +102,9 @@ enum BForm {
 }
 
 fn reference(e: &Epilogue, acc: f64, (cscale, bias, res): (f64, f64, f64)) -> f64 {
-    let y = acc * e.scale.unwrap_or(1.0) as f64 * cscale + bias + res;
-    e.activation.apply_with(y as f32, &PARAMS) as f64
+    let summed = if e.residual_in_program() { 0.0 } else { res };
+    let y = acc * e.scale.unwrap_or(1.0) as f64 * cscale + bias + summed;
+    e.activation.apply_at(y as f32, res as f32, &PARAMS) as f64
 }
 
 #[test]

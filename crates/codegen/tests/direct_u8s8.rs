@@ -13,7 +13,7 @@ use kernels::{
     execute, BOperand, ConvTaps, DirectPlan, DirectVariant, ElemType, EpilogueArgs, MatMut, MatRef, PackedB,
     Plan, Target, ThreadGrid, ThreadPool,
 };
-use plan::{Activation, Epilogue, Pointwise, PwOp, PwUnary};
+use plan::{Activation, Epilogue, Pointwise, PwBinary, PwOp, PwUnary};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -42,6 +42,30 @@ fn requantize() -> Pointwise {
     p
 }
 
+/// A quantized residual block's sum: the product requantized (zero point 3),
+/// dequantized and added to the shortcut's dequantized codes (the program's
+/// residual, zero point 110), the sum quantized.
+fn residual_block() -> Pointwise {
+    let mut p = Pointwise::empty();
+    let mut push = |op| p.push(op).expect("room");
+    let x = push(PwOp::Input);
+    let r = push(PwOp::Unary(PwUnary::Round, x));
+    let q = push(PwOp::Integer { x: r, offset: 3, lo: 0, hi: 255 });
+    let (z0, s0) = (push(PwOp::Const(3f32.to_bits())), push(PwOp::Const(0.02f32.to_bits())));
+    let (z1, s1) = (push(PwOp::Const(110f32.to_bits())), push(PwOp::Const(0.013f32.to_bits())));
+    let dq = push(PwOp::Binary(PwBinary::Sub, q, z0));
+    let dq = push(PwOp::Binary(PwBinary::Mul, dq, s0));
+    let res = push(PwOp::Residual);
+    let dr = push(PwOp::Binary(PwBinary::Sub, res, z1));
+    let dr = push(PwOp::Binary(PwBinary::Mul, dr, s1));
+    let sum = push(PwOp::Binary(PwBinary::Add, dq, dr));
+    let s2 = push(PwOp::Const(0.031f32.to_bits()));
+    let out = push(PwOp::Binary(PwBinary::Div, sum, s2));
+    let out = push(PwOp::Unary(PwUnary::Round, out));
+    push(PwOp::Integer { x: out, offset: 0, lo: 0, hi: 255 });
+    p
+}
+
 fn epilogues() -> Vec<Epilogue> {
     vec![
         Epilogue::default(),
@@ -56,6 +80,14 @@ fn epilogues() -> Vec<Epilogue> {
             column_scale: true,
             bias: true,
             activation: Activation::Pointwise(requantize()),
+            codes: true,
+            ..Default::default()
+        },
+        Epilogue {
+            column_scale: true,
+            residual: true,
+            residual_codes: true,
+            activation: Activation::Pointwise(residual_block()),
             codes: true,
             ..Default::default()
         },
@@ -83,10 +115,14 @@ fn reference(ep: &Epilogue, acc: i64, j: usize, i: usize, n: usize, data: &Data)
     if ep.bias {
         y += data.bias[j];
     }
-    if ep.residual {
-        y += data.res[i * n + j];
+    let residual = match ep.residual_codes {
+        true => f32::from(data.res_codes[i * (n + 5) + j]),
+        false => data.res[i * n + j],
+    };
+    if ep.residual && !ep.residual_in_program() {
+        y += residual;
     }
-    ep.activation.apply_with(y, &[]) as f64
+    ep.activation.apply_at(y, residual, &[]) as f64
 }
 
 /// The epilogue's operands (made for the largest shapes drawn).
@@ -94,6 +130,8 @@ struct Data {
     cscale: Vec<f32>,
     bias: Vec<f32>,
     res: Vec<f32>,
+    /// A residual of codes, `n + 5` bytes a row (no row on a word).
+    res_codes: Vec<u8>,
 }
 
 impl Data {
@@ -102,6 +140,7 @@ impl Data {
             cscale: (0..n).map(|j| 0.001 + (j % 5) as f32 * 0.0007).collect(),
             bias: (0..n).map(|j| (j % 7) as f32 * 3.1 - 9.0).collect(),
             res: (0..m * n).map(|i| (i % 5) as f32 * 2.2 - 4.0).collect(),
+            res_codes: (0..m * (n + 5)).map(|i| ((i * 89 + 5) % 256) as u8).collect(),
         }
     }
 }
@@ -127,7 +166,10 @@ fn check(
     let args = EpilogueArgs {
         column_scale: ep.column_scale.then_some(&data.cscale[..]),
         bias: ep.bias.then_some(&data.bias[..]),
-        residual: ep.residual.then(|| MatRef::row_major(&data.res, rows, n).expect("res")),
+        residual: ep.residual.then(|| match ep.residual_codes {
+            true => MatRef::of_codes(&data.res_codes, rows, n, n + 5, 1).expect("res"),
+            false => MatRef::row_major(&data.res, rows, n).expect("res"),
+        }),
         ..EpilogueArgs::default()
     };
     let plan = Plan::Direct(DirectPlan { kernels: variants, kc, mc, grid });

@@ -35,6 +35,7 @@ const EPILOGUE: Epilogue = Epilogue {
     residual: true,
     activation: Activation::Relu,
     codes: false,
+    residual_codes: false,
 };
 
 /// One convolution: `t`'s geometry with `k` output channels, with the

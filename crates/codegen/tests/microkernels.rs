@@ -249,7 +249,25 @@ fn epilogues_compute_correctly() {
             activation: Activation::Pointwise(p),
             ..Default::default()
         });
-        for ep in variants.into_iter().chain(programs) {
+        // A program reading the residual as its own operand: `relu(x) + 0.5·r`
+        // (the residual not added to its input).
+        let reads_residual = {
+            use plan::{PwBinary, PwOp, PwUnary};
+            let mut p = plan::Pointwise::empty();
+            let x = p.push(PwOp::Input).expect("room");
+            let relu = p.push(PwOp::Unary(PwUnary::Relu, x)).expect("room");
+            let r = p.push(PwOp::Residual).expect("room");
+            let half = p.push(PwOp::Const(0.5f32.to_bits())).expect("room");
+            let hr = p.push(PwOp::Binary(PwBinary::Mul, r, half)).expect("room");
+            p.push(PwOp::Binary(PwBinary::Add, relu, hr)).expect("room");
+            Epilogue {
+                bias: true,
+                residual: true,
+                activation: Activation::Pointwise(p),
+                ..Default::default()
+            }
+        };
+        for ep in variants.into_iter().chain(programs).chain([reads_residual]) {
             let jit = anyshape_codegen::compile_microkernel_with(&t, ElemType::F32, 4, 2 * t.f32_lanes, ep)
                 .expect("compile");
             let uk = jit.kernel();
@@ -302,8 +320,9 @@ fn epilogues_compute_correctly() {
                         if ep.bias {
                             y += bias[j] as f64;
                         }
-                        if ep.residual {
-                            y += res[i * n + j] as f64;
+                        let r = res[i * n + j];
+                        if ep.residual && !ep.residual_in_program() {
+                            y += r as f64;
                         }
                         // The exact activation (f64), not the kernels' own formula.
                         y = match ep.activation {
@@ -319,7 +338,7 @@ fn epilogues_compute_correctly() {
                             Activation::Tanh => y.tanh(),
                             // The program's scalar meaning (its own formulas for
                             // erf, tanh and sigmoid, checked in `kernels`).
-                            Activation::Pointwise(p) => p.eval(y as f32) as f64,
+                            Activation::Pointwise(p) => p.eval_at(y as f32, r, &[]) as f64,
                         };
                         let got = c[i * n + j] as f64;
                         assert!(
@@ -444,6 +463,29 @@ fn integer_epilogues_are_the_contracts_integers() {
                     got.to_bits(),
                     want.to_bits(),
                     "{name} integer(x, {offset}, {lo}..={hi}) of {r}: {got}"
+                );
+            }
+            // Rounded first, inside a program (a residual block's product,
+            // dequantized again): rounded and converted in one instruction
+            // where the target can, then on integers, then back to floats.
+            let mut inner = Pointwise::empty();
+            let x = inner.push(PwOp::Input).expect("input");
+            let r = inner.push(PwOp::Unary(plan::PwUnary::Round, x)).expect("round");
+            let q = inner.push(PwOp::Integer { x: r, offset, lo, hi }).expect("integer");
+            let one = inner.push(PwOp::Const(1f32.to_bits())).expect("one");
+            inner.push(PwOp::Binary(plan::PwBinary::Mul, q, one)).expect("mul");
+            let ep_inner = Epilogue { activation: Activation::Pointwise(inner), ..ep };
+            let jit_inner =
+                anyshape_codegen::compile_microkernel_with(&t, ElemType::F32, 4, 2 * t.f32_lanes, ep_inner)
+                    .expect("compile");
+            let mut c = vec![f32::NAN; m * n];
+            run(&jit_inner, MatMut::new(&mut c, m, n, n).unwrap());
+            for (r, got) in res.iter().zip(&c) {
+                let want = inner.eval(*r);
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{name} integer(round(x), {offset}, {lo}..={hi}) of {r}: {got}"
                 );
             }
             // Stored as codes, after rounding (a quantization's store: AVX-512

@@ -562,6 +562,7 @@ fn row_reductions_take_warp_schedules_where_rows_are_long() {
         matmul_steps: false,
         column_scales: false,
         epilogue_params: false,
+        residual_programs: false,
         u8_codes: false,
         codes_depth: 0,
     };

@@ -299,7 +299,7 @@ fn direct_block(
                 asked += share;
                 let ap = a.data[row * a.rs + pw..].as_ptr();
                 let (res, ldr) = match ep.residual {
-                    Some(r) => (r.data[row * r.rs + col..].as_ptr(), r.rs),
+                    Some(r) => (r.element_ptr(row, col), r.rs),
                     None => (std::ptr::null(), 0),
                 };
                 // SAFETY: the kernel reads A's rows row..row+MR (all < m: `kernel_for`
@@ -384,7 +384,7 @@ fn code_dot_row(
         let bias = ep.bias.map_or(std::ptr::null(), |b| b[col..].as_ptr());
         let scale = ep.column_scale.map_or(std::ptr::null(), |s| s[col..].as_ptr());
         let (res, ldr) = match ep.residual {
-            Some(r) => (r.data[row * r.rs + col..].as_ptr(), r.rs),
+            Some(r) => (r.element_ptr(row, col), r.rs),
             None => (std::ptr::null(), 0),
         };
         // SAFETY: as a tile's call in `direct_block`: the kernel reads one value of

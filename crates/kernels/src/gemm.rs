@@ -55,8 +55,9 @@ impl MicroKernel {
 }
 
 /// The data an epilogue reads: column scales and a bias of `n` values each, a
-/// row-major residual `m × n`; for a batch, `residuals` gives each entry its own
-/// residual instead (a convolution's shortcut over a batch of images).
+/// row-major residual `m × n` (floats, or codes: [`MatRef::of_codes`]); for a
+/// batch, `residuals` gives each entry its own residual instead (a
+/// convolution's shortcut over a batch of images).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EpilogueArgs<'a> {
     pub column_scale: Option<&'a [f32]>,
@@ -191,6 +192,16 @@ impl<'a> MatRef<'a> {
     pub fn t(self) -> MatRef<'a> {
         let taps = self.taps.map(|(t, transposed)| (t, !transposed));
         MatRef { rows: self.cols, cols: self.rows, rs: self.cs, cs: self.rs, taps, ..self }
+    }
+    /// The address of element `(i, j)` of a strided view (not taps), as a
+    /// kernel takes a residual: a float's, or a code's byte's (cast). Panics
+    /// past the view's data, as indexing does.
+    pub(crate) fn element_ptr(&self, i: usize, j: usize) -> *const f32 {
+        let at = i * self.rs + j * self.cs;
+        match self.codes {
+            Some(codes) => codes[at..].as_ptr().cast(),
+            None => self.data[at..].as_ptr(),
+        }
     }
     pub(crate) fn at(&self, i: usize, j: usize) -> f32 {
         if let Some(codes) = self.codes {
@@ -1194,6 +1205,7 @@ pub(crate) struct Workspace {
     cscale: Vec<f32>,
     bias: Vec<f32>,
     res: Vec<f32>,
+    res_codes: Vec<u8>,
     /// Fused attention's score and probability tiles.
     pub(crate) scores: Lines<f32>,
     pub(crate) probs: Lines<f32>,
@@ -1233,6 +1245,7 @@ fn check_epilogue(e: &Epilogue, ep: &EpilogueArgs, m: usize, n: usize) -> Result
     if e.column_scale != ep.column_scale.is_some()
         || e.bias != ep.bias.is_some()
         || e.residual != ep.residual.is_some()
+        || ep.residual.is_some_and(|r| r.is_codes() != e.residual_codes || r.is_taps())
         || ep.params.len() < params
     {
         return Err(KernelError::Shape(format!(
@@ -1269,14 +1282,16 @@ fn apply_scalar(e: &Epilogue, ep: &EpilogueArgs, i: usize, j: usize, acc: f32) -
     if let Some(b) = ep.bias {
         y += b[j];
     }
-    if let Some(r) = ep.residual {
-        y += r.at(i, j);
+    let residual = ep.residual.map_or(f32::NAN, |r| r.at(i, j));
+    if e.residual && !e.residual_in_program() {
+        y += residual;
     }
-    e.activation.apply_with(y, ep.params)
+    e.activation.apply_at(y, residual, ep.params)
 }
 
 /// Padded copies of the column scales, bias and residual of an edge tile (`mv ×
-/// nv` valid).
+/// nv` valid); the residual's address (in `res`, or in `res_codes` for codes),
+/// `nr` elements a row.
 #[allow(clippy::too_many_arguments)]
 fn fill_edge_epilogue(
     ep: &EpilogueArgs,
@@ -1285,8 +1300,8 @@ fn fill_edge_epilogue(
     col: usize,
     mv: usize,
     nv: usize,
-    (cscale, bias, res): (&mut [f32], &mut [f32], &mut [f32]),
-) {
+    (cscale, bias, res, res_codes): (&mut [f32], &mut [f32], &mut [f32], &mut [u8]),
+) -> *const f32 {
     if let Some(s) = ep.column_scale {
         cscale.fill(0.0);
         cscale[..nv].copy_from_slice(&s[col..col + nv]);
@@ -1295,13 +1310,27 @@ fn fill_edge_epilogue(
         bias.fill(0.0);
         bias[..nv].copy_from_slice(&b[col..col + nv]);
     }
-    if let Some(r) = ep.residual {
-        res.fill(0.0);
-        for i in 0..mv {
-            for j in 0..nv {
-                res[i * uk.nr + j] = r.at(row + i, col + j);
+    match ep.residual {
+        Some(r) if r.is_codes() => {
+            res_codes.fill(0);
+            for i in 0..mv {
+                for j in 0..nv {
+                    // A code's value is its byte.
+                    res_codes[i * uk.nr + j] = r.at(row + i, col + j) as u8;
+                }
             }
+            res_codes.as_ptr().cast()
         }
+        Some(r) => {
+            res.fill(0.0);
+            for i in 0..mv {
+                for j in 0..nv {
+                    res[i * uk.nr + j] = r.at(row + i, col + j);
+                }
+            }
+            res.as_ptr()
+        }
+        None => res.as_ptr(),
     }
 }
 
@@ -1337,6 +1366,7 @@ fn band(
         cscale: escale,
         bias: ebias,
         res: eres,
+        res_codes: eres_codes,
         ..
     } = ws;
     scratch.resize(uk.mr * uk.nr, 0.0);
@@ -1348,12 +1378,13 @@ fn band(
     escale.resize(uk.nr, 0.0);
     ebias.resize(uk.nr, 0.0);
     eres.resize(uk.mr * uk.nr, 0.0);
+    eres_codes.resize(uk.mr * uk.nr, 0);
     // A full tile reads column scales, bias and residual in place.
     let ep_full = |row: usize, col: usize| -> (*const f32, *const f32, *const f32, i64) {
         let scale = ep.column_scale.map_or(std::ptr::null(), |s| s[col..].as_ptr());
         let bias = ep.bias.map_or(std::ptr::null(), |b| b[col..].as_ptr());
         match ep.residual {
-            Some(r) => (scale, bias, r.data[row * r.rs + col..].as_ptr(), r.rs as i64),
+            Some(r) => (scale, bias, r.element_ptr(row, col), r.rs as i64),
             None => (scale, bias, std::ptr::null(), 0),
         }
     };
@@ -1478,7 +1509,8 @@ fn band(
                         }
                         if flags & APPLY_EPILOGUE != 0 && mr <= ZEROS.len() && nr <= ZEROS.len() {
                             std::ptr::copy_nonoverlapping(tile, scratch.as_mut_ptr(), nv);
-                            fill_edge_epilogue(ep, uk, ic, col, 1, nv, (escale, ebias, eres));
+                            let eres =
+                                fill_edge_epilogue(ep, uk, ic, col, 1, nv, (escale, ebias, eres, eres_codes));
                             (kern.func)(
                                 1,
                                 ZEROS.as_ptr().cast(),
@@ -1487,7 +1519,7 @@ fn band(
                                 nr as i64,
                                 ACCUMULATE | APPLY_EPILOGUE,
                                 ebias.as_ptr(),
-                                eres.as_ptr(),
+                                eres,
                                 nr as i64,
                                 1,
                                 std::ptr::null(),
@@ -1578,9 +1610,12 @@ fn band(
                             );
                         }
                     }
-                    if flags & APPLY_EPILOGUE != 0 {
-                        fill_edge_epilogue(ep, uk, row, col, mv, nv, (escale, ebias, eres));
-                    }
+                    let eres = match flags & APPLY_EPILOGUE != 0 {
+                        true => {
+                            fill_edge_epilogue(ep, uk, row, col, mv, nv, (escale, ebias, eres, eres_codes))
+                        }
+                        false => eres.as_ptr(),
+                    };
                     (kern.func)(
                         kc as i64,
                         a_tile(ir),
@@ -1589,7 +1624,7 @@ fn band(
                         nr as i64,
                         flags,
                         ebias.as_ptr(),
-                        eres.as_ptr(),
+                        eres,
                         nr as i64,
                         1,
                         std::ptr::null(),

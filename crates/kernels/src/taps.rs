@@ -617,7 +617,7 @@ fn direct_tile(
     let first = (0..kh).find_map(run_of).map(|r| r.0);
     let end = (0..kh).rev().find_map(run_of).map(|r| r.1);
     let (res, ldr) = match ep.residual {
-        Some(rm) => (rm.data[r * rm.rs + panel.col..].as_ptr(), rm.rs * pixels),
+        Some(rm) => (rm.element_ptr(r, panel.col), rm.rs * pixels),
         None => (std::ptr::null(), 0),
     };
     let epilogue = !kern.epilogue.is_identity();

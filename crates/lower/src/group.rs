@@ -120,6 +120,8 @@ pub(crate) struct Lowering<'g> {
     column_scales: bool,
     /// Epilogue programs take their constants as parameters.
     epilogue_params: bool,
+    /// Epilogue programs may read a residual ([`crate::LowerOptions::residual_programs`]).
+    residual_programs: bool,
     /// Quantized activations may be stored as u8 codes ([`crate::LowerOptions::u8_codes`]).
     u8_codes: bool,
     codes_depth: usize,
@@ -146,6 +148,7 @@ impl<'g> Lowering<'g> {
             matmul_steps: opts.matmul_steps,
             column_scales: opts.column_scales,
             epilogue_params: opts.epilogue_params,
+            residual_programs: opts.residual_programs,
             u8_codes: opts.u8_codes,
             codes_depth: opts.codes_depth,
             narrowed: HashMap::new(),
@@ -1184,12 +1187,19 @@ impl<'g> Lowering<'g> {
         if let Some(e) = sum(&mut b, inner) {
             return Ok(Some(MatEpilogue { activation: act, ..e }));
         }
+        // A residual that a program may read as its own operand, where the sum
+        // has none (a quantized residual block adds the dequantized shortcut to
+        // the dequantized codes of the product).
+        let shortcut =
+            self.residual_programs.then(|| residual_read(&mut b, g, value, *c_buf, (vs, &vars))).flatten();
         // Any other element-wise function of such a sum: the topmost sum
         // becomes the program's input.
         if let Some((core, e)) = find_sum(&mut b, value, &mut |b, e| sum(b, e)) {
             let mut program = Pointwise::empty();
             let mut seen = HashMap::new();
-            if pointwise(&b.x, value, core, &mut program, &mut seen).is_some() {
+            let reads = shortcut.filter(|_| e.residual.is_none());
+            if pointwise(&b.x, value, (core, reads.map(|r| r.0)), &mut program, &mut seen).is_some() {
+                let e = with_residual(e, &program, reads);
                 return Ok(Some(MatEpilogue { activation: Activation::Pointwise(program), ..e }));
             }
         }
@@ -1213,7 +1223,9 @@ impl<'g> Lowering<'g> {
                 all_sums(&mut b, value, &mut is_affine, &mut found, &mut HashSet::new());
                 let mut fits = found.into_iter().filter_map(|(core, a)| {
                     let mut program = Pointwise::empty();
-                    pointwise(&b.x, value, core, &mut program, &mut HashMap::new()).map(|_| (program, a))
+                    let reads = shortcut.filter(|_| a.residual.is_none()).map(|r| r.0);
+                    pointwise(&b.x, value, (core, reads), &mut program, &mut HashMap::new())
+                        .map(|_| (program, a))
                 });
                 let Some((program, a)) = fits.next() else { return Ok(None) };
                 (Activation::Pointwise(program), a)
@@ -1223,6 +1235,9 @@ impl<'g> Lowering<'g> {
             return Ok(None);
         }
         let mut ep = MatEpilogue { activation: act, residual: aff.residual, ..MatEpilogue::default() };
+        if let Activation::Pointwise(p) = act {
+            ep = with_residual(ep, &p, shortcut.filter(|_| aff.residual.is_none()));
+        }
         // What the kernel reads as it is, and what a program computes first:
         // the column scales, then the bias (either may be absent).
         let (mut scales, mut bias): (Option<E>, Option<E>) = (None, None);
@@ -1340,6 +1355,57 @@ fn sum_of_loads(
     have_c.then_some(ep)
 }
 
+/// The one value of `e` (through the operations a [`Pointwise`] program has)
+/// that loads another buffer than `c_buf` in the output's order (shape `vs`,
+/// variables `vars`), which a program may read as its residual
+/// ([`PwOp::Residual`]): the node (the load, or the widening of a narrowed
+/// buffer's codes), the buffer, and whether it holds u8 codes. `None` where
+/// there is none, or several.
+fn residual_read(
+    b: &mut Builder,
+    g: &Graph,
+    e: E,
+    c_buf: BufId,
+    (vs, vars): (&[SymExpr], &[E]),
+) -> Option<(E, BufId, bool)> {
+    let (mut stack, mut seen, mut found) = (vec![e], HashSet::new(), Vec::new());
+    while let Some(e) = stack.pop() {
+        if !seen.insert(e) {
+            continue;
+        }
+        let is_load = |a: E| matches!(b.x.node(a), Node::Load { .. });
+        let (load, codes) = match b.x.node(e) {
+            Node::Cast(a) if b.x.dtype(e) == DType::F32 && b.x.dtype(*a) == DType::U8 && is_load(*a) => {
+                (*a, true)
+            }
+            Node::Load { .. } if b.x.dtype(e) == DType::F32 => (e, false),
+            _ => {
+                stack.extend(program_operands(&b.x, e));
+                continue;
+            }
+        };
+        let Node::Load { buf, index, guard: None } = b.x.node(load).clone() else { continue };
+        let (arg, holds) = b.arg(buf);
+        if arg != c_buf && output_shaped(b, g, &index, holds, (vs, vars)) {
+            found.push((e, arg, codes));
+        }
+    }
+    match found[..] {
+        [one] => Some(one),
+        _ => None,
+    }
+}
+
+/// `e` reading `read`'s buffer as its residual where `program` reads one.
+fn with_residual(e: MatEpilogue, program: &Pointwise, read: Option<(E, BufId, bool)>) -> MatEpilogue {
+    match read {
+        Some((_, buf, codes)) if program.reads_residual() => {
+            MatEpilogue { residual: Some(buf), residual_codes: codes, ..e }
+        }
+        _ => e,
+    }
+}
+
 /// Whether a load of `holds` at `index` reads a vector along the columns: `[n]`,
 /// or `[1, …, 1, n]` read at `[0, …, 0, col]`.
 pub(crate) fn column_vector(b: &Builder, index: &[E], holds: ValueId, col: E) -> bool {
@@ -1415,46 +1481,50 @@ fn all_sums<T>(
     }
 }
 
-/// Append the program computing `e` from `input` to `program` (each node once:
-/// `seen` maps nodes to their operations); `None` when `e` reads anything but
-/// `input` and constants, uses an operation the programs do not have, or does
-/// not fit in one.
+/// Append the program computing `e` from `input` (and from `residual`, where
+/// given: [`PwOp::Residual`]) to `program` (each node once: `seen` maps nodes
+/// to their operations); `None` when `e` reads anything but those and
+/// constants, uses an operation the programs do not have, or does not fit in
+/// one.
 fn pointwise(
     x: &plan::Exprs,
     e: E,
-    input: E,
+    (input, residual): (E, Option<E>),
     program: &mut Pointwise,
     seen: &mut HashMap<E, u8>,
 ) -> Option<u8> {
     if let Some(i) = seen.get(&e) {
         return Some(*i);
     }
+    let ins = (input, residual);
     let op = if e == input {
         PwOp::Input
+    } else if Some(e) == residual {
+        PwOp::Residual
     } else if x.dtype(e) != DType::F32 {
         return None;
     } else if let Some((f, offset, lo, hi)) = x.stored_integer(e) {
-        PwOp::Integer { x: pointwise(x, f, input, program, seen)?, offset, lo, hi }
+        PwOp::Integer { x: pointwise(x, f, ins, program, seen)?, offset, lo, hi }
     } else if let Some(k) = x.as_float(e) {
         PwOp::Const((k as f32).to_bits())
     } else {
         match x.node(e).clone() {
             Node::Unary(u, a) => {
                 let u = PwUnary::of(u)?;
-                PwOp::Unary(u, pointwise(x, a, input, program, seen)?)
+                PwOp::Unary(u, pointwise(x, a, ins, program, seen)?)
             }
             Node::Binary(op, a, b) => {
                 let op = PwBinary::of(op)?;
-                let a = pointwise(x, a, input, program, seen)?;
-                PwOp::Binary(op, a, pointwise(x, b, input, program, seen)?)
+                let a = pointwise(x, a, ins, program, seen)?;
+                PwOp::Binary(op, a, pointwise(x, b, ins, program, seen)?)
             }
             Node::Select(c, t, f) => {
                 let Node::Binary(cmp, p, q) = x.node(c).clone() else { return None };
                 let cmp = PwCmp::of(cmp)?;
-                let p = pointwise(x, p, input, program, seen)?;
-                let q = pointwise(x, q, input, program, seen)?;
-                let t = pointwise(x, t, input, program, seen)?;
-                PwOp::Select(cmp, p, q, t, pointwise(x, f, input, program, seen)?)
+                let p = pointwise(x, p, ins, program, seen)?;
+                let q = pointwise(x, q, ins, program, seen)?;
+                let t = pointwise(x, t, ins, program, seen)?;
+                PwOp::Select(cmp, p, q, t, pointwise(x, f, ins, program, seen)?)
             }
             _ => return None,
         }

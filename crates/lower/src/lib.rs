@@ -62,6 +62,12 @@ pub struct LowerOptions {
     /// constants (a quantized model's scales) share their kernels; the CPU's
     /// kernels read parameters, the GPU family's do not.
     pub epilogue_params: bool,
+    /// A contraction's epilogue program may read a residual as an operand of
+    /// its own (`plan::PwOp::Residual`; of u8 codes where so stored) instead of
+    /// adding it to the sum: a quantized residual block's
+    /// `q(dq(q(acc)) + dq(shortcut))` in the product's store. The CPU's kernels
+    /// take it; the GPU's plans keep the sum in a loop program.
+    pub residual_programs: bool,
     /// A quantized activation that a loop program or a weight's product
     /// writes (`cast<f32>` of a `u8` value, an epilogue ending in a
     /// quantization) is stored a byte a code, and read as such: widened by the
@@ -82,6 +88,7 @@ impl Default for LowerOptions {
             matmul_steps: true,
             column_scales: true,
             epilogue_params: true,
+            residual_programs: true,
             u8_codes: true,
             codes_depth: 0,
         }
@@ -98,6 +105,7 @@ impl LowerOptions {
             matmul_steps: true,
             column_scales: false,
             epilogue_params: false,
+            residual_programs: false,
             u8_codes: false,
             codes_depth: 0,
         }

@@ -4,8 +4,10 @@
 //! splits heads, an element-wise group with a gather, a convolution's taps
 //! read in place, a concat along rows whose choice is made once per row, and a
 //! whole input's reduction stored once for the larger program that reads it
-//! (after the stored tensor it reduces, where it reduces one), and a quantized
-//! activation stored as its u8 codes; and, in the GPU's plans, a product's A
+//! (after the stored tensor it reduces, where it reduces one), a quantized
+//! activation stored as its u8 codes, and a quantized residual block's sum in
+//! its product's epilogue (reading the shortcut's codes); and, in the GPU's
+//! plans, a product's A
 //! stored in bf16 by its producer, and a product read only by products
 //! storing bf16.
 
@@ -675,6 +677,105 @@ group 2: contraction
     for floats in [with(true, 7), with(false, 8)] {
         assert!(!floats.contains("stored as u8 codes") && floats.contains("f32[n, 4] \"yf\""), "{floats}");
     }
+}
+
+/// A quantized residual block: a product's requantized output, dequantized,
+/// plus a dequantized shortcut of u8 codes, quantized again and read by the
+/// next product. The sum is the first product's epilogue program, reading
+/// the shortcut's codes as its residual and storing codes: no loop program
+/// is left between the products. The GPU's plans keep the sum in a program
+/// (`LowerOptions::residual_programs`).
+#[test]
+fn a_quantized_residual_sum_is_the_products_epilogue() {
+    let text = r#"graph {
+  sym n param 1..
+  input %x: u8[n, 8]
+  input %r: u8[n, 4]
+  %w: f32[8, 4] = constant [-3, 0, 3, -1, 2, -2, 1, -3, 0, 3, -1, 2, -2, 1, -3, 0, 3, -1, 2, -2, 1, -3, 0, 3, -1, 2, -2, 1, -3, 0, 3, -1]
+  %v: f32[4, 2] = constant [1, -1, 2, -2, 3, -3, 4, -4]
+  %qf: f32[n, 8] = cast %x
+  %y: f32[n, 4] = matmul %qf, %w
+  %s: f32[1, 1] = constant [0.25]
+  %sb: f32[n, 4] = broadcast %s
+  %ys: f32[n, 4] = mul %y, %sb
+  %yr: f32[n, 4] = round %ys
+  %yi: i32[n, 4] = cast %yr
+  %z3: i32[1, 1] = constant [3]
+  %z3b: i32[n, 4] = broadcast %z3
+  %yz: i32[n, 4] = add %yi, %z3b
+  %lo: i32[1, 1] = constant [0]
+  %lob: i32[n, 4] = broadcast %lo
+  %hi: i32[1, 1] = constant [255]
+  %hib: i32[n, 4] = broadcast %hi
+  %c0: i32[n, 4] = max %yz, %lob
+  %c1: i32[n, 4] = min %c0, %hib
+  %yq: u8[n, 4] = cast %c1
+  %yf: f32[n, 4] = cast %yq
+  %f3: f32[1, 1] = constant [3]
+  %f3b: f32[n, 4] = broadcast %f3
+  %yd0: f32[n, 4] = sub %yf, %f3b
+  %h: f32[1, 1] = constant [0.5]
+  %hb: f32[n, 4] = broadcast %h
+  %yd: f32[n, 4] = mul %yd0, %hb
+  %rf: f32[n, 4] = cast %r
+  %rd: f32[n, 4] = mul %rf, %sb
+  %sum: f32[n, 4] = add %yd, %rd
+  %o: f32[n, 4] = div %sum, %hb
+  %or: f32[n, 4] = round %o
+  %oi: i32[n, 4] = cast %or
+  %o0: i32[n, 4] = max %oi, %lob
+  %o1: i32[n, 4] = min %o0, %hib
+  %oq: u8[n, 4] = cast %o1
+  %of: f32[n, 4] = cast %oq
+  %z: f32[n, 2] = matmul %of, %v
+  output %z
+}
+"#;
+    let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    let fusion = passes::fuse(&g);
+    let with = |opts: lower::LowerOptions| {
+        plan::print_plan(&lower::lower_with(&g, &fusion, &opts).unwrap_or_else(|e| panic!("{e}")))
+    };
+    let got = with(lower::LowerOptions { codes_depth: 8, ..Default::default() });
+    let want = r#"dims:
+  d0 = 8*n
+  d1 = 4*n
+  d2 = 32
+  d3 = 8
+  d4 = 1
+  d5 = 2*n
+  d6 = 0
+  d7 = 4
+  d8 = n
+  d9 = 2
+buffers:
+  b0: u8[n, 8] "x" (input 0)
+  b1: u8[n, 4] "r" (input 1)
+  b2: f32[8, 4] "w" (constant)
+  b3: f32[4, 2] "v" (constant)
+  b4: f32[1, 1] "s" (constant)
+  b5: i32[1, 1] "z3" (constant)
+  b6: i32[1, 1] "lo" (constant)
+  b7: i32[1, 1] "hi" (constant)
+  b8: f32[1, 1] "f3" (constant)
+  b9: f32[1, 1] "h" (constant)
+  b10: f32[n, 2] "z" (output 0)
+  b11: u8[n, 4] "of" (temp, steps 0..=1)
+  b12: f32[n, 4] "y" (temp, unused)
+group 0: contraction
+  matmul [] m d8 n d7 k d3 (weight) (u8·s8): A b0+d6 strides [] d3 d4 · B b2+d6 strides [] d7 d4 → C b11+d6 strides [] d7 d4, epilogue scale 0.25 + integer(round(div(add(mul(sub(integer(round(x), 3, 0..=255), p0), p1), mul(residual, p2)), p1)), 0, 0..=255) with 3.0, 0.5, 0.25, reading residual b1 (u8 codes), stored as u8 codes
+group 1: contraction
+  matmul [] m d8 n d9 k d7 (weight) (u8·s8): A b11+d6 strides [] d7 d4 · B b3+d6 strides [] d9 d4 → C b10+d6 strides [] d9 d4
+"#;
+    assert_eq!(got, want, "got:\n{got}");
+    // Where the product cannot store codes (deeper than one K block), its C
+    // holds the sum's values as floats.
+    let floats = with(lower::LowerOptions { codes_depth: 7, ..Default::default() });
+    let fused = "reading residual b1 (u8 codes)\n";
+    assert!(floats.contains(fused) && floats.contains("b11: f32[n, 4] \"of\""), "{floats}");
+    // The GPU's plans keep the sum in a loop program reading the shortcut.
+    let gpu = with(lower::LowerOptions::gpu());
+    assert!(!gpu.contains("reading residual") && gpu.contains("loop p1(b13, b1, b11)"), "{gpu}");
 }
 
 /// The GPU's plans: a program whose output a contraction reads as its A

@@ -32,6 +32,12 @@ impl Activation {
 
     /// [`Self::apply`] with the program's parameters.
     pub fn apply_with(self, x: f32, params: &[f32]) -> f32 {
+        self.apply_at(x, f32::NAN, params)
+    }
+
+    /// [`Self::apply_with`] where a program reads the residual `residual`
+    /// ([`crate::PwOp::Residual`]).
+    pub fn apply_at(self, x: f32, residual: f32, params: &[f32]) -> f32 {
         match self {
             Activation::None => x,
             Activation::Relu => {
@@ -44,8 +50,13 @@ impl Activation {
             Activation::Gelu => 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2)),
             Activation::GeluTanh => 0.5 * x * (1.0 + tanh(GELU_C * (x + 0.044715 * x * x * x))),
             Activation::Tanh => tanh(x),
-            Activation::Pointwise(p) => p.eval_with(x, params),
+            Activation::Pointwise(p) => p.eval_at(x, residual, params),
         }
+    }
+
+    /// Whether it is a program reading the residual ([`crate::PwOp::Residual`]).
+    pub fn reads_residual(&self) -> bool {
+        matches!(self, Activation::Pointwise(p) if p.reads_residual())
     }
 }
 
@@ -54,7 +65,9 @@ impl Activation {
 /// residual[row, col])` (a dense layer's bias and GELU, a residual add,
 /// ResNet's `relu(conv + identity)`, a quantized product's dequantization:
 /// its scales per column, computed per call when they come from the
-/// activation's dynamic quantization). Kernels are compiled and cached per
+/// activation's dynamic quantization). Where the activation is a program
+/// reading the residual, the residual is its operand instead of a term of the
+/// sum (a quantized residual block). Kernels are compiled and cached per
 /// epilogue, so two are equal when they compute the same thing: the scale
 /// compares by its bits.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -72,6 +85,10 @@ pub struct Epilogue {
     /// (there is no partial sum to keep in a byte).
     #[serde(default)]
     pub codes: bool,
+    /// The residual is 8-bit codes (a byte each, its row stride in bytes),
+    /// read as the values they hold: a quantized shortcut.
+    #[serde(default)]
+    pub residual_codes: bool,
 }
 
 impl Epilogue {
@@ -83,6 +100,7 @@ impl Epilogue {
         residual: false,
         activation: Activation::None,
         codes: false,
+        residual_codes: false,
     };
 
     pub fn is_identity(&self) -> bool {
@@ -99,7 +117,13 @@ impl Epilogue {
         }
     }
 
-    fn key(&self) -> (Option<u32>, bool, bool, bool, Activation, bool) {
+    /// Whether the residual is the program's operand ([`crate::PwOp::Residual`])
+    /// rather than a term of the sum the activation is applied to.
+    pub fn residual_in_program(&self) -> bool {
+        self.residual && self.activation.reads_residual()
+    }
+
+    fn key(&self) -> (Option<u32>, bool, bool, bool, Activation, bool, bool) {
         (
             self.scale.map(f32::to_bits),
             self.column_scale,
@@ -107,6 +131,7 @@ impl Epilogue {
             self.residual,
             self.activation,
             self.codes,
+            self.residual_codes,
         )
     }
 }
@@ -143,6 +168,9 @@ pub struct MatEpilogue {
     /// C is stored as 8-bit codes ([`Epilogue::codes`]).
     #[serde(default)]
     pub codes: bool,
+    /// The residual is 8-bit codes ([`Epilogue::residual_codes`]).
+    #[serde(default)]
+    pub residual_codes: bool,
 }
 
 /// The parameters of an epilogue's program, kept with the step that runs it.
@@ -185,6 +213,7 @@ impl MatEpilogue {
             residual: self.residual.is_some(),
             activation: self.activation,
             codes: self.codes,
+            residual_codes: self.residual_codes,
         }
     }
 }

@@ -120,6 +120,11 @@ impl PwCmp {
 pub enum PwOp {
     /// The program's input.
     Input,
+    /// The contraction's residual at this point (as f32; a code's byte as its
+    /// value): a program that reads it is given the residual as an operand of
+    /// its own instead of the residual being added to its input (a quantized
+    /// residual block's sum, `q(dq(q(acc)) + dq(shortcut))`).
+    Residual,
     /// An f32 constant, by its bits.
     Const(u32),
     /// Parameter `i`: a constant given when the program runs, so that
@@ -174,7 +179,7 @@ impl Pointwise {
         let n = self.len;
         let earlier = |i: u8| i < n;
         let ok = match op {
-            PwOp::Input | PwOp::Const(_) => true,
+            PwOp::Input | PwOp::Residual | PwOp::Const(_) => true,
             PwOp::Param(i) => (i as usize) < MAX_POINTWISE_PARAMS,
             PwOp::Unary(_, a) => earlier(a),
             PwOp::Binary(_, a, b) => earlier(a) && earlier(b),
@@ -224,6 +229,11 @@ impl Pointwise {
             .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
     }
 
+    /// Whether it reads [`PwOp::Residual`].
+    pub fn reads_residual(&self) -> bool {
+        self.ops().contains(&PwOp::Residual)
+    }
+
     /// The parameters it reads: one past the highest index (0: none).
     pub fn params(&self) -> usize {
         self.ops()
@@ -256,6 +266,7 @@ impl Pointwise {
                         None => x,
                     }
                 }
+                PwOp::Residual => out.push(PwOp::Residual)?,
                 PwOp::Const(bits) => param(&mut out, f32::from_bits(bits))?,
                 PwOp::Param(_) => return None,
                 PwOp::Unary(u, a) => out.push(PwOp::Unary(u, m(a)))?,
@@ -272,13 +283,21 @@ impl Pointwise {
         self.eval_with(x, &[])
     }
 
-    /// The program applied to one value with the parameters `params`.
+    /// The program applied to one value with the parameters `params` (a
+    /// residual it reads, NaN).
     pub fn eval_with(&self, x: f32, params: &[f32]) -> f32 {
+        self.eval_at(x, f32::NAN, params)
+    }
+
+    /// The program applied to one value, its residual `residual`, with the
+    /// parameters `params`.
+    pub fn eval_at(&self, x: f32, residual: f32, params: &[f32]) -> f32 {
         let mut v = [0.0f32; MAX_POINTWISE_OPS];
         for (i, op) in self.ops().iter().enumerate() {
             let g = |j: u8| v[j as usize];
             v[i] = match *op {
                 PwOp::Input => x,
+                PwOp::Residual => residual,
                 PwOp::Const(bits) => f32::from_bits(bits),
                 PwOp::Param(i) => params.get(i as usize).copied().unwrap_or(f32::NAN),
                 PwOp::Unary(u, a) => unary(u, g(a)),
@@ -357,6 +376,7 @@ impl fmt::Display for Pointwise {
             let name = |d: &dyn fmt::Debug| format!("{d:?}").to_lowercase();
             match p.ops[i as usize] {
                 PwOp::Input => "x".into(),
+                PwOp::Residual => "residual".into(),
                 PwOp::Const(bits) => format!("{:?}", f32::from_bits(bits)),
                 PwOp::Param(i) => format!("p{i}"),
                 PwOp::Unary(u, a) => format!("{}({})", name(&u), expr(p, a)),

@@ -213,8 +213,17 @@ fn epilogue(e: &crate::MatEpilogue) -> String {
     if let Some(b) = e.bias {
         parts.push(format!("bias b{b}"));
     }
-    if let Some(r) = e.residual {
-        parts.push(format!("residual b{r}"));
+    // A residual the program reads is named after it, not summed.
+    let in_program = e.activation.reads_residual();
+    let residual = match e.residual {
+        Some(r) => {
+            let codes = if e.residual_codes { " (u8 codes)" } else { "" };
+            format!("residual b{r}{codes}")
+        }
+        None => String::new(),
+    };
+    if !residual.is_empty() && !in_program {
+        parts.push(residual.clone());
     }
     match &e.activation {
         crate::Activation::None => {}
@@ -227,7 +236,8 @@ fn epilogue(e: &crate::MatEpilogue) -> String {
         false => format!(" with {}", params.iter().map(|v| format!("{v:?}")).collect::<Vec<_>>().join(", ")),
     };
     let codes = if e.codes { ", stored as u8 codes" } else { "" };
-    format!(", epilogue {}{params}{codes}", parts.join(" + "))
+    let read = if in_program { format!(", reading {residual}") } else { String::new() };
+    format!(", epilogue {}{params}{read}{codes}", parts.join(" + "))
 }
 
 /// A's view, or the taps it reads: `taps b3+d0 image [d1, d2, d3, d4] strides

@@ -407,8 +407,18 @@ impl Cpu {
         // The residual has the output's layout: one view per entry, at C's offsets.
         let mut residuals = Vec::new();
         if let Some(rb) = mm.epilogue.residual {
+            // A quantized shortcut's codes are read as they lie, a byte each.
+            let codes = match plan.buffers[rb].dtype {
+                DType::U8 if mm.epilogue.residual_codes => Some(bytes(ptrs, sp, rb)),
+                DType::F32 if !mm.epilogue.residual_codes => None,
+                other => return Err(RunError::Internal(format!("step {step}: a residual of {other:?}"))),
+            };
             for e in &ms.entries {
-                residuals.push(view(whole(rb), e[2], ms.m, ms.n, ms.rs[2], 1)?);
+                residuals.push(match codes {
+                    Some(c) => MatRef::of_codes(c.get(e[2]..).unwrap_or(&[]), ms.m, ms.n, ms.rs[2], 1)
+                        .map_err(shape_err)?,
+                    None => view(whole(rb), e[2], ms.m, ms.n, ms.rs[2], 1)?,
+                });
             }
         }
         let ep = match residuals.as_slice() {

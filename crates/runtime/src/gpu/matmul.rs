@@ -285,6 +285,11 @@ pub(super) fn launches(
             "step {step}: a product storing its output as u8 codes is not on the GPU (its plans keep f32)"
         )));
     }
+    if mm.epilogue.residual_codes {
+        return Err(RunError::Device(format!(
+            "step {step}: a residual of u8 codes is not on the GPU (its plans keep f32)"
+        )));
+    }
     let residual = mm.epilogue.residual;
     if residual.is_some() && (ldc != n || (entries > 1 && (!c_even || sc != m * n))) {
         return Err(RunError::Device(format!(
