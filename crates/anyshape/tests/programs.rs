@@ -1693,7 +1693,11 @@ fn a_residual_sum_reads_its_products_codes() {
 "
         )
     };
-    for k in [64usize, 16400] {
+    for (k, widened) in [(64usize, false), (16400, false), (64, true), (16400, true)] {
+        // Widened: the sum's codes as floats (what a next product or an
+        // output reads), which the second product's epilogue computes,
+        // reading the first one's output as its residual.
+        let out = if widened { "  %outf: f32[m, 37] = cast %out\n  output %outf" } else { "  output %out" };
         let text = format!(
             "graph {{
   sym m param 1..
@@ -1720,7 +1724,7 @@ fn a_residual_sum_reads_its_products_codes() {
   %oc: i32[m, 37] = max %oi, %olob
   %od: i32[m, 37] = min %oc, %ohib
   %out: u8[m, 37] = cast %od
-  output %out
+{out}
 }}
 ",
             requantized(0, "%y0", 0.0013, 134, 0.21),
@@ -1733,12 +1737,24 @@ fn a_residual_sum_reads_its_products_codes() {
         };
         let (m, plan) = with_weights(&text, &[("w8", weight()), ("v8", weight())]);
         let codes = vnni && k <= depth;
-        assert_eq!(plan.matches("stored as u8 codes").count(), if codes { 2 } else { 0 }, "K {k}:\n{plan}");
-        let sum = plan
-            .split("program")
-            .find(|p| p.lines().any(|l| l.contains(": out u8[") && l.ends_with("\"out\"")))
-            .unwrap_or_default();
-        assert_eq!(sum.matches(": in u8[").count(), if codes { 2 } else { 0 }, "K {k}:\n{plan}");
+        if widened {
+            // No program is left: the first product's output is the residual,
+            // its codes where it stores them.
+            assert!(!plan.contains("program g"), "K {k}:\n{plan}");
+            assert_eq!(plan.matches("reading residual b").count(), 1, "K {k}:\n{plan}");
+            assert_eq!(plan.contains("(u8 codes)"), codes, "K {k}:\n{plan}");
+        } else {
+            assert_eq!(
+                plan.matches("stored as u8 codes").count(),
+                if codes { 2 } else { 0 },
+                "K {k}:\n{plan}"
+            );
+            let sum = plan
+                .split("program")
+                .find(|p| p.lines().any(|l| l.contains(": out u8[") && l.ends_with("\"out\"")))
+                .unwrap_or_default();
+            assert_eq!(sum.matches(": in u8[").count(), if codes { 2 } else { 0 }, "K {k}:\n{plan}");
+        }
         let mut rng = Lcg::new(k as u64 + 17);
         for int8 in [Int8::Auto, Int8::I16S8, Int8::I16, Int8::Float] {
             let cm =

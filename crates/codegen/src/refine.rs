@@ -222,6 +222,7 @@ fn measure(
     let mut c = vec![0f32; rows * n];
     let bias = vec![0.25f32; n];
     let residual = vec![0.5f32; rows * n];
+    let residual_codes = vec![3u8; rows * n];
     let mut kernels: Vec<MacroKernel> = Vec::new();
     let mut table = Vec::new();
     for &m in &ROWS {
@@ -279,7 +280,11 @@ fn measure(
             true => MatRef::of_codes(&codes[..m * k], m, k, k, 1).map_err(kerr)?,
             false => MatRef::row_major(&a[..m * k], m, k).map_err(kerr)?,
         };
-        let rv = MatRef::row_major(&residual[..m * n], m, n).map_err(kerr)?;
+        let rv = match epilogue.residual_codes {
+            true => MatRef::of_codes(&residual_codes[..m * n], m, n, n, 1),
+            false => MatRef::row_major(&residual[..m * n], m, n),
+        }
+        .map_err(kerr)?;
         let ep = EpilogueArgs {
             column_scale: epilogue.column_scale.then_some(&bias[..]),
             bias: epilogue.bias.then_some(&bias[..]),
