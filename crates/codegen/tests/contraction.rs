@@ -2,6 +2,8 @@
 //! reference, on both ISA paths, at random shapes, with every cost model's choice
 //! and with a pre-packed weight and an epilogue.
 
+mod programs;
+
 use anyshape_codegen::Contraction;
 use kernels::{BOperand, CostModel, EpilogueArgs, MatMut, MatRef, Target, ThreadPool};
 use plan::{Activation, Epilogue};
@@ -427,7 +429,7 @@ fn integer_contractions_are_exact(
         .expect("compile");
         // A quantized residual block's sum stored as codes: the program reads
         // the shortcut's codes as its residual.
-        let (block_sum, block_params) = residual_block_program();
+        let (block_sum, block_params) = programs::residual_block();
         let block = build(Epilogue {
             residual: true,
             residual_codes: true,
@@ -618,33 +620,6 @@ fn requantizing_program() -> (plan::Pointwise, [f32; 2]) {
     let r = p.push(PwOp::Unary(PwUnary::Round, q)).unwrap();
     p.push(PwOp::Integer { x: r, offset: 3, lo: 0, hi: 255 }).unwrap();
     (p, [2f32.powi(-12), 0.37])
-}
-
-/// A quantized residual block's sum (QDQ ResNet's): the product requantized
-/// to its codes (zero point 7), both it and the shortcut's codes (the
-/// program's residual, zero point 110) dequantized and added, the sum
-/// quantized; the scales given when it runs.
-fn residual_block_program() -> (plan::Pointwise, [f32; 4]) {
-    use plan::{PwBinary, PwOp, PwUnary};
-    let mut p = plan::Pointwise::empty();
-    let mut push = |op| p.push(op).unwrap();
-    let x = push(PwOp::Input);
-    let (s0, s1, s2, s3) =
-        (push(PwOp::Param(0)), push(PwOp::Param(1)), push(PwOp::Param(2)), push(PwOp::Param(3)));
-    let scaled = push(PwOp::Binary(PwBinary::Mul, x, s0));
-    let r = push(PwOp::Unary(PwUnary::Round, scaled));
-    let q = push(PwOp::Integer { x: r, offset: 7, lo: 0, hi: 255 });
-    let (z0, z1) = (push(PwOp::Const(7f32.to_bits())), push(PwOp::Const(110f32.to_bits())));
-    let dq = push(PwOp::Binary(PwBinary::Sub, q, z0));
-    let dq = push(PwOp::Binary(PwBinary::Mul, dq, s1));
-    let res = push(PwOp::Residual);
-    let dr = push(PwOp::Binary(PwBinary::Sub, res, z1));
-    let dr = push(PwOp::Binary(PwBinary::Mul, dr, s2));
-    let sum = push(PwOp::Binary(PwBinary::Add, dq, dr));
-    let out = push(PwOp::Binary(PwBinary::Div, sum, s3));
-    let out = push(PwOp::Unary(PwUnary::Round, out));
-    push(PwOp::Integer { x: out, offset: 0, lo: 0, hi: 255 });
-    (p, [2f32.powi(-12), 0.02, 0.013, 0.031])
 }
 
 /// Weight-only quantized weights (4- and 8-bit codes, signed and unsigned,

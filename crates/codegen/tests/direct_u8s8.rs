@@ -8,12 +8,14 @@
 //! convolutions' taps (padding, strides, edges in columns), both ISA paths,
 //! canaries around every output.
 
+mod programs;
+
 use anyshape_codegen::{compile_direct_kernel_cached, JitDirectKernel, ObjectCache};
 use kernels::{
     execute, BOperand, ConvTaps, DirectPlan, DirectVariant, ElemType, EpilogueArgs, MatMut, MatRef, PackedB,
     Plan, Target, ThreadGrid, ThreadPool,
 };
-use plan::{Activation, Epilogue, Pointwise, PwBinary, PwOp, PwUnary};
+use plan::{Activation, Epilogue, Pointwise, PwOp, PwUnary};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -42,30 +44,6 @@ fn requantize() -> Pointwise {
     p
 }
 
-/// A quantized residual block's sum: the product requantized (zero point 3),
-/// dequantized and added to the shortcut's dequantized codes (the program's
-/// residual, zero point 110), the sum quantized.
-fn residual_block() -> Pointwise {
-    let mut p = Pointwise::empty();
-    let mut push = |op| p.push(op).expect("room");
-    let x = push(PwOp::Input);
-    let r = push(PwOp::Unary(PwUnary::Round, x));
-    let q = push(PwOp::Integer { x: r, offset: 3, lo: 0, hi: 255 });
-    let (z0, s0) = (push(PwOp::Const(3f32.to_bits())), push(PwOp::Const(0.02f32.to_bits())));
-    let (z1, s1) = (push(PwOp::Const(110f32.to_bits())), push(PwOp::Const(0.013f32.to_bits())));
-    let dq = push(PwOp::Binary(PwBinary::Sub, q, z0));
-    let dq = push(PwOp::Binary(PwBinary::Mul, dq, s0));
-    let res = push(PwOp::Residual);
-    let dr = push(PwOp::Binary(PwBinary::Sub, res, z1));
-    let dr = push(PwOp::Binary(PwBinary::Mul, dr, s1));
-    let sum = push(PwOp::Binary(PwBinary::Add, dq, dr));
-    let s2 = push(PwOp::Const(0.031f32.to_bits()));
-    let out = push(PwOp::Binary(PwBinary::Div, sum, s2));
-    let out = push(PwOp::Unary(PwUnary::Round, out));
-    push(PwOp::Integer { x: out, offset: 0, lo: 0, hi: 255 });
-    p
-}
-
 fn epilogues() -> Vec<Epilogue> {
     vec![
         Epilogue::default(),
@@ -87,7 +65,7 @@ fn epilogues() -> Vec<Epilogue> {
             column_scale: true,
             residual: true,
             residual_codes: true,
-            activation: Activation::Pointwise(residual_block()),
+            activation: Activation::Pointwise(programs::residual_block().0),
             codes: true,
             ..Default::default()
         },
@@ -122,7 +100,7 @@ fn reference(ep: &Epilogue, acc: i64, j: usize, i: usize, n: usize, data: &Data)
     if ep.residual && !ep.residual_in_program() {
         y += residual;
     }
-    ep.activation.apply_at(y, residual, &[]) as f64
+    ep.activation.apply_at(y, residual, &programs::residual_block().1) as f64
 }
 
 /// The epilogue's operands (made for the largest shapes drawn).
@@ -163,9 +141,11 @@ fn check(
     let bm = MatRef::row_major(&w, depth, n).unwrap();
     let packed = PackedB::of_elem(bm, nr, kc, ElemType::U8S8);
     let data = Data::new(rows, n);
+    let params = programs::residual_block().1;
     let args = EpilogueArgs {
         column_scale: ep.column_scale.then_some(&data.cscale[..]),
         bias: ep.bias.then_some(&data.bias[..]),
+        params: &params,
         residual: ep.residual.then(|| match ep.residual_codes {
             true => MatRef::of_codes(&data.res_codes, rows, n, n + 5, 1).expect("res"),
             false => MatRef::row_major(&data.res, rows, n).expect("res"),

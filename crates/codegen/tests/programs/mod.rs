@@ -1,5 +1,8 @@
 //! Epilogue programs the CPU's micro-kernels and the GPU family are both
-//! tested with (`tests/microkernels.rs`, `tests/nvptx.rs`).
+//! tested with (`tests/microkernels.rs`, `tests/nvptx.rs`), and the u8s8
+//! kernels' quantized residual block (`tests/contraction.rs`,
+//! `tests/direct_u8s8.rs`).
+#![allow(dead_code)]
 
 /// Epilogue programs that use every operation: ReLU6, SiLU, hard-swish, a
 /// leaky ReLU's select, and one of each remaining unary operation.
@@ -73,4 +76,31 @@ pub fn pointwise_programs() -> [plan::Pointwise; 6] {
 /// Whether an epilogue's program rounds (the last of [`pointwise_programs`]).
 pub fn rounds(ep: &plan::Epilogue) -> bool {
     matches!(ep.activation, plan::Activation::Pointwise(p) if p.to_string().contains("floor"))
+}
+
+/// A quantized residual block's sum (QDQ ResNet's): the product requantized
+/// to its codes (zero point 7), both it and the shortcut's codes (the
+/// program's residual, zero point 110) dequantized and added, the sum
+/// quantized; its four scales given when it runs (the values returned).
+pub fn residual_block() -> (plan::Pointwise, [f32; 4]) {
+    use plan::{PwBinary, PwOp, PwUnary};
+    let mut p = plan::Pointwise::empty();
+    let mut push = |op| p.push(op).expect("room");
+    let x = push(PwOp::Input);
+    let (s0, s1, s2, s3) =
+        (push(PwOp::Param(0)), push(PwOp::Param(1)), push(PwOp::Param(2)), push(PwOp::Param(3)));
+    let scaled = push(PwOp::Binary(PwBinary::Mul, x, s0));
+    let r = push(PwOp::Unary(PwUnary::Round, scaled));
+    let q = push(PwOp::Integer { x: r, offset: 7, lo: 0, hi: 255 });
+    let (z0, z1) = (push(PwOp::Const(7f32.to_bits())), push(PwOp::Const(110f32.to_bits())));
+    let dq = push(PwOp::Binary(PwBinary::Sub, q, z0));
+    let dq = push(PwOp::Binary(PwBinary::Mul, dq, s1));
+    let res = push(PwOp::Residual);
+    let dr = push(PwOp::Binary(PwBinary::Sub, res, z1));
+    let dr = push(PwOp::Binary(PwBinary::Mul, dr, s2));
+    let sum = push(PwOp::Binary(PwBinary::Add, dq, dr));
+    let out = push(PwOp::Binary(PwBinary::Div, sum, s3));
+    let out = push(PwOp::Unary(PwUnary::Round, out));
+    push(PwOp::Integer { x: out, offset: 0, lo: 0, hi: 255 });
+    (p, [2f32.powi(-12), 0.02, 0.013, 0.031])
 }
