@@ -214,17 +214,13 @@ fn epilogue(e: &crate::MatEpilogue) -> String {
         parts.push(format!("bias b{b}"));
     }
     // A residual the program reads is named after it, not summed.
-    let in_program = e.activation.reads_residual();
-    let residual = match e.residual {
-        Some(r) => {
-            let codes = if e.residual_codes { " (u8 codes)" } else { "" };
-            format!("residual b{r}{codes}")
-        }
-        None => String::new(),
+    let of_codes = if e.residual_codes { " (u8 codes)" } else { "" };
+    let residual = e.residual.map(|r| format!("residual b{r}{of_codes}"));
+    let (read, summed) = match e.function().residual_in_program() {
+        true => (residual, None),
+        false => (None, residual),
     };
-    if !residual.is_empty() && !in_program {
-        parts.push(residual.clone());
-    }
+    parts.extend(summed);
     match &e.activation {
         crate::Activation::None => {}
         crate::Activation::Pointwise(p) => parts.push(p.to_string()),
@@ -236,7 +232,7 @@ fn epilogue(e: &crate::MatEpilogue) -> String {
         false => format!(" with {}", params.iter().map(|v| format!("{v:?}")).collect::<Vec<_>>().join(", ")),
     };
     let codes = if e.codes { ", stored as u8 codes" } else { "" };
-    let read = if in_program { format!(", reading {residual}") } else { String::new() };
+    let read = read.map_or(String::new(), |r| format!(", reading {r}"));
     format!(", epilogue {}{params}{read}{codes}", parts.join(" + "))
 }
 
