@@ -161,6 +161,17 @@ impl<'a> Builder<'a> {
         (self.args[p as usize], self.values[p as usize])
     }
 
+    /// Dim slot `slot`'s value where it is a constant.
+    pub fn dim_value(&self, slot: u32) -> Option<i64> {
+        crate::operands::slot_const(self.dims, slot)
+    }
+
+    /// Whether buffer `buf` is stored narrower than the values it holds (a
+    /// load widens it).
+    pub fn is_narrowed(&self, buf: BufId) -> bool {
+        self.narrowed.contains_key(&buf)
+    }
+
     /// Every parameter's model buffer and value, in order.
     pub fn args(&self) -> Vec<(BufId, ValueId)> {
         self.args.iter().copied().zip(self.values.iter().copied()).collect()

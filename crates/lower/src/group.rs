@@ -1267,9 +1267,38 @@ impl<'g> Lowering<'g> {
             Node::Var(i) => Some(*i),
             _ => None,
         };
-        drop(b);
         let n = vs[vs.len() - 1].clone();
+        // Terms known at compile time (a static quantization's scales and
+        // zero point sums) become constants, where all of them are; else a
+        // program computes them at each call.
+        let columns = g.env.normalize(&n).as_const().and_then(|n| usize::try_from(n).ok());
+        let known = |e: Option<E>| match e {
+            None => Some(None),
+            Some(e) => hoist::known_columns(&b, &self.plan.buffers, e, col_var?, columns?).map(Some),
+        };
+        let known = known(scales).zip(known(bias));
+        drop(b);
         let numel = self.plan.dims.slot(&g.env.normalize(&n));
+        if let Some((known_scales, known_bias)) = known {
+            let folded = [("column scales", known_scales, true), ("column bias", known_bias, false)];
+            for (what, values, is_scale) in folded {
+                let Some(values) = values else { continue };
+                let data = ir::Tensor::new(vec![values.len()], ir::Elems::F32(values))
+                    .map_err(|e| LowerError::Internal(format!("{what} of {}: {e}", g.name(v))))?;
+                self.plan.buffers.push(Buffer {
+                    name: format!("{}.{what}", g.name(v)),
+                    dtype: DType::F32,
+                    shape: vec![n.clone()],
+                    numel,
+                    kind: BufferKind::Constant(std::sync::Arc::new(ir::ConstData::from_tensor(&data))),
+                    first: 0,
+                    last: 0,
+                });
+                let buf = self.plan.buffers.len() - 1;
+                *(if is_scale { &mut ep.column_scale } else { &mut ep.bias }) = Some(buf);
+            }
+            return Ok(Some(ep));
+        }
         let mut hb = Builder::new(g, &mut self.plan.dims, avail, &self.narrowed);
         let hv = hb.vars(std::slice::from_ref(&n), v)?;
         let mut memo = HashMap::new();

@@ -202,3 +202,168 @@ pub(crate) fn copy(
     memo.insert(e, out);
     Some(out)
 }
+
+/// The column terms `e` at each of `n` columns (the variable `col`), where
+/// they are known at compile time: every load reads a constant, and every
+/// operation is one whose result the generated program gives bit for bit (f32
+/// arithmetic rounded at each operation, integer arithmetic, comparisons,
+/// selects, conversions). A statically quantized product's scales and zero
+/// point terms, computed once here instead of by a program at every call;
+/// `None` where anything is known only per call (a dynamic quantization's
+/// scale) or the evaluation does not cover an operation.
+pub(crate) fn known_columns(
+    b: &Builder,
+    buffers: &[plan::Buffer],
+    e: E,
+    col: u32,
+    n: usize,
+) -> Option<Vec<f32>> {
+    let mut eval = Known { b, buffers, col, data: HashMap::new() };
+    (0..n)
+        .map(|c| match eval.value(e, i64::try_from(c).ok()?)? {
+            Val::F(v) => Some(v),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A value of [`known_columns`]' evaluation.
+#[derive(Clone, Copy)]
+enum Val {
+    F(f32),
+    I(i64),
+    B(bool),
+}
+
+/// The largest constant [`known_columns`] reads (elements): column terms read
+/// vectors of scales and sums, never a weight.
+const KNOWN_READS_AT_MOST: usize = 1 << 20;
+
+struct Known<'a, 'b> {
+    b: &'a Builder<'b>,
+    buffers: &'a [plan::Buffer],
+    col: u32,
+    /// Each constant read so far, as f64s (exact for f32 and the integers).
+    data: HashMap<BufId, Vec<f64>>,
+}
+
+impl Known<'_, '_> {
+    fn value(&mut self, e: E, c: i64) -> Option<Val> {
+        let x = &self.b.x;
+        let dtype = x.dtype(e);
+        // An integer result of `dtype`'s width.
+        let int = |v: i64| match dtype {
+            DType::I64 => Some(Val::I(v)),
+            DType::I32 => Some(Val::I(v as i32 as i64)),
+            _ => None,
+        };
+        match x.node(e).clone() {
+            Node::Var(v) => (v == self.col).then_some(Val::I(c)),
+            Node::Dim(slot) => self.b.dim_value(slot).map(Val::I),
+            Node::Const(bits) => match dtype {
+                DType::F32 => Some(Val::F(f64::from_bits(bits) as f32)),
+                DType::Bool => Some(Val::B(bits != 0)),
+                _ => int(bits as i64),
+            },
+            Node::Load { buf, index, guard } => {
+                if let Some(g) = guard {
+                    if let Val::B(false) = self.value(g, c)? {
+                        return match dtype {
+                            DType::F32 => Some(Val::F(0.0)),
+                            _ => int(0),
+                        };
+                    }
+                }
+                let (arg, _) = self.b.arg(buf);
+                let plan::BufferKind::Constant(data) = &self.buffers[arg].kind else { return None };
+                if self.b.is_narrowed(arg)
+                    || data.dtype != dtype
+                    || !(dtype == DType::F32 || dtype.is_int())
+                    || data.shape.len() != index.len()
+                    || data.numel() > KNOWN_READS_AT_MOST
+                {
+                    return None;
+                }
+                let mut at = 0usize;
+                for (i, &d) in index.iter().zip(&data.shape) {
+                    let Val::I(i) = self.value(*i, c)? else { return None };
+                    let i = usize::try_from(i).ok().filter(|i| *i < d)?;
+                    at = at * d + i;
+                }
+                let values = self.data.entry(arg).or_insert_with(|| data.to_tensor().to_f64_vec());
+                let v = values[at];
+                match dtype {
+                    DType::F32 => Some(Val::F(v as f32)),
+                    _ => int(v as i64),
+                }
+            }
+            Node::Unary(op, a) => match (op, self.value(a, c)?) {
+                (UnaryOp::Neg, Val::F(v)) => Some(Val::F(-v)),
+                (UnaryOp::Abs, Val::F(v)) => Some(Val::F(v.abs())),
+                (UnaryOp::Sqrt, Val::F(v)) => Some(Val::F(v.sqrt())),
+                (UnaryOp::Floor, Val::F(v)) => Some(Val::F(v.floor())),
+                (UnaryOp::Ceil, Val::F(v)) => Some(Val::F(v.ceil())),
+                (UnaryOp::Round, Val::F(v)) => Some(Val::F(v.round_ties_even())),
+                (UnaryOp::Neg, Val::I(v)) => int(v.wrapping_neg()),
+                (UnaryOp::Not, Val::B(v)) => Some(Val::B(!v)),
+                _ => None,
+            },
+            Node::Binary(op, p, q) => {
+                let (p, q) = (self.value(p, c)?, self.value(q, c)?);
+                match (p, q) {
+                    (Val::F(p), Val::F(q)) => match op {
+                        BinaryOp::Add => Some(Val::F(p + q)),
+                        BinaryOp::Sub => Some(Val::F(p - q)),
+                        BinaryOp::Mul => Some(Val::F(p * q)),
+                        BinaryOp::Div => Some(Val::F(p / q)),
+                        BinaryOp::Equal => Some(Val::B(p == q)),
+                        BinaryOp::Less => Some(Val::B(p < q)),
+                        BinaryOp::Greater => Some(Val::B(p > q)),
+                        BinaryOp::LessEq => Some(Val::B(p <= q)),
+                        BinaryOp::GreaterEq => Some(Val::B(p >= q)),
+                        _ => None,
+                    },
+                    (Val::I(p), Val::I(q)) => match op {
+                        BinaryOp::Add => int(p.wrapping_add(q)),
+                        BinaryOp::Sub => int(p.wrapping_sub(q)),
+                        BinaryOp::Mul => int(p.wrapping_mul(q)),
+                        BinaryOp::Div if q != 0 => int(p.wrapping_div(q)),
+                        BinaryOp::Max => int(p.max(q)),
+                        BinaryOp::Min => int(p.min(q)),
+                        BinaryOp::Equal => Some(Val::B(p == q)),
+                        BinaryOp::Less => Some(Val::B(p < q)),
+                        BinaryOp::Greater => Some(Val::B(p > q)),
+                        BinaryOp::LessEq => Some(Val::B(p <= q)),
+                        BinaryOp::GreaterEq => Some(Val::B(p >= q)),
+                        _ => None,
+                    },
+                    (Val::B(p), Val::B(q)) => match op {
+                        BinaryOp::And => Some(Val::B(p && q)),
+                        BinaryOp::Or => Some(Val::B(p || q)),
+                        BinaryOp::Xor => Some(Val::B(p != q)),
+                        _ => None,
+                    },
+                    _ => None,
+                }
+            }
+            Node::Select(k, p, q) => match self.value(k, c)? {
+                Val::B(true) => self.value(p, c),
+                Val::B(false) => self.value(q, c),
+                _ => None,
+            },
+            // Conversions: to f32 rounded to nearest, to an integer truncated
+            // toward zero and saturated (NaN to 0), as the program converts.
+            Node::Cast(a) => match (self.value(a, c)?, dtype) {
+                (Val::F(v), DType::F32) => Some(Val::F(v)),
+                (Val::I(v), DType::F32) => Some(Val::F(v as f32)),
+                (Val::B(v), DType::F32) => Some(Val::F(if v { 1.0 } else { 0.0 })),
+                (Val::F(v), DType::I64) => Some(Val::I(v as i64)),
+                (Val::F(v), DType::I32) => Some(Val::I(v as i32 as i64)),
+                (Val::I(v), _) => int(v),
+                (Val::B(v), _) => int(v as i64),
+                _ => None,
+            },
+            Node::Check { .. } | Node::Reduce { .. } => None,
+        }
+    }
+}

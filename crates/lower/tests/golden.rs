@@ -6,7 +6,8 @@
 //! whole input's reduction stored once for the larger program that reads it
 //! (after the stored tensor it reduces, where it reduces one), a quantized
 //! activation stored as its u8 codes, and a quantized residual block's sum in
-//! its product's epilogue (reading the shortcut's codes); and, in the GPU's
+//! its product's epilogue (reading the shortcut's codes), a static
+//! quantization's column scales computed when lowering; and, in the GPU's
 //! plans, a product's A
 //! stored in bf16 by its producer, and a product read only by products
 //! storing bf16.
@@ -776,6 +777,71 @@ group 1: contraction
     // The GPU's plans keep the sum in a loop program reading the shortcut.
     let gpu = with(lower::LowerOptions::gpu());
     assert!(!gpu.contains("reading residual") && gpu.contains("loop p1(b13, b1, b11)"), "{gpu}");
+}
+
+/// A statically quantized product's column scales (a weight scale per output
+/// channel over the output's scale) and zero point sums are constants, so they
+/// are computed once when the model is lowered, each value as the program's
+/// f32 operations give it (a quotient correctly rounded), and no program runs
+/// for them at a call; where a scale is known only per call (an input here, a
+/// dynamic quantization's in a model) a program over the columns computes them.
+#[test]
+fn a_static_quantizations_column_terms_are_constants() {
+    let graph = |scale: &str| {
+        format!(
+            r#"graph {{
+  sym n param 1..
+  input %x: u8[n, 8]
+  {scale}
+  %w: f32[8, 4] = constant [-3, 0, 3, -1, 2, -2, 1, -3, 0, 3, -1, 2, -2, 1, -3, 0, 3, -1, 2, -2, 1, -3, 0, 3, -1, 2, -2, 1, -3, 0, 3, -1]
+  %xf: f32[n, 8] = cast %x
+  %y: f32[n, 4] = matmul %xf, %w
+  %sw: f32[1, 4] = constant [0.1, 0.2, 0.3, 0.7]
+  %swb: f32[n, 4] = broadcast %sw
+  %ys: f32[n, 4] = mul %y, %swb
+  %bias: f32[1, 4] = constant [0.5, -1.25, 3, 0.1]
+  %biasb: f32[n, 4] = broadcast %bias
+  %yb: f32[n, 4] = add %ys, %biasb
+  %sb: f32[n, 4] = broadcast %s
+  %yo: f32[n, 4] = div %yb, %sb
+  %yr: f32[n, 4] = round %yo
+  %yi: i32[n, 4] = cast %yr
+  %lo: i32[1, 1] = constant [0]
+  %lob: i32[n, 4] = broadcast %lo
+  %hi: i32[1, 1] = constant [255]
+  %hib: i32[n, 4] = broadcast %hi
+  %c0: i32[n, 4] = max %yi, %lob
+  %c1: i32[n, 4] = min %c0, %hib
+  %yq: u8[n, 4] = cast %c1
+  %o: f32[n, 4] = cast %yq
+  output %o
+}}
+"#
+        )
+    };
+    let lower = |text: &str| {
+        let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+        lower::lower(&g, &passes::fuse(&g)).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let plan = lower(&graph("%s: f32[1, 1] = constant [0.3]"));
+    let got = plan::print_plan(&plan);
+    let product = got.lines().find(|l| l.contains("matmul")).unwrap_or_else(|| panic!("{got}"));
+    assert!(!got.contains("program") && !got.contains("loop "), "no program runs:\n{got}");
+    assert!(product.contains("epilogue column scale b") && product.contains(" + bias b"), "{got}");
+    // The values, bit for bit: `(1·sw[c]) / s` and `bias[c] / s`.
+    let values = |name: &str| -> Vec<u32> {
+        let b = plan.buffers.iter().find(|b| b.name.ends_with(name)).unwrap_or_else(|| panic!("{name}:\n{got}"));
+        let plan::BufferKind::Constant(c) = &b.kind else { panic!("{name} is not a constant:\n{got}") };
+        c.to_tensor().to_f64_vec().iter().map(|v| (*v as f32).to_bits()).collect()
+    };
+    let (sw, s) = ([0.1f32, 0.2, 0.3, 0.7], 0.3f32);
+    let want: Vec<u32> = sw.iter().map(|w| ((1.0 * w) / s).to_bits()).collect();
+    assert_eq!(values(".column scales"), want, "{got}");
+    let want: Vec<u32> = [0.5f32, -1.25, 3.0, 0.1].iter().map(|b| (b / s).to_bits()).collect();
+    assert_eq!(values(".column bias"), want, "{got}");
+    // A scale given per call: a program over the columns computes both terms.
+    let per_call = plan::print_plan(&lower(&graph("input %s: f32[1, 1]")));
+    assert!(per_call.contains("program g0_columns") && per_call.contains("column scale b"), "{per_call}");
 }
 
 /// The GPU's plans: a program whose output a contraction reads as its A
