@@ -160,8 +160,9 @@ pub(crate) fn direct_band(
     let mut block = rows.start;
     while block < rows.end {
         let band = block..(block + mc).min(rows.end);
+        let first = block == rows.start;
         block = band.end;
-        direct_block(plan, a, b, cptr, ldc, band, cols.clone(), ep, accumulate, ws);
+        direct_block(plan, a, b, cptr, ldc, band, cols.clone(), ep, (accumulate, first), ws);
     }
 }
 
@@ -176,7 +177,7 @@ fn direct_block(
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
     ep: &EpilogueArgs,
-    accumulate: bool,
+    (accumulate, first_band): (bool, bool),
     ws: &mut Workspace,
 ) {
     let main = &plan.kernels[0].kernel;
@@ -250,8 +251,30 @@ fn direct_block(
             let bias = ep.bias.map_or(std::ptr::null(), |b| b[col..].as_ptr());
             let scale = ep.column_scale.map_or(std::ptr::null(), |s| s[col..].as_ptr());
             if let Some((t, _)) = a.taps {
+                // A weight's next panel is asked into L2 by this one's tiles in the
+                // thread's first band of rows, which reads each panel from memory
+                // (the later bands find the thread's panels in L2): its first
+                // tiles would wait for the panel's lines, a few tiles of compute
+                // against a whole panel of weights.
+                let ahead: &[u32] = match b {
+                    BOperand::Packed(p) if p.codes.is_none() && first_band && jr + 1 < cols.end => {
+                        p.panel(pc, kc, jr + 1).unwrap_or(&[])
+                    }
+                    _ => &[],
+                };
+                let ahead = crate::taps::Ahead::over(ahead, rows.len().div_ceil(main.mr));
                 let panel = crate::taps::Panel { b: bp, ldb, c: cptr, ldc, codes, col, ncols, scale, bias };
-                crate::taps::direct_taps(plan, &t, a.data, (pw, kw), rows.clone(), &panel, ep, accumulate);
+                crate::taps::direct_taps(
+                    plan,
+                    &t,
+                    a.data,
+                    (pw, kw),
+                    rows.clone(),
+                    &panel,
+                    ep,
+                    accumulate,
+                    ahead,
+                );
                 continue;
             }
             // The first column panel reads the block's rows from memory: each tile

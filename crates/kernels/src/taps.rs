@@ -484,6 +484,35 @@ pub(crate) struct Panel {
     pub bias: *const f32,
 }
 
+/// Lines of the next B panel that [`direct_taps`]' tiles ask for while they
+/// compute, `per_tile` a tile (its kernel spreads them over its K loop) until
+/// all `lines` are asked.
+pub(crate) struct Ahead {
+    at: *const f32,
+    lines: usize,
+    per_tile: usize,
+    asked: usize,
+}
+
+impl Ahead {
+    /// The lines of `panel` (u32 words, 16 a line) over about `tiles` tiles.
+    pub fn over(panel: &[u32], tiles: usize) -> Ahead {
+        let lines = panel.len().div_ceil(16);
+        Ahead { at: panel.as_ptr().cast(), lines, per_tile: lines.div_ceil(tiles.max(1)), asked: 0 }
+    }
+
+    /// The next tile's share: where its lines start, and how many.
+    fn share(&mut self) -> (*const f32, usize) {
+        let n = self.per_tile.min(self.lines - self.asked);
+        if n == 0 {
+            return (std::ptr::null(), 0);
+        }
+        let at = self.at.wrapping_add(self.asked * 16);
+        self.asked += n;
+        (at, n)
+    }
+}
+
 impl Panel {
     /// Where C's row `row` meets the panel (in bytes for codes).
     fn c_at(&self, row: usize) -> *mut f32 {
@@ -512,13 +541,14 @@ pub(crate) fn direct_taps(
     panel: &Panel,
     ep: &crate::gemm::EpilogueArgs,
     accumulate: bool,
+    mut ahead: Ahead,
 ) {
     let (hout, wout) = (t.out[0], t.out[1]);
     let (x_lo, x_hi) = t.interior_along(1);
     let (y_lo, y_hi) = t.interior_along(0);
     let Some(single) = plan.kernels.last().map(|v| &v.kernel) else { return };
-    let tile = |kern: &crate::DirectKernel, r: usize, shape: TileShape| {
-        direct_tile(t, data, (pc, kc), panel, ep, accumulate, kern, r, shape);
+    let mut tile = |kern: &crate::DirectKernel, r: usize, shape: TileShape| {
+        direct_tile(t, data, (pc, kc), panel, ep, accumulate, kern, r, shape, ahead.share());
     };
     let mut r = rows.start;
     while r < rows.end {
@@ -586,6 +616,7 @@ fn direct_tile(
     kern: &crate::DirectKernel,
     r: usize,
     shape: TileShape,
+    (next, lines): (*const f32, usize),
 ) {
     let c = t.channels;
     let (kh, kw) = (t.kernel[0], t.kernel[1]);
@@ -632,7 +663,10 @@ fn direct_tile(
     }
     // Consecutive kernel rows are `a_run` apart in the image and `run` apart in K.
     let a_run = t.dilation[0] * t.strides[1];
+    // The tile's share of the next panel's lines, asked by its first call.
+    let asking = std::cell::Cell::new((next, lines));
     let call = |k0: usize, len: usize, runs: usize, a: *const f32, flags: i64| {
+        let (next, lines) = asking.replace((std::ptr::null(), 0));
         // SAFETY: the kernel reads `runs` runs of `len` values from each of its MR
         // rows, `lda` apart, from `a` (run `q` from `a + q·a_run`): kernel rows' taps
         // of MR output pixels (adjacent ones of a run, or one column's in consecutive
@@ -640,7 +674,8 @@ fn direct_tile(
         // inside the image (the runs were cut to it, and `ConvTaps::check` bounded
         // the image by `data`); B's rows `k0 − pc + q·run..` (`len` of them) of the
         // block at the panel's columns (inside the block's panel or the in-place
-        // view: the runs lie inside the K block); the bias, and the residual at the
+        // view: the runs lie inside the K block); the next panel's lines only asked
+        // for (a prefetch never faults); the bias, and the residual at the
         // tile's pixels, at columns below `ncols` (masked); and writes the tile of C
         // at those pixels' rows and the panel's columns, inside C (the pixels are
         // below the thread's end) and this thread's alone.
@@ -661,8 +696,8 @@ fn direct_tile(
                 runs as i64,
                 a_run as i64,
                 (run * panel.ldb) as i64,
-                std::ptr::null(),
-                0,
+                next,
+                lines as i64,
                 panel.scale,
                 ep.params_ptr(),
             )

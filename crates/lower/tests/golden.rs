@@ -830,7 +830,8 @@ fn a_static_quantizations_column_terms_are_constants() {
     assert!(product.contains("epilogue column scale b") && product.contains(" + bias b"), "{got}");
     // The values, bit for bit: `(1·sw[c]) / s` and `bias[c] / s`.
     let values = |name: &str| -> Vec<u32> {
-        let b = plan.buffers.iter().find(|b| b.name.ends_with(name)).unwrap_or_else(|| panic!("{name}:\n{got}"));
+        let b =
+            plan.buffers.iter().find(|b| b.name.ends_with(name)).unwrap_or_else(|| panic!("{name}:\n{got}"));
         let plan::BufferKind::Constant(c) = &b.kind else { panic!("{name} is not a constant:\n{got}") };
         c.to_tensor().to_f64_vec().iter().map(|v| (*v as f32).to_bits()).collect()
     };
