@@ -732,6 +732,65 @@ fn bytes_gathered_across_the_lanes() {
     }
 }
 
+/// A few channels written channels-last from channels-first planes (an RGB
+/// image for a convolution, padded or with a fourth channel of its zero point
+/// as a quantized stem's): the lanes run along the image's rows, each vector
+/// computes the channels in turn and stores them interleaved
+/// (`plan::Interleave`), for 2, 3, 4, 5 and 8 channels of bytes and floats,
+/// against the interpreter at widths of 1, primes and one past 16 lanes (a
+/// row's tail masked, or a point at a time under 4 points).
+#[test]
+fn a_few_channels_written_channels_last_are_interleaved() {
+    let text = r#"graph {
+  sym n param 1..
+  sym h param 1..
+  sym w param 1..
+  input %a: u8[n, 3, h, w]
+  input %f: f32[n, 5, h, w]
+  input %g: f32[n, 2, h, w]
+  input %e: f32[n, 8, h, w]
+  %at: u8[n, h, w, 3] = transpose[perm=[0, 2, 3, 1]] %a
+  %ap: u8[n, h+3, w+4, 4] = pad[pads=[(0, 0), (1, 2), (3, 1), (0, 1)], mode=constant(125.0)] %at
+  %ft: f32[n, h, w, 5] = transpose[perm=[0, 2, 3, 1]] %f
+  %gt: f32[n, h, w, 2] = transpose[perm=[0, 2, 3, 1]] %g
+  %gs: f32[n, h, w, 2] = mul %gt, %gt
+  %et: f32[n, h, w, 8] = transpose[perm=[0, 2, 3, 1]] %e
+  %eb: bool[n, h, w, 8] = less %et, %et
+  output %ap, %ft, %gs, %et, %eb
+}
+"#;
+    let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    let m = Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"));
+    let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
+    for c in [4, 5, 2, 8] {
+        let line = format!("interleaved: lanes along i2, the {c} values of i3 computed in turn");
+        assert!(plan.contains(&line), "no {c}-channel program is interleaved:\n{plan}");
+    }
+    let cm = m.compile(&CompileOptions::new().threads(2).canaries(true)).expect("compiles");
+    let mut rng = Lcg::new(11);
+    for (n, h, w) in
+        [(1usize, 1usize, 1usize), (1, 2, 3), (2, 3, 16), (1, 5, 17), (2, 2, 31), (1, 3, 33), (3, 1, 19)]
+    {
+        let floats = |c: usize, rng: &mut Lcg| {
+            let v: Vec<f32> = (0..n * c * h * w).map(|_| rng.unit()).collect();
+            Tensor::new(vec![n, c, h, w], Elems::F32(v)).expect("floats")
+        };
+        let a: Vec<u8> = (0..n * 3 * h * w).map(|_| rng.next() as u8).collect();
+        let ins = [
+            ("a", Tensor::new(vec![n, 3, h, w], Elems::U8(a)).expect("a")),
+            ("f", floats(5, &mut rng)),
+            ("g", floats(2, &mut rng)),
+            ("e", floats(8, &mut rng)),
+        ];
+        let got = cm.run(&ins).expect("runs");
+        let want = m.interpret(&ins).expect("interprets");
+        for ((name, g), (_, w_)) in got.iter().zip(&want) {
+            assert_eq!(g.shape(), w_.shape(), "{name} at {n}x{h}x{w}");
+            assert_eq!(g.to_f64_vec(), w_.to_f64_vec(), "{name} at {n}x{h}x{w}");
+        }
+    }
+}
+
 /// A dim declared to broadcast must be 1 or the dim it stretches to: any other
 /// value is rejected before a kernel runs, naming the rule.
 #[test]

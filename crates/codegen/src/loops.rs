@@ -353,13 +353,23 @@ fn build_program(
     let param = |i: u32| f.get_nth_param(i).ok_or_else(|| llvm("param"));
     let (begin, end) = (param(2)?.into_int_value(), param(3)?.into_int_value());
     let status = g.status;
-    let inner = p.inner();
+    // With an interleave, the lanes' variable is the row's first (the unrolled
+    // last one's few values are computed per vector): see `interleaved_row`.
+    let interleave = p.schedules.interleaved.zip(p.inner_var());
+    let inner = p.row_from();
     let inner_ext = match inner {
         Some(i) => g.emit(p.space[i], false)?.into_int_value(),
         None => i64t.const_int(1, false),
     };
+    let row_len = match interleave {
+        Some((il, _)) => bld
+            .build_int_mul(inner_ext, i64t.const_int(il.unrolled.into(), false), "row.len")
+            .map_err(llvm)?,
+        None => inner_ext,
+    };
     let outer = looping_vars(p, inner.unwrap_or(p.vars.len()));
     let inner_var = p.inner_var();
+    let row_vars = inner_var.map_or(0, |v| 1u64 << v) | interleave.map_or(0, |(il, _)| 1u64 << il.lanes);
     let values: Vec<E> = p.stores.iter().map(|s| s.value).collect();
     let scratch = if lanes > 1 { p.schedules.row_scratch } else { None };
     // The nest, once per version (see `lower::versions`): each version's guards
@@ -397,20 +407,23 @@ fn build_program(
         // so this computes nothing the rows would not have. Not with a row
         // scratch: a row's reductions fill it as they are computed.
         if scratch.is_none() {
-            let loop_vars = outer.iter().fold(inner_var.map_or(0, |v| 1u64 << v), |m, (v, _)| m | 1u64 << v);
+            let loop_vars = outer.iter().fold(row_vars, |m, (v, _)| m | 1u64 << v);
             g.hoist(&values, loop_vars, false)?;
         }
         g.for_loop(row_lo, row_hi, 1, first, &mut |g, r, at_row| {
             for ((v, _), val) in outer.iter().zip(&at_row) {
                 g.vars.insert(*v, val.into_int_value());
             }
-            let mask = inner_var.map_or(0, |v| 1u64 << v);
-            let base = g.bld.build_int_mul(r, inner_ext, "row").map_err(llvm)?;
+            let mask = row_vars;
+            let base = g.bld.build_int_mul(r, row_len, "row").map_err(llvm)?;
             g.scratch = scratch.map(|s| (s.body, s.param, base));
             let hoisted = g.hoist(&values, mask, false);
             g.scratch = None;
             hoisted?;
             let row = |g: &mut Gen| -> R<()> {
+                if let Some((il, last)) = interleave {
+                    return interleaved_row(g, p, (il, last), base, inner_ext);
+                }
                 match inner_var {
                     Some(v) => {
                         // One point at a time (a point's reductions along the lanes).
@@ -538,6 +551,164 @@ fn build_program(
     in_versions(&mut g, f, &p.schedules.guards, &mut |g| nest(g))?;
     let st = bld.build_load(i64t, status, "st").map_err(llvm)?;
     bld.build_return(Some(&st)).map_err(llvm)?;
+    Ok(())
+}
+
+/// One row of an interleaved nest ([`plan::Interleave`]) from position
+/// `base`: the lanes along `il.lanes` (`ext` points), and at each vector the
+/// unrolled last variable's values in turn (a scope each), stored as one
+/// contiguous vector of `unrolled` lanes a point; the row's tail as one masked
+/// vector where the program allows it, else a point at a time.
+fn interleaved_row(
+    g: &mut Gen,
+    p: &LoopProgram,
+    (il, last): (plan::Interleave, u32),
+    base: IntValue<'static>,
+    ext: IntValue<'static>,
+) -> R<()> {
+    let i64t = g.ctx.i64_type();
+    let c = il.unrolled as u64;
+    let zero = i64t.const_zero();
+    // One point: its `c` values stored one after the other.
+    let points = |g: &mut Gen, from: IntValue<'static>| -> R<()> {
+        g.for_loop(from, ext, 1, vec![], &mut |g, iv, _| {
+            g.vars.insert(il.lanes, iv);
+            let at = g.bld.build_int_mul(iv, i64t.const_int(c, false), "il.pt").map_err(llvm)?;
+            let at = g.bld.build_int_add(base, at, "il.at").map_err(llvm)?;
+            for k in 0..c {
+                g.scopes.push(HashMap::new());
+                g.vars.insert(last, i64t.const_int(k, false));
+                let at = g.bld.build_int_add(at, i64t.const_int(k, false), "il.k").map_err(llvm)?;
+                let r = g.stores(p, at, false);
+                g.scopes.pop();
+                r?;
+            }
+            Ok(vec![])
+        })
+        .map(|_| ())
+    };
+    if g.w == 1 {
+        return points(g, zero);
+    }
+    let vectors = |g: &mut Gen, iv: IntValue<'static>| -> R<()> {
+        g.vars.insert(il.lanes, iv);
+        g.lane = Some(il.lanes);
+        let r = interleaved_store(g, p, (c, last), base, iv);
+        g.lane = None;
+        r
+    };
+    let (done, _) =
+        g.for_loop(zero, ext, g.w as u64, vec![], &mut |g, iv, _| vectors(g, iv).map(|_| vec![]))?;
+    if !masked_tail(p) {
+        return points(g, done);
+    }
+    let left = g.bld.build_int_sub(ext, done, "il.left").map_err(llvm)?;
+    let few = i64t.const_int(MASKED_TAIL_MIN, false);
+    let masked = g.bld.build_int_compare(IntPredicate::SGE, left, few, "il.masked").map_err(llvm)?;
+    g.if_else(
+        masked,
+        &mut |g| {
+            let iota: Vec<IntValue> = (0..g.w).map(|i| i64t.const_int(i as u64, false)).collect();
+            let first = g.splat(done.into())?.into_vector_value();
+            let lanes = g.bld.build_int_add(first, VectorType::const_vector(&iota), "lane").map_err(llvm)?;
+            let hi = g.splat(ext.into())?.into_vector_value();
+            let inside = g.bld.build_int_compare(IntPredicate::SLT, lanes, hi, "inside").map_err(llvm)?;
+            g.tail = Some(inside);
+            let r = vectors(g, done);
+            g.tail = None;
+            r
+        },
+        &mut |g| points(g, done),
+    )
+}
+
+/// The stores of the vector of points from `iv` (lanes along the interleave's
+/// variable): each stored value computed for the last variable's `c` values in
+/// turn, interleaved (point by point, its `c` values together) and stored at
+/// `base + iv·c`, masked by the row's tail where there is one.
+fn interleaved_store(
+    g: &mut Gen,
+    p: &LoopProgram,
+    (c, last): (u64, u32),
+    base: IntValue<'static>,
+    iv: IntValue<'static>,
+) -> R<()> {
+    let (i64t, i32t) = (g.ctx.i64_type(), g.ctx.i32_type());
+    let w = g.w as u64;
+    let mut values: Vec<Vec<VectorValue<'static>>> = vec![Vec::new(); p.stores.len()];
+    for k in 0..c {
+        g.scopes.push(HashMap::new());
+        g.vars.insert(last, i64t.const_int(k, false));
+        let mut r = Ok(());
+        for (i, st) in p.stores.iter().enumerate() {
+            let dt = p.params[st.param as usize].dtype;
+            let v = match g.emit_as(st.value, true) {
+                Ok(v) => v,
+                Err(e) => {
+                    r = Err(e);
+                    break;
+                }
+            };
+            let v = if dt == DType::Bool { g.zext(v, g.mty(dt, true))? } else { v };
+            values[i].push(v.into_vector_value());
+        }
+        g.scopes.pop();
+        r?;
+    }
+    // Lane `j` of the stored vector is point `j / c`'s value `j % c`: lane `j / c`
+    // of vector `j % c` among the `c` vectors side by side (padded with poison to
+    // a power of two, as a shuffle takes two vectors of one type).
+    let order: Vec<IntValue> = (0..c * w).map(|j| i32t.const_int((j % c) * w + j / c, false)).collect();
+    let order = VectorType::const_vector(&order);
+    let at = g.bld.build_int_mul(iv, i64t.const_int(c, false), "il.v").map_err(llvm)?;
+    let at = g.bld.build_int_add(base, at, "il.at").map_err(llvm)?;
+    for (st, mut vs) in p.stores.iter().zip(values) {
+        let dt = p.params[st.param as usize].dtype;
+        while vs.len() > 1 {
+            if vs.len() % 2 == 1 {
+                vs.push(poison(vs[0].get_type().into()));
+            }
+            vs = vs
+                .chunks(2)
+                .map(|pair| {
+                    let n = pair[0].get_type().get_size() as u64;
+                    let both: Vec<IntValue> = (0..2 * n).map(|j| i32t.const_int(j, false)).collect();
+                    g.bld.build_shuffle_vector(pair[0], pair[1], VectorType::const_vector(&both), "il.cat")
+                })
+                .collect::<Result<_, _>>()
+                .map_err(llvm)?;
+        }
+        let all = vs[0];
+        let stored = g
+            .bld
+            .build_shuffle_vector(all, poison(all.get_type().into()), order, "il.lanes")
+            .map_err(llvm)?;
+        let mt = g.mty(dt, false);
+        // SAFETY (of the IR): the row's points from `iv` (those below its end,
+        // the tail masked) hold positions `base + iv·c ..` inside the buffer.
+        let ptr = unsafe { g.bld.build_gep(mt, g.bufs[st.param as usize], &[at], "il.st") }.map_err(llvm)?;
+        match g.tail {
+            Some(inside) => {
+                let spread: Vec<IntValue> = (0..c * w).map(|j| i32t.const_int(j / c, false)).collect();
+                let mask = g
+                    .bld
+                    .build_shuffle_vector(
+                        inside,
+                        poison(inside.get_type().into()),
+                        VectorType::const_vector(&spread),
+                        "il.mask",
+                    )
+                    .map_err(llvm)?;
+                let f = g.intrinsic("llvm.masked.store", &[stored.get_type().into(), g.ptr_type()])?;
+                let align = i32t.const_int(dt_bytes(dt), false);
+                g.call_void(f, &[stored.into(), ptr.into(), align.into(), mask.into()])?;
+            }
+            None => {
+                let s = g.bld.build_store(ptr, stored).map_err(llvm)?;
+                s.set_alignment(dt.size() as u32).map_err(llvm)?;
+            }
+        }
+    }
     Ok(())
 }
 

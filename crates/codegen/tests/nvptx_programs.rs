@@ -565,6 +565,7 @@ fn row_reductions_take_warp_schedules_where_rows_are_long() {
         residual_programs: false,
         u8_codes: false,
         codes_depth: 0,
+        interleave: false,
     };
     let plan = lower::lower_with(&g, &passes::fuse(&g), &lo).expect("lowers");
     assert_eq!(plan.programs.len(), 1);

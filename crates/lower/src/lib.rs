@@ -79,6 +79,9 @@ pub struct LowerOptions {
     /// (0: none does): such a product runs in one K block (a byte keeps no
     /// partial sum), so only where one block of the kernels' takes all of K.
     pub codes_depth: usize,
+    /// Loop programs may take the CPU's [`plan::Interleave`] schedule (a few
+    /// channels written channels-last); the GPU's nests keep one point a lane.
+    pub interleave: bool,
 }
 
 impl Default for LowerOptions {
@@ -91,6 +94,7 @@ impl Default for LowerOptions {
             residual_programs: true,
             u8_codes: true,
             codes_depth: 0,
+            interleave: true,
         }
     }
 }
@@ -108,6 +112,7 @@ impl LowerOptions {
             residual_programs: false,
             u8_codes: false,
             codes_depth: 0,
+            interleave: false,
         }
     }
 }
@@ -126,6 +131,11 @@ pub fn lower_with(
     let mut plan = group::Lowering::new(g, opts).run(fusion)?;
     if opts.fuse_attention {
         fuse_attention(&mut plan);
+    }
+    if !opts.interleave {
+        for p in &mut plan.programs {
+            p.schedules.interleaved = None;
+        }
     }
     Ok(plan)
 }

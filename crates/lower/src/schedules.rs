@@ -7,8 +7,8 @@ use std::collections::HashMap;
 
 use ir::DType;
 use plan::{
-    BorderGuard, Combine, Exprs, LoopProgram, Node, OnePointWhy, RowScratch, Schedules, SplitReduction, E,
-    UNSWITCH_DEPTH,
+    BorderGuard, Combine, Exprs, Interleave, LoopProgram, Node, OnePointWhy, RowScratch, Schedules,
+    SplitReduction, E, INTERLEAVE_MAX, UNSWITCH_DEPTH,
 };
 
 /// Every reduction the stored values use (not those inside other reductions).
@@ -93,7 +93,9 @@ pub fn analyze(p: &mut LoopProgram) {
         }
         _ => None,
     };
-    let border_guards = border_guards(p, &guards);
+    let plain = reductions.is_empty() && guards.is_empty() && row_scratch.is_none() && unswitched.is_none();
+    let interleaved = if plain { interleave(p) } else { None };
+    let border_guards = border_guards(p, &guards, interleaved);
     p.schedules = Schedules {
         guards,
         row_reduction,
@@ -103,18 +105,40 @@ pub fn analyze(p: &mut LoopProgram) {
         row_scratch,
         unswitched,
         border_guards,
+        interleaved,
     };
+}
+
+/// The [`Interleave`] schedule of a nest with no reductions, versions or
+/// choices per row: where its last variable has a constant extent of 2 to
+/// [`INTERLEAVE_MAX`], the variable before it loops, and the stored values
+/// read memory contiguously along that one but nowhere along the last (a
+/// channels-first image's few channels written channels-last: across the last
+/// variable's lanes each load would be a gather).
+fn interleave(p: &LoopProgram) -> Option<Interleave> {
+    let x = &p.exprs;
+    let inner = p.inner()?;
+    let (Node::Var(last), Node::Var(lanes)) =
+        (x.node(p.vars[inner]), x.node(*p.vars.get(inner.checked_sub(1)?)?))
+    else {
+        return None;
+    };
+    let unrolled =
+        u32::try_from(x.as_int(p.space[inner])?).ok().filter(|c| (2..=INTERLEAVE_MAX).contains(c))?;
+    let values = p.stores.iter().map(|s| s.value);
+    let along = |v: u32| values.clone().any(|e| crate::versions::loads_along(x, e, v));
+    (along(*lanes) && !along(*last)).then_some(Interleave { lanes: *lanes, unrolled })
 }
 
 /// The guards of the loads the stored values read (reductions' bodies
 /// included) that are range checks along a variable the code generator may
 /// run along a vector's lanes (the nest's innermost, a reduction's last)
 /// ([`BorderGuard`]), in node order.
-fn border_guards(p: &LoopProgram, versions: &[E]) -> Vec<BorderGuard> {
+fn border_guards(p: &LoopProgram, versions: &[E], interleaved: Option<Interleave>) -> Vec<BorderGuard> {
     let x = &p.exprs;
     let mut seen = vec![false; x.len()];
     let mut stack: Vec<E> = p.stores.iter().map(|s| s.value).collect();
-    let mut lanes = p.inner_var().map_or(0u64, |v| 1 << v);
+    let mut lanes = p.inner_var().map_or(0u64, |v| 1 << v) | interleaved.map_or(0, |il| 1 << il.lanes);
     let mut guarded = Vec::new();
     while let Some(e) = stack.pop() {
         if std::mem::replace(&mut seen[e.index()], true) {

@@ -74,7 +74,28 @@ pub struct Schedules {
     /// Load guards that are range checks affine along a vectorized variable
     /// (a pad's or a window's border), in node order.
     pub border_guards: Vec<BorderGuard>,
+    /// On the CPU, the lanes run along the variable before the last, and the
+    /// last is unrolled (see [`Interleave`]).
+    pub interleaved: Option<Interleave>,
 }
+
+/// A CPU schedule for a nest whose last variable has a few values and whose
+/// loads run contiguously along the variable before it, not along the last (a
+/// channels-last image of a few channels written from channels-first planes):
+/// the lanes run along that variable, each vector computes the last
+/// variable's values in turn, and they are stored interleaved, one contiguous
+/// store of `unrolled` vectors. A row of the nest is then its last two
+/// variables ([`LoopProgram::row_from`]); the GPU's schedules ignore it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Interleave {
+    /// The variable the lanes run along (the nest's last but one).
+    pub lanes: u32,
+    /// The last variable's extent (a constant, 2 to [`INTERLEAVE_MAX`]).
+    pub unrolled: u32,
+}
+
+/// The largest extent of a last variable [`Interleave`] unrolls.
+pub const INTERLEAVE_MAX: u32 = 8;
 
 /// A load's guard whose conjuncts, along each variable of `along`, are
 /// comparisons of integer sides affine in that variable (in every version of
@@ -150,5 +171,13 @@ impl LoopProgram {
     /// axis the code generator vectorizes.
     pub fn inner(&self) -> Option<usize> {
         self.vars.iter().rposition(|v| matches!(self.exprs.node(*v), Node::Var(_)))
+    }
+
+    /// The first of the variables that one row of the CPU's nest runs through
+    /// (the rows are the variables before it): the innermost that loops, or
+    /// with an [`Interleave`] the one before it.
+    pub fn row_from(&self) -> Option<usize> {
+        let inner = self.inner()?;
+        Some(if self.schedules.interleaved.is_some() { inner - 1 } else { inner })
     }
 }

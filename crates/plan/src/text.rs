@@ -70,6 +70,14 @@ pub fn print_program(p: &LoopProgram, names: bool) -> String {
             along.join(", ")
         );
     }
+    if let Some(il) = p.schedules.interleaved {
+        let last = p.inner_var().map_or(String::new(), |v| format!("i{v}"));
+        let _ = writeln!(
+            s,
+            "  interleaved: lanes along i{}, the {} values of {last} computed in turn and stored interleaved",
+            il.lanes, il.unrolled
+        );
+    }
     if let Some((warp, len)) = p.gpu_warp_schedule() {
         let min = crate::gpu::WARP_ROW_MIN;
         let points = crate::gpu::GpuLoopSchedule::Points.name();

@@ -59,9 +59,10 @@ use crate::{CompiledModel, ModelParts, RunError};
 /// product naming the row norm that writes its A, online softmax of a
 /// NaN-guarded softmax; 25: AMX micro-kernels, whose A panels are laid out
 /// by rows; 26: a u8s8 family's direct kernels, reading A's codes in place;
-/// 27: epilogue programs reading their residual, a residual of u8 codes);
-/// a runtime reads only its own.
-pub const FORMAT_VERSION: u32 = 27;
+/// 27: epilogue programs reading their residual, a residual of u8 codes; 28:
+/// programs interleaving their last variable's values); a runtime reads only
+/// its own.
+pub const FORMAT_VERSION: u32 = 28;
 
 const MAGIC: &[u8; 8] = b"ANYSHAPE";
 const HEADER: usize = 112;
