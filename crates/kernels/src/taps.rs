@@ -645,8 +645,6 @@ fn direct_tile(
             (i * run + j_lo * c, i * run + j_hi * c, at)
         })
     };
-    let first = (0..kh).find_map(run_of).map(|r| r.0);
-    let end = (0..kh).rev().find_map(run_of).map(|r| r.1);
     let (res, ldr) = match ep.residual {
         Some(rm) => (rm.element_ptr(r, panel.col), rm.rs * pixels),
         None => (std::ptr::null(), 0),
@@ -703,6 +701,19 @@ fn direct_tile(
             )
         }
     };
+    // A run whose kernel rows all lie inside the image and the K block (a
+    // convolution's interior, its taps in one block): one call of every row,
+    // found without cutting each row to the image and the block.
+    if shape == TileShape::Run && pc == 0 && kc == kh * run {
+        let y0 = px.y * t.stride[0];
+        if y0 >= t.pad[0] && y0 - t.pad[0] + (kh - 1) * t.dilation[0] < t.height && px.x * sw >= pw {
+            let at = px.b * t.strides[0] + (y0 - t.pad[0]) * t.strides[1] + (px.x * sw - pw) * t.strides[2];
+            call(0, run, kh, data[at..].as_ptr(), add | if epilogue { crate::APPLY_EPILOGUE } else { 0 });
+            return;
+        }
+    }
+    let first = (0..kh).find_map(run_of).map(|r| r.0);
+    let end = (0..kh).rev().find_map(run_of).map(|r| r.1);
     let (Some(first), Some(end)) = (first, end) else {
         // Every tap in the padding: the tile is the epilogue of zero (of what it
         // holds, with `accumulate`), once.
