@@ -791,6 +791,64 @@ fn a_few_channels_written_channels_last_are_interleaved() {
     }
 }
 
+/// A channels-last sum written channels-first (ResNet's last block, its NCHW
+/// output): its loads run along the channels and gather across the image's
+/// width, so a row runs along the channels and each vector's values are
+/// stored one plane apart (`plan::Scatter`, named in the plan); a lone
+/// transposition (one load for its one store) keeps its lanes along the
+/// width. Against the interpreter at channels and widths of 1, primes and one
+/// past 16 lanes (a row's tail masked, or a point at a time), bytes and floats.
+#[test]
+fn a_channels_last_sum_written_channels_first_is_scattered() {
+    let text = r#"graph {
+  sym n param 1..
+  sym c param 1..
+  sym h param 1..
+  sym w param 1..
+  input %a: u8[n, h, w, c]
+  input %b: f32[n, h, w, c]
+  input %t: f32[n, h, w, c]
+  %af: f32[n, h, w, c] = cast %a
+  %s: f32[n, h, w, c] = add %af, %b
+  %r: f32[n, h, w, c] = relu %s
+  %o: f32[n, c, h, w] = transpose[perm=[0, 3, 1, 2]] %r
+  %tt: f32[n, c, h, w] = transpose[perm=[0, 3, 1, 2]] %t
+  output %o, %tt
+}
+"#;
+    let g = ir::parse_graph(text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    let m = Model::from_ir(g, &LoadOptions::new()).unwrap_or_else(|e| panic!("{e}"));
+    let plan = anyshape::inspect::print_plan(&m.lower().expect("lowers"));
+    let scattered = plan.matches("scattered: lanes along").count();
+    assert_eq!(scattered, 1, "the sum, not the lone transposition, is scattered:\n{plan}");
+    let cm = m.compile(&CompileOptions::new().threads(2).canaries(true)).expect("compiles");
+    let mut rng = Lcg::new(17);
+    for (n, c, h, w) in [
+        (1usize, 1usize, 1usize, 1usize),
+        (1, 3, 2, 5),
+        (2, 16, 3, 7),
+        (1, 17, 2, 2),
+        (2, 33, 1, 3),
+        (3, 20, 2, 1),
+        (1, 5, 7, 7),
+    ] {
+        let len = n * h * w * c;
+        let a: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        let floats = |rng: &mut Lcg| Elems::F32((0..len).map(|_| rng.unit() * 100.0).collect());
+        let ins = [
+            ("a", Tensor::new(vec![n, h, w, c], Elems::U8(a)).expect("a")),
+            ("b", Tensor::new(vec![n, h, w, c], floats(&mut rng)).expect("b")),
+            ("t", Tensor::new(vec![n, h, w, c], floats(&mut rng)).expect("t")),
+        ];
+        let got = cm.run(&ins).expect("runs");
+        let want = m.interpret(&ins).expect("interprets");
+        for ((name, g), (_, w_)) in got.iter().zip(&want) {
+            assert_eq!(g.shape(), w_.shape(), "{name} at {n}x{c}x{h}x{w}");
+            assert_eq!(g.to_f64_vec(), w_.to_f64_vec(), "{name} at {n}x{c}x{h}x{w}");
+        }
+    }
+}
+
 /// A dim declared to broadcast must be 1 or the dim it stretches to: any other
 /// value is rejected before a kernel runs, naming the rule.
 #[test]

@@ -356,20 +356,44 @@ fn build_program(
     // With an interleave, the lanes' variable is the row's first (the unrolled
     // last one's few values are computed per vector): see `interleaved_row`.
     let interleave = p.schedules.interleaved.zip(p.inner_var());
-    let inner = p.row_from();
+    let scatter = p.schedules.scattered;
+    let inner = match scatter {
+        Some(sc) => Some(sc.at as usize),
+        None => p.row_from(),
+    };
     let inner_ext = match inner {
         Some(i) => g.emit(p.space[i], false)?.into_int_value(),
         None => i64t.const_int(1, false),
     };
-    let row_len = match interleave {
-        Some((il, _)) => bld
-            .build_int_mul(inner_ext, i64t.const_int(il.unrolled.into(), false), "row.len")
-            .map_err(llvm)?,
-        None => inner_ext,
+    // A row's points: its first variable's extent times those after it (with
+    // an interleave, the unrolled variable's values).
+    let mut row_len = inner_ext;
+    if let (Some(at), Some(_)) = (inner, interleave) {
+        for e in &p.space[at + 1..] {
+            let e = g.emit(*e, false)?.into_int_value();
+            row_len = bld.build_int_mul(row_len, e, "row.len").map_err(llvm)?;
+        }
+    }
+    // With a scatter the rows are every variable but the lanes', and a row's
+    // first point is where its variables put it (`scatter_strides`).
+    let outer = match scatter {
+        Some(sc) => looping_vars_from(p, 0).into_iter().filter(|(v, _)| *v != sc.lanes).collect(),
+        None => looping_vars(p, inner.unwrap_or(p.vars.len())),
     };
-    let outer = looping_vars(p, inner.unwrap_or(p.vars.len()));
+    let scatter_strides = match scatter {
+        Some(sc) => Some(scatter_strides(&mut g, p, sc, &outer)?),
+        None => None,
+    };
     let inner_var = p.inner_var();
-    let row_vars = inner_var.map_or(0, |v| 1u64 << v) | interleave.map_or(0, |(il, _)| 1u64 << il.lanes);
+    // The variables a row runs through.
+    let row_vars = match (scatter, inner) {
+        (Some(sc), _) => 1u64 << sc.lanes,
+        (None, Some(at)) => p.vars[at..].iter().fold(0u64, |m, v| match p.exprs.node(*v) {
+            Node::Var(v) => m | 1u64 << v,
+            _ => m,
+        }),
+        (None, None) => 0,
+    };
     let values: Vec<E> = p.stores.iter().map(|s| s.value).collect();
     let scratch = if lanes > 1 { p.schedules.row_scratch } else { None };
     // The nest, once per version (see `lower::versions`): each version's guards
@@ -415,7 +439,15 @@ fn build_program(
                 g.vars.insert(*v, val.into_int_value());
             }
             let mask = row_vars;
-            let base = g.bld.build_int_mul(r, row_len, "row").map_err(llvm)?;
+            let base = match &scatter_strides {
+                Some((strides, _)) => {
+                    at_row.iter().zip(strides).try_fold(i64t.const_zero(), |b, (v, s)| {
+                        let t = g.bld.build_int_mul(v.into_int_value(), *s, "sc.row").map_err(llvm)?;
+                        g.bld.build_int_add(b, t, "sc.base").map_err(llvm)
+                    })?
+                }
+                None => g.bld.build_int_mul(r, row_len, "row").map_err(llvm)?,
+            };
             g.scratch = scratch.map(|s| (s.body, s.param, base));
             let hoisted = g.hoist(&values, mask, false);
             g.scratch = None;
@@ -423,6 +455,9 @@ fn build_program(
             let row = |g: &mut Gen| -> R<()> {
                 if let Some((il, last)) = interleave {
                     return interleaved_row(g, p, (il, last), base, inner_ext);
+                }
+                if let (Some(sc), Some((_, block))) = (scatter, &scatter_strides) {
+                    return scattered_row(g, p, sc, base, (inner_ext, *block));
                 }
                 match inner_var {
                     Some(v) => {
@@ -710,6 +745,103 @@ fn interleaved_store(
         }
     }
     Ok(())
+}
+
+/// Where each of a scattered nest's row variables (`outer`, every looping
+/// variable but the lanes') moves a row's first point, and the lanes' own
+/// step (the block of points after it): each variable steps by the extents
+/// after it in the nest.
+fn scatter_strides(
+    g: &mut Gen,
+    p: &LoopProgram,
+    sc: plan::Scatter,
+    outer: &[(u32, E)],
+) -> R<(Vec<IntValue<'static>>, IntValue<'static>)> {
+    let i64t = g.ctx.i64_type();
+    // The points after each position of the nest, innermost first.
+    let mut after = vec![i64t.const_int(1, false); p.vars.len() + 1];
+    for i in (0..p.vars.len()).rev() {
+        let e = g.emit(p.space[i], false)?.into_int_value();
+        after[i] = g.bld.build_int_mul(after[i + 1], e, "sc.after").map_err(llvm)?;
+    }
+    let position = |v: u32| p.vars.iter().position(|e| matches!(p.exprs.node(*e), Node::Var(w) if *w == v));
+    let strides = outer
+        .iter()
+        .map(|(v, _)| {
+            position(*v).map(|i| after[i + 1]).ok_or_else(|| llvm(format!("i{v} is not in the nest")))
+        })
+        .collect::<R<Vec<_>>>()?;
+    Ok((strides, after[sc.at as usize + 1]))
+}
+
+/// One row of a scattered nest ([`plan::Scatter`]) from position `base`: the
+/// lanes along `sc.lanes` (`ext` points), each vector's values stored `block`
+/// apart; the tail masked where the program allows it, else a point at a time.
+fn scattered_row(
+    g: &mut Gen,
+    p: &LoopProgram,
+    sc: plan::Scatter,
+    base: IntValue<'static>,
+    (ext, block): (IntValue<'static>, IntValue<'static>),
+) -> R<()> {
+    let i64t = g.ctx.i64_type();
+    let zero = i64t.const_zero();
+    let first = |g: &mut Gen, iv: IntValue<'static>| -> R<IntValue<'static>> {
+        let off = g.bld.build_int_mul(iv, block, "sc.lane0").map_err(llvm)?;
+        g.bld.build_int_add(base, off, "sc.first").map_err(llvm)
+    };
+    let points = |g: &mut Gen, from: IntValue<'static>| -> R<()> {
+        g.for_loop(from, ext, 1, vec![], &mut |g, iv, _| {
+            g.vars.insert(sc.lanes, iv);
+            let at = first(g, iv)?;
+            g.stores(p, at, false).map(|_| vec![])
+        })
+        .map(|_| ())
+    };
+    if g.w == 1 {
+        return points(g, zero);
+    }
+    let vectors = |g: &mut Gen, iv: IntValue<'static>| -> R<()> {
+        g.vars.insert(sc.lanes, iv);
+        g.lane = Some(sc.lanes);
+        let r = first(g, iv).and_then(|at| g.scattered_stores(p, at, block));
+        g.lane = None;
+        r
+    };
+    let (done, _) =
+        g.for_loop(zero, ext, g.w as u64, vec![], &mut |g, iv, _| vectors(g, iv).map(|_| vec![]))?;
+    if !masked_tail(p) {
+        return points(g, done);
+    }
+    let left = g.bld.build_int_sub(ext, done, "sc.left").map_err(llvm)?;
+    let few = i64t.const_int(MASKED_TAIL_MIN, false);
+    let masked = g.bld.build_int_compare(IntPredicate::SGE, left, few, "sc.masked").map_err(llvm)?;
+    g.if_else(
+        masked,
+        &mut |g| {
+            let iota: Vec<IntValue> = (0..g.w).map(|i| i64t.const_int(i as u64, false)).collect();
+            let start = g.splat(done.into())?.into_vector_value();
+            let lanes = g.bld.build_int_add(start, VectorType::const_vector(&iota), "lane").map_err(llvm)?;
+            let hi = g.splat(ext.into())?.into_vector_value();
+            let inside = g.bld.build_int_compare(IntPredicate::SLT, lanes, hi, "inside").map_err(llvm)?;
+            g.tail = Some(inside);
+            let r = vectors(g, done);
+            g.tail = None;
+            r
+        },
+        &mut |g| points(g, done),
+    )
+}
+
+/// The looping variables of the nest from position `from` on, with their
+/// extents, outermost first.
+fn looping_vars_from(p: &LoopProgram, from: usize) -> Vec<(u32, E)> {
+    (from..p.vars.len())
+        .filter_map(|i| match p.exprs.node(p.vars[i]) {
+            Node::Var(v) => Some((*v, p.space[i])),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The variables among the nest's first `upto` that loop (not constants of
@@ -1646,6 +1778,44 @@ impl Gen<'_> {
                     s.set_alignment(dt.size() as u32).map_err(llvm)?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// The stores of one vector along an outer variable: lane `l` of each stored
+    /// value at `at + l·block` (a scatter, masked by the row's tail).
+    fn scattered_stores(
+        &mut self,
+        p: &LoopProgram,
+        at: IntValue<'static>,
+        block: IntValue<'static>,
+    ) -> R<()> {
+        let (i64t, i32t) = (self.ctx.i64_type(), self.ctx.i32_type());
+        let iota: Vec<IntValue> = (0..self.w).map(|i| i64t.const_int(i as u64, false)).collect();
+        let lanes = self.splat(block.into())?.into_vector_value();
+        let offs =
+            self.bld.build_int_mul(lanes, VectorType::const_vector(&iota), "sc.lanes").map_err(llvm)?;
+        let start = self.splat(at.into())?.into_vector_value();
+        let offs = self.bld.build_int_add(start, offs, "sc.offs").map_err(llvm)?;
+        let all = VectorType::const_vector(&vec![self.ctx.bool_type().const_int(1, false); self.w as usize]);
+        let mask = self.tail.unwrap_or(all);
+        for st in &p.stores {
+            let dt = p.params[st.param as usize].dtype;
+            let v = self.emit_as(st.value, true)?;
+            let v = if dt == DType::Bool { self.zext(v, self.mty(dt, true))? } else { v };
+            // Each lane's address: base + position · size (a point of the nest inside
+            // the buffer; the lanes past the row's end masked off).
+            let basei =
+                self.bld.build_ptr_to_int(self.bufs[st.param as usize], i64t, "sc.base").map_err(llvm)?;
+            let size = self.splat(i64t.const_int(dt_bytes(dt), false).into())?.into_vector_value();
+            let bytes = self.bld.build_int_mul(offs, size, "sc.bytes").map_err(llvm)?;
+            let basev = self.splat(basei.into())?.into_vector_value();
+            let addrs = self.bld.build_int_add(basev, bytes, "sc.addrs").map_err(llvm)?;
+            let pvt = vec_of(self.ptr_type(), self.w);
+            let ptrs = self.bld.build_int_to_ptr(addrs, pvt.into_vector_type(), "sc.ptrs").map_err(llvm)?;
+            let f = self.intrinsic("llvm.masked.scatter", &[v.get_type(), pvt])?;
+            let align = i32t.const_int(dt_bytes(dt), false);
+            self.call_void(f, &[v.into(), ptrs.into(), align.into(), mask.into()])?;
         }
         Ok(())
     }

@@ -79,8 +79,9 @@ pub struct LowerOptions {
     /// (0: none does): such a product runs in one K block (a byte keeps no
     /// partial sum), so only where one block of the kernels' takes all of K.
     pub codes_depth: usize,
-    /// Loop programs may take the CPU's [`plan::Interleave`] schedule (a few
-    /// channels written channels-last); the GPU's nests keep one point a lane.
+    /// Loop programs may take the CPU's [`plan::Interleave`] and
+    /// [`plan::Scatter`] schedules (lanes along another variable than the
+    /// last); the GPU's nests keep one point a lane.
     pub interleave: bool,
 }
 
@@ -135,6 +136,7 @@ pub fn lower_with(
     if !opts.interleave {
         for p in &mut plan.programs {
             p.schedules.interleaved = None;
+            p.schedules.scattered = None;
         }
     }
     Ok(plan)

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use ir::DType;
 use plan::{
-    BorderGuard, Combine, Exprs, Interleave, LoopProgram, Node, OnePointWhy, RowScratch, Schedules,
+    BorderGuard, Combine, Exprs, Interleave, LoopProgram, Node, OnePointWhy, RowScratch, Scatter, Schedules,
     SplitReduction, E, INTERLEAVE_MAX, UNSWITCH_DEPTH,
 };
 
@@ -95,7 +95,9 @@ pub fn analyze(p: &mut LoopProgram) {
     };
     let plain = reductions.is_empty() && guards.is_empty() && row_scratch.is_none() && unswitched.is_none();
     let interleaved = if plain { interleave(p) } else { None };
-    let border_guards = border_guards(p, &guards, interleaved);
+    let scattered = if plain && interleaved.is_none() { scatter(p) } else { None };
+    let lanes = interleaved.map(|il| il.lanes).or(scattered.map(|sc| sc.lanes));
+    let border_guards = border_guards(p, &guards, lanes);
     p.schedules = Schedules {
         guards,
         row_reduction,
@@ -106,7 +108,47 @@ pub fn analyze(p: &mut LoopProgram) {
         unswitched,
         border_guards,
         interleaved,
+        scattered,
     };
+}
+
+/// The [`Scatter`] schedule of a nest with no reductions, versions or choices
+/// per row: where no load runs along its last variable, the innermost
+/// variable before it along which one does is where the lanes go, if more
+/// loads vary along the last variable (a gather each, across its lanes) than
+/// the nest has stores (a scatter each, across the other's).
+fn scatter(p: &LoopProgram) -> Option<Scatter> {
+    let x = &p.exprs;
+    let inner = p.inner()?;
+    let Node::Var(last) = *x.node(p.vars[inner]) else { return None };
+    let values: Vec<E> = p.stores.iter().map(|s| s.value).collect();
+    let along = |v: u32| values.iter().any(|e| crate::versions::loads_along(x, *e, v));
+    if along(last) {
+        return None;
+    }
+    let (at, lanes) = (0..inner).rev().find_map(|i| match *x.node(p.vars[i]) {
+        Node::Var(v) if along(v) => Some((i, v)),
+        _ => None,
+    })?;
+    let gathers = loads_varying(x, &values, last);
+    (gathers > p.stores.len()).then_some(Scatter { lanes, at: at as u32 })
+}
+
+/// How many distinct loads of `values` vary along variable `v`.
+fn loads_varying(x: &Exprs, values: &[E], v: u32) -> usize {
+    let mut seen = vec![false; x.len()];
+    let mut stack = values.to_vec();
+    let mut n = 0;
+    while let Some(e) = stack.pop() {
+        if std::mem::replace(&mut seen[e.index()], true) || x.free(e) & (1u64 << v) == 0 {
+            continue;
+        }
+        if matches!(x.node(e), Node::Load { .. }) {
+            n += 1;
+        }
+        stack.extend(x.node(e).children());
+    }
+    n
 }
 
 /// The [`Interleave`] schedule of a nest with no reductions, versions or
@@ -134,11 +176,11 @@ fn interleave(p: &LoopProgram) -> Option<Interleave> {
 /// included) that are range checks along a variable the code generator may
 /// run along a vector's lanes (the nest's innermost, a reduction's last)
 /// ([`BorderGuard`]), in node order.
-fn border_guards(p: &LoopProgram, versions: &[E], interleaved: Option<Interleave>) -> Vec<BorderGuard> {
+fn border_guards(p: &LoopProgram, versions: &[E], outer_lanes: Option<u32>) -> Vec<BorderGuard> {
     let x = &p.exprs;
     let mut seen = vec![false; x.len()];
     let mut stack: Vec<E> = p.stores.iter().map(|s| s.value).collect();
-    let mut lanes = p.inner_var().map_or(0u64, |v| 1 << v) | interleaved.map_or(0, |il| 1 << il.lanes);
+    let mut lanes = p.inner_var().map_or(0u64, |v| 1 << v) | outer_lanes.map_or(0, |v| 1 << v);
     let mut guarded = Vec::new();
     while let Some(e) = stack.pop() {
         if std::mem::replace(&mut seen[e.index()], true) {

@@ -51,7 +51,7 @@ pub use pointwise::{
     integer, Pointwise, PwBinary, PwCmp, PwOp, PwUnary, MAX_POINTWISE_OPS, MAX_POINTWISE_PARAMS,
 };
 pub use program::{
-    BorderGuard, Interleave, LoopProgram, OnePointWhy, Param, RowScratch, Schedules, SplitReduction, Store,
-    INTERLEAVE_MAX, UNSWITCH_DEPTH,
+    BorderGuard, Interleave, LoopProgram, OnePointWhy, Param, RowScratch, Scatter, Schedules, SplitReduction,
+    Store, INTERLEAVE_MAX, UNSWITCH_DEPTH,
 };
 pub use text::{print_plan, print_program};

@@ -77,6 +77,23 @@ pub struct Schedules {
     /// On the CPU, the lanes run along the variable before the last, and the
     /// last is unrolled (see [`Interleave`]).
     pub interleaved: Option<Interleave>,
+    /// On the CPU, the lanes run along this outer variable and each vector's
+    /// values are stored apart (see [`Scatter`]).
+    pub scattered: Option<Scatter>,
+}
+
+/// A CPU schedule for a transposing nest whose loads run contiguously along
+/// an outer variable and nowhere along the last, more of them than its stores
+/// (a channels-last tensor's sum written channels-first): a row of the nest
+/// runs along that variable, the rows are every other variable (in the
+/// nest's order), and each vector's values are stored apart (by the points
+/// after that variable: a scatter). The GPU's schedules ignore it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Scatter {
+    /// The variable the lanes run along.
+    pub lanes: u32,
+    /// Its position in the nest.
+    pub at: u32,
 }
 
 /// A CPU schedule for a nest whose last variable has a few values and whose
@@ -175,7 +192,8 @@ impl LoopProgram {
 
     /// The first of the variables that one row of the CPU's nest runs through
     /// (the rows are the variables before it): the innermost that loops, or
-    /// with an [`Interleave`] the one before it.
+    /// with an [`Interleave`] the one before it. (With a [`Scatter`] a row runs
+    /// along its lanes' variable alone, the rows are all the others.)
     pub fn row_from(&self) -> Option<usize> {
         let inner = self.inner()?;
         Some(if self.schedules.interleaved.is_some() { inner - 1 } else { inner })

@@ -78,6 +78,13 @@ pub fn print_program(p: &LoopProgram, names: bool) -> String {
             il.lanes, il.unrolled
         );
     }
+    if let Some(sc) = p.schedules.scattered {
+        let _ = writeln!(
+            s,
+            "  scattered: lanes along i{}, the variables after it a point at a time, each vector stored apart",
+            sc.lanes
+        );
+    }
     if let Some((warp, len)) = p.gpu_warp_schedule() {
         let min = crate::gpu::WARP_ROW_MIN;
         let points = crate::gpu::GpuLoopSchedule::Points.name();

@@ -267,11 +267,12 @@ pub(crate) fn extent(p: &plan::LoopProgram, e: plan::E, dims: &[i64]) -> Result<
 fn nest(p: &plan::LoopProgram, dims: &[i64]) -> Result<(usize, usize), RunError> {
     let ext = |e: plan::E| extent(p, e, dims);
     let total = p.space.iter().try_fold(1usize, |a, e| Ok::<_, RunError>(a.saturating_mul(ext(*e)?)))?;
-    let inner = match p.row_from() {
-        Some(i) => {
+    let inner = match (p.schedules.scattered, p.row_from()) {
+        (Some(sc), _) => ext(p.space[sc.at as usize])?,
+        (None, Some(i)) => {
             p.space[i..].iter().try_fold(1usize, |a, e| Ok::<_, RunError>(a.saturating_mul(ext(*e)?)))?
         }
-        None => 1,
+        (None, None) => 1,
     };
     Ok((total.checked_div(inner).unwrap_or(0), inner))
 }
