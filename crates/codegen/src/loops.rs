@@ -603,7 +603,6 @@ fn interleaved_row(
 ) -> R<()> {
     let i64t = g.ctx.i64_type();
     let c = il.unrolled as u64;
-    let zero = i64t.const_zero();
     // One point: its `c` values stored one after the other.
     let points = |g: &mut Gen, from: IntValue<'static>| -> R<()> {
         g.for_loop(from, ext, 1, vec![], &mut |g, iv, _| {
@@ -622,9 +621,6 @@ fn interleaved_row(
         })
         .map(|_| ())
     };
-    if g.w == 1 {
-        return points(g, zero);
-    }
     let vectors = |g: &mut Gen, iv: IntValue<'static>| -> R<()> {
         g.vars.insert(il.lanes, iv);
         g.lane = Some(il.lanes);
@@ -632,14 +628,33 @@ fn interleaved_row(
         g.lane = None;
         r
     };
-    let (done, _) =
-        g.for_loop(zero, ext, g.w as u64, vec![], &mut |g, iv, _| vectors(g, iv).map(|_| vec![]))?;
+    lanes_then_tail(g, p, ext, &vectors, &points)
+}
+
+/// `ext` points of a row along an outer variable: `vectors` from each multiple
+/// of the lanes, then the tail as one masked vector where the program allows
+/// it and at least [`MASKED_TAIL_MIN`] points are left, else `points` one at
+/// a time (all of them with one lane).
+fn lanes_then_tail(
+    g: &mut Gen,
+    p: &LoopProgram,
+    ext: IntValue<'static>,
+    vectors: &dyn Fn(&mut Gen, IntValue<'static>) -> R<()>,
+    points: &dyn Fn(&mut Gen, IntValue<'static>) -> R<()>,
+) -> R<()> {
+    let i64t = g.ctx.i64_type();
+    if g.w == 1 {
+        return points(g, i64t.const_zero());
+    }
+    let (done, _) = g.for_loop(i64t.const_zero(), ext, g.w as u64, vec![], &mut |g, iv, _| {
+        vectors(g, iv).map(|_| vec![])
+    })?;
     if !masked_tail(p) {
         return points(g, done);
     }
-    let left = g.bld.build_int_sub(ext, done, "il.left").map_err(llvm)?;
+    let left = g.bld.build_int_sub(ext, done, "left").map_err(llvm)?;
     let few = i64t.const_int(MASKED_TAIL_MIN, false);
-    let masked = g.bld.build_int_compare(IntPredicate::SGE, left, few, "il.masked").map_err(llvm)?;
+    let masked = g.bld.build_int_compare(IntPredicate::SGE, left, few, "masked").map_err(llvm)?;
     g.if_else(
         masked,
         &mut |g| {
@@ -674,19 +689,13 @@ fn interleaved_store(
     for k in 0..c {
         g.scopes.push(HashMap::new());
         g.vars.insert(last, i64t.const_int(k, false));
-        let mut r = Ok(());
-        for (i, st) in p.stores.iter().enumerate() {
+        let r = p.stores.iter().zip(&mut values).try_for_each(|(st, vs)| -> R<()> {
             let dt = p.params[st.param as usize].dtype;
-            let v = match g.emit_as(st.value, true) {
-                Ok(v) => v,
-                Err(e) => {
-                    r = Err(e);
-                    break;
-                }
-            };
+            let v = g.emit_as(st.value, true)?;
             let v = if dt == DType::Bool { g.zext(v, g.mty(dt, true))? } else { v };
-            values[i].push(v.into_vector_value());
-        }
+            vs.push(v.into_vector_value());
+            Ok(())
+        });
         g.scopes.pop();
         r?;
     }
@@ -784,8 +793,6 @@ fn scattered_row(
     base: IntValue<'static>,
     (ext, block): (IntValue<'static>, IntValue<'static>),
 ) -> R<()> {
-    let i64t = g.ctx.i64_type();
-    let zero = i64t.const_zero();
     let first = |g: &mut Gen, iv: IntValue<'static>| -> R<IntValue<'static>> {
         let off = g.bld.build_int_mul(iv, block, "sc.lane0").map_err(llvm)?;
         g.bld.build_int_add(base, off, "sc.first").map_err(llvm)
@@ -798,9 +805,6 @@ fn scattered_row(
         })
         .map(|_| ())
     };
-    if g.w == 1 {
-        return points(g, zero);
-    }
     let vectors = |g: &mut Gen, iv: IntValue<'static>| -> R<()> {
         g.vars.insert(sc.lanes, iv);
         g.lane = Some(sc.lanes);
@@ -808,29 +812,7 @@ fn scattered_row(
         g.lane = None;
         r
     };
-    let (done, _) =
-        g.for_loop(zero, ext, g.w as u64, vec![], &mut |g, iv, _| vectors(g, iv).map(|_| vec![]))?;
-    if !masked_tail(p) {
-        return points(g, done);
-    }
-    let left = g.bld.build_int_sub(ext, done, "sc.left").map_err(llvm)?;
-    let few = i64t.const_int(MASKED_TAIL_MIN, false);
-    let masked = g.bld.build_int_compare(IntPredicate::SGE, left, few, "sc.masked").map_err(llvm)?;
-    g.if_else(
-        masked,
-        &mut |g| {
-            let iota: Vec<IntValue> = (0..g.w).map(|i| i64t.const_int(i as u64, false)).collect();
-            let start = g.splat(done.into())?.into_vector_value();
-            let lanes = g.bld.build_int_add(start, VectorType::const_vector(&iota), "lane").map_err(llvm)?;
-            let hi = g.splat(ext.into())?.into_vector_value();
-            let inside = g.bld.build_int_compare(IntPredicate::SLT, lanes, hi, "inside").map_err(llvm)?;
-            g.tail = Some(inside);
-            let r = vectors(g, done);
-            g.tail = None;
-            r
-        },
-        &mut |g| points(g, done),
-    )
+    lanes_then_tail(g, p, ext, &vectors, &points)
 }
 
 /// The looping variables of the nest from position `from` on, with their

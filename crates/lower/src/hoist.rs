@@ -227,6 +227,18 @@ pub(crate) fn known_columns(
         .collect()
 }
 
+/// Comparison `op` of `p` and `q` (ordered: false with a NaN), else `None`.
+fn compare<T: PartialOrd>(op: BinaryOp, p: T, q: T) -> Option<Val> {
+    Some(Val::B(match op {
+        BinaryOp::Equal => p == q,
+        BinaryOp::Less => p < q,
+        BinaryOp::Greater => p > q,
+        BinaryOp::LessEq => p <= q,
+        BinaryOp::GreaterEq => p >= q,
+        _ => return None,
+    }))
+}
+
 /// A value of [`known_columns`]' evaluation.
 #[derive(Clone, Copy)]
 enum Val {
@@ -316,12 +328,7 @@ impl Known<'_, '_> {
                         BinaryOp::Sub => Some(Val::F(p - q)),
                         BinaryOp::Mul => Some(Val::F(p * q)),
                         BinaryOp::Div => Some(Val::F(p / q)),
-                        BinaryOp::Equal => Some(Val::B(p == q)),
-                        BinaryOp::Less => Some(Val::B(p < q)),
-                        BinaryOp::Greater => Some(Val::B(p > q)),
-                        BinaryOp::LessEq => Some(Val::B(p <= q)),
-                        BinaryOp::GreaterEq => Some(Val::B(p >= q)),
-                        _ => None,
+                        _ => compare(op, p, q),
                     },
                     (Val::I(p), Val::I(q)) => match op {
                         BinaryOp::Add => int(p.wrapping_add(q)),
@@ -330,12 +337,7 @@ impl Known<'_, '_> {
                         BinaryOp::Div if q != 0 => int(p.wrapping_div(q)),
                         BinaryOp::Max => int(p.max(q)),
                         BinaryOp::Min => int(p.min(q)),
-                        BinaryOp::Equal => Some(Val::B(p == q)),
-                        BinaryOp::Less => Some(Val::B(p < q)),
-                        BinaryOp::Greater => Some(Val::B(p > q)),
-                        BinaryOp::LessEq => Some(Val::B(p <= q)),
-                        BinaryOp::GreaterEq => Some(Val::B(p >= q)),
-                        _ => None,
+                        _ => compare(op, p, q),
                     },
                     (Val::B(p), Val::B(q)) => match op {
                         BinaryOp::And => Some(Val::B(p && q)),

@@ -81,7 +81,7 @@ pub fn print_program(p: &LoopProgram, names: bool) -> String {
     if let Some(sc) = p.schedules.scattered {
         let _ = writeln!(
             s,
-            "  scattered: lanes along i{}, the variables after it a point at a time, each vector stored apart",
+            "  scattered: lanes along i{}, the other variables its rows, each vector stored apart",
             sc.lanes
         );
     }
