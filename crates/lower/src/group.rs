@@ -1279,23 +1279,31 @@ impl<'g> Lowering<'g> {
         let known = known(scales).zip(known(bias));
         drop(b);
         let numel = self.plan.dims.slot(&g.env.normalize(&n));
+        // A buffer of the output's columns holding a term, named after it, as
+        // the epilogue's column scales or bias.
+        let column_buffer = |buffers: &mut Vec<Buffer>, ep: &mut MatEpilogue, what: &str, is_scale, kind| {
+            let name = format!("{}.{what}", g.name(v));
+            let shape = vec![n.clone()];
+            buffers.push(Buffer {
+                name: name.clone(),
+                dtype: DType::F32,
+                shape,
+                numel,
+                kind,
+                first: 0,
+                last: 0,
+            });
+            *(if is_scale { &mut ep.column_scale } else { &mut ep.bias }) = Some(buffers.len() - 1);
+            (name, buffers.len() - 1)
+        };
         if let Some((known_scales, known_bias)) = known {
             let folded = [("column scales", known_scales, true), ("column bias", known_bias, false)];
             for (what, values, is_scale) in folded {
                 let Some(values) = values else { continue };
                 let data = ir::Tensor::new(vec![values.len()], ir::Elems::F32(values))
                     .map_err(|e| LowerError::Internal(format!("{what} of {}: {e}", g.name(v))))?;
-                self.plan.buffers.push(Buffer {
-                    name: format!("{}.{what}", g.name(v)),
-                    dtype: DType::F32,
-                    shape: vec![n.clone()],
-                    numel,
-                    kind: BufferKind::Constant(std::sync::Arc::new(ir::ConstData::from_tensor(&data))),
-                    first: 0,
-                    last: 0,
-                });
-                let buf = self.plan.buffers.len() - 1;
-                *(if is_scale { &mut ep.column_scale } else { &mut ep.bias }) = Some(buf);
+                let kind = BufferKind::Constant(std::sync::Arc::new(ir::ConstData::from_tensor(&data)));
+                column_buffer(&mut self.plan.buffers, &mut ep, what, is_scale, kind);
             }
             return Ok(Some(ep));
         }
@@ -1312,19 +1320,8 @@ impl<'g> Lowering<'g> {
         }
         let mut buffered = Vec::new();
         for (what, e, is_scale) in copied {
-            let name = format!("{}.{what}", g.name(v));
-            self.plan.buffers.push(Buffer {
-                name: name.clone(),
-                dtype: DType::F32,
-                shape: vec![n.clone()],
-                numel,
-                kind: BufferKind::Temp,
-                first: 0,
-                last: 0,
-            });
-            let buf = self.plan.buffers.len() - 1;
-            let slot = if is_scale { &mut ep.column_scale } else { &mut ep.bias };
-            *slot = Some(buf);
+            let (name, buf) =
+                column_buffer(&mut self.plan.buffers, &mut ep, what, is_scale, BufferKind::Temp);
             buffered.push((name, buf, v, e));
         }
         let (program, args) =

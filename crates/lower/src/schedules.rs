@@ -94,8 +94,11 @@ pub fn analyze(p: &mut LoopProgram) {
         _ => None,
     };
     let plain = reductions.is_empty() && guards.is_empty() && row_scratch.is_none() && unswitched.is_none();
-    let interleaved = if plain { interleave(p) } else { None };
-    let scattered = if plain && interleaved.is_none() { scatter(p) } else { None };
+    // Whether a stored value reads memory contiguously along variable `v`.
+    let values: Vec<E> = p.stores.iter().map(|s| s.value).collect();
+    let along = |v: u32| values.iter().any(|e| crate::versions::loads_along(x, *e, v));
+    let interleaved = if plain { interleave(p, &along) } else { None };
+    let scattered = if plain && interleaved.is_none() { scatter(p, &values, &along) } else { None };
     let lanes = interleaved.map(|il| il.lanes).or(scattered.map(|sc| sc.lanes));
     let border_guards = border_guards(p, &guards, lanes);
     p.schedules = Schedules {
@@ -117,12 +120,10 @@ pub fn analyze(p: &mut LoopProgram) {
 /// variable before it along which one does is where the lanes go, if more
 /// loads vary along the last variable (a gather each, across its lanes) than
 /// the nest has stores (a scatter each, across the other's).
-fn scatter(p: &LoopProgram) -> Option<Scatter> {
+fn scatter(p: &LoopProgram, values: &[E], along: &dyn Fn(u32) -> bool) -> Option<Scatter> {
     let x = &p.exprs;
     let inner = p.inner()?;
     let Node::Var(last) = *x.node(p.vars[inner]) else { return None };
-    let values: Vec<E> = p.stores.iter().map(|s| s.value).collect();
-    let along = |v: u32| values.iter().any(|e| crate::versions::loads_along(x, *e, v));
     if along(last) {
         return None;
     }
@@ -130,7 +131,7 @@ fn scatter(p: &LoopProgram) -> Option<Scatter> {
         Node::Var(v) if along(v) => Some((i, v)),
         _ => None,
     })?;
-    let gathers = loads_varying(x, &values, last);
+    let gathers = loads_varying(x, values, last);
     (gathers > p.stores.len()).then_some(Scatter { lanes, at: at as u32 })
 }
 
@@ -157,7 +158,7 @@ fn loads_varying(x: &Exprs, values: &[E], v: u32) -> usize {
 /// read memory contiguously along that one but nowhere along the last (a
 /// channels-first image's few channels written channels-last: across the last
 /// variable's lanes each load would be a gather).
-fn interleave(p: &LoopProgram) -> Option<Interleave> {
+fn interleave(p: &LoopProgram, along: &dyn Fn(u32) -> bool) -> Option<Interleave> {
     let x = &p.exprs;
     let inner = p.inner()?;
     let (Node::Var(last), Node::Var(lanes)) =
@@ -167,8 +168,6 @@ fn interleave(p: &LoopProgram) -> Option<Interleave> {
     };
     let unrolled =
         u32::try_from(x.as_int(p.space[inner])?).ok().filter(|c| (2..=INTERLEAVE_MAX).contains(c))?;
-    let values = p.stores.iter().map(|s| s.value);
-    let along = |v: u32| values.clone().any(|e| crate::versions::loads_along(x, e, v));
     (along(*lanes) && !along(*last)).then_some(Interleave { lanes: *lanes, unrolled })
 }
 
