@@ -1230,7 +1230,7 @@ impl Gen<'_> {
             }
             // A quantization's integer of `round(g)` where AVX-512 rounds and
             // converts in one instruction (`VMath::quantized_ints`, the same
-            // values), then narrowed.
+            // values), then narrowed (bytes saturating: `quantized_bytes`).
             Node::Cast(_)
                 if vec
                     && dt != DType::F32
@@ -1239,8 +1239,11 @@ impl Gen<'_> {
                     && self.rounds_in_conversion(offset, lo, hi) =>
             {
                 let v = self.emit_as(g, vec)?.into_vector_value();
-                let i = self.vmath(v.get_type()).quantized_ints(v, offset, lo, hi)?;
-                self.cast(i.into(), DType::I32, dt)?
+                let m = self.vmath(v.get_type());
+                match dt == DType::U8 && lo >= 0 && hi <= 255 {
+                    true => m.quantized_bytes(v, offset, lo, hi)?.into(),
+                    false => self.cast(m.quantized_ints(v, offset, lo, hi)?.into(), DType::I32, dt)?,
+                }
             }
             // A quantization's integer, computed in f32 (see `VMath::integer`)
             // and converted once, exactly: it lies inside the cast's type.

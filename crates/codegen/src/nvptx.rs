@@ -1012,6 +1012,10 @@ impl Ir {
                     let i = self.v(format!("call i32 @llvm.smin.i32(i32 {i}, i32 {hi})"));
                     self.v(format!("sitofp i32 {i} to float"))
                 }
+                PwOp::MulAdd(a, b, c) => {
+                    let [a, b, c] = [a, b, c].map(|i| v[i as usize].clone());
+                    self.v(format!("call float @llvm.fma.f32(float {a}, float {b}, float {c})"))
+                }
                 PwOp::Select(cmp, a, b, t, f) => {
                     let pred = match cmp {
                         PwCmp::Less => "olt",

@@ -153,7 +153,7 @@ impl VMath<'_> {
     /// in a quantization (`integer(round(v), offset, lo, hi)`, a byte's
     /// bounds) and the target converts 16 lanes with their own rounding
     /// (AVX-512F), `v` is rounded and converted in one instruction and the
-    /// rest is done on integers ([`Self::quantized_ints`]); otherwise the
+    /// rest is done on integers ([`Self::quantized_bytes`]); otherwise the
     /// epilogue's f32 values are narrowed ([`crate::code_bytes`]).
     pub fn epilogue_codes(
         &self,
@@ -179,8 +179,7 @@ impl VMath<'_> {
             Some((v, offset, lo, hi)) => {
                 let e = plan::Epilogue { activation: Activation::Pointwise(v), ..*e };
                 let v = self.epilogue(&e, y, ptrs, at, load)?;
-                let i = self.quantized_ints(v, offset, lo, hi)?;
-                self.bld.build_int_truncate(i, self.ctx.i8_type().vec_type(16), "byte").map_err(llvm)
+                self.quantized_bytes(v, offset, lo, hi)
             }
             None => {
                 let y = self.epilogue(e, y, ptrs, at, load)?;
@@ -206,21 +205,56 @@ impl VMath<'_> {
     /// saturated value gives (below i32 it is the saturated value; above,
     /// `i32::MAX` plus a positive offset wraps below `lo` as `i32::MIN` plus
     /// it does), except for a positive `v` with `offset <= 0`, which is first
-    /// clamped below 2^31. Then the offset is added (wrapping, as `integer`
-    /// does) and the sum clamped in i32.
+    /// clamped at `hi - offset` (every value from there on gives `hi`; NaN
+    /// passes) or, where that is not an exact f32, below 2^31. Then the offset
+    /// is added (wrapping, as `integer` does) and the sum clamped in i32.
+    /// Where `offset ==
+    /// lo >= 0` no NaN mask is needed: `i32::MIN` plus the offset lands below
+    /// `lo`, and the clamp gives `lo`, which a NaN's 0 plus the offset is.
     pub fn quantized_ints(&self, v: V, offset: i32, lo: i32, hi: i32) -> R {
+        self.quantized_ints_to(v, offset, lo, hi, true)
+    }
+
+    /// [`Self::quantized_ints`] as 16 bytes, where `0 <= lo` and `hi <= 255`:
+    /// the upper bound of a byte is the narrowing's own unsigned saturation
+    /// (`vpmovusdb`), so only a lower one is applied first.
+    pub fn quantized_bytes(&self, v: V, offset: i32, lo: i32, hi: i32) -> R {
+        debug_assert!(lo >= 0 && hi <= 255);
+        let i = self.quantized_ints_to(v, offset, lo, hi, hi < 255)?;
+        let (it, i8t, i16t) = (self.ctx.i32_type(), self.ctx.i8_type(), self.ctx.i16_type());
+        let name = "llvm.x86.avx512.mask.pmovus.db.512";
+        let narrow = self.module.get_function(name).unwrap_or_else(|| {
+            let ft = i8t
+                .vec_type(16)
+                .fn_type(&[it.vec_type(16).into(), i8t.vec_type(16).into(), i16t.into()], false);
+            self.module.add_function(name, ft, None)
+        });
+        let args = [i.into(), i8t.vec_type(16).get_undef().into(), i16t.const_all_ones().into()];
+        self.call_vector(narrow, &args, name)
+    }
+
+    fn quantized_ints_to(&self, v: V, offset: i32, lo: i32, hi: i32, clamp_hi: bool) -> R {
+        const EXACT: i64 = 1 << 24;
         let b = self.bld;
         let (it, i16t) = (self.ctx.i32_type(), self.ctx.i16_type());
         let iv = it.vec_type(16);
         let ints = |x: i32| VectorType::const_vector(&[it.const_int(x as i64 as u64, true); 16]);
-        // The largest f32 below 2^31.
-        let top = self.splat(2_147_483_520.0);
         let v = match offset <= 0 {
-            true => self.select_lt(top, v, top, v)?,
+            true => {
+                let last = i64::from(hi) - i64::from(offset);
+                // The largest f32 below 2^31, where `hi - offset` is not exact.
+                let top = self.splat(if last <= EXACT { last as f64 } else { 2_147_483_520.0 });
+                self.select_lt(top, v, top, v)?
+            }
             false => v,
         };
-        let ordered = b.build_float_compare(FloatPredicate::ORD, v, v, "").map_err(llvm)?;
-        let mask = b.build_bit_cast(ordered, i16t, "").map_err(llvm)?.into_int_value();
+        let mask = match offset == lo && offset >= 0 {
+            true => i16t.const_all_ones(),
+            false => {
+                let ordered = b.build_float_compare(FloatPredicate::ORD, v, v, "").map_err(llvm)?;
+                b.build_bit_cast(ordered, i16t, "").map_err(llvm)?.into_int_value()
+            }
+        };
         let name = "llvm.x86.avx512.mask.cvtps2dq.512";
         let cvt = self.module.get_function(name).unwrap_or_else(|| {
             let ft = iv.fn_type(&[self.vt.into(), iv.into(), i16t.into(), it.into()], false);
@@ -237,7 +271,10 @@ impl VMath<'_> {
             self.call_vector(f, &[a.into(), c.into()], name)
         };
         let r = int_op("llvm.smax", r, ints(lo))?;
-        int_op("llvm.smin", r, ints(hi))
+        match clamp_hi {
+            true => int_op("llvm.smin", r, ints(hi)),
+            false => Ok(r),
+        }
     }
 
     /// [`PwOp::Integer`]: `f32(clamp(i32(x) + offset, lo, hi))`, the
@@ -605,6 +642,7 @@ impl VMath<'_> {
                     }
                     _ => self.integer(g(x), offset, lo, hi)?,
                 },
+                PwOp::MulAdd(a, b, c) => self.intrinsic("llvm.fma", &[g(a), g(b), g(c)])?,
                 PwOp::Select(cmp, a, b, t, f) => {
                     let pred = match cmp {
                         PwCmp::Less => FloatPredicate::OLT,

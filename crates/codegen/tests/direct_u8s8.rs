@@ -69,6 +69,14 @@ fn epilogues() -> Vec<Epilogue> {
             codes: true,
             ..Default::default()
         },
+        Epilogue {
+            column_scale: true,
+            residual: true,
+            residual_codes: true,
+            activation: Activation::Pointwise(programs::residual_block_in_one_rounding()),
+            codes: true,
+            ..Default::default()
+        },
     ]
 }
 

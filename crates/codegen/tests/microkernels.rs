@@ -396,6 +396,10 @@ fn integer_epilogues_are_the_contracts_integers() {
         (9, -128, 127),
         (0, -100, 100),
         (-3, 20_000_000, 30_000_000),
+        // A zero point that is also the lower bound (a ReLU folded into the
+        // clamp: no NaN mask), and a bound below a byte's.
+        (17, 17, 255),
+        (0, 0, 100),
     ];
     let mut special = vec![
         0.0f32,

@@ -15,6 +15,7 @@ use sym::SymExpr;
 
 use crate::build::{match_groups, Builder};
 use crate::hoist;
+use crate::requantize;
 use crate::LowerError;
 use plan::{
     Activation, BufId, Buffer, BufferKind, GroupSteps, MatEpilogue, MatMulStep, ModelPlan, Node, Pointwise,
@@ -382,6 +383,7 @@ impl<'g> Lowering<'g> {
                 if let Some(e) = self.fold_epilogue(gi, out, v, &avail, integral)? {
                     let c = self.buffer_of[&v];
                     step.c.buf = c;
+                    let e = requantize::requantized(e);
                     step.epilogue = if self.epilogue_params { parameterized(e) } else { e };
                     if matches!(self.plan.buffers[c].kind, BufferKind::Temp) && self.codes_fit(&step, v) {
                         self.plan.buffers[c].dtype = DType::U8;
@@ -418,6 +420,7 @@ impl<'g> Lowering<'g> {
                     self.plan.buffers[c].dtype = DType::U8;
                     self.narrowed.insert(c, DType::U8);
                     step.c.buf = c;
+                    let e = requantize::requantized(e);
                     step.epilogue = if self.epilogue_params { parameterized(e) } else { e };
                     step.epilogue.codes = true;
                     // (A later group's product output stays listed: nothing reads

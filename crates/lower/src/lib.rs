@@ -23,6 +23,7 @@ mod group;
 mod hoist;
 mod norm;
 mod operands;
+mod requantize;
 pub mod schedules;
 pub mod versions;
 

@@ -684,7 +684,9 @@ group 2: contraction
 /// plus a dequantized shortcut of u8 codes, quantized again and read by the
 /// next product. The sum is the first product's epilogue program, reading
 /// the shortcut's codes as its residual and storing codes: no loop program
-/// is left between the products. The GPU's plans keep the sum in a program
+/// is left between the products. Its value before the last rounding,
+/// `((q - 3)·0.5 + r·0.25) / 0.5`, is computed in two multiply-adds, `q·1 +
+/// (r·0.5 - 3)`, which rounds to the same code for every pair of codes. The GPU's plans keep the sum in a program
 /// (`LowerOptions::residual_programs`).
 #[test]
 fn a_quantized_residual_sum_is_the_products_epilogue() {
@@ -764,7 +766,7 @@ buffers:
   b11: u8[n, 4] "of" (temp, steps 0..=1)
   b12: f32[n, 4] "y" (temp, unused)
 group 0: contraction
-  matmul [] m d8 n d7 k d3 (weight) (u8·s8): A b0+d6 strides [] d3 d4 · B b2+d6 strides [] d7 d4 → C b11+d6 strides [] d7 d4, epilogue scale 0.25 + integer(round(div(add(mul(sub(integer(round(x), 3, 0..=255), p0), p1), mul(residual, p2)), p1)), 0, 0..=255) with 3.0, 0.5, 0.25, reading residual b1 (u8 codes), stored as u8 codes
+  matmul [] m d8 n d7 k d3 (weight) (u8·s8): A b0+d6 strides [] d3 d4 · B b2+d6 strides [] d7 d4 → C b11+d6 strides [] d7 d4, epilogue scale 0.25 + integer(round(mul_add(integer(round(x), 3, 0..=255), p2, mul_add(residual, p1, p0))), 0, 0..=255) with -3.0, 0.5, 1.0, reading residual b1 (u8 codes), stored as u8 codes
 group 1: contraction
   matmul [] m d8 n d9 k d7 (weight) (u8·s8): A b11+d6 strides [] d7 d4 · B b3+d6 strides [] d9 d4 → C b10+d6 strides [] d9 d4
 "#;

@@ -135,6 +135,8 @@ pub enum PwOp {
     Binary(PwBinary, u8, u8),
     /// `cmp(a, b) ? then : else`.
     Select(PwCmp, u8, u8, u8, u8),
+    /// `a·b + c` rounded once (a fused multiply-add).
+    MulAdd(u8, u8, u8),
     /// A value made an integer and back, as a quantization stores it:
     /// `f32(clamp(i32(x) + offset, lo, hi))`, `x` truncated to an i32
     /// (saturating, NaN to 0), the offset (a zero point) added in wrapping i32
@@ -184,6 +186,7 @@ impl Pointwise {
             PwOp::Unary(_, a) => earlier(a),
             PwOp::Binary(_, a, b) => earlier(a) && earlier(b),
             PwOp::Select(_, a, b, t, f) => [a, b, t, f].into_iter().all(earlier),
+            PwOp::MulAdd(a, b, c) => [a, b, c].into_iter().all(earlier),
             PwOp::Integer { x, lo, hi, .. } => earlier(x) && lo <= hi,
         };
         if !ok || n as usize >= MAX_POINTWISE_OPS {
@@ -209,15 +212,21 @@ impl Pointwise {
         }
     }
 
+    /// The program of its first `len` operations (its value the last of those).
+    pub fn prefix(&self, len: u8) -> Pointwise {
+        let len = len.min(self.len);
+        let mut p = Pointwise { len, ..*self };
+        p.ops[len as usize..].fill(PwOp::Input);
+        p
+    }
+
     /// A quantization's store, taken apart: where the program ends in
     /// `integer(round(y), offset, lo, hi)`, the program of `y` (its operations
     /// up to `y`) and `(offset, lo, hi)`.
     pub fn quantization(&self) -> Option<(Pointwise, i32, i32, i32)> {
         let &PwOp::Integer { x, offset, lo, hi } = self.ops().last()? else { return None };
         let PwOp::Unary(PwUnary::Round, y) = self.ops()[x as usize] else { return None };
-        let mut prefix = Pointwise { len: y + 1, ..*self };
-        prefix.ops[y as usize + 1..].fill(PwOp::Input);
-        Some((prefix, offset, lo, hi))
+        Some((self.prefix(y + 1), offset, lo, hi))
     }
 
     /// A stable 64-bit key of the function the program computes (FNV-1a of
@@ -272,6 +281,7 @@ impl Pointwise {
                 PwOp::Unary(u, a) => out.push(PwOp::Unary(u, m(a)))?,
                 PwOp::Binary(b, p, q) => out.push(PwOp::Binary(b, m(p), m(q)))?,
                 PwOp::Select(c, a, b, t, f) => out.push(PwOp::Select(c, m(a), m(b), m(t), m(f)))?,
+                PwOp::MulAdd(a, b, c) => out.push(PwOp::MulAdd(m(a), m(b), m(c)))?,
                 PwOp::Integer { x, offset, lo, hi } => out.push(PwOp::Integer { x: m(x), offset, lo, hi })?,
             };
         }
@@ -292,9 +302,19 @@ impl Pointwise {
     /// The program applied to one value, its residual `residual`, with the
     /// parameters `params`.
     pub fn eval_at(&self, x: f32, residual: f32, params: &[f32]) -> f32 {
+        self.eval_fixing(x, residual, params, &[])
+    }
+
+    /// [`Self::eval_at`] with the operations at the indices in `fixed` taken
+    /// to have the values given there (what is computed from them follows).
+    pub fn eval_fixing(&self, x: f32, residual: f32, params: &[f32], fixed: &[(u8, f32)]) -> f32 {
         let mut v = [0.0f32; MAX_POINTWISE_OPS];
         for (i, op) in self.ops().iter().enumerate() {
             let g = |j: u8| v[j as usize];
+            if let Some(&(_, value)) = fixed.iter().find(|(at, _)| *at as usize == i) {
+                v[i] = value;
+                continue;
+            }
             v[i] = match *op {
                 PwOp::Input => x,
                 PwOp::Residual => residual,
@@ -303,6 +323,7 @@ impl Pointwise {
                 PwOp::Unary(u, a) => unary(u, g(a)),
                 PwOp::Binary(b, p, q) => binary(b, g(p), g(q)),
                 PwOp::Integer { x, offset, lo, hi } => integer(g(x), offset, lo, hi),
+                PwOp::MulAdd(a, b, c) => g(a).mul_add(g(b), g(c)),
                 PwOp::Select(c, p, q, t, f) => {
                     let (a, b) = (g(p), g(q));
                     let holds = match c {
@@ -384,6 +405,7 @@ impl fmt::Display for Pointwise {
                 PwOp::Integer { x, offset, lo, hi } => {
                     format!("integer({}, {offset}, {lo}..={hi})", expr(p, x))
                 }
+                PwOp::MulAdd(a, b, c) => format!("mul_add({}, {}, {})", expr(p, a), expr(p, b), expr(p, c)),
                 PwOp::Select(c, a, b, t, e) => {
                     format!(
                         "select({}({}, {}), {}, {})",

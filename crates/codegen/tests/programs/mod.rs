@@ -5,7 +5,8 @@
 #![allow(dead_code)]
 
 /// Epilogue programs that use every operation: ReLU6, SiLU, hard-swish, a
-/// leaky ReLU's select, and one of each remaining unary operation.
+/// leaky ReLU's select, and one of each remaining unary operation (and a
+/// multiply-add).
 pub fn pointwise_programs() -> [plan::Pointwise; 6] {
     use plan::{Pointwise, PwBinary as B, PwCmp, PwOp as O, PwUnary as U};
     type Push<'a> = dyn FnMut(O) -> u8 + 'a;
@@ -59,6 +60,8 @@ pub fn pointwise_programs() -> [plan::Pointwise; 6] {
             for v in [e, r, t, q, u] {
                 acc = push(O::Binary(B::Add, acc, v));
             }
+            // `t·q + acc` rounded once.
+            let acc = push(O::MulAdd(t, q, acc));
             push(O::Select(PwCmp::GreaterEq, x, one, acc, x));
         }),
         // Discontinuous: checked only where the value before it is exact.
@@ -103,4 +106,26 @@ pub fn residual_block() -> (plan::Pointwise, [f32; 4]) {
     let out = push(PwOp::Unary(PwUnary::Round, out));
     push(PwOp::Integer { x: out, offset: 0, lo: 0, hi: 255 });
     (p, [2f32.powi(-12), 0.02, 0.013, 0.031])
+}
+
+/// The same sum in one rounding, as `lower` computes it where that gives
+/// every pair of codes the same integer (`lower::requantize`): the product's
+/// code and the shortcut's in two multiply-adds, `mul_add(q, p1,
+/// mul_add(residual, p2, p3))`, with [`residual_block`]'s parameters.
+pub fn residual_block_in_one_rounding() -> plan::Pointwise {
+    use plan::{PwBinary, PwOp, PwUnary};
+    let mut p = plan::Pointwise::empty();
+    let mut push = |op| p.push(op).expect("room");
+    let x = push(PwOp::Input);
+    let (s0, s1, s2, s3) =
+        (push(PwOp::Param(0)), push(PwOp::Param(1)), push(PwOp::Param(2)), push(PwOp::Param(3)));
+    let scaled = push(PwOp::Binary(PwBinary::Mul, x, s0));
+    let r = push(PwOp::Unary(PwUnary::Round, scaled));
+    let q = push(PwOp::Integer { x: r, offset: 7, lo: 0, hi: 255 });
+    let res = push(PwOp::Residual);
+    let inner = push(PwOp::MulAdd(res, s2, s3));
+    let sum = push(PwOp::MulAdd(q, s1, inner));
+    let out = push(PwOp::Unary(PwUnary::Round, sum));
+    push(PwOp::Integer { x: out, offset: 0, lo: 0, hi: 255 });
+    p
 }
