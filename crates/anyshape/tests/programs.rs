@@ -797,7 +797,9 @@ fn a_few_channels_written_channels_last_are_interleaved() {
 /// stored one plane apart (`plan::Scatter`, named in the plan); a lone
 /// transposition (one load for its one store) keeps its lanes along the
 /// width. Against the interpreter at channels and widths of 1, primes and one
-/// past 16 lanes (a row's tail masked, or a point at a time), bytes and floats.
+/// past 16 lanes (a row's tail masked, or a point at a time), and past the
+/// four vectors of lanes a scattered nest takes over its rows at a time,
+/// bytes and floats.
 #[test]
 fn a_channels_last_sum_written_channels_first_is_scattered() {
     let text = r#"graph {
@@ -831,6 +833,11 @@ fn a_channels_last_sum_written_channels_first_is_scattered() {
         (2, 33, 1, 3),
         (3, 20, 2, 1),
         (1, 5, 7, 7),
+        // Lanes taken 64 at a time over the rows: one chunk, one past it, a
+        // chunk's tail past two.
+        (2, 64, 2, 3),
+        (1, 65, 3, 2),
+        (2, 131, 2, 2),
     ] {
         let len = n * h * w * c;
         let a: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();

@@ -434,145 +434,174 @@ fn build_program(
             let loop_vars = outer.iter().fold(row_vars, |m, (v, _)| m | 1u64 << v);
             g.hoist(&values, loop_vars, false)?;
         }
-        g.for_loop(row_lo, row_hi, 1, first, &mut |g, r, at_row| {
-            for ((v, _), val) in outer.iter().zip(&at_row) {
-                g.vars.insert(*v, val.into_int_value());
-            }
-            let mask = row_vars;
-            let base = match &scatter_strides {
-                Some((strides, _)) => {
-                    at_row.iter().zip(strides).try_fold(i64t.const_zero(), |b, (v, s)| {
-                        let t = g.bld.build_int_mul(v.into_int_value(), *s, "sc.row").map_err(llvm)?;
-                        g.bld.build_int_add(b, t, "sc.base").map_err(llvm)
-                    })?
+        // The rows with the lanes `lanes` of a scattered nest (else its inner
+        // range, unused).
+        let rows = |g: &mut Gen, lanes: (IntValue<'static>, IntValue<'static>)| -> R<()> {
+            g.for_loop(row_lo, row_hi, 1, first.clone(), &mut |g, r, at_row| {
+                for ((v, _), val) in outer.iter().zip(&at_row) {
+                    g.vars.insert(*v, val.into_int_value());
                 }
-                None => g.bld.build_int_mul(r, row_len, "row").map_err(llvm)?,
-            };
-            g.scratch = scratch.map(|s| (s.body, s.param, base));
-            let hoisted = g.hoist(&values, mask, false);
-            g.scratch = None;
-            hoisted?;
-            let row = |g: &mut Gen| -> R<()> {
-                if let Some((il, last)) = interleave {
-                    return interleaved_row(g, p, (il, last), base, inner_ext);
-                }
-                if let (Some(sc), Some((_, block))) = (scatter, &scatter_strides) {
-                    return scattered_row(g, p, sc, base, (inner_ext, *block));
-                }
-                match inner_var {
-                    Some(v) => {
-                        // One point at a time (a point's reductions along the lanes).
-                        let points = |g: &mut Gen, from: IntValue<'static>| -> R<()> {
-                            g.for_loop(from, in_hi, 1, vec![], &mut |g, iv, _| {
-                                g.vars.insert(v, iv);
-                                let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
-                                if let Some(s) = scratch {
-                                    let term = g.load_at(s.param, at, false)?;
-                                    g.bind(s.twin, None, term);
-                                }
-                                g.stores(p, at, false).map(|_| vec![])
-                            })
-                            .map(|_| ())
-                        };
-                        // Points across the lanes, then the row's tail: one vector
-                        // with the lanes past the row masked off, or a scalar loop.
-                        let lanes = |g: &mut Gen| -> R<()> {
-                            let (done, _) =
-                                g.for_loop(in_lo, in_hi, g.w as u64, vec![], &mut |g, iv, _| {
+                let mask = row_vars;
+                let base = match &scatter_strides {
+                    Some((strides, _)) => {
+                        at_row.iter().zip(strides).try_fold(i64t.const_zero(), |b, (v, s)| {
+                            let t = g.bld.build_int_mul(v.into_int_value(), *s, "sc.row").map_err(llvm)?;
+                            g.bld.build_int_add(b, t, "sc.base").map_err(llvm)
+                        })?
+                    }
+                    None => g.bld.build_int_mul(r, row_len, "row").map_err(llvm)?,
+                };
+                g.scratch = scratch.map(|s| (s.body, s.param, base));
+                let hoisted = g.hoist(&values, mask, false);
+                g.scratch = None;
+                hoisted?;
+                let row = |g: &mut Gen| -> R<()> {
+                    if let Some((il, last)) = interleave {
+                        return interleaved_row(g, p, (il, last), base, inner_ext);
+                    }
+                    if let (Some(sc), Some((_, block))) = (scatter, &scatter_strides) {
+                        return scattered_row(g, p, sc, base, (lanes.0, lanes.1, *block));
+                    }
+                    match inner_var {
+                        Some(v) => {
+                            // One point at a time (a point's reductions along the lanes).
+                            let points = |g: &mut Gen, from: IntValue<'static>| -> R<()> {
+                                g.for_loop(from, in_hi, 1, vec![], &mut |g, iv, _| {
                                     g.vars.insert(v, iv);
-                                    g.lane = Some(v);
                                     let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
                                     if let Some(s) = scratch {
-                                        let term = g.load_at(s.param, at, true)?;
-                                        g.bind(s.twin, Some(v), term);
+                                        let term = g.load_at(s.param, at, false)?;
+                                        g.bind(s.twin, None, term);
                                     }
-                                    let r = g.stores(p, at, true);
-                                    g.lane = None;
-                                    r.map(|_| vec![])
-                                })?;
-                            let one = p.inner().is_some_and(|i| p.exprs.as_int(p.space[i]) == Some(1));
-                            if scratch.is_some() || g.w == 1 || g.device || one || !masked_tail(p) {
-                                return points(g, done);
-                            }
-                            // A tail of a few points goes a point at a time.
-                            let left = g.bld.build_int_sub(in_hi, done, "left").map_err(llvm)?;
-                            let few = i64t.const_int(MASKED_TAIL_MIN, false);
-                            let masked = g
-                                .bld
-                                .build_int_compare(IntPredicate::SGE, left, few, "masked")
-                                .map_err(llvm)?;
-                            g.if_else(
-                                masked,
-                                &mut |g| {
-                                    g.vars.insert(v, done);
-                                    g.lane = Some(v);
-                                    let iota: Vec<IntValue> =
-                                        (0..g.w).map(|i| i64t.const_int(i as u64, false)).collect();
-                                    let first = g.splat(done.into())?.into_vector_value();
-                                    let lanes = g
-                                        .bld
-                                        .build_int_add(first, VectorType::const_vector(&iota), "lane")
-                                        .map_err(llvm)?;
-                                    let hi = g.splat(in_hi.into())?.into_vector_value();
-                                    let inside = g
-                                        .bld
-                                        .build_int_compare(IntPredicate::SLT, lanes, hi, "inside")
-                                        .map_err(llvm)?;
-                                    g.tail = Some(inside);
-                                    let at = g.bld.build_int_add(base, done, "at").map_err(llvm)?;
-                                    let r = g.stores(p, at, true);
-                                    g.tail = None;
-                                    g.lane = None;
-                                    r
-                                },
-                                &mut |g| points(g, done),
-                            )
-                        };
-                        match row_reduction {
-                            _ if p.schedules.points_one_at_a_time.is_some() => points(g, in_lo)?,
-                            // The schedule by the reduction's length: long rows one
-                            // point at a time, short ones across the lanes.
-                            Some(ext) => {
-                                let len = g.emit(ext, false)?.into_int_value();
-                                let w = i64t.const_int(g.w as u64, false);
-                                let long = g
+                                    g.stores(p, at, false).map(|_| vec![])
+                                })
+                                .map(|_| ())
+                            };
+                            // Points across the lanes, then the row's tail: one vector
+                            // with the lanes past the row masked off, or a scalar loop.
+                            let lanes = |g: &mut Gen| -> R<()> {
+                                let (done, _) =
+                                    g.for_loop(in_lo, in_hi, g.w as u64, vec![], &mut |g, iv, _| {
+                                        g.vars.insert(v, iv);
+                                        g.lane = Some(v);
+                                        let at = g.bld.build_int_add(base, iv, "at").map_err(llvm)?;
+                                        if let Some(s) = scratch {
+                                            let term = g.load_at(s.param, at, true)?;
+                                            g.bind(s.twin, Some(v), term);
+                                        }
+                                        let r = g.stores(p, at, true);
+                                        g.lane = None;
+                                        r.map(|_| vec![])
+                                    })?;
+                                let one = p.inner().is_some_and(|i| p.exprs.as_int(p.space[i]) == Some(1));
+                                if scratch.is_some() || g.w == 1 || g.device || one || !masked_tail(p) {
+                                    return points(g, done);
+                                }
+                                // A tail of a few points goes a point at a time.
+                                let left = g.bld.build_int_sub(in_hi, done, "left").map_err(llvm)?;
+                                let few = i64t.const_int(MASKED_TAIL_MIN, false);
+                                let masked = g
                                     .bld
-                                    .build_int_compare(IntPredicate::SGE, len, w, "long")
+                                    .build_int_compare(IntPredicate::SGE, left, few, "masked")
                                     .map_err(llvm)?;
-                                g.if_else(long, &mut |g| points(g, in_lo), &mut |g| lanes(g))?;
+                                g.if_else(
+                                    masked,
+                                    &mut |g| {
+                                        g.vars.insert(v, done);
+                                        g.lane = Some(v);
+                                        let iota: Vec<IntValue> =
+                                            (0..g.w).map(|i| i64t.const_int(i as u64, false)).collect();
+                                        let first = g.splat(done.into())?.into_vector_value();
+                                        let lanes = g
+                                            .bld
+                                            .build_int_add(first, VectorType::const_vector(&iota), "lane")
+                                            .map_err(llvm)?;
+                                        let hi = g.splat(in_hi.into())?.into_vector_value();
+                                        let inside = g
+                                            .bld
+                                            .build_int_compare(IntPredicate::SLT, lanes, hi, "inside")
+                                            .map_err(llvm)?;
+                                        g.tail = Some(inside);
+                                        let at = g.bld.build_int_add(base, done, "at").map_err(llvm)?;
+                                        let r = g.stores(p, at, true);
+                                        g.tail = None;
+                                        g.lane = None;
+                                        r
+                                    },
+                                    &mut |g| points(g, done),
+                                )
+                            };
+                            match row_reduction {
+                                _ if p.schedules.points_one_at_a_time.is_some() => points(g, in_lo)?,
+                                // The schedule by the reduction's length: long rows one
+                                // point at a time, short ones across the lanes.
+                                Some(ext) => {
+                                    let len = g.emit(ext, false)?.into_int_value();
+                                    let w = i64t.const_int(g.w as u64, false);
+                                    let long = g
+                                        .bld
+                                        .build_int_compare(IntPredicate::SGE, len, w, "long")
+                                        .map_err(llvm)?;
+                                    g.if_else(long, &mut |g| points(g, in_lo), &mut |g| lanes(g))?;
+                                }
+                                None => lanes(g)?,
                             }
-                            None => lanes(g)?,
                         }
+                        None => g.stores(p, base, false)?,
                     }
-                    None => g.stores(p, base, false)?,
-                }
-                Ok(())
-            };
-            // A stored value chosen by conditions the same for the whole row (a
-            // concat along an outer axis: a conv's taps) is chosen once per row.
-            if scratch.is_none() && p.schedules.unswitched.is_some() {
-                unswitch(g, p, mask, 0, &row)?;
-            } else {
-                row(g)?;
-            }
-            // The next row's variables: the innermost steps, a wrap carries outward.
-            let (one, zero) = (i64t.const_int(1, false), i64t.const_zero());
-            let mut next: Vec<V> = at_row.clone();
-            let mut carry = one;
-            for k in (0..outer.len()).rev() {
-                let b = g.bld;
-                let v = b.build_int_add(at_row[k].into_int_value(), carry, "step").map_err(llvm)?;
-                if k == 0 {
-                    next[k] = v.into();
+                    Ok(())
+                };
+                // A stored value chosen by conditions the same for the whole row (a
+                // concat along an outer axis: a conv's taps) is chosen once per row.
+                if scratch.is_none() && p.schedules.unswitched.is_some() {
+                    unswitch(g, p, mask, 0, &row)?;
                 } else {
-                    let wrap = b.build_int_compare(IntPredicate::SGE, v, exts[k], "wrap").map_err(llvm)?;
-                    next[k] = b.build_select(wrap, zero, v, "odo").map_err(llvm)?;
-                    carry = b.build_int_z_extend(wrap, i64t, "carry").map_err(llvm)?;
+                    row(g)?;
                 }
+                // The next row's variables: the innermost steps, a wrap carries outward.
+                let (one, zero) = (i64t.const_int(1, false), i64t.const_zero());
+                let mut next: Vec<V> = at_row.clone();
+                let mut carry = one;
+                for k in (0..outer.len()).rev() {
+                    let b = g.bld;
+                    let v = b.build_int_add(at_row[k].into_int_value(), carry, "step").map_err(llvm)?;
+                    if k == 0 {
+                        next[k] = v.into();
+                    } else {
+                        let wrap =
+                            b.build_int_compare(IntPredicate::SGE, v, exts[k], "wrap").map_err(llvm)?;
+                        next[k] = b.build_select(wrap, zero, v, "odo").map_err(llvm)?;
+                        carry = b.build_int_z_extend(wrap, i64t, "carry").map_err(llvm)?;
+                    }
+                }
+                Ok(next)
+            })?;
+            Ok(())
+        };
+        match scatter {
+            // A few vectors of lanes at a time over all of the thread's rows:
+            // the rows in turn store next to what the one before stored in each
+            // of the chunk's planes, whose lines stay in L1 meanwhile (a row
+            // with all of its lanes touches a line of every plane).
+            Some(_) if g.w > 1 => {
+                let chunk = i64t.const_int(SCATTER_CHUNK * g.w as u64, false);
+                let b = g.bld;
+                let last = b
+                    .build_int_add(inner_ext, i64t.const_int(SCATTER_CHUNK * g.w as u64 - 1, false), "")
+                    .map_err(llvm)?;
+                let chunks = b.build_int_signed_div(last, chunk, "chunks").map_err(llvm)?;
+                g.for_loop(zero, chunks, 1, vec![], &mut |g, c, _| {
+                    let b = g.bld;
+                    let lo = b.build_int_mul(c, chunk, "chunk.lo").map_err(llvm)?;
+                    let hi = b.build_int_add(lo, chunk, "chunk.hi").map_err(llvm)?;
+                    let short = b.build_int_compare(IntPredicate::SLT, inner_ext, hi, "").map_err(llvm)?;
+                    let hi = b.build_select(short, inner_ext, hi, "").map_err(llvm)?.into_int_value();
+                    rows(g, (lo, hi)).map(|_| vec![])
+                })?;
+                Ok(())
             }
-            Ok(next)
-        })?;
-        Ok(())
+            _ => rows(g, (zero, inner_ext)),
+        }
     };
     // A call without rows returns at once: the nest computes what no row
     // depends on before its rows.
@@ -628,27 +657,30 @@ fn interleaved_row(
         g.lane = None;
         r
     };
-    lanes_then_tail(g, p, ext, &vectors, &points)
+    lanes_then_tail(g, p, (i64t.const_zero(), ext), &vectors, &points)
 }
 
-/// `ext` points of a row along an outer variable: `vectors` from each multiple
-/// of the lanes, then the tail as one masked vector where the program allows
-/// it and at least [`MASKED_TAIL_MIN`] points are left, else `points` one at
-/// a time (all of them with one lane).
+/// The vectors of lanes a scattered nest takes over all of its rows at a time.
+const SCATTER_CHUNK: u64 = 4;
+
+/// The points `from..ext` of a row along an outer variable: `vectors` from
+/// `from` on, a vector at a time, then the tail as one masked vector where
+/// the program allows it and at least [`MASKED_TAIL_MIN`] points are left,
+/// else `points` one at a time (all of them with one lane); `points(g, i)`
+/// goes from `i` to `ext`.
 fn lanes_then_tail(
     g: &mut Gen,
     p: &LoopProgram,
-    ext: IntValue<'static>,
+    (from, ext): (IntValue<'static>, IntValue<'static>),
     vectors: &dyn Fn(&mut Gen, IntValue<'static>) -> R<()>,
     points: &dyn Fn(&mut Gen, IntValue<'static>) -> R<()>,
 ) -> R<()> {
     let i64t = g.ctx.i64_type();
     if g.w == 1 {
-        return points(g, i64t.const_zero());
+        return points(g, from);
     }
-    let (done, _) = g.for_loop(i64t.const_zero(), ext, g.w as u64, vec![], &mut |g, iv, _| {
-        vectors(g, iv).map(|_| vec![])
-    })?;
+    let (done, _) =
+        g.for_loop(from, ext, g.w as u64, vec![], &mut |g, iv, _| vectors(g, iv).map(|_| vec![]))?;
     if !masked_tail(p) {
         return points(g, done);
     }
@@ -784,14 +816,15 @@ fn scatter_strides(
 }
 
 /// One row of a scattered nest ([`plan::Scatter`]) from position `base`: the
-/// lanes along `sc.lanes` (`ext` points), each vector's values stored `block`
-/// apart; the tail masked where the program allows it, else a point at a time.
+/// lanes along `sc.lanes` from `lo` to `ext`, each vector's values stored
+/// `block` apart; the tail masked where the program allows it, else a point
+/// at a time.
 fn scattered_row(
     g: &mut Gen,
     p: &LoopProgram,
     sc: plan::Scatter,
     base: IntValue<'static>,
-    (ext, block): (IntValue<'static>, IntValue<'static>),
+    (lo, ext, block): (IntValue<'static>, IntValue<'static>, IntValue<'static>),
 ) -> R<()> {
     let first = |g: &mut Gen, iv: IntValue<'static>| -> R<IntValue<'static>> {
         let off = g.bld.build_int_mul(iv, block, "sc.lane0").map_err(llvm)?;
@@ -812,7 +845,7 @@ fn scattered_row(
         g.lane = None;
         r
     };
-    lanes_then_tail(g, p, ext, &vectors, &points)
+    lanes_then_tail(g, p, (lo, ext), &vectors, &points)
 }
 
 /// The looping variables of the nest from position `from` on, with their
@@ -1768,7 +1801,9 @@ impl Gen<'_> {
     }
 
     /// The stores of one vector along an outer variable: lane `l` of each stored
-    /// value at `at + l·block` (a scatter, masked by the row's tail).
+    /// value at `at + l·block`, each lane a store of its own (AVX-512's scatter
+    /// is microcoded on some cores, far slower than its lanes' stores); a
+    /// row's tail as a scatter masked by it.
     fn scattered_stores(
         &mut self,
         p: &LoopProgram,
@@ -1776,18 +1811,48 @@ impl Gen<'_> {
         block: IntValue<'static>,
     ) -> R<()> {
         let (i64t, i32t) = (self.ctx.i64_type(), self.ctx.i32_type());
+        let values = p
+            .stores
+            .iter()
+            .map(|st| {
+                let dt = p.params[st.param as usize].dtype;
+                let v = self.emit_as(st.value, true)?;
+                if dt == DType::Bool {
+                    self.zext(v, self.mty(dt, true))
+                } else {
+                    Ok(v)
+                }
+            })
+            .collect::<R<Vec<V>>>()?;
+        let Some(mask) = self.tail else {
+            for (st, v) in p.stores.iter().zip(&values) {
+                let dt = p.params[st.param as usize].dtype;
+                let et = self.mty(dt, false);
+                let mut at_lane = at;
+                for l in 0..self.w {
+                    let lane = i32t.const_int(l as u64, false);
+                    let x =
+                        self.bld.build_extract_element(v.into_vector_value(), lane, "sc.x").map_err(llvm)?;
+                    // SAFETY (of the IR): a point of the nest, inside the buffer.
+                    let ptr = unsafe {
+                        self.bld.build_in_bounds_gep(et, self.bufs[st.param as usize], &[at_lane], "sc.p")
+                    }
+                    .map_err(llvm)?;
+                    let s = self.bld.build_store(ptr, x).map_err(llvm)?;
+                    s.set_alignment(dt_bytes(dt) as u32).map_err(llvm)?;
+                    at_lane = self.bld.build_int_add(at_lane, block, "sc.next").map_err(llvm)?;
+                }
+            }
+            return Ok(());
+        };
         let iota: Vec<IntValue> = (0..self.w).map(|i| i64t.const_int(i as u64, false)).collect();
         let lanes = self.splat(block.into())?.into_vector_value();
         let offs =
             self.bld.build_int_mul(lanes, VectorType::const_vector(&iota), "sc.lanes").map_err(llvm)?;
         let start = self.splat(at.into())?.into_vector_value();
         let offs = self.bld.build_int_add(start, offs, "sc.offs").map_err(llvm)?;
-        let all = VectorType::const_vector(&vec![self.ctx.bool_type().const_int(1, false); self.w as usize]);
-        let mask = self.tail.unwrap_or(all);
-        for st in &p.stores {
+        for (st, v) in p.stores.iter().zip(&values) {
             let dt = p.params[st.param as usize].dtype;
-            let v = self.emit_as(st.value, true)?;
-            let v = if dt == DType::Bool { self.zext(v, self.mty(dt, true))? } else { v };
             // Each lane's address: base + position · size (a point of the nest inside
             // the buffer; the lanes past the row's end masked off).
             let basei =
@@ -1800,7 +1865,7 @@ impl Gen<'_> {
             let ptrs = self.bld.build_int_to_ptr(addrs, pvt.into_vector_type(), "sc.ptrs").map_err(llvm)?;
             let f = self.intrinsic("llvm.masked.scatter", &[v.get_type(), pvt])?;
             let align = i32t.const_int(dt_bytes(dt), false);
-            self.call_void(f, &[v.into(), ptrs.into(), align.into(), mask.into()])?;
+            self.call_void(f, &[(*v).into(), ptrs.into(), align.into(), mask.into()])?;
         }
         Ok(())
     }

@@ -87,7 +87,10 @@ pub struct Schedules {
 /// (a channels-last tensor's sum written channels-first): a row of the nest
 /// runs along that variable, the rows are every other variable (in the
 /// nest's order), and each vector's values are stored apart (by the points
-/// after that variable: a scatter). The GPU's schedules ignore it.
+/// after that variable: a scatter, a store a lane). A few vectors of lanes
+/// are taken over all of a thread's rows at a time, so that the lines of the
+/// planes they store to stay in cache from one row to the next. The GPU's
+/// schedules ignore it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Scatter {
     /// The variable the lanes run along.
