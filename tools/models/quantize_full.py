@@ -10,11 +10,12 @@ in their default settings, for benchmarks (not committed: hundreds of MB).
 
 `dynamic` is `quantize_dynamic(..., weight_type=QuantType.QInt8)` (DynamicQuantizeLinear
 and MatMulInteger), written to <model folder>-int8/model.onnx; `static` is
-`quantize_static` (QDQ format, int8 activations and weights per tensor), calibrated on
-8 seeded random inputs of --shape (token ids below --vocab for int64 inputs, ones for
+`quantize_static` (QDQ format, uint8 activations and int8 weights per tensor), calibrated
+on 8 seeded random inputs of --shape (token ids below --vocab for int64 inputs, ones for
 masks, standard normal for float inputs), written to <model folder>-qdq/model.onnx;
 `--per-channel` quantizes weights per output channel (`per_channel=True`), written to
-<model folder>-qdq-pc/model.onnx; `static-int16` is `quantize_static` with int16
+<model folder>-qdq-pc/model.onnx; `--signed` keeps `quantize_static`'s own default of
+int8 activations (`QuantType.QInt8`), written to <model folder>-qdq-s8/ (-qdq-pc-s8/); `static-int16` is `quantize_static` with int16
 activations (`activation_type=QuantType.QInt16`, int8 weights), written to <model
 folder>-qdq-a16/model.onnx; `weight-int4` is `MatMulNBitsQuantizer` in its QDQ format
 (uint4 MatMul weights in blocks of 32, DequantizeLinear), written to <model folder>-w4/;
@@ -53,6 +54,7 @@ def main():
     ap.add_argument("--shape", default="batch=1,seq=128", help="calibration shape (static)")
     ap.add_argument("--vocab", type=int, default=30522, help="token ids drawn below this (static)")
     ap.add_argument("--per-channel", action="store_true", help="a weight scale per output channel (static)")
+    ap.add_argument("--signed", action="store_true", help="int8 activations, quantize_static's default (static)")
     a = ap.parse_args()
     from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_dynamic, quantize_static
 
@@ -60,7 +62,7 @@ def main():
     suffix = {"dynamic": "-int8", "static-int16": "-qdq-a16", "weight-int4": "-w4", "weight-int4-nbits": "-nbits"}.get(
         a.how
     )
-    out_dir = folder + (suffix or ("-qdq-pc" if a.per_channel else "-qdq"))
+    out_dir = folder + (suffix or ("-qdq-pc" if a.per_channel else "-qdq") + ("-s8" if a.signed else ""))
     os.makedirs(out_dir, exist_ok=True)
     out = os.path.join(out_dir, "model.onnx")
     if a.how == "dynamic":
@@ -89,6 +91,8 @@ def main():
                 return next(self.feeds, None)
 
         activations = QuantType.QInt16 if a.how == "static-int16" else QuantType.QUInt8
+        if a.signed:
+            activations = QuantType.QInt8
         quantize_static(a.model, out, Reader(), per_channel=a.per_channel, activation_type=activations)
     print(f"{out} ({os.path.getsize(out) / 2**20:.1f} MiB)")
 

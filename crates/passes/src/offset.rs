@@ -13,8 +13,13 @@
 //! padding with `c + z` (the padded value `c` of `A` is `(c + z) - z`). Its
 //! operands are then 8-bit unsigned integers by an int8 weight: the u8s8
 //! kernels' product, where the signed values `x - z` took the i16 family's.
-//! Only where both products sum exactly in f32 (every partial sum below
-//! 2^24), so that the rewrite changes no value.
+//! Where `x` holds 8-bit signed integers instead (`quantize_static`'s default
+//! int8 activations), `x - z` is `(x + 128) - (z + 128)`: `A'` is the layout
+//! ops over `x + 128`, padding with `c + z + 128`, and `z + 128` is the zero
+//! point moved out. Only where both products sum exactly in f32 (every
+//! partial sum below 2^24), so that the rewrite changes no value.
+
+use std::collections::HashMap;
 
 use ir::{BinaryOp, DType, Graph, Op, PadMode, ValueId};
 
@@ -30,17 +35,21 @@ impl Pass for MoveZeroPointOut {
     }
     fn run(&self, g: &mut Graph) -> Result<usize, PassError> {
         let mut done = 0;
+        // What each operand became, for the products after it that read it too
+        // (a layer's queries, keys and values, merged later).
+        let mut stripped = HashMap::new();
         // One product at a time: a rewrite inserts nodes and shifts indices.
-        while let Some((at, z)) = next(g) {
-            rewrite(g, at, z)?;
+        while let Some((at, z, shift)) = next(g) {
+            rewrite(g, at, z, shift, &mut stripped)?;
             done += 1;
         }
         Ok(done)
     }
 }
 
-/// The first matmul to rewrite, and its zero point (a one-element constant).
-fn next(g: &Graph) -> Option<(usize, ValueId)> {
+/// The first matmul to rewrite, its zero point (a one-element constant), and
+/// what its values are shifted by to be unsigned (0, or 128 for signed ones).
+fn next(g: &Graph) -> Option<(usize, ValueId, i64)> {
     let p = Producers::of(g);
     g.nodes.iter().enumerate().find_map(|(i, n)| {
         let Op::MatMul { transpose_a: false, transpose_b: false } = n.op else { return None };
@@ -56,7 +65,18 @@ fn next(g: &Graph) -> Option<(usize, ValueId)> {
         let mw = wlo.abs().max(whi.abs());
         let ma = lo.abs().max(hi.abs());
         let exact = depth.checked_mul(ma.max(255)).and_then(|x| x.checked_mul(mw)).is_some_and(|x| x < EXACT);
-        (lo >= 0 && hi <= 255 && exact).then_some((i, z))
+        // Values `x - z` that are bytes already (int8 codes less a zero point of
+        // -128) take the u8s8 family as they are.
+        let zval = constant_value(g, &p, z)?;
+        if lo - zval >= 0 && hi - zval <= 255 {
+            return None;
+        }
+        let shift = match (lo, hi) {
+            (0..=255, 0..=255) => 0,
+            (-128..=127, -128..=127) => 128,
+            _ => return None,
+        };
+        exact.then_some((i, z, shift))
     })
 }
 
@@ -130,8 +150,14 @@ fn constant_value(g: &Graph, p: &Producers, v: ValueId) -> Option<i64> {
     (x.fract() == 0.0 && x.abs() < 256.0).then_some(x as i64)
 }
 
-/// Matmul `at` as `A'(x)·W - z·colsum(W)`.
-fn rewrite(g: &mut Graph, at: usize, z: ValueId) -> Result<(), PassError> {
+/// Matmul `at` as `A'(x + shift)·W - (z + shift)·colsum(W)`.
+fn rewrite(
+    g: &mut Graph,
+    at: usize,
+    z: ValueId,
+    shift: i64,
+    stripped: &mut HashMap<ValueId, ValueId>,
+) -> Result<(), PassError> {
     let node = g.nodes[at].clone();
     let (a, w) = (node.inputs[0], node.inputs[1]);
     let zval = {
@@ -139,9 +165,16 @@ fn rewrite(g: &mut Graph, at: usize, z: ValueId) -> Result<(), PassError> {
         constant_value(g, &p, z).ok_or_else(|| failed("a zero point that is no integer"))?
     };
     let mut ins = Inserter { at, hint: g.name(node.output).to_string() };
-    let x = strip(g, &mut ins, a, zval, 0)?;
+    let x = strip(g, &mut ins, a, (zval, shift), stripped, 0)?;
     let out = g.ty(node.output).clone();
     let product = ins.add(g, node.op.clone(), vec![x, w], "u8", out.clone());
+    let z = match shift {
+        0 => z,
+        _ => {
+            let one = g.ty(z).clone();
+            ins.splat(g, ir::Elems::F32(vec![(zval + shift) as f32]), &one, "zp.u8")?
+        }
+    };
     let moved = zero_point_times_column_sums(g, &mut ins, z, w, &out)?;
     let old = &mut g.nodes[ins.at];
     old.op = Op::Binary(BinaryOp::Sub);
@@ -149,8 +182,33 @@ fn rewrite(g: &mut Graph, at: usize, z: ValueId) -> Result<(), PassError> {
     Ok(())
 }
 
-/// `v` (layout ops over `x - z`) rebuilt over `x`, each padding by `c + z`.
-fn strip(g: &mut Graph, ins: &mut Inserter, v: ValueId, z: i64, depth: usize) -> Result<ValueId, PassError> {
+/// `v` (layout ops over `x - z`) rebuilt over `x + shift`, each padding by
+/// `c + z + shift`; each value once (`done`: a convolution's taps slice one
+/// padded image many times).
+fn strip(
+    g: &mut Graph,
+    ins: &mut Inserter,
+    v: ValueId,
+    (z, shift): (i64, i64),
+    done: &mut HashMap<ValueId, ValueId>,
+    depth: usize,
+) -> Result<ValueId, PassError> {
+    if let Some(&u) = done.get(&v) {
+        return Ok(u);
+    }
+    let u = strip_one(g, ins, v, (z, shift), done, depth)?;
+    done.insert(v, u);
+    Ok(u)
+}
+
+fn strip_one(
+    g: &mut Graph,
+    ins: &mut Inserter,
+    v: ValueId,
+    (z, shift): (i64, i64),
+    done: &mut HashMap<ValueId, ValueId>,
+    depth: usize,
+) -> Result<ValueId, PassError> {
     let p = Producers::of(g);
     let n = p.node(g, v).ok_or_else(|| failed("an operand without its producer"))?.clone();
     if depth > 64 {
@@ -159,16 +217,20 @@ fn strip(g: &mut Graph, ins: &mut Inserter, v: ValueId, z: i64, depth: usize) ->
     let ty = g.ty(v).clone();
     let name = format!("{}.u8", g.name(v));
     match &n.op {
-        Op::Binary(BinaryOp::Sub) => Ok(n.inputs[0]),
+        Op::Binary(BinaryOp::Sub) if shift == 0 => Ok(n.inputs[0]),
+        Op::Binary(BinaryOp::Sub) => {
+            let k = ins.splat(g, ir::Elems::F32(vec![shift as f32]), &ty, "shift")?;
+            Ok(ins.add_named(g, Op::Binary(BinaryOp::Add), vec![n.inputs[0], k], &name, ty))
+        }
         Op::Pad { pads, mode: PadMode::Constant(c) } => {
-            let x = strip(g, ins, n.inputs[0], z, depth + 1)?;
-            let op = Op::Pad { pads: pads.clone(), mode: PadMode::Constant(c + z as f64) };
+            let x = strip(g, ins, n.inputs[0], (z, shift), done, depth + 1)?;
+            let op = Op::Pad { pads: pads.clone(), mode: PadMode::Constant(c + (z + shift) as f64) };
             Ok(ins.add_named(g, op, vec![x], &name, ty))
         }
         op @ (Op::Reshape | Op::Transpose { .. } | Op::Slice { .. } | Op::Concat { .. }) => {
             let mut inputs = Vec::with_capacity(n.inputs.len());
             for &u in &n.inputs {
-                inputs.push(strip(g, ins, u, z, depth + 1)?);
+                inputs.push(strip(g, ins, u, (z, shift), done, depth + 1)?);
             }
             Ok(ins.add_named(g, op.clone(), inputs, &name, ty))
         }

@@ -191,46 +191,59 @@ fn each_pass_alone_keeps_the_meaning() {
     }
 }
 
-/// The zero point of an unsigned quantized image moved out of its padded
-/// convolution (`MoveZeroPointOut`: the image padded by the zero point, the
-/// product less `z·colsum(W)`) keeps every value exactly, at image sizes with
-/// 1, primes and a stride's remainder; the product's A is then the codes.
+/// The zero point of a quantized image moved out of its padded convolution
+/// (`MoveZeroPointOut`: the image padded by the zero point, the product less
+/// `z·colsum(W)`; an int8 image shifted to bytes first, `x + 128`, padded by
+/// `z + 128`) keeps every value exactly, at image sizes with 1, primes and a
+/// stride's remainder; the product's A is then the codes. An int8 image whose
+/// values less the zero point are bytes already (a zero point of -128) is
+/// left alone.
 #[test]
 fn a_zero_point_moved_out_keeps_the_values() {
     let w: Vec<f32> = (0..8 * 27).map(|i: i32| (i * 73 % 256 - 128) as f32).collect();
     let wdata = std::sync::Arc::new(ir::ConstData::from_tensor(
         &Tensor::new(vec![8, 3, 3, 3], Elems::F32(w)).unwrap(),
     ));
-    let text = "graph {
+    for (codes, z, fill, moved) in
+        [("u8", "109.0", Some("109.0"), 1), ("i8", "-7.0", Some("121.0"), 1), ("i8", "-128.0", None, 0)]
+    {
+        let text = format!(
+            "graph {{
   sym h param 1..
   sym w param 1..
-  input %x: u8[1, 3, h, w]
+  input %x: {codes}[1, 3, h, w]
   %wf: f32[8, 3, 3, 3] = constant @w
   %xf: f32[1, 3, h, w] = cast %x
-  %z: f32[1, 1, 1, 1] = constant [109.0]
+  %z: f32[1, 1, 1, 1] = constant [{z}]
   %zb: f32[1, 3, h, w] = broadcast %z
   %xs: f32[1, 3, h, w] = sub %xf, %zb
   %y: f32[1, 8, (h-1)/2+1, (w-1)/2+1] = conv[strides=[2, 2], dilations=[1, 1], pads_begin=[1, 1], pads_end=[1, 1], group=1] %xs, %wf
   output %y
-}
-";
-    let before =
-        ir::parse_graph(text, &|n| (n == "w").then(|| wdata.clone())).unwrap_or_else(|e| panic!("{e}"));
-    let mut after = before.clone();
-    let report = Pipeline::standard().verify(true).run(&mut after).expect("pipeline");
-    assert_eq!(report.rewrites("move-zero-point-out"), 1, "{report:?}");
-    let text = ir::print_graph(&after);
-    assert!(text.contains("mode=constant(109.0)"), "the image is not padded by the zero point:\n{text}");
-    let mut state = 7u32;
-    for (h, w) in [(1usize, 1usize), (2, 7), (5, 5), (13, 8)] {
-        let x: Vec<u8> = (0..3 * h * w)
-            .map(|_| {
+}}
+"
+        );
+        let before =
+            ir::parse_graph(&text, &|n| (n == "w").then(|| wdata.clone())).unwrap_or_else(|e| panic!("{e}"));
+        let mut after = before.clone();
+        let report = Pipeline::standard().verify(true).run(&mut after).expect("pipeline");
+        assert_eq!(report.rewrites("move-zero-point-out"), moved, "{codes} {z}: {report:?}");
+        let text = ir::print_graph(&after);
+        if let Some(fill) = fill {
+            assert!(text.contains(&format!("mode=constant({fill})")), "not padded by {fill}:\n{text}");
+        }
+        let mut state = 7u32;
+        for (h, w) in [(1usize, 1usize), (2, 7), (5, 5), (13, 8)] {
+            let mut byte = || {
                 state = state.wrapping_mul(1_103_515_245).wrapping_add(12345);
                 (state >> 16) as u8
-            })
-            .collect();
-        let ins = vec![("x".to_string(), Tensor::new(vec![1, 3, h, w], Elems::U8(x)).unwrap())];
-        assert_eq!(run(&before, &ins), run(&after, &ins), "{h}x{w}");
+            };
+            let x = match codes {
+                "u8" => Elems::U8((0..3 * h * w).map(|_| byte()).collect()),
+                _ => Elems::I8((0..3 * h * w).map(|_| byte() as i8).collect()),
+            };
+            let ins = vec![("x".to_string(), Tensor::new(vec![1, 3, h, w], x).unwrap())];
+            assert_eq!(run(&before, &ins), run(&after, &ins), "{codes} {h}x{w}");
+        }
     }
 }
 
