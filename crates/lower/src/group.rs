@@ -376,6 +376,16 @@ impl<'g> Lowering<'g> {
             // A batch of products (a convolution over images) shares its bias and
             // activation; its residual is read per entry, at the output's offsets.
             let integral = node.inputs.iter().all(|x| integers_within(g, *x, (i64::MIN, i64::MAX)));
+            // The most an integer product's sum can be (its depth times its
+            // operands' largest values), for `requantize::requantized`.
+            let most = || -> Option<f64> {
+                let big = |v: ValueId| {
+                    passes::value_range(g, v).map(|(lo, hi)| lo.unsigned_abs().max(hi.unsigned_abs()))
+                };
+                let depth = g.ty(node.inputs[0]).shape.last()?.as_const()?;
+                Some(depth as f64 * big(node.inputs[0])? as f64 * big(node.inputs[1])? as f64)
+            };
+            let sums_within = if integral { most() } else { None };
             let private = !group.outputs.contains(&out) && !self.view_sources.contains(&out);
             let mut folded = false;
             if last && rest.len() == 1 && private {
@@ -383,7 +393,7 @@ impl<'g> Lowering<'g> {
                 if let Some(e) = self.fold_epilogue(gi, out, v, &avail, integral)? {
                     let c = self.buffer_of[&v];
                     step.c.buf = c;
-                    let e = requantize::requantized(e);
+                    let e = requantize::requantized(e, sums_within);
                     step.epilogue = if self.epilogue_params { parameterized(e) } else { e };
                     if matches!(self.plan.buffers[c].kind, BufferKind::Temp) && self.codes_fit(&step, v) {
                         self.plan.buffers[c].dtype = DType::U8;
@@ -420,7 +430,7 @@ impl<'g> Lowering<'g> {
                     self.plan.buffers[c].dtype = DType::U8;
                     self.narrowed.insert(c, DType::U8);
                     step.c.buf = c;
-                    let e = requantize::requantized(e);
+                    let e = requantize::requantized(e, sums_within);
                     step.epilogue = if self.epilogue_params { parameterized(e) } else { e };
                     step.epilogue.codes = true;
                     // (A later group's product output stays listed: nothing reads

@@ -21,14 +21,108 @@ const MAX_CHECKED: usize = 1 << 16;
 const NUDGES: u32 = 8;
 
 /// `e` with its program's last quantization computed in one rounding where
-/// [`in_one_rounding`] finds it can be.
-pub(crate) fn requantized(e: MatEpilogue) -> MatEpilogue {
+/// [`in_one_rounding`] finds it can be, and a signed code's shift to a byte's
+/// after it moved into it where [`shift_folded`] can; `sums`: the most an
+/// integer product's accumulator can be (`None`: not known).
+pub(crate) fn requantized(e: MatEpilogue, sums: Option<f64>) -> MatEpilogue {
     let Activation::Pointwise(p) = e.activation else { return e };
     let residual_codes = e.residual.is_some() && e.residual_codes;
-    match in_one_rounding(&p, residual_codes) {
-        Some(q) => MatEpilogue { activation: Activation::Pointwise(q), ..e },
-        None => e,
+    let p = in_one_rounding(&p, residual_codes).unwrap_or(p);
+    // The program's input is the accumulator (times a scale): nothing else
+    // is added to it first.
+    let alone = e.column_scale.is_none() && e.bias.is_none() && (e.residual.is_none() || p.reads_residual());
+    let input = sums.filter(|_| alone).map(|m| m * f64::from(e.scale.unwrap_or(1.0).abs()));
+    let p = input.and_then(|m| shift_folded(&p, m, residual_codes)).unwrap_or(p);
+    MatEpilogue { activation: Activation::Pointwise(p), ..e }
+}
+
+/// `p` ending in `integer(round(y), offset, lo, hi) + k` (or `- k`, an
+/// integral constant: an int8 code made a byte's, `q + 128`) as
+/// `integer(round(y), offset + k, lo + k, hi + k)`: the same value wherever
+/// the integer of `round(y)` plus either offset stays inside i32 (a wrap
+/// would tell them apart), which holds where `|y|` is below 2^30 for every
+/// input within `±input` (an interval of `y` through the program's
+/// operations). Then the program ends in its quantization, which the kernels
+/// store on integers. `None` where it does not apply or is not shown safe.
+pub(crate) fn shift_folded(p: &Pointwise, input: f64, residual_codes: bool) -> Option<Pointwise> {
+    let ops = p.ops();
+    let last = ops.len().checked_sub(1)?;
+    let PwOp::Binary(op @ (PwBinary::Add | PwBinary::Sub), a, b) = ops[last] else { return None };
+    let PwOp::Integer { x: rounded, offset, lo, hi } = ops[a as usize] else { return None };
+    let PwOp::Const(bits) = ops[b as usize] else { return None };
+    let PwOp::Unary(PwUnary::Round, y) = ops[rounded as usize] else { return None };
+    let k = f64::from(f32::from_bits(bits)) * if op == PwBinary::Sub { -1.0 } else { 1.0 };
+    if k.fract() != 0.0 || k.abs() > f64::from(1 << 24) {
+        return None;
     }
+    let (ylo, yhi) = interval(ops, y, input, residual_codes)?;
+    if ylo.abs().max(yhi.abs()) >= f64::from(1 << 30) {
+        return None;
+    }
+    let k = k as i32;
+    let mut out = Pointwise::empty();
+    for op in &ops[..a as usize] {
+        out.push(*op)?;
+    }
+    out.push(PwOp::Integer { x: rounded, offset: offset + k, lo: lo + k, hi: hi + k })?;
+    Some(out)
+}
+
+/// Bounds of operation `i`'s values where the input lies within `±input`:
+/// through constants, codes, sums, differences, negations, products,
+/// quotients by a constant away from zero, multiply-adds and roundings;
+/// `None` for anything else (or a bound that is not finite).
+fn interval(ops: &[PwOp], i: u8, input: f64, residual_codes: bool) -> Option<(f64, f64)> {
+    let at = |j: u8| interval(ops, j, input, residual_codes);
+    let mul = |(a, b): (f64, f64), (c, d): (f64, f64)| {
+        let v = [a * c, a * d, b * c, b * d];
+        (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max))
+    };
+    // One unit in f32's last place at the largest bound, each way: a rounded
+    // operation's error.
+    let widen = |(a, b): (f64, f64)| {
+        let ulp = a.abs().max(b.abs()) * f64::from(f32::EPSILON);
+        (a - ulp, b + ulp)
+    };
+    let r = match ops[i as usize] {
+        PwOp::Input => (-input, input),
+        PwOp::Const(bits) => {
+            let c = f64::from(f32::from_bits(bits));
+            (c, c)
+        }
+        PwOp::Residual if residual_codes => (0.0, 255.0),
+        PwOp::Integer { lo, hi, .. } => (f64::from(lo), f64::from(hi)),
+        PwOp::Unary(PwUnary::Neg, a) => {
+            let (l, h) = at(a)?;
+            (-h, -l)
+        }
+        PwOp::Unary(PwUnary::Round, a) => {
+            let (l, h) = at(a)?;
+            (l - 0.5, h + 0.5)
+        }
+        PwOp::Binary(PwBinary::Add, a, b) => {
+            let ((p, q), (r, s)) = (at(a)?, at(b)?);
+            widen((p + r, q + s))
+        }
+        PwOp::Binary(PwBinary::Sub, a, b) => {
+            let ((p, q), (r, s)) = (at(a)?, at(b)?);
+            widen((p - s, q - r))
+        }
+        PwOp::Binary(PwBinary::Mul, a, b) => widen(mul(at(a)?, at(b)?)),
+        PwOp::Binary(PwBinary::Div, a, b) => {
+            let (c, d) = at(b)?;
+            if c != d || c == 0.0 {
+                return None;
+            }
+            widen(mul(at(a)?, (1.0 / c, 1.0 / c)))
+        }
+        PwOp::MulAdd(a, b, c) => {
+            let ((p, q), (r, s)) = (mul(at(a)?, at(b)?), at(c)?);
+            widen((p + r, q + s))
+        }
+        _ => return None,
+    };
+    (r.0.is_finite() && r.1.is_finite()).then_some(r)
 }
 
 /// A code the value depends on: the operation computing it, and its values
@@ -424,6 +518,43 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// An int8 quantization made a byte's (`q + 128`, `quantize_static`'s default
+    /// activations stored for u8·s8) ends in the quantization itself, its
+    /// offset and bounds moved, where the accumulator (within ±2^31 here) keeps
+    /// `round(y)` far from i32's ends; the same value at those ends and past
+    /// them, NaN and infinities included, where it holds. Not where a scale
+    /// could take `y` near them, nor for an input of unknown bounds.
+    #[test]
+    fn an_int8_codes_shift_to_bytes_moves_into_the_quantization() {
+        let program = |s0: f32, s1: f32| {
+            let mut p = Pointwise::empty();
+            let mut push = |op| p.push(op).expect("room");
+            let x = push(PwOp::Input);
+            let [s0, s1, m] = [s0, s1, -128.0f32].map(|v| push(PwOp::Const(v.to_bits())));
+            let y = push(PwOp::Binary(PwBinary::Mul, x, s0));
+            let y = push(PwOp::Binary(PwBinary::Div, y, s1));
+            let r = push(PwOp::Unary(PwUnary::Round, y));
+            let q = push(PwOp::Integer { x: r, offset: -128, lo: -128, hi: 127 });
+            push(PwOp::Binary(PwBinary::Sub, q, m));
+            p
+        };
+        let p = program(3.0409823e-5, 0.006851318);
+        let acc = 2f64.powi(31);
+        let q = shift_folded(&p, acc, false).expect("folded");
+        assert_eq!(q.to_string(), "integer(round(div(mul(x, 3.0409823e-5), 0.006851318)), 0, 0..=255)");
+        for i in 0..=4096 {
+            let x = (-2_147_483_648.0 + f64::from(i) * 1_048_576.0) as f32;
+            for x in [x, x / 4096.0 + 0.37, x / 65536.0] {
+                assert_eq!(p.eval(x).to_bits(), q.eval(x).to_bits(), "{x}");
+            }
+        }
+        for x in [0.0f32, -0.0, 112.6, -112.6, 2_147_483_520.0, -2_147_483_648.0, f32::NAN] {
+            assert_eq!(p.eval(x).to_bits(), q.eval(x).to_bits(), "{x}");
+        }
+        assert_eq!(shift_folded(&program(1.0, 0.5), acc, false), None, "y up to 2^32");
+        assert_eq!(shift_folded(&p, f64::INFINITY, false), None, "an input of unknown bounds");
     }
 
     /// Programs whose rounded value is no affine function of codes, or whose
