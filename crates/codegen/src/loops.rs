@@ -434,9 +434,9 @@ fn build_program(
             let loop_vars = outer.iter().fold(row_vars, |m, (v, _)| m | 1u64 << v);
             g.hoist(&values, loop_vars, false)?;
         }
-        // The rows with the lanes `lanes` of a scattered nest (else its inner
-        // range, unused).
-        let rows = |g: &mut Gen, lanes: (IntValue<'static>, IntValue<'static>)| -> R<()> {
+        // The rows with the lanes `lane_range` of a scattered nest (else its
+        // inner range, unused).
+        let rows = |g: &mut Gen, lane_range: (IntValue<'static>, IntValue<'static>)| -> R<()> {
             g.for_loop(row_lo, row_hi, 1, first.clone(), &mut |g, r, at_row| {
                 for ((v, _), val) in outer.iter().zip(&at_row) {
                     g.vars.insert(*v, val.into_int_value());
@@ -460,7 +460,7 @@ fn build_program(
                         return interleaved_row(g, p, (il, last), base, inner_ext);
                     }
                     if let (Some(sc), Some((_, block))) = (scatter, &scatter_strides) {
-                        return scattered_row(g, p, sc, base, (lanes.0, lanes.1, *block));
+                        return scattered_row(g, p, sc, base, (lane_range.0, lane_range.1, *block));
                     }
                     match inner_var {
                         Some(v) => {

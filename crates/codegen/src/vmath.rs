@@ -208,9 +208,9 @@ impl VMath<'_> {
     /// clamped at `hi - offset` (every value from there on gives `hi`; NaN
     /// passes) or, where that is not an exact f32, below 2^31. Then the offset
     /// is added (wrapping, as `integer` does) and the sum clamped in i32.
-    /// Where `offset ==
-    /// lo >= 0` no NaN mask is needed: `i32::MIN` plus the offset lands below
-    /// `lo`, and the clamp gives `lo`, which a NaN's 0 plus the offset is.
+    /// Where `offset == lo >= 0` no NaN mask is needed: `i32::MIN` plus the
+    /// offset lands below `lo`, and the clamp gives `lo`, which a NaN's 0
+    /// plus the offset is.
     pub fn quantized_ints(&self, v: V, offset: i32, lo: i32, hi: i32) -> R {
         self.quantized_ints_to(v, offset, lo, hi, true)
     }

@@ -418,11 +418,17 @@ mod tests {
     /// A quantized residual block's sum as the graph spells it:
     /// `q(dq(q(x), z, s0) + dq(r, 0, s1), 0, s2)`.
     fn residual_sum(z: f32, s0: f32, s1: f32, s2: f32) -> Pointwise {
+        residual_sum_of((0, 255), [z, s0, s1, s2], (0, 0, 255))
+    }
+
+    /// The same of codes within `lo..=hi`, its output quantized with
+    /// `(offset, lo, hi)`.
+    fn residual_sum_of((lo, hi): (i32, i32), [z, s0, s1, s2]: [f32; 4], out: (i32, i32, i32)) -> Pointwise {
         let mut p = Pointwise::empty();
         let mut push = |op| p.push(op).expect("room");
         let x = push(PwOp::Input);
         let r = push(PwOp::Unary(PwUnary::Round, x));
-        let q = push(PwOp::Integer { x: r, offset: z as i32, lo: 0, hi: 255 });
+        let q = push(PwOp::Integer { x: r, offset: z as i32, lo, hi });
         let [z, s0, s1, s2] = [z, s0, s1, s2].map(|v| push(PwOp::Const(v.to_bits())));
         let d = push(PwOp::Binary(PwBinary::Sub, q, z));
         let d = push(PwOp::Binary(PwBinary::Mul, d, s0));
@@ -431,7 +437,7 @@ mod tests {
         let sum = push(PwOp::Binary(PwBinary::Add, d, e));
         let y = push(PwOp::Binary(PwBinary::Div, sum, s2));
         let r = push(PwOp::Unary(PwUnary::Round, y));
-        push(PwOp::Integer { x: r, offset: 0, lo: 0, hi: 255 });
+        push(PwOp::Integer { x: r, offset: out.0, lo: out.1, hi: out.2 });
         p
     }
 
@@ -490,22 +496,10 @@ mod tests {
     /// quantization's offset and bounds.
     #[test]
     fn a_signed_codes_shift_moves_into_the_quantization() {
-        let mut p = Pointwise::empty();
-        let mut push = |op| p.push(op).expect("room");
-        let x = push(PwOp::Input);
-        let r = push(PwOp::Unary(PwUnary::Round, x));
-        let q = push(PwOp::Integer { x: r, offset: -42, lo: -128, hi: 127 });
-        let [z, s0, s1, s2, m] =
-            [-42.0f32, 0.047906358, 0.012259409, 0.03584665, -128.0].map(|v| push(PwOp::Const(v.to_bits())));
-        let d = push(PwOp::Binary(PwBinary::Sub, q, z));
-        let d = push(PwOp::Binary(PwBinary::Mul, d, s0));
-        let res = push(PwOp::Residual);
-        let e = push(PwOp::Binary(PwBinary::Mul, res, s1));
-        let sum = push(PwOp::Binary(PwBinary::Add, d, e));
-        let y = push(PwOp::Binary(PwBinary::Div, sum, s2));
-        let r = push(PwOp::Unary(PwUnary::Round, y));
-        let o = push(PwOp::Integer { x: r, offset: -128, lo: -128, hi: 127 });
-        push(PwOp::Binary(PwBinary::Sub, o, m));
+        let scales = [-42.0, 0.047906358, 0.012259409, 0.03584665];
+        let mut p = residual_sum_of((-128, 127), scales, (-128, -128, 127));
+        let m = p.push(PwOp::Const((-128.0f32).to_bits())).expect("room");
+        p.push(PwOp::Binary(PwBinary::Sub, m - 1, m)).expect("room");
         let q = in_one_rounding(&p, true).expect("rewritten");
         assert!(q.to_string().ends_with("))), 0, 0..=255)"), "{q}");
         for c in -128..=127 {

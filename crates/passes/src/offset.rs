@@ -196,19 +196,6 @@ fn strip(
     if let Some(&u) = done.get(&v) {
         return Ok(u);
     }
-    let u = strip_one(g, ins, v, (z, shift), done, depth)?;
-    done.insert(v, u);
-    Ok(u)
-}
-
-fn strip_one(
-    g: &mut Graph,
-    ins: &mut Inserter,
-    v: ValueId,
-    (z, shift): (i64, i64),
-    done: &mut HashMap<ValueId, ValueId>,
-    depth: usize,
-) -> Result<ValueId, PassError> {
     let p = Producers::of(g);
     let n = p.node(g, v).ok_or_else(|| failed("an operand without its producer"))?.clone();
     if depth > 64 {
@@ -216,7 +203,7 @@ fn strip_one(
     }
     let ty = g.ty(v).clone();
     let name = format!("{}.u8", g.name(v));
-    match &n.op {
+    let u = match &n.op {
         Op::Binary(BinaryOp::Sub) if shift == 0 => Ok(n.inputs[0]),
         Op::Binary(BinaryOp::Sub) => {
             let k = ins.splat(g, ir::Elems::F32(vec![shift as f32]), &ty, "shift")?;
@@ -235,7 +222,9 @@ fn strip_one(
             Ok(ins.add_named(g, op.clone(), inputs, &name, ty))
         }
         _ => Err(failed("an operand that is no layout of x - z")),
-    }
+    }?;
+    done.insert(v, u);
+    Ok(u)
 }
 
 fn failed(msg: &str) -> PassError {
