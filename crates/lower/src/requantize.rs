@@ -42,7 +42,8 @@ pub(crate) fn requantized(e: MatEpilogue, sums: Option<f64>) -> MatEpilogue {
 /// the integer of `round(y)` plus either offset stays inside i32 (a wrap
 /// would tell them apart), which holds where `|y|` is below 2^30 for every
 /// input within `±input` (an interval of `y` through the program's
-/// operations). Then the program ends in its quantization, which the kernels
+/// operations) and the offsets, bounds and `k` are within ±2^24 (where the
+/// program's f32 sum is exact too). Then the program ends in its quantization, which the kernels
 /// store on integers. `None` where it does not apply or is not shown safe.
 pub(crate) fn shift_folded(p: &Pointwise, input: f64, residual_codes: bool) -> Option<Pointwise> {
     let ops = p.ops();
@@ -52,7 +53,11 @@ pub(crate) fn shift_folded(p: &Pointwise, input: f64, residual_codes: bool) -> O
     let PwOp::Const(bits) = ops[b as usize] else { return None };
     let PwOp::Unary(PwUnary::Round, y) = ops[rounded as usize] else { return None };
     let k = f64::from(f32::from_bits(bits)) * if op == PwBinary::Sub { -1.0 } else { 1.0 };
-    if k.fract() != 0.0 || k.abs() > f64::from(1 << 24) {
+    // Every integer involved within f32's exact ones (the program adds `k`
+    // in f32), far from i32's ends.
+    const EXACT: u32 = 1 << 24;
+    let small = [offset, lo, hi].iter().all(|v| v.unsigned_abs() <= EXACT);
+    if k.fract() != 0.0 || k.abs() > f64::from(EXACT) || !small {
         return None;
     }
     let (ylo, yhi) = interval(ops, y, input, residual_codes)?;
@@ -60,11 +65,15 @@ pub(crate) fn shift_folded(p: &Pointwise, input: f64, residual_codes: bool) -> O
         return None;
     }
     let k = k as i32;
+    let (lo, hi) = (lo + k, hi + k);
+    if lo.unsigned_abs().max(hi.unsigned_abs()) > EXACT {
+        return None;
+    }
     let mut out = Pointwise::empty();
     for op in &ops[..a as usize] {
         out.push(*op)?;
     }
-    out.push(PwOp::Integer { x: rounded, offset: offset + k, lo: lo + k, hi: hi + k })?;
+    out.push(PwOp::Integer { x: rounded, offset: offset + k, lo, hi })?;
     Some(out)
 }
 
