@@ -86,25 +86,17 @@ pub fn rounds(ep: &plan::Epilogue) -> bool {
 /// program's residual, zero point 110) dequantized and added, the sum
 /// quantized; its four scales given when it runs (the values returned).
 pub fn residual_block() -> (plan::Pointwise, [f32; 4]) {
-    use plan::{PwBinary, PwOp, PwUnary};
-    let mut p = plan::Pointwise::empty();
-    let mut push = |op| p.push(op).expect("room");
-    let x = push(PwOp::Input);
-    let (s0, s1, s2, s3) =
-        (push(PwOp::Param(0)), push(PwOp::Param(1)), push(PwOp::Param(2)), push(PwOp::Param(3)));
-    let scaled = push(PwOp::Binary(PwBinary::Mul, x, s0));
-    let r = push(PwOp::Unary(PwUnary::Round, scaled));
-    let q = push(PwOp::Integer { x: r, offset: 7, lo: 0, hi: 255 });
-    let (z0, z1) = (push(PwOp::Const(7f32.to_bits())), push(PwOp::Const(110f32.to_bits())));
-    let dq = push(PwOp::Binary(PwBinary::Sub, q, z0));
-    let dq = push(PwOp::Binary(PwBinary::Mul, dq, s1));
-    let res = push(PwOp::Residual);
-    let dr = push(PwOp::Binary(PwBinary::Sub, res, z1));
-    let dr = push(PwOp::Binary(PwBinary::Mul, dr, s2));
-    let sum = push(PwOp::Binary(PwBinary::Add, dq, dr));
-    let out = push(PwOp::Binary(PwBinary::Div, sum, s3));
-    let out = push(PwOp::Unary(PwUnary::Round, out));
-    push(PwOp::Integer { x: out, offset: 0, lo: 0, hi: 255 });
+    use plan::{PwBinary, PwOp};
+    let p = block_sum(&mut |push, q, [s1, s2, s3]| {
+        let (z0, z1) = (push(PwOp::Const(7f32.to_bits())), push(PwOp::Const(110f32.to_bits())));
+        let dq = push(PwOp::Binary(PwBinary::Sub, q, z0));
+        let dq = push(PwOp::Binary(PwBinary::Mul, dq, s1));
+        let res = push(PwOp::Residual);
+        let dr = push(PwOp::Binary(PwBinary::Sub, res, z1));
+        let dr = push(PwOp::Binary(PwBinary::Mul, dr, s2));
+        let sum = push(PwOp::Binary(PwBinary::Add, dq, dr));
+        push(PwOp::Binary(PwBinary::Div, sum, s3))
+    });
     (p, [2f32.powi(-12), 0.02, 0.013, 0.031])
 }
 
@@ -113,19 +105,30 @@ pub fn residual_block() -> (plan::Pointwise, [f32; 4]) {
 /// code and the shortcut's in two multiply-adds, `mul_add(q, p1,
 /// mul_add(residual, p2, p3))`, with [`residual_block`]'s parameters.
 pub fn residual_block_in_one_rounding() -> plan::Pointwise {
+    use plan::PwOp;
+    block_sum(&mut |push, q, [s1, s2, s3]| {
+        let res = push(PwOp::Residual);
+        let inner = push(PwOp::MulAdd(res, s2, s3));
+        push(PwOp::MulAdd(q, s1, inner))
+    })
+}
+
+/// A residual block's program: the product's code (`x·p0` rounded, zero
+/// point 7, u8), the value `sum(push, code, [p1, p2, p3])` makes of it, that
+/// rounded and clamped to u8.
+type Push<'a> = dyn FnMut(plan::PwOp) -> u8 + 'a;
+
+fn block_sum(sum: &mut dyn FnMut(&mut Push, u8, [u8; 3]) -> u8) -> plan::Pointwise {
     use plan::{PwBinary, PwOp, PwUnary};
     let mut p = plan::Pointwise::empty();
     let mut push = |op| p.push(op).expect("room");
     let x = push(PwOp::Input);
-    let (s0, s1, s2, s3) =
-        (push(PwOp::Param(0)), push(PwOp::Param(1)), push(PwOp::Param(2)), push(PwOp::Param(3)));
+    let [s0, s1, s2, s3] = [0, 1, 2, 3].map(|i| push(PwOp::Param(i)));
     let scaled = push(PwOp::Binary(PwBinary::Mul, x, s0));
     let r = push(PwOp::Unary(PwUnary::Round, scaled));
     let q = push(PwOp::Integer { x: r, offset: 7, lo: 0, hi: 255 });
-    let res = push(PwOp::Residual);
-    let inner = push(PwOp::MulAdd(res, s2, s3));
-    let sum = push(PwOp::MulAdd(q, s1, inner));
-    let out = push(PwOp::Unary(PwUnary::Round, sum));
+    let y = sum(&mut push, q, [s1, s2, s3]);
+    let out = push(PwOp::Unary(PwUnary::Round, y));
     push(PwOp::Integer { x: out, offset: 0, lo: 0, hi: 255 });
     p
 }
