@@ -1784,13 +1784,16 @@ fn a_requantizing_product_stores_codes() {
 /// program that dequantizes, adds and quantizes the sum reads those codes,
 /// not the products' f32 outputs; the interpreter's values exactly, by every
 /// int8 family, at rows 1, 2, 7, 17 and 65, K 64 (codes) and 16400 (too deep:
-/// f32 outputs).
+/// f32 outputs). The same with int8 quantizations (`quantize_static`'s
+/// default activations): their codes are bytes, `q + 128`
+/// (`passes::SignedCodesAsBytes`), stored and read the same way.
 #[test]
 fn a_residual_sum_reads_its_products_codes() {
     let target = kernels::Target::detect();
     let vnni = target.check_elem(kernels::ElemType::U8S8).is_ok();
     let depth = kernels::schedule::one_block_depth(&target, kernels::ElemType::U8S8);
-    let requantized = |i: usize, y: &str, s: f32, z: i32, t: f32| {
+    let requantized = |i: usize, y: &str, s: f32, z: i32, t: f32, signed: bool| {
+        let (lo, hi, ty) = if signed { (-128, 127, "i8") } else { (0, 255, "u8") };
         format!(
             "  %s{i}: f32[1, 1] = constant [{s}]
   %sb{i}: f32[m, 37] = broadcast %s{i}
@@ -1800,13 +1803,13 @@ fn a_residual_sum_reads_its_products_codes() {
   %z{i}: i32[1, 1] = constant [{z}]
   %zb{i}: i32[m, 37] = broadcast %z{i}
   %yz{i}: i32[m, 37] = add %yi{i}, %zb{i}
-  %lo{i}: i32[1, 1] = constant [0]
+  %lo{i}: i32[1, 1] = constant [{lo}]
   %lob{i}: i32[m, 37] = broadcast %lo{i}
-  %hi{i}: i32[1, 1] = constant [255]
+  %hi{i}: i32[1, 1] = constant [{hi}]
   %hib{i}: i32[m, 37] = broadcast %hi{i}
   %c{i}: i32[m, 37] = max %yz{i}, %lob{i}
   %d{i}: i32[m, 37] = min %c{i}, %hib{i}
-  %q{i}: u8[m, 37] = cast %d{i}
+  %q{i}: {ty}[m, 37] = cast %d{i}
   %qf{i}: f32[m, 37] = cast %q{i}
   %zf{i}: f32[1, 1] = constant [{z}.0]
   %zfb{i}: f32[m, 37] = broadcast %zf{i}
@@ -1817,7 +1820,10 @@ fn a_residual_sum_reads_its_products_codes() {
 "
         )
     };
-    for (k, widened) in [(64usize, false), (16400, false), (64, true), (16400, true)] {
+    let cases = [(64usize, false), (16400, false), (64, true), (16400, true)];
+    for (signed, (k, widened)) in [false, true].into_iter().flat_map(|s| cases.map(|c| (s, c))) {
+        let (lo, hi, ty) = if signed { (-128, 127, "i8") } else { (0, 255, "u8") };
+        let case = format!("K {k}, widened {widened}, signed {signed}");
         // Widened: the sum's codes as floats (what a next product or an
         // output reads), which the second product's epilogue computes,
         // reading the first one's output as its residual.
@@ -1841,18 +1847,18 @@ fn a_residual_sum_reads_its_products_codes() {
   %o: f32[m, 37] = div %sum, %sob
   %or: f32[m, 37] = round %o
   %oi: i32[m, 37] = cast %or
-  %olo: i32[1, 1] = constant [0]
+  %olo: i32[1, 1] = constant [{lo}]
   %olob: i32[m, 37] = broadcast %olo
-  %ohi: i32[1, 1] = constant [255]
+  %ohi: i32[1, 1] = constant [{hi}]
   %ohib: i32[m, 37] = broadcast %ohi
   %oc: i32[m, 37] = max %oi, %olob
   %od: i32[m, 37] = min %oc, %ohib
-  %out: u8[m, 37] = cast %od
+  %out: {ty}[m, 37] = cast %od
 {out}
 }}
 ",
-            requantized(0, "%y0", 0.0013, 134, 0.21),
-            requantized(1, "%y1", 0.0021, 9, 0.17)
+            requantized(0, "%y0", 0.0013, if signed { 6 } else { 134 }, 0.21, signed),
+            requantized(1, "%y1", 0.0021, if signed { -20 } else { 9 }, 0.17, signed)
         );
         let mut rng = Lcg::new(k as u64 + 5);
         let mut weight = || {
@@ -1864,20 +1870,20 @@ fn a_residual_sum_reads_its_products_codes() {
         if widened {
             // No program is left: the first product's output is the residual,
             // its codes where it stores them.
-            assert!(!plan.contains("program g"), "K {k}:\n{plan}");
-            assert_eq!(plan.matches("reading residual b").count(), 1, "K {k}:\n{plan}");
-            assert_eq!(plan.contains("(u8 codes)"), codes, "K {k}:\n{plan}");
+            assert!(!plan.contains("program g"), "{case}:\n{plan}");
+            assert_eq!(plan.matches("reading residual b").count(), 1, "{case}:\n{plan}");
+            assert_eq!(plan.contains("(u8 codes)"), codes, "{case}:\n{plan}");
         } else {
             assert_eq!(
                 plan.matches("stored as u8 codes").count(),
                 if codes { 2 } else { 0 },
-                "K {k}:\n{plan}"
+                "{case}:\n{plan}"
             );
             let sum = plan
                 .split("program")
-                .find(|p| p.lines().any(|l| l.contains(": out u8[") && l.ends_with("\"out\"")))
+                .find(|p| p.lines().any(|l| l.contains(&format!(": out {ty}[")) && l.ends_with("\"out\"")))
                 .unwrap_or_default();
-            assert_eq!(sum.matches(": in u8[").count(), if codes { 2 } else { 0 }, "K {k}:\n{plan}");
+            assert_eq!(sum.matches(": in u8[").count(), if codes { 2 } else { 0 }, "{case}:\n{plan}");
         }
         let mut rng = Lcg::new(k as u64 + 17);
         for int8 in [Int8::Auto, Int8::I16S8, Int8::I16, Int8::Float] {
@@ -1891,7 +1897,7 @@ fn a_residual_sum_reads_its_products_codes() {
                 let ins = [("a", codes()), ("b", codes())];
                 let got = cm.run(&ins).expect("runs");
                 let want = m.interpret(&ins).expect("interprets");
-                assert_eq!(got[0].1.elems(), want[0].1.elems(), "K {k} rows {rows} {int8:?}");
+                assert_eq!(got[0].1.elems(), want[0].1.elems(), "{case} rows {rows} {int8:?}");
             }
         }
     }

@@ -9,6 +9,7 @@
 
 mod affine;
 mod broadcast;
+mod bytes;
 mod canonical;
 mod conv;
 mod fusion;
@@ -25,6 +26,7 @@ use ir::Graph;
 
 pub use affine::FoldAffineIntoMatMul;
 pub use broadcast::{BroadcastGuard, EliminateBroadcasts};
+pub use bytes::SignedCodesAsBytes;
 pub use canonical::{Cse, Dce, FoldConstants, HoistMatMulScale, SimplifyAlgebra, SimplifyShapes};
 pub use conv::ConvAsMatMul;
 pub use fusion::{fuse, print_plan, FusionGroup, FusionPlan, GroupKind};
@@ -167,6 +169,9 @@ pub fn canonicalization() -> Vec<Box<dyn Pass>> {
         Box::new(HoistMatMulScale),
         Box::new(FoldConstants::default()),
         Box::new(SimplifyAlgebra),
+        // Before the zero points move out of products: int8 activations are
+        // their bytes by then.
+        Box::new(SignedCodesAsBytes),
         Box::new(FoldAffineIntoMatMul),
         Box::new(IntegerMatMulAsFloat),
         Box::new(MoveZeroPointOut),

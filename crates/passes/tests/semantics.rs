@@ -247,6 +247,88 @@ fn a_zero_point_moved_out_keeps_the_values() {
     }
 }
 
+/// An int8 quantization read only by its dequantizations holds bytes
+/// (`SignedCodesAsBytes`: `cast<u8>(clamp(a, -128, 127) + 128)`, each
+/// `cast<f32>(q) - z` reading `cast<f32>(q') - (z + 128)`, a cast read
+/// otherwise `- 128`): every value stays bit for bit, at the rounding's
+/// halves, the clamps' edges, values past i32, infinities and NaN. An int8
+/// quantization the graph outputs, or one whose clamps leave i8's range, is
+/// left alone.
+#[test]
+fn int8_codes_held_as_bytes_keep_the_values() {
+    for (zp, lo, hi, output_q, moved) in [
+        (10, -128, 127, false, 1),
+        (-18, -128, 127, false, 1),
+        (0, -100, 50, false, 1),
+        (10, -128, 127, true, 0),
+    ] {
+        let extra = if output_q { ", %q" } else { "" };
+        let text = format!(
+            "graph {{
+  sym n param 1..
+  input %x: f32[n, 4]
+  %s: f32[1, 1] = constant [0.05]
+  %sb: f32[n, 4] = broadcast %s
+  %d: f32[n, 4] = div %x, %sb
+  %r: f32[n, 4] = round %d
+  %i: i32[n, 4] = cast %r
+  %zp: i32[1, 1] = constant [{zp}]
+  %zpb: i32[n, 4] = broadcast %zp
+  %a: i32[n, 4] = add %i, %zpb
+  %lo: i32[1, 1] = constant [{lo}]
+  %lob: i32[n, 4] = broadcast %lo
+  %m1: i32[n, 4] = max %a, %lob
+  %hi: i32[1, 1] = constant [{hi}]
+  %hib: i32[n, 4] = broadcast %hi
+  %m2: i32[n, 4] = min %m1, %hib
+  %q: i8[n, 4] = cast %m2
+  %f: f32[n, 4] = cast %q
+  %zf: f32[1, 1] = constant [{zp}.0]
+  %zfb: f32[n, 4] = broadcast %zf
+  %dq: f32[n, 4] = sub %f, %zfb
+  %y: f32[n, 4] = mul %dq, %sb
+  %h: f32[n, 4] = mul %f, %sb
+  output %y, %h{extra}
+}}
+"
+        );
+        let before = ir::parse_graph(&text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+        let mut after = before.clone();
+        let report = Pipeline::standard().verify(true).run(&mut after).expect("pipeline");
+        let case = format!("zero point {zp}, clamps {lo}..={hi}, q an output: {output_q}");
+        assert_eq!(report.rewrites("signed-codes-as-bytes"), moved, "{case}: {report:?}");
+        let printed = ir::print_graph(&after);
+        if moved == 1 {
+            assert!(
+                printed.contains(": u8[n, 4] = cast") && !printed.contains(": i8["),
+                "{case}:\n{printed}"
+            );
+        }
+        let mut state = 5u32;
+        let special =
+            [0.025, -0.025, 0.075, 6.375, -6.425, 3e9, -3e9, f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+        for n in [1usize, 2, 7, 33] {
+            let x: Vec<f32> = (0..n * 4)
+                .map(|i| {
+                    state = state.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                    match (state >> 16) % 5 {
+                        0 => special[i % special.len()],
+                        _ => ((state >> 4) % 4000) as f32 * 0.005 - 10.0,
+                    }
+                })
+                .collect();
+            let ins = vec![("x".to_string(), Tensor::new(vec![n, 4], Elems::F32(x)).unwrap())];
+            let (b, a) = (run(&before, &ins), run(&after, &ins));
+            for ((name, want), (_, got)) in b.iter().zip(&a) {
+                let bits = |t: &Tensor| -> Vec<u64> {
+                    t.to_f64_vec().iter().map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() }).collect()
+                };
+                assert_eq!(bits(want), bits(got), "{case}: {name} at n = {n}");
+            }
+        }
+    }
+}
+
 /// A max pool of a positive scaling (a dequantized activation's scale) takes
 /// the scaling after it, and the values stay bit for bit (negative values,
 /// zeros of both signs, infinities, NaN and the padding included); a negative

@@ -287,9 +287,9 @@ impl Exprs {
     }
     /// `e`, an f32 made of an integer, as `f32(clamp(i32(f) + offset, lo, hi))`
     /// of an f32 `f` (`PwOp::Integer`): a quantization's store,
-    /// `cast<f32>(cast<u8>(min(max(cast<i32>(f) + zero_point, 0), 255)))`, or
-    /// `f` cast straight to an 8-bit type (saturating to its range). The clamps
-    /// compose in any order; a narrowing cast needs them inside its type (it
+    /// `cast<f32>(cast<u8>(min(max(cast<i32>(f) + zero_point, 0), 255)))` (and
+    /// that shifted after its clamps), or `f` cast straight to an 8-bit type
+    /// (saturating to its range). The clamps compose in any order; a narrowing cast needs them inside its type (it
     /// would wrap past them).
     /// (For an `e` of another type, its value is that integer only where
     /// the type holds `lo..=hi`: the caller checks.)
@@ -313,9 +313,21 @@ impl Exprs {
                 _ => return None,
             }
         }
+        let constant = |c: E| self.as_int(c).and_then(|k| i32::try_from(k).ok());
+        // A shift after the clamps (an int8 code moved to its byte,
+        // `passes::SignedCodesAsBytes`): `clamp(a, lo, hi) + s` is
+        // `clamp(a + s, lo + s, hi + s)`.
+        let mut shift = 0;
+        if let Node::Binary(BinaryOp::Add, p, q) = *self.node(v) {
+            let clamp = |x: E| matches!(self.node(x), Node::Binary(BinaryOp::Max | BinaryOp::Min, ..));
+            match (constant(p), constant(q)) {
+                (_, Some(k)) if clamp(p) && self.dtype(v) == DType::I32 => (shift, v) = (k, p),
+                (Some(k), None) if clamp(q) && self.dtype(v) == DType::I32 => (shift, v) = (k, q),
+                _ => {}
+            }
+        }
         // The clamps, outermost first, applied innermost first.
         let mut clamps = Vec::new();
-        let constant = |c: E| self.as_int(c).and_then(|k| i32::try_from(k).ok());
         loop {
             match *self.node(v) {
                 Node::Binary(op @ (BinaryOp::Max | BinaryOp::Min), p, q) if self.dtype(v) == DType::I32 => {
@@ -334,6 +346,12 @@ impl Exprs {
         for (op, k) in clamps.into_iter().rev() {
             (lo, hi) = if op == BinaryOp::Max { (lo.max(k), hi.max(k)) } else { (lo.min(k), hi.min(k)) };
         }
+        if shift != 0 {
+            if lo == i32::MIN || hi == i32::MAX {
+                return None;
+            }
+            (lo, hi) = (lo.checked_add(shift)?, hi.checked_add(shift)?);
+        }
         if lo < tlo || hi > thi {
             return None;
         }
@@ -344,6 +362,7 @@ impl Exprs {
             Node::Binary(BinaryOp::Sub, p, q) => (p, constant(q)?.checked_neg()?),
             _ => (v, 0),
         };
+        let offset = offset.checked_add(shift)?;
         // (A bare `cast<f32>(cast<i32>(acc))` is left to `hoist`, which knows
         // when the accumulator already holds an integer.)
         let bare = (offset, lo, hi) == (0, i32::MIN, i32::MAX);
@@ -583,5 +602,51 @@ impl Exprs {
 impl fmt::Display for Combine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `cast<to>(clamps(cast<i32>(f) + offset)) + shift` over an f32 load `f`,
+    /// the clamps `(op, bound)` innermost first.
+    fn quantization(x: &mut Exprs, offset: i64, clamps: &[(BinaryOp, i64)], shift: i64, to: DType) -> (E, E) {
+        let f = x.load(0, DType::F32, vec![], None);
+        let i = x.cast(f, DType::I32);
+        let k = x.constant(DType::I32, offset as f64, offset);
+        let mut v = x.binary(BinaryOp::Add, i, k, DType::I32);
+        for &(op, b) in clamps {
+            let b = x.constant(DType::I32, b as f64, b);
+            v = x.binary(op, v, b, DType::I32);
+        }
+        if shift != 0 {
+            let s = x.constant(DType::I32, shift as f64, shift);
+            v = x.binary(BinaryOp::Add, v, s, DType::I32);
+        }
+        let q = x.cast(v, to);
+        (f, x.cast(q, DType::F32))
+    }
+
+    /// A quantization shifted after its clamps (an int8 code as its byte) is
+    /// the quantization with the shift in its offset and bounds; a shift that
+    /// leaves the stored type's range, or over a clamp on one side only, is
+    /// no quantization.
+    #[test]
+    fn a_shift_after_the_clamps_moves_the_offset_and_bounds() {
+        let (max, min) = (BinaryOp::Max, BinaryOp::Min);
+        let cases = [
+            (vec![(max, 0), (min, 255)], 0, Some((10, 0, 255))),
+            (vec![(max, -128), (min, 127)], 128, Some((138, 0, 255))),
+            (vec![(min, 50), (max, -100)], 128, Some((138, 28, 178))),
+            (vec![(max, -128), (min, 127)], 200, None),
+            (vec![(max, -128)], 128, None),
+        ];
+        for (clamps, shift, want) in cases {
+            let mut x = Exprs::default();
+            let (f, e) = quantization(&mut x, 10, &clamps, shift, DType::U8);
+            let got = x.stored_integer(e);
+            assert_eq!(got, want.map(|(o, lo, hi)| (f, o, lo, hi)), "{clamps:?} + {shift}");
+        }
     }
 }
