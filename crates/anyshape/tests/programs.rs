@@ -2001,14 +2001,17 @@ fn a_zero_point_moves_out_of_a_padded_convolution() {
 /// scales move to the product, which multiplies the integers unless asked for
 /// floats: shallow enough that every partial sum is exact in f32 (K = 96), the
 /// signed codes shifted to bytes, `(q + 128) - (z + 128)`, and the zero point
-/// moved out (`passes::MoveZeroPointOut`: u8·s8); deeper (K = 1000), on the
-/// i16s8 family (the activation is signed, so not u8s8 even with VNNI; i16
-/// when asked). Either matches the interpreter's f32 product of the
-/// dequantized values to f32 rounding, at depths one K block and several deep
-/// and row counts with 1, primes and one past a tile.
+/// moved out (`passes::MoveZeroPointOut`: u8·s8); deeper (K = 1000), the
+/// same where each column's weights sum (positive and negative apart) far
+/// enough below 2^24 / 255 that every partial sum is exact still, and on the
+/// i16s8 family where one column's weights are all 127 (the activation is
+/// signed, so not u8s8 even with VNNI; i16 when asked). Each matches the
+/// interpreter's f32 product of the dequantized values to f32 rounding, at
+/// depths one K block and several deep and row counts with 1, primes and one
+/// past a tile.
 #[test]
 fn a_dequantized_product_multiplies_integers() {
-    for k in [96usize, 1000] {
+    for (k, heavy) in [(96usize, false), (1000, false), (1000, true)] {
         let text = format!(
             "{}  %r: f32[m, {k}] = neg %a
   output %y, %r
@@ -2019,10 +2022,13 @@ fn a_dequantized_product_multiplies_integers() {
         let mut rng = Lcg::new(k as u64 + 7);
         let mut w: Vec<i8> = (0..k * 7).map(|_| rng.next() as i8).collect();
         w[..7].copy_from_slice(&[-128, 127, -128, 127, 0, 1, -1]);
+        if heavy {
+            (0..k).for_each(|d| w[d * 7 + 3] = 127);
+        }
         let (m, plan) = with_int8_weight(&text, Tensor::new(vec![k, 7], Elems::I8(w)).expect("w"));
-        let shifted = k == 96;
+        let shifted = !heavy;
         let mark = if shifted { "(weight) (u8·s8)" } else { "(weight) (i16·s8)" };
-        assert!(plan.contains(mark), "no {mark} product at K {k}:\n{plan}");
+        assert!(plan.contains(mark), "no {mark} product at K {k} (heavy: {heavy}):\n{plan}");
         for int8 in [Int8::Auto, Int8::I16, Int8::Float] {
             let cm =
                 m.compile(&CompileOptions::new().threads(2).canaries(true).int8(int8)).expect("compiles");
@@ -2061,7 +2067,10 @@ fn a_dequantized_product_multiplies_integers() {
 /// divided by the output's scale, rounded, its zero point added, clamped to
 /// u8. The requantization is the product's epilogue, its scales parameters
 /// of the kernel (not constants compiled into it); the codes equal the
-/// interpreter's at every row count.
+/// interpreter's at every row count. With a zero point moved out of the
+/// product (`x·W - z·colsum(W)`), the epilogue subtracts that integer column
+/// term before it scales, as the graph does (a column scale and bias folding
+/// the scales into both terms would round some values to the next code).
 #[test]
 fn a_requantized_product_stores_its_codes_from_the_epilogue() {
     for (k, zp) in [(96usize, 0), (1000, 7)] {
@@ -2097,6 +2106,12 @@ fn a_requantized_product_stores_its_codes_from_the_epilogue() {
             "the requantization is not the product's parameterized epilogue:\n{product}"
         );
         // (The input's widening to f32 before the product is a loop program.)
+        if zp != 0 {
+            assert!(
+                product.contains("(u8·s8)") && product.contains("bias") && !product.contains("column scale"),
+                "the zero point's share is not subtracted before the scales:\n{product}"
+            );
+        }
         let after = plan.split_once("  matmul").map_or("", |(_, rest)| rest);
         assert!(!after.contains("  loop"), "a loop program is left after the product:\n{plan}");
         let cm = m.compile(&CompileOptions::new().threads(2).canaries(true)).expect("compiles");

@@ -1241,6 +1241,31 @@ impl<'g> Lowering<'g> {
                         .map(|_| (program, a))
                 });
                 let Some((program, a)) = fits.next() else { return Ok(None) };
+                // Where the product's integers less integral column terms (a
+                // zero point's share, moved out of it) are scaled after, the
+                // sum alone: the program then scales it as the graph does, in
+                // the same f32 operations, where scaling each term first
+                // would round differently.
+                let columns =
+                    g.env.normalize(&vs[vs.len() - 1]).as_const().and_then(|n| usize::try_from(n).ok());
+                let col_var = match b.x.node(col) {
+                    Node::Var(i) => Some(*i),
+                    _ => None,
+                };
+                let exact = match (integral, col_var, columns) {
+                    (true, Some(cv), Some(n)) => {
+                        integer_sum(&mut b, g, &site, value, (cv, n), &self.plan.buffers).and_then(
+                            |(core, a)| {
+                                let mut program = Pointwise::empty();
+                                let reads = shortcut.filter(|_| a.residual.is_none()).map(|r| r.0);
+                                pointwise(&b.x, value, (core, reads), &mut program, &mut HashMap::new())
+                                    .map(|_| (program, a))
+                            },
+                        )
+                    }
+                    _ => None,
+                };
+                let (program, a) = exact.unwrap_or((program, a));
                 (Activation::Pointwise(program), a)
             }
         };
@@ -1482,6 +1507,48 @@ fn find_sum<T>(
     }
     let children = program_operands(&b.x, e);
     children.into_iter().find_map(|c| find_sum(b, c, is_sum))
+}
+
+/// Below the scalings of `e` (products and quotients by column terms,
+/// negations, through the operations a program has), the first value that is
+/// the accumulator plus column terms known to be integers (`|v| < 2^24`):
+/// with it, its affine form (no coefficient). `None` where there is none.
+fn integer_sum(
+    b: &mut Builder,
+    g: &Graph,
+    site: &hoist::Site,
+    e: E,
+    (col, n): (u32, usize),
+    buffers: &[plan::Buffer],
+) -> Option<(E, hoist::Affine)> {
+    let mut e = e;
+    for _ in 0..64 {
+        if let Some(a) =
+            hoist::affine(b, g, e, site).filter(|a| a.acc && a.coef.is_none() && !a.cols.is_empty())
+        {
+            let integral = |c: &E| {
+                hoist::known_columns(b, buffers, *c, col, n)
+                    .is_some_and(|v| v.iter().all(|x| x.fract() == 0.0 && x.abs() < (1 << 24) as f32))
+            };
+            return a.cols.iter().all(integral).then_some((e, a));
+        }
+        e = match b.x.node(e).clone() {
+            Node::Binary(BinaryOp::Mul | BinaryOp::Div, p, q) if hoist::column_only(b, q, site) => p,
+            Node::Binary(BinaryOp::Mul, p, q) if hoist::column_only(b, p, site) => q,
+            Node::Unary(_, a) | Node::Cast(a) => a,
+            // Else the one operand reading the accumulator (a residual is added
+            // after the scaling).
+            Node::Binary(_, p, q) => {
+                match (hoist::reads_accumulator(b, p, site), hoist::reads_accumulator(b, q, site)) {
+                    (true, false) => p,
+                    (false, true) => q,
+                    _ => return None,
+                }
+            }
+            _ => return None,
+        };
+    }
+    None
 }
 
 /// The operands of `e` where it is an element-wise operation (or a cast) an

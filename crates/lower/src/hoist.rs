@@ -82,6 +82,11 @@ pub(crate) fn column_only(b: &Builder, e: E, s: &Site) -> bool {
     b.x.free(e) & !s.col_mask == 0 && !reads(b, e, s.c_buf)
 }
 
+/// Whether `e` reads the accumulator.
+pub(crate) fn reads_accumulator(b: &Builder, e: E, s: &Site) -> bool {
+    reads(b, e, s.c_buf)
+}
+
 fn reads(b: &Builder, e: E, buf: BufId) -> bool {
     if let Node::Load { buf: p, .. } = b.x.node(e) {
         if b.arg(*p).0 == buf {

@@ -76,8 +76,61 @@ fn next(g: &Graph) -> Option<(usize, ValueId, i64)> {
             (-128..=127, -128..=127) => 128,
             _ => return None,
         };
+        // Or by the weight's own columns: `x + shift` and `z + shift` are bytes.
+        let bytes = (0..=255).contains(&(zval + shift));
+        let exact =
+            exact || bytes && column_reach(g, &p, b).is_some_and(|reach| reach.saturating_mul(255) < EXACT);
         exact.then_some((i, z, shift))
     })
+}
+
+/// The most a column of the constant weight `w` (`[.., K, N]`, integral)
+/// can sum to, by magnitude, times operands in `0..=1`: the larger of its
+/// positive and its negative weights' sums, the largest over the columns.
+/// Times the operand's largest value (`x` and the zero point are bytes,
+/// from 0), it bounds every partial sum of `x·W` and `z·colsum(W)` in any
+/// order: a weight whose depth times its largest magnitude reaches past
+/// 2^24 (BERT's 3072-deep products) mostly sums far below it.
+fn column_reach(g: &Graph, p: &Producers, w: ValueId) -> Option<i64> {
+    let data = constant_under_casts(g, p, w)?;
+    let shape = &g.ty(w).shape;
+    let n = shape.last()?.as_const()? as usize;
+    let len = data.numel();
+    if n == 0 || len % n != 0 {
+        return None;
+    }
+    let bytes = data.bytes();
+    let value: Box<dyn Fn(usize) -> Option<i64>> = match data.ty().dtype {
+        DType::F32 => Box::new(|i| {
+            let x = f32::from_le_bytes(bytes.get(4 * i..4 * i + 4)?.try_into().ok()?);
+            (x.fract() == 0.0 && x.abs() < 256.0).then_some(x as i64)
+        }),
+        DType::I8 => Box::new(|i| Some(*bytes.get(i)? as i8 as i64)),
+        _ => return None,
+    };
+    // Each column of each batch entry: positive and negative sums (the
+    // batch's entries are rows of `len / n` apart by `n`).
+    let mut sums = vec![(0i64, 0i64); n];
+    let (mut reach, rows) = (0i64, len / n);
+    let k = shape.get(shape.len().checked_sub(2)?)?.as_const()? as usize;
+    for r in 0..rows {
+        for (c, s) in sums.iter_mut().enumerate() {
+            let v = value(r * n + c)?;
+            if v > 0 {
+                s.0 += v
+            } else {
+                s.1 -= v
+            }
+        }
+        // The last row of a batch entry: its columns are done.
+        if (r + 1) % k.max(1) == 0 {
+            for s in sums.iter_mut() {
+                reach = reach.max(s.0).max(s.1);
+                *s = (0, 0);
+            }
+        }
+    }
+    Some(reach)
 }
 
 /// The range of the values `v` holds with the zero point added back (its
