@@ -12,12 +12,12 @@
 //! ```
 //!
 //! exact in i32 and f32 (integers below 2^8, the shift after the clamps),
-//! so every value the model computes is unchanged. The codes are then what a uint8 model's are: the
-//! operands of u8·s8 products, stored as bytes by the epilogue of the product
-//! they quantize, read as bytes by the residual sum after it (where the
-//! int8 codes were stored as the product's f32 output and quantized by the
-//! sum's program); the lowering reads the shifted clamps as one
-//! quantization (`plan::Exprs::stored_integer`).
+//! so every value the model computes is unchanged. The codes are then what
+//! a uint8 model's are: the operands of u8·s8 products, stored as bytes by
+//! the epilogue of the product they quantize, read as bytes by the residual
+//! sum after it (where the int8 codes were stored as the product's f32
+//! output and quantized by the sum's program); the lowering reads the
+//! shifted clamps as one quantization (`plan::Exprs::stored_integer`).
 
 use std::collections::HashMap;
 

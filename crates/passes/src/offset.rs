@@ -14,10 +14,12 @@
 //! operands are then 8-bit unsigned integers by an int8 weight: the u8s8
 //! kernels' product, where the signed values `x - z` took the i16 family's.
 //! Where `x` holds 8-bit signed integers instead (an int8 input: a
-//! quantization's int8 codes are bytes by then, `SignedCodesAsBytes`), `x - z` is `(x + 128) - (z + 128)`: `A'` is the layout
-//! ops over `x + 128`, padding with `c + z + 128`, and `z + 128` is the zero
-//! point moved out. Only where both products sum exactly in f32 (every
-//! partial sum below 2^24), so that the rewrite changes no value.
+//! quantization's int8 codes are bytes by then, `SignedCodesAsBytes`),
+//! `x - z` is `(x + 128) - (z + 128)`: `A'` is the layout ops over
+//! `x + 128`, padding with `c + z + 128`, and `z + 128` is the zero point
+//! moved out. Only where both products sum exactly in f32 (every partial sum
+//! below 2^24, by the depth or by the weight's own columns), so that the
+//! rewrite changes no value.
 
 use std::collections::HashMap;
 

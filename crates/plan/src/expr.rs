@@ -289,8 +289,8 @@ impl Exprs {
     /// of an f32 `f` (`PwOp::Integer`): a quantization's store,
     /// `cast<f32>(cast<u8>(min(max(cast<i32>(f) + zero_point, 0), 255)))` (and
     /// that shifted after its clamps), or `f` cast straight to an 8-bit type
-    /// (saturating to its range). The clamps compose in any order; a narrowing cast needs them inside its type (it
-    /// would wrap past them).
+    /// (saturating to its range). The clamps compose in any order; a
+    /// narrowing cast needs them inside its type (it would wrap past them).
     /// (For an `e` of another type, its value is that integer only where
     /// the type holds `lo..=hi`: the caller checks.)
     pub fn stored_integer(&self, e: E) -> Option<(E, i32, i32, i32)> {
