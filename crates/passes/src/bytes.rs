@@ -34,19 +34,22 @@ impl Pass for SignedCodesAsBytes {
         "signed-codes-as-bytes"
     }
     fn run(&self, g: &mut Graph) -> Result<usize, PassError> {
-        let mut done = 0;
-        // One quantization at a time: a rewrite inserts nodes and shifts indices.
-        while let Some((at, casts)) = next(g) {
-            rewrite(g, at, &casts)?;
-            done += 1;
+        // Every quantization found at once (a rewrite makes none, and keeps
+        // the others' values), each rewritten where it is now: a rewrite
+        // inserts nodes and shifts indices.
+        let found = quantizations(g);
+        for (q, casts) in &found {
+            let at =
+                g.nodes.iter().position(|n| n.output == *q).ok_or_else(|| failed("a lost quantization"))?;
+            rewrite(g, at, casts)?;
         }
-        Ok(done)
+        Ok(found.len())
     }
 }
 
-/// The first int8 quantization to rewrite (its node) and the casts to f32
-/// that read it (all of its readers).
-fn next(g: &Graph) -> Option<(usize, Vec<ValueId>)> {
+/// The int8 quantizations to rewrite and the casts to f32 that read each
+/// (all of its readers).
+fn quantizations(g: &Graph) -> Vec<(ValueId, Vec<ValueId>)> {
     let p = Producers::of(g);
     let mut readers: HashMap<ValueId, Vec<usize>> = HashMap::new();
     for (i, n) in g.nodes.iter().enumerate() {
@@ -54,7 +57,7 @@ fn next(g: &Graph) -> Option<(usize, Vec<ValueId>)> {
             readers.entry(*u).or_default().push(i);
         }
     }
-    g.nodes.iter().enumerate().find_map(|(i, n)| {
+    let found = g.nodes.iter().filter_map(|n| {
         let q = n.output;
         if !matches!(n.op, Op::Cast) || g.ty(q).dtype != DType::I8 || g.outputs.contains(&q) {
             return None;
@@ -71,8 +74,9 @@ fn next(g: &Graph) -> Option<(usize, Vec<ValueId>)> {
             let node = p.node(g, *f);
             node.is_some_and(|m| matches!(m.op, Op::Cast)) && g.ty(*f).dtype == DType::F32
         };
-        casts.iter().all(dequantized).then_some((i, casts))
-    })
+        casts.iter().all(dequantized).then_some((q, casts))
+    });
+    found.collect()
 }
 
 /// The bounds the clamps of `v` (`min` and `max` by constants, outermost
@@ -163,4 +167,120 @@ fn rewrite(g: &mut Graph, at: usize, casts: &[ValueId]) -> Result<(), PassError>
 
 fn failed(msg: &str) -> PassError {
     PassError::Failed { pass: "signed-codes-as-bytes", msg: msg.into() }
+}
+
+/// A quantization of a dequantization with the same scale and zero point is
+/// the codes themselves: `quantize_static` puts a quantize-dequantize pair
+/// after each of attention's reshapes and transposes, so a head's codes are
+/// dequantized and quantized again three times over. Where `q` (bytes) is
+/// dequantized, `(cast<f32>(q) - z)·s`, viewed (reshapes, transposes) and
+/// quantized by the same `s` and `z`, the quantization is the same views of
+/// `q`: exact, as `n = q - z` is within ±255 and `(n·s)/s` in f32 is within
+/// 255·2^-23 of `n` (a normal `s`), so it rounds to `n`, and `n + z` is `q`,
+/// inside the clamps.
+pub struct QuantizedRoundTrip;
+
+impl Pass for QuantizedRoundTrip {
+    fn name(&self) -> &'static str {
+        "quantized-round-trip"
+    }
+    fn run(&self, g: &mut Graph) -> Result<usize, PassError> {
+        let mut done = 0;
+        while let Some((at, q, views)) = round_trip(g) {
+            let out = g.nodes[at].output;
+            let mut ins = Inserter { at, hint: g.name(out).to_string() };
+            let mut v = q;
+            for view in views.iter().rev() {
+                let n = g.nodes[*view].clone();
+                let ty = TensorType { dtype: DType::U8, ..g.ty(n.output).clone() };
+                v = ins.add(g, n.op.clone(), vec![v], "codes", ty);
+            }
+            g.replace_uses(out, v);
+            done += 1;
+        }
+        Ok(done)
+    }
+}
+
+/// The first byte quantization of a dequantization by the same scale and
+/// zero point: its node, the codes, and the view nodes between (nearest the
+/// quantization first).
+fn round_trip(g: &Graph) -> Option<(usize, ValueId, Vec<usize>)> {
+    let p = Producers::of(g);
+    let uses = g.use_counts();
+    g.nodes.iter().enumerate().find_map(|(i, n)| {
+        if !matches!(n.op, Op::Cast) || g.ty(n.output).dtype != DType::U8 || uses[n.output.index()] == 0 {
+            return None;
+        }
+        let (y, scale, zero) = byte_quantization(g, &p, n.inputs[0])?;
+        // Through the views to the dequantization.
+        let (mut v, mut views) = (y, Vec::new());
+        while let Some(m) = p.node(g, v).filter(|m| matches!(m.op, Op::Reshape | Op::Transpose { .. })) {
+            views.push(p.index(g, v)?);
+            v = m.inputs[0];
+        }
+        let (q, s, z) = dequantization(g, &p, v)?;
+        let normal = scale.is_normal() && scale > 0.0 && (scale * 255.0).is_finite();
+        (normal && s.to_bits() == scale.to_bits() && z == zero && q != n.output).then_some((i, q, views))
+    })
+}
+
+/// `t` (i32) as a quantization to bytes, `clamp(cast<i32>(round(y / s)) + z0,
+/// lo, hi) + shift` with `lo + shift = 0` and `hi + shift = 255`: `y`, `s`
+/// and the byte's zero point `z0 + shift`.
+fn byte_quantization(g: &Graph, p: &Producers, t: ValueId) -> Option<(ValueId, f32, i64)> {
+    let n = p.node(g, t)?;
+    let (clamps, shift) = match n.op {
+        Op::Binary(BinaryOp::Add) => match (integer(g, p, n.inputs[0]), integer(g, p, n.inputs[1])) {
+            (None, Some(k)) => (n.inputs[0], k),
+            (Some(k), None) => (n.inputs[1], k),
+            _ => (t, 0),
+        },
+        _ => (t, 0),
+    };
+    let (lo, hi) = clamped(g, p, clamps)?;
+    if (lo + shift, hi + shift) != (0, 255) {
+        return None;
+    }
+    let mut v = clamps;
+    while let Some((_, _, rest)) = clamp(g, p, v) {
+        v = rest;
+    }
+    let n = p.node(g, v)?;
+    let (rounded, z0) = match n.op {
+        Op::Binary(BinaryOp::Add) => match (integer(g, p, n.inputs[0]), integer(g, p, n.inputs[1])) {
+            (None, Some(k)) => (n.inputs[0], k),
+            (Some(k), None) => (n.inputs[1], k),
+            _ => return None,
+        },
+        _ => (v, 0),
+    };
+    let cast =
+        p.node(g, rounded).filter(|c| matches!(c.op, Op::Cast) && g.ty(rounded).dtype == DType::I32)?;
+    let round = p.node(g, cast.inputs[0]).filter(|r| matches!(r.op, Op::Unary(ir::UnaryOp::Round)))?;
+    let div = p.node(g, round.inputs[0]).filter(|d| matches!(d.op, Op::Binary(BinaryOp::Div)))?;
+    let s = uniform(g, p, div.inputs[1])?;
+    (g.ty(div.inputs[0]).dtype == DType::F32).then_some((div.inputs[0], s as f32, z0 + shift))
+}
+
+/// `v` as a dequantization of bytes, `(cast<f32>(q) - z)·s` (or `cast<f32>(q)·s`):
+/// `q`, `s` and `z`.
+fn dequantization(g: &Graph, p: &Producers, v: ValueId) -> Option<(ValueId, f32, i64)> {
+    let n = p.node(g, v).filter(|n| matches!(n.op, Op::Binary(BinaryOp::Mul)))?;
+    let (x, s) = match (uniform(g, p, n.inputs[0]), uniform(g, p, n.inputs[1])) {
+        (None, Some(s)) => (n.inputs[0], s),
+        (Some(s), None) => (n.inputs[1], s),
+        _ => return None,
+    };
+    let m = p.node(g, x)?;
+    let (f, z) = match m.op {
+        Op::Binary(BinaryOp::Sub) => {
+            let z = uniform(g, p, m.inputs[1]).filter(|z| z.fract() == 0.0 && z.abs() <= 255.0)?;
+            (m.inputs[0], z as i64)
+        }
+        _ => (x, 0),
+    };
+    let cast = p.node(g, f).filter(|c| matches!(c.op, Op::Cast))?;
+    let q = cast.inputs[0];
+    (g.ty(q).dtype == DType::U8 && g.ty(f).dtype == DType::F32).then_some((q, s as f32, z))
 }

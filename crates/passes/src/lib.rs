@@ -26,7 +26,7 @@ use ir::Graph;
 
 pub use affine::FoldAffineIntoMatMul;
 pub use broadcast::{BroadcastGuard, EliminateBroadcasts};
-pub use bytes::SignedCodesAsBytes;
+pub use bytes::{QuantizedRoundTrip, SignedCodesAsBytes};
 pub use canonical::{Cse, Dce, FoldConstants, HoistMatMulScale, SimplifyAlgebra, SimplifyShapes};
 pub use conv::ConvAsMatMul;
 pub use fusion::{fuse, print_plan, FusionGroup, FusionPlan, GroupKind};
@@ -172,6 +172,7 @@ pub fn canonicalization() -> Vec<Box<dyn Pass>> {
         // Before the zero points move out of products: int8 activations are
         // their bytes by then.
         Box::new(SignedCodesAsBytes),
+        Box::new(QuantizedRoundTrip),
         Box::new(FoldAffineIntoMatMul),
         Box::new(IntegerMatMulAsFloat),
         Box::new(MoveZeroPointOut),

@@ -41,7 +41,10 @@ impl Pass for MoveZeroPointOut {
         // (a layer's queries, keys and values, merged later).
         let mut stripped = HashMap::new();
         // One product at a time: a rewrite inserts nodes and shifts indices.
-        while let Some((at, z, shift)) = next(g) {
+        // Each weight's range and column reach, scanned once (a weight's
+        // millions of values) for all the products' rounds.
+        let mut weights = HashMap::new();
+        while let Some((at, z, shift)) = next(g, &mut weights) {
             rewrite(g, at, z, shift, &mut stripped)?;
             done += 1;
         }
@@ -51,7 +54,7 @@ impl Pass for MoveZeroPointOut {
 
 /// The first matmul to rewrite, its zero point (a one-element constant), and
 /// what its values are shifted by to be unsigned (0, or 128 for signed ones).
-fn next(g: &Graph) -> Option<(usize, ValueId, i64)> {
+fn next(g: &Graph, weights: &mut Weights) -> Option<(usize, ValueId, i64)> {
     let p = Producers::of(g);
     g.nodes.iter().enumerate().find_map(|(i, n)| {
         let Op::MatMul { transpose_a: false, transpose_b: false } = n.op else { return None };
@@ -62,7 +65,7 @@ fn next(g: &Graph) -> Option<(usize, ValueId, i64)> {
         let mut z = None;
         let (lo, hi) = stripped_range(g, &p, a, &mut z, 0)?;
         let z = z?;
-        let (wlo, whi) = value_range(g, b)?;
+        let (wlo, whi) = weights.entry(b).or_insert_with(|| (value_range(g, b), None)).0?;
         let depth = g.ty(a).shape.last()?.as_const()?;
         let mw = wlo.abs().max(whi.abs());
         let ma = lo.abs().max(hi.abs());
@@ -80,10 +83,20 @@ fn next(g: &Graph) -> Option<(usize, ValueId, i64)> {
         };
         // Or by the weight's own columns: `x + shift` and `z + shift` are bytes.
         let bytes = (0..=255).contains(&(zval + shift));
-        let exact =
-            exact || bytes && column_reach(g, &p, b).is_some_and(|reach| reach.saturating_mul(255) < EXACT);
+        let exact = exact
+            || bytes
+                && weight_reach(g, &p, b, weights).is_some_and(|reach| reach.saturating_mul(255) < EXACT);
         exact.then_some((i, z, shift))
     })
+}
+
+/// A weight's range and its column reach (`None`: not yet scanned), by value.
+type Weights = HashMap<ValueId, (Option<(i64, i64)>, Option<Option<i64>>)>;
+
+/// [`column_reach`] of `w`, scanned once.
+fn weight_reach(g: &Graph, p: &Producers, w: ValueId, weights: &mut Weights) -> Option<i64> {
+    let entry = weights.entry(w).or_insert_with(|| (value_range(g, w), None));
+    *entry.1.get_or_insert_with(|| column_reach(g, p, w))
 }
 
 /// The most a column of the constant weight `w` (`[.., K, N]`, integral)
@@ -102,30 +115,40 @@ fn column_reach(g: &Graph, p: &Producers, w: ValueId) -> Option<i64> {
         return None;
     }
     let bytes = data.bytes();
-    let value: Box<dyn Fn(usize) -> Option<i64>> = match data.ty().dtype {
-        DType::F32 => Box::new(|i| {
-            let x = f32::from_le_bytes(bytes.get(4 * i..4 * i + 4)?.try_into().ok()?);
-            (x.fract() == 0.0 && x.abs() < 256.0).then_some(x as i64)
-        }),
-        DType::I8 => Box::new(|i| Some(*bytes.get(i)? as i8 as i64)),
+    let k = shape.get(shape.len().checked_sub(2)?)?.as_const()? as usize;
+    if k == 0 || len % (k * n) != 0 {
+        return None;
+    }
+    // Each column of each batch entry (`k` rows of `n`): positive and negative
+    // sums, row by row; a value that is no integer (of a float weight) ends
+    // the scan.
+    let mut sums = vec![(0i64, 0i64); n];
+    let mut reach = 0i64;
+    let width = match data.ty().dtype {
+        DType::F32 => 4,
+        DType::I8 => 1,
         _ => return None,
     };
-    // Each column of each batch entry: positive and negative sums (the
-    // batch's entries are rows of `len / n` apart by `n`).
-    let mut sums = vec![(0i64, 0i64); n];
-    let (mut reach, rows) = (0i64, len / n);
-    let k = shape.get(shape.len().checked_sub(2)?)?.as_const()? as usize;
-    for r in 0..rows {
-        for (c, s) in sums.iter_mut().enumerate() {
-            let v = value(r * n + c)?;
+    for (r, row) in bytes.chunks_exact(width * n).enumerate() {
+        for (s, w) in sums.iter_mut().zip(row.chunks_exact(width)) {
+            let v = match width {
+                4 => {
+                    let x = f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                    let v = x as i64;
+                    if v as f32 != x || v.abs() > 255 {
+                        return None;
+                    }
+                    v
+                }
+                _ => w[0] as i8 as i64,
+            };
             if v > 0 {
                 s.0 += v
             } else {
                 s.1 -= v
             }
         }
-        // The last row of a batch entry: its columns are done.
-        if (r + 1) % k.max(1) == 0 {
+        if (r + 1) % k == 0 {
             for s in sums.iter_mut() {
                 reach = reach.max(s.0).max(s.1);
                 *s = (0, 0);

@@ -329,6 +329,71 @@ fn int8_codes_held_as_bytes_keep_the_values() {
     }
 }
 
+/// A quantization of a dequantization by the same scale and zero point,
+/// through a reshape and a transpose (`quantize_static`'s pairs around
+/// attention's views), is the codes themselves, viewed (`QuantizedRoundTrip`):
+/// every one of the 256 codes gives the same value, bytes to bytes and bytes
+/// to int8 codes (held as bytes first, `SignedCodesAsBytes`); another scale
+/// keeps the pair.
+#[test]
+fn a_quantized_round_trip_is_the_codes() {
+    for (s2, zq, signed, folded) in
+        [("0.0196588", 133, false, 1), ("0.0196589", 133, false, 0), ("0.0196588", 5, true, 1)]
+    {
+        let (lo, hi, ty) = if signed { (-128, 127, "i8") } else { (0, 255, "u8") };
+        let text = format!(
+            "graph {{
+  sym n param 1..
+  input %q: u8[n, 8]
+  %qf: f32[n, 8] = cast %q
+  %z: f32[1, 1] = constant [133.0]
+  %zb: f32[n, 8] = broadcast %z
+  %x: f32[n, 8] = sub %qf, %zb
+  %s: f32[1, 1] = constant [0.0196588]
+  %sb: f32[n, 8] = broadcast %s
+  %d: f32[n, 8] = mul %x, %sb
+  %r: f32[n, 2, 4] = reshape %d
+  %t: f32[n, 4, 2] = transpose[perm=[0, 2, 1]] %r
+  %s2: f32[1, 1, 1] = constant [{s2}]
+  %s2b: f32[n, 4, 2] = broadcast %s2
+  %y: f32[n, 4, 2] = div %t, %s2b
+  %yr: f32[n, 4, 2] = round %y
+  %yi: i32[n, 4, 2] = cast %yr
+  %zq: i32[1, 1, 1] = constant [{zq}]
+  %zqb: i32[n, 4, 2] = broadcast %zq
+  %ya: i32[n, 4, 2] = add %yi, %zqb
+  %lo: i32[1, 1, 1] = constant [{lo}]
+  %lob: i32[n, 4, 2] = broadcast %lo
+  %hi: i32[1, 1, 1] = constant [{hi}]
+  %hib: i32[n, 4, 2] = broadcast %hi
+  %c0: i32[n, 4, 2] = max %ya, %lob
+  %c1: i32[n, 4, 2] = min %c0, %hib
+  %o: {ty}[n, 4, 2] = cast %c1
+  %of: f32[n, 4, 2] = cast %o
+  %zf: f32[1, 1, 1] = constant [{zq}.0]
+  %zfb: f32[n, 4, 2] = broadcast %zf
+  %od: f32[n, 4, 2] = sub %of, %zfb
+  %s2f: f32[n, 4, 2] = broadcast %s2
+  %out: f32[n, 4, 2] = mul %od, %s2f
+  output %out
+}}
+"
+        );
+        let before = ir::parse_graph(&text, &|_| None).unwrap_or_else(|e| panic!("{e}"));
+        let mut after = before.clone();
+        let report = Pipeline::standard().verify(true).run(&mut after).expect("pipeline");
+        let case = format!("scale {s2}, zero point {zq}, {ty}");
+        assert_eq!(report.rewrites("quantized-round-trip"), folded, "{case}: {report:?}");
+        // Every code once, in 32 rows of 8.
+        let codes: Vec<u8> = (0..=255u8).collect();
+        let ins = vec![("q".to_string(), Tensor::new(vec![32, 8], Elems::U8(codes)).unwrap())];
+        let bits = |t: &[(String, Tensor)]| -> Vec<u64> {
+            t[0].1.to_f64_vec().iter().map(|x| x.to_bits()).collect()
+        };
+        assert_eq!(bits(&run(&before, &ins)), bits(&run(&after, &ins)), "{case}");
+    }
+}
+
 /// A max pool of a positive scaling (a dequantized activation's scale) takes
 /// the scaling after it, and the values stay bit for bit (negative values,
 /// zeros of both signs, infinities, NaN and the padding included); a negative
