@@ -1226,6 +1226,14 @@ impl<'g> Lowering<'g> {
         }
         let site =
             hoist::Site { c_buf: *c_buf, c_idx: &c_idx, vars: &vars, vs, col_mask: b.x.free(col), integral };
+        // The column variable and the number of columns, where known (terms
+        // computed when lowering).
+        let col_var = match b.x.node(col) {
+            Node::Var(i) => Some(*i),
+            _ => None,
+        };
+        let n = vs[vs.len() - 1].clone();
+        let columns = g.env.normalize(&n).as_const().and_then(|n| usize::try_from(n).ok());
         let (act, aff) = match hoist::affine(&mut b, g, inner, &site) {
             Some(a) => (act, a),
             None => {
@@ -1246,12 +1254,6 @@ impl<'g> Lowering<'g> {
                 // sum alone: the program then scales it as the graph does, in
                 // the same f32 operations, where scaling each term first
                 // would round differently.
-                let columns =
-                    g.env.normalize(&vs[vs.len() - 1]).as_const().and_then(|n| usize::try_from(n).ok());
-                let col_var = match b.x.node(col) {
-                    Node::Var(i) => Some(*i),
-                    _ => None,
-                };
                 let exact = match (integral, col_var, columns) {
                     (true, Some(cv), Some(n)) => {
                         integer_sum(&mut b, g, &site, value, (cv, n), &self.plan.buffers).and_then(
@@ -1301,15 +1303,9 @@ impl<'g> Lowering<'g> {
         }
         // The column terms' program, over the output's last dim.
         let (x, args) = (b.x.clone(), b.args());
-        let col_var = match x.node(col) {
-            Node::Var(i) => Some(*i),
-            _ => None,
-        };
-        let n = vs[vs.len() - 1].clone();
         // Terms known at compile time (a static quantization's scales and
         // zero point sums) become constants, where all of them are; else a
         // program computes them at each call.
-        let columns = g.env.normalize(&n).as_const().and_then(|n| usize::try_from(n).ok());
         let known = |e: Option<E>| match e {
             None => Some(None),
             Some(e) => hoist::known_columns(&b, &self.plan.buffers, e, col_var?, columns?).map(Some),

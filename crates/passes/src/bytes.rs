@@ -229,15 +229,7 @@ fn round_trip(g: &Graph) -> Option<(usize, ValueId, Vec<usize>)> {
 /// lo, hi) + shift` with `lo + shift = 0` and `hi + shift = 255`: `y`, `s`
 /// and the byte's zero point `z0 + shift`.
 fn byte_quantization(g: &Graph, p: &Producers, t: ValueId) -> Option<(ValueId, f32, i64)> {
-    let n = p.node(g, t)?;
-    let (clamps, shift) = match n.op {
-        Op::Binary(BinaryOp::Add) => match (integer(g, p, n.inputs[0]), integer(g, p, n.inputs[1])) {
-            (None, Some(k)) => (n.inputs[0], k),
-            (Some(k), None) => (n.inputs[1], k),
-            _ => (t, 0),
-        },
-        _ => (t, 0),
-    };
+    let (clamps, shift) = plus_constant(g, p, t).unwrap_or((t, 0));
     let (lo, hi) = clamped(g, p, clamps)?;
     if (lo + shift, hi + shift) != (0, 255) {
         return None;
@@ -246,13 +238,8 @@ fn byte_quantization(g: &Graph, p: &Producers, t: ValueId) -> Option<(ValueId, f
     while let Some((_, _, rest)) = clamp(g, p, v) {
         v = rest;
     }
-    let n = p.node(g, v)?;
-    let (rounded, z0) = match n.op {
-        Op::Binary(BinaryOp::Add) => match (integer(g, p, n.inputs[0]), integer(g, p, n.inputs[1])) {
-            (None, Some(k)) => (n.inputs[0], k),
-            (Some(k), None) => (n.inputs[1], k),
-            _ => return None,
-        },
+    let (rounded, z0) = match p.node(g, v)?.op {
+        Op::Binary(BinaryOp::Add) => plus_constant(g, p, v)?,
         _ => (v, 0),
     };
     let cast =
@@ -261,6 +248,16 @@ fn byte_quantization(g: &Graph, p: &Producers, t: ValueId) -> Option<(ValueId, f
     let div = p.node(g, round.inputs[0]).filter(|d| matches!(d.op, Op::Binary(BinaryOp::Div)))?;
     let s = uniform(g, p, div.inputs[1])?;
     (g.ty(div.inputs[0]).dtype == DType::F32).then_some((div.inputs[0], s as f32, z0 + shift))
+}
+
+/// `v` as `x + k` (either side) with `k` an integral constant: `x` and `k`.
+fn plus_constant(g: &Graph, p: &Producers, v: ValueId) -> Option<(ValueId, i64)> {
+    let n = p.node(g, v).filter(|n| matches!(n.op, Op::Binary(BinaryOp::Add)))?;
+    match (integer(g, p, n.inputs[0]), integer(g, p, n.inputs[1])) {
+        (None, Some(k)) => Some((n.inputs[0], k)),
+        (Some(k), None) => Some((n.inputs[1], k)),
+        _ => None,
+    }
 }
 
 /// `v` as a dequantization of bytes, `(cast<f32>(q) - z)·s` (or `cast<f32>(q)·s`):
