@@ -11,7 +11,7 @@
 //! shuffle, `ldmatrix` and `mma` exchange their lanes' operands there and compute
 //! what each lane gets as the PTX ISA lays the fragments out; `wgmma` reads its
 //! operands from shared memory through its descriptors. Copies and products complete
-//! when issued. `tanh.approx`, `ex2.approx` and `lg2.approx` (the epilogues'
+//! when issued, a warpgroup's for all its lanes once they meet at a group's wait. `tanh.approx`, `ex2.approx` and `lg2.approx` (the epilogues'
 //! transcendental functions) are computed exactly; f16 is converted by F16C instructions (a kernel function's target
 //! feature), where x86 would otherwise call a library the JIT cannot resolve.
 
@@ -158,13 +158,15 @@ fn line_for_host(line: &str) -> String {
     if t.contains("asm sideeffect") && t.contains("wgmma.mma_async.sync.aligned.m64n") {
         return wgmma_for_host(t);
     }
-    // A group's wait alone passes the accumulators through (they are complete on
-    // the host when issued).
+    // A group's wait alone passes the accumulators through (a lane's are complete
+    // on the host when issued) once every lane of the warpgroup has computed its
+    // own: on the GPU the group is the warpgroup's, so that past its wait no
+    // product reads the stage that a release then hands back.
     if let Some((lhs, rest)) = t.split_once(" = call ") {
         if rest.contains("asm sideeffect \"wgmma.wait_group.sync.aligned") {
             let args = call_args(rest);
             let agg = format!("{{{}}}", vec!["float"; args.len()].join(", "));
-            let mut s = String::new();
+            let mut s = String::from("  call void @anyshape_host_wgmma_wait()\n");
             let mut last = "poison".to_string();
             for (i, a) in args.iter().enumerate() {
                 let next = if i + 1 == args.len() { lhs.to_string() } else { format!("{lhs}.w{i}") };
@@ -338,6 +340,7 @@ declare void @anyshape_host_cpasync(ptr, ptr, i32)
 declare void @anyshape_host_ldmatrix(ptr, ptr, i32)
 declare void @anyshape_host_mma(ptr, i32, i32, i32, i32, i32, i32, i32, float, float, float, float)
 declare void @anyshape_host_wgmma(ptr, i32, i32, i32, i32)
+declare void @anyshape_host_wgmma_wait()
 declare void @anyshape_host_mbar_init(i32, i32)
 declare void @anyshape_host_mbar_expect(i32, i32)
 declare void @anyshape_host_mbar_arrive_if(i32, i32)
@@ -443,7 +446,7 @@ pub fn engine<'c>(ctx: &'c Context, ir: &str, name: &str) -> Result<ExecutionEng
         .map_err(|e| format!("{e}\n{ir}"))?;
     module.verify().map_err(|e| format!("{e}\n{ir}"))?;
     let ee = module.create_jit_execution_engine(OptimizationLevel::Default).map_err(|e| e.to_string())?;
-    let fns: [(&str, usize); 19] = [
+    let fns: [(&str, usize); 20] = [
         ("anyshape_host_shfl_i32", host_shfl_i32 as *const () as usize),
         ("anyshape_host_tanh", host_tanh as *const () as usize),
         ("anyshape_host_ex2", host_ex2 as *const () as usize),
@@ -455,6 +458,7 @@ pub fn engine<'c>(ctx: &'c Context, ir: &str, name: &str) -> Result<ExecutionEng
         ("anyshape_host_tma", host_tma as *const () as usize),
         ("anyshape_host_named_bar", host_named_bar as *const () as usize),
         ("anyshape_host_wgmma", host_wgmma as *const () as usize),
+        ("anyshape_host_wgmma_wait", host_wgmma_wait as *const () as usize),
         ("anyshape_host_bar", host_bar as *const () as usize),
         ("anyshape_host_cpasync", host_cpasync as *const () as usize),
         ("anyshape_host_ldmatrix", host_ldmatrix as *const () as usize),
@@ -907,6 +911,14 @@ extern "C" fn host_wgmma(scratch: *mut u8, kind: i32, bn: i32, steps: i32, scale
             }
         }
     }
+}
+
+/// `wgmma.wait_group` alone (a group's products waited for before the
+/// accumulators are read): the warpgroup's lanes meet, each having computed
+/// its products, as the warpgroup's group is complete on the GPU.
+extern "C" fn host_wgmma_wait() {
+    let (block, w) = with_lane(|l| (l.block.clone(), l.warp));
+    block.warpgroups[w / 4].wait();
 }
 
 /// `host_wgmma`'s kind bit for A in registers (bit 0: f16, else bf16).

@@ -25,7 +25,9 @@
 //! the operands) and mbarriers that count the bytes landed and the consumers done;
 //! one or two consumer warpgroups that wait on those barriers, keep a group of
 //! products in flight, and store C through shared memory in 16-byte chunks; with
-//! two consumers `setmaxnreg` moves the producer's registers to them. Split-K
+//! two consumers `setmaxnreg` moves the producer's registers to them. A persistent
+//! kernel's two consumers may instead take its tiles in turns (ping-pong: each a
+//! 64-row tile of its own, one storing while the other multiplies). Split-K
 //! kernels (any family) run a share of K's steps per `z` block and store f32
 //! partial sums; a reduction kernel sums the shares and applies the epilogue.
 //! Blocks are rasterized in groups of tile rows for L2 reuse.
@@ -2093,12 +2095,15 @@ impl Gen {
     /// round of the stages: round r waits for parity r mod 2 on `full` and, on
     /// `empty`, for the opposite (the first round's wait passes at once). A
     /// persistent kernel runs this over its tiles, the steps counted across them, so
-    /// that the producer fills the next tile's stages during the epilogue.
+    /// that the producer fills the next tile's stages during the epilogue. A
+    /// ping-pong kernel's consumers take every other tile each (`take_turn`): a
+    /// stage is one consumer's, released by its 4 warps; a consumer gives the
+    /// other its turn once it has waited for its tile's last stage, and stores
+    /// while the other multiplies.
     fn tma_kernel(&mut self, ix: &Ix) {
         let k = self.k;
         let s = k.stages;
         let (a_bytes, b_bytes) = k.stage_bytes();
-        let consumers = k.warpgroups();
         let smem0 = self.v("ptrtoint ptr addrspace(3) @smem to i32");
         let bars = self.v(format!("add i32 {smem0}, {}", s * (a_bytes + b_bytes)));
         let first = self.v(format!("icmp eq i32 {}, -{TMA_PRODUCER_THREADS}", ix.tid));
@@ -2107,9 +2112,18 @@ impl Gen {
         for i in 0..s {
             let full = self.v(format!("add i32 {bars}, {}", 8 * i));
             let empty = self.v(format!("add i32 {bars}, {}", 8 * (s + i)));
-            for (bar, count) in [(full, 1), (empty, 4 * consumers)] {
+            for (bar, count) in [(full, 1), (empty, 4 * k.stage_readers())] {
                 self.emit(format!(
                     "call void asm sideeffect \"mbarrier.init.shared::cta.b64 [$0], $1;\", \"r,r,~{{memory}}\"(i32 {bar}, i32 {count})"
+                ));
+            }
+        }
+        if k.pingpong {
+            // Each consumer's turn: every thread of the other arrives once a phase.
+            for w in 0..2 {
+                let turn = self.v(format!("add i32 {bars}, {}", 8 * (2 * s + w)));
+                self.emit(format!(
+                    "call void asm sideeffect \"mbarrier.init.shared::cta.b64 [$0], $1;\", \"r,r,~{{memory}}\"(i32 {turn}, i32 128)"
                 ));
             }
         }
@@ -2175,9 +2189,15 @@ impl Gen {
             ));
         }
         let wg = self.v(format!("lshr i32 {}, 7", ix.tid));
-        let wg_a = self.v(format!("mul i32 {wg}, {}", 64 * 128));
+        // A ping-pong consumer's tile is its own: its A rows start the stage's.
+        let wg_a = if k.pingpong { "0".to_string() } else { self.v(format!("mul i32 {wg}, {}", 64 * 128)) };
         let lane0 = self.v(format!("icmp eq i32 {}, 0", ix.lane));
-        let (cix, cg, into, tiles) = self.tile_loop_head("c", ix, "consumer", "loop");
+        let body = if k.pingpong { "turn" } else { "loop" };
+        let (cix, cg, mut into, tiles) = self.tile_loop_head("c", ix, "consumer", body);
+        if k.pingpong {
+            self.take_turn(&bars, &wg, &cix, &cg);
+            into = "turn".into();
+        }
         self.block("loop");
         let head = self.body.len();
         let acc_names: Vec<String> = (0..k.accumulators()).map(|i| format!("%acc{i}")).collect();
@@ -2200,6 +2220,12 @@ impl Gen {
         self.emit(format!("br i1 {again}, label %loop, label %epilogue"));
         self.close_loop(head, &into, &kt1, "loop", &acc_names, &cur);
         self.block("epilogue");
+        if k.pingpong {
+            // Every stage of the tile has been waited for: the other consumer's turn.
+            let other = self.v(format!("xor i32 {wg}, 1"));
+            let turn = self.barrier(&bars, &other, 2 * s);
+            self.arrive_if("1", &turn);
+        }
         let frags = self.wgmma_frags(&cix, cur, true);
         // The last step's products are complete too: a persistent kernel's producer
         // may fill its stage with the next tile's while this one is stored.
@@ -2243,11 +2269,30 @@ impl Gen {
         }
         let t0 = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
         let grid = self.tile_grid();
-        self.emit(format!("br label %tile.{role}"));
+        let (t0, g0) = if self.k.pingpong && role == "c" {
+            // Consumer w takes the block's tiles w, w + 2, …: its first is w
+            // tiles on, its steps counted from w tiles' steps, if there is one.
+            let w = self.v(format!("lshr i32 {}, 7", ix.tid));
+            let blocks = self.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()");
+            let on = self.v(format!("mul i32 {w}, {blocks}"));
+            let t0 = self.v(format!("add i32 {t0}, {on}"));
+            let bk = self.k.bk();
+            let kr = self.v(format!("add i32 %K, {}", bk - 1));
+            let steps = self.v(format!("udiv i32 {kr}, {bk}"));
+            let g0 = self.v(format!("mul i32 {w}, {steps}"));
+            let per = self.v(format!("mul i32 {}, {}", grid.0, grid.1));
+            let total = self.v(format!("mul i32 {per}, %batch"));
+            let any = self.v(format!("icmp slt i32 {t0}, {total}"));
+            self.emit(format!("br i1 {any}, label %tile.{role}, label %finished"));
+            (t0, g0)
+        } else {
+            self.emit(format!("br label %tile.{role}"));
+            (t0, "0".to_string())
+        };
         self.block(&format!("tile.{role}"));
         let (t, g) = (format!("%tile.{role}.t"), format!("%tile.{role}.g"));
         self.emit(format!("{t} = phi i32 [ {t0}, %{from} ], [ %tile.{role}.t1, %tile.{role}.next ]"));
-        self.emit(format!("{g} = phi i32 [ 0, %{from} ], [ %tile.{role}.g1, %tile.{role}.next ]"));
+        self.emit(format!("{g} = phi i32 [ {g0}, %{from} ], [ %tile.{role}.g1, %tile.{role}.next ]"));
         let tix = self.indices(Some((&t, &grid)));
         self.emit(format!("br label %{body}"));
         (tix, g, format!("tile.{role}"), grid)
@@ -2263,8 +2308,16 @@ impl Gen {
         }
         self.block(&format!("tile.{role}.next"));
         let grid = self.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()");
-        self.emit(format!("%tile.{role}.g1 = add i32 %tile.{role}.g, {}", ix.kt_n));
-        self.emit(format!("%tile.{role}.t1 = add i32 %tile.{role}.t, {grid}"));
+        if self.k.pingpong && role == "c" {
+            // Every other tile of the block's: the other consumer's between.
+            let steps = self.v(format!("shl i32 {}, 1", ix.kt_n));
+            let on = self.v(format!("shl i32 {grid}, 1"));
+            self.emit(format!("%tile.{role}.g1 = add i32 %tile.{role}.g, {steps}"));
+            self.emit(format!("%tile.{role}.t1 = add i32 %tile.{role}.t, {on}"));
+        } else {
+            self.emit(format!("%tile.{role}.g1 = add i32 %tile.{role}.g, {}", ix.kt_n));
+            self.emit(format!("%tile.{role}.t1 = add i32 %tile.{role}.t, {grid}"));
+        }
         let per = self.v(format!("mul i32 {gx}, {gy}"));
         let total = self.v(format!("mul i32 {per}, %batch"));
         let more = self.v(format!("icmp slt i32 %tile.{role}.t1, {total}"));
@@ -2278,9 +2331,33 @@ impl Gen {
         let (slot, _) = self.stage_of(step);
         let empty = self.barrier(bars, &slot, self.k.stages);
         let arrive32 = self.v(format!("zext i1 {arrive} to i32"));
+        self.arrive_if(&arrive32, &empty);
+    }
+
+    /// An arrival on the mbarrier at shared address `bar` where `p` (i32) is not 0.
+    fn arrive_if(&mut self, p: &str, bar: &str) {
         self.emit(format!(
-            "call void asm sideeffect \"{{\\0A.reg .pred p;\\0Asetp.ne.b32 p, $0, 0;\\0A@p mbarrier.arrive.shared::cta.b64 _, [$1];\\0A}}\", \"r,r,~{{memory}}\"(i32 {arrive32}, i32 {empty})"
+            "call void asm sideeffect \"{{\\0A.reg .pred p;\\0Asetp.ne.b32 p, $0, 0;\\0A@p mbarrier.arrive.shared::cta.b64 _, [$1];\\0A}}\", \"r,r,~{{memory}}\"(i32 {p}, i32 {bar})"
         ));
+    }
+
+    /// A ping-pong consumer (`wg`, 0 or 1) at the head of a tile (block `turn`,
+    /// then the loop): waits for its turn, which the other consumer gives once it
+    /// has waited for every stage of the tile before. Its `i`-th tile is the
+    /// block's `j = 2i + wg`-th (`j` = the steps before it, `g`, over a tile's);
+    /// consumer 1 waits for phase `i` of its barrier, consumer 0 for phase `i - 1`
+    /// (its first wait, for the phase of parity 1 while phase 0 is in progress,
+    /// passes at once).
+    fn take_turn(&mut self, bars: &str, wg: &str, ix: &Ix, g: &str) {
+        self.block("turn");
+        let j = self.v(format!("udiv i32 {g}, {}", ix.kt_n));
+        let i = self.v(format!("lshr i32 {j}, 1"));
+        let w1 = self.v(format!("xor i32 {wg}, 1"));
+        let sum = self.v(format!("add i32 {i}, {w1}"));
+        let parity = self.v(format!("and i32 {sum}, 1"));
+        let turn = self.barrier(bars, wg, 2 * self.k.stages);
+        self.wait_barrier(&turn, &parity);
+        self.emit("br label %loop");
     }
 
     /// Step `kt`'s stage (`kt mod stages`) and round (`kt / stages`).
@@ -2375,7 +2452,9 @@ impl Gen {
         } else {
             cur
         };
-        let wrow0 = self.v(format!("mul i32 {}, 16", ix.warp));
+        // (A ping-pong consumer's warps hold its own tile's rows.)
+        let warp = if k.pingpong { self.v(format!("and i32 {}, 3", ix.warp)) } else { ix.warp.clone() };
+        let wrow0 = self.v(format!("mul i32 {warp}, 16"));
         let mut frags = Vec::new();
         for ni in 0..k.bn / 8 {
             let col = format!("{}", ni * 8);
@@ -2619,8 +2698,12 @@ impl Gen {
         // The warpgroup's tile is written before any of its threads reads it.
         self.emit(format!("call void asm sideeffect \"bar.sync $0, 128;\", \"r,~{{memory}}\"(i32 {own})"));
         let t = self.v(format!("and i32 {}, 127", ix.tid));
-        let wg_rows = self.v(format!("mul i32 {wg}, 64"));
-        let row0 = self.v(format!("add i32 {}, {wg_rows}", ix.m0));
+        let row0 = if k.pingpong {
+            ix.m0.clone()
+        } else {
+            let wg_rows = self.v(format!("mul i32 {wg}, 64"));
+            self.v(format!("add i32 {}, {wg_rows}", ix.m0))
+        };
         // 16-byte stores stay aligned while C's start, rows and batch stride do.
         let cbase = self.v(format!("ptrtoint ptr addrspace(1) {} to i64", ix.c_base));
         let cb32 = self.v(format!("trunc i64 {cbase} to i32"));

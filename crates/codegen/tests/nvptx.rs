@@ -189,6 +189,7 @@ fn an_invalid_kernel_is_an_error_not_a_panic() {
         fold: false,
         tma: false,
         persistent: false,
+        pingpong: false,
         unaligned: false,
         c_f32: false,
         a_f32: false,
@@ -231,6 +232,7 @@ fn golden_ptx() {
         fold: false,
         tma: false,
         persistent: false,
+        pingpong: false,
         unaligned: false,
         c_f32: false,
         a_f32: false,
@@ -315,6 +317,55 @@ fn tma_kernels_split_producer_and_consumers() {
     assert_eq!(n, 2 * (4 * 4 + 3 * 4));
 }
 
+/// The ping-pong kernels: two consumers, each over a 64-row tile of its own (its A
+/// rows the stage's first, its warps' rows from 0), a stage read and released by
+/// one of them; a consumer takes its turn before its tile's loop (a wait on its
+/// own barrier) and gives it after (an arrival on the other's); tiles two apart.
+#[test]
+fn pingpong_kernels_take_turns() {
+    let mut n = 0;
+    for elem in [ElemType::Bf16, ElemType::F16] {
+        for epi in all_epilogues() {
+            let family = candidates::pingpong_family(elem, epi);
+            assert_eq!(family.len(), if epi.residual { 0 } else { 2 });
+            for k in family {
+                assert!(k.check().is_ok() && k.pingpong && k.persistent && k.bm == 64, "{k}");
+                assert!(k.name().starts_with("gemm_wgpp_"), "{k}");
+                assert_eq!((k.warpgroups(), k.stage_readers(), k.threads()), (2, 1, 384), "{k}");
+                assert_eq!(k.stages, if k.bn == 128 { 6 } else { 4 }, "{k}");
+                let ir = nvptx::llvm_ir(&k).unwrap();
+                // Two more barriers, each other consumer's 128 threads a phase; a
+                // stage's empty barrier counts one consumer's 4 warps.
+                let inits: Vec<&str> = ir.lines().filter(|l| l.contains("mbarrier.init")).collect();
+                assert_eq!(inits.len(), 2 * k.stages + 2, "{k}");
+                assert_eq!(inits.iter().filter(|l| l.ends_with("i32 128)")).count(), 2, "{k}");
+                assert_eq!(inits.iter().filter(|l| l.ends_with("i32 4)")).count(), k.stages, "{k}");
+                let start = ir.find("\nturn:").expect("a consumer's turn");
+                let end = ir[start..].find("\nloop:").expect("the loop after the turn") + start;
+                assert_eq!(ir[start..end].matches("mbarrier.try_wait.parity").count(), 1, "{k}");
+                let epilogue = &ir[ir.find("\nepilogue:").unwrap()..];
+                let give = epilogue.find("(i32 1, i32").expect("the turn given");
+                assert!(give < epilogue.find("wgmma.wait_group.sync.aligned 0").unwrap(), "{k}");
+                let body = loop_body(&ir);
+                assert_eq!(body.matches("mbarrier.try_wait.parity").count(), 1, "{k}");
+                assert_eq!(body.matches(&format!("m64n{}k16", k.bn)).count(), 4, "{k}");
+                assert!(ir.contains("%tile.c.t1 = add i32 %tile.c.t, %"), "{k}");
+                assert!(ir.contains("setmaxnreg"), "{k}");
+                let ptx = nvptx::compile(&ir, &k.name(), k.arch).unwrap();
+                assert!(ptx.contains(&format!(".maxntid {}, 1, 1", k.threads())), "{k}");
+                n += 1;
+            }
+        }
+    }
+    assert_eq!(n, 2 * 3 * 2);
+    // Not for a 128-row tile, nor a kernel that does not persist.
+    let wide = candidates::persistent_family(ElemType::Bf16, Epilogue::NONE);
+    let wide = wide.iter().find(|k| k.bm == 128).unwrap();
+    assert!(GemmKernel { pingpong: true, ..*wide }.check().is_err());
+    let tma = candidates::tma_family(ElemType::Bf16, Epilogue::NONE)[0];
+    assert!(GemmKernel { pingpong: true, ..tma }.check().is_err());
+}
+
 /// With `ANYSHAPE_PTXAS` (scripts/test.sh sets it to the PyPI wheel's ptxas), every
 /// family kernel assembles for sm_90a (and the mma.sync ones for sm_80) with no
 /// spill and no warning. Without it the test says so and checks nothing else.
@@ -367,6 +418,11 @@ fn ptxas_accepts_every_family_kernel() {
     kernels.extend(candidates::persistent_family(ElemType::Bf16, Epilogue::NONE));
     kernels.extend(candidates::persistent_family(
         ElemType::Bf16,
+        Epilogue { bias: true, activation: Activation::GeluTanh, ..Epilogue::NONE },
+    ));
+    kernels.extend(candidates::pingpong_family(ElemType::Bf16, Epilogue::NONE));
+    kernels.extend(candidates::pingpong_family(
+        ElemType::F16,
         Epilogue { bias: true, activation: Activation::GeluTanh, ..Epilogue::NONE },
     ));
     kernels.extend(candidates::split_k_family(ElemType::Bf16));
@@ -1619,6 +1675,27 @@ mod on_the_host {
             let one = Cover::one(Choice { kernel: x, splits: 1 });
             host_cover(&kernels, &one, Problem::nt(1, k.bm + 1, k.bn + 3, 96), (0, 0), 1).unwrap();
             host_cover(&kernels, &one, Problem::nt(2, 2 * k.bm + 5, 19, 64), (8, 1), 2).unwrap();
+        }
+    }
+
+    /// The ping-pong kernels on the host, and the persistent 64-row ones beside
+    /// them, three blocks: a block whose second consumer has no tile, two tiles
+    /// a block (one each), and six a block (three each, K over four steps, so
+    /// the stages' rounds run across tiles and consumers and every turn is
+    /// waited for); one past a tile, a batch, a bias and GELU.
+    #[test]
+    fn pingpong_kernels_at_the_edges() {
+        let mut kernels = candidates::pingpong_family(ElemType::Bf16, Epilogue::NONE);
+        let gelu = Epilogue { bias: true, activation: Activation::GeluTanh, ..Epilogue::NONE };
+        kernels.extend(candidates::pingpong_family(ElemType::Bf16, gelu).into_iter().take(1));
+        let persistent = candidates::persistent_family(ElemType::Bf16, Epilogue::NONE);
+        kernels.extend(persistent.into_iter().filter(|k| k.bm == 64));
+        assert_eq!(kernels.len(), 5);
+        for (x, k) in kernels.iter().enumerate() {
+            let one = Cover::one(Choice { kernel: x, splits: 1 });
+            host_cover(&kernels, &one, Problem::nt(1, k.bm + 1, k.bn + 3, 96), (0, 0), 1).unwrap();
+            host_cover(&kernels, &one, Problem::nt(2, 2 * k.bm + 5, 19, 64), (8, 1), 2).unwrap();
+            host_cover(&kernels, &one, Problem::nt(1, 5 * k.bm + 1, 2 * k.bn + 1, 200), (0, 8), 3).unwrap();
         }
     }
 

@@ -128,6 +128,7 @@ fn plain(
         fold: false,
         tma: false,
         persistent: false,
+        pingpong: false,
         unaligned: false,
         c_f32: false,
         a_f32: false,
@@ -182,9 +183,21 @@ pub fn persistent_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> 
     out
 }
 
+/// The ping-pong kernels (`GemmKernel::pingpong`): persistent, two consumer
+/// warpgroups each over a 64-row tile of its own, taking the block's tiles in
+/// turns, so that one's epilogue overlaps the other's products; as many stages
+/// as fit beside both consumers' epilogue regions (6 for 64×128, 4 for 64×256).
+pub fn pingpong_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> {
+    persistent_family(elem, epilogue)
+        .into_iter()
+        .filter(|k| k.bm == 64)
+        .filter_map(|k| deepest(|stages| GemmKernel { pingpong: true, stages, ..k }, 3..=6))
+        .collect()
+}
+
 /// Every kernel without an epilogue for one element type: the mma.sync tiles for
-/// both B layouts, the cp.async-fed, TMA and persistent wgmma tiles, and the split-K
-/// kernels. The benchmark's sweep runs on these.
+/// both B layouts, the cp.async-fed, TMA, persistent and ping-pong wgmma tiles,
+/// and the split-K kernels. The benchmark's sweep runs on these.
 pub fn plain_family(elem: ElemType) -> Vec<GemmKernel> {
     let mut out = Vec::new();
     for b in [BLayout::KMajor, BLayout::NMajor] {
@@ -193,6 +206,7 @@ pub fn plain_family(elem: ElemType) -> Vec<GemmKernel> {
     out.extend(wgmma_family(elem, Epilogue::NONE));
     out.extend(tma_family(elem, Epilogue::NONE));
     out.extend(persistent_family(elem, Epilogue::NONE));
+    out.extend(pingpong_family(elem, Epilogue::NONE));
     out.extend(split_k_family(elem));
     out.extend(simt_family(elem, Epilogue::NONE));
     out.extend(gemv_family(elem, Epilogue::NONE));

@@ -29,6 +29,7 @@ fn mma(bm: usize, bn: usize, warps_m: usize, warps_n: usize) -> GemmKernel {
         fold: false,
         tma: false,
         persistent: false,
+        pingpong: false,
         unaligned: false,
         c_f32: false,
         a_f32: false,

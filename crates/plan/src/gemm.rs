@@ -152,6 +152,15 @@ pub struct GemmKernel {
     /// more argument (i32, before the tensor maps): the batch.
     #[serde(default)]
     pub persistent: bool,
+    /// Persistent only, a 64-row tile (one warpgroup's): two consumer
+    /// warpgroups take the block's tiles in turns (CUTLASS's ping-pong), each a
+    /// whole tile of its own, so that one's epilogue overlaps the other's
+    /// products. The producer fills the stages in tile order; a pair of
+    /// mbarriers passes the turn (a consumer starts a tile's products once the
+    /// other has waited for its last stage), which also keeps each consumer's
+    /// waits on the stages' barriers within one round of their phases.
+    #[serde(default)]
+    pub pingpong: bool,
     /// mma.sync only: each stage's tiles loaded element by element (a 16-bit load an
     /// element, guarded against M, N and K, zeros past them) and stored to shared
     /// memory 16 bytes at a time, in place of `cp.async`'s 16-byte copies; so no
@@ -321,6 +330,7 @@ impl GemmKernel {
                 (Arch::Sm80, ..) => "",
                 (Arch::Simt, ..) => "simt_",
                 (Arch::Gemv, ..) => "gemv_",
+                (Arch::Sm90a, _, true, true) if self.pingpong => "wgpp_",
                 (Arch::Sm90a, _, true, true) => "wgp_",
                 (Arch::Sm90a, _, true, false) => "wgt_",
                 (Arch::Sm90a, false, false, _) => "wg_",
@@ -372,8 +382,10 @@ impl GemmKernel {
         }
     }
 
+    /// Warps that multiply: a ping-pong kernel's two consumers each run
+    /// `warps_m × warps_n` over a tile of its own.
     pub fn warps(&self) -> usize {
-        self.warps_m * self.warps_n
+        self.warps_m * self.warps_n * if self.pingpong { 2 } else { 1 }
     }
 
     /// Threads a block runs: its warps, and a TMA kernel's producer warpgroup.
@@ -390,13 +402,23 @@ impl GemmKernel {
         (self.tma && self.warpgroups() == 2).then_some((40, 232))
     }
 
-    /// Bytes of a TMA kernel's mbarriers (full and empty, 8 bytes each a stage),
-    /// placed after the tiles.
+    /// Bytes of a TMA kernel's mbarriers (full and empty, 8 bytes each a stage,
+    /// and a ping-pong kernel's two turns), placed after the tiles.
     pub fn barrier_bytes(&self) -> usize {
-        if self.tma {
-            16 * self.stages
+        match (self.tma, self.pingpong) {
+            (true, true) => 16 * self.stages + 16,
+            (true, false) => 16 * self.stages,
+            _ => 0,
+        }
+    }
+
+    /// Consumer warpgroups that read each stage (and arrive on its `empty`
+    /// barrier): all of them, or a ping-pong kernel's one whose tile it is.
+    pub fn stage_readers(&self) -> usize {
+        if self.pingpong {
+            1
         } else {
-            0
+            self.warpgroups()
         }
     }
 
@@ -551,6 +573,9 @@ impl GemmKernel {
         if self.persistent && (!self.tma || self.split_k) {
             return bad("persistent kernels are TMA kernels over whole products (not split-K)".into());
         }
+        if self.pingpong && (!self.persistent || self.bm != 64) {
+            return bad("ping-pong consumers are a persistent kernel's, each over a 64-row tile".into());
+        }
         if !matches!(self.elem, ElemType::Bf16 | ElemType::F16) {
             return bad(format!(
                 "GPU kernels multiply bf16 or f16 operands (f32 accumulation), not {}",
@@ -583,6 +608,7 @@ impl GemmKernel {
                 return bad(format!("wgmma tile {}x{}: bm 64 or 128, bn 64, 128 or 256", self.bm, self.bn));
             }
             if self.warps_m != self.bm / 16 || self.warps_n != 1 {
+                // (A ping-pong kernel's consumers: 4x1 warps each.)
                 return bad(format!("wgmma tile {}x{} takes {}x1 warps", self.bm, self.bn, self.bm / 16));
             }
         } else {
