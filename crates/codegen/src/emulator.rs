@@ -11,7 +11,8 @@
 //! shuffle, `ldmatrix` and `mma` exchange their lanes' operands there and compute
 //! what each lane gets as the PTX ISA lays the fragments out; `wgmma` reads its
 //! operands from shared memory through its descriptors. Copies and products complete
-//! when issued, a warpgroup's for all its lanes once they meet at a group's wait. `tanh.approx`, `ex2.approx` and `lg2.approx` (the epilogues'
+//! when issued, a warpgroup's for all its lanes once they meet at a group's wait.
+//! `tanh.approx`, `ex2.approx` and `lg2.approx` (the epilogues'
 //! transcendental functions) are computed exactly; f16 is converted by F16C instructions (a kernel function's target
 //! feature), where x86 would otherwise call a library the JIT cannot resolve.
 
