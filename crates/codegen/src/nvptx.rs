@@ -2148,7 +2148,7 @@ impl Gen {
                 "call void asm sideeffect \"prefetch.tensormap [$0];\", \"l,~{{memory}}\"(ptr {tm})"
             ));
         }
-        let (pix, pg, into, tiles) = self.tile_loop_head("p", ix, "produce.pre", "produce");
+        let (pix, pg, into, tiles) = self.tile_loop_head("p", ix, ("produce.pre", "produce"), None);
         self.block("produce");
         let head = self.body.len();
         let g = self.v(format!("add i32 {pg}, %pk"));
@@ -2193,7 +2193,8 @@ impl Gen {
         let wg_a = if k.pingpong { "0".to_string() } else { self.v(format!("mul i32 {wg}, {}", 64 * 128)) };
         let lane0 = self.v(format!("icmp eq i32 {}, 0", ix.lane));
         let body = if k.pingpong { "turn" } else { "loop" };
-        let (cix, cg, mut into, tiles) = self.tile_loop_head("c", ix, "consumer", body);
+        let turn = k.pingpong.then_some(wg.as_str());
+        let (cix, cg, mut into, tiles) = self.tile_loop_head("c", ix, ("consumer", body), turn);
         if k.pingpong {
             self.take_turn(&bars, &wg, &cix, &cg);
             into = "turn".into();
@@ -2255,13 +2256,14 @@ impl Gen {
     /// steps done before it as phis, and that tile's indices; otherwise `ix` and no
     /// steps before. Branches to `body`; returns the indices, the steps before, the
     /// block that enters `body`, and the tiles along N and M (`tile_grid`, computed
-    /// once before the loop; "0" when there is no loop).
+    /// once before the loop; "0" when there is no loop). `turn`: a ping-pong
+    /// consumer's warpgroup (0 or 1), which takes every other tile from its own.
     fn tile_loop_head(
         &mut self,
         role: &str,
         ix: &Ix,
-        from: &str,
-        body: &str,
+        (from, body): (&str, &str),
+        turn: Option<&str>,
     ) -> (Ix, String, String, (String, String)) {
         if !self.k.persistent {
             self.emit(format!("br label %{body}"));
@@ -2269,10 +2271,9 @@ impl Gen {
         }
         let t0 = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
         let grid = self.tile_grid();
-        let (t0, g0) = if self.k.pingpong && role == "c" {
+        let (t0, g0) = if let Some(w) = turn {
             // Consumer w takes the block's tiles w, w + 2, …: its first is w
             // tiles on, its steps counted from w tiles' steps, if there is one.
-            let w = self.v(format!("lshr i32 {}, 7", ix.tid));
             let blocks = self.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()");
             let on = self.v(format!("mul i32 {w}, {blocks}"));
             let t0 = self.v(format!("add i32 {t0}, {on}"));
@@ -2308,16 +2309,14 @@ impl Gen {
         }
         self.block(&format!("tile.{role}.next"));
         let grid = self.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()");
-        if self.k.pingpong && role == "c" {
+        let (steps, on) = if self.k.pingpong && role == "c" {
             // Every other tile of the block's: the other consumer's between.
-            let steps = self.v(format!("shl i32 {}, 1", ix.kt_n));
-            let on = self.v(format!("shl i32 {grid}, 1"));
-            self.emit(format!("%tile.{role}.g1 = add i32 %tile.{role}.g, {steps}"));
-            self.emit(format!("%tile.{role}.t1 = add i32 %tile.{role}.t, {on}"));
+            (self.v(format!("shl i32 {}, 1", ix.kt_n)), self.v(format!("shl i32 {grid}, 1")))
         } else {
-            self.emit(format!("%tile.{role}.g1 = add i32 %tile.{role}.g, {}", ix.kt_n));
-            self.emit(format!("%tile.{role}.t1 = add i32 %tile.{role}.t, {grid}"));
-        }
+            (ix.kt_n.clone(), grid)
+        };
+        self.emit(format!("%tile.{role}.g1 = add i32 %tile.{role}.g, {steps}"));
+        self.emit(format!("%tile.{role}.t1 = add i32 %tile.{role}.t, {on}"));
         let per = self.v(format!("mul i32 {gx}, {gy}"));
         let total = self.v(format!("mul i32 {per}, %batch"));
         let more = self.v(format!("icmp slt i32 %tile.{role}.t1, {total}"));
