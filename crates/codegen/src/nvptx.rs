@@ -55,7 +55,7 @@ pub use crate::loops::device::{logits_unsupported, program_ir, program_ptx};
 use crate::{llvm, CodegenError};
 pub use attention::{attention_head_ok, attention_ir, attention_ptx};
 use gpu::kernel::SIMT_GRID;
-use gpu::kernel::TMA_PRODUCER_THREADS;
+use gpu::kernel::{RASTER_ROWS, TMA_PRODUCER_THREADS};
 use gpu::wave::REDUCE_CHUNK;
 use gpu::{Activation, Arch, BLayout, ElemType, Epilogue, GemmKernel, ReduceKernel};
 use inkwell::context::Context;
@@ -152,9 +152,6 @@ fn compile_module(ir: &str, name: &str, arch: Arch, dependent: bool) -> Result<S
     let out = tm.write_to_memory_buffer(&module, FileType::Assembly).map_err(llvm)?;
     String::from_utf8(out.as_slice().to_vec()).map_err(llvm)
 }
-
-/// Tile rows a raster group spans (see `Gen::indices`).
-const GROUP_M: usize = 8;
 
 /// A wgmma shared-memory descriptor's fixed fields for a K-major operand in
 /// 128-byte swizzle atoms: leading byte offset 1 (unused by swizzled K-major
@@ -1272,7 +1269,7 @@ impl Gen {
     }
 
     /// Block and thread indices, the operands' bases for this block's batch entry,
-    /// and the K steps. Blocks are rasterized in groups of `GROUP_M` tile rows:
+    /// and the K steps. Blocks are rasterized in groups of `RASTER_ROWS` tile rows:
     /// consecutive blocks share B's column panels and a few of A's row panels, so
     /// that a wave's operands stay in L2 when a whole row of tiles would not. A
     /// persistent kernel's block asks for each `tile` it takes: the same order, the
@@ -1302,12 +1299,12 @@ impl Gen {
             }
         };
         // pid = by·gx + bx; group g = pid / (G·gx) covers tile rows [g·G, g·G + size).
-        let per_group = self.v(format!("mul i32 {gx}, {GROUP_M}"));
+        let per_group = self.v(format!("mul i32 {gx}, {RASTER_ROWS}"));
         let group = self.v(format!("udiv i32 {pid}, {per_group}"));
-        let first = self.v(format!("mul i32 {group}, {GROUP_M}"));
+        let first = self.v(format!("mul i32 {group}, {RASTER_ROWS}"));
         let left = self.v(format!("sub i32 {gy}, {first}"));
-        let small = self.v(format!("icmp ult i32 {left}, {GROUP_M}"));
-        let size = self.v(format!("select i1 {small}, i32 {left}, i32 {GROUP_M}"));
+        let small = self.v(format!("icmp ult i32 {left}, {RASTER_ROWS}"));
+        let size = self.v(format!("select i1 {small}, i32 {left}, i32 {RASTER_ROWS}"));
         let in_group = self.v(format!("urem i32 {pid}, {per_group}"));
         let tm_off = self.v(format!("urem i32 {in_group}, {size}"));
         let tm = self.v(format!("add i32 {first}, {tm_off}"));

@@ -22,6 +22,14 @@ pub struct DeviceLimits {
     pub bandwidth: f64,
     /// A launch's fixed cost, seconds (in a CUDA graph: about a microsecond).
     pub launch: f64,
+    /// The L2 cache's bytes (50 MB on the H100 and H200 SXM; records from before
+    /// it was kept read as that).
+    #[serde(default = "hopper_l2")]
+    pub l2_bytes: usize,
+}
+
+fn hopper_l2() -> usize {
+    50 * 1024 * 1024
 }
 
 impl DeviceLimits {
@@ -36,9 +44,29 @@ impl DeviceLimits {
             blocks_per_sm: 32,
             bandwidth,
             launch: 1e-6,
+            l2_bytes: hopper_l2(),
         }
     }
+
+    /// How much slower than the launch's first wave each later one runs when a
+    /// wave's operands ([`GemmKernel::raster_bytes`]) take `bytes`: nothing up to a
+    /// quarter of L2, then [`L2_DRIFT`] more per doubling, up to twice L2.
+    pub fn drift(&self, bytes: f64) -> f64 {
+        let quarters = (4.0 * bytes / self.l2_bytes.max(1) as f64).clamp(1.0, 8.0);
+        L2_DRIFT * quarters.log2()
+    }
 }
+
+/// A launch's later waves, against its first, for each doubling of a wave's
+/// operands past a quarter of L2 ([`DeviceLimits::drift`]). The first wave's
+/// blocks start together and read each K step's panels while their neighbours
+/// do; the later ones start as earlier blocks finish, apart in K, and once a
+/// wave's panels no longer fit in L2 beside each other they are read again from
+/// memory. In the H100 and H200 records, single launches of several waves ran
+/// slower than the wave model's price by a share that grew with a wave's
+/// operands and not with K or the tile (BENCHMARKS.md, session 68), while two
+/// launches of one wave each over the same tiles did not.
+pub const L2_DRIFT: f64 = 0.1;
 
 /// Blocks of `k` resident on one SM at once, given its real register count: registers
 /// are allocated per warp in units of 256, shared memory with 1 KB reserved a block.
@@ -222,7 +250,9 @@ impl WaveModel {
     /// then the last partial wave, whose `r` blocks an SM take between one block's
     /// latency (`r = 1`) and a full wave (`r = occupancy`), linearly in `r`: a
     /// partial wave of few blocks an SM runs at their latency, not at their share of
-    /// the SM's throughput. With fewer blocks than SMs, that latency lies between the
+    /// the SM's throughput. The waves after a launch's first pay for their drift
+    /// apart in K where a wave's operands crowd L2 ([`DeviceLimits::drift`]), against
+    /// the drift the calibration's own later waves had. With fewer blocks than SMs, that latency lies between the
     /// few-SM one ([`KernelRate::few`], where measured) and the all-SM one, linearly
     /// in the SMs busy. The SMs a partial wave leaves idle are the waste that
     /// makes a smaller tile win at some M (TSCompiler §6, FTuner). A split-K choice
@@ -247,7 +277,18 @@ impl WaveModel {
         let [full, lone, few] =
             calibration_grids(k, occ, self.device.sms).map(|g| g.waves(occ, self.device.sms));
         let wave = (r.wave(steps as f64) - self.device.launch / full).max(0.0);
-        let mut t = (blocks / slots) as f64 * wave;
+        // Waves after the launch's first drift apart in K: at the product's
+        // operands a wave, against the calibration's four-wave grid (whose three
+        // later waves drifted at its own operands).
+        let [grid, ..] = calibration_grids(k, occ, self.device.sms);
+        let depth = steps * k.bk();
+        let cal = Problem { m: grid.rows * k.bm, n: grid.cols * k.bn, k: depth, batch: 1, ..*p };
+        let drift_cal = self.device.drift(k.raster_bytes(&cal, slots));
+        let drift = self.device.drift(k.raster_bytes(&Problem { k: depth, ..*p }, slots));
+        let first = wave / (1.0 + 0.75 * drift_cal);
+        let later = first * (1.0 + drift);
+        let whole = blocks / slots;
+        let mut t = if whole == 0 { 0.0 } else { first + (whole - 1) as f64 * later };
         let rest = blocks % slots;
         if rest > 0 {
             let per_sm = rest.div_ceil(self.device.sms);
@@ -259,11 +300,12 @@ impl WaveModel {
                 let x = (rest.saturating_sub(FEW_BLOCKS) as f64 / span).min(1.0);
                 alone = f + x * (alone - f);
             }
-            t += if occ == 1 {
+            let last = if occ == 1 {
                 alone
             } else {
                 alone + (per_sm - 1) as f64 / (occ - 1) as f64 * (wave - alone)
             };
+            t += if whole == 0 { last } else { last * (1.0 + drift) };
         }
         let mut t = t.max(p.min_bytes(k.elem) / self.device.bandwidth) + self.device.launch;
         if k.split_k {

@@ -6,7 +6,7 @@
 use gpu::candidates;
 use gpu::manifest::PtxasReport;
 use gpu::reference::{self, Operands};
-use gpu::wave::{calibration_grids, occupancy, FEW_BLOCKS};
+use gpu::wave::{calibration_grids, occupancy, FEW_BLOCKS, L2_DRIFT};
 use gpu::{
     Activation, Arch, BLayout, Choice, Cover, DeviceLimits, ElemType, Epilogue, GemmKernel, KernelRate,
     MTree, Manifest, ManifestEntry, Piece, Problem, Split, WaveModel,
@@ -714,4 +714,43 @@ fn unaligned_mma_kernels_take_any_operand_and_are_offered_only_as_a_cover() {
     assert!(m.choices(&Problem::nt(1, 64, 768, 768)).iter().all(|c| !m.kernels[c.kernel].is_cover()));
     let kernels: Vec<usize> = m.choices(&Problem::nt(1, 64, 768, 100)).iter().map(|c| c.kernel).collect();
     assert_eq!(kernels, [2, 3]);
+}
+
+/// A wave's operands in the raster order: the row panels of A and the column
+/// panels of B its tiles span, over all of K.
+#[test]
+fn a_waves_operands_follow_the_raster_groups() {
+    let k = mma(128, 128, 2, 2);
+    let bytes = |m, n, kk, tiles| k.raster_bytes(&Problem::nt(1, m, n, kk), tiles);
+    // 132 tiles of 64×64 tile rows and columns: 8 rows, 17 columns of a group.
+    assert_eq!(bytes(8192, 8192, 1024, 132), ((8 * 128 + 17 * 128) * 1024 * 2) as f64);
+    // Four tile columns: 132 tiles fill four groups and a fifth's first tiles.
+    assert_eq!(bytes(8192, 512, 1024, 132), ((40 * 128 + 512) * 1024 * 2) as f64);
+    // Fewer tiles than a wave: the whole product, ragged edges as they are.
+    assert_eq!(bytes(200, 300, 64, 132), ((200 + 300) * 64 * 2) as f64);
+    assert_eq!(bytes(8192, 8192, 1024, 1), ((128 + 128) * 1024 * 2) as f64);
+}
+
+/// A launch's waves after its first drift apart in K: priced higher once a
+/// wave's operands pass a quarter of L2, by [`L2_DRIFT`] a doubling; a launch
+/// of one wave is not.
+#[test]
+fn later_waves_pay_for_operands_past_a_quarter_of_l2() {
+    let d = DeviceLimits::hopper(4e12);
+    let l2 = d.l2_bytes as f64;
+    assert_eq!(d.drift(0.1 * l2), 0.0);
+    assert_eq!(d.drift(0.25 * l2), 0.0);
+    assert!((d.drift(0.5 * l2) - L2_DRIFT).abs() < 1e-12);
+    assert!((d.drift(l2) - 2.0 * L2_DRIFT).abs() < 1e-12);
+    assert!((d.drift(100.0 * l2) - 3.0 * L2_DRIFT).abs() < 1e-12);
+    let m = model();
+    let plain = Choice { kernel: 1, splits: 1 };
+    let huge = WaveModel { device: DeviceLimits { l2_bytes: 1 << 40, ..m.device }, ..m.clone() };
+    // One tile column: a wave of 264 tiles (two an SM) spans 264 row panels,
+    // 69 MB at K = 1024, where the calibration's wave spans 10 MB.
+    let one = Problem::nt(1, 128 * 264, 128, 1024);
+    assert_eq!(m.predict(plain, &one), huge.predict(plain, &one), "one wave");
+    let four = Problem::nt(1, 4 * 128 * 264, 128, 1024);
+    let (t, flat) = (m.predict(plain, &four), huge.predict(plain, &four));
+    assert!(t > flat * 1.15 && t < flat * 1.25, "four waves: {t} vs {flat}");
 }

@@ -21,6 +21,11 @@ pub const BK_WGMMA: usize = 64;
 /// columns of an N-major B and store neighbouring columns of C).
 pub const SIMT_GRID: usize = 16;
 
+/// Tile rows a raster group spans: blocks (and a persistent kernel's tiles) are
+/// numbered row-fastest within groups of this many tile rows, so that consecutive
+/// blocks share B's column panels and a few of A's row panels in L2.
+pub const RASTER_ROWS: usize = 8;
+
 /// The K elements of a SIMT kernel's step for the wave model (it has no stages: its
 /// loop takes one K element at a time).
 pub const SIMT_STEP: usize = 16;
@@ -307,7 +312,7 @@ pub enum KernelError {
 /// `A, B, C, bias, residual` (global pointers; bias and residual may be null when the
 /// epilogue does not read them), `M, N, K, lda, ldb, ldc` (i32), then the batch strides
 /// of A, B and C in elements (i64; the residual shares C's). Grid: `x` over N tiles,
-/// `y` over M tiles (blocks rasterized in groups of 8 tile rows), `z` over the batch.
+/// `y` over M tiles (blocks rasterized in groups of [`RASTER_ROWS`] tile rows), `z` over the batch.
 /// Dynamic shared memory: `smem_bytes()`. A split-K kernel takes one more argument,
 /// `kper` (i32, K steps a split), `z` runs over the splits, and C is the f32 workspace
 /// with the split stride in C's batch stride; a folding one ([`GemmKernel::fold`])
@@ -751,6 +756,23 @@ impl GemmKernel {
     /// Thread blocks a launch runs (per split for a split-K kernel).
     pub fn blocks(&self, p: &Problem) -> usize {
         p.m.div_ceil(self.bm) * p.n.div_ceil(self.bn) * p.batch
+    }
+
+    /// Bytes of A and B that `tiles` consecutive tiles of `p` read, in the raster
+    /// order of [`RASTER_ROWS`] (the first batch entry's, from its first tile): the
+    /// row panels of A and the column panels of B they span, each over all of K. A
+    /// wave's operands: what its blocks share through L2.
+    pub fn raster_bytes(&self, p: &Problem, tiles: usize) -> f64 {
+        let (rows, cols) = (p.m.div_ceil(self.bm), p.n.div_ceil(self.bn));
+        let tiles = tiles.clamp(1, rows * cols);
+        let group = RASTER_ROWS.min(rows);
+        let (rows, cols) = if tiles < group * cols {
+            (group.min(tiles), tiles.div_ceil(group))
+        } else {
+            ((tiles.div_ceil(group * cols) * group).min(rows), cols)
+        };
+        let (m, n) = ((rows * self.bm).min(p.m), (cols * self.bn).min(p.n));
+        ((m + n) * p.k * self.elem.bytes()) as f64
     }
 
     /// Shares a folding split-K kernel's last block of a tile loads at once
