@@ -25,7 +25,7 @@ use crate::{Error, Model};
 
 /// Blocks the emulator runs of a launch: the loop kernels take their units
 /// grid-stride, so a few blocks compute everything (and the stride loop is
-/// exercised); each block's threads are host threads.
+/// exercised); each block's threads are coroutines of one host thread.
 pub const EMULATED_BLOCKS: u32 = 4;
 
 /// A GPU emulated on the host: device memory is host memory, a loop (or

@@ -6,7 +6,9 @@
 //! TMA kernels issue (`wgmma.mma_async`, tensor copies, mbarriers, named barriers)
 //! made calls of this harness. A kernel that uses none of the warp-wide operations
 //! (the SIMT GEMMs, the split-K reduction) runs its threads one after another; one
-//! that does ([`run_blocks`]) runs a block's threads as threads of the host, which
+//! that does ([`run_blocks`]) runs a block's threads as coroutines of the calling
+//! host thread (`corosensei`: a wait is a switch of stacks, where threads of the
+//! host paid the system's scheduler at every warp-wide operation), which
 //! meet at each barrier (the block's) and each warp-wide operation (the warp's): a
 //! shuffle, `ldmatrix` and `mma` exchange their lanes' operands there and compute
 //! what each lane gets as the PTX ISA lays the fragments out; `wgmma` reads its
@@ -16,6 +18,8 @@
 //! transcendental functions) are computed exactly; f16 is converted by F16C instructions (a kernel function's target
 //! feature), where x86 would otherwise call a library the JIT cannot resolve.
 
+use corosensei::stack::DefaultStack;
+use corosensei::{Coroutine, CoroutineResult, Yielder};
 use gpu::reference;
 use gpu::ElemType;
 use inkwell::context::Context;
@@ -23,10 +27,8 @@ use inkwell::execution_engine::ExecutionEngine;
 use inkwell::memory_buffer::MemoryBuffer;
 use inkwell::targets::{InitializationConfig, Target};
 use inkwell::OptimizationLevel;
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Mutex};
-use std::thread::Thread;
 
 /// The indices every kernel gets as arguments on the host.
 const SREGS: [&str; 4] = ["tid.x", "ctaid.x", "ctaid.y", "ctaid.z"];
@@ -476,44 +478,32 @@ pub fn engine<'c>(ctx: &'c Context, ir: &str, name: &str) -> Result<ExecutionEng
     Ok(ee)
 }
 
-/// A barrier for many more host threads than cores (a block's 128 or 256): the
-/// last to arrive unparks each waiter itself. (`std::sync::Barrier` wakes them all
-/// on a condition variable, and each must then retake its mutex in turn: a convoy
-/// of system calls at every warp-wide operation.)
+/// A barrier of a block's threads (all of them, a warp, a warpgroup, a named
+/// barrier's count): each arrival counts; the last starts the next generation,
+/// and the others wait (their coroutines suspended) until it has begun.
 struct Barrier {
     n: usize,
-    generation: AtomicU64,
-    /// Arrivals of the current generation, and the threads parked in it.
-    waiting: Mutex<(usize, Vec<Thread>)>,
+    /// Arrivals of the current generation, and the generation.
+    state: Mutex<(usize, u64)>,
 }
 
 impl Barrier {
     fn new(n: usize) -> Barrier {
-        Barrier { n, generation: AtomicU64::new(0), waiting: Mutex::new((0, Vec::with_capacity(n))) }
+        Barrier { n, state: Mutex::new((0, 0)) }
     }
 
     fn wait(&self) {
-        let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        // Read under the lock: the generation moves only with the lock held.
-        let generation = self.generation.load(Ordering::Relaxed);
-        w.0 += 1;
-        if w.0 == self.n {
-            w.0 = 0;
-            let parked = std::mem::replace(&mut w.1, Vec::with_capacity(self.n));
-            self.generation.store(generation + 1, Ordering::Release);
-            drop(w);
-            for t in parked {
-                t.unpark();
+        let generation = {
+            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            progress();
+            s.0 += 1;
+            if s.0 == self.n {
+                *s = (0, s.1 + 1);
+                return;
             }
-            return;
-        }
-        w.1.push(std::thread::current());
-        drop(w);
-        // (A wakeup for anything else, or an unpark left from an earlier
-        // generation, parks again.)
-        while self.generation.load(Ordering::Acquire) == generation {
-            std::thread::park();
-        }
+            s.1
+        };
+        block_until(|| self.state.lock().unwrap_or_else(|e| e.into_inner()).1 != generation);
     }
 }
 
@@ -528,9 +518,8 @@ struct Block {
     /// their earlier mbarrier waits before any of them releases a stage).
     warpgroups: Vec<Barrier>,
     grid: (i32, i32),
-    /// The mbarriers by shared offset, and the condition their phases change on.
+    /// The mbarriers by shared offset.
     mbars: Mutex<std::collections::HashMap<u32, MBar>>,
-    phases: std::sync::Condvar,
     /// Named barriers (`bar.sync id, count`), made at their first use.
     named: Mutex<std::collections::HashMap<(i32, i32), Arc<Barrier>>>,
 }
@@ -546,18 +535,17 @@ struct MBar {
 
 impl MBar {
     /// A phase completes when every arrival and every byte has come.
-    fn settle(&mut self) -> bool {
+    fn settle(&mut self) {
         if self.pending == 0 && self.tx == 0 {
             self.phase += 1;
             self.pending = self.count;
-            return true;
         }
-        false
     }
 }
 
 // SAFETY: `smem` points at the block's shared memory, which outlives the block's
-// threads (scoped in `run_blocks`); the kernel orders its accesses by barriers.
+// threads (their coroutines all return in `run_blocks` before it goes); the
+// threads run on one host thread, taking turns at their waits.
 unsafe impl Send for Block {}
 unsafe impl Sync for Block {}
 
@@ -573,20 +561,50 @@ struct Warp {
     slots: Mutex<[[Operands; 32]; 2]>,
 }
 
-/// The calling thread's block, warp, lane, and count of warp-wide operations so far.
+/// A thread of the block: its block, warp, lane, count of warp-wide operations
+/// so far, and its coroutine's yielder (set as the coroutine starts).
 struct Lane {
     block: Arc<Block>,
     warp: usize,
     lane: usize,
     ops: usize,
+    yielder: *const Yielder<(), ()>,
 }
 
 thread_local! {
-    static LANE: RefCell<Option<Lane>> = const { RefCell::new(None) };
+    /// The lane `run_blocks` is running on this host thread (null between them).
+    static CURRENT: Cell<*mut Lane> = const { Cell::new(std::ptr::null_mut()) };
+    /// Arrivals at barriers and changes of mbarriers so far: a round of every
+    /// waiting thread without one is a deadlock.
+    static PROGRESS: Cell<u64> = const { Cell::new(0) };
+    /// Coroutine stacks kept for the next block and launch.
+    static STACKS: RefCell<Vec<DefaultStack>> = const { RefCell::new(Vec::new()) };
 }
 
 fn with_lane<T>(f: impl FnOnce(&mut Lane) -> T) -> T {
-    LANE.with(|l| f(l.borrow_mut().as_mut().expect("a thread of a block run by run_blocks")))
+    let lane = CURRENT.with(Cell::get);
+    assert!(!lane.is_null(), "a thread of a block run by run_blocks");
+    // SAFETY: `run_blocks` points CURRENT at the lane whose coroutine it is
+    // resuming (in its vector of lanes, which outlives the coroutines) and
+    // clears it when the coroutine suspends; only that coroutine runs on this
+    // thread meanwhile, and `f` does not suspend.
+    f(unsafe { &mut *lane })
+}
+
+/// Counts a step towards some wait's end (see `PROGRESS`).
+fn progress() {
+    PROGRESS.with(|p| p.set(p.get() + 1));
+}
+
+/// Suspends the calling thread's coroutine until `ready` holds: the other
+/// threads of the block take their turns meanwhile.
+fn block_until(mut ready: impl FnMut() -> bool) {
+    while !ready() {
+        let yielder = with_lane(|l| l.yielder);
+        // SAFETY: the yielder of the coroutine running now, which it set at its
+        // start; a coroutine's yielder lives as long as the coroutine.
+        unsafe { (*yielder).suspend(()) };
+    }
 }
 
 /// The calling lane's operands exchanged with its warp's: every lane's, and its own
@@ -751,15 +769,15 @@ fn with_mbar(a: i32, f: impl FnOnce(&mut MBar)) {
     let mut bars = block.mbars.lock().unwrap();
     let bar = bars.get_mut(&shared_off(a)).expect("an initialized mbarrier");
     f(bar);
-    if bar.settle() {
-        block.phases.notify_all();
-    }
+    bar.settle();
+    progress();
 }
 
 extern "C" fn host_mbar_init(a: i32, count: i32) {
     let block = with_lane(|l| l.block.clone());
     let count = count as u32;
     block.mbars.lock().unwrap().insert(shared_off(a), MBar { count, pending: count, tx: 0, phase: 0 });
+    progress();
 }
 
 /// `mbarrier.arrive.expect_tx`: `bytes` more to land, and an arrival.
@@ -781,13 +799,10 @@ extern "C" fn host_mbar_arrive_if(p: i32, a: i32) {
 /// has completed (the phase in progress has the other parity).
 extern "C" fn host_mbar_wait(a: i32, parity: i32) {
     let block = with_lane(|l| l.block.clone());
-    let mut bars = block.mbars.lock().unwrap();
-    let since = std::time::Instant::now();
-    while bars.get(&shared_off(a)).expect("an initialized mbarrier").phase % 2 == parity as u32 {
-        // A phase that never completes is a kernel's deadlock: fail, not hang.
-        assert!(since.elapsed() < std::time::Duration::from_secs(300), "an mbarrier wait never ends");
-        bars = block.phases.wait_timeout(bars, std::time::Duration::from_secs(1)).unwrap().0;
-    }
+    block_until(|| {
+        block.mbars.lock().unwrap().get(&shared_off(a)).expect("an initialized mbarrier").phase % 2
+            != parity as u32
+    });
 }
 
 /// `bar.sync id, count`: the first `count` threads to arrive at barrier `id`.
@@ -925,14 +940,17 @@ extern "C" fn host_wgmma_wait() {
 /// `host_wgmma`'s kind bit for A in registers (bit 0: f16, else bf16).
 const WGMMA_A_REGS: i32 = 2;
 
-/// The block the host threads of a launch are running, and its index.
-type RunningBlock = (Arc<Block>, (usize, usize, usize));
+/// Bytes of a GPU thread's coroutine stack on the host (the kernel's frames and
+/// the harness's calls from them; reserved, not touched, past what they use).
+const STACK_BYTES: usize = 1 << 20;
 
 /// Runs a grid of `grid` blocks of `threads` threads with `smem` bytes of shared
-/// memory each, one block at a time, its threads as threads of the host:
-/// `thread(tid, x, y, z)` calls the kernel for one thread. The host threads are
-/// made once a launch and run every block in turn (a block's state is made anew
-/// for each), so that a grid of many small blocks costs no thread a block.
+/// memory each, one block at a time: `thread(tid, x, y, z)` calls the kernel for
+/// one thread. A block's threads are coroutines on the calling thread, each
+/// run in turn until it waits (at a barrier, a warp-wide operation, an
+/// mbarrier) for what others have yet to do: a wait is a switch of stacks, not
+/// a system call. A round in which every waiting thread still waits and none
+/// arrived anywhere is a deadlock of the kernel, and fails.
 pub fn run_blocks(
     grid: (usize, usize, usize),
     threads: usize,
@@ -940,57 +958,106 @@ pub fn run_blocks(
     thread: impl Fn(usize, usize, usize, usize) + Sync,
 ) {
     let warps = threads.div_ceil(32);
-    let blocks: Vec<(usize, usize, usize)> = (0..grid.2)
-        .flat_map(|z| (0..grid.1).flat_map(move |y| (0..grid.0).map(move |x| (x, y, z))))
-        .collect();
-    if blocks.is_empty() {
-        return;
+    let thread: &(dyn Fn(usize, usize, usize, usize) + Sync) = &thread;
+    // SAFETY: the coroutines below call `thread` only while this function
+    // runs: each returns before the next block, and on a failure the others
+    // are never resumed again (forgotten, see `fail`).
+    let thread: &'static (dyn Fn(usize, usize, usize, usize) + Sync) = unsafe { std::mem::transmute(thread) };
+    for z in 0..grid.2 {
+        for y in 0..grid.1 {
+            for x in 0..grid.0 {
+                run_block(threads, warps, smem, (x, y, z), (grid.0 as i32, grid.1 as i32), thread);
+            }
+        }
     }
-    // The block being run, and the meeting points before and after it.
-    let current: Mutex<Option<RunningBlock>> = Mutex::new(None);
-    let (start, end) = (Barrier::new(threads + 1), Barrier::new(threads + 1));
-    std::thread::scope(|s| {
-        for tid in 0..threads {
-            let (current, start, end, thread) = (&current, &start, &end, &thread);
-            s.spawn(move || loop {
-                start.wait();
-                let Some((block, (x, y, z))) = current.lock().unwrap().clone() else { break };
-                LANE.with(|l| *l.borrow_mut() = Some(Lane { block, warp: tid / 32, lane: tid % 32, ops: 0 }));
-                thread(tid, x, y, z);
-                LANE.with(|l| *l.borrow_mut() = None);
-                end.wait();
-            });
-        }
-        for &at in &blocks {
-            // Aligned to 256 KB: a wgmma descriptor holds bits 4-17 of a shared
-            // address, which are then the offset into the block's memory.
-            let mut shared = vec![0u8; smem.max(1) + SMEM_ALIGN];
-            let skip = (SMEM_ALIGN - shared.as_ptr() as usize % SMEM_ALIGN) % SMEM_ALIGN;
-            let block = Arc::new(Block {
-                bar: Barrier::new(threads),
-                // SAFETY: `skip < SMEM_ALIGN`, inside the allocation.
-                smem: unsafe { shared.as_mut_ptr().add(skip) },
-                warps: (0..warps)
-                    .map(|_| Warp { meet: Barrier::new(32), slots: Mutex::new([[[0; 12]; 32]; 2]) })
-                    .collect(),
-                warpgroups: (0..threads.div_ceil(128))
-                    .map(|g| Barrier::new((threads - 128 * g).min(128)))
-                    .collect(),
-                grid: (grid.0 as i32, grid.1 as i32),
-                mbars: Mutex::new(Default::default()),
-                phases: std::sync::Condvar::new(),
-                named: Mutex::new(Default::default()),
-            });
-            *current.lock().unwrap() = Some((block, at));
-            start.wait();
-            // Every thread is done with the block (and dropped its handle) before
-            // its shared memory goes.
-            end.wait();
-            *current.lock().unwrap() = None;
-            drop(shared);
-        }
-        start.wait();
+}
+
+/// One block of [`run_blocks`].
+fn run_block(
+    threads: usize,
+    warps: usize,
+    smem: usize,
+    (x, y, z): (usize, usize, usize),
+    grid: (i32, i32),
+    thread: &'static (dyn Fn(usize, usize, usize, usize) + Sync),
+) {
+    // Aligned to 256 KB: a wgmma descriptor holds bits 4-17 of a shared
+    // address, which are then the offset into the block's memory.
+    let mut shared = vec![0u8; smem.max(1) + SMEM_ALIGN];
+    let skip = (SMEM_ALIGN - shared.as_ptr() as usize % SMEM_ALIGN) % SMEM_ALIGN;
+    let block = Arc::new(Block {
+        bar: Barrier::new(threads),
+        // SAFETY: `skip < SMEM_ALIGN`, inside the allocation.
+        smem: unsafe { shared.as_mut_ptr().add(skip) },
+        warps: (0..warps)
+            .map(|_| Warp { meet: Barrier::new(32), slots: Mutex::new([[[0; 12]; 32]; 2]) })
+            .collect(),
+        warpgroups: (0..threads.div_ceil(128)).map(|g| Barrier::new((threads - 128 * g).min(128))).collect(),
+        grid,
+        mbars: Mutex::new(Default::default()),
+        named: Mutex::new(Default::default()),
     });
+    let mut lanes: Vec<Lane> = (0..threads)
+        .map(|tid| Lane {
+            block: block.clone(),
+            warp: tid / 32,
+            lane: tid % 32,
+            ops: 0,
+            yielder: std::ptr::null(),
+        })
+        .collect();
+    let mut coroutines: Vec<Option<Coroutine<(), (), (), DefaultStack>>> = (0..threads)
+        .map(|tid| {
+            let stack = STACKS.with(|s| s.borrow_mut().pop()).unwrap_or_else(|| {
+                DefaultStack::new(STACK_BYTES).expect("a coroutine stack for a GPU thread on the host")
+            });
+            Some(Coroutine::with_stack(stack, move |yielder: &Yielder<(), ()>, ()| {
+                with_lane(|l| l.yielder = yielder);
+                thread(tid, x, y, z);
+            }))
+        })
+        .collect();
+    // A failure: the suspended coroutines hold the kernel's frames, which have
+    // nothing to unwind them by; they are never resumed again.
+    let fail = |coroutines: &mut Vec<Option<Coroutine<(), (), (), DefaultStack>>>| {
+        for c in coroutines.drain(..).flatten() {
+            std::mem::forget(c);
+        }
+    };
+    let mut left = threads;
+    while left > 0 {
+        let before = PROGRESS.with(Cell::get);
+        let mut returned = false;
+        for (tid, slot) in coroutines.iter_mut().enumerate() {
+            let Some(co) = slot.as_mut() else { continue };
+            CURRENT.with(|c| c.set(&mut lanes[tid]));
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| co.resume(())));
+            CURRENT.with(|c| c.set(std::ptr::null_mut()));
+            match r {
+                Ok(CoroutineResult::Yield(())) => {}
+                Ok(CoroutineResult::Return(())) => {
+                    let done = slot.take().expect("a running coroutine");
+                    STACKS.with(|s| s.borrow_mut().push(done.into_stack()));
+                    left -= 1;
+                    returned = true;
+                }
+                Err(panic) => {
+                    fail(&mut coroutines);
+                    std::panic::resume_unwind(panic);
+                }
+            }
+        }
+        if left > 0 && !returned && PROGRESS.with(Cell::get) == before {
+            fail(&mut coroutines);
+            panic!(
+                "block ({x}, {y}, {z}): every waiting thread waits for another (a deadlock of the kernel)"
+            );
+        }
+    }
+    // Every thread returned (and dropped its handle) before the shared memory goes.
+    drop(lanes);
+    drop(block);
+    drop(shared);
 }
 
 /// 16-bit values in a buffer aligned to 16 bytes (the kernels' vector loads and
@@ -1264,5 +1331,75 @@ impl HostKernels {
             run_blocks(grid, threads, smem, thread);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Threads meet at the block's barrier: every write before it is seen by
+    /// every read after it, in each block of the grid, and a warp's lanes
+    /// exchange their operands.
+    #[test]
+    fn a_blocks_threads_meet_at_its_barriers_and_warps() {
+        for threads in [1usize, 32, 33, 96, 384] {
+            let seen = AtomicUsize::new(0);
+            run_blocks((3, 2, 1), threads, 4 * threads, |tid, x, y, _| {
+                let tag = |t: usize| (t + 1000 * (x + 10 * y)) as u32;
+                let smem = host_smem() as *mut u32;
+                // SAFETY: word `tid` of the block's `4 · threads` bytes.
+                unsafe { *smem.add(tid) = tag(tid) };
+                host_bar();
+                // SAFETY: the block's words, all written before the barrier.
+                let mut ok = (0..threads).all(|t| unsafe { *smem.add(t) } == tag(t));
+                host_bar();
+                if threads.is_multiple_of(32) {
+                    let (all, lane) = exchange([tid as u64; 12]);
+                    ok &= lane == tid % 32 && (0..32).all(|l| all[l][0] as usize == tid - tid % 32 + l);
+                }
+                if ok {
+                    seen.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            assert_eq!(seen.load(Ordering::Relaxed), threads * 6, "{threads} threads");
+        }
+    }
+
+    /// A kernel whose threads wait for one that never comes fails, naming the
+    /// block, instead of hanging; the next launch on the thread runs as usual.
+    #[test]
+    fn a_deadlocked_block_fails() {
+        let e = std::panic::catch_unwind(|| {
+            run_blocks((2, 1, 1), 64, 0, |tid, _, _, _| {
+                if tid != 0 {
+                    host_bar();
+                }
+            })
+        })
+        .unwrap_err();
+        let text = e.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(text.contains("block (0, 0, 0)") && text.contains("deadlock"), "{text}");
+        let n = AtomicUsize::new(0);
+        run_blocks((2, 1, 1), 64, 0, |_, _, _, _| {
+            host_bar();
+            n.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(n.load(Ordering::Relaxed), 128);
+    }
+
+    /// A thread's panic reaches the caller of `run_blocks`.
+    #[test]
+    fn a_threads_panic_reaches_the_caller() {
+        let e = std::panic::catch_unwind(|| {
+            run_blocks((1, 1, 1), 32, 0, |tid, _, _, _| {
+                host_bar();
+                assert!(tid != 7, "thread 7 fails");
+            })
+        })
+        .unwrap_err();
+        let text = e.downcast_ref::<&str>().copied().or(e.downcast_ref::<String>().map(String::as_str));
+        assert_eq!(text, Some("thread 7 fails"));
     }
 }

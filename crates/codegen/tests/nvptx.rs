@@ -741,8 +741,8 @@ mod on_the_host {
     /// Raw pointers a block's threads share: A, B, C, the bias, the residual.
     #[derive(Clone, Copy)]
     struct Ptrs(*const u16, *const u16, *mut u16, *const u16, *const u16);
-    // SAFETY: they point into buffers that outlive the threads that use them (scoped
-    // in `host::run_blocks`); the kernels' threads write disjoint elements of C.
+    // SAFETY: they point into buffers that outlive the threads that use them (which
+    // all return in `host::run_blocks`); the kernels' threads write disjoint elements of C.
     unsafe impl Send for Ptrs {}
     unsafe impl Sync for Ptrs {}
 
@@ -757,7 +757,7 @@ mod on_the_host {
     /// mma.sync; one element type, B layout and epilogue), each piece run over its
     /// whole grid on A, C and the residual from its first row on, as the runner
     /// launches it (a SIMT kernel a thread at a time, the others a block at a time,
-    /// its threads as host threads); the whole product against the host oracle,
+    /// its threads as coroutines); the whole product against the host oracle,
     /// canaries around C and in its rows' padding.
     fn host_cover(
         kernels: &[GemmKernel],
@@ -1063,7 +1063,7 @@ mod on_the_host {
     /// Every GEMV kernel of the family, without an epilogue and with a bias and a
     /// residual (GELU is inline PTX): one row, a block's rows and one past, K of one
     /// chunk, of one warp step and one past, odd N, a batch, and row strides past K
-    /// and N. (A warp's lanes run as host threads: a few warps a case.)
+    /// and N. (A warp's lanes run as coroutines: a few warps a case.)
     #[test]
     fn gemv_kernels_at_the_edges() {
         for e in [EPILOGUES[0], EPILOGUES[2]] {
