@@ -1047,19 +1047,11 @@ fn bundled_models_match_onnx_runtime_through_the_gpu_backend() {
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests");
     // The Llama decoder's step: an empty and a filled KV cache (concatenated
     // onto), rotary positions, grouped-query attention.
-    // The emulator meets a warp's 32 host threads at every shuffle and mma, so
-    // CI runs the cases that reach each kernel choice (one row: GEMV; up to 8;
-    // more: the mma.sync tiles; the taps of a convolution; an empty and a
-    // filled KV cache); `ANYSHAPE_GPU_HOST_ALL=1` runs every recorded case.
-    let all = std::env::var("ANYSHAPE_GPU_HOST_ALL").is_ok_and(|v| v == "1");
-    let models: [(&str, &[&str]); 5] = [
-        ("fixtures/resnet", &["case0"]),
-        ("fixtures/vit", &["case0"]),
-        ("fixtures/bert", &["case0", "case3"]),
-        ("fixtures/gpt2", &["case0", "case2"]),
-        ("fixtures-current/llama_step", &["case0", "case1"]),
-    ];
-    for (name, ci_cases) in models {
+    // Every recorded case (one row: GEMV; up to 8; more: the mma.sync tiles;
+    // the taps of a convolution; an empty and a filled KV cache).
+    let models =
+        ["fixtures/resnet", "fixtures/vit", "fixtures/bert", "fixtures/gpt2", "fixtures-current/llama_step"];
+    for name in models {
         let dir = root.join(name);
         let model = Model::load(dir.join("model.onnx"), &LoadOptions::new())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -1085,9 +1077,6 @@ fn bundled_models_match_onnx_runtime_through_the_gpu_backend() {
         assert!(cases.len() >= 3, "{name}");
         for case in cases {
             let stem = case.file_name().unwrap_or_default().to_string_lossy().into_owned();
-            if !all && !ci_cases.contains(&stem.as_str()) {
-                continue;
-            }
             let start = std::time::Instant::now();
             let inputs: Vec<(String, Tensor)> = npy_files(&case)
                 .into_iter()

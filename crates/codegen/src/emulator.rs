@@ -1025,10 +1025,15 @@ fn run_block(
         }
     };
     let mut left = threads;
+    // Each round starts from another thread (37 apart, prime to the block's
+    // counts), so that the order in which threads leave a wait, and run until
+    // their next, varies: what a kernel orders by no barrier is seen both ways.
+    let mut first = 0;
     while left > 0 {
         let before = PROGRESS.with(Cell::get);
         let mut returned = false;
-        for (tid, slot) in coroutines.iter_mut().enumerate() {
+        for tid in (first..threads).chain(0..first) {
+            let slot = &mut coroutines[tid];
             let Some(co) = slot.as_mut() else { continue };
             CURRENT.with(|c| c.set(&mut lanes[tid]));
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| co.resume(())));
@@ -1047,6 +1052,7 @@ fn run_block(
                 }
             }
         }
+        first = (first + 37) % threads;
         if left > 0 && !returned && PROGRESS.with(Cell::get) == before {
             fail(&mut coroutines);
             panic!(
