@@ -8,7 +8,9 @@
 //! (the SIMT GEMMs, the split-K reduction) runs its threads one after another; one
 //! that does ([`run_blocks`]) runs a block's threads as coroutines of the calling
 //! host thread (`corosensei`: a wait is a switch of stacks, where threads of the
-//! host paid the system's scheduler at every warp-wide operation), which
+//! host paid the system's scheduler at every warp-wide operation; each round of
+//! the block's threads in another order, so that what a kernel leaves unordered
+//! runs more than one way), which
 //! meet at each barrier (the block's) and each warp-wide operation (the warp's): a
 //! shuffle, `ldmatrix` and `mma` exchange their lanes' operands there and compute
 //! what each lane gets as the PTX ISA lays the fragments out; `wgmma` reads its
@@ -1025,14 +1027,22 @@ fn run_block(
         }
     };
     let mut left = threads;
-    // Each round starts from another thread (37 apart, prime to the block's
-    // counts), so that the order in which threads leave a wait, and run until
-    // their next, varies: what a kernel orders by no barrier is seen both ways.
-    let mut first = 0;
+    // Each round runs the threads in another order (a shuffle by a generator
+    // seeded with the block's index), so that the order in which threads leave
+    // a wait, and run until their next, varies: what a kernel orders by no
+    // barrier is seen more than one way, the same way on every run.
+    let mut order: Vec<usize> = (0..threads).collect();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ ((x as u64) << 40 | (y as u64) << 20 | z as u64);
     while left > 0 {
         let before = PROGRESS.with(Cell::get);
         let mut returned = false;
-        for tid in (first..threads).chain(0..first) {
+        for i in (1..threads).rev() {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            order.swap(i, (rng % (i as u64 + 1)) as usize);
+        }
+        for &tid in &order {
             let slot = &mut coroutines[tid];
             let Some(co) = slot.as_mut() else { continue };
             CURRENT.with(|c| c.set(&mut lanes[tid]));
@@ -1052,7 +1062,6 @@ fn run_block(
                 }
             }
         }
-        first = (first + 37) % threads;
         if left > 0 && !returned && PROGRESS.with(Cell::get) == before {
             fail(&mut coroutines);
             panic!(
@@ -1371,6 +1380,26 @@ mod tests {
             });
             assert_eq!(seen.load(Ordering::Relaxed), threads * 6, "{threads} threads");
         }
+    }
+
+    /// The order in which threads leave a wait varies from round to round and
+    /// block to block: a word the threads write unordered between two barriers
+    /// is left by different threads.
+    #[test]
+    fn unordered_writes_are_seen_in_more_than_one_order() {
+        let last = Mutex::new(std::collections::BTreeSet::new());
+        run_blocks((8, 1, 1), 64, 4, |tid, _, _, _| {
+            let word = host_smem() as *mut u32;
+            host_bar();
+            // SAFETY: the block's one word; the threads take turns on one host thread.
+            unsafe { *word = tid as u32 };
+            host_bar();
+            if tid == 0 {
+                // SAFETY: as above.
+                last.lock().unwrap().insert(unsafe { *word });
+            }
+        });
+        assert!(last.lock().unwrap().len() > 1, "{:?}", last.lock().unwrap());
     }
 
     /// A kernel whose threads wait for one that never comes fails, naming the
