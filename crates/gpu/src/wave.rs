@@ -64,8 +64,7 @@ impl DeviceLimits {
 /// wave's panels no longer fit in L2 beside each other they are read again from
 /// memory. In the H100 and H200 records, single launches of several waves ran
 /// slower than the wave model's price by a share that grew with a wave's
-/// operands and not with K or the tile (BENCHMARKS.md, session 68), while two
-/// launches of one wave each over the same tiles did not.
+/// operands (BENCHMARKS.md, session 68), while launches of one wave did not.
 pub const L2_DRIFT: f64 = 0.1;
 
 /// Blocks of `k` resident on one SM at once, given its real register count: registers
@@ -250,11 +249,12 @@ impl WaveModel {
     /// then the last partial wave, whose `r` blocks an SM take between one block's
     /// latency (`r = 1`) and a full wave (`r = occupancy`), linearly in `r`: a
     /// partial wave of few blocks an SM runs at their latency, not at their share of
-    /// the SM's throughput. The waves after a launch's first pay for their drift
-    /// apart in K where a wave's operands crowd L2 ([`DeviceLimits::drift`]), against
-    /// the drift the calibration's own later waves had. With fewer blocks than SMs, that latency lies between the
-    /// few-SM one ([`KernelRate::few`], where measured) and the all-SM one, linearly
-    /// in the SMs busy. The SMs a partial wave leaves idle are the waste that
+    /// the SM's throughput. With fewer blocks than SMs, a lone block's latency lies
+    /// between the few-SM one ([`KernelRate::few`], where measured) and the all-SM
+    /// one, linearly in the SMs busy. The waves after a launch's first pay for
+    /// their drift apart in K where a wave's operands crowd L2
+    /// ([`DeviceLimits::drift`]), against the drift the calibration's own later
+    /// waves had. The SMs a partial wave leaves idle are the waste that
     /// makes a smaller tile win at some M (TSCompiler §6, FTuner). A split-K choice
     /// runs `splits` times the blocks on a share of K's steps, then the reduction,
     /// which reads the f32 partial sums once, and costs its launch and a latency a

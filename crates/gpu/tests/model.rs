@@ -722,7 +722,7 @@ fn unaligned_mma_kernels_take_any_operand_and_are_offered_only_as_a_cover() {
 fn a_waves_operands_follow_the_raster_groups() {
     let k = mma(128, 128, 2, 2);
     let bytes = |m, n, kk, tiles| k.raster_bytes(&Problem::nt(1, m, n, kk), tiles);
-    // 132 tiles of 64×64 tile rows and columns: 8 rows, 17 columns of a group.
+    // 132 of 64 × 64 tiles: a group's 8 tile rows by 17 tile columns.
     assert_eq!(bytes(8192, 8192, 1024, 132), ((8 * 128 + 17 * 128) * 1024 * 2) as f64);
     // Four tile columns: 132 tiles fill four groups and a fifth's first tiles.
     assert_eq!(bytes(8192, 512, 1024, 132), ((40 * 128 + 512) * 1024 * 2) as f64);

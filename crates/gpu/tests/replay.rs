@@ -71,9 +71,9 @@ fn the_model_on_the_h200_run_of_session_11() {
 #[test]
 fn the_model_on_the_h200_run_of_session_46() {
     // Printed: mean 0.69%, max 13.6% (a single persistent 128×256 launch at
-    // 8192×1024×4096 whose later waves drifted; the cover of two one-wave
-    // launches it predicted level was 12% faster). Later waves priced by their
-    // operands against L2: max 7.7%.
+    // 8192×1024×4096 whose later waves drifted, 102.8 µs; the cover of two
+    // one-wave launches it predicted level took 90.5). Later waves priced by
+    // their operands against L2: max 7.7%.
     replays_within("results/2026-12-04-h200-s46/call3-bench.jsonl", 94, 0.7, 7.8);
 }
 
