@@ -274,18 +274,17 @@ impl WaveModel {
         let blocks = k.blocks(p) * splits;
         // A calibration times whole launches: take out the launch's share of each
         // grid's waves, which the product pays once below.
-        let [full, lone, few] =
-            calibration_grids(k, occ, self.device.sms).map(|g| g.waves(occ, self.device.sms));
+        let grids = calibration_grids(k, occ, self.device.sms);
+        let [full, lone, few] = grids.map(|g| g.waves(occ, self.device.sms));
         let wave = (r.wave(steps as f64) - self.device.launch / full).max(0.0);
         // Waves after the launch's first drift apart in K: at the product's
-        // operands a wave, against the calibration's four-wave grid (whose three
-        // later waves drifted at its own operands).
-        let [grid, ..] = calibration_grids(k, occ, self.device.sms);
+        // operands a wave, against the calibration's full grid (whose waves after
+        // its first drifted at its own operands).
         let depth = steps * k.bk();
-        let cal = Problem { m: grid.rows * k.bm, n: grid.cols * k.bn, k: depth, batch: 1, ..*p };
+        let cal = Problem { m: grids[0].rows * k.bm, n: grids[0].cols * k.bn, k: depth, batch: 1, ..*p };
         let drift_cal = self.device.drift(k.raster_bytes(&cal, slots));
         let drift = self.device.drift(k.raster_bytes(&Problem { k: depth, ..*p }, slots));
-        let first = wave / (1.0 + 0.75 * drift_cal);
+        let first = wave / (1.0 + (full - 1.0) / full * drift_cal);
         let later = first * (1.0 + drift);
         let whole = blocks / slots;
         let mut t = if whole == 0 { 0.0 } else { first + (whole - 1) as f64 * later };
