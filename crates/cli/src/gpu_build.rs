@@ -57,12 +57,14 @@ pub fn reducers() -> Vec<ReduceKernel> {
 /// `candidates::family` (mma.sync) and the wgmma tiles (K-major B) without an
 /// epilogue; and for bf16 with a K-major B (a pre-packed weight) the epilogues a
 /// transformer's projections fuse, on two mma.sync tiles, the TMA tiles, the GEMV
-/// kernels and the element-by-element mma.sync cover.
+/// kernels and the element-by-element mma.sync cover; the bf16 Stream-K
+/// kernels without an epilogue (checked, and timed against their tiles).
 pub fn family() -> Vec<GemmKernel> {
     let mut out = Vec::new();
     for elem in [ElemType::Bf16, ElemType::F16] {
         out.extend(candidates::plain_family(elem));
     }
+    out.extend(candidates::stream_k_family(ElemType::Bf16, Epilogue::NONE));
     for epilogue in EPILOGUES {
         for k in candidates::family(ElemType::Bf16, BLayout::KMajor, epilogue) {
             if matches!((k.bm, k.bn), (16, 64) | (128, 128)) {

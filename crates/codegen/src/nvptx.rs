@@ -179,9 +179,30 @@ struct Ix {
     k_first: String,
     /// The batch entry (TMA's third coordinate; 0 for a split-K block).
     batch: String,
-    /// A folding split-K block's tile (`by·gx + bx`), split (`z`) and K's
-    /// steps (`GemmKernel::fold`).
-    fold: Option<[String; 3]>,
+    /// Where a folding split-K block's share of its tile goes.
+    fold: Option<FoldAt>,
+}
+
+/// A folding block's share of a tile (`GemmKernel::fold`): the tile (its
+/// counter), the share's index, and the tile's shares and the workspace's
+/// shares a tile (i32; a split-K block's both `⌈steps/kper⌉`, from its
+/// product's K steps, counted once the main loop is done so as not to keep
+/// them live through it); for a Stream-K block, whether it holds the whole
+/// tile (i1), which it then stores as an unsplit kernel does.
+#[derive(Clone)]
+struct FoldAt {
+    tile: String,
+    share: String,
+    shares: Shares,
+    whole: Option<String>,
+}
+
+#[derive(Clone)]
+enum Shares {
+    /// A split-K tile's: its splits, of the K steps given.
+    Split { steps: String },
+    /// A Stream-K tile's: its shares and the workspace's a tile.
+    Stream { shares: String, slots: String },
 }
 
 /// One thread's 16-byte copy of a stage: the global pointer at K step 0, the
@@ -1323,7 +1344,13 @@ impl Gen {
             // folding kernel's C and residual are the product's own.
             let (c_base, r_base, fold) = if k.fold {
                 let r_base = k.epilogue.residual.then(|| "%res".to_string());
-                (String::from("%C"), r_base, Some([pid.clone(), bz.clone(), steps.clone()]))
+                let at = FoldAt {
+                    tile: pid.clone(),
+                    share: bz.clone(),
+                    shares: Shares::Split { steps: steps.clone() },
+                    whole: None,
+                };
+                (String::from("%C"), r_base, Some(at))
             } else {
                 let oc = self.v(format!("mul i64 {bz64}, %sc"));
                 let c_base = self.v(format!("getelementptr inbounds float, ptr addrspace(1) %C, i64 {oc}"));
@@ -1893,6 +1920,9 @@ impl Gen {
 
     fn generate(mut self) -> String {
         let k = self.k;
+        if k.stream_k {
+            return self.stream_k();
+        }
         let ix = self.indices(None);
         if k.tma {
             self.tma_kernel(&ix);
@@ -1907,6 +1937,102 @@ impl Gen {
         };
         self.epilogue(&ix, &frags);
         self.finish()
+    }
+
+    /// A Stream-K kernel (`GemmKernel::stream_k`): block `b` of `G` walks the
+    /// steps `⌊b·I/G⌋ .. ⌊(b+1)·I/G⌋` of all the tiles' `I` K steps, a unit (a
+    /// tile's run of steps) at a time: the unsplit kernel's copies, main loop
+    /// and epilogue over the unit's steps, folding where the unit is not the
+    /// whole tile (its share's index: the block less the tile's first block;
+    /// the block of step `x` is `⌊((x+1)·G − 1)/I⌋`). Every thread is past
+    /// the unit's stores and reads before the next unit's copies start.
+    fn stream_k(mut self) -> String {
+        let k = self.k;
+        let grid = self.tile_grid();
+        let tiles = self.v(format!("mul i32 {}, {}", grid.0, grid.1));
+        let bk = k.bk();
+        let kr = self.v(format!("add i32 %K, {}", bk - 1));
+        let steps = self.v(format!("udiv i32 {kr}, {bk}"));
+        let tiles64 = self.v(format!("zext i32 {tiles} to i64"));
+        let steps64 = self.v(format!("zext i32 {steps} to i64"));
+        let iters = self.v(format!("mul i64 {tiles64}, {steps64}"));
+        let b = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
+        let g = self.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()");
+        let b64 = self.v(format!("zext i32 {b} to i64"));
+        let g64 = self.v(format!("zext i32 {g} to i64"));
+        let s0 = self.v(format!("mul i64 {b64}, {iters}"));
+        let start = self.v(format!("udiv i64 {s0}, {g64}"));
+        let b1 = self.v(format!("add i64 {b64}, 1"));
+        let e0 = self.v(format!("mul i64 {b1}, {iters}"));
+        let end = self.v(format!("udiv i64 {e0}, {g64}"));
+        self.emit("br label %unit.head");
+        self.block("unit.head");
+        let phi_at = self.body.len();
+        let more = self.v(format!("icmp ult i64 %unit.x, {end}"));
+        self.emit(format!("br i1 {more}, label %unit.body, label %unit.exit"));
+        self.block("unit.body");
+        let t64 = self.v(format!("udiv i64 %unit.x, {steps64}"));
+        let t = self.v(format!("trunc i64 {t64} to i32"));
+        let base = self.v(format!("mul i64 {t64}, {steps64}"));
+        let kb64 = self.v(format!("sub i64 %unit.x, {base}"));
+        let kb = self.v(format!("trunc i64 {kb64} to i32"));
+        let room = self.v(format!("sub i32 {steps}, {kb}"));
+        let room64 = self.v(format!("zext i32 {room} to i64"));
+        let left = self.v(format!("sub i64 {end}, %unit.x"));
+        let short = self.v(format!("icmp ult i64 {left}, {room64}"));
+        let span64 = self.v(format!("select i1 {short}, i64 {left}, i64 {room64}"));
+        let span = self.v(format!("trunc i64 {span64} to i32"));
+        let mut ix = self.indices(Some((&t, &grid)));
+        ix.k_first = kb.clone();
+        ix.kt_n = span.clone();
+        let copies = self.copies(&ix);
+        let frags = match k.arch {
+            Arch::Sm80 => self.mma_loop(&ix, &copies),
+            _ => self.wgmma_loop(&ix, &copies),
+        };
+        // The unit's share of its tile, counted after the main loop (so as
+        // not to keep it live through it).
+        let from0 = self.v(format!("icmp eq i32 {kb}, 0"));
+        let all = self.v(format!("icmp eq i32 {span}, {steps}"));
+        let whole = self.v(format!("and i1 {from0}, {all}"));
+        let block_of = |gen: &mut Gen, x: &str| {
+            let x1 = gen.v(format!("add i64 {x}, 1"));
+            let xg = gen.v(format!("mul i64 {x1}, {g64}"));
+            let xg1 = gen.v(format!("add i64 {xg}, -1"));
+            gen.v(format!("udiv i64 {xg1}, {iters}"))
+        };
+        let first = block_of(&mut self, &base);
+        let last_step = self.v(format!("add i64 {base}, {steps64}"));
+        let last_step = self.v(format!("add i64 {last_step}, -1"));
+        let last = block_of(&mut self, &last_step);
+        let own = self.v(format!("sub i64 {b64}, {first}"));
+        let share = self.v(format!("trunc i64 {own} to i32"));
+        let span_b = self.v(format!("sub i64 {last}, {first}"));
+        let span_b = self.v(format!("trunc i64 {span_b} to i32"));
+        let shares = self.v(format!("add i32 {span_b}, 1"));
+        let shares = Shares::Stream { shares, slots: "%kper".into() };
+        ix.fold = Some(FoldAt { tile: t, share, shares, whole: Some(whole) });
+        self.epilogue(&ix, &frags);
+        self.block("unit.next");
+        self.emit("call void @llvm.nvvm.barrier0()");
+        let spanx = self.v(format!("zext i32 {span} to i64"));
+        let next = self.v(format!("add i64 %unit.x, {spanx}"));
+        self.emit("br label %unit.head");
+        let phi = format!("  %unit.x = phi i64 [ {start}, %entry ], [ {next}, %unit.next ]\n");
+        self.body.insert_str(phi_at, &phi);
+        self.block("unit.exit");
+        self.emit("ret void");
+        self.finish()
+    }
+
+    /// Where a unit's threads go once its C is stored (or its share counted): the
+    /// next unit of a Stream-K kernel, the end of another.
+    fn leave(&mut self) {
+        if self.k.stream_k {
+            self.emit("br label %unit.next");
+        } else {
+            self.emit("ret void");
+        }
     }
 
     /// The mma.sync main loop; returns the accumulators as m16n8 fragments.
@@ -2501,7 +2627,7 @@ impl Gen {
                 }
             }
         }
-        self.emit("ret void");
+        self.leave();
     }
 
     /// A folding split-K block's shares (`GemmKernel::fold`): its fragments
@@ -2514,18 +2640,33 @@ impl Gen {
     /// shares at a time, every fragment of the chunk loaded before the first
     /// add (one memory latency a chunk), a share past the last reloading the
     /// last (in bounds) and adding zero. Returns the sums as the fragments
-    /// the epilogue stores.
-    fn fold_shares(&mut self, tid: &str, [tile, split, steps]: &[String; 3], frags: &[Frag]) -> Vec<Frag> {
+    /// the epilogue stores. A Stream-K block that holds the whole tile skips
+    /// all of this and stores its own fragments.
+    fn fold_shares(&mut self, tid: &str, at: &FoldAt, frags: &[Frag]) -> Vec<Frag> {
+        let FoldAt { tile, share: split, shares, whole } = at;
+        let skip_from = whole.as_ref().map(|whole| {
+            let (skip, write) = (self.fresh("fold.skip"), self.fresh("fold.write"));
+            self.emit(format!("br i1 {whole}, label %{skip}, label %{write}"));
+            self.block(&write);
+            skip
+        });
+        let (splits, slots) = match shares {
+            Shares::Split { steps } => {
+                let kp = self.v("add i32 %kper, -1");
+                let st = self.v(format!("add i32 {steps}, {kp}"));
+                let splits = self.v(format!("udiv i32 {st}, %kper"));
+                (splits.clone(), splits)
+            }
+            Shares::Stream { shares, slots } => (shares.clone(), slots.clone()),
+        };
         let threads = self.k.threads();
         let share = 4 * threads * frags.len();
         let tid64 = self.v(format!("zext i32 {tid} to i64"));
         let lane_at = self.v(format!("mul i64 {tid64}, 4"));
-        let kp = self.v("add i32 %kper, -1");
-        let st = self.v(format!("add i32 {steps}, {kp}"));
-        let splits = self.v(format!("udiv i32 {st}, %kper"));
         let tile64 = self.v(format!("zext i32 {tile} to i64"));
         let splits64 = self.v(format!("zext i32 {splits} to i64"));
-        let first = self.v(format!("mul i64 {tile64}, {splits64}"));
+        let slots64 = self.v(format!("zext i32 {slots} to i64"));
+        let first = self.v(format!("mul i64 {tile64}, {slots64}"));
         // This thread's first fragment in share `s` of this tile; fragment `j`
         // lies `4·threads·j` floats on.
         let share_at = |g: &mut Gen, s64: &str| {
@@ -2575,7 +2716,7 @@ impl Gen {
         let (sum, done) = (self.fresh("fold.sum"), self.fresh("fold.done"));
         self.emit(format!("br i1 {last}, label %{sum}, label %{done}"));
         self.block(&done);
-        self.emit("ret void");
+        self.leave();
         self.block(&sum);
         // The other blocks' shares, now that their counts are seen.
         self.emit("call void @llvm.nvvm.membar.gl()");
@@ -2624,13 +2765,33 @@ impl Gen {
         }
         self.body.insert_str(phis_at, &phis);
         self.block(&out);
-        frags
+        let summed: Vec<Frag> = frags
             .iter()
             .zip(&accs)
             .map(|(f, a)| Frag {
                 row: f.row.clone(),
                 col: f.col.clone(),
                 vals: std::array::from_fn(|e| self.v(format!("extractelement <4 x float> {a}, i32 {e}"))),
+            })
+            .collect();
+        let Some(skip) = skip_from else {
+            return summed;
+        };
+        // The whole tile's own fragments, or the shares' sums.
+        let join = self.fresh("fold.join");
+        self.emit(format!("br label %{join}"));
+        self.block(&skip);
+        self.emit(format!("br label %{join}"));
+        self.block(&join);
+        frags
+            .iter()
+            .zip(&summed)
+            .map(|(f, s)| Frag {
+                row: f.row.clone(),
+                col: f.col.clone(),
+                vals: std::array::from_fn(|e| {
+                    self.v(format!("phi float [ {}, %{skip} ], [ {}, %{out} ]", f.vals[e], s.vals[e]))
+                }),
             })
             .collect()
     }

@@ -162,6 +162,38 @@ fn folding_split_k_kernels_count_and_sum_their_shares() {
     );
 }
 
+/// A Stream-K block's share index stays below `GemmKernel::stream_slots`:
+/// over every block count up to the steps, each tile meets no more blocks
+/// than the slots, and the block the kernel computes for a step
+/// (`⌊((x+1)·G − 1)/I⌋`) is the one whose range holds it.
+#[test]
+fn stream_k_slots_hold_every_tiles_shares() {
+    let k = candidates::stream_k_family(ElemType::Bf16, Epilogue::NONE)[0];
+    for m in [1, 17, 100] {
+        for depth in [32usize, 96, 1000] {
+            let p = gpu::Problem::nt(1, m, 200, depth);
+            let steps = depth.div_ceil(k.bk());
+            let iters = k.blocks(&p) * steps;
+            for blocks in 1..=iters {
+                let slots = k.stream_slots(&p, blocks);
+                let block_of = |x: usize| ((x + 1) * blocks - 1) / iters;
+                for x in 0..iters {
+                    let b = block_of(x);
+                    assert!(b * iters / blocks <= x && x < (b + 1) * iters / blocks, "{p}: step {x}");
+                }
+                for t in 0..k.blocks(&p) {
+                    let shares = block_of(t * steps + steps - 1) - block_of(t * steps) + 1;
+                    assert!(
+                        shares <= slots,
+                        "{p} in {blocks} blocks: tile {t} in {shares} shares, {slots} slots"
+                    );
+                }
+            }
+            assert_eq!(k.stream_slots(&p, iters + 1), 0, "more blocks than steps");
+        }
+    }
+}
+
 #[test]
 fn the_whole_candidate_space_lowers() {
     // The space is what the family is drawn from: every member must be buildable.
@@ -187,6 +219,7 @@ fn an_invalid_kernel_is_an_error_not_a_panic() {
         overlap: false,
         split_k: false,
         fold: false,
+        stream_k: false,
         tma: false,
         persistent: false,
         pingpong: false,
@@ -230,6 +263,7 @@ fn golden_ptx() {
         overlap: false,
         split_k: false,
         fold: false,
+        stream_k: false,
         tma: false,
         persistent: false,
         pingpong: false,
@@ -429,6 +463,14 @@ fn ptxas_accepts_every_family_kernel() {
     kernels.extend(fold_family(Epilogue { bias: true, residual: true, ..Epilogue::NONE }, true));
     kernels
         .extend(fold_family(Epilogue { bias: true, activation: Activation::Gelu, ..Epilogue::NONE }, false));
+    // Stream-K: the sweep's, and with a bias, a residual and f32 C (with an
+    // f32 A staged as well, ptxas spills 4 bytes of the 16 × 64 tile for
+    // sm_80: no model step takes Stream-K yet).
+    kernels.extend(candidates::stream_k_family(ElemType::Bf16, Epilogue::NONE));
+    let e = Epilogue { bias: true, residual: true, activation: Activation::GeluTanh, ..Epilogue::NONE };
+    kernels.extend(
+        candidates::stream_k_family(ElemType::Bf16, e).into_iter().map(|k| GemmKernel { c_f32: true, ..k }),
+    );
     kernels.extend(candidates::simt_family(ElemType::F16, Epilogue::NONE));
     kernels.extend(candidates::simt_family(
         ElemType::Bf16,
@@ -1208,10 +1250,11 @@ mod on_the_host {
     }
 
     /// Folding split-K kernel `k` on `p` (one product) in `splits` shares of
-    /// K, as the runtime launches it: C with rows `n + 3` apart (f32 or bf16,
-    /// as the bias and the residual), canaries in its rows' padding, the
-    /// workspace of `GemmKernel::fold_space` and zeroed counters, each with a
-    /// canary past it. Against the oracle; every counter zero again after.
+    /// K (a Stream-K kernel: in `splits` blocks), as the runtime launches it: C
+    /// with rows `n + 3` apart (f32 or bf16, as the bias and the residual),
+    /// canaries in its rows' padding, the workspace of `GemmKernel::fold_space`
+    /// (Stream-K: in `stream_slots` shares a tile) and zeroed counters, each
+    /// with a canary past it. Against the oracle; every counter zero again after.
     fn host_fold(k: &GemmKernel, p: Problem, splits: usize, seed: u64) -> Result<(), TestCaseError> {
         let p = p.with_b(k.b);
         let name = k.name_split(splits);
@@ -1222,7 +1265,14 @@ mod on_the_host {
         // workspace and the counters last) plus the four indices (`for_host`),
         // which is `FoldGemm`; `ee` outlives every call below.
         let f: host::FoldGemm = unsafe { std::mem::transmute::<usize, host::FoldGemm>(addr) };
-        let (per, splits) = k.split_plan(p.k, splits);
+        let (per, grid, shares) = if k.stream_k {
+            let slots = k.stream_slots(&p, splits);
+            prop_assert!(slots > 0, "{name}: {splits} blocks on {p}");
+            (slots, (splits, 1, 1), slots)
+        } else {
+            let (per, splits) = k.split_plan(p.k, splits);
+            (per, (p.n.div_ceil(k.bn), p.m.div_ceil(k.bm), splits), splits)
+        };
         let mut rnd = values(seed);
         let a: Vec<u16> = (0..p.m * p.k).map(|_| bf16(rnd())).collect();
         let b: Vec<u16> = (0..p.n * p.k).map(|_| bf16(rnd())).collect();
@@ -1243,7 +1293,7 @@ mod on_the_host {
         let (bias_c, res_c) = (widen(&bias), widen(&res));
         let canary = [0xa5u8; 4];
         let mut c: Vec<u8> = canary.iter().copied().cycle().take(p.m * ldc * size).collect();
-        let (floats, tiles) = k.fold_space(&p, splits);
+        let (floats, tiles) = k.fold_space(&p, shares);
         let w_canary = f32::from_bits(0x7fc0_0123);
         let mut w = vec![w_canary; floats + 4];
         let mut cnt = vec![0i64; tiles + 1];
@@ -1259,44 +1309,39 @@ mod on_the_host {
             w.as_mut_ptr() as usize,
             cnt.as_mut_ptr() as usize,
         ];
-        host::run_blocks(
-            (p.n.div_ceil(k.bn), p.m.div_ceil(k.bm), splits),
-            k.threads(),
-            k.smem_bytes(),
-            |t, x, y, z| {
-                // SAFETY: A is `[M, K]`, B `[N, K]` or `[K, N]`, C and the
-                // residual `M` rows `ldc` apart of C's type, the bias `N`, the
-                // workspace and counters as `fold_space` sizes them; each block
-                // reads its share of K, writes its share's slice and its tile's
-                // counter, and its tile's last block reads the tile's shares and
-                // writes C inside M and N.
-                unsafe {
-                    f(
-                        at[0] as *const u16,
-                        at[1] as *const u16,
-                        at[2] as *mut u8,
-                        at[3] as *const u8,
-                        at[4] as *const u8,
-                        p.m as i32,
-                        p.n as i32,
-                        p.k as i32,
-                        p.k as i32,
-                        ldb as i32,
-                        ldc as i32,
-                        zero,
-                        zero,
-                        zero,
-                        per as i32,
-                        at[5] as *mut f32,
-                        at[6] as *mut i64,
-                        t as i32,
-                        x as i32,
-                        y as i32,
-                        z as i32,
-                    )
-                }
-            },
-        );
+        host::run_blocks(grid, k.threads(), k.smem_bytes(), |t, x, y, z| {
+            // SAFETY: A is `[M, K]`, B `[N, K]` or `[K, N]`, C and the
+            // residual `M` rows `ldc` apart of C's type, the bias `N`, the
+            // workspace and counters as `fold_space` sizes them; each block
+            // reads its share of K, writes its share's slice and its tile's
+            // counter, and its tile's last block reads the tile's shares and
+            // writes C inside M and N.
+            unsafe {
+                f(
+                    at[0] as *const u16,
+                    at[1] as *const u16,
+                    at[2] as *mut u8,
+                    at[3] as *const u8,
+                    at[4] as *const u8,
+                    p.m as i32,
+                    p.n as i32,
+                    p.k as i32,
+                    p.k as i32,
+                    ldb as i32,
+                    ldc as i32,
+                    zero,
+                    zero,
+                    zero,
+                    per as i32,
+                    at[5] as *mut f32,
+                    at[6] as *mut i64,
+                    t as i32,
+                    x as i32,
+                    y as i32,
+                    z as i32,
+                )
+            }
+        });
         let o = Operands { elem: k.elem, a: &a, b: &b, bias: &bias, residual: &dense };
         let want = reference::gemm(&p, &k.epilogue, &o);
         let approximate = gpu::epilogue_approximate(&k.epilogue);
@@ -1336,6 +1381,38 @@ mod on_the_host {
             let n = if k.b == BLayout::NMajor { 72 } else { 67 };
             for (m, depth, splits) in [(1, 240, 3), (k.bm + 1, 240, 2), (7, 240, 5), (3, 640, 11)] {
                 host_fold(&k, Problem::nt(1, m, n, depth), splits, x as u64).unwrap();
+            }
+        }
+    }
+
+    /// The Stream-K forms of the folding kernels (mma.sync and cp.async-fed
+    /// wgmma tiles, both B layouts where built) on the host, into f32 and bf16
+    /// C through a bias, a residual and GELU: one block (every tile whole in
+    /// it), a prime number of blocks (tiles split unevenly, a block's share
+    /// ending inside a tile and the next starting there), a share of a step
+    /// or two (a tile split between many blocks, past a fold chunk), and as
+    /// many blocks as steps; one row, a prime and one past a tile.
+    #[test]
+    fn stream_k_kernels_share_every_tiles_steps_evenly() {
+        let e = Epilogue { bias: true, residual: true, activation: Activation::GeluTanh, ..Epilogue::NONE };
+        let family = || candidates::stream_k_family(ElemType::Bf16, e).into_iter();
+        let kernels: Vec<GemmKernel> =
+            family().map(|k| GemmKernel { c_f32: true, ..k }).chain(family().take(2)).collect();
+        assert!(
+            kernels.iter().any(|k| k.arch == Arch::Sm90a) && kernels.iter().any(|k| k.b == BLayout::NMajor)
+        );
+        for (x, k) in kernels.iter().enumerate() {
+            k.check().unwrap_or_else(|e| panic!("{e}"));
+            assert!(k.name().contains("_sks"), "{k}");
+            let n = if k.b == BLayout::NMajor { 136 } else { 131 };
+            let steps = |p: &Problem| p.k.div_ceil(k.bk()) * k.blocks(p);
+            let one = Problem::nt(1, 1, n, 240);
+            let tile = Problem::nt(1, k.bm + 1, n, 640);
+            let prime = Problem::nt(1, 7, n, 1000);
+            let runs =
+                [(one, 1), (one, 3), (one, steps(&one)), (tile, 7), (tile, steps(&tile) / 2 + 1), (prime, 5)];
+            for (p, blocks) in runs {
+                host_fold(k, p, blocks, x as u64 + blocks as u64).unwrap();
             }
         }
     }

@@ -126,6 +126,7 @@ fn plain(
         overlap: false,
         split_k: false,
         fold: false,
+        stream_k: false,
         tma: false,
         persistent: false,
         pingpong: false,
@@ -254,6 +255,19 @@ pub fn simt_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> {
         }
     }
     out
+}
+
+/// The Stream-K kernels (`GemmKernel::stream_k`): the folding forms of the
+/// split-K family's mma.sync and cp.async-fed wgmma tiles, each block of a
+/// launch an even share of all the tiles' K steps, with `epilogue`. Not the
+/// 64 × 128 mma.sync tile: the loop over units keeps a few more registers
+/// live than its 64 accumulators a thread leave, and ptxas spills.
+pub fn stream_k_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> {
+    split_k_family(elem)
+        .into_iter()
+        .filter(|k| !(k.tma || (k.arch == Arch::Sm80 && k.bm == 64)))
+        .map(|k| GemmKernel { fold: true, stream_k: true, epilogue, ..k })
+        .collect()
 }
 
 /// The split-K kernels: for a few rows against a long K (a decoder's projections),

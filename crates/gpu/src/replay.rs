@@ -96,8 +96,10 @@ impl Record {
                     problem: Problem::nt(p.batch, p.m, p.n, p.k).with_b(layout),
                     times,
                 });
-            } else if v.get("regret").is_none() {
-                return Err(bad("neither a calibration, a product, the device nor the summary".into()));
+            } else if v.get("regret").is_none() && v.get("stream_k").is_none() {
+                return Err(bad(
+                    "neither a calibration, a product, the device, a Stream-K timing nor the summary".into(),
+                ));
             }
         }
         if record.rates.is_empty() && record.products.is_empty() {

@@ -472,8 +472,8 @@ impl Gpu {
         w: &mut CudaSlice<f32>,
     ) -> Result<usize, GpuError> {
         let k = &l.kernel;
-        if !k.split_k {
-            return Err(GpuError::Plan(format!("{k} is not a split-K kernel")));
+        if !k.split_k || k.fold {
+            return Err(GpuError::Plan(format!("{k} is not a split-K kernel with a reduction")));
         }
         if let Some(r) = r.filter(|r| r.kernel.elem != k.elem) {
             return Err(GpuError::Plan(format!("{} does not reduce {k}'s element type", r.kernel)));
@@ -516,6 +516,60 @@ impl Gpu {
         Ok(splits)
     }
 
+    /// Launches Stream-K kernel `l` on `p` in `blocks` blocks, each an even
+    /// share of all the tiles' K steps (`GemmKernel::stream_k`), folding the
+    /// tiles it shares into the f32 workspace `w` (`GemmKernel::fold_space` at
+    /// `stream_slots` shares a tile) through the tiles' counters `cnt` (zero,
+    /// and zero again after the launch).
+    pub fn launch_stream_k(
+        &self,
+        l: &Loaded,
+        (p, first_row): (&Problem, usize),
+        blocks: usize,
+        o: &mut DeviceOperands,
+        (w, cnt): (&mut CudaSlice<f32>, &mut CudaSlice<i64>),
+    ) -> Result<(), GpuError> {
+        let k = &l.kernel;
+        if !k.stream_k {
+            return Err(GpuError::Plan(format!("{k} is not a Stream-K kernel")));
+        }
+        self.check_operands(k, p, first_row, o, k.epilogue)?;
+        let slots = k.stream_slots(p, blocks);
+        if slots == 0 {
+            return Err(GpuError::Plan(format!(
+                "{k} on {p}: {blocks} blocks, more than the product's K steps"
+            )));
+        }
+        let (floats, tiles) = k.fold_space(p, slots);
+        if w.len() < floats || cnt.len() < tiles {
+            return Err(GpuError::Plan(format!(
+                "{k} on {p}: a workspace of {} floats and {} counters, {floats} and {tiles} needed",
+                w.len(),
+                cnt.len()
+            )));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (k.threads() as u32, 1, 1),
+            shared_mem_bytes: k.smem_bytes() as u32,
+        };
+        let (m, n, kk) = (p.m as i32, p.n as i32, p.k as i32);
+        let (lda, ldb, ldc) = (o.lda as i32, o.ldb as i32, o.ldc as i32);
+        let (zero, slots) = (0i64, slots as i32);
+        let mut x = o.at_row(first_row);
+        let mut b = self.stream.launch_builder(&l.func);
+        b.arg(&x.a).arg(x.b).arg(&mut x.c).arg(x.bias).arg(&x.residual);
+        b.arg(&m).arg(&n).arg(&kk).arg(&lda).arg(&ldb).arg(&ldc).arg(&zero).arg(&zero).arg(&zero);
+        b.arg(&slots).arg(&mut *w).arg(&mut *cnt);
+        // SAFETY: the folding split-K ABI (`kernel::ABI`, then `kper` — here the
+        // shares a tile — the workspace and the counters): each block reads A
+        // and B within M, N and K and writes C inside M and N (checked above),
+        // its shares in the workspace below `fold_space`'s floats and its
+        // tiles' counters below the tile count (both checked above).
+        unsafe { b.launch(cfg) }.map_err(|e| GpuError::Driver(format!("{k} on {p}: {e:?}")))?;
+        Ok(())
+    }
+
     /// The second launch of a split-K product alone: `r` sums the `splits` f32
     /// shares `[M, N]` of `w` into C (through its epilogue). The bench times it
     /// alone for the wave model ([`crate::ReduceRate`]).
@@ -556,6 +610,11 @@ impl Gpu {
 
     pub fn alloc_f32(&self, n: usize) -> Result<CudaSlice<f32>, GpuError> {
         self.stream.alloc_zeros::<f32>(n.max(1)).map_err(drv)
+    }
+
+    /// Zeroed counters (a Stream-K launch's, one a tile).
+    pub fn alloc_counters(&self, n: usize) -> Result<CudaSlice<i64>, GpuError> {
+        self.stream.alloc_zeros::<i64>(n.max(1)).map_err(drv)
     }
 
     /// Device seconds per call of `f`: `per_graph` calls captured into a CUDA graph,

@@ -27,6 +27,7 @@ fn mma(bm: usize, bn: usize, warps_m: usize, warps_n: usize) -> GemmKernel {
         overlap: false,
         split_k: false,
         fold: false,
+        stream_k: false,
         tma: false,
         persistent: false,
         pingpong: false,

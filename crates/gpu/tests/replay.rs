@@ -177,6 +177,11 @@ fn bad_records_are_errors_that_name_the_line() {
         let e = Record::parse(&text).unwrap_err().to_string();
         assert!(e.contains(want), "{text:?}: {e}");
     }
+    // A Stream-K kernel's timing against its tile (`bench`) is read past.
+    let stream = format!(
+        "{calib}\n{{\"stream_k\":\"gemm_bf16_nt_16x64_w1x4_s4_sks\",\"layout\":\"nt\",\"m\":1,\"n\":8,\"k\":8,\"blocks\":1,\"s\":1e-6,\"tile_s\":null,\"best_s\":1e-6}}"
+    );
+    assert_eq!(Record::parse(&stream).unwrap().rates.len(), 1);
     let unknown = calib.replace("16x64", "16x96");
     let rec = Record::parse(&unknown).unwrap();
     assert!(matches!(rec.model(BLayout::KMajor, &family()), Err(ReplayError::UnknownKernel(_))));

@@ -141,6 +141,18 @@ pub struct GemmKernel {
     /// launch, zero again after it). Not a TMA kernel's.
     #[serde(default)]
     pub fold: bool,
+    /// Folding split-K only: Stream-K (Osama et al., PPoPP 2023). The launch's
+    /// `x` blocks (`G`, one a resident slot at most, and no more than the
+    /// product's steps) take even shares of the K steps of all the tiles
+    /// together, in tile order: block `b` the steps `⌊b·I/G⌋` to
+    /// `⌊(b+1)·I/G⌋` of `I` = tiles × K steps, a tile at a time. A tile whole
+    /// in one block's share is stored as an unsplit kernel stores it; one
+    /// shared between blocks is folded as [`GemmKernel::fold`] folds, its
+    /// shares summed in block (so K) order. So no wave is partial, whatever
+    /// the tile count. `kper` is then the workspace's shares a tile
+    /// ([`GemmKernel::stream_slots`]).
+    #[serde(default)]
+    pub stream_k: bool,
     /// wgmma only, warp-specialized: a producer warpgroup streams each stage's A and
     /// B tiles with TMA (`cp.async.bulk.tensor`, the hardware zero-filling whatever
     /// lies past M, N or K) into `stages` buffers, each guarded by a pair of
@@ -349,6 +361,7 @@ impl GemmKernel {
             self.warps_n,
             self.stages,
             match (self.split_k, self.fold) {
+                (true, true) if self.stream_k => "_sks",
                 (true, true) => "_skf",
                 (true, false) => "_sk",
                 _ => "",
@@ -593,6 +606,9 @@ impl GemmKernel {
         if self.fold && (!self.split_k || self.tma) {
             return bad("a kernel that folds its shares is a split-K kernel, not a TMA one".into());
         }
+        if self.stream_k && (!self.fold || self.a_taps) {
+            return bad("Stream-K kernels are folding split-K kernels over a row-major A".into());
+        }
         if self.split_k && !self.fold && (self.epilogue != Epilogue::NONE || self.c_f32) {
             return bad(
                 "a split-K kernel writes f32 partial sums: its epilogue and C's type are the reduction's"
@@ -782,6 +798,19 @@ impl GemmKernel {
     /// one.
     pub fn fold_chunk(&self) -> usize {
         (128 / self.accumulators().max(1)).clamp(1, 8)
+    }
+
+    /// A Stream-K kernel's shares a tile in `blocks` blocks: a tile's `s` K
+    /// steps meet at most `1 + ⌈(s−1)/q⌉` blocks' shares when every share has
+    /// `q = ⌊I/G⌋` steps or more (`I` steps in all). Zero where the launch
+    /// cannot run: no steps, or more blocks than steps.
+    pub fn stream_slots(&self, p: &Problem, blocks: usize) -> usize {
+        let steps = p.k.div_ceil(self.bk()).max(1);
+        let iters = self.blocks(p) * steps;
+        if blocks == 0 || blocks > iters {
+            return 0;
+        }
+        (1 + (steps - 1).div_ceil(iters / blocks)).min(blocks)
     }
 
     /// A folding split-K kernel's workspace on `p` in `splits` shares (f32

@@ -188,6 +188,22 @@ fn run_choice(
     }
 }
 
+/// Runs Stream-K kernel `l` on `p` in `blocks` blocks (no more than the
+/// product's K steps), its workspace and counters allocated for the launch.
+fn run_stream_k(
+    gpu: &Gpu,
+    l: &Loaded,
+    p: &Problem,
+    blocks: usize,
+    ops: &mut DeviceOperands,
+) -> Result<(), GpuError> {
+    let k = &l.kernel;
+    let blocks = blocks.min(k.blocks(p) * p.k.div_ceil(k.bk()).max(1));
+    let (floats, tiles) = k.fold_space(p, k.stream_slots(p, blocks));
+    let (mut w, mut cnt) = (gpu.alloc_f32(floats)?, gpu.alloc_counters(tiles)?);
+    gpu.launch_stream_k(l, (p, 0), blocks, ops, (&mut w, &mut cnt))
+}
+
 /// Runs a cover of `p` (FTuner's two sizes along M): its pieces one after the
 /// other, each a choice among `kernels`, loaded as `fam`.
 fn run_cover(
@@ -424,6 +440,7 @@ fn cover_cases(main: usize, kernels: &[GemmKernel], reducers: &[LoadedReducer]) 
                     && x.elem == k.elem
                     && x.b == k.b
                     && x.split_k == split_k
+                    && !x.fold
                     && x.accepts(p).is_ok()
                     && if split_k {
                         reducers.iter().any(|r| r.kernel.elem == k.elem && r.kernel.epilogue == k.epilogue)
@@ -487,12 +504,12 @@ fn check(
         let mut problems = Vec::new();
         // A split-K kernel is checked with each reduction of its element type (the
         // epilogue is the reduction's), at 2, 3 and 5 splits in turn.
-        let reductions: Vec<&LoadedReducer> = if k.split_k {
+        let reductions: Vec<&LoadedReducer> = if k.split_k && !k.fold {
             reducers.iter().filter(|r| r.kernel.elem == k.elem).collect()
         } else {
             Vec::new()
         };
-        if k.split_k && reductions.is_empty() {
+        if k.split_k && !k.fold && reductions.is_empty() {
             problems.push("no split-K reduction in the manifest".to_string());
         }
         for (x, (p, lda_pad, ldc_pad)) in shapes(k, &mut rng, cases).into_iter().enumerate() {
@@ -504,8 +521,14 @@ fn check(
             // value (a fault also poisons the context: later kernels fail too, and
             // the report says so rather than stopping short).
             let got = case.upload(&gpu, k).and_then(|mut ops| {
-                let mut w = gpu.alloc_f32(if k.split_k { 5 * p.m * p.n } else { 1 })?;
-                run_choice(&gpu, l, red, (&p, 0), splits, &mut ops, &mut w)?;
+                if k.stream_k {
+                    // One block, a few, and a resident wave of them, in turn.
+                    let wave = gpu.limits.sms * gpu::wave::occupancy(k, l.regs, &gpu.limits).max(1);
+                    run_stream_k(&gpu, l, &p, [1, 7, wave][x % 3], &mut ops)?;
+                } else {
+                    let mut w = gpu.alloc_f32(if k.split_k { 5 * p.m * p.n } else { 1 })?;
+                    run_choice(&gpu, l, red, (&p, 0), splits, &mut ops, &mut w)?;
+                }
                 gpu.download(&ops.c)
             });
             let bad = match got {
@@ -816,9 +839,12 @@ fn bench(
             .iter()
             .filter(|l| {
                 // Split-K kernels only with their reduction at hand.
+                // (Stream-K kernels are not calibrated: the model does not
+                // price them yet.)
                 l.kernel.elem == ElemType::Bf16
                     && l.kernel.b == layout
                     && l.kernel.epilogue == Epilogue::NONE
+                    && !l.kernel.fold
                     && (!l.kernel.split_k || reducer.is_some())
             })
             .collect();
@@ -851,6 +877,7 @@ fn bench(
             WaveModel { device: gpu.limits, kernels: fam.iter().map(|l| l.kernel).collect(), rates, reduce };
         models.push((layout, fam, model));
     }
+    let mut bests: Vec<(Problem, f64)> = Vec::new();
     let mut regrets_model = Vec::new();
     let mut regrets_tree = Vec::new();
     let mut trees: Vec<MTree> = Vec::new();
@@ -886,6 +913,7 @@ fn bench(
                 t
             }
         };
+        bests.push((p, best_t));
         let tree_pick = tree.choose(model, p.m).unwrap_or(pick);
         let (tm, tt) = (time_of(pick), time_of(tree_pick));
         regrets_model.push(tm / best_t - 1.0);
@@ -927,6 +955,7 @@ fn bench(
             }
         }
     }
+    stream_k_against_tiles(&gpu, &loaded, &bests, &mut pool, reps, out.as_mut())?;
     let Regret { mean: mm, median: md, max: mx } = Regret::of(&regrets_model);
     let Regret { mean: tm, median: td, max: tx } = Regret::of(&regrets_tree);
     say!("model regret: mean {mm:.1}%, median {md:.1}%, max {mx:.1}%; tree regret: mean {tm:.1}%, median {td:.1}%, max {tx:.1}%");
@@ -946,6 +975,58 @@ fn bench(
         );
     }
     Ok(true)
+}
+
+/// Each Stream-K kernel of the family (bf16, no epilogue) on the sweep's
+/// single products it takes, in a resident wave of blocks (`occupancy` a
+/// SM), against its own tile as an unsplit kernel and against the sweep's
+/// best: what the wave model would need to price it (it does not yet).
+fn stream_k_against_tiles(
+    gpu: &Gpu,
+    loaded: &[Loaded],
+    bests: &[(Problem, f64)],
+    pool: &mut RandomPool,
+    reps: usize,
+    mut out: Option<&mut std::fs::File>,
+) -> Result<(), GpuError> {
+    for l in loaded.iter().filter(|l| l.kernel.stream_k && l.kernel.epilogue == Epilogue::NONE) {
+        let k = &l.kernel;
+        let plain = GemmKernel { split_k: false, fold: false, stream_k: false, ..*k };
+        let tile = loaded.iter().find(|x| x.kernel == plain);
+        let wave = gpu.limits.sms * occupancy(k, l.regs, &gpu.limits).max(1);
+        for &(p, best) in bests.iter().filter(|(p, _)| p.batch == 1 && p.b == k.b && k.accepts(p).is_ok()) {
+            let blocks = wave.min(k.blocks(&p) * p.k.div_ceil(k.bk()).max(1));
+            let (floats, tiles) = k.fold_space(&p, k.stream_slots(&p, blocks));
+            let (mut w, mut cnt) = (gpu.alloc_f32(floats)?, gpu.alloc_counters(tiles)?);
+            let mut ops = timed_operands(gpu, pool, &p)?;
+            let (t, _) =
+                gpu.time(reps, 20, || gpu.launch_stream_k(l, (&p, 0), blocks, &mut ops, (&mut w, &mut cnt)))?;
+            let own = match tile {
+                Some(x) if x.kernel.accepts(&p).is_ok() => {
+                    Some(gpu.time(reps, 20, || gpu.launch(x, (&p, 0), &mut ops))?.0)
+                }
+                _ => None,
+            };
+            say!(
+                "stream-K {:<40} {:<18} {blocks:>4} blocks {:>9.2} us | its tile {} | the sweep's best {:>9.2} us ({:.2}x)",
+                k.name(),
+                p.to_string(),
+                t * 1e6,
+                own.map_or("-".to_string(), |o| format!("{:.2} us ({:.2}x)", o * 1e6, o / t)),
+                best * 1e6,
+                best / t
+            );
+            if let Some(f) = out.as_mut() {
+                let _ = writeln!(
+                    f,
+                    "{}",
+                    json!({"stream_k": k.name(), "layout": k.b.tag(), "m": p.m, "n": p.n, "k": p.k,
+                           "blocks": blocks, "s": t, "tile_s": own, "best_s": best})
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Writes one product's operands and this family's result (raw little-endian
