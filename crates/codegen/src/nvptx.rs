@@ -197,6 +197,31 @@ struct FoldAt {
     whole: Option<String>,
 }
 
+/// A Stream-K block's steps (`Gen::stream_range`): a tile's K steps (i32
+/// and i64), the steps of all the tiles, the block and the blocks (i64),
+/// and the block's first step and the step past its last.
+#[derive(Clone)]
+struct StreamRange {
+    steps: String,
+    steps64: String,
+    iters: String,
+    b64: String,
+    g64: String,
+    start: String,
+    end: String,
+}
+
+/// A unit of a Stream-K block (`Gen::stream_unit`): its tile, the tile's
+/// first step of all (i64), the unit's first step in the tile and its steps.
+#[derive(Clone)]
+struct StreamUnit {
+    tile: String,
+    base: String,
+    kb: String,
+    span: String,
+    range: StreamRange,
+}
+
 #[derive(Clone)]
 enum Shares {
     /// A split-K tile's: its splits, of the K steps given.
@@ -741,6 +766,8 @@ struct Gen {
     ir: Ir,
     /// A taps kernel's geometry, once [`Gen::copies`] has loaded it.
     taps: Option<TapsGeometry>,
+    /// A persistent Stream-K kernel's consumers' unit, for their epilogue.
+    unit: Option<StreamUnit>,
 }
 
 impl std::ops::Deref for Gen {
@@ -1260,7 +1287,7 @@ impl Ir {
 
 impl Gen {
     fn new(k: GemmKernel) -> Gen {
-        Gen { k, ir: Ir::default(), taps: None }
+        Gen { k, ir: Ir::default(), taps: None, unit: None }
     }
 
     /// `x % stages · stage_bytes` as an i32 byte offset.
@@ -1920,7 +1947,7 @@ impl Gen {
 
     fn generate(mut self) -> String {
         let k = self.k;
-        if k.stream_k {
+        if k.stream_k && !k.tma {
             return self.stream_k();
         }
         let ix = self.indices(None);
@@ -1943,14 +1970,46 @@ impl Gen {
     /// steps `⌊b·I/G⌋ .. ⌊(b+1)·I/G⌋` of all the tiles' `I` K steps, a unit (a
     /// tile's run of steps) at a time: the unsplit kernel's copies, main loop
     /// and epilogue over the unit's steps, folding where the unit is not the
-    /// whole tile (its share's index: the block less the tile's first block;
-    /// the block of step `x` is `⌊((x+1)·G − 1)/I⌋`). Every thread is past
-    /// the unit's stores and reads before the next unit's copies start.
+    /// whole tile (`Gen::stream_fold_at`). Every thread is past the unit's
+    /// stores and reads before the next unit's copies start.
     fn stream_k(mut self) -> String {
         let k = self.k;
         let grid = self.tile_grid();
+        let range = self.stream_range(&grid);
+        self.emit("br label %unit.head");
+        self.block("unit.head");
+        let phi_at = self.body.len();
+        let more = self.v(format!("icmp ult i64 %unit.x, {}", range.end));
+        self.emit(format!("br i1 {more}, label %unit.body, label %unit.exit"));
+        self.block("unit.body");
+        let unit = self.stream_unit("%unit.x", range.clone());
+        let mut ix = self.indices(Some((&unit.tile, &grid)));
+        ix.k_first = unit.kb.clone();
+        ix.kt_n = unit.span.clone();
+        let copies = self.copies(&ix);
+        let frags = match k.arch {
+            Arch::Sm80 => self.mma_loop(&ix, &copies),
+            _ => self.wgmma_loop(&ix, &copies),
+        };
+        ix.fold = Some(self.stream_fold_at(&unit));
+        self.epilogue(&ix, &frags);
+        self.block("unit.next");
+        self.emit("call void @llvm.nvvm.barrier0()");
+        let spanx = self.v(format!("zext i32 {} to i64", unit.span));
+        let next = self.v(format!("add i64 %unit.x, {spanx}"));
+        self.emit("br label %unit.head");
+        let phi = format!("  %unit.x = phi i64 [ {}, %entry ], [ {next}, %unit.next ]\n", range.start);
+        self.body.insert_str(phi_at, &phi);
+        self.block("unit.exit");
+        self.emit("ret void");
+        self.finish()
+    }
+
+    /// A Stream-K block's steps of the `grid` of tiles: `⌊b·I/G⌋` to
+    /// `⌊(b+1)·I/G⌋` of `I` = tiles × K steps, `G` blocks.
+    fn stream_range(&mut self, grid: &(String, String)) -> StreamRange {
         let tiles = self.v(format!("mul i32 {}, {}", grid.0, grid.1));
-        let bk = k.bk();
+        let bk = self.k.bk();
         let kr = self.v(format!("add i32 %K, {}", bk - 1));
         let steps = self.v(format!("udiv i32 {kr}, {bk}"));
         let tiles64 = self.v(format!("zext i32 {tiles} to i64"));
@@ -1965,33 +2024,34 @@ impl Gen {
         let b1 = self.v(format!("add i64 {b64}, 1"));
         let e0 = self.v(format!("mul i64 {b1}, {iters}"));
         let end = self.v(format!("udiv i64 {e0}, {g64}"));
-        self.emit("br label %unit.head");
-        self.block("unit.head");
-        let phi_at = self.body.len();
-        let more = self.v(format!("icmp ult i64 %unit.x, {end}"));
-        self.emit(format!("br i1 {more}, label %unit.body, label %unit.exit"));
-        self.block("unit.body");
-        let t64 = self.v(format!("udiv i64 %unit.x, {steps64}"));
-        let t = self.v(format!("trunc i64 {t64} to i32"));
+        StreamRange { steps, steps64, iters, b64, g64, start, end }
+    }
+
+    /// The unit at step `x` (i64) of a Stream-K block's `range`: its tile, its
+    /// first step in the tile and its steps (to the tile's end or the range's).
+    fn stream_unit(&mut self, x: &str, range: StreamRange) -> StreamUnit {
+        let StreamRange { ref steps, ref steps64, ref end, .. } = range;
+        let t64 = self.v(format!("udiv i64 {x}, {steps64}"));
+        let tile = self.v(format!("trunc i64 {t64} to i32"));
         let base = self.v(format!("mul i64 {t64}, {steps64}"));
-        let kb64 = self.v(format!("sub i64 %unit.x, {base}"));
+        let kb64 = self.v(format!("sub i64 {x}, {base}"));
         let kb = self.v(format!("trunc i64 {kb64} to i32"));
         let room = self.v(format!("sub i32 {steps}, {kb}"));
         let room64 = self.v(format!("zext i32 {room} to i64"));
-        let left = self.v(format!("sub i64 {end}, %unit.x"));
+        let left = self.v(format!("sub i64 {end}, {x}"));
         let short = self.v(format!("icmp ult i64 {left}, {room64}"));
         let span64 = self.v(format!("select i1 {short}, i64 {left}, i64 {room64}"));
         let span = self.v(format!("trunc i64 {span64} to i32"));
-        let mut ix = self.indices(Some((&t, &grid)));
-        ix.k_first = kb.clone();
-        ix.kt_n = span.clone();
-        let copies = self.copies(&ix);
-        let frags = match k.arch {
-            Arch::Sm80 => self.mma_loop(&ix, &copies),
-            _ => self.wgmma_loop(&ix, &copies),
-        };
-        // The unit's share of its tile, counted after the main loop (so as
-        // not to keep it live through it).
+        StreamUnit { tile, base, kb, span, range }
+    }
+
+    /// A Stream-K unit's share of its tile (counted once the main loop is done,
+    /// so as not to keep it live through it): its index, the block less the
+    /// tile's first block (the block of step `x` is `⌊((x+1)·G − 1)/I⌋`); the
+    /// tile's shares; whether the unit is the whole tile.
+    fn stream_fold_at(&mut self, unit: &StreamUnit) -> FoldAt {
+        let StreamUnit { tile, base, kb, span, range } = unit;
+        let StreamRange { steps, steps64, iters, b64, g64, .. } = range;
         let from0 = self.v(format!("icmp eq i32 {kb}, 0"));
         let all = self.v(format!("icmp eq i32 {span}, {steps}"));
         let whole = self.v(format!("and i1 {from0}, {all}"));
@@ -2001,37 +2061,51 @@ impl Gen {
             let xg1 = gen.v(format!("add i64 {xg}, -1"));
             gen.v(format!("udiv i64 {xg1}, {iters}"))
         };
-        let first = block_of(&mut self, &base);
+        let first = block_of(self, base);
         let last_step = self.v(format!("add i64 {base}, {steps64}"));
         let last_step = self.v(format!("add i64 {last_step}, -1"));
-        let last = block_of(&mut self, &last_step);
+        let last = block_of(self, &last_step);
         let own = self.v(format!("sub i64 {b64}, {first}"));
         let share = self.v(format!("trunc i64 {own} to i32"));
         let span_b = self.v(format!("sub i64 {last}, {first}"));
         let span_b = self.v(format!("trunc i64 {span_b} to i32"));
         let shares = self.v(format!("add i32 {span_b}, 1"));
         let shares = Shares::Stream { shares, slots: "%kper".into() };
-        ix.fold = Some(FoldAt { tile: t, share, shares, whole: Some(whole) });
-        self.epilogue(&ix, &frags);
-        self.block("unit.next");
-        self.emit("call void @llvm.nvvm.barrier0()");
-        let spanx = self.v(format!("zext i32 {span} to i64"));
-        let next = self.v(format!("add i64 %unit.x, {spanx}"));
-        self.emit("br label %unit.head");
-        let phi = format!("  %unit.x = phi i64 [ {start}, %entry ], [ {next}, %unit.next ]\n");
-        self.body.insert_str(phi_at, &phi);
-        self.block("unit.exit");
-        self.emit("ret void");
-        self.finish()
+        FoldAt { tile: tile.clone(), share, shares, whole: Some(whole) }
     }
 
     /// Where a unit's threads go once its C is stored (or its share counted): the
-    /// next unit of a Stream-K kernel, the end of another.
+    /// next unit of a Stream-K kernel (a TMA one's consumers: their next
+    /// tile's head), the end of another.
     fn leave(&mut self) {
-        if self.k.stream_k {
-            self.emit("br label %unit.next");
+        match (self.k.stream_k, self.k.tma) {
+            (true, true) => self.emit("br label %tile.c.next"),
+            (true, false) => self.emit("br label %unit.next"),
+            _ => self.emit("ret void"),
+        }
+    }
+
+    /// Where a folding block's threads meet: all of them, or a TMA kernel's
+    /// consumers alone (the producer runs on into the next unit's stages).
+    fn fold_barrier(&mut self) {
+        if self.k.tma {
+            let threads = 32 * self.k.warps();
+            self.emit(format!("call void asm sideeffect \"bar.sync 1, {threads};\", \"~{{memory}}\"()"));
         } else {
-            self.emit("ret void");
+            self.emit("call void @llvm.nvvm.barrier0()");
+        }
+    }
+
+    /// The shared word that tells a folding block whether it is its tile's
+    /// last: the stage buffers' first (idle by then), or past a TMA kernel's
+    /// barriers (`GemmKernel::barrier_bytes`: its stages may be filling).
+    fn fold_word(&mut self) -> String {
+        if self.k.tma {
+            let (a, b) = self.k.stage_bytes();
+            let at = self.k.stages * (a + b) + 16 * self.k.stages;
+            self.smem_ptr(&at.to_string())
+        } else {
+            "@smem".to_string()
         }
     }
 
@@ -2357,6 +2431,13 @@ impl Gen {
         let last = self.v(format!("add i32 {g}, {s}"));
         self.release(&bars, &last, &lane0);
         if k.persistent {
+            let frags = match self.unit.take() {
+                Some(unit) => {
+                    let at = self.stream_fold_at(&unit);
+                    self.fold_shares(&cix.tid, &at, &frags)
+                }
+                None => frags,
+            };
             self.staged_epilogue(&cix, &frags);
             self.emit("br label %tile.c.next");
             self.tile_loop_tail("c", &cix, &tiles);
@@ -2391,6 +2472,9 @@ impl Gen {
         if !self.k.persistent {
             self.emit(format!("br label %{body}"));
             return (ix.clone(), "0".into(), from.to_string(), ("0".into(), "0".into()));
+        }
+        if self.k.stream_k {
+            return self.stream_loop_head(role, (from, body));
         }
         let t0 = self.v("call i32 @llvm.nvvm.read.ptx.sreg.ctaid.x()");
         let grid = self.tile_grid();
@@ -2430,6 +2514,13 @@ impl Gen {
         if !self.k.persistent {
             return;
         }
+        if self.k.stream_k {
+            self.block(&format!("tile.{role}.next"));
+            let span = self.v(format!("zext i32 {} to i64", ix.kt_n));
+            self.emit(format!("%tile.{role}.x1 = add i64 %tile.{role}.x, {span}"));
+            self.emit(format!("br label %tile.{role}"));
+            return;
+        }
         self.block(&format!("tile.{role}.next"));
         let grid = self.v("call i32 @llvm.nvvm.read.ptx.sreg.nctaid.x()");
         let (steps, on) = if self.k.pingpong && role == "c" {
@@ -2445,6 +2536,43 @@ impl Gen {
         let more = self.v(format!("icmp slt i32 %tile.{role}.t1, {total}"));
         let exit = if role == "p" { "done" } else { "finished" };
         self.emit(format!("br i1 {more}, label %tile.{role}, label %{exit}"));
+    }
+
+    /// A persistent Stream-K kernel's loop over its block's units (see
+    /// `tile_loop_head`): the block `tile.{role}` with the unit's first step
+    /// of all as a phi, left for `done` or `finished` past the block's last;
+    /// the steps before the unit (for the stages' phases) are the block's
+    /// since its first. The consumers keep the unit for their fold.
+    fn stream_loop_head(
+        &mut self,
+        role: &str,
+        (from, body): (&str, &str),
+    ) -> (Ix, String, String, (String, String)) {
+        let grid = self.tile_grid();
+        let range = self.stream_range(&grid);
+        self.emit(format!("br label %tile.{role}"));
+        self.block(&format!("tile.{role}"));
+        let x = format!("%tile.{role}.x");
+        self.emit(format!(
+            "{x} = phi i64 [ {}, %{from} ], [ %tile.{role}.x1, %tile.{role}.next ]",
+            range.start
+        ));
+        let more = self.v(format!("icmp ult i64 {x}, {}", range.end));
+        let go = format!("tile.{role}.go");
+        let exit = if role == "p" { "done" } else { "finished" };
+        self.emit(format!("br i1 {more}, label %{go}, label %{exit}"));
+        self.block(&go);
+        let before = self.v(format!("sub i64 {x}, {}", range.start));
+        let g = self.v(format!("trunc i64 {before} to i32"));
+        let unit = self.stream_unit(&x, range);
+        let mut ix = self.indices(Some((&unit.tile, &grid)));
+        ix.k_first = unit.kb.clone();
+        ix.kt_n = unit.span.clone();
+        if role == "c" {
+            self.unit = Some(unit);
+        }
+        self.emit(format!("br label %{body}"));
+        (ix, g, go, grid)
     }
 
     /// Lane 0 of each consumer warp (where `arrive`) releases the stage that global
@@ -2659,7 +2787,8 @@ impl Gen {
             }
             Shares::Stream { shares, slots } => (shares.clone(), slots.clone()),
         };
-        let threads = self.k.threads();
+        // (The threads that hold fragments: a TMA kernel's consumers.)
+        let threads = 32 * self.k.warps();
         let share = 4 * threads * frags.len();
         let tid64 = self.v(format!("zext i32 {tid} to i64"));
         let lane_at = self.v(format!("mul i64 {tid64}, 4"));
@@ -2692,7 +2821,7 @@ impl Gen {
         // buffers are idle once every thread is here, and the first word
         // tells the block whether it is the tile's last.
         self.emit("call void @llvm.nvvm.membar.gl()");
-        self.emit("call void @llvm.nvvm.barrier0()");
+        self.fold_barrier();
         let (count, counted, reset) =
             (self.fresh("fold.count"), self.fresh("fold.counted"), self.fresh("fold.reset"));
         let t0 = self.v(format!("icmp eq i32 {tid}, 0"));
@@ -2703,15 +2832,17 @@ impl Gen {
         let last_split = self.v(format!("add i64 {splits64}, -1"));
         let last = self.v(format!("icmp eq i64 {old}, {last_split}"));
         let word = self.v(format!("zext i1 {last} to i32"));
-        self.emit(format!("store i32 {word}, ptr addrspace(3) @smem, align 4"));
+        let word_at = self.fold_word();
+        self.emit(format!("store i32 {word}, ptr addrspace(3) {word_at}, align 4"));
         // Every split has counted: the next launch finds the counter zero.
         self.emit(format!("br i1 {last}, label %{reset}, label %{counted}"));
         self.block(&reset);
         self.emit(format!("store atomic i64 0, ptr addrspace(1) {cp} monotonic, align 8"));
         self.emit(format!("br label %{counted}"));
         self.block(&counted);
-        self.emit("call void @llvm.nvvm.barrier0()");
-        let word = self.v("load i32, ptr addrspace(3) @smem, align 4");
+        self.fold_barrier();
+        let word_at = self.fold_word();
+        let word = self.v(format!("load i32, ptr addrspace(3) {word_at}, align 4"));
         let last = self.v(format!("icmp ne i32 {word}, 0"));
         let (sum, done) = (self.fresh("fold.sum"), self.fresh("fold.done"));
         self.emit(format!("br i1 {last}, label %{sum}, label %{done}"));

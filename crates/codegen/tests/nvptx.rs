@@ -463,14 +463,17 @@ fn ptxas_accepts_every_family_kernel() {
     kernels.extend(fold_family(Epilogue { bias: true, residual: true, ..Epilogue::NONE }, true));
     kernels
         .extend(fold_family(Epilogue { bias: true, activation: Activation::Gelu, ..Epilogue::NONE }, false));
-    // Stream-K: the sweep's, and with a bias, a residual and f32 C (with an
-    // f32 A staged as well, ptxas spills 4 bytes of the 16 × 64 tile for
-    // sm_80: no model step takes Stream-K yet).
+    // Stream-K: the sweep's; the mma.sync and cp.async-fed ones with a bias, a
+    // residual and GELU into f32 C (with an f32 A staged as well, ptxas spills
+    // 4 bytes of the 16 × 64 tile for sm_80); the persistent TMA ones with a
+    // bias and GELU into bf16 C (with a residual as well, 24-40 bytes). No
+    // model step takes Stream-K yet.
     kernels.extend(candidates::stream_k_family(ElemType::Bf16, Epilogue::NONE));
     let e = Epilogue { bias: true, residual: true, activation: Activation::GeluTanh, ..Epilogue::NONE };
-    kernels.extend(
-        candidates::stream_k_family(ElemType::Bf16, e).into_iter().map(|k| GemmKernel { c_f32: true, ..k }),
-    );
+    let stream = candidates::stream_k_family(ElemType::Bf16, e).into_iter().filter(|k| !k.tma);
+    kernels.extend(stream.map(|k| GemmKernel { c_f32: true, ..k }));
+    let e = Epilogue { bias: true, activation: Activation::GeluTanh, ..Epilogue::NONE };
+    kernels.extend(candidates::stream_k_family(ElemType::Bf16, e).into_iter().filter(|k| k.tma));
     kernels.extend(candidates::simt_family(ElemType::F16, Epilogue::NONE));
     kernels.extend(candidates::simt_family(
         ElemType::Bf16,
@@ -1395,7 +1398,7 @@ mod on_the_host {
     #[test]
     fn stream_k_kernels_share_every_tiles_steps_evenly() {
         let e = Epilogue { bias: true, residual: true, activation: Activation::GeluTanh, ..Epilogue::NONE };
-        let family = || candidates::stream_k_family(ElemType::Bf16, e).into_iter();
+        let family = || candidates::stream_k_family(ElemType::Bf16, e).into_iter().filter(|k| !k.tma);
         let kernels: Vec<GemmKernel> =
             family().map(|k| GemmKernel { c_f32: true, ..k }).chain(family().take(2)).collect();
         assert!(
@@ -1415,6 +1418,106 @@ mod on_the_host {
                 host_fold(k, p, blocks, x as u64 + blocks as u64).unwrap();
             }
         }
+    }
+
+    /// The persistent TMA Stream-K kernels on the host (a bias and GELU into
+    /// bf16 C through the staging tiles): the producer walking the same units
+    /// as the consumers, which fold a shared tile's shares while the producer
+    /// fills the next unit's stages. One tile in 1, 3 and as many blocks as
+    /// steps; four tiles (one row, and one column, past two) in 1, 3, 7 and
+    /// 40 blocks (a block per step); counters zero after, nothing written
+    /// past C's rows.
+    #[test]
+    fn persistent_stream_k_kernels_fold_while_the_producer_runs_on() {
+        let e = Epilogue { bias: true, activation: Activation::GeluTanh, ..Epilogue::NONE };
+        let kernels: Vec<GemmKernel> =
+            candidates::stream_k_family(ElemType::Bf16, e).into_iter().filter(|k| k.tma).collect();
+        assert!(kernels.len() >= 3 && kernels.iter().all(|k| k.persistent && !k.pingpong));
+        let compiled: Vec<(String, String, host::HostKernelKind)> = kernels
+            .iter()
+            .map(|k| {
+                let ir = nvptx::llvm_ir(k).expect("generates");
+                (k.name(), ir, host::HostKernelKind::Args { threads_apart: false })
+            })
+            .collect();
+        let host = host::HostKernels::new(&compiled).expect("compiles for the host");
+        for (x, k) in kernels.iter().enumerate() {
+            let one = Problem::nt(1, 1, 72, 200);
+            let four = Problem::nt(1, k.bm + 1, k.bn + 8, 640);
+            let runs: &[(Problem, usize)] = if k.bn == 256 {
+                &[(one, 4), (four, 7)]
+            } else {
+                &[(one, 1), (one, 3), (one, 4), (four, 1), (four, 3), (four, 7), (four, 40)]
+            };
+            for &(p, blocks) in runs {
+                persistent_stream_k(&host, x, k, p, blocks, x as u64 + blocks as u64);
+            }
+        }
+    }
+
+    /// Persistent Stream-K kernel `k` (kernel `index` of `host`) on `p` in
+    /// `blocks` blocks, against the oracle.
+    fn persistent_stream_k(
+        host: &host::HostKernels,
+        index: usize,
+        k: &GemmKernel,
+        p: Problem,
+        blocks: usize,
+        seed: u64,
+    ) {
+        let name = format!("{k} on {p} in {blocks} blocks");
+        let mut rnd = values(seed);
+        let a: Vec<u16> = (0..p.m * p.k).map(|_| bf16(rnd())).collect();
+        let b: Vec<u16> = (0..p.n * p.k).map(|_| bf16(rnd())).collect();
+        let bias: Vec<u16> = (0..p.n).map(|_| bf16(rnd())).collect();
+        let ldc = p.n + 3;
+        let mut c = vec![0x7fc1u16; p.m * ldc + 8];
+        let slots = k.stream_slots(&p, blocks);
+        assert!(slots > 0, "{name}");
+        let (floats, tiles) = k.fold_space(&p, slots);
+        let mut w = vec![f32::NAN; floats + 4];
+        let mut cnt = vec![0i64; tiles + 1];
+        cnt[tiles] = 77;
+        let (a16, b16) = (host::aligned(&a), host::aligned(&b));
+        let map = |base: usize, rows: usize, box_rows: usize| host::HostTensorMap {
+            base: base as u64,
+            dims: [p.k as u64, rows as u64, 1],
+            strides: [2 * p.k as u64, 2 * (rows * p.k) as u64],
+            box_rows: box_rows as u64,
+            pad: [0; 9],
+        };
+        let maps = [map(a16.as_ptr() as usize, p.m, k.bm), map(b16.as_ptr() as usize, p.n, k.bn)];
+        let mut args: Vec<u64> =
+            vec![a16.as_ptr() as u64, b16.as_ptr() as u64, c.as_mut_ptr() as u64, bias.as_ptr() as u64, 0];
+        args.extend([p.m, p.n, p.k, p.k, p.k, ldc].map(|x| x as u64));
+        args.extend([0, 0, 0, slots as u64, w.as_mut_ptr() as u64, cnt.as_mut_ptr() as u64, 1]);
+        args.extend(maps.iter().map(|m| m as *const host::HostTensorMap as u64));
+        // SAFETY: the persistent Stream-K ABI (`gpu::kernel::ABI`, the shares a
+        // tile, the workspace and counters, the batch, the two maps as pointers
+        // on the host): the maps describe A and B inside their buffers, C is
+        // `M` rows `ldc` apart of bf16 with the bias `N`, the workspace and
+        // counters as `fold_space` sizes them.
+        unsafe { host.launch_args(index, (blocks, 1, 1), (k.threads(), k.smem_bytes()), &args) }
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let o = Operands { elem: k.elem, a: &a, b: &b, bias: &bias, residual: &[] };
+        let want = reference::gemm(&p, &k.epilogue, &o);
+        let approximate = gpu::epilogue_approximate(&k.epilogue);
+        for i in 0..p.m {
+            for j in 0..ldc {
+                let got = c[i * ldc + j];
+                if j >= p.n {
+                    assert_eq!(got, 0x7fc1, "{name}: ({i}, {j}) written past C's columns");
+                    continue;
+                }
+                let (got, want) = (f32_of(got), want[i * p.n + j]);
+                assert!(
+                    reference::close(ElemType::Bf16, got, want, 1.0, approximate),
+                    "{name}: ({i}, {j}) {got} for {want}"
+                );
+            }
+        }
+        assert!(c[p.m * ldc..].iter().all(|&x| x == 0x7fc1), "{name}: written past C");
+        assert!(cnt[..tiles].iter().all(|&x| x == 0) && cnt[tiles] == 77, "{name}: counters {cnt:?}");
     }
 
     /// The first bf16 SIMT, GEMV, mma.sync (K-major B) and TMA kernel built for

@@ -258,15 +258,19 @@ pub fn simt_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> {
 }
 
 /// The Stream-K kernels (`GemmKernel::stream_k`): the folding forms of the
-/// split-K family's mma.sync and cp.async-fed wgmma tiles, each block of a
-/// launch an even share of all the tiles' K steps, with `epilogue`. Not the
+/// split-K family's mma.sync and cp.async-fed wgmma tiles and of the
+/// persistent TMA tiles, each block of a launch an even share of all the
+/// tiles' K steps, with `epilogue`. Not the
 /// 64 × 128 mma.sync tile: the loop over units keeps a few more registers
 /// live than its 64 accumulators a thread leave, and ptxas spills.
 pub fn stream_k_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> {
-    split_k_family(elem)
-        .into_iter()
-        .filter(|k| !(k.tma || (k.arch == Arch::Sm80 && k.bm == 64)))
+    let split = split_k_family(elem).into_iter().filter(|k| !(k.tma || (k.arch == Arch::Sm80 && k.bm == 64)));
+    let persistent =
+        persistent_family(elem, Epilogue::NONE).into_iter().map(|k| GemmKernel { split_k: true, ..k });
+    split
+        .chain(persistent)
         .map(|k| GemmKernel { fold: true, stream_k: true, epilogue, ..k })
+        .filter(|k| k.check().is_ok())
         .collect()
 }
 

@@ -541,6 +541,7 @@ impl Gpu {
             )));
         }
         let (floats, tiles) = k.fold_space(p, slots);
+        let maps = if k.tma { Some(self.tensor_maps(k, p, first_row, o)?) } else { None };
         if w.len() < floats || cnt.len() < tiles {
             return Err(GpuError::Plan(format!(
                 "{k} on {p}: a workspace of {} floats and {} counters, {floats} and {tiles} needed",
@@ -555,17 +556,25 @@ impl Gpu {
         };
         let (m, n, kk) = (p.m as i32, p.n as i32, p.k as i32);
         let (lda, ldb, ldc) = (o.lda as i32, o.ldb as i32, o.ldc as i32);
-        let (zero, slots) = (0i64, slots as i32);
+        let (zero, slots, batch) = (0i64, slots as i32, 1i32);
         let mut x = o.at_row(first_row);
         let mut b = self.stream.launch_builder(&l.func);
         b.arg(&x.a).arg(x.b).arg(&mut x.c).arg(x.bias).arg(&x.residual);
         b.arg(&m).arg(&n).arg(&kk).arg(&lda).arg(&ldb).arg(&ldc).arg(&zero).arg(&zero).arg(&zero);
         b.arg(&slots).arg(&mut *w).arg(&mut *cnt);
+        if k.persistent {
+            b.arg(&batch);
+        }
+        if let Some([ta, tb]) = &maps {
+            b.arg(ta).arg(tb);
+        }
         // SAFETY: the folding split-K ABI (`kernel::ABI`, then `kper` — here the
-        // shares a tile — the workspace and the counters): each block reads A
-        // and B within M, N and K and writes C inside M and N (checked above),
-        // its shares in the workspace below `fold_space`'s floats and its
-        // tiles' counters below the tile count (both checked above).
+        // shares a tile — the workspace and the counters; a persistent TMA
+        // kernel's batch and tensor maps, built for this product): each block
+        // reads A and B within M, N and K and writes C inside M and N (checked
+        // above; a map reads only inside its extents), its shares in the
+        // workspace below `fold_space`'s floats and its tiles' counters below
+        // the tile count (both checked above).
         unsafe { b.launch(cfg) }.map_err(|e| GpuError::Driver(format!("{k} on {p}: {e:?}")))?;
         Ok(())
     }

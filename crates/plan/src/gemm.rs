@@ -138,7 +138,7 @@ pub struct GemmKernel {
     /// the same bits), sets the counter back to zero and stores C through the
     /// epilogue, C of `c_type()` as an unsplit kernel's. Two more arguments,
     /// after `kper`: the workspace and the tiles' counters (i64, zero at the
-    /// launch, zero again after it). Not a TMA kernel's.
+    /// launch, zero again after it). Not a TMA kernel's (but a Stream-K one's).
     #[serde(default)]
     pub fold: bool,
     /// Folding split-K only: Stream-K (Osama et al., PPoPP 2023). The launch's
@@ -150,7 +150,8 @@ pub struct GemmKernel {
     /// shared between blocks is folded as [`GemmKernel::fold`] folds, its
     /// shares summed in block (so K) order. So no wave is partial, whatever
     /// the tile count. `kper` is then the workspace's shares a tile
-    /// ([`GemmKernel::stream_slots`]).
+    /// ([`GemmKernel::stream_slots`]). Also the persistent TMA kernels' (not
+    /// ping-pong): the producer walks the same units, and the consumers fold.
     #[serde(default)]
     pub stream_k: bool,
     /// wgmma only, warp-specialized: a producer warpgroup streams each stage's A and
@@ -329,7 +330,8 @@ pub enum KernelError {
 /// `kper` (i32, K steps a split), `z` runs over the splits, and C is the f32 workspace
 /// with the split stride in C's batch stride; a folding one ([`GemmKernel::fold`])
 /// keeps C as the unsplit kernels' and takes the workspace and the tiles' counters
-/// (pointers) after `kper`. A TMA kernel ([`GemmKernel::tma`])
+/// (pointers) after `kper`; a Stream-K one ([`GemmKernel::stream_k`]) the same, `kper`
+/// its workspace's shares a tile and its grid `x` alone. A TMA kernel ([`GemmKernel::tma`])
 /// takes two more, last: A's and B's tensor maps, by value (128 bytes each,
 /// 64-byte aligned; `[batch, rows, K]` in boxes of a stage's tile); a persistent
 /// one the batch (i32) before them, and its grid is `x` alone, at most one block
@@ -421,9 +423,11 @@ impl GemmKernel {
     }
 
     /// Bytes of a TMA kernel's mbarriers (full and empty, 8 bytes each a stage,
-    /// and a ping-pong kernel's two turns), placed after the tiles.
+    /// and a ping-pong kernel's two turns), placed after the tiles; a
+    /// Stream-K kernel's word after them (which of a tile's blocks folds it:
+    /// its consumers read it while the producer fills the stages).
     pub fn barrier_bytes(&self) -> usize {
-        match (self.tma, self.pingpong) {
+        match (self.tma, self.pingpong || self.stream_k) {
             (true, true) => 16 * self.stages + 16,
             (true, false) => 16 * self.stages,
             _ => 0,
@@ -588,8 +592,8 @@ impl GemmKernel {
         if self.persistent && self.c_f32 {
             return bad("a persistent kernel stages 16-bit tiles of C, not f32".into());
         }
-        if self.persistent && (!self.tma || self.split_k) {
-            return bad("persistent kernels are TMA kernels over whole products (not split-K)".into());
+        if self.persistent && (!self.tma || (self.split_k && !self.stream_k)) {
+            return bad("persistent kernels are TMA kernels over whole products (or Stream-K)".into());
         }
         if self.pingpong && (!self.persistent || self.bm != 64) {
             return bad("ping-pong consumers are a persistent kernel's, each over a 64-row tile".into());
@@ -603,11 +607,16 @@ impl GemmKernel {
         if !matches!(self.b, BLayout::KMajor | BLayout::NMajor) {
             return bad(format!("GPU kernels read a contiguous B (nt or nn), not {:?}", self.b));
         }
-        if self.fold && (!self.split_k || self.tma) {
-            return bad("a kernel that folds its shares is a split-K kernel, not a TMA one".into());
+        if self.fold && (!self.split_k || (self.tma && !self.stream_k)) {
+            return bad(
+                "a kernel that folds its shares is a split-K kernel, not a TMA one (but Stream-K)".into()
+            );
         }
-        if self.stream_k && (!self.fold || self.a_taps) {
-            return bad("Stream-K kernels are folding split-K kernels over a row-major A".into());
+        if self.stream_k && (!self.fold || self.a_taps || (self.tma && (!self.persistent || self.pingpong))) {
+            return bad(
+                "Stream-K kernels are folding split-K kernels over a row-major A (TMA: persistent, not ping-pong)"
+                    .into(),
+            );
         }
         if self.split_k && !self.fold && (self.epilogue != Epilogue::NONE || self.c_f32) {
             return bad(
