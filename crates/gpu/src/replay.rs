@@ -38,6 +38,37 @@ pub struct Record {
     /// The split-K reduction's calibration, where the run measured it.
     pub reduce: Option<ReduceRate>,
     pub products: Vec<Measured>,
+    /// Stream-K kernels timed against their tiles (`bench`'s last section).
+    pub stream_k: Vec<StreamTimed>,
+}
+
+/// A Stream-K kernel's measured time on one product in some blocks.
+#[derive(Clone, Debug, Deserialize)]
+pub struct StreamTimed {
+    #[serde(rename = "stream_k")]
+    pub kernel: String,
+    pub layout: String,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub blocks: usize,
+    /// Seconds.
+    pub s: f64,
+}
+
+impl StreamTimed {
+    /// This build's price of the timing (`WaveModel::predict_stream_k`) from
+    /// the record's calibration of its tile: `None` where the record did not
+    /// calibrate the tile, or `family` has no such Stream-K kernel.
+    pub fn predicted(&self, record: &Record, family: &[GemmKernel]) -> Option<f64> {
+        let k = family.iter().find(|k| k.stream_k && k.name() == self.kernel)?;
+        let model = record
+            .model(k.b, family.iter().filter(|x| !x.stream_k).copied().collect::<Vec<_>>().as_slice())
+            .ok()?;
+        let plain = GemmKernel { split_k: false, fold: false, stream_k: false, ..*k };
+        let tile = model.kernels.iter().position(|x| *x == plain)?;
+        model.predict_stream_k(tile, k, &Problem::nt(1, self.m, self.n, self.k).with_b(k.b), self.blocks)
+    }
 }
 
 #[derive(Deserialize)]
@@ -63,6 +94,7 @@ impl Record {
             rates: Vec::new(),
             reduce: None,
             products: Vec::new(),
+            stream_k: Vec::new(),
         };
         for (i, line) in text.lines().enumerate() {
             let bad = |msg: String| ReplayError::Line { line: i + 1, msg };
@@ -96,7 +128,11 @@ impl Record {
                     problem: Problem::nt(p.batch, p.m, p.n, p.k).with_b(layout),
                     times,
                 });
-            } else if v.get("regret").is_none() && v.get("stream_k").is_none() {
+            } else if v.get("stream_k").is_some() {
+                record
+                    .stream_k
+                    .push(StreamTimed::deserialize(&v).map_err(|e| bad(format!("Stream-K: {e}")))?);
+            } else if v.get("regret").is_none() {
                 return Err(bad(
                     "neither a calibration, a product, the device, a Stream-K timing nor the summary".into(),
                 ));

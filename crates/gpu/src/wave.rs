@@ -325,6 +325,62 @@ impl WaveModel {
         t
     }
 
+    /// Stream-K kernel `k` on `p` in `blocks` blocks, priced from the rates of
+    /// its own tile unsplit (kernel `tile` of the model): the busiest block's
+    /// steps (`⌈I/G⌉` of all the tiles' `I`) as a wave's at the tile's
+    /// occupancy, a wave for each `slots` blocks; the line's fixed cost again
+    /// for each further unit of that block (a tile boundary inside its
+    /// steps); and the fold as a folding split-K kernel's: every unit of a
+    /// shared tile written and read back as an f32 tile at the device's
+    /// bandwidth, a memory latency a chunk of a tile's shares. `None` where the
+    /// launch cannot run (more blocks than steps). Not among [`Self::choices`]:
+    /// `bench` prints it beside the measured time until a device run has
+    /// checked it.
+    pub fn predict_stream_k(&self, tile: usize, k: &GemmKernel, p: &Problem, blocks: usize) -> Option<f64> {
+        let r = self.rates.get(tile)?;
+        let slots_cap = k.stream_slots(p, blocks);
+        if slots_cap == 0 {
+            return None;
+        }
+        let occ = r.occupancy.max(1);
+        let slots = self.device.sms * occ;
+        let steps = p.k.div_ceil(k.bk()).max(1);
+        let (tiles, iters) = (k.blocks(p), k.blocks(p) * steps);
+        // The busiest block's steps and units; the units that share a tile.
+        let range = |b: usize| (b * iters / blocks, (b + 1) * iters / blocks);
+        let (mut q, mut units) = (0, 0);
+        for b in 0..blocks {
+            let (s, e) = range(b);
+            q = q.max(e - s);
+            units = units.max((e - 1) / steps - s / steps + 1);
+        }
+        let block_of = |x: usize| ((x + 1) * blocks - 1) / iters;
+        let shared: usize = (0..tiles)
+            .map(|t| block_of(t * steps + steps - 1) - block_of(t * steps) + 1)
+            .filter(|&n| n > 1)
+            .sum();
+        // A wave's price as `predict` takes it: the calibration's launch share
+        // and its own later waves' drift taken out.
+        let own = &self.kernels[tile];
+        let grids = calibration_grids(own, occ, self.device.sms);
+        let full = grids[0].waves(occ, self.device.sms);
+        let cal =
+            Problem { m: grids[0].rows * own.bm, n: grids[0].cols * own.bn, k: q * k.bk(), batch: 1, ..*p };
+        let calm = 1.0 + (full - 1.0) / full * self.device.drift(own.raster_bytes(&cal, slots));
+        let launch_share = self.device.launch / full;
+        let wave = (r.wave(q as f64) - launch_share).max(0.0) / calm;
+        let fixed = (r.fixed - launch_share).max(0.0) / calm;
+        let t = blocks.div_ceil(slots) as f64 * (wave + (units - 1) as f64 * fixed);
+        let fold = if shared == 0 {
+            0.0
+        } else {
+            let bytes = 2.0 * (shared * k.bm * k.bn * 4) as f64;
+            bytes / self.device.bandwidth
+                + self.reduce.map_or(0.0, |r| r.per_chunk * (1 + slots_cap.div_ceil(k.fold_chunk())) as f64)
+        };
+        Some(t.max(p.min_bytes(k.elem) / self.device.bandwidth) + self.device.launch + fold)
+    }
+
     /// Every choice for `p`: each kernel that accepts it (a SIMT kernel only where no
     /// tensor-core kernel does); a split-K kernel where its
     /// tiles alone would leave SMs idle (fewer blocks than SMs), with each of

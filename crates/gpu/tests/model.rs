@@ -755,3 +755,36 @@ fn later_waves_pay_for_operands_past_a_quarter_of_l2() {
     let (t, flat) = (m.predict(plain, &four), huge.predict(plain, &four));
     assert!(t > flat * 1.15 && t < flat * 1.25, "four waves: {t} vs {flat}");
 }
+
+/// The Stream-K price (`WaveModel::predict_stream_k`, from its tile's rates):
+/// where the tiles leave most of a wave's slots idle, a wave of Stream-K
+/// blocks is priced faster than the tile alone; where the tiles fill the
+/// wave exactly, each block takes one whole tile and the price is the
+/// tile's own (no unit more, nothing folded); more blocks than steps cannot
+/// run.
+#[test]
+fn stream_k_is_priced_from_its_tiles_rates() {
+    let m = model();
+    let tile = mma(128, 128, 2, 2);
+    assert_eq!(m.kernels[1], tile);
+    let sk = GemmKernel { split_k: true, fold: true, stream_k: true, ..tile };
+    sk.check().unwrap();
+    let slots = m.device.sms * m.rates[1].occupancy;
+    // 96 tiles of 128 steps on 264 slots.
+    let partial = Problem::nt(1, 1000, 1536, 4096);
+    let plain = m.predict(Choice { kernel: 1, splits: 1 }, &partial);
+    let stream = m.predict_stream_k(1, &sk, &partial, slots).unwrap();
+    assert!(stream < 0.9 * plain, "{stream} against {plain}");
+    // 264 tiles on 264 slots.
+    let exact = Problem::nt(1, 128 * 22, 128 * 12, 4096);
+    assert_eq!(sk.blocks(&exact), slots);
+    let plain = m.predict(Choice { kernel: 1, splits: 1 }, &exact);
+    let stream = m.predict_stream_k(1, &sk, &exact, slots).unwrap();
+    assert!((stream / plain - 1.0).abs() < 0.02, "{stream} against {plain}");
+    // Fewer blocks than slots take more steps each.
+    assert!(
+        m.predict_stream_k(1, &sk, &partial, slots / 2).unwrap()
+            > m.predict_stream_k(1, &sk, &partial, slots).unwrap()
+    );
+    assert_eq!(m.predict_stream_k(1, &sk, &Problem::nt(1, 1, 8, 64), 3), None, "3 blocks, 2 steps");
+}

@@ -6,7 +6,7 @@
 use gpu::candidates::plain_family;
 use gpu::cover::COVER_MARGIN;
 use gpu::replay::{cover_study, replay, residuals, Record, Regret, ReplayError};
-use gpu::{BLayout, ElemType, GemmKernel};
+use gpu::{BLayout, ElemType, Epilogue, GemmKernel};
 
 fn family() -> Vec<GemmKernel> {
     [ElemType::Bf16, ElemType::F16].into_iter().flat_map(plain_family).collect()
@@ -181,7 +181,16 @@ fn bad_records_are_errors_that_name_the_line() {
     let stream = format!(
         "{calib}\n{{\"stream_k\":\"gemm_bf16_nt_16x64_w1x4_s4_sks\",\"layout\":\"nt\",\"m\":1,\"n\":8,\"k\":8,\"blocks\":1,\"s\":1e-6,\"tile_s\":null,\"best_s\":1e-6}}"
     );
-    assert_eq!(Record::parse(&stream).unwrap().rates.len(), 1);
+    let rec = Record::parse(&stream).unwrap();
+    assert_eq!((rec.rates.len(), rec.stream_k.len()), (1, 1));
+    // Priced from its tile's calibration, by this build's model.
+    let with_stream: Vec<GemmKernel> = family()
+        .into_iter()
+        .chain(gpu::candidates::stream_k_family(ElemType::Bf16, Epilogue::NONE))
+        .collect();
+    let t = rec.stream_k[0].predicted(&rec, &with_stream).expect("its tile is calibrated");
+    assert!(t > 1e-6 && t < 1e-3, "{t}");
+    assert_eq!(rec.stream_k[0].predicted(&rec, &family()), None, "not in the family given");
     let unknown = calib.replace("16x64", "16x96");
     let rec = Record::parse(&unknown).unwrap();
     assert!(matches!(rec.model(BLayout::KMajor, &family()), Err(ReplayError::UnknownKernel(_))));

@@ -955,7 +955,8 @@ fn bench(
             }
         }
     }
-    stream_k_against_tiles(&gpu, &loaded, &bests, &mut pool, reps, out.as_mut())?;
+    let priced: Vec<&WaveModel> = models.iter().map(|(_, _, m)| m).collect();
+    stream_k_against_tiles(&gpu, (&loaded, &priced), &bests, &mut pool, reps, out.as_mut())?;
     let Regret { mean: mm, median: md, max: mx } = Regret::of(&regrets_model);
     let Regret { mean: tm, median: td, max: tx } = Regret::of(&regrets_tree);
     say!("model regret: mean {mm:.1}%, median {md:.1}%, max {mx:.1}%; tree regret: mean {tm:.1}%, median {td:.1}%, max {tx:.1}%");
@@ -980,10 +981,12 @@ fn bench(
 /// Each Stream-K kernel of the family (bf16, no epilogue) on the sweep's
 /// single products it takes, in a resident wave of blocks (`occupancy` a
 /// SM), against its own tile as an unsplit kernel and against the sweep's
-/// best: what the wave model would need to price it (it does not yet).
+/// best, with the wave model's price from its tile's calibration
+/// (`WaveModel::predict_stream_k`, which no choice takes until a run like
+/// this one has checked it).
 fn stream_k_against_tiles(
     gpu: &Gpu,
-    loaded: &[Loaded],
+    (loaded, models): (&[Loaded], &[&WaveModel]),
     bests: &[(Problem, f64)],
     pool: &mut RandomPool,
     reps: usize,
@@ -994,6 +997,7 @@ fn stream_k_against_tiles(
         let plain = GemmKernel { split_k: false, fold: false, stream_k: false, ..*k };
         let tile = loaded.iter().find(|x| x.kernel == plain);
         let wave = gpu.limits.sms * occupancy(k, l.regs, &gpu.limits).max(1);
+        let priced = models.iter().find_map(|m| m.kernels.iter().position(|x| *x == plain).map(|i| (*m, i)));
         for &(p, best) in bests.iter().filter(|(p, _)| p.batch == 1 && p.b == k.b && k.accepts(p).is_ok()) {
             let blocks = wave.min(k.blocks(&p) * p.k.div_ceil(k.bk()).max(1));
             let (floats, tiles) = k.fold_space(&p, k.stream_slots(&p, blocks));
@@ -1007,11 +1011,13 @@ fn stream_k_against_tiles(
                 }
                 _ => None,
             };
+            let predicted = priced.and_then(|(m, i)| m.predict_stream_k(i, k, &p, blocks));
             say!(
-                "stream-K {:<40} {:<18} {blocks:>4} blocks {:>9.2} us | its tile {} | the sweep's best {:>9.2} us ({:.2}x)",
+                "stream-K {:<40} {:<18} {blocks:>4} blocks {:>9.2} us (predicted {}) | its tile {} | the sweep's best {:>9.2} us ({:.2}x)",
                 k.name(),
                 p.to_string(),
                 t * 1e6,
+                predicted.map_or("-".to_string(), |x| format!("{:.2} us", x * 1e6)),
                 own.map_or("-".to_string(), |o| format!("{:.2} us ({:.2}x)", o * 1e6, o / t)),
                 best * 1e6,
                 best / t
@@ -1021,7 +1027,7 @@ fn stream_k_against_tiles(
                     f,
                     "{}",
                     json!({"stream_k": k.name(), "layout": k.b.tag(), "m": p.m, "n": p.n, "k": p.k,
-                           "blocks": blocks, "s": t, "tile_s": own, "best_s": best})
+                           "blocks": blocks, "s": t, "predicted_s": predicted, "tile_s": own, "best_s": best})
                 );
             }
         }
@@ -1144,6 +1150,31 @@ fn replay_record(
             String::new()
         }
     );
+    // Stream-K timings: this build's price against the measured time.
+    let stream: Vec<GemmKernel> = gpu::candidates::stream_k_family(ElemType::Bf16, Epilogue::NONE);
+    let with_stream: Vec<GemmKernel> = family.iter().chain(&stream).copied().collect();
+    let mut misses = Vec::new();
+    for x in &record.stream_k {
+        let predicted = x.predicted(&record, &with_stream);
+        if let Some(t) = predicted {
+            misses.push((x.s / t - 1.0).abs());
+        }
+        say!(
+            "stream-K {:<40} {:<4} {}x{}x{} {:>4} blocks measured {:>9.2} us predicted {}",
+            x.kernel,
+            x.layout,
+            x.m,
+            x.n,
+            x.k,
+            x.blocks,
+            x.s * 1e6,
+            predicted.map_or("-".to_string(), |t| format!("{:.2} us", t * 1e6))
+        );
+    }
+    if !misses.is_empty() {
+        let Regret { mean, max, .. } = Regret::of(&misses);
+        say!("Stream-K price over {} timings: off by {mean:.1}% on average, {max:.1}% at most", misses.len());
+    }
     if residuals {
         let bins = replay::residuals(&record, &family, 8e-6)
             .map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
