@@ -18,10 +18,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=c
 if [ "${MODELS_S:-240}" -gt 0 ]; then
     bash "$here/models.sh" "$out"
 fi
-# Nine processes: the GEMV, the element-by-element mma.sync and the SIMT kernels
-# first, then the TMA, the persistent and the ping-pong ones (the newest: a hang or
-# fault there costs only their own check), then mma.sync, wgmma, and wgmma with a
-# group in flight.
+# Ten processes: the GEMV, the element-by-element mma.sync and the SIMT kernels
+# first, then the TMA, the persistent, the ping-pong and the Stream-K ones (the
+# newest: a hang or fault there costs only their own check), then mma.sync, wgmma,
+# and wgmma with a group in flight.
 chk() { # NAME TIMEOUT CASES ARGS...
     local name=$1 t=$2 cases=$3; shift 3
     timeout "$t" "$rt" check --dir "$here/kernels" --cases "$cases" --json "$out/check-$name.json" "$@" >> "$out/check.log" 2>&1
@@ -32,11 +32,12 @@ chk gemv ${TMA_CHECK_S:-60} ${CASES:-4} --filter gemm_gemv_
 chk unaligned ${TMA_CHECK_S:-60} ${CASES:-4} --filter gemm_ua_
 chk simt ${TMA_CHECK_S:-60} ${CASES:-4} --filter gemm_simt_
 chk tma ${TMA_CHECK_S:-60} ${CASES:-4} --filter gemm_wgt_
-chk persistent ${TMA_CHECK_S:-60} ${CASES:-4} --filter gemm_wgp_
+chk persistent ${TMA_CHECK_S:-60} ${CASES:-4} --filter gemm_wgp_ --exclude _sks
 chk pingpong ${TMA_CHECK_S:-60} ${CASES:-4} --filter gemm_wgpp_
-chk mma ${CHECK_S:-120} ${OTHER_CASES:-${CASES:-4}} --exclude gemm_wg --exclude gemm_simt_ --exclude gemm_gemv_ --exclude gemm_ua_
-chk wgmma ${CHECK_S:-120} ${OTHER_CASES:-${CASES:-4}} --filter gemm_wg_
-chk wgmma-overlap ${CHECK_S:-120} ${OTHER_CASES:-${CASES:-4}} --filter gemm_wgo_
+chk stream-k ${TMA_CHECK_S:-60} ${CASES:-4} --filter _sks
+chk mma ${CHECK_S:-120} ${OTHER_CASES:-${CASES:-4}} --exclude gemm_wg --exclude gemm_simt_ --exclude gemm_gemv_ --exclude gemm_ua_ --exclude _sks
+chk wgmma ${CHECK_S:-120} ${OTHER_CASES:-${CASES:-4}} --filter gemm_wg_ --exclude _sks
+chk wgmma-overlap ${CHECK_S:-120} ${OTHER_CASES:-${CASES:-4}} --filter gemm_wgo_ --exclude _sks
 grep -E "runs|exit" "$out/check.log"
 grep -vE " ok$|runs|exit|^check on" "$out/check.log" | cut -c1-400 | head -30
 skip=()
@@ -51,6 +52,7 @@ done
 [ -f "$out/check-tma.json" ] || skip+=(--exclude gemm_wgt_)
 [ -f "$out/check-persistent.json" ] || skip+=(--exclude gemm_wgp_)
 [ -f "$out/check-pingpong.json" ] || skip+=(--exclude gemm_wgpp_)
+[ -f "$out/check-stream-k.json" ] || skip+=(--exclude _sks)
 [ -f "$out/check-wgmma.json" ] || skip+=(--exclude gemm_wg_)
 [ -f "$out/check-wgmma-overlap.json" ] || skip+=(--exclude gemm_wgo_)
 timeout ${BENCH_S:-240} "$rt" bench --dir "$here/kernels" --json "$out/bench.jsonl" --dump /tmp/anyshape-dump "${skip[@]}" ${BENCH_ARGS:-} > "$out/bench.log" 2>&1
