@@ -327,6 +327,52 @@ pub struct Residual {
     pub ratio: f64,
 }
 
+/// Stream-K's price on one product of a record (`replay --stream-k`): the
+/// cheapest Stream-K kernel whose tile the record calibrated, in a wave of
+/// blocks, against the best time the record measured. A prediction of the
+/// unvalidated [`WaveModel::predict_stream_k`]: what the next device run
+/// should time first.
+#[derive(Clone, Debug)]
+pub struct StreamStudy {
+    pub layout: BLayout,
+    pub problem: Problem,
+    pub kernel: String,
+    pub blocks: usize,
+    pub predicted: f64,
+    pub best: String,
+    pub best_s: f64,
+}
+
+/// [`StreamStudy`] for each single product of `record` that a kernel of
+/// `stream` takes, the tiles described by `family`.
+pub fn stream_study(
+    record: &Record,
+    family: &[GemmKernel],
+    stream: &[GemmKernel],
+) -> Result<Vec<StreamStudy>, ReplayError> {
+    let mut out = Vec::new();
+    for layout in [BLayout::KMajor, BLayout::NMajor] {
+        let model = record.model(layout, family)?;
+        for m in record.products.iter().filter(|m| m.layout == layout && m.problem.batch == 1) {
+            let p = m.problem;
+            let Some((best, best_s)) = m.times.iter().min_by(|a, b| a.1.total_cmp(&b.1)).cloned() else {
+                continue;
+            };
+            let priced = stream.iter().filter(|k| k.b == layout && k.accepts(&p).is_ok()).filter_map(|k| {
+                let plain = GemmKernel { split_k: false, fold: false, stream_k: false, ..*k };
+                let tile = model.kernels.iter().position(|x| *x == plain)?;
+                let slots = model.device.sms * model.rates[tile].occupancy.max(1);
+                let blocks = slots.min(k.blocks(&p) * p.k.div_ceil(k.bk()).max(1));
+                Some((k.name(), blocks, model.predict_stream_k(tile, k, &p, blocks)?))
+            });
+            if let Some((kernel, blocks, predicted)) = priced.min_by(|a, b| a.2.total_cmp(&b.2)) {
+                out.push(StreamStudy { layout, problem: p, kernel, blocks, predicted, best, best_s });
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// [`Residual`]s of `record` through this build's model over `family`.
 pub fn residuals(record: &Record, family: &[GemmKernel], floor: f64) -> Result<Vec<Residual>, ReplayError> {
     let mut bins: Vec<(String, f64, usize)> = Vec::new();

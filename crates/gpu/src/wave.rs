@@ -328,7 +328,8 @@ impl WaveModel {
     /// Stream-K kernel `k` on `p` in `blocks` blocks, priced from the rates of
     /// its own tile unsplit (kernel `tile` of the model): the busiest block's
     /// steps (`⌈I/G⌉` of all the tiles' `I`) as a wave's at the tile's
-    /// occupancy, a wave for each `slots` blocks; the line's fixed cost again
+    /// occupancy (more steps than a tile's as that many waves of whole tiles,
+    /// the later ones drifting), a wave for each `slots` blocks; the line's fixed cost again
     /// for each further unit of that block (a tile boundary inside its
     /// steps); and the fold as a folding split-K kernel's: every unit of a
     /// shared tile written and read back as an f32 tile at the device's
@@ -364,13 +365,20 @@ impl WaveModel {
         let own = &self.kernels[tile];
         let grids = calibration_grids(own, occ, self.device.sms);
         let full = grids[0].waves(occ, self.device.sms);
+        // A block of more steps than a tile's runs as that many waves of whole
+        // tiles would: the first at its price, the rest drifting apart in K
+        // as a launch's later waves do (`DeviceLimits::drift`).
+        let run = q.min(steps);
         let cal =
-            Problem { m: grids[0].rows * own.bm, n: grids[0].cols * own.bn, k: q * k.bk(), batch: 1, ..*p };
+            Problem { m: grids[0].rows * own.bm, n: grids[0].cols * own.bn, k: run * k.bk(), batch: 1, ..*p };
         let calm = 1.0 + (full - 1.0) / full * self.device.drift(own.raster_bytes(&cal, slots));
         let launch_share = self.device.launch / full;
-        let wave = (r.wave(q as f64) - launch_share).max(0.0) / calm;
+        let wave = (r.wave(run as f64) - launch_share).max(0.0) / calm;
         let fixed = (r.fixed - launch_share).max(0.0) / calm;
-        let t = blocks.div_ceil(slots) as f64 * (wave + (units - 1) as f64 * fixed);
+        let drift = self.device.drift(own.raster_bytes(&Problem { k: steps * k.bk(), ..*p }, slots));
+        let waves = q as f64 / run as f64;
+        let busiest = wave * (1.0 + (waves - 1.0) * (1.0 + drift)) + (units - 1) as f64 * fixed;
+        let t = blocks.div_ceil(slots) as f64 * busiest;
         let fold = if shared == 0 {
             0.0
         } else {

@@ -195,3 +195,22 @@ fn bad_records_are_errors_that_name_the_line() {
     let rec = Record::parse(&unknown).unwrap();
     assert!(matches!(rec.model(BLayout::KMajor, &family()), Err(ReplayError::UnknownKernel(_))));
 }
+
+/// `replay --stream-k` on the latest H200 record: every single product a
+/// Stream-K kernel takes gets the cheapest one's price at a wave of its
+/// tile's blocks (no more blocks than steps, nor than the tile's slots),
+/// beside the best time the record measured.
+#[test]
+fn stream_k_is_priced_on_a_records_products() {
+    let rec = record("results/2026-12-04-h200-s46/call3-bench.jsonl");
+    let stream = gpu::candidates::stream_k_family(ElemType::Bf16, Epilogue::NONE);
+    let rows = gpu::replay::stream_study(&rec, &family(), &stream).unwrap();
+    let single = rec.products.iter().filter(|m| m.problem.batch == 1 && m.layout == BLayout::KMajor).count();
+    assert!(rows.len() >= single - 4 && single > 40, "{} of {single}", rows.len());
+    for r in &rows {
+        let k = stream.iter().find(|k| k.name() == r.kernel).expect("a Stream-K kernel");
+        let steps = k.blocks(&r.problem) * r.problem.k.div_ceil(k.bk());
+        assert!(r.blocks >= 1 && r.blocks <= steps.min(rec.device.sms * 16), "{r:?}");
+        assert!(r.predicted > 0.0 && r.best_s > 0.0, "{r:?}");
+    }
+}

@@ -108,6 +108,11 @@ enum Cmd {
         /// choice of 8 us or more.
         #[arg(long)]
         residuals: bool,
+        /// Then, for each single product, the Stream-K kernels' price (from
+        /// their tiles' calibration; not yet checked on a device) against the
+        /// best measured.
+        #[arg(long)]
+        stream_k: bool,
     },
 }
 
@@ -135,8 +140,8 @@ fn main() -> ExitCode {
             let skip = Skip { reports: skip_failed, exclude, filter };
             bench(&dir, reps, bandwidth * 1e9, json.as_deref(), dump.as_deref(), limit, &skip)
         }
-        Cmd::Replay { record, above, detail, covers, residuals } => {
-            replay_record(&record, above, detail, (covers, residuals))
+        Cmd::Replay { record, above, detail, covers, residuals, stream_k } => {
+            replay_record(&record, above, detail, (covers, residuals, stream_k))
         }
     };
     match r {
@@ -1002,7 +1007,8 @@ fn stream_k_against_tiles(
         let tile = loaded.iter().find(|x| x.kernel == plain);
         let wave = gpu.limits.sms * occupancy(k, l.regs, &gpu.limits).max(1);
         let priced = models.iter().find_map(|m| m.kernels.iter().position(|x| *x == plain).map(|i| (*m, i)));
-        let takes = |p: &Problem| p.batch == 1 && p.b == k.b && k.accepts(p).is_ok() && k.blocks(p) % wave != 0;
+        let takes =
+            |p: &Problem| p.batch == 1 && p.b == k.b && k.accepts(p).is_ok() && k.blocks(p) % wave != 0;
         for &(p, best) in bests.iter().filter(|(p, _)| takes(p)) {
             if started.elapsed().as_secs_f64() > STREAM_K_SECONDS {
                 left += 1;
@@ -1098,7 +1104,7 @@ fn replay_record(
     path: &Path,
     above: f64,
     detail: bool,
-    (covers, residuals): (bool, bool),
+    (covers, residuals, stream_k): (bool, bool, bool),
 ) -> Result<bool, GpuError> {
     let text =
         std::fs::read_to_string(path).map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
@@ -1189,6 +1195,29 @@ fn replay_record(
     if !misses.is_empty() {
         let Regret { mean, max, .. } = Regret::of(&misses);
         say!("Stream-K price over {} timings: off by {mean:.1}% on average, {max:.1}% at most", misses.len());
+    }
+    if stream_k {
+        let rows = replay::stream_study(&record, &family, &stream)
+            .map_err(|e| GpuError::Plan(format!("{}: {e}", path.display())))?;
+        let mut ahead = 0;
+        for r in &rows {
+            let gain = r.best_s / r.predicted;
+            ahead += usize::from(gain > 1.03);
+            say!(
+                "{:<4} {:<18} Stream-K {:<40} {:>4} blocks predicted {:>9.2} us | best measured {:<44} {:>9.2} us ({gain:.2}x)",
+                r.layout.tag(),
+                r.problem.to_string(),
+                r.kernel,
+                r.blocks,
+                r.predicted * 1e6,
+                r.best,
+                r.best_s * 1e6
+            );
+        }
+        say!(
+            "Stream-K predicted more than 3% under the best measured on {ahead} of {} products (a prediction: not yet timed on a device)",
+            rows.len()
+        );
     }
     if residuals {
         let bins = replay::residuals(&record, &family, 8e-6)
