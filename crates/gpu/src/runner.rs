@@ -426,33 +426,58 @@ impl Gpu {
         } else {
             (p.n.div_ceil(k.bn) as u32, p.m.div_ceil(k.bm) as u32, p.batch as u32)
         };
-        let batch = p.batch as i32;
+        self.launch_words(l, (p, first_row), o, grid, None, maps.as_ref())
+    }
+
+    /// A launch of `l`'s grid `grid` with the ABI's words (`kernel::ABI`): the
+    /// five pointers, six i32 and three i64 batch strides, a folding kernel's
+    /// `kper`, workspace and counters (`fold`), a persistent kernel's batch,
+    /// and a TMA kernel's two tensor maps, in that order. The callers have
+    /// checked that every element the launch can touch lies inside the
+    /// buffers.
+    fn launch_words(
+        &self,
+        l: &Loaded,
+        (p, first_row): (&Problem, usize),
+        o: &mut DeviceOperands,
+        grid: (u32, u32, u32),
+        fold: Option<(i32, &mut CudaSlice<f32>, &mut CudaSlice<i64>)>,
+        maps: Option<&[TensorMap; 2]>,
+    ) -> Result<(), GpuError> {
+        let k = &l.kernel;
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (k.threads() as u32, 1, 1),
             shared_mem_bytes: k.smem_bytes() as u32,
         };
-        let (m, n, kk) = (p.m as i32, p.n as i32, p.k as i32);
+        let (m, n, kk, batch) = (p.m as i32, p.n as i32, p.k as i32, p.batch as i32);
         let (lda, ldb, ldc) = (o.lda as i32, o.ldb as i32, o.ldc as i32);
         let (sa, sb, sc) = (o.sa as i64, o.sb as i64, o.sc as i64);
         let mut x = o.at_row(first_row);
         let mut b = self.stream.launch_builder(&l.func);
         b.arg(&x.a).arg(x.b).arg(&mut x.c).arg(x.bias).arg(&x.residual);
         b.arg(&m).arg(&n).arg(&kk).arg(&lda).arg(&ldb).arg(&ldc).arg(&sa).arg(&sb).arg(&sc);
+        let kper = fold.as_ref().map(|f| f.0);
+        if let (Some(kper), Some((_, w, cnt))) = (&kper, fold) {
+            b.arg(kper).arg(w).arg(cnt);
+        }
         if k.persistent {
             b.arg(&batch);
         }
-        if let Some([ta, tb]) = &maps {
+        if let Some([ta, tb]) = maps {
             b.arg(ta).arg(tb);
         }
         // SAFETY: the arguments match the kernel's ABI (`kernel::ABI`: five global
-        // pointers, six i32, three i64, in that order, a persistent kernel's batch,
-        // and a TMA kernel's two tensor maps), and every element the launch can
-        // touch lies inside the buffers (checked above against M, N, K, the strides,
-        // the batch and the first row; a tensor map reads only inside the extents it was built
-        // with, and zero-fills the rest; a persistent grid's blocks take only tiles
-        // below the product's count); the dynamic shared memory is what the kernel
-        // was built for and was allowed on load.
+        // pointers, six i32, three i64, in that order, a folding kernel's `kper`,
+        // workspace and counters, a persistent kernel's batch, and a TMA
+        // kernel's two tensor maps), and every element the launch can touch lies
+        // inside the buffers (checked by the callers against M, N, K, the
+        // strides, the batch and the first row, and a fold's workspace and
+        // counters against `fold_space`; a tensor map reads only inside the
+        // extents it was built with, and zero-fills the rest; a persistent
+        // grid's blocks take only tiles below the product's count, a Stream-K
+        // grid's only steps below the product's); the dynamic shared memory is
+        // what the kernel was built for and was allowed on load.
         unsafe { b.launch(cfg) }.map_err(|e| GpuError::Driver(format!("{k} on {p}: {e:?}")))?;
         Ok(())
     }
@@ -549,34 +574,8 @@ impl Gpu {
                 cnt.len()
             )));
         }
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
-            block_dim: (k.threads() as u32, 1, 1),
-            shared_mem_bytes: k.smem_bytes() as u32,
-        };
-        let (m, n, kk) = (p.m as i32, p.n as i32, p.k as i32);
-        let (lda, ldb, ldc) = (o.lda as i32, o.ldb as i32, o.ldc as i32);
-        let (zero, slots, batch) = (0i64, slots as i32, 1i32);
-        let mut x = o.at_row(first_row);
-        let mut b = self.stream.launch_builder(&l.func);
-        b.arg(&x.a).arg(x.b).arg(&mut x.c).arg(x.bias).arg(&x.residual);
-        b.arg(&m).arg(&n).arg(&kk).arg(&lda).arg(&ldb).arg(&ldc).arg(&zero).arg(&zero).arg(&zero);
-        b.arg(&slots).arg(&mut *w).arg(&mut *cnt);
-        if k.persistent {
-            b.arg(&batch);
-        }
-        if let Some([ta, tb]) = &maps {
-            b.arg(ta).arg(tb);
-        }
-        // SAFETY: the folding split-K ABI (`kernel::ABI`, then `kper` — here the
-        // shares a tile — the workspace and the counters; a persistent TMA
-        // kernel's batch and tensor maps, built for this product): each block
-        // reads A and B within M, N and K and writes C inside M and N (checked
-        // above; a map reads only inside its extents), its shares in the
-        // workspace below `fold_space`'s floats and its tiles' counters below
-        // the tile count (both checked above).
-        unsafe { b.launch(cfg) }.map_err(|e| GpuError::Driver(format!("{k} on {p}: {e:?}")))?;
-        Ok(())
+        let fold = Some((slots as i32, w, cnt));
+        self.launch_words(l, (p, first_row), o, (blocks as u32, 1, 1), fold, maps.as_ref())
     }
 
     /// The second launch of a split-K product alone: `r` sums the `splits` f32
