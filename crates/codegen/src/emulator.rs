@@ -308,7 +308,9 @@ fn wgmma_for_host(t: &str) -> String {
     // A in registers (`{d…}, {a0, a1, a2, a3}, b-desc`): four words and B's
     // descriptor a step; else A's and B's descriptors.
     let a_regs = rest.contains("}, {$");
-    let kind = i32::from(!rest.contains(".f32.bf16.bf16")) | if a_regs { WGMMA_A_REGS } else { 0 };
+    let kind = i32::from(!rest.contains(".f32.bf16.bf16"))
+        | if a_regs { WGMMA_A_REGS } else { 0 }
+        | if rest.contains(", p, 1, 1, 0, 1;") { WGMMA_B_TRANS } else { 0 };
     let steps = rest.matches("wgmma.mma_async").count();
     let operands = if a_regs { 5 * steps } else { 2 * steps };
     let args = call_args(rest);
@@ -905,15 +907,28 @@ extern "C" fn host_wgmma(scratch: *mut u8, kind: i32, bn: i32, steps: i32, scale
     if scale == 0 {
         acc.fill(0.0);
     }
-    let at = |desc: u64, row: usize, k: usize| -> f32 {
-        assert_eq!(desc >> 62, 1, "a 128-byte swizzle");
-        let start = ((desc & 0x3fff) << 4) as usize;
-        let sbo = (((desc >> 32) & 0x3fff) << 4) as usize;
-        let off = start + (row / 8) * sbo + (row % 8) * 128 + 2 * k;
-        let off = off ^ (((off >> 7) & 7) << 4);
-        // SAFETY: the offset lies in the block's shared memory (the kernel's tiles).
-        reference::from_bits(elem, unsafe { *(smem.add(off) as *const u16) })
+    // A K-major operand: 8-row groups `sbo` apart, a row's 64 elements of K
+    // its 128 bytes. An N-major B (`trans`): blocks of 64 columns `lbo` apart,
+    // each 8-row groups of K `sbo` apart, a K row's 64 columns its 128 bytes.
+    // Either swizzled: 16-byte chunk bits 4-6 XOR the address's bits 7-9.
+    let b_trans = kind & WGMMA_B_TRANS != 0;
+    let at_of = |trans: bool| {
+        move |desc: u64, row: usize, k: usize| -> f32 {
+            assert_eq!(desc >> 62, 1, "a 128-byte swizzle");
+            let start = ((desc & 0x3fff) << 4) as usize;
+            let lbo = (((desc >> 16) & 0x3fff) << 4) as usize;
+            let sbo = (((desc >> 32) & 0x3fff) << 4) as usize;
+            let off = if trans {
+                start + (row / 64) * lbo + (k / 8) * sbo + (k % 8) * 128 + 2 * (row % 64)
+            } else {
+                start + (row / 8) * sbo + (row % 8) * 128 + 2 * k
+            };
+            let off = off ^ (((off >> 7) & 7) << 4);
+            // SAFETY: the offset lies in the block's shared memory (the kernel's tiles).
+            reference::from_bits(elem, unsafe { *(smem.add(off) as *const u16) })
+        }
     };
+    let (at, at_b) = (at_of(false), at_of(b_trans));
     let (g, t) = (l / 4, l % 4);
     for s in 0..steps {
         for (i, d) in acc.iter_mut().enumerate() {
@@ -921,9 +936,9 @@ extern "C" fn host_wgmma(scratch: *mut u8, kind: i32, bn: i32, steps: i32, scale
             let (row, col) = (16 * w + g + 8 * (h / 2), 8 * j + 2 * t + h % 2);
             for k in 0..16 {
                 let (a, b) = if a_regs {
-                    (a_reg(s, row % 16, k), at(words[5 * s + 4], col, k))
+                    (a_reg(s, row % 16, k), at_b(words[5 * s + 4], col, k))
                 } else {
-                    (at(words[2 * s], row, k), at(words[2 * s + 1], col, k))
+                    (at(words[2 * s], row, k), at_b(words[2 * s + 1], col, k))
                 };
                 *d += a * b;
             }
@@ -941,6 +956,9 @@ extern "C" fn host_wgmma_wait() {
 
 /// `host_wgmma`'s kind bit for A in registers (bit 0: f16, else bf16).
 const WGMMA_A_REGS: i32 = 2;
+
+/// `host_wgmma`'s `kind` bit: B is N-major (`imm-trans-b` 1).
+const WGMMA_B_TRANS: i32 = 4;
 
 /// Bytes of a GPU thread's coroutine stack on the host (the kernel's frames and
 /// the harness's calls from them; reserved, not touched, past what they use).

@@ -159,6 +159,12 @@ fn compile_module(ir: &str, name: &str, arch: Arch, dependent: bool) -> Result<S
 /// mode 1 (128 bytes) in bits 62-63; the start address >> 4 fills bits 0-13.
 const DESC_SW128_KMAJOR: u64 = (1 << 16) | (64 << 32) | (1 << 62);
 
+/// The same for an N-major B (`imm-trans-b`): the tile's 64-column blocks of
+/// 64 K rows, each row 128 bytes of N (the 128-byte swizzle's atom, K rows
+/// its rows), 8192 bytes apart (the leading byte offset, between blocks
+/// along N), 8-row groups along K 1024 bytes apart (the stride byte offset).
+const DESC_SW128_NMAJOR: u64 = (512 << 16) | (64 << 32) | (1 << 62);
+
 /// What every thread knows of its block (see `Gen::indices`).
 #[derive(Clone)]
 struct Ix {
@@ -1131,13 +1137,14 @@ impl Ir {
 
     /// `e^x` as `2^(x·log2 e)` by `ex2.approx` (+inf past the range, 0 below it,
     /// NaN for NaN).
-    /// A `wgmma` descriptor of the 128-byte swizzled K-major operand at
-    /// shared address `addr` (i32): its bits 4-17 and [`DESC_SW128_KMAJOR`].
-    fn sw128_descriptor(&mut self, addr: &str) -> String {
+    /// A `wgmma` descriptor of the 128-byte swizzled operand at shared
+    /// address `addr` (i32): its bits 4-17 and `layout` ([`DESC_SW128_KMAJOR`]
+    /// or, an N-major B's, [`DESC_SW128_NMAJOR`]).
+    fn sw128_descriptor(&mut self, addr: &str, layout: u64) -> String {
         let field = self.v(format!("lshr i32 {addr}, 4"));
         let low = self.v(format!("and i32 {field}, 16383"));
         let low64 = self.v(format!("zext i32 {low} to i64"));
-        self.v(format!("or i64 {low64}, {DESC_SW128_KMAJOR}"))
+        self.v(format!("or i64 {low64}, {layout}"))
     }
 
     /// The inline-asm call of `wgmma` PTX `text` (whose `$i` are the
@@ -1485,7 +1492,17 @@ impl Gen {
                     let g = self.row_ptr(&ix.b_base, &krow, "%ldb", &gn, "i16");
                     let ldb64 = self.v("sext i32 %ldb to i64");
                     let step = self.v(format!("mul i64 {ldb64}, {}", k.bk()));
-                    let soff = self.swizzled(&krow, &c, k.bn * 2, 7, 0);
+                    let soff = if k.arch == Arch::Sm90a {
+                        // wgmma's N-major atoms: 64-column blocks of the
+                        // tile's K rows, 128 bytes a row (DESC_SW128_NMAJOR).
+                        let block = self.v(format!("lshr i32 {c}, 3"));
+                        let at = self.v(format!("mul i32 {block}, {}", 128 * k.bk()));
+                        let cc = self.v(format!("and i32 {c}, 7"));
+                        let sw = self.swizzled(&krow, &cc, 128, 7, 0);
+                        self.v(format!("add i32 {at}, {sw}"))
+                    } else {
+                        self.swizzled(&krow, &c, k.bn * 2, 7, 0)
+                    };
                     b.push(Copy { g, step, ok, k0: krow, soff, guard, n_first: Some(gn), taps: None });
                 }
             }
@@ -2651,12 +2668,22 @@ impl Gen {
         let b_at = self.v(format!("add i32 {at}, {a_bytes}"));
         let desc = |g: &mut Gen, addr: &str, step: usize| -> String {
             let off = g.v(format!("add i32 {addr}, {}", step * 32));
-            g.sw128_descriptor(&off)
+            g.sw128_descriptor(&off, DESC_SW128_KMAJOR)
+        };
+        // An N-major B's 16 K rows a step: 2048 bytes on.
+        let n_major = k.b == BLayout::NMajor;
+        let desc_b = |g: &mut Gen, addr: &str, step: usize| -> String {
+            if n_major {
+                let off = g.v(format!("add i32 {addr}, {}", step * 16 * 128));
+                g.sw128_descriptor(&off, DESC_SW128_NMAJOR)
+            } else {
+                desc(g, addr, step)
+            }
         };
         let mut descs = Vec::new();
         for step in 0..k.bk() / 16 {
             let da = desc(self, &a_at, step);
-            let db = desc(self, &b_at, step);
+            let db = desc_b(self, &b_at, step);
             descs.push(format!("i64 {da}"));
             descs.push(format!("i64 {db}"));
         }
@@ -2671,10 +2698,11 @@ impl Gen {
         text.push_str(&format!("{scale_at}, 0;\\0Awgmma.fence.sync.aligned;\\0A"));
         for step in 0..k.bk() / 16 {
             text.push_str(&format!(
-                "wgmma.mma_async.sync.aligned.m64n{}k16.f32.{ty}.{ty} {{{d_list}}}, ${}, ${}, p, 1, 1, 0, 0;\\0A",
+                "wgmma.mma_async.sync.aligned.m64n{}k16.f32.{ty}.{ty} {{{d_list}}}, ${}, ${}, p, 1, 1, 0, {};\\0A",
                 k.bn,
                 nacc + 2 * step,
-                nacc + 2 * step + 1
+                nacc + 2 * step + 1,
+                u8::from(n_major)
             ));
         }
         text.push_str(&format!(

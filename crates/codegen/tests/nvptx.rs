@@ -444,6 +444,11 @@ fn ptxas_accepts_every_family_kernel() {
         ElemType::Bf16,
         Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
     ));
+    kernels.extend(candidates::wgmma_nn_family(
+        ElemType::Bf16,
+        Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
+    ));
+    kernels.extend(candidates::wgmma_nn_family(ElemType::F16, Epilogue::NONE));
     kernels.extend(candidates::tma_family(
         ElemType::Bf16,
         Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
@@ -1834,6 +1839,33 @@ mod on_the_host {
             host_cover(&kernels, &one, Problem::nt(1, k.bm + 1, k.bn + 3, 96), (0, 0), 1).unwrap();
             host_cover(&kernels, &one, Problem::nt(2, 13, 19, 64), (8, 1), 2).unwrap();
         }
+    }
+
+    /// The cp.async-fed wgmma kernels for an N-major B on the host (`wgmma`
+    /// with `imm-trans-b`, B's 64-column blocks of K rows through the 128-byte
+    /// swizzle): both pipelines, every tile, and a bias on 128×128; one past
+    /// a tile in M, N one 8-column chunk past a tile, K a step and a half, a
+    /// batch, row strides past K and N.
+    #[test]
+    fn wgmma_kernels_read_an_n_major_b() {
+        let mut kernels = candidates::wgmma_nn_family(ElemType::Bf16, Epilogue::NONE);
+        kernels.extend(
+            candidates::wgmma_nn_family(ElemType::Bf16, EPILOGUES[1])
+                .into_iter()
+                .filter(|k| (k.bm, k.bn) == (128, 128)),
+        );
+        assert_eq!(kernels.len(), 10);
+        for (x, k) in kernels.iter().enumerate() {
+            assert!(k.check().is_ok() && k.b == BLayout::NMajor && k.name().contains("_nn_"), "{k}");
+            let ir = nvptx::llvm_ir(k).unwrap();
+            assert!(ir.contains("p, 1, 1, 0, 1;"), "{k}: wgmma reads B transposed");
+            let one = Cover::one(Choice { kernel: x, splits: 1 });
+            host_cover(&kernels, &one, Problem::nt(1, k.bm + 1, k.bn + 8, 96), (0, 0), 1).unwrap();
+            host_cover(&kernels, &one, Problem::nt(2, 13, 24, 64), (8, 1), 2).unwrap();
+        }
+        // A TMA kernel reads B K-major.
+        let tma = candidates::tma_family(ElemType::Bf16, Epilogue::NONE)[0];
+        assert!(GemmKernel { b: BLayout::NMajor, ..tma }.check().is_err());
     }
 
     /// The warp-specialized TMA kernels and the persistent ones on the host: the

@@ -97,6 +97,13 @@ pub fn wgmma_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> {
     out
 }
 
+/// The cp.async-fed wgmma tiles of [`wgmma_family`] for an N-major B (`[K, N]`
+/// rows: an activation's, or a weight as ONNX stores it), read by `wgmma`
+/// with `imm-trans-b` through the same 128-byte swizzle.
+pub fn wgmma_nn_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> {
+    wgmma_family(elem, epilogue).into_iter().map(|k| GemmKernel { b: BLayout::NMajor, ..k }).collect()
+}
+
 /// A wgmma kernel of tile `bm × bn` (B K-major, `bm/16` warps), cp.async-fed.
 fn wgmma(elem: ElemType, epilogue: Epilogue, bm: usize, bn: usize, stages: usize) -> GemmKernel {
     plain(Arch::Sm90a, elem, BLayout::KMajor, (bm, bn), (bm / 16, 1), stages, epilogue)
@@ -197,7 +204,7 @@ pub fn pingpong_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> {
 }
 
 /// Every kernel without an epilogue for one element type: the mma.sync tiles for
-/// both B layouts, the cp.async-fed, TMA, persistent and ping-pong wgmma tiles,
+/// both B layouts, the cp.async-fed wgmma tiles for both, the TMA, persistent and ping-pong wgmma tiles,
 /// and the split-K kernels. The benchmark's sweep runs on these.
 pub fn plain_family(elem: ElemType) -> Vec<GemmKernel> {
     let mut out = Vec::new();
@@ -205,6 +212,7 @@ pub fn plain_family(elem: ElemType) -> Vec<GemmKernel> {
         out.extend(family(elem, b, Epilogue::NONE));
     }
     out.extend(wgmma_family(elem, Epilogue::NONE));
+    out.extend(wgmma_nn_family(elem, Epilogue::NONE));
     out.extend(tma_family(elem, Epilogue::NONE));
     out.extend(persistent_family(elem, Epilogue::NONE));
     out.extend(pingpong_family(elem, Epilogue::NONE));

@@ -321,7 +321,7 @@ impl Kernel {
     /// `at` of the tiles (`smem0`: the shared window's address of `@smem`).
     fn descriptor(&mut self, smem0: &str, at: usize) -> String {
         let a = self.v(format!("add i32 {smem0}, {at}"));
-        self.sw128_descriptor(&a)
+        self.sw128_descriptor(&a, super::DESC_SW128_KMAJOR)
     }
 
     /// `acc + A·B` by `wgmma.mma_async` m64n{n}k16 steps (bf16, f32
