@@ -2381,9 +2381,23 @@ impl Gen {
         let off = self.v(format!("mul i32 {slot}, {}", a_bytes + b_bytes));
         let dst_a = self.v(format!("add i32 {smem0}, {off}"));
         let dst_b = self.v(format!("add i32 {dst_a}, {a_bytes}"));
-        for (dst, tm, row) in [(&dst_a, "%tmA", &pix.m0), (&dst_b, "%tmB", &pix.n0)] {
+        // A's box (and a K-major B's): `bk` columns of K by the tile's rows. An
+        // N-major B's: a box of 64 columns of N by the step's K rows for each
+        // 64-column block of the tile (wgmma's N-major atoms, 128 bytes a K row).
+        let mut boxes = vec![(dst_a.clone(), "%tmA", kc.clone(), pix.m0.clone())];
+        match major(k.b) {
+            Major::K => boxes.push((dst_b.clone(), "%tmB", kc.clone(), pix.n0.clone())),
+            Major::N => {
+                for j in 0..k.bn / 64 {
+                    let dst = self.v(format!("add i32 {dst_b}, {}", j * 128 * k.bk()));
+                    let col = self.v(format!("add i32 {}, {}", pix.n0, 64 * j));
+                    boxes.push((dst, "%tmB", col, kc.clone()));
+                }
+            }
+        }
+        for (dst, tm, col, row) in boxes {
             self.emit(format!(
-                "call void asm sideeffect \"cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [$0], [$1, {{$2, $3, $4}}], [$5];\", \"r,l,r,r,r,r,~{{memory}}\"(i32 {dst}, ptr {tm}, i32 {kc}, i32 {row}, i32 {}, i32 {full})",
+                "call void asm sideeffect \"cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [$0], [$1, {{$2, $3, $4}}], [$5];\", \"r,l,r,r,r,r,~{{memory}}\"(i32 {dst}, ptr {tm}, i32 {col}, i32 {row}, i32 {}, i32 {full})",
                 pix.batch
             ));
         }

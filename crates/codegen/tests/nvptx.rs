@@ -449,6 +449,10 @@ fn ptxas_accepts_every_family_kernel() {
         Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
     ));
     kernels.extend(candidates::wgmma_nn_family(ElemType::F16, Epilogue::NONE));
+    kernels.extend(candidates::tma_nn_family(
+        ElemType::Bf16,
+        Epilogue { bias: true, activation: Activation::GeluTanh, ..Epilogue::NONE },
+    ));
     kernels.extend(candidates::tma_family(
         ElemType::Bf16,
         Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
@@ -894,18 +898,25 @@ mod on_the_host {
             prop_assert!(ra < a.len() && rc < p.batch * sc && rc < res.len());
             if pk.tma {
                 // A's and B's tensor maps as `Gpu::tensor_maps` encodes them.
-                let map = |base: usize, (rows, ld, stride): (usize, usize, usize), box_rows: usize| {
-                    host::HostTensorMap {
-                        base: base as u64,
-                        dims: [q.k as u64, rows as u64, q.batch as u64],
-                        strides: [2 * ld as u64, 2 * stride as u64],
-                        box_rows: box_rows as u64,
-                        pad: [0; 9],
-                    }
+                let map =
+                    |base: usize, (cols, rows, ld, stride): (usize, usize, usize, usize), box_rows: usize| {
+                        host::HostTensorMap {
+                            base: base as u64,
+                            dims: [cols as u64, rows as u64, q.batch as u64],
+                            strides: [2 * ld as u64, 2 * stride as u64],
+                            box_rows: box_rows as u64,
+                            pad: [0; 9],
+                        }
+                    };
+                // An N-major B: K rows of N, in boxes of a step's K rows.
+                let b_map = match pk.b {
+                    BLayout::NMajor => (q.n, q.k, ldb, sb),
+                    _ => (q.k, q.n, ldb, sb),
                 };
+                let b_box = if pk.b == BLayout::NMajor { 64 } else { pk.bn };
                 let maps = [
-                    map(a16.as_ptr() as usize + 2 * ra, (q.m, lda, sa), pk.bm),
-                    map(b16.as_ptr() as usize, (q.n, ldb, sb), pk.bn),
+                    map(a16.as_ptr() as usize + 2 * ra, (q.k, q.m, lda, sa), pk.bm),
+                    map(b16.as_ptr() as usize, b_map, b_box),
                 ];
                 let addr =
                     ee.get_function_address(&pk.name()).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -1863,9 +1874,32 @@ mod on_the_host {
             host_cover(&kernels, &one, Problem::nt(1, k.bm + 1, k.bn + 8, 96), (0, 0), 1).unwrap();
             host_cover(&kernels, &one, Problem::nt(2, 13, 24, 64), (8, 1), 2).unwrap();
         }
-        // A TMA kernel reads B K-major.
-        let tma = candidates::tma_family(ElemType::Bf16, Epilogue::NONE)[0];
-        assert!(GemmKernel { b: BLayout::NMajor, ..tma }.check().is_err());
+    }
+
+    /// The TMA and persistent kernels for an N-major B on the host: the
+    /// producer's boxes of 64 columns by a step's K rows, one for each
+    /// 64-column block of the tile, read by `wgmma` with `imm-trans-b`; one
+    /// past a tile in M, N a chunk past a tile, K a step and a half, a batch,
+    /// and (persistent: three blocks) several tiles a block.
+    #[test]
+    fn tma_kernels_read_an_n_major_b() {
+        let nn = |k: GemmKernel| GemmKernel { b: BLayout::NMajor, ..k };
+        let mut kernels = candidates::tma_nn_family(ElemType::Bf16, Epilogue::NONE);
+        kernels.extend(
+            candidates::tma_family(ElemType::Bf16, EPILOGUES[1])
+                .into_iter()
+                .filter(|k| (k.bm, k.bn) == (128, 128))
+                .map(nn),
+        );
+        assert_eq!(kernels.len(), 9);
+        for (x, k) in kernels.iter().enumerate() {
+            assert!(k.check().is_ok(), "{k}: {:?}", k.check());
+            let one = Cover::one(Choice { kernel: x, splits: 1 });
+            host_cover(&kernels, &one, Problem::nt(1, k.bm + 1, k.bn + 8, 96), (0, 0), 1).unwrap();
+            host_cover(&kernels, &one, Problem::nt(2, 2 * k.bm + 5, 24, 64), (8, 1), 2).unwrap();
+        }
+        let pp = candidates::pingpong_family(ElemType::Bf16, Epilogue::NONE)[0];
+        assert!(nn(pp).check().is_err(), "ping-pong kernels read B K-major");
     }
 
     /// The warp-specialized TMA kernels and the persistent ones on the host: the

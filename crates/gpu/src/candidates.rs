@@ -104,6 +104,17 @@ pub fn wgmma_nn_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> {
     wgmma_family(elem, epilogue).into_iter().map(|k| GemmKernel { b: BLayout::NMajor, ..k }).collect()
 }
 
+/// The TMA and persistent (not ping-pong) wgmma tiles for an N-major B: the
+/// producer's boxes of 64 columns by a step's K rows, one for each
+/// 64-column block of the tile (wgmma's N-major atoms).
+pub fn tma_nn_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> {
+    tma_family(elem, epilogue)
+        .into_iter()
+        .chain(persistent_family(elem, epilogue))
+        .map(|k| GemmKernel { b: BLayout::NMajor, ..k })
+        .collect()
+}
+
 /// A wgmma kernel of tile `bm × bn` (B K-major, `bm/16` warps), cp.async-fed.
 fn wgmma(elem: ElemType, epilogue: Epilogue, bm: usize, bn: usize, stages: usize) -> GemmKernel {
     plain(Arch::Sm90a, elem, BLayout::KMajor, (bm, bn), (bm / 16, 1), stages, epilogue)
@@ -204,7 +215,7 @@ pub fn pingpong_family(elem: ElemType, epilogue: Epilogue) -> Vec<GemmKernel> {
 }
 
 /// Every kernel without an epilogue for one element type: the mma.sync tiles for
-/// both B layouts, the cp.async-fed wgmma tiles for both, the TMA, persistent and ping-pong wgmma tiles,
+/// both B layouts, the cp.async-fed, TMA and persistent wgmma tiles for both, the ping-pong ones,
 /// and the split-K kernels. The benchmark's sweep runs on these.
 pub fn plain_family(elem: ElemType) -> Vec<GemmKernel> {
     let mut out = Vec::new();
@@ -213,6 +224,7 @@ pub fn plain_family(elem: ElemType) -> Vec<GemmKernel> {
     }
     out.extend(wgmma_family(elem, Epilogue::NONE));
     out.extend(wgmma_nn_family(elem, Epilogue::NONE));
+    out.extend(tma_nn_family(elem, Epilogue::NONE));
     out.extend(tma_family(elem, Epilogue::NONE));
     out.extend(persistent_family(elem, Epilogue::NONE));
     out.extend(pingpong_family(elem, Epilogue::NONE));

@@ -3,7 +3,7 @@
 //! (`dynamic-loading`), so this builds on machines without CUDA, and a machine
 //! without the driver gets [`GpuError::NoDriver`], not a crash.
 
-use crate::kernel::{ElemType, Epilogue, GemmKernel, Problem, ReduceKernel, BK_WGMMA};
+use crate::kernel::{BLayout, ElemType, Epilogue, GemmKernel, Problem, ReduceKernel, BK_WGMMA};
 use crate::manifest::Manifest;
 use crate::wave::DeviceLimits;
 use cudarc::driver::sys::{
@@ -392,14 +392,21 @@ impl Gpu {
         if let Some((_, maps)) = o.maps.iter().find(|(kk, _)| *kk == key) {
             return Ok(*maps);
         }
-        if p.batch > 1 && (o.sa < p.m * o.lda || o.sb < p.n * o.ldb) {
+        // B's rows: N of K columns (K-major), or K of N columns (N-major: boxes
+        // of a step's K rows by 64 columns, one a 64-column block of the tile).
+        let (b_rows, b_cols, b_box) = match k.b {
+            BLayout::NMajor => (p.k, p.n, BK_WGMMA),
+            _ => (p.n, p.k, k.bn),
+        };
+        if p.batch > 1 && (o.sa < p.m * o.lda || o.sb < b_rows * o.ldb) {
             return Err(GpuError::Plan(format!(
                 "{k} on {p}: a TMA kernel needs batch strides past the operands' rows (A {}, B {})",
                 o.sa, o.sb
             )));
         }
         let a = MapSpec { rows: p.m, cols: p.k, ld: o.lda, batch: p.batch, stride: o.sa, box_rows: k.bm };
-        let b = MapSpec { rows: p.n, cols: p.k, ld: o.ldb, batch: p.batch, stride: o.sb, box_rows: k.bn };
+        let b =
+            MapSpec { rows: b_rows, cols: b_cols, ld: o.ldb, batch: p.batch, stride: o.sb, box_rows: b_box };
         let maps = [encode_map(k.elem, pa, &a)?, encode_map(k.elem, pb, &b)?];
         o.maps.push((key, maps));
         Ok(maps)

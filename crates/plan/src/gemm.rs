@@ -631,10 +631,8 @@ impl GemmKernel {
             return self.check_gemv();
         }
         if self.arch == Arch::Sm90a {
-            if self.b != BLayout::KMajor && self.tma {
-                return bad(
-                    "TMA kernels read B K-major (an N-major B goes to the cp.async-fed wgmma kernels)".into(),
-                );
+            if self.b != BLayout::KMajor && self.pingpong {
+                return bad("ping-pong kernels read B K-major".into());
             }
             if !matches!(self.bm, 64 | 128) || !matches!(self.bn, 64 | 128 | 256) {
                 return bad(format!("wgmma tile {}x{}: bm 64 or 128, bn 64, 128 or 256", self.bm, self.bn));
