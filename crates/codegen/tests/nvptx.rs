@@ -448,11 +448,14 @@ fn ptxas_accepts_every_family_kernel() {
         ElemType::Bf16,
         Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
     ));
-    kernels.extend(candidates::wgmma_nn_family(ElemType::F16, Epilogue::NONE));
-    kernels.extend(candidates::tma_nn_family(
-        ElemType::Bf16,
-        Epilogue { bias: true, activation: Activation::GeluTanh, ..Epilogue::NONE },
-    ));
+    kernels.extend(
+        candidates::tma_nn_family(
+            ElemType::Bf16,
+            Epilogue { bias: true, activation: Activation::GeluTanh, ..Epilogue::NONE },
+        )
+        .into_iter()
+        .filter(|k| k.bn == 256),
+    );
     kernels.extend(candidates::tma_family(
         ElemType::Bf16,
         Epilogue { bias: true, residual: true, activation: Activation::Gelu, ..Epilogue::NONE },
@@ -1854,7 +1857,8 @@ mod on_the_host {
 
     /// The cp.async-fed wgmma kernels for an N-major B on the host (`wgmma`
     /// with `imm-trans-b`, B's 64-column blocks of K rows through the 128-byte
-    /// swizzle): both pipelines, every tile, and a bias on 128×128; one past
+    /// swizzle): every tile, a group in flight on the 64-row ones, and a bias
+    /// on 128×128 in both pipelines; one past
     /// a tile in M, N one 8-column chunk past a tile, K a step and a half, a
     /// batch, row strides past K and N.
     #[test]
@@ -1866,6 +1870,8 @@ mod on_the_host {
                 .filter(|k| (k.bm, k.bn) == (128, 128)),
         );
         assert_eq!(kernels.len(), 10);
+        // Each tile once (the pipelines' difference is the K-major tests').
+        kernels.retain(|k| k.overlap == (k.bm == 64) || k.epilogue != Epilogue::NONE);
         for (x, k) in kernels.iter().enumerate() {
             assert!(k.check().is_ok() && k.b == BLayout::NMajor && k.name().contains("_nn_"), "{k}");
             let ir = nvptx::llvm_ir(k).unwrap();
