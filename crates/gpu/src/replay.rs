@@ -65,7 +65,7 @@ impl StreamTimed {
         let model = record
             .model(k.b, family.iter().filter(|x| !x.stream_k).copied().collect::<Vec<_>>().as_slice())
             .ok()?;
-        let plain = GemmKernel { split_k: false, fold: false, stream_k: false, ..*k };
+        let plain = k.unsplit();
         let tile = model.kernels.iter().position(|x| *x == plain)?;
         model.predict_stream_k(tile, k, &Problem::nt(1, self.m, self.n, self.k).with_b(k.b), self.blocks)
     }
@@ -359,10 +359,10 @@ pub fn stream_study(
                 continue;
             };
             let priced = stream.iter().filter(|k| k.b == layout && k.accepts(&p).is_ok()).filter_map(|k| {
-                let plain = GemmKernel { split_k: false, fold: false, stream_k: false, ..*k };
+                let plain = k.unsplit();
                 let tile = model.kernels.iter().position(|x| *x == plain)?;
                 let slots = model.device.sms * model.rates[tile].occupancy.max(1);
-                let blocks = slots.min(k.blocks(&p) * p.k.div_ceil(k.bk()).max(1));
+                let blocks = slots.min(k.stream_steps(&p));
                 Some((k.name(), blocks, model.predict_stream_k(tile, k, &p, blocks)?))
             });
             if let Some((kernel, blocks, predicted)) = priced.min_by(|a, b| a.2.total_cmp(&b.2)) {

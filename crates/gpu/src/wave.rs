@@ -346,7 +346,7 @@ impl WaveModel {
         let occ = r.occupancy.max(1);
         let slots = self.device.sms * occ;
         let steps = p.k.div_ceil(k.bk()).max(1);
-        let (tiles, iters) = (k.blocks(p), k.blocks(p) * steps);
+        let (tiles, iters) = (k.blocks(p), k.stream_steps(p));
         // The busiest block's steps and units; the units that share a tile.
         let range = |b: usize| (b * iters / blocks, (b + 1) * iters / blocks);
         let (mut q, mut units) = (0, 0);

@@ -815,11 +815,22 @@ impl GemmKernel {
     /// cannot run: no steps, or more blocks than steps.
     pub fn stream_slots(&self, p: &Problem, blocks: usize) -> usize {
         let steps = p.k.div_ceil(self.bk()).max(1);
-        let iters = self.blocks(p) * steps;
+        let iters = self.stream_steps(p);
         if blocks == 0 || blocks > iters {
             return 0;
         }
         (1 + (steps - 1).div_ceil(iters / blocks)).min(blocks)
+    }
+
+    /// The K steps of all of `p`'s tiles: the most blocks a Stream-K launch
+    /// on `p` may run.
+    pub fn stream_steps(&self, p: &Problem) -> usize {
+        self.blocks(p) * p.k.div_ceil(self.bk()).max(1)
+    }
+
+    /// The same tile unsplit: a split-K or Stream-K kernel's own tile.
+    pub fn unsplit(&self) -> GemmKernel {
+        GemmKernel { split_k: false, fold: false, stream_k: false, ..*self }
     }
 
     /// A folding split-K kernel's workspace on `p` in `splits` shares (f32

@@ -203,7 +203,7 @@ fn run_stream_k(
     ops: &mut DeviceOperands,
 ) -> Result<(), GpuError> {
     let k = &l.kernel;
-    let blocks = blocks.min(k.blocks(p) * p.k.div_ceil(k.bk()).max(1));
+    let blocks = blocks.min(k.stream_steps(p));
     let (floats, tiles) = k.fold_space(p, k.stream_slots(p, blocks));
     let (mut w, mut cnt) = (gpu.alloc_f32(floats)?, gpu.alloc_counters(tiles)?);
     gpu.launch_stream_k(l, (p, 0), blocks, ops, (&mut w, &mut cnt))
@@ -1003,7 +1003,7 @@ fn stream_k_against_tiles(
     let mut left = 0;
     for l in loaded.iter().filter(|l| l.kernel.stream_k && l.kernel.epilogue == Epilogue::NONE) {
         let k = &l.kernel;
-        let plain = GemmKernel { split_k: false, fold: false, stream_k: false, ..*k };
+        let plain = k.unsplit();
         let tile = loaded.iter().find(|x| x.kernel == plain);
         let wave = gpu.limits.sms * occupancy(k, l.regs, &gpu.limits).max(1);
         let priced = models.iter().find_map(|m| m.kernels.iter().position(|x| *x == plain).map(|i| (*m, i)));
@@ -1014,7 +1014,7 @@ fn stream_k_against_tiles(
                 left += 1;
                 continue;
             }
-            let blocks = wave.min(k.blocks(&p) * p.k.div_ceil(k.bk()).max(1));
+            let blocks = wave.min(k.stream_steps(&p));
             let (floats, tiles) = k.fold_space(&p, k.stream_slots(&p, blocks));
             let (mut w, mut cnt) = (gpu.alloc_f32(floats)?, gpu.alloc_counters(tiles)?);
             let mut ops = timed_operands(gpu, pool, &p)?;
